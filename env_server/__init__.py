@@ -1,0 +1,19 @@
+"""envfleet's env server: K copies of one gymnasium env, served over gRPC (envfleet.v1).
+
+Run it with ``env-server --env CartPole-v1 --num-envs 4 --port 50051``. This package never imports
+torch, so the env-server image stays small.
+"""
+
+from env_server.codec import CodecError, UnsupportedSpaceError
+from env_server.config import ServerConfig
+from env_server.envs import EnvBuildError, build_vector_env
+from env_server.protocol import PROTOCOL_VERSION
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "CodecError",
+    "EnvBuildError",
+    "ServerConfig",
+    "UnsupportedSpaceError",
+    "build_vector_env",
+]

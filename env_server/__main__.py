@@ -1,0 +1,227 @@
+"""The ``env-server`` command: serve K copies of one env over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
+
+__all__ = ["main", "parse_args"]
+
+EPILOG = """\
+examples:
+  env-server --env CartPole-v1 --num-envs 4 --port 50051
+  env-server --env ALE/Pong-v5 --num-envs 8 --wrappers atari --port 0
+  env-server --env mypkg.envs:MyEnv --env-kwargs '{"difficulty": 3}' --unix-socket /tmp/env.sock
+
+Every option can also be set by an environment variable (ENVFLEET_ENV, ENVFLEET_NUM_ENVS,
+ENVFLEET_HOST, ENVFLEET_PORT, ENVFLEET_ENV_KWARGS, ENVFLEET_WRAPPERS, ENVFLEET_VECTORIZATION,
+...: the option's name in capitals), as in the container image. When ready the server prints one
+line, "listening on HOST:PORT", to stdout; logs go to stderr.
+
+vectorization (default sync): the server is already its own process, and a fleet gets its
+parallelism from many servers, so stepping a server's envs one after another in-process costs
+nothing extra per step, gives results identical to gymnasium's SyncVectorEnv/AsyncVectorEnv for the
+same seeds, and works for every env and wrapper. Use async for envs whose step takes milliseconds
+of CPU (one subprocess per env uses more cores), and vector_entry_point for envs with their own
+batched implementation (much faster for CartPole, but its random streams differ from gymnasium's
+per-env seeding).
+"""
+
+
+def _env_default(name: str, default: Any) -> Any:
+    return os.environ.get(f"ENVFLEET_{name.upper()}", default)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err.msg} at column {err.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="env-server",
+        description="Serve K copies of a gymnasium env over gRPC (envfleet.v1), stepped as one vector env.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e = _env_default
+    p.add_argument(
+        "--env",
+        default=e("env", None),
+        help="gymnasium id (CartPole-v1) or entry point (package.module:ClassOrFactory)",
+    )
+    p.add_argument(
+        "--num-envs",
+        type=_positive_int,
+        default=e("num_envs", "1"),
+        help="envs hosted by this server (default: %(default)s)",
+    )
+    p.add_argument(
+        "--host", default=e("host", "127.0.0.1"), help="interface to listen on; 0.0.0.0 for all (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=_port, default=e("port", "50051"), help="TCP port; 0 picks a free one (default: %(default)s)"
+    )
+    p.add_argument(
+        "--unix-socket",
+        default=e("unix_socket", None),
+        metavar="PATH",
+        help="listen on a Unix domain socket instead of TCP",
+    )
+    p.add_argument(
+        "--env-kwargs",
+        type=_json_object,
+        default=e("env_kwargs", "{}"),
+        metavar="JSON",
+        help="keyword arguments for the env's constructor, as a JSON object",
+    )
+    p.add_argument(
+        "--vectorization",
+        choices=VECTORIZATIONS,
+        default=e("vectorization", "sync"),
+        help="how the server steps its envs (default: %(default)s; see below)",
+    )
+    p.add_argument(
+        "--wrappers",
+        default=e("wrappers", ""),
+        metavar="NAMES",
+        help="comma-separated wrappers for every env, e.g. 'atari' (84x84 grayscale, frame skip 4, 4-frame stack)",
+    )
+    p.add_argument(
+        "--autoreset-mode",
+        choices=AUTORESET_MODES,
+        default=e("autoreset_mode", "NextStep"),
+        help="gymnasium autoreset mode (default: %(default)s)",
+    )
+    p.add_argument(
+        "--step-delay-ms",
+        type=_non_negative_float,
+        default=e("step_delay_ms", "0"),
+        metavar="MS",
+        help="make every step take MS ms longer, like a slow simulator or robot (the server's envs wait concurrently)",
+    )
+    p.add_argument(
+        "--claim-timeout",
+        type=_non_negative_float,
+        default=e("claim_timeout", "30"),
+        metavar="S",
+        help="end a learner's claim after S s with no connection and no calls (default: %(default)s)",
+    )
+    p.add_argument(
+        "--grace",
+        type=_non_negative_float,
+        default=e("grace", "5"),
+        metavar="S",
+        help="on SIGTERM, let calls in flight finish for up to S s (default: %(default)s)",
+    )
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--log-level",
+        default=e("log_level", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="(default: %(default)s)",
+    )
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
+    """The server config and log level the command line (and ENVFLEET_* variables) ask for."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.env:
+        parser.error("--env is required (or set ENVFLEET_ENV)")
+    wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())
+    config = ServerConfig(
+        env=args.env,
+        num_envs=args.num_envs,
+        host=args.host,
+        port=args.port,
+        unix_socket=args.unix_socket,
+        env_kwargs=args.env_kwargs,
+        vectorization=args.vectorization,
+        wrappers=wrappers,
+        autoreset_mode=args.autoreset_mode,
+        step_delay_ms=args.step_delay_ms,
+        claim_timeout_s=args.claim_timeout,
+        grace_s=args.grace,
+        parent_pid=args.parent_pid,
+    )
+    return config, args.log_level
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, log_level = parse_args(argv)
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # stdout carries exactly one line, "listening on ...", for scripts to read. Anything else that
+    # writes to stdout (some envs print banners when built) goes to stderr instead.
+    sys.stdout.flush()
+    ready_fd = os.dup(1)
+    os.dup2(2, 1)
+
+    def on_ready(address: str) -> None:
+        os.write(ready_fd, f"listening on {address}\n".encode())
+
+    from env_server.envs import EnvBuildError
+    from env_server.server import run
+
+    try:
+        run(config, on_ready)
+    except EnvBuildError as err:
+        print(f"env-server: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"env-server: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Conversions between numpy / gymnasium objects and the envfleet.v1 messages (both sides use them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from env_server.rpc import env_pb2 as pb
+
+__all__ = [
+    "CodecError",
+    "UnsupportedSpaceError",
+    "AUTORESET_TO_PROTO",
+    "AUTORESET_FROM_PROTO",
+    "decode_space",
+    "decode_tensor",
+    "decode_value",
+    "encode_space",
+    "encode_tensor",
+    "encode_value",
+    "np_dtype",
+]
+
+
+class CodecError(ValueError):
+    """A value cannot be encoded, or a message cannot be decoded; the text names where."""
+
+
+class UnsupportedSpaceError(CodecError):
+    """A gymnasium space that the protocol does not carry (e.g. Text, Graph, Sequence)."""
+
+
+_DTYPES: dict[np.dtype, pb.DType] = {
+    np.dtype(np.bool_): pb.DTYPE_BOOL,
+    np.dtype(np.int8): pb.DTYPE_INT8,
+    np.dtype(np.uint8): pb.DTYPE_UINT8,
+    np.dtype(np.int16): pb.DTYPE_INT16,
+    np.dtype(np.uint16): pb.DTYPE_UINT16,
+    np.dtype(np.int32): pb.DTYPE_INT32,
+    np.dtype(np.uint32): pb.DTYPE_UINT32,
+    np.dtype(np.int64): pb.DTYPE_INT64,
+    np.dtype(np.uint64): pb.DTYPE_UINT64,
+    np.dtype(np.float16): pb.DTYPE_FLOAT16,
+    np.dtype(np.float32): pb.DTYPE_FLOAT32,
+    np.dtype(np.float64): pb.DTYPE_FLOAT64,
+}
+# Wire dtypes are always little-endian.
+_FROM_PROTO: dict[int, np.dtype] = {v: k.newbyteorder("<") for k, v in _DTYPES.items()}
+
+AUTORESET_TO_PROTO = {
+    gym.vector.AutoresetMode.NEXT_STEP: pb.AUTORESET_MODE_NEXT_STEP,
+    gym.vector.AutoresetMode.SAME_STEP: pb.AUTORESET_MODE_SAME_STEP,
+    gym.vector.AutoresetMode.DISABLED: pb.AUTORESET_MODE_DISABLED,
+}
+AUTORESET_FROM_PROTO = {v: k for k, v in AUTORESET_TO_PROTO.items()}
+
+# A tensor may not claim more elements than this (2**31), whatever its data says: a guard against
+# shapes whose product overflows or asks for absurd allocations.
+_MAX_ELEMENTS = 1 << 31
+
+
+def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
+    code = _DTYPES.get(dtype.newbyteorder("=")) if dtype.byteorder in "<>" else _DTYPES.get(dtype)
+    if code is None:
+        supported = ", ".join(sorted(str(d) for d in _DTYPES))
+        raise CodecError(f"{where}: dtype {dtype} cannot be sent; supported dtypes: {supported}")
+    return code
+
+
+def np_dtype(code: int, where: str = "dtype") -> np.dtype:
+    """The numpy dtype of a wire ``DType`` value."""
+    try:
+        return _FROM_PROTO[code]
+    except KeyError:
+        raise CodecError(f"{where}: unknown or unset dtype {code}; expected one of DTYPE_BOOL..DTYPE_FLOAT64") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+
+
+def encode_tensor(array: Any, out: pb.Tensor, where: str = "tensor") -> pb.Tensor:
+    """Fill ``out`` with ``array`` (any array-like of a supported dtype) and return it."""
+    arr = np.asarray(array)
+    out.dtype = _dtype_code(arr.dtype, where)
+    out.shape[:] = arr.shape
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not _LITTLE):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    out.data = arr.tobytes()
+    return out
+
+
+def decode_tensor(tensor: pb.Tensor, where: str = "tensor") -> np.ndarray:
+    """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy."""
+    dtype = np_dtype(tensor.dtype, f"{where}.dtype")
+    shape = tuple(tensor.shape)
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(shape)}")
+        count *= dim
+        if count > _MAX_ELEMENTS:
+            raise CodecError(f"{where}.shape: {list(shape)} has more than {_MAX_ELEMENTS} elements")
+    if len(tensor.data) != count * dtype.itemsize:
+        raise CodecError(
+            f"{where}.data: shape {list(shape)} of {dtype.newbyteorder('=')} needs "
+            f"{count * dtype.itemsize} bytes, got {len(tensor.data)}"
+        )
+    arr = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    if not _LITTLE:
+        arr = arr.astype(dtype.newbyteorder("="))
+    return arr
+
+
+_LITTLE = np.little_endian
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: arrays, nested dicts/tuples, and the plain Python values found in infos.
+
+
+def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
+    """Fill ``out`` with ``obj`` and return it; raises CodecError naming ``where`` otherwise."""
+    # Order matters: bool before int (bool is an int), numpy scalars before Python numbers.
+    if isinstance(obj, np.ndarray):
+        kind = obj.dtype.kind
+        if kind == "O":
+            out.objects.shape[:] = obj.shape
+            for i, item in enumerate(obj.flat):
+                encode_value(item, out.objects.values.add(), f"{where}[{i}]")
+        elif kind == "U":
+            out.strings.shape[:] = obj.shape
+            out.strings.values.extend(str(s) for s in obj.flat)
+        else:
+            encode_tensor(obj, out.tensor, where)
+    elif isinstance(obj, np.generic):
+        if isinstance(obj, np.str_):
+            out.text = str(obj)
+        else:
+            encode_tensor(obj, out.scalar, where)
+    elif obj is None:
+        out.none.SetInParent()
+    elif isinstance(obj, bool):
+        out.boolean = obj
+    elif isinstance(obj, int):
+        if not -(1 << 63) <= obj < (1 << 63):
+            raise CodecError(f"{where}: int {obj} does not fit in 64 bits")
+        out.int64 = obj
+    elif isinstance(obj, float):
+        out.float64 = obj
+    elif isinstance(obj, str):
+        out.text = obj
+    elif isinstance(obj, bytes):
+        out.raw = obj
+    elif isinstance(obj, Mapping):
+        out.map.SetInParent()
+        for key, item in obj.items():
+            if not isinstance(key, str):
+                raise CodecError(f"{where}: dict key {key!r} is a {type(key).__name__}; only str keys can be sent")
+            out.map.keys.append(key)
+            encode_value(item, out.map.values.add(), f"{where}[{key!r}]")
+    elif isinstance(obj, tuple):
+        out.tuple.SetInParent()
+        for i, item in enumerate(obj):
+            encode_value(item, out.tuple.values.add(), f"{where}[{i}]")
+    elif isinstance(obj, list):
+        out.list.SetInParent()
+        for i, item in enumerate(obj):
+            encode_value(item, out.list.values.add(), f"{where}[{i}]")
+    else:
+        raise CodecError(
+            f"{where}: cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}; "
+            "supported: numpy arrays and scalars, dict (str keys), tuple, list, str, bytes, int, float, bool, None"
+        )
+    return out
+
+
+def decode_value(value: pb.Value, where: str = "value") -> Any:
+    """The Python object a ``Value`` carries (inverse of :func:`encode_value`)."""
+    kind = value.WhichOneof("kind")
+    if kind == "tensor":
+        return decode_tensor(value.tensor, where)
+    if kind == "scalar":
+        scalar = decode_tensor(value.scalar, where)
+        if scalar.ndim != 0:
+            raise CodecError(f"{where}: a scalar must have an empty shape, got {list(scalar.shape)}")
+        return scalar[()]
+    if kind == "map":
+        keys, values = value.map.keys, value.map.values
+        if len(keys) != len(values):
+            raise CodecError(f"{where}: map has {len(keys)} keys but {len(values)} values")
+        if len(set(keys)) != len(keys):
+            raise CodecError(f"{where}: map has duplicate keys")
+        return {k: decode_value(v, f"{where}[{k!r}]") for k, v in zip(keys, values, strict=False)}
+    if kind == "tuple":
+        return tuple(decode_value(v, f"{where}[{i}]") for i, v in enumerate(value.tuple.values))
+    if kind == "list":
+        return [decode_value(v, f"{where}[{i}]") for i, v in enumerate(value.list.values)]
+    if kind == "objects":
+        shape = _checked_shape(value.objects.shape, len(value.objects.values), where)
+        arr = np.empty(len(value.objects.values), dtype=object)
+        for i, v in enumerate(value.objects.values):
+            arr[i] = decode_value(v, f"{where}[{i}]")
+        return arr.reshape(shape)
+    if kind == "strings":
+        shape = _checked_shape(value.strings.shape, len(value.strings.values), where)
+        return np.array(list(value.strings.values), dtype=str).reshape(shape)
+    if kind == "text":
+        return value.text
+    if kind == "float64":
+        return value.float64
+    if kind == "int64":
+        return value.int64
+    if kind == "boolean":
+        return value.boolean
+    if kind == "raw":
+        return value.raw
+    if kind == "none":
+        return None
+    raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
+
+
+def _checked_shape(shape: Any, count: int, where: str) -> tuple[int, ...]:
+    dims = tuple(shape)
+    total = 1
+    for dim in dims:
+        if dim < 0:
+            raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(dims)}")
+        total *= dim
+    if total != count:
+        raise CodecError(f"{where}: shape {list(dims)} needs {total} values, got {count}")
+    return dims
+
+
+# ---------------------------------------------------------------------------------------------
+# Spaces
+
+
+def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str = "space") -> pb.Space:
+    """The message describing ``space`` in full; UnsupportedSpaceError for spaces we do not carry."""
+    out = pb.Space() if out is None else out
+    if isinstance(space, gym.spaces.Discrete):
+        out.discrete.n = int(space.n)
+        out.discrete.start = int(space.start)
+        out.discrete.dtype = _dtype_code(space.dtype, where)
+    elif isinstance(space, gym.spaces.Box):
+        encode_tensor(space.low, out.box.low, f"{where}.low")
+        encode_tensor(space.high, out.box.high, f"{where}.high")
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        encode_tensor(space.nvec, out.multi_discrete.nvec, f"{where}.nvec")
+        encode_tensor(space.start, out.multi_discrete.start, f"{where}.start")
+    elif isinstance(space, gym.spaces.MultiBinary):
+        out.multi_binary.shape[:] = space.shape
+        out.multi_binary.flat = isinstance(space.n, int)
+    elif isinstance(space, gym.spaces.Tuple):
+        out.tuple.SetInParent()
+        for i, sub in enumerate(space.spaces):
+            encode_space(sub, out.tuple.spaces.add(), f"{where}[{i}]")
+    elif isinstance(space, gym.spaces.Dict):
+        out.dict.SetInParent()
+        for key, sub in space.spaces.items():
+            out.dict.keys.append(key)
+            encode_space(sub, out.dict.spaces.add(), f"{where}[{key!r}]")
+    else:
+        raise UnsupportedSpaceError(
+            f"{where}: {space} ({type(space).__name__}) is not supported; envfleet carries Discrete, Box, "
+            "MultiDiscrete, MultiBinary, and Tuple/Dict of these"
+        )
+    return out
+
+
+def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
+    """The gymnasium space a ``Space`` message describes."""
+    kind = msg.WhichOneof("kind")
+    try:
+        if kind == "discrete":
+            d = msg.discrete
+            return gym.spaces.Discrete(d.n, start=d.start, dtype=np_dtype(d.dtype, f"{where}.dtype"))
+        if kind == "box":
+            low = decode_tensor(msg.box.low, f"{where}.low")
+            high = decode_tensor(msg.box.high, f"{where}.high")
+            return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
+        if kind == "multi_discrete":
+            nvec = decode_tensor(msg.multi_discrete.nvec, f"{where}.nvec")
+            start = decode_tensor(msg.multi_discrete.start, f"{where}.start")
+            return gym.spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
+        if kind == "multi_binary":
+            shape = list(msg.multi_binary.shape)
+            flat = msg.multi_binary.flat and len(shape) == 1
+            return gym.spaces.MultiBinary(shape[0] if flat else shape)
+        if kind == "tuple":
+            return gym.spaces.Tuple([decode_space(s, f"{where}[{i}]") for i, s in enumerate(msg.tuple.spaces)])
+        if kind == "dict":
+            pairs = [
+                (k, decode_space(s, f"{where}[{k!r}]")) for k, s in zip(msg.dict.keys, msg.dict.spaces, strict=False)
+            ]
+            return gym.spaces.Dict(dict(pairs), sort_keys=False)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, AssertionError) as err:
+        raise CodecError(f"{where}: invalid {kind} space: {err}") from err
+    raise CodecError(f"{where}: space is empty (no field of its oneof is set)")

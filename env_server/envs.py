@@ -1,0 +1,183 @@
+"""Building the vector env the operator asked for: gymnasium ids or entry points, wrappers, vectorization."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from env_server.config import ServerConfig
+
+__all__ = ["EnvBuildError", "StepDelay", "WRAPPERS", "build_vector_env", "is_entry_point", "max_episode_steps"]
+
+# "package.module:Name" (dotted identifiers on both sides). A gymnasium id may also contain a colon
+# ("module:Env-v0" imports module, then makes Env-v0), but its part after the colon is not an
+# identifier (it has a "-v<N>" version), which tells the two apart.
+_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class EnvBuildError(Exception):
+    """The env cannot be built as configured; the text is one line a person can act on."""
+
+
+def is_entry_point(env: str) -> bool:
+    """Whether ``env`` names a Python callable (``package.module:ClassOrFactory``), not a gymnasium id."""
+    return bool(_ENTRY_POINT.match(env))
+
+
+def _atari(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    # The standard DQN/PPO Atari preprocessing (Machado et al. 2018; CleanRL's ppo_atari): no-op
+    # starts, 4-frame skip with max-pooling, 84x84 grayscale, and a stack of the last 4 frames, so
+    # 4x84x84 uint8 observations cross the wire rather than 210x160x3 frames.
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+# Wrappers an operator may apply by name (`env-server --wrappers atari`). Names map to code chosen
+# here, never to anything a request could name.
+WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
+    "atari": _atari,
+}
+
+
+class StepDelay(gym.vector.VectorWrapper):
+    """Makes every env step take ``delay_s`` longer, as a slow simulator or a robot would.
+
+    The server's envs wait concurrently (one sleep per batched step), as K robots or K instances of
+    a remote simulator stepped in parallel would.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, delay_s: float) -> None:
+        super().__init__(env)
+        self.delay_s = delay_s
+
+    def step(self, actions: Any) -> Any:
+        deadline = time.perf_counter() + self.delay_s
+        result = self.env.step(actions)
+        remaining = deadline - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+        return result
+
+
+def _load_entry_point(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvBuildError(f"cannot import module {module_name!r} of entry point {spec!r}: {err}") from err
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise EnvBuildError(f"module {module_name!r} has no attribute {attr!r} (entry point {spec!r})") from None
+    if not callable(obj):
+        raise EnvBuildError(f"entry point {spec!r} is a {type(obj).__name__}, not a class or factory")
+    return obj
+
+
+def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
+    """A zero-argument function that builds one wrapped env."""
+    kwargs = dict(config.env_kwargs)
+    if "atari" in config.wrappers and config.env.startswith("ALE/"):
+        # AtariPreprocessing skips frames itself, so the ALE env must not (v5 envs skip 4 by default).
+        kwargs.setdefault("frameskip", 1)
+    wrappers = [WRAPPERS[name] for name in config.wrappers]
+
+    if is_entry_point(config.env):
+        creator = _load_entry_point(config.env)
+
+        def make_one() -> gym.Env[Any, Any]:
+            env = creator(**kwargs)
+            if not isinstance(env, gym.Env):
+                raise EnvBuildError(
+                    f"entry point {config.env!r} returned a {type(env).__name__}, expected a gymnasium.Env"
+                )
+            return env
+    else:
+
+        def make_one() -> gym.Env[Any, Any]:
+            return gym.make(config.env, **kwargs)
+
+    def make_wrapped() -> gym.Env[Any, Any]:
+        env = make_one()
+        for wrap in wrappers:
+            env = wrap(env)
+        return env
+
+    return make_wrapped
+
+
+def _register_optional_envs() -> None:
+    # ALE's envs (ALE/Pong-v5, ...) register themselves only once ale_py is imported.
+    try:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
+
+
+def build_vector_env(config: ServerConfig) -> gym.vector.VectorEnv:
+    """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason."""
+    unknown = [w for w in config.wrappers if w not in WRAPPERS]
+    if unknown:
+        raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
+    if config.env.startswith("ALE/"):
+        _register_optional_envs()
+    mode = gym.vector.AutoresetMode(config.autoreset_mode)
+    try:
+        if config.vectorization == "vector_entry_point":
+            if is_entry_point(config.env) or config.wrappers:
+                raise EnvBuildError("--vectorization vector_entry_point needs a gymnasium id and no --wrappers")
+            kwargs = dict(config.env_kwargs)
+            if mode is not gym.vector.AutoresetMode.NEXT_STEP:
+                kwargs["autoreset_mode"] = mode
+            vec = gym.make_vec(config.env, num_envs=config.num_envs, vectorization_mode="vector_entry_point", **kwargs)
+        else:
+            factory = _env_factory(config)
+            # Build one env here first: a bad id or bad kwargs then fails in this process with its
+            # own message, not inside a subprocess of AsyncVectorEnv.
+            first = factory()
+            fns = [(lambda env=first: env)] + [factory] * (config.num_envs - 1)
+            if config.vectorization == "async":
+                first.close()
+                vec = gym.vector.AsyncVectorEnv([factory] * config.num_envs, autoreset_mode=mode)
+            else:
+                vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    except EnvBuildError:
+        raise
+    except gym.error.Error as err:
+        raise EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}") from err
+    except TypeError as err:
+        raise EnvBuildError(
+            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {_one_line(err)}"
+        ) from err
+    except Exception as err:  # anything an env's constructor raises
+        raise EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}") from err
+    if config.step_delay_ms > 0:
+        vec = StepDelay(vec, config.step_delay_ms / 1000.0)
+    return vec
+
+
+def max_episode_steps(vec: gym.vector.VectorEnv) -> int:
+    """The env's time limit in steps, 0 when it has none or it is unknown."""
+    spec = getattr(vec.unwrapped, "spec", None)
+    if spec is not None and spec.max_episode_steps:
+        return int(spec.max_episode_steps)
+    envs = getattr(vec.unwrapped, "envs", None)
+    if envs:
+        single = getattr(envs[0], "spec", None)
+        if single is not None and single.max_episode_steps:
+            return int(single.max_episode_steps)
+    return 0
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if text else type(err).__name__

@@ -1,0 +1,313 @@
+"""The EnvService servicer: sessions, reset and step, and the one place exceptions become status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import gymnasium as gym
+import numpy as np
+
+from env_server import codec
+from env_server.config import ServerConfig
+from env_server.envs import max_episode_steps
+from env_server.protocol import ENV_INDEX_KEY, PROTOCOL_VERSION
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.validation import InvalidActionError, check_actions
+
+__all__ = ["EnvService", "ServiceError"]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An error to send as a gRPC status: ``code`` and a message a person can act on."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, env_index: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.env_index = env_index
+
+
+@dataclass
+class Session:
+    """One learner's claim on the server's envs."""
+
+    id: str
+    peer: str
+    client_name: str
+    created: float
+    last_seen: float
+    holds: int = 0
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    end_reason: str = ""
+
+    def describe(self, now: float) -> str:
+        who = f"{self.client_name!r} from {self.peer}" if self.client_name else f"a client from {self.peer}"
+        return f"{who} (session {self.id[:8]}, claimed {now - self.created:.1f} s ago)"
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def _rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[..., Awaitable[Resp]]:
+    """Turn exceptions raised by a unary handler into status codes (the one place this happens)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: EnvService, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request, context)
+        except ServiceError as err:
+            await _abort(context, err.code, str(err), err.env_index)
+        except codec.CodecError as err:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AbortError:
+            raise
+        except Exception as err:  # never let an exception reach a client as UNKNOWN
+            log.exception("%s failed", method.__name__)
+            await _abort(context, grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(err).__name__}: {err}")
+        raise AssertionError("unreachable")  # abort always raises
+
+    return wrapper
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, env_index: int | None = None
+) -> None:
+    if env_index is not None:
+        context.set_trailing_metadata(((ENV_INDEX_KEY, str(env_index)),))
+    await context.abort(code, message)
+
+
+class EnvService(pb_grpc.EnvServiceServicer):
+    """Serves one vector env to one learner at a time."""
+
+    def __init__(self, config: ServerConfig, env: gym.vector.VectorEnv) -> None:
+        self._config = config
+        self._env = env
+        self._num_envs = env.num_envs
+        self._obs_space = env.single_observation_space
+        self._act_space = env.single_action_space
+        self._claim: Session | None = None
+        self._needs_reset = True
+        # Env work runs on one dedicated thread: the event loop stays free to answer health checks,
+        # refusals and releases while a step runs, and envs that are not thread-safe only ever see
+        # this one thread.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+        self.spec = self._make_spec()
+        self.steps = 0
+
+    def _make_spec(self) -> pb.EnvSpec:
+        env = self._env
+        spec = pb.EnvSpec(
+            protocol_version=PROTOCOL_VERSION,
+            env_id=self._config.env,
+            num_envs=self._num_envs,
+            autoreset_mode=codec.AUTORESET_TO_PROTO[
+                gym.vector.AutoresetMode(env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP))
+            ],
+            render_modes=[str(m) for m in env.metadata.get("render_modes", []) or []],
+            server_id=secrets.token_hex(8),
+            vectorization=self._config.vectorization,
+            wrappers=list(self._config.wrappers),
+            max_episode_steps=max_episode_steps(env),
+        )
+        codec.encode_space(self._obs_space, spec.observation_space, "observation_space")
+        codec.encode_space(self._act_space, spec.action_space, "action_space")
+        fps = env.metadata.get("render_fps")
+        if fps is not None:
+            spec.render_fps = float(fps)
+        return spec
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    def _live_claim(self, now: float) -> Session | None:
+        claim = self._claim
+        if claim is None:
+            return None
+        if claim.holds == 0 and now - claim.last_seen > self._config.claim_timeout_s:
+            self._end(claim, f"no Hold stream and no calls for {self._config.claim_timeout_s:g} s")
+            return None
+        return claim
+
+    def _end(self, session: Session, reason: str) -> None:
+        if self._claim is session:
+            self._claim = None
+            log.info("session %s of %s ended: %s", session.id[:8], session.peer, reason)
+        session.end_reason = reason
+        session.ended.set()
+
+    def _session(self, session_id: str) -> Session:
+        now = time.monotonic()
+        claim = self._live_claim(now)
+        if claim is None or not session_id or not secrets.compare_digest(claim.id, session_id):
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"session {session_id[:8]!r} does not own this server (it was released, its connection "
+                "dropped, it timed out, or the server restarted); call Handshake again",
+            )
+        claim.last_seen = now
+        return claim
+
+    def end_all(self, reason: str) -> None:
+        """End the current session (server shutdown)."""
+        if self._claim is not None:
+            self._end(self._claim, reason)
+
+    # -- RPCs ---------------------------------------------------------------------------------------
+
+    @_rpc
+    async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
+        return pb.GetSpecResponse(spec=self.spec)
+
+    @_rpc
+    async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
+        if request.protocol_version not in (0, PROTOCOL_VERSION):
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol_version: this server speaks envfleet.v{PROTOCOL_VERSION}, the client asked for "
+                f"{request.protocol_version}; upgrade the older side",
+            )
+        now = time.monotonic()
+        owner = self._live_claim(now)
+        if owner is not None:
+            raise ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this server's envs are claimed by {owner.describe(now)}; one learner owns a server at a "
+                "time. The claim ends when that learner closes, its connection drops, or after "
+                f"{self._config.claim_timeout_s:g} s of silence",
+            )
+        session = Session(
+            id=secrets.token_hex(16),
+            peer=context.peer(),
+            client_name=request.client_name[:200],
+            created=now,
+            last_seen=now,
+        )
+        self._claim = session
+        self._needs_reset = True
+        log.info("session %s claimed by %s", session.id[:8], session.describe(now))
+        return pb.HandshakeResponse(session_id=session.id, spec=self.spec, claim_timeout_s=self._config.claim_timeout_s)
+
+    async def Hold(self, request: pb.HoldRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HoldEvent]:
+        try:
+            session = self._session(request.session_id)
+        except ServiceError as err:
+            await _abort(context, err.code, str(err))
+            return
+        session.holds += 1
+        try:
+            await session.ended.wait()
+        finally:
+            session.holds -= 1
+            if session.holds == 0 and not session.ended.is_set():
+                # The learner cancelled the stream, closed, crashed, or its connection died.
+                session.last_seen = time.monotonic()
+                self._end(session, "its Hold stream ended (learner closed or disconnected)")
+        yield pb.HoldEvent(reason=session.end_reason)
+
+    @_rpc
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
+        claim = self._claim
+        if claim is not None and request.session_id and secrets.compare_digest(claim.id, request.session_id):
+            self._end(claim, "released")
+        return pb.ReleaseResponse()
+
+    @_rpc
+    async def Reset(self, request: pb.ResetRequest, context: grpc.aio.ServicerContext) -> pb.ResetResponse:
+        self._session(request.session_id)
+        k = self._num_envs
+        seeds: list[int | None] | None = None
+        if request.seeds:
+            if len(request.seeds) != k:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"seeds: expected {k} (one per env) or none, got {len(request.seeds)}",
+                )
+            seeds = [s.value if s.HasField("value") else None for s in request.seeds]
+        options: dict[str, Any] | None = None
+        if request.HasField("options"):
+            decoded = codec.decode_value(request.options, "options")
+            if decoded is not None and not isinstance(decoded, dict):
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"options: expected a map or nothing, got {type(decoded).__name__}",
+                )
+            options = decoded
+        if request.reset_mask:
+            if len(request.reset_mask) != k:
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"reset_mask: expected {k} bools or none, got {len(request.reset_mask)}",
+                )
+            if not any(request.reset_mask):
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "reset_mask: at least one env must be selected")
+            if self._needs_reset:
+                raise ServiceError(
+                    grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
+                )
+            options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
+        obs, infos = await self._run_env(self._env.reset, seed=seeds, options=options)
+        self._needs_reset = False
+        response = pb.ResetResponse()
+        codec.encode_value(obs, response.observations, "observations")
+        _encode_infos(infos, response.infos)
+        return response
+
+    @_rpc
+    async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
+        self._session(request.session_id)
+        if self._needs_reset:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
+        actions = codec.decode_value(request.actions, "actions")
+        try:
+            actions = check_actions(self._act_space, actions, self._num_envs)
+        except InvalidActionError as err:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
+        obs, rewards, terminations, truncations, infos = await self._run_env(self._env.step, actions)
+        self.steps += 1
+        response = pb.StepResponse()
+        codec.encode_value(obs, response.observations, "observations")
+        codec.encode_tensor(np.asarray(rewards, dtype=np.float64), response.rewards, "rewards")
+        codec.encode_tensor(np.asarray(terminations, dtype=np.bool_), response.terminations, "terminations")
+        codec.encode_tensor(np.asarray(truncations, dtype=np.bool_), response.truncations, "truncations")
+        _encode_infos(infos, response.infos)
+        return response
+
+    async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        except Exception as err:
+            # The env's state is unknown after it raised: the learner must reset before stepping.
+            self._needs_reset = True
+            log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
+            raise ServiceError(
+                grpc.StatusCode.INTERNAL,
+                f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
+            ) from err
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _encode_infos(infos: dict[str, Any], out: pb.Value) -> None:
+    try:
+        codec.encode_value(infos, out, "infos")
+    except codec.CodecError as err:
+        raise ServiceError(
+            grpc.StatusCode.INTERNAL,
+            f"the env returned an info value that cannot be sent: {err}",
+        ) from err

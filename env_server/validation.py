@@ -1,0 +1,105 @@
+"""Checking a batch of actions against the single action space, naming the first bad env."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["InvalidActionError", "check_actions"]
+
+
+class InvalidActionError(ValueError):
+    """A batch of actions does not fit the action space; ``env_index`` is the first bad env (or None)."""
+
+    def __init__(self, message: str, env_index: int | None = None) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+
+
+def check_actions(space: gym.Space[Any], actions: Any, num_envs: int, where: str = "actions") -> Any:
+    """Return ``actions`` cast to the space's dtypes, or raise InvalidActionError.
+
+    ``actions`` is batched as ``gymnasium.vector.utils.batch_space(space, num_envs)`` lays it out:
+    arrays with a leading dimension of ``num_envs``; dicts and tuples of such for Dict and Tuple spaces.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(actions, dict):
+            raise InvalidActionError(
+                f"{where}: expected a dict with keys {list(space.spaces)} for {space}, got {_kind(actions)}"
+            )
+        if set(actions) != set(space.spaces):
+            raise InvalidActionError(f"{where}: expected keys {list(space.spaces)}, got {list(actions)}")
+        return {k: check_actions(sub, actions[k], num_envs, f"{where}[{k!r}]") for k, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(actions, tuple) or len(actions) != len(space.spaces):
+            raise InvalidActionError(
+                f"{where}: expected a tuple of {len(space.spaces)} batches for {space}, got {_kind(actions)}"
+            )
+        return tuple(
+            check_actions(sub, a, num_envs, f"{where}[{i}]")
+            for i, (sub, a) in enumerate(zip(space.spaces, actions, strict=False))
+        )
+    if not isinstance(actions, np.ndarray):
+        raise InvalidActionError(f"{where}: expected an array for {space}, got {_kind(actions)}")
+    shape = (num_envs, *space.shape) if space.shape is not None else None
+    if actions.shape != shape:
+        raise InvalidActionError(
+            f"{where}: expected shape {shape} ({num_envs} envs of {space}), got shape {actions.shape}"
+        )
+    if isinstance(space, gym.spaces.Box):
+        return _check_box(space, actions, where)
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return _check_integer(space, actions, where)
+    raise InvalidActionError(f"{where}: action space {space} is not supported")
+
+
+def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.ndarray:
+    if actions.dtype.kind not in "biuf":
+        raise InvalidActionError(f"{where}: expected numbers ({space.dtype}) for {space}, got dtype {actions.dtype}")
+    if actions.dtype.kind == "f" and space.dtype.kind in "iu":
+        raise InvalidActionError(f"{where}: expected integers ({space.dtype}) for {space}, got dtype {actions.dtype}")
+    bad = _first_bad(~np.isfinite(actions) if actions.dtype.kind == "f" else None)
+    if bad is not None:
+        raise InvalidActionError(f"{where}: env {bad}: action has NaN or infinite values: {actions[bad]!r}", bad)
+    bad = _first_bad((actions < space.low) | (actions > space.high))
+    if bad is not None:
+        raise InvalidActionError(
+            f"{where}: env {bad}: action {actions[bad]!r} is outside the action space {space} "
+            f"(low={space.low!r}, high={space.high!r}); clip actions to the bounds",
+            bad,
+        )
+    return actions.astype(space.dtype, copy=False)
+
+
+def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np.ndarray:
+    if actions.dtype.kind not in "biu":
+        raise InvalidActionError(f"{where}: expected integers for {space}, got dtype {actions.dtype}")
+    if isinstance(space, gym.spaces.Discrete):
+        low, high = space.start, space.start + space.n - 1
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        low, high = space.start, space.start + space.nvec - 1
+    else:
+        low, high = 0, 1
+    values = actions.astype(np.int64) if actions.dtype.kind != "u" else actions
+    bad = _first_bad((values < low) | (values > high))
+    if bad is not None:
+        raise InvalidActionError(
+            f"{where}: env {bad}: action {actions[bad]!r} is outside the action space {space}", bad
+        )
+    return actions.astype(space.dtype, copy=False)
+
+
+def _first_bad(mask: np.ndarray | None) -> int | None:
+    """Index along the first axis of the first True entry, or None."""
+    if mask is None or mask.ndim == 0:
+        return None
+    per_env = mask.reshape(mask.shape[0], -1).any(axis=1)
+    return int(np.argmax(per_env)) if per_env.any() else None
+
+
+def _kind(obj: Any) -> str:
+    if isinstance(obj, np.ndarray):
+        return f"an array of shape {obj.shape}"
+    return f"a {type(obj).__name__}"

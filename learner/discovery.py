@@ -1,0 +1,101 @@
+"""Turning the addresses a user gives into the list of env servers to connect to.
+
+An address is one of:
+  ``host:port``            one server (``[::1]:port`` for IPv6);
+  ``unix:/path/to/sock``   one server on a Unix domain socket;
+  ``dns:///name:port``     every address ``name`` resolves to, one server each (a headless
+                           Kubernetes service, Swarm's ``tasks.<service>``, compose's service name).
+
+Resolving again later (between rollouts) finds replicas that were added or removed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Sequence
+
+__all__ = ["AddressError", "Resolver", "expand_addresses", "register_resolver", "split_addresses"]
+
+
+class AddressError(ValueError):
+    """An address that cannot be parsed or resolved."""
+
+
+Resolver = Callable[[str], list[str]]
+_RESOLVERS: dict[str, Resolver] = {}
+
+
+def register_resolver(scheme: str, resolver: Resolver) -> None:
+    """Let addresses ``<scheme>:<rest>`` expand to the servers ``resolver(rest)`` returns."""
+    _RESOLVERS[scheme] = resolver
+
+
+def split_addresses(text: str) -> list[str]:
+    """``"a:1,b:2"`` -> ``["a:1", "b:2"]`` (commas or whitespace)."""
+    return [part for part in text.replace(",", " ").split() if part]
+
+
+def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
+    """Every server the addresses name, in order, without duplicates."""
+    if isinstance(addresses, str):
+        addresses = split_addresses(addresses)
+    if not addresses:
+        raise AddressError(
+            "addresses: expected at least one server address (host:port, unix:PATH or dns:///name:port), got none"
+        )
+    out: list[str] = []
+    for address in addresses:
+        for endpoint in _expand_one(address):
+            if endpoint not in out:
+                out.append(endpoint)
+    return out
+
+
+def _expand_one(address: str) -> list[str]:
+    if not isinstance(address, str) or not address.strip():
+        raise AddressError(f"addresses: expected host:port, unix:PATH or dns:///name:port, got {address!r}")
+    address = address.strip()
+    if address.startswith("dns:"):
+        return resolve_dns(address)
+    if address.startswith("unix:"):
+        return [address]
+    scheme, sep, rest = address.partition(":")
+    if sep and scheme in _RESOLVERS:
+        return _RESOLVERS[scheme](rest)
+    _split_host_port(address)  # validates
+    return [address]
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise AddressError(f"address {address!r}: expected host:port (e.g. 127.0.0.1:50051)")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise AddressError(f"address {address!r}: port {port_text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise AddressError(f"address {address!r}: port {port} is outside 1-65535")
+    return host.strip("[]"), port
+
+
+def resolve_dns(address: str) -> list[str]:
+    """``dns:///name:port`` (or ``dns:name:port``) -> one ``ip:port`` per address, sorted."""
+    target = address[len("dns:") :]
+    if target.startswith("//"):
+        # dns://authority/name:port: the authority (a DNS server) is not supported; the system resolver is used.
+        authority, _, target = target[2:].partition("/")
+        if authority:
+            raise AddressError(
+                f"address {address!r}: a DNS server in the address is not supported; use dns:///name:port"
+            )
+    host, port = _split_host_port(target)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise AddressError(f"address {address!r}: cannot resolve {host!r}: {err.strerror}") from err
+    ips = sorted(
+        {str(info[4][0]) for info in infos}, key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip))
+    )
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]

@@ -1,0 +1,82 @@
+"""The learner's exceptions: every gRPC failure reaches users as one of these, naming the server."""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "AuthenticationError",
+    "EnvCrashedError",
+    "EnvFleetError",
+    "InvalidRequestError",
+    "RemoteEnvError",
+    "RemoteTimeoutError",
+    "ServerBusyError",
+    "ServerStartError",
+    "ServerUnavailableError",
+    "SessionError",
+    "SpecMismatchError",
+]
+
+
+class EnvFleetError(Exception):
+    """Base class of every error envfleet raises."""
+
+
+class ServerStartError(EnvFleetError):
+    """A local env server could not be started (its own message is included)."""
+
+
+class SpecMismatchError(EnvFleetError):
+    """Servers given to one RemoteVectorEnv host envs with different spaces or autoreset modes."""
+
+
+class RemoteEnvError(EnvFleetError):
+    """A call to one env server failed.
+
+    Attributes:
+        address: the server's address, as given (or as resolved from a ``dns:///`` name).
+        code: the gRPC status code, or None when no call was made (e.g. nothing listens).
+        env_index: the env the error is about, counted over all servers, when the server named one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        address: str,
+        code: grpc.StatusCode | None = None,
+        env_index: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.address = address
+        self.code = code
+        self.env_index = env_index
+
+
+class ServerUnavailableError(RemoteEnvError, ConnectionError):
+    """Nothing answers at the address, or the connection to the server was lost."""
+
+
+class ServerBusyError(RemoteEnvError):
+    """Another learner holds the server's envs (one learner owns a server at a time)."""
+
+
+class InvalidRequestError(RemoteEnvError, ValueError):
+    """The server rejected a request's contents (INVALID_ARGUMENT): e.g. an action outside the space."""
+
+
+class SessionError(RemoteEnvError):
+    """The call was out of order (FAILED_PRECONDITION): step before reset, or a session that ended."""
+
+
+class RemoteTimeoutError(RemoteEnvError, TimeoutError):
+    """The server did not answer within the call's deadline."""
+
+
+class EnvCrashedError(RemoteEnvError):
+    """The environment raised inside the server (INTERNAL); the message has the exception."""
+
+
+class AuthenticationError(RemoteEnvError, PermissionError):
+    """The server requires a token (or TLS) and refused the one given."""

@@ -1,0 +1,242 @@
+"""Starting env servers as local subprocesses (the embedded default, tests and benchmarks)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from learner.errors import ServerStartError
+
+__all__ = ["LocalServers", "local_servers"]
+
+log = logging.getLogger(__name__)
+
+_LOG_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+
+
+class LocalServers:
+    """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
+
+    The servers listen on loopback (or on Unix domain sockets with ``transport="unix"``), exit when
+    :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
+    this process be killed — within a second of its death (each server watches its parent).
+
+    Args:
+        env: gymnasium id or ``package.module:Factory`` entry point.
+        num_servers: how many server processes.
+        envs_per_server: envs each server hosts (K).
+        env_kwargs: keyword arguments for the env's constructor.
+        server_args: further ``env-server`` options, e.g. ``["--wrappers", "atari"]``.
+        transport: ``"tcp"`` (127.0.0.1, a free port each) or ``"unix"`` (a socket file each).
+        startup_timeout: seconds to wait for every server to print its ``listening on`` line.
+        log_level: the servers' log level; their log lines are forwarded to this process's logging.
+    """
+
+    def __init__(
+        self,
+        env: str,
+        num_servers: int = 2,
+        envs_per_server: int = 4,
+        *,
+        env_kwargs: dict[str, Any] | None = None,
+        server_args: Sequence[str] = (),
+        transport: str = "tcp",
+        startup_timeout: float = 60.0,
+        log_level: str = "warning",
+    ) -> None:
+        if num_servers < 1:
+            raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
+        if envs_per_server < 1:
+            raise ValueError(f"envs_per_server: expected >= 1, got {envs_per_server}")
+        if transport not in ("tcp", "unix"):
+            raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
+        self.env = env
+        self.addresses: list[str] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._stderr_tails: list[collections.deque[str]] = []
+        self._socket_dir = tempfile.mkdtemp(prefix="envfleet-") if transport == "unix" else None
+        # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _stop_all, self._procs, self._socket_dir)
+        base = [
+            sys.executable,
+            "-m",
+            "env_server",
+            "--env",
+            env,
+            "--num-envs",
+            str(envs_per_server),
+            "--parent-pid",
+            str(os.getpid()),
+            "--log-level",
+            log_level,
+        ]
+        if env_kwargs:
+            base += ["--env-kwargs", json.dumps(env_kwargs)]
+        try:
+            for i in range(num_servers):
+                where = (
+                    ["--unix-socket", os.path.join(self._socket_dir, f"server-{i}.sock")]
+                    if self._socket_dir
+                    else ["--host", "127.0.0.1", "--port", "0"]
+                )
+                self._spawn(i, [*base, *where, *server_args])
+            self.addresses = self._wait_ready(startup_timeout)
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "started %d local env servers (%d x %s each): %s",
+            num_servers,
+            envs_per_server,
+            env,
+            ", ".join(self.addresses),
+        )
+
+    def _spawn(self, index: int, cmd: list[str]) -> None:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            # Its own session: a Ctrl-C in the terminal reaches the learner, which then stops the
+            # servers in order, instead of killing them under a checkpoint being written.
+            start_new_session=True,
+        )
+        self._procs.append(proc)
+        tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr_tails.append(tail)
+        threading.Thread(
+            target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
+        ).start()
+
+    def _wait_ready(self, timeout: float) -> list[str]:
+        deadline = time.monotonic() + timeout
+        addresses: list[str | None] = [None] * len(self._procs)
+        buffers = [b""] * len(self._procs)
+        sel = selectors.DefaultSelector()
+        for i, proc in enumerate(self._procs):
+            assert proc.stdout is not None
+            os.set_blocking(proc.stdout.fileno(), False)
+            sel.register(proc.stdout, selectors.EVENT_READ, i)
+        try:
+            while any(a is None for a in addresses):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    late = [i for i, a in enumerate(addresses) if a is None]
+                    raise ServerStartError(
+                        f"env server(s) {late} for {self.env!r} did not start listening within {timeout:g} s; "
+                        f"last output: {self._tail(late[0])}"
+                    )
+                for key, _ in sel.select(timeout=min(remaining, 0.5)):
+                    i = key.data
+                    chunk = os.read(key.fileobj.fileno(), 4096)  # type: ignore[union-attr]
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buffers[i] += chunk
+                    if b"\n" in buffers[i]:
+                        line = buffers[i].split(b"\n", 1)[0].decode(errors="replace").strip()
+                        if not line.startswith("listening on "):
+                            raise ServerStartError(f"env server {i} printed {line!r} instead of 'listening on ADDRESS'")
+                        addresses[i] = line[len("listening on ") :]
+                        sel.unregister(key.fileobj)
+                for i, proc in enumerate(self._procs):
+                    if addresses[i] is None and proc.poll() is not None:
+                        time.sleep(0.1)  # let the stderr thread catch the last lines
+                        raise ServerStartError(
+                            f"env server {i} for {self.env!r} exited with code {proc.returncode} before listening: {self._tail(i)}"
+                        )
+        finally:
+            sel.close()
+        return [a for a in addresses if a is not None]
+
+    def _tail(self, index: int) -> str:
+        lines = list(self._stderr_tails[index])
+        return " | ".join(lines[-3:]) if lines else "(nothing)"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def close(self) -> None:
+        """Stop every server (SIGTERM, then SIGKILL after a grace period) and wait for it."""
+        self._finalizer()
+
+    def __enter__(self) -> LocalServers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            with suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10.0
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if socket_dir is not None:
+        for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
+            with suppress(OSError):
+                os.unlink(os.path.join(socket_dir, name))
+        with suppress(OSError):
+            os.rmdir(socket_dir)
+
+
+def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[str]) -> None:
+    """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
+    assert proc.stderr is not None
+    server_log = logging.getLogger(f"env_server[{index}]")
+    for raw in proc.stderr:
+        line = raw.decode(errors="replace").rstrip()
+        if not line:
+            continue
+        tail.append(line)
+        # Server lines look like "<date> <time> LEVEL logger: message".
+        parts = line.split(" ", 3)
+        level = _LOG_LEVELS.get(parts[2], logging.WARNING) if len(parts) > 2 else logging.WARNING
+        server_log.log(level, "%s", line)
+
+
+@contextmanager
+def local_servers(
+    env: str,
+    num_servers: int = 2,
+    envs_per_server: int = 4,
+    **kwargs: Any,
+) -> Iterator[list[str]]:
+    """Start local env servers for the duration of a ``with`` block; yields their addresses.
+
+    >>> with local_servers("CartPole-v1", 2, 4) as addresses:  # doctest: +SKIP
+    ...     envs = RemoteVectorEnv(addresses)
+    """
+    servers = LocalServers(env, num_servers, envs_per_server, **kwargs)
+    try:
+        yield servers.addresses
+    finally:
+        servers.close()

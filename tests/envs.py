@@ -1,0 +1,83 @@
+"""Small envs for the tests, served by entry point (``tests.envs:DictEnv``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+
+class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
+    """Dict observations of several dtypes, Box actions, and infos of every kind the wire carries.
+
+    Episodes end by termination or by truncation at random lengths, so long runs cross many
+    episode boundaries; info keys come and go between steps and envs.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "render_fps": 10}
+
+    def __init__(self, max_len: int = 25) -> None:
+        self.max_len = max_len
+        self.observation_space = gym.spaces.Dict(
+            {
+                "position": gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float64),
+                "camera": gym.spaces.Box(0, 255, shape=(2, 4, 4), dtype=np.uint8),
+                "mode": gym.spaces.Discrete(5, start=-2),
+                "flags": gym.spaces.MultiBinary(4),
+                "nested": gym.spaces.Dict(
+                    {
+                        "grid": gym.spaces.MultiDiscrete([3, 4]),
+                        "pair": gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32))),
+                    }
+                ),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self._t = 0
+        self._pos = np.zeros(3)
+        self._limit = max_len
+
+    def _obs(self) -> dict[str, Any]:
+        rng = self.np_random
+        return {
+            "position": self._pos.copy(),
+            "camera": rng.integers(0, 256, size=(2, 4, 4), dtype=np.uint8),
+            "mode": np.int64(rng.integers(-2, 3)),
+            "flags": rng.integers(0, 2, size=4, dtype=np.int8),
+            "nested": {
+                "grid": rng.integers(0, [3, 4]).astype(np.int64),
+                "pair": (np.int64(rng.integers(0, 3)), rng.uniform(-1, 1, 2).astype(np.float32)),
+            },
+        }
+
+    def _info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"t": self._t, "speed": float(np.linalg.norm(self._pos)), "ok": bool(self._t % 2)}
+        if self._t % 3 == 0:
+            info["label"] = f"step-{self._t}"
+        if self._t % 4 == 1:
+            info["vec"] = np.arange(3, dtype=np.float32) * self._t
+        if self._t % 5 == 2:
+            info["stats"] = {"count": self._t, "ratio": self._t / 7, "name": "x"}
+        return info
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        self._pos = self.np_random.uniform(-1, 1, 3)
+        self._limit = int(self.np_random.integers(5, self.max_len + 1))
+        info = self._info()
+        if options:
+            info["options_seen"] = sorted(options)
+            info["options_count"] = len(options)
+        return self._obs(), info
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        self._pos = np.clip(self._pos + np.concatenate([action, [0.1]]).astype(np.float64), -10, 10)
+        terminated = bool(self.np_random.random() < 0.05)
+        truncated = not terminated and self._t >= self._limit
+        reward = float(-np.abs(self._pos).sum())
+        return self._obs(), reward, terminated, truncated, self._info()

@@ -1,0 +1,141 @@
+"""Bad input gets a clear error naming what was wrong, and the server keeps serving."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
+
+
+@pytest.fixture
+def cartpole(start_servers: Any) -> Any:
+    with RemoteVectorEnv(start_servers("CartPole-v1", num_servers=2, envs_per_server=3)) as envs:
+        envs.reset(seed=0)
+        yield envs
+
+
+def test_action_outside_space_names_the_env_and_space(cartpole: RemoteVectorEnv) -> None:
+    actions = np.zeros(6, dtype=np.int64)
+    actions[4] = 2  # env 4 lives on the second server, as its env 1
+    with pytest.raises(InvalidRequestError) as info:
+        cartpole.step(actions)
+    err = info.value
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.env_index == 4
+    assert "env 4 of the fleet" in str(err) and "Discrete(2)" in str(err)
+    assert err.address == cartpole.addresses[1]
+    # Nothing was lost: the servers keep serving.
+    obs, *_ = cartpole.step(np.ones(6, dtype=np.int64))
+    assert obs.shape == (6, 4)
+
+
+def test_action_of_wrong_dtype(cartpole: RemoteVectorEnv) -> None:
+    with pytest.raises(InvalidRequestError, match="expected integers for Discrete"):
+        cartpole.step(np.zeros(6, dtype=np.float32))
+    cartpole.step(np.zeros(6, dtype=np.int32))
+
+
+def test_batch_of_wrong_length_is_refused_before_sending(cartpole: RemoteVectorEnv) -> None:
+    with pytest.raises(ValueError, match=r"actions: expected a batch of 6 actions.*got shape \(5,\)"):
+        cartpole.step(np.zeros(5, dtype=np.int64))
+    cartpole.step(np.zeros(6, dtype=np.int64))
+
+
+def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> None:
+    with RemoteVectorEnv(start_servers("Pendulum-v1", num_servers=2, envs_per_server=2)) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(InvalidRequestError, match=r"expected shape \(2, 1\)"):
+            envs.step(np.zeros((4, 2), dtype=np.float32))
+        bad = np.zeros((4, 1), dtype=np.float32)
+        bad[3] = np.nan
+        with pytest.raises(InvalidRequestError, match=r"env 3 of the fleet.*NaN"):
+            envs.step(bad)
+        bad[3] = 2.5
+        with pytest.raises(InvalidRequestError, match=r"env 3 of the fleet.*outside the action space Box\(-2.0, 2.0"):
+            envs.step(bad)
+        # float64 actions for a float32 Box are fine (as for a local env).
+        envs.step(np.full((4, 1), 0.5, dtype=np.float64))
+
+
+def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:
+    with RemoteVectorEnv(start_servers("CartPole-v1")) as envs:
+        with pytest.raises(SessionError, match="Step called before Reset") as info:
+            envs.step(np.zeros(1, dtype=np.int64))
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        envs.reset()
+        envs.step(np.zeros(1, dtype=np.int64))
+
+
+def test_async_call_order_errors(cartpole: RemoteVectorEnv) -> None:
+    with pytest.raises(NoAsyncCallError):
+        cartpole.step_wait()
+    cartpole.step_async(np.zeros(6, dtype=np.int64))
+    with pytest.raises(AlreadyPendingCallError):
+        cartpole.step_async(np.zeros(6, dtype=np.int64))
+    with pytest.raises(AlreadyPendingCallError):
+        cartpole.reset()
+    cartpole.step_wait()
+    cartpole.close()
+    with pytest.raises(ClosedEnvironmentError):
+        cartpole.step(np.zeros(6, dtype=np.int64))
+    cartpole.close()  # closing twice is fine
+
+
+def test_nothing_listening_fails_within_the_default_bound() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        RemoteVectorEnv([f"127.0.0.1:{port}"])
+    elapsed = time.monotonic() - start
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert info.value.address == f"127.0.0.1:{port}"
+    assert elapsed < 12, f"took {elapsed:.1f} s"
+
+
+def test_malformed_raw_requests_are_invalid_argument(start_servers: Any) -> None:
+    """Requests no well-behaved client sends still get INVALID_ARGUMENT, and the server lives on."""
+    (address,) = start_servers("CartPole-v1", envs_per_server=2)
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(), timeout=5).session_id
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=5)
+        bad_requests = [
+            pb.StepRequest(session_id=session),  # no actions at all
+            pb.StepRequest(
+                session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_INT64, shape=[2], data=b"\0"))
+            ),
+            pb.StepRequest(
+                session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=99, shape=[2], data=b"\0" * 16))
+            ),
+            pb.StepRequest(
+                session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_INT64, shape=[-2], data=b""))
+            ),
+            pb.StepRequest(session_id=session, actions=pb.Value(text="left")),
+        ]
+        for request in bad_requests:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Step(request, timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Reset(pb.ResetRequest(session_id=session, seeds=[pb.Seed(value=1)]), timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "seeds: expected 2" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Step(pb.StepRequest(session_id="not-mine"), timeout=5)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ok = pb.StepRequest(session_id=session)
+        ok.actions.tensor.dtype = pb.DTYPE_INT64
+        ok.actions.tensor.shape[:] = [2]
+        ok.actions.tensor.data = np.zeros(2, dtype="<i8").tobytes()
+        assert len(stub.Step(ok, timeout=5).rewards.data) == 16

@@ -1,0 +1,84 @@
+"""One learner owns a server at a time; the claim ends when it closes, disconnects or goes silent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import RemoteVectorEnv, ServerBusyError
+
+
+def test_second_learner_is_refused_until_the_first_closes(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    first = RemoteVectorEnv(addresses, client_name="learner-A")
+    first.reset(seed=0)
+    with pytest.raises(ServerBusyError) as info:
+        RemoteVectorEnv(addresses, client_name="learner-B")
+    assert "learner-A" in str(info.value) and info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    first.step(first.action_space.sample())  # the first learner was not disturbed
+    first.close()
+    with RemoteVectorEnv(addresses, client_name="learner-B") as second:
+        second.reset(seed=0)
+
+
+def wait_for_claim(addresses: list[str], within: float) -> float:
+    start = time.monotonic()
+    while True:
+        try:
+            RemoteVectorEnv(addresses).close()
+            return time.monotonic() - start
+        except ServerBusyError:
+            if time.monotonic() - start > within:
+                raise
+            time.sleep(0.1)
+
+
+def test_killed_learner_does_not_lock_the_server(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from learner import RemoteVectorEnv
+        envs = RemoteVectorEnv({addresses!r})
+        envs.reset(seed=0)
+        print("claimed", flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "claimed"
+        with pytest.raises(ServerBusyError):
+            RemoteVectorEnv(addresses)
+        proc.kill()
+        proc.wait()
+        assert wait_for_claim(addresses, within=5) < 5
+    finally:
+        proc.kill()
+
+
+def test_silent_client_loses_its_claim_after_the_timeout(start_servers: Any) -> None:
+    (address,) = start_servers("CartPole-v1", server_args=["--claim-timeout", "1"])
+    with grpc.insecure_channel(address) as channel:
+        # A bare client that claims and then says nothing (no Hold stream).
+        pb_grpc.EnvServiceStub(channel).Handshake(pb.HandshakeRequest(client_name="silent"), timeout=5)
+        with pytest.raises(ServerBusyError, match="silent"):
+            RemoteVectorEnv([address])
+        assert wait_for_claim([address], within=5) < 5
+
+
+def test_get_spec_needs_no_claim(start_servers: Any) -> None:
+    (address,) = start_servers("Pendulum-v1", envs_per_server=3)
+    with RemoteVectorEnv([address]), grpc.insecure_channel(address) as channel:
+        spec = pb_grpc.EnvServiceStub(channel).GetSpec(pb.GetSpecRequest(), timeout=5).spec
+    assert spec.env_id == "Pendulum-v1" and spec.num_envs == 3 and spec.protocol_version == 1
+    assert spec.max_episode_steps == 200 and spec.render_fps == 30 and "rgb_array" in spec.render_modes
+    assert spec.autoreset_mode == pb.AUTORESET_MODE_NEXT_STEP and spec.vectorization == "sync"

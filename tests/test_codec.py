@@ -1,0 +1,183 @@
+"""Every supported space, dtype and value round-trips through the codec (property-based)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector.utils import batch_space
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from env_server import codec
+from env_server.rpc import env_pb2 as pb
+from tests.compare import assert_same
+
+INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+FLOAT_DTYPES = [np.float16, np.float32, np.float64]
+ALL_DTYPES = [np.bool_, *INT_DTYPES, *FLOAT_DTYPES]
+
+shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
+
+
+@st.composite
+def boxes(draw: st.DrawFn) -> gym.spaces.Box:
+    dtype = draw(st.sampled_from([*INT_DTYPES, *FLOAT_DTYPES]))
+    shape = draw(shapes)
+    if np.dtype(dtype).kind == "f":
+        low = draw(st.sampled_from([-np.inf, -10.0, -1.0, 0.0]))
+        high = draw(st.sampled_from([np.inf, 1.0, 10.0]))
+    else:
+        info = np.iinfo(dtype)
+        low = draw(st.integers(int(info.min), 0))
+        high = draw(st.integers(1, int(min(info.max, 2**62))))
+    return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
+
+
+@st.composite
+def discretes(draw: st.DrawFn) -> gym.spaces.Discrete:
+    dtype = draw(st.sampled_from([np.int32, np.int64, np.uint8]))
+    if dtype is np.uint8:
+        return gym.spaces.Discrete(draw(st.integers(1, 200)), start=draw(st.integers(0, 50)), dtype=dtype)
+    return gym.spaces.Discrete(draw(st.integers(1, 1000)), start=draw(st.integers(-50, 50)), dtype=dtype)
+
+
+@st.composite
+def multi_discretes(draw: st.DrawFn) -> gym.spaces.MultiDiscrete:
+    shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple))
+    nvec = draw(st.lists(st.integers(1, 9), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    start = draw(st.lists(st.integers(-5, 5), min_size=len(nvec), max_size=len(nvec)))
+    return gym.spaces.MultiDiscrete(np.array(nvec).reshape(shape), start=np.array(start).reshape(shape))
+
+
+multi_binaries = st.one_of(
+    st.integers(1, 6).map(gym.spaces.MultiBinary), shapes.filter(bool).map(lambda s: gym.spaces.MultiBinary(list(s)))
+)
+leaf_spaces = st.one_of(boxes(), discretes(), multi_discretes(), multi_binaries)
+spaces = st.recursive(
+    leaf_spaces,
+    lambda children: st.one_of(
+        st.lists(children, min_size=1, max_size=3).map(lambda s: gym.spaces.Tuple(s)),
+        st.dictionaries(st.text("abcdefgh_", min_size=1, max_size=6), children, min_size=1, max_size=3).map(
+            lambda d: gym.spaces.Dict(d, sort_keys=False)
+        ),
+    ),
+    max_leaves=6,
+)
+
+
+def roundtrip(obj: Any) -> Any:
+    msg = codec.encode_value(obj, pb.Value())
+    return codec.decode_value(pb.Value.FromString(msg.SerializeToString()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(spaces, st.integers(0, 2**32 - 1))
+def test_space_and_samples_round_trip(space: gym.Space[Any], seed: int) -> None:
+    msg = codec.encode_space(space)
+    decoded = codec.decode_space(pb.Space.FromString(msg.SerializeToString()))
+    assert decoded == space
+    assert type(decoded) is type(space)
+    space.seed(seed)
+    sample = space.sample()
+    assert_same(roundtrip(sample), sample)
+    batched = batch_space(space, 3)
+    batched.seed(seed)
+    batch = batched.sample()
+    assert_same(roundtrip(batch), batch)
+    assert batched.contains(roundtrip(batch))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(ALL_DTYPES), st.lists(st.integers(0, 5), max_size=4), st.integers(0, 2**32 - 1))
+def test_tensors_of_every_dtype_and_shape_round_trip(dtype: Any, shape: list[int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    arr = np.asarray(rng.random(shape) * 100).astype(dtype)
+    back = codec.decode_tensor(pb.Tensor.FromString(codec.encode_tensor(arr, pb.Tensor()).SerializeToString()))
+    assert_same(back, arr)
+    assert_same(roundtrip(arr), arr)
+    if arr.ndim:
+        swapped = arr.astype(arr.dtype.newbyteorder(">"))  # big-endian input goes out little-endian
+        assert np.array_equal(roundtrip(swapped), arr)
+
+
+info_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.sampled_from(ALL_DTYPES).map(lambda d: np.arange(4).astype(d)),
+    st.sampled_from(ALL_DTYPES).map(lambda d: np.dtype(d).type(1)),
+)
+info_values = st.recursive(
+    info_leaves,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(st.text(max_size=5), children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(info_values)
+def test_info_values_round_trip(value: Any) -> None:
+    assert_same(roundtrip(value), value)
+
+
+def test_gymnasium_vector_infos_round_trip() -> None:
+    objects = np.full(3, None, dtype=object)
+    objects[1] = "text"
+    objects[2] = np.zeros(2)
+    infos = {
+        "t": np.array([1, 2, 3]),
+        "_t": np.array([True, True, False]),
+        "label": objects,
+        "_label": np.array([False, True, True]),
+        "names": np.array(["a", "bb", "c"]),
+        "episode": {"r": np.array([1.0, 0.0, 2.0]), "_r": np.array([True, False, True])},
+        "_episode": np.array([True, False, True]),
+    }
+    assert_same(roundtrip(infos), infos)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ({"ok": 1, "bad": object()}, "value['bad']: cannot send a value of type builtins.object"),
+        ({"nested": {"when": complex(1, 2)}}, "value['nested']['when']"),
+        ({1: "int key"}, "dict key 1"),
+        ({"big": 2**70}, "does not fit in 64 bits"),
+        ({"c": np.zeros(2, dtype=np.complex64)}, "dtype complex64 cannot be sent"),
+    ],
+)
+def test_unencodable_values_name_the_key(value: Any, fragment: str) -> None:
+    with pytest.raises(codec.CodecError, match=None) as info:
+        codec.encode_value(value, pb.Value())
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "fragment"),
+    [
+        (pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[2], data=b"\0" * 4), "needs 8 bytes, got 4"),
+        (pb.Tensor(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "unknown or unset dtype"),
+        (pb.Tensor(dtype=77, shape=[1], data=b"\0"), "unknown or unset dtype"),
+        (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[-1], data=b""), "must be >= 0"),
+        (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[2**40, 2**40], data=b""), "more than"),
+    ],
+)
+def test_malformed_tensors_are_rejected(tensor: pb.Tensor, fragment: str) -> None:
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_tensor(tensor, "actions")
+    assert fragment in str(info.value) and "actions" in str(info.value)
+
+
+def test_unsupported_space_names_itself() -> None:
+    with pytest.raises(codec.UnsupportedSpaceError, match="Text"):
+        codec.encode_space(gym.spaces.Dict({"a": gym.spaces.Text(5)}))

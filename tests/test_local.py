@@ -1,0 +1,89 @@
+"""Local servers as subprocesses never outlive their learner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from learner import LocalServers, RemoteVectorEnv, local_servers
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited, so count it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], within: float) -> None:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if alive(p)]}"
+        time.sleep(0.1)
+
+
+def test_context_manager_stops_every_server() -> None:
+    with local_servers("CartPole-v1", 2, 2, transport="unix") as addresses:
+        assert all(a.startswith("unix:") for a in addresses)
+        with RemoteVectorEnv(addresses) as envs:
+            envs.reset(seed=0)
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), addresses)]
+        assert len(pids) == 2
+    wait_gone(pids, within=5)
+
+
+def _is_server(pid: int, addresses: list[str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return "env_server" in cmd and any(a.removeprefix("unix:") in cmd for a in addresses)
+
+
+def test_close_stops_every_server() -> None:
+    servers = LocalServers("CartPole-v1", 3, 1)
+    pids = servers.pids
+    assert all(alive(p) for p in pids)
+    servers.close()
+    wait_gone(pids, within=5)
+
+
+def test_servers_exit_when_the_learner_is_killed() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from learner import LocalServers
+        servers = LocalServers("CartPole-v1", 2, 1)
+        print(*servers.pids, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        proc.kill()
+        proc.wait()
+        wait_gone(pids, within=5)
+    finally:
+        proc.kill()
+
+
+def test_failed_start_names_the_cause() -> None:
+    try:
+        LocalServers("NoSuchEnv-v0", 2, 1)
+    except Exception as err:
+        assert "NoSuchEnv-v0" in str(err) and "exited with code" in str(err)
+    else:
+        raise AssertionError("expected ServerStartError")

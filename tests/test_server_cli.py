@@ -1,0 +1,67 @@
+"""The env-server command: ready line, fast clear failures, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "env_server", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--env", "CartPole-v1", "--env-kwargs", '{"gravity_typo": 1}'], "gravity_typo"),
+        (["--env", "CartPole-v1", "--env-kwargs", "{not json"], "--env-kwargs: not valid JSON"),
+        (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
+        (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),
+        (["--env", "CartPole-v1", "--num-envs", "0"], "--num-envs: expected a positive integer"),
+        ([], "--env is required"),
+    ],
+)
+def test_bad_configuration_exits_quickly_with_one_line(args: list[str], fragment: str) -> None:
+    start = time.monotonic()
+    result = run_server(*args, "--port", "0")
+    assert time.monotonic() - start < 15
+    assert result.returncode != 0
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("env-server: error:") and fragment in last, result.stderr
+
+
+def test_prints_listening_line_then_stops_on_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--num-envs", "2", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        host, _, port = line.removeprefix("listening on ").rpartition(":")
+        assert line.startswith("listening on ") and host == "127.0.0.1" and int(port) > 0
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+        assert proc.stdout.read() == ""  # nothing else on stdout
+    finally:
+        proc.kill()
+
+
+def test_env_server_does_not_import_torch() -> None:
+    code = "import sys, env_server, env_server.server, env_server.__main__; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_help_explains_the_options() -> None:
+    result = run_server("--help")
+    assert result.returncode == 0
+    for text in ("--env", "--num-envs", "--port", "--env-kwargs", "--vectorization", "listening on"):
+        assert text in result.stdout
