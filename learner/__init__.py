@@ -3,6 +3,7 @@
 ``from learner import RemoteVectorEnv`` needs no torch; only training (``learner.train``) does.
 """
 
+from learner.compose import resolve_compose  # also registers the compose: address scheme
 from learner.discovery import AddressError, expand_addresses
 from learner.errors import (
     AuthenticationError,
@@ -37,4 +38,5 @@ __all__ = [
     "SpecMismatchError",
     "expand_addresses",
     "local_servers",
+    "resolve_compose",
 ]

@@ -4,7 +4,9 @@ An address is one of:
   ``host:port``            one server (``[::1]:port`` for IPv6);
   ``unix:/path/to/sock``   one server on a Unix domain socket;
   ``dns:///name:port``     every address ``name`` resolves to, one server each (a headless
-                           Kubernetes service, Swarm's ``tasks.<service>``, compose's service name).
+                           Kubernetes service, Swarm's ``tasks.<service>``, compose's service name);
+  ``compose:[PROJECT/]SERVICE``  every healthy replica of a Docker Compose service, at its published
+                           host port (``learner.compose``, through the Docker SDK).
 
 Resolving again later (between rollouts) finds replicas that were added or removed.
 """

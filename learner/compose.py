@@ -1,0 +1,175 @@
+"""``compose:`` addresses: every replica of a Docker Compose service, at the host port it publishes.
+
+    compose:env                  service ``env`` of the one compose project that runs it
+    compose:envfleet/env         service ``env`` of project ``envfleet`` (when several projects run one)
+    compose:env:50051            ... the replicas' container port 50051 (needed only if they publish several)
+
+The replicas are found through the Docker SDK (the ``docker`` package, in the ``learner`` extra), by
+the labels compose puts on its containers. Only running replicas that are healthy (or have no health
+check) count, so a replica still building its envs joins at the next look-up. Resolving again (the
+learner does so between rollouts) finds replicas added or removed by ``docker compose up --scale``.
+This is for a learner on the Docker host; inside the compose network use ``dns:///env:50051``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from learner.discovery import AddressError, register_resolver
+
+__all__ = ["Replica", "choose_host_port", "parse_target", "replica_addresses", "resolve_compose"]
+
+log = logging.getLogger(__name__)
+
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+NUMBER_LABEL = "com.docker.compose.container-number"
+
+# Where a published port is reached from the Docker host, best first: the loopback binding the
+# compose file makes by default, then a wildcard binding (reached on loopback too), then IPv6.
+_LOOPBACK = {"127.0.0.1": "127.0.0.1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::1": "::1", "::": "::1"}
+
+
+@dataclass(frozen=True)
+class Replica:
+    """What the resolver needs to know about one container of a compose service."""
+
+    name: str
+    project: str
+    number: int
+    status: str
+    """Docker's container status: ``running``, ``exited``, ..."""
+    health: str | None
+    """``healthy``, ``starting``, ``unhealthy``, or None when the image has no health check."""
+    ports: Mapping[str, Sequence[Mapping[str, str]] | None]
+    """Docker's ``NetworkSettings.Ports``: ``{"50051/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32768"}]}``."""
+
+
+def parse_target(target: str) -> tuple[str | None, str, int | None]:
+    """``[PROJECT/]SERVICE[:PORT]`` -> (project or None, service, container port or None)."""
+    address = f"compose:{target}"
+    rest, sep, port_text = target.rpartition(":")
+    port: int | None = None
+    if sep:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise AddressError(f"address {address!r}: expected compose:[PROJECT/]SERVICE[:PORT], port {port_text!r}")
+        port, target = int(port_text), rest
+    project, slash, service = target.rpartition("/")
+    if not service or (slash and not project) or "/" in project:
+        raise AddressError(
+            f"address {address!r}: expected compose:SERVICE or compose:PROJECT/SERVICE (e.g. compose:env)"
+        )
+    return (project or None), service, port
+
+
+def choose_host_port(replica: Replica, container_port: int | None) -> str:
+    """``host:port`` at which the Docker host reaches ``replica``'s published (container) port."""
+    published = {key: bindings for key, bindings in replica.ports.items() if key.endswith("/tcp") and bindings}
+    if container_port is None:
+        if len(published) != 1:
+            found = ", ".join(sorted(published)) or "none"
+            raise AddressError(
+                f"compose replica {replica.name}: expected exactly one published TCP port, found {found}; "
+                "name the container port (compose:SERVICE:PORT), or publish it (ports: ['127.0.0.1::50051'])"
+            )
+        bindings = next(iter(published.values()))
+    else:
+        key = f"{container_port}/tcp"
+        if key not in published:
+            found = ", ".join(sorted(published)) or "none"
+            raise AddressError(
+                f"compose replica {replica.name}: container port {container_port} is not published (published: {found})"
+            )
+        bindings = published[key]
+    assert bindings is not None
+    candidates = []
+    for binding in bindings:
+        host_ip = binding.get("HostIp", "")
+        host = _LOOPBACK.get(host_ip, host_ip)
+        rank = (0 if host == "127.0.0.1" else 1 if host == "::1" else 2, host)
+        candidates.append((rank, host, binding["HostPort"]))
+    _, host, port = min(candidates)
+    is_ipv6 = ":" in host and ipaddress.ip_address(host).version == 6
+    return f"[{host}]:{port}" if is_ipv6 else f"{host}:{port}"
+
+
+def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
+    """The addresses of the running, healthy replicas, in (project, replica number) order.
+
+    Raises:
+        AddressError: none is ready, or the service runs in several projects and none was named.
+    """
+    project, service, container_port = parse_target(target)
+    address = f"compose:{target}"
+    replicas = sorted(replicas, key=lambda r: (r.project, r.number))
+    projects = sorted({r.project for r in replicas})
+    if project is None and len(projects) > 1:
+        names = ", ".join(f"compose:{p}/{service}" for p in projects)
+        raise AddressError(
+            f"address {address!r}: service {service!r} runs in several compose projects; use one of {names}"
+        )
+    ready, waiting = [], []
+    for replica in replicas:
+        if replica.status == "running" and replica.health in (None, "healthy"):
+            ready.append(replica)
+        else:
+            waiting.append(f"{replica.name} ({replica.health if replica.status == 'running' else replica.status})")
+    if waiting:
+        log.info("%s: not using %d replica(s) yet: %s", address, len(waiting), ", ".join(waiting))
+    if not ready:
+        where = f" of project {project!r}" if project else ""
+        why = f"; not ready: {', '.join(waiting)}" if waiting else ""
+        raise AddressError(
+            f"address {address!r}: no running, healthy replica of compose service {service!r}{where}{why} "
+            f"(start them with `docker compose up -d --wait --scale {service}=N`)"
+        )
+    return [choose_host_port(replica, container_port) for replica in ready]
+
+
+def resolve_compose(target: str) -> list[str]:
+    """``compose:`` resolver: ask the Docker engine for the service's containers (see the module doc)."""
+    project, service, _ = parse_target(target)
+    address = f"compose:{target}"
+    try:
+        import docker
+        import docker.errors
+    except ImportError:
+        raise AddressError(
+            f"address {address!r}: needs the Docker SDK; install it with pip install 'envfleet[learner]'"
+        ) from None
+    labels = [f"{SERVICE_LABEL}={service}"] + ([f"{PROJECT_LABEL}={project}"] if project else [])
+    try:
+        client = docker.from_env()
+    except docker.errors.DockerException as err:
+        raise AddressError(
+            f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user use it?"
+        ) from err
+    try:
+        containers = client.containers.list(all=True, filters={"label": labels})
+        replicas = [_replica(c.attrs) for c in containers]
+    except docker.errors.DockerException as err:
+        raise AddressError(f"address {address!r}: the Docker engine failed to list containers: {err}") from err
+    finally:
+        client.close()
+    return replica_addresses(replicas, target)
+
+
+def _replica(attrs: Mapping[str, Any]) -> Replica:
+    labels = attrs["Config"]["Labels"] or {}
+    state = attrs["State"]
+    health = state.get("Health")
+    return Replica(
+        name=str(attrs["Name"]).lstrip("/"),
+        project=labels.get(PROJECT_LABEL, ""),
+        number=int(labels.get(NUMBER_LABEL, "0")),
+        status=state["Status"],
+        health=health["Status"] if health else None,
+        ports=attrs["NetworkSettings"]["Ports"] or {},
+    )
+
+
+register_resolver("compose", resolve_compose)

@@ -1,0 +1,103 @@
+"""Driving the repo's docker-compose.yml from tests and measurements: one uniquely named project each."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELHOUSE = REPO / ".ci" / "wheelhouse"
+# Tags of their own, so tests never replace images a user built from the same compose file.
+ENV_IMAGE = "envfleet-env-server:test"
+LEARNER_IMAGE = "envfleet-learner:test"
+
+
+def docker_problem() -> str | None:
+    """Why Docker with compose v2 cannot be used here, or None when it can."""
+    if shutil.which("docker") is None:
+        return "no docker command (run ../shared/docker-setup.sh, or install Docker)"
+    for args in (["docker", "info"], ["docker", "compose", "version"]):
+        try:
+            result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return f"`{' '.join(args)}` did not answer within 30 s"
+        if result.returncode != 0:
+            return f"`{' '.join(args)}` failed: {(result.stderr or result.stdout).strip()[-300:]}"
+    return None
+
+
+def compose_environment(**overrides: str) -> dict[str, str]:
+    """The environment compose runs with: ours, not whatever ENVFLEET_* the caller's shell has."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFLEET_", "COMPOSE_", "EXTRA_PIP_PACKAGES"))}
+    env["ENVFLEET_ENV_IMAGE"] = ENV_IMAGE
+    env["ENVFLEET_LEARNER_IMAGE"] = LEARNER_IMAGE
+    # The learner image's torch: the CPU wheel .ci/run put in the wheelhouse, else PyTorch's CPU index
+    # (never the multi-GB CUDA build from PyPI).
+    if any(WHEELHOUSE.glob("torch-*.whl")):
+        env["ENVFLEET_TORCH_FROM"] = "wheelhouse"
+    else:
+        env["ENVFLEET_TORCH_INDEX_URL"] = "https://download.pytorch.org/whl/cpu"
+    env.update(overrides)
+    return env
+
+
+class ComposeProject:
+    """``docker compose -p envfleet-test-XXXX`` over the repo's compose file."""
+
+    def __init__(self, prefix: str = "envfleet-test", **env: str) -> None:
+        self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.env = compose_environment(**env)
+
+    def command(self, *args: str) -> list[str]:
+        return ["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "-p", self.name, *args]
+
+    def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``docker compose ARGS`` to completion; a failure raises with compose's output."""
+        result = subprocess.run(
+            self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.env, cwd=REPO
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"docker compose {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+        return result
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command(*args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            cwd=REPO,
+        )
+
+    def build(self, *services: str, timeout: float = 900) -> None:
+        self.run("--profile", "learner", "build", *services, timeout=timeout)
+
+    def up(self, replicas: int, timeout: float = 120) -> float:
+        """``up -d --wait --scale env=N``: seconds until every replica is healthy."""
+        start = time.monotonic()
+        self.run("up", "-d", "--wait", "--no-build", "--scale", f"env={replicas}", timeout=timeout)
+        return time.monotonic() - start
+
+    def containers(self, service: str = "env") -> list[dict[str, Any]]:
+        """``docker compose ps`` records (Name, State, Health, Publishers, ...), in replica order."""
+        out = self.run("ps", "--all", "--format", "json", service).stdout.strip()
+        records: list[dict[str, Any]] = []
+        if out.startswith("["):
+            records = json.loads(out)
+        else:
+            records = [json.loads(line) for line in out.splitlines() if line.strip()]
+        return sorted(records, key=lambda r: int(str(r["Name"]).rpartition("-")[2]))
+
+    def down(self) -> None:
+        self.run(
+            "--profile", "learner", "down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False
+        )

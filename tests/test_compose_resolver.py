@@ -1,0 +1,116 @@
+"""compose: addresses: parsing, choosing each replica's published port, which replicas count.
+
+These run without Docker on the records the engine returns; tests/test_docker.py resolves real replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from learner import AddressError, expand_addresses
+from learner.compose import Replica, choose_host_port, parse_target, replica_addresses
+
+
+def replica(
+    number: int,
+    *,
+    project: str = "envfleet",
+    status: str = "running",
+    health: str | None = "healthy",
+    ports: Mapping[str, Sequence[Mapping[str, str]] | None] | None = None,
+) -> Replica:
+    if ports is None:
+        ports = {"50051/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(32000 + number)}]}
+    return Replica(f"{project}-env-{number}", project, number, status, health, ports)
+
+
+@pytest.mark.parametrize(
+    ("target", "parsed"),
+    [
+        ("env", (None, "env", None)),
+        ("envfleet/env", ("envfleet", "env", None)),
+        ("env:6000", (None, "env", 6000)),
+        ("my-proj/env-2:50051", ("my-proj", "env-2", 50051)),
+    ],
+)
+def test_parse_target(target: str, parsed: tuple[str | None, str, int | None]) -> None:
+    assert parse_target(target) == parsed
+
+
+@pytest.mark.parametrize(
+    ("target", "fragment"),
+    [("", "compose:SERVICE"), ("/env", "compose:SERVICE"), ("a/b/c", "compose:PROJECT/SERVICE"), ("env:x", "'x'")],
+)
+def test_bad_targets_name_the_address(target: str, fragment: str) -> None:
+    with pytest.raises(AddressError, match=f"compose:{target}") as info:
+        parse_target(target)
+    assert fragment in str(info.value)
+
+
+def test_loopback_binding_is_preferred_and_wildcards_are_reached_on_loopback() -> None:
+    both = {"50051/tcp": [{"HostIp": "::", "HostPort": "7001"}, {"HostIp": "0.0.0.0", "HostPort": "7000"}]}
+    assert choose_host_port(replica(1, ports=both), None) == "127.0.0.1:7000"
+    lan = {"50051/tcp": [{"HostIp": "192.168.1.5", "HostPort": "7002"}, {"HostIp": "127.0.0.1", "HostPort": "7003"}]}
+    assert choose_host_port(replica(1, ports=lan), None) == "127.0.0.1:7003"
+    v6 = {"50051/tcp": [{"HostIp": "::1", "HostPort": "7004"}]}
+    assert choose_host_port(replica(1, ports=v6), None) == "[::1]:7004"
+    only_lan = {"50051/tcp": [{"HostIp": "192.168.1.5", "HostPort": "7005"}]}
+    assert choose_host_port(replica(1, ports=only_lan), None) == "192.168.1.5:7005"
+
+
+def test_container_port_is_needed_only_when_several_are_published() -> None:
+    two = {
+        "50051/tcp": [{"HostIp": "127.0.0.1", "HostPort": "7000"}],
+        "6006/tcp": [{"HostIp": "127.0.0.1", "HostPort": "7001"}],
+        "9999/tcp": None,  # exposed, not published
+    }
+    with pytest.raises(AddressError, match=r"exactly one published TCP port, found 50051/tcp, 6006/tcp"):
+        choose_host_port(replica(1, ports=two), None)
+    assert choose_host_port(replica(1, ports=two), 6006) == "127.0.0.1:7001"
+    with pytest.raises(AddressError, match="container port 9999 is not published"):
+        choose_host_port(replica(1, ports=two), 9999)
+    with pytest.raises(AddressError, match="found none"):
+        choose_host_port(replica(1, ports={"50051/tcp": None}), None)
+
+
+def test_only_running_healthy_replicas_count_in_replica_order() -> None:
+    replicas = [
+        replica(3),
+        replica(1),
+        replica(2, health="starting"),
+        replica(4, health=None),  # no health check: running is enough
+        replica(5, status="exited"),
+        replica(6, health="unhealthy"),
+        replica(10),
+    ]
+    assert replica_addresses(replicas, "env") == [
+        "127.0.0.1:32001",
+        "127.0.0.1:32003",
+        "127.0.0.1:32004",
+        "127.0.0.1:32010",
+    ]
+
+
+def test_no_ready_replica_says_why_and_what_to_run() -> None:
+    with pytest.raises(AddressError) as info:
+        replica_addresses([replica(1, health="starting"), replica(2, status="exited")], "envfleet/env")
+    message = str(info.value)
+    assert "no running, healthy replica of compose service 'env' of project 'envfleet'" in message
+    assert "envfleet-env-1 (starting), envfleet-env-2 (exited)" in message
+    assert "docker compose up -d --wait --scale env=N" in message
+    with pytest.raises(AddressError, match="no running, healthy replica"):
+        replica_addresses([], "env")
+
+
+def test_several_projects_need_the_project_named() -> None:
+    replicas = [replica(1, project="a"), replica(1, project="b")]
+    with pytest.raises(AddressError, match="several compose projects; use one of compose:a/env, compose:b/env"):
+        replica_addresses(replicas, "env")
+
+
+def test_compose_scheme_is_registered() -> None:
+    """expand_addresses hands compose: to the resolver (which then fails to find anything)."""
+    with pytest.raises(AddressError, match="compose:no-such-project-zz9/env"):
+        expand_addresses("compose:no-such-project-zz9/env")

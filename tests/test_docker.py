@@ -1,0 +1,152 @@
+"""The container workflow for real: build the images, `up --scale env=8`, use the replicas, stop them.
+
+Needs a Docker engine with compose v2 (`.ci/run` runs ../shared/docker-setup.sh first). Without one
+these tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learner import RemoteVectorEnv, expand_addresses
+from tests.compose import ENV_IMAGE, LEARNER_IMAGE, REPO, ComposeProject, docker_problem
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+REPLICAS = 8
+ENVS_PER_REPLICA = 4  # the compose file's default
+
+
+@pytest.fixture(scope="module")
+def docker_ready() -> None:
+    problem = docker_problem()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and Docker is not usable: {problem}", pytrace=False)
+        pytest.skip(f"Docker is not usable: {problem}")
+
+
+@pytest.fixture(scope="module")
+def fleet(docker_ready: None) -> Iterator[ComposeProject]:
+    """The images built, and 8 healthy CartPole replicas (4 envs each) of a project of its own."""
+    project = ComposeProject()
+    try:
+        project.build("env", "learner")
+        project.up(REPLICAS)
+        yield project
+    finally:
+        project.down()
+
+
+def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def test_images_run_as_non_root_and_the_env_server_image_has_no_torch(fleet: ComposeProject) -> None:
+    probe = "import importlib.util, os; print(os.getuid(), importlib.util.find_spec('torch') is not None)"
+    for image, has_torch in ((ENV_IMAGE, "False"), (LEARNER_IMAGE, "True")):
+        assert docker("run", "--rm", "--entrypoint", "python", image, "-c", probe).stdout.split() == [
+            "10001",
+            has_torch,
+        ]
+
+
+def test_scaled_replicas_are_healthy_and_published_on_loopback_only(fleet: ComposeProject) -> None:
+    containers = fleet.containers()
+    assert len(containers) == REPLICAS
+    for container in containers:
+        assert (container["State"], container["Health"]) == ("running", "healthy"), container
+        published = [p for p in container["Publishers"] if p.get("PublishedPort")]
+        assert published, container
+        assert {p["URL"] for p in published} == {"127.0.0.1"}, published
+        assert {p["TargetPort"] for p in published} == {50051}
+
+
+def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProject) -> None:
+    addresses = expand_addresses(f"compose:{fleet.name}/env")
+    assert len(addresses) == REPLICAS and len(set(addresses)) == REPLICAS
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    with RemoteVectorEnv(f"compose:{fleet.name}/env") as envs:
+        assert envs.num_envs == REPLICAS * ENVS_PER_REPLICA
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (envs.num_envs, 4)
+        for t in range(20):  # left, right, left, ...: no pole falls this soon
+            obs, rewards, terminations, _, _ = envs.step(np.full(envs.num_envs, t % 2))
+            assert np.all(rewards == 1.0) and not terminations.any()
+
+
+def test_learner_container_finds_every_replica_through_compose_dns(fleet: ComposeProject) -> None:
+    code = (
+        "from learner import RemoteVectorEnv\n"
+        "with RemoteVectorEnv('dns:///env:50051') as envs:\n"
+        "    envs.reset(seed=0)\n"
+        "    print(len(envs.addresses), envs.num_envs)\n"
+    )
+    result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", code, timeout=180)
+    assert result.stdout.split()[-2:] == [str(REPLICAS), str(REPLICAS * ENVS_PER_REPLICA)]
+
+
+def test_an_image_with_your_own_env_class(fleet: ComposeProject) -> None:
+    """The README's recipe: a two-line Dockerfile FROM the env-server image adds your env's code."""
+    env_code = (
+        "import gymnasium as gym\nimport numpy as np\n\n\n"
+        "class Coin(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)\n"
+        "    action_space = gym.spaces.Discrete(2)\n\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        super().reset(seed=seed)\n"
+        "        return np.zeros(1, np.float32), {}\n\n"
+        "    def step(self, action):\n"
+        "        return np.ones(1, np.float32), float(action), True, False, {}\n"
+    )
+    tag = f"{fleet.name}-coin"
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "coin_env.py").write_text(env_code)
+        (Path(context) / "Dockerfile").write_text(f"FROM {ENV_IMAGE}\nCOPY coin_env.py /opt/envfleet/\n")
+        docker("build", "-q", "-t", tag, context, timeout=300)
+    name = f"{fleet.name}-coin"
+    try:
+        docker("run", "-d", "--name", name, "-p", "127.0.0.1::50051", "-e", "ENVFLEET_ENV=coin_env:Coin", tag)
+        port = docker("port", name, "50051/tcp").stdout.split()[0].rpartition(":")[2]
+        with RemoteVectorEnv(f"127.0.0.1:{port}", connect_timeout=60) as envs:
+            envs.reset(seed=0)
+            _, rewards, terminations, _, _ = envs.step(np.ones(envs.num_envs, dtype=np.int64))
+        assert envs.num_envs == 4 and rewards.tolist() == [1.0] * 4 and terminations.all()
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=60)
+
+
+def test_extra_pip_packages_build_argument_installs_an_env_package(fleet: ComposeProject) -> None:
+    """The README's other recipe: --build-arg EXTRA_PIP_PACKAGES (here ALE's Atari envs, from PyPI)."""
+    tag = f"{fleet.name}-atari"
+    name = f"{fleet.name}-atari"
+    extra = "EXTRA_PIP_PACKAGES=ale-py opencv-python-headless"
+    try:
+        docker("build", "-q", "--build-arg", extra, "-t", tag, str(REPO), timeout=600)
+        env = ["-e", "ENVFLEET_ENV=ALE/Pong-v5", "-e", "ENVFLEET_WRAPPERS=atari", "-e", "ENVFLEET_NUM_ENVS=2"]
+        docker("run", "-d", "--name", name, "-p", "127.0.0.1::50051", *env, tag)
+        port = docker("port", name, "50051/tcp").stdout.split()[0].rpartition(":")[2]
+        with RemoteVectorEnv(f"127.0.0.1:{port}", connect_timeout=60) as envs:
+            obs, _ = envs.reset(seed=0)
+        assert (obs.shape, obs.dtype) == ((2, 4, 84, 84), np.uint8)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=60)
+
+
+def test_replicas_stop_cleanly_on_sigterm(fleet: ComposeProject) -> None:
+    """Last: `compose stop` sends SIGTERM; every server drains and exits 0 within the grace period."""
+    fleet.run("stop", "--timeout", "15", "env", timeout=120)
+    containers = fleet.containers()
+    assert [c["State"] for c in containers] == ["exited"] * REPLICAS
+    assert [c["ExitCode"] for c in containers] == [0] * REPLICAS
+    logs = fleet.run("logs", "--no-color", "env").stdout
+    assert logs.count("stopped after") == REPLICAS
