@@ -1,20 +1,39 @@
-"""The ``learner`` command (also ``python -m learner``): demo, and more as the project grows."""
+"""The ``learner`` command (also ``python -m learner``): train, eval, plot and demo.
+
+Only this module reads the command line. torch loads only for the commands that need it (train, eval).
+"""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
+import json
 import logging
 import sys
+import textwrap
 import time
+import types
+import typing
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 
+from env_server.envs import EnvBuildError
+from learner.config import PRESETS, Args, default_run_dir
+from learner.errors import EnvFleetError
 from learner.local import LocalServers
 from learner.remote import RemoteVectorEnv
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+# Errors a user can act on from their message alone: one line, no traceback.
+_USER_ERRORS = (EnvFleetError, EnvBuildError, ValueError, FileExistsError, FileNotFoundError)
 
 
 def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, int]:
@@ -53,6 +72,198 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- train ---------------------------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Build ``Args`` from the options given, train, and print where the results are."""
+    given = _given(args, Args)
+    try:
+        if "resume" in given:
+            from learner.train import resume_args
+
+            config = resume_args(given.pop("resume"), **given)
+        else:
+            given.setdefault("run_dir", default_run_dir(given.get("env", Args.env)))
+            config = Args(**given)
+    except (ValueError, FileNotFoundError) as err:
+        args.parser.error(str(err))
+    from learner.train import train
+
+    print(f"learner train: {config.env}, run dir {config.run_dir}", flush=True)
+    summary = train(config)
+    run_dir = Path(summary["run_dir"])
+    recent = summary["final_return_mean"]
+    print(
+        f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; mean return of the last 20 episodes: "
+        + ("-" if recent is None else f"{recent:.1f}")
+    )
+    if summary["solved"]:
+        print(
+            f"solved (mean return >= {summary['solved_threshold']:g}) at step {summary['solved_at_step']:,}, "
+            f"after {summary['solved_at_seconds']:.1f} s"
+        )
+    elif summary["solved_threshold"] is not None:
+        print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
+    print(f"run dir: {run_dir}  (metrics.jsonl, TensorBoard events, checkpoints/, summary.json)")
+    if (run_dir / "returns.png").exists():
+        print(f"plot: {run_dir / 'returns.png'}")
+    return 130 if summary["stop_reason"] == "interrupted" else 0
+
+
+def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The dataclass fields set on the command line (the parser leaves unset ones out)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (a string right after a field) of a dataclass, as one line each."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 64,64, got {text!r}") from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}: {text!r}")
+    return value
+
+
+def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: dict[str, str]) -> None:
+    """One option per field of ``cls`` (``foo_bar`` -> ``--foo-bar``), its docstring as help.
+
+    Unset options stay out of the namespace, so a resumed run can tell what was given from what
+    its saved config says.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    defaults = cls()
+    group: argparse._ActionsContainer = parser
+    for f in dataclasses.fields(cls):
+        if f.name in groups:
+            group = parser.add_argument_group(groups[f.name])
+        hint = hints[f.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)] if _is_optional(hint) else [hint]
+        kind = inner[0]
+        default = getattr(defaults, f.name)
+        help_text = docs.get(f.name, "")
+        if default is not None and default != {}:
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            help_text += f" (default: {shown})"
+        options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is Literal:
+            options["choices"] = list(typing.get_args(kind))
+        elif kind in (int, float, str):
+            options["type"] = kind
+            options["metavar"] = f.metadata.get("metavar", {int: "N", float: "X", str: "TEXT"}[kind])
+        elif typing.get_origin(kind) is tuple:
+            options["type"], options["metavar"] = _int_tuple, "N,N"
+        elif typing.get_origin(kind) is dict:
+            options["type"], options["metavar"] = _json_object, "JSON"
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: no command-line form for {hint}")
+        group.add_argument(f"--{f.name.replace('_', '-')}", **options)
+
+
+def _is_optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _presets_epilog() -> str:
+    names = list(PRESETS)
+    keys = [k for k in PRESETS[names[0]] if k not in ("hidden_sizes", "action_bounds")]
+    lines = [f"{'preset':<16}" + "".join(f"{n:>12}" for n in names)]
+    for key in keys:
+        cells = []
+        for n in names:
+            value = PRESETS[n][key]
+            cells.append(
+                f"{value:>12,}" if isinstance(value, int) and not isinstance(value, bool) else f"{value!s:>12}"
+            )
+        lines.append(f"{key:<16}" + "".join(cells))
+    return (
+        "Hyperparameter presets (--preset auto picks atari for image observations, mujoco for Box actions,\n"
+        "classic otherwise; any option given overrides its preset value):\n\n"
+        + "\n".join(lines)
+        + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically, so 84x84 frame\n"
+        "stacks cross the wire. Writes to the run dir: config.json, metrics.jsonl (one line per update),\n"
+        "TensorBoard events, checkpoints/, summary.json and returns.png.\n\n"
+        "examples:\n"
+        "  learner train --env CartPole-v1 --stop-at-return 475\n"
+        "  learner train --env InvertedPendulum-v5 --total-timesteps 300000\n"
+        "  learner train --env ALE/Pong-v5 --num-servers 2 --envs-per-server 8 --device cuda\n"
+        "  learner train --env CartPole-v1 --servers 10.0.0.5:50051,10.0.0.6:50051\n"
+        "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000"
+    )
+
+
+# -- eval and plot ------------------------------------------------------------------------------------------
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from learner.evaluate import evaluate
+
+    result = evaluate(
+        args.checkpoint,
+        args.episodes,
+        servers=args.servers,
+        backend=args.backend,
+        num_envs=args.num_envs,
+        seed=args.seed,
+        device=args.device,
+        deterministic=not args.stochastic,
+        transport=args.transport,
+        auth_token=args.auth_token,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        policy = "stochastic" if args.stochastic else "deterministic"
+        print(
+            f"{result['env']}: {result['episodes']} episodes of the {policy} policy in {result['checkpoint']}\n"
+            f"return {result['return_mean']:.2f} +- {result['return_std']:.2f} "
+            f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
+            f"mean length {result['length_mean']:.1f}"
+        )
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from learner.plot import plot_runs
+
+    output = args.output or (Path(args.runs[0]) / "returns.png" if len(args.runs) == 1 else Path("returns.png"))
+    path = plot_runs(args.runs, output, title=args.title)
+    print(f"plot: {path}")
+    return 0
+
+
+# -- the parser ---------------------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -68,13 +279,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
+
+    train = sub.add_parser(
+        "train",
+        help="train PPO on env servers it starts (or --servers, or --backend gym)",
+        description=textwrap.dedent(Args.__doc__ or "").strip(),
+        epilog=_presets_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_dataclass_options(
+        train,
+        Args,
+        {"env": "the envs", "seed": "the run", "preset": "PPO hyperparameters (unset: the preset's value)"},
+    )
+    train.set_defaults(func=cmd_train, parser=train)
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="mean and std return of a checkpoint's deterministic policy",
+        description="Run a checkpoint's policy for N episodes on the run's env (local servers unless --servers).",
+    )
+    evaluate.add_argument(
+        "--checkpoint", required=True, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
+    )
+    evaluate.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default: %(default)s)")
+    evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
+    evaluate.add_argument("--backend", choices=["remote", "gym"], default="remote", help="(default: %(default)s)")
+    evaluate.add_argument(
+        "--num-envs", type=int, default=4, metavar="N", help="envs to run the episodes on (default: %(default)s)"
+    )
+    evaluate.add_argument("--transport", choices=["tcp", "unix"], default="tcp", help="(default: %(default)s)")
+    evaluate.add_argument("--auth-token", default=None, help="token for servers started with --auth-token")
+    evaluate.add_argument("--seed", type=int, default=0, help="env i gets seed + i (default: %(default)s)")
+    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    evaluate.set_defaults(func=cmd_eval)
+
+    plot = sub.add_parser(
+        "plot",
+        help="PNG of return against steps and wall time, runs overlaid",
+        description="Plot the recent mean return of one or more runs against env steps and wall time.",
+    )
+    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run dirs (with metrics.jsonl)")
+    plot.add_argument(
+        "-o", "--output", default=None, help="PNG to write (default: RUN_DIR/returns.png for one run, else returns.png)"
+    )
+    plot.add_argument("--title", default=None, help="figure title (default: the env ids)")
+    plot.set_defaults(func=cmd_plot)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except _USER_ERRORS as err:
+        print(f"learner {args.command}: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Small envs for the tests, served by entry point (``tests.envs:DictEnv``)."""
+"""Small envs for the tests, served by entry point (``tests.envs:DictEnv``, ``tests.envs:ClockEnv``)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,44 @@ class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
         truncated = not terminated and self._t >= self._limit
         reward = float(-np.abs(self._pos).sum())
         return self._obs(), reward, terminated, truncated, self._info()
+
+
+class ClockEnv(gym.Env[np.ndarray, Any]):
+    """Fully deterministic: every episode starts the same and lasts exactly ``length`` steps.
+
+    The observation is the time, ``[t / length, 1 - t / length]``; the reward is 1 for the action
+    that matches the time's parity (Discrete(2)), or ``-|a - target|`` with a time-dependent target
+    (Box). Episodes end by truncation (or by termination with ``end="terminate"``), so with
+    next-step autoreset each one occupies ``length + 1`` vector steps: a rollout of a multiple of
+    that many steps ends with every env back at an episode's start, as after a fresh reset.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, length: int = 3, action: str = "discrete", end: str = "truncate") -> None:
+        self.length = length
+        self.end = end
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space: gym.Space[Any] = (
+            gym.spaces.Discrete(2) if action == "discrete" else gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        )
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t / self.length, 1 - self._t / self.length], dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            reward = float(int(action) == self._t % 2)
+        else:
+            reward = -abs(float(np.asarray(action).reshape(-1)[0]) - (0.5 if self._t % 2 else -0.5))
+        self._t += 1
+        over = self._t >= self.length
+        return self._obs(), reward, over and self.end == "terminate", over and self.end == "truncate", {}

@@ -1,0 +1,79 @@
+"""Checkpoints: saving and loading a learner's state atomically, RNG states included (needs torch).
+
+A checkpoint is a ``torch.save`` of plain containers, tensors, numbers and strings only, so it
+loads with ``weights_only=True``: loading one never runs code from the file.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learner.rundir import atomic_write, checkpoint_path, list_checkpoints
+
+__all__ = ["capture_rng", "find_checkpoint", "load_checkpoint", "restore_rng", "save_checkpoint"]
+
+FORMAT = 1
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every RNG training draws from: Python's, NumPy's global one, torch's CPU and CUDA ones."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)},
+        "numpy_gauss": (int(has_gauss), float(gauss)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    np_state = state["numpy"]
+    has_gauss, gauss = state["numpy_gauss"]
+    keys = np_state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((np_state["kind"], keys, np_state["pos"], has_gauss, gauss))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, Any], keep: int = 3) -> Path:
+    """Write ``payload`` as the run's checkpoint at ``global_step`` (atomically); keep the latest ``keep``."""
+    path = checkpoint_path(run_dir, global_step)
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or a run dir's latest checkpoint."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if found:
+            return found[-1]
+        raise FileNotFoundError(f"{path}: expected a run dir with checkpoints/step-*.pt, found none")
+    raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there")
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device)."""
+    payload: dict[str, Any] = torch.load(find_checkpoint(path), map_location="cpu", weights_only=True)
+    if payload.get("format") != FORMAT:
+        raise ValueError(
+            f"{path}: expected an envfleet checkpoint (format {FORMAT}), got format {payload.get('format')!r}"
+        )
+    return payload

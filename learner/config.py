@@ -1,0 +1,324 @@
+"""Training configuration: ``Args`` (what ``learner train`` is given) and the PPO presets it resolves to.
+
+No torch here: the CLI builds ``learner train --help`` from these dataclasses without loading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+
+__all__ = ["PRESETS", "Args", "PPOConfig", "default_run_dir", "pick_preset", "resolve_ppo"]
+
+Preset = Literal["auto", "classic", "mujoco", "atari"]
+
+
+@dataclass(frozen=True)
+class Args:
+    """Train PPO on a fleet of env servers (started locally unless --servers is given)."""
+
+    # -- the envs -------------------------------------------------------------------------------------------
+    env: str = field(default="CartPole-v1", metadata={"metavar": "ID"})
+    """gymnasium id or package.module:Factory entry point. ALE ids (ALE/Pong-v5) get the env server's
+    'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) and the Nature CNN"""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments for the env's constructor, as a JSON object"""
+    servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
+    """running env servers to train on: host:port,host:port, unix:/path or dns:///name:port;
+    without it, local env servers are started as subprocesses"""
+    backend: Literal["remote", "gym"] = "remote"
+    """remote: env servers over gRPC; gym: an in-process gymnasium SyncVectorEnv of the same size
+    and wrappers (for side-by-side comparisons)"""
+    num_servers: int = 2
+    """local env servers to start"""
+    envs_per_server: int | None = None
+    """envs per local server (default 4, or --num-envs / --num-servers)"""
+    num_envs: int | None = None
+    """total envs when servers are started locally (split evenly over --num-servers)"""
+    transport: Literal["tcp", "unix"] = "tcp"
+    """how to reach local servers: loopback TCP or Unix domain sockets"""
+    wrappers: str = field(default="auto", metadata={"metavar": "NAMES"})
+    """comma-separated env-server wrappers for the servers this command starts; auto: 'atari' for
+    ALE/ ids, none otherwise"""
+    step_delay_ms: float = 0.0
+    """make every env step take this many ms longer (passed to the servers this command starts)"""
+    auth_token: str | None = field(default=None, metadata={"metavar": "TOKEN"})
+    """token for servers started with --auth-token (never written to the run dir: give it again with --resume)"""
+    timeout: float = 30.0
+    """seconds each call to an env server may take"""
+
+    # -- the run --------------------------------------------------------------------------------------------
+    seed: int = 1
+    """seed of the agent, the sampling and the envs (env i gets seed + i)"""
+    total_timesteps: int | None = None
+    """env steps to train for, over all envs (default: the preset's)"""
+    stop_at_return: float | None = None
+    """stop once the mean return of the last 20 finished episodes is at least this"""
+    run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
+    """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""
+    resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
+    """continue the run in this run dir from its last checkpoint (its config, unless overridden)"""
+    checkpoint_every: int = 10
+    """write a checkpoint every this many updates (also at the end and on Ctrl-C); 0: only then"""
+    keep_checkpoints: int = 3
+    """how many of the latest checkpoints to keep"""
+    device: str = field(default="auto", metadata={"metavar": "DEVICE"})
+    """auto (cuda when available), cpu, cuda or cuda:N: rollout storage, inference and updates"""
+    torch_threads: int = 0
+    """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise"""
+    torch_deterministic: bool = True
+    """cudnn.deterministic: reproducible convolutions on CUDA"""
+    progress: bool | None = None
+    """show a progress bar (default: when stderr is a terminal)"""
+    tensorboard: bool = True
+    """write TensorBoard event files (CleanRL's tag names)"""
+    plot: bool = True
+    """write returns.png (return against steps and wall time) into the run dir at the end"""
+
+    # -- PPO (unset: the preset's value) --------------------------------------------------------------------
+    preset: Preset = "auto"
+    """hyperparameter defaults: classic (RL Zoo's CartPole PPO), mujoco (CleanRL's continuous PPO),
+    atari (CleanRL's Atari PPO); auto picks atari for image observations, mujoco for Box actions,
+    classic otherwise"""
+    num_steps: int | None = None
+    """steps per env per rollout"""
+    num_minibatches: int | None = None
+    """minibatches per epoch (their size follows the number of envs)"""
+    update_epochs: int | None = None
+    """passes over each rollout"""
+    learning_rate: float | None = None
+    """Adam's learning rate (eps 1e-5)"""
+    anneal_lr: bool | None = None
+    """anneal the learning rate linearly to 0 over --total-timesteps"""
+    gamma: float | None = None
+    """discount factor"""
+    gae_lambda: float | None = None
+    """GAE's lambda"""
+    clip_coef: float | None = None
+    """PPO's clipping coefficient"""
+    anneal_clip: bool | None = None
+    """anneal the clipping coefficient linearly to 0 (RL Zoo's lin_0.2)"""
+    clip_vloss: bool | None = None
+    """clip the value loss with --clip-coef"""
+    ent_coef: float | None = None
+    """entropy bonus coefficient"""
+    vf_coef: float | None = None
+    """value loss coefficient"""
+    max_grad_norm: float | None = None
+    """clip the gradient's global norm to this"""
+    target_kl: float | None = None
+    """stop an update's epochs early once approx KL exceeds this; 0: never"""
+    norm_adv: bool | None = None
+    """normalise advantages per minibatch"""
+    norm_obs: bool | None = None
+    """normalise vector observations by running mean and std (clipped to +-10)"""
+    norm_reward: bool | None = None
+    """scale rewards by the running std of the discounted return (clipped to +-10)"""
+    clip_reward: bool | None = None
+    """train on the sign of the reward (Atari); returns are still reported unclipped"""
+    hidden_sizes: tuple[int, ...] | None = None
+    """MLP hidden layer sizes, comma-separated"""
+    action_bounds: Literal["clip", "squash"] | None = None
+    """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
+
+    def __post_init__(self) -> None:
+        positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]
+        for name in [*positive, "update_epochs", "keep_checkpoints"]:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
+        for name in ("step_delay_ms", "checkpoint_every", "torch_threads", "seed", "target_kl", "ent_coef"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"--{_flag(name)}: expected a value >= 0, got {value}")
+        for name in ("gamma", "gae_lambda"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"--{_flag(name)}: expected a value in [0, 1], got {value}")
+        for name in ("learning_rate", "clip_coef", "max_grad_norm", "timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
+            raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
+        if self.servers is not None and self.backend == "gym":
+            raise ValueError("--servers: trains on running env servers, so it cannot go with --backend gym")
+        if self.servers is None:
+            self.local_layout()  # raises on a layout that does not add up
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Args:
+        """Args from ``to_json``'s output (as config.json and checkpoints hold it); unknown keys are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in known}
+        return cls(**kwargs)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON-ready values, for config.json and checkpoints (the auth token left out)."""
+        values = dataclasses.asdict(self)
+        values["auth_token"] = None
+        return values
+
+    def local_layout(self) -> tuple[int, int]:
+        """(servers, envs per server) for envs this command starts, from --num-servers/--envs-per-server/--num-envs."""
+        if self.num_envs is None:
+            return self.num_servers, self.envs_per_server or 4
+        if self.envs_per_server is not None:
+            if self.num_envs != self.num_servers * self.envs_per_server:
+                raise ValueError(
+                    f"--num-envs: expected --num-servers x --envs-per-server = "
+                    f"{self.num_servers * self.envs_per_server}, got {self.num_envs}"
+                )
+            return self.num_servers, self.envs_per_server
+        servers = min(self.num_servers, self.num_envs)
+        if self.num_envs % servers:
+            raise ValueError(
+                f"--num-envs: {self.num_envs} envs do not split evenly over --num-servers {servers}; "
+                "pick a multiple, or set --envs-per-server"
+            )
+        return servers, self.num_envs // servers
+
+    def server_wrappers(self) -> tuple[str, ...]:
+        """The env-server wrappers the envs get (``--wrappers auto``: atari for ALE ids)."""
+        if self.wrappers == "auto":
+            return ("atari",) if self.env.startswith("ALE/") else ()
+        return tuple(w.strip() for w in self.wrappers.split(",") if w.strip())
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The hyperparameters a run uses: its preset's, overridden by what ``Args`` sets."""
+
+    preset: str
+    total_timesteps: int
+    num_steps: int
+    num_minibatches: int
+    update_epochs: int
+    learning_rate: float
+    anneal_lr: bool
+    gamma: float
+    gae_lambda: float
+    clip_coef: float
+    anneal_clip: bool
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    target_kl: float
+    norm_adv: bool
+    norm_obs: bool
+    norm_reward: bool
+    clip_reward: bool
+    hidden_sizes: tuple[int, ...]
+    action_bounds: Literal["clip", "squash"]
+
+
+_COMMON: dict[str, Any] = {
+    "anneal_lr": True,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "target_kl": 0.0,
+    "norm_adv": True,
+    "hidden_sizes": (64, 64),
+    "action_bounds": "clip",
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # RL Baselines3 Zoo's tuned PPO for CartPole-v1 (hyperparams/ppo.yml: 8 envs, n_steps 32,
+    # batch 256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip range lin_0.001 / lin_0.2,
+    # ent_coef 0, SB3's defaults otherwise: no value clipping).
+    "classic": {
+        **_COMMON,
+        "total_timesteps": 100_000,
+        "num_steps": 32,
+        "num_minibatches": 1,
+        "update_epochs": 20,
+        "learning_rate": 1e-3,
+        "gamma": 0.98,
+        "gae_lambda": 0.8,
+        "clip_coef": 0.2,
+        "anneal_clip": True,
+        "clip_vloss": False,
+        "ent_coef": 0.0,
+        "norm_obs": False,
+        "norm_reward": False,
+        "clip_reward": False,
+    },
+    # CleanRL's ppo_continuous_action.py (its 2048-step batch spread over 8 envs), with its
+    # NormalizeObservation and NormalizeReward wrappers done on the learner's side.
+    "mujoco": {
+        **_COMMON,
+        "total_timesteps": 1_000_000,
+        "num_steps": 256,
+        "num_minibatches": 32,
+        "update_epochs": 10,
+        "learning_rate": 3e-4,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_coef": 0.2,
+        "anneal_clip": False,
+        "clip_vloss": True,
+        "ent_coef": 0.0,
+        "norm_obs": True,
+        "norm_reward": True,
+        "clip_reward": False,
+    },
+    # CleanRL's ppo_atari.py (ClipRewardEnv done on the learner's side).
+    "atari": {
+        **_COMMON,
+        "total_timesteps": 10_000_000,
+        "num_steps": 128,
+        "num_minibatches": 4,
+        "update_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_coef": 0.1,
+        "anneal_clip": False,
+        "clip_vloss": True,
+        "ent_coef": 0.01,
+        "norm_obs": False,
+        "norm_reward": False,
+        "clip_reward": True,
+    },
+}
+
+
+def pick_preset(preset: str, observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> str:
+    """The preset ``auto`` stands for, given the env's spaces (other names pass through)."""
+    if preset != "auto":
+        return preset
+    obs = observation_space
+    if isinstance(obs, gym.spaces.Box) and obs.dtype.name == "uint8" and len(obs.shape) == 3:
+        return "atari"
+    if isinstance(action_space, gym.spaces.Box):
+        return "mujoco"
+    return "classic"
+
+
+def resolve_ppo(args: Args, observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> PPOConfig:
+    """The run's hyperparameters: the preset's, with every field ``args`` sets taking precedence."""
+    name = pick_preset(args.preset, observation_space, action_space)
+    values = dict(PRESETS[name])
+    for f in dataclasses.fields(PPOConfig):
+        given = getattr(args, f.name, None)
+        if given is not None and f.name != "preset":
+            values[f.name] = given
+    return PPOConfig(preset=name, **values)
+
+
+def default_run_dir(env: str) -> str:
+    """``runs/<env>-<YYYYmmdd-HHMMSS>``, the env's name made safe for a path (ALE/Pong-v5: ALE-Pong-v5)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", env).strip("-") or "env"
+    return f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,101 @@
+"""The vector env a run steps: local env servers it starts, running servers, or in-process gymnasium."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from env_server.config import ServerConfig
+from env_server.envs import build_vector_env
+from learner.local import LocalServers
+from learner.remote import RemoteVectorEnv
+
+__all__ = ["FleetSpec", "open_fleet", "reward_threshold"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """Where a run's envs come from."""
+
+    env: str
+    """gymnasium id or entry point (for local servers and the gym backend)."""
+    servers: str | None = None
+    """Addresses of running servers; None starts local ones (or builds in-process envs)."""
+    backend: Literal["remote", "gym"] = "remote"
+    num_servers: int = 2
+    envs_per_server: int = 4
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    wrappers: tuple[str, ...] = ()
+    step_delay_ms: float = 0.0
+    transport: Literal["tcp", "unix"] = "tcp"
+    auth_token: str | None = None
+    timeout: float = 30.0
+
+    def describe(self) -> str:
+        extras = (f", wrappers {','.join(self.wrappers)}" if self.wrappers else "") + (
+            f", step delay {self.step_delay_ms:g} ms" if self.step_delay_ms else ""
+        )
+        if self.backend == "gym":
+            return f"in-process gymnasium SyncVectorEnv, {self.num_servers * self.envs_per_server} x {self.env}{extras}"
+        if self.servers is not None:
+            return f"env servers at {self.servers}"
+        return (
+            f"{self.num_servers} local env servers x {self.envs_per_server} {self.env} envs ({self.transport}){extras}"
+        )
+
+
+@contextlib.contextmanager
+def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+    """The vector env ``spec`` describes, closed (and local servers stopped) when the block ends."""
+    with contextlib.ExitStack() as stack:
+        if spec.backend == "gym":
+            # The very code an env server builds its envs with, so both backends step the same envs.
+            config = ServerConfig(
+                env=spec.env,
+                num_envs=spec.num_servers * spec.envs_per_server,
+                env_kwargs=dict(spec.env_kwargs),
+                wrappers=spec.wrappers,
+                step_delay_ms=spec.step_delay_ms,
+            )
+            envs = build_vector_env(config)
+            stack.callback(envs.close)
+            yield envs
+            return
+        addresses: str | Sequence[str]
+        if spec.servers is not None:
+            addresses = spec.servers
+        else:
+            server_args = []
+            if spec.wrappers:
+                server_args += ["--wrappers", ",".join(spec.wrappers)]
+            if spec.step_delay_ms:
+                server_args += ["--step-delay-ms", f"{spec.step_delay_ms:g}"]
+            servers = LocalServers(
+                spec.env,
+                spec.num_servers,
+                spec.envs_per_server,
+                env_kwargs=dict(spec.env_kwargs),
+                server_args=server_args,
+                transport=spec.transport,
+            )
+            stack.callback(servers.close)
+            addresses = servers.addresses
+        remote = RemoteVectorEnv(addresses, timeout=spec.timeout, auth_token=spec.auth_token, copy=False)
+        stack.callback(remote.close)
+        yield remote
+
+
+def reward_threshold(env: str) -> float | None:
+    """The return at which the env counts as solved (its registered ``reward_threshold``), if any."""
+    try:
+        threshold = gym.spec(env).reward_threshold
+    except Exception:  # not a registered id (an entry point, or an id whose package is not imported)
+        return None
+    return None if threshold is None else float(threshold)

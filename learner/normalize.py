@@ -1,0 +1,80 @@
+"""Running observation normalisation and reward scaling, on the learner's device (needs torch).
+
+The learner-side counterparts of gymnasium's NormalizeObservation and NormalizeReward wrappers,
+which CleanRL's ``ppo_continuous_action.py`` applies: envs run elsewhere, so their statistics live
+with the agent and are saved in its checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["RewardScaler", "RunningMeanStd"]
+
+
+class RunningMeanStd:
+    """Mean and variance of a stream of batches (Chan et al.'s parallel algorithm), in float64."""
+
+    def __init__(self, shape: Sequence[int] = (), device: torch.device | str = "cpu", epsilon: float = 1e-4) -> None:
+        self.mean = torch.zeros(tuple(shape), dtype=torch.float64, device=device)
+        self.var = torch.ones(tuple(shape), dtype=torch.float64, device=device)
+        self.count = torch.tensor(epsilon, dtype=torch.float64, device=device)
+
+    def update(self, batch: Tensor) -> None:
+        """Add a batch of samples (leading dimension: the samples)."""
+        if batch.shape[0] == 0:
+            return
+        batch = batch.to(torch.float64)
+        b_mean, b_var, b_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: Tensor, clip: float = 10.0) -> Tensor:
+        """(x - mean) / std, clipped to [-clip, clip], as float32."""
+        y = (x.to(torch.float64) - self.mean) / torch.sqrt(self.var + 1e-8)
+        return torch.clamp(y, -clip, clip).to(torch.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.mean.device
+        self.mean, self.var, self.count = (state[k].to(device) for k in ("mean", "var", "count"))
+
+
+class RewardScaler:
+    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward).
+
+    Engstrom et al., 2020, "Implementation Matters in Deep RL": reward scaling, not reward
+    normalisation (the mean is not subtracted).
+    """
+
+    def __init__(self, gamma: float, device: torch.device | str = "cpu", clip: float = 10.0) -> None:
+        self.gamma = gamma
+        self.clip = clip
+        self.returns: Tensor | None = None
+        self.rms = RunningMeanStd((), device)
+
+    def __call__(self, rewards: Tensor, dones: Tensor, valid: Tensor) -> Tensor:
+        """Scaled rewards; updates the statistics with the envs whose step was a transition (``valid``)."""
+        if self.returns is None or self.returns.shape != rewards.shape:
+            self.returns = torch.zeros_like(rewards, dtype=torch.float64)
+        self.returns = torch.where(valid, self.returns * self.gamma + rewards, self.returns)
+        self.rms.update(self.returns[valid])
+        scaled = rewards / torch.sqrt(self.rms.var + 1e-8).to(rewards.dtype)
+        self.returns = torch.where(dones, torch.zeros_like(self.returns), self.returns)
+        return torch.clamp(scaled, -self.clip, self.clip)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rms": self.rms.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rms.load_state_dict(state["rms"])

@@ -1,0 +1,70 @@
+"""``learner plot``: return against env steps and against wall time, one line per run (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from learner import rundir
+
+__all__ = ["plot_runs"]
+
+
+def _label(run: Path, summary: dict[str, Any] | None) -> str:
+    label = run.name or str(run)
+    if summary and summary.get("solved_at_step") is not None:
+        label += f" (solved at {summary['solved_at_step']:,} steps, {summary['solved_at_seconds']:.1f} s)"
+    return label
+
+
+def plot_runs(runs: Sequence[str | Path], output: str | Path, title: str | None = None) -> Path:
+    """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    thresholds: set[float] = set()
+    envs: set[str] = set()
+    for run in map(Path, runs):
+        metrics = run / rundir.METRICS
+        if not metrics.is_file():
+            raise FileNotFoundError(f"{run}: expected a run dir with {rundir.METRICS}, found none")
+        rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
+        summary = rundir.read_json(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
+        config = rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else {}
+        if config.get("solved_threshold") is not None:
+            thresholds.add(float(config["solved_threshold"]))
+        if config.get("args", {}).get("env"):
+            envs.add(config["args"]["env"])
+        steps = [r["global_step"] for r in rows]
+        seconds = [r["seconds"] for r in rows]
+        returns = [r["episodic_return_mean"] for r in rows]
+        if summary and summary.get("final_return_mean") is not None and summary["total_steps"] > max(steps, default=0):
+            # A run that stopped mid-rollout (solved, interrupted) ends after its last update's line.
+            steps.append(summary["total_steps"])
+            seconds.append(summary["seconds"])
+            returns.append(summary["final_return_mean"])
+        (line,) = by_steps.plot(steps, returns, label=_label(run, summary))
+        by_time.plot(seconds, returns, color=line.get_color())
+        if summary and summary.get("solved_at_step") is not None:
+            by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
+            by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
+    for threshold in thresholds:
+        for ax in (by_steps, by_time):
+            ax.axhline(threshold, color="grey", linestyle="--", linewidth=1)
+    by_steps.set_xlabel("env steps")
+    by_time.set_xlabel("wall time (s)")
+    by_steps.set_ylabel("mean return, last 20 episodes")
+    for ax in (by_steps, by_time):
+        ax.grid(alpha=0.3)
+    by_steps.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title or ", ".join(sorted(envs)) or "returns")
+    fig.tight_layout()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output

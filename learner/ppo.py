@@ -1,0 +1,386 @@
+"""PPO's pieces: the agent's networks, its action distributions, GAE and the losses (needs torch)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.distributions import Categorical, Normal
+
+__all__ = [
+    "ActionHead",
+    "Agent",
+    "CategoricalHead",
+    "GaussianHead",
+    "MultiCategoricalHead",
+    "NatureCNN",
+    "clipped_policy_loss",
+    "explained_variance",
+    "gae_advantages",
+    "is_image_space",
+    "layer_init",
+    "normalize_advantages",
+    "value_loss",
+]
+
+ActionBounds = Literal["clip", "squash"]
+
+
+def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0) -> Any:
+    """Orthogonal weights with gain ``std`` and constant biases.
+
+    From "The 37 Implementation Details of PPO" (Huang et al., 2022), detail 2: policy output
+    layers use std 0.01, value output layers 1, hidden layers sqrt(2).
+    """
+    nn.init.orthogonal_(layer.weight, std)
+    if layer.bias is not None:
+        nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def is_image_space(space: gym.Space[Any]) -> bool:
+    """Whether observations are images for the Nature CNN: uint8 Box of shape (C, H, W), H and W >= 36."""
+    return (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) == 3
+        and min(space.shape[1:]) >= 36
+    )
+
+
+# -- action distributions ----------------------------------------------------------------------------
+
+
+# The distributions below are built with validate_args=False: their argument checks cost about a
+# quarter of a small policy's inference time, and the networks' outputs are valid by construction.
+
+
+class MultiCategorical:
+    """Independent categoricals, one per dimension of a MultiDiscrete space (log-probs and entropies sum)."""
+
+    def __init__(self, logits: Tensor, nvec: Sequence[int]) -> None:
+        self.dists = [Categorical(logits=part, validate_args=False) for part in torch.split(logits, list(nvec), dim=-1)]
+
+    def sample(self) -> Tensor:
+        return torch.stack([d.sample() for d in self.dists], dim=-1)
+
+    def log_prob(self, action: Tensor) -> Tensor:
+        return torch.stack([d.log_prob(a) for d, a in zip(self.dists, action.unbind(-1), strict=True)], -1).sum(-1)
+
+    def entropy(self) -> Tensor:
+        return torch.stack([d.entropy() for d in self.dists], dim=-1).sum(-1)
+
+    @property
+    def mode(self) -> Tensor:
+        return torch.stack([d.mode for d in self.dists], dim=-1)
+
+
+class DiagGaussian:
+    """A Normal per action dimension; log-probs and entropies sum over the dimensions."""
+
+    def __init__(self, mean: Tensor, log_std: Tensor) -> None:
+        self.mean = mean
+        self.normal = Normal(mean, log_std.expand_as(mean).exp(), validate_args=False)
+
+    def sample(self) -> Tensor:
+        return self.normal.sample()
+
+    def log_prob(self, action: Tensor) -> Tensor:
+        return self.normal.log_prob(action).sum(-1)
+
+    def entropy(self) -> Tensor:
+        return self.normal.entropy().sum(-1)
+
+    @property
+    def mode(self) -> Tensor:
+        return self.mean
+
+
+Distribution = Categorical | MultiCategorical | DiagGaussian
+
+
+class ActionHead(nn.Module):
+    """Turns the actor's outputs into a distribution over raw actions, and raw actions into env actions.
+
+    The rollout stores *raw* actions (what the distribution sampled); :meth:`to_env` maps them to
+    what the env accepts (adds a Discrete space's ``start``, clips or squashes to a Box's bounds).
+    """
+
+    num_outputs: int
+    action_shape: tuple[int, ...]
+    action_dtype: torch.dtype
+
+    def distribution(self, outputs: Tensor) -> Distribution:
+        raise NotImplementedError
+
+    def to_env(self, raw: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def for_space(space: gym.Space[Any], bounds: ActionBounds = "clip") -> ActionHead:
+        """The head for ``space``: Categorical, MultiCategorical or Gaussian; a clear error otherwise."""
+        if isinstance(space, gym.spaces.Discrete):
+            return CategoricalHead(int(space.n), int(space.start))
+        if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+            return MultiCategoricalHead([int(n) for n in space.nvec], [int(s) for s in space.start])
+        if isinstance(space, gym.spaces.MultiBinary) and len(space.shape) == 1:
+            return MultiCategoricalHead([2] * space.shape[0], [0] * space.shape[0])
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.dtype.kind == "f":
+            return GaussianHead(space.low, space.high, bounds)
+        raise ValueError(f"action_space: expected Discrete, MultiDiscrete, MultiBinary or a 1-d float Box, got {space}")
+
+
+class CategoricalHead(ActionHead):
+    """Discrete(n, start): a Categorical over n logits; env action = index + start."""
+
+    def __init__(self, n: int, start: int = 0) -> None:
+        super().__init__()
+        self.num_outputs, self.start = n, start
+        self.action_shape, self.action_dtype = (), torch.int64
+
+    def distribution(self, outputs: Tensor) -> Distribution:
+        return Categorical(logits=outputs, validate_args=False)
+
+    def to_env(self, raw: Tensor) -> Tensor:
+        return raw + self.start if self.start else raw
+
+
+class MultiCategoricalHead(ActionHead):
+    """MultiDiscrete(nvec, start) (and MultiBinary): one Categorical per dimension."""
+
+    def __init__(self, nvec: Sequence[int], start: Sequence[int]) -> None:
+        super().__init__()
+        self.nvec = list(nvec)
+        self.start: Tensor
+        self.num_outputs = sum(self.nvec)
+        self.action_shape, self.action_dtype = (len(self.nvec),), torch.int64
+        self.register_buffer("start", torch.as_tensor(list(start), dtype=torch.int64), persistent=False)
+
+    def distribution(self, outputs: Tensor) -> Distribution:
+        return MultiCategorical(outputs, self.nvec)
+
+    def to_env(self, raw: Tensor) -> Tensor:
+        return raw + self.start
+
+
+class GaussianHead(ActionHead):
+    """A 1-d float Box: a diagonal Gaussian with a state-independent, learned log std (CleanRL's).
+
+    ``bounds="clip"`` clips samples to the bounds (the log-prob is that of the unclipped sample, as in
+    CleanRL and SB3); ``"squash"`` maps them through tanh onto [low, high]. The tanh's log-Jacobian does
+    not depend on the policy's parameters, so PPO's probability ratio is the same computed on the raw
+    sample, and the raw sample is what the rollout stores; the entropy reported is the Gaussian's.
+    """
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, bounds: ActionBounds = "clip") -> None:
+        super().__init__()
+        if bounds not in ("clip", "squash"):
+            raise ValueError(f"bounds: expected 'clip' or 'squash', got {bounds!r}")
+        if bounds == "squash" and not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ValueError(f"bounds='squash' needs finite action bounds, got low={low}, high={high}")
+        self.bounds = bounds
+        self.num_outputs = int(low.shape[0])
+        self.action_shape, self.action_dtype = (self.num_outputs,), torch.float32
+        self.low: Tensor
+        self.high: Tensor
+        self.log_std = nn.Parameter(torch.zeros(self.num_outputs))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
+
+    def distribution(self, outputs: Tensor) -> Distribution:
+        return DiagGaussian(outputs, self.log_std)
+
+    def to_env(self, raw: Tensor) -> Tensor:
+        if self.bounds == "squash":
+            return self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+        return torch.clamp(raw, self.low, self.high)
+
+
+# -- networks -------------------------------------------------------------------------------------------
+
+
+class NatureCNN(nn.Module):
+    """The DQN Nature CNN (Mnih et al., 2015) over (C, H, W) uint8 frames scaled to [0, 1]; 512 features."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        super().__init__()
+        channels = int(shape[0])
+        self.convs = nn.Sequential(
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = int(self.convs(torch.zeros(1, *shape)).shape[1])
+        self.fc = nn.Sequential(layer_init(nn.Linear(flat, 512)), nn.ReLU())
+        self.num_features = 512
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.fc(self.convs(obs.float() / 255.0))
+
+
+def _mlp(sizes: Sequence[int], out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 2):
+        layers += [layer_init(nn.Linear(sizes[i], sizes[i + 1])), nn.Tanh()]
+    layers.append(layer_init(nn.Linear(sizes[-2], sizes[-1]), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class Agent(nn.Module):
+    """Actor and critic for one observation space and one action space.
+
+    Vector observations (a Box of any shape, flattened, or a Discrete, one-hot) get separate actor
+    and critic MLPs with tanh (CleanRL's ``ppo.py``); image observations (see :func:`is_image_space`)
+    get one Nature CNN shared by linear actor and critic heads (CleanRL's ``ppo_atari.py``).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        *,
+        hidden_sizes: Sequence[int] = (64, 64),
+        action_bounds: ActionBounds = "clip",
+    ) -> None:
+        super().__init__()
+        self.head = ActionHead.for_space(action_space, action_bounds)
+        self.image = is_image_space(observation_space)
+        self.one_hot: int | None = None
+        self.cnn: NatureCNN | None = None
+        if self.image:
+            self.cnn = NatureCNN(observation_space.shape)  # type: ignore[arg-type]
+            self.actor: nn.Module = layer_init(nn.Linear(self.cnn.num_features, self.head.num_outputs), std=0.01)
+            self.critic: nn.Module = layer_init(nn.Linear(self.cnn.num_features, 1), std=1.0)
+            return
+        if isinstance(observation_space, gym.spaces.Discrete):
+            self.one_hot = int(observation_space.n)
+            self.obs_start = int(observation_space.start)
+            in_dim = self.one_hot
+        elif isinstance(observation_space, gym.spaces.Box):
+            in_dim = int(np.prod(observation_space.shape))
+        else:
+            raise ValueError(
+                f"observation_space: expected a Box (vector, or uint8 images (C, H, W)) or Discrete, "
+                f"got {observation_space}"
+            )
+        self.actor = _mlp([in_dim, *hidden_sizes, self.head.num_outputs], out_std=0.01)
+        self.critic = _mlp([in_dim, *hidden_sizes, 1], out_std=1.0)
+
+    def features(self, obs: Tensor) -> Tensor:
+        if self.cnn is not None:
+            return self.cnn(obs)
+        if self.one_hot is not None:
+            return nn.functional.one_hot(obs.long() - self.obs_start, self.one_hot).float()
+        return obs.reshape(obs.shape[0], -1).float()
+
+    def get_value(self, obs: Tensor) -> Tensor:
+        """V(obs), shape (batch,)."""
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def get_action_and_value(self, obs: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A sampled raw action (or the given one), its log-prob, the entropy, and V(obs)."""
+        x = self.features(obs)
+        dist = self.head.distribution(self.actor(x))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(x).squeeze(-1)
+
+    def act(self, obs: Tensor, *, deterministic: bool = True) -> Tensor:
+        """Env actions for ``obs``: the distribution's mode (deterministic) or a sample."""
+        dist = self.head.distribution(self.actor(self.features(obs)))
+        raw = dist.mode if deterministic else dist.sample()
+        return self.head.to_env(raw)
+
+
+# -- GAE and the losses ------------------------------------------------------------------------------------
+
+
+def gae_advantages(
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    terminations: Tensor,
+    truncations: Tensor,
+    valid: Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> Tensor:
+    """Generalized advantage estimates (Schulman et al., 2016), shape (T, N), 0 where ``valid`` is False.
+
+    All arguments are (T, N): step t of env n was the transition (s_t, a_t, r_t, s_t+1) when
+    ``valid[t, n]``; ``values`` holds V(s_t) and ``next_values`` V(s_t+1), where s_t+1 is the
+    observation the step returned, i.e. the *final* observation when the episode ended there.
+    A terminated episode has no future (no bootstrap); a *truncated* one is bootstrapped from
+    V(final observation) instead of being treated as terminated (CleanRL treats them alike; see
+    Pardo et al., 2018, "Time Limits in Reinforcement Learning"). The lambda-return never crosses an
+    episode's end, nor a step that is not a transition (a next-step autoreset's reset step, or an
+    env that was unavailable).
+    """
+    steps = rewards.shape[0]
+    not_terminated = 1.0 - terminations.float()
+    continues = 1.0 - (terminations | truncations).float()
+    valid_f = valid.float()
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(steps)):
+        delta = rewards[t] + gamma * next_values[t] * not_terminated[t] - values[t]
+        follows = continues[t] * (valid_f[t + 1] if t + 1 < steps else 1.0)
+        last = (delta + gamma * gae_lambda * follows * last) * valid_f[t]
+        advantages[t] = last
+    return advantages
+
+
+def normalize_advantages(advantages: Tensor) -> Tensor:
+    """Zero mean, unit std within a minibatch (PPO implementation detail 7 in Huang et al., 2022)."""
+    if advantages.numel() < 2:
+        return advantages - advantages.mean()
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def clipped_policy_loss(
+    new_logprob: Tensor, old_logprob: Tensor, advantages: Tensor, clip_coef: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate objective (Schulman et al., 2017, eq. 7), as a loss to minimise.
+
+    Also returns, without gradients, the KL estimators ``old_approx_kl`` (-log r) and ``approx_kl``
+    ((r - 1) - log r, from http://joschu.net/blog/kl-approx.html) and ``clipfrac``, the share of
+    samples whose ratio r left [1 - clip, 1 + clip].
+    """
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+    loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    with torch.no_grad():
+        stats = {
+            "old_approx_kl": (-logratio).mean(),
+            "approx_kl": ((ratio - 1) - logratio).mean(),
+            "clipfrac": ((ratio - 1.0).abs() > clip_coef).float().mean(),
+        }
+    return loss, stats
+
+
+def value_loss(new_values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float | None) -> Tensor:
+    """0.5 * squared error of V against the returns; with ``clip_coef``, PPO's clipped version
+    (the larger of the clipped and unclipped errors, as in baselines' ppo2 and CleanRL)."""
+    unclipped = (new_values - returns) ** 2
+    if clip_coef is None:
+        return 0.5 * unclipped.mean()
+    clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
+    return 0.5 * torch.max(unclipped, (clipped - returns) ** 2).mean()
+
+
+def explained_variance(predicted: Tensor, target: Tensor) -> float:
+    """1 - Var[target - predicted] / Var[target]: 1 is perfect, 0 no better than a constant; NaN if Var[target] is 0."""
+    var = target.var(unbiased=False)
+    if var.item() == 0:
+        return float("nan")
+    return float(1.0 - (target - predicted).var(unbiased=False) / var)

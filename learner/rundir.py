@@ -1,0 +1,124 @@
+"""A run directory's files: config.json, metrics.jsonl, summary.json, checkpoints/ (reading and writing).
+
+Every file a run rewrites is written atomically (a temporary file, then ``os.replace``), so a
+learner killed at any moment leaves the previous version intact, never half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "CHECKPOINTS",
+    "CONFIG",
+    "METRICS",
+    "PLOT",
+    "SUMMARY",
+    "append_jsonl",
+    "atomic_write",
+    "checkpoint_path",
+    "list_checkpoints",
+    "read_json",
+    "read_jsonl",
+    "rewrite_jsonl",
+    "write_json",
+]
+
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+PLOT = "returns.png"
+CHECKPOINTS = "checkpoints"
+_CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, then move it onto ``path`` in one step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; give it a normal file's mode
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON has no NaN or infinities: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _write_text(path: str | Path, text: str) -> None:
+    def write(f: IO[bytes]) -> None:
+        f.write(text.encode())
+
+    atomic_write(path, write)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    _write_text(path, json.dumps(_jsonable(obj), indent=2) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def append_jsonl(f: IO[str], obj: dict[str, Any]) -> None:
+    """One JSON object per line, flushed so readers (``learner plot``, ``tail -f``) see it at once."""
+    f.write(json.dumps(_jsonable(obj)) + "\n")
+    f.flush()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The objects in a JSON-lines file, skipping a last line cut short by a crash."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    _write_text(path, "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+
+
+def checkpoint_path(run_dir: str | Path, global_step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{global_step:010d}.pt"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run's checkpoints, oldest first."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return [p for _, p in sorted(found)]

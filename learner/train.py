@@ -1,0 +1,577 @@
+"""``learner train``: PPO on any gymnasium VectorEnv (by default a fleet of local env servers), CleanRL-style.
+
+The loop below reads top to bottom like CleanRL's ``ppo.py`` (https://docs.cleanrl.dev/rl-algorithms/ppo/),
+with two differences that matter for correctness: the step after an episode ends under gymnasium's
+next-step autoreset is a reset, not a transition, so it never enters the batch; and truncated
+episodes are bootstrapped from the value of their final observation (see ``ppo.gae_advantages``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, optim
+
+from learner import rundir
+from learner.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from learner.config import Args, default_run_dir, resolve_ppo
+from learner.envs import FleetSpec, open_fleet, reward_threshold
+from learner.normalize import RewardScaler, RunningMeanStd
+from learner.ppo import (
+    Agent,
+    clipped_policy_loss,
+    explained_variance,
+    gae_advantages,
+    is_image_space,
+    normalize_advantages,
+    value_loss,
+)
+
+__all__ = ["Args", "Rollout", "fleet_spec", "pick_device", "resume_args", "train"]
+
+log = logging.getLogger(__name__)
+
+RECENT = 20
+"""Finished episodes that "the recent return" (and --stop-at-return) averages over."""
+
+
+def pick_device(spec: str) -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU; or exactly what was asked for."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device: {spec} was asked for, but torch sees no CUDA device (torch {torch.__version__})")
+    return device
+
+
+def fleet_spec(args: Args) -> FleetSpec:
+    servers, envs_per_server = args.local_layout()
+    return FleetSpec(
+        env=args.env,
+        servers=args.servers,
+        backend=args.backend,
+        num_servers=servers,
+        envs_per_server=envs_per_server,
+        env_kwargs=dict(args.env_kwargs),
+        wrappers=args.server_wrappers(),
+        step_delay_ms=args.step_delay_ms,
+        transport=args.transport,
+        auth_token=args.auth_token,
+        timeout=args.timeout,
+    )
+
+
+def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
+    """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
+    saved = Args.from_json(rundir.read_json(Path(run_dir) / rundir.CONFIG)["args"])
+    return dataclasses.replace(saved, **overrides, resume=str(run_dir), run_dir=str(run_dir))
+
+
+@dataclass
+class Rollout:
+    """One rollout's storage, (num_steps, num_envs, ...) tensors on the training device.
+
+    ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
+    that follows an episode's end under next-step autoreset (and, later, for envs a fleet reports
+    unavailable). ``final_values`` holds V(final observation) for episodes truncated under same-step
+    autoreset, where the final observation only comes in ``infos``.
+    """
+
+    obs: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    rewards: Tensor
+    terminations: Tensor
+    truncations: Tensor
+    values: Tensor
+    final_values: Tensor
+    valid: Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        num_steps: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: torch.dtype,
+        action_shape: tuple[int, ...],
+        action_dtype: torch.dtype,
+        device: torch.device,
+    ) -> Rollout:
+        def zeros(shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+
+        return cls(
+            obs=zeros(obs_shape, obs_dtype),
+            actions=zeros(action_shape, action_dtype),
+            logprobs=zeros(),
+            rewards=zeros(),
+            terminations=zeros(dtype=torch.bool),
+            truncations=zeros(dtype=torch.bool),
+            values=zeros(),
+            final_values=zeros(),
+            valid=zeros(dtype=torch.bool),
+        )
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.obs.shape[1])
+
+
+@dataclass
+class Counters:
+    """Progress a checkpoint carries besides the nets and optimizer."""
+
+    global_step: int = 0
+    update: int = 0
+    seconds: float = 0.0
+    episodes: int = 0
+    recent_returns: list[float] = field(default_factory=list)
+    recent_lengths: list[int] = field(default_factory=list)
+    solved_at_step: int | None = None
+    solved_at_seconds: float | None = None
+
+
+class StopRequest:
+    """Turns the first Ctrl-C (or SIGTERM) into a request to stop at the next step; a second Ctrl-C interrupts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("stopping after this step (checkpoint and summary follow); Ctrl-C again to abort at once")
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _set_threads(args: Args, device: torch.device, image: bool) -> None:
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    elif device.type == "cpu" and not image:
+        # A 64x64 MLP is too small to gain from threads; extra threads only contend with the env
+        # servers for the same cores.
+        torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def _progress_bar(show: bool, total: int, initial: int) -> Iterator[Any]:
+    if not show:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _mean(values: list[float] | list[int]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def train(args: Args) -> dict[str, Any]:
+    """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds."""
+    device = pick_device(args.device)
+    run_dir = Path(args.run_dir or (args.resume if args.resume else default_run_dir(args.env)))
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint is None and (rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists()):
+        raise FileExistsError(
+            f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    fleet = fleet_spec(args)
+    with contextlib.ExitStack() as stack:
+        envs = stack.enter_context(open_fleet(fleet))
+        autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
+            raise ValueError(f"envs: expected autoreset mode NextStep or SameStep, got {autoreset}")
+        next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        hp = resolve_ppo(args, obs_space, action_space)
+        image = is_image_space(obs_space)
+        _set_threads(args, device, image)
+
+        agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
+        optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
+        vector_obs = isinstance(obs_space, gym.spaces.Box) and not image
+        obs_rms = RunningMeanStd(obs_space.shape or (), device) if hp.norm_obs and vector_obs else None
+        reward_scaler = RewardScaler(hp.gamma, device) if hp.norm_reward else None
+        counters = Counters()
+        if checkpoint is not None:
+            agent.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            if obs_rms is not None:
+                obs_rms.load_state_dict(checkpoint["obs_rms"])
+            if reward_scaler is not None:
+                reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+            counters = Counters(**checkpoint["counters"])
+            restore_rng(checkpoint["rng"])
+            # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
+            metrics_path = run_dir / rundir.METRICS
+            if metrics_path.exists():
+                rows = rundir.read_jsonl(metrics_path)
+                rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+        threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(args.env)
+
+        obs_shape = tuple(obs_space.shape or ())
+        obs_dtype = (
+            torch.uint8 if image else (torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32)
+        )
+        rundir.write_json(
+            run_dir / rundir.CONFIG,
+            {
+                "args": args.to_json(),
+                "ppo": dataclasses.asdict(hp),
+                "envs": {
+                    "description": fleet.describe(),
+                    "num_envs": envs.num_envs,
+                    "addresses": list(getattr(envs, "addresses", [])),
+                    "observation_space": str(obs_space),
+                    "action_space": str(action_space),
+                    "autoreset_mode": str(autoreset.value),
+                },
+                "device": str(device),
+                "solved_threshold": threshold,
+                "versions": {
+                    "python": sys.version.split()[0],
+                    "torch": torch.__version__,
+                    "gymnasium": gym.__version__,
+                },
+            },
+        )
+        log.info(
+            "PPO (preset %s) on %s, %d envs, device %s, run dir %s",
+            hp.preset,
+            fleet.describe(),
+            envs.num_envs,
+            device,
+            run_dir,
+        )
+        writer = None
+        if args.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir))))
+        metrics_file = stack.enter_context(open(run_dir / rundir.METRICS, "a"))
+        show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+        bar = stack.enter_context(_progress_bar(show_progress, hp.total_timesteps, counters.global_step))
+        stop = stack.enter_context(StopRequest())
+        recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
+        recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
+
+        def prepare_obs(obs: Any, update_stats: bool) -> Tensor:
+            """One batch of observations onto the device (one copy), normalised when asked."""
+            x = torch.as_tensor(np.asarray(obs)).to(device, copy=True)
+            if obs_rms is None:
+                return x.to(obs_dtype)
+            if update_stats:
+                obs_rms.update(x)
+            return obs_rms.normalize(x)
+
+        def env_actions(raw: Tensor) -> Any:
+            actions = agent.head.to_env(raw).cpu().numpy()
+            if isinstance(action_space, gym.spaces.Box):
+                # float32 rounding in tanh/clamp must never step outside the bounds the server checks.
+                return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
+            return actions
+
+        def save(reason: str) -> Path:
+            counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
+            payload = {
+                "args": args.to_json(),
+                "ppo": dataclasses.asdict(hp),
+                "observation_space": str(obs_space),
+                "action_space": str(action_space),
+                "model": agent.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "obs_rms": obs_rms.state_dict() if obs_rms is not None else None,
+                "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None,
+                "counters": dataclasses.asdict(counters),
+                "rng": capture_rng(),
+            }
+            path = save_checkpoint(run_dir, counters.global_step, payload, keep=args.keep_checkpoints)
+            log.info("checkpoint (%s): %s", reason, path)
+            return path
+
+        # ---- start the envs -------------------------------------------------------------------------------
+        session_start = time.perf_counter()
+        start_time = session_start - counters.seconds  # wall time accumulates over resumed sessions
+        session_start_step = counters.global_step
+        reset_seed = args.seed if checkpoint is None else args.seed + counters.global_step
+        obs_np, _ = envs.reset(seed=reset_seed)
+        # A resumed run's statistics already include the observations the first reset returns.
+        next_obs = prepare_obs(obs_np, update_stats=checkpoint is None)
+        num_envs = envs.num_envs
+        next_valid = np.ones(num_envs, dtype=bool)
+        ep_return = np.zeros(num_envs, dtype=np.float64)
+        ep_length = np.zeros(num_envs, dtype=np.int64)
+        rollout: Rollout | None = None
+        stop_reason: str | None = None
+        last_row: dict[str, Any] = {}
+
+        try:
+            while stop_reason is None:
+                if counters.global_step >= hp.total_timesteps:
+                    stop_reason = "total_timesteps"
+                    break
+                # Storage follows the fleet's size, which may change between rollouts.
+                if rollout is None or rollout.num_envs != envs.num_envs:
+                    num_envs = envs.num_envs
+                    rollout = Rollout.allocate(
+                        hp.num_steps,
+                        num_envs,
+                        obs_shape,
+                        obs_dtype,
+                        agent.head.action_shape,
+                        agent.head.action_dtype,
+                        device,
+                    )
+                # Linear annealing to 0 over total_timesteps (CleanRL anneals per update; this follows
+                # env steps, which stays right when the number of envs changes).
+                frac = 1.0 - counters.global_step / hp.total_timesteps
+                lr = hp.learning_rate * frac if hp.anneal_lr else hp.learning_rate
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                clip_coef = hp.clip_coef * frac if hp.anneal_clip else hp.clip_coef
+
+                # ---- collect a rollout ---------------------------------------------------------------------
+                for step in range(hp.num_steps):
+                    rollout.obs[step] = next_obs
+                    valid = next_valid
+                    rollout.valid[step] = torch.as_tensor(valid).to(device)
+                    with torch.no_grad():
+                        action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    rollout.actions[step] = action
+                    rollout.logprobs[step] = logprob
+                    rollout.values[step] = value
+
+                    obs_np, reward_np, term_np, trunc_np, infos = envs.step(env_actions(action))
+                    counters.global_step += num_envs
+                    done_np = np.logical_or(term_np, trunc_np)
+
+                    # Episode statistics, from the envs' own rewards (before any clipping or scaling).
+                    ep_return += np.where(valid, reward_np, 0.0)
+                    ep_length += valid
+                    for i in np.flatnonzero(done_np & valid):
+                        recent_returns.append(float(ep_return[i]))
+                        recent_lengths.append(int(ep_length[i]))
+                        counters.episodes += 1
+                        if writer is not None:
+                            writer.add_scalar("charts/episodic_return", ep_return[i], counters.global_step)
+                            writer.add_scalar("charts/episodic_length", ep_length[i], counters.global_step)
+                        ep_return[i], ep_length[i] = 0.0, 0
+                        if (
+                            threshold is not None
+                            and counters.solved_at_step is None
+                            and len(recent_returns) == RECENT
+                            and np.mean(recent_returns) >= threshold
+                        ):
+                            counters.solved_at_step = counters.global_step
+                            counters.solved_at_seconds = time.perf_counter() - start_time
+                            log.info(
+                                "solved at step %d: mean return of the last %d episodes >= %g",
+                                counters.global_step,
+                                RECENT,
+                                threshold,
+                            )
+                            if args.stop_at_return is not None:
+                                stop_reason = "stop_at_return"
+
+                    rewards = torch.as_tensor(reward_np, dtype=torch.float32).to(device)
+                    terminations = torch.as_tensor(term_np).to(device)
+                    truncations = torch.as_tensor(trunc_np).to(device)
+                    if hp.clip_reward:
+                        rewards = torch.sign(rewards)
+                    if reward_scaler is not None:
+                        rewards = reward_scaler(rewards, terminations | truncations, rollout.valid[step])
+                    rollout.rewards[step] = rewards
+                    rollout.terminations[step] = terminations
+                    rollout.truncations[step] = truncations
+                    next_obs = prepare_obs(obs_np, update_stats=True)
+                    if not next_step_autoreset and trunc_np.any():
+                        # Same-step autoreset: obs_np already holds the next episode's first
+                        # observation; the truncated episode's last one is in infos["final_obs"].
+                        idx = np.flatnonzero(trunc_np)
+                        final = np.stack([infos["final_obs"][i] for i in idx])
+                        with torch.no_grad():
+                            rollout.final_values[step, idx] = agent.get_value(prepare_obs(final, update_stats=False))
+                    # Under next-step autoreset, an env whose episode just ended is reset by its next step.
+                    next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
+
+                    if stop.requested:
+                        stop_reason = "interrupted"
+                    if stop_reason is not None:
+                        break
+                if stop_reason is not None:
+                    break  # a partial rollout is not learned from
+
+                # ---- advantages: GAE over valid transitions, truncations bootstrapped ------------------------
+                with torch.no_grad():
+                    next_value = agent.get_value(next_obs)
+                    # V(s_t+1): the next step's value estimate, which under next-step autoreset is the
+                    # value of the final observation when step t ended an episode.
+                    next_values = torch.cat([rollout.values[1:], next_value[None]])
+                    if not next_step_autoreset:
+                        next_values = torch.where(rollout.truncations, rollout.final_values, next_values)
+                    advantages = gae_advantages(
+                        rollout.rewards,
+                        rollout.values,
+                        next_values,
+                        rollout.terminations,
+                        rollout.truncations,
+                        rollout.valid,
+                        hp.gamma,
+                        hp.gae_lambda,
+                    )
+                    returns = advantages + rollout.values
+
+                # ---- flatten the batch, real transitions only ----------------------------------------------
+                mask = rollout.valid.reshape(-1)
+                b_obs = rollout.obs.reshape(-1, *obs_shape)[mask]
+                b_actions = rollout.actions.reshape(-1, *agent.head.action_shape)[mask]
+                b_logprobs = rollout.logprobs.reshape(-1)[mask]
+                b_advantages = advantages.reshape(-1)[mask]
+                b_returns = returns.reshape(-1)[mask]
+                b_values = rollout.values.reshape(-1)[mask]
+                batch_size = int(b_obs.shape[0])
+                num_minibatches = min(hp.num_minibatches, batch_size)
+
+                # ---- optimise the policy and value network ---------------------------------------------------
+                clipfracs: list[Tensor] = []
+                stats: dict[str, Tensor] = {}
+                pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
+                for _epoch in range(hp.update_epochs):
+                    b_inds = torch.randperm(batch_size, device=device)
+                    for mb_inds in torch.tensor_split(b_inds, num_minibatches):
+                        _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                            b_obs[mb_inds], b_actions[mb_inds]
+                        )
+                        mb_advantages = b_advantages[mb_inds]
+                        if hp.norm_adv:
+                            mb_advantages = normalize_advantages(mb_advantages)
+                        pg_loss, stats = clipped_policy_loss(newlogprob, b_logprobs[mb_inds], mb_advantages, clip_coef)
+                        v_loss = value_loss(
+                            newvalue, b_values[mb_inds], b_returns[mb_inds], clip_coef if hp.clip_vloss else None
+                        )
+                        entropy_loss = entropy.mean()
+                        loss = pg_loss - hp.ent_coef * entropy_loss + hp.vf_coef * v_loss
+
+                        optimizer.zero_grad()
+                        loss.backward()
+                        torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
+                        optimizer.step()
+                        clipfracs.append(stats["clipfrac"])
+                    if hp.target_kl and stats and stats["approx_kl"].item() > hp.target_kl:
+                        break  # early stopping (Huang et al., 2022, detail 12's target_kl)
+
+                # ---- record -----------------------------------------------------------------------------------
+                counters.update += 1
+                now = time.perf_counter()
+                counters.seconds = now - start_time
+                sps = (counters.global_step - session_start_step) / max(now - session_start, 1e-9)
+                row = {
+                    "update": counters.update,
+                    "global_step": counters.global_step,
+                    "seconds": round(counters.seconds, 4),
+                    "sps": round(sps, 1),
+                    "episodic_return_mean": _mean(list(recent_returns)),
+                    "episodic_length_mean": _mean(list(recent_lengths)),
+                    "episodes": counters.episodes,
+                    "learning_rate": lr,
+                    "clip_coef": clip_coef,
+                    "value_loss": v_loss.item(),
+                    "policy_loss": pg_loss.item(),
+                    "entropy": entropy_loss.item(),
+                    "old_approx_kl": stats["old_approx_kl"].item() if stats else math.nan,
+                    "approx_kl": stats["approx_kl"].item() if stats else math.nan,
+                    "clipfrac": torch.stack(clipfracs).mean().item() if clipfracs else math.nan,
+                    "explained_variance": explained_variance(b_values, b_returns) if batch_size > 1 else math.nan,
+                    "num_envs": num_envs,
+                    "batch_size": batch_size,
+                }
+                rundir.append_jsonl(metrics_file, row)
+                last_row = row
+                if writer is not None:
+                    writer.add_scalar("charts/learning_rate", lr, counters.global_step)
+                    writer.add_scalar("charts/SPS", sps, counters.global_step)
+                    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+                        writer.add_scalar(f"losses/{key}", row[key], counters.global_step)
+                    writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)
+                if bar is not None:
+                    bar.update(counters.global_step - bar.n)
+                    recent = row["episodic_return_mean"]
+                    bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
+                if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
+                    save(f"update {counters.update}")
+        except BaseException as err:
+            stop_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+            raise
+        finally:
+            counters.seconds = time.perf_counter() - start_time
+            try:
+                save(stop_reason or "end")
+            except Exception:
+                if stop_reason is None or not stop_reason.startswith(("error", "interrupted")):
+                    raise
+                log.exception("could not write the last checkpoint")
+            summary = {
+                "total_steps": counters.global_step,
+                "seconds": round(counters.seconds, 3),
+                "final_return_mean": _mean(list(recent_returns)),
+                "solved": counters.solved_at_step is not None,
+                "solved_at_step": counters.solved_at_step,
+                "solved_at_seconds": None
+                if counters.solved_at_seconds is None
+                else round(counters.solved_at_seconds, 3),
+                "solved_threshold": threshold,
+                "stop_reason": stop_reason,
+                "episodes": counters.episodes,
+                "updates": counters.update,
+                "sps": last_row.get("sps"),
+            }
+            rundir.write_json(run_dir / rundir.SUMMARY, summary)
+    if args.plot and counters.update > 0:
+        from learner.plot import plot_runs
+
+        plot_runs([run_dir], run_dir / rundir.PLOT)
+    summary["run_dir"] = str(run_dir)
+    return summary

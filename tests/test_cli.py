@@ -1,0 +1,150 @@
+"""The ``learner`` command: train, eval and plot from the command line, and its errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from learner import rundir
+from learner.cli import main
+
+CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run made by ``learner train`` itself (in-process envs, so it takes a second)."""
+    run = tmp_path_factory.mktemp("runs") / "clock"
+    code = main(
+        [
+            "train",
+            *CLOCK,
+            "--backend",
+            "gym",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "8",
+            "--total-timesteps",
+            "32",
+            "--run-dir",
+            str(run),
+        ]
+    )
+    assert code == 0
+    return run
+
+
+def test_train_writes_its_run_dir_and_plot(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (trained_run / rundir.SUMMARY).is_file() and (trained_run / rundir.PLOT).is_file()
+    assert rundir.list_checkpoints(trained_run)
+
+
+def test_resume_continues_a_run_with_more_steps(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "resumed"
+    import shutil
+
+    shutil.copytree(trained_run, run)
+    assert main(["train", "--resume", str(run), "--total-timesteps", "48"]) == 0
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["global_step"] for r in rows] == [16, 32, 48]
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["args"]["total_timesteps"] == 48 and config["args"]["num_envs"] == 2
+
+
+def test_eval_reports_the_deterministic_policy_on_local_servers(
+    trained_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(trained_run), "--episodes", "3", "--num-envs", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 3 and result["deterministic"] is True
+    assert result["length_mean"] == 3.0 and 0.0 <= result["return_mean"] <= 3.0
+    assert main(["eval", "--checkpoint", str(trained_run), "--episodes", "2", "--backend", "gym"]) == 0
+    assert "2 episodes of the deterministic policy" in capsys.readouterr().out
+
+
+def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    rows = [
+        {"update": i, "global_step": 16 * i, "seconds": 0.1 * i, "episodic_return_mean": float(i)} for i in range(1, 6)
+    ]
+    rundir.rewrite_jsonl(other / rundir.METRICS, rows)
+    out = tmp_path / "both.png"
+    assert main(["plot", str(trained_run), str(other), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(out) in capsys.readouterr().out
+    assert main(["plot", str(tmp_path / "missing")]) == 1
+    assert "metrics.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-envs", "3"], "--num-envs: 3 envs do not split evenly over --num-servers 2"),
+        (["--num-steps", "0"], "--num-steps: expected an integer >= 1, got 0"),
+        (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+        (["--env-kwargs", "[1]"], "expected a JSON object, got list"),
+        (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
+    ],
+)
+def test_train_rejects_bad_options_naming_them(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_train_reports_an_unknown_env_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--env", "NoSuchEnv-v0", "--backend", "gym", "--run-dir", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "NoSuchEnv-v0" in err and "Traceback" not in err
+
+
+def test_importing_learner_and_env_server_does_not_import_torch() -> None:
+    code = "import sys, learner, learner.cli, env_server, env_server.server; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_train_help_lists_every_option_with_its_docstring() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "learner", "train", "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "--stop-at-return X" in out and "last 20 finished" in out and "--servers ADDRESSES" in out
+    assert "--norm-obs, --no-norm-obs" in out and "classic" in out and "ALE/Pong-v5" in out
+
+
+def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *argv, "--run-dir", str(run), "--no-plot"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / rundir.METRICS).exists() or not rundir.read_jsonl(run / rundir.METRICS):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"] == "interrupted"
+    assert rundir.list_checkpoints(run)[-1].name == f"step-{summary['total_steps']:010d}.pt"

@@ -1,0 +1,176 @@
+"""PPO's pieces on their own: GAE against hand-computed numbers, the losses, the heads, the networks."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from learner.normalize import RewardScaler, RunningMeanStd
+from learner.ppo import (
+    ActionHead,
+    Agent,
+    clipped_policy_loss,
+    explained_variance,
+    gae_advantages,
+    normalize_advantages,
+    value_loss,
+)
+
+
+def t(rows: list[list[float]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(T, N) from a list of per-env rows (easier to read: one env per line)."""
+    return torch.tensor(rows, dtype=dtype).T
+
+
+def test_gae_against_a_hand_computed_case_with_truncation_and_a_reset_step() -> None:
+    # gamma 0.9, lambda 0.5, 4 steps, 2 envs, next-step autoreset.
+    # Env 0: a transition; a transition that *truncates* (so step 2 is the reset step, and
+    # V(final obs) = 0.8 is the value computed at that step); then a transition that terminates.
+    # Env 1: no episode end; the rollout's last step bootstraps from V(next obs) = 5.
+    rewards = t([[1, 2, 0, 1], [1, 1, 1, 1]])
+    values = t([[0.5, 0.6, 0.8, 0.3], [1, 2, 3, 4]])
+    next_values = t([[0.6, 0.8, 0.3, 0.7], [2, 3, 4, 5]])  # values[1:] and the bootstrap value
+    terminations = t([[0, 0, 0, 1], [0, 0, 0, 0]], torch.bool)
+    truncations = t([[0, 1, 0, 0], [0, 0, 0, 0]], torch.bool)
+    valid = t([[1, 1, 0, 1], [1, 1, 1, 1]], torch.bool)
+
+    adv = gae_advantages(rewards, values, next_values, terminations, truncations, valid, gamma=0.9, gae_lambda=0.5)
+
+    # Env 0, by hand:
+    #   t=3 terminates: delta = 1 - 0.3 = 0.7 (no bootstrap)                                  A = 0.7
+    #   t=2 is the reset step: not a transition                                                 A = 0
+    #   t=1 truncates: delta = 2 + 0.9 * 0.8 - 0.6 = 2.12, bootstrapped from V(final obs);
+    #       the lambda-return stops at the episode's end                                        A = 2.12
+    #   t=0: delta = 1 + 0.9 * 0.6 - 0.5 = 1.04;  A = 1.04 + 0.9 * 0.5 * 2.12                 A = 1.994
+    # Env 1: deltas 1.8, 1.7, 1.6, 1.5 (1 + 0.9 V(t+1) - V(t)); A_t = delta_t + 0.45 A_t+1.
+    expected = t([[1.994, 2.12, 0.0, 0.7], [3.0256875, 2.72375, 2.275, 1.5]])
+    torch.testing.assert_close(adv, expected)
+    # Returns (the value targets) are advantages plus values.
+    torch.testing.assert_close((adv + values)[:, 0], torch.tensor([2.494, 2.72, 0.8, 1.0]))
+    # Treating the truncation as a termination (as CleanRL does) would have given 2 - 0.6 = 1.4.
+    assert adv[1, 0].item() != pytest.approx(1.4)
+
+
+def test_gae_with_gamma_and_lambda_one_is_the_monte_carlo_return_minus_the_value() -> None:
+    rewards = t([[1, 1, 1, 1, 1]])
+    values = t([[0.0, 0.0, 0.0, 0.0, 0.0]])
+    next_values = t([[0.0, 0.0, 0.0, 0.0, 10.0]])
+    none = t([[0, 0, 0, 0, 0]], torch.bool)
+    valid = t([[1, 1, 1, 1, 1]], torch.bool)
+    adv = gae_advantages(rewards, values, next_values, none, none, valid, gamma=1.0, gae_lambda=1.0)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([15.0, 14.0, 13.0, 12.0, 11.0]))
+
+
+def test_gae_does_not_chain_across_a_step_that_is_not_a_transition() -> None:
+    # An env unavailable at step 1 (no episode end reported): step 0's lambda-return must not use it.
+    rewards = t([[1, 100, 1]])
+    values = t([[0.0, 0.0, 0.0]])
+    next_values = t([[0.0, 0.0, 0.0]])
+    none = t([[0, 0, 0]], torch.bool)
+    valid = t([[1, 0, 1]], torch.bool)
+    adv = gae_advantages(rewards, values, next_values, none, none, valid, gamma=1.0, gae_lambda=1.0)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, 0.0, 1.0]))
+
+
+def test_clipped_policy_loss_clips_and_reports_kl_and_clipfrac() -> None:
+    old = torch.zeros(4)
+    new = torch.log(torch.tensor([1.0, 1.5, 0.5, 1.1])).requires_grad_()
+    adv = torch.tensor([1.0, 1.0, -1.0, 1.0])
+    loss, stats = clipped_policy_loss(new, old, adv, clip_coef=0.2)
+    # Per sample: max(-A r, -A clip(r)) = -1, -1.2 (clipped), 0.8 (clipped), -1.1.
+    assert loss.item() == pytest.approx((-1 - 1.2 + 0.8 - 1.1) / 4)
+    loss.backward()
+    assert new.grad is not None
+    assert new.grad[1].item() == 0.0 and new.grad[2].item() == 0.0  # clipped samples pass no gradient
+    assert stats["clipfrac"].item() == pytest.approx(0.5)
+    ratio = torch.tensor([1.0, 1.5, 0.5, 1.1])
+    assert stats["approx_kl"].item() == pytest.approx(((ratio - 1) - ratio.log()).mean().item())
+    assert stats["old_approx_kl"].item() == pytest.approx((-ratio.log()).mean().item())
+
+
+def test_value_loss_clipped_takes_the_larger_error() -> None:
+    new, old, ret = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([3.0])
+    assert value_loss(new, old, ret, None).item() == pytest.approx(0.5 * 1.0)
+    # Clipped prediction 0.5 is 2.5 from the return: the larger error wins.
+    assert value_loss(new, old, ret, 0.5).item() == pytest.approx(0.5 * 2.5**2)
+
+
+def test_normalize_advantages_and_explained_variance() -> None:
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    y = normalize_advantages(x)
+    assert y.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert y.std().item() == pytest.approx(1.0, abs=1e-4)
+    assert explained_variance(x, x) == pytest.approx(1.0)
+    assert explained_variance(torch.full((4,), 2.5), x) == pytest.approx(0.0)
+    assert np.isnan(explained_variance(x, torch.ones(4)))
+
+
+def test_heads_map_raw_actions_into_each_space() -> None:
+    torch.manual_seed(0)
+    discrete = ActionHead.for_space(gym.spaces.Discrete(3, start=-1))
+    raw = discrete.distribution(torch.zeros(64, 3)).sample()
+    assert set(discrete.to_env(raw).tolist()) <= {-1, 0, 1}
+
+    multi = ActionHead.for_space(gym.spaces.MultiDiscrete([2, 5], start=[1, 10]))
+    dist = multi.distribution(torch.zeros(16, 7))
+    raw = dist.sample()
+    assert raw.shape == (16, 2)
+    assert dist.log_prob(raw).shape == (16,)
+    torch.testing.assert_close(dist.log_prob(raw), torch.full((16,), float(np.log(1 / 2) + np.log(1 / 5))))
+    env = multi.to_env(raw)
+    assert ((env[:, 0] >= 1) & (env[:, 0] <= 2) & (env[:, 1] >= 10) & (env[:, 1] <= 14)).all()
+
+    box = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
+    big = torch.tensor([[-50.0, 50.0], [0.0, 0.0]])
+    clip = ActionHead.for_space(box, "clip")
+    torch.testing.assert_close(clip.to_env(big), torch.tensor([[-1.0, 2.0], [0.0, 0.0]]))
+    squash = ActionHead.for_space(box, "squash")
+    torch.testing.assert_close(squash.to_env(big), torch.tensor([[-1.0, 2.0], [0.0, 1.0]]))
+
+    with pytest.raises(ValueError, match="action_space: expected Discrete"):
+        ActionHead.for_space(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
+    with pytest.raises(ValueError, match="finite action bounds"):
+        ActionHead.for_space(gym.spaces.Box(-np.inf, np.inf, (2,)), "squash")
+
+
+def test_agent_uses_the_nature_cnn_for_image_observations() -> None:
+    obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    agent = Agent(obs_space, gym.spaces.Discrete(6))
+    assert agent.cnn is not None
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    action, logprob, entropy, value = agent.get_action_and_value(obs)
+    assert action.shape == logprob.shape == entropy.shape == value.shape == (3,)
+    assert agent.act(obs).shape == (3,)
+
+
+def test_agent_mlp_for_vector_and_discrete_observations() -> None:
+    agent = Agent(gym.spaces.Box(-1, 1, (2, 3)), gym.spaces.Box(-1, 1, (2,)))
+    assert agent.cnn is None
+    action, logprob, _, value = agent.get_action_and_value(torch.zeros(5, 2, 3))
+    assert action.shape == (5, 2) and logprob.shape == value.shape == (5,)
+    one_hot = Agent(gym.spaces.Discrete(4, start=1), gym.spaces.Discrete(2))
+    assert one_hot.get_value(torch.tensor([1, 4])).shape == (2,)
+    with pytest.raises(ValueError, match="observation_space: expected a Box"):
+        Agent(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2))
+
+
+def test_running_mean_std_matches_numpy_over_batches() -> None:
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.0, size=(1000, 3))
+    rms = RunningMeanStd((3,))
+    for batch in np.array_split(data, 7):
+        rms.update(torch.as_tensor(batch))
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-3)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-3)
+
+
+def test_reward_scaler_ignores_steps_that_are_not_transitions() -> None:
+    scaler = RewardScaler(gamma=0.5)
+    done = torch.tensor([False])
+    scaler(torch.tensor([2.0]), done, torch.tensor([True]))
+    count = scaler.rms.count.item()
+    scaler(torch.tensor([100.0]), done, torch.tensor([False]))
+    assert scaler.rms.count.item() == count
+    assert scaler.returns is not None and scaler.returns.item() == 2.0

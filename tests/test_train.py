@@ -1,0 +1,166 @@
+"""Training end to end with tiny budgets: real local servers, episode boundaries, the run dir, resuming."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from learner import rundir
+from learner.config import Args
+from learner.train import resume_args, train
+from tests.conftest import StartServers
+
+QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+
+
+def clock(length: int = 3, **kwargs: Any) -> dict[str, Any]:
+    """Args for ClockEnv: deterministic, every episode exactly ``length`` steps."""
+    return {"env": "tests.envs:ClockEnv", "env_kwargs": {"length": length, **kwargs}, **QUIET}
+
+
+def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(
+        Args(
+            env="CartPole-v1",
+            num_servers=2,
+            envs_per_server=2,
+            num_steps=16,
+            total_timesteps=3 * 64,
+            checkpoint_every=2,
+            stop_at_return=1000.0,
+            run_dir=str(run),
+            progress=False,
+        )
+    )
+    assert summary["total_steps"] == 192 and summary["updates"] == 3
+    assert summary["stop_reason"] == "total_timesteps"
+    on_disk = rundir.read_json(run / rundir.SUMMARY)
+    for key in ("total_steps", "seconds", "final_return_mean", "solved", "solved_at_step", "solved_at_seconds"):
+        assert key in on_disk
+    assert on_disk["solved"] is False and on_disk["solved_at_step"] is None and on_disk["solved_at_seconds"] is None
+
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    assert [r["global_step"] for r in rows] == [64, 128, 192]
+    for key in ("global_step", "seconds", "sps", "episodic_return_mean", "value_loss", "policy_loss", "entropy"):
+        assert key in rows[-1]
+    for key in ("approx_kl", "old_approx_kl", "clipfrac", "explained_variance", "num_envs", "batch_size"):
+        assert key in rows[-1]
+    assert rows[-1]["num_envs"] == 4
+
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["ppo"]["preset"] == "classic" and config["ppo"]["num_steps"] == 16
+    assert config["envs"]["num_envs"] == 4 and len(config["envs"]["addresses"]) == 2
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000128.pt", "step-0000000192.pt"]
+    assert list(run.glob("events.out.tfevents.*"))
+    assert (run / rundir.PLOT).stat().st_size > 10_000
+
+
+def test_reset_steps_of_next_step_autoreset_never_enter_the_batch(tmp_path: Path) -> None:
+    # Episodes of 3 steps: each is followed by one reset step, so 8 steps per env hold 6 transitions.
+    train(Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=48, run_dir=str(tmp_path / "r")))
+    rows = rundir.read_jsonl(tmp_path / "r" / rundir.METRICS)
+    assert [r["batch_size"] for r in rows] == [12, 12, 12]
+    assert all(r["episodic_length_mean"] == 3.0 for r in rows)
+    assert rows[-1]["episodes"] == 12
+
+
+def test_same_step_autoreset_servers_train_with_every_step_a_transition(
+    tmp_path: Path, start_servers: StartServers
+) -> None:
+    addresses = start_servers(
+        "tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 3}, server_args=["--autoreset-mode", "SameStep"]
+    )
+    summary = train(
+        Args(**clock(3), servers=",".join(addresses), num_steps=6, total_timesteps=24, run_dir=str(tmp_path))
+    )
+    rows = rundir.read_jsonl(tmp_path / rundir.METRICS)
+    assert [r["batch_size"] for r in rows] == [12, 12]
+    assert summary["episodes"] == 8
+
+
+def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
+    summary = train(
+        Args(
+            **clock(4, action="box"), backend="gym", num_envs=2, num_steps=10, total_timesteps=40, run_dir=str(tmp_path)
+        )
+    )
+    config = rundir.read_json(tmp_path / rundir.CONFIG)
+    assert config["ppo"]["preset"] == "mujoco" and config["ppo"]["norm_obs"] and config["ppo"]["norm_reward"]
+    assert summary["episodes"] == 8
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    # ClockEnv's episodes (3 steps + 1 reset step) divide the rollout (8 steps), so at every update
+    # boundary each env is back at its start, as after a fresh reset: what the learner's checkpoint
+    # holds (nets, optimizer, normalisers, counters, RNG states) alone decides what comes next.
+    # Box actions and the mujoco preset put every piece of learner state to work.
+    common = {
+        **clock(3, action="box"),
+        "backend": "gym",
+        "num_envs": 2,
+        "num_steps": 8,
+        "num_minibatches": 2,
+        "update_epochs": 3,
+        "total_timesteps": 48,
+        "checkpoint_every": 1,
+        "keep_checkpoints": 10,
+    }
+    full = tmp_path / "full"
+    train(Args(**common, run_dir=str(full)))
+
+    # The same run, as if killed after its second update: its last checkpoint is step 32, and
+    # metrics.jsonl already holds a line for an update the checkpoint does not have.
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    for checkpoint in rundir.list_checkpoints(part):
+        if checkpoint.name > "step-0000000032.pt":
+            checkpoint.unlink()
+    train(resume_args(part))
+
+    full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
+    assert [r["update"] for r in part_rows] == [1, 2, 3]
+    for a, b in zip(full_rows, part_rows, strict=True):
+        assert {k: v for k, v in a.items() if k not in ("seconds", "sps")} == {
+            k: v for k, v in b.items() if k not in ("seconds", "sps")
+        }
+    a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (full, part))
+    assert a["counters"]["global_step"] == b["counters"]["global_step"] == 48
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    for key, state in a["optimizer"]["state"].items():
+        for name, tensor in state.items():
+            assert torch.equal(tensor, b["optimizer"]["state"][key][name]), (key, name)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    assert torch.equal(a["obs_rms"]["mean"], b["obs_rms"]["mean"])
+
+
+def test_a_run_dir_that_holds_a_run_is_not_overwritten(tmp_path: Path) -> None:
+    args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(tmp_path))
+    train(args)
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(args)
+
+
+def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path) -> None:
+    pytest.importorskip("ale_py")
+    summary = train(
+        Args(
+            env="ALE/Pong-v5",
+            num_servers=1,
+            envs_per_server=2,
+            num_steps=8,
+            total_timesteps=16,
+            run_dir=str(tmp_path),
+            **QUIET,
+        )
+    )
+    config = rundir.read_json(tmp_path / rundir.CONFIG)
+    assert config["ppo"]["preset"] == "atari" and config["ppo"]["clip_reward"]
+    assert config["envs"]["observation_space"] == "Box(0, 255, (4, 84, 84), uint8)"
+    assert summary["updates"] == 1
