@@ -21,7 +21,7 @@ from typing import Any
 
 from learner.discovery import AddressError, register_resolver
 
-__all__ = ["Replica", "choose_host_port", "parse_target", "replica_addresses", "resolve_compose"]
+__all__ = ["Replica", "choose_host_port", "parse_target", "replica_addresses", "replica_from_record", "resolve_compose"]
 
 log = logging.getLogger(__name__)
 
@@ -149,27 +149,38 @@ def resolve_compose(target: str) -> list[str]:
             f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user use it?"
         ) from err
     try:
-        containers = client.containers.list(all=True, filters={"label": labels})
-        replicas = [_replica(c.attrs) for c in containers]
+        # One call for all replicas (the learner looks them up again between rollouts).
+        containers = client.api.containers(all=True, filters={"label": labels})
     except docker.errors.DockerException as err:
         raise AddressError(f"address {address!r}: the Docker engine failed to list containers: {err}") from err
     finally:
         client.close()
-    return replica_addresses(replicas, target)
+    return replica_addresses([replica_from_record(c) for c in containers], target)
 
 
-def _replica(attrs: Mapping[str, Any]) -> Replica:
-    labels = attrs["Config"]["Labels"] or {}
-    state = attrs["State"]
-    health = state.get("Health")
+def replica_from_record(record: Mapping[str, Any]) -> Replica:
+    """A ``Replica`` from a record of Docker's container list (``GET /containers/json``)."""
+    labels = record.get("Labels") or {}
+    ports: dict[str, list[dict[str, str]] | None] = {}
+    for port in record.get("Ports") or []:
+        key = f"{port['PrivatePort']}/{port.get('Type', 'tcp')}"
+        bindings = ports.setdefault(key, None)
+        if port.get("PublicPort"):
+            ports[key] = [*(bindings or []), {"HostIp": port.get("IP", ""), "HostPort": str(port["PublicPort"])}]
+    status = str(record.get("Status", ""))  # "Up 12 seconds (healthy)", "Up 2 seconds (health: starting)", ...
+    health = next((h for h, text in _HEALTH_TEXT.items() if text in status), None)
+    names = record.get("Names") or [record.get("Id", "?")[:12]]
     return Replica(
-        name=str(attrs["Name"]).lstrip("/"),
+        name=str(names[0]).lstrip("/"),
         project=labels.get(PROJECT_LABEL, ""),
         number=int(labels.get(NUMBER_LABEL, "0")),
-        status=state["Status"],
-        health=health["Status"] if health else None,
-        ports=attrs["NetworkSettings"]["Ports"] or {},
+        status=str(record.get("State", "")),
+        health=health,
+        ports=ports,
     )
+
+
+_HEALTH_TEXT = {"healthy": "(healthy)", "starting": "(health: starting)", "unhealthy": "(unhealthy)"}
 
 
 register_resolver("compose", resolve_compose)

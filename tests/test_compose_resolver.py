@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from learner import AddressError, expand_addresses
-from learner.compose import Replica, choose_host_port, parse_target, replica_addresses
+from learner.compose import Replica, choose_host_port, parse_target, replica_addresses, replica_from_record
 
 
 def replica(
@@ -114,3 +114,27 @@ def test_compose_scheme_is_registered() -> None:
     """expand_addresses hands compose: to the resolver (which then fails to find anything)."""
     with pytest.raises(AddressError, match="compose:no-such-project-zz9/env"):
         expand_addresses("compose:no-such-project-zz9/env")
+
+
+def test_replica_from_a_docker_container_list_record() -> None:
+    record = {
+        "Id": "0123456789abcdef",
+        "Names": ["/envfleet-env-3"],
+        "State": "running",
+        "Status": "Up 2 seconds (health: starting)",
+        "Labels": {"com.docker.compose.project": "envfleet", "com.docker.compose.container-number": "3"},
+        "Ports": [
+            {"IP": "0.0.0.0", "PrivatePort": 50051, "PublicPort": 32768, "Type": "tcp"},
+            {"IP": "::", "PrivatePort": 50051, "PublicPort": 32768, "Type": "tcp"},
+            {"PrivatePort": 6006, "Type": "tcp"},
+        ],
+    }
+    replica = replica_from_record(record)
+    assert (replica.name, replica.project, replica.number) == ("envfleet-env-3", "envfleet", 3)
+    assert (replica.status, replica.health) == ("running", "starting")
+    assert replica.ports["6006/tcp"] is None
+    assert choose_host_port(replica, None) == "127.0.0.1:32768"
+    healthy = replica_from_record({**record, "Status": "Up 1 minute (healthy)"})
+    assert healthy.health == "healthy"
+    assert replica_from_record({**record, "Status": "Up 1 minute"}).health is None
+    assert replica_from_record({**record, "State": "exited", "Status": "Exited (0) 3 seconds ago"}).status == "exited"
