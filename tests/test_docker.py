@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner import RemoteVectorEnv, expand_addresses
+from learner import RemoteVectorEnv, expand_addresses, rundir
 from tests.compose import ENV_IMAGE, LEARNER_IMAGE, REPO, ComposeProject, docker_problem
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -82,14 +83,30 @@ def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProje
             assert np.all(rewards == 1.0) and not terminations.any()
 
 
-def test_learner_container_finds_every_replica_through_compose_dns(fleet: ComposeProject) -> None:
-    code = (
-        "from learner import RemoteVectorEnv\n"
-        "with RemoteVectorEnv('dns:///env:50051') as envs:\n"
-        "    envs.reset(seed=0)\n"
-        "    print(len(envs.addresses), envs.num_envs)\n"
+TRAIN = ["--total-timesteps", "4096", "--num-steps", "32", "--no-plot", "--no-progress", "--checkpoint-every", "0"]
+
+
+def test_training_from_the_host_on_every_replica(fleet: ComposeProject, tmp_path: Path) -> None:
+    """`learner train --servers compose:env`: the replicas' published ports, found through the Docker SDK."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "learner", "train", "--servers", f"compose:{fleet.name}/env", *TRAIN]
+    result = subprocess.run(
+        [*command, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=600, cwd=REPO
     )
-    result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", code, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    assert summary["total_steps"] == 4096 and summary["updates"] == 4
+    assert len(rundir.read_json(run_dir / rundir.CONFIG)["envs"]["addresses"]) == REPLICAS
+    assert {row["num_envs"] for row in rundir.read_jsonl(run_dir / rundir.METRICS)} == {REPLICAS * ENVS_PER_REPLICA}
+
+
+def test_training_in_the_learner_container_on_every_replica(fleet: ComposeProject) -> None:
+    """`docker compose run learner`: every replica through the compose DNS name; the run lands in the volume."""
+    train = ["train", "--servers", "dns:///env:50051", *TRAIN, "--run-dir", "runs/ci"]
+    result = fleet.run("run", "--rm", "--no-deps", "learner", *train, timeout=600)
+    assert "4,096 env steps" in result.stdout, result.stdout + result.stderr
+    show = "import json; c = json.load(open('runs/ci/config.json')); print(len(c['envs']['addresses']), c['envs']['num_envs'])"
+    result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
     assert result.stdout.split()[-2:] == [str(REPLICAS), str(REPLICAS * ENVS_PER_REPLICA)]
 
 
