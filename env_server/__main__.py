@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
+from env_server.tuning import prefer_fast_grpc_core
 
 __all__ = ["main", "parse_args"]
 
@@ -156,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="on SIGTERM, let calls in flight finish for up to S s (default: %(default)s)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=e("metrics_port", None),
+        metavar="PORT",
+        help="serve Prometheus metrics (step latency histogram, steps, errors) at http://HOST:PORT/metrics; "
+        "0 picks a free port (logged)",
+    )
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--log-level",
@@ -187,11 +196,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
         claim_timeout_s=args.claim_timeout,
         grace_s=args.grace,
         parent_pid=args.parent_pid,
+        metrics_port=args.metrics_port,
     )
     return config, args.log_level
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports grpc (the parser does not).
+    prefer_fast_grpc_core()
     config, log_level = parse_args(argv)
     logging.basicConfig(
         level=log_level.upper(),

@@ -42,3 +42,6 @@ class ServerConfig:
     """Exit when this process is gone (set by learners that start servers as subprocesses)."""
     grace_s: float = 5.0
     """On SIGTERM/SIGINT: seconds to let calls in flight finish before exiting."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: any free one) at ``/metrics``, on ``host`` (127.0.0.1
+    for a Unix-socket server); None: no metrics."""

@@ -12,7 +12,15 @@ import gymnasium as gym
 
 from env_server.config import ServerConfig
 
-__all__ = ["EnvBuildError", "StepDelay", "WRAPPERS", "build_vector_env", "is_entry_point", "max_episode_steps"]
+__all__ = [
+    "EnvBuildError",
+    "StepDelay",
+    "WRAPPERS",
+    "build_vector_env",
+    "is_entry_point",
+    "make_env",
+    "max_episode_steps",
+]
 
 # "package.module:Name" (dotted identifiers on both sides). A gymnasium id may also contain a colon
 # ("module:Env-v0" imports module, then makes Env-v0), but its part after the colon is not an
@@ -121,6 +129,17 @@ def _register_optional_envs() -> None:
         gym.register_envs(ale_py)
     except ImportError:
         pass
+
+
+def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
+    """One env exactly as the server builds each of its K (kwargs and wrappers included).
+
+    For comparisons against local vector envs (benchmarks, tests); ``step_delay_ms`` and the
+    vectorization do not apply to a single env.
+    """
+    if config.env.startswith("ALE/"):
+        _register_optional_envs()
+    return _env_factory(config)()
 
 
 def build_vector_env(config: ServerConfig) -> gym.vector.VectorEnv:

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
+from env_server.metrics import ServerMetrics
 from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
@@ -60,7 +61,10 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     env = build_vector_env(config)
-    service = EnvService(config, env)
+    metrics = None
+    if config.metrics_port is not None:
+        metrics = ServerMetrics(env_id=config.env, num_envs=env.num_envs, vectorization=config.vectorization)
+    service = EnvService(config, env, metrics)
     server = grpc.aio.server(options=server_options())
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
     health_service = health.aio.HealthServicer()
@@ -71,6 +75,16 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     except RuntimeError as err:
         env.close()
         raise OSError(f"cannot listen on {address}: {err}") from err
+    if metrics is not None:
+        assert config.metrics_port is not None
+        metrics_host = "127.0.0.1" if config.unix_socket else config.host
+        try:
+            metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
+        except OSError as err:
+            env.close()
+            raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
+        shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+        log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
     await server.start()
     # The envs exist: report healthy, for the service and overall ("").
     for name in (SERVICE_NAME, ""):
@@ -93,6 +107,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     if watchdog is not None:
         watchdog.cancel()
     service.close()
+    if metrics is not None:
+        metrics.close()
     env.close()
     if config.unix_socket:
         with contextlib.suppress(FileNotFoundError):

@@ -19,6 +19,7 @@ import numpy as np
 from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import max_episode_steps
+from env_server.metrics import ServerMetrics
 from env_server.protocol import ENV_INDEX_KEY, PROTOCOL_VERSION
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -56,6 +57,14 @@ class Session:
         return f"{who} (session {self.id[:8]}, claimed {now - self.created:.1f} s ago)"
 
 
+# Env calls expected to take less than this run on the event loop itself; slower ones on the env
+# thread. The thread hop costs ~50-100 us (a third of a whole CartPole round trip), while a call
+# that runs on the loop delays health checks and refusals by its duration: 10 ms is harmless there,
+# and the hop is then at most 1%.
+INLINE_LIMIT_S = 0.010
+# Weight of the newest call in the moving average of env call durations.
+_EWMA_WEIGHT = 0.2
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -67,45 +76,31 @@ def _rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
     async def wrapper(self: EnvService, request: Req, context: grpc.aio.ServicerContext) -> Resp:
         try:
             return await method(self, request, context)
-        except ServiceError as err:
-            await _abort(context, err.code, str(err), err.env_index)
-        except codec.CodecError as err:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except asyncio.CancelledError:
-            raise
-        except grpc.aio.AbortError:
-            raise
-        except Exception as err:  # never let an exception reach a client as UNKNOWN
-            log.exception("%s failed", method.__name__)
-            await _abort(context, grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(err).__name__}: {err}")
+        except Exception as err:
+            await self.abort(context, err, method.__name__)
         raise AssertionError("unreachable")  # abort always raises
 
     return wrapper
 
 
-async def _abort(
-    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, env_index: int | None = None
-) -> None:
-    if env_index is not None:
-        context.set_trailing_metadata(((ENV_INDEX_KEY, str(env_index)),))
-    await context.abort(code, message)
-
-
 class EnvService(pb_grpc.EnvServiceServicer):
     """Serves one vector env to one learner at a time."""
 
-    def __init__(self, config: ServerConfig, env: gym.vector.VectorEnv) -> None:
+    def __init__(self, config: ServerConfig, env: gym.vector.VectorEnv, metrics: ServerMetrics | None = None) -> None:
         self._config = config
+        self._metrics = metrics
         self._env = env
         self._num_envs = env.num_envs
         self._obs_space = env.single_observation_space
         self._act_space = env.single_action_space
         self._claim: Session | None = None
         self._needs_reset = True
-        # Env work runs on one dedicated thread: the event loop stays free to answer health checks,
-        # refusals and releases while a step runs, and envs that are not thread-safe only ever see
-        # this one thread.
+        # Env calls run one at a time (the lock), either on the event loop itself, while they are
+        # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
+        # checks, refusals and releases (see INLINE_LIMIT_S).
+        self._env_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+        self._env_seconds = 0.0  # moving average of env call durations
         self.spec = self._make_spec()
         self.steps = 0
 
@@ -131,6 +126,26 @@ class EnvService(pb_grpc.EnvServiceServicer):
             spec.render_fps = float(fps)
         return spec
 
+    # -- errors ---------------------------------------------------------------------------------
+
+    async def abort(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
+        """End the call with the status ``err`` means: the one place exceptions become status codes."""
+        if isinstance(err, grpc.aio.AbortError):
+            raise err
+        env_index: int | None = None
+        if isinstance(err, ServiceError):
+            code, message, env_index = err.code, str(err), err.env_index
+        elif isinstance(err, codec.CodecError):
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        else:  # never let an exception reach a client as UNKNOWN
+            log.exception("%s failed", method)
+            code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
+        if self._metrics is not None:
+            self._metrics.errors.labels(code.name).inc()
+        if env_index is not None:
+            context.set_trailing_metadata(((ENV_INDEX_KEY, str(env_index)),))
+        await context.abort(code, message)
+
     # -- sessions ---------------------------------------------------------------------------------
 
     def _live_claim(self, now: float) -> Session | None:
@@ -145,6 +160,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def _end(self, session: Session, reason: str) -> None:
         if self._claim is session:
             self._claim = None
+            if self._metrics is not None:
+                self._metrics.session_active.set(0)
             log.info("session %s of %s ended: %s", session.id[:8], session.peer, reason)
         session.end_reason = reason
         session.ended.set()
@@ -198,6 +215,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         )
         self._claim = session
         self._needs_reset = True
+        if self._metrics is not None:
+            self._metrics.session_active.set(1)
         log.info("session %s claimed by %s", session.id[:8], session.describe(now))
         return pb.HandshakeResponse(session_id=session.id, spec=self.spec, claim_timeout_s=self._config.claim_timeout_s)
 
@@ -205,7 +224,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         try:
             session = self._session(request.session_id)
         except ServiceError as err:
-            await _abort(context, err.code, str(err))
+            await self.abort(context, err, "Hold")
             return
         session.holds += 1
         try:
@@ -237,6 +256,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     f"seeds: expected {k} (one per env) or none, got {len(request.seeds)}",
                 )
             seeds = [s.value if s.HasField("value") else None for s in request.seeds]
+        seed: list[int | None] | int | None = seeds
+        if seeds is not None and self._config.vectorization == "vector_entry_point":
+            seed = seeds[0]  # an env's own vectorized implementation takes one seed for all its envs
         options: dict[str, Any] | None = None
         if request.HasField("options"):
             decoded = codec.decode_value(request.options, "options")
@@ -259,8 +281,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
                 )
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
-        obs, infos = await self._run_env(self._env.reset, seed=seeds, options=options)
+        (obs, infos), _ = await self._run_env(self._env.reset, seed=seed, options=options)
         self._needs_reset = False
+        if self._metrics is not None:
+            self._metrics.resets.inc()
         response = pb.ResetResponse()
         codec.encode_value(obs, response.observations, "observations")
         _encode_infos(infos, response.infos)
@@ -268,6 +292,26 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
+        return await self._step(request)
+
+    async def StepStream(
+        self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        # One response per request, in order, until the client half-closes; an error ends the stream
+        # with the status Step would have returned.
+        while True:
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                return
+            try:
+                response = await self._step(request)
+            except Exception as err:
+                await self.abort(context, err, "StepStream")
+                return
+            await context.write(response)
+
+    async def _step(self, request: pb.StepRequest) -> pb.StepResponse:
+        start = time.perf_counter()
         self._session(request.session_id)
         if self._needs_reset:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
@@ -276,28 +320,40 @@ class EnvService(pb_grpc.EnvServiceServicer):
             actions = check_actions(self._act_space, actions, self._num_envs)
         except InvalidActionError as err:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
-        obs, rewards, terminations, truncations, infos = await self._run_env(self._env.step, actions)
+        (obs, rewards, terminations, truncations, infos), env_seconds = await self._run_env(self._env.step, actions)
         self.steps += 1
-        response = pb.StepResponse()
+        response = pb.StepResponse(env_seconds=env_seconds)
         codec.encode_value(obs, response.observations, "observations")
         codec.encode_tensor(np.asarray(rewards, dtype=np.float64), response.rewards, "rewards")
         codec.encode_tensor(np.asarray(terminations, dtype=np.bool_), response.terminations, "terminations")
         codec.encode_tensor(np.asarray(truncations, dtype=np.bool_), response.truncations, "truncations")
         _encode_infos(infos, response.infos)
+        if self._metrics is not None:
+            self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
         return response
 
-    async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-        except Exception as err:
-            # The env's state is unknown after it raised: the learner must reset before stepping.
-            self._needs_reset = True
-            log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
-            raise ServiceError(
-                grpc.StatusCode.INTERNAL,
-                f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
-            ) from err
+    async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised."""
+        async with self._env_lock:
+            start = time.perf_counter()
+            try:
+                if self._env_seconds < INLINE_LIMIT_S:
+                    result = fn(*args, **kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+            except Exception as err:
+                # The env's state is unknown after it raised: the learner must reset before stepping.
+                self._needs_reset = True
+                log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
+                raise ServiceError(
+                    grpc.StatusCode.INTERNAL,
+                    f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
+                ) from err
+            finally:
+                elapsed = time.perf_counter() - start
+                self._env_seconds += _EWMA_WEIGHT * (elapsed - self._env_seconds)
+        return result, elapsed
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,25 +1,57 @@
 """envfleet's learner side: env servers as one gymnasium VectorEnv, and PPO that trains on them.
 
 ``from learner import RemoteVectorEnv`` needs no torch; only training (``learner.train``) does.
+Names are imported on first use (PEP 562), so that the ``learner`` command can tune gRPC before
+anything imports it (see ``env_server.tuning``).
 """
 
-from learner.compose import resolve_compose  # also registers the compose: address scheme
-from learner.discovery import AddressError, expand_addresses
-from learner.errors import (
-    AuthenticationError,
-    EnvCrashedError,
-    EnvFleetError,
-    InvalidRequestError,
-    RemoteEnvError,
-    RemoteTimeoutError,
-    ServerBusyError,
-    ServerStartError,
-    ServerUnavailableError,
-    SessionError,
-    SpecMismatchError,
-)
-from learner.local import LocalServers, local_servers
-from learner.remote import RemoteVectorEnv
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imports no gRPC; registers the compose: address scheme.
+from learner.compose import resolve_compose
+
+if TYPE_CHECKING:
+    from learner.discovery import AddressError, expand_addresses
+    from learner.errors import (
+        AuthenticationError,
+        EnvCrashedError,
+        EnvFleetError,
+        InvalidRequestError,
+        RemoteEnvError,
+        RemoteTimeoutError,
+        ServerBusyError,
+        ServerStartError,
+        ServerUnavailableError,
+        SessionError,
+        SpecMismatchError,
+    )
+    from learner.local import LocalServers, local_servers
+    from learner.remote import RemoteVectorEnv
+    from learner.stats import ReplicaStats
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "AddressError": "learner.discovery",
+    "expand_addresses": "learner.discovery",
+    "AuthenticationError": "learner.errors",
+    "EnvCrashedError": "learner.errors",
+    "EnvFleetError": "learner.errors",
+    "InvalidRequestError": "learner.errors",
+    "RemoteEnvError": "learner.errors",
+    "RemoteTimeoutError": "learner.errors",
+    "ServerBusyError": "learner.errors",
+    "ServerStartError": "learner.errors",
+    "ServerUnavailableError": "learner.errors",
+    "SessionError": "learner.errors",
+    "SpecMismatchError": "learner.errors",
+    "LocalServers": "learner.local",
+    "local_servers": "learner.local",
+    "RemoteVectorEnv": "learner.remote",
+    "ReplicaStats": "learner.stats",
+}
 
 __all__ = [
     "AddressError",
@@ -31,6 +63,7 @@ __all__ = [
     "RemoteEnvError",
     "RemoteTimeoutError",
     "RemoteVectorEnv",
+    "ReplicaStats",
     "ServerBusyError",
     "ServerStartError",
     "ServerUnavailableError",
@@ -40,3 +73,16 @@ __all__ = [
     "local_servers",
     "resolve_compose",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'learner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -21,14 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import gymnasium as gym
-import numpy as np
-
+# Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
+# works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
+from env_server.tuning import prefer_fast_grpc_core
 from learner.config import PRESETS, Args, default_run_dir
 from learner.errors import EnvFleetError
-from learner.local import LocalServers
-from learner.remote import RemoteVectorEnv
+
+if typing.TYPE_CHECKING:
+    import gymnasium as gym
 
 __all__ = ["build_parser", "main"]
 
@@ -38,6 +39,8 @@ _USER_ERRORS = (EnvFleetError, EnvBuildError, ValueError, FileExistsError, FileN
 
 def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, int]:
     """Env-steps per second of random actions, and how many episodes ended."""
+    import numpy as np
+
     envs.reset(seed=seed)
     envs.action_space.seed(seed)
     actions = [envs.action_space.sample() for _ in range(64)]
@@ -53,6 +56,11 @@ def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start local env servers, step a RemoteVectorEnv over them, and compare with AsyncVectorEnv."""
+    import gymnasium as gym
+
+    from learner.local import LocalServers
+    from learner.remote import RemoteVectorEnv
+
     total = args.num_servers * args.envs_per_server
     print(
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
@@ -331,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prefer_fast_grpc_core()  # first: before anything imports grpc
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -1,13 +1,14 @@
-"""One env server seen from the learner: its channel, session, deadlines, and RpcError translation."""
+"""One env server seen from the learner: its channel, session, step stream, deadlines, and RpcError translation."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -25,11 +26,9 @@ from learner.errors import (
     SessionError,
 )
 
-__all__ = ["EnvClient", "channel_options", "translate_error"]
+__all__ = ["EnvClient", "channel_options", "timeout_error", "translate_error"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -69,10 +68,13 @@ def translate_error(
     err: grpc.RpcError, *, address: str, method: str, env_offset: int = 0, timeout: float | None = None
 ) -> RemoteEnvError:
     """The envfleet exception for a failed call (the one place RpcError is translated)."""
-    code = err.code() if isinstance(err, grpc.Call) else None
-    details = (err.details() if isinstance(err, grpc.Call) else None) or str(err)
+    # Failed calls of the sync API are grpc.Call objects; those of grpc.aio are AioRpcError. Both
+    # carry code(), details() and trailing_metadata().
+    is_call = isinstance(err, grpc.Call | grpc.aio.AioRpcError)
+    code = err.code() if is_call else None
+    details = (err.details() if is_call else None) or str(err)
     env_index: int | None = None
-    if isinstance(err, grpc.Call):
+    if is_call:
         for key, value in err.trailing_metadata() or ():
             if key == ENV_INDEX_KEY:
                 with contextlib.suppress(ValueError):
@@ -87,8 +89,22 @@ def translate_error(
     return cls(f"{prefix} failed [{name}]: {details}", address=address, code=code, env_index=env_index)
 
 
+def timeout_error(*, address: str, method: str, timeout: float) -> RemoteTimeoutError:
+    """The error for a message on a stream that got no answer within ``timeout`` seconds."""
+    return RemoteTimeoutError(
+        f"env server {address}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
+        "deadline; raise `timeout` if the env is slow",
+        address=address,
+        code=grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+
+
 class EnvClient:
-    """One connection to one env server, holding its session once :meth:`handshake` succeeds."""
+    """One connection to one env server, holding its session once :meth:`handshake` succeeds.
+
+    Built on ``grpc.aio``: create it and await its methods inside the one event loop that owns it
+    (``RemoteVectorEnv`` drives a private loop from its synchronous methods).
+    """
 
     def __init__(
         self,
@@ -107,23 +123,37 @@ class EnvClient:
         self.metadata = tuple(metadata)
         options = channel_options()
         if credentials is None:
-            self.channel = grpc.insecure_channel(address, options=options)
+            self.channel = grpc.aio.insecure_channel(address, options=options)
         else:
-            self.channel = grpc.secure_channel(address, credentials, options=options)
+            self.channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         self.session_id = ""
         self.spec: pb.EnvSpec | None = None
         self._hold: Any = None
+        self._steps: Any = None  # the open StepStream call, or None
+
+    def _error(self, err: grpc.RpcError, method: str) -> RemoteEnvError:
+        return translate_error(
+            err, address=self.address, method=method, env_offset=self.env_offset, timeout=self.timeout
+        )
+
+    @property
+    def num_envs(self) -> int:
+        """Envs this server hosts (K); 0 before the handshake."""
+        return int(self.spec.num_envs) if self.spec is not None else 0
 
     # -- connection ---------------------------------------------------------------------------
 
-    def ready_future(self) -> grpc.Future:
-        """A future that completes once the channel is connected."""
-        return grpc.channel_ready_future(self.channel)
+    async def wait_ready(self) -> None:
+        """Return once the channel is connected (the caller bounds the wait)."""
+        await self.channel.channel_ready()
 
-    def handshake_future(self) -> grpc.Future:
+    async def handshake(self) -> pb.HandshakeResponse:
         request = pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
-        return self.stub.Handshake.future(request, timeout=self.timeout, metadata=self.metadata)
+        try:
+            return await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as err:
+            raise self._error(err, "Handshake") from None
 
     def start_session(self, response: pb.HandshakeResponse) -> None:
         """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim)."""
@@ -131,17 +161,18 @@ class EnvClient:
         self.spec = response.spec
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
 
-    def get_spec(self) -> pb.EnvSpec:
-        response = self.call(
-            self.stub.GetSpec.future(pb.GetSpecRequest(), timeout=self.timeout, metadata=self.metadata), "GetSpec"
-        )
+    async def get_spec(self) -> pb.EnvSpec:
+        try:
+            response = await self.stub.GetSpec(pb.GetSpecRequest(), timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as err:
+            raise self._error(err, "GetSpec") from None
         return response.spec
 
     # -- calls ----------------------------------------------------------------------------------
 
-    def reset_future(
+    async def reset(
         self, seeds: Sequence[int | None] | None, options: pb.Value | None, mask: Sequence[bool] | None
-    ) -> grpc.Future:
+    ) -> pb.ResetResponse:
         request = pb.ResetRequest(session_id=self.session_id)
         if seeds is not None:
             for seed in seeds:
@@ -150,29 +181,61 @@ class EnvClient:
             request.options.CopyFrom(options)
         if mask is not None:
             request.reset_mask.extend(mask)
-        return self.stub.Reset.future(request, timeout=self.timeout, metadata=self.metadata)
-
-    def step_future(self, actions: pb.Value) -> grpc.Future:
-        request = pb.StepRequest(session_id=self.session_id)
-        request.actions.CopyFrom(actions)
-        return self.stub.Step.future(request, timeout=self.timeout, metadata=self.metadata)
-
-    def call(self, future: grpc.Future, method: str) -> Any:
-        """The response of ``future``, or the envfleet exception its failure means."""
         try:
-            return future.result()
+            return await self.stub.Reset(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            raise translate_error(
-                err, address=self.address, method=method, env_offset=self.env_offset, timeout=self.timeout
-            ) from None
+            raise self._error(err, "Reset") from None
+
+    def step_request(self) -> pb.StepRequest:
+        """An empty request of this session, for the caller to fill with actions."""
+        return pb.StepRequest(session_id=self.session_id)
+
+    async def step(self, request: pb.StepRequest) -> pb.StepResponse:
+        """Send ``request`` on the session's StepStream (opened on first use) and return the answer.
+
+        A failure ends the stream (the server closes it with the status); the next step opens a new one.
+        """
+        if self._steps is None:
+            self._steps = self.stub.StepStream(metadata=self.metadata)
+        call = self._steps
+        try:
+            await call.write(request)
+            response = await call.read()
+        except grpc.RpcError as err:
+            self._steps = None
+            raise self._error(err, "Step") from None
+        except asyncio.InvalidStateError:
+            # The stream had already ended (the server closed it); report the status it ended with.
+            self._steps = None
+            raise await self._ended(call) from None
+        except BaseException:  # cancelled (a timeout, or closing): the stream's state is unknown
+            self._steps = None
+            call.cancel()
+            raise
+        if response is grpc.aio.EOF:
+            self._steps = None
+            raise await self._ended(call)
+        return response
+
+    async def _ended(self, call: Any) -> RemoteEnvError:
+        code = await call.code()
+        details = await call.details()
+        return ServerUnavailableError(
+            f"env server {self.address}: Step failed [{code.name}]: the step stream ended ({details or 'no details'})",
+            address=self.address,
+            code=code,
+        )
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    def release(self, timeout: float = 2.0) -> None:
+    async def release(self, timeout: float = 2.0) -> None:
         """End the session (best effort: the server also ends it when the connection drops)."""
+        if self._steps is not None:
+            self._steps.cancel()
+            self._steps = None
         if self.session_id:
             try:
-                self.stub.Release(
+                await self.stub.Release(
                     pb.ReleaseRequest(session_id=self.session_id), timeout=timeout, metadata=self.metadata
                 )
             except grpc.RpcError as err:
@@ -182,6 +245,6 @@ class EnvClient:
             self._hold.cancel()
             self._hold = None
 
-    def close(self) -> None:
-        self.release()
-        self.channel.close()
+    async def close(self) -> None:
+        await self.release()
+        await self.channel.close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for annotations: importing this module must not import grpc (see learner.cli)
+    import grpc
 
 __all__ = [
     "AuthenticationError",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
 
-import grpc
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
@@ -19,20 +20,39 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.batching import merge_infos, slice_batch, write_batch
-from learner.client import EnvClient
+from learner.client import EnvClient, timeout_error
 from learner.discovery import expand_addresses
-from learner.errors import RemoteEnvError, ServerUnavailableError, SpecMismatchError
+from learner.errors import ServerUnavailableError, SpecMismatchError
+from learner.loop import LoopRunner, gather
+from learner.stats import ReplicaStats, StepTimer
 
 __all__ = ["RemoteVectorEnv"]
 
 log = logging.getLogger(__name__)
+
+StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
     """Env servers reached over gRPC, as one ``gymnasium.vector.VectorEnv``.
 
     Envs are numbered over all servers in address order: server 0's K0 envs first, then server 1's,
-    and so on. Every call goes to all servers at once and waits for all of them.
+    and so on. :meth:`step` sends every server its envs' actions at once (one message on a stream
+    kept open per server) and waits for all of them.
+
+    Pipelining (as EnvPool and Sample Factory do): with ``num_groups=G`` the servers form G groups,
+    and :meth:`send` / :meth:`recv` step one group at a time, so the learner computes the actions
+    of one group while the others step::
+
+        envs = RemoteVectorEnv(addresses, num_groups=2)
+        obs, infos = envs.reset(seed=0)
+        for g, sl in enumerate(envs.group_slices):
+            envs.send(policy(obs[sl]), g)
+        while training:
+            g, obs_g, rewards, terminations, truncations, infos = envs.recv()  # the first group done
+            envs.send(policy(obs_g), g)
+
+    For the same seeds and actions, each env's results are exactly those :meth:`step` gives.
 
     Example:
         >>> envs = RemoteVectorEnv(["127.0.0.1:50051", "127.0.0.1:50052"])  # doctest: +SKIP
@@ -47,9 +67,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
-        copy: return fresh arrays from reset/step (True) or the same buffers each time (False,
-            faster; the next call overwrites them), as gymnasium's ``copy`` argument.
+        copy: return fresh arrays from reset/step/recv (True) or views of the same buffers each
+            time (False, faster; the next call overwrites them), as gymnasium's ``copy`` argument.
         auth_token: token sent with every call, for servers started with ``--auth-token``.
+        num_groups: how many groups the servers form for :meth:`send` / :meth:`recv` (contiguous,
+            as even as possible; at most one group per server).
     """
 
     def __init__(
@@ -61,31 +83,39 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         client_name: str | None = None,
         copy: bool = True,
         auth_token: str | None = None,
+        num_groups: int = 1,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
         if not connect_timeout > 0:
             raise ValueError(f"connect_timeout: expected seconds > 0, got {connect_timeout!r}")
+        if not (isinstance(num_groups, int) and num_groups >= 1):
+            raise ValueError(f"num_groups: expected an int >= 1, got {num_groups!r}")
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
         self.copy = copy
         self._client_name = client_name
         self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
         self._state = AsyncState.DEFAULT
-        self._pending: list[tuple[EnvClient, grpc.Future]] = []
         self.closed = False
         self._clients: list[EnvClient] = []
+        # One step in flight per server at most: its task (send, then receive) until taken in.
+        self._tasks: list[asyncio.Task[tuple[pb.StepResponse, float]] | None] = []
+        # The loop this env's gRPC calls run on (see LoopRunner): they always use the same one.
+        self._runner = LoopRunner.for_this_thread()
 
         endpoints = expand_addresses(addresses)
-        self._clients = self._connect(endpoints)
-        specs = [c.spec for c in self._clients]
-        assert all(s is not None for s in specs)
+        if num_groups > len(endpoints):
+            raise ValueError(
+                f"num_groups: expected at most one group per server ({len(endpoints)} servers), got {num_groups}"
+            )
+        self._clients = self._runner.run(self._connect(endpoints))
         self._check_specs()
         first = self._clients[0].spec
         assert first is not None
         self.single_observation_space = codec.decode_space(first.observation_space, "observation_space")
         self.single_action_space = codec.decode_space(first.action_space, "action_space")
-        self.num_envs = sum(c.spec.num_envs for c in self._clients if c.spec is not None)
+        self.num_envs = sum(c.num_envs for c in self._clients)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {
@@ -95,6 +125,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if first.HasField("render_fps"):
             self.metadata["render_fps"] = first.render_fps
         self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+        self._tasks = [None] * len(self._clients)
+        self._groups = _split(len(self._clients), num_groups)
+        self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
         log.info(
             "connected to %d env server(s), %d envs of %s: %s",
             len(self._clients),
@@ -105,7 +138,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     # -- connecting -------------------------------------------------------------------------------
 
-    def _connect(self, endpoints: list[str]) -> list[EnvClient]:
+    async def _connect(self, endpoints: list[str]) -> list[EnvClient]:
         clients: list[EnvClient] = []
         try:
             for address in endpoints:
@@ -113,27 +146,23 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     EnvClient(address, timeout=self.timeout, client_name=self._client_name, metadata=self._metadata)
                 )
             # Connect to all servers at once, within one shared deadline.
-            deadline = time.monotonic() + self.connect_timeout
-            readies = [c.ready_future() for c in clients]
-            for client, ready in zip(clients, readies, strict=False):
-                try:
-                    ready.result(timeout=max(0.0, deadline - time.monotonic()))
-                except grpc.FutureTimeoutError:
-                    for other in readies:
-                        other.cancel()
-                    raise ServerUnavailableError(
-                        f"env server {client.address}: nothing answered within {self.connect_timeout:g} s "
-                        "(is the server running, and is the address right?)",
-                        address=client.address,
-                    ) from None
-            handshakes = [c.handshake_future() for c in clients]
-            errors: list[RemoteEnvError] = []
+            readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
+            _, late = await asyncio.wait(readies, timeout=self.connect_timeout)
+            if late:
+                for task in late:
+                    task.cancel()
+                client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
+                raise ServerUnavailableError(
+                    f"env server {client.address}: nothing answered within {self.connect_timeout:g} s "
+                    "(is the server running, and is the address right?)",
+                    address=client.address,
+                )
+            responses = await gather(*(c.handshake() for c in clients), return_exceptions=True)
+            errors: list[BaseException] = []
             offset = 0
-            for client, future in zip(clients, handshakes, strict=False):
-                try:
-                    response = client.call(future, "Handshake")
-                except RemoteEnvError as err:
-                    errors.append(err)
+            for client, response in zip(clients, responses, strict=True):
+                if isinstance(response, BaseException):
+                    errors.append(response)
                     continue
                 client.start_session(response)
                 client.env_offset = offset
@@ -141,8 +170,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if errors:
                 raise errors[0]
         except BaseException:
-            for client in clients:
-                client.close()
+            await gather(*(c.close() for c in clients), return_exceptions=True)
             raise
         return clients
 
@@ -154,8 +182,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             assert spec is not None
             for field in ("observation_space", "action_space", "autoreset_mode"):
                 if getattr(spec, field) != getattr(first.spec, field):
-                    for c in self._clients:
-                        c.close()
+                    self._close_clients()
                     raise SpecMismatchError(
                         f"{field} differs between env servers {first.address} ({first.spec.env_id}) and "
                         f"{client.address} ({spec.env_id}); one RemoteVectorEnv needs servers of the same env"
@@ -169,12 +196,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     @property
     def env_slices(self) -> list[slice]:
         """For each server, the slice of the fleet's envs it hosts."""
-        return [slice(c.env_offset, c.env_offset + self._num_envs_of(c)) for c in self._clients]
+        return [slice(c.env_offset, c.env_offset + c.num_envs) for c in self._clients]
 
-    @staticmethod
-    def _num_envs_of(client: EnvClient) -> int:
-        assert client.spec is not None
-        return int(client.spec.num_envs)
+    @property
+    def num_groups(self) -> int:
+        """How many groups :meth:`send` and :meth:`recv` step separately."""
+        return len(self._groups)
+
+    @property
+    def group_slices(self) -> list[slice]:
+        """For each group, the slice of the fleet's envs it holds."""
+        return [self._group_slice(g) for g in range(len(self._groups))]
+
+    def _group_slice(self, group: int) -> slice:
+        servers = self._groups[group]
+        first, last = self._clients[servers[0]], self._clients[servers[-1]]
+        return slice(first.env_offset, last.env_offset + last.num_envs)
 
     # -- the VectorEnv API --------------------------------------------------------------------------
 
@@ -185,11 +222,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every env (or those in ``options["reset_mask"]``); env i gets seed ``seed + i``."""
-        self._assert_open()
-        if self._state is not AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"reset: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
-            )
+        self._assert_idle("reset")
         seeds = self._seeds(seed)
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)
@@ -203,27 +236,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 raise ValueError("options['reset_mask']: expected at least one True value, got none")
         encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
 
-        calls: list[tuple[EnvClient, grpc.Future]] = []
-        for client, sl in zip(self._clients, self.env_slices, strict=False):
+        calls = []
+        for client, sl in zip(self._clients, self.env_slices, strict=True):
             sub_mask = None if mask is None else mask[sl]
             if sub_mask is not None and not sub_mask.any():
                 continue
             sub_seeds = None if seeds is None else seeds[sl]
             calls.append(
-                (
-                    client,
-                    client.reset_future(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist()),
-                )
+                (client, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist()))
             )
-        responses = self._collect(calls, "Reset")
+        results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
+        _raise_first([r for r in results if isinstance(r, BaseException)])
         parts = []
-        for client, response in responses:
+        for (client, _), response in zip(calls, results, strict=True):
             obs = codec.decode_value(response.observations, "observations")
             write_batch(self._obs_buffer, obs, client.env_offset)
             infos = codec.decode_value(response.infos, "infos") if response.HasField("infos") else {}
-            parts.append((infos, client.env_offset, self._num_envs_of(client)))
+            parts.append((infos, client.env_offset, client.num_envs))
         infos = merge_infos(parts, self.num_envs)
-        return self._observations(), infos
+        return self._observations(self._obs_buffer), infos
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None] | None:
         if seed is None:
@@ -241,98 +272,208 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 raise ValueError(f"seed[{i}]: expected None or an int in [0, 2**64), got {s!r}")
         return [None if s is None else int(s) for s in seeds]
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every env with its action; see :meth:`step_async` and :meth:`step_wait`."""
-        self.step_async(actions)
-        return self.step_wait()
+    def step(self, actions: Any) -> StepResult:
+        """Step every env with its action and wait for all the servers' results."""
+        self._assert_idle("step")
+        actions = self._as_batch(actions, self.num_envs, "actions")
+        servers = range(len(self._clients))
+        self._start(servers, actions, 0)
+        return self._finish(servers)
 
     def step_async(self, actions: Any) -> None:
         """Send each server its envs' actions, without waiting for the results."""
-        self._assert_open()
-        if self._state is not AsyncState.DEFAULT:
-            raise AlreadyPendingCallError(
-                f"step_async: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
-            )
-        actions = self._as_batch(actions)
-        calls = []
-        for client, sl in zip(self._clients, self.env_slices, strict=False):
-            part = slice_batch(actions, sl.start, sl.stop)
-            value = codec.encode_value(part, pb.Value(), "actions")
-            calls.append((client, client.step_future(value)))
-        self._pending = calls
+        self._assert_idle("step_async")
+        actions = self._as_batch(actions, self.num_envs, "actions")
+        self._start(range(len(self._clients)), actions, 0)
         self._state = AsyncState.WAITING_STEP
+        self._runner.spin()
 
-    def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step_wait(self) -> StepResult:
         """Wait for every server's step results and join them into one batch."""
         self._assert_open()
         if self._state is not AsyncState.WAITING_STEP:
             raise NoAsyncCallError(
                 "step_wait: no step_async call is pending; call step_async first", AsyncState.WAITING_STEP.value
             )
-        calls, self._pending = self._pending, []
         self._state = AsyncState.DEFAULT
-        responses = self._collect(calls, "Step")
-        rewards = np.empty(self.num_envs, dtype=np.float64)
-        terminations = np.empty(self.num_envs, dtype=np.bool_)
-        truncations = np.empty(self.num_envs, dtype=np.bool_)
-        parts = []
-        for client, response in responses:
-            start, count = client.env_offset, self._num_envs_of(client)
-            obs = codec.decode_value(response.observations, "observations")
-            write_batch(self._obs_buffer, obs, start)
-            rewards[start : start + count] = codec.decode_tensor(response.rewards, "rewards")
-            terminations[start : start + count] = codec.decode_tensor(response.terminations, "terminations")
-            truncations[start : start + count] = codec.decode_tensor(response.truncations, "truncations")
-            infos = codec.decode_value(response.infos, "infos") if response.HasField("infos") else {}
-            parts.append((infos, start, count))
-        return self._observations(), rewards, terminations, truncations, merge_infos(parts, self.num_envs)
+        return self._finish(range(len(self._clients)))
 
-    def _as_batch(self, actions: Any) -> Any:
+    # -- pipelining -------------------------------------------------------------------------------
+
+    def send(self, actions: Any, group: int) -> None:
+        """Send group ``group``'s envs their actions (a batch over ``group_slices[group]``) and return at once.
+
+        Take the results in with :meth:`recv`; meanwhile, other groups may be sent to or received from.
+        """
+        self._assert_open()
+        self._check_group(group, "send")
+        if self._state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"send: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
+            )
+        servers = self._groups[group]
+        if any(self._tasks[i] is not None for i in servers):
+            raise AlreadyPendingCallError(
+                f"send: group {group} already has a step in flight; call recv({group}) first", "send"
+            )
+        sl = self._group_slice(group)
+        actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})")
+        self._start(servers, actions, sl.start)
+        self._runner.spin()
+
+    def recv(self, group: int | None = None) -> tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Wait for a group's step results: ``(group, observations, rewards, terminations, truncations, infos)``.
+
+        ``group=None`` takes whichever group in flight finishes first; an int waits for that group.
+        The arrays cover the group's envs only (``group_slices[group]``), infos likewise.
+        """
+        self._assert_open()
+        in_flight = [g for g, servers in enumerate(self._groups) if self._tasks[servers[0]] is not None]
+        if group is None:
+            if not in_flight:
+                raise NoAsyncCallError("recv: no group has a step in flight; call send first", "recv")
+            group = self._runner.run(self._first_group_done(in_flight))
+        else:
+            self._check_group(group, "recv")
+            if group not in in_flight:
+                raise NoAsyncCallError(
+                    f"recv: group {group} has no step in flight; call send(actions, {group})", "recv"
+                )
+        return (group, *self._finish(self._groups[group]))
+
+    async def _first_group_done(self, groups: list[int]) -> int:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for g in groups:
+                if all(self._task(i).done() for i in self._groups[g]):
+                    return g
+            pending = [self._task(i) for g in groups for i in self._groups[g] if not self._task(i).done()]
+            done, _ = await asyncio.wait(
+                pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:  # the deadline passed: _finish reports the late servers
+                return groups[0]
+
+    def _check_group(self, group: Any, method: str) -> None:
+        if not isinstance(group, int | np.integer) or not 0 <= group < len(self._groups):
+            raise ValueError(f"{method}: group must be an int in [0, {len(self._groups)}), got {group!r}")
+
+    # -- stepping, shared by step/step_async/step_wait and send/recv ------------------------------
+
+    def _start(self, servers: Sequence[int], actions: Any, base: int) -> None:
+        """Create one task per server that sends its slice of ``actions`` (a batch starting at env ``base``)."""
+        for i in servers:
+            client = self._clients[i]
+            start = client.env_offset - base
+            request = client.step_request()
+            codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
+            self._tasks[i] = self._runner.create_task(_exchange(client, request))
+
+    def _task(self, server: int) -> asyncio.Task[tuple[pb.StepResponse, float]]:
+        task = self._tasks[server]
+        assert task is not None
+        return task
+
+    def _finish(self, servers: Sequence[int]) -> StepResult:
+        """Wait for the servers' tasks and join their results (a batch over their envs, in order)."""
+        tasks = [self._task(i) for i in servers]
+        for i in servers:
+            self._tasks[i] = None
+        if not all(t.done() for t in tasks):
+            _, late = self._runner.run(asyncio.wait(tasks, timeout=self.timeout))
+            if late:
+                for task in late:
+                    task.cancel()
+                self._runner.run(gather(*late, return_exceptions=True))
+        errors: list[BaseException] = []
+        for i, task in zip(servers, tasks, strict=True):
+            if task.cancelled():
+                client = self._clients[i]
+                errors.append(timeout_error(address=client.address, method="Step", timeout=self.timeout))
+            elif task.exception() is not None:
+                errors.append(task.exception())  # type: ignore[arg-type]
+        _raise_first(errors)
+
+        base = self._clients[servers[0]].env_offset
+        count = sum(self._clients[i].num_envs for i in servers)
+        rewards = np.empty(count, dtype=np.float64)
+        terminations = np.empty(count, dtype=np.bool_)
+        truncations = np.empty(count, dtype=np.bool_)
+        parts = []
+        for i, task in zip(servers, tasks, strict=True):
+            client = self._clients[i]
+            response, latency = task.result()
+            self._timers[i].record(latency, response.env_seconds)
+            start, k = client.env_offset - base, client.num_envs
+            obs = codec.decode_value(response.observations, "observations")
+            write_batch(self._obs_buffer, obs, client.env_offset)
+            rewards[start : start + k] = codec.decode_tensor(response.rewards, "rewards")
+            terminations[start : start + k] = codec.decode_tensor(response.terminations, "terminations")
+            truncations[start : start + k] = codec.decode_tensor(response.truncations, "truncations")
+            infos = codec.decode_value(response.infos, "infos") if response.HasField("infos") else {}
+            parts.append((infos, start, k))
+        obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
+        return self._observations(obs), rewards, terminations, truncations, merge_infos(parts, count)
+
+    def _as_batch(self, actions: Any, count: int, where: str) -> Any:
         """Check the leading (env) dimension of ``actions``; the servers check the rest."""
         if isinstance(actions, dict | tuple):
             return actions
         arr = np.asarray(actions)
-        if arr.ndim == 0 or len(arr) != self.num_envs:
+        if arr.ndim == 0 or len(arr) != count:
             raise ValueError(
-                f"actions: expected a batch of {self.num_envs} actions (leading dimension {self.num_envs}, "
+                f"{where}: expected a batch of {count} actions (leading dimension {count}, "
                 f"as in action_space {self.action_space}), got shape {arr.shape}"
             )
         return arr
 
-    def _collect(self, calls: list[tuple[EnvClient, grpc.Future]], method: str) -> list[tuple[EnvClient, Any]]:
-        """Wait for every call; raise the first failure (in server order) after all have finished."""
-        results: list[tuple[EnvClient, Any]] = []
-        first_error: RemoteEnvError | None = None
-        for client, future in calls:
-            try:
-                results.append((client, client.call(future, method)))
-            except RemoteEnvError as err:
-                if first_error is None:
-                    first_error = err
-                else:
-                    log.warning("%s", err)
-        if first_error is not None:
-            raise first_error
-        return results
-
-    def _observations(self) -> Any:
-        return deepcopy(self._obs_buffer) if self.copy else self._obs_buffer
+    def _observations(self, obs: Any) -> Any:
+        return deepcopy(obs) if self.copy else obs
 
     def _assert_open(self) -> None:
         if self.closed:
             raise ClosedEnvironmentError("this RemoteVectorEnv is closed; create a new one to keep stepping")
+
+    def _assert_idle(self, method: str) -> None:
+        self._assert_open()
+        if self._state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"{method}: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
+            )
+        busy = [g for g, servers in enumerate(self._groups) if any(self._tasks[i] is not None for i in servers)]
+        if busy:
+            raise AlreadyPendingCallError(
+                f"{method}: group(s) {busy} have a step in flight (send); call recv for each first", "send"
+            )
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    def replica_stats(self, *, reset: bool = False) -> list[ReplicaStats]:
+        """Each server's step latency (p50, p99), env time and throughput since the last reset.
+
+        ``reset=True`` starts a new window after reading (e.g. once per training iteration).
+        """
+        stats = [timer.stats() for timer in self._timers]
+        if reset:
+            for timer in self._timers:
+                timer.reset()
+        return stats
+
+    # -- closing ----------------------------------------------------------------------------------
 
     def render(self) -> tuple[Any, ...] | None:
         raise NotImplementedError("RemoteVectorEnv does not render: rendering happens on the env servers")
 
     def close_extras(self, **kwargs: Any) -> None:
         """Release every server's envs for the next learner and close the connections."""
-        for _, future in self._pending:
-            future.cancel()
-        self._pending = []
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        tasks = [t for t in self._tasks if t is not None]
+        self._tasks = [None] * len(self._tasks)
         self._state = AsyncState.DEFAULT
-        for client in self._clients:
-            client.close()
+        with contextlib.suppress(Exception):
+            self._runner.run_or_schedule(_close_all(self._clients, tasks))
 
     def __enter__(self) -> RemoteVectorEnv:
         return self
@@ -347,3 +488,33 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def __repr__(self) -> str:
         return f"RemoteVectorEnv({self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+
+
+async def _exchange(client: EnvClient, request: pb.StepRequest) -> tuple[pb.StepResponse, float]:
+    """One step of one server: its answer and the round trip in seconds."""
+    start = time.perf_counter()
+    response = await client.step(request)
+    return response, time.perf_counter() - start
+
+
+async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the steps in flight, then release every server and close the connections."""
+    for task in tasks:
+        task.cancel()
+    await gather(*tasks, return_exceptions=True)
+    await gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+def _split(num_servers: int, num_groups: int) -> list[list[int]]:
+    """Server indices of each of ``num_groups`` contiguous groups, as even as possible."""
+    bounds = np.linspace(0, num_servers, num_groups + 1).round().astype(int)
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+
+
+def _raise_first(errors: Sequence[BaseException]) -> None:
+    """Raise the first error (in server order), logging the others."""
+    if not errors:
+        return
+    for err in errors[1:]:
+        log.warning("%s", err)
+    raise errors[0]

@@ -289,18 +289,20 @@ class StepRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observations", "rewards", "terminations", "truncations", "infos")
+    __slots__ = ("observations", "rewards", "terminations", "truncations", "infos", "env_seconds")
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     TERMINATIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATIONS_FIELD_NUMBER: _ClassVar[int]
     INFOS_FIELD_NUMBER: _ClassVar[int]
+    ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
     observations: Value
     rewards: Tensor
     terminations: Tensor
     truncations: Tensor
     infos: Value
-    def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminations: _Optional[_Union[Tensor, _Mapping]] = ..., truncations: _Optional[_Union[Tensor, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    env_seconds: float
+    def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminations: _Optional[_Union[Tensor, _Mapping]] = ..., truncations: _Optional[_Union[Tensor, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ..., env_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

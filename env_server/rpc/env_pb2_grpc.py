@@ -62,6 +62,11 @@ class EnvServiceStub:
                 request_serializer=envfleet_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
                 response_deserializer=envfleet_dot_v1_dot_env__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/envfleet.v1.EnvService/StepStream',
+                request_serializer=envfleet_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+                response_deserializer=envfleet_dot_v1_dot_env__pb2.StepResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/envfleet.v1.EnvService/Release',
                 request_serializer=envfleet_dot_v1_dot_env__pb2.ReleaseRequest.SerializeToString,
@@ -115,6 +120,19 @@ class EnvServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StepStream(self, request_iterator, context):
+        """Step over one long-lived stream, the fast path for a learner that steps many times: each
+        StepRequest sent gets exactly one StepResponse, with the same meaning and checks as Step;
+        requests are served one at a time, in order. A learner keeps one stream open per session. Any
+        error ends the stream with the status Step would have returned (the server's state is as after
+        that failed Step); the learner opens a new stream to go on. Compared with unary Step, a message
+        on an open stream skips the per-call set-up (headers, call objects), which halves the cost of a
+        round trip in gRPC Python.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Ends the session and frees the envs for the next learner. Releasing an unknown or already
         ended session succeeds (it is idempotent).
@@ -148,6 +166,11 @@ def add_EnvServiceServicer_to_server(servicer, server):
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=envfleet_dot_v1_dot_env__pb2.StepRequest.FromString,
+                    response_serializer=envfleet_dot_v1_dot_env__pb2.StepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
                     request_deserializer=envfleet_dot_v1_dot_env__pb2.StepRequest.FromString,
                     response_serializer=envfleet_dot_v1_dot_env__pb2.StepResponse.SerializeToString,
             ),
@@ -292,6 +315,33 @@ class EnvService:
             request,
             target,
             '/envfleet.v1.EnvService/Step',
+            envfleet_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
+            envfleet_dot_v1_dot_env__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/envfleet.v1.EnvService/StepStream',
             envfleet_dot_v1_dot_env__pb2.StepRequest.SerializeToString,
             envfleet_dot_v1_dot_env__pb2.StepResponse.FromString,
             options,

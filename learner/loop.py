@@ -1,0 +1,112 @@
+"""The asyncio event loop RemoteVectorEnv's gRPC calls run on, driven from synchronous code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["LoopRunner", "gather"]
+
+T = TypeVar("T")
+
+_local = threading.local()
+_background: LoopRunner | None = None
+_background_lock = threading.Lock()
+
+
+async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
+    """``asyncio.gather`` as a coroutine, so that it binds to the loop that runs it (not the default one)."""
+    return await asyncio.gather(*awaitables, return_exceptions=return_exceptions)
+
+
+async def _await(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def _create_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    return asyncio.get_running_loop().create_task(coro)
+
+
+class LoopRunner:
+    """Runs one event loop for synchronous callers.
+
+    The usual runner (:meth:`for_this_thread`) belongs to the calling thread and runs its loop in
+    that thread, only while a call needs it: gRPC's own threads keep connections alive and take in
+    messages meanwhile, and the next call handles them. That saves two thread switches per call
+    compared with a loop on a background thread (~50-100 us each on a busy 2-core machine).
+
+    A thread that already runs an event loop of its own (Jupyter, async applications) cannot run
+    another one; it gets the process's background runner instead, whose loop runs forever on a
+    helper thread.
+
+    Loops are shared (per thread) and never closed: gRPC binds every loop that ever made a call
+    for the life of the process, and delivers late events (of calls cancelled at close) to it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None = None) -> None:
+        self.loop = loop
+        self._thread = thread
+        self._scheduled: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    def for_this_thread(cls) -> LoopRunner:
+        """The runner for calls made from the current thread."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop runs in this thread
+            runner: LoopRunner | None = getattr(_local, "runner", None)
+            if runner is None:
+                runner = _local.runner = cls(asyncio.new_event_loop())
+            return runner
+        return _background_runner()
+
+    @property
+    def in_background(self) -> bool:
+        """Whether the loop runs on a helper thread (not in the caller's)."""
+        return self._thread is not None
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` on the loop until it is done; return its result or raise its exception."""
+        if self._thread is None:
+            return self.loop.run_until_complete(awaitable)
+        return asyncio.run_coroutine_threadsafe(_await(awaitable), self.loop).result()
+
+    def run_or_schedule(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` to completion, or, where that would block the loop itself (a finalizer called
+        while the loop runs), schedule it to finish on the loop's next run."""
+        in_loop = threading.current_thread() is self._thread if self._thread is not None else self.loop.is_running()
+        if in_loop:
+            self.loop.call_soon_threadsafe(self._keep, coro)
+        else:
+            self.run(coro)
+
+    def _keep(self, coro: Coroutine[Any, Any, Any]) -> None:
+        # The loop holds tasks weakly: keep a reference until the task is done.
+        task = self.loop.create_task(coro)
+        self._scheduled.add(task)
+        task.add_done_callback(self._scheduled.discard)
+
+    def create_task(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Schedule ``coro`` on the loop; it starts at the next :meth:`run` or :meth:`spin`."""
+        if self._thread is None:
+            return self.loop.create_task(coro)
+        return self.run(_create_task(coro))
+
+    def spin(self) -> None:
+        """Let tasks that are ready run up to their next wait (e.g. hand a message to gRPC), then return."""
+        if self._thread is None:
+            self.loop.run_until_complete(asyncio.sleep(0))
+        # A background loop runs by itself.
+
+
+def _background_runner() -> LoopRunner:
+    global _background
+    with _background_lock:
+        if _background is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="envfleet-loop", daemon=True)
+            thread.start()
+            _background = LoopRunner(loop, thread)
+        return _background

@@ -1,0 +1,82 @@
+"""Per-replica step statistics the learner records: latency percentiles and throughput."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["ReplicaStats", "StepTimer"]
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One env server's steps since the last reset of its statistics.
+
+    A replica whose latency or env time stands out from the others is slow or overloaded, and the
+    whole fleet waits for it on every synchronous step (load imbalance).
+    """
+
+    address: str
+    """The server's address."""
+    num_envs: int
+    """Envs the server hosts (K)."""
+    steps: int
+    """Batched steps answered in the window."""
+    env_steps_per_s: float
+    """Env steps (K per batched step) per second of wall time in the window."""
+    latency_p50_ms: float
+    """Median round trip seen by the learner: sending the actions until the answer was taken in.
+    With send/recv pipelining it includes time the answer waited while the learner was busy."""
+    latency_p99_ms: float
+    """99th percentile of the round trip."""
+    env_p50_ms: float
+    """Median time the server's envs took to step (reported by the server in each answer)."""
+    env_p99_ms: float
+    """99th percentile of the envs' step time."""
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """The numbers as a flat dict (for metrics.jsonl and TensorBoard), keys prefixed."""
+        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k != "address"}
+
+
+class StepTimer:
+    """Round-trip and env times of one replica's recent steps (a ring of the last ``window``)."""
+
+    def __init__(self, address: str, num_envs: int, window: int = 4096) -> None:
+        self.address = address
+        self.num_envs = num_envs
+        self._latency = np.zeros(window)
+        self._env = np.zeros(window)
+        self._count = 0
+        self._since = time.perf_counter()
+
+    def record(self, latency_s: float, env_s: float) -> None:
+        i = self._count % len(self._latency)
+        self._latency[i] = latency_s
+        self._env[i] = env_s
+        self._count += 1
+
+    def reset(self) -> None:
+        self._count = 0
+        self._since = time.perf_counter()
+
+    def stats(self) -> ReplicaStats:
+        n = min(self._count, len(self._latency))
+        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        if n:
+            lat = np.percentile(self._latency[:n], [50, 99]) * 1000.0
+            env = np.percentile(self._env[:n], [50, 99]) * 1000.0
+        else:
+            lat = env = np.array([float("nan"), float("nan")])
+        return ReplicaStats(
+            address=self.address,
+            num_envs=self.num_envs,
+            steps=self._count,
+            env_steps_per_s=self._count * self.num_envs / elapsed,
+            latency_p50_ms=float(lat[0]),
+            latency_p99_ms=float(lat[1]),
+            env_p50_ms=float(env[0]),
+            env_p99_ms=float(env[1]),
+        )

@@ -1,0 +1,117 @@
+"""env-server --metrics-port: Prometheus metrics of steps, latency and errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from learner import InvalidRequestError, RemoteVectorEnv
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, str]]:
+    """A server with metrics on a free port: (gRPC address, metrics URL)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "env_server",
+            "--env",
+            "CartPole-v1",
+            "--num-envs",
+            "3",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "info",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        ready = proc.stdout.readline().strip()
+        assert ready.startswith("listening on "), ready
+        # The metrics line is logged before the server says it is ready.
+        url = None
+        for _ in range(50):
+            match = re.search(r"Prometheus metrics on (http://\S+/metrics)", proc.stderr.readline())
+            if match:
+                url = match.group(1)
+                break
+        assert url is not None, "no 'Prometheus metrics on' line in the log"
+        yield ready.removeprefix("listening on "), url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "le")
+            key = sample.name + (f"{{{labels}}}" if labels else "")
+            if "le" in sample.labels:
+                key += f"[le={sample.labels['le']}]"
+            samples[key] = sample.value
+    return samples
+
+
+def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None:
+    address, url = server
+    before = scrape(url)
+    assert before["envfleet_steps_total"] == 0 and before["envfleet_num_envs"] == 3
+    assert before["envfleet_session_active"] == 0
+    with RemoteVectorEnv([address]) as envs:
+        envs.reset(seed=0)
+        for _ in range(25):
+            envs.step(np.ones(3, dtype=np.int64))
+        with pytest.raises(InvalidRequestError):
+            envs.step(np.array([0, 1, 9]))
+        during = scrape(url)
+        assert during["envfleet_session_active"] == 1
+    after = scrape(url)
+    assert after["envfleet_steps_total"] == 25
+    assert after["envfleet_env_steps_total"] == 75
+    assert after["envfleet_resets_total"] == 1
+    assert after["envfleet_step_latency_seconds_count"] == 25
+    assert 0 < after["envfleet_step_latency_seconds_sum"] < 25
+    assert after["envfleet_env_step_latency_seconds_count"] == 25
+    assert after["envfleet_step_latency_seconds_bucket[le=+Inf]"] == 25
+    assert after["envfleet_errors_total{code=INVALID_ARGUMENT}"] == 1
+    assert after["envfleet_server_info{env_id=CartPole-v1,vectorization=sync}"] == 1
+    # The claim ends when the learner closes.
+    deadline = time.monotonic() + 5
+    while scrape(url)["envfleet_session_active"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_metrics_port_in_use_fails_at_start() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", "--metrics-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr.strip().splitlines()[-1]

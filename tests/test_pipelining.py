@@ -1,0 +1,179 @@
+"""send/recv pipelining gives each env exactly what plain stepping gives; replica statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+
+from learner import RemoteVectorEnv
+from tests.compare import assert_same
+from tests.envs import DictEnv
+
+STEPS = 300
+
+
+def _join(parts: dict[int, tuple[Any, ...]], slices: list[slice], num_envs: int) -> tuple[Any, ...]:
+    """One fleet-wide step result from per-group ones (observations as arrays, infos per group)."""
+    obs = np.concatenate([parts[g][0] for g in range(len(slices))])
+    rewards, terms, truncs = (np.concatenate([parts[g][i] for g in range(len(slices))]) for i in (1, 2, 3))
+    assert len(obs) == num_envs
+    return obs, rewards, terms, truncs
+
+
+def test_group_slices_cover_the_fleet(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=3, envs_per_server=2)
+    with RemoteVectorEnv(addresses, num_groups=2) as envs:
+        assert envs.num_groups == 2
+        assert envs.group_slices == [slice(0, 4), slice(4, 6)]  # servers {0, 1} and {2}
+    with pytest.raises(ValueError, match=r"num_groups: expected at most one group per server \(3 servers\), got 4"):
+        RemoteVectorEnv(addresses, num_groups=4)
+    with pytest.raises(ValueError, match="num_groups: expected an int >= 1, got 0"):
+        RemoteVectorEnv(addresses, num_groups=0)
+
+
+@pytest.mark.parametrize("order", ["fixed", "first-done"])
+def test_pipelined_equals_plain_stepping(start_servers: Any, order: str) -> None:
+    plain_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=3)
+    piped_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=3)
+    with RemoteVectorEnv(plain_addresses) as plain, RemoteVectorEnv(piped_addresses, num_groups=2) as piped:
+        assert_same(plain.reset(seed=11), piped.reset(seed=11))
+        slices = piped.group_slices
+        rng = np.random.default_rng(0)
+        episodes = 0
+        for _ in range(STEPS):
+            actions = rng.integers(0, 2, size=6)
+            want = plain.step(actions)
+            for g, sl in enumerate(slices):
+                piped.send(actions[sl], g)
+            parts: dict[int, tuple[Any, ...]] = {}
+            for g in range(len(slices)):
+                group, *result = piped.recv(g if order == "fixed" else None)
+                assert group not in parts
+                parts[group] = tuple(result)
+                assert_same(result[4], _infos_slice(want[4], slices[group]), "infos of the group")
+            assert_same(_join(parts, slices, 6), tuple(want[:4]))
+            episodes += int(np.sum(want[2] | want[3]))
+        assert episodes >= 10, "the test should cross episode boundaries"
+
+
+def _infos_slice(infos: dict[str, Any], sl: slice) -> dict[str, Any]:
+    return {k: (_infos_slice(v, sl) if isinstance(v, dict) else v[sl]) for k, v in infos.items()}
+
+
+def test_groups_step_independently_and_match_sync_vector_env(start_servers: Any) -> None:
+    """Each group advances at its own pace; every env still sees exactly SyncVectorEnv's results."""
+    addresses = start_servers("tests.envs:DictEnv", num_servers=2, envs_per_server=2)
+    reference = gym.vector.SyncVectorEnv([DictEnv] * 4)
+    with RemoteVectorEnv(addresses, num_groups=2) as piped:
+        got_obs, _ = piped.reset(seed=3)
+        want_obs, _ = reference.reset(seed=3)
+        assert_same(got_obs, want_obs)
+        reference.action_space.seed(1)
+        batches = [reference.action_space.sample() for _ in range(40)]
+        wants = [reference.step(a) for a in batches]
+        # Group 0 runs all 40 steps before group 1 starts: groups do not wait for each other.
+        for g, sl in enumerate(piped.group_slices):
+            for t, actions in enumerate(batches):
+                piped.send(actions[sl], g)
+                group, obs, rewards, terms, truncs, _ = piped.recv()
+                assert group == g
+                assert_same(obs, {k: _slice(v, sl) for k, v in wants[t][0].items()}, f"group {g} step {t} obs")
+                assert_same((rewards, terms, truncs), tuple(w[sl] for w in wants[t][1:4]), f"group {g} step {t}")
+    reference.close()
+
+
+def _slice(value: Any, sl: slice) -> Any:
+    if isinstance(value, dict):
+        return {k: _slice(v, sl) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_slice(v, sl) for v in value)
+    return value[sl]
+
+
+def test_send_recv_call_order_errors(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    with RemoteVectorEnv(addresses, num_groups=2) as envs:
+        envs.reset(seed=0)
+        ones = np.ones(2, dtype=np.int64)
+        with pytest.raises(NoAsyncCallError, match="no group has a step in flight"):
+            envs.recv()
+        with pytest.raises(NoAsyncCallError, match="group 1 has no step in flight"):
+            envs.recv(1)
+        envs.send(ones, 1)
+        with pytest.raises(AlreadyPendingCallError, match="group 1 already has a step in flight"):
+            envs.send(ones, 1)
+        with pytest.raises(AlreadyPendingCallError, match=r"group\(s\) \[1\] have a step in flight"):
+            envs.step(np.ones(4, dtype=np.int64))
+        with pytest.raises(AlreadyPendingCallError):
+            envs.reset()
+        with pytest.raises(ValueError, match=r"send: group must be an int in \[0, 2\), got 2"):
+            envs.send(ones, 2)
+        with pytest.raises(ValueError, match=r"actions \(group 0\): expected a batch of 2 actions"):
+            envs.send(np.ones(4, dtype=np.int64), 0)
+        assert envs.recv()[0] == 1
+        envs.step_async(np.ones(4, dtype=np.int64))
+        with pytest.raises(AlreadyPendingCallError, match="step_wait"):
+            envs.send(ones, 0)
+        envs.step_wait()
+        # Closing with a group in flight cancels it cleanly.
+        envs.send(ones, 0)
+
+
+def test_bad_action_in_a_group_names_the_fleet_env(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    with RemoteVectorEnv(addresses, num_groups=2) as envs:
+        envs.reset(seed=0)
+        from learner import InvalidRequestError
+
+        envs.send(np.array([0, 5]), 1)
+        with pytest.raises(InvalidRequestError) as info:
+            envs.recv(1)
+        assert info.value.env_index == 3
+        # The stream ended with the error; the next step opens a new one.
+        envs.send(np.array([0, 1]), 1)
+        assert envs.recv(1)[0] == 1
+
+
+def test_replica_stats(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=3, server_args=["--step-delay-ms", "2"])
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        for _ in range(20):
+            envs.step(np.zeros(6, dtype=np.int64))
+        stats = envs.replica_stats(reset=True)
+        assert [s.address for s in stats] == envs.addresses
+        for s in stats:
+            assert s.num_envs == 3 and s.steps == 20
+            assert 2.0 <= s.env_p50_ms <= s.env_p99_ms, "the server's env step includes the 2 ms delay"
+            assert s.env_p50_ms <= s.latency_p50_ms <= s.latency_p99_ms
+            assert s.env_steps_per_s > 0
+            metrics = s.metrics("replicas/0/")
+            assert metrics["replicas/0/steps"] == 20.0 and "replicas/0/address" not in metrics
+        after = envs.replica_stats()
+        assert all(s.steps == 0 and math.isnan(s.latency_p50_ms) for s in after)
+
+
+def test_works_from_inside_a_running_event_loop(start_servers: Any) -> None:
+    """As in Jupyter, where the calling thread already runs an event loop."""
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    reference = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+
+    async def main() -> None:
+        with RemoteVectorEnv(addresses, num_groups=2) as envs:
+            assert_same(envs.reset(seed=5), reference.reset(seed=5))
+            for _ in range(30):
+                actions = np.array([0, 1, 1, 0])
+                want = reference.step(actions)
+                assert_same(envs.step(actions), want)
+            envs.send(np.array([1, 1]), 0)
+            group, obs, *_ = envs.recv()
+            assert group == 0 and obs.shape == (2, 4)
+
+    asyncio.run(main())
+    reference.close()

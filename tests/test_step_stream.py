@@ -1,0 +1,105 @@
+"""StepStream, the fast path: in-order answers, errors end the stream with Step's status; unary Step still works."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from env_server import codec
+from env_server.protocol import ENV_INDEX_KEY
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import RemoteVectorEnv
+from tests.compare import assert_same
+
+
+@pytest.fixture
+def session(start_servers: Any) -> Any:
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=3)
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session_id = stub.Handshake(pb.HandshakeRequest(client_name="test"), timeout=10).session_id
+        stub.Reset(pb.ResetRequest(session_id=session_id, seeds=[pb.Seed(value=i) for i in range(3)]), timeout=10)
+        yield stub, session_id
+
+
+def step_request(session_id: str, actions: list[int]) -> pb.StepRequest:
+    request = pb.StepRequest(session_id=session_id)
+    codec.encode_value(np.array(actions, dtype=np.int64), request.actions, "actions")
+    return request
+
+
+def test_stream_answers_each_request_in_order_like_unary_step(start_servers: Any) -> None:
+    a, b = start_servers("CartPole-v1", num_servers=2, envs_per_server=3)
+    results = []
+    for address, streamed in ((a, True), (b, False)):
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            session_id = stub.Handshake(pb.HandshakeRequest(), timeout=10).session_id
+            stub.Reset(pb.ResetRequest(session_id=session_id, seeds=[pb.Seed(value=i) for i in range(3)]), timeout=10)
+            requests = [step_request(session_id, [t % 2, 1, 0]) for t in range(50)]
+            if streamed:
+                responses = list(stub.StepStream(iter(requests), timeout=30))
+            else:
+                responses = [stub.Step(r, timeout=10) for r in requests]
+            assert len(responses) == 50
+            assert all(r.env_seconds > 0 for r in responses)
+            results.append([codec.decode_value(r.observations) for r in responses])
+    assert_same(results[0], results[1])
+
+
+def test_bad_action_ends_the_stream_with_invalid_argument_and_the_env_index(session: Any) -> None:
+    stub, session_id = session
+    requests = [
+        step_request(session_id, [0, 1, 0]),
+        step_request(session_id, [0, 0, 7]),
+        step_request(session_id, [0] * 3),
+    ]
+    call = stub.StepStream(iter(requests), timeout=30)
+    first = next(call)
+    assert codec.decode_value(first.observations).shape == (3, 4)
+    with pytest.raises(grpc.RpcError) as info:
+        next(call)
+    err = info.value
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "env 2" in err.details() and "Discrete(2)" in err.details()
+    assert (ENV_INDEX_KEY, "2") in tuple(err.trailing_metadata())
+    # The server keeps serving: a new stream steps on.
+    assert len(list(stub.StepStream(iter([step_request(session_id, [1, 1, 1])]), timeout=30))) == 1
+
+
+def test_stream_without_a_session_is_refused(session: Any) -> None:
+    stub, _ = session
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.StepStream(iter([step_request("not-a-session", [0, 0, 0])]), timeout=10))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_slow_env_steps_off_the_event_loop(start_servers: Any) -> None:
+    """Steps slower than the inline limit run on the env thread: the server answers others meanwhile."""
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=1, server_args=["--step-delay-ms", "400"])
+    with RemoteVectorEnv([address]) as envs, grpc.insecure_channel(address) as channel:
+        envs.reset(seed=0)
+        envs.step(np.zeros(1, dtype=np.int64))  # the first slow step teaches the server that steps are slow
+        stub = pb_grpc.EnvServiceStub(channel)
+        stub.GetSpec(pb.GetSpecRequest(), timeout=5)
+        envs.step_async(np.zeros(1, dtype=np.int64))
+        time.sleep(0.05)
+        start = time.monotonic()
+        stub.GetSpec(pb.GetSpecRequest(), timeout=5)
+        assert time.monotonic() - start < 0.3, "GetSpec waited for the step"
+        envs.step_wait()
+
+
+def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> None:
+    addresses = start_servers(
+        "CartPole-v1", num_servers=2, envs_per_server=4, server_args=["--vectorization", "vector_entry_point"]
+    )
+    with RemoteVectorEnv(addresses[:1]) as a, RemoteVectorEnv(addresses[1:]) as b:
+        assert_same(a.reset(seed=7)[0], b.reset(seed=7)[0])
+        for _ in range(20):
+            assert_same(a.step(np.ones(4, dtype=np.int64))[0], b.step(np.ones(4, dtype=np.int64))[0])
