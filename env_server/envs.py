@@ -14,6 +14,7 @@ from env_server.config import ServerConfig
 
 __all__ = [
     "EnvBuildError",
+    "EnvStepDelay",
     "StepDelay",
     "WRAPPERS",
     "build_vector_env",
@@ -52,11 +53,21 @@ WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
 }
 
 
+def _step_taking(step: Callable[[Any], Any], actions: Any, delay_s: float) -> Any:
+    """``step(actions)``, returning no sooner than ``delay_s`` after it started (its own work included)."""
+    deadline = time.perf_counter() + delay_s
+    result = step(actions)
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+    return result
+
+
 class StepDelay(gym.vector.VectorWrapper):
-    """Makes every env step take ``delay_s`` longer, as a slow simulator or a robot would.
+    """Makes every batched step take at least ``delay_s``, as a slow simulator or a robot would.
 
     The server's envs wait concurrently (one sleep per batched step), as K robots or K instances of
-    a remote simulator stepped in parallel would.
+    a remote simulator stepped in parallel would. The envs' own work counts toward the delay.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, delay_s: float) -> None:
@@ -64,12 +75,22 @@ class StepDelay(gym.vector.VectorWrapper):
         self.delay_s = delay_s
 
     def step(self, actions: Any) -> Any:
-        deadline = time.perf_counter() + self.delay_s
-        result = self.env.step(actions)
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
-        return result
+        return _step_taking(self.env.step, actions, self.delay_s)
+
+
+class EnvStepDelay(gym.Wrapper[Any, Any, Any, Any]):
+    """The single-env twin of :class:`StepDelay`: every step of this env takes at least ``delay_s``.
+
+    For local baselines: in a subprocess vector env each env waits in its own process, so its envs
+    wait concurrently, as the K envs of a server with ``--step-delay-ms`` do.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], delay_s: float) -> None:
+        super().__init__(env)
+        self.delay_s = delay_s
+
+    def step(self, action: Any) -> Any:
+        return _step_taking(self.env.step, action, self.delay_s)
 
 
 def _load_entry_point(spec: str) -> Callable[..., Any]:

@@ -269,6 +269,64 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench --------------------------------------------------------------------------------------------------
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Measure remote envs against local vector envs side by side; write JSON, Markdown and a PNG."""
+    from learner.benchmarks.run import BenchConfig, run_bench
+
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    config = BenchConfig(
+        out=out,
+        suites=_names(args.suites),
+        workloads=_names(args.workloads),
+        rounds=args.rounds,
+        seconds=args.seconds,
+        latency_sizes=args.latency_sizes,
+        latency_delay_ms=args.latency_delay_ms,
+        ppo_env=args.ppo_env,
+        ppo_timesteps=args.ppo_timesteps,
+        ppo_rounds=args.ppo_rounds,
+        ppo_sizes=args.ppo_sizes,
+        seed=args.seed,
+    )
+    print(f"learner bench: {', '.join(config.suites)} -> {out}", flush=True)
+    results = run_bench(config, progress=lambda line: print(line, flush=True))
+    from learner.benchmarks.report import markdown_tables
+
+    print()
+    print(markdown_tables(results))
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    return 0
+
+
+BENCH_EPILOG = """Everything is measured in one run, in turns: each round steps every vector env of a workload for
+--seconds (the order rotates), so load that drifts on a shared machine hits all alike, and ratios are
+taken round by round (paired) before their median. Spread = (max - min) / median over the rounds.
+
+Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
+and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts
+run local env servers (Unix sockets unless "tcp" is named); "pipelined/G" steps G groups of servers
+with send/recv; "vec" servers use the env's own vectorized implementation (--vectorization
+vector_entry_point: other random streams, so compare it with make_vec, not with the others).
+
+The latency-bound env is CartPole whose every step takes at least --latency-delay-ms, its own work
+included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a server's K envs once
+per batched step). Efficiency = env-steps/s / (num_envs / delay).
+
+examples:
+  learner bench                                   # everything (about 25 minutes on 2 cores)
+  learner bench --suites throughput --workloads cartpole-8 --rounds 3
+  learner bench --suites latency --latency-sizes 16,64
+  learner bench --suites ppo --ppo-timesteps 20000
+"""
+
+
 # -- the parser ---------------------------------------------------------------------------------------------
 
 
@@ -335,6 +393,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("--title", default=None, help="figure title (default: the env ids)")
     plot.set_defaults(func=cmd_plot)
+
+    bench = sub.add_parser(
+        "bench",
+        help="remote envs against SyncVectorEnv, AsyncVectorEnv and SB3 SubprocVecEnv, side by side",
+        description="Measure env-steps/s of RemoteVectorEnv layouts against local vector envs with the same "
+        "total envs (CartPole, HalfCheetah, Pong), a latency-bound env from 1 to 64 envs, PPO end to end "
+        "(learner train) and the cost of one round trip; write bench.json, bench.md and bench.png.",
+        epilog=BENCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("--out", default=None, metavar="DIR", help="output dir (default: runs/bench-<time>)")
+    bench.add_argument(
+        "--suites",
+        default="throughput,latency,rpc,ppo",
+        metavar="NAMES",
+        help="what to measure: throughput, latency, rpc, ppo (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--workloads",
+        default="cartpole-8,cartpole-64,halfcheetah-8,pong-8",
+        metavar="NAMES",
+        help="throughput workloads (default: %(default)s)",
+    )
+    bench.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds per workload (default: %(default)s)")
+    bench.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds per vector env per round (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--latency-sizes",
+        type=_int_tuple,
+        default=(1, 2, 4, 8, 16, 32, 64),
+        metavar="N,N",
+        help="numbers of envs for the latency-bound env (default: 1,2,4,8,16,32,64)",
+    )
+    bench.add_argument(
+        "--latency-delay-ms", type=float, default=2.0, metavar="MS", help="its step time (default: %(default)s)"
+    )
+    bench.add_argument("--ppo-env", default="CartPole-v1", metavar="ID", help="(default: %(default)s)")
+    bench.add_argument(
+        "--ppo-timesteps",
+        type=int,
+        default=50_000,
+        metavar="N",
+        help="env steps per training run (default: %(default)s)",
+    )
+    bench.add_argument("--ppo-rounds", type=int, default=3, metavar="N", help="runs per layout (default: %(default)s)")
+    bench.add_argument(
+        "--ppo-sizes", type=_int_tuple, default=(8, 64), metavar="N,N", help="total envs (default: 8,64)"
+    )
+    bench.add_argument("--seed", type=int, default=0)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -52,6 +52,9 @@ class Args:
     """token for servers started with --auth-token (never written to the run dir: give it again with --resume)"""
     timeout: float = 30.0
     """seconds each call to an env server may take"""
+    pipeline_groups: int = 1
+    """send/recv pipelining: the servers form this many groups, and each group steps while the
+    learner computes the next group's actions (1: all servers step together)"""
 
     # -- the run --------------------------------------------------------------------------------------------
     seed: int = 1
@@ -129,7 +132,7 @@ class Args:
 
     def __post_init__(self) -> None:
         positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]
-        for name in [*positive, "update_epochs", "keep_checkpoints"]:
+        for name in [*positive, "update_epochs", "keep_checkpoints", "pipeline_groups"]:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
@@ -151,6 +154,8 @@ class Args:
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
         if self.servers is not None and self.backend == "gym":
             raise ValueError("--servers: trains on running env servers, so it cannot go with --backend gym")
+        if self.pipeline_groups > 1 and self.backend == "gym":
+            raise ValueError("--pipeline-groups: pipelines env servers, so it cannot go with --backend gym")
         if self.servers is None:
             self.local_layout()  # raises on a layout that does not add up
 

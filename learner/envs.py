@@ -12,6 +12,7 @@ import gymnasium as gym
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
+from learner.discovery import expand_addresses
 from learner.local import LocalServers
 from learner.remote import RemoteVectorEnv
 
@@ -37,6 +38,8 @@ class FleetSpec:
     transport: Literal["tcp", "unix"] = "tcp"
     auth_token: str | None = None
     timeout: float = 30.0
+    pipeline_groups: int = 1
+    """Groups of servers for send/recv pipelining (at most one per server)."""
 
     def describe(self) -> str:
         extras = (f", wrappers {','.join(self.wrappers)}" if self.wrappers else "") + (
@@ -70,7 +73,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             return
         addresses: str | Sequence[str]
         if spec.servers is not None:
-            addresses = spec.servers
+            addresses = expand_addresses(spec.servers)
         else:
             server_args = []
             if spec.wrappers:
@@ -87,7 +90,10 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             )
             stack.callback(servers.close)
             addresses = servers.addresses
-        remote = RemoteVectorEnv(addresses, timeout=spec.timeout, auth_token=spec.auth_token, copy=False)
+        groups = min(spec.pipeline_groups, len(addresses))
+        remote = RemoteVectorEnv(
+            addresses, timeout=spec.timeout, auth_token=spec.auth_token, copy=False, num_groups=groups
+        )
         stack.callback(remote.close)
         yield remote
 

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -251,8 +251,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for (client, _), response in zip(calls, results, strict=True):
             obs = codec.decode_value(response.observations, "observations")
             write_batch(self._obs_buffer, obs, client.env_offset)
-            infos = codec.decode_value(response.infos, "infos") if response.HasField("infos") else {}
-            parts.append((infos, client.env_offset, client.num_envs))
+            parts.append((_infos(response), client.env_offset, client.num_envs))
         infos = merge_infos(parts, self.num_envs)
         return self._observations(self._obs_buffer), infos
 
@@ -299,6 +298,31 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return self._finish(range(len(self._clients)))
 
     # -- pipelining -------------------------------------------------------------------------------
+
+    def step_groups(self, act: Callable[[slice], Any]) -> StepResult:
+        """One step of every env, computed and sent group by group; returns what :meth:`step` returns.
+
+        ``act(group_slice)`` returns the actions of the envs in ``group_slice`` (a batch over them). Each
+        group is sent its actions as soon as ``act`` returns them, so it steps while ``act`` computes the
+        actions of the groups after it (a policy's forward pass, say). Then all results are joined, as
+        one fleet-wide step. With one group this is ``step(act(slice(0, num_envs)))``.
+        """
+        self._assert_idle("step_groups")
+        started: list[int] = []
+        try:
+            for g, servers in enumerate(self._groups):
+                sl = self._group_slice(g)
+                actions = self._as_batch(act(sl), sl.stop - sl.start, f"actions (group {g})")
+                self._start(servers, actions, sl.start)
+                started += servers
+                if g + 1 < len(self._groups):
+                    self._runner.spin()
+        except BaseException:
+            if started:  # the groups already sent finish their step; their results are dropped
+                with contextlib.suppress(Exception):
+                    self._finish(started)
+            raise
+        return self._finish(range(len(self._clients)))
 
     def send(self, actions: Any, group: int) -> None:
         """Send group ``group``'s envs their actions (a batch over ``group_slices[group]``) and return at once.
@@ -379,12 +403,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tasks = [self._task(i) for i in servers]
         for i in servers:
             self._tasks[i] = None
-        if not all(t.done() for t in tasks):
-            _, late = self._runner.run(asyncio.wait(tasks, timeout=self.timeout))
-            if late:
-                for task in late:
-                    task.cancel()
-                self._runner.run(gather(*late, return_exceptions=True))
+        self._runner.wait(tasks, self.timeout)
         errors: list[BaseException] = []
         for i, task in zip(servers, tasks, strict=True):
             if task.cancelled():
@@ -410,8 +429,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             rewards[start : start + k] = codec.decode_tensor(response.rewards, "rewards")
             terminations[start : start + k] = codec.decode_tensor(response.terminations, "terminations")
             truncations[start : start + k] = codec.decode_tensor(response.truncations, "truncations")
-            infos = codec.decode_value(response.infos, "infos") if response.HasField("infos") else {}
-            parts.append((infos, start, k))
+            parts.append((_infos(response), start, k))
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
         return self._observations(obs), rewards, terminations, truncations, merge_infos(parts, count)
 
@@ -495,6 +513,16 @@ async def _exchange(client: EnvClient, request: pb.StepRequest) -> tuple[pb.Step
     start = time.perf_counter()
     response = await client.step(request)
     return response, time.perf_counter() - start
+
+
+def _infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
+    """A response's vector infos (an empty dict, the common case, without decoding)."""
+    if not response.HasField("infos") or (response.infos.WhichOneof("kind") == "map" and not response.infos.map.keys):
+        return {}
+    infos = codec.decode_value(response.infos, "infos")
+    if not isinstance(infos, dict):
+        raise codec.CodecError(f"infos: expected a map, got {type(infos).__name__}")
+    return infos
 
 
 async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Task[Any]]) -> None:

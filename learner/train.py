@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -76,6 +77,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         transport=args.transport,
         auth_token=args.auth_token,
         timeout=args.timeout,
+        pipeline_groups=args.pipeline_groups,
     )
 
 
@@ -314,6 +316,15 @@ def train(args: Args) -> dict[str, Any]:
                 return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
             return actions
 
+        def act(obs: Tensor, storage: Rollout, step: int, envs_slice: slice) -> Any:
+            """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``."""
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(obs[envs_slice])
+            storage.actions[step, envs_slice] = action
+            storage.logprobs[step, envs_slice] = logprob
+            storage.values[step, envs_slice] = value
+            return env_actions(action)
+
         def save(reason: str) -> Path:
             counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
             payload = {
@@ -341,6 +352,12 @@ def train(args: Args) -> dict[str, Any]:
         # A resumed run's statistics already include the observations the first reset returns.
         next_obs = prepare_obs(obs_np, update_stats=checkpoint is None)
         num_envs = envs.num_envs
+        # Pipelining (RemoteVectorEnv with --pipeline-groups > 1): step_groups sends each group its
+        # actions as soon as they are computed.
+        step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
+        replica_stats = getattr(envs, "replica_stats", None)
+        if replica_stats is not None:
+            replica_stats(reset=True)
         next_valid = np.ones(num_envs, dtype=bool)
         ep_return = np.zeros(num_envs, dtype=np.float64)
         ep_length = np.zeros(num_envs, dtype=np.int64)
@@ -378,13 +395,15 @@ def train(args: Args) -> dict[str, Any]:
                     rollout.obs[step] = next_obs
                     valid = next_valid
                     rollout.valid[step] = torch.as_tensor(valid).to(device)
-                    with torch.no_grad():
-                        action, logprob, _, value = agent.get_action_and_value(next_obs)
-                    rollout.actions[step] = action
-                    rollout.logprobs[step] = logprob
-                    rollout.values[step] = value
-
-                    obs_np, reward_np, term_np, trunc_np, infos = envs.step(env_actions(action))
+                    if step_groups is not None:
+                        # Each group of servers steps while the policy runs on the next group's envs.
+                        obs_np, reward_np, term_np, trunc_np, infos = step_groups(
+                            functools.partial(act, next_obs, rollout, step)
+                        )
+                    else:
+                        obs_np, reward_np, term_np, trunc_np, infos = envs.step(
+                            act(next_obs, rollout, step, slice(None))
+                        )
                     counters.global_step += num_envs
                     done_np = np.logical_or(term_np, trunc_np)
 
@@ -528,6 +547,12 @@ def train(args: Args) -> dict[str, Any]:
                     "num_envs": num_envs,
                     "batch_size": batch_size,
                 }
+                # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
+                # own step time and env-steps/s; a slow or overloaded replica stands out.
+                replicas: dict[str, float] = {}
+                for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
+                    replicas.update(replica.metrics(f"replicas/{index}/"))
+                row.update(replicas)
                 rundir.append_jsonl(metrics_file, row)
                 last_row = row
                 if writer is not None:
@@ -536,6 +561,9 @@ def train(args: Args) -> dict[str, Any]:
                     for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
                         writer.add_scalar(f"losses/{key}", row[key], counters.global_step)
                     writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)
+                    for key, value in replicas.items():
+                        if not math.isnan(value):
+                            writer.add_scalar(key, value, counters.global_step)
                 if bar is not None:
                     bar.update(counters.global_step - bar.n)
                     recent = row["episodic_return_mean"]

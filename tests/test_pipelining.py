@@ -177,3 +177,30 @@ def test_works_from_inside_a_running_event_loop(start_servers: Any) -> None:
 
     asyncio.run(main())
     reference.close()
+
+
+def test_step_groups_equals_step_and_calls_act_per_group(start_servers: Any) -> None:
+    plain_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    piped_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
+    with RemoteVectorEnv(plain_addresses) as plain, RemoteVectorEnv(piped_addresses, num_groups=2) as piped:
+        assert_same(plain.reset(seed=2), piped.reset(seed=2))
+        rng = np.random.default_rng(3)
+        for _ in range(100):
+            actions = rng.integers(0, 2, size=4)
+            seen: list[slice] = []
+
+            def act(sl: slice, actions: np.ndarray = actions, seen: list[slice] = seen) -> np.ndarray:
+                seen.append(sl)
+                return actions[sl]
+
+            assert_same(piped.step_groups(act), plain.step(actions))
+            assert seen == [slice(0, 2), slice(2, 4)]
+
+        def broken(sl: slice) -> np.ndarray:
+            if sl.start:
+                raise RuntimeError("policy failed")
+            return np.zeros(2, dtype=np.int64)
+
+        with pytest.raises(RuntimeError, match="policy failed"):
+            piped.step_groups(broken)
+        piped.step(np.zeros(4, dtype=np.int64))  # nothing is left in flight

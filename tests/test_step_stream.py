@@ -103,3 +103,15 @@ def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> N
         assert_same(a.reset(seed=7)[0], b.reset(seed=7)[0])
         for _ in range(20):
             assert_same(a.step(np.ones(4, dtype=np.int64))[0], b.step(np.ones(4, dtype=np.int64))[0])
+
+
+def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(start_servers: Any) -> None:
+    from learner import RemoteTimeoutError
+
+    slow, fast = start_servers("CartPole-v1", num_servers=2, envs_per_server=1, server_args=["--step-delay-ms", "800"])
+    with RemoteVectorEnv([slow, fast], timeout=0.3) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(RemoteTimeoutError, match=r"no answer within the 0.3 s deadline") as info:
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert info.value.address == slow
+        assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -164,3 +164,26 @@ def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path
     assert config["ppo"]["preset"] == "atari" and config["ppo"]["clip_reward"]
     assert config["envs"]["observation_space"] == "Box(0, 255, (4, 84, 84), uint8)"
     assert summary["updates"] == 1
+
+
+def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(tmp_path: Path) -> None:
+    """--pipeline-groups 2: each server steps while the policy runs on the other's envs; same accounting."""
+    common = {**clock(3), "num_servers": 2, "envs_per_server": 2, "num_steps": 8, "total_timesteps": 96}
+    plain = train(Args(**common, run_dir=str(tmp_path / "plain")))
+    piped = train(Args(**common, pipeline_groups=2, run_dir=str(tmp_path / "piped")))
+    plain_rows = rundir.read_jsonl(tmp_path / "plain" / rundir.METRICS)
+    piped_rows = rundir.read_jsonl(tmp_path / "piped" / rundir.METRICS)
+    for key in ("global_step", "batch_size", "episodes", "episodic_length_mean", "episodic_return_mean"):
+        assert [r[key] for r in piped_rows] == [r[key] for r in plain_rows], key
+    assert piped["episodes"] == plain["episodes"] == 24
+    for rows in (plain_rows, piped_rows):
+        for server in (0, 1):
+            assert rows[-1][f"replicas/{server}/steps"] == 8  # batched steps of this update
+            assert rows[-1][f"replicas/{server}/num_envs"] == 2
+            for stat in ("latency_p50_ms", "latency_p99_ms", "env_p50_ms", "env_p99_ms", "env_steps_per_s"):
+                assert rows[-1][f"replicas/{server}/{stat}"] > 0
+
+
+def test_pipelining_needs_env_servers() -> None:
+    with pytest.raises(ValueError, match="--pipeline-groups: pipelines env servers"):
+        Args(backend="gym", pipeline_groups=2)

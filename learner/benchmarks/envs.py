@@ -3,37 +3,15 @@
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 
 from env_server.config import ServerConfig
-from env_server.envs import make_env
+from env_server.envs import EnvStepDelay, make_env
 
-__all__ = ["EnvStepDelay", "env_fns"]
-
-
-class EnvStepDelay(gym.Wrapper[Any, Any, Any, Any]):
-    """Makes one env's step take at least ``delay_s`` (the env's own work included), like a robot.
-
-    The single-env twin of the server's ``--step-delay-ms`` (``env_server.envs.StepDelay``): in a
-    subprocess vector env each env waits in its own process, so the envs wait concurrently, as the
-    K envs of a server with a step delay do.
-    """
-
-    def __init__(self, env: gym.Env[Any, Any], delay_s: float) -> None:
-        super().__init__(env)
-        self.delay_s = delay_s
-
-    def step(self, action: Any) -> Any:
-        deadline = time.perf_counter() + self.delay_s
-        result = self.env.step(action)
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
-        return result
+__all__ = ["env_fns"]
 
 
 def _make(config: ServerConfig, delay_s: float) -> gym.Env[Any, Any]:

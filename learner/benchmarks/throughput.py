@@ -180,33 +180,18 @@ class PipelinedStepper(GymStepper):
                 return env_steps, now - start
 
 
-class SB3Stepper:
-    """stable-baselines3's SubprocVecEnv (one pipe and process per env; resets episodes itself)."""
+class SB3Stepper(GymStepper):
+    """stable-baselines3's SubprocVecEnv (one pipe and process per env; it resets episodes itself)."""
 
     def __init__(self, venv: Any, seed: int) -> None:
-        self.venv = venv
+        self.envs = venv
+        self._closers = ()
         venv.seed(seed)
         venv.reset()
         space = venv.action_space
         space.seed(seed)
         self.actions = [np.stack([space.sample() for _ in range(venv.num_envs)]) for _ in range(32)]
         self._t = 0
-
-    def run(self, seconds: float) -> tuple[int, float]:
-        venv, actions, n = self.venv, self.actions, len(self.actions)
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while True:
-            venv.step(actions[self._t % n])
-            self._t += 1
-            steps += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                return steps * venv.num_envs, now - start
-
-    def close(self) -> None:
-        self.venv.close()
 
 
 def server_args(config: ServerConfig, vectorization: str = "sync") -> list[str]:

@@ -1,0 +1,130 @@
+"""PPO end to end: the SPS ``learner train`` reaches on each layout, run side by side as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TrainLayout", "default_layouts", "measure_ppo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    """One way to run ``learner train``."""
+
+    name: str
+    backend: str
+    """``gym`` (in-process SyncVectorEnv) or ``remote`` (local env servers)."""
+    num_envs: int
+    servers: int = 2
+    transport: str = "unix"
+    groups: int = 1
+    """``learner train --pipeline-groups`` (send/recv pipelining over groups of servers; 1: off)."""
+
+    def args(self) -> list[str]:
+        out = ["--backend", self.backend, "--num-servers", str(self.servers), "--num-envs", str(self.num_envs)]
+        if self.backend == "remote":
+            out += ["--transport", self.transport, "--pipeline-groups", str(self.groups)]
+        return out
+
+
+def default_layouts(sizes: tuple[int, ...] = (8, 64)) -> list[TrainLayout]:
+    layouts = []
+    for n in sizes:
+        layouts += [
+            TrainLayout(f"in-process SyncVectorEnv({n})", "gym", n),
+            TrainLayout(f"remote 2x{n // 2} tcp", "remote", n, transport="tcp"),
+            TrainLayout(f"remote 2x{n // 2} unix", "remote", n),
+            TrainLayout(f"remote 2x{n // 2} unix pipelined/2", "remote", n, groups=2),
+        ]
+    return layouts
+
+
+def _train_once(layout: TrainLayout, env: str, total_timesteps: int, workdir: Path, seed: int) -> float:
+    run_dir = workdir / f"{layout.name.replace(' ', '_').replace('(', '').replace(')', '')}-{seed}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "learner",
+        "train",
+        "--env",
+        env,
+        "--total-timesteps",
+        str(total_timesteps),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+        "--no-tensorboard",
+        "--no-plot",
+        "--no-progress",
+        "--checkpoint-every",
+        "0",
+        *layout.args(),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        tail = " | ".join(result.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"learner train ({layout.name}) exited with {result.returncode}: {tail}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not summary.get("sps"):
+        raise RuntimeError(f"learner train ({layout.name}) finished no update; raise the number of timesteps")
+    return float(summary["sps"])
+
+
+def measure_ppo(
+    *,
+    env: str,
+    total_timesteps: int,
+    rounds: int,
+    layouts: list[TrainLayout],
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """SPS of each layout, ``rounds`` runs each, in turns (the order rotates between rounds)."""
+    samples: dict[str, list[float]] = {lay.name: [] for lay in layouts}
+    errors: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="envfleet-bench-ppo-") as tmp:
+        for r in range(rounds):
+            order = layouts[r % len(layouts) :] + layouts[: r % len(layouts)]
+            for layout in order:
+                if layout.name in errors:
+                    continue
+                try:
+                    sps = _train_once(layout, env, total_timesteps, Path(tmp), seed=1 + r)
+                except (RuntimeError, subprocess.TimeoutExpired) as err:
+                    log.warning("%s", err)
+                    errors[layout.name] = str(err)
+                    continue
+                samples[layout.name].append(sps)
+                progress(f"PPO {env}: round {r + 1}/{rounds}: {layout.name} {sps:,.0f} SPS")
+    results = []
+    for layout in layouts:
+        values = samples[layout.name]
+        median = statistics.median(values) if values else None
+        results.append(
+            {
+                **asdict(layout),
+                "samples": [round(v, 1) for v in values],
+                "median": round(median, 1) if median is not None else None,
+                "min": round(min(values), 1) if values else None,
+                "max": round(max(values), 1) if values else None,
+                "spread": round((max(values) - min(values)) / median, 3) if values and median else None,
+                "error": errors.get(layout.name),
+            }
+        )
+    return {
+        "env": env,
+        "total_timesteps": total_timesteps,
+        "unit": "env-steps/s over the whole run (rollouts and updates), from summary.json",
+        "results": results,
+    }

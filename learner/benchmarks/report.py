@@ -1,0 +1,286 @@
+"""The benchmark's outputs: the issue's targets checked, a Markdown table, and a PNG chart."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TARGETS", "evaluate_targets", "markdown_tables", "plot_results"]
+
+# The issue's target table: (workload, what is compared, threshold).
+TARGETS = (
+    "CartPole-v1, 8 envs: remote 2x4 >= 1.5 x AsyncVectorEnv(8) and >= 2 x SB3 SubprocVecEnv(8)",
+    "CartPole-v1, 64 envs: remote 2x32 >= 4 x AsyncVectorEnv(64)",
+    "ALE/Pong-v5, 8 envs: remote >= 1.0 x AsyncVectorEnv(8)",
+    "latency-bound env, 2 ms per step, 64 envs: >= 85 % of ideal linear scaling",
+    "PPO SPS, CartPole, 8 remote envs: >= 0.8 x the same PPO on an in-process SyncVectorEnv",
+)
+
+
+def _by_name(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in workload["results"]}
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Median over rounds of a's samples over b's in the same round."""
+    pairs = [x / y for x, y in zip(a.get("samples") or [], b.get("samples") or [], strict=False) if y]
+    return statistics.median(pairs) if pairs else math.nan
+
+
+def _best_ratio(
+    workload: dict[str, Any] | None, candidates: list[str], reference: str
+) -> tuple[str | None, float, dict[str, float]]:
+    """The candidate with the highest paired ratio to ``reference``; all candidates' ratios."""
+    if workload is None:
+        return None, math.nan, {}
+    rows = _by_name(workload)
+    ref = rows.get(reference)
+    ratios = {c: _paired(rows[c], ref) for c in candidates if c in rows and ref is not None and rows[c]["samples"]}
+    if not ratios:
+        return None, math.nan, {}
+    best = max(ratios, key=lambda c: ratios[c])
+    return best, ratios[best], ratios
+
+
+def _remote_names(workload: dict[str, Any] | None, layout: str | None = None, same_env_code: bool = True) -> list[str]:
+    if workload is None:
+        return []
+    return [
+        r["name"]
+        for r in workload["results"]
+        if r["kind"] == "remote"
+        and (layout is None or r["layout"] == layout)
+        and (not same_env_code or r["vectorization"] == "sync")
+    ]
+
+
+def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of the issue: the measured ratio (best remote layout allowed), and whether it is met.
+
+    Only remote variants that step the same env code as the baselines count (servers with
+    ``--vectorization sync``); the others are reported beside.
+    """
+    workloads = {w["name"]: w for w in results.get("throughput", [])}
+    out: list[dict[str, Any]] = []
+
+    w = workloads.get("cartpole-8")
+    best, vs_async, ratios = _best_ratio(w, _remote_names(w, "2x4"), "AsyncVectorEnv(8)")
+    vs_sb3 = _paired(_by_name(w)[best], _by_name(w)["SB3 SubprocVecEnv(8)"]) if w and best else math.nan
+    out.append(
+        _target(
+            TARGETS[0],
+            best,
+            {"x AsyncVectorEnv(8)": vs_async, "x SB3 SubprocVecEnv(8)": vs_sb3},
+            vs_async >= 1.5 and vs_sb3 >= 2.0,
+            ratios,
+        )
+    )
+
+    w = workloads.get("cartpole-64")
+    best, ratio, ratios = _best_ratio(w, _remote_names(w, "2x32"), "AsyncVectorEnv(64)")
+    out.append(_target(TARGETS[1], best, {"x AsyncVectorEnv(64)": ratio}, ratio >= 4.0, ratios))
+
+    w = workloads.get("pong-8")
+    best, ratio, ratios = _best_ratio(w, _remote_names(w), "AsyncVectorEnv(8)")
+    out.append(_target(TARGETS[2], best, {"x AsyncVectorEnv(8)": ratio}, ratio >= 1.0, ratios))
+
+    latency = {w["num_envs"]: w for w in results.get("latency", [])}
+    w = latency.get(64)
+    effs = {r["name"]: r["efficiency"] for r in (w["results"] if w else []) if r["kind"] == "remote" and r["samples"]}
+    best_eff = max(effs, key=lambda n: effs[n]) if effs else None
+    eff = effs[best_eff] if best_eff else math.nan
+    out.append(_target(TARGETS[3], best_eff, {"efficiency": eff}, eff >= 0.85, effs))
+
+    ppo = results.get("ppo")
+    if ppo:
+        rows = {r["name"]: r for r in ppo["results"]}
+        ref = next((r for r in ppo["results"] if r["backend"] == "gym" and r["num_envs"] == 8), None)
+        cands = [r["name"] for r in ppo["results"] if r["backend"] == "remote" and r["num_envs"] == 8]
+        ratios = {c: _paired(rows[c], ref) for c in cands if ref is not None and rows[c]["samples"]}
+        best = max(ratios, key=lambda c: ratios[c]) if ratios else None
+        ratio = ratios[best] if best else math.nan
+        out.append(_target(TARGETS[4], best, {"x SyncVectorEnv (gym backend)": ratio}, ratio >= 0.8, ratios))
+    else:
+        out.append(_target(TARGETS[4], None, {}, False, {}))
+    return out
+
+
+def _target(
+    target: str, best: str | None, measured: dict[str, float], met: bool, candidates: dict[str, float]
+) -> dict[str, Any]:
+    return {
+        "target": target,
+        "best_remote": best,
+        "measured": {k: None if math.isnan(v) else round(v, 3) for k, v in measured.items()},
+        "met": bool(met) if best is not None else None,
+        "candidates": {k: None if math.isnan(v) else round(v, 3) for k, v in candidates.items()},
+    }
+
+
+def markdown_tables(results: dict[str, Any]) -> str:
+    """The results as Markdown (for the README and the terminal)."""
+    lines: list[str] = []
+    for w in results.get("throughput", []):
+        rows = _by_name(w)
+        ref_name = next((n for n in rows if n.startswith("AsyncVectorEnv")), None)
+        lines += [f"**{w['title']}** (env-steps/s, median of {len(w['results'][0]['samples'] or [])} rounds)", ""]
+        lines += ["| vector env | env-steps/s | spread | x AsyncVectorEnv |", "|---|---:|---:|---:|"]
+        for r in w["results"]:
+            if not r["samples"]:
+                lines.append(f"| {r['name']} | - | - | - ({r['error']}) |")
+                continue
+            ratio = _paired(r, rows[ref_name]) if ref_name else math.nan
+            lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} | {ratio:.2f} |")
+        lines.append("")
+    if results.get("latency"):
+        delay = results["latency"][0]["delay_ms"]
+        lines += [
+            f"**Latency-bound CartPole ({delay:g} ms per step): efficiency = env-steps/s / (num_envs / delay)**",
+            "",
+        ]
+        names = sorted({_family(r["name"]) for w in results["latency"] for r in w["results"]})
+        lines += ["| num_envs | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        for w in results["latency"]:
+            cells = {_family(r["name"]): r for r in w["results"]}
+            row = [f"{cells[n]['efficiency']:.0%}" if n in cells and cells[n]["samples"] else "" for n in names]
+            lines.append(f"| {w['num_envs']} | " + " | ".join(row) + " |")
+        lines.append("")
+    if results.get("ppo"):
+        ppo = results["ppo"]
+        lines += [f"**PPO end-to-end SPS (`learner train`, {ppo['env']}, {ppo['total_timesteps']:,} steps)**", ""]
+        lines += ["| learner train | SPS | spread |", "|---|---:|---:|"]
+        for r in ppo["results"]:
+            if r["samples"]:
+                lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} |")
+            else:
+                lines.append(f"| {r['name']} | - | ({r['error']}) |")
+        lines.append("")
+    if results.get("rpc"):
+        lines += ["**One round trip (microseconds, median)**", "", "| | us |", "|---|---:|"]
+        lines += [f"| {r['name']} | {r['median_us']:,.0f} |" for r in results["rpc"]["results"]]
+        lines.append("")
+    if results.get("targets"):
+        lines += ["**The issue's targets**", "", "| target | best remote | measured | met |", "|---|---|---|---|"]
+        for t in results["targets"]:
+            measured = ", ".join(f"{v:.2f} {k}" if v is not None else f"- {k}" for k, v in t["measured"].items())
+            met = {True: "yes", False: "no", None: "not run"}[t["met"]]
+            lines.append(f"| {t['target']} | {t['best_remote'] or '-'} | {measured or '-'} | {met} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _family(name: str) -> str:
+    """A latency variant's name without its size: ``remote 2x32 unix`` -> ``remote 2xK unix``."""
+    parts = []
+    for word in name.split():
+        if "x" in word and word.split("x")[0].isdigit() and word.split("x")[1].isdigit():
+            word = word.split("x")[0] + "xK"
+        parts.append(word.split("(")[0] if "(" in word else word)
+    return " ".join(parts)
+
+
+def plot_results(results: dict[str, Any], path: Path) -> Path:
+    """One PNG: throughput per workload, latency-bound scaling, PPO SPS and round-trip costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    throughput = results.get("throughput", [])
+    extra = [k for k in ("latency", "ppo", "rpc") if results.get(k)]
+    ncols = max(len(throughput), len(extra), 1)
+    nrows = (1 if throughput else 0) + (1 if extra else 0)
+    fig, axes = plt.subplots(max(nrows, 1), ncols, figsize=(5.2 * ncols, 4.8 * max(nrows, 1)), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    colors = {"remote": "tab:blue", "async": "tab:orange", "sb3": "tab:red", "sync": "tab:gray"}
+
+    for ax, w in zip(axes[0], throughput, strict=False):
+        ax.set_visible(True)
+        rows = [r for r in w["results"] if r["samples"]]
+        y = range(len(rows))
+        medians = [r["median"] for r in rows]
+        err = [[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]]
+        ax.barh(y, medians, xerr=err, color=[colors.get(r["kind"], "tab:green") for r in rows], capsize=3)
+        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("env-steps/s (median, bars: min-max over rounds)", fontsize=8)
+        ax.set_title(w["title"], fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+
+    if not extra:
+        return _save(fig, results, path)
+    row = axes[1 if throughput else 0]
+    col = 0
+    if results.get("latency"):
+        ax = row[col]
+        col += 1
+        ax.set_visible(True)
+        series: dict[str, list[tuple[int, float]]] = {}
+        for w in results["latency"]:
+            for r in w["results"]:
+                if r["samples"]:
+                    series.setdefault(_family(r["name"]), []).append((w["num_envs"], r["efficiency"]))
+        for name, points in sorted(series.items()):
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, [100 * v for v in ys], marker="o", label=name)
+        ax.axhline(100, color="black", linewidth=0.8, linestyle="--", label="ideal (num_envs / delay)")
+        ax.axhline(85, color="tab:green", linewidth=0.8, linestyle=":", label="target at 64 envs (85 %)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("num_envs")
+        ax.set_ylabel("% of ideal linear scaling")
+        ax.set_ylim(0, 105)
+        delay = results["latency"][0]["delay_ms"]
+        ax.set_title(f"Latency-bound CartPole, {delay:g} ms per step", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if results.get("ppo"):
+        ax = row[col]
+        col += 1
+        ax.set_visible(True)
+        rows = [r for r in results["ppo"]["results"] if r["samples"]]
+        y = range(len(rows))
+        ax.barh(
+            y,
+            [r["median"] for r in rows],
+            xerr=[[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]],
+            color=["tab:blue" if r["backend"] == "remote" else "tab:gray" for r in rows],
+            capsize=3,
+        )
+        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("env-steps/s of learner train (SPS)", fontsize=8)
+        ax.set_title(f"PPO end to end, {results['ppo']['env']}", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    if results.get("rpc"):
+        ax = row[col]
+        ax.set_visible(True)
+        rows = results["rpc"]["results"]
+        y = range(len(rows))
+        ax.barh(y, [r["median_us"] for r in rows], color="tab:purple")
+        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("microseconds per round trip (median)", fontsize=8)
+        ax.set_title("Cost of one round trip", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+
+    return _save(fig, results, path)
+
+
+def _save(fig: Any, results: dict[str, Any], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    meta = results.get("meta", {})
+    fig.suptitle(
+        f"envfleet learner bench: {meta.get('cpus', '?')} CPUs, Python {meta.get('python', '?')}, grpcio "
+        f"{meta.get('grpcio', '?')}, {meta.get('rounds', '?')} rounds x {meta.get('seconds', '?')} s",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,158 @@
+"""``learner bench``: every measurement in one run, written as JSON, Markdown and a PNG chart."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from learner.benchmarks import report
+from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
+from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
+
+__all__ = ["SUITES", "BenchConfig", "run_bench"]
+
+log = logging.getLogger(__name__)
+
+SUITES = ("throughput", "latency", "ppo", "rpc")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What ``learner bench`` measures, and for how long."""
+
+    out: Path
+    """Directory for bench.json, bench.md and bench.png."""
+    suites: tuple[str, ...] = SUITES
+    workloads: tuple[str, ...] = ("cartpole-8", "cartpole-64", "halfcheetah-8", "pong-8")
+    """Throughput workloads (suite throughput)."""
+    rounds: int = 5
+    """Rounds per workload: each steps every variant once, so each variant gets this many samples."""
+    seconds: float = 2.0
+    """Seconds each variant steps per round."""
+    latency_sizes: tuple[int, ...] = LATENCY_SIZES
+    latency_delay_ms: float = LATENCY_DELAY_MS
+    ppo_env: str = "CartPole-v1"
+    ppo_timesteps: int = 50_000
+    ppo_rounds: int = 3
+    ppo_sizes: tuple[int, ...] = (8, 64)
+    seed: int = 0
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _meta(config: BenchConfig) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **{
+            name: _version(name) for name in ("grpcio", "protobuf", "gymnasium", "numpy", "stable-baselines3", "ale-py")
+        },
+        "mujoco": _version("mujoco"),
+        "GRPC_EXPERIMENTS": os.environ.get("GRPC_EXPERIMENTS", ""),
+        "command": " ".join(["learner", *sys.argv[1:]]) if sys.argv else "",
+        "rounds": config.rounds,
+        "seconds": config.seconds,
+        "load_average_start": list(os.getloadavg()),
+        **config.extra_meta,
+    }
+
+
+def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
+    rows = [m.as_dict() for m in measured]
+    delay = workload.config.step_delay_ms
+    if delay:
+        ideal = workload.num_envs / (delay / 1000.0)
+        for row in rows:
+            row["ideal"] = round(ideal, 1)
+            row["efficiency"] = round(row["median"] / ideal, 4) if row["median"] else None
+    return {
+        "name": workload.name,
+        "title": workload.title,
+        "env": workload.config.env,
+        "wrappers": list(workload.config.wrappers),
+        "num_envs": workload.num_envs,
+        "delay_ms": delay,
+        "note": workload.note,
+        "results": rows,
+    }
+
+
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``."""
+    unknown = [s for s in config.suites if s not in SUITES]
+    if unknown:
+        raise ValueError(f"suites: unknown {unknown}; expected some of {list(SUITES)}")
+    available = throughput_workloads()
+    missing = [w for w in config.workloads if w not in available]
+    if missing:
+        raise ValueError(f"workloads: unknown {missing}; expected some of {list(available)}")
+    prepare_subprocesses()
+    config.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
+    started = time.perf_counter()
+
+    def save() -> None:
+        results["targets"] = report.evaluate_targets(results)
+        (config.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    if "throughput" in config.suites:
+        results["throughput"] = []
+        for name in config.workloads:
+            workload = available[name]
+            measured = measure_workload(
+                workload, rounds=config.rounds, seconds=config.seconds, seed=config.seed, progress=progress
+            )
+            results["throughput"].append(_workload_result(workload, measured))
+            save()
+    if "latency" in config.suites:
+        results["latency"] = []
+        for n in config.latency_sizes:
+            workload = latency_workload(n, config.latency_delay_ms)
+            measured = measure_workload(
+                workload, rounds=config.rounds, seconds=config.seconds, seed=config.seed, progress=progress
+            )
+            results["latency"].append(_workload_result(workload, measured))
+            save()
+    if "rpc" in config.suites:
+        from learner.benchmarks.rpc import measure_rpc
+
+        progress("round trips: measuring")
+        results["rpc"] = measure_rpc(rounds=config.rounds, seconds=min(config.seconds, 1.0))
+        save()
+    if "ppo" in config.suites:
+        from learner.benchmarks.ppo import default_layouts, measure_ppo
+
+        results["ppo"] = measure_ppo(
+            env=config.ppo_env,
+            total_timesteps=config.ppo_timesteps,
+            rounds=config.ppo_rounds,
+            layouts=default_layouts(config.ppo_sizes),
+            progress=progress,
+        )
+        save()
+    results["meta"]["load_average_end"] = list(os.getloadavg())
+    results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
+    save()
+    (config.out / "bench.md").write_text(report.markdown_tables(results))
+    report.plot_results(results, config.out / "bench.png")
+    return results

@@ -1,0 +1,142 @@
+"""``learner bench`` runs every suite with a tiny budget and writes well-formed JSON, Markdown and PNG.
+
+No speed is asserted here (these machines are noisy): the numbers come from ``learner bench`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from learner.benchmarks.report import TARGETS, evaluate_targets, markdown_tables
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "learner",
+            "bench",
+            "--suites",
+            "throughput,latency,rpc,ppo",
+            "--workloads",
+            "cartpole-8",
+            "--rounds",
+            "2",
+            "--seconds",
+            "0.05",
+            "--latency-sizes",
+            "2",
+            "--latency-delay-ms",
+            "1",
+            "--ppo-timesteps",
+            "256",
+            "--ppo-rounds",
+            "1",
+            "--ppo-sizes",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {out / 'bench.json'}" in result.stdout
+
+    data = json.loads((out / "bench.json").read_text())
+    meta = data["meta"]
+    assert meta["cpus"] >= 1 and meta["grpcio"] and meta["rounds"] == 2
+    assert meta["GRPC_EXPERIMENTS"] == "-event_engine_client,-event_engine_listener"
+
+    (cartpole,) = data["throughput"]
+    assert cartpole["name"] == "cartpole-8" and cartpole["num_envs"] == 8
+    kinds = {r["kind"] for r in cartpole["results"]}
+    assert {"sync", "async", "sb3", "remote", "vector_entry_point"} <= kinds
+    for row in cartpole["results"]:
+        assert row["error"] is None, row
+        assert len(row["samples"]) == 2 and all(s > 0 for s in row["samples"])
+        assert row["min"] <= row["median"] <= row["max"] and row["spread"] >= 0
+    assert {r["layout"] for r in cartpole["results"] if r["kind"] == "remote"} == {"2x4", "1x8"}
+
+    (latency,) = data["latency"]
+    assert latency["num_envs"] == 2 and latency["delay_ms"] == 1
+    for row in latency["results"]:
+        assert row["ideal"] == 2000 and 0 < row["efficiency"] < 1.5
+
+    rpc = data["rpc"]
+    names = [r["name"] for r in rpc["results"]]
+    assert any("Python pipe" in n for n in names) and any("StepStream" in n for n in names)
+    assert all(r["median_us"] > 0 for r in rpc["results"])
+    assert set(rpc["remote_overhead_per_step_us"]) == {"tcp", "unix"}
+
+    ppo = data["ppo"]
+    assert {r["backend"] for r in ppo["results"]} == {"gym", "remote"}
+    for row in ppo["results"]:
+        assert row["error"] is None, row
+        assert row["median"] > 0
+
+    assert [t["target"] for t in data["targets"]] == list(TARGETS)
+    for target in data["targets"]:
+        assert set(target) == {"target", "best_remote", "measured", "met", "candidates"}
+
+    markdown = (out / "bench.md").read_text()
+    assert "CartPole-v1, 8 envs" in markdown and "The issue's targets" in markdown
+
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(str(out / "bench.png")).shape
+    assert width > 1000 and height > 500
+
+
+def test_targets_and_tables_from_hand_made_results() -> None:
+    def row(name: str, kind: str, samples: list[float], layout: str = "8", vectorization: str = "sync") -> dict:
+        median = sorted(samples)[len(samples) // 2]
+        return {
+            "name": name,
+            "kind": kind,
+            "layout": layout,
+            "vectorization": vectorization,
+            "samples": samples,
+            "median": median,
+            "min": min(samples),
+            "max": max(samples),
+            "spread": 0.1,
+            "error": None,
+        }
+
+    results = {
+        "throughput": [
+            {
+                "name": "cartpole-8",
+                "title": "CartPole-v1, 8 envs",
+                "results": [
+                    row("AsyncVectorEnv(8)", "async", [10.0, 20.0, 10.0]),
+                    row("SB3 SubprocVecEnv(8)", "sb3", [5.0, 10.0, 5.0]),
+                    row("remote 2x4 unix", "remote", [16.0, 30.0, 16.0], "2x4"),
+                    row("remote 2x4 unix vec", "remote", [90.0, 90.0, 90.0], "2x4", "vector_entry_point"),
+                ],
+            }
+        ]
+    }
+    first, *rest = evaluate_targets(results)
+    # Paired ratios (1.6, 1.5, 1.6 against async; 3.2, 3.0, 3.2 against SB3); the vec server does not count.
+    assert first["best_remote"] == "remote 2x4 unix"
+    assert first["measured"] == {"x AsyncVectorEnv(8)": 1.6, "x SB3 SubprocVecEnv(8)": 3.2}
+    assert first["met"] is True
+    assert all(t["met"] is None for t in rest)  # not run
+    table = markdown_tables({**results, "targets": evaluate_targets(results)})
+    assert "| remote 2x4 unix | 16 | 10% | 1.60 |" in table
+    assert not math.isnan(first["measured"]["x AsyncVectorEnv(8)"])
