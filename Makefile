@@ -1,4 +1,6 @@
-# Set-up and the project's gate. `make demo` and `make test` each set everything up first.
+# Set-up and the project's gate. `make train`, `make demo` and `make test` each set everything up first.
+#   make train   train PPO on CartPole-v1 to solved through 2 local env servers x 4 envs, write a run dir
+#                with its plot, then evaluate the policy (`make train ARGS="--seed 2"` passes options on)
 #   make demo    start local env servers and step a RemoteVectorEnv over them
 #   make test    codegen freshness, lint, type-check, and the test suite (what CI runs)
 PYTHON ?= python3
@@ -7,8 +9,10 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+RUN    := runs/CartPole-v1-$(shell date +%Y%m%d-%H%M%S)
+ARGS   ?=
 
-.PHONY: setup demo test lint check
+.PHONY: setup train demo test lint check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+train: setup
+	$(VENV)/bin/learner train --env CartPole-v1 --stop-at-return 475 --run-dir $(RUN) $(ARGS)
+	$(VENV)/bin/learner eval --checkpoint $(RUN) --episodes 10
 
 demo: setup
 	$(VENV)/bin/learner demo

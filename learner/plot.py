@@ -18,8 +18,17 @@ def _label(run: Path, summary: dict[str, Any] | None) -> str:
     return label
 
 
-def plot_runs(runs: Sequence[str | Path], output: str | Path, title: str | None = None) -> Path:
-    """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds."""
+def plot_runs(
+    runs: Sequence[str | Path],
+    output: str | Path,
+    title: str | None = None,
+    groups: Sequence[str] | None = None,
+) -> Path:
+    """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds.
+
+    With ``groups`` (one name per run), runs of a group share a colour and one legend entry, e.g.
+    the seeds of one configuration.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,7 +37,9 @@ def plot_runs(runs: Sequence[str | Path], output: str | Path, title: str | None 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     thresholds: set[float] = set()
     envs: set[str] = set()
-    for run in map(Path, runs):
+    colours: dict[str, Any] = {}
+    for i, run in enumerate(map(Path, runs)):
+        group = groups[i] if groups is not None else None
         metrics = run / rundir.METRICS
         if not metrics.is_file():
             raise FileNotFoundError(f"{run}: expected a run dir with {rundir.METRICS}, found none")
@@ -47,8 +58,14 @@ def plot_runs(runs: Sequence[str | Path], output: str | Path, title: str | None 
             steps.append(summary["total_steps"])
             seconds.append(summary["seconds"])
             returns.append(summary["final_return_mean"])
-        (line,) = by_steps.plot(steps, returns, label=_label(run, summary))
-        by_time.plot(seconds, returns, color=line.get_color())
+        if group is None:
+            (line,) = by_steps.plot(steps, returns, label=_label(run, summary))
+        elif group in colours:
+            (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1)
+        else:
+            (line,) = by_steps.plot(steps, returns, label=group, linewidth=1)
+            colours[group] = line.get_color()
+        by_time.plot(seconds, returns, color=line.get_color(), linewidth=line.get_linewidth())
         if summary and summary.get("solved_at_step") is not None:
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
@@ -60,7 +77,7 @@ def plot_runs(runs: Sequence[str | Path], output: str | Path, title: str | None 
     by_steps.set_ylabel("mean return, last 20 episodes")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
-    by_steps.legend(fontsize=8, loc="lower right")
+    by_steps.legend(fontsize=8, loc="upper left")
     fig.suptitle(title or ", ".join(sorted(envs)) or "returns")
     fig.tight_layout()
     output = Path(output)

@@ -295,6 +295,13 @@ class Agent(nn.Module):
             action = dist.sample()
         return action, dist.log_prob(action), dist.entropy(), self.critic(x).squeeze(-1)
 
+    def sample(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """For collecting rollouts: a sampled raw action, its log-prob, and V(obs) (no entropy)."""
+        x = self.features(obs)
+        dist = self.head.distribution(self.actor(x))
+        action = dist.sample()
+        return action, dist.log_prob(action), self.critic(x).squeeze(-1)
+
     def act(self, obs: Tensor, *, deterministic: bool = True) -> Tensor:
         """Env actions for ``obs``: the distribution's mode (deterministic) or a sample."""
         dist = self.head.distribution(self.actor(self.features(obs)))

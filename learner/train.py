@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -89,7 +89,8 @@ def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
 
 @dataclass
 class Rollout:
-    """One rollout's storage, (num_steps, num_envs, ...) tensors on the training device.
+    """One rollout's storage, (num_steps, num_envs, ...): what the networks need on the training
+    device, the envs' per-step results in host arrays (moved to the device once per rollout).
 
     ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
     that follows an episode's end under next-step autoreset (and, later, for envs a fleet reports
@@ -100,12 +101,12 @@ class Rollout:
     obs: Tensor
     actions: Tensor
     logprobs: Tensor
-    rewards: Tensor
-    terminations: Tensor
-    truncations: Tensor
     values: Tensor
     final_values: Tensor
-    valid: Tensor
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    valid: np.ndarray
 
     @classmethod
     def allocate(
@@ -125,12 +126,12 @@ class Rollout:
             obs=zeros(obs_shape, obs_dtype),
             actions=zeros(action_shape, action_dtype),
             logprobs=zeros(),
-            rewards=zeros(),
-            terminations=zeros(dtype=torch.bool),
-            truncations=zeros(dtype=torch.bool),
             values=zeros(),
             final_values=zeros(),
-            valid=zeros(dtype=torch.bool),
+            rewards=np.zeros((num_steps, num_envs), dtype=np.float32),
+            terminations=np.zeros((num_steps, num_envs), dtype=bool),
+            truncations=np.zeros((num_steps, num_envs), dtype=bool),
+            valid=np.zeros((num_steps, num_envs), dtype=bool),
         )
 
     @property
@@ -319,7 +320,7 @@ def train(args: Args) -> dict[str, Any]:
         def act(obs: Tensor, storage: Rollout, step: int, envs_slice: slice) -> Any:
             """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``."""
             with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(obs[envs_slice])
+                action, logprob, value = agent.sample(obs[envs_slice])
             storage.actions[step, envs_slice] = action
             storage.logprobs[step, envs_slice] = logprob
             storage.values[step, envs_slice] = value
@@ -391,10 +392,11 @@ def train(args: Args) -> dict[str, Any]:
                 clip_coef = hp.clip_coef * frac if hp.anneal_clip else hp.clip_coef
 
                 # ---- collect a rollout ---------------------------------------------------------------------
+                rollout_start = time.perf_counter()
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
                     valid = next_valid
-                    rollout.valid[step] = torch.as_tensor(valid).to(device)
+                    rollout.valid[step] = valid
                     if step_groups is not None:
                         # Each group of servers steps while the policy runs on the next group's envs.
                         obs_np, reward_np, term_np, trunc_np, infos = step_groups(
@@ -435,16 +437,9 @@ def train(args: Args) -> dict[str, Any]:
                             if args.stop_at_return is not None:
                                 stop_reason = "stop_at_return"
 
-                    rewards = torch.as_tensor(reward_np, dtype=torch.float32).to(device)
-                    terminations = torch.as_tensor(term_np).to(device)
-                    truncations = torch.as_tensor(trunc_np).to(device)
-                    if hp.clip_reward:
-                        rewards = torch.sign(rewards)
-                    if reward_scaler is not None:
-                        rewards = reward_scaler(rewards, terminations | truncations, rollout.valid[step])
-                    rollout.rewards[step] = rewards
-                    rollout.terminations[step] = terminations
-                    rollout.truncations[step] = truncations
+                    rollout.rewards[step] = reward_np
+                    rollout.terminations[step] = term_np
+                    rollout.truncations[step] = trunc_np
                     next_obs = prepare_obs(obs_np, update_stats=True)
                     if not next_step_autoreset and trunc_np.any():
                         # Same-step autoreset: obs_np already holds the next episode's first
@@ -464,27 +459,39 @@ def train(args: Args) -> dict[str, Any]:
                     break  # a partial rollout is not learned from
 
                 # ---- advantages: GAE over valid transitions, truncations bootstrapped ------------------------
+                update_start = time.perf_counter()
+                rewards, terminations, truncations, valid_t = (
+                    torch.from_numpy(a).to(device)
+                    for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
+                )
+                if hp.clip_reward:
+                    rewards = torch.sign(rewards)
+                if reward_scaler is not None:
+                    dones = terminations | truncations
+                    rewards = torch.stack(
+                        [reward_scaler(rewards[t], dones[t], valid_t[t]) for t in range(hp.num_steps)]
+                    )
                 with torch.no_grad():
                     next_value = agent.get_value(next_obs)
                     # V(s_t+1): the next step's value estimate, which under next-step autoreset is the
                     # value of the final observation when step t ended an episode.
                     next_values = torch.cat([rollout.values[1:], next_value[None]])
                     if not next_step_autoreset:
-                        next_values = torch.where(rollout.truncations, rollout.final_values, next_values)
+                        next_values = torch.where(truncations, rollout.final_values, next_values)
                     advantages = gae_advantages(
-                        rollout.rewards,
+                        rewards,
                         rollout.values,
                         next_values,
-                        rollout.terminations,
-                        rollout.truncations,
-                        rollout.valid,
+                        terminations,
+                        truncations,
+                        valid_t,
                         hp.gamma,
                         hp.gae_lambda,
                     )
                     returns = advantages + rollout.values
 
                 # ---- flatten the batch, real transitions only ----------------------------------------------
-                mask = rollout.valid.reshape(-1)
+                mask = valid_t.reshape(-1)
                 b_obs = rollout.obs.reshape(-1, *obs_shape)[mask]
                 b_actions = rollout.actions.reshape(-1, *agent.head.action_shape)[mask]
                 b_logprobs = rollout.logprobs.reshape(-1)[mask]
@@ -499,8 +506,13 @@ def train(args: Args) -> dict[str, Any]:
                 stats: dict[str, Tensor] = {}
                 pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
                 for _epoch in range(hp.update_epochs):
-                    b_inds = torch.randperm(batch_size, device=device)
-                    for mb_inds in torch.tensor_split(b_inds, num_minibatches):
+                    # One minibatch is the whole batch, whose order does not matter: no shuffled copies.
+                    minibatches: Sequence[Tensor | slice] = (
+                        [slice(None)]
+                        if num_minibatches == 1
+                        else torch.tensor_split(torch.randperm(batch_size, device=device), num_minibatches)
+                    )
+                    for mb_inds in minibatches:
                         _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                             b_obs[mb_inds], b_actions[mb_inds]
                         )
@@ -546,6 +558,8 @@ def train(args: Args) -> dict[str, Any]:
                     "explained_variance": explained_variance(b_values, b_returns) if batch_size > 1 else math.nan,
                     "num_envs": num_envs,
                     "batch_size": batch_size,
+                    "rollout_seconds": round(update_start - rollout_start, 5),
+                    "update_seconds": round(now - update_start, 5),
                 }
                 # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
                 # own step time and env-steps/s; a slow or overloaded replica stands out.
@@ -595,6 +609,10 @@ def train(args: Args) -> dict[str, Any]:
                 "episodes": counters.episodes,
                 "updates": counters.update,
                 "sps": last_row.get("sps"),
+                "device": str(device),
+                "cuda_max_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                if device.type == "cuda"
+                else None,
             }
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if args.plot and counters.update > 0:

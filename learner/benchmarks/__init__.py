@@ -1,6 +1,11 @@
-"""``learner bench``: remote envs against local vector envs, measured side by side in one run.
+"""Benchmarks, measured side by side in one run on one machine (never pass/fail tests: machines are noisy).
 
-Modules: ``throughput`` (env-steps/s of vector envs, interleaved rounds), ``suites`` (the workloads),
-``rpc`` (the cost of one round trip), ``ppo`` (``learner train`` SPS per layout), ``report``
-(targets, Markdown, PNG) and ``run`` (all of it, as ``learner bench`` runs it).
+``learner bench`` (remote envs against local vector envs): ``throughput`` (env-steps/s of vector envs,
+interleaved rounds), ``suites`` (the workloads), ``rpc`` (the cost of one round trip), ``ppo``
+(``learner train`` SPS per layout), ``report`` (targets, Markdown, PNG) and ``run`` (all of it, as
+``learner bench`` runs it).
+
+Modules run on their own (``python -m learner.benchmarks.<name>``): ``cartpole_solve`` (time to solve
+CartPole-v1 against stable-baselines3, and 8 remote envs against 1) and ``gpu_check`` (the learner on
+CUDA: to solved, and throughput with 16 local servers).
 """
