@@ -25,7 +25,7 @@ from typing import Any, Literal
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
 from env_server.tuning import prefer_fast_grpc_core
-from learner.config import PRESETS, Args, default_run_dir
+from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 
 if typing.TYPE_CHECKING:
@@ -92,14 +92,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             config = resume_args(given.pop("resume"), **given)
         else:
-            given.setdefault("run_dir", default_run_dir(given.get("env", Args.env)))
             config = Args(**given)
     except (ValueError, FileNotFoundError) as err:
         args.parser.error(str(err))
     from learner.train import train
 
-    print(f"learner train: {config.env}, run dir {config.run_dir}", flush=True)
-    summary = train(config)
+    def started(info: dict[str, Any]) -> None:
+        envs, ppo = info["envs"], info["ppo"]
+        print(
+            f"learner train: PPO ({ppo['preset']} preset) on {envs['env_id']}: {envs['description']}; "
+            f"{envs['num_envs']} envs, device {info['device']}\nrun dir: {info['run_dir']}",
+            flush=True,
+        )
+
+    summary = train(config, on_start=started)
     run_dir = Path(summary["run_dir"])
     recent = summary["final_return_mean"]
     print(

@@ -158,6 +158,19 @@ class Args:
             raise ValueError("--pipeline-groups: pipelines env servers, so it cannot go with --backend gym")
         if self.servers is None:
             self.local_layout()  # raises on a layout that does not add up
+        else:
+            local_only: dict[str, Any] = {
+                "num_envs": None,
+                "envs_per_server": None,
+                "env_kwargs": {},
+                "step_delay_ms": 0.0,
+            }
+            for name, unset in {**local_only, "wrappers": "auto"}.items():
+                if getattr(self, name) != unset:
+                    raise ValueError(
+                        f"--{_flag(name)}: configures the env servers this command starts, but with --servers "
+                        "the running servers decide (set it where they are started)"
+                    )
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> Args:

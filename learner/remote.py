@@ -194,6 +194,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return [c.address for c in self._clients]
 
     @property
+    def env_id(self) -> str:
+        """The env the servers host, as their operator named it (``--env``)."""
+        spec = self._clients[0].spec
+        assert spec is not None
+        return str(spec.env_id)
+
+    @property
     def env_slices(self) -> list[slice]:
         """For each server, the slice of the fleet's envs it hosts."""
         return [slice(c.env_offset, c.env_offset + c.num_envs) for c in self._clients]

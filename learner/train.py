@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -204,16 +204,24 @@ def _mean(values: list[float] | list[int]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def train(args: Args) -> dict[str, Any]:
-    """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds."""
-    device = pick_device(args.device)
-    run_dir = Path(args.run_dir or (args.resume if args.resume else default_run_dir(args.env)))
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint is None and (rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists()):
+def _check_fresh(run_dir: Path) -> None:
+    if rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists():
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds.
+
+    ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``
+    (the CLI prints it).
+    """
+    device = pick_device(args.device)
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    given_dir = args.run_dir or args.resume
+    if given_dir and checkpoint is None:
+        _check_fresh(Path(given_dir))  # before starting any servers
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
     random.seed(args.seed)
@@ -224,6 +232,12 @@ def train(args: Args) -> dict[str, Any]:
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
         envs = stack.enter_context(open_fleet(fleet))
+        # Running servers say what they host; --env names what this command starts.
+        env_id = str(getattr(envs, "env_id", None) or args.env)
+        run_dir = Path(given_dir or default_run_dir(env_id))
+        if checkpoint is None:
+            _check_fresh(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
             raise ValueError(f"envs: expected autoreset mode NextStep or SameStep, got {autoreset}")
@@ -253,34 +267,29 @@ def train(args: Args) -> dict[str, Any]:
             if metrics_path.exists():
                 rows = rundir.read_jsonl(metrics_path)
                 rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
-        threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(args.env)
+        threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
 
         obs_shape = tuple(obs_space.shape or ())
         obs_dtype = (
             torch.uint8 if image else (torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32)
         )
-        rundir.write_json(
-            run_dir / rundir.CONFIG,
-            {
-                "args": args.to_json(),
-                "ppo": dataclasses.asdict(hp),
-                "envs": {
-                    "description": fleet.describe(),
-                    "num_envs": envs.num_envs,
-                    "addresses": list(getattr(envs, "addresses", [])),
-                    "observation_space": str(obs_space),
-                    "action_space": str(action_space),
-                    "autoreset_mode": str(autoreset.value),
-                },
-                "device": str(device),
-                "solved_threshold": threshold,
-                "versions": {
-                    "python": sys.version.split()[0],
-                    "torch": torch.__version__,
-                    "gymnasium": gym.__version__,
-                },
+        config = {
+            "args": args.to_json(),
+            "ppo": dataclasses.asdict(hp),
+            "envs": {
+                "env_id": env_id,
+                "description": fleet.describe(),
+                "num_envs": envs.num_envs,
+                "addresses": list(getattr(envs, "addresses", [])),
+                "observation_space": str(obs_space),
+                "action_space": str(action_space),
+                "autoreset_mode": str(autoreset.value),
             },
-        )
+            "device": str(device),
+            "solved_threshold": threshold,
+            "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "gymnasium": gym.__version__},
+        }
+        rundir.write_json(run_dir / rundir.CONFIG, config)
         log.info(
             "PPO (preset %s) on %s, %d envs, device %s, run dir %s",
             hp.preset,
@@ -289,6 +298,8 @@ def train(args: Args) -> dict[str, Any]:
             device,
             run_dir,
         )
+        if on_start is not None:
+            on_start({**config, "run_dir": str(run_dir)})
         writer = None
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter

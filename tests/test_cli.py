@@ -95,6 +95,7 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--env-kwargs", "[1]"], "expected a JSON object, got list"),
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
+        (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
     ],
 )
 def test_train_rejects_bad_options_naming_them(

@@ -76,11 +76,11 @@ def test_same_step_autoreset_servers_train_with_every_step_a_transition(
     addresses = start_servers(
         "tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 3}, server_args=["--autoreset-mode", "SameStep"]
     )
-    summary = train(
-        Args(**clock(3), servers=",".join(addresses), num_steps=6, total_timesteps=24, run_dir=str(tmp_path))
-    )
+    # No --env: the servers say what they host.
+    summary = train(Args(servers=",".join(addresses), num_steps=6, total_timesteps=24, run_dir=str(tmp_path), **QUIET))
     rows = rundir.read_jsonl(tmp_path / rundir.METRICS)
     assert [r["batch_size"] for r in rows] == [12, 12]
+    assert rundir.read_json(tmp_path / rundir.CONFIG)["envs"]["env_id"] == "tests.envs:ClockEnv"
     assert summary["episodes"] == 8
 
 
