@@ -77,7 +77,7 @@ def plot_runs(
     by_steps.set_ylabel("mean return, last 20 episodes")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
-    by_steps.legend(fontsize=8, loc="upper left")
+    by_steps.legend(fontsize=8, loc="best")
     fig.suptitle(title or ", ".join(sorted(envs)) or "returns")
     fig.tight_layout()
     output = Path(output)

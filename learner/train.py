@@ -193,7 +193,14 @@ def _progress_bar(show: bool, total: int, initial: int) -> Iterator[Any]:
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+    bar = tqdm(
+        total=total,
+        initial=initial,
+        unit="step",
+        unit_scale=True,
+        dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]",
+    )
     try:
         yield bar
     finally:
@@ -590,6 +597,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                         if not math.isnan(value):
                             writer.add_scalar(key, value, counters.global_step)
                 if bar is not None:
+                    bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                     bar.update(counters.global_step - bar.n)
                     recent = row["episodic_return_mean"]
                     bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")

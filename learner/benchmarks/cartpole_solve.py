@@ -59,6 +59,7 @@ class Config:
 # and the same choices win.
 CONFIGS: dict[str, Config] = {
     "remote-8": Config("envfleet, 2 local servers x 4 envs", "envfleet"),
+    "remote-8-pipelined": Config("envfleet, 2 x 4, --pipeline-groups 2", "envfleet", overrides={"pipeline_groups": 2}),
     "remote-1": Config("envfleet, 1 local server x 1 env", "envfleet", 1, 1),
     "gym-8": Config("envfleet, in-process SyncVectorEnv(8)", "envfleet", 2, 4, backend="gym"),
     "sb3-subproc-8": Config("SB3 PPO, SubprocVecEnv(8)", "sb3", vec_env="subproc"),
@@ -66,8 +67,8 @@ CONFIGS: dict[str, Config] = {
 }
 
 SUITES: dict[str, tuple[list[str], float]] = {
-    "solve": (["remote-8", "sb3-subproc-8", "sb3-dummy-8"], 0.0),
-    "delay": (["remote-8", "remote-1"], 2.0),
+    "solve": (["remote-8", "sb3-subproc-8", "sb3-dummy-8", "remote-8-pipelined"], 0.0),
+    "delay": (["remote-8", "remote-1", "remote-8-pipelined"], 2.0),
     "plain": (["remote-8", "remote-1"], 0.0),
 }
 
