@@ -84,6 +84,11 @@ def fleet_spec(args: Args) -> FleetSpec:
 def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
     """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
     saved = Args.from_json(rundir.read_json(Path(run_dir) / rundir.CONFIG)["args"])
+    if overrides.get("servers") is not None:
+        # Moving a run onto running servers: the options of the servers it used to start no longer apply.
+        saved = dataclasses.replace(
+            saved, num_envs=None, envs_per_server=None, env_kwargs={}, step_delay_ms=0.0, wrappers="auto"
+        )
     return dataclasses.replace(saved, **overrides, resume=str(run_dir), run_dir=str(run_dir))
 
 

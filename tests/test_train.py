@@ -186,3 +186,13 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
 def test_pipelining_needs_env_servers() -> None:
     with pytest.raises(ValueError, match="--pipeline-groups: pipelines env servers"):
         Args(backend="gym", pipeline_groups=2)
+
+
+def test_a_run_resumes_on_running_servers(tmp_path: Path, start_servers: StartServers) -> None:
+    run = tmp_path / "run"
+    train(Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=16, run_dir=str(run)))
+    addresses = start_servers("tests.envs:ClockEnv", 2, 1, env_kwargs={"length": 3})
+    summary = train(resume_args(run, servers=",".join(addresses), backend="remote", total_timesteps=32))
+    assert summary["total_steps"] == 32
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["envs"]["addresses"] == addresses and config["args"]["num_envs"] is None
