@@ -161,6 +161,17 @@ class EnvClient:
         self.spec = response.spec
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
 
+    @property
+    def session_ended(self) -> bool:
+        """Whether this session is over: its Hold stream ended, or the connection it ran on did.
+
+        The server ends a claim when its Hold stream's connection drops, so a channel that is no
+        longer READY (the server stopped, restarted or vanished) means the session is gone.
+        """
+        if self._hold is None:
+            return False
+        return bool(self._hold.done()) or self.channel.get_state() is not grpc.ChannelConnectivity.READY
+
     async def get_spec(self) -> pb.EnvSpec:
         try:
             response = await self.stub.GetSpec(pb.GetSpecRequest(), timeout=self.timeout, metadata=self.metadata)

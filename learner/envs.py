@@ -73,7 +73,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             return
         addresses: str | Sequence[str]
         if spec.servers is not None:
-            addresses = expand_addresses(spec.servers)
+            # As given (compose:env, dns:///...), so that RemoteVectorEnv.refresh can look it up again.
+            addresses = spec.servers
         else:
             server_args = []
             if spec.wrappers:
@@ -90,7 +91,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             )
             stack.callback(servers.close)
             addresses = servers.addresses
-        groups = min(spec.pipeline_groups, len(addresses))
+        groups = min(spec.pipeline_groups, len(expand_addresses(addresses))) if spec.pipeline_groups > 1 else 1
         remote = RemoteVectorEnv(
             addresses, timeout=spec.timeout, auth_token=spec.auth_token, copy=False, num_groups=groups
         )

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -21,8 +21,9 @@ from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, timeout_error
-from learner.discovery import expand_addresses
+from learner.discovery import AddressError, expand_addresses
 from learner.errors import ServerUnavailableError, SpecMismatchError
+from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
@@ -72,6 +73,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         auth_token: token sent with every call, for servers started with ``--auth-token``.
         num_groups: how many groups the servers form for :meth:`send` / :meth:`recv` (contiguous,
             as even as possible; at most one group per server).
+
+    Servers may come and go: :meth:`refresh` looks ``addresses`` up again (a ``compose:`` or
+    ``dns:///`` name finds replicas added or removed since) and grows or shrinks the fleet.
     """
 
     def __init__(
@@ -103,6 +107,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._tasks: list[asyncio.Task[tuple[pb.StepResponse, float]] | None] = []
         # The loop this env's gRPC calls run on (see LoopRunner): they always use the same one.
         self._runner = LoopRunner.for_this_thread()
+        # For refresh: the addresses as given, servers still connecting, what was logged once, and
+        # whether a failed call left the envs that did answer a step ahead of what the caller saw.
+        self._address_spec = addresses
+        self._num_groups_asked = num_groups
+        self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
+        self._noted: set[str] = set()
+        self._stale = False
 
         endpoints = expand_addresses(addresses)
         if num_groups > len(endpoints):
@@ -113,6 +124,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._check_specs()
         first = self._clients[0].spec
         assert first is not None
+        self._spec = first
         self.single_observation_space = codec.decode_space(first.observation_space, "observation_space")
         self.single_action_space = codec.decode_space(first.action_space, "action_space")
         self.num_envs = sum(c.num_envs for c in self._clients)
@@ -253,7 +265,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 (client, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist()))
             )
         results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
-        _raise_first([r for r in results if isinstance(r, BaseException)])
+        self._raise_first([r for r in results if isinstance(r, BaseException)])
+        self._stale = self._stale and mask is not None
         parts = []
         for (client, _), response in zip(calls, results, strict=True):
             obs = codec.decode_value(response.observations, "observations")
@@ -418,7 +431,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 errors.append(timeout_error(address=client.address, method="Step", timeout=self.timeout))
             elif task.exception() is not None:
                 errors.append(task.exception())  # type: ignore[arg-type]
-        _raise_first(errors)
+        self._raise_first(errors)
 
         base = self._clients[servers[0]].env_offset
         count = sum(self._clients[i].num_envs for i in servers)
@@ -471,6 +484,151 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 f"{method}: group(s) {busy} have a step in flight (send); call recv for each first", "send"
             )
 
+    def _raise_first(self, errors: Sequence[BaseException]) -> None:
+        if errors:
+            self._stale = True  # the servers that answered moved on; the caller saw none of it
+        _raise_first(errors)
+
+    # -- servers joining and leaving ----------------------------------------------------------------
+
+    def refresh(self, *, drop: Iterable[str] = (), wait: float = 1.0) -> FleetChange | None:
+        """Look the servers up again: connect to servers that appeared, let go of those that left.
+
+        Call it between rollouts, with no step in flight. Servers that stay keep their envs, and
+        the episodes in them, in order; the envs of servers that join come after them, freshly reset.
+        ``num_envs`` and the batched spaces follow. A server leaves when its address no longer
+        resolves (``docker compose up --scale env=N`` removed it), when its session ended (it stopped
+        or restarted), or when it is named in ``drop`` (a call to it failed); it is let go (released)
+        and joins again, with fresh envs, once it resolves and answers a handshake. A new server has
+        ``wait`` seconds to answer; one still starting keeps connecting in the background and joins
+        at a later refresh. A server whose spaces differ from the fleet's is left out (and logged).
+        If the last step or reset failed, every env starts over (those that answered moved on unseen).
+
+        Returns:
+            None when nothing changed, else a :class:`~learner.fleet.FleetChange`: who joined and
+            left, and for each env now its index before (-1 for new envs) and current observation.
+
+        Raises:
+            ServerUnavailableError: no server would be left (the fleet is then left as it was).
+        """
+        self._assert_idle("refresh")
+        if not wait >= 0:
+            raise ValueError(f"wait: expected seconds >= 0, got {wait!r}")
+        dropped = set(drop)
+        try:
+            resolved = expand_addresses(self._address_spec)
+        except AddressError as err:
+            log.warning("refresh: %s; keeping the %d servers connected now", err, len(self._clients))
+            resolved = self.addresses
+        stay = [c for c in self._clients if c.address in resolved and c.address not in dropped and not c.session_ended]
+        leave = [c for c in self._clients if c not in stay]
+        joined = self._runner.run(self._join([a for a in resolved if a not in {c.address for c in stay}], wait))
+        if not leave and not joined and not self._stale:
+            return None
+        if not stay and not joined:
+            raise ServerUnavailableError(
+                f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
+                f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
+                address=leave[0].address,  # every server left: the fleet is never empty
+            )
+        self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
+
+        # The new layout: envs of servers that stay first (with their observations, unless stale),
+        # then those of new servers, which start with a reset.
+        clients, restart = stay + joined, joined if not self._stale else stay + joined
+        previous_index: list[int] = []
+        observations = create_empty_array(self.single_observation_space, sum(c.num_envs for c in clients), fn=np.zeros)
+        offset = 0
+        for client in clients:
+            old = slice(client.env_offset, client.env_offset + client.num_envs)
+            if client in restart:
+                previous_index += [-1] * client.num_envs
+            else:
+                previous_index += range(old.start, old.stop)
+                write_batch(observations, slice_batch(self._obs_buffer, old.start, old.stop), offset)
+            client.env_offset = offset
+            offset += client.num_envs
+        results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
+        parts = []
+        for client, response in zip(restart, results, strict=True):
+            if not isinstance(response, BaseException):
+                write_batch(observations, codec.decode_value(response.observations, "observations"), client.env_offset)
+                parts.append((_infos(response), client.env_offset, client.num_envs))
+
+        previous_num_envs, timers = self.num_envs, {t.address: t for t in self._timers}
+        self._clients, self.num_envs, self._obs_buffer = clients, offset, observations
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._tasks = [None] * len(clients)
+        self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
+        self._timers = [timers.get(c.address) or StepTimer(c.address, c.num_envs) for c in clients]
+        self._stale = False
+        self._raise_first([r for r in results if isinstance(r, BaseException)])
+        log.info(
+            "fleet changed: %d server(s) joined (%s), %d left (%s); %d envs, was %d",
+            len(joined),
+            ", ".join(c.address for c in joined) or "-",
+            len(leave),
+            ", ".join(c.address for c in leave) or "-",
+            self.num_envs,
+            previous_num_envs,
+        )
+        return FleetChange(
+            added=tuple(c.address for c in joined),
+            removed=tuple(c.address for c in leave),
+            num_envs=self.num_envs,
+            previous_num_envs=previous_num_envs,
+            previous_index=np.array(previous_index, dtype=np.int64),
+            observations=self._observations(self._obs_buffer),
+            infos=merge_infos(parts, self.num_envs),
+        )
+
+    async def _join(self, addresses: list[str], wait: float) -> list[EnvClient]:
+        """The servers at ``addresses`` that answer (within ``wait`` s) a handshake and serve the fleet's env."""
+        for address in [a for a in self._joining if a not in addresses]:  # no longer listed
+            client, ready = self._joining.pop(address)
+            ready.cancel()
+            await client.close()
+        fresh = []
+        for address in addresses:
+            if address not in self._joining:
+                client = EnvClient(
+                    address, timeout=self.timeout, client_name=self._client_name, metadata=self._metadata
+                )
+                self._joining[address] = (client, asyncio.ensure_future(client.wait_ready()))
+                fresh.append(self._joining[address][1])
+        # Only servers seen for the first time are waited for: one that stays listed without answering
+        # must not hold up every rollout.
+        if fresh and wait > 0:
+            await asyncio.wait(fresh, timeout=wait)
+        answered = [client for client, ready in self._joining.values() if ready.done()]
+        for client in answered:
+            del self._joining[client.address]
+        responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
+        joined = []
+        for client, response in zip(answered, responses, strict=True):
+            problem = str(response) if isinstance(response, BaseException) else self._spec_mismatch(response.spec)
+            if problem:
+                # Logged once per server: it is tried again at every refresh while it stays listed.
+                (log.warning if client.address not in self._noted else log.debug)(
+                    "refresh: env server %s does not join: %s", client.address, problem
+                )
+                self._noted.add(client.address)
+                if not isinstance(response, BaseException):
+                    client.start_session(response)  # so that close() releases the claim
+                await client.close()
+                continue
+            client.start_session(response)
+            self._noted.discard(client.address)
+            joined.append(client)
+        return joined
+
+    def _spec_mismatch(self, spec: pb.EnvSpec) -> str | None:
+        for field in ("observation_space", "action_space", "autoreset_mode"):
+            if getattr(spec, field) != getattr(self._spec, field):
+                return f"its {field} differs from the fleet's ({spec.env_id}, not {self._spec.env_id})"
+        return None
+
     # -- statistics -------------------------------------------------------------------------------
 
     def replica_stats(self, *, reset: bool = False) -> list[ReplicaStats]:
@@ -494,11 +652,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._close_clients()
 
     def _close_clients(self) -> None:
-        tasks = [t for t in self._tasks if t is not None]
+        tasks: list[asyncio.Future[Any]] = [t for t in self._tasks if t is not None]
+        joining = [client for client, _ in self._joining.values()]
+        tasks += [ready for _, ready in self._joining.values()]
         self._tasks = [None] * len(self._tasks)
+        self._joining = {}
         self._state = AsyncState.DEFAULT
         with contextlib.suppress(Exception):
-            self._runner.run_or_schedule(_close_all(self._clients, tasks))
+            self._runner.run_or_schedule(_close_all(self._clients + joining, tasks))
 
     def __enter__(self) -> RemoteVectorEnv:
         return self
@@ -532,7 +693,7 @@ def _infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
     return infos
 
 
-async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Task[Any]]) -> None:
+async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]]) -> None:
     """Cancel the steps in flight, then release every server and close the connections."""
     for task in tasks:
         task.cancel()

@@ -34,6 +34,8 @@ from learner import rundir
 from learner.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from learner.config import Args, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
+from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
+from learner.fleet import carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     Agent,
@@ -51,6 +53,9 @@ log = logging.getLogger(__name__)
 
 RECENT = 20
 """Finished episodes that "the recent return" (and --stop-at-return) averages over."""
+
+LOST_ROLLOUTS = 3
+"""Rollouts in a row that may end in a failed env server before the run gives up."""
 
 
 def pick_device(spec: str) -> torch.device:
@@ -388,12 +393,30 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         rollout: Rollout | None = None
         stop_reason: str | None = None
         last_row: dict[str, Any] = {}
+        # Env servers that join or leave (docker compose up --scale, a replica that stops) are
+        # followed between rollouts: RemoteVectorEnv.refresh looks --servers up again.
+        refresh = getattr(envs, "refresh", None)
+        lost: RemoteEnvError | None = None  # the server that failed during the last rollout
+        lost_rollouts = 0
 
         try:
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
                     stop_reason = "total_timesteps"
                     break
+                # ---- follow the fleet: servers that joined or left since the last rollout ------------------
+                if refresh is not None:
+                    change = refresh(drop=[lost.address] if lost is not None else ())
+                    lost = None
+                    if change is not None:
+                        # Envs that stayed go on with their episodes; new ones (or all, after a failed
+                        # step) start from the observations of their reset.
+                        next_obs = prepare_obs(change.observations, update_stats=False)
+                        next_valid = carry_over(next_valid, change, True)
+                        ep_return = carry_over(ep_return, change, 0.0)
+                        ep_length = carry_over(ep_length, change, 0)
+                        if reward_scaler is not None:
+                            reward_scaler.returns = None  # per-env discounted returns start over
                 # Storage follows the fleet's size, which may change between rollouts.
                 if rollout is None or rollout.num_envs != envs.num_envs:
                     num_envs = envs.num_envs
@@ -420,15 +443,25 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     rollout.obs[step] = next_obs
                     valid = next_valid
                     rollout.valid[step] = valid
-                    if step_groups is not None:
-                        # Each group of servers steps while the policy runs on the next group's envs.
-                        obs_np, reward_np, term_np, trunc_np, infos = step_groups(
-                            functools.partial(act, next_obs, rollout, step)
-                        )
-                    else:
-                        obs_np, reward_np, term_np, trunc_np, infos = envs.step(
-                            act(next_obs, rollout, step, slice(None))
-                        )
+                    try:
+                        if step_groups is not None:
+                            # Each group of servers steps while the policy runs on the next group's envs.
+                            obs_np, reward_np, term_np, trunc_np, infos = step_groups(
+                                functools.partial(act, next_obs, rollout, step)
+                            )
+                        else:
+                            obs_np, reward_np, term_np, trunc_np, infos = envs.step(
+                                act(next_obs, rollout, step, slice(None))
+                            )
+                    except (ServerUnavailableError, SessionError, RemoteTimeoutError) as err:
+                        # A server stopped (scaled down) or vanished: drop this rollout and go on with
+                        # the servers left, unless that keeps happening.
+                        lost_rollouts += 1
+                        if refresh is None or lost_rollouts > LOST_ROLLOUTS:
+                            raise
+                        log.warning("dropping this rollout, going on without env server %s: %s", err.address, err)
+                        lost = err
+                        break
                     counters.global_step += num_envs
                     done_np = np.logical_or(term_np, trunc_np)
 
@@ -480,6 +513,9 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                         break
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
+                if lost is not None:
+                    continue
+                lost_rollouts = 0
 
                 # ---- advantages: GAE over valid transitions, truncations bootstrapped ------------------------
                 update_start = time.perf_counter()
@@ -595,6 +631,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 if writer is not None:
                     writer.add_scalar("charts/learning_rate", lr, counters.global_step)
                     writer.add_scalar("charts/SPS", sps, counters.global_step)
+                    writer.add_scalar("charts/num_envs", num_envs, counters.global_step)
                     for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
                         writer.add_scalar(f"losses/{key}", row[key], counters.global_step)
                     writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)

@@ -6,11 +6,15 @@ these tests skip, except under CI=true, where they fail.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +112,55 @@ def test_training_in_the_learner_container_on_every_replica(fleet: ComposeProjec
     show = "import json; c = json.load(open('runs/ci/config.json')); print(len(c['envs']['addresses']), c['envs']['num_envs'])"
     result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
     assert result.stdout.split()[-2:] == [str(REPLICAS), str(REPLICAS * ENVS_PER_REPLICA)]
+
+
+def fleet_sizes(run_dir: Path) -> list[int]:
+    """``num_envs`` of each update so far (metrics.jsonl, which the run appends to as it goes)."""
+    path = run_dir / rundir.METRICS
+    if not path.exists():
+        return []
+    sizes = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            sizes.append(int(json.loads(line)["num_envs"]))
+    return sizes
+
+
+def wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"training exited ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout:g} s")
+        time.sleep(0.5)
+
+
+def test_scaling_while_training_grows_and_shrinks_num_envs(fleet: ComposeProject, tmp_path: Path) -> None:
+    """`up --scale env=12` mid-run: the learner finds the new replicas between rollouts (num_envs 32 -> 48),
+    without a restart; scaling back to 8 stops 4 replicas under it (SIGTERM), and training goes on with 32."""
+    run_dir = tmp_path / "run"
+    options = [*TRAIN, "--total-timesteps", "100000000", "--no-tensorboard", "--run-dir", str(run_dir)]
+    command = [sys.executable, "-m", "learner", "train", "--servers", f"compose:{fleet.name}/env", *options]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
+    try:
+        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc)
+        fleet.up(12)
+        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc)
+        fleet.up(REPLICAS)
+        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc)
+    finally:
+        proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    sizes = fleet_sizes(run_dir)
+    grown = sizes.index(large)
+    assert set(sizes[:grown]) == {small} and small in sizes[grown:], sizes
+    assert rundir.read_json(run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
+    assert len(fleet.containers()) == REPLICAS
 
 
 def test_an_image_with_your_own_env_class(fleet: ComposeProject) -> None:

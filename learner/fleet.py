@@ -1,0 +1,51 @@
+"""FleetChange: what :meth:`RemoteVectorEnv.refresh` changed when servers came or went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FleetChange", "carry_over"]
+
+
+@dataclass(frozen=True)
+class FleetChange:
+    """The fleet after servers were added or removed, and how its envs map to the envs before.
+
+    Servers that stayed keep their envs (and the episodes in them) in the same order; the envs of
+    added servers come after them, freshly reset. So a learner keeps per-env state (the current
+    observation, episode returns) with :func:`carry_over` and starts new envs from ``observations``.
+    """
+
+    added: tuple[str, ...]
+    """Addresses of the servers that joined."""
+    removed: tuple[str, ...]
+    """Addresses of the servers that left (no longer resolved, stopped, or failed)."""
+    num_envs: int
+    """The fleet's number of envs now."""
+    previous_num_envs: int
+    """... and before."""
+    previous_index: np.ndarray
+    """For each env now, its index before the change, or -1 for an env of an added server."""
+    observations: Any
+    """Every env's current observation: the latest one of envs that stayed, the reset one of new envs."""
+    infos: dict[str, Any]
+    """The new envs' reset infos, as a vector info over all ``num_envs`` envs."""
+
+    @property
+    def new_envs(self) -> np.ndarray:
+        """Mask over the envs now: True for envs of added servers (their episodes just started)."""
+        return np.asarray(self.previous_index < 0)
+
+
+def carry_over(values: np.ndarray, change: FleetChange, fill: Any) -> np.ndarray:
+    """Per-env ``values`` (leading dimension: the envs before) laid out for the envs now; new envs get ``fill``."""
+    values = np.asarray(values)
+    if len(values) != change.previous_num_envs:
+        raise ValueError(f"values: expected {change.previous_num_envs} envs (before the change), got {len(values)}")
+    kept = change.previous_index >= 0
+    out = np.full((change.num_envs, *values.shape[1:]), fill, dtype=values.dtype)
+    out[kept] = values[change.previous_index[kept]]
+    return out

@@ -1,0 +1,245 @@
+"""RemoteVectorEnv.refresh: servers that join or leave between rollouts, on real servers.
+
+The fleet's addresses come from a resolver the tests control (``testfleet:NAME``), as compose or DNS
+would give them: each refresh looks them up again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
+
+from learner import RemoteVectorEnv, ServerUnavailableError
+from learner.discovery import register_resolver
+from learner.fleet import FleetChange, carry_over
+from tests.conftest import Serve
+
+FLEETS: dict[str, list[str]] = {}
+register_resolver("testfleet", lambda name: list(FLEETS[name]))
+_names = itertools.count()
+
+
+def fleet(*addresses: str) -> tuple[str, list[str]]:
+    """A fleet address ``testfleet:N`` and the list it resolves to (change it to add or remove servers)."""
+    name = f"f{next(_names)}"
+    FLEETS[name] = list(addresses)
+    return f"testfleet:{name}", FLEETS[name]
+
+
+def test_nothing_changed_returns_none(serve: Serve) -> None:
+    address, _ = fleet(serve()[1], serve()[1])
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        assert envs.refresh() is None
+        assert envs.num_envs == 4
+
+
+def test_an_added_server_grows_the_fleet_and_its_envs_start_with_a_reset(serve: Serve) -> None:
+    a, b, c = serve(num_envs=2)[1], serve(num_envs=2)[1], serve(num_envs=3)[1]
+    address, servers = fleet(a, b)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        for t in range(3):
+            last_obs, *_ = envs.step(np.full(4, t % 2))
+        servers.append(c)
+        change = envs.refresh()
+        assert isinstance(change, FleetChange)
+        assert (change.added, change.removed) == ((c,), ())
+        assert (change.previous_num_envs, change.num_envs, envs.num_envs) == (4, 7, 7)
+        assert change.previous_index.tolist() == [0, 1, 2, 3, -1, -1, -1]
+        assert change.new_envs.tolist() == [False] * 4 + [True] * 3
+        assert envs.addresses == [a, b, c]
+        assert envs.observation_space.shape == (7, 4) and envs.action_space.shape == (7,)
+        np.testing.assert_array_equal(change.observations[:4], last_obs)
+        assert np.all(np.abs(change.observations[4:]) <= 0.05)  # CartPole's reset state
+        obs, rewards, *_ = envs.step(np.zeros(7, dtype=np.int64))
+        assert obs.shape == (7, 4) and rewards.shape == (7,)
+
+
+def test_envs_that_stay_continue_their_episodes_exactly(serve: Serve) -> None:
+    """Survivors are untouched: they match gymnasium's own envs stepped with the same seeds and actions."""
+    a, b = serve(num_envs=2)[1], serve(num_envs=2)[1]
+    address, servers = fleet(a)
+    reference = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    rng = np.random.default_rng(0)
+    with RemoteVectorEnv(address) as envs:
+        obs, _ = envs.reset(seed=7)
+        ref_obs, _ = reference.reset(seed=7)
+        for t in range(40):
+            if t == 10:
+                servers.append(b)
+                assert envs.refresh() is not None
+            if t == 25:
+                servers.remove(b)
+                assert envs.refresh() is not None
+            actions = rng.integers(0, 2, envs.num_envs)
+            obs, rewards, terminations, truncations, _ = envs.step(actions)
+            ref_obs, ref_rewards, ref_terminations, ref_truncations, _ = reference.step(actions[:2])
+            np.testing.assert_array_equal(obs[:2], ref_obs)
+            np.testing.assert_array_equal(rewards[:2], ref_rewards)
+            np.testing.assert_array_equal(terminations[:2], ref_terminations)
+            np.testing.assert_array_equal(truncations[:2], ref_truncations)
+
+
+def test_a_removed_server_shrinks_the_fleet_and_is_released(serve: Serve) -> None:
+    a, b, c = serve()[1], serve()[1], serve()[1]
+    address, servers = fleet(a, b, c)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        servers.remove(a)
+        change = envs.refresh()
+        assert change is not None and (change.added, change.removed) == ((), (a,))
+        assert change.previous_index.tolist() == [2, 3, 4, 5] and envs.num_envs == 4
+        envs.step(np.zeros(4, dtype=np.int64))
+        with RemoteVectorEnv(a) as other:  # released: another learner may claim it at once
+            assert other.num_envs == 2
+
+
+def test_a_server_that_stopped_is_dropped_though_still_listed(serve: Serve) -> None:
+    (proc, a), (_, b) = serve(), serve()
+    address, _ = fleet(a, b)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        proc.send_signal(signal.SIGTERM)  # as `docker compose up --scale env=N` does to surplus replicas
+        proc.wait(timeout=15)
+        with pytest.raises(ServerUnavailableError) as info:
+            envs.step(np.zeros(4, dtype=np.int64))
+        change = envs.refresh(drop=[info.value.address])
+        assert change is not None and change.removed == (a,) and change.added == ()
+        assert envs.addresses == [b]
+        # The failed step left b's envs a step ahead of what the learner saw: they start over.
+        assert change.new_envs.tolist() == [True, True]
+        assert np.all(np.abs(change.observations) <= 0.05)
+        envs.step(np.zeros(2, dtype=np.int64))
+
+
+def test_a_server_that_stopped_between_rollouts_is_let_go(serve: Serve) -> None:
+    (proc, a), (_, b) = serve(), serve()
+    address, _ = fleet(a, b)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        last_obs, *_ = envs.step(np.zeros(4, dtype=np.int64))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        change = until(envs.refresh, "the stopped server is let go")
+        assert change.removed == (a,) and change.previous_index.tolist() == [2, 3]
+        np.testing.assert_array_equal(change.observations, last_obs[2:])
+
+
+def test_a_server_that_starts_later_joins_at_a_later_refresh(serve: Serve) -> None:
+    a = serve()[1]
+    with socket.socket() as sock:  # a free port, for a server that is not there yet
+        sock.bind(("127.0.0.1", 0))
+        late = f"127.0.0.1:{sock.getsockname()[1]}"
+    address, servers = fleet(a)
+    with RemoteVectorEnv(address) as envs:
+        servers.append(late)  # listed before it listens, as compose DNS lists a starting replica
+        assert envs.refresh(wait=0.1) is None
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", late.rpartition(":")[2]],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            change = until(lambda: envs.refresh(wait=0.1), "the late server joins")
+            assert change.added == (late,) and envs.num_envs == 3
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def until(refresh: Callable[[], FleetChange | None], what: str, timeout: float = 30) -> FleetChange:
+    """Refresh until something changed (a bounded wait: connections come and go asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (change := refresh()) is None:
+        if time.monotonic() > deadline:
+            pytest.fail(f"no change within {timeout:g} s: expected {what}")
+        time.sleep(0.1)
+    return change
+
+
+def test_a_listed_server_that_does_not_answer_waits_its_turn(serve: Serve) -> None:
+    a = serve()[1]
+    address, servers = fleet(a)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        servers.append("127.0.0.1:1")  # nothing listens there
+        assert envs.refresh(wait=0.2) is None
+        assert envs.num_envs == 2
+        servers.remove("127.0.0.1:1")
+        assert envs.refresh(wait=0.2) is None
+
+
+def test_a_server_of_another_env_is_left_out(serve: Serve) -> None:
+    a, b = serve("CartPole-v1")[1], serve("Acrobot-v1")[1]
+    address, servers = fleet(a)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        servers.append(b)
+        assert envs.refresh() is None
+        assert envs.addresses == [a]
+    with RemoteVectorEnv(b) as other:  # and not kept claimed
+        assert other.num_envs == 2
+
+
+def test_no_server_left_is_an_error_naming_what_left(serve: Serve) -> None:
+    a = serve()[1]
+    address, servers = fleet(a)
+    with RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        servers.clear()
+        with pytest.raises(ServerUnavailableError, match=f"no env server left.*{a}"):
+            envs.refresh()
+
+
+def test_refresh_needs_an_idle_open_env(serve: Serve) -> None:
+    envs = RemoteVectorEnv(serve()[1])
+    envs.reset(seed=0)
+    envs.step_async(np.zeros(2, dtype=np.int64))
+    with pytest.raises(AlreadyPendingCallError, match="refresh"):
+        envs.refresh()
+    envs.step_wait()
+    envs.close()
+    with pytest.raises(ClosedEnvironmentError):
+        envs.refresh()
+
+
+def test_carry_over_lays_per_env_values_out_for_the_new_fleet() -> None:
+    change = FleetChange(
+        added=("c",),
+        removed=("a",),
+        num_envs=4,
+        previous_num_envs=4,
+        previous_index=np.array([2, 3, -1, -1]),
+        observations=np.zeros((4, 1)),
+        infos={},
+    )
+    assert carry_over(np.array([1.0, 2.0, 3.0, 4.0]), change, 0.0).tolist() == [3.0, 4.0, 0.0, 0.0]
+    assert carry_over(np.array([True, False, False, True]), change, True).tolist() == [False, True, True, True]
+    with pytest.raises(ValueError, match="expected 4 envs"):
+        carry_over(np.zeros(3), change, 0)
+
+
+def test_pipelining_groups_follow_the_fleet(serve: Serve) -> None:
+    a, b, c = serve()[1], serve()[1], serve()[1]
+    address, servers = fleet(a, b)
+    with RemoteVectorEnv(address, num_groups=2) as envs:
+        envs.reset(seed=0)
+        servers.remove(b)
+        assert envs.refresh() is not None
+        assert (envs.num_groups, envs.group_slices) == (1, [slice(0, 2)])
+        servers.extend([b, c])
+        assert envs.refresh() is not None
+        assert (envs.num_groups, envs.group_slices) == (2, [slice(0, 4), slice(4, 6)])
+        obs, *_ = envs.step_groups(lambda sl: np.zeros(sl.stop - sl.start, dtype=np.int64))
+        assert obs.shape == (6, 4)

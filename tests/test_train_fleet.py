@@ -1,0 +1,87 @@
+"""Training on a fleet that changes under it: servers join and leave between rollouts, or fail in one."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import signal
+from pathlib import Path
+
+import pytest
+
+from learner import ServerUnavailableError, rundir
+from learner.config import Args
+from learner.discovery import register_resolver
+from learner.train import train
+from tests.conftest import Serve
+
+# testfleet-train:N -> SCHEDULES[N](k) for the k-th look-up (1: when the envs are opened; k >= 2: before
+# rollout k-1), so a test says exactly which servers each rollout sees.
+SCHEDULES: dict[str, object] = {}
+_calls: dict[str, itertools.count[int]] = {}
+
+
+def _resolve(name: str) -> list[str]:
+    schedule = SCHEDULES[name]
+    assert callable(schedule)
+    return list(schedule(next(_calls[name])))
+
+
+register_resolver("testfleet-train", _resolve)
+
+
+def scheduled(name: str, schedule: object) -> str:
+    SCHEDULES[name] = schedule
+    _calls[name] = itertools.count(1)
+    return f"testfleet-train:{name}"
+
+
+QUIET = {"progress": False, "plot": False, "tensorboard": False, "checkpoint_every": 0}
+
+
+def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve, tmp_path: Path) -> None:
+    a, b = serve(num_envs=2)[1], serve(num_envs=2)[1]
+    fleet = {1: [a], 2: [a], 3: [a, b], 4: [a, b], 5: [b], 6: [b]}
+    servers = scheduled("grow-shrink", lambda k: fleet[min(k, 6)])
+    run = tmp_path / "run"
+    summary = train(
+        Args(env="CartPole-v1", servers=servers, num_steps=16, total_timesteps=16 * 14, run_dir=str(run), **QUIET)
+    )
+    assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 16 * 14
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["num_envs"] for r in rows] == [2, 4, 4, 2, 2]
+    # The batch is num_steps x num_envs, less the reset steps of next-step autoreset.
+    assert all(r["batch_size"] <= 16 * r["num_envs"] for r in rows)
+    assert rows[1]["batch_size"] > rows[0]["batch_size"]
+
+
+def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(serve: Serve, tmp_path: Path) -> None:
+    """A step to it times out: that rollout is dropped, the server let go, and the others train on."""
+    (_, a), (proc, b) = serve(num_envs=2), serve(num_envs=2)
+
+    def fleet(k: int) -> list[str]:
+        if k == 3:  # before the second rollout: b still accepts connections, but answers nothing
+            proc.send_signal(signal.SIGSTOP)
+        return [a, b]  # and stays listed, as a hung replica may
+
+    run = tmp_path / "run"
+    args = Args(env="CartPole-v1", servers=scheduled("hang", fleet), num_steps=16, timeout=1.0, **QUIET)
+    summary = train(dataclasses.replace(args, total_timesteps=16 * 4 + 16 * 2 * 3, run_dir=str(run)))
+    assert summary["stop_reason"] == "total_timesteps"
+    sizes = [r["num_envs"] for r in rundir.read_jsonl(run / rundir.METRICS)]
+    assert sizes[0] == 4 and sizes[1:] == [2] * (len(sizes) - 1), sizes
+
+
+def test_no_server_left_ends_the_run_with_an_error_naming_it(serve: Serve, tmp_path: Path) -> None:
+    proc, a = serve(num_envs=2)
+
+    def fleet(k: int) -> list[str]:
+        if k == 3:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        return [a]
+
+    args = Args(env="CartPole-v1", servers=scheduled("gone", fleet), num_steps=8, total_timesteps=10_000, **QUIET)
+    with pytest.raises(ServerUnavailableError, match=f"no env server left: {a}"):
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+    assert rundir.read_json(tmp_path / "run" / rundir.SUMMARY)["stop_reason"].startswith("error")
