@@ -38,7 +38,7 @@ ENV ENVFLEET_ENV=CartPole-v1 \
 EXPOSE 50051
 # Healthy once the envs exist and the server answers (NOT_SERVING while it drains on SIGTERM). The probe runs
 # by path, skipping the package's imports, and reads the port from ENVFLEET_PORT.
-HEALTHCHECK --interval=5s --timeout=4s --start-period=60s --retries=3 \
+HEALTHCHECK --interval=5s --timeout=10s --start-period=60s --retries=3 \
     CMD ["python", "-I", "/opt/envfleet/env_server/health.py"]
 # SIGTERM (docker stop, compose down/scale) drains calls in flight for ENVFLEET_GRACE s (default 5), then exits 0.
 STOPSIGNAL SIGTERM

@@ -509,7 +509,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             left, and for each env now its index before (-1 for new envs) and current observation.
 
         Raises:
-            ServerUnavailableError: no server would be left (the fleet is then left as it was).
+            ServerUnavailableError: no server is left, even after ``connect_timeout`` seconds for those
+                listed to answer again (the env is then of no further use: close it).
         """
         self._assert_idle("refresh")
         if not wait >= 0:
@@ -522,38 +523,57 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             resolved = self.addresses
         stay = [c for c in self._clients if c.address in resolved and c.address not in dropped and not c.session_ended]
         leave = [c for c in self._clients if c not in stay]
-        joined = self._runner.run(self._join([a for a in resolved if a not in {c.address for c in stay}], wait))
+        # Let go of those that left first: a server that comes back must not find itself claimed by us.
+        self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
+        wanted = [a for a in resolved if a not in {c.address for c in stay}]
+        joined = self._runner.run(self._join(wanted, wait))
+        if not stay and not joined:
+            # Every connection dropped at once (an overloaded host, a network blip): give the servers
+            # connect_timeout to answer again before giving up.
+            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True))
         if not leave and not joined and not self._stale:
             return None
+        # Envs that start over: those of new servers, and every env after a failed call. A server whose
+        # reset fails leaves as well (several replicas stopping at once fail one after another).
+        restart = [*stay, *joined] if self._stale else joined
+        results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
+        resets: dict[str, pb.ResetResponse] = {}
+        failed: list[EnvClient] = []
+        for client, response in zip(restart, results, strict=True):
+            if isinstance(response, BaseException):
+                log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
+                failed.append(client)
+            else:
+                resets[client.address] = response
+        leave += [c for c in stay if c in failed]
+        stay, joined = [c for c in stay if c not in failed], [c for c in joined if c not in failed]
         if not stay and not joined:
             raise ServerUnavailableError(
                 f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
                 f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
                 address=leave[0].address,  # every server left: the fleet is never empty
             )
-        self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
+        self._runner.run(gather(*(c.close() for c in failed), return_exceptions=True))
 
-        # The new layout: envs of servers that stay first (with their observations, unless stale),
-        # then those of new servers, which start with a reset.
-        clients, restart = stay + joined, joined if not self._stale else stay + joined
+        # The new layout: envs of servers that stay first (with their observations, unless they were
+        # reset), then those of new servers.
+        clients = stay + joined
         previous_index: list[int] = []
         observations = create_empty_array(self.single_observation_space, sum(c.num_envs for c in clients), fn=np.zeros)
+        parts = []
         offset = 0
         for client in clients:
-            old = slice(client.env_offset, client.env_offset + client.num_envs)
-            if client in restart:
+            response = resets.get(client.address)
+            if response is not None:
                 previous_index += [-1] * client.num_envs
+                write_batch(observations, codec.decode_value(response.observations, "observations"), offset)
+                parts.append((_infos(response), offset, client.num_envs))
             else:
-                previous_index += range(old.start, old.stop)
-                write_batch(observations, slice_batch(self._obs_buffer, old.start, old.stop), offset)
+                previous_index += range(client.env_offset, client.env_offset + client.num_envs)
+                old = slice_batch(self._obs_buffer, client.env_offset, client.env_offset + client.num_envs)
+                write_batch(observations, old, offset)
             client.env_offset = offset
             offset += client.num_envs
-        results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
-        parts = []
-        for client, response in zip(restart, results, strict=True):
-            if not isinstance(response, BaseException):
-                write_batch(observations, codec.decode_value(response.observations, "observations"), client.env_offset)
-                parts.append((_infos(response), client.env_offset, client.num_envs))
 
         previous_num_envs, timers = self.num_envs, {t.address: t for t in self._timers}
         self._clients, self.num_envs, self._obs_buffer = clients, offset, observations
@@ -563,7 +583,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
         self._timers = [timers.get(c.address) or StepTimer(c.address, c.num_envs) for c in clients]
         self._stale = False
-        self._raise_first([r for r in results if isinstance(r, BaseException)])
         log.info(
             "fleet changed: %d server(s) joined (%s), %d left (%s); %d envs, was %d",
             len(joined),
@@ -583,8 +602,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             infos=merge_infos(parts, self.num_envs),
         )
 
-    async def _join(self, addresses: list[str], wait: float) -> list[EnvClient]:
-        """The servers at ``addresses`` that answer (within ``wait`` s) a handshake and serve the fleet's env."""
+    async def _join(self, addresses: list[str], wait: float, everyone: bool = False) -> list[EnvClient]:
+        """The servers at ``addresses`` that answer a handshake and serve the fleet's env.
+
+        Servers seen for the first time (or, with ``everyone``, all those still connecting) get ``wait``
+        seconds to connect; the others join if they are connected by now.
+        """
         for address in [a for a in self._joining if a not in addresses]:  # no longer listed
             client, ready = self._joining.pop(address)
             ready.cancel()
@@ -599,8 +622,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 fresh.append(self._joining[address][1])
         # Only servers seen for the first time are waited for: one that stays listed without answering
         # must not hold up every rollout.
+        if everyone:
+            fresh = [ready for _, ready in self._joining.values()]
         if fresh and wait > 0:
-            await asyncio.wait(fresh, timeout=wait)
+            await asyncio.wait(
+                fresh, timeout=wait, return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED
+            )
         answered = [client for client, ready in self._joining.values() if ready.done()]
         for client in answered:
             del self._joining[client.address]

@@ -68,13 +68,14 @@ class ComposeProject:
             )
         return result
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start ``docker compose ARGS`` (output joined on stdout), with ``env`` added to compose's environment."""
         return subprocess.Popen(
             self.command(*args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=REPO,
         )
 

@@ -126,14 +126,21 @@ def fleet_sizes(run_dir: Path) -> list[int]:
     return sizes
 
 
-def wait_until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+def wait_until(
+    condition: Callable[[], bool], what: str, proc: subprocess.Popen[str], run_dir: Path, timeout: float = 180
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"training exited ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-4000:]}")
+            pytest.fail(f"training exited ({proc.returncode}) before {what}:\n{out[-4000:]}\n{(err or '')[-4000:]}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout:g} s")
+            proc.kill()
+            out, err = proc.communicate()
+            sizes = fleet_sizes(run_dir)
+            pytest.fail(
+                f"no {what} within {timeout:g} s; num_envs so far: {sizes}\n{out[-3000:]}\n{(err or '')[-3000:]}"
+            )
         time.sleep(0.5)
 
 
@@ -142,25 +149,62 @@ def test_scaling_while_training_grows_and_shrinks_num_envs(fleet: ComposeProject
     without a restart; scaling back to 8 stops 4 replicas under it (SIGTERM), and training goes on with 32."""
     run_dir = tmp_path / "run"
     options = [*TRAIN, "--total-timesteps", "100000000", "--no-tensorboard", "--run-dir", str(run_dir)]
-    command = [sys.executable, "-m", "learner", "train", "--servers", f"compose:{fleet.name}/env", *options]
+    command = [
+        sys.executable,
+        "-m",
+        "learner",
+        "--log-level",
+        "info",
+        "train",
+        "--servers",
+        f"compose:{fleet.name}/env",
+    ]
+    command += options
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
     try:
-        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc)
+        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc, run_dir)
         fleet.up(12)
-        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc)
+        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc, run_dir)
         fleet.up(REPLICAS)
-        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc)
+        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc, run_dir)
     finally:
         proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err, err
     sizes = fleet_sizes(run_dir)
-    grown = sizes.index(large)
-    assert set(sizes[:grown]) == {small} and small in sizes[grown:], sizes
+    grown = sizes.index(large)  # replicas join as each turns healthy: 32, 32, 36, ..., 48
+    assert sizes[0] == small and sizes[:grown] == sorted(sizes[:grown]) and sizes[-1] == small, (sizes, err)
     assert rundir.read_json(run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
     assert len(fleet.containers()) == REPLICAS
+
+
+def test_scaling_while_training_in_the_learner_container(fleet: ComposeProject, tmp_path: Path) -> None:
+    """The same from the learner container, whose dns:///env:50051 is looked up again between rollouts;
+    the run goes to a host folder (ENVFLEET_RUNS)."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    runs.chmod(0o777)  # the container's user (10001) writes here
+    name = f"{fleet.name}-learner-scaling"
+    options = [*TRAIN, "--total-timesteps", "100000000", "--no-tensorboard", "--run-dir", "runs/scale"]
+    train = ["run", "--rm", "--no-deps", "-T", "--name", name, "learner", "train", "--servers", "dns:///env:50051"]
+    proc = fleet.popen(*train, *options, env={"ENVFLEET_RUNS": str(runs)})
+    run_dir = runs / "scale"
+    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
+    try:
+        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc, run_dir)
+        fleet.up(12)
+        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc, run_dir)
+        fleet.up(REPLICAS)
+        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc, run_dir)
+    finally:
+        # SIGTERM: the learner stops at its next step, with a checkpoint and summary.
+        subprocess.run(["docker", "stop", "--time", "60", name], capture_output=True, timeout=120)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out, out
+    assert rundir.read_json(run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
 
 
 def test_an_image_with_your_own_env_class(fleet: ComposeProject) -> None:

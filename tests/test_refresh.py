@@ -168,6 +168,25 @@ def until(refresh: Callable[[], FleetChange | None], what: str, timeout: float =
     return change
 
 
+def test_servers_that_fail_their_reset_after_a_failed_step_leave_too(serve: Serve) -> None:
+    """Several replicas stopping at once: the step names one; the others fail the reset and leave as well."""
+    (killed, a), (hung, b), (_, c) = serve(), serve(), serve()
+    address, _ = fleet(a, b, c)
+    with RemoteVectorEnv(address, timeout=1.0) as envs:
+        envs.reset(seed=0)
+        killed.kill()
+        killed.wait(timeout=10)
+        hung.send_signal(signal.SIGSTOP)  # still connected, answers nothing
+        with pytest.raises(ServerUnavailableError) as info:
+            envs.step(np.zeros(6, dtype=np.int64))
+        assert info.value.address == a
+        change = envs.refresh(drop=[a], wait=0.1)
+        assert change is not None and change.removed == (a, b) and envs.addresses == [c]
+        assert change.new_envs.all()
+        envs.step(np.zeros(2, dtype=np.int64))
+        hung.send_signal(signal.SIGCONT)
+
+
 def test_a_listed_server_that_does_not_answer_waits_its_turn(serve: Serve) -> None:
     a = serve()[1]
     address, servers = fleet(a)
