@@ -13,9 +13,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELHOUSE = REPO / ".ci" / "wheelhouse"
-# Tags of their own, so tests never replace images a user built from the same compose file.
-ENV_IMAGE = "envfleet-env-server:test"
-LEARNER_IMAGE = "envfleet-learner:test"
 
 
 def docker_problem() -> str | None:
@@ -35,8 +32,6 @@ def docker_problem() -> str | None:
 def compose_environment(**overrides: str) -> dict[str, str]:
     """The environment compose runs with: ours, not whatever ENVFLEET_* the caller's shell has."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFLEET_", "COMPOSE_", "EXTRA_PIP_PACKAGES"))}
-    env["ENVFLEET_ENV_IMAGE"] = ENV_IMAGE
-    env["ENVFLEET_LEARNER_IMAGE"] = LEARNER_IMAGE
     # The learner image's torch: the CPU wheel .ci/run put in the wheelhouse, else PyTorch's CPU index
     # (never the multi-GB CUDA build from PyPI).
     if any(WHEELHOUSE.glob("torch-*.whl")):
@@ -52,7 +47,13 @@ class ComposeProject:
 
     def __init__(self, prefix: str = "envfleet-test", **env: str) -> None:
         self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        self.env = compose_environment(**env)
+        # Image tags of the project's own: never a user's images, nor those of a run beside this one
+        # (a rebuilt image under a shared tag makes `up` recreate every replica). Layers are cached.
+        self.env_image = f"envfleet-env-server:{self.name}"
+        self.learner_image = f"envfleet-learner:{self.name}"
+        self.env = compose_environment(
+            ENVFLEET_ENV_IMAGE=self.env_image, ENVFLEET_LEARNER_IMAGE=self.learner_image, **env
+        )
 
     def command(self, *args: str) -> list[str]:
         return ["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "-p", self.name, *args]
@@ -83,9 +84,9 @@ class ComposeProject:
         self.run("--profile", "learner", "build", *services, timeout=timeout)
 
     def up(self, replicas: int, timeout: float = 120) -> float:
-        """``up -d --wait --scale env=N``: seconds until every replica is healthy."""
+        """``up -d --wait --no-recreate --scale env=N``: seconds until every replica is healthy."""
         start = time.monotonic()
-        self.run("up", "-d", "--wait", "--no-build", "--scale", f"env={replicas}", timeout=timeout)
+        self.run("up", "-d", "--wait", "--no-build", "--no-recreate", "--scale", f"env={replicas}", timeout=timeout)
         return time.monotonic() - start
 
     def containers(self, service: str = "env") -> list[dict[str, Any]]:
@@ -99,6 +100,8 @@ class ComposeProject:
         return sorted(records, key=lambda r: int(str(r["Name"]).rpartition("-")[2]))
 
     def down(self) -> None:
+        """Remove the project's containers, network, volumes and image tags."""
         self.run(
             "--profile", "learner", "down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False
         )
+        subprocess.run(["docker", "rmi", self.env_image, self.learner_image], capture_output=True, timeout=120)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from learner import RemoteVectorEnv
-from tests.compose import ENV_IMAGE, LEARNER_IMAGE, ComposeProject, docker_problem
+from tests.compose import ComposeProject, docker_problem
 
 MIB = 1024 * 1024
 UNITS = {"B": 1, "KiB": 1024, "MiB": MIB, "GiB": 1024 * MIB}
@@ -71,11 +71,12 @@ def main() -> int:
         start = time.monotonic()
         project.run("stop", "--timeout", "15", "env")
         stop_s = time.monotonic() - start
+        env_mb, learner_mb = image_mb(project.env_image), image_mb(project.learner_image)
     finally:
         project.down()
     print(f"{'measure':<58} {'value':>10}  target")
-    print(f"{'env-server image (' + ENV_IMAGE + ')':<58} {image_mb(ENV_IMAGE):>7.0f} MB  <= 300 MB")
-    print(f"{'learner image (' + LEARNER_IMAGE + ')':<58} {image_mb(LEARNER_IMAGE):>7.0f} MB")
+    print(f"{'env-server image':<58} {env_mb:>7.0f} MB  <= 300 MB")
+    print(f"{'learner image':<58} {learner_mb:>7.0f} MB")
     print(f"{'build both images (layers cached unless changed)':<58} {build_s:>8.1f} s")
     print(f"{f'up -d --wait --scale env={args.replicas}: all healthy after':<58} {healthy_s:>8.1f} s  <= 20 s")
     print(f"{'memory per replica, idle (docker stats; max)':<58} {max(idle):>6.1f} MiB  <= 80 MB")

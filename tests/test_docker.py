@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from learner import RemoteVectorEnv, expand_addresses, rundir
-from tests.compose import ENV_IMAGE, LEARNER_IMAGE, REPO, ComposeProject, docker_problem
+from tests.compose import REPO, ComposeProject, docker_problem
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -56,7 +56,7 @@ def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 def test_images_run_as_non_root_and_the_env_server_image_has_no_torch(fleet: ComposeProject) -> None:
     probe = "import importlib.util, os; print(os.getuid(), importlib.util.find_spec('torch') is not None)"
-    for image, has_torch in ((ENV_IMAGE, "False"), (LEARNER_IMAGE, "True")):
+    for image, has_torch in ((fleet.env_image, "False"), (fleet.learner_image, "True")):
         assert docker("run", "--rm", "--entrypoint", "python", image, "-c", probe).stdout.split() == [
             "10001",
             has_torch,
@@ -223,7 +223,7 @@ def test_an_image_with_your_own_env_class(fleet: ComposeProject) -> None:
     tag = f"{fleet.name}-coin"
     with tempfile.TemporaryDirectory() as context:
         (Path(context) / "coin_env.py").write_text(env_code)
-        (Path(context) / "Dockerfile").write_text(f"FROM {ENV_IMAGE}\nCOPY coin_env.py /opt/envfleet/\n")
+        (Path(context) / "Dockerfile").write_text(f"FROM {fleet.env_image}\nCOPY coin_env.py /opt/envfleet/\n")
         docker("build", "-q", "-t", tag, context, timeout=300)
     name = f"{fleet.name}-coin"
     try:
