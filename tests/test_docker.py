@@ -144,6 +144,16 @@ def wait_until(
         time.sleep(0.5)
 
 
+def scale_under(fleet: ComposeProject, proc: subprocess.Popen[str], run_dir: Path) -> None:
+    """Scale 8 -> 12 -> 8 replicas under a running training; wait to see num_envs follow each time."""
+    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
+    wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc, run_dir)
+    fleet.up(12)
+    wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc, run_dir)
+    fleet.up(REPLICAS)
+    wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc, run_dir)
+
+
 def test_scaling_while_training_grows_and_shrinks_num_envs(fleet: ComposeProject, tmp_path: Path) -> None:
     """`up --scale env=12` mid-run: the learner finds the new replicas between rollouts (num_envs 32 -> 48),
     without a restart; scaling back to 8 stops 4 replicas under it (SIGTERM), and training goes on with 32."""
@@ -161,19 +171,15 @@ def test_scaling_while_training_grows_and_shrinks_num_envs(fleet: ComposeProject
     ]
     command += options
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
     try:
-        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc, run_dir)
-        fleet.up(12)
-        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc, run_dir)
-        fleet.up(REPLICAS)
-        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc, run_dir)
+        scale_under(fleet, proc, run_dir)
     finally:
         proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err, err
     sizes = fleet_sizes(run_dir)
+    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
     grown = sizes.index(large)  # replicas join as each turns healthy: 32, 32, 36, ..., 48
     assert sizes[0] == small and sizes[:grown] == sorted(sizes[:grown]) and sizes[-1] == small, (sizes, err)
     assert rundir.read_json(run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
@@ -191,13 +197,8 @@ def test_scaling_while_training_in_the_learner_container(fleet: ComposeProject, 
     train = ["run", "--rm", "--no-deps", "-T", "--name", name, "learner", "train", "--servers", "dns:///env:50051"]
     proc = fleet.popen(*train, *options, env={"ENVFLEET_RUNS": str(runs)})
     run_dir = runs / "scale"
-    small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA
     try:
-        wait_until(lambda: small in fleet_sizes(run_dir), f"an update with {small} envs", proc, run_dir)
-        fleet.up(12)
-        wait_until(lambda: large in fleet_sizes(run_dir), f"an update with {large} envs", proc, run_dir)
-        fleet.up(REPLICAS)
-        wait_until(lambda: fleet_sizes(run_dir)[-1] == small, f"an update with {small} envs again", proc, run_dir)
+        scale_under(fleet, proc, run_dir)
     finally:
         # SIGTERM: the learner stops at its next step, with a checkpoint and summary.
         subprocess.run(["docker", "stop", "--time", "60", name], capture_output=True, timeout=120)
