@@ -406,12 +406,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _start(self, servers: Sequence[int], actions: Any, base: int) -> None:
         """Create one task per server that sends its slice of ``actions`` (a batch starting at env ``base``)."""
-        for i in servers:
+        requests = []
+        for i in servers:  # all encoded before any is sent: a bad action leaves nothing in flight
             client = self._clients[i]
             start = client.env_offset - base
             request = client.step_request()
             codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
-            self._tasks[i] = self._runner.create_task(_exchange(client, request))
+            requests.append(request)
+        for i, request in zip(servers, requests, strict=True):
+            self._tasks[i] = self._runner.create_task(_exchange(self._clients[i], request))
 
     def _task(self, server: int) -> asyncio.Task[tuple[pb.StepResponse, float]]:
         task = self._tasks[server]

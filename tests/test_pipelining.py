@@ -204,3 +204,14 @@ def test_step_groups_equals_step_and_calls_act_per_group(start_servers: Any) -> 
         with pytest.raises(RuntimeError, match="policy failed"):
             piped.step_groups(broken)
         piped.step(np.zeros(4, dtype=np.int64))  # nothing is left in flight
+
+
+def test_actions_that_cannot_be_sent_leave_nothing_in_flight(start_servers: Any) -> None:
+    from env_server.codec import CodecError
+
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=1)
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(CodecError, match=r"actions: dtype complex128 cannot be sent"):
+            envs.step(np.array([1, 1j]))
+        envs.step(np.zeros(2, dtype=np.int64))

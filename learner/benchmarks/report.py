@@ -200,6 +200,19 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     for ax, w in zip(axes[0], throughput, strict=False):
         ax.set_visible(True)
         rows = [r for r in w["results"] if r["samples"]]
+        if not rows:
+            ax.set_title(f"{w['title']}: nothing ran", fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                "\n".join(sorted({r["error"] or "" for r in w["results"]}))[:300],
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=7,
+                transform=ax.transAxes,
+            )
+            continue
         y = range(len(rows))
         medians = [r["median"] for r in rows]
         err = [[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]]

@@ -93,6 +93,8 @@ def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
         "num_envs": workload.num_envs,
         "delay_ms": delay,
         "note": workload.note,
+        # The machine's 1-minute load average when the workload finished: other work competes for the CPUs.
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "results": rows,
     }
 
