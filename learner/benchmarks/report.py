@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullFormatter
 
     throughput = results.get("throughput", [])
     extra = [k for k in ("latency", "ppo", "rpc") if results.get(k)]
@@ -196,6 +199,13 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     for ax in axes.flat:
         ax.set_visible(False)
     colors = {"remote": "tab:blue", "async": "tab:orange", "sb3": "tab:red", "sync": "tab:gray"}
+    _KIND_LABELS = {
+        "RemoteVectorEnv": "tab:blue",
+        "AsyncVectorEnv": "tab:orange",
+        "SB3 SubprocVecEnv": "tab:red",
+        "SyncVectorEnv (in-process)": "tab:gray",
+        "make_vec (in-process)": "tab:green",
+    }
 
     for ax, w in zip(axes[0], throughput, strict=False):
         ax.set_visible(True)
@@ -220,9 +230,13 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("env-steps/s (median, bars: min-max over rounds)", fontsize=8)
-        ax.set_title(w["title"], fontsize=9)
+        ax.set_title(textwrap.fill(w["title"], 40), fontsize=9)
         ax.grid(axis="x", alpha=0.3)
+    if throughput:
+        handles = [Patch(color=c, label=label) for label, c in _KIND_LABELS.items()]
+        fig.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
 
     if not extra:
         return _save(fig, results, path)
@@ -287,10 +301,17 @@ def _save(fig: Any, results: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     meta = results.get("meta", {})
+    loads = [meta[k][0] for k in ("load_average_start", "load_average_end") if meta.get(k)]
+    loads += [
+        w["load_average_1m"] for k in ("throughput", "latency") for w in results.get(k, []) if "load_average_1m" in w
+    ]
+    load = f", 1-min load average {min(loads):.1f}-{max(loads):.1f} during the run" if loads else ""
     fig.suptitle(
         f"envfleet learner bench: {meta.get('cpus', '?')} CPUs, Python {meta.get('python', '?')}, grpcio "
-        f"{meta.get('grpcio', '?')}, {meta.get('rounds', '?')} rounds x {meta.get('seconds', '?')} s",
+        f"{meta.get('grpcio', '?')}, {meta.get('rounds', '?')} rounds x {meta.get('seconds', '?')} s{load}",
         fontsize=10,
+        x=0.02,
+        ha="left",
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
