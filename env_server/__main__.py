@@ -165,6 +165,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics (step latency histogram, steps, errors) at http://HOST:PORT/metrics; "
         "0 picks a free port (logged)",
     )
+    security = p.add_argument_group(
+        "security",
+        "Both are off by default: anyone who can reach the port can use the envs. Off loopback, turn on both.",
+    )
+    security.add_argument(
+        "--auth-token",
+        default=e("auth_token", None),
+        metavar="TOKEN",
+        help="require this token with every call (learners: --auth-token / auth_token=...); wrong or missing: "
+        "UNAUTHENTICATED. The health service stays open for probes. Visible in the process list: prefer "
+        "ENVFLEET_AUTH_TOKEN or --auth-token-file",
+    )
+    security.add_argument(
+        "--auth-token-file",
+        default=e("auth_token_file", None),
+        metavar="PATH",
+        help="read the token from this file (e.g. a mounted secret; surrounding whitespace is ignored)",
+    )
+    security.add_argument(
+        "--tls-cert",
+        default=e("tls_cert", None),
+        metavar="PATH",
+        help="serve TLS with this certificate chain (PEM); learners verify it with the CA that signed it",
+    )
+    security.add_argument(
+        "--tls-key", default=e("tls_key", None), metavar="PATH", help="private key of --tls-cert (PEM)"
+    )
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--log-level",
@@ -182,6 +209,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())
+    token = _auth_token(parser, args)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")
     config = ServerConfig(
         env=args.env,
         num_envs=args.num_envs,
@@ -197,8 +227,34 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
         grace_s=args.grace,
         parent_pid=args.parent_pid,
         metrics_port=args.metrics_port,
+        auth_token=token,
+        tls_cert=args.tls_cert or None,
+        tls_key=args.tls_key or None,
     )
     return config, args.log_level
+
+
+def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The token from --auth-token or --auth-token-file (not both), checked; None when neither is set."""
+    from env_server.protocol import check_token
+
+    if args.auth_token and args.auth_token_file:
+        parser.error("--auth-token and --auth-token-file: give one of them, not both")
+    if args.auth_token_file:
+        try:
+            with open(args.auth_token_file) as f:
+                token = f.read().strip()
+        except OSError as err:
+            parser.error(f"--auth-token-file {args.auth_token_file}: cannot read it: {err.strerror}")
+        where = f"--auth-token-file {args.auth_token_file}"
+    elif args.auth_token:
+        token, where = args.auth_token, "--auth-token"
+    else:
+        return None
+    try:
+        return check_token(token, where)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,6 +60,8 @@ AUTORESET_FROM_PROTO = {v: k for k, v in AUTORESET_TO_PROTO.items()}
 # A tensor may not claim more elements than this (2**31), whatever its data says: a guard against
 # shapes whose product overflows or asks for absurd allocations.
 _MAX_ELEMENTS = 1 << 31
+# Nor more dimensions than this (numpy's own limit is 32 or 64, depending on its version).
+_MAX_DIMS = 32
 
 
 def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
@@ -97,6 +99,8 @@ def decode_tensor(tensor: pb.Tensor, where: str = "tensor") -> np.ndarray:
     """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy."""
     dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
+    if len(shape) > _MAX_DIMS:
+        raise CodecError(f"{where}.shape: expected at most {_MAX_DIMS} dimensions, got {len(shape)}")
     count = 1
     for dim in shape:
         if dim < 0:
@@ -225,10 +229,14 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
 
 def _checked_shape(shape: Any, count: int, where: str) -> tuple[int, ...]:
     dims = tuple(shape)
+    if len(dims) > _MAX_DIMS:
+        raise CodecError(f"{where}.shape: expected at most {_MAX_DIMS} dimensions, got {len(dims)}")
     total = 1
     for dim in dims:
         if dim < 0:
             raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(dims)}")
+        if dim > _MAX_ELEMENTS:
+            raise CodecError(f"{where}.shape: {list(dims)} has more than {_MAX_ELEMENTS} elements")
         total *= dim
     if total != count:
         raise CodecError(f"{where}: shape {list(dims)} needs {total} values, got {count}")

@@ -45,3 +45,14 @@ class ServerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: any free one) at ``/metrics``, on ``host`` (127.0.0.1
     for a Unix-socket server); None: no metrics."""
+    auth_token: str | None = field(default=None, repr=False)
+    """Calls must carry ``authorization: Bearer <auth_token>`` metadata (UNAUTHENTICATED otherwise);
+    the health service stays open. None: no token needed. Kept out of ``repr`` (and so out of logs)."""
+    tls_cert: str | None = None
+    """Path of the server's TLS certificate chain (PEM); with ``tls_key``, the server speaks TLS only."""
+    tls_key: str | None = None
+    """Path of the private key (PEM) of ``tls_cert``."""
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")

@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 
 from env_server.config import ServerConfig
+from env_server.isolation import IsolateErrors
 
 __all__ = [
     "EnvBuildError",
@@ -142,6 +143,13 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     return make_wrapped
 
 
+def _isolated(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
+    def make_isolated() -> gym.Env[Any, Any]:
+        return IsolateErrors(factory())
+
+    return make_isolated
+
+
 def _register_optional_envs() -> None:
     # ALE's envs (ALE/Pong-v5, ...) register themselves only once ale_py is imported.
     try:
@@ -184,11 +192,14 @@ def build_vector_env(config: ServerConfig) -> gym.vector.VectorEnv:
             # Build one env here first: a bad id or bad kwargs then fails in this process with its
             # own message, not inside a subprocess of AsyncVectorEnv.
             first = factory()
-            fns = [(lambda env=first: env)] + [factory] * (config.num_envs - 1)
+            # Each env isolated, so that one env's exception costs its own episode only (see
+            # env_server.isolation); under async vectorization the wrapper lives in the worker.
+            isolated = _isolated(factory)
             if config.vectorization == "async":
                 first.close()
-                vec = gym.vector.AsyncVectorEnv([factory] * config.num_envs, autoreset_mode=mode)
+                vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode)
             else:
+                fns = [(lambda env=first: IsolateErrors(env))] + [isolated] * (config.num_envs - 1)
                 vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
     except EnvBuildError:
         raise

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["ENV_INDEX_KEY", "MAX_MESSAGE_BYTES", "PROTOCOL_VERSION", "SERVICE_NAME"]
+__all__ = [
+    "AUTH_METADATA_KEY",
+    "ENV_INDEX_KEY",
+    "MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSION",
+    "SERVICE_NAME",
+    "bearer_metadata",
+    "check_token",
+]
 
 # Version of the protocol (the proto package is envfleet.v<PROTOCOL_VERSION>).
 PROTOCOL_VERSION = 1
@@ -17,3 +25,23 @@ ENV_INDEX_KEY = "envfleet-env-index"
 # Message size limit on both sides: an Atari batch of 64 envs x 4x84x84 uint8 is 1.8 MB; 64 MiB
 # leaves room for large image observations while refusing absurd messages before they are read.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
+AUTH_METADATA_KEY = "authorization"
+
+
+def check_token(token: str, where: str = "auth token") -> str:
+    """``token`` if it can travel in gRPC metadata (printable ASCII, no spaces), else ValueError naming ``where``."""
+    if not token:
+        raise ValueError(f"{where}: expected a non-empty token, got an empty one")
+    bad = [c for c in token if not 33 <= ord(c) <= 126]
+    if bad:
+        raise ValueError(
+            f"{where}: expected printable ASCII without spaces (it travels in gRPC metadata), got {bad[0]!r} in it"
+        )
+    return token
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """The metadata a client sends with every call to authenticate with ``token``."""
+    return ((AUTH_METADATA_KEY, f"Bearer {check_token(token)}"),)

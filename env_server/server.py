@@ -14,12 +14,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
+from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
 from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
 
-__all__ = ["server_options", "serve", "run"]
+__all__ = ["run", "serve", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def server_options() -> list[tuple[str, int]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),
+        # A learner opens a few streams per server (Hold, StepStream, a unary call or two); more at
+        # once on one connection is a misbehaving peer.
+        ("grpc.max_concurrent_streams", 100),
     ]
 
 
@@ -48,11 +52,33 @@ def _listen_address(config: ServerConfig) -> str:
     return f"{host}:{config.port}"
 
 
-async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
-    """Build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then shut down.
+def _read_pem(path: str, option: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OSError(f"{option} {path}: cannot read it: {err.strerror}") from err
+    if b"-----BEGIN " not in data:
+        raise OSError(f"{option} {path}: expected a PEM file (-----BEGIN ...), got something else")
+    return data
 
-    ``on_ready`` receives the address actually listened on (``HOST:PORT`` with the real port, or
-    ``unix:PATH``) once the server accepts calls.
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from ``config.tls_cert`` and ``config.tls_key``, or None for plaintext."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    cert = _read_pem(config.tls_cert, "--tls-cert")
+    key = _read_pem(config.tls_key, "--tls-key")
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
+    """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
+
+    The health service answers NOT_SERVING from the moment the server listens until the envs exist
+    (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
+    again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
+    with the real port, or ``unix:PATH``) once the server serves its envs.
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown.
@@ -60,59 +86,100 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    env = build_vector_env(config)
+    env = None
+    if config.vectorization == "async":
+        # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
+        # forked child must not inherit. Until then nothing listens (connections are refused).
+        env = build_vector_env(config)
     metrics = None
     if config.metrics_port is not None:
-        metrics = ServerMetrics(env_id=config.env, num_envs=env.num_envs, vectorization=config.vectorization)
-    service = EnvService(config, env, metrics)
-    server = grpc.aio.server(options=server_options())
+        metrics = ServerMetrics(env_id=config.env, num_envs=config.num_envs, vectorization=config.vectorization)
+    service = EnvService(config, metrics=metrics)
+    # The token check first: a caller without it learns nothing, not even whether its bytes parse.
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if config.auth_token is not None:
+        on_refusal = None if metrics is None else metrics.errors.labels("UNAUTHENTICATED").inc
+        interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
+    interceptors.append(RequestGuardInterceptor())
+    server = grpc.aio.server(options=server_options(), interceptors=interceptors)
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    for name in (SERVICE_NAME, ""):
+        await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     address = _listen_address(config)
     try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as err:
-        env.close()
-        raise OSError(f"cannot listen on {address}: {err}") from err
-    if metrics is not None:
-        assert config.metrics_port is not None
-        metrics_host = "127.0.0.1" if config.unix_socket else config.host
+        credentials = server_credentials(config)
         try:
-            metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
-        except OSError as err:
+            port = (
+                server.add_insecure_port(address)
+                if credentials is None
+                else server.add_secure_port(address, credentials)
+            )
+        except RuntimeError as err:
+            raise OSError(f"cannot listen on {address}: {err}") from err
+        await server.start()
+        if env is None:
+            # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
+            env = await service.run_in_env_thread(build_vector_env, config)
+    except BaseException:
+        await server.stop(None)
+        service.close()
+        if env is not None:
             env.close()
-            raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
-        shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
-        log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
-    await server.start()
-    # The envs exist: report healthy, for the service and overall ("").
-    for name in (SERVICE_NAME, ""):
-        await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if config.unix_socket:
-        ready = address
-    else:
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        ready = f"{host}:{port}"
-    log.info("serving %d x %s (%s) on %s", config.num_envs, config.env, config.vectorization, ready)
-    on_ready(ready)
+        raise
+    service.attach(env)
+    try:
+        if metrics is not None:
+            assert config.metrics_port is not None
+            metrics_host = "127.0.0.1" if config.unix_socket else config.host
+            try:
+                metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
+            except OSError as err:
+                raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
+            shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+            log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
+        # The envs exist: report healthy, for the service and overall ("").
+        for name in (SERVICE_NAME, ""):
+            await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if config.unix_socket:
+            ready = address
+        else:
+            host = f"[{config.host}]" if ":" in config.host else config.host
+            ready = f"{host}:{port}"
+        security = ", ".join(
+            part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
+        )
+        log.info(
+            "serving %d x %s (%s) on %s%s",
+            config.num_envs,
+            config.env,
+            config.vectorization,
+            ready,
+            f" ({security})" if security else " (plaintext, no auth token)",
+        )
+        on_ready(ready)
 
-    watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
-    await stop.wait()
+        watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+        await stop.wait()
 
-    log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
-    await health_service.enter_graceful_shutdown()
-    service.end_all("server shutting down")
-    await server.stop(config.grace_s)
-    if watchdog is not None:
-        watchdog.cancel()
-    service.close()
-    if metrics is not None:
-        metrics.close()
-    env.close()
-    if config.unix_socket:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(config.unix_socket)
+        # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
+        # session and idle step streams end at once; steps in flight finish within the grace period.
+        log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
+        await health_service.enter_graceful_shutdown()
+        service.drain()
+        await server.stop(config.grace_s)
+        if watchdog is not None:
+            watchdog.cancel()
+    finally:
+        await server.stop(None)
+        service.close()
+        if metrics is not None:
+            metrics.close()
+        env.close()
+        if config.unix_socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(config.unix_socket)
     log.info("stopped after %d steps", service.steps)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -19,6 +20,7 @@ import numpy as np
 from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import max_episode_steps
+from env_server.interceptors import MalformedRequest
 from env_server.metrics import ServerMetrics
 from env_server.protocol import ENV_INDEX_KEY, PROTOCOL_VERSION
 from env_server.rpc import env_pb2 as pb
@@ -65,6 +67,7 @@ INLINE_LIMIT_S = 0.010
 # Weight of the newest call in the moving average of env call durations.
 _EWMA_WEIGHT = 0.2
 
+T = TypeVar("T")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -84,15 +87,19 @@ def _rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
 
 
 class EnvService(pb_grpc.EnvServiceServicer):
-    """Serves one vector env to one learner at a time."""
+    """Serves one vector env to one learner at a time.
 
-    def __init__(self, config: ServerConfig, env: gym.vector.VectorEnv, metrics: ServerMetrics | None = None) -> None:
+    The service exists before its envs: until :meth:`attach` gives it the vector env (the server
+    builds it while already answering health checks with NOT_SERVING), every call gets UNAVAILABLE.
+    """
+
+    def __init__(
+        self, config: ServerConfig, env: gym.vector.VectorEnv | None = None, metrics: ServerMetrics | None = None
+    ) -> None:
         self._config = config
         self._metrics = metrics
-        self._env = env
-        self._num_envs = env.num_envs
-        self._obs_space = env.single_observation_space
-        self._act_space = env.single_action_space
+        self._env: gym.vector.VectorEnv | None = None
+        self._num_envs = 0
         self._claim: Session | None = None
         self._needs_reset = True
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
@@ -101,11 +108,37 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
         self._env_seconds = 0.0  # moving average of env call durations
-        self.spec = self._make_spec()
+        # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
+        self._idle_streams: set[asyncio.Task[Any]] = set()
+        self.draining = False
+        self.spec: pb.EnvSpec | None = None
         self.steps = 0
+        if env is not None:
+            self.attach(env)
+
+    def attach(self, env: gym.vector.VectorEnv) -> None:
+        """Serve ``env`` from now on (once; the server calls it when the envs are built)."""
+        self._env = env
+        self._num_envs = env.num_envs
+        self._obs_space = env.single_observation_space
+        self._act_space = env.single_action_space
+        self.spec = self._make_spec()
+
+    @property
+    def env(self) -> gym.vector.VectorEnv:
+        """The vector env served; UNAVAILABLE (a ServiceError) while it is being built."""
+        if self._env is None:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE, "the server is starting: its envs are being built; try again shortly"
+            )
+        return self._env
+
+    def _check_ready(self) -> None:
+        """UNAVAILABLE while the envs are being built."""
+        self.env  # noqa: B018 (the property raises)
 
     def _make_spec(self) -> pb.EnvSpec:
-        env = self._env
+        env = self.env
         spec = pb.EnvSpec(
             protocol_version=PROTOCOL_VERSION,
             env_id=self._config.env,
@@ -167,9 +200,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
         session.ended.set()
 
     def _session(self, session_id: str) -> Session:
+        if self.draining:
+            raise _shutting_down()
         now = time.monotonic()
         claim = self._live_claim(now)
-        if claim is None or not session_id or not secrets.compare_digest(claim.id, session_id):
+        if claim is None or not _same_id(claim.id, session_id):
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"session {session_id[:8]!r} does not own this server (it was released, its connection "
@@ -187,10 +222,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
+        self._check_ready()
         return pb.GetSpecResponse(spec=self.spec)
 
     @_rpc
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
+        self._check_ready()
+        if self.draining:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         if request.protocol_version not in (0, PROTOCOL_VERSION):
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -223,7 +262,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def Hold(self, request: pb.HoldRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HoldEvent]:
         try:
             session = self._session(request.session_id)
-        except ServiceError as err:
+        except Exception as err:
             await self.abort(context, err, "Hold")
             return
         session.holds += 1
@@ -240,7 +279,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     @_rpc
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         claim = self._claim
-        if claim is not None and request.session_id and secrets.compare_digest(claim.id, request.session_id):
+        if claim is not None and _same_id(claim.id, request.session_id):
             self._end(claim, "released")
         return pb.ReleaseResponse()
 
@@ -268,6 +307,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     f"options: expected a map or nothing, got {type(decoded).__name__}",
                 )
             options = decoded
+            if options is not None and "reset_mask" in options:
+                # gymnasium's vector envs read options["reset_mask"] themselves; it must come checked.
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "options: the key 'reset_mask' is reserved; select envs with the request's reset_mask field",
+                )
         if request.reset_mask:
             if len(request.reset_mask) != k:
                 raise ServiceError(
@@ -281,12 +326,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
                 )
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
-        (obs, infos), _ = await self._run_env(self._env.reset, seed=seed, options=options)
+        (obs, infos), _ = await self._run_env(self.env.reset, seed=seed, options=options)
         self._needs_reset = False
         if self._metrics is not None:
             self._metrics.resets.inc()
         response = pb.ResetResponse()
-        codec.encode_value(obs, response.observations, "observations")
+        _encode_outputs(obs, response.observations, "observations")
         _encode_infos(infos, response.infos)
         return response
 
@@ -299,16 +344,42 @@ class EnvService(pb_grpc.EnvServiceServicer):
     ) -> None:
         # One response per request, in order, until the client half-closes; an error ends the stream
         # with the status Step would have returned.
+        task = asyncio.current_task()
+        assert task is not None
         while True:
-            request = await context.read()
+            if self.draining:
+                await self.abort(context, _shutting_down(), "StepStream")
+            # While it waits for a request, the stream is idle: a shutdown ends it at once (a stream
+            # that is stepping finishes its step first).
+            self._idle_streams.add(task)
+            try:
+                request = await context.read()
+            except asyncio.CancelledError:
+                if self.draining:
+                    await self.abort(context, _shutting_down(), "StepStream")
+                raise
+            finally:
+                self._idle_streams.discard(task)
             if request is grpc.aio.EOF:
                 return
             try:
+                if isinstance(request, MalformedRequest):
+                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, request.message)
                 response = await self._step(request)
             except Exception as err:
                 await self.abort(context, err, "StepStream")
                 return
             await context.write(response)
+
+    def drain(self) -> None:
+        """Start shutting down: refuse new sessions and steps, end the session and idle step streams.
+
+        Calls in flight (a step being computed) finish; the server's ``stop(grace)`` waits for them.
+        """
+        self.draining = True
+        self.end_all("server shutting down")
+        for task in list(self._idle_streams):
+            task.cancel()
 
     async def _step(self, request: pb.StepRequest) -> pb.StepResponse:
         start = time.perf_counter()
@@ -320,20 +391,29 @@ class EnvService(pb_grpc.EnvServiceServicer):
             actions = check_actions(self._act_space, actions, self._num_envs)
         except InvalidActionError as err:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
-        (obs, rewards, terminations, truncations, infos), env_seconds = await self._run_env(self._env.step, actions)
+        (obs, rewards, terminations, truncations, infos), env_seconds = await self._run_env(self.env.step, actions)
         self.steps += 1
         response = pb.StepResponse(env_seconds=env_seconds)
-        codec.encode_value(obs, response.observations, "observations")
-        codec.encode_tensor(np.asarray(rewards, dtype=np.float64), response.rewards, "rewards")
-        codec.encode_tensor(np.asarray(terminations, dtype=np.bool_), response.terminations, "terminations")
-        codec.encode_tensor(np.asarray(truncations, dtype=np.bool_), response.truncations, "truncations")
+        _encode_outputs(obs, response.observations, "observations")
+        try:
+            codec.encode_tensor(np.asarray(rewards, dtype=np.float64), response.rewards, "rewards")
+            codec.encode_tensor(np.asarray(terminations, dtype=np.bool_), response.terminations, "terminations")
+            codec.encode_tensor(np.asarray(truncations, dtype=np.bool_), response.truncations, "truncations")
+        except (TypeError, ValueError) as err:
+            raise ServiceError(
+                grpc.StatusCode.INTERNAL, f"the env returned rewards or flags that are not numbers: {err}"
+            ) from err
         _encode_infos(infos, response.infos)
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
         return response
 
     async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-        """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised."""
+        """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised.
+
+        Envs wrapped in IsolateErrors (all but ``vector_entry_point`` ones) report their own
+        exceptions per env; what reaches here failed the whole vector env.
+        """
         async with self._env_lock:
             start = time.perf_counter()
             try:
@@ -341,8 +421,16 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     result = fn(*args, **kwargs)
                 else:
                     loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-            except Exception as err:
+                    future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+                    try:
+                        result = await asyncio.shield(future)
+                    except asyncio.CancelledError:
+                        # The call was cancelled (its learner went away or gave up), but the env
+                        # goes on in its thread: keep the lock until it is done, so that no other
+                        # call (the learner's next Reset, say) touches the env meanwhile.
+                        await _wait_uncancellable(future)
+                        raise
+            except (Exception, SystemExit, KeyboardInterrupt) as err:
                 # The env's state is unknown after it raised: the learner must reset before stepping.
                 self._needs_reset = True
                 log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
@@ -355,8 +443,36 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._env_seconds += _EWMA_WEIGHT * (elapsed - self._env_seconds)
         return result, elapsed
 
+    async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread that runs slow env calls (building the envs, say)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _same_id(session_id: str, given: str) -> bool:
+    """Whether ``given`` is ``session_id``, compared in constant time (any text, not only ASCII)."""
+    return bool(given) and secrets.compare_digest(session_id.encode(), given.encode("utf-8", "replace"))
+
+
+def _shutting_down() -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; connect to another one")
+
+
+async def _wait_uncancellable(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` is done, whatever cancellations arrive meanwhile."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(future)
+
+
+def _encode_outputs(outputs: Any, out: pb.Value, where: str) -> None:
+    """Encode what the env returned; a value the wire cannot carry is the env's fault (INTERNAL)."""
+    try:
+        codec.encode_value(outputs, out, where)
+    except codec.CodecError as err:
+        raise ServiceError(grpc.StatusCode.INTERNAL, f"the env returned {where} that cannot be sent: {err}") from err
 
 
 def _encode_infos(infos: dict[str, Any], out: pb.Value) -> None:

@@ -1,7 +1,8 @@
-"""Small envs for the tests, served by entry point (``tests.envs:DictEnv``, ``tests.envs:ClockEnv``)."""
+"""Small envs for the tests, served by entry point (``tests.envs:DictEnv``, ``tests.envs:FaultyEnv``, ...)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -122,3 +123,130 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         self._t += 1
         over = self._t >= self.length
         return self._obs(), reward, over and self.end == "terminate", over and self.end == "truncate", {}
+
+
+class FuzzEnv(gym.Env[np.ndarray, dict[str, Any]]):
+    """A nested action space (Dict of Box, Discrete, MultiBinary and a Tuple), for fuzzing the server's checks."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Dict(
+            {
+                "move": gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+                "pick": gym.spaces.Discrete(3),
+                "flags": gym.spaces.MultiBinary(2),
+                "pair": gym.spaces.Tuple((gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Discrete(2, start=-1))),
+            }
+        )
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action: dict[str, Any]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        assert self.action_space.contains(action), action  # the server's checks let only valid actions through
+        self._t += 1
+        return np.full(2, 0.5, dtype=np.float32), 1.0, False, self._t >= 50, {}
+
+
+class FaultyEnv(gym.Env[np.ndarray, np.int64]):
+    """CartPole-sized faults on demand: raise in ``step`` or ``reset``, or hang in ``step``.
+
+    ``raise_at``/``hang_at`` count this env's steps over its whole life (1 = its first step), so a
+    fault happens once; ``fault_env`` picks which of the server's envs misbehaves (by creation
+    order within the server process; -1: all). ``raise_in_reset`` makes every reset after the
+    first ``raise_in_reset`` resets raise (-1: never). Observations are ``[t, episode]``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    _created: ClassVar[int] = 0
+
+    def __init__(
+        self,
+        raise_at: int = -1,
+        hang_at: int = -1,
+        hang_s: float = 3600.0,
+        raise_in_reset: int = -1,
+        fault_env: int = 0,
+        length: int = 50,
+    ) -> None:
+        self.index = FaultyEnv._created
+        FaultyEnv._created += 1
+        faulty = fault_env in (-1, self.index)
+        self.raise_at = raise_at if faulty else -1
+        self.hang_at = hang_at if faulty else -1
+        self.hang_s = hang_s
+        self.raise_in_reset = raise_in_reset if faulty else -1
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._steps = 0
+        self._resets = 0
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t, self._resets], dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if 0 <= self.raise_in_reset <= self._resets:
+            raise RuntimeError(f"reset failed on purpose (env {self.index})")
+        self._resets += 1
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self._steps == self.raise_at:
+            raise ValueError(f"step {self._steps} failed on purpose (env {self.index})")
+        if self._steps == self.hang_at:
+            time.sleep(self.hang_s)
+        self._t += 1
+        return self._obs(), 1.0, False, self._t >= self.length, {}
+
+
+class IndexEnv(gym.Env[np.ndarray, np.int64]):
+    """An env whose observation says who it is and what it saw: for checking that no result is lost or misrouted.
+
+    Observation ``[token, index, t, last_action]``: ``token`` is random per server process (a
+    restarted server has a new one), ``index`` the env's creation order within the server, ``t``
+    the step count within the episode (0 after reset), ``last_action`` the action of its last step
+    (-1 after reset). Actions are Discrete(1000): a learner sends each env a different one and
+    checks that the env echoes it.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    _created: ClassVar[int] = 0
+    _token: ClassVar[float] = float(np.random.default_rng().integers(1, 2**24))
+
+    def __init__(self, length: int = 100) -> None:
+        self.index = IndexEnv._created
+        IndexEnv._created += 1
+        self.length = length
+        self.observation_space = gym.spaces.Box(-1.0, np.inf, shape=(4,), dtype=np.float64)
+        self.action_space = gym.spaces.Discrete(1000)
+        self._t = 0
+        self._last = -1
+
+    def _obs(self) -> np.ndarray:
+        return np.array([IndexEnv._token, self.index, self._t, self._last], dtype=np.float64)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t, self._last = 0, -1
+        return self._obs(), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        self._last = int(action)
+        return self._obs(), 1.0, False, self._t >= self.length, {}

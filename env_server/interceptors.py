@@ -1,0 +1,156 @@
+"""The server's interceptors: the shared-token check (UNAUTHENTICATED), and INVALID_ARGUMENT for bytes that are no message.
+
+TokenAuthInterceptor. Clients send ``authorization: Bearer <token>`` metadata with every call (``RemoteVectorEnv(...,
+auth_token=...)``). The comparison takes the same time whatever the token given (``hmac.compare_digest``),
+so a caller cannot find the token byte by byte by timing refusals.
+
+The gRPC health service stays open: container and Kubernetes probes cannot send a token, and it
+tells nothing but SERVING or NOT_SERVING. Everything of EnvService, GetSpec included, needs the token.
+
+RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
+end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message
+type instead, like any other malformed request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from env_server.protocol import AUTH_METADATA_KEY, check_token
+
+__all__ = ["OPEN_SERVICES", "MalformedRequest", "RequestGuardInterceptor", "TokenAuthInterceptor"]
+
+log = logging.getLogger(__name__)
+
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+"""Method prefixes served without a token."""
+
+# Seconds between two log lines about refused calls (a scan or a misconfigured learner may send many).
+_LOG_EVERY_S = 10.0
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Lets through calls whose ``authorization`` metadata is ``Bearer <token>``; refuses the rest.
+
+    ``on_refusal`` (e.g. a metrics counter) is called once per refused call.
+    """
+
+    def __init__(self, token: str, on_refusal: Callable[[], None] | None = None) -> None:
+        self._expected = f"Bearer {check_token(token)}".encode()
+        self._on_refusal = on_refusal
+        self._refused = 0
+        self._last_log = -_LOG_EVERY_S
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(OPEN_SERVICES):
+            return handler
+        given = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == AUTH_METADATA_KEY:
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        if hmac.compare_digest(given, self._expected):
+            return handler
+        reason = "no token was sent" if not given else "the token is wrong"
+        return self._refusal(handler, method, reason)
+
+    def _refusal(self, handler: grpc.RpcMethodHandler, method: str, reason: str) -> grpc.RpcMethodHandler:
+        message = (
+            f"{method}: this server requires an auth token and {reason}; pass the server's token "
+            "(RemoteVectorEnv(auth_token=...), learner train --auth-token or ENVFLEET_AUTH_TOKEN)"
+        )
+
+        async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+            self._note(method, context.peer(), reason)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        return _handler_like(handler, refuse, handler.request_deserializer)
+
+    def _note(self, method: str, peer: str, reason: str) -> None:
+        self._refused += 1
+        if self._on_refusal is not None:
+            self._on_refusal()
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY_S:
+            self._last_log = now
+            log.warning("refused %s from %s: %s (%d refused calls so far)", method, peer, reason, self._refused)
+
+
+class MalformedRequest:
+    """What a request that does not parse becomes (instead of an exception inside gRPC): the reason."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
+    """Requests that are no valid message reach the handler as :class:`MalformedRequest`; unary ones
+    are refused here with INVALID_ARGUMENT. Streaming handlers that read with ``context.read()``
+    (StepStream) check for it themselves."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        deserialize = handler.request_deserializer
+
+        def parse(data: bytes) -> Any:
+            try:
+                return deserialize(data)
+            except Exception as err:
+                return MalformedRequest(
+                    f"{method}: the request is not a valid protobuf message of this method "
+                    f"({type(err).__name__}: {err}); is the client built from envfleet.v1's proto?"
+                )
+
+        if handler.request_streaming:
+            return _handler_like(handler, handler.stream_stream or handler.stream_unary, parse)
+        inner = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        if handler.response_streaming:
+
+            async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                if isinstance(request, MalformedRequest):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                async for response in inner(request, context):
+                    yield response
+
+            return _handler_like(handler, guarded_stream, parse)
+
+        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, MalformedRequest):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            return await inner(request, context)
+
+        return _handler_like(handler, guarded, parse)
+
+
+def _handler_like(
+    handler: grpc.RpcMethodHandler, behavior: Callable[..., Any], deserializer: Callable[[bytes], Any] | None
+) -> grpc.RpcMethodHandler:
+    """A handler of the same kind (unary or streaming, both ways) as ``handler`` that runs ``behavior``."""
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return make(  # type: ignore[no-any-return]
+        behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer
+    )

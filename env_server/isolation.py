@@ -1,0 +1,118 @@
+"""IsolateErrors: one env's exception ends that env's episode instead of failing the whole batch.
+
+A server steps K envs as one vector env. Without this wrapper, an exception in env j's ``step``
+aborts the batch half done: envs before j have stepped, envs after j have not, and the vector env's
+bookkeeping (autoreset flags, observation buffers) is left in between, so the only safe answer is an
+``INTERNAL`` error for the whole batch, the other K-1 results lost, and a full reset.
+
+Wrapped around every env instead (inside the vector env, so also in the worker processes of
+``--vectorization async``), an exception becomes a *per-env error record*: the env's step returns
+its last observation, reward 0 and ``truncated=True`` with ``info["env_error"]`` = the exception's
+type and message, and the other envs' results go back as usual. ``truncated`` makes the vector env
+reset that env by its own autoreset rule (at once under same-step autoreset, on the next step under
+next-step autoreset), so the env starts a fresh episode; the reset's info carries the same
+``env_error``, so under either autoreset mode the step the error happened in has ``env_error`` set
+in the batch's top-level infos (gymnasium's ``_env_error`` mask names the env). A reset that raises
+too leaves the env *out of order*: it returns a placeholder observation (its last one, or zeros)
+with ``env_error`` set, and every later step of it is again reported as truncated with
+``env_error``, so each autoreset tries again until a reset works.
+
+Rule for learners: a step whose ``env_error`` is set for an env is not a transition of that env (its
+action was not applied, or its result was lost); the observation is a placeholder or a new episode's
+first observation. ``RemoteVectorEnv`` reports such envs in ``infos["env_unavailable"]`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["ENV_ERROR_KEY", "IsolateErrors", "zero_observation"]
+
+log = logging.getLogger(__name__)
+
+ENV_ERROR_KEY = "env_error"
+"""The info key of a per-env error record: text, ``"<where>: <ExceptionType>: <message>"``."""
+
+# What an env's code may raise that must not end the server: every Exception, and the two
+# BaseExceptions an env might raise by mistake (the server handles its own signals without them).
+_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)
+
+# Longest error text sent to the learner (an exception's message may be huge).
+_MAX_MESSAGE = 500
+# Tracebacks logged per env before its errors are only counted (an env may fail on every step).
+_LOGGED_TRACEBACKS = 3
+
+
+def zero_observation(space: gym.Space[Any]) -> Any:
+    """An observation of ``space``'s layout, all zeros (a placeholder, not necessarily inside the space)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: zero_observation(sub) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(zero_observation(sub) for sub in space.spaces)
+    return np.zeros(space.shape or (), dtype=space.dtype)
+
+
+def _describe(where: str, err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    message = f"{where}: {type(err).__name__}: {text}" if text else f"{where}: {type(err).__name__}"
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
+
+
+class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
+    """Turns exceptions of the wrapped env's ``step`` and ``reset`` into ``info["env_error"]`` (see module doc)."""
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self._last_obs: Any = None
+        # The error that ended the current episode, reported again with the next reset's info.
+        self._pending: str | None = None
+        # Why the env is out of order (its last reset raised), or None while it works.
+        self._broken: str | None = None
+        self.errors = 0
+        """Exceptions caught so far (step and reset)."""
+
+    def _placeholder(self) -> Any:
+        return self._last_obs if self._last_obs is not None else zero_observation(self.observation_space)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except _CAUGHT as err:
+            self.errors += 1
+            message = _describe("reset", err)
+            if self._broken is None and self.errors <= _LOGGED_TRACEBACKS:
+                log.warning("an env raised in reset; it is out of order until a reset works", exc_info=True)
+            self._broken = message
+            self._pending = None
+            return self._placeholder(), {ENV_ERROR_KEY: message}
+        if self._broken is not None:
+            log.info("an env that was out of order reset fine again")
+            self._broken = None
+        self._last_obs = obs
+        if self._pending is not None:
+            info = {**info, ENV_ERROR_KEY: self._pending}
+            self._pending = None
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        if self._broken is not None:
+            message = f"out of order since {self._broken}"
+            self._pending = message
+            return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+        except _CAUGHT as err:
+            self.errors += 1
+            message = _describe("step", err)
+            if self.errors <= _LOGGED_TRACEBACKS:
+                log.warning("an env raised in step; its episode ends and it is reset", exc_info=True)
+            elif self.errors % 100 == 0:
+                log.warning("an env raised in step again (%d errors so far): %s", self.errors, message)
+            self._pending = message
+            return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
+        self._last_obs = obs
+        return obs, reward, terminated, truncated, info
