@@ -2,10 +2,17 @@
 
     python -m env_server.health                       # 127.0.0.1:$ENVFLEET_PORT (default 50051)
     python -m env_server.health --address 10.0.0.5:50051 --service envfleet.v1.EnvService
+    python -m env_server.health --tls-ca certs/ca.crt    # a server started with --tls-cert/--tls-key
 
 The container image's HEALTHCHECK runs this file by path (``python -I .../health.py``), which skips
 the package's ``__init__`` (numpy, gymnasium): a probe then costs grpc's import alone, ~0.1 s of CPU
 every interval per replica. So this module imports nothing from ``env_server``.
+
+The health service needs no auth token (probes cannot send one). A server that speaks TLS is asked
+over TLS: in its container (``ENVFLEET_TLS_CERT`` set) the probe verifies it with ``ENVFLEET_TLS_CA``,
+or, without one, with the server's own certificate file (a self-signed certificate, or a chain file
+that ends with its CA); ``ENVFLEET_TLS_SERVER_NAME`` names the host the certificate is for when it
+does not cover 127.0.0.1 or localhost.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["check", "default_address", "main"]
+__all__ = ["check", "default_address", "default_tls", "main"]
 
 # A server listening on every interface is asked on loopback.
 _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
@@ -34,13 +41,32 @@ def default_address(environ: Mapping[str, str] = os.environ) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def check(address: str, service: str = "", timeout: float = 3.0) -> str:
+def default_tls(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+    """(CA file, server name) for probing the server started with the same ``ENVFLEET_*`` variables."""
+    if not environ.get("ENVFLEET_TLS_CERT"):
+        return None, None
+    ca = environ.get("ENVFLEET_TLS_CA") or environ["ENVFLEET_TLS_CERT"]
+    return ca, environ.get("ENVFLEET_TLS_SERVER_NAME") or None
+
+
+def check(
+    address: str, service: str = "", timeout: float = 3.0, tls_ca: str | None = None, tls_server_name: str | None = None
+) -> str:
     """The health status name (``SERVING``, ``NOT_SERVING``, ...) of ``service`` at ``address``.
+
+    With ``tls_ca`` (a PEM file of CA certificates) the server is asked over TLS and verified with it.
 
     Raises:
         grpc.RpcError: nothing answered within ``timeout`` seconds, or the service is unknown.
     """
-    with grpc.insecure_channel(address) as channel:
+    if tls_ca is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        with open(tls_ca, "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        channel = grpc.secure_channel(address, credentials, options=options)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
@@ -62,10 +88,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=3.0, help="seconds to wait for an answer (default: %(default)s)"
     )
+    ca, name = default_tls()
+    parser.add_argument(
+        "--tls-ca",
+        default=ca,
+        metavar="PATH",
+        help="ask over TLS, verifying the server with these CA certificates (default: from ENVFLEET_TLS_CA or "
+        "ENVFLEET_TLS_CERT when the server's variables say TLS; else plaintext)",
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default=name,
+        metavar="NAME",
+        help="the name the server's certificate holds, if not the host of --address (default: ENVFLEET_TLS_SERVER_NAME)",
+    )
     args = parser.parse_args(argv)
     address = args.address or default_address()
     try:
-        status = check(address, args.service, args.timeout)
+        status = check(address, args.service, args.timeout, args.tls_ca, args.tls_server_name)
+    except OSError as err:
+        print(f"{address}: unhealthy: cannot read --tls-ca {args.tls_ca}: {err.strerror}", file=sys.stderr)
+        return 1
     except grpc.RpcError as err:
         if err.code() is grpc.StatusCode.NOT_FOUND:
             print(f"{address}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)

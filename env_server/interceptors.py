@@ -151,6 +151,4 @@ def _handler_like(
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(bool(handler.request_streaming), bool(handler.response_streaming))]
-    return make(  # type: ignore[no-any-return]
-        behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer
-    )
+    return make(behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer)

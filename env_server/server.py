@@ -120,6 +120,12 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             raise OSError(f"cannot listen on {address}: {err}") from err
         await server.start()
         if env is None:
+            log.info(
+                "building %d x %s (health: NOT_SERVING until done), listening on port %s",
+                config.num_envs,
+                config.env,
+                address if config.unix_socket else port,
+            )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
             env = await service.run_in_env_thread(build_vector_env, config)
     except BaseException:

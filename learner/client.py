@@ -26,7 +26,7 @@ from learner.errors import (
     SessionError,
 )
 
-__all__ = ["EnvClient", "channel_options", "timeout_error", "translate_error"]
+__all__ = ["EnvClient", "channel_credentials", "channel_options", "timeout_error", "translate_error"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ class EnvClient:
         client_name: str | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         credentials: grpc.ChannelCredentials | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -122,6 +123,10 @@ class EnvClient:
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
         self.metadata = tuple(metadata)
         options = channel_options()
+        if tls_server_name:
+            # The name the server's certificate must hold, when it is not the host in the address
+            # (servers reached by IP, or through a compose/Kubernetes name the certificate lacks).
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
         if credentials is None:
             self.channel = grpc.aio.insecure_channel(address, options=options)
         else:
@@ -237,6 +242,28 @@ class EnvClient:
             code=code,
         )
 
+    # -- failures ---------------------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Drop the session's streams at once, without waiting on a server that may be dead or hung.
+
+        The session id is kept (``session_id``) so that a reconnect can release it on a server that
+        turns out to be alive; the channel stays open and reconnects by itself.
+        """
+        if self._steps is not None:
+            self._steps.cancel()
+            self._steps = None
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+
+    async def release_session(self, session_id: str, timeout: float) -> None:
+        """End ``session_id`` on the server (best effort; unknown or ended sessions are fine)."""
+        try:
+            await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as err:
+            log.debug("release of an old session on %s failed: %s", self.address, err)
+
     # -- shutdown -------------------------------------------------------------------------------
 
     async def release(self, timeout: float = 2.0) -> None:
@@ -259,3 +286,25 @@ class EnvClient:
     async def close(self) -> None:
         await self.release()
         await self.channel.close()
+
+
+def channel_credentials(
+    tls: bool | str | os.PathLike[str], server_name: str | None = None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials for ``tls``: False -> None (plaintext); True -> the system's CA roots; a path ->
+    the CA certificate(s) in that PEM file. ``server_name`` is handled by :func:`tls_options`."""
+    if tls is False or tls is None:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    path = os.fspath(tls)
+    try:
+        with open(path, "rb") as f:
+            roots = f.read()
+    except OSError as err:
+        raise ValueError(f"tls: cannot read the CA certificate file {path!r}: {err.strerror}") from err
+    if b"-----BEGIN CERTIFICATE-----" not in roots:
+        raise ValueError(
+            f"tls: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
+        )
+    return grpc.ssl_channel_credentials(root_certificates=roots)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
@@ -15,14 +16,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space, create_empty_array
+from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
 from env_server import codec
+from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from learner.batching import merge_infos, slice_batch, write_batch
-from learner.client import EnvClient, timeout_error
+from learner.client import EnvClient, channel_credentials, timeout_error
 from learner.discovery import AddressError, expand_addresses
 from learner.errors import ServerUnavailableError, SpecMismatchError
+from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
@@ -55,6 +58,38 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     For the same seeds and actions, each env's results are exactly those :meth:`step` gives.
 
+    Failures. By default a server that fails (connection lost, no answer within ``timeout``, its
+    session gone, its vector env broken) raises a :class:`~learner.errors.RemoteEnvError` naming it,
+    as a local vector env raises when an env does: the gymnasium contract has no way to say "these
+    envs are gone", and a caller that does not expect it would otherwise learn from made-up data
+    without knowing. With ``fault_tolerant=True`` (``learner train``'s default) a failed server
+    costs its own envs only, and :meth:`step` keeps returning promptly:
+
+    * On the step where the server is lost, its envs' episodes end as *truncated*, with reward 0
+      and their last observation (under same-step autoreset also as ``infos["final_obs"]``).
+    * While it is down, its envs return their last observation, reward 0, no termination or
+      truncation; a reconnect task retries the same address with exponential backoff (``backoff``:
+      first and longest wait, seconds; plus gRPC's own reconnects), releasing this learner's old
+      session if the server turns out to be the same process (its server id tells a restarted
+      server from a live one), then opens a new session and resets the envs (unseeded).
+    * The step after that hands over the reset's observations, reward 0: new episodes. From the
+      next step on the envs are stepped as before. Rejoining takes a moment after the server is
+      back (about the channel's reconnect backoff, at most 2 s, plus one round trip per call).
+    * ``infos["env_unavailable"]`` (with gymnasium's ``"_env_unavailable"`` mask) is True for an env
+      on every step whose result is no transition of that env: while its server is lost or down,
+      on the step it rejoins, and on steps where the server reported the env's own exception
+      (``infos["env_error"]``, which the server always isolates, fault-tolerant or not). A learner
+      drops those steps from its batch (they are not transitions; the observation is stale or a new
+      episode's first), and bootstraps the step before a loss as a truncation. The key is absent
+      while every env is available, so results are identical to plain stepping when nothing fails.
+    * If no server is up, :meth:`step` waits up to ``min(timeout, 1 s)`` for one to come back before
+      returning, so a training loop does not spin.
+
+    Invalid actions (:class:`~learner.errors.InvalidRequestError`) and a refused token
+    (:class:`~learner.errors.AuthenticationError`) raise in either mode: they are the caller's to
+    fix. Counters: :meth:`fault_stats` (cumulative) and :meth:`replica_stats` (per window). All
+    servers must be reachable when the env is made (their spaces and sizes are learned then).
+
     Example:
         >>> envs = RemoteVectorEnv(["127.0.0.1:50051", "127.0.0.1:50052"])  # doctest: +SKIP
         >>> obs, infos = envs.reset(seed=42)  # env i gets seed 42 + i         # doctest: +SKIP
@@ -64,7 +99,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         addresses: server addresses, a list or one comma-separated string: ``host:port``,
             ``unix:/path``, or ``dns:///name:port`` (every address the name resolves to).
         timeout: seconds each call (reset, step, handshake) may take before it fails with
-            :class:`~learner.errors.RemoteTimeoutError`.
+            :class:`~learner.errors.RemoteTimeoutError` (or, fault-tolerant, before its server
+            counts as lost).
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
@@ -73,6 +109,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         auth_token: token sent with every call, for servers started with ``--auth-token``.
         num_groups: how many groups the servers form for :meth:`send` / :meth:`recv` (contiguous,
             as even as possible; at most one group per server).
+        fault_tolerant: keep going when servers fail (see Failures above) instead of raising.
+        backoff: first and longest wait between reconnect attempts, in seconds (fault-tolerant).
+        tls: False for plaintext; True for TLS verified with the system's CA roots; or the path of
+            a PEM file with the CA certificate(s) that signed the servers' certificates.
+        tls_server_name: the name the servers' certificates must hold, when it is not the host in
+            the address (servers reached by IP or by a name their certificate lacks).
 
     Servers may come and go: :meth:`refresh` looks ``addresses`` up again (a ``compose:`` or
     ``dns:///`` name finds replicas added or removed since) and grows or shrinks the fleet.
@@ -88,6 +130,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         copy: bool = True,
         auth_token: str | None = None,
         num_groups: int = 1,
+        fault_tolerant: bool = False,
+        backoff: tuple[float, float] = (0.1, 2.0),
+        tls: bool | str | os.PathLike[str] = False,
+        tls_server_name: str | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
@@ -95,14 +141,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"connect_timeout: expected seconds > 0, got {connect_timeout!r}")
         if not (isinstance(num_groups, int) and num_groups >= 1):
             raise ValueError(f"num_groups: expected an int >= 1, got {num_groups!r}")
+        if not (len(backoff) == 2 and 0 < backoff[0] <= backoff[1]):
+            raise ValueError(f"backoff: expected (first, longest) seconds with 0 < first <= longest, got {backoff!r}")
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
         self.copy = copy
+        self.fault_tolerant = bool(fault_tolerant)
+        self.backoff = (float(backoff[0]), float(backoff[1]))
         self._client_name = client_name
-        self._metadata = (("authorization", f"Bearer {auth_token}"),) if auth_token else ()
+        self._metadata = bearer_metadata(auth_token) if auth_token else ()
+        self._credentials = channel_credentials(tls)
+        self._tls_server_name = tls_server_name
         self._state = AsyncState.DEFAULT
         self.closed = False
         self._clients: list[EnvClient] = []
+        self._replicas: list[Replica] = []
         # One step in flight per server at most: its task (send, then receive) until taken in.
         self._tasks: list[asyncio.Task[tuple[pb.StepResponse, float]] | None] = []
         # The loop this env's gRPC calls run on (see LoopRunner): they always use the same one.
@@ -139,24 +192,44 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
         self._tasks = [None] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
+        self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
+        # Fault tolerance: each server's state, and the counters of fault_stats().
+        self._replicas = [self._replica(c) for c in self._clients]
+        self._rejoined = asyncio.Event()
+        self._env_steps_lost = 0
+        self._env_error_steps = 0
         log.info(
-            "connected to %d env server(s), %d envs of %s: %s",
+            "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
             self.num_envs,
             first.env_id,
+            " (fault-tolerant)" if self.fault_tolerant else "",
             ", ".join(self.addresses),
         )
 
     # -- connecting -------------------------------------------------------------------------------
 
+    def _client(self, address: str) -> EnvClient:
+        return EnvClient(
+            address,
+            timeout=self.timeout,
+            client_name=self._client_name,
+            metadata=self._metadata,
+            credentials=self._credentials,
+            tls_server_name=self._tls_server_name,
+        )
+
+    @staticmethod
+    def _replica(client: EnvClient) -> Replica:
+        assert client.spec is not None
+        return Replica(client=client, spec=client.spec, sessions=[client.session_id])
+
     async def _connect(self, endpoints: list[str]) -> list[EnvClient]:
         clients: list[EnvClient] = []
         try:
             for address in endpoints:
-                clients.append(
-                    EnvClient(address, timeout=self.timeout, client_name=self._client_name, metadata=self._metadata)
-                )
+                clients.append(self._client(address))
             # Connect to all servers at once, within one shared deadline.
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
             _, late = await asyncio.wait(readies, timeout=self.connect_timeout)
@@ -164,9 +237,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 for task in late:
                     task.cancel()
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
+                hint = "is the server running, and is the address right?"
+                if self._credentials is not None:
+                    hint += (
+                        " With TLS, the server must speak TLS with a certificate signed by the CA given and "
+                        "made for the address's host (or tls_server_name)"
+                    )
                 raise ServerUnavailableError(
-                    f"env server {client.address}: nothing answered within {self.connect_timeout:g} s "
-                    "(is the server running, and is the address right?)",
+                    f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
                     address=client.address,
                 )
             responses = await gather(*(c.handshake() for c in clients), return_exceptions=True)
@@ -232,6 +310,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         first, last = self._clients[servers[0]], self._clients[servers[-1]]
         return slice(first.env_offset, last.env_offset + last.num_envs)
 
+    @property
+    def available(self) -> np.ndarray:
+        """Bool per env: whether its server is up now (always all True unless ``fault_tolerant``)."""
+        out = np.ones(self.num_envs, dtype=np.bool_)
+        for replica, sl in zip(self._replicas, self.env_slices, strict=True):
+            if replica.state is not ReplicaState.UP:
+                out[sl] = False
+        return out
+
     # -- the VectorEnv API --------------------------------------------------------------------------
 
     def reset(
@@ -240,7 +327,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """Reset every env (or those in ``options["reset_mask"]``); env i gets seed ``seed + i``."""
+        """Reset every env (or those in ``options["reset_mask"]``); env i gets seed ``seed + i``.
+
+        Fault-tolerant, the envs of servers that are down are not reset: they are reported in
+        ``infos["env_unavailable"]`` and rejoin (with new, unseeded episodes) once their server is back.
+        """
         self._assert_idle("reset")
         seeds = self._seeds(seed)
         options = dict(options) if options else {}
@@ -256,23 +347,39 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
 
         calls = []
-        for client, sl in zip(self._clients, self.env_slices, strict=True):
+        for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
+            if self._replicas[i].state is ReplicaState.DOWN:
+                continue
             sub_mask = None if mask is None else mask[sl]
             if sub_mask is not None and not sub_mask.any():
                 continue
             sub_seeds = None if seeds is None else seeds[sl]
-            calls.append(
-                (client, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist()))
-            )
+            calls.append((i, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist())))
         results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
-        self._raise_first([r for r in results if isinstance(r, BaseException)])
+        errors = []
+        for (i, _), result in zip(calls, results, strict=True):
+            if isinstance(result, BaseException):
+                if self.fault_tolerant and is_outage(result):
+                    self._lose(i, result, truncate=False)  # no episode was under way
+                else:
+                    errors.append(result)
+        self._raise_first(errors)
         self._stale = self._stale and mask is not None
         parts = []
-        for (client, _), response in zip(calls, results, strict=True):
+        for (i, _), response in zip(calls, results, strict=True):
+            replica = self._replicas[i]
+            if replica.state is ReplicaState.DOWN:
+                continue
+            replica.state, replica.fresh = ReplicaState.UP, None  # a READY server's own reset is superseded
+            client = self._clients[i]
             obs = codec.decode_value(response.observations, "observations")
             write_batch(self._obs_buffer, obs, client.env_offset)
             parts.append((_infos(response), client.env_offset, client.num_envs))
         infos = merge_infos(parts, self.num_envs)
+        unavailable = ~self.available
+        if mask is not None:
+            unavailable &= mask
+        self._flag_unavailable(infos, unavailable)
         return self._observations(self._obs_buffer), infos
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None] | None:
@@ -355,14 +462,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             raise AlreadyPendingCallError(
                 f"send: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
             )
-        servers = self._groups[group]
-        if any(self._tasks[i] is not None for i in servers):
+        if self._in_flight[group]:
             raise AlreadyPendingCallError(
                 f"send: group {group} already has a step in flight; call recv({group}) first", "send"
             )
+        servers = self._groups[group]
         sl = self._group_slice(group)
         actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})")
         self._start(servers, actions, sl.start)
+        self._in_flight[group] = True
         self._runner.spin()
 
     def recv(self, group: int | None = None) -> tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -372,7 +480,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         The arrays cover the group's envs only (``group_slices[group]``), infos likewise.
         """
         self._assert_open()
-        in_flight = [g for g, servers in enumerate(self._groups) if self._tasks[servers[0]] is not None]
+        in_flight = [g for g in range(len(self._groups)) if self._in_flight[g]]
         if group is None:
             if not in_flight:
                 raise NoAsyncCallError("recv: no group has a step in flight; call send first", "recv")
@@ -383,20 +491,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 raise NoAsyncCallError(
                     f"recv: group {group} has no step in flight; call send(actions, {group})", "recv"
                 )
+        self._in_flight[group] = False
         return (group, *self._finish(self._groups[group]))
 
     async def _first_group_done(self, groups: list[int]) -> int:
         deadline = time.monotonic() + self.timeout
         while True:
             for g in groups:
-                if all(self._task(i).done() for i in self._groups[g]):
+                if all(t.done() for t in self._group_tasks(g)):
                     return g
-            pending = [self._task(i) for g in groups for i in self._groups[g] if not self._task(i).done()]
+            pending = [t for g in groups for t in self._group_tasks(g) if not t.done()]
             done, _ = await asyncio.wait(
                 pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
             )
             if not done:  # the deadline passed: _finish reports the late servers
                 return groups[0]
+
+    def _group_tasks(self, group: int) -> list[asyncio.Task[tuple[pb.StepResponse, float]]]:
+        """The steps in flight of a group's servers (none for servers that are down)."""
+        return [t for i in self._groups[group] if (t := self._tasks[i]) is not None]
 
     def _check_group(self, group: Any, method: str) -> None:
         if not isinstance(group, int | np.integer) or not 0 <= group < len(self._groups):
@@ -405,56 +518,162 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     # -- stepping, shared by step/step_async/step_wait and send/recv ------------------------------
 
     def _start(self, servers: Sequence[int], actions: Any, base: int) -> None:
-        """Create one task per server that sends its slice of ``actions`` (a batch starting at env ``base``)."""
+        """Create one task per server that is up: it sends its slice of ``actions`` (a batch starting at env ``base``)."""
         requests = []
+        sending = []
         for i in servers:  # all encoded before any is sent: a bad action leaves nothing in flight
+            if self._replicas[i].state is not ReplicaState.UP:
+                continue
             client = self._clients[i]
             start = client.env_offset - base
             request = client.step_request()
             codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
             requests.append(request)
-        for i, request in zip(servers, requests, strict=True):
+            sending.append(i)
+        for i, request in zip(sending, requests, strict=True):
             self._tasks[i] = self._runner.create_task(_exchange(self._clients[i], request))
-
-    def _task(self, server: int) -> asyncio.Task[tuple[pb.StepResponse, float]]:
-        task = self._tasks[server]
-        assert task is not None
-        return task
 
     def _finish(self, servers: Sequence[int]) -> StepResult:
         """Wait for the servers' tasks and join their results (a batch over their envs, in order)."""
-        tasks = [self._task(i) for i in servers]
+        tasks = {i: t for i in servers if (t := self._tasks[i]) is not None}
         for i in servers:
             self._tasks[i] = None
-        self._runner.wait(tasks, self.timeout)
+        if tasks:
+            self._runner.wait(list(tasks.values()), self.timeout)
+        elif self.fault_tolerant:
+            self._wait_for_rejoin(servers)
         errors: list[BaseException] = []
-        for i, task in zip(servers, tasks, strict=True):
+        for i, task in tasks.items():
             if task.cancelled():
                 client = self._clients[i]
-                errors.append(timeout_error(address=client.address, method="Step", timeout=self.timeout))
-            elif task.exception() is not None:
-                errors.append(task.exception())  # type: ignore[arg-type]
+                err: BaseException | None = timeout_error(address=client.address, method="Step", timeout=self.timeout)
+            else:
+                err = task.exception()
+            if err is None:
+                continue
+            if self.fault_tolerant and is_outage(err):
+                self._lose(i, err, truncate=True)
+            else:
+                errors.append(err)
         self._raise_first(errors)
 
         base = self._clients[servers[0]].env_offset
         count = sum(self._clients[i].num_envs for i in servers)
-        rewards = np.empty(count, dtype=np.float64)
-        terminations = np.empty(count, dtype=np.bool_)
-        truncations = np.empty(count, dtype=np.bool_)
+        rewards = np.zeros(count, dtype=np.float64)
+        terminations = np.zeros(count, dtype=np.bool_)
+        truncations = np.zeros(count, dtype=np.bool_)
+        unavailable = np.zeros(count, dtype=np.bool_)
         parts = []
-        for i, task in zip(servers, tasks, strict=True):
-            client = self._clients[i]
-            response, latency = task.result()
-            self._timers[i].record(latency, response.env_seconds)
+        for i in servers:
+            client, replica = self._clients[i], self._replicas[i]
             start, k = client.env_offset - base, client.num_envs
-            obs = codec.decode_value(response.observations, "observations")
-            write_batch(self._obs_buffer, obs, client.env_offset)
-            rewards[start : start + k] = codec.decode_tensor(response.rewards, "rewards")
-            terminations[start : start + k] = codec.decode_tensor(response.terminations, "terminations")
-            truncations[start : start + k] = codec.decode_tensor(response.truncations, "truncations")
-            parts.append((_infos(response), start, k))
+            if replica.state is ReplicaState.UP:
+                response, latency = tasks[i].result()
+                self._timers[i].record(latency, response.env_seconds)
+                obs = codec.decode_value(response.observations, "observations")
+                write_batch(self._obs_buffer, obs, client.env_offset)
+                rewards[start : start + k] = codec.decode_tensor(response.rewards, "rewards")
+                terminations[start : start + k] = codec.decode_tensor(response.terminations, "terminations")
+                truncations[start : start + k] = codec.decode_tensor(response.truncations, "truncations")
+                parts.append((_infos(response), start, k))
+                continue
+            unavailable[start : start + k] = True
+            if replica.state is ReplicaState.READY:
+                # Back: its envs were reset; this step hands over their first observations (the
+                # actions given for them now were computed from stale ones and are not sent).
+                fresh = replica.fresh
+                assert fresh is not None
+                replica.state, replica.fresh = ReplicaState.UP, None
+                write_batch(self._obs_buffer, codec.decode_value(fresh.observations, "observations"), client.env_offset)
+                parts.append((_infos(fresh), start, k))
+            elif replica.truncate_next:
+                # Lost during this step: the envs' episodes end here, truncated.
+                replica.truncate_next = False
+                truncations[start : start + k] = True
+                parts.append((self._lost_infos(client.env_offset, k), start, k))
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
-        return self._observations(obs), rewards, terminations, truncations, merge_infos(parts, count)
+        infos = merge_infos(parts, count)
+        self._flag_unavailable(infos, unavailable)
+        return self._observations(obs), rewards, terminations, truncations, infos
+
+    # -- failures -----------------------------------------------------------------------------------
+
+    def _lose(self, server: int, err: BaseException, *, truncate: bool) -> None:
+        """Mark a server down (its envs unavailable) and start reconnecting to it."""
+        replica, client = self._replicas[server], self._clients[server]
+        replica.state = ReplicaState.DOWN
+        replica.truncate_next = truncate
+        replica.failures += 1
+        replica.down_since = time.monotonic()
+        replica.last_error = str(err)
+        self._timers[server].failures += 1
+        client.abandon()
+        log.warning(
+            "env server %s lost (%s); its envs %d-%d are unavailable until it is back",
+            client.address,
+            err,
+            client.env_offset,
+            client.env_offset + client.num_envs - 1,
+        )
+
+        def on_ready() -> None:
+            self._timers[server].reconnects += 1
+            self._rejoined.set()
+
+        replica.reconnect_task = self._runner.create_task(
+            reconnect(
+                replica,
+                timeout=self.timeout,
+                connect_timeout=self.connect_timeout,
+                backoff=self.backoff,
+                on_ready=on_ready,
+            )
+        )
+
+    def _wait_for_rejoin(self, servers: Sequence[int]) -> None:
+        """No server of this step is up: give their reconnects a moment (so callers do not spin)."""
+        if any(self._replicas[i].state is ReplicaState.READY for i in servers):
+            return
+        self._rejoined.clear()
+        self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
+
+    def _lost_infos(self, offset: int, count: int) -> dict[str, Any]:
+        """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:
+        their last observations as ``final_obs``, as gymnasium reports a truncation)."""
+        if self.metadata["autoreset_mode"] is not gym.vector.AutoresetMode.SAME_STEP:
+            return {}
+        batch = slice_batch(self._obs_buffer, offset, offset + count)
+        final_obs = np.empty(count, dtype=object)
+        final_info = np.empty(count, dtype=object)
+        for j, single in enumerate(iterate(batch_space(self.single_observation_space, count), batch)):
+            final_obs[j] = deepcopy(single)
+            final_info[j] = {}
+        every = np.ones(count, dtype=np.bool_)
+        return {"final_obs": final_obs, "_final_obs": every, "final_info": final_info, "_final_info": every.copy()}
+
+    def _flag_unavailable(self, infos: dict[str, Any], unavailable: np.ndarray) -> None:
+        """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition."""
+        errors = infos.get("_env_error")
+        if errors is not None:
+            self._env_error_steps += int(np.count_nonzero(errors))
+            unavailable = unavailable | errors
+        if unavailable.any():
+            self._env_steps_lost += int(np.count_nonzero(unavailable))
+            infos["env_unavailable"] = unavailable
+            infos["_env_unavailable"] = unavailable.copy()
+
+    def fault_stats(self) -> FaultStats:
+        """Failures, reconnects and lost env steps so far, and how many servers and envs are down now."""
+        down = [(r, c) for r, c in zip(self._replicas, self._clients, strict=True) if r.state is not ReplicaState.UP]
+        return FaultStats(
+            failures=sum(r.failures for r in self._replicas),
+            reconnects=sum(r.reconnects for r in self._replicas),
+            server_restarts=sum(r.server_restarts for r in self._replicas),
+            env_steps_lost=self._env_steps_lost,
+            env_errors=self._env_error_steps,
+            servers_down=len(down),
+            envs_unavailable=sum(c.num_envs for _, c in down),
+        )
 
     def _as_batch(self, actions: Any, count: int, where: str) -> Any:
         """Check the leading (env) dimension of ``actions``; the servers check the rest."""
@@ -481,7 +700,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             raise AlreadyPendingCallError(
                 f"{method}: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
             )
-        busy = [g for g, servers in enumerate(self._groups) if any(self._tasks[i] is not None for i in servers)]
+        busy = [g for g in range(len(self._groups)) if self._in_flight[g]]
         if busy:
             raise AlreadyPendingCallError(
                 f"{method}: group(s) {busy} have a step in flight (send); call recv for each first", "send"
@@ -662,11 +881,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     # -- statistics -------------------------------------------------------------------------------
 
     def replica_stats(self, *, reset: bool = False) -> list[ReplicaStats]:
-        """Each server's step latency (p50, p99), env time and throughput since the last reset.
+        """Each server's step latency (p50, p99), env time, throughput, failures and reconnects since the last reset.
 
         ``reset=True`` starts a new window after reading (e.g. once per training iteration).
         """
-        stats = [timer.stats() for timer in self._timers]
+        stats = [
+            timer.stats(available=replica.state is ReplicaState.UP)
+            for timer, replica in zip(self._timers, self._replicas, strict=True)
+        ]
         if reset:
             for timer in self._timers:
                 timer.reset()
@@ -683,10 +905,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _close_clients(self) -> None:
         tasks: list[asyncio.Future[Any]] = [t for t in self._tasks if t is not None]
+        tasks += [r.reconnect_task for r in self._replicas if r.reconnect_task is not None]
         joining = [client for client, _ in self._joining.values()]
         tasks += [ready for _, ready in self._joining.values()]
         self._tasks = [None] * len(self._tasks)
         self._joining = {}
+        self._in_flight = [False] * len(getattr(self, "_groups", ()))
         self._state = AsyncState.DEFAULT
         with contextlib.suppress(Exception):
             self._runner.run_or_schedule(_close_all(self._clients + joining, tasks))
@@ -704,6 +928,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def __repr__(self) -> str:
         return f"RemoteVectorEnv({self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
 
 
 async def _exchange(client: EnvClient, request: pb.StepRequest) -> tuple[pb.StepResponse, float]:

@@ -35,6 +35,12 @@ class ReplicaStats:
     """Median time the server's envs took to step (reported by the server in each answer)."""
     env_p99_ms: float
     """99th percentile of the envs' step time."""
+    available: bool = True
+    """Whether the server is up now (fault-tolerant fleets; always True otherwise)."""
+    failures: int = 0
+    """Times the server was lost in the window."""
+    reconnects: int = 0
+    """Times it came back in the window."""
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """The numbers as a flat dict (for metrics.jsonl and TensorBoard), keys prefixed."""
@@ -51,6 +57,8 @@ class StepTimer:
         self._env = np.zeros(window)
         self._count = 0
         self._since = time.perf_counter()
+        self.failures = 0
+        self.reconnects = 0
 
     def record(self, latency_s: float, env_s: float) -> None:
         i = self._count % len(self._latency)
@@ -61,8 +69,10 @@ class StepTimer:
     def reset(self) -> None:
         self._count = 0
         self._since = time.perf_counter()
+        self.failures = 0
+        self.reconnects = 0
 
-    def stats(self) -> ReplicaStats:
+    def stats(self, available: bool = True) -> ReplicaStats:
         n = min(self._count, len(self._latency))
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         if n:
@@ -79,4 +89,7 @@ class StepTimer:
             latency_p99_ms=float(lat[1]),
             env_p50_ms=float(env[0]),
             env_p99_ms=float(env[1]),
+            available=available,
+            failures=self.failures,
+            reconnects=self.reconnects,
         )

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,3 +56,75 @@ def serve() -> Iterator[Serve]:
     for proc in procs:
         proc.kill()
         proc.wait(timeout=10)
+
+
+class ServerProcess:
+    """One ``env-server`` subprocess a test controls: kill it (SIGKILL or SIGTERM), start it again on the same address."""
+
+    def __init__(self, env: str, num_envs: int, *args: str, environ: dict[str, str] | None = None) -> None:
+        self.argv = ["--env", env, "--num-envs", str(num_envs), *args]
+        self.environ = environ
+        self.address = ""
+        self.proc: subprocess.Popen[str] | None = None
+        self.start("0")
+
+    def start(self, port: str | None = None) -> float:
+        """Start (again, on the same port unless ``port``); returns the time.monotonic() it said it was listening."""
+        port = port if port is not None else self.address.rpartition(":")[2]
+        env = {**os.environ, **self.environ} if self.environ else None
+        # The server's log lines, in a file: a pipe nobody reads could fill up and block the server.
+        if self.proc is not None:
+            self.log.close()
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "env_server", *self.argv, "--host", "127.0.0.1", "--port", port],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"env-server did not start: {line!r} {self.logs()[-2000:]}")
+        self.address = line.removeprefix("listening on ")
+        return time.monotonic()
+
+    def logs(self) -> str:
+        """What the server (its latest start) logged so far."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` and wait for the process to end; its exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+            self.log.close()
+
+
+SpawnServer = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def spawn_server() -> Iterator[SpawnServer]:
+    """``spawn_server(env, num_envs, *env_server_args, environ=None)`` -> a ServerProcess, stopped after the test."""
+    started: list[ServerProcess] = []
+
+    def spawn(env: str, num_envs: int = 1, *args: str, environ: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(env, num_envs, *args, environ=environ)
+        started.append(server)
+        return server
+
+    yield spawn
+    for server in started:
+        server.stop()

@@ -250,3 +250,11 @@ class IndexEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         self._last = int(action)
         return self._obs(), 1.0, False, self._t >= self.length, {}
+
+
+class SlowToBuildEnv(ClockEnv):
+    """A ClockEnv whose constructor takes ``build_s`` seconds (a big simulator loading its assets)."""
+
+    def __init__(self, build_s: float = 2.0) -> None:
+        time.sleep(build_s)
+        super().__init__()

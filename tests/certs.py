@@ -1,0 +1,92 @@
+"""Throwaway certificate authorities and server certificates for the TLS tests (``cryptography``)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass(frozen=True)
+class ServerFiles:
+    """PEM files: the CA certificate (clients verify with it), the server's certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_server_certs(
+    folder: Path, names: tuple[str, ...] = ("localhost", "127.0.0.1"), ca_name: str = "test CA"
+) -> ServerFiles:
+    """A new CA, and a server certificate it signs for ``names`` (DNS names or IP addresses), in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(ca_name))
+        .issuer_name(_name(ca_name))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt_names: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt_names.append(x509.DNSName(name))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(names[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = ServerFiles(ca=folder / "ca.crt", cert=folder / "server.crt", key=folder / "server.key")
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(_pem_key(key))
+    files.key.chmod(0o600)
+    return files

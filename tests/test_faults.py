@@ -1,0 +1,310 @@
+"""Servers that die, hang or come back, and envs that raise: the learner neither crashes nor hangs.
+
+Real servers (subprocesses) killed with SIGKILL and started again on the same port; envs from
+tests.envs that raise or hang on cue. IndexEnv observations ``[token, index, t, last_action]`` show
+that every result reaches the env it belongs to.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from env_server.health import check
+from learner import RemoteVectorEnv, ServerUnavailableError
+from tests.conftest import SpawnServer
+
+K = 2  # envs per server
+FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+
+
+def actions_for(step: int, num_envs: int) -> np.ndarray:
+    """A different action for every env and step (IndexEnv echoes it back)."""
+    return (np.arange(num_envs) * 7 + step * 13) % 1000
+
+
+def check_echo(obs: np.ndarray, sent: np.ndarray, ok: np.ndarray) -> None:
+    """Envs in ``ok`` returned the result of the action they were sent, and their own index."""
+    assert np.array_equal(obs[ok, 3], sent[ok]), (obs[ok], sent[ok])
+    assert np.array_equal(obs[:, 1], np.tile(np.arange(K), len(obs) // K))
+
+
+def step_until(
+    envs: RemoteVectorEnv, t0: int, done: Any, limit_s: float, act: Any = actions_for
+) -> tuple[int, tuple[Any, ...]]:
+    """Step with ``act(t, num_envs)`` actions until ``done(result)``; (steps taken, last result)."""
+    deadline = time.monotonic() + limit_s
+    t = t0
+    while True:
+        result = envs.step(act(t, envs.num_envs))
+        t += 1
+        if done(result):
+            return t, result
+        assert time.monotonic() < deadline, f"not within {limit_s} s"
+        time.sleep(0.01)
+
+
+def unavailable(infos: dict[str, Any], n: int) -> np.ndarray:
+    return np.asarray(infos.get("_env_unavailable", np.zeros(n, dtype=bool)))
+
+
+def test_server_killed_mid_rollout_and_restarted_on_the_same_address_rejoins(spawn_server: SpawnServer) -> None:
+    a = spawn_server("tests.envs:IndexEnv", K)
+    b = spawn_server("tests.envs:IndexEnv", K)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
+        obs, infos = envs.reset(seed=0)
+        assert "env_unavailable" not in infos
+        token_b = obs[K, 0]
+        for t in range(5):
+            sent = actions_for(t, 2 * K)
+            obs, rewards, terms, truncs, infos = envs.step(sent)
+            check_echo(obs, sent, np.ones(2 * K, dtype=bool))
+            assert "env_unavailable" not in infos
+        before = obs.copy()
+
+        assert b.kill() == -signal.SIGKILL
+        start = time.monotonic()
+        sent = actions_for(5, 2 * K)
+        obs, rewards, terms, truncs, infos = envs.step(sent)
+        assert time.monotonic() - start < FAST["timeout"] + 1.0
+        lost = unavailable(infos, 2 * K)
+        assert lost.tolist() == [False] * K + [True] * K
+        assert truncs.tolist() == [False] * K + [True] * K  # the episodes in progress end, truncated
+        assert rewards[K:].tolist() == [0.0] * K and not terms.any()
+        assert np.array_equal(obs[K:], before[K:])  # their last observations
+        check_echo(obs, sent, ~lost)  # the other server's envs got their actions
+        assert envs.fault_stats().servers_down == 1
+
+        # While it is down: the other envs step on; the lost ones are no transitions, never truncated again.
+        for t in range(6, 12):
+            sent = actions_for(t, 2 * K)
+            obs, rewards, terms, truncs, infos = envs.step(sent)
+            assert unavailable(infos, 2 * K).tolist() == [False] * K + [True] * K
+            assert not truncs.any() and not terms.any()
+            check_echo(obs, sent, ~unavailable(infos, 2 * K))
+
+        back = b.start()  # same port
+        t, (obs, rewards, terms, truncs, infos) = step_until(envs, 12, lambda r: r[0][K, 0] != token_b, limit_s=10.0)
+        assert time.monotonic() - back < 10.0, "the envs rejoin within 10 s of their server being back"
+        # The rejoin step: new episodes' first observations, still no transition.
+        assert unavailable(infos, 2 * K).tolist() == [False] * K + [True] * K
+        assert obs[K:, 2].tolist() == [0.0] * K and obs[K:, 3].tolist() == [-1.0] * K
+        assert rewards[K:].tolist() == [0.0] * K
+        for step in range(t, t + 5):
+            sent = actions_for(step, 2 * K)
+            obs, _, _, _, infos = envs.step(sent)
+            assert "env_unavailable" not in infos
+            check_echo(obs, sent, np.ones(2 * K, dtype=bool))
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.server_restarts, stats.servers_down) == (1, 1, 1, 0)
+        assert stats.env_steps_lost >= 8 * K
+        replicas = envs.replica_stats()
+        assert [(r.failures, r.reconnects, r.available) for r in replicas] == [(0, 0, True), (1, 1, True)]
+
+
+def test_a_server_that_never_comes_back_leaves_the_others_stepping(spawn_server: SpawnServer) -> None:
+    servers = [spawn_server("tests.envs:IndexEnv", K) for _ in range(3)]
+    with RemoteVectorEnv([s.address for s in servers], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        envs.step(actions_for(0, 3 * K))
+        servers[1].kill()
+        start = time.monotonic()
+        for t in range(1, 40):
+            sent = actions_for(t, 3 * K)
+            obs, _, _, _, infos = envs.step(sent)
+            lost = unavailable(infos, 3 * K)
+            assert lost.tolist() == [False] * K + [True] * K + [False] * K
+            check_echo(obs, sent, ~lost)
+        assert time.monotonic() - start < 20
+        assert envs.available.tolist() == [True] * K + [False] * K + [True] * K
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.envs_unavailable) == (1, 0, K)
+    # Closing does not wait for the dead server.
+
+
+def test_all_servers_down_steps_return_without_spinning(spawn_server: SpawnServer) -> None:
+    server = spawn_server("tests.envs:IndexEnv", K)
+    with RemoteVectorEnv([server.address], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        server.kill()
+        envs.step(actions_for(0, K))  # the loss
+        start = time.monotonic()
+        for t in range(3):
+            _, _, _, _, infos = envs.step(actions_for(t, K))
+            assert unavailable(infos, K).all()
+        # Each step waited (up to 1 s) for the server to come back, instead of returning at once.
+        assert 2.0 < time.monotonic() - start < 10.0
+        server.start()
+        step_until(envs, 3, lambda r: "env_unavailable" not in r[4], limit_s=10.0)
+
+
+def test_without_fault_tolerance_a_lost_server_raises(spawn_server: SpawnServer) -> None:
+    server = spawn_server("tests.envs:IndexEnv", K)
+    with RemoteVectorEnv([server.address], timeout=2.0) as envs:
+        envs.reset(seed=0)
+        server.kill()
+        with pytest.raises(ServerUnavailableError) as info:
+            envs.step(actions_for(0, K))
+        assert info.value.address == server.address
+
+
+def test_an_env_that_hangs_past_the_deadline(spawn_server: SpawnServer) -> None:
+    """Server B's env hangs 4 s in its 4th step: the learner's step returns at the deadline, B's envs are
+    unavailable meanwhile, and rejoin once it answers again (same process: no restart)."""
+    a = spawn_server("tests.envs:FaultyEnv", K)
+    b = spawn_server("tests.envs:FaultyEnv", K, "--env-kwargs", '{"hang_at": 4, "hang_s": 4}')
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, timeout=0.5, backoff=(0.05, 0.5)) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            assert "env_unavailable" not in infos
+        start = time.monotonic()
+        _, _, _, truncs, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert time.monotonic() - start < 2.0, "the step returned at its deadline"
+        assert unavailable(infos, 2 * K).tolist() == [False] * K + [True] * K
+        assert truncs.tolist() == [False] * K + [True] * K
+        zeros = lambda t, n: np.zeros(n, dtype=np.int64)  # noqa: E731
+        step_until(envs, 0, lambda r: not unavailable(r[4], 2 * K).any(), limit_s=15.0, act=zeros)
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.server_restarts) == (1, 1, 0)
+        assert check(b.address) == "SERVING"
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_an_env_that_raises_in_step_costs_its_own_episode_only(spawn_server: SpawnServer, mode: str) -> None:
+    """Env 0 of a server raises in its 3rd step: its result is an error record, the others' results stand."""
+    server = spawn_server(
+        "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_at": 3, "length": 100}', "--autoreset-mode", mode
+    )
+    with RemoteVectorEnv([server.address]) as envs:  # isolation is the server's: no fault tolerance needed
+        envs.reset(seed=0)
+        for _ in range(2):
+            envs.step(np.zeros(3, dtype=np.int64))
+        obs, rewards, _, truncs, infos = envs.step(np.zeros(3, dtype=np.int64))
+        assert infos["_env_error"].tolist() == [True, False, False]
+        assert "step: ValueError: step 3 failed on purpose (env 0)" in infos["env_error"][0]
+        assert infos["_env_unavailable"].tolist() == [True, False, False]
+        assert truncs.tolist() == [True, False, False] and rewards.tolist() == [0.0, 1.0, 1.0]
+        assert obs[1:, 0].tolist() == [3.0, 3.0]  # the others stepped
+        if mode == "SameStep":
+            assert obs[0].tolist() == [0.0, 2.0]  # reset at once: a new episode
+            assert infos["final_obs"][0].tolist() == [2.0, 1.0]  # the last good observation
+        else:
+            obs, rewards, *_, infos = envs.step(np.zeros(3, dtype=np.int64))  # the reset step
+            assert obs[0].tolist() == [0.0, 2.0] and infos["_env_unavailable"].tolist() == [True, False, False]
+        obs, _, _, _, infos = envs.step(np.zeros(3, dtype=np.int64))
+        assert "env_error" not in infos and obs[0, 0] == 1.0
+        assert envs.fault_stats().env_errors >= 1
+    assert check(server.address) == "SERVING"
+
+
+def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn_server: SpawnServer) -> None:
+    """Env 1's resets raise after its first: when its first episode ends it is out of order for good."""
+    server = spawn_server(
+        "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_in_reset": 1, "fault_env": 1, "length": 2}'
+    )
+    with RemoteVectorEnv([server.address]) as envs:
+        envs.reset(seed=0)
+        for t in range(12):
+            obs, rewards, _, _, infos = envs.step(np.zeros(3, dtype=np.int64))
+            if t >= 2:  # the episode ended at step 2 (index 1); its reset failed at index 2
+                assert infos["_env_unavailable"].tolist() == [False, True, False], (t, infos)
+                assert "reset failed on purpose (env 1)" in infos["env_error"][1]
+        assert rewards[[0, 2]].tolist() in ([1.0, 1.0], [0.0, 0.0])
+
+    # An env whose very first reset raises: reset() reports it, the other envs start.
+    server = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"raise_in_reset": 0, "fault_env": 1}')
+    with RemoteVectorEnv([server.address]) as envs:
+        obs, infos = envs.reset(seed=0)
+        assert infos["_env_unavailable"].tolist() == [False, True]
+        assert "reset: RuntimeError: reset failed on purpose (env 1)" in infos["env_error"][1]
+        assert obs.tolist() == [[0.0, 1.0], [0.0, 0.0]]  # a placeholder of zeros
+        envs.step(np.zeros(2, dtype=np.int64))
+    assert check(server.address) == "SERVING"
+
+
+def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) -> None:
+    """SIGTERM while a slow step is in flight: the step's result arrives, the server exits 0, then the
+    learner sees the server gone (fault-tolerant: its envs become unavailable)."""
+    server = spawn_server("CartPole-v1", K, "--step-delay-ms", "1500", "--grace", "5")
+    with RemoteVectorEnv([server.address], fault_tolerant=True, timeout=5.0, backoff=(0.05, 0.5)) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(K, dtype=np.int64))  # opens the step stream
+        envs.step_async(np.zeros(K, dtype=np.int64))
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        _, rewards, _, _, infos = envs.step_wait()
+        assert rewards.tolist() == [1.0] * K and "env_unavailable" not in infos  # finished, not cut off
+        assert server.proc.wait(timeout=10) == 0
+        assert time.monotonic() - start < 5.0, "exits once the call in flight is done, within the grace period"
+        _, _, _, truncs, infos = envs.step(np.zeros(K, dtype=np.int64))
+        assert infos["_env_unavailable"].all() and truncs.all()
+    assert "shutting down" in server.logs()
+
+
+def test_health_is_not_serving_until_the_envs_exist(spawn_server: SpawnServer, tmp_path: Any) -> None:
+    """A server whose envs take a while to build listens at once and answers NOT_SERVING meanwhile."""
+    import subprocess
+    import sys
+
+    import grpc
+
+    from env_server.rpc import env_pb2 as pb
+    from env_server.rpc import env_pb2_grpc as pb_grpc
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "env_server",
+            "--env",
+            "tests.envs:SlowToBuildEnv",
+            "--port",
+            "0",
+            "--log-level",
+            "debug",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        port = ""
+        for line in proc.stderr:  # the server logs its port before it builds the envs
+            if "building" in line and "listening on port" in line:
+                port = line.rsplit(" ", 1)[-1].strip()
+                break
+        assert port, "no 'listening on port' log line"
+        address = f"127.0.0.1:{port}"
+        assert check(address) == "NOT_SERVING"
+        with grpc.insecure_channel(address) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.EnvServiceStub(channel).GetSpec(pb.GetSpecRequest(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "being built" in info.value.details()
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("listening on ")
+        assert check(address) == "SERVING"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+
+
+def test_unavailable_envs_of_a_gymnasium_wrapper_view(spawn_server: SpawnServer) -> None:
+    """The mask is gymnasium-style: a bool array under "env_unavailable" with its "_env_unavailable" twin."""
+    server = spawn_server("tests.envs:IndexEnv", K)
+    with RemoteVectorEnv([server.address], fault_tolerant=True, **FAST) as envs:
+        assert isinstance(envs, gym.vector.VectorEnv)
+        envs.reset(seed=0)
+        server.kill()
+        _, _, _, _, infos = envs.step(actions_for(0, K))
+        assert infos["env_unavailable"].dtype == np.bool_ and infos["env_unavailable"].shape == (K,)
+        assert np.array_equal(infos["env_unavailable"], infos["_env_unavailable"])

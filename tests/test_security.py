@@ -1,0 +1,141 @@
+"""TLS and the shared token, accepted and refused, on real servers; the health service stays open."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+import env_server.health
+from env_server.health import check
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
+from tests.certs import ServerFiles, make_server_certs
+from tests.conftest import SpawnServer
+
+TOKEN = "s3cret-token_for.tests"
+
+
+def step_once(envs: RemoteVectorEnv) -> None:
+    envs.reset(seed=0)
+    _, rewards, *_ = envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+    assert rewards.tolist() == [1.0] * envs.num_envs
+
+
+def test_the_right_token_is_accepted_a_wrong_or_missing_one_refused(spawn_server: SpawnServer) -> None:
+    server = spawn_server("CartPole-v1", 2, environ={"ENVFLEET_AUTH_TOKEN": TOKEN})
+    with RemoteVectorEnv([server.address], auth_token=TOKEN) as envs:
+        step_once(envs)
+    for token in (None, "wrong-token", TOKEN + "x", TOKEN[:-1]):
+        with pytest.raises(AuthenticationError) as info:
+            RemoteVectorEnv([server.address], auth_token=token)
+        err = info.value
+        assert err.code == grpc.StatusCode.UNAUTHENTICATED and err.address == server.address
+        assert ("no token was sent" if token is None else "the token is wrong") in str(err)
+        assert TOKEN not in str(err)
+    # Every method of EnvService needs it, GetSpec and the streams included; the health service does not.
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        calls = [
+            lambda: stub.GetSpec(pb.GetSpecRequest(), timeout=5),
+            lambda: stub.Handshake(pb.HandshakeRequest(), timeout=5),
+            lambda: stub.Reset(pb.ResetRequest(), timeout=5),
+            lambda: stub.Release(pb.ReleaseRequest(), timeout=5),
+            lambda: list(stub.Hold(pb.HoldRequest(), timeout=5)),
+            lambda: list(stub.StepStream(iter([pb.StepRequest()]), timeout=5)),
+            lambda: stub.GetSpec(pb.GetSpecRequest(), timeout=5, metadata=(("authorization", TOKEN),)),  # no "Bearer"
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as rpc_info:
+                call()
+            assert rpc_info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub.GetSpec(pb.GetSpecRequest(), timeout=5, metadata=(("authorization", f"Bearer {TOKEN}"),))
+    assert check(server.address) == "SERVING"
+    assert "refused /envfleet.v1.EnvService/" in server.logs() and TOKEN not in server.logs()
+
+
+def test_token_from_a_file_and_bad_tokens_are_refused_at_start(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server = spawn_server("CartPole-v1", 1, "--auth-token-file", str(token_file))
+    with RemoteVectorEnv([server.address], auth_token=TOKEN) as envs:
+        step_once(envs)
+    for args, message in (
+        (["--auth-token", "has space"], "--auth-token: expected printable ASCII without spaces"),
+        (["--auth-token-file", str(tmp_path / "missing")], "cannot read it"),
+        (["--auth-token", "a", "--auth-token-file", str(token_file)], "give one of them, not both"),
+        (["--tls-cert", str(token_file)], "--tls-cert and --tls-key: give both"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    with pytest.raises(ValueError, match="printable ASCII"):
+        RemoteVectorEnv([server.address], auth_token="bad token")
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> ServerFiles:
+    return make_server_certs(tmp_path / "certs", names=("localhost", "127.0.0.1", "envfleet.test"))
+
+
+def test_tls_verified_with_the_ca_and_refused_otherwise(
+    spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path
+) -> None:
+    server = spawn_server("CartPole-v1", 2, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    with RemoteVectorEnv([server.address], tls=certs.ca) as envs:
+        step_once(envs)
+    # The name in the certificate, when the address has another (here: a name the certificate holds).
+    with RemoteVectorEnv([server.address], tls=str(certs.ca), tls_server_name="envfleet.test") as envs:
+        step_once(envs)
+    other = make_server_certs(tmp_path / "other", ca_name="another CA")
+    refusals = [
+        {"tls": other.ca},  # a CA that did not sign the server's certificate
+        {"tls": certs.ca, "tls_server_name": "elsewhere.test"},  # a name the certificate lacks
+        {},  # plaintext to a TLS server
+    ]
+    for options in refusals:
+        with pytest.raises(ServerUnavailableError, match="nothing answered"):
+            RemoteVectorEnv([server.address], connect_timeout=2, **options)
+    # The health probe, over TLS as the container's HEALTHCHECK runs it.
+    assert check(server.address, tls_ca=str(certs.ca)) == "SERVING"
+    environ = {**os.environ, "ENVFLEET_TLS_CERT": str(certs.cert), "ENVFLEET_TLS_CA": str(certs.ca)}
+    probe = subprocess.run(
+        [sys.executable, "-I", env_server.health.__file__, "--address", server.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=environ,
+    )
+    assert probe.returncode == 0, probe.stderr
+
+
+def test_tls_and_token_together(spawn_server: SpawnServer, certs: ServerFiles) -> None:
+    server = spawn_server(
+        "CartPole-v1",
+        1,
+        "--tls-cert",
+        str(certs.cert),
+        "--tls-key",
+        str(certs.key),
+        environ={"ENVFLEET_AUTH_TOKEN": TOKEN},
+    )
+    with RemoteVectorEnv([server.address], tls=certs.ca, auth_token=TOKEN) as envs:
+        step_once(envs)
+    with pytest.raises(AuthenticationError):
+        RemoteVectorEnv([server.address], tls=certs.ca, auth_token="nope")
+    assert "(TLS, auth token)" in server.logs()
+
+
+def test_a_bad_ca_file_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="tls: cannot read the CA certificate file"):
+        RemoteVectorEnv(["127.0.0.1:1"], tls="/no/such/ca.crt")
