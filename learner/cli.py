@@ -12,6 +12,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import sys
 import textwrap
 import time
@@ -86,6 +87,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Build ``Args`` from the options given, train, and print where the results are."""
     given = _given(args, Args)
+    if "auth_token" not in given and os.environ.get("ENVFLEET_AUTH_TOKEN"):
+        given["auth_token"] = os.environ["ENVFLEET_AUTH_TOKEN"]  # like env-server, from the environment
     try:
         if "resume" in given:
             from learner.train import resume_args

@@ -49,9 +49,20 @@ class Args:
     step_delay_ms: float = 0.0
     """make every env step take this many ms longer (passed to the servers this command starts)"""
     auth_token: str | None = field(default=None, metadata={"metavar": "TOKEN"})
-    """token for servers started with --auth-token (never written to the run dir: give it again with --resume)"""
+    """token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN); local servers this
+    command starts require it too. Never written to the run dir: give it again with --resume"""
+    tls: bool = False
+    """connect to the servers with TLS, verifying their certificates with the system's CA roots"""
+    tls_ca: str | None = field(default=None, metadata={"metavar": "PATH"})
+    """connect with TLS, verifying the servers' certificates with the CA certificate(s) in this PEM file"""
+    tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
+    """the name the servers' certificates hold, when it is not the host in their addresses"""
     timeout: float = 30.0
-    """seconds each call to an env server may take"""
+    """seconds each call to an env server may take (fault-tolerant: then the server counts as lost)"""
+    fault_tolerant: bool = True
+    """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
+    out of the batch, and they rejoin with new episodes once their server is back (reconnecting
+    with backoff); --no-fault-tolerant: stop with an error instead"""
     pipeline_groups: int = 1
     """send/recv pipelining: the servers form this many groups, and each group steps while the
     learner computes the next group's actions (1: all servers step together)"""
@@ -67,8 +78,10 @@ class Args:
     """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
     """continue the run in this run dir from its last checkpoint (its config, unless overridden)"""
-    checkpoint_every: int = 10
-    """write a checkpoint every this many updates (also at the end and on Ctrl-C); 0: only then"""
+    checkpoint_every: int = 1
+    """write a checkpoint every this many updates (also at the end and on Ctrl-C); 0: only then. Every
+    update (the default), a learner killed at any moment loses at most the update in progress when
+    resumed; a checkpoint costs ~3 ms for an MLP, ~60 ms for the Atari CNN"""
     keep_checkpoints: int = 3
     """how many of the latest checkpoints to keep"""
     device: str = field(default="auto", metadata={"metavar": "DEVICE"})
@@ -156,6 +169,12 @@ class Args:
             raise ValueError("--servers: trains on running env servers, so it cannot go with --backend gym")
         if self.pipeline_groups > 1 and self.backend == "gym":
             raise ValueError("--pipeline-groups: pipelines env servers, so it cannot go with --backend gym")
+        if self.tls_server_name is not None and not (self.tls or self.tls_ca):
+            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
+        if self.auth_token is not None:
+            from env_server.protocol import check_token
+
+            check_token(self.auth_token, "--auth-token")
         if self.servers is None:
             self.local_layout()  # raises on a layout that does not add up
         else:

@@ -36,10 +36,15 @@ class FleetSpec:
     wrappers: tuple[str, ...] = ()
     step_delay_ms: float = 0.0
     transport: Literal["tcp", "unix"] = "tcp"
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
     timeout: float = 30.0
     pipeline_groups: int = 1
     """Groups of servers for send/recv pipelining (at most one per server)."""
+    fault_tolerant: bool = True
+    """Servers that fail cost their own envs only (RemoteVectorEnv(fault_tolerant=True))."""
+    tls: bool | str = False
+    """False, True (system CA roots) or the path of a CA file (see RemoteVectorEnv)."""
+    tls_server_name: str | None = None
 
     def describe(self) -> str:
         extras = (f", wrappers {','.join(self.wrappers)}" if self.wrappers else "") + (
@@ -88,12 +93,20 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 env_kwargs=dict(spec.env_kwargs),
                 server_args=server_args,
                 transport=spec.transport,
+                auth_token=spec.auth_token,
             )
             stack.callback(servers.close)
             addresses = servers.addresses
         groups = min(spec.pipeline_groups, len(expand_addresses(addresses))) if spec.pipeline_groups > 1 else 1
         remote = RemoteVectorEnv(
-            addresses, timeout=spec.timeout, auth_token=spec.auth_token, copy=False, num_groups=groups
+            addresses,
+            timeout=spec.timeout,
+            auth_token=spec.auth_token,
+            copy=False,
+            num_groups=groups,
+            fault_tolerant=spec.fault_tolerant,
+            tls=spec.tls,
+            tls_server_name=spec.tls_server_name,
         )
         stack.callback(remote.close)
         yield remote

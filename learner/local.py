@@ -49,6 +49,8 @@ class LocalServers:
         transport: ``"tcp"`` (127.0.0.1, a free port each) or ``"unix"`` (a socket file each).
         startup_timeout: seconds to wait for every server to print its ``listening on`` line.
         log_level: the servers' log level; their log lines are forwarded to this process's logging.
+        auth_token: make the servers require this token (passed in their environment, not on
+            their command line, where other users of the machine could read it).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class LocalServers:
         transport: str = "tcp",
         startup_timeout: float = 60.0,
         log_level: str = "warning",
+        auth_token: str | None = None,
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
@@ -74,6 +77,7 @@ class LocalServers:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stderr_tails: list[collections.deque[str]] = []
         self._socket_dir = tempfile.mkdtemp(prefix="envfleet-") if transport == "unix" else None
+        self._environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token} if auth_token else None
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _stop_all, self._procs, self._socket_dir)
         base = [
@@ -117,6 +121,7 @@ class LocalServers:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            env=self._environ,
             # Its own session: a Ctrl-C in the terminal reaches the learner, which then stops the
             # servers in order, instead of killing them under a checkpoint being written.
             start_new_session=True,

@@ -26,6 +26,7 @@ __all__ = [
     "atomic_write",
     "checkpoint_path",
     "list_checkpoints",
+    "remove_stale_temp_files",
     "read_json",
     "read_jsonl",
     "rewrite_jsonl",
@@ -43,7 +44,12 @@ os.umask(_UMASK)
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Call ``write`` on a temporary file beside ``path``, then move it onto ``path`` in one step."""
+    """Call ``write`` on a temporary file beside ``path``, then move it onto ``path`` in one step.
+
+    The data is flushed to disk (fsync) before the move, so that after a crash ``path`` holds the
+    old version or the new one in full. A process killed mid-write leaves a temporary file
+    (``.<name>.*.tmp``) behind; :func:`remove_stale_temp_files` clears them.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -122,3 +128,16 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
+    """Delete the temporary files of writes that a killed learner never finished; returns them."""
+    removed = []
+    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
+        if not folder.is_dir():
+            continue
+        for path in folder.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+    return removed

@@ -4,6 +4,12 @@ The loop below reads top to bottom like CleanRL's ``ppo.py`` (https://docs.clean
 with two differences that matter for correctness: the step after an episode ends under gymnasium's
 next-step autoreset is a reset, not a transition, so it never enters the batch; and truncated
 episodes are bootstrapped from the value of their final observation (see ``ppo.gae_advantages``).
+
+Env servers may fail mid-run (``--fault-tolerant``, the default): an env the fleet reports in
+``infos["env_unavailable"]`` (or ``infos["env_error"]``) gave no transition on that step, so the
+step stays out of the batch, its observation updates no statistics, and the transition before it
+is bootstrapped as a truncation (the lambda-return stops there). Its episode does not count in the
+returns. See ``RemoteVectorEnv`` for how envs are lost and rejoin.
 """
 
 from __future__ import annotations
@@ -83,6 +89,9 @@ def fleet_spec(args: Args) -> FleetSpec:
         auth_token=args.auth_token,
         timeout=args.timeout,
         pipeline_groups=args.pipeline_groups,
+        fault_tolerant=args.fault_tolerant,
+        tls=args.tls_ca or args.tls,
+        tls_server_name=args.tls_server_name,
     )
 
 
@@ -103,8 +112,8 @@ class Rollout:
     device, the envs' per-step results in host arrays (moved to the device once per rollout).
 
     ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
-    that follows an episode's end under next-step autoreset (and, later, for envs a fleet reports
-    unavailable). ``final_values`` holds V(final observation) for episodes truncated under same-step
+    that follows an episode's end under next-step autoreset, and for steps in which the fleet
+    reported env n unavailable. ``final_values`` holds V(final observation) for episodes truncated under same-step
     autoreset, where the final observation only comes in ``infos``.
     """
 
@@ -161,6 +170,10 @@ class Counters:
     recent_lengths: list[int] = field(default_factory=list)
     solved_at_step: int | None = None
     solved_at_seconds: float | None = None
+    env_steps_lost: int = 0
+    """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
+    episodes_cut: int = 0
+    """Episodes that ended because their env became unavailable (not counted in the returns)."""
 
 
 class StopRequest:
@@ -221,6 +234,17 @@ def _mean(values: list[float] | list[int]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
+    """Bool per env: its step gave no transition (``env_unavailable`` from a fault-tolerant fleet, or an
+    ``env_error`` an env server isolated, which in-process envs built by env_server report too)."""
+    lost = np.zeros(num_envs, dtype=bool)
+    for key in ("_env_unavailable", "_env_error"):
+        mask = infos.get(key)
+        if mask is not None:
+            lost |= np.asarray(mask, dtype=bool)
+    return lost
+
+
 def _check_fresh(run_dir: Path) -> None:
     if rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists():
         raise FileExistsError(
@@ -279,6 +303,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 reward_scaler.load_state_dict(checkpoint["reward_scaler"])
             counters = Counters(**checkpoint["counters"])
             restore_rng(checkpoint["rng"])
+            for path in rundir.remove_stale_temp_files(run_dir):
+                log.info("removed %s, left by a write the previous run did not finish", path)
             # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
             metrics_path = run_dir / rundir.METRICS
             if metrics_path.exists():
@@ -321,7 +347,9 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir))))
+            # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
+            purge_step = counters.global_step if checkpoint is not None else None
+            writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
         metrics_file = stack.enter_context(open(run_dir / rundir.METRICS, "a"))
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
         bar = stack.enter_context(_progress_bar(show_progress, hp.total_timesteps, counters.global_step))
@@ -329,13 +357,18 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
 
-        def prepare_obs(obs: Any, update_stats: bool) -> Tensor:
-            """One batch of observations onto the device (one copy), normalised when asked."""
+        def prepare_obs(obs: Any, update_stats: bool, stale: np.ndarray | None = None) -> Tensor:
+            """One batch of observations onto the device (one copy), normalised when asked; ``stale``
+            envs (unavailable: placeholders or old observations) do not update the statistics."""
             x = torch.as_tensor(np.asarray(obs)).to(device, copy=True)
             if obs_rms is None:
                 return x.to(obs_dtype)
             if update_stats:
-                obs_rms.update(x)
+                if stale is not None and stale.any():
+                    if not stale.all():
+                        obs_rms.update(x[torch.as_tensor(~stale, device=device)])
+                else:
+                    obs_rms.update(x)
             return obs_rms.normalize(x)
 
         def env_actions(raw: Tensor) -> Any:
@@ -377,17 +410,20 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         start_time = session_start - counters.seconds  # wall time accumulates over resumed sessions
         session_start_step = counters.global_step
         reset_seed = args.seed if checkpoint is None else args.seed + counters.global_step
-        obs_np, _ = envs.reset(seed=reset_seed)
-        # A resumed run's statistics already include the observations the first reset returns.
-        next_obs = prepare_obs(obs_np, update_stats=checkpoint is None)
+        obs_np, reset_infos = envs.reset(seed=reset_seed)
         num_envs = envs.num_envs
+        lost_np = unavailable_envs(reset_infos, num_envs)
+        # A resumed run's statistics already include the observations the first reset returns.
+        next_obs = prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
         # Pipelining (RemoteVectorEnv with --pipeline-groups > 1): step_groups sends each group its
         # actions as soon as they are computed.
         step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
         replica_stats = getattr(envs, "replica_stats", None)
         if replica_stats is not None:
             replica_stats(reset=True)
-        next_valid = np.ones(num_envs, dtype=bool)
+        fault_stats = getattr(envs, "fault_stats", None)
+        faults_before = fault_stats() if fault_stats is not None else None
+        next_valid = ~lost_np
         ep_return = np.zeros(num_envs, dtype=np.float64)
         ep_length = np.zeros(num_envs, dtype=np.int64)
         rollout: Rollout | None = None
@@ -439,10 +475,9 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
 
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
+                steps_lost = 0
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
-                    valid = next_valid
-                    rollout.valid[step] = valid
                     try:
                         if step_groups is not None:
                             # Each group of servers steps while the policy runs on the next group's envs.
@@ -454,8 +489,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                                 act(next_obs, rollout, step, slice(None))
                             )
                     except (ServerUnavailableError, SessionError, RemoteTimeoutError) as err:
-                        # A server stopped (scaled down) or vanished: drop this rollout and go on with
-                        # the servers left, unless that keeps happening.
+                        # Without --fault-tolerant: a server stopped (scaled down) or vanished. Drop this
+                        # rollout and go on with the servers left, unless that keeps happening.
                         lost_rollouts += 1
                         if refresh is None or lost_rollouts > LOST_ROLLOUTS:
                             raise
@@ -464,6 +499,17 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                         break
                     counters.global_step += num_envs
                     done_np = np.logical_or(term_np, trunc_np)
+                    # A step is a transition of env i unless it follows an episode's end (next-step
+                    # autoreset) or env i was unavailable in it (its server lost or down, rejoining, or
+                    # its env raised): then its action was not applied, or its result is lost.
+                    lost_np = unavailable_envs(infos, num_envs)
+                    valid = next_valid & ~lost_np
+                    rollout.valid[step] = valid
+                    steps_lost += int(lost_np.sum())
+                    if lost_np.any():
+                        # Episodes cut short by a failure do not count as episodes in the returns.
+                        counters.episodes_cut += int((lost_np & done_np & (ep_length > 0)).sum())
+                        ep_return[lost_np], ep_length[lost_np] = 0.0, 0
 
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)
@@ -496,11 +542,11 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     rollout.rewards[step] = reward_np
                     rollout.terminations[step] = term_np
                     rollout.truncations[step] = trunc_np
-                    next_obs = prepare_obs(obs_np, update_stats=True)
-                    if not next_step_autoreset and trunc_np.any():
+                    next_obs = prepare_obs(obs_np, update_stats=True, stale=lost_np)
+                    if not next_step_autoreset and (trunc_np & valid).any():
                         # Same-step autoreset: obs_np already holds the next episode's first
                         # observation; the truncated episode's last one is in infos["final_obs"].
-                        idx = np.flatnonzero(trunc_np)
+                        idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
                         with torch.no_grad():
                             rollout.final_values[step, idx] = agent.get_value(prepare_obs(final, update_stats=False))
@@ -559,12 +605,15 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 b_values = rollout.values.reshape(-1)[mask]
                 batch_size = int(b_obs.shape[0])
                 num_minibatches = min(hp.num_minibatches, batch_size)
+                counters.env_steps_lost += steps_lost
+                if batch_size == 0:
+                    log.warning("no env was available during this rollout: nothing to learn from, update skipped")
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 clipfracs: list[Tensor] = []
                 stats: dict[str, Tensor] = {}
                 pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
-                for _epoch in range(hp.update_epochs):
+                for _epoch in range(hp.update_epochs if batch_size else 0):
                     # One minibatch is the whole batch, whose order does not matter: no shuffled copies.
                     minibatches: Sequence[Tensor | slice] = (
                         [slice(None)]
@@ -619,7 +668,19 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     "batch_size": batch_size,
                     "rollout_seconds": round(update_start - rollout_start, 5),
                     "update_seconds": round(now - update_start, 5),
+                    # Fault tolerance, this update: env steps that were no transition, envs unavailable
+                    # at its end; and (below) servers lost and back, from the fleet's counters.
+                    "env_steps_lost": steps_lost,
+                    "envs_unavailable": int(lost_np.sum()),
+                    "episodes_cut": counters.episodes_cut,
                 }
+                if fault_stats is not None and faults_before is not None:
+                    faults_now = fault_stats()
+                    row["faults/failures"] = faults_now.failures - faults_before.failures
+                    row["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
+                    row["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
+                    row["faults/servers_down"] = faults_now.servers_down
+                    faults_before = faults_now
                 # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
                 # own step time and env-steps/s; a slow or overloaded replica stands out.
                 replicas: dict[str, float] = {}
@@ -635,6 +696,16 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
                         writer.add_scalar(f"losses/{key}", row[key], counters.global_step)
                     writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)
+                    for key in ("env_steps_lost", "envs_unavailable"):
+                        writer.add_scalar(f"faults/{key}", row[key], counters.global_step)
+                    for key in (
+                        "faults/failures",
+                        "faults/reconnects",
+                        "faults/server_restarts",
+                        "faults/servers_down",
+                    ):
+                        if key in row:
+                            writer.add_scalar(key, row[key], counters.global_step)
                     for key, value in replicas.items():
                         if not math.isnan(value):
                             writer.add_scalar(key, value, counters.global_step)
@@ -674,7 +745,14 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 "cuda_max_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
                 if device.type == "cuda"
                 else None,
+                "env_steps_lost": counters.env_steps_lost,
+                "episodes_cut": counters.episodes_cut,
             }
+            if fault_stats is not None:
+                totals = fault_stats()
+                summary.update(
+                    failures=totals.failures, reconnects=totals.reconnects, server_restarts=totals.server_restarts
+                )
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if args.plot and counters.update > 0:
         from learner.plot import plot_runs

@@ -1,0 +1,127 @@
+"""Training through failures: env servers killed and restarted under `learner train`, and the learner itself
+killed with SIGKILL and resumed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from learner import rundir
+from learner.checkpoint import load_checkpoint
+from tests.conftest import SpawnServer
+
+pytestmark = pytest.mark.slow
+
+K = 2
+NUM_STEPS = 16
+TRAIN = ["--num-steps", str(NUM_STEPS), "--no-plot", "--no-progress", "--no-tensorboard", "--seed", "3"]
+
+
+def learner(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / rundir.METRICS
+    return rundir.read_jsonl(path) if path.exists() else []
+
+
+def wait_for(proc: subprocess.Popen[str], condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"training exited ({proc.returncode}) before {what}:\n{out[-2000:]}\n{err[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"no {what} within {timeout:g} s:\n{err[-4000:]}")
+        time.sleep(0.1)
+
+
+def test_training_goes_on_while_a_server_is_killed_and_restarted(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    """Server b is SIGKILLed mid-run and comes back 2 s later: training never stops, b's envs' steps stay out of
+    the batch while it is away, and metrics.jsonl counts the failure, the reconnect and the steps lost."""
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    c = spawn_server("CartPole-v1", K)
+    run_dir = tmp_path / "run"
+    servers = f"{a.address},{b.address},{c.address}"
+    proc = learner(
+        "--servers", servers, "--timeout", "2", "--total-timesteps", "100000000", "--run-dir", str(run_dir), *TRAIN
+    )
+    try:
+        wait_for(proc, lambda: len(rows(run_dir)) >= 3, "3 updates")
+        b.kill()
+        killed_at = len(rows(run_dir))
+        wait_for(proc, lambda: len(rows(run_dir)) >= killed_at + 5, "5 updates with a server down")
+        b.start()
+        wait_for(proc, lambda: any(r.get("faults/reconnects") for r in rows(run_dir)), "the reconnect")
+        back_at = len(rows(run_dir))
+        wait_for(proc, lambda: len(rows(run_dir)) >= back_at + 3, "3 updates after the reconnect")
+    finally:
+        proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    metrics = rows(run_dir)
+    full = 3 * K * NUM_STEPS
+    assert all(int(r["batch_size"]) + int(r["env_steps_lost"]) <= full for r in metrics)
+    down = [r for r in metrics if r["envs_unavailable"] == K]
+    assert down, "an update ended with b's envs unavailable"
+    # An update with b away all along learns from a and c's envs only.
+    assert any(int(r["batch_size"]) <= 2 * K * NUM_STEPS and r["env_steps_lost"] == K * NUM_STEPS for r in metrics)
+    assert sum(int(r.get("faults/failures", 0)) for r in metrics) == 1
+    assert sum(int(r.get("faults/reconnects", 0)) for r in metrics) == 1
+    assert sum(int(r.get("faults/server_restarts", 0)) for r in metrics) == 1
+    assert metrics[-1]["envs_unavailable"] == 0 and metrics[-1]["env_steps_lost"] == 0
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    assert (summary["failures"], summary["reconnects"]) == (1, 1)
+    assert summary["env_steps_lost"] >= 5 * K * NUM_STEPS
+    assert "env server" in err and "lost" in err and "is back" in err
+
+
+def test_learner_killed_with_sigkill_resumes_losing_at_most_the_update_in_progress(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    local = ["--num-servers", "1", "--envs-per-server", str(K)]
+    proc = learner(*local, "--total-timesteps", "100000000", "--run-dir", str(run_dir), *TRAIN)
+    try:
+        wait_for(proc, lambda: len(rows(run_dir)) >= 6, "6 updates")
+    finally:
+        proc.kill()  # SIGKILL: no checkpoint on the way out, no summary
+        proc.communicate(timeout=60)
+    assert not (run_dir / rundir.SUMMARY).exists()
+    logged = max(int(r["update"]) for r in rows(run_dir))
+    checkpoint = load_checkpoint(run_dir)
+    saved = int(checkpoint["counters"]["update"])
+    # Updates are checkpointed as they end: what is lost is at most the update being written or run.
+    assert saved >= logged - 1, (saved, logged)
+    # A write cut short leaves a temporary file; resuming clears it.
+    stale = rundir.checkpoint_path(run_dir, 10**9).with_name(".step-x.pt.abc.tmp")
+    stale.write_bytes(b"half a checkpoint")
+
+    total = (saved + 3) * K * NUM_STEPS
+    resumed = subprocess.run(
+        [sys.executable, "-m", "learner", "train", "--resume", str(run_dir), "--total-timesteps", str(total)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not stale.exists()
+    updates = [int(r["update"]) for r in rows(run_dir)]
+    assert updates == list(range(1, saved + 4)), updates  # no gap, no update twice
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    assert summary["total_steps"] == total and summary["updates"] == saved + 3
