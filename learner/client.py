@@ -288,11 +288,10 @@ class EnvClient:
         await self.channel.close()
 
 
-def channel_credentials(
-    tls: bool | str | os.PathLike[str], server_name: str | None = None
-) -> grpc.ChannelCredentials | None:
+def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCredentials | None:
     """TLS credentials for ``tls``: False -> None (plaintext); True -> the system's CA roots; a path ->
-    the CA certificate(s) in that PEM file. ``server_name`` is handled by :func:`tls_options`."""
+    the CA certificate(s) in that PEM file. (A server name other than the address's host goes in the
+    channel's options: EnvClient's ``tls_server_name``.)"""
     if tls is False or tls is None:
         return None
     if tls is True:
