@@ -28,7 +28,10 @@ if _version_not_supported:
 
 class EnvServiceStub:
     """The service every env server exposes. Servers also expose the standard gRPC health service
-    (grpc.health.v1.Health), which answers SERVING once the envs exist.
+    (grpc.health.v1.Health), for the server ("") and for "envfleet.v1.EnvService": NOT_SERVING from
+    the moment the server listens until its envs exist, SERVING while it serves them, NOT_SERVING
+    again once it drains (SIGTERM: no new sessions or steps; steps in flight finish within the grace
+    period, then the server exits).
     """
 
     def __init__(self, channel):
@@ -76,7 +79,10 @@ class EnvServiceStub:
 
 class EnvServiceServicer:
     """The service every env server exposes. Servers also expose the standard gRPC health service
-    (grpc.health.v1.Health), which answers SERVING once the envs exist.
+    (grpc.health.v1.Health), for the server ("") and for "envfleet.v1.EnvService": NOT_SERVING from
+    the moment the server listens until its envs exist, SERVING while it serves them, NOT_SERVING
+    again once it drains (SIGTERM: no new sessions or steps; steps in flight finish within the grace
+    period, then the server exits).
     """
 
     def GetSpec(self, request, context):
@@ -189,7 +195,10 @@ def add_EnvServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EnvService:
     """The service every env server exposes. Servers also expose the standard gRPC health service
-    (grpc.health.v1.Health), which answers SERVING once the envs exist.
+    (grpc.health.v1.Health), for the server ("") and for "envfleet.v1.EnvService": NOT_SERVING from
+    the moment the server listens until its envs exist, SERVING while it serves them, NOT_SERVING
+    again once it drains (SIGTERM: no new sessions or steps; steps in flight finish within the grace
+    period, then the server exits).
     """
 
     @staticmethod
