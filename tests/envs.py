@@ -8,6 +8,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from learner.benchmarks.envs import IndexEnv
+
+__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "IndexEnv", "SlowToBuildEnv"]
+
 
 class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
     """Dict observations of several dtypes, Box actions, and infos of every kind the wire carries.
@@ -210,45 +214,6 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         if self._steps == self.hang_at:
             time.sleep(self.hang_s)
         self._t += 1
-        return self._obs(), 1.0, False, self._t >= self.length, {}
-
-
-class IndexEnv(gym.Env[np.ndarray, np.int64]):
-    """An env whose observation says who it is and what it saw: for checking that no result is lost or misrouted.
-
-    Observation ``[token, index, t, last_action]``: ``token`` is random per server process (a
-    restarted server has a new one), ``index`` the env's creation order within the server, ``t``
-    the step count within the episode (0 after reset), ``last_action`` the action of its last step
-    (-1 after reset). Actions are Discrete(1000): a learner sends each env a different one and
-    checks that the env echoes it.
-    """
-
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-    _created: ClassVar[int] = 0
-    _token: ClassVar[float] = float(np.random.default_rng().integers(1, 2**24))
-
-    def __init__(self, length: int = 100) -> None:
-        self.index = IndexEnv._created
-        IndexEnv._created += 1
-        self.length = length
-        self.observation_space = gym.spaces.Box(-1.0, np.inf, shape=(4,), dtype=np.float64)
-        self.action_space = gym.spaces.Discrete(1000)
-        self._t = 0
-        self._last = -1
-
-    def _obs(self) -> np.ndarray:
-        return np.array([IndexEnv._token, self.index, self._t, self._last], dtype=np.float64)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self._t, self._last = 0, -1
-        return self._obs(), {}
-
-    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self._t += 1
-        self._last = int(action)
         return self._obs(), 1.0, False, self._t >= self.length, {}
 
 
