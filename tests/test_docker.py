@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -206,6 +207,63 @@ def test_scaling_while_training_in_the_learner_container(fleet: ComposeProject, 
     assert proc.returncode == 130, out
     assert "Traceback" not in out, out
     assert rundir.read_json(run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
+
+
+def test_killed_replicas_come_back_and_training_completes(fleet: ComposeProject) -> None:
+    """The learner container trains on 8 replicas; mid-run one is `docker kill`ed (compose brings it back with
+    `up`) and another's server process is SIGKILLed inside it (the restart policy brings it back). Training
+    completes, and its metrics count both failures and both reconnects, and the env steps lost meanwhile."""
+    # A project of its own (the images are the fleet's), its steps at least 20 ms long: the run lasts >= 20 s
+    # whatever the machine, so the replicas are back before it ends.
+    project = ComposeProject(prefix="envfleet-faults", ENVFLEET_STEP_DELAY_MS="20")
+    project.env_image, project.learner_image = fleet.env_image, fleet.learner_image
+    project.env.update(ENVFLEET_ENV_IMAGE=fleet.env_image, ENVFLEET_LEARNER_IMAGE=fleet.learner_image)
+    total = 32 * 32 * 32  # 32 updates of 32 steps of 32 envs: >= 20 s
+    try:
+        project.up(REPLICAS)
+        up_at = time.monotonic()
+        train = ["train", "--servers", "dns:///env:50051", "--total-timesteps", str(total), "--num-steps", "32"]
+        train += ["--no-plot", "--no-progress", "--checkpoint-every", "0", "--timeout", "5", "--run-dir", "runs/faults"]
+        proc = project.popen("run", "--rm", "--no-deps", "learner", *train)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("run dir:") for line in lines):  # connected, training
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        # A few rollouts in, and the replicas up for > 10 s: Docker applies a restart policy only to a
+        # container that ran that long.
+        time.sleep(max(3.0, 12.0 - (time.monotonic() - up_at)))
+        killed, crashed = (c["Name"] for c in project.containers()[2:4])
+        docker("kill", killed)
+        docker("exec", crashed, "sh", "-c", "kill -9 -1")  # the server dies; tini exits; the policy restarts it
+        while sum("lost (" in line for line in lines) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        project.run("up", "-d", "--no-build", "--no-recreate", "--scale", f"env={REPLICAS}")  # the killed one
+        assert proc.wait(timeout=600) == 0, "".join(lines)
+        reader.join(timeout=30)
+        output = "".join(lines)
+        assert f"{total:,} env steps" in output, output
+        assert output.count("is back after") == 2, output
+        show = (
+            "import json; rows = [json.loads(l) for l in open('runs/faults/metrics.jsonl')];"
+            "s = json.load(open('runs/faults/summary.json'));"
+            "print(json.dumps([sum(r.get(k, 0) for r in rows) for k in "
+            "('faults/failures', 'faults/reconnects', 'faults/server_restarts', 'env_steps_lost')]"
+            " + [rows[-1]['envs_unavailable'], s['failures'], s['reconnects'], s['stop_reason']]))"
+        )
+        result = project.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
+        failures, reconnects, restarts, lost, unavailable_at_end, *totals = json.loads(
+            result.stdout.strip().splitlines()[-1]
+        )
+        assert (failures, reconnects, restarts, unavailable_at_end) == (2, 2, 2, 0)
+        assert lost >= 2 * ENVS_PER_REPLICA, lost
+        assert totals == [2, 2, "total_timesteps"]
+        assert [c["State"] for c in project.containers()] == ["running"] * REPLICAS
+    finally:
+        project.down()
 
 
 def test_an_image_with_your_own_env_class(fleet: ComposeProject) -> None:
