@@ -231,6 +231,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             for address in endpoints:
                 clients.append(self._client(address))
             # Connect to all servers at once, within one shared deadline.
+            deadline = time.monotonic() + self.connect_timeout
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
             _, late = await asyncio.wait(readies, timeout=self.connect_timeout)
             if late:
@@ -247,7 +248,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
                     address=client.address,
                 )
-            responses = await gather(*(c.handshake() for c in clients), return_exceptions=True)
+            responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
             errors: list[BaseException] = []
             offset = 0
             for client, response in zip(clients, responses, strict=True):
@@ -263,6 +264,23 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             await gather(*(c.close() for c in clients), return_exceptions=True)
             raise
         return clients
+
+    async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
+        """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
+        delay = 0.05
+        while True:
+            try:
+                return await client.handshake()
+            except ServerUnavailableError as err:
+                if time.monotonic() + delay > deadline:
+                    raise ServerUnavailableError(
+                        f"{err} (still, after {self.connect_timeout:g} s: raise connect_timeout for servers "
+                        "that take long to build their envs)",
+                        address=client.address,
+                        code=err.code,
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _check_specs(self) -> None:
         first = self._clients[0]

@@ -21,11 +21,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
 @pytest.mark.parametrize("env_id", list(CASES))
-def test_remote_equals_sync_vector_env(start_servers: Any, env_id: str) -> None:
+def test_remote_equals_sync_vector_env(start_servers: Any, env_id: str, fault_tolerant: bool) -> None:
+    """Fault-tolerant or not, when nothing fails the results are exactly SyncVectorEnv's (no extra info keys)."""
     addresses = start_servers(env_id, num_servers=2, envs_per_server=3)
     reference = gym.vector.SyncVectorEnv([CASES[env_id]] * 6)
-    with RemoteVectorEnv(addresses) as remote:
+    with RemoteVectorEnv(addresses, fault_tolerant=fault_tolerant) as remote:
         assert remote.num_envs == 6
         assert remote.single_observation_space == reference.single_observation_space
         assert remote.single_action_space == reference.single_action_space

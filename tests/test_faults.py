@@ -290,6 +290,9 @@ def test_health_is_not_serving_until_the_envs_exist(spawn_server: SpawnServer, t
                 pb_grpc.EnvServiceStub(channel).GetSpec(pb.GetSpecRequest(), timeout=5)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "being built" in info.value.details()
+        # A learner that connects meanwhile waits (within its connect_timeout) for the envs.
+        with RemoteVectorEnv([address], connect_timeout=30) as envs:
+            envs.reset(seed=0)
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("listening on ")
         assert check(address) == "SERVING"
@@ -308,3 +311,25 @@ def test_unavailable_envs_of_a_gymnasium_wrapper_view(spawn_server: SpawnServer)
         _, _, _, _, infos = envs.step(actions_for(0, K))
         assert infos["env_unavailable"].dtype == np.bool_ and infos["env_unavailable"].shape == (K,)
         assert np.array_equal(infos["env_unavailable"], infos["_env_unavailable"])
+
+
+def test_pipelined_groups_go_on_when_a_server_of_one_is_lost(spawn_server: SpawnServer) -> None:
+    servers = [spawn_server("tests.envs:IndexEnv", K) for _ in range(2)]
+    with RemoteVectorEnv([s.address for s in servers], fault_tolerant=True, num_groups=2, **FAST) as envs:
+        envs.reset(seed=0)
+        slices = envs.group_slices
+        servers[1].kill()
+        for t in range(3):
+            sent = actions_for(t, 2 * K)
+            for g, sl in enumerate(slices):
+                envs.send(sent[sl], g)
+            got = {}
+            for _ in slices:
+                group, obs, _, _, truncs, infos = envs.recv()
+                got[group] = (obs, truncs, infos)
+            obs, _, infos = got[0]
+            assert "env_unavailable" not in infos and np.array_equal(obs[:, 3], sent[slices[0]])
+            _, truncs, infos = got[1]
+            assert infos["_env_unavailable"].all() and truncs.all() == (t == 0)
+        servers[1].start()
+        step_until(envs, 3, lambda r: "env_unavailable" not in r[4], limit_s=10.0)
