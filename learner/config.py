@@ -62,7 +62,10 @@ class Args:
     fault_tolerant: bool = True
     """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
     out of the batch, and they rejoin with new episodes once their server is back (reconnecting
-    with backoff); --no-fault-tolerant: stop with an error instead"""
+    with backoff); --no-fault-tolerant: a failed step drops the whole rollout and its server leaves
+    the fleet until it answers again (the run stops after 3 such rollouts in a row)"""
+    give_up_after: float = 60.0
+    """fault-tolerant: stop with an error once every env server has been unavailable this many seconds"""
     pipeline_groups: int = 1
     """send/recv pipelining: the servers form this many groups, and each group steps while the
     learner computes the next group's actions (1: all servers step together)"""
@@ -157,7 +160,7 @@ class Args:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{_flag(name)}: expected a value in [0, 1], got {value}")
-        for name in ("learning_rate", "clip_coef", "max_grad_norm", "timeout"):
+        for name in ("learning_rate", "clip_coef", "max_grad_norm", "timeout", "give_up_after"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")

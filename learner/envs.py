@@ -42,6 +42,8 @@ class FleetSpec:
     """Groups of servers for send/recv pipelining (at most one per server)."""
     fault_tolerant: bool = True
     """Servers that fail cost their own envs only (RemoteVectorEnv(fault_tolerant=True))."""
+    give_up_after: float = 60.0
+    """Fault-tolerant: stop once every server has been down this long (seconds)."""
     tls: bool | str = False
     """False, True (system CA roots) or the path of a CA file (see RemoteVectorEnv)."""
     tls_server_name: str | None = None
@@ -105,6 +107,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             copy=False,
             num_groups=groups,
             fault_tolerant=spec.fault_tolerant,
+            give_up_after=spec.give_up_after,
             tls=spec.tls,
             tls_server_name=spec.tls_server_name,
         )

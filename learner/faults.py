@@ -42,7 +42,8 @@ class FaultStats:
     """A fleet's failures and recoveries, counted since the RemoteVectorEnv was made."""
 
     failures: int = 0
-    """Times a server was lost (an error or a missed deadline on a step or reset)."""
+    """Times a server was lost (an error or a missed deadline on a step or reset, or its connection
+    found dropped between rollouts)."""
     reconnects: int = 0
     """Times a lost server came back (new session, envs reset)."""
     server_restarts: int = 0
@@ -55,6 +56,11 @@ class FaultStats:
     """Servers unavailable now."""
     envs_unavailable: int = 0
     """Envs unavailable now (those of the servers down)."""
+    servers_joined: int = 0
+    """Servers that joined the fleet when it was looked up again (``refresh``): new replicas, or old
+    ones back at another address."""
+    servers_left: int = 0
+    """Servers that left it (no longer listed, or their session ended between steps)."""
 
     def metrics(self, prefix: str = "faults/") -> dict[str, int]:
         return {f"{prefix}{k}": int(v) for k, v in asdict(self).items()}

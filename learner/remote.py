@@ -83,7 +83,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
       episode's first), and bootstraps the step before a loss as a truncation. The key is absent
       while every env is available, so results are identical to plain stepping when nothing fails.
     * If no server is up, :meth:`step` waits up to ``min(timeout, 1 s)`` for one to come back before
-      returning, so a training loop does not spin.
+      returning, so a training loop does not spin; once all have been down for ``give_up_after``
+      seconds, it raises :class:`~learner.errors.ServerUnavailableError` instead.
 
     Invalid actions (:class:`~learner.errors.InvalidRequestError`) and a refused token
     (:class:`~learner.errors.AuthenticationError`) raise in either mode: they are the caller's to
@@ -111,6 +112,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             as even as possible; at most one group per server).
         fault_tolerant: keep going when servers fail (see Failures above) instead of raising.
         backoff: first and longest wait between reconnect attempts, in seconds (fault-tolerant).
+        give_up_after: fault-tolerant, once every server has been down this many seconds, steps and
+            resets raise :class:`~learner.errors.ServerUnavailableError` (nothing is left to step).
         tls: False for plaintext; True for TLS verified with the system's CA roots; or the path of
             a PEM file with the CA certificate(s) that signed the servers' certificates.
         tls_server_name: the name the servers' certificates must hold, when it is not the host in
@@ -132,6 +135,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         num_groups: int = 1,
         fault_tolerant: bool = False,
         backoff: tuple[float, float] = (0.1, 2.0),
+        give_up_after: float = 60.0,
         tls: bool | str | os.PathLike[str] = False,
         tls_server_name: str | None = None,
     ) -> None:
@@ -148,6 +152,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.copy = copy
         self.fault_tolerant = bool(fault_tolerant)
         self.backoff = (float(backoff[0]), float(backoff[1]))
+        if not give_up_after > 0:
+            raise ValueError(f"give_up_after: expected seconds > 0, got {give_up_after!r}")
+        self.give_up_after = float(give_up_after)
         self._client_name = client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
         self._credentials = channel_credentials(tls)
@@ -199,6 +206,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._rejoined = asyncio.Event()
         self._env_steps_lost = 0
         self._env_error_steps = 0
+        self._retired = _Retired()  # counts of servers that left the fleet (refresh)
         log.info(
             "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
@@ -373,6 +381,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 continue
             sub_seeds = None if seeds is None else seeds[sl]
             calls.append((i, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist())))
+        if self.fault_tolerant and not calls:
+            self._check_anything_left()
         results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
         errors = []
         for (i, _), result in zip(calls, results, strict=True):
@@ -560,6 +570,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._runner.wait(list(tasks.values()), self.timeout)
         elif self.fault_tolerant:
             self._wait_for_rejoin(servers)
+            self._check_anything_left()
         errors: list[BaseException] = []
         for i, task in tasks.items():
             if task.cancelled():
@@ -655,6 +666,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._rejoined.clear()
         self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
 
+    def _check_anything_left(self) -> None:
+        """Fault-tolerant: raise once every server has been down for ``give_up_after`` seconds."""
+        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
+            return
+        since = max(r.down_since for r in self._replicas)
+        if time.monotonic() - since > self.give_up_after:
+            raise ServerUnavailableError(
+                f"no env server left: {', '.join(self.addresses)} all unavailable for more than "
+                f"{self.give_up_after:g} s (give_up_after); last error: {self._replicas[-1].last_error}",
+                address=self._clients[0].address,
+            )
+
     def _lost_infos(self, offset: int, count: int) -> dict[str, Any]:
         """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:
         their last observations as ``final_obs``, as gymnasium reports a truncation)."""
@@ -683,14 +706,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def fault_stats(self) -> FaultStats:
         """Failures, reconnects and lost env steps so far, and how many servers and envs are down now."""
         down = [(r, c) for r, c in zip(self._replicas, self._clients, strict=True) if r.state is not ReplicaState.UP]
+        retired = self._retired
         return FaultStats(
-            failures=sum(r.failures for r in self._replicas),
-            reconnects=sum(r.reconnects for r in self._replicas),
-            server_restarts=sum(r.server_restarts for r in self._replicas),
+            failures=retired.failures + sum(r.failures for r in self._replicas),
+            reconnects=retired.reconnects + sum(r.reconnects for r in self._replicas),
+            server_restarts=retired.server_restarts + sum(r.server_restarts for r in self._replicas),
             env_steps_lost=self._env_steps_lost,
             env_errors=self._env_error_steps,
             servers_down=len(down),
             envs_unavailable=sum(c.num_envs for _, c in down),
+            servers_joined=retired.joined,
+            servers_left=retired.left,
         )
 
     def _as_batch(self, actions: Any, count: int, where: str) -> Any:
@@ -738,7 +764,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         the episodes in them, in order; the envs of servers that join come after them, freshly reset.
         ``num_envs`` and the batched spaces follow. A server leaves when its address no longer
         resolves (``docker compose up --scale env=N`` removed it), when its session ended (it stopped
-        or restarted), or when it is named in ``drop`` (a call to it failed); it is let go (released)
+        or restarted; not fault-tolerant: a fault-tolerant env reconnects it in place), or when it is
+        named in ``drop`` (a call to it failed); it is let go (released)
         and joins again, with fresh envs, once it resolves and answers a handshake. A new server has
         ``wait`` seconds to answer; one still starting keeps connecting in the background and joins
         at a later refresh. A server whose spaces differ from the fleet's is left out (and logged).
@@ -761,8 +788,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         except AddressError as err:
             log.warning("refresh: %s; keeping the %d servers connected now", err, len(self._clients))
             resolved = self.addresses
-        stay = [c for c in self._clients if c.address in resolved and c.address not in dropped and not c.session_ended]
+        # Fault-tolerant, a server whose connection dropped stays: its next step fails fast, and it is
+        # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew.
+        stay = [
+            c
+            for c in self._clients
+            if c.address in resolved and c.address not in dropped and (self.fault_tolerant or not c.session_ended)
+        ]
         leave = [c for c in self._clients if c not in stay]
+        replicas = {id(r.client): r for r in self._replicas}
+        for client in leave:
+            replica = replicas[id(client)]
+            if replica.reconnect_task is not None:
+                replica.reconnect_task.cancel()  # (fault-tolerant) no longer listed: it leaves instead
+            if replica.state is ReplicaState.UP and (client.address in dropped or client.session_ended):
+                replica.failures += 1  # lost between steps (or, not fault-tolerant, in the rollout dropped)
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
         wanted = [a for a in resolved if a not in {c.address for c in stay}]
@@ -821,7 +861,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._tasks = [None] * len(clients)
         self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
+        self._in_flight = [False] * len(self._groups)
         self._timers = [timers.get(c.address) or StepTimer(c.address, c.num_envs) for c in clients]
+        for client in leave:  # their counts stay in fault_stats()
+            self._retired.add(replicas[id(client)])
+        self._retired.joined += len(joined)
+        self._retired.left += len(leave)
+        self._replicas = [replicas.get(id(c)) or self._replica(c) for c in clients]
         self._stale = False
         log.info(
             "fleet changed: %d server(s) joined (%s), %d left (%s); %d envs, was %d",
@@ -855,9 +901,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         fresh = []
         for address in addresses:
             if address not in self._joining:
-                client = EnvClient(
-                    address, timeout=self.timeout, client_name=self._client_name, metadata=self._metadata
-                )
+                client = self._client(address)
                 self._joining[address] = (client, asyncio.ensure_future(client.wait_ready()))
                 fresh.append(self._joining[address][1])
         # Only servers seen for the first time are waited for: one that stays listed without answering
@@ -946,6 +990,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def __repr__(self) -> str:
         return f"RemoteVectorEnv({self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+
+
+class _Retired:
+    """Counters of the servers that left the fleet, so that fault_stats() keeps counting them."""
+
+    def __init__(self) -> None:
+        self.failures = self.reconnects = self.server_restarts = self.joined = self.left = 0
+
+    def add(self, replica: Replica) -> None:
+        self.failures += replica.failures
+        self.reconnects += replica.reconnects
+        self.server_restarts += replica.server_restarts
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:

@@ -90,6 +90,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         timeout=args.timeout,
         pipeline_groups=args.pipeline_groups,
         fault_tolerant=args.fault_tolerant,
+        give_up_after=args.give_up_after,
         tls=args.tls_ca or args.tls,
         tls_server_name=args.tls_server_name,
     )
@@ -492,7 +493,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                         # Without --fault-tolerant: a server stopped (scaled down) or vanished. Drop this
                         # rollout and go on with the servers left, unless that keeps happening.
                         lost_rollouts += 1
-                        if refresh is None or lost_rollouts > LOST_ROLLOUTS:
+                        # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
+                        if refresh is None or args.fault_tolerant or lost_rollouts > LOST_ROLLOUTS:
                             raise
                         log.warning("dropping this rollout, going on without env server %s: %s", err.address, err)
                         lost = err
@@ -679,6 +681,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     row["faults/failures"] = faults_now.failures - faults_before.failures
                     row["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
                     row["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
+                    row["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
+                    row["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
                     row["faults/servers_down"] = faults_now.servers_down
                     faults_before = faults_now
                 # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
@@ -698,14 +702,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)
                     for key in ("env_steps_lost", "envs_unavailable"):
                         writer.add_scalar(f"faults/{key}", row[key], counters.global_step)
-                    for key in (
-                        "faults/failures",
-                        "faults/reconnects",
-                        "faults/server_restarts",
-                        "faults/servers_down",
-                    ):
-                        if key in row:
-                            writer.add_scalar(key, row[key], counters.global_step)
+                    for key in [k for k in row if k.startswith("faults/")]:
+                        writer.add_scalar(key, row[key], counters.global_step)
                     for key, value in replicas.items():
                         if not math.isnan(value):
                             writer.add_scalar(key, value, counters.global_step)
@@ -751,7 +749,11 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
             if fault_stats is not None:
                 totals = fault_stats()
                 summary.update(
-                    failures=totals.failures, reconnects=totals.reconnects, server_restarts=totals.server_restarts
+                    failures=totals.failures,
+                    reconnects=totals.reconnects,
+                    server_restarts=totals.server_restarts,
+                    servers_joined=totals.servers_joined,
+                    servers_left=totals.servers_left,
                 )
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
     if args.plot and counters.update > 0:

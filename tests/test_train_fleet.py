@@ -55,8 +55,12 @@ def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve,
     assert rows[1]["batch_size"] > rows[0]["batch_size"]
 
 
-def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(serve: Serve, tmp_path: Path) -> None:
-    """A step to it times out: that rollout is dropped, the server let go, and the others train on."""
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
+def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(
+    serve: Serve, tmp_path: Path, fault_tolerant: bool
+) -> None:
+    """A step to it times out. Plain: that rollout is dropped, the server let go, and the others train on.
+    Fault-tolerant: its envs are unavailable (kept out of the batch) while the others train on."""
     (_, a), (proc, b) = serve(num_envs=2), serve(num_envs=2)
 
     def fleet(k: int) -> list[str]:
@@ -65,14 +69,27 @@ def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(serve: 
         return [a, b]  # and stays listed, as a hung replica may
 
     run = tmp_path / "run"
-    args = Args(env="CartPole-v1", servers=scheduled("hang", fleet), num_steps=16, timeout=1.0, **QUIET)
-    summary = train(dataclasses.replace(args, total_timesteps=16 * 4 + 16 * 2 * 3, run_dir=str(run)))
+    name = f"hang-{fault_tolerant}"
+    args = Args(env="CartPole-v1", servers=scheduled(name, fleet), num_steps=16, timeout=1.0, **QUIET)
+    total = 16 * 4 * 4 if fault_tolerant else 16 * 4 + 16 * 2 * 3
+    args = dataclasses.replace(args, total_timesteps=total, run_dir=str(run), fault_tolerant=fault_tolerant)
+    summary = train(args)
     assert summary["stop_reason"] == "total_timesteps"
-    sizes = [r["num_envs"] for r in rundir.read_jsonl(run / rundir.METRICS)]
-    assert sizes[0] == 4 and sizes[1:] == [2] * (len(sizes) - 1), sizes
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    sizes = [r["num_envs"] for r in rows]
+    if fault_tolerant:
+        assert sizes == [4] * 4, sizes
+        assert [r["envs_unavailable"] for r in rows] == [0, 2, 2, 2]
+        assert all(r["batch_size"] <= 16 * 2 for r in rows[1:])  # b's steps are not in the batch
+        assert summary["failures"] == 1
+    else:
+        assert sizes[0] == 4 and sizes[1:] == [2] * (len(sizes) - 1), sizes
 
 
-def test_no_server_left_ends_the_run_with_an_error_naming_it(serve: Serve, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
+def test_no_server_left_ends_the_run_with_an_error_naming_it(
+    serve: Serve, tmp_path: Path, fault_tolerant: bool
+) -> None:
     proc, a = serve(num_envs=2)
 
     def fleet(k: int) -> list[str]:
@@ -81,7 +98,15 @@ def test_no_server_left_ends_the_run_with_an_error_naming_it(serve: Serve, tmp_p
             proc.wait(timeout=10)
         return [a]
 
-    args = Args(env="CartPole-v1", servers=scheduled("gone", fleet), num_steps=8, total_timesteps=10_000, **QUIET)
+    args = Args(
+        env="CartPole-v1",
+        servers=scheduled(f"gone-{fault_tolerant}", fleet),
+        num_steps=8,
+        total_timesteps=10_000,
+        fault_tolerant=fault_tolerant,
+        give_up_after=2.0,
+        **QUIET,
+    )
     with pytest.raises(ServerUnavailableError, match=f"no env server left: {a}"):
         train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
     assert rundir.read_json(tmp_path / "run" / rundir.SUMMARY)["stop_reason"].startswith("error")
