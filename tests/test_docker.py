@@ -246,21 +246,23 @@ def test_killed_replicas_come_back_and_training_completes(fleet: ComposeProject)
         reader.join(timeout=30)
         output = "".join(lines)
         assert f"{total:,} env steps" in output, output
-        assert output.count("is back after") == 2, output
         show = (
             "import json; rows = [json.loads(l) for l in open('runs/faults/metrics.jsonl')];"
             "s = json.load(open('runs/faults/summary.json'));"
             "print(json.dumps([sum(r.get(k, 0) for r in rows) for k in "
-            "('faults/failures', 'faults/reconnects', 'faults/server_restarts', 'env_steps_lost')]"
-            " + [rows[-1]['envs_unavailable'], s['failures'], s['reconnects'], s['stop_reason']]))"
+            "('faults/failures', 'faults/reconnects', 'faults/servers_joined', 'env_steps_lost')]"
+            " + [rows[-1]['envs_unavailable'], rows[-1]['num_envs'], s['failures'], s['stop_reason']]))"
         )
         result = project.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
-        failures, reconnects, restarts, lost, unavailable_at_end, *totals = json.loads(
+        failures, reconnects, joined, lost, unavailable, num_envs, *summary = json.loads(
             result.stdout.strip().splitlines()[-1]
         )
-        assert (failures, reconnects, restarts, unavailable_at_end) == (2, 2, 2, 0)
+        # Each came back either at its old address (a reconnect) or, if the DNS name dropped it while it was
+        # down, as a replica joining the fleet (a restarted container may get another IP address).
+        assert failures == 2 and reconnects + joined == 2, (failures, reconnects, joined, output)
+        assert (unavailable, num_envs) == (0, REPLICAS * ENVS_PER_REPLICA)
         assert lost >= 2 * ENVS_PER_REPLICA, lost
-        assert totals == [2, 2, "total_timesteps"]
+        assert summary == [2, "total_timesteps"]
         assert [c["State"] for c in project.containers()] == ["running"] * REPLICAS
     finally:
         project.down()
