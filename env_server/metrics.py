@@ -62,6 +62,11 @@ class ServerMetrics:
         self.errors = Counter(
             "envfleet_errors", "Requests that failed, by gRPC status code", labelnames=("code",), registry=r
         )
+        self.env_errors = Counter(
+            "envfleet_env_errors",
+            "Env steps reported with an error record (one env raised; the others' results were sent)",
+            registry=r,
+        )
         self.session_active = Gauge(
             "envfleet_session_active", "1 while a learner holds this server's envs, else 0", registry=r
         )

@@ -21,6 +21,7 @@ from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import max_episode_steps
 from env_server.interceptors import MalformedRequest
+from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import ENV_INDEX_KEY, PROTOCOL_VERSION
 from env_server.rpc import env_pb2 as pb
@@ -406,6 +407,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         _encode_infos(infos, response.infos)
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
+            errors = infos.get("_" + ENV_ERROR_KEY)
+            if errors is not None:
+                self._metrics.env_errors.inc(int(np.count_nonzero(errors)))
         return response
 
     async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:

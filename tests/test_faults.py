@@ -333,3 +333,16 @@ def test_pipelined_groups_go_on_when_a_server_of_one_is_lost(spawn_server: Spawn
             assert infos["_env_unavailable"].all() and truncs.all() == (t == 0)
         servers[1].start()
         step_until(envs, 3, lambda r: "env_unavailable" not in r[4], limit_s=10.0)
+
+
+def test_keepalive_settings_agree() -> None:
+    """Both sides ping idle connections (dead peers are noticed within ~15 s), and the server accepts the
+    client's pings: a server that thinks them too frequent closes the connection (GOAWAY too_many_pings)."""
+    from env_server.server import server_options
+    from learner.client import channel_options
+
+    server, client = dict(server_options()), dict(channel_options())
+    for options in (server, client):
+        assert options["grpc.keepalive_time_ms"] + options["grpc.keepalive_timeout_ms"] <= 15_000
+        assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from learner import InvalidRequestError, RemoteVectorEnv
+from learner import AuthenticationError, InvalidRequestError, RemoteVectorEnv
+from tests.conftest import SpawnServer
 
 
 @pytest.fixture
@@ -115,3 +116,29 @@ def test_metrics_port_in_use_fails_at_start() -> None:
         )
     assert result.returncode == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr.strip().splitlines()[-1]
+
+
+def test_env_errors_and_refused_tokens_are_counted(spawn_server: SpawnServer) -> None:
+    server = spawn_server(
+        "tests.envs:FaultyEnv",
+        2,
+        "--env-kwargs",
+        '{"raise_at": 2}',
+        "--metrics-port",
+        "0",
+        "--log-level",
+        "info",
+        environ={"ENVFLEET_AUTH_TOKEN": "t0ken"},
+    )
+    match = re.search(r"Prometheus metrics on (http://\S+/metrics)", server.logs())
+    assert match, server.logs()
+    url = match.group(1)
+    with pytest.raises(AuthenticationError):
+        RemoteVectorEnv([server.address], auth_token="wrong")
+    with RemoteVectorEnv([server.address], auth_token="t0ken") as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.zeros(2, dtype=np.int64))
+    after = scrape(url)
+    assert after["envfleet_env_errors_total"] == 2  # the failed step, and the reset step after it
+    assert after["envfleet_errors_total{code=UNAUTHENTICATED}"] >= 1
