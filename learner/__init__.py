@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Imports no gRPC; registers the compose: address scheme.
+# Import no gRPC; register the compose: and swarm: address schemes.
 from learner.compose import resolve_compose
+from learner.swarm import resolve_swarm
 
 if TYPE_CHECKING:
     from learner.discovery import AddressError, expand_addresses
@@ -72,6 +73,7 @@ __all__ = [
     "expand_addresses",
     "local_servers",
     "resolve_compose",
+    "resolve_swarm",
 ]
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from learner.discovery import AddressError, register_resolver
+from learner.engine import ask_engine
 
 __all__ = ["Replica", "choose_host_port", "parse_target", "replica_addresses", "replica_from_record", "resolve_compose"]
 
@@ -133,28 +134,13 @@ def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
 def resolve_compose(target: str) -> list[str]:
     """``compose:`` resolver: ask the Docker engine for the service's containers (see the module doc)."""
     project, service, _ = parse_target(target)
-    address = f"compose:{target}"
-    try:
-        import docker
-        import docker.errors
-    except ImportError:
-        raise AddressError(
-            f"address {address!r}: needs the Docker SDK; install it with pip install 'envfleet[learner]'"
-        ) from None
     labels = [f"{SERVICE_LABEL}={service}"] + ([f"{PROJECT_LABEL}={project}"] if project else [])
-    try:
-        client = docker.from_env()
-    except docker.errors.DockerException as err:
-        raise AddressError(
-            f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user use it?"
-        ) from err
-    try:
-        # One call for all replicas (the learner looks them up again between rollouts).
-        containers = client.api.containers(all=True, filters={"label": labels})
-    except docker.errors.DockerException as err:
-        raise AddressError(f"address {address!r}: the Docker engine failed to list containers: {err}") from err
-    finally:
-        client.close()
+    # One call for all replicas (the learner looks them up again between rollouts).
+    containers = ask_engine(
+        f"compose:{target}",
+        "list containers",
+        lambda client: client.api.containers(all=True, filters={"label": labels}),
+    )
     return replica_addresses([replica_from_record(c) for c in containers], target)
 
 

@@ -29,8 +29,9 @@ class Args:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the env's constructor, as a JSON object"""
     servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
-    """running env servers to train on: host:port,host:port, unix:/path, dns:///name:port or
-    compose:SERVICE (every replica of a Docker Compose service); without it, local env servers are
+    """running env servers to train on: host:port,host:port, unix:/path, dns:///name:port,
+    compose:SERVICE (every replica of a Docker Compose service) or swarm:SERVICE (every task of a
+    Docker Swarm service); looked up again between rollouts; without it, local env servers are
     started as subprocesses"""
     backend: Literal["remote", "gym"] = "remote"
     """remote: env servers over gRPC; gym: an in-process gymnasium SyncVectorEnv of the same size

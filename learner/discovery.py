@@ -6,7 +6,9 @@ An address is one of:
   ``dns:///name:port``     every address ``name`` resolves to, one server each (a headless
                            Kubernetes service, Swarm's ``tasks.<service>``, compose's service name);
   ``compose:[PROJECT/]SERVICE``  every healthy replica of a Docker Compose service, at its published
-                           host port (``learner.compose``, through the Docker SDK).
+                           host port (``learner.compose``, through the Docker SDK);
+  ``swarm:SERVICE``        every running task of a Docker Swarm service, at the port it publishes on
+                           its node (``learner.swarm``, through the Docker SDK on a swarm manager).
 
 Resolving again later (between rollouts) finds replicas that were added or removed.
 """
