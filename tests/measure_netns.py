@@ -11,7 +11,11 @@ rollout SPS (env steps over the time spent stepping envs, updates left out: the 
 can slow down), and the bytes each host's link carried per step of its server. Then, finer: one
 process on the learner host opens both fleets and steps them in turns of --burst seconds (random
 actions, no policy), so each pair of turns sees the same machine; reported is the median of the
-per-pair ratios. The target (issue 7): netns within 10 % of loopback.
+per-pair ratios. The target (issue 7): netns within 10 % of loopback. Last, one host's link is cut
+for --cut seconds under a fleet stepping in one process, once with a step deadline shorter than the
+cut (2 s: the host is lost, the others step on) and once with the default (30 s: stepping waits);
+reported: the longest step, failures and reconnects counted, and when the host's envs were all
+available again after the link came back (the target: within 10 s).
 """
 
 from __future__ import annotations
@@ -75,6 +79,80 @@ def alternate_stepping(netns: list[str], loopback: list[str], pairs: int, burst:
     return ratios
 
 
+def cut_probe(addresses: list[str], host_envs: tuple[int, int], seconds: float, timeout: float) -> dict[str, Any]:
+    """In this process: a fault-tolerant fleet stepped for ``seconds``, while the measurement cuts a
+    host's link; per step, when it ended (CLOCK_MONOTONIC, shared by every namespace) and how many of
+    the cut host's envs (``host_envs``, a range) were unavailable."""
+    import time
+
+    import numpy as np
+
+    from learner import RemoteVectorEnv
+
+    times, down, longest = [], [], 0.0
+    with RemoteVectorEnv(addresses, copy=False, fault_tolerant=True, timeout=timeout) as envs:
+        actions = np.zeros(envs.num_envs, dtype=np.int64)
+        envs.reset(seed=0)
+        print("ready", flush=True)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            start = time.monotonic()
+            _, _, _, _, infos = envs.step(actions)
+            now = time.monotonic()
+            longest = max(longest, now - start)
+            mask = infos.get("env_unavailable")
+            times.append(now)
+            down.append(int(np.sum(mask[host_envs[0] : host_envs[1]])) if mask is not None else 0)
+        stats = envs.fault_stats()
+    return {
+        "times": times,
+        "down": down,
+        "longest_step_s": longest,
+        "failures": stats.failures,
+        "reconnects": stats.reconnects,
+    }
+
+
+def measure_cut(
+    lab: Lab, hosts: list[str], addresses: list[str], envs_per_server: int, cut: float, timeout: float
+) -> dict[str, Any]:
+    """Cut the second host's link for ``cut`` s under a stepping fleet (step deadline ``timeout``), restore
+    it; how long stepping stalled, and how long after the restore its envs were all available again."""
+    import subprocess
+    import time
+
+    host = 1
+    probe = [sys.executable, "-m", "tests.measure_netns", "--cut-probe", ",".join(addresses)]
+    probe += ["--cut-envs", f"{host * envs_per_server},{(host + 1) * envs_per_server}"]
+    probe += ["--cut-seconds", str(cut + 25), "--cut-timeout", str(timeout)]
+    proc = lab.popen("learner", probe, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"cut probe failed: {proc.communicate()[1][-2000:]}")
+    time.sleep(3)
+    cut_at = time.monotonic()
+    lab.cut(hosts[host])
+    time.sleep(cut)
+    lab.restore(hosts[host])
+    restored_at = time.monotonic()
+    out, err = proc.communicate(timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cut probe failed:\n{err[-2000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    steps = list(zip(result["times"], result["down"], strict=True))
+    # The host's envs are back at the first step after which none of them is unavailable again.
+    back = next((t for i, (t, _) in enumerate(steps) if t > restored_at and all(d == 0 for _, d in steps[i:])), None)
+    return {
+        "cut_s": cut,
+        "step_timeout_s": timeout,
+        "longest_step_s": result["longest_step_s"],
+        "first_unavailable_after_cut_s": next((t - cut_at for t, d in steps if d > 0), None),
+        "rejoined_after_restore_s": None if back is None else back - restored_at,
+        "failures": result["failures"],
+        "reconnects": result["reconnects"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=4, help="env-server hosts (default: 4)")
@@ -86,8 +164,17 @@ def main() -> int:
     )
     parser.add_argument("--burst", type=float, default=0.5, help="seconds per turn (default: 0.5)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--cut", type=float, default=5.0, help="seconds a host's link is cut (default: 5)")
     parser.add_argument("--side-by-side", nargs=2, metavar=("NETNS", "LOOPBACK"), help=argparse.SUPPRESS)
+    parser.add_argument("--cut-probe", metavar="ADDRESSES", help=argparse.SUPPRESS)
+    parser.add_argument("--cut-envs", metavar="START,STOP", help=argparse.SUPPRESS)
+    parser.add_argument("--cut-seconds", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--cut-timeout", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cut_probe:  # run inside the learner host by measure_cut
+        start, stop = (int(x) for x in args.cut_envs.split(","))
+        print(json.dumps(cut_probe(args.cut_probe.split(","), (start, stop), args.cut_seconds, args.cut_timeout)))
+        return 0
     if args.side_by_side:  # run inside the learner host by the measurement below
         print(json.dumps(alternate_stepping(*(a.split(",") for a in args.side_by_side), args.pairs, args.burst)))
         return 0
@@ -124,6 +211,7 @@ def main() -> int:
         if result.returncode != 0:
             raise RuntimeError(f"side-by-side stepping failed:\n{result.stderr[-2000:]}")
         pair_ratios = json.loads(result.stdout.strip().splitlines()[-1])
+        cuts = [measure_cut(lab, hosts, remote, args.envs_per_server, args.cut, t) for t in (2.0, 30.0)]
 
     results: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "side_by_side")}}
     for layout, runs in samples.items():
@@ -131,6 +219,7 @@ def main() -> int:
     results["ratio"] = {key: results["netns"][key] / results["loopback"][key] for key in results["netns"]}
     results["link_bytes_per_server_step"] = statistics.median(link_bytes_per_step)
     results["side_by_side_ratio"] = {"median": statistics.median(pair_ratios), "pairs": pair_ratios}
+    results["cuts"] = cuts
     print()
     print(
         f"{args.hosts} servers x {args.envs_per_server} CartPole-v1 envs, {args.timesteps:,} env steps per run, medians of {args.rounds}"
@@ -149,6 +238,13 @@ def main() -> int:
     print(
         f"bytes on each host's link per step of its server (both ways, all headers): {results['link_bytes_per_server_step']:,.0f}"
     )
+    for c in cuts:
+        rejoined = c["rejoined_after_restore_s"]
+        print(
+            f"host h1 cut for {c['cut_s']:g} s, step deadline {c['step_timeout_s']:g} s: longest step "
+            f"{c['longest_step_s']:.1f} s, failures {c['failures']}, reconnects {c['reconnects']}, its envs all "
+            + ("never back" if rejoined is None else f"back {rejoined:.1f} s after the link was")
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

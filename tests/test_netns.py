@@ -1,6 +1,6 @@
 """Across hosts, for real: env servers in network namespaces of their own (tests/netns.py), each with
 its own address on a switched link, and a learner in another: train across them, follow a name whose
-addresses change (what `kubectl scale` does to a headless Service), lose a host's link and get it back.
+addresses change (what `kubectl scale` does to a headless Service), lose a host's link for 5 s and get it back.
 
 Needs root and iproute2; without them these tests skip, except under CI=true, where they fail.
 """
@@ -8,8 +8,10 @@ Needs root and iproute2; without them these tests skip, except under CI=true, wh
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +88,40 @@ def test_a_name_resolving_to_more_hosts_grows_the_fleet(lab: Lab, tmp_path: Path
     training.check_interrupted(out, err)
     sizes = training.sizes()
     assert sizes[0] == 8 and max(sizes) == 16 and sizes[-1] == 12, sizes
+
+
+def test_a_host_cut_off_for_5_s_rejoins(lab: Lab, tmp_path: Path) -> None:
+    """One host's link goes down mid-rollout for 5 s and comes back: the learner (step deadline 2 s,
+    shorter than the cut) goes on with the other hosts' envs, counts the failure, reconnects, and
+    the host's envs rejoin: later updates have every env available again."""
+    servers = lab.start_servers(HOSTS, "CartPole-v1", ENVS_PER_SERVER)
+    run_dir = tmp_path / "run"
+    options = ["--servers", ",".join(s.address for s in servers), "--timeout", "2", *TRAIN]
+    options += ["--total-timesteps", "100000000", "--run-dir", str(run_dir)]
+    training = BackgroundTraining(lab.command("learner", learner_command(*options)), run_dir)
+    try:
+        training.wait(lambda sizes: len(sizes) >= 2, "two updates")
+        lab.cut("h1")
+        time.sleep(5)
+        lab.restore("h1")
+        restored_at = len(training.rows())
+
+        def failed(rows: list[dict[str, Any]]) -> bool:
+            return sum(row.get("faults/failures", 0) for row in rows) >= 1
+
+        training.wait_rows(failed, "a failure counted")
+        training.wait_rows(lambda rows: sum(row.get("faults/reconnects", 0) for row in rows) >= 1, "a reconnect")
+        # Then updates with every env back (ended by at least one step with nothing unavailable).
+        training.wait_rows(
+            lambda rows: any(row["envs_unavailable"] == 0 for row in rows[restored_at + 1 :]) and len(rows) > 4,
+            "an update after the cut with every env available",
+        )
+    finally:
+        out, err = training.interrupt()
+    training.check_interrupted(out, err)
+    rows = training.rows()
+    assert {row["num_envs"] for row in rows} == {len(HOSTS) * ENVS_PER_SERVER}
+    assert sum(row["env_steps_lost"] for row in rows) > 0
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    assert summary["failures"] >= 1 and summary["reconnects"] >= 1, summary
+    assert "lost" in err and "is back" in err, err[-3000:]

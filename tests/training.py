@@ -39,8 +39,12 @@ class BackgroundTraining:
 
     def wait(self, condition: Callable[[list[int]], bool], what: str, timeout: float = 180) -> None:
         """Wait until ``condition(sizes)`` holds; fail, with the run's output, if it exits or time runs out."""
+        self.wait_rows(lambda rows: condition([int(row["num_envs"]) for row in rows]), what, timeout)
+
+    def wait_rows(self, condition: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 180) -> None:
+        """Wait until ``condition(rows)`` holds (the metrics rows so far); fail as :meth:`wait` does."""
         deadline = time.monotonic() + timeout
-        while not condition(self.sizes()):
+        while not condition(self.rows()):
             if self.proc.poll() is not None:
                 out, err = self.proc.communicate()
                 raise AssertionError(
