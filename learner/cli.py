@@ -255,6 +255,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         deterministic=not args.stochastic,
         transport=args.transport,
         auth_token=args.auth_token,
+        tls=args.tls_ca or args.tls,
+        tls_server_name=args.tls_server_name,
+        timeout=args.timeout,
     )
     if args.json:
         print(json.dumps(result))
@@ -384,7 +387,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-envs", type=int, default=4, metavar="N", help="envs to run the episodes on (default: %(default)s)"
     )
     evaluate.add_argument("--transport", choices=["tcp", "unix"], default="tcp", help="(default: %(default)s)")
-    evaluate.add_argument("--auth-token", default=None, help="token for servers started with --auth-token")
+    evaluate.add_argument(
+        "--auth-token",
+        default=os.environ.get("ENVFLEET_AUTH_TOKEN") or None,
+        metavar="TOKEN",
+        help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
+    )
+    evaluate.add_argument("--tls", action="store_true", help="connect with TLS, verifying with the system's CA roots")
+    evaluate.add_argument(
+        "--tls-ca", default=None, metavar="PATH", help="connect with TLS, verifying with this CA file"
+    )
+    evaluate.add_argument(
+        "--tls-server-name", default=None, metavar="NAME", help="the name in the servers' certificates"
+    )
+    evaluate.add_argument(
+        "--timeout", type=float, default=30.0, metavar="S", help="seconds per call to a server (default: %(default)s)"
+    )
     evaluate.add_argument("--seed", type=int, default=0, help="env i gets seed + i (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")

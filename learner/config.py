@@ -58,8 +58,9 @@ class Args:
     """connect with TLS, verifying the servers' certificates with the CA certificate(s) in this PEM file"""
     tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
     """the name the servers' certificates hold, when it is not the host in their addresses"""
-    timeout: float = 30.0
-    """seconds each call to an env server may take (fault-tolerant: then the server counts as lost)"""
+    timeout: float = 10.0
+    """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
+    the other envs step on); raise it for envs whose batched step or reset can take longer"""
     fault_tolerant: bool = True
     """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
     out of the batch, and they rejoin with new episodes once their server is back (reconnecting

@@ -34,12 +34,16 @@ def evaluate(
     deterministic: bool = True,
     transport: str = "tcp",
     auth_token: str | None = None,
+    tls: bool | str = False,
+    tls_server_name: str | None = None,
+    timeout: float = 30.0,
 ) -> dict[str, Any]:
     """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file or a run dir).
 
     The envs are the run's (its env id, kwargs and wrappers): ``num_envs`` of them on one local env
     server, on the ``servers`` given, or in process (``backend="gym"``). Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
+    ``auth_token``, ``tls``, ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
@@ -59,6 +63,9 @@ def evaluate(
         wrappers=run_args.server_wrappers(),
         transport="unix" if transport == "unix" else "tcp",
         auth_token=auth_token,
+        tls=tls,
+        tls_server_name=tls_server_name,
+        timeout=timeout,
     )
     torch_device = pick_device(device)
     torch.manual_seed(seed)

@@ -56,7 +56,8 @@ class ComposeProject:
         )
 
     def command(self, *args: str) -> list[str]:
-        return ["docker", "compose", "-f", str(REPO / "docker-compose.yml"), "-p", self.name, *args]
+        files = ["-f", str(REPO / "docker-compose.yml"), "-f", str(REPO / "docker-compose.override.yml")]
+        return ["docker", "compose", *files, "-p", self.name, *args]
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``docker compose ARGS`` to completion; a failure raises with compose's output."""
@@ -81,7 +82,7 @@ class ComposeProject:
         )
 
     def build(self, *services: str, timeout: float = 900) -> None:
-        self.run("--profile", "learner", "build", *services, timeout=timeout)
+        self.run("build", *services, timeout=timeout)
 
     def up(self, replicas: int, timeout: float = 120) -> float:
         """``up -d --wait --no-recreate --scale env=N``: seconds until every replica is healthy."""
@@ -101,7 +102,5 @@ class ComposeProject:
 
     def down(self) -> None:
         """Remove the project's containers, network, volumes and image tags."""
-        self.run(
-            "--profile", "learner", "down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False
-        )
+        self.run("down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False)
         subprocess.run(["docker", "rmi", self.env_image, self.learner_image], capture_output=True, timeout=120)

@@ -13,6 +13,7 @@ import pytest
 
 from learner import rundir
 from learner.cli import main
+from tests.conftest import StartServers
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
 
@@ -70,6 +71,18 @@ def test_eval_reports_the_deterministic_policy_on_local_servers(
     assert result["length_mean"] == 3.0 and 0.0 <= result["return_mean"] <= 3.0
     assert main(["eval", "--checkpoint", str(trained_run), "--episodes", "2", "--backend", "gym"]) == 0
     assert "2 episodes of the deterministic policy" in capsys.readouterr().out
+
+
+def test_eval_on_running_servers_with_the_token_from_the_environment(
+    trained_run: Path, start_servers: StartServers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    addresses = start_servers("tests.envs:ClockEnv", 2, 1, env_kwargs={"length": 3}, auth_token="s3cret")
+    monkeypatch.setenv("ENVFLEET_AUTH_TOKEN", "s3cret")
+    capsys.readouterr()
+    args = ["eval", "--checkpoint", str(trained_run), "--episodes", "4", "--servers", ",".join(addresses)]
+    assert main([*args, "--timeout", "10", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 4 and result["length_mean"] == 3.0
 
 
 def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

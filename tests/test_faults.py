@@ -346,3 +346,4 @@ def test_keepalive_settings_agree() -> None:
         assert options["grpc.keepalive_time_ms"] + options["grpc.keepalive_timeout_ms"] <= 15_000
         assert options["grpc.keepalive_permit_without_calls"] == 1
     assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
+    assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings

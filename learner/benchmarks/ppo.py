@@ -46,7 +46,10 @@ def default_layouts(sizes: tuple[int, ...] = (8, 64)) -> list[TrainLayout]:
             TrainLayout(f"remote 2x{n // 2} tcp", "remote", n, transport="tcp"),
             TrainLayout(f"remote 2x{n // 2} unix", "remote", n),
             TrainLayout(f"remote 2x{n // 2} unix pipelined/2", "remote", n, groups=2),
+            TrainLayout(f"remote 1x{n} unix", "remote", n, servers=1),
         ]
+        if n >= 8:
+            layouts.append(TrainLayout(f"remote 4x{n // 4} unix pipelined/2", "remote", n, servers=4, groups=2))
     return layouts
 
 
