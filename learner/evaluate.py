@@ -66,6 +66,8 @@ def evaluate(
         tls=tls,
         tls_server_name=tls_server_name,
         timeout=timeout,
+        # An episode cut short by a lost server is no sample of the policy's return: fail instead.
+        fault_tolerant=False,
     )
     torch_device = pick_device(device)
     torch.manual_seed(seed)

@@ -1,0 +1,25 @@
+"""Addresses: `dns:///name:port` means one connection to every address the name resolves to."""
+
+from __future__ import annotations
+
+import pytest
+
+from learner import RemoteVectorEnv, expand_addresses
+from learner.discovery import AddressError
+from tests.conftest import StartServers
+
+
+def test_a_dns_address_is_every_address_of_the_name(start_servers: StartServers) -> None:
+    [address] = start_servers("CartPole-v1", 1, 2)
+    port = address.rpartition(":")[2]
+    assert f"127.0.0.1:{port}" in expand_addresses(f"dns:///localhost:{port}")
+    assert expand_addresses(f"dns:///127.0.0.1:{port}") == [f"127.0.0.1:{port}"]
+    with RemoteVectorEnv(f"dns:///127.0.0.1:{port}") as envs:
+        assert envs.num_envs == 2 and envs.addresses == [f"127.0.0.1:{port}"]
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+
+
+def test_a_dns_server_in_the_address_is_a_clear_error() -> None:
+    with pytest.raises(AddressError, match="DNS server in the address is not supported"):
+        expand_addresses("dns://192.0.2.1/env:50051")
