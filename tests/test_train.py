@@ -58,6 +58,13 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     assert config["envs"]["num_envs"] == 4 and len(config["envs"]["addresses"]) == 2
     assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000128.pt", "step-0000000192.pt"]
     assert list(run.glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set(EventAccumulator(str(run)).Reload().Tags()["scalars"])
+    cleanrl = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
+    cleanrl |= {f"losses/{k}" for k in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
+    cleanrl |= {"losses/clipfrac", "losses/explained_variance"}
+    assert cleanrl <= tags, cleanrl - tags
     assert (run / rundir.PLOT).stat().st_size > 10_000
 
 
