@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,6 @@ def train_once(lab: Lab, addresses: list[str], timesteps: int, run_dir: Path) ->
 
 def alternate_stepping(netns: list[str], loopback: list[str], pairs: int, burst: float) -> list[float]:
     """In this process: both fleets open, stepped in turns of ``burst`` s; netns/loopback SPS per pair."""
-    import time
-
     import numpy as np
 
     from learner import RemoteVectorEnv
@@ -83,8 +83,6 @@ def cut_probe(addresses: list[str], host_envs: tuple[int, int], seconds: float, 
     """In this process: a fault-tolerant fleet stepped for ``seconds``, while the measurement cuts a
     host's link; per step, when it ended (CLOCK_MONOTONIC, shared by every namespace) and how many of
     the cut host's envs (``host_envs``, a range) were unavailable."""
-    import time
-
     import numpy as np
 
     from learner import RemoteVectorEnv
@@ -118,9 +116,6 @@ def measure_cut(
 ) -> dict[str, Any]:
     """Cut the second host's link for ``cut`` s under a stepping fleet (step deadline ``timeout``), restore
     it; how long stepping stalled, and how long after the restore its envs were all available again."""
-    import subprocess
-    import time
-
     host = 1
     probe = [sys.executable, "-m", "tests.measure_netns", "--cut-probe", ",".join(addresses)]
     probe += ["--cut-envs", f"{host * envs_per_server},{(host + 1) * envs_per_server}"]

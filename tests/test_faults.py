@@ -8,14 +8,19 @@ that every result reaches the env it belongs to.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
+import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from env_server.health import check
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv, ServerUnavailableError
 from tests.conftest import SpawnServer
 
@@ -249,16 +254,8 @@ def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) 
     assert "shutting down" in server.logs()
 
 
-def test_health_is_not_serving_until_the_envs_exist(spawn_server: SpawnServer, tmp_path: Any) -> None:
+def test_health_is_not_serving_until_the_envs_exist() -> None:
     """A server whose envs take a while to build listens at once and answers NOT_SERVING meanwhile."""
-    import subprocess
-    import sys
-
-    import grpc
-
-    from env_server.rpc import env_pb2 as pb
-    from env_server.rpc import env_pb2_grpc as pb_grpc
-
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -104,7 +104,7 @@ def test_a_host_cut_off_for_5_s_rejoins(lab: Lab, tmp_path: Path) -> None:
         lab.cut("h1")
         time.sleep(5)
         lab.restore("h1")
-        restored_at = len(training.rows())
+        rows_at_restore = len(training.rows())
 
         def failed(rows: list[dict[str, Any]]) -> bool:
             return sum(row.get("faults/failures", 0) for row in rows) >= 1
@@ -113,7 +113,7 @@ def test_a_host_cut_off_for_5_s_rejoins(lab: Lab, tmp_path: Path) -> None:
         training.wait_rows(lambda rows: sum(row.get("faults/reconnects", 0) for row in rows) >= 1, "a reconnect")
         # Then updates with every env back (ended by at least one step with nothing unavailable).
         training.wait_rows(
-            lambda rows: any(row["envs_unavailable"] == 0 for row in rows[restored_at + 1 :]) and len(rows) > 4,
+            lambda rows: any(row["envs_unavailable"] == 0 for row in rows[rows_at_restore + 1 :]) and len(rows) > 4,
             "an update after the cut with every env available",
         )
     finally:

@@ -32,7 +32,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -301,18 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--server-log", default=None, help="append the servers' logs to this file")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory():
-        result = soak(
-            minutes=args.minutes,
-            kill_every=args.kill_every,
-            down=args.down,
-            num_servers=args.servers,
-            control=args.control,
-            envs_per_server=args.envs_per_server,
-            timeout=args.timeout,
-            warmup=args.warmup,
-            log_path=args.server_log,
-        )
+    result = soak(
+        minutes=args.minutes,
+        kill_every=args.kill_every,
+        down=args.down,
+        num_servers=args.servers,
+        control=args.control,
+        envs_per_server=args.envs_per_server,
+        timeout=args.timeout,
+        warmup=args.warmup,
+        log_path=args.server_log,
+    )
     summary = result.summary()
     print(json.dumps(summary, indent=2))
     if args.out:
