@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from env_server.protocol import AUTH_METADATA_KEY, check_token
+from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, check_token
 
 __all__ = ["OPEN_SERVICES", "MalformedRequest", "RequestGuardInterceptor", "TokenAuthInterceptor"]
 
@@ -33,6 +33,8 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 
 # Seconds between two log lines about refused calls (a scan or a misconfigured learner may send many).
 _LOG_EVERY_S = 10.0
+# Marks a status as this server's own (see ERROR_ORIGIN_KEY).
+_ORIGIN = ((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER),)
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -74,7 +76,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
         async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
             self._note(method, context.peer(), reason)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=_ORIGIN)
 
         return _handler_like(handler, refuse, handler.request_deserializer)
 
@@ -127,7 +129,7 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
             async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if isinstance(request, MalformedRequest):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message, trailing_metadata=_ORIGIN)
                 async for response in inner(request, context):
                     yield response
 
@@ -135,7 +137,7 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, MalformedRequest):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message, trailing_metadata=_ORIGIN)
             return await inner(request, context)
 
         return _handler_like(handler, guarded, parse)

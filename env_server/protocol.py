@@ -5,6 +5,8 @@ from __future__ import annotations
 __all__ = [
     "AUTH_METADATA_KEY",
     "ENV_INDEX_KEY",
+    "ERROR_ORIGIN_KEY",
+    "ERROR_ORIGIN_SERVER",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "SERVICE_NAME",
@@ -21,6 +23,12 @@ SERVICE_NAME = "envfleet.v1.EnvService"
 # Trailing-metadata key carrying the index (within the server) of the env an error is about, so a
 # client can name the env by its index over the whole fleet.
 ENV_INDEX_KEY = "envfleet-env-index"
+
+# Trailing-metadata key every status the env server itself sends carries (value "env-server"). gRPC
+# core also ends calls with INTERNAL when a connection breaks mid-stream ("Internal error from Core");
+# without this mark a client cannot tell that from an env that raised.
+ERROR_ORIGIN_KEY = "envfleet-origin"
+ERROR_ORIGIN_SERVER = "env-server"
 
 # Message size limit on both sides: an Atari batch of 64 envs x 4x84x84 uint8 is 1.8 MB; 64 MiB
 # leaves room for large image observations while refusing absurd messages before they are read.

@@ -23,7 +23,7 @@ from env_server.envs import max_episode_steps
 from env_server.interceptors import MalformedRequest
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
-from env_server.protocol import ENV_INDEX_KEY, PROTOCOL_VERSION
+from env_server.protocol import ENV_INDEX_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, PROTOCOL_VERSION
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
@@ -176,9 +176,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
         if self._metrics is not None:
             self._metrics.errors.labels(code.name).inc()
+        trailer = [(ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER)]
         if env_index is not None:
-            context.set_trailing_metadata(((ENV_INDEX_KEY, str(env_index)),))
-        await context.abort(code, message)
+            trailer.append((ENV_INDEX_KEY, str(env_index)))
+        await context.abort(code, message, trailing_metadata=tuple(trailer))
 
     # -- sessions ---------------------------------------------------------------------------------
 

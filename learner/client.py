@@ -12,7 +12,13 @@ from typing import Any
 
 import grpc
 
-from env_server.protocol import ENV_INDEX_KEY, MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from env_server.protocol import (
+    ENV_INDEX_KEY,
+    ERROR_ORIGIN_KEY,
+    ERROR_ORIGIN_SERVER,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+)
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner.errors import (
@@ -74,12 +80,20 @@ def translate_error(
     code = err.code() if is_call else None
     details = (err.details() if is_call else None) or str(err)
     env_index: int | None = None
+    from_server = False
     if is_call:
         for key, value in err.trailing_metadata() or ():
             if key == ENV_INDEX_KEY:
                 with contextlib.suppress(ValueError):
                     env_index = env_offset + int(value)
+            elif key == ERROR_ORIGIN_KEY:
+                from_server = value == ERROR_ORIGIN_SERVER
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
+    if code == grpc.StatusCode.INTERNAL and not from_server:
+        # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):
+        # the connection broke, the env did not raise.
+        cls = ServerUnavailableError
+        details = f"the connection broke ({details})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         details = f"no answer within the {timeout:g} s deadline ({details}); raise `timeout` if the env is slow"
     prefix = f"env server {address}: {method}"

@@ -165,7 +165,8 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
     ``raise_at``/``hang_at`` count this env's steps over its whole life (1 = its first step), so a
     fault happens once; ``fault_env`` picks which of the server's envs misbehaves (by creation
     order within the server process; -1: all). ``raise_in_reset`` makes every reset after the
-    first ``raise_in_reset`` resets raise (-1: never). Observations are ``[t, episode]``.
+    first ``raise_in_reset`` resets raise (-1: never); at step ``bad_reward_at`` the reward is a
+    string, which fails the vector env as a whole (not one env's exception). Observations are ``[t, episode]``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -179,6 +180,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         raise_in_reset: int = -1,
         fault_env: int = 0,
         length: int = 50,
+        bad_reward_at: int = -1,
     ) -> None:
         self.index = FaultyEnv._created
         FaultyEnv._created += 1
@@ -188,6 +190,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         self.hang_s = hang_s
         self.raise_in_reset = raise_in_reset if faulty else -1
         self.length = length
+        self.bad_reward_at = bad_reward_at if faulty else -1
         self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._steps = 0
@@ -214,6 +217,8 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         if self._steps == self.hang_at:
             time.sleep(self.hang_s)
         self._t += 1
+        if self._steps == self.bad_reward_at:  # not a number: the vector env itself fails
+            return self._obs(), "one", False, self._t >= self.length, {}  # type: ignore[return-value]
         return self._obs(), 1.0, False, self._t >= self.length, {}
 
 

@@ -21,7 +21,8 @@ import pytest
 from env_server.health import check
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import RemoteVectorEnv, ServerUnavailableError
+from learner import EnvCrashedError, RemoteVectorEnv, ServerUnavailableError
+from learner.client import translate_error
 from tests.conftest import SpawnServer
 
 K = 2  # envs per server
@@ -206,6 +207,29 @@ def test_an_env_that_raises_in_step_costs_its_own_episode_only(spawn_server: Spa
         assert "env_error" not in infos and obs[0, 0] == 1.0
         assert envs.fault_stats().env_errors >= 1
     assert check(server.address) == "SERVING"
+
+
+def test_internal_from_the_server_is_a_crash_and_internal_from_grpc_is_a_lost_server(
+    spawn_server: SpawnServer,
+) -> None:
+    """The vector env as a whole fails: EnvCrashedError; gRPC's own INTERNAL (a connection that broke
+    mid-stream, "Internal error from Core") carries no envfleet-origin mark: ServerUnavailableError."""
+    server = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"bad_reward_at": 2}')
+    with RemoteVectorEnv([server.address]) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(EnvCrashedError, match=r"Step failed \[INTERNAL\]: the env raised in step: ValueError"):
+            envs.step(np.zeros(2, dtype=np.int64))
+    assert check(server.address) == "SERVING"
+
+    broke = grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "Internal error from Core"
+    )
+    err = translate_error(broke, address="10.0.0.7:50051", method="Step")
+    assert isinstance(err, ServerUnavailableError)
+    assert (
+        str(err) == "env server 10.0.0.7:50051: Step failed [INTERNAL]: the connection broke (Internal error from Core)"
+    )
 
 
 def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn_server: SpawnServer) -> None:
