@@ -206,6 +206,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     """The server config and log level the command line (and ENVFLEET_* variables) ask for."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    for action in parser._actions:
+        # argparse checks the choices of values on the command line, not of defaults: those come
+        # from ENVFLEET_* variables here.
+        value = getattr(args, action.dest, None)
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            parser.error(
+                f"ENVFLEET_{action.dest.upper()} (for {action.option_strings[0]}): invalid choice {value!r} (choose from {choices})"
+            )
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())

@@ -13,9 +13,12 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-__all__ = ["PRESETS", "Args", "PPOConfig", "default_run_dir", "pick_preset", "resolve_ppo"]
+__all__ = ["DEFAULT_ENV", "PRESETS", "Args", "PPOConfig", "default_run_dir", "pick_preset", "resolve_ppo"]
 
 Preset = Literal["auto", "classic", "mujoco", "atari"]
+
+DEFAULT_ENV = "CartPole-v1"
+"""The env ``learner train`` starts servers for when --env is not given."""
 
 
 @dataclass(frozen=True)
@@ -23,9 +26,10 @@ class Args:
     """Train PPO on a fleet of env servers (started locally unless --servers is given)."""
 
     # -- the envs -------------------------------------------------------------------------------------------
-    env: str = field(default="CartPole-v1", metadata={"metavar": "ID"})
-    """gymnasium id or package.module:Factory entry point. ALE ids (ALE/Pong-v5) get the env server's
-    'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) and the Nature CNN"""
+    env: str | None = field(default=None, metadata={"metavar": "ID"})
+    """gymnasium id or package.module:Factory entry point (default: CartPole-v1; with --servers, the
+    env the servers serve, which a given --env must match). ALE ids (ALE/Pong-v5) get the env
+    server's 'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) and the Nature CNN"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the env's constructor, as a JSON object"""
     servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
@@ -149,6 +153,8 @@ class Args:
     """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
 
     def __post_init__(self) -> None:
+        if self.env is None and self.servers is None:
+            object.__setattr__(self, "env", DEFAULT_ENV)  # running servers say what they serve
         positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]
         for name in [*positive, "update_epochs", "keep_checkpoints", "pipeline_groups"]:
             value = getattr(self, name)
@@ -231,7 +237,7 @@ class Args:
     def server_wrappers(self) -> tuple[str, ...]:
         """The env-server wrappers the envs get (``--wrappers auto``: atari for ALE ids)."""
         if self.wrappers == "auto":
-            return ("atari",) if self.env.startswith("ALE/") else ()
+            return ("atari",) if (self.env or "").startswith("ALE/") else ()
         return tuple(w.strip() for w in self.wrappers.split(",") if w.strip())
 
 

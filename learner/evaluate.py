@@ -52,6 +52,8 @@ def evaluate(
     path = find_checkpoint(checkpoint)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
+    if run_args.env is None:  # train records the env its servers served; a checkpoint without one is not ours
+        raise ValueError(f"checkpoint: {path} does not name the env it was trained on")
     ppo = state["ppo"]
     fleet = FleetSpec(
         env=run_args.env,

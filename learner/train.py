@@ -38,7 +38,7 @@ from torch import Tensor, optim
 
 from learner import rundir
 from learner.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from learner.config import Args, default_run_dir, resolve_ppo
+from learner.config import DEFAULT_ENV, Args, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
 from learner.fleet import carry_over
@@ -77,7 +77,7 @@ def pick_device(spec: str) -> torch.device:
 def fleet_spec(args: Args) -> FleetSpec:
     servers, envs_per_server = args.local_layout()
     return FleetSpec(
-        env=args.env,
+        env=args.env or DEFAULT_ENV,  # None only with --servers, where the servers decide
         servers=args.servers,
         backend=args.backend,
         num_servers=servers,
@@ -276,6 +276,13 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
+        if args.servers is not None:
+            if args.env is not None and args.env != env_id:
+                raise ValueError(
+                    f"--env: expected the env the servers at {args.servers} serve, {env_id}, got {args.env} "
+                    "(leave --env out to train on whatever they serve)"
+                )
+            args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None:
             _check_fresh(run_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -33,6 +34,29 @@ def test_bad_configuration_exits_quickly_with_one_line(args: list[str], fragment
     assert result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("env-server: error:") and fragment in last, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "fragment"),
+    [
+        ("ENVFLEET_VECTORIZATION=asnyc", "ENVFLEET_VECTORIZATION (for --vectorization): invalid choice 'asnyc'"),
+        ("ENVFLEET_AUTORESET_MODE=bogus", "ENVFLEET_AUTORESET_MODE (for --autoreset-mode): invalid choice 'bogus'"),
+        ("ENVFLEET_LOG_LEVEL=verbose", "ENVFLEET_LOG_LEVEL (for --log-level): invalid choice 'verbose'"),
+    ],
+)
+def test_a_bad_choice_from_an_envfleet_variable_is_refused_like_the_flag(variable: str, fragment: str) -> None:
+    name, value = variable.split("=")
+    result = subprocess.run(
+        [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, name: value},
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith(f"env-server: error: {fragment} (choose from "), (
+        result.stderr
+    )
 
 
 def test_prints_listening_line_then_stops_on_sigterm() -> None:

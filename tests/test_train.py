@@ -87,8 +87,15 @@ def test_same_step_autoreset_servers_train_with_every_step_a_transition(
     summary = train(Args(servers=",".join(addresses), num_steps=6, total_timesteps=24, run_dir=str(tmp_path), **QUIET))
     rows = rundir.read_jsonl(tmp_path / rundir.METRICS)
     assert [r["batch_size"] for r in rows] == [12, 12]
-    assert rundir.read_json(tmp_path / rundir.CONFIG)["envs"]["env_id"] == "tests.envs:ClockEnv"
+    config = rundir.read_json(tmp_path / rundir.CONFIG)
+    assert config["envs"]["env_id"] == config["args"]["env"] == "tests.envs:ClockEnv"  # eval and resume use it
     assert summary["episodes"] == 8
+    # An --env the servers do not serve is refused, not silently replaced by theirs.
+    wrong = Args(env="CartPole-v1", servers=",".join(addresses), run_dir=str(tmp_path / "wrong"), **QUIET)
+    with pytest.raises(
+        ValueError, match=r"--env: expected the env the servers at .* serve, tests.envs:ClockEnv, got CartPole-v1"
+    ):
+        train(wrong)
 
 
 def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
