@@ -6,6 +6,7 @@ loads with ``weights_only=True``: loading one never runs code from the file.
 
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,16 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device)."""
-    payload: dict[str, Any] = torch.load(find_checkpoint(path), map_location="cpu", weights_only=True)
-    if payload.get("format") != FORMAT:
+    file = find_checkpoint(path)
+    try:
+        payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        # (torch's own message suggests weights_only=False, which would run code from the file: not shown)
         raise ValueError(
-            f"{path}: expected an envfleet checkpoint (format {FORMAT}), got format {payload.get('format')!r}"
-        )
+            f"{file}: expected an envfleet checkpoint (a file in a run's checkpoints/), got one torch cannot "
+            f"read as a checkpoint ({type(err).__name__})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"{path}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
     return payload

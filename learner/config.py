@@ -13,7 +13,16 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-__all__ = ["DEFAULT_ENV", "PRESETS", "Args", "PPOConfig", "default_run_dir", "pick_preset", "resolve_ppo"]
+__all__ = [
+    "DEFAULT_ENV",
+    "PRESETS",
+    "Args",
+    "check_device",
+    "PPOConfig",
+    "default_run_dir",
+    "pick_preset",
+    "resolve_ppo",
+]
 
 Preset = Literal["auto", "classic", "mujoco", "atari"]
 
@@ -172,8 +181,7 @@ class Args:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device(self.device)
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
         if self.servers is not None and self.backend == "gym":
@@ -239,6 +247,13 @@ class Args:
         if self.wrappers == "auto":
             return ("atari",) if (self.env or "").startswith("ALE/") else ()
         return tuple(w.strip() for w in self.wrappers.split(",") if w.strip())
+
+
+def check_device(spec: str) -> str:
+    """``spec`` if it names a device the learner can use, else ValueError naming --device."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec):
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {spec!r}")
+    return spec
 
 
 def _flag(name: str) -> str:

@@ -49,6 +49,7 @@ def evaluate(
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
     if num_envs < 1:
         raise ValueError(f"num_envs: expected >= 1, got {num_envs}")
+    torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
     path = find_checkpoint(checkpoint)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
@@ -71,7 +72,6 @@ def evaluate(
         # An episode cut short by a lost server is no sample of the policy's return: fail instead.
         fault_tolerant=False,
     )
-    torch_device = pick_device(device)
     torch.manual_seed(seed)
     with open_fleet(fleet) as envs:
         obs_space, action_space = envs.single_observation_space, envs.single_action_space

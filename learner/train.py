@@ -38,7 +38,7 @@ from torch import Tensor, optim
 
 from learner import rundir
 from learner.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from learner.config import DEFAULT_ENV, Args, default_run_dir, resolve_ppo
+from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
 from learner.fleet import carry_over
@@ -66,7 +66,7 @@ LOST_ROLLOUTS = 3
 
 def pick_device(spec: str) -> torch.device:
     """``auto``: the first CUDA device when there is one, else the CPU; or exactly what was asked for."""
-    if spec == "auto":
+    if check_device(spec) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -120,6 +120,29 @@ def test_train_rejects_bad_options_naming_them(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", "--checkpoint", "notes.txt"], "notes.txt: expected an envfleet checkpoint"),
+        (["eval", "--checkpoint", "notes.txt", "--device", "banana"], "--device: expected auto, cpu, cuda or cuda:N"),
+        (["bench", "--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+        (["bench", "--seconds", "-1"], "--seconds: expected a number > 0, got -1.0"),
+        (["bench", "--suites", "speed"], "--suites: unknown ['speed']"),
+        (["bench", "--ppo-sizes", "0"], "--ppo-sizes: expected numbers of envs >= 1"),
+    ],
+)
+def test_eval_and_bench_refuse_bad_input_before_doing_anything(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    argv = [str(tmp_path / a) if a == "notes.txt" else a for a in argv]
+    out = ["--out", str(tmp_path / "bench")] if argv[0] == "bench" else []
+    assert main([*argv, *out]) == 1
+    err = capsys.readouterr().err
+    assert f"learner {argv[0]}: error: " in err and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "bench").exists()
+
+
 def test_train_reports_an_unknown_env_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--env", "NoSuchEnv-v0", "--backend", "gym", "--run-dir", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err

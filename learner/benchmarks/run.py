@@ -49,6 +49,27 @@ class BenchConfig:
     seed: int = 0
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Checked before anything runs (names as the command line spells them).
+        unknown = [s for s in self.suites if s not in SUITES]
+        if unknown:
+            raise ValueError(f"--suites: unknown {unknown}; expected some of {list(SUITES)}")
+        available = throughput_workloads()
+        missing = [w for w in self.workloads if w not in available]
+        if missing:
+            raise ValueError(f"--workloads: unknown {missing}; expected some of {list(available)}")
+        for name in ("rounds", "ppo_rounds", "ppo_timesteps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
+        if not self.seconds > 0:
+            raise ValueError(f"--seconds: expected a number > 0, got {self.seconds}")
+        if not self.latency_delay_ms >= 0:
+            raise ValueError(f"--latency-delay-ms: expected a number >= 0, got {self.latency_delay_ms}")
+        for name in ("latency_sizes", "ppo_sizes"):
+            sizes = getattr(self, name)
+            if not sizes or min(sizes) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}: expected numbers of envs >= 1 such as 8,64, got {sizes}")
+
 
 def _version(package: str) -> str | None:
     try:
@@ -101,13 +122,7 @@ def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``."""
-    unknown = [s for s in config.suites if s not in SUITES]
-    if unknown:
-        raise ValueError(f"suites: unknown {unknown}; expected some of {list(SUITES)}")
     available = throughput_workloads()
-    missing = [w for w in config.workloads if w not in available]
-    if missing:
-        raise ValueError(f"workloads: unknown {missing}; expected some of {list(available)}")
     prepare_subprocesses()
     config.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
