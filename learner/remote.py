@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
@@ -720,14 +721,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         )
 
     def _as_batch(self, actions: Any, count: int, where: str) -> Any:
-        """Check the leading (env) dimension of ``actions``; the servers check the rest."""
+        """Check the shape of a batch of ``count`` actions here, for the whole batch (array spaces),
+        or its leading (env) dimension (others); the servers check the rest (dtype, bounds)."""
         if isinstance(actions, dict | tuple):
             return actions
         arr = np.asarray(actions)
-        if arr.ndim == 0 or len(arr) != count:
+        space = self.single_action_space
+        array_space = isinstance(space, Box | Discrete | MultiDiscrete | MultiBinary)
+        expected = (count, *(space.shape or ())) if array_space else None
+        if arr.ndim == 0 or len(arr) != count or (expected is not None and arr.shape != expected):
+            shape = f"shape {expected}" if expected is not None else f"leading dimension {count}"
             raise ValueError(
-                f"{where}: expected a batch of {count} actions (leading dimension {count}, "
-                f"as in action_space {self.action_space}), got shape {arr.shape}"
+                f"{where}: expected a batch of {count} actions of {space} ({shape}), got shape {arr.shape}"
             )
         return arr
 
@@ -1041,9 +1046,12 @@ def _split(num_servers: int, num_groups: int) -> list[list[int]]:
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:
-    """Raise the first error (in server order), logging the others."""
+    """Raise the first error (in server order), with the others as its notes."""
     if not errors:
         return
+    first = errors[0]
     for err in errors[1:]:
-        log.warning("%s", err)
-    raise errors[0]
+        # On the exception (shown with its traceback), not on stderr through logging's last resort.
+        first.add_note(f"also: {err}")
+        log.debug("%s", err)
+    raise first

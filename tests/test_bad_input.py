@@ -47,14 +47,21 @@ def test_action_of_wrong_dtype(cartpole: RemoteVectorEnv) -> None:
 def test_batch_of_wrong_length_is_refused_before_sending(cartpole: RemoteVectorEnv) -> None:
     with pytest.raises(ValueError, match=r"actions: expected a batch of 6 actions.*got shape \(5,\)"):
         cartpole.step(np.zeros(5, dtype=np.int64))
+    with pytest.raises(
+        ValueError,
+        match=r"actions: expected a batch of 6 actions of Discrete\(2\) \(shape \(6,\)\), got shape \(6, 1\)",
+    ):
+        cartpole.step(np.zeros((6, 1), dtype=np.int64))
     cartpole.step(np.zeros(6, dtype=np.int64))
 
 
 def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> None:
     with RemoteVectorEnv(start_servers("Pendulum-v1", num_servers=2, envs_per_server=2)) as envs:
         envs.reset(seed=0)
-        with pytest.raises(InvalidRequestError, match=r"expected shape \(2, 1\)"):
-            envs.step(np.zeros((4, 2), dtype=np.float32))
+        with pytest.raises(
+            ValueError, match=r"expected a batch of 4 actions of Box.*\(shape \(4, 1\)\), got shape \(4, 2\)"
+        ):
+            envs.step(np.zeros((4, 2), dtype=np.float32))  # the fleet's shape, checked before sending
         bad = np.zeros((4, 1), dtype=np.float32)
         bad[3] = np.nan
         with pytest.raises(InvalidRequestError, match=r"env 3 of the fleet.*NaN"):
@@ -67,12 +74,21 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
 
 
 def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:
-    with RemoteVectorEnv(start_servers("CartPole-v1")) as envs:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=1)
+    with RemoteVectorEnv(addresses[:1]) as envs:
         with pytest.raises(SessionError, match="Step called before Reset") as info:
             envs.step(np.zeros(1, dtype=np.int64))
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
         envs.reset()
         envs.step(np.zeros(1, dtype=np.int64))
+    # Every server's answer reaches the caller: the first raised, the others as its notes.
+    with RemoteVectorEnv(addresses) as envs:
+        with pytest.raises(SessionError, match=f"env server {addresses[0]}: Step failed") as info:
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert info.value.__notes__ == [
+            f"also: env server {addresses[1]}: Step failed [FAILED_PRECONDITION]: "
+            "Step called before Reset: reset the envs first"
+        ]
 
 
 def test_async_call_order_errors(cartpole: RemoteVectorEnv) -> None:
