@@ -122,8 +122,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     elif summary["solved_threshold"] is not None:
         print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
-    print(f"run dir: {run_dir}  (metrics.jsonl, TensorBoard events, checkpoints/, summary.json)")
-    if (run_dir / "returns.png").exists():
+    written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
+    print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
+    if config.plot and (run_dir / "returns.png").exists():
         print(f"plot: {run_dir / 'returns.png'}")
     return 130 if summary["stop_reason"] == "interrupted" else 0
 
@@ -149,6 +150,16 @@ def _field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:
@@ -380,11 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--checkpoint", required=True, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
     )
-    evaluate.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (default: %(default)s)")
+    evaluate.add_argument(
+        "--episodes", type=_positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
+    )
     evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
     evaluate.add_argument("--backend", choices=["remote", "gym"], default="remote", help="(default: %(default)s)")
     evaluate.add_argument(
-        "--num-envs", type=int, default=4, metavar="N", help="envs to run the episodes on (default: %(default)s)"
+        "--num-envs",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="envs to run the episodes on (default: %(default)s)",
     )
     evaluate.add_argument("--transport", choices=["tcp", "unix"], default="tcp", help="(default: %(default)s)")
     evaluate.add_argument(

@@ -162,6 +162,8 @@ class Args:
     """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
 
     def __post_init__(self) -> None:
+        if self.servers is not None and not self.servers.strip(" ,"):
+            raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {self.servers!r}")
         if self.env is None and self.servers is None:
             object.__setattr__(self, "env", DEFAULT_ENV)  # running servers say what they serve
         positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]

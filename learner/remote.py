@@ -419,9 +419,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if seed < 0:
                 raise ValueError(f"seed: expected an int >= 0, got {seed}")
             return [seed + i for i in range(self.num_envs)]
+        if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
+            raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {seed!r}")
         seeds = list(seed)
         if len(seeds) != self.num_envs:
-            raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {len(seeds)}")
+            raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {len(seeds)} seeds")
         for i, s in enumerate(seeds):
             if s is not None and not (isinstance(s, int | np.integer) and 0 <= s < 2**64):
                 raise ValueError(f"seed[{i}]: expected None or an int in [0, 2**64), got {s!r}")

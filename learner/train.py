@@ -98,7 +98,10 @@ def fleet_spec(args: Args) -> FleetSpec:
 
 def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
     """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
-    saved = Args.from_json(rundir.read_json(Path(run_dir) / rundir.CONFIG)["args"])
+    config = Path(run_dir) / rundir.CONFIG
+    if not config.is_file():
+        raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
+    saved = Args.from_json(rundir.read_json(config)["args"])
     if overrides.get("servers") is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
         saved = dataclasses.replace(
@@ -264,6 +267,14 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
     given_dir = args.run_dir or args.resume
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
+    if checkpoint is not None:
+        done = int(checkpoint["counters"]["global_step"])
+        total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
+        if done >= total:
+            raise ValueError(
+                f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
+                f"nothing to do; pass more (e.g. --total-timesteps {done + total:,}) to continue it"
+            )
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
     random.seed(args.seed)

@@ -55,6 +55,14 @@ def test_batch_of_wrong_length_is_refused_before_sending(cartpole: RemoteVectorE
     cartpole.step(np.zeros(6, dtype=np.int64))
 
 
+def test_seeds_of_the_wrong_kind_or_count(cartpole: RemoteVectorEnv) -> None:
+    with pytest.raises(ValueError, match=r"seed: expected an int or 6 seeds \(one per env\), got 'a'"):
+        cartpole.reset(seed="a")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"seed: expected an int or 6 seeds \(one per env\), got 2 seeds"):
+        cartpole.reset(seed=[1, 2])
+    cartpole.reset(seed=[None, 1, 2, 3, 4, 5])
+
+
 def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> None:
     with RemoteVectorEnv(start_servers("Pendulum-v1", num_servers=2, envs_per_server=2)) as envs:
         envs.reset(seed=0)

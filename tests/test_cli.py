@@ -54,7 +54,15 @@ def test_resume_continues_a_run_with_more_steps(
     import shutil
 
     shutil.copytree(trained_run, run)
-    assert main(["train", "--resume", str(run), "--total-timesteps", "48"]) == 0
+    # A total the run already reached: said at once, nothing touched.
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["train", "--resume", str(run), "--total-timesteps", "32"]) == 1
+    assert (
+        "--total-timesteps: the run in" in capsys.readouterr().err and sorted(p.name for p in run.iterdir()) == before
+    )
+    assert main(["train", "--resume", str(run), "--total-timesteps", "48", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "plot:" not in out and "TensorBoard" not in out  # the run has neither (CLOCK: --no-tensorboard)
     rows = rundir.read_jsonl(run / rundir.METRICS)
     assert [r["global_step"] for r in rows] == [16, 32, 48]
     config = rundir.read_json(run / rundir.CONFIG)
@@ -109,6 +117,8 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--env-kwargs", "[1]"], "expected a JSON object, got list"),
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
         (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
+        (["--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
+        (["--resume", "/nonexistent/run"], "--resume: expected a run dir holding config.json"),
     ],
 )
 def test_train_rejects_bad_options_naming_them(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +58,17 @@ def test_a_bad_choice_from_an_envfleet_variable_is_refused_like_the_flag(variabl
     assert result.stderr.strip().splitlines()[-1].startswith(f"env-server: error: {fragment} (choose from "), (
         result.stderr
     )
+
+
+def test_a_port_in_use_is_one_line_that_says_so() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_server("--env", "CartPole-v1", "--host", "127.0.0.1", "--port", str(port))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith(f"env-server: error: cannot listen on 127.0.0.1:{port}")
+    assert "is another process using the port?" in last
 
 
 def test_prints_listening_line_then_stops_on_sigterm() -> None:
