@@ -16,6 +16,7 @@ Resolving again later (between rollouts) finds replicas that were added or remov
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,8 @@ class AddressError(ValueError):
 
 
 Resolver = Callable[[str], list[str]]
+log = logging.getLogger(__name__)
+
 _RESOLVERS: dict[str, Resolver] = {}
 
 
@@ -48,6 +51,9 @@ def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
         raise AddressError(
             "addresses: expected at least one server address (host:port, unix:PATH or dns:///name:port), got none"
         )
+    twice = sorted({a for a in addresses if isinstance(a, str) and list(addresses).count(a) > 1})
+    if twice:
+        log.warning("addresses: %s given more than once; each server is used once", ", ".join(twice))
     out: list[str] = []
     for address in addresses:
         for endpoint in _expand_one(address):
@@ -67,6 +73,12 @@ def _expand_one(address: str) -> list[str]:
     scheme, sep, rest = address.partition(":")
     if sep and scheme in _RESOLVERS:
         return _RESOLVERS[scheme](rest)
+    if sep and rest.startswith("//"):  # http://host:port and the like: no scheme gRPC servers are named by here
+        known = ", ".join(f"{name}:NAME" for name in sorted(_RESOLVERS))
+        raise AddressError(
+            f"address {address!r}: unknown scheme {scheme!r}; expected host:port, unix:PATH, dns:///name:port"
+            + (f" or {known}" if known else "")
+        )
     _split_host_port(address)  # validates
     return [address]
 

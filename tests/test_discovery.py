@@ -23,3 +23,15 @@ def test_a_dns_address_is_every_address_of_the_name(start_servers: StartServers)
 def test_a_dns_server_in_the_address_is_a_clear_error() -> None:
     with pytest.raises(AddressError, match="DNS server in the address is not supported"):
         expand_addresses("dns://192.0.2.1/env:50051")
+
+
+def test_an_unknown_scheme_is_refused_at_once() -> None:
+    with pytest.raises(
+        AddressError, match=r"address 'http://127.0.0.1:5000': unknown scheme 'http'; expected host:port"
+    ):
+        expand_addresses("http://127.0.0.1:5000")
+
+
+def test_an_address_given_twice_is_used_once_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    assert expand_addresses("127.0.0.1:1,127.0.0.1:1,127.0.0.1:2") == ["127.0.0.1:1", "127.0.0.1:2"]
+    assert "127.0.0.1:1 given more than once" in caplog.text
