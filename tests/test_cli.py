@@ -139,6 +139,7 @@ def test_train_rejects_bad_options_naming_them(
         (["bench", "--seconds", "-1"], "--seconds: expected a number > 0, got -1.0"),
         (["bench", "--suites", "speed"], "--suites: unknown ['speed']"),
         (["bench", "--ppo-sizes", "0"], "--ppo-sizes: expected numbers of envs >= 1"),
+        (["bench", "--suites", "ppo", "--ppo-env", "Nope-v0"], "--ppo-env: cannot build 'Nope-v0'"),
     ],
 )
 def test_eval_and_bench_refuse_bad_input_before_doing_anything(

@@ -120,9 +120,22 @@ def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
     }
 
 
+def _check_ppo_env(env: str) -> None:
+    """ValueError naming --ppo-env if one env of ``env`` cannot be built (as a server would build it)."""
+    from env_server.config import ServerConfig
+    from env_server.envs import build_vector_env
+
+    try:
+        build_vector_env(ServerConfig(env=env, num_envs=1)).close()
+    except Exception as err:  # EnvBuildError, or whatever the env's own constructor raised
+        raise ValueError(f"--ppo-env: cannot build {env!r}: {err}") from None
+
+
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``."""
     available = throughput_workloads()
+    if "ppo" in config.suites:
+        _check_ppo_env(config.ppo_env)  # before anything is measured
     prepare_subprocesses()
     config.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
