@@ -225,6 +225,8 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
         # Server lines look like "<date> <time> LEVEL logger: message".
         parts = line.split(" ", 3)
         level = _LOG_LEVELS.get(parts[2], logging.WARNING) if len(parts) > 2 else logging.WARNING
+        if line.startswith("env-server: error:"):
+            level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
         server_log.log(level, "%s", line)
 
 
