@@ -66,7 +66,11 @@ class ServerBusyError(RemoteEnvError):
 
 
 class InvalidRequestError(RemoteEnvError, ValueError):
-    """The server rejected a request's contents (INVALID_ARGUMENT): e.g. an action outside the space."""
+    """A request's contents are invalid (INVALID_ARGUMENT): e.g. an action outside the space.
+
+    ``RemoteVectorEnv`` checks a batch of array actions before sending any of it, as the servers
+    would, so no server steps on a bad batch; ``address`` is then the server the bad env lives on.
+    """
 
 
 class SessionError(RemoteEnvError):

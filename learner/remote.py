@@ -12,20 +12,21 @@ from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from typing import Any
 
+import grpc
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
-from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
 from env_server import codec
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
+from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, channel_credentials, timeout_error
 from learner.discovery import AddressError, expand_addresses
-from learner.errors import ServerUnavailableError, SpecMismatchError
+from learner.errors import InvalidRequestError, ServerUnavailableError, SpecMismatchError
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
@@ -470,7 +471,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         try:
             for g, servers in enumerate(self._groups):
                 sl = self._group_slice(g)
-                actions = self._as_batch(act(sl), sl.stop - sl.start, f"actions (group {g})")
+                actions = self._as_batch(act(sl), sl.stop - sl.start, f"actions (group {g})", sl.start)
                 self._start(servers, actions, sl.start)
                 started += servers
                 if g + 1 < len(self._groups):
@@ -499,7 +500,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
         servers = self._groups[group]
         sl = self._group_slice(group)
-        actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})")
+        actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})", sl.start)
         self._start(servers, actions, sl.start)
         self._in_flight[group] = True
         self._runner.spin()
@@ -722,21 +723,29 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             servers_left=retired.left,
         )
 
-    def _as_batch(self, actions: Any, count: int, where: str) -> Any:
-        """Check the shape of a batch of ``count`` actions here, for the whole batch (array spaces),
-        or its leading (env) dimension (others); the servers check the rest (dtype, bounds)."""
+    def _as_batch(self, actions: Any, count: int, where: str, base: int = 0) -> Any:
+        """The batch of ``count`` actions (for envs ``base``...) checked here, as the servers would check
+        it, so that a bad action reaches no server: otherwise the servers with good actions would
+        step and their results be lost with the error. Dict and Tuple actions: the servers check them."""
         if isinstance(actions, dict | tuple):
             return actions
         arr = np.asarray(actions)
-        space = self.single_action_space
-        array_space = isinstance(space, Box | Discrete | MultiDiscrete | MultiBinary)
-        expected = (count, *(space.shape or ())) if array_space else None
-        if arr.ndim == 0 or len(arr) != count or (expected is not None and arr.shape != expected):
-            shape = f"shape {expected}" if expected is not None else f"leading dimension {count}"
-            raise ValueError(
-                f"{where}: expected a batch of {count} actions of {space} ({shape}), got shape {arr.shape}"
+        try:
+            return check_actions(self.single_action_space, arr, count, where)
+        except InvalidActionError as err:
+            if err.env_index is None:
+                raise ValueError(str(err)) from None  # the batch's shape or dtype: no env to name
+            index = base + err.env_index
+            client = next(c for c in self._clients if c.env_offset <= index < c.env_offset + c.num_envs)
+            message = str(err).replace(
+                f"env {err.env_index}:", f"env {index} of the fleet (on env server {client.address}):", 1
             )
-        return arr
+            raise InvalidRequestError(
+                message + "; nothing was sent",
+                address=client.address,
+                code=grpc.StatusCode.INVALID_ARGUMENT,
+                env_index=index,
+            ) from None
 
     def _observations(self, obs: Any) -> Any:
         return deepcopy(obs) if self.copy else obs

@@ -33,23 +33,26 @@ def test_action_outside_space_names_the_env_and_space(cartpole: RemoteVectorEnv)
     assert err.env_index == 4
     assert "env 4 of the fleet" in str(err) and "Discrete(2)" in str(err)
     assert err.address == cartpole.addresses[1]
+    assert str(err).endswith("nothing was sent")  # checked for the whole fleet first: no server stepped
     # Nothing was lost: the servers keep serving.
     obs, *_ = cartpole.step(np.ones(6, dtype=np.int64))
     assert obs.shape == (6, 4)
 
 
 def test_action_of_wrong_dtype(cartpole: RemoteVectorEnv) -> None:
-    with pytest.raises(InvalidRequestError, match="expected integers for Discrete"):
+    with pytest.raises(ValueError, match=r"actions: expected integers for Discrete\(2\), got dtype float32"):
         cartpole.step(np.zeros(6, dtype=np.float32))
     cartpole.step(np.zeros(6, dtype=np.int32))
 
 
 def test_batch_of_wrong_length_is_refused_before_sending(cartpole: RemoteVectorEnv) -> None:
-    with pytest.raises(ValueError, match=r"actions: expected a batch of 6 actions.*got shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"actions: expected shape \(6,\) \(6 envs of Discrete\(2\)\), got shape \(5,\)"
+    ):
         cartpole.step(np.zeros(5, dtype=np.int64))
     with pytest.raises(
         ValueError,
-        match=r"actions: expected a batch of 6 actions of Discrete\(2\) \(shape \(6,\)\), got shape \(6, 1\)",
+        match=r"actions: expected shape \(6,\) \(6 envs of Discrete\(2\)\), got shape \(6, 1\)",
     ):
         cartpole.step(np.zeros((6, 1), dtype=np.int64))
     cartpole.step(np.zeros(6, dtype=np.int64))
@@ -67,7 +70,7 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
     with RemoteVectorEnv(start_servers("Pendulum-v1", num_servers=2, envs_per_server=2)) as envs:
         envs.reset(seed=0)
         with pytest.raises(
-            ValueError, match=r"expected a batch of 4 actions of Box.*\(shape \(4, 1\)\), got shape \(4, 2\)"
+            ValueError, match=r"actions: expected shape \(4, 1\) \(4 envs of Box.*\), got shape \(4, 2\)"
         ):
             envs.step(np.zeros((4, 2), dtype=np.float32))  # the fleet's shape, checked before sending
         bad = np.zeros((4, 1), dtype=np.float32)
