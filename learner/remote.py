@@ -26,7 +26,7 @@ from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, channel_credentials, timeout_error
 from learner.discovery import AddressError, expand_addresses
-from learner.errors import InvalidRequestError, ServerUnavailableError, SpecMismatchError
+from learner.errors import InvalidRequestError, ServerUnavailableError, SessionError, SpecMismatchError
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
@@ -176,6 +176,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
         self._noted: set[str] = set()
         self._stale = False
+        self._stale_cause: tuple[str, str] = ("", "")  # (address, what failed) while _stale
 
         endpoints = expand_addresses(addresses)
         if num_groups > len(endpoints):
@@ -433,6 +434,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def step(self, actions: Any) -> StepResult:
         """Step every env with its action and wait for all the servers' results."""
         self._assert_idle("step")
+        self._assert_in_step("step")
         actions = self._as_batch(actions, self.num_envs, "actions")
         servers = range(len(self._clients))
         self._start(servers, actions, 0)
@@ -441,6 +443,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Send each server its envs' actions, without waiting for the results."""
         self._assert_idle("step_async")
+        self._assert_in_step("step_async")
         actions = self._as_batch(actions, self.num_envs, "actions")
         self._start(range(len(self._clients)), actions, 0)
         self._state = AsyncState.WAITING_STEP
@@ -467,6 +470,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         one fleet-wide step. With one group this is ``step(act(slice(0, num_envs)))``.
         """
         self._assert_idle("step_groups")
+        self._assert_in_step("step_groups")
         started: list[int] = []
         try:
             for g, servers in enumerate(self._groups):
@@ -476,10 +480,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 started += servers
                 if g + 1 < len(self._groups):
                     self._runner.spin()
-        except BaseException:
+        except BaseException as err:
             if started:  # the groups already sent finish their step; their results are dropped
                 with contextlib.suppress(Exception):
                     self._finish(started)
+                self._went_stale(self._clients[started[0]].address, f"act raised {type(err).__name__}: {err}")
             raise
         return self._finish(range(len(self._clients)))
 
@@ -490,6 +495,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """
         self._assert_open()
         self._check_group(group, "send")
+        self._assert_in_step("send")
         if self._state is not AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
                 f"send: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
@@ -768,8 +774,26 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _raise_first(self, errors: Sequence[BaseException]) -> None:
         if errors:
-            self._stale = True  # the servers that answered moved on; the caller saw none of it
+            # The servers that answered moved on; the caller saw none of it.
+            first = errors[0]
+            self._went_stale(getattr(first, "address", ""), str(first))
         _raise_first(errors)
+
+    def _went_stale(self, address: str, cause: str) -> None:
+        if not self._stale:
+            self._stale, self._stale_cause = True, (address, cause)
+
+    def _assert_in_step(self, method: str) -> None:
+        """Refuse to step envs whose last step failed part way: some stepped without the caller
+        seeing their results (episodes may have ended unseen), so the caller's observations are stale."""
+        if self._stale:
+            address, cause = self._stale_cause
+            raise SessionError(
+                f"{method}: the last step or reset failed ({cause}), and the envs of the servers that did "
+                "answer moved on without their results reaching you: call reset() (or refresh()) first",
+                address=address,
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
 
     # -- servers joining and leaving ----------------------------------------------------------------
 

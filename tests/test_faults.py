@@ -21,7 +21,7 @@ import pytest
 from env_server.health import check
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import EnvCrashedError, RemoteVectorEnv, ServerUnavailableError
+from learner import EnvCrashedError, RemoteTimeoutError, RemoteVectorEnv, ServerUnavailableError, SessionError
 from learner.client import translate_error
 from tests.conftest import SpawnServer
 
@@ -157,6 +157,27 @@ def test_without_fault_tolerance_a_lost_server_raises(spawn_server: SpawnServer)
         with pytest.raises(ServerUnavailableError) as info:
             envs.step(actions_for(0, K))
         assert info.value.address == server.address
+
+
+def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn_server: SpawnServer) -> None:
+    """Server B hangs past the deadline: the step raises. Server A's envs stepped meanwhile, unseen (an
+    episode may have ended), so stepping on is refused until a reset."""
+    a = spawn_server("tests.envs:FaultyEnv", K)
+    b = spawn_server("tests.envs:FaultyEnv", K, "--env-kwargs", '{"hang_at": 2, "hang_s": 1}')
+    with RemoteVectorEnv([a.address, b.address], timeout=0.5) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2 * K, dtype=np.int64))
+        with pytest.raises(RemoteTimeoutError):
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        with pytest.raises(
+            SessionError, match=r"step: the last step or reset failed .*call reset\(\) \(or refresh\(\)\) first"
+        ):
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        time.sleep(1.0)  # B's hang ends
+        obs, _ = envs.reset(seed=1)
+        assert obs[:, 0].tolist() == [0.0] * (2 * K)
+        obs, *_ = envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert obs[:, 0].tolist() == [1.0] * (2 * K)
 
 
 def test_an_env_that_hangs_past_the_deadline(spawn_server: SpawnServer) -> None:

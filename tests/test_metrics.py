@@ -9,10 +9,13 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, InvalidRequestError, RemoteVectorEnv
 from tests.conftest import SpawnServer
 
@@ -81,7 +84,11 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
         for _ in range(25):
             envs.step(np.ones(3, dtype=np.int64))
         with pytest.raises(InvalidRequestError):
-            envs.step(np.array([0, 1, 9]))
+            envs.step(np.array([0, 1, 9]))  # refused by the client: the server never sees it
+        with grpc.insecure_channel(address) as channel:  # a bad request the server itself refuses
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.EnvServiceStub(channel).Step(pb.StepRequest(session_id="not-a-session"), timeout=5)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         during = scrape(url)
         assert during["envfleet_session_active"] == 1
     after = scrape(url)
@@ -92,7 +99,7 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
     assert 0 < after["envfleet_step_latency_seconds_sum"] < 25
     assert after["envfleet_env_step_latency_seconds_count"] == 25
     assert after["envfleet_step_latency_seconds_bucket[le=+Inf]"] == 25
-    assert after["envfleet_errors_total{code=INVALID_ARGUMENT}"] == 1
+    assert after["envfleet_errors_total{code=FAILED_PRECONDITION}"] == 1
     assert after["envfleet_server_info{env_id=CartPole-v1,vectorization=sync}"] == 1
     # The claim ends when the learner closes.
     deadline = time.monotonic() + 5

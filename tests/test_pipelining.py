@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 
-from learner import RemoteVectorEnv
+from learner import RemoteVectorEnv, SessionError
 from tests.compare import assert_same
 from tests.envs import DictEnv
 
@@ -201,6 +201,10 @@ def test_step_groups_equals_step_and_calls_act_per_group(start_servers: Any) -> 
 
         with pytest.raises(RuntimeError, match="policy failed"):
             piped.step_groups(broken)
+        # Group 0 stepped, its results dropped: stepping on is refused until a reset.
+        with pytest.raises(SessionError, match=r"act raised RuntimeError: policy failed.*call reset\(\)"):
+            piped.step(np.zeros(4, dtype=np.int64))
+        piped.reset(seed=0)
         piped.step(np.zeros(4, dtype=np.int64))  # nothing is left in flight
 
 
