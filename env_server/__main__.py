@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         default=e("log_level", "info"),
+        type=str.lower,
         choices=["debug", "info", "warning", "error"],
         help="(default: %(default)s)",
     )

@@ -123,7 +123,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         except RuntimeError as err:
             # gRPC says only "Failed to bind"; the cause (often: another process has the port) is in its log.
             raise OSError(
-                f"cannot listen on {address}: {err} (is another process using the port? pick another --port, or 0 for a free one)"
+                f"cannot listen on {address}: {err} (is another process using it? for TCP, pick another --port, or 0 for a free one)"
             ) from err
         await server.start()
         if env is None:

@@ -70,16 +70,25 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there")
 
 
+def _reason(err: BaseException) -> str:
+    """Why torch.load failed, in one line. Its weights-only message advises weights_only=False, which
+    would run code from the file: only its last part (what it found) is kept."""
+    text = str(err)
+    if "Weights only load failed" in text:
+        found = text.rpartition("WeightsUnpickler error:")[2].strip().splitlines()
+        return f"not a weights-only torch file: {found[0]}" if found and found[0] else "not a weights-only torch file"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device)."""
     file = find_checkpoint(path)
     try:
         payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
-        # (torch's own message suggests weights_only=False, which would run code from the file: not shown)
         raise ValueError(
-            f"{file}: expected an envfleet checkpoint (a file in a run's checkpoints/), got one torch cannot "
-            f"read as a checkpoint ({type(err).__name__})"
+            f"{file}: expected an envfleet checkpoint, but torch cannot read it ({_reason(err)})"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__

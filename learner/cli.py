@@ -503,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except _USER_ERRORS as err:
         print(f"learner {args.command}: error: {err}", file=sys.stderr)
+        for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
+            print(f"  {note}", file=sys.stderr)
         return 1
 
 

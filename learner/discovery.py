@@ -20,7 +20,7 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
-__all__ = ["AddressError", "Resolver", "expand_addresses", "register_resolver", "split_addresses"]
+__all__ = ["AddressError", "Resolver", "expand_addresses", "register_resolver", "split_addresses", "warn_duplicates"]
 
 
 class AddressError(ValueError):
@@ -51,15 +51,20 @@ def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
         raise AddressError(
             "addresses: expected at least one server address (host:port, unix:PATH or dns:///name:port), got none"
         )
-    twice = sorted({a for a in addresses if isinstance(a, str) and list(addresses).count(a) > 1})
-    if twice:
-        log.warning("addresses: %s given more than once; each server is used once", ", ".join(twice))
     out: list[str] = []
     for address in addresses:
         for endpoint in _expand_one(address):
             if endpoint not in out:
                 out.append(endpoint)
     return out
+
+
+def warn_duplicates(addresses: str | Sequence[str]) -> None:
+    """Log the addresses given more than once (each server is used once)."""
+    given = split_addresses(addresses) if isinstance(addresses, str) else list(addresses)
+    twice = sorted({a for a in given if isinstance(a, str) and given.count(a) > 1})
+    if twice:
+        log.warning("addresses: %s given more than once; each server is used once", ", ".join(twice))
 
 
 def _expand_one(address: str) -> list[str]:

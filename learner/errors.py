@@ -39,7 +39,9 @@ class RemoteEnvError(EnvFleetError):
 
     Attributes:
         address: the server's address, as given (or as resolved from a ``dns:///`` name).
-        code: the gRPC status code, or None when no call was made (e.g. nothing listens).
+        code: the gRPC status code: the server's, or, for what the client refuses before sending (an
+            invalid action, a step after a failed one), the one the server would send; None when no
+            call was made otherwise (e.g. nothing listens).
         env_index: the env the error is about, counted over all servers, when the server named one.
     """
 
@@ -74,7 +76,8 @@ class InvalidRequestError(RemoteEnvError, ValueError):
 
 
 class SessionError(RemoteEnvError):
-    """The call was out of order (FAILED_PRECONDITION): step before reset, or a session that ended."""
+    """The call was out of order (FAILED_PRECONDITION): step before reset, a session that ended, or
+    (refused by RemoteVectorEnv itself) a step after one that failed part way, before a reset."""
 
 
 class RemoteTimeoutError(RemoteEnvError, TimeoutError):

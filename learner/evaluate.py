@@ -53,11 +53,11 @@ def evaluate(
     path = find_checkpoint(checkpoint)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
-    if run_args.env is None:  # train records the env its servers served; a checkpoint without one is not ours
-        raise ValueError(f"checkpoint: {path} does not name the env it was trained on")
+    if run_args.env is None and servers is None:  # train records the env it trained on
+        raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
     ppo = state["ppo"]
     fleet = FleetSpec(
-        env=run_args.env,
+        env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
         backend="gym" if backend == "gym" else "remote",
         num_servers=1,

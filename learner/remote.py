@@ -25,7 +25,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, channel_credentials, timeout_error
-from learner.discovery import AddressError, expand_addresses
+from learner.discovery import AddressError, expand_addresses, warn_duplicates
 from learner.errors import InvalidRequestError, ServerUnavailableError, SessionError, SpecMismatchError
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
@@ -178,6 +178,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._stale = False
         self._stale_cause: tuple[str, str] = ("", "")  # (address, what failed) while _stale
 
+        warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         endpoints = expand_addresses(addresses)
         if num_groups > len(endpoints):
             raise ValueError(
@@ -395,7 +396,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 else:
                     errors.append(result)
         self._raise_first(errors)
-        self._stale = self._stale and mask is not None
+        # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
+        self._stale = self._stale and mask is not None and not bool(np.all(mask))
         parts = []
         for (i, _), response in zip(calls, results, strict=True):
             replica = self._replicas[i]
@@ -472,10 +474,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._assert_idle("step_groups")
         self._assert_in_step("step_groups")
         started: list[int] = []
+        failed = "act raised"
         try:
             for g, servers in enumerate(self._groups):
                 sl = self._group_slice(g)
-                actions = self._as_batch(act(sl), sl.stop - sl.start, f"actions (group {g})", sl.start)
+                failed = "act raised"
+                group_actions = act(sl)
+                failed = f"group {g}'s actions were refused"
+                actions = self._as_batch(group_actions, sl.stop - sl.start, f"actions (group {g})", sl.start)
                 self._start(servers, actions, sl.start)
                 started += servers
                 if g + 1 < len(self._groups):
@@ -484,7 +490,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if started:  # the groups already sent finish their step; their results are dropped
                 with contextlib.suppress(Exception):
                     self._finish(started)
-                self._went_stale(self._clients[started[0]].address, f"act raised {type(err).__name__}: {err}")
+                address = getattr(err, "address", None) or self._clients[started[0]].address
+                self._went_stale(address, f"{failed}: {type(err).__name__}: {err}")
             raise
         return self._finish(range(len(self._clients)))
 
@@ -732,12 +739,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _as_batch(self, actions: Any, count: int, where: str, base: int = 0) -> Any:
         """The batch of ``count`` actions (for envs ``base``...) checked here, as the servers would check
         it, so that a bad action reaches no server: otherwise the servers with good actions would
-        step and their results be lost with the error. Dict and Tuple actions: the servers check them."""
-        if isinstance(actions, dict | tuple):
-            return actions
-        arr = np.asarray(actions)
+        step and their results be lost with the error."""
         try:
-            return check_actions(self.single_action_space, arr, count, where)
+            return check_actions(self.single_action_space, _as_arrays(self.single_action_space, actions), count, where)
         except InvalidActionError as err:
             if err.env_index is None:
                 raise ValueError(str(err)) from None  # the batch's shape or dtype: no env to name
@@ -747,10 +751,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 f"env {err.env_index}:", f"env {index} of the fleet (on env server {client.address}):", 1
             )
             raise InvalidRequestError(
-                message + "; nothing was sent",
-                address=client.address,
-                code=grpc.StatusCode.INVALID_ARGUMENT,
-                env_index=index,
+                message, address=client.address, code=grpc.StatusCode.INVALID_ARGUMENT, env_index=index
             ) from None
 
     def _observations(self, obs: Any) -> Any:
@@ -780,8 +781,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         _raise_first(errors)
 
     def _went_stale(self, address: str, cause: str) -> None:
-        if not self._stale:
-            self._stale, self._stale_cause = True, (address, cause)
+        self._stale, self._stale_cause = True, (address, cause)  # the latest failure is the one to report
 
     def _assert_in_step(self, method: str) -> None:
         """Refuse to step envs whose last step failed part way: some stepped without the caller
@@ -1078,6 +1078,23 @@ def _split(num_servers: int, num_groups: int) -> list[list[int]]:
     """Server indices of each of ``num_groups`` contiguous groups, as even as possible."""
     bounds = np.linspace(0, num_servers, num_groups + 1).round().astype(int)
     return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+
+
+def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
+    """``actions`` laid out as ``space``'s batches are (dicts and tuples of arrays), leaves as arrays;
+    what does not fit is left as it is, for check_actions to name."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(actions, dict):
+            return actions
+        return {k: _as_arrays(space.spaces[k], v) if k in space.spaces else v for k, v in actions.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
+            return actions
+        return tuple(_as_arrays(sub, a) for sub, a in zip(space.spaces, actions, strict=True))
+    try:
+        return np.asarray(actions)
+    except ValueError:  # ragged: check_actions names what came
+        return actions
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -101,7 +101,12 @@ def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
     config = Path(run_dir) / rundir.CONFIG
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    saved = Args.from_json(rundir.read_json(config)["args"])
+    recorded = rundir.read_json(config)
+    saved = Args.from_json(recorded["args"])
+    env_id = recorded.get("envs", {}).get("env_id")
+    if env_id and saved.env != env_id:
+        # Runs on --servers before the env was recorded in args kept the default --env instead.
+        saved = dataclasses.replace(saved, env=env_id)
     if overrides.get("servers") is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
         saved = dataclasses.replace(
@@ -273,7 +278,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         if done >= total:
             raise ValueError(
                 f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
-                f"nothing to do; pass more (e.g. --total-timesteps {done + total:,}) to continue it"
+                f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
             )
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.

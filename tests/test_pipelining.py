@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 
-from learner import RemoteVectorEnv, SessionError
+from learner import InvalidRequestError, RemoteVectorEnv, SessionError
 from tests.compare import assert_same
 from tests.envs import DictEnv
 
@@ -129,7 +129,6 @@ def test_bad_action_in_a_group_names_the_fleet_env(start_servers: Any) -> None:
     addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
     with RemoteVectorEnv(addresses, num_groups=2) as envs:
         envs.reset(seed=0)
-        from learner import InvalidRequestError
 
         with pytest.raises(InvalidRequestError, match=r"actions \(group 1\): env 3 of the fleet") as info:
             envs.send(np.array([0, 5]), 1)  # refused before sending: no server stepped
@@ -202,10 +201,23 @@ def test_step_groups_equals_step_and_calls_act_per_group(start_servers: Any) -> 
         with pytest.raises(RuntimeError, match="policy failed"):
             piped.step_groups(broken)
         # Group 0 stepped, its results dropped: stepping on is refused until a reset.
-        with pytest.raises(SessionError, match=r"act raised RuntimeError: policy failed.*call reset\(\)"):
+        with pytest.raises(SessionError, match=r"\(act raised: RuntimeError: policy failed\).*call reset\(\)"):
             piped.step(np.zeros(4, dtype=np.int64))
-        piped.reset(seed=0)
+        piped.reset(seed=0, options={"reset_mask": np.array([True, False, True, True])})
+        with pytest.raises(SessionError):  # a partial reset leaves env 1 stale
+            piped.step(np.zeros(4, dtype=np.int64))
+        piped.reset(seed=0, options={"reset_mask": np.ones(4, dtype=bool)})  # every env: fresh again
         piped.step(np.zeros(4, dtype=np.int64))  # nothing is left in flight
+
+        # A group whose actions are refused: the groups before it stepped; the error names the bad env.
+        def bad_second_group(sl: slice) -> np.ndarray:
+            return np.array([0, 7]) if sl.start else np.zeros(2, dtype=np.int64)
+
+        with pytest.raises(InvalidRequestError, match=r"actions \(group 1\): env 3 of the fleet"):
+            piped.step_groups(bad_second_group)
+        with pytest.raises(SessionError, match=r"group 1's actions were refused") as info:
+            piped.step(np.zeros(4, dtype=np.int64))
+        assert info.value.address == piped.addresses[-1]
 
 
 def test_actions_that_cannot_be_sent_leave_nothing_in_flight(start_servers: Any) -> None:

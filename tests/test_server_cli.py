@@ -68,7 +68,7 @@ def test_a_port_in_use_is_one_line_that_says_so() -> None:
         result = run_server("--env", "CartPole-v1", "--host", "127.0.0.1", "--port", str(port))
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and last.startswith(f"env-server: error: cannot listen on 127.0.0.1:{port}")
-    assert "is another process using the port?" in last
+    assert "is another process using it? for TCP, pick another --port" in last
 
 
 def test_prints_listening_line_then_stops_on_sigterm() -> None:

@@ -210,3 +210,12 @@ def test_a_run_resumes_on_running_servers(tmp_path: Path, start_servers: StartSe
     assert summary["total_steps"] == 32
     config = rundir.read_json(run / rundir.CONFIG)
     assert config["envs"]["addresses"] == addresses and config["args"]["num_envs"] is None
+
+
+def test_resuming_a_run_made_on_servers_before_the_env_was_recorded(tmp_path: Path) -> None:
+    """Older runs on --servers kept the default --env (CartPole-v1) in args: the env the servers
+    served (config.json's envs.env_id) is the one a resume asks for."""
+    old = Args(servers="127.0.0.1:1").to_json() | {"env": "CartPole-v1"}
+    rundir.write_json(tmp_path / rundir.CONFIG, {"args": old, "envs": {"env_id": "tests.envs:ClockEnv"}})
+    assert resume_args(tmp_path).env == "tests.envs:ClockEnv"
+    assert resume_args(tmp_path, servers="127.0.0.1:2").env == "tests.envs:ClockEnv"
