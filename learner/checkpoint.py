@@ -92,5 +92,5 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{path}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
+        raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
     return payload

@@ -175,8 +175,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._num_groups_asked = num_groups
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
         self._noted: set[str] = set()
-        self._stale = False
-        self._stale_cause: tuple[str, str] = ("", "")  # (address, what failed) while _stale
+        self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         endpoints = expand_addresses(addresses)
@@ -397,7 +396,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     errors.append(result)
         self._raise_first(errors)
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
-        self._stale = self._stale and mask is not None and not bool(np.all(mask))
+        if mask is None or bool(np.all(mask)):
+            self._stale = None
         parts = []
         for (i, _), response in zip(calls, results, strict=True):
             replica = self._replicas[i]
@@ -474,7 +474,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._assert_idle("step_groups")
         self._assert_in_step("step_groups")
         started: list[int] = []
-        failed = "act raised"
         try:
             for g, servers in enumerate(self._groups):
                 sl = self._group_slice(g)
@@ -781,13 +780,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         _raise_first(errors)
 
     def _went_stale(self, address: str, cause: str) -> None:
-        self._stale, self._stale_cause = True, (address, cause)  # the latest failure is the one to report
+        self._stale = (address, cause)  # the latest failure is the one to report
 
     def _assert_in_step(self, method: str) -> None:
         """Refuse to step envs whose last step failed part way: some stepped without the caller
         seeing their results (episodes may have ended unseen), so the caller's observations are stale."""
-        if self._stale:
-            address, cause = self._stale_cause
+        if self._stale is not None:
+            address, cause = self._stale
             raise SessionError(
                 f"{method}: the last step or reset failed ({cause}), and the envs of the servers that did "
                 "answer moved on without their results reaching you: call reset() (or refresh()) first",
@@ -851,11 +850,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             # Every connection dropped at once (an overloaded host, a network blip): give the servers
             # connect_timeout to answer again before giving up.
             joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True))
-        if not leave and not joined and not self._stale:
+        if not leave and not joined and self._stale is None:
             return None
         # Envs that start over: those of new servers, and every env after a failed call. A server whose
         # reset fails leaves as well (several replicas stopping at once fail one after another).
-        restart = [*stay, *joined] if self._stale else joined
+        restart = [*stay, *joined] if self._stale is not None else joined
         results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
         resets: dict[str, pb.ResetResponse] = {}
         failed: list[EnvClient] = []
@@ -908,7 +907,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._retired.joined += len(joined)
         self._retired.left += len(leave)
         self._replicas = [replicas.get(id(c)) or self._replica(c) for c in clients]
-        self._stale = False
+        self._stale = None
         log.info(
             "fleet changed: %d server(s) joined (%s), %d left (%s); %d envs, was %d",
             len(joined),
