@@ -25,6 +25,8 @@ class ServerConfig:
     """TCP port; 0 picks a free one (printed in the ``listening on`` line)."""
     unix_socket: str | None = None
     """Listen on this Unix domain socket path instead of TCP (fastest for a learner on the same host)."""
+    step_socket: bool = True
+    """With ``unix_socket``: also serve steps on ``unix_socket + ".steps"`` without HTTP/2 (see the proto)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for every env's constructor (``gymnasium.make(id, **env_kwargs)``)."""
     vectorization: str = "sync"

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import struct
+
 __all__ = [
     "AUTH_METADATA_KEY",
     "ENV_INDEX_KEY",
     "ERROR_ORIGIN_KEY",
     "ERROR_ORIGIN_SERVER",
+    "FRAME_ERROR",
+    "FRAME_HEADER",
+    "FRAME_STEP",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "SERVICE_NAME",
+    "STEP_SOCKET_SUFFIX",
     "bearer_metadata",
     "check_token",
 ]
@@ -33,6 +39,14 @@ ERROR_ORIGIN_SERVER = "env-server"
 # Message size limit on both sides: an Atari batch of 64 envs x 4x84x84 uint8 is 1.8 MB; 64 MiB
 # leaves room for large image observations while refusing absurd messages before they are read.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# The step socket (see the proto's header): a server on Unix socket PATH also listens on PATH + this.
+STEP_SOCKET_SUFFIX = ".steps"
+# A step-socket frame's header: the payload's length (uint32) and its kind (one byte), little-endian.
+FRAME_HEADER = struct.Struct("<IB")
+# Frame kinds: a StepRequest (client to server) or StepResponse (server to client); a StepError.
+FRAME_STEP = 0
+FRAME_ERROR = 1
 
 # Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
 AUTH_METADATA_KEY = "authorization"

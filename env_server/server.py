@@ -16,13 +16,17 @@ from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
-from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
+from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
+from env_server.step_socket import StepSocketServer
 
 __all__ = ["run", "serve", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
+
+# Longest path a Unix socket can have on Linux (sun_path holds 108 bytes, NUL included).
+_MAX_UNIX_PATH = 107
 
 
 def server_options() -> list[tuple[str, int]]:
@@ -91,6 +95,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     env = None
+    step_server: StepSocketServer | None = None
     if config.vectorization == "async":
         # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
         # forked child must not inherit. Until then nothing listens (connections are refused).
@@ -126,6 +131,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
                 f"cannot listen on {address}: {err} (is another process using it? for TCP, pick another --port, or 0 for a free one)"
             ) from err
         await server.start()
+        step_server = await _serve_step_socket(config, service)
         if env is None:
             log.info(
                 "building %d x %s (health: NOT_SERVING until done), listening on port %s",
@@ -137,6 +143,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             env = await service.run_in_env_thread(build_vector_env, config)
     except BaseException:
         await server.stop(None)
+        if step_server is not None:
+            step_server.close()
         service.close()
         if env is not None:
             env.close()
@@ -181,11 +189,17 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
         await health_service.enter_graceful_shutdown()
         service.drain()
-        await server.stop(config.grace_s)
+        if step_server is not None:
+            step_server.drain()
+            await asyncio.gather(server.stop(config.grace_s), step_server.finish(config.grace_s))
+        else:
+            await server.stop(config.grace_s)
         if watchdog is not None:
             watchdog.cancel()
     finally:
         await server.stop(None)
+        if step_server is not None:
+            step_server.close()
         service.close()
         if metrics is not None:
             metrics.close()
@@ -194,6 +208,26 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)
     log.info("stopped after %d steps", service.steps)
+
+
+async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepSocketServer | None:
+    """Listen on the step socket (``--unix-socket`` PATH + ".steps") unless it is off; None when there is none."""
+    if not config.unix_socket or not config.step_socket:
+        return None
+    path = os.path.abspath(config.unix_socket) + STEP_SOCKET_SUFFIX
+    if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+        log.warning("no step socket: its path %s is longer than Unix sockets allow; steps go over gRPC", path)
+        return None
+    step_server = StepSocketServer(service, path)
+    try:
+        await step_server.start(mode_of=config.unix_socket)
+    except OSError as err:
+        log.warning("no step socket on %s (%s); steps go over gRPC", path, err)
+        step_server.close()
+        return None
+    service.step_socket = path
+    log.debug("step socket on %s", path)
+    return step_server
 
 
 async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:

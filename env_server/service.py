@@ -23,12 +23,17 @@ from env_server.envs import max_episode_steps
 from env_server.interceptors import MalformedRequest
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
-from env_server.protocol import ENV_INDEX_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, PROTOCOL_VERSION
+from env_server.protocol import (
+    ENV_INDEX_KEY,
+    ERROR_ORIGIN_KEY,
+    ERROR_ORIGIN_SERVER,
+    PROTOCOL_VERSION,
+)
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
 
-__all__ = ["EnvService", "ServiceError"]
+__all__ = ["EnvService", "ServiceError", "shutting_down"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +116,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env_seconds = 0.0  # moving average of env call durations
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
+        self.step_socket = ""  # the step socket's path, once the server listens on one
         self.draining = False
         self.spec: pb.EnvSpec | None = None
         self.steps = 0
@@ -162,10 +168,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     # -- errors ---------------------------------------------------------------------------------
 
-    async def abort(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
-        """End the call with the status ``err`` means: the one place exceptions become status codes."""
-        if isinstance(err, grpc.aio.AbortError):
-            raise err
+    def status(self, err: Exception, method: str) -> tuple[grpc.StatusCode, str, int | None]:
+        """The status ``err`` means (code, message, env index or None): the one place exceptions become
+        status codes, for gRPC calls and the step socket alike."""
         env_index: int | None = None
         if isinstance(err, ServiceError):
             code, message, env_index = err.code, str(err), err.env_index
@@ -176,6 +181,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
         if self._metrics is not None:
             self._metrics.errors.labels(code.name).inc()
+        return code, message, env_index
+
+    async def abort(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
+        """End the call with the status ``err`` means."""
+        if isinstance(err, grpc.aio.AbortError):
+            raise err
+        code, message, env_index = self.status(err, method)
         trailer = [(ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER)]
         if env_index is not None:
             trailer.append((ENV_INDEX_KEY, str(env_index)))
@@ -203,7 +215,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     def _session(self, session_id: str) -> Session:
         if self.draining:
-            raise _shutting_down()
+            raise shutting_down()
         now = time.monotonic()
         claim = self._live_claim(now)
         if claim is None or not _same_id(claim.id, session_id):
@@ -259,7 +271,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._metrics is not None:
             self._metrics.session_active.set(1)
         log.info("session %s claimed by %s", session.id[:8], session.describe(now))
-        return pb.HandshakeResponse(session_id=session.id, spec=self.spec, claim_timeout_s=self._config.claim_timeout_s)
+        return pb.HandshakeResponse(
+            session_id=session.id,
+            spec=self.spec,
+            claim_timeout_s=self._config.claim_timeout_s,
+            step_socket=self.step_socket,
+        )
 
     async def Hold(self, request: pb.HoldRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HoldEvent]:
         try:
@@ -339,7 +356,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
-        return await self._step(request)
+        return await self.step(request)
 
     async def StepStream(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
@@ -350,7 +367,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         assert task is not None
         while True:
             if self.draining:
-                await self.abort(context, _shutting_down(), "StepStream")
+                await self.abort(context, shutting_down(), "StepStream")
             # While it waits for a request, the stream is idle: a shutdown ends it at once (a stream
             # that is stepping finishes its step first).
             self._idle_streams.add(task)
@@ -358,7 +375,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 request = await context.read()
             except asyncio.CancelledError:
                 if self.draining:
-                    await self.abort(context, _shutting_down(), "StepStream")
+                    await self.abort(context, shutting_down(), "StepStream")
                 raise
             finally:
                 self._idle_streams.discard(task)
@@ -367,7 +384,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             try:
                 if isinstance(request, MalformedRequest):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                response = await self._step(request)
+                response = await self.step(request)
             except Exception as err:
                 await self.abort(context, err, "StepStream")
                 return
@@ -383,17 +400,36 @@ class EnvService(pb_grpc.EnvServiceServicer):
         for task in list(self._idle_streams):
             task.cancel()
 
-    async def _step(self, request: pb.StepRequest) -> pb.StepResponse:
+    async def step(self, request: pb.StepRequest) -> pb.StepResponse:
+        """Step the session's envs with the request's actions (Step, StepStream and the step socket)."""
         start = time.perf_counter()
+        actions = self._step_actions(request)
+        result, env_seconds = await self._run_env(self.env.step, actions)
+        return self._step_response(result, env_seconds, start)
+
+    def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
+        """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
+        quick enough to run on the loop (see INLINE_LIMIT_S); None otherwise (await :meth:`step`)."""
+        if self._env_lock.locked() or self._env_seconds >= INLINE_LIMIT_S:
+            return None
+        start = time.perf_counter()
+        actions = self._step_actions(request)
+        result, env_seconds = self._call_env(self.env.step, actions)
+        return self._step_response(result, env_seconds, start)
+
+    def _step_actions(self, request: pb.StepRequest) -> Any:
+        """The request's actions, checked; ServiceError for a request that cannot step."""
         self._session(request.session_id)
         if self._needs_reset:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
         actions = codec.decode_value(request.actions, "actions")
         try:
-            actions = check_actions(self._act_space, actions, self._num_envs)
+            return check_actions(self._act_space, actions, self._num_envs)
         except InvalidActionError as err:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
-        (obs, rewards, terminations, truncations, infos), env_seconds = await self._run_env(self.env.step, actions)
+
+    def _step_response(self, result: Any, env_seconds: float, start: float) -> pb.StepResponse:
+        obs, rewards, terminations, truncations, infos = result
         self.steps += 1
         response = pb.StepResponse(env_seconds=env_seconds)
         _encode_outputs(obs, response.observations, "observations")
@@ -420,32 +456,35 @@ class EnvService(pb_grpc.EnvServiceServicer):
         exceptions per env; what reaches here failed the whole vector env.
         """
         async with self._env_lock:
-            start = time.perf_counter()
+            if self._env_seconds < INLINE_LIMIT_S:
+                return self._call_env(fn, *args, **kwargs)
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._executor, functools.partial(self._call_env, fn, *args, **kwargs))
             try:
-                if self._env_seconds < INLINE_LIMIT_S:
-                    result = fn(*args, **kwargs)
-                else:
-                    loop = asyncio.get_running_loop()
-                    future = loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-                    try:
-                        result = await asyncio.shield(future)
-                    except asyncio.CancelledError:
-                        # The call was cancelled (its learner went away or gave up), but the env
-                        # goes on in its thread: keep the lock until it is done, so that no other
-                        # call (the learner's next Reset, say) touches the env meanwhile.
-                        await _wait_uncancellable(future)
-                        raise
-            except (Exception, SystemExit, KeyboardInterrupt) as err:
-                # The env's state is unknown after it raised: the learner must reset before stepping.
-                self._needs_reset = True
-                log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
-                raise ServiceError(
-                    grpc.StatusCode.INTERNAL,
-                    f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
-                ) from err
-            finally:
-                elapsed = time.perf_counter() - start
-                self._env_seconds += _EWMA_WEIGHT * (elapsed - self._env_seconds)
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                # The call was cancelled (its learner went away or gave up), but the env goes on in
+                # its thread: keep the lock until it is done, so that no other call (the learner's
+                # next Reset, say) touches the env meanwhile.
+                await _wait_uncancellable(future)
+                raise
+
+    def _call_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)`` here and now (the caller holds the envs), timed; see :meth:`_run_env`."""
+        start = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except (Exception, SystemExit, KeyboardInterrupt) as err:
+            # The env's state is unknown after it raised: the learner must reset before stepping.
+            self._needs_reset = True
+            log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
+            raise ServiceError(
+                grpc.StatusCode.INTERNAL,
+                f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
+            ) from err
+        finally:
+            elapsed = time.perf_counter() - start
+            self._env_seconds += _EWMA_WEIGHT * (elapsed - self._env_seconds)
         return result, elapsed
 
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -461,7 +500,7 @@ def _same_id(session_id: str, given: str) -> bool:
     return bool(given) and secrets.compare_digest(session_id.encode(), given.encode("utf-8", "replace"))
 
 
-def _shutting_down() -> ServiceError:
+def shutting_down() -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; connect to another one")
 
 

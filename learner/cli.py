@@ -72,10 +72,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     reference.close()
     with LocalServers(args.env, args.num_servers, args.envs_per_server, transport=args.transport) as servers:
         print(f"servers: {', '.join(servers.addresses)}")
-        with RemoteVectorEnv(servers.addresses) as envs:
+        with RemoteVectorEnv(servers.addresses, step_socket=args.step_socket) as envs:
             sps, episodes = _measure(envs, args.steps, args.seed)
+    how = args.transport + (", step sockets" if args.transport == "unix" and args.step_socket else "")
     print(f"{'vector env':<40} {'env-steps/s':>12}")
-    print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server})':<40} {sps:>12,.0f}")
+    print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server}, {how})':<40} {sps:>12,.0f}")
     print(f"{f'gymnasium AsyncVectorEnv ({total})':<40} {ref_sps:>12,.0f}")
     print(f"ratio remote / async: {sps / ref_sps:.2f}; {episodes} episodes ended on the remote envs")
     return 0
@@ -364,7 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--envs-per-server", type=int, default=4, help="envs per server (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=3000, help="vector steps to time (default: %(default)s)")
     demo.add_argument(
-        "--transport", choices=["tcp", "unix"], default="tcp", help="how to reach local servers (default: %(default)s)"
+        "--transport", choices=["tcp", "unix"], default="unix", help="how to reach local servers (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--step-socket",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with unix: step over the servers' step sockets, not gRPC (default: on)",
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
@@ -403,7 +410,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="envs to run the episodes on (default: %(default)s)",
     )
-    evaluate.add_argument("--transport", choices=["tcp", "unix"], default="tcp", help="(default: %(default)s)")
+    evaluate.add_argument(
+        "--transport",
+        choices=["tcp", "unix"],
+        default="unix",
+        help="how to reach the local server (default: %(default)s)",
+    )
     evaluate.add_argument(
         "--auth-token",
         default=os.environ.get("ENVFLEET_AUTH_TOKEN") or None,

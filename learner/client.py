@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,9 @@ from env_server.protocol import (
     ENV_INDEX_KEY,
     ERROR_ORIGIN_KEY,
     ERROR_ORIGIN_SERVER,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_STEP,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
 )
@@ -32,7 +36,15 @@ from learner.errors import (
     SessionError,
 )
 
-__all__ = ["EnvClient", "channel_credentials", "channel_options", "timeout_error", "translate_error"]
+__all__ = [
+    "EnvClient",
+    "SocketStep",
+    "channel_credentials",
+    "channel_options",
+    "status_error",
+    "timeout_error",
+    "translate_error",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +82,9 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 }
 
 
+_CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def translate_error(
     err: grpc.RpcError, *, address: str, method: str, env_offset: int = 0, timeout: float | None = None
 ) -> RemoteEnvError:
@@ -88,6 +103,29 @@ def translate_error(
                     env_index = env_offset + int(value)
             elif key == ERROR_ORIGIN_KEY:
                 from_server = value == ERROR_ORIGIN_SERVER
+    return status_error(
+        code,
+        details,
+        address=address,
+        method=method,
+        env_index=env_index,
+        from_server=from_server,
+        timeout=timeout,
+    )
+
+
+def status_error(
+    code: grpc.StatusCode | None,
+    details: str,
+    *,
+    address: str,
+    method: str,
+    env_index: int | None = None,
+    from_server: bool = True,
+    timeout: float | None = None,
+) -> RemoteEnvError:
+    """The envfleet exception for a status (``code``, ``details``) a call ended with; ``env_index``
+    is over the whole fleet, ``from_server`` whether the env server itself sent the status."""
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
     if code == grpc.StatusCode.INTERNAL and not from_server:
         # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):
@@ -130,6 +168,7 @@ class EnvClient:
         metadata: Sequence[tuple[str, str]] = (),
         credentials: grpc.ChannelCredentials | None = None,
         tls_server_name: str | None = None,
+        step_socket: bool = True,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -150,6 +189,11 @@ class EnvClient:
         self.spec: pb.EnvSpec | None = None
         self._hold: Any = None
         self._steps: Any = None  # the open StepStream call, or None
+        # Steps go over the server's step socket (see the proto) when it has one and we reached it
+        # over its Unix socket (so we are on its host): the path, and the open connection or None.
+        self._step_socket_wanted = step_socket and address.startswith("unix:")
+        self.step_socket = ""
+        self._socket: socket.socket | None = None
 
     def _error(self, err: grpc.RpcError, method: str) -> RemoteEnvError:
         return translate_error(
@@ -178,6 +222,7 @@ class EnvClient:
         """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim)."""
         self.session_id = response.session_id
         self.spec = response.spec
+        self.step_socket = response.step_socket if self._step_socket_wanted else ""
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
 
     @property
@@ -224,6 +269,7 @@ class EnvClient:
         """Send ``request`` on the session's StepStream (opened on first use) and return the answer.
 
         A failure ends the stream (the server closes it with the status); the next step opens a new one.
+        (Steps on the step socket take :meth:`send_on_socket` instead.)
         """
         if self._steps is None:
             self._steps = self.stub.StepStream(metadata=self.metadata)
@@ -247,6 +293,35 @@ class EnvClient:
             raise await self._ended(call)
         return response
 
+    def send_on_socket(self, request: pb.StepRequest) -> SocketStep | None:
+        """Send ``request`` on the server's step socket (connecting first) and return the step in
+        flight; None when this session does not step there (then :meth:`step` is the way)."""
+        if not self.step_socket:
+            return None
+        if self._socket is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.step_socket)
+            except OSError as err:
+                sock.close()
+                log.info(
+                    "env server %s: its step socket %s is out of reach (%s); stepping over gRPC",
+                    self.address,
+                    self.step_socket,
+                    err,
+                )
+                self.step_socket = ""
+                return None
+            self._socket = sock
+        return SocketStep(self, self._socket, request.SerializeToString())
+
+    def close_step_socket(self) -> None:
+        """Close the step socket's connection (the next step connects again)."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
     async def _ended(self, call: Any) -> RemoteEnvError:
         code = await call.code()
         details = await call.details()
@@ -267,6 +342,7 @@ class EnvClient:
         if self._steps is not None:
             self._steps.cancel()
             self._steps = None
+        self.close_step_socket()
         if self._hold is not None:
             self._hold.cancel()
             self._hold = None
@@ -285,6 +361,7 @@ class EnvClient:
         if self._steps is not None:
             self._steps.cancel()
             self._steps = None
+        self.close_step_socket()
         if self.session_id:
             try:
                 await self.stub.Release(
@@ -300,6 +377,128 @@ class EnvClient:
     async def close(self) -> None:
         await self.release()
         await self.channel.close()
+
+
+class SocketStep:
+    """A step sent on a step socket whose answer is not taken in yet.
+
+    The step socket's twin of an asyncio task running a StepStream exchange (``done``,
+    ``exception``, ``result`` -> (response, round-trip seconds)), with no event loop: the answer is
+    read straight from the socket, by :meth:`wait` (blocking) or :meth:`receive` (what has arrived,
+    once ``select`` says the socket is readable). Any failure is the step's exception, and closes the
+    connection (a timeout too: where the exchange stands is unknown then).
+    """
+
+    def __init__(self, client: EnvClient, sock: socket.socket, payload: bytes) -> None:
+        self._client = client
+        self._sock = sock
+        self._start = time.perf_counter()
+        self._buffer = bytearray(FRAME_HEADER.size)
+        self._view = memoryview(self._buffer)
+        self._got = 0
+        self._kind = -1  # the answer's kind, once its header is in
+        self._result: tuple[pb.StepResponse, float] | None = None
+        self._error: RemoteEnvError | None = None
+        try:
+            sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
+        except OSError as err:
+            self._fail(self._broken(err))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def done(self) -> bool:
+        return self._result is not None or self._error is not None
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> RemoteEnvError | None:
+        return self._error
+
+    def result(self) -> tuple[pb.StepResponse, float]:
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None, "the step is still in flight"
+        return self._result
+
+    def wait(self, deadline: float) -> None:
+        """Read until the answer is in, or ``deadline`` (``time.monotonic()``) passes: then a timeout."""
+        while not self.done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                client = self._client
+                self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
+                return
+            self._sock.settimeout(remaining)
+            self._read()
+
+    def receive(self) -> None:
+        """Take in what has arrived, without waiting (call it once the socket is readable)."""
+        if not self.done():
+            self._sock.settimeout(0.0)
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            count = self._sock.recv_into(self._view[self._got :])
+        except (BlockingIOError, TimeoutError):
+            return  # nothing yet: wait() checks its deadline, receive() waits for the next select
+        except OSError as err:
+            self._fail(self._broken(err))
+            return
+        if count == 0:
+            self._fail(self._broken(None))
+            return
+        self._got += count
+        if self._got < len(self._buffer):
+            return
+        if self._kind < 0:  # the header is in: read the payload next
+            length, self._kind = FRAME_HEADER.unpack(self._buffer)
+            if length > MAX_MESSAGE_BYTES:
+                self._fail(self._broken(None, f"it sent a frame of {length} bytes, over the message limit"))
+                return
+            self._buffer = bytearray(length)
+            self._view = memoryview(self._buffer)
+            self._got = 0
+            if length:
+                return
+        self._finish(self._buffer)
+
+    def _finish(self, payload: bytearray) -> None:
+        client = self._client
+        try:
+            if self._kind == FRAME_STEP:
+                self._result = (pb.StepResponse.FromString(payload), time.perf_counter() - self._start)
+                return
+            if self._kind != FRAME_ERROR:
+                raise ValueError(f"a frame of unknown kind {self._kind}")
+            error = pb.StepError.FromString(payload)
+        except Exception as err:  # whatever the bytes were, the exchange is broken
+            self._fail(self._broken(None, f"its answer could not be read ({err})"))
+            return
+        self._fail(
+            status_error(
+                _CODE_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
+                error.message,
+                address=client.address,
+                method="Step",
+                env_index=client.env_offset + error.env_index if error.HasField("env_index") else None,
+                timeout=client.timeout,
+            )
+        )
+
+    def _broken(self, err: OSError | None, reason: str = "it closed the connection") -> ServerUnavailableError:
+        address = self._client.address
+        return ServerUnavailableError(
+            f"env server {address}: Step failed [UNAVAILABLE]: the step socket broke ({err or reason})",
+            address=address,
+            code=grpc.StatusCode.UNAVAILABLE,
+        )
+
+    def _fail(self, error: RemoteEnvError) -> None:
+        self._error = error
+        self._client.close_step_socket()
 
 
 def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCredentials | None:

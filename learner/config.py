@@ -55,8 +55,13 @@ class Args:
     """envs per local server (default 4, or --num-envs / --num-servers)"""
     num_envs: int | None = None
     """total envs when servers are started locally (split evenly over --num-servers)"""
-    transport: Literal["tcp", "unix"] = "tcp"
-    """how to reach local servers: loopback TCP or Unix domain sockets"""
+    transport: Literal["tcp", "unix"] = "unix"
+    """how to reach local servers: Unix domain sockets (steps then go over each server's step socket,
+    see --step-socket) or loopback TCP"""
+    step_socket: bool = True
+    """step servers reached over Unix sockets (local ones, unix: addresses) over their step socket: the
+    same messages as gRPC's StepStream without HTTP/2, a few times cheaper per step; --no-step-socket
+    keeps every step on gRPC (for comparisons)"""
     wrappers: str = field(default="auto", metadata={"metavar": "NAMES"})
     """comma-separated env-server wrappers for the servers this command starts; auto: 'atari' for
     ALE/ ids, none otherwise"""

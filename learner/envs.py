@@ -35,7 +35,9 @@ class FleetSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     wrappers: tuple[str, ...] = ()
     step_delay_ms: float = 0.0
-    transport: Literal["tcp", "unix"] = "tcp"
+    transport: Literal["tcp", "unix"] = "unix"
+    step_socket: bool = True
+    """Step servers reached over Unix sockets on their step socket (RemoteVectorEnv(step_socket=...))."""
     auth_token: str | None = field(default=None, repr=False)
     timeout: float = 30.0
     pipeline_groups: int = 1
@@ -108,6 +110,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             num_groups=groups,
             fault_tolerant=spec.fault_tolerant,
             give_up_after=spec.give_up_after,
+            step_socket=spec.step_socket,
             tls=spec.tls,
             tls_server_name=spec.tls_server_name,
         )

@@ -32,7 +32,7 @@ def evaluate(
     seed: int = 0,
     device: str = "auto",
     deterministic: bool = True,
-    transport: str = "tcp",
+    transport: str = "unix",
     auth_token: str | None = None,
     tls: bool | str = False,
     tls_server_name: str | None = None,

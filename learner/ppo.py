@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -297,10 +297,16 @@ class Agent(nn.Module):
 
     def sample(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """For collecting rollouts: a sampled raw action, its log-prob, and V(obs) (no entropy)."""
+        action, rest = self.sample_first(obs)
+        return (action, *rest())
+
+    def sample_first(self, obs: Tensor) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """:meth:`sample` in two parts: the action now, its log-prob and V(obs) when the returned
+        function is called, so that the action can go to the envs before the rest is computed."""
         x = self.features(obs)
         dist = self.head.distribution(self.actor(x))
         action = dist.sample()
-        return action, dist.log_prob(action), self.critic(x).squeeze(-1)
+        return action, lambda: (dist.log_prob(action), self.critic(x).squeeze(-1))
 
     def act(self, obs: Tensor, *, deterministic: bool = True) -> Tensor:
         """Env actions for ``obs``: the distribution's mode (deterministic) or a sample."""

@@ -86,6 +86,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         wrappers=args.server_wrappers(),
         step_delay_ms=args.step_delay_ms,
         transport=args.transport,
+        step_socket=args.step_socket,
         auth_token=args.auth_token,
         timeout=args.timeout,
         pipeline_groups=args.pipeline_groups,
@@ -411,6 +412,19 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
             storage.values[step, envs_slice] = value
             return env_actions(action)
 
+        def step_overlapped(obs: Tensor, storage: Rollout, step: int) -> Any:
+            """``envs.step(act(obs, storage, step, all))``, with the actions sent before their log-probs
+            and values are computed and stored: the envs step meanwhile (same results, same RNG use)."""
+            background: Any = envs  # has step_async and step_wait (see `overlap`)
+            with torch.no_grad():
+                action, rest = agent.sample_first(obs)
+                background.step_async(env_actions(action))
+                logprob, value = rest()
+            storage.actions[step] = action
+            storage.logprobs[step] = logprob
+            storage.values[step] = value
+            return background.step_wait()
+
         def save(reason: str) -> Path:
             counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
             payload = {
@@ -442,6 +456,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         # Pipelining (RemoteVectorEnv with --pipeline-groups > 1): step_groups sends each group its
         # actions as soon as they are computed.
         step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
+        # Vector envs that step in the background (RemoteVectorEnv: step_async) do so while the critic runs.
+        overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
         replica_stats = getattr(envs, "replica_stats", None)
         if replica_stats is not None:
             replica_stats(reset=True)
@@ -508,6 +524,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                             obs_np, reward_np, term_np, trunc_np, infos = step_groups(
                                 functools.partial(act, next_obs, rollout, step)
                             )
+                        elif overlap:
+                            obs_np, reward_np, term_np, trunc_np, infos = step_overlapped(next_obs, rollout, step)
                         else:
                             obs_np, reward_np, term_np, trunc_np, infos = envs.step(
                                 act(next_obs, rollout, step, slice(None))

@@ -233,14 +233,16 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("session_id", "spec", "claim_timeout_s")
+    __slots__ = ("session_id", "spec", "claim_timeout_s", "step_socket")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CLAIM_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_SOCKET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     spec: EnvSpec
     claim_timeout_s: float
-    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claim_timeout_s: _Optional[float] = ...) -> None: ...
+    step_socket: str
+    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claim_timeout_s: _Optional[float] = ..., step_socket: _Optional[str] = ...) -> None: ...
 
 class HoldRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -303,6 +305,16 @@ class StepResponse(_message.Message):
     infos: Value
     env_seconds: float
     def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminations: _Optional[_Union[Tensor, _Mapping]] = ..., truncations: _Optional[_Union[Tensor, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ..., env_seconds: _Optional[float] = ...) -> None: ...
+
+class StepError(_message.Message):
+    __slots__ = ("code", "message", "env_index")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENV_INDEX_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    env_index: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., env_index: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -1,0 +1,305 @@
+"""The step socket: steps on a plain Unix socket beside a Unix-socket server's gRPC one (see the proto).
+
+Same results, checks and errors as StepStream; bad frames get a StepError and lose nothing; a
+client falls back to gRPC where the socket is out of reach.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from env_server import codec
+from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.step_socket import MAX_CONNECTIONS
+from learner import RemoteVectorEnv
+from learner.errors import InvalidRequestError, ServerUnavailableError
+from tests.compare import assert_same
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(payload), kind) + payload
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"connection closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def _answer(sock: socket.socket) -> tuple[int, bytes]:
+    length, kind = FRAME_HEADER.unpack(_read_exactly(sock, FRAME_HEADER.size))
+    return kind, _read_exactly(sock, length)
+
+
+def _error(sock: socket.socket) -> pb.StepError:
+    kind, payload = _answer(sock)
+    assert kind == FRAME_ERROR, kind
+    error = pb.StepError.FromString(payload)
+    assert sock.recv(1) == b"", "the server closes the connection after an error"
+    return error
+
+
+def _step_request(session_id: str, actions: list[int]) -> pb.StepRequest:
+    request = pb.StepRequest(session_id=session_id)
+    codec.encode_value(np.array(actions, dtype=np.int64), request.actions, "actions")
+    return request
+
+
+class Session:
+    """A claimed, reset session on a Unix-socket server, and ways to reach its step socket."""
+
+    def __init__(self, address: str, num_envs: int = 3) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.EnvServiceStub(self.channel)
+        handshake = self.stub.Handshake(pb.HandshakeRequest(client_name="test"), timeout=10)
+        self.id = handshake.session_id
+        self.step_socket = handshake.step_socket
+        self.hold = self.stub.Hold(pb.HoldRequest(session_id=self.id))
+        seeds = [pb.Seed(value=i) for i in range(num_envs)]
+        self.stub.Reset(pb.ResetRequest(session_id=self.id, seeds=seeds), timeout=10)
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(self.step_socket)
+        return sock
+
+    def step(self, sock: socket.socket, actions: list[int]) -> pb.StepResponse:
+        sock.sendall(_frame(FRAME_STEP, _step_request(self.id, actions).SerializeToString()))
+        kind, payload = _answer(sock)
+        assert kind == FRAME_STEP, pb.StepError.FromString(payload)
+        return pb.StepResponse.FromString(payload)
+
+    def close(self) -> None:
+        self.hold.cancel()
+        self.channel.close()
+
+
+@pytest.fixture
+def session(start_servers: Any) -> Iterator[Session]:
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=3, transport="unix")
+    claimed = Session(address)
+    yield claimed
+    claimed.close()
+
+
+def test_a_unix_socket_server_offers_its_step_socket_and_a_tcp_one_none(start_servers: Any) -> None:
+    (unix,) = start_servers("CartPole-v1", transport="unix")
+    (tcp,) = start_servers("CartPole-v1", transport="tcp")
+    (off,) = start_servers("CartPole-v1", transport="unix", server_args=["--step-socket", "off"])
+    offered = {}
+    for address in (unix, tcp, off):
+        with grpc.insecure_channel(address) as channel:
+            response = pb_grpc.EnvServiceStub(channel).Handshake(pb.HandshakeRequest(), timeout=10)
+            offered[address] = response.step_socket
+    assert offered[unix] == unix.removeprefix("unix:") + STEP_SOCKET_SUFFIX
+    assert os.path.exists(offered[unix])
+    assert offered[tcp] == ""
+    assert offered[off] == "" and not os.path.exists(off.removeprefix("unix:") + STEP_SOCKET_SUFFIX)
+
+
+def test_steps_on_the_socket_are_those_of_the_step_stream(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=3, transport="unix")
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, size=6) for _ in range(300)]  # episodes end and autoreset on the way
+    runs = []
+    for step_socket in (True, False):
+        with RemoteVectorEnv(addresses, step_socket=step_socket) as envs:
+            assert all(bool(c.step_socket) is step_socket for c in envs._clients)
+            run = [envs.reset(seed=3)]
+            run += [envs.step(a) for a in actions]
+            runs.append(run)
+    assert_same(runs[0], runs[1])
+
+
+def test_pipelined_groups_and_a_fleet_of_socket_and_tcp_servers_step_like_one_step(start_servers: Any) -> None:
+    unix = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
+    tcp = start_servers("CartPole-v1", num_servers=1, envs_per_server=2, transport="tcp")
+    rng = np.random.default_rng(1)
+    actions = [rng.integers(0, 2, size=6) for _ in range(60)]
+    with RemoteVectorEnv([*unix, *tcp], num_groups=3) as envs:
+        obs, _ = envs.reset(seed=5)
+        expected = [obs]
+        for a in actions:
+            for g, sl in enumerate(envs.group_slices):
+                envs.send(a[sl], g)
+            parts = sorted(envs.recv() for _ in envs.group_slices)  # whichever group is done first
+            expected.append(np.concatenate([p[1] for p in parts]))
+    with RemoteVectorEnv([*unix, *tcp], step_socket=False) as envs:
+        plain = [envs.reset(seed=5)[0]] + [envs.step(a)[0] for a in actions]
+    assert_same(expected, plain)
+
+
+def test_a_bad_action_on_the_socket_gets_invalid_argument_naming_the_env_and_changes_nothing(
+    start_servers: Any,
+) -> None:
+    a, b = start_servers("CartPole-v1", num_servers=2, envs_per_server=3, transport="unix")
+    refused, reference = Session(a), Session(b)  # the same seeds
+    sock = refused.connect()
+    refused.step(sock, [0, 1, 0])
+    sock.sendall(_frame(FRAME_STEP, _step_request(refused.id, [0, 0, 7]).SerializeToString()))
+    error = _error(sock)
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert error.env_index == 2 and "env 2" in error.message and "Discrete(2)" in error.message
+    # Nothing stepped: on a new connection the envs go on as if the bad request had never come.
+    after = refused.step(refused.connect(), [1, 1, 1])
+    sock = reference.connect()
+    reference.step(sock, [0, 1, 0])
+    expected = reference.step(sock, [1, 1, 1])
+    assert_same(codec.decode_value(after.observations), codec.decode_value(expected.observations))
+    refused.close()
+    reference.close()
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        (_frame(FRAME_STEP, b"\xff\xff\xff"), "not a valid StepRequest"),
+        (_frame(7, b""), "expected a frame of kind 0 (a StepRequest), got kind 7"),
+        (FRAME_HEADER.pack(2**31, FRAME_STEP), "over the 67108864-byte message limit"),
+        (_frame(FRAME_STEP, pb.StepRequest(session_id="not-mine").SerializeToString()), "does not own this server"),
+    ],
+    ids=["garbage", "unknown-kind", "too-long", "unknown-session"],
+)
+def test_bad_frames_get_a_step_error_and_the_server_serves_on(session: Session, frame: bytes, expected: str) -> None:
+    sock = session.connect()
+    sock.sendall(frame)
+    error = _error(sock)
+    assert expected in error.message
+    code = grpc.StatusCode.FAILED_PRECONDITION if "own" in expected else grpc.StatusCode.INVALID_ARGUMENT
+    assert error.code == code.value[0]
+    sock = session.connect()
+    assert session.step(sock, [0, 1, 0]).rewards.data  # the session steps on
+
+
+def test_a_client_that_vanishes_mid_frame_costs_nothing(session: Session) -> None:
+    sock = session.connect()
+    payload = _step_request(session.id, [0, 1, 0]).SerializeToString()
+    sock.sendall(_frame(FRAME_STEP, payload)[:-3])
+    sock.close()
+    assert session.step(session.connect(), [0, 1, 0]).rewards.data
+
+
+def test_connections_beyond_the_limit_are_refused(session: Session) -> None:
+    socks = [session.connect() for _ in range(MAX_CONNECTIONS)]
+    for sock in socks:
+        session.step(sock, [0, 0, 0])  # each is served (and so surely counted)
+    extra = session.connect()
+    assert extra.recv(1) == b""  # closed at once
+    socks[0].close()
+    assert session.step(socks[1], [1, 1, 1]).rewards.data
+
+
+def test_a_slow_env_steps_on_the_loop_s_terms(start_servers: Any) -> None:
+    # Steps of 20 ms run off the event loop (the inline limit is 10 ms): the task path.
+    addresses = start_servers(
+        "CartPole-v1", num_servers=1, envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "20"]
+    )
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        for _ in range(8):
+            _, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
+            assert rewards.tolist() == [1.0, 1.0]
+        assert envs._clients[0].step_socket
+
+
+def test_a_bad_action_is_refused_before_it_is_sent(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(InvalidRequestError, match="env 3"):
+            envs.step(np.array([0, 1, 0, 5]))
+        envs.step(np.array([0, 1, 0, 1]))
+
+
+def test_an_unreachable_step_socket_means_grpc_and_a_log_line(
+    start_servers: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=2, transport="unix")
+    os.unlink(address.removeprefix("unix:") + STEP_SOCKET_SUFFIX)  # as if in another mount namespace
+    with caplog.at_level(logging.INFO, logger="learner.client"), RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        for _ in range(5):
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert envs._clients[0].step_socket == ""
+    assert "step socket" in caplog.text and "stepping over gRPC" in caplog.text
+
+
+@pytest.fixture
+def unix_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    path = tmp_path / "env.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--num-envs", "2", "--unix-socket", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line == f"listening on unix:{path}", line
+    yield proc, f"unix:{path}"
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_a_killed_server_is_a_lost_server_and_a_fault_tolerant_fleet_steps_on(
+    unix_server: tuple[subprocess.Popen[str], str], start_servers: Any
+) -> None:
+    proc, address = unix_server
+    other = start_servers("CartPole-v1", num_servers=1, envs_per_server=2, transport="unix")
+    with RemoteVectorEnv([address, *other], fault_tolerant=True, timeout=5) as tolerant:
+        assert all(c.step_socket for c in tolerant._clients)
+        tolerant.reset(seed=0)
+        tolerant.step(np.zeros(4, dtype=np.int64))
+        proc.kill()
+        proc.wait(timeout=10)
+        _, _, _, truncations, infos = tolerant.step(np.zeros(4, dtype=np.int64))
+        assert truncations[:2].all() and infos["env_unavailable"][:2].all()
+        _, rewards, *_ = tolerant.step(np.zeros(4, dtype=np.int64))
+        assert rewards[2:].tolist() == [1.0, 1.0]  # the other server's envs step on
+
+
+def test_a_plain_fleet_reports_the_killed_server(unix_server: tuple[subprocess.Popen[str], str]) -> None:
+    proc, address = unix_server
+    with RemoteVectorEnv(address, timeout=5) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        proc.kill()
+        proc.wait(timeout=10)
+        with pytest.raises(ServerUnavailableError, match="step socket broke"):
+            envs.step(np.zeros(2, dtype=np.int64))
+
+
+def test_sigterm_tells_an_idle_connection_the_server_is_shutting_down(
+    unix_server: tuple[subprocess.Popen[str], str],
+) -> None:
+    proc, address = unix_server
+    claimed = Session(address, num_envs=2)
+    sock = claimed.connect()
+    session_step = claimed.step(sock, [0, 1])
+    assert session_step.rewards.data
+    proc.send_signal(signal.SIGTERM)
+    error = _error(sock)
+    assert error.code == grpc.StatusCode.UNAVAILABLE.value[0] and "shutting down" in error.message
+    assert proc.wait(timeout=20) == 0
+    assert not os.path.exists(claimed.step_socket)
+    claimed.close()
