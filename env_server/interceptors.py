@@ -6,6 +6,8 @@ so a caller cannot find the token byte by byte by timing refusals.
 
 The gRPC health service stays open: container and Kubernetes probes cannot send a token, and it
 tells nothing but SERVING or NOT_SERVING. Everything of EnvService, GetSpec included, needs the token.
+(The step socket, outside gRPC, checks no token: a step there needs the session id, which only a
+Handshake that passed this check hands out.)
 
 RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
 end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message

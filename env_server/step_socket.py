@@ -34,17 +34,32 @@ class StepSocketServer:
     def __init__(self, service: EnvService, path: str) -> None:
         self.service = service
         self.path = path
-        self.connections: set[_Connection] = set()
+        self.connections: list[_Connection] = []  # oldest first
         self._server: asyncio.Server | None = None
+        self._inode: int | None = None  # of the socket file this server made (close removes only that)
 
     async def start(self, mode_of: str) -> None:
-        """Listen; the socket gets the permissions of the file ``mode_of`` (the gRPC socket)."""
+        """Listen (OSError if that fails); the socket gets the permissions of the file ``mode_of`` (the gRPC socket)."""
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.stat(self.path).st_mode):
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 os.unlink(self.path)  # left by a server that was killed (gRPC does the same for its own)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
+        self._inode = os.lstat(self.path).st_ino
         os.chmod(self.path, stat.S_IMODE(os.stat(mode_of).st_mode))
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count a new connection in; at the limit, close the oldest one that never stepped (anyone
+        who can open the socket can open connections; only the session's holder can step), or
+        refuse the new one (False) if every one has."""
+        if len(self.connections) >= MAX_CONNECTIONS:
+            idle = next((c for c in self.connections if not c.stepped and not c.closed), None)
+            if idle is None:
+                return False
+            log.warning("step socket: %d connections open; closing the oldest that never stepped", MAX_CONNECTIONS)
+            idle.fail(_too_many())
+        self.connections.append(connection)
+        return True
 
     def drain(self) -> None:
         """Shutdown starts: idle connections are told so and closed; busy ones after their step."""
@@ -63,7 +78,8 @@ class StepSocketServer:
         for connection in list(self.connections):
             connection.abort()
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+            if self._inode is not None and os.lstat(self.path).st_ino == self._inode:
+                os.unlink(self.path)  # ours, not a file another server made there since
 
 
 class _Connection(asyncio.Protocol):
@@ -77,37 +93,56 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None  # a slow step in progress
         self.paused = False  # the peer does not read its answers: stop serving until it does
         self.closed = False
+        self.stepped = False  # a step of the session went through (the peer holds its id)
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        if len(self.owner.connections) >= MAX_CONNECTIONS:
-            log.warning("step socket: refused a connection (%d already open)", MAX_CONNECTIONS)
-            self.closed = True
-            transport.close()
-            return
-        self.owner.connections.add(self)
+        if not self.owner.admit(self):
+            log.warning("step socket: refused a connection (%d open, all stepping)", MAX_CONNECTIONS)
+            self.fail(_too_many())
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
         self.buffer += data
+        if len(self.buffer) > FRAME_HEADER.size + MAX_MESSAGE_BYTES:  # (reading pauses while busy)
+            self.fail(
+                ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"step socket: more than the {MAX_MESSAGE_BYTES}-byte message limit sent and unanswered",
+                )
+            )
+            return
         self.serve()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.owner.connections.discard(self)
+        with contextlib.suppress(ValueError):
+            self.owner.connections.remove(self)
         if self.task is not None:
             self.task.cancel()  # the env call itself finishes (see EnvService._run_env)
 
     def pause_writing(self) -> None:
         self.paused = True
+        self.hold_input(True)
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.hold_input(False)
         self.serve()
+
+    def hold_input(self, hold: bool) -> None:
+        """Stop reading while nothing is answered (a step in progress, a peer that does not read),
+        so that what piles up is what the socket holds, not the server's memory."""
+        if self.transport is None or self.closed:
+            return
+        if hold:
+            self.transport.pause_reading()
+        elif self.task is None and not self.paused:
+            self.transport.resume_reading()
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -123,7 +158,9 @@ class _Connection(asyncio.Protocol):
                 response = self.service.step_now(request)
                 if response is None:  # the envs are busy or slow: step on the loop's terms
                     self.task = asyncio.get_running_loop().create_task(self.step_later(request))
+                    self.hold_input(True)
                     return
+                self.stepped = True
                 self.send(FRAME_STEP, response.SerializeToString())
         except Exception as err:
             self.fail(err)
@@ -167,10 +204,12 @@ class _Connection(asyncio.Protocol):
         self.task = None
         if self.closed:
             return
+        self.stepped = True
         self.send(FRAME_STEP, response.SerializeToString())
         if self.service.draining:
             self.fail(shutting_down())
             return
+        self.hold_input(False)
         self.serve()  # frames that came meanwhile
 
     def send(self, kind: int, payload: bytes) -> None:
@@ -181,11 +220,13 @@ class _Connection(asyncio.Protocol):
         """Send the status ``err`` means as a StepError, then close (as a status ends a StepStream)."""
         if self.closed:
             return
-        code, message, env_index = self.service.status(err, "StepSocket")
+        code, message, env_index = self.service.status(err, "StepStream")
         self.send(
             FRAME_ERROR, pb.StepError(code=code.value[0], message=message, env_index=env_index).SerializeToString()
         )
         self.closed = True
+        with contextlib.suppress(ValueError):
+            self.owner.connections.remove(self)
         assert self.transport is not None
         self.transport.close()  # after what is buffered is written
 
@@ -196,3 +237,10 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+
+def _too_many() -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"step socket: {MAX_CONNECTIONS} connections are open already; close one, or step over gRPC",
+    )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import time
 from collections.abc import Sequence
@@ -385,8 +386,8 @@ class SocketStep:
     The step socket's twin of an asyncio task running a StepStream exchange (``done``,
     ``exception``, ``result`` -> (response, round-trip seconds)), with no event loop: the answer is
     read straight from the socket, by :meth:`wait` (blocking) or :meth:`receive` (what has arrived,
-    once ``select`` says the socket is readable). Any failure is the step's exception, and closes the
-    connection (a timeout too: where the exchange stands is unknown then).
+    once the socket is readable). Any failure is the step's exception, and closes the connection (a
+    timeout too: where the exchange stands is unknown then).
     """
 
     def __init__(self, client: EnvClient, sock: socket.socket, payload: bytes) -> None:
@@ -399,10 +400,21 @@ class SocketStep:
         self._kind = -1  # the answer's kind, once its header is in
         self._result: tuple[pb.StepResponse, float] | None = None
         self._error: RemoteEnvError | None = None
+        # Something to read before we sent anything: the server ended the connection (and said why:
+        # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
+        if _readable(sock):
+            self._read_available()
+            if self._error is None:
+                self._result = None
+                self._fail(self._broken(None, "it sent an answer to no request"))
+            return
         try:
+            sock.settimeout(client.timeout)
             sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
         except OSError as err:
-            self._fail(self._broken(err))
+            self._read_available()  # the server may have said why it closed
+            if not self.done():
+                self._fail(self._broken(err))
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -423,47 +435,65 @@ class SocketStep:
         return self._result
 
     def wait(self, deadline: float) -> None:
-        """Read until the answer is in, or ``deadline`` (``time.monotonic()``) passes: then a timeout."""
+        """Read until the answer is in, or ``deadline`` (``time.monotonic()``) passes: then a timeout.
+
+        An answer already there counts even after the deadline (another server's step may have
+        used the time up: this one's answer was on time all the same).
+        """
         while not self.done():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                client = self._client
-                self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
+                self._read_available()
+                if not self.done():
+                    client = self._client
+                    self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
                 return
             self._sock.settimeout(remaining)
             self._read()
 
     def receive(self) -> None:
         """Take in what has arrived, without waiting (call it once the socket is readable)."""
-        if not self.done():
-            self._sock.settimeout(0.0)
-            self._read()
+        self._read_available()
 
-    def _read(self) -> None:
+    def _read_available(self) -> None:
+        """Read without waiting until the answer is in or nothing more has arrived."""
+        if self.done():
+            return
+        self._sock.settimeout(0.0)
+        try:
+            while not self.done() and self._read():
+                pass
+        finally:
+            if not self.done():
+                self._sock.settimeout(self._client.timeout)
+
+    def _read(self) -> bool:
+        """One read of what the socket has (waiting as its timeout says); whether anything came."""
         try:
             count = self._sock.recv_into(self._view[self._got :])
         except (BlockingIOError, TimeoutError):
-            return  # nothing yet: wait() checks its deadline, receive() waits for the next select
+            return False  # nothing yet: wait() checks its deadline, receive() waits for readability
         except OSError as err:
             self._fail(self._broken(err))
-            return
+            return False
         if count == 0:
             self._fail(self._broken(None))
-            return
+            return False
         self._got += count
         if self._got < len(self._buffer):
-            return
+            return True
         if self._kind < 0:  # the header is in: read the payload next
             length, self._kind = FRAME_HEADER.unpack(self._buffer)
             if length > MAX_MESSAGE_BYTES:
                 self._fail(self._broken(None, f"it sent a frame of {length} bytes, over the message limit"))
-                return
+                return False
             self._buffer = bytearray(length)
             self._view = memoryview(self._buffer)
             self._got = 0
             if length:
-                return
+                return True
         self._finish(self._buffer)
+        return True
 
     def _finish(self, payload: bytearray) -> None:
         client = self._client
@@ -499,6 +529,13 @@ class SocketStep:
     def _fail(self, error: RemoteEnvError) -> None:
         self._error = error
         self._client.close_step_socket()
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (or was closed by its peer), without waiting."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCredentials | None:

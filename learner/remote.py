@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import select
 import time
@@ -562,9 +563,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # millisecond at a time between looks at the sockets.
                 wait = remaining if not sockets else min(remaining, 0.001)
                 self._runner.run(asyncio.wait(on_loop, timeout=wait, return_when=asyncio.FIRST_COMPLETED))
-            ready, _, _ = select.select(sockets, [], [], 0.0 if on_loop else remaining)
-            for step in ready:
-                step.receive()
+            if sockets:
+                poller = select.poll()  # (not select.select: it fails on file descriptors >= 1024)
+                by_fd = {step.fileno(): step for step in sockets}
+                for fd in by_fd:
+                    poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(0 if on_loop else max(1, math.ceil(remaining * 1000))):
+                    by_fd[fd].receive()
 
     def _spin_if_needed(self) -> None:
         """Let steps just started over gRPC hand their messages to gRPC (step-socket steps are sent already)."""

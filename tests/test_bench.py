@@ -78,7 +78,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     names = [r["name"] for r in rpc["results"]]
     assert any("Python pipe" in n for n in names) and any("StepStream" in n for n in names)
     assert all(r["median_us"] > 0 for r in rpc["results"])
-    assert set(rpc["remote_overhead_per_step_us"]) == {"tcp", "unix"}
+    assert set(rpc["remote_overhead_per_step_us"]) == {"tcp", "unix", "unix-grpc"}
 
     ppo = data["ppo"]
     assert {r["backend"] for r in ppo["results"]} == {"gym", "remote"}
@@ -140,3 +140,30 @@ def test_targets_and_tables_from_hand_made_results() -> None:
     table = markdown_tables({**results, "targets": evaluate_targets(results)})
     assert "| remote 2x4 unix | 16 | 10% | 1.60 |" in table
     assert not math.isnan(first["measured"]["x AsyncVectorEnv(8)"])
+
+
+def test_the_latency_target_is_judged_by_scaling_from_one_env_and_both_figures_are_reported() -> None:
+    def latency(n: int, rows: list[tuple[str, str, float]]) -> dict:
+        ideal = n / 0.002
+        return {
+            "num_envs": n,
+            "delay_ms": 2.0,
+            "results": [
+                {"name": name, "kind": kind, "samples": [v], "median": v, "efficiency": v / ideal}
+                for name, kind, v in rows
+            ],
+        }
+
+    results = {
+        "latency": [
+            latency(1, [("AsyncVectorEnv(1)", "async", 450.0), ("remote 1x1 unix", "remote", 400.0)]),
+            latency(64, [("AsyncVectorEnv(64)", "async", 8000.0), ("remote 2x32 unix", "remote", 24320.0)]),
+        ]
+    }
+    target = evaluate_targets(results)[3]
+    assert target["best_remote"] == "remote 2x32 unix"
+    # 24,320 is 76 % of 64 / 2 ms, and 95 % of 64 x what one remote env does alone (400).
+    assert target["measured"] == {"of num_envs / delay": 0.76, "of linear scaling from 1 env": 0.95}
+    assert target["met"] is True
+    table = markdown_tables(results)
+    assert "Scaling efficiency" in table and "| 64 | 28% |  | 95% |" in table

@@ -199,14 +199,57 @@ def test_a_client_that_vanishes_mid_frame_costs_nothing(session: Session) -> Non
     assert session.step(session.connect(), [0, 1, 0]).rewards.data
 
 
-def test_connections_beyond_the_limit_are_refused(session: Session) -> None:
+def test_connections_beyond_the_limit_are_refused_with_resource_exhausted(session: Session) -> None:
     socks = [session.connect() for _ in range(MAX_CONNECTIONS)]
     for sock in socks:
-        session.step(sock, [0, 0, 0])  # each is served (and so surely counted)
-    extra = session.connect()
-    assert extra.recv(1) == b""  # closed at once
+        session.step(sock, [0, 0, 0])  # each has stepped: none is closed to make room
+    error = _error(session.connect())
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and "connections are open" in error.message
     socks[0].close()
     assert session.step(socks[1], [1, 1, 1]).rewards.data
+
+
+def test_connections_that_never_stepped_make_room_for_the_learner(session: Session) -> None:
+    squatters = [session.connect() for _ in range(MAX_CONNECTIONS)]  # anyone on the host may connect
+    learner = session.connect()
+    assert session.step(learner, [0, 1, 0]).rewards.data
+    error = _error(squatters[0])  # the oldest was closed to make room
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+
+def test_an_answer_that_came_in_time_is_no_timeout_when_another_server_is_late(start_servers: Any) -> None:
+    slow = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "1500"])
+    fast = start_servers("CartPole-v1", envs_per_server=2, transport="unix")
+    with RemoteVectorEnv([*slow, *fast], timeout=0.5, fault_tolerant=True) as envs:
+        envs.reset(seed=0)
+        _, rewards, _, truncations, infos = envs.step(np.zeros(4, dtype=np.int64))
+        # The slow server ran out of time and counts as lost; the fast one answered (read after the
+        # deadline the slow one used up) and stepped.
+        assert infos["env_unavailable"].tolist() == [True, True, False, False]
+        assert rewards.tolist() == [0.0, 0.0, 1.0, 1.0] and truncations.tolist() == [True, True, False, False]
+
+
+def test_a_file_in_the_step_socket_s_place_is_left_alone_and_steps_go_over_grpc(tmp_path: Path) -> None:
+    path = tmp_path / "env.sock"
+    squatter = Path(f"{path}{STEP_SOCKET_SUFFIX}")
+    squatter.write_text("mine")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--unix-socket", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == f"listening on unix:{path}"
+        with RemoteVectorEnv(f"unix:{path}") as envs:
+            envs.reset(seed=0)
+            envs.step(np.zeros(1, dtype=np.int64))
+            assert envs._clients[0].step_socket == ""
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    assert "no step socket" in stderr and "steps go over gRPC" in stderr
+    assert squatter.read_text() == "mine"
 
 
 def test_a_slow_env_steps_on_the_loop_s_terms(start_servers: Any) -> None:
@@ -286,6 +329,17 @@ def test_a_plain_fleet_reports_the_killed_server(unix_server: tuple[subprocess.P
         proc.kill()
         proc.wait(timeout=10)
         with pytest.raises(ServerUnavailableError, match="step socket broke"):
+            envs.step(np.zeros(2, dtype=np.int64))
+
+
+def test_a_learner_hears_that_its_server_shut_down(unix_server: tuple[subprocess.Popen[str], str]) -> None:
+    proc, address = unix_server
+    with RemoteVectorEnv(address, timeout=5) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        with pytest.raises(ServerUnavailableError, match="shutting down"):
             envs.step(np.zeros(2, dtype=np.int64))
 
 

@@ -30,11 +30,14 @@ class TrainLayout:
     transport: str = "unix"
     groups: int = 1
     """``learner train --pipeline-groups`` (send/recv pipelining over groups of servers; 1: off)."""
+    step_socket: bool = True
+    """``learner train --step-socket`` (with ``unix``: steps on the servers' step sockets)."""
 
     def args(self) -> list[str]:
         out = ["--backend", self.backend, "--num-servers", str(self.servers), "--num-envs", str(self.num_envs)]
         if self.backend == "remote":
             out += ["--transport", self.transport, "--pipeline-groups", str(self.groups)]
+            out += ["--step-socket" if self.step_socket else "--no-step-socket"]
         return out
 
 
@@ -44,6 +47,7 @@ def default_layouts(sizes: tuple[int, ...] = (8, 64)) -> list[TrainLayout]:
         layouts += [
             TrainLayout(f"in-process SyncVectorEnv({n})", "gym", n),
             TrainLayout(f"remote 2x{n // 2} tcp", "remote", n, transport="tcp"),
+            TrainLayout(f"remote 2x{n // 2} unix grpc", "remote", n, step_socket=False),
             TrainLayout(f"remote 2x{n // 2} unix", "remote", n),
             TrainLayout(f"remote 2x{n // 2} unix pipelined/2", "remote", n, groups=2),
             TrainLayout(f"remote 1x{n} unix", "remote", n, servers=1),

@@ -45,6 +45,9 @@ def _time_per_call(fn: Callable[[], Any], seconds: float) -> float:
             return (now - start) / calls * 1e6
 
 
+_KIND_NAMES = {"tcp": "tcp", "unix": "unix, step socket", "unix-grpc": "unix, gRPC StepStream"}
+
+
 def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("tcp", "unix")) -> dict[str, Any]:
     """Median microseconds per round trip of each way to step one CartPole env (and the floors)."""
     import grpc
@@ -53,6 +56,7 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
     from learner.remote import RemoteVectorEnv
 
     samples: dict[str, list[float]] = {}
+    kinds: list[str] = []  # the ways RemoteVectorEnv steps measured: tcp, unix (step socket), unix-grpc
 
     def add(name: str, fn: Callable[[], Any]) -> None:
         samples.setdefault(name, []).append(_time_per_call(fn, seconds))
@@ -97,17 +101,22 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
                 outbox.put(r)
                 next(stream)
 
-            fleet = LocalServers("CartPole-v1", 1, 1, transport=transport)
-            opened.append(fleet)
-            remote = RemoteVectorEnv(fleet.addresses, copy=False)
-            opened.append(remote)
-            remote.reset(seed=0)
             cases += [
                 (f"gRPC unary call, empty answer ({transport})", functools.partial(stub.Release, release)),
                 (f"gRPC unary Step, 1 env ({transport})", functools.partial(stub.Step, request)),
                 (f"gRPC StepStream step, 1 env, sync stub ({transport})", stream_step),
-                (f"RemoteVectorEnv(1x1).step ({transport})", functools.partial(remote.step, action)),
             ]
+            # Over Unix sockets RemoteVectorEnv steps on the servers' step sockets, unless told not to.
+            for kind, step_socket in ((transport, True), *([("unix-grpc", False)] if transport == "unix" else [])):
+                fleet = LocalServers("CartPole-v1", 1, 1, transport=transport)
+                opened.append(fleet)
+                remote = RemoteVectorEnv(fleet.addresses, copy=False, step_socket=step_socket)
+                opened.append(remote)
+                remote.reset(seed=0)
+                kinds.append(kind)
+                cases.append(
+                    (f"RemoteVectorEnv(1x1).step ({_KIND_NAMES[kind]})", functools.partial(remote.step, action))
+                )
         for r in range(rounds):
             order = cases[r % len(cases) :] + cases[: r % len(cases)]
             for name, fn in order:
@@ -123,7 +132,7 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
         echo.join(timeout=5)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     local_step = medians["SyncVectorEnv(1).step, CartPole-v1 (in-process)"]
-    overhead = {transport: medians[f"RemoteVectorEnv(1x1).step ({transport})"] - local_step for transport in transports}
+    overhead = {kind: medians[f"RemoteVectorEnv(1x1).step ({_KIND_NAMES[kind]})"] - local_step for kind in kinds}
     return {
         "unit": "microseconds per round trip (median over rounds)",
         "results": [
@@ -138,6 +147,7 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
         ],
         "remote_overhead_per_step_us": {t: round(v, 1) for t, v in overhead.items()},
         "note": "remote_overhead_per_step_us: RemoteVectorEnv(1x1).step minus SyncVectorEnv(1).step, i.e. what "
-        "serving one env over gRPC adds to each step (the server's env step included in both). A server with K "
-        "envs pays it once per batched step, not once per env.",
+        "serving one env adds to each step, the server's env step included in both (unix: steps on the step "
+        "socket; unix-grpc: on gRPC's StepStream). A server with K envs pays it once per batched step, not once "
+        "per env.",
     }

@@ -20,14 +20,24 @@ def _baselines(n: int, *, sync: bool = True, entry_point: bool = False) -> list[
     return out
 
 
-def _remote(servers: int, n: int, transport: str = "unix", *, groups: int = 1, vectorization: str = "sync") -> Variant:
+def _remote(
+    servers: int,
+    n: int,
+    transport: str = "unix",
+    *,
+    groups: int = 1,
+    vectorization: str = "sync",
+    step_socket: bool = True,
+) -> Variant:
     k = n // servers
     name = f"remote {servers}x{k} {transport}"
+    if transport == "unix" and not step_socket:
+        name += " grpc"
     if vectorization != "sync":
         name += " vec"
     if groups > 1:
         name += f" pipelined/{groups}"
-    return Variant(name, "remote", n, servers, transport, vectorization, groups)
+    return Variant(name, "remote", n, servers, transport, vectorization, groups, step_socket)
 
 
 def throughput_workloads() -> dict[str, Workload]:
@@ -42,6 +52,7 @@ def throughput_workloads() -> dict[str, Workload]:
             (
                 *_baselines(8, entry_point=True),
                 _remote(2, 8, "tcp"),
+                _remote(2, 8, "unix", step_socket=False),
                 _remote(2, 8, "unix"),
                 _remote(2, 8, "unix", groups=2),
                 _remote(2, 8, "unix", groups=2, vectorization="vector_entry_point"),

@@ -57,11 +57,13 @@ class Variant:
     servers: int = 0
     """Remote: how many env servers."""
     transport: str = "tcp"
-    """Remote: ``tcp`` (loopback) or ``unix`` (Unix domain sockets)."""
+    """Remote: ``tcp`` (loopback) or ``unix`` (Unix domain sockets, and the servers' step sockets)."""
     vectorization: str = "sync"
     """Remote: how each server steps its envs (``env-server --vectorization``)."""
     groups: int = 1
     """Remote: groups stepped with send/recv (pipelining); 1 steps all servers together."""
+    step_socket: bool = True
+    """Remote over ``unix``: steps on the servers' step sockets (False: gRPC's StepStream)."""
 
     @property
     def layout(self) -> str:
@@ -231,7 +233,9 @@ def _build(workload: Workload, variant: Variant, seed: int) -> Stepper:
             transport=variant.transport,
         )
         try:
-            envs = RemoteVectorEnv(servers.addresses, num_groups=variant.groups, copy=False)
+            envs = RemoteVectorEnv(
+                servers.addresses, num_groups=variant.groups, copy=False, step_socket=variant.step_socket
+            )
         except BaseException:
             servers.close()
             raise
