@@ -335,13 +335,15 @@ taken round by round (paired) before their median. Spread = (max - min) / median
 
 Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
 and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts
-run local env servers (Unix sockets unless "tcp" is named); "pipelined/G" steps G groups of servers
+run local env servers on Unix sockets, stepped over their step sockets ("grpc": over gRPC's
+StepStream; "tcp": loopback TCP and gRPC); "pipelined/G" steps G groups of servers
 with send/recv; "vec" servers use the env's own vectorized implementation (--vectorization
 vector_entry_point: other random streams, so compare it with make_vec, not with the others).
 
 The latency-bound env is CartPole whose every step takes at least --latency-delay-ms, its own work
 included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a server's K envs once
-per batched step). Efficiency = env-steps/s / (num_envs / delay).
+per batched step). Efficiency = env-steps/s / (num_envs / delay); scaling efficiency = env-steps/s /
+(num_envs x what one env of the same kind does alone), judged for the issue's target.
 
 examples:
   learner bench                                   # everything (about 25 minutes on 2 cores)
