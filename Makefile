@@ -1,6 +1,7 @@
 # Set-up and the project's gate. `make train`, `make demo` and `make test` each set everything up first.
 #   make train   train PPO on CartPole-v1 to solved through 2 local env servers x 4 envs, write a run dir
-#                with its plot, then evaluate the policy (`make train ARGS="--seed 2"` passes options on)
+#                with its plot, then evaluate the policy (`make train ARGS="--seed 2"` passes options on,
+#                `make train RUN=DIR` picks the run dir)
 #   make demo    start local env servers and step a RemoteVectorEnv over them
 #   make test    codegen freshness, lint, type-check, and the test suite (what CI runs)
 PYTHON ?= python3
@@ -9,7 +10,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-RUN    := runs/CartPole-v1-$(shell date +%Y%m%d-%H%M%S)
+RUN    ?= runs/CartPole-v1-$(shell date +%Y%m%d-%H%M%S)
 ARGS   ?=
 
 .PHONY: setup train demo test lint check

@@ -75,9 +75,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with RemoteVectorEnv(servers.addresses, step_socket=args.step_socket) as envs:
             sps, episodes = _measure(envs, args.steps, args.seed)
     how = args.transport + (", step sockets" if args.transport == "unix" and args.step_socket else "")
-    print(f"{'vector env':<40} {'env-steps/s':>12}")
-    print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server}, {how})':<40} {sps:>12,.0f}")
-    print(f"{f'gymnasium AsyncVectorEnv ({total})':<40} {ref_sps:>12,.0f}")
+    print(f"{'vector env':<50} {'env-steps/s':>12}")
+    print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server}, {how})':<50} {sps:>12,.0f}")
+    print(f"{f'gymnasium AsyncVectorEnv ({total})':<50} {ref_sps:>12,.0f}")
     print(f"ratio remote / async: {sps / ref_sps:.2f}; {episodes} episodes ended on the remote envs")
     return 0
 

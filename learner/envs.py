@@ -58,9 +58,10 @@ class FleetSpec:
             return f"in-process gymnasium SyncVectorEnv, {self.num_servers * self.envs_per_server} x {self.env}{extras}"
         if self.servers is not None:
             return f"env servers at {self.servers}"
-        return (
-            f"{self.num_servers} local env servers x {self.envs_per_server} {self.env} envs ({self.transport}){extras}"
-        )
+        how = "loopback TCP" if self.transport == "tcp" else "Unix sockets"
+        if self.transport == "unix":
+            how += ", steps on their step sockets" if self.step_socket else ", steps over gRPC"
+        return f"{self.num_servers} local env servers x {self.envs_per_server} {self.env} envs ({how}){extras}"
 
 
 @contextlib.contextmanager
