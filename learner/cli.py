@@ -200,6 +200,8 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         help_text = docs.get(f.name, "")
         if default is not None and default != {}:
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            if isinstance(default, bool):
+                shown = "on" if default else "off"
             help_text += f" (default: {shown})"
         options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text.replace("%", "%%")}
         if kind is bool:
@@ -266,6 +268,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         device=args.device,
         deterministic=not args.stochastic,
         transport=args.transport,
+        step_socket=args.step_socket,
         auth_token=args.auth_token,
         tls=args.tls_ca or args.tls,
         tls_server_name=args.tls_server_name,
@@ -343,10 +346,11 @@ vector_entry_point: other random streams, so compare it with make_vec, not with 
 The latency-bound env is CartPole whose every step takes at least --latency-delay-ms, its own work
 included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a server's K envs once
 per batched step). Efficiency = env-steps/s / (num_envs / delay); scaling efficiency = env-steps/s /
-(num_envs x what one env of the same kind does alone), judged for the issue's target.
+(num_envs x what one env does alone: AsyncVectorEnv(1) for Async, a 1x1 server for remote layouts),
+which the issue's target is judged by; both are reported.
 
 examples:
-  learner bench                                   # everything (about 25 minutes on 2 cores)
+  learner bench                                   # everything (about 20 minutes on 2 cores)
   learner bench --suites throughput --workloads cartpole-8 --rounds 3
   learner bench --suites latency --latency-sizes 16,64
   learner bench --suites ppo --ppo-timesteps 20000
@@ -417,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["tcp", "unix"],
         default="unix",
         help="how to reach the local server (default: %(default)s)",
+    )
+    evaluate.add_argument(
+        "--step-socket",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with unix: step over the server's step socket, not gRPC (default: on)",
     )
     evaluate.add_argument(
         "--auth-token",

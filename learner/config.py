@@ -47,8 +47,9 @@ class Args:
     Docker Swarm service); looked up again between rollouts; without it, local env servers are
     started as subprocesses"""
     backend: Literal["remote", "gym"] = "remote"
-    """remote: env servers over gRPC; gym: an in-process gymnasium SyncVectorEnv of the same size
-    and wrappers (for side-by-side comparisons)"""
+    """remote: env servers (over gRPC; steps on their step sockets when reached over Unix sockets);
+    gym: an in-process gymnasium SyncVectorEnv of the same size and wrappers (for side-by-side
+    comparisons)"""
     num_servers: int = 2
     """local env servers to start"""
     envs_per_server: int | None = None

@@ -33,6 +33,7 @@ def evaluate(
     device: str = "auto",
     deterministic: bool = True,
     transport: str = "unix",
+    step_socket: bool = True,
     auth_token: str | None = None,
     tls: bool | str = False,
     tls_server_name: str | None = None,
@@ -43,7 +44,8 @@ def evaluate(
     The envs are the run's (its env id, kwargs and wrappers): ``num_envs`` of them on one local env
     server, on the ``servers`` given, or in process (``backend="gym"``). Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
-    ``auth_token``, ``tls``, ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
+    ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
+    ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
@@ -65,6 +67,7 @@ def evaluate(
         env_kwargs=dict(run_args.env_kwargs),
         wrappers=run_args.server_wrappers(),
         transport="unix" if transport == "unix" else "tcp",
+        step_socket=step_socket,
         auth_token=auth_token,
         tls=tls,
         tls_server_name=tls_server_name,

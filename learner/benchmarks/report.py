@@ -114,7 +114,8 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def latency_scaling(results: dict[str, Any]) -> dict[int, dict[str, float]]:
     """For each latency-bound size N and vector env: env-steps/s / (N x what one env of the same kind
-    does alone), the usual scaling efficiency (needs the 1-env workload); by N, then by name."""
+    does alone: AsyncVectorEnv(1), or the 1x1 server for every remote layout), the usual scaling
+    efficiency (needs the 1-env workload; not paired by round); by N, then by name."""
     latency = {w["num_envs"]: w for w in results.get("latency", [])}
     single = latency.get(1)
     if single is None:
@@ -173,7 +174,8 @@ def markdown_tables(results: dict[str, Any]) -> str:
         scaling = latency_scaling(results)
         if scaling:
             lines += [
-                "Scaling efficiency = env-steps/s / (num_envs x env-steps/s of 1 env of the same kind):",
+                "Scaling efficiency = env-steps/s / (num_envs x env-steps/s of 1 env alone: AsyncVectorEnv(1), "
+                "or the 1x1 server for remote layouts):",
                 "",
                 "| num_envs | " + " | ".join(names) + " |",
                 "|---:|" + "---:|" * len(names),
