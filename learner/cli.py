@@ -28,6 +28,7 @@ from env_server.envs import EnvBuildError
 from env_server.tuning import prefer_fast_grpc_core
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
+from learner.local import DEFAULT_TRANSPORT
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -371,7 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--envs-per-server", type=int, default=4, help="envs per server (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=3000, help="vector steps to time (default: %(default)s)")
     demo.add_argument(
-        "--transport", choices=["tcp", "unix"], default="unix", help="how to reach local servers (default: %(default)s)"
+        "--transport",
+        choices=["tcp", "unix"],
+        default=DEFAULT_TRANSPORT,
+        help="how to reach local servers (default: %(default)s)",
     )
     demo.add_argument(
         "--step-socket",
@@ -419,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--transport",
         choices=["tcp", "unix"],
-        default="unix",
+        default=DEFAULT_TRANSPORT,
         help="how to reach the local server (default: %(default)s)",
     )
     evaluate.add_argument(

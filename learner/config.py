@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
+from learner.local import DEFAULT_TRANSPORT
+
 __all__ = [
     "DEFAULT_ENV",
     "PRESETS",
@@ -56,7 +58,7 @@ class Args:
     """envs per local server (default 4, or --num-envs / --num-servers)"""
     num_envs: int | None = None
     """total envs when servers are started locally (split evenly over --num-servers)"""
-    transport: Literal["tcp", "unix"] = "unix"
+    transport: Literal["tcp", "unix"] = DEFAULT_TRANSPORT
     """how to reach local servers: Unix domain sockets (steps then go over each server's step socket,
     see --step-socket) or loopback TCP"""
     step_socket: bool = True

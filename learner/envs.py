@@ -13,7 +13,7 @@ import gymnasium as gym
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
 from learner.discovery import expand_addresses
-from learner.local import LocalServers
+from learner.local import DEFAULT_TRANSPORT, LocalServers
 from learner.remote import RemoteVectorEnv
 
 __all__ = ["FleetSpec", "open_fleet", "reward_threshold"]
@@ -35,7 +35,7 @@ class FleetSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     wrappers: tuple[str, ...] = ()
     step_delay_ms: float = 0.0
-    transport: Literal["tcp", "unix"] = "unix"
+    transport: Literal["tcp", "unix"] = DEFAULT_TRANSPORT
     step_socket: bool = True
     """Step servers reached over Unix sockets on their step socket (RemoteVectorEnv(step_socket=...))."""
     auth_token: str | None = field(default=None, repr=False)

@@ -13,6 +13,7 @@ import torch
 from learner.checkpoint import find_checkpoint, load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent
 from learner.train import pick_device
@@ -32,7 +33,7 @@ def evaluate(
     seed: int = 0,
     device: str = "auto",
     deterministic: bool = True,
-    transport: str = "unix",
+    transport: str = DEFAULT_TRANSPORT,
     step_socket: bool = True,
     auth_token: str | None = None,
     tls: bool | str = False,

@@ -8,6 +8,7 @@ import logging
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,11 +17,15 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, Literal
 
 from learner.errors import ServerStartError
 
-__all__ = ["LocalServers", "local_servers"]
+__all__ = ["DEFAULT_TRANSPORT", "LocalServers", "local_servers"]
+
+# How the learner's commands reach the servers they start: Unix sockets (and so the servers' step
+# sockets) where the platform has them, else loopback TCP.
+DEFAULT_TRANSPORT: Literal["tcp", "unix"] = "unix" if os.name == "posix" and hasattr(socket, "AF_UNIX") else "tcp"
 
 log = logging.getLogger(__name__)
 
