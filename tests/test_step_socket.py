@@ -131,6 +131,22 @@ def test_steps_on_the_socket_are_those_of_the_step_stream(start_servers: Any) ->
     assert_same(runs[0], runs[1])
 
 
+def test_frame_stacks_of_several_reads_arrive_whole(start_servers: Any) -> None:
+    # 3 x 4x84x84 uint8 Pong frame stacks: ~85 KB per answer, more than one read of the socket.
+    (address,) = start_servers(
+        "ALE/Pong-v5", num_servers=1, envs_per_server=3, transport="unix", server_args=["--wrappers", "atari"]
+    )
+    actions = [np.array([t % 6, (t + 1) % 6, (t + 2) % 6]) for t in range(12)]
+    runs = []
+    for step_socket in (True, False):
+        with RemoteVectorEnv(address, step_socket=step_socket) as envs:
+            assert bool(envs._clients[0].step_socket) is step_socket
+            obs, _ = envs.reset(seed=7)
+            assert obs.shape == (3, 4, 84, 84) and obs.dtype == np.uint8
+            runs.append([obs] + [envs.step(a)[0] for a in actions])
+    assert_same(runs[0], runs[1])
+
+
 def test_pipelined_groups_and_a_fleet_of_socket_and_tcp_servers_step_like_one_step(start_servers: Any) -> None:
     unix = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
     tcp = start_servers("CartPole-v1", num_servers=1, envs_per_server=2, transport="tcp")
