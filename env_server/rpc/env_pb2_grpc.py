@@ -127,7 +127,8 @@ class EnvServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StepStream(self, request_iterator, context):
-        """Step over one long-lived stream, the fast path for a learner that steps many times: each
+        """Step over one long-lived stream, the fast path over the network for a learner that steps many
+        times (learners on the server's host: the step socket, see the top of this file): each
         StepRequest sent gets exactly one StepResponse, with the same meaning and checks as Step;
         requests are served one at a time, in order. A learner keeps one stream open per session. Any
         error ends the stream with the status Step would have returned (the server's state is as after
