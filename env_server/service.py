@@ -23,12 +23,7 @@ from env_server.envs import max_episode_steps
 from env_server.interceptors import MalformedRequest
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
-from env_server.protocol import (
-    ENV_INDEX_KEY,
-    ERROR_ORIGIN_KEY,
-    ERROR_ORIGIN_SERVER,
-    PROTOCOL_VERSION,
-)
+from env_server.protocol import ENV_INDEX_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, PROTOCOL_VERSION
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions

@@ -361,6 +361,22 @@ examples:
 # -- the parser ---------------------------------------------------------------------------------------------
 
 
+def _add_local_server_options(parser: argparse.ArgumentParser, servers: str, sockets: str) -> None:
+    """--transport and --step-socket, for commands that start local servers (``train`` has them from Args)."""
+    parser.add_argument(
+        "--transport",
+        choices=["tcp", "unix"],
+        default=DEFAULT_TRANSPORT,
+        help=f"how to reach the local {servers} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--step-socket",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"with unix: step over {sockets}, not gRPC (default: on)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -371,18 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-servers", type=int, default=2, help="local env servers to start (default: %(default)s)")
     demo.add_argument("--envs-per-server", type=int, default=4, help="envs per server (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=3000, help="vector steps to time (default: %(default)s)")
-    demo.add_argument(
-        "--transport",
-        choices=["tcp", "unix"],
-        default=DEFAULT_TRANSPORT,
-        help="how to reach local servers (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--step-socket",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with unix: step over the servers' step sockets, not gRPC (default: on)",
-    )
+    _add_local_server_options(demo, "servers", "the servers' step sockets")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
 
@@ -420,18 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="envs to run the episodes on (default: %(default)s)",
     )
-    evaluate.add_argument(
-        "--transport",
-        choices=["tcp", "unix"],
-        default=DEFAULT_TRANSPORT,
-        help="how to reach the local server (default: %(default)s)",
-    )
-    evaluate.add_argument(
-        "--step-socket",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with unix: step over the server's step socket, not gRPC (default: on)",
-    )
+    _add_local_server_options(evaluate, "server", "the server's step socket")
     evaluate.add_argument(
         "--auth-token",
         default=os.environ.get("ENVFLEET_AUTH_TOKEN") or None,

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import socket
 import time
 from collections.abc import Sequence
@@ -402,17 +401,16 @@ class SocketStep:
         self._error: RemoteEnvError | None = None
         # Something to read before we sent anything: the server ended the connection (and said why:
         # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
-        if _readable(sock):
-            self._read_available()
+        self.receive()
+        if self._got or self.done():
             if self._error is None:
                 self._result = None
                 self._fail(self._broken(None, "it sent an answer to no request"))
             return
         try:
-            sock.settimeout(client.timeout)
             sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
         except OSError as err:
-            self._read_available()  # the server may have said why it closed
+            self.receive()  # the server may have said why it closed
             if not self.done():
                 self._fail(self._broken(err))
 
@@ -443,7 +441,7 @@ class SocketStep:
         while not self.done():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._read_available()
+                self.receive()
                 if not self.done():
                     client = self._client
                     self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
@@ -452,11 +450,7 @@ class SocketStep:
             self._read()
 
     def receive(self) -> None:
-        """Take in what has arrived, without waiting (call it once the socket is readable)."""
-        self._read_available()
-
-    def _read_available(self) -> None:
-        """Read without waiting until the answer is in or nothing more has arrived."""
+        """Take in what has arrived, without waiting: until the answer is in or nothing more has come."""
         if self.done():
             return
         self._sock.settimeout(0.0)
@@ -529,13 +523,6 @@ class SocketStep:
     def _fail(self, error: RemoteEnvError) -> None:
         self._error = error
         self._client.close_step_socket()
-
-
-def _readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has something to read (or was closed by its peer), without waiting."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCredentials | None:

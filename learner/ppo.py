@@ -295,14 +295,9 @@ class Agent(nn.Module):
             action = dist.sample()
         return action, dist.log_prob(action), dist.entropy(), self.critic(x).squeeze(-1)
 
-    def sample(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """For collecting rollouts: a sampled raw action, its log-prob, and V(obs) (no entropy)."""
-        action, rest = self.sample_first(obs)
-        return (action, *rest())
-
-    def sample_first(self, obs: Tensor) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
-        """:meth:`sample` in two parts: the action now, its log-prob and V(obs) when the returned
-        function is called, so that the action can go to the envs before the rest is computed."""
+    def sample(self, obs: Tensor) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+        """For collecting rollouts: a sampled raw action now, and a function that gives its log-prob
+        and V(obs) (no entropy), so that the action can go to the envs before the rest is computed."""
         x = self.features(obs)
         dist = self.head.distribution(self.actor(x))
         action = dist.sample()

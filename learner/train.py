@@ -403,27 +403,24 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
             return actions
 
-        def act(obs: Tensor, storage: Rollout, step: int, envs_slice: slice) -> Any:
-            """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``."""
+        def act(
+            obs: Tensor, storage: Rollout, step: int, envs_slice: slice, send: Callable[[Any], None] | None = None
+        ) -> Any:
+            """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``.
+
+            With ``send``, they go to the envs (``send(actions)``) before their log-probs and values are
+            computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
+            """
             with torch.no_grad():
-                action, logprob, value = agent.sample(obs[envs_slice])
+                action, rest = agent.sample(obs[envs_slice])
+                actions = env_actions(action)
+                if send is not None:
+                    send(actions)
+                logprob, value = rest()
             storage.actions[step, envs_slice] = action
             storage.logprobs[step, envs_slice] = logprob
             storage.values[step, envs_slice] = value
-            return env_actions(action)
-
-        def step_overlapped(obs: Tensor, storage: Rollout, step: int) -> Any:
-            """``envs.step(act(obs, storage, step, all))``, with the actions sent before their log-probs
-            and values are computed and stored: the envs step meanwhile (same results, same RNG use)."""
-            background: Any = envs  # has step_async and step_wait (see `overlap`)
-            with torch.no_grad():
-                action, rest = agent.sample_first(obs)
-                background.step_async(env_actions(action))
-                logprob, value = rest()
-            storage.actions[step] = action
-            storage.logprobs[step] = logprob
-            storage.values[step] = value
-            return background.step_wait()
+            return actions
 
         def save(reason: str) -> Path:
             counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
@@ -458,6 +455,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
         # Vector envs that step in the background (RemoteVectorEnv: step_async) do so while the critic runs.
         overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
+        background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
         replica_stats = getattr(envs, "replica_stats", None)
         if replica_stats is not None:
             replica_stats(reset=True)
@@ -525,7 +523,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                                 functools.partial(act, next_obs, rollout, step)
                             )
                         elif overlap:
-                            obs_np, reward_np, term_np, trunc_np, infos = step_overlapped(next_obs, rollout, step)
+                            act(next_obs, rollout, step, slice(None), send=background.step_async)
+                            obs_np, reward_np, term_np, trunc_np, infos = background.step_wait()
                         else:
                             obs_np, reward_np, term_np, trunc_np, infos = envs.step(
                                 act(next_obs, rollout, step, slice(None))
