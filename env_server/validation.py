@@ -82,7 +82,7 @@ def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np
         low, high = space.start, space.start + space.nvec - 1
     else:
         low, high = 0, 1
-    values = actions.astype(np.int64) if actions.dtype.kind != "u" else actions
+    values = actions.astype(np.int64, copy=False) if actions.dtype.kind != "u" else actions
     bad = _first_bad((values < low) | (values > high))
     if bad is not None:
         raise InvalidActionError(
@@ -93,7 +93,7 @@ def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np
 
 def _first_bad(mask: np.ndarray | None) -> int | None:
     """Index along the first axis of the first True entry, or None."""
-    if mask is None or mask.ndim == 0:
+    if mask is None or mask.ndim == 0 or not mask.any():
         return None
     per_env = mask.reshape(mask.shape[0], -1).any(axis=1)
     return int(np.argmax(per_env)) if per_env.any() else None

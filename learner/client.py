@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import select
 import socket
 import time
 from collections.abc import Sequence
@@ -169,6 +171,7 @@ class EnvClient:
         credentials: grpc.ChannelCredentials | None = None,
         tls_server_name: str | None = None,
         step_socket: bool = True,
+        spin_wait: float = 0.0,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -194,6 +197,12 @@ class EnvClient:
         self._step_socket_wanted = step_socket and address.startswith("unix:")
         self.step_socket = ""
         self._socket: socket.socket | None = None
+        # Waiting for a step-socket answer: keep checking for it (yielding the CPU between looks)
+        # for up to this many seconds while this server's recent answers came within that time,
+        # before sleeping until it comes. Waking a sleeping process costs tens of microseconds,
+        # about as much as a quick env's whole step. 0: always sleep.
+        self.spin_wait = spin_wait
+        self.recent_rtt = 0.0  # moving average of step-socket round trips, seconds
 
     def _error(self, err: grpc.RpcError, method: str) -> RemoteEnvError:
         return translate_error(
@@ -303,6 +312,7 @@ class EnvClient:
             sock.settimeout(self.timeout)
             try:
                 sock.connect(self.step_socket)
+                sock.setblocking(False)  # SocketStep polls: with a timeout, every read would poll first
             except OSError as err:
                 sock.close()
                 log.info(
@@ -408,11 +418,31 @@ class SocketStep:
                 self._fail(self._broken(None, "it sent an answer to no request"))
             return
         try:
-            sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
+            self._send(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
         except OSError as err:
             self.receive()  # the server may have said why it closed
             if not self.done():
                 self._fail(self._broken(err))
+
+    def _send(self, frame: bytes) -> None:
+        """All of ``frame``, waiting for room as long as the client's timeout (then TimeoutError)."""
+        view = memoryview(frame)
+        deadline = time.monotonic() + self._client.timeout
+        while view:
+            try:
+                view = view[self._sock.send(view) :]
+            except BlockingIOError:
+                if not self._poll(select.POLLOUT, deadline):
+                    raise TimeoutError(f"no room to send for {self._client.timeout:g} s") from None
+
+    def _poll(self, events: int, deadline: float) -> bool:
+        """Wait until the socket is ready for ``events`` or ``deadline`` passes; whether it is ready."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        poller = select.poll()  # (not select.select: it fails on file descriptors >= 1024)
+        poller.register(self._sock.fileno(), events)
+        return bool(poller.poll(math.ceil(remaining * 1000)))
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -436,37 +466,38 @@ class SocketStep:
         """Read until the answer is in, or ``deadline`` (``time.monotonic()``) passes: then a timeout.
 
         An answer already there counts even after the deadline (another server's step may have
-        used the time up: this one's answer was on time all the same).
+        used the time up: this one's answer was on time all the same). While answers have been
+        coming within the client's ``spin_wait``, look for it without sleeping that long first.
         """
-        while not self.done():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        client = self._client
+        spin_until = 0.0
+        if client.spin_wait > 0 and client.recent_rtt < client.spin_wait:
+            spin_until = time.monotonic() + client.spin_wait
+        while True:
+            self.receive()
+            if self.done():
+                return
+            now = time.monotonic()
+            if now < spin_until:
+                os.sched_yield()  # let a process that has work (an env server on this core) run
+                continue
+            if now >= deadline or not self._poll(select.POLLIN, deadline):
                 self.receive()
                 if not self.done():
-                    client = self._client
                     self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
                 return
-            self._sock.settimeout(remaining)
-            self._read()
 
     def receive(self) -> None:
         """Take in what has arrived, without waiting: until the answer is in or nothing more has come."""
-        if self.done():
-            return
-        self._sock.settimeout(0.0)
-        try:
-            while not self.done() and self._read():
-                pass
-        finally:
-            if not self.done():
-                self._sock.settimeout(self._client.timeout)
+        while not self.done() and self._read():
+            pass
 
     def _read(self) -> bool:
-        """One read of what the socket has (waiting as its timeout says); whether anything came."""
+        """One read of what has arrived, without waiting; whether anything came."""
         try:
             count = self._sock.recv_into(self._view[self._got :])
-        except (BlockingIOError, TimeoutError):
-            return False  # nothing yet: wait() checks its deadline, receive() waits for readability
+        except BlockingIOError:
+            return False  # nothing yet
         except OSError as err:
             self._fail(self._broken(err))
             return False
@@ -493,7 +524,9 @@ class SocketStep:
         client = self._client
         try:
             if self._kind == FRAME_STEP:
-                self._result = (pb.StepResponse.FromString(payload), time.perf_counter() - self._start)
+                rtt = time.perf_counter() - self._start
+                self._result = (pb.StepResponse.FromString(payload), rtt)
+                client.recent_rtt += 0.25 * (rtt - client.recent_rtt)
                 return
             if self._kind != FRAME_ERROR:
                 raise ValueError(f"a frame of unknown kind {self._kind}")

@@ -125,6 +125,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         step_socket: step servers reached at a ``unix:`` address over their step socket, a plain
             Unix socket beside the gRPC one (same messages, no HTTP/2; a few times cheaper per step),
             where they offer one; False: always over gRPC's ``StepStream``.
+        spin_wait: seconds to keep looking for a step-socket answer, yielding the CPU between
+            looks, before sleeping until it comes; only while that server's recent answers came
+            sooner (so slow envs are waited for asleep). Waking a sleeping process costs tens of
+            microseconds, about a quick env's whole step; 0: always sleep.
 
     Servers may come and go: :meth:`refresh` looks ``addresses`` up again (a ``compose:`` or
     ``dns:///`` name finds replicas added or removed since) and grows or shrinks the fleet.
@@ -146,6 +150,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tls: bool | str | os.PathLike[str] = False,
         tls_server_name: str | None = None,
         step_socket: bool = True,
+        spin_wait: float = 0.001,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
@@ -168,6 +173,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._credentials = channel_credentials(tls)
         self._tls_server_name = tls_server_name
         self._step_socket = bool(step_socket)
+        if isinstance(spin_wait, bool) or not (isinstance(spin_wait, int | float) and 0 <= spin_wait <= 1):
+            raise ValueError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
+        self._spin_wait = float(spin_wait)
         self._state = AsyncState.DEFAULT
         self.closed = False
         self._clients: list[EnvClient] = []
@@ -237,6 +245,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             credentials=self._credentials,
             tls_server_name=self._tls_server_name,
             step_socket=self._step_socket,
+            spin_wait=self._spin_wait,
         )
 
     @staticmethod
@@ -614,14 +623,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tasks = {i: t for i in servers if (t := self._tasks[i]) is not None}
         for i in servers:
             self._tasks[i] = None
+        base = self._clients[servers[0]].env_offset
+        count = sum(self._clients[i].num_envs for i in servers)
+        out = _StepBatch(count)
+        taken = set()  # servers whose results are in out already
         if tasks:
             deadline = time.monotonic() + self.timeout
             on_loop = [t for t in tasks.values() if not isinstance(t, SocketStep)]
             if on_loop:
                 self._runner.wait(on_loop, self.timeout)
-            for t in tasks.values():
+            for i, t in tasks.items():
                 if isinstance(t, SocketStep):
                     t.wait(deadline)
+                    if t.exception() is None:  # joined while the servers after it still step
+                        self._take(i, t.result(), base, out)
+                        taken.add(i)
             if len(on_loop) < len(tasks) and self._background_work():
                 self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
         elif self.fault_tolerant:
@@ -642,25 +658,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 errors.append(err)
         self._raise_first(errors)
 
-        base = self._clients[servers[0]].env_offset
-        count = sum(self._clients[i].num_envs for i in servers)
-        rewards = np.zeros(count, dtype=np.float64)
-        terminations = np.zeros(count, dtype=np.bool_)
-        truncations = np.zeros(count, dtype=np.bool_)
+        rewards, terminations, truncations, parts = out.rewards, out.terminations, out.truncations, out.parts
         unavailable = np.zeros(count, dtype=np.bool_)
-        parts = []
         for i in servers:
             client, replica = self._clients[i], self._replicas[i]
             start, k = client.env_offset - base, client.num_envs
             if replica.state is ReplicaState.UP:
-                response, latency = tasks[i].result()
-                self._timers[i].record(latency, response.env_seconds)
-                obs = codec.decode_value(response.observations, "observations")
-                write_batch(self._obs_buffer, obs, client.env_offset)
-                rewards[start : start + k] = codec.decode_tensor(response.rewards, "rewards")
-                terminations[start : start + k] = codec.decode_tensor(response.terminations, "terminations")
-                truncations[start : start + k] = codec.decode_tensor(response.truncations, "truncations")
-                parts.append((_infos(response), start, k))
+                if i not in taken:
+                    self._take(i, tasks[i].result(), base, out)
                 continue
             unavailable[start : start + k] = True
             if replica.state is ReplicaState.READY:
@@ -677,9 +682,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 truncations[start : start + k] = True
                 parts.append((self._lost_infos(client.env_offset, k), start, k))
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
+        parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos = merge_infos(parts, count)
         self._flag_unavailable(infos, unavailable)
         return self._observations(obs), rewards, terminations, truncations, infos
+
+    def _take(self, server: int, result: tuple[pb.StepResponse, float], base: int, out: _StepBatch) -> None:
+        """Write one server's step results into ``out`` (a batch from env ``base``) and the obs buffer."""
+        response, latency = result
+        client = self._clients[server]
+        start, stop = client.env_offset - base, client.env_offset - base + client.num_envs
+        self._timers[server].record(latency, response.env_seconds)
+        write_batch(self._obs_buffer, codec.decode_value(response.observations, "observations"), client.env_offset)
+        out.rewards[start:stop] = codec.decode_tensor(response.rewards, "rewards")
+        out.terminations[start:stop] = codec.decode_tensor(response.terminations, "terminations")
+        out.truncations[start:stop] = codec.decode_tensor(response.truncations, "truncations")
+        out.parts.append((_infos(response), start, client.num_envs))
 
     # -- failures -----------------------------------------------------------------------------------
 
@@ -1069,6 +1087,16 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def __repr__(self) -> str:
         return f"RemoteVectorEnv({self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+
+
+class _StepBatch:
+    """A step's results being joined: rewards and flags over its envs, and each server's infos."""
+
+    def __init__(self, count: int) -> None:
+        self.rewards = np.zeros(count, dtype=np.float64)
+        self.terminations = np.zeros(count, dtype=np.bool_)
+        self.truncations = np.zeros(count, dtype=np.bool_)
+        self.parts: list[tuple[dict[str, Any], int, int]] = []  # (infos, start, count) per server
 
 
 class _Retired:

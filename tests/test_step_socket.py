@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,38 @@ def test_a_slow_env_steps_on_the_loop_s_terms(start_servers: Any) -> None:
             _, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
             assert rewards.tolist() == [1.0, 1.0]
         assert envs._clients[0].step_socket
+
+
+def test_waiting_for_a_slow_env_sleeps_rather_than_spins(start_servers: Any) -> None:
+    # Answers of ~30 ms are waited for asleep: spin_wait (1 ms) is only for servers answering sooner.
+    addresses = start_servers(
+        "CartPole-v1", num_servers=1, envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "30"]
+    )
+    with RemoteVectorEnv(addresses, spin_wait=0.001) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(10):
+            envs.step(np.zeros(2, dtype=np.int64))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        assert envs._clients[0].recent_rtt > 0.001
+    assert cpu < 0.5 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s of stepping: the learner spun"
+
+
+def test_spinning_or_not_the_steps_are_the_same(start_servers: Any) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
+    actions = [np.random.default_rng(t).integers(0, 2, size=4) for t in range(100)]
+    runs = []
+    for spin_wait in (0.0, 0.01):
+        with RemoteVectorEnv(addresses, spin_wait=spin_wait) as envs:
+            runs.append([envs.reset(seed=1), *(envs.step(a) for a in actions)])
+    assert_same(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("spin_wait", [-0.001, 2.0, "1ms", None, True])
+def test_a_bad_spin_wait_is_refused_by_name(spin_wait: Any) -> None:
+    with pytest.raises(ValueError, match=r"spin_wait: expected seconds in \[0, 1\], got"):
+        RemoteVectorEnv("unix:/nonexistent", spin_wait=spin_wait)
 
 
 def test_a_bad_action_is_refused_before_it_is_sent(start_servers: Any) -> None:
