@@ -470,9 +470,7 @@ class SocketStep:
         coming within the client's ``spin_wait``, look for it without sleeping that long first.
         """
         client = self._client
-        spin_until = 0.0
-        if client.spin_wait > 0 and client.recent_rtt < client.spin_wait:
-            spin_until = time.monotonic() + client.spin_wait
+        spin_until = self.spin_until()
         while True:
             self.receive()
             if self.done():
@@ -486,6 +484,14 @@ class SocketStep:
                 if not self.done():
                     self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
                 return
+
+    def spin_until(self) -> float:
+        """The ``time.monotonic()`` until which to wait for the answer awake: ``spin_wait`` from now
+        while the server's recent answers came sooner than that, else 0 (sleep at once)."""
+        client = self._client
+        if client.spin_wait > 0 and client.recent_rtt < client.spin_wait:
+            return time.monotonic() + client.spin_wait
+        return 0.0
 
     def receive(self) -> None:
         """Take in what has arrived, without waiting: until the answer is in or nothing more has come."""

@@ -557,6 +557,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _first_group_done(self, groups: list[int]) -> int:
         deadline = time.monotonic() + self.timeout
+        in_flight = [t for g in groups for t in self._group_tasks(g)]
+        # Awake while every step-socket server in flight answers quickly (see SocketStep.wait).
+        spin_until = min((t.spin_until() for t in in_flight if isinstance(t, SocketStep)), default=0.0)
         while True:
             for g in groups:
                 if all(t.done() for t in self._group_tasks(g)):
@@ -567,6 +570,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             pending = [t for g in groups for t in self._group_tasks(g) if not t.done()]
             sockets = [t for t in pending if isinstance(t, SocketStep)]
             on_loop = [t for t in pending if not isinstance(t, SocketStep)]
+            if not on_loop and time.monotonic() < spin_until:
+                for step in sockets:
+                    step.receive()
+                os.sched_yield()
+                continue
             if on_loop:
                 # Steps over gRPC need the loop to run; beside step-socket steps, it runs a
                 # millisecond at a time between looks at the sockets.
