@@ -171,8 +171,13 @@ def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
     return _env_factory(config)()
 
 
-def build_vector_env(config: ServerConfig) -> gym.vector.VectorEnv:
-    """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason."""
+def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:
+    """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
+
+    ``copy=False``: with sync or async vectorization, ``reset``/``step`` return the vector env's own buffers
+    (gymnasium's ``copy``), overwritten by the next call; for callers that are done with each result
+    by then, as the server is once it has encoded it.
+    """
     unknown = [w for w in config.wrappers if w not in WRAPPERS]
     if unknown:
         raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
@@ -197,10 +202,10 @@ def build_vector_env(config: ServerConfig) -> gym.vector.VectorEnv:
             isolated = _isolated(factory)
             if config.vectorization == "async":
                 first.close()
-                vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode)
+                vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
             else:
                 fns = [(lambda env=first: IsolateErrors(env))] + [isolated] * (config.num_envs - 1)
-                vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+                vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise
     except gym.error.Error as err:

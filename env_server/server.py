@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -99,7 +100,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     if config.vectorization == "async":
         # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
         # forked child must not inherit. Until then nothing listens (connections are refused).
-        env = build_vector_env(config)
+        env = build_vector_env(config, copy=False)  # each result is encoded before the next call
     metrics = None
     if config.metrics_port is not None:
         metrics = ServerMetrics(env_id=config.env, num_envs=config.num_envs, vectorization=config.vectorization)
@@ -140,7 +141,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
                 address if config.unix_socket else port,
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
-            env = await service.run_in_env_thread(build_vector_env, config)
+            env = await service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False))
     except BaseException:
         await server.stop(None)
         if step_server is not None:

@@ -127,7 +127,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             where they offer one; False: always over gRPC's ``StepStream``.
         spin_wait: seconds to keep looking for a step-socket answer, yielding the CPU between
             looks, before sleeping until it comes; only while that server's recent answers came
-            sooner (so slow envs are waited for asleep). Waking a sleeping process costs tens of
+            sooner (slow envs are waited for asleep), and only while the learner and each
+            step-socket server can have a CPU of their own (servers + 1 <= the CPUs this process may
+            use; else a learner awake takes a server's CPU). Waking a sleeping process costs tens of
             microseconds, about a quick env's whole step; 0: always sleep.
 
     Servers may come and go: :meth:`refresh` looks ``addresses`` up again (a ``compose:`` or
@@ -225,6 +227,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._env_steps_lost = 0
         self._env_error_steps = 0
         self._retired = _Retired()  # counts of servers that left the fleet (refresh)
+        self._share_cpus()
         log.info(
             "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
@@ -233,6 +236,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             " (fault-tolerant)" if self.fault_tolerant else "",
             ", ".join(self.addresses),
         )
+
+    def _share_cpus(self) -> None:
+        """Wait for step-socket answers awake (``spin_wait``) only while the learner and every
+        step-socket server (all on this host) can each have a CPU: otherwise a learner looking for
+        answers takes the CPU a server needs to produce them."""
+        local = sum(1 for c in self._clients if c.step_socket)
+        spin_wait = self._spin_wait if local + 1 <= _usable_cpus() else 0.0
+        for client in self._clients:
+            client.spin_wait = spin_wait
 
     # -- connecting -------------------------------------------------------------------------------
 
@@ -962,6 +974,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         previous_num_envs, timers = self.num_envs, {t.address: t for t in self._timers}
         self._clients, self.num_envs, self._obs_buffer = clients, offset, observations
+        self._share_cpus()
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._tasks = [None] * len(clients)
@@ -1170,6 +1183,14 @@ def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
         return np.asarray(actions)
     except ValueError:  # ragged: check_actions names what came
         return actions
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on this platform
+        return os.cpu_count() or 1
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

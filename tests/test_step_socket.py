@@ -299,13 +299,24 @@ def test_waiting_for_a_slow_env_sleeps_rather_than_spins(start_servers: Any) -> 
 
 
 def test_spinning_or_not_the_steps_are_the_same(start_servers: Any) -> None:
-    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
+    addresses = start_servers("CartPole-v1", num_servers=1, envs_per_server=4, transport="unix")
     actions = [np.random.default_rng(t).integers(0, 2, size=4) for t in range(100)]
     runs = []
     for spin_wait in (0.0, 0.01):
         with RemoteVectorEnv(addresses, spin_wait=spin_wait) as envs:
             runs.append([envs.reset(seed=1), *(envs.step(a) for a in actions)])
     assert_same(runs[0], runs[1])
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(2, 0.0), (3, 0.002)])
+def test_the_learner_waits_awake_only_if_every_local_server_keeps_a_cpu(
+    start_servers: Any, monkeypatch: pytest.MonkeyPatch, cpus: int, expected: float
+) -> None:
+    # 2 step-socket servers + the learner: 3 processes, spinning only with 3 CPUs or more.
+    monkeypatch.setattr("learner.remote._usable_cpus", lambda: cpus)
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=1, transport="unix")
+    with RemoteVectorEnv(addresses, spin_wait=0.002) as envs:
+        assert [c.spin_wait for c in envs._clients] == [expected, expected]
 
 
 @pytest.mark.parametrize("spin_wait", [-0.001, 2.0, "1ms", None, True])
