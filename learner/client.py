@@ -409,6 +409,7 @@ class SocketStep:
         self._kind = -1  # the answer's kind, once its header is in
         self._result: tuple[pb.StepResponse, float] | None = None
         self._error: RemoteEnvError | None = None
+        self.timed = False  # waited for: the round trip counts toward the client's recent_rtt
         # Something to read before we sent anything: the server ended the connection (and said why:
         # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
         self.receive()
@@ -425,7 +426,8 @@ class SocketStep:
                 self._fail(self._broken(err))
 
     def _send(self, frame: bytes) -> None:
-        """All of ``frame``, waiting for room as long as the client's timeout (then TimeoutError)."""
+        """All of ``frame``, waiting for room up to the client's timeout (then TimeoutError: the
+        connection counts as broken, as a server that stops reading is)."""
         view = memoryview(frame)
         deadline = time.monotonic() + self._client.timeout
         while view:
@@ -470,7 +472,11 @@ class SocketStep:
         coming within the client's ``spin_wait``, look for it without sleeping that long first.
         """
         client = self._client
-        spin_until = self.spin_until()
+        self.receive()
+        if self.done():
+            return
+        self.timed = True  # the answer was not in yet: its arrival shows how quick the server is
+        spin_until = min(self.spin_until(), deadline)
         while True:
             self.receive()
             if self.done():
@@ -532,7 +538,8 @@ class SocketStep:
             if self._kind == FRAME_STEP:
                 rtt = time.perf_counter() - self._start
                 self._result = (pb.StepResponse.FromString(payload), rtt)
-                client.recent_rtt += 0.25 * (rtt - client.recent_rtt)
+                if self.timed:  # (an answer found waiting says only that the caller was busy)
+                    client.recent_rtt += 0.25 * (rtt - client.recent_rtt)
                 return
             if self._kind != FRAME_ERROR:
                 raise ValueError(f"a frame of unknown kind {self._kind}")

@@ -241,7 +241,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """Wait for step-socket answers awake (``spin_wait``) only while the learner and every
         step-socket server (all on this host) can each have a CPU: otherwise a learner looking for
         answers takes the CPU a server needs to produce them."""
-        local = sum(1 for c in self._clients if c.step_socket)
+        # A server with async vectorization steps its envs in a process each.
+        local = sum(
+            (c.num_envs if c.spec is not None and c.spec.vectorization == "async" else 1)
+            for c in self._clients
+            if c.step_socket
+        )
         spin_wait = self._spin_wait if local + 1 <= _usable_cpus() else 0.0
         for client in self._clients:
             client.spin_wait = spin_wait
@@ -569,9 +574,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _first_group_done(self, groups: list[int]) -> int:
         deadline = time.monotonic() + self.timeout
-        in_flight = [t for g in groups for t in self._group_tasks(g)]
+        sockets = [t for g in groups for t in self._group_tasks(g) if isinstance(t, SocketStep)]
+        for step in sockets:
+            step.receive()
+            step.timed = True  # (see SocketStep.wait)
         # Awake while every step-socket server in flight answers quickly (see SocketStep.wait).
-        spin_until = min((t.spin_until() for t in in_flight if isinstance(t, SocketStep)), default=0.0)
+        spin_until = min((t.spin_until() for t in sockets), default=0.0)
         while True:
             for g in groups:
                 if all(t.done() for t in self._group_tasks(g)):
@@ -647,6 +655,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         count = sum(self._clients[i].num_envs for i in servers)
         out = _StepBatch(count)
         taken = set()  # servers whose results are in out already
+        unreadable: dict[int, BaseException] = {}  # servers whose answers could not be joined
         if tasks:
             deadline = time.monotonic() + self.timeout
             on_loop = [t for t in tasks.values() if not isinstance(t, SocketStep)]
@@ -656,8 +665,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 if isinstance(t, SocketStep):
                     t.wait(deadline)
                     if t.exception() is None:  # joined while the servers after it still step
-                        self._take(i, t.result(), base, out)
-                        taken.add(i)
+                        try:
+                            self._take(i, t.result(), base, out)
+                            taken.add(i)
+                        except Exception as failure:  # reported with the others, once every answer is in
+                            unreadable[i] = failure
             if len(on_loop) < len(tasks) and self._background_work():
                 self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
         elif self.fault_tolerant:
@@ -669,7 +681,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 client = self._clients[i]
                 err: BaseException | None = timeout_error(address=client.address, method="Step", timeout=self.timeout)
             else:
-                err = task.exception()
+                err = unreadable.get(i) or task.exception()
             if err is None:
                 continue
             if self.fault_tolerant and is_outage(err):
@@ -1186,11 +1198,20 @@ def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
 
 
 def _usable_cpus() -> int:
-    """The CPUs this process may run on."""
+    """The CPUs this process may run on: its affinity, or its cgroup's CPU quota if lower (a
+    container started with ``--cpus``)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on this platform
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "<quota> <period>" or "max <period>"
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -27,7 +27,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.step_socket import MAX_CONNECTIONS
 from learner import RemoteVectorEnv
-from learner.errors import InvalidRequestError, ServerUnavailableError
+from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError
 from tests.compare import assert_same
 
 
@@ -282,12 +282,20 @@ def test_a_slow_env_steps_on_the_loop_s_terms(start_servers: Any) -> None:
         assert envs._clients[0].step_socket
 
 
+@pytest.fixture
+def cpus_to_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enough CPUs, as the learner sees it, that it waits awake for quick servers."""
+    monkeypatch.setattr("learner.remote._usable_cpus", lambda: 8)
+
+
+@pytest.mark.usefixtures("cpus_to_spare")
 def test_waiting_for_a_slow_env_sleeps_rather_than_spins(start_servers: Any) -> None:
     # Answers of ~30 ms are waited for asleep: spin_wait (1 ms) is only for servers answering sooner.
     addresses = start_servers(
         "CartPole-v1", num_servers=1, envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "30"]
     )
     with RemoteVectorEnv(addresses, spin_wait=0.001) as envs:
+        assert envs._clients[0].spin_wait == 0.001
         envs.reset(seed=0)
         envs.step(np.zeros(2, dtype=np.int64))
         wall, cpu = time.perf_counter(), time.process_time()
@@ -298,14 +306,64 @@ def test_waiting_for_a_slow_env_sleeps_rather_than_spins(start_servers: Any) -> 
     assert cpu < 0.5 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s of stepping: the learner spun"
 
 
+@pytest.mark.usefixtures("cpus_to_spare")
 def test_spinning_or_not_the_steps_are_the_same(start_servers: Any) -> None:
-    addresses = start_servers("CartPole-v1", num_servers=1, envs_per_server=4, transport="unix")
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
     actions = [np.random.default_rng(t).integers(0, 2, size=4) for t in range(100)]
     runs = []
     for spin_wait in (0.0, 0.01):
-        with RemoteVectorEnv(addresses, spin_wait=spin_wait) as envs:
-            runs.append([envs.reset(seed=1), *(envs.step(a) for a in actions)])
+        with RemoteVectorEnv(addresses, spin_wait=spin_wait, num_groups=2) as envs:
+            assert [c.spin_wait for c in envs._clients] == [spin_wait, spin_wait]
+            run = [envs.reset(seed=1), *(envs.step(a) for a in actions[:50])]
+            for a in actions[50:]:  # pipelined: recv() waits too (for either group: sorted after)
+                envs.send(a[:2], 0)
+                envs.send(a[2:], 1)
+                run += sorted([envs.recv(), envs.recv()], key=lambda result: result[0])
+            runs.append(run)
     assert_same(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("hung_first", [True, False])
+def test_a_server_that_stops_answering_is_a_timeout_on_the_step_socket(
+    unix_server: tuple[subprocess.Popen[str], str], start_servers: Any, hung_first: bool
+) -> None:
+    proc, hung = unix_server
+    fine = start_servers("CartPole-v1", envs_per_server=2, transport="unix")
+    with RemoteVectorEnv([hung, *fine] if hung_first else [*fine, hung], timeout=1.0) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert all(c.step_socket for c in envs._clients)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(RemoteTimeoutError, match=f"env server {hung}: Step failed .DEADLINE_EXCEEDED."):
+                envs.step(np.zeros(4, dtype=np.int64))
+            assert time.monotonic() - start < 10, "a timeout, not a wait for ever"
+        finally:
+            proc.send_signal(signal.SIGCONT)
+
+
+def test_an_answer_that_cannot_be_joined_is_reported_and_the_others_are_still_read(
+    start_servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport="unix")
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        take, taken = RemoteVectorEnv._take, []
+
+        def take_or_fail_once(self: RemoteVectorEnv, server: int, *args: Any) -> None:
+            taken.append(server)
+            if len(taken) == 1:  # the first server's answer, while the second still steps
+                raise ValueError("observations: cannot be joined")
+            take(self, server, *args)
+
+        monkeypatch.setattr(RemoteVectorEnv, "_take", take_or_fail_once)
+        with pytest.raises(ValueError, match="cannot be joined"):
+            envs.step(np.zeros(4, dtype=np.int64))
+        assert taken == [0, 1], "the second server's answer was read all the same"
+        envs.reset(seed=1)
+        _, rewards, *_ = envs.step(np.zeros(4, dtype=np.int64))  # both connections in step
+        assert rewards.tolist() == [1.0] * 4
 
 
 @pytest.mark.parametrize(("cpus", "expected"), [(2, 0.0), (3, 0.002)])
