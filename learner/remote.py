@@ -753,6 +753,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         def on_ready() -> None:
             self._timers[server].reconnects += 1
+            self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
             self._rejoined.set()
 
         replica.reconnect_task = self._runner.create_task(
