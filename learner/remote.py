@@ -110,7 +110,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
         copy: return fresh arrays from reset/step/recv (True) or views of the same buffers each
-            time (False, faster; the next call overwrites them), as gymnasium's ``copy`` argument.
+            time (False, faster; the next call overwrites them, even one that raises: servers that
+            answered before another failed have written theirs), as gymnasium's ``copy`` argument.
         auth_token: token sent with every call, for servers started with ``--auth-token``.
         num_groups: how many groups the servers form for :meth:`send` / :meth:`recv` (contiguous,
             as even as possible; at most one group per server).
