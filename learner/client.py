@@ -478,17 +478,16 @@ class SocketStep:
         self.timed = True  # the answer was not in yet: its arrival shows how quick the server is
         spin_until = min(self.spin_until(), deadline)
         while True:
-            self.receive()
-            if self.done():
-                return
             now = time.monotonic()
             if now < spin_until:
                 os.sched_yield()  # let a process that has work (an env server on this core) run
-                continue
-            if now >= deadline or not self._poll(select.POLLIN, deadline):
+            elif now >= deadline or not self._poll(select.POLLIN, deadline):
                 self.receive()
                 if not self.done():
                     self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
+                return
+            self.receive()
+            if self.done():
                 return
 
     def spin_until(self) -> float:
