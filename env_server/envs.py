@@ -43,6 +43,9 @@ def _atari(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     # The standard DQN/PPO Atari preprocessing (Machado et al. 2018; CleanRL's ppo_atari): no-op
     # starts, 4-frame skip with max-pooling, 84x84 grayscale, and a stack of the last 4 frames, so
     # 4x84x84 uint8 observations cross the wire rather than 210x160x3 frames.
+    if not hasattr(env.unwrapped, "ale"):  # AtariPreprocessing reads the screen through the ALE
+        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        raise EnvBuildError(f"wrapper 'atari': expected an Atari env of ale-py (ALE/Pong-v5, ...), got {name}")
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -212,7 +215,9 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
         raise EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}") from err
     except TypeError as err:
         raise EnvBuildError(
-            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {_one_line(err)}"
+            # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
+            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: "
+            + _one_line(err).split(" was raised from the environment creator")[0]
         ) from err
     except Exception as err:  # anything an env's constructor raises
         raise EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}") from err

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable
 
 import grpc
@@ -59,6 +61,37 @@ def _listen_address(config: ServerConfig) -> str:
         return f"unix:{config.unix_socket}"
     host = f"[{config.host}]" if ":" in config.host else config.host
     return f"{host}:{config.port}"
+
+
+def _check_bindable(config: ServerConfig) -> None:
+    """Fail with the cause (e.g. another process has the port) before gRPC tries and logs its own
+    error lines. Only a check: the port may still be taken before gRPC binds it."""
+    if config.unix_socket or config.port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise OSError(f"--host {config.host}: cannot resolve it: {err.strerror}") from err
+    errors: list[OSError] = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                sock.bind(sockaddr)
+            except OSError as err:
+                errors.append(err)
+            else:
+                return  # gRPC listens if any of the addresses binds
+    if errors:
+        first = errors[0]
+        hint = (
+            "another process has it; pick another --port, or 0 for a free one"
+            if first.errno == errno.EADDRINUSE
+            else "is --host an address of this machine?"
+            if first.errno == errno.EADDRNOTAVAIL
+            else "see --host and --port"
+        )
+        raise OSError(f"cannot listen on {_listen_address(config)}: {first.strerror} ({hint})")
 
 
 def _read_pem(path: str, option: str) -> bytes:
@@ -119,6 +152,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     address = _listen_address(config)
     try:
+        _check_bindable(config)
         credentials = server_credentials(config)
         try:
             port = (
@@ -129,7 +163,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         except RuntimeError as err:
             # gRPC says only "Failed to bind"; the cause (often: another process has the port) is in its log.
             raise OSError(
-                f"cannot listen on {address}: {err} (is another process using it? for TCP, pick another --port, or 0 for a free one)"
+                f"cannot listen on {address}: {str(err).split('; set GRPC_VERBOSITY')[0]} "
+                "(is another process using it? for TCP, pick another --port, or 0 for a free one)"
             ) from err
         await server.start()
         step_server = await _serve_step_socket(config, service)

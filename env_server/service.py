@@ -265,7 +265,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._needs_reset = True
         if self._metrics is not None:
             self._metrics.session_active.set(1)
-        log.info("session %s claimed by %s", session.id[:8], session.describe(now))
+        log.info("claimed by %s", session.describe(now))
         return pb.HandshakeResponse(
             session_id=session.id,
             spec=self.spec,

@@ -62,11 +62,13 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
         raise InvalidActionError(f"{where}: expected integers ({space.dtype}) for {space}, got dtype {actions.dtype}")
     bad = _first_bad(~np.isfinite(actions) if actions.dtype.kind == "f" else None)
     if bad is not None:
-        raise InvalidActionError(f"{where}: env {bad}: action has NaN or infinite values: {actions[bad]!r}", bad)
+        raise InvalidActionError(
+            f"{where}: env {bad}: action has NaN or infinite values: {actions[bad].tolist()!r}", bad
+        )
     bad = _first_bad((actions < space.low) | (actions > space.high))
     if bad is not None:
         raise InvalidActionError(
-            f"{where}: env {bad}: action {actions[bad]!r} is outside the action space {space} "
+            f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space} "
             f"(low={space.low!r}, high={space.high!r}); clip actions to the bounds",
             bad,
         )
@@ -86,7 +88,7 @@ def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np
     bad = _first_bad((values < low) | (values > high))
     if bad is not None:
         raise InvalidActionError(
-            f"{where}: env {bad}: action {actions[bad]!r} is outside the action space {space}", bad
+            f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space}", bad
         )
     return actions.astype(space.dtype, copy=False)
 

@@ -20,7 +20,15 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 
-__all__ = ["AddressError", "Resolver", "expand_addresses", "register_resolver", "split_addresses", "warn_duplicates"]
+__all__ = [
+    "AddressError",
+    "Resolver",
+    "expand_addresses",
+    "probe",
+    "register_resolver",
+    "split_addresses",
+    "warn_duplicates",
+]
 
 
 class AddressError(ValueError):
@@ -65,6 +73,38 @@ def warn_duplicates(addresses: str | Sequence[str]) -> None:
     twice = sorted({a for a in given if isinstance(a, str) and given.count(a) > 1})
     if twice:
         log.warning("addresses: %s given more than once; each server is used once", ", ".join(twice))
+
+
+def probe(address: str, timeout: float = 1.0) -> str | None:
+    """Why a plain connection to ``address`` (``host:port`` or ``unix:PATH``) fails now, or None.
+
+    For error messages: "connection refused", "no socket file /tmp/x.sock", ... None when a
+    connection opens (then something listens, and it is not an env server that answers) or the
+    address is of another kind.
+    """
+    path = ""
+    try:
+        if address.startswith("unix:"):
+            path = address[len("unix:") :]
+            path = path[2:] if path.startswith("//") else path
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(path)
+        elif "/" not in address:  # host:port (not dns:///name:port and the like)
+            socket.create_connection(_split_host_port(address), timeout=timeout).close()
+    except AddressError:
+        return None
+    except FileNotFoundError:
+        return f"no socket file {path}"
+    except ConnectionRefusedError:
+        return "connection refused" + (f" on {path}" if path else "")
+    except TimeoutError:
+        return f"a plain connect gets no answer within {timeout:g} s"
+    except socket.gaierror as err:
+        return f"cannot resolve the host: {err.strerror}"
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def _expand_one(address: str) -> list[str]:

@@ -80,9 +80,12 @@ def evaluate(
     with open_fleet(fleet) as envs:
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
+            trained_on = f" ({run_args.env})" if run_args.env else ""
+            env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
+            these = f"these envs ({env_id})" if env_id else "these envs"
             raise ValueError(
-                f"envs: the checkpoint's policy was trained on observations {state['observation_space']} and actions "
-                f"{state['action_space']}, but these envs have {obs_space} and {action_space}"
+                f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
+                f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
             )
         agent = Agent(
             obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]

@@ -38,6 +38,7 @@ def plot_runs(
     thresholds: set[float] = set()
     envs: set[str] = set()
     colours: dict[str, Any] = {}
+    solved_any = False
     for i, run in enumerate(map(Path, runs)):
         group = groups[i] if groups is not None else None
         metrics = run / rundir.METRICS
@@ -67,19 +68,33 @@ def plot_runs(
             colours[group] = line.get_color()
         by_time.plot(seconds, returns, color=line.get_color(), linewidth=line.get_linewidth())
         if summary and summary.get("solved_at_step") is not None:
+            solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
-    for threshold in thresholds:
-        for ax in (by_steps, by_time):
-            ax.axhline(threshold, color="grey", linestyle="--", linewidth=1)
+    for threshold in sorted(thresholds):
+        by_steps.axhline(
+            threshold, color="grey", linestyle="--", linewidth=1, label=f"solved: mean return >= {threshold:g}"
+        )
+        by_time.axhline(threshold, color="grey", linestyle="--", linewidth=1)
     by_steps.set_xlabel("env steps")
     by_time.set_xlabel("wall time (s)")
     by_steps.set_ylabel("mean return, last 20 episodes")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
-    by_steps.legend(fontsize=8, loc="best")
+    handles, labels = by_steps.get_legend_handles_labels()
+    if solved_any:
+        (marker,) = by_steps.plot([], [], color="grey", linestyle=":", linewidth=1)
+        handles.append(marker)
+        labels.append("where a run solved it")
+    # Below the axes, where it hides no line.
+    columns = min(2, len(labels)) or 1
+    rows = -(-len(labels) // columns)
+    height = 4.2 + 0.18 * rows
+    fig.set_size_inches(11, height)
+    legend_height = (0.1 + 0.17 * rows) / height
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle(title or ", ".join(sorted(envs)) or "returns")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, legend_height, 1, 1))
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)

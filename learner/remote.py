@@ -27,7 +27,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
-from learner.discovery import AddressError, expand_addresses, warn_duplicates
+from learner.discovery import AddressError, expand_addresses, probe, warn_duplicates
 from learner.errors import InvalidRequestError, ServerUnavailableError, SessionError, SpecMismatchError
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
@@ -37,6 +37,10 @@ from learner.stats import ReplicaStats, StepTimer
 __all__ = ["RemoteVectorEnv"]
 
 log = logging.getLogger(__name__)
+
+# Connecting: after this long without an answer, say which servers are waited for (and why, if a
+# plain connect tells), before waiting out connect_timeout.
+_PATIENCE_S = 2.0
 
 StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -279,12 +283,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             # Connect to all servers at once, within one shared deadline.
             deadline = time.monotonic() + self.connect_timeout
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
-            _, late = await asyncio.wait(readies, timeout=self.connect_timeout)
+            _, late = await asyncio.wait(readies, timeout=min(self.connect_timeout, _PATIENCE_S))
+            if late and self.connect_timeout > _PATIENCE_S:
+                # Say what is being waited for (servers may still be starting; a typo waits as long).
+                waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
+                cause = await asyncio.to_thread(probe, waiting[0])
+                log.warning(
+                    "env server%s %s not answering yet%s; waiting up to %g s in all (connect_timeout)",
+                    "s" if len(waiting) > 1 else "",
+                    ", ".join(waiting),
+                    f" ({waiting[0]}: {cause})" if cause else "",
+                    self.connect_timeout,
+                )
+                _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
             if late:
                 for task in late:
                     task.cancel()
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
-                hint = "is the server running, and is the address right?"
+                cause = await asyncio.to_thread(probe, client.address)
+                hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
                 if self._credentials is not None:
                     hint += (
                         " With TLS, the server must speak TLS with a certificate signed by the CA given and "
@@ -782,7 +799,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if time.monotonic() - since > self.give_up_after:
             raise ServerUnavailableError(
                 f"no env server left: {', '.join(self.addresses)} all unavailable for more than "
-                f"{self.give_up_after:g} s (give_up_after); last error: {self._replicas[-1].last_error}",
+                f"{self.give_up_after:g} s (give_up_after; `learner train --give-up-after`); last error: {self._replicas[-1].last_error}",
                 address=self._clients[0].address,
             )
 

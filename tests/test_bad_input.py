@@ -32,7 +32,7 @@ def test_action_outside_space_names_the_env_and_space(cartpole: RemoteVectorEnv)
     err = info.value
     assert err.code == grpc.StatusCode.INVALID_ARGUMENT
     assert err.env_index == 4
-    assert "env 4 of the fleet" in str(err) and "Discrete(2)" in str(err)
+    assert "env 4 of the fleet" in str(err) and "action 2 is outside the action space Discrete(2)" in str(err), str(err)
     assert err.address == cartpole.addresses[1]
     # Nothing was lost: the whole batch was checked before sending, so no server stepped on it, and
     # the next step is the first one, as for local envs with the same seeds.

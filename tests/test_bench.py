@@ -91,7 +91,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
         assert set(target) == {"target", "best_remote", "measured", "met", "candidates"}
 
     markdown = (out / "bench.md").read_text()
-    assert "CartPole-v1, 8 envs" in markdown and "The issue's targets" in markdown
+    assert "CartPole-v1, 8 envs" in markdown and "Performance targets" in markdown
 
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from learner import RemoteVectorEnv, expand_addresses
-from learner.discovery import AddressError
+from learner.discovery import AddressError, probe
+from learner.errors import ServerUnavailableError
 from tests.conftest import StartServers
 
 
@@ -41,3 +45,30 @@ def test_an_address_given_twice_is_used_once_and_said_once(
         assert envs.num_envs == 1
         envs.refresh()  # looks the addresses up again: no second warning
     assert caplog.text.count(f"{address} given more than once") == 1
+
+
+def test_probe_says_why_nothing_answers(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connecting is refused
+        port = closed.getsockname()[1]
+        assert probe(f"127.0.0.1:{port}") == "connection refused"
+    missing = tmp_path / "nothing.sock"
+    assert probe(f"unix:{missing}") == f"no socket file {missing}"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert probe(f"127.0.0.1:{listening.getsockname()[1]}") is None  # something listens
+    assert probe("dns:///env:50051") is None  # not a single endpoint: nothing to say
+
+
+def test_a_server_that_is_not_there_is_waited_for_aloud_then_named_with_the_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        with pytest.raises(
+            ServerUnavailableError, match=rf"{address}: nothing answered within 3 s \(connection refused: "
+        ):
+            RemoteVectorEnv([address], connect_timeout=3)
+    assert f"env server {address} not answering yet ({address}: connection refused); waiting up to 3 s" in caplog.text

@@ -19,7 +19,14 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
     ("args", "fragment"),
     [
         (["--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
-        (["--env", "CartPole-v1", "--env-kwargs", '{"gravity_typo": 1}'], "gravity_typo"),
+        (
+            ["--env", "CartPole-v1", "--env-kwargs", '{"gravity_typo": 1}'],
+            "with kwargs {'gravity_typo': 1}: CartPoleEnv.__init__() got an unexpected keyword argument 'gravity_typo'",
+        ),
+        (
+            ["--env", "CartPole-v1", "--wrappers", "atari"],
+            "wrapper 'atari': expected an Atari env of ale-py (ALE/Pong-v5, ...), got CartPole-v1",
+        ),
         (["--env", "CartPole-v1", "--env-kwargs", "{not json"], "--env-kwargs: not valid JSON"),
         (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
         (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),
@@ -35,6 +42,7 @@ def test_bad_configuration_exits_quickly_with_one_line(args: list[str], fragment
     assert result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("env-server: error:") and fragment in last, result.stderr
+    assert "was raised from the environment creator" not in last  # (gymnasium's suffix, repeating the kwargs)
 
 
 @pytest.mark.parametrize(
@@ -66,9 +74,19 @@ def test_a_port_in_use_is_one_line_that_says_so() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = run_server("--env", "CartPole-v1", "--host", "127.0.0.1", "--port", str(port))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-1] == (
+        f"env-server: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another process has it; pick another --port, or 0 for a free one)"
+    )
+    assert not any("add_port" in line or "GRPC_VERBOSITY" in line for line in lines), lines
+
+
+def test_a_host_that_is_not_this_machines_is_one_line_that_says_so() -> None:
+    result = run_server("--env", "CartPole-v1", "--host", "192.0.2.1", "--port", "50051")  # TEST-NET-1
     last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 2 and last.startswith(f"env-server: error: cannot listen on 127.0.0.1:{port}")
-    assert "is another process using it? for TCP, pick another --port" in last
+    assert result.returncode == 2 and last.startswith("env-server: error: cannot listen on 192.0.2.1:50051: "), last
+    assert "is --host an address of this machine?" in last
 
 
 def test_prints_listening_line_then_stops_on_sigterm() -> None:

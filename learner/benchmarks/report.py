@@ -1,4 +1,4 @@
-"""The benchmark's outputs: the issue's targets checked, a Markdown table, and a PNG chart."""
+"""The benchmark's outputs: the performance targets checked, a Markdown table, and a PNG chart."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["TARGETS", "evaluate_targets", "latency_scaling", "markdown_tables", "plot_results"]
 
-# The issue's target table: (workload, what is compared, threshold).
+# The performance targets (set when the project began): (workload, what is compared, threshold).
 TARGETS = (
     "CartPole-v1, 8 envs: remote 2x4 >= 1.5 x AsyncVectorEnv(8) and >= 2 x SB3 SubprocVecEnv(8)",
     "CartPole-v1, 64 envs: remote 2x32 >= 4 x AsyncVectorEnv(64)",
@@ -201,7 +201,7 @@ def markdown_tables(results: dict[str, Any]) -> str:
         lines += [f"| {r['name']} | {r['median_us']:,.0f} |" for r in results["rpc"]["results"]]
         lines.append("")
     if results.get("targets"):
-        lines += ["**The issue's targets**", "", "| target | best remote | measured | met |", "|---|---|---|---|"]
+        lines += ["**Performance targets**", "", "| target | best remote | measured | met |", "|---|---|---|---|"]
         for t in results["targets"]:
             measured = ", ".join(f"{v:.2f} {k}" if v is not None else f"- {k}" for k, v in t["measured"].items())
             met = {True: "yes", False: "no", None: "not run"}[t["met"]]

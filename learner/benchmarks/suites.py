@@ -8,7 +8,7 @@ from learner.benchmarks.throughput import Variant, Workload
 __all__ = ["LATENCY_DELAY_MS", "LATENCY_SIZES", "latency_workload", "throughput_workloads"]
 
 LATENCY_DELAY_MS = 2.0
-"""Step delay of the latency-bound env (the issue's robot / remote simulator)."""
+"""Step delay of the latency-bound env (a robot or a remote simulator)."""
 LATENCY_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
