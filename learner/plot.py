@@ -88,10 +88,10 @@ def plot_runs(
         labels.append("where a run solved it")
     # Below the axes, where it hides no line.
     columns = min(2, len(labels)) or 1
-    rows = -(-len(labels) // columns)
-    height = 4.2 + 0.18 * rows
+    legend_rows = -(-len(labels) // columns)
+    height = 4.2 + 0.18 * legend_rows
     fig.set_size_inches(11, height)
-    legend_height = (0.1 + 0.17 * rows) / height
+    legend_height = (0.1 + 0.17 * legend_rows) / height
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     fig.suptitle(title or ", ".join(sorted(envs)) or "returns")
     fig.tight_layout(rect=(0, legend_height, 1, 1))
