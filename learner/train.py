@@ -422,8 +422,24 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
             storage.values[step, envs_slice] = value
             return actions
 
-        def save(reason: str) -> Path:
+        saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
+
+        def rollout_state() -> dict[str, Any]:
+            """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
+            included), every RNG state and the observation statistics. Taken at each update's end (a few
+            small copies), so that a run stopped mid-rollout is saved as of its last update: the partial
+            rollout is not learned from, and a resumed run starts that rollout over."""
             counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
+            return {
+                "counters": dataclasses.asdict(counters),
+                "rng": capture_rng(),
+                "obs_rms": {k: v.clone() for k, v in obs_rms.state_dict().items()} if obs_rms is not None else None,
+            }
+
+        def save(reason: str, state: dict[str, Any]) -> Path:
+            """A checkpoint of the nets, the optimizer and the reward scaler (which only updates change)
+            with ``state`` (``rollout_state()``'s, from the same update's end or later)."""
+            nonlocal saved_step
             payload = {
                 "args": args.to_json(),
                 "ppo": dataclasses.asdict(hp),
@@ -431,12 +447,12 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 "action_space": str(action_space),
                 "model": agent.state_dict(),
                 "optimizer": optimizer.state_dict(),
-                "obs_rms": obs_rms.state_dict() if obs_rms is not None else None,
                 "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None,
-                "counters": dataclasses.asdict(counters),
-                "rng": capture_rng(),
+                **state,
             }
-            path = save_checkpoint(run_dir, counters.global_step, payload, keep=args.keep_checkpoints)
+            step = int(state["counters"]["global_step"])
+            path = save_checkpoint(run_dir, step, payload, keep=args.keep_checkpoints)
+            saved_step = step
             log.info("checkpoint (%s): %s", reason, path)
             return path
 
@@ -472,11 +488,16 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
         refresh = getattr(envs, "refresh", None)
         lost: RemoteEnvError | None = None  # the server that failed during the last rollout
         lost_rollouts = 0
+        last_update = rollout_state()  # as of the last update's end (here: the start)
+        updating = False  # the nets are being updated: a checkpoint now would mix two updates
 
         try:
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
                     stop_reason = "total_timesteps"
+                    break
+                if stop.requested:  # Ctrl-C during the update: stop before the next rollout
+                    stop_reason = "interrupted"
                     break
                 # ---- follow the fleet: servers that joined or left since the last rollout ------------------
                 if refresh is not None:
@@ -607,6 +628,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
 
                 # ---- advantages: GAE over valid transitions, truncations bootstrapped ------------------------
                 update_start = time.perf_counter()
+                updating = True
                 rewards, terminations, truncations, valid_t = (
                     torch.from_numpy(a).to(device)
                     for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
@@ -752,15 +774,31 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     bar.update(counters.global_step - bar.n)
                     recent = row["episodic_return_mean"]
                     bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
+                last_update = rollout_state()
+                updating = False
                 if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
-                    save(f"update {counters.update}")
+                    save(f"update {counters.update}", last_update)
         except BaseException as err:
             stop_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
             raise
         finally:
             counters.seconds = time.perf_counter() - start_time
+            state: dict[str, Any] | None
+            if stop_reason in ("total_timesteps", "stop_at_return"):
+                state = rollout_state()
+            else:
+                # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
+                # update, for the checkpoint and the summary alike (none is written when that one is on
+                # disk already, or when the nets are half-way through the next update).
+                if updating:
+                    log.warning("stopped during an update: no checkpoint written; resuming starts at the last one")
+                fresh = not updating and last_update["counters"]["global_step"] != saved_step
+                state = last_update if fresh else None
+                counters = Counters(**last_update["counters"])
+                recent_returns = deque(counters.recent_returns, maxlen=RECENT)
             try:
-                save(stop_reason or "end")
+                if state is not None:
+                    save(stop_reason or "end", state)
             except Exception:
                 if stop_reason is None or not stop_reason.startswith(("error", "interrupted")):
                     raise

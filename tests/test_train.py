@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import pytest
 import torch
 
 from learner import rundir
 from learner.config import Args
+from learner.envs import FleetSpec, open_fleet
 from learner.train import resume_args, train
 from tests.conftest import StartServers
 
@@ -151,6 +157,76 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
             assert torch.equal(tensor, b["optimizer"]["state"][key][name]), (key, name)
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     assert torch.equal(a["obs_rms"]["mean"], b["obs_rms"]["mean"])
+
+
+class CtrlCAt(gym.vector.VectorWrapper):
+    """Sends this process SIGINT (a Ctrl-C) right after the ``at``-th step of the envs it wraps."""
+
+    def __init__(self, env: gym.vector.VectorEnv, at: int) -> None:
+        super().__init__(env)
+        self.at, self.steps = at, 0
+
+    def step(self, actions: Any) -> Any:
+        result = self.env.step(actions)
+        self.steps += 1
+        if self.steps == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 1])
+def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_every: int
+) -> None:
+    # As in the test above; the Ctrl-C comes at the 3rd step of the second rollout (global step 20).
+    # The steps of that rollout, the episodes they ended, the RNG draws and observation statistics of
+    # the actions taken are not in the checkpoint: it is the one of update 1 (step 16).
+    common = {
+        **clock(3, action="box"),
+        "backend": "gym",
+        "num_envs": 2,
+        "num_steps": 8,
+        "num_minibatches": 2,
+        "update_epochs": 3,
+        "total_timesteps": 48,
+        "keep_checkpoints": 10,
+    }
+    full = tmp_path / "full"
+    train(Args(**common, checkpoint_every=1, run_dir=str(full)))
+
+    @contextlib.contextmanager
+    def interrupted_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=8 + 3)
+
+    part = tmp_path / "part"
+    with monkeypatch.context() as patch:
+        patch.setattr("learner.train.open_fleet", interrupted_fleet)
+        summary = train(Args(**common, checkpoint_every=checkpoint_every, run_dir=str(part)))
+    assert summary["stop_reason"] == "interrupted"
+    assert summary["total_steps"] == 16 and summary["updates"] == 1
+    assert summary["episodes"] == rundir.read_jsonl(full / rundir.METRICS)[0]["episodes"]
+    assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
+    a, b = (torch.load(d / "checkpoints" / "step-0000000016.pt", weights_only=True) for d in (full, part))
+    assert {k: v for k, v in a["counters"].items() if k != "seconds"} == {
+        k: v for k, v in b["counters"].items() if k != "seconds"
+    }
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"]) and a["rng"]["python"] == b["rng"]["python"]
+    assert torch.equal(a["rng"]["numpy"]["keys"], b["rng"]["numpy"]["keys"])
+    for key in ("mean", "var", "count"):
+        assert torch.equal(a["obs_rms"][key], b["obs_rms"][key]), key
+
+    train(resume_args(part, checkpoint_every=1))
+    full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
+    timing = ("seconds", "sps", "rollout_seconds", "update_seconds")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in part_rows] == [
+        {k: v for k, v in r.items() if k not in timing} for r in full_rows
+    ]
+    a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (full, part))
+    assert a["counters"]["global_step"] == b["counters"]["global_step"] == 48
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
 
 
 def test_a_run_dir_that_holds_a_run_is_not_overwritten(tmp_path: Path) -> None:
