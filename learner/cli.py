@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -109,6 +110,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{envs['num_envs']} envs, device {info['device']}\nrun dir: {info['run_dir']}",
             flush=True,
         )
+        if "resumed_from" in info:
+            print(f"resuming from {info['resumed_from']} ({info['resumed_step']:,} steps)", flush=True)
 
     summary = train(config, on_start=started)
     run_dir = Path(summary["run_dir"])
@@ -122,8 +125,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"solved (mean return >= {summary['solved_threshold']:g}) at step {summary['solved_at_step']:,}, "
             f"after {summary['solved_at_seconds']:.1f} s"
         )
-    elif summary["solved_threshold"] is not None:
+    elif summary["solved_threshold"] is not None and summary["stop_reason"] != "interrupted":
         print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
+    if summary["stop_reason"] == "interrupted":
+        print(
+            f"interrupted at step {summary['total_steps']:,} (its last update); "
+            f"continue with: learner train --resume {shlex.quote(str(run_dir))}"
+        )
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
     print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
     if config.plot and (run_dir / "returns.png").exists():

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, optim
 
 from learner import rundir
-from learner.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from learner.checkpoint import capture_rng, find_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
@@ -240,6 +240,33 @@ def _progress_bar(show: bool, total: int, initial: int) -> Iterator[Any]:
         bar.close()
 
 
+@contextlib.contextmanager
+def _plot_at_exit(enabled: bool) -> Iterator[list[Path]]:
+    """Writes returns.png into the run dir the block appends to the list yielded, once the block is over
+    (its envs closed): whether the run ended or failed (then a failed plot is logged, not raised over
+    the run's error), but not when it was aborted (a second Ctrl-C)."""
+    run_dirs: list[Path] = []
+    try:
+        yield run_dirs
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        if enabled and run_dirs:
+            try:
+                _plot(run_dirs[0])
+            except Exception:
+                log.exception("could not plot %s", run_dirs[0])
+        raise
+    if enabled and run_dirs:
+        _plot(run_dirs[0])
+
+
+def _plot(run_dir: Path) -> None:
+    from learner.plot import plot_runs
+
+    plot_runs([run_dir], run_dir / rundir.PLOT)
+
+
 def _mean(values: list[float] | list[int]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -262,14 +289,23 @@ def _check_fresh(run_dir: Path) -> None:
         )
 
 
+def _solved_threshold(checkpoint: dict[str, Any]) -> float | None:
+    """The mean return a checkpoint's run counted as solved: its --stop-at-return, else its env's threshold."""
+    saved = checkpoint["args"]
+    if saved.get("stop_at_return") is not None:
+        return float(saved["stop_at_return"])
+    return reward_threshold(saved.get("env") or "")
+
+
 def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds.
 
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``
-    (the CLI prints it).
+    and, for a resumed run, ``resumed_from`` (the checkpoint) and ``resumed_step`` (the CLI prints them).
     """
     device = pick_device(args.device)
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    checkpoint_file = find_checkpoint(args.resume) if args.resume else None
+    checkpoint = load_checkpoint(checkpoint_file) if checkpoint_file is not None else None
     given_dir = args.run_dir or args.resume
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
@@ -281,6 +317,15 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
                 f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
             )
+        solved_at, solved_under = checkpoint["counters"].get("solved_at_step"), _solved_threshold(checkpoint)
+        stop_at = args.stop_at_return
+        if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
+            raise ValueError(
+                f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
+                f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
+                "pass a higher --stop-at-return to train it on (up to --total-timesteps if that return is never "
+                "reached)"
+            )
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
     random.seed(args.seed)
@@ -290,6 +335,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
+        plotted = stack.enter_context(_plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
@@ -336,6 +382,11 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                 rows = rundir.read_jsonl(metrics_path)
                 rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
+        if checkpoint is not None and counters.solved_at_step is not None:
+            before = _solved_threshold(checkpoint)
+            if threshold is None or before is None or threshold > before:
+                # Solved against a lower bar than this session's: judged again against its own.
+                counters.solved_at_step = counters.solved_at_seconds = None
 
         obs_shape = tuple(obs_space.shape or ())
         obs_dtype = (
@@ -367,7 +418,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
             run_dir,
         )
         if on_start is not None:
-            on_start({**config, "run_dir": str(run_dir)})
+            resumed = {"resumed_from": str(checkpoint_file), "resumed_step": counters.global_step} if checkpoint else {}
+            on_start({**config, "run_dir": str(run_dir), **resumed})
         writer = None
         if args.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -834,9 +886,7 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     servers_left=totals.servers_left,
                 )
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
-    if args.plot and counters.update > 0:
-        from learner.plot import plot_runs
-
-        plot_runs([run_dir], run_dir / rundir.PLOT)
+            if counters.update > 0:
+                plotted.append(run_dir)
     summary["run_dir"] = str(run_dir)
     return summary

@@ -69,6 +69,33 @@ def test_resume_continues_a_run_with_more_steps(
     assert config["args"]["total_timesteps"] == 48 and config["args"]["num_envs"] == 2
 
 
+def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ClockEnv's returns are >= 0, so --stop-at-return 0 is reached once 20 episodes have ended (at step 78, mid-rollout).
+    run = tmp_path / "solved"
+    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "160"]
+    assert main(["train", *argv, "--stop-at-return", "0", "--no-plot", "--run-dir", str(run)]) == 0
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"] == "stop_at_return" and summary["solved_at_step"] == summary["total_steps"] == 78
+    capsys.readouterr()
+    before = sorted(p.name for p in run.iterdir())
+    for again in ([], ["--stop-at-return", "0"], ["--total-timesteps", "1000"]):
+        assert main(["train", "--resume", str(run), *again]) == 1
+        err = capsys.readouterr().err
+        assert f"--stop-at-return: the run in {run} was solved at step 78" in err, err
+        assert "pass a higher --stop-at-return" in err
+    assert sorted(p.name for p in run.iterdir()) == before  # nothing started, nothing written
+
+    assert main(["train", "--resume", str(run), "--stop-at-return", "5"]) == 0  # returns are <= 3
+    out = capsys.readouterr().out
+    checkpoint = run / "checkpoints" / "step-0000000078.pt"
+    assert f"resuming from {checkpoint} (78 steps)" in out
+    assert "not solved (mean return >= 5 not reached)" in out
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"] == "total_timesteps" and summary["solved_at_step"] is None
+
+
 def test_eval_reports_the_deterministic_policy_on_local_servers(
     trained_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -188,7 +215,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -196,3 +223,6 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path:
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "interrupted"
     assert rundir.list_checkpoints(run)[-1].name == f"step-{summary['total_steps']:010d}.pt"
+    assert "not solved" not in out
+    assert f"interrupted at step {summary['total_steps']:,} (its last update); " in out
+    assert f"continue with: learner train --resume {run}" in out

@@ -108,5 +108,6 @@ def test_no_server_left_ends_the_run_with_an_error_naming_it(
         **QUIET,
     )
     with pytest.raises(ServerUnavailableError, match=f"no env server left: {a}"):
-        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), plot=True))
     assert rundir.read_json(tmp_path / "run" / rundir.SUMMARY)["stop_reason"].startswith("error")
+    assert (tmp_path / "run" / rundir.PLOT).is_file()  # the update before it, as any run's end has
