@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
@@ -38,6 +38,13 @@ __all__ = ["build_parser", "main"]
 
 # Errors a user can act on from their message alone: one line, no traceback.
 _USER_ERRORS = (EnvFleetError, EnvBuildError, ValueError, FileExistsError, FileNotFoundError)
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+LOG_LEVEL_HELP = "what the learner logs to stderr: debug, info, warning or error (default: warning)"
+
+# What the learner extra brings (pyproject.toml: envfleet[learner]); the commands that need them import
+# them when they run, so a missing one is reported as a missing install, not as a traceback.
+_LEARNER_EXTRA = ("torch", "tensorboard", "tqdm", "matplotlib")
 
 
 def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, int]:
@@ -207,7 +214,7 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         kind = inner[0]
         default = getattr(defaults, f.name)
         help_text = docs.get(f.name, "")
-        if default is not None and default != {}:
+        if default is not None and default != {} and "(default" not in help_text:  # unless it says its own
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             if isinstance(default, bool):
                 shown = "on" if default else "off"
@@ -385,22 +392,41 @@ def _add_local_server_options(parser: argparse.ArgumentParser, servers: str, soc
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are two lines: a usage line (argparse's own unless that takes
+    several lines, as train's does) and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.format_usage().strip()
+        if "\n" in usage:
+            usage = f"usage: {self.prog} [options]; see {self.prog} --help"
+        self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
+    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    # --log-level also after the command (learner train --log-level info), where it overrides one before.
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="step random actions on local env servers and compare with AsyncVectorEnv")
+    demo = sub.add_parser(
+        "demo", parents=[common], help="step random actions on local env servers and compare with AsyncVectorEnv"
+    )
     demo.add_argument("--env", default="CartPole-v1", help="gymnasium id or entry point (default: %(default)s)")
     demo.add_argument("--num-servers", type=int, default=2, help="local env servers to start (default: %(default)s)")
     demo.add_argument("--envs-per-server", type=int, default=4, help="envs per server (default: %(default)s)")
     demo.add_argument("--steps", type=int, default=3000, help="vector steps to time (default: %(default)s)")
     _add_local_server_options(demo, "servers", "the servers' step sockets")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(func=cmd_demo)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the envs and actions (default: %(default)s)")
+    demo.set_defaults(func=cmd_demo, parser=demo)
 
     train = sub.add_parser(
         "train",
+        parents=[common],
         help="train PPO on env servers it starts (or --servers, or --backend gym)",
         description=textwrap.dedent(Args.__doc__ or "").strip(),
         epilog=_presets_epilog(),
@@ -415,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser(
         "eval",
+        parents=[common],
         help="mean and std return of a checkpoint's deterministic policy",
         description="Run a checkpoint's policy for N episodes on the run's env (local servers unless --servers).",
     )
@@ -425,7 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--episodes", type=_positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
     )
     evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
-    evaluate.add_argument("--backend", choices=["remote", "gym"], default="remote", help="(default: %(default)s)")
+    evaluate.add_argument(
+        "--backend",
+        choices=["remote", "gym"],
+        default="remote",
+        help="remote: env servers; gym: an in-process gymnasium SyncVectorEnv (default: %(default)s)",
+    )
     evaluate.add_argument(
         "--num-envs",
         type=_positive_int,
@@ -454,10 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    evaluate.set_defaults(func=cmd_eval)
+    evaluate.set_defaults(func=cmd_eval, parser=evaluate)
 
     plot = sub.add_parser(
         "plot",
+        parents=[common],
         help="PNG of return against steps and wall time, runs overlaid",
         description="Plot the recent mean return of one or more runs against env steps and wall time.",
     )
@@ -466,10 +499,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default=None, help="PNG to write (default: RUN_DIR/returns.png for one run, else returns.png)"
     )
     plot.add_argument("--title", default=None, help="figure title (default: the env ids)")
-    plot.set_defaults(func=cmd_plot)
+    plot.set_defaults(func=cmd_plot, parser=plot)
 
     bench = sub.add_parser(
         "bench",
+        parents=[common],
         help="remote envs against SyncVectorEnv, AsyncVectorEnv and SB3 SubprocVecEnv, side by side",
         description="Measure env-steps/s of RemoteVectorEnv layouts against local vector envs with the same "
         "total envs (CartPole, HalfCheetah, Pong), a latency-bound env from 1 to 64 envs, PPO end to end "
@@ -508,7 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--latency-delay-ms", type=float, default=2.0, metavar="MS", help="its step time (default: %(default)s)"
     )
-    bench.add_argument("--ppo-env", default="CartPole-v1", metavar="ID", help="(default: %(default)s)")
+    bench.add_argument(
+        "--ppo-env", default="CartPole-v1", metavar="ID", help="env of the ppo suite's runs (default: %(default)s)"
+    )
     bench.add_argument(
         "--ppo-timesteps",
         type=int,
@@ -520,14 +556,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--ppo-sizes", type=_int_tuple, default=(8, 64), metavar="N,N", help="total envs (default: 8,64)"
     )
-    bench.add_argument("--seed", type=int, default=0)
-    bench.set_defaults(func=cmd_bench)
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the throughput and latency suites' resets and random actions (default: %(default)s)",
+    )
+    bench.set_defaults(func=cmd_bench, parser=bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     prefer_fast_grpc_core()  # first: before anything imports grpc
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # said by the command's parser, whose usage names the command
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
@@ -536,6 +579,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
             print(f"  {note}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").partition(".")[0]
+        if missing not in _LEARNER_EXTRA:
+            raise
+        how = "pip install 'envfleet[learner]'"
+        if missing == "torch":  # before the extra, or pip pulls the multi-GB CUDA build on a CPU-only machine
+            how = f"pip install torch (on a CPU-only machine: pip install torch==2.13.0, the CPU wheel), then {how}"
+        print(f"learner {args.command}: error: needs {missing}, which is not installed here: {how}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
+        print(f"learner {args.command}: aborted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

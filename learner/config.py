@@ -97,7 +97,8 @@ class Args:
     seed: int = 1
     """seed of the agent, the sampling and the envs (env i gets seed + i)"""
     total_timesteps: int | None = None
-    """env steps to train for, over all envs (default: the preset's)"""
+    """env steps to train for, over all envs (default: the preset's), rounded up to whole rollouts of
+    --num-steps x the number of envs (20,000 with 8 envs x 32 steps: 79 rollouts, 20,224 steps)"""
     stop_at_return: float | None = None
     """stop once the mean return of the last 20 finished episodes is at least this"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from learner import rundir
-from learner.cli import main
+from learner.cli import build_parser, main
 from tests.conftest import StartServers
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
@@ -146,6 +147,8 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
         (["--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
         (["--resume", "/nonexistent/run"], "--resume: expected a run dir holding config.json"),
+        (["--steps", "8"], "unrecognized arguments: --steps 8"),
+        (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
     ],
 )
 def test_train_rejects_bad_options_naming_them(
@@ -154,7 +157,10 @@ def test_train_rejects_bad_options_naming_them(
     with pytest.raises(SystemExit) as exit_info:
         main(["train", *argv])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    # A short usage line (not train's ~30 lines of options) and the error.
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage == "usage: learner train [options]; see learner train --help"
+    assert error.startswith("learner train: error: ") and message in error, error
 
 
 @pytest.mark.parametrize(
@@ -200,20 +206,92 @@ def test_train_help_lists_every_option_with_its_docstring() -> None:
     assert "--norm-obs, --no-norm-obs" in out and "classic" in out and "ALE/Pong-v5" in out
 
 
-def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
+def test_log_level_goes_before_or_after_the_command_and_every_option_says_what_it_does() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["plot", "r"]).log_level == "warning"
+    assert parser.parse_args(["--log-level", "debug", "plot", "r"]).log_level == "debug"
+    assert parser.parse_args(["--log-level", "debug", "train", "--log-level", "info"]).log_level == "info"
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert sorted(commands) == ["bench", "demo", "eval", "plot", "train"]
+    for name, command in [("learner", parser), *commands.items()]:
+        for action in command._actions:
+            assert action.help or action.dest == "command", f"{name} {'/'.join(action.option_strings) or action.dest}: no help"
+        assert "--log-level LEVEL" in command.format_help(), name
+    assert commands["train"].format_help().count("(default: CartPole-v1") == 1
+
+
+def test_a_command_that_needs_torch_says_how_to_install_it(tmp_path: Path) -> None:
+    for argv in (["train", "--backend", "gym", "--run-dir", str(tmp_path / "r")], ["eval", "--checkpoint", "r"]):
+        code = f"import sys; sys.modules['torch'] = None; from learner.cli import main; sys.exit(main({argv!r}))"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"learner {argv[0]}: error: needs torch, which is not installed here: pip install torch (on a CPU-only "
+            "machine: pip install torch==2.13.0, the CPU wheel), then pip install 'envfleet[learner]'"
+        ]
+
+
+def _train_until_its_first_update(argv: list[str], run: Path) -> subprocess.Popen[str]:
+    """``learner train ARGV --run-dir RUN`` in a subprocess, returned once it has made its first update."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "learner", "train", *argv, "--run-dir", str(run), "--no-plot"],
+        [sys.executable, "-m", "learner", "train", *argv, "--run-dir", str(run)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 60
+    while not (run / rundir.METRICS).exists() or not rundir.read_jsonl(run / rundir.METRICS):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no update from learner train {' '.join(argv)}: {proc.communicate()}")
+        time.sleep(0.05)
+    return proc
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the local servers in /proc")
+def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # One local server whose steps take 2 s: the first Ctrl-C comes in a step (a stop after it is
+    # asked for), the second right after that, while the step still runs.
+    argv = [*CLOCK, "--num-servers", "1", "--envs-per-server", "1", "--num-steps", "1", "--step-delay-ms", "2000"]
+    proc = _train_until_its_first_update([*argv, "--total-timesteps", "1000", "--no-plot"], run)
     try:
-        deadline = time.monotonic() + 60
-        while not (run / rundir.METRICS).exists() or not rundir.read_jsonl(run / rundir.METRICS):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+        servers = _children(proc.pid)
+        assert servers
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "Ctrl-C again to abort at once" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "learner train: aborted" and "Traceback" not in err, err
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "interrupted"
+
+
+def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
+    proc = _train_until_its_first_update([*argv, "--no-plot"], run)
+    try:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
