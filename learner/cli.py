@@ -29,6 +29,7 @@ from env_server.envs import EnvBuildError
 from env_server.tuning import prefer_fast_grpc_core
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
+from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 
 if typing.TYPE_CHECKING:
@@ -120,7 +121,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         if "resumed_from" in info:
             print(f"resuming from {info['resumed_from']} ({info['resumed_step']:,} steps)", flush=True)
 
-    summary = train(config, on_start=started)
+    def fleet_changed(change: FleetChange) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(describe_change(change), file=sys.stdout)  # above the progress bar, which stays
+        sys.stdout.flush()
+
+    summary = train(config, on_start=started, on_fleet_change=fleet_changed)
     run_dir = Path(summary["run_dir"])
     recent = summary["final_return_mean"]
     print(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FleetChange", "carry_over"]
+__all__ = ["FleetChange", "carry_over", "describe_change"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,19 @@ class FleetChange:
     def new_envs(self) -> np.ndarray:
         """Mask over the envs now: True for envs of added servers (their episodes just started)."""
         return np.asarray(self.previous_index < 0)
+
+
+def describe_change(change: FleetChange) -> str:
+    """One line for people: "fleet: +4 envs (2 servers joined: a, b); 12 envs now"."""
+    added = int(change.new_envs.sum())
+    removed = change.previous_num_envs - (change.num_envs - added)
+    envs = " ".join(n for n, count in ((f"+{added}", added), (f"-{removed}", removed)) if count) or "+0"
+    servers = [
+        f"{len(addresses)} server{'s' if len(addresses) > 1 else ''} {verb}: {', '.join(addresses)}"
+        for addresses, verb in ((change.added, "joined"), (change.removed, "left"))
+        if addresses
+    ]
+    return f"fleet: {envs} envs ({'; '.join(servers)}); {change.num_envs} envs now"
 
 
 def carry_over(values: np.ndarray, change: FleetChange, fill: Any) -> np.ndarray:

@@ -41,7 +41,7 @@ from learner.checkpoint import capture_rng, find_checkpoint, load_checkpoint, re
 from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
-from learner.fleet import carry_over
+from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     Agent,
@@ -297,11 +297,18 @@ def _solved_threshold(checkpoint: dict[str, Any]) -> float | None:
     return reward_threshold(saved.get("env") or "")
 
 
-def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def train(
+    args: Args,
+    *,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
+    on_fleet_change: Callable[[FleetChange], None] | None = None,
+) -> dict[str, Any]:
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds.
 
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``
     and, for a resumed run, ``resumed_from`` (the checkpoint) and ``resumed_step`` (the CLI prints them).
+    ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
+    the rollout that steps the changed fleet.
     """
     device = pick_device(args.device)
     checkpoint_file = find_checkpoint(args.resume) if args.resume else None
@@ -556,6 +563,8 @@ def train(args: Args, *, on_start: Callable[[dict[str, Any]], None] | None = Non
                     change = refresh(drop=[lost.address] if lost is not None else ())
                     lost = None
                     if change is not None:
+                        if on_fleet_change is not None:
+                            on_fleet_change(change)
                         # Envs that stayed go on with their episodes; new ones (or all, after a failed
                         # step) start from the observations of their reset.
                         next_obs = prepare_obs(change.observations, update_stats=False)

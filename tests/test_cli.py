@@ -215,7 +215,9 @@ def test_log_level_goes_before_or_after_the_command_and_every_option_says_what_i
     assert sorted(commands) == ["bench", "demo", "eval", "plot", "train"]
     for name, command in [("learner", parser), *commands.items()]:
         for action in command._actions:
-            assert action.help or action.dest == "command", f"{name} {'/'.join(action.option_strings) or action.dest}: no help"
+            assert action.help or action.dest == "command", (
+                f"{name} {'/'.join(action.option_strings) or action.dest}: no help"
+            )
         assert "--log-level LEVEL" in command.format_help(), name
     assert commands["train"].format_help().count("(default: CartPole-v1") == 1
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from learner import ServerUnavailableError, rundir
+from learner.cli import main
 from learner.config import Args
 from learner.discovery import register_resolver
 from learner.train import train
@@ -53,6 +54,23 @@ def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve,
     # The batch is num_steps x num_envs, less the reset steps of next-step autoreset.
     assert all(r["batch_size"] <= 16 * r["num_envs"] for r in rows)
     assert rows[1]["batch_size"] > rows[0]["batch_size"]
+
+
+def test_learner_train_prints_one_line_per_fleet_change(
+    serve: Serve, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b, c = serve(num_envs=2)[1], serve(num_envs=2)[1], serve(num_envs=2)[1]
+    fleet = {1: [a], 2: [a], 3: [a, b], 4: [a, b], 5: [b, c], 6: [b, c], 7: [c]}
+    servers = scheduled("printed", lambda k: fleet[min(k, 7)])
+    argv = ["train", "--servers", servers, "--num-steps", "8", "--total-timesteps", str(8 * (2 + 4 * 4 + 2))]
+    argv += ["--run-dir", str(tmp_path / "run"), "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fleet:")]
+    assert lines == [
+        f"fleet: +2 envs (1 server joined: {b}); 4 envs now",
+        f"fleet: +2 -2 envs (1 server joined: {c}; 1 server left: {a}); 4 envs now",
+        f"fleet: -2 envs (1 server left: {b}); 2 envs now",
+    ]
 
 
 @pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
