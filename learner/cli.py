@@ -370,7 +370,7 @@ The latency-bound env is CartPole whose every step takes at least --latency-dela
 included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a server's K envs once
 per batched step). Efficiency = env-steps/s / (num_envs / delay); scaling efficiency = env-steps/s /
 (num_envs x what one env does alone: AsyncVectorEnv(1) for Async, a 1x1 server for remote layouts),
-which the issue's target is judged by; both are reported.
+which the performance target is judged by; both are reported.
 
 examples:
   learner bench                                   # everything (about 20 minutes on 2 cores)
