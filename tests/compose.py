@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELHOUSE = REPO / ".ci" / "wheelhouse"
+
+PROJECT_LABEL = "com.docker.compose.project"
+STACK_LABEL = "com.docker.stack.namespace"
+TEST_PREFIXES = ("envfleet-test", "envfleet-faults", "envfleet-swarm", "envfleet-measure")
+"""Name prefixes of the compose projects and stacks that tests and measurements make (then -XXXXXXXX)."""
+STALE_AFTER_S = 3 * 3600.0
+"""A test project whose every container, volume and network is older than this is left over from a run
+that never got to clean up (killed, cancelled): the Docker tests take minutes, not hours."""
 
 
 def docker_problem() -> str | None:
@@ -45,12 +56,14 @@ def compose_environment(**overrides: str) -> dict[str, str]:
 class ComposeProject:
     """``docker compose -p envfleet-test-XXXX`` over the repo's compose file."""
 
-    def __init__(self, prefix: str = "envfleet-test", **env: str) -> None:
+    def __init__(self, prefix: str = "envfleet-test", images_of: ComposeProject | None = None, **env: str) -> None:
+        """A project named PREFIX-XXXXXXXX; ``images_of``: use that project's images (and leave them to it)."""
         self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         # Image tags of the project's own: never a user's images, nor those of a run beside this one
         # (a rebuilt image under a shared tag makes `up` recreate every replica). Layers are cached.
-        self.env_image = f"envfleet-env-server:{self.name}"
-        self.learner_image = f"envfleet-learner:{self.name}"
+        self.owns_images = images_of is None
+        self.env_image = images_of.env_image if images_of else f"envfleet-env-server:{self.name}"
+        self.learner_image = images_of.learner_image if images_of else f"envfleet-learner:{self.name}"
         self.env = compose_environment(
             ENVFLEET_ENV_IMAGE=self.env_image, ENVFLEET_LEARNER_IMAGE=self.learner_image, **env
         )
@@ -100,7 +113,93 @@ class ComposeProject:
             records = [json.loads(line) for line in out.splitlines() if line.strip()]
         return sorted(records, key=lambda r: int(str(r["Name"]).rpartition("-")[2]))
 
-    def down(self) -> None:
-        """Remove the project's containers, network, volumes and image tags."""
-        self.run("down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False)
-        subprocess.run(["docker", "rmi", self.env_image, self.learner_image], capture_output=True, timeout=120)
+    def down(self) -> list[str]:
+        """Remove the project's containers, network, volumes and image tags (those it built).
+
+        Returns what ``docker compose down`` left behind (and this then removed by the project's label):
+        nothing, unless compose failed or timed out.
+        """
+        # --profile "*": with its files named by -f, compose's `down --volumes` leaves the volumes that only
+        # services under a profile not given use (the learner's `runs`).
+        with contextlib.suppress(subprocess.TimeoutExpired):  # then the label finds what it left
+            self.run(
+                "--profile", "*", "down", "--volumes", "--remove-orphans", "--timeout", "15", timeout=180, check=False
+            )
+        left = remove_labelled(f"{PROJECT_LABEL}={self.name}")
+        if self.owns_images:
+            subprocess.run(["docker", "rmi", self.env_image, self.learner_image], capture_output=True, timeout=120)
+        return left
+
+
+_LISTINGS = {
+    "container": ["ps", "--all", "--format", "{{.Names}}"],
+    "volume": ["volume", "ls", "--format", "{{.Name}}"],
+    "network": ["network", "ls", "--format", "{{.Name}}"],
+}
+
+
+def labelled(label: str) -> list[str]:
+    """The containers, volumes and networks with the Docker label ``label`` (KEY=VALUE): ``["volume NAME", ...]``."""
+    found = []
+    for kind, listing in _LISTINGS.items():
+        result = subprocess.run(
+            ["docker", *listing, "--filter", f"label={label}"], capture_output=True, text=True, timeout=60
+        )
+        found += [f"{kind} {name}" for name in result.stdout.split()] if result.returncode == 0 else []
+    return found
+
+
+def remove_labelled(label: str) -> list[str]:
+    """Remove every container (forced), volume and network with the Docker label ``label`` (KEY=VALUE),
+    in that order; returns what it found (a volume or network still in use by others stays)."""
+    found = labelled(label)
+    for kind in _LISTINGS:
+        names = [entry.partition(" ")[2] for entry in found if entry.startswith(f"{kind} ")]
+        if names:
+            force = ["--force"] if kind == "container" else []
+            subprocess.run(["docker", kind, "rm", *force, *names], capture_output=True, timeout=180)
+    return found
+
+
+def remove_stale_test_projects(older_than_s: float = STALE_AFTER_S) -> list[str]:
+    """Remove what earlier runs of the tests left on this engine: the containers, volumes and networks of
+    compose projects and stacks named ``envfleet-test-XXXXXXXX`` (and the other ``TEST_PREFIXES``) all of
+    whose resources are older than ``older_than_s``; those of anyone else, or of a run going on beside
+    this one, stay. Returns the names of what it removed.
+    """
+    import docker as sdk
+
+    ours = re.compile(rf"(?:{'|'.join(map(re.escape, TEST_PREFIXES))})-[0-9a-f]{{8}}")
+    newest: dict[tuple[str, str], float] = {}  # (label key, project) -> newest creation time
+    client = sdk.from_env()
+    try:
+        records = [
+            (c.attrs.get("Config", {}).get("Labels"), c.attrs.get("Created")) for c in client.containers.list(all=True)
+        ]
+        records += [(v.attrs.get("Labels"), v.attrs.get("CreatedAt")) for v in client.volumes.list()]
+        records += [(n.attrs.get("Labels"), n.attrs.get("Created")) for n in client.networks.list()]
+    finally:
+        client.close()
+    for labels, created in records:
+        for key in (PROJECT_LABEL, STACK_LABEL):
+            name = (labels or {}).get(key, "")
+            if ours.fullmatch(name):
+                when = _timestamp(created)
+                newest[key, name] = max(newest.get((key, name), when), when)
+    removed = []
+    for (key, name), when in sorted(newest.items()):
+        if time.time() - when > older_than_s:
+            if key == STACK_LABEL:  # its services first, or Swarm starts their tasks again
+                subprocess.run(["docker", "stack", "rm", name], capture_output=True, timeout=120)
+            removed += remove_labelled(f"{key}={name}")
+    return removed
+
+
+def _timestamp(text: str | None) -> float:
+    """Seconds since the epoch of Docker's ``2026-11-30T11:20:20.123456789Z``; now when it cannot be read."""
+    try:
+        text = re.sub(r"\.\d+", "", str(text)).replace("Z", "+00:00")
+        when = datetime.fromisoformat(text)
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    except ValueError:
+        return time.time()

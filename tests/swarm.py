@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.compose import REPO, ComposeProject
+from tests.compose import REPO, STACK_LABEL, ComposeProject, labelled, remove_labelled
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True, env: dict[str, str] | None = None) -> str:
@@ -98,17 +98,25 @@ class Stack:
         return self.running(service)
 
     def remove(self) -> None:
-        """``docker stack rm``, then wait until its containers and network are gone."""
+        """``docker stack rm``, wait until its containers and network are gone, then remove its volumes
+        (``stack rm`` never does: the learner's ``runs`` volume, made on the node where its task ran)."""
         docker("stack", "rm", self.name, check=False)
-        label = f"label=com.docker.stack.namespace={self.name}"
-        wait_for(
-            lambda: (
-                not docker("ps", "-aq", "--filter", label).strip()
-                and not docker("network", "ls", "-q", "--filter", label).strip()
-            ),
-            f"stack {self.name} gone",
-            120,
-        )
+        label = f"label={STACK_LABEL}={self.name}"
+        try:
+            wait_for(
+                lambda: (
+                    not docker("ps", "-aq", "--filter", label).strip()
+                    and not docker("network", "ls", "-q", "--filter", label).strip()
+                ),
+                f"stack {self.name} gone",
+                120,
+            )
+        finally:
+            remove_labelled(f"{STACK_LABEL}={self.name}")
+
+    def leftovers(self) -> list[str]:
+        """The stack's containers, volumes and networks still on this engine."""
+        return labelled(f"{STACK_LABEL}={self.name}")
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float, why: Callable[[], str] | None = None) -> None:

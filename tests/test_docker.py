@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from learner import RemoteVectorEnv, expand_addresses, rundir
-from tests.compose import REPO, ComposeProject, docker_problem
+from tests.compose import PROJECT_LABEL, REPO, ComposeProject, docker_problem, labelled, remove_stale_test_projects
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -44,6 +44,7 @@ def docker_ready() -> None:
 @pytest.fixture(scope="module")
 def fleet(docker_ready: None) -> Iterator[ComposeProject]:
     """The images built, and 8 healthy CartPole replicas (4 envs each) of a project of its own."""
+    remove_stale_test_projects()  # what killed runs of these tests left (hours old, ours only)
     project = ComposeProject()
     try:
         project.build("env", "learner")
@@ -252,10 +253,9 @@ def test_killed_replicas_come_back_and_training_completes(fleet: ComposeProject)
     (reconnects, or joins when the DNS name dropped a replica while it was down) and the env steps lost."""
     # A project of its own (the images are the fleet's), its steps at least 20 ms long: the run lasts >= 20 s
     # whatever the machine, so the replicas are back before it ends.
-    project = ComposeProject(prefix="envfleet-faults", ENVFLEET_STEP_DELAY_MS="20")
-    project.env_image, project.learner_image = fleet.env_image, fleet.learner_image
-    project.env.update(ENVFLEET_ENV_IMAGE=fleet.env_image, ENVFLEET_LEARNER_IMAGE=fleet.learner_image)
+    project = ComposeProject(prefix="envfleet-faults", images_of=fleet, ENVFLEET_STEP_DELAY_MS="20")
     total = 32 * 32 * 32  # 32 updates of 32 steps of 32 envs: >= 20 s
+    proc: subprocess.Popen[str] | None = None
     try:
         project.up(REPLICAS)
         up_at = time.monotonic()
@@ -307,6 +307,9 @@ def test_killed_replicas_come_back_and_training_completes(fleet: ComposeProject)
         assert summary == [3, "total_timesteps"]
         assert [c["State"] for c in project.containers()] == ["running"] * REPLICAS
     finally:
+        if proc is not None and proc.poll() is None:  # the test failed under it
+            proc.kill()
+            proc.wait(timeout=30)
         project.down()
 
 
@@ -368,6 +371,21 @@ def test_extra_pip_packages_build_argument_installs_an_env_package(fleet: Compos
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=60)
+
+
+def test_down_leaves_no_container_volume_or_network(fleet: ComposeProject) -> None:
+    """`down --volumes` of a project whose learner (a service under a profile) wrote to the volume `runs`:
+    compose itself removes that volume too (ComposeProject.down gives it every profile; without, compose
+    given its files by -f leaves it), and the project's network and containers."""
+    project = ComposeProject(images_of=fleet)
+    label = f"{PROJECT_LABEL}={project.name}"
+    try:
+        project.up(1)
+        project.run("run", "--rm", "--no-deps", "--entrypoint", "touch", "learner", "runs/x", timeout=180)
+        assert f"volume {project.name}_runs" in labelled(label) and f"network {project.name}_default" in labelled(label)
+    finally:
+        left_by_compose = project.down()
+    assert left_by_compose == [] and labelled(label) == []
 
 
 def test_replicas_stop_cleanly_on_sigterm(fleet: ComposeProject) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from learner import RemoteVectorEnv, expand_addresses
-from tests.compose import REPO, ComposeProject, docker_problem
+from tests.compose import REPO, ComposeProject, docker_problem, remove_stale_test_projects
 from tests.prerequisites import require
 from tests.swarm import Stack, docker, single_node_swarm, wait_for
 from tests.training import BackgroundTraining
@@ -33,6 +33,7 @@ TRAIN = ["--num-steps", "32", "--no-plot", "--no-progress", "--checkpoint-every"
 def stack() -> Iterator[Stack]:
     """The images built, and `docker stack deploy` of the compose file with 3 env tasks, on a swarm."""
     require(docker_problem(), "Docker is not usable")
+    remove_stale_test_projects()  # what killed runs of these tests left (hours old, ours only)
     project = ComposeProject(prefix="envfleet-swarm")
     stack = Stack(project)
     try:
@@ -162,6 +163,9 @@ def test_training_follows_service_scale_and_a_removed_task(stack: Stack, tmp_pat
 
 
 def test_stack_rm_removes_every_service_and_container(stack: Stack) -> None:
-    """Last: `docker stack rm` (the fixture's teardown does it again, harmlessly)."""
+    """Last: `docker stack rm` (the fixture's teardown does it again, harmlessly), and the volume the
+    learner task made (`stack rm` leaves volumes; Stack.remove removes them by the stack's label)."""
+    assert f"volume {stack.name}_runs" in stack.leftovers()  # the learner service's task ran here
     stack.remove()
     assert not docker("service", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={stack.name}").strip()
+    assert stack.leftovers() == []
