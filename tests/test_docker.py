@@ -86,6 +86,10 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
     devices = services["learner-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and not services["learner"]["deploy"].get("resources")
     assert services["learner-gpu"]["command"] == services["learner"]["command"]
+    # The one-shot `--profile learner up` trains CartPole to solved, with a budget for 32+ envs (README).
+    command = services["learner"]["command"]
+    options = dict(zip(command[1::2], command[2::2], strict=False))
+    assert options["--stop-at-return"] == "475" and int(options["--total-timesteps"]) >= 1_000_000, command
     swarm = subprocess.run(
         ["docker", "stack", "config", "-c", "docker-compose.yml"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
