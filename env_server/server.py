@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 from collections.abc import Callable
 
 import grpc
@@ -64,9 +65,12 @@ def _listen_address(config: ServerConfig) -> str:
 
 
 def _check_bindable(config: ServerConfig) -> None:
-    """Fail with the cause (e.g. another process has the port) before gRPC tries and logs its own
-    error lines. Only a check: the port may still be taken before gRPC binds it."""
-    if config.unix_socket or config.port == 0:
+    """Fail with the cause (another process has the port, a file is in the socket's place, ...)
+    before gRPC tries and logs its own error lines. Only a check: gRPC decides in the end."""
+    if config.unix_socket:
+        _check_socket_path(config.unix_socket)
+        return
+    if config.port == 0:
         return
     try:
         infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -74,14 +78,15 @@ def _check_bindable(config: ServerConfig) -> None:
         raise OSError(f"--host {config.host}: cannot resolve it: {err.strerror}") from err
     errors: list[OSError] = []
     for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
-            try:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
                 sock.bind(sockaddr)
-            except OSError as err:
+        except OSError as err:
+            if err.errno != errno.EAFNOSUPPORT:  # (no IPv6 here: gRPC does without it too)
                 errors.append(err)
-            else:
-                return  # gRPC listens if any of the addresses binds
+        else:
+            return  # gRPC listens if any of the addresses binds
     if errors:
         first = errors[0]
         hint = (
@@ -92,6 +97,22 @@ def _check_bindable(config: ServerConfig) -> None:
             else "see --host and --port"
         )
         raise OSError(f"cannot listen on {_listen_address(config)}: {first.strerror} ({hint})")
+
+
+def _check_socket_path(path: str) -> None:
+    """A Unix socket can be made at ``path`` (gRPC replaces a stale socket there, nothing else)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            raise OSError(f"--unix-socket {path}: no folder {folder} to make it in") from None
+        return
+    except OSError as err:
+        raise OSError(f"--unix-socket {path}: {err.strerror}") from err
+    if not stat.S_ISSOCK(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "not a socket"
+        raise OSError(f"--unix-socket {path}: exists and is {kind}, not a socket; remove it or pick another path")
 
 
 def _read_pem(path: str, option: str) -> bytes:

@@ -592,7 +592,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         how = "pip install 'envfleet[learner]'"
         if missing == "torch":  # before the extra, or pip pulls the multi-GB CUDA build on a CPU-only machine
-            how = f"pip install torch (on a CPU-only machine: pip install torch==2.13.0, the CPU wheel), then {how}"
+            how = (
+                "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "
+                f"--index-url https://download.pytorch.org/whl/cpu), then {how}"
+            )
         print(f"learner {args.command}: error: needs {missing}, which is not installed here: {how}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
+import stat
 from collections.abc import Callable, Sequence
 
 __all__ = [
@@ -97,7 +99,7 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     except FileNotFoundError:
         return f"no socket file {path}"
     except ConnectionRefusedError:
-        return "connection refused" + (f" on {path}" if path else "")
+        return _not_a_socket(path) or "connection refused" + (f" on {path}" if path else "")
     except TimeoutError:
         return f"a plain connect gets no answer within {timeout:g} s"
     except socket.gaierror as err:
@@ -105,6 +107,16 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     except OSError as err:
         return err.strerror or str(err)
     return None
+
+
+def _not_a_socket(path: str) -> str | None:
+    try:
+        mode = os.stat(path).st_mode if path else None
+    except OSError:
+        return None
+    if mode is None or stat.S_ISSOCK(mode):
+        return None
+    return f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'a file'}, not a socket"
 
 
 def _expand_one(address: str) -> list[str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
 import math
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
@@ -38,9 +40,37 @@ __all__ = ["RemoteVectorEnv"]
 
 log = logging.getLogger(__name__)
 
-# Connecting: after this long without an answer, say which servers are waited for (and why, if a
-# plain connect tells), before waiting out connect_timeout.
+# Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
+# (a plain connect: refused? no socket file?) and say which servers are waited for.
 _PATIENCE_S = 2.0
+
+
+async def _probe_until(address: str, deadline: float) -> str | None:
+    """:func:`~learner.discovery.probe` of ``address``, or None if it has not told by ``deadline``.
+
+    On a daemon thread of its own: a name lookup that hangs may outlive the wait, but holds up no
+    executor and no exit.
+    """
+    budget = deadline - time.monotonic()
+    if budget <= 0:
+        return None
+    told: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not told.set_running_or_notify_cancel():  # (running, it cannot be cancelled any more)
+            return
+        try:
+            told.set_result(probe(address, timeout=min(1.0, budget)))
+        except Exception:  # only a diagnosis: the error says what it can without one
+            log.debug("probing %s failed", address, exc_info=True)
+            told.set_result(None)
+
+    threading.Thread(target=run, name="envfleet-probe", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(told), budget)
+    except TimeoutError:
+        return None
+
 
 StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
@@ -283,24 +313,27 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             # Connect to all servers at once, within one shared deadline.
             deadline = time.monotonic() + self.connect_timeout
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
-            _, late = await asyncio.wait(readies, timeout=min(self.connect_timeout, _PATIENCE_S))
-            if late and self.connect_timeout > _PATIENCE_S:
-                # Say what is being waited for (servers may still be starting; a typo waits as long).
+            _, late = await asyncio.wait(readies, timeout=min(self.connect_timeout / 2, _PATIENCE_S))
+            probed, cause = "", None
+            if late:
+                # Why does the first of them not answer? Said now when the wait is long (servers may
+                # still be starting; a typo waits as long), and in the error if it runs out.
                 waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
-                cause = await asyncio.to_thread(probe, waiting[0])
-                log.warning(
-                    "env server%s %s not answering yet%s; waiting up to %g s in all (connect_timeout)",
-                    "s" if len(waiting) > 1 else "",
-                    ", ".join(waiting),
-                    f" ({waiting[0]}: {cause})" if cause else "",
-                    self.connect_timeout,
-                )
+                probed, cause = waiting[0], await _probe_until(waiting[0], deadline)
+                if self.connect_timeout > _PATIENCE_S:
+                    log.warning(
+                        "env server%s %s not answering yet%s; waiting up to %g s in all (connect_timeout)",
+                        "s" if len(waiting) > 1 else "",
+                        ", ".join(waiting),
+                        f" ({probed}: {cause})" if cause else "",
+                        self.connect_timeout,
+                    )
                 _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
             if late:
                 for task in late:
                     task.cancel()
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
-                cause = await asyncio.to_thread(probe, client.address)
+                cause = cause if client.address == probed else None
                 hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
                 if self._credentials is not None:
                     hint += (

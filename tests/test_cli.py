@@ -229,7 +229,8 @@ def test_a_command_that_needs_torch_says_how_to_install_it(tmp_path: Path) -> No
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr.splitlines() == [
             f"learner {argv[0]}: error: needs torch, which is not installed here: pip install torch (on a CPU-only "
-            "machine: pip install torch==2.13.0, the CPU wheel), then pip install 'envfleet[learner]'"
+            "machine, the small CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
+            "then pip install 'envfleet[learner]'"
         ]
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 
+import learner.remote
 from learner import RemoteVectorEnv, expand_addresses
 from learner.discovery import AddressError, probe
 from learner.errors import ServerUnavailableError
@@ -72,3 +74,31 @@ def test_a_server_that_is_not_there_is_waited_for_aloud_then_named_with_the_caus
         ):
             RemoteVectorEnv([address], connect_timeout=3)
     assert f"env server {address} not answering yet ({address}: connection refused); waiting up to 3 s" in caplog.text
+
+
+def test_a_probe_that_hangs_does_not_hold_up_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A name lookup can hang far beyond connect_timeout: the error must not wait for it.
+    release = threading.Event()
+
+    def hanging_probe(address: str, timeout: float = 1.0) -> str | None:
+        release.wait()
+        return "too late"
+
+    monkeypatch.setattr(learner.remote, "probe", hanging_probe)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        try:
+            with pytest.raises(
+                ServerUnavailableError, match=rf"{address}: nothing answered within 1 s \(is the server"
+            ):
+                RemoteVectorEnv([address], connect_timeout=1)
+        finally:
+            release.set()
+
+
+def test_probe_tells_a_file_in_the_sockets_place(tmp_path: Path) -> None:
+    (tmp_path / "file").touch()
+    (tmp_path / "folder").mkdir()
+    assert probe(f"unix:{tmp_path / 'file'}") == f"{tmp_path / 'file'} is a file, not a socket"
+    assert probe(f"unix:{tmp_path / 'folder'}") == f"{tmp_path / 'folder'} is a folder, not a socket"

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from env_server.config import ServerConfig
+from env_server.server import _check_bindable
 
 
 def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -80,6 +86,31 @@ def test_a_port_in_use_is_one_line_that_says_so() -> None:
         "(another process has it; pick another --port, or 0 for a free one)"
     )
     assert not any("add_port" in line or "GRPC_VERBOSITY" in line for line in lines), lines
+
+
+def test_a_unix_socket_path_that_cannot_be_one_is_one_line_that_says_why(tmp_path: Path) -> None:
+    (tmp_path / "file").touch()
+    for path, why in [
+        (tmp_path / "file", "exists and is a regular file, not a socket; remove it or pick another path"),
+        (tmp_path, "exists and is a folder, not a socket; remove it or pick another path"),
+        (tmp_path / "no" / "env.sock", f"no folder {tmp_path / 'no'} to make it in"),
+    ]:
+        result = run_server("--env", "CartPole-v1", "--unix-socket", str(path))
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and lines[-1] == f"env-server: error: --unix-socket {path}: {why}", lines
+        assert not any("add_port" in line for line in lines), lines
+
+
+def test_the_bind_check_leaves_hosts_without_ipv6_to_grpc(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_socket = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: Any, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    _check_bindable(ServerConfig(env="CartPole-v1", host="::", port=50051))  # gRPC falls back to 0.0.0.0
 
 
 def test_a_host_that_is_not_this_machines_is_one_line_that_says_so() -> None:
