@@ -33,24 +33,44 @@ class FleetChange:
     """Every env's current observation: the latest one of envs that stayed, the reset one of new envs."""
     infos: dict[str, Any]
     """The new envs' reset infos, as a vector info over all ``num_envs`` envs."""
+    restarted: int = 0
+    """Envs of servers that stayed which started over all the same (every env does after a failed
+    step or reset: those that answered moved on unseen); they count in ``new_envs``, not in ``added``."""
 
     @property
     def new_envs(self) -> np.ndarray:
-        """Mask over the envs now: True for envs of added servers (their episodes just started)."""
+        """Mask over the envs now: True for envs whose episodes just started (those of added servers,
+        and the ``restarted`` ones)."""
         return np.asarray(self.previous_index < 0)
+
+    @property
+    def added_envs(self) -> int:
+        """How many envs the servers that joined brought."""
+        return int(self.new_envs.sum()) - self.restarted
+
+    @property
+    def removed_envs(self) -> int:
+        """How many envs left with the servers that left."""
+        kept = self.num_envs - int(self.new_envs.sum())
+        return self.previous_num_envs - kept - self.restarted
 
 
 def describe_change(change: FleetChange) -> str:
-    """One line for people: "fleet: +4 envs (2 servers joined: a, b); 12 envs now"."""
-    added = int(change.new_envs.sum())
-    removed = change.previous_num_envs - (change.num_envs - added)
-    envs = " ".join(n for n, count in ((f"+{added}", added), (f"-{removed}", removed)) if count) or "+0"
-    servers = [
-        f"{len(addresses)} server{'s' if len(addresses) > 1 else ''} {verb}: {', '.join(addresses)}"
-        for addresses, verb in ((change.added, "joined"), (change.removed, "left"))
-        if addresses
-    ]
-    return f"fleet: {envs} envs ({'; '.join(servers)}); {change.num_envs} envs now"
+    """One line for people: "fleet: +4 envs (2 servers joined: a, b); 12 envs now", or after a failed
+    step "fleet: -2 envs (1 server left: a); 4 envs restarted; 4 envs now"."""
+    added, removed = change.added_envs, change.removed_envs
+    parts = []
+    if added or removed or change.added or change.removed:
+        envs = " ".join(n for n, count in ((f"+{added}", added), (f"-{removed}", removed)) if count) or "+0"
+        servers = [
+            f"{len(addresses)} server{'s' if len(addresses) > 1 else ''} {verb}: {', '.join(addresses)}"
+            for addresses, verb in ((change.added, "joined"), (change.removed, "left"))
+            if addresses
+        ]
+        parts.append(f"{envs} envs ({'; '.join(servers)})" if servers else f"{envs} envs")
+    if change.restarted:
+        parts.append(f"{change.restarted} env{'s' if change.restarted > 1 else ''} restarted")
+    return f"fleet: {'; '.join(parts or ['no change'])}; {change.num_envs} envs now"
 
 
 def carry_over(values: np.ndarray, change: FleetChange, fill: Any) -> np.ndarray:

@@ -954,7 +954,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         Returns:
             None when nothing changed, else a :class:`~learner.fleet.FleetChange`: who joined and
-            left, and for each env now its index before (-1 for new envs) and current observation.
+            left, and for each env now its index before (-1 for new envs) and current observation
+            (``restarted`` counts the envs of servers that stayed which started over).
 
         Raises:
             ServerUnavailableError: no server is left, even after ``connect_timeout`` seconds for those
@@ -1068,6 +1069,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             previous_index=np.array(previous_index, dtype=np.int64),
             observations=self._observations(self._obs_buffer),
             infos=merge_infos(parts, self.num_envs),
+            restarted=sum(c.num_envs for c in stay if c.address in resets),
         )
 
     async def _join(self, addresses: list[str], wait: float, everyone: bool = False) -> list[EnvClient]:

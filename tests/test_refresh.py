@@ -21,7 +21,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 
 from learner import RemoteVectorEnv, ServerUnavailableError
 from learner.discovery import register_resolver
-from learner.fleet import FleetChange, carry_over
+from learner.fleet import FleetChange, carry_over, describe_change
 from tests.conftest import Serve
 
 FLEETS: dict[str, list[str]] = {}
@@ -119,6 +119,7 @@ def test_a_server_that_stopped_is_dropped_though_still_listed(serve: Serve) -> N
         assert envs.addresses == [b]
         # The failed step left b's envs a step ahead of what the learner saw: they start over.
         assert change.new_envs.tolist() == [True, True]
+        assert (change.restarted, change.added_envs, change.removed_envs) == (2, 0, 2)
         assert np.all(np.abs(change.observations) <= 0.05)
         envs.step(np.zeros(2, dtype=np.int64))
 
@@ -247,6 +248,25 @@ def test_carry_over_lays_per_env_values_out_for_the_new_fleet() -> None:
     assert carry_over(np.array([True, False, False, True]), change, True).tolist() == [False, True, True, True]
     with pytest.raises(ValueError, match="expected 4 envs"):
         carry_over(np.zeros(3), change, 0)
+
+
+def test_describe_change_counts_envs_by_the_servers_that_came_and_went_and_those_restarted() -> None:
+    def change(added: tuple[str, ...], removed: tuple[str, ...], index: list[int], before: int, restarted: int) -> str:
+        return describe_change(
+            FleetChange(added, removed, len(index), before, np.array(index), np.zeros((len(index), 1)), {}, restarted)
+        )
+
+    assert (
+        change(("c",), ("a",), [2, 3, -1, -1], 4, 0)
+        == "fleet: +2 -2 envs (1 server joined: c; 1 server left: a); 4 envs now"
+    )
+    # After a failed step: 3 servers x 2 envs, a left, and the envs of b and c started over.
+    assert change((), ("a",), [-1] * 4, 6, 4) == "fleet: -2 envs (1 server left: a); 4 envs restarted; 4 envs now"
+    # A failed step that cost no server (it came back in time): every env started over.
+    assert change((), (), [-1] * 4, 4, 4) == "fleet: 4 envs restarted; 4 envs now"
+    assert (
+        change(("d", "e"), (), [-1] * 3, 1, 1) == "fleet: +2 envs (2 servers joined: d, e); 1 env restarted; 3 envs now"
+    )
 
 
 def test_pipelining_groups_follow_the_fleet(serve: Serve) -> None:

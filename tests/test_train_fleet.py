@@ -73,6 +73,27 @@ def test_learner_train_prints_one_line_per_fleet_change(
     ]
 
 
+def test_after_a_failed_step_the_line_counts_the_envs_of_the_server_that_left_and_those_restarted(
+    serve: Serve, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """3 servers x 2 envs, not fault-tolerant; a hangs in the second rollout (its step times out): the
+    rollout is dropped, a is let go, and the envs of b and c start over (they stepped unseen)."""
+    (proc, a), (_, b), (_, c) = serve(num_envs=2), serve(num_envs=2), serve(num_envs=2)
+
+    def fleet(k: int) -> list[str]:
+        if k == 3:  # before the second rollout: a still accepts connections, but answers nothing
+            proc.send_signal(signal.SIGSTOP)
+        return [a, b, c] if k <= 3 else [b, c]
+
+    argv = ["train", "--servers", scheduled("failed-step", fleet), "--num-steps", "8", "--timeout", "1"]
+    argv += ["--no-fault-tolerant"]
+    argv += ["--total-timesteps", str(8 * 6 + 8 * 4 * 2), "--run-dir", str(tmp_path / "run")]
+    assert main([*argv, "--no-progress", "--no-plot", "--no-tensorboard"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fleet:")]
+    assert lines == [f"fleet: -2 envs (1 server left: {a}); 4 envs restarted; 4 envs now"]
+    proc.send_signal(signal.SIGCONT)
+
+
 @pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
 def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(
     serve: Serve, tmp_path: Path, fault_tolerant: bool
