@@ -31,6 +31,7 @@ from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
+from learner.rundir import checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -142,15 +143,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif summary["solved_threshold"] is not None and summary["stop_reason"] != "interrupted":
         print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
     if summary["stop_reason"] == "interrupted":
-        print(
-            f"interrupted at step {summary['total_steps']:,} (its last update); "
-            f"continue with: learner train --resume {shlex.quote(str(run_dir))}"
-        )
+        print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
     print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
     if config.plot and (run_dir / "returns.png").exists():
         print(f"plot: {run_dir / 'returns.png'}")
     return 130 if summary["stop_reason"] == "interrupted" else 0
+
+
+def interrupted_line(run_dir: Path, step: int) -> str:
+    """What an interrupted run says, from the checkpoints on disk: a run stopped during an update has
+    none of its last update (and, with --checkpoint-every 0, maybe none at all)."""
+    checkpoints = list_checkpoints(run_dir)
+    resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    if not checkpoints:
+        return f"interrupted at step {step:,}; no checkpoint was written (see --checkpoint-every): it cannot be resumed"
+    if checkpoints[-1] == checkpoint_path(run_dir, step):
+        return f"interrupted at step {step:,} (its last update); continue with: {resume}"
+    return (
+        f"interrupted at step {step:,} (its last update, not checkpointed); continue from its last checkpoint, "
+        f"{checkpoints[-1].name}, with: {resume}"
+    )
 
 
 def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -289,6 +289,19 @@ def _check_fresh(run_dir: Path) -> None:
         )
 
 
+def stopped_in_update(saved_step: int | None) -> str:
+    """What a run stopped during an update says: no checkpoint of that update is written (the nets are
+    half-way through it); ``saved_step`` is the step of the last checkpoint on disk, None if there is none."""
+    if saved_step is None:
+        return (
+            "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
+            "this run cannot be resumed"
+        )
+    return (
+        f"stopped during an update: no checkpoint of it written; resuming starts at the last one, step {saved_step:,}"
+    )
+
+
 def _solved_threshold(checkpoint: dict[str, Any]) -> float | None:
     """The mean return a checkpoint's run counted as solved: its --stop-at-return, else its env's threshold."""
     saved = checkpoint["args"]
@@ -852,7 +865,7 @@ def train(
                 # update, for the checkpoint and the summary alike (none is written when that one is on
                 # disk already, or when the nets are half-way through the next update).
                 if updating:
-                    log.warning("stopped during an update: no checkpoint written; resuming starts at the last one")
+                    log.warning("%s", stopped_in_update(saved_step))
                 fresh = not updating and last_update["counters"]["global_step"] != saved_step
                 state = last_update if fresh else None
                 counters = Counters(**last_update["counters"])

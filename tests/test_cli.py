@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from learner import rundir
-from learner.cli import build_parser, main
+from learner.cli import build_parser, interrupted_line, main
+from learner.train import stopped_in_update
 from tests.conftest import StartServers
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
@@ -307,3 +308,27 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path:
     assert "not solved" not in out
     assert f"interrupted at step {summary['total_steps']:,} (its last update); " in out
     assert f"continue with: learner train --resume {run}" in out
+
+
+def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_it_resumes(tmp_path: Path) -> None:
+    # Two Ctrl-Cs land in an update only by chance: the wording is checked on its own, as the run words it.
+    assert stopped_in_update(None) == (
+        "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
+        "this run cannot be resumed"
+    )
+    assert stopped_in_update(1600).endswith("no checkpoint of it written; resuming starts at the last one, step 1,600")
+    run = tmp_path / "run"
+    assert interrupted_line(run, 48) == (
+        "interrupted at step 48; no checkpoint was written (see --checkpoint-every): it cannot be resumed"
+    )
+    rundir.checkpoint_path(run, 32).parent.mkdir(parents=True)
+    rundir.checkpoint_path(run, 32).touch()
+    assert interrupted_line(run, 48) == (
+        "interrupted at step 48 (its last update, not checkpointed); continue from its last checkpoint, "
+        f"step-0000000032.pt, with: learner train --resume {run}"
+    )
+    rundir.checkpoint_path(run, 48).touch()
+    assert (
+        interrupted_line(run, 48)
+        == f"interrupted at step 48 (its last update); continue with: learner train --resume {run}"
+    )
