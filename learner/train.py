@@ -180,6 +180,8 @@ class Counters:
     recent_lengths: list[int] = field(default_factory=list)
     solved_at_step: int | None = None
     solved_at_seconds: float | None = None
+    solved_threshold: float | None = None
+    """The mean return ``solved_at_step`` was judged against (--stop-at-return, else the env's threshold)."""
     env_steps_lost: int = 0
     """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
     episodes_cut: int = 0
@@ -302,12 +304,17 @@ def stopped_in_update(saved_step: int | None) -> str:
     )
 
 
-def _solved_threshold(checkpoint: dict[str, Any]) -> float | None:
-    """The mean return a checkpoint's run counted as solved: its --stop-at-return, else its env's threshold."""
+def _solved_threshold(checkpoint: dict[str, Any], env_id: str | None) -> float | None:
+    """The mean return a checkpoint's run was judged solved against: recorded with ``solved_at_step``;
+    in checkpoints from before it was, the run's --stop-at-return, else the threshold of the env it
+    trained on (``env_id``, which config.json names: older runs on --servers saved no --env)."""
+    recorded = checkpoint["counters"].get("solved_threshold")
+    if recorded is not None:
+        return float(recorded)
     saved = checkpoint["args"]
     if saved.get("stop_at_return") is not None:
         return float(saved["stop_at_return"])
-    return reward_threshold(saved.get("env") or "")
+    return reward_threshold(saved.get("env") or env_id or "")
 
 
 def train(
@@ -337,7 +344,8 @@ def train(
                 f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
                 f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
             )
-        solved_at, solved_under = checkpoint["counters"].get("solved_at_step"), _solved_threshold(checkpoint)
+        # (args.env: for a resumed run, the env config.json says it trained on; see resume_args)
+        solved_at, solved_under = checkpoint["counters"].get("solved_at_step"), _solved_threshold(checkpoint, args.env)
         stop_at = args.stop_at_return
         if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
             raise ValueError(
@@ -403,10 +411,12 @@ def train(
                 rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         if checkpoint is not None and counters.solved_at_step is not None:
-            before = _solved_threshold(checkpoint)
+            before = _solved_threshold(checkpoint, env_id)
             if threshold is None or before is None or threshold > before:
                 # Solved against a lower bar than this session's: judged again against its own.
-                counters.solved_at_step = counters.solved_at_seconds = None
+                counters.solved_at_step = counters.solved_at_seconds = counters.solved_threshold = None
+            else:
+                counters.solved_threshold = before
 
         obs_shape = tuple(obs_space.shape or ())
         obs_dtype = (
@@ -667,6 +677,7 @@ def train(
                         ):
                             counters.solved_at_step = counters.global_step
                             counters.solved_at_seconds = time.perf_counter() - start_time
+                            counters.solved_threshold = threshold
                             log.info(
                                 "solved at step %d: mean return of the last %d episodes >= %g",
                                 counters.global_step,

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from learner import rundir
+from learner.checkpoint import load_checkpoint
 from learner.cli import build_parser, interrupted_line, main
 from learner.train import stopped_in_update
 from tests.conftest import StartServers
@@ -96,6 +98,43 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     assert "not solved (mean return >= 5 not reached)" in out
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "total_timesteps" and summary["solved_at_step"] is None
+
+
+def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it_was_solved_against(
+    tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # FrozenLake on a 1x2 map ("SG"): every episode reaches the goal (return 1), so the run is solved under
+    # the env's own threshold (0.7), without --stop-at-return, within a few rollouts.
+    addresses = start_servers("FrozenLake-v1", 1, 2, env_kwargs={"desc": ["SG"], "is_slippery": False})
+    run = tmp_path / "run"
+    argv = ["--servers", ",".join(addresses), "--num-steps", "16", "--no-plot", "--no-progress", "--no-tensorboard"]
+    assert main(["train", *argv, "--total-timesteps", "128", "--run-dir", str(run)]) == 0
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    solved_at = summary["solved_at_step"]
+    assert summary["solved_threshold"] == 0.7 and solved_at is not None and summary["total_steps"] == 128
+    latest = rundir.list_checkpoints(run)[-1]
+    checkpoint = load_checkpoint(latest)
+    assert checkpoint["counters"]["solved_threshold"] == 0.7
+    capsys.readouterr()
+
+    # The bar is in the checkpoint: judged by it even where the saved args name no env (as runs on --servers
+    # saved them before the env was recorded), and, in checkpoints from before the bar was, by the env
+    # config.json names.
+    checkpoint["args"]["env"] = None
+    torch.save(checkpoint, latest)
+    for recorded in (True, False):
+        if not recorded:
+            checkpoint["counters"]["solved_threshold"] = None
+            torch.save(checkpoint, latest)
+        assert main(["train", "--resume", str(run), "--stop-at-return", "0.7", "--total-timesteps", "192"]) == 1
+        err = capsys.readouterr().err
+        assert f"the run in {run} was solved at step {solved_at:,} (mean return of the last 20 episodes >= 0.7)" in err
+
+    # Trained on (no --stop-at-return): still solved where it was, not judged again.
+    assert main(["train", "--resume", str(run), "--total-timesteps", "192", *argv[2:]]) == 0
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert (summary["total_steps"], summary["solved_at_step"]) == (192, solved_at)
+    assert f"solved (mean return >= 0.7) at step {solved_at:,}" in capsys.readouterr().out
 
 
 def test_eval_reports_the_deterministic_policy_on_local_servers(
