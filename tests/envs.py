@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from learner.benchmarks.envs import IndexEnv
 
-__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "IndexEnv", "SlowToBuildEnv"]
+__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "GateEnv", "IndexEnv", "SlowToBuildEnv"]
 
 
 class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
@@ -127,6 +128,30 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         self._t += 1
         over = self._t >= self.length
         return self._obs(), reward, over and self.end == "terminate", over and self.end == "truncate", {}
+
+
+class GateEnv(ClockEnv):
+    """A ClockEnv whose step number ``at`` (counted over the env's life) waits at a gate the test opens.
+
+    Entering that step it creates the file ``gate``; it returns once the file is gone (or after
+    ``hold_s``, should the test never open it). So a test knows a step is in progress, and that it
+    stays in progress until the test says, with no guess at how long anything takes.
+    """
+
+    def __init__(self, gate: str, at: int = 1, hold_s: float = 60.0, length: int = 3) -> None:
+        super().__init__(length)
+        self.gate, self.at, self.hold_s = gate, at, hold_s
+        self._steps = 0
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self._steps == self.at:
+            with open(self.gate, "w"):
+                pass
+            deadline = time.monotonic() + self.hold_s
+            while os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().step(action)
 
 
 class FuzzEnv(gym.Env[np.ndarray, dict[str, Any]]):

@@ -306,26 +306,46 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the local servers in /proc")
 def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    # One local server whose steps take 2 s: the first Ctrl-C comes in a step (a stop after it is
-    # asked for), the second right after that, while the step still runs.
-    argv = [*CLOCK, "--num-servers", "1", "--envs-per-server", "1", "--num-steps", "1", "--step-delay-ms", "2000"]
-    proc = _train_until_its_first_update([*argv, "--total-timesteps", "1000", "--no-plot"], run)
+    run, gate = tmp_path / "run", tmp_path / "in-step"
+    # One local server whose env holds its second step (the second rollout's, after an update and its
+    # checkpoint) until the gate file is removed: both Ctrl-Cs come while the learner waits for that step.
+    env = ["--env", "tests.envs:GateEnv", "--env-kwargs", json.dumps({"gate": str(gate), "at": 2})]
+    argv = [*env, "--num-servers", "1", "--envs-per-server", "1", "--num-steps", "1", "--total-timesteps", "1000"]
+    argv += ["--no-progress", "--no-tensorboard", "--no-plot", "--run-dir", str(run)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+        deadline = time.monotonic() + 60
+        while not gate.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the learner never reached its second step: {proc.communicate()}")
+            time.sleep(0.05)
         servers = _children(proc.pid)
-        assert servers
-        proc.send_signal(signal.SIGINT)
+        assert servers and rundir.read_jsonl(run / rundir.METRICS)
+        proc.send_signal(signal.SIGINT)  # a stop after this step is asked for
         assert proc.stderr is not None
         for line in proc.stderr:
             if "Ctrl-C again to abort at once" in line:
                 break
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # the step still waits at the gate
+        # At once: the learner leaves the step still held at the gate and writes its summary. Then the
+        # gate opens, so that the server, which the learner stops next, need not wait for its step.
+        while not (run / rundir.SUMMARY).exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        summarised_in_step = (run / rundir.SUMMARY).exists()  # (the step cannot end before the gate opens)
+        gate.unlink()
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "learner train: aborted" and "Traceback" not in err, err
+    assert summarised_in_step
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "interrupted"
 
