@@ -16,8 +16,9 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from env_server.codec import UnsupportedSpaceError
 from env_server.config import ServerConfig
-from env_server.envs import build_vector_env
+from env_server.envs import EnvBuildError, build_vector_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
 from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, STEP_SOCKET_SUFFIX
@@ -198,6 +199,10 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
             env = await service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False))
+        try:
+            service.attach(env)
+        except UnsupportedSpaceError as err:
+            raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
     except BaseException:
         await server.stop(None)
         if step_server is not None:
@@ -206,7 +211,6 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         if env is not None:
             env.close()
         raise
-    service.attach(env)
     try:
         if metrics is not None:
             assert config.metrics_port is not None

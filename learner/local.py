@@ -181,6 +181,9 @@ class LocalServers:
 
     def _tail(self, index: int) -> str:
         lines = list(self._stderr_tails[index])
+        said = [line for line in lines if line.startswith("env-server: error:")]
+        if said:  # its own one-line reason, not the noise that may follow it
+            return said[-1]
         return " | ".join(lines[-3:]) if lines else "(nothing)"
 
     @property

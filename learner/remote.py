@@ -19,7 +19,9 @@ from typing import Any
 import grpc
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.utils import seeding
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
@@ -30,7 +32,13 @@ from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
 from learner.discovery import AddressError, expand_addresses, probe, warn_duplicates
-from learner.errors import InvalidRequestError, ServerUnavailableError, SessionError, SpecMismatchError
+from learner.errors import (
+    InvalidRequestError,
+    ServerBusyError,
+    ServerUnavailableError,
+    SessionError,
+    SpecMismatchError,
+)
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
@@ -43,6 +51,31 @@ log = logging.getLogger(__name__)
 # Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
 # (a plain connect: refused? no socket file?) and say which servers are waited for.
 _PATIENCE_S = 2.0
+
+
+_NOT_BY_NAME = (
+    "RemoteVectorEnv has no {what}: it would let a request name methods and attributes for a server "
+    "to run, and a server runs only what its operator chose; ask for an env (or wrapper) that returns "
+    "what you need in infos"
+)
+
+
+def _env_spec(spec: pb.EnvSpec) -> EnvSpec | None:
+    """A gymnasium EnvSpec for the served env: its id, time limit and (when registered here) reward
+    threshold; no entry point or kwargs (the server made the env; ``make`` from it is not possible)."""
+    try:
+        registered = gym.spec(spec.env_id)
+    except Exception:  # an entry point, or an id registered only on the server
+        registered = None
+    try:
+        return EnvSpec(
+            id=spec.env_id,
+            entry_point=None,
+            reward_threshold=None if registered is None else registered.reward_threshold,
+            max_episode_steps=spec.max_episode_steps or None,
+        )
+    except Exception:  # an id gymnasium cannot parse: no spec, as for vector envs made of functions
+        return None
 
 
 async def _probe_until(address: str, deadline: float) -> str | None:
@@ -251,6 +284,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         }
         if first.HasField("render_fps"):
             self.metadata["render_fps"] = first.render_fps
+        self.spec = _env_spec(first)
         self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
         self._tasks = [None] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
@@ -367,6 +401,16 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         while True:
             try:
                 return await client.handshake()
+            except ServerBusyError as err:
+                if f"{client.client_name!r}" not in str(err):
+                    raise
+                # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
+                raise ServerBusyError(
+                    f"{err} -- that learner is this process: close the RemoteVectorEnv that holds the server "
+                    "(envs.close(), or make it in a with block) before making another",
+                    address=client.address,
+                    code=err.code,
+                ) from None
             except ServerUnavailableError as err:
                 if time.monotonic() + delay > deadline:
                     raise ServerUnavailableError(
@@ -448,6 +492,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """
         self._assert_idle("reset")
         seeds = self._seeds(seed)
+        if isinstance(
+            seed, int | np.integer
+        ):  # the vector env's own generator, as gymnasium's VectorEnv.reset seeds it
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)
         if mask is not None:
@@ -1143,7 +1191,26 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     # -- closing ----------------------------------------------------------------------------------
 
     def render(self) -> tuple[Any, ...] | None:
-        raise NotImplementedError("RemoteVectorEnv does not render: rendering happens on the env servers")
+        """One None per env, as gymnasium's vector envs give for envs made without a ``render_mode``.
+
+        Frames do not cross the wire: RemoteVectorEnv's envs have no render mode.
+        """
+        return (None,) * self.num_envs
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        raise AttributeError(_NOT_BY_NAME.format(what=f"call({name!r})"))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        raise AttributeError(_NOT_BY_NAME.format(what=f"get_attr({name!r})"))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        raise AttributeError(_NOT_BY_NAME.format(what=f"set_attr({name!r}, ...)"))
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"cannot pickle or copy {self!r}: it holds sessions with its env servers (one learner per "
+            "server); make another with RemoteVectorEnv(envs.addresses) once this one is closed"
+        )
 
     def close_extras(self, **kwargs: Any) -> None:
         """Release every server's envs for the next learner and close the connections."""
@@ -1173,7 +1240,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 self.close()
 
     def __repr__(self) -> str:
-        return f"RemoteVectorEnv({self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+        spec = getattr(self, "spec", None)
+        env = f"{spec.id}, " if spec is not None else ""
+        return f"RemoteVectorEnv({env}{self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
 
 
 class _StepBatch:

@@ -253,3 +253,17 @@ class SlowToBuildEnv(ClockEnv):
     def __init__(self, build_s: float = 2.0) -> None:
         time.sleep(build_s)
         super().__init__()
+
+
+class TextObservationEnv(gym.Env[str, np.int64]):
+    """Observations of a space envfleet does not carry (Text): a server must refuse it in one line."""
+
+    observation_space = gym.spaces.Text(5)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        return "a", {}
+
+    def step(self, action: np.int64) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return "a", 0.0, False, False, {}

@@ -1,0 +1,115 @@
+"""RemoteVectorEnv as a drop-in gymnasium VectorEnv: the parts of the API beyond reset and step."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from learner import RemoteVectorEnv
+from learner.errors import ServerBusyError, ServerStartError
+from learner.local import LocalServers
+from tests.conftest import StartServers
+
+
+@pytest.fixture
+def cartpole(start_servers: StartServers) -> Iterator[RemoteVectorEnv]:
+    with RemoteVectorEnv(start_servers("CartPole-v1", num_servers=1, envs_per_server=2)) as envs:
+        yield envs
+
+
+def test_spec_names_the_served_env_and_its_time_limit(cartpole: RemoteVectorEnv) -> None:
+    assert cartpole.spec is not None
+    local = gym.spec("CartPole-v1")
+    assert (cartpole.spec.id, cartpole.spec.max_episode_steps, cartpole.spec.reward_threshold) == (
+        local.id,
+        local.max_episode_steps,
+        local.reward_threshold,
+    )
+    assert repr(cartpole).startswith("RemoteVectorEnv(CartPole-v1, [")
+
+
+def test_an_int_seed_seeds_the_vector_envs_own_generator(cartpole: RemoteVectorEnv) -> None:
+    cartpole.reset(seed=5)
+    first = cartpole.np_random.integers(1 << 30, size=4)
+    assert cartpole.np_random_seed == 5
+    cartpole.reset(seed=5)
+    assert (cartpole.np_random.integers(1 << 30, size=4) == first).all()
+
+
+@pytest.mark.filterwarnings("ignore:.*calling render method without specifying any render mode")
+def test_render_gives_one_none_per_env_as_gymnasium_without_a_render_mode(cartpole: RemoteVectorEnv) -> None:
+    local = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    local.reset(seed=0)
+    assert cartpole.render_mode is None and cartpole.render() == local.render() == (None, None)
+    local.close()
+
+
+def test_methods_by_name_and_copies_are_refused_with_the_reason(cartpole: RemoteVectorEnv) -> None:
+    for refused in (lambda: cartpole.call("render"), lambda: cartpole.get_attr("gravity")):
+        with pytest.raises(AttributeError, match="a server runs only what its operator chose"):
+            refused()
+    with pytest.raises(AttributeError, match=r"RemoteVectorEnv has no set_attr\('gravity', \.\.\.\)"):
+        cartpole.set_attr("gravity", 1.0)
+    for copier in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(TypeError, match=r"cannot pickle or copy RemoteVectorEnv\(CartPole-v1, .*holds sessions"):
+            copier(cartpole)
+    cartpole.reset(seed=0)
+    cartpole.step(np.zeros(2, dtype=np.int64))  # still whole
+
+
+def test_a_server_this_process_holds_already_says_so(cartpole: RemoteVectorEnv) -> None:
+    with pytest.raises(ServerBusyError, match="that learner is this process: close the RemoteVectorEnv"):
+        RemoteVectorEnv(cartpole.addresses, connect_timeout=5)
+
+
+def test_reset_leaves_the_callers_options_alone(cartpole: RemoteVectorEnv) -> None:
+    # (gymnasium's Sync/AsyncVectorEnv pop reset_mask out of the caller's dict)
+    cartpole.reset(seed=0)
+    options = {"reset_mask": np.array([True, False])}
+    cartpole.reset(options=options)
+    assert list(options) == ["reset_mask"]
+
+
+def test_a_server_of_an_env_it_cannot_carry_fails_to_start_in_one_line() -> None:
+    with pytest.raises(ServerStartError) as info:
+        LocalServers("tests.envs:TextObservationEnv", 1, 1)
+    message = str(info.value)
+    assert message.endswith(
+        "env-server: error: cannot serve env 'tests.envs:TextObservationEnv': observation_space: "
+        f"{gym.spaces.Text(5)} (Text) is not supported; envfleet carries Discrete, Box, MultiDiscrete, "
+        "MultiBinary, and Tuple/Dict of these"
+    ), message
+
+
+def test_gymnasiums_vector_wrappers_give_what_they_give_on_a_sync_vector_env(start_servers: StartServers) -> None:
+    def stack(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+        envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+        envs = gym.wrappers.vector.NormalizeObservation(envs)
+        return gym.wrappers.vector.ClipAction(gym.wrappers.vector.RescaleAction(envs, -1.0, 1.0))
+
+    remote = stack(RemoteVectorEnv(start_servers("Pendulum-v1", num_servers=2, envs_per_server=2)))
+    local = stack(gym.make_vec("Pendulum-v1", num_envs=4, vectorization_mode="sync"))
+    actions = np.random.default_rng(0).uniform(-1.5, 1.5, size=(450, 4, 1)).astype(np.float32)  # some clipped
+    try:
+        for got, want in zip(remote.reset(seed=3), local.reset(seed=3), strict=True):
+            np.testing.assert_equal(got, want)
+        episodes = 0
+        for action in actions:
+            got, want = remote.step(action), local.step(action)
+            for a, b in zip(got[:4], want[:4], strict=True):
+                np.testing.assert_array_equal(a, b)
+            assert got[4].keys() == want[4].keys()
+            if "episode" in want[4]:
+                episodes += 1
+                for key in ("r", "l"):
+                    np.testing.assert_array_equal(got[4]["episode"][key], want[4]["episode"][key])
+                np.testing.assert_array_equal(got[4]["_episode"], want[4]["_episode"])
+        assert episodes  # Pendulum's 200-step episodes ended (twice) within the 450 steps
+    finally:
+        remote.close()
+        local.close()
