@@ -156,8 +156,9 @@ def interrupted_line(run_dir: Path, step: int) -> str:
     none of its last update (and, with --checkpoint-every 0, maybe none at all)."""
     checkpoints = list_checkpoints(run_dir)
     resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    # (train writes the last update's checkpoint when it stops: missing, that write failed, and said why)
     if not checkpoints:
-        return f"interrupted at step {step:,}; no checkpoint was written (see --checkpoint-every): it cannot be resumed"
+        return f"interrupted at step {step:,}; no checkpoint is on disk: it cannot be resumed"
     if checkpoints[-1] == checkpoint_path(run_dir, step):
         return f"interrupted at step {step:,} (its last update); continue with: {resume}"
     return (

@@ -81,6 +81,7 @@ class LocalServers:
         self.addresses: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stderr_tails: list[collections.deque[str]] = []
+        self._stderr_readers: list[threading.Thread] = []
         self._socket_dir = tempfile.mkdtemp(prefix="envfleet-") if transport == "unix" else None
         self._environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token} if auth_token else None
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
@@ -134,9 +135,11 @@ class LocalServers:
         self._procs.append(proc)
         tail: collections.deque[str] = collections.deque(maxlen=20)
         self._stderr_tails.append(tail)
-        threading.Thread(
+        reader = threading.Thread(
             target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
-        ).start()
+        )
+        reader.start()
+        self._stderr_readers.append(reader)
 
     def _wait_ready(self, timeout: float) -> list[str]:
         deadline = time.monotonic() + timeout
@@ -171,7 +174,9 @@ class LocalServers:
                         sel.unregister(key.fileobj)
                 for i, proc in enumerate(self._procs):
                     if addresses[i] is None and proc.poll() is not None:
-                        time.sleep(0.1)  # let the stderr thread catch the last lines
+                        # Its last lines (its own error line among them): read to the end of its
+                        # output, which a child of its might hold open (then not for long).
+                        self._stderr_readers[i].join(timeout=2.0)
                         raise ServerStartError(
                             f"env server {i} for {self.env!r} exited with code {proc.returncode} before listening: {self._tail(i)}"
                         )

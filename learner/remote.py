@@ -12,6 +12,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from typing import Any
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 # (a plain connect: refused? no socket file?) and say which servers are waited for.
 _PATIENCE_S = 2.0
 
+
+# The RemoteVectorEnvs of this process that are open: a server one of them holds, refusing another,
+# is held by this process (a notebook cell run twice), not by some other learner.
+_LIVE: weakref.WeakSet[RemoteVectorEnv] = weakref.WeakSet()
 
 _NOT_BY_NAME = (
     "RemoteVectorEnv has no {what}: it would let a request name methods and attributes for a server "
@@ -297,6 +302,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._env_error_steps = 0
         self._retired = _Retired()  # counts of servers that left the fleet (refresh)
         self._share_cpus()
+        _LIVE.add(self)
         log.info(
             "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
@@ -402,7 +408,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if f"{client.client_name!r}" not in str(err):
+                if not any(client.address in env.addresses for env in _LIVE if not env.closed):
                     raise
                 # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
                 raise ServerBusyError(

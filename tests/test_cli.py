@@ -377,9 +377,7 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
     )
     assert stopped_in_update(1600).endswith("no checkpoint of it written; resuming starts at the last one, step 1,600")
     run = tmp_path / "run"
-    assert interrupted_line(run, 48) == (
-        "interrupted at step 48; no checkpoint was written (see --checkpoint-every): it cannot be resumed"
-    )
+    assert interrupted_line(run, 48) == ("interrupted at step 48; no checkpoint is on disk: it cannot be resumed")
     rundir.checkpoint_path(run, 32).parent.mkdir(parents=True)
     rundir.checkpoint_path(run, 32).touch()
     assert interrupted_line(run, 48) == (

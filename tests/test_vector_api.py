@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import gymnasium as gym
@@ -113,3 +115,27 @@ def test_gymnasiums_vector_wrappers_give_what_they_give_on_a_sync_vector_env(sta
     finally:
         remote.close()
         local.close()
+
+
+def test_a_server_another_process_holds_is_not_blamed_on_this_one(start_servers: StartServers) -> None:
+    (address,) = start_servers("CartPole-v1")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        # Same client name as the holder's, and the server is not this process's.
+        with pytest.raises(ServerBusyError) as info:
+            RemoteVectorEnv([address], client_name="trainer", connect_timeout=5)
+        assert "claimed by 'trainer'" in str(info.value) and "this process" not in str(info.value)
+    finally:
+        holder.communicate("", timeout=30)
+
+
+HOLD = """
+import sys
+from learner import RemoteVectorEnv
+with RemoteVectorEnv([sys.argv[1]], client_name="trainer"):
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
