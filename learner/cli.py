@@ -417,7 +417,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose errors are two lines: a usage line (argparse's own unless that takes
     several lines, as train's does) and the error."""
 
+    commands: list[str] | None = None  # (the top-level parser's: named when none is given)
+
     def error(self, message: str) -> NoReturn:
+        commands = self.commands
+        if commands and message == "the following arguments are required: COMMAND":
+            message = f"expected a command, one of: {', '.join(commands)} (learner COMMAND --help says more)"
         usage = self.format_usage().strip()
         if "\n" in usage:
             usage = f"usage: {self.prog} [options]; see {self.prog} --help"
@@ -584,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the throughput and latency suites' resets and random actions (default: %(default)s)",
     )
     bench.set_defaults(func=cmd_bench, parser=bench)
+    parser.commands = list(sub.choices)
     return parser
 
 

@@ -203,6 +203,16 @@ def test_train_rejects_bad_options_naming_them(
     assert error.startswith("learner train: error: ") and message in error, error
 
 
+@pytest.mark.parametrize("argv", [[], ["--bogus"], ["--log-level", "info"]])
+def test_no_command_names_the_commands(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "learner: error: expected a command, one of: demo, train, eval, plot, bench (learner COMMAND --help says more)"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
