@@ -115,12 +115,9 @@ def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
     assert summary["episodes"] == 8
 
 
-def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(tmp_path: Path) -> None:
-    # ClockEnv's episodes (3 steps + 1 reset step) divide the rollout (8 steps), so at every update
-    # boundary each env is back at its start, as after a fresh reset: what the learner's checkpoint
-    # holds (nets, optimizer, normalisers, counters, RNG states) alone decides what comes next.
-    # Box actions and the mujoco preset put every piece of learner state to work.
-    common = {
+def _resumable() -> dict[str, Any]:
+    """Runs of 3 updates of 16 steps whose every update boundary finds the envs at their start."""
+    return {
         **clock(3, action="box"),
         "backend": "gym",
         "num_envs": 2,
@@ -128,9 +125,16 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
         "num_minibatches": 2,
         "update_epochs": 3,
         "total_timesteps": 48,
-        "checkpoint_every": 1,
         "keep_checkpoints": 10,
     }
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    # ClockEnv's episodes (3 steps + 1 reset step) divide the rollout (8 steps), so at every update
+    # boundary each env is back at its start, as after a fresh reset: what the learner's checkpoint
+    # holds (nets, optimizer, normalisers, counters, RNG states) alone decides what comes next.
+    # Box actions and the mujoco preset put every piece of learner state to work.
+    common = {**_resumable(), "checkpoint_every": 1}
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
 
@@ -181,16 +185,7 @@ def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninter
     # As in the test above; the Ctrl-C comes at the 3rd step of the second rollout (global step 20).
     # The steps of that rollout, the episodes they ended, the RNG draws and observation statistics of
     # the actions taken are not in the checkpoint: it is the one of update 1 (step 16).
-    common = {
-        **clock(3, action="box"),
-        "backend": "gym",
-        "num_envs": 2,
-        "num_steps": 8,
-        "num_minibatches": 2,
-        "update_epochs": 3,
-        "total_timesteps": 48,
-        "keep_checkpoints": 10,
-    }
+    common = _resumable()
     full = tmp_path / "full"
     train(Args(**common, checkpoint_every=1, run_dir=str(full)))
 
