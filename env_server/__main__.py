@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
-from env_server.tuning import prefer_fast_grpc_core
+from env_server.tuning import configure_logging, prefer_fast_grpc_core
 
 __all__ = ["main", "parse_args"]
 
@@ -279,11 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports grpc (the parser does not).
     prefer_fast_grpc_core()
     config, log_level = parse_args(argv)
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level)
     # stdout carries exactly one line, "listening on ...", for scripts to read. Anything else that
     # writes to stdout (some envs print banners when built) goes to stderr instead.
     sys.stdout.flush()

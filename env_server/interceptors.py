@@ -73,7 +73,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def _refusal(self, handler: grpc.RpcMethodHandler, method: str, reason: str) -> grpc.RpcMethodHandler:
         message = (
             f"{method}: this server requires an auth token and {reason}; pass the server's token "
-            "(RemoteVectorEnv(auth_token=...), learner train --auth-token or ENVFLEET_AUTH_TOKEN)"
+            "(RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
         )
 
         async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:

@@ -192,10 +192,10 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         step_server = await _serve_step_socket(config, service)
         if env is None:
             log.info(
-                "building %d x %s (health: NOT_SERVING until done), listening on port %s",
+                "building %d x %s (health: NOT_SERVING until done), listening on %s",
                 config.num_envs,
                 config.env,
-                address if config.unix_socket else port,
+                address if config.unix_socket else f"port {port}",
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
             env = await service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False))

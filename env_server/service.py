@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,9 +56,11 @@ class Session:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     end_reason: str = ""
 
-    def describe(self, now: float) -> str:
+    def describe(self, now: float | None = None) -> str:
+        """Who holds the session, and (given ``now``) since when."""
         who = f"{self.client_name!r} from {self.peer}" if self.client_name else f"a client from {self.peer}"
-        return f"{who} (session {self.id[:8]}, claimed {now - self.created:.1f} s ago)"
+        since = "" if now is None else f", claimed {now - self.created:.1f} s ago"
+        return f"{who} (session {self.id[:8]}{since})"
 
 
 # Env calls expected to take less than this run on the event loop itself; slower ones on the env
@@ -65,6 +68,8 @@ class Session:
 # that runs on the loop delays health checks and refusals by its duration: 10 ms is harmless there,
 # and the hop is then at most 1%.
 INLINE_LIMIT_S = 0.010
+# At most one log line per this many seconds for refused calls (a misbehaving client may send many).
+_REFUSAL_LOG_EVERY_S = 10.0
 # Weight of the newest call in the moving average of env call durations.
 _EWMA_WEIGHT = 0.2
 
@@ -102,6 +107,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env: gym.vector.VectorEnv | None = None
         self._num_envs = 0
         self._claim: Session | None = None
+        self._refused = 0  # calls answered with an error status (their log lines are rate-limited)
+        self._last_refusal_log = -math.inf
         self._needs_reset = True
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
         # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
@@ -176,6 +183,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
         if self._metrics is not None:
             self._metrics.errors.labels(code.name).inc()
+        self._refused += 1
+        now = time.monotonic()
+        if code is not grpc.StatusCode.INTERNAL and now - self._last_refusal_log >= _REFUSAL_LOG_EVERY_S:
+            self._last_refusal_log = now  # (INTERNAL: logged with its traceback above)
+            # (UNAVAILABLE: starting or shutting down, which the server logs anyway)
+            level = logging.INFO if code is grpc.StatusCode.UNAVAILABLE else logging.WARNING
+            log.log(level, "refused %s [%s]: %s (%d refused calls so far)", method, code.name, message, self._refused)
         return code, message, env_index
 
     async def abort(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
@@ -265,7 +279,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._needs_reset = True
         if self._metrics is not None:
             self._metrics.session_active.set(1)
-        log.info("claimed by %s", session.describe(now))
+        log.info("claimed by %s", session.describe())
         return pb.HandshakeResponse(
             session_id=session.id,
             spec=self.spec,

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-__all__ = ["FAST_GRPC_EXPERIMENTS", "prefer_fast_grpc_core"]
+__all__ = ["FAST_GRPC_EXPERIMENTS", "configure_logging", "prefer_fast_grpc_core"]
 
 log = logging.getLogger(__name__)
 
@@ -33,3 +33,17 @@ def prefer_fast_grpc_core(environ: MutableMapping[str, str] = os.environ) -> boo
         log.warning("GRPC_EXPERIMENTS was set after grpc was imported; it applies to child processes only")
         return False
     return True
+
+
+# Libraries whose DEBUG lines drown envfleet's own at --log-level debug (grpc's "Loaded running
+# loop" once per call, asyncio's selector choice): they log from INFO up.
+_CHATTY_AT_DEBUG = ("grpc._cython.cygrpc", "asyncio")
+
+
+def configure_logging(level: str) -> None:
+    """Log at ``level`` (debug, info, ...) to stderr, one line per record, naming the logger."""
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for name in _CHATTY_AT_DEBUG:
+        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))

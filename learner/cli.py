@@ -11,7 +11,6 @@ import dataclasses
 import inspect
 import itertools
 import json
-import logging
 import os
 import shlex
 import sys
@@ -26,7 +25,7 @@ from typing import Any, Literal, NoReturn
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
-from env_server.tuning import prefer_fast_grpc_core
+from env_server.tuning import configure_logging, prefer_fast_grpc_core
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
@@ -598,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = build_parser().parse_known_args(argv)
     if unknown:  # said by the command's parser, whose usage names the command
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         return int(args.func(args))
     except _USER_ERRORS as err:

@@ -84,7 +84,8 @@ def _env_spec(spec: pb.EnvSpec) -> EnvSpec | None:
 
 
 async def _probe_until(address: str, deadline: float) -> str | None:
-    """:func:`~learner.discovery.probe` of ``address``, or None if it has not told by ``deadline``.
+    """:func:`~learner.discovery.probe` of ``address`` ("" when a plain connection opens), or None
+    if it has not told by ``deadline``.
 
     On a daemon thread of its own: a name lookup that hangs may outlive the wait, but holds up no
     executor and no exit.
@@ -98,7 +99,7 @@ async def _probe_until(address: str, deadline: float) -> str | None:
         if not told.set_running_or_notify_cancel():  # (running, it cannot be cancelled any more)
             return
         try:
-            told.set_result(probe(address, timeout=min(1.0, budget)))
+            told.set_result(probe(address, timeout=min(1.0, budget)) or "")
         except Exception:  # only a diagnosis: the error says what it can without one
             log.debug("probing %s failed", address, exc_info=True)
             told.set_result(None)
@@ -375,6 +376,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
                 cause = cause if client.address == probed else None
                 hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
+                if cause == "" and self._credentials is None:  # something listens, and says nothing gRPC can read
+                    hint = (
+                        "something accepts connections there but does not answer as an env server; "
+                        "if it uses TLS, pass its CA (tls=..., learner train --tls-ca)"
+                    )
                 if self._credentials is not None:
                     hint += (
                         " With TLS, the server must speak TLS with a certificate signed by the CA given and "

@@ -11,8 +11,10 @@ from typing import Any
 import grpc
 import pytest
 
+from env_server.config import ServerConfig
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.service import EnvService, ServiceError
 from learner import RemoteVectorEnv, ServerBusyError
 
 
@@ -82,3 +84,16 @@ def test_get_spec_needs_no_claim(start_servers: Any) -> None:
     assert spec.env_id == "Pendulum-v1" and spec.num_envs == 3 and spec.protocol_version == 1
     assert spec.max_episode_steps == 200 and spec.render_fps == 30 and "rgb_array" in spec.render_modes
     assert spec.autoreset_mode == pb.AUTORESET_MODE_NEXT_STEP and spec.vectorization == "sync"
+
+
+def test_refused_calls_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    service = EnvService(ServerConfig(env="CartPole-v1"))
+    try:
+        for _ in range(3):
+            service.status(ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "claimed by 'x'"), "Handshake")
+    finally:
+        service.close()
+    refused = [r for r in caplog.records if r.getMessage().startswith("refused ")]
+    assert [(r.levelname, r.getMessage()) for r in refused] == [
+        ("WARNING", "refused Handshake [RESOURCE_EXHAUSTED]: claimed by 'x' (1 refused calls so far)")
+    ]

@@ -104,8 +104,10 @@ def test_tls_verified_with_the_ca_and_refused_otherwise(
         {},  # plaintext to a TLS server
     ]
     for options in refusals:
-        with pytest.raises(ServerUnavailableError, match="nothing answered"):
+        with pytest.raises(ServerUnavailableError, match="nothing answered") as info:
             RemoteVectorEnv([server.address], connect_timeout=2, **options)
+        if not options:  # the plaintext learner learns that the server may speak TLS
+            assert "if it uses TLS, pass its CA (tls=..., learner train --tls-ca)" in str(info.value)
     # The health probe, over TLS as the container's HEALTHCHECK runs it.
     assert check(server.address, tls_ca=str(certs.ca)) == "SERVING"
     environ = {**os.environ, "ENVFLEET_TLS_CERT": str(certs.cert), "ENVFLEET_TLS_CA": str(certs.ca)}
