@@ -243,7 +243,9 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         on_ready(ready)
 
         watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+        expiry = asyncio.create_task(service.expire_claims())
         await stop.wait()
+        expiry.cancel()
 
         # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
         # session and idle step streams end at once; steps in flight finish within the grace period.

@@ -213,6 +213,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return None
         return claim
 
+    async def expire_claims(self) -> None:
+        """End the claim once it has had no Hold stream and no calls for the claim timeout, whether or
+        not anyone calls meanwhile (calls check it too); runs until cancelled (the server starts it
+        with its envs and cancels it on shutdown)."""
+        interval = min(1.0, max(self._config.claim_timeout_s / 2, 0.05))
+        while True:
+            await asyncio.sleep(interval)
+            self._live_claim(time.monotonic())
+
     def _end(self, session: Session, reason: str) -> None:
         if self._claim is session:
             self._claim = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,8 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService, ServiceError
 from learner import RemoteVectorEnv, ServerBusyError
+from tests.conftest import SpawnServer
+from tests.test_metrics import scrape
 
 
 def test_second_learner_is_refused_until_the_first_closes(start_servers: Any) -> None:
@@ -97,3 +100,21 @@ def test_refused_calls_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCa
     assert [(r.levelname, r.getMessage()) for r in refused] == [
         ("WARNING", "refused Handshake [RESOURCE_EXHAUSTED]: claimed by 'x' (1 refused calls so far)")
     ]
+
+
+def test_a_silent_claim_ends_on_its_own_without_another_call(spawn_server: SpawnServer) -> None:
+    """A learner that handshakes and goes away without a Hold stream: the server ends its claim after
+    --claim-timeout by itself (metrics and log say so), not only when the next call arrives."""
+    server = spawn_server("CartPole-v1", 1, "--claim-timeout", "1", "--metrics-port", "0", "--log-level", "info")
+    match = re.search(r"Prometheus metrics on (http://\S+/metrics)", server.logs())
+    assert match is not None, server.logs()
+    url = match.group(1)
+    with grpc.insecure_channel(server.address) as channel:
+        session = pb_grpc.EnvServiceStub(channel).Handshake(pb.HandshakeRequest(client_name="silent"), timeout=10)
+    assert session.session_id
+    assert scrape(url)["envfleet_session_active"] == 1.0
+    deadline = time.monotonic() + 20
+    while scrape(url)["envfleet_session_active"] != 0.0:
+        assert time.monotonic() < deadline, "the claim did not end within 20 s of silence"
+        time.sleep(0.2)
+    assert "ended: no Hold stream and no calls for 1 s" in server.logs()
