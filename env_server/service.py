@@ -70,6 +70,8 @@ class Session:
 INLINE_LIMIT_S = 0.010
 # At most one log line per this many seconds for refused calls (a misbehaving client may send many).
 _REFUSAL_LOG_EVERY_S = 10.0
+# Longest a shutdown keeps an idle step stream open (see StepStream), within the grace period.
+_DRAIN_LINGER_S = 1.0
 # Weight of the newest call in the moving average of env call durations.
 _EWMA_WEIGHT = 0.2
 
@@ -118,6 +120,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env_seconds = 0.0  # moving average of env call durations
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
+        # How long a shutdown leaves an idle step stream open for a request already on its way.
+        self._drain_linger_s = min(_DRAIN_LINGER_S, config.grace_s)
         self.step_socket = ""  # the step socket's path, once the server listens on one
         self.draining = False
         self.spec: pb.EnvSpec | None = None
@@ -384,14 +388,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
         task = asyncio.current_task()
         assert task is not None
         while True:
-            if self.draining:
-                await self.abort(context, shutting_down(), "StepStream")
-            # While it waits for a request, the stream is idle: a shutdown ends it at once (a stream
-            # that is stepping finishes its step first).
+            # While it waits for a request, the stream is idle: a shutdown ends it (a stream that is
+            # stepping finishes its step first), not at once but after a short linger, so that a
+            # request the learner is sending meanwhile is answered UNAVAILABLE "shutting down" (a
+            # stream the server ends while the learner writes to it fails there with a status of
+            # gRPC's own, INTERNAL "Internal error from Core", that says nothing of the shutdown).
             self._idle_streams.add(task)
             try:
-                request = await context.read()
-            except asyncio.CancelledError:
+                if self.draining:
+                    request = await asyncio.wait_for(context.read(), self._drain_linger_s)
+                else:
+                    request = await context.read()
+            except (asyncio.CancelledError, TimeoutError):
                 if self.draining:
                     await self.abort(context, shutting_down(), "StepStream")
                 raise
@@ -402,19 +410,23 @@ class EnvService(pb_grpc.EnvServiceServicer):
             try:
                 if isinstance(request, MalformedRequest):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                response = await self.step(request)
+                response = await self.step(request)  # (UNAVAILABLE "shutting down" once draining)
             except Exception as err:
                 await self.abort(context, err, "StepStream")
                 return
             await context.write(response)
 
     def drain(self) -> None:
-        """Start shutting down: refuse new sessions and steps, end the session and idle step streams.
+        """Start shutting down: refuse new sessions and steps, end the session, and end idle step
+        streams after a short linger (see StepStream).
 
         Calls in flight (a step being computed) finish; the server's ``stop(grace)`` waits for them.
         """
         self.draining = True
         self.end_all("server shutting down")
+        asyncio.get_running_loop().call_later(self._drain_linger_s, self._end_idle_streams)
+
+    def _end_idle_streams(self) -> None:
         for task in list(self._idle_streams):
             task.cancel()
 

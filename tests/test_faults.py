@@ -7,10 +7,12 @@ that every result reaches the env it belongs to.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -389,3 +391,47 @@ def test_keepalive_settings_agree() -> None:
         assert options["grpc.keepalive_permit_without_calls"] == 1
     assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
     assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_step_after_a_sigterm_is_told_the_server_is_shutting_down(tmp_path: Path, transport: str) -> None:
+    """SIGTERM while a step is held in the env: that step's result arrives, and the learner's next step
+    (sent at once, over StepStream or the step socket) gets UNAVAILABLE "shutting down", not a broken
+    connection (the server leaves the stream open a moment for it, rather than ending it under the write)."""
+    gate = tmp_path / "gate"
+    argv = [sys.executable, "-m", "env_server", "--env", "tests.envs:GateEnv", "--num-envs", "1"]
+    argv += ["--env-kwargs", json.dumps({"gate": str(gate), "at": 2}), "--grace", "10", "--log-level", "info"]
+    argv += ["--step-delay-ms", "200"]  # slow enough that steps run on the env thread, not the event loop
+    argv += ["--unix-socket", str(tmp_path / "env.sock")] if transport == "unix" else ["--port", "0"]
+    log = tmp_path / "log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip().removeprefix("listening on ")
+        with RemoteVectorEnv([address], timeout=30) as envs:
+            envs.reset(seed=0)
+            envs.step(np.zeros(1, dtype=np.int64))  # opens the step stream (or socket)
+            assert bool(envs._clients[0].step_socket) == (transport == "unix")
+            envs.step_async(np.zeros(1, dtype=np.int64))
+            deadline = time.monotonic() + 30
+            while not gate.exists():  # the step is in the env, held there
+                assert time.monotonic() < deadline, "the step never reached the env"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            while "shutting down" not in log.read_text():  # the drain began
+                assert time.monotonic() < deadline, "the server did not start shutting down"
+                time.sleep(0.01)
+            gate.unlink()
+            _, _, _, _, infos = envs.step_wait()
+            assert "env_unavailable" not in infos  # the step in flight finished
+            with pytest.raises(ServerUnavailableError, match="shutting down") as info:
+                envs.step(np.zeros(1, dtype=np.int64))
+            assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
