@@ -504,9 +504,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """
         self._assert_idle("reset")
         seeds = self._seeds(seed)
-        if isinstance(
-            seed, int | np.integer
-        ):  # the vector env's own generator, as gymnasium's VectorEnv.reset seeds it
+        # An int also seeds the vector env's own generator, as gymnasium's VectorEnv.reset does.
+        if isinstance(seed, int | np.integer):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         options = dict(options) if options else {}
         mask = options.pop("reset_mask", None)
