@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -79,6 +80,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _spin_wait_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 1000], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="env-server",
@@ -148,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=e("step_delay_ms", "0"),
         metavar="MS",
         help="make every step take MS ms longer, like a slow simulator or robot (the server's envs wait concurrently)",
+    )
+    p.add_argument(
+        "--spin-wait-ms",
+        type=_spin_wait_ms,
+        default=e("spin_wait_ms", "0"),
+        metavar="MS",
+        help="step socket: after answering a step, look for the learner's next one awake for up to MS ms "
+        "(polling, yielding the CPU) while its steps have been coming that soon, instead of sleeping at once: "
+        "saves the wake-up a sleeping server costs per step, at the price of CPU time; give it a server "
+        "with a CPU to spare. Learners that start local servers pass 0.5 when there are no more servers "
+        "than CPUs (default: %(default)s)",
     )
     p.add_argument(
         "--claim-timeout",
@@ -240,6 +262,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
         wrappers=wrappers,
         autoreset_mode=args.autoreset_mode,
         step_delay_ms=args.step_delay_ms,
+        spin_wait_ms=args.spin_wait_ms,
         claim_timeout_s=args.claim_timeout,
         grace_s=args.grace,
         parent_pid=args.parent_pid,

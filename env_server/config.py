@@ -38,6 +38,9 @@ class ServerConfig:
     """gymnasium's AutoresetMode for the vector env: NextStep, SameStep or Disabled."""
     step_delay_ms: float = 0.0
     """Extra latency per step (a slow simulator or robot); the server's envs wait concurrently."""
+    spin_wait_ms: float = 0.0
+    """Step socket: after answering a step, look for the learner's next one awake (polling, yielding
+    the CPU) for up to this long, while its steps have been coming that soon; 0: sleep at once."""
     claim_timeout_s: float = 30.0
     """A session with no open Hold stream and no calls for this long ends by itself."""
     parent_pid: int | None = None

@@ -281,7 +281,7 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     if len(os.fsencode(path)) > _MAX_UNIX_PATH:
         log.warning("no step socket: its path %s is longer than Unix sockets allow; steps go over gRPC", path)
         return None
-    step_server = StepSocketServer(service, path)
+    step_server = StepSocketServer(service, path, spin_wait_s=config.spin_wait_ms / 1000.0)
     try:
         await step_server.start(mode_of=config.unix_socket)
     except OSError as err:
@@ -290,6 +290,10 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
         return None
     service.step_socket = path
     log.debug("step socket on %s", path)
+    if config.spin_wait_ms > 0:
+        log.info(
+            "step socket: waiting for a learner's next step awake, up to %g ms after each answer", config.spin_wait_ms
+        )
     return step_server
 
 

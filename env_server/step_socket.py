@@ -4,6 +4,12 @@ Same messages, checks and errors as StepStream, framed as the proto's header des
 HTTP/2: a gRPC message in Python costs several thread switches on each side, a frame here none. A
 quick step (see ``service.INLINE_LIMIT_S``) runs inside ``data_received``, the answer written before
 the callback returns; a slow one runs as a task, like any env call of the service.
+
+With ``spin_wait_s`` (``env-server --spin-wait-ms``), a connection whose learner has been sending its
+next step soon after each answer looks for that step awake for up to ``spin_wait_s`` after answering
+(polling the socket, yielding the CPU between looks) before the loop sleeps: a learner on the same
+host then finds the server running, and the step skips the wake-up of a sleeping process (on a
+2-core VM: 2 servers x 4 CartPoles 19k -> 22k env-steps/s; see the README's performance section).
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import stat
+import time
 
 import grpc
 
@@ -31,9 +39,10 @@ MAX_CONNECTIONS = 8
 class StepSocketServer:
     """Listens on ``path`` and serves the steps of ``service``'s session there."""
 
-    def __init__(self, service: EnvService, path: str) -> None:
+    def __init__(self, service: EnvService, path: str, spin_wait_s: float = 0.0) -> None:
         self.service = service
         self.path = path
+        self.spin_wait_s = spin_wait_s
         self.connections: list[_Connection] = []  # oldest first
         self._server: asyncio.Server | None = None
         self._inode: int | None = None  # of the socket file this server made (close removes only that)
@@ -94,6 +103,11 @@ class _Connection(asyncio.Protocol):
         self.paused = False  # the peer does not read its answers: stop serving until it does
         self.closed = False
         self.stepped = False  # a step of the session went through (the peer holds its id)
+        self.answered_at = 0.0  # perf_counter() of the last answer, until the next frame's first bytes
+        # How soon the learner's next frame came after an answer (a moving average, each sample capped
+        # at twice the spin wait so that one pause, an update between rollouts say, counts little).
+        self.recent_gap = 0.0
+        self._poller: select.poll | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -107,6 +121,10 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.answered_at:
+            gap = min(time.perf_counter() - self.answered_at, 2 * self.owner.spin_wait_s)
+            self.recent_gap += 0.25 * (gap - self.recent_gap)
+            self.answered_at = 0.0
         self.buffer += data
         if len(self.buffer) > FRAME_HEADER.size + MAX_MESSAGE_BYTES:  # (reading pauses while busy)
             self.fail(
@@ -152,6 +170,7 @@ class _Connection(asyncio.Protocol):
             while not (self.closed or self.paused or self.task is not None):
                 request = self.next_request()
                 if request is None:
+                    self.linger()
                     return
                 if self.service.draining:
                     raise shutting_down()
@@ -162,8 +181,24 @@ class _Connection(asyncio.Protocol):
                     return
                 self.stepped = True
                 self.send(FRAME_STEP, response.SerializeToString())
+                self.answered_at = time.perf_counter()
         except Exception as err:
             self.fail(err)
+
+    def linger(self) -> None:
+        """Just answered a learner whose next frames have been coming within the spin wait: look for
+        the next one awake for up to that long (then the loop takes it in without a wake-up)."""
+        spin_wait_s = self.owner.spin_wait_s
+        if not self.answered_at or spin_wait_s <= 0 or self.recent_gap >= spin_wait_s or self.transport is None:
+            return
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.transport.get_extra_info("socket").fileno(), select.POLLIN)
+        deadline = time.monotonic() + spin_wait_s
+        while time.monotonic() < deadline:
+            if self._poller.poll(0):
+                return
+            os.sched_yield()  # let a process with work on this CPU (the learner, another server) run
 
     def next_request(self) -> pb.StepRequest | None:
         """The next complete frame's request (removed from the buffer), or None until one is in."""

@@ -375,8 +375,9 @@ taken round by round (paired) before their median. Spread = (max - min) / median
 Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
 and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts
 run local env servers on Unix sockets, stepped over their step sockets ("grpc": over gRPC's
-StepStream; "tcp": loopback TCP and gRPC); "pipelined/G" steps G groups of servers
-with send/recv; "vec" servers use the env's own vectorized implementation (--vectorization
+StepStream; "tcp": loopback TCP and gRPC), waiting awake for the next step as local servers do
+(env-server --spin-wait-ms 0.5 when there are no more servers than CPUs; "no spin": never);
+"pipelined/G" steps G groups of servers with send/recv; "vec" servers use the env's own vectorized implementation (--vectorization
 vector_entry_point: other random streams, so compare it with make_vec, not with the others).
 
 The latency-bound env is CartPole whose every step takes at least --latency-delay-ms, its own work

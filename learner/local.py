@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -21,13 +22,16 @@ from typing import Any, Literal
 
 from learner.errors import ServerStartError
 
-__all__ = ["DEFAULT_TRANSPORT", "LocalServers", "local_servers"]
+__all__ = ["DEFAULT_TRANSPORT", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
 
 # How the learner's commands reach the servers they start: Unix sockets (and so the servers' step
 # sockets) where the platform has them, else loopback TCP.
 DEFAULT_TRANSPORT: Literal["tcp", "unix"] = "unix" if os.name == "posix" and hasattr(socket, "AF_UNIX") else "tcp"
 
 log = logging.getLogger(__name__)
+
+SPIN_WAIT_MS = 0.5
+"""``env-server --spin-wait-ms`` for local servers on Unix sockets when each can have a CPU (see LocalServers)."""
 
 _LOG_LEVELS = {
     "DEBUG": logging.DEBUG,
@@ -56,6 +60,10 @@ class LocalServers:
         log_level: the servers' log level; their log lines are forwarded to this process's logging.
         auth_token: make the servers require this token (passed in their environment, not on
             their command line, where other users of the machine could read it).
+        spin_wait_ms: the servers' ``--spin-wait-ms`` (how long a server looks for the learner's
+            next step awake after answering one on its step socket). None: ``SPIN_WAIT_MS`` with
+            ``transport="unix"`` when there are no more servers than CPUs this process may use
+            (then a server waiting awake takes no CPU that another one needs), else 0.
     """
 
     def __init__(
@@ -70,6 +78,7 @@ class LocalServers:
         startup_timeout: float = 60.0,
         log_level: str = "warning",
         auth_token: str | None = None,
+        spin_wait_ms: float | None = None,
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
@@ -101,6 +110,10 @@ class LocalServers:
         ]
         if env_kwargs:
             base += ["--env-kwargs", json.dumps(env_kwargs)]
+        if spin_wait_ms is None:
+            spin_wait_ms = SPIN_WAIT_MS if transport == "unix" and num_servers <= usable_cpus() else 0.0
+        if spin_wait_ms:
+            base += ["--spin-wait-ms", f"{spin_wait_ms:g}"]
         try:
             for i in range(num_servers):
                 where = (
@@ -260,3 +273,20 @@ def local_servers(
         yield servers.addresses
     finally:
         servers.close()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity, or its cgroup's CPU quota if lower (a
+    container started with ``--cpus``)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on this platform
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "<quota> <period>" or "max <period>"
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus

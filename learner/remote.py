@@ -42,6 +42,7 @@ from learner.errors import (
 )
 from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
 from learner.fleet import FleetChange
+from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
@@ -323,7 +324,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             for c in self._clients
             if c.step_socket
         )
-        spin_wait = self._spin_wait if local + 1 <= _usable_cpus() else 0.0
+        spin_wait = self._spin_wait if local + 1 <= usable_cpus() else 0.0
         for client in self._clients:
             client.spin_wait = spin_wait
 
@@ -1329,23 +1330,6 @@ def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
         return np.asarray(actions)
     except ValueError:  # ragged: check_actions names what came
         return actions
-
-
-def _usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity, or its cgroup's CPU quota if lower (a
-    container started with ``--cpus``)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on this platform
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "<quota> <period>" or "max <period>"
-            quota, period = f.read().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cpus
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -37,6 +37,10 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
         (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
         (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),
         (["--env", "CartPole-v1", "--num-envs", "0"], "--num-envs: expected a positive integer"),
+        (
+            ["--env", "CartPole-v1", "--spin-wait-ms", "2s"],
+            "--spin-wait-ms: expected milliseconds in [0, 1000], got '2s'",
+        ),
         ([], "--env is required"),
     ],
 )

@@ -26,7 +26,7 @@ from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCK
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.step_socket import MAX_CONNECTIONS
-from learner import RemoteVectorEnv
+from learner import LocalServers, RemoteVectorEnv
 from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError
 from tests.compare import assert_same
 
@@ -285,7 +285,7 @@ def test_a_slow_env_steps_on_the_loop_s_terms(start_servers: Any) -> None:
 @pytest.fixture
 def cpus_to_spare(monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough CPUs, as the learner sees it, that it waits awake for quick servers."""
-    monkeypatch.setattr("learner.remote._usable_cpus", lambda: 8)
+    monkeypatch.setattr("learner.remote.usable_cpus", lambda: 8)
 
 
 @pytest.mark.usefixtures("cpus_to_spare")
@@ -371,10 +371,63 @@ def test_the_learner_waits_awake_only_if_every_local_server_keeps_a_cpu(
     start_servers: Any, monkeypatch: pytest.MonkeyPatch, cpus: int, expected: float
 ) -> None:
     # 2 step-socket servers + the learner: 3 processes, spinning only with 3 CPUs or more.
-    monkeypatch.setattr("learner.remote._usable_cpus", lambda: cpus)
+    monkeypatch.setattr("learner.remote.usable_cpus", lambda: cpus)
     addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=1, transport="unix")
     with RemoteVectorEnv(addresses, spin_wait=0.002) as envs:
         assert [c.spin_wait for c in envs._clients] == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    ("transport", "num_servers", "cpus", "expected"),
+    [("unix", 2, 2, ["--spin-wait-ms", "0.5"]), ("unix", 3, 2, []), ("tcp", 1, 8, [])],
+)
+def test_local_servers_wait_awake_for_steps_only_on_step_sockets_with_a_cpu_each(
+    monkeypatch: pytest.MonkeyPatch, transport: str, num_servers: int, cpus: int, expected: list[str]
+) -> None:
+    monkeypatch.setattr("learner.local.usable_cpus", lambda: cpus)
+    with LocalServers("CartPole-v1", num_servers, 1, transport=transport) as servers:
+        for proc in servers._procs:
+            args = list(proc.args)
+            assert args[args.index("--spin-wait-ms") :][:2] == expected if expected else "--spin-wait-ms" not in args
+
+
+def test_servers_waiting_awake_or_asleep_step_the_same(start_servers: Any) -> None:
+    actions = [np.random.default_rng(t).integers(0, 2, size=4) for t in range(100)]
+    runs = []
+    for spin_wait_ms in (0.0, 2.0):
+        addresses = start_servers("CartPole-v1", 2, 2, transport="unix", spin_wait_ms=spin_wait_ms)
+        with RemoteVectorEnv(addresses) as envs:
+            runs.append([envs.reset(seed=1), *(envs.step(a) for a in actions)])
+    assert_same(runs[0], runs[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc; clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU times from /proc")
+def test_a_server_waits_awake_after_quick_steps_and_stops_for_a_learner_that_pauses() -> None:
+    with (
+        LocalServers("CartPole-v1", 1, 2, transport="unix", spin_wait_ms=100) as servers,
+        RemoteVectorEnv(servers.addresses) as envs,
+    ):
+        (pid,) = servers.pids
+        envs.reset(seed=0)
+        for _ in range(10):  # steps in quick succession: after each answer, the server looks for the next awake
+            envs.step(np.zeros(2, dtype=np.int64))
+        cpu = _cpu_seconds(pid)
+        time.sleep(0.5)  # ... so after the last one it spins its 100 ms before sleeping
+        assert _cpu_seconds(pid) - cpu >= 0.03, "the server slept at once after a learner that stepped quickly"
+        for _ in range(6):  # a learner that pauses 300 ms between steps: the server stops waiting awake
+            envs.step(np.zeros(2, dtype=np.int64))
+            time.sleep(0.3)
+        cpu = _cpu_seconds(pid)
+        for _ in range(5):
+            envs.step(np.zeros(2, dtype=np.int64))
+            time.sleep(0.3)
+        assert _cpu_seconds(pid) - cpu < 0.15, "the server spun 100 ms after each step of a learner that pauses"
 
 
 @pytest.mark.parametrize("spin_wait", [-0.001, 2.0, "1ms", None, True])

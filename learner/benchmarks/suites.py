@@ -28,6 +28,7 @@ def _remote(
     groups: int = 1,
     vectorization: str = "sync",
     step_socket: bool = True,
+    spin_wait_ms: float | None = None,
 ) -> Variant:
     k = n // servers
     name = f"remote {servers}x{k} {transport}"
@@ -37,7 +38,9 @@ def _remote(
         name += " vec"
     if groups > 1:
         name += f" pipelined/{groups}"
-    return Variant(name, "remote", n, servers, transport, vectorization, groups, step_socket)
+    if spin_wait_ms == 0 and transport == "unix" and step_socket:
+        name += " no spin"
+    return Variant(name, "remote", n, servers, transport, vectorization, groups, step_socket, spin_wait_ms)
 
 
 def throughput_workloads() -> dict[str, Workload]:
@@ -54,6 +57,7 @@ def throughput_workloads() -> dict[str, Workload]:
                 _remote(2, 8, "tcp"),
                 _remote(2, 8, "unix", step_socket=False),
                 _remote(2, 8, "unix"),
+                _remote(2, 8, "unix", spin_wait_ms=0),
                 _remote(2, 8, "unix", groups=2),
                 _remote(2, 8, "unix", groups=2, vectorization="vector_entry_point"),
                 _remote(1, 8, "unix"),

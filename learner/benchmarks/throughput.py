@@ -64,6 +64,8 @@ class Variant:
     """Remote: groups stepped with send/recv (pipelining); 1 steps all servers together."""
     step_socket: bool = True
     """Remote over ``unix``: steps on the servers' step sockets (False: gRPC's StepStream)."""
+    spin_wait_ms: float | None = None
+    """Remote: the servers' ``--spin-wait-ms`` (None: LocalServers' choice)."""
 
     @property
     def layout(self) -> str:
@@ -231,6 +233,7 @@ def _build(workload: Workload, variant: Variant, seed: int) -> Stepper:
             env_kwargs=config.env_kwargs or None,
             server_args=server_args(config, variant.vectorization),
             transport=variant.transport,
+            spin_wait_ms=variant.spin_wait_ms,
         )
         try:
             envs = RemoteVectorEnv(
