@@ -99,15 +99,7 @@ def decode_tensor(tensor: pb.Tensor, where: str = "tensor") -> np.ndarray:
     """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy."""
     dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
-    if len(shape) > _MAX_DIMS:
-        raise CodecError(f"{where}.shape: expected at most {_MAX_DIMS} dimensions, got {len(shape)}")
-    count = 1
-    for dim in shape:
-        if dim < 0:
-            raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(shape)}")
-        count *= dim
-        if count > _MAX_ELEMENTS:
-            raise CodecError(f"{where}.shape: {list(shape)} has more than {_MAX_ELEMENTS} elements")
+    count = _element_count(shape, where)
     if len(tensor.data) != count * dtype.itemsize:
         raise CodecError(
             f"{where}.data: shape {list(shape)} of {dtype.newbyteorder('=')} needs "
@@ -227,17 +219,29 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
     raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
 
 
+def _element_count(shape: tuple[int, ...], where: str) -> int:
+    """How many elements an array of ``shape`` has; CodecError for a shape numpy cannot make: too
+    many dimensions, a negative one, or too large, zero-sized dimensions aside (numpy refuses
+    (0, 2**31, 2**31) as it refuses (2**31, 2**31))."""
+    if len(shape) > _MAX_DIMS:
+        raise CodecError(f"{where}.shape: expected at most {_MAX_DIMS} dimensions, got {len(shape)}")
+    count = nonzero = 1
+    for dim in shape:
+        if dim < 0:
+            raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(shape)}")
+        count *= dim
+        nonzero *= max(dim, 1)
+        if nonzero > _MAX_ELEMENTS:
+            raise CodecError(
+                f"{where}.shape: {list(shape)} is too large (its nonzero dimensions make more than "
+                f"{_MAX_ELEMENTS} elements)"
+            )
+    return count
+
+
 def _checked_shape(shape: Any, count: int, where: str) -> tuple[int, ...]:
     dims = tuple(shape)
-    if len(dims) > _MAX_DIMS:
-        raise CodecError(f"{where}.shape: expected at most {_MAX_DIMS} dimensions, got {len(dims)}")
-    total = 1
-    for dim in dims:
-        if dim < 0:
-            raise CodecError(f"{where}.shape: dimensions must be >= 0, got {list(dims)}")
-        if dim > _MAX_ELEMENTS:
-            raise CodecError(f"{where}.shape: {list(dims)} has more than {_MAX_ELEMENTS} elements")
-        total *= dim
+    total = _element_count(dims, where)
     if total != count:
         raise CodecError(f"{where}: shape {list(dims)} needs {total} values, got {count}")
     return dims

@@ -170,12 +170,23 @@ def test_unencodable_values_name_the_key(value: Any, fragment: str) -> None:
         (pb.Tensor(dtype=77, shape=[1], data=b"\0"), "unknown or unset dtype"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[-1], data=b""), "must be >= 0"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[2**40, 2**40], data=b""), "more than"),
+        # Zero elements, but numpy cannot make that shape all the same (a case the fuzz test found).
+        (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[0, 2**31, 2**31], data=b""), "is too large"),
     ],
 )
 def test_malformed_tensors_are_rejected(tensor: pb.Tensor, fragment: str) -> None:
     with pytest.raises(codec.CodecError) as info:
         codec.decode_tensor(tensor, "actions")
     assert fragment in str(info.value) and "actions" in str(info.value)
+
+
+@pytest.mark.parametrize("shape", [[2**31, 2**31, 2**31, 0, 0], [0, 2**31, 2**31]])
+def test_object_and_string_arrays_too_large_to_shape_are_rejected_even_when_empty(shape: list[int]) -> None:
+    for field in ("objects", "strings"):
+        value = pb.Value()
+        getattr(value, field).shape.extend(shape)
+        with pytest.raises(codec.CodecError, match=r"actions\.shape: .* is too large"):
+            codec.decode_value(value, "actions")
 
 
 def test_unsupported_space_names_itself() -> None:
