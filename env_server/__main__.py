@@ -85,8 +85,8 @@ def _spin_wait_ms(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 1000], got {text!r}")
+    if not 0 <= value <= 10:  # (while it waits, the server's event loop does nothing else)
+        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 10], got {text!r}")
     return value
 
 
@@ -166,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=e("spin_wait_ms", "0"),
         metavar="MS",
         help="step socket: after answering a step, look for the learner's next one awake for up to MS ms "
-        "(polling, yielding the CPU) while its steps have been coming that soon, instead of sleeping at once: "
-        "saves the wake-up a sleeping server costs per step, at the price of CPU time; give it a server "
-        "with a CPU to spare. Learners that start local servers pass 0.5 when there are no more servers "
-        "than CPUs (default: %(default)s)",
+        "(at most 10; polling, yielding the CPU) while its steps have been coming that soon, instead of "
+        "sleeping at once: saves the wake-up a sleeping server costs per step, at the price of CPU time and "
+        "of the server's other work (health checks, other calls) waiting up to MS ms; give it a server "
+        "with a CPU to spare. Learners that start local servers on Unix sockets pass 0.5 when there are no "
+        "more servers than CPUs, unless ENVFLEET_SPIN_WAIT_MS is set (default: %(default)s)",
     )
     p.add_argument(
         "--claim-timeout",

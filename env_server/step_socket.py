@@ -121,10 +121,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.answered_at:
-            gap = min(time.perf_counter() - self.answered_at, 2 * self.owner.spin_wait_s)
-            self.recent_gap += 0.25 * (gap - self.recent_gap)
-            self.answered_at = 0.0
+        self.note_gap()
         self.buffer += data
         if len(self.buffer) > FRAME_HEADER.size + MAX_MESSAGE_BYTES:  # (reading pauses while busy)
             self.fail(
@@ -185,11 +182,24 @@ class _Connection(asyncio.Protocol):
         except Exception as err:
             self.fail(err)
 
+    def note_gap(self) -> None:
+        """A frame's first bytes came: count how soon after the last answer (once per answer). While
+        the server does not wait awake, the gap includes its own wake-up, so it shows the learner
+        a little slower than it is."""
+        if self.answered_at:
+            gap = min(time.perf_counter() - self.answered_at, 2 * self.owner.spin_wait_s)
+            self.recent_gap += 0.25 * (gap - self.recent_gap)
+            self.answered_at = 0.0
+
     def linger(self) -> None:
-        """Just answered a learner whose next frames have been coming within the spin wait: look for
-        the next one awake for up to that long (then the loop takes it in without a wake-up)."""
+        """Just answered a step inline, for a learner whose next frames have been coming within the
+        spin wait: look for the next one awake for up to that long (then the loop takes it in
+        without a wake-up). Not while part of the answer waits to be sent: only the loop sends it,
+        and the learner cannot send its next step before it has the whole answer."""
         spin_wait_s = self.owner.spin_wait_s
-        if not self.answered_at or spin_wait_s <= 0 or self.recent_gap >= spin_wait_s or self.transport is None:
+        if not self.answered_at or spin_wait_s <= 0 or self.recent_gap >= spin_wait_s:
+            return
+        if self.transport is None or self.paused or self.transport.get_write_buffer_size() > 0:
             return
         if self._poller is None:
             self._poller = select.poll()

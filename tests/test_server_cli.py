@@ -39,7 +39,7 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
         (["--env", "CartPole-v1", "--num-envs", "0"], "--num-envs: expected a positive integer"),
         (
             ["--env", "CartPole-v1", "--spin-wait-ms", "2s"],
-            "--spin-wait-ms: expected milliseconds in [0, 1000], got '2s'",
+            "--spin-wait-ms: expected milliseconds in [0, 10], got '2s'",
         ),
         ([], "--env is required"),
     ],

@@ -25,7 +25,7 @@ from env_server import codec
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.step_socket import MAX_CONNECTIONS
+from env_server.step_socket import MAX_CONNECTIONS, StepSocketServer, _Connection
 from learner import LocalServers, RemoteVectorEnv
 from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError
 from tests.compare import assert_same
@@ -401,33 +401,71 @@ def test_servers_waiting_awake_or_asleep_step_the_same(start_servers: Any) -> No
     assert_same(runs[0], runs[1])
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux /proc; clock-tick resolution)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class _Transport:
+    """What a step-socket connection asks of its asyncio transport while it lingers."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.unsent = 0
+
+    def get_extra_info(self, name: str) -> socket.socket:
+        assert name == "socket"
+        return self.sock
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU times from /proc")
-def test_a_server_waits_awake_after_quick_steps_and_stops_for_a_learner_that_pauses() -> None:
-    with (
-        LocalServers("CartPole-v1", 1, 2, transport="unix", spin_wait_ms=100) as servers,
-        RemoteVectorEnv(servers.addresses) as envs,
-    ):
-        (pid,) = servers.pids
-        envs.reset(seed=0)
-        for _ in range(10):  # steps in quick succession: after each answer, the server looks for the next awake
-            envs.step(np.zeros(2, dtype=np.int64))
-        cpu = _cpu_seconds(pid)
-        time.sleep(0.5)  # ... so after the last one it spins its 100 ms before sleeping
-        assert _cpu_seconds(pid) - cpu >= 0.03, "the server slept at once after a learner that stepped quickly"
-        for _ in range(6):  # a learner that pauses 300 ms between steps: the server stops waiting awake
-            envs.step(np.zeros(2, dtype=np.int64))
-            time.sleep(0.3)
-        cpu = _cpu_seconds(pid)
-        for _ in range(5):
-            envs.step(np.zeros(2, dtype=np.int64))
-            time.sleep(0.3)
-        assert _cpu_seconds(pid) - cpu < 0.15, "the server spun 100 ms after each step of a learner that pauses"
+@pytest.fixture
+def lingering() -> Iterator[tuple[_Connection, socket.socket]]:
+    """A step-socket connection (spin wait 0.3 s) that has just answered a step, and the learner's end."""
+    server_end, learner_end = socket.socketpair()
+    connection = _Connection(StepSocketServer(service=None, path="", spin_wait_s=0.3))  # type: ignore[arg-type]
+    connection.transport = _Transport(server_end)  # type: ignore[assignment]
+    connection.answered_at = time.perf_counter()
+    yield connection, learner_end
+    server_end.close()
+    learner_end.close()
+
+
+def _linger_seconds(connection: _Connection) -> float:
+    start = time.monotonic()
+    connection.linger()
+    return time.monotonic() - start
+
+
+def test_a_server_that_answered_a_quick_learner_looks_for_its_next_step_awake(
+    lingering: tuple[_Connection, socket.socket],
+) -> None:
+    connection, learner_end = lingering
+    assert _linger_seconds(connection) >= 0.3, "nothing came: it waited the whole spin wait"
+    learner_end.send(b"\0")  # the next frame's first byte
+    assert _linger_seconds(connection) < 0.2, "it returned to the loop as soon as the frame came"
+
+
+def test_a_server_sleeps_at_once_for_a_learner_that_pauses_or_an_answer_not_all_sent(
+    lingering: tuple[_Connection, socket.socket],
+) -> None:
+    connection, _ = lingering
+    assert isinstance(connection.transport, _Transport)
+    connection.transport.unsent = 100  # the rest of the answer is sent by the loop: let it
+    assert _linger_seconds(connection) < 0.2
+    connection.transport.unsent = 0
+    gaps = []
+    for _ in range(3):  # the learner came back 1 s after each answer (counted as 2 x 0.3 s)
+        connection.answered_at = time.perf_counter() - 1.0
+        connection.note_gap()
+        gaps.append(connection.recent_gap)
+    assert gaps == pytest.approx([0.15, 0.2625, 0.346875])
+    connection.answered_at = time.perf_counter()
+    assert _linger_seconds(connection) < 0.2, "its recent gaps are over the spin wait: no waiting awake"
+
+
+def test_servers_given_envfleet_spin_wait_ms_keep_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVFLEET_SPIN_WAIT_MS", "0")
+    monkeypatch.setattr("learner.local.usable_cpus", lambda: 8)
+    with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
+        assert "--spin-wait-ms" not in list(servers._procs[0].args)
 
 
 @pytest.mark.parametrize("spin_wait", [-0.001, 2.0, "1ms", None, True])
