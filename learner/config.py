@@ -113,6 +113,10 @@ class Args:
     """how many of the latest checkpoints to keep"""
     device: str = field(default="auto", metadata={"metavar": "DEVICE"})
     """auto (cuda when available), cpu, cuda or cuda:N: rollout storage, inference and updates"""
+    overlap_update: bool = False
+    """update the nets on a background thread while a copy of them collects the next rollout (a policy
+    lag of one update, the ratios taken against the policy that acted): for slow envs, where the envs'
+    stepping can hide the update. A resumed run starts over the rollout that was collected last"""
     torch_threads: int = 0
     """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise"""
     torch_deterministic: bool = True

@@ -14,7 +14,9 @@ returns. See ``RemoteVectorEnv`` for how envs are lost and rejoin.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
 import dataclasses
 import functools
 import logging
@@ -25,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -43,15 +45,8 @@ from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import (
-    Agent,
-    clipped_policy_loss,
-    explained_variance,
-    gae_advantages,
-    is_image_space,
-    normalize_advantages,
-    value_loss,
-)
+from learner.ppo import Agent, is_image_space
+from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
 __all__ = ["Args", "Rollout", "fleet_spec", "pick_device", "resume_args", "train"]
 
@@ -114,58 +109,6 @@ def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
             saved, num_envs=None, envs_per_server=None, env_kwargs={}, step_delay_ms=0.0, wrappers="auto"
         )
     return dataclasses.replace(saved, **overrides, resume=str(run_dir), run_dir=str(run_dir))
-
-
-@dataclass
-class Rollout:
-    """One rollout's storage, (num_steps, num_envs, ...): what the networks need on the training
-    device, the envs' per-step results in host arrays (moved to the device once per rollout).
-
-    ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
-    that follows an episode's end under next-step autoreset, and for steps in which the fleet
-    reported env n unavailable. ``final_values`` holds V(final observation) for episodes truncated under same-step
-    autoreset, where the final observation only comes in ``infos``.
-    """
-
-    obs: Tensor
-    actions: Tensor
-    logprobs: Tensor
-    values: Tensor
-    final_values: Tensor
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    valid: np.ndarray
-
-    @classmethod
-    def allocate(
-        cls,
-        num_steps: int,
-        num_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: torch.dtype,
-        action_shape: tuple[int, ...],
-        action_dtype: torch.dtype,
-        device: torch.device,
-    ) -> Rollout:
-        def zeros(shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Tensor:
-            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
-
-        return cls(
-            obs=zeros(obs_shape, obs_dtype),
-            actions=zeros(action_shape, action_dtype),
-            logprobs=zeros(),
-            values=zeros(),
-            final_values=zeros(),
-            rewards=np.zeros((num_steps, num_envs), dtype=np.float32),
-            terminations=np.zeros((num_steps, num_envs), dtype=bool),
-            truncations=np.zeros((num_steps, num_envs), dtype=bool),
-            valid=np.zeros((num_steps, num_envs), dtype=bool),
-        )
-
-    @property
-    def num_envs(self) -> int:
-        return int(self.obs.shape[1])
 
 
 @dataclass
@@ -494,7 +437,7 @@ def train(
             computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
             """
             with torch.no_grad():
-                action, rest = agent.sample(obs[envs_slice])
+                action, rest = actor.sample(obs[envs_slice])
                 actions = env_actions(action)
                 if send is not None:
                     send(actions)
@@ -573,6 +516,119 @@ def train(
         last_update = rollout_state()  # as of the last update's end (here: the start)
         updating = False  # the nets are being updated: a checkpoint now would mix two updates
 
+        # --overlap-update: the nets are updated on a background thread while a copy of them (the actor)
+        # collects the next rollout; each update shuffles with its own generator, so that a run is
+        # the same whatever the threads' timing.
+        update_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        update_rng: torch.Generator | None = None
+        actor = agent
+        if args.overlap_update:
+            update_thread = stack.enter_context(
+                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
+            )
+            update_rng = torch.Generator(device=device)
+            update_rng.manual_seed(args.seed)
+            if checkpoint is not None and checkpoint.get("update_rng") is not None:
+                update_rng.set_state(checkpoint["update_rng"])
+            actor = copy.deepcopy(agent)
+            actor.requires_grad_(False)
+        pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
+
+        def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
+            """Count an update done and log it: metrics.jsonl, TensorBoard, the progress bar."""
+            nonlocal faults_before, last_row
+            counters.update += 1
+            now = time.perf_counter()
+            counters.seconds = now - start_time
+            sps = (counters.global_step - session_start_step) / max(now - session_start, 1e-9)
+            row = {
+                "update": counters.update,
+                "global_step": rollout_info["global_step"],
+                "seconds": round(counters.seconds, 4),
+                "sps": round(sps, 1),
+                "episodic_return_mean": rollout_info["episodic_return_mean"],
+                "episodic_length_mean": rollout_info["episodic_length_mean"],
+                "episodes": rollout_info["episodes"],
+                "learning_rate": rollout_info["learning_rate"],
+                "clip_coef": rollout_info["clip_coef"],
+                "value_loss": result.value_loss,
+                "policy_loss": result.policy_loss,
+                "entropy": result.entropy,
+                "old_approx_kl": result.old_approx_kl,
+                "approx_kl": result.approx_kl,
+                "clipfrac": result.clipfrac,
+                "explained_variance": result.explained_variance,
+                "num_envs": rollout_info["num_envs"],
+                "batch_size": result.batch_size,
+                "rollout_seconds": rollout_info["rollout_seconds"],
+                "update_seconds": round(result.seconds, 5),
+                # Fault tolerance, this update: env steps that were no transition, envs unavailable
+                # at its end; and (below) servers lost and back, from the fleet's counters.
+                "env_steps_lost": rollout_info["env_steps_lost"],
+                "envs_unavailable": rollout_info["envs_unavailable"],
+                "episodes_cut": rollout_info["episodes_cut"],
+            }
+            if fault_stats is not None and faults_before is not None:
+                faults_now = fault_stats()
+                row["faults/failures"] = faults_now.failures - faults_before.failures
+                row["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
+                row["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
+                row["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
+                row["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
+                row["faults/servers_down"] = faults_now.servers_down
+                faults_before = faults_now
+            # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
+            # own step time and env-steps/s; a slow or overloaded replica stands out.
+            replicas: dict[str, float] = {}
+            for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
+                replicas.update(replica.metrics(f"replicas/{index}/"))
+            row.update(replicas)
+            rundir.append_jsonl(metrics_file, row)
+            last_row = row
+            if writer is not None:
+                step = row["global_step"]
+                writer.add_scalar("charts/learning_rate", row["learning_rate"], step)
+                writer.add_scalar("charts/SPS", sps, step)
+                writer.add_scalar("charts/num_envs", row["num_envs"], step)
+                for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+                    writer.add_scalar(f"losses/{key}", row[key], step)
+                writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
+                for key in ("env_steps_lost", "envs_unavailable"):
+                    writer.add_scalar(f"faults/{key}", row[key], step)
+                for key in [k for k in row if k.startswith("faults/")]:
+                    writer.add_scalar(key, row[key], step)
+                for key, value in replicas.items():
+                    if not math.isnan(value):
+                        writer.add_scalar(key, value, step)
+            if bar is not None:
+                bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
+                bar.update(counters.global_step - bar.n)
+                recent = row["episodic_return_mean"]
+                bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
+
+        def finished(state: dict[str, Any]) -> None:
+            """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's
+            end: the run may stop (or be checkpointed) as of it."""
+            nonlocal last_update, updating
+            if update_rng is not None:
+                state["update_rng"] = update_rng.get_state()
+            state["counters"]["update"] = counters.update
+            state["counters"]["seconds"] = counters.seconds
+            last_update = state
+            updating = False
+            if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
+                save(f"update {counters.update}", last_update)
+
+        def finish_pending() -> None:
+            """--overlap-update: wait for the update running in the background, then record it."""
+            nonlocal pending
+            assert pending is not None
+            future, rollout_info, state = pending
+            pending = None
+            result = future.result()  # re-raises what the update raised
+            record(result, rollout_info)
+            finished(state)
+
         try:
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
@@ -612,8 +668,6 @@ def train(
                 # env steps, which stays right when the number of envs changes).
                 frac = 1.0 - counters.global_step / hp.total_timesteps
                 lr = hp.learning_rate * frac if hp.anneal_lr else hp.learning_rate
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
                 clip_coef = hp.clip_coef * frac if hp.anneal_clip else hp.clip_coef
 
                 # ---- collect a rollout ---------------------------------------------------------------------
@@ -697,7 +751,7 @@ def train(
                         idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
                         with torch.no_grad():
-                            rollout.final_values[step, idx] = agent.get_value(prepare_obs(final, update_stats=False))
+                            rollout.final_values[step, idx] = actor.get_value(prepare_obs(final, update_stats=False))
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
@@ -711,162 +765,72 @@ def train(
                     continue
                 lost_rollouts = 0
 
-                # ---- advantages: GAE over valid transitions, truncations bootstrapped ------------------------
-                update_start = time.perf_counter()
-                updating = True
-                rewards, terminations, truncations, valid_t = (
-                    torch.from_numpy(a).to(device)
-                    for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
-                )
-                if hp.clip_reward:
-                    rewards = torch.sign(rewards)
-                if reward_scaler is not None:
-                    dones = terminations | truncations
-                    rewards = torch.stack(
-                        [reward_scaler(rewards[t], dones[t], valid_t[t]) for t in range(hp.num_steps)]
-                    )
-                with torch.no_grad():
-                    next_value = agent.get_value(next_obs)
-                    # V(s_t+1): the next step's value estimate, which under next-step autoreset is the
-                    # value of the final observation when step t ended an episode.
-                    next_values = torch.cat([rollout.values[1:], next_value[None]])
-                    if not next_step_autoreset:
-                        next_values = torch.where(truncations, rollout.final_values, next_values)
-                    advantages = gae_advantages(
-                        rewards,
-                        rollout.values,
-                        next_values,
-                        terminations,
-                        truncations,
-                        valid_t,
-                        hp.gamma,
-                        hp.gae_lambda,
-                    )
-                    returns = advantages + rollout.values
-
-                # ---- flatten the batch, real transitions only ----------------------------------------------
-                mask = valid_t.reshape(-1)
-                b_obs = rollout.obs.reshape(-1, *obs_shape)[mask]
-                b_actions = rollout.actions.reshape(-1, *agent.head.action_shape)[mask]
-                b_logprobs = rollout.logprobs.reshape(-1)[mask]
-                b_advantages = advantages.reshape(-1)[mask]
-                b_returns = returns.reshape(-1)[mask]
-                b_values = rollout.values.reshape(-1)[mask]
-                batch_size = int(b_obs.shape[0])
-                num_minibatches = min(hp.num_minibatches, batch_size)
+                # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
                 counters.env_steps_lost += steps_lost
-                if batch_size == 0:
-                    log.warning("no env was available during this rollout: nothing to learn from, update skipped")
-
-                # ---- optimise the policy and value network ---------------------------------------------------
-                clipfracs: list[Tensor] = []
-                stats: dict[str, Tensor] = {}
-                pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
-                for _epoch in range(hp.update_epochs if batch_size else 0):
-                    # One minibatch is the whole batch, whose order does not matter: no shuffled copies.
-                    minibatches: Sequence[Tensor | slice] = (
-                        [slice(None)]
-                        if num_minibatches == 1
-                        else torch.tensor_split(torch.randperm(batch_size, device=device), num_minibatches)
-                    )
-                    for mb_inds in minibatches:
-                        _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                            b_obs[mb_inds], b_actions[mb_inds]
-                        )
-                        mb_advantages = b_advantages[mb_inds]
-                        if hp.norm_adv:
-                            mb_advantages = normalize_advantages(mb_advantages)
-                        pg_loss, stats = clipped_policy_loss(newlogprob, b_logprobs[mb_inds], mb_advantages, clip_coef)
-                        v_loss = value_loss(
-                            newvalue, b_values[mb_inds], b_returns[mb_inds], clip_coef if hp.clip_vloss else None
-                        )
-                        entropy_loss = entropy.mean()
-                        loss = pg_loss - hp.ent_coef * entropy_loss + hp.vf_coef * v_loss
-
-                        optimizer.zero_grad()
-                        loss.backward()
-                        torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
-                        optimizer.step()
-                        clipfracs.append(stats["clipfrac"])
-                    if hp.target_kl and stats and stats["approx_kl"].item() > hp.target_kl:
-                        break  # early stopping (Huang et al., 2022, detail 12's target_kl)
-
-                # ---- record -----------------------------------------------------------------------------------
-                counters.update += 1
-                now = time.perf_counter()
-                counters.seconds = now - start_time
-                sps = (counters.global_step - session_start_step) / max(now - session_start, 1e-9)
-                row = {
-                    "update": counters.update,
+                # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
+                rollout_info = {
                     "global_step": counters.global_step,
-                    "seconds": round(counters.seconds, 4),
-                    "sps": round(sps, 1),
                     "episodic_return_mean": _mean(list(recent_returns)),
                     "episodic_length_mean": _mean(list(recent_lengths)),
                     "episodes": counters.episodes,
+                    "episodes_cut": counters.episodes_cut,
+                    "num_envs": num_envs,
                     "learning_rate": lr,
                     "clip_coef": clip_coef,
-                    "value_loss": v_loss.item(),
-                    "policy_loss": pg_loss.item(),
-                    "entropy": entropy_loss.item(),
-                    "old_approx_kl": stats["old_approx_kl"].item() if stats else math.nan,
-                    "approx_kl": stats["approx_kl"].item() if stats else math.nan,
-                    "clipfrac": torch.stack(clipfracs).mean().item() if clipfracs else math.nan,
-                    "explained_variance": explained_variance(b_values, b_returns) if batch_size > 1 else math.nan,
-                    "num_envs": num_envs,
-                    "batch_size": batch_size,
-                    "rollout_seconds": round(update_start - rollout_start, 5),
-                    "update_seconds": round(now - update_start, 5),
-                    # Fault tolerance, this update: env steps that were no transition, envs unavailable
-                    # at its end; and (below) servers lost and back, from the fleet's counters.
+                    "rollout_seconds": round(time.perf_counter() - rollout_start, 5),
                     "env_steps_lost": steps_lost,
                     "envs_unavailable": int(lost_np.sum()),
-                    "episodes_cut": counters.episodes_cut,
                 }
-                if fault_stats is not None and faults_before is not None:
-                    faults_now = fault_stats()
-                    row["faults/failures"] = faults_now.failures - faults_before.failures
-                    row["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
-                    row["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
-                    row["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
-                    row["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
-                    row["faults/servers_down"] = faults_now.servers_down
-                    faults_before = faults_now
-                # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
-                # own step time and env-steps/s; a slow or overloaded replica stands out.
-                replicas: dict[str, float] = {}
-                for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
-                    replicas.update(replica.metrics(f"replicas/{index}/"))
-                row.update(replicas)
-                rundir.append_jsonl(metrics_file, row)
-                last_row = row
-                if writer is not None:
-                    writer.add_scalar("charts/learning_rate", lr, counters.global_step)
-                    writer.add_scalar("charts/SPS", sps, counters.global_step)
-                    writer.add_scalar("charts/num_envs", num_envs, counters.global_step)
-                    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
-                        writer.add_scalar(f"losses/{key}", row[key], counters.global_step)
-                    writer.add_scalar("losses/explained_variance", row["explained_variance"], counters.global_step)
-                    for key in ("env_steps_lost", "envs_unavailable"):
-                        writer.add_scalar(f"faults/{key}", row[key], counters.global_step)
-                    for key in [k for k in row if k.startswith("faults/")]:
-                        writer.add_scalar(key, row[key], counters.global_step)
-                    for key, value in replicas.items():
-                        if not math.isnan(value):
-                            writer.add_scalar(key, value, counters.global_step)
-                if bar is not None:
-                    bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
-                    bar.update(counters.global_step - bar.n)
-                    recent = row["episodic_return_mean"]
-                    bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
-                last_update = rollout_state()
-                updating = False
-                if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
-                    save(f"update {counters.update}", last_update)
+                with torch.no_grad():
+                    next_value = actor.get_value(next_obs)
+                batch = make_batch(
+                    rollout,
+                    next_value,
+                    hp,
+                    reward_scaler,
+                    next_step_autoreset=next_step_autoreset,
+                    action_shape=agent.head.action_shape,
+                )
+                if batch.size == 0:
+                    log.warning("no env was available during this rollout: nothing to learn from, update skipped")
+
+                # ---- optimise the policy and value network ---------------------------------------------------
+                if update_thread is None:
+                    updating = True
+                    result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
+                    record(result, rollout_info)
+                    finished(rollout_state())
+                else:
+                    # --overlap-update: wait for the update on the previous rollout, then the acting copy
+                    # takes its nets and collects the next rollout while this one's update runs.
+                    if pending is not None:
+                        finish_pending()
+                    actor.load_state_dict(agent.state_dict())
+                    updating = True
+                    pending = (
+                        update_thread.submit(
+                            ppo_update,
+                            agent,
+                            optimizer,
+                            batch,
+                            hp,
+                            learning_rate=lr,
+                            clip_coef=clip_coef,
+                            generator=update_rng,
+                        ),
+                        rollout_info,
+                        rollout_state(),
+                    )
         except BaseException as err:
             stop_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
             raise
         finally:
+            if pending is not None:
+                # --overlap-update: the update of the last whole rollout runs on; it counts once done.
+                try:
+                    finish_pending()
+                except Exception:
+                    log.exception("the update running in the background failed")
             counters.seconds = time.perf_counter() - start_time
             state: dict[str, Any] | None
             if stop_reason in ("total_timesteps", "stop_at_return"):

@@ -290,3 +290,81 @@ def test_resuming_a_run_made_on_servers_before_the_env_was_recorded(tmp_path: Pa
     rundir.write_json(tmp_path / rundir.CONFIG, {"args": old, "envs": {"env_id": "tests.envs:ClockEnv"}})
     assert resume_args(tmp_path).env == "tests.envs:ClockEnv"
     assert resume_args(tmp_path, servers="127.0.0.1:2").env == "tests.envs:ClockEnv"
+
+
+# -- --overlap-update: the update of each rollout runs while the next one is collected -------------------------
+
+
+def _without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    timing = ("seconds", "sps", "rollout_seconds", "update_seconds")
+    return [{k: v for k, v in r.items() if k not in timing} for r in rows]
+
+
+def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(tmp_path: Path) -> None:
+    # One minibatch (no shuffling): the first update learns from the same rollout with the same nets
+    # as in a sequential run, so it reports the same losses. The second rollout was collected by the
+    # nets from before the first update (sequential: after it), so from then on the runs differ.
+    common = {**clock(3), "backend": "gym", "num_envs": 2, "num_steps": 8, "num_minibatches": 1, "update_epochs": 2}
+    common |= {"total_timesteps": 64, "checkpoint_every": 0}
+    train(Args(**common, run_dir=str(tmp_path / "sequential")))
+    for name in ("overlap", "again"):
+        summary = train(Args(**common, overlap_update=True, run_dir=str(tmp_path / name)))
+        assert summary["updates"] == 4 and summary["total_steps"] == 64 and summary["stop_reason"] == "total_timesteps"
+    sequential, overlap, again = (
+        rundir.read_jsonl(tmp_path / d / rundir.METRICS) for d in ("sequential", "overlap", "again")
+    )
+    assert [r["update"] for r in overlap] == [1, 2, 3, 4]
+    assert [r["global_step"] for r in overlap] == [16, 32, 48, 64]  # each row: as of its rollout's end
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+        assert overlap[0][key] == sequential[0][key], key
+    assert overlap[1]["policy_loss"] != sequential[1]["policy_loss"]
+    # Whatever the threads' timing, a seed gives one run.
+    assert _without_timing(overlap) == _without_timing(again)
+    a, b = (torch.load(rundir.list_checkpoints(tmp_path / d)[-1], weights_only=True) for d in ("overlap", "again"))
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+
+
+def test_overlapped_training_through_local_servers(tmp_path: Path) -> None:
+    summary = train(
+        Args(
+            env="CartPole-v1",
+            num_servers=2,
+            envs_per_server=1,
+            num_steps=16,
+            num_minibatches=2,
+            total_timesteps=96,
+            overlap_update=True,
+            run_dir=str(tmp_path),
+            **QUIET,
+        )
+    )
+    assert summary["updates"] == 3 and summary["total_steps"] == 96
+    assert [r["global_step"] for r in rundir.read_jsonl(tmp_path / rundir.METRICS)] == [32, 64, 96]
+
+
+def test_an_overlapped_run_stopped_mid_rollout_finishes_the_update_in_flight_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C at the 3rd step of the third rollout: the update of the second rollout is running
+    # meanwhile; it is waited for, recorded and checkpointed, with the run as of that rollout's end.
+    common = {**_resumable(), "overlap_update": True, "checkpoint_every": 1}
+
+    @contextlib.contextmanager
+    def interrupted_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=2 * 8 + 3)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr("learner.train.open_fleet", interrupted_fleet)
+        summary = train(Args(**common, run_dir=str(run)))
+    assert summary["stop_reason"] == "interrupted"
+    assert summary["total_steps"] == 32 and summary["updates"] == 2
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000016.pt", "step-0000000032.pt"]
+    saved = torch.load(rundir.list_checkpoints(run)[-1], weights_only=True)
+    assert saved["counters"]["update"] == 2 and saved["update_rng"] is not None
+
+    summary = train(resume_args(run))
+    assert summary["total_steps"] == 48 and summary["updates"] == 3
+    assert [r["update"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [1, 2, 3]

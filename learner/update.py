@@ -1,0 +1,221 @@
+"""The PPO update apart from the rollout loop: a rollout's storage, the batch it becomes (GAE over
+its transitions, flattened), and the update of the nets on that batch (epochs x minibatches of the
+clipped objective).
+
+``learner train`` runs :func:`ppo_update` after each rollout, or, with ``--overlap-update``, on a
+background thread while the next rollout is collected by a copy of the nets from before the update
+(a policy lag of one update, as in asynchronous PPO: the importance ratios and clipping are taken
+against the policy that acted, whose log-probs the batch holds).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, optim
+
+from learner.config import PPOConfig
+from learner.normalize import RewardScaler
+from learner.ppo import (
+    Agent,
+    clipped_policy_loss,
+    explained_variance,
+    gae_advantages,
+    normalize_advantages,
+    value_loss,
+)
+
+__all__ = ["Batch", "Rollout", "UpdateResult", "make_batch", "ppo_update"]
+
+
+@dataclass
+class Rollout:
+    """One rollout's storage, (num_steps, num_envs, ...): what the networks need on the training
+    device, the envs' per-step results in host arrays (moved to the device once per rollout).
+
+    ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
+    that follows an episode's end under next-step autoreset, and for steps in which the fleet
+    reported env n unavailable. ``final_values`` holds V(final observation) for episodes truncated under same-step
+    autoreset, where the final observation only comes in ``infos``.
+    """
+
+    obs: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    final_values: Tensor
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    valid: np.ndarray
+
+    @classmethod
+    def allocate(
+        cls,
+        num_steps: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: torch.dtype,
+        action_shape: tuple[int, ...],
+        action_dtype: torch.dtype,
+        device: torch.device,
+    ) -> Rollout:
+        def zeros(shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+
+        return cls(
+            obs=zeros(obs_shape, obs_dtype),
+            actions=zeros(action_shape, action_dtype),
+            logprobs=zeros(),
+            values=zeros(),
+            final_values=zeros(),
+            rewards=np.zeros((num_steps, num_envs), dtype=np.float32),
+            terminations=np.zeros((num_steps, num_envs), dtype=bool),
+            truncations=np.zeros((num_steps, num_envs), dtype=bool),
+            valid=np.zeros((num_steps, num_envs), dtype=bool),
+        )
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.obs.shape[1])
+
+
+@dataclass
+class Batch:
+    """One rollout's real transitions, flattened (copies: the rollout's storage may be refilled at once)."""
+
+    obs: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    advantages: Tensor
+    returns: Tensor
+    values: Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.obs.shape[0])
+
+
+def make_batch(
+    rollout: Rollout,
+    next_value: Tensor,
+    hp: PPOConfig,
+    reward_scaler: RewardScaler | None,
+    *,
+    next_step_autoreset: bool,
+    action_shape: tuple[int, ...],
+) -> Batch:
+    """GAE over the rollout's valid transitions (truncations bootstrapped), then the valid ones flattened.
+
+    ``next_value`` is V(the observations after the rollout's last step), from the nets that acted.
+    """
+    device = rollout.obs.device
+    rewards, terminations, truncations, valid = (
+        torch.from_numpy(a).to(device)
+        for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
+    )
+    if hp.clip_reward:
+        rewards = torch.sign(rewards)
+    if reward_scaler is not None:
+        dones = terminations | truncations
+        rewards = torch.stack([reward_scaler(rewards[t], dones[t], valid[t]) for t in range(rewards.shape[0])])
+    with torch.no_grad():
+        # V(s_t+1): the next step's value estimate, which under next-step autoreset is the value of
+        # the final observation when step t ended an episode.
+        next_values = torch.cat([rollout.values[1:], next_value[None]])
+        if not next_step_autoreset:
+            next_values = torch.where(truncations, rollout.final_values, next_values)
+        advantages = gae_advantages(
+            rewards, rollout.values, next_values, terminations, truncations, valid, hp.gamma, hp.gae_lambda
+        )
+        returns = advantages + rollout.values
+    mask = valid.reshape(-1)
+    obs_shape = tuple(rollout.obs.shape[2:])
+    return Batch(
+        obs=rollout.obs.reshape(-1, *obs_shape)[mask],
+        actions=rollout.actions.reshape(-1, *action_shape)[mask],
+        logprobs=rollout.logprobs.reshape(-1)[mask],
+        advantages=advantages.reshape(-1)[mask],
+        returns=returns.reshape(-1)[mask],
+        values=rollout.values.reshape(-1)[mask],
+    )
+
+
+@dataclass
+class UpdateResult:
+    """What one update reports (the losses and KL estimates of its last minibatch, CleanRL's way)."""
+
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    old_approx_kl: float
+    approx_kl: float
+    clipfrac: float
+    explained_variance: float
+    batch_size: int
+    seconds: float
+
+
+def ppo_update(
+    agent: Agent,
+    optimizer: optim.Optimizer,
+    batch: Batch,
+    hp: PPOConfig,
+    *,
+    learning_rate: float,
+    clip_coef: float,
+    generator: torch.Generator | None = None,
+) -> UpdateResult:
+    """PPO's update on ``batch``: ``hp.update_epochs`` passes of ``hp.num_minibatches`` shuffled minibatches
+    (early stop past ``hp.target_kl``), at ``learning_rate``. ``generator`` shuffles (default: torch's)."""
+    start = time.perf_counter()
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    device = batch.obs.device
+    batch_size = batch.size
+    num_minibatches = min(hp.num_minibatches, batch_size)
+    clipfracs: list[Tensor] = []
+    stats: dict[str, Tensor] = {}
+    pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
+    for _epoch in range(hp.update_epochs if batch_size else 0):
+        # One minibatch is the whole batch, whose order does not matter: no shuffled copies.
+        minibatches: Sequence[Tensor | slice] = (
+            [slice(None)]
+            if num_minibatches == 1
+            else torch.tensor_split(torch.randperm(batch_size, device=device, generator=generator), num_minibatches)
+        )
+        for mb_inds in minibatches:
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch.obs[mb_inds], batch.actions[mb_inds])
+            mb_advantages = batch.advantages[mb_inds]
+            if hp.norm_adv:
+                mb_advantages = normalize_advantages(mb_advantages)
+            pg_loss, stats = clipped_policy_loss(newlogprob, batch.logprobs[mb_inds], mb_advantages, clip_coef)
+            v_loss = value_loss(
+                newvalue, batch.values[mb_inds], batch.returns[mb_inds], clip_coef if hp.clip_vloss else None
+            )
+            entropy_loss = entropy.mean()
+            loss = pg_loss - hp.ent_coef * entropy_loss + hp.vf_coef * v_loss
+
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
+            optimizer.step()
+            clipfracs.append(stats["clipfrac"])
+        if hp.target_kl and stats and stats["approx_kl"].item() > hp.target_kl:
+            break  # early stopping (Huang et al., 2022, detail 12's target_kl)
+    return UpdateResult(
+        policy_loss=pg_loss.item(),
+        value_loss=v_loss.item(),
+        entropy=entropy_loss.item(),
+        old_approx_kl=stats["old_approx_kl"].item() if stats else math.nan,
+        approx_kl=stats["approx_kl"].item() if stats else math.nan,
+        clipfrac=torch.stack(clipfracs).mean().item() if clipfracs else math.nan,
+        explained_variance=explained_variance(batch.values, batch.returns) if batch_size > 1 else math.nan,
+        batch_size=batch_size,
+        seconds=time.perf_counter() - start,
+    )
