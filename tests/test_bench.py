@@ -167,3 +167,26 @@ def test_the_latency_target_is_judged_by_scaling_from_one_env_and_both_figures_a
     assert target["met"] is True
     table = markdown_tables(results)
     assert "Scaling efficiency" in table and "| 64 | 28% |  | 95% |" in table
+
+
+def test_cartpole_solve_compares_the_fastest_8_env_configuration_with_the_fastest_1_env_one() -> None:
+    from learner.benchmarks.cartpole_solve import eight_vs_one
+
+    def row(solved: str, seconds: float | None) -> dict[str, object]:
+        return {"solved": solved, "median_seconds": seconds}
+
+    rows = {
+        "remote-8": row("3/3", 14.0),
+        "remote-8-overlap": row("3/3", 8.0),
+        "remote-8-tuned": row("2/3", 6.0),  # did not solve every seed: out
+        "remote-1": row("3/3", 60.0),
+        "remote-1-overlap": row("3/3", 48.0),
+    }
+    assert eight_vs_one(rows) == {
+        "eight": "remote-8-overlap",
+        "eight_seconds": 8.0,
+        "one": "remote-1-overlap",
+        "one_seconds": 48.0,
+        "ratio": 6.0,
+    }
+    assert eight_vs_one({"remote-8": row("3/3", 14.0)}) is None
