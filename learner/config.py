@@ -116,7 +116,8 @@ class Args:
     overlap_update: bool = False
     """update the nets on a background thread while a copy of them collects the next rollout (a policy
     lag of one update, the ratios taken against the policy that acted): for slow envs, where the envs'
-    stepping can hide the update. A resumed run starts over the rollout that was collected last"""
+    stepping can hide the update. A resumed run collects again, with the updated nets, the rollout
+    that was waiting for the last checkpointed update or in progress"""
     torch_threads: int = 0
     """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise"""
     torch_deterministic: bool = True

@@ -447,23 +447,47 @@ def train(
             storage.values[step, envs_slice] = value
             return actions
 
+        # --overlap-update: the nets are updated on a background thread while a copy of them (the actor)
+        # collects the next rollout; each update shuffles with its own generator, so that a run is
+        # the same whatever the threads' timing.
+        update_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        update_rng: torch.Generator | None = None
+        actor = agent
+        if args.overlap_update:
+            update_thread = stack.enter_context(
+                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
+            )
+            update_rng = torch.Generator(device=device)
+            update_rng.manual_seed(args.seed)
+            if checkpoint is not None and checkpoint.get("update_rng") is not None:
+                update_rng.set_state(checkpoint["update_rng"])
+            actor = copy.deepcopy(agent)
+            actor.requires_grad_(False)
+        pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
+
         saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
 
         def rollout_state() -> dict[str, Any]:
             """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
             included), every RNG state and the observation statistics. Taken at each update's end (a few
             small copies), so that a run stopped mid-rollout is saved as of its last update: the partial
-            rollout is not learned from, and a resumed run starts that rollout over."""
+            rollout is not learned from, and a resumed run starts that rollout over. The reward scaler
+            is as of the last batch made (--overlap-update: the next rollout's batch is made before the
+            update in flight is done)."""
             counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
             return {
                 "counters": dataclasses.asdict(counters),
                 "rng": capture_rng(),
                 "obs_rms": {k: v.clone() for k, v in obs_rms.state_dict().items()} if obs_rms is not None else None,
+                "reward_scaler": {"rms": {k: v.clone() for k, v in reward_scaler.rms.state_dict().items()}}
+                if reward_scaler is not None
+                else None,
+                "update_rng": update_rng.get_state() if update_rng is not None else None,
             }
 
         def save(reason: str, state: dict[str, Any]) -> Path:
-            """A checkpoint of the nets, the optimizer and the reward scaler (which only updates change)
-            with ``state`` (``rollout_state()``'s, from the same update's end or later)."""
+            """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
+            update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
             nonlocal saved_step
             payload = {
                 "args": args.to_json(),
@@ -472,7 +496,6 @@ def train(
                 "action_space": str(action_space),
                 "model": agent.state_dict(),
                 "optimizer": optimizer.state_dict(),
-                "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None,
                 **state,
             }
             step = int(state["counters"]["global_step"])
@@ -515,28 +538,11 @@ def train(
         lost_rollouts = 0
         last_update = rollout_state()  # as of the last update's end (here: the start)
         updating = False  # the nets are being updated: a checkpoint now would mix two updates
-
-        # --overlap-update: the nets are updated on a background thread while a copy of them (the actor)
-        # collects the next rollout; each update shuffles with its own generator, so that a run is
-        # the same whatever the threads' timing.
-        update_thread: concurrent.futures.ThreadPoolExecutor | None = None
-        update_rng: torch.Generator | None = None
-        actor = agent
-        if args.overlap_update:
-            update_thread = stack.enter_context(
-                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
-            )
-            update_rng = torch.Generator(device=device)
-            update_rng.manual_seed(args.seed)
-            if checkpoint is not None and checkpoint.get("update_rng") is not None:
-                update_rng.set_state(checkpoint["update_rng"])
-            actor = copy.deepcopy(agent)
-            actor.requires_grad_(False)
-        pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
+        propagating = False  # an exception is on its way out of the loop
 
         def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
             """Count an update done and log it: metrics.jsonl, TensorBoard, the progress bar."""
-            nonlocal faults_before, last_row
+            nonlocal last_row
             counters.update += 1
             now = time.perf_counter()
             counters.seconds = now - start_time
@@ -568,21 +574,7 @@ def train(
                 "envs_unavailable": rollout_info["envs_unavailable"],
                 "episodes_cut": rollout_info["episodes_cut"],
             }
-            if fault_stats is not None and faults_before is not None:
-                faults_now = fault_stats()
-                row["faults/failures"] = faults_now.failures - faults_before.failures
-                row["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
-                row["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
-                row["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
-                row["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
-                row["faults/servers_down"] = faults_now.servers_down
-                faults_before = faults_now
-            # Per env server over this update: step latency p50/p99 as the learner saw it, the envs'
-            # own step time and env-steps/s; a slow or overloaded replica stands out.
-            replicas: dict[str, float] = {}
-            for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
-                replicas.update(replica.metrics(f"replicas/{index}/"))
-            row.update(replicas)
+            row.update(rollout_info["fleet"])
             rundir.append_jsonl(metrics_file, row)
             last_row = row
             if writer is not None:
@@ -597,14 +589,33 @@ def train(
                     writer.add_scalar(f"faults/{key}", row[key], step)
                 for key in [k for k in row if k.startswith("faults/")]:
                     writer.add_scalar(key, row[key], step)
-                for key, value in replicas.items():
-                    if not math.isnan(value):
+                for key, value in rollout_info["fleet"].items():
+                    if key.startswith("replicas/") and not math.isnan(value):
                         writer.add_scalar(key, value, step)
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)
                 recent = row["episodic_return_mean"]
                 bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
+
+        def fleet_metrics() -> dict[str, float]:
+            """The fleet over the rollout just collected: servers lost and back (from the fleet's counters),
+            and per env server the step latency p50/p99 as the learner saw it, the envs' own step time
+            and env-steps/s (a slow or overloaded replica stands out)."""
+            nonlocal faults_before
+            metrics: dict[str, float] = {}
+            if fault_stats is not None and faults_before is not None:
+                faults_now = fault_stats()
+                metrics["faults/failures"] = faults_now.failures - faults_before.failures
+                metrics["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
+                metrics["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
+                metrics["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
+                metrics["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
+                metrics["faults/servers_down"] = faults_now.servers_down
+                faults_before = faults_now
+            for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
+                metrics.update(replica.metrics(f"replicas/{index}/"))
+            return metrics
 
         def finished(state: dict[str, Any]) -> None:
             """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's
@@ -613,7 +624,6 @@ def train(
             if update_rng is not None:
                 state["update_rng"] = update_rng.get_state()
             state["counters"]["update"] = counters.update
-            state["counters"]["seconds"] = counters.seconds
             last_update = state
             updating = False
             if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
@@ -766,6 +776,7 @@ def train(
                 lost_rollouts = 0
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
+                updating = True  # from here on, a checkpoint of this run would mix two updates
                 counters.env_steps_lost += steps_lost
                 # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
                 rollout_info = {
@@ -780,6 +791,7 @@ def train(
                     "rollout_seconds": round(time.perf_counter() - rollout_start, 5),
                     "env_steps_lost": steps_lost,
                     "envs_unavailable": int(lost_np.sum()),
+                    "fleet": fleet_metrics(),
                 }
                 with torch.no_grad():
                     next_value = actor.get_value(next_obs)
@@ -796,7 +808,6 @@ def train(
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 if update_thread is None:
-                    updating = True
                     result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
                     record(result, rollout_info)
                     finished(rollout_state())
@@ -807,6 +818,7 @@ def train(
                         finish_pending()
                     actor.load_state_dict(agent.state_dict())
                     updating = True
+                    counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
                     pending = (
                         update_thread.submit(
                             ppo_update,
@@ -823,14 +835,21 @@ def train(
                     )
         except BaseException as err:
             stop_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+            propagating = True
             raise
         finally:
+            update_error: BaseException | None = None
             if pending is not None:
                 # --overlap-update: the update of the last whole rollout runs on; it counts once done.
                 try:
                     finish_pending()
-                except Exception:
-                    log.exception("the update running in the background failed")
+                except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
+                    update_error = err
+                    if not propagating:
+                        interrupted = isinstance(err, KeyboardInterrupt)
+                        stop_reason = "interrupted" if interrupted else f"error: {type(err).__name__}: {err}"
+                    if not isinstance(err, KeyboardInterrupt):
+                        log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
             counters.seconds = time.perf_counter() - start_time
             state: dict[str, Any] | None
             if stop_reason in ("total_timesteps", "stop_at_return"):
@@ -885,5 +904,7 @@ def train(
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
             if counters.update > 0:
                 plotted.append(run_dir)
+            if update_error is not None and not propagating:
+                raise update_error
     summary["run_dir"] = str(run_dir)
     return summary

@@ -368,3 +368,48 @@ def test_an_overlapped_run_stopped_mid_rollout_finishes_the_update_in_flight_and
     summary = train(resume_args(run))
     assert summary["total_steps"] == 48 and summary["updates"] == 3
     assert [r["update"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [1, 2, 3]
+
+
+def test_an_overlapped_update_that_fails_ends_the_run_with_its_error_and_no_checkpoint_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last update (of the third and last rollout) fails half-way, in the background: the run
+    # must not end as if it had finished, nor checkpoint the nets it left half-updated.
+    from learner import train as train_module
+
+    calls = []
+    real_update = train_module.ppo_update
+
+    def failing_third(agent: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                for p in agent.parameters():
+                    p.add_(1000.0)
+            raise RuntimeError("update blew up")
+        return real_update(agent, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "ppo_update", failing_third)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="update blew up"):
+        train(Args(**_resumable(), overlap_update=True, checkpoint_every=1, run_dir=str(run)))
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"].startswith("error: RuntimeError") and summary["updates"] == 2
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000016.pt", "step-0000000032.pt"]
+    saved = torch.load(rundir.list_checkpoints(run)[-1], weights_only=True)
+    assert all(t.abs().max() < 100 for t in saved["model"].values())
+
+
+def test_overlapped_checkpoints_hold_the_reward_scaler_and_generator_as_of_their_rollout(tmp_path: Path) -> None:
+    # The mujoco preset scales rewards; an overlapped run makes the next rollout's batch (which
+    # updates the scaler) before the update in flight is checkpointed: the checkpoint must still
+    # hold the scaler as of the rollout that update learned from, as a sequential run's does.
+    for name, overlap in (("sequential", False), ("overlap", True)):
+        train(Args(**_resumable(), overlap_update=overlap, checkpoint_every=1, run_dir=str(tmp_path / name)))
+    for step in (16, 32, 48):
+        a, b = (
+            torch.load(tmp_path / d / "checkpoints" / f"step-{step:010d}.pt", weights_only=True)
+            for d in ("sequential", "overlap")
+        )
+        assert torch.equal(a["reward_scaler"]["rms"]["count"], b["reward_scaler"]["rms"]["count"]), step
+        assert a["update_rng"] is None and b["update_rng"] is not None
