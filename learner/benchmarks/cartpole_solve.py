@@ -68,7 +68,9 @@ class Config:
 # envs (seeds 1-3) but the same ~15k with 1; ~20 settings tried for 8 envs (from remote-8-tuned
 # outwards: learning rate, epochs, GAE lambda, annealing horizon, clip range, steps per env) found
 # "remote-8-overlap": remote-8-tuned's with learning rate 3e-3 and 10 epochs (19.4k steps on seeds
-# 1-3; cheaper updates also leave the rollout more CPU).
+# 1-3, but 23.2k on seeds 4-6, where remote-8-tuned needs 15.7k; cheaper updates also leave the
+# rollout more CPU). Decoupled PPO's objective and log-probs recomputed at the update's start, both
+# against the lag, did worse (2-4 of seeds 1-6 unsolved within 30k steps).
 CONFIGS: dict[str, Config] = {
     "remote-8": Config("envfleet, 2 local servers x 4 envs", "envfleet"),
     "remote-8-pipelined": Config("envfleet, 2 x 4, --pipeline-groups 2", "envfleet", overrides={"pipeline_groups": 2}),

@@ -7,7 +7,7 @@ Runs, each as ``learner train --device cuda`` in its own process:
   1. CartPole-v1 to solved (mean of the last 20 episodes >= 475) on 2 local servers x 4 envs;
   2. CartPole-v1 throughput on 16 local servers x 4 envs (64 envs);
   3. ALE/Pong-v5 throughput on 16 local servers x 4 envs (84x84x4 frames, the Nature CNN), when
-     ale-py is installed.
+     ale-py is installed, with and without ``--overlap-update``.
 It prints, and writes to ``--out``/gpu_check.json, each run's SPS, time (to solve), and the most GPU
 memory torch allocated. Exit status 1 when CUDA is missing or a run fails.
 """
@@ -70,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if importlib.util.find_spec("ale_py") is not None:
         steps = "20000" if args.quick else "100000"
-        runs.append(("pong-64-envs", ["--env", "ALE/Pong-v5", *fleet16, "--total-timesteps", steps], 900.0))
+        pong = ["--env", "ALE/Pong-v5", *fleet16, "--total-timesteps", steps]
+        runs.append(("pong-64-envs", pong, 900.0))
+        # The CNN's update on the GPU while the servers step the next rollout (learner train --overlap-update).
+        runs.append(("pong-64-overlap", [*pong, "--overlap-update"], 900.0))
     results = [_train(name, out, options, timeout) for name, options, timeout in runs]
 
     print(f"\n{'run':<18} {'ok':>3} {'steps':>9} {'SPS':>8} {'seconds':>8} {'solved at s':>12} {'GPU MiB':>8}")
