@@ -212,6 +212,11 @@ def _plot(run_dir: Path) -> None:
     plot_runs([run_dir], run_dir / rundir.PLOT)
 
 
+def _stop_reason(err: BaseException) -> str:
+    """summary.json's ``stop_reason`` for a run that ``err`` ended."""
+    return "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+
+
 def _mean(values: list[float] | list[int]) -> float | None:
     return float(np.mean(values)) if values else None
 
@@ -801,7 +806,6 @@ def train(
                     hp,
                     reward_scaler,
                     next_step_autoreset=next_step_autoreset,
-                    action_shape=agent.head.action_shape,
                 )
                 if batch.size == 0:
                     log.warning("no env was available during this rollout: nothing to learn from, update skipped")
@@ -834,7 +838,7 @@ def train(
                         rollout_state(),
                     )
         except BaseException as err:
-            stop_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+            stop_reason = _stop_reason(err)
             propagating = True
             raise
         finally:
@@ -846,8 +850,7 @@ def train(
                 except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
                     update_error = err
                     if not propagating:
-                        interrupted = isinstance(err, KeyboardInterrupt)
-                        stop_reason = "interrupted" if interrupted else f"error: {type(err).__name__}: {err}"
+                        stop_reason = _stop_reason(err)
                     if not isinstance(err, KeyboardInterrupt):
                         log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
             counters.seconds = time.perf_counter() - start_time

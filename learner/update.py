@@ -108,7 +108,6 @@ def make_batch(
     reward_scaler: RewardScaler | None,
     *,
     next_step_autoreset: bool,
-    action_shape: tuple[int, ...],
 ) -> Batch:
     """GAE over the rollout's valid transitions (truncations bootstrapped), then the valid ones flattened.
 
@@ -135,10 +134,9 @@ def make_batch(
         )
         returns = advantages + rollout.values
     mask = valid.reshape(-1)
-    obs_shape = tuple(rollout.obs.shape[2:])
     return Batch(
-        obs=rollout.obs.reshape(-1, *obs_shape)[mask],
-        actions=rollout.actions.reshape(-1, *action_shape)[mask],
+        obs=rollout.obs.flatten(0, 1)[mask],
+        actions=rollout.actions.flatten(0, 1)[mask],
         logprobs=rollout.logprobs.reshape(-1)[mask],
         advantages=advantages.reshape(-1)[mask],
         returns=returns.reshape(-1)[mask],

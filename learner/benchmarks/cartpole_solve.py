@@ -9,11 +9,11 @@ env servers or SB3's subprocesses (also reported, as "incl. start").
     python -m learner.benchmarks.cartpole_solve                 # remote-8 vs SB3 SubprocVecEnv(8) and DummyVecEnv(8)
     python -m learner.benchmarks.cartpole_solve --suite delay   # 8 remote envs vs 1, each env step 2 ms longer
     python -m learner.benchmarks.cartpole_solve --suite plain   # 8 remote envs vs 1, no delay
+    python -m learner.benchmarks.cartpole_solve --configs remote-8,gym-8 --seeds 1,2,3,4,5
 
 The delay and plain suites end with the fastest configuration of 8 envs against the fastest of 1
 (median wall time to solve): the issue's "8 remote envs solve >= 7x faster than 1", each with its
 own best settings.
-    python -m learner.benchmarks.cartpole_solve --configs remote-8,gym-8 --seeds 1,2,3,4,5
 
 SB3 runs RL Zoo's tuned CartPole-v1 PPO (hyperparams/ppo.yml: 8 envs, n_steps 32, batch 256,
 20 epochs, gamma 0.98, gae_lambda 0.8, lin_0.001 learning rate, lin_0.2 clip range, ent_coef 0),
