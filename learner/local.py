@@ -233,6 +233,8 @@ def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> N
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
+            proc.stdout.close()
     if socket_dir is not None:
         for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
             with suppress(OSError):
@@ -245,17 +247,18 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
     """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
     assert proc.stderr is not None
     server_log = logging.getLogger(f"env_server[{index}]")
-    for raw in proc.stderr:
-        line = raw.decode(errors="replace").rstrip()
-        if not line:
-            continue
-        tail.append(line)
-        # Server lines look like "<date> <time> LEVEL logger: message".
-        parts = line.split(" ", 3)
-        level = _LOG_LEVELS.get(parts[2], logging.WARNING) if len(parts) > 2 else logging.WARNING
-        if line.startswith("env-server: error:"):
-            level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
-        server_log.log(level, "%s", line)
+    with proc.stderr:  # closed at its end (the server's exit)
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if not line:
+                continue
+            tail.append(line)
+            # Server lines look like "<date> <time> LEVEL logger: message".
+            parts = line.split(" ", 3)
+            level = _LOG_LEVELS.get(parts[2], logging.WARNING) if len(parts) > 2 else logging.WARNING
+            if line.startswith("env-server: error:"):
+                level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
+            server_log.log(level, "%s", line)
 
 
 @contextmanager

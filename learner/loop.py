@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = ["LoopRunner", "gather"]
 
@@ -70,8 +70,32 @@ class LoopRunner:
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run ``awaitable`` on the loop until it is done; return its result or raise its exception."""
         if self._thread is None:
-            return self.loop.run_until_complete(awaitable)
+            return self._run_until_complete(awaitable)
         return asyncio.run_coroutine_threadsafe(_await(awaitable), self.loop).result()
+
+    def _run_until_complete(self, awaitable: Awaitable[T]) -> T:
+        """Run this thread's loop until ``awaitable`` is done: in this thread, or, where this thread now
+        runs an event loop of its own (an env made outside ``asyncio.run`` and used, or closed, inside
+        it), on a helper thread for the call: a thread cannot run two loops, and gRPC's channels stay
+        bound to the loop they were made on."""
+        running = asyncio._get_running_loop()
+        if running is None or running is self.loop:  # (the latter: a re-entrant call, which the loop refuses)
+            return self.loop.run_until_complete(awaitable)
+        outcome: list[Any] = []
+
+        def drive() -> None:
+            try:
+                outcome.append((True, self.loop.run_until_complete(awaitable)))
+            except BaseException as err:  # handed to the caller's thread
+                outcome.append((False, err))
+
+        helper = threading.Thread(target=drive, name="envfleet-loop-call")
+        helper.start()
+        helper.join()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return cast(T, value)
 
     def run_or_schedule(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` to completion, or, where that would block the loop itself (a finalizer called
@@ -106,7 +130,7 @@ class LoopRunner:
         joined = asyncio.gather(*tasks, return_exceptions=True)
         timer = self.loop.call_later(timeout, joined.cancel)
         try:
-            self.loop.run_until_complete(joined)
+            self._run_until_complete(joined)
         except asyncio.CancelledError:
             pass  # the deadline passed: the late tasks are cancelled
         finally:
@@ -115,7 +139,7 @@ class LoopRunner:
     def spin(self) -> None:
         """Let tasks that are ready run up to their next wait (e.g. hand a message to gRPC), then return."""
         if self._thread is None:
-            self.loop.run_until_complete(asyncio.sleep(0))
+            self._run_until_complete(asyncio.sleep(0))
         # A background loop runs by itself.
 
 

@@ -68,16 +68,16 @@ def test_servers_exit_when_the_learner_is_killed() -> None:
         time.sleep(600)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and all(alive(p) for p in pids)
-        proc.kill()
-        proc.wait()
-        wait_gone(pids, within=5)
-    finally:
-        proc.kill()
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            pids = [int(p) for p in proc.stdout.readline().split()]
+            assert len(pids) == 2 and all(alive(p) for p in pids)
+            proc.kill()
+            proc.wait()
+            wait_gone(pids, within=5)
+        finally:
+            proc.kill()
 
 
 def test_failed_start_names_the_cause() -> None:

@@ -176,6 +176,27 @@ def test_works_from_inside_a_running_event_loop(start_servers: Any) -> None:
     reference.close()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_made_outside_a_running_event_loop_works_and_closes_inside_one(start_servers: Any, transport: str) -> None:
+    """A script that makes its envs, then enters asyncio.run: steps there work (its loop is not this
+    thread's to run), and a close there releases the servers, so that another learner can claim them."""
+    addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2, transport=transport)
+    reference = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    envs = RemoteVectorEnv(addresses)
+    assert_same(envs.reset(seed=5), reference.reset(seed=5))
+
+    async def main() -> None:
+        for _ in range(30):
+            actions = np.array([1, 0, 0, 1])
+            assert_same(envs.step(actions), reference.step(actions))
+        envs.close()
+
+    asyncio.run(main())
+    with RemoteVectorEnv(addresses, connect_timeout=5.0) as successor:  # not ServerBusyError: released
+        assert_same(successor.reset(seed=5), reference.reset(seed=5))
+    reference.close()
+
+
 def test_step_groups_equals_step_and_calls_act_per_group(start_servers: Any) -> None:
     plain_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
     piped_addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
