@@ -7,6 +7,8 @@ import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar, cast
 
+import grpc.aio
+
 __all__ = ["LoopRunner", "gather"]
 
 T = TypeVar("T")
@@ -158,4 +160,13 @@ def _background_runner() -> LoopRunner:
             thread = threading.Thread(target=loop.run_forever, name="envfleet-loop", daemon=True)
             thread.start()
             _background = LoopRunner(loop, thread)
+            # gRPC AsyncIO shuts itself down when its last channel goes, from whichever thread drops it,
+            # while this loop (which runs on) may be handling its poller's socket: then the loop printed
+            # "OSError: [Errno 9] Bad file descriptor" from PollerCompletionQueue._handle_events at a
+            # script's exit, now and then. One more reference on it keeps it up for the process's life.
+            _background.run(_hold_grpc_aio())
         return _background
+
+
+async def _hold_grpc_aio() -> None:
+    grpc.aio.init_grpc_aio()  # (never undone; bound to the running loop, this one)
