@@ -41,7 +41,8 @@ class LoopRunner:
 
     A thread that already runs an event loop of its own (Jupyter, async applications) cannot run
     another one; it gets the process's background runner instead, whose loop runs forever on a
-    helper thread.
+    helper thread. A runner whose thread has since started a loop of its own (envs made before
+    ``asyncio.run``, then used inside it) runs each call on a short-lived helper thread.
 
     Loops are shared (per thread) and never closed: gRPC binds every loop that ever made a call
     for the life of the process, and delivers late events (of calls cancelled at close) to it.
