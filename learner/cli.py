@@ -134,6 +134,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; mean return of the last 20 episodes: "
         + ("-" if recent is None else f"{recent:.1f}")
     )
+    faults = _faults_line(summary)
+    if faults:
+        print(faults)
     if summary["solved"]:
         print(
             f"solved (mean return >= {summary['solved_threshold']:g}) at step {summary['solved_at_step']:,}, "
@@ -148,6 +151,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.plot and (run_dir / "returns.png").exists():
         print(f"plot: {run_dir / 'returns.png'}")
     return 130 if summary["stop_reason"] == "interrupted" else 0
+
+
+def _faults_line(summary: dict[str, Any]) -> str:
+    """What the fleet's failures cost the run ("" when nothing failed)."""
+    parts = []
+    for key, one, many in (
+        ("failures", "server failure", "server failures"),
+        ("reconnects", "reconnect", "reconnects"),
+        ("server_restarts", "server restart", "server restarts"),
+        ("servers_left", "server left", "servers left"),
+        ("servers_joined", "server joined", "servers joined"),
+        ("env_steps_lost", "env step lost", "env steps lost"),
+        ("episodes_cut", "episode cut short", "episodes cut short"),
+    ):
+        count = summary.get(key) or 0
+        if count:
+            parts.append(f"{count:,} {one if count == 1 else many}")
+            if key == "env_steps_lost":
+                parts[-1] += f" ({count / max(summary['total_steps'], 1):.0%} of them: no transition)"
+    return "faults: " + ", ".join(parts) if parts else ""
 
 
 def interrupted_line(run_dir: Path, step: int) -> str:
@@ -254,6 +277,15 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: no command-line form for {hint}")
         group.add_argument(f"--{f.name.replace('_', '-')}", **options)
+        if "negatable" in f.metadata:  # an option that is off unless given, which --resume may turn off again
+            group.add_argument(
+                f"--no-{f.name.replace('_', '-')}",
+                dest=f.name,
+                action="store_const",
+                const=None,
+                default=argparse.SUPPRESS,
+                help=f"no --{f.name.replace('_', '-')}: {f.metadata['negatable']} (undoes a resumed run's)",
+            )
 
 
 def _is_optional(hint: Any) -> bool:
@@ -262,12 +294,14 @@ def _is_optional(hint: Any) -> bool:
 
 def _presets_epilog() -> str:
     names = list(PRESETS)
-    keys = [k for k in PRESETS[names[0]] if k not in ("hidden_sizes", "action_bounds")]
+    keys = list(PRESETS[names[0]])
     lines = [f"{'preset':<16}" + "".join(f"{n:>12}" for n in names)]
     for key in keys:
         cells = []
         for n in names:
             value = PRESETS[n][key]
+            if isinstance(value, tuple):
+                value = ",".join(map(str, value))
             cells.append(
                 f"{value:>12,}" if isinstance(value, int) and not isinstance(value, bool) else f"{value!s:>12}"
             )
@@ -282,9 +316,9 @@ def _presets_epilog() -> str:
         "examples:\n"
         "  learner train --env CartPole-v1 --stop-at-return 475\n"
         "  learner train --env InvertedPendulum-v5 --total-timesteps 300000\n"
-        "  learner train --env ALE/Pong-v5 --num-servers 2 --envs-per-server 8 --device cuda\n"
+        "  learner train --env ALE/Pong-v5 --num-servers 4 --envs-per-server 4 --device cuda\n"
         "  learner train --env CartPole-v1 --servers 10.0.0.5:50051,10.0.0.6:50051\n"
-        "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000"
+        "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000 --no-stop-at-return"
     )
 
 
@@ -292,14 +326,24 @@ def _presets_epilog() -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if (args.run is None) == (args.checkpoint is None):
+        args.parser.error(
+            "expected a checkpoint file or run dir, as PATH or --checkpoint PATH"
+            if args.run is None
+            else f"expected one checkpoint, got PATH {args.run} and --checkpoint {args.checkpoint}"
+        )
+    if args.servers is not None and args.backend == "gym":
+        args.parser.error("--servers: evaluates on running env servers, so it cannot go with --backend gym")
+    if args.servers is not None and args.num_envs is not None:
+        args.parser.error("--num-envs: sets the envs of the local server (or --backend gym); --servers have theirs")
     from learner.evaluate import evaluate
 
     result = evaluate(
-        args.checkpoint,
+        args.run or args.checkpoint,
         args.episodes,
         servers=args.servers,
         backend=args.backend,
-        num_envs=args.num_envs,
+        num_envs=4 if args.num_envs is None else args.num_envs,
         seed=args.seed,
         device=args.device,
         deterministic=not args.stochastic,
@@ -315,7 +359,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
         print(
-            f"{result['env']}: {result['episodes']} episodes of the {policy} policy in {result['checkpoint']}\n"
+            f"{result['env']}: {result['episodes']} episode{'' if result['episodes'] == 1 else 's'} of the {policy} "
+            f"policy in {result['checkpoint']}, on {result['envs']}\n"
             f"return {result['return_mean']:.2f} +- {result['return_std']:.2f} "
             f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
             f"mean length {result['length_mean']:.1f}"
@@ -472,8 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a checkpoint's policy for N episodes on the run's env (local servers unless --servers).",
     )
     evaluate.add_argument(
-        "--checkpoint", required=True, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
+        "run", nargs="?", default=None, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
     )
+    evaluate.add_argument("--checkpoint", default=None, metavar="PATH", help="the same as PATH")
     evaluate.add_argument(
         "--episodes", type=_positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
     )
@@ -487,9 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--num-envs",
         type=_positive_int,
-        default=4,
+        default=None,
         metavar="N",
-        help="envs to run the episodes on (default: %(default)s)",
+        help="envs to run the episodes on, locally (default: 4; with --servers, the servers' envs)",
     )
     _add_local_server_options(evaluate, "server", "the server's step socket")
     evaluate.add_argument(
@@ -610,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = (err.name or "").partition(".")[0]
         if missing not in _LEARNER_EXTRA:
             raise
-        how = "pip install 'envfleet[learner]'"
+        how = "pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
         if missing == "torch":  # before the extra, or pip pulls the multi-GB CUDA build on a CPU-only machine
             how = (
                 "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "

@@ -99,7 +99,7 @@ class Args:
     total_timesteps: int | None = None
     """env steps to train for, over all envs (default: the preset's), rounded up to whole rollouts of
     --num-steps x the number of envs (20,000 with 8 envs x 32 steps: 79 rollouts, 20,224 steps)"""
-    stop_at_return: float | None = None
+    stop_at_return: float | None = field(default=None, metadata={"negatable": "train on to --total-timesteps"})
     """stop once the mean return of the last 20 finished episodes is at least this"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
     """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""

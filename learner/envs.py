@@ -61,7 +61,8 @@ class FleetSpec:
         how = "loopback TCP" if self.transport == "tcp" else "Unix sockets"
         if self.transport == "unix":
             how += ", steps on their step sockets" if self.step_socket else ", steps over gRPC"
-        return f"{self.num_servers} local env servers x {self.envs_per_server} {self.env} envs ({how}){extras}"
+        servers = "local env server" if self.num_servers == 1 else "local env servers"
+        return f"{self.num_servers} {servers} x {self.envs_per_server} {self.env} envs ({how}){extras}"
 
 
 @contextlib.contextmanager

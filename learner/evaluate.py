@@ -129,6 +129,7 @@ def evaluate(
     result = {
         "checkpoint": str(path),
         "env": run_args.env,
+        "envs": f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe(),
         "episodes": len(returns),
         "deterministic": deterministic,
         "return_mean": float(np.mean(returns)),

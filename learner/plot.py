@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,21 @@ from typing import Any
 from learner import rundir
 
 __all__ = ["plot_runs"]
+
+log = logging.getLogger(__name__)
+
+
+def _load(run: Path) -> tuple[Path, list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]]:
+    """A run dir's metrics rows with a mean return, its summary (None before the run ends) and its config."""
+    if not run.exists():
+        raise FileNotFoundError(f"{run}: no such run dir")
+    metrics = run / rundir.METRICS
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{run}: expected a run dir with {rundir.METRICS}, found none")
+    rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
+    summary = rundir.read_json(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
+    config = rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else {}
+    return run, rows, summary, config
 
 
 def _label(run: Path, summary: dict[str, Any] | None) -> str:
@@ -29,6 +45,16 @@ def plot_runs(
     With ``groups`` (one name per run), runs of a group share a colour and one legend entry, e.g.
     the seeds of one configuration.
     """
+    loaded = [_load(Path(run)) for run in runs]
+    empty = [str(run) for run, rows, summary, _ in loaded if not rows and not (summary or {}).get("final_return_mean")]
+    if len(empty) == len(loaded):
+        raise ValueError(
+            f"nothing to plot: no mean return in {', '.join(empty)} (a run's {rundir.METRICS} has one per update "
+            "once an episode has ended)"
+        )
+    for name in empty:
+        log.warning("%s: no mean return yet, left out of the plot", name)
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,14 +65,10 @@ def plot_runs(
     envs: set[str] = set()
     colours: dict[str, Any] = {}
     solved_any = False
-    for i, run in enumerate(map(Path, runs)):
+    for i, (run, rows, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
-        metrics = run / rundir.METRICS
-        if not metrics.is_file():
-            raise FileNotFoundError(f"{run}: expected a run dir with {rundir.METRICS}, found none")
-        rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
-        summary = rundir.read_json(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
-        config = rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else {}
+        if str(run) in empty:
+            continue
         if config.get("solved_threshold") is not None:
             thresholds.add(float(config["solved_threshold"]))
         if config.get("args", {}).get("env"):

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import random
 import signal
 import sys
@@ -92,7 +93,7 @@ def fleet_spec(args: Args) -> FleetSpec:
     )
 
 
-def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
+def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
     config = Path(run_dir) / rundir.CONFIG
     if not config.is_file():
@@ -103,12 +104,35 @@ def resume_args(run_dir: str | Path, **overrides: Any) -> Args:
     if env_id and saved.env != env_id:
         # Runs on --servers before the env was recorded in args kept the default --env instead.
         saved = dataclasses.replace(saved, env=env_id)
+    if overrides.get("run_dir") not in (None, str(run_dir)):
+        raise ValueError(
+            f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
+        )
+    overrides.pop("run_dir", None)
+    # The nets go on as they are: options that shape them (or what they act on) cannot change.
+    resolved = recorded.get("ppo", {})
+    for name, before in (
+        ("env", saved.env),
+        ("hidden_sizes", tuple(resolved["hidden_sizes"]) if "hidden_sizes" in resolved else None),
+        ("action_bounds", resolved.get("action_bounds")),
+    ):
+        wanted = overrides.get(name)
+        if wanted is not None and before is not None and wanted != before:
+            flag = f"--{name.replace('_', '-')}"
+            raise ValueError(
+                f"{flag}: the run in {run_dir} was trained with {flag} {_shown(before)}; a resumed run keeps its "
+                f"nets, so {flag} cannot change (got {_shown(wanted)})"
+            )
     if overrides.get("servers") is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
         saved = dataclasses.replace(
             saved, num_envs=None, envs_per_server=None, env_kwargs={}, step_delay_ms=0.0, wrappers="auto"
         )
     return dataclasses.replace(saved, **overrides, resume=str(run_dir), run_dir=str(run_dir))
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 @dataclass
@@ -209,7 +233,10 @@ def _plot_at_exit(enabled: bool) -> Iterator[list[Path]]:
 def _plot(run_dir: Path) -> None:
     from learner.plot import plot_runs
 
-    plot_runs([run_dir], run_dir / rundir.PLOT)
+    try:
+        plot_runs([run_dir], run_dir / rundir.PLOT)
+    except ValueError as err:  # no episode ended yet
+        log.warning("no plot written: %s", err)
 
 
 def _stop_reason(err: BaseException) -> str:
@@ -233,6 +260,12 @@ def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
 
 
 def _check_fresh(run_dir: Path) -> None:
+    """A run dir a new run can be written to (not made yet: a run that fails to start leaves none)."""
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise FileExistsError(f"--run-dir: cannot make {run_dir}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--run-dir: cannot make {run_dir}: {existing} is not writable")
     if rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists():
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
@@ -299,8 +332,7 @@ def train(
             raise ValueError(
                 f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
                 f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
-                "pass a higher --stop-at-return to train it on (up to --total-timesteps if that return is never "
-                "reached)"
+                "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
             )
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
@@ -316,6 +348,11 @@ def train(
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
+            if args.resume and args.env is not None and args.env != env_id:
+                raise ValueError(
+                    f"--servers: the run in {args.resume} trained on {args.env}, but the servers at {args.servers} "
+                    f"serve {env_id}; resume it on servers of {args.env}"
+                )
             if args.env is not None and args.env != env_id:
                 raise ValueError(
                     f"--env: expected the env the servers at {args.servers} serve, {env_id}, got {args.env} "
@@ -325,12 +362,23 @@ def train(
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None:
             _check_fresh(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"--run-dir: cannot make {run_dir}: {err.strerror or err}") from None
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
             raise ValueError(f"envs: expected autoreset mode NextStep or SameStep, got {autoreset}")
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        if checkpoint is not None:
+            for what, space in (("observation", obs_space), ("action", action_space)):
+                if str(space) != checkpoint[f"{what}_space"]:
+                    raise ValueError(
+                        f"--resume: the run in {args.resume} trained its nets on {what}s {checkpoint[f'{what}_space']}, "
+                        f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
+                        "and env kwargs"
+                    )
         hp = resolve_ppo(args, obs_space, action_space)
         image = is_image_space(obs_space)
         _set_threads(args, device, image)
@@ -360,6 +408,8 @@ def train(
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         if checkpoint is not None and counters.solved_at_step is not None:
             before = _solved_threshold(checkpoint, env_id)
+            if threshold is None:
+                threshold = before  # no bar of this session's own: the one the run was solved against stands
             if threshold is None or before is None or threshold > before:
                 # Solved against a lower bar than this session's: judged again against its own.
                 counters.solved_at_step = counters.solved_at_seconds = counters.solved_threshold = None

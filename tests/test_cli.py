@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,8 +56,6 @@ def test_resume_continues_a_run_with_more_steps(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "resumed"
-    import shutil
-
     shutil.copytree(trained_run, run)
     # A total the run already reached: said at once, nothing touched.
     before = sorted(p.name for p in run.iterdir())
@@ -88,8 +87,18 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
         assert main(["train", "--resume", str(run), *again]) == 1
         err = capsys.readouterr().err
         assert f"--stop-at-return: the run in {run} was solved at step 78" in err, err
-        assert "pass a higher --stop-at-return" in err
+        assert "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return" in err
     assert sorted(p.name for p in run.iterdir()) == before  # nothing started, nothing written
+
+    # --no-stop-at-return: trained on to --total-timesteps, still solved where it was (the env has no threshold
+    # of its own, so the bar it was solved against stands).
+    fork = tmp_path / "trained-on"
+    shutil.copytree(run, fork)
+    assert main(["train", "--resume", str(fork), "--no-stop-at-return", "--total-timesteps", "112"]) == 0
+    assert "solved (mean return >= 0) at step 78" in capsys.readouterr().out
+    summary = rundir.read_json(fork / rundir.SUMMARY)
+    assert (summary["stop_reason"], summary["total_steps"], summary["solved_at_step"]) == ("total_timesteps", 126, 78)
+    assert rundir.read_json(fork / rundir.CONFIG)["args"]["stop_at_return"] is None
 
     assert main(["train", "--resume", str(run), "--stop-at-return", "5"]) == 0  # returns are <= 3
     out = capsys.readouterr().out
@@ -98,6 +107,54 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     assert "not solved (mean return >= 5 not reached)" in out
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "total_timesteps" and summary["solved_at_step"] is None
+
+
+@pytest.mark.parametrize(
+    ("again", "message"),
+    [
+        (["--run-dir", "elsewhere"], "--run-dir: a resumed run goes on in its own run dir, {run}; --run-dir cannot"),
+        (["--hidden-sizes", "32"], "--hidden-sizes: the run in {run} was trained with --hidden-sizes 64,64; a resumed"),
+        (["--action-bounds", "squash"], "--action-bounds: the run in {run} was trained with --action-bounds clip;"),
+        (["--env", "CartPole-v1"], "--env: the run in {run} was trained with --env tests.envs:ClockEnv; a resumed"),
+        (
+            ["--env-kwargs", '{"length": 3, "action": "box"}'],
+            "--resume: the run in {run} trained its nets on actions Discrete(2), but these envs (in-process "
+            "gymnasium SyncVectorEnv, 2 x tests.envs:ClockEnv) have Box(-1.0, 1.0, (1,), float32); resume it on the same env, wrappers and env kwargs",
+        ),
+    ],
+)
+def test_resume_refuses_options_that_would_change_the_nets(
+    trained_run: Path, tmp_path: Path, again: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    try:  # refused as it parses (exit code 2), or once the envs say what they are (1)
+        code = main(["train", "--resume", str(run), "--total-timesteps", "48", *again])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code in (1, 2)
+    err = " ".join(capsys.readouterr().err.split())
+    assert message.format(run=run) in err, err
+    assert "Traceback" not in err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written
+    # Given as it was saved, it is no change.
+    assert main(["train", "--resume", str(run), "--total-timesteps", "48", "--run-dir", str(run), "--no-plot"]) == 0
+
+
+def test_resume_on_servers_of_another_env_names_both(
+    trained_run: Path, tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    addresses = start_servers("CartPole-v1", 1, 2)
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    argv = ["--servers", addresses[0], "--backend", "remote", "--total-timesteps", "48"]
+    assert main(["train", "--resume", str(run), *argv]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        f"--servers: the run in {run} trained on tests.envs:ClockEnv, but the servers at {addresses[0]} serve "
+        "CartPole-v1; resume it on servers of tests.envs:ClockEnv"
+    ) in err, err
 
 
 def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it_was_solved_against(
@@ -145,8 +202,29 @@ def test_eval_reports_the_deterministic_policy_on_local_servers(
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 3 and result["deterministic"] is True
     assert result["length_mean"] == 3.0 and 0.0 <= result["return_mean"] <= 3.0
-    assert main(["eval", "--checkpoint", str(trained_run), "--episodes", "2", "--backend", "gym"]) == 0
-    assert "2 episodes of the deterministic policy" in capsys.readouterr().out
+    assert main(["eval", str(trained_run), "--episodes", "1", "--backend", "gym"]) == 0  # PATH, as plot takes it
+    out = capsys.readouterr().out
+    assert "1 episode of the deterministic policy" in out
+    assert "on in-process gymnasium SyncVectorEnv, 1 x tests.envs:ClockEnv" in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "expected a checkpoint file or run dir, as PATH or --checkpoint PATH"),
+        (["a.pt", "--checkpoint", "b.pt"], "expected one checkpoint, got PATH a.pt and --checkpoint b.pt"),
+        (["a.pt", "--servers", "h:1", "--backend", "gym"], "--servers: evaluates on running env servers, so it cannot"),
+        (["a.pt", "--servers", "h:1", "--num-envs", "16"], "--num-envs: sets the envs of the local server"),
+    ],
+)
+def test_eval_refuses_options_that_do_not_go_together(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"learner eval: error: {message}" in err, err
 
 
 def test_eval_on_running_servers_with_the_token_from_the_environment(
@@ -173,7 +251,18 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out) in capsys.readouterr().out
     assert main(["plot", str(tmp_path / "missing")]) == 1
-    assert "metrics.jsonl" in capsys.readouterr().err
+    assert f"{tmp_path / 'missing'}: no such run dir" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path)]) == 1
+    assert f"{tmp_path}: expected a run dir with metrics.jsonl, found none" in capsys.readouterr().err
+    # Runs with no mean return yet: left out, or, when that is every run, nothing is written.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / rundir.METRICS).write_text('{"update": 1, "global_step": 8, "episodic_return_mean": null}\n{"upd')
+    assert main(["plot", str(empty), "-o", str(tmp_path / "none.png")]) == 1
+    assert f"nothing to plot: no mean return in {empty}" in capsys.readouterr().err
+    assert not (tmp_path / "none.png").exists()
+    assert main(["plot", str(empty), str(other), "-o", str(tmp_path / "one.png")]) == 0
+    assert (tmp_path / "one.png").is_file()
 
 
 @pytest.mark.parametrize(
@@ -201,6 +290,17 @@ def test_train_rejects_bad_options_naming_them(
     usage, error = capsys.readouterr().err.splitlines()
     assert usage == "usage: learner train [options]; see learner train --help"
     assert error.startswith("learner train: error: ") and message in error, error
+
+
+def test_a_run_dir_that_cannot_be_made_is_named_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    for run_dir in (a_file, a_file / "run"):
+        assert main(["train", *CLOCK, "--backend", "gym", "--run-dir", str(run_dir)]) == 1
+        err = capsys.readouterr().err
+        assert f"--run-dir: cannot make {run_dir}: {a_file} is a file, not a directory" in err, err
 
 
 @pytest.mark.parametrize("argv", [[], ["--bogus"], ["--log-level", "info"]])
@@ -280,7 +380,7 @@ def test_a_command_that_needs_torch_says_how_to_install_it(tmp_path: Path) -> No
         assert proc.stderr.splitlines() == [
             f"learner {argv[0]}: error: needs torch, which is not installed here: pip install torch (on a CPU-only "
             "machine, the small CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
-            "then pip install 'envfleet[learner]'"
+            "then pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
         ]
 
 

@@ -91,6 +91,12 @@ def test_training_goes_on_while_a_server_is_killed_and_restarted(spawn_server: S
     assert (summary["failures"], summary["reconnects"]) == (1, 1)
     assert summary["env_steps_lost"] >= 5 * K * NUM_STEPS
     assert "env server" in err and "lost" in err and "is back" in err
+    # The closing lines say what the failure cost.
+    share = summary["env_steps_lost"] / summary["total_steps"]
+    assert (
+        f"faults: 1 server failure, 1 reconnect, 1 server restart, {summary['env_steps_lost']:,} env steps lost "
+        f"({share:.0%} of them: no transition)"
+    ) in out, out
 
 
 def test_learner_killed_with_sigkill_resumes_losing_at_most_the_update_in_progress(tmp_path: Path) -> None:
