@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import multiprocessing
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -288,12 +289,15 @@ def measure_workload(
                 + ", ".join(f"{results[i].variant.name} {results[i].samples[-1]:,.0f}" for i in live)
             )
     finally:
+        # After a Ctrl-C, the terminal's SIGINT has reached the local vector envs' workers too: closing
+        # them then fails (broken pipes), as expected.
+        aborted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         for stepper in steppers:
             if stepper is not None:
                 try:
                     stepper.close()
                 except Exception as err:
-                    log.warning("closing a benchmark env failed: %s", err)
+                    log.log(logging.DEBUG if aborted else logging.WARNING, "closing a benchmark env failed: %s", err)
     return results
 
 
