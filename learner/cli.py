@@ -474,9 +474,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("envfleet")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {_version()}")
     # --log-level also after the command (learner train --log-level info), where it overrides one before.
     common = _Parser(add_help=False)
     common.add_argument(
@@ -485,14 +495,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
-        "demo", parents=[common], help="step random actions on local env servers and compare with AsyncVectorEnv"
+        "demo",
+        parents=[common],
+        help="step random actions on local env servers and compare with AsyncVectorEnv",
+        description="Start local env servers, step them with random actions through RemoteVectorEnv, and time "
+        "that against gymnasium's AsyncVectorEnv with as many envs.",
     )
-    demo.add_argument("--env", default="CartPole-v1", help="gymnasium id or entry point (default: %(default)s)")
-    demo.add_argument("--num-servers", type=int, default=2, help="local env servers to start (default: %(default)s)")
-    demo.add_argument("--envs-per-server", type=int, default=4, help="envs per server (default: %(default)s)")
-    demo.add_argument("--steps", type=int, default=3000, help="vector steps to time (default: %(default)s)")
+    demo.add_argument(
+        "--env", default="CartPole-v1", metavar="ID", help="gymnasium id or entry point (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--num-servers",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="local env servers to start (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--envs-per-server", type=_positive_int, default=4, metavar="N", help="envs per server (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=3000, metavar="N", help="vector steps to time (default: %(default)s)"
+    )
     _add_local_server_options(demo, "servers", "the servers' step sockets")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the envs and actions (default: %(default)s)")
+    demo.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
+    )
     demo.set_defaults(func=cmd_demo, parser=demo)
 
     train = sub.add_parser(
@@ -544,7 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TOKEN",
         help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
     )
-    evaluate.add_argument("--tls", action="store_true", help="connect with TLS, verifying with the system's CA roots")
+    evaluate.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect with TLS, verifying with the system's CA roots (default: off)",
+    )
     evaluate.add_argument(
         "--tls-ca", default=None, metavar="PATH", help="connect with TLS, verifying with this CA file"
     )

@@ -499,3 +499,10 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
         interrupted_line(run, 48)
         == f"interrupted at step 48 (its last update); continue with: learner train --resume {run}"
     )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("learner (envfleet) ")
