@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
 from env_server.tuning import configure_logging, prefer_fast_grpc_core
@@ -37,7 +37,76 @@ per-env seeding).
 
 
 def _env_default(name: str, default: Any) -> Any:
-    return os.environ.get(f"ENVFLEET_{name.upper()}", default)
+    # (parse_args finds the variable of an option by its dest: name each after the other)
+    return os.environ.get(_variable(name), default)
+
+
+def _variable(dest: str) -> str:
+    """The environment variable that sets the option whose dest is ``dest``."""
+    return f"ENVFLEET_{dest.upper()}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are two lines, as the learner's are: argparse's usage line if
+    it fits on one, else a pointer to --help, and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.format_usage().strip()
+        if "\n" in usage:
+            usage = f"usage: {self.prog} [options]; see {self.prog} --help"
+        self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
+
+
+class _BadVariable:
+    """The default of an option whose ENVFLEET_* variable does not parse: an error if no flag overrides it."""
+
+    def __init__(self, text: str, message: str) -> None:
+        self.text, self.message = text, message
+
+    def __str__(self) -> str:  # (as --help shows the default)
+        return self.text
+
+
+def _on_off(text: str) -> bool:
+    value = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+    try:
+        return value[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected on or off (or true/false, 1/0, yes/no), got {text!r}") from None
+
+
+def _parse_variables(parser: argparse.ArgumentParser) -> None:
+    """Parse the defaults that ENVFLEET_* variables give, as argparse parses a flag's value, so that
+    an error names the variable, not the flag (argparse would say "argument --num-envs: ...")."""
+    for action in parser._actions:
+        variable = _variable(action.dest)
+        if not action.option_strings or variable not in os.environ or not isinstance(action.default, str):
+            continue
+        parse = _on_off if isinstance(action, argparse.BooleanOptionalAction) else action.type
+        if not callable(parse):
+            continue
+        try:
+            action.default = parse(action.default)
+        except argparse.ArgumentTypeError as err:
+            why = str(err)
+        except (TypeError, ValueError):
+            why = f"invalid {getattr(parse, '__name__', repr(parse))} value: {action.default!r}"
+        else:
+            continue
+        action.default = _BadVariable(action.default, f"{variable} (for {action.option_strings[0]}): {why}")
+
+
+def _old_step_socket_form(argv: Sequence[str]) -> list[str]:
+    """``--step-socket on|off`` (before --step-socket/--no-step-socket) as the flags."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg in ("on", "off") and i > 0 and argv[i - 1] == "--step-socket":
+            out[-1] = "--step-socket" if arg == "on" else "--no-step-socket"
+        elif arg in ("--step-socket=on", "--step-socket=off"):
+            out.append("--step-socket" if arg.endswith("=on") else "--no-step-socket")
+        else:
+            out.append(arg)
+    return out
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -91,7 +160,7 @@ def _spin_wait_ms(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="env-server",
         description="Serve K copies of a gymnasium env over gRPC (envfleet.v1), stepped as one vector env.",
         epilog=EPILOG,
@@ -123,10 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--step-socket",
-        choices=("on", "off"),
-        default=e("step_socket", "on"),
+        action=argparse.BooleanOptionalAction,
+        default=e("step_socket", True),
         help="with --unix-socket PATH: also serve steps on PATH.steps, without HTTP/2, to learners on this "
-        "host (a few times cheaper per step than gRPC in Python; default: %(default)s)",
+        "host (a few times cheaper per step than gRPC in Python; default: on; ENVFLEET_STEP_SOCKET: on or off; "
+        "--step-socket on|off also works)",
     )
     p.add_argument(
         "--env-kwargs",
@@ -235,11 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     """The server config and log level the command line (and ENVFLEET_* variables) ask for."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    _parse_variables(parser)
+    args = parser.parse_args(_old_step_socket_form(sys.argv[1:] if argv is None else argv))
     for action in parser._actions:
         # argparse checks the choices of values on the command line, not of defaults: those come
         # from ENVFLEET_* variables here.
         value = getattr(args, action.dest, None)
+        if isinstance(value, _BadVariable):
+            parser.error(value.message)
         if action.choices is not None and value not in action.choices:
             choices = ", ".join(map(repr, action.choices))
             parser.error(
@@ -257,7 +330,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
         host=args.host,
         port=args.port,
         unix_socket=args.unix_socket,
-        step_socket=args.step_socket == "on",
+        step_socket=args.step_socket,
         env_kwargs=args.env_kwargs,
         vectorization=args.vectorization,
         wrappers=wrappers,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ __all__ = [
     "StepDelay",
     "WRAPPERS",
     "build_vector_env",
+    "check_env",
     "is_entry_point",
     "make_env",
     "max_episode_steps",
@@ -174,6 +177,59 @@ def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
     return _env_factory(config)()
 
 
+def check_env(config: ServerConfig) -> None:
+    """Raise EnvBuildError, as :func:`build_vector_env` would, where ``config`` names an env or wrapper
+    that does not exist; cheap (no env is built), so the server checks before it listens.
+
+    A gymnasium id is looked up in gymnasium's registry (``module:Env-v0`` imports ``module``, as
+    ``gymnasium.make`` does); for an entry point, only its module is looked for, not imported (a
+    user's module may take long to import: that waits until the server listens, as building does).
+    """
+    unknown = [w for w in config.wrappers if w not in WRAPPERS]
+    if unknown:
+        raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
+    if config.vectorization == "vector_entry_point" and (is_entry_point(config.env) or config.wrappers):
+        raise EnvBuildError("--vectorization vector_entry_point needs a gymnasium id and no --wrappers")
+    if is_entry_point(config.env):
+        module_name = config.env.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except ImportError as err:  # (a parent package is missing)
+            raise EnvBuildError(f"cannot import module {module_name!r} of entry point {config.env!r}: {err}") from err
+        except ValueError:  # (a module already imported without a spec, like __main__: building tells)
+            return
+        if not found:
+            raise EnvBuildError(
+                f"cannot import module {module_name!r} of entry point {config.env!r}: No module named {module_name!r}"
+            )
+        return
+    if config.env.startswith("ALE/"):
+        _register_optional_envs()
+    # gymnasium.make's own lookup (private; where a gymnasium version lacks it, building tells).
+    find_spec = getattr(gym.envs.registration, "_find_spec", None)
+    if find_spec is None:
+        return
+    try:
+        with warnings.catch_warnings():  # (gymnasium.make warns of old versions again when it builds)
+            warnings.simplefilter("ignore")
+            find_spec(config.env)
+    except Exception as err:
+        raise _build_error(config, err) from err
+
+
+def _build_error(config: ServerConfig, err: Exception) -> EnvBuildError:
+    """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
+    if isinstance(err, gym.error.Error):
+        return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}")
+    if isinstance(err, TypeError):
+        return EnvBuildError(
+            # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
+            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: "
+            + _one_line(err).split(" was raised from the environment creator")[0]
+        )
+    return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}")
+
+
 def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:
     """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
 
@@ -181,16 +237,10 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
     (gymnasium's ``copy``), overwritten by the next call; for callers that are done with each result
     by then, as the server is once it has encoded it.
     """
-    unknown = [w for w in config.wrappers if w not in WRAPPERS]
-    if unknown:
-        raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
-    if config.env.startswith("ALE/"):
-        _register_optional_envs()
+    check_env(config)
     mode = gym.vector.AutoresetMode(config.autoreset_mode)
     try:
         if config.vectorization == "vector_entry_point":
-            if is_entry_point(config.env) or config.wrappers:
-                raise EnvBuildError("--vectorization vector_entry_point needs a gymnasium id and no --wrappers")
             kwargs = dict(config.env_kwargs)
             if mode is not gym.vector.AutoresetMode.NEXT_STEP:
                 kwargs["autoreset_mode"] = mode
@@ -211,16 +261,8 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
                 vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise
-    except gym.error.Error as err:
-        raise EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}") from err
-    except TypeError as err:
-        raise EnvBuildError(
-            # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
-            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: "
-            + _one_line(err).split(" was raised from the environment creator")[0]
-        ) from err
-    except Exception as err:  # anything an env's constructor raises
-        raise EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}") from err
+    except Exception as err:  # anything gymnasium or an env's constructor raises
+        raise _build_error(config, err) from err
     if config.step_delay_ms > 0:
         vec = StepDelay(vec, config.step_delay_ms / 1000.0)
     return vec

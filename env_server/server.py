@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import stat
+import sys
+import tempfile
 from collections.abc import Callable
 
 import grpc
@@ -18,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from env_server.codec import UnsupportedSpaceError
 from env_server.config import ServerConfig
-from env_server.envs import EnvBuildError, build_vector_env
+from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
 from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, STEP_SOCKET_SUFFIX
@@ -71,8 +73,15 @@ def _check_bindable(config: ServerConfig) -> None:
     if config.unix_socket:
         _check_socket_path(config.unix_socket)
         return
-    if config.port == 0:
-        return
+    problem = _bind_error(config)
+    if problem is not None:
+        raise _cannot_listen(config, problem)
+
+
+def _bind_error(config: ServerConfig) -> OSError | None:
+    """Why binding the TCP address of ``config`` fails now, as gRPC binds it; None if it binds.
+
+    Port 0 is tried too: it tells an address this machine does not have (EADDRNOTAVAIL)."""
     try:
         infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as err:
@@ -87,17 +96,79 @@ def _check_bindable(config: ServerConfig) -> None:
             if err.errno != errno.EAFNOSUPPORT:  # (no IPv6 here: gRPC does without it too)
                 errors.append(err)
         else:
-            return  # gRPC listens if any of the addresses binds
-    if errors:
-        first = errors[0]
-        hint = (
-            "another process has it; pick another --port, or 0 for a free one"
-            if first.errno == errno.EADDRINUSE
-            else "is --host an address of this machine?"
-            if first.errno == errno.EADDRNOTAVAIL
-            else "see --host and --port"
-        )
-        raise OSError(f"cannot listen on {_listen_address(config)}: {first.strerror} ({hint})")
+            return None  # gRPC listens if any of the addresses binds
+    return errors[0] if errors else None
+
+
+def _bind_hint(config: ServerConfig, code: int | None) -> str:
+    """What to do about a TCP bind that failed with errno ``code``."""
+    if code == errno.EADDRINUSE:
+        return "another process has it; pick another --port, or 0 for a free one"
+    if code == errno.EADDRNOTAVAIL:
+        return f"{config.host} is not an address of this machine; give --host one of its own, or 0.0.0.0 for all"
+    if code == errno.EACCES:
+        return "ports below 1024 need privileges; pick a higher --port"
+    return "see --host and --port"
+
+
+def _cannot_listen(config: ServerConfig, err: OSError) -> OSError:
+    return OSError(f"cannot listen on {_listen_address(config)}: {err.strerror} ({_bind_hint(config, err.errno)})")
+
+
+class _StderrHeld:
+    """Holds what is written to file descriptor 2 (gRPC core's C++ log lines, which bypass Python's
+    logging) while the block runs, and writes it out at the end unless :meth:`drop` was called.
+
+    Nothing is lost: lines other threads write meanwhile come out a moment late, in order."""
+
+    def __init__(self) -> None:
+        self._dropped = False
+
+    def __enter__(self) -> _StderrHeld:
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def drop(self) -> None:
+        """Write nothing at the end (the text goes to the debug log)."""
+        self._dropped = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        with self._file:
+            self._file.seek(0)
+            text = self._file.read()
+        if not text:
+            return
+        if self._dropped:
+            log.debug("gRPC: %s", text.decode(errors="replace").strip())
+        else:
+            os.write(2, text)
+
+
+def _add_port(server: grpc.aio.Server, config: ServerConfig, credentials: grpc.ServerCredentials | None) -> int:
+    """Listen on the address of ``config``; the port gRPC bound. Raises OSError saying why it cannot.
+
+    gRPC raises only "Failed to bind" and logs the cause to stderr itself (``E... add_port.cc ...``).
+    That line stays off stderr where a fresh check of the address tells the cause (the bind check
+    before passed, so something changed since); otherwise it is shown above the error."""
+    address = _listen_address(config)
+    with _StderrHeld() as held:
+        try:
+            if credentials is None:
+                return server.add_insecure_port(address)
+            return server.add_secure_port(address, credentials)
+        except RuntimeError as err:
+            problem = None if config.unix_socket else _bind_error(config)
+            if problem is not None:
+                held.drop()
+                raise _cannot_listen(config, problem) from err
+            reason = str(err).split("; set GRPC_VERBOSITY")[0]
+            raise OSError(f"cannot listen on {address}: {reason} (gRPC's log line above says why)") from err
 
 
 def _check_socket_path(path: str) -> None:
@@ -150,6 +221,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
+    check_env(config)
     env = None
     step_server: StepSocketServer | None = None
     if config.vectorization == "async":
@@ -176,18 +249,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     try:
         _check_bindable(config)
         credentials = server_credentials(config)
-        try:
-            port = (
-                server.add_insecure_port(address)
-                if credentials is None
-                else server.add_secure_port(address, credentials)
-            )
-        except RuntimeError as err:
-            # gRPC says only "Failed to bind"; the cause (often: another process has the port) is in its log.
-            raise OSError(
-                f"cannot listen on {address}: {str(err).split('; set GRPC_VERBOSITY')[0]} "
-                "(is another process using it? for TCP, pick another --port, or 0 for a free one)"
-            ) from err
+        port = _add_port(server, config, credentials)
         await server.start()
         step_server = await _serve_step_socket(config, service)
         if env is None:

@@ -1,0 +1,176 @@
+"""env-server's start-up errors: which one comes first, what they say, and the --step-socket flags.
+
+Every test runs the real ``python -m env_server`` on real sockets."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from env_server.config import ServerConfig
+from env_server.protocol import STEP_SOCKET_SUFFIX
+from env_server.server import _bind_hint
+from tests.conftest import SpawnServer
+
+SHORT_USAGE = "usage: env-server [options]; see env-server --help"
+
+
+def run_server(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "env_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(environ or {})},
+    )
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket listens on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("env", "extra", "fragment"),
+    [
+        (
+            "CartPol-v1",
+            [],
+            "cannot make env 'CartPol-v1': Environment `CartPol` doesn't exist. Did you mean: `CartPole`?",
+        ),
+        ("CartPole-v9", [], "Environment version `v9` for environment `CartPole` doesn't exist"),
+        ("no_such_module:Env", [], "cannot import module 'no_such_module' of entry point 'no_such_module:Env'"),
+        ("no_such_package.envs:Env", [], "cannot import module 'no_such_package.envs'"),
+        ("CartPole-v1", ["--wrappers", "nope"], "unknown wrapper 'nope'"),
+        ("CartPole-v1", ["--vectorization", "vector_entry_point", "--wrappers", "atari"], "vector_entry_point needs"),
+    ],
+)
+def test_a_bad_env_is_reported_before_a_port_in_use(busy_port: int, env: str, extra: list[str], fragment: str) -> None:
+    result = run_server("--env", env, *extra, "--port", str(busy_port))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and result.stdout == ""
+    assert lines[-1].startswith("env-server: error: ") and fragment in lines[-1], lines
+    assert not any("already in use" in line for line in lines), lines
+
+
+def test_a_bad_env_is_reported_before_a_host_this_machine_lacks() -> None:
+    result = run_server("--env", "CartPol-v1", "--host", "192.0.2.1", "--port", "0")  # TEST-NET-1
+    assert result.returncode == 2 and "Did you mean: `CartPole`?" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("port", ["0", "50051"])
+def test_a_host_this_machine_lacks_says_so_on_any_port_without_grpc_s_log(port: str) -> None:
+    result = run_server("--env", "CartPole-v1", "--host", "192.0.2.1", "--port", port)  # TEST-NET-1
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines == [
+        f"env-server: error: cannot listen on 192.0.2.1:{port}: Cannot assign requested address "
+        "(192.0.2.1 is not an address of this machine; give --host one of its own, or 0.0.0.0 for all)"
+    ]
+
+
+def test_bind_hints_follow_the_errno() -> None:
+    config = ServerConfig(env="CartPole-v1", host="10.9.9.9", port=80)
+    assert "another process has it" in _bind_hint(config, errno.EADDRINUSE)
+    assert "10.9.9.9 is not an address of this machine" in _bind_hint(config, errno.EADDRNOTAVAIL)
+    assert "ports below 1024" in _bind_hint(config, errno.EACCES)
+    assert _bind_hint(config, errno.ENOBUFS) == "see --host and --port"
+
+
+def test_grpc_s_own_log_line_stays_where_it_is_the_only_cause() -> None:
+    # The checks before binding pass (the folder exists), gRPC cannot make a socket in /proc: its
+    # log line says why, so it is shown, before the error.
+    result = run_server("--env", "CartPole-v1", "--unix-socket", "/proc/envfleet-test.sock")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2
+    assert lines[-1] == (
+        "env-server: error: cannot listen on unix:/proc/envfleet-test.sock: "
+        "Failed to bind to address unix:/proc/envfleet-test.sock (gRPC's log line above says why)"
+    )
+    assert any("/proc/envfleet-test.sock" in line and "No such file or directory" in line for line in lines[:-1]), lines
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("ENVFLEET_NUM_ENVS", "abc", "ENVFLEET_NUM_ENVS (for --num-envs): expected a positive integer, got 'abc'"),
+        ("ENVFLEET_PORT", "http", "ENVFLEET_PORT (for --port): expected a port number 0-65535, got 'http'"),
+        (
+            "ENVFLEET_ENV_KWARGS",
+            "[1]",
+            "ENVFLEET_ENV_KWARGS (for --env-kwargs): expected a JSON object like '{\"key\": 1}', got '[1]'",
+        ),
+        ("ENVFLEET_GRACE", "-1", "ENVFLEET_GRACE (for --grace): expected a number >= 0, got '-1'"),
+        (
+            "ENVFLEET_STEP_SOCKET",
+            "maybe",
+            "ENVFLEET_STEP_SOCKET (for --step-socket): expected on or off (or true/false, 1/0, yes/no), got 'maybe'",
+        ),
+    ],
+)
+def test_a_bad_variable_is_named_not_its_flag(variable: str, value: str, fragment: str) -> None:
+    result = run_server("--env", "CartPole-v1", environ={variable: value})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [SHORT_USAGE, f"env-server: error: {fragment}"]
+
+
+def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> None:
+    bad = {"ENVFLEET_NUM_ENVS": "abc"}
+    result = run_server("--env", "NoSuchEnv-v0", "--num-envs", "2", "--port", "0", environ=bad)
+    assert result.returncode == 2 and "NoSuchEnv-v0" in result.stderr.strip().splitlines()[-1]
+    result = run_server("--env", "CartPole-v1", "--num-envs", "x", environ=bad)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "env-server: error: argument --num-envs: expected a positive integer, got 'x'"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--env", "CartPole-v1", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--env", "CartPole-v1", "--port", "70000"], "argument --port: expected a port number 0-65535, got 70000"),
+        (["--env", "CartPole-v1", "--no-step-socket", "off"], "unrecognized arguments: off"),
+        ([], "--env is required (or set ENVFLEET_ENV)"),
+    ],
+)
+def test_argument_errors_are_a_short_usage_line_and_the_error(args: list[str], error: str) -> None:
+    result = run_server(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [SHORT_USAGE, f"env-server: error: {error}"]
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:  # (short: Unix socket paths are)
+        yield Path(folder) / "env.sock"
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "served"),
+    [
+        ([], {}, True),
+        (["--step-socket"], {"ENVFLEET_STEP_SOCKET": "off"}, True),
+        (["--no-step-socket"], {}, False),
+        (["--step-socket", "off"], {}, False),  # the form before --no-step-socket
+        (["--step-socket=off"], {}, False),
+        (["--step-socket", "on"], {"ENVFLEET_STEP_SOCKET": "off"}, True),
+        ([], {"ENVFLEET_STEP_SOCKET": "off"}, False),
+        ([], {"ENVFLEET_STEP_SOCKET": "on"}, True),
+    ],
+)
+def test_step_socket_flags(
+    spawn_server: SpawnServer, socket_path: Path, flags: list[str], environ: dict[str, str], served: bool
+) -> None:
+    server = spawn_server("CartPole-v1", 1, "--unix-socket", str(socket_path), *flags, environ=environ)
+    assert server.address == f"unix:{socket_path}"
+    assert Path(f"{socket_path}{STEP_SOCKET_SUFFIX}").is_socket() is served
