@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
+from env_server.protocol import PROTOCOL_VERSION, package_version
 from env_server.tuning import configure_logging, prefer_fast_grpc_core
 
 __all__ = ["main", "parse_args"]
@@ -165,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve K copies of a gymnasium env over gRPC (envfleet.v1), stepped as one vector env.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s (envfleet) {package_version()}, protocol envfleet.v1 version {PROTOCOL_VERSION}",
     )
     e = _env_default
     p.add_argument(

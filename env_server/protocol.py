@@ -67,3 +67,13 @@ def check_token(token: str, where: str = "auth token") -> str:
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """The metadata a client sends with every call to authenticate with ``token``."""
     return ((AUTH_METADATA_KEY, f"Bearer {check_token(token)}"),)
+
+
+def package_version() -> str:
+    """envfleet's installed version (for --version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("envfleet")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"

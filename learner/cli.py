@@ -25,6 +25,7 @@ from typing import Any, Literal, NoReturn
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
+from env_server.protocol import package_version
 from env_server.tuning import configure_logging, prefer_fast_grpc_core
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
@@ -474,19 +475,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("envfleet")
-    except PackageNotFoundError:  # run from a checkout that is not installed
-        return "(not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP)
-    parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {package_version()}")
     # --log-level also after the command (learner train --log-level info), where it overrides one before.
     common = _Parser(add_help=False)
     common.add_argument(

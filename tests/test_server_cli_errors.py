@@ -174,3 +174,8 @@ def test_step_socket_flags(
     server = spawn_server("CartPole-v1", 1, "--unix-socket", str(socket_path), *flags, environ=environ)
     assert server.address == f"unix:{socket_path}"
     assert Path(f"{socket_path}{STEP_SOCKET_SUFFIX}").is_socket() is served
+
+
+def test_version() -> None:
+    proc = subprocess.run([sys.executable, "-m", "env_server", "--version"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.startswith("env-server (envfleet) "), proc
