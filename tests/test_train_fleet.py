@@ -130,7 +130,7 @@ def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(
 def test_no_server_left_ends_the_run_with_an_error_naming_it(
     serve: Serve, tmp_path: Path, fault_tolerant: bool
 ) -> None:
-    proc, a = serve(num_envs=2)
+    proc, a = serve("tests.envs:ClockEnv", num_envs=2)  # episodes of 3 steps: the plot has returns to show
 
     def fleet(k: int) -> list[str]:
         if k == 3:
@@ -139,7 +139,7 @@ def test_no_server_left_ends_the_run_with_an_error_naming_it(
         return [a]
 
     args = Args(
-        env="CartPole-v1",
+        env="tests.envs:ClockEnv",
         servers=scheduled(f"gone-{fault_tolerant}", fleet),
         num_steps=8,
         total_timesteps=10_000,
