@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--wrappers",
         default=e("wrappers", ""),
         metavar="NAMES",
-        help="comma-separated wrappers for every env, e.g. 'atari' (84x84 grayscale, frame skip 4, 4-frame stack)",
+        help="comma-separated wrappers for every env: 'atari' (84x84 grayscale, frame skip 4, 4-frame stack), "
+        "'clip-action' (Box actions clipped to their bounds, as CleanRL's make_env does)",
     )
     p.add_argument(
         "--autoreset-mode",
@@ -380,6 +381,10 @@ def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
 def main(argv: Sequence[str] | None = None) -> int:
     # Before anything imports grpc (the parser does not).
     prefer_fast_grpc_core()
+    # As under `python -m env_server`: modules in the working directory can be entry points
+    # (--env mymodule:MyEnv) for the env-server command too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     config, log_level = parse_args(argv)
     configure_logging(log_level)
     # stdout carries exactly one line, "listening on ...", for scripts to read. Anything else that

@@ -53,10 +53,19 @@ def _atari(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     return gym.wrappers.FrameStackObservation(env, 4)
 
 
+def _clip_action(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    # CleanRL's make_env for continuous control: actions are clipped to the bounds where the env is,
+    # so the served action space is unbounded and any finite action is accepted.
+    if not isinstance(env.action_space, gym.spaces.Box):
+        raise EnvBuildError(f"wrapper 'clip-action': expected Box actions, got {env.action_space}")
+    return gym.wrappers.ClipAction(env)
+
+
 # Wrappers an operator may apply by name (`env-server --wrappers atari`). Names map to code chosen
 # here, never to anything a request could name.
 WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
     "atari": _atari,
+    "clip-action": _clip_action,
 }
 
 

@@ -94,7 +94,7 @@ class LocalServers:
         self._stderr_tails: list[collections.deque[str]] = []
         self._stderr_readers: list[threading.Thread] = []
         self._socket_dir = tempfile.mkdtemp(prefix="envfleet-") if transport == "unix" else None
-        self._environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token} if auth_token else None
+        self._environ = _server_environ(auth_token)
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _stop_all, self._procs, self._socket_dir)
         base = [
@@ -219,6 +219,22 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _server_environ(auth_token: str | None) -> dict[str, str] | None:
+    """The servers' environment: this process's, with the token (not on their command line, where other
+    users of the machine could read it), and, for a script run as ``python path/to/script.py``, the
+    script's folder on PYTHONPATH: the servers (``python -m env_server``, in this process's working
+    directory) then import entry points (``--env mymodule:MyEnv``) from where the script does."""
+    environ: dict[str, str] | None = None
+    if auth_token:
+        environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token}
+    script = sys.argv[0] if sys.argv else ""
+    folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
+    if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():
+        environ = dict(environ or os.environ)
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, environ.get("PYTHONPATH", "")) if p)
+    return environ
 
 
 def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> None:

@@ -34,6 +34,7 @@ from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
 from learner.discovery import AddressError, expand_addresses, probe, warn_duplicates
 from learner.errors import (
+    EnvCrashedError,
     InvalidRequestError,
     ServerBusyError,
     ServerUnavailableError,
@@ -136,12 +137,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     For the same seeds and actions, each env's results are exactly those :meth:`step` gives.
 
-    Failures. By default a server that fails (connection lost, no answer within ``timeout``, its
-    session gone, its vector env broken) raises a :class:`~learner.errors.RemoteEnvError` naming it,
-    as a local vector env raises when an env does: the gymnasium contract has no way to say "these
-    envs are gone", and a caller that does not expect it would otherwise learn from made-up data
-    without knowing. With ``fault_tolerant=True`` (``learner train``'s default) a failed server
-    costs its own envs only, and :meth:`step` keeps returning promptly:
+    Failures. By default a server that fails (connection lost, no answer within ``timeout``, its session
+    gone, its vector env broken), or an env that raises (which its server isolates and reports:
+    :class:`~learner.errors.EnvCrashedError`), raises a :class:`~learner.errors.RemoteEnvError` naming
+    it, as a local vector env raises when an env does: the gymnasium contract has no way to say "these
+    envs are gone", and a caller that does not expect it would otherwise learn from made-up data without
+    knowing. With ``fault_tolerant=True`` (``learner train``'s default) a failed server costs its own
+    envs only, and :meth:`step` keeps returning promptly:
 
     * On the step where the server is lost, its envs' episodes end as *truncated*, with reward 0
       and their last observation (under same-step autoreset also as ``infos["final_obs"]``).
@@ -153,12 +155,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     * The step after that hands over the reset's observations, reward 0: new episodes. From the
       next step on the envs are stepped as before. Rejoining takes a moment after the server is
       back (about the channel's reconnect backoff, at most 2 s, plus one round trip per call).
-    * ``infos["env_unavailable"]`` (with gymnasium's ``"_env_unavailable"`` mask) is True for an env
-      on every step whose result is no transition of that env: while its server is lost or down,
-      on the step it rejoins, and on steps where the server reported the env's own exception
-      (``infos["env_error"]``, which the server always isolates, fault-tolerant or not). A learner
-      drops those steps from its batch (they are not transitions; the observation is stale or a new
-      episode's first), and bootstraps the step before a loss as a truncation. The key is absent
+    * ``infos["env_unavailable"]`` (with gymnasium's ``"_env_unavailable"`` mask) is True for an env on
+      every step whose result is no transition of that env: while its server is lost or down, on the
+      step it rejoins, and on steps where the server reported the env's own exception
+      (``infos["env_error"]``; the server isolates it either way, and only a plain env raises). A
+      learner drops those steps from its batch (they are not transitions; the observation is stale or a
+      new episode's first), and bootstraps the step before a loss as a truncation. The key is absent
       while every env is available, so results are identical to plain stepping when nothing fails.
     * If no server is up, :meth:`step` waits up to ``min(timeout, 1 s)`` for one to come back before
       returning, so a training loop does not spin; once all have been down for ``give_up_after``
@@ -558,6 +560,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if mask is not None:
             unavailable &= mask
         self._flag_unavailable(infos, unavailable)
+        self._raise_env_errors(infos, 0, in_reset=True)
         return self._observations(self._obs_buffer), infos
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None] | None:
@@ -828,6 +831,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos = merge_infos(parts, count)
         self._flag_unavailable(infos, unavailable)
+        self._raise_env_errors(infos, base)
         return self._observations(obs), rewards, terminations, truncations, infos
 
     def _take(self, server: int, result: tuple[pb.StepResponse, float], base: int, out: _StepBatch) -> None:
@@ -921,6 +925,33 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             infos["env_unavailable"] = unavailable
             infos["_env_unavailable"] = unavailable.copy()
 
+    def _raise_env_errors(self, infos: dict[str, Any], base: int, *, in_reset: bool = False) -> None:
+        """Not fault-tolerant: an env that raised (its server isolated it: ``infos["env_error"]``) raises
+        EnvCrashedError, as a local vector env raises when an env does; the envs' results are not
+        handed over, so the next step needs a reset first. ``base``: the env index of ``infos``' first.
+
+        A reset's infos also repeat the error of the step that ended the env's last episode (see
+        env_server.isolation): that reset worked, and is no new failure."""
+        errors = infos.get("_env_error")
+        if self.fault_tolerant or errors is None or not errors.any():
+            return
+        if in_reset:
+            errors = errors & np.array([not str(text).startswith("step: ") for text in infos["env_error"]])
+        crashed = []
+        for j in np.flatnonzero(errors):
+            index = base + int(j)
+            client = next(c for c in self._clients if c.env_offset <= index < c.env_offset + c.num_envs)
+            crashed.append(
+                EnvCrashedError(
+                    f"env server {client.address}: env {index} raised in {infos['env_error'][j]} (the server reset "
+                    "it; fault_tolerant=True reports this in infos['env_error'] instead of raising)",
+                    address=client.address,
+                    code=grpc.StatusCode.INTERNAL,
+                    env_index=index,
+                )
+            )
+        self._raise_first(crashed)
+
     def fault_stats(self) -> FaultStats:
         """Failures, reconnects and lost env steps so far, and how many servers and envs are down now."""
         down = [(r, c) for r, c in zip(self._replicas, self._clients, strict=True) if r.state is not ReplicaState.UP]
@@ -991,7 +1022,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             address, cause = self._stale
             raise SessionError(
                 f"{method}: the last step or reset failed ({cause}), and the envs of the servers that did "
-                "answer moved on without their results reaching you: call reset() (or refresh()) first",
+                "answer moved on without their results reaching you: call reset() first (or refresh(), which "
+                "also lets go of servers that are gone: num_envs may change, and wrappers keep the old spaces)",
                 address=address,
                 code=grpc.StatusCode.FAILED_PRECONDITION,
             )

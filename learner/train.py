@@ -43,7 +43,13 @@ from learner import rundir
 from learner.checkpoint import capture_rng, find_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
-from learner.errors import RemoteEnvError, RemoteTimeoutError, ServerUnavailableError, SessionError
+from learner.errors import (
+    EnvCrashedError,
+    RemoteEnvError,
+    RemoteTimeoutError,
+    ServerUnavailableError,
+    SessionError,
+)
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, is_image_space
@@ -704,7 +710,8 @@ def train(
                     break
                 # ---- follow the fleet: servers that joined or left since the last rollout ------------------
                 if refresh is not None:
-                    change = refresh(drop=[lost.address] if lost is not None else ())
+                    drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
+                    change = refresh(drop=drop)
                     lost = None
                     if change is not None:
                         if on_fleet_change is not None:
@@ -753,14 +760,18 @@ def train(
                             obs_np, reward_np, term_np, trunc_np, infos = envs.step(
                                 act(next_obs, rollout, step, slice(None))
                             )
-                    except (ServerUnavailableError, SessionError, RemoteTimeoutError) as err:
-                        # Without --fault-tolerant: a server stopped (scaled down) or vanished. Drop this
-                        # rollout and go on with the servers left, unless that keeps happening.
+                    except (ServerUnavailableError, SessionError, RemoteTimeoutError, EnvCrashedError) as err:
+                        # Without --fault-tolerant: a server stopped (scaled down) or vanished, or an env
+                        # raised. Drop this rollout and go on with the servers left (every env starting
+                        # over), unless that keeps happening.
                         lost_rollouts += 1
                         # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
                         if refresh is None or args.fault_tolerant or lost_rollouts > LOST_ROLLOUTS:
                             raise
-                        log.warning("dropping this rollout, going on without env server %s: %s", err.address, err)
+                        if isinstance(err, EnvCrashedError):  # the server is fine: it stays
+                            log.warning("dropping this rollout, every env starts over: %s", err)
+                        else:
+                            log.warning("dropping this rollout, going on without env server %s: %s", err.address, err)
                         lost = err
                         break
                     counters.global_step += num_envs

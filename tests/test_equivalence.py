@@ -103,3 +103,17 @@ def test_seed_list_options_and_reset_mask(start_servers: Any) -> None:
         for _ in range(5):
             actions = reference.action_space.sample()
             assert_same(remote.step(actions), reference.step(actions))
+
+
+def test_the_clip_action_wrapper_clips_where_the_envs_are(start_servers: Any) -> None:
+    """``--wrappers clip-action`` (CleanRL's make_env ClipAction, on the server): actions far outside
+    the bounds are taken and clipped there, as a SyncVectorEnv of ClipAction-wrapped envs does."""
+    addresses = start_servers("Pendulum-v1", 1, 2, server_args=["--wrappers", "clip-action"])
+    reference = gym.vector.SyncVectorEnv([lambda: gym.wrappers.ClipAction(gym.make("Pendulum-v1"))] * 2)
+    with RemoteVectorEnv(addresses) as remote:
+        assert remote.single_action_space == reference.single_action_space  # unbounded: any finite action
+        assert_same(remote.reset(seed=3), reference.reset(seed=3))
+        for t in range(50):
+            actions = np.array([[10.0 * (-1) ** t], [0.5]], dtype=np.float32)
+            assert_same(remote.step(actions), reference.step(actions), f"step {t}")
+    reference.close()

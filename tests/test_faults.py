@@ -172,7 +172,8 @@ def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn
         with pytest.raises(RemoteTimeoutError):
             envs.step(np.zeros(2 * K, dtype=np.int64))
         with pytest.raises(
-            SessionError, match=r"step: the last step or reset failed .*call reset\(\) \(or refresh\(\)\) first"
+            SessionError,
+            match=r"step: the last step or reset failed .*call reset\(\) first \(or refresh\(\), which also lets go",
         ):
             envs.step(np.zeros(2 * K, dtype=np.int64))
         time.sleep(1.0)  # B's hang ends
@@ -210,7 +211,7 @@ def test_an_env_that_raises_in_step_costs_its_own_episode_only(spawn_server: Spa
     server = spawn_server(
         "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_at": 3, "length": 100}', "--autoreset-mode", mode
     )
-    with RemoteVectorEnv([server.address]) as envs:  # isolation is the server's: no fault tolerance needed
+    with RemoteVectorEnv([server.address], fault_tolerant=True) as envs:
         envs.reset(seed=0)
         for _ in range(2):
             envs.step(np.zeros(3, dtype=np.int64))
@@ -230,6 +231,26 @@ def test_an_env_that_raises_in_step_costs_its_own_episode_only(spawn_server: Spa
         assert "env_error" not in infos and obs[0, 0] == 1.0
         assert envs.fault_stats().env_errors >= 1
     assert check(server.address) == "SERVING"
+
+    # Not fault-tolerant: the env's exception raises, as a local vector env's does; a reset goes on.
+    server = spawn_server(
+        "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_at": 3, "length": 100}', "--autoreset-mode", mode
+    )
+    with RemoteVectorEnv([server.address]) as envs:
+        envs.reset(seed=0)
+        for _ in range(2):
+            envs.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(EnvCrashedError) as crash:
+            envs.step(np.zeros(3, dtype=np.int64))
+        assert (crash.value.address, crash.value.env_index) == (server.address, 0)
+        assert str(crash.value).startswith(
+            f"env server {server.address}: env 0 raised in step: ValueError: step 3 failed on purpose (env 0)"
+        )
+        with pytest.raises(SessionError, match="call reset"):
+            envs.step(np.zeros(3, dtype=np.int64))
+        obs, _ = envs.reset(seed=0)
+        assert obs[:, 0].tolist() == [0.0, 0.0, 0.0]
+        envs.step(np.zeros(3, dtype=np.int64))
 
 
 def test_internal_from_the_server_is_a_crash_and_internal_from_grpc_is_a_lost_server(
@@ -260,7 +281,7 @@ def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn
     server = spawn_server(
         "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_in_reset": 1, "fault_env": 1, "length": 2}'
     )
-    with RemoteVectorEnv([server.address]) as envs:
+    with RemoteVectorEnv([server.address], fault_tolerant=True) as envs:
         envs.reset(seed=0)
         for t in range(12):
             obs, rewards, _, _, infos = envs.step(np.zeros(3, dtype=np.int64))
@@ -271,13 +292,18 @@ def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn
 
     # An env whose very first reset raises: reset() reports it, the other envs start.
     server = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"raise_in_reset": 0, "fault_env": 1}')
-    with RemoteVectorEnv([server.address]) as envs:
+    with RemoteVectorEnv([server.address], fault_tolerant=True) as envs:
         obs, infos = envs.reset(seed=0)
         assert infos["_env_unavailable"].tolist() == [False, True]
         assert "reset: RuntimeError: reset failed on purpose (env 1)" in infos["env_error"][1]
         assert obs.tolist() == [[0.0, 1.0], [0.0, 0.0]]  # a placeholder of zeros
         envs.step(np.zeros(2, dtype=np.int64))
     assert check(server.address) == "SERVING"
+    # Not fault-tolerant: the reset raises, naming the env.
+    server = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"raise_in_reset": 0, "fault_env": 1}')
+    crash = r"env 1 raised in reset: RuntimeError: reset failed on purpose"
+    with RemoteVectorEnv([server.address]) as envs, pytest.raises(EnvCrashedError, match=crash):
+        envs.reset(seed=0)
 
 
 def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from learner import LocalServers, RemoteVectorEnv, local_servers
 
@@ -87,3 +88,48 @@ def test_failed_start_names_the_cause() -> None:
         assert "NoSuchEnv-v0" in str(err) and "exited with code" in str(err)
     else:
         raise AssertionError("expected ServerStartError")
+
+
+MY_ENVS = "import gymnasium as gym\n\n\ndef Env():\n    return gym.make('CartPole-v1')\n"
+
+
+def test_a_script_s_own_env_module_is_found_by_the_servers_it_starts(tmp_path: Path) -> None:
+    """`python project/train.py` run from elsewhere: the servers import project/myenvs.py as the script does."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "myenvs.py").write_text(MY_ENVS)
+    (project / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import myenvs  # the script's own folder is on its path
+            from learner import LocalServers, RemoteVectorEnv
+            with LocalServers("myenvs:Env", 1, 2) as servers, RemoteVectorEnv(servers.addresses) as envs:
+                print(envs.reset(seed=0)[0].shape)
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(project / "train.py")], cwd=elsewhere, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "(2, 4)", proc.stderr
+
+
+def test_the_env_server_command_finds_modules_in_the_working_directory(tmp_path: Path) -> None:
+    """As `python -m env_server` does (the env-server command's own folder is the venv's bin)."""
+    (tmp_path / "myenvs.py").write_text(MY_ENVS)
+    command = Path(sys.executable).with_name("env-server")
+    assert command.exists(), command
+    with subprocess.Popen(
+        [str(command), "--env", "myenvs:Env", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("listening on "), proc.stderr.read() if proc.stderr else line
+        finally:
+            proc.kill()

@@ -142,7 +142,7 @@ def test_env_errors_and_refused_tokens_are_counted(spawn_server: SpawnServer) ->
     url = match.group(1)
     with pytest.raises(AuthenticationError):
         RemoteVectorEnv([server.address], auth_token="wrong")
-    with RemoteVectorEnv([server.address], auth_token="t0ken") as envs:
+    with RemoteVectorEnv([server.address], auth_token="t0ken", fault_tolerant=True) as envs:
         envs.reset(seed=0)
         for _ in range(3):
             envs.step(np.zeros(2, dtype=np.int64))

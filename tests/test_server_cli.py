@@ -33,6 +33,10 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
             ["--env", "CartPole-v1", "--wrappers", "atari"],
             "wrapper 'atari': expected an Atari env of ale-py (ALE/Pong-v5, ...), got CartPole-v1",
         ),
+        (
+            ["--env", "CartPole-v1", "--wrappers", "clip-action"],
+            "wrapper 'clip-action': expected Box actions, got Discrete(2)",
+        ),
         (["--env", "CartPole-v1", "--env-kwargs", "{not json"], "--env-kwargs: not valid JSON"),
         (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
         (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),

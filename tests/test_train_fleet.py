@@ -14,7 +14,7 @@ from learner.cli import main
 from learner.config import Args
 from learner.discovery import register_resolver
 from learner.train import train
-from tests.conftest import Serve
+from tests.conftest import Serve, StartServers
 
 # testfleet-train:N -> SCHEDULES[N](k) for the k-th look-up (1: when the envs are opened; k >= 2: before
 # rollout k-1), so a test says exactly which servers each rollout sees.
@@ -151,3 +151,28 @@ def test_no_server_left_ends_the_run_with_an_error_naming_it(
         train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), plot=True))
     assert rundir.read_json(tmp_path / "run" / rundir.SUMMARY)["stop_reason"].startswith("error")
     assert (tmp_path / "run" / rundir.PLOT).is_file()  # the update before it, as any run's end has
+
+
+def test_without_fault_tolerance_an_env_that_raises_costs_its_rollout_and_every_env_starts_over(
+    start_servers: StartServers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Env 0 raises in its 20th step: in the third rollout of 8 steps.
+    (address,) = start_servers("tests.envs:FaultyEnv", 1, 2, env_kwargs={"raise_at": 20, "length": 100})
+    args = Args(
+        env="tests.envs:FaultyEnv",
+        servers=address,
+        num_steps=8,
+        total_timesteps=64,
+        fault_tolerant=False,
+        run_dir=str(tmp_path / "run"),
+        **QUIET,
+    )
+    summary = train(args)
+    assert (
+        f"dropping this rollout, every env starts over: env server {address}: env 0 raised in step: ValueError: "
+        "step 20 failed on purpose (env 0)"
+    ) in caplog.text
+    rows = rundir.read_jsonl(tmp_path / "run" / rundir.METRICS)
+    # 2 rollouts, the third dropped after 3 steps, then the rest: 16 + 16 + (3 x 2 counted, not learned) + ...
+    assert [r["global_step"] for r in rows][:3] == [16, 32, 54]
+    assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] >= 64
