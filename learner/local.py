@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import selectors
 import signal
 import socket
@@ -93,7 +94,10 @@ class LocalServers:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stderr_tails: list[collections.deque[str]] = []
         self._stderr_readers: list[threading.Thread] = []
-        self._socket_dir = tempfile.mkdtemp(prefix="envfleet-") if transport == "unix" else None
+        self._socket_dir = None
+        if transport == "unix":
+            _remove_orphaned_socket_dirs()
+            self._socket_dir = tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-")
         self._environ = _server_environ(auth_token)
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _stop_all, self._procs, self._socket_dir)
@@ -219,6 +223,39 @@ class LocalServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove_orphaned_socket_dirs() -> None:
+    """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
+    exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` whose process is gone."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        match = re.fullmatch(r"envfleet-(\d+)-\w+", name)
+        path = os.path.join(root, name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        with suppress(OSError):
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
+                if entry.endswith((".sock", ".sock.steps")):
+                    os.unlink(os.path.join(path, entry))
+            os.rmdir(path)  # (fails, and is left, if anything else is in it)
+            log.debug("removed %s, left by a learner that was killed", path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def _server_environ(auth_token: str | None) -> dict[str, str] | None:

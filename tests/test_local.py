@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from learner import LocalServers, RemoteVectorEnv, local_servers
 
@@ -133,3 +135,20 @@ def test_the_env_server_command_finds_modules_in_the_working_directory(tmp_path:
             assert line.startswith("listening on "), proc.stderr.read() if proc.stderr else line
         finally:
             proc.kill()
+
+
+def test_socket_folders_of_killed_learners_are_removed(tmp_path: Path, monkeypatch: Any) -> None:
+    """A learner killed with SIGKILL leaves its socket folder (its servers exit by themselves); the
+    next LocalServers on Unix sockets removes it, and leaves live learners' folders alone."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"envfleet-{dead.pid}-abc123"
+    orphan.mkdir()
+    (orphan / "server-0.sock").write_text("")
+    (orphan / "server-0.sock.steps").write_text("")
+    live = tmp_path / f"envfleet-{os.getpid()}-def456"
+    live.mkdir()
+    with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
+        assert servers.addresses[0].startswith(f"unix:{tmp_path}/envfleet-{os.getpid()}-")
+    assert not orphan.exists() and live.is_dir()
