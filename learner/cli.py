@@ -169,8 +169,8 @@ def _faults_line(summary: dict[str, Any]) -> str:
         count = summary.get(key) or 0
         if count:
             parts.append(f"{count:,} {one if count == 1 else many}")
-            if key == "env_steps_lost":
-                parts[-1] += f" ({count / max(summary['total_steps'], 1):.0%} of them: no transition)"
+            if key == "env_steps_lost":  # (steps that were no transition: their env was unavailable)
+                parts[-1] += f" ({count / max(summary['total_steps'], 1):.1%} of the run's)"
     return "faults: " + ", ".join(parts) if parts else ""
 
 

@@ -107,12 +107,16 @@ def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
     project, service, container_port = parse_target(target)
     address = f"compose:{target}"
     replicas = sorted(replicas, key=lambda r: (r.project, r.number))
-    projects = sorted({r.project for r in replicas})
-    if project is None and len(projects) > 1:
-        names = ", ".join(f"compose:{p}/{service}" for p in projects)
-        raise AddressError(
-            f"address {address!r}: service {service!r} runs in several compose projects; use one of {names}"
-        )
+    if project is None:
+        # Projects with a running replica count (another project's stopped containers do not).
+        running = sorted({r.project for r in replicas if r.status == "running"})
+        if len(running) > 1:
+            names = ", ".join(f"compose:{p}/{service}" for p in running)
+            raise AddressError(
+                f"address {address!r}: service {service!r} runs in several compose projects; use one of {names}"
+            )
+        if running:
+            replicas = [r for r in replicas if r.project == running[0]]
     ready, waiting = [], []
     for replica in replicas:
         if replica.status == "running" and replica.health in (None, "healthy"):
@@ -141,6 +145,23 @@ def resolve_compose(target: str) -> list[str]:
         "list containers",
         lambda client: client.api.containers(all=True, filters={"label": labels}),
     )
+    if not containers:  # a service (or project) of that name has no container at all: say what there is
+        others = ask_engine(
+            f"compose:{target}",
+            "list containers",
+            lambda client: client.api.containers(all=True, filters={"label": [PROJECT_LABEL]}),
+        )
+        services = sorted(
+            {
+                f"{(c.get('Labels') or {}).get(PROJECT_LABEL, '')}/{(c.get('Labels') or {}).get(SERVICE_LABEL, '')}"
+                for c in others
+            }
+        )
+        where = f" in project {project!r}" if project else ""
+        raise AddressError(
+            f"address 'compose:{target}': no container of a compose service {service!r}{where}; compose services "
+            f"with containers here (project/service): {', '.join(services) or 'none'}"
+        )
     return replica_addresses([replica_from_record(c) for c in containers], target)
 
 

@@ -1060,7 +1060,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         try:
             resolved = expand_addresses(self._address_spec)
         except AddressError as err:
-            log.warning("refresh: %s; keeping the %d servers connected now", err, len(self._clients))
+            # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
+            (log.warning if str(err) not in self._noted else log.debug)(
+                "refresh: %s; keeping the %d servers connected now", err, len(self._clients)
+            )
+            self._noted.add(str(err))
             resolved = self.addresses
         # Fault-tolerant, a server whose connection dropped stays: its next step fails fast, and it is
         # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew.

@@ -745,6 +745,7 @@ def train(
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
                 steps_lost = 0
+                fleet_down = False
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
                     try:
@@ -780,6 +781,12 @@ def train(
                     # autoreset) or env i was unavailable in it (its server lost or down, rejoining, or
                     # its env raised): then its action was not applied, or its result is lost.
                     lost_np = unavailable_envs(infos, num_envs)
+                    if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
+                        # Fault-tolerant, every server is down (each step now waits up to a second for
+                        # one): look the servers up again now, not after the rest of the rollout, so
+                        # replicas that replaced them (compose down and up, say) join at once.
+                        fleet_down = True
+                        break
                     valid = next_valid & ~lost_np
                     rollout.valid[step] = valid
                     steps_lost += int(lost_np.sum())
@@ -837,8 +844,8 @@ def train(
                         break
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
-                if lost is not None:
-                    continue
+                if lost is not None or fleet_down:
+                    continue  # (a partial rollout is not learned from)
                 lost_rollouts = 0
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------

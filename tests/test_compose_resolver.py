@@ -108,6 +108,11 @@ def test_several_projects_need_the_project_named() -> None:
     replicas = [replica(1, project="a"), replica(1, project="b")]
     with pytest.raises(AddressError, match="several compose projects; use one of compose:a/env, compose:b/env"):
         replica_addresses(replicas, "env")
+    # Only projects with a running replica count: another project's stopped containers do not.
+    stopped = [replica(1, project="a", status="exited"), replica(2, project="a", status="exited")]
+    assert replica_addresses([*stopped, replica(1, project="b")], "env") == ["127.0.0.1:32001"]
+    with pytest.raises(AddressError, match=r"not ready: a-env-1 \(exited\), a-env-2 \(exited\)"):
+        replica_addresses(stopped, "env")
 
 
 def test_compose_scheme_is_registered() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learner import RemoteVectorEnv, expand_addresses, rundir
+from learner import AddressError, RemoteVectorEnv, expand_addresses, rundir
 from tests.compose import PROJECT_LABEL, REPO, ComposeProject, docker_problem, labelled, remove_stale_test_projects
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -127,6 +127,11 @@ def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProje
         for t in range(20):  # left, right, left, ...: no pole falls this soon
             obs, rewards, terminations, _, _ = envs.step(np.full(envs.num_envs, t % 2))
             assert np.all(rewards == 1.0) and not terminations.any()
+    # A service name with a typo: what services there are.
+    with pytest.raises(AddressError) as info:
+        expand_addresses(f"compose:{fleet.name}/envs")
+    assert f"no container of a compose service 'envs' in project '{fleet.name}'" in str(info.value)
+    assert f"{fleet.name}/env" in str(info.value)
 
 
 TRAIN = ["--total-timesteps", "4096", "--num-steps", "32", "--no-plot", "--no-progress", "--checkpoint-every", "0"]

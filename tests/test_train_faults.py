@@ -95,7 +95,7 @@ def test_training_goes_on_while_a_server_is_killed_and_restarted(spawn_server: S
     share = summary["env_steps_lost"] / summary["total_steps"]
     assert (
         f"faults: 1 server failure, 1 reconnect, 1 server restart, {summary['env_steps_lost']:,} env steps lost "
-        f"({share:.0%} of them: no transition)"
+        f"({share:.1%} of the run's)"
     ) in out, out
 
 

@@ -176,3 +176,28 @@ def test_without_fault_tolerance_an_env_that_raises_costs_its_rollout_and_every_
     # 2 rollouts, the third dropped after 3 steps, then the rest: 16 + 16 + (3 x 2 counted, not learned) + ...
     assert [r["global_step"] for r in rows][:3] == [16, 32, 54]
     assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] >= 64
+
+
+def test_a_fleet_replaced_while_every_server_is_down_is_found_at_once(serve: Serve, tmp_path: Path) -> None:
+    """Every server gone mid-rollout (compose down, then up with new replicas): the rollout ends there
+    and the servers are looked up again, instead of stepping the rest of it at up to 1 s a step
+    (64 here: past give_up_after, which ended runs whose new fleet was long healthy)."""
+    (proc, a), (_, b) = serve(num_envs=2), serve(num_envs=2)
+
+    def fleet(k: int) -> list[str]:
+        if k == 3:  # a dies during the rollout after this look-up, while its address still resolves
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        return [a] if k <= 3 else [b]
+
+    args = Args(
+        env="CartPole-v1",
+        servers=scheduled("replaced", fleet),
+        num_steps=64,
+        total_timesteps=5 * 128,
+        give_up_after=10.0,
+        run_dir=str(tmp_path / "run"),
+        **QUIET,
+    )
+    summary = train(args)
+    assert summary["stop_reason"] == "total_timesteps" and summary["servers_joined"] >= 1
