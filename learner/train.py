@@ -781,12 +781,6 @@ def train(
                     # autoreset) or env i was unavailable in it (its server lost or down, rejoining, or
                     # its env raised): then its action was not applied, or its result is lost.
                     lost_np = unavailable_envs(infos, num_envs)
-                    if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
-                        # Fault-tolerant, every server is down (each step now waits up to a second for
-                        # one): look the servers up again now, not after the rest of the rollout, so
-                        # replicas that replaced them (compose down and up, say) join at once.
-                        fleet_down = True
-                        break
                     valid = next_valid & ~lost_np
                     rollout.valid[step] = valid
                     steps_lost += int(lost_np.sum())
@@ -794,6 +788,12 @@ def train(
                         # Episodes cut short by a failure do not count as episodes in the returns.
                         counters.episodes_cut += int((lost_np & done_np & (ep_length > 0)).sum())
                         ep_return[lost_np], ep_length[lost_np] = 0.0, 0
+                        if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
+                            # Fault-tolerant, every server is down (each step now waits up to a second for
+                            # one): look the servers up again now, not after the rest of the rollout, so
+                            # replicas that replaced them (compose down and up, say) join at once.
+                            fleet_down = True
+                            break
 
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)
