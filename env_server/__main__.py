@@ -8,11 +8,11 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
 from env_server.protocol import PROTOCOL_VERSION, package_version
-from env_server.tuning import configure_logging, prefer_fast_grpc_core
+from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
 __all__ = ["main", "parse_args"]
 
@@ -45,17 +45,6 @@ def _env_default(name: str, default: Any) -> Any:
 def _variable(dest: str) -> str:
     """The environment variable that sets the option whose dest is ``dest``."""
     return f"ENVFLEET_{dest.upper()}"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose errors are two lines, as the learner's are: argparse's usage line if
-    it fits on one, else a pointer to --help, and the error."""
-
-    def error(self, message: str) -> NoReturn:
-        usage = self.format_usage().strip()
-        if "\n" in usage:
-            usage = f"usage: {self.prog} [options]; see {self.prog} --help"
-        self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
 
 
 class _BadVariable:
@@ -161,7 +150,7 @@ def _spin_wait_ms(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ShortErrorParser(
         prog="env-server",
         description="Serve K copies of a gymnasium env over gRPC (envfleet.v1), stepped as one vector env.",
         epilog=EPILOG,

@@ -1,13 +1,16 @@
-"""gRPC core settings that envfleet's entry points apply before gRPC is imported."""
+"""What envfleet's entry points (env-server, learner) share: gRPC core settings applied before gRPC
+is imported, logging, and the form of argument errors."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 from collections.abc import MutableMapping
+from typing import NoReturn
 
-__all__ = ["FAST_GRPC_EXPERIMENTS", "configure_logging", "prefer_fast_grpc_core"]
+__all__ = ["FAST_GRPC_EXPERIMENTS", "ShortErrorParser", "configure_logging", "prefer_fast_grpc_core"]
 
 log = logging.getLogger(__name__)
 
@@ -47,3 +50,14 @@ def configure_logging(level: str) -> None:
     )
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
+
+
+class ShortErrorParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are two lines: argparse's usage line if it fits on one (else a
+    pointer to --help, not a usage of many lines) and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = self.format_usage().strip()
+        if "\n" in usage:
+            usage = f"usage: {self.prog} [options]; see {self.prog} --help"
+        self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")

@@ -26,7 +26,7 @@ from typing import Any, Literal, NoReturn
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
-from env_server.tuning import configure_logging, prefer_fast_grpc_core
+from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
@@ -459,20 +459,16 @@ def _add_local_server_options(parser: argparse.ArgumentParser, servers: str, soc
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser, whose errors are two lines: a usage line (argparse's own unless that takes
-    several lines, as train's does) and the error."""
+class _Parser(ShortErrorParser):
+    """Two-line argument errors (a usage line, as train's takes several, and the error); the top-level
+    parser names the commands when none is given."""
 
     commands: list[str] | None = None  # (the top-level parser's: named when none is given)
 
     def error(self, message: str) -> NoReturn:
-        commands = self.commands
-        if commands and message == "the following arguments are required: COMMAND":
-            message = f"expected a command, one of: {', '.join(commands)} (learner COMMAND --help says more)"
-        usage = self.format_usage().strip()
-        if "\n" in usage:
-            usage = f"usage: {self.prog} [options]; see {self.prog} --help"
-        self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
+        if self.commands and message == "the following arguments are required: COMMAND":
+            message = f"expected a command, one of: {', '.join(self.commands)} (learner COMMAND --help says more)"
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
