@@ -940,7 +940,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         crashed = []
         for j in np.flatnonzero(errors):
             index = base + int(j)
-            client = next(c for c in self._clients if c.env_offset <= index < c.env_offset + c.num_envs)
+            client = self._client_of(index)
             crashed.append(
                 EnvCrashedError(
                     f"env server {client.address}: env {index} raised in {infos['env_error'][j]} (the server reset "
@@ -978,13 +978,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if err.env_index is None:
                 raise ValueError(str(err)) from None  # the batch's shape or dtype: no env to name
             index = base + err.env_index
-            client = next(c for c in self._clients if c.env_offset <= index < c.env_offset + c.num_envs)
+            client = self._client_of(index)
             message = str(err).replace(
                 f"env {err.env_index}:", f"env {index} of the fleet (on env server {client.address}):", 1
             )
             raise InvalidRequestError(
                 message, address=client.address, code=grpc.StatusCode.INVALID_ARGUMENT, env_index=index
             ) from None
+
+    def _client_of(self, index: int) -> EnvClient:
+        """The client of the server that hosts env ``index`` (counted over the fleet)."""
+        return next(c for c in self._clients if c.env_offset <= index < c.env_offset + c.num_envs)
 
     def _observations(self, obs: Any) -> Any:
         return deepcopy(obs) if self.copy else obs
