@@ -46,14 +46,14 @@ def plot_runs(
     the seeds of one configuration.
     """
     loaded = [_load(Path(run)) for run in runs]
-    empty = [str(run) for run, rows, summary, _ in loaded if not rows and not (summary or {}).get("final_return_mean")]
+    empty = {run for run, rows, summary, _ in loaded if not rows and (summary or {}).get("final_return_mean") is None}
     if len(empty) == len(loaded):
         raise ValueError(
-            f"nothing to plot: no mean return in {', '.join(empty)} (a run's {rundir.METRICS} has one per update "
-            "once an episode has ended)"
+            f"nothing to plot: no mean return in {', '.join(map(str, runs))} (a run's {rundir.METRICS} has one per "
+            "update once an episode has ended)"
         )
-    for name in empty:
-        log.warning("%s: no mean return yet, left out of the plot", name)
+    for run in (run for run, *_ in loaded if run in empty):
+        log.warning("%s: no mean return yet, left out of the plot", run)
 
     import matplotlib
 
@@ -67,7 +67,7 @@ def plot_runs(
     solved_any = False
     for i, (run, rows, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
-        if str(run) in empty:
+        if run in empty:
             continue
         if config.get("solved_threshold") is not None:
             thresholds.add(float(config["solved_threshold"]))
