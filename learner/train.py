@@ -76,6 +76,18 @@ def pick_device(spec: str) -> torch.device:
     return device
 
 
+def device_hint(spec: str, device: torch.device, image: bool) -> str | None:
+    """A hint when ``--device auto`` put a vector-observation (MLP) policy on CUDA, where the per-step
+    kernel launches and copies cost more than the small nets' compute saves; None otherwise."""
+    if spec != "auto" or device.type != "cuda" or image:
+        return None
+    return (
+        "--device auto picked cuda for an MLP policy; small MLPs often train faster on the CPU "
+        "(measured on an H200 host, CartPole-v1 on 2x4 envs: 2.2k env steps/s on cuda, 4.3k on cpu): "
+        "try --device cpu"
+    )
+
+
 def fleet_spec(args: Args) -> FleetSpec:
     servers, envs_per_server = args.local_layout()
     return FleetSpec(
@@ -388,6 +400,9 @@ def train(
         hp = resolve_ppo(args, obs_space, action_space)
         image = is_image_space(obs_space)
         _set_threads(args, device, image)
+        hint = device_hint(args.device, device, image)
+        if hint:
+            log.warning(hint)
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
