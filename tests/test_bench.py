@@ -190,3 +190,24 @@ def test_cartpole_solve_compares_the_fastest_8_env_configuration_with_the_fastes
         "ratio": 6.0,
     }
     assert eight_vs_one({"remote-8": row("3/3", 14.0)}) is None
+
+
+def test_the_gpu_check_plans_each_run_on_cuda_and_with_compare_cpu_on_the_cpu_too() -> None:
+    import torch
+
+    from learner.benchmarks.gpu_check import main, planned_runs
+
+    runs = planned_runs(quick=True, atari=True, compare_cpu=False)
+    assert [name for name, *_ in runs] == ["cartpole-solve", "cartpole-64-envs", "pong-64-envs", "pong-64-overlap"]
+    assert {device for _, device, *_ in runs} == {"cuda"}
+    assert "--overlap-update" in runs[-1][2]
+    paired = planned_runs(quick=False, atari=False, compare_cpu=True)
+    assert [(name, device) for name, device, *_ in paired] == [
+        ("cartpole-solve", "cuda"),
+        ("cartpole-solve", "cpu"),
+        ("cartpole-64-envs", "cuda"),
+        ("cartpole-64-envs", "cpu"),
+    ]
+    assert "300000" in paired[2][2]
+    if not torch.cuda.is_available():
+        assert main(["--quick", "--out", "unused"]) == 1  # says so, runs nothing

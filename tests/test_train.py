@@ -17,7 +17,7 @@ import torch
 from learner import rundir
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
-from learner.train import resume_args, train
+from learner.train import device_hint, resume_args, train
 from tests.conftest import StartServers
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
@@ -271,6 +271,16 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
 def test_pipelining_needs_env_servers() -> None:
     with pytest.raises(ValueError, match="--pipeline-groups: pipelines env servers"):
         Args(backend="gym", pipeline_groups=2)
+
+
+def test_auto_device_warns_only_for_an_mlp_it_put_on_cuda() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    hint = device_hint("auto", cuda, image=False)
+    assert hint is not None and "--device cpu" in hint
+    # Asked for by name, a CNN policy (where the GPU pays), or the CPU: no warning.
+    assert device_hint("cuda", cuda, image=False) is None
+    assert device_hint("auto", cuda, image=True) is None
+    assert device_hint("auto", cpu, image=False) is None
 
 
 def test_a_run_resumes_on_running_servers(tmp_path: Path, start_servers: StartServers) -> None:
