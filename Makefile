@@ -1,7 +1,7 @@
 # Set-up and the project's gate. `make train`, `make demo` and `make test` each set everything up first.
 #   make train   train PPO on CartPole-v1 to solved through 2 local env servers x 4 envs, write a run dir
-#                with its plot, then evaluate the policy (`make train ARGS="--seed 2"` passes options on,
-#                `make train RUN=DIR` picks the run dir)
+#                with its plot, then evaluate the policy and record an episode as a GIF
+#                (`make train ARGS="--seed 2"` passes options on, `make train RUN=DIR` picks the run dir)
 #   make demo    start local env servers and step a RemoteVectorEnv over them
 #   make test    codegen freshness, lint, type-check, and the test suite (what CI runs)
 PYTHON ?= python3
@@ -26,7 +26,7 @@ setup: $(STAMP)
 
 train: setup
 	$(VENV)/bin/learner train --env CartPole-v1 --stop-at-return 475 --run-dir $(RUN) $(ARGS)
-	$(VENV)/bin/learner eval --checkpoint $(RUN) --episodes 10
+	$(VENV)/bin/learner eval --checkpoint $(RUN) --episodes 10 --video $(RUN)/episode.gif
 
 demo: setup
 	$(VENV)/bin/learner demo

@@ -213,6 +213,22 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _gif_path(text: str) -> str:
+    if not text.lower().endswith(".gif"):
+        raise argparse.ArgumentTypeError(f"writes an animated GIF; expected a path ending in .gif, got {text!r}")
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -337,6 +353,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.parser.error("--servers: evaluates on running env servers, so it cannot go with --backend gym")
     if args.servers is not None and args.num_envs is not None:
         args.parser.error("--num-envs: sets the envs of the local server (or --backend gym); --servers have theirs")
+    if args.video_fps is not None and args.video is None:
+        args.parser.error("--video-fps: sets the speed of the GIF that --video PATH.gif writes; give --video too")
     from learner.evaluate import evaluate
 
     result = evaluate(
@@ -354,6 +372,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tls=args.tls_ca or args.tls,
         tls_server_name=args.tls_server_name,
         timeout=args.timeout,
+        video=args.video,
+        video_fps=args.video_fps,
     )
     if args.json:
         print(json.dumps(result))
@@ -366,6 +386,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
             f"mean length {result['length_mean']:.1f}"
         )
+        if "video" in result:
+            video = result["video"]
+            cut = "" if video["episode_ended"] else f", cut after {video['frames'] - 1:,} steps"
+            print(
+                f"video: {video['path']} (one more episode, in process: {video['frames']:,} frames at "
+                f"{video['fps']:g} fps, return {video['return']:.2f}{cut})"
+            )
     return 0
 
 
@@ -578,6 +605,21 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=0, help="env i gets seed + i (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    evaluate.add_argument(
+        "--video",
+        type=_gif_path,
+        default=None,
+        metavar="PATH.gif",
+        help="also play one episode on an in-process env of the run (render_mode rgb_array; the env must be "
+        "installed here) and write it to PATH.gif",
+    )
+    evaluate.add_argument(
+        "--video-fps",
+        type=_positive_float,
+        default=None,
+        metavar="FPS",
+        help="frames per second of the GIF (default: the env's render_fps)",
+    )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)
 

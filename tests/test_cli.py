@@ -208,10 +208,71 @@ def test_eval_reports_the_deterministic_policy_on_local_servers(
     assert "on in-process gymnasium SyncVectorEnv, 1 x tests.envs:ClockEnv" in out, out
 
 
+def test_eval_records_one_more_episode_as_a_gif(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image, ImageSequence
+
+    gif = tmp_path / "videos" / "clock.gif"  # its folder is made
+    capsys.readouterr()
+    assert main(["eval", str(trained_run), "--episodes", "2", "--num-envs", "1", "--video", str(gif), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 2  # the recorded episode is one more, not one of them
+    video = {"path": str(gif), "frames": 4, "fps": 10.0, "return": result["returns"][0], "episode_ended": True}
+    assert result["video"] == video
+    with Image.open(gif) as image:
+        frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
+        assert image.info["duration"] == 100 and image.info["loop"] == 0
+    # ClockEnv's frame t has value 50 t: the reset's frame, then one per step of the 3-step episode.
+    assert [frame.getpixel((0, 0)) for frame in frames] == [(0, 0, 0), (50, 50, 50), (100, 100, 100), (150, 150, 150)]
+    assert main(["eval", str(trained_run), "--episodes", "1", "--video", str(gif), "--video-fps", "25"]) == 0
+    assert f"video: {gif} (one more episode, in process: 4 frames at 25 fps, return" in capsys.readouterr().out
+    with Image.open(gif) as image:
+        assert image.info["duration"] == 40
+
+
+def test_a_video_of_an_episode_too_long_is_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from learner import evaluate
+    from learner.envs import FleetSpec
+
+    monkeypatch.setattr(evaluate, "VIDEO_MAX_STEPS", 2)
+    spec = FleetSpec(
+        env="tests.envs:ClockEnv",
+        backend="gym",
+        num_servers=1,
+        envs_per_server=1,
+        env_kwargs={"length": 5, "render_mode": "rgb_array"},
+    )
+    video = evaluate._record_episode(spec, lambda obs: [0], 0, tmp_path / "cut.gif", None)
+    assert (video["frames"], video["episode_ended"]) == (3, False)
+
+
+def test_a_video_of_an_env_that_cannot_render_says_why() -> None:
+    from learner.envs import FleetSpec
+    from learner.evaluate import _record_episode
+
+    spec = FleetSpec(
+        env="tests.envs:SlowToBuildEnv",
+        backend="gym",
+        num_servers=1,
+        envs_per_server=1,
+        env_kwargs={"build_s": 0, "render_mode": "rgb_array"},
+    )
+    with pytest.raises(ValueError, match=r"video: rendering tests.envs:SlowToBuildEnv \(render_mode='rgb_array'\)"):
+        _record_episode(spec, lambda obs: [0], 0, Path("never.gif"), None)
+    assert not Path("never.gif").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         ([], "expected a checkpoint file or run dir, as PATH or --checkpoint PATH"),
+        (
+            ["a.pt", "--video", "a.mp4"],
+            "argument --video: writes an animated GIF; expected a path ending in .gif, got 'a.mp4'",
+        ),
+        (["a.pt", "--video", "a.gif", "--video-fps", "0"], "argument --video-fps: expected a number > 0, got 0"),
+        (["a.pt", "--video-fps", "5"], "--video-fps: sets the speed of the GIF that --video PATH.gif writes"),
         (["a.pt", "--checkpoint", "b.pt"], "expected one checkpoint, got PATH a.pt and --checkpoint b.pt"),
         (["a.pt", "--servers", "h:1", "--backend", "gym"], "--servers: evaluates on running env servers, so it cannot"),
         (["a.pt", "--servers", "h:1", "--num-envs", "16"], "--num-envs: sets the envs of the local server"),
