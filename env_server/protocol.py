@@ -15,6 +15,8 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "SERVICE_NAME",
+    "SHUTDOWN_REASON",
+    "SHUTTING_DOWN_MESSAGE",
     "STEP_SOCKET_SUFFIX",
     "bearer_metadata",
     "check_token",
@@ -47,6 +49,12 @@ FRAME_HEADER = struct.Struct("<IB")
 # Frame kinds: a StepRequest (client to server) or StepResponse (server to client); a StepError.
 FRAME_STEP = 0
 FRAME_ERROR = 1
+
+# A server shutting down (SIGTERM: a scale-down, a restart, a rolling update) tells its learner so:
+# the reason its session's Hold stream ends with, and the UNAVAILABLE message of the calls it refuses
+# meanwhile. A learner counts such a departure apart from failures (a crash, a kill, a cut network).
+SHUTDOWN_REASON = "server shutting down"
+SHUTTING_DOWN_MESSAGE = "the server is shutting down; connect to another one"
 
 # Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
 AUTH_METADATA_KEY = "authorization"

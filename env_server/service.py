@@ -24,7 +24,14 @@ from env_server.envs import max_episode_steps
 from env_server.interceptors import MalformedRequest
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
-from env_server.protocol import ENV_INDEX_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, PROTOCOL_VERSION
+from env_server.protocol import (
+    ENV_INDEX_KEY,
+    ERROR_ORIGIN_KEY,
+    ERROR_ORIGIN_SERVER,
+    PROTOCOL_VERSION,
+    SHUTDOWN_REASON,
+    SHUTTING_DOWN_MESSAGE,
+)
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
@@ -265,7 +272,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
         self._check_ready()
         if self.draining:
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            raise shutting_down()
         if request.protocol_version not in (0, PROTOCOL_VERSION):
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -423,7 +430,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         Calls in flight (a step being computed) finish; the server's ``stop(grace)`` waits for them.
         """
         self.draining = True
-        self.end_all("server shutting down")
+        self.end_all(SHUTDOWN_REASON)
         asyncio.get_running_loop().call_later(self._drain_linger_s, self._end_idle_streams)
 
     def _end_idle_streams(self) -> None:
@@ -531,7 +538,7 @@ def _same_id(session_id: str, given: str) -> bool:
 
 
 def shutting_down() -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; connect to another one")
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN_MESSAGE)
 
 
 async def _wait_uncancellable(future: asyncio.Future[Any]) -> None:

@@ -159,6 +159,7 @@ def _faults_line(summary: dict[str, Any]) -> str:
     parts = []
     for key, one, many in (
         ("failures", "server failure", "server failures"),
+        ("shutdowns", "server shut down", "servers shut down"),
         ("reconnects", "reconnect", "reconnects"),
         ("server_restarts", "server restart", "server restarts"),
         ("servers_left", "server left", "servers left"),

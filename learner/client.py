@@ -24,6 +24,7 @@ from env_server.protocol import (
     FRAME_STEP,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    SHUTDOWN_REASON,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -244,6 +245,18 @@ class EnvClient:
         if self._hold is None:
             return False
         return bool(self._hold.done()) or self.channel.get_state() is not grpc.ChannelConnectivity.READY
+
+    async def ended_by_shutdown(self, wait: float = 0.1) -> bool:
+        """Whether the server ended this session because it is shutting down (SIGTERM: a scale-down, a
+        restart), as the end of its Hold stream says; False if the stream ended otherwise (the server
+        killed, the connection cut) or said nothing within ``wait`` seconds. For a session that ended."""
+        if self._hold is None:
+            return False
+        try:
+            event = await asyncio.wait_for(self._hold.read(), wait)
+        except (grpc.RpcError, TimeoutError):
+            return False
+        return event is not grpc.aio.EOF and event.reason == SHUTDOWN_REASON
 
     async def get_spec(self) -> pb.EnvSpec:
         try:

@@ -43,7 +43,11 @@ class FaultStats:
 
     failures: int = 0
     """Times a server was lost (an error or a missed deadline on a step or reset, or its connection
-    found dropped between rollouts)."""
+    found dropped between rollouts), not counting ``shutdowns``."""
+    shutdowns: int = 0
+    """Times a server left saying it was shutting down (SIGTERM: a scale-down, a restart, a rolling
+    update): planned, so not failures, though its envs are unavailable the same way until it is back
+    or the fleet is looked up again."""
     reconnects: int = 0
     """Times a lost server came back (new session, envs reset)."""
     server_restarts: int = 0
@@ -82,6 +86,7 @@ class Replica:
     down_since: float = 0.0
     last_error: str = ""
     failures: int = 0
+    shutdowns: int = 0
     reconnects: int = 0
     server_restarts: int = 0
     sessions: list[str] = field(default_factory=list)

@@ -27,7 +27,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
 from env_server import codec
-from env_server.protocol import bearer_metadata
+from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
@@ -36,6 +36,7 @@ from learner.discovery import AddressError, expand_addresses, probe, warn_duplic
 from learner.errors import (
     EnvCrashedError,
     InvalidRequestError,
+    RemoteEnvError,
     ServerBusyError,
     ServerUnavailableError,
     SessionError,
@@ -853,17 +854,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         replica, client = self._replicas[server], self._clients[server]
         replica.state = ReplicaState.DOWN
         replica.truncate_next = truncate
-        replica.failures += 1
+        # Planned: the server said so (a step it refused) or ended the session saying so (its Hold
+        # stream's last word, still there after the server exited and the step met a closed connection).
+        planned = _shutting_down(err) or (client.session_ended and self._runner.run(client.ended_by_shutdown()))
+        if planned:
+            replica.shutdowns += 1
+        else:
+            replica.failures += 1
+            self._timers[server].failures += 1
         replica.down_since = time.monotonic()
         replica.last_error = str(err)
-        self._timers[server].failures += 1
         client.abandon()
-        log.warning(
-            "env server %s lost (%s); its envs %d-%d are unavailable until it is back",
+        (log.info if planned else log.warning)(
+            "env server %s %s (%s); its envs %d-%d are unavailable until it is back%s",
             client.address,
+            "is shutting down" if planned else "lost",
             err,
             client.env_offset,
             client.env_offset + client.num_envs - 1,
+            " or the fleet is looked up again" if planned else "",
         )
 
         def on_ready() -> None:
@@ -958,6 +967,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         retired = self._retired
         return FaultStats(
             failures=retired.failures + sum(r.failures for r in self._replicas),
+            shutdowns=retired.shutdowns + sum(r.shutdowns for r in self._replicas),
             reconnects=retired.reconnects + sum(r.reconnects for r in self._replicas),
             server_restarts=retired.server_restarts + sum(r.server_restarts for r in self._replicas),
             env_steps_lost=self._env_steps_lost,
@@ -1084,7 +1094,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if replica.reconnect_task is not None:
                 replica.reconnect_task.cancel()  # (fault-tolerant) no longer listed: it leaves instead
             if replica.state is ReplicaState.UP and (client.address in dropped or client.session_ended):
-                replica.failures += 1  # lost between steps (or, not fault-tolerant, in the rollout dropped)
+                # Lost between steps (or, not fault-tolerant, in the rollout dropped), unless it said it
+                # was shutting down (scaled down, say) as it ended the session.
+                if client.session_ended and self._runner.run(client.ended_by_shutdown()):
+                    replica.shutdowns += 1
+                else:
+                    replica.failures += 1
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
         wanted = [a for a in resolved if a not in {c.address for c in stay}]
@@ -1311,12 +1326,22 @@ class _Retired:
     """Counters of the servers that left the fleet, so that fault_stats() keeps counting them."""
 
     def __init__(self) -> None:
-        self.failures = self.reconnects = self.server_restarts = self.joined = self.left = 0
+        self.failures = self.shutdowns = self.reconnects = self.server_restarts = self.joined = self.left = 0
 
     def add(self, replica: Replica) -> None:
         self.failures += replica.failures
+        self.shutdowns += replica.shutdowns
         self.reconnects += replica.reconnects
         self.server_restarts += replica.server_restarts
+
+
+def _shutting_down(err: BaseException) -> bool:
+    """Whether ``err`` is a server saying it is shutting down (UNAVAILABLE, over gRPC or the step socket)."""
+    return (
+        isinstance(err, RemoteEnvError)
+        and err.code == grpc.StatusCode.UNAVAILABLE
+        and SHUTTING_DOWN_MESSAGE in str(err)
+    )
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:

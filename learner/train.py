@@ -683,6 +683,7 @@ def train(
             if fault_stats is not None and faults_before is not None:
                 faults_now = fault_stats()
                 metrics["faults/failures"] = faults_now.failures - faults_before.failures
+                metrics["faults/shutdowns"] = faults_now.shutdowns - faults_before.shutdowns
                 metrics["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
                 metrics["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
                 metrics["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
@@ -982,6 +983,7 @@ def train(
                 totals = fault_stats()
                 summary.update(
                     failures=totals.failures,
+                    shutdowns=totals.shutdowns,
                     reconnects=totals.reconnects,
                     server_restarts=totals.server_restarts,
                     servers_joined=totals.servers_joined,

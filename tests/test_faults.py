@@ -324,6 +324,8 @@ def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) 
         assert time.monotonic() - start < 5.0, "exits once the call in flight is done, within the grace period"
         _, _, _, truncs, infos = envs.step(np.zeros(K, dtype=np.int64))
         assert infos["_env_unavailable"].all() and truncs.all()
+        stats = envs.fault_stats()  # it said it was shutting down: planned, not a failure
+        assert (stats.shutdowns, stats.failures, stats.servers_down) == (1, 0, 1)
     assert "shutting down" in server.logs()
 
 

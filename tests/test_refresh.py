@@ -135,6 +135,27 @@ def test_a_server_that_stopped_between_rollouts_is_let_go(serve: Serve) -> None:
         change = until(envs.refresh, "the stopped server is let go")
         assert change.removed == (a,) and change.previous_index.tolist() == [2, 3]
         np.testing.assert_array_equal(change.observations, last_obs[2:])
+        stats = envs.fault_stats()  # it said it was shutting down as it ended the session: planned
+        assert (stats.shutdowns, stats.failures, stats.servers_left) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("fault_tolerant", [True, False])
+def test_a_scale_down_counts_as_servers_shut_down_and_a_kill_as_a_failure(serve: Serve, fault_tolerant: bool) -> None:
+    """As `docker compose up --scale env=N` stops surplus replicas (SIGTERM) and lists them no more;
+    a replica killed (SIGKILL: out of memory, say) says nothing and counts as a failure."""
+    (stopped, a), (killed, b), (_, c) = serve(), serve(), serve()
+    address, servers = fleet(a, b, c)
+    with RemoteVectorEnv(address, fault_tolerant=fault_tolerant) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(6, dtype=np.int64))
+        stopped.send_signal(signal.SIGTERM)
+        killed.kill()
+        stopped.wait(timeout=15), killed.wait(timeout=15)
+        servers.remove(a), servers.remove(b)
+        change = envs.refresh()
+        assert change is not None and set(change.removed) == {a, b} and envs.addresses == [c]
+        stats = envs.fault_stats()
+        assert (stats.shutdowns, stats.failures, stats.servers_left) == (1, 1, 2)
 
 
 def test_a_server_that_starts_later_joins_at_a_later_refresh(serve: Serve) -> None:
