@@ -22,7 +22,15 @@ from typing import Any
 from learner.discovery import AddressError, register_resolver
 from learner.engine import ask_engine
 
-__all__ = ["Replica", "choose_host_port", "parse_target", "replica_addresses", "replica_from_record", "resolve_compose"]
+__all__ = [
+    "Replica",
+    "choose_host_port",
+    "parse_target",
+    "pin_compose",
+    "replica_addresses",
+    "replica_from_record",
+    "resolve_compose",
+]
 
 log = logging.getLogger(__name__)
 
@@ -190,4 +198,27 @@ def replica_from_record(record: Mapping[str, Any]) -> Replica:
 _HEALTH_TEXT = {"healthy": "(healthy)", "starting": "(health: starting)", "unhealthy": "(unhealthy)"}
 
 
-register_resolver("compose", resolve_compose)
+def pin_compose(target: str) -> str:
+    """``[PROJECT/]SERVICE[:PORT]`` with the project filled in: the one project that runs the service
+    now (a running replica); as given when it names one, or none or several run it (then resolving
+    says so), or the engine cannot be asked."""
+    project, service, port = parse_target(target)
+    if project is not None:
+        return target
+    try:
+        containers = ask_engine(
+            f"compose:{target}",
+            "list containers",
+            lambda client: client.api.containers(
+                filters={"label": [f"{SERVICE_LABEL}={service}"], "status": "running"}
+            ),
+        )
+    except AddressError:
+        return target
+    projects = {(c.get("Labels") or {}).get(PROJECT_LABEL) for c in containers}
+    if len(projects) != 1 or None in projects:
+        return target
+    return f"{projects.pop()}/{service}" + (f":{port}" if port is not None else "")
+
+
+register_resolver("compose", resolve_compose, pin_compose)

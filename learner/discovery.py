@@ -26,6 +26,7 @@ __all__ = [
     "AddressError",
     "Resolver",
     "expand_addresses",
+    "pin_addresses",
     "probe",
     "register_resolver",
     "split_addresses",
@@ -41,11 +42,34 @@ Resolver = Callable[[str], list[str]]
 log = logging.getLogger(__name__)
 
 _RESOLVERS: dict[str, Resolver] = {}
+_PINNERS: dict[str, Callable[[str], str]] = {}
 
 
-def register_resolver(scheme: str, resolver: Resolver) -> None:
-    """Let addresses ``<scheme>:<rest>`` expand to the servers ``resolver(rest)`` returns."""
+def register_resolver(scheme: str, resolver: Resolver, pin: Callable[[str], str] | None = None) -> None:
+    """Let addresses ``<scheme>:<rest>`` expand to the servers ``resolver(rest)`` returns.
+
+    ``pin(rest)``: the same address made specific to what it resolves to now (e.g. the compose
+    project a service runs in), so that later look-ups keep to it; see :func:`pin_addresses`.
+    """
     _RESOLVERS[scheme] = resolver
+    if pin is not None:
+        _PINNERS[scheme] = pin
+
+
+def pin_addresses(addresses: str | Sequence[str]) -> str | list[str]:
+    """``addresses`` with each one whose resolver can pin it made specific to what it resolves to now:
+    ``compose:env`` becomes ``compose:PROJECT/env`` for the one project that runs it, so that a look-up
+    between rollouts keeps to that fleet when another project starts an ``env`` service too. The rest,
+    and those that cannot be pinned now, as given."""
+    given = split_addresses(addresses) if isinstance(addresses, str) else list(addresses)
+    pinned = []
+    for address in given:
+        scheme, sep, rest = address.strip().partition(":") if isinstance(address, str) else ("", "", "")
+        pin = _PINNERS.get(scheme) if sep else None
+        pinned.append(f"{scheme}:{pin(rest)}" if pin is not None else address)
+    if pinned == given:
+        return addresses if isinstance(addresses, str) else list(addresses)
+    return ",".join(pinned) if isinstance(addresses, str) else pinned
 
 
 def split_addresses(text: str) -> list[str]:

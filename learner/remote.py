@@ -32,7 +32,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
-from learner.discovery import AddressError, expand_addresses, probe, warn_duplicates
+from learner.discovery import AddressError, expand_addresses, pin_addresses, probe, warn_duplicates
 from learner.errors import (
     EnvCrashedError,
     InvalidRequestError,
@@ -274,6 +274,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         endpoints = expand_addresses(addresses)
+        # compose:env -> compose:PROJECT/env: refresh keeps to this fleet if another project runs one too.
+        self._address_spec = pin_addresses(addresses)
         if num_groups > len(endpoints):
             raise ValueError(
                 f"num_groups: expected at most one group per server ({len(endpoints)} servers), got {num_groups}"

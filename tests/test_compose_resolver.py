@@ -115,6 +115,37 @@ def test_several_projects_need_the_project_named() -> None:
         replica_addresses(stopped, "env")
 
 
+@pytest.mark.parametrize(
+    ("target", "projects", "pinned"),
+    [
+        ("env", ["a"], "a/env"),
+        ("env:6000", ["a", "a"], "a/env:6000"),
+        ("env", ["a", "b"], "env"),  # several: left as given (resolving says which to name)
+        ("env", [], "env"),  # none running yet
+        ("b/env", ["a"], "b/env"),  # named: kept
+    ],
+)
+def test_compose_addresses_are_pinned_to_the_one_project_that_runs_the_service(
+    target: str, projects: list[str], pinned: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the engine lists (running containers of the service, by label) decides; no engine: as given."""
+    from learner import compose
+    from learner.compose import PROJECT_LABEL, pin_compose
+    from learner.discovery import pin_addresses
+
+    records = [{"Labels": {PROJECT_LABEL: p, "com.docker.compose.service": "env"}} for p in projects]
+    monkeypatch.setattr(compose, "ask_engine", lambda address, what, query: records)
+    assert pin_compose(target) == pinned
+    assert pin_addresses(f"127.0.0.1:1,compose:{target}") == f"127.0.0.1:1,compose:{pinned}"
+    assert pin_addresses(["unix:/x.sock", f"compose:{target}"]) == ["unix:/x.sock", f"compose:{pinned}"]
+
+    def no_engine(address: str, what: str, query: object) -> None:
+        raise AddressError(f"address {address!r}: cannot reach the Docker engine")
+
+    monkeypatch.setattr(compose, "ask_engine", no_engine)
+    assert pin_compose(target) == target
+
+
 def test_compose_scheme_is_registered() -> None:
     """expand_addresses hands compose: to the resolver (which then fails to find anything)."""
     with pytest.raises(AddressError, match="compose:no-such-project-zz9/env"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -132,6 +133,27 @@ def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProje
         expand_addresses(f"compose:{fleet.name}/envs")
     assert f"no container of a compose service 'envs' in project '{fleet.name}'" in str(info.value)
     assert f"{fleet.name}/env" in str(info.value)
+
+
+def test_a_fleet_found_as_compose_env_is_kept_when_another_project_runs_env_too(
+    fleet: ComposeProject, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RemoteVectorEnv pins compose:env to the project it found: a second project's `env` replicas,
+    started later, make compose:env ambiguous but do not stop this fleet's look-ups between rollouts."""
+    other = ComposeProject(prefix="envfleet-other", images_of=fleet)
+    try:
+        with RemoteVectorEnv("compose:env") as envs:
+            assert envs._address_spec == f"compose:{fleet.name}/env"
+            envs.reset(seed=0)
+            other.up(1)
+            with pytest.raises(AddressError, match="runs in several compose projects"):
+                expand_addresses("compose:env")
+            with caplog.at_level(logging.WARNING, logger="learner.remote"):
+                assert envs.refresh() is None  # nothing changed in this fleet
+            assert "several compose projects" not in caplog.text
+            assert envs.num_envs == REPLICAS * ENVS_PER_REPLICA
+    finally:
+        other.down()
 
 
 TRAIN = ["--total-timesteps", "4096", "--num-steps", "32", "--no-plot", "--no-progress", "--checkpoint-every", "0"]
