@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import math
 import os
 import shlex
 import sys
@@ -155,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _faults_line(summary: dict[str, Any]) -> str:
-    """What the fleet's failures cost the run ("" when nothing failed)."""
+    """What the fleet's failures and changes cost the run ("" when there were none)."""
     parts = []
     for key, one, many in (
         ("failures", "server failure", "server failures"),
@@ -214,19 +215,24 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _positive_float(text: str) -> float:
+def _video_fps(text: str) -> float:
+    from learner.video import MAX_FPS, MIN_FPS  # (no torch)
+
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        value = math.nan
+    if not MIN_FPS <= value <= MAX_FPS:
+        raise argparse.ArgumentTypeError(f"expected frames per second in [{MIN_FPS:.4f}, {MAX_FPS:g}], got {text!r}")
     return value
 
 
 def _gif_path(text: str) -> str:
-    if not text.lower().endswith(".gif"):
-        raise argparse.ArgumentTypeError(f"writes an animated GIF; expected a path ending in .gif, got {text!r}")
+    name = Path(text).name.lower()
+    if not name.endswith(".gif") or name == ".gif":
+        raise argparse.ArgumentTypeError(
+            f"writes an animated GIF; expected a file name ending in .gif (e.g. episode.gif), got {text!r}"
+        )
     return text
 
 
@@ -389,10 +395,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
         if "video" in result:
             video = result["video"]
-            cut = "" if video["episode_ended"] else f", cut after {video['frames'] - 1:,} steps"
+            cut = "" if video["episode_ended"] else ", cut there"
+            kept = "" if video["frames_kept"] == "all" else f", {video['frames_kept']} frames kept"
             print(
-                f"video: {video['path']} (one more episode, in process: {video['frames']:,} frames at "
-                f"{video['fps']:g} fps, return {video['return']:.2f}{cut})"
+                f"video: {video['path']} (one more episode, in process: {video['steps']:,} steps{cut}, return "
+                f"{video['return']:.2f}; {video['fps']:g} fps{kept})"
             )
     return 0
 
@@ -616,10 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--video-fps",
-        type=_positive_float,
+        type=_video_fps,
         default=None,
         metavar="FPS",
-        help="frames per second of the GIF (default: the env's render_fps)",
+        help="frames per second of the GIF, up to 50 shown as is (above, frames are dropped); default: the "
+        "env's render_fps (15 for the atari wrapper: real time)",
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)

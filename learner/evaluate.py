@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from env_server.envs import EnvBuildError
+from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
@@ -21,12 +19,9 @@ from learner.normalize import RunningMeanStd
 from learner.ppo import Agent
 from learner.train import pick_device
 
-__all__ = ["evaluate", "write_gif"]
+__all__ = ["evaluate"]
 
 log = logging.getLogger(__name__)
-
-VIDEO_MAX_STEPS = 10_000
-"""Steps after which a recorded episode is cut (a policy that never fails an env without a time limit)."""
 
 
 def evaluate(
@@ -56,23 +51,21 @@ def evaluate(
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
     ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
 
-    ``video``: also play one more episode (seed ``seed``) on an in-process env of the run made with
-    ``render_mode="rgb_array"``, and write its frames to this path as an animated GIF, at ``video_fps``
-    frames per second (default: the env's ``render_fps``). Frames never cross the wire, so the env must
-    be installed here, even when the episodes ran on servers. The result's ``video`` says what was written.
+    ``video``: also play one more episode (seed ``seed``), first, on an in-process env of the run made
+    with ``render_mode="rgb_array"``, and write its frames to this path as an animated GIF, at
+    ``video_fps`` frames per second (default: the env's ``render_fps``; 15 with the atari wrapper, real
+    time). Frames never cross the wire, so the env must be installed here, even when the episodes run
+    on servers. The result's ``video`` says what was written (see :mod:`learner.video`).
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
     if num_envs < 1:
         raise ValueError(f"num_envs: expected >= 1, got {num_envs}")
-    video_path = None if video is None else Path(video)
-    if video_path is not None and video_path.suffix.lower() != ".gif":
-        raise ValueError(f"video: writes an animated GIF; expected a path ending in .gif, got {str(video)!r}")
-    if video_fps is not None and not video_fps > 0:
-        raise ValueError(f"video_fps: expected a number > 0, got {video_fps!r}")
+    video_path = None if video is None else video_.check_path(video)  # (a bad path fails before any episode)
+    video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
     if video_path is not None:
-        _headless_rendering()
+        video_.headless_rendering()
     path = find_checkpoint(checkpoint)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
@@ -129,6 +122,20 @@ def evaluate(
                 actions = np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
             return actions
 
+        recorded = None
+        if video_path is not None:  # first: a video that cannot be made fails before the episodes run
+            assert run_args.env is not None
+            render = FleetSpec(
+                env=run_args.env,
+                backend="gym",
+                num_servers=1,
+                envs_per_server=1,
+                env_kwargs={**run_args.env_kwargs, "render_mode": "rgb_array"},
+                wrappers=run_args.server_wrappers(),
+            )
+            spaces = (state["observation_space"], state["action_space"])
+            recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
+
         n = envs.num_envs
         targets = np.array([(episodes + i) // n for i in range(n)])
         counts = np.zeros(n, dtype=np.int64)
@@ -151,18 +158,6 @@ def evaluate(
                     counts[i] += 1
                 ep_return[i], ep_length[i] = 0.0, 0
             valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
-    recorded = None
-    if video_path is not None:
-        assert run_args.env is not None
-        render = FleetSpec(
-            env=run_args.env,
-            backend="gym",
-            num_servers=1,
-            envs_per_server=1,
-            env_kwargs={**run_args.env_kwargs, "render_mode": "rgb_array"},
-            wrappers=run_args.server_wrappers(),
-        )
-        recorded = _record_episode(render, policy, seed, video_path, video_fps)
     result: dict[str, Any] = {
         "checkpoint": str(path),
         "env": run_args.env,
@@ -182,73 +177,3 @@ def evaluate(
         "evaluated %s over %d episodes: %.2f +- %.2f", path, len(returns), result["return_mean"], result["return_std"]
     )
     return result
-
-
-def _record_episode(
-    spec: FleetSpec, policy: Callable[[Any], Any], seed: int, path: Path, fps: float | None
-) -> dict[str, Any]:
-    """Play one episode of ``policy`` on the one-env vector env ``spec`` (rendering rgb_array frames)
-    and write the frames to ``path`` as a GIF; what was written, with the episode's return."""
-    what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
-    frames: list[np.ndarray] = []
-    total = 0.0
-    try:
-        with open_fleet(spec) as envs:
-            obs, _ = envs.reset(seed=seed)
-            frames.append(_frame(envs.render(), spec.env))
-            done = False
-            while not done and len(frames) <= VIDEO_MAX_STEPS:
-                obs, rewards, terms, truncs, _ = envs.step(policy(obs))
-                total += float(rewards[0])
-                done = bool(terms[0] or truncs[0])
-                frames.append(_frame(envs.render(), spec.env))
-            fps = fps or envs.metadata.get("render_fps") or 30
-    except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
-        if isinstance(err, ValueError) and str(err).startswith("video: "):
-            raise
-        reason = str(err) if isinstance(err, EnvBuildError) else f"{type(err).__name__}: {err}"
-        if "OpenGL" in reason or type(err).__module__.startswith("mujoco"):
-            reason += (
-                f" (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}; MuJoCo renders without a display with egl or osmesa)"
-            )
-        raise ValueError(f"video: {what} failed: {reason}") from err
-    write_gif(frames, path, fps)
-    log.info("video: %s (%d frames, return %.2f%s)", path, len(frames), total, "" if done else ", cut short")
-    return {"path": str(path), "frames": len(frames), "fps": float(fps), "return": total, "episode_ended": done}
-
-
-def _headless_rendering() -> None:
-    """Where there is no display, offscreen renderers that need none (unless the user chose others):
-    pygame (classic control) renders rgb_array without one but SDL complains; MuJoCo's default (glfw)
-    needs one, EGL does not. Set before the envs are made: MuJoCo reads it when first imported."""
-    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
-        return
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("MUJOCO_GL", "egl")
-
-
-def _frame(rendered: Any, env: str) -> np.ndarray:
-    frame = rendered[0] if isinstance(rendered, tuple | list) and rendered else rendered
-    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] in (3, 4)):
-        raise ValueError(
-            f"video: {env} rendered {type(frame).__name__} with render_mode='rgb_array', not an RGB frame "
-            "(does it support rgb_array rendering?)"
-        )
-    return frame
-
-
-def write_gif(frames: list[np.ndarray], path: str | Path, fps: float) -> Path:
-    """``frames`` (H x W x 3 or 4, uint8) as an animated GIF that loops, at ``fps`` frames per second
-    (GIF times frames in hundredths of a second, so 30 fps plays at 33.3); the parent folders are made."""
-    from PIL import Image
-
-    if not frames:
-        raise ValueError("video: no frames to write")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images = [
-        Image.fromarray(np.asarray(f, dtype=np.uint8)[..., :3]).quantize(colors=256, method=Image.Quantize.FASTOCTREE)
-        for f in frames
-    ]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=round(1000 / fps), loop=0)
-    return path

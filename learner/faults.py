@@ -85,6 +85,8 @@ class Replica:
     """DOWN: the next step reports the envs' episodes as truncated (once, where they were lost)."""
     down_since: float = 0.0
     last_error: str = ""
+    planned: bool = False
+    """DOWN: it went down saying it was shutting down (a scale-down, a restart), not by failing."""
     failures: int = 0
     shutdowns: int = 0
     reconnects: int = 0
@@ -145,7 +147,7 @@ async def reconnect(
         if not same_process:
             replica.server_restarts += 1
         replica.spec = spec
-        log.warning(
+        (log.info if replica.planned else log.warning)(
             "env server %s is back after %.1f s (%s); its %d envs rejoin with new episodes",
             client.address,
             time.monotonic() - replica.down_since,

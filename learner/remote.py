@@ -276,6 +276,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         endpoints = expand_addresses(addresses)
         # compose:env -> compose:PROJECT/env: refresh keeps to this fleet if another project runs one too.
         self._address_spec = pin_addresses(addresses)
+        if self._address_spec != addresses:
+            log.info("addresses %s looked up as %s from now on (this fleet's)", addresses, self._address_spec)
         if num_groups > len(endpoints):
             raise ValueError(
                 f"num_groups: expected at most one group per server ({len(endpoints)} servers), got {num_groups}"
@@ -866,16 +868,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._timers[server].failures += 1
         replica.down_since = time.monotonic()
         replica.last_error = str(err)
+        replica.planned = planned
         client.abandon()
-        (log.info if planned else log.warning)(
-            "env server %s %s (%s); its envs %d-%d are unavailable until it is back%s",
-            client.address,
-            "is shutting down" if planned else "lost",
-            err,
-            client.env_offset,
-            client.env_offset + client.num_envs - 1,
-            " or the fleet is looked up again" if planned else "",
+        envs = (
+            f"its envs {client.env_offset}-{client.env_offset + client.num_envs - 1} are unavailable until it is back"
         )
+        if planned:
+            log.info("env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs)
+        else:
+            log.warning("env server %s lost (%s); %s", client.address, err, envs)
 
         def on_ready() -> None:
             self._timers[server].reconnects += 1

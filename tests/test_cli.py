@@ -218,60 +218,52 @@ def test_eval_records_one_more_episode_as_a_gif(
     assert main(["eval", str(trained_run), "--episodes", "2", "--num-envs", "1", "--video", str(gif), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 2  # the recorded episode is one more, not one of them
-    video = {"path": str(gif), "frames": 4, "fps": 10.0, "return": result["returns"][0], "episode_ended": True}
-    assert result["video"] == video
+    video = {"path": str(gif), "steps": 3, "fps": 10.0, "frames_kept": "all", "episode_ended": True}
+    assert result["video"] == {**video, "return": result["returns"][0]}
     with Image.open(gif) as image:
         frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
         assert image.info["duration"] == 100 and image.info["loop"] == 0
     # ClockEnv's frame t has value 50 t: the reset's frame, then one per step of the 3-step episode.
     assert [frame.getpixel((0, 0)) for frame in frames] == [(0, 0, 0), (50, 50, 50), (100, 100, 100), (150, 150, 150)]
     assert main(["eval", str(trained_run), "--episodes", "1", "--video", str(gif), "--video-fps", "25"]) == 0
-    assert f"video: {gif} (one more episode, in process: 4 frames at 25 fps, return" in capsys.readouterr().out
+    assert f"video: {gif} (one more episode, in process: 3 steps, return" in capsys.readouterr().out
     with Image.open(gif) as image:
         assert image.info["duration"] == 40
 
 
-def test_a_video_of_an_episode_too_long_is_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from learner import evaluate
-    from learner.envs import FleetSpec
-
-    monkeypatch.setattr(evaluate, "VIDEO_MAX_STEPS", 2)
-    spec = FleetSpec(
-        env="tests.envs:ClockEnv",
-        backend="gym",
-        num_servers=1,
-        envs_per_server=1,
-        env_kwargs={"length": 5, "render_mode": "rgb_array"},
-    )
-    video = evaluate._record_episode(spec, lambda obs: [0], 0, tmp_path / "cut.gif", None)
-    assert (video["frames"], video["episode_ended"]) == (3, False)
-
-
-def test_a_video_of_an_env_that_cannot_render_says_why() -> None:
-    from learner.envs import FleetSpec
-    from learner.evaluate import _record_episode
-
-    spec = FleetSpec(
-        env="tests.envs:SlowToBuildEnv",
-        backend="gym",
-        num_servers=1,
-        envs_per_server=1,
-        env_kwargs={"build_s": 0, "render_mode": "rgb_array"},
-    )
-    with pytest.raises(ValueError, match=r"video: rendering tests.envs:SlowToBuildEnv \(render_mode='rgb_array'\)"):
-        _record_episode(spec, lambda obs: [0], 0, Path("never.gif"), None)
-    assert not Path("never.gif").exists()
+@pytest.mark.parametrize(
+    ("video", "message"),
+    [
+        ("{tmp}", "video: '{tmp}' is a folder; expected a file name ending in .gif"),
+        ("{tmp}/notes.txt/x.gif", "video: cannot make the folder of '{tmp}/notes.txt/x.gif'"),
+    ],
+)
+def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
+    trained_run: Path, tmp_path: Path, video: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    folder = tmp_path / "d.gif"
+    folder.mkdir()
+    video = video.format(tmp=folder if video == "{tmp}" else tmp_path)
+    capsys.readouterr()
+    assert main(["eval", str(trained_run), "--episodes", "1", "--video", video]) == 1
+    captured = capsys.readouterr()
+    assert message.format(tmp=folder if "is a folder" in message else tmp_path) in captured.err, captured.err
+    assert "return" not in captured.out and "Traceback" not in captured.err
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         ([], "expected a checkpoint file or run dir, as PATH or --checkpoint PATH"),
+        (["a.pt", "--video", "a.mp4"], "argument --video: writes an animated GIF; expected a file name ending in .gif"),
+        (["a.pt", "--video", "out/.gif"], "argument --video: writes an animated GIF; expected a file name ending in"),
         (
-            ["a.pt", "--video", "a.mp4"],
-            "argument --video: writes an animated GIF; expected a path ending in .gif, got 'a.mp4'",
+            ["a.pt", "--video", "a.gif", "--video-fps", "0"],
+            "argument --video-fps: expected frames per second in [0.0015",
         ),
-        (["a.pt", "--video", "a.gif", "--video-fps", "0"], "argument --video-fps: expected a number > 0, got 0"),
+        (["a.pt", "--video", "a.gif", "--video-fps", "0.001"], "argument --video-fps: expected frames per second in"),
+        (["a.pt", "--video", "a.gif", "--video-fps", "nan"], "argument --video-fps: expected frames per second in"),
         (["a.pt", "--video-fps", "5"], "--video-fps: sets the speed of the GIF that --video PATH.gif writes"),
         (["a.pt", "--checkpoint", "b.pt"], "expected one checkpoint, got PATH a.pt and --checkpoint b.pt"),
         (["a.pt", "--servers", "h:1", "--backend", "gym"], "--servers: evaluates on running env servers, so it cannot"),

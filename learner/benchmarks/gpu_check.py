@@ -55,7 +55,11 @@ def _train(name: str, device: str, out: Path, options: list[str], timeout: float
     cmd += options
     print(f"$ {' '.join(cmd[2:])}", flush=True)
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # (the run is killed; the others still run)
+        error = f"did not finish within {timeout:g} s"
+        return {"name": name, "device": device, "ok": False, "error": error, "wall_incl_start": timeout}
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         return {"name": name, "device": device, "ok": False, "error": proc.stderr[-2000:], "wall_incl_start": wall}
@@ -65,14 +69,19 @@ def _train(name: str, device: str, out: Path, options: list[str], timeout: float
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m learner.benchmarks.gpu_check", description=(__doc__ or "").split("\n")[0]
+        prog="python -m learner.benchmarks.gpu_check",
+        description=(__doc__ or "").split("\n")[0].replace("``", ""),
     )
-    parser.add_argument("--quick", action="store_true", help="smaller throughput budgets")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller budgets: 100k CartPole and 20k Pong steps (else 300k, 100k)"
+    )
     parser.add_argument(
         "--compare-cpu", action="store_true", help="repeat each run with the learner on the CPU (--device cpu)"
     )
     parser.add_argument(
-        "--out", default=f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}", help="where runs and gpu_check.json go"
+        "--out",
+        default=f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}",
+        help="where runs and gpu_check.json go (default: runs/gpu-check-<date>-<time>)",
     )
     args = parser.parse_args(argv)
 

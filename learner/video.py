@@ -1,0 +1,180 @@
+"""``learner eval --video``: one episode of a policy on an in-process env, rendered, as an animated GIF.
+
+Frames never cross the wire (the servers serve observations, not renderings), so the env is made in
+this process with ``render_mode="rgb_array"`` and the run's wrappers; the env must be installed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from env_server.envs import EnvBuildError
+from learner.envs import FleetSpec, open_fleet
+
+__all__ = ["MAX_FPS", "MAX_STEPS", "MIN_FPS", "check_fps", "check_path", "gif_timing", "record_episode", "write_gif"]
+
+log = logging.getLogger(__name__)
+
+MAX_STEPS = 10_000
+"""Steps after which a recorded episode is cut (a policy that never fails an env without a time limit)."""
+
+# GIF times each frame in hundredths of a second (0 to 65535), and viewers show 0 or 1 hundredth as
+# 10 (browsers): 2 hundredths (50 frames per second) is the shortest delay that plays as written.
+MIN_DELAY_CS = 2
+MAX_DELAY_CS = 65_535
+MAX_FPS = 1000.0
+MIN_FPS = 100 / MAX_DELAY_CS
+
+ATARI_FPS = 15.0
+"""The atari wrapper's envs step 4 emulator frames of 60 Hz at a time: 15 steps are a second of play."""
+
+
+def check_path(video: str | Path) -> Path:
+    """``video`` as a GIF path that can be written: its folder made now, so a bad path fails before
+    any episode is played. ValueError naming ``video`` otherwise."""
+    path = Path(video)
+    if not path.name.lower().endswith(".gif") or path.name.lower() == ".gif":
+        raise ValueError(f"video: writes an animated GIF; expected a file name ending in .gif, got {str(video)!r}")
+    if path.is_dir():
+        raise ValueError(f"video: {str(path)!r} is a folder; expected a file name ending in .gif")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"video: cannot make the folder of {str(path)!r}: {err.strerror or err}") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"video: cannot write {str(path)!r}: permission denied")
+    return path
+
+
+def check_fps(fps: float | None) -> float | None:
+    if fps is not None and not (isinstance(fps, int | float) and MIN_FPS <= fps <= MAX_FPS):
+        raise ValueError(f"video_fps: expected frames per second in [{MIN_FPS:.4f}, {MAX_FPS:g}], got {fps!r}")
+    return fps
+
+
+def gif_timing(fps: float) -> tuple[int, int]:
+    """(keep every k-th frame, each kept frame's delay in hundredths of a second) that plays frames of
+    ``fps`` per second near real time in a GIF: above 50 fps frames are dropped, as a GIF cannot show
+    them faster; the fewest dropped that keep the speed within 10 % (125 fps: every 4th frame, 3
+    hundredths each, 4 % fast), else the closest of five."""
+    first = max(1, math.ceil(fps * MIN_DELAY_CS / 100 - 1e-9))
+    candidates = []
+    for k in range(first, first + 5):
+        exact = 100 * k / fps
+        delay = min(max(MIN_DELAY_CS, round(exact)), MAX_DELAY_CS)
+        error = abs(delay - exact) / exact
+        if error <= 0.1 + 1e-9:
+            return k, delay
+        candidates.append((error, k, delay))
+    _, k, delay = min(candidates)
+    return k, delay
+
+
+def headless_rendering() -> None:
+    """Where there is no display, offscreen renderers that need none (unless the user chose others):
+    pygame (classic control) renders rgb_array without one but SDL complains; MuJoCo's default (glfw)
+    needs one, EGL does not. Set before the envs are made: MuJoCo reads it when first imported."""
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def record_episode(
+    spec: FleetSpec,
+    policy: Callable[[Any], Any],
+    seed: int,
+    path: Path,
+    fps: float | None,
+    spaces: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """Play one episode of ``policy`` on the one-env vector env ``spec`` (made with render_mode
+    rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
+    (observation, action) spaces the policy expects, as text."""
+    what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
+    frames: list[Any] = []  # (each made a 256-colour image at once: a byte per pixel, not three)
+    total = 0.0
+    steps = 0
+    done = False
+    try:
+        with open_fleet(spec) as envs:
+            found = (str(envs.single_observation_space), str(envs.single_action_space))
+            if spaces is not None and found != spaces:
+                raise ValueError(
+                    f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
+                    f"policy was trained on {spaces[0]} and {spaces[1]}"
+                )
+            obs, _ = envs.reset(seed=seed)
+            frames.append(_paletted(_frame(envs.render(), spec.env)))
+            while not done and steps < MAX_STEPS:
+                obs, rewards, terms, truncs, _ = envs.step(policy(obs))
+                steps += 1
+                total += float(rewards[0])
+                done = bool(terms[0] or truncs[0])
+                frames.append(_paletted(_frame(envs.render(), spec.env)))
+            if fps is None:
+                fps = ATARI_FPS if "atari" in spec.wrappers else float(envs.metadata.get("render_fps") or 30)
+    except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
+        if isinstance(err, ValueError) and str(err).startswith("video: "):
+            raise
+        raise ValueError(f"video: {what} failed: {_reason(err)}") from err
+    every, delay = gif_timing(fps)
+    write_gif(frames[::every] if every > 1 else frames, path, delay)
+    log.info("video: %s (%d steps, return %.2f%s)", path, steps, total, "" if done else ", cut short")
+    return {
+        "path": str(path),
+        "steps": steps,
+        "fps": fps,
+        "frames_kept": f"1 in {every}" if every > 1 else "all",
+        "return": total,
+        "episode_ended": done,
+    }
+
+
+def _reason(err: Exception) -> str:
+    reason = str(err) if isinstance(err, EnvBuildError) else f"{type(err).__name__}: {err}"
+    if isinstance(err, gym.error.DependencyNotInstalled) and "pygame" in reason:
+        reason += " (or pip install 'envfleet[video]')"
+    if "OpenGL" in reason or type(err).__module__.startswith("mujoco"):
+        reason += f" (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}; MuJoCo renders without a display with egl or osmesa)"
+    return reason
+
+
+def _frame(rendered: Any, env: str) -> np.ndarray:
+    frame = rendered[0] if isinstance(rendered, tuple | list) and rendered else rendered
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] in (3, 4)):
+        raise ValueError(
+            f"video: {env} rendered {type(frame).__name__} with render_mode='rgb_array', not an RGB frame "
+            "(does it support rgb_array rendering?)"
+        )
+    return frame
+
+
+def _paletted(frame: np.ndarray) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(np.asarray(frame, dtype=np.uint8)[..., :3]).quantize(
+        colors=256, method=Image.Quantize.FASTOCTREE
+    )
+
+
+def write_gif(frames: Sequence[Any], path: str | Path, delay_cs: int) -> Path:
+    """``frames`` (H x W x 3 or 4 uint8 arrays, or PIL images) as a looping GIF, each shown for
+    ``delay_cs`` hundredths of a second (Pillow merges identical frames, adding up their delays)."""
+    if not frames:
+        raise ValueError("video: no frames to write")
+    images = [f if hasattr(f, "save") else _paletted(f) for f in frames]
+    path = Path(path)
+    try:
+        images[0].save(path, save_all=True, append_images=images[1:], duration=10 * delay_cs, loop=0)
+    except OSError as err:
+        raise ValueError(f"video: cannot write {str(path)!r}: {err.strerror or err}") from None
+    return path

@@ -1,0 +1,67 @@
+"""learner.video: recording an episode as a GIF, its timing and its errors (the CLI's in test_cli)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from learner import video
+from learner.envs import FleetSpec
+
+
+def clock(length: int = 3, env: str = "tests.envs:ClockEnv", **kwargs: object) -> FleetSpec:
+    """One in-process ClockEnv made to render (a 6x8 frame per step)."""
+    env_kwargs = {"length": length, "render_mode": "rgb_array", **kwargs} if env.endswith("ClockEnv") else kwargs
+    return FleetSpec(env=env, backend="gym", num_servers=1, envs_per_server=1, env_kwargs=env_kwargs)
+
+
+@pytest.mark.parametrize(
+    ("fps", "every", "delay_cs"),
+    [
+        (10, 1, 10),
+        (50, 1, 2),
+        (30, 1, 3),  # (33.3 fps: a GIF counts in hundredths)
+        (125, 4, 3),  # MuJoCo's Hopper: every 4th frame, 3 hundredths (4 % fast)
+        (67, 2, 3),  # Humanoid: every 2nd
+        (1000, 20, 2),
+        (0.01, 1, 10_000),
+    ],
+)
+def test_gif_timing_plays_in_real_time_within_what_a_gif_can_show(fps: float, every: int, delay_cs: int) -> None:
+    assert video.gif_timing(fps) == (every, delay_cs)
+
+
+def test_a_fast_env_keeps_every_kth_frame(tmp_path: Path) -> None:
+    from PIL import Image
+
+    recorded = video.record_episode(clock(10), lambda obs: [0], 0, tmp_path / "fast.gif", 125.0)
+    assert (recorded["steps"], recorded["frames_kept"]) == (10, "1 in 4")
+    with Image.open(tmp_path / "fast.gif") as image:
+        assert (image.n_frames, image.info["duration"]) == (3, 30)  # frames 0, 4, 8
+
+
+def test_an_episode_too_long_is_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(video, "MAX_STEPS", 2)
+    recorded = video.record_episode(clock(5), lambda obs: [0], 0, tmp_path / "cut.gif", None)
+    assert (recorded["steps"], recorded["episode_ended"]) == (2, False)
+
+
+def test_an_env_that_cannot_render_or_other_spaces_say_why(tmp_path: Path) -> None:
+    spec = clock(env="tests.envs:SlowToBuildEnv", build_s=0, render_mode="rgb_array")  # takes no render_mode
+    with pytest.raises(ValueError, match=r"video: rendering tests.envs:SlowToBuildEnv \(render_mode='rgb_array'\)"):
+        video.record_episode(spec, lambda obs: [0], 0, tmp_path / "never.gif", None)
+    with pytest.raises(ValueError, match=r"video: tests\.envs:ClockEnv made here has observations Box"):
+        video.record_episode(clock(), lambda obs: [0], 0, tmp_path / "never.gif", None, spaces=("Box(0, 1)", "x"))
+    assert not (tmp_path / "never.gif").exists()
+
+
+def test_paths_and_speeds_that_cannot_be_written_are_refused(tmp_path: Path) -> None:
+    assert video.check_path(tmp_path / "a" / "b" / "ep.GIF") == tmp_path / "a" / "b" / "ep.GIF"
+    assert (tmp_path / "a" / "b").is_dir()  # made at once: a bad path fails before any episode
+    for bad, message in [("ep.mp4", "expected a file name ending in .gif"), (".gif", "expected a file name ending")]:
+        with pytest.raises(ValueError, match=message):
+            video.check_path(tmp_path / bad)
+    for fps in (0, -1, 0.001, 2000, float("nan")):
+        with pytest.raises(ValueError, match=r"video_fps: expected frames per second in \[0.0015, 1000\]"):
+            video.check_fps(fps)
