@@ -540,12 +540,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._check_anything_left()
         results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
         errors = []
+        lost = []
         for (i, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 if self.fault_tolerant and is_outage(result):
-                    self._lose(i, result, truncate=False)  # no episode was under way
+                    lost.append((i, result))
                 else:
                     errors.append(result)
+        self._lose_all(lost, truncate=False)  # no episode was under way
         self._raise_first(errors)
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if mask is None or bool(np.all(mask)):
@@ -795,6 +797,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._wait_for_rejoin(servers)
             self._check_anything_left()
         errors: list[BaseException] = []
+        lost: list[tuple[int, BaseException]] = []
         for i, task in tasks.items():
             if task.cancelled():
                 client = self._clients[i]
@@ -804,9 +807,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if err is None:
                 continue
             if self.fault_tolerant and is_outage(err):
-                self._lose(i, err, truncate=True)
+                lost.append((i, err))
             else:
                 errors.append(err)
+        self._lose_all(lost, truncate=True)
         self._raise_first(errors)
 
         rewards, terminations, truncations, parts = out.rewards, out.terminations, out.truncations, out.parts
@@ -853,14 +857,26 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     # -- failures -----------------------------------------------------------------------------------
 
-    def _lose(self, server: int, err: BaseException, *, truncate: bool) -> None:
-        """Mark a server down (its envs unavailable) and start reconnecting to it."""
+    def _lose_all(self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool) -> None:
+        """:meth:`_lose` each (server, error), planned or not: a server that said it was shutting down
+        (a step it refused), or ended the session saying so (its Hold stream's last word, still there
+        after the server exited and the step met a closed connection), left by plan."""
+        ask = [i for i, err in lost if not _shutting_down(err) and self._clients[i].session_ended]
+        said = []
+        if ask:
+            said = self._runner.run(
+                gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
+            )
+        told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
+        for i, err in lost:
+            self._lose(i, err, truncate=truncate, planned=_shutting_down(err) or i in told)
+
+    def _lose(self, server: int, err: BaseException, *, truncate: bool, planned: bool = False) -> None:
+        """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
+        saying it was shutting down, so it counts as a shutdown, not a failure."""
         replica, client = self._replicas[server], self._clients[server]
         replica.state = ReplicaState.DOWN
         replica.truncate_next = truncate
-        # Planned: the server said so (a step it refused) or ended the session saying so (its Hold
-        # stream's last word, still there after the server exited and the step met a closed connection).
-        planned = _shutting_down(err) or (client.session_ended and self._runner.run(client.ended_by_shutdown()))
         if planned:
             replica.shutdowns += 1
         else:
@@ -1092,14 +1108,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         ]
         leave = [c for c in self._clients if c not in stay]
         replicas = {id(r.client): r for r in self._replicas}
+        # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
+        # they were shutting down (scaled down, say) as they ended the session.
+        gone = [
+            c for c in leave if replicas[id(c)].state is ReplicaState.UP and (c.address in dropped or c.session_ended)
+        ]
+        ask = [c for c in gone if c.session_ended]
+        said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
+        told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
         for client in leave:
             replica = replicas[id(client)]
             if replica.reconnect_task is not None:
                 replica.reconnect_task.cancel()  # (fault-tolerant) no longer listed: it leaves instead
-            if replica.state is ReplicaState.UP and (client.address in dropped or client.session_ended):
-                # Lost between steps (or, not fault-tolerant, in the rollout dropped), unless it said it
-                # was shutting down (scaled down, say) as it ended the session.
-                if client.session_ended and self._runner.run(client.ended_by_shutdown()):
+            if client in gone:
+                if id(client) in told:
                     replica.shutdowns += 1
                 else:
                     replica.failures += 1
