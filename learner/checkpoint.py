@@ -14,9 +14,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from learner.rundir import atomic_write, checkpoint_path, list_checkpoints
+from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, atomic_write, checkpoint_path, list_checkpoints
 
-__all__ = ["capture_rng", "find_checkpoint", "load_checkpoint", "restore_rng", "save_checkpoint"]
+__all__ = [
+    "capture_rng",
+    "find_checkpoint",
+    "load_checkpoint",
+    "restore_rng",
+    "save_best_checkpoint",
+    "save_checkpoint",
+]
 
 FORMAT = 1
 
@@ -54,6 +61,13 @@ def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, An
     atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
+    return path
+
+
+def save_best_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as the run's best checkpoint, ``checkpoints/best.pt`` (atomically, replacing it)."""
+    path = Path(run_dir) / CHECKPOINTS / BEST_CHECKPOINT
+    atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
     return path
 
 

@@ -32,7 +32,7 @@ from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.rundir import checkpoint_path, list_checkpoints
+from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -146,6 +146,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     elif summary["solved_threshold"] is not None and summary["stop_reason"] != "interrupted":
         print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
+    best = run_dir / CHECKPOINTS / BEST_CHECKPOINT
+    if summary.get("best_return") is not None and config.save_best and best.exists():
+        print(f"best: mean return {summary['best_return']:.1f} at step {summary['best_step']:,} ({best})")
     if summary["stop_reason"] == "interrupted":
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]

@@ -111,6 +111,9 @@ class Args:
     resumed; a checkpoint costs ~3 ms for an MLP, ~60 ms for the Atari CNN"""
     keep_checkpoints: int = 3
     """how many of the latest checkpoints to keep"""
+    save_best: bool = True
+    """also keep checkpoints/best.pt: the nets after the update at which the mean return of the last 20
+    episodes was highest so far (judged once 20 episodes have ended)"""
     device: str = field(default="auto", metadata={"metavar": "DEVICE"})
     """auto (cuda when available), cpu, cuda or cuda:N: rollout storage, inference and updates"""
     overlap_update: bool = False

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "BEST_CHECKPOINT",
     "CHECKPOINTS",
     "CONFIG",
     "METRICS",
@@ -115,6 +116,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
     _write_text(path, "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+
+
+BEST_CHECKPOINT = "best.pt"
 
 
 def checkpoint_path(run_dir: str | Path, global_step: int) -> Path:

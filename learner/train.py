@@ -40,7 +40,14 @@ import torch
 from torch import Tensor, optim
 
 from learner import rundir
-from learner.checkpoint import capture_rng, find_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from learner.checkpoint import (
+    capture_rng,
+    find_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_best_checkpoint,
+    save_checkpoint,
+)
 from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
@@ -171,6 +178,10 @@ class Counters:
     """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
     episodes_cut: int = 0
     """Episodes that ended because their env became unavailable (not counted in the returns)."""
+    best_return: float | None = None
+    """The highest mean return of the last 20 episodes at an update's end (once 20 had ended)."""
+    best_step: int | None = None
+    """The step of that update (its nets are checkpoints/best.pt, with --save-best)."""
 
 
 class StopRequest:
@@ -561,11 +572,8 @@ def train(
                 "update_rng": update_rng.get_state() if update_rng is not None else None,
             }
 
-        def save(reason: str, state: dict[str, Any]) -> Path:
-            """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
-            update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
-            nonlocal saved_step
-            payload = {
+        def payload(state: dict[str, Any]) -> dict[str, Any]:
+            return {
                 "args": args.to_json(),
                 "ppo": dataclasses.asdict(hp),
                 "observation_space": str(obs_space),
@@ -574,11 +582,30 @@ def train(
                 "optimizer": optimizer.state_dict(),
                 **state,
             }
+
+        def save(reason: str, state: dict[str, Any]) -> Path:
+            """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
+            update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
+            nonlocal saved_step
             step = int(state["counters"]["global_step"])
-            path = save_checkpoint(run_dir, step, payload, keep=args.keep_checkpoints)
+            path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
             saved_step = step
             log.info("checkpoint (%s): %s", reason, path)
             return path
+
+        def judge_best(state: dict[str, Any]) -> None:
+            """After an update: a new best mean return of the last 20 episodes (as of the rollout it learned
+            from) makes its nets checkpoints/best.pt (--save-best)."""
+            recent = state["counters"]["recent_returns"]
+            if len(recent) == RECENT:
+                mean = float(np.mean(recent))
+                if counters.best_return is None or mean > counters.best_return:
+                    counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
+                    if args.save_best:
+                        state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
+                        path = save_best_checkpoint(run_dir, payload(state))
+                        log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
+            state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
 
         # ---- start the envs -------------------------------------------------------------------------------
         session_start = time.perf_counter()
@@ -701,6 +728,7 @@ def train(
             if update_rng is not None:
                 state["update_rng"] = update_rng.get_state()
             state["counters"]["update"] = counters.update
+            judge_best(state)
             last_update = state
             updating = False
             if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
@@ -941,6 +969,8 @@ def train(
             state: dict[str, Any] | None
             if stop_reason in ("total_timesteps", "stop_at_return"):
                 state = rollout_state()
+                if not updating:  # (the episodes since the last update are of its nets, the run's last)
+                    judge_best(state)
             else:
                 # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
                 # update, for the checkpoint and the summary alike (none is written when that one is on
@@ -978,6 +1008,8 @@ def train(
                 else None,
                 "env_steps_lost": counters.env_steps_lost,
                 "episodes_cut": counters.episodes_cut,
+                "best_return": counters.best_return,
+                "best_step": counters.best_step,
             }
             if fault_stats is not None:
                 totals = fault_stats()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from learner import rundir
+from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.train import device_hint, resume_args, train
@@ -271,6 +272,29 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
 def test_pipelining_needs_env_servers() -> None:
     with pytest.raises(ValueError, match="--pipeline-groups: pipelines env servers"):
         Args(backend="gym", pipeline_groups=2)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
+def test_the_best_update_so_far_is_kept_as_best_pt(tmp_path: Path, overlap: bool) -> None:
+    """checkpoints/best.pt: the nets after the update with the highest mean return of the last 20
+    episodes (judged once 20 have ended), beside the latest checkpoints and never pruned with them."""
+    run = tmp_path / "run"
+    kwargs = clock(length=3) | {"backend": "gym", "num_envs": 4, "num_steps": 8, "total_timesteps": 32 * 12}
+    summary = train(Args(**kwargs, run_dir=str(run), keep_checkpoints=1, overlap_update=overlap))
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    judged = [r for r in rows if r["episodes"] >= 20]
+    best = max(judged, key=lambda r: r["episodic_return_mean"])  # (the first, where several tie)
+    assert (summary["best_return"], summary["best_step"]) == (best["episodic_return_mean"], best["global_step"])
+    saved = load_checkpoint(run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT)
+    assert saved["counters"]["global_step"] == best["global_step"]
+    assert saved["counters"]["best_return"] == best["episodic_return_mean"]
+    assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{32 * 12:010d}.pt"]  # pruned: the others
+    assert rundir.BEST_CHECKPOINT not in [p.name for p in rundir.list_checkpoints(run)]
+    # Off: judged all the same (summary.json), no file.
+    other = tmp_path / "other"
+    summary = train(Args(**kwargs, run_dir=str(other), save_best=False, overlap_update=overlap))
+    assert summary["best_return"] is not None
+    assert not (other / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT).exists()
 
 
 def test_auto_device_warns_only_for_an_mlp_it_put_on_cuda() -> None:
