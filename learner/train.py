@@ -432,6 +432,14 @@ def train(
             restore_rng(checkpoint["rng"])
             for path in rundir.remove_stale_temp_files(run_dir):
                 log.info("removed %s, left by a write the previous run did not finish", path)
+            # best.pt may be of an update after the checkpoint (the run killed in between): its bar stands.
+            best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+            if best_file.exists():
+                best = load_checkpoint(best_file)["counters"]
+                if best.get("best_return") is not None and (
+                    counters.best_return is None or best["best_return"] > counters.best_return
+                ):
+                    counters.best_return, counters.best_step = best["best_return"], best["best_step"]
             # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
             metrics_path = run_dir / rundir.METRICS
             if metrics_path.exists():

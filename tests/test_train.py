@@ -297,6 +297,21 @@ def test_the_best_update_so_far_is_kept_as_best_pt(tmp_path: Path, overlap: bool
     assert not (other / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT).exists()
 
 
+def test_a_resumed_run_keeps_to_the_bar_of_a_best_pt_newer_than_its_checkpoint(tmp_path: Path) -> None:
+    """A run killed between writing best.pt and its next checkpoint: resumed, it does not replace that
+    best.pt with a worse one."""
+    run = tmp_path / "run"
+    kwargs = clock(length=3) | {"backend": "gym", "num_envs": 4, "num_steps": 8}
+    train(Args(**kwargs, total_timesteps=32 * 8, run_dir=str(run)))
+    best_file = run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+    best = torch.load(best_file, weights_only=False)
+    best["counters"]["best_return"] = 99.0  # (as if a later update had done this well, then the kill)
+    torch.save(best, best_file)
+    summary = train(resume_args(str(run), total_timesteps=32 * 12))
+    assert summary["best_return"] == 99.0
+    assert load_checkpoint(best_file)["counters"]["best_return"] == 99.0
+
+
 def test_auto_device_warns_only_for_an_mlp_it_put_on_cuda() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     hint = device_hint("auto", cuda, image=False)
