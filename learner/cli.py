@@ -226,7 +226,7 @@ def _video_fps(text: str) -> float:
     except ValueError:
         value = math.nan
     if not MIN_FPS <= value <= MAX_FPS:
-        raise argparse.ArgumentTypeError(f"expected frames per second in [{MIN_FPS:.4f}, {MAX_FPS:g}], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected frames per second in [{MIN_FPS:g}, {MAX_FPS:g}], got {text!r}")
     return value
 
 
@@ -399,7 +399,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if "video" in result:
             video = result["video"]
             cut = "" if video["episode_ended"] else ", cut there"
-            kept = "" if video["frames_kept"] == "all" else f", {video['frames_kept']} frames kept"
+            kept = "" if video["keep_every"] == 1 else f", 1 in {video['keep_every']} frames kept"
             print(
                 f"video: {video['path']} (one more episode, in process: {video['steps']:,} steps{cut}, return "
                 f"{video['return']:.2f}; {video['fps']:g} fps{kept})"

@@ -112,8 +112,8 @@ class Args:
     keep_checkpoints: int = 3
     """how many of the latest checkpoints to keep"""
     save_best: bool = True
-    """also keep checkpoints/best.pt: the nets after the update at which the mean return of the last 20
-    episodes was highest so far (judged once 20 episodes have ended)"""
+    """also keep checkpoints/best.pt: the nets after the update whose rollout ended with the highest mean
+    return of the last 20 episodes so far (judged once 20 have ended; rewritten at each new best)"""
     device: str = field(default="auto", metadata={"metavar": "DEVICE"})
     """auto (cuda when available), cpu, cuda or cuda:N: rollout storage, inference and updates"""
     overlap_update: bool = False

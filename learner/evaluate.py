@@ -135,6 +135,7 @@ def evaluate(
             )
             spaces = (state["observation_space"], state["action_space"])
             recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
+            torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
 
         n = envs.num_envs
         targets = np.array([(episodes + i) // n for i in range(n)])

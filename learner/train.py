@@ -179,9 +179,10 @@ class Counters:
     episodes_cut: int = 0
     """Episodes that ended because their env became unavailable (not counted in the returns)."""
     best_return: float | None = None
-    """The highest mean return of the last 20 episodes at an update's end (once 20 had ended)."""
+    """The highest mean return of the last 20 episodes at an update's end (once 20 had ended) or at the
+    run's end; with --save-best, best.pt's (a resumed run takes it from the file)."""
     best_step: int | None = None
-    """The step of that update (its nets are checkpoints/best.pt, with --save-best)."""
+    """The step of that update (its nets are checkpoints/best.pt, with --save-best), or of the run's end."""
 
 
 class StopRequest:
@@ -432,14 +433,12 @@ def train(
             restore_rng(checkpoint["rng"])
             for path in rundir.remove_stale_temp_files(run_dir):
                 log.info("removed %s, left by a write the previous run did not finish", path)
-            # best.pt may be of an update after the checkpoint (the run killed in between): its bar stands.
-            best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-            if best_file.exists():
-                best = load_checkpoint(best_file)["counters"]
-                if best.get("best_return") is not None and (
-                    counters.best_return is None or best["best_return"] > counters.best_return
-                ):
-                    counters.best_return, counters.best_step = best["best_return"], best["best_step"]
+            if args.save_best:
+                # The bar is best.pt's own: it may be of an update after the checkpoint (the run was
+                # killed in between), or older than the checkpoint's bar (a session with --no-save-best).
+                best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+                kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
+                counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
             # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
             metrics_path = run_dir / rundir.METRICS
             if metrics_path.exists():
@@ -977,7 +976,7 @@ def train(
             state: dict[str, Any] | None
             if stop_reason in ("total_timesteps", "stop_at_return"):
                 state = rollout_state()
-                if not updating:  # (the episodes since the last update are of its nets, the run's last)
+                if not updating:  # (the episodes since the last update: mostly of its nets, the run's last)
                     judge_best(state)
             else:
                 # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last

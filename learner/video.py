@@ -31,47 +31,52 @@ MAX_STEPS = 10_000
 MIN_DELAY_CS = 2
 MAX_DELAY_CS = 65_535
 MAX_FPS = 1000.0
-MIN_FPS = 100 / MAX_DELAY_CS
+MIN_FPS = 0.002
 
 ATARI_FPS = 15.0
 """The atari wrapper's envs step 4 emulator frames of 60 Hz at a time: 15 steps are a second of play."""
 
 
 def check_path(video: str | Path) -> Path:
-    """``video`` as a GIF path that can be written: its folder made now, so a bad path fails before
-    any episode is played. ValueError naming ``video`` otherwise."""
+    """``video`` as a GIF path that can be written (its missing folders are made when it is written),
+    so that a bad path fails before any episode is played. ValueError naming ``video`` otherwise."""
     path = Path(video)
-    if not path.name.lower().endswith(".gif") or path.name.lower() == ".gif":
+    if not path.name.lower().endswith(".gif") or path.name.lower() == ".gif" or str(video).endswith(("/", os.sep)):
         raise ValueError(f"video: writes an animated GIF; expected a file name ending in .gif, got {str(video)!r}")
     if path.is_dir():
         raise ValueError(f"video: {str(path)!r} is a folder; expected a file name ending in .gif")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"video: cannot make the folder of {str(path)!r}: {err.strerror or err}") from None
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"video: cannot write {str(path)!r}: {str(existing)!r} is a file, not a folder")
+    writable = os.access(existing, os.W_OK | os.X_OK) and (not path.exists() or os.access(path, os.W_OK))
+    if not writable:
         raise ValueError(f"video: cannot write {str(path)!r}: permission denied")
     return path
 
 
 def check_fps(fps: float | None) -> float | None:
     if fps is not None and not (isinstance(fps, int | float) and MIN_FPS <= fps <= MAX_FPS):
-        raise ValueError(f"video_fps: expected frames per second in [{MIN_FPS:.4f}, {MAX_FPS:g}], got {fps!r}")
+        raise ValueError(f"video_fps: expected frames per second in [{MIN_FPS:g}, {MAX_FPS:g}], got {fps!r}")
     return fps
 
 
 def gif_timing(fps: float) -> tuple[int, int]:
     """(keep every k-th frame, each kept frame's delay in hundredths of a second) that plays frames of
-    ``fps`` per second near real time in a GIF: above 50 fps frames are dropped, as a GIF cannot show
-    them faster; the fewest dropped that keep the speed within 10 % (125 fps: every 4th frame, 3
-    hundredths each, 4 % fast), else the closest of five."""
-    first = max(1, math.ceil(fps * MIN_DELAY_CS / 100 - 1e-9))
+    ``fps`` per second near real time in a GIF. Up to 50 fps every frame is kept (30 fps: 3 hundredths,
+    10 % fast: a GIF counts in hundredths); above, frames are dropped, as a GIF cannot show them
+    faster: the fewest that keep the speed within 5 % (125 fps: every 5th frame, 4 hundredths each),
+    else the closest of five."""
+    if fps * MIN_DELAY_CS <= 100 + 1e-9:
+        return 1, min(max(MIN_DELAY_CS, round(100 / fps)), MAX_DELAY_CS)
+    first = math.ceil(fps * MIN_DELAY_CS / 100 - 1e-9)
     candidates = []
     for k in range(first, first + 5):
         exact = 100 * k / fps
-        delay = min(max(MIN_DELAY_CS, round(exact)), MAX_DELAY_CS)
+        delay = max(MIN_DELAY_CS, round(exact))
         error = abs(delay - exact) / exact
-        if error <= 0.1 + 1e-9:
+        if error <= 0.05 + 1e-9:
             return k, delay
         candidates.append((error, k, delay))
     _, k, delay = min(candidates)
@@ -100,7 +105,7 @@ def record_episode(
     rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
     (observation, action) spaces the policy expects, as text."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
-    frames: list[Any] = []  # (each made a 256-colour image at once: a byte per pixel, not three)
+    gif = _GifFrames()
     total = 0.0
     steps = 0
     done = False
@@ -112,28 +117,29 @@ def record_episode(
                     f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
                     f"policy was trained on {spaces[0]} and {spaces[1]}"
                 )
+            if fps is None:
+                fps = ATARI_FPS if "atari" in spec.wrappers else float(envs.metadata.get("render_fps") or 30)
+            every, delay = gif_timing(fps)
             obs, _ = envs.reset(seed=seed)
-            frames.append(_paletted(_frame(envs.render(), spec.env)))
+            gif.add(_frame(envs.render(), spec.env))
             while not done and steps < MAX_STEPS:
                 obs, rewards, terms, truncs, _ = envs.step(policy(obs))
                 steps += 1
                 total += float(rewards[0])
                 done = bool(terms[0] or truncs[0])
-                frames.append(_paletted(_frame(envs.render(), spec.env)))
-            if fps is None:
-                fps = ATARI_FPS if "atari" in spec.wrappers else float(envs.metadata.get("render_fps") or 30)
+                if steps % every == 0 or done or steps == MAX_STEPS:  # (the last frame always)
+                    gif.add(_frame(envs.render(), spec.env))
     except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
         if isinstance(err, ValueError) and str(err).startswith("video: "):
             raise
         raise ValueError(f"video: {what} failed: {_reason(err)}") from err
-    every, delay = gif_timing(fps)
-    write_gif(frames[::every] if every > 1 else frames, path, delay)
+    gif.write(path, delay)
     log.info("video: %s (%d steps, return %.2f%s)", path, steps, total, "" if done else ", cut short")
     return {
         "path": str(path),
         "steps": steps,
         "fps": fps,
-        "frames_kept": f"1 in {every}" if every > 1 else "all",
+        "keep_every": every,
         "return": total,
         "episode_ended": done,
     }
@@ -166,15 +172,42 @@ def _paletted(frame: np.ndarray) -> Any:
     )
 
 
-def write_gif(frames: Sequence[Any], path: str | Path, delay_cs: int) -> Path:
-    """``frames`` (H x W x 3 or 4 uint8 arrays, or PIL images) as a looping GIF, each shown for
-    ``delay_cs`` hundredths of a second (Pillow merges identical frames, adding up their delays)."""
+class _GifFrames:
+    """A GIF's frames as they come: each made a 256-colour image at once (a byte per pixel, not three),
+    a frame the same as the one before counted as that one shown longer."""
+
+    def __init__(self) -> None:
+        self.images: list[Any] = []
+        self.counts: list[int] = []
+        self._last: bytes | None = None
+
+    def add(self, frame: np.ndarray) -> None:
+        raw = np.ascontiguousarray(frame[..., :3]).tobytes()
+        if raw == self._last:
+            self.counts[-1] += 1
+            return
+        self._last = raw
+        self.images.append(_paletted(frame))
+        self.counts.append(1)
+
+    def write(self, path: Path, delay_cs: int) -> None:
+        """The GIF, each frame shown ``delay_cs`` hundredths of a second per time it came in a row (at
+        most a GIF frame's 655.35 s: a still scene held longer plays shorter than it was)."""
+        durations = [10 * min(count * delay_cs, MAX_DELAY_CS) for count in self.counts]
+        write_gif(self.images, path, durations)
+
+
+def write_gif(frames: Sequence[Any], path: str | Path, durations_ms: int | Sequence[int]) -> Path:
+    """``frames`` (H x W x 3 or 4 uint8 arrays, or PIL images) as a looping GIF, each shown for its
+    duration in milliseconds (GIF keeps hundredths of a second); the missing folders are made."""
     if not frames:
         raise ValueError("video: no frames to write")
     images = [f if hasattr(f, "save") else _paletted(f) for f in frames]
     path = Path(path)
     try:
-        images[0].save(path, save_all=True, append_images=images[1:], duration=10 * delay_cs, loop=0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        duration = list(durations_ms) if not isinstance(durations_ms, int) else durations_ms
+        images[0].save(path, save_all=True, append_images=images[1:], duration=duration, loop=0)
     except OSError as err:
         raise ValueError(f"video: cannot write {str(path)!r}: {err.strerror or err}") from None
     return path

@@ -102,11 +102,17 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(
-        self, length: int = 3, action: str = "discrete", end: str = "truncate", render_mode: str | None = None
+        self,
+        length: int = 3,
+        action: str = "discrete",
+        end: str = "truncate",
+        render_mode: str | None = None,
+        still: bool = False,
     ) -> None:
         self.length = length
         self.end = end
         self.render_mode = render_mode
+        self.still = still  # render the same frame at every step
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
         self.action_space: gym.Space[Any] = (
             gym.spaces.Discrete(2) if action == "discrete" else gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
@@ -124,10 +130,11 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         return self._obs(), {}
 
     def render(self) -> np.ndarray | None:
-        """rgb_array: a 6x8 frame, as bright as the time is late (frame t of an episode has value 50 t)."""
+        """rgb_array: a 6x8 frame, as bright as the time is late (frame t of an episode has value 50 t;
+        ``still``: 0 always)."""
         if self.render_mode != "rgb_array":
             return None
-        return np.full((6, 8, 3), min(50 * self._t, 255), dtype=np.uint8)
+        return np.full((6, 8, 3), 0 if self.still else min(50 * self._t, 255), dtype=np.uint8)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if isinstance(self.action_space, gym.spaces.Discrete):

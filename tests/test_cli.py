@@ -218,7 +218,7 @@ def test_eval_records_one_more_episode_as_a_gif(
     assert main(["eval", str(trained_run), "--episodes", "2", "--num-envs", "1", "--video", str(gif), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["episodes"] == 2  # the recorded episode is one more, not one of them
-    video = {"path": str(gif), "steps": 3, "fps": 10.0, "frames_kept": "all", "episode_ended": True}
+    video = {"path": str(gif), "steps": 3, "fps": 10.0, "keep_every": 1, "episode_ended": True}
     assert result["video"] == {**video, "return": result["returns"][0]}
     with Image.open(gif) as image:
         frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(image)]
@@ -235,7 +235,7 @@ def test_eval_records_one_more_episode_as_a_gif(
     ("video", "message"),
     [
         ("{tmp}", "video: '{tmp}' is a folder; expected a file name ending in .gif"),
-        ("{tmp}/notes.txt/x.gif", "video: cannot make the folder of '{tmp}/notes.txt/x.gif'"),
+        ("{tmp}/notes.txt/x.gif", "video: cannot write '{tmp}/notes.txt/x.gif': '{tmp}/notes.txt' is a file"),
     ],
 )
 def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
@@ -260,7 +260,7 @@ def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
         (["a.pt", "--video", "out/.gif"], "argument --video: writes an animated GIF; expected a file name ending in"),
         (
             ["a.pt", "--video", "a.gif", "--video-fps", "0"],
-            "argument --video-fps: expected frames per second in [0.0015",
+            "argument --video-fps: expected frames per second in [0.002,",
         ),
         (["a.pt", "--video", "a.gif", "--video-fps", "0.001"], "argument --video-fps: expected frames per second in"),
         (["a.pt", "--video", "a.gif", "--video-fps", "nan"], "argument --video-fps: expected frames per second in"),

@@ -310,6 +310,13 @@ def test_a_resumed_run_keeps_to_the_bar_of_a_best_pt_newer_than_its_checkpoint(t
     summary = train(resume_args(str(run), total_timesteps=32 * 12))
     assert summary["best_return"] == 99.0
     assert load_checkpoint(best_file)["counters"]["best_return"] == 99.0
+    # The bar is the file's whenever best.pt is kept: after a session without it, too.
+    (run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT).unlink()
+    summary = train(resume_args(str(run), total_timesteps=32 * 14, save_best=False))
+    assert summary["best_return"] == 99.0  # (judged on, from the checkpoint's bar; no file written)
+    assert not best_file.exists()
+    summary = train(resume_args(str(run), total_timesteps=32 * 16, save_best=True))  # (resume keeps options)
+    assert summary["best_return"] == load_checkpoint(best_file)["counters"]["best_return"] < 99.0
 
 
 def test_auto_device_warns_only_for_an_mlp_it_put_on_cuda() -> None:

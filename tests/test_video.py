@@ -22,8 +22,9 @@ def clock(length: int = 3, env: str = "tests.envs:ClockEnv", **kwargs: object) -
         (10, 1, 10),
         (50, 1, 2),
         (30, 1, 3),  # (33.3 fps: a GIF counts in hundredths)
-        (125, 4, 3),  # MuJoCo's Hopper: every 4th frame, 3 hundredths (4 % fast)
+        (125, 5, 4),  # MuJoCo's Hopper: every 5th frame, 4 hundredths: real time
         (67, 2, 3),  # Humanoid: every 2nd
+        (60, 3, 5),
         (1000, 20, 2),
         (0.01, 1, 10_000),
     ],
@@ -36,9 +37,9 @@ def test_a_fast_env_keeps_every_kth_frame(tmp_path: Path) -> None:
     from PIL import Image
 
     recorded = video.record_episode(clock(10), lambda obs: [0], 0, tmp_path / "fast.gif", 125.0)
-    assert (recorded["steps"], recorded["frames_kept"]) == (10, "1 in 4")
+    assert (recorded["steps"], recorded["keep_every"]) == (10, 5)
     with Image.open(tmp_path / "fast.gif") as image:
-        assert (image.n_frames, image.info["duration"]) == (3, 30)  # frames 0, 4, 8
+        assert (image.n_frames, image.info["duration"]) == (3, 40)  # frames 0, 5, 10 (the last: always)
 
 
 def test_an_episode_too_long_is_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,10 +59,27 @@ def test_an_env_that_cannot_render_or_other_spaces_say_why(tmp_path: Path) -> No
 
 def test_paths_and_speeds_that_cannot_be_written_are_refused(tmp_path: Path) -> None:
     assert video.check_path(tmp_path / "a" / "b" / "ep.GIF") == tmp_path / "a" / "b" / "ep.GIF"
-    assert (tmp_path / "a" / "b").is_dir()  # made at once: a bad path fails before any episode
-    for bad, message in [("ep.mp4", "expected a file name ending in .gif"), (".gif", "expected a file name ending")]:
+    assert not (tmp_path / "a").exists()  # (made when the GIF is written)
+    (tmp_path / "notes.txt").write_text("a file\n")
+    for bad, message in [
+        ("ep.mp4", "expected a file name ending in .gif"),
+        (".gif", "expected a file name ending"),
+        ("ep.gif/", "expected a file name ending"),
+        ("notes.txt/x/ep.gif", "notes.txt' is a file, not a folder"),
+    ]:
         with pytest.raises(ValueError, match=message):
-            video.check_path(tmp_path / bad)
+            video.check_path(f"{tmp_path}/{bad}")
     for fps in (0, -1, 0.001, 2000, float("nan")):
-        with pytest.raises(ValueError, match=r"video_fps: expected frames per second in \[0.0015, 1000\]"):
+        with pytest.raises(ValueError, match=r"video_fps: expected frames per second in \[0.002, 1000\]"):
             video.check_fps(fps)
+
+
+def test_a_still_scene_is_one_frame_shown_longer_within_what_a_gif_can_hold(tmp_path: Path) -> None:
+    """Identical frames in a row become one frame shown as long as they all were, at most 655.35 s a
+    frame (a GIF's limit: Pillow would overflow on more)."""
+    from PIL import Image, ImageSequence
+
+    recorded = video.record_episode(clock(4, still=True), lambda obs: [0], 0, tmp_path / "still.gif", 0.002)
+    assert recorded["steps"] == 4
+    with Image.open(tmp_path / "still.gif") as image:
+        assert [frame.info["duration"] for frame in ImageSequence.Iterator(image)] == [655_350]
