@@ -879,6 +879,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         replica.truncate_next = truncate
         if planned:
             replica.shutdowns += 1
+            self._timers[server].shutdowns += 1
         else:
             replica.failures += 1
             self._timers[server].failures += 1
@@ -1267,7 +1268,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     # -- statistics -------------------------------------------------------------------------------
 
     def replica_stats(self, *, reset: bool = False) -> list[ReplicaStats]:
-        """Each server's step latency (p50, p99), env time, throughput, failures and reconnects since the last reset.
+        """Each server's step latency (p50, p99), env time, throughput, failures, shutdowns and reconnects since
+        the last reset.
 
         ``reset=True`` starts a new window after reading (e.g. once per training iteration).
         """

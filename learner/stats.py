@@ -38,7 +38,9 @@ class ReplicaStats:
     available: bool = True
     """Whether the server is up now (fault-tolerant fleets; always True otherwise)."""
     failures: int = 0
-    """Times the server was lost in the window."""
+    """Times the server was lost in the window (not counting shutdowns)."""
+    shutdowns: int = 0
+    """Times it left in the window saying it was shutting down (a scale-down, a restart): planned."""
     reconnects: int = 0
     """Times it came back in the window."""
 
@@ -58,6 +60,7 @@ class StepTimer:
         self._count = 0
         self._since = time.perf_counter()
         self.failures = 0
+        self.shutdowns = 0
         self.reconnects = 0
 
     def record(self, latency_s: float, env_s: float) -> None:
@@ -70,6 +73,7 @@ class StepTimer:
         self._count = 0
         self._since = time.perf_counter()
         self.failures = 0
+        self.shutdowns = 0
         self.reconnects = 0
 
     def stats(self, available: bool = True) -> ReplicaStats:
@@ -91,5 +95,6 @@ class StepTimer:
             env_p99_ms=float(env[1]),
             available=available,
             failures=self.failures,
+            shutdowns=self.shutdowns,
             reconnects=self.reconnects,
         )

@@ -326,6 +326,8 @@ def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) 
         assert infos["_env_unavailable"].all() and truncs.all()
         stats = envs.fault_stats()  # it said it was shutting down: planned, not a failure
         assert (stats.shutdowns, stats.failures, stats.servers_down) == (1, 0, 1)
+        (replica,) = envs.replica_stats()  # per server too
+        assert (replica.shutdowns, replica.failures, replica.available) == (1, 0, False)
     assert "shutting down" in server.logs()
 
 
