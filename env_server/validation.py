@@ -78,6 +78,9 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
 def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np.ndarray:
     if actions.dtype.kind not in "biu":
         raise InvalidActionError(f"{where}: expected integers for {space}, got dtype {actions.dtype}")
+    if actions.dtype.kind == "b" and isinstance(space, gym.spaces.Discrete):
+        # (as gymnasium's Discrete.contains, which a local env asserts: MultiDiscrete and MultiBinary take bools)
+        raise InvalidActionError(f"{where}: expected integers for {space}, got dtype bool")
     if isinstance(space, gym.spaces.Discrete):
         low, high = space.start, space.start + space.n - 1
     elif isinstance(space, gym.spaces.MultiDiscrete):

@@ -45,6 +45,9 @@ def test_action_outside_space_names_the_env_and_space(cartpole: RemoteVectorEnv)
 def test_action_of_wrong_dtype(cartpole: RemoteVectorEnv) -> None:
     with pytest.raises(ValueError, match=r"actions: expected integers for Discrete\(2\), got dtype float32"):
         cartpole.step(np.zeros(6, dtype=np.float32))
+    # Not bools either, as a local env's Discrete space (SyncVectorEnv's envs assert it)
+    with pytest.raises(ValueError, match=r"actions: expected integers for Discrete\(2\), got dtype bool"):
+        cartpole.step(np.zeros(6, dtype=np.bool_))
     cartpole.step(np.zeros(6, dtype=np.int32))
 
 
