@@ -359,6 +359,11 @@ def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
         where = f"--auth-token-file {args.auth_token_file}"
     elif args.auth_token:
         token, where = args.auth_token, "--auth-token"
+    elif args.auth_token == "":  # set, but to nothing: `--auth-token "$TOKEN"` with TOKEN unset, say
+        parser.error(
+            "--auth-token (or ENVFLEET_AUTH_TOKEN): the token is empty; give one, or leave both out "
+            "to serve without a token"
+        )
     else:
         return None
     try:

@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import errno
 import functools
+import ipaddress
+import json
 import logging
 import os
 import signal
 import socket
+import ssl
 import stat
 import sys
 import tempfile
@@ -185,6 +188,17 @@ def _check_socket_path(path: str) -> None:
     if not stat.S_ISSOCK(mode):
         kind = "a folder" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "not a socket"
         raise OSError(f"--unix-socket {path}: exists and is {kind}, not a socket; remove it or pick another path")
+    # A socket there: stale (left by a server that was killed; gRPC replaces it) or another server's,
+    # which gRPC would replace too, taking its learners over and leaving it unreachable.
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # nothing listens there (refused, or not ours to reach): stale
+    finally:
+        probe.close()
+    raise OSError(f"--unix-socket {path}: another server is listening there; stop it or pick another path")
 
 
 def _read_pem(path: str, option: str) -> bytes:
@@ -204,7 +218,27 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
         return None
     cert = _read_pem(config.tls_cert, "--tls-cert")
     key = _read_pem(config.tls_key, "--tls-key")
+    _check_key_pair(config.tls_cert, config.tls_key)
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _check_key_pair(cert: str, key: str) -> None:
+    """The certificate (chain) and the private key are what they say, and belong together: said here,
+    rather than as gRPC's failure to bind with the reason a few log lines up."""
+
+    def no_passphrase() -> bytes:
+        raise OSError(f"--tls-key {key}: the key is encrypted; gRPC needs it without a passphrase")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=no_passphrase)
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            reason = "the key is not the certificate's private key"
+        elif "PEM lib" in str(err):
+            reason = "one is not what it should be (swapped, or not a certificate and a key)"
+        else:
+            reason = str(err)
+        raise OSError(f"--tls-cert {cert} and --tls-key {key}: {reason}") from None
 
 
 async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
@@ -223,6 +257,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         loop.add_signal_handler(sig, stop.set)
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
+    if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
+        log.warning("--spin-wait-ms applies to the step socket only (--unix-socket, step socket on): ignored")
     env = None
     step_server: StepSocketServer | None = None
     if config.vectorization == "async":
@@ -298,11 +334,18 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             "serving %d x %s (%s) on %s%s",
             config.num_envs,
             config.env,
-            config.vectorization,
+            describe_envs(config),
             ready,
             f" ({security})" if security else " (plaintext, no auth token)",
         )
-        on_ready(ready)
+        if not security and not config.unix_socket and not _is_loopback(config.host):
+            log.warning(
+                "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
+                "step its envs (see --auth-token and --tls-cert)",
+                config.host,
+            )
+        if not stop.is_set():  # (stopped while building: no "ready" for scripts to act on)
+            on_ready(ready)
 
         watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
         expiry = asyncio.create_task(service.expire_claims())
@@ -333,6 +376,30 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)
     log.info("stopped after %d steps", service.steps)
+
+
+def describe_envs(config: ServerConfig) -> str:
+    """What the server's envs are made of, beyond id and count: how they are stepped, and whatever
+    the operator set (kwargs, wrappers, autoreset mode, step delay)."""
+    parts = [config.vectorization]
+    if config.env_kwargs:
+        parts.append(f"kwargs {json.dumps(config.env_kwargs, default=repr)}")
+    if config.wrappers:
+        parts.append(f"wrappers {','.join(config.wrappers)}")
+    if config.autoreset_mode != "NextStep":
+        parts.append(f"autoreset {config.autoreset_mode}")
+    if config.step_delay_ms:
+        parts.append(f"step delay {config.step_delay_ms:g} ms")
+    return "; ".join(parts)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepSocketServer | None:

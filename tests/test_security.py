@@ -71,6 +71,8 @@ def test_token_from_a_file_and_bad_tokens_are_refused_at_start(spawn_server: Spa
         (["--auth-token-file", str(tmp_path / "missing")], "cannot read it"),
         (["--auth-token", "a", "--auth-token-file", str(token_file)], "give one of them, not both"),
         (["--tls-cert", str(token_file)], "--tls-cert and --tls-key: give both"),
+        # Set, but to nothing (`--auth-token "$TOKEN"` with TOKEN unset): not a server open to all
+        (["--auth-token", ""], "--auth-token (or ENVFLEET_AUTH_TOKEN): the token is empty"),
     ):
         result = subprocess.run(
             [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
@@ -119,6 +121,25 @@ def test_tls_verified_with_the_ca_and_refused_otherwise(
         env=environ,
     )
     assert probe.returncode == 0, probe.stderr
+
+
+def test_a_certificate_and_key_that_do_not_belong_together_are_named(certs: ServerFiles, tmp_path: Path) -> None:
+    other = make_server_certs(tmp_path / "other", ca_name="another CA")
+    for cert, key, reason in (
+        (certs.key, certs.cert, "one is not what it should be (swapped, or not a certificate and a key)"),
+        (certs.cert, other.key, "the key is not the certificate's private key"),
+    ):
+        tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+        result = subprocess.run(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *tls],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"env-server: error: --tls-cert {cert} and --tls-key {key}: {reason}"
+        ), result.stderr
 
 
 def test_tls_and_token_together(spawn_server: SpawnServer, certs: ServerFiles) -> None:

@@ -179,3 +179,51 @@ def test_step_socket_flags(
 def test_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "env_server", "--version"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("env-server (envfleet) "), proc
+
+
+def test_a_unix_socket_another_server_listens_on_is_refused_and_a_stale_one_replaced(
+    spawn_server: SpawnServer, socket_path: Path
+) -> None:
+    """gRPC would replace the first server's socket, taking its learners over and leaving it unreachable."""
+    first = spawn_server("CartPole-v1", 1, "--unix-socket", str(socket_path))
+    result = run_server("--env", "Acrobot-v1", "--unix-socket", str(socket_path))
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"env-server: error: --unix-socket {socket_path}: another server is listening there; stop it or pick another path"
+    )
+    assert socket_path.is_socket() and Path(f"{socket_path}{STEP_SOCKET_SUFFIX}").is_socket()
+    first.kill()  # SIGKILL: its socket files stay behind, stale
+    assert socket_path.is_socket()
+    second = spawn_server("Acrobot-v1", 1, "--unix-socket", str(socket_path))
+    assert second.address == f"unix:{socket_path}"
+
+
+def _started_logs(*args: str) -> str:
+    """What a server started with ``args`` logged by the time it was ready (then it is stopped)."""
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().startswith("listening on ")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            proc.stdout.close()  # type: ignore[union-attr]
+        log.seek(0)
+        return log.read()
+
+
+def test_what_is_served_is_logged_and_risky_or_ignored_settings_warned() -> None:
+    logs = _started_logs(
+        "--num-envs", "2", "--env-kwargs", '{"max_episode_steps": 20}', "--step-delay-ms", "1",
+        "--spin-wait-ms", "0.5", "--host", "0.0.0.0",
+    )  # fmt: skip
+    assert 'serving 2 x CartPole-v1 (sync; kwargs {"max_episode_steps": 20}; step delay 1 ms) on 0.0.0.0:' in logs
+    assert "with neither TLS nor an auth token: anyone who reaches it can claim and step its envs" in logs
+    assert "--spin-wait-ms applies to the step socket only" in logs
+    quiet = _started_logs("--auth-token", "t0ken", "--host", "0.0.0.0")
+    assert "neither TLS nor an auth token" not in quiet and "spin-wait" not in quiet
