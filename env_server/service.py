@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -124,7 +125,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # checks, refusals and releases (see INLINE_LIMIT_S).
         self._env_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
-        self._env_seconds = 0.0  # moving average of env call durations
+        # Moving average of each env call's duration (step, reset, ...), unknown until the first:
+        # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
+        self._env_seconds: dict[str, float] = collections.defaultdict(lambda: INLINE_LIMIT_S)
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
         # How long a shutdown leaves an idle step stream open for a request already on its way.
@@ -447,7 +450,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
         """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
         quick enough to run on the loop (see INLINE_LIMIT_S); None otherwise (await :meth:`step`)."""
-        if self._env_lock.locked() or self._env_seconds >= INLINE_LIMIT_S:
+        if self._env_lock.locked() or self._env_seconds["step"] >= INLINE_LIMIT_S:
             return None
         start = time.perf_counter()
         actions = self._step_actions(request)
@@ -493,7 +496,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         exceptions per env; what reaches here failed the whole vector env.
         """
         async with self._env_lock:
-            if self._env_seconds < INLINE_LIMIT_S:
+            if self._env_seconds[fn.__name__] < INLINE_LIMIT_S:
                 return self._call_env(fn, *args, **kwargs)
             loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self._executor, functools.partial(self._call_env, fn, *args, **kwargs))
@@ -521,7 +524,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             ) from err
         finally:
             elapsed = time.perf_counter() - start
-            self._env_seconds += _EWMA_WEIGHT * (elapsed - self._env_seconds)
+            self._env_seconds[fn.__name__] += _EWMA_WEIGHT * (elapsed - self._env_seconds[fn.__name__])
         return result, elapsed
 
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
