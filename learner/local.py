@@ -296,6 +296,10 @@ def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> N
             os.rmdir(socket_dir)
 
 
+# Lines envs print when they are built (ale-py's, once per server): not warnings.
+_BANNERS = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
+
+
 def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[str]) -> None:
     """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
     assert proc.stderr is not None
@@ -311,6 +315,8 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
             level = _LOG_LEVELS.get(parts[2], logging.WARNING) if len(parts) > 2 else logging.WARNING
             if line.startswith("env-server: error:"):
                 level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
+            elif line.startswith(_BANNERS):
+                level = logging.INFO  # an env's own greeting on being built, not a problem
             server_log.log(level, "%s", line)
 
 

@@ -7,6 +7,7 @@ learner killed at any moment leaves the previous version intact, never half a fi
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -42,6 +43,20 @@ CHECKPOINTS = "checkpoints"
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+
+def make_new_dir(path: Path) -> Path:
+    """Make ``path``, or, where it exists already, the first of ``path-2``, ``path-3``, ... that does not;
+    returns the folder made (made here: another process cannot have made it too)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:

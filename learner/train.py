@@ -48,7 +48,7 @@ from learner.checkpoint import (
     save_best_checkpoint,
     save_checkpoint,
 )
-from learner.config import DEFAULT_ENV, Args, check_device, default_run_dir, resolve_ppo
+from learner.config import DEFAULT_ENV, Args, PPOConfig, check_device, default_run_dir, resolve_ppo
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
     EnvCrashedError,
@@ -289,6 +289,17 @@ def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
     return lost
 
 
+def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
+    batch_size = num_envs * hp.num_steps
+    if hp.norm_adv and batch_size < 2 * hp.num_minibatches:
+        raise ValueError(
+            f"--num-minibatches: {hp.num_minibatches} minibatches of a batch of {batch_size} transitions "
+            f"({num_envs} envs x --num-steps {hp.num_steps}) leave fewer than 2 in each, and advantage "
+            "normalisation makes a lone advantage 0: nothing would be learned; pass at most "
+            f"{max(1, batch_size // 2)} (or more envs or steps)"
+        )
+
+
 def _check_fresh(run_dir: Path) -> None:
     """A run dir a new run can be written to (not made yet: a run that fails to start leaves none)."""
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
@@ -389,11 +400,16 @@ def train(
                     "(leave --env out to train on whatever they serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
+        # (before the run dir is made: a run that cannot start leaves none)
+        _check_minibatches(resolve_ppo(args, envs.single_observation_space, envs.single_action_space), envs.num_envs)
         run_dir = Path(given_dir or default_run_dir(env_id))
-        if checkpoint is None:
-            _check_fresh(run_dir)
+        if checkpoint is None and given_dir:
+            _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            if given_dir:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            else:  # runs started in the same second (seeds in parallel) each get their own
+                run_dir = rundir.make_new_dir(run_dir)
         except OSError as err:
             raise ValueError(f"--run-dir: cannot make {run_dir}: {err.strerror or err}") from None
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)

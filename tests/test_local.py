@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import subprocess
 import sys
@@ -11,7 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from learner import LocalServers, RemoteVectorEnv, local_servers
+from learner.local import _forward_stderr
 
 
 def alive(pid: int) -> bool:
@@ -152,3 +157,23 @@ def test_socket_folders_of_killed_learners_are_removed(tmp_path: Path, monkeypat
     with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
         assert servers.addresses[0].startswith(f"unix:{tmp_path}/envfleet-{os.getpid()}-")
     assert not orphan.exists() and live.is_dir()
+
+
+def test_server_stderr_is_logged_at_its_level_and_env_banners_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    lines = [
+        "2026-12-01 03:00:00,000 INFO env_server.server: serving 1 x ALE/Pong-v5",
+        "A.L.E: Arcade Learning Environment (version 0.12.1+8a8fafb)",
+        "[Powered by Stella]",
+        "something the env printed",
+    ]
+    code = "import sys\nfor line in sys.argv[1:]: print(line, file=sys.stderr)"
+    proc = subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
+    with caplog.at_level(logging.DEBUG, logger="env_server[0]"):
+        _forward_stderr(proc, 0, collections.deque(maxlen=10))
+    proc.wait(timeout=30)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", lines[0]),
+        ("INFO", lines[1]),
+        ("INFO", lines[2]),
+        ("WARNING", lines[3]),
+    ]

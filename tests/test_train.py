@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -230,6 +233,42 @@ def test_a_run_dir_that_holds_a_run_is_not_overwritten(tmp_path: Path) -> None:
     train(args)
     with pytest.raises(FileExistsError, match="--resume"):
         train(args)
+
+
+def test_runs_started_in_the_same_second_get_a_run_dir_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeds started in parallel: the default runs/<env>-<time> is taken by the first, the next gets -2, ..."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("learner.config.time.strftime", lambda _format: "20261201-030846")
+    dirs = []
+    for seed in (1, 2):
+        args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, seed=seed)
+        train(args)
+        dirs.append(sorted(p.name for p in (tmp_path / "runs").iterdir()))
+    assert dirs == [
+        ["tests.envs-ClockEnv-20261201-030846"],
+        ["tests.envs-ClockEnv-20261201-030846", "tests.envs-ClockEnv-20261201-030846-2"],
+    ]
+    for name, seed in (("tests.envs-ClockEnv-20261201-030846", 1), ("tests.envs-ClockEnv-20261201-030846-2", 2)):
+        assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["args"]["seed"] == seed
+
+
+def test_minibatches_of_fewer_than_two_transitions_are_refused_before_the_run_dir_is_made(tmp_path: Path) -> None:
+    """A lone transition's normalised advantage is 0: such a run would learn nothing, silently."""
+    run = tmp_path / "run"
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=4, num_minibatches=5, run_dir=str(run))
+    with pytest.raises(ValueError, match=r"--num-minibatches: 5 minibatches of a batch of 8 transitions .* at most 4"):
+        train(args)
+    assert not run.exists()
+    train(dataclasses.replace(args, num_minibatches=4, total_timesteps=8))  # 2 each: fine
+    train(dataclasses.replace(args, num_minibatches=8, norm_adv=False, total_timesteps=8, run_dir=str(tmp_path / "b")))
+
+
+def test_make_new_dir_never_hands_out_a_folder_twice(tmp_path: Path) -> None:
+    base = tmp_path / "runs" / "x"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: rundir.make_new_dir(base), range(16)))
+    assert len(set(made)) == 16 and made[0].parent == base.parent
+    assert {p.name for p in made} == {"x", *(f"x-{n}" for n in range(2, 17))}
 
 
 def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path) -> None:
