@@ -116,7 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     def started(info: dict[str, Any]) -> None:
         envs, ppo = info["envs"], info["ppo"]
         print(
-            f"learner train: PPO ({ppo['preset']} preset) on {envs['env_id']}: {envs['description']}; "
+            f"learner train: PPO ({ppo['preset']} preset, {info['policy']}) on {envs['env_id']}: {envs['description']}; "
             f"{envs['num_envs']} envs, device {info['device']}\nrun dir: {info['run_dir']}",
             flush=True,
         )
@@ -327,7 +327,9 @@ def _presets_epilog() -> str:
         cells = []
         for n in names:
             value = PRESETS[n][key]
-            if isinstance(value, tuple):
+            if key == "hidden_sizes" and n == "atari":
+                value = "(CNN)"  # image observations get the Nature CNN
+            elif isinstance(value, tuple):
                 value = ",".join(map(str, value))
             cells.append(
                 f"{value:>12,}" if isinstance(value, int) and not isinstance(value, bool) else f"{value!s:>12}"

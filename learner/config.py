@@ -6,6 +6,7 @@ No torch here: the CLI builds ``learner train --help`` from these dataclasses wi
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -200,6 +201,8 @@ class Args:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
+        if self.stop_at_return is not None and not math.isfinite(self.stop_at_return):
+            raise ValueError(f"--stop-at-return: expected a finite mean return, got {self.stop_at_return}")
         check_device(self.device)
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
@@ -253,6 +256,8 @@ class Args:
                     f"{self.num_servers * self.envs_per_server}, got {self.num_envs}"
                 )
             return self.num_servers, self.envs_per_server
+        if self.backend == "gym":
+            return 1, self.num_envs  # one in-process vector env: no servers to split over
         servers = min(self.num_servers, self.num_envs)
         if self.num_envs % servers:
             raise ValueError(

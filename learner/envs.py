@@ -104,6 +104,13 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             stack.callback(servers.close)
             addresses = servers.addresses
         groups = min(spec.pipeline_groups, len(expand_addresses(addresses))) if spec.pipeline_groups > 1 else 1
+        if groups < spec.pipeline_groups:
+            log.info(
+                "--pipeline-groups %d: %d groups (at most one per server)%s",
+                spec.pipeline_groups,
+                groups,
+                ", so no pipelining" if groups == 1 else "",
+            )
         remote = RemoteVectorEnv(
             addresses,
             timeout=spec.timeout,

@@ -290,13 +290,19 @@ def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
 
 
 def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
+    """Warn of minibatches of one transition: advantage normalisation makes a lone advantage 0, so the
+    policy would learn nothing (the update takes at most one minibatch per transition)."""
     batch_size = num_envs * hp.num_steps
     if hp.norm_adv and batch_size < 2 * hp.num_minibatches:
-        raise ValueError(
-            f"--num-minibatches: {hp.num_minibatches} minibatches of a batch of {batch_size} transitions "
-            f"({num_envs} envs x --num-steps {hp.num_steps}) leave fewer than 2 in each, and advantage "
-            "normalisation makes a lone advantage 0: nothing would be learned; pass at most "
-            f"{max(1, batch_size // 2)} (or more envs or steps)"
+        log.warning(
+            "--num-minibatches %d: a batch of %d transitions (%d envs x --num-steps %d) leaves fewer than 2 per "
+            "minibatch, and advantage normalisation makes a lone advantage 0: the policy learns nothing; "
+            "pass at most %d (or more envs or steps)",
+            hp.num_minibatches,
+            batch_size,
+            num_envs,
+            hp.num_steps,
+            max(1, batch_size // 2),
         )
 
 
@@ -400,8 +406,6 @@ def train(
                     "(leave --env out to train on whatever they serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
-        # (before the run dir is made: a run that cannot start leaves none)
-        _check_minibatches(resolve_ppo(args, envs.single_observation_space, envs.single_action_space), envs.num_envs)
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
@@ -426,11 +430,16 @@ def train(
                         "and env kwargs"
                     )
         hp = resolve_ppo(args, obs_space, action_space)
+        _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
         _set_threads(args, device, image)
         hint = device_hint(args.device, device, image)
         if hint:
             log.warning(hint)
+        if args.hidden_sizes is not None and image:
+            log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
+        if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
+            log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
@@ -488,13 +497,15 @@ def train(
                 "autoreset_mode": str(autoreset.value),
             },
             "device": str(device),
+            "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
             "solved_threshold": threshold,
             "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "gymnasium": gym.__version__},
         }
         rundir.write_json(run_dir / rundir.CONFIG, config)
         log.info(
-            "PPO (preset %s) on %s, %d envs, device %s, run dir %s",
+            "PPO (preset %s, %s) on %s, %d envs, device %s, run dir %s",
             hp.preset,
+            config["policy"],
             fleet.describe(),
             envs.num_envs,
             device,

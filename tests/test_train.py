@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -252,15 +253,21 @@ def test_runs_started_in_the_same_second_get_a_run_dir_each(tmp_path: Path, monk
         assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["args"]["seed"] == seed
 
 
-def test_minibatches_of_fewer_than_two_transitions_are_refused_before_the_run_dir_is_made(tmp_path: Path) -> None:
-    """A lone transition's normalised advantage is 0: such a run would learn nothing, silently."""
-    run = tmp_path / "run"
-    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=4, num_minibatches=5, run_dir=str(run))
-    with pytest.raises(ValueError, match=r"--num-minibatches: 5 minibatches of a batch of 8 transitions .* at most 4"):
-        train(args)
-    assert not run.exists()
-    train(dataclasses.replace(args, num_minibatches=4, total_timesteps=8))  # 2 each: fine
-    train(dataclasses.replace(args, num_minibatches=8, norm_adv=False, total_timesteps=8, run_dir=str(tmp_path / "b")))
+def test_minibatches_of_fewer_than_two_transitions_are_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lone transition's normalised advantage is 0: such a run's policy would learn nothing, silently."""
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=4, total_timesteps=8)
+    for minibatches, norm_adv, warned in ((5, True, True), (4, True, False), (8, False, False)):
+        caplog.clear()
+        run = tmp_path / f"{minibatches}-{norm_adv}"
+        with caplog.at_level(logging.WARNING, logger="learner.train"):
+            train(dataclasses.replace(args, num_minibatches=minibatches, norm_adv=norm_adv, run_dir=str(run)))
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("--num-minibatches")]
+        assert bool(said) == warned, said
+        if warned:
+            assert "a batch of 8 transitions (2 envs x --num-steps 4) leaves fewer than 2" in said[0]
+            assert said[0].endswith("pass at most 4 (or more envs or steps)")
 
 
 def test_make_new_dir_never_hands_out_a_folder_twice(tmp_path: Path) -> None:
@@ -508,3 +515,20 @@ def test_overlapped_checkpoints_hold_the_reward_scaler_and_generator_as_of_their
         )
         assert torch.equal(a["reward_scaler"]["rms"]["count"], b["reward_scaler"]["rms"]["count"]), step
         assert a["update_rng"] is None and b["update_rng"] is not None
+
+
+def test_args_that_mean_nothing_are_refused_or_fit_the_backend() -> None:
+    with pytest.raises(ValueError, match=r"--stop-at-return: expected a finite mean return, got nan"):
+        Args(stop_at_return=float("nan"))
+    # The gym backend has no servers to split the envs over
+    assert Args(backend="gym", num_envs=3).local_layout() == (1, 3)
+    with pytest.raises(ValueError, match="do not split evenly over --num-servers 2"):
+        Args(num_envs=3)
+
+
+def test_options_that_do_not_apply_are_said_to_be_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=4, total_timesteps=8, action_bounds="squash")
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+    assert "--action-bounds: applies to Box actions, not Discrete(2); ignored" in caplog.text
+    assert rundir.read_json(tmp_path / "run" / rundir.CONFIG)["policy"] == "MLP 64,64"
