@@ -158,9 +158,9 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     return make_wrapped
 
 
-def _isolated(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
+def _isolated(factory: Callable[[], gym.Env[Any, Any]], repeat_on_reset: bool) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
-        return IsolateErrors(factory())
+        return IsolateErrors(factory(), repeat_on_reset=repeat_on_reset)
 
     return make_isolated
 
@@ -261,12 +261,14 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             first = factory()
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
-            isolated = _isolated(factory)
+            same_step = mode is gym.vector.AutoresetMode.SAME_STEP
+            isolated = _isolated(factory, repeat_on_reset=same_step)
             if config.vectorization == "async":
                 first.close()
                 vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
             else:
-                fns = [(lambda env=first: IsolateErrors(env))] + [isolated] * (config.num_envs - 1)
+                fns: list[Callable[[], gym.Env[Any, Any]]] = [lambda: IsolateErrors(first, repeat_on_reset=same_step)]
+                fns += [isolated] * (config.num_envs - 1)
                 vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise

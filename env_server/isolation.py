@@ -10,9 +10,11 @@ Wrapped around every env instead (inside the vector env, so also in the worker p
 its last observation, reward 0 and ``truncated=True`` with ``info["env_error"]`` = the exception's
 type and message, and the other envs' results go back as usual. ``truncated`` makes the vector env
 reset that env by its own autoreset rule (at once under same-step autoreset, on the next step under
-next-step autoreset), so the env starts a fresh episode; the reset's info carries the same
-``env_error``, so under either autoreset mode the step the error happened in has ``env_error`` set
-in the batch's top-level infos (gymnasium's ``_env_error`` mask names the env). A reset that raises
+next-step autoreset), so the env starts a fresh episode. Under same-step autoreset the batch's
+top-level infos of that step are the reset's, so the reset's info carries the same ``env_error``
+(``repeat_on_reset``): under either mode the step the error happened in, and only that step, has
+``env_error`` set in the batch's top-level infos (gymnasium's ``_env_error`` mask names the env), and
+each exception is counted once. A reset that raises
 too leaves the env *out of order*: it returns a placeholder observation (its last one, or zeros)
 with ``env_error`` set, and every later step of it is again reported as truncated with
 ``env_error``, so each autoreset tries again until a reset works.
@@ -63,10 +65,14 @@ def _describe(where: str, err: BaseException) -> str:
 
 
 class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
-    """Turns exceptions of the wrapped env's ``step`` and ``reset`` into ``info["env_error"]`` (see module doc)."""
+    """Turns exceptions of the wrapped env's ``step`` and ``reset`` into ``info["env_error"]`` (see module doc).
 
-    def __init__(self, env: gym.Env[Any, Any]) -> None:
+    ``repeat_on_reset``: the reset after an error repeats its ``env_error`` (for same-step autoreset,
+    where the step's top-level infos are that reset's)."""
+
+    def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool = False) -> None:
         super().__init__(env)
+        self._repeat_on_reset = repeat_on_reset
         self._last_obs: Any = None
         # The error that ended the current episode, reported again with the next reset's info.
         self._pending: str | None = None
@@ -93,9 +99,9 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             log.info("an env that was out of order reset fine again")
             self._broken = None
         self._last_obs = obs
-        if self._pending is not None:
+        if self._pending is not None and self._repeat_on_reset:
             info = {**info, ENV_ERROR_KEY: self._pending}
-            self._pending = None
+        self._pending = None
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:

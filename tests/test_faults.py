@@ -226,10 +226,10 @@ def test_an_env_that_raises_in_step_costs_its_own_episode_only(spawn_server: Spa
             assert infos["final_obs"][0].tolist() == [2.0, 1.0]  # the last good observation
         else:
             obs, rewards, *_, infos = envs.step(np.zeros(3, dtype=np.int64))  # the reset step
-            assert obs[0].tolist() == [0.0, 2.0] and infos["_env_unavailable"].tolist() == [True, False, False]
+            assert obs[0].tolist() == [0.0, 2.0] and "env_error" not in infos  # the error was said once
         obs, _, _, _, infos = envs.step(np.zeros(3, dtype=np.int64))
         assert "env_error" not in infos and obs[0, 0] == 1.0
-        assert envs.fault_stats().env_errors >= 1
+        assert envs.fault_stats().env_errors == 1  # one exception, counted once under either mode
     assert check(server.address) == "SERVING"
 
     # Not fault-tolerant: the env's exception raises, as a local vector env's does; a reset goes on.
