@@ -48,6 +48,9 @@ def server_options() -> list[tuple[str, int]]:
         # its Hold stream and so its claim.
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
+        # gRPC core also waits this long for any ping's ack (default 60 s, which otherwise wins: a
+        # stopped learner, whose host still acks TCP, kept its claim for ~68 s).
+        ("grpc.http2.ping_timeout_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
         # Let clients ping us as often as every 5 s (their own keepalive).
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),

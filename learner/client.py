@@ -60,6 +60,7 @@ def channel_options() -> list[tuple[str, Any]]:
         # Notice a dead server within ~15 s even while no call is in flight.
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.http2.ping_timeout_ms", 5_000),  # (gRPC core's own ping-ack timeout: 60 s by default)
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # After a lost connection, try again soon (the default starts at 1 s and grows to 120 s).

@@ -23,7 +23,14 @@ import pytest
 from env_server.health import check
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import EnvCrashedError, RemoteTimeoutError, RemoteVectorEnv, ServerUnavailableError, SessionError
+from learner import (
+    EnvCrashedError,
+    RemoteTimeoutError,
+    RemoteVectorEnv,
+    ServerBusyError,
+    ServerUnavailableError,
+    SessionError,
+)
 from learner.client import translate_error
 from tests.conftest import SpawnServer
 
@@ -419,8 +426,42 @@ def test_keepalive_settings_agree() -> None:
     for options in (server, client):
         assert options["grpc.keepalive_time_ms"] + options["grpc.keepalive_timeout_ms"] <= 15_000
         assert options["grpc.keepalive_permit_without_calls"] == 1
+        assert options["grpc.http2.ping_timeout_ms"] <= options["grpc.keepalive_timeout_ms"]  # (else it wins)
     assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
     assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings
+
+
+def test_a_learner_that_stops_answering_loses_its_claim_to_keepalive(spawn_server: SpawnServer) -> None:
+    """A learner whose process stops (SIGSTOP; as a host that hangs: its kernel still acks TCP) is
+    noticed by the server's keepalive within ~15 s, not gRPC core's 60 s ping-ack default."""
+    server = spawn_server("CartPole-v1", 2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_SLEEP, server.address], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        holder.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        while True:
+            try:
+                RemoteVectorEnv([server.address], timeout=5).close()
+                break
+            except ServerBusyError:
+                assert time.monotonic() - stopped < 40, "the stopped learner kept its claim"
+                time.sleep(1)
+    finally:
+        holder.kill()
+        holder.send_signal(signal.SIGCONT) if holder.poll() is None else None
+        holder.wait(timeout=30)
+        holder.stdout.close()  # type: ignore[union-attr]
+
+
+HOLD_AND_SLEEP = """
+import sys, time
+from learner import RemoteVectorEnv
+envs = RemoteVectorEnv([sys.argv[1]], timeout=5)
+envs.reset(seed=0)
+print("holding", flush=True)
+time.sleep(600)
+"""
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
