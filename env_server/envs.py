@@ -158,7 +158,7 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     return make_wrapped
 
 
-def _isolated(factory: Callable[[], gym.Env[Any, Any]], repeat_on_reset: bool) -> Callable[[], gym.Env[Any, Any]]:
+def _isolated(factory: Callable[[], gym.Env[Any, Any]], *, repeat_on_reset: bool) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
         return IsolateErrors(factory(), repeat_on_reset=repeat_on_reset)
 

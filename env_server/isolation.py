@@ -67,14 +67,15 @@ def _describe(where: str, err: BaseException) -> str:
 class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     """Turns exceptions of the wrapped env's ``step`` and ``reset`` into ``info["env_error"]`` (see module doc).
 
-    ``repeat_on_reset``: the reset after an error repeats its ``env_error`` (for same-step autoreset,
-    where the step's top-level infos are that reset's)."""
+    ``repeat_on_reset``: the reset after an error repeats its ``env_error``; True for a vector env with
+    same-step autoreset (whose step's top-level infos are that reset's), False otherwise."""
 
-    def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool = False) -> None:
+    def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool) -> None:
         super().__init__(env)
         self._repeat_on_reset = repeat_on_reset
         self._last_obs: Any = None
-        # The error that ended the current episode, reported again with the next reset's info.
+        # The error that ended the current episode, reported again with the next reset's info
+        # (with repeat_on_reset).
         self._pending: str | None = None
         # Why the env is out of order (its last reset raised), or None while it works.
         self._broken: str | None = None

@@ -197,8 +197,17 @@ def _check_socket_path(path: str) -> None:
     try:
         probe.settimeout(1.0)
         probe.connect(path)
-    except OSError:
-        return  # nothing listens there (refused, or not ours to reach): stale
+    except (ConnectionRefusedError, FileNotFoundError):
+        return  # nothing listens there: stale
+    except PermissionError:
+        raise OSError(
+            f"--unix-socket {path}: a socket this user may not connect to (another user's?): cannot tell "
+            "whether a server listens there; remove it or pick another path"
+        ) from None
+    except (BlockingIOError, TimeoutError):
+        pass  # a server whose backlog is full: busy, not gone
+    except OSError as err:
+        raise OSError(f"--unix-socket {path}: {err.strerror or err}") from None
     finally:
         probe.close()
     raise OSError(f"--unix-socket {path}: another server is listening there; stop it or pick another path")
@@ -313,60 +322,62 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             env.close()
         raise
     try:
-        if metrics is not None:
-            assert config.metrics_port is not None
-            metrics_host = "127.0.0.1" if config.unix_socket else config.host
-            try:
-                metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
-            except OSError as err:
-                raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
-            shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
-            log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
-        # The envs exist: report healthy, for the service and overall ("").
-        for name in (SERVICE_NAME, ""):
-            await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if config.unix_socket:
-            ready = address
+        if stop.is_set():  # stopped while building: it never served, nor said it would
+            log.info("stopped while building its envs")
         else:
-            host = f"[{config.host}]" if ":" in config.host else config.host
-            ready = f"{host}:{port}"
-        security = ", ".join(
-            part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
-        )
-        log.info(
-            "serving %d x %s (%s) on %s%s",
-            config.num_envs,
-            config.env,
-            describe_envs(config),
-            ready,
-            f" ({security})" if security else " (plaintext, no auth token)",
-        )
-        if not security and not config.unix_socket and not _is_loopback(config.host):
-            log.warning(
-                "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
-                "step its envs (see --auth-token and --tls-cert)",
-                config.host,
+            if metrics is not None:
+                assert config.metrics_port is not None
+                metrics_host = "127.0.0.1" if config.unix_socket else config.host
+                try:
+                    metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
+                except OSError as err:
+                    raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
+                shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+                log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
+            # The envs exist: report healthy, for the service and overall ("").
+            for name in (SERVICE_NAME, ""):
+                await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if config.unix_socket:
+                ready = address
+            else:
+                host = f"[{config.host}]" if ":" in config.host else config.host
+                ready = f"{host}:{port}"
+            security = ", ".join(
+                part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
             )
-        if not stop.is_set():  # (stopped while building: no "ready" for scripts to act on)
+            log.info(
+                "serving %d x %s (%s) on %s%s",
+                config.num_envs,
+                config.env,
+                _describe_envs(config),
+                ready,
+                f" ({security})" if security else " (plaintext, no auth token)",
+            )
+            if not security and not config.unix_socket and not _is_loopback(config.host):
+                log.warning(
+                    "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
+                    "step its envs (see --auth-token and --tls-cert)",
+                    config.host,
+                )
             on_ready(ready)
 
-        watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
-        expiry = asyncio.create_task(service.expire_claims())
-        await stop.wait()
-        expiry.cancel()
+            watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+            expiry = asyncio.create_task(service.expire_claims())
+            await stop.wait()
+            expiry.cancel()
 
-        # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
-        # session and idle step streams end at once; steps in flight finish within the grace period.
-        log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
-        await health_service.enter_graceful_shutdown()
-        service.drain()
-        if step_server is not None:
-            step_server.drain()
-            await asyncio.gather(server.stop(config.grace_s), step_server.finish(config.grace_s))
-        else:
-            await server.stop(config.grace_s)
-        if watchdog is not None:
-            watchdog.cancel()
+            # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
+            # session and idle step streams end at once; steps in flight finish within the grace period.
+            log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
+            await health_service.enter_graceful_shutdown()
+            service.drain()
+            if step_server is not None:
+                step_server.drain()
+                await asyncio.gather(server.stop(config.grace_s), step_server.finish(config.grace_s))
+            else:
+                await server.stop(config.grace_s)
+            if watchdog is not None:
+                watchdog.cancel()
     finally:
         await server.stop(None)
         if step_server is not None:
@@ -381,7 +392,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     log.info("stopped after %d steps", service.steps)
 
 
-def describe_envs(config: ServerConfig) -> str:
+def _describe_envs(config: ServerConfig) -> str:
     """What the server's envs are made of, beyond id and count: how they are stepped, and whatever
     the operator set (kwargs, wrappers, autoreset mode, step delay)."""
     parts = [config.vectorization]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
@@ -127,7 +126,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
-        self._env_seconds: dict[str, float] = collections.defaultdict(lambda: INLINE_LIMIT_S)
+        self._env_seconds: dict[str, float] = {}
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
         # How long a shutdown leaves an idle step stream open for a request already on its way.
@@ -377,7 +376,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
                 )
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
-        (obs, infos), _ = await self._run_env(self.env.reset, seed=seed, options=options)
+        (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
         self._needs_reset = False
         if self._metrics is not None:
             self._metrics.resets.inc()
@@ -444,17 +443,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Step the session's envs with the request's actions (Step, StepStream and the step socket)."""
         start = time.perf_counter()
         actions = self._step_actions(request)
-        result, env_seconds = await self._run_env(self.env.step, actions)
+        result, env_seconds = await self._run_env("step", self.env.step, actions)
         return self._step_response(result, env_seconds, start)
 
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
         """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
         quick enough to run on the loop (see INLINE_LIMIT_S); None otherwise (await :meth:`step`)."""
-        if self._env_lock.locked() or self._env_seconds["step"] >= INLINE_LIMIT_S:
+        if self._env_lock.locked() or not self._quick("step"):
             return None
         start = time.perf_counter()
         actions = self._step_actions(request)
-        result, env_seconds = self._call_env(self.env.step, actions)
+        result, env_seconds = self._call_env("step", self.env.step, actions)
         return self._step_response(result, env_seconds, start)
 
     def _step_actions(self, request: pb.StepRequest) -> Any:
@@ -489,17 +488,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._metrics.env_errors.inc(int(np.count_nonzero(errors)))
         return response
 
-    async def _run_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    async def _run_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised.
 
         Envs wrapped in IsolateErrors (all but ``vector_entry_point`` ones) report their own
         exceptions per env; what reaches here failed the whole vector env.
         """
         async with self._env_lock:
-            if self._env_seconds[fn.__name__] < INLINE_LIMIT_S:
-                return self._call_env(fn, *args, **kwargs)
+            if self._quick(kind):
+                return self._call_env(kind, fn, *args, **kwargs)
             loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(self._executor, functools.partial(self._call_env, fn, *args, **kwargs))
+            future = loop.run_in_executor(self._executor, functools.partial(self._call_env, kind, fn, *args, **kwargs))
             try:
                 return await asyncio.shield(future)
             except asyncio.CancelledError:
@@ -509,22 +508,28 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 await _wait_uncancellable(future)
                 raise
 
-    def _call_env(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-        """``fn(*args, **kwargs)`` here and now (the caller holds the envs), timed; see :meth:`_run_env`."""
+    def _quick(self, kind: str) -> bool:
+        """Whether ``kind`` calls (step, reset) have been quick enough to run on the loop; not before the first."""
+        return self._env_seconds.get(kind, math.inf) < INLINE_LIMIT_S
+
+    def _call_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)``, a ``kind`` call, here and now (the caller holds the envs), timed; see
+        :meth:`_run_env`."""
         start = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
             # The env's state is unknown after it raised: the learner must reset before stepping.
             self._needs_reset = True
-            log.warning("env %s raised %s: %s", fn.__name__, type(err).__name__, err)
+            log.warning("env %s raised %s: %s", kind, type(err).__name__, err)
             raise ServiceError(
                 grpc.StatusCode.INTERNAL,
-                f"the env raised in {fn.__name__}: {type(err).__name__}: {err}; reset before stepping again",
+                f"the env raised in {kind}: {type(err).__name__}: {err}; reset before stepping again",
             ) from err
         finally:
             elapsed = time.perf_counter() - start
-            self._env_seconds[fn.__name__] += _EWMA_WEIGHT * (elapsed - self._env_seconds[fn.__name__])
+            before = self._env_seconds.get(kind)
+            self._env_seconds[kind] = elapsed if before is None else before + _EWMA_WEIGHT * (elapsed - before)
         return result, elapsed
 
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:

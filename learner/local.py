@@ -266,6 +266,10 @@ def _server_environ(auth_token: str | None) -> dict[str, str] | None:
     environ: dict[str, str] | None = None
     if auth_token:
         environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token}
+    elif os.environ.get("ENVFLEET_AUTH_TOKEN") == "":
+        # Set to nothing here (`export ENVFLEET_AUTH_TOKEN=$TOKEN`, TOKEN unset), which the learner takes for
+        # no token: the servers too, rather than refusing to start over a token nobody gave.
+        environ = {k: v for k, v in os.environ.items() if k != "ENVFLEET_AUTH_TOKEN"}
     script = sys.argv[0] if sys.argv else ""
     folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
     if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():

@@ -959,8 +959,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         EnvCrashedError, as a local vector env raises when an env does; the envs' results are not
         handed over, so the next step needs a reset first. ``base``: the env index of ``infos``' first.
 
-        A reset's infos also repeat the error of the step that ended the env's last episode (see
-        env_server.isolation): that reset worked, and is no new failure."""
+        Older servers (before 2026-12-01) also repeated, in a reset's infos, the error of the
+        step that ended the env's last episode (see env_server.isolation): that reset worked, and is
+        no new failure (current servers repeat it only within a same-step autoreset's step)."""
         errors = infos.get("_env_error")
         if self.fault_tolerant or errors is None or not errors.any():
             return

@@ -177,3 +177,11 @@ def test_server_stderr_is_logged_at_its_level_and_env_banners_at_info(caplog: py
         ("INFO", lines[2]),
         ("WARNING", lines[3]),
     ]
+
+
+def test_an_empty_token_variable_means_no_token_for_the_servers_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export ENVFLEET_AUTH_TOKEN=$TOKEN` with TOKEN unset: the learner takes it for no token, and the
+    servers it starts must not refuse to start over it (env-server refuses an empty token given to it)."""
+    monkeypatch.setenv("ENVFLEET_AUTH_TOKEN", "")
+    with local_servers("CartPole-v1", 1, 1) as addresses, RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,3 +230,53 @@ def test_what_is_served_is_logged_and_risky_or_ignored_settings_warned() -> None
     assert "--spin-wait-ms applies to the step socket only" in logs
     quiet = _started_logs("--auth-token", "t0ken", "--host", "0.0.0.0")
     assert "neither TLS nor an auth token" not in quiet and "spin-wait" not in quiet
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (PermissionError(errno.EACCES, "Permission denied"), "a socket this user may not connect to"),
+        (BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), "another server is listening there"),
+        (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), None),  # stale: replaced
+    ],
+)
+def test_a_socket_that_cannot_be_probed_is_not_taken_for_stale(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, message: str | None
+) -> None:
+    """(root connects to any socket: another user's is simulated by what connect raises)"""
+    from env_server.server import _check_socket_path
+
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(socket_path))  # a socket file, nothing listening
+
+    def connect(self: socket.socket, address: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    if message is None:
+        _check_socket_path(str(socket_path))
+    else:
+        with pytest.raises(OSError, match=message):
+            _check_socket_path(str(socket_path))
+
+
+def test_a_server_stopped_while_building_never_says_it_is_ready(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    argv = [sys.executable, "-m", "env_server", "--env", "tests.envs:SlowToBuildEnv", "--port", "0"]
+    argv += ["--env-kwargs", '{"build_s": 3}', "--log-level", "info"]
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "building 1 x tests.envs:SlowToBuildEnv" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and stdout == "", (proc.returncode, stdout)
+    text = log.read_text()
+    assert "stopped while building its envs" in text and "serving " not in text, text
