@@ -8,16 +8,19 @@ import re
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
+import numpy as np
 
 from env_server.config import ServerConfig
 from env_server.isolation import IsolateErrors
 
 __all__ = [
     "EnvBuildError",
+    "CheckFirstObservations",
     "EnvStepDelay",
+    "ObservationLayoutError",
     "StepDelay",
     "WRAPPERS",
     "build_vector_env",
@@ -158,9 +161,79 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     return make_wrapped
 
 
-def _isolated(factory: Callable[[], gym.Env[Any, Any]], *, repeat_on_reset: bool) -> Callable[[], gym.Env[Any, Any]]:
+class ObservationLayoutError(ValueError):
+    """An env returned an observation whose layout (shape, keys, length) is not its observation space's."""
+
+
+def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation") -> str | None:
+    """What makes ``obs`` unfit to be stacked as an observation of ``space`` (None when it fits).
+
+    Only the layout is checked, which gymnasium's vector envs need to stack K observations (a wrong
+    one fails there with numpy's "Output array is the wrong shape"); dtypes are cast and bounds are
+    not enforced, as in gymnasium's own vector envs."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"{where} is a {type(obs).__name__}, expected a dict with keys {sorted(space.spaces)}"
+        if set(obs) != set(space.spaces):
+            return f"{where} has keys {sorted(obs, key=str)}, expected {sorted(space.spaces)}"
+        return next(
+            (m for k, sub in space.spaces.items() if (m := layout_mismatch(obs[k], sub, f"{where}[{k!r}]"))), None
+        )
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
+            length = f" of length {len(obs)}" if isinstance(obs, (tuple, list)) else ""
+            return f"{where} is a {type(obs).__name__}{length}, expected a tuple of length {len(space.spaces)}"
+        return next(
+            (m for i, sub in enumerate(space.spaces) if (m := layout_mismatch(obs[i], sub, f"{where}[{i}]"))), None
+        )
+    if space.shape is None:  # (a space gymnasium stacks as objects: Text, Graph, Sequence, ...)
+        return None
+    shape = np.shape(obs)
+    if shape != space.shape:
+        return f"{where} has shape {shape}, expected {space.shape} (observation_space {space})"
+    return None
+
+
+class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
+    """Raises ObservationLayoutError, naming the env, the shape that came and the one expected, when
+    the first observation of ``reset`` or of ``step`` does not fit the observation space.
+
+    Only the first of each is checked (an env that gets its layout wrong usually does so every
+    time); after that the calls go straight to the wrapped env, at no cost per step."""
+
+    def __init__(self, env: gym.Env[Any, Any], name: str) -> None:
+        super().__init__(env)
+        self._name = name
+
+    def _check(self, obs: Any, method: str) -> None:
+        problem = layout_mismatch(obs, self.observation_space)
+        if problem is not None:
+            raise ObservationLayoutError(f"env {self._name!r}, {method}(): {problem}")
+        # The check done, this instance's calls of ``method`` skip this wrapper from now on.
+        setattr(self, method, getattr(self.env, method))
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._check(obs, "reset")
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        result = self.env.step(action)
+        self._check(result[0], "step")
+        return result
+
+
+def _guarded(env: gym.Env[Any, Any], name: str, *, repeat_on_reset: bool) -> gym.Env[Any, Any]:
+    """``env`` as the vector env holds it: its errors isolated (outside the check, which must fail
+    the call: a layout error would fail the stacking anyway, less clearly)."""
+    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset), name)
+
+
+def _isolated(
+    factory: Callable[[], gym.Env[Any, Any]], name: str, *, repeat_on_reset: bool
+) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
-        return IsolateErrors(factory(), repeat_on_reset=repeat_on_reset)
+        return _guarded(factory(), name, repeat_on_reset=repeat_on_reset)
 
     return make_isolated
 
@@ -262,12 +335,14 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
-            isolated = _isolated(factory, repeat_on_reset=same_step)
+            isolated = _isolated(factory, config.env, repeat_on_reset=same_step)
             if config.vectorization == "async":
                 first.close()
                 vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
             else:
-                fns: list[Callable[[], gym.Env[Any, Any]]] = [lambda: IsolateErrors(first, repeat_on_reset=same_step)]
+                fns: list[Callable[[], gym.Env[Any, Any]]] = [
+                    lambda: _guarded(first, config.env, repeat_on_reset=same_step)
+                ]
                 fns += [isolated] * (config.num_envs - 1)
                 vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:

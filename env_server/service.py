@@ -119,6 +119,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._refused = 0  # calls answered with an error status (their log lines are rate-limited)
         self._last_refusal_log = -math.inf
         self._needs_reset = True
+        # Why the envs cannot run any more (an async vector env whose workers ended), or None.
+        self._dead: str | None = None
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
         # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
         # checks, refusals and releases (see INLINE_LIMIT_S).
@@ -515,17 +517,25 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def _call_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """``fn(*args, **kwargs)``, a ``kind`` call, here and now (the caller holds the envs), timed; see
         :meth:`_run_env`."""
+        if self._dead is not None:
+            raise ServiceError(grpc.StatusCode.INTERNAL, f"{self._dead}; the server cannot step or reset: restart it")
         start = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
             # The env's state is unknown after it raised: the learner must reset before stepping.
             self._needs_reset = True
+            what = f"the env raised in {kind}: {type(err).__name__}: {err}"
+            if _workers_ended(self.env):
+                # (gymnasium's AsyncVectorEnv shuts a worker down when an exception escapes its env;
+                # IsolateErrors catches the env's own, so this takes a failure of the env's layout.)
+                self._dead = f"the async vector env's worker processes ended when {what}"
+                log.error("%s; the server cannot step or reset any more: restart it", self._dead)
+                raise ServiceError(
+                    grpc.StatusCode.INTERNAL, f"{what}; its worker processes ended: restart the server"
+                ) from err
             log.warning("env %s raised %s: %s", kind, type(err).__name__, err)
-            raise ServiceError(
-                grpc.StatusCode.INTERNAL,
-                f"the env raised in {kind}: {type(err).__name__}: {err}; reset before stepping again",
-            ) from err
+            raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again") from err
         finally:
             elapsed = time.perf_counter() - start
             before = self._env_seconds.get(kind)
@@ -538,6 +548,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _workers_ended(env: gym.vector.VectorEnv) -> bool:
+    """Whether ``env`` is an AsyncVectorEnv with a worker gymnasium has shut down (after its error)."""
+    pipes = getattr(env.unwrapped, "parent_pipes", None)
+    return isinstance(env.unwrapped, gym.vector.AsyncVectorEnv) and pipes is not None and any(p is None for p in pipes)
 
 
 def _same_id(session_id: str, given: str) -> bool:

@@ -207,7 +207,9 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
     fault happens once; ``fault_env`` picks which of the server's envs misbehaves (by creation
     order within the server process; -1: all). ``raise_in_reset`` makes every reset after the
     first ``raise_in_reset`` resets raise (-1: never); at step ``bad_reward_at`` the reward is a
-    string, which fails the vector env as a whole (not one env's exception). Observations are ``[t, episode]``.
+    string, which fails the vector env as a whole (not one env's exception); ``wrong_shape_in``
+    ("reset" or "step") makes that method's observations 3 long instead of 2 (a layout error of the
+    env's own). Observations are ``[t, episode]``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -222,6 +224,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         fault_env: int = 0,
         length: int = 50,
         bad_reward_at: int = -1,
+        wrong_shape_in: str = "",
     ) -> None:
         self.index = FaultyEnv._created
         FaultyEnv._created += 1
@@ -232,13 +235,16 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         self.raise_in_reset = raise_in_reset if faulty else -1
         self.length = length
         self.bad_reward_at = bad_reward_at if faulty else -1
+        self.wrong_shape_in = wrong_shape_in if faulty else ""
         self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._steps = 0
         self._resets = 0
         self._t = 0
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self, method: str = "") -> np.ndarray:
+        if method and method == self.wrong_shape_in:
+            return np.array([self._t, self._resets, 0], dtype=np.float32)
         return np.array([self._t, self._resets], dtype=np.float32)
 
     def reset(
@@ -249,7 +255,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
             raise RuntimeError(f"reset failed on purpose (env {self.index})")
         self._resets += 1
         self._t = 0
-        return self._obs(), {}
+        return self._obs("reset"), {}
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self._steps += 1
@@ -260,7 +266,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         if self._steps == self.bad_reward_at:  # not a number: the vector env itself fails
             return self._obs(), "one", False, self._t >= self.length, {}  # type: ignore[return-value]
-        return self._obs(), 1.0, False, self._t >= self.length, {}
+        return self._obs("step"), 1.0, False, self._t >= self.length, {}
 
 
 class SlowToBuildEnv(ClockEnv):

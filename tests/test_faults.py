@@ -313,6 +313,53 @@ def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn
         envs.reset(seed=0)
 
 
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+@pytest.mark.parametrize("method", ["reset", "step"])
+def test_an_observation_that_does_not_fit_the_space_is_named(
+    spawn_server: SpawnServer, method: str, vectorization: str
+) -> None:
+    """Not numpy's "Output array is the wrong shape": the env, the method, the shapes and the space."""
+    kwargs = json.dumps({"wrong_shape_in": method, "fault_env": -1})
+    server = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", kwargs, "--vectorization", vectorization)
+    named = (
+        rf"ObservationLayoutError: env 'tests.envs:FaultyEnv', {method}\(\): observation has shape \(3,\), "
+        r"expected \(2,\) \(observation_space Box\(0.0, inf, \(2,\), float32\)\)"
+    )
+    with RemoteVectorEnv([server.address]) as envs:
+        with pytest.raises(EnvCrashedError, match=named):
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, dtype=np.int64))
+        if vectorization == "async":
+            # gymnasium shut the worker down: every later call says so, not "'NoneType' has no attribute".
+            with pytest.raises(EnvCrashedError, match=r"worker processes ended when the env raised in .*restart it"):
+                envs.reset(seed=0)
+    assert server.proc is not None and server.proc.poll() is None
+    assert "ObservationLayoutError" in server.logs()
+
+
+def test_layout_mismatch_names_the_part_that_does_not_fit() -> None:
+    from env_server.envs import layout_mismatch
+
+    space = gym.spaces.Dict(
+        {
+            "pos": gym.spaces.Box(-1, 1, (2,)),
+            "parts": gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Box(0, 1, (2, 2))]),
+        }
+    )
+    fits = {"pos": np.zeros(2), "parts": (1, np.zeros((2, 2)))}
+    assert layout_mismatch(fits, space) is None
+    assert layout_mismatch({**fits, "pos": np.zeros(3)}, space) == (
+        "observation['pos'] has shape (3,), expected (2,) (observation_space Box(-1.0, 1.0, (2,), float32))"
+    )
+    assert layout_mismatch({"pos": np.zeros(2)}, space) == "observation has keys ['pos'], expected ['parts', 'pos']"
+    assert layout_mismatch({**fits, "parts": (1,)}, space) == (
+        "observation['parts'] is a tuple of length 1, expected a tuple of length 2"
+    )
+    assert "observation['parts'][1] has shape (2,)" in str(layout_mismatch({**fits, "parts": (1, np.zeros(2))}, space))
+    assert layout_mismatch(np.zeros(2), space) == "observation is a ndarray, expected a dict with keys ['parts', 'pos']"
+    assert layout_mismatch(np.int64(2), gym.spaces.Discrete(3)) is None
+
+
 def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) -> None:
     """SIGTERM while a slow step is in flight: the step's result arrives, the server exits 0, then the
     learner sees the server gone (fault-tolerant: its envs become unavailable)."""
