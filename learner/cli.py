@@ -365,6 +365,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.parser.error("--servers: evaluates on running env servers, so it cannot go with --backend gym")
     if args.servers is not None and args.num_envs is not None:
         args.parser.error("--num-envs: sets the envs of the local server (or --backend gym); --servers have theirs")
+    if (args.servers is not None or args.backend == "gym") and args.transport != DEFAULT_TRANSPORT:
+        what = "--servers' addresses say it" if args.servers is not None else "--backend gym has no servers"
+        args.parser.error(f"--transport: says how to reach the local env server; {what}")
+    if args.backend == "gym" and not args.step_socket:
+        args.parser.error("--no-step-socket: says how to reach env servers, so it cannot go with --backend gym")
     if args.video_fps is not None and args.video is None:
         args.parser.error("--video-fps: sets the speed of the GIF that --video PATH.gif writes; give --video too")
     from learner.evaluate import evaluate

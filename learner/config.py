@@ -210,6 +210,14 @@ class Args:
             raise ValueError("--servers: trains on running env servers, so it cannot go with --backend gym")
         if self.pipeline_groups > 1 and self.backend == "gym":
             raise ValueError("--pipeline-groups: pipelines env servers, so it cannot go with --backend gym")
+        if self.backend == "gym" and (self.transport != DEFAULT_TRANSPORT or not self.step_socket):
+            flag = "--transport" if self.transport != DEFAULT_TRANSPORT else "--no-step-socket"
+            raise ValueError(f"{flag}: says how to reach env servers, so it cannot go with --backend gym")
+        if self.servers is not None and self.transport != DEFAULT_TRANSPORT:
+            raise ValueError(
+                "--transport: says how to reach the env servers this command starts; with --servers the addresses "
+                "say it (host:port for TCP, unix:/path for a Unix socket)"
+            )
         if self.tls_server_name is not None and not (self.tls or self.tls_ca):
             raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
         if self.auth_token is not None:

@@ -268,6 +268,12 @@ def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
         (["a.pt", "--checkpoint", "b.pt"], "expected one checkpoint, got PATH a.pt and --checkpoint b.pt"),
         (["a.pt", "--servers", "h:1", "--backend", "gym"], "--servers: evaluates on running env servers, so it cannot"),
         (["a.pt", "--servers", "h:1", "--num-envs", "16"], "--num-envs: sets the envs of the local server"),
+        (["a.pt", "--servers", "h:1", "--transport", "tcp"], "--transport: says how to reach the local env server;"),
+        (
+            ["a.pt", "--backend", "gym", "--transport", "tcp"],
+            "--transport: says how to reach the local env server; --backend gym has no servers",
+        ),
+        (["a.pt", "--backend", "gym", "--no-step-socket"], "--no-step-socket: says how to reach env servers"),
     ],
 )
 def test_eval_refuses_options_that_do_not_go_together(

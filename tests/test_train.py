@@ -22,6 +22,7 @@ from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.local import DEFAULT_TRANSPORT
 from learner.train import device_hint, resume_args, train
 from tests.conftest import StartServers
 
@@ -318,6 +319,16 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
 def test_pipelining_needs_env_servers() -> None:
     with pytest.raises(ValueError, match="--pipeline-groups: pipelines env servers"):
         Args(backend="gym", pipeline_groups=2)
+    other = "tcp" if DEFAULT_TRANSPORT == "unix" else "unix"
+    with pytest.raises(
+        ValueError, match="--transport: says how to reach env servers, so it cannot go with --backend gym"
+    ):
+        Args(backend="gym", transport=other)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--no-step-socket: says how to reach env servers"):
+        Args(backend="gym", step_socket=False)
+    with pytest.raises(ValueError, match=r"--transport: .* with --servers the addresses say it"):
+        Args(servers="127.0.0.1:1", transport=other)  # type: ignore[arg-type]
+    Args(servers="unix:/tmp/x.sock", step_socket=False)  # (unix: addresses have step sockets)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
