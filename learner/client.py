@@ -584,14 +584,14 @@ class SocketStep:
         self._client.close_step_socket()
 
 
-def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCredentials | None:
-    """TLS credentials for ``tls``: False -> None (plaintext); True -> the system's CA roots; a path ->
-    the CA certificate(s) in that PEM file. (A server name other than the address's host goes in the
-    channel's options: EnvClient's ``tls_server_name``.)"""
+def channel_credentials(tls: bool | str | os.PathLike[str]) -> tuple[grpc.ChannelCredentials | None, bytes | None]:
+    """TLS credentials for ``tls``, and the CA roots they trust: False -> (None, None) (plaintext); True ->
+    the system's CA roots (roots None); a path -> the CA certificate(s) in that PEM file. (A server name
+    other than the address's host goes in the channel's options: EnvClient's ``tls_server_name``.)"""
     if tls is False or tls is None:
-        return None
+        return None, None
     if tls is True:
-        return grpc.ssl_channel_credentials()
+        return grpc.ssl_channel_credentials(), None
     path = os.fspath(tls)
     try:
         with open(path, "rb") as f:
@@ -602,4 +602,4 @@ def channel_credentials(tls: bool | str | os.PathLike[str]) -> grpc.ChannelCrede
         raise ValueError(
             f"tls: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
         )
-    return grpc.ssl_channel_credentials(root_certificates=roots)
+    return grpc.ssl_channel_credentials(root_certificates=roots), roots

@@ -19,15 +19,18 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 import stat
 from collections.abc import Callable, Sequence
 
 __all__ = [
+    "TLS_CAUSE",
     "AddressError",
     "Resolver",
     "expand_addresses",
     "pin_addresses",
     "probe",
+    "tls_probe",
     "register_resolver",
     "split_addresses",
     "warn_duplicates",
@@ -131,6 +134,65 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     except OSError as err:
         return err.strerror or str(err)
     return None
+
+
+TLS_CAUSE = "TLS: "
+"""How :func:`tls_probe`'s reasons start."""
+
+# OpenSSL's X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY, _DEPTH_ZERO_SELF_SIGNED_CERT, _SELF_SIGNED_CERT_IN_CHAIN
+_UNKNOWN_ISSUER = (20, 18, 19)
+
+
+def tls_probe(address: str, ca: bytes | None, server_name: str | None = None, timeout: float = 1.0) -> str | None:
+    """Why a TLS handshake with ``address`` (``host:port`` or ``unix:PATH``) fails, as a client with
+    ``ca`` (PEM roots; None: the system's) checking the name ``server_name`` (default: the host)
+    would see it; None when it succeeds or fails for some other reason (then TLS is not the cause).
+
+    For error messages, as :func:`probe`, when a server listens but gRPC's TLS connection does not
+    come up: a certificate that does not verify, or a server that does not speak TLS."""
+    context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
+    context.set_alpn_protocols(["h2"])
+    return _handshake_failure(address, context, server_name, timeout)
+
+
+def speaks_tls(address: str, timeout: float = 1.0) -> bool:
+    """Whether the server at ``address`` completes a TLS handshake (its certificate not checked)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return _handshake_failure(address, context, None, timeout) == ""
+
+
+def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str | None, timeout: float) -> str | None:
+    """ "" for a handshake that worked; a TLS reason it failed; None when it did not get that far."""
+    try:
+        if address.startswith("unix:"):
+            path = address[len("unix:") :]
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(path[2:] if path.startswith("//") else path)
+            host = "localhost"  # (gRPC's authority for unix: addresses)
+        elif "/" not in address:
+            host, port = _split_host_port(address)
+            sock = socket.create_connection((host, port), timeout=timeout)
+        else:
+            return None
+    except (OSError, AddressError):
+        return None
+    with sock:
+        try:
+            with context.wrap_socket(sock, server_hostname=server_name or host):
+                return ""
+        except ssl.SSLCertVerificationError as err:
+            unsigned = " (it is not signed by the CA given)" if err.verify_code in _UNKNOWN_ISSUER else ""
+            return f"{TLS_CAUSE}the server's certificate does not verify: {err.verify_message or err.reason}{unsigned}"
+        except ssl.SSLError as err:
+            if err.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                return f"{TLS_CAUSE}the server does not speak TLS (a plaintext server? then connect without TLS)"
+            return f"{TLS_CAUSE}the handshake failed: {err.reason or err}"
+        except OSError:
+            return None
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -32,7 +32,16 @@ from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner.batching import merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
-from learner.discovery import AddressError, expand_addresses, pin_addresses, probe, warn_duplicates
+from learner.discovery import (
+    TLS_CAUSE,
+    AddressError,
+    expand_addresses,
+    pin_addresses,
+    probe,
+    speaks_tls,
+    tls_probe,
+    warn_duplicates,
+)
 from learner.errors import (
     EnvCrashedError,
     InvalidRequestError,
@@ -86,9 +95,9 @@ def _env_spec(spec: pb.EnvSpec) -> EnvSpec | None:
         return None
 
 
-async def _probe_until(address: str, deadline: float) -> str | None:
-    """:func:`~learner.discovery.probe` of ``address`` ("" when a plain connection opens), or None
-    if it has not told by ``deadline``.
+async def _probe_until(address: str, deadline: float, diagnose: Callable[[str, float], str | None]) -> str | None:
+    """``diagnose(address, timeout)`` (:meth:`RemoteVectorEnv._diagnose`: "" when a plain connection
+    opens and TLS is not the trouble), or None if it has not told by ``deadline``.
 
     On a daemon thread of its own: a name lookup that hangs may outlive the wait, but holds up no
     executor and no exit.
@@ -102,7 +111,7 @@ async def _probe_until(address: str, deadline: float) -> str | None:
         if not told.set_running_or_notify_cancel():  # (running, it cannot be cancelled any more)
             return
         try:
-            told.set_result(probe(address, timeout=min(1.0, budget)) or "")
+            told.set_result(diagnose(address, min(1.0, budget)))
         except Exception:  # only a diagnosis: the error says what it can without one
             log.debug("probing %s failed", address, exc_info=True)
             told.set_result(None)
@@ -250,7 +259,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.give_up_after = float(give_up_after)
         self._client_name = client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
-        self._credentials = channel_credentials(tls)
+        self._credentials, self._tls_roots = channel_credentials(tls)
         self._tls_server_name = tls_server_name
         self._step_socket = bool(step_socket)
         if isinstance(spin_wait, bool) or not (isinstance(spin_wait, int | float) and 0 <= spin_wait <= 1):
@@ -368,7 +377,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # Why does the first of them not answer? Said now when the wait is long (servers may
                 # still be starting; a typo waits as long), and in the error if it runs out.
                 waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
-                probed, cause = waiting[0], await _probe_until(waiting[0], deadline)
+                probed, cause = waiting[0], await _probe_until(waiting[0], deadline, self._diagnose)
+                if cause and cause.startswith(TLS_CAUSE):  # (no wait will mend that)
+                    for task in late:
+                        task.cancel()
+                    raise ServerUnavailableError(f"env server {probed}: {cause}", address=probed)
                 if self.connect_timeout > _PATIENCE_S:
                     log.warning(
                         "env server%s %s not answering yet%s; waiting up to %g s in all (connect_timeout)",
@@ -414,6 +427,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             await gather(*(c.close() for c in clients), return_exceptions=True)
             raise
         return clients
+
+    def _diagnose(self, address: str, timeout: float) -> str | None:
+        """Why ``address`` does not answer: :func:`~learner.discovery.probe`'s reason; where something
+        listens, a TLS reason (starting "TLS: ") if there is one, else ""; None when it cannot tell."""
+        cause = probe(address, timeout=timeout)
+        if cause:
+            return cause
+        if self._credentials is not None:
+            return tls_probe(address, self._tls_roots, self._tls_server_name, timeout) or ""
+        if speaks_tls(address, timeout):
+            return (
+                f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
+            )
+        return ""
 
     async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
