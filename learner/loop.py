@@ -139,6 +139,14 @@ class LoopRunner:
         finally:
             timer.cancel()
 
+    def cancel(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """Cancel ``tasks`` (from any thread; on this thread's loop, the cancellation runs with its next call)."""
+        for task in tasks:
+            if self._thread is None:
+                task.cancel()
+            else:
+                self.loop.call_soon_threadsafe(task.cancel)
+
     def spin(self) -> None:
         """Let tasks that are ready run up to their next wait (e.g. hand a message to gRPC), then return."""
         if self._thread is None:

@@ -807,17 +807,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if tasks:
             deadline = time.monotonic() + self.timeout
             on_loop = [t for t in tasks.values() if not isinstance(t, SocketStep)]
-            if on_loop:
-                self._runner.wait(on_loop, self.timeout)
-            for i, t in tasks.items():
-                if isinstance(t, SocketStep):
-                    t.wait(deadline)
-                    if t.exception() is None:  # joined while the servers after it still step
-                        try:
-                            self._take(i, t.result(), base, out)
-                            taken.add(i)
-                        except Exception as failure:  # reported with the others, once every answer is in
-                            unreadable[i] = failure
+            try:
+                if on_loop:
+                    self._runner.wait(on_loop, self.timeout)
+                for i, t in tasks.items():
+                    if isinstance(t, SocketStep):
+                        t.wait(deadline)
+                        if t.exception() is None:  # joined while the servers after it still step
+                            try:
+                                self._take(i, t.result(), base, out)
+                                taken.add(i)
+                            except Exception as failure:  # reported with the others, once every answer is in
+                                unreadable[i] = failure
+            except BaseException as interrupt:  # Ctrl-C (KeyboardInterrupt), a signal handler's exit
+                self._abandon(tasks, interrupt)
+                raise
             if len(on_loop) < len(tasks) and self._background_work():
                 self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
         elif self.fault_tolerant:
@@ -869,6 +873,24 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._flag_unavailable(infos, unavailable)
         self._raise_env_errors(infos, base)
         return self._observations(obs), rewards, terminations, truncations, infos
+
+    def _abandon(
+        self, tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep], why: BaseException
+    ) -> None:
+        """Give up on steps whose answers will not be taken in (the wait for them was interrupted):
+        their answers must not reach a later step, so step sockets still waiting are closed (the next
+        step connects again) and StepStream exchanges cancelled (the next step opens a new stream);
+        until a reset, steps are refused (their envs moved on, unseen)."""
+        on_loop: list[asyncio.Task[Any]] = []
+        for i, task in tasks.items():
+            if isinstance(task, SocketStep):
+                if not task.done():
+                    self._clients[i].close_step_socket()
+            else:
+                on_loop.append(task)
+        self._runner.cancel(on_loop)
+        address = self._clients[next(iter(tasks))].address
+        self._went_stale(address, f"the wait for its results was interrupted ({type(why).__name__})")
 
     def _take(self, server: int, result: tuple[pb.StepResponse, float], base: int, out: _StepBatch) -> None:
         """Write one server's step results into ``out`` (a batch from env ``base``) and the obs buffer."""

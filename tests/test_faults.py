@@ -313,6 +313,42 @@ def test_an_env_whose_reset_raises_stays_out_of_order_and_the_others_go_on(spawn
         envs.reset(seed=0)
 
 
+class _Interrupt(BaseException):
+    """What Ctrl-C's KeyboardInterrupt is to the code it lands in (raised by a SIGALRM handler here)."""
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_step_interrupted_while_waiting_is_refused_after_and_no_answer_goes_astray(
+    start_servers: Any, transport: str
+) -> None:
+    """Ctrl-C in a notebook while step() waits: the next step must not take the interrupted step's
+    answers (off by one from then on, or a wait for the full timeout); it is refused until a reset,
+    after which the envs step as local ones do."""
+    addresses = start_servers("CartPole-v1", 2, 2, transport=transport, server_args=["--step-delay-ms", "1500"])
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    local = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+    try:
+        with RemoteVectorEnv(addresses, timeout=30) as envs:
+            envs.reset(seed=0)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(_Interrupt):
+                envs.step(np.zeros(4, dtype=np.int64))
+            with pytest.raises(SessionError, match=r"the wait for its results was interrupted \(_Interrupt\)"):
+                envs.step(np.ones(4, dtype=np.int64))
+            np.testing.assert_array_equal(envs.reset(seed=5)[0], local.reset(seed=5)[0])
+            for t in range(2):
+                actions = np.array([t % 2, 1, 0, 1])
+                np.testing.assert_array_equal(envs.step(actions)[0], local.step(actions)[0])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        local.close()
+
+
 @pytest.mark.parametrize("vectorization", ["sync", "async"])
 @pytest.mark.parametrize("method", ["reset", "step"])
 def test_an_observation_that_does_not_fit_the_space_is_named(
