@@ -119,6 +119,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._refused = 0  # calls answered with an error status (their log lines are rate-limited)
         self._last_refusal_log = -math.inf
         self._needs_reset = True
+        # Under autoreset Disabled, the envs that ended at their last step and wait for a reset: a step
+        # refused before it reaches gymnasium (whose assertion would cost the session a full reset).
+        self._ended: np.ndarray | None = None
         # Why the envs cannot run any more (an async vector env whose workers ended), or None.
         self._dead: str | None = None
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
@@ -380,6 +383,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
         (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
         self._needs_reset = False
+        if self._config.autoreset_mode == gym.vector.AutoresetMode.DISABLED.value:
+            mask = (options or {}).get("reset_mask")
+            self._ended = np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
         if self._metrics is not None:
             self._metrics.resets.inc()
         response = pb.ResetResponse()
@@ -463,6 +469,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._session(request.session_id)
         if self._needs_reset:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
+        if self._ended is not None and self._ended.any():
+            ended = np.flatnonzero(self._ended)
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"autoreset is Disabled on this server and env{'s' if len(ended) > 1 else ''} "
+                f"{', '.join(map(str, ended))} of it ended at the last step: reset {'them' if len(ended) > 1 else 'it'} "
+                "first (reset(options={'reset_mask': mask}) for those envs, or a full reset); nothing was stepped",
+                int(ended[0]),
+            )
         actions = codec.decode_value(request.actions, "actions")
         try:
             return check_actions(self._act_space, actions, self._num_envs)
@@ -482,6 +497,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             raise ServiceError(
                 grpc.StatusCode.INTERNAL, f"the env returned rewards or flags that are not numbers: {err}"
             ) from err
+        if self._ended is not None:
+            self._ended = np.logical_or(terminations, truncations)
         _encode_infos(infos, response.infos)
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)

@@ -309,6 +309,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self.metadata["render_fps"] = first.render_fps
         self.spec = _env_spec(first)
         self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+        self._ended = self._no_ended_envs()
         self._tasks = [None] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
@@ -579,6 +580,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if mask is None or bool(np.all(mask)):
             self._stale = None
+        if self._ended is not None:
+            self._ended[slice(None) if mask is None else mask] = False
         parts = []
         for (i, _), response in zip(calls, results, strict=True):
             replica = self._replicas[i]
@@ -619,6 +622,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """Step every env with its action and wait for all the servers' results."""
         self._assert_idle("step")
         self._assert_in_step("step")
+        self._assert_none_ended("step", slice(0, self.num_envs))
         actions = self._as_batch(actions, self.num_envs, "actions")
         servers = range(len(self._clients))
         self._start(servers, actions, 0)
@@ -628,6 +632,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """Send each server its envs' actions, without waiting for the results."""
         self._assert_idle("step_async")
         self._assert_in_step("step_async")
+        self._assert_none_ended("step_async", slice(0, self.num_envs))
         actions = self._as_batch(actions, self.num_envs, "actions")
         self._start(range(len(self._clients)), actions, 0)
         self._state = AsyncState.WAITING_STEP
@@ -655,6 +660,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """
         self._assert_idle("step_groups")
         self._assert_in_step("step_groups")
+        self._assert_none_ended("step_groups", slice(0, self.num_envs))
         started: list[int] = []
         try:
             for g, servers in enumerate(self._groups):
@@ -694,6 +700,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
         servers = self._groups[group]
         sl = self._group_slice(group)
+        self._assert_none_ended("send", sl)
         actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})", sl.start)
         self._start(servers, actions, sl.start)
         self._in_flight[group] = True
@@ -794,6 +801,28 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client = self._clients[i]
             self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(_exchange(client, request))
 
+    def _no_ended_envs(self) -> np.ndarray | None:
+        """A fresh record of the envs that ended and wait for a reset: all False, under autoreset
+        Disabled; None under the other modes (which reset ended envs themselves)."""
+        disabled = self.metadata["autoreset_mode"] is gym.vector.AutoresetMode.DISABLED
+        return np.zeros(self.num_envs, dtype=np.bool_) if disabled else None
+
+    def _assert_none_ended(self, method: str, envs: slice) -> None:
+        """Under autoreset Disabled, refuse to step envs that ended and were not reset since, before
+        anything is sent (the servers would refuse them; gymnasium's vector envs assert)."""
+        if self._ended is None or not self._ended[envs].any():
+            return
+        ended = np.flatnonzero(self._ended[envs]) + (envs.start or 0)
+        many = len(ended) > 1
+        raise SessionError(
+            f"{method}: autoreset is Disabled and env{'s' if many else ''} {', '.join(map(str, ended))} ended at "
+            f"{'their' if many else 'its'} last step: reset {'them' if many else 'it'} first (reset(options="
+            "{'reset_mask': mask}) for those envs, or a full reset); nothing was sent",
+            address=self._client_of(int(ended[0])).address,
+            code=grpc.StatusCode.FAILED_PRECONDITION,
+            env_index=int(ended[0]),
+        )
+
     def _finish(self, servers: Sequence[int]) -> StepResult:
         """Wait for the servers' tasks and join their results (a batch over their envs, in order)."""
         tasks = {i: t for i in servers if (t := self._tasks[i]) is not None}
@@ -871,6 +900,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos = merge_infos(parts, count)
         self._flag_unavailable(infos, unavailable)
+        if self._ended is not None:
+            np.logical_or(terminations, truncations, out=self._ended[base : base + count])
         self._raise_env_errors(infos, base)
         return self._observations(obs), rewards, terminations, truncations, infos
 
@@ -1230,6 +1261,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         previous_num_envs, timers = self.num_envs, {t.address: t for t in self._timers}
         self._clients, self.num_envs, self._obs_buffer = clients, offset, observations
+        if self._ended is not None:  # (envs that stay keep theirs; reset ones and new ones have none)
+            kept = np.array(previous_index)
+            ended = self._no_ended_envs()
+            assert ended is not None
+            ended[kept >= 0] = self._ended[kept[kept >= 0]]
+            self._ended = ended
         self._share_cpus()
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)

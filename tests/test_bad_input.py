@@ -15,6 +15,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
+from tests.envs import ClockEnv
 
 
 @pytest.fixture
@@ -106,6 +107,54 @@ def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:
             f"also: env server {addresses[1]}: Step failed [FAILED_PRECONDITION]: "
             "Step called before Reset: reset the envs first"
         ]
+
+
+def test_stepping_an_ended_env_under_disabled_autoreset_is_refused_and_loses_nothing(start_servers: Any) -> None:
+    """Not gymnasium's bare AssertionError, and no full reset needed: the server refuses the step
+    before it reaches the envs, names those that wait for a reset, and a masked reset goes on."""
+    disabled = ["--autoreset-mode", "Disabled"]
+    addresses = start_servers("tests.envs:ClockEnv", 1, 3, env_kwargs={"length": 2}, server_args=disabled)
+    local = gym.vector.SyncVectorEnv([lambda: ClockEnv(length=2)] * 3, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    act = np.zeros(3, dtype=np.int64)
+    with RemoteVectorEnv(addresses) as envs:
+        for vec in (envs, local):
+            vec.reset(seed=0)
+            vec.step(act)
+            assert vec.step(act)[3].tolist() == [True, True, True]
+        with pytest.raises(
+            SessionError, match=r"step: autoreset is Disabled and envs 0, 1, 2 ended at their last step"
+        ) as info:
+            envs.step(act)
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "nothing was sent" in str(info.value)
+        mask = np.array([True, False, True])
+        for vec in (envs, local):
+            vec.reset(options={"reset_mask": mask})
+        with pytest.raises(SessionError, match=r"and env 1 ended at its last step: reset it first"):
+            envs.step(act)
+        for vec in (envs, local):
+            vec.reset(options={"reset_mask": ~mask})
+        for _ in range(2):
+            got, want = envs.step(act), local.step(act)
+            for g, w in zip(got[:4], want[:4], strict=True):
+                np.testing.assert_array_equal(g, w)
+    local.close()
+    # The server refuses such a step too (a client of its own), before it reaches gymnasium's assertion.
+    with grpc.insecure_channel(addresses[0]) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(), timeout=5).session_id
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=5)
+        step = pb.StepRequest(session_id=session)
+        step.actions.tensor.dtype = pb.DTYPE_INT64
+        step.actions.tensor.shape[:] = [3]
+        step.actions.tensor.data = act.astype("<i8").tobytes()
+        stub.Step(step, timeout=5)
+        stub.Step(step, timeout=5)
+        with pytest.raises(grpc.RpcError) as raw:
+            stub.Step(step, timeout=5)
+        assert raw.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "autoreset is Disabled on this server and envs 0, 1, 2 of it ended" in str(raw.value.details())
+        stub.Reset(pb.ResetRequest(session_id=session, reset_mask=[True, True, True]), timeout=5)
+        stub.Step(step, timeout=5)
 
 
 def test_async_call_order_errors(cartpole: RemoteVectorEnv) -> None:
