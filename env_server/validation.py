@@ -9,6 +9,10 @@ import numpy as np
 
 __all__ = ["InvalidActionError", "check_actions"]
 
+# Box actions up to this much (relative to the bounds' magnitude, at least 1) past a bound are float
+# rounding, clipped to it; farther is an error.
+_ROUNDING = 1e-6
+
 
 class InvalidActionError(ValueError):
     """A batch of actions does not fit the action space; ``env_index`` is the first bad env (or None)."""
@@ -65,14 +69,25 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
         raise InvalidActionError(
             f"{where}: env {bad}: action has NaN or infinite values: {actions[bad].tolist()!r}", bad
         )
-    bad = _first_bad((actions < space.low) | (actions > space.high))
-    if bad is not None:
-        raise InvalidActionError(
-            f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space} "
-            f"(low={space.low!r}, high={space.high!r}); clip actions to the bounds",
-            bad,
-        )
+    outside = (actions < space.low) | (actions > space.high)
+    if outside.any():
+        # Within rounding of a bound (gymnasium's RescaleAction computes in float64 from float32
+        # bounds, and may land an ulp or a few past them): clipped, as the env would take it.
+        bad = _first_bad((actions < space.low - _slack(space.low)) | (actions > space.high + _slack(space.high)))
+        if bad is not None:
+            raise InvalidActionError(
+                f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space} "
+                f"(low={space.low!r}, high={space.high!r}); clip actions to the bounds",
+                bad,
+            )
+        actions = np.clip(actions, space.low, space.high)
     return actions.astype(space.dtype, copy=False)
+
+
+def _slack(bound: np.ndarray) -> np.ndarray:
+    """How far past ``bound`` an action is still rounding (0 where the bound is infinite)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(bound), _ROUNDING * np.maximum(1.0, np.abs(bound)), 0.0)
 
 
 def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np.ndarray:

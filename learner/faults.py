@@ -118,9 +118,9 @@ async def reconnect(
         try:
             await asyncio.wait_for(client.wait_ready(), connect_timeout)
             spec = await client.get_spec()
-            problem = _incompatible(replica.spec, spec)
+            problem = incompatible(replica.spec, spec)
             if problem:
-                raise _Incompatible(problem)
+                raise _Incompatible(f"{problem}; its envs stay unavailable")
             same_process = spec.server_id == replica.spec.server_id
             if same_process:
                 for session_id in replica.sessions[-2:]:
@@ -162,11 +162,12 @@ class _Incompatible(Exception):
     """The server at the address now hosts envs that do not fit the fleet."""
 
 
-def _incompatible(want: pb.EnvSpec, got: pb.EnvSpec) -> str:
+def incompatible(want: pb.EnvSpec, got: pb.EnvSpec) -> str:
+    """Why a server that came back with spec ``got`` cannot take its old place (``want``) in the fleet; "" if it can."""
     for name in ("num_envs", "observation_space", "action_space", "autoreset_mode"):
         if getattr(want, name) != getattr(got, name):
             return (
                 f"the server came back with another {name} ({got.env_id}, {got.num_envs} envs) than the fleet's "
-                f"({want.env_id}, {want.num_envs} envs); its envs stay unavailable"
+                f"({want.env_id}, {want.num_envs} envs)"
             )
     return ""

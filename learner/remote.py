@@ -51,7 +51,7 @@ from learner.errors import (
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import FaultStats, Replica, ReplicaState, is_outage, reconnect
+from learner.faults import FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
@@ -306,7 +306,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             "render_modes": list(first.render_modes),
         }
         if first.HasField("render_fps"):
-            self.metadata["render_fps"] = first.render_fps
+            fps = first.render_fps  # (a float on the wire; gymnasium's envs mostly give an int)
+            self.metadata["render_fps"] = int(fps) if fps.is_integer() else fps
         self.spec = _env_spec(first)
         self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
         self._ended = self._no_ended_envs()
@@ -483,6 +484,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                         f"{field} differs between env servers {first.address} ({first.spec.env_id}) and "
                         f"{client.address} ({spec.env_id}); one RemoteVectorEnv needs servers of the same env"
                     )
+            _warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")
 
     @property
     def addresses(self) -> list[str]:
@@ -554,6 +556,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if not mask.any():
                 raise ValueError("options['reset_mask']: expected at least one True value, got none")
         encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
+        if not self.fault_tolerant and (mask is None or bool(np.all(mask))):
+            ended = [c for c in self._clients if c.session_ended]
+            if ended:
+                self._runner.run(gather(*(self._renew_session(c) for c in ended)))
 
         calls = []
         for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
@@ -600,13 +606,43 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._raise_env_errors(infos, 0, in_reset=True)
         return self._observations(self._obs_buffer), infos
 
+    async def _renew_session(self, client: EnvClient) -> None:
+        """A new session on ``client``'s server, whose old one ended (the server restarted, or its
+        connection dropped), for a full reset (which starts every episode over anyway) of a plain
+        RemoteVectorEnv; a fault-tolerant one reconnects by itself. A server that came back with
+        other envs is a SpecMismatchError: refresh() takes the fleet as it is now."""
+        try:
+            await asyncio.wait_for(client.wait_ready(), self.connect_timeout)
+        except TimeoutError:
+            raise ServerUnavailableError(
+                f"env server {client.address}: its session ended and it did not answer within "
+                f"{self.connect_timeout:g} s (connect_timeout); is it running?",
+                address=client.address,
+            ) from None
+        old = client.spec
+        assert old is not None
+        spec = await client.get_spec()
+        problem = incompatible(old, spec)
+        if problem:
+            raise SpecMismatchError(f"env server {client.address}: {problem}; refresh() takes the fleet as it is now")
+        session = client.session_id
+        client.abandon()
+        if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
+            await client.release_session(session, self.timeout)
+        client.start_session(await client.handshake())
+        restarted = "restarted" if spec.server_id != old.server_id else "same process"
+        log.info("env server %s: its session had ended (%s); a new one for this reset", client.address, restarted)
+
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None] | None:
         if seed is None:
             return None
         if isinstance(seed, int | np.integer):
             seed = int(seed)
-            if seed < 0:
-                raise ValueError(f"seed: expected an int >= 0, got {seed}")
+            if not 0 <= seed <= 2**64 - self.num_envs:
+                raise ValueError(
+                    f"seed: expected an int in [0, 2**64 - {self.num_envs}] (env i gets seed + i, a 64-bit seed on the "
+                    f"wire), got {seed}"
+                )
             return [seed + i for i in range(self.num_envs)]
         if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
             raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {seed!r}")
@@ -967,9 +1003,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         replica.last_error = str(err)
         replica.planned = planned
         client.abandon()
-        envs = (
-            f"its envs {client.env_offset}-{client.env_offset + client.num_envs - 1} are unavailable until it is back"
-        )
+        first, last = client.env_offset, client.env_offset + client.num_envs - 1
+        envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
         if planned:
             log.info("env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs)
         else:
@@ -1330,7 +1365,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
         joined = []
         for client, response in zip(answered, responses, strict=True):
-            problem = str(response) if isinstance(response, BaseException) else self._spec_mismatch(response.spec)
+            problem = (
+                str(response)
+                if isinstance(response, BaseException)
+                else self._spec_mismatch(response.spec, client.address)
+            )
             if problem:
                 # Logged once per server: it is tried again at every refresh while it stays listed.
                 (log.warning if client.address not in self._noted else log.debug)(
@@ -1346,10 +1385,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             joined.append(client)
         return joined
 
-    def _spec_mismatch(self, spec: pb.EnvSpec) -> str | None:
+    def _spec_mismatch(self, spec: pb.EnvSpec, address: str) -> str | None:
         for field in ("observation_space", "action_space", "autoreset_mode"):
             if getattr(spec, field) != getattr(self._spec, field):
                 return f"its {field} differs from the fleet's ({spec.env_id}, not {self._spec.env_id})"
+        _warn_if_other_env(self._spec, spec, address, "the fleet's")
         return None
 
     # -- statistics -------------------------------------------------------------------------------
@@ -1509,6 +1549,23 @@ def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
         return np.asarray(actions)
     except ValueError:  # ragged: check_actions names what came
         return actions
+
+
+def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
+    """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
+    time limit): allowed (variants of a task, one per server), but a mistake as often."""
+    differ = [
+        f"{name} {getattr(got, name)!r}, not {whose} {getattr(want, name)!r}"
+        for name in ("env_id", "max_episode_steps")
+        if getattr(got, name) != getattr(want, name)
+    ]
+    if differ:
+        log.warning(
+            "env server %s serves another env than the rest (%s); its spaces fit, so it steps with them "
+            "(RemoteVectorEnv.spec is the first server's)",
+            address,
+            "; ".join(differ),
+        )
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -70,6 +70,9 @@ def test_seeds_of_the_wrong_kind_or_count(cartpole: RemoteVectorEnv) -> None:
         cartpole.reset(seed="a")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"seed: expected an int or 6 seeds \(one per env\), got 2 seeds"):
         cartpole.reset(seed=[1, 2])
+    # (env i gets seed + i, which must fit the wire's 64 bits: named, not protobuf's "Value out of range")
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\*\*64 - 6\] .*got 18446744073709551614"):
+        cartpole.reset(seed=2**64 - 2)
     cartpole.reset(seed=[None, 1, 2, 3, 4, 5])
 
 
@@ -89,6 +92,14 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
             envs.step(bad)
         # float64 actions for a float32 Box are fine (as for a local env).
         envs.step(np.full((4, 1), 0.5, dtype=np.float64))
+        # A bound missed by rounding (gymnasium's RescaleAction, float64 math on float32 bounds) is the bound.
+        rounded = np.full((4, 1), 2.0 + 1e-7)
+        rounded[1] = -2.0 - 1e-7
+        local = gym.make_vec("Pendulum-v1", num_envs=4, vectorization_mode="sync")
+        envs.step(rounded)  # not refused
+        np.testing.assert_array_equal(envs.reset(seed=1)[0], local.reset(seed=1)[0])
+        np.testing.assert_allclose(envs.step(rounded)[0], local.step(np.clip(rounded, -2, 2))[0], rtol=1e-6)
+        local.close()
 
 
 def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:

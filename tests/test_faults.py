@@ -8,6 +8,7 @@ that every result reaches the env it belongs to.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from learner import (
     ServerBusyError,
     ServerUnavailableError,
     SessionError,
+    SpecMismatchError,
 )
 from learner.client import translate_error
 from tests.conftest import SpawnServer
@@ -166,6 +168,47 @@ def test_without_fault_tolerance_a_lost_server_raises(spawn_server: SpawnServer)
         with pytest.raises(ServerUnavailableError) as info:
             envs.step(actions_for(0, K))
         assert info.value.address == server.address
+
+
+def test_without_fault_tolerance_a_full_reset_takes_a_restarted_server_back(spawn_server: SpawnServer) -> None:
+    """As the README says: after a lost server, reset() (not only refresh()) goes on, once it is back
+    (it gets a new session; was: "does not own this server ...; call Handshake again" for ever)."""
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    local = gym.make_vec("CartPole-v1", num_envs=2 * K, vectorization_mode="sync")
+    with RemoteVectorEnv([a.address, b.address], timeout=2.0) as envs:
+        envs.reset(seed=0)
+        b.kill()
+        with pytest.raises(ServerUnavailableError):
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        b.start()
+        np.testing.assert_array_equal(envs.reset(seed=3)[0], local.reset(seed=3)[0])
+        for t in range(3):
+            actions = np.arange(2 * K) % 2 if t % 2 else np.ones(2 * K, dtype=np.int64)
+            np.testing.assert_array_equal(envs.step(actions)[0], local.step(actions)[0])
+        # Back with other envs: named, and refresh() is the way on.
+        b.kill()
+        port = b.address.rpartition(":")[2]
+        b.argv = ["--env", "CartPole-v1", "--num-envs", str(K + 1)]
+        b.start(port)
+        with pytest.raises(SpecMismatchError, match=r"came back with another num_envs .*refresh\(\) takes the fleet"):
+            envs.reset(seed=0)
+        assert envs.refresh() is not None and envs.num_envs == 2 * K + 1
+        envs.reset(seed=0)
+    local.close()
+
+
+def test_servers_of_other_envs_with_the_same_spaces_are_warned_of(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = spawn_server("CartPole-v1", 1)
+    b = spawn_server("CartPole-v0", 1)
+    with caplog.at_level(logging.WARNING, logger="learner.remote"), RemoteVectorEnv([a.address, b.address]) as envs:
+        envs.reset(seed=0)
+    assert (
+        f"env server {b.address} serves another env than the rest (env_id 'CartPole-v0', not env server "
+        f"{a.address}'s 'CartPole-v1'; max_episode_steps 200, not env server {a.address}'s 500)"
+    ) in caplog.text
 
 
 def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn_server: SpawnServer) -> None:

@@ -48,6 +48,8 @@ def test_render_gives_one_none_per_env_as_gymnasium_without_a_render_mode(cartpo
     local = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
     local.reset(seed=0)
     assert cartpole.render_mode is None and cartpole.render() == local.render() == (None, None)
+    assert cartpole.metadata["render_fps"] == local.metadata["render_fps"] == 50
+    assert isinstance(cartpole.metadata["render_fps"], int)  # as the env's (a float on the wire)
     local.close()
 
 
