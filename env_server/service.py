@@ -205,8 +205,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
         now = time.monotonic()
         if code is not grpc.StatusCode.INTERNAL and now - self._last_refusal_log >= _REFUSAL_LOG_EVERY_S:
             self._last_refusal_log = now  # (INTERNAL: logged with its traceback above)
-            # (UNAVAILABLE: starting or shutting down, which the server logs anyway)
-            level = logging.INFO if code is grpc.StatusCode.UNAVAILABLE else logging.WARNING
+            # (UNAVAILABLE: starting or shutting down, which the server logs anyway; Hold: a learner's
+            # session that ended before its Hold stream came, closed at once, say: its next call is told)
+            quiet = code is grpc.StatusCode.UNAVAILABLE or method == "Hold"
+            level = logging.INFO if quiet else logging.WARNING
             log.log(level, "refused %s [%s]: %s (%d refused calls so far)", method, code.name, message, self._refused)
         return code, message, env_index
 
