@@ -418,7 +418,10 @@ def train(
             raise ValueError(f"--run-dir: cannot make {run_dir}: {err.strerror or err}") from None
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
-            raise ValueError(f"envs: expected autoreset mode NextStep or SameStep, got {autoreset}")
+            raise ValueError(
+                f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
+                "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
+            )
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if checkpoint is not None:

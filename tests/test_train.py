@@ -108,6 +108,10 @@ def test_same_step_autoreset_servers_train_with_every_step_a_transition(
         ValueError, match=r"--env: expected the env the servers at .* serve, tests.envs:ClockEnv, got CartPole-v1"
     ):
         train(wrong)
+    # Servers without autoreset: refused, with the way out.
+    disabled = start_servers("tests.envs:ClockEnv", 1, 2, server_args=["--autoreset-mode", "Disabled"])
+    with pytest.raises(ValueError, match=r"got Disabled \(PPO's rollouts .*--autoreset-mode NextStep\)"):
+        train(Args(servers=disabled[0], run_dir=str(tmp_path / "disabled"), **QUIET))
 
 
 def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
