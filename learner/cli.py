@@ -414,10 +414,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
+def _png_path(text: str) -> str:
+    name = Path(text).name.lower()
+    if not name.endswith(".png") or name == ".png":
+        raise argparse.ArgumentTypeError(
+            f"writes a PNG; expected a file name ending in .png (e.g. returns.png), got {text!r}"
+        )
+    return text
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from learner.plot import plot_runs
 
-    output = args.output or (Path(args.runs[0]) / "returns.png" if len(args.runs) == 1 else Path("returns.png"))
+    output = Path(args.output or (Path(args.runs[0]) / "returns.png" if len(args.runs) == 1 else "returns.png"))
+    if args.output is not None:  # (a run dir that is not one is plot_runs' to name)
+        existing = next(p for p in (output, *output.parents) if p.exists())
+        if existing == output and output.is_dir():
+            args.parser.error(f"-o/--output: {output} is a directory; expected a file name ending in .png")
+        if existing != output and not existing.is_dir():
+            args.parser.error(f"-o/--output: cannot write {output}: {existing} is a file, not a directory")
     path = plot_runs(args.runs, output, title=args.title)
     print(f"plot: {path}")
     return 0
@@ -430,25 +455,39 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _env_counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers of envs such as 1,8,64, got {text!r}"
+        ) from None
+    return values
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure remote envs against local vector envs side by side; write JSON, Markdown and a PNG."""
-    from learner.benchmarks.run import BenchConfig, run_bench
+    from learner.benchmarks.run import BenchConfig, check, run_bench
 
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    config = BenchConfig(
-        out=out,
-        suites=_names(args.suites),
-        workloads=_names(args.workloads),
-        rounds=args.rounds,
-        seconds=args.seconds,
-        latency_sizes=args.latency_sizes,
-        latency_delay_ms=args.latency_delay_ms,
-        ppo_env=args.ppo_env,
-        ppo_timesteps=args.ppo_timesteps,
-        ppo_rounds=args.ppo_rounds,
-        ppo_sizes=args.ppo_sizes,
-        seed=args.seed,
-    )
+    try:
+        config = BenchConfig(
+            out=out,
+            suites=_names(args.suites),
+            workloads=_names(args.workloads),
+            rounds=args.rounds,
+            seconds=args.seconds,
+            latency_sizes=args.latency_sizes,
+            latency_delay_ms=args.latency_delay_ms,
+            ppo_env=args.ppo_env,
+            ppo_timesteps=args.ppo_timesteps,
+            ppo_rounds=args.ppo_rounds,
+            ppo_sizes=args.ppo_sizes,
+            seed=args.seed,
+        )
+        check(config)
+    except ValueError as err:
+        args.parser.error(str(err))
     print(f"learner bench: {', '.join(config.suites)} -> {out}", flush=True)
     results = run_bench(config, progress=lambda line: print(line, flush=True))
     from learner.benchmarks.report import markdown_tables
@@ -476,6 +515,19 @@ included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a 
 per batched step). Efficiency = env-steps/s / (num_envs / delay); scaling efficiency = env-steps/s /
 (num_envs x what one env does alone: AsyncVectorEnv(1) for Async, a 1x1 server for remote layouts),
 which the performance target is judged by; both are reported.
+
+Budget (after start-up and a warm-up of up to 0.2 s per vector env): each round steps every vector
+env of a workload for --seconds, so a suite takes about --rounds x --seconds x its vector envs.
+  throughput  per workload: cartpole-8 11 vector envs, cartpole-64 8, halfcheetah-8 5, pong-8 6
+              (~5 minutes at the defaults)
+  latency     per size: 2 vector envs for 1 env, 3 up to 8 envs, 4 from 16 (~4 minutes)
+  rpc         11 ways to step, --rounds x min(--seconds, 1.0) each (~1 minute)
+  ppo         per size in --ppo-sizes, 6 layouts (7 from 8 envs), --ppo-rounds runs each of
+              --ppo-timesteps steps; run r trains with seed r (1..N), whatever --seed (~10 minutes)
+Latency sizes must split evenly over their layouts' servers (1; even; multiples of 4 from 16), and
+PPO sizes too (even; multiples of 4 from 8). With --rounds 1 (--ppo-rounds 1) every figure is one
+sample: no spread. The targets name a 2 ms step and CartPole-v1: runs with another --latency-delay-ms
+or --ppo-env report those targets as not measured.
 
 examples:
   learner bench                                   # everything (about 20 minutes on 2 cores)
@@ -596,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="envs to run the episodes on, locally (default: 4; with --servers, the servers' envs)",
+        help="envs to run the episodes on, locally, at most --episodes (default: 4; with --servers, the servers' envs)",
     )
     _add_local_server_options(evaluate, "server", "the server's step socket")
     evaluate.add_argument(
@@ -618,7 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-server-name", default=None, metavar="NAME", help="the name in the servers' certificates"
     )
     evaluate.add_argument(
-        "--timeout", type=float, default=30.0, metavar="S", help="seconds per call to a server (default: %(default)s)"
+        "--timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="seconds per call to a server (default: %(default)s)",
     )
     evaluate.add_argument("--seed", type=int, default=0, help="env i gets seed + i (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
@@ -650,7 +706,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run dirs (with metrics.jsonl)")
     plot.add_argument(
-        "-o", "--output", default=None, help="PNG to write (default: RUN_DIR/returns.png for one run, else returns.png)"
+        "-o",
+        "--output",
+        type=_png_path,
+        default=None,
+        metavar="PATH.png",
+        help="PNG to write (default: RUN_DIR/returns.png for one run, else returns.png)",
     )
     plot.add_argument("--title", default=None, help="figure title (default: the env ids)")
     plot.set_defaults(func=cmd_plot, parser=plot)
@@ -678,23 +739,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="throughput workloads (default: %(default)s)",
     )
-    bench.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds per workload (default: %(default)s)")
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        metavar="N",
+        help="rounds of the throughput, latency and rpc suites: each gives every vector env one sample "
+        "(default: %(default)s)",
+    )
     bench.add_argument(
         "--seconds",
         type=float,
         default=2.0,
         metavar="S",
-        help="seconds per vector env per round (default: %(default)s)",
+        help="seconds per vector env per round, > 0 (the rpc suite: at most 1.0; default: %(default)s)",
     )
     bench.add_argument(
         "--latency-sizes",
-        type=_int_tuple,
+        type=_env_counts,
         default=(1, 2, 4, 8, 16, 32, 64),
         metavar="N,N",
         help="numbers of envs for the latency-bound env (default: 1,2,4,8,16,32,64)",
     )
     bench.add_argument(
-        "--latency-delay-ms", type=float, default=2.0, metavar="MS", help="its step time (default: %(default)s)"
+        "--latency-delay-ms", type=float, default=2.0, metavar="MS", help="its step time, > 0 (default: %(default)s)"
     )
     bench.add_argument(
         "--ppo-env", default="CartPole-v1", metavar="ID", help="env of the ppo suite's runs (default: %(default)s)"
@@ -706,9 +774,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="env steps per training run (default: %(default)s)",
     )
-    bench.add_argument("--ppo-rounds", type=int, default=3, metavar="N", help="runs per layout (default: %(default)s)")
     bench.add_argument(
-        "--ppo-sizes", type=_int_tuple, default=(8, 64), metavar="N,N", help="total envs (default: 8,64)"
+        "--ppo-rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="runs per layout; run r trains with seed r, whatever --seed (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--ppo-sizes", type=_env_counts, default=(8, 64), metavar="N,N", help="total envs (default: 8,64)"
     )
     bench.add_argument(
         "--seed",

@@ -62,7 +62,8 @@ class FleetSpec:
         if self.transport == "unix":
             how += ", steps on their step sockets" if self.step_socket else ", steps over gRPC"
         servers = "local env server" if self.num_servers == 1 else "local env servers"
-        return f"{self.num_servers} {servers} x {self.envs_per_server} {self.env} envs ({how}){extras}"
+        envs = "env" if self.envs_per_server == 1 else "envs"
+        return f"{self.num_servers} {servers} x {self.envs_per_server} {self.env} {envs} ({how}){extras}"
 
 
 @contextlib.contextmanager

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from learner.benchmarks.report import TARGETS, evaluate_targets, markdown_tables
-
-pytestmark = pytest.mark.slow
+from learner.benchmarks.report import TARGETS, evaluate_targets, markdown_tables, plot_results
 
 
+@pytest.mark.slow
 def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
@@ -88,7 +87,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
 
     assert [t["target"] for t in data["targets"]] == list(TARGETS)
     for target in data["targets"]:
-        assert set(target) == {"target", "best_remote", "measured", "met", "candidates"}
+        assert set(target) == {"target", "best_remote", "measured", "met", "candidates", "not_measured"}
 
     markdown = (out / "bench.md").read_text()
     assert "CartPole-v1, 8 envs" in markdown and "Performance targets" in markdown
@@ -192,6 +191,7 @@ def test_cartpole_solve_compares_the_fastest_8_env_configuration_with_the_fastes
     assert eight_vs_one({"remote-8": row("3/3", 14.0)}) is None
 
 
+@pytest.mark.slow
 def test_the_gpu_check_plans_each_run_on_cuda_and_with_compare_cpu_on_the_cpu_too() -> None:
     import torch
 
@@ -211,3 +211,223 @@ def test_the_gpu_check_plans_each_run_on_cuda_and_with_compare_cpu_on_the_cpu_to
     assert "300000" in paired[2][2]
     if not torch.cuda.is_available():
         assert main(["--quick", "--out", "unused"]) == 1  # says so, runs nothing
+
+
+def _latency(n: int, delay_ms: float, rows: list[tuple[str, str, float]]) -> dict:
+    return {
+        "num_envs": n,
+        "delay_ms": delay_ms,
+        "results": [
+            {"name": name, "kind": kind, "samples": [v], "median": v, "efficiency": v / (n / delay_ms * 1000)}
+            for name, kind, v in rows
+        ],
+    }
+
+
+def _ppo(env: str, rounds: int = 3) -> dict:
+    def row(name: str, backend: str, sps: float) -> dict:
+        samples = [sps] * rounds
+        return {
+            **{"name": name, "backend": backend, "num_envs": 8, "samples": samples},
+            **{"median": sps, "min": sps, "max": sps, "spread": 0.0},
+        }
+
+    return {
+        "env": env,
+        "total_timesteps": 100,
+        "results": [row("in-process SyncVectorEnv(8)", "gym", 1000.0), row("remote 2x4 unix", "remote", 900.0)],
+    }
+
+
+def test_targets_stated_for_other_data_than_was_measured_are_not_judged() -> None:
+    rows = [("AsyncVectorEnv(1)", "async", 180.0), ("remote 1x1 unix", "remote", 160.0)]
+    results = {
+        "latency": [
+            _latency(1, 5.0, rows),
+            _latency(64, 5.0, [("remote 2x32 unix", "remote", 12_000.0)]),
+        ],
+        "ppo": _ppo("Pendulum-v1"),
+    }
+    targets = evaluate_targets(results)
+    assert targets[3]["met"] is None and targets[3]["not_measured"] == "the latency suite ran with a 5 ms step"
+    assert targets[4]["met"] is None and targets[4]["not_measured"] == "the ppo suite ran Pendulum-v1"
+    table = markdown_tables({**results, "targets": targets})
+    assert "| not measured (the ppo suite ran Pendulum-v1) |" in table
+    cartpole = evaluate_targets({"ppo": _ppo("CartPole-v1")})[4]
+    assert cartpole["met"] is True and cartpole["not_measured"] is None
+
+
+def test_the_report_says_when_every_figure_is_one_sample() -> None:
+    results = {"meta": {"rounds": 1}, "config": {"ppo_rounds": 1}, "ppo": _ppo("CartPole-v1", rounds=1)}
+    table = markdown_tables({**results, "targets": evaluate_targets(results)})
+    assert "Note: --rounds and --ppo-rounds 1: each figure above is one sample" in table
+    results = {"meta": {"rounds": 5}, "config": {"ppo_rounds": 3}, "ppo": _ppo("CartPole-v1")}
+    assert "one sample" not in markdown_tables({**results, "targets": evaluate_targets(results)})
+
+
+def _throughput(name: str, values: list[float]) -> dict:
+    kinds = ["async", "sb3", "remote"]
+    return {
+        "name": name,
+        "title": f"{name} title",
+        "results": [
+            {
+                "name": f"{kind} {i}",
+                "kind": kind,
+                "samples": [v],
+                "median": v,
+                "min": v * 0.9,
+                "max": v * 1.1,
+                "error": None,
+            }
+            for i, (kind, v) in enumerate(zip(kinds, values, strict=False))
+        ],
+    }
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The figures plot_results saves, kept for inspection."""
+    from matplotlib.figure import Figure
+
+    saved: list = []
+    save = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        fig.canvas.draw()
+        saved.append(fig)
+        save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+@pytest.mark.parametrize("suites", ["throughput", "ppo"])
+def test_a_one_column_chart_shows_its_whole_title_and_legend_and_its_budget(
+    suites: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _figures(monkeypatch)
+    meta = {"cpus": 2, "python": "3.11.7", "grpcio": "1.85.3", "rounds": 5, "seconds": 2.0, "load_average_start": [1.0]}
+    results: dict = {"meta": meta, "config": {"ppo_rounds": 1}}
+    if suites == "throughput":
+        results["throughput"] = [_throughput("cartpole-8", [14_000.0, 13_000.0, 22_000.0])]
+    else:
+        results["ppo"] = _ppo("CartPole-v1", rounds=1)
+    plot_results(results, tmp_path / "bench.png")
+    (fig,) = figures
+    box = fig.bbox
+    texts = [fig._suptitle, *fig.legends]
+    for artist in texts:
+        extent = artist.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, (artist, extent, box)
+    title = " ".join(fig._suptitle.get_text().split())
+    if suites == "ppo":
+        assert "PPO 1 run x 100 steps" in title and "rounds" not in title, title
+    else:
+        assert "5 rounds x 2.0 s" in title and "PPO" not in title, title
+
+
+def test_every_log_axis_has_numbers_even_within_one_decade(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = _figures(monkeypatch)
+    results = {
+        "throughput": [
+            _throughput("pong-8", [2_000.0, 1_900.0, 2_600.0]),
+            _throughput("halfcheetah-8", [6_500.0, 6_400.0, 21_000.0]),
+            _throughput("cartpole-64", [7_000.0, 8_000.0, 1_400_000.0]),
+        ]
+    }
+    plot_results(results, tmp_path / "bench.png")
+    (fig,) = figures
+    for ax in fig.axes[:3]:
+        low, high = ax.get_xlim()
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
+        assert len(labels) >= 2, (ax.get_title(), labels)
+
+
+def test_bench_help_gives_each_workloads_number_of_vector_envs() -> None:
+    from learner.benchmarks.suites import throughput_workloads
+    from learner.cli import BENCH_EPILOG
+
+    budget = " ".join(BENCH_EPILOG.split())
+    for name, workload in throughput_workloads().items():
+        assert f"{name} {len(workload.variants)}" in budget, name
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--configs", "gym-8,sb3-dummy-8", "--step-delay-ms", "1"], "--step-delay-ms: the SB3 configurations"),
+        (["--suite", "solve", "--step-delay-ms", "2"], "(sb3-subproc-8, sb3-dummy-8) have no step delay; got 2"),
+        (["--max-steps", "0"], "argument --max-steps: expected an integer >= 1, got '0'"),
+        (["--seeds", "a"], "argument --seeds: expected comma-separated integers such as 1,2,3, got 'a'"),
+        (["--seeds", ""], "argument --seeds: expected comma-separated integers"),
+        (["--configs", ""], "--configs: got ''; expected some of remote-8,"),
+        (["--configs", "remote-9"], "--configs: unknown ['remote-9']"),
+    ],
+)
+def test_cartpole_solve_refuses_bad_options_before_running_anything(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner.benchmarks import cartpole_solve
+
+    with pytest.raises(SystemExit) as exit_info:
+        cartpole_solve.main([*argv, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cartpole_solve_keeps_the_runs_before_one_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner.benchmarks import cartpole_solve
+
+    def compare(names, seeds, delay, out, max_steps, results):  # type: ignore[no-untyped-def]
+        results["remote-8"].append({"seed": 1, "steps": 100, "seconds": 1.0, "total_steps": 100, "wall_incl_start": 2})
+        raise RuntimeError("remote-1 seed 1 failed (1):\nboom")
+
+    monkeypatch.setattr(cartpole_solve, "compare", compare)
+    out = tmp_path / "out"
+    assert cartpole_solve.main(["--configs", "remote-8,remote-1", "--seeds", "1", "--out", str(out)]) == 1
+    data = json.loads((out / "results.json").read_text())
+    assert data["results"]["remote-8"]["solved"] == "1/1" and data["results"]["remote-1"]["solved"] == "0/0"
+    assert "remote-1 seed 1 failed" in data["error"]
+    assert "remote-1 seed 1 failed" in capsys.readouterr().err
+
+
+def test_cartpole_solve_says_when_a_configuration_sets_its_own_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner.benchmarks import cartpole_solve
+
+    monkeypatch.setattr(cartpole_solve, "compare", lambda *args: {})
+    monkeypatch.setattr(cartpole_solve, "summarize", lambda names, results: {})
+    monkeypatch.setattr(cartpole_solve, "print_table", lambda rows, delay: None)
+    monkeypatch.setattr("learner.plot.plot_runs", lambda *args, **kwargs: tmp_path / "returns.png")
+    cartpole_solve.main(["--configs", "remote-8-tuned", "--max-steps", "512", "--out", str(tmp_path / "out")])
+    assert "note: remote-8-tuned trains for its own 30,000 steps (its annealing horizon), not --max-steps" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        ("capacity", ["--seconds", "0"], "argument --seconds: expected seconds > 0, got '0'"),
+        ("capacity", ["--rounds", "0"], "argument --rounds: expected an integer >= 1, got '0'"),
+        ("capacity", ["--replicas", "x"], "argument --replicas: expected comma-separated integers >= 1"),
+        ("soak", ["--control", "5"], "--control: expected fewer than --servers (4), got 5"),
+        ("soak", ["--servers", "1", "--control", "1"], "--control: expected fewer than --servers (1), got 1"),
+        ("soak", ["--envs-per-server", "0"], "argument --envs-per-server: expected an integer >= 1, got '0'"),
+        ("soak", ["--minutes", "inf"], "argument --minutes: expected a number > 0, got 'inf'"),
+    ],
+)
+def test_soak_and_capacity_refuse_bad_options_naming_them(
+    module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    main = importlib.import_module(f"learner.benchmarks.{module}").main
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

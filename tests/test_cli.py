@@ -274,6 +274,7 @@ def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
             "--transport: says how to reach the local env server; --backend gym has no servers",
         ),
         (["a.pt", "--backend", "gym", "--no-step-socket"], "--no-step-socket: says how to reach env servers"),
+        (["a.pt", "--timeout", "0"], "argument --timeout: expected seconds > 0, got '0'"),
     ],
 )
 def test_eval_refuses_options_that_do_not_go_together(
@@ -377,23 +378,72 @@ def test_no_command_names_the_commands(argv: list[str], capsys: pytest.CaptureFi
     [
         (["eval", "--checkpoint", "notes.txt"], "notes.txt: expected an envfleet checkpoint"),
         (["eval", "--checkpoint", "notes.txt", "--device", "banana"], "--device: expected auto, cpu, cuda or cuda:N"),
-        (["bench", "--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
-        (["bench", "--seconds", "-1"], "--seconds: expected a number > 0, got -1.0"),
-        (["bench", "--suites", "speed"], "--suites: unknown ['speed']"),
-        (["bench", "--ppo-sizes", "0"], "--ppo-sizes: expected numbers of envs >= 1"),
-        (["bench", "--suites", "ppo", "--ppo-env", "Nope-v0"], "--ppo-env: cannot build 'Nope-v0'"),
     ],
 )
-def test_eval_and_bench_refuse_bad_input_before_doing_anything(
+def test_eval_refuses_bad_input_before_doing_anything(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     argv = [str(tmp_path / a) if a == "notes.txt" else a for a in argv]
-    out = ["--out", str(tmp_path / "bench")] if argv[0] == "bench" else []
-    assert main([*argv, *out]) == 1
+    assert main(argv) == 1
     err = capsys.readouterr().err
     assert f"learner {argv[0]}: error: " in err and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+        (["--seconds", "-1"], "--seconds: expected a finite number > 0, got -1.0"),
+        (["--seconds", "inf"], "--seconds: expected a finite number > 0, got inf"),
+        (["--suites", "speed"], "--suites: unknown ['speed']"),
+        (["--suites", ""], "--suites: expected some of ['throughput', 'latency', 'ppo', 'rpc'], got none"),
+        (["--suites", "throughput", "--workloads", ""], "--workloads: expected some of ['cartpole-8', "),
+        (["--ppo-sizes", "0"], "--ppo-sizes: expected numbers of envs >= 1 such as 1,8,64"),
+        (["--suites", "ppo", "--ppo-sizes", "3"], "--ppo-sizes: [3] do not split evenly over the layouts' servers"),
+        (["--suites", "ppo", "--ppo-sizes", "1,8"], "--ppo-sizes: [1] do not split evenly"),
+        (["--suites", "ppo", "--ppo-sizes", "4,10"], "--ppo-sizes: [10] do not split evenly"),
+        (["--suites", "latency", "--latency-sizes", "1,3"], "--latency-sizes: [3] do not split evenly"),
+        (["--suites", "latency", "--latency-sizes", "2,18"], "--latency-sizes: [18] do not split evenly"),
+        (["--latency-sizes", "1,,2"], "argument --latency-sizes: expected comma-separated numbers of envs such as"),
+        (["--latency-delay-ms", "0"], "--latency-delay-ms: expected a finite number > 0, got 0.0"),
+        (["--suites", "ppo", "--ppo-env", "Nope-v0"], "--ppo-env: cannot build 'Nope-v0'"),
+        (["--out", "notes.txt/bench"], "--out: cannot make {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a"),
+    ],
+)
+def test_bench_refuses_bad_options_before_measuring(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("a file\n")
+    argv = [str(tmp_path / a) if a.startswith("notes.txt") else a for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "bench")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv, *out])
+    assert exit_info.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage.startswith("usage: learner bench") and error.startswith("learner bench: error: "), error
+    assert message.format(tmp=tmp_path) in error, error
     assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("p", "argument -o/--output: writes a PNG; expected a file name ending in .png (e.g. returns.png), got"),
+        ("p.jpg", "argument -o/--output: writes a PNG; expected a file name ending in .png"),
+        ("notes.txt/p.png", "-o/--output: cannot write {tmp}/notes.txt/p.png: {tmp}/notes.txt is a file, not a"),
+        ("folder.png", "-o/--output: {tmp}/folder.png is a directory; expected a file name ending in .png"),
+    ],
+)
+def test_plot_refuses_an_output_it_cannot_write_as_a_png(
+    trained_run: Path, tmp_path: Path, output: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("a file\n")
+    (tmp_path / "folder.png").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", str(trained_run), "-o", str(tmp_path / output)])
+    assert exit_info.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
 def test_train_reports_an_unknown_env_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -239,10 +240,18 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def compare(
-    names: Sequence[str], seeds: Sequence[int], step_delay_ms: float, out_dir: Path, max_steps: int
+    names: Sequence[str],
+    seeds: Sequence[int],
+    step_delay_ms: float,
+    out_dir: Path,
+    max_steps: int,
+    results: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Run every configuration for every seed (each in a fresh process); returns the results."""
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    """Run every configuration for every seed (each in a fresh process); returns the rows.
+
+    Each run's result goes into ``results`` (by configuration) as it ends, so that a caller keeps
+    the runs before one that failed (RuntimeError)."""
+    results = {name: [] for name in names} if results is None else results
     for seed in seeds:
         for name in names:
             run_dir = out_dir / f"{name}-seed{seed}"
@@ -266,6 +275,11 @@ def compare(
                 ),
                 flush=True,
             )
+    return summarize(names, results)
+
+
+def summarize(names: Sequence[str], results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per configuration: seeds solved, medians of steps and seconds to solve, and every run."""
     rows = {}
     for name in names:
         solved = [r for r in results[name] if r["steps"] is not None]
@@ -330,22 +344,72 @@ def print_table(rows: dict[str, Any], step_delay_ms: float) -> None:
             )
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
+    return seeds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _delay_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m learner.benchmarks.cartpole_solve",
         description=(__doc__ or "").split("\n\n")[0],
         epilog="configurations: " + ", ".join(f"{k} ({v.label})" for k, v in CONFIGS.items()),
     )
-    parser.add_argument("--suite", choices=list(SUITES), default="solve", help="(default: %(default)s)")
-    parser.add_argument("--configs", default=None, help="comma-separated configurations instead of a suite's")
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default: %(default)s)")
-    parser.add_argument("--step-delay-ms", type=float, default=None, help="instead of the suite's delay")
     parser.add_argument(
-        "--max-steps", type=int, default=100_000, help="give up after this many steps (default: %(default)s)"
+        "--suite",
+        choices=list(SUITES),
+        default="solve",
+        help="; ".join(f"{k}: {', '.join(names)}, step delay {delay:g} ms" for k, (names, delay) in SUITES.items())
+        + " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--configs", default=None, metavar="NAMES", help="comma-separated configurations instead of a suite's"
+    )
+    parser.add_argument(
+        "--seeds", type=_seeds, default=[1, 2, 3], metavar="N,N", help="comma-separated seeds (default: 1,2,3)"
+    )
+    parser.add_argument(
+        "--step-delay-ms",
+        type=_delay_ms,
+        default=None,
+        metavar="MS",
+        help="ms added to every env step (default: the suite's; the SB3 configurations take none)",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        default=100_000,
+        metavar="N",
+        help="give up after this many steps, unless a configuration sets its own (remote-8-tuned, "
+        "remote-8-overlap: 30,000, their annealing horizon) (default: %(default)s)",
     )
     parser.add_argument(
         "--out",
         default=None,
+        metavar="DIR",
         help="directory for results.json, returns.png and the runs (default: runs/bench-cartpole-<suite>-<time>)",
     )
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -360,26 +424,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     names, delay = SUITES[args.suite]
-    if args.configs:
+    if args.configs is not None:
         names = [n.strip() for n in args.configs.split(",") if n.strip()]
         unknown = [n for n in names if n not in CONFIGS]
-        if unknown:
-            parser.error(f"--configs: unknown {unknown}; expected some of {', '.join(CONFIGS)}")
+        if unknown or not names:
+            what = f"unknown {unknown}" if unknown else f"got {args.configs!r}"
+            parser.error(f"--configs: {what}; expected some of {', '.join(CONFIGS)}")
     if args.step_delay_ms is not None:
         delay = args.step_delay_ms
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    sb3 = [n for n in names if CONFIGS[n].kind == "sb3"]
+    if delay and sb3:
+        parser.error(f"--step-delay-ms: the SB3 configurations ({', '.join(sb3)}) have no step delay; got {delay:g}")
+    seeds = args.seeds
     out = Path(args.out or f"runs/bench-cartpole-{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out: cannot make {out}: {err.strerror or err}")
     print(
         f"CartPole-v1 to solved: {', '.join(names)}; seeds {seeds}; step delay {delay:g} ms; runs in {out}", flush=True
     )
-    rows = compare(names, seeds, delay, out, args.max_steps)
+    for name in names:
+        own = CONFIGS[name].overrides.get("total_timesteps")
+        if own is not None and own != args.max_steps:
+            print(f"note: {name} trains for its own {own:,} steps (its annealing horizon), not --max-steps", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    error = None
+    try:
+        compare(names, seeds, delay, out, args.max_steps, results)
+    except RuntimeError as err:
+        error = str(err)
+    rows = summarize(names, results)
     print_table(rows, delay)
-    (out / "results.json").write_text(
-        json.dumps(
-            {"step_delay_ms": delay, "seeds": seeds, "results": rows, "eight_vs_one": eight_vs_one(rows)}, indent=2
-        )
-    )
+    report = {"step_delay_ms": delay, "seeds": seeds, "results": rows, "eight_vs_one": eight_vs_one(rows)}
+    if error is not None:
+        report["error"] = error
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    if error is not None:
+        print(f"{parser.prog}: error: {error}\nresults so far: {out / 'results.json'}", file=sys.stderr)
+        return 1
 
     from learner.plot import plot_runs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import platform
 import socket
@@ -20,7 +21,7 @@ from learner.benchmarks import report
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
 
-__all__ = ["SUITES", "BenchConfig", "run_bench"]
+__all__ = ["SUITES", "BenchConfig", "check", "run_bench"]
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +52,46 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         # Checked before anything runs (names as the command line spells them).
+        if not self.suites:
+            raise ValueError(f"--suites: expected some of {list(SUITES)}, got none")
         unknown = [s for s in self.suites if s not in SUITES]
         if unknown:
             raise ValueError(f"--suites: unknown {unknown}; expected some of {list(SUITES)}")
         available = throughput_workloads()
+        if "throughput" in self.suites and not self.workloads:
+            raise ValueError(f"--workloads: expected some of {list(available)}, got none")
         missing = [w for w in self.workloads if w not in available]
         if missing:
             raise ValueError(f"--workloads: unknown {missing}; expected some of {list(available)}")
         for name in ("rounds", "ppo_rounds", "ppo_timesteps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
-        if not self.seconds > 0:
-            raise ValueError(f"--seconds: expected a number > 0, got {self.seconds}")
-        if not self.latency_delay_ms >= 0:
-            raise ValueError(f"--latency-delay-ms: expected a number >= 0, got {self.latency_delay_ms}")
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"--seconds: expected a finite number > 0, got {self.seconds}")
+        # 0 would make every env free: no ideal to measure efficiency against.
+        if not (math.isfinite(self.latency_delay_ms) and self.latency_delay_ms > 0):
+            raise ValueError(f"--latency-delay-ms: expected a finite number > 0, got {self.latency_delay_ms}")
         for name in ("latency_sizes", "ppo_sizes"):
             sizes = getattr(self, name)
             if not sizes or min(sizes) < 1:
-                raise ValueError(f"--{name.replace('_', '-')}: expected numbers of envs >= 1 such as 8,64, got {sizes}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: expected numbers of envs >= 1 such as 1,8,64, got {sizes}"
+                )
+        # Every layout splits its envs evenly over its servers (suites.latency_workload, ppo.default_layouts).
+        uneven = [n for n in self.latency_sizes if n > 1 and (n % 2 or (n >= 16 and n % 4))]
+        if uneven:
+            raise ValueError(
+                f"--latency-sizes: {uneven} do not split evenly over the layouts' servers (1 env: 1 server; "
+                "2-15 envs: 2 servers; 16 or more: 2 and 4); expected 1, an even number, or a multiple of 4 "
+                f"from 16, got {','.join(map(str, self.latency_sizes))}"
+            )
+        uneven = [n for n in self.ppo_sizes if n % 2 or (n >= 8 and n % 4)]
+        if uneven:
+            raise ValueError(
+                f"--ppo-sizes: {uneven} do not split evenly over the layouts' servers (1 and 2 servers; 4 "
+                "from 8 envs); expected an even number, a multiple of 4 from 8, "
+                f"got {','.join(map(str, self.ppo_sizes))}"
+            )
 
 
 def _version(package: str) -> str | None:
@@ -131,13 +154,60 @@ def _check_ppo_env(env: str) -> None:
         raise ValueError(f"--ppo-env: cannot build {env!r}: {err}") from None
 
 
+def check(config: BenchConfig) -> None:
+    """ValueError naming the option when the run could not start: --ppo-env cannot be built, --out cannot be made."""
+    if "ppo" in config.suites:
+        _check_ppo_env(config.ppo_env)
+    out = config.out
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out: cannot make {out}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out: cannot make {out}: {existing} is not writable")
+
+
+class _Once(logging.Filter):
+    """Passes each of MuJoCo's own warnings once: servers print one per env they build (HalfCheetah's
+    'settotalmass' is deprecated), and the env servers' log forwarder passes them on line by line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("WARNING: "):  # (the servers' own lines start with a date)
+            return True
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+# learner.local forwards server i's stderr to this logger (at most 4 servers per bench layout).
+_SERVER_LOGGERS = [logging.getLogger(f"env_server[{i}]") for i in range(8)]
+
+
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``."""
+    check(config)  # before anything is measured
+    try:
+        config.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out: cannot make {config.out}: {err.strerror or err}") from None
+    once = _Once()
+    for logger in _SERVER_LOGGERS:
+        logger.addFilter(once)
+    try:
+        return _run(config, progress)
+    finally:
+        for logger in _SERVER_LOGGERS:
+            logger.removeFilter(once)
+
+
+def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     available = throughput_workloads()
-    if "ppo" in config.suites:
-        _check_ppo_env(config.ppo_env)  # before anything is measured
     prepare_subprocesses()
-    config.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
     started = time.perf_counter()
 
