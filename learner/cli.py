@@ -28,6 +28,7 @@ from typing import Any, Literal, NoReturn
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from learner.argtypes import int_list, positive_int, positive_seconds
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
@@ -239,16 +240,6 @@ def _gif_path(text: str) -> str:
     return text
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def _int_tuple(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
@@ -414,16 +405,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
 def _png_path(text: str) -> str:
     name = Path(text).name.lower()
     if not name.endswith(".png") or name == ".png":
@@ -451,18 +432,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 # -- bench --------------------------------------------------------------------------------------------------
 
 
+_env_counts = int_list("numbers of envs")
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _env_counts(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers of envs such as 1,8,64, got {text!r}"
-        ) from None
-    return values
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -591,16 +565,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--num-servers",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         metavar="N",
         help="local env servers to start (default: %(default)s)",
     )
     demo.add_argument(
-        "--envs-per-server", type=_positive_int, default=4, metavar="N", help="envs per server (default: %(default)s)"
+        "--envs-per-server", type=positive_int, default=4, metavar="N", help="envs per server (default: %(default)s)"
     )
     demo.add_argument(
-        "--steps", type=_positive_int, default=3000, metavar="N", help="vector steps to time (default: %(default)s)"
+        "--steps", type=positive_int, default=3000, metavar="N", help="vector steps to time (default: %(default)s)"
     )
     _add_local_server_options(demo, "servers", "the servers' step sockets")
     demo.add_argument(
@@ -634,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--checkpoint", default=None, metavar="PATH", help="the same as PATH")
     evaluate.add_argument(
-        "--episodes", type=_positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
+        "--episodes", type=positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
     )
     evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
     evaluate.add_argument(
@@ -645,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--num-envs",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="envs to run the episodes on, locally, at most --episodes (default: 4; with --servers, the servers' envs)",
@@ -671,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--timeout",
-        type=_seconds,
+        type=positive_seconds,
         default=30.0,
         metavar="S",
         help="seconds per call to a server (default: %(default)s)",

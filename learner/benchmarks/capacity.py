@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from learner.argtypes import int_list, positive_int, positive_seconds
 
 __all__ = ["main", "measure_cpu", "measure_message_sizes", "wire_bytes"]
 
@@ -162,52 +163,23 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        return [_positive_int(part) for part in text.split(",")]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers >= 1 such as 1,8,64, got {text!r}"
-        ) from None
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m learner.benchmarks.capacity", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--replicas",
-        type=_counts,
+        type=int_list("integers >= 1", minimum=1),
         default=[1, 4, 16, 32],
         metavar="N,N",
         help="fleet sizes to measure (default: 1,4,16,32)",
     )
     parser.add_argument(
-        "--envs-per-server", type=_positive_int, default=4, metavar="N", help="CartPole envs per replica (default: 4)"
+        "--envs-per-server", type=positive_int, default=4, metavar="N", help="CartPole envs per replica (default: 4)"
     )
     parser.add_argument(
-        "--seconds", type=_positive_seconds, default=3.0, metavar="S", help="seconds each fleet steps (default: 3)"
+        "--seconds", type=positive_seconds, default=3.0, metavar="S", help="seconds each fleet steps (default: 3)"
     )
     parser.add_argument(
-        "--rounds", type=_positive_int, default=2, metavar="N", help="rounds over the fleet sizes; medians (default: 2)"
+        "--rounds", type=positive_int, default=2, metavar="N", help="rounds over the fleet sizes; medians (default: 2)"
     )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results here")
     args = parser.parse_args(argv)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from learner.argtypes import int_list, number, positive_int
 
 __all__ = ["CONFIGS", "SUITES", "main"]
 
@@ -344,34 +345,6 @@ def print_table(rows: dict[str, Any], step_delay_ms: float) -> None:
             )
 
 
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
-    return seeds
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _delay_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected milliseconds >= 0, got {text!r}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m learner.benchmarks.cartpole_solve",
@@ -389,18 +362,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--configs", default=None, metavar="NAMES", help="comma-separated configurations instead of a suite's"
     )
     parser.add_argument(
-        "--seeds", type=_seeds, default=[1, 2, 3], metavar="N,N", help="comma-separated seeds (default: 1,2,3)"
+        "--seeds",
+        type=int_list(example="1,2,3"),
+        default=[1, 2, 3],
+        metavar="N,N",
+        help="comma-separated seeds (default: 1,2,3)",
     )
     parser.add_argument(
         "--step-delay-ms",
-        type=_delay_ms,
+        type=number(0, unit="milliseconds"),
         default=None,
         metavar="MS",
         help="ms added to every env step (default: the suite's; the SB3 configurations take none)",
     )
     parser.add_argument(
         "--max-steps",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         metavar="N",
         help="give up after this many steps, unless a configuration sets its own (remote-8-tuned, "

@@ -28,18 +28,19 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 import numpy as np
+
+from learner.argtypes import number
 
 __all__ = ["SoakResult", "main", "soak"]
 
@@ -281,22 +282,6 @@ def _check(
     return errors
 
 
-def _number(low: float, *, above: bool = False, integer: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number >= ``low`` (> with ``above``), an integer with ``integer``."""
-    expected = f"{'an integer' if integer else 'a number'} {'>' if above else '>='} {low:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = int(text) if integer else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not (math.isfinite(value) and (value > low if above else value >= low)):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from env_server.tuning import prefer_fast_grpc_core
 
@@ -306,21 +291,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--minutes", type=_number(0, above=True), default=10.0, help="how long to run")
-    parser.add_argument("--kill-every", type=_number(0, above=True), default=30.0, help="seconds between two kills")
-    parser.add_argument("--down", type=_number(0), default=2.0, help="seconds a killed server stays down")
-    parser.add_argument("--servers", type=_number(1, integer=True), default=4, help="env servers")
+    parser.add_argument("--minutes", type=number(0, above=True), default=10.0, help="how long to run")
+    parser.add_argument("--kill-every", type=number(0, above=True), default=30.0, help="seconds between two kills")
+    parser.add_argument("--down", type=number(0), default=2.0, help="seconds a killed server stays down")
+    parser.add_argument("--servers", type=number(1, integer=True), default=4, help="env servers")
     parser.add_argument(
         "--control",
-        type=_number(0, integer=True),
+        type=number(0, integer=True),
         default=1,
         help="servers never killed (their memory is watched); fewer than --servers",
     )
-    parser.add_argument("--envs-per-server", type=_number(1, integer=True), default=4, help="IndexEnv envs per server")
+    parser.add_argument("--envs-per-server", type=number(1, integer=True), default=4, help="IndexEnv envs per server")
     parser.add_argument(
-        "--timeout", type=_number(0, above=True), default=5.0, help="RemoteVectorEnv's timeout (seconds per call)"
+        "--timeout", type=number(0, above=True), default=5.0, help="RemoteVectorEnv's timeout (seconds per call)"
     )
-    parser.add_argument("--warmup", type=_number(0), default=30.0, help="seconds before the first memory reading")
+    parser.add_argument("--warmup", type=number(0), default=30.0, help="seconds before the first memory reading")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--server-log", default=None, help="append the servers' logs to this file")
     args = parser.parse_args(argv)
