@@ -19,7 +19,7 @@ import textwrap
 import time
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -231,13 +231,22 @@ def _video_fps(text: str) -> float:
     return value
 
 
-def _gif_path(text: str) -> str:
-    name = Path(text).name.lower()
-    if not name.endswith(".gif") or name == ".gif":
-        raise argparse.ArgumentTypeError(
-            f"writes an animated GIF; expected a file name ending in .gif (e.g. episode.gif), got {text!r}"
-        )
-    return text
+def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
+    """A type: a path whose file name ends in ``suffix`` (and is more than that)."""
+
+    def parse(text: str) -> str:
+        name = Path(text).name.lower()
+        if not name.endswith(suffix) or name == suffix:
+            raise argparse.ArgumentTypeError(
+                f"writes {what}; expected a file name ending in {suffix} (e.g. {example}), got {text!r}"
+            )
+        return text
+
+    return parse
+
+
+_gif_path = _file_name(".gif", "an animated GIF", "episode.gif")
+_png_path = _file_name(".png", "a PNG", "returns.png")
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:
@@ -403,15 +412,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{video['return']:.2f}; {video['fps']:g} fps{kept})"
             )
     return 0
-
-
-def _png_path(text: str) -> str:
-    name = Path(text).name.lower()
-    if not name.endswith(".png") or name == ".png":
-        raise argparse.ArgumentTypeError(
-            f"writes a PNG; expected a file name ending in .png (e.g. returns.png), got {text!r}"
-        )
-    return text
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
