@@ -28,7 +28,7 @@ RUN if [ -n "$EXTRA_PIP_PACKAGES" ]; then pip install $EXTRA_PIP_PACKAGES; fi
 
 COPY env_server ./env_server
 RUN python -m compileall -q env_server \
-    && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin envfleet
+    && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin envfleet
 
 USER 10001:10001
 ENV ENVFLEET_ENV=CartPole-v1 \

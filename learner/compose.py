@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from learner.discovery import AddressError, register_resolver
+from learner.discovery import AddressError, NotReadyYet, register_resolver
 from learner.engine import ask_engine
 
 __all__ = [
@@ -136,9 +136,17 @@ def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
     if not ready:
         where = f" of project {project!r}" if project else ""
         why = f"; not ready: {', '.join(waiting)}" if waiting else ""
-        raise AddressError(
-            f"address {address!r}: no running, healthy replica of compose service {service!r}{where}{why} "
-            f"(start them with `docker compose up -d --wait --scale {service}=N`)"
+        starting = [r for r in replicas if r.status == "created" or (r.status == "running" and r.health == "starting")]
+        # (a crash loop, or a server up but failing its health check)
+        failing = any(r.status == "restarting" or r.health == "unhealthy" for r in replicas)
+        hint = (
+            f"`docker compose logs {service}` says why they fail"
+            if failing
+            else f"start them with `docker compose up -d --wait --scale {service}=N`"
+        )
+        error = NotReadyYet if starting else AddressError
+        raise error(
+            f"address {address!r}: no running, healthy replica of compose service {service!r}{where}{why} ({hint})"
         )
     return [choose_host_port(replica, container_port) for replica in ready]
 

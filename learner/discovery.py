@@ -21,13 +21,16 @@ import os
 import socket
 import ssl
 import stat
+import time
 from collections.abc import Callable, Sequence
 
 __all__ = [
     "TLS_CAUSE",
     "AddressError",
+    "NotReadyYet",
     "Resolver",
     "expand_addresses",
+    "expand_when_ready",
     "pin_addresses",
     "probe",
     "tls_probe",
@@ -41,10 +44,15 @@ class AddressError(ValueError):
     """An address that cannot be parsed or resolved."""
 
 
+class NotReadyYet(AddressError):
+    """An address whose servers are starting (a replica's first health check not done): worth a wait."""
+
+
 Resolver = Callable[[str], list[str]]
 log = logging.getLogger(__name__)
 
 _RESOLVERS: dict[str, Resolver] = {}
+_READY_POLL_S = 0.5  # (expand_when_ready's look-ups)
 _PINNERS: dict[str, Callable[[str], str]] = {}
 
 
@@ -94,6 +102,23 @@ def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
             if endpoint not in out:
                 out.append(endpoint)
     return out
+
+
+def expand_when_ready(addresses: str | Sequence[str], wait: float) -> list[str]:
+    """:func:`expand_addresses`, waiting up to ``wait`` seconds while it says the servers are
+    starting (:class:`NotReadyYet`: a learner run right after ``docker compose up -d``)."""
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            return expand_addresses(addresses)
+        except NotReadyYet as err:
+            if time.monotonic() + _READY_POLL_S > deadline:
+                raise
+            if not told:
+                log.info("waiting up to %g s for env servers that are starting: %s", wait, err)
+                told = True
+            time.sleep(_READY_POLL_S)
 
 
 def warn_duplicates(addresses: str | Sequence[str]) -> None:
@@ -253,7 +278,11 @@ def resolve_dns(address: str) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
-        raise AddressError(f"address {address!r}: cannot resolve {host!r}: {err.strerror}") from err
+        raise AddressError(
+            f"address {address!r}: cannot resolve {host!r}: {err.strerror} (does the service run, with replicas, on "
+            f"this network? compose: `docker compose up -d --wait --scale {host}=N`, then the learner on the same "
+            "network; Kubernetes: a headless service's name)"
+        ) from err
     ips = sorted(
         {str(info[4][0]) for info in infos}, key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip))
     )

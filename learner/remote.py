@@ -36,6 +36,7 @@ from learner.discovery import (
     TLS_CAUSE,
     AddressError,
     expand_addresses,
+    expand_when_ready,
     pin_addresses,
     probe,
     speaks_tls,
@@ -282,7 +283,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
-        endpoints = expand_addresses(addresses)
+        endpoints = expand_when_ready(addresses, self.connect_timeout)
         # compose:env -> compose:PROJECT/env: refresh keeps to this fleet if another project runs one too.
         self._address_spec = pin_addresses(addresses)
         if self._address_spec != addresses:
@@ -1212,7 +1213,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         except AddressError as err:
             # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
             (log.warning if str(err) not in self._noted else log.debug)(
-                "refresh: %s; keeping the %d servers connected now", err, len(self._clients)
+                "refresh: %s; keeping the %d server(s) connected now", err, len(self._clients)
             )
             self._noted.add(str(err))
             resolved = self.addresses

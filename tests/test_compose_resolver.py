@@ -11,6 +11,7 @@ import pytest
 
 from learner import AddressError, expand_addresses
 from learner.compose import Replica, choose_host_port, parse_target, replica_addresses, replica_from_record
+from learner.discovery import NotReadyYet, expand_when_ready, register_resolver
 
 
 def replica(
@@ -102,6 +103,33 @@ def test_no_ready_replica_says_why_and_what_to_run() -> None:
     assert "docker compose up -d --wait --scale env=N" in message
     with pytest.raises(AddressError, match="no running, healthy replica"):
         replica_addresses([], "env")
+    # Still starting: worth a wait (a learner run right after `docker compose up -d`).
+    with pytest.raises(NotReadyYet):
+        replica_addresses([replica(1, health="starting")], "env")
+    # A crash loop or failed health checks: no wait mends them; the logs say why.
+    for failing in (replica(1, status="restarting", health=None), replica(1, health="unhealthy")):
+        with pytest.raises(AddressError, match=r"\(`docker compose logs env` says why they fail\)") as info:
+            replica_addresses([failing], "env")
+        assert not isinstance(info.value, NotReadyYet)
+        # (beside one that is starting, which may yet be healthy: waited for, with the same hint)
+        with pytest.raises(NotReadyYet, match=r"\(`docker compose logs env` says why they fail\)"):
+            replica_addresses([failing, replica(2, health="starting")], "env")
+
+
+def test_addresses_of_servers_still_starting_are_waited_for() -> None:
+    answers: list[list[str] | None] = [None, None, ["127.0.0.1:5"]]
+
+    def resolve(rest: str) -> list[str]:
+        answer = answers.pop(0)
+        if answer is None:
+            raise NotReadyYet(f"address 'waiting:{rest}': starting")
+        return answer
+
+    register_resolver("waiting", resolve)
+    assert expand_when_ready("waiting:x", wait=30) == ["127.0.0.1:5"]
+    answers[:] = [None] * 10
+    with pytest.raises(NotReadyYet):
+        expand_when_ready("waiting:x", wait=0.1)
 
 
 def test_several_projects_need_the_project_named() -> None:

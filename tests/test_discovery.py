@@ -31,6 +31,11 @@ def test_a_dns_server_in_the_address_is_a_clear_error() -> None:
         expand_addresses("dns://192.0.2.1/env:50051")
 
 
+def test_a_name_that_does_not_resolve_says_where_servers_come_from() -> None:
+    with pytest.raises(AddressError, match=r"cannot resolve 'nosuch\.invalid': .*compose: `docker compose up -d"):
+        expand_addresses("dns:///nosuch.invalid:50051")
+
+
 def test_an_unknown_scheme_is_refused_at_once() -> None:
     with pytest.raises(
         AddressError, match=r"address 'http://127.0.0.1:5000': unknown scheme 'http'; expected host:port"
