@@ -66,6 +66,21 @@ def server_options() -> list[tuple[str, int]]:
     ]
 
 
+def _report_dead(loop: asyncio.AbstractEventLoop, health_service: health.aio.HealthServicer) -> None:
+    """Health NOT_SERVING for good: the envs cannot run any more (probes, compose: and Kubernetes
+    then leave the server out; restart it)."""
+
+    async def not_serving() -> None:
+        for name in (SERVICE_NAME, ""):
+            await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    loop.call_soon_threadsafe(lambda: _DEAD_REPORTS.add(loop.create_task(not_serving())))
+
+
+# (the loop keeps tasks weakly: one reference per report, for the server's life)
+_DEAD_REPORTS: set[asyncio.Task[None]] = set()
+
+
 def _listen_address(config: ServerConfig) -> str:
     if config.unix_socket:
         return f"unix:{config.unix_socket}"
@@ -293,6 +308,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     for name in (SERVICE_NAME, ""):
         await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service)
     address = _listen_address(config)
     try:
         _check_bindable(config)

@@ -124,6 +124,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._ended: np.ndarray | None = None
         # Why the envs cannot run any more (an async vector env whose workers ended), or None.
         self._dead: str | None = None
+        self.on_dead: Callable[[], None] | None = None
+        """Called once when the envs cannot run any more, from the thread of the env call that found
+        it (the server turns its health NOT_SERVING)."""
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
         # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
         # checks, refusals and releases (see INLINE_LIMIT_S).
@@ -549,6 +552,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 # (gymnasium's AsyncVectorEnv shuts a worker down when an exception escapes its env;
                 # IsolateErrors catches the env's own, so this takes a failure of the env's layout.)
                 self._dead = f"the async vector env's worker processes ended when {what}"
+                if self.on_dead is not None:
+                    self.on_dead()
                 log.error("%s; the server cannot step or reset any more: restart it", self._dead)
                 raise ServiceError(
                     grpc.StatusCode.INTERNAL, f"{what}; its worker processes ended: restart the server"

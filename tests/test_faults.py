@@ -412,6 +412,13 @@ def test_an_observation_that_does_not_fit_the_space_is_named(
             # gymnasium shut the worker down: every later call says so, not "'NoneType' has no attribute".
             with pytest.raises(EnvCrashedError, match=r"worker processes ended when the env raised in .*restart it"):
                 envs.reset(seed=0)
+            # and its health says so: probes (compose:, Kubernetes) leave it out
+            deadline = time.monotonic() + 10
+            while check(server.address) != "NOT_SERVING" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert check(server.address) == "NOT_SERVING"
+        else:
+            assert check(server.address) == "SERVING"
     assert server.proc is not None and server.proc.poll() is None
     assert "ObservationLayoutError" in server.logs()
 
