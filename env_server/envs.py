@@ -7,7 +7,7 @@ import importlib.util
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -168,30 +168,38 @@ class ObservationLayoutError(ValueError):
 def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation") -> str | None:
     """What makes ``obs`` unfit to be stacked as an observation of ``space`` (None when it fits).
 
-    Only the layout is checked, which gymnasium's vector envs need to stack K observations (a wrong
-    one fails there with numpy's "Output array is the wrong shape"); dtypes are cast and bounds are
-    not enforced, as in gymnasium's own vector envs."""
+    Only what gymnasium's vector envs need to stack K observations is checked (a wrong one fails
+    there with numpy's "Output array is the wrong shape" or a KeyError): the shapes of the spaces
+    they stack as arrays (Box, Discrete, MultiDiscrete, MultiBinary), a Dict's keys (extra ones are
+    left out, as gymnasium does), a Tuple's length (any sequence). Dtypes are cast and bounds are
+    not enforced, as in gymnasium's own vector envs; other spaces are stacked as objects."""
     if isinstance(space, gym.spaces.Dict):
-        if not isinstance(obs, dict):
+        if not isinstance(obs, Mapping):
             return f"{where} is a {type(obs).__name__}, expected a dict with keys {sorted(space.spaces)}"
-        if set(obs) != set(space.spaces):
-            return f"{where} has keys {sorted(obs, key=str)}, expected {sorted(space.spaces)}"
+        missing = sorted(set(space.spaces) - set(obs))
+        if missing:
+            return f"{where} has keys {sorted(obs, key=str)}, missing {missing} of {sorted(space.spaces)}"
         return next(
             (m for k, sub in space.spaces.items() if (m := layout_mismatch(obs[k], sub, f"{where}[{k!r}]"))), None
         )
     if isinstance(space, gym.spaces.Tuple):
-        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
-            length = f" of length {len(obs)}" if isinstance(obs, (tuple, list)) else ""
-            return f"{where} is a {type(obs).__name__}{length}, expected a tuple of length {len(space.spaces)}"
+        n = len(space.spaces)
+        if not isinstance(obs, Sequence) or isinstance(obs, str) or len(obs) < n:
+            length = f" of length {len(obs)}" if isinstance(obs, Sequence) else ""
+            return f"{where} is a {type(obs).__name__}{length}, expected a tuple of length {n}"
         return next(
             (m for i, sub in enumerate(space.spaces) if (m := layout_mismatch(obs[i], sub, f"{where}[{i}]"))), None
         )
-    if space.shape is None:  # (a space gymnasium stacks as objects: Text, Graph, Sequence, ...)
+    if not isinstance(space, _STACKED):
         return None
     shape = np.shape(obs)
     if shape != space.shape:
         return f"{where} has shape {shape}, expected {space.shape} (observation_space {space})"
     return None
+
+
+# The spaces gymnasium's vector envs stack into arrays (np.stack), whose shapes must agree.
+_STACKED = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
 class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):

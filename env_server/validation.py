@@ -71,9 +71,12 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
         )
     outside = (actions < space.low) | (actions > space.high)
     if outside.any():
-        # Within rounding of a bound (gymnasium's RescaleAction computes in float64 from float32
+        # Within rounding of a float bound (gymnasium's RescaleAction computes in float64 from float32
         # bounds, and may land an ulp or a few past them): clipped, as the env would take it.
-        bad = _first_bad((actions < space.low - _slack(space.low)) | (actions > space.high + _slack(space.high)))
+        if space.dtype.kind == "f":
+            bad = _first_bad((actions < space.low - _slack(space.low)) | (actions > space.high + _slack(space.high)))
+        else:  # (integers do not round: past a bound is past it)
+            bad = _first_bad(outside)
         if bad is not None:
             raise InvalidActionError(
                 f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space} "

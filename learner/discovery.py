@@ -190,21 +190,13 @@ def speaks_tls(address: str, timeout: float = 1.0) -> bool:
 
 
 def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str | None, timeout: float) -> str | None:
-    """ "" for a handshake that worked; a TLS reason it failed; None when it did not get that far."""
-    try:
-        if address.startswith("unix:"):
-            path = address[len("unix:") :]
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(path[2:] if path.startswith("//") else path)
-            host = "localhost"  # (gRPC's authority for unix: addresses)
-        elif "/" not in address:
-            host, port = _split_host_port(address)
-            sock = socket.create_connection((host, port), timeout=timeout)
-        else:
-            return None
-    except (OSError, AddressError):
+    """ "" for a handshake that worked; a TLS reason it failed, where the server's answer says so; None
+    when it cannot tell (no connection, or one closed or reset before any answer: a proxy whose
+    backend is not up yet, say, which a wait may mend)."""
+    opened = _open(address, timeout)
+    if opened is None:
         return None
+    sock, host = opened
     with sock:
         try:
             with context.wrap_socket(sock, server_hostname=server_name or host):
@@ -212,12 +204,38 @@ def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str |
         except ssl.SSLCertVerificationError as err:
             unsigned = " (it is not signed by the CA given)" if err.verify_code in _UNKNOWN_ISSUER else ""
             return f"{TLS_CAUSE}the server's certificate does not verify: {err.verify_message or err.reason}{unsigned}"
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return None
         except ssl.SSLError as err:
             if err.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
                 return f"{TLS_CAUSE}the server does not speak TLS (a plaintext server? then connect without TLS)"
+            if err.reason == "UNEXPECTED_EOF_WHILE_READING":
+                return None
             return f"{TLS_CAUSE}the handshake failed: {err.reason or err}"
         except OSError:
             return None
+
+
+def _open(address: str, timeout: float) -> tuple[socket.socket, str] | None:
+    """A connection to ``address`` (``host:port`` or ``unix:PATH``) and the name TLS checks there by
+    default (the host; ``localhost``, gRPC's authority, for a Unix socket); None if none opens."""
+    try:
+        if address.startswith("unix:"):
+            path = address[len("unix:") :]
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(path[2:] if path.startswith("//") else path)
+            except BaseException:
+                sock.close()
+                raise
+            return sock, "localhost"
+        if "/" in address:  # (dns:///name:port and the like: no single server)
+            return None
+        host, port = _split_host_port(address)
+        return socket.create_connection((host, port), timeout=timeout), host
+    except (OSError, AddressError):
+        return None
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -85,16 +85,22 @@ class LoopRunner:
         if running is None or running is self.loop:  # (the latter: a re-entrant call, which the loop refuses)
             return self.loop.run_until_complete(awaitable)
         outcome: list[Any] = []
+        task = asyncio.ensure_future(awaitable, loop=self.loop)
 
         def drive() -> None:
             try:
-                outcome.append((True, self.loop.run_until_complete(awaitable)))
+                outcome.append((True, self.loop.run_until_complete(task)))
             except BaseException as err:  # handed to the caller's thread
                 outcome.append((False, err))
 
         helper = threading.Thread(target=drive, name="envfleet-loop-call")
         helper.start()
-        helper.join()
+        try:
+            helper.join()
+        except BaseException:  # Ctrl-C in the caller's thread: end the call, so that the loop is free again
+            self.loop.call_soon_threadsafe(task.cancel)
+            helper.join()
+            raise
         ok, value = outcome[0]
         if not ok:
             raise value
@@ -142,9 +148,9 @@ class LoopRunner:
     def cancel(self, tasks: list[asyncio.Task[Any]]) -> None:
         """Cancel ``tasks`` (from any thread; on this thread's loop, the cancellation runs with its next call)."""
         for task in tasks:
-            if self._thread is None:
+            if self._thread is None and not self.loop.is_running():
                 task.cancel()
-            else:
+            else:  # (the loop runs on another thread: the background one, or a helper of _run_until_complete)
                 self.loop.call_soon_threadsafe(task.cancel)
 
     def spin(self) -> None:

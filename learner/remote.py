@@ -283,6 +283,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
+        # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
+        deadline = time.monotonic() + self.connect_timeout
         endpoints = expand_when_ready(addresses, self.connect_timeout)
         # compose:env -> compose:PROJECT/env: refresh keeps to this fleet if another project runs one too.
         self._address_spec = pin_addresses(addresses)
@@ -292,7 +294,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             raise ValueError(
                 f"num_groups: expected at most one group per server ({len(endpoints)} servers), got {num_groups}"
             )
-        self._clients = self._runner.run(self._connect(endpoints))
+        self._clients = self._runner.run(self._connect(endpoints, deadline))
         self._check_specs()
         first = self._clients[0].spec
         assert first is not None
@@ -366,15 +368,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         assert client.spec is not None
         return Replica(client=client, spec=client.spec, sessions=[client.session_id])
 
-    async def _connect(self, endpoints: list[str]) -> list[EnvClient]:
+    async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
         clients: list[EnvClient] = []
         try:
             for address in endpoints:
                 clients.append(self._client(address))
             # Connect to all servers at once, within one shared deadline.
-            deadline = time.monotonic() + self.connect_timeout
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
-            _, late = await asyncio.wait(readies, timeout=min(self.connect_timeout / 2, _PATIENCE_S))
+            patience = min(max(0.0, deadline - time.monotonic()) / 2, _PATIENCE_S)
+            _, late = await asyncio.wait(readies, timeout=patience)
             probed, cause = "", None
             if late:
                 # Why does the first of them not answer? Said now when the wait is long (servers may
@@ -560,7 +562,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if not self.fault_tolerant and (mask is None or bool(np.all(mask))):
             ended = [c for c in self._clients if c.session_ended]
             if ended:
-                self._runner.run(gather(*(self._renew_session(c) for c in ended)))
+                # (all settled before the first error is raised: none left half done on the loop)
+                renewed = self._runner.run(gather(*(self._renew_session(c) for c in ended), return_exceptions=True))
+                self._share_cpus()
+                _raise_first([r for r in renewed if isinstance(r, BaseException)])
 
         calls = []
         for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
@@ -626,11 +631,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         problem = incompatible(old, spec)
         if problem:
             raise SpecMismatchError(f"env server {client.address}: {problem}; refresh() takes the fleet as it is now")
-        session = client.session_id
-        client.abandon()
+        _warn_if_other_env(old, spec, client.address, "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
-            await client.release_session(session, self.timeout)
-        client.start_session(await client.handshake())
+            await client.release_session(client.session_id, self.timeout)
+        # The old session is dropped only once a new one is had: a failed handshake (another learner
+        # took the server, it is building or draining) leaves it ended, for the next reset to try again.
+        response = await self._handshake(client, time.monotonic() + self.connect_timeout)
+        client.abandon()
+        client.start_session(response)
         restarted = "restarted" if spec.server_id != old.server_id else "same process"
         log.info("env server %s: its session had ended (%s); a new one for this reset", client.address, restarted)
 
@@ -834,9 +842,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
             requests.append(request)
             sending.append(i)
-        for i, request in zip(sending, requests, strict=True):
-            client = self._clients[i]
-            self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(_exchange(client, request))
+        try:
+            for i, request in zip(sending, requests, strict=True):
+                client = self._clients[i]
+                self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(_exchange(client, request))
+        except BaseException as interrupt:  # Ctrl-C while a frame was going out, say: a frame may be cut short
+            tasks = {i: task for i in sending if (task := self._tasks[i]) is not None}
+            for i in sending:
+                self._tasks[i] = None
+                self._clients[i].close_step_socket()
+            self._abandon(tasks, interrupt, self._clients[sending[0]].address)
+            raise
 
     def _no_ended_envs(self) -> np.ndarray | None:
         """A fresh record of the envs that ended and wait for a reset: all False, under autoreset
@@ -865,6 +881,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tasks = {i: t for i in servers if (t := self._tasks[i]) is not None}
         for i in servers:
             self._tasks[i] = None
+        try:
+            return self._collect(servers, tasks)
+        except Exception:  # (a failed step: the fleet is marked stale where it failed)
+            raise
+        except BaseException as interrupt:  # Ctrl-C (KeyboardInterrupt), a signal handler's exit, ...
+            self._abandon(tasks, interrupt, self._clients[servers[0]].address)
+            raise
+
+    def _collect(
+        self, servers: Sequence[int], tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep]
+    ) -> StepResult:
+        """:meth:`_finish`'s work: wait for ``tasks`` and join their results."""
         base = self._clients[servers[0]].env_offset
         count = sum(self._clients[i].num_envs for i in servers)
         out = _StepBatch(count)
@@ -873,21 +901,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if tasks:
             deadline = time.monotonic() + self.timeout
             on_loop = [t for t in tasks.values() if not isinstance(t, SocketStep)]
-            try:
-                if on_loop:
-                    self._runner.wait(on_loop, self.timeout)
-                for i, t in tasks.items():
-                    if isinstance(t, SocketStep):
-                        t.wait(deadline)
-                        if t.exception() is None:  # joined while the servers after it still step
-                            try:
-                                self._take(i, t.result(), base, out)
-                                taken.add(i)
-                            except Exception as failure:  # reported with the others, once every answer is in
-                                unreadable[i] = failure
-            except BaseException as interrupt:  # Ctrl-C (KeyboardInterrupt), a signal handler's exit
-                self._abandon(tasks, interrupt)
-                raise
+            if on_loop:
+                self._runner.wait(on_loop, self.timeout)
+            for i, t in tasks.items():
+                if isinstance(t, SocketStep):
+                    t.wait(deadline)
+                    if t.exception() is None:  # joined while the servers after it still step
+                        try:
+                            self._take(i, t.result(), base, out)
+                            taken.add(i)
+                        except Exception as failure:  # reported with the others, once every answer is in
+                            unreadable[i] = failure
             if len(on_loop) < len(tasks) and self._background_work():
                 self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
         elif self.fault_tolerant:
@@ -943,7 +967,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return self._observations(obs), rewards, terminations, truncations, infos
 
     def _abandon(
-        self, tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep], why: BaseException
+        self,
+        tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep],
+        why: BaseException,
+        address: str,
     ) -> None:
         """Give up on steps whose answers will not be taken in (the wait for them was interrupted):
         their answers must not reach a later step, so step sockets still waiting are closed (the next
@@ -957,8 +984,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             else:
                 on_loop.append(task)
         self._runner.cancel(on_loop)
-        address = self._clients[next(iter(tasks))].address
-        self._went_stale(address, f"the wait for its results was interrupted ({type(why).__name__})")
+        self._went_stale(address, f"the step was interrupted ({type(why).__name__})")
 
     def _take(self, server: int, result: tuple[pb.StepResponse, float], base: int, out: _StepBatch) -> None:
         """Write one server's step results into ``out`` (a batch from env ``base``) and the obs buffer."""

@@ -100,6 +100,13 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
         np.testing.assert_array_equal(envs.reset(seed=1)[0], local.reset(seed=1)[0])
         np.testing.assert_allclose(envs.step(rounded)[0], local.step(np.clip(rounded, -2, 2))[0], rtol=1e-6)
         local.close()
+    # Integers do not round: an int Box's bound is exact.
+    from env_server.validation import check_actions
+
+    space = gym.spaces.Box(0, 1_000_000, (1,), dtype=np.int64)
+    assert check_actions(space, np.array([[1_000_000]]), 1).tolist() == [[1_000_000]]
+    with pytest.raises(ValueError, match="outside the action space"):
+        check_actions(space, np.array([[1_000_001]]), 1)
 
 
 def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -127,6 +129,28 @@ def test_tls_verified_with_the_ca_and_refused_otherwise(
         env=environ,
     )
     assert probe.returncode == 0, probe.stderr
+
+
+def test_a_listener_that_closes_at_once_is_not_taken_for_a_tls_failure(certs: ServerFiles) -> None:
+    """A proxy whose backend is not up yet accepts and closes: a wait may mend that, so the TLS
+    probe must not call it final (RemoteVectorEnv would give up at once)."""
+    from learner.discovery import speaks_tls, tls_probe
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+        def close_each() -> None:
+            for _ in range(2):
+                conn, _ = listener.accept()
+                conn.close()
+
+        closer = threading.Thread(target=close_each, daemon=True)
+        closer.start()
+        assert tls_probe(address, certs.ca.read_bytes(), None, timeout=5) is None
+        assert not speaks_tls(address, timeout=5)
+        closer.join(timeout=10)
 
 
 def test_a_certificate_and_key_that_do_not_belong_together_are_named(certs: ServerFiles, tmp_path: Path) -> None:
