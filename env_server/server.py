@@ -70,11 +70,14 @@ def _report_dead(loop: asyncio.AbstractEventLoop, health_service: health.aio.Hea
     """Health NOT_SERVING for good: the envs cannot run any more (probes, compose: and Kubernetes
     then leave the server out; restart it)."""
 
-    async def not_serving() -> None:
-        for name in (SERVICE_NAME, ""):
-            await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    loop.call_soon_threadsafe(lambda: _DEAD_REPORTS.add(loop.create_task(_set_health(health_service, not_serving))))
 
-    loop.call_soon_threadsafe(lambda: _DEAD_REPORTS.add(loop.create_task(not_serving())))
+
+async def _set_health(health_service: health.aio.HealthServicer, status: int) -> None:
+    """``status`` for the env service and for the server overall ("")."""
+    for name in (SERVICE_NAME, ""):
+        await health_service.set(name, status)
 
 
 # (the loop keeps tasks weakly: one reference per report, for the server's life)
@@ -306,8 +309,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    for name in (SERVICE_NAME, ""):
-        await health_service.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service)
     address = _listen_address(config)
     try:
@@ -350,9 +352,8 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
                     raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
                 shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
                 log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
-            # The envs exist: report healthy, for the service and overall ("").
-            for name in (SERVICE_NAME, ""):
-                await health_service.set(name, health_pb2.HealthCheckResponse.SERVING)
+            # The envs exist: report healthy.
+            await _set_health(health_service, health_pb2.HealthCheckResponse.SERVING)
             if config.unix_socket:
                 ready = address
             else:

@@ -136,16 +136,11 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     connection opens (then something listens, and it is not an env server that answers) or the
     address is of another kind.
     """
-    path = ""
+    path = _unix_path(address) or ""
     try:
-        if address.startswith("unix:"):
-            path = address[len("unix:") :]
-            path = path[2:] if path.startswith("//") else path
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(timeout)
-                sock.connect(path)
-        elif "/" not in address:  # host:port (not dns:///name:port and the like)
-            socket.create_connection(_split_host_port(address), timeout=timeout).close()
+        opened = _connect(address, timeout)
+        if opened is not None:
+            opened[0].close()
     except AddressError:
         return None
     except FileNotFoundError:
@@ -193,7 +188,10 @@ def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str |
     """ "" for a handshake that worked; a TLS reason it failed, where the server's answer says so; None
     when it cannot tell (no connection, or one closed or reset before any answer: a proxy whose
     backend is not up yet, say, which a wait may mend)."""
-    opened = _open(address, timeout)
+    try:
+        opened = _connect(address, timeout)
+    except (OSError, AddressError):
+        return None
     if opened is None:
         return None
     sock, host = opened
@@ -216,26 +214,32 @@ def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str |
             return None
 
 
-def _open(address: str, timeout: float) -> tuple[socket.socket, str] | None:
-    """A connection to ``address`` (``host:port`` or ``unix:PATH``) and the name TLS checks there by
-    default (the host; ``localhost``, gRPC's authority, for a Unix socket); None if none opens."""
-    try:
-        if address.startswith("unix:"):
-            path = address[len("unix:") :]
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(timeout)
-                sock.connect(path[2:] if path.startswith("//") else path)
-            except BaseException:
-                sock.close()
-                raise
-            return sock, "localhost"
-        if "/" in address:  # (dns:///name:port and the like: no single server)
-            return None
-        host, port = _split_host_port(address)
-        return socket.create_connection((host, port), timeout=timeout), host
-    except (OSError, AddressError):
+def _unix_path(address: str) -> str | None:
+    """The socket file of a ``unix:PATH`` (or ``unix://PATH``) address; None for other addresses."""
+    if not address.startswith("unix:"):
         return None
+    path = address[len("unix:") :]
+    return path[2:] if path.startswith("//") else path
+
+
+def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
+    """A connection to ``address`` (``host:port`` or ``unix:PATH``) and the name TLS checks there by
+    default (the host; ``localhost``, gRPC's authority, for a Unix socket); None for an address of
+    several servers (``dns:///name:port`` and the like). Raises OSError or AddressError."""
+    path = _unix_path(address)
+    if path is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, "localhost"
+    if "/" in address:
+        return None
+    host, port = _split_host_port(address)
+    return socket.create_connection((host, port), timeout=timeout), host
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -14,14 +14,11 @@ from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
 from learner.discovery import expand_when_ready
 from learner.local import DEFAULT_TRANSPORT, LocalServers
-from learner.remote import RemoteVectorEnv
+from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
 __all__ = ["FleetSpec", "open_fleet", "reward_threshold"]
 
 log = logging.getLogger(__name__)
-
-# How long a fleet of compose replicas still starting is waited for (RemoteVectorEnv's connect_timeout).
-_CONNECT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             stack.callback(servers.close)
             addresses = servers.addresses
         groups = (
-            min(spec.pipeline_groups, len(expand_when_ready(addresses, _CONNECT_WAIT_S)))
+            min(spec.pipeline_groups, len(expand_when_ready(addresses, DEFAULT_CONNECT_TIMEOUT)))
             if spec.pipeline_groups > 1
             else 1
         )

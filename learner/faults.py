@@ -162,9 +162,13 @@ class _Incompatible(Exception):
     """The server at the address now hosts envs that do not fit the fleet."""
 
 
+FLEET_FIELDS = ("observation_space", "action_space", "autoreset_mode")
+"""What every server of one fleet must agree on (their EnvSpec fields)."""
+
+
 def incompatible(want: pb.EnvSpec, got: pb.EnvSpec) -> str:
     """Why a server that came back with spec ``got`` cannot take its old place (``want``) in the fleet; "" if it can."""
-    for name in ("num_envs", "observation_space", "action_space", "autoreset_mode"):
+    for name in ("num_envs", *FLEET_FIELDS):
         if getattr(want, name) != getattr(got, name):
             return (
                 f"the server came back with another {name} ({got.env_id}, {got.num_envs} envs) than the fleet's "

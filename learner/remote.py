@@ -52,13 +52,16 @@ from learner.errors import (
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
+from learner.faults import FLEET_FIELDS, FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
-__all__ = ["RemoteVectorEnv"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "RemoteVectorEnv"]
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""RemoteVectorEnv's default ``connect_timeout`` (seconds to find and connect to every server)."""
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +232,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         addresses: str | Sequence[str],
         *,
         timeout: float = 30.0,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         client_name: str | None = None,
         copy: bool = True,
         auth_token: str | None = None,
@@ -480,7 +483,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for client in self._clients[1:]:
             spec = client.spec
             assert spec is not None
-            for field in ("observation_space", "action_space", "autoreset_mode"):
+            for field in FLEET_FIELDS:
                 if getattr(spec, field) != getattr(first.spec, field):
                     self._close_clients()
                     raise SpecMismatchError(
@@ -559,7 +562,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if not mask.any():
                 raise ValueError("options['reset_mask']: expected at least one True value, got none")
         encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
-        if not self.fault_tolerant and (mask is None or bool(np.all(mask))):
+        full = mask is None or bool(np.all(mask))
+        if not self.fault_tolerant and full:
             ended = [c for c in self._clients if c.session_ended]
             if ended:
                 # (all settled before the first error is raised: none left half done on the loop)
@@ -590,7 +594,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._lose_all(lost, truncate=False)  # no episode was under way
         self._raise_first(errors)
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
-        if mask is None or bool(np.all(mask)):
+        if full:
             self._stale = None
         if self._ended is not None:
             self._ended[slice(None) if mask is None else mask] = False
@@ -1413,7 +1417,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return joined
 
     def _spec_mismatch(self, spec: pb.EnvSpec, address: str) -> str | None:
-        for field in ("observation_space", "action_space", "autoreset_mode"):
+        for field in FLEET_FIELDS:
             if getattr(spec, field) != getattr(self._spec, field):
                 return f"its {field} differs from the fleet's ({spec.env_id}, not {self._spec.env_id})"
         _warn_if_other_env(self._spec, spec, address, "the fleet's")
