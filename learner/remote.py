@@ -563,8 +563,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 raise ValueError("options['reset_mask']: expected at least one True value, got none")
         encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
         full = mask is None or bool(np.all(mask))
-        if not self.fault_tolerant and full:
-            ended = [c for c in self._clients if c.session_ended]
+        if not self.fault_tolerant:
+            ended = [c for c in self._clients if c.session_ended and self._resets_all_of(c, mask, "reset")]
             if ended:
                 # (all settled before the first error is raised: none left half done on the loop)
                 renewed = self._runner.run(gather(*(self._renew_session(c) for c in ended), return_exceptions=True))
@@ -575,7 +575,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
             if self._replicas[i].state is ReplicaState.DOWN:
                 continue
-            sub_mask = None if mask is None else mask[sl]
+            sub_mask = None if mask is None or mask[sl].all() else mask[sl]  # (all of a server's: its full reset)
             if sub_mask is not None and not sub_mask.any():
                 continue
             sub_seeds = None if seeds is None else seeds[sl]
@@ -615,6 +615,24 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._flag_unavailable(infos, unavailable)
         self._raise_env_errors(infos, 0, in_reset=True)
         return self._observations(self._obs_buffer), infos
+
+    def _resets_all_of(self, client: EnvClient, mask: np.ndarray | None, method: str) -> bool:
+        """Whether a reset with ``mask`` resets every env of ``client``'s server, whose session ended:
+        a new session starts them all over, so a mask that takes some of them only is refused (before
+        anything is sent); False if it takes none."""
+        if mask is None:
+            return True
+        sub = mask[client.env_offset : client.env_offset + client.num_envs]
+        if sub.all() or not sub.any():
+            return bool(sub.all())
+        last = client.env_offset + client.num_envs - 1
+        raise SessionError(
+            f"{method}: env server {client.address}'s session ended (it restarted or the connection dropped), "
+            f"so its envs {client.env_offset}-{last} all start over with a new one: take them all in "
+            "options['reset_mask'], or call reset() without a mask; nothing was reset",
+            address=client.address,
+            code=grpc.StatusCode.FAILED_PRECONDITION,
+        )
 
     async def _renew_session(self, client: EnvClient) -> None:
         """A new session on ``client``'s server, whose old one ended (the server restarted, or its
@@ -1191,7 +1209,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             # The servers that answered moved on; the caller saw none of it.
             first = errors[0]
             self._went_stale(getattr(first, "address", ""), str(first))
-        _raise_first(errors)
+        _raise_first([self._session_hint(err) for err in errors])
+
+    def _session_hint(self, err: BaseException) -> BaseException:
+        """A server's "this session does not own me" (it restarted, or the connection dropped) says to
+        call Handshake, which users of this class never do: say what does it here."""
+        if self.fault_tolerant or not isinstance(err, SessionError) or not err.address:
+            return err
+        client = next((c for c in self._clients if c.address == err.address), None)
+        if client is None or not client.session_ended:
+            return err
+        return SessionError(
+            f"{err} (for this RemoteVectorEnv: reset() does so; refresh() if the server came back with other envs)",
+            address=err.address,
+            code=err.code,
+            env_index=err.env_index,
+        )
 
     def _went_stale(self, address: str, cause: str) -> None:
         self._stale = (address, cause)  # the latest failure is the one to report

@@ -202,6 +202,40 @@ def test_without_fault_tolerance_a_full_reset_takes_a_restarted_server_back(spaw
     local.close()
 
 
+def test_without_fault_tolerance_a_masked_reset_of_all_a_restarted_servers_envs_takes_it_back(
+    spawn_server: SpawnServer,
+) -> None:
+    """A server restarted between calls: a step names reset() as the way on (not the server's
+    "call Handshake", which this class's users never do); a reset_mask reset that takes all its envs
+    renews its session as a full reset does; one that takes some of them is refused before anything is
+    sent (a new session starts them all over); one that takes none leaves it as it is."""
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    local = gym.make_vec("CartPole-v1", num_envs=K, vectorization_mode="sync")
+    with RemoteVectorEnv([a.address, b.address], timeout=2.0) as envs:
+        envs.reset(seed=0)
+        b.kill()
+        b.start()
+        time.sleep(0.5)  # (the session's Hold stream has seen the old server go)
+        with pytest.raises(SessionError, match=r"Handshake again \(for this RemoteVectorEnv: reset\(\) does so"):
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        envs.reset(seed=0)
+        b.kill()
+        b.start()
+        time.sleep(0.5)
+        partial = np.array([False, True] + [True, False] * (K - 1))
+        with pytest.raises(
+            SessionError, match=rf"session ended .*its envs {K}-{2 * K - 1} all start over .*nothing was reset"
+        ):
+            envs.reset(options={"reset_mask": partial})
+        envs.reset(options={"reset_mask": np.arange(2 * K) < 1})  # none of B's: A's env 0 only
+        obs, _ = envs.reset(seed=5, options={"reset_mask": np.arange(2 * K) >= K})
+        np.testing.assert_array_equal(obs[K:], local.reset(seed=5 + K)[0])
+        actions = np.ones(2 * K, dtype=np.int64)
+        np.testing.assert_array_equal(envs.step(actions)[0][K:], local.step(actions[K:])[0])
+    local.close()
+
+
 def test_servers_of_other_envs_with_the_same_spaces_are_warned_of(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:
