@@ -7,13 +7,16 @@ python; one on PATH does too). Without one the rendering tests skip, except unde
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,15 @@ import yaml
 
 from env_server.__main__ import build_parser
 from learner import LocalServers, RemoteVectorEnv
+from tests.certs import make_server_certs
 from tests.compose import REPO
 from tests.prerequisites import require
 
-KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong"]
+KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong", "k8s/overlays/tls"]
 # The oldest Kubernetes with native gRPC probes (GA in 1.27), and the newest the schemas cover.
 K8S_VERSIONS = ["1.27", kubernetes_validate.latest_version()]
+# The image's own health check (Dockerfile HEALTHCHECK ... CMD [...]), which exec probes run.
+HEALTHCHECK = json.loads(re.search(r"HEALTHCHECK .*?CMD (\[.*?\])", (REPO / "Dockerfile").read_text(), re.S).group(1))  # type: ignore[union-attr]
 ENV_LABELS = {"app.kubernetes.io/name": "envfleet", "app.kubernetes.io/component": "env-server"}
 
 
@@ -95,8 +101,14 @@ def test_env_servers_are_probed_through_the_grpc_health_service(objects: dict[st
     (port,) = server["ports"]
     assert (port["name"], port["containerPort"]) == ("grpc", 50051)
     assert env_vars(server)["ENVFLEET_PORT"]["value"] == "50051"
+    tls = "ENVFLEET_TLS_CERT" in env_vars(server)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert server[probe]["grpc"] == {"port": 50051}, probe  # the overall status (service "")
+        if tls:  # the kubelet's gRPC probes have no TLS: the image's own HEALTHCHECK command asks
+            assert set(server[probe]) & {"grpc", "exec"} == {"exec"}, probe
+            assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
+            assert server[probe]["timeoutSeconds"] > 3, probe  # (the check itself waits up to 3 s)
+        else:
+            assert server[probe]["grpc"] == {"port": 50051}, probe  # the overall status (service "")
     assert server["startupProbe"]["periodSeconds"] * server["startupProbe"]["failureThreshold"] >= 120
     assert server["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod_spec(objects, "Deployment/env")["securityContext"]["runAsUser"] == 10001  # the image's user
@@ -150,6 +162,7 @@ def test_the_auth_token_comes_from_one_secret_and_nowhere_else(objects: dict[str
 
 def test_env_server_variables_are_options_the_server_reads(objects: dict[str, dict[str, Any]]) -> None:
     options = {f"ENVFLEET_{action.dest.upper()}" for action in build_parser()._actions if action.dest != "help"}
+    options |= {"ENVFLEET_TLS_CA", "ENVFLEET_TLS_SERVER_NAME"}  # the health probe's (env_server.health.default_tls)
     used = set(env_vars(container(objects, "Deployment/env")))
     assert used <= options, used - options
 
@@ -161,6 +174,45 @@ def test_images_are_the_ones_compose_builds() -> None:
     base = render_base()
     used = {container(base, key)["image"].rpartition(":")[0] for key in ("Deployment/env", "Job/learner")}
     assert used == built == {"envfleet-env-server", "envfleet-learner"}
+
+
+def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_serving(tmp_path: Path) -> None:
+    """k8s/overlays/tls: a real server started with the overlay's variables (its Secret's files made
+    here, for the name `env` only), and the probe command the overlay runs, with the same variables:
+    SERVING. Without the overlay's ENVFLEET_TLS_SERVER_NAME it fails (the certificate is not for
+    127.0.0.1), so the name is what makes it pass."""
+    objects = {f"{d['kind']}/{d['metadata']['name']}": d for d in render("k8s/overlays/tls")}
+    server = container(objects, "Deployment/env")
+    files = make_server_certs(tmp_path / "secret", names=("env",))
+    (volume,) = [v for v in pod_spec(objects, "Deployment/env")["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "envfleet-tls"
+    (mount,) = [m for m in server["volumeMounts"] if m["name"] == volume["name"]]
+    secret = {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca}
+    variables = {name: var["value"] for name, var in env_vars(server).items() if "value" in var}
+    for name, value in variables.items():
+        if value.startswith(mount["mountPath"] + "/"):
+            variables[name] = str(secret[value.rpartition("/")[2]])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        variables["ENVFLEET_PORT"] = str(s.getsockname()[1])
+    environ = {**os.environ, **variables}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "env_server"], env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    probe = [sys.executable, *server["readinessProbe"]["exec"]["command"][1:]]
+    probe[-1] = str(REPO / "env_server" / "health.py")
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(probe, env=environ, capture_output=True, timeout=30).returncode != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not become healthy"
+            time.sleep(0.5)
+        without_name = {k: v for k, v in environ.items() if k != "ENVFLEET_TLS_SERVER_NAME"}
+        assert subprocess.run(probe, env=without_name, capture_output=True, timeout=30).returncode == 1
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    learner = env_vars(container(objects, "Job/learner"))
+    assert learner["ENVFLEET_TLS_CA"]["value"].rpartition("/")[2] == "ca.crt"
 
 
 def render_base() -> dict[str, dict[str, Any]]:
