@@ -10,7 +10,13 @@ import sys
 from collections.abc import MutableMapping
 from typing import NoReturn
 
-__all__ = ["FAST_GRPC_EXPERIMENTS", "ShortErrorParser", "configure_logging", "prefer_fast_grpc_core"]
+__all__ = [
+    "FAST_GRPC_EXPERIMENTS",
+    "ShortErrorParser",
+    "configure_logging",
+    "prefer_fast_grpc_core",
+    "quiet_grpc_core",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +33,9 @@ def prefer_fast_grpc_core(environ: MutableMapping[str, str] = os.environ) -> boo
 
     gRPC reads the variable once, when it is first imported: call this at the very start of an
     entry point. Returns whether the setting is in effect for this process (and its children).
+    Also sets ``GRPC_VERBOSITY`` (see :func:`quiet_grpc_core`).
     """
+    quiet_grpc_core(environ)
     if "GRPC_EXPERIMENTS" in environ:
         return environ["GRPC_EXPERIMENTS"] == FAST_GRPC_EXPERIMENTS
     environ["GRPC_EXPERIMENTS"] = FAST_GRPC_EXPERIMENTS
@@ -36,6 +44,14 @@ def prefer_fast_grpc_core(environ: MutableMapping[str, str] = os.environ) -> boo
         log.warning("GRPC_EXPERIMENTS was set after grpc was imported; it applies to child processes only")
         return False
     return True
+
+
+def quiet_grpc_core(environ: MutableMapping[str, str] = os.environ) -> None:
+    """gRPC core logs at INFO to stderr unless told otherwise ("I... ssl_transport_security.cc]
+    Handshake failed ..." at every attempt to reach a TLS server with the wrong CA, before envfleet's
+    own error that says why): from ERROR up, unless the user set ``GRPC_VERBOSITY``. Read once, when
+    grpc is first imported."""
+    environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 # Libraries whose DEBUG lines drown envfleet's own at --log-level debug (grpc's "Loaded running

@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from env_server.tuning import quiet_grpc_core
+
 # Import no gRPC; register the compose: and swarm: address schemes.
 from learner.compose import resolve_compose
 from learner.swarm import resolve_swarm
+
+quiet_grpc_core()  # before anything imports gRPC (a GRPC_VERBOSITY the user set wins)
 
 if TYPE_CHECKING:
     from learner.discovery import AddressError, expand_addresses

@@ -70,8 +70,12 @@ def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start local env servers, step a RemoteVectorEnv over them, and compare with AsyncVectorEnv."""
+    import functools
+
     import gymnasium as gym
 
+    from env_server.config import ServerConfig
+    from env_server.envs import make_env
     from learner.local import LocalServers
     from learner.remote import RemoteVectorEnv
 
@@ -80,10 +84,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
     )
     # gymnasium's AsyncVectorEnv first: it forks, which must happen before this process opens gRPC channels.
-    reference = gym.vector.AsyncVectorEnv([lambda: gym.make(args.env)] * total)
+    # Its envs are built as the servers build theirs (ids or entry points, the same --env-kwargs).
+    one_env = functools.partial(make_env, ServerConfig(env=args.env, env_kwargs=args.env_kwargs))
+    reference = gym.vector.AsyncVectorEnv([one_env] * total)
     ref_sps, _ = _measure(reference, args.steps, args.seed)
     reference.close()
-    with LocalServers(args.env, args.num_servers, args.envs_per_server, transport=args.transport) as servers:
+    with LocalServers(
+        args.env, args.num_servers, args.envs_per_server, env_kwargs=args.env_kwargs, transport=args.transport
+    ) as servers:
         print(f"servers: {', '.join(servers.addresses)}")
         with RemoteVectorEnv(servers.addresses, step_socket=args.step_socket) as envs:
             sps, episodes = _measure(envs, args.steps, args.seed)
@@ -101,20 +109,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Build ``Args`` from the options given, train, and print where the results are."""
     given = _given(args, Args)
-    if "auth_token" not in given and os.environ.get("ENVFLEET_AUTH_TOKEN"):
-        given["auth_token"] = os.environ["ENVFLEET_AUTH_TOKEN"]  # like env-server, from the environment
     try:
+        token = _auth_token(args.auth_token_file, given.get("auth_token"))
+        if token is not None:
+            given["auth_token"] = token
         if "resume" in given:
             from learner.train import resume_args
 
             config = resume_args(given.pop("resume"), **given)
         else:
             config = Args(**given)
+        config = _tls_from_environment(config, given)
     except (ValueError, FileNotFoundError) as err:
         args.parser.error(str(err))
     from learner.train import train
 
+    run_dir_known = config.run_dir or config.resume  # (for a second Ctrl-C; else once the run dir is made)
+
     def started(info: dict[str, Any]) -> None:
+        nonlocal run_dir_known
+        run_dir_known = info["run_dir"]
         envs, ppo = info["envs"], info["ppo"]
         print(
             f"learner train: PPO ({ppo['preset']} preset, {info['policy']}) on {envs['env_id']}: {envs['description']}; "
@@ -130,7 +144,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         tqdm.write(describe_change(change), file=sys.stdout)  # above the progress bar, which stays
         sys.stdout.flush()
 
-    summary = train(config, on_start=started, on_fleet_change=fleet_changed)
+    try:
+        summary = train(config, on_start=started, on_fleet_change=fleet_changed)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
+        print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
+        return 130
     run_dir = Path(summary["run_dir"])
     recent = summary["final_return_mean"]
     print(
@@ -157,6 +175,49 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.plot and (run_dir / "returns.png").exists():
         print(f"plot: {run_dir / 'returns.png'}")
     return 130 if summary["stop_reason"] == "interrupted" else 0
+
+
+def _auth_token(token_file: str | None, token: str | None) -> str | None:
+    """The token --auth-token-file names (else $ENVFLEET_AUTH_TOKEN_FILE's, else $ENVFLEET_AUTH_TOKEN) when
+    --auth-token (``token``) is not given: read as env-server reads it, surrounding whitespace ignored.
+    None: no token from these. A flag given beats a variable; two of one kind are refused."""
+    if token_file is not None and token is not None:
+        raise ValueError("--auth-token and --auth-token-file: give one of them, not both")
+    if token is not None:
+        return None
+    where = "--auth-token-file"
+    if token_file is None and os.environ.get("ENVFLEET_AUTH_TOKEN_FILE"):
+        token_file, where = os.environ["ENVFLEET_AUTH_TOKEN_FILE"], "$ENVFLEET_AUTH_TOKEN_FILE"
+        if os.environ.get("ENVFLEET_AUTH_TOKEN"):
+            raise ValueError(
+                "$ENVFLEET_AUTH_TOKEN and $ENVFLEET_AUTH_TOKEN_FILE: both are set; set one of them, not both "
+                "(or give --auth-token or --auth-token-file)"
+            )
+    if token_file is None:
+        return os.environ.get("ENVFLEET_AUTH_TOKEN") or None  # like env-server, from the environment
+    try:
+        with open(token_file) as f:
+            text = f.read().strip()
+    except OSError as err:
+        raise ValueError(f"{where} {token_file}: cannot read it: {err.strerror or err}") from None
+    from env_server.protocol import check_token
+
+    return check_token(text, f"{where} {token_file}")
+
+
+def _tls_from_environment(config: Args, given: dict[str, Any]) -> Args:
+    """``config`` with --tls-ca and --tls-server-name from $ENVFLEET_TLS_CA and $ENVFLEET_TLS_SERVER_NAME
+    (the variables env-server's health probe reads) where not given: for --servers only (the local servers
+    this command starts speak plaintext), the name only with TLS."""
+    if config.servers is None:
+        return config
+    tls: dict[str, Any] = {}
+    if "tls_ca" not in given and os.environ.get("ENVFLEET_TLS_CA"):
+        tls["tls_ca"] = os.environ["ENVFLEET_TLS_CA"]
+    with_tls = config.tls or tls.get("tls_ca", config.tls_ca)
+    if "tls_server_name" not in given and os.environ.get("ENVFLEET_TLS_SERVER_NAME") and with_tls:
+        tls["tls_server_name"] = os.environ["ENVFLEET_TLS_SERVER_NAME"]
+    return dataclasses.replace(config, **tls) if tls else config
 
 
 def _faults_line(summary: dict[str, Any]) -> str:
@@ -194,6 +255,20 @@ def interrupted_line(run_dir: Path, step: int) -> str:
         f"interrupted at step {step:,} (its last update, not checkpointed); continue from its last checkpoint, "
         f"{checkpoints[-1].name}, with: {resume}"
     )
+
+
+def aborted_line(run_dir: str | Path | None) -> str:
+    """What a run aborted by a second Ctrl-C says: the checkpoint a resumed run starts from, if any
+    (``run_dir``: the run's, None when not known yet)."""
+    if run_dir is None:
+        return "aborted"
+    if not Path(run_dir).is_dir():
+        return "aborted (before the run dir was made)"
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        return f"aborted; no checkpoint is in {run_dir}: it cannot be resumed"
+    resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    return f"aborted; resuming starts from its last checkpoint, {checkpoints[-1].name}, with: {resume}"
 
 
 def _given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -372,6 +447,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.parser.error("--no-step-socket: says how to reach env servers, so it cannot go with --backend gym")
     if args.video_fps is not None and args.video is None:
         args.parser.error("--video-fps: sets the speed of the GIF that --video PATH.gif writes; give --video too")
+    for flag, value in (("--env-kwargs", args.env_kwargs), ("--wrappers", args.wrappers)):
+        if value is not None and args.servers is not None and args.video is None:
+            args.parser.error(
+                f"{flag}: configures the envs eval makes (a local server, --backend gym, --video's env); with "
+                "--servers the running servers decide (set it where they are started)"
+            )
     from learner.evaluate import evaluate
 
     result = evaluate(
@@ -391,6 +472,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         video=args.video,
         video_fps=args.video_fps,
+        env_kwargs=args.env_kwargs,
+        wrappers=args.wrappers,
     )
     if args.json:
         print(json.dumps(result))
@@ -564,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--env", default="CartPole-v1", metavar="ID", help="gymnasium id or entry point (default: %(default)s)"
     )
     demo.add_argument(
+        "--env-kwargs",
+        type=_json_object,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for the env's constructor, as a JSON object",
+    )
+    demo.add_argument(
         "--num-servers",
         type=positive_int,
         default=2,
@@ -595,6 +685,18 @@ def build_parser() -> argparse.ArgumentParser:
         Args,
         {"env": "the envs", "seed": "the run", "preset": "PPO hyperparameters (unset: the preset's value)"},
     )
+    # Not an Args field: the token it holds goes into --auth-token (and, like it, never into the run dir).
+    envs_group = next(g for g in train._action_groups if any(a.dest == "auth_token" for a in g._group_actions))
+    token_file = envs_group.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="PATH",
+        help="read --auth-token from this file, as env-server does (e.g. a mounted secret; surrounding whitespace "
+        "is ignored, an empty file refused); not with --auth-token (default: $ENVFLEET_AUTH_TOKEN_FILE)",
+    )
+    listed = envs_group._group_actions  # (listed in --help right after --auth-token)
+    listed.remove(token_file)
+    listed.insert(next(i for i, a in enumerate(listed) if a.dest == "auth_token") + 1, token_file)
     train.set_defaults(func=cmd_train, parser=train)
 
     evaluate = sub.add_parser(
@@ -611,6 +713,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--episodes", type=positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
     )
     evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
+    evaluate.add_argument(
+        "--env-kwargs",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="keyword arguments for the constructor of the envs made here (the local server's, --backend gym's, "
+        "--video's), as a JSON object, instead of the run's (a run trained on --servers recorded none: their "
+        "servers had their own)",
+    )
+    evaluate.add_argument(
+        "--wrappers",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated env-server wrappers for the envs made here, instead of the run's; auto: 'atari' for "
+        "ALE/ ids, none otherwise",
+    )
     evaluate.add_argument(
         "--backend",
         choices=["remote", "gym"],

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from learner.discovery import AddressError, NotReadyYet, register_resolver
+from learner.discovery import AddressError, NotReadyYet, note_not_used, register_resolver
 from learner.engine import ask_engine
 
 __all__ = [
@@ -131,8 +131,7 @@ def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
             ready.append(replica)
         else:
             waiting.append(f"{replica.name} ({replica.health if replica.status == 'running' else replica.status})")
-    if waiting:
-        log.info("%s: not using %d replica(s) yet: %s", address, len(waiting), ", ".join(waiting))
+    note_not_used(log, address, "replica", waiting)
     if not ready:
         where = f" of project {project!r}" if project else ""
         why = f"; not ready: {', '.join(waiting)}" if waiting else ""

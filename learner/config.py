@@ -43,7 +43,8 @@ class Args:
     env the servers serve, which a given --env must match). ALE ids (ALE/Pong-v5) get the env
     server's 'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) and the Nature CNN"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments for the env's constructor, as a JSON object"""
+    """keyword arguments for the env's constructor, as a JSON object, for the servers this command starts
+    (or --backend gym's envs); with --servers, set them where the servers are started"""
     servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
     """running env servers to train on: host:port,host:port, unix:/path, dns:///name:port,
     compose:SERVICE (every replica of a Docker Compose service) or swarm:SERVICE (every task of a
@@ -72,14 +73,21 @@ class Args:
     step_delay_ms: float = 0.0
     """make every env step take this many ms longer (passed to the servers this command starts)"""
     auth_token: str | None = field(default=None, metadata={"metavar": "TOKEN"})
-    """token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN); local servers this
-    command starts require it too. Never written to the run dir: give it again with --resume"""
+    """token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN; or see
+    --auth-token-file); local servers this command starts require it too. Never written to the run dir:
+    give it again with --resume"""
     tls: bool = False
     """connect to the servers with TLS, verifying their certificates with the system's CA roots"""
     tls_ca: str | None = field(default=None, metadata={"metavar": "PATH"})
-    """connect with TLS, verifying the servers' certificates with the CA certificate(s) in this PEM file"""
+    """connect with TLS, verifying the servers' certificates with the CA certificate(s) in this PEM file
+    (default with --servers: $ENVFLEET_TLS_CA, as env-server's health probe takes it)"""
     tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
-    """the name the servers' certificates hold, when it is not the host in their addresses"""
+    """the name the servers' certificates hold, when it is not the host in their addresses (default with
+    TLS: $ENVFLEET_TLS_SERVER_NAME)"""
+    connect_timeout: float = 10.0
+    """seconds to wait at the start for --servers to answer, and for their names to resolve
+    (`dns:` names with no server ready yet, `compose:` replicas still starting): raise it where
+    servers take a while to come up (Kubernetes pods: minutes)"""
     timeout: float = 10.0
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""
@@ -87,12 +95,15 @@ class Args:
     """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
     out of the batch, and they rejoin with new episodes once their server is back (reconnecting
     with backoff); --no-fault-tolerant: a failed step drops the whole rollout and its server leaves
-    the fleet until it answers again (the run stops after 3 such rollouts in a row)"""
+    the fleet until it answers again (the run stops after 3 such rollouts in a row). Either way, 3
+    rollouts in a row in which no env gives a transition (every env raises, say) stop the run with an
+    error naming the envs' errors"""
     give_up_after: float = 60.0
     """fault-tolerant: stop with an error once every env server has been unavailable this many seconds"""
     pipeline_groups: int = 1
     """send/recv pipelining: the servers form this many groups, and each group steps while the
-    learner computes the next group's actions (1: all servers step together)"""
+    learner computes the next group's actions (1: all servers step together; at most one group per
+    server)"""
 
     # -- the run --------------------------------------------------------------------------------------------
     seed: int = 1
@@ -105,7 +116,10 @@ class Args:
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
     """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
-    """continue the run in this run dir from its last checkpoint (its config, unless overridden)"""
+    """continue the run in this run dir from its last checkpoint (its config, unless overridden). A run
+    trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
+    or --envs-per-server, on envs this command starts: the same env, as many envs unless given (add the
+    servers' --env-kwargs and --wrappers, if they had any)"""
     checkpoint_every: int = 1
     """write a checkpoint every this many updates (also at the end and on Ctrl-C); 0: only then. Every
     update (the default), a learner killed at any moment loses at most the update in progress when
@@ -197,7 +211,7 @@ class Args:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{_flag(name)}: expected a value in [0, 1], got {value}")
-        for name in ("learning_rate", "clip_coef", "max_grad_norm", "timeout", "give_up_after"):
+        for name in ("learning_rate", "clip_coef", "max_grad_norm", "connect_timeout", "timeout", "give_up_after"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
@@ -225,7 +239,13 @@ class Args:
 
             check_token(self.auth_token, "--auth-token")
         if self.servers is None:
-            self.local_layout()  # raises on a layout that does not add up
+            servers, _ = self.local_layout()  # raises on a layout that does not add up
+            if self.backend == "remote" and self.pipeline_groups > servers:
+                raise ValueError(
+                    f"--pipeline-groups: expected at most one group per env server, so at most {servers} for the "
+                    f"{servers} local server{'' if servers == 1 else 's'} this command starts, got "
+                    f"{self.pipeline_groups}; start more (--num-servers) or pass fewer groups"
+                )
         else:
             local_only: dict[str, Any] = {
                 "num_envs": None,

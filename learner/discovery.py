@@ -30,7 +30,9 @@ __all__ = [
     "NotReadyYet",
     "Resolver",
     "expand_addresses",
+    "expand_named",
     "expand_when_ready",
+    "note_not_used",
     "pin_addresses",
     "probe",
     "tls_probe",
@@ -45,7 +47,12 @@ class AddressError(ValueError):
 
 
 class NotReadyYet(AddressError):
-    """An address whose servers are starting (a replica's first health check not done): worth a wait."""
+    """An address whose servers are starting (a replica's first health check not done, a name with no
+    addresses yet): worth a wait. ``waiting_for``: what a wait is for, as a log line says it."""
+
+    def __init__(self, message: str, waiting_for: str = "") -> None:
+        super().__init__(message)
+        self.waiting_for = waiting_for
 
 
 Resolver = Callable[[str], list[str]]
@@ -54,6 +61,7 @@ log = logging.getLogger(__name__)
 _RESOLVERS: dict[str, Resolver] = {}
 _READY_POLL_S = 0.5  # (expand_when_ready's look-ups)
 _PINNERS: dict[str, Callable[[str], str]] = {}
+_NOT_USED: dict[str, str] = {}  # (note_not_used: what was said last, per address)
 
 
 def register_resolver(scheme: str, resolver: Resolver, pin: Callable[[str], str] | None = None) -> None:
@@ -83,6 +91,20 @@ def pin_addresses(addresses: str | Sequence[str]) -> str | list[str]:
     return ",".join(pinned) if isinstance(addresses, str) else pinned
 
 
+def note_not_used(logger: logging.Logger, address: str, what: str, waiting: Sequence[str]) -> None:
+    """Log (to ``logger``) the servers ``address`` has that are not used yet (``waiting``: "env.3 (starting)", ...; ``what``:
+    "task", "replica"), at INFO when they are not those said last for it, else at DEBUG: a resolver runs at
+    every look-up, several a second while a fleet starts or between rollouts."""
+    text = f"{address}: not using {len(waiting)} {what}(s) yet: {', '.join(waiting)}" if waiting else ""
+    said = _NOT_USED.get(address, "")
+    if text:
+        (logger.info if text != said else logger.debug)("%s", text)
+        _NOT_USED[address] = text
+    elif said:
+        logger.debug("%s: every %s is used now", address, what)
+        del _NOT_USED[address]
+
+
 def split_addresses(text: str) -> list[str]:
     """``"a:1,b:2"`` -> ``["a:1", "b:2"]`` (commas or whitespace)."""
     return [part for part in text.replace(",", " ").split() if part]
@@ -90,35 +112,50 @@ def split_addresses(text: str) -> list[str]:
 
 def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
     """Every server the addresses name, in order, without duplicates."""
+    return list(expand_named(addresses))
+
+
+def expand_named(addresses: str | Sequence[str], wait: float = 0.0) -> dict[str, str | None]:
+    """:func:`expand_addresses` (:func:`expand_when_ready` with ``wait`` > 0), each server with the name it
+    was found by: the name of a ``dns:///name:port`` address, which its certificate must hold under TLS
+    (as gRPC's own dns resolver checks it; the server is reached at an IP address); None for the others
+    (their certificates are checked against the host in their own address)."""
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            return _expand_all(addresses)
+        except NotReadyYet as err:
+            if time.monotonic() + _READY_POLL_S > deadline:
+                if told:
+                    raise NotReadyYet(f"{err} (still so after waiting {wait:g} s)", err.waiting_for) from None
+                raise
+            if not told:
+                log.info("waiting up to %g s for %s", wait, err.waiting_for or f"env servers that are starting: {err}")
+                told = True
+            time.sleep(_READY_POLL_S)
+
+
+def expand_when_ready(addresses: str | Sequence[str], wait: float) -> list[str]:
+    """:func:`expand_addresses`, waiting up to ``wait`` seconds while it says the servers are
+    starting (:class:`NotReadyYet`: a learner run right after ``docker compose up -d``, or before a
+    Kubernetes headless service's name has an address)."""
+    return list(expand_named(addresses, wait))
+
+
+def _expand_all(addresses: str | Sequence[str]) -> dict[str, str | None]:
     if isinstance(addresses, str):
         addresses = split_addresses(addresses)
     if not addresses:
         raise AddressError(
             "addresses: expected at least one server address (host:port, unix:PATH or dns:///name:port), got none"
         )
-    out: list[str] = []
+    out: dict[str, str | None] = {}
     for address in addresses:
+        name = _dns_name(address)
         for endpoint in _expand_one(address):
-            if endpoint not in out:
-                out.append(endpoint)
+            out.setdefault(endpoint, name)
     return out
-
-
-def expand_when_ready(addresses: str | Sequence[str], wait: float) -> list[str]:
-    """:func:`expand_addresses`, waiting up to ``wait`` seconds while it says the servers are
-    starting (:class:`NotReadyYet`: a learner run right after ``docker compose up -d``)."""
-    deadline = time.monotonic() + wait
-    told = False
-    while True:
-        try:
-            return expand_addresses(addresses)
-        except NotReadyYet as err:
-            if time.monotonic() + _READY_POLL_S > deadline:
-                raise
-            if not told:
-                log.info("waiting up to %g s for env servers that are starting: %s", wait, err)
-                told = True
-            time.sleep(_READY_POLL_S)
 
 
 def warn_duplicates(addresses: str | Sequence[str]) -> None:
@@ -161,6 +198,8 @@ TLS_CAUSE = "TLS: "
 
 # OpenSSL's X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY, _DEPTH_ZERO_SELF_SIGNED_CERT, _SELF_SIGNED_CERT_IN_CHAIN
 _UNKNOWN_ISSUER = (20, 18, 19)
+# X509_V_ERR_HOSTNAME_MISMATCH, _IP_ADDRESS_MISMATCH
+_NAME_MISMATCH = (62, 64)
 
 
 def tls_probe(address: str, ca: bytes | None, server_name: str | None = None, timeout: float = 1.0) -> str | None:
@@ -172,7 +211,7 @@ def tls_probe(address: str, ca: bytes | None, server_name: str | None = None, ti
     come up: a certificate that does not verify, or a server that does not speak TLS."""
     context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
     context.set_alpn_protocols(["h2"])
-    return _handshake_failure(address, context, server_name, timeout)
+    return _handshake_failure(address, context, server_name, timeout, ca_given=ca is not None)
 
 
 def speaks_tls(address: str, timeout: float = 1.0) -> bool:
@@ -184,7 +223,9 @@ def speaks_tls(address: str, timeout: float = 1.0) -> bool:
     return _handshake_failure(address, context, None, timeout) == ""
 
 
-def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str | None, timeout: float) -> str | None:
+def _handshake_failure(
+    address: str, context: ssl.SSLContext, server_name: str | None, timeout: float, *, ca_given: bool = False
+) -> str | None:
     """ "" for a handshake that worked; a TLS reason it failed, where the server's answer says so; None
     when it cannot tell (no connection, or one closed or reset before any answer: a proxy whose
     backend is not up yet, say, which a wait may mend)."""
@@ -200,8 +241,20 @@ def _handshake_failure(address: str, context: ssl.SSLContext, server_name: str |
             with context.wrap_socket(sock, server_hostname=server_name or host):
                 return ""
         except ssl.SSLCertVerificationError as err:
-            unsigned = " (it is not signed by the CA given)" if err.verify_code in _UNKNOWN_ISSUER else ""
-            return f"{TLS_CAUSE}the server's certificate does not verify: {err.verify_message or err.reason}{unsigned}"
+            why = str(err.verify_message or err.reason).rstrip(".")
+            if err.verify_code in _UNKNOWN_ISSUER:
+                why += (
+                    " (it is not signed by the CA given)"
+                    if ca_given
+                    else " (it is not signed by any CA this machine trusts: give the servers' CA with tls=PATH, "
+                    "learner train --tls-ca)"
+                )
+            elif err.verify_code in _NAME_MISMATCH:
+                why += (
+                    " (if the certificate is made for another name of the server, give that name: "
+                    "tls_server_name=NAME, learner train --tls-server-name)"
+                )
+            return f"{TLS_CAUSE}the server's certificate does not verify: {why}"
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
             return None
         except ssl.SSLError as err:
@@ -266,45 +319,82 @@ def _expand_one(address: str) -> list[str]:
     if sep and rest.startswith("//"):  # http://host:port and the like: no scheme gRPC servers are named by here
         known = ", ".join(f"{name}:NAME" for name in sorted(_RESOLVERS))
         raise AddressError(
-            f"address {address!r}: unknown scheme {scheme!r}; expected host:port, unix:PATH, dns:///name:port"
+            f"server address {address!r}: unknown scheme {scheme!r}; expected host:port, unix:PATH, dns:///name:port"
             + (f" or {known}" if known else "")
         )
     _split_host_port(address)  # validates
     return [address]
 
 
-def _split_host_port(address: str) -> tuple[str, int]:
-    host, sep, port_text = address.rpartition(":")
+def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]:
+    """``host:port`` -> (host, port); ``address``: the address ``target`` is part of, for errors."""
+    address = address or target
+    host, sep, port_text = target.rpartition(":")
     if not sep or not host:
-        raise AddressError(f"address {address!r}: expected host:port (e.g. 127.0.0.1:50051)")
+        example = "dns:///name:50051" if address.startswith("dns:") else "127.0.0.1:50051"
+        raise AddressError(
+            f"server address {address!r}: expected host:port (e.g. {example})"
+            + ("" if address.startswith("dns:") else ", unix:PATH or dns:///name:port")
+        )
     try:
         port = int(port_text)
     except ValueError:
-        raise AddressError(f"address {address!r}: port {port_text!r} is not a number") from None
+        raise AddressError(f"server address {address!r}: port {port_text!r} is not a number") from None
     if not 0 < port < 65536:
-        raise AddressError(f"address {address!r}: port {port} is outside 1-65535")
+        raise AddressError(f"server address {address!r}: port {port} is outside 1-65535")
     return host.strip("[]"), port
 
 
-def resolve_dns(address: str) -> list[str]:
-    """``dns:///name:port`` (or ``dns:name:port``) -> one ``ip:port`` per address, sorted."""
+def _dns_target(address: str) -> tuple[str, int]:
+    """``dns:///name:port`` (or ``dns:name:port``) -> (name, port)."""
     target = address[len("dns:") :]
     if target.startswith("//"):
         # dns://authority/name:port: the authority (a DNS server) is not supported; the system resolver is used.
         authority, _, target = target[2:].partition("/")
         if authority:
             raise AddressError(
-                f"address {address!r}: a DNS server in the address is not supported; use dns:///name:port"
+                f"server address {address!r}: a DNS server in the address is not supported; use dns:///name:port"
             )
-    host, port = _split_host_port(target)
+    return _split_host_port(target, address)
+
+
+def _dns_name(address: str) -> str | None:
+    """The name of a ``dns:`` address (None for other addresses, and for an IP address given as one)."""
+    if not isinstance(address, str) or not address.strip().startswith("dns:"):
+        return None
+    host, _ = _dns_target(address.strip())
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    return None
+
+
+# getaddrinfo's "no such name" (NXDOMAIN), "the name has no address" and "no answer now": a
+# Kubernetes headless service has no records until one of its pods is ready (and `kubectl apply`
+# starts the learner's Job with the env Deployment), Swarm's tasks.<service> none until a task runs.
+_NOT_YET = {socket.EAI_NONAME, socket.EAI_AGAIN, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+def resolve_dns(address: str) -> list[str]:
+    """``dns:///name:port`` (or ``dns:name:port``) -> one ``ip:port`` per address, sorted.
+
+    A name that does not resolve (yet) is :class:`NotReadyYet`: worth a wait."""
+    host, port = _dns_target(address)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        why = "" if infos else "no address"
     except socket.gaierror as err:
-        raise AddressError(
-            f"address {address!r}: cannot resolve {host!r}: {err.strerror} (does the service run, with replicas, on "
+        infos, why = [], err.strerror or str(err)
+        if err.errno not in _NOT_YET:
+            raise AddressError(f"server address {address!r}: cannot resolve {host!r}: {why}") from err
+    if not infos:
+        raise NotReadyYet(
+            f"server address {address!r}: cannot resolve {host!r}: {why} (does the service run, with replicas, on "
             f"this network? compose: `docker compose up -d --wait --scale {host}=N`, then the learner on the same "
-            "network; Kubernetes: a headless service's name)"
-        ) from err
+            "network; Kubernetes: a headless service's name, which has addresses once a pod is ready)",
+            waiting_for=f"the name {host!r} to resolve ({address}: a service with no replica ready has no address yet)",
+        )
     ips = sorted(
         {str(info[4][0]) for info in infos}, key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip))
     )

@@ -40,6 +40,8 @@ class FleetSpec:
     """Step servers reached over Unix sockets on their step socket (RemoteVectorEnv(step_socket=...))."""
     auth_token: str | None = field(default=None, repr=False)
     timeout: float = 30.0
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """Seconds to wait at the start for the servers (RemoteVectorEnv(connect_timeout=...))."""
     pipeline_groups: int = 1
     """Groups of servers for send/recv pipelining (at most one per server)."""
     fault_tolerant: bool = True
@@ -105,7 +107,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             stack.callback(servers.close)
             addresses = servers.addresses
         groups = (
-            min(spec.pipeline_groups, len(expand_when_ready(addresses, DEFAULT_CONNECT_TIMEOUT)))
+            min(spec.pipeline_groups, len(expand_when_ready(addresses, spec.connect_timeout)))
             if spec.pipeline_groups > 1
             else 1
         )
@@ -119,6 +121,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
         remote = RemoteVectorEnv(
             addresses,
             timeout=spec.timeout,
+            connect_timeout=spec.connect_timeout,
             auth_token=spec.auth_token,
             copy=False,
             num_groups=groups,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent
@@ -42,11 +45,17 @@ def evaluate(
     timeout: float = 30.0,
     video: str | Path | None = None,
     video_fps: float | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: str | None = None,
 ) -> dict[str, Any]:
     """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file or a run dir).
 
     The envs are the run's (its env id, kwargs and wrappers): ``num_envs`` of them on one local env
-    server, on the ``servers`` given, or in process (``backend="gym"``). Episodes are shared out over
+    server, on the ``servers`` given, or in process (``backend="gym"``). ``env_kwargs`` (a dict) and
+    ``wrappers`` (env-server wrapper names, comma-separated; ``auto``: atari for ALE ids) replace the
+    run's for the envs made here (not the ``servers``', which have their own). A run trained on running
+    servers never knew theirs (its own are empty), so envs made here for it get a warning unless both
+    are given. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
     ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
@@ -74,14 +83,18 @@ def evaluate(
     if run_args.env is None and video_path is not None:
         raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
     ppo = state["ppo"]
+    kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
+    wrapper_names = run_args.server_wrappers() if wrappers is None else _wrapper_names(wrappers, run_args.env or "")
+    if run_args.servers is not None and (servers is None or video_path is not None):
+        _warn_unknown_server_options(run_args, kwargs, wrapper_names, env_kwargs is None, wrappers is None)
     fleet = FleetSpec(
         env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
         backend="gym" if backend == "gym" else "remote",
         num_servers=1,
         envs_per_server=min(num_envs, episodes),
-        env_kwargs=dict(run_args.env_kwargs),
-        wrappers=run_args.server_wrappers(),
+        env_kwargs=kwargs,
+        wrappers=wrapper_names,
         transport="unix" if transport == "unix" else "tcp",
         step_socket=step_socket,
         auth_token=auth_token,
@@ -92,73 +105,79 @@ def evaluate(
         fault_tolerant=False,
     )
     torch.manual_seed(seed)
-    with open_fleet(fleet) as envs:
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
-            trained_on = f" ({run_args.env})" if run_args.env else ""
-            env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
-            these = f"these envs ({env_id})" if env_id else "these envs"
-            raise ValueError(
-                f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
-                f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
-            )
-        agent = Agent(
-            obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
-        ).to(torch_device)
-        agent.load_state_dict(state["model"])
-        agent.eval()
-        obs_rms = None
-        if state.get("obs_rms") is not None:
-            obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)
-            obs_rms.load_state_dict(state["obs_rms"])
+    try:
+        with open_fleet(fleet) as envs:
+            obs_space, action_space = envs.single_observation_space, envs.single_action_space
+            if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
+                trained_on = f" ({run_args.env})" if run_args.env else ""
+                env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
+                these = f"these envs ({env_id})" if env_id else "these envs"
+                raise ValueError(
+                    f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
+                    f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
+                    + _atari_hint(state["observation_space"], obs_space, servers is not None)
+                )
+            agent = Agent(
+                obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
+            ).to(torch_device)
+            agent.load_state_dict(state["model"])
+            agent.eval()
+            obs_rms = None
+            if state.get("obs_rms") is not None:
+                obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)
+                obs_rms.load_state_dict(state["obs_rms"])
 
-        def policy(obs: Any) -> Any:
-            x = torch.as_tensor(np.asarray(obs)).to(torch_device, copy=True)
-            if obs_rms is not None:
-                x = obs_rms.normalize(x)
-            with torch.no_grad():
-                actions = agent.act(x, deterministic=deterministic).cpu().numpy()
-            if isinstance(action_space, gym.spaces.Box):
-                actions = np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
-            return actions
+            def policy(obs: Any) -> Any:
+                x = torch.as_tensor(np.asarray(obs)).to(torch_device, copy=True)
+                if obs_rms is not None:
+                    x = obs_rms.normalize(x)
+                with torch.no_grad():
+                    actions = agent.act(x, deterministic=deterministic).cpu().numpy()
+                if isinstance(action_space, gym.spaces.Box):
+                    actions = np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
+                return actions
 
-        recorded = None
-        if video_path is not None:  # first: a video that cannot be made fails before the episodes run
-            assert run_args.env is not None
-            render = FleetSpec(
-                env=run_args.env,
-                backend="gym",
-                num_servers=1,
-                envs_per_server=1,
-                env_kwargs={**run_args.env_kwargs, "render_mode": "rgb_array"},
-                wrappers=run_args.server_wrappers(),
-            )
-            spaces = (state["observation_space"], state["action_space"])
-            recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
-            torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
+            recorded = None
+            if video_path is not None:  # first: a video that cannot be made fails before the episodes run
+                assert run_args.env is not None
+                render = FleetSpec(
+                    env=run_args.env,
+                    backend="gym",
+                    num_servers=1,
+                    envs_per_server=1,
+                    env_kwargs={**kwargs, "render_mode": "rgb_array"},
+                    wrappers=wrapper_names,
+                )
+                spaces = (state["observation_space"], state["action_space"])
+                recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
+                torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
 
-        n = envs.num_envs
-        targets = np.array([(episodes + i) // n for i in range(n)])
-        counts = np.zeros(n, dtype=np.int64)
-        ep_return = np.zeros(n)
-        ep_length = np.zeros(n, dtype=np.int64)
-        valid = np.ones(n, dtype=bool)
-        returns: list[float] = []
-        lengths: list[int] = []
-        next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
-        obs, _ = envs.reset(seed=seed)
-        while (counts < targets).any():
-            obs, rewards, terms, truncs, _ = envs.step(policy(obs))
-            ep_return += np.where(valid, rewards, 0.0)
-            ep_length += valid
-            done = (terms | truncs) & valid
-            for i in np.flatnonzero(done):
-                if counts[i] < targets[i]:
-                    returns.append(float(ep_return[i]))
-                    lengths.append(int(ep_length[i]))
-                    counts[i] += 1
-                ep_return[i], ep_length[i] = 0.0, 0
-            valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+            n = envs.num_envs
+            targets = np.array([(episodes + i) // n for i in range(n)])
+            counts = np.zeros(n, dtype=np.int64)
+            ep_return = np.zeros(n)
+            ep_length = np.zeros(n, dtype=np.int64)
+            valid = np.ones(n, dtype=bool)
+            returns: list[float] = []
+            lengths: list[int] = []
+            next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
+            obs, infos = envs.reset(seed=seed)
+            _raise_env_errors(infos, fleet)
+            while (counts < targets).any():
+                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+                _raise_env_errors(infos, fleet)
+                ep_return += np.where(valid, rewards, 0.0)
+                ep_length += valid
+                done = (terms | truncs) & valid
+                for i in np.flatnonzero(done):
+                    if counts[i] < targets[i]:
+                        returns.append(float(ep_return[i]))
+                        lengths.append(int(ep_length[i]))
+                        counts[i] += 1
+                    ep_return[i], ep_length[i] = 0.0, 0
+                valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+    except (EnvCrashedError, RemoteTimeoutError) as err:
+        raise _in_cli_terms(err) from err
     result: dict[str, Any] = {
         "checkpoint": str(path),
         "env": run_args.env,
@@ -178,3 +197,78 @@ def evaluate(
         "evaluated %s over %d episodes: %.2f +- %.2f", path, len(returns), result["return_mean"], result["return_std"]
     )
     return result
+
+
+def _wrapper_names(text: str, env: str) -> tuple[str, ...]:
+    """``--wrappers`` as ``Args.server_wrappers`` reads it: names, comma-separated; auto: atari for ALE ids."""
+    if text.strip() == "auto":
+        return ("atari",) if env.startswith("ALE/") else ()
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _warn_unknown_server_options(
+    run_args: Args, kwargs: dict[str, Any], wrappers: tuple[str, ...], kwargs_unset: bool, wrappers_unset: bool
+) -> None:
+    """Say that the envs made here may not be the ones a run trained on running servers stepped."""
+    if not (kwargs_unset or wrappers_unset):
+        return  # both given: the user says what the servers had
+    unset = " and ".join(
+        name for name, missing in (("--env-kwargs", kwargs_unset), ("--wrappers", wrappers_unset)) if missing
+    )
+    log.warning(
+        "the run trained on running env servers (%s), whose own options (env kwargs, wrappers) it does not record; "
+        "the envs made here get env kwargs %s and wrappers %s: if those servers were started with others, pass them "
+        "as %s (or evaluate on such servers with --servers)",
+        run_args.servers,
+        json.dumps(kwargs),
+        ",".join(wrappers) or "none",
+        unset,
+    )
+
+
+def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:
+    """In-process envs (``backend="gym"``) isolate an env's exception as the servers do (its episode ends as
+    truncated, ``infos["env_error"]`` says why): an episode cut short is no sample of the return, so fail,
+    as RemoteVectorEnv does when not fault-tolerant."""
+    errors = infos.get("_env_error")
+    if errors is None or not np.any(errors):
+        return
+    index = int(np.flatnonzero(errors)[0])
+    raise EnvFleetError(
+        f"envs: env {index} ({fleet.describe()}) raised in {infos['env_error'][index]}; eval stops at an env's "
+        "error, as an episode cut short is no sample of the policy's return"
+    )
+
+
+_FAULT_TOLERANT_HINT = "fault_tolerant=True reports this in infos['env_error'] instead of raising"
+
+
+def _in_cli_terms(err: RemoteEnvError) -> RemoteEnvError:
+    """``err`` with its advice in the terms of ``learner eval``'s options, not RemoteVectorEnv's arguments
+    (the same type and attributes; its notes, the other servers' errors, reworded alike)."""
+
+    def reword(text: str) -> str:
+        text = text.replace(_FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
+        return text.replace("raise `timeout`", "raise --timeout")
+
+    new = type(err)(reword(str(err)), address=err.address, code=err.code, env_index=err.env_index)
+    for note in getattr(err, "__notes__", ()):
+        new.add_note(reword(note))
+    return new
+
+
+# What the env server's atari wrapper serves (env_server.envs: 84x84 grayscale, a stack of 4 frames).
+_ATARI_OBSERVATIONS = re.compile(r"^Box\(0, 255, \(4, 84, 84\), uint8\)$")
+
+
+def _atari_hint(trained_on: str, found: gym.Space[Any], on_servers: bool) -> str:
+    """A hint when the policy saw the atari wrapper's frames and the envs serve larger raw frames."""
+    raw = isinstance(found, gym.spaces.Box) and found.dtype == np.uint8 and len(found.shape) == 3
+    if not (_ATARI_OBSERVATIONS.match(trained_on) and raw and str(found) != trained_on):
+        return ""
+    if on_servers:
+        return (
+            "; the policy saw the env server's atari wrapper's 4x84x84 frame stacks, and these look like raw frames: "
+            "start the servers with --wrappers atari"
+        )
+    return "; the policy saw the env server's atari wrapper's 4x84x84 frame stacks: pass --wrappers atari"

@@ -87,6 +87,9 @@ class Replica:
     last_error: str = ""
     planned: bool = False
     """DOWN: it went down saying it was shutting down (a scale-down, a restart), not by failing."""
+    changed: str = ""
+    """DOWN: why the server, back, cannot take its old place (another num_envs, other spaces); "" if not
+    known to be so. ``RemoteVectorEnv.refresh`` lets it go and takes it in as a new server."""
     failures: int = 0
     shutdowns: int = 0
     reconnects: int = 0
@@ -113,14 +116,19 @@ async def reconnect(
     client = replica.client
     delay = backoff[0]
     attempt = 0
+    said = ""  # the last cause warned of: said once, then at DEBUG while it stays the same
     while True:
         attempt += 1
         try:
             await asyncio.wait_for(client.wait_ready(), connect_timeout)
             spec = await client.get_spec()
             problem = incompatible(replica.spec, spec)
+            replica.changed = problem
             if problem:
-                raise _Incompatible(f"{problem}; its envs stay unavailable")
+                raise _Incompatible(
+                    f"{problem}; its envs stay unavailable until the fleet is looked up again (refresh(), which "
+                    "learner train calls between rollouts, takes it in with its new envs)"
+                )
             same_process = spec.server_id == replica.spec.server_id
             if same_process:
                 for session_id in replica.sessions[-2:]:
@@ -135,13 +143,23 @@ async def reconnect(
         except (TimeoutError, RemoteEnvError, _Incompatible) as err:
             client.abandon()
             text = "no connection" if isinstance(err, TimeoutError) else str(err)
-            level = logging.WARNING if isinstance(err, _Incompatible | AuthenticationError) else logging.DEBUG
-            log.log(level, "reconnect to %s, attempt %d: %s", client.address, attempt, text)
+            # Causes no retry mends (the operator's to fix) are warned of once, not at every attempt.
+            warn = isinstance(err, _Incompatible | AuthenticationError) and text != said
+            if warn:
+                said = text
+            log.log(
+                logging.WARNING if warn else logging.DEBUG,
+                "reconnect to %s, attempt %d: %s",
+                client.address,
+                attempt,
+                text,
+            )
             if not isinstance(err, TimeoutError):  # a wait for the connection already took its time
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, backoff[1])
             continue
         replica.fresh = fresh
+        replica.changed = ""
         replica.state = ReplicaState.READY
         replica.reconnects += 1
         if not same_process:

@@ -43,12 +43,24 @@ _LOG_LEVELS = {
 }
 
 
+# Supervision: a server that dies is started again on its address after RESTART_BACKOFF_S (doubled at
+# each restart within RESTART_WINDOW_S, up to 8 s), at most ``restarts`` times within that window.
+RESTART_BACKOFF_S = 0.5
+RESTART_WINDOW_S = 60.0
+_WATCH_S = 0.2  # how often the supervisor looks at the servers
+
+
 class LocalServers:
     """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
 
     The servers listen on loopback (or on Unix domain sockets with ``transport="unix"``), exit when
     :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
     this process be killed — within a second of its death (each server watches its parent).
+
+    A server that dies (killed, out of memory, crashed) is started again on the same address after a
+    short wait, logged as a warning with its exit code and last output, so that a fault-tolerant
+    ``RemoteVectorEnv`` gets its envs back; after ``restarts`` restarts within a minute it is left
+    down (logged as an error).
 
     Args:
         env: gymnasium id or ``package.module:Factory`` entry point.
@@ -67,6 +79,8 @@ class LocalServers:
             (the learner's CPU not counted: 2 servers waiting awake beside the learner on 2 CPUs
             measured faster, 4 the same as asleep), else 0; an ``ENVFLEET_SPIN_WAIT_MS`` in the
             environment is left to the servers instead.
+        restarts: how many times within a minute a server that dies is started again before it is
+            left down; 0: never.
     """
 
     def __init__(
@@ -82,6 +96,7 @@ class LocalServers:
         log_level: str = "warning",
         auth_token: str | None = None,
         spin_wait_ms: float | None = None,
+        restarts: int = 5,
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
@@ -89,18 +104,18 @@ class LocalServers:
             raise ValueError(f"envs_per_server: expected >= 1, got {envs_per_server}")
         if transport not in ("tcp", "unix"):
             raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
+        if isinstance(restarts, bool) or not (isinstance(restarts, int) and restarts >= 0):
+            raise ValueError(f"restarts: expected an int >= 0, got {restarts!r}")
         self.env = env
         self.addresses: list[str] = []
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._stderr_tails: list[collections.deque[str]] = []
-        self._stderr_readers: list[threading.Thread] = []
+        self._children = _Children(env, _server_environ(auth_token))
+        self._procs = self._children.procs
         self._socket_dir = None
         if transport == "unix":
             _remove_orphaned_socket_dirs()
             self._socket_dir = tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-")
-        self._environ = _server_environ(auth_token)
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _stop_all, self._procs, self._socket_dir)
+        self._finalizer = weakref.finalize(self, _stop_all, self._children, self._socket_dir)
         base = [
             sys.executable,
             "-m",
@@ -127,11 +142,23 @@ class LocalServers:
                     if self._socket_dir
                     else ["--host", "127.0.0.1", "--port", "0"]
                 )
-                self._spawn(i, [*base, *where, *server_args])
+                self._children.cmds.append([*base, *where, *server_args])
+                self._children.spawn(i)
             self.addresses = self._wait_ready(startup_timeout)
         except BaseException:
             self.close()
             raise
+        for i, address in enumerate(self.addresses):  # restarted on the port each one got
+            if not address.startswith("unix:"):
+                cmd = self._children.cmds[i]
+                cmd[cmd.index("--port") + 1] = address.rpartition(":")[2]
+        if restarts:
+            threading.Thread(
+                target=_supervise,
+                args=(self._children, list(self.addresses), restarts, startup_timeout),
+                daemon=True,
+                name="env-server-supervisor",
+            ).start()
         log.info(
             "started %d local env servers (%d x %s each): %s",
             num_servers,
@@ -139,26 +166,6 @@ class LocalServers:
             env,
             ", ".join(self.addresses),
         )
-
-    def _spawn(self, index: int, cmd: list[str]) -> None:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=self._environ,
-            # Its own session: a Ctrl-C in the terminal reaches the learner, which then stops the
-            # servers in order, instead of killing them under a checkpoint being written.
-            start_new_session=True,
-        )
-        self._procs.append(proc)
-        tail: collections.deque[str] = collections.deque(maxlen=20)
-        self._stderr_tails.append(tail)
-        reader = threading.Thread(
-            target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
-        )
-        reader.start()
-        self._stderr_readers.append(reader)
 
     def _wait_ready(self, timeout: float) -> list[str]:
         deadline = time.monotonic() + timeout
@@ -195,7 +202,7 @@ class LocalServers:
                     if addresses[i] is None and proc.poll() is not None:
                         # Its last lines (its own error line among them): read to the end of its
                         # output, which a child of its might hold open (then not for long).
-                        self._stderr_readers[i].join(timeout=2.0)
+                        self._children.readers[i].join(timeout=2.0)
                         raise ServerStartError(
                             f"env server {i} for {self.env!r} exited with code {proc.returncode} before listening: {self._tail(i)}"
                         )
@@ -204,15 +211,13 @@ class LocalServers:
         return [a for a in addresses if a is not None]
 
     def _tail(self, index: int) -> str:
-        lines = list(self._stderr_tails[index])
-        said = [line for line in lines if line.startswith("env-server: error:")]
-        if said:  # its own one-line reason, not the noise that may follow it
-            return said[-1]
-        return " | ".join(lines[-3:]) if lines else "(nothing)"
+        return self._children.tail(index)
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        """The servers' process ids (a server that was started again: its new process's)."""
+        with self._children.lock:
+            return [p.pid for p in self._procs]
 
     def close(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL after a grace period) and wait for it."""
@@ -278,7 +283,177 @@ def _server_environ(auth_token: str | None) -> dict[str, str] | None:
     return environ
 
 
-def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> None:
+class _Children:
+    """The server processes of a LocalServers, shared with its supervisor thread and its finalizer
+    (neither may hold the LocalServers itself: it could then never be collected)."""
+
+    def __init__(self, env: str, environ: dict[str, str] | None) -> None:
+        self.env = env
+        self.environ = environ
+        self.cmds: list[list[str]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.tails: list[collections.deque[str]] = []
+        self.readers: list[threading.Thread] = []
+        # Held to start a server, and by close() to stop starting them: none starts after close().
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+
+    def spawn(self, index: int) -> subprocess.Popen[bytes] | None:
+        """Start server ``index`` (again); None once closing."""
+        with self.lock:
+            if self.closing.is_set():
+                return None
+            proc = subprocess.Popen(
+                self.cmds[index],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.environ,
+                # Its own session: a Ctrl-C in the terminal reaches the learner, which then stops the
+                # servers in order, instead of killing them under a checkpoint being written.
+                start_new_session=True,
+            )
+            tail: collections.deque[str] = collections.deque(maxlen=20)
+            reader = threading.Thread(
+                target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
+            )
+            if index < len(self.procs):
+                old = self.procs[index]
+                if old.stdout is not None:
+                    old.stdout.close()
+                self.procs[index], self.tails[index], self.readers[index] = proc, tail, reader
+            else:
+                self.procs.append(proc)
+                self.tails.append(tail)
+                self.readers.append(reader)
+            reader.start()
+            return proc
+
+    def tail(self, index: int) -> str:
+        """Server ``index``'s last output: its own error line if it printed one, else its last lines."""
+        lines = list(self.tails[index])
+        said = [line for line in lines if line.startswith("env-server: error:")]
+        if said:  # its own one-line reason, not the noise that may follow it
+            return said[-1]
+        return " | ".join(lines[-3:]) if lines else "(nothing)"
+
+
+def _supervise(children: _Children, addresses: list[str], restarts: int, startup_timeout: float) -> None:
+    """Start each server that dies again on its address, until close(): see LocalServers."""
+    started: list[collections.deque[float]] = [collections.deque() for _ in addresses]  # restart times
+    restart_at: dict[int, float] = {}  # servers down, and when to start them again
+    starting: dict[int, tuple[float, bytes]] = {}  # servers started again: deadline, output so far
+    left_down: set[int] = set()
+    while not children.closing.wait(_WATCH_S):
+        now = time.monotonic()
+        for i, address in enumerate(addresses):
+            proc = children.procs[i]
+            if i in left_down:
+                continue
+            if i in restart_at:
+                if now < restart_at[i]:
+                    continue
+                del restart_at[i]
+                if children.spawn(i) is None:
+                    return
+                started[i].append(now)
+                starting[i] = (now + startup_timeout, b"")
+                continue
+            if i in starting:
+                deadline, output = starting[i]
+                output += _read_available(proc)
+                line = output.split(b"\n", 1)[0].decode(errors="replace").strip() if b"\n" in output else None
+                if line == f"listening on {address}":
+                    del starting[i]
+                    log.info("env server %d is back on %s (started again)", i, address)
+                    continue
+                if line is None and proc.poll() is None and now < deadline:
+                    starting[i] = (deadline, output)
+                    continue
+                del starting[i]
+                if proc.poll() is not None:
+                    died = f"{_exit_status(proc.returncode)} before listening"
+                else:  # not listening in time, or not where it did: stopped
+                    died = (
+                        f"printed {line!r} instead of 'listening on {address}'"
+                        if line is not None
+                        else f"did not listen again within {startup_timeout:g} s"
+                    )
+                    _stop_all_procs([proc])
+            elif proc.poll() is None:
+                continue
+            else:
+                died = _exit_status(proc.returncode)
+            if children.closing.is_set():
+                return
+            # Down (or a restart failed): start it again after a wait, unless it died too often.
+            children.readers[i].join(timeout=0.5)  # (its last lines)
+            while started[i] and started[i][0] < now - RESTART_WINDOW_S:
+                started[i].popleft()
+            if len(started[i]) >= restarts:
+                left_down.add(i)
+                log.error(
+                    "env server %d (%s) %s; it was started again %d times within %g s: leaving it down "
+                    "(its envs stay unavailable); its last output: %s",
+                    i,
+                    address,
+                    died,
+                    len(started[i]),
+                    RESTART_WINDOW_S,
+                    children.tail(i),
+                )
+                continue
+            wait = min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
+            restart_at[i] = now + wait
+            log.warning(
+                "env server %d (%s) %s; starting it again on the same address in %g s (restart %d of at most %d "
+                "within %g s); its last output: %s",
+                i,
+                address,
+                died,
+                wait,
+                len(started[i]) + 1,
+                restarts,
+                RESTART_WINDOW_S,
+                children.tail(i),
+            )
+
+
+def _read_available(proc: subprocess.Popen[bytes]) -> bytes:
+    """What ``proc`` wrote to its stdout that can be read now, without waiting."""
+    if proc.stdout is None or proc.stdout.closed:
+        return b""
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
+
+
+def _exit_status(code: int) -> str:
+    """ "exited with code 1", "was killed by SIGKILL"."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _stop_all(children: _Children, socket_dir: str | None) -> None:
+    with children.lock:  # (a server being started again is in children.procs already)
+        children.closing.set()
+    _stop_all_procs(children.procs)
+    if socket_dir is not None:
+        for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
+            with suppress(OSError):
+                os.unlink(os.path.join(socket_dir, name))
+        with suppress(OSError):
+            os.rmdir(socket_dir)
+
+
+def _stop_all_procs(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
             with suppress(ProcessLookupError):
@@ -292,12 +467,6 @@ def _stop_all(procs: list[subprocess.Popen[bytes]], socket_dir: str | None) -> N
             proc.wait()
         if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
             proc.stdout.close()
-    if socket_dir is not None:
-        for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
-            with suppress(OSError):
-                os.unlink(os.path.join(socket_dir, name))
-        with suppress(OSError):
-            os.rmdir(socket_dir)
 
 
 # Lines envs print when they are built (ale-py's, once per server): not warnings.

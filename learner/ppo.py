@@ -22,6 +22,8 @@ __all__ = [
     "clipped_policy_loss",
     "explained_variance",
     "gae_advantages",
+    "check_observation_space",
+    "image_layout",
     "is_image_space",
     "layer_init",
     "normalize_advantages",
@@ -43,14 +45,46 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: fl
     return layer
 
 
+MIN_IMAGE_SIZE = 36
+"""The smallest height and width the Nature CNN takes (its three convolutions need 36 pixels)."""
+
+
+def image_layout(space: gym.Space[Any]) -> Literal["CHW", "HWC"] | None:
+    """How images for the Nature CNN are laid out in ``space``, or None when it holds none: a uint8 Box
+    of shape (C, H, W), or channel-last (H, W, C) with C from 1 to 4 (an RGB camera's, gymnasium's
+    pixel wrappers'), H and W >= 36. The two cannot both fit one shape (W would be both >= 36 and <= 4)."""
+    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3):
+        return None
+    if min(space.shape[1:]) >= MIN_IMAGE_SIZE:
+        return "CHW"
+    if 1 <= space.shape[2] <= 4 and min(space.shape[:2]) >= MIN_IMAGE_SIZE:
+        return "HWC"
+    return None
+
+
 def is_image_space(space: gym.Space[Any]) -> bool:
-    """Whether observations are images for the Nature CNN: uint8 Box of shape (C, H, W), H and W >= 36."""
-    return (
-        isinstance(space, gym.spaces.Box)
-        and space.dtype == np.uint8
-        and len(space.shape) == 3
-        and min(space.shape[1:]) >= 36
-    )
+    """Whether observations are images for the Nature CNN (see :func:`image_layout`)."""
+    return image_layout(space) is not None
+
+
+def check_observation_space(space: gym.Space[Any]) -> None:
+    """ValueError for observations the agent cannot take well: anything but a Box or Discrete, and a
+    3-d uint8 Box (pixels, as far as one can tell) too small for the Nature CNN, which an MLP would
+    get as raw 0-255 values."""
+    if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3:
+        if image_layout(space) is None:
+            raise ValueError(
+                f"observation_space: uint8 images of shape {space.shape} do not fit the Nature CNN, which "
+                f"takes (C, H, W), or (H, W, C) with C from 1 to 4, with H and W >= {MIN_IMAGE_SIZE}; resize or "
+                "transpose them on the env server (for ALE ids: --wrappers atari, 4x84x84), or serve them as "
+                "float32 vectors for an MLP"
+            )
+        return
+    if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
+        raise ValueError(
+            "observation_space: expected a Box (vector, or uint8 images (C, H, W) or (H, W, C)) or Discrete, "
+            f"got {space}"
+        )
 
 
 # -- action distributions ----------------------------------------------------------------------------
@@ -205,13 +239,20 @@ class GaussianHead(ActionHead):
 
 
 class NatureCNN(nn.Module):
-    """The DQN Nature CNN (Mnih et al., 2015) over (C, H, W) uint8 frames scaled to [0, 1]; 512 features."""
+    """The DQN Nature CNN (Mnih et al., 2015) over uint8 frames scaled to [0, 1]; 512 features.
 
-    def __init__(self, shape: Sequence[int]) -> None:
+    ``layout`` "HWC": frames come channel-last, (H, W, C), and are permuted to (C, H, W) here, so the
+    convolutions are those of the (C, H, W) case. The layout follows from the observation space, which
+    a checkpoint records and eval checks, so a policy is always rebuilt with the layout it trained with;
+    it adds no parameters, and (C, H, W) policies' state dicts are unchanged.
+    """
+
+    def __init__(self, shape: Sequence[int], layout: Literal["CHW", "HWC"] = "CHW") -> None:
         super().__init__()
-        channels = int(shape[0])
+        self.channels_last = layout == "HWC"
+        chw = (int(shape[2]), int(shape[0]), int(shape[1])) if self.channels_last else tuple(map(int, shape))
         self.convs = nn.Sequential(
-            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            layer_init(nn.Conv2d(chw[0], 32, 8, stride=4)),
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)),
             nn.ReLU(),
@@ -220,11 +261,13 @@ class NatureCNN(nn.Module):
             nn.Flatten(),
         )
         with torch.no_grad():
-            flat = int(self.convs(torch.zeros(1, *shape)).shape[1])
+            flat = int(self.convs(torch.zeros(1, *chw)).shape[1])
         self.fc = nn.Sequential(layer_init(nn.Linear(flat, 512)), nn.ReLU())
         self.num_features = 512
 
     def forward(self, obs: Tensor) -> Tensor:
+        if self.channels_last:
+            obs = obs.permute(0, 3, 1, 2)
         return self.fc(self.convs(obs.float() / 255.0))
 
 
@@ -240,8 +283,9 @@ class Agent(nn.Module):
     """Actor and critic for one observation space and one action space.
 
     Vector observations (a Box of any shape, flattened, or a Discrete, one-hot) get separate actor
-    and critic MLPs with tanh (CleanRL's ``ppo.py``); image observations (see :func:`is_image_space`)
-    get one Nature CNN shared by linear actor and critic heads (CleanRL's ``ppo_atari.py``).
+    and critic MLPs with tanh (CleanRL's ``ppo.py``); image observations (see :func:`image_layout`)
+    get one Nature CNN shared by linear actor and critic heads (CleanRL's ``ppo_atari.py``). uint8
+    images too small for the CNN are refused (see :func:`check_observation_space`), not fed raw to an MLP.
     """
 
     def __init__(
@@ -254,11 +298,13 @@ class Agent(nn.Module):
     ) -> None:
         super().__init__()
         self.head = ActionHead.for_space(action_space, action_bounds)
-        self.image = is_image_space(observation_space)
+        check_observation_space(observation_space)
+        layout = image_layout(observation_space)
+        self.image = layout is not None
         self.one_hot: int | None = None
         self.cnn: NatureCNN | None = None
-        if self.image:
-            self.cnn = NatureCNN(observation_space.shape)  # type: ignore[arg-type]
+        if layout is not None:
+            self.cnn = NatureCNN(observation_space.shape, layout)  # type: ignore[arg-type]
             self.actor: nn.Module = layer_init(nn.Linear(self.cnn.num_features, self.head.num_outputs), std=0.01)
             self.critic: nn.Module = layer_init(nn.Linear(self.cnn.num_features, 1), std=1.0)
             return
@@ -266,13 +312,9 @@ class Agent(nn.Module):
             self.one_hot = int(observation_space.n)
             self.obs_start = int(observation_space.start)
             in_dim = self.one_hot
-        elif isinstance(observation_space, gym.spaces.Box):
-            in_dim = int(np.prod(observation_space.shape))
         else:
-            raise ValueError(
-                f"observation_space: expected a Box (vector, or uint8 images (C, H, W)) or Discrete, "
-                f"got {observation_space}"
-            )
+            assert isinstance(observation_space, gym.spaces.Box)  # (check_observation_space refuses the rest)
+            in_dim = int(np.prod(observation_space.shape))
         self.actor = _mlp([in_dim, *hidden_sizes, self.head.num_outputs], out_std=0.01)
         self.critic = _mlp([in_dim, *hidden_sizes, 1], out_std=1.0)
 

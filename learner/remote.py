@@ -13,7 +13,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -35,8 +35,7 @@ from learner.client import EnvClient, SocketStep, channel_credentials, timeout_e
 from learner.discovery import (
     TLS_CAUSE,
     AddressError,
-    expand_addresses,
-    expand_when_ready,
+    expand_named,
     pin_addresses,
     probe,
     speaks_tls,
@@ -212,7 +211,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tls: False for plaintext; True for TLS verified with the system's CA roots; or the path of
             a PEM file with the CA certificate(s) that signed the servers' certificates.
         tls_server_name: the name the servers' certificates must hold, when it is not the host in
-            the address (servers reached by IP or by a name their certificate lacks).
+            the address (servers reached by IP or by a name their certificate lacks). Default: the
+            host in the address; for servers found by a ``dns:///name:port`` address, ``name`` (as
+            gRPC's own dns resolver checks it).
         step_socket: step servers reached at a ``unix:`` address over their step socket, a plain
             Unix socket beside the gRPC one (same messages, no HTTP/2; a few times cheaper per step),
             where they offer one; False: always over gRPC's ``StepStream``.
@@ -288,15 +289,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
         deadline = time.monotonic() + self.connect_timeout
-        endpoints = expand_when_ready(addresses, self.connect_timeout)
+        named = expand_named(addresses, self.connect_timeout)
+        endpoints = list(named)
+        # Servers found by a dns: name: under TLS their certificates are checked against that name.
+        self._dns_names = {endpoint: name for endpoint, name in named.items() if name}
         # compose:env -> compose:PROJECT/env: refresh keeps to this fleet if another project runs one too.
         self._address_spec = pin_addresses(addresses)
         if self._address_spec != addresses:
             log.info("addresses %s looked up as %s from now on (this fleet's)", addresses, self._address_spec)
         if num_groups > len(endpoints):
-            raise ValueError(
-                f"num_groups: expected at most one group per server ({len(endpoints)} servers), got {num_groups}"
-            )
+            servers = f"{len(endpoints)} server{'s' if len(endpoints) > 1 else ''}"
+            raise ValueError(f"num_groups: expected at most one group per server ({servers}), got {num_groups}")
         self._clients = self._runner.run(self._connect(endpoints, deadline))
         self._check_specs()
         first = self._clients[0].spec
@@ -361,10 +364,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client_name=self._client_name,
             metadata=self._metadata,
             credentials=self._credentials,
-            tls_server_name=self._tls_server_name,
+            tls_server_name=self._server_name(address),
             step_socket=self._step_socket,
             spin_wait=self._spin_wait,
         )
+
+    def _server_name(self, address: str) -> str | None:
+        """The name ``address``'s certificate must hold, where it is not the address's host: the
+        ``tls_server_name`` given, else (under TLS) the name of the ``dns:`` address it was found by
+        (as gRPC's own dns resolver checks it; the connection is to an IP address)."""
+        if self._tls_server_name or self._credentials is None:
+            return self._tls_server_name
+        return self._dns_names.get(address)
 
     @staticmethod
     def _replica(client: EnvClient) -> Replica:
@@ -413,7 +424,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 if self._credentials is not None:
                     hint += (
                         " With TLS, the server must speak TLS with a certificate signed by the CA given and "
-                        "made for the address's host (or tls_server_name)"
+                        "made for the address's host (the name of a dns: address; or tls_server_name)"
                     )
                 raise ServerUnavailableError(
                     f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
@@ -443,7 +454,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if cause:
             return cause
         if self._credentials is not None:
-            return tls_probe(address, self._tls_roots, self._tls_server_name, timeout) or ""
+            return tls_probe(address, self._tls_roots, self._server_name(address), timeout) or ""
         if speaks_tls(address, timeout):
             return (
                 f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
@@ -551,7 +562,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # An int also seeds the vector env's own generator, as gymnasium's VectorEnv.reset does.
         if isinstance(seed, int | np.integer):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
-        options = dict(options) if options else {}
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
+        options = dict(options) if options is not None else {}
         mask = options.pop("reset_mask", None)
         if mask is not None:
             mask = np.asarray(mask)
@@ -846,7 +859,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return [t for i in self._groups[group] if (t := self._tasks[i]) is not None]
 
     def _check_group(self, group: Any, method: str) -> None:
-        if not isinstance(group, int | np.integer) or not 0 <= group < len(self._groups):
+        if (
+            isinstance(group, bool | np.bool_)
+            or not isinstance(group, int | np.integer)
+            or not 0 <= group < len(self._groups)
+        ):
             raise ValueError(f"{method}: group must be an int in [0, {len(self._groups)}), got {group!r}")
 
     # -- stepping, shared by step/step_async/step_wait and send/recv ------------------------------
@@ -1168,7 +1185,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         it, so that a bad action reaches no server: otherwise the servers with good actions would
         step and their results be lost with the error."""
         try:
-            return check_actions(self.single_action_space, _as_arrays(self.single_action_space, actions), count, where)
+            batch = _as_arrays(self.single_action_space, actions, where)
+            return check_actions(self.single_action_space, batch, count, where)
         except InvalidActionError as err:
             if err.env_index is None:
                 raise ValueError(str(err)) from None  # the batch's shape or dtype: no env to name
@@ -1272,7 +1290,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"wait: expected seconds >= 0, got {wait!r}")
         dropped = set(drop)
         try:
-            resolved = expand_addresses(self._address_spec)
+            named = expand_named(self._address_spec)
+            resolved = list(named)
+            self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
         except AddressError as err:
             # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
             (log.warning if str(err) not in self._noted else log.debug)(
@@ -1280,15 +1300,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
             self._noted.add(str(err))
             resolved = self.addresses
+        replicas = {id(r.client): r for r in self._replicas}
         # Fault-tolerant, a server whose connection dropped stays: its next step fails fast, and it is
-        # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew.
+        # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew;
+        # unless it came back with other envs (another num_envs: it cannot take its old place), then it
+        # leaves and joins again as it is now.
         stay = [
             c
             for c in self._clients
-            if c.address in resolved and c.address not in dropped and (self.fault_tolerant or not c.session_ended)
+            if c.address in resolved
+            and c.address not in dropped
+            and (self.fault_tolerant or not c.session_ended)
+            and not replicas[id(c)].changed
         ]
         leave = [c for c in self._clients if c not in stay]
-        replicas = {id(r.client): r for r in self._replicas}
         # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
         # they were shutting down (scaled down, say) as they ended the session.
         gone = [
@@ -1598,17 +1623,24 @@ def _split(num_servers: int, num_groups: int) -> list[list[int]]:
     return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
-def _as_arrays(space: gym.Space[Any], actions: Any) -> Any:
+def _as_arrays(space: gym.Space[Any], actions: Any, where: str) -> Any:
     """``actions`` laid out as ``space``'s batches are (dicts and tuples of arrays), leaves as arrays;
-    what does not fit is left as it is, for check_actions to name."""
+    what does not fit is left as it is, for check_actions to name. ``where``: how errors name it."""
     if isinstance(space, gym.spaces.Dict):
         if not isinstance(actions, dict):
             return actions
-        return {k: _as_arrays(space.spaces[k], v) if k in space.spaces else v for k, v in actions.items()}
+        return {
+            k: _as_arrays(space.spaces[k], v, f"{where}[{k!r}]") if k in space.spaces else v for k, v in actions.items()
+        }
     if isinstance(space, gym.spaces.Tuple):
         if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
             return actions
-        return tuple(_as_arrays(sub, a) for sub, a in zip(space.spaces, actions, strict=True))
+        return tuple(
+            _as_arrays(sub, a, f"{where}[{i}]") for i, (sub, a) in enumerate(zip(space.spaces, actions, strict=True))
+        )
+    if actions is None or isinstance(actions, str | bytes):  # (as an array: one object or string, of shape ())
+        what = "None" if actions is None else f"a {type(actions).__name__} ({actions!r})"
+        raise InvalidActionError(f"{where}: expected an array for {space} (one action per env), got {what}")
     try:
         return np.asarray(actions)
     except ValueError:  # ragged: check_actions names what came

@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from learner.discovery import AddressError, register_resolver
+from learner.discovery import AddressError, note_not_used, register_resolver
 from learner.engine import ask_engine
 
 __all__ = ["Task", "node_address", "parse_target", "resolve_swarm", "task_addresses", "task_from_record"]
@@ -115,13 +115,7 @@ def task_addresses(
     waiting: list[Task] = []
     for task in sorted(tasks, key=lambda t: (t.slot, t.node_id, t.id)):
         (ready if task.state == "running" else waiting).append(task)
-    if waiting:
-        log.info(
-            "%s: not using %d task(s) yet: %s",
-            address,
-            len(waiting),
-            ", ".join(f"{service}.{t.slot or t.node_id} ({t.state})" for t in waiting),
-        )
+    note_not_used(log, address, "task", [f"{service}.{t.slot or t.node_id} ({t.state})" for t in waiting])
     if not ready:
         why = (
             f"; not ready: {', '.join(f'{service}.{t.slot or t.node_id} ({t.state})' for t in waiting)}"

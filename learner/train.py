@@ -52,6 +52,7 @@ from learner.config import DEFAULT_ENV, Args, PPOConfig, check_device, default_r
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
     EnvCrashedError,
+    EnvFleetError,
     RemoteEnvError,
     RemoteTimeoutError,
     ServerUnavailableError,
@@ -59,10 +60,10 @@ from learner.errors import (
 )
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import Agent, is_image_space
+from learner.ppo import Agent, check_observation_space, is_image_space
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
-__all__ = ["Args", "Rollout", "fleet_spec", "pick_device", "resume_args", "train"]
+__all__ = ["Args", "NothingToLearnError", "Rollout", "fleet_spec", "pick_device", "resume_args", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,18 @@ RECENT = 20
 
 LOST_ROLLOUTS = 3
 """Rollouts in a row that may end in a failed env server before the run gives up."""
+
+EMPTY_ROLLOUTS = LOST_ROLLOUTS
+"""Rollouts in a row in which no env gave a transition (every env raised, or was unavailable) after
+which the run stops with NothingToLearnError."""
+
+FAULT_COUNTS = ("failures", "shutdowns", "reconnects", "server_restarts", "servers_joined", "servers_left")
+"""The fleet's fault counters (``FaultStats``) that summary.json totals over the whole run."""
+
+
+class NothingToLearnError(EnvFleetError):
+    """No env gave a transition for ``EMPTY_ROLLOUTS`` rollouts in a row: the run stops (its envs' errors
+    are in the message)."""
 
 
 def pick_device(spec: str) -> torch.device:
@@ -110,6 +123,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         step_socket=args.step_socket,
         auth_token=args.auth_token,
         timeout=args.timeout,
+        connect_timeout=args.connect_timeout,
         pipeline_groups=args.pipeline_groups,
         fault_tolerant=args.fault_tolerant,
         give_up_after=args.give_up_after,
@@ -148,12 +162,50 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
                 f"{flag}: the run in {run_dir} was trained with {flag} {_shown(before)}; a resumed run keeps its "
                 f"nets, so {flag} cannot change (got {_shown(wanted)})"
             )
-    if overrides.get("servers") is not None:
+    moved: dict[str, Any] = {}
+    servers = overrides.get("servers")
+    if servers is not None and not servers.strip(" ,"):
+        how = "leave --servers out" + (f" and give {_MOVE_FLAGS}" if saved.servers is not None else "")
+        raise ValueError(
+            f"--servers: expected addresses such as host:port,host:port, got {servers!r}; to resume the run in "
+            f"{run_dir} on envs this command starts, {how}"
+        )
+    if servers is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
         saved = dataclasses.replace(
             saved, num_envs=None, envs_per_server=None, env_kwargs={}, step_delay_ms=0.0, wrappers="auto"
         )
-    return dataclasses.replace(saved, **overrides, resume=str(run_dir), run_dir=str(run_dir))
+    elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
+        # Moving a run off running servers onto envs this command starts: the same env (and, unless
+        # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
+        moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None}
+        num_envs = recorded.get("envs", {}).get("num_envs")
+        if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
+            moved["num_envs"] = num_envs
+            wanted = overrides.get("num_servers")
+            if wanted is None:
+                moved["num_servers"] = math.gcd(num_envs, saved.num_servers)  # (servers of as many envs each)
+            elif overrides.get("backend", saved.backend) == "remote" and num_envs % min(wanted, num_envs):
+                raise ValueError(
+                    f"--num-servers: the run in {run_dir} trained on {num_envs} envs, which do not split evenly "
+                    f"over {wanted} servers; pick a number of servers that divides {num_envs}, or give --num-envs "
+                    "or --envs-per-server too"
+                )
+    try:
+        return dataclasses.replace(saved, **{**moved, **overrides}, resume=str(run_dir), run_dir=str(run_dir))
+    except ValueError as err:
+        if saved.servers is None or servers is not None or moved:
+            raise
+        # (the option refused conflicts with --servers, which the user did not give this time)
+        raise ValueError(
+            f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to resume the run on envs this "
+            f"command starts, give {_MOVE_FLAGS})"
+        ) from None
+
+
+_MOVE_OPTIONS = ("backend", "num_servers", "num_envs", "envs_per_server")
+"""Options that, given with --resume, move a run trained on --servers onto envs this command starts."""
+_MOVE_FLAGS = "--backend, --num-servers, --num-envs or --envs-per-server"
 
 
 def _shown(value: Any) -> str:
@@ -178,6 +230,14 @@ class Counters:
     """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
     episodes_cut: int = 0
     """Episodes that ended because their env became unavailable (not counted in the returns)."""
+    failures: int = 0
+    """The fleet's fault counters (``FaultStats``, see FAULT_COUNTS), the whole run's as of the end of
+    the last rollout learned from: a resumed run adds its own to them."""
+    shutdowns: int = 0
+    reconnects: int = 0
+    server_restarts: int = 0
+    servers_joined: int = 0
+    servers_left: int = 0
     best_return: float | None = None
     """The highest mean return of the last 20 episodes at an update's end (once 20 had ended) or at the
     run's end; with --save-best, best.pt's (a resumed run takes it from the file)."""
@@ -287,6 +347,20 @@ def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
         if mask is not None:
             lost |= np.asarray(mask, dtype=bool)
     return lost
+
+
+def nothing_to_learn(rollouts: int, errors: dict[str, int]) -> str:
+    """NothingToLearnError's message: ``rollouts`` in a row gave no transition; ``errors``: what the envs
+    reported in them (``infos["env_error"]`` text -> env steps), the most frequent named."""
+    if errors:
+        ranked = sorted(errors.items(), key=lambda item: -item[1])
+        cause = "the envs reported: " + "; ".join(f"{text} ({count:,} env steps)" for text, count in ranked[:3])
+        if len(ranked) > 3:
+            cause += f"; and {len(ranked) - 3} other errors"
+        cause += " (the env servers log the tracebacks)"
+    else:
+        cause = "every env's server was unavailable (see the warnings above)"
+    return f"no env gave a transition in {rollouts} rollouts in a row: nothing to learn from, the run stops; {cause}"
 
 
 def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
@@ -406,6 +480,16 @@ def train(
                     "(leave --env out to train on whatever they serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
+            groups = getattr(envs, "num_groups", 1)
+            if args.pipeline_groups > groups:
+                log.warning(
+                    "--pipeline-groups %d: expected at most one group per env server, and %s has %d: %s",
+                    args.pipeline_groups,
+                    args.servers,
+                    len(getattr(envs, "addresses", [])),
+                    "1 group, so no pipelining" if groups == 1 else f"{groups} groups",
+                )
+        check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
@@ -665,7 +749,13 @@ def train(
             replica_stats(reset=True)
         fault_stats = getattr(envs, "fault_stats", None)
         faults_before = fault_stats() if fault_stats is not None else None
+        # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
+        faults_carried = {key: getattr(counters, key) for key in FAULT_COUNTS}
         next_valid = ~lost_np
+        # An episode is under way (a reset gave its first observation, and it has not ended): one its
+        # env loses, even on its first step, is cut short. (An env out of order, whose resets raise, has
+        # none under way, so its failed steps cut nothing.)
+        ep_live = ~lost_np
         ep_return = np.zeros(num_envs, dtype=np.float64)
         ep_length = np.zeros(num_envs, dtype=np.int64)
         rollout: Rollout | None = None
@@ -676,6 +766,9 @@ def train(
         refresh = getattr(envs, "refresh", None)
         lost: RemoteEnvError | None = None  # the server that failed during the last rollout
         lost_rollouts = 0
+        episodes_cut = 0  # since the last update (a dropped rollout's count on)
+        empty_rollouts = 0  # rollouts in a row in which no env gave a transition
+        empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
         last_update = rollout_state()  # as of the last update's end (here: the start)
         updating = False  # the nets are being updated: a checkpoint now would mix two updates
         propagating = False  # an exception is on its way out of the loop
@@ -709,7 +802,8 @@ def train(
                 "rollout_seconds": rollout_info["rollout_seconds"],
                 "update_seconds": round(result.seconds, 5),
                 # Fault tolerance, this update: env steps that were no transition, envs unavailable
-                # at its end; and (below) servers lost and back, from the fleet's counters.
+                # at its end, episodes cut short; and (below) servers lost and back, from the fleet's
+                # counters (summary.json has the run's totals).
                 "env_steps_lost": rollout_info["env_steps_lost"],
                 "envs_unavailable": rollout_info["envs_unavailable"],
                 "episodes_cut": rollout_info["episodes_cut"],
@@ -725,7 +819,7 @@ def train(
                 for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
                     writer.add_scalar(f"losses/{key}", row[key], step)
                 writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
-                for key in ("env_steps_lost", "envs_unavailable"):
+                for key in ("env_steps_lost", "envs_unavailable", "episodes_cut"):
                     writer.add_scalar(f"faults/{key}", row[key], step)
                 for key in [k for k in row if k.startswith("faults/")]:
                     writer.add_scalar(key, row[key], step)
@@ -746,6 +840,8 @@ def train(
             metrics: dict[str, float] = {}
             if fault_stats is not None and faults_before is not None:
                 faults_now = fault_stats()
+                for key in FAULT_COUNTS:
+                    setattr(counters, key, faults_carried[key] + getattr(faults_now, key))
                 metrics["faults/failures"] = faults_now.failures - faults_before.failures
                 metrics["faults/shutdowns"] = faults_now.shutdowns - faults_before.shutdowns
                 metrics["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
@@ -803,6 +899,7 @@ def train(
                         next_valid = carry_over(next_valid, change, True)
                         ep_return = carry_over(ep_return, change, 0.0)
                         ep_length = carry_over(ep_length, change, 0)
+                        ep_live = carry_over(ep_live, change, True)
                         if reward_scaler is not None:
                             reward_scaler.returns = None  # per-env discounted returns start over
                 # Storage follows the fleet's size, which may change between rollouts.
@@ -865,10 +962,18 @@ def train(
                     valid = next_valid & ~lost_np
                     rollout.valid[step] = valid
                     steps_lost += int(lost_np.sum())
+                    cut_np = lost_np & ep_live
+                    # (under next-step autoreset an episode that ended has none under way until its reset;
+                    # under same-step autoreset, one that ended and was not lost has the next under way)
+                    ep_live = ~lost_np & (~done_np if next_step_autoreset else True)
                     if lost_np.any():
                         # Episodes cut short by a failure do not count as episodes in the returns.
-                        counters.episodes_cut += int((lost_np & done_np & (ep_length > 0)).sum())
+                        episodes_cut += int(cut_np.sum())
                         ep_return[lost_np], ep_length[lost_np] = 0.0, 0
+                        if "_env_error" in infos:  # (for the error of a run that has nothing to learn from)
+                            for i in np.flatnonzero(infos["_env_error"]):
+                                text = str(infos["env_error"][i]).removeprefix("out of order since ")
+                                empty_errors[text] = empty_errors.get(text, 0) + 1
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
                             # one): look the servers up again now, not after the rest of the rollout, so
@@ -928,17 +1033,30 @@ def train(
                 if lost is not None or fleet_down:
                     continue  # (a partial rollout is not learned from)
                 lost_rollouts = 0
+                if rollout.valid.any():
+                    empty_rollouts = 0
+                    empty_errors.clear()
+                else:
+                    empty_rollouts += 1
+                    if empty_rollouts >= EMPTY_ROLLOUTS:
+                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                    log.warning(
+                        "no env gave a transition in this rollout: nothing to learn from, update skipped "
+                        "(the run stops after %d such rollouts in a row)",
+                        EMPTY_ROLLOUTS,
+                    )
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
                 updating = True  # from here on, a checkpoint of this run would mix two updates
                 counters.env_steps_lost += steps_lost
+                counters.episodes_cut += episodes_cut
                 # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
                 rollout_info = {
                     "global_step": counters.global_step,
                     "episodic_return_mean": _mean(list(recent_returns)),
                     "episodic_length_mean": _mean(list(recent_lengths)),
                     "episodes": counters.episodes,
-                    "episodes_cut": counters.episodes_cut,
+                    "episodes_cut": episodes_cut,
                     "num_envs": num_envs,
                     "learning_rate": lr,
                     "clip_coef": clip_coef,
@@ -947,6 +1065,7 @@ def train(
                     "envs_unavailable": int(lost_np.sum()),
                     "fleet": fleet_metrics(),
                 }
+                episodes_cut = 0
                 with torch.no_grad():
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(
@@ -956,8 +1075,6 @@ def train(
                     reward_scaler,
                     next_step_autoreset=next_step_autoreset,
                 )
-                if batch.size == 0:
-                    log.warning("no env was available during this rollout: nothing to learn from, update skipped")
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 if update_thread is None:
@@ -1048,16 +1165,12 @@ def train(
                 "best_return": counters.best_return,
                 "best_step": counters.best_step,
             }
-            if fault_stats is not None:
-                totals = fault_stats()
-                summary.update(
-                    failures=totals.failures,
-                    shutdowns=totals.shutdowns,
-                    reconnects=totals.reconnects,
-                    server_restarts=totals.server_restarts,
-                    servers_joined=totals.servers_joined,
-                    servers_left=totals.servers_left,
-                )
+            if fault_stats is not None or any(faults_carried.values()):
+                # The whole run's: the checkpoint's counts, and this session's to its very end (the
+                # failure that stopped it included).
+                totals = fault_stats() if fault_stats is not None else None
+                for key in FAULT_COUNTS:
+                    summary[key] = faults_carried[key] + (getattr(totals, key) if totals is not None else 0)
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
             if counters.update > 0:
                 plotted.append(run_dir)

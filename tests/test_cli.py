@@ -16,9 +16,10 @@ import torch
 
 from learner import rundir
 from learner.checkpoint import load_checkpoint
-from learner.cli import build_parser, interrupted_line, main
+from learner.cli import aborted_line, build_parser, interrupted_line, main
 from learner.train import stopped_in_update
-from tests.conftest import StartServers
+from tests.certs import make_server_certs
+from tests.conftest import SpawnServer, StartServers
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
 
@@ -463,6 +464,10 @@ def test_train_help_lists_every_option_with_its_docstring() -> None:
     ).stdout
     assert "--stop-at-return X" in out and "last 20 finished" in out and "--servers ADDRESSES" in out
     assert "--norm-obs, --no-norm-obs" in out and "classic" in out and "ALE/Pong-v5" in out
+    flat = " ".join(out.split())
+    assert "as a JSON object, for the servers this command starts" in flat  # --env-kwargs, as --wrappers says
+    for variable in ("ENVFLEET_TLS_CA", "ENVFLEET_TLS_SERVER_NAME", "ENVFLEET_AUTH_TOKEN_FILE"):
+        assert f"${variable}" in flat, variable
 
 
 def test_log_level_goes_before_or_after_the_command_and_every_option_says_what_it_does() -> None:
@@ -563,7 +568,12 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "learner train: aborted" and "Traceback" not in err, err
+    # It says where a resumed run starts: the checkpoint of the update before the step it was aborted in.
+    assert err.strip().splitlines()[-1] == (
+        f"learner train: aborted; resuming starts from its last checkpoint, step-0000000001.pt, with: "
+        f"learner train --resume {run}"
+    )
+    assert "Traceback" not in err, err
     assert summarised_in_step
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "interrupted"
@@ -608,6 +618,14 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
         interrupted_line(run, 48)
         == f"interrupted at step 48 (its last update); continue with: learner train --resume {run}"
     )
+    # A second Ctrl-C: the checkpoint a resumed run starts from, or that there is none.
+    assert aborted_line(None) == "aborted"  # (before a new run's dir was made)
+    assert aborted_line(tmp_path / "new") == "aborted (before the run dir was made)"
+    (tmp_path / "new").mkdir()
+    assert aborted_line(tmp_path / "new") == f"aborted; no checkpoint is in {tmp_path / 'new'}: it cannot be resumed"
+    assert aborted_line(run) == (
+        f"aborted; resuming starts from its last checkpoint, step-0000000048.pt, with: learner train --resume {run}"
+    )
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -615,3 +633,97 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("learner (envfleet) ")
+
+
+def test_a_run_with_nothing_to_learn_from_exits_with_its_envs_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = ["--env", "tests.envs:FaultyEnv", "--env-kwargs", '{"raise_in_reset": 0, "fault_env": -1}']
+    argv = [*env, "--backend", "gym", "--num-envs", "2", "--num-steps", "4", "--total-timesteps", "1000000"]
+    run = tmp_path / "run"
+    assert main(["train", *argv, "--no-progress", "--no-tensorboard", "--no-plot", "--run-dir", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "learner train: error: no env gave a transition in 3 rollouts in a row: nothing to learn from, the run "
+        "stops; the envs reported: reset: RuntimeError: reset failed on purpose"
+    ) in err, err
+    assert "Traceback" not in err
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"].startswith("error: NothingToLearnError: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "token_file", "message"),
+    [
+        (["--auth-token", "a"], {}, "b\n", "--auth-token and --auth-token-file: give one of them, not both"),
+        ([], {}, " \n", "--auth-token-file {file}: expected a non-empty token, got an empty one"),
+        ([], {"ENVFLEET_AUTH_TOKEN_FILE": "{file}"}, "", "$ENVFLEET_AUTH_TOKEN_FILE {file}: expected a non-empty"),
+        (
+            [],
+            {"ENVFLEET_AUTH_TOKEN_FILE": "{file}", "ENVFLEET_AUTH_TOKEN": "a"},
+            "b",
+            "$ENVFLEET_AUTH_TOKEN and $ENVFLEET_AUTH_TOKEN_FILE: both are set; set one of them, not both",
+        ),
+        ([], {"ENVFLEET_AUTH_TOKEN_FILE": "{file}.missing"}, "b", "{file}.missing: cannot read it: No such file"),
+    ],
+)
+def test_train_refuses_a_token_file_it_cannot_use(
+    argv: list[str],
+    environ: dict[str, str],
+    token_file: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    file = tmp_path / "token"
+    file.write_text(token_file)
+    monkeypatch.delenv("ENVFLEET_AUTH_TOKEN", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value.format(file=file))
+    if not environ:
+        argv = [*argv, "--auth-token-file", str(file)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *CLOCK, "--backend", "gym", "--run-dir", str(tmp_path / "run"), *argv])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("learner train: error: ") and message.format(file=file) in error, error
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does(
+    spawn_server: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learner service (compose, Swarm) is configured by variables: the CA and server name env-server's
+    health probe reads, and a mounted token file; the token never reaches the run dir."""
+    certs = make_server_certs(tmp_path / "certs", names=("localhost", "127.0.0.1", "envfleet.test"))
+    tls = ["--tls-cert", str(certs.cert), "--tls-key", str(certs.key)]
+    server = spawn_server("tests.envs:ClockEnv", 2, *tls, environ={"ENVFLEET_AUTH_TOKEN": "s3cret"})
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")  # (as `echo s3cret > secret` writes it)
+    monkeypatch.delenv("ENVFLEET_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("ENVFLEET_AUTH_TOKEN_FILE", str(secret))
+    monkeypatch.setenv("ENVFLEET_TLS_CA", str(certs.ca))
+    monkeypatch.setenv("ENVFLEET_TLS_SERVER_NAME", "envfleet.test")
+    run = tmp_path / "run"
+    argv = ["--servers", server.address, "--num-steps", "4", "--total-timesteps", "8", "--no-progress", "--no-plot"]
+    assert main(["train", *argv, "--no-tensorboard", "--run-dir", str(run)]) == 0, capsys.readouterr().err
+    saved = rundir.read_json(run / rundir.CONFIG)["args"]
+    assert (saved["tls_ca"], saved["tls_server_name"]) == (str(certs.ca), "envfleet.test")
+    assert "s3cret" not in (run / rundir.CONFIG).read_text()
+    assert all("s3cret" not in path.read_text() for path in run.glob("*.json*"))
+
+
+def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dns: name with no server ready yet (a Kubernetes Service before its first pod is Ready) is
+    waited for --connect-timeout seconds, then named; and the option is checked."""
+    started = time.monotonic()
+    argv = ["train", "--servers", "dns:///env-not-there.invalid:50051", "--total-timesteps", "64"]
+    assert main([*argv, "--connect-timeout", "2", "--run-dir", str(tmp_path / "run")]) == 1
+    assert 1 <= time.monotonic() - started < 30  # (looked up every 0.5 s until the next would be late)
+    assert "cannot resolve 'env-not-there.invalid'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit):
+        main([*argv, "--connect-timeout", "0"])
+    assert "--connect-timeout: expected a value > 0, got 0" in capsys.readouterr().err

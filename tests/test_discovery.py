@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import learner.remote
 from learner import RemoteVectorEnv, expand_addresses
-from learner.discovery import AddressError, probe
+from learner.discovery import AddressError, NotReadyYet, expand_named, expand_when_ready, probe
 from learner.errors import ServerUnavailableError
 from tests.conftest import StartServers
 
@@ -107,3 +110,56 @@ def test_probe_tells_a_file_in_the_sockets_place(tmp_path: Path) -> None:
     (tmp_path / "folder").mkdir()
     assert probe(f"unix:{tmp_path / 'file'}") == f"{tmp_path / 'file'} is a file, not a socket"
     assert probe(f"unix:{tmp_path / 'folder'}") == f"{tmp_path / 'folder'} is a folder, not a socket"
+
+
+def test_a_name_that_does_not_resolve_yet_is_waited_for_up_to_connect_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Kubernetes headless service has no address until a pod is ready (and `kubectl apply` starts the
+    learner with the servers): waited for, said once, then the same clear error (was: at once)."""
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="learner.discovery"), pytest.raises(NotReadyYet) as info:
+        RemoteVectorEnv("dns:///env-not-there.invalid:50051", connect_timeout=1.5)
+    assert 1.0 < time.monotonic() - start < 5.0
+    assert "cannot resolve 'env-not-there.invalid'" in str(info.value)
+    assert "(still so after waiting 1.5 s)" in str(info.value)
+    said = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert said == [
+        "waiting up to 1.5 s for the name 'env-not-there.invalid' to resolve (dns:///env-not-there.invalid:50051: a service with no replica ready has no address yet)"
+    ]
+
+
+def test_a_name_that_resolves_once_its_service_is_ready_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.getaddrinfo
+    answers = [socket.gaierror(socket.EAI_NONAME, "Name or service not known")] * 2
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "env.invalid":
+            if answers:
+                raise answers.pop()
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert expand_when_ready("dns:///env.invalid:50051", wait=30) == ["127.0.0.1:50051"]
+    assert not answers
+    # A host:port is taken as it is, resolved or not (gRPC resolves it when it connects).
+    assert expand_when_ready("env-not-there.invalid:50051", wait=30) == ["env-not-there.invalid:50051"]
+    # No name at all, or a name whose look-up fails otherwise: at once.
+    with pytest.raises(AddressError, match=r"server address 'dns:///50051': expected host:port"):
+        expand_when_ready("dns:///50051", wait=30)
+
+
+def test_addresses_name_where_they_come_from() -> None:
+    for address, message in [
+        ("foo", "server address 'foo': expected host:port (e.g. 127.0.0.1:50051), unix:PATH or dns:///name:port"),
+        ("foo:bar", "server address 'foo:bar': port 'bar' is not a number"),
+        ("dns:///env:0", "server address 'dns:///env:0': port 0 is outside 1-65535"),
+    ]:
+        with pytest.raises(AddressError) as info:
+            expand_addresses(address)
+        assert str(info.value) == message
+    # Servers found by a dns: name carry it (under TLS, their certificates are checked against it).
+    named = expand_named("dns:///localhost:5,dns:///127.0.0.1:6,127.0.0.1:7")
+    assert named["127.0.0.1:6"] is None and named["127.0.0.1:7"] is None
+    assert [name for endpoint, name in named.items() if endpoint.endswith(":5")] in (["localhost"], ["localhost"] * 2)

@@ -723,3 +723,42 @@ def test_one_exception_is_one_error_record_under_every_autoreset_mode(mode: str)
     # its failed reset's: "reset: ...".)
     reported = _error_records(mode, 5, raise_at=2, raise_in_reset=1)
     assert reported[0][0] == 2 and len(reported) >= 3 and all("reset" in kind for _, kind in reported[1:]), reported
+
+
+def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes_it_in(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault-tolerant: it cannot take its old place, and is retried every backoff; was a warning at every
+    attempt for the rest of the run. refresh() (between rollouts in learner train) lets it go and takes it
+    in again as it is now."""
+    caplog.set_level(logging.DEBUG, logger="learner.faults")
+    a = spawn_server("tests.envs:IndexEnv", K)
+    b = spawn_server("tests.envs:IndexEnv", K)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        b.kill()
+        envs.step(actions_for(0, 2 * K))  # the loss
+        b.argv = ["--env", "tests.envs:IndexEnv", "--num-envs", str(K + 1)]
+        b.start(b.address.rpartition(":")[2])
+        deadline = time.monotonic() + 3.0  # several reconnect attempts (backoff at most 0.5 s)
+        t = 1
+        while time.monotonic() < deadline:
+            _, _, _, _, infos = envs.step(actions_for(t, 2 * K))
+            assert unavailable(infos, 2 * K).tolist() == [False] * K + [True] * K
+            t += 1
+        warned = [r.getMessage() for r in caplog.records if "came back with another num_envs" in r.getMessage()]
+        assert len(warned) >= 3, warned  # tried again and again ...
+        assert [r.levelname for r in caplog.records if "came back with another num_envs" in r.getMessage()].count(
+            "WARNING"
+        ) == 1  # ... said once
+        assert "refresh(), which learner train calls between rollouts, takes it in" in warned[0]
+
+        change = envs.refresh()
+        assert change is not None and (change.added, change.removed) == ((b.address,), (b.address,))
+        assert (change.num_envs, envs.num_envs) == (2 * K + 1, 2 * K + 1)
+        assert change.previous_index.tolist() == [*range(K), -1, -1, -1]
+        sent = actions_for(t, 2 * K + 1)
+        obs, _, _, _, infos = envs.step(sent)
+        assert "env_unavailable" not in infos
+        assert np.array_equal(obs[:, 3], sent) and obs[:, 1].tolist() == [*range(K), *range(K + 1)]
+        assert envs.fault_stats().servers_down == 0

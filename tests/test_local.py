@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from learner import LocalServers, RemoteVectorEnv, local_servers
@@ -185,3 +187,67 @@ def test_an_empty_token_variable_means_no_token_for_the_servers_too(monkeypatch:
     monkeypatch.setenv("ENVFLEET_AUTH_TOKEN", "")
     with local_servers("CartPole-v1", 1, 1) as addresses, RemoteVectorEnv(addresses) as envs:
         envs.reset(seed=0)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_server_that_dies_is_started_again_on_its_address_and_its_envs_rejoin(
+    transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kill -9 of one server `learner train` started: it comes back where it was, and a fault-tolerant
+    fleet gets its envs back (was: the run went on with the other servers' envs to its end)."""
+    with (
+        caplog.at_level(logging.INFO, logger="learner.local"),
+        LocalServers("tests.envs:IndexEnv", 2, 2, transport=transport) as servers,
+        RemoteVectorEnv(servers.addresses, fault_tolerant=True, timeout=2.0, backoff=(0.05, 0.5)) as envs,
+    ):
+        addresses, pids = list(servers.addresses), servers.pids
+        envs.reset(seed=0)
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        seen_down = False
+        while True:
+            infos = envs.step(np.zeros(4, dtype=np.int64))[4]
+            down = infos.get("env_unavailable", np.zeros(4, dtype=bool))
+            seen_down |= bool(down[2:].all())
+            if seen_down and not down.any():
+                break
+            assert time.monotonic() < deadline, "the killed server's envs did not rejoin within 30 s"
+            time.sleep(0.05)
+        assert servers.addresses == addresses and servers.pids[0] == pids[0]
+        assert servers.pids[1] != pids[1] and alive(servers.pids[1])
+        assert envs.fault_stats().reconnects == 1
+        [warning] = [r for r in caplog.records if r.name == "learner.local" and r.levelno == logging.WARNING]
+        assert f"env server 1 ({addresses[1]}) was killed by SIGKILL; starting it again on the same address" in (
+            warning.getMessage()
+        )
+        new_pids = servers.pids
+    wait_gone(new_pids, within=5)
+
+
+def test_a_server_that_keeps_dying_is_left_down_after_its_restarts(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="learner.local"),
+        LocalServers("CartPole-v1", 1, 1, restarts=2) as servers,
+    ):
+        for _ in range(2):
+            pid = servers.pids[0]
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while servers.pids[0] == pid:
+                assert time.monotonic() < deadline, "not started again within 20 s"
+                time.sleep(0.05)
+        pid = servers.pids[0]
+        os.kill(pid, signal.SIGKILL)  # the third death within a minute: left down
+        time.sleep(2.5)  # (longer than the next restart's wait would be)
+        assert servers.pids[0] == pid and not alive(pid)
+    assert "it was started again 2 times within 60 s: leaving it down" in caplog.text
+    assert caplog.text.count("starting it again on the same address") == 2
+
+
+def test_close_does_not_start_again_the_servers_it_stops() -> None:
+    servers = LocalServers("CartPole-v1", 2, 1)
+    pids = servers.pids
+    servers.close()
+    time.sleep(1.0)
+    assert servers.pids == pids
+    wait_gone(pids, within=5)

@@ -14,6 +14,8 @@ from learner.ppo import (
     clipped_policy_loss,
     explained_variance,
     gae_advantages,
+    image_layout,
+    is_image_space,
     normalize_advantages,
     value_loss,
 )
@@ -143,6 +145,58 @@ def test_agent_uses_the_nature_cnn_for_image_observations() -> None:
     action, logprob, entropy, value = agent.get_action_and_value(obs)
     assert action.shape == logprob.shape == entropy.shape == value.shape == (3,)
     assert agent.act(obs).shape == (3,)
+
+
+def test_agent_state_dict_of_a_cnn_policy_keeps_its_keys() -> None:
+    """Checkpoints of (C, H, W) policies written before channel-last images were taken still load."""
+    agent = Agent(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6))
+    convs = [f"cnn.convs.{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")]
+    heads = [f"{net}.{p}" for net in ("actor", "critic") for p in ("weight", "bias")]
+    assert sorted(agent.state_dict()) == sorted([*convs, "cnn.fc.0.weight", "cnn.fc.0.bias", *heads])
+    assert agent.state_dict()["cnn.convs.0.weight"].shape == (32, 4, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout"),
+    [
+        ((4, 84, 84), "CHW"),
+        ((1, 36, 36), "CHW"),
+        ((84, 84, 4), "HWC"),
+        ((210, 160, 3), "HWC"),  # a raw ALE frame
+        ((36, 36, 1), "HWC"),
+        ((32, 32, 3), None),  # too small either way
+        ((3, 32, 32), None),
+        ((84, 84, 5), None),  # 5 "channels" last: not a camera's
+        ((40, 30, 3), None),
+    ],
+)
+def test_image_layout_takes_channel_first_and_channel_last_frames(shape: tuple[int, ...], layout: str | None) -> None:
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    assert image_layout(space) == layout and is_image_space(space) == (layout is not None)
+    assert image_layout(gym.spaces.Box(0.0, 1.0, shape, np.float32)) is None  # only uint8 frames
+
+
+def test_agent_permutes_channel_last_frames_into_the_same_cnn() -> None:
+    """An (H, W, C) policy is the (C, H, W) one on permuted frames: same parameters, same outputs."""
+    chw = Agent(gym.spaces.Box(0, 255, (3, 40, 48), np.uint8), gym.spaces.Discrete(4))
+    hwc = Agent(gym.spaces.Box(0, 255, (40, 48, 3), np.uint8), gym.spaces.Discrete(4))
+    hwc.load_state_dict(chw.state_dict())
+    frames = torch.randint(0, 256, (5, 40, 48, 3), dtype=torch.uint8)
+    torch.testing.assert_close(hwc.get_value(frames), chw.get_value(frames.permute(0, 3, 1, 2)))
+    torch.testing.assert_close(hwc.act(frames), chw.act(frames.permute(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("shape", [(32, 32, 3), (3, 32, 32), (84, 84, 8)])
+def test_agent_refuses_uint8_frames_the_cnn_cannot_take_rather_than_an_mlp_on_raw_pixels(
+    shape: tuple[int, ...],
+) -> None:
+    with pytest.raises(
+        ValueError, match=rf"observation_space: uint8 images of shape \({shape[0]}, .* do not fit"
+    ) as info:
+        Agent(gym.spaces.Box(0, 255, shape, np.uint8), gym.spaces.Discrete(3))
+    assert "--wrappers atari" in str(info.value)
+    # Other uint8 observations (vectors, grids of 2 dimensions) still get an MLP.
+    assert Agent(gym.spaces.Box(0, 255, (7, 7), np.uint8), gym.spaces.Discrete(3)).cnn is None
 
 
 def test_agent_mlp_for_vector_and_discrete_observations() -> None:

@@ -192,3 +192,65 @@ def test_tls_and_token_together(spawn_server: SpawnServer, certs: ServerFiles) -
 def test_a_bad_ca_file_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="tls: cannot read the CA certificate file"):
         RemoteVectorEnv(["127.0.0.1:1"], tls="/no/such/ca.crt")
+
+
+def _localhost_is_loopback(port: str) -> None:
+    from learner import expand_addresses
+
+    if expand_addresses(f"dns:///localhost:{port}") != [f"127.0.0.1:{port}"]:
+        pytest.skip("localhost does not resolve to 127.0.0.1 only here")
+
+
+def test_servers_found_by_a_dns_name_are_checked_against_that_name(
+    spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path
+) -> None:
+    """dns:///tasks.env:50051 connects to IP addresses, but (as gRPC's own dns resolver) checks the name:
+    was "IP address mismatch, certificate is not valid for '10.0.2.2'"."""
+    named = make_server_certs(tmp_path / "named", names=("localhost", "envfleet.test"))  # no IP address
+    server = spawn_server("CartPole-v1", 1, "--tls-cert", str(named.cert), "--tls-key", str(named.key))
+    port = server.address.rpartition(":")[2]
+    _localhost_is_loopback(port)
+    with RemoteVectorEnv(f"dns:///localhost:{port}", tls=named.ca) as envs:
+        assert envs.addresses == [f"127.0.0.1:{port}"]
+        step_once(envs)
+    with RemoteVectorEnv(f"dns:///localhost:{port}", tls=named.ca, tls_server_name="envfleet.test") as envs:
+        step_once(envs)  # (the name given wins)
+    # The certificate lacks the name checked: the error says how to give the one it holds.
+    with pytest.raises(ServerUnavailableError) as info:
+        RemoteVectorEnv([server.address], tls=named.ca, connect_timeout=60)
+    assert "certificate is not valid for '127.0.0.1'" in str(info.value)
+    assert "give that name: tls_server_name=NAME, learner train --tls-server-name" in str(info.value)
+
+
+def test_a_certificate_no_ca_of_this_machine_signed_says_to_give_the_ca(
+    spawn_server: SpawnServer, certs: ServerFiles
+) -> None:
+    """tls=True (the system's CA roots): not "not signed by the CA given", which was none."""
+    server = spawn_server("CartPole-v1", 1, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    with pytest.raises(ServerUnavailableError) as info:
+        RemoteVectorEnv([server.address], tls=True, connect_timeout=60)
+    assert "(it is not signed by any CA this machine trusts: give the servers' CA with tls=PATH" in str(info.value)
+    assert "the CA given" not in str(info.value)
+
+
+def test_grpc_cores_own_log_lines_stay_out_of_a_tls_error(spawn_server: SpawnServer, certs: ServerFiles) -> None:
+    """gRPC core logs every failed TLS handshake at INFO ("I... ssl_transport_security.cc ... Handshake
+    failed") unless GRPC_VERBOSITY says otherwise: importing learner sets ERROR (a user's setting wins)."""
+    server = spawn_server("CartPole-v1", 1, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    script = (
+        "import sys; from learner import RemoteVectorEnv\n"
+        f"try: RemoteVectorEnv([{server.address!r}], tls=True, connect_timeout=60)\n"
+        "except Exception as err: print(type(err).__name__, err)\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=environ)
+    assert "ServerUnavailableError" in quiet.stdout and "any CA this machine trusts" in quiet.stdout
+    assert "ssl_transport_security" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environ, "GRPC_VERBOSITY": "INFO"},
+    )
+    assert "ssl_transport_security" in loud.stderr  # (what the default would print)

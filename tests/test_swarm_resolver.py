@@ -5,6 +5,7 @@ These run without Docker on the records a swarm manager returns; tests/test_swar
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -116,3 +117,20 @@ def test_swarm_scheme_is_registered() -> None:
     """expand_addresses hands swarm: to the resolver, whose failure names the address."""
     with pytest.raises(AddressError, match="swarm:no-such-service-zz9"):
         expand_addresses("swarm:no-such-service-zz9")
+
+
+def test_tasks_not_used_yet_are_said_once_per_set(caplog: pytest.LogCaptureFixture) -> None:
+    """The fleet is looked up several times a second while it starts, and between rollouts: was one
+    INFO line per look-up ("not using 1 task(s) yet: ...", 13 in 4 s while one task started)."""
+    caplog.set_level(logging.DEBUG, logger="learner.swarm")
+    starting = [task(1), task(2), task(3, state="starting")]
+    for tasks in [starting] * 5 + [[task(1), task(2), task(3, state="pending")]] * 3 + [[task(1), task(2), task(3)]]:
+        addresses(tasks, "said_once_env")
+    for tasks in [starting] * 2:
+        addresses(tasks, "said_once_env")
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [
+        ("INFO", "swarm:said_once_env: not using 1 task(s) yet: said_once_env.3 (starting)"),
+        ("INFO", "swarm:said_once_env: not using 1 task(s) yet: said_once_env.3 (pending)"),
+        ("INFO", "swarm:said_once_env: not using 1 task(s) yet: said_once_env.3 (starting)"),  # (again, later)
+    ]

@@ -23,7 +23,7 @@ from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.local import DEFAULT_TRANSPORT
-from learner.train import device_hint, resume_args, train
+from learner.train import NothingToLearnError, device_hint, resume_args, train
 from tests.conftest import StartServers
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
@@ -333,6 +333,16 @@ def test_pipelining_needs_env_servers() -> None:
     with pytest.raises(ValueError, match=r"--transport: .* with --servers the addresses say it"):
         Args(servers="127.0.0.1:1", transport=other)  # type: ignore[arg-type]
     Args(servers="unix:/tmp/x.sock", step_socket=False)  # (unix: addresses have step sockets)
+    # A group is at least one server: more groups than the local servers is refused, not ignored.
+    with pytest.raises(
+        ValueError,
+        match=r"--pipeline-groups: expected at most one group per env server, so at most 1 for the 1 local server "
+        r"this command starts, got 2",
+    ):
+        Args(num_servers=1, pipeline_groups=2)
+    with pytest.raises(ValueError, match="so at most 1 for the 1 local server"):
+        Args(num_envs=1, pipeline_groups=2)  # (one env: one server, whatever --num-servers)
+    assert Args(num_servers=2, pipeline_groups=2).pipeline_groups == 2
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
@@ -398,6 +408,45 @@ def test_a_run_resumes_on_running_servers(tmp_path: Path, start_servers: StartSe
     assert summary["total_steps"] == 32
     config = rundir.read_json(run / rundir.CONFIG)
     assert config["envs"]["addresses"] == addresses and config["args"]["num_envs"] is None
+
+
+def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(Args(**clock(3), backend="gym", num_envs=3, num_steps=8, total_timesteps=24, run_dir=str(run)))
+    # As if it had trained on running servers of 3 envs (what config.json says of such a run).
+    config = rundir.read_json(run / rundir.CONFIG)
+    saved = Args.from_json(config["args"])
+    config["args"] = dataclasses.replace(
+        saved, servers="127.0.0.1:1", backend="remote", num_envs=None, env_kwargs={}, tls=True
+    ).to_json()
+    rundir.write_json(run / rundir.CONFIG, config)
+    # The servers' address comes from config.json: an option that needs local servers says so, and how.
+    other = "tcp" if DEFAULT_TRANSPORT == "unix" else "unix"
+    with pytest.raises(ValueError) as refused:
+        resume_args(run, transport=other)
+    assert str(refused.value).endswith(
+        "(--servers 127.0.0.1:1 comes from the run's config.json; to resume the run on envs this command starts, "
+        "give --backend, --num-servers, --num-envs or --envs-per-server)"
+    )
+    with pytest.raises(ValueError, match=r"--servers: expected addresses .* got ''; to resume the run in .* leave"):
+        resume_args(run, servers="")
+    with pytest.raises(ValueError, match="trained on 3 envs, which do not split evenly over 2 servers"):
+        resume_args(run, num_servers=2)
+    # Given a layout, it moves: the same env, as many envs (on servers that split them), no TLS.
+    moved = resume_args(run, backend="remote")
+    assert (moved.servers, moved.env, moved.num_envs, moved.local_layout(), moved.tls) == (
+        None,
+        "tests.envs:ClockEnv",
+        3,
+        (1, 3),
+        False,
+    )
+    assert resume_args(run, num_servers=3).local_layout() == (3, 1)
+    assert resume_args(run, num_servers=2, num_envs=4).local_layout() == (2, 2)
+    gym_args = resume_args(run, backend="gym", env_kwargs={"length": 3}, total_timesteps=48, **QUIET)
+    assert (gym_args.backend, gym_args.local_layout()) == ("gym", (1, 3))
+    summary = train(gym_args)
+    assert summary["total_steps"] == 48 and summary["stop_reason"] == "total_timesteps"
 
 
 def test_resuming_a_run_made_on_servers_before_the_env_was_recorded(tmp_path: Path) -> None:
@@ -547,3 +596,59 @@ def test_options_that_do_not_apply_are_said_to_be_ignored(tmp_path: Path, caplog
         train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
     assert "--action-bounds: applies to Box actions, not Discrete(2); ignored" in caplog.text
     assert rundir.read_json(tmp_path / "run" / rundir.CONFIG)["policy"] == "MLP 64,64"
+
+
+# -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
+
+
+def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(tmp_path: Path) -> None:
+    """Every reset raises: no env ever gives a transition, so after 3 such rollouts in a row the run stops with
+    an error (not as done, at --total-timesteps), naming what the envs raised; the run dir is as after any error."""
+    run = tmp_path / "run"
+    args = Args(
+        env="tests.envs:FaultyEnv",
+        env_kwargs={"raise_in_reset": 0, "fault_env": -1},
+        backend="gym",
+        num_envs=2,
+        num_steps=4,
+        total_timesteps=100_000,
+        run_dir=str(run),
+        **QUIET,
+    )
+    with pytest.raises(NothingToLearnError) as stopped:
+        train(args)
+    message = str(stopped.value)
+    assert message.startswith(
+        "no env gave a transition in 3 rollouts in a row: nothing to learn from, the run stops; the envs reported: "
+        "reset: RuntimeError: reset failed on purpose (env "
+    ), message
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"] == f"error: NothingToLearnError: {message}"
+    # The two rollouts before it were updates (that learned nothing), checkpointed as usual.
+    assert summary["updates"] == 2 and summary["total_steps"] == 16
+    assert [r["batch_size"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [0, 0]
+    assert rundir.list_checkpoints(run)[-1].name == "step-0000000016.pt"
+    # An env out of order has no episode under way: its failed steps cut none.
+    assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == 16
+
+
+def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(tmp_path: Path) -> None:
+    """FaultyEnv of 3-step episodes raises in its 4th step: the first of its second episode (next-step
+    autoreset: step 4 of the rollout resets it). That episode is cut short; metrics.jsonl counts it in the
+    update whose rollout it was cut in (per update, as env_steps_lost), summary.json in the run's total."""
+    run = tmp_path / "run"
+    args = Args(
+        env="tests.envs:FaultyEnv",
+        env_kwargs={"raise_at": 4, "length": 3, "fault_env": -1},
+        backend="gym",
+        num_envs=1,
+        num_steps=8,
+        total_timesteps=24,
+        run_dir=str(run),
+        **QUIET,
+    )
+    summary = train(args)
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["episodes_cut"] for r in rows] == [1, 0, 0]
+    assert [r["env_steps_lost"] for r in rows] == [1, 0, 0]
+    assert summary["episodes_cut"] == 1 and summary["env_steps_lost"] == 1

@@ -131,3 +131,50 @@ def test_learner_killed_with_sigkill_resumes_losing_at_most_the_update_in_progre
     assert updates == list(range(1, saved + 4)), updates  # no gap, no update twice
     summary = rundir.read_json(run_dir / rundir.SUMMARY)
     assert summary["total_steps"] == total and summary["updates"] == saved + 3
+
+
+def test_a_resumed_run_counts_the_faults_of_the_whole_run(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    """A server killed and restarted (1 failure, 1 reconnect, 1 restart), then the learner SIGKILLed and
+    resumed: the checkpoint carries the fault counts, and the resumed run's summary and closing line add its
+    own to them, next to the env steps lost and episodes cut it carries too."""
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    run_dir = tmp_path / "run"
+    servers = f"{a.address},{b.address}"
+    proc = learner(
+        "--servers", servers, "--timeout", "2", "--total-timesteps", "100000000", "--run-dir", str(run_dir), *TRAIN
+    )
+    try:
+        wait_for(proc, lambda: len(rows(run_dir)) >= 2, "2 updates")
+        b.kill()
+        wait_for(proc, lambda: any(r["envs_unavailable"] for r in rows(run_dir)), "an update with b down")
+        b.start()
+        wait_for(proc, lambda: any(r.get("faults/reconnects") for r in rows(run_dir)), "the reconnect")
+        back_at = len(rows(run_dir))
+        wait_for(proc, lambda: len(rows(run_dir)) >= back_at + 2, "2 updates after the reconnect")
+    finally:
+        proc.kill()  # SIGKILL: no checkpoint on the way out, no summary
+        proc.communicate(timeout=60)
+    counters = load_checkpoint(run_dir)["counters"]
+    assert (counters["failures"], counters["reconnects"], counters["server_restarts"]) == (1, 1, 1), counters
+    lost, cut = counters["env_steps_lost"], counters["episodes_cut"]
+    assert lost > 0
+
+    total = counters["global_step"] + 2 * 2 * K * NUM_STEPS
+    resumed = subprocess.run(
+        [sys.executable, "-m", "learner", "train", "--resume", str(run_dir), "--total-timesteps", str(total)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = rundir.read_json(run_dir / rundir.SUMMARY)
+    assert (summary["failures"], summary["reconnects"], summary["server_restarts"]) == (1, 1, 1), summary
+    assert (summary["env_steps_lost"], summary["episodes_cut"]) == (lost, cut)
+    assert summary["shutdowns"] == summary["servers_joined"] == summary["servers_left"] == 0
+    assert "faults: 1 server failure, 1 reconnect, 1 server restart, " in resumed.stdout, resumed.stdout
+    # metrics.jsonl counts each fault once, in the update it happened in (per update, as the summary totals).
+    metrics = rows(run_dir)
+    assert sum(int(r.get("faults/failures", 0)) for r in metrics) == 1
+    assert sum(int(r["episodes_cut"]) for r in metrics) == cut
+    assert sum(int(r["env_steps_lost"]) for r in metrics) == lost

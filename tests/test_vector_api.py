@@ -141,3 +141,23 @@ with RemoteVectorEnv([sys.argv[1]], client_name="trainer"):
     print("holding", flush=True)
     sys.stdin.read()
 """
+
+
+def test_arguments_of_the_wrong_kind_are_named(cartpole: RemoteVectorEnv) -> None:
+    """Each refused with the argument, what it must be and what came (not "'int' object is not
+    iterable", nor taken for something else: True as group 1, 0 or [] as no options)."""
+    for options in (5, "ab", [("a", 1)], 0, "", []):
+        with pytest.raises(ValueError, match=r"^options: expected a dict \(or None\), got "):
+            cartpole.reset(options=options)  # type: ignore[arg-type]
+    cartpole.reset(seed=0, options={})
+    with pytest.raises(
+        ValueError, match=r"^actions: expected an array for Discrete\(2\) \(one action per env\), got None$"
+    ):
+        cartpole.step(None)
+    with pytest.raises(ValueError, match=r"^actions: expected an array for .*, got a str \('left'\)$"):
+        cartpole.step("left")
+    with pytest.raises(ValueError, match=r"^send: group must be an int in \[0, 1\), got True$"):
+        cartpole.send(np.zeros(2, dtype=np.int64), True)  # type: ignore[arg-type]
+    cartpole.step(np.zeros(2, dtype=np.int64))  # (nothing was sent)
+    with pytest.raises(ValueError, match=r"num_groups: expected at most one group per server \(1 server\), got 2"):
+        RemoteVectorEnv(cartpole.addresses, num_groups=2)

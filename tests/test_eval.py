@@ -1,0 +1,279 @@
+"""``learner eval`` and ``learner demo`` on the envs a run did not record, env errors in eval's own
+terms, channel-last images end to end, and ``learner plot`` of runs of different envs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from learner import LocalServers, rundir
+from learner.checkpoint import save_checkpoint
+from learner.cli import main
+from learner.config import PRESETS, Args
+from learner.ppo import Agent
+from tests.conftest import StartServers
+
+QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
+
+
+class ChannelLastEnv(gym.Env[np.ndarray, np.int64]):
+    """uint8 frames (size, size, 3), channel-last as cameras give them; reward 1 for the action naming the
+    lit channel."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, length: int = 4, size: int = 40) -> None:
+        self.length, self.size = length, size
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(3)
+        self._t = self._lit = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros((self.size, self.size, 3), np.uint8)
+        obs[..., self._lit] = 200
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t, self._lit = 0, int(self.np_random.integers(3))
+        return self._obs(), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        reward = float(int(action) == self._lit)
+        self._t, self._lit = self._t + 1, int(self.np_random.integers(3))
+        return self._obs(), reward, False, self._t >= self.length, {}
+
+
+def _train(run: Path, *argv: str) -> None:
+    steps = ["--num-steps", "8", "--total-timesteps", "32"]
+    assert main(["train", *argv, *steps, "--run-dir", str(run), *QUIET]) == 0
+
+
+@pytest.fixture(scope="module")
+def server_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained on a running server of ClockEnv(length=5): the run records no env kwargs."""
+    run = tmp_path_factory.mktemp("runs") / "on-servers"
+    with LocalServers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5}) as servers:
+        _train(run, "--servers", servers.addresses[0])
+    assert rundir.read_json(run / rundir.CONFIG)["args"]["env_kwargs"] == {}
+    return run
+
+
+@pytest.fixture(scope="module")
+def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "faulty"
+    _train(run, "--env", "tests.envs:FaultyEnv", "--backend", "gym", "--num-envs", "2")
+    return run
+
+
+def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["eval", *argv, "--json"]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_options_and_takes_them_as_options(
+    server_run: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="learner.evaluate")
+    # The run's own options (none): ClockEnv's default length, not the servers' 5; said once.
+    result = _eval(capsys, str(server_run), "--episodes", "2", "--backend", "gym")
+    assert result["length_mean"] == 3.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "the run trained on running env servers (" in warnings[0]
+    assert "whose own options (env kwargs, wrappers) it does not record" in warnings[0]
+    assert "get env kwargs {} and wrappers none" in warnings[0]
+    assert "pass them as --env-kwargs and --wrappers" in warnings[0]
+
+    # --env-kwargs: the servers' task, on a local server too; --wrappers still unsaid, so still a warning.
+    caplog.clear()
+    result = _eval(capsys, str(server_run), "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
+    assert result["length_mean"] == 5.0
+    assert (
+        caplog.records[0]
+        .getMessage()
+        .endswith(
+            'get env kwargs {"length": 5} and wrappers none: if those servers were started with others, pass them as '
+            "--wrappers (or evaluate on such servers with --servers)"
+        )
+    )
+    # Both said: nothing left unknown, no warning.
+    caplog.clear()
+    argv = ["--episodes", "1", "--backend", "gym", "--env-kwargs", '{"length": 5}', "--wrappers", ""]
+    assert _eval(capsys, str(server_run), *argv)["length_mean"] == 5.0
+    assert not caplog.records
+
+
+def test_eval_env_kwargs_replace_the_runs_and_reach_the_video(
+    faulty_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    result = _eval(capsys, str(faulty_run), "--episodes", "2", "--backend", "gym", "--env-kwargs", '{"length": 7}')
+    assert result["length_mean"] == 7.0 and not caplog.records  # (a run on envs it started: nothing unknown)
+
+
+def test_eval_video_env_gets_the_given_env_kwargs(
+    server_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gif = tmp_path / "clock.gif"
+    argv = [str(server_run), "--episodes", "1", "--backend", "gym", "--video", str(gif)]
+    assert _eval(capsys, *argv, "--env-kwargs", '{"length": 5}', "--wrappers", "")["video"]["steps"] == 5
+
+
+def test_eval_with_running_servers_refuses_env_options_they_decide(
+    server_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for flag, value in (("--env-kwargs", '{"length": 5}'), ("--wrappers", "atari")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", str(server_run), "--servers", "127.0.0.1:1", flag, value])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"learner eval: error: {flag}: configures the envs eval makes (a local server, --backend gym," in err
+        assert "with --servers the running servers decide" in err
+    with pytest.raises(SystemExit):
+        main(["eval", str(server_run), "--env-kwargs", "[1]"])
+    assert "argument --env-kwargs: expected a JSON object, got list: '[1]'" in capsys.readouterr().err
+    # On running servers, their own options: no warning about the run's.
+    addresses = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5})
+    assert _eval(capsys, str(server_run), "--episodes", "2", "--servers", addresses[0])["length_mean"] == 5.0
+
+
+@pytest.mark.parametrize("backend", ["remote", "gym"])
+def test_eval_stops_at_an_env_error_in_its_own_terms(
+    faulty_run: Path, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    argv = ["eval", str(faulty_run), "--episodes", "2", "--num-envs", "2", "--backend", backend]
+    assert main([*argv, "--env-kwargs", '{"raise_at": 3, "fault_env": -1}']) == 1
+    err = capsys.readouterr().err
+    # (in process, too: an episode cut short by an env's exception is never counted as one)
+    assert "raised in step: ValueError: step 3 failed on purpose" in err, err
+    assert "eval stops at an env's error, as an episode cut short is no sample" in err
+    assert "fault_tolerant" not in err and "infos[" not in err and "Traceback" not in err.split("learner eval:")[-1]
+    assert main([*argv, "--env-kwargs", '{"raise_in_reset": 0, "fault_env": -1}']) == 1
+    assert "raised in reset: RuntimeError: reset failed on purpose" in capsys.readouterr().err
+
+
+def test_eval_timeout_names_the_option(faulty_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    argv = ["eval", str(faulty_run), "--episodes", "1", "--num-envs", "1", "--timeout", "0.5"]
+    assert main([*argv, "--env-kwargs", '{"hang_at": 2, "hang_s": 2, "fault_env": -1}']) == 1
+    err = capsys.readouterr().err
+    assert "failed [DEADLINE_EXCEEDED]: no answer within the 0.5 s deadline" in err, err
+    assert "raise --timeout if the env is slow" in err and "`timeout`" not in err
+
+
+def test_demo_builds_its_envs_with_env_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 5}', "--steps", "20"]
+    assert main([*argv, "--num-servers", "2", "--envs-per-server", "1"]) == 0
+    out = capsys.readouterr().out
+    # After the reset and a warm-up step, 5-step episodes (6 vector steps with next-step autoreset)
+    # end at steps 4, 10 and 16 of the 20 timed ones, on each of the 2 envs (3-step ones would end 10 times).
+    assert "6 episodes ended on the remote envs" in out, out
+
+
+def test_channel_last_images_train_with_the_nature_cnn_and_evaluate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "camera"
+    capsys.readouterr()
+    _train(run, "--env", "tests.test_eval:ChannelLastEnv", "--backend", "gym", "--num-envs", "2")
+    assert "PPO (atari preset, Nature CNN) on tests.test_eval:ChannelLastEnv" in capsys.readouterr().out
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["envs"]["observation_space"] == "Box(0, 255, (40, 40, 3), uint8)"
+    result = _eval(capsys, str(run), "--episodes", "2", "--backend", "gym")
+    assert result["episodes"] == 2 and result["length_mean"] == 4.0
+
+
+def test_train_refuses_images_too_small_for_the_cnn_rather_than_an_mlp_on_raw_pixels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    env = ["--env", "tests.test_eval:ChannelLastEnv", "--env-kwargs", '{"size": 32}', "--backend", "gym"]
+    assert main(["train", *env, "--run-dir", str(tmp_path / "r"), *QUIET]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "learner train: error: observation_space: uint8 images of shape (32, 32, 3) do not fit the Nature CNN, "
+        "which takes (C, H, W), or (H, W, C) with C from 1 to 4, with H and W >= 36; resize or transpose them on "
+        "the env server (for ALE ids: --wrappers atari, 4x84x84)"
+    ), err
+    assert "Traceback" not in err
+
+
+def _checkpoint(run: Path, args: Args, obs_space: gym.Space[Any], action_space: gym.Space[Any]) -> Path:
+    """A checkpoint of an untrained policy, as train writes one (what eval reads of it)."""
+    hp = PRESETS["atari"]
+    agent = Agent(obs_space, action_space)
+    payload = {
+        "args": args.to_json(),
+        "ppo": {"hidden_sizes": list(hp["hidden_sizes"]), "action_bounds": hp["action_bounds"]},
+        "observation_space": str(obs_space),
+        "action_space": str(action_space),
+        "model": agent.state_dict(),
+        "obs_rms": None,
+    }
+    return save_checkpoint(run, 8, payload)
+
+
+def test_eval_of_an_atari_policy_on_raw_frames_suggests_the_atari_wrapper(
+    tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ale_py")
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    _checkpoint(tmp_path, Args(env="ALE/Pong-v5", backend="gym"), frames, gym.spaces.Discrete(6))
+    capsys.readouterr()
+    argv = ["eval", str(tmp_path), "--episodes", "1", "--num-envs", "1"]
+    assert main([*argv, "--backend", "gym", "--wrappers", ""]) == 1
+    err = capsys.readouterr().err
+    assert "but these envs (ALE/Pong-v5) have Box(0, 255, (210, 160, 3), uint8)" in err, err
+    assert err.rstrip().endswith(
+        "the policy saw the env server's atari wrapper's 4x84x84 frame stacks: pass --wrappers atari"
+    )
+    addresses = start_servers("ALE/Pong-v5", 1, 1)  # raw frames
+    assert main(["eval", str(tmp_path), "--episodes", "1", "--servers", addresses[0]]) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("these look like raw frames: start the servers with --wrappers atari"), err
+
+
+def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.figure
+
+    runs = []
+    for name, env, threshold in [("ip1", "InvertedPendulum-v5", 950.0), ("dict1", "tests.envs:DictEnv", None)]:
+        run = tmp_path / name
+        run.mkdir()
+        rows = [
+            {"update": i, "global_step": 16 * i, "seconds": 0.1 * i, "episodic_return_mean": 1.0 * i} for i in (1, 2)
+        ]
+        rundir.rewrite_jsonl(run / rundir.METRICS, rows)
+        rundir.write_json(run / rundir.CONFIG, {"args": {"env": env}, "solved_threshold": threshold})
+        runs.append(str(run))
+    saved: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: saved.append(fig))
+
+    def texts() -> tuple[str, list[str]]:
+        fig = saved.pop()
+        return fig._suptitle.get_text(), [t.get_text() for t in fig.legends[0].get_texts()]
+
+    assert main(["plot", *runs, "-o", str(tmp_path / "both.png")]) == 0
+    title, labels = texts()
+    assert title == "runs of different envs: InvertedPendulum-v5, tests.envs:DictEnv"
+    assert labels == [
+        "ip1 [InvertedPendulum-v5]",
+        "dict1 [tests.envs:DictEnv]",
+        "solved (InvertedPendulum-v5): mean return >= 950",
+    ]
+    # One env: as before, the env in the title (and its solved line still says whose it is).
+    assert main(["plot", runs[0], "-o", str(tmp_path / "one.png")]) == 0
+    assert texts() == ("InvertedPendulum-v5", ["ip1", "solved (InvertedPendulum-v5): mean return >= 950"])
