@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig
+from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig, duplicate_wrapper
 from env_server.protocol import PROTOCOL_VERSION, package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
@@ -210,8 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wrappers",
         default=e("wrappers", ""),
         metavar="NAMES",
-        help="comma-separated wrappers for every env: 'atari' (84x84 grayscale, frame skip 4, 4-frame stack), "
-        "'clip-action' (Box actions clipped to their bounds, as CleanRL's make_env does)",
+        help="comma-separated wrappers for every env, applied in order, each at most once: 'atari' (84x84 "
+        "grayscale, frame skip 4, 4-frame stack), 'clip-action' (Box actions clipped to their bounds, as "
+        "CleanRL's make_env does), 'flatten' (Dict/Tuple observations flattened into one Box, Discrete parts "
+        "one-hot: gymnasium's FlattenObservation; for learners that take Box observations only, as "
+        "learner train does)",
     )
     p.add_argument(
         "--autoreset-mode",
@@ -317,6 +320,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())
+    twice = duplicate_wrapper(wrappers)
+    if twice is not None:
+        parser.error(
+            f"--wrappers (or ENVFLEET_WRAPPERS): {twice!r} is named twice in {args.wrappers!r}; each wrapper "
+            "applies once"
+        )
     token = _auth_token(parser, args)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")

@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "UnsupportedSpaceError",
     "AUTORESET_TO_PROTO",
     "AUTORESET_FROM_PROTO",
+    "MAX_STRING_ARRAY_BYTES",
     "decode_space",
     "decode_tensor",
     "decode_value",
@@ -62,6 +64,12 @@ AUTORESET_FROM_PROTO = {v: k for k, v in AUTORESET_TO_PROTO.items()}
 _MAX_ELEMENTS = 1 << 31
 # Nor more dimensions than this (numpy's own limit is 32 or 64, depending on its version).
 _MAX_DIMS = 32
+# The string arrays of one value (a request's actions or options, a response's infos) may take at
+# most this many bytes once decoded, in all; a string array to encode, too. numpy stores every
+# string of an array as wide as the longest, 4 bytes a character: without a bound, a message of a
+# few KB (one long string and many empty ones) would ask for GBs. Decoded, a value's strings may
+# take as much memory as the largest message may take on the wire.
+MAX_STRING_ARRAY_BYTES = MAX_MESSAGE_BYTES
 
 
 def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
@@ -128,6 +136,12 @@ def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
             for i, item in enumerate(obj.flat):
                 encode_value(item, out.objects.values.add(), f"{where}[{i}]")
         elif kind == "U":
+            if obj.nbytes > MAX_STRING_ARRAY_BYTES:
+                raise CodecError(
+                    f"{where}: a string array of {obj.size} strings of up to {obj.itemsize // 4} characters "
+                    f"takes {obj.nbytes} bytes; at most {MAX_STRING_ARRAY_BYTES} can be sent (what the receiver "
+                    "may decode: numpy stores every string as wide as the longest)"
+                )
             out.strings.shape[:] = obj.shape
             out.strings.values.extend(str(s) for s in obj.flat)
         else:
@@ -175,7 +189,22 @@ def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
 
 
 def decode_value(value: pb.Value, where: str = "value") -> Any:
-    """The Python object a ``Value`` carries (inverse of :func:`encode_value`)."""
+    """The Python object a ``Value`` carries (inverse of :func:`encode_value`).
+
+    Raises CodecError for a message that cannot be decoded, including one that would take more
+    memory than it may (see MAX_STRING_ARRAY_BYTES), never MemoryError.
+    """
+    try:
+        return _decode_value(value, where, [MAX_STRING_ARRAY_BYTES])
+    except MemoryError as err:
+        message = f"{where}: too large to decode (MemoryError: {err})"
+    # (raised here, outside the except block: the MemoryError's traceback, and the frames and
+    # partial results it holds, are freed now, not when the CodecError is)
+    raise CodecError(message)
+
+
+def _decode_value(value: pb.Value, where: str, budget: list[int]) -> Any:
+    """:func:`decode_value`, with ``budget[0]`` the bytes its string arrays may still take (decreased)."""
     kind = value.WhichOneof("kind")
     if kind == "tensor":
         return decode_tensor(value.tensor, where)
@@ -190,20 +219,19 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
             raise CodecError(f"{where}: map has {len(keys)} keys but {len(values)} values")
         if len(set(keys)) != len(keys):
             raise CodecError(f"{where}: map has duplicate keys")
-        return {k: decode_value(v, f"{where}[{k!r}]") for k, v in zip(keys, values, strict=False)}
+        return {k: _decode_value(v, f"{where}[{k!r}]", budget) for k, v in zip(keys, values, strict=False)}
     if kind == "tuple":
-        return tuple(decode_value(v, f"{where}[{i}]") for i, v in enumerate(value.tuple.values))
+        return tuple(_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.tuple.values))
     if kind == "list":
-        return [decode_value(v, f"{where}[{i}]") for i, v in enumerate(value.list.values)]
+        return [_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.list.values)]
     if kind == "objects":
         shape = _checked_shape(value.objects.shape, len(value.objects.values), where)
         arr = np.empty(len(value.objects.values), dtype=object)
         for i, v in enumerate(value.objects.values):
-            arr[i] = decode_value(v, f"{where}[{i}]")
+            arr[i] = _decode_value(v, f"{where}[{i}]", budget)
         return arr.reshape(shape)
     if kind == "strings":
-        shape = _checked_shape(value.strings.shape, len(value.strings.values), where)
-        return np.array(list(value.strings.values), dtype=str).reshape(shape)
+        return _decode_strings(value.strings, where, budget)
     if kind == "text":
         return value.text
     if kind == "float64":
@@ -217,6 +245,31 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
     if kind == "none":
         return None
     raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
+
+
+def _decode_strings(strings: pb.StringArray, where: str, budget: list[int]) -> np.ndarray:
+    """The numpy string array ``strings`` carries, once its shape and the memory it would take are checked."""
+    values = strings.values
+    count = len(values)
+    shape = _checked_shape(strings.shape, count, where)
+    # The array's width, found one string at a time (a list of them all could itself be large);
+    # not even looked for where the strings are too many at 1 character each (numpy's least width).
+    width = 1 if count * 4 > budget[0] else max(1, max(map(len, values), default=0))
+    need = count * width * 4
+    if need > budget[0]:
+        limit = MAX_STRING_ARRAY_BYTES
+        at_most = (
+            f"at most {limit}"
+            if budget[0] == limit
+            else f"only {budget[0]} of the {limit} that the string arrays of one value may take are left"
+        )
+        what = f"of up to {width} characters would take" if width > 1 else "would take at least"
+        raise CodecError(
+            f"{where}: a string array of {count} strings {what} {need} bytes decoded (numpy stores every "
+            f"string as wide as the longest, 4 bytes a character); {at_most}"
+        )
+    budget[0] -= need
+    return np.fromiter(values, dtype=f"<U{width}", count=count).reshape(shape)
 
 
 def _element_count(shape: tuple[int, ...], where: str) -> int:

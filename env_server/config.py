@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VECTORIZATIONS", "AUTORESET_MODES", "ServerConfig"]
+__all__ = ["VECTORIZATIONS", "AUTORESET_MODES", "ServerConfig", "duplicate_wrapper"]
 
 VECTORIZATIONS = ("sync", "async", "vector_entry_point")
 AUTORESET_MODES = ("NextStep", "SameStep", "Disabled")
@@ -61,3 +62,14 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")
+
+
+def duplicate_wrapper(names: Sequence[str]) -> str | None:
+    """The first wrapper named more than once in ``names``, or None. Each applies once: a second
+    'atari', say, would preprocess frames it already preprocessed, and fail at every reset."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None

@@ -13,7 +13,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from env_server.config import ServerConfig
+from env_server.config import ServerConfig, duplicate_wrapper
 from env_server.isolation import IsolateErrors
 
 __all__ = [
@@ -64,11 +64,29 @@ def _clip_action(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     return gym.wrappers.ClipAction(env)
 
 
+def _flatten(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    # gymnasium's FlattenObservation: a Dict or Tuple observation (or a Box of several dimensions)
+    # becomes one flat Box (Discrete parts one-hot), for learners that take Box observations only,
+    # as envfleet's PPO does.
+    space = env.observation_space
+    try:
+        flat = gym.spaces.flatten_space(space)
+    except NotImplementedError:
+        flat = None
+    if not isinstance(flat, gym.spaces.Box):
+        raise EnvBuildError(
+            f"wrapper 'flatten': expected an observation space that flattens to a Box (Box, Discrete, "
+            f"MultiDiscrete, MultiBinary, and Dict/Tuple of these), got {space}"
+        )
+    return gym.wrappers.FlattenObservation(env)
+
+
 # Wrappers an operator may apply by name (`env-server --wrappers atari`). Names map to code chosen
 # here, never to anything a request could name.
 WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
     "atari": _atari,
     "clip-action": _clip_action,
+    "flatten": _flatten,
 }
 
 
@@ -278,6 +296,11 @@ def check_env(config: ServerConfig) -> None:
     unknown = [w for w in config.wrappers if w not in WRAPPERS]
     if unknown:
         raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
+    twice = duplicate_wrapper(config.wrappers)
+    if twice is not None:
+        raise EnvBuildError(
+            f"wrappers: {twice!r} is named twice in {','.join(config.wrappers)!r}; each wrapper applies once"
+        )
     if config.vectorization == "vector_entry_point" and (is_entry_point(config.env) or config.wrappers):
         raise EnvBuildError("--vectorization vector_entry_point needs a gymnasium id and no --wrappers")
     if is_entry_point(config.env):

@@ -12,7 +12,8 @@ The health service needs no auth token (probes cannot send one). A server that s
 over TLS: in its container (``ENVFLEET_TLS_CERT`` set) the probe verifies it with ``ENVFLEET_TLS_CA``,
 or, without one, with the server's own certificate file (a self-signed certificate, or a chain file
 that ends with its CA); ``ENVFLEET_TLS_SERVER_NAME`` names the host the certificate is for when it
-does not cover 127.0.0.1 or localhost.
+does not cover 127.0.0.1 or localhost. A TLS failure is told with what to set: the name the probe
+checks (ENVFLEET_TLS_SERVER_NAME, else the host of the address) or the CA it verifies with.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["check", "default_address", "default_tls", "main"]
+__all__ = ["check", "default_address", "default_tls", "main", "tls_hint"]
 
 # A server listening on every interface is asked on loopback.
 _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
@@ -72,6 +73,41 @@ def check(
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
+def tls_hint(details: str, address: str, tls_ca: str | None, tls_server_name: str | None) -> str:
+    """What to do about the TLS failure gRPC's ``details`` tell of (" (TLS: ...)"), or "" for another failure."""
+    if tls_ca is None:
+        return ""
+    if "Hostname Verification" in details:
+        name = tls_server_name or _host(address)
+        how = (
+            "--tls-server-name or ENVFLEET_TLS_SERVER_NAME"
+            if tls_server_name
+            else "the host of --address, as ENVFLEET_TLS_SERVER_NAME is not set"
+        )
+        return (
+            f" (TLS: the server's certificate does not hold the name {name!r} the probe checks ({how}): set "
+            "ENVFLEET_TLS_SERVER_NAME (or --tls-server-name) to a DNS name or IP address the certificate holds, "
+            f"or issue the certificate for {name})"
+        )
+    if "unable to get local issuer certificate" in details or "CERTIFICATE_VERIFY_FAILED" in details:
+        return (
+            f" (TLS: the server's certificate is not signed by a CA in {tls_ca}: set ENVFLEET_TLS_CA (or --tls-ca) "
+            "to the CA that signed it; without ENVFLEET_TLS_CA the probe verifies with ENVFLEET_TLS_CERT itself, "
+            "which works for a self-signed certificate or a chain file that ends with its CA)"
+        )
+    return ""
+
+
+def _host(address: str) -> str:
+    """The host the probe's TLS check expects in the certificate for ``address`` (gRPC's default authority)."""
+    if address.startswith("unix:"):
+        return "localhost"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():  # (no port: gRPC takes the whole address as the host)
+        host = address
+    return host.strip("[]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m env_server.health",
@@ -113,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err.code() is grpc.StatusCode.NOT_FOUND:
             print(f"{address}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)
         else:
-            print(f"{address}: unhealthy: {err.code().name}: {err.details()}", file=sys.stderr)
+            hint = tls_hint(str(err.details()), address, args.tls_ca, args.tls_server_name)
+            print(f"{address}: unhealthy: {err.code().name}: {err.details()}{hint}", file=sys.stderr)
         return 1
     print(f"{address}: {status}")
     return 0 if status == "SERVING" else 1

@@ -26,7 +26,7 @@ import grpc
 
 from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, check_token
 
-__all__ = ["OPEN_SERVICES", "MalformedRequest", "RequestGuardInterceptor", "TokenAuthInterceptor"]
+__all__ = ["OPEN_SERVICES", "MalformedRequest", "RequestGuardInterceptor", "TokenAuthInterceptor", "end_call"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
         async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
             self._note(method, context.peer(), reason)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=_ORIGIN)
+            end_call(context, grpc.StatusCode.UNAUTHENTICATED, message)
 
         return _handler_like(handler, refuse, handler.request_deserializer)
 
@@ -131,7 +131,8 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
             async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if isinstance(request, MalformedRequest):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message, trailing_metadata=_ORIGIN)
+                    end_call(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                    return
                 async for response in inner(request, context):
                     yield response
 
@@ -139,10 +140,30 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, MalformedRequest):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message, trailing_metadata=_ORIGIN)
+                end_call(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                return None
             return await inner(request, context)
 
         return _handler_like(handler, guarded, parse)
+
+
+def end_call(
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    trailing_metadata: tuple[tuple[str, str], ...] = _ORIGIN,
+) -> None:
+    """Set a status of this server's own on the call (``trailing_metadata`` marks it so, see
+    ERROR_ORIGIN_KEY); the handler then returns, with no response (gRPC sends none with an error).
+
+    Not ``context.abort()``: grpc.aio keeps the AbortError it raises on the call's state, and its
+    traceback holds the handler's frames (the request among their locals) and the call's state: a
+    reference cycle that keeps each refused request in memory until Python's cyclic garbage
+    collector runs, which can be GBs of requests later.
+    """
+    context.set_code(code)
+    context.set_details(message)
+    context.set_trailing_metadata(trailing_metadata)
 
 
 def _handler_like(

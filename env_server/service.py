@@ -21,7 +21,7 @@ import numpy as np
 from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import max_episode_steps
-from env_server.interceptors import MalformedRequest
+from env_server.interceptors import MalformedRequest, end_call
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
@@ -87,16 +87,18 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def _rpc(method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]) -> Callable[..., Awaitable[Resp]]:
+def _rpc(
+    method: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[..., Awaitable[Resp | None]]:
     """Turn exceptions raised by a unary handler into status codes (the one place this happens)."""
 
     @functools.wraps(method)
-    async def wrapper(self: EnvService, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+    async def wrapper(self: EnvService, request: Req, context: grpc.aio.ServicerContext) -> Resp | None:
         try:
             return await method(self, request, context)
         except Exception as err:
-            await self.abort(context, err, method.__name__)
-        raise AssertionError("unreachable")  # abort always raises
+            self.end_call(context, err, method.__name__)
+        return None  # (gRPC sends no message when the status is not OK)
 
     return wrapper
 
@@ -215,15 +217,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
             log.log(level, "refused %s [%s]: %s (%d refused calls so far)", method, code.name, message, self._refused)
         return code, message, env_index
 
-    async def abort(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
-        """End the call with the status ``err`` means."""
-        if isinstance(err, grpc.aio.AbortError):
-            raise err
+    def end_call(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
+        """Set the status ``err`` means on the call; the handler then returns, with no response
+        (not ``context.abort()``, which kept refused requests in memory: see interceptors.end_call)."""
         code, message, env_index = self.status(err, method)
         trailer = [(ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER)]
         if env_index is not None:
             trailer.append((ENV_INDEX_KEY, str(env_index)))
-        await context.abort(code, message, trailing_metadata=tuple(trailer))
+        end_call(context, code, message, tuple(trailer))
 
     # -- sessions ---------------------------------------------------------------------------------
 
@@ -323,7 +324,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         try:
             session = self._session(request.session_id)
         except Exception as err:
-            await self.abort(context, err, "Hold")
+            self.end_call(context, err, "Hold")
             return
         session.holds += 1
         try:
@@ -345,7 +346,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Reset(self, request: pb.ResetRequest, context: grpc.aio.ServicerContext) -> pb.ResetResponse:
-        self._session(request.session_id)
+        session = self._session(request.session_id)
         k = self._num_envs
         seeds: list[int | None] | None = None
         if request.seeds:
@@ -387,16 +388,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 )
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
         (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
-        self._needs_reset = False
-        if self._config.autoreset_mode == gym.vector.AutoresetMode.DISABLED.value:
-            mask = (options or {}).get("reset_mask")
-            self._ended = np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
         if self._metrics is not None:
             self._metrics.resets.inc()
-        response = pb.ResetResponse()
-        _encode_outputs(obs, response.observations, "observations")
-        _encode_infos(infos, response.infos)
-        return response
+        # Only the session that asked: one that ended while its reset ran (its learner went away)
+        # must not stand in for the reset the next session's Handshake asked for.
+        if self._claim is session:
+            self._needs_reset = False
+            if self._config.autoreset_mode == gym.vector.AutoresetMode.DISABLED.value:
+                mask = (options or {}).get("reset_mask")
+                self._ended = (
+                    np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
+                )
+        return _encode_reset(obs, infos)
 
     @_rpc
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
@@ -422,9 +425,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 else:
                     request = await context.read()
             except (asyncio.CancelledError, TimeoutError):
-                if self.draining:
-                    await self.abort(context, shutting_down(), "StepStream")
-                raise
+                if not self.draining:
+                    raise
+                self.end_call(context, shutting_down(), "StepStream")
+                return
             finally:
                 self._idle_streams.discard(task)
             if request is grpc.aio.EOF:
@@ -434,7 +438,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, request.message)
                 response = await self.step(request)  # (UNAVAILABLE "shutting down" once draining)
             except Exception as err:
-                await self.abort(context, err, "StepStream")
+                self.end_call(context, err, "StepStream")
                 return
             await context.write(response)
 
@@ -455,9 +459,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def step(self, request: pb.StepRequest) -> pb.StepResponse:
         """Step the session's envs with the request's actions (Step, StepStream and the step socket)."""
         start = time.perf_counter()
-        actions = self._step_actions(request)
+        session, actions = self._step_actions(request)
         result, env_seconds = await self._run_env("step", self.env.step, actions)
-        return self._step_response(result, env_seconds, start)
+        return self._step_response(session, result, env_seconds, start)
 
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
         """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
@@ -465,13 +469,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._env_lock.locked() or not self._quick("step"):
             return None
         start = time.perf_counter()
-        actions = self._step_actions(request)
+        session, actions = self._step_actions(request)
         result, env_seconds = self._call_env("step", self.env.step, actions)
-        return self._step_response(result, env_seconds, start)
+        return self._step_response(session, result, env_seconds, start)
 
-    def _step_actions(self, request: pb.StepRequest) -> Any:
-        """The request's actions, checked; ServiceError for a request that cannot step."""
-        self._session(request.session_id)
+    def _step_actions(self, request: pb.StepRequest) -> tuple[Session, Any]:
+        """The request's session and its actions, checked; ServiceError for a request that cannot step."""
+        session = self._session(request.session_id)
         if self._needs_reset:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
         if self._ended is not None and self._ended.any():
@@ -485,11 +489,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
             )
         actions = codec.decode_value(request.actions, "actions")
         try:
-            return check_actions(self._act_space, actions, self._num_envs)
+            return session, check_actions(self._act_space, actions, self._num_envs)
         except InvalidActionError as err:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
 
-    def _step_response(self, result: Any, env_seconds: float, start: float) -> pb.StepResponse:
+    def _step_response(self, session: Session, result: Any, env_seconds: float, start: float) -> pb.StepResponse:
         obs, rewards, terminations, truncations, infos = result
         self.steps += 1
         response = pb.StepResponse(env_seconds=env_seconds)
@@ -502,7 +506,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             raise ServiceError(
                 grpc.StatusCode.INTERNAL, f"the env returned rewards or flags that are not numbers: {err}"
             ) from err
-        if self._ended is not None:
+        if self._ended is not None and self._claim is session:
+            # (a step of a session that ended meanwhile leaves the next session's bookkeeping alone)
             self._ended = np.logical_or(terminations, truncations)
         _encode_infos(infos, response.infos)
         if self._metrics is not None:
@@ -594,6 +599,13 @@ async def _wait_uncancellable(future: asyncio.Future[Any]) -> None:
     while not future.done():
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.shield(future)
+
+
+def _encode_reset(obs: Any, infos: dict[str, Any]) -> pb.ResetResponse:
+    response = pb.ResetResponse()
+    _encode_outputs(obs, response.observations, "observations")
+    _encode_infos(infos, response.infos)
+    return response
 
 
 def _encode_outputs(outputs: Any, out: pb.Value, where: str) -> None:

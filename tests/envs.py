@@ -11,7 +11,7 @@ import numpy as np
 
 from learner.benchmarks.envs import IndexEnv
 
-__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "GateEnv", "IndexEnv", "SlowToBuildEnv"]
+__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "GateEnv", "IndexEnv", "ResetGateEnv", "SlowToBuildEnv"]
 
 
 class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
@@ -168,6 +168,29 @@ class GateEnv(ClockEnv):
             while os.path.exists(self.gate) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return super().step(action)
+
+
+class ResetGateEnv(ClockEnv):
+    """A ClockEnv whose reset number ``at`` (counted over the env's life) waits at a gate the test
+    opens, as :class:`GateEnv`'s step does: it creates the file ``gate``, and returns once the file
+    is gone (or after ``hold_s``)."""
+
+    def __init__(self, gate: str, at: int = 1, hold_s: float = 60.0) -> None:
+        super().__init__()
+        self.gate, self.at, self.hold_s = gate, at, hold_s
+        self._resets = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self._resets += 1
+        if self._resets == self.at:
+            with open(self.gate, "w"):
+                pass
+            deadline = time.monotonic() + self.hold_s
+            while os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().reset(seed=seed, options=options)
 
 
 class FuzzEnv(gym.Env[np.ndarray, dict[str, Any]]):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -125,6 +127,52 @@ def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:
             f"also: env server {addresses[1]}: Step failed [FAILED_PRECONDITION]: "
             "Step called before Reset: reset the envs first"
         ]
+
+
+def test_a_reset_that_outlives_its_session_is_no_reset_for_the_next_session(start_servers: Any, tmp_path: Path) -> None:
+    """A learner that goes away while its reset runs: the next learner's Handshake asks for a reset
+    of its own, which the old reset, finishing under the new claim, must not stand in for."""
+    gate = tmp_path / "gate"
+    (address,) = start_servers("tests.envs:ResetGateEnv", 1, 1, env_kwargs={"gate": str(gate)})
+    step = pb.StepRequest()
+    step.actions.tensor.dtype = pb.DTYPE_INT64
+    step.actions.tensor.shape[:] = [1]
+    step.actions.tensor.data = np.zeros(1, dtype="<i8").tobytes()
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        first = stub.Handshake(pb.HandshakeRequest(client_name="A"), timeout=10).session_id
+        hold = stub.Hold(pb.HoldRequest(session_id=first))
+        reset = stub.Reset.future(pb.ResetRequest(session_id=first), timeout=60)
+        _wait_until(gate.exists, "the first session's reset to reach the gate")
+        hold.cancel()  # the first learner goes away: its session ends, its reset runs on
+        second = ""
+
+        def handshake() -> bool:
+            nonlocal second
+            try:
+                second = stub.Handshake(pb.HandshakeRequest(client_name="B"), timeout=10).session_id
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+                return False
+            return True
+
+        _wait_until(handshake, "the first session to end")
+        gate.unlink()
+        reset.result()  # (it ran: its answer says what it did)
+        step.session_id = second
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Step(step, timeout=10)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "Step called before Reset" in str(info.value.details())
+        stub.Reset(pb.ResetRequest(session_id=second), timeout=10)
+        stub.Step(step, timeout=10)
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout:g} s for {what}"
+        time.sleep(0.02)
 
 
 def test_stepping_an_ended_env_under_disabled_autoreset_is_refused_and_loses_nothing(start_servers: Any) -> None:

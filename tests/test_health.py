@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import env_server.health
-from env_server.health import check, default_address
-from tests.conftest import StartServers
+from env_server.health import check, default_address, tls_hint
+from tests.certs import make_server_certs
+from tests.conftest import SpawnServer, StartServers
 
 HEALTH_FILE = Path(env_server.health.__file__)
 
@@ -67,3 +68,36 @@ def test_default_address() -> None:
     assert default_address({"ENVFLEET_HOST": "::", "ENVFLEET_PORT": "6000"}) == "[::1]:6000"
     assert default_address({"ENVFLEET_HOST": "10.1.2.3"}) == "10.1.2.3:50051"
     assert default_address({"ENVFLEET_UNIX_SOCKET": "/tmp/env.sock"}) == "unix:/tmp/env.sock"
+
+
+def test_a_certificate_without_the_probed_name_is_explained(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    """Not gRPC's bare "Hostname Verification Check failed": the name checked, and the variable that sets it."""
+    certs = make_server_certs(tmp_path, names=("envfleet.test",))  # no 127.0.0.1, no localhost
+    server = spawn_server("CartPole-v1", 1, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    environ = {**os.environ, "ENVFLEET_TLS_CERT": str(certs.cert), "ENVFLEET_TLS_CA": str(certs.ca)}
+    result = probe("--address", server.address, env=environ)
+    assert result.returncode == 1
+    assert "Hostname Verification Check failed" in result.stderr
+    assert result.stderr.strip().endswith(
+        "(TLS: the server's certificate does not hold the name '127.0.0.1' the probe checks (the host of "
+        "--address, as ENVFLEET_TLS_SERVER_NAME is not set): set ENVFLEET_TLS_SERVER_NAME (or --tls-server-name) "
+        "to a DNS name or IP address the certificate holds, or issue the certificate for 127.0.0.1)"
+    ), result.stderr
+    result = probe("--address", server.address, env={**environ, "ENVFLEET_TLS_SERVER_NAME": "envfleet.test"})
+    assert result.returncode == 0, result.stderr
+    # A CA that did not sign the server's certificate: named too.
+    other = make_server_certs(tmp_path / "other", ca_name="another CA")
+    result = probe("--address", server.address, env={**environ, "ENVFLEET_TLS_CA": str(other.ca)})
+    assert result.returncode == 1
+    assert f"(TLS: the server's certificate is not signed by a CA in {other.ca}: set ENVFLEET_TLS_CA" in result.stderr
+
+
+def test_tls_hints_name_the_host_the_probe_checks() -> None:
+    mismatch = "failed to connect to all addresses; last error: UNKNOWN: Hostname Verification Check failed."
+    assert "name '::1' the probe checks" in tls_hint(mismatch, "[::1]:50051", "ca.pem", None)
+    assert "name 'localhost' the probe checks" in tls_hint(mismatch, "unix:/tmp/env.sock", "ca.pem", None)
+    assert "name 'env.test' the probe checks (--tls-server-name or ENVFLEET_TLS_SERVER_NAME)" in tls_hint(
+        mismatch, "10.0.0.5:50051", "ca.pem", "env.test"
+    )
+    assert tls_hint(mismatch, "127.0.0.1:50051", None, None) == ""  # (plaintext: no TLS to blame)
+    assert tls_hint("failed to connect to all addresses", "127.0.0.1:50051", "ca.pem", None) == ""

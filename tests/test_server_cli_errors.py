@@ -16,12 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from env_server.config import ServerConfig
+from env_server.envs import WRAPPERS, EnvBuildError, check_env
 from env_server.protocol import STEP_SOCKET_SUFFIX
 from env_server.server import _bind_hint
-from tests.conftest import SpawnServer
+from learner import RemoteVectorEnv
+from tests.conftest import SpawnServer, StartServers
+from tests.envs import DictEnv
 
 SHORT_USAGE = "usage: env-server [options]; see env-server --help"
 
@@ -280,3 +285,60 @@ def test_a_server_stopped_while_building_never_says_it_is_ready(tmp_path: Path) 
     assert proc.returncode == 0 and stdout == "", (proc.returncode, stdout)
     text = log.read_text()
     assert "stopped while building its envs" in text and "serving " not in text, text
+
+
+# -- --wrappers -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "given"),
+    [
+        (["--wrappers", "atari,atari"], None, "atari,atari"),
+        ([], {"ENVFLEET_WRAPPERS": "clip-action, flatten,clip-action"}, "clip-action, flatten,clip-action"),
+    ],
+)
+def test_a_wrapper_named_twice_is_refused_at_start(args: list[str], environ: dict[str, str] | None, given: str) -> None:
+    # (a second 'atari' preprocessed 84x84 frames again: every reset failed, once the server served)
+    result = run_server("--env", "ALE/Pong-v5", "--port", "0", *args, environ=environ)
+    twice = given.split(",")[0].strip()
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.strip().splitlines() == [
+        SHORT_USAGE,
+        f"env-server: error: --wrappers (or ENVFLEET_WRAPPERS): {twice!r} is named twice in {given!r}; "
+        "each wrapper applies once",
+    ]
+    # (the same for a ServerConfig made in code)
+    with pytest.raises(EnvBuildError, match=r"^wrappers: 'flatten' is named twice in 'flatten,flatten'"):
+        check_env(ServerConfig(env="CartPole-v1", wrappers=("flatten", "flatten")))
+
+
+def test_the_flatten_wrapper_serves_dict_observations_as_one_box(start_servers: StartServers) -> None:
+    """For learners that take Box observations only (learner train): gymnasium's FlattenObservation."""
+    (address,) = start_servers("tests.envs:DictEnv", 1, 2, server_args=["--wrappers", "flatten"])
+    flat_space = gym.spaces.flatten_space(DictEnv().observation_space)
+    local = gym.vector.SyncVectorEnv([lambda: gym.wrappers.FlattenObservation(DictEnv())] * 2)
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(20, 2, 2)).astype(np.float32)
+    with RemoteVectorEnv([address]) as envs:
+        assert envs.single_observation_space == flat_space and isinstance(flat_space, gym.spaces.Box)
+        assert flat_space.shape == (56,)  # 3 + 32 + 5 (one-hot) + 4 + (3 + 4) + (3 + 2)
+        runs = []
+        for vec in (envs, local):
+            obs, _ = vec.reset(seed=4)
+            runs.append([obs] + [vec.step(a)[0] for a in actions])
+    local.close()
+    for remote, expected in zip(*runs, strict=True):
+        assert remote.shape == (2, 56)
+        np.testing.assert_array_equal(remote, expected)
+    # A flat observation unflattens to one of the env's own (its Discrete parts were one-hot).
+    assert DictEnv().observation_space.contains(gym.spaces.unflatten(DictEnv().observation_space, runs[0][0][0]))
+
+
+def test_the_flatten_wrapper_refuses_a_space_it_cannot_flatten_to_a_box() -> None:
+    class SequenceEnv(gym.Env[Any, Any]):
+        observation_space = gym.spaces.Sequence(gym.spaces.Discrete(3))
+        action_space = gym.spaces.Discrete(2)
+
+    with pytest.raises(
+        EnvBuildError, match=r"^wrapper 'flatten': expected an observation space that flattens to a Box"
+    ):
+        WRAPPERS["flatten"](SequenceEnv())

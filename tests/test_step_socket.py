@@ -208,6 +208,20 @@ def test_bad_frames_get_a_step_error_and_the_server_serves_on(session: Session, 
     assert session.step(sock, [0, 1, 0]).rewards.data  # the session steps on
 
 
+def test_strings_that_would_take_gbs_as_a_numpy_array_are_invalid_argument(session: Session) -> None:
+    # 400 KB on the wire; 373 GiB as a numpy array (every string as wide as the longest): not
+    # numpy's MemoryError as INTERNAL, but refused before it is built, as over gRPC.
+    actions = pb.Value(strings=pb.StringArray(shape=[100_001], values=["a" * 1_000_000] + [""] * 100_000))
+    sock = session.connect()
+    sock.sendall(_frame(FRAME_STEP, pb.StepRequest(session_id=session.id, actions=actions).SerializeToString()))
+    error = _error(sock)
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], error.message
+    assert error.message.startswith(
+        "actions: a string array of 100001 strings of up to 1000000 characters would take 400004000000 bytes"
+    ), error.message
+    assert session.step(session.connect(), [0, 1, 0]).rewards.data
+
+
 def test_a_client_that_vanishes_mid_frame_costs_nothing(session: Session) -> None:
     sock = session.connect()
     payload = _step_request(session.id, [0, 1, 0]).SerializeToString()
