@@ -119,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             config = resume_args(given.pop("resume"), **given)
         else:
             config = Args(**given)
-        config = _tls_from_environment(config, given)
+        config = _tls_from_environment(config)
     except (ValueError, FileNotFoundError) as err:
         args.parser.error(str(err))
     from learner.train import train
@@ -205,19 +205,35 @@ def _auth_token(token_file: str | None, token: str | None) -> str | None:
     return check_token(text, f"{where} {token_file}")
 
 
-def _tls_from_environment(config: Args, given: dict[str, Any]) -> Args:
-    """``config`` with --tls-ca and --tls-server-name from $ENVFLEET_TLS_CA and $ENVFLEET_TLS_SERVER_NAME
-    (the variables env-server's health probe reads) where not given: for --servers only (the local servers
-    this command starts speak plaintext), the name only with TLS."""
-    if config.servers is None:
-        return config
-    tls: dict[str, Any] = {}
-    if "tls_ca" not in given and os.environ.get("ENVFLEET_TLS_CA"):
-        tls["tls_ca"] = os.environ["ENVFLEET_TLS_CA"]
-    with_tls = config.tls or tls.get("tls_ca", config.tls_ca)
-    if "tls_server_name" not in given and os.environ.get("ENVFLEET_TLS_SERVER_NAME") and with_tls:
-        tls["tls_server_name"] = os.environ["ENVFLEET_TLS_SERVER_NAME"]
-    return dataclasses.replace(config, **tls) if tls else config
+def _tls_from_environment(config: Args) -> Args:
+    """``config`` with --tls-ca and --tls-server-name from the environment where neither they nor a
+    resumed run's config.json set them (see :func:`_tls_variables`)."""
+    tls_ca, name = _tls_variables(config.servers, config.tls, config.tls_ca, config.tls_server_name)
+    return dataclasses.replace(config, tls_ca=tls_ca, tls_server_name=name)
+
+
+def _tls_variables(
+    servers: str | None, tls: bool, tls_ca: str | None, tls_server_name: str | None
+) -> tuple[str | None, str | None]:
+    """(--tls-ca, --tls-server-name), each from $ENVFLEET_TLS_CA / $ENVFLEET_TLS_SERVER_NAME (the
+    variables env-server's health probe reads) where None: for --servers only (local servers this
+    command starts speak plaintext), the name only with TLS. A CA file the variable names that cannot
+    be read here (a container's path, exported for compose) is named as the variable's."""
+    if servers is None:
+        return tls_ca, tls_server_name
+    if tls_ca is None and os.environ.get("ENVFLEET_TLS_CA"):
+        tls_ca = os.environ["ENVFLEET_TLS_CA"]
+        try:
+            with open(tls_ca, "rb"):
+                pass
+        except OSError as err:
+            raise ValueError(
+                f"$ENVFLEET_TLS_CA {tls_ca}: cannot read it ({err.strerror or err}); it gives --tls-ca for --servers: "
+                "set it to the CA file on this machine, unset it, or give --tls-ca"
+            ) from None
+    if tls_server_name is None and (tls or tls_ca) and os.environ.get("ENVFLEET_TLS_SERVER_NAME"):
+        tls_server_name = os.environ["ENVFLEET_TLS_SERVER_NAME"]
+    return tls_ca, tls_server_name
 
 
 def _faults_line(summary: dict[str, Any]) -> str:
@@ -453,6 +469,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{flag}: configures the envs eval makes (a local server, --backend gym, --video's env); with "
                 "--servers the running servers decide (set it where they are started)"
             )
+    try:
+        token = _auth_token(args.auth_token_file, args.auth_token)
+        tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
+    except ValueError as err:
+        args.parser.error(str(err))
     from learner.evaluate import evaluate
 
     result = evaluate(
@@ -466,9 +487,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         deterministic=not args.stochastic,
         transport=args.transport,
         step_socket=args.step_socket,
-        auth_token=args.auth_token,
-        tls=args.tls_ca or args.tls,
-        tls_server_name=args.tls_server_name,
+        auth_token=args.auth_token if token is None else token,
+        tls=tls_ca or args.tls,
+        tls_server_name=tls_server_name,
         timeout=args.timeout,
         video=args.video,
         video_fps=args.video_fps,
@@ -745,9 +766,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_local_server_options(evaluate, "server", "the server's step socket")
     evaluate.add_argument(
         "--auth-token",
-        default=os.environ.get("ENVFLEET_AUTH_TOKEN") or None,
+        default=None,
         metavar="TOKEN",
         help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
+    )
+    evaluate.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="PATH",
+        help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
     )
     evaluate.add_argument(
         "--tls",
@@ -756,10 +783,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="connect with TLS, verifying with the system's CA roots (default: off)",
     )
     evaluate.add_argument(
-        "--tls-ca", default=None, metavar="PATH", help="connect with TLS, verifying with this CA file"
+        "--tls-ca",
+        default=None,
+        metavar="PATH",
+        help="connect with TLS, verifying with this CA file (default with --servers: $ENVFLEET_TLS_CA)",
     )
     evaluate.add_argument(
-        "--tls-server-name", default=None, metavar="NAME", help="the name in the servers' certificates"
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
     )
     evaluate.add_argument(
         "--timeout",

@@ -295,10 +295,15 @@ class Args:
         return servers, self.num_envs // servers
 
     def server_wrappers(self) -> tuple[str, ...]:
-        """The env-server wrappers the envs get (``--wrappers auto``: atari for ALE ids)."""
-        if self.wrappers == "auto":
-            return ("atari",) if (self.env or "").startswith("ALE/") else ()
-        return tuple(w.strip() for w in self.wrappers.split(",") if w.strip())
+        """The env-server wrappers the envs get (see :func:`wrapper_names`)."""
+        return wrapper_names(self.wrappers, self.env or "")
+
+
+def wrapper_names(wrappers: str, env: str) -> tuple[str, ...]:
+    """``--wrappers`` as names: comma-separated; ``auto``: atari for ALE ids, else none."""
+    if wrappers.strip() == "auto":
+        return ("atari",) if env.startswith("ALE/") else ()
+    return tuple(w.strip() for w in wrappers.split(",") if w.strip())
 
 
 def check_device(spec: str) -> str:

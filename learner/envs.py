@@ -111,12 +111,14 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             if spec.pipeline_groups > 1
             else 1
         )
-        if groups < spec.pipeline_groups:
-            log.info(
-                "--pipeline-groups %d: %d groups (at most one per server)%s",
+        if groups < spec.pipeline_groups:  # (only --servers get here: local layouts are checked up front)
+            log.warning(
+                "--pipeline-groups %d: expected at most one group per env server, and %s has %d: %d group%s",
                 spec.pipeline_groups,
+                spec.servers,
                 groups,
-                ", so no pipelining" if groups == 1 else "",
+                groups,
+                ", so no pipelining" if groups == 1 else "s",
             )
         remote = RemoteVectorEnv(
             addresses,

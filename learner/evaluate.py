@@ -14,7 +14,7 @@ import torch
 
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint
-from learner.config import Args
+from learner.config import Args, wrapper_names
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
@@ -84,9 +84,9 @@ def evaluate(
         raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
     ppo = state["ppo"]
     kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
-    wrapper_names = run_args.server_wrappers() if wrappers is None else _wrapper_names(wrappers, run_args.env or "")
+    server_wrappers = wrapper_names(run_args.wrappers if wrappers is None else wrappers, run_args.env or "")
     if run_args.servers is not None and (servers is None or video_path is not None):
-        _warn_unknown_server_options(run_args, kwargs, wrapper_names, env_kwargs is None, wrappers is None)
+        _warn_unknown_server_options(run_args, kwargs, server_wrappers, env_kwargs is None, wrappers is None)
     fleet = FleetSpec(
         env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
@@ -94,7 +94,7 @@ def evaluate(
         num_servers=1,
         envs_per_server=min(num_envs, episodes),
         env_kwargs=kwargs,
-        wrappers=wrapper_names,
+        wrappers=server_wrappers,
         transport="unix" if transport == "unix" else "tcp",
         step_socket=step_socket,
         auth_token=auth_token,
@@ -146,7 +146,7 @@ def evaluate(
                     num_servers=1,
                     envs_per_server=1,
                     env_kwargs={**kwargs, "render_mode": "rgb_array"},
-                    wrappers=wrapper_names,
+                    wrappers=server_wrappers,
                 )
                 spaces = (state["observation_space"], state["action_space"])
                 recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
@@ -197,13 +197,6 @@ def evaluate(
         "evaluated %s over %d episodes: %.2f +- %.2f", path, len(returns), result["return_mean"], result["return_std"]
     )
     return result
-
-
-def _wrapper_names(text: str, env: str) -> tuple[str, ...]:
-    """``--wrappers`` as ``Args.server_wrappers`` reads it: names, comma-separated; auto: atari for ALE ids."""
-    if text.strip() == "auto":
-        return ("atari",) if env.startswith("ALE/") else ()
-    return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
 def _warn_unknown_server_options(

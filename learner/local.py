@@ -263,22 +263,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _server_environ(auth_token: str | None) -> dict[str, str] | None:
-    """The servers' environment: this process's, with the token (not on their command line, where other
-    users of the machine could read it), and, for a script run as ``python path/to/script.py``, the
-    script's folder on PYTHONPATH: the servers (``python -m env_server``, in this process's working
-    directory) then import entry points (``--env mymodule:MyEnv``) from where the script does."""
-    environ: dict[str, str] | None = None
+# The one ENVFLEET_* variable local servers take from this process's environment (see spin_wait_ms).
+_PASSED_ON = {"ENVFLEET_SPIN_WAIT_MS"}
+
+
+def _server_environ(auth_token: str | None) -> dict[str, str]:
+    """The servers' environment: this process's, without its other ``ENVFLEET_*`` variables (those are
+    for servers elsewhere, a compose file's say: a token file, TLS files, wrappers or env kwargs would
+    change or break servers that take their options from the arguments here), with the token (not on
+    their command line, where other users of the machine could read it) and, for a script run as
+    ``python path/to/script.py``, the script's folder on PYTHONPATH: the servers (``python -m
+    env_server``, in this process's working directory) then import entry points (``--env
+    mymodule:MyEnv``) from where the script does."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ENVFLEET_") or k in _PASSED_ON}
     if auth_token:
-        environ = {**os.environ, "ENVFLEET_AUTH_TOKEN": auth_token}
-    elif os.environ.get("ENVFLEET_AUTH_TOKEN") == "":
-        # Set to nothing here (`export ENVFLEET_AUTH_TOKEN=$TOKEN`, TOKEN unset), which the learner takes for
-        # no token: the servers too, rather than refusing to start over a token nobody gave.
-        environ = {k: v for k, v in os.environ.items() if k != "ENVFLEET_AUTH_TOKEN"}
+        environ["ENVFLEET_AUTH_TOKEN"] = auth_token
     script = sys.argv[0] if sys.argv else ""
     folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
     if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():
-        environ = dict(environ or os.environ)
         environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, environ.get("PYTHONPATH", "")) if p)
     return environ
 
@@ -354,8 +356,23 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 if now < restart_at[i]:
                     continue
                 del restart_at[i]
-                if children.spawn(i) is None:
-                    return
+                try:
+                    if children.spawn(i) is None:
+                        return
+                except OSError as err:  # (out of processes or memory, say: counts as a failed restart)
+                    started[i].append(now)
+                    if len(started[i]) >= restarts:
+                        left_down.add(i)
+                    else:
+                        restart_at[i] = now + min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
+                    log.error(
+                        "env server %d (%s): cannot start it again: %s%s",
+                        i,
+                        address,
+                        err,
+                        "; leaving it down" if i in left_down else "",
+                    )
+                    continue
                 started[i].append(now)
                 starting[i] = (now + startup_timeout, b"")
                 continue

@@ -1397,7 +1397,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._tasks = [None] * len(clients)
         self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
         self._in_flight = [False] * len(self._groups)
-        self._timers = [timers.get(c.address) or StepTimer(c.address, c.num_envs) for c in clients]
+        # (a server back at its address with another number of envs starts a timer of its own)
+        self._timers = [
+            timer
+            if (timer := timers.get(c.address)) is not None and timer.num_envs == c.num_envs
+            else StepTimer(c.address, c.num_envs)
+            for c in clients
+        ]
         for client in leave:  # their counts stay in fault_stats()
             self._retired.add(replicas[id(client)])
         self._retired.joined += len(joined)

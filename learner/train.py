@@ -178,7 +178,8 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
         # Moving a run off running servers onto envs this command starts: the same env (and, unless
         # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
-        moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None}
+        # Pipelining was sized for the servers it left: 1 group unless given.
+        moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None, "pipeline_groups": 1}
         num_envs = recorded.get("envs", {}).get("num_envs")
         if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
             moved["num_envs"] = num_envs
@@ -194,8 +195,10 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     try:
         return dataclasses.replace(saved, **{**moved, **overrides}, resume=str(run_dir), run_dir=str(run_dir))
     except ValueError as err:
-        if saved.servers is None or servers is not None or moved:
+        if saved.servers is None or servers is not None:
             raise
+        if moved:
+            raise ValueError(f"{err} (moving the run in {run_dir} off --servers {saved.servers})") from None
         # (the option refused conflicts with --servers, which the user did not give this time)
         raise ValueError(
             f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to resume the run on envs this "
@@ -480,15 +483,6 @@ def train(
                     "(leave --env out to train on whatever they serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
-            groups = getattr(envs, "num_groups", 1)
-            if args.pipeline_groups > groups:
-                log.warning(
-                    "--pipeline-groups %d: expected at most one group per env server, and %s has %d: %s",
-                    args.pipeline_groups,
-                    args.servers,
-                    len(getattr(envs, "addresses", [])),
-                    "1 group, so no pipelining" if groups == 1 else f"{groups} groups",
-                )
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
@@ -766,7 +760,7 @@ def train(
         refresh = getattr(envs, "refresh", None)
         lost: RemoteEnvError | None = None  # the server that failed during the last rollout
         lost_rollouts = 0
-        episodes_cut = 0  # since the last update (a dropped rollout's count on)
+        episodes_cut = steps_lost = 0  # since the last update (a dropped rollout's counts on)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
         empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
         last_update = rollout_state()  # as of the last update's end (here: the start)
@@ -922,7 +916,6 @@ def train(
 
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
-                steps_lost = 0
                 fleet_down = False
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
@@ -1065,7 +1058,7 @@ def train(
                     "envs_unavailable": int(lost_np.sum()),
                     "fleet": fleet_metrics(),
                 }
-                episodes_cut = 0
+                episodes_cut = steps_lost = 0
                 with torch.no_grad():
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(

@@ -711,6 +711,18 @@ def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does
     assert (saved["tls_ca"], saved["tls_server_name"]) == (str(certs.ca), "envfleet.test")
     assert "s3cret" not in (run / rundir.CONFIG).read_text()
     assert all("s3cret" not in path.read_text() for path in run.glob("*.json*"))
+    # eval, from the same variables; and locally, its own server needs neither (nor inherits the file).
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "2", "--servers", server.address, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    assert main(["eval", str(run), "--episodes", "2", "--json"]) == 0
+    # A CA path for containers (compose's /certs/ca.crt), exported in the host's shell: named as the variable's.
+    monkeypatch.setenv("ENVFLEET_TLS_CA", "/certs/ca.crt")
+    with pytest.raises(SystemExit):
+        main(["eval", str(run), "--episodes", "2", "--servers", server.address])
+    assert "$ENVFLEET_TLS_CA /certs/ca.crt: cannot read it (No such file or directory); it gives --tls-ca" in (
+        capsys.readouterr().err
+    )
 
 
 def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(

@@ -762,3 +762,4 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
         assert "env_unavailable" not in infos
         assert np.array_equal(obs[:, 3], sent) and obs[:, 1].tolist() == [*range(K), *range(K + 1)]
         assert envs.fault_stats().servers_down == 0
+        assert [r.num_envs for r in envs.replica_stats()] == [K, K + 1]  # (its own stats, not the old server's)

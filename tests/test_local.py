@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learner import LocalServers, RemoteVectorEnv, local_servers
+from learner import AuthenticationError, LocalServers, RemoteVectorEnv, local_servers
 from learner.local import _forward_stderr
 
 
@@ -187,6 +187,27 @@ def test_an_empty_token_variable_means_no_token_for_the_servers_too(monkeypatch:
     monkeypatch.setenv("ENVFLEET_AUTH_TOKEN", "")
     with local_servers("CartPole-v1", 1, 1) as addresses, RemoteVectorEnv(addresses) as envs:
         envs.reset(seed=0)
+
+
+def test_servers_take_their_options_from_their_arguments_not_from_envfleet_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Variables exported for servers elsewhere (a compose file's token file, TLS files, wrappers)
+    neither break nor change the servers started here (a token file beside the token the learner read
+    from it made every server exit: "give one of them, not both"); auth_token is their token."""
+    secret = tmp_path / "token"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("ENVFLEET_AUTH_TOKEN_FILE", str(secret))
+    monkeypatch.setenv("ENVFLEET_TLS_CERT", "/certs/server.crt")
+    monkeypatch.setenv("ENVFLEET_TLS_KEY", "/certs/server.key")
+    monkeypatch.setenv("ENVFLEET_WRAPPERS", "atari")
+    with local_servers("CartPole-v1", 1, 1) as addresses, RemoteVectorEnv(addresses) as envs:
+        assert envs.single_observation_space.shape == (4,)
+    with local_servers("CartPole-v1", 1, 1, auth_token="s3cret") as addresses:
+        with pytest.raises(AuthenticationError):
+            RemoteVectorEnv(addresses)
+        with RemoteVectorEnv(addresses, auth_token="s3cret") as envs:
+            envs.reset(seed=0)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])

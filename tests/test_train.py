@@ -417,7 +417,7 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
     config = rundir.read_json(run / rundir.CONFIG)
     saved = Args.from_json(config["args"])
     config["args"] = dataclasses.replace(
-        saved, servers="127.0.0.1:1", backend="remote", num_envs=None, env_kwargs={}, tls=True
+        saved, servers="127.0.0.1:1", backend="remote", num_envs=None, env_kwargs={}, tls=True, pipeline_groups=4
     ).to_json()
     rundir.write_json(run / rundir.CONFIG, config)
     # The servers' address comes from config.json: an option that needs local servers says so, and how.
@@ -441,6 +441,9 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
         (1, 3),
         False,
     )
+    assert moved.pipeline_groups == 1  # (sized for the servers it left: 4 would be refused on 1 server)
+    assert resume_args(run, backend="gym").pipeline_groups == 1
+    assert resume_args(run, num_servers=3, pipeline_groups=3).pipeline_groups == 3
     assert resume_args(run, num_servers=3).local_layout() == (3, 1)
     assert resume_args(run, num_servers=2, num_envs=4).local_layout() == (2, 2)
     gym_args = resume_args(run, backend="gym", env_kwargs={"length": 3}, total_timesteps=48, **QUIET)

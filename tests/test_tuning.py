@@ -13,10 +13,11 @@ from env_server.tuning import FAST_GRPC_EXPERIMENTS, prefer_fast_grpc_core
 def test_sets_the_fast_experiments_unless_the_user_chose() -> None:
     environ: dict[str, str] = {}
     prefer_fast_grpc_core(environ)
-    assert environ == {"GRPC_EXPERIMENTS": FAST_GRPC_EXPERIMENTS}
-    mine = {"GRPC_EXPERIMENTS": "-event_engine_dns"}
+    # (and gRPC core's own log from ERROR up: its INFO lines came before envfleet's TLS errors)
+    assert environ == {"GRPC_EXPERIMENTS": FAST_GRPC_EXPERIMENTS, "GRPC_VERBOSITY": "ERROR"}
+    mine = {"GRPC_EXPERIMENTS": "-event_engine_dns", "GRPC_VERBOSITY": "DEBUG"}
     assert prefer_fast_grpc_core(mine) is False
-    assert mine == {"GRPC_EXPERIMENTS": "-event_engine_dns"}
+    assert mine == {"GRPC_EXPERIMENTS": "-event_engine_dns", "GRPC_VERBOSITY": "DEBUG"}
 
 
 @pytest.mark.parametrize("module", ["learner.cli", "env_server.__main__"])
