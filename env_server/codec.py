@@ -17,6 +17,7 @@ __all__ = [
     "AUTORESET_TO_PROTO",
     "AUTORESET_FROM_PROTO",
     "MAX_STRING_ARRAY_BYTES",
+    "MAX_VALUE_NODES",
     "decode_space",
     "decode_tensor",
     "decode_value",
@@ -65,11 +66,21 @@ _MAX_ELEMENTS = 1 << 31
 # Nor more dimensions than this (numpy's own limit is 32 or 64, depending on its version).
 _MAX_DIMS = 32
 # The string arrays of one value (a request's actions or options, a response's infos) may take at
-# most this many bytes once decoded, in all; a string array to encode, too. numpy stores every
+# most this many bytes once decoded, in all; encode_value counts them as decode_value does. numpy stores every
 # string of an array as wide as the longest, 4 bytes a character: without a bound, a message of a
 # few KB (one long string and many empty ones) would ask for GBs. Decoded, a value's strings may
 # take as much memory as the largest message may take on the wire.
 MAX_STRING_ARRAY_BYTES = MAX_MESSAGE_BYTES
+# Nor may one value hold more values than this, itself and the nested ones (every dict entry, list
+# or tuple item and object-array item is one, whatever it holds: an array is one). Each becomes
+# Python objects, a numpy array for an array, of 15 to ~450 bytes decoded (an empty string array the
+# most), from as little as 4 bytes on the wire: without a bound, a 64 MiB message could ask for GBs.
+# Real values hold far fewer: an observation or action is one array or a dict/tuple of a few; a
+# step's infos, tens of keys, and under SameStep autoreset an object array of one item per env,
+# each an env's own info dict: ~12 values per env for a 1024-env server of 10-key infos, 12,000.
+# At most ~45 MB decoded. (Not bounded here: protobuf's parse of the message, before it is decoded,
+# ~60-150 bytes a value: a request of 64 MiB of tiny values takes > 1 GB to parse.)
+MAX_VALUE_NODES = 100_000
 
 
 def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
@@ -126,22 +137,68 @@ _LITTLE = np.little_endian
 # Values: arrays, nested dicts/tuples, and the plain Python values found in infos.
 
 
+class _Budget:
+    """What the rest of one value may still take, decoded: bytes of string arrays, and values
+    (the value itself is counted already). Encoding charges what decoding will, in the same order."""
+
+    __slots__ = ("nodes", "strings")
+
+    def __init__(self) -> None:
+        self.strings = MAX_STRING_ARRAY_BYTES
+        self.nodes = MAX_VALUE_NODES - 1
+
+    def take_nodes(self, count: int, what: str, where: str) -> None:
+        """Charge the ``count`` items of a container (``what``: "a list", ...), before any is decoded."""
+        if count > self.nodes:
+            total = MAX_VALUE_NODES - self.nodes + count
+            raise CodecError(
+                f"{where}: more than {MAX_VALUE_NODES} values/arrays in one value ({what} of {count} items makes "
+                f"{total}; every dict entry, list or tuple item and object-array item counts one, nested ones "
+                "too); send many numbers or strings as one numpy array"
+            )
+        self.nodes -= count
+
+    def take_string_bytes(self, count: int, width: int, where: str, suffix: str = "") -> None:
+        """Charge a string array of ``count`` strings of up to ``width`` characters."""
+        need = count * width * 4
+        if need > self.strings:
+            limit = MAX_STRING_ARRAY_BYTES
+            at_most = (
+                f"at most {limit}"
+                if self.strings == limit
+                else f"only {self.strings} of the {limit} that the string arrays of one value may take are left"
+            )
+            what = f"of up to {width} characters would take" if width > 1 else "would take at least"
+            raise CodecError(
+                f"{where}: a string array of {count} strings {what} {need} bytes decoded (numpy stores every "
+                f"string as wide as the longest, 4 bytes a character); {at_most}{suffix}"
+            )
+        self.strings -= need
+
+
 def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
-    """Fill ``out`` with ``obj`` and return it; raises CodecError naming ``where`` otherwise."""
+    """Fill ``out`` with ``obj`` and return it; raises CodecError naming ``where`` otherwise.
+
+    What is encoded, :func:`decode_value` decodes: the same bounds (MAX_STRING_ARRAY_BYTES,
+    MAX_VALUE_NODES) hold for the whole of ``obj``, counted as the receiver counts them.
+    """
+    return _encode_value(obj, out, where, _Budget())
+
+
+def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget) -> pb.Value:
+    """:func:`encode_value`, charging ``budget`` (shared with the rest of the value) what decoding will."""
     # Order matters: bool before int (bool is an int), numpy scalars before Python numbers.
     if isinstance(obj, np.ndarray):
         kind = obj.dtype.kind
         if kind == "O":
+            budget.take_nodes(obj.size, "an object array", where)
             out.objects.shape[:] = obj.shape
             for i, item in enumerate(obj.flat):
-                encode_value(item, out.objects.values.add(), f"{where}[{i}]")
+                _encode_value(item, out.objects.values.add(), f"{where}[{i}]", budget)
         elif kind == "U":
-            if obj.nbytes > MAX_STRING_ARRAY_BYTES:
-                raise CodecError(
-                    f"{where}: a string array of {obj.size} strings of up to {obj.itemsize // 4} characters "
-                    f"takes {obj.nbytes} bytes; at most {MAX_STRING_ARRAY_BYTES} can be sent (what the receiver "
-                    "may decode: numpy stores every string as wide as the longest)"
-                )
+            # The width the receiver's array will have: that of the longest string (at least 1).
+            width = 1 if obj.size * 4 > budget.strings else max(1, int(np.char.str_len(obj).max(initial=0)))
+            budget.take_string_bytes(obj.size, width, where, "; it cannot be sent")
             out.strings.shape[:] = obj.shape
             out.strings.values.extend(str(s) for s in obj.flat)
         else:
@@ -166,20 +223,23 @@ def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
     elif isinstance(obj, bytes):
         out.raw = obj
     elif isinstance(obj, Mapping):
+        budget.take_nodes(len(obj), "a dict", where)
         out.map.SetInParent()
         for key, item in obj.items():
             if not isinstance(key, str):
                 raise CodecError(f"{where}: dict key {key!r} is a {type(key).__name__}; only str keys can be sent")
             out.map.keys.append(key)
-            encode_value(item, out.map.values.add(), f"{where}[{key!r}]")
+            _encode_value(item, out.map.values.add(), f"{where}[{key!r}]", budget)
     elif isinstance(obj, tuple):
+        budget.take_nodes(len(obj), "a tuple", where)
         out.tuple.SetInParent()
         for i, item in enumerate(obj):
-            encode_value(item, out.tuple.values.add(), f"{where}[{i}]")
+            _encode_value(item, out.tuple.values.add(), f"{where}[{i}]", budget)
     elif isinstance(obj, list):
+        budget.take_nodes(len(obj), "a list", where)
         out.list.SetInParent()
         for i, item in enumerate(obj):
-            encode_value(item, out.list.values.add(), f"{where}[{i}]")
+            _encode_value(item, out.list.values.add(), f"{where}[{i}]", budget)
     else:
         raise CodecError(
             f"{where}: cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}; "
@@ -192,10 +252,10 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
     """The Python object a ``Value`` carries (inverse of :func:`encode_value`).
 
     Raises CodecError for a message that cannot be decoded, including one that would take more
-    memory than it may (see MAX_STRING_ARRAY_BYTES), never MemoryError.
+    memory than it may (see MAX_STRING_ARRAY_BYTES and MAX_VALUE_NODES), never MemoryError.
     """
     try:
-        return _decode_value(value, where, [MAX_STRING_ARRAY_BYTES])
+        return _decode_value(value, where, _Budget())
     except MemoryError as err:
         message = f"{where}: too large to decode (MemoryError: {err})"
     # (raised here, outside the except block: the MemoryError's traceback, and the frames and
@@ -203,8 +263,8 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
     raise CodecError(message)
 
 
-def _decode_value(value: pb.Value, where: str, budget: list[int]) -> Any:
-    """:func:`decode_value`, with ``budget[0]`` the bytes its string arrays may still take (decreased)."""
+def _decode_value(value: pb.Value, where: str, budget: _Budget) -> Any:
+    """:func:`decode_value`, charging ``budget`` (shared with the rest of the value)."""
     kind = value.WhichOneof("kind")
     if kind == "tensor":
         return decode_tensor(value.tensor, where)
@@ -219,13 +279,17 @@ def _decode_value(value: pb.Value, where: str, budget: list[int]) -> Any:
             raise CodecError(f"{where}: map has {len(keys)} keys but {len(values)} values")
         if len(set(keys)) != len(keys):
             raise CodecError(f"{where}: map has duplicate keys")
+        budget.take_nodes(len(values), "a dict", where)
         return {k: _decode_value(v, f"{where}[{k!r}]", budget) for k, v in zip(keys, values, strict=False)}
     if kind == "tuple":
+        budget.take_nodes(len(value.tuple.values), "a tuple", where)
         return tuple(_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.tuple.values))
     if kind == "list":
+        budget.take_nodes(len(value.list.values), "a list", where)
         return [_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.list.values)]
     if kind == "objects":
         shape = _checked_shape(value.objects.shape, len(value.objects.values), where)
+        budget.take_nodes(len(value.objects.values), "an object array", where)
         arr = np.empty(len(value.objects.values), dtype=object)
         for i, v in enumerate(value.objects.values):
             arr[i] = _decode_value(v, f"{where}[{i}]", budget)
@@ -247,29 +311,17 @@ def _decode_value(value: pb.Value, where: str, budget: list[int]) -> Any:
     raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
 
 
-def _decode_strings(strings: pb.StringArray, where: str, budget: list[int]) -> np.ndarray:
+def _decode_strings(strings: pb.StringArray, where: str, budget: _Budget) -> np.ndarray:
     """The numpy string array ``strings`` carries, once its shape and the memory it would take are checked."""
     values = strings.values
     count = len(values)
     shape = _checked_shape(strings.shape, count, where)
     # The array's width, found one string at a time (a list of them all could itself be large);
     # not even looked for where the strings are too many at 1 character each (numpy's least width).
-    width = 1 if count * 4 > budget[0] else max(1, max(map(len, values), default=0))
-    need = count * width * 4
-    if need > budget[0]:
-        limit = MAX_STRING_ARRAY_BYTES
-        at_most = (
-            f"at most {limit}"
-            if budget[0] == limit
-            else f"only {budget[0]} of the {limit} that the string arrays of one value may take are left"
-        )
-        what = f"of up to {width} characters would take" if width > 1 else "would take at least"
-        raise CodecError(
-            f"{where}: a string array of {count} strings {what} {need} bytes decoded (numpy stores every "
-            f"string as wide as the longest, 4 bytes a character); {at_most}"
-        )
-    budget[0] -= need
-    return np.fromiter(values, dtype=f"<U{width}", count=count).reshape(shape)
+    width = 1 if count * 4 > budget.strings else max(1, max(map(len, values), default=0))
+    budget.take_string_bytes(count, width, where)
+    arr = np.fromiter(values, dtype=f"<U{width}", count=count)
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def _element_count(shape: tuple[int, ...], where: str) -> int:

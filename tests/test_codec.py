@@ -192,3 +192,58 @@ def test_object_and_string_arrays_too_large_to_shape_are_rejected_even_when_empt
 def test_unsupported_space_names_itself() -> None:
     with pytest.raises(codec.UnsupportedSpaceError, match="Text"):
         codec.encode_space(gym.spaces.Dict({"a": gym.spaces.Text(5)}))
+
+
+def test_typical_values_round_trip_within_the_bounds() -> None:
+    # Atari-like: a stack of uint8 frames per env; infos of a few hundred keys; SameStep's per-env
+    # final infos (an object array of dicts); and as many values as one value may have.
+    frames = np.random.default_rng(0).integers(0, 255, (64, 4, 84, 84), dtype=np.uint8)
+    assert_same(roundtrip(frames), frames)
+    assert_same(
+        roundtrip({"pixels": frames, "ram": frames[:, 0, 0, :].copy()}), {"pixels": frames, "ram": frames[:, 0, 0, :]}
+    )
+    final_info = np.empty(1024, dtype=object)
+    for i in range(1024):
+        final_info[i] = {f"stat{k}": np.float64(k) for k in range(10)}
+    infos = {f"key{i}": np.arange(1024) for i in range(300)}
+    infos.update(final_info=final_info, _final_info=np.ones(1024, dtype=bool), names=np.array(["a"] * 1024))
+    assert_same(roundtrip(infos), infos)
+    most = [None] * (codec.MAX_VALUE_NODES - 1)  # with the list itself: MAX_VALUE_NODES
+    assert len(roundtrip(most)) == len(most)
+    with pytest.raises(codec.CodecError, match=rf"^value: more than {codec.MAX_VALUE_NODES} values/arrays"):
+        codec.encode_value([*most, None], pb.Value())
+
+
+string_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.integers(0, 9),
+        st.lists(st.text("ab", max_size=6), max_size=6).map(lambda s: np.array(s, dtype=str)),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=4).map(tuple),
+        st.dictionaries(st.text("xyz", min_size=1, max_size=2), children, max_size=4),
+        st.lists(children, min_size=1, max_size=3).map(lambda items: np.array([*items, None], dtype=object)[:-1]),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(string_values)
+def test_encode_refuses_exactly_what_decode_would(value: Any) -> None:
+    """The bounds of one value (its strings' bytes, its number of values), counted by encode as by
+    decode: what one sends, the other takes; what it refuses, the other would, with the same words."""
+    unbounded = codec.encode_value(value, pb.Value(), "infos")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "MAX_STRING_ARRAY_BYTES", 100)
+        patch.setattr(codec, "MAX_VALUE_NODES", 12)
+        try:
+            sent = codec.encode_value(value, pb.Value(), "infos")
+        except codec.CodecError as err:
+            with pytest.raises(codec.CodecError) as refused:
+                codec.decode_value(unbounded, "infos")
+            assert str(err) == str(refused.value) + ("; it cannot be sent" if "string array" in str(err) else "")
+        else:
+            assert_same(codec.decode_value(pb.Value.FromString(sent.SerializeToString()), "infos"), value)

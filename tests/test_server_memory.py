@@ -1,5 +1,5 @@
 """What a request can make the server hold in memory: string arrays bounded before numpy builds them,
-and refused requests freed at once, not whenever Python's cyclic garbage collector runs."""
+values of too many values/arrays refused before any is decoded, and refused requests freed at once, not whenever Python's cyclic garbage collector runs."""
 
 from __future__ import annotations
 
@@ -93,8 +93,114 @@ def test_the_bound_holds_for_all_the_string_arrays_of_a_value_together(monkeypat
     with pytest.raises(codec.CodecError, match=r"^x: a string array of 300 strings would take at least 1200 bytes"):
         codec.decode_value(_strings([""] * 300), "x")
     # What cannot be decoded is not sent either, named where it is.
-    with pytest.raises(codec.CodecError, match=r"infos\['label'\]: a string array of 30 strings .* takes 1200 bytes"):
+    with pytest.raises(codec.CodecError) as info:
         codec.encode_value({"label": np.array(["x" * 10] * 30)}, pb.Value(), "infos")
+    assert str(info.value) == (
+        "infos['label']: a string array of 30 strings of up to 10 characters would take 1200 bytes decoded (numpy "
+        "stores every string as wide as the longest, 4 bytes a character); at most 1000; it cannot be sent"
+    )
+
+
+def test_what_encode_sends_decode_takes_all_the_strings_of_a_value_counted_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two string arrays of 40 MB each, in one dict (infos), used to be sent (each under the bound on
+    its own) and then refused by the receiver, which counts all the strings of a value together."""
+    monkeypatch.setattr(codec, "MAX_STRING_ARRAY_BYTES", 1000)
+    one = np.array(["x" * 10] * 15)  # 600 bytes decoded
+    with pytest.raises(codec.CodecError) as info:
+        codec.encode_value({"a": one, "b": one}, pb.Value(), "infos")
+    assert str(info.value) == (
+        "infos['b']: a string array of 15 strings of up to 10 characters would take 600 bytes decoded (numpy "
+        "stores every string as wide as the longest, 4 bytes a character); only 400 of the 1000 that the string "
+        "arrays of one value may take are left; it cannot be sent"
+    )
+    # What the receiver decodes, not numpy's width here: an array made wider than its strings counts
+    # as decode will make it (and an empty array as nothing).
+    wide = np.array(["x"] * 250, dtype="<U50")
+    value = codec.encode_value({"wide": wide, "none": np.array([], dtype="<U9")}, pb.Value(), "infos")
+    assert codec.decode_value(value, "infos")["wide"].dtype == np.dtype("<U1")
+    with pytest.raises(codec.CodecError, match=r"^infos\['more'\]: a string array of 1 strings would take at least"):
+        codec.encode_value({"wide": wide, "more": np.array(["y"])}, pb.Value(), "infos")
+
+
+def test_the_bound_at_full_size_two_40_mb_string_arrays_in_one_dict() -> None:
+    forty = np.full(10 * MB, "x")  # 10M strings of 1 character: 40 MiB decoded, 20 MiB on the wire
+    assert forty.nbytes <= codec.MAX_STRING_ARRAY_BYTES
+    with pytest.raises(codec.CodecError) as info:
+        codec.encode_value({"a": forty, "b": forty}, pb.Value(), "infos")
+    assert str(info.value).startswith(
+        f"infos['b']: a string array of {10 * MB} strings would take at least {40 * MB} bytes decoded"
+    ) and str(info.value).endswith(
+        f"only {codec.MAX_STRING_ARRAY_BYTES - 40 * MB} of the {codec.MAX_STRING_ARRAY_BYTES} that the string "
+        "arrays of one value may take are left; it cannot be sent"
+    )
+
+
+# -- values/arrays ------------------------------------------------------------------------------------
+
+
+def _many(count: int, item: pb.Value) -> pb.Value:
+    value = pb.Value()
+    items = value.map.values.add().list.values
+    value.map.keys.append("k")
+    for _ in range(count):
+        items.add().CopyFrom(item)
+    return value
+
+
+EMPTY_STRINGS = pb.Value(strings=pb.StringArray(shape=[0]))
+
+
+def test_a_value_of_too_many_values_is_refused_before_any_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty string arrays take nothing of the bytes of strings, yet ~400 bytes each decoded (a numpy
+    array and its Python objects), from 7 bytes on the wire: 3,000,000 of them in a 21 MB request
+    grew a server by 670 MB."""
+    fromiter = np.fromiter
+    made = []
+    monkeypatch.setattr(np, "fromiter", lambda *args, **kwargs: made.append(1) or fromiter(*args, **kwargs))
+    limit = codec.MAX_VALUE_NODES
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_value(_many(limit, EMPTY_STRINGS), "options")
+    assert str(info.value) == (
+        f"options['k']: more than {limit} values/arrays in one value (a list of {limit} items makes {limit + 2}; "
+        "every dict entry, list or tuple item and object-array item counts one, nested ones too); send many "
+        "numbers or strings as one numpy array"
+    )
+    assert not made  # refused as a whole, before its items
+    # One fewer fits: the value, its dict entry and its list items make the limit.
+    assert len(codec.decode_value(_many(limit - 2, EMPTY_STRINGS), "options")["k"]) == limit - 2
+    assert len(made) == limit - 2
+
+    # Nested ones count too, wherever they are: dicts, tuples, object arrays; and encode counts as decode does.
+    monkeypatch.setattr(codec, "MAX_VALUE_NODES", 10)
+    for obj, where, what in (
+        ({"a": [0] * 5, "b": [0] * 5}, "infos['b']", "a list of 5 items makes 13"),
+        ((None, {"x": 1, "y": (1, 2, 3, 4, 5, 6)}), "infos[1]['y']", "a tuple of 6 items makes 11"),
+        ([np.array([{"x": 1}, None, None], dtype=object)] * 3, "infos[1]", "an object array of 3 items makes 11"),
+    ):
+        for step in ("encode", "decode"):
+            with pytest.raises(codec.CodecError) as info:
+                if step == "encode":
+                    codec.encode_value(obj, pb.Value(), "infos")
+                else:
+                    with monkeypatch.context() as unbounded:
+                        unbounded.setattr(codec, "MAX_VALUE_NODES", 1000)
+                        value = codec.encode_value(obj, pb.Value(), "infos")
+                    codec.decode_value(value, "infos")
+            assert str(info.value).startswith(f"{where}: more than 10 values/arrays in one value ({what}; "), step
+
+
+def test_a_request_of_many_empty_arrays_makes_the_server_allocate_little(claimed: Claimed) -> None:
+    start = _memory(claimed.pid, "VmRSS")
+    options = _many(1_000_000, EMPTY_STRINGS)  # 7 MB on the wire; ~400 MB decoded, before
+    err = claimed.refused(claimed.stub.Reset, pb.ResetRequest(session_id=claimed.id, options=options))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert err.details().startswith(f"options['k']: more than {codec.MAX_VALUE_NODES} values/arrays in one value")
+    # (what remains is protobuf's, parsing the request before the server sees it: ~140 bytes a value)
+    grown = _memory(claimed.pid, "VmHWM") - start
+    assert grown < 250 * MB, f"peak {grown / MB:.0f} MB more"
+    claimed.stub.Reset(pb.ResetRequest(session_id=claimed.id), timeout=30)  # the session goes on
 
 
 def test_a_memory_error_while_decoding_is_a_codec_error(monkeypatch: pytest.MonkeyPatch) -> None:
