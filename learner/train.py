@@ -363,7 +363,8 @@ def nothing_to_learn(rollouts: int, errors: dict[str, int]) -> str:
         cause += " (the env servers log the tracebacks)"
     else:
         cause = "every env's server was unavailable (see the warnings above)"
-    return f"no env gave a transition in {rollouts} rollouts in a row: nothing to learn from, the run stops; {cause}"
+    where = f"{rollouts} rollouts in a row" if rollouts > 1 else "the run's rollout"
+    return f"no env gave a transition in {where}: nothing to learn from, the run stops; {cause}"
 
 
 def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
@@ -762,6 +763,7 @@ def train(
         lost_rollouts = 0
         episodes_cut = steps_lost = 0  # since the last update (a dropped rollout's counts on)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
+        learned = False  # whether any rollout of this session did
         empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
         last_update = rollout_state()  # as of the last update's end (here: the start)
         updating = False  # the nets are being updated: a checkpoint now would mix two updates
@@ -874,6 +876,8 @@ def train(
         try:
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
+                    if empty_rollouts and not learned:  # (a budget of fewer than 3 rollouts, all empty)
+                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
                     stop_reason = "total_timesteps"
                     break
                 if stop.requested:  # Ctrl-C during the update: stop before the next rollout
@@ -1027,6 +1031,7 @@ def train(
                     continue  # (a partial rollout is not learned from)
                 lost_rollouts = 0
                 if rollout.valid.any():
+                    learned = True
                     empty_rollouts = 0
                     empty_errors.clear()
                 else:

@@ -630,6 +630,10 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
     # The two rollouts before it were updates (that learned nothing), checkpointed as usual.
     assert summary["updates"] == 2 and summary["total_steps"] == 16
     assert [r["batch_size"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [0, 0]
+    # A budget of fewer rollouts than that, all empty: an error too, not a run done at --total-timesteps.
+    short = dataclasses.replace(args, total_timesteps=8, run_dir=str(tmp_path / "short"))
+    with pytest.raises(NothingToLearnError, match=r"^no env gave a transition in the run's rollout: nothing to learn"):
+        train(short)
     assert rundir.list_checkpoints(run)[-1].name == "step-0000000016.pt"
     # An env out of order has no episode under way: its failed steps cut none.
     assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == 16
