@@ -732,13 +732,16 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
     attempt for the rest of the run. refresh() (between rollouts in learner train) lets it go and takes it
     in again as it is now."""
     caplog.set_level(logging.DEBUG, logger="learner.faults")
-    a = spawn_server("tests.envs:IndexEnv", K)
-    b = spawn_server("tests.envs:IndexEnv", K)
+    # (episodes longer than the ~100 steps 3 s may take: one ending just before the step checked below
+    # would make that a reset step, whose observations echo no action)
+    endless = ("--env-kwargs", '{"length": 100000}')
+    a = spawn_server("tests.envs:IndexEnv", K, *endless)
+    b = spawn_server("tests.envs:IndexEnv", K, *endless)
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
         envs.reset(seed=0)
         b.kill()
         envs.step(actions_for(0, 2 * K))  # the loss
-        b.argv = ["--env", "tests.envs:IndexEnv", "--num-envs", str(K + 1)]
+        b.argv = ["--env", "tests.envs:IndexEnv", "--num-envs", str(K + 1), *endless]
         b.start(b.address.rpartition(":")[2])
         deadline = time.monotonic() + 3.0  # several reconnect attempts (backoff at most 0.5 s)
         t = 1
