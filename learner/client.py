@@ -40,6 +40,7 @@ from learner.errors import (
 )
 
 __all__ = [
+    "TIMEOUT_HINT",
     "EnvClient",
     "SocketStep",
     "channel_credentials",
@@ -87,6 +88,10 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 
 
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+TIMEOUT_HINT = "raise `timeout` if the env is slow"
+"""The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
 
 
 def translate_error(
@@ -137,7 +142,7 @@ def status_error(
         cls = ServerUnavailableError
         details = f"the connection broke ({details})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
-        details = f"no answer within the {timeout:g} s deadline ({details}); raise `timeout` if the env is slow"
+        details = f"no answer within the {timeout:g} s deadline ({details}); {TIMEOUT_HINT}"
     prefix = f"env server {address}: {method}"
     if env_index is not None:
         prefix += f" (env {env_index} of the fleet)"
@@ -149,7 +154,7 @@ def timeout_error(*, address: str, method: str, timeout: float) -> RemoteTimeout
     """The error for a message on a stream that got no answer within ``timeout`` seconds."""
     return RemoteTimeoutError(
         f"env server {address}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
-        "deadline; raise `timeout` if the env is slow",
+        f"deadline; {TIMEOUT_HINT}",
         address=address,
         code=grpc.StatusCode.DEADLINE_EXCEEDED,
     )

@@ -14,12 +14,14 @@ import torch
 
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint
+from learner.client import TIMEOUT_HINT
 from learner.config import Args, wrapper_names
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent
+from learner.remote import FAULT_TOLERANT_HINT
 from learner.train import pick_device
 
 __all__ = ["evaluate"]
@@ -233,16 +235,13 @@ def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:
     )
 
 
-_FAULT_TOLERANT_HINT = "fault_tolerant=True reports this in infos['env_error'] instead of raising"
-
-
 def _in_cli_terms(err: RemoteEnvError) -> RemoteEnvError:
     """``err`` with its advice in the terms of ``learner eval``'s options, not RemoteVectorEnv's arguments
     (the same type and attributes; its notes, the other servers' errors, reworded alike)."""
 
     def reword(text: str) -> str:
-        text = text.replace(_FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
-        return text.replace("raise `timeout`", "raise --timeout")
+        text = text.replace(FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
+        return text.replace(TIMEOUT_HINT, TIMEOUT_HINT.replace("`timeout`", "--timeout"))
 
     new = type(err)(reword(str(err)), address=err.address, code=err.code, env_index=err.env_index)
     for note in getattr(err, "__notes__", ()):

@@ -57,10 +57,13 @@ from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "RemoteVectorEnv"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv"]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """RemoteVectorEnv's default ``connect_timeout`` (seconds to find and connect to every server)."""
+
+FAULT_TOLERANT_HINT = "fault_tolerant=True reports this in infos['env_error'] instead of raising"
+"""The advice an env's exception comes with, not fault-tolerant (``learner eval`` words it its way)."""
 
 log = logging.getLogger(__name__)
 
@@ -1155,7 +1158,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             crashed.append(
                 EnvCrashedError(
                     f"env server {client.address}: env {index} raised in {infos['env_error'][j]} (the server reset "
-                    "it; fault_tolerant=True reports this in infos['env_error'] instead of raising)",
+                    f"it; {FAULT_TOLERANT_HINT})",
                     address=client.address,
                     code=grpc.StatusCode.INTERNAL,
                     env_index=index,

@@ -146,6 +146,15 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         return self._obs(), reward, over and self.end == "terminate", over and self.end == "truncate", {}
 
 
+def _wait_at_gate(gate: str, hold_s: float) -> None:
+    """Create the file ``gate``, and return once the test has removed it (or after ``hold_s``)."""
+    with open(gate, "w"):
+        pass
+    deadline = time.monotonic() + hold_s
+    while os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class GateEnv(ClockEnv):
     """A ClockEnv whose step number ``at`` (counted over the env's life) waits at a gate the test opens.
 
@@ -162,11 +171,7 @@ class GateEnv(ClockEnv):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self._steps += 1
         if self._steps == self.at:
-            with open(self.gate, "w"):
-                pass
-            deadline = time.monotonic() + self.hold_s
-            while os.path.exists(self.gate) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_at_gate(self.gate, self.hold_s)
         return super().step(action)
 
 
@@ -185,11 +190,7 @@ class ResetGateEnv(ClockEnv):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         self._resets += 1
         if self._resets == self.at:
-            with open(self.gate, "w"):
-                pass
-            deadline = time.monotonic() + self.hold_s
-            while os.path.exists(self.gate) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_at_gate(self.gate, self.hold_s)
         return super().reset(seed=seed, options=options)
 
 
