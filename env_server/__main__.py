@@ -10,7 +10,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from env_server.config import AUTORESET_MODES, VECTORIZATIONS, ServerConfig, duplicate_wrapper
+from env_server.config import (
+    AUTORESET_MODES,
+    MAX_SPIN_WAIT_MS,
+    VECTORIZATIONS,
+    WRAPPER_NAMES,
+    ServerConfig,
+    duplicate_wrapper,
+)
 from env_server.protocol import PROTOCOL_VERSION, package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
@@ -86,19 +93,6 @@ def _parse_variables(parser: argparse.ArgumentParser) -> None:
         action.default = _BadVariable(action.default, f"{variable} (for {action.option_strings[0]}): {why}")
 
 
-def _old_step_socket_form(argv: Sequence[str]) -> list[str]:
-    """``--step-socket on|off`` (before --step-socket/--no-step-socket) as the flags."""
-    out: list[str] = []
-    for i, arg in enumerate(argv):
-        if arg in ("on", "off") and i > 0 and argv[i - 1] == "--step-socket":
-            out[-1] = "--step-socket" if arg == "on" else "--no-step-socket"
-        elif arg in ("--step-socket=on", "--step-socket=off"):
-            out.append("--step-socket" if arg.endswith("=on") else "--no-step-socket")
-        else:
-            out.append(arg)
-    return out
-
-
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -133,9 +127,9 @@ def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+        value = math.nan
+    if not 0 <= value < math.inf:  # (inf: every step would fail, time.sleep raising OverflowError)
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -144,8 +138,8 @@ def _spin_wait_ms(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 <= value <= 10:  # (while it waits, the server's event loop does nothing else)
-        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 10], got {text!r}")
+    if not 0 <= value <= MAX_SPIN_WAIT_MS:  # (while it waits, the server's event loop does nothing else)
+        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, {MAX_SPIN_WAIT_MS:g}], got {text!r}")
     return value
 
 
@@ -190,8 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=e("step_socket", True),
         help="with --unix-socket PATH: also serve steps on PATH.steps, without HTTP/2, to learners on this "
-        "host (a few times cheaper per step than gRPC in Python; default: on; ENVFLEET_STEP_SOCKET: on or off; "
-        "--step-socket on|off also works)",
+        "host (a few times cheaper per step than gRPC in Python; default: on; ENVFLEET_STEP_SOCKET: on or off)",
     )
     p.add_argument(
         "--env-kwargs",
@@ -260,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_port,
         default=e("metrics_port", None),
         metavar="PORT",
-        help="serve Prometheus metrics (step latency histogram, steps, errors) at http://HOST:PORT/metrics; "
-        "0 picks a free port (logged)",
+        help="serve Prometheus metrics (step and reset latency histograms, steps, errors by method and status "
+        "code, the process's CPU and memory) at http://HOST:PORT/metrics; 0 picks a free port (logged)",
     )
     security = p.add_argument_group(
         "security",
@@ -305,7 +298,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     """The server config and log level the command line (and ENVFLEET_* variables) ask for."""
     parser = build_parser()
     _parse_variables(parser)
-    args = parser.parse_args(_old_step_socket_form(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
     for action in parser._actions:
         # argparse checks the choices of values on the command line, not of defaults: those come
         # from ENVFLEET_* variables here.
@@ -320,6 +313,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())
+    unknown = [w for w in wrappers if w not in WRAPPER_NAMES]
+    if unknown:
+        parser.error(
+            f"--wrappers (or ENVFLEET_WRAPPERS): unknown wrapper {unknown[0]!r} in {args.wrappers!r}; available: "
+            + ", ".join(WRAPPER_NAMES)
+        )
     twice = duplicate_wrapper(wrappers)
     if twice is not None:
         parser.error(
@@ -329,27 +328,30 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
     token = _auth_token(parser, args)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")
-    config = ServerConfig(
-        env=args.env,
-        num_envs=args.num_envs,
-        host=args.host,
-        port=args.port,
-        unix_socket=args.unix_socket,
-        step_socket=args.step_socket,
-        env_kwargs=args.env_kwargs,
-        vectorization=args.vectorization,
-        wrappers=wrappers,
-        autoreset_mode=args.autoreset_mode,
-        step_delay_ms=args.step_delay_ms,
-        spin_wait_ms=args.spin_wait_ms,
-        claim_timeout_s=args.claim_timeout,
-        grace_s=args.grace,
-        parent_pid=args.parent_pid,
-        metrics_port=args.metrics_port,
-        auth_token=token,
-        tls_cert=args.tls_cert or None,
-        tls_key=args.tls_key or None,
-    )
+    try:
+        config = ServerConfig(
+            env=args.env,
+            num_envs=args.num_envs,
+            host=args.host,
+            port=args.port,
+            unix_socket=args.unix_socket,
+            step_socket=args.step_socket,
+            env_kwargs=args.env_kwargs,
+            vectorization=args.vectorization,
+            wrappers=wrappers,
+            autoreset_mode=args.autoreset_mode,
+            step_delay_ms=args.step_delay_ms,
+            spin_wait_ms=args.spin_wait_ms,
+            claim_timeout_s=args.claim_timeout,
+            grace_s=args.grace,
+            parent_pid=args.parent_pid,
+            metrics_port=args.metrics_port,
+            auth_token=token,
+            tls_cert=args.tls_cert or None,
+            tls_key=args.tls_key or None,
+        )
+    except ValueError as err:  # (the checks above name the flags: a last line of defence)
+        parser.error(str(err))
     return config, args.log_level
 
 

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VECTORIZATIONS", "AUTORESET_MODES", "ServerConfig", "duplicate_wrapper"]
+__all__ = [
+    "AUTORESET_MODES",
+    "MAX_SPIN_WAIT_MS",
+    "VECTORIZATIONS",
+    "WRAPPER_NAMES",
+    "ServerConfig",
+    "duplicate_wrapper",
+]
 
 VECTORIZATIONS = ("sync", "async", "vector_entry_point")
 AUTORESET_MODES = ("NextStep", "SameStep", "Disabled")
+WRAPPER_NAMES = ("atari", "clip-action", "flatten")
+"""The wrappers an operator may name (``env_server.envs.WRAPPERS`` holds their code)."""
+MAX_SPIN_WAIT_MS = 10.0
+"""Longest ``spin_wait_ms``: while it waits awake, the server's event loop does nothing else."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +73,62 @@ class ServerConfig:
     """Path of the private key (PEM) of ``tls_cert``."""
 
     def __post_init__(self) -> None:
+        """Raise ValueError, naming the field, what it must be and what came, for a config no server
+        can run (the CLI checks its options first, with messages that name the flags)."""
+        if not isinstance(self.env, str) or not self.env:
+            raise ValueError(f"env: expected a gymnasium id or a package.module:Name entry point, got {self.env!r}")
+        if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, numbers.Integral) or self.num_envs < 1:
+            raise ValueError(f"num_envs: expected an integer >= 1, got {self.num_envs!r}")
+        _check_port("port", self.port)
+        if self.metrics_port is not None:
+            _check_port("metrics_port", self.metrics_port)
+        _check_choice("vectorization", self.vectorization, VECTORIZATIONS)
+        _check_choice("autoreset_mode", self.autoreset_mode, AUTORESET_MODES)
+        if (
+            not isinstance(self.wrappers, Sequence)
+            or isinstance(self.wrappers, str)
+            or not all(isinstance(w, str) for w in self.wrappers)
+        ):
+            raise ValueError(f"wrappers: expected a tuple of wrapper names, got {self.wrappers!r}")
+        unknown = [w for w in self.wrappers if w not in WRAPPER_NAMES]
+        if unknown:
+            raise ValueError(
+                f"wrappers: expected names among {', '.join(WRAPPER_NAMES)}, got unknown wrapper {unknown[0]!r}"
+            )
+        twice = duplicate_wrapper(self.wrappers)
+        if twice is not None:
+            raise ValueError(
+                f"wrappers: expected each wrapper at most once (each applies once), got {twice!r} twice in "
+                f"{','.join(self.wrappers)!r}"
+            )
+        _check_duration("step_delay_ms", self.step_delay_ms)
+        _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
+        _check_duration("claim_timeout_s", self.claim_timeout_s)
+        _check_duration("grace_s", self.grace_s)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_port(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 65535:
+        raise ValueError(f"{name}: expected a port number 0-65535 (0: any free one), got {value!r}")
+
+
+def _check_duration(name: str, value: object, most: float = math.inf) -> None:
+    """``value`` is a finite number in [0, most] (time.sleep and asyncio take no inf: OverflowError)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not 0 <= float(value) <= most
+    ):
+        expected = f"a number in [0, {most:g}]" if math.isfinite(most) else "a finite number >= 0"
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
 def duplicate_wrapper(names: Sequence[str]) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from env_server.config import ServerConfig, duplicate_wrapper
+from env_server.config import ServerConfig
 from env_server.isolation import IsolateErrors
 
 __all__ = [
@@ -81,8 +81,9 @@ def _flatten(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
     return gym.wrappers.FlattenObservation(env)
 
 
-# Wrappers an operator may apply by name (`env-server --wrappers atari`). Names map to code chosen
-# here, never to anything a request could name.
+# Wrappers an operator may apply by name (`env-server --wrappers atari`; the names are
+# config.WRAPPER_NAMES, which ServerConfig checks). Names map to code chosen here, never to anything
+# a request could name.
 WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
     "atari": _atari,
     "clip-action": _clip_action,
@@ -286,21 +287,14 @@ def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
 
 
 def check_env(config: ServerConfig) -> None:
-    """Raise EnvBuildError, as :func:`build_vector_env` would, where ``config`` names an env or wrapper
-    that does not exist; cheap (no env is built), so the server checks before it listens.
+    """Raise EnvBuildError, as :func:`build_vector_env` would, where ``config`` names an env that does
+    not exist (or one vector_entry_point cannot build); cheap (no env is built), so the server checks
+    before it listens. (Unknown or repeated wrappers: ServerConfig refuses them.)
 
     A gymnasium id is looked up in gymnasium's registry (``module:Env-v0`` imports ``module``, as
     ``gymnasium.make`` does); for an entry point, only its module is looked for, not imported (a
     user's module may take long to import: that waits until the server listens, as building does).
     """
-    unknown = [w for w in config.wrappers if w not in WRAPPERS]
-    if unknown:
-        raise EnvBuildError(f"unknown wrapper {unknown[0]!r}; available: {', '.join(sorted(WRAPPERS))}")
-    twice = duplicate_wrapper(config.wrappers)
-    if twice is not None:
-        raise EnvBuildError(
-            f"wrappers: {twice!r} is named twice in {','.join(config.wrappers)!r}; each wrapper applies once"
-        )
     if config.vectorization == "vector_entry_point" and (is_entry_point(config.env) or config.wrappers):
         raise EnvBuildError("--vectorization vector_entry_point needs a gymnasium id and no --wrappers")
     if is_entry_point(config.env):

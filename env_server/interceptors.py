@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,30 +27,70 @@ import grpc
 
 from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, check_token
 
-__all__ = ["OPEN_SERVICES", "MalformedRequest", "RequestGuardInterceptor", "TokenAuthInterceptor", "end_call"]
+__all__ = [
+    "OPEN_SERVICES",
+    "MalformedRequest",
+    "RefusalLog",
+    "RequestGuardInterceptor",
+    "TokenAuthInterceptor",
+    "end_call",
+    "method_name",
+]
 
 log = logging.getLogger(__name__)
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 """Method prefixes served without a token."""
 
-# Seconds between two log lines about refused calls (a scan or a misconfigured learner may send many).
+# Seconds between two log lines about refused calls of one kind (a scan or a misconfigured learner
+# may send many).
 _LOG_EVERY_S = 10.0
 # Marks a status as this server's own (see ERROR_ORIGIN_KEY).
 _ORIGIN = ((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER),)
 
 
+class RefusalLog:
+    """Rate limits for log lines about refused calls: at most one line per ``every_s`` seconds for
+    each kind of refusal (a method and a status code), so that a flood of one kind does not hide
+    another, and each line says how many of its kind were left out since the last."""
+
+    def __init__(self, every_s: float = _LOG_EVERY_S) -> None:
+        self._every_s = every_s
+        self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (last line, left out since)
+        self.refused = 0
+        """Refused calls so far, of every kind."""
+
+    def note(self, method: str, code: grpc.StatusCode) -> str | None:
+        """Count a refused call; the suffix for its log line (how many refused calls so far, and of
+        its kind left out since its kind's last line), or None when no line is due."""
+        self.refused += 1
+        now = time.monotonic()
+        kind = (method, code.name)  # (a bounded set: the server's methods and the codes it sends)
+        last, left_out = self._kinds.get(kind, (-math.inf, 0))
+        if now - last < self._every_s:
+            self._kinds[kind] = (last, left_out + 1)
+            return None
+        self._kinds[kind] = (now, 0)
+        since = f", {left_out} more like it not logged since the last such line" if left_out else ""
+        return f"({self.refused} refused calls so far{since})"
+
+
+def method_name(method: str) -> str:
+    """``Step`` of ``/envfleet.v1.EnvService/Step``."""
+    return method.rsplit("/", 1)[-1]
+
+
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Lets through calls whose ``authorization`` metadata is ``Bearer <token>``; refuses the rest.
 
-    ``on_refusal`` (e.g. a metrics counter) is called once per refused call.
+    ``on_refusal`` (e.g. a metrics counter) is called once per refused call, with the method's name
+    (``Step``).
     """
 
-    def __init__(self, token: str, on_refusal: Callable[[], None] | None = None) -> None:
+    def __init__(self, token: str, on_refusal: Callable[[str], None] | None = None) -> None:
         self._expected = f"Bearer {check_token(token)}".encode()
         self._on_refusal = on_refusal
-        self._refused = 0
-        self._last_log = -_LOG_EVERY_S
+        self._log = RefusalLog()
 
     async def intercept_service(
         self,
@@ -83,13 +124,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         return _handler_like(handler, refuse, handler.request_deserializer)
 
     def _note(self, method: str, peer: str, reason: str) -> None:
-        self._refused += 1
         if self._on_refusal is not None:
-            self._on_refusal()
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_EVERY_S:
-            self._last_log = now
-            log.warning("refused %s from %s: %s (%d refused calls so far)", method, peer, reason, self._refused)
+            self._on_refusal(method_name(method))
+        suffix = self._log.note(method, grpc.StatusCode.UNAUTHENTICATED)
+        if suffix is not None:
+            log.warning("refused %s from %s: %s %s", method, peer, reason, suffix)
 
 
 class MalformedRequest:

@@ -14,10 +14,10 @@ next-step autoreset), so the env starts a fresh episode. Under same-step autores
 top-level infos of that step are the reset's, so the reset's info carries the same ``env_error``
 (``repeat_on_reset``): under either mode the step the error happened in, and only that step, has
 ``env_error`` set in the batch's top-level infos (gymnasium's ``_env_error`` mask names the env), and
-each exception is counted once. A reset that raises
-too leaves the env *out of order*: it returns a placeholder observation (its last one, or zeros)
-with ``env_error`` set, and every later step of it is again reported as truncated with
-``env_error``, so each autoreset tries again until a reset works.
+each exception is counted once. A reset that raises too leaves the env *out of order*: it returns a
+placeholder observation (its last one, or else :func:`placeholder_observation`, a fixed member of
+the observation space) with ``env_error`` set, and every later step of it is again reported as
+truncated with ``env_error``, so each autoreset tries again until a reset works.
 
 Rule for learners: a step whose ``env_error`` is set for an env is not a transition of that env (its
 action was not applied, or its result was lost); the observation is a placeholder or a new episode's
@@ -26,13 +26,14 @@ first observation. ``RemoteVectorEnv`` reports such envs in ``infos["env_unavail
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["ENV_ERROR_KEY", "IsolateErrors", "zero_observation"]
+__all__ = ["ENV_ERROR_KEY", "IsolateErrors", "placeholder_observation"]
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,28 @@ _MAX_MESSAGE = 500
 _LOGGED_TRACEBACKS = 3
 
 
-def zero_observation(space: gym.Space[Any]) -> Any:
-    """An observation of ``space``'s layout, all zeros (a placeholder, not necessarily inside the space)."""
+def placeholder_observation(space: gym.Space[Any]) -> Any:
+    """A fixed observation inside ``space``: zeros where zero is a member, else the nearest member
+    (Discrete and MultiDiscrete: ``start``; Box: zero clipped into its bounds).
+
+    A member, not merely zeros of the right shape: learners one-hot ``obs - start`` of Discrete
+    observations, and zero is outside ``Discrete(n, start=5)``.
+    """
     if isinstance(space, gym.spaces.Dict):
-        return {key: zero_observation(sub) for key, sub in space.spaces.items()}
+        return {key: placeholder_observation(sub) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
-        return tuple(zero_observation(sub) for sub in space.spaces)
-    return np.zeros(space.shape or (), dtype=space.dtype)
+        return tuple(placeholder_observation(sub) for sub in space.spaces)
+    if isinstance(space, gym.spaces.Discrete):
+        return np.asarray(space.start, dtype=space.dtype)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return np.array(space.start, dtype=space.dtype)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return np.zeros(space.shape, dtype=space.dtype)
+    if isinstance(space, gym.spaces.Box):
+        return np.asarray(np.clip(np.zeros(space.shape, dtype=space.dtype), space.low, space.high), dtype=space.dtype)
+    # (Text, Sequence, Graph, ...: no wire format carries them, but a local vector env may hold
+    # them) a sample from a copy, so the env's own space keeps its random stream.
+    return copy.deepcopy(space).sample()
 
 
 def _describe(where: str, err: BaseException) -> str:
@@ -83,7 +99,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         """Exceptions caught so far (step and reset)."""
 
     def _placeholder(self) -> Any:
-        return self._last_obs if self._last_obs is not None else zero_observation(self.observation_space)
+        return self._last_obs if self._last_obs is not None else placeholder_observation(self.observation_space)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         try:

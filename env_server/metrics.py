@@ -1,19 +1,35 @@
-"""Prometheus metrics of one env server: step latency, steps, resets, errors (``--metrics-port``)."""
+"""Prometheus metrics of one env server: step and reset latency, steps, resets, errors (``--metrics-port``)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.metrics_core import Metric
 
-__all__ = ["LATENCY_BUCKETS", "ServerMetrics"]
+from env_server.protocol import package_version
+
+__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "ServerMetrics"]
 
 log = logging.getLogger(__name__)
 
-# Seconds. A CartPole batch takes ~50 us to step and ~150 us to serve; an Atari batch milliseconds;
-# a robot or a remote simulator up to seconds.
+# Seconds. A CartPole batch takes ~50 us to step and ~150 us to serve (10 us: the step socket's
+# overhead alone); an Atari batch milliseconds; a robot or a remote simulator up to seconds; past
+# 10 s (the learner's default timeout, learner train --timeout) a step has failed the learner.
 LATENCY_BUCKETS = (
+    0.00001,
+    0.00002,
     0.00005,
     0.0001,
     0.0002,
@@ -31,18 +47,59 @@ LATENCY_BUCKETS = (
     2.0,
     5.0,
     10.0,
+    30.0,
+    60.0,
 )
+
+METHODS = ("GetSpec", "Handshake", "Hold", "Reset", "Step", "StepStream", "Release")
+"""The ``method`` label of ``envfleet_errors_total``: the EnvService rpc (the step socket's steps
+count as StepStream)."""
+ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL")
+"""The status codes the service sends, besides UNAUTHENTICATED (the token check's)."""
+
+_CREATED_SUFFIX = "_created"
+_TYPES_WITH_CREATED = ("counter", "histogram", "summary")
+
+
+class _Registry(CollectorRegistry):
+    """A registry that exports no ``_created`` series (the time each series was made: one more series
+    per counter and histogram that dashboards do not use). Per registry, unlike prometheus_client's
+    ``disable_created_metrics()``, which turns them off for every registry of the process."""
+
+    def collect(self) -> Iterable[Metric]:
+        return map(_without_created, super().collect())
+
+    def restricted_registry(self, names: Iterable[str]) -> Any:  # (what ?name[]=... on /metrics serves)
+        return _Filtered(super().restricted_registry(names))
+
+
+class _Filtered:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def collect(self) -> Iterable[Metric]:
+        return map(_without_created, self._inner.collect())
+
+
+def _without_created(metric: Metric) -> Metric:
+    if metric.type in _TYPES_WITH_CREATED:
+        created = metric.name + _CREATED_SUFFIX
+        metric.samples = [s for s in metric.samples if s.name != created]  # (a fresh Metric per collect)
+    return metric
 
 
 class ServerMetrics:
-    """The server's counters and histograms, in a registry of their own.
+    """The server's counters and histograms, in a registry of their own, with the process's CPU and
+    memory (``process_*``) and Python's version (``python_info``).
 
     Recording is a few microseconds per step; nothing is served until :meth:`serve_http` is called.
     """
 
-    def __init__(self, *, env_id: str, num_envs: int, vectorization: str) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, *, env_id: str, num_envs: int, vectorization: str, needs_token: bool = False) -> None:
+        self.registry = _Registry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # (exports nothing where there is no /proc)
+        PlatformCollector(registry=r)
         self.step_latency = Histogram(
             "envfleet_step_latency_seconds",
             "Time the server took to answer one Step/StepStream request (decode, check, step all K envs, "
@@ -56,12 +113,27 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.reset_latency = Histogram(
+            "envfleet_reset_latency_seconds",
+            "Time the server took to answer one Reset request (all K envs, or those of its reset_mask)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.steps = Counter("envfleet_steps", "Batched steps served (one per Step request)", registry=r)
         self.env_steps = Counter("envfleet_env_steps", "Env steps served (K per batched step)", registry=r)
         self.resets = Counter("envfleet_resets", "Reset requests served", registry=r)
         self.errors = Counter(
-            "envfleet_errors", "Requests that failed, by gRPC status code", labelnames=("code",), registry=r
+            "envfleet_errors",
+            "Requests that failed, by EnvService method and gRPC status code",
+            labelnames=("method", "code"),
+            registry=r,
         )
+        # Every series a refusal may land in exists from the start, at 0: Prometheus' increase() and
+        # rate() see a series' first error only against an earlier sample of it.
+        codes = ERROR_CODES + (("UNAUTHENTICATED",) if needs_token else ())
+        for method in METHODS:
+            for code in codes:
+                self.errors.labels(method, code)
         self.env_errors = Counter(
             "envfleet_env_errors",
             "Env steps reported with an error record (one env raised; the others' results were sent)",
@@ -72,16 +144,28 @@ class ServerMetrics:
         )
         self.num_envs = Gauge("envfleet_num_envs", "Envs this server hosts (K)", registry=r)
         self.num_envs.set(num_envs)
-        Info("envfleet_server", "What this server hosts", registry=r).info(
-            {"env_id": env_id, "vectorization": vectorization}
-        )
+        self._server_info = Info("envfleet_server", "What this server hosts and how it is reached", registry=r)
+        self._info = {"env_id": env_id, "vectorization": vectorization, "version": package_version()}
+        self.set_transport("tcp")
         self._httpd: Any = None
+
+    def set_transport(self, transport: str) -> None:
+        """How learners reach the server (``tcp``, ``unix``, or ``unix+step-socket``), for the info metric."""
+        self._server_info.info({**self._info, "transport": transport})
 
     def observe_step(self, seconds: float, env_seconds: float, num_envs: int) -> None:
         self.step_latency.observe(seconds)
         self.env_step_latency.observe(env_seconds)
         self.steps.inc()
         self.env_steps.inc(num_envs)
+
+    def count_error(self, method: str, code: str) -> None:
+        """One request of ``method`` (``Step``) failed with status ``code`` (``INVALID_ARGUMENT``)."""
+        self.errors.labels(method, code).inc()
+
+    def observe_reset(self, seconds: float) -> None:
+        self.reset_latency.observe(seconds)
+        self.resets.inc()
 
     def serve_http(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""

@@ -297,12 +297,17 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         env = build_vector_env(config, copy=False)  # each result is encoded before the next call
     metrics = None
     if config.metrics_port is not None:
-        metrics = ServerMetrics(env_id=config.env, num_envs=config.num_envs, vectorization=config.vectorization)
+        metrics = ServerMetrics(
+            env_id=config.env,
+            num_envs=config.num_envs,
+            vectorization=config.vectorization,
+            needs_token=config.auth_token is not None,
+        )
     service = EnvService(config, metrics=metrics)
     # The token check first: a caller without it learns nothing, not even whether its bytes parse.
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.auth_token is not None:
-        on_refusal = None if metrics is None else metrics.errors.labels("UNAUTHENTICATED").inc
+        on_refusal = None if metrics is None else functools.partial(metrics.count_error, code="UNAUTHENTICATED")
         interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
     interceptors.append(RequestGuardInterceptor())
     server = grpc.aio.server(options=server_options(), interceptors=interceptors)
@@ -312,12 +317,15 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service)
     address = _listen_address(config)
+    served = False  # (the Unix socket is then ours to remove)
     try:
         _check_bindable(config)
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
         await server.start()
         step_server = await _serve_step_socket(config, service)
+        if metrics is not None:
+            metrics.set_transport(_transport(config, step_server))
         if env is None:
             log.info(
                 "building %d x %s (health: NOT_SERVING until done), listening on %s",
@@ -331,15 +339,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             service.attach(env)
         except UnsupportedSpaceError as err:
             raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
-    except BaseException:
-        await server.stop(None)
-        if step_server is not None:
-            step_server.close()
-        service.close()
-        if env is not None:
-            env.close()
-        raise
-    try:
+        served = True
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
         else:
@@ -396,17 +396,26 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
             if watchdog is not None:
                 watchdog.cancel()
     finally:
+        # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
         await server.stop(None)
         if step_server is not None:
             step_server.close()
         service.close()
         if metrics is not None:
             metrics.close()
-        env.close()
-        if config.unix_socket:
+        if env is not None:
+            env.close()
+        if served and config.unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)
     log.info("stopped after %d steps", service.steps)
+
+
+def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:
+    """How learners reach the server, for the metrics' server info: tcp, unix or unix+step-socket."""
+    if not config.unix_socket:
+        return "tcp"
+    return "unix+step-socket" if step_server is not None else "unix"
 
 
 def _describe_envs(config: ServerConfig) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import max_episode_steps
-from env_server.interceptors import MalformedRequest, end_call
+from env_server.interceptors import MalformedRequest, RefusalLog, end_call
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
@@ -75,8 +75,6 @@ class Session:
 # that runs on the loop delays health checks and refusals by its duration: 10 ms is harmless there,
 # and the hop is then at most 1%.
 INLINE_LIMIT_S = 0.010
-# At most one log line per this many seconds for refused calls (a misbehaving client may send many).
-_REFUSAL_LOG_EVERY_S = 10.0
 # Longest a shutdown keeps an idle step stream open (see StepStream), within the grace period.
 _DRAIN_LINGER_S = 1.0
 # Weight of the newest call in the moving average of env call durations.
@@ -97,7 +95,7 @@ def _rpc(
         try:
             return await method(self, request, context)
         except Exception as err:
-            self.end_call(context, err, method.__name__)
+            self.end_call(context, err, method.__name__, request)
         return None  # (gRPC sends no message when the status is not OK)
 
     return wrapper
@@ -110,16 +108,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
     builds it while already answering health checks with NOT_SERVING), every call gets UNAVAILABLE.
     """
 
-    def __init__(
-        self, config: ServerConfig, env: gym.vector.VectorEnv | None = None, metrics: ServerMetrics | None = None
-    ) -> None:
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._env: gym.vector.VectorEnv | None = None
         self._num_envs = 0
         self._claim: Session | None = None
-        self._refused = 0  # calls answered with an error status (their log lines are rate-limited)
-        self._last_refusal_log = -math.inf
+        self._refusals = RefusalLog()  # calls answered with an error status (their log lines are rate-limited)
         self._needs_reset = True
         # Under autoreset Disabled, the envs that ended at their last step and wait for a reset: a step
         # refused before it reaches gymnasium (whose assertion would cost the session a full reset).
@@ -129,6 +124,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.on_dead: Callable[[], None] | None = None
         """Called once when the envs cannot run any more, from the thread of the env call that found
         it (the server turns its health NOT_SERVING)."""
+        self.on_session_end: Callable[[str, str], None] | None = None
+        """Called with a session's id and why it ended, on the loop, whenever a session ends (released,
+        its Hold stream gone, timed out, the server shutting down): the step socket closes that
+        session's connections, which would otherwise stay open for as long as their process lives."""
         # Env calls run one at a time (the lock), either on the event loop itself, while they are
         # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
         # checks, refusals and releases (see INLINE_LIMIT_S).
@@ -145,8 +144,6 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.draining = False
         self.spec: pb.EnvSpec | None = None
         self.steps = 0
-        if env is not None:
-            self.attach(env)
 
     def attach(self, env: gym.vector.VectorEnv) -> None:
         """Serve ``env`` from now on (once; the server calls it when the envs are built)."""
@@ -193,9 +190,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     # -- errors ---------------------------------------------------------------------------------
 
-    def status(self, err: Exception, method: str) -> tuple[grpc.StatusCode, str, int | None]:
+    def status(
+        self, err: Exception, method: str, *, peer: str = "", session_id: str = "", client_name: str = ""
+    ) -> tuple[grpc.StatusCode, str, int | None]:
         """The status ``err`` means (code, message, env index or None): the one place exceptions become
-        status codes, for gRPC calls and the step socket alike."""
+        status codes, for gRPC calls and the step socket alike.
+
+        ``peer``, ``session_id`` and ``client_name`` (a Handshake's) say who called, for the log line."""
         env_index: int | None = None
         if isinstance(err, ServiceError):
             code, message, env_index = err.code, str(err), err.env_index
@@ -205,22 +206,37 @@ class EnvService(pb_grpc.EnvServiceServicer):
             log.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
         if self._metrics is not None:
-            self._metrics.errors.labels(code.name).inc()
-        self._refused += 1
-        now = time.monotonic()
-        if code is not grpc.StatusCode.INTERNAL and now - self._last_refusal_log >= _REFUSAL_LOG_EVERY_S:
-            self._last_refusal_log = now  # (INTERNAL: logged with its traceback above)
+            self._metrics.count_error(method, code.name)
+        suffix = self._refusals.note(method, code)
+        if suffix is not None and code is not grpc.StatusCode.INTERNAL:  # (INTERNAL: logged as it happened)
             # (UNAVAILABLE: starting or shutting down, which the server logs anyway; Hold: a learner's
             # session that ended before its Hold stream came, closed at once, say: its next call is told)
             quiet = code is grpc.StatusCode.UNAVAILABLE or method == "Hold"
             level = logging.INFO if quiet else logging.WARNING
-            log.log(level, "refused %s [%s]: %s (%d refused calls so far)", method, code.name, message, self._refused)
+            caller = self._describe_caller(peer, session_id, client_name)
+            log.log(level, "refused %s%s [%s]: %s %s", method, caller, code.name, message, suffix)
         return code, message, env_index
 
-    def end_call(self, context: grpc.aio.ServicerContext, err: Exception, method: str) -> None:
-        """Set the status ``err`` means on the call; the handler then returns, with no response
-        (not ``context.abort()``, which kept refused requests in memory: see interceptors.end_call)."""
-        code, message, env_index = self.status(err, method)
+    def _describe_caller(self, peer: str, session_id: str, client_name: str) -> str:
+        """Who called, for a refusal's log line: `` from PEER ('name')``, as far as known (the client's
+        name is its Handshake's, or that of the session it names if that is the live one)."""
+        claim = self._claim
+        if not client_name and session_id and claim is not None and _same_id(claim.id, session_id):
+            client_name = claim.client_name
+        text = f" from {peer}" if peer else ""
+        return f"{text} ({client_name[:200]!r})" if client_name else text
+
+    def end_call(self, context: grpc.aio.ServicerContext, err: Exception, method: str, request: object = None) -> None:
+        """Set the status ``err`` means on the call (of ``request``, where one was read); the handler
+        then returns, with no response (not ``context.abort()``, which kept refused requests in
+        memory: see interceptors.end_call)."""
+        code, message, env_index = self.status(
+            err,
+            method,
+            peer=context.peer(),
+            session_id=getattr(request, "session_id", ""),
+            client_name=getattr(request, "client_name", ""),
+        )
         trailer = [(ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER)]
         if env_index is not None:
             trailer.append((ENV_INDEX_KEY, str(env_index)))
@@ -252,6 +268,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             if self._metrics is not None:
                 self._metrics.session_active.set(0)
             log.info("session %s of %s ended: %s", session.id[:8], session.peer, reason)
+            if self.on_session_end is not None:
+                self.on_session_end(session.id, reason)
         session.end_reason = reason
         session.ended.set()
 
@@ -268,6 +286,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
             )
         claim.last_seen = now
         return claim
+
+    def owns(self, session_id: str) -> bool:
+        """Whether ``session_id`` is the live session's (a claim past its timeout ends here, as at any call)."""
+        claim = self._live_claim(time.monotonic())
+        return claim is not None and _same_id(claim.id, session_id)
 
     def end_all(self, reason: str) -> None:
         """End the current session (server shutdown)."""
@@ -324,7 +347,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         try:
             session = self._session(request.session_id)
         except Exception as err:
-            self.end_call(context, err, "Hold")
+            self.end_call(context, err, "Hold", request)
             return
         session.holds += 1
         try:
@@ -346,6 +369,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Reset(self, request: pb.ResetRequest, context: grpc.aio.ServicerContext) -> pb.ResetResponse:
+        start = time.perf_counter()
         session = self._session(request.session_id)
         k = self._num_envs
         seeds: list[int | None] | None = None
@@ -388,8 +412,6 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 )
             options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
         (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
-        if self._metrics is not None:
-            self._metrics.resets.inc()
         # Only the session that asked: one that ended while its reset ran (its learner went away)
         # must not stand in for the reset the next session's Handshake asked for.
         if self._claim is session:
@@ -399,7 +421,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._ended = (
                     np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
                 )
-        return _encode_reset(obs, infos)
+        response = _encode_reset(obs, infos)
+        if self._metrics is not None:
+            self._metrics.observe_reset(time.perf_counter() - start)
+        return response
 
     @_rpc
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
@@ -438,7 +463,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, request.message)
                 response = await self.step(request)  # (UNAVAILABLE "shutting down" once draining)
             except Exception as err:
-                self.end_call(context, err, "StepStream")
+                self.end_call(context, err, "StepStream", request)
                 return
             await context.write(response)
 

@@ -19,11 +19,14 @@ import contextlib
 import logging
 import os
 import select
+import socket
 import stat
+import struct
 import time
 
 import grpc
 
+from env_server.interceptors import RefusalLog
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService, ServiceError, shutting_down
@@ -32,12 +35,16 @@ __all__ = ["MAX_CONNECTIONS", "StepSocketServer"]
 
 log = logging.getLogger(__name__)
 
-# Open connections at once: a learner needs one per session; more is a misbehaving peer.
+# Open connections at once: a learner needs one per session; more is a misbehaving peer. (Those of
+# sessions that ended are closed, so a learner that stopped or hangs does not keep its place.)
 MAX_CONNECTIONS = 8
 
 
 class StepSocketServer:
-    """Listens on ``path`` and serves the steps of ``service``'s session there."""
+    """Listens on ``path`` and serves the steps of ``service``'s session there.
+
+    A connection serves one session: when the session ends (however it ends), the connections that
+    stepped in it are told so and closed, as its StepStream would be ended."""
 
     def __init__(self, service: EnvService, path: str, spin_wait_s: float = 0.0) -> None:
         self.service = service
@@ -46,6 +53,8 @@ class StepSocketServer:
         self.connections: list[_Connection] = []  # oldest first
         self._server: asyncio.Server | None = None
         self._inode: int | None = None  # of the socket file this server made (close removes only that)
+        # Log lines about connections closed to make room (anyone on the host can open many).
+        self._evictions = RefusalLog()
 
     async def start(self, mode_of: str) -> None:
         """Listen (OSError if that fails); the socket gets the permissions of the file ``mode_of`` (the gRPC socket)."""
@@ -56,16 +65,43 @@ class StepSocketServer:
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
         self._inode = os.lstat(self.path).st_ino
         os.chmod(self.path, stat.S_IMODE(os.stat(mode_of).st_mode))
+        self.service.on_session_end = self.session_ended
+
+    def session_ended(self, session_id: str, reason: str) -> None:
+        """Close the connections that stepped in session ``session_id``, which ended (``reason``): its
+        learner may have stopped or hung (its process, and so its connections, live on), and a
+        connection that stays would count against MAX_CONNECTIONS for good. One with a step in
+        progress is closed once that step is answered."""
+        if self.service.draining:
+            return  # (drain() tells each connection that the server is shutting down)
+        ended = [c for c in self.connections if c.holds(session_id)]
+        for connection in ended:
+            connection.end_session(_session_ended(session_id, reason))
+        if ended:
+            log.info("step socket: closing %d connection(s) of session %s, which ended", len(ended), session_id[:8])
 
     def admit(self, connection: _Connection) -> bool:
-        """Count a new connection in; at the limit, close the oldest one that never stepped (anyone
-        who can open the socket can open connections; only the session's holder can step), or
-        refuse the new one (False) if every one has."""
+        """Count a new connection in; at the limit, close those of sessions that are over (should any
+        be left: session_ended closes them), else the oldest one that never stepped (anyone who can
+        open the socket can open connections; only the session's holder can step), or refuse the new
+        one (False) if every one has stepped in the live session."""
         if len(self.connections) >= MAX_CONNECTIONS:
-            idle = next((c for c in self.connections if not c.stepped and not c.closed), None)
+            for stale in list(self.connections):  # (owns() may end a claim that timed out: its hook closes some)
+                if stale.stepped_in and not self.service.owns(stale.stepped_in):
+                    stale.end_session(_session_ended(stale.stepped_in, "it is over"))
+        if len(self.connections) >= MAX_CONNECTIONS:
+            # (not one whose first step is in progress: its learner, told RESOURCE_EXHAUSTED, would
+            # send that step again over gRPC, and the envs would step twice)
+            idle = next((c for c in self.connections if not c.stepped_in and c.task is None and not c.closed), None)
             if idle is None:
                 return False
-            log.warning("step socket: %d connections open; closing the oldest that never stepped", MAX_CONNECTIONS)
+            suffix = self._evictions.note("step socket", grpc.StatusCode.RESOURCE_EXHAUSTED)
+            if suffix is not None:
+                log.warning(
+                    "step socket: %d connections open; closing the oldest that never stepped %s",
+                    MAX_CONNECTIONS,
+                    suffix.replace("refused calls", "connections closed to make room"),
+                )
             idle.fail(_too_many())
         self.connections.append(connection)
         return True
@@ -82,6 +118,8 @@ class StepSocketServer:
             await asyncio.wait(tasks, timeout=timeout)
 
     def close(self) -> None:
+        if self.service.on_session_end == self.session_ended:
+            self.service.on_session_end = None
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
@@ -102,21 +140,26 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None  # a slow step in progress
         self.paused = False  # the peer does not read its answers: stop serving until it does
         self.closed = False
-        self.stepped = False  # a step of the session went through (the peer holds its id)
+        # The session a step went through in (the peer holds its id), or "" until one has; a step in
+        # progress that has not been answered does not count.
+        self.stepped_in = ""
+        self.ending: ServiceError | None = None  # the session ended during a step: close once it is answered
         self.answered_at = 0.0  # perf_counter() of the last answer, until the next frame's first bytes
         # How soon the learner's next frame came after an answer (a moving average, each sample capped
         # at twice the spin wait so that one pause, an update between rollouts say, counts little).
         self.recent_gap = 0.0
         self._poller: select.poll | None = None
+        self.peer = "the step socket"  # who connected, for log lines (see connection_made)
+        self.session_id = ""  # of the last request read
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.peer = _describe_peer(transport)
         if not self.owner.admit(self):
-            log.warning("step socket: refused a connection (%d open, all stepping)", MAX_CONNECTIONS)
-            self.fail(_too_many())
+            self.fail(_too_many())  # (logged, at most once per 10 s: see EnvService.status)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -176,7 +219,7 @@ class _Connection(asyncio.Protocol):
                     self.task = asyncio.get_running_loop().create_task(self.step_later(request))
                     self.hold_input(True)
                     return
-                self.stepped = True
+                self.stepped_in = request.session_id
                 self.send(FRAME_STEP, response.SerializeToString())
                 self.answered_at = time.perf_counter()
         except Exception as err:
@@ -231,13 +274,15 @@ class _Connection(asyncio.Protocol):
                 f"step socket: expected a frame of kind {FRAME_STEP} (a StepRequest), got kind {kind}",
             )
         try:
-            return pb.StepRequest.FromString(payload)
+            request = pb.StepRequest.FromString(payload)
         except Exception as err:
             raise ServiceError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"step socket: the frame is not a valid StepRequest ({type(err).__name__}: {err}); "
                 "is the client built from envfleet.v1's proto?",
             ) from err
+        self.session_id = request.session_id
+        return request
 
     async def step_later(self, request: pb.StepRequest) -> None:
         try:
@@ -249,10 +294,13 @@ class _Connection(asyncio.Protocol):
         self.task = None
         if self.closed:
             return
-        self.stepped = True
+        self.stepped_in = request.session_id
         self.send(FRAME_STEP, response.SerializeToString())
         if self.service.draining:
             self.fail(shutting_down())
+            return
+        if self.ending is not None:
+            self.end_session(self.ending)
             return
         self.hold_input(False)
         self.serve()  # frames that came meanwhile
@@ -261,11 +309,31 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(FRAME_HEADER.pack(len(payload), kind) + payload)
 
+    def holds(self, session_id: str) -> bool:
+        """Whether this connection serves session ``session_id``: a step of it went through here, or is in progress."""
+        if self.closed:
+            return False
+        return self.stepped_in == session_id or (self.task is not None and self.session_id == session_id)
+
+    def end_session(self, err: ServiceError) -> None:
+        """The session ended: send ``err`` (not logged as a refusal: nothing was asked) and close, or,
+        with a step in progress, once it is answered."""
+        if self.closed:
+            return
+        if self.task is not None:
+            self.ending = err
+            return
+        self.close_with(err.code, str(err), None)
+
     def fail(self, err: Exception) -> None:
         """Send the status ``err`` means as a StepError, then close (as a status ends a StepStream)."""
         if self.closed:
             return
-        code, message, env_index = self.service.status(err, "StepStream")
+        code, message, env_index = self.service.status(err, "StepStream", peer=self.peer, session_id=self.session_id)
+        self.close_with(code, message, env_index)
+
+    def close_with(self, code: grpc.StatusCode, message: str, env_index: int | None) -> None:
+        """Send a StepError of ``code``, then close after what is buffered is written."""
         self.send(
             FRAME_ERROR, pb.StepError(code=code.value[0], message=message, env_index=env_index).SerializeToString()
         )
@@ -284,8 +352,30 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+def _describe_peer(transport: asyncio.Transport) -> str:
+    """Who connected, for log lines: ``pid N on the step socket`` (the kernel's record), or ``the step socket``."""
+    sock = transport.get_extra_info("socket")
+    peer_cred = getattr(socket, "SO_PEERCRED", None)  # (Linux)
+    if sock is None or peer_cred is None:
+        return "the step socket"
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peer_cred, struct.calcsize("3i")))
+    except OSError:
+        return "the step socket"
+    return f"pid {pid} on the step socket"
+
+
 def _too_many() -> ServiceError:
     return ServiceError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"step socket: {MAX_CONNECTIONS} connections are open already; close one, or step over gRPC",
+        f"step socket: {MAX_CONNECTIONS} connections are open already, each of which has stepped in the current "
+        "session; close one, or step over gRPC",
+    )
+
+
+def _session_ended(session_id: str, reason: str) -> ServiceError:
+    """What a connection of a session that ended is told (what a step of it would be told, and why)."""
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"session {session_id[:8]!r} does not own this server any more ({reason}); call Handshake again",
     )

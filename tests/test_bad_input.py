@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -14,9 +17,11 @@ import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 
+from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
+from tests.conftest import SpawnServer
 from tests.envs import ClockEnv
 
 
@@ -287,3 +292,79 @@ def test_malformed_raw_requests_are_invalid_argument(start_servers: Any) -> None
         ok.actions.tensor.shape[:] = [2]
         ok.actions.tensor.data = np.zeros(2, dtype="<i8").tobytes()
         assert len(stub.Step(ok, timeout=5).rewards.data) == 16
+
+
+# -- what the server logs of refused calls ------------------------------------------------------------
+
+
+def _refusals(logs: str) -> list[str]:
+    return [line.split(": ", 1)[1] for line in logs.splitlines() if " env_server.service: refused " in line]
+
+
+def test_refused_calls_are_logged_per_kind_with_the_caller(spawn_server: SpawnServer) -> None:
+    """One line per (method, status code) per 10 s: a flood of one kind hides no other kind. Each
+    line names the peer and, where known, the client (its Handshake's name, or its session's)."""
+    server = spawn_server("CartPole-v1", 2, "--log-level", "info")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(client_name="first"), timeout=5).session_id
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Handshake(pb.HandshakeRequest(client_name="second"), timeout=5)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Step(pb.StepRequest(session_id=session), timeout=5)  # before any Reset
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    deadline = time.monotonic() + 5
+    while len(lines := _refusals(server.logs())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lines) == 2, server.logs()
+    busy, early = lines
+    assert busy.startswith("refused Handshake from ipv4:127.0.0.1:") and "('second') [RESOURCE_EXHAUSTED]: " in busy
+    assert "claimed by 'first'" in busy and busy.endswith("(1 refused calls so far)"), busy
+    assert early.startswith("refused Step from ipv4:127.0.0.1:") and "('first') [FAILED_PRECONDITION]: " in early
+    assert early.endswith("(4 refused calls so far)"), early
+
+
+def test_a_refusal_line_says_how_many_of_its_kind_were_left_out(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from env_server import interceptors
+    from env_server.config import ServerConfig
+    from env_server.service import EnvService, ServiceError
+
+    now = [1000.0]
+    monkeypatch.setattr(interceptors, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    service = EnvService(ServerConfig(env="CartPole-v1"))
+    busy = ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "claimed")
+    try:
+        for _ in range(3):
+            service.status(busy, "Handshake", peer="ipv4:10.0.0.9:5000", client_name="b")
+        now[0] += 10
+        service.status(busy, "Handshake", peer="ipv4:10.0.0.9:5001")
+    finally:
+        service.close()
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused ")] == [
+        "refused Handshake from ipv4:10.0.0.9:5000 ('b') [RESOURCE_EXHAUSTED]: claimed (1 refused calls so far)",
+        "refused Handshake from ipv4:10.0.0.9:5001 [RESOURCE_EXHAUSTED]: claimed (4 refused calls so far, "
+        "2 more like it not logged since the last such line)",
+    ]
+
+
+def test_a_step_socket_refusal_names_the_connected_process(spawn_server: SpawnServer) -> None:
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:  # (short: Unix socket paths are)
+        server = spawn_server("CartPole-v1", 1, "--unix-socket", f"{folder}/env.sock", "--log-level", "info")
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(f"{folder}/env.sock{STEP_SOCKET_SUFFIX}")
+            payload = pb.StepRequest(session_id="not-a-session").SerializeToString()
+            sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
+            _, kind = FRAME_HEADER.unpack(sock.recv(FRAME_HEADER.size, socket.MSG_WAITALL))
+        assert kind == FRAME_ERROR
+        deadline = time.monotonic() + 5
+        while not (lines := _refusals(server.logs())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        server.stop()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"refused StepStream from pid {os.getpid()} on the step socket [FAILED_PRECONDITION]: "
+    ), lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -12,8 +13,11 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from env_server.metrics import ServerMetrics
+from env_server.protocol import package_version
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, InvalidRequestError, RemoteVectorEnv
@@ -99,8 +103,12 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
     assert 0 < after["envfleet_step_latency_seconds_sum"] < 25
     assert after["envfleet_env_step_latency_seconds_count"] == 25
     assert after["envfleet_step_latency_seconds_bucket[le=+Inf]"] == 25
-    assert after["envfleet_errors_total{code=FAILED_PRECONDITION}"] == 1
-    assert after["envfleet_server_info{env_id=CartPole-v1,vectorization=sync}"] == 1
+    assert after["envfleet_errors_total{code=FAILED_PRECONDITION,method=Step}"] == 1
+    assert after["envfleet_reset_latency_seconds_count"] == 1
+    info = [key for key in after if key.startswith("envfleet_server_info{")]
+    assert info == [
+        f"envfleet_server_info{{env_id=CartPole-v1,transport=tcp,vectorization=sync,version={package_version()}}}"
+    ]
     # The claim ends when the learner closes.
     deadline = time.monotonic() + 5
     while scrape(url)["envfleet_session_active"] != 0:
@@ -149,4 +157,47 @@ def test_env_errors_and_refused_tokens_are_counted(spawn_server: SpawnServer) ->
         assert envs.fault_stats().env_errors == 1
     after = scrape(url)
     assert after["envfleet_env_errors_total"] == 1  # the failed step (not again the reset step after it)
-    assert after["envfleet_errors_total{code=UNAUTHENTICATED}"] >= 1
+    refused = {key: n for key, n in after.items() if key.startswith("envfleet_errors_total{code=UNAUTHENTICATED,")}
+    assert sum(refused.values()) >= 1 and all("method=" in key for key in refused), refused
+
+
+def test_the_endpoint_has_process_metrics_zeroed_error_series_and_no_created_series(
+    server: tuple[str, str],
+) -> None:
+    _, url = server
+    before = scrape(url)
+    # The process's own CPU and memory, as the default registry of prometheus_client has them.
+    assert before["process_cpu_seconds_total"] > 0 and before["process_resident_memory_bytes"] > 0
+    assert any(key.startswith("python_info{") for key in before)
+    # Each method's common errors are there at 0 before any: increase() sees the first one.
+    for method in ("Handshake", "Reset", "Step", "StepStream"):
+        for code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL"):
+            key = f"envfleet_errors_total{{code={code},method={method}}}"
+            assert before.get(key) == 0, f"{key}: expected 0 before any error, got {before.get(key)}"
+    created = [key for key in before if key.endswith("_created") or "_created{" in key]
+    assert created == [], f"expected no _created series, got {created}"
+    # Latency buckets from 10 us to past the learner's default 10 s timeout, for steps and resets.
+    for histogram in ("envfleet_step_latency_seconds", "envfleet_reset_latency_seconds"):
+        bounds = sorted(float(key.split("[le=")[1][:-1]) for key in before if key.startswith(f"{histogram}_bucket"))
+        assert bounds[:2] == [1e-05, 2e-05] and bounds[-3:] == [30.0, 60.0, float("inf")], (histogram, bounds)
+
+
+def test_a_unix_socket_server_names_its_transport_in_its_info(spawn_server: SpawnServer) -> None:
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:  # (short: Unix socket paths are)
+        server = spawn_server(
+            "CartPole-v1", 1, "--unix-socket", f"{folder}/env.sock", "--metrics-port", "0", "--log-level", "info"
+        )
+        match = re.search(r"Prometheus metrics on (http://\S+/metrics)", server.logs())
+        assert match, server.logs()
+        info = [key for key in scrape(match.group(1)) if key.startswith("envfleet_server_info{")]
+        server.stop()
+    assert len(info) == 1 and ",transport=unix+step-socket," in info[0], info
+
+
+def test_the_created_series_stay_on_in_other_registries() -> None:
+    """(prometheus_client's disable_created_metrics() turns them off for the whole process)"""
+    ServerMetrics(env_id="CartPole-v1", num_envs=1, vectorization="sync")
+    other = CollectorRegistry()
+    Counter("other_requests", "A counter of another registry of the process", registry=other).inc()
+    names = {s.name for m in other.collect() for s in m.samples}
+    assert "other_requests_created" in names, names

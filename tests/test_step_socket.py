@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,14 +68,15 @@ def _step_request(session_id: str, actions: list[int]) -> pb.StepRequest:
 class Session:
     """A claimed, reset session on a Unix-socket server, and ways to reach its step socket."""
 
-    def __init__(self, address: str, num_envs: int = 3) -> None:
+    def __init__(self, address: str, num_envs: int = 3, *, hold: bool = True) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         handshake = self.stub.Handshake(pb.HandshakeRequest(client_name="test"), timeout=10)
         self.id = handshake.session_id
         self.step_socket = handshake.step_socket
-        self.hold = self.stub.Hold(pb.HoldRequest(session_id=self.id))
+        # (without a Hold stream the claim lasts while calls come within the server's claim timeout)
+        self.hold = self.stub.Hold(pb.HoldRequest(session_id=self.id)) if hold else None
         seeds = [pb.Seed(value=i) for i in range(num_envs)]
         self.stub.Reset(pb.ResetRequest(session_id=self.id, seeds=seeds), timeout=10)
 
@@ -91,7 +93,8 @@ class Session:
         return pb.StepResponse.FromString(payload)
 
     def close(self) -> None:
-        self.hold.cancel()
+        if self.hold is not None:
+            self.hold.cancel()
         self.channel.close()
 
 
@@ -106,7 +109,7 @@ def session(start_servers: Any) -> Iterator[Session]:
 def test_a_unix_socket_server_offers_its_step_socket_and_a_tcp_one_none(start_servers: Any) -> None:
     (unix,) = start_servers("CartPole-v1", transport="unix")
     (tcp,) = start_servers("CartPole-v1", transport="tcp")
-    (off,) = start_servers("CartPole-v1", transport="unix", server_args=["--step-socket", "off"])
+    (off,) = start_servers("CartPole-v1", transport="unix", server_args=["--no-step-socket"])
     offered = {}
     for address in (unix, tcp, off):
         with grpc.insecure_channel(address) as channel:
@@ -246,6 +249,79 @@ def test_connections_that_never_stepped_make_room_for_the_learner(session: Sessi
     assert session.step(learner, [0, 1, 0]).rewards.data
     error = _error(squatters[0])  # the oldest was closed to make room
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+
+@pytest.mark.parametrize("end", ["released", "hold stream gone", "timed out"])
+def test_the_connections_of_a_session_that_ends_are_told_and_closed_and_make_room(start_servers: Any, end: str) -> None:
+    """A learner stopped (Ctrl-Z) or hung keeps its connections open while its process lives; once its
+    session ends, however it ends, they are told so and closed, so that they do not hold the step
+    socket's places for good: the next learner steps there, on as many connections as it likes."""
+    (address,) = start_servers("CartPole-v1", envs_per_server=3, transport="unix", server_args=["--claim-timeout", "1"])
+    old = Session(address, hold=end != "timed out")
+    socks = [old.connect() for _ in range(MAX_CONNECTIONS)]
+    for sock in socks:
+        old.step(sock, [0, 0, 0])
+    if end == "released":
+        old.stub.Release(pb.ReleaseRequest(session_id=old.id), timeout=10)
+    elif end == "hold stream gone":
+        assert old.hold is not None
+        old.hold.cancel()
+    # (timed out: no call for the claim timeout, 1 s)
+    reason = {
+        "released": "released",
+        "hold stream gone": "its Hold stream ended",
+        "timed out": "no Hold stream and no calls for 1 s",
+    }[end]
+    for sock in socks:
+        error = _error(sock)
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0], error
+        assert error.message.startswith(f"session {old.id[:8]!r} does not own this server any more ({reason}"), error
+    old.close()
+    new = Session(address)
+    mine = [new.connect() for _ in range(MAX_CONNECTIONS)]
+    for sock in mine:
+        assert new.step(sock, [1, 1, 1]).rewards.data
+    new.close()
+
+
+def test_a_new_connection_evicts_those_of_a_session_that_is_over() -> None:
+    """Should connections of a session that is over be left (session_ended closes them), a new
+    connection at the limit closes them rather than being refused."""
+    service = _Service(live="live")
+    server = StepSocketServer(service, path="")  # type: ignore[arg-type]
+    old = [_connection(server, stepped_in="gone") for _ in range(MAX_CONNECTIONS - 1)]
+    current = _connection(server, stepped_in="live")
+    newcomer = _connection(server, stepped_in="", admit=False)
+    assert server.admit(newcomer)
+    assert server.connections == [current, newcomer]
+    for connection in old:
+        assert connection.closed and isinstance(connection.transport, _Recorder) and connection.transport.closed
+        kind, payload = _frames(connection.transport.written)[0]
+        error = pb.StepError.FromString(payload)
+        assert kind == FRAME_ERROR and error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0], error
+        assert error.message == "session 'gone' does not own this server any more (it is over); call Handshake again"
+    assert not current.closed
+
+
+def test_refused_connections_are_logged_at_most_once_in_a_while(
+    start_servers: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A learner that opens connection after connection beyond the limit (each refused) fills no log."""
+    caplog.set_level(logging.WARNING)
+    (address,) = start_servers("CartPole-v1", envs_per_server=3, transport="unix")
+    claimed = Session(address)
+    socks = [claimed.connect() for _ in range(MAX_CONNECTIONS)]
+    for sock in socks:
+        claimed.step(sock, [0, 0, 0])
+    for _ in range(20):
+        assert _error(claimed.connect()).code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    deadline = time.monotonic() + 10
+    while "RESOURCE_EXHAUSTED" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)  # (the server's log lines come through a thread that forwards them)
+    time.sleep(0.5)
+    lines = [r.getMessage() for r in caplog.records if "step socket" in r.getMessage()]
+    assert len(lines) == 1 and "refused StepStream" in lines[0] and "RESOURCE_EXHAUSTED" in lines[0], lines
+    claimed.close()
 
 
 def test_an_answer_that_came_in_time_is_no_timeout_when_another_server_is_late(start_servers: Any) -> None:
@@ -430,6 +506,49 @@ class _Transport:
         return self.unsent
 
 
+class _Recorder:
+    """An asyncio transport that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Service:
+    """What the step socket asks of the service to admit a connection: whose session is live."""
+
+    def __init__(self, live: str) -> None:
+        self.live = live
+        self.on_session_end = None
+
+    def owns(self, session_id: str) -> bool:
+        return session_id == self.live
+
+
+def _connection(server: StepSocketServer, stepped_in: str, *, admit: bool = True) -> _Connection:
+    connection = _Connection(server)
+    connection.transport = _Recorder()  # type: ignore[assignment]
+    connection.stepped_in = stepped_in
+    if admit:
+        assert server.admit(connection)
+    return connection
+
+
+def _frames(data: bytes) -> list[tuple[int, bytes]]:
+    frames = []
+    while data:
+        length, kind = FRAME_HEADER.unpack_from(data)
+        frames.append((kind, data[FRAME_HEADER.size : FRAME_HEADER.size + length]))
+        data = data[FRAME_HEADER.size + length :]
+    return frames
+
+
 @pytest.fixture
 def lingering() -> Iterator[tuple[_Connection, socket.socket]]:
     """A step-socket connection (spin wait 0.3 s) that has just answered a step, and the learner's end."""
@@ -580,3 +699,93 @@ def test_sigterm_tells_an_idle_connection_the_server_is_shutting_down(
     assert proc.wait(timeout=20) == 0
     assert not os.path.exists(claimed.step_socket)
     claimed.close()
+
+
+class _FullStepSocket:
+    """Squats on a step socket's path and refuses every connection as a step socket whose places are
+    all taken does (a RESOURCE_EXHAUSTED StepError, then close): ``when="connecting"`` as it accepts
+    the connection, ``"first step"`` once the first frame is in (the refusal a learner meets when its
+    frame went out before the server's refusal came in)."""
+
+    def __init__(self, path: str, when: str) -> None:
+        os.unlink(path)  # (the server's own: gone, as if full)
+        self.when = when
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen()
+        self.listener.settimeout(0.1)
+        self.connections = 0
+        self.frames = 0  # read before refusing ("first step")
+        self.sent_after = 0  # bytes that came after the refusal was sent (a step sent all the same)
+        self.refusing = threading.Event()  # set once a refusal is sent
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._refuse, daemon=True)
+        self.thread.start()
+
+    def _refuse(self) -> None:
+        refusal = pb.StepError(
+            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+            message=f"step socket: {MAX_CONNECTIONS} connections are open already; close one, or step over gRPC",
+        )
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                self.connections += 1
+                conn.settimeout(10)
+                if self.when == "first step":
+                    _answer(conn)  # (a frame read as an answer is read: header and payload)
+                    self.frames += 1
+                conn.sendall(_frame(FRAME_ERROR, refusal.SerializeToString()))
+                self.refusing.set()
+                while chunk := conn.recv(65536):  # (until the learner closes the connection)
+                    self.sent_after += len(chunk)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        self.listener.close()
+
+
+@pytest.mark.parametrize("when", ["connecting", "first step"])
+def test_a_step_socket_that_refuses_the_connection_means_grpc_and_a_log_line(
+    start_servers: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A server's step socket with every place taken (by others' connections) refuses a learner's
+    connection before reading a frame of it: the learner steps over gRPC instead, says so once,
+    and its results are those of stepping over gRPC all along, fault-tolerant or not."""
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=3, transport="unix")
+    rng = np.random.default_rng(2)
+    actions = [rng.integers(0, 2, size=3) for _ in range(30)]
+    with RemoteVectorEnv(address, step_socket=False) as envs:
+        expected = [envs.reset(seed=4)] + [envs.step(a) for a in actions]
+    path = address.removeprefix("unix:") + STEP_SOCKET_SUFFIX
+    connect = socket.socket.connect
+    for fault_tolerant in (False, True):
+        full = _FullStepSocket(path, when)
+
+        def connect_then_wait(sock: socket.socket, to: Any, full: _FullStepSocket = full) -> None:
+            connect(sock, to)
+            if to == path:
+                assert full.refusing.wait(10)  # (the refusal is in before the step would go out)
+
+        if when == "connecting":
+            monkeypatch.setattr(socket.socket, "connect", connect_then_wait)
+        try:
+            with caplog.at_level(logging.WARNING, logger="learner.client"):
+                caplog.clear()
+                with RemoteVectorEnv(address, fault_tolerant=fault_tolerant) as envs:
+                    assert envs._clients[0].step_socket == path
+                    got = [envs.reset(seed=4)] + [envs.step(a) for a in actions]
+                    assert envs._clients[0].step_socket == ""
+                    assert envs.fault_stats().failures == 0
+        finally:
+            full.close()
+        assert_same(got, expected)
+        # One connection; "connecting": no step went out on it; "first step": one, answered with the refusal.
+        assert (full.connections, full.frames, full.sent_after) == (1, 1 if when == "first step" else 0, 0)
+        lines = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert address in lines[0] and "connections are open already" in lines[0] and "over gRPC" in lines[0]

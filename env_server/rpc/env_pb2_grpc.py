@@ -87,7 +87,10 @@ class EnvServiceServicer:
 
     def GetSpec(self, request, context):
         """Describes the hosted envs: spaces, number of envs, autoreset mode, metadata. Claims nothing and
-        may be called by anyone at any time (discovery, probes, dashboards).
+        needs no session, so it may be called whether or not a learner holds the server (discovery,
+        dashboards); like every EnvService call it needs the server's auth token where the server
+        requires one (UNAUTHENTICATED otherwise), and it gets UNAVAILABLE while the envs are being
+        built. Probes without a token use the health service instead.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
