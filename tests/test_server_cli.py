@@ -151,3 +151,4 @@ def test_help_explains_the_options() -> None:
     assert result.returncode == 0
     for text in ("--env", "--num-envs", "--port", "--env-kwargs", "--vectorization", "listening on"):
         assert text in result.stdout
+    assert "on|off" not in result.stdout  # (--step-socket on|off: a form no released version had)
