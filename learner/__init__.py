@@ -8,6 +8,8 @@ anything imports it (see ``env_server.tuning``).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from env_server.tuning import quiet_grpc_core
@@ -16,7 +18,12 @@ from env_server.tuning import quiet_grpc_core
 from learner.compose import resolve_compose
 from learner.swarm import resolve_swarm
 
-quiet_grpc_core()  # before anything imports gRPC (a GRPC_VERBOSITY the user set wins)
+# gRPC core logs at INFO otherwise (a "Handshake failed" line at every attempt to reach a TLS server
+# with the wrong CA, before envfleet's own error says why). It reads GRPC_VERBOSITY once, as it
+# starts: so only where grpc is not imported yet, and only if the user did not set it (the entry
+# points set it themselves; this is for `import learner` in a user's own script).
+if "grpc" not in sys.modules and "GRPC_VERBOSITY" not in os.environ:
+    quiet_grpc_core()
 
 if TYPE_CHECKING:
     from learner.discovery import AddressError, expand_addresses
@@ -24,7 +31,9 @@ if TYPE_CHECKING:
         AuthenticationError,
         EnvCrashedError,
         EnvFleetError,
+        InvalidArgumentError,
         InvalidRequestError,
+        InvalidResponseError,
         RemoteEnvError,
         RemoteTimeoutError,
         ServerBusyError,
@@ -44,7 +53,9 @@ _EXPORTS = {
     "AuthenticationError": "learner.errors",
     "EnvCrashedError": "learner.errors",
     "EnvFleetError": "learner.errors",
+    "InvalidArgumentError": "learner.errors",
     "InvalidRequestError": "learner.errors",
+    "InvalidResponseError": "learner.errors",
     "RemoteEnvError": "learner.errors",
     "RemoteTimeoutError": "learner.errors",
     "ServerBusyError": "learner.errors",
@@ -63,7 +74,9 @@ __all__ = [
     "AuthenticationError",
     "EnvCrashedError",
     "EnvFleetError",
+    "InvalidArgumentError",
     "InvalidRequestError",
+    "InvalidResponseError",
     "LocalServers",
     "RemoteEnvError",
     "RemoteTimeoutError",

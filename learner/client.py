@@ -31,6 +31,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner.errors import (
     AuthenticationError,
     EnvCrashedError,
+    InvalidArgumentError,
     InvalidRequestError,
     RemoteEnvError,
     RemoteTimeoutError,
@@ -40,6 +41,7 @@ from learner.errors import (
 )
 
 __all__ = [
+    "RELEASE_TIMEOUT",
     "TIMEOUT_HINT",
     "EnvClient",
     "SocketStep",
@@ -89,6 +91,9 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
+
+RELEASE_TIMEOUT = 2.0
+"""Seconds a release of the session on closing waits at most (see :meth:`EnvClient.release`)."""
 
 TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
@@ -164,7 +169,9 @@ class EnvClient:
     """One connection to one env server, holding its session once :meth:`handshake` succeeds.
 
     Built on ``grpc.aio``: create it and await its methods inside the one event loop that owns it
-    (``RemoteVectorEnv`` drives a private loop from its synchronous methods).
+    (``RemoteVectorEnv`` runs them on its thread's :class:`~learner.loop.LoopRunner`, a loop shared by
+    every RemoteVectorEnv of that thread). ``env_offset``, the index over the fleet of its server's
+    first env (which errors name envs by), is set by the fleet once the layout is known.
     """
 
     def __init__(
@@ -172,7 +179,6 @@ class EnvClient:
         address: str,
         *,
         timeout: float,
-        env_offset: int = 0,
         client_name: str | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         credentials: grpc.ChannelCredentials | None = None,
@@ -182,7 +188,7 @@ class EnvClient:
     ) -> None:
         self.address = address
         self.timeout = timeout
-        self.env_offset = env_offset
+        self.env_offset = 0
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
         self.metadata = tuple(metadata)
         options = channel_options()
@@ -323,10 +329,13 @@ class EnvClient:
 
     def send_on_socket(self, request: pb.StepRequest) -> SocketStep | None:
         """Send ``request`` on the server's step socket (connecting first) and return the step in
-        flight; None when this session does not step there (then :meth:`step` is the way)."""
+        flight; None when this session does not step there (then :meth:`step` is the way): it has
+        no step socket, it is out of reach, or it refused the connection as it opened. (A refusal
+        that comes as the answer is the step's :attr:`SocketStep.refused`: send it over gRPC then.)"""
         if not self.step_socket:
             return None
-        if self._socket is None:
+        first = self._socket is None
+        if first:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
@@ -343,7 +352,20 @@ class EnvClient:
                 self.step_socket = ""
                 return None
             self._socket = sock
-        return SocketStep(self, self._socket, request.SerializeToString())
+        assert self._socket is not None
+        step = SocketStep(self, self._socket, request, first=first)
+        return None if step.refused else step
+
+    def refuse_step_socket(self, reason: str) -> None:
+        """The step socket refused this session's connection (see :attr:`SocketStep.refused`): step
+        over gRPC for the rest of the session (a new session tries the step socket again)."""
+        log.warning(
+            "env server %s: its step socket %s refused the connection (%s); stepping over gRPC",
+            self.address,
+            self.step_socket,
+            reason,
+        )
+        self.step_socket = ""
 
     def close_step_socket(self) -> None:
         """Close the step socket's connection (the next step connects again)."""
@@ -385,8 +407,15 @@ class EnvClient:
 
     # -- shutdown -------------------------------------------------------------------------------
 
-    async def release(self, timeout: float = 2.0) -> None:
-        """End the session (best effort: the server also ends it when the connection drops)."""
+    async def release(self, timeout: float | None = None) -> None:
+        """End the session (best effort: the server also ends it when the connection drops).
+
+        Within ``timeout`` seconds; by default the call deadline, at most :data:`RELEASE_TIMEOUT`:
+        closing a fleet waits for every release, and a server that does not answer soon lets go of
+        the session anyway once the connection closes (a long wait would only hold up ``close()``).
+        """
+        if timeout is None:
+            timeout = min(self.timeout, RELEASE_TIMEOUT)
         if self._steps is not None:
             self._steps.cancel()
             self._steps = None
@@ -416,11 +445,19 @@ class SocketStep:
     read straight from the socket, by :meth:`wait` (blocking) or :meth:`receive` (what has arrived,
     once the socket is readable). Any failure is the step's exception, and closes the connection (a
     timeout too: where the exchange stands is unknown then).
+
+    ``first``: the connection was opened for this step. A server whose step socket has all its
+    connections taken refuses a new one (RESOURCE_EXHAUSTED) before it reads anything from it, so
+    a refusal on a connection's first step means the step was not taken: :attr:`refused`, and
+    ``request`` is to be sent over gRPC instead.
     """
 
-    def __init__(self, client: EnvClient, sock: socket.socket, payload: bytes) -> None:
+    def __init__(self, client: EnvClient, sock: socket.socket, request: pb.StepRequest, *, first: bool = False) -> None:
         self._client = client
         self._sock = sock
+        self.request = request
+        self.first = first
+        self.refused = False  # the step socket refused the connection: the step was not taken
         self._start = time.perf_counter()
         self._buffer = bytearray(FRAME_HEADER.size)
         self._view = memoryview(self._buffer)
@@ -437,6 +474,7 @@ class SocketStep:
                 self._result = None
                 self._fail(self._broken(None, "it sent an answer to no request"))
             return
+        payload = request.SerializeToString()
         try:
             self._send(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
         except OSError as err:
@@ -565,6 +603,12 @@ class SocketStep:
         except Exception as err:  # whatever the bytes were, the exchange is broken
             self._fail(self._broken(None, f"its answer could not be read ({err})"))
             return
+        if self.first and error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]:
+            # A connection beyond the server's limit is refused as it opens, before any frame of it is
+            # read. (The server's other RESOURCE_EXHAUSTED, envs claimed by another learner, is
+            # Handshake's answer, never a step's.)
+            self.refused = True
+            client.refuse_step_socket(error.message)
         self._fail(
             status_error(
                 _CODE_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),
@@ -602,9 +646,9 @@ def channel_credentials(tls: bool | str | os.PathLike[str]) -> tuple[grpc.Channe
         with open(path, "rb") as f:
             roots = f.read()
     except OSError as err:
-        raise ValueError(f"tls: cannot read the CA certificate file {path!r}: {err.strerror}") from err
+        raise InvalidArgumentError(f"tls: cannot read the CA certificate file {path!r}: {err.strerror}") from err
     if b"-----BEGIN CERTIFICATE-----" not in roots:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"tls: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
         )
     return grpc.ssl_channel_credentials(root_certificates=roots), roots

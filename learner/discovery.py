@@ -24,6 +24,8 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 
+from learner.errors import EnvFleetError
+
 __all__ = [
     "TLS_CAUSE",
     "AddressError",
@@ -35,15 +37,18 @@ __all__ = [
     "note_not_used",
     "pin_addresses",
     "probe",
-    "tls_probe",
     "register_resolver",
+    "resolve_dns",
+    "speaks_tls",
     "split_addresses",
+    "tls_probe",
     "warn_duplicates",
 ]
 
 
-class AddressError(ValueError):
-    """An address that cannot be parsed or resolved."""
+class AddressError(EnvFleetError, ValueError):
+    """An address that cannot be parsed or resolved (none given, an unknown scheme, a name with no
+    such host, a Docker engine that cannot be asked)."""
 
 
 class NotReadyYet(AddressError):

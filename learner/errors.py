@@ -11,7 +11,9 @@ __all__ = [
     "AuthenticationError",
     "EnvCrashedError",
     "EnvFleetError",
+    "InvalidArgumentError",
     "InvalidRequestError",
+    "InvalidResponseError",
     "RemoteEnvError",
     "RemoteTimeoutError",
     "ServerBusyError",
@@ -24,6 +26,13 @@ __all__ = [
 
 class EnvFleetError(Exception):
     """Base class of every error envfleet raises."""
+
+
+class InvalidArgumentError(EnvFleetError, ValueError):
+    """An argument given to envfleet is invalid, found before anything is sent: the message names
+    the argument, what was expected and what came (e.g. ``timeout=float("inf")``, reset ``options``
+    that cannot be sent, a batch of actions of the wrong shape). An action outside the space is an
+    :class:`InvalidRequestError` instead: it names the env and its server."""
 
 
 class ServerStartError(EnvFleetError):
@@ -73,6 +82,14 @@ class InvalidRequestError(RemoteEnvError, ValueError):
     ``RemoteVectorEnv`` checks a batch of array actions before sending any of it, as the servers
     would, so no server steps on a bad batch; ``address`` is then the server the bad env lives on.
     """
+
+
+class InvalidResponseError(RemoteEnvError):
+    """A server's answer could not be read, or does not fit the fleet: values the codec cannot decode,
+    observations of another shape than the fleet's space, infos laid out otherwise than the other
+    servers' for the same key (a server of another version, or another configuration of the env).
+    Fault-tolerant, the server counts as lost, as when it fails; ``code`` is None (the call itself
+    succeeded)."""
 
 
 class SessionError(RemoteEnvError):

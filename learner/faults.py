@@ -4,6 +4,11 @@ A server is UP (stepped as usual), DOWN (it failed: its envs are unavailable whi
 tries, with exponential backoff, to open a new session on the same address), or READY (a new
 session is open and its envs were reset: the next step hands their first observations to the
 learner, as a reset, and the server is UP again). See :class:`learner.remote.RemoteVectorEnv`.
+
+A server that is lost again soon after it came back (it answers handshakes and resets but fails its
+steps: a broken env, a full step socket, a bug) is *flapping*: each such loss waits longer before
+the server is taken back, on the reconnect backoff's schedule, and is logged at most once in a
+while, so that it costs neither a reconnect per step nor a log line per step.
 """
 
 from __future__ import annotations
@@ -13,16 +18,37 @@ import enum
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
 from learner.errors import AuthenticationError, InvalidRequestError, RemoteEnvError
 
-__all__ = ["FaultStats", "Replica", "ReplicaState", "is_outage", "reconnect"]
+__all__ = [
+    "FLEET_FIELDS",
+    "RELAPSE_LOG_S",
+    "SETTLE_S",
+    "SETTLE_STEPS",
+    "FaultStats",
+    "Replica",
+    "ReplicaState",
+    "incompatible",
+    "is_outage",
+    "reconnect",
+]
 
 log = logging.getLogger(__name__)
+
+SETTLE_STEPS = 3
+SETTLE_S = 10.0
+"""A server back from a loss has settled once it answered :data:`SETTLE_STEPS` steps and
+:data:`SETTLE_S` seconds passed since it came back; lost before that, it is flapping (both: a quick
+env fails 3 steps in milliseconds, a slow one may take 10 s over one step)."""
+
+RELAPSE_LOG_S = 10.0
+"""A flapping server's losses are logged at most once per this many seconds (with their count)."""
 
 
 class ReplicaState(enum.Enum):
@@ -32,8 +58,9 @@ class ReplicaState(enum.Enum):
 
 
 def is_outage(err: BaseException) -> bool:
-    """Whether ``err`` means the server is gone, hung, restarted or its env broke (so: reconnect),
-    rather than a mistake of the learner's (invalid actions) or of its configuration (a wrong token)."""
+    """Whether ``err`` means the server is gone, hung, restarted, its env broke or its answer could not
+    be read (:class:`~learner.errors.InvalidResponseError`), so: reconnect; rather than a mistake of
+    the learner's (invalid actions) or of its configuration (a wrong token)."""
     return isinstance(err, RemoteEnvError) and not isinstance(err, InvalidRequestError | AuthenticationError)
 
 
@@ -96,6 +123,48 @@ class Replica:
     server_restarts: int = 0
     sessions: list[str] = field(default_factory=list)
     """Session ids opened on this address, newest last (released on reconnect if the server lives)."""
+    back_at: float = 0.0
+    """When it last came back (``time.monotonic()``); 0 if it was never lost."""
+    answered: int = 0
+    """Steps it answered since it came back."""
+    relapses: int = 0
+    """Losses in a row, each before the server had settled since coming back (see :data:`SETTLE_S`)."""
+    failing_since: float = 0.0
+    """When it last answered no more steps: its loss, or, flapping, its first loss since it last
+    answered a step; 0 while it answers. ``give_up_after`` counts from here (see
+    ``RemoteVectorEnv._check_anything_left``)."""
+    relapses_logged_at: float = 0.0
+    """When a line last said it was lost again (see :data:`RELAPSE_LOG_S`)."""
+    relapses_unlogged: int = 0
+    """Relapses since that line."""
+
+    def settled(self, now: float) -> bool:
+        """Whether it has answered steps for long enough since it came back (or never left)."""
+        return not self.back_at or (self.answered >= SETTLE_STEPS and now - self.back_at >= SETTLE_S)
+
+    def note_loss(self, now: float) -> None:
+        """Count a loss at ``now``: a relapse if the server had not settled since it came back."""
+        self.relapses = 0 if self.settled(now) else self.relapses + 1
+        if not self.failing_since:
+            self.failing_since = now
+
+    def note_answer(self) -> int:
+        """Count a step it answered; where that settles a flapping server, the relapses in a row it
+        ends (for a log line), else 0."""
+        self.answered += 1
+        self.failing_since = 0.0
+        if not self.relapses or not self.settled(time.monotonic()):
+            return 0
+        relapses, self.relapses = self.relapses, 0
+        self.relapses_logged_at, self.relapses_unlogged = 0.0, 0
+        return relapses
+
+    def hold_off(self, backoff: tuple[float, float]) -> float:
+        """Seconds to wait before taking it back after its latest loss: none after a first loss, then,
+        for each relapse in a row, ``backoff``'s schedule (first, doubling, up to the longest)."""
+        if not self.relapses:
+            return 0.0
+        return min(backoff[0] * 2 ** min(self.relapses - 1, 32), backoff[1])
 
 
 async def reconnect(
@@ -104,30 +173,35 @@ async def reconnect(
     timeout: float,
     connect_timeout: float,
     backoff: tuple[float, float],
-    on_ready: Any,
+    on_ready: Callable[[], None],
+    hold_off: float = 0.0,
 ) -> None:
     """Open a new session on ``replica``'s server and reset its envs, retrying with backoff until it works.
 
     The channel reconnects by itself (its own backoff tops at 2 s); each attempt waits for it, asks
     GetSpec (a changed server id means a new server process), releases this learner's old session
     if the server is the same process (after a network cut or a hang it may still hold the claim),
-    then Handshake, Hold and Reset. ``on_ready()`` is called once the server is READY.
+    then Handshake, Hold and Reset. ``on_ready()`` is called once the server is READY. A flapping
+    server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
+    once, so without that wait it would fail, come back and fail again as fast as steps go.
     """
     client = replica.client
     delay = backoff[0]
     attempt = 0
     said = ""  # the last cause warned of: said once, then at DEBUG while it stays the same
+    if hold_off > 0:
+        await asyncio.sleep(hold_off * random.uniform(0.8, 1.2))
     while True:
         attempt += 1
         try:
             await asyncio.wait_for(client.wait_ready(), connect_timeout)
             spec = await client.get_spec()
-            problem = incompatible(replica.spec, spec)
+            problem = incompatible(replica.spec, spec, same_size=True)
             replica.changed = problem
             if problem:
                 raise _Incompatible(
-                    f"{problem}; its envs stay unavailable until the fleet is looked up again (refresh(), which "
-                    "learner train calls between rollouts, takes it in with its new envs)"
+                    f"the server came back with {problem}; its envs stay unavailable until the fleet is looked "
+                    "up again (refresh(), which learner train calls between rollouts, takes it in with its new envs)"
                 )
             same_process = spec.server_id == replica.spec.server_id
             if same_process:
@@ -165,7 +239,10 @@ async def reconnect(
         if not same_process:
             replica.server_restarts += 1
         replica.spec = spec
-        (log.info if replica.planned else log.warning)(
+        replica.back_at, replica.answered = time.monotonic(), 0
+        # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)
+        say = log.debug if replica.relapses else log.info if replica.planned else log.warning
+        say(
             "env server %s is back after %.1f s (%s); its %d envs rejoin with new episodes",
             client.address,
             time.monotonic() - replica.down_since,
@@ -184,12 +261,32 @@ FLEET_FIELDS = ("observation_space", "action_space", "autoreset_mode")
 """What every server of one fleet must agree on (their EnvSpec fields)."""
 
 
-def incompatible(want: pb.EnvSpec, got: pb.EnvSpec) -> str:
-    """Why a server that came back with spec ``got`` cannot take its old place (``want``) in the fleet; "" if it can."""
-    for name in ("num_envs", *FLEET_FIELDS):
+def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's", same_size: bool = False) -> str:
+    """Why a server whose env has spec ``got`` cannot be in one fleet with one whose env has ``want``;
+    "" if it can. The one check of a fleet's servers: when it is made, when one joins, when one comes back.
+
+    The first of :data:`FLEET_FIELDS` that differs (with ``same_size``, for a server back in its old
+    place, ``num_envs`` first), as "another <field> than <whose>: <got's> (<env id>), not <want's>
+    (<env id>)"; ``whose`` names ``want``'s server ("the fleet's", "env server ADDRESS's").
+    """
+    for name in ("num_envs", *FLEET_FIELDS) if same_size else FLEET_FIELDS:
         if getattr(want, name) != getattr(got, name):
             return (
-                f"the server came back with another {name} ({got.env_id}, {got.num_envs} envs) than the fleet's "
-                f"({want.env_id}, {want.num_envs} envs)"
+                f"another {name} than {whose}: {_field_text(got, name)} ({got.env_id}), "
+                f"not {_field_text(want, name)} ({want.env_id})"
             )
     return ""
+
+
+def _field_text(spec: pb.EnvSpec, name: str) -> str:
+    """One field of ``spec`` as a person reads it: a space as gymnasium prints it, a mode by its name."""
+    value = getattr(spec, name)
+    if name == "autoreset_mode":
+        mode = codec.AUTORESET_FROM_PROTO.get(value)
+        return str(mode.value) if mode is not None else f"mode {value}"
+    if name.endswith("_space"):
+        try:
+            return repr(codec.decode_space(value, name))
+        except Exception:  # (a space this learner cannot read: that it differs is still the point)
+            return "a space this learner cannot read"
+    return f"{value} envs" if name == "num_envs" else str(value)

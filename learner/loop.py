@@ -65,11 +65,6 @@ class LoopRunner:
             return runner
         return _background_runner()
 
-    @property
-    def in_background(self) -> bool:
-        """Whether the loop runs on a helper thread (not in the caller's)."""
-        return self._thread is not None
-
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run ``awaitable`` on the loop until it is done; return its result or raise its exception."""
         if self._thread is None:

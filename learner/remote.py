@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import logging
 import math
+import numbers
 import os
 import select
 import threading
@@ -30,7 +31,7 @@ from env_server import codec
 from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
-from learner.batching import merge_infos, slice_batch, write_batch
+from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
 from learner.discovery import (
     TLS_CAUSE,
@@ -44,14 +45,16 @@ from learner.discovery import (
 )
 from learner.errors import (
     EnvCrashedError,
+    InvalidArgumentError,
     InvalidRequestError,
+    InvalidResponseError,
     RemoteEnvError,
     ServerBusyError,
     ServerUnavailableError,
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import FLEET_FIELDS, FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
+from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
 from learner.fleet import FleetChange
 from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
@@ -154,11 +157,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     For the same seeds and actions, each env's results are exactly those :meth:`step` gives.
 
     Failures. By default a server that fails (connection lost, no answer within ``timeout``, its session
-    gone, its vector env broken), or an env that raises (which its server isolates and reports:
-    :class:`~learner.errors.EnvCrashedError`), raises a :class:`~learner.errors.RemoteEnvError` naming
-    it, as a local vector env raises when an env does: the gymnasium contract has no way to say "these
-    envs are gone", and a caller that does not expect it would otherwise learn from made-up data without
-    knowing. With ``fault_tolerant=True`` (``learner train``'s default) a failed server costs its own
+    gone, its vector env broken, an answer that cannot be read or whose infos do not fit the other
+    servers': :class:`~learner.errors.InvalidResponseError`), or an env that raises (which its server
+    isolates and reports: :class:`~learner.errors.EnvCrashedError`), raises a
+    :class:`~learner.errors.RemoteEnvError` naming it, as a local vector env raises when an env does:
+    the gymnasium contract has no way to say "these envs are gone", and a caller that does not expect
+    it would otherwise learn from made-up data without knowing. With ``fault_tolerant=True`` (``learner train``'s default) a failed server costs its own
     envs only, and :meth:`step` keeps returning promptly:
 
     * On the step where the server is lost, its envs' episodes end as *truncated*, with reward 0
@@ -178,14 +182,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
       learner drops those steps from its batch (they are not transitions; the observation is stale or a
       new episode's first), and bootstraps the step before a loss as a truncation. The key is absent
       while every env is available, so results are identical to plain stepping when nothing fails.
+    * A server lost again soon after it came back (before it answered 3 steps and 10 s passed:
+      it answers handshakes and resets but fails its steps) is *flapping*: each such loss in a row
+      waits longer before the server is taken back, on ``backoff``'s schedule, and they are logged
+      at most once per 10 s, with their count.
     * If no server is up, :meth:`step` waits up to ``min(timeout, 1 s)`` for one to come back before
       returning, so a training loop does not spin; once all have been down for ``give_up_after``
-      seconds, it raises :class:`~learner.errors.ServerUnavailableError` instead.
+      seconds, it raises :class:`~learner.errors.ServerUnavailableError` instead. A flapping server
+      counts as down from its first loss until it answers a step again.
 
-    Invalid actions (:class:`~learner.errors.InvalidRequestError`) and a refused token
+    Invalid arguments (:class:`~learner.errors.InvalidArgumentError`), invalid actions
+    (:class:`~learner.errors.InvalidRequestError`) and a refused token
     (:class:`~learner.errors.AuthenticationError`) raise in either mode: they are the caller's to
-    fix. Counters: :meth:`fault_stats` (cumulative) and :meth:`replica_stats` (per window). All
-    servers must be reachable when the env is made (their spaces and sizes are learned then).
+    fix. Envs not reset yet (their server down when the fleet was reset) have placeholder
+    observations, members of the space (zeros where the space holds them, else its lowest values).
+    Counters: :meth:`fault_stats` (cumulative) and :meth:`replica_stats` (per window). All servers
+    must be reachable when the env is made (their spaces and sizes are learned then).
 
     Example:
         >>> envs = RemoteVectorEnv(["127.0.0.1:50051", "127.0.0.1:50052"])  # doctest: +SKIP
@@ -197,20 +209,23 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             ``unix:/path``, or ``dns:///name:port`` (every address the name resolves to).
         timeout: seconds each call (reset, step, handshake) may take before it fails with
             :class:`~learner.errors.RemoteTimeoutError` (or, fault-tolerant, before its server
-            counts as lost).
+            counts as lost); releasing a session on :meth:`close` waits at most 2 s of it (the
+            server ends the session anyway once the connection closes). Like every option in
+            seconds, finite.
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
         copy: return fresh arrays from reset/step/recv (True) or views of the same buffers each
-            time (False, faster; the next call overwrites them, even one that raises: servers that
-            answered before another failed have written theirs), as gymnasium's ``copy`` argument.
+            time (False, faster; a later call overwrites them), as gymnasium's ``copy`` argument.
         auth_token: token sent with every call, for servers started with ``--auth-token``.
         num_groups: how many groups the servers form for :meth:`send` / :meth:`recv` (contiguous,
             as even as possible; at most one group per server).
         fault_tolerant: keep going when servers fail (see Failures above) instead of raising.
-        backoff: first and longest wait between reconnect attempts, in seconds (fault-tolerant).
-        give_up_after: fault-tolerant, once every server has been down this many seconds, steps and
-            resets raise :class:`~learner.errors.ServerUnavailableError` (nothing is left to step).
+        backoff: first and longest wait between reconnect attempts, in seconds (fault-tolerant); also
+            before taking back a flapping server.
+        give_up_after: fault-tolerant, once every server has been down this many seconds (a flapping
+            one: since it last answered a step), steps and resets raise
+            :class:`~learner.errors.ServerUnavailableError` (nothing is left to step).
         tls: False for plaintext; True for TLS verified with the system's CA roots; or the path of
             a PEM file with the CA certificate(s) that signed the servers' certificates.
         tls_server_name: the name the servers' certificates must hold, when it is not the host in
@@ -249,29 +264,30 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         step_socket: bool = True,
         spin_wait: float = 0.001,
     ) -> None:
-        if not timeout > 0:
-            raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
-        if not connect_timeout > 0:
-            raise ValueError(f"connect_timeout: expected seconds > 0, got {connect_timeout!r}")
-        if not (isinstance(num_groups, int) and num_groups >= 1):
-            raise ValueError(f"num_groups: expected an int >= 1, got {num_groups!r}")
-        if not (len(backoff) == 2 and 0 < backoff[0] <= backoff[1]):
-            raise ValueError(f"backoff: expected (first, longest) seconds with 0 < first <= longest, got {backoff!r}")
-        self.timeout = float(timeout)
-        self.connect_timeout = float(connect_timeout)
+        self.timeout = _seconds("timeout", timeout)
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
+        if isinstance(num_groups, bool) or not (isinstance(num_groups, int) and num_groups >= 1):
+            raise InvalidArgumentError(f"num_groups: expected an int >= 1, got {num_groups!r}")
+        if not (
+            isinstance(backoff, Sequence)
+            and len(backoff) == 2
+            and all(_is_finite(b) for b in backoff)
+            and 0 < backoff[0] <= backoff[1]
+        ):
+            raise InvalidArgumentError(
+                f"backoff: expected (first, longest) finite seconds with 0 < first <= longest, got {backoff!r}"
+            )
         self.copy = copy
         self.fault_tolerant = bool(fault_tolerant)
         self.backoff = (float(backoff[0]), float(backoff[1]))
-        if not give_up_after > 0:
-            raise ValueError(f"give_up_after: expected seconds > 0, got {give_up_after!r}")
-        self.give_up_after = float(give_up_after)
+        self.give_up_after = _seconds("give_up_after", give_up_after)
         self._client_name = client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
         self._credentials, self._tls_roots = channel_credentials(tls)
         self._tls_server_name = tls_server_name
         self._step_socket = bool(step_socket)
-        if isinstance(spin_wait, bool) or not (isinstance(spin_wait, int | float) and 0 <= spin_wait <= 1):
-            raise ValueError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
+        if not (_is_finite(spin_wait) and 0 <= spin_wait <= 1):
+            raise InvalidArgumentError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
         self._spin_wait = float(spin_wait)
         self._state = AsyncState.DEFAULT
         self.closed = False
@@ -302,26 +318,38 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             log.info("addresses %s looked up as %s from now on (this fleet's)", addresses, self._address_spec)
         if num_groups > len(endpoints):
             servers = f"{len(endpoints)} server{'s' if len(endpoints) > 1 else ''}"
-            raise ValueError(f"num_groups: expected at most one group per server ({servers}), got {num_groups}")
+            raise InvalidArgumentError(
+                f"num_groups: expected at most one group per server ({servers}), got {num_groups}"
+            )
         self._clients = self._runner.run(self._connect(endpoints, deadline))
         self._check_specs()
         first = self._clients[0].spec
         assert first is not None
         self._spec = first
-        self.single_observation_space = codec.decode_space(first.observation_space, "observation_space")
-        self.single_action_space = codec.decode_space(first.action_space, "action_space")
+        try:
+            self.single_observation_space = codec.decode_space(first.observation_space, "observation_space")
+            self.single_action_space = codec.decode_space(first.action_space, "action_space")
+            autoreset_mode = codec.AUTORESET_FROM_PROTO[first.autoreset_mode]
+        except Exception as err:  # (a server of another version, say)
+            self._close_clients()
+            address = self._clients[0].address
+            raise InvalidResponseError(
+                f"env server {address}: Handshake: its spec could not be read ({type(err).__name__}: {err})",
+                address=address,
+            ) from err
         self.num_envs = sum(c.num_envs for c in self._clients)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {
-            "autoreset_mode": codec.AUTORESET_FROM_PROTO[first.autoreset_mode],
+            "autoreset_mode": autoreset_mode,
             "render_modes": list(first.render_modes),
         }
         if first.HasField("render_fps"):
             fps = first.render_fps  # (a float on the wire; gymnasium's envs mostly give an int)
             self.metadata["render_fps"] = int(fps) if fps.is_integer() else fps
         self.spec = _env_spec(first)
-        self._obs_buffer = create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+        # Until a server's envs are reset, their observations are placeholders (in the space).
+        self._obs_buffer = _placeholders(self.single_observation_space, self.num_envs)
         self._ended = self._no_ended_envs()
         self._tasks = [None] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
@@ -492,18 +520,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 delay = min(delay * 2, 1.0)
 
     def _check_specs(self) -> None:
+        """Refuse servers whose envs cannot step as one fleet (see :func:`~learner.faults.incompatible`)."""
         first = self._clients[0]
         assert first.spec is not None
         for client in self._clients[1:]:
             spec = client.spec
             assert spec is not None
-            for field in FLEET_FIELDS:
-                if getattr(spec, field) != getattr(first.spec, field):
-                    self._close_clients()
-                    raise SpecMismatchError(
-                        f"{field} differs between env servers {first.address} ({first.spec.env_id}) and "
-                        f"{client.address} ({spec.env_id}); one RemoteVectorEnv needs servers of the same env"
-                    )
+            problem = incompatible(first.spec, spec, whose=f"env server {first.address}'s")
+            if problem:
+                self._close_clients()
+                raise SpecMismatchError(
+                    f"env server {client.address} has {problem}; one RemoteVectorEnv needs servers whose envs "
+                    "have the same spaces and autoreset mode"
+                )
             _warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")
 
     @property
@@ -566,18 +595,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if isinstance(seed, int | np.integer):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         if options is not None and not isinstance(options, Mapping):
-            raise ValueError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
+            raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
         options = dict(options) if options is not None else {}
         mask = options.pop("reset_mask", None)
         if mask is not None:
             mask = np.asarray(mask)
             if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"options['reset_mask']: expected a bool array of shape ({self.num_envs},), got {mask.dtype} {mask.shape}"
                 )
             if not mask.any():
-                raise ValueError("options['reset_mask']: expected at least one True value, got none")
-        encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
+                raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
+        try:
+            encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
+        except codec.CodecError as err:  # (it names the option: "options['x']: ...")
+            raise InvalidArgumentError(str(err)) from err
         full = mask is None or bool(np.all(mask))
         if not self.fault_tolerant:
             ended = [c for c in self._clients if c.session_ended and self._resets_all_of(c, mask, "reset")]
@@ -601,35 +633,41 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
         errors = []
         lost = []
+        answers: dict[int, tuple[Any, dict[str, Any]]] = {}  # server -> its observations and infos
         for (i, _), result in zip(calls, results, strict=True):
-            if isinstance(result, BaseException):
-                if self.fault_tolerant and is_outage(result):
-                    lost.append((i, result))
-                else:
-                    errors.append(result)
+            if not isinstance(result, BaseException):
+                try:
+                    answers[i] = self._read_reset(self._clients[i], result)
+                    continue
+                except InvalidResponseError as unreadable:
+                    result = unreadable
+            if self.fault_tolerant and is_outage(result):
+                lost.append((i, result))
+            else:
+                errors.append(result)
         self._lose_all(lost, truncate=False)  # no episode was under way
         self._raise_first(errors)
+        parts = []
+        for i in answers:
+            replica, client = self._replicas[i], self._clients[i]
+            replica.state, replica.fresh = ReplicaState.UP, None  # a READY server's own reset is superseded
+            parts.append((answers[i][1], client.env_offset, client.num_envs))
+        infos, misfits = self._merge_infos(parts, self.num_envs, 0, "Reset")
+        for i, misfit in misfits:  # (fault-tolerant: lost, as if its reset had failed)
+            del answers[i]
+            self._lose(i, misfit, truncate=False)
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if full:
             self._stale = None
         if self._ended is not None:
             self._ended[slice(None) if mask is None else mask] = False
-        parts = []
-        for (i, _), response in zip(calls, results, strict=True):
-            replica = self._replicas[i]
-            if replica.state is ReplicaState.DOWN:
-                continue
-            replica.state, replica.fresh = ReplicaState.UP, None  # a READY server's own reset is superseded
-            client = self._clients[i]
-            obs = codec.decode_value(response.observations, "observations")
-            write_batch(self._obs_buffer, obs, client.env_offset)
-            parts.append((_infos(response), client.env_offset, client.num_envs))
-        infos = merge_infos(parts, self.num_envs)
+        for i, (obs, _) in answers.items():
+            write_batch(self._obs_buffer, obs, self._clients[i].env_offset)
         unavailable = ~self.available
         if mask is not None:
             unavailable &= mask
         self._flag_unavailable(infos, unavailable)
-        self._raise_env_errors(infos, 0, in_reset=True)
+        self._raise_env_errors(infos, 0)
         return self._observations(self._obs_buffer), infos
 
     def _resets_all_of(self, client: EnvClient, mask: np.ndarray | None, method: str) -> bool:
@@ -666,9 +704,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         old = client.spec
         assert old is not None
         spec = await client.get_spec()
-        problem = incompatible(old, spec)
+        problem = incompatible(old, spec, same_size=True)
         if problem:
-            raise SpecMismatchError(f"env server {client.address}: {problem}; refresh() takes the fleet as it is now")
+            raise SpecMismatchError(
+                f"env server {client.address}: it came back with {problem}; refresh() takes the fleet as it is now"
+            )
         _warn_if_other_env(old, spec, client.address, "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
             await client.release_session(client.session_id, self.timeout)
@@ -686,19 +726,21 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if isinstance(seed, int | np.integer):
             seed = int(seed)
             if not 0 <= seed <= 2**64 - self.num_envs:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"seed: expected an int in [0, 2**64 - {self.num_envs}] (env i gets seed + i, a 64-bit seed on the "
                     f"wire), got {seed}"
                 )
             return [seed + i for i in range(self.num_envs)]
         if isinstance(seed, str | bytes) or not isinstance(seed, Iterable):
-            raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {seed!r}")
+            raise InvalidArgumentError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {seed!r}")
         seeds = list(seed)
         if len(seeds) != self.num_envs:
-            raise ValueError(f"seed: expected an int or {self.num_envs} seeds (one per env), got {len(seeds)} seeds")
+            raise InvalidArgumentError(
+                f"seed: expected an int or {self.num_envs} seeds (one per env), got {len(seeds)} seeds"
+            )
         for i, s in enumerate(seeds):
             if s is not None and not (isinstance(s, int | np.integer) and 0 <= s < 2**64):
-                raise ValueError(f"seed[{i}]: expected None or an int in [0, 2**64), got {s!r}")
+                raise InvalidArgumentError(f"seed[{i}]: expected None or an int in [0, 2**64), got {s!r}")
         return [None if s is None else int(s) for s in seeds]
 
     def step(self, actions: Any) -> StepResult:
@@ -752,6 +794,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 group_actions = act(sl)
                 failed = f"group {g}'s actions were refused"
                 actions = self._as_batch(group_actions, sl.stop - sl.start, f"actions (group {g})", sl.start)
+                self._notice_answers()  # (of the groups sent before: their answers may be in)
                 self._start(servers, actions, sl.start)
                 started += servers
                 if g + 1 < len(self._groups):
@@ -785,6 +828,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         sl = self._group_slice(group)
         self._assert_none_ended("send", sl)
         actions = self._as_batch(actions, sl.stop - sl.start, f"actions (group {group})", sl.start)
+        self._notice_answers()
         self._start(servers, actions, sl.start)
         self._in_flight[group] = True
         self._spin_if_needed()
@@ -796,6 +840,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         The arrays cover the group's envs only (``group_slices[group]``), infos likewise.
         """
         self._assert_open()
+        self._notice_answers()
         in_flight = [g for g in range(len(self._groups)) if self._in_flight[g]]
         if group is None:
             if not in_flight:
@@ -867,7 +912,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             or not isinstance(group, int | np.integer)
             or not 0 <= group < len(self._groups)
         ):
-            raise ValueError(f"{method}: group must be an int in [0, {len(self._groups)}), got {group!r}")
+            raise InvalidArgumentError(f"{method}: group must be an int in [0, {len(self._groups)}), got {group!r}")
 
     # -- stepping, shared by step/step_async/step_wait and send/recv ------------------------------
 
@@ -881,13 +926,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client = self._clients[i]
             start = client.env_offset - base
             request = client.step_request()
-            codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
+            try:
+                codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
+            except codec.CodecError as err:  # (checked already as the servers check them: rare)
+                raise InvalidArgumentError(str(err)) from err
             requests.append(request)
             sending.append(i)
         try:
             for i, request in zip(sending, requests, strict=True):
                 client = self._clients[i]
-                self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(_exchange(client, request))
+                self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(
+                    _exchange(client, request, time.perf_counter())
+                )
         except BaseException as interrupt:  # Ctrl-C while a frame was going out, say: a frame may be cut short
             tasks = {i: task for i in sending if (task := self._tasks[i]) is not None}
             for i in sending:
@@ -934,39 +984,51 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _collect(
         self, servers: Sequence[int], tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep]
     ) -> StepResult:
-        """:meth:`_finish`'s work: wait for ``tasks`` and join their results."""
+        """:meth:`_finish`'s work: wait for ``tasks`` and join their results.
+
+        Observations reach the obs buffer only once every answer is in and fits: a server whose
+        answer cannot be read, or whose infos do not fit the others', is an InvalidResponseError (lost,
+        fault-tolerant), and its envs keep their last observations."""
         base = self._clients[servers[0]].env_offset
         count = sum(self._clients[i].num_envs for i in servers)
         out = _StepBatch(count)
-        taken = set()  # servers whose results are in out already
-        unreadable: dict[int, BaseException] = {}  # servers whose answers could not be joined
+        failed: dict[int, BaseException] = {}  # servers whose step failed, or whose answer could not be read
+        refused: dict[int, SocketStep] = {}  # steps the step socket refused (not taken): resent over gRPC
+
+        def take(i: int, task: asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep) -> None:
+            if isinstance(task, SocketStep) and task.refused:
+                refused[i] = task
+            elif task.cancelled():  # (the deadline passed: see LoopRunner.wait)
+                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=self.timeout)
+            elif (err := task.exception()) is not None:
+                failed[i] = err
+            else:
+                try:
+                    self._take(i, task.result(), base, out)
+                except Exception as unreadable:  # (InvalidResponseError) reported once every answer is in
+                    failed[i] = unreadable
+
         if tasks:
             deadline = time.monotonic() + self.timeout
-            on_loop = [t for t in tasks.values() if not isinstance(t, SocketStep)]
+            on_loop = {i: t for i, t in tasks.items() if not isinstance(t, SocketStep)}
+            sockets = {i: t for i, t in tasks.items() if isinstance(t, SocketStep)}
             if on_loop:
-                self._runner.wait(on_loop, self.timeout)
-            for i, t in tasks.items():
-                if isinstance(t, SocketStep):
-                    t.wait(deadline)
-                    if t.exception() is None:  # joined while the servers after it still step
-                        try:
-                            self._take(i, t.result(), base, out)
-                            taken.add(i)
-                        except Exception as failure:  # reported with the others, once every answer is in
-                            unreadable[i] = failure
-            if len(on_loop) < len(tasks) and self._background_work():
-                self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
+                self._runner.wait(list(on_loop.values()), self.timeout)
+            if sockets:
+                self._wait_sockets(sockets, deadline, take)  # each taken in while the others still step
+                if refused:
+                    self._resend(refused, tasks, take)
+                if self._background_work():
+                    self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
+            for i, task in on_loop.items():
+                take(i, task)
         elif self.fault_tolerant:
             self._wait_for_rejoin(servers)
             self._check_anything_left()
         errors: list[BaseException] = []
         lost: list[tuple[int, BaseException]] = []
-        for i, task in tasks.items():
-            if task.cancelled():
-                client = self._clients[i]
-                err: BaseException | None = timeout_error(address=client.address, method="Step", timeout=self.timeout)
-            else:
-                err = unreadable.get(i) or task.exception()
+        for i in tasks:  # (in server order: the first error raised is the first server's)
+            err = failed.get(i)
             if err is None:
                 continue
             if self.fault_tolerant and is_outage(err):
@@ -976,15 +1038,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._lose_all(lost, truncate=True)
         self._raise_first(errors)
 
-        rewards, terminations, truncations, parts = out.rewards, out.terminations, out.truncations, out.parts
         unavailable = np.zeros(count, dtype=np.bool_)
+        rejoined: set[int] = set()
         for i in servers:
             client, replica = self._clients[i], self._replicas[i]
             start, k = client.env_offset - base, client.num_envs
             if replica.state is ReplicaState.UP:
-                if i not in taken:
-                    self._take(i, tasks[i].result(), base, out)
-                continue
+                continue  # (its answer is in out)
             unavailable[start : start + k] = True
             if replica.state is ReplicaState.READY:
                 # Back: its envs were reset; this step hands over their first observations (the
@@ -992,21 +1052,132 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 fresh = replica.fresh
                 assert fresh is not None
                 replica.state, replica.fresh = ReplicaState.UP, None
-                write_batch(self._obs_buffer, codec.decode_value(fresh.observations, "observations"), client.env_offset)
-                parts.append((_infos(fresh), start, k))
+                try:
+                    obs, infos = self._read_reset(client, fresh)
+                except InvalidResponseError as unreadable:
+                    self._lose(i, unreadable, truncate=False)
+                    continue
+                out.obs[i] = obs
+                out.parts.append((infos, start, k))
+                rejoined.add(i)
             elif replica.truncate_next:
                 # Lost during this step: the envs' episodes end here, truncated.
                 replica.truncate_next = False
-                truncations[start : start + k] = True
-                parts.append((self._lost_infos(client.env_offset, k), start, k))
+                out.cut(start, k)
+                out.parts.append((self._lost_infos(client.env_offset, k), start, k))
+        out.parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
+        infos, misfits = self._merge_infos(out.parts, count, base, "Step")
+        if misfits:  # fault-tolerant: those servers are lost on this step, as if their step had failed
+            cut: list[InfoPart] = []
+            for i, err in misfits:
+                client = self._clients[i]
+                start, k = client.env_offset - base, client.num_envs
+                self._lose(i, err, truncate=False)
+                del out.obs[i]
+                unavailable[start : start + k] = True
+                if i not in rejoined:  # (a rejoining server's last episodes were cut when it was lost)
+                    out.cut(start, k)
+                    cut.append((self._lost_infos(client.env_offset, k), start, k))
+            starts = {self._clients[i].env_offset - base for i, _ in misfits}
+            parts = sorted([p for p in out.parts if p[1] not in starts] + cut, key=lambda part: part[1])
+            infos = merge_infos(parts, count, [])  # (the parts that fitted fit again; a cut's own, left out if not)
+        for i in tasks:
+            if i not in failed and i in out.obs and (relapses := self._replicas[i].note_answer()):
+                log.info(
+                    "env server %s is steady again: %d steps answered since it came back, after %d losses in a row",
+                    self._clients[i].address,
+                    self._replicas[i].answered,
+                    relapses,
+                )
+        for i, server_obs in out.obs.items():
+            write_batch(self._obs_buffer, server_obs, self._clients[i].env_offset)
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
-        parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
-        infos = merge_infos(parts, count)
         self._flag_unavailable(infos, unavailable)
         if self._ended is not None:
-            np.logical_or(terminations, truncations, out=self._ended[base : base + count])
+            np.logical_or(out.terminations, out.truncations, out=self._ended[base : base + count])
         self._raise_env_errors(infos, base)
-        return self._observations(obs), rewards, terminations, truncations, infos
+        return self._observations(obs), out.rewards, out.terminations, out.truncations, infos
+
+    def _wait_sockets(
+        self,
+        steps: dict[int, SocketStep],
+        deadline: float,
+        take: Callable[[int, SocketStep], None],
+    ) -> None:
+        """Read the step sockets' answers in the order they come, and ``take(server, step)`` each in
+        server order as soon as it and those before it are in, while the others still step. Until
+        ``deadline`` (``time.monotonic()``); then the steps still out fail with a timeout (see
+        SocketStep.wait).
+
+        The answers of other groups' steps in flight (pipelining) are read as they come too, not
+        taken: each round trip ends when its own answer arrives (as SocketStep reads it), not once
+        the learner takes it in (after the servers before it in the fleet, or another group)."""
+        others = [t for t in self._tasks if isinstance(t, SocketStep) and t not in steps.values() and not t.done()]
+        if len(steps) == 1 and not others:
+            ((i, step),) = steps.items()
+            step.wait(deadline)
+            take(i, step)
+            return
+        order = list(steps.items())  # (in server order)
+        taken = 0
+        look = [step for _, step in order] + others  # the steps to read from: all at first, then those readable
+        spin_until: float | None = None
+        while True:
+            for step in look:
+                step.receive()
+            while taken < len(order) and order[taken][1].done():
+                take(*order[taken])
+                taken += 1
+            if taken == len(order):
+                return
+            pending = [step for _, step in order[taken:] if not step.done()]  # (order[taken]'s at least)
+            others = [step for step in others if not step.done()]
+            if spin_until is None:  # (after the first look)
+                for step in pending:
+                    step.timed = True  # not in yet: its arrival shows how quick the server is
+                # Awake only while every server waited for answers quickly (see SocketStep.wait).
+                spin_until = min(min(step.spin_until() for step in pending), deadline)
+            now = time.monotonic()
+            if now < spin_until:
+                os.sched_yield()  # let a process that has work (an env server on this core) run
+                look = pending + others
+                continue
+            if now >= deadline:
+                for i, step in order[taken:]:
+                    step.wait(deadline)  # (a last look, then the timeout)
+                    take(i, step)
+                return
+            poller = select.poll()  # (not select.select: it fails on file descriptors >= 1024)
+            by_fd = {step.fileno(): step for step in pending + others}
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
+            look = [by_fd[fd] for fd, _ in poller.poll(max(1, math.ceil((deadline - now) * 1000)))]
+
+    def _resend(
+        self,
+        refused: dict[int, SocketStep],
+        tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep],
+        take: Callable[[int, asyncio.Task[tuple[pb.StepResponse, float]]], None],
+    ) -> None:
+        """Send over gRPC, and ``take`` the answers of, the steps whose step socket refused the
+        connection (all its places taken): it refuses before reading a frame, so none was taken, and
+        their clients step over gRPC from now on (see SocketStep). Once per session at most."""
+        resent = {
+            i: self._runner.create_task(_exchange(self._clients[i], step.request, time.perf_counter()))
+            for i, step in refused.items()
+        }
+        tasks.update(resent)  # (so that an interrupted wait cancels them: see _finish)
+        self._runner.wait(list(resent.values()), self.timeout)
+        for i, task in resent.items():
+            take(i, task)
+
+    def _notice_answers(self) -> None:
+        """Read the step-socket answers that came in for every group in flight (without waiting), so
+        that each one's round trip ends when it arrived, not when its group is taken in (pipelining)."""
+        if len(self._groups) > 1:
+            for task in self._tasks:
+                if isinstance(task, SocketStep):
+                    task.receive()
 
     def _abandon(
         self,
@@ -1029,16 +1200,75 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._went_stale(address, f"the step was interrupted ({type(why).__name__})")
 
     def _take(self, server: int, result: tuple[pb.StepResponse, float], base: int, out: _StepBatch) -> None:
-        """Write one server's step results into ``out`` (a batch from env ``base``) and the obs buffer."""
+        """Read one server's step answer into ``out`` (a batch from env ``base``): rewards and flags,
+        infos, and its observations (for the obs buffer, once every answer is in). An answer that cannot
+        be read raises InvalidResponseError, leaving nothing of it in ``out``."""
         response, latency = result
         client = self._clients[server]
-        start, stop = client.env_offset - base, client.env_offset - base + client.num_envs
+        start, k = client.env_offset - base, client.num_envs
+        try:
+            obs = codec.decode_value(response.observations, "observations")
+            check_batch(self._obs_buffer, obs, k)
+            for name, into in (
+                ("rewards", out.rewards),
+                ("terminations", out.terminations),
+                ("truncations", out.truncations),
+            ):
+                values = codec.decode_tensor(getattr(response, name), name)
+                if values.shape != (k,):
+                    raise ValueError(f"{name}: expected shape ({k},) ({k} envs), got {values.shape}")
+                into[start : start + k] = values
+            infos = _infos(response)
+        except Exception as err:
+            out.rewards[start : start + k], out.terminations[start : start + k] = 0.0, False
+            out.truncations[start : start + k] = False
+            raise self._unreadable(client, "Step", err) from err
         self._timers[server].record(latency, response.env_seconds)
-        write_batch(self._obs_buffer, codec.decode_value(response.observations, "observations"), client.env_offset)
-        out.rewards[start:stop] = codec.decode_tensor(response.rewards, "rewards")
-        out.terminations[start:stop] = codec.decode_tensor(response.terminations, "terminations")
-        out.truncations[start:stop] = codec.decode_tensor(response.truncations, "truncations")
-        out.parts.append((_infos(response), start, client.num_envs))
+        out.obs[server] = obs
+        out.parts.append((infos, start, k))
+
+    def _read_reset(self, client: EnvClient, response: pb.ResetResponse) -> tuple[Any, dict[str, Any]]:
+        """A reset's observations (checked against the fleet's batch) and infos; InvalidResponseError if
+        they cannot be read."""
+        try:
+            obs = codec.decode_value(response.observations, "observations")
+            check_batch(self._obs_buffer, obs, client.num_envs)
+            return obs, _infos(response)
+        except Exception as err:
+            raise self._unreadable(client, "Reset", err) from err
+
+    @staticmethod
+    def _unreadable(client: EnvClient, method: str, err: Exception) -> InvalidResponseError:
+        return InvalidResponseError(
+            f"env server {client.address}: {method}: its answer could not be read ({type(err).__name__}: {err}); "
+            "is it a server of another envfleet version?",
+            address=client.address,
+        )
+
+    def _merge_infos(
+        self, parts: list[InfoPart], count: int, base: int, method: str
+    ) -> tuple[dict[str, Any], list[tuple[int, InvalidResponseError]]]:
+        """The servers' infos (``parts``, for envs from ``base``) joined into one; with the servers whose
+        infos do not fit the others' (a key of another shape or dtype: another version or configuration
+        of the env), left out. Those are InvalidResponseErrors: raised unless fault-tolerant, else
+        returned with their servers for the caller to lose."""
+        misfits: list[tuple[int, ValueError]] = []
+        infos = merge_infos(parts, count, misfits)
+        bad = []
+        for j, err in misfits:
+            client = self._client_of(base + parts[j][1])
+            bad.append(
+                (
+                    self._clients.index(client),
+                    InvalidResponseError(
+                        f"env server {client.address}: {method}: its infos do not fit the other servers' ({err})",
+                        address=client.address,
+                    ),
+                )
+            )
+        if bad and not self.fault_tolerant:
+            self._raise_first([err for _, err in bad])
+        return infos, bad
 
     # -- failures -----------------------------------------------------------------------------------
 
@@ -1058,8 +1288,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _lose(self, server: int, err: BaseException, *, truncate: bool, planned: bool = False) -> None:
         """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
-        saying it was shutting down, so it counts as a shutdown, not a failure."""
+        saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
+        it settled since it came back waits longer each time before it is taken back (see
+        learner.faults: Replica.hold_off)."""
         replica, client = self._replicas[server], self._clients[server]
+        now = time.monotonic()
+        replica.note_loss(now)
         replica.state = ReplicaState.DOWN
         replica.truncate_next = truncate
         if planned:
@@ -1068,13 +1302,33 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         else:
             replica.failures += 1
             self._timers[server].failures += 1
-        replica.down_since = time.monotonic()
+        replica.down_since = now
         replica.last_error = str(err)
         replica.planned = planned
         client.abandon()
         first, last = client.env_offset, client.env_offset + client.num_envs - 1
         envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
-        if planned:
+        hold_off = replica.hold_off(self.backoff)
+        if replica.relapses:
+            replica.relapses_unlogged += 1
+            if now - replica.relapses_logged_at >= RELAPSE_LOG_S:
+                log.warning(
+                    "env server %s lost again soon after coming back, %d time%s in a row (%d since the last such line; "
+                    "one at most every %g s): %s; it is taken back after %.1f s, longer each time (up to %g s); %s",
+                    client.address,
+                    replica.relapses,
+                    "" if replica.relapses == 1 else "s",
+                    replica.relapses_unlogged,
+                    RELAPSE_LOG_S,
+                    err,
+                    hold_off,
+                    self.backoff[1],
+                    envs,
+                )
+                replica.relapses_logged_at, replica.relapses_unlogged = now, 0
+            else:
+                log.debug("env server %s lost again (%s); taken back after %.1f s", client.address, err, hold_off)
+        elif planned:
             log.info("env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs)
         else:
             log.warning("env server %s lost (%s); %s", client.address, err, envs)
@@ -1091,6 +1345,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 connect_timeout=self.connect_timeout,
                 backoff=self.backoff,
                 on_ready=on_ready,
+                hold_off=hold_off,
             )
         )
 
@@ -1102,14 +1357,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
 
     def _check_anything_left(self) -> None:
-        """Fault-tolerant: raise once every server has been down for ``give_up_after`` seconds."""
+        """Fault-tolerant: raise once every server is down and has answered no step for ``give_up_after`` seconds.
+
+        A flapping server (back after each loss, failing again at once) counts from its first loss
+        since it last answered a step (Replica.failing_since), not from its latest: it gives no more
+        steps than a server that is gone, and counted from its latest loss it would keep a fleet of
+        such servers reconnecting for good. One that answers a step now and then counts as
+        answering: the run is slow, not over.
+        """
         if any(r.state is not ReplicaState.DOWN for r in self._replicas):
             return
-        since = max(r.down_since for r in self._replicas)
+        since = max(r.failing_since or r.down_since for r in self._replicas)
         if time.monotonic() - since > self.give_up_after:
             raise ServerUnavailableError(
-                f"no env server left: {', '.join(self.addresses)} all unavailable for more than "
-                f"{self.give_up_after:g} s (give_up_after; `learner train --give-up-after`); last error: {self._replicas[-1].last_error}",
+                f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
+                f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
+                f"--give-up-after`); last error: {self._replicas[-1].last_error}",
                 address=self._clients[0].address,
             )
 
@@ -1138,19 +1401,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             infos["env_unavailable"] = unavailable
             infos["_env_unavailable"] = unavailable.copy()
 
-    def _raise_env_errors(self, infos: dict[str, Any], base: int, *, in_reset: bool = False) -> None:
+    def _raise_env_errors(self, infos: dict[str, Any], base: int) -> None:
         """Not fault-tolerant: an env that raised (its server isolated it: ``infos["env_error"]``) raises
         EnvCrashedError, as a local vector env raises when an env does; the envs' results are not
-        handed over, so the next step needs a reset first. ``base``: the env index of ``infos``' first.
-
-        Older servers (before 2026-12-01) also repeated, in a reset's infos, the error of the
-        step that ended the env's last episode (see env_server.isolation): that reset worked, and is
-        no new failure (current servers repeat it only within a same-step autoreset's step)."""
+        handed over, so the next step needs a reset first. ``base``: the env index of ``infos``' first."""
         errors = infos.get("_env_error")
         if self.fault_tolerant or errors is None or not errors.any():
             return
-        if in_reset:
-            errors = errors & np.array([not str(text).startswith("step: ") for text in infos["env_error"]])
         crashed = []
         for j in np.flatnonzero(errors):
             index = base + int(j)
@@ -1192,7 +1449,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             return check_actions(self.single_action_space, batch, count, where)
         except InvalidActionError as err:
             if err.env_index is None:
-                raise ValueError(str(err)) from None  # the batch's shape or dtype: no env to name
+                raise InvalidArgumentError(str(err)) from None  # the batch's shape or dtype: no env to name
             index = base + err.env_index
             client = self._client_of(index)
             message = str(err).replace(
@@ -1289,21 +1546,67 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 listed to answer again (the env is then of no further use: close it).
         """
         self._assert_idle("refresh")
-        if not wait >= 0:
-            raise ValueError(f"wait: expected seconds >= 0, got {wait!r}")
+        wait = _seconds("wait", wait, zero=True)
         dropped = set(drop)
+        resolved = self._look_up()
+        replicas = {id(r.client): r for r in self._replicas}
+        stay, leave = self._partition(resolved, dropped, replicas)
+        # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
+        # they were shutting down (scaled down, say) as they ended the session.
+        gone = [
+            c for c in leave if replicas[id(c)].state is ReplicaState.UP and (c.address in dropped or c.session_ended)
+        ]
+        ask = [c for c in gone if c.session_ended]
+        said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
+        told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
+        for client in gone:
+            if id(client) in told:
+                replicas[id(client)].shutdowns += 1
+            else:
+                replicas[id(client)].failures += 1
+        # Let go of those that left first: a server that comes back must not find itself claimed by us.
+        self._let_go(leave, replicas)
+        wanted = [a for a in resolved if a not in {c.address for c in stay}]
+        joined = self._runner.run(self._join(wanted, wait))
+        if not stay and not joined:
+            # Every connection dropped at once (an overloaded host, a network blip): give the servers
+            # connect_timeout to answer again before giving up.
+            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True))
+        if not leave and not joined and self._stale is None:
+            return None
+        resets, failed = self._restart(stay, joined, replicas)
+        # A server whose reset failed leaves as well (several replicas stopping at once fail one
+        # after another); those that stayed until now may have a reconnect task to end first.
+        leave += [c for c in stay if c in failed]
+        stay, joined = [c for c in stay if c not in failed], [c for c in joined if c not in failed]
+        if not stay and not joined:
+            self._let_go(failed, replicas)
+            raise ServerUnavailableError(
+                f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
+                f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
+                address=leave[0].address,  # every server left: the fleet is never empty
+            )
+        self._let_go(failed, replicas)
+        return self._relayout(stay, joined, leave, resets, replicas)
+
+    def _look_up(self) -> list[str]:
+        """The servers the addresses name now (refresh's first step); on a failed look-up, those of now."""
         try:
             named = expand_named(self._address_spec)
-            resolved = list(named)
-            self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
         except AddressError as err:
             # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
             (log.warning if str(err) not in self._noted else log.debug)(
                 "refresh: %s; keeping the %d server(s) connected now", err, len(self._clients)
             )
             self._noted.add(str(err))
-            resolved = self.addresses
-        replicas = {id(r.client): r for r in self._replicas}
+            return self.addresses
+        self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
+        return list(named)
+
+    def _partition(
+        self, resolved: list[str], dropped: set[str], replicas: dict[int, Replica]
+    ) -> tuple[list[EnvClient], list[EnvClient]]:
+        """The servers that stay in the fleet, and those that leave it (refresh's second step)."""
         # Fault-tolerant, a server whose connection dropped stays: its next step fails fast, and it is
         # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew;
         # unless it came back with other envs (another num_envs: it cannot take its old place), then it
@@ -1316,69 +1619,79 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             and (self.fault_tolerant or not c.session_ended)
             and not replicas[id(c)].changed
         ]
-        leave = [c for c in self._clients if c not in stay]
-        # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
-        # they were shutting down (scaled down, say) as they ended the session.
-        gone = [
-            c for c in leave if replicas[id(c)].state is ReplicaState.UP and (c.address in dropped or c.session_ended)
-        ]
-        ask = [c for c in gone if c.session_ended]
-        said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
-        told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
-        for client in leave:
-            replica = replicas[id(client)]
-            if replica.reconnect_task is not None:
-                replica.reconnect_task.cancel()  # (fault-tolerant) no longer listed: it leaves instead
-            if client in gone:
-                if id(client) in told:
-                    replica.shutdowns += 1
-                else:
-                    replica.failures += 1
-        # Let go of those that left first: a server that comes back must not find itself claimed by us.
-        self._runner.run(gather(*(c.close() for c in leave), return_exceptions=True))
-        wanted = [a for a in resolved if a not in {c.address for c in stay}]
-        joined = self._runner.run(self._join(wanted, wait))
-        if not stay and not joined:
-            # Every connection dropped at once (an overloaded host, a network blip): give the servers
-            # connect_timeout to answer again before giving up.
-            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True))
-        if not leave and not joined and self._stale is None:
-            return None
-        # Envs that start over: those of new servers, and every env after a failed call. A server whose
-        # reset fails leaves as well (several replicas stopping at once fail one after another).
+        return stay, [c for c in self._clients if c not in stay]
+
+    def _let_go(self, clients: list[EnvClient], replicas: dict[int, Replica]) -> None:
+        """End the reconnect tasks of servers that leave the fleet (fault-tolerant), then release and close them."""
+        for client in clients:
+            replica = replicas.get(id(client))  # (None: a server that was joining)
+            if replica is not None and replica.reconnect_task is not None:
+                replica.reconnect_task.cancel()  # (it would go on reconnecting a closed channel)
+        if clients:
+            self._runner.run(gather(*(c.close() for c in clients), return_exceptions=True))
+
+    def _restart(
+        self, stay: list[EnvClient], joined: list[EnvClient], replicas: dict[int, Replica]
+    ) -> tuple[dict[str, tuple[Any, dict[str, Any]]], list[EnvClient]]:
+        """Reset the envs that start over (refresh's third step): those of servers that joined, and, if
+        the last step or reset failed, every env. Returns each reset server's observations and infos
+        (by address), and the servers whose reset failed (or could not be read)."""
         restart = [*stay, *joined] if self._stale is not None else joined
         results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
-        resets: dict[str, pb.ResetResponse] = {}
+        resets: dict[str, tuple[Any, dict[str, Any]]] = {}
         failed: list[EnvClient] = []
         for client, response in zip(restart, results, strict=True):
+            if not isinstance(response, BaseException):
+                try:
+                    resets[client.address] = self._read_reset(client, response)
+                except InvalidResponseError as unreadable:
+                    response = unreadable
             if isinstance(response, BaseException):
                 log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
                 failed.append(client)
-            else:
-                resets[client.address] = response
-        leave += [c for c in stay if c in failed]
-        stay, joined = [c for c in stay if c not in failed], [c for c in joined if c not in failed]
-        if not stay and not joined:
-            raise ServerUnavailableError(
-                f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
-                f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
-                address=leave[0].address,  # every server left: the fleet is never empty
+        # Infos that do not fit those of the servers before them in the new layout: those leave too.
+        reset = [c for c in restart if c.address in resets]
+        misfits: list[tuple[int, ValueError]] = []
+        merge_infos(
+            [(resets[c.address][1], 0, c.num_envs) for c in reset], max((c.num_envs for c in reset), default=0), misfits
+        )
+        for j, err in misfits:
+            client = reset[j]
+            log.warning(
+                "refresh: env server %s leaves the fleet: its infos do not fit the other servers' (%s)",
+                client.address,
+                err,
             )
-        self._runner.run(gather(*(c.close() for c in failed), return_exceptions=True))
+            del resets[client.address]
+            failed.append(client)
+        for client in reset:
+            replica = replicas.get(id(client))
+            if client.address in resets and replica is not None and replica.state is ReplicaState.READY:
+                replica.state, replica.fresh = ReplicaState.UP, None  # (its own reset is superseded, as in reset())
+        return resets, failed
 
-        # The new layout: envs of servers that stay first (with their observations, unless they were
-        # reset), then those of new servers.
+    def _relayout(
+        self,
+        stay: list[EnvClient],
+        joined: list[EnvClient],
+        leave: list[EnvClient],
+        resets: dict[str, tuple[Any, dict[str, Any]]],
+        replicas: dict[int, Replica],
+    ) -> FleetChange:
+        """The fleet laid out anew (refresh's last step): the envs of servers that stay first (with their
+        observations, unless they were reset), then those of new servers; everything sized by
+        ``num_envs`` follows."""
         clients = stay + joined
         previous_index: list[int] = []
-        observations = create_empty_array(self.single_observation_space, sum(c.num_envs for c in clients), fn=np.zeros)
+        observations = _placeholders(self.single_observation_space, sum(c.num_envs for c in clients))
         parts = []
         offset = 0
         for client in clients:
-            response = resets.get(client.address)
-            if response is not None:
+            reset = resets.get(client.address)
+            if reset is not None:
                 previous_index += [-1] * client.num_envs
-                write_batch(observations, codec.decode_value(response.observations, "observations"), offset)
-                parts.append((_infos(response), offset, client.num_envs))
+                write_batch(observations, reset[0], offset)
+                parts.append((reset[1], offset, client.num_envs))
             else:
                 previous_index += range(client.env_offset, client.env_offset + client.num_envs)
                 old = slice_batch(self._obs_buffer, client.env_offset, client.env_offset + client.num_envs)
@@ -1422,6 +1735,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self.num_envs,
             previous_num_envs,
         )
+        infos = merge_infos(parts, self.num_envs)  # (those that did not fit have left: see _restart)
         return FleetChange(
             added=tuple(c.address for c in joined),
             removed=tuple(c.address for c in leave),
@@ -1429,7 +1743,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             previous_num_envs=previous_num_envs,
             previous_index=np.array(previous_index, dtype=np.int64),
             observations=self._observations(self._obs_buffer),
-            infos=merge_infos(parts, self.num_envs),
+            infos=infos,
             restarted=sum(c.num_envs for c in stay if c.address in resets),
         )
 
@@ -1464,9 +1778,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         joined = []
         for client, response in zip(answered, responses, strict=True):
             problem = (
-                str(response)
-                if isinstance(response, BaseException)
-                else self._spec_mismatch(response.spec, client.address)
+                str(response) if isinstance(response, BaseException) else self._misfit(response.spec, client.address)
             )
             if problem:
                 # Logged once per server: it is tried again at every refresh while it stays listed.
@@ -1483,12 +1795,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             joined.append(client)
         return joined
 
-    def _spec_mismatch(self, spec: pb.EnvSpec, address: str) -> str | None:
-        for field in FLEET_FIELDS:
-            if getattr(spec, field) != getattr(self._spec, field):
-                return f"its {field} differs from the fleet's ({spec.env_id}, not {self._spec.env_id})"
+    def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
+        """Why a server with ``spec`` cannot join the fleet ("" if it can; warned of if its env is another)."""
+        problem = incompatible(self._spec, spec)
+        if problem:
+            return f"it has {problem}"
         _warn_if_other_env(self._spec, spec, address, "the fleet's")
-        return None
+        return ""
 
     # -- statistics -------------------------------------------------------------------------------
 
@@ -1571,7 +1884,14 @@ class _StepBatch:
         self.rewards = np.zeros(count, dtype=np.float64)
         self.terminations = np.zeros(count, dtype=np.bool_)
         self.truncations = np.zeros(count, dtype=np.bool_)
-        self.parts: list[tuple[dict[str, Any], int, int]] = []  # (infos, start, count) per server
+        self.parts: list[InfoPart] = []  # (infos, start, count) per server
+        self.obs: dict[int, Any] = {}  # server -> its envs' observations, for the obs buffer
+
+    def cut(self, start: int, count: int) -> None:
+        """Envs ``start:start + count`` lost their server on this step: their episodes end, truncated, reward 0."""
+        self.rewards[start : start + count] = 0.0
+        self.terminations[start : start + count] = False
+        self.truncations[start : start + count] = True
 
 
 class _Retired:
@@ -1601,11 +1921,11 @@ async def _wait_event(event: asyncio.Event, timeout: float) -> None:
         await asyncio.wait_for(event.wait(), timeout)
 
 
-async def _exchange(client: EnvClient, request: pb.StepRequest) -> tuple[pb.StepResponse, float]:
-    """One step of one server: its answer and the round trip in seconds."""
-    start = time.perf_counter()
+async def _exchange(client: EnvClient, request: pb.StepRequest, sent: float) -> tuple[pb.StepResponse, float]:
+    """One step of one server: its answer and the round trip in seconds, from ``sent`` (the
+    ``time.perf_counter()`` of the call that sent it) until the loop took the answer in."""
     response = await client.step(request)
-    return response, time.perf_counter() - start
+    return response, time.perf_counter() - sent
 
 
 def _infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
@@ -1683,3 +2003,38 @@ def _raise_first(errors: Sequence[BaseException]) -> None:
         first.add_note(f"also: {err}")
         log.debug("%s", err)
     raise first
+
+
+def _is_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (an int, a float, a numpy number; not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_) and math.isfinite(value)
+
+
+def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """``value`` as seconds, refused (naming the argument ``name``) unless finite and > 0 (>= 0 with ``zero``)."""
+    if not (_is_finite(value) and (value >= 0 if zero else value > 0)):
+        raise InvalidArgumentError(f"{name}: expected finite seconds {'>=' if zero else '>'} 0, got {value!r}")
+    return float(value)
+
+
+def _placeholders(space: gym.Space[Any], count: int) -> Any:
+    """A batch of ``count`` observations of ``space`` that are members of it, for envs not reset yet
+    (their server down when the fleet is reset): zeros where zero is in the space, else its lowest
+    value (a Discrete's or MultiDiscrete's ``start``; a Box's zeros clipped into its bounds). An agent
+    that one-hot encodes ``obs - start`` must not meet a value outside the space."""
+    batch = create_empty_array(space, count, fn=np.zeros)
+    _fill_placeholders(space, batch)
+    return batch
+
+
+def _fill_placeholders(space: gym.Space[Any], batch: Any) -> None:
+    if isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            _fill_placeholders(sub, batch[key])
+    elif isinstance(space, gym.spaces.Tuple):
+        for sub, part in zip(space.spaces, batch, strict=True):
+            _fill_placeholders(sub, part)
+    elif isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        batch[...] = space.start
+    elif isinstance(space, gym.spaces.Box):
+        batch[...] = np.clip(np.zeros(space.shape), space.low, space.high).astype(space.dtype)

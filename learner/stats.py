@@ -1,4 +1,4 @@
-"""Per-replica step statistics the learner records: latency percentiles and throughput."""
+"""Per-replica step statistics the learner records: latency percentiles, env time and throughput."""
 
 from __future__ import annotations
 
@@ -15,20 +15,28 @@ class ReplicaStats:
     """One env server's steps since the last reset of its statistics.
 
     A replica whose latency or env time stands out from the others is slow or overloaded, and the
-    whole fleet waits for it on every synchronous step (load imbalance).
+    whole fleet waits for it on every synchronous step (load imbalance): ``env_busy`` near 1 for one
+    replica and well under it for the others says which one the fleet waits for.
     """
 
     address: str
-    """The server's address."""
+    """The server's address: a stable key for its numbers (its index changes when the fleet does)."""
     num_envs: int
     """Envs the server hosts (K)."""
     steps: int
     """Batched steps answered in the window."""
     env_steps_per_s: float
-    """Env steps (K per batched step) per second of wall time in the window."""
+    """Env steps (K per batched step) per second of wall time in the window. Stepped synchronously,
+    every replica steps at the fleet's pace, so this differs between replicas only by K."""
+    env_busy: float
+    """The fraction of the window's wall time the server's envs spent stepping (the sum of the env
+    step times it reported, over the time elapsed): near 1, the replica is what the fleet waits for;
+    low, it waits for the others (or for the learner)."""
     latency_p50_ms: float
-    """Median round trip seen by the learner: sending the actions until the answer was taken in.
-    With send/recv pipelining it includes time the answer waited while the learner was busy."""
+    """Median round trip seen by the learner: from sending the actions until the answer arrived, as
+    far as the learner can tell. It reads answers whenever it calls into the fleet (``step``,
+    ``send``, ``recv``; with pipelining, the answers of every group in flight), so an answer that
+    comes while the learner computes actions counts as arriving at its next call."""
     latency_p99_ms: float
     """99th percentile of the round trip."""
     env_p50_ms: float
@@ -45,12 +53,14 @@ class ReplicaStats:
     """Times it came back in the window."""
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
-        """The numbers as a flat dict (for metrics.jsonl and TensorBoard), keys prefixed."""
+        """The numbers as a flat dict of floats (for metrics.jsonl and TensorBoard), keys prefixed;
+        ``address`` is not a number and is left out: put it in the prefix to key them by server."""
         return {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k != "address"}
 
 
 class StepTimer:
-    """Round-trip and env times of one replica's recent steps (a ring of the last ``window``)."""
+    """Round-trip and env times of one replica's recent steps (a ring of the last ``window``), and
+    the total env time of the window (for ``env_busy``)."""
 
     def __init__(self, address: str, num_envs: int, window: int = 4096) -> None:
         self.address = address
@@ -58,19 +68,23 @@ class StepTimer:
         self._latency = np.zeros(window)
         self._env = np.zeros(window)
         self._count = 0
+        self._env_total = 0.0
         self._since = time.perf_counter()
         self.failures = 0
         self.shutdowns = 0
         self.reconnects = 0
 
     def record(self, latency_s: float, env_s: float) -> None:
+        """One step: its round trip (sent to arrived) and the time the server's envs took, in seconds."""
         i = self._count % len(self._latency)
         self._latency[i] = latency_s
         self._env[i] = env_s
         self._count += 1
+        self._env_total += env_s
 
     def reset(self) -> None:
         self._count = 0
+        self._env_total = 0.0
         self._since = time.perf_counter()
         self.failures = 0
         self.shutdowns = 0
@@ -89,6 +103,7 @@ class StepTimer:
             num_envs=self.num_envs,
             steps=self._count,
             env_steps_per_s=self._count * self.num_envs / elapsed,
+            env_busy=self._env_total / elapsed,
             latency_p50_ms=float(lat[0]),
             latency_p99_ms=float(lat[1]),
             env_p50_ms=float(env[0]),

@@ -313,3 +313,63 @@ class TextObservationEnv(gym.Env[str, np.int64]):
 
     def step(self, action: np.int64) -> tuple[str, float, bool, bool, dict[str, Any]]:
         return "a", 0.0, False, False, {}
+
+
+class OffsetSpacesEnv(gym.Env[dict[str, Any], np.int64]):
+    """Observations from spaces that do not hold zero: a Discrete and a MultiDiscrete with ``start``
+    above or below it, a Box whose bounds exclude it (a placeholder of zeros would be outside them)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cell": gym.spaces.Discrete(3, start=5),
+                "grid": gym.spaces.MultiDiscrete([2, 3], start=[1, -4]),
+                "level": gym.spaces.Box(1.0, 2.0, shape=(2,), dtype=np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action: np.int64) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+class InfoWidthEnv(gym.Env[np.ndarray, np.int64]):
+    """A step info ``"v"`` of ``width`` values: servers of different widths give infos that do not fit
+    together (the same key, another shape per env). Observations ``[t]``, endless episodes."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, width: int = 2) -> None:
+        self.width = width
+        self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        return np.array([self._t], dtype=np.float32), 1.0, False, False, {"v": np.full(self.width, self._t)}
+
+
+class BrokenStepEnv(FaultyEnv):
+    """A FaultyEnv whose every step fails its server's vector env as a whole (the reward is a string,
+    as at FaultyEnv's ``bad_reward_at``): a server that answers handshakes and resets at once and
+    fails each step (INTERNAL), the way a flapping server does."""
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.bad_reward_at = self._steps + 1
+        return super().step(action)

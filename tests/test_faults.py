@@ -32,6 +32,7 @@ from learner import (
     ServerUnavailableError,
     SessionError,
     SpecMismatchError,
+    faults,
 )
 from learner.client import translate_error
 from tests.conftest import SpawnServer
@@ -71,8 +72,11 @@ def unavailable(infos: dict[str, Any], n: int) -> np.ndarray:
 
 
 def test_server_killed_mid_rollout_and_restarted_on_the_same_address_rejoins(spawn_server: SpawnServer) -> None:
-    a = spawn_server("tests.envs:IndexEnv", K)
-    b = spawn_server("tests.envs:IndexEnv", K)
+    # Episodes that outlast the test: a's reaching IndexEnv's default 100 steps during the 5 steps
+    # checked after the rejoin would make one of them a reset step, echoing no action.
+    endless = ("--env-kwargs", '{"length": 100000}')
+    a = spawn_server("tests.envs:IndexEnv", K, *endless)
+    b = spawn_server("tests.envs:IndexEnv", K, *endless)
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
         obs, infos = envs.reset(seed=0)
         assert "env_unavailable" not in infos
@@ -766,3 +770,60 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
         assert np.array_equal(obs[:, 3], sent) and obs[:, 1].tolist() == [*range(K), *range(K + 1)]
         assert envs.fault_stats().servers_down == 0
         assert [r.num_envs for r in envs.replica_stats()] == [K, K + 1]  # (its own stats, not the old server's)
+
+
+def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged_once_in_a_while(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that answers handshakes and resets at once but fails each step is lost, back at once,
+    lost again: each loss soon after coming back waits longer before it is taken back (the reconnect
+    backoff's schedule) and such losses are logged at most once in a while, so it costs a few
+    reconnects and lines, not one per step. Mended, it is taken back and settles."""
+    monkeypatch.setattr(faults, "SETTLE_S", 0.5)  # (10 s: too long to wait for here)
+    caplog.set_level(logging.INFO, logger="learner")
+    broken = spawn_server("tests.envs:BrokenStepEnv", K)
+    healthy = spawn_server("tests.envs:FaultyEnv", K)
+    backoff = (0.1, 1.0)
+    with RemoteVectorEnv([broken.address, healthy.address], fault_tolerant=True, timeout=5.0, backoff=backoff) as envs:
+        envs.reset(seed=0)
+        start = time.monotonic()
+        steps = 0
+        while time.monotonic() - start < 4.0:
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            assert not unavailable(infos, 2 * K)[K:].any()  # the other server steps on
+            steps += 1
+        # Losses at about 0, 0 (back at once), 0.1, 0.3, 0.7, 1.5, 2.5, 3.5 s: not one every other step.
+        failures = envs.fault_stats().failures
+        assert steps > 100 and 4 <= failures <= 12, (steps, failures)
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        losses = [m for m in said if m.startswith(f"env server {broken.address} lost")]
+        assert len(losses) == 2 and "lost again soon after coming back" in losses[1], losses  # (then one per 10 s)
+        assert len([m for m in said if m.startswith(f"env server {broken.address} is back")]) == 1, said
+
+        # Mended (the same address, an env that steps): taken back within the longest wait, and settled.
+        broken.argv[1] = "tests.envs:FaultyEnv"
+        broken.kill()
+        broken.start()
+        mended = time.monotonic()
+        step_until(envs, 0, lambda r: "env_unavailable" not in r[4], limit_s=10.0, act=lambda t, n: np.zeros(n, int))
+        assert time.monotonic() - mended < backoff[1] * 1.2 + 5.0
+        step_until(envs, 0, lambda r: "steady again" in caplog.text, limit_s=5.0, act=lambda t, n: np.zeros(n, int))
+        replica = envs._replicas[0]
+        assert (replica.relapses, replica.failing_since) == (0, 0.0)
+
+
+def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(spawn_server: SpawnServer) -> None:
+    """A server that keeps coming back but fails each step gives no more steps than one that is gone:
+    it counts as down from its first loss, and a fleet of such servers gives up."""
+    broken = spawn_server("tests.envs:BrokenStepEnv", K)
+    with RemoteVectorEnv(
+        [broken.address], fault_tolerant=True, timeout=5.0, backoff=(0.1, 1.0), give_up_after=1.5
+    ) as envs:
+        envs.reset(seed=0)
+        start = time.monotonic()
+        with pytest.raises(
+            ServerUnavailableError, match=r"failing each step since they came back\) for more than 1.5 s"
+        ):
+            while time.monotonic() - start < 15.0:
+                envs.step(np.zeros(K, dtype=np.int64))
+        assert time.monotonic() - start < 6.0

@@ -1,0 +1,104 @@
+"""A server whose answer cannot be read, or whose infos do not fit the other servers', is an
+InvalidResponseError naming it: raised by a plain fleet (the fleet then needs a reset, as after any
+failed step), and a lost server for a fault-tolerant one (was: a raw CodecError or ValueError, with
+no address, that ended a fault-tolerant run)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from env_server import codec
+from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError
+from learner.faults import is_outage
+from tests.conftest import SpawnServer, StartServers
+
+K = 2  # envs per server
+FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+
+
+def _unavailable(infos: dict[str, Any], n: int) -> list[bool]:
+    return np.asarray(infos.get("_env_unavailable", np.zeros(n, dtype=bool))).tolist()
+
+
+def test_an_unreadable_answer_is_an_outage() -> None:
+    assert is_outage(InvalidResponseError("env server a:1: Step: its answer could not be read", address="a:1"))
+
+
+def test_infos_that_do_not_fit_name_the_server(spawn_server: SpawnServer) -> None:
+    a = spawn_server("tests.envs:InfoWidthEnv", K, "--env-kwargs", '{"width": 2}')
+    b = spawn_server("tests.envs:InfoWidthEnv", K, "--env-kwargs", '{"width": 3}')
+    with RemoteVectorEnv([a.address, b.address], timeout=5.0) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(InvalidResponseError, match=rf"^env server {b.address}: Step: its infos do not fit") as info:
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert info.value.address == b.address and "infos['v']: shapes per env differ" in str(info.value)
+        with pytest.raises(SessionError, match="call reset"):  # (A's envs stepped, unseen)
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+
+    # Fault-tolerant: B is lost on that step (its episodes cut), A steps on.
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        obs, rewards, terms, truncs, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert _unavailable(infos, 2 * K) == [False] * K + [True] * K
+        assert truncs.tolist() == [False] * K + [True] * K and not terms.any()
+        assert rewards.tolist() == [1.0] * K + [0.0] * K
+        assert obs[:, 0].tolist() == [1.0] * K + [0.0] * K  # B's envs: their last observations
+        assert infos["v"].shape == (2 * K, 2) and infos["_v"].tolist() == [True] * K + [False] * K
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.servers_down) == (1, 1)
+        obs, *_ = envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert obs[:K, 0].tolist() == [2.0] * K
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])  # (StepStream; the step socket)
+def test_an_answer_that_cannot_be_decoded_names_the_server(
+    start_servers: StartServers, monkeypatch: pytest.MonkeyPatch, transport: str
+) -> None:
+    addresses = [start_servers("tests.envs:IndexEnv", envs_per_server=K, transport=transport)[0] for _ in range(2)]
+    decode, corrupt = codec.decode_value, {"token": -1.0}
+
+    def decode_value(value: Any, where: str = "value") -> Any:
+        """B's observations (found by its token) come out as what a server of another version might send."""
+        out = decode(value, where)
+        if where == "observations" and np.asarray(out)[0, 0] == corrupt["token"]:
+            raise codec.CodecError("observations: a dtype this learner does not know (a test's)")
+        return out
+
+    monkeypatch.setattr(codec, "decode_value", decode_value)
+    with RemoteVectorEnv(addresses, timeout=5.0) as envs:
+        assert all(bool(c.step_socket) == (transport == "unix") for c in envs._clients)
+        obs, _ = envs.reset(seed=0)
+        corrupt["token"] = obs[K, 0]
+        with pytest.raises(
+            InvalidResponseError, match=rf"^env server {addresses[1]}: Step: its answer could not"
+        ) as info:
+            envs.step(np.arange(2 * K))
+        assert isinstance(info.value, RemoteEnvError) and info.value.address == addresses[1]
+        assert isinstance(info.value.__cause__, codec.CodecError)
+        corrupt["token"] = -1.0
+
+    with RemoteVectorEnv(addresses, fault_tolerant=True, **FAST) as envs:
+        obs, _ = envs.reset(seed=0)
+        before, corrupt["token"] = obs.copy(), obs[K, 0]
+        sent = np.arange(2 * K) + 10
+        obs, rewards, _, truncs, infos = envs.step(sent)
+        assert _unavailable(infos, 2 * K) == [False] * K + [True] * K
+        assert truncs.tolist() == [False] * K + [True] * K and rewards[K:].tolist() == [0.0] * K
+        assert obs[:K, 3].tolist() == sent[:K].tolist()  # A's envs got their actions
+        assert np.array_equal(obs[K:], before[K:])  # B's keep their last observations
+        # While its answers cannot be read, B comes back and is lost again (its reset's answer too).
+        for _ in range(5):
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            assert _unavailable(infos, 2 * K) == [False] * K + [True] * K
+            time.sleep(0.05)
+        corrupt["token"] = -1.0  # readable again: B's envs rejoin
+        deadline = time.monotonic() + 15
+        while "env_unavailable" in infos:
+            assert time.monotonic() < deadline, "B's envs did not rejoin"
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            time.sleep(0.02)
+        assert envs.fault_stats().failures >= 1 and envs.fault_stats().reconnects >= 1

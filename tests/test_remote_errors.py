@@ -1,0 +1,129 @@
+"""RemoteVectorEnv's errors: every one is an EnvFleetError naming what it is about; bad arguments
+are refused before anything is sent; servers that cannot be one fleet are told apart in one way."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from env_server import codec
+from env_server.rpc import env_pb2 as pb
+from learner import (
+    AddressError,
+    EnvFleetError,
+    InvalidArgumentError,
+    RemoteVectorEnv,
+    SpecMismatchError,
+)
+from learner.faults import incompatible
+from tests.conftest import SpawnServer, StartServers
+
+NOWHERE = "127.0.0.1:1"  # (nothing listens: an argument refused first never gets there)
+
+
+def test_no_address_is_an_envfleet_error() -> None:
+    with pytest.raises(AddressError, match="addresses: expected at least one server address") as info:
+        RemoteVectorEnv([])
+    assert isinstance(info.value, EnvFleetError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"timeout": math.inf}, r"^timeout: expected finite seconds > 0, got inf$"),
+        ({"timeout": math.nan}, r"^timeout: expected finite seconds > 0, got nan$"),
+        ({"timeout": True}, r"^timeout: expected finite seconds > 0, got True$"),
+        ({"timeout": "5"}, r"^timeout: expected finite seconds > 0, got '5'$"),
+        ({"connect_timeout": math.inf}, r"^connect_timeout: expected finite seconds > 0, got inf$"),
+        ({"give_up_after": math.inf}, r"^give_up_after: expected finite seconds > 0, got inf$"),
+        ({"backoff": (0.1, math.inf)}, r"^backoff: expected \(first, longest\) finite seconds .*got \(0.1, inf\)$"),
+        ({"backoff": 0.1}, r"^backoff: expected \(first, longest\) finite seconds .*got 0.1$"),
+        ({"spin_wait": math.nan}, r"^spin_wait: expected seconds in \[0, 1\], got nan$"),
+        ({"num_groups": True}, r"^num_groups: expected an int >= 1, got True$"),
+    ],
+)
+def test_options_in_seconds_must_be_finite_numbers(kwargs: dict[str, Any], message: str) -> None:
+    """``timeout=inf`` passed ``timeout > 0`` and failed at once: "no answer within the inf s deadline"."""
+    with pytest.raises(InvalidArgumentError, match=message) as info:
+        RemoteVectorEnv([NOWHERE], connect_timeout=kwargs.pop("connect_timeout", 0.5), **kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+def test_reset_options_that_cannot_be_sent_are_the_callers_error(start_servers: StartServers) -> None:
+    (address,) = start_servers("CartPole-v1", envs_per_server=2)
+    with RemoteVectorEnv([address]) as envs:
+        with pytest.raises(InvalidArgumentError, match=r"^options\['x'\]: ") as info:
+            envs.reset(options={"x": object()})
+        assert isinstance(info.value, EnvFleetError) and isinstance(info.value, ValueError)
+        envs.reset(seed=0)  # nothing was sent: the fleet goes on
+        envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(InvalidArgumentError, match=r"^wait: expected finite seconds >= 0, got inf$"):
+            envs.refresh(wait=math.inf)
+
+
+def test_placeholder_observations_are_in_the_space(spawn_server: SpawnServer) -> None:
+    """Envs whose server is down when the fleet is reset have placeholder observations: members of
+    the space (were zeros: outside Discrete(3, start=5), and an agent's one-hot of obs - start failed)."""
+    a = spawn_server("tests.envs:OffsetSpacesEnv", 2)
+    b = spawn_server("tests.envs:OffsetSpacesEnv", 2)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, timeout=2.0, backoff=(0.05, 0.5)) as envs:
+        b.kill()
+        obs, infos = envs.reset(seed=0)
+        assert infos["_env_unavailable"].tolist() == [False, False, True, True]
+        space = envs.single_observation_space
+        for single in gym.vector.utils.iterate(envs.observation_space, obs):
+            assert space.contains(single), single
+        assert obs["cell"][2:].tolist() == [5, 5]
+        assert obs["grid"][2:].tolist() == [[1, -4], [1, -4]]
+        assert obs["level"][2:].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def _spec(env_id: str, space: gym.Space[Any], num_envs: int = 2, mode: int = pb.AUTORESET_MODE_NEXT_STEP) -> pb.EnvSpec:
+    return pb.EnvSpec(
+        env_id=env_id,
+        num_envs=num_envs,
+        observation_space=codec.encode_space(space),
+        action_space=codec.encode_space(gym.spaces.Discrete(2)),
+        autoreset_mode=mode,
+    )
+
+
+def test_one_check_says_what_keeps_servers_out_of_one_fleet() -> None:
+    """Made, joining or coming back, a server's spec is checked by one function, which names the field
+    and both values (was three checks, with three messages)."""
+    four = _spec("A-v0", gym.spaces.Box(-1.0, 1.0, (4,), np.float32))
+    six = _spec("B-v0", gym.spaces.Box(-1.0, 1.0, (6,), np.float32))
+    assert incompatible(four, four) == ""
+    assert incompatible(four, six) == (
+        "another observation_space than the fleet's: Box(-1.0, 1.0, (6,), float32) (B-v0), "
+        "not Box(-1.0, 1.0, (4,), float32) (A-v0)"
+    )
+    same_step = _spec("A-v0", gym.spaces.Box(-1.0, 1.0, (4,), np.float32), mode=pb.AUTORESET_MODE_SAME_STEP)
+    assert incompatible(four, same_step, whose="env server x:1's") == (
+        "another autoreset_mode than env server x:1's: SameStep (A-v0), not NextStep (A-v0)"
+    )
+    three = _spec("A-v0", gym.spaces.Box(-1.0, 1.0, (4,), np.float32), num_envs=3)
+    assert incompatible(four, three) == ""  # (a fleet takes servers of any size ...)
+    assert incompatible(four, three, same_size=True) == (  # (... but not in an old place)
+        "another num_envs than the fleet's: 3 envs (A-v0), not 2 envs (A-v0)"
+    )
+
+
+def test_servers_of_other_spaces_are_refused_naming_both(start_servers: StartServers) -> None:
+    (cartpole,) = start_servers("CartPole-v1")
+    (acrobot,) = start_servers("Acrobot-v1")
+    with pytest.raises(
+        SpecMismatchError,
+        match=(
+            rf"^env server {acrobot} has another observation_space than env server {cartpole}'s: "
+            r"Box\(.*\(6,\), float32\) \(Acrobot-v1\), not Box\(.*\(4,\), float32\) \(CartPole-v1\); "
+            "one RemoteVectorEnv needs servers whose envs have the same spaces and autoreset mode$"
+        ),
+    ):
+        RemoteVectorEnv([cartpole, acrobot])
+    with RemoteVectorEnv([acrobot]) as envs:  # (and let go of)
+        assert envs.num_envs == 1
