@@ -1,7 +1,8 @@
 """argparse types shared by the ``learner`` commands and the benchmark scripts.
 
 Each refuses what does not fit with "expected <what>, got <the text given>", which argparse prefixes
-with the option's name.
+with the option's name. Integers may be written in float notation when they are whole (``1e6``,
+``2.5e5``), as budgets often are.
 """
 
 from __future__ import annotations
@@ -10,7 +11,27 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["int_list", "number", "positive_int", "positive_seconds"]
+__all__ = ["int_list", "integer", "number", "parse_int", "positive_int", "positive_seconds"]
+
+
+def parse_int(text: str) -> int:
+    """``text`` as an int: decimal (``1000000``) or a whole number in float notation (``1e6``, ``2.5e5``);
+    ValueError otherwise (``1.5``, ``inf``, ``x``)."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # (raises on what is no number at all)
+    if not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def integer(text: str) -> int:
+    """A type: an int, as :func:`parse_int` reads it."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def number(low: float, *, above: bool = False, integer: bool = False, unit: str = "") -> Callable[[str], float]:
@@ -20,7 +41,7 @@ def number(low: float, *, above: bool = False, integer: bool = False, unit: str 
 
     def parse(text: str) -> float:
         try:
-            value = int(text) if integer else float(text)
+            value = parse_int(text) if integer else float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         if not (math.isfinite(value) and (value > low if above else value >= low)):
@@ -41,7 +62,7 @@ def int_list(
 
     def parse(text: str) -> tuple[int, ...]:
         try:
-            values = tuple(int(part) for part in text.split(","))
+            values = tuple(parse_int(part) for part in text.split(","))
         except ValueError:
             values = ()
         if not values or (minimum is not None and min(values) < minimum):

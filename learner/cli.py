@@ -1,4 +1,4 @@
-"""The ``learner`` command (also ``python -m learner``): train, eval, plot and demo.
+"""The ``learner`` command (also ``python -m learner``): train, eval, plot, bench and demo.
 
 Only this module reads the command line. torch loads only for the commands that need it (train, eval).
 """
@@ -11,9 +11,9 @@ import dataclasses
 import inspect
 import itertools
 import json
-import math
 import os
 import shlex
+import statistics
 import sys
 import textwrap
 import time
@@ -28,7 +28,7 @@ from typing import Any, Literal, NoReturn
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
-from learner.argtypes import int_list, positive_int, positive_seconds
+from learner.argtypes import int_list, integer, positive_int, positive_seconds
 from learner.config import PRESETS, Args
 from learner.errors import EnvFleetError
 from learner.fleet import FleetChange, describe_change
@@ -155,9 +155,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; mean return of the last 20 episodes: "
         + ("-" if recent is None else f"{recent:.1f}")
     )
-    faults = _faults_line(summary)
-    if faults:
-        print(faults)
+    for line in (_faults_line(summary), slowest_line(summary)):
+        if line:
+            print(line)
     if summary["solved"]:
         print(
             f"solved (mean return >= {summary['solved_threshold']:g}) at step {summary['solved_at_step']:,}, "
@@ -257,6 +257,29 @@ def _faults_line(summary: dict[str, Any]) -> str:
     return "faults: " + ", ".join(parts) if parts else ""
 
 
+def slowest_line(summary: dict[str, Any]) -> str:
+    """The env server the fleet waited for most (the highest median round trip over the session in
+    summary.json's ``replicas``), against the other servers' median; "" with fewer than 2 servers."""
+    replicas = {a: r for a, r in (summary.get("replicas") or {}).items() if r.get("latency_p50_ms") is not None}
+    if len(replicas) < 2:
+        return ""
+    slowest = max(replicas, key=lambda a: replicas[a]["latency_p50_ms"])
+
+    def figures(rows: list[dict[str, Any]]) -> str:
+        parts = []
+        for key, what in (("latency_p50_ms", "round trip"), ("env_p50_ms", "envs' step")):
+            values = [r[key] for r in rows if r.get(key) is not None]
+            if values:
+                parts.append(f"{what} {statistics.median(values):.2f} ms")
+        return ", ".join(parts)
+
+    others = [r for a, r in replicas.items() if a != slowest]
+    return (
+        f"slowest env server: {slowest} (median {figures([replicas[slowest]])}; "
+        f"{'the other server' if len(others) == 1 else f'the other {len(others)} servers'}: median {figures(others)})"
+    )
+
+
 def interrupted_line(run_dir: Path, step: int) -> str:
     """What an interrupted run says, from the checkpoints on disk: a run stopped during an update has
     none of its last update (and, with --checkpoint-every 0, maybe none at all)."""
@@ -310,16 +333,34 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _video_fps(text: str) -> float:
-    from learner.video import MAX_FPS, MIN_FPS  # (no torch)
+def _checked(check: Callable[[Any], Any], prefix: str, convert: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    """A type: ``check(convert(text))`` (text that does not convert goes as is, for ``check`` to refuse),
+    its ValueError as argparse's error, without the ``prefix: `` that argparse's option name replaces."""
 
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not MIN_FPS <= value <= MAX_FPS:
-        raise argparse.ArgumentTypeError(f"expected frames per second in [{MIN_FPS:g}, {MAX_FPS:g}], got {text!r}")
-    return value
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = text
+        try:
+            return check(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"{prefix}: ")) from None
+
+    return parse
+
+
+def _video_fps(text: str) -> float:
+    from learner.video import check_fps  # (no torch)
+
+    return float(_checked(check_fps, "video_fps", float)(text))
+
+
+def _gif_path(text: str) -> str:
+    from learner.video import check_path
+
+    _checked(check_path, "video")(text)
+    return text
 
 
 def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
@@ -336,15 +377,8 @@ def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
     return parse
 
 
-_gif_path = _file_name(".gif", "an animated GIF", "episode.gif")
 _png_path = _file_name(".png", "a PNG", "returns.png")
-
-
-def _int_tuple(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 64,64, got {text!r}") from None
+_sizes = int_list("integers", "64,64")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -386,10 +420,10 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         elif typing.get_origin(kind) is Literal:
             options["choices"] = list(typing.get_args(kind))
         elif kind in (int, float, str):
-            options["type"] = kind
+            options["type"] = integer if kind is int else kind  # (integers also as 1e6)
             options["metavar"] = f.metadata.get("metavar", {int: "N", float: "X", str: "TEXT"}[kind])
         elif typing.get_origin(kind) is tuple:
-            options["type"], options["metavar"] = _int_tuple, "N,N"
+            options["type"], options["metavar"] = _sizes, "N,N"
         elif typing.get_origin(kind) is dict:
             options["type"], options["metavar"] = _json_object, "JSON"
         else:
@@ -474,6 +508,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
     except ValueError as err:
         args.parser.error(str(err))
+    if args.video is not None:
+        from learner.video import headless_rendering
+
+        headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
     from learner.evaluate import evaluate
 
     result = evaluate(
@@ -495,18 +533,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         video_fps=args.video_fps,
         env_kwargs=args.env_kwargs,
         wrappers=args.wrappers,
+        progress=args.progress,
     )
+    interrupted = result.get("interrupted", False)
     if args.json:
         print(json.dumps(result))
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
-        print(
-            f"{result['env']}: {result['episodes']} episode{'' if result['episodes'] == 1 else 's'} of the {policy} "
-            f"policy in {result['checkpoint']}, on {result['envs']}\n"
-            f"return {result['return_mean']:.2f} +- {result['return_std']:.2f} "
-            f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
-            f"mean length {result['length_mean']:.1f}"
-        )
+        count = f"{result['episodes']} episode{'' if result['episodes'] == 1 else 's'}"
+        if interrupted:
+            count = f"interrupted: {count} of {result['episodes_asked']} finished"
+        print(f"{result['env']}: {count} of the {policy} policy in {result['checkpoint']}, on {result['envs']}")
+        if result["episodes"]:
+            print(
+                f"return {result['return_mean']:.2f} +- {result['return_std']:.2f} "
+                f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
+                f"mean length {result['length_mean']:.1f}"
+            )
         if "video" in result:
             video = result["video"]
             cut = "" if video["episode_ended"] else ", cut there"
@@ -515,7 +558,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"video: {video['path']} (one more episode, in process: {video['steps']:,} steps{cut}, return "
                 f"{video['return']:.2f}; {video['fps']:g} fps{kept})"
             )
-    return 0
+    return 130 if interrupted else 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -573,12 +616,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print()
     print(markdown_tables(results))
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    if results["meta"].get("interrupted"):
+        print("learner bench: interrupted; those hold the measurements that finished", file=sys.stderr)
+        return 130
     return 0
 
 
 BENCH_EPILOG = """Everything is measured in one run, in turns: each round steps every vector env of a workload for
 --seconds (the order rotates), so load that drifts on a shared machine hits all alike, and ratios are
 taken round by round (paired) before their median. Spread = (max - min) / median over the rounds.
+A run whose machine was busy (1-minute load average at least its CPU count, at the start or the end)
+says so first: other work competed for the CPUs.
 
 Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
 and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts
@@ -689,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_local_server_options(demo, "servers", "the servers' step sockets")
     demo.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
+        "--seed", type=integer, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
     )
     demo.set_defaults(func=cmd_demo, parser=demo)
 
@@ -801,7 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds per call to a server (default: %(default)s)",
     )
-    evaluate.add_argument("--seed", type=int, default=0, help="env i gets seed + i (default: %(default)s)")
+    evaluate.add_argument("--seed", type=integer, default=0, help="env i gets seed + i (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.add_argument(
@@ -819,6 +867,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FPS",
         help="frames per second of the GIF, up to 50 shown as is (above, frames are dropped); default: the "
         "env's render_fps (15 for the atari wrapper: real time)",
+    )
+    evaluate.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar of the episodes (default: when stderr is a terminal)",
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)
@@ -866,7 +920,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--rounds",
-        type=int,
+        type=integer,
         default=5,
         metavar="N",
         help="rounds of the throughput, latency and rpc suites: each gives every vector env one sample "
@@ -894,14 +948,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--ppo-timesteps",
-        type=int,
+        type=integer,
         default=50_000,
         metavar="N",
         help="env steps per training run (default: %(default)s)",
     )
     bench.add_argument(
         "--ppo-rounds",
-        type=int,
+        type=integer,
         default=3,
         metavar="N",
         help="runs per layout; run r trains with seed r, whatever --seed (default: %(default)s)",
@@ -911,7 +965,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--seed",
-        type=int,
+        type=integer,
         default=0,
         help="seed of the throughput and latency suites' resets and random actions (default: %(default)s)",
     )

@@ -112,7 +112,8 @@ class Args:
     """env steps to train for, over all envs (default: the preset's), rounded up to whole rollouts of
     --num-steps x the number of envs (20,000 with 8 envs x 32 steps: 79 rollouts, 20,224 steps)"""
     stop_at_return: float | None = field(default=None, metadata={"negatable": "train on to --total-timesteps"})
-    """stop once the mean return of the last 20 finished episodes is at least this"""
+    """stop once the mean return of the last 20 finished episodes is at least this (inf: never, as
+    --no-stop-at-return)"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
     """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
@@ -215,8 +216,16 @@ class Args:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
-        if self.stop_at_return is not None and not math.isfinite(self.stop_at_return):
-            raise ValueError(f"--stop-at-return: expected a finite mean return, got {self.stop_at_return}")
+        # Infinity means "never stop early" for --stop-at-return (docker-compose.yml documents it); any
+        # other infinity would hang a run, or fail it at once ("no answer within the inf s deadline"):
+        # refused, as NaN is.
+        if self.stop_at_return == math.inf:
+            object.__setattr__(self, "stop_at_return", None)  # as --no-stop-at-return
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                also = ", or inf (never)" if f.name == "stop_at_return" else ""
+                raise ValueError(f"--{_flag(f.name)}: expected a finite number{also}, got {value}")
         check_device(self.device)
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
-from learner.ppo import Agent
+from learner.ppo import Agent, is_image_space
 from learner.remote import FAULT_TOLERANT_HINT
-from learner.train import pick_device
+from learner.train import StopRequest, pick_device, progress_bar, set_torch_threads
 
 __all__ = ["evaluate"]
 
@@ -49,6 +50,7 @@ def evaluate(
     video_fps: float | None = None,
     env_kwargs: dict[str, Any] | None = None,
     wrappers: str | None = None,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
     """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file or a run dir).
 
@@ -66,7 +68,14 @@ def evaluate(
     with ``render_mode="rgb_array"``, and write its frames to this path as an animated GIF, at
     ``video_fps`` frames per second (default: the env's ``render_fps``; 15 with the atari wrapper, real
     time). Frames never cross the wire, so the env must be installed here, even when the episodes run
-    on servers. The result's ``video`` says what was written (see :mod:`learner.video`).
+    on servers. The result's ``video`` says what was written (see :mod:`learner.video`). Without a
+    display, MuJoCo renders only with ``MUJOCO_GL=egl`` (or osmesa) set before it is first imported:
+    ``learner eval`` sets it (:func:`learner.video.headless_rendering`); callers of this function may.
+
+    ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal), as
+    ``learner train`` shows. Ctrl-C (or SIGTERM) while the episodes run stops after the current step:
+    the result is then of the episodes finished (``interrupted`` true; the return's statistics None
+    when none had); a second Ctrl-C raises KeyboardInterrupt.
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
@@ -75,8 +84,6 @@ def evaluate(
     video_path = None if video is None else video_.check_path(video)  # (a bad path fails before any episode)
     video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
-    if video_path is not None:
-        video_.headless_rendering()
     path = find_checkpoint(checkpoint)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
@@ -124,6 +131,7 @@ def evaluate(
             ).to(torch_device)
             agent.load_state_dict(state["model"])
             agent.eval()
+            set_torch_threads(torch_device, is_image_space(obs_space))
             obs_rms = None
             if state.get("obs_rms") is not None:
                 obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)
@@ -163,21 +171,30 @@ def evaluate(
             returns: list[float] = []
             lengths: list[int] = []
             next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
-            obs, infos = envs.reset(seed=seed)
-            _raise_env_errors(infos, fleet)
-            while (counts < targets).any():
-                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+            show = progress if progress is not None else sys.stderr.isatty()
+            with (
+                StopRequest("the episodes finished so far are reported") as stop,
+                progress_bar(show, episodes, unit="episode", scale=False) as bar,
+            ):
+                obs, infos = envs.reset(seed=seed)
                 _raise_env_errors(infos, fleet)
-                ep_return += np.where(valid, rewards, 0.0)
-                ep_length += valid
-                done = (terms | truncs) & valid
-                for i in np.flatnonzero(done):
-                    if counts[i] < targets[i]:
-                        returns.append(float(ep_return[i]))
-                        lengths.append(int(ep_length[i]))
-                        counts[i] += 1
-                    ep_return[i], ep_length[i] = 0.0, 0
-                valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+                while (counts < targets).any() and not stop.requested:
+                    obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+                    _raise_env_errors(infos, fleet)
+                    ep_return += np.where(valid, rewards, 0.0)
+                    ep_length += valid
+                    done = (terms | truncs) & valid
+                    for i in np.flatnonzero(done):
+                        if counts[i] < targets[i]:
+                            returns.append(float(ep_return[i]))
+                            lengths.append(int(ep_length[i]))
+                            counts[i] += 1
+                            if bar is not None:
+                                bar.update(1)
+                                bar.set_postfix_str(f"return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+                        ep_return[i], ep_length[i] = 0.0, 0
+                    valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+            interrupted = bool((counts < targets).any())
     except (EnvCrashedError, RemoteTimeoutError) as err:
         raise _in_cli_terms(err) from err
     result: dict[str, Any] = {
@@ -186,19 +203,37 @@ def evaluate(
         "envs": f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe(),
         "episodes": len(returns),
         "deterministic": deterministic,
+        **_statistics(returns, lengths),
+        "returns": returns,
+    }
+    if interrupted:
+        result["interrupted"] = True
+        result["episodes_asked"] = episodes
+    if recorded is not None:
+        result["video"] = recorded
+    if returns:
+        log.info(
+            "evaluated %s over %d episodes%s: %.2f +- %.2f",
+            path,
+            len(returns),
+            f" (interrupted; {episodes} asked)" if interrupted else "",
+            result["return_mean"],
+            result["return_std"],
+        )
+    return result
+
+
+def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | None]:
+    """The return's mean, std, min and max and the mean length (None each when no episode finished)."""
+    if not returns:
+        return dict.fromkeys(("return_mean", "return_std", "return_min", "return_max", "length_mean"))
+    return {
         "return_mean": float(np.mean(returns)),
         "return_std": float(np.std(returns)),
         "return_min": float(np.min(returns)),
         "return_max": float(np.max(returns)),
         "length_mean": float(np.mean(lengths)),
-        "returns": returns,
     }
-    if recorded is not None:
-        result["video"] = recorded
-    log.info(
-        "evaluated %s over %d episodes: %.2f +- %.2f", path, len(returns), result["return_mean"], result["return_std"]
-    )
-    return result
 
 
 def _warn_unknown_server_options(

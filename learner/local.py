@@ -70,7 +70,11 @@ class LocalServers:
         server_args: further ``env-server`` options, e.g. ``["--wrappers", "atari"]``.
         transport: ``"tcp"`` (127.0.0.1, a free port each) or ``"unix"`` (a socket file each).
         startup_timeout: seconds to wait for every server to print its ``listening on`` line.
-        log_level: the servers' log level; their log lines are forwarded to this process's logging.
+        log_level: the servers' log level (debug, info, warning or error); their log lines are
+            forwarded to this process's logging. None: the level this process logs them at (the
+            effective level of the ``env_server[i]`` loggers: the root logger's, which the ``learner``
+            commands' ``--log-level`` sets), so ``learner train --log-level info`` shows their
+            session lines.
         auth_token: make the servers require this token (passed in their environment, not on
             their command line, where other users of the machine could read it).
         spin_wait_ms: the servers' ``--spin-wait-ms`` (how long a server looks for the learner's
@@ -93,7 +97,7 @@ class LocalServers:
         server_args: Sequence[str] = (),
         transport: str = "tcp",
         startup_timeout: float = 60.0,
-        log_level: str = "warning",
+        log_level: str | None = None,
         auth_token: str | None = None,
         spin_wait_ms: float | None = None,
         restarts: int = 5,
@@ -127,7 +131,7 @@ class LocalServers:
             "--parent-pid",
             str(os.getpid()),
             "--log-level",
-            log_level,
+            log_level or _forwarded_level(),
         ]
         if env_kwargs:
             base += ["--env-kwargs", json.dumps(env_kwargs)]
@@ -484,6 +488,16 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
         if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
             proc.stdout.close()
+
+
+def _forwarded_level() -> str:
+    """The env-server ``--log-level`` that makes local servers log what this process would show of
+    their forwarded lines (the effective level of the ``env_server[i]`` loggers)."""
+    level = logging.getLogger("env_server[0]").getEffectiveLevel()
+    for at_most, name in ((logging.DEBUG, "debug"), (logging.INFO, "info"), (logging.WARNING, "warning")):
+        if level <= at_most:
+            return name
+    return "error"
 
 
 # Lines envs print when they are built (ale-py's, once per server): not warnings.

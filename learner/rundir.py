@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -41,8 +41,6 @@ SUMMARY = "summary.json"
 PLOT = "returns.png"
 CHECKPOINTS = "checkpoints"
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 def make_new_dir(path: Path) -> Path:
@@ -68,9 +66,8 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp_file(path)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; give it a normal file's mode
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -80,6 +77,17 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _new_temp_file(path: Path) -> tuple[int, str]:
+    """A new file ``.<name>.<random>.tmp`` beside ``path``, open for writing, with a normal file's mode
+    (0666 less the umask; tempfile.mkstemp's would be 0600, and reading the umask means setting it)."""
+    while True:
+        tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def _jsonable(value: Any) -> Any:

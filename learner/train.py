@@ -53,6 +53,7 @@ from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
+    InvalidResponseError,
     RemoteEnvError,
     RemoteTimeoutError,
     ServerUnavailableError,
@@ -61,9 +62,21 @@ from learner.errors import (
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, check_observation_space, is_image_space
+from learner.stats import ReplicaStats
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
-__all__ = ["Args", "NothingToLearnError", "Rollout", "fleet_spec", "pick_device", "resume_args", "train"]
+__all__ = [
+    "Args",
+    "NothingToLearnError",
+    "Rollout",
+    "StopRequest",
+    "fleet_spec",
+    "pick_device",
+    "progress_bar",
+    "resume_args",
+    "set_torch_threads",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +84,18 @@ RECENT = 20
 """Finished episodes that "the recent return" (and --stop-at-return) averages over."""
 
 LOST_ROLLOUTS = 3
-"""Rollouts in a row that may end in a failed env server before the run gives up."""
+"""Rollouts in a row ended by a failed env server (--no-fault-tolerant) at which the run gives up: the
+earlier ones are dropped with a warning, this one raises."""
 
 EMPTY_ROLLOUTS = LOST_ROLLOUTS
 """Rollouts in a row in which no env gave a transition (every env raised, or was unavailable) after
 which the run stops with NothingToLearnError."""
 
 FAULT_COUNTS = ("failures", "shutdowns", "reconnects", "server_restarts", "servers_joined", "servers_left")
-"""The fleet's fault counters (``FaultStats``) that summary.json totals over the whole run."""
+"""The fleet's fault counters (fields of ``FaultStats`` and of ``Counters``) that each metrics row gives for
+its update (``faults/<name>``) and summary.json totals over the whole run. The other fields of
+``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``: now) or are
+counted here from the steps' infos (``env_steps_lost``, for in-process envs too)."""
 
 
 class NothingToLearnError(EnvFleetError):
@@ -139,10 +156,6 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
     recorded = rundir.read_json(config)
     saved = Args.from_json(recorded["args"])
-    env_id = recorded.get("envs", {}).get("env_id")
-    if env_id and saved.env != env_id:
-        # Runs on --servers before the env was recorded in args kept the default --env instead.
-        saved = dataclasses.replace(saved, env=env_id)
     if overrides.get("run_dir") not in (None, str(run_dir)):
         raise ValueError(
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
@@ -249,10 +262,13 @@ class Counters:
 
 
 class StopRequest:
-    """Turns the first Ctrl-C (or SIGTERM) into a request to stop at the next step; a second Ctrl-C interrupts."""
+    """Turns the first Ctrl-C (or SIGTERM) into a request to stop at the next step; a second Ctrl-C interrupts.
 
-    def __init__(self) -> None:
+    ``then`` says what follows the stop (in the warning the first one logs)."""
+
+    def __init__(self, then: str = "checkpoint and summary follow") -> None:
         self.requested = False
+        self._then = then
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -265,24 +281,28 @@ class StopRequest:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("stopping after this step (checkpoint and summary follow); Ctrl-C again to abort at once")
+        log.warning("stopping after this step (%s); Ctrl-C again to abort at once", self._then)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
 
-def _set_threads(args: Args, device: torch.device, image: bool) -> None:
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+def set_torch_threads(device: torch.device, image: bool, threads: int = 0) -> None:
+    """torch's CPU threads for a policy on ``device`` (``image``: a CNN's): ``threads`` if given (> 0), else
+    one for an MLP on the CPU (train and eval alike), else torch's default."""
+    if threads:
+        torch.set_num_threads(threads)
     elif device.type == "cpu" and not image:
         # A 64x64 MLP is too small to gain from threads; extra threads only contend with the env
-        # servers for the same cores.
+        # servers for the same cores (measured: `learner eval` 4-8x slower with torch's default).
         torch.set_num_threads(1)
 
 
 @contextlib.contextmanager
-def _progress_bar(show: bool, total: int, initial: int) -> Iterator[Any]:
+def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step", scale: bool = True) -> Iterator[Any]:
+    """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
+    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it)."""
     if not show:
         yield None
         return
@@ -291,10 +311,10 @@ def _progress_bar(show: bool, total: int, initial: int) -> Iterator[Any]:
     bar = tqdm(
         total=total,
         initial=initial,
-        unit="step",
-        unit_scale=True,
+        unit=unit,
+        unit_scale=scale,
         dynamic_ncols=True,
-        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]",
+        bar_format=f"{{l_bar}}{{bar}}| {{n_fmt}}/{{total_fmt}} {unit}s [{{elapsed}}<{{remaining}}{{postfix}}]",
     )
     try:
         yield bar
@@ -362,7 +382,9 @@ def nothing_to_learn(rollouts: int, errors: dict[str, int]) -> str:
             cause += f"; and {len(ranked) - 3} other errors"
         cause += " (the env servers log the tracebacks)"
     else:
-        cause = "every env's server was unavailable (see the warnings above)"
+        cause = (
+            "every env's server was unavailable, or was lost before its envs gave a transition (see the warnings above)"
+        )
     where = f"{rollouts} rollouts in a row" if rollouts > 1 else "the run's rollout"
     return f"no env gave a transition in {where}: nothing to learn from, the run stops; {cause}"
 
@@ -410,17 +432,348 @@ def stopped_in_update(saved_step: int | None) -> str:
     )
 
 
-def _solved_threshold(checkpoint: dict[str, Any], env_id: str | None) -> float | None:
-    """The mean return a checkpoint's run was judged solved against: recorded with ``solved_at_step``;
-    in checkpoints from before it was, the run's --stop-at-return, else the threshold of the env it
-    trained on (``env_id``, which config.json names: older runs on --servers saved no --env)."""
-    recorded = checkpoint["counters"].get("solved_threshold")
-    if recorded is not None:
-        return float(recorded)
-    saved = checkpoint["args"]
-    if saved.get("stop_at_return") is not None:
-        return float(saved["stop_at_return"])
-    return reward_threshold(saved.get("env") or env_id or "")
+def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
+    """ValueError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
+    do: its env steps are done, or it was solved under a bar no lower than --stop-at-return."""
+    counters = checkpoint["counters"]
+    done = int(counters["global_step"])
+    total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
+    if done >= total:
+        raise ValueError(
+            f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
+            f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
+        )
+    solved_at, solved_under, stop_at = counters["solved_at_step"], counters["solved_threshold"], args.stop_at_return
+    if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
+        raise ValueError(
+            f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
+            f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
+            "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
+        )
+
+
+def restore(
+    checkpoint: dict[str, Any],
+    run_dir: Path,
+    *,
+    agent: Agent,
+    optimizer: optim.Optimizer,
+    obs_rms: RunningMeanStd | None,
+    reward_scaler: RewardScaler | None,
+    save_best: bool,
+) -> Counters:
+    """The run in ``run_dir`` as of ``checkpoint``: its nets, optimizer, normalisers and RNG states loaded,
+    its run dir cleared of what came after the checkpoint; returns its counters."""
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if obs_rms is not None:
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+    if reward_scaler is not None:
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+    counters = Counters(**checkpoint["counters"])
+    restore_rng(checkpoint["rng"])
+    for path in rundir.remove_stale_temp_files(run_dir):
+        log.info("removed %s, left by a write the previous run did not finish", path)
+    if save_best:
+        # The bar is best.pt's own: it may be of an update after the checkpoint (the run was
+        # killed in between), or older than the checkpoint's bar (a session with --no-save-best).
+        best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+        kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
+        counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
+    # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
+    metrics_path = run_dir / rundir.METRICS
+    if metrics_path.exists():
+        rows = rundir.read_jsonl(metrics_path)
+        rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+    return counters
+
+
+def resumed_threshold(counters: Counters, threshold: float | None) -> float | None:
+    """The bar this session judges "solved" by, given its own (``threshold``: --stop-at-return, else the
+    env's) and a resumed run's ``counters``: a run solved against a lower bar is judged again (its
+    solved_at fields cleared); with no bar of its own, the one it was solved against stands."""
+    before = counters.solved_threshold
+    if counters.solved_at_step is None:
+        return threshold
+    if threshold is None:
+        threshold = before
+    if threshold is None or before is None or threshold > before:
+        counters.solved_at_step = counters.solved_at_seconds = counters.solved_threshold = None
+    return threshold
+
+
+# ---- the fleet, update by update: fault counts, per-replica statistics, slow replicas ----------------------
+
+SLOW_RATIO = 3.0
+"""A replica whose median env step (or round trip) is this many times the other replicas' median is slow..."""
+SLOW_UPDATES = 3
+"""... for this many updates in a row: then it is warned of (once, until it recovers)."""
+SLOW_MIN_MS = 0.1
+"""... and at least this many ms slower, so that the microseconds by which fast envs' replicas differ are not flagged."""
+
+
+class SlowReplicas:
+    """Warns of a replica that stays slower than the others (load imbalance: a synchronous fleet waits
+    for its slowest replica on every step), by its ``env_p50_ms`` (its envs' own step time: a slow or
+    overloaded host) or else its ``latency_p50_ms`` (the round trip: its network or server)."""
+
+    def __init__(self) -> None:
+        self._streaks: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    def check(self, replicas: list[ReplicaStats], label: Callable[[str], str] = str) -> list[tuple[int, str]]:
+        """What to log (level, message) after an update whose windows are ``replicas``, each named
+        ``label(its address)``."""
+        said: list[tuple[int, str]] = []
+        for replica in replicas:
+            slow = _slowness(replica, replicas)
+            if slow is None:
+                continue  # not measured in this update (no steps, or no others to compare with)
+            address = label(replica.address)
+            who = address if address == replica.address else f"{address} ({replica.address})"
+            if not slow[0]:
+                self._streaks[address] = 0
+                if address in self._warned:
+                    self._warned.discard(address)
+                    said.append((logging.INFO, f"env server {who} is no longer slow ({slow[1]})"))
+                continue
+            self._streaks[address] = self._streaks.get(address, 0) + 1
+            if self._streaks[address] >= SLOW_UPDATES and address not in self._warned:
+                self._warned.add(address)
+                said.append(
+                    (
+                        logging.WARNING,
+                        f"env server {who} is slow: {slow[1]}, for {SLOW_UPDATES} updates in a row; the "
+                        f"fleet waits for it on every step (see replicas/{address}/ in {rundir.METRICS})",
+                    )
+                )
+        return said
+
+
+def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool, str] | None:
+    """(whether ``replica`` is slow against the median of the others, in words its figures that say so
+    or, if not slow, its env step's); None when there is nothing to compare. (Against the others, not
+    the whole fleet's median: with two replicas the fleet's median is their mean, which neither reaches
+    3 times.)"""
+    said: tuple[bool, str] | None = None
+    for key, what in (("env_p50_ms", "its envs' median step"), ("latency_p50_ms", "its median round trip")):
+        value = getattr(replica, key)
+        others = [getattr(r, key) for r in replicas if r is not replica and r.steps]
+        others = [v for v in others if math.isfinite(v)]
+        if not (replica.steps and math.isfinite(value) and others):
+            continue
+        median = float(np.median(others))
+        ratio = value / median if median > 0 else math.inf
+        text = f"{what} {value:.2f} ms, {ratio:.1f}x the other servers' median ({median:.2f} ms)"
+        if ratio >= SLOW_RATIO and value - median >= SLOW_MIN_MS:
+            return True, text
+        said = said or (False, text)
+    return said
+
+
+@dataclass
+class ReplicaTotals:
+    """One env server's statistics over a session (summary.json's ``replicas``): sums of its windows'
+    counts, and means of their medians weighted by their steps."""
+
+    num_envs: int = 0
+    steps: int = 0
+    failures: int = 0
+    shutdowns: int = 0
+    reconnects: int = 0
+    _weighted: dict[str, float] = field(default_factory=dict)
+    _weights: dict[str, int] = field(default_factory=dict)
+
+    MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
+
+    def add(self, window: ReplicaStats) -> None:
+        self.num_envs = window.num_envs
+        self.steps += window.steps
+        self.failures += window.failures
+        self.shutdowns += window.shutdowns
+        self.reconnects += window.reconnects
+        for key in self.MEANS:
+            value = getattr(window, key, None)  # (env_busy: where the fleet reports it)
+            if value is not None and window.steps and math.isfinite(value):
+                self._weighted[key] = self._weighted.get(key, 0.0) + value * window.steps
+                self._weights[key] = self._weights.get(key, 0) + window.steps
+
+    def as_dict(self) -> dict[str, Any]:
+        means = {
+            k: round(self._weighted[k] / self._weights[k], 4) if self._weights.get(k) else None for k in self.MEANS
+        }
+        if "env_busy" not in self._weights:
+            del means["env_busy"]
+        counts = {k: getattr(self, k) for k in ("num_envs", "steps", "failures", "shutdowns", "reconnects")}
+        return {**counts, **means}
+
+
+class FleetWatch:
+    """A fleet's fault counters and per-replica statistics, rollout by rollout (``envs`` without them,
+    in-process envs, give none)."""
+
+    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False) -> None:
+        self._fault_stats = getattr(envs, "fault_stats", None)
+        self._replica_stats = getattr(envs, "replica_stats", None)
+        self._labels: dict[str, str] = {}
+        if self._replica_stats is not None:
+            first = self._replica_stats(reset=True)
+            if local:
+                # Servers the learner started: their addresses are new each session (a temporary
+                # folder's socket, a free port), their places are not (a restart keeps its address).
+                self._labels = {r.address: f"local-{i}" for i, r in enumerate(first)}
+        self._before = self._fault_stats() if self._fault_stats is not None else None
+        self.carried = carried
+        """The fault counts of the run's earlier sessions (a resumed run's checkpoint)."""
+        self.replicas: dict[str, ReplicaTotals] = {}
+        """This session's statistics per replica (its :meth:`label`)."""
+        self._slow = SlowReplicas()
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """Since the last call: servers lost and back (``faults/<count>``, and ``faults/servers_down`` now),
+        and per env server (``replicas/<address>/<field>``) the step latency p50/p99 as the learner saw it,
+        the envs' own step time and env-steps/s; warns of a replica that stays slow."""
+        metrics: dict[str, float] = {}
+        if self._fault_stats is not None and self._before is not None:
+            now = self._fault_stats()
+            for key in FAULT_COUNTS:
+                metrics[f"faults/{key}"] = getattr(now, key) - getattr(self._before, key)
+            metrics["faults/servers_down"] = now.servers_down
+            self._before = now
+        windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
+        for window in windows:
+            # By address, not position: a fleet's positions shift as servers leave and join.
+            name = self.label(window.address)
+            metrics.update(window.metrics(f"replicas/{name}/"))
+            self.replicas.setdefault(name, ReplicaTotals()).add(window)
+        for level, message in self._slow.check(windows, self.label):
+            log.log(level, "%s", message)
+        return metrics
+
+    def label(self, address: str) -> str:
+        """How metrics name a replica: its address, or ``local-<i>`` for the i-th server the learner
+        started itself."""
+        return self._labels.get(address, address)
+
+    def totals(self) -> dict[str, int] | None:
+        """The whole run's fault counts as of now (None for envs without them, unless carried over)."""
+        if self._fault_stats is None and not any(self.carried.values()):
+            return None
+        now = self._fault_stats() if self._fault_stats is not None else None
+        return {key: self.carried[key] + (getattr(now, key) if now is not None else 0) for key in FAULT_COUNTS}
+
+    def servers_lost(self) -> int:
+        """Servers lost so far (failed or shut down), counting each time one was; 0 for envs without them."""
+        totals = self.totals() or {}
+        return totals.get("failures", 0) + totals.get("shutdowns", 0)
+
+
+# ---- what each update and the run report ---------------------------------------------------------------------
+
+
+def metrics_row(
+    update: int,
+    timing: dict[str, float],
+    result: UpdateResult,
+    rollout_info: dict[str, Any],
+) -> dict[str, Any]:
+    """metrics.jsonl's row of an update: ``timing`` (seconds, sps, sps_update, other_seconds) as of its end,
+    the run as of the end of the rollout it learned from (``rollout_info``), and its ``result``."""
+    return {
+        "update": update,
+        "global_step": rollout_info["global_step"],
+        "seconds": round(timing["seconds"], 4),
+        "sps": round(timing["sps"], 1),
+        "sps_update": round(timing["sps_update"], 1),
+        "episodic_return_mean": rollout_info["episodic_return_mean"],
+        "episodic_length_mean": rollout_info["episodic_length_mean"],
+        "episodes": rollout_info["episodes"],
+        "learning_rate": rollout_info["learning_rate"],
+        "clip_coef": rollout_info["clip_coef"],
+        "value_loss": result.value_loss,
+        "policy_loss": result.policy_loss,
+        "entropy": result.entropy,
+        "old_approx_kl": result.old_approx_kl,
+        "approx_kl": result.approx_kl,
+        "clipfrac": result.clipfrac,
+        "explained_variance": result.explained_variance,
+        "num_envs": rollout_info["num_envs"],
+        "batch_size": result.batch_size,
+        "rollout_seconds": rollout_info["rollout_seconds"],
+        "update_seconds": round(result.seconds, 5),
+        "other_seconds": round(timing["other_seconds"], 5),
+        # Fault tolerance, this update: env steps that were no transition, envs unavailable
+        # at its end, episodes cut short; and servers lost and back, from the fleet's
+        # counters (summary.json has the run's totals), and per env server its statistics.
+        "env_steps_lost": rollout_info["env_steps_lost"],
+        "envs_unavailable": rollout_info["envs_unavailable"],
+        "episodes_cut": rollout_info["episodes_cut"],
+        **rollout_info["fleet"],
+    }
+
+
+_PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")
+"""Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
+
+
+def write_tensorboard(writer: Any, row: dict[str, Any]) -> None:
+    """An update's row as TensorBoard scalars: CleanRL's tags for what CleanRL logs, perf/, faults/ and
+    replicas/ for the rest (episodes are logged as they end, as CleanRL does)."""
+    step = row["global_step"]
+    writer.add_scalar("charts/learning_rate", row["learning_rate"], step)
+    writer.add_scalar("charts/clip_coef", row["clip_coef"], step)
+    writer.add_scalar("charts/SPS", row["sps"], step)
+    writer.add_scalar("charts/num_envs", row["num_envs"], step)
+    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+        writer.add_scalar(f"losses/{key}", row[key], step)
+    writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
+    for key in _PERF_TAGS:
+        writer.add_scalar(f"perf/{key}", row[key], step)
+    for key in ("env_steps_lost", "envs_unavailable", "episodes_cut"):
+        writer.add_scalar(f"faults/{key}", row[key], step)
+    for key, value in row.items():
+        if key.startswith(("faults/", "replicas/")) and not math.isnan(value):
+            writer.add_scalar(key, value, step)
+
+
+def build_summary(
+    counters: Counters,
+    *,
+    stop_reason: str | None,
+    threshold: float | None,
+    last_row: dict[str, Any],
+    device: torch.device,
+    faults: dict[str, int] | None,
+    replicas: dict[str, ReplicaTotals],
+) -> dict[str, Any]:
+    """summary.json: the run as ``counters`` hold it; ``faults``: the whole run's fault counts (None: no
+    fleet); ``replicas``: this session's statistics per env server."""
+    summary: dict[str, Any] = {
+        "total_steps": counters.global_step,
+        "seconds": round(counters.seconds, 3),
+        "final_return_mean": _mean(counters.recent_returns),
+        "solved": counters.solved_at_step is not None,
+        "solved_at_step": counters.solved_at_step,
+        "solved_at_seconds": None if counters.solved_at_seconds is None else round(counters.solved_at_seconds, 3),
+        "solved_threshold": threshold,
+        "stop_reason": stop_reason,
+        "episodes": counters.episodes,
+        "updates": counters.update,
+        "sps": last_row.get("sps"),
+        "device": str(device),
+        "cuda_max_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        if device.type == "cuda"
+        else None,
+        "env_steps_lost": counters.env_steps_lost,
+        "episodes_cut": counters.episodes_cut,
+        "best_return": counters.best_return,
+        "best_step": counters.best_step,
+    }
+    if faults is not None:
+        summary.update(faults)
+    if replicas:
+        summary["replicas"] = {address: totals.as_dict() for address, totals in replicas.items()}
+    return summary
 
 
 def train(
@@ -443,22 +796,7 @@ def train(
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
     if checkpoint is not None:
-        done = int(checkpoint["counters"]["global_step"])
-        total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
-        if done >= total:
-            raise ValueError(
-                f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
-                f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
-            )
-        # (args.env: for a resumed run, the env config.json says it trained on; see resume_args)
-        solved_at, solved_under = checkpoint["counters"].get("solved_at_step"), _solved_threshold(checkpoint, args.env)
-        stop_at = args.stop_at_return
-        if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
-            raise ValueError(
-                f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
-                f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
-                "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
-            )
+        check_resume(args, checkpoint)
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
     random.seed(args.seed)
@@ -514,7 +852,7 @@ def train(
         hp = resolve_ppo(args, obs_space, action_space)
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
-        _set_threads(args, device, image)
+        set_torch_threads(device, image, args.torch_threads)
         hint = device_hint(args.device, device, image)
         if hint:
             log.warning(hint)
@@ -530,37 +868,17 @@ def train(
         reward_scaler = RewardScaler(hp.gamma, device) if hp.norm_reward else None
         counters = Counters()
         if checkpoint is not None:
-            agent.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            if obs_rms is not None:
-                obs_rms.load_state_dict(checkpoint["obs_rms"])
-            if reward_scaler is not None:
-                reward_scaler.load_state_dict(checkpoint["reward_scaler"])
-            counters = Counters(**checkpoint["counters"])
-            restore_rng(checkpoint["rng"])
-            for path in rundir.remove_stale_temp_files(run_dir):
-                log.info("removed %s, left by a write the previous run did not finish", path)
-            if args.save_best:
-                # The bar is best.pt's own: it may be of an update after the checkpoint (the run was
-                # killed in between), or older than the checkpoint's bar (a session with --no-save-best).
-                best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-                kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
-                counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
-            # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
-            metrics_path = run_dir / rundir.METRICS
-            if metrics_path.exists():
-                rows = rundir.read_jsonl(metrics_path)
-                rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+            counters = restore(
+                checkpoint,
+                run_dir,
+                agent=agent,
+                optimizer=optimizer,
+                obs_rms=obs_rms,
+                reward_scaler=reward_scaler,
+                save_best=args.save_best,
+            )
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
-        if checkpoint is not None and counters.solved_at_step is not None:
-            before = _solved_threshold(checkpoint, env_id)
-            if threshold is None:
-                threshold = before  # no bar of this session's own: the one the run was solved against stands
-            if threshold is None or before is None or threshold > before:
-                # Solved against a lower bar than this session's: judged again against its own.
-                counters.solved_at_step = counters.solved_at_seconds = counters.solved_threshold = None
-            else:
-                counters.solved_threshold = before
+        threshold = resumed_threshold(counters, threshold)
 
         obs_shape = tuple(obs_space.shape or ())
         obs_dtype = (
@@ -605,7 +923,7 @@ def train(
             writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
         metrics_file = stack.enter_context(open(run_dir / rundir.METRICS, "a"))
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
-        bar = stack.enter_context(_progress_bar(show_progress, hp.total_timesteps, counters.global_step))
+        bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         stop = stack.enter_context(StopRequest())
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
@@ -739,13 +1057,10 @@ def train(
         # Vector envs that step in the background (RemoteVectorEnv: step_async) do so while the critic runs.
         overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
         background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
-        replica_stats = getattr(envs, "replica_stats", None)
-        if replica_stats is not None:
-            replica_stats(reset=True)
-        fault_stats = getattr(envs, "fault_stats", None)
-        faults_before = fault_stats() if fault_stats is not None else None
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
-        faults_carried = {key: getattr(counters, key) for key in FAULT_COUNTS}
+        watch = FleetWatch(
+            envs, carried={key: getattr(counters, key) for key in FAULT_COUNTS}, local=args.servers is None
+        )
         next_valid = ~lost_np
         # An episode is under way (a reset gave its first observation, and it has not ended): one its
         # env loses, even on its first step, is cut short. (An env out of order, whose resets raise, has
@@ -768,87 +1083,36 @@ def train(
         last_update = rollout_state()  # as of the last update's end (here: the start)
         updating = False  # the nets are being updated: a checkpoint now would mix two updates
         propagating = False  # an exception is on its way out of the loop
+        last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
 
         def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
             """Count an update done and log it: metrics.jsonl, TensorBoard, the progress bar."""
-            nonlocal last_row
+            nonlocal last_row, last_record
             counters.update += 1
             now = time.perf_counter()
             counters.seconds = now - start_time
-            sps = (counters.global_step - session_start_step) / max(now - session_start, 1e-9)
-            row = {
-                "update": counters.update,
-                "global_step": rollout_info["global_step"],
-                "seconds": round(counters.seconds, 4),
-                "sps": round(sps, 1),
-                "episodic_return_mean": rollout_info["episodic_return_mean"],
-                "episodic_length_mean": rollout_info["episodic_length_mean"],
-                "episodes": rollout_info["episodes"],
-                "learning_rate": rollout_info["learning_rate"],
-                "clip_coef": rollout_info["clip_coef"],
-                "value_loss": result.value_loss,
-                "policy_loss": result.policy_loss,
-                "entropy": result.entropy,
-                "old_approx_kl": result.old_approx_kl,
-                "approx_kl": result.approx_kl,
-                "clipfrac": result.clipfrac,
-                "explained_variance": result.explained_variance,
-                "num_envs": rollout_info["num_envs"],
-                "batch_size": result.batch_size,
-                "rollout_seconds": rollout_info["rollout_seconds"],
-                "update_seconds": round(result.seconds, 5),
-                # Fault tolerance, this update: env steps that were no transition, envs unavailable
-                # at its end, episodes cut short; and (below) servers lost and back, from the fleet's
-                # counters (summary.json has the run's totals).
-                "env_steps_lost": rollout_info["env_steps_lost"],
-                "envs_unavailable": rollout_info["envs_unavailable"],
-                "episodes_cut": rollout_info["episodes_cut"],
+            # sps: CleanRL's SPS, over this session; sps_update: over this update (since the last one's
+            # end), whose wall time other_seconds completes (checkpoints, fleet lookups, dropped rollouts;
+            # --overlap-update: the update runs during the next rollout, so the parts overlap and
+            # other_seconds is what is left, at least 0).
+            since = max(now - last_record[0], 1e-9)
+            timing = {
+                "seconds": counters.seconds,
+                "sps": (counters.global_step - session_start_step) / max(now - session_start, 1e-9),
+                "sps_update": (counters.global_step - last_record[1]) / since,
+                "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
             }
-            row.update(rollout_info["fleet"])
+            last_record = (now, counters.global_step)
+            row = metrics_row(counters.update, timing, result, rollout_info)
             rundir.append_jsonl(metrics_file, row)
             last_row = row
             if writer is not None:
-                step = row["global_step"]
-                writer.add_scalar("charts/learning_rate", row["learning_rate"], step)
-                writer.add_scalar("charts/SPS", sps, step)
-                writer.add_scalar("charts/num_envs", row["num_envs"], step)
-                for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
-                    writer.add_scalar(f"losses/{key}", row[key], step)
-                writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
-                for key in ("env_steps_lost", "envs_unavailable", "episodes_cut"):
-                    writer.add_scalar(f"faults/{key}", row[key], step)
-                for key in [k for k in row if k.startswith("faults/")]:
-                    writer.add_scalar(key, row[key], step)
-                for key, value in rollout_info["fleet"].items():
-                    if key.startswith("replicas/") and not math.isnan(value):
-                        writer.add_scalar(key, value, step)
+                write_tensorboard(writer, row)
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)
                 recent = row["episodic_return_mean"]
-                bar.set_postfix_str(f"SPS {sps:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
-
-        def fleet_metrics() -> dict[str, float]:
-            """The fleet over the rollout just collected: servers lost and back (from the fleet's counters),
-            and per env server the step latency p50/p99 as the learner saw it, the envs' own step time
-            and env-steps/s (a slow or overloaded replica stands out)."""
-            nonlocal faults_before
-            metrics: dict[str, float] = {}
-            if fault_stats is not None and faults_before is not None:
-                faults_now = fault_stats()
-                for key in FAULT_COUNTS:
-                    setattr(counters, key, faults_carried[key] + getattr(faults_now, key))
-                metrics["faults/failures"] = faults_now.failures - faults_before.failures
-                metrics["faults/shutdowns"] = faults_now.shutdowns - faults_before.shutdowns
-                metrics["faults/reconnects"] = faults_now.reconnects - faults_before.reconnects
-                metrics["faults/server_restarts"] = faults_now.server_restarts - faults_before.server_restarts
-                metrics["faults/servers_joined"] = faults_now.servers_joined - faults_before.servers_joined
-                metrics["faults/servers_left"] = faults_now.servers_left - faults_before.servers_left
-                metrics["faults/servers_down"] = faults_now.servers_down
-                faults_before = faults_now
-            for index, replica in enumerate(replica_stats(reset=True) if replica_stats is not None else []):
-                metrics.update(replica.metrics(f"replicas/{index}/"))
-            return metrics
+                bar.set_postfix_str(f"SPS {timing['sps']:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
 
         def finished(state: dict[str, Any]) -> None:
             """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's
@@ -878,6 +1142,10 @@ def train(
                 if counters.global_step >= hp.total_timesteps:
                     if empty_rollouts and not learned:  # (a budget of fewer than 3 rollouts, all empty)
                         raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                    # The steps of rollouts dropped since the last update are the run's too.
+                    counters.env_steps_lost += steps_lost
+                    counters.episodes_cut += episodes_cut
+                    steps_lost = episodes_cut = 0
                     stop_reason = "total_timesteps"
                     break
                 if stop.requested:  # Ctrl-C during the update: stop before the next rollout
@@ -921,6 +1189,7 @@ def train(
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
                 fleet_down = False
+                lost_before = watch.servers_lost()
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
                     try:
@@ -936,13 +1205,19 @@ def train(
                             obs_np, reward_np, term_np, trunc_np, infos = envs.step(
                                 act(next_obs, rollout, step, slice(None))
                             )
-                    except (ServerUnavailableError, SessionError, RemoteTimeoutError, EnvCrashedError) as err:
+                    except (
+                        ServerUnavailableError,
+                        SessionError,
+                        RemoteTimeoutError,
+                        EnvCrashedError,
+                        InvalidResponseError,
+                    ) as err:
                         # Without --fault-tolerant: a server stopped (scaled down) or vanished, or an env
                         # raised. Drop this rollout and go on with the servers left (every env starting
                         # over), unless that keeps happening.
                         lost_rollouts += 1
                         # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
-                        if refresh is None or args.fault_tolerant or lost_rollouts > LOST_ROLLOUTS:
+                        if refresh is None or args.fault_tolerant or lost_rollouts >= LOST_ROLLOUTS:
                             raise
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
                             log.warning("dropping this rollout, every env starts over: %s", err)
@@ -1027,6 +1302,23 @@ def train(
                         break
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
+                if fleet_down:
+                    # Every server down with no transition in this rollout: empty, as below, if a server
+                    # was lost in it (one that answers gRPC but fails every step is "back" at once and
+                    # lost again, without end); not while the fleet only stays down (an outage, which
+                    # --give-up-after bounds).
+                    if not rollout.valid[: step + 1].any() and watch.servers_lost() > lost_before:
+                        empty_rollouts += 1
+                        if empty_rollouts >= EMPTY_ROLLOUTS:
+                            raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                        log.warning(
+                            "no env gave a transition in this rollout before every server was lost: nothing to "
+                            "learn from (the run stops after %d such rollouts in a row)",
+                            EMPTY_ROLLOUTS,
+                        )
+                    elif rollout.valid[: step + 1].any():
+                        empty_rollouts = 0
+                        empty_errors.clear()
                 if lost is not None or fleet_down:
                     continue  # (a partial rollout is not learned from)
                 lost_rollouts = 0
@@ -1061,8 +1353,10 @@ def train(
                     "rollout_seconds": round(time.perf_counter() - rollout_start, 5),
                     "env_steps_lost": steps_lost,
                     "envs_unavailable": int(lost_np.sum()),
-                    "fleet": fleet_metrics(),
+                    "fleet": watch.rollout_metrics(),
                 }
+                for key, total in (watch.totals() or {}).items():
+                    setattr(counters, key, total)
                 episodes_cut = steps_lost = 0
                 with torch.no_grad():
                     next_value = actor.get_value(next_obs)
@@ -1132,7 +1426,6 @@ def train(
                 fresh = not updating and last_update["counters"]["global_step"] != saved_step
                 state = last_update if fresh else None
                 counters = Counters(**last_update["counters"])
-                recent_returns = deque(counters.recent_returns, maxlen=RECENT)
             try:
                 if state is not None:
                     save(stop_reason or "end", state)
@@ -1140,35 +1433,17 @@ def train(
                 if stop_reason is None or not stop_reason.startswith(("error", "interrupted")):
                     raise
                 log.exception("could not write the last checkpoint")
-            summary = {
-                "total_steps": counters.global_step,
-                "seconds": round(counters.seconds, 3),
-                "final_return_mean": _mean(list(recent_returns)),
-                "solved": counters.solved_at_step is not None,
-                "solved_at_step": counters.solved_at_step,
-                "solved_at_seconds": None
-                if counters.solved_at_seconds is None
-                else round(counters.solved_at_seconds, 3),
-                "solved_threshold": threshold,
-                "stop_reason": stop_reason,
-                "episodes": counters.episodes,
-                "updates": counters.update,
-                "sps": last_row.get("sps"),
-                "device": str(device),
-                "cuda_max_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-                if device.type == "cuda"
-                else None,
-                "env_steps_lost": counters.env_steps_lost,
-                "episodes_cut": counters.episodes_cut,
-                "best_return": counters.best_return,
-                "best_step": counters.best_step,
-            }
-            if fault_stats is not None or any(faults_carried.values()):
-                # The whole run's: the checkpoint's counts, and this session's to its very end (the
-                # failure that stopped it included).
-                totals = fault_stats() if fault_stats is not None else None
-                for key in FAULT_COUNTS:
-                    summary[key] = faults_carried[key] + (getattr(totals, key) if totals is not None else 0)
+            # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
+            # failure that stopped it included).
+            summary = build_summary(
+                counters,
+                stop_reason=stop_reason,
+                threshold=threshold,
+                last_row=last_row,
+                device=device,
+                faults=watch.totals(),
+                replicas=watch.replicas,
+            )
             rundir.write_json(run_dir / rundir.SUMMARY, summary)
             if counters.update > 0:
                 plotted.append(run_dir)

@@ -86,7 +86,8 @@ def gif_timing(fps: float) -> tuple[int, int]:
 def headless_rendering() -> None:
     """Where there is no display, offscreen renderers that need none (unless the user chose others):
     pygame (classic control) renders rgb_array without one but SDL complains; MuJoCo's default (glfw)
-    needs one, EGL does not. Set before the envs are made: MuJoCo reads it when first imported."""
+    needs one, EGL does not. Set before the envs are made: MuJoCo reads it when first imported. It
+    changes the process's environment, so entry points call it (``learner eval --video``), not the library."""
     if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         return
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")

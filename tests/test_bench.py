@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -431,3 +434,84 @@ def test_soak_and_capacity_refuse_bad_options_naming_them(
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_rpc_only_run_reports_spread_and_overhead_and_no_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--suites rpc: its table has a spread column as the others do, the remote overhead per step (in
+    bench.json only, before) is in bench.md and on stdout, and no table of targets it does not measure;
+    a busy machine (load average >= its CPUs) is warned of, at the start and with the tables."""
+    from learner.cli import main
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    out = tmp_path / "bench"
+    assert main(["bench", "--suites", "rpc", "--rounds", "2", "--seconds", "0.02", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    markdown = (out / "bench.md").read_text()
+    cpus = os.cpu_count()
+    busy = f"Warning: the machine was busy: 1-minute load average 99.0 at the start and 99.0 at the end, at least its {cpus} CPUs"
+    assert markdown.startswith(busy) and busy in stdout
+    assert stdout.index(f"1-minute load average 99.0 at the start, at least its {cpus} CPUs") < stdout.index("| us |")
+    for text in (markdown, stdout):
+        assert "**One round trip (microseconds, median of 2 rounds)**" in text and "| | us | spread |" in text
+        assert "Remote overhead per step: tcp " in text and "unix-grpc " in text
+        assert "Performance targets" not in text and "not run" not in text
+    rows = [line for line in markdown.splitlines() if line.startswith("| RemoteVectorEnv(1x1).step")]
+    assert len(rows) == 3 and all(line.endswith("% |") for line in rows), rows
+
+
+def test_the_load_warning_names_when_the_machine_was_busy() -> None:
+    from learner.benchmarks.report import load_warning
+
+    meta = {"cpus": 2, "load_average_start": [1.9, 1.0, 1.0], "load_average_end": [2.0, 1.0, 1.0]}
+    assert load_warning(meta) == (
+        "Warning: the machine was busy: 1-minute load average 2.0 at the end, at least its 2 CPUs; other work "
+        "competed for them, so the figures may be low and their spread wide."
+    )
+    assert load_warning({**meta, "load_average_end": [1.9]}) == "" and load_warning({}) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp_path: Path, signum: int) -> None:
+    """Stopped during the ppo suite's second run (SIGTERM, or Ctrl-C: the terminal signals the whole
+    process group), it stops that run, removes its temporary folders and writes the run that finished."""
+    out, tmp = tmp_path / "bench", tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["--suites", "ppo", "--ppo-timesteps", "4096", "--ppo-rounds", "3", "--ppo-sizes", "4", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "bench", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        start_new_session=True,  # (its own process group, for the Ctrl-C)
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:  # the first run's line, then the second run starts
+            if line.startswith("PPO CartPole-v1: round 1/3: "):
+                break
+        else:
+            pytest.fail(f"no run finished: {proc.communicate()[1][-3000:]}")
+        time.sleep(1.0)
+        assert any(tmp.glob("envfleet-bench-ppo-*")), "the ppo suite's runs are in a temporary folder"
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "learner bench: interrupted; those hold the measurements that finished" in stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert data["meta"]["interrupted"] is True
+    assert [len(r["samples"]) for r in data["ppo"]["results"]] == [1, 0, 0, 0, 0, 0], data["ppo"]["results"]
+    assert (out / "bench.md").read_text().startswith("Interrupted: only the measurements that finished")
+    assert "| remote 2x2 tcp | - | (not run) |" in (out / "bench.md").read_text()
+    # The runs' temporary folder and their servers' sockets' are removed (torch keeps a cache there).
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("envfleet")] == []

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main
 from learner.train import stopped_in_update
 from tests.certs import make_server_certs
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import SpawnServer, StartServers, not_found_at_once
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
 
@@ -170,23 +169,13 @@ def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it
     summary = rundir.read_json(run / rundir.SUMMARY)
     solved_at = summary["solved_at_step"]
     assert summary["solved_threshold"] == 0.7 and solved_at is not None and summary["total_steps"] == 128
-    latest = rundir.list_checkpoints(run)[-1]
-    checkpoint = load_checkpoint(latest)
-    assert checkpoint["counters"]["solved_threshold"] == 0.7
+    assert load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]["solved_threshold"] == 0.7
     capsys.readouterr()
 
-    # The bar is in the checkpoint: judged by it even where the saved args name no env (as runs on --servers
-    # saved them before the env was recorded), and, in checkpoints from before the bar was, by the env
-    # config.json names.
-    checkpoint["args"]["env"] = None
-    torch.save(checkpoint, latest)
-    for recorded in (True, False):
-        if not recorded:
-            checkpoint["counters"]["solved_threshold"] = None
-            torch.save(checkpoint, latest)
-        assert main(["train", "--resume", str(run), "--stop-at-return", "0.7", "--total-timesteps", "192"]) == 1
-        err = capsys.readouterr().err
-        assert f"the run in {run} was solved at step {solved_at:,} (mean return of the last 20 episodes >= 0.7)" in err
+    # The bar is in the checkpoint: a resumed run is judged by it.
+    assert main(["train", "--resume", str(run), "--stop-at-return", "0.7", "--total-timesteps", "192"]) == 1
+    err = capsys.readouterr().err
+    assert f"the run in {run} was solved at step {solved_at:,} (mean return of the last 20 episodes >= 0.7)" in err
 
     # Trained on (no --stop-at-return): still solved where it was, not judged again.
     assert main(["train", "--resume", str(run), "--total-timesteps", "192", *argv[2:]]) == 0
@@ -235,19 +224,25 @@ def test_eval_records_one_more_episode_as_a_gif(
 @pytest.mark.parametrize(
     ("video", "message"),
     [
-        ("{tmp}", "video: '{tmp}' is a folder; expected a file name ending in .gif"),
-        ("{tmp}/notes.txt/x.gif", "video: cannot write '{tmp}/notes.txt/x.gif': '{tmp}/notes.txt' is a file"),
+        ("{tmp}", "argument --video: '{tmp}' is a folder; expected a file name ending in .gif"),
+        (
+            "{tmp}/notes.txt/x.gif",
+            "argument --video: cannot write '{tmp}/notes.txt/x.gif': '{tmp}/notes.txt' is a file",
+        ),
     ],
 )
 def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
     trained_run: Path, tmp_path: Path, video: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Checked as the command line is read (video.check_path, as evaluate() checks it)."""
     (tmp_path / "notes.txt").write_text("a file, not a folder\n")
     folder = tmp_path / "d.gif"
     folder.mkdir()
     video = video.format(tmp=folder if video == "{tmp}" else tmp_path)
     capsys.readouterr()
-    assert main(["eval", str(trained_run), "--episodes", "1", "--video", video]) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(trained_run), "--episodes", "1", "--video", video])
+    assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert message.format(tmp=folder if "is a folder" in message else tmp_path) in captured.err, captured.err
     assert "return" not in captured.out and "Traceback" not in captured.err
@@ -339,6 +334,15 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--resume", "/nonexistent/run"], "--resume: expected a run dir holding config.json"),
         (["--steps", "8"], "unrecognized arguments: --steps 8"),
         (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
+        (["--hidden-sizes", "64,,64"], "argument --hidden-sizes: expected comma-separated integers such as 64,64"),
+        (["--total-timesteps", "1.5e3x"], "argument --total-timesteps: expected an integer, got '1.5e3x'"),
+        (["--total-timesteps", "1.5"], "argument --total-timesteps: expected an integer, got '1.5'"),
+        (["--stop-at-return", "nan"], "--stop-at-return: expected a finite number, or inf (never), got nan"),
+        (["--stop-at-return=-inf"], "--stop-at-return: expected a finite number, or inf (never), got -inf"),
+        (["--timeout", "inf"], "--timeout: expected a finite number, got inf"),
+        (["--connect-timeout", "inf"], "--connect-timeout: expected a finite number, got inf"),
+        (["--give-up-after", "nan"], "--give-up-after: expected a value > 0, got nan"),
+        (["--step-delay-ms", "nan"], "--step-delay-ms: expected a finite number, got nan"),
     ],
 )
 def test_train_rejects_bad_options_naming_them(
@@ -726,10 +730,11 @@ def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does
 
 
 def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A dns: name with no server ready yet (a Kubernetes Service before its first pod is Ready) is
     waited for --connect-timeout seconds, then named; and the option is checked."""
+    not_found_at_once(monkeypatch, "env-not-there.invalid")
     started = time.monotonic()
     argv = ["train", "--servers", "dns:///env-not-there.invalid:50051", "--total-timesteps", "64"]
     assert main([*argv, "--connect-timeout", "2", "--run-dir", str(tmp_path / "run")]) == 1

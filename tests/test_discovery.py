@@ -15,7 +15,7 @@ import learner.remote
 from learner import RemoteVectorEnv, expand_addresses
 from learner.discovery import AddressError, NotReadyYet, expand_named, expand_when_ready, probe
 from learner.errors import ServerUnavailableError
-from tests.conftest import StartServers
+from tests.conftest import StartServers, not_found_at_once
 
 
 def test_a_dns_address_is_every_address_of_the_name(start_servers: StartServers) -> None:
@@ -113,10 +113,11 @@ def test_probe_tells_a_file_in_the_sockets_place(tmp_path: Path) -> None:
 
 
 def test_a_name_that_does_not_resolve_yet_is_waited_for_up_to_connect_timeout(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Kubernetes headless service has no address until a pod is ready (and `kubectl apply` starts the
     learner with the servers): waited for, said once, then the same clear error (was: at once)."""
+    not_found_at_once(monkeypatch, "env-not-there.invalid")
     start = time.monotonic()
     with caplog.at_level(logging.INFO, logger="learner.discovery"), pytest.raises(NotReadyYet) as info:
         RemoteVectorEnv("dns:///env-not-there.invalid:50051", connect_timeout=1.5)

@@ -1,16 +1,21 @@
 """``learner eval`` and ``learner demo`` on the envs a run did not record, env errors in eval's own
-terms, channel-last images end to end, and ``learner plot`` of runs of different envs."""
+terms, its threads, progress bar and Ctrl-C, channel-last images end to end, and ``learner plot`` of
+runs of different envs."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from learner import LocalServers, rundir
 from learner.checkpoint import save_checkpoint
@@ -18,6 +23,7 @@ from learner.cli import main
 from learner.config import PRESETS, Args
 from learner.ppo import Agent
 from tests.conftest import StartServers
+from tests.envs import ClockEnv
 
 QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 
@@ -52,6 +58,25 @@ class ChannelLastEnv(gym.Env[np.ndarray, np.int64]):
         return self._obs(), reward, False, self._t >= self.length, {}
 
 
+class SignalledClockEnv(ClockEnv):
+    """ClockEnv whose process gets signal ``signum`` at the env's ``signal_at``-th step (once per process),
+    as a learner eval gets a Ctrl-C (SIGINT) or a SIGTERM."""
+
+    sent: ClassVar[bool] = False
+
+    def __init__(self, signal_at: int = 0, signum: int = signal.SIGINT, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.signal_at, self.signum = signal_at, signum
+        self._steps = 0
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self._steps == self.signal_at and not SignalledClockEnv.sent:
+            SignalledClockEnv.sent = True
+            os.kill(os.getpid(), self.signum)
+        return super().step(action)
+
+
 def _train(run: Path, *argv: str) -> None:
     steps = ["--num-steps", "8", "--total-timesteps", "32"]
     assert main(["train", *argv, *steps, "--run-dir", str(run), *QUIET]) == 0
@@ -71,6 +96,13 @@ def server_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("runs") / "faulty"
     _train(run, "--env", "tests.envs:FaultyEnv", "--backend", "gym", "--num-envs", "2")
+    return run
+
+
+@pytest.fixture(scope="module")
+def clock_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "clock"
+    _train(run, "--env", "tests.test_eval:SignalledClockEnv", "--backend", "gym", "--num-envs", "2")
     return run
 
 
@@ -170,6 +202,71 @@ def test_eval_timeout_names_the_option(faulty_run: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert "failed [DEADLINE_EXCEEDED]: no answer within the 0.5 s deadline" in err, err
     assert "raise --timeout if the env is slow" in err and "`timeout`" not in err
+
+
+def test_eval_of_an_mlp_on_the_cpu_takes_one_torch_thread_as_train_does(
+    clock_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second OpenMP thread only contends with the envs for the cores (eval ran 4-8x slower with it)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _eval(capsys, str(clock_run), "--episodes", "2", "--backend", "gym", "--device", "cpu")["episodes"] == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_eval_shows_a_progress_bar_of_its_episodes_when_asked_and_none_otherwise(
+    clock_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", str(clock_run), "--episodes", "6", "--backend", "gym", "--num-envs", "2"]
+    capsys.readouterr()
+    assert main([*argv, "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "6/6 episodes" in err and "return 2.00 +- 0.00" in err, err  # (the policy gets 2 of ClockEnv's 3)
+    assert main(argv) == 0  # (stderr is no terminal here: no bar)
+    assert "episodes [" not in capsys.readouterr().err
+
+
+def _sigterm_unhandled(signum: int, frame: object) -> None:
+    raise AssertionError("SIGTERM reached the test's own handler: eval did not handle it")
+
+
+@pytest.fixture
+def sigterm_caught() -> Iterator[None]:
+    """SIGTERM, unless eval handles it, fails the test rather than killing pytest."""
+    previous = signal.signal(signal.SIGTERM, _sigterm_unhandled)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.usefixtures("sigterm_caught")
+def test_eval_stopped_by_ctrl_c_or_sigterm_reports_the_episodes_finished(
+    clock_run: Path, signum: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The signal comes at an env's 10th step (of its own: autoresets are none), when 3 of its 3-step
+    episodes have ended, and as many of the other env's: the step under way ends, and the result is
+    theirs (exit status 130)."""
+    argv = ["eval", str(clock_run), "--episodes", "100", "--backend", "gym", "--num-envs", "2"]
+    kwargs = ["--env-kwargs", json.dumps({"signal_at": 10, "signum": int(signum)})]
+    capsys.readouterr()
+    SignalledClockEnv.sent = False
+    assert main([*argv, *kwargs]) == 130
+    out = capsys.readouterr().out
+    assert ": interrupted: 6 episodes of 100 finished of the deterministic policy in " in out, out
+    assert "return 2.00 +- 0.00 (min 2.00, max 2.00), mean length 3.0" in out, out
+    SignalledClockEnv.sent = False
+    assert main([*argv, *kwargs, "--json"]) == 130
+    result = json.loads(capsys.readouterr().out)
+    assert result["interrupted"] and (result["episodes"], result["episodes_asked"]) == (6, 100)
+    assert result["returns"] == [2.0] * 6 and result["return_std"] == 0.0
+    # A stop before any episode ended: the count, and no statistics.
+    SignalledClockEnv.sent = False
+    assert main([*argv, "--env-kwargs", json.dumps({"signal_at": 1, "signum": int(signum)}), "--json"]) == 130
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 0 and result["return_mean"] is None
 
 
 def test_demo_builds_its_envs_with_env_kwargs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -181,6 +181,28 @@ def test_server_stderr_is_logged_at_its_level_and_env_banners_at_info(caplog: py
     ]
 
 
+def test_servers_log_at_the_level_this_process_shows_their_lines_at(caplog: pytest.LogCaptureFixture) -> None:
+    """`learner train --log-level info` shows the session lines of the servers it starts (they logged at
+    warning whatever the learner's level); a level given still wins."""
+
+    def level_of(servers: LocalServers) -> str:
+        cmd = servers._children.cmds[0]
+        return cmd[cmd.index("--log-level") + 1]
+
+    with caplog.at_level(logging.INFO):
+        with LocalServers("CartPole-v1", 1, 1) as servers, RemoteVectorEnv(servers.addresses) as envs:
+            envs.reset(seed=0)
+            assert level_of(servers) == "info"
+            deadline = time.monotonic() + 10
+            while not any("claimed by" in r.getMessage() for r in caplog.records if r.name == "env_server[0]"):
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+        with LocalServers("CartPole-v1", 1, 1, log_level="error", restarts=0) as servers:
+            assert level_of(servers) == "error"
+    with LocalServers("CartPole-v1", 1, 1, restarts=0) as servers:  # (the root logger's default: warning)
+        assert level_of(servers) == "warning"
+
+
 def test_an_empty_token_variable_means_no_token_for_the_servers_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """`export ENVFLEET_AUTH_TOKEN=$TOKEN` with TOKEN unset: the learner takes it for no token, and the
     servers it starts must not refuse to start over it (env-server refuses an empty token given to it)."""

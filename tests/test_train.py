@@ -64,6 +64,14 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     for key in ("approx_kl", "old_approx_kl", "clipfrac", "explained_variance", "num_envs", "batch_size"):
         assert key in rows[-1]
     assert rows[-1]["num_envs"] == 4
+    # Each update's wall time: its rollout, its update and the rest (checkpoints, the fleet's lookups).
+    previous = {"seconds": 0.0, "global_step": 0}
+    for row in rows:
+        wall = row["seconds"] - previous["seconds"]
+        parts = row["rollout_seconds"] + row["update_seconds"] + row["other_seconds"]
+        assert row["other_seconds"] >= 0 and abs(parts - wall) < 2e-3, row
+        assert row["sps_update"] == pytest.approx((row["global_step"] - previous["global_step"]) / wall, rel=0.05)
+        previous = row
 
     config = rundir.read_json(run / rundir.CONFIG)
     assert config["ppo"]["preset"] == "classic" and config["ppo"]["num_steps"] == 16
@@ -77,6 +85,11 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     cleanrl |= {f"losses/{k}" for k in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
     cleanrl |= {"losses/clipfrac", "losses/explained_variance"}
     assert cleanrl <= tags, cleanrl - tags
+    ours = {f"perf/{k}" for k in ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")}
+    # The servers it started itself, by their places (their addresses are new each session).
+    ours |= {f"replicas/local-{i}/{k}" for i in range(2) for k in ("steps", "env_p50_ms")}
+    assert ours <= tags, ours - tags
+    assert not any(address in tag for address in config["envs"]["addresses"] for tag in tags)
     assert (run / rundir.PLOT).stat().st_size > 10_000
 
 
@@ -159,7 +172,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
 
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
     assert [r["update"] for r in part_rows] == [1, 2, 3]
-    timing = ("seconds", "sps", "rollout_seconds", "update_seconds")
+    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
     for a, b in zip(full_rows, part_rows, strict=True):
         assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
     a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (full, part))
@@ -223,7 +236,7 @@ def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninter
 
     train(resume_args(part, checkpoint_every=1))
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
-    timing = ("seconds", "sps", "rollout_seconds", "update_seconds")
+    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
     assert [{k: v for k, v in r.items() if k not in timing} for r in part_rows] == [
         {k: v for k, v in r.items() if k not in timing} for r in full_rows
     ]
@@ -283,6 +296,18 @@ def test_make_new_dir_never_hands_out_a_folder_twice(tmp_path: Path) -> None:
     assert {p.name for p in made} == {"x", *(f"x-{n}" for n in range(2, 17))}
 
 
+def test_run_dir_files_get_the_mode_the_umask_gives_when_written(tmp_path: Path) -> None:
+    """Written atomically (a temporary file, then a rename), with a normal file's mode: 0666 less the umask
+    as it is when written (rundir reads no umask at import)."""
+    before = os.umask(0o027)
+    try:
+        rundir.write_json(tmp_path / "a.json", {"x": 1})
+    finally:
+        os.umask(before)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640
+    assert rundir.read_json(tmp_path / "a.json") == {"x": 1} and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path) -> None:
     pytest.importorskip("ale_py")
     summary = train(
@@ -312,12 +337,21 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
     for key in ("global_step", "batch_size", "episodes", "episodic_length_mean", "episodic_return_mean"):
         assert [r[key] for r in piped_rows] == [r[key] for r in plain_rows], key
     assert piped["episodes"] == plain["episodes"] == 24
-    for rows in (plain_rows, piped_rows):
-        for server in (0, 1):
-            assert rows[-1][f"replicas/{server}/steps"] == 8  # batched steps of this update
-            assert rows[-1][f"replicas/{server}/num_envs"] == 2
+    for run, rows in (("plain", plain_rows), ("piped", piped_rows)):
+        # Servers the learner started: local-<i> (--servers: by address; see test_train_fleet).
+        addresses = ["local-0", "local-1"]
+        assert not any(k.startswith(("replicas/0/", "replicas/1/")) for k in rows[-1])
+        for address in addresses:
+            assert rows[-1][f"replicas/{address}/steps"] == 8  # batched steps of this update
+            assert rows[-1][f"replicas/{address}/num_envs"] == 2
             for stat in ("latency_p50_ms", "latency_p99_ms", "env_p50_ms", "env_p99_ms", "env_steps_per_s"):
-                assert rows[-1][f"replicas/{server}/{stat}"] > 0
+                assert rows[-1][f"replicas/{address}/{stat}"] > 0
+        # summary.json: this session's figures per server.
+        replicas = rundir.read_json(tmp_path / run / rundir.SUMMARY)["replicas"]
+        assert set(replicas) == set(addresses)
+        for totals in replicas.values():
+            assert totals["steps"] == 8 * len(rows) and totals["num_envs"] == 2 and totals["failures"] == 0
+            assert totals["env_p50_ms"] > 0 and totals["latency_p50_ms"] >= totals["env_p50_ms"]
 
 
 def test_pipelining_needs_env_servers() -> None:
@@ -452,20 +486,11 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
     assert summary["total_steps"] == 48 and summary["stop_reason"] == "total_timesteps"
 
 
-def test_resuming_a_run_made_on_servers_before_the_env_was_recorded(tmp_path: Path) -> None:
-    """Older runs on --servers kept the default --env (CartPole-v1) in args: the env the servers
-    served (config.json's envs.env_id) is the one a resume asks for."""
-    old = Args(servers="127.0.0.1:1").to_json() | {"env": "CartPole-v1"}
-    rundir.write_json(tmp_path / rundir.CONFIG, {"args": old, "envs": {"env_id": "tests.envs:ClockEnv"}})
-    assert resume_args(tmp_path).env == "tests.envs:ClockEnv"
-    assert resume_args(tmp_path, servers="127.0.0.1:2").env == "tests.envs:ClockEnv"
-
-
 # -- --overlap-update: the update of each rollout runs while the next one is collected -------------------------
 
 
 def _without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    timing = ("seconds", "sps", "rollout_seconds", "update_seconds")
+    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
@@ -585,7 +610,7 @@ def test_overlapped_checkpoints_hold_the_reward_scaler_and_generator_as_of_their
 
 
 def test_args_that_mean_nothing_are_refused_or_fit_the_backend() -> None:
-    with pytest.raises(ValueError, match=r"--stop-at-return: expected a finite mean return, got nan"):
+    with pytest.raises(ValueError, match=r"--stop-at-return: expected a finite number, or inf \(never\), got nan"):
         Args(stop_at_return=float("nan"))
     # The gym backend has no servers to split the envs over
     assert Args(backend="gym", num_envs=3).local_layout() == (1, 3)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from learner import ServerUnavailableError, rundir
+from learner import EnvCrashedError, ServerUnavailableError, rundir
 from learner.cli import main
 from learner.config import Args
 from learner.discovery import register_resolver
-from learner.train import train
+from learner.train import NothingToLearnError, train
 from tests.conftest import Serve, StartServers
 
 # testfleet-train:N -> SCHEDULES[N](k) for the k-th look-up (1: when the envs are opened; k >= 2: before
@@ -54,6 +57,12 @@ def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve,
     # The batch is num_steps x num_envs, less the reset steps of next-step autoreset.
     assert all(r["batch_size"] <= 16 * r["num_envs"] for r in rows)
     assert rows[1]["batch_size"] > rows[0]["batch_size"]
+    # Each server's figures are keyed by its address, so they follow it wherever it is in the fleet (b is
+    # the second server, then the first).
+    servers = [{k.removeprefix("replicas/").rpartition("/")[0] for k in r if k.startswith("replicas/")} for r in rows]
+    assert servers == [{a}, {a, b}, {a, b}, {b}, {b}], servers
+    assert [r[f"replicas/{b}/num_envs"] for r in rows[1:]] == [2, 2, 2, 2]
+    assert summary["replicas"][a]["steps"] == 16 * 3 and summary["replicas"][b]["steps"] == 16 * 4
 
 
 def test_learner_train_prints_one_line_per_fleet_change(
@@ -178,6 +187,26 @@ def test_without_fault_tolerance_an_env_that_raises_costs_its_rollout_and_every_
     assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] >= 64
 
 
+def test_without_fault_tolerance_three_failed_rollouts_in_a_row_stop_the_run(
+    start_servers: StartServers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README: "a failure costs the whole rollout instead, with a warning ..., and three in a row stop
+    the run" (it took four)."""
+    (address,) = start_servers("tests.envs:BrokenStepEnv", 1, 2)
+    args = Args(
+        env="tests.envs:BrokenStepEnv",
+        servers=address,
+        num_steps=8,
+        total_timesteps=10_000,
+        fault_tolerant=False,
+        run_dir=str(tmp_path / "run"),
+        **QUIET,
+    )
+    with pytest.raises(EnvCrashedError):
+        train(args)
+    assert caplog.text.count("dropping this rollout") == 2
+
+
 def test_a_fleet_replaced_while_every_server_is_down_is_found_at_once(serve: Serve, tmp_path: Path) -> None:
     """Every server gone mid-rollout (compose down, then up with new replicas): the rollout ends there
     and the servers are looked up again, instead of stepping the rest of it at up to 1 s a step
@@ -201,3 +230,58 @@ def test_a_fleet_replaced_while_every_server_is_down_is_found_at_once(serve: Ser
     )
     summary = train(args)
     assert summary["stop_reason"] == "total_timesteps" and summary["servers_joined"] >= 1
+
+
+# An env server that answers gRPC (health, Handshake, Reset) but refuses every step, as one whose step
+# socket was full did: a fault-tolerant learner loses it at each step and finds it back at once.
+_REFUSING_SERVER = """
+import sys
+from env_server.tuning import prefer_fast_grpc_core
+prefer_fast_grpc_core()
+import grpc
+from env_server import service
+def refuse(self, request):
+    raise service.ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "every step refused (a fault the test injects)")
+service.EnvService._step_actions = refuse
+from env_server.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[str]:
+    argv = ["--env", "CartPole-v1", "--num-envs", "2", "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REFUSING_SERVER, *argv], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("listening on "), line
+    yield line.removeprefix("listening on ")
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_a_server_that_fails_every_step_ends_the_run_with_nothing_to_learn(
+    refusing_server: str, tmp_path: Path
+) -> None:
+    """Lost at every step and back at once, the server never stays down (--give-up-after never comes):
+    rollouts that end with every server lost before any transition count as empty, and 3 in a row stop
+    the run, rather than a loop without end that never learns (or, with a small budget, a run "done")."""
+    args = Args(
+        env="CartPole-v1",
+        servers=refusing_server,
+        fault_tolerant=True,
+        num_steps=8,
+        total_timesteps=4_000,
+        **QUIET,
+    )
+    message = r"^no env gave a transition in 3 rollouts in a row: nothing to learn from, the run stops; every env's"
+    with pytest.raises(NothingToLearnError, match=message):
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+    summary = rundir.read_json(tmp_path / "run" / rundir.SUMMARY)
+    assert summary["stop_reason"].startswith("error: NothingToLearnError: ") and summary["updates"] == 0
+    assert summary["failures"] >= 3
+    # A budget of fewer rollouts than that: an error too, not a run done at --total-timesteps.
+    with pytest.raises(NothingToLearnError, match=r"^no env gave a transition in (the run's rollout|2 rollouts in a)"):
+        train(dataclasses.replace(args, total_timesteps=4, run_dir=str(tmp_path / "short")))

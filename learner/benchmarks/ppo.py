@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,14 +80,32 @@ def _train_once(layout: TrainLayout, env: str, total_timesteps: int, workdir: Pa
         "0",
         *layout.args(),
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if result.returncode != 0:
-        tail = " | ".join(result.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"learner train ({layout.name}) exited with {result.returncode}: {tail}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=1800)
+    except BaseException:  # the timeout, or the bench stopped (Ctrl-C, SIGTERM): so is this run
+        _stop(proc)
+        raise
+    if proc.returncode != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"learner train ({layout.name}) exited with {proc.returncode}: {tail}")
     summary = json.loads((run_dir / "summary.json").read_text())
     if not summary.get("sps"):
         raise RuntimeError(f"learner train ({layout.name}) finished no update; raise the number of timesteps")
     return float(summary["sps"])
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop ``learner train`` as Ctrl-C does (SIGTERM: it stops at its next step and closes its env
+    servers, whose sockets' folder a SIGKILL would leave behind), or kill it after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    proc.communicate()  # (closes the pipes)
 
 
 def measure_ppo(
@@ -96,8 +115,11 @@ def measure_ppo(
     rounds: int,
     layouts: list[TrainLayout],
     progress: Callable[[str], None] = lambda _: None,
+    on_run: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """SPS of each layout, ``rounds`` runs each, in turns (the order rotates between rounds)."""
+    """SPS of each layout, ``rounds`` runs each, in turns (the order rotates between rounds).
+
+    ``on_run`` gets the results so far after each run, so that a bench stopped half way keeps them."""
     samples: dict[str, list[float]] = {lay.name: [] for lay in layouts}
     errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="envfleet-bench-ppo-") as tmp:
@@ -111,9 +133,18 @@ def measure_ppo(
                 except (RuntimeError, subprocess.TimeoutExpired) as err:
                     log.warning("%s", err)
                     errors[layout.name] = str(err)
+                    on_run(_summary(env, total_timesteps, layouts, samples, errors))
                     continue
                 samples[layout.name].append(sps)
                 progress(f"PPO {env}: round {r + 1}/{rounds}: {layout.name} {sps:,.0f} SPS")
+                on_run(_summary(env, total_timesteps, layouts, samples, errors))
+    return _summary(env, total_timesteps, layouts, samples, errors)
+
+
+def _summary(
+    env: str, total_timesteps: int, layouts: list[TrainLayout], samples: dict[str, list[float]], errors: dict[str, str]
+) -> dict[str, Any]:
+    """The ppo suite's results from each layout's SPS samples and errors (layouts not run yet: no samples)."""
     results = []
     for layout in layouts:
         values = samples[layout.name]

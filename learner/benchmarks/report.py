@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TARGETS", "evaluate_targets", "latency_scaling", "markdown_tables", "plot_results"]
+__all__ = ["TARGETS", "evaluate_targets", "latency_scaling", "load_warning", "markdown_tables", "plot_results"]
 
 # What the latency and PPO targets are stated for; a run measuring something else does not judge them.
 _TARGET_DELAY_MS = 2.0
@@ -162,9 +162,31 @@ def _not_measured(target: str, why: str) -> dict[str, Any]:
     return {**_target(target, None, {}, False, {}), "not_measured": why}
 
 
+def load_warning(meta: dict[str, Any]) -> str:
+    """A warning when the machine's 1-minute load average was at least its CPU count at the start or the
+    end of the run (other work competed for the CPUs); "" otherwise."""
+    cpus = meta.get("cpus")
+    busy = [
+        f"{meta[key][0]:.1f} at the {when}"
+        for when, key in (("start", "load_average_start"), ("end", "load_average_end"))
+        if cpus and meta.get(key) and meta[key][0] >= cpus
+    ]
+    if not busy:
+        return ""
+    return (
+        f"Warning: the machine was busy: 1-minute load average {' and '.join(busy)}, at least its {cpus} CPUs; "
+        "other work competed for them, so the figures may be low and their spread wide."
+    )
+
+
 def markdown_tables(results: dict[str, Any]) -> str:
     """The results as Markdown (for the README and the terminal)."""
     lines: list[str] = []
+    if results.get("meta", {}).get("interrupted"):
+        lines += ["Interrupted: only the measurements that finished before the bench was stopped are here.", ""]
+    warning = load_warning(results.get("meta", {}))
+    if warning:
+        lines += [warning, ""]
     for w in results.get("throughput", []):
         rows = _by_name(w)
         ref_name = next((n for n in rows if n.startswith("AsyncVectorEnv")), None)
@@ -216,13 +238,28 @@ def markdown_tables(results: dict[str, Any]) -> str:
             if r["samples"]:
                 lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} |")
             else:
-                lines.append(f"| {r['name']} | - | ({r['error']}) |")
+                lines.append(f"| {r['name']} | - | ({r['error'] or 'not run'}) |")
         lines.append("")
     if results.get("rpc"):
-        lines += ["**One round trip (microseconds, median)**", "", "| | us |", "|---|---:|"]
-        lines += [f"| {r['name']} | {r['median_us']:,.0f} |" for r in results["rpc"]["results"]]
+        rpc = results["rpc"]
+        rounds = max((len(r.get("samples_us") or []) for r in rpc["results"]), default=0)
+        lines += [f"**One round trip (microseconds, median of {rounds} rounds)**", ""]
+        lines += ["| | us | spread |", "|---|---:|---:|"]
+        for r in rpc["results"]:
+            spread = (r["max_us"] - r["min_us"]) / r["median_us"] if r["median_us"] else math.nan
+            lines.append(f"| {r['name']} | {r['median_us']:,.0f} | {spread:.0%} |")
         lines.append("")
-    if results.get("targets"):
+        overhead = rpc.get("remote_overhead_per_step_us")
+        if overhead:
+            each = ", ".join(f"{kind} {us:,.0f} us" for kind, us in overhead.items())
+            lines += [
+                f"Remote overhead per step: {each} (RemoteVectorEnv(1x1).step minus SyncVectorEnv(1).step: what "
+                "serving one env adds to each step; a server with K envs pays it once per batched step; unix: "
+                "on the step socket, unix-grpc: on gRPC's StepStream)",
+                "",
+            ]
+    judged = [t for t in results.get("targets", []) if t["met"] is not None or t.get("not_measured")]
+    if judged:  # (a run of suites that no target is about, rpc say, has no table of "not run" rows)
         lines += ["**Performance targets**", "", "| target | best remote | measured | met |", "|---|---|---|---|"]
         for t in results["targets"]:
             measured = ", ".join(f"{v:.2f} {k}" if v is not None else f"- {k}" for k, v in t["measured"].items())
@@ -231,19 +268,16 @@ def markdown_tables(results: dict[str, Any]) -> str:
                 met = f"not measured ({t['not_measured']})"
             lines.append(f"| {t['target']} | {t['best_remote'] or '-'} | {measured or '-'} | {met} |")
         lines.append("")
-        one = [
-            what
-            for what, rounds in (
-                ("--rounds", results.get("meta", {}).get("rounds")),
-                ("--ppo-rounds", results.get("config", {}).get("ppo_rounds") if results.get("ppo") else None),
-            )
-            if rounds == 1
-        ]
-        if one:
-            lines += [
-                f"Note: {' and '.join(one)} 1: each figure above is one sample, with no spread to judge it by.",
-                "",
-            ]
+    one = [
+        what
+        for what, rounds in (
+            ("--rounds", results.get("meta", {}).get("rounds")),
+            ("--ppo-rounds", results.get("config", {}).get("ppo_rounds") if results.get("ppo") else None),
+        )
+        if rounds == 1
+    ]
+    if one:
+        lines += [f"Note: {' and '.join(one)} 1: each figure above is one sample, with no spread to judge it by.", ""]
     return "\n".join(lines)
 
 

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import math
 import os
 import platform
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from learner.benchmarks import report
@@ -188,8 +192,30 @@ class _Once(logging.Filter):
 _SERVER_LOGGERS = [logging.getLogger(f"env_server[{i}]") for i in range(8)]
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does (KeyboardInterrupt) while the block runs: the bench then stops
+    its servers and runs, removes its temporary folders and writes what finished (as `learner train`
+    takes either signal as a request to stop), where SIGTERM's default would end it on the spot."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``."""
+    """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``.
+
+    Stopped by Ctrl-C or SIGTERM, it writes them of what finished (the workloads measured, the PPO runs
+    done; ``meta.interrupted`` true) and returns that; a second Ctrl-C while they are written aborts."""
     check(config)  # before anything is measured
     try:
         config.out.mkdir(parents=True, exist_ok=True)
@@ -199,7 +225,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> d
     for logger in _SERVER_LOGGERS:
         logger.addFilter(once)
     try:
-        return _run(config, progress)
+        with _sigterm_as_ctrl_c():
+            return _run(config, progress)
     finally:
         for logger in _SERVER_LOGGERS:
             logger.removeFilter(once)
@@ -210,11 +237,35 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     prepare_subprocesses()
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
     started = time.perf_counter()
+    warning = report.load_warning(results["meta"])
+    if warning:  # (said again, with the end's load, above the tables)
+        progress(warning)
 
     def save() -> None:
         results["targets"] = report.evaluate_targets(results)
         (config.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
 
+    try:
+        _run_suites(config, results, available, save, progress)
+    except KeyboardInterrupt:
+        results["meta"]["interrupted"] = True
+        progress("interrupted: writing what finished")
+    results["meta"]["load_average_end"] = list(os.getloadavg())
+    results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
+    save()
+    (config.out / "bench.md").write_text(report.markdown_tables(results))
+    report.plot_results(results, config.out / "bench.png")
+    return results
+
+
+def _run_suites(
+    config: BenchConfig,
+    results: dict[str, Any],
+    available: dict[str, Workload],
+    save: Callable[[], None],
+    progress: Callable[[str], None],
+) -> None:
+    """Run the configured suites into ``results``, saving after each measurement."""
     if "throughput" in config.suites:
         results["throughput"] = []
         for name in config.workloads:
@@ -242,17 +293,16 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     if "ppo" in config.suites:
         from learner.benchmarks.ppo import default_layouts, measure_ppo
 
+        def keep(partial: dict[str, Any]) -> None:
+            results["ppo"] = partial
+            save()
+
         results["ppo"] = measure_ppo(
             env=config.ppo_env,
             total_timesteps=config.ppo_timesteps,
             rounds=config.ppo_rounds,
             layouts=default_layouts(config.ppo_sizes),
             progress=progress,
+            on_run=keep,
         )
         save()
-    results["meta"]["load_average_end"] = list(os.getloadavg())
-    results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
-    save()
-    (config.out / "bench.md").write_text(report.markdown_tables(results))
-    report.plot_results(results, config.out / "bench.png")
-    return results

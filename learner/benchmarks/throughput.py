@@ -299,9 +299,3 @@ def measure_workload(
                 except Exception as err:
                     log.log(logging.DEBUG if aborted else logging.WARNING, "closing a benchmark env failed: %s", err)
     return results
-
-
-def paired_ratio(a: Measured, b: Measured) -> float:
-    """Median over rounds of a's throughput over b's in the same round (nan if either did not run)."""
-    pairs = [x / y for x, y in zip(a.samples, b.samples, strict=False) if y > 0]
-    return statistics.median(pairs) if pairs else float("nan")

@@ -1,0 +1,130 @@
+"""Per-replica statistics of a training run: keyed by address, a replica that stays slow warned of, and
+summary.json's figures per env server."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from learner import rundir
+from learner.cli import main, slowest_line
+from learner.faults import FaultStats
+from learner.stats import ReplicaStats
+from learner.train import FAULT_COUNTS, SLOW_UPDATES, Counters, FleetWatch, ReplicaTotals, SlowReplicas
+from tests.conftest import StartServers
+
+
+def window(address: str, env_ms: float, latency_ms: float | None = None, steps: int = 8, **kw: Any) -> ReplicaStats:
+    """A replica's statistics of one update (whatever fields ReplicaStats has beside these)."""
+    values: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ReplicaStats)}
+    values.update(address=address, num_envs=2, steps=steps, available=True, env_p50_ms=env_ms, env_p99_ms=env_ms)
+    latency = env_ms + 0.1 if latency_ms is None else latency_ms
+    values.update(latency_p50_ms=latency, latency_p99_ms=latency, **kw)
+    return ReplicaStats(**values)
+
+
+def test_a_replica_slow_for_3_updates_in_a_row_is_warned_of_once_until_it_recovers() -> None:
+    slow = SlowReplicas()
+    fast = [window("a:1", 1.0), window("c:1", 1.2)]
+    said = [slow.check([*fast, window("b:1", 4.0)]) for _ in range(SLOW_UPDATES - 1)]
+    said.append(slow.check([*fast, window("b:1", 1.0)]))  # recovered: the streak starts over
+    assert said == [[], [], []]
+    said = [slow.check([*fast, window("b:1", 4.0)]) for _ in range(SLOW_UPDATES + 2)]
+    assert said[: SLOW_UPDATES - 1] == [[], []] and said[SLOW_UPDATES:] == [[], []]  # once
+    [(level, message)] = said[SLOW_UPDATES - 1]
+    assert level == logging.WARNING
+    assert message.startswith(
+        "env server b:1 is slow: its envs' median step 4.00 ms, 3.6x the other servers' median (1.10 ms), for 3 "
+        "updates in a row; the fleet waits for it on every step (see replicas/b:1/ in metrics.jsonl)"
+    ), message
+    [(level, message)] = slow.check([*fast, window("b:1", 1.0)])
+    assert level == logging.INFO and message.startswith("env server b:1 is no longer slow")
+    assert [slow.check([*fast, window("b:1", 4.0)]) for _ in range(SLOW_UPDATES)][-1] != []  # warned again
+
+
+def test_a_slow_round_trip_counts_too_but_not_microseconds_or_what_was_not_measured() -> None:
+    slow = SlowReplicas()
+    # A slow network: its envs are as fast as the others', its round trip is not.
+    for _ in range(SLOW_UPDATES):
+        said = slow.check([window("a:1", 0.5, 1.0), window("b:1", 0.5, 6.0)])
+    assert [m for _, m in said] == [
+        "env server b:1 is slow: its median round trip 6.00 ms, 6.0x the other servers' median (1.00 ms), for 3 "
+        "updates in a row; the fleet waits for it on every step (see replicas/b:1/ in metrics.jsonl)"
+    ]
+    quiet = SlowReplicas()
+    for _ in range(2 * SLOW_UPDATES):
+        # Fast envs: 5x, but 0.04 ms apart; a replica that did not step (down), or alone: nothing to judge.
+        assert quiet.check([window("a:1", 0.01, 0.02), window("b:1", 0.05, 0.06)]) == []
+        assert quiet.check([window("a:1", 1.0), window("b:1", math.nan, math.nan, steps=0)]) == []
+        assert quiet.check([window("a:1", 1.0)]) == []
+
+
+def test_replica_totals_sum_counts_and_weigh_medians_by_steps() -> None:
+    totals = ReplicaTotals()
+    totals.add(window("a:1", 1.0, 2.0, steps=10, failures=1))
+    totals.add(window("a:1", 4.0, 5.0, steps=30, reconnects=1))
+    totals.add(window("a:1", math.nan, math.nan, steps=0))
+    got = totals.as_dict()
+    assert {k: got[k] for k in ("num_envs", "steps", "failures", "shutdowns", "reconnects")} == {
+        "num_envs": 2,
+        "steps": 40,
+        "failures": 1,
+        "shutdowns": 0,
+        "reconnects": 1,
+    }
+    assert (got["env_p50_ms"], got["latency_p50_ms"]) == (3.25, 4.25)
+
+
+def test_a_fleet_without_replica_statistics_gives_none() -> None:
+    watch = FleetWatch(object(), carried=dict.fromkeys(FAULT_COUNTS, 0))  # (in-process envs, say)
+    assert watch.rollout_metrics() == {} and watch.replicas == {} and watch.totals() is None
+    carried = FleetWatch(object(), carried={**dict.fromkeys(FAULT_COUNTS, 0), "failures": 2})  # (resumed)
+    assert carried.totals() == {**dict.fromkeys(FAULT_COUNTS, 0), "failures": 2}
+
+
+def test_the_fault_counts_are_the_fleets_and_the_checkpoints() -> None:
+    """FAULT_COUNTS name counters of FaultStats that Counters carries from session to session."""
+    assert set(FAULT_COUNTS) <= {f.name for f in dataclasses.fields(FaultStats)}
+    assert set(FAULT_COUNTS) <= {f.name for f in dataclasses.fields(Counters)}
+
+
+def test_summary_names_the_slowest_server_in_one_line() -> None:
+    assert slowest_line({}) == "" and slowest_line({"replicas": {"a:1": {"latency_p50_ms": 1.0}}}) == ""
+    replicas = {
+        "a:1": {"latency_p50_ms": 0.5, "env_p50_ms": 0.1},
+        "b:1": {"latency_p50_ms": 6.0, "env_p50_ms": 5.2},
+        "c:1": {"latency_p50_ms": 0.7, "env_p50_ms": 0.3},
+    }
+    assert slowest_line({"replicas": replicas}) == (
+        "slowest env server: b:1 (median round trip 6.00 ms, envs' step 5.20 ms; the other 2 servers: median "
+        "round trip 0.60 ms, envs' step 0.20 ms)"
+    )
+
+
+def test_a_slow_server_is_warned_of_and_named_at_the_end(
+    tmp_path: Path,
+    start_servers: StartServers,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two servers, one whose every step takes 5 ms longer: a warning names it (at the default log level),
+    summary.json has each server's figures, and the closing lines name the slowest."""
+    clock = {"env_kwargs": {"length": 3}}
+    [fast] = start_servers("tests.envs:ClockEnv", 1, 2, **clock)
+    [slow] = start_servers("tests.envs:ClockEnv", 1, 2, server_args=["--step-delay-ms", "5"], **clock)
+    run = tmp_path / "run"
+    argv = ["train", "--servers", f"{fast},{slow}", "--num-steps", "8", "--total-timesteps", str(8 * 4 * 4)]
+    with caplog.at_level(logging.WARNING):
+        assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]) == 0
+    warned = [r.getMessage() for r in caplog.records if "is slow" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"env server {slow} is slow: its envs' median step "), warned
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert set(summary["replicas"]) == {fast, slow}
+    assert summary["replicas"][slow]["env_p50_ms"] >= 5 > summary["replicas"][fast]["env_p50_ms"]
+    assert summary["replicas"][slow]["steps"] == summary["replicas"][fast]["steps"] == 8 * 4
+    assert f"slowest env server: {slow} (median round trip " in capsys.readouterr().out
