@@ -102,7 +102,14 @@ class StepSocketServer:
                     MAX_CONNECTIONS,
                     suffix.replace("refused calls", "connections closed to make room"),
                 )
-            idle.fail(_too_many())
+            # (not a refusal of anything it asked: neither counted nor logged as one; RESOURCE_EXHAUSTED,
+            # so that a learner whose first step arrives too late steps over gRPC instead)
+            idle.close_with(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"step socket: closed to make room for a new connection ({MAX_CONNECTIONS} were open and this one "
+                "had not stepped); step over gRPC, or connect again",
+                None,
+            )
         self.connections.append(connection)
         return True
 

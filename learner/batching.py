@@ -72,11 +72,13 @@ def merge_infos(
     ``parts`` holds ``(infos, start, count)`` per server. As in gymnasium's ``VectorEnv._add_info``,
     each value is an array over envs (zeros, or None for object arrays, where a server lacks the key)
     and its ``_key`` mask says which envs have it; dicts nest. The first part with a key sets its
-    array's shape and dtype.
+    array's shape per env; its dtype is the one all parts with the key promote to (``np.result_type``:
+    a longer string or floats after ints widen it, never cut what is written).
 
-    A part that does not fit (not arrays over its envs, or a key whose shape, dtype or nesting differs
-    from the parts before it) raises ValueError naming the key; with ``misfits``, it is left out
-    whole instead (nothing of it is written) and ``(its index in parts, the error)`` appended.
+    A part that does not fit (not arrays over its envs, or a key whose shape or nesting differs from
+    the parts before it, or whose dtype cannot be promoted with theirs: strings and numbers, say)
+    raises ValueError naming the key; with ``misfits``, it is left out whole instead (nothing of it is
+    written) and ``(its index in parts, the error)`` appended.
     """
     out: dict[str, Any] = {}
     for index, (infos, start, count) in enumerate(parts):
@@ -113,8 +115,8 @@ def _check_part(out: dict[str, Any], infos: dict[str, Any], count: int, where: s
                 f"{path}: shapes per env differ between servers ({value.shape[1:]} here, {target.shape[1:]} before)"
             )
         if value.dtype != target.dtype:
-            try:
-                value.astype(target.dtype)  # (what the merge's assignment does)
+            try:  # (the merge widens the key's array to the dtype both promote to)
+                _widened(target.dtype, value.dtype)
             except (TypeError, ValueError) as err:
                 raise ValueError(
                     f"{path}: dtype {value.dtype} here cannot join dtype {target.dtype} before ({err})"
@@ -134,4 +136,16 @@ def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: i
             else:
                 target = np.zeros((num_envs, *value.shape[1:]), dtype=value.dtype)
             out[key] = target
+        elif value.dtype != target.dtype and target.dtype != object:
+            wide = _widened(target.dtype, value.dtype)  # (checked by _check_part)
+            if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
+                target = out[key] = target.astype(wide)
         target[start : start + count] = value
+
+
+def _widened(before: np.dtype[Any], here: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype that holds both ``before``'s and ``here``'s values (``np.result_type``); TypeError if
+    none does: they cannot be promoted, or strings meet numbers (which numpy would turn into strings)."""
+    if (before.kind in "US") != (here.kind in "US") and object not in (before, here):
+        raise TypeError("strings and numbers do not mix")
+    return np.result_type(before, here)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -115,7 +116,7 @@ def evaluate(
     )
     torch.manual_seed(seed)
     try:
-        with open_fleet(fleet) as envs:
+        with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
             obs_space, action_space = envs.single_observation_space, envs.single_action_space
             if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
                 trained_on = f" ({run_args.env})" if run_args.env else ""
@@ -131,7 +132,9 @@ def evaluate(
             ).to(torch_device)
             agent.load_state_dict(state["model"])
             agent.eval()
+            threads = torch.get_num_threads()  # (restored below: the caller's process keeps its setting)
             set_torch_threads(torch_device, is_image_space(obs_space))
+            stack.callback(torch.set_num_threads, threads)
             obs_rms = None
             if state.get("obs_rms") is not None:
                 obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)

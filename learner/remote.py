@@ -25,9 +25,10 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.utils import seeding
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from env_server import codec
+from env_server.isolation import placeholder_observation
 from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
@@ -73,6 +74,10 @@ log = logging.getLogger(__name__)
 # Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
 # (a plain connect: refused? no socket file?) and say which servers are waited for.
 _PATIENCE_S = 2.0
+
+# A step the step socket refused, resent over gRPC, gets the time left of the step's timeout, and
+# at least this long (the socket's refusal may have come at the very end).
+_RESEND_MIN_S = 0.05
 
 
 # The RemoteVectorEnvs of this process that are open: a server one of them holds, refusing another,
@@ -1017,7 +1022,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if sockets:
                 self._wait_sockets(sockets, deadline, take)  # each taken in while the others still step
                 if refused:
-                    self._resend(refused, tasks, take)
+                    self._resend(refused, tasks, take, deadline)
                 if self._background_work():
                     self._runner.spin()  # step-socket steps do not run the loop: let reconnects go on
             for i, task in on_loop.items():
@@ -1040,6 +1045,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         unavailable = np.zeros(count, dtype=np.bool_)
         rejoined: set[int] = set()
+        cut: list[InfoPart] = []  # placeholder infos of envs cut short (servers already down): never misfits
         for i in servers:
             client, replica = self._clients[i], self._replicas[i]
             start, k = client.env_offset - base, client.num_envs
@@ -1064,11 +1070,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # Lost during this step: the envs' episodes end here, truncated.
                 replica.truncate_next = False
                 out.cut(start, k)
-                out.parts.append((self._lost_infos(client.env_offset, k), start, k))
+                cut.append((self._lost_infos(client.env_offset, k), start, k))
         out.parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
-        infos, misfits = self._merge_infos(out.parts, count, base, "Step")
+        infos, misfits = self._merge_infos(out.parts, count, base, "Step", cut)
         if misfits:  # fault-tolerant: those servers are lost on this step, as if their step had failed
-            cut: list[InfoPart] = []
             for i, err in misfits:
                 client = self._clients[i]
                 start, k = client.env_offset - base, client.num_envs
@@ -1079,8 +1084,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     out.cut(start, k)
                     cut.append((self._lost_infos(client.env_offset, k), start, k))
             starts = {self._clients[i].env_offset - base for i, _ in misfits}
-            parts = sorted([p for p in out.parts if p[1] not in starts] + cut, key=lambda part: part[1])
-            infos = merge_infos(parts, count, [])  # (the parts that fitted fit again; a cut's own, left out if not)
+            # (the parts that fitted fit again; a cut's own, left out if not)
+            infos = merge_infos([p for p in out.parts if p[1] not in starts] + cut, count, [])
         for i in tasks:
             if i not in failed and i in out.obs and (relapses := self._replicas[i].note_answer()):
                 log.info(
@@ -1158,16 +1163,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         refused: dict[int, SocketStep],
         tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep],
         take: Callable[[int, asyncio.Task[tuple[pb.StepResponse, float]]], None],
+        deadline: float,
     ) -> None:
         """Send over gRPC, and ``take`` the answers of, the steps whose step socket refused the
         connection (all its places taken): it refuses before reading a frame, so none was taken, and
-        their clients step over gRPC from now on (see SocketStep). Once per session at most."""
+        their clients step over gRPC from now on (see SocketStep). Once per session at most. Until the
+        step's ``deadline`` (``time.monotonic()``; a moment at least): the step takes ``timeout`` in all."""
         resent = {
             i: self._runner.create_task(_exchange(self._clients[i], step.request, time.perf_counter()))
             for i, step in refused.items()
         }
         tasks.update(resent)  # (so that an interrupted wait cancels them: see _finish)
-        self._runner.wait(list(resent.values()), self.timeout)
+        self._runner.wait(list(resent.values()), max(deadline - time.monotonic(), _RESEND_MIN_S))
         for i, task in resent.items():
             take(i, task)
 
@@ -1246,16 +1253,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         )
 
     def _merge_infos(
-        self, parts: list[InfoPart], count: int, base: int, method: str
+        self, parts: list[InfoPart], count: int, base: int, method: str, placeholders: Sequence[InfoPart] = ()
     ) -> tuple[dict[str, Any], list[tuple[int, InvalidResponseError]]]:
         """The servers' infos (``parts``, for envs from ``base``) joined into one; with the servers whose
         infos do not fit the others' (a key of another shape or dtype: another version or configuration
         of the env), left out. Those are InvalidResponseErrors: raised unless fault-tolerant, else
-        returned with their servers for the caller to lose."""
+        returned with their servers for the caller to lose.
+
+        ``placeholders`` (the infos :meth:`_lost_infos` makes up for servers already down) join after
+        the servers' own: only servers that answered can be misfits; a placeholder that does not fit is
+        left out."""
         misfits: list[tuple[int, ValueError]] = []
-        infos = merge_infos(parts, count, misfits)
+        infos = merge_infos([*parts, *placeholders], count, misfits)
         bad = []
         for j, err in misfits:
+            if j >= len(parts):
+                continue  # (a placeholder's: its server is down already)
             client = self._client_of(base + parts[j][1])
             bad.append(
                 (
@@ -1292,6 +1305,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         it settled since it came back waits longer each time before it is taken back (see
         learner.faults: Replica.hold_off)."""
         replica, client = self._replicas[server], self._clients[server]
+        if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
+            log.debug("env server %s, down already: %s", client.address, err)
+            return
         now = time.monotonic()
         replica.note_loss(now)
         replica.state = ReplicaState.DOWN
@@ -1338,6 +1354,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
             self._rejoined.set()
 
+        if replica.reconnect_task is not None and not replica.reconnect_task.done():
+            self._runner.cancel([replica.reconnect_task])  # (one reconnect per server at a time)
         replica.reconnect_task = self._runner.create_task(
             reconnect(
                 replica,
@@ -2019,22 +2037,9 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
 
 def _placeholders(space: gym.Space[Any], count: int) -> Any:
     """A batch of ``count`` observations of ``space`` that are members of it, for envs not reset yet
-    (their server down when the fleet is reset): zeros where zero is in the space, else its lowest
-    value (a Discrete's or MultiDiscrete's ``start``; a Box's zeros clipped into its bounds). An agent
-    that one-hot encodes ``obs - start`` must not meet a value outside the space."""
+    (their server down when the fleet is reset): each the server's own placeholder
+    (env_server.isolation.placeholder_observation: zeros where zero is in the space, else its lowest
+    value). An agent that one-hot encodes ``obs - start`` must not meet a value outside the space."""
     batch = create_empty_array(space, count, fn=np.zeros)
-    _fill_placeholders(space, batch)
-    return batch
-
-
-def _fill_placeholders(space: gym.Space[Any], batch: Any) -> None:
-    if isinstance(space, gym.spaces.Dict):
-        for key, sub in space.spaces.items():
-            _fill_placeholders(sub, batch[key])
-    elif isinstance(space, gym.spaces.Tuple):
-        for sub, part in zip(space.spaces, batch, strict=True):
-            _fill_placeholders(sub, part)
-    elif isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
-        batch[...] = space.start
-    elif isinstance(space, gym.spaces.Box):
-        batch[...] = np.clip(np.zeros(space.shape), space.low, space.high).astype(space.dtype)
+    assert batch is not None
+    return concatenate(space, [placeholder_observation(space)] * count, batch)

@@ -443,7 +443,8 @@ def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
             f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
             f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
         )
-    solved_at, solved_under, stop_at = counters["solved_at_step"], counters["solved_threshold"], args.stop_at_return
+    solved_at, solved_under = counters.get("solved_at_step"), counters.get("solved_threshold")
+    stop_at = args.stop_at_return
     if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
         raise ValueError(
             f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
@@ -1302,39 +1303,34 @@ def train(
                         break
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
+                valid_any = bool(rollout.valid[: step + 1].any())
+                empty = ""  # why this rollout has nothing to learn from, if it has not
                 if fleet_down:
                     # Every server down with no transition in this rollout: empty, as below, if a server
                     # was lost in it (one that answers gRPC but fails every step is "back" at once and
                     # lost again, without end); not while the fleet only stays down (an outage, which
                     # --give-up-after bounds).
-                    if not rollout.valid[: step + 1].any() and watch.servers_lost() > lost_before:
-                        empty_rollouts += 1
-                        if empty_rollouts >= EMPTY_ROLLOUTS:
-                            raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
-                        log.warning(
-                            "no env gave a transition in this rollout before every server was lost: nothing to "
-                            "learn from (the run stops after %d such rollouts in a row)",
-                            EMPTY_ROLLOUTS,
-                        )
-                    elif rollout.valid[: step + 1].any():
-                        empty_rollouts = 0
-                        empty_errors.clear()
-                if lost is not None or fleet_down:
-                    continue  # (a partial rollout is not learned from)
-                lost_rollouts = 0
-                if rollout.valid.any():
-                    learned = True
-                    empty_rollouts = 0
-                    empty_errors.clear()
-                else:
+                    if not valid_any and watch.servers_lost() > lost_before:
+                        empty = "no env gave a transition in this rollout before every server was lost"
+                elif lost is None:
+                    lost_rollouts = 0
+                    if not valid_any:
+                        empty = "no env gave a transition in this rollout (update skipped)"
+                if empty:
                     empty_rollouts += 1
                     if empty_rollouts >= EMPTY_ROLLOUTS:
                         raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
                     log.warning(
-                        "no env gave a transition in this rollout: nothing to learn from, update skipped "
-                        "(the run stops after %d such rollouts in a row)",
+                        "%s: nothing to learn from (the run stops after %d such rollouts in a row)",
+                        empty,
                         EMPTY_ROLLOUTS,
                     )
+                elif valid_any:
+                    empty_rollouts = 0
+                    empty_errors.clear()
+                if lost is not None or fleet_down:
+                    continue  # (a partial rollout is not learned from)
+                learned = learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
                 updating = True  # from here on, a checkpoint of this run would mix two updates

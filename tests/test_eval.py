@@ -205,14 +205,24 @@ def test_eval_timeout_names_the_option(faulty_run: Path, capsys: pytest.CaptureF
 
 
 def test_eval_of_an_mlp_on_the_cpu_takes_one_torch_thread_as_train_does(
-    clock_run: Path, capsys: pytest.CaptureFixture[str]
+    clock_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A second OpenMP thread only contends with the envs for the cores (eval ran 4-8x slower with it)."""
+    """A second OpenMP thread only contends with the envs for the cores (eval ran 4-8x slower with it);
+    afterwards the process has its own setting back (evaluate() is a library function too)."""
     threads = torch.get_num_threads()
+    during: list[int] = []
+    real_act = Agent.act
+
+    def act(self: Agent, *args: Any, **kwargs: Any) -> Any:
+        during.append(torch.get_num_threads())
+        return real_act(self, *args, **kwargs)
+
+    monkeypatch.setattr(Agent, "act", act)
     try:
         torch.set_num_threads(2)
         assert _eval(capsys, str(clock_run), "--episodes", "2", "--backend", "gym", "--device", "cpu")["episodes"] == 2
-        assert torch.get_num_threads() == 1
+        assert during and set(during) == {1}
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from env_server import codec
-from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError
+from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError, remote
 from learner.faults import is_outage
 from tests.conftest import SpawnServer, StartServers
 
@@ -102,3 +103,44 @@ def test_an_answer_that_cannot_be_decoded_names_the_server(
             _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
             time.sleep(0.02)
         assert envs.fault_stats().failures >= 1 and envs.fault_stats().reconnects >= 1
+
+
+def test_a_server_down_already_is_not_lost_again_for_its_placeholder_infos(
+    start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same-step autoreset: B's answer cannot be read (lost, its episodes cut: their infos made up
+    here, object ``final_obs``), while A's ``final_obs`` infos come as stacked arrays. The made-up
+    infos do not fit A's: left out, B is not lost a second time (was: two failures counted, a second
+    reconnect started)."""
+    addresses = [
+        start_servers("tests.envs:IndexEnv", envs_per_server=K, server_args=("--autoreset-mode", "SameStep"))[0]
+        for _ in range(2)
+    ]
+    decode, corrupt = codec.decode_value, {"token": -1.0}
+
+    def decode_value(value: Any, where: str = "value") -> Any:
+        out = decode(value, where)
+        if where == "observations" and np.asarray(out)[0, 0] == corrupt["token"]:
+            raise codec.CodecError("observations: a dtype this learner does not know (a test's)")
+        return out
+
+    infos_of = remote._infos
+
+    def stacked_final_obs(response: Any) -> dict[str, Any]:
+        infos = infos_of(response)
+        infos["final_obs"], infos["_final_obs"] = np.zeros((K, 3)), np.ones(K, dtype=bool)
+        return infos
+
+    monkeypatch.setattr(codec, "decode_value", decode_value)
+    monkeypatch.setattr(remote, "_infos", stacked_final_obs)
+    with RemoteVectorEnv(addresses, fault_tolerant=True, **FAST) as envs:
+        assert envs.metadata["autoreset_mode"] is gym.vector.AutoresetMode.SAME_STEP
+        obs, _ = envs.reset(seed=0)
+        corrupt["token"] = obs[K, 0]
+        _, _, _, truncs, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert truncs.tolist() == [False] * K + [True] * K
+        assert _unavailable(infos, 2 * K) == [False] * K + [True] * K
+        assert infos["final_obs"].shape == (2 * K, 3) and infos["_final_obs"].tolist() == [True] * K + [False] * K
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.servers_down) == (1, 1)
+        assert envs._replicas[1].failures == 1

@@ -247,8 +247,9 @@ def test_connections_that_never_stepped_make_room_for_the_learner(session: Sessi
     squatters = [session.connect() for _ in range(MAX_CONNECTIONS)]  # anyone on the host may connect
     learner = session.connect()
     assert session.step(learner, [0, 1, 0]).rewards.data
-    error = _error(squatters[0])  # the oldest was closed to make room
+    error = _error(squatters[0])  # the oldest was closed to make room, and told so
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert "closed to make room for a new connection" in error.message
 
 
 @pytest.mark.parametrize("end", ["released", "hold stream gone", "timed out"])
