@@ -257,13 +257,25 @@ def _faults_line(summary: dict[str, Any]) -> str:
     return "faults: " + ", ".join(parts) if parts else ""
 
 
+SLOWEST_RATIO = 1.2
+SLOWEST_MIN_MS = 0.1
+"""The closing lines name the slowest env server only if its median round trip is at least
+SLOWEST_RATIO times the other servers' median and SLOWEST_MIN_MS longer: of servers alike, none is
+"the slowest"."""
+
+
 def slowest_line(summary: dict[str, Any]) -> str:
     """The env server the fleet waited for most (the highest median round trip over the session in
-    summary.json's ``replicas``), against the other servers' median; "" with fewer than 2 servers."""
+    summary.json's ``replicas``), against the other servers' median; "" with fewer than 2 servers, or
+    when it stands out from them by little (see SLOWEST_RATIO)."""
     replicas = {a: r for a, r in (summary.get("replicas") or {}).items() if r.get("latency_p50_ms") is not None}
     if len(replicas) < 2:
         return ""
     slowest = max(replicas, key=lambda a: replicas[a]["latency_p50_ms"])
+    value = replicas[slowest]["latency_p50_ms"]
+    median = statistics.median(r["latency_p50_ms"] for a, r in replicas.items() if a != slowest)
+    if value < SLOWEST_RATIO * median or value - median < SLOWEST_MIN_MS:
+        return ""
 
     def figures(rows: list[dict[str, Any]]) -> str:
         parts = []

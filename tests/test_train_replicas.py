@@ -104,6 +104,9 @@ def test_summary_names_the_slowest_server_in_one_line() -> None:
         "slowest env server: b:1 (median round trip 6.00 ms, envs' step 5.20 ms; the other 2 servers: median "
         "round trip 0.60 ms, envs' step 0.20 ms)"
     )
+    # Servers alike (two local servers of one machine): none is named the slowest.
+    alike = {"local-0": {"latency_p50_ms": 0.83, "env_p50_ms": 0.19}, "local-1": {"latency_p50_ms": 0.80}}
+    assert slowest_line({"replicas": alike}) == ""
 
 
 def test_a_slow_server_is_warned_of_and_named_at_the_end(
