@@ -44,24 +44,17 @@ def check_batch(out: Any, part: Any, count: int, where: str = "observations") ->
             )
 
 
-def write_batch(out: Any, part: Any, start: int, where: str = "observations") -> None:
-    """Copy one server's batch into envs ``start:`` of the preallocated fleet-wide batch ``out``."""
+def write_batch(out: Any, part: Any, start: int) -> None:
+    """Copy one server's batch into envs ``start:`` of the preallocated fleet-wide batch ``out``: a plain
+    copy, on the hot path; ``part`` has passed ``check_batch`` against ``out`` (or is a slice of it)."""
     if isinstance(out, dict):
-        if not isinstance(part, dict) or part.keys() != out.keys():
-            raise ValueError(f"{where}: expected a dict with keys {list(out)}, got {type(part).__name__}")
         for key, value in out.items():
-            write_batch(value, part[key], start, f"{where}[{key!r}]")
+            write_batch(value, part[key], start)
     elif isinstance(out, tuple):
-        if not isinstance(part, tuple) or len(part) != len(out):
-            raise ValueError(f"{where}: expected a tuple of {len(out)}, got {type(part).__name__}")
-        for i, (o, p) in enumerate(zip(out, part, strict=False)):
-            write_batch(o, p, start, f"{where}[{i}]")
+        for o, p in zip(out, part, strict=True):
+            write_batch(o, p, start)
     else:
-        part = np.asarray(part)
-        stop = start + len(part)
-        if part.shape[1:] != out.shape[1:] or stop > len(out):
-            raise ValueError(f"{where}: expected envs of shape {out.shape[1:]}, got a batch of shape {part.shape}")
-        out[start:stop] = part
+        out[start : start + len(part)] = part
 
 
 def merge_infos(
