@@ -122,9 +122,13 @@ class Args:
     or --envs-per-server, on envs this command starts: the same env, as many envs unless given (add the
     servers' --env-kwargs and --wrappers, if they had any)"""
     checkpoint_every: int = 1
-    """write a checkpoint every this many updates (also at the end and on Ctrl-C); 0: only then. Every
-    update (the default), a learner killed at any moment loses at most the update in progress when
-    resumed; a checkpoint costs ~3 ms for an MLP, ~60 ms for the Atari CNN"""
+    """write a checkpoint every this many updates, once --checkpoint-seconds have passed since the last
+    one (also at the end and on Ctrl-C); 0: only then. A checkpoint costs ~3 ms for an MLP, ~60 ms for
+    the Atari CNN"""
+    checkpoint_seconds: float = 30.0
+    """at least this many seconds between checkpoints (the end and Ctrl-C write one regardless): a learner
+    killed at any moment loses at most this much training, or the update in progress, when resumed;
+    0: after every --checkpoint-every updates (CartPole's fast updates then write ~2.7 GB an hour)"""
     keep_checkpoints: int = 3
     """how many of the latest checkpoints to keep"""
     save_best: bool = True
@@ -204,7 +208,7 @@ class Args:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
-        for name in ("step_delay_ms", "checkpoint_every", "torch_threads", "seed", "target_kl", "ent_coef"):
+        for name in ("step_delay_ms", "checkpoint_every", "checkpoint_seconds", "torch_threads", "seed", "target_kl", "ent_coef"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"--{_flag(name)}: expected a value >= 0, got {value}")

@@ -988,6 +988,7 @@ def train(
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
+        saved_update, saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
 
         def rollout_state() -> dict[str, Any]:
             """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
@@ -1021,10 +1022,10 @@ def train(
         def save(reason: str, state: dict[str, Any]) -> Path:
             """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
             update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
-            nonlocal saved_step
+            nonlocal saved_step, saved_update, saved_at
             step = int(state["counters"]["global_step"])
             path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
-            saved_step = step
+            saved_step, saved_update, saved_at = step, int(state["counters"]["update"]), time.monotonic()
             log.info("checkpoint (%s): %s", reason, path)
             return path
 
@@ -1125,7 +1126,11 @@ def train(
             judge_best(state)
             last_update = state
             updating = False
-            if args.checkpoint_every and counters.update % args.checkpoint_every == 0:
+            if (
+                args.checkpoint_every
+                and counters.update - saved_update >= args.checkpoint_every
+                and time.monotonic() - saved_at >= args.checkpoint_seconds
+            ):
                 save(f"update {counters.update}", last_update)
 
         def finish_pending() -> None:

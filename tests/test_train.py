@@ -44,6 +44,7 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
             num_steps=16,
             total_timesteps=3 * 64,
             checkpoint_every=2,
+            checkpoint_seconds=0.0,
             stop_at_return=1000.0,
             run_dir=str(run),
             progress=False,
@@ -149,7 +150,18 @@ def _resumable() -> dict[str, Any]:
         "update_epochs": 3,
         "total_timesteps": 48,
         "keep_checkpoints": 10,
+        "checkpoint_seconds": 0.0,
     }
+
+
+@pytest.mark.parametrize(("seconds", "written"), [(0.0, [16, 32, 48]), (3600.0, [48])])
+def test_checkpoints_are_checkpoint_seconds_apart_besides_the_last(
+    tmp_path: Path, seconds: float, written: list[int]
+) -> None:
+    # (The default, 30 s, keeps a fast run from writing a checkpoint every fraction of a second.)
+    run = tmp_path / "run"
+    train(Args(**{**_resumable(), "checkpoint_seconds": seconds}, checkpoint_every=1, run_dir=str(run)))
+    assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{step:010d}.pt" for step in written]
 
 
 def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 
 K = 2
 NUM_STEPS = 16
+# (a checkpoint after every update, not every 30 s: the SIGKILLed runs below resume from their last one)
 TRAIN = ["--num-steps", str(NUM_STEPS), "--no-plot", "--no-progress", "--no-tensorboard", "--seed", "3"]
+TRAIN += ["--checkpoint-seconds", "0"]
 
 
 def learner(*args: str) -> subprocess.Popen[str]:
