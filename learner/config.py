@@ -208,7 +208,8 @@ class Args:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
-        for name in ("step_delay_ms", "checkpoint_every", "checkpoint_seconds", "torch_threads", "seed", "target_kl", "ent_coef"):
+        non_negative = ["step_delay_ms", "checkpoint_every", "checkpoint_seconds", "torch_threads", "seed"]
+        for name in [*non_negative, "target_kl", "ent_coef"]:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"--{_flag(name)}: expected a value >= 0, got {value}")
@@ -433,8 +434,9 @@ def pick_preset(preset: str, observation_space: gym.Space[Any], action_space: gy
     """The preset ``auto`` stands for, given the env's spaces (other names pass through)."""
     if preset != "auto":
         return preset
-    obs = observation_space
-    if isinstance(obs, gym.spaces.Box) and obs.dtype.name == "uint8" and len(obs.shape) == 3:
+    from learner.ppo import is_image_space  # (here: torch, which ppo imports, is not needed for --help)
+
+    if is_image_space(observation_space):
         return "atari"
     if isinstance(action_space, gym.spaces.Box):
         return "mujoco"

@@ -49,12 +49,18 @@ MIN_IMAGE_SIZE = 36
 """The smallest height and width the Nature CNN takes (its three convolutions need 36 pixels)."""
 
 
-def image_layout(space: gym.Space[Any]) -> Literal["CHW", "HWC"] | None:
+ImageLayout = Literal["CHW", "HWC", "HW"]
+
+
+def image_layout(space: gym.Space[Any]) -> ImageLayout | None:
     """How images for the Nature CNN are laid out in ``space``, or None when it holds none: a uint8 Box
     of shape (C, H, W), or channel-last (H, W, C) with C from 1 to 4 (an RGB camera's, gymnasium's
-    pixel wrappers'), H and W >= 36. The two cannot both fit one shape (W would be both >= 36 and <= 4)."""
-    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3):
+    pixel wrappers'), or one grayscale channel (H, W) (gymnasium's AtariPreprocessing without a frame
+    stack); H and W >= 36. No two fit one shape (W would be both >= 36 and <= 4)."""
+    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
         return None
+    if len(space.shape) == 2:
+        return "HW" if min(space.shape) >= MIN_IMAGE_SIZE else None
     if min(space.shape[1:]) >= MIN_IMAGE_SIZE:
         return "CHW"
     if 1 <= space.shape[2] <= 4 and min(space.shape[:2]) >= MIN_IMAGE_SIZE:
@@ -70,7 +76,8 @@ def is_image_space(space: gym.Space[Any]) -> bool:
 def check_observation_space(space: gym.Space[Any]) -> None:
     """ValueError for observations the agent cannot take well: anything but a Box or Discrete, and a
     3-d uint8 Box (pixels, as far as one can tell) too small for the Nature CNN, which an MLP would
-    get as raw 0-255 values."""
+    get as raw 0-255 values. (2-d uint8 too small for it go to the MLP: a board or a grid as often as
+    pixels.)"""
     if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3:
         if image_layout(space) is None:
             raise ValueError(
@@ -82,7 +89,7 @@ def check_observation_space(space: gym.Space[Any]) -> None:
         return
     if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
         raise ValueError(
-            "observation_space: expected a Box (vector, or uint8 images (C, H, W) or (H, W, C)) or Discrete, "
+            "observation_space: expected a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)) or Discrete, "
             f"got {space}"
         )
 
@@ -242,15 +249,19 @@ class NatureCNN(nn.Module):
     """The DQN Nature CNN (Mnih et al., 2015) over uint8 frames scaled to [0, 1]; 512 features.
 
     ``layout`` "HWC": frames come channel-last, (H, W, C), and are permuted to (C, H, W) here, so the
-    convolutions are those of the (C, H, W) case. The layout follows from the observation space, which
-    a checkpoint records and eval checks, so a policy is always rebuilt with the layout it trained with;
-    it adds no parameters, and (C, H, W) policies' state dicts are unchanged.
+    convolutions are those of the (C, H, W) case; "HW": one channel, (H, W), taken as (1, H, W). The
+    layout follows from the observation space, which a checkpoint records and eval checks, so a policy
+    is always rebuilt with the layout it trained with; it adds no parameters, and (C, H, W) policies'
+    state dicts are unchanged.
     """
 
-    def __init__(self, shape: Sequence[int], layout: Literal["CHW", "HWC"] = "CHW") -> None:
+    def __init__(self, shape: Sequence[int], layout: ImageLayout = "CHW") -> None:
         super().__init__()
-        self.channels_last = layout == "HWC"
-        chw = (int(shape[2]), int(shape[0]), int(shape[1])) if self.channels_last else tuple(map(int, shape))
+        self.layout = layout
+        if layout == "HWC":
+            chw = (int(shape[2]), int(shape[0]), int(shape[1]))
+        else:
+            chw = (1, int(shape[0]), int(shape[1])) if layout == "HW" else (int(shape[0]), int(shape[1]), int(shape[2]))
         self.convs = nn.Sequential(
             layer_init(nn.Conv2d(chw[0], 32, 8, stride=4)),
             nn.ReLU(),
@@ -266,8 +277,10 @@ class NatureCNN(nn.Module):
         self.num_features = 512
 
     def forward(self, obs: Tensor) -> Tensor:
-        if self.channels_last:
+        if self.layout == "HWC":
             obs = obs.permute(0, 3, 1, 2)
+        elif self.layout == "HW":
+            obs = obs.unsqueeze(1)
         return self.fc(self.convs(obs.float() / 255.0))
 
 

@@ -29,18 +29,20 @@ QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 
 
 class ChannelLastEnv(gym.Env[np.ndarray, np.int64]):
-    """uint8 frames (size, size, 3), channel-last as cameras give them; reward 1 for the action naming the
-    lit channel."""
+    """uint8 frames (size, size, 3), channel-last as cameras give them, or (``gray``) (size, size) with the
+    lit channel as the frame's brightness; reward 1 for the action naming the lit channel."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self, length: int = 4, size: int = 40) -> None:
-        self.length, self.size = length, size
-        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+    def __init__(self, length: int = 4, size: int = 40, gray: bool = False) -> None:
+        self.length, self.size, self.gray = length, size, gray
+        self.observation_space = gym.spaces.Box(0, 255, (size, size) if gray else (size, size, 3), np.uint8)
         self.action_space = gym.spaces.Discrete(3)
         self._t = self._lit = 0
 
     def _obs(self) -> np.ndarray:
+        if self.gray:
+            return np.full((self.size, self.size), 80 * (self._lit + 1), np.uint8)
         obs = np.zeros((self.size, self.size, 3), np.uint8)
         obs[..., self._lit] = 200
         return obs
@@ -288,15 +290,17 @@ def test_demo_builds_its_envs_with_env_kwargs(capsys: pytest.CaptureFixture[str]
     assert "6 episodes ended on the remote envs" in out, out
 
 
-def test_channel_last_images_train_with_the_nature_cnn_and_evaluate(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("gray", "shape"), [(False, "(40, 40, 3)"), (True, "(40, 40)")])
+def test_channel_last_and_grayscale_images_train_with_the_nature_cnn_and_evaluate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gray: bool, shape: str
 ) -> None:
     run = tmp_path / "camera"
     capsys.readouterr()
-    _train(run, "--env", "tests.test_eval:ChannelLastEnv", "--backend", "gym", "--num-envs", "2")
+    kwargs = ["--env-kwargs", json.dumps({"gray": gray})]
+    _train(run, "--env", "tests.test_eval:ChannelLastEnv", *kwargs, "--backend", "gym", "--num-envs", "2")
     assert "PPO (atari preset, Nature CNN) on tests.test_eval:ChannelLastEnv" in capsys.readouterr().out
     config = rundir.read_json(run / rundir.CONFIG)
-    assert config["envs"]["observation_space"] == "Box(0, 255, (40, 40, 3), uint8)"
+    assert config["envs"]["observation_space"] == f"Box(0, 255, {shape}, uint8)"
     result = _eval(capsys, str(run), "--episodes", "2", "--backend", "gym")
     assert result["episodes"] == 2 and result["length_mean"] == 4.0
 

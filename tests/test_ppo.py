@@ -168,12 +168,25 @@ def test_agent_state_dict_of_a_cnn_policy_keeps_its_keys() -> None:
         ((3, 32, 32), None),
         ((84, 84, 5), None),  # 5 "channels" last: not a camera's
         ((40, 30, 3), None),
+        ((84, 84), "HW"),  # AtariPreprocessing's grayscale frame, no frame stack
+        ((36, 50), "HW"),
+        ((8, 8), None),  # a board, not pixels: the MLP
+        ((84,), None),
     ],
 )
 def test_image_layout_takes_channel_first_and_channel_last_frames(shape: tuple[int, ...], layout: str | None) -> None:
     space = gym.spaces.Box(0, 255, shape, np.uint8)
     assert image_layout(space) == layout and is_image_space(space) == (layout is not None)
     assert image_layout(gym.spaces.Box(0.0, 1.0, shape, np.float32)) is None  # only uint8 frames
+
+
+def test_agent_takes_grayscale_frames_as_one_channel() -> None:
+    """An (H, W) policy is the (1, H, W) one: same parameters, same outputs."""
+    chw = Agent(gym.spaces.Box(0, 255, (1, 40, 48), np.uint8), gym.spaces.Discrete(4))
+    hw = Agent(gym.spaces.Box(0, 255, (40, 48), np.uint8), gym.spaces.Discrete(4))
+    hw.load_state_dict(chw.state_dict())
+    frames = torch.randint(0, 256, (5, 40, 48), dtype=torch.uint8)
+    torch.testing.assert_close(hw.get_value(frames), chw.get_value(frames.unsqueeze(1)))
 
 
 def test_agent_permutes_channel_last_frames_into_the_same_cnn() -> None:
