@@ -142,9 +142,10 @@ class Replica:
         """Whether it has answered steps for long enough since it came back (or never left)."""
         return not self.back_at or (self.answered >= SETTLE_STEPS and now - self.back_at >= SETTLE_S)
 
-    def note_loss(self, now: float) -> None:
-        """Count a loss at ``now``: a relapse if the server had not settled since it came back."""
-        self.relapses = 0 if self.settled(now) else self.relapses + 1
+    def note_loss(self, now: float, *, planned: bool = False) -> None:
+        """Count a loss at ``now``: a relapse if the server had not settled since it came back, unless
+        ``planned`` (it said it was shutting down: a rolling restart may come soon after a start)."""
+        self.relapses = 0 if planned or self.settled(now) else self.relapses + 1
         if not self.failing_since:
             self.failing_since = now
 

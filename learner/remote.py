@@ -1309,7 +1309,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             log.debug("env server %s, down already: %s", client.address, err)
             return
         now = time.monotonic()
-        replica.note_loss(now)
+        replica.note_loss(now, planned=planned)
         replica.state = ReplicaState.DOWN
         replica.truncate_next = truncate
         if planned:

@@ -812,6 +812,17 @@ def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged
         assert (replica.relapses, replica.failing_since) == (0, 0.0)
 
 
+def test_a_server_that_left_saying_so_soon_after_coming_back_is_not_flapping() -> None:
+    """A rolling restart may stop a server again within SETTLE_S of its start: a planned departure is
+    no relapse (no growing wait before it is taken back); a failure then is."""
+    replica = faults.Replica(client=None, spec=pb.EnvSpec())  # type: ignore[arg-type]  # (its counters only)
+    replica.back_at, replica.answered = time.monotonic(), 1  # back a moment ago, not settled
+    replica.note_loss(time.monotonic(), planned=True)
+    assert (replica.relapses, replica.hold_off((0.1, 2.0))) == (0, 0.0)
+    replica.note_loss(time.monotonic())
+    assert (replica.relapses, replica.hold_off((0.1, 2.0))) == (1, 0.1)
+
+
 def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(spawn_server: SpawnServer) -> None:
     """A server that keeps coming back but fails each step gives no more steps than one that is gone:
     it counts as down from its first loss, and a fleet of such servers gives up."""
