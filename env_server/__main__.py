@@ -12,13 +12,15 @@ from typing import Any
 
 from env_server.config import (
     AUTORESET_MODES,
+    DEFAULT_MAX_REQUEST_BYTES,
     MAX_SPIN_WAIT_MS,
+    MIN_MAX_REQUEST_BYTES,
     VECTORIZATIONS,
     WRAPPER_NAMES,
     ServerConfig,
     duplicate_wrapper,
 )
-from env_server.protocol import PROTOCOL_VERSION, package_version
+from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
 __all__ = ["main", "parse_args"]
@@ -130,6 +132,18 @@ def _non_negative_float(text: str) -> float:
         value = math.nan
     if not 0 <= value < math.inf:  # (inf: every step would fail, time.sleep raising OverflowError)
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _request_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not MIN_MAX_REQUEST_BYTES <= value <= MAX_MESSAGE_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}], got {text!r}"
+        )
     return value
 
 
@@ -249,6 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, let calls in flight finish for up to S s (default: %(default)s)",
     )
     p.add_argument(
+        "--max-request-bytes",
+        type=_request_bytes,
+        default=e("max_request_bytes", str(DEFAULT_MAX_REQUEST_BYTES)),
+        metavar="N",
+        help="read requests (a step's actions, a reset's seeds and options) of up to N bytes, over gRPC and on "
+        "the step socket; larger ones are refused before they are parsed (learners, told N as they connect, "
+        "do not send them). Parsing a request can take ~25x its size in memory; responses (observations) may "
+        f"take up to {MAX_MESSAGE_BYTES} bytes whatever N. {DEFAULT_MAX_REQUEST_BYTES} (4 MiB) holds 8 times "
+        "the actions of 1024 envs with Box(64,) float64 actions (default: %(default)s)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=_port,
         default=e("metrics_port", None),
@@ -344,6 +369,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             spin_wait_ms=args.spin_wait_ms,
             claim_timeout_s=args.claim_timeout,
             grace_s=args.grace,
+            max_request_bytes=args.max_request_bytes,
             parent_pid=args.parent_pid,
             metrics_port=args.metrics_port,
             auth_token=token,

@@ -8,9 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from env_server.protocol import MAX_MESSAGE_BYTES
+
 __all__ = [
     "AUTORESET_MODES",
+    "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_SPIN_WAIT_MS",
+    "MIN_MAX_REQUEST_BYTES",
     "VECTORIZATIONS",
     "WRAPPER_NAMES",
     "ServerConfig",
@@ -23,6 +27,13 @@ WRAPPER_NAMES = ("atari", "clip-action", "flatten")
 """The wrappers an operator may name (``env_server.envs.WRAPPERS`` holds their code)."""
 MAX_SPIN_WAIT_MS = 10.0
 """Longest ``spin_wait_ms``: while it waits awake, the server's event loop does nothing else."""
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Default ``max_request_bytes``. Requests carry actions, seeds and reset options: a large one, 1024
+envs with Box(64,) float64 actions, is 0.5 MiB. Parsing a request can take ~25x its size in memory
+before the server looks at it (a list of empty Values: 2 bytes each on the wire, ~50 parsed): ~100 MB
+at 4 MiB, where the old limit, 64 MiB, let one request take 1.6 GB (tests/measure_request_memory.py)."""
+MIN_MAX_REQUEST_BYTES = 4096
+"""Smallest ``max_request_bytes``: room for every Handshake, Hold and Release request."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,9 @@ class ServerConfig:
     the CPU) for up to this long, while its steps have been coming that soon; 0: sleep at once."""
     claim_timeout_s: float = 30.0
     """A session with no open Hold stream and no calls for this long ends by itself."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request read, over gRPC and on the step socket: a larger one is refused before it is
+    parsed (responses may take up to ``MAX_MESSAGE_BYTES``); told to learners in the Handshake."""
     parent_pid: int | None = None
     """Exit when this process is gone (set by learners that start servers as subprocesses)."""
     grace_s: float = 5.0
@@ -77,8 +91,7 @@ class ServerConfig:
         can run (the CLI checks its options first, with messages that name the flags)."""
         if not isinstance(self.env, str) or not self.env:
             raise ValueError(f"env: expected a gymnasium id or a package.module:Name entry point, got {self.env!r}")
-        if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, numbers.Integral) or self.num_envs < 1:
-            raise ValueError(f"num_envs: expected an integer >= 1, got {self.num_envs!r}")
+        _check_integer("num_envs", self.num_envs, 1)
         _check_port("port", self.port)
         if self.metrics_port is not None:
             _check_port("metrics_port", self.metrics_port)
@@ -104,6 +117,7 @@ class ServerConfig:
         _check_duration("step_delay_ms", self.step_delay_ms)
         _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
         _check_duration("claim_timeout_s", self.claim_timeout_s)
+        _check_integer("max_request_bytes", self.max_request_bytes, MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES)
         _check_duration("grace_s", self.grace_s)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")
@@ -112,6 +126,12 @@ class ServerConfig:
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_integer(name: str, value: object, least: int, most: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= int(value) <= most:
+        expected = f"an integer in [{least}, {most}]" if math.isfinite(most) else f"an integer >= {least}"
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
 def _check_port(name: str, value: object) -> None:

@@ -52,13 +52,17 @@ _ORIGIN = ((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER),)
 class RefusalLog:
     """Rate limits for log lines about refused calls: at most one line per ``every_s`` seconds for
     each kind of refusal (a method and a status code), so that a flood of one kind does not hide
-    another, and each line says how many of its kind were left out since the last."""
+    another, and each line says how many of its kind were left out since the last.
 
-    def __init__(self, every_s: float = _LOG_EVERY_S) -> None:
+    ``what`` names the events counted in those lines, for a log of something other than refused
+    calls (connections closed to make room, say)."""
+
+    def __init__(self, every_s: float = _LOG_EVERY_S, what: str = "refused calls") -> None:
         self._every_s = every_s
+        self._what = what
         self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (last line, left out since)
         self.refused = 0
-        """Refused calls so far, of every kind."""
+        """Refused calls (events) so far, of every kind."""
 
     def note(self, method: str, code: grpc.StatusCode) -> str | None:
         """Count a refused call; the suffix for its log line (how many refused calls so far, and of
@@ -72,7 +76,7 @@ class RefusalLog:
             return None
         self._kinds[kind] = (now, 0)
         since = f", {left_out} more like it not logged since the last such line" if left_out else ""
-        return f"({self.refused} refused calls so far{since})"
+        return f"({self.refused} {self._what} so far{since})"
 
 
 def method_name(method: str) -> str:
@@ -121,7 +125,9 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             self._note(method, context.peer(), reason)
             end_call(context, grpc.StatusCode.UNAUTHENTICATED, message)
 
-        return _handler_like(handler, refuse, handler.request_deserializer)
+        # (the request is not parsed, which can take ~25x its size in memory: a caller without the
+        # token costs no more than its bytes)
+        return _handler_like(handler, refuse, _unparsed)
 
     def _note(self, method: str, peer: str, reason: str) -> None:
         if self._on_refusal is not None:
@@ -203,6 +209,11 @@ def end_call(
     context.set_code(code)
     context.set_details(message)
     context.set_trailing_metadata(trailing_metadata)
+
+
+def _unparsed(data: bytes) -> None:
+    """The deserializer of a request no one reads."""
+    return None
 
 
 def _handler_like(

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from env_server.codec import UnsupportedSpaceError
-from env_server.config import ServerConfig
+from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
@@ -39,10 +39,12 @@ log = logging.getLogger(__name__)
 _MAX_UNIX_PATH = 107
 
 
-def server_options() -> list[tuple[str, int]]:
+def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[tuple[str, int]]:
     """Channel options for the server: message limits and keepalive so dead peers are noticed."""
     return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # A larger request is refused (RESOURCE_EXHAUSTED) before protobuf parses it, which can take
+        # ~25x its size in memory; responses (observations) are larger by nature.
+        ("grpc.max_receive_message_length", max_request_bytes),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # Ping an idle client every 10 s; a peer that does not answer within 5 s is dead, which ends
         # its Hold stream and so its claim.
@@ -310,7 +312,7 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
         on_refusal = None if metrics is None else functools.partial(metrics.count_error, code="UNAUTHENTICATED")
         interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
     interceptors.append(RequestGuardInterceptor())
-    server = grpc.aio.server(options=server_options(), interceptors=interceptors)
+    server = grpc.aio.server(options=server_options(config.max_request_bytes), interceptors=interceptors)
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
@@ -450,7 +452,9 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     if len(os.fsencode(path)) > _MAX_UNIX_PATH:
         log.warning("no step socket: its path %s is longer than Unix sockets allow; steps go over gRPC", path)
         return None
-    step_server = StepSocketServer(service, path, spin_wait_s=config.spin_wait_ms / 1000.0)
+    step_server = StepSocketServer(
+        service, path, spin_wait_s=config.spin_wait_ms / 1000.0, max_request_bytes=config.max_request_bytes
+    )
     try:
         await step_server.start(mode_of=config.unix_socket)
     except OSError as err:

@@ -25,6 +25,7 @@ from env_server.interceptors import MalformedRequest, RefusalLog, end_call
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
+    AUTH_METADATA_KEY,
     ENV_INDEX_KEY,
     ERROR_ORIGIN_KEY,
     ERROR_ORIGIN_SERVER,
@@ -115,6 +116,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._num_envs = 0
         self._claim: Session | None = None
         self._refusals = RefusalLog()  # calls answered with an error status (their log lines are rate-limited)
+        # Handshakes that carried a token while this server checks none (logged as rarely).
+        self._unchecked_tokens = RefusalLog(what="handshakes with a token this server does not check")
         self._needs_reset = True
         # Under autoreset Disabled, the envs that ended at their last step and wait for a reset: a step
         # refused before it reaches gymnasium (whose assertion would cost the session a full reset).
@@ -336,12 +339,29 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._metrics is not None:
             self._metrics.session_active.set(1)
         log.info("claimed by %s", session.describe())
+        checks_token = self._config.auth_token is not None
+        if not checks_token and _carries_token(context):
+            self._note_unchecked_token(session)
         return pb.HandshakeResponse(
             session_id=session.id,
             spec=self.spec,
             claim_timeout_s=self._config.claim_timeout_s,
             step_socket=self.step_socket,
+            max_request_bytes=self._config.max_request_bytes,
+            checks_token=checks_token,
         )
+
+    def _note_unchecked_token(self, session: Session) -> None:
+        """Log (rate-limited) that ``session``'s learner sent a token, which this server does not
+        check: its user may believe the server protected (the learner warns too)."""
+        suffix = self._unchecked_tokens.note("Handshake", grpc.StatusCode.OK)
+        if suffix is not None:
+            log.warning(
+                "%s sent an auth token, but this server checks none (started without --auth-token): anyone "
+                "who can reach it may use it; start it with --auth-token or ENVFLEET_AUTH_TOKEN %s",
+                session.describe(),
+                suffix,
+            )
 
     async def Hold(self, request: pb.HoldRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HoldEvent]:
         try:
@@ -608,6 +628,11 @@ def _workers_ended(env: gym.vector.VectorEnv) -> bool:
     """Whether ``env`` is an AsyncVectorEnv with a worker gymnasium has shut down (after its error)."""
     pipes = getattr(env.unwrapped, "parent_pipes", None)
     return isinstance(env.unwrapped, gym.vector.AsyncVectorEnv) and pipes is not None and any(p is None for p in pipes)
+
+
+def _carries_token(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the call carries ``authorization`` metadata (a token, whatever it is)."""
+    return any(key == AUTH_METADATA_KEY for key, _ in context.invocation_metadata() or ())
 
 
 def _same_id(session_id: str, given: str) -> bool:

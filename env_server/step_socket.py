@@ -26,8 +26,9 @@ import time
 
 import grpc
 
+from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.interceptors import RefusalLog
-from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, MAX_MESSAGE_BYTES
+from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP
 from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService, ServiceError, shutting_down
 
@@ -46,15 +47,22 @@ class StepSocketServer:
     A connection serves one session: when the session ends (however it ends), the connections that
     stepped in it are told so and closed, as its StepStream would be ended."""
 
-    def __init__(self, service: EnvService, path: str, spin_wait_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        service: EnvService,
+        path: str,
+        spin_wait_s: float = 0.0,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ) -> None:
         self.service = service
         self.path = path
         self.spin_wait_s = spin_wait_s
+        self.max_request_bytes = max_request_bytes  # the longest frame read (and so held) per connection
         self.connections: list[_Connection] = []  # oldest first
         self._server: asyncio.Server | None = None
         self._inode: int | None = None  # of the socket file this server made (close removes only that)
         # Log lines about connections closed to make room (anyone on the host can open many).
-        self._evictions = RefusalLog()
+        self._evictions = RefusalLog(what="connections closed to make room")
 
     async def start(self, mode_of: str) -> None:
         """Listen (OSError if that fails); the socket gets the permissions of the file ``mode_of`` (the gRPC socket)."""
@@ -100,7 +108,7 @@ class StepSocketServer:
                 log.warning(
                     "step socket: %d connections open; closing the oldest that never stepped %s",
                     MAX_CONNECTIONS,
-                    suffix.replace("refused calls", "connections closed to make room"),
+                    suffix,
                 )
             # (not a refusal of anything it asked: neither counted nor logged as one; RESOURCE_EXHAUSTED,
             # so that a learner whose first step arrives too late steps over gRPC instead)
@@ -173,13 +181,8 @@ class _Connection(asyncio.Protocol):
             return
         self.note_gap()
         self.buffer += data
-        if len(self.buffer) > FRAME_HEADER.size + MAX_MESSAGE_BYTES:  # (reading pauses while busy)
-            self.fail(
-                ServiceError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"step socket: more than the {MAX_MESSAGE_BYTES}-byte message limit sent and unanswered",
-                )
-            )
+        if len(self.buffer) > FRAME_HEADER.size + self.owner.max_request_bytes:  # (reading pauses while busy)
+            self.fail(_too_large(f"{len(self.buffer)} bytes sent and unanswered", self.owner.max_request_bytes))
             return
         self.serve()
 
@@ -265,11 +268,8 @@ class _Connection(asyncio.Protocol):
         if len(self.buffer) < FRAME_HEADER.size:
             return None
         length, kind = FRAME_HEADER.unpack_from(self.buffer)
-        if length > MAX_MESSAGE_BYTES:
-            raise ServiceError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"step socket: a frame of {length} bytes is over the {MAX_MESSAGE_BYTES}-byte message limit",
-            )
+        if length > self.owner.max_request_bytes:
+            raise _too_large(f"a frame of {length} bytes", self.owner.max_request_bytes)
         end = FRAME_HEADER.size + length
         if len(self.buffer) < end:
             return None
@@ -370,6 +370,14 @@ def _describe_peer(transport: asyncio.Transport) -> str:
     except OSError:
         return "the step socket"
     return f"pid {pid} on the step socket"
+
+
+def _too_large(what: str, limit: int) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"step socket: {what}, over this server's limit of {limit} bytes on requests "
+        "(env-server --max-request-bytes raises it)",
+    )
 
 
 def _too_many() -> ServiceError:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import select
 import socket
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import grpc
 
 from env_server.protocol import (
+    AUTH_METADATA_KEY,
     ENV_INDEX_KEY,
     ERROR_ORIGIN_KEY,
     ERROR_ORIGIN_SERVER,
@@ -47,6 +49,7 @@ __all__ = [
     "SocketStep",
     "channel_credentials",
     "channel_options",
+    "request_too_large",
     "status_error",
     "timeout_error",
     "translate_error",
@@ -98,6 +101,14 @@ RELEASE_TIMEOUT = 2.0
 TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
 
+# gRPC's own status for a request over a limit on messages, the receiving server's ("SERVER:
+# Received", or without the prefix from a server whose gRPC is older) or this client's ("CLIENT:
+# Sent"). (Its others, "SERVER: Sent" and "CLIENT: Received", are about an answer.)
+_TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
+
+# Servers whose Handshake said they check no token while this process sent one (warned once each).
+_UNCHECKED_TOKEN_WARNED: set[str] = set()
+
 
 def translate_error(
     err: grpc.RpcError, *, address: str, method: str, env_offset: int = 0, timeout: float | None = None
@@ -140,6 +151,19 @@ def status_error(
 ) -> RemoteEnvError:
     """The envfleet exception for a status (``code``, ``details``) a call ended with; ``env_index``
     is over the whole fleet, ``from_server`` whether the env server itself sent the status."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not from_server:
+        too_large = _TOO_LARGE.fullmatch(details)
+        if too_large is not None:
+            side, direction, size, limit = too_large.groups()
+            if direction == "Received" and side != "CLIENT":
+                return request_too_large(address, method, int(size), int(limit), read=True)
+            if direction == "Sent" and side == "CLIENT":
+                return InvalidRequestError(
+                    f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over "
+                    f"this client's limit of {limit} bytes on messages; nothing was sent",
+                    address=address,
+                    code=code,
+                )
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
     if code == grpc.StatusCode.INTERNAL and not from_server:
         # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):
@@ -153,6 +177,22 @@ def status_error(
         prefix += f" (env {env_index} of the fleet)"
     name = code.name if code is not None else "error"
     return cls(f"{prefix} failed [{name}]: {details}", address=address, code=code, env_index=env_index)
+
+
+def request_too_large(address: str, method: str, size: int, limit: int, *, read: bool = False) -> InvalidRequestError:
+    """The error for a request of ``size`` bytes, over the server's ``limit`` on requests: refused by
+    the server unread (``read``), or by the client before sending (the code the server would send)."""
+    if limit < MAX_MESSAGE_BYTES:
+        hint = "the server's env-server --max-request-bytes, or ENVFLEET_MAX_REQUEST_BYTES, raises the limit"
+    else:  # (64 MiB: older servers' fixed limit, and the most the option allows)
+        hint = "no env server reads more: send less per request"
+    return InvalidRequestError(
+        f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "
+        f"server's limit of {limit} bytes on requests; {'the server read none of it' if read else 'nothing was sent'} "
+        f"({hint})",
+        address=address,
+        code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
 
 
 def timeout_error(*, address: str, method: str, timeout: float) -> RemoteTimeoutError:
@@ -191,6 +231,9 @@ class EnvClient:
         self.env_offset = 0
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
         self.metadata = tuple(metadata)
+        # The largest request the server reads, as its Handshake says; until then, or from a server
+        # that does not say, the limit older servers had (this client's own too).
+        self.max_request_bytes = MAX_MESSAGE_BYTES
         options = channel_options()
         if tls_server_name:
             # The name the server's certificate must hold, when it is not the host in the address
@@ -245,7 +288,27 @@ class EnvClient:
         self.session_id = response.session_id
         self.spec = response.spec
         self.step_socket = response.step_socket if self._step_socket_wanted else ""
+        self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
+        if response.HasField("checks_token") and not response.checks_token:
+            self._note_unchecked_token()
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
+
+    def _note_unchecked_token(self) -> None:
+        """The server checks no token: warn (once per server) if this client sends one, whose user
+        may believe the server protected."""
+        if self.address in _UNCHECKED_TOKEN_WARNED or not any(key == AUTH_METADATA_KEY for key, _ in self.metadata):
+            return
+        _UNCHECKED_TOKEN_WARNED.add(self.address)
+        log.warning(
+            "env server %s does not check tokens (started without --auth-token): the token sent to it protects "
+            "nothing, and anyone who can reach it may use it",
+            self.address,
+        )
+
+    def check_request_size(self, size: int, method: str) -> None:
+        """Refuse a request of ``size`` bytes over the server's limit before sending it (InvalidRequestError)."""
+        if size > self.max_request_bytes:
+            raise request_too_large(self.address, method, size, self.max_request_bytes)
 
     @property
     def session_ended(self) -> bool:
@@ -290,6 +353,7 @@ class EnvClient:
             request.options.CopyFrom(options)
         if mask is not None:
             request.reset_mask.extend(mask)
+        self.check_request_size(request.ByteSize(), "Reset")
         try:
             return await self.stub.Reset(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
@@ -303,8 +367,10 @@ class EnvClient:
         """Send ``request`` on the session's StepStream (opened on first use) and return the answer.
 
         A failure ends the stream (the server closes it with the status); the next step opens a new one.
-        (Steps on the step socket take :meth:`send_on_socket` instead.)
+        (Steps on the step socket take :meth:`send_on_socket` instead.) A request over the server's
+        limit is refused before it is sent (InvalidRequestError), the stream left as it is.
         """
+        self.check_request_size(request.ByteSize(), "Step")
         if self._steps is None:
             self._steps = self.stub.StepStream(metadata=self.metadata)
         call = self._steps
@@ -475,6 +541,9 @@ class SocketStep:
                 self._fail(self._broken(None, "it sent an answer to no request"))
             return
         payload = request.SerializeToString()
+        if len(payload) > client.max_request_bytes:  # (nothing sent: the connection stays as it is)
+            self._error = request_too_large(client.address, "Step", len(payload), client.max_request_bytes)
+            return
         try:
             self._send(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
         except OSError as err:

@@ -935,6 +935,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 codec.encode_value(slice_batch(actions, start, start + client.num_envs), request.actions, "actions")
             except codec.CodecError as err:  # (checked already as the servers check them: rare)
                 raise InvalidArgumentError(str(err)) from err
+            client.check_request_size(request.ByteSize(), "Step")  # (over a server's limit: none is sent)
             requests.append(request)
             sending.append(i)
         try:

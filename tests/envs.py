@@ -373,3 +373,30 @@ class BrokenStepEnv(FaultyEnv):
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.bad_reward_at = self._steps + 1
         return super().step(action)
+
+
+class WideActionEnv(ClockEnv):
+    """A ClockEnv whose actions are Box(width,) float64 (the first element is the Box ClockEnv's):
+    requests as large as a test wants, 8 bytes an element of each env's action."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__(action="box")
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(width,), dtype=np.float64)
+
+
+class SlowResetEnv(ClockEnv):
+    """A ClockEnv whose resets from number ``slow_from`` on (counted over the env's life) take ``sleep_s``
+    seconds: a server that answers its first reset, then misses a short deadline on every reset after."""
+
+    def __init__(self, slow_from: int = 2, sleep_s: float = 3.0) -> None:
+        super().__init__()
+        self.slow_from, self.sleep_s = slow_from, sleep_s
+        self._resets = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self._resets += 1
+        if self._resets >= self.slow_from:
+            time.sleep(self.sleep_s)
+        return super().reset(seed=seed, options=options)

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from env_server import codec
+from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.health import check
 from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
@@ -233,12 +234,14 @@ def test_bytes_that_are_no_message_are_invalid_argument(target: Target) -> None:
 
 
 def test_a_message_over_the_size_limit_is_refused(target: Target) -> None:
-    """A request over the server's message limit (64 MiB) is refused by gRPC before it is read."""
+    """A request over the server's limit on requests (4 MiB by default), or over the 64 MiB of
+    responses, is refused by gRPC before it is read."""
     with grpc.insecure_channel(target.address, options=[("grpc.max_send_message_length", -1)]) as channel:
         send = channel.unary_unary("/envfleet.v1.EnvService/Step")
-        with pytest.raises(grpc.RpcError) as info:
-            send(b"\x00" * (MAX_MESSAGE_BYTES + 1), timeout=30)
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        for size in (DEFAULT_MAX_REQUEST_BYTES + 1, MAX_MESSAGE_BYTES + 1):
+            with pytest.raises(grpc.RpcError) as info:
+                send(b"\x00" * size, timeout=30)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
     assert check(target.address) == "SERVING"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import socket
@@ -15,10 +17,13 @@ import numpy as np
 import pytest
 
 import env_server.health
+import learner.client
 from env_server.health import check
+from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
+from learner.client import EnvClient
 from tests.certs import ServerFiles, make_server_certs
 from tests.conftest import SpawnServer
 
@@ -254,3 +259,65 @@ def test_grpc_cores_own_log_lines_stay_out_of_a_tls_error(spawn_server: SpawnSer
         env={**environ, "GRPC_VERBOSITY": "INFO"},
     )
     assert "ssl_transport_security" in loud.stderr  # (what the default would print)
+
+
+@pytest.fixture
+def warned(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The learner's warnings, none given yet in this process (each server is warned about once)."""
+    monkeypatch.setattr(learner.client, "_UNCHECKED_TOKEN_WARNED", set())
+    caplog.set_level(logging.WARNING, logger="learner.client")
+    return caplog
+
+
+def test_a_token_sent_to_a_server_that_checks_none_is_warned_on_both_sides(
+    spawn_server: SpawnServer, warned: pytest.LogCaptureFixture
+) -> None:
+    """A user who sets a token may believe the server protected: the learner warns once per server,
+    naming it, and the server logs (rate-limited) that it was sent a token it does not check."""
+    caplog = warned
+    server = spawn_server("CartPole-v1", 1)
+    for _ in range(2):  # (a second session: no second warning on either side)
+        with RemoteVectorEnv([server.address], auth_token=TOKEN, client_name="careful") as envs:
+            step_once(envs)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "learner.client"]
+    assert warnings == [
+        f"env server {server.address} does not check tokens (started without --auth-token): the token sent to it "
+        "protects nothing, and anyone who can reach it may use it"
+    ]
+    lines = [line for line in server.logs().splitlines() if "sent an auth token" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0], server.logs()
+    assert re.search(
+        r"'careful' from \S+ \(session \w{8}\) sent an auth token, but this server checks none \(started without "
+        r"--auth-token\): anyone who can reach it may use it; start it with --auth-token or ENVFLEET_AUTH_TOKEN "
+        r"\(1 handshakes with a token this server does not check so far\)$",
+        lines[0],
+    ), lines[0]
+    assert TOKEN not in server.logs()
+
+
+def test_no_warning_where_the_server_checks_the_token_or_none_is_sent(
+    spawn_server: SpawnServer, warned: pytest.LogCaptureFixture
+) -> None:
+    caplog = warned
+    checking = spawn_server("CartPole-v1", 1, environ={"ENVFLEET_AUTH_TOKEN": TOKEN})
+    with RemoteVectorEnv([checking.address], auth_token=TOKEN) as envs:
+        step_once(envs)
+    plain = spawn_server("CartPole-v1", 1)
+    with RemoteVectorEnv([plain.address]) as envs:
+        step_once(envs)
+    assert not [r for r in caplog.records if r.name == "learner.client"]
+    assert "sent an auth token" not in checking.logs() + plain.logs()
+
+    # A server that does not say whether it checks one (an older one): no warning either.
+    async def adopt(*responses: pb.HandshakeResponse) -> list[str]:
+        warnings = []
+        for response in responses:
+            client = EnvClient("127.0.0.1:1", timeout=1, metadata=bearer_metadata(TOKEN))
+            client.start_session(response)
+            await client.close()
+            warnings.append(caplog.text)
+        return warnings
+
+    older, saying = asyncio.run(adopt(pb.HandshakeResponse(), pb.HandshakeResponse(checks_token=False)))
+    assert "does not check tokens" not in older
+    assert "env server 127.0.0.1:1 does not check tokens" in saying  # (one that says so is warned about)

@@ -130,6 +130,12 @@ def test_grpc_s_own_log_line_stays_where_it_is_the_only_cause() -> None:
             "maybe",
             "ENVFLEET_STEP_SOCKET (for --step-socket): expected on or off (or true/false, 1/0, yes/no), got 'maybe'",
         ),
+        (
+            "ENVFLEET_MAX_REQUEST_BYTES",
+            "4MiB",
+            "ENVFLEET_MAX_REQUEST_BYTES (for --max-request-bytes): expected a number of bytes in [4096, 67108864], "
+            "got '4MiB'",
+        ),
     ],
 )
 def test_a_bad_variable_is_named_not_its_flag(variable: str, value: str, fragment: str) -> None:
@@ -168,6 +174,10 @@ def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> N
             "argument --claim-timeout: expected a finite number >= 0, got 'inf'",
         ),
         (["--env", "CartPole-v1", "--grace", "nan"], "argument --grace: expected a finite number >= 0, got 'nan'"),
+        (
+            ["--env", "CartPole-v1", "--max-request-bytes", "1024"],
+            "argument --max-request-bytes: expected a number of bytes in [4096, 67108864], got '1024'",
+        ),
         (
             ["--env", "CartPole-v1", "--wrappers", "flatten,nope"],
             "--wrappers (or ENVFLEET_WRAPPERS): unknown wrapper 'nope' in 'flatten,nope'; available: atari, "

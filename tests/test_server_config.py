@@ -43,6 +43,9 @@ from env_server.envs import WRAPPERS, make_env
         ("spin_wait_ms", 11.0, "spin_wait_ms: expected a number in [0, 10], got 11.0"),
         ("claim_timeout_s", math.inf, "claim_timeout_s: expected a finite number >= 0, got inf"),
         ("grace_s", math.nan, "grace_s: expected a finite number >= 0, got nan"),
+        ("max_request_bytes", 4095, "max_request_bytes: expected an integer in [4096, 67108864], got 4095"),
+        ("max_request_bytes", 2**26 + 1, "max_request_bytes: expected an integer in [4096, 67108864], got 67108865"),
+        ("max_request_bytes", 65536.0, "max_request_bytes: expected an integer in [4096, 67108864], got 65536.0"),
     ],
 )
 def test_a_bad_field_is_refused_naming_it_what_was_expected_and_what_came(field: str, value: Any, message: str) -> None:
@@ -77,8 +80,11 @@ def test_good_configs_are_accepted() -> None:
         spin_wait_ms=10,
         claim_timeout_s=0,
         grace_s=0.5,
+        max_request_bytes=4096,
     )
     assert config.num_envs == 3
+    assert ServerConfig(env="CartPole-v1").max_request_bytes == 4 * 1024 * 1024
+    assert ServerConfig(env="CartPole-v1", max_request_bytes=2**26).max_request_bytes == 2**26
     envs = build_vector_env(ServerConfig(env="CartPole-v1", num_envs=2))
     assert envs.num_envs == 2
     envs.close()

@@ -3,7 +3,10 @@ values of too many values/arrays refused before any is decoded, and refused requ
 
 from __future__ import annotations
 
+import socket
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,22 +15,19 @@ import numpy as np
 import pytest
 
 from env_server import codec
+from env_server.config import DEFAULT_MAX_REQUEST_BYTES
+from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, MAX_MESSAGE_BYTES, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.step_socket import MAX_CONNECTIONS
+from learner import RemoteVectorEnv
 from tests.conftest import ServerProcess, SpawnServer
+from tests.measure_request_memory import memory as _memory
+from tests.measure_request_memory import worst_step
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
 
 MB = 1 << 20
-
-
-def _memory(pid: int, field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (the peak so far) of process ``pid``, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 def _strings(values: list[str]) -> pb.Value:
@@ -53,7 +53,9 @@ class Claimed:
 
 @pytest.fixture
 def claimed(spawn_server: SpawnServer) -> Iterator[Claimed]:
-    session = Claimed(spawn_server("CartPole-v1", 2))
+    # (requests of up to 64 MiB, as a server whose operator allows them reads: what the codec makes
+    # of them is what these tests are about)
+    session = Claimed(spawn_server("CartPole-v1", 2, "--max-request-bytes", str(MAX_MESSAGE_BYTES)))
     yield session
     session.channel.close()
 
@@ -254,3 +256,68 @@ def test_refused_requests_are_freed_at_once(claimed: Claimed) -> None:
             assert claimed.refused(method, request).code() == code
         grown = _memory(claimed.pid, "VmRSS") - before
         assert grown < 120 * MB, f"{grown / MB:.0f} MB more after 6 refused requests of 48 MB"
+
+
+# -- the limit on requests --------------------------------------------------------------------------
+
+
+def test_the_worst_request_the_default_limit_lets_in_grows_a_server_by_a_fraction_of_its_pod(
+    spawn_server: SpawnServer,
+) -> None:
+    """A request of empty Values takes ~25x its size as protobuf parses it, before the server sees it:
+    at the old limit, 64 MiB, one grew a server by 1.6 GB (its Kubernetes pod may take 512 MiB:
+    k8s/base/env-deployment.yaml); at the default limit, ~100 MB. One byte more is refused unread."""
+    server = spawn_server("CartPole-v1", 2)
+    session = Claimed(server)
+    step = session.channel.unary_unary("/envfleet.v1.EnvService/Step")
+    start = _memory(session.pid, "VmRSS")
+    worst = worst_step(session.id, DEFAULT_MAX_REQUEST_BYTES)
+    assert len(worst) > DEFAULT_MAX_REQUEST_BYTES - 32
+    err = session.refused(step, worst)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "values/arrays in one value" in err.details()
+    grown = _memory(session.pid, "VmHWM") - start
+    assert grown < 200 * MB, f"peak {grown / MB:.0f} MB more"
+    over = worst + bytes(DEFAULT_MAX_REQUEST_BYTES + 1 - len(worst))
+    assert session.refused(step, over).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    actions = codec.encode_value(np.zeros(2, dtype=np.int64), pb.Value())
+    session.stub.Step(pb.StepRequest(session_id=session.id, actions=actions), timeout=30)  # the session goes on
+    session.channel.close()
+
+
+def test_step_socket_connections_that_never_finish_a_frame_hold_no_more_than_the_limit(
+    spawn_server: SpawnServer,
+) -> None:
+    """Anyone who can open the step socket may open its 8 connections and send each all but the last
+    byte of a frame: each holds at most the limit (at 64 MiB they grew a server by ~500 MB). A frame
+    said to be longer is refused before its payload comes."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:
+        server = spawn_server("CartPole-v1", 2, "--unix-socket", f"{folder}/env.sock")
+        assert server.proc is not None
+        pid, limit = server.proc.pid, DEFAULT_MAX_REQUEST_BYTES
+        start = _memory(pid, "VmRSS")
+        squatters = []
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(30)
+            sock.connect(f"{folder}/env.sock{STEP_SOCKET_SUFFIX}")
+            sock.sendall(FRAME_HEADER.pack(limit, FRAME_STEP) + bytes(limit - 1))
+            squatters.append(sock)
+        time.sleep(0.5)
+        grown = _memory(pid, "VmHWM") - start
+        assert grown < MAX_CONNECTIONS * limit + 40 * MB, f"peak {grown / MB:.0f} MB more"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(f"{folder}/env.sock{STEP_SOCKET_SUFFIX}")  # (closes the oldest squatter)
+            sock.sendall(FRAME_HEADER.pack(limit + 1, FRAME_STEP))
+            length, kind = FRAME_HEADER.unpack(sock.recv(FRAME_HEADER.size, socket.MSG_WAITALL))
+            error = pb.StepError.FromString(sock.recv(length, socket.MSG_WAITALL))
+        assert kind == FRAME_ERROR and error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert error.message == (
+            f"step socket: a frame of {limit + 1} bytes, over this server's limit of {limit} bytes on requests "
+            "(env-server --max-request-bytes raises it)"
+        )
+        for sock in squatters:
+            sock.close()
+        with RemoteVectorEnv([server.address]) as envs:
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, dtype=np.int64))

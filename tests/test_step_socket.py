@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from env_server import codec
+from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -195,7 +196,11 @@ def test_a_bad_action_on_the_socket_gets_invalid_argument_naming_the_env_and_cha
     [
         (_frame(FRAME_STEP, b"\xff\xff\xff"), "not a valid StepRequest"),
         (_frame(7, b""), "expected a frame of kind 0 (a StepRequest), got kind 7"),
-        (FRAME_HEADER.pack(2**31, FRAME_STEP), "over the 67108864-byte message limit"),
+        (
+            FRAME_HEADER.pack(2**31, FRAME_STEP),
+            f"a frame of {2**31} bytes, over this server's limit of {DEFAULT_MAX_REQUEST_BYTES} bytes on requests "
+            "(env-server --max-request-bytes raises it)",
+        ),
         (_frame(FRAME_STEP, pb.StepRequest(session_id="not-mine").SerializeToString()), "does not own this server"),
     ],
     ids=["garbage", "unknown-kind", "too-long", "unknown-session"],
