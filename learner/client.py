@@ -35,6 +35,7 @@ from learner.errors import (
     EnvCrashedError,
     InvalidArgumentError,
     InvalidRequestError,
+    InvalidResponseError,
     RemoteEnvError,
     RemoteTimeoutError,
     ServerBusyError,
@@ -164,6 +165,14 @@ def status_error(
                     address=address,
                     code=code,
                 )
+            # "SERVER: Sent" or "CLIENT: Received": the answer (an oversized answer is no busy server)
+            return InvalidResponseError(
+                f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: its answer is {size} bytes, over the "
+                f"limit of {limit} bytes on messages; serve fewer envs per server (env-server --num-envs) or "
+                "smaller observations",
+                address=address,
+                code=code,
+            )
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
     if code == grpc.StatusCode.INTERNAL and not from_server:
         # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):

@@ -18,7 +18,7 @@ from env_server.health import check
 from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import InvalidRequestError, RemoteVectorEnv, ServerBusyError
+from learner import InvalidRequestError, InvalidResponseError, RemoteVectorEnv, ServerBusyError
 from learner.client import EnvClient, SocketStep, request_too_large, status_error
 from tests.conftest import SpawnServer, StartServers
 from tests.measure_request_memory import worst_step
@@ -234,6 +234,19 @@ def test_grpcs_own_refusals_of_a_large_request_are_invalid_requests(details: str
         "over the server's limit of 67108864 bytes on requests; nothing was sent (no env server reads more: send "
         "less per request)"
     )
+    # An answer over the limit on messages: no busy server either, and no option of the server's helps.
+    for side in ("SERVER: Sent", "CLIENT: Received"):
+        answer = status_error(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{side} message larger than max (70000000 vs. 67108864)",
+            address="a:1",
+            method="Step",
+            from_server=False,
+        )
+        assert isinstance(answer, InvalidResponseError) and str(answer) == (
+            "env server a:1: Step failed [RESOURCE_EXHAUSTED]: its answer is 70000000 bytes, over the limit of "
+            "67108864 bytes on messages; serve fewer envs per server (env-server --num-envs) or smaller observations"
+        )
     # The server's own RESOURCE_EXHAUSTED (its envs are claimed) is what it was.
     busy = status_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "claimed by 'x'", address="a:1", method="Handshake")
     assert isinstance(busy, ServerBusyError)
