@@ -230,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="gymnasium autoreset mode (default: %(default)s)",
     )
     p.add_argument(
+        "--max-episode-steps",
+        type=_positive_int,
+        default=e("max_episode_steps", None),
+        metavar="N",
+        help="end every episode after N steps at most, as truncated (gymnasium's TimeLimit): over a gymnasium "
+        "id's registered limit, or around an entry point's env, which gets none otherwise (default: the env's own)",
+    )
+    p.add_argument(
         "--step-delay-ms",
         type=_non_negative_float,
         default=e("step_delay_ms", "0"),
@@ -365,6 +373,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             vectorization=args.vectorization,
             wrappers=wrappers,
             autoreset_mode=args.autoreset_mode,
+            max_episode_steps=args.max_episode_steps,
             step_delay_ms=args.step_delay_ms,
             spin_wait_ms=args.spin_wait_ms,
             claim_timeout_s=args.claim_timeout,
@@ -376,9 +385,23 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             tls_cert=args.tls_cert or None,
             tls_key=args.tls_key or None,
         )
-    except ValueError as err:  # (the checks above name the flags: a last line of defence)
-        parser.error(str(err))
+    except ValueError as err:  # (ServerConfig names its field: named here as the flag that sets it)
+        parser.error(_in_flag_terms(parser, str(err)))
     return config, args.log_level
+
+
+# ServerConfig fields whose flag is not named after them.
+_FIELD_DESTS = {"claim_timeout_s": "claim_timeout", "grace_s": "grace"}
+
+
+def _in_flag_terms(parser: argparse.ArgumentParser, message: str) -> str:
+    """A ServerConfig error ("field: expected ...") as about the flag (and variable) that set the field."""
+    field, sep, rest = message.partition(": ")
+    dest = _FIELD_DESTS.get(field, field)
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    if not sep or dest not in flags:
+        return message
+    return f"{flags[dest]} (or {_variable(dest)}): {rest}"
 
 
 def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:

@@ -61,6 +61,10 @@ class ServerConfig:
     """Named wrappers applied to every env, in order (see ``env_server.envs.WRAPPERS``)."""
     autoreset_mode: str = "NextStep"
     """gymnasium's AutoresetMode for the vector env: NextStep, SameStep or Disabled."""
+    max_episode_steps: int | None = None
+    """A time limit for every env (gymnasium's ``TimeLimit``): ``gymnasium.make``'s ``max_episode_steps``
+    for an id (over its registered one), a ``TimeLimit`` around an entry point's env, which has none
+    of its own; None: the env's own, if any."""
     step_delay_ms: float = 0.0
     """Extra latency per step (a slow simulator or robot); the server's envs wait concurrently."""
     spin_wait_ms: float = 0.0
@@ -114,6 +118,13 @@ class ServerConfig:
                 f"wrappers: expected each wrapper at most once (each applies once), got {twice!r} twice in "
                 f"{','.join(self.wrappers)!r}"
             )
+        if self.max_episode_steps is not None:
+            _check_integer("max_episode_steps", self.max_episode_steps, 1)
+            if self.vectorization == "vector_entry_point":
+                raise ValueError(
+                    "max_episode_steps: a time limit wraps each env, and vector_entry_point vectorization has "
+                    "none to wrap; give the limit in env_kwargs if the env's vector entry point takes one"
+                )
         _check_duration("step_delay_ms", self.step_delay_ms)
         _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
         _check_duration("claim_timeout_s", self.claim_timeout_s)

@@ -156,6 +156,7 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
         kwargs.setdefault("frameskip", 1)
     wrappers = [WRAPPERS[name] for name in config.wrappers]
 
+    limit = config.max_episode_steps
     if is_entry_point(config.env):
         creator = _load_entry_point(config.env)
 
@@ -165,8 +166,10 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
                 raise EnvBuildError(
                     f"entry point {config.env!r} returned a {type(env).__name__}, expected a gymnasium.Env"
                 )
-            return env
+            return env if limit is None else gym.wrappers.TimeLimit(env, limit)
     else:
+        if limit is not None:
+            kwargs["max_episode_steps"] = limit  # (gymnasium.make's own argument, over the registered limit)
 
         def make_one() -> gym.Env[Any, Any]:
             return gym.make(config.env, **kwargs)
@@ -379,8 +382,10 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
     return vec
 
 
-def max_episode_steps(vec: gym.vector.VectorEnv) -> int:
+def max_episode_steps(vec: gym.vector.VectorEnv, config: ServerConfig) -> int:
     """The env's time limit in steps, 0 when it has none or it is unknown."""
+    if config.max_episode_steps is not None:
+        return config.max_episode_steps
     spec = getattr(vec.unwrapped, "spec", None)
     if spec is not None and spec.max_episode_steps:
         return int(spec.max_episode_steps)

@@ -430,6 +430,8 @@ def _describe_envs(config: ServerConfig) -> str:
         parts.append(f"wrappers {','.join(config.wrappers)}")
     if config.autoreset_mode != "NextStep":
         parts.append(f"autoreset {config.autoreset_mode}")
+    if config.max_episode_steps is not None:
+        parts.append(f"time limit {config.max_episode_steps} steps")
     if config.step_delay_ms:
         parts.append(f"step delay {config.step_delay_ms:g} ms")
     return "; ".join(parts)

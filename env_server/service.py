@@ -182,7 +182,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             server_id=secrets.token_hex(8),
             vectorization=self._config.vectorization,
             wrappers=list(self._config.wrappers),
-            max_episode_steps=max_episode_steps(env),
+            max_episode_steps=max_episode_steps(env, self._config),
         )
         codec.encode_space(self._obs_space, spec.observation_space, "observation_space")
         codec.encode_space(self._act_space, spec.action_space, "action_space")

@@ -179,6 +179,16 @@ def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> N
             "argument --max-request-bytes: expected a number of bytes in [4096, 67108864], got '1024'",
         ),
         (
+            ["--env", "CartPole-v1", "--max-episode-steps", "0"],
+            "argument --max-episode-steps: expected a positive integer, got 0",
+        ),
+        (  # (a ServerConfig check, named as the flag)
+            ["--env", "CartPole-v1", "--vectorization", "vector_entry_point", "--max-episode-steps", "5"],
+            "--max-episode-steps (or ENVFLEET_MAX_EPISODE_STEPS): a time limit wraps each env, and "
+            "vector_entry_point vectorization has none to wrap; give the limit in env_kwargs if the env's vector "
+            "entry point takes one",
+        ),
+        (
             ["--env", "CartPole-v1", "--wrappers", "flatten,nope"],
             "--wrappers (or ENVFLEET_WRAPPERS): unknown wrapper 'nope' in 'flatten,nope'; available: atari, "
             "clip-action, flatten",

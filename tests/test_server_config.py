@@ -43,6 +43,7 @@ from env_server.envs import WRAPPERS, make_env
         ("spin_wait_ms", 11.0, "spin_wait_ms: expected a number in [0, 10], got 11.0"),
         ("claim_timeout_s", math.inf, "claim_timeout_s: expected a finite number >= 0, got inf"),
         ("grace_s", math.nan, "grace_s: expected a finite number >= 0, got nan"),
+        ("max_episode_steps", 0, "max_episode_steps: expected an integer >= 1, got 0"),
         ("max_request_bytes", 4095, "max_request_bytes: expected an integer in [4096, 67108864], got 4095"),
         ("max_request_bytes", 2**26 + 1, "max_request_bytes: expected an integer in [4096, 67108864], got 67108865"),
         ("max_request_bytes", 65536.0, "max_request_bytes: expected an integer in [4096, 67108864], got 65536.0"),

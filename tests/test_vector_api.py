@@ -35,6 +35,20 @@ def test_spec_names_the_served_env_and_its_time_limit(cartpole: RemoteVectorEnv)
     assert repr(cartpole).startswith("RemoteVectorEnv(CartPole-v1, [")
 
 
+@pytest.mark.parametrize(("env", "kwargs"), [("tests.envs:ClockEnv", {"length": 100}), ("CartPole-v1", {})])
+def test_the_servers_time_limit_truncates_episodes_and_is_in_the_spec(
+    start_servers: StartServers, env: str, kwargs: dict[str, int]
+) -> None:
+    """--max-episode-steps: a TimeLimit around an entry point's env (which has none of its own), or
+    over a gymnasium id's registered one (CartPole-v1: 500)."""
+    addresses = start_servers(env, envs_per_server=2, env_kwargs=kwargs, server_args=["--max-episode-steps", "3"])
+    with RemoteVectorEnv(addresses) as envs:
+        assert envs.spec is not None and envs.spec.max_episode_steps == 3
+        envs.reset(seed=0)
+        truncated = [envs.step(np.zeros(2, dtype=np.int64))[3].tolist() for _ in range(4)]
+    assert truncated == [[False, False], [False, False], [True, True], [False, False]]  # (then the reset step)
+
+
 def test_an_int_seed_seeds_the_vector_envs_own_generator(cartpole: RemoteVectorEnv) -> None:
     cartpole.reset(seed=5)
     first = cartpole.np_random.integers(1 << 30, size=4)
