@@ -51,6 +51,9 @@ class LoopRunner:
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None = None) -> None:
         self.loop = loop
         self._thread = thread
+        # The thread whose loop this is, when it runs it itself (for_this_thread); only that thread may
+        # run it: a finalizer on another thread (a garbage collection there) schedules its work instead.
+        self._owner = threading.current_thread() if thread is None else None
         self._scheduled: set[asyncio.Task[Any]] = set()
 
     @classmethod
@@ -103,8 +106,13 @@ class LoopRunner:
 
     def run_or_schedule(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` to completion, or, where that would block the loop itself (a finalizer called
-        while the loop runs), schedule it to finish on the loop's next run."""
-        in_loop = threading.current_thread() is self._thread if self._thread is not None else self.loop.is_running()
+        while the loop runs) or take it from the thread that runs it (a finalizer called by a garbage
+        collection on another thread), schedule it to finish on the loop's next run."""
+        here = threading.current_thread()
+        if self._thread is not None:
+            in_loop = here is self._thread
+        else:
+            in_loop = self.loop.is_running() or here is not self._owner
         if in_loop:
             self.loop.call_soon_threadsafe(self._keep, coro)
         else:
