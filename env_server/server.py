@@ -16,6 +16,7 @@ import ssl
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -273,20 +274,29 @@ def _check_key_pair(cert: str, key: str) -> None:
         raise OSError(f"--tls-cert {cert} and --tls-key {key}: {reason}") from None
 
 
-async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
+async def serve(
+    config: ServerConfig, on_ready: Callable[[str], None], on_stop: Callable[[], None] | None = None
+) -> None:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
     again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
-    with the real port, or ``unix:PATH``) once the server serves its envs.
+    with the real port, or ``unix:PATH``) once the server serves its envs; ``on_stop`` is called when
+    the stop comes (a signal, the parent's exit).
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def stopping() -> None:
+        if not stop.is_set() and on_stop is not None:
+            on_stop()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
@@ -380,7 +390,9 @@ async def serve(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
                 )
             on_ready(ready)
 
-            watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+            watchdog = (
+                asyncio.create_task(_watch_parent(config.parent_pid, stop, stopping)) if config.parent_pid else None
+            )
             expiry = asyncio.create_task(service.expire_claims())
             await stop.wait()
             expiry.cancel()
@@ -472,16 +484,43 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     return step_server
 
 
-async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
-    """Set ``stop`` once ``parent_pid`` is no longer our parent (it exited or was killed)."""
+async def _watch_parent(parent_pid: int, stop: asyncio.Event, stopping: Callable[[], None]) -> None:
+    """Call ``stopping`` (which sets ``stop``) once ``parent_pid`` is no longer our parent (it exited
+    or was killed)."""
     while not stop.is_set():
         if os.getppid() != parent_pid:
             log.warning("parent process %d is gone; shutting down", parent_pid)
-            stop.set()
+            stopping()
             return
         await asyncio.sleep(0.5)
 
 
+# How long past the grace period a stopping server waits for its teardown before it exits regardless.
+EXIT_MARGIN_S = 5.0
+
+
 def run(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
-    """Synchronous entry: serve until stopped."""
-    asyncio.run(serve(config, on_ready))
+    """Synchronous entry: serve until stopped. Once stopped, the process exits within the grace period
+    and :data:`EXIT_MARGIN_S`, even while an env call still runs on the env thread (a hung env, a
+    robot's step that never returns): that thread cannot be stopped, and waiting for it would keep
+    the process up as long as it runs."""
+
+    def hard_exit() -> None:
+        log.warning(
+            "an env call was still running %.1f s after the stop (the grace period and %.0f s to tear down): "
+            "exiting without waiting for it",
+            config.grace_s + EXIT_MARGIN_S,
+            EXIT_MARGIN_S,
+        )
+        logging.shutdown()
+        with contextlib.suppress(OSError):
+            if config.unix_socket:
+                os.unlink(config.unix_socket)
+        os._exit(0)
+
+    def on_stop() -> None:
+        timer = threading.Timer(config.grace_s + EXIT_MARGIN_S, hard_exit)
+        timer.daemon = True  # (a process that exits in time does not wait for it)
+        timer.start()
+
+    asyncio.run(serve(config, on_ready, on_stop))
