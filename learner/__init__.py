@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     )
     from learner.local import LocalServers, local_servers
     from learner.remote import RemoteVectorEnv
+    from learner.sb3 import RemoteVecEnv
     from learner.stats import ReplicaStats
 
 # Public name -> the module that defines it.
@@ -66,6 +67,7 @@ _EXPORTS = {
     "LocalServers": "learner.local",
     "local_servers": "learner.local",
     "RemoteVectorEnv": "learner.remote",
+    "RemoteVecEnv": "learner.sb3",  # (imports stable-baselines3: only on first use)
     "ReplicaStats": "learner.stats",
 }
 
@@ -80,6 +82,7 @@ __all__ = [
     "LocalServers",
     "RemoteEnvError",
     "RemoteTimeoutError",
+    "RemoteVecEnv",
     "RemoteVectorEnv",
     "ReplicaStats",
     "ServerBusyError",
