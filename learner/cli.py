@@ -122,6 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = _tls_from_environment(config)
     except (ValueError, FileNotFoundError) as err:
         args.parser.error(str(err))
+    from learner.stats import format_return
     from learner.train import train
 
     run_dir_known = config.run_dir or config.resume  # (for a second Ctrl-C; else once the run dir is made)
@@ -153,7 +154,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     recent = summary["final_return_mean"]
     print(
         f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; mean return of the last 20 episodes: "
-        + ("-" if recent is None else f"{recent:.1f}")
+        + ("-" if recent is None else format_return(recent))
     )
     for line in (_faults_line(summary), slowest_line(summary)):
         if line:
@@ -167,7 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"not solved (mean return >= {summary['solved_threshold']:g} not reached)")
     best = run_dir / CHECKPOINTS / BEST_CHECKPOINT
     if summary.get("best_return") is not None and config.save_best and best.exists():
-        print(f"best: mean return {summary['best_return']:.1f} at step {summary['best_step']:,} ({best})")
+        print(f"best: mean return {format_return(summary['best_return'])} at step {summary['best_step']:,} ({best})")
     if summary["stop_reason"] == "interrupted":
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
@@ -525,6 +526,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
     from learner.evaluate import evaluate
+    from learner.stats import format_return
 
     result = evaluate(
         args.run or args.checkpoint,
@@ -558,8 +560,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{result['env']}: {count} of the {policy} policy in {result['checkpoint']}, on {result['envs']}")
         if result["episodes"]:
             print(
-                f"return {result['return_mean']:.2f} +- {result['return_std']:.2f} "
-                f"(min {result['return_min']:.2f}, max {result['return_max']:.2f}), "
+                f"return {format_return(result['return_mean'])} +- {format_return(result['return_std'])} "
+                f"(min {format_return(result['return_min'])}, max {format_return(result['return_max'])}), "
                 f"mean length {result['length_mean']:.1f}"
             )
         if "video" in result:
@@ -568,7 +570,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             kept = "" if video["keep_every"] == 1 else f", 1 in {video['keep_every']} frames kept"
             print(
                 f"video: {video['path']} (one more episode, in process: {video['steps']:,} steps{cut}, return "
-                f"{video['return']:.2f}; {video['fps']:g} fps{kept})"
+                f"{format_return(video['return'])}; {video['fps']:g} fps{kept})"
             )
     return 130 if interrupted else 0
 

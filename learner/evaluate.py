@@ -24,6 +24,7 @@ from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space
 from learner.remote import FAULT_TOLERANT_HINT
+from learner.stats import format_return
 from learner.train import StopRequest, pick_device, progress_bar, set_torch_threads
 
 __all__ = ["evaluate"]
@@ -59,8 +60,10 @@ def evaluate(
     server, on the ``servers`` given, or in process (``backend="gym"``). ``env_kwargs`` (a dict) and
     ``wrappers`` (env-server wrapper names, comma-separated; ``auto``: atari for ALE ids) replace the
     run's for the envs made here (not the ``servers``', which have their own). A run trained on running
-    servers never knew theirs (its own are empty), so envs made here for it get a warning unless both
-    are given. Episodes are shared out over
+    servers never knew theirs (its own are empty), so envs made here for it get a warning unless
+    ``env_kwargs`` are given; wrappers need none: each changes the observation or action space (when
+    it changes anything), which the checkpoint records, so envs without the servers' wrappers are
+    refused, with a hint to pass them. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
     ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
@@ -95,8 +98,10 @@ def evaluate(
     ppo = state["ppo"]
     kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
     server_wrappers = wrapper_names(run_args.wrappers if wrappers is None else wrappers, run_args.env or "")
-    if run_args.servers is not None and (servers is None or video_path is not None):
-        _warn_unknown_server_options(run_args, kwargs, server_wrappers, env_kwargs is None, wrappers is None)
+    # A run trained on running servers records neither their kwargs nor their wrappers.
+    unrecorded = run_args.servers is not None and (servers is None or video_path is not None)
+    if unrecorded and env_kwargs is None:
+        _warn_unknown_env_kwargs(run_args, kwargs)
     fleet = FleetSpec(
         env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
@@ -125,7 +130,14 @@ def evaluate(
                 raise ValueError(
                     f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
                     f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
-                    + _atari_hint(state["observation_space"], obs_space, servers is not None)
+                    + (
+                        _atari_hint(state["observation_space"], obs_space, servers is not None)
+                        or (
+                            _wrappers_hint(run_args.servers, server_wrappers)
+                            if unrecorded and servers is None and wrappers is None
+                            else ""
+                        )
+                    )
                 )
             agent = Agent(
                 obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
@@ -194,7 +206,10 @@ def evaluate(
                             counts[i] += 1
                             if bar is not None:
                                 bar.update(1)
-                                bar.set_postfix_str(f"return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+                                bar.set_postfix_str(
+                                    f"return {format_return(float(np.mean(returns)))} "
+                                    f"+- {format_return(float(np.std(returns)))}"
+                                )
                         ep_return[i], ep_length[i] = 0.0, 0
                     valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
             interrupted = bool((counts < targets).any())
@@ -239,23 +254,26 @@ def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | N
     }
 
 
-def _warn_unknown_server_options(
-    run_args: Args, kwargs: dict[str, Any], wrappers: tuple[str, ...], kwargs_unset: bool, wrappers_unset: bool
-) -> None:
-    """Say that the envs made here may not be the ones a run trained on running servers stepped."""
-    if not (kwargs_unset or wrappers_unset):
-        return  # both given: the user says what the servers had
-    unset = " and ".join(
-        name for name, missing in (("--env-kwargs", kwargs_unset), ("--wrappers", wrappers_unset)) if missing
-    )
+def _warn_unknown_env_kwargs(run_args: Args, kwargs: dict[str, Any]) -> None:
+    """Say that the envs made here may not be the ones a run trained on running servers stepped: their
+    kwargs (a task's length, a level) can differ with the same spaces. (Their wrappers cannot: each of
+    the env server's changes a space whenever it changes anything, and the spaces are checked.)"""
     log.warning(
-        "the run trained on running env servers (%s), whose own options (env kwargs, wrappers) it does not record; "
-        "the envs made here get env kwargs %s and wrappers %s: if those servers were started with others, pass them "
-        "as %s (or evaluate on such servers with --servers)",
+        "the run trained on running env servers (%s), whose env kwargs it does not record; the envs made here "
+        "get env kwargs %s: if those servers were started with others, pass them as --env-kwargs (or evaluate on "
+        "such servers with --servers)",
         run_args.servers,
         json.dumps(kwargs),
-        ",".join(wrappers) or "none",
-        unset,
+    )
+
+
+def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:
+    """A hint when envs made here for a run trained on running servers have other spaces: those servers'
+    wrappers (or kwargs) were not recorded."""
+    return (
+        f"; the run trained on running env servers ({trained_on}), whose wrappers and env kwargs it does not "
+        f"record, and these envs got wrappers {','.join(wrappers) or 'none'}: pass those servers' as --wrappers "
+        "(and --env-kwargs)"
     )
 
 

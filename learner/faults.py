@@ -31,6 +31,7 @@ __all__ = [
     "RELAPSE_LOG_S",
     "SETTLE_S",
     "SETTLE_STEPS",
+    "STILL_DOWN_LOG_S",
     "FaultStats",
     "Replica",
     "ReplicaState",
@@ -49,6 +50,11 @@ env fails 3 steps in milliseconds, a slow one may take 10 s over one step)."""
 
 RELAPSE_LOG_S = 10.0
 """A flapping server's losses are logged at most once per this many seconds (with their count)."""
+
+STILL_DOWN_LOG_S = 20.0
+"""A server that stays down is said to be so at most once per this many seconds while its reconnect
+retries (the attempts that failed, the last one's error): its loss is one line, and its return another,
+and a user watching the run needs to see in between that it is still being tried, and why it fails."""
 
 
 class ReplicaState(enum.Enum):
@@ -184,12 +190,15 @@ async def reconnect(
     if the server is the same process (after a network cut or a hang it may still hold the claim),
     then Handshake, Hold and Reset. ``on_ready()`` is called once the server is READY. A flapping
     server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
-    once, so without that wait it would fail, come back and fail again as fast as steps go.
+    once, so without that wait it would fail, come back and fail again as fast as steps go. While the
+    attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S` (INFO for a server that
+    left saying it was shutting down, else WARNING), with the last attempt's error.
     """
     client = replica.client
     delay = backoff[0]
     attempt = 0
     said = ""  # the last cause warned of: said once, then at DEBUG while it stays the same
+    said_down_at, failed_unsaid = time.monotonic(), 0  # (its loss was just logged: see STILL_DOWN_LOG_S)
     if hold_off > 0:
         await asyncio.sleep(hold_off * random.uniform(0.8, 1.2))
     while True:
@@ -217,7 +226,9 @@ async def reconnect(
             raise
         except (TimeoutError, RemoteEnvError, _Incompatible) as err:
             client.abandon()
-            text = "no connection" if isinstance(err, TimeoutError) else str(err)
+            # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
+            no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
+            text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
             # Causes no retry mends (the operator's to fix) are warned of once, not at every attempt.
             warn = isinstance(err, _Incompatible | AuthenticationError) and text != said
             if warn:
@@ -229,7 +240,26 @@ async def reconnect(
                 attempt,
                 text,
             )
-            if not isinstance(err, TimeoutError):  # a wait for the connection already took its time
+            failed_unsaid += 1
+            now = time.monotonic()
+            if warn:  # (a line that says why it is still down)
+                said_down_at, failed_unsaid = now, 0
+            elif now - said_down_at >= STILL_DOWN_LOG_S:
+                log.log(
+                    logging.INFO if replica.planned else logging.WARNING,
+                    "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
+                    "line; one at most every %g s), the last: %s; its %s unavailable, and it is tried again",
+                    client.address,
+                    now - replica.down_since,
+                    attempt,
+                    "" if attempt == 1 else "s",
+                    failed_unsaid,
+                    STILL_DOWN_LOG_S,
+                    text,
+                    "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
+                )
+                said_down_at, failed_unsaid = now, 0
+            if not isinstance(err, TimeoutError):  # a wait for the connection, or a deadline, already took its time
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, backoff[1])
             continue

@@ -25,8 +25,9 @@ from learner.errors import ServerStartError
 
 __all__ = ["DEFAULT_TRANSPORT", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
 
-# How the learner's commands reach the servers they start: Unix sockets (and so the servers' step
-# sockets) where the platform has them, else loopback TCP.
+# How local servers are reached, by the learner's commands and by LocalServers alike: Unix sockets
+# (and so the servers' step sockets, a few times cheaper per step) where the platform has them, else
+# loopback TCP.
 DEFAULT_TRANSPORT: Literal["tcp", "unix"] = "unix" if os.name == "posix" and hasattr(socket, "AF_UNIX") else "tcp"
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 class LocalServers:
     """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
 
-    The servers listen on loopback (or on Unix domain sockets with ``transport="unix"``), exit when
+    The servers listen on Unix domain sockets (a socket file each, in a folder of the temp dir; on
+    platforms without them, and with ``transport="tcp"``, on loopback), exit when
     :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
     this process be killed — within a second of its death (each server watches its parent).
 
@@ -68,7 +70,9 @@ class LocalServers:
         envs_per_server: envs each server hosts (K).
         env_kwargs: keyword arguments for the env's constructor.
         server_args: further ``env-server`` options, e.g. ``["--wrappers", "atari"]``.
-        transport: ``"tcp"`` (127.0.0.1, a free port each) or ``"unix"`` (a socket file each).
+        transport: ``"unix"`` (a socket file each, ``unix:PATH`` addresses: ``RemoteVectorEnv``
+            steps such servers over their step sockets; the default where the platform has Unix
+            sockets, as for ``learner train``) or ``"tcp"`` (127.0.0.1, a free port each).
         startup_timeout: seconds to wait for every server to print its ``listening on`` line.
         log_level: the servers' log level (debug, info, warning or error); their log lines are
             forwarded to this process's logging. None: the level this process logs them at (the
@@ -95,7 +99,7 @@ class LocalServers:
         *,
         env_kwargs: dict[str, Any] | None = None,
         server_args: Sequence[str] = (),
-        transport: str = "tcp",
+        transport: str = DEFAULT_TRANSPORT,
         startup_timeout: float = 60.0,
         log_level: str | None = None,
         auth_token: str | None = None,

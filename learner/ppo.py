@@ -91,7 +91,23 @@ def check_observation_space(space: gym.Space[Any]) -> None:
         raise ValueError(
             "observation_space: expected a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)) or Discrete, "
             f"got {space}"
+            + (
+                "; serve them flattened into one Box (Discrete parts one-hot) with `env-server --wrappers flatten` "
+                "(`learner train --wrappers flatten` for the envs it starts)"
+                if _flattens_to_box(space)
+                else ""
+            )
         )
+
+
+def _flattens_to_box(space: gym.Space[Any]) -> bool:
+    """Whether the env server's 'flatten' wrapper (gymnasium's FlattenObservation) takes ``space``, as
+    its own check does: a space gymnasium flattens into one Box (Dict/Tuple of Box, Discrete,
+    MultiDiscrete and MultiBinary parts; not of Graph or Sequence parts)."""
+    try:
+        return isinstance(gym.spaces.flatten_space(space), gym.spaces.Box)
+    except NotImplementedError:  # (Text, Graph, Sequence, ... parts)
+        return False
 
 
 # -- action distributions ----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from learner.errors import (
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, check_observation_space, is_image_space
-from learner.stats import ReplicaStats
+from learner.stats import ReplicaStats, format_return
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
 __all__ = [
@@ -1114,7 +1114,9 @@ def train(
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)
                 recent = row["episodic_return_mean"]
-                bar.set_postfix_str(f"SPS {timing['sps']:,.0f}, return {'-' if recent is None else f'{recent:.1f}'}")
+                bar.set_postfix_str(
+                    f"SPS {timing['sps']:,.0f}, return {'-' if recent is None else format_return(recent)}"
+                )
 
         def finished(state: dict[str, Any]) -> None:
             """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's

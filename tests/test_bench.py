@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.benchmarks.report import TARGETS, evaluate_targets, markdown_tables, plot_results
+from learner.benchmarks.report import PAIRED_NOTE, TARGETS, evaluate_targets, markdown_tables, plot_results
 
 
 @pytest.mark.slow
@@ -90,7 +91,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
 
     assert [t["target"] for t in data["targets"]] == list(TARGETS)
     for target in data["targets"]:
-        assert set(target) == {"target", "best_remote", "measured", "met", "candidates", "not_measured"}
+        assert set(target) == {"target", "ran", "best_remote", "measured", "met", "candidates", "not_measured"}
 
     markdown = (out / "bench.md").read_text()
     assert "CartPole-v1, 8 envs" in markdown and "Performance targets" in markdown
@@ -142,6 +143,64 @@ def test_targets_and_tables_from_hand_made_results() -> None:
     table = markdown_tables({**results, "targets": evaluate_targets(results)})
     assert "| remote 2x4 unix | 16 | 10% | 1.60 |" in table
     assert not math.isnan(first["measured"]["x AsyncVectorEnv(8)"])
+
+
+def _row(name: str, kind: str, samples: list[float], layout: str = "8") -> dict:
+    """A throughput result row, as the bench writes one."""
+    return {
+        **{"name": name, "kind": kind, "layout": layout, "vectorization": "sync", "samples": samples},
+        **{"median": statistics.median(samples), "min": min(samples), "max": max(samples), "spread": 0.1},
+        "error": None,
+    }
+
+
+def test_the_ratio_column_says_it_is_the_median_of_paired_ratios_not_the_ratio_of_the_medians() -> None:
+    # Per round 1.2, 1.5, 0.75 x Async: their median is 1.2, where the medians shown (30 / 20) give 1.5.
+    workload = {
+        "name": "cartpole-8",
+        "title": "CartPole-v1, 8 envs",
+        "results": [
+            _row("AsyncVectorEnv(8)", "async", [10.0, 20.0, 40.0]),
+            _row("SB3 SubprocVecEnv(8)", "sb3", [5.0, 10.0, 20.0]),
+            _row("remote 2x4 unix", "remote", [12.0, 30.0, 30.0], "2x4"),
+        ],
+    }
+    results = {"throughput": [workload]}
+    table = markdown_tables({**results, "targets": evaluate_targets(results)})
+    assert "| vector env | env-steps/s | spread | x AsyncVectorEnv (paired) |" in table
+    assert "| remote 2x4 unix | 30 | 10% | 1.20 |" in table
+    assert PAIRED_NOTE in table and "not the ratio of the medians shown" in PAIRED_NOTE
+    # Said once, under the last throughput table, before the other suites' tables.
+    two = {"throughput": [workload, {**workload, "name": "pong-8", "title": "Pong"}]}
+    table = markdown_tables({**two, "targets": evaluate_targets(two)})
+    assert table.count(PAIRED_NOTE) == 1 and table.index("**Pong**") < table.index(PAIRED_NOTE)
+    assert table.index(PAIRED_NOTE) < table.index("**Performance targets**")
+
+
+def test_a_partial_run_lists_only_the_targets_whose_workloads_ran() -> None:
+    cartpole = {
+        "name": "cartpole-8",
+        "title": "CartPole-v1, 8 envs",
+        "results": [
+            _row("AsyncVectorEnv(8)", "async", [10.0]),
+            _row("SB3 SubprocVecEnv(8)", "sb3", [5.0]),
+            _row("remote 2x4 unix", "remote", [16.0], "2x4"),
+        ],
+    }
+    results = {"throughput": [cartpole]}  # --suites throughput --workloads cartpole-8
+    targets = evaluate_targets(results)
+    assert [t["ran"] for t in targets] == [True, False, False, False, False]
+    table = markdown_tables({**results, "targets": targets})
+    listed = [t for t in TARGETS for line in table.splitlines() if line.startswith(f"| {t} |")]
+    assert listed == [TARGETS[0]], table
+    assert "not run" not in table
+    # A workload that ran with no remote figure (every remote variant failed) is listed, and says so.
+    failed = {**cartpole, "results": [*cartpole["results"][:2], {**cartpole["results"][2], "samples": []}]}
+    table = markdown_tables({"throughput": [failed], "targets": evaluate_targets({"throughput": [failed]})})
+    assert f"| {TARGETS[0]} | - | - x AsyncVectorEnv(8), - x SB3 SubprocVecEnv(8) | no remote result |" in table
+    # None ran (the latency suite without 64 envs): no table at all.
+    results = {"latency": [_latency(2, 2.0, [("remote 1x2 unix", "remote", 900.0)])]}
+    assert "Performance targets" not in markdown_tables({**results, "targets": evaluate_targets(results)})
 
 
 def test_the_latency_target_is_judged_by_scaling_from_one_env_and_both_figures_are_reported() -> None:

@@ -16,6 +16,7 @@ import pytest
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main
+from learner.stats import format_return
 from learner.train import stopped_in_update
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer, StartServers, not_found_at_once
@@ -196,6 +197,42 @@ def test_eval_reports_the_deterministic_policy_on_local_servers(
     out = capsys.readouterr().out
     assert "1 episode of the deterministic policy" in out
     assert "on in-process gymnasium SyncVectorEnv, 1 x tests.envs:ClockEnv" in out, out
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.9615, "0.9615"),
+        (1.0, "1"),
+        (0.0, "0"),
+        (-2.02901, "-2.029"),
+        (21.3456, "21.35"),
+        (500.0, "500.0"),
+        (-1234.56, "-1234.6"),
+    ],
+)
+def test_returns_print_with_4_significant_digits_and_1_decimal_from_100(value: float, text: str) -> None:
+    assert format_return(value) == text
+
+
+def test_closing_lines_of_train_and_eval_show_returns_as_summary_json_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Box ClockEnv: returns in (-3, 0], not whole numbers; one decimal would hide all but the first digit.
+    run = tmp_path / "box"
+    box = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3, "action": "box"}', "--no-progress"]
+    argv = ["train", *box, "--no-tensorboard", "--no-plot", "--backend", "gym", "--num-envs", "2", "--num-steps", "8"]
+    assert main([*argv, "--num-minibatches", "2", "--total-timesteps", "96", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    recent = summary["final_return_mean"]
+    assert f"mean return of the last 20 episodes: {recent:.4g}\n" in out, out
+    assert f"best: mean return {summary['best_return']:.4g} at step" in out, out
+    assert main(["eval", str(run), "--episodes", "3", "--backend", "gym", "--stochastic", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(run), "--episodes", "3", "--backend", "gym", "--stochastic"]) == 0  # (same seed)
+    line = f"return {result['return_mean']:.4g} +- {result['return_std']:.4g} (min {result['return_min']:.4g}, "
+    assert line in capsys.readouterr().out
 
 
 def test_eval_records_one_more_episode_as_a_gif(

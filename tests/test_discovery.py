@@ -19,7 +19,7 @@ from tests.conftest import StartServers, not_found_at_once
 
 
 def test_a_dns_address_is_every_address_of_the_name(start_servers: StartServers) -> None:
-    [address] = start_servers("CartPole-v1", 1, 2)
+    [address] = start_servers("CartPole-v1", 1, 2, transport="tcp")
     port = address.rpartition(":")[2]
     assert f"127.0.0.1:{port}" in expand_addresses(f"dns:///localhost:{port}")
     assert expand_addresses(f"dns:///127.0.0.1:{port}") == [f"127.0.0.1:{port}"]

@@ -115,7 +115,7 @@ def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     return result
 
 
-def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_options_and_takes_them_as_options(
+def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwargs_and_takes_them_as_options(
     server_run: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="learner.evaluate")
@@ -124,27 +124,44 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_options_a
     assert result["length_mean"] == 3.0
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1, warnings
-    assert "the run trained on running env servers (" in warnings[0]
-    assert "whose own options (env kwargs, wrappers) it does not record" in warnings[0]
-    assert "get env kwargs {} and wrappers none" in warnings[0]
-    assert "pass them as --env-kwargs and --wrappers" in warnings[0]
+    assert warnings[0].startswith("the run trained on running env servers (")
+    assert warnings[0].endswith(
+        "whose env kwargs it does not record; the envs made here get env kwargs {}: if those servers were started "
+        "with others, pass them as --env-kwargs (or evaluate on such servers with --servers)"
+    )
 
-    # --env-kwargs: the servers' task, on a local server too; --wrappers still unsaid, so still a warning.
+    # --env-kwargs: the servers' task, on a local server too, and nothing left unknown: no warning. (Wrappers
+    # need none: envs without the servers' have other spaces, which the checkpoint records; see below.)
     caplog.clear()
     result = _eval(capsys, str(server_run), "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
     assert result["length_mean"] == 5.0
-    assert (
-        caplog.records[0]
-        .getMessage()
-        .endswith(
-            'get env kwargs {"length": 5} and wrappers none: if those servers were started with others, pass them as '
-            "--wrappers (or evaluate on such servers with --servers)"
-        )
-    )
-    # Both said: nothing left unknown, no warning.
-    caplog.clear()
+    assert not caplog.records
     argv = ["--episodes", "1", "--backend", "gym", "--env-kwargs", '{"length": 5}', "--wrappers", ""]
     assert _eval(capsys, str(server_run), *argv)["length_mean"] == 5.0
+    assert not caplog.records
+
+
+def test_eval_of_a_run_on_servers_with_wrappers_on_envs_without_them_says_to_pass_theirs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # clip-action serves Box actions unbounded: a policy trained behind it meets other spaces without it.
+    run = tmp_path / "clipped"
+    box = {"length": 3, "action": "box"}
+    with LocalServers(
+        "tests.envs:ClockEnv", 1, 2, env_kwargs=box, server_args=["--wrappers", "clip-action"]
+    ) as servers:
+        _train(run, "--servers", servers.addresses[0])
+    argv = ["eval", str(run), "--episodes", "1", "--backend", "gym", "--env-kwargs", json.dumps(box)]
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "and actions Box(-inf, inf, (1,), float32), but these envs (tests.envs:ClockEnv) have" in err, err
+    assert err.rstrip().endswith(
+        f"the run trained on running env servers ({servers.addresses[0]}), whose wrappers and env kwargs it does not "
+        "record, and these envs got wrappers none: pass those servers' as --wrappers (and --env-kwargs)"
+    ), err
+    caplog.clear()
+    assert _eval(capsys, *argv[1:], "--wrappers", "clip-action")["length_mean"] == 3.0
     assert not caplog.records
 
 
@@ -236,7 +253,7 @@ def test_eval_shows_a_progress_bar_of_its_episodes_when_asked_and_none_otherwise
     capsys.readouterr()
     assert main([*argv, "--progress"]) == 0
     err = capsys.readouterr().err
-    assert "6/6 episodes" in err and "return 2.00 +- 0.00" in err, err  # (the policy gets 2 of ClockEnv's 3)
+    assert "6/6 episodes" in err and "return 2 +- 0]" in err, err  # (the policy gets 2 of ClockEnv's 3)
     assert main(argv) == 0  # (stderr is no terminal here: no bar)
     assert "episodes [" not in capsys.readouterr().err
 
@@ -268,7 +285,7 @@ def test_eval_stopped_by_ctrl_c_or_sigterm_reports_the_episodes_finished(
     assert main([*argv, *kwargs]) == 130
     out = capsys.readouterr().out
     assert ": interrupted: 6 episodes of 100 finished of the deterministic policy in " in out, out
-    assert "return 2.00 +- 0.00 (min 2.00, max 2.00), mean length 3.0" in out, out
+    assert "return 2 +- 0 (min 2, max 2), mean length 3.0" in out, out
     SignalledClockEnv.sent = False
     assert main([*argv, *kwargs, "--json"]) == 130
     result = json.loads(capsys.readouterr().out)

@@ -838,3 +838,36 @@ def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(sp
             while time.monotonic() - start < 15.0:
                 envs.step(np.zeros(K, dtype=np.int64))
         assert time.monotonic() - start < 6.0
+
+
+def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last_error(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose resets outlast the deadline answers each reconnect's handshake, then misses its
+    reset: lost once, and down for good. Between its loss and a give-up, lines say now and then that
+    it is still down, how many attempts failed, and the last one's error with its hint (rather than
+    nothing while the server sees a new session come and go at every attempt)."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 1.0)  # (20 s: too long to wait for here)
+    caplog.set_level(logging.INFO, logger="learner")
+    slow = spawn_server("tests.envs:SlowResetEnv", K, "--env-kwargs", '{"slow_from": 2, "sleep_s": 1.0}')
+    healthy = spawn_server("tests.envs:ClockEnv", K)
+    with RemoteVectorEnv(
+        [slow.address, healthy.address], fault_tolerant=True, timeout=0.5, backoff=(0.05, 0.2)
+    ) as envs:
+        envs.reset(seed=0)
+        envs.reset(seed=0)  # the slow server's second reset: lost
+        start = time.monotonic()
+        while time.monotonic() - start < 3.5:
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            assert unavailable(infos, 2 * K).tolist() == [True] * K + [False] * K
+            time.sleep(0.01)
+    said = [r for r in caplog.records if r.getMessage().startswith(f"env server {slow.address}")]
+    assert said[0].getMessage().startswith(f"env server {slow.address} lost (env server {slow.address}: Reset")
+    still = [r for r in said[1:] if " still down after " in r.getMessage()]
+    assert len(said) == len(still) + 1 and 2 <= len(still) <= 4, [r.getMessage() for r in said]
+    assert all(r.levelno == logging.WARNING for r in still)
+    for record in still:
+        text = record.getMessage()
+        assert "reconnect attempts failed (" in text and "since the last such line; one at most every 1 s)" in text
+        assert "the last: env server" in text and "failed [DEADLINE_EXCEEDED]" in text, text
+        assert text.endswith("raise `timeout` if the env is slow; its 2 envs stay unavailable, and it is tried again")

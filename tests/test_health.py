@@ -32,7 +32,7 @@ def test_serving_server_is_healthy_for_the_server_and_the_env_service(start_serv
 
 
 def test_probe_reads_the_port_from_the_servers_environment_variables(start_servers: StartServers) -> None:
-    (address,) = start_servers("CartPole-v1", 1, 1)
+    (address,) = start_servers("CartPole-v1", 1, 1, transport="tcp")
     port = address.rpartition(":")[2]
     env = {**os.environ, "ENVFLEET_HOST": "0.0.0.0", "ENVFLEET_PORT": port}
     result = probe(env=env)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from learner import AuthenticationError, LocalServers, RemoteVectorEnv, local_servers
-from learner.local import _forward_stderr
+from learner.config import Args
+from learner.local import DEFAULT_TRANSPORT, _forward_stderr
 
 
 def alive(pid: int) -> bool:
@@ -41,8 +42,20 @@ def wait_gone(pids: list[int], within: float) -> None:
         time.sleep(0.1)
 
 
+def test_local_servers_default_to_unix_sockets_and_their_step_sockets_as_learner_train_does() -> None:
+    # Users' own scripts get the fast path too, not loopback TCP unless they ask for it.
+    assert DEFAULT_TRANSPORT == "unix" and Args().transport == DEFAULT_TRANSPORT  # (Linux and macOS have them)
+    with local_servers("CartPole-v1", 1, 2) as addresses, RemoteVectorEnv(addresses) as envs:
+        assert addresses[0].startswith("unix:"), addresses
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+        assert envs._clients[0].step_socket  # (stepped on its step socket, not on gRPC)
+    with local_servers("CartPole-v1", 1, 1, transport="tcp") as addresses:
+        assert addresses[0].startswith("127.0.0.1:"), addresses
+
+
 def test_context_manager_stops_every_server() -> None:
-    with local_servers("CartPole-v1", 2, 2, transport="unix") as addresses:
+    with local_servers("CartPole-v1", 2, 2) as addresses:
         assert all(a.startswith("unix:") for a in addresses)
         with RemoteVectorEnv(addresses) as envs:
             envs.reset(seed=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     ActionHead,
     Agent,
+    check_observation_space,
     clipped_policy_loss,
     explained_variance,
     gae_advantages,
@@ -221,6 +224,29 @@ def test_agent_mlp_for_vector_and_discrete_observations() -> None:
     assert one_hot.get_value(torch.tensor([1, 4])).shape == (2,)
     with pytest.raises(ValueError, match="observation_space: expected a Box"):
         Agent(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2))
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,)), "mode": gym.spaces.Discrete(3)}),
+        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(3))),
+    ],
+    ids=["Dict", "Tuple"],
+)
+def test_refused_dict_and_tuple_observations_point_at_the_flatten_wrapper(space: gym.Space[Any]) -> None:
+    with pytest.raises(ValueError, match="expected a Box") as info:
+        check_observation_space(space)
+    assert "env-server --wrappers flatten" in str(info.value)
+    assert "learner train --wrappers flatten" in str(info.value)
+    # ... which gives an observation the agent takes.
+    check_observation_space(gym.spaces.flatten_space(space))
+
+
+def test_observations_the_flatten_wrapper_cannot_take_get_no_hint_to_use_it() -> None:
+    with pytest.raises(ValueError, match="expected a Box") as info:
+        check_observation_space(gym.spaces.Graph(gym.spaces.Box(0, 1, (2,)), None))
+    assert "flatten" not in str(info.value)
 
 
 def test_running_mean_std_matches_numpy_over_batches() -> None:

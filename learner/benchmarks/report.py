@@ -24,6 +24,15 @@ TARGETS = (
 )
 
 
+PAIRED_COLUMN = "x AsyncVectorEnv (paired)"
+PAIRED_NOTE = (
+    f"{PAIRED_COLUMN}: the median over rounds of each round's ratio to AsyncVectorEnv (both stepped in the "
+    "same round, so load that drifts hits both alike), not the ratio of the medians shown, which can differ "
+    "from it (more so the wider the spreads)."
+)
+"""The throughput tables' ratio column, and the line under them that says what it is."""
+
+
 def _by_name(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in workload["results"]}
 
@@ -80,16 +89,17 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             {"x AsyncVectorEnv(8)": vs_async, "x SB3 SubprocVecEnv(8)": vs_sb3},
             vs_async >= 1.5 and vs_sb3 >= 2.0,
             ratios,
+            ran=w is not None,
         )
     )
 
     w = workloads.get("cartpole-64")
     best, ratio, ratios = _best_ratio(w, _remote_names(w, "2x32"), "AsyncVectorEnv(64)")
-    out.append(_target(TARGETS[1], best, {"x AsyncVectorEnv(64)": ratio}, ratio >= 4.0, ratios))
+    out.append(_target(TARGETS[1], best, {"x AsyncVectorEnv(64)": ratio}, ratio >= 4.0, ratios, ran=w is not None))
 
     w = workloads.get("pong-8")
     best, ratio, ratios = _best_ratio(w, _remote_names(w), "AsyncVectorEnv(8)")
-    out.append(_target(TARGETS[2], best, {"x AsyncVectorEnv(8)": ratio}, ratio >= 1.0, ratios))
+    out.append(_target(TARGETS[2], best, {"x AsyncVectorEnv(8)": ratio}, ratio >= 1.0, ratios, ran=w is not None))
 
     latency = {w["num_envs"]: w for w in results.get("latency", [])}
     w = latency.get(64)
@@ -107,7 +117,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         scaling = latency_scaling(results).get(64, {}).get(best_eff or "", math.nan)
         measured = {"of num_envs / delay": eff, "of linear scaling from 1 env": scaling}
         met = scaling >= 0.85 if not math.isnan(scaling) else eff >= 0.85
-        out.append(_target(TARGETS[3], best_eff, measured, met, effs))
+        out.append(_target(TARGETS[3], best_eff, measured, met, effs, ran=w is not None))
 
     ppo = results.get("ppo")
     if ppo and ppo["env"] != _TARGET_PPO_ENV:
@@ -121,7 +131,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = ratios[best] if best else math.nan
         out.append(_target(TARGETS[4], best, {"x SyncVectorEnv (gym backend)": ratio}, ratio >= 0.8, ratios))
     else:
-        out.append(_target(TARGETS[4], None, {}, False, {}))
+        out.append(_target(TARGETS[4], None, {}, False, {}, ran=False))
     return out
 
 
@@ -145,10 +155,19 @@ def latency_scaling(results: dict[str, Any]) -> dict[int, dict[str, float]]:
 
 
 def _target(
-    target: str, best: str | None, measured: dict[str, float], met: bool, candidates: dict[str, float]
+    target: str,
+    best: str | None,
+    measured: dict[str, float],
+    met: bool,
+    candidates: dict[str, float],
+    *,
+    ran: bool = True,
 ) -> dict[str, Any]:
+    """One target's entry; ``ran``: whether the workload it is stated for ran (met is None, and the
+    report leaves it out, where not; met is None too where it ran but no remote variant gave a figure)."""
     return {
         "target": target,
+        "ran": ran,
         "best_remote": best,
         "measured": {k: None if math.isnan(v) else round(v, 3) for k, v in measured.items()},
         "met": bool(met) if best is not None else None,
@@ -191,7 +210,7 @@ def markdown_tables(results: dict[str, Any]) -> str:
         rows = _by_name(w)
         ref_name = next((n for n in rows if n.startswith("AsyncVectorEnv")), None)
         lines += [f"**{w['title']}** (env-steps/s, median of {len(w['results'][0]['samples'] or [])} rounds)", ""]
-        lines += ["| vector env | env-steps/s | spread | x AsyncVectorEnv |", "|---|---:|---:|---:|"]
+        lines += [f"| vector env | env-steps/s | spread | {PAIRED_COLUMN} |", "|---|---:|---:|---:|"]
         for r in w["results"]:
             if not r["samples"]:
                 lines.append(f"| {r['name']} | - | - | - ({r['error']}) |")
@@ -199,6 +218,8 @@ def markdown_tables(results: dict[str, Any]) -> str:
             ratio = _paired(r, rows[ref_name]) if ref_name else math.nan
             lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} | {ratio:.2f} |")
         lines.append("")
+    if results.get("throughput"):
+        lines += [PAIRED_NOTE, ""]
     if results.get("latency"):
         delay = results["latency"][0]["delay_ms"]
         lines += [
@@ -258,16 +279,18 @@ def markdown_tables(results: dict[str, Any]) -> str:
                 "on the step socket, unix-grpc: on gRPC's StepStream)",
                 "",
             ]
-    judged = [t for t in results.get("targets", []) if t["met"] is not None or t.get("not_measured")]
-    if judged:  # (a run of suites that no target is about, rpc say, has no table of "not run" rows)
+    # Only the targets whose workloads ran: a partial run (--workloads cartpole-8, --suites rpc) has no
+    # rows of "not run" for the rest, and no table when none ran.
+    judged = [t for t in results.get("targets", []) if t.get("ran", t["met"] is not None or t.get("not_measured"))]
+    if judged:
         lines += ["**Performance targets**", "", "| target | best remote | measured | met |", "|---|---|---|---|"]
-        for t in results["targets"]:
+        for t in judged:
             measured = ", ".join(f"{v:.2f} {k}" if v is not None else f"- {k}" for k, v in t["measured"].items())
-            met = {True: "yes", False: "no", None: "not run"}[t["met"]]
+            met = {True: "yes", False: "no", None: "no remote result"}[t["met"]]
             if t.get("not_measured"):
                 met = f"not measured ({t['not_measured']})"
             lines.append(f"| {t['target']} | {t['best_remote'] or '-'} | {measured or '-'} | {met} |")
-        lines.append("")
+        lines += ["", "Measured: paired ratios, as above (the median of each round's ratio; PPO: of each run's).", ""]
     one = [
         what
         for what, rounds in (
