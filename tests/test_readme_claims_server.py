@@ -42,6 +42,7 @@ from env_server.server import EXIT_MARGIN_S
 from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer, StartServers
+from tests.test_step_socket import _answer
 
 TOKEN = "readme-claims_token.42"
 
@@ -86,26 +87,11 @@ def _step_request(session_id: str, actions: list[int]) -> pb.StepRequest:
     return request
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError(f"connection closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
-
-
-def _read_frame(sock: socket.socket) -> tuple[int, bytes]:
-    length, kind = FRAME_HEADER.unpack(_read_exactly(sock, FRAME_HEADER.size))
-    return kind, _read_exactly(sock, length)
-
-
 def _socket_step(sock: socket.socket, session_id: str, actions: list[int]) -> tuple[int, bytes]:
     """Send one step frame on a step-socket connection; the answer's (kind, payload)."""
     payload = _step_request(session_id, actions).SerializeToString()
     sock.sendall(FRAME_HEADER.pack(len(payload), FRAME_STEP) + payload)
-    return _read_frame(sock)
+    return _answer(sock)
 
 
 def _collect_failed_fleets() -> None:
@@ -224,7 +210,7 @@ def test_sigterm_ends_an_idle_step_stream_within_about_a_second(tmp_path: Path, 
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         if unix:
-            kind, payload = _read_frame(sock)
+            kind, payload = _answer(sock)
             ended = time.monotonic() - start
             assert kind == FRAME_ERROR
             error = pb.StepError.FromString(payload)
