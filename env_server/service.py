@@ -426,6 +426,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 )
             if not any(request.reset_mask):
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "reset_mask: at least one env must be selected")
+            if self._config.vectorization == "vector_entry_point" and not all(request.reset_mask):
+                # (gymnasium's vector envs read the mask; an env's own vectorized implementation may not,
+                # and reset every env: gymnasium's CartPole one does, silently)
+                raise ServiceError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "reset_mask: this server steps the env's own vectorized implementation (--vectorization "
+                    "vector_entry_point), which may reset all its envs when asked to reset some (gymnasium's "
+                    "CartPole one does); reset all of them, or serve the env with --vectorization sync or async",
+                )
             if self._needs_reset:
                 raise ServiceError(
                     grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"

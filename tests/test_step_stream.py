@@ -14,7 +14,7 @@ from env_server import codec
 from env_server.protocol import ENV_INDEX_KEY
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import RemoteVectorEnv
+from learner import InvalidRequestError, RemoteVectorEnv
 from tests.compare import assert_same
 
 
@@ -112,6 +112,10 @@ def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> N
         assert_same(a.reset(seed=7)[0], b.reset(seed=7)[0])
         for _ in range(20):
             assert_same(a.step(np.ones(4, dtype=np.int64))[0], b.step(np.ones(4, dtype=np.int64))[0])
+        # Resetting some of its envs alone is refused: CartPole's vectorized implementation would reset all.
+        with pytest.raises(InvalidRequestError, match=r"reset_mask: this server steps the env's own vectorized"):
+            a.reset(options={"reset_mask": np.array([True, False, False, False])})
+        a.reset(options={"reset_mask": np.ones(4, dtype=np.bool_)})  # (all of them: fine)
 
 
 def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(start_servers: Any) -> None:
