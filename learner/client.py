@@ -45,6 +45,7 @@ from learner.errors import (
 
 __all__ = [
     "RELEASE_TIMEOUT",
+    "RESET_TIMEOUT_HINT",
     "TIMEOUT_HINT",
     "EnvClient",
     "SocketStep",
@@ -101,6 +102,8 @@ RELEASE_TIMEOUT = 2.0
 
 TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
+RESET_TIMEOUT_HINT = "raise `reset_timeout` if the env is slow to reset"
+"""The same for a Reset's deadline."""
 
 # gRPC's own status for a request over a limit on messages, the receiving server's ("SERVER:
 # Received", or without the prefix from a server whose gRPC is older) or this client's ("CLIENT:
@@ -180,7 +183,8 @@ def status_error(
         cls = ServerUnavailableError
         details = f"the connection broke ({details})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
-        details = f"no answer within the {timeout:g} s deadline ({details}); {TIMEOUT_HINT}"
+        hint = RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT
+        details = f"no answer within the {timeout:g} s deadline ({details}); {hint}"
     prefix = f"env server {address}: {method}"
     if env_index is not None:
         prefix += f" (env {env_index} of the fleet)"
@@ -228,6 +232,7 @@ class EnvClient:
         address: str,
         *,
         timeout: float,
+        reset_timeout: float | None = None,
         client_name: str | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         credentials: grpc.ChannelCredentials | None = None,
@@ -237,6 +242,7 @@ class EnvClient:
     ) -> None:
         self.address = address
         self.timeout = timeout
+        self.reset_timeout = timeout if reset_timeout is None else reset_timeout  # (a Reset's deadline)
         self.env_offset = 0
         self.client_name = client_name or f"{socket.gethostname()}:{os.getpid()}"
         self.metadata = tuple(metadata)
@@ -269,9 +275,9 @@ class EnvClient:
         self.spin_wait = spin_wait
         self.recent_rtt = 0.0  # moving average of step-socket round trips, seconds
 
-    def _error(self, err: grpc.RpcError, method: str) -> RemoteEnvError:
+    def _error(self, err: grpc.RpcError, method: str, timeout: float | None = None) -> RemoteEnvError:
         return translate_error(
-            err, address=self.address, method=method, env_offset=self.env_offset, timeout=self.timeout
+            err, address=self.address, method=method, env_offset=self.env_offset, timeout=timeout or self.timeout
         )
 
     @property
@@ -364,9 +370,9 @@ class EnvClient:
             request.reset_mask.extend(mask)
         self.check_request_size(request.ByteSize(), "Reset")
         try:
-            return await self.stub.Reset(request, timeout=self.timeout, metadata=self.metadata)
+            return await self.stub.Reset(request, timeout=self.reset_timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            raise self._error(err, "Reset") from None
+            raise self._error(err, "Reset", self.reset_timeout) from None
 
     def step_request(self) -> pb.StepRequest:
         """An empty request of this session, for the caller to fill with actions."""

@@ -72,6 +72,9 @@ class Args:
     ALE/ ids, none otherwise"""
     step_delay_ms: float = 0.0
     """make every env step take this many ms longer (passed to the servers this command starts)"""
+    max_episode_steps: int | None = field(default=None, metadata={"metavar": "N"})
+    """end every episode after N steps at most, as truncated (env-server --max-episode-steps, for the
+    servers this command starts): for --env module:Class envs, which have no time limit otherwise"""
     auth_token: str | None = field(default=None, metadata={"metavar": "TOKEN"})
     """token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN; or see
     --auth-token-file); local servers this command starts require it too. Never written to the run dir:
@@ -91,6 +94,9 @@ class Args:
     timeout: float = 10.0
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""
+    reset_timeout: float | None = field(default=None, metadata={"metavar": "S"})
+    """seconds a reset may take, where it takes longer than a step (a level to load): resets get this
+    deadline, steps keep --timeout's, so a hung server is still noticed soon (default: --timeout)"""
     fault_tolerant: bool = True
     """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
     out of the batch, and they rejoin with new episodes once their server is back (reconnecting
@@ -204,7 +210,7 @@ class Args:
         if self.env is None and self.servers is None:
             object.__setattr__(self, "env", DEFAULT_ENV)  # running servers say what they serve
         positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]
-        for name in [*positive, "update_epochs", "keep_checkpoints", "pipeline_groups"]:
+        for name in [*positive, "update_epochs", "keep_checkpoints", "pipeline_groups", "max_episode_steps"]:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
@@ -217,7 +223,8 @@ class Args:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{_flag(name)}: expected a value in [0, 1], got {value}")
-        for name in ("learning_rate", "clip_coef", "max_grad_norm", "connect_timeout", "timeout", "give_up_after"):
+        positive_floats = ["learning_rate", "clip_coef", "max_grad_norm", "connect_timeout", "timeout", "reset_timeout"]
+        for name in [*positive_floats, "give_up_after"]:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{_flag(name)}: expected a value > 0, got {value}")
@@ -266,6 +273,7 @@ class Args:
                 "envs_per_server": None,
                 "env_kwargs": {},
                 "step_delay_ms": 0.0,
+                "max_episode_steps": None,
             }
             for name, unset in {**local_only, "wrappers": "auto"}.items():
                 if getattr(self, name) != unset:

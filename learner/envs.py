@@ -35,11 +35,15 @@ class FleetSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     wrappers: tuple[str, ...] = ()
     step_delay_ms: float = 0.0
+    max_episode_steps: int | None = None
+    """The time limit of the local servers' envs (env-server --max-episode-steps); None: the env's own."""
     transport: Literal["tcp", "unix"] = DEFAULT_TRANSPORT
     step_socket: bool = True
     """Step servers reached over Unix sockets on their step socket (RemoteVectorEnv(step_socket=...))."""
     auth_token: str | None = field(default=None, repr=False)
     timeout: float = 30.0
+    reset_timeout: float | None = None
+    """Seconds a reset may take (RemoteVectorEnv(reset_timeout=...)); None: ``timeout``."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     """Seconds to wait at the start for the servers (RemoteVectorEnv(connect_timeout=...))."""
     pipeline_groups: int = 1
@@ -80,6 +84,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 env_kwargs=dict(spec.env_kwargs),
                 wrappers=spec.wrappers,
                 step_delay_ms=spec.step_delay_ms,
+                max_episode_steps=spec.max_episode_steps,
             )
             envs = build_vector_env(config)
             stack.callback(envs.close)
@@ -95,6 +100,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 server_args += ["--wrappers", ",".join(spec.wrappers)]
             if spec.step_delay_ms:
                 server_args += ["--step-delay-ms", f"{spec.step_delay_ms:g}"]
+            if spec.max_episode_steps is not None:
+                server_args += ["--max-episode-steps", str(spec.max_episode_steps)]
             servers = LocalServers(
                 spec.env,
                 spec.num_servers,
@@ -123,6 +130,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
         remote = RemoteVectorEnv(
             addresses,
             timeout=spec.timeout,
+            reset_timeout=spec.reset_timeout,
             connect_timeout=spec.connect_timeout,
             auth_token=spec.auth_token,
             copy=False,

@@ -16,7 +16,7 @@ import torch
 
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint
-from learner.client import TIMEOUT_HINT
+from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, wrapper_names
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
@@ -110,6 +110,7 @@ def evaluate(
         envs_per_server=min(num_envs, episodes),
         env_kwargs=kwargs,
         wrappers=server_wrappers,
+        max_episode_steps=run_args.max_episode_steps,  # (the run's local servers' time limit)
         transport="unix" if transport == "unix" else "tcp",
         step_socket=step_socket,
         auth_token=auth_token,
@@ -172,6 +173,7 @@ def evaluate(
                     envs_per_server=1,
                     env_kwargs={**kwargs, "render_mode": "rgb_array"},
                     wrappers=server_wrappers,
+                    max_episode_steps=run_args.max_episode_steps,
                 )
                 spaces = (state["observation_space"], state["action_space"])
                 recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
@@ -297,6 +299,7 @@ def _in_cli_terms(err: RemoteEnvError) -> RemoteEnvError:
 
     def reword(text: str) -> str:
         text = text.replace(FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
+        text = text.replace(RESET_TIMEOUT_HINT, "raise --timeout if the env is slow to reset")
         return text.replace(TIMEOUT_HINT, TIMEOUT_HINT.replace("`timeout`", "--timeout"))
 
     new = type(err)(reword(str(err)), address=err.address, code=err.code, env_index=err.env_index)

@@ -217,6 +217,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             counts as lost); releasing a session on :meth:`close` waits at most 2 s of it (the
             server ends the session anyway once the connection closes). Like every option in
             seconds, finite.
+        reset_timeout: seconds a reset may take, for envs slower to reset than to step (a level
+            to load): resets get this deadline (a reconnect's too), steps keep ``timeout``'s, so a
+            hung server is still noticed within ``timeout``. None: ``timeout``.
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
@@ -256,6 +259,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         addresses: str | Sequence[str],
         *,
         timeout: float = 30.0,
+        reset_timeout: float | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         client_name: str | None = None,
         copy: bool = True,
@@ -270,6 +274,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         spin_wait: float = 0.001,
     ) -> None:
         self.timeout = _seconds("timeout", timeout)
+        self.reset_timeout = self.timeout if reset_timeout is None else _seconds("reset_timeout", reset_timeout)
         self.connect_timeout = _seconds("connect_timeout", connect_timeout)
         if isinstance(num_groups, bool) or not (isinstance(num_groups, int) and num_groups >= 1):
             raise InvalidArgumentError(f"num_groups: expected an int >= 1, got {num_groups!r}")
@@ -397,6 +402,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return EnvClient(
             address,
             timeout=self.timeout,
+            reset_timeout=self.reset_timeout,
             client_name=self._client_name,
             metadata=self._metadata,
             credentials=self._credentials,

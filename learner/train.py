@@ -136,10 +136,12 @@ def fleet_spec(args: Args) -> FleetSpec:
         env_kwargs=dict(args.env_kwargs),
         wrappers=args.server_wrappers(),
         step_delay_ms=args.step_delay_ms,
+        max_episode_steps=args.max_episode_steps,
         transport=args.transport,
         step_socket=args.step_socket,
         auth_token=args.auth_token,
         timeout=args.timeout,
+        reset_timeout=args.reset_timeout,
         connect_timeout=args.connect_timeout,
         pipeline_groups=args.pipeline_groups,
         fault_tolerant=args.fault_tolerant,
@@ -186,7 +188,13 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     if servers is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
         saved = dataclasses.replace(
-            saved, num_envs=None, envs_per_server=None, env_kwargs={}, step_delay_ms=0.0, wrappers="auto"
+            saved,
+            num_envs=None,
+            envs_per_server=None,
+            env_kwargs={},
+            step_delay_ms=0.0,
+            max_episode_steps=None,
+            wrappers="auto",
         )
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
         # Moving a run off running servers onto envs this command starts: the same env (and, unless

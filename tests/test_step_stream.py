@@ -118,6 +118,22 @@ def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> N
         a.reset(options={"reset_mask": np.ones(4, dtype=np.bool_)})  # (all of them: fine)
 
 
+def test_reset_timeout_gives_resets_longer_than_steps(start_servers: Any) -> None:
+    """An env that takes 1.5 s to reset: with timeout=0.5 alone its reset misses the deadline, saying
+    which option to raise; with reset_timeout=10 it resets, while steps keep the 0.5 s deadline."""
+    from learner import RemoteTimeoutError
+
+    (slow,) = start_servers("tests.envs:SlowResetEnv", env_kwargs={"slow_from": 1, "sleep_s": 1.5})
+    late = r"within the 0.5 s deadline .*raise `reset_timeout` if the env is slow to reset"
+    with RemoteVectorEnv([slow], timeout=0.5) as envs, pytest.raises(RemoteTimeoutError, match=late):
+        envs.reset(seed=0)
+    with RemoteVectorEnv([slow], timeout=0.5, reset_timeout=10.0) as envs:
+        assert envs.reset_timeout == 10.0
+        envs.reset(seed=0)
+        envs.step(np.zeros(1, dtype=np.int64))
+        assert envs._clients[0].timeout == 0.5  # (steps: the step deadline)
+
+
 def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(start_servers: Any) -> None:
     from learner import RemoteTimeoutError
 

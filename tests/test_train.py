@@ -139,6 +139,28 @@ def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
     assert summary["episodes"] == 8
 
 
+@pytest.mark.parametrize("backend", ["remote", "gym"])
+def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(tmp_path: Path, backend: str) -> None:
+    # ClockEnv's episodes last 100 steps; --max-episode-steps 5 truncates them after 5.
+    args = Args(
+        **clock(100),
+        backend=backend,
+        num_servers=1,
+        envs_per_server=2,
+        num_steps=24,
+        total_timesteps=48,
+        max_episode_steps=5,
+        reset_timeout=20.0,
+        checkpoint_every=0,
+        run_dir=str(tmp_path / "run"),
+    )
+    summary = train(args)
+    assert summary["total_steps"] == 48
+    assert rundir.read_jsonl(tmp_path / "run" / rundir.METRICS)[-1]["episodic_length_mean"] == 5
+    with pytest.raises(ValueError, match=r"--max-episode-steps: configures the env servers this command starts"):
+        Args(servers="localhost:1", max_episode_steps=5)
+
+
 def _resumable() -> dict[str, Any]:
     """Runs of 3 updates of 16 steps whose every update boundary finds the envs at their start."""
     return {
