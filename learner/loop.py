@@ -51,9 +51,10 @@ class LoopRunner:
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None = None) -> None:
         self.loop = loop
         self._thread = thread
-        # The thread whose loop this is, when it runs it itself (for_this_thread); only that thread may
-        # run it: a finalizer on another thread (a garbage collection there) schedules its work instead.
-        self._owner = threading.current_thread() if thread is None else None
+        # Held by whichever thread runs the loop (for_this_thread's: the caller's thread): a call from
+        # another thread (a close from a worker, a finalizer run by a garbage collection there) runs the
+        # loop itself only when it is free, and never takes it from under the thread running it.
+        self._running = threading.RLock()
         self._scheduled: set[asyncio.Task[Any]] = set()
 
     @classmethod
@@ -81,7 +82,8 @@ class LoopRunner:
         bound to the loop they were made on."""
         running = asyncio._get_running_loop()
         if running is None or running is self.loop:  # (the latter: a re-entrant call, which the loop refuses)
-            return self.loop.run_until_complete(awaitable)
+            with self._running:
+                return self.loop.run_until_complete(awaitable)
         outcome: list[Any] = []
         task = asyncio.ensure_future(awaitable, loop=self.loop)
 
@@ -108,15 +110,19 @@ class LoopRunner:
         """Run ``coro`` to completion, or, where that would block the loop itself (a finalizer called
         while the loop runs) or take it from the thread that runs it (a finalizer called by a garbage
         collection on another thread), schedule it to finish on the loop's next run."""
-        here = threading.current_thread()
         if self._thread is not None:
-            in_loop = here is self._thread
-        else:
-            in_loop = self.loop.is_running() or here is not self._owner
-        if in_loop:
-            self.loop.call_soon_threadsafe(self._keep, coro)
-        else:
+            if threading.current_thread() is self._thread:
+                self.loop.call_soon_threadsafe(self._keep, coro)
+            else:
+                self.run(coro)
+            return
+        if self.loop.is_running() or not self._running.acquire(blocking=False):
+            self.loop.call_soon_threadsafe(self._keep, coro)  # (another thread runs the loop: on its next run)
+            return
+        try:
             self.run(coro)
+        finally:
+            self._running.release()
 
     def _keep(self, coro: Coroutine[Any, Any, Any]) -> None:
         # The loop holds tasks weakly: keep a reference until the task is done.
