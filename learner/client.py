@@ -547,6 +547,7 @@ class SocketStep:
         self._result: tuple[pb.StepResponse, float] | None = None
         self._error: RemoteEnvError | None = None
         self.timed = False  # waited for: the round trip counts toward the client's recent_rtt
+        self.timeout = client.timeout  # (the step's deadline, for the message: longer where envs reset)
         # Something to read before we sent anything: the server ended the connection (and said why:
         # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
         self.receive()
@@ -625,7 +626,7 @@ class SocketStep:
             elif now >= deadline or not self._poll(select.POLLIN, deadline):
                 self.receive()
                 if not self.done():
-                    self._fail(timeout_error(address=client.address, method="Step", timeout=client.timeout))
+                    self._fail(timeout_error(address=client.address, method="Step", timeout=self.timeout))
                 return
             self.receive()
             if self.done():

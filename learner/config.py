@@ -95,8 +95,9 @@ class Args:
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""
     reset_timeout: float | None = field(default=None, metadata={"metavar": "S"})
-    """seconds a reset may take, where it takes longer than a step (a level to load): resets get this
-    deadline, steps keep --timeout's, so a hung server is still noticed soon (default: --timeout)"""
+    """seconds a reset may take, where it takes longer than a step (a level to load): resets, and the
+    steps in which envs autoreset (the step after an episode ended), get this deadline, other steps
+    keep --timeout's, so a hung server is still noticed soon (default: --timeout)"""
     fault_tolerant: bool = True
     """keep training when env servers fail: their envs' episodes end as truncated, their steps stay
     out of the batch, and they rejoin with new episodes once their server is back (reconnecting

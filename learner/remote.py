@@ -218,8 +218,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             server ends the session anyway once the connection closes). Like every option in
             seconds, finite.
         reset_timeout: seconds a reset may take, for envs slower to reset than to step (a level
-            to load): resets get this deadline (a reconnect's too), steps keep ``timeout``'s, so a
-            hung server is still noticed within ``timeout``. None: ``timeout``.
+            to load): resets get this deadline (a reconnect's too), and so do the steps in which
+            envs autoreset (next-step: the step after an episode ended; same-step: every step);
+            other steps keep ``timeout``'s, so a hung server is still noticed within it. None:
+            ``timeout``.
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address.
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
@@ -361,6 +363,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # Until a server's envs are reset, their observations are placeholders (in the space).
         self._obs_buffer = _placeholders(self.single_observation_space, self.num_envs)
         self._ended = self._no_ended_envs()
+        # Next-step autoreset: the envs whose episode ended at their last step, and so reset at their
+        # next one (its deadline then: reset_timeout); None: not known (after a reset or a new layout).
+        self._resets_pending: np.ndarray | None = None
         self._tasks = [None] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
@@ -672,6 +677,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._stale = None
         if self._ended is not None:
             self._ended[slice(None) if mask is None else mask] = False
+        if self._resets_pending is not None and len(self._resets_pending) == self.num_envs:
+            self._resets_pending[slice(None) if mask is None else mask] = False  # (reset: no autoreset due)
         for i, (obs, _) in answers.items():
             write_batch(self._obs_buffer, obs, self._clients[i].env_offset)
         unavailable = ~self.available
@@ -867,7 +874,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return (group, *self._finish(self._groups[group]))
 
     def _first_group_done(self, groups: list[int]) -> int:
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self._step_timeout(0, self.num_envs)
         sockets = [t for g in groups for t in self._group_tasks(g) if isinstance(t, SocketStep)]
         for step in sockets:
             step.receive()
@@ -1011,7 +1018,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if isinstance(task, SocketStep) and task.refused:
                 refused[i] = task
             elif task.cancelled():  # (the deadline passed: see LoopRunner.wait)
-                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=self.timeout)
+                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=timeout)
             elif (err := task.exception()) is not None:
                 failed[i] = err
             else:
@@ -1020,12 +1027,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 except Exception as unreadable:  # (InvalidResponseError) reported once every answer is in
                     failed[i] = unreadable
 
+        timeout = self._step_timeout(base, count)
         if tasks:
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + timeout
             on_loop = {i: t for i, t in tasks.items() if not isinstance(t, SocketStep)}
             sockets = {i: t for i, t in tasks.items() if isinstance(t, SocketStep)}
+            for step in sockets.values():
+                step.timeout = timeout
             if on_loop:
-                self._runner.wait(list(on_loop.values()), self.timeout)
+                self._runner.wait(list(on_loop.values()), timeout)
             if sockets:
                 self._wait_sockets(sockets, deadline, take)  # each taken in while the others still step
                 if refused:
@@ -1107,8 +1117,28 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._flag_unavailable(infos, unavailable)
         if self._ended is not None:
             np.logical_or(out.terminations, out.truncations, out=self._ended[base : base + count])
+        if self.metadata["autoreset_mode"] is gym.vector.AutoresetMode.NEXT_STEP:
+            if self._resets_pending is None or len(self._resets_pending) != self.num_envs:
+                self._resets_pending = np.ones(self.num_envs, dtype=np.bool_)  # (the others: not known)
+            np.logical_or(out.terminations, out.truncations, out=self._resets_pending[base : base + count])
         self._raise_env_errors(infos, base)
         return self._observations(obs), out.rewards, out.terminations, out.truncations, infos
+
+    def _step_timeout(self, base: int, count: int) -> float:
+        """The deadline of a step of envs ``base:base + count``: ``reset_timeout`` where one of them may
+        reset in it (next-step autoreset: one whose episode ended at its last step, or any when that is
+        not known; same-step autoreset: any step), else ``timeout``."""
+        if self.reset_timeout <= self.timeout:
+            return self.timeout
+        mode = self.metadata["autoreset_mode"]
+        if mode is gym.vector.AutoresetMode.SAME_STEP:
+            return self.reset_timeout
+        pending = self._resets_pending
+        if mode is gym.vector.AutoresetMode.NEXT_STEP and (
+            pending is None or len(pending) != self.num_envs or pending[base : base + count].any()
+        ):
+            return self.reset_timeout
+        return self.timeout
 
     def _wait_sockets(
         self,

@@ -120,7 +120,8 @@ def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> N
 
 def test_reset_timeout_gives_resets_longer_than_steps(start_servers: Any) -> None:
     """An env that takes 1.5 s to reset: with timeout=0.5 alone its reset misses the deadline, saying
-    which option to raise; with reset_timeout=10 it resets, while steps keep the 0.5 s deadline."""
+    which option to raise; with reset_timeout=10 it resets, and so does the step of its autoreset,
+    while other steps keep the 0.5 s deadline."""
     from learner import RemoteTimeoutError
 
     (slow,) = start_servers("tests.envs:SlowResetEnv", env_kwargs={"slow_from": 1, "sleep_s": 1.5})
@@ -130,8 +131,11 @@ def test_reset_timeout_gives_resets_longer_than_steps(start_servers: Any) -> Non
     with RemoteVectorEnv([slow], timeout=0.5, reset_timeout=10.0) as envs:
         assert envs.reset_timeout == 10.0
         envs.reset(seed=0)
-        envs.step(np.zeros(1, dtype=np.int64))
-        assert envs._clients[0].timeout == 0.5  # (steps: the step deadline)
+        # Its 3-step episode ends at step 3; step 4 is its autoreset (next-step): that step, and only
+        # that one, gets the reset deadline.
+        truncated = [bool(envs.step(np.zeros(1, dtype=np.int64))[3][0]) for _ in range(4)]
+        assert truncated == [False, False, True, False]
+        assert envs._step_timeout(0, 1) == 0.5  # (the next step resets nothing: the step deadline)
 
 
 def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(start_servers: Any) -> None:
