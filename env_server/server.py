@@ -9,6 +9,7 @@ import functools
 import ipaddress
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -275,28 +276,23 @@ def _check_key_pair(cert: str, key: str) -> None:
 
 
 async def serve(
-    config: ServerConfig, on_ready: Callable[[str], None], on_stop: Callable[[], None] | None = None
+    config: ServerConfig, on_ready: Callable[[str], None], on_teardown: Callable[[], None] | None = None
 ) -> None:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
     again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
-    with the real port, or ``unix:PATH``) once the server serves its envs; ``on_stop`` is called when
-    the stop comes (a signal, the parent's exit).
+    with the real port, or ``unix:PATH``) once the server serves its envs; ``on_teardown`` is called
+    when its teardown starts (after the drain, or on a failed start or a stop while building).
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def stopping() -> None:
-        if not stop.is_set() and on_stop is not None:
-            on_stop()
-        stop.set()
-
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping)
+        loop.add_signal_handler(sig, stop.set)
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
@@ -390,9 +386,7 @@ async def serve(
                 )
             on_ready(ready)
 
-            watchdog = (
-                asyncio.create_task(_watch_parent(config.parent_pid, stop, stopping)) if config.parent_pid else None
-            )
+            watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
             expiry = asyncio.create_task(service.expire_claims())
             await stop.wait()
             expiry.cancel()
@@ -411,6 +405,8 @@ async def serve(
                 watchdog.cancel()
     finally:
         # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
+        if on_teardown is not None:
+            on_teardown()
         await server.stop(None)
         if step_server is not None:
             step_server.close()
@@ -484,43 +480,44 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     return step_server
 
 
-async def _watch_parent(parent_pid: int, stop: asyncio.Event, stopping: Callable[[], None]) -> None:
-    """Call ``stopping`` (which sets ``stop``) once ``parent_pid`` is no longer our parent (it exited
-    or was killed)."""
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once ``parent_pid`` is no longer our parent (it exited or was killed)."""
     while not stop.is_set():
         if os.getppid() != parent_pid:
             log.warning("parent process %d is gone; shutting down", parent_pid)
-            stopping()
+            stop.set()
             return
         await asyncio.sleep(0.5)
 
 
-# How long past the grace period a stopping server waits for its teardown before it exits regardless.
-EXIT_MARGIN_S = 5.0
+# How long a server's teardown (after the drain) may take before the process exits regardless.
+EXIT_MARGIN_S = 10.0
+# The exit status then (the envs were not closed: not a clean shutdown).
+HARD_EXIT_STATUS = 1
 
 
 def run(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
-    """Synchronous entry: serve until stopped. Once stopped, the process exits within the grace period
-    and :data:`EXIT_MARGIN_S`, even while an env call still runs on the env thread (a hung env, a
-    robot's step that never returns): that thread cannot be stopped, and waiting for it would keep
-    the process up as long as it runs."""
+    """Synchronous entry: serve until stopped. Once its teardown starts (after the drain of up to
+    ``grace_s``), the process exits within :data:`EXIT_MARGIN_S` even while an env call still runs
+    on the env thread or the envs' close hangs (a hung env, a robot's step that never returns): that
+    thread cannot be stopped, and waiting for it would keep the process up as long as it runs."""
 
     def hard_exit() -> None:
-        log.warning(
-            "an env call was still running %.1f s after the stop (the grace period and %.0f s to tear down): "
-            "exiting without waiting for it",
-            config.grace_s + EXIT_MARGIN_S,
+        log.error(
+            "the teardown did not end within %.0f s (an env call or the envs' close still running): exiting "
+            "without waiting for it (status %d)",
             EXIT_MARGIN_S,
+            HARD_EXIT_STATUS,
         )
+        for child in multiprocessing.active_children():  # (async vectorization's workers: not left behind)
+            with contextlib.suppress(Exception):
+                child.kill()
         logging.shutdown()
-        with contextlib.suppress(OSError):
-            if config.unix_socket:
-                os.unlink(config.unix_socket)
-        os._exit(0)
+        os._exit(HARD_EXIT_STATUS)
 
-    def on_stop() -> None:
-        timer = threading.Timer(config.grace_s + EXIT_MARGIN_S, hard_exit)
+    def on_teardown() -> None:
+        timer = threading.Timer(EXIT_MARGIN_S, hard_exit)
         timer.daemon = True  # (a process that exits in time does not wait for it)
         timer.start()
 
-    asyncio.run(serve(config, on_ready, on_stop))
+    asyncio.run(serve(config, on_ready, on_teardown))
