@@ -360,6 +360,12 @@ class EnvClient:
     async def reset(
         self, seeds: Sequence[int | None] | None, options: pb.Value | None, mask: Sequence[bool] | None
     ) -> pb.ResetResponse:
+        return await self.send_reset(self.reset_request(seeds, options, mask))
+
+    def reset_request(
+        self, seeds: Sequence[int | None] | None, options: pb.Value | None, mask: Sequence[bool] | None
+    ) -> pb.ResetRequest:
+        """This session's Reset request; InvalidRequestError if it is over the server's limit."""
         request = pb.ResetRequest(session_id=self.session_id)
         if seeds is not None:
             for seed in seeds:
@@ -369,6 +375,9 @@ class EnvClient:
         if mask is not None:
             request.reset_mask.extend(mask)
         self.check_request_size(request.ByteSize(), "Reset")
+        return request
+
+    async def send_reset(self, request: pb.ResetRequest) -> pb.ResetResponse:
         try:
             return await self.stub.Reset(request, timeout=self.reset_timeout, metadata=self.metadata)
         except grpc.RpcError as err:

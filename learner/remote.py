@@ -635,7 +635,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 self._share_cpus()
                 _raise_first([r for r in renewed if isinstance(r, BaseException)])
 
-        calls = []
+        calls = []  # (requests all made, and sized, before any is sent: one over a limit leaves nothing reset)
         for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
             if self._replicas[i].state is ReplicaState.DOWN:
                 continue
@@ -643,10 +643,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if sub_mask is not None and not sub_mask.any():
                 continue
             sub_seeds = None if seeds is None else seeds[sl]
-            calls.append((i, client.reset(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist())))
+            request = client.reset_request(sub_seeds, encoded_options, None if sub_mask is None else sub_mask.tolist())
+            calls.append((i, request))
         if self.fault_tolerant and not calls:
             self._check_anything_left()
-        results = self._runner.run(gather(*(call for _, call in calls), return_exceptions=True))
+        results = self._runner.run(
+            gather(*(self._clients[i].send_reset(request) for i, request in calls), return_exceptions=True)
+        )
         errors = []
         lost = []
         answers: dict[int, tuple[Any, dict[str, Any]]] = {}  # server -> its observations and infos

@@ -96,9 +96,11 @@ def test_a_learner_refuses_a_request_over_a_servers_limit_before_sending(
     (roomy,) = start_servers("tests.envs:WideActionEnv", **args)
     (tight,) = start_servers("tests.envs:WideActionEnv", **args, server_args=["--max-request-bytes", str(LIMIT)])
     with RemoteVectorEnv([roomy, tight]) as envs:
+        envs.reset(seed=0)
         options = {"goal": np.zeros(1000)}
         with pytest.raises(InvalidRequestError) as info:
             envs.reset(options=options)
+        envs.step(np.zeros((2, 256)))  # (no server was reset: the roomy one's episode goes on, no SessionError)
         err = info.value
         assert err.address == tight and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         size = pb.ResetRequest(session_id="0" * 32, options=codec.encode_value(options, pb.Value())).ByteSize()
