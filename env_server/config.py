@@ -125,6 +125,12 @@ class ServerConfig:
                     "max_episode_steps: a time limit wraps each env, and vector_entry_point vectorization has "
                     "none to wrap; give the limit in env_kwargs if the env's vector entry point takes one"
                 )
+            if "atari" in self.wrappers:
+                raise ValueError(
+                    "max_episode_steps: the time limit wraps each env inside the atari wrapper, where it would "
+                    "count frames (4 an agent step), not steps; give ALE's own in env_kwargs "
+                    '({"max_num_frames_per_episode": N}, in frames)'
+                )
         _check_duration("step_delay_ms", self.step_delay_ms)
         _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
         _check_duration("claim_timeout_s", self.claim_timeout_s)

@@ -68,6 +68,11 @@ def test_what_was_built_or_raised_raw_before_is_refused_as_the_config_is_made() 
         make_env(ServerConfig(env="CartPole-v1", wrappers=("nope",)))
 
 
+def test_a_time_limit_is_refused_inside_the_atari_wrapper_where_it_would_count_frames() -> None:
+    with pytest.raises(ValueError, match=r"^max_episode_steps: the time limit wraps each env inside the atari"):
+        ServerConfig(env="ALE/Pong-v5", wrappers=("atari",), max_episode_steps=100)
+
+
 def test_good_configs_are_accepted() -> None:
     config = ServerConfig(
         env="CartPole-v1",
