@@ -150,8 +150,10 @@ class Replica:
 
     def note_loss(self, now: float, *, planned: bool = False) -> None:
         """Count a loss at ``now``: a relapse if the server had not settled since it came back, unless
-        ``planned`` (it said it was shutting down: a rolling restart may come soon after a start)."""
-        self.relapses = 0 if planned or self.settled(now) else self.relapses + 1
+        ``planned`` (it said it was shutting down: a rolling restart may come soon after a start), which
+        leaves the count as it was (a server flapping before goes on waiting as long)."""
+        if not planned:
+            self.relapses = 0 if self.settled(now) else self.relapses + 1
         if not self.failing_since:
             self.failing_since = now
 

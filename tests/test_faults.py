@@ -822,6 +822,9 @@ def test_a_server_that_left_saying_so_soon_after_coming_back_is_not_flapping() -
     assert (replica.relapses, replica.hold_off((0.1, 2.0))) == (0, 0.0)
     replica.note_loss(time.monotonic())
     assert (replica.relapses, replica.hold_off((0.1, 2.0))) == (1, 0.1)
+    # A planned departure of a flapping server leaves its count: a stop loop does not clear its backoff.
+    replica.note_loss(time.monotonic(), planned=True)
+    assert replica.relapses == 1
 
 
 def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(spawn_server: SpawnServer) -> None:
