@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="read requests (a step's actions, a reset's seeds and options) of up to N bytes, over gRPC and on "
         "the step socket; larger ones are refused before they are parsed (learners, told N as they connect, "
         "do not send them). Parsing a request can take ~25x its size in memory; responses (observations) may "
-        f"take up to {MAX_MESSAGE_BYTES} bytes whatever N. {DEFAULT_MAX_REQUEST_BYTES} (4 MiB) holds 8 times "
+        f"take up to {MAX_MESSAGE_BYTES} bytes whatever N. {DEFAULT_MAX_REQUEST_BYTES} (4 MiB) holds nearly 8 times "
         "the actions of 1024 envs with Box(64,) float64 actions (default: %(default)s)",
     )
     p.add_argument(

@@ -261,9 +261,10 @@ def _warn_unknown_env_kwargs(run_args: Args, kwargs: dict[str, Any]) -> None:
     kwargs (a task's length, a level) can differ with the same spaces. (Their wrappers cannot: each of
     the env server's changes a space whenever it changes anything, and the spaces are checked.)"""
     log.warning(
-        "the run trained on running env servers (%s), whose env kwargs it does not record; the envs made here "
-        "get env kwargs %s: if those servers were started with others, pass them as --env-kwargs (or evaluate on "
-        "such servers with --servers)",
+        "the run trained on running env servers (%s), whose env kwargs and time limit it does not record; the envs "
+        "made here get env kwargs %s and the env's own time limit: if those servers were started with other "
+        "kwargs, pass them as --env-kwargs (or evaluate on such servers with --servers, which also keeps their "
+        "--max-episode-steps)",
         run_args.servers,
         json.dumps(kwargs),
     )

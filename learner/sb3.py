@@ -220,7 +220,9 @@ class RemoteVecEnv(VecEnv):
                 self.reset_infos[i] = top
                 env_infos[i] = info
         elif ended:
-            # Next-step (or no) autoreset: reset the ended envs now, as DummyVecEnv does (unseeded).
+            # Next-step (or no) autoreset: reset the ended envs now, as DummyVecEnv does (unseeded). A
+            # server that joined since (a reconnect, refresh()) may not take a mask: checked again.
+            self._check(self.remote)
             for i in ended:
                 env_infos[i]["terminal_observation"] = _obs_at(obs, i)
             obs, reset_infos = self.remote.reset(options={"reset_mask": dones.copy()})

@@ -126,8 +126,9 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("the run trained on running env servers (")
     assert warnings[0].endswith(
-        "whose env kwargs it does not record; the envs made here get env kwargs {}: if those servers were started "
-        "with others, pass them as --env-kwargs (or evaluate on such servers with --servers)"
+        "whose env kwargs and time limit it does not record; the envs made here get env kwargs {} and the env's own "
+        "time limit: if those servers were started with other kwargs, pass them as --env-kwargs (or evaluate on "
+        "such servers with --servers, which also keeps their --max-episode-steps)"
     )
 
     # --env-kwargs: the servers' task, on a local server too, and nothing left unknown: no warning. (Wrappers
