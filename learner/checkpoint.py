@@ -20,12 +20,28 @@ __all__ = [
     "capture_rng",
     "find_checkpoint",
     "load_checkpoint",
+    "load_nets",
     "restore_rng",
     "save_best_checkpoint",
     "save_checkpoint",
 ]
 
 FORMAT = 1
+
+
+def load_nets(net: torch.nn.Module, state: dict[str, Any], what: str) -> None:
+    """Load a checkpoint's ``state`` into ``net``, the policy this version builds for the checkpoint's
+    spaces; ValueError (naming ``what``, the checkpoint) where they do not fit: nets of another layout
+    (an older envfleet built an MLP for 2-d uint8 frames, which get the Nature CNN now), not torch's
+    bare RuntimeError."""
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as err:
+        detail = str(err).splitlines()[0]
+        raise ValueError(
+            f"{what}: its nets do not fit the policy this envfleet builds for its spaces ({detail}); it was "
+            "probably written by an older version: evaluate or resume it with that version"
+        ) from None
 
 
 def capture_rng() -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from learner import video as video_
-from learner.checkpoint import find_checkpoint, load_checkpoint
+from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, wrapper_names
 from learner.envs import FleetSpec, open_fleet
@@ -143,7 +143,7 @@ def evaluate(
             agent = Agent(
                 obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
             ).to(torch_device)
-            agent.load_state_dict(state["model"])
+            load_nets(agent, state["model"], f"checkpoint {path}")
             agent.eval()
             threads = torch.get_num_threads()  # (restored below: the caller's process keeps its setting)
             set_torch_threads(torch_device, is_image_space(obs_space))

@@ -44,6 +44,7 @@ from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
     load_checkpoint,
+    load_nets,
     restore_rng,
     save_best_checkpoint,
     save_checkpoint,
@@ -473,7 +474,7 @@ def restore(
 ) -> Counters:
     """The run in ``run_dir`` as of ``checkpoint``: its nets, optimizer, normalisers and RNG states loaded,
     its run dir cleared of what came after the checkpoint; returns its counters."""
-    agent.load_state_dict(checkpoint["model"])
+    load_nets(agent, checkpoint["model"], f"--resume {run_dir}")
     optimizer.load_state_dict(checkpoint["optimizer"])
     if obs_rms is not None:
         obs_rms.load_state_dict(checkpoint["obs_rms"])

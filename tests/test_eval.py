@@ -353,6 +353,26 @@ def _checkpoint(run: Path, args: Args, obs_space: gym.Space[Any], action_space: 
     return save_checkpoint(run, 8, payload)
 
 
+def test_a_checkpoint_whose_nets_do_not_fit_the_policy_built_now_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Grayscale frames got an MLP before 8e003e0, the Nature CNN since: such a checkpoint is refused
+    saying so, not with torch's RuntimeError."""
+    frames = gym.spaces.Box(0, 255, (40, 40), np.uint8)
+    path = _checkpoint(
+        tmp_path, Args(env="tests.test_eval:ChannelLastEnv", backend="gym"), frames, gym.spaces.Discrete(3)
+    )
+    state = torch.load(path, weights_only=False)
+    state["model"] = Agent(gym.spaces.Box(0.0, 255.0, (40, 40), np.float32), gym.spaces.Discrete(3)).state_dict()
+    torch.save(state, path)
+    capsys.readouterr()
+    argv = ["eval", str(path), "--episodes", "1", "--backend", "gym", "--env-kwargs", '{"gray": true}']
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"checkpoint {path}: its nets do not fit the policy this envfleet builds for its spaces (" in err, err
+    assert "Traceback" not in err
+
+
 def test_eval_of_an_atari_policy_on_raw_frames_suggests_the_atari_wrapper(
     tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
