@@ -276,11 +276,11 @@ async def reconnect(
         # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)
         say = log.debug if replica.relapses else log.info if replica.planned else log.warning
         say(
-            "env server %s is back after %.1f s (%s); its %d envs rejoin with new episodes",
+            "env server %s is back after %.1f s (%s); its %s with new episodes",
             client.address,
             time.monotonic() - replica.down_since,
             "same process" if same_process else f"restarted: server id {spec.server_id[:8]}",
-            spec.num_envs,
+            "env rejoins" if spec.num_envs == 1 else f"{spec.num_envs} envs rejoin",
         )
         on_ready()
         return
