@@ -182,7 +182,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
       back (about the channel's reconnect backoff, at most 2 s, plus one round trip per call).
     * ``infos["env_unavailable"]`` (with gymnasium's ``"_env_unavailable"`` mask) is True for an env on
       every step whose result is no transition of that env: while its server is lost or down, on the
-      step it rejoins, and on steps where the server reported the env's own exception
+      step it rejoins (``infos["env_rejoined"]`` too, with its mask), and on steps where the server
+      reported the env's own exception
       (``infos["env_error"]``; the server isolates it either way, and only a plain env raises). A
       learner drops those steps from its batch (they are not transitions; the observation is stale or a
       new episode's first), and bootstraps the step before a loss as a truncation. The key is absent
@@ -1118,6 +1119,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             write_batch(self._obs_buffer, server_obs, self._clients[i].env_offset)
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
         self._flag_unavailable(infos, unavailable)
+        back = [i for i in rejoined if i in out.obs]  # (not lost again on this step)
+        if back:  # the step their servers' envs hand over new episodes' first observations
+            mask = np.zeros(count, dtype=np.bool_)
+            for i in back:
+                mask[
+                    self._clients[i].env_offset - base : self._clients[i].env_offset - base + self._clients[i].num_envs
+                ] = True
+            infos["env_rejoined"], infos["_env_rejoined"] = mask, mask.copy()
         if self._ended is not None:
             np.logical_or(out.terminations, out.truncations, out=self._ended[base : base + count])
         if self.metadata["autoreset_mode"] is gym.vector.AutoresetMode.NEXT_STEP:

@@ -97,7 +97,8 @@ class RemoteVecEnv(VecEnv):
     (``dones[i]`` True, ``infos[i]["TimeLimit.truncated"]`` True, their last observation as
     ``terminal_observation``); while it is down they repeat that observation with reward 0 and
     ``dones[i]`` False, and the step they rejoin hands over a new episode's first observation
-    (reward 0). Every such step has ``infos[i]["env_unavailable"] = True``. SB3 has no way to leave
+    (reward 0), ending that stretch as a truncation (``dones[i]`` True, the observation it repeated
+    as ``terminal_observation``), so that no transition bootstraps across it. Every such step has ``infos[i]["env_unavailable"] = True``. SB3 has no way to leave
     a step out of its rollout, so PPO and A2C train on those few placeholder steps too;
     ``vec_env.remote.fault_stats().env_steps_lost`` counts them. ``VecMonitor`` counts a cut
     episode as one that ended, and the steps while its env is down in the next one's length.
@@ -133,6 +134,9 @@ class RemoteVecEnv(VecEnv):
         self._same_step = remote.metadata["autoreset_mode"] is gym.vector.AutoresetMode.SAME_STEP
         self._waiting = False
         self._ever_reset = False
+        # Fault-tolerant: the observation each unavailable env repeats (its last), for the step it
+        # rejoins, which ends that stretch as a truncation (terminal_observation: this one).
+        self._held: dict[int, Any] = {}
         super().__init__(remote.num_envs, remote.single_observation_space, remote.single_action_space)
         if not self._same_step:
             log.debug(
@@ -164,6 +168,7 @@ class RemoteVecEnv(VecEnv):
     def reset(self) -> VecEnvObs:
         """Reset every env with the seeds of :meth:`seed` and the options of :meth:`set_options` (once)."""
         self._drain()
+        self._held.clear()
         seeds, options = list(self._seeds), self._options
         groups: list[tuple[dict[str, Any], list[int]]] = []  # envs with equal options reset together
         for i, env_options in enumerate(options):
@@ -206,6 +211,7 @@ class RemoteVecEnv(VecEnv):
         dones = terminations | truncations
         env_infos = [_env_info(infos, i) for i in range(self.num_envs)]
         ended: list[int] = np.flatnonzero(dones).tolist()
+        back = self._rejoined(infos, obs)
         if ended and self._same_step:
             # The servers reset ended envs in the step: the top-level infos of such an env are its
             # reset's; the step's own are in final_info, its last observation in final_obs.
@@ -230,7 +236,35 @@ class RemoteVecEnv(VecEnv):
                 self.reset_infos[i] = _env_info(reset_infos, i)
         for i in range(self.num_envs):
             env_infos[i]["TimeLimit.truncated"] = bool(truncations[i] and not terminations[i])
+        for i, held in back.items():
+            # Its envs' stretch while their server was down ends here, as a truncation: their first
+            # observations after it start new episodes (no transition bootstraps across the two).
+            self.reset_infos[i] = {
+                k: v for k, v in env_infos[i].items() if k not in ("env_rejoined", "TimeLimit.truncated")
+            }
+            env_infos[i] = {"env_unavailable": True, "terminal_observation": held, "TimeLimit.truncated": True}
+            dones[i] = True
         return obs, rewards, dones, env_infos
+
+    def _rejoined(self, infos: Mapping[str, Any], obs: VecEnvObs) -> dict[int, Any]:
+        """Fault-tolerant: hold the observation of each env that is unavailable (the one it repeats);
+        the envs that rejoin on this step, with the observation each held (its stretch's last)."""
+        unavailable = infos.get("env_unavailable")
+        if unavailable is None and not self._held:
+            return {}
+        rejoined = infos.get("env_rejoined")
+        back = {}
+        for i in range(self.num_envs):
+            if rejoined is not None and rejoined[i]:
+                back[i] = self._held.pop(i, None)
+                if back[i] is None:  # (down since the first reset: nothing held) its own first observation
+                    back[i] = _obs_at(obs, i)
+            elif unavailable is not None and unavailable[i]:
+                if i not in self._held:
+                    self._held[i] = _obs_at(obs, i)
+            else:
+                self._held.pop(i, None)
+        return back
 
     def close(self) -> None:
         """Release the servers' envs and close the connections (the RemoteVectorEnv's close)."""

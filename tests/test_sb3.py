@@ -237,7 +237,9 @@ def test_an_env_that_raises_ends_its_episode_and_is_reset_once(spawn_server: Spa
 def test_a_lost_server_costs_its_envs_episodes_not_the_run(spawn_server: SpawnServer, mode: str) -> None:
     """Fault-tolerant: a killed server's envs end their episodes (truncated) on the step it is lost,
     repeat their last observation with reward 0 while it is down, and start new episodes once it is
-    back; every such step says env_unavailable. IndexEnv's observations are [token, index, t, action]."""
+    back, the stretch while it was down ending there as a truncation (so that no transition bootstraps
+    across it); every such step says env_unavailable. IndexEnv's observations are [token, index, t,
+    action]."""
     from learner.sb3 import RemoteVecEnv
 
     endless = ("--env-kwargs", '{"length": 100000}', "--autoreset-mode", mode)
@@ -275,10 +277,14 @@ def test_a_lost_server_costs_its_envs_episodes_not_the_run(spawn_server: SpawnSe
             assert time.monotonic() < deadline, "the envs did not rejoin within 10 s"
             obs, rewards, dones, infos = vec_env.step(np.full(2 * K, t))
             t += 1
-            assert not dones.any()
+            assert not dones[:K].any() and dones[K:].tolist() == [obs[K, 0] != token_b] * K
             time.sleep(0.01)
         assert [info.get("env_unavailable", False) for info in infos] == lost  # the rejoin step: first observations
         assert obs[K:, 2].tolist() == [0.0] * K
+        for i in range(K, 2 * K):  # the stretch while down ends: truncated, at the observation it repeated
+            assert infos[i]["TimeLimit.truncated"] is True
+            assert np.array_equal(infos[i]["terminal_observation"], before[i])
+            assert vec_env.reset_infos[i].get("env_unavailable") is True  # (the reset's infos, as fleet gives them)
         for step in range(t, t + 3):
             obs, _, dones, infos = vec_env.step(np.full(2 * K, step))
             assert not dones.any() and not any("env_unavailable" in info for info in infos)
