@@ -261,7 +261,7 @@ async def reconnect(
                     "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
                 )
                 said_down_at, failed_unsaid = now, 0
-            if not isinstance(err, TimeoutError):  # a wait for the connection, or a deadline, already took its time
+            if not no_connection:  # (a wait for the connection took its time already; a missed deadline backs off too)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, backoff[1])
             continue
