@@ -841,7 +841,7 @@ def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(sp
         ):
             while time.monotonic() - start < 15.0:
                 envs.step(np.zeros(K, dtype=np.int64))
-        assert time.monotonic() - start < 6.0
+        assert time.monotonic() - start < 12.0  # (gives up, not the 15 s loop; loose: a loaded machine is slow)
 
 
 def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last_error(
