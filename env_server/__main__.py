@@ -7,7 +7,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from env_server.config import (
@@ -16,9 +16,7 @@ from env_server.config import (
     MAX_SPIN_WAIT_MS,
     MIN_MAX_REQUEST_BYTES,
     VECTORIZATIONS,
-    WRAPPER_NAMES,
     ServerConfig,
-    duplicate_wrapper,
 )
 from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
@@ -105,56 +103,44 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _integer_in(least: int, most: float, expected: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [least, most], refused as not ``expected``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
-    return value
+def _number_in(most: float, expected: str) -> Callable[[str], float]:
+    """An argparse type: a finite number in [0, most] (inf: time.sleep and asyncio raise OverflowError)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 <= value <= most):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:  # (inf: every step would fail, time.sleep raising OverflowError)
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
-
-
-def _request_bytes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not MIN_MAX_REQUEST_BYTES <= value <= MAX_MESSAGE_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"expected a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}], got {text!r}"
-        )
-    return value
-
-
-def _spin_wait_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= MAX_SPIN_WAIT_MS:  # (while it waits, the server's event loop does nothing else)
-        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, {MAX_SPIN_WAIT_MS:g}], got {text!r}")
-    return value
+_positive_int = _integer_in(1, math.inf, "a positive integer")
+_port = _integer_in(0, 65535, "a port number 0-65535")
+_request_bytes = _integer_in(
+    MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES, f"a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}]"
+)
+_non_negative_float = _number_in(math.inf, "a finite number >= 0")
+# (while the server waits awake, its event loop does nothing else)
+_spin_wait_ms = _number_in(MAX_SPIN_WAIT_MS, f"milliseconds in [0, {MAX_SPIN_WAIT_MS:g}]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,19 +331,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             )
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
-    wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())
-    unknown = [w for w in wrappers if w not in WRAPPER_NAMES]
-    if unknown:
-        parser.error(
-            f"--wrappers (or ENVFLEET_WRAPPERS): unknown wrapper {unknown[0]!r} in {args.wrappers!r}; available: "
-            + ", ".join(WRAPPER_NAMES)
-        )
-    twice = duplicate_wrapper(wrappers)
-    if twice is not None:
-        parser.error(
-            f"--wrappers (or ENVFLEET_WRAPPERS): {twice!r} is named twice in {args.wrappers!r}; each wrapper "
-            "applies once"
-        )
+    wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())  # (ServerConfig checks them)
     token = _auth_token(parser, args)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")

@@ -18,7 +18,6 @@ __all__ = [
     "VECTORIZATIONS",
     "WRAPPER_NAMES",
     "ServerConfig",
-    "duplicate_wrapper",
 ]
 
 VECTORIZATIONS = ("sync", "async", "vector_entry_point")
@@ -112,7 +111,7 @@ class ServerConfig:
             raise ValueError(
                 f"wrappers: expected names among {', '.join(WRAPPER_NAMES)}, got unknown wrapper {unknown[0]!r}"
             )
-        twice = duplicate_wrapper(self.wrappers)
+        twice = _duplicate_wrapper(self.wrappers)
         if twice is not None:
             raise ValueError(
                 f"wrappers: expected each wrapper at most once (each applies once), got {twice!r} twice in "
@@ -145,15 +144,15 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-def _check_integer(name: str, value: object, least: int, most: float = math.inf) -> None:
+def _check_integer(name: str, value: object, least: int, most: float = math.inf, expected: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= int(value) <= most:
-        expected = f"an integer in [{least}, {most}]" if math.isfinite(most) else f"an integer >= {least}"
+        if not expected:
+            expected = f"an integer in [{least}, {most}]" if math.isfinite(most) else f"an integer >= {least}"
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
 def _check_port(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 65535:
-        raise ValueError(f"{name}: expected a port number 0-65535 (0: any free one), got {value!r}")
+    _check_integer(name, value, 0, 65535, "a port number 0-65535 (0: any free one)")
 
 
 def _check_duration(name: str, value: object, most: float = math.inf) -> None:
@@ -168,7 +167,7 @@ def _check_duration(name: str, value: object, most: float = math.inf) -> None:
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
-def duplicate_wrapper(names: Sequence[str]) -> str | None:
+def _duplicate_wrapper(names: Sequence[str]) -> str | None:
     """The first wrapper named more than once in ``names``, or None. Each applies once: a second
     'atari', say, would preprocess frames it already preprocessed, and fail at every reset."""
     seen: set[str] = set()

@@ -558,6 +558,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return [c.address for c in self._clients]
 
     @property
+    def vectorizations(self) -> list[str]:
+        """Each server's ``--vectorization`` (sync, async or vector_entry_point), in env order. A
+        vector_entry_point server steps the env's own vectorized implementation, which may reset all
+        its envs when a ``reset_mask`` asks for some."""
+        return [c.spec.vectorization if c.spec is not None else "" for c in self._clients]
+
+    @property
     def env_id(self) -> str:
         """The env the servers host, as their operator named it (``--env``)."""
         spec = self._clients[0].spec

@@ -343,11 +343,10 @@ _COPY_NEEDED = (
 def _unmasked(remote: RemoteVectorEnv) -> list[str]:
     """The servers of ``remote`` that step an env's own vectorized implementation, which may ignore
     ``reset_mask`` and reset all its envs (gymnasium's CartPole one does)."""
-    # (RemoteVectorEnv keeps each server's handshake spec on its client; it has no public accessor)
     return [
-        client.address
-        for client in getattr(remote, "_clients", [])
-        if client.spec is not None and client.spec.vectorization == "vector_entry_point"
+        address
+        for address, vectorization in zip(remote.addresses, remote.vectorizations, strict=True)
+        if vectorization == "vector_entry_point"
     ]
 
 

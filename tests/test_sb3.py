@@ -199,7 +199,8 @@ def test_configurations_it_cannot_serve_are_refused(start_servers: StartServers)
     with pytest.raises(SpecMismatchError, match=r"vector_entry_point.*--autoreset-mode SameStep"):
         RemoteVecEnv(vectorized)
     # ... and the fleet it made to find out was closed: the server takes another learner at once.
-    with RemoteVectorEnv(vectorized, connect_timeout=5.0) as remote:
+    with RemoteVectorEnv(vectorized + addresses[:1], connect_timeout=5.0) as remote:
+        assert remote.vectorizations == ["vector_entry_point", "sync"]  # (what the refusal was judged by)
         remote.reset(seed=0)
 
 

@@ -176,7 +176,7 @@ def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> N
         (["--env", "CartPole-v1", "--grace", "nan"], "argument --grace: expected a finite number >= 0, got 'nan'"),
         (
             ["--env", "CartPole-v1", "--max-request-bytes", "1024"],
-            "argument --max-request-bytes: expected a number of bytes in [4096, 67108864], got '1024'",
+            "argument --max-request-bytes: expected a number of bytes in [4096, 67108864], got 1024",
         ),
         (
             ["--env", "CartPole-v1", "--max-episode-steps", "0"],
@@ -190,8 +190,8 @@ def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> N
         ),
         (
             ["--env", "CartPole-v1", "--wrappers", "flatten,nope"],
-            "--wrappers (or ENVFLEET_WRAPPERS): unknown wrapper 'nope' in 'flatten,nope'; available: atari, "
-            "clip-action, flatten",
+            "--wrappers (or ENVFLEET_WRAPPERS): expected names among atari, clip-action, flatten, got unknown "
+            "wrapper 'nope'",
         ),
         ([], "--env is required (or set ENVFLEET_ENV)"),
     ],
@@ -346,8 +346,8 @@ def test_a_wrapper_named_twice_is_refused_at_start(args: list[str], environ: dic
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert result.stderr.strip().splitlines() == [
         SHORT_USAGE,
-        f"env-server: error: --wrappers (or ENVFLEET_WRAPPERS): {twice!r} is named twice in {given!r}; "
-        "each wrapper applies once",
+        "env-server: error: --wrappers (or ENVFLEET_WRAPPERS): expected each wrapper at most once (each applies "
+        f"once), got {twice!r} twice in {given.replace(' ', '')!r}",
     ]
     # (the same for a ServerConfig made in code)
     with pytest.raises(ValueError, match=r"^wrappers: expected each wrapper at most once .* 'flatten' twice in"):
