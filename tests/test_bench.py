@@ -532,6 +532,38 @@ def test_the_load_warning_names_when_the_machine_was_busy() -> None:
 
 
 @pytest.mark.slow
+def test_a_bench_stopped_mid_workload_keeps_the_rounds_it_finished(tmp_path: Path) -> None:
+    """Stopped in the second of five rounds of a workload, the first round's figures are kept (they
+    were lost with the workload: a long Pong or HalfCheetah workload stopped near its end gave nothing)."""
+    out = tmp_path / "bench"
+    argv = ["--suites", "latency", "--latency-sizes", "1", "--rounds", "5", "--seconds", "1", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "bench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if ": round 1/5: " in line:
+                break
+        else:
+            pytest.fail(f"no round finished: {proc.communicate()[1][-3000:]}")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    data = json.loads((out / "bench.json").read_text())
+    assert data["meta"]["interrupted"] is True
+    (workload,) = data["latency"]
+    rounds = {len(r["samples"]) for r in workload["results"]}
+    assert rounds in ({1}, {2}), workload["results"]  # (round 2 may have finished before the signal came)
+    assert all(r["median"] > 0 for r in workload["results"])
+    assert "| 1 | " in (out / "bench.md").read_text()  # (its row of the latency table)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp_path: Path, signum: int) -> None:
     """Stopped during the ppo suite's second run (SIGTERM, or Ctrl-C: the terminal signals the whole

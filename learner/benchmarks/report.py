@@ -209,7 +209,8 @@ def markdown_tables(results: dict[str, Any]) -> str:
     for w in results.get("throughput", []):
         rows = _by_name(w)
         ref_name = next((n for n in rows if n.startswith("AsyncVectorEnv")), None)
-        lines += [f"**{w['title']}** (env-steps/s, median of {len(w['results'][0]['samples'] or [])} rounds)", ""]
+        rounds = max(len(r["samples"] or []) for r in w["results"])  # (a variant that could not run has none)
+        lines += [f"**{w['title']}** (env-steps/s, median of {rounds} rounds)", ""]
         lines += [f"| vector env | env-steps/s | spread | {PAIRED_COLUMN} |", "|---|---:|---:|---:|"]
         for r in w["results"]:
             if not r["samples"]:

@@ -265,25 +265,29 @@ def _run_suites(
     save: Callable[[], None],
     progress: Callable[[str], None],
 ) -> None:
-    """Run the configured suites into ``results``, saving after each measurement."""
+    """Run the configured suites into ``results``, saving after each measurement (each round of a
+    workload: one stopped mid-workload keeps the rounds it finished)."""
+
+    def measure(suite: str, workload: Workload) -> None:
+        entries: list[dict[str, Any]] = results[suite]
+        slot = len(entries)
+
+        def keep(measured: list[Any]) -> None:
+            entries[slot:] = [_workload_result(workload, measured)]
+            save()
+
+        measure_workload(
+            workload, rounds=config.rounds, seconds=config.seconds, seed=config.seed, progress=progress, on_round=keep
+        )
+
     if "throughput" in config.suites:
         results["throughput"] = []
         for name in config.workloads:
-            workload = available[name]
-            measured = measure_workload(
-                workload, rounds=config.rounds, seconds=config.seconds, seed=config.seed, progress=progress
-            )
-            results["throughput"].append(_workload_result(workload, measured))
-            save()
+            measure("throughput", available[name])
     if "latency" in config.suites:
         results["latency"] = []
         for n in config.latency_sizes:
-            workload = latency_workload(n, config.latency_delay_ms)
-            measured = measure_workload(
-                workload, rounds=config.rounds, seconds=config.seconds, seed=config.seed, progress=progress
-            )
-            results["latency"].append(_workload_result(workload, measured))
-            save()
+            measure("latency", latency_workload(n, config.latency_delay_ms))
     if "rpc" in config.suites:
         from learner.benchmarks.rpc import measure_rpc
 

@@ -255,11 +255,13 @@ def measure_workload(
     seconds: float,
     seed: int = 0,
     progress: Callable[[str], None] = lambda _: None,
+    on_round: Callable[[list[Measured]], None] = lambda _: None,
 ) -> list[Measured]:
     """Throughput of every variant of ``workload``: all built first, then stepped in turns.
 
     Each round steps every variant for ``seconds`` (the order rotates between rounds), so that slow
     drifts in the machine's load hit all variants alike and each round gives paired ratios.
+    ``on_round`` gets the results after each round (so far: a bench stopped mid-workload keeps them).
     """
     results = [Measured(v) for v in workload.variants]
     steppers: list[Stepper | None] = []
@@ -284,6 +286,7 @@ def measure_workload(
                 assert stepper is not None
                 env_steps, elapsed = stepper.run(seconds)
                 results[i].samples.append(env_steps / elapsed)
+            on_round(results)  # (before the line saying the round is done)
             progress(
                 f"{workload.title}: round {r + 1}/{rounds}: "
                 + ", ".join(f"{results[i].variant.name} {results[i].samples[-1]:,.0f}" for i in live)
