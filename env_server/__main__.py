@@ -37,7 +37,8 @@ line, "listening on HOST:PORT", to stdout; logs go to stderr.
 vectorization (default sync): the server is already its own process, and a fleet gets its
 parallelism from many servers, so stepping a server's envs one after another in-process costs
 nothing extra per step, gives results identical to gymnasium's SyncVectorEnv/AsyncVectorEnv for the
-same seeds, and works for every env and wrapper. Use async for envs whose step takes milliseconds
+same seeds (but for infos whose types differ between envs: widened, not cut; see the README), and
+works for every env and wrapper. Use async for envs whose step takes milliseconds
 of CPU (one subprocess per env uses more cores), and vector_entry_point for envs with their own
 batched implementation (much faster for CartPole, but its random streams differ from gymnasium's
 per-env seeding).

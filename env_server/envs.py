@@ -22,6 +22,8 @@ __all__ = [
     "EnvStepDelay",
     "ObservationLayoutError",
     "StepDelay",
+    "WideInfoAsyncVectorEnv",
+    "WideInfoSyncVectorEnv",
     "WRAPPERS",
     "build_vector_env",
     "check_env",
@@ -340,6 +342,51 @@ def _build_error(config: ServerConfig, err: Exception) -> EnvBuildError:
     return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}")
 
 
+def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None:
+    """Widen the arrays of ``vector_infos`` that ``env_info``'s values would not fit (floats after
+    ints, say) to a dtype that holds both (``np.result_type``), before gymnasium writes them in.
+
+    gymnasium's ``VectorEnv._add_info`` makes a key's array of the first env's value's type and
+    casts the others' into it: FrozenLake's ``prob`` (1 after a reset, 0.333 after a step) became 0
+    on an autoreset step. The learner joins servers' infos widening them the same way, so that a
+    fleet's infos do not depend on how its envs are split between servers, and no value is cut.
+    """
+    for key, value in env_info.items():
+        array = vector_infos.get(key)
+        if key == "final_obs" or not isinstance(array, np.ndarray) or array.dtype == object:
+            continue  # (a dict recurses through _add_info; object arrays hold anything)
+        if isinstance(value, np.ndarray):
+            if value.shape != array.shape[1:]:
+                continue  # (gymnasium's own error then)
+            here = value.dtype
+        elif isinstance(value, bool | int | float | np.number | np.bool_):
+            here = np.asarray(value).dtype
+        else:
+            continue
+        if here == array.dtype or (here.kind in "US") != (array.dtype.kind in "US"):
+            continue
+        wide = np.result_type(array.dtype, here)
+        if wide != array.dtype:
+            vector_infos[key] = array.astype(wide)
+
+
+class WideInfoSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv, but an info key whose values' types differ between envs is widened
+    to hold them all instead of cast to the first env's (see :func:`_widen_infos`)."""
+
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        _widen_infos(vector_infos, env_info)
+        return super()._add_info(vector_infos, env_info, env_num)
+
+
+class WideInfoAsyncVectorEnv(gym.vector.AsyncVectorEnv):
+    """gymnasium's AsyncVectorEnv, with infos widened as :class:`WideInfoSyncVectorEnv`'s."""
+
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        _widen_infos(vector_infos, env_info)
+        return super()._add_info(vector_infos, env_info, env_num)
+
+
 def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:
     """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
 
@@ -366,13 +413,13 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             isolated = _isolated(factory, config.env, repeat_on_reset=same_step)
             if config.vectorization == "async":
                 first.close()
-                vec = gym.vector.AsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
+                vec = WideInfoAsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
                     lambda: _guarded(first, config.env, repeat_on_reset=same_step)
                 ]
                 fns += [isolated] * (config.num_envs - 1)
-                vec = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+                vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise
     except Exception as err:  # anything gymnasium or an env's constructor raises

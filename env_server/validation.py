@@ -23,7 +23,8 @@ class InvalidActionError(ValueError):
 
 
 def check_actions(space: gym.Space[Any], actions: Any, num_envs: int, where: str = "actions") -> Any:
-    """Return ``actions`` cast to the space's dtypes, or raise InvalidActionError.
+    """Return ``actions`` cast to the space's dtypes (floats for a float Box: as sent), or raise
+    InvalidActionError.
 
     ``actions`` is batched as ``gymnasium.vector.utils.batch_space(space, num_envs)`` lays it out:
     arrays with a leading dimension of ``num_envs``; dicts and tuples of such for Dict and Tuple spaces.
@@ -84,6 +85,10 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
                 bad,
             )
         actions = np.clip(actions, space.low, space.high)
+    if actions.dtype.kind == "f" and space.dtype.kind == "f":
+        # In the dtype sent, as a local vector env passes them: float64 actions for a float32 space
+        # make the env compute in float64 (Pendulum's next state), and a cast would change its results.
+        return actions
     return actions.astype(space.dtype, copy=False)
 
 

@@ -400,3 +400,28 @@ class SlowResetEnv(ClockEnv):
         if self._resets >= self.slow_from:
             time.sleep(self.sleep_s)
         return super().reset(seed=seed, options=options)
+
+
+class MixedInfoEnv(gym.Env[np.ndarray, np.int64]):
+    """Step infos whose type follows the action: ``"x"`` 0.5 for action 1, the int 1 for action 0, and
+    ``"d": {"y": ...}`` a float32 1.5 or the int 2 (as FrozenLake's ``prob``: an int after a reset, a
+    float after a step). Observations ``[t]``, endless episodes."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        info = {"x": 0.5 if action else 1, "d": {"y": np.float32(1.5) if action else 2}}
+        return np.array([self._t], dtype=np.float32), 1.0, False, False, info

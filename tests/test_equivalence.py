@@ -67,6 +67,30 @@ def test_results_do_not_depend_on_layout(start_servers: Any) -> None:
             assert_same(a.step(actions), b.step(actions))
 
 
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_infos_whose_types_differ_between_envs_do_not_depend_on_layout(start_servers: Any, vectorization: str) -> None:
+    """An info key that is an int in some envs and a float in others: gymnasium casts all into the
+    first env's type (0.5 into an int array: 0), so each server cut its own envs' values by its own
+    first env, and the fleet's infos depended on the layout. Servers widen such keys now, as the
+    learner joins servers' infos: every layout gives the same, uncut values."""
+    env, args = "tests.envs:MixedInfoEnv", ["--vectorization", vectorization]
+    layouts = [start_servers(env, n, 4 // n, server_args=args) for n in (1, 2, 4)]
+    fleets = [RemoteVectorEnv(addresses) for addresses in layouts]
+    try:
+        for fleet in fleets:
+            fleet.reset(seed=0)
+        for actions in ([1, 1, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]):
+            steps = [fleet.step(np.array(actions)) for fleet in fleets]
+            for got in steps[1:]:
+                assert_same(got, steps[0])
+            infos = steps[0][4]
+            assert infos["x"].tolist() == [0.5 if a else 1 for a in actions]
+            assert infos["d"]["y"].tolist() == [1.5 if a else 2 for a in actions]
+    finally:
+        for fleet in fleets:
+            fleet.close()
+
+
 def test_step_async_and_wait_match_step(start_servers: Any) -> None:
     addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
     reference = gym.vector.SyncVectorEnv([CASES["CartPole-v1"]] * 4)
@@ -103,6 +127,21 @@ def test_seed_list_options_and_reset_mask(start_servers: Any) -> None:
         for _ in range(5):
             actions = reference.action_space.sample()
             assert_same(remote.step(actions), reference.step(actions))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_box_actions_reach_the_envs_in_the_dtype_sent(start_servers: Any, dtype: type) -> None:
+    """float64 actions for Pendulum's float32 space: a local vector env passes them as they are (the
+    env computes in float64); servers cast them to float32, which changed rewards from the first step."""
+    addresses = start_servers("Pendulum-v1", 2, 2)
+    reference = gym.vector.SyncVectorEnv([CASES["Pendulum-v1"]] * 4)
+    rng = np.random.default_rng(0)
+    with RemoteVectorEnv(addresses) as remote:
+        assert_same(remote.reset(seed=3), reference.reset(seed=3))
+        for t in range(100):
+            actions = rng.uniform(-2.0, 2.0, size=(4, 1)).astype(dtype)
+            assert_same(remote.step(actions), reference.step(actions), f"step {t}")
+    reference.close()
 
 
 def test_the_clip_action_wrapper_clips_where_the_envs_are(start_servers: Any) -> None:
