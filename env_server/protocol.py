@@ -78,10 +78,19 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def package_version() -> str:
-    """envfleet's installed version (for --version)."""
+    """envfleet's installed version (for --version and the metrics' info), else the version in the
+    pyproject.toml beside the package (the images run the source with it beside, not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("envfleet")
-    except PackageNotFoundError:  # run from a checkout that is not installed
+    except PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    try:
+        with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
+            return f"{tomllib.load(f)['project']['version']} (not installed)"
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "(not installed)"

@@ -32,7 +32,7 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
         import docker.errors
     except ImportError:
         raise AddressError(
-            f"address {address!r}: needs the Docker SDK; install it with pip install 'envfleet[learner]'"
+            f"address {address!r}: needs the Docker SDK; install it with pip install docker (also in 'envfleet[learner]')"
         ) from None
     try:
         client = docker.from_env()

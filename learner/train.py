@@ -104,6 +104,24 @@ class NothingToLearnError(EnvFleetError):
     are in the message)."""
 
 
+def _versions() -> dict[str, str]:
+    """What made a run (config.json): Python, envfleet and the libraries its results depend on."""
+    import google.protobuf
+    import grpc
+
+    from env_server.protocol import package_version
+
+    return {
+        "python": sys.version.split()[0],
+        "envfleet": package_version(),
+        "torch": torch.__version__,
+        "gymnasium": gym.__version__,
+        "numpy": np.__version__,
+        "grpcio": grpc.__version__,
+        "protobuf": google.protobuf.__version__,
+    }
+
+
 def pick_device(spec: str) -> torch.device:
     """``auto``: the first CUDA device when there is one, else the CPU; or exactly what was asked for."""
     if check_device(spec) == "auto":
@@ -909,7 +927,7 @@ def train(
             "device": str(device),
             "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
             "solved_threshold": threshold,
-            "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "gymnasium": gym.__version__},
+            "versions": _versions(),
         }
         rundir.write_json(run_dir / rundir.CONFIG, config)
         log.info(

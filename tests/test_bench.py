@@ -606,3 +606,42 @@ def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp
     assert "| remote 2x2 tcp | - | (not run) |" in (out / "bench.md").read_text()
     # The runs' temporary folder and their servers' sockets' are removed (torch keeps a cache there).
     assert [p.name for p in tmp.iterdir() if p.name.startswith("envfleet")] == []
+
+
+def test_what_a_run_needs_is_checked_before_anything_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workload whose env cannot be built here (ALE not installed, say), or a missing matplotlib
+    (bench.png) or torch (the ppo suite), was found after the measurements (~20 minutes for all)."""
+    import importlib.util
+
+    import env_server.envs
+    from learner.benchmarks.run import BenchConfig, check
+
+    config = BenchConfig(out=tmp_path / "bench", suites=("throughput", "ppo"), workloads=("cartpole-8", "pong-8"))
+    build = env_server.envs.build_vector_env
+
+    def no_ale(server_config: object, **kwargs: object) -> object:
+        if getattr(server_config, "env", "").startswith("ALE/"):
+            raise env_server.envs.EnvBuildError("cannot make env 'ALE/Pong-v5': NamespaceNotFound: ALE")
+        return build(server_config, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(env_server.envs, "build_vector_env", no_ale)
+        with pytest.raises(ValueError) as err:
+            check(config)
+    assert str(err.value) == (
+        "--workloads: pong-8 cannot run here: cannot make env 'ALE/Pong-v5': NamespaceNotFound: ALE; install what "
+        "it needs (pip install 'envfleet[bench]' brings MuJoCo, ALE and SB3) or leave it out (--workloads cartpole-8)"
+    )
+    find_spec = importlib.util.find_spec
+    for missing in ("matplotlib", "torch"):
+        with monkeypatch.context() as patch:
+            patch.setattr(
+                importlib.util,
+                "find_spec",
+                lambda name, *a, gone=missing: None if name == gone else find_spec(name, *a),
+            )
+            with pytest.raises(ModuleNotFoundError) as gone:
+                check(config)
+        assert gone.value.name == missing

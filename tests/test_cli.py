@@ -71,6 +71,7 @@ def test_resume_continues_a_run_with_more_steps(
     assert [r["global_step"] for r in rows] == [16, 32, 48]
     config = rundir.read_json(run / rundir.CONFIG)
     assert config["args"]["total_timesteps"] == 48 and config["args"]["num_envs"] == 2
+    assert set(config["versions"]) == {"python", "envfleet", "torch", "gymnasium", "numpy", "grpcio", "protobuf"}
 
 
 def test_resuming_a_solved_run_needs_a_higher_stop_at_return(

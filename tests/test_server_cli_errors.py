@@ -226,9 +226,22 @@ def test_step_socket_flags(
     assert Path(f"{socket_path}{STEP_SOCKET_SUFFIX}").is_socket() is served
 
 
-def test_version() -> None:
+def test_version(monkeypatch: pytest.MonkeyPatch) -> None:
     proc = subprocess.run([sys.executable, "-m", "env_server", "--version"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("env-server (envfleet) "), proc
+    # Not installed (as in the images, which run the source with pyproject.toml beside it): the
+    # version in pyproject.toml, said to be so; it read "(not installed)" alone.
+    import importlib.metadata
+    import tomllib
+
+    from env_server.protocol import package_version
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert package_version() == f"{pyproject['project']['version']} (not installed)"
 
 
 def test_a_unix_socket_another_server_listens_on_is_refused_and_a_stale_one_replaced(

@@ -1,1 +1,1 @@
-"""Generated protobuf and gRPC stubs for envfleet.v1 (made by tools/gen_proto.py; never edit by hand)."""
+"""Generated protobuf and gRPC stubs for envfleet.v1 (made by proto/generate.py; never edit by hand)."""

@@ -15,7 +15,7 @@ Two measurements, the raw material of the README's "Beyond one host":
 2. **Bytes per step.** The StepRequest and StepResponse a replica exchanges per step, for vector
    observations (CartPole-v1 x 4) and Atari-size ones (Pong, 8 envs, 4 x 84 x 84 uint8 frame
    stacks), as protobuf sizes and with the framing of gRPC, HTTP/2 and TCP/IP added (estimated;
-   ``tests.netns_bench`` counts the real bytes on a veth link).
+   ``tests.measure_netns`` counts the real bytes on a veth link).
 """
 
 from __future__ import annotations

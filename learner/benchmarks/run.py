@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.util
 import json
 import logging
 import math
@@ -158,10 +159,44 @@ def _check_ppo_env(env: str) -> None:
         raise ValueError(f"--ppo-env: cannot build {env!r}: {err}") from None
 
 
+def _check_workload_envs(workloads: tuple[str, ...]) -> None:
+    """ValueError naming --workloads if one env of a workload cannot be built here (MuJoCo or ALE not
+    installed, say): said before anything is measured, not as rows that could not run at the end."""
+    import dataclasses
+
+    from env_server.envs import build_vector_env
+
+    available = throughput_workloads()
+    for name in workloads:
+        config = dataclasses.replace(available[name].config, num_envs=1, step_delay_ms=0.0)
+        try:
+            build_vector_env(config).close()
+        except Exception as err:  # EnvBuildError, or whatever the env's own constructor raised
+            others = [w for w in workloads if w != name]
+            leave_out = f" (--workloads {','.join(others)})" if others else ""
+            raise ValueError(
+                f"--workloads: {name} cannot run here: {err}; install what it needs (pip install 'envfleet[bench]' "
+                f"brings MuJoCo, ALE and SB3) or leave it out{leave_out}"
+            ) from None
+
+
+def _check_installed(module: str) -> None:
+    """ModuleNotFoundError (which the command reports with what to install) if ``module`` is missing;
+    found, not imported: torch would sit in this process's memory while the others are measured."""
+    if importlib.util.find_spec(module) is None:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
 def check(config: BenchConfig) -> None:
-    """ValueError naming the option when the run could not start: --ppo-env cannot be built, --out cannot be made."""
+    """ValueError naming the option when the run could not start: --ppo-env or a workload's env cannot
+    be built, --out cannot be made; ModuleNotFoundError when matplotlib (bench.png) or, for the ppo
+    suite, torch is missing. All before anything is measured."""
+    _check_installed("matplotlib")
     if "ppo" in config.suites:
+        _check_installed("torch")
         _check_ppo_env(config.ppo_env)
+    if "throughput" in config.suites:
+        _check_workload_envs(config.workloads)
     out = config.out
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
