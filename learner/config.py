@@ -122,7 +122,7 @@ class Args:
     """stop once the mean return of the last 20 finished episodes is at least this (inf: never, as
     --no-stop-at-return)"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
-    """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<time>)"""
+    """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<date>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
     """continue the run in this run dir from its last checkpoint (its config, unless overridden). A run
     trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
