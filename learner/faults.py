@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
@@ -116,6 +118,9 @@ class Replica:
     """READY: the reset that opened the new session, waiting to be handed to the learner."""
     truncate_next: bool = False
     """DOWN: the next step reports the envs' episodes as truncated (once, where they were lost)."""
+    truncate_only: np.ndarray | None = None
+    """With ``truncate_next``: a mask over its envs of those whose episodes it ends, where the others
+    had none under way (lost in a reset of some of them: ``options["reset_mask"]``); None: all."""
     down_since: float = 0.0
     last_error: str = ""
     planned: bool = False

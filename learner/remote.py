@@ -79,6 +79,12 @@ _PATIENCE_S = 2.0
 # at least this long (the socket's refusal may have come at the very end).
 _RESEND_MIN_S = 0.05
 
+# A step whose deadline passed while the learner was busy elsewhere (pipelining: another
+# group taken in, a policy's forward pass; or long between step_async and step_wait) gets this long
+# (at most ``timeout``) for the loop to take in an answer that came in meanwhile: the loop runs only
+# while the learner waits, and an answer on time is no timeout. A hung server is reported that late.
+_LAST_LOOK_S = 0.25
+
 
 # The RemoteVectorEnvs of this process that are open: a server one of them holds, refusing another,
 # is held by this process (a notebook cell run twice), not by some other learner.
@@ -193,7 +199,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
       waits longer before the server is taken back, on ``backoff``'s schedule, and they are logged
       at most once per 10 s, with their count.
     * If no server is up, :meth:`step` waits up to ``min(timeout, 1 s)`` for one to come back before
-      returning, so a training loop does not spin; once all have been down for ``give_up_after``
+      returning, so a training loop does not spin (:meth:`recv` of a group whose servers are all down
+      waits so only when no server of the fleet is up either); once all have been down for ``give_up_after``
       seconds, it raises :class:`~learner.errors.ServerUnavailableError` instead. A flapping server
       counts as down from its first loss until it answers a step again.
 
@@ -215,7 +222,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             ``unix:/path``, or ``dns:///name:port`` (every address the name resolves to).
         timeout: seconds each call (reset, step, handshake) may take before it fails with
             :class:`~learner.errors.RemoteTimeoutError` (or, fault-tolerant, before its server
-            counts as lost); releasing a session on :meth:`close` waits at most 2 s of it (the
+            counts as lost); a step's counted from its send (:meth:`step_async`, :meth:`send`),
+            whatever the learner does until it waits for the answer; releasing a session on :meth:`close` waits at most 2 s of it (the
             server ends the session anyway once the connection closes). Like every option in
             seconds, finite.
         reset_timeout: seconds a reset may take, for envs slower to reset than to step (a level
@@ -368,8 +376,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # next one (its deadline then: reset_timeout); None: not known (after a reset or a new layout).
         self._resets_pending: np.ndarray | None = None
         self._tasks = [None] * len(self._clients)
+        # Each server's step in flight: when its deadline passes (time.monotonic()), and the timeout it
+        # was sent with; set as it is sent, so that a step's timeout counts from its send (pipelining:
+        # whatever the learner does with the other groups meanwhile).
+        self._due: list[tuple[float, float]] = [(math.inf, self.timeout)] * len(self._clients)
         self._groups = _split(len(self._clients), num_groups)
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
+        self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
         # Fault tolerance: each server's state, and the counters of fault_stats().
         self._replicas = [self._replica(c) for c in self._clients]
@@ -558,6 +571,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return [c.address for c in self._clients]
 
     @property
+    def autoreset_mode(self) -> gym.vector.AutoresetMode:
+        """The servers' autoreset mode (``--autoreset-mode``), as gymnasium's vector envs have it
+        (also in ``metadata["autoreset_mode"]``, which gymnasium's wrappers read)."""
+        mode: gym.vector.AutoresetMode = self.metadata["autoreset_mode"]
+        return mode
+
+    @property
     def vectorizations(self) -> list[str]:
         """Each server's ``--vectorization`` (sync, async or vector_entry_point), in env order. A
         vector_entry_point server steps the env's own vectorized implementation, which may reset all
@@ -612,6 +632,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         Fault-tolerant, the envs of servers that are down are not reset: they are reported in
         ``infos["env_unavailable"]`` and rejoin (with new, unseeded episodes) once their server is back.
+        With ``options["reset_mask"]`` taking some of a server's envs: if it is lost in this reset, all
+        its envs are reported so, and the episodes under way in the others end, truncated, on the next
+        step; if it is back (its reconnect reset its envs), the others hand over their new episodes
+        here, reported in ``infos["env_rejoined"]`` (and ``env_unavailable``) as on the step a server
+        rejoins. Unavailable envs of a reset do not count in ``fault_stats().env_steps_lost``.
         """
         self._assert_idle("reset")
         seeds = self._seeds(seed)
@@ -620,6 +645,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         if options is not None and not isinstance(options, Mapping):
             raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
+        given = options is not None
         options = dict(options) if options is not None else {}
         mask = options.pop("reset_mask", None)
         if mask is not None:
@@ -631,7 +657,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if not mask.any():
                 raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
         try:
-            encoded_options = codec.encode_value(options, pb.Value(), "options") if options else None
+            # (options={} reaches the envs as {}, as on a local vector env: an env may read options.get(...))
+            send = options or (given and mask is None)
+            encoded_options = codec.encode_value(options, pb.Value(), "options") if send else None
         except codec.CodecError as err:  # (it names the option: "options['x']: ...")
             raise InvalidArgumentError(str(err)) from err
         full = mask is None or bool(np.all(mask))
@@ -655,6 +683,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             calls.append((i, request))
         if self.fault_tolerant and not calls:
             self._check_anything_left()
+        slices = self.env_slices
+        # Servers reset in part whose other envs have episodes under way (UP: a READY server's were cut
+        # when it was lost, and the caller saw that): if one is lost in this reset, those episodes end,
+        # truncated, on the next step, as a loss a step notices ends them; the envs reset had none.
+        # (Other envs of a READY server reset in part rejoin: its reconnect started them over.)
+        rest = {i: ~mask[slices[i]] for i, _ in calls if mask is not None and not mask[slices[i]].all()}
+        under_way = {i: envs for i, envs in rest.items() if self._replicas[i].state is ReplicaState.UP}
         results = self._runner.run(
             gather(*(self._clients[i].send_reset(request) for i, request in calls), return_exceptions=True)
         )
@@ -672,30 +707,45 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 lost.append((i, result))
             else:
                 errors.append(result)
-        self._lose_all(lost, truncate=False)  # no episode was under way
+        self._lose_all(lost, truncate=under_way)  # (no episode was under way in the envs reset)
         self._raise_first(errors)
         parts = []
+        rejoined = np.zeros(self.num_envs, dtype=np.bool_)
         for i in answers:
             replica, client = self._replicas[i], self._clients[i]
+            if replica.state is ReplicaState.READY and i in rest:
+                # Its envs not reset now hand over the new episodes its reconnect started (the server's
+                # answer holds their observations): as on the step a server rejoins.
+                rejoined[slices[i]] = rest[i]
             replica.state, replica.fresh = ReplicaState.UP, None  # a READY server's own reset is superseded
             parts.append((answers[i][1], client.env_offset, client.num_envs))
         infos, misfits = self._merge_infos(parts, self.num_envs, 0, "Reset")
         for i, misfit in misfits:  # (fault-tolerant: lost, as if its reset had failed)
             del answers[i]
-            self._lose(i, misfit, truncate=False)
+            rejoined[slices[i]] = False
+            self._lose(i, misfit, truncate=under_way.get(i, False))
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if full:
             self._stale = None
+        started = rejoined if mask is None else mask | rejoined  # the envs whose episodes start now
         if self._ended is not None:
-            self._ended[slice(None) if mask is None else mask] = False
+            self._ended[slice(None) if mask is None else started] = False
         if self._resets_pending is not None and len(self._resets_pending) == self.num_envs:
-            self._resets_pending[slice(None) if mask is None else mask] = False  # (reset: no autoreset due)
+            self._resets_pending[slice(None) if mask is None else started] = False  # (reset: no autoreset due)
         for i, (obs, _) in answers.items():
             write_batch(self._obs_buffer, obs, self._clients[i].env_offset)
         unavailable = ~self.available
         if mask is not None:
-            unavailable &= mask
-        self._flag_unavailable(infos, unavailable)
+            # The envs reset, and every env of a server lost in this reset (news to the caller); the
+            # others of servers down since before stay as their last step flagged them.
+            news = mask.copy()
+            for i, _ in [*lost, *misfits]:
+                news[slices[i]] = True
+            unavailable &= news
+        unavailable |= rejoined
+        self._flag_unavailable(infos, unavailable, steps=False)
+        if rejoined.any():
+            infos["env_rejoined"], infos["_env_rejoined"] = rejoined, rejoined.copy()
         self._raise_env_errors(infos, 0)
         return self._observations(self._obs_buffer), infos
 
@@ -860,12 +910,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._notice_answers()
         self._start(servers, actions, sl.start)
         self._in_flight[group] = True
+        self._sent_at[group] = time.monotonic()
         self._spin_if_needed()
 
     def recv(self, group: int | None = None) -> tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for a group's step results: ``(group, observations, rewards, terminations, truncations, infos)``.
 
-        ``group=None`` takes whichever group in flight finishes first; an int waits for that group.
+        ``group=None`` takes whichever group in flight finishes first (of those done, the one sent
+        first); an int waits for that group. A group whose step is not answered within its deadline
+        (``timeout``, counted from its :meth:`send`) comes first, whatever the other groups do, and
+        its late servers fail (fault-tolerant: count as lost). A group whose servers are all down
+        counts as done once another group in flight is (at once when none is).
         The arrays cover the group's envs only (``group_slices[group]``), infos likewise.
         """
         self._assert_open()
@@ -885,24 +940,35 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return (group, *self._finish(self._groups[group]))
 
     def _first_group_done(self, groups: list[int]) -> int:
-        deadline = time.monotonic() + self._step_timeout(0, self.num_envs)
-        sockets = [t for g in groups for t in self._group_tasks(g) if isinstance(t, SocketStep)]
+        """The group in flight for :meth:`recv` to take in (of ``groups``, all in flight).
+
+        A group whose step's deadline (counted from its send) passed unanswered comes first: its
+        timeout is reported whatever the other groups do (a group always answering first must not
+        hide a hung one). Otherwise, of the groups done, the one sent first; a group whose servers
+        are all down (or back, READY: nothing was sent) counts as done once a group with steps in
+        flight is (as its servers would wait for the others' in :meth:`step`), or at once when none
+        has: it neither holds the others up nor is taken in over and over while they step."""
+        stepping = {g: tasks for g in groups if (tasks := self._group_tasks(g))}
+        due = {g: max(self._due[i][0] for i in self._groups[g] if self._tasks[i] is not None) for g in stepping}
+        sockets = [t for tasks in stepping.values() for t in tasks if isinstance(t, SocketStep)]
         for step in sockets:
             step.receive()
             step.timed = True  # (see SocketStep.wait)
         # Awake while every step-socket server in flight answers quickly (see SocketStep.wait).
         spin_until = min((t.spin_until() for t in sockets), default=0.0)
         while True:
-            for g in groups:
-                if all(t.done() for t in self._group_tasks(g)):
-                    return g
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:  # _finish reports the late servers
-                return groups[0]
-            pending = [t for g in groups for t in self._group_tasks(g) if not t.done()]
-            sockets = [t for t in pending if isinstance(t, SocketStep)]
-            on_loop = [t for t in pending if not isinstance(t, SocketStep)]
-            if not on_loop and time.monotonic() < spin_until:
+            now = time.monotonic()
+            pending = [g for g, tasks in stepping.items() if not all(t.done() for t in tasks)]
+            late = [g for g in pending if due[g] <= now]
+            if late:  # _finish reports the late servers (after a last look for answers)
+                return min(late, key=due.__getitem__)
+            if len(pending) < len(stepping) or not stepping:
+                return min((g for g in groups if g not in pending), key=self._sent_at.__getitem__)
+            remaining = min(due[g] for g in pending) - now
+            waiting = [t for g in pending for t in stepping[g] if not t.done()]
+            sockets = [t for t in waiting if isinstance(t, SocketStep)]
+            on_loop = [t for t in waiting if not isinstance(t, SocketStep)]
+            if not on_loop and now < spin_until:
                 for step in sockets:
                     step.receive()
                 os.sched_yield()
@@ -962,12 +1028,18 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client.check_request_size(request.ByteSize(), "Step")  # (over a server's limit: none is sent)
             requests.append(request)
             sending.append(i)
+        # The deadline counts from the send: recv() may take other groups in first, for a while.
+        timeout = self._step_timeout(base, sum(self._clients[i].num_envs for i in servers))
+        due = (time.monotonic() + timeout, timeout)
         try:
             for i, request in zip(sending, requests, strict=True):
                 client = self._clients[i]
-                self._tasks[i] = client.send_on_socket(request) or self._runner.create_task(
+                sent = client.send_on_socket(request) or self._runner.create_task(
                     _exchange(client, request, time.perf_counter())
                 )
+                if isinstance(sent, SocketStep):
+                    sent.timeout = timeout  # (for its timeout's message: longer where envs reset)
+                self._tasks[i], self._due[i] = sent, due
         except BaseException as interrupt:  # Ctrl-C while a frame was going out, say: a frame may be cut short
             tasks = {i: task for i in sending if (task := self._tasks[i]) is not None}
             for i in sending:
@@ -1029,7 +1101,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if isinstance(task, SocketStep) and task.refused:
                 refused[i] = task
             elif task.cancelled():  # (the deadline passed: see LoopRunner.wait)
-                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=timeout)
+                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=self._due[i][1])
             elif (err := task.exception()) is not None:
                 failed[i] = err
             else:
@@ -1038,15 +1110,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 except Exception as unreadable:  # (InvalidResponseError) reported once every answer is in
                     failed[i] = unreadable
 
-        timeout = self._step_timeout(base, count)
         if tasks:
-            deadline = time.monotonic() + timeout
+            # Each step's deadline counts from its send (see _start); steps sent at different times
+            # (step_groups) are all waited for until the latest of theirs; and every step gets a last
+            # look, over gRPC or a step socket: an answer that came (or, a large one, began to come)
+            # while the learner was busy elsewhere for longer than the timeout was on time.
+            last_look = time.monotonic() + min(_LAST_LOOK_S, self.timeout)
+            deadline = max(max(self._due[i][0] for i in tasks), last_look)
             on_loop = {i: t for i, t in tasks.items() if not isinstance(t, SocketStep)}
             sockets = {i: t for i, t in tasks.items() if isinstance(t, SocketStep)}
-            for step in sockets.values():
-                step.timeout = timeout
             if on_loop:
-                self._runner.wait(list(on_loop.values()), timeout)
+                self._runner.wait(list(on_loop.values()), deadline - time.monotonic())
             if sockets:
                 self._wait_sockets(sockets, deadline, take)  # each taken in while the others still step
                 if refused:
@@ -1056,7 +1130,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             for i, task in on_loop.items():
                 take(i, task)
         elif self.fault_tolerant:
-            self._wait_for_rejoin(servers)
+            self._wait_for_rejoin()
             self._check_anything_left()
         errors: list[BaseException] = []
         lost: list[tuple[int, BaseException]] = []
@@ -1095,10 +1169,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 out.parts.append((infos, start, k))
                 rejoined.add(i)
             elif replica.truncate_next:
-                # Lost during this step: the envs' episodes end here, truncated.
-                replica.truncate_next = False
-                out.cut(start, k)
-                cut.append((self._lost_infos(client.env_offset, k), start, k))
+                # Lost during this step (or the reset before it): the envs' episodes end here, truncated.
+                only = replica.truncate_only
+                replica.truncate_next, replica.truncate_only = False, None
+                out.cut(start, k, only)
+                cut.append((self._lost_infos(client.env_offset, k, only), start, k))
         out.parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos, misfits = self._merge_infos(out.parts, count, base, "Step", cut)
         if misfits:  # fault-tolerant: those servers are lost on this step, as if their step had failed
@@ -1341,10 +1416,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     # -- failures -----------------------------------------------------------------------------------
 
-    def _lose_all(self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool) -> None:
+    def _lose_all(
+        self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
+    ) -> None:
         """:meth:`_lose` each (server, error), planned or not: a server that said it was shutting down
         (a step it refused), or ended the session saying so (its Hold stream's last word, still there
-        after the server exited and the step met a closed connection), left by plan."""
+        after the server exited and the step met a closed connection), left by plan. ``truncate``: for
+        every server, or per server (the envs whose episodes it cuts; a server not in it cuts none)."""
         ask = [i for i, err in lost if not _shutting_down(err) and self._clients[i].session_ended]
         said = []
         if ask:
@@ -1353,13 +1431,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
         told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
         for i, err in lost:
-            self._lose(i, err, truncate=truncate, planned=_shutting_down(err) or i in told)
+            cut = truncate if isinstance(truncate, bool) else truncate.get(i, False)
+            self._lose(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
 
-    def _lose(self, server: int, err: BaseException, *, truncate: bool, planned: bool = False) -> None:
+    def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
         """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
         saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
         it settled since it came back waits longer each time before it is taken back (see
-        learner.faults: Replica.hold_off)."""
+        learner.faults: Replica.hold_off). ``truncate``: the next step ends its envs' episodes,
+        truncated (a mask over its envs: those envs' only, where the others had no episode under way)."""
         replica, client = self._replicas[server], self._clients[server]
         if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
             log.debug("env server %s, down already: %s", client.address, err)
@@ -1367,7 +1447,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         now = time.monotonic()
         replica.note_loss(now, planned=planned)
         replica.state = ReplicaState.DOWN
-        replica.truncate_next = truncate
+        if isinstance(truncate, np.ndarray):
+            replica.truncate_next = bool(truncate.any())
+            replica.truncate_only = None if truncate.all() else truncate.copy()
+        else:
+            replica.truncate_next, replica.truncate_only = truncate, None
         if planned:
             replica.shutdowns += 1
             self._timers[server].shutdowns += 1
@@ -1406,9 +1490,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             log.warning("env server %s lost (%s); %s", client.address, err, envs)
 
         def on_ready() -> None:
-            self._timers[server].reconnects += 1
-            self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
-            self._rejoined.set()
+            # The server's index then, not now: a refresh() in between may have moved it (or let it go).
+            try:
+                index = next((j for j, r in enumerate(self._replicas) if r is replica), None)
+                if index is not None:
+                    self._timers[index].reconnects += 1
+                    self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
+            finally:
+                self._rejoined.set()  # (a step waiting for a server to come back must hear of it whatever happened)
 
         if replica.reconnect_task is not None and not replica.reconnect_task.done():
             self._runner.cancel([replica.reconnect_task])  # (one reconnect per server at a time)
@@ -1423,9 +1512,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
         )
 
-    def _wait_for_rejoin(self, servers: Sequence[int]) -> None:
-        """No server of this step is up: give their reconnects a moment (so callers do not spin)."""
-        if any(self._replicas[i].state is ReplicaState.READY for i in servers):
+    def _wait_for_rejoin(self) -> None:
+        """No server of this step is up: where none of the fleet is either (nor back, READY), give the
+        reconnects a moment (so callers do not spin). While another server is up, its steps set the
+        pace (its group's, pipelining: a group whose servers are all down must not hold it up)."""
+        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
             return
         self._rejoined.clear()
         self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
@@ -1450,28 +1541,33 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 address=self._clients[0].address,
             )
 
-    def _lost_infos(self, offset: int, count: int) -> dict[str, Any]:
+    def _lost_infos(self, offset: int, count: int, only: np.ndarray | None = None) -> dict[str, Any]:
         """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:
-        their last observations as ``final_obs``, as gymnasium reports a truncation)."""
+        their last observations as ``final_obs``, as gymnasium reports a truncation); ``only``: a mask
+        over the ``count`` envs of those cut (None: all)."""
         if self.metadata["autoreset_mode"] is not gym.vector.AutoresetMode.SAME_STEP:
             return {}
         batch = slice_batch(self._obs_buffer, offset, offset + count)
         final_obs = np.empty(count, dtype=object)
         final_info = np.empty(count, dtype=object)
+        cut = np.ones(count, dtype=np.bool_) if only is None else only.copy()
         for j, single in enumerate(iterate(batch_space(self.single_observation_space, count), batch)):
-            final_obs[j] = deepcopy(single)
-            final_info[j] = {}
-        every = np.ones(count, dtype=np.bool_)
-        return {"final_obs": final_obs, "_final_obs": every, "final_info": final_info, "_final_info": every.copy()}
+            if cut[j]:
+                final_obs[j] = deepcopy(single)
+                final_info[j] = {}
+        return {"final_obs": final_obs, "_final_obs": cut, "final_info": final_info, "_final_info": cut.copy()}
 
-    def _flag_unavailable(self, infos: dict[str, Any], unavailable: np.ndarray) -> None:
-        """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition."""
+    def _flag_unavailable(self, infos: dict[str, Any], unavailable: np.ndarray, *, steps: bool = True) -> None:
+        """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition;
+        ``steps``: the infos are a step's, whose unavailable envs count as env steps lost (a reset's are
+        no env steps: fault_stats() counts env steps)."""
         errors = infos.get("_env_error")
         if errors is not None:
             self._env_error_steps += int(np.count_nonzero(errors))
             unavailable = unavailable | errors
         if unavailable.any():
-            self._env_steps_lost += int(np.count_nonzero(unavailable))
+            if steps:
+                self._env_steps_lost += int(np.count_nonzero(unavailable))
             infos["env_unavailable"] = unavailable
             infos["_env_unavailable"] = unavailable.copy()
 
@@ -1723,6 +1819,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if isinstance(response, BaseException):
                 log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
                 failed.append(client)
+                self._count_loss(replicas.get(id(client)), response)
         # Infos that do not fit those of the servers before them in the new layout: those leave too.
         reset = [c for c in restart if c.address in resets]
         misfits: list[tuple[int, ValueError]] = []
@@ -1738,11 +1835,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             )
             del resets[client.address]
             failed.append(client)
+            self._count_loss(replicas.get(id(client)), err)
         for client in reset:
             replica = replicas.get(id(client))
             if client.address in resets and replica is not None and replica.state is ReplicaState.READY:
                 replica.state, replica.fresh = ReplicaState.UP, None  # (its own reset is superseded, as in reset())
         return resets, failed
+
+    @staticmethod
+    def _count_loss(replica: Replica | None, err: BaseException) -> None:
+        """Count the loss of a server that stayed in the fleet (``replica``; None: one that joined, never
+        counted in) whose reset in refresh() failed with ``err``: a failure (a shutdown if it said it
+        was shutting down), as a failed step or reset counts. A server down already was counted when
+        it was lost; one back since (READY) counted its return, so this is a loss of its own."""
+        if replica is None or replica.state is ReplicaState.DOWN:
+            return
+        if _shutting_down(err):
+            replica.shutdowns += 1
+        else:
+            replica.failures += 1
 
     def _relayout(
         self,
@@ -1775,18 +1886,29 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
         previous_num_envs, timers = self.num_envs, {t.address: t for t in self._timers}
         self._clients, self.num_envs, self._obs_buffer = clients, offset, observations
+        kept = np.array(previous_index, dtype=np.int64)
         if self._ended is not None:  # (envs that stay keep theirs; reset ones and new ones have none)
-            kept = np.array(previous_index)
             ended = self._no_ended_envs()
             assert ended is not None
             ended[kept >= 0] = self._ended[kept[kept >= 0]]
             self._ended = ended
+        if self._resets_pending is not None:
+            # Likewise the autoresets due (their steps' deadline is reset_timeout): those of envs that
+            # stay move with them; reset and new envs have none due. (Not known before: not known now.)
+            if len(self._resets_pending) == previous_num_envs:
+                pending = np.zeros(self.num_envs, dtype=np.bool_)
+                pending[kept >= 0] = self._resets_pending[kept[kept >= 0]]
+                self._resets_pending = pending
+            else:
+                self._resets_pending = None
         self._share_cpus()
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._tasks = [None] * len(clients)
+        self._due = [(math.inf, self.timeout)] * len(clients)
         self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
         self._in_flight = [False] * len(self._groups)
+        self._sent_at = [0.0] * len(self._groups)
         # (a server back at its address with another number of envs starts a timer of its own)
         self._timers = [
             timer
@@ -1961,11 +2083,13 @@ class _StepBatch:
         self.parts: list[InfoPart] = []  # (infos, start, count) per server
         self.obs: dict[int, Any] = {}  # server -> its envs' observations, for the obs buffer
 
-    def cut(self, start: int, count: int) -> None:
-        """Envs ``start:start + count`` lost their server on this step: their episodes end, truncated, reward 0."""
-        self.rewards[start : start + count] = 0.0
-        self.terminations[start : start + count] = False
-        self.truncations[start : start + count] = True
+    def cut(self, start: int, count: int, only: np.ndarray | None = None) -> None:
+        """Envs ``start:start + count`` (``only``: those of them in this mask) lost their server on this
+        step: their episodes end, truncated, reward 0."""
+        envs = slice(start, start + count) if only is None else start + np.flatnonzero(only)
+        self.rewards[envs] = 0.0
+        self.terminations[envs] = False
+        self.truncations[envs] = True
 
 
 class _Retired:

@@ -425,3 +425,14 @@ class MixedInfoEnv(gym.Env[np.ndarray, np.int64]):
         self._t += 1
         info = {"x": 0.5 if action else 1, "d": {"y": np.float32(1.5) if action else 2}}
         return np.array([self._t], dtype=np.float32), 1.0, False, False, info
+
+
+class OptionsProbeEnv(ClockEnv):
+    """A ClockEnv whose reset info says what ``options`` its reset got: ``"options"`` is -1 for None,
+    else how many options (0 for ``{}``, which an env may read with ``options.get``)."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(seed=seed)
+        return obs, {**info, "options": -1 if options is None else len(options)}

@@ -175,3 +175,17 @@ def test_arguments_of_the_wrong_kind_are_named(cartpole: RemoteVectorEnv) -> Non
     cartpole.step(np.zeros(2, dtype=np.int64))  # (nothing was sent)
     with pytest.raises(ValueError, match=r"num_groups: expected at most one group per server \(1 server\), got 2"):
         RemoteVectorEnv(cartpole.addresses, num_groups=2)
+
+
+def test_options_reach_the_envs_as_a_local_vector_env_gives_them(start_servers: StartServers) -> None:
+    """``options={}`` reached the envs as None (an env reading ``options.get`` failed remotely only);
+    none, ``{}``, some and a reset_mask's as gymnasium's SyncVectorEnv passes them."""
+    from tests.envs import OptionsProbeEnv
+
+    reference = gym.vector.SyncVectorEnv([OptionsProbeEnv] * 2)
+    with RemoteVectorEnv(start_servers("tests.envs:OptionsProbeEnv", 1, 2)) as envs:
+        assert envs.autoreset_mode is reference.autoreset_mode  # (also an attribute, as gymnasium's)
+        for options in (None, {}, {"level": 3}, {"reset_mask": np.array([True, False])}):
+            got, want = envs.reset(seed=0, options=options)[1], reference.reset(seed=0, options=options)[1]
+            assert got["options"].tolist() == want["options"].tolist(), options
+    reference.close()
