@@ -30,6 +30,7 @@ __all__ = [
     "is_entry_point",
     "make_env",
     "max_episode_steps",
+    "widened_dtype",
 ]
 
 # "package.module:Name" (dotted identifiers on both sides). A gymnasium id may also contain a colon
@@ -363,28 +364,41 @@ def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None
             here = np.asarray(value).dtype
         else:
             continue
-        if here == array.dtype or (here.kind in "US") != (array.dtype.kind in "US"):
+        if here == array.dtype:
             continue
-        wide = np.result_type(array.dtype, here)
+        try:
+            wide = widened_dtype(array.dtype, here)
+        except TypeError:
+            continue  # (gymnasium's own error then, as locally)
         if wide != array.dtype:
             vector_infos[key] = array.astype(wide)
 
 
-class WideInfoSyncVectorEnv(gym.vector.SyncVectorEnv):
-    """gymnasium's SyncVectorEnv, but an info key whose values' types differ between envs is widened
-    to hold them all instead of cast to the first env's (see :func:`_widen_infos`)."""
+def widened_dtype(before: np.dtype[Any], here: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype that holds both ``before``'s and ``here``'s values (``np.result_type``): how servers
+    widen an info key's array across their envs and the learner across servers (one rule, so a
+    fleet's infos do not depend on its layout). TypeError if none does: they cannot be promoted,
+    or strings meet numbers (which numpy would turn into strings)."""
+    if (before.kind in "US") != (here.kind in "US") and object not in (before, here):
+        raise TypeError("strings and numbers do not mix")
+    return np.result_type(before, here)
+
+
+class _WideInfos(gym.vector.VectorEnv):
+    """An info key whose values' types differ between envs widened to hold them all, instead of
+    cast to the first env's (see :func:`_widen_infos`): mixed in before gymnasium's vector env."""
 
     def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
         _widen_infos(vector_infos, env_info)
         return super()._add_info(vector_infos, env_info, env_num)
 
 
-class WideInfoAsyncVectorEnv(gym.vector.AsyncVectorEnv):
-    """gymnasium's AsyncVectorEnv, with infos widened as :class:`WideInfoSyncVectorEnv`'s."""
+class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv, with infos widened (see :func:`_widen_infos`)."""
 
-    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
-        _widen_infos(vector_infos, env_info)
-        return super()._add_info(vector_infos, env_info, env_num)
+
+class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
+    """gymnasium's AsyncVectorEnv, with infos widened (see :func:`_widen_infos`)."""
 
 
 def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:

@@ -91,6 +91,9 @@ def package_version() -> str:
 
     try:
         with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
-            return f"{tomllib.load(f)['project']['version']} (not installed)"
+            project = tomllib.load(f)["project"]
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "(not installed)"
+    if project.get("name") != "envfleet":  # (the package copied into another project)
+        return "(not installed)"
+    return f"{project.get('version', '?')} (not installed)"

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from env_server.envs import widened_dtype
+
 __all__ = ["InfoPart", "check_batch", "merge_infos", "slice_batch", "write_batch"]
 
 InfoPart = tuple[dict[str, Any], int, int]
@@ -109,7 +111,7 @@ def _check_part(out: dict[str, Any], infos: dict[str, Any], count: int, where: s
             )
         if value.dtype != target.dtype:
             try:  # (the merge widens the key's array to the dtype both promote to)
-                _widened(target.dtype, value.dtype)
+                widened_dtype(target.dtype, value.dtype)
             except (TypeError, ValueError) as err:
                 raise ValueError(
                     f"{path}: dtype {value.dtype} here cannot join dtype {target.dtype} before ({err})"
@@ -130,15 +132,7 @@ def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: i
                 target = np.zeros((num_envs, *value.shape[1:]), dtype=value.dtype)
             out[key] = target
         elif value.dtype != target.dtype and target.dtype != object:
-            wide = _widened(target.dtype, value.dtype)  # (checked by _check_part)
+            wide = widened_dtype(target.dtype, value.dtype)  # (checked by _check_part)
             if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
                 target = out[key] = target.astype(wide)
         target[start : start + count] = value
-
-
-def _widened(before: np.dtype[Any], here: np.dtype[Any]) -> np.dtype[Any]:
-    """The dtype that holds both ``before``'s and ``here``'s values (``np.result_type``); TypeError if
-    none does: they cannot be promoted, or strings meet numbers (which numpy would turn into strings)."""
-    if (before.kind in "US") != (here.kind in "US") and object not in (before, here):
-        raise TypeError("strings and numbers do not mix")
-    return np.result_type(before, here)

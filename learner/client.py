@@ -263,6 +263,7 @@ class EnvClient:
         self.spec: pb.EnvSpec | None = None
         self._hold: Any = None
         self._steps: Any = None  # the open StepStream call, or None
+        self.writing = False  # a step's request not yet handed to gRPC (its stream still opening)
         # Steps go over the server's step socket (see the proto) when it has one and we reached it
         # over its Unix socket (so we are on its host): the path, and the open connection or None.
         self._step_socket_wanted = step_socket and address.startswith("unix:")
@@ -399,7 +400,11 @@ class EnvClient:
             self._steps = self.stub.StepStream(metadata=self.metadata)
         call = self._steps
         try:
-            await call.write(request)
+            self.writing = True  # (on a new stream, until it is open: a few turns of the loop)
+            try:
+                await call.write(request)
+            finally:
+                self.writing = False
             response = await call.read()
         except grpc.RpcError as err:
             self._steps = None

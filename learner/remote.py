@@ -663,6 +663,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         except codec.CodecError as err:  # (it names the option: "options['x']: ...")
             raise InvalidArgumentError(str(err)) from err
         full = mask is None or bool(np.all(mask))
+        self._forget_truncations(mask)
         if not self.fault_tolerant:
             ended = [c for c in self._clients if c.session_ended and self._resets_all_of(c, mask, "reset")]
             if ended:
@@ -987,9 +988,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     by_fd[fd].receive()
 
     def _spin_if_needed(self) -> None:
-        """Let steps just started over gRPC hand their messages to gRPC (step-socket steps are sent already)."""
-        if any(t is not None and not isinstance(t, SocketStep) and not t.done() for t in self._tasks):
-            self._runner.spin()
+        """Let steps just started over gRPC hand their messages to gRPC (step-socket steps are sent already).
+
+        A step on a new stream (a session's first; after a reconnect or a failed stream) is handed
+        over once the stream is open, a few turns of the loop later: wait for that here (at most
+        ``timeout``), and count its deadline from then, or a learner busy until past the deadline
+        (step_async, then a long update) would find a healthy server's step never sent, and late."""
+        started = [
+            i for i, t in enumerate(self._tasks) if t is not None and not isinstance(t, SocketStep) and not t.done()
+        ]
+        if not started:
+            return
+        self._runner.spin()
+        opening = [i for i in started if self._clients[i].writing]
+        if not opening:
+            return
+        self._runner.run(_until_written([self._clients[i] for i in opening], self.timeout))
+        now = time.monotonic()
+        for i in opening:
+            self._due[i] = (now + self._due[i][1], self._due[i][1])
 
     def _background_work(self) -> bool:
         """Whether tasks on the loop wait to go on: reconnects, servers joining."""
@@ -1154,7 +1171,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if replica.state is ReplicaState.UP:
                 continue  # (its answer is in out)
             unavailable[start : start + k] = True
-            if replica.state is ReplicaState.READY:
+            if replica.truncate_next:
+                # Lost during this step (or the reset before it): the envs' episodes end here,
+                # truncated (a server back already hands its new episodes over on the next step).
+                only = replica.truncate_only
+                replica.truncate_next, replica.truncate_only = False, None
+                out.cut(start, k, only)
+                cut.append((self._lost_infos(client.env_offset, k, only), start, k))
+            elif replica.state is ReplicaState.READY:
                 # Back: its envs were reset; this step hands over their first observations (the
                 # actions given for them now were computed from stale ones and are not sent).
                 fresh = replica.fresh
@@ -1168,12 +1192,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 out.obs[i] = obs
                 out.parts.append((infos, start, k))
                 rejoined.add(i)
-            elif replica.truncate_next:
-                # Lost during this step (or the reset before it): the envs' episodes end here, truncated.
-                only = replica.truncate_only
-                replica.truncate_next, replica.truncate_only = False, None
-                out.cut(start, k, only)
-                cut.append((self._lost_infos(client.env_offset, k, only), start, k))
         out.parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos, misfits = self._merge_infos(out.parts, count, base, "Step", cut)
         if misfits:  # fault-tolerant: those servers are lost on this step, as if their step had failed
@@ -1511,6 +1529,23 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 hold_off=hold_off,
             )
         )
+
+    def _forget_truncations(self, mask: np.ndarray | None) -> None:
+        """A reset (of the envs in ``mask``; None: all) ends the episodes a server's loss was still to
+        cut on the next step: those envs have no episode left to truncate (their reset reports them
+        unavailable, or starts them anew)."""
+        for replica, sl in zip(self._replicas, self.env_slices, strict=True):
+            if not replica.truncate_next:
+                continue
+            only = (
+                np.ones(sl.stop - sl.start, dtype=np.bool_) if replica.truncate_only is None else replica.truncate_only
+            )
+            if mask is not None:
+                only = only & ~mask[sl]
+            if mask is None or not only.any():
+                replica.truncate_next, replica.truncate_only = False, None
+            else:
+                replica.truncate_only = only
 
     def _wait_for_rejoin(self) -> None:
         """No server of this step is up: where none of the fleet is either (nor back, READY), give the
@@ -2117,6 +2152,13 @@ def _shutting_down(err: BaseException) -> bool:
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
+
+
+async def _until_written(clients: list[EnvClient], timeout: float) -> None:
+    """Until no client of ``clients`` has a step's request still to hand to gRPC, or ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(c.writing for c in clients) and time.monotonic() < deadline:
+        await asyncio.sleep(0.0005)
 
 
 async def _exchange(client: EnvClient, request: pb.StepRequest, sent: float) -> tuple[pb.StepResponse, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import settings
 
 from learner import LocalServers
+from learner.discovery import register_resolver
 
 # Property tests: no example database (it was written into the checkout), and under CI the same
 # examples every run, so a red CI is about the change under test, not a newly drawn example.
@@ -149,3 +151,16 @@ def not_found_at_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+# A fleet whose server list a test changes (refresh() tests): ``fleet(*addresses)``.
+_FLEETS: dict[str, list[str]] = {}
+register_resolver("testfleet", lambda name: list(_FLEETS[name]))
+_fleet_names = itertools.count()
+
+
+def fleet(*addresses: str) -> tuple[str, list[str]]:
+    """A fleet address ``testfleet:N`` and the list it resolves to (change it to add or remove servers)."""
+    name = f"f{next(_fleet_names)}"
+    _FLEETS[name] = list(addresses)
+    return f"testfleet:{name}", _FLEETS[name]

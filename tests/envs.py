@@ -341,14 +341,12 @@ class OffsetSpacesEnv(gym.Env[dict[str, Any], np.int64]):
         return self.observation_space.sample(), 1.0, False, False, {}
 
 
-class InfoWidthEnv(gym.Env[np.ndarray, np.int64]):
-    """A step info ``"v"`` of ``width`` values: servers of different widths give infos that do not fit
-    together (the same key, another shape per env). Observations ``[t]``, endless episodes."""
+class _CountEnv(gym.Env[np.ndarray, np.int64]):
+    """Observations ``[t]``, Discrete(2) actions, reward 1, endless episodes; step infos from ``info``."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self, width: int = 2) -> None:
-        self.width = width
+    def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._t = 0
@@ -362,7 +360,22 @@ class InfoWidthEnv(gym.Env[np.ndarray, np.int64]):
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self._t += 1
-        return np.array([self._t], dtype=np.float32), 1.0, False, False, {"v": np.full(self.width, self._t)}
+        return np.array([self._t], dtype=np.float32), 1.0, False, False, self.info(action)
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {}
+
+
+class InfoWidthEnv(_CountEnv):
+    """A step info ``"v"`` of ``width`` values: servers of different widths give infos that do not fit
+    together (the same key, another shape per env)."""
+
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.width = width
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {"v": np.full(self.width, self._t)}
 
 
 class BrokenStepEnv(FaultyEnv):
@@ -402,29 +415,13 @@ class SlowResetEnv(ClockEnv):
         return super().reset(seed=seed, options=options)
 
 
-class MixedInfoEnv(gym.Env[np.ndarray, np.int64]):
+class MixedInfoEnv(_CountEnv):
     """Step infos whose type follows the action: ``"x"`` 0.5 for action 1, the int 1 for action 0, and
     ``"d": {"y": ...}`` a float32 1.5 or the int 2 (as FrozenLake's ``prob``: an int after a reset, a
-    float after a step). Observations ``[t]``, endless episodes."""
+    float after a step)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-
-    def __init__(self) -> None:
-        self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
-        self._t = 0
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        self._t = 0
-        return np.array([0.0], dtype=np.float32), {}
-
-    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        self._t += 1
-        info = {"x": 0.5 if action else 1, "d": {"y": np.float32(1.5) if action else 2}}
-        return np.array([self._t], dtype=np.float32), 1.0, False, False, info
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {"x": 0.5 if action else 1, "d": {"y": np.float32(1.5) if action else 2}}
 
 
 class OptionsProbeEnv(ClockEnv):

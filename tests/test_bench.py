@@ -645,3 +645,18 @@ def test_what_a_run_needs_is_checked_before_anything_is_measured(
             with pytest.raises(ModuleNotFoundError) as gone:
                 check(config)
         assert gone.value.name == missing
+
+
+def test_a_dependency_that_is_installed_but_does_not_import_is_said_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from learner.benchmarks.run import _check_installed
+
+    (tmp_path / "brokenmod").mkdir()
+    (tmp_path / "brokenmod" / "__init__.py").write_text("raise ImportError('a broken build')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(
+        ValueError, match=r"needs brokenmod, which is installed but does not import: ImportError: a broken build"
+    ):
+        _check_installed("brokenmod")

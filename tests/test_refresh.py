@@ -6,7 +6,6 @@ would give them: each refresh looks them up again.
 
 from __future__ import annotations
 
-import itertools
 import signal
 import socket
 import subprocess
@@ -20,20 +19,8 @@ import pytest
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 
 from learner import RemoteVectorEnv, ServerUnavailableError
-from learner.discovery import register_resolver
 from learner.fleet import FleetChange, carry_over, describe_change
-from tests.conftest import Serve
-
-FLEETS: dict[str, list[str]] = {}
-register_resolver("testfleet", lambda name: list(FLEETS[name]))
-_names = itertools.count()
-
-
-def fleet(*addresses: str) -> tuple[str, list[str]]:
-    """A fleet address ``testfleet:N`` and the list it resolves to (change it to add or remove servers)."""
-    name = f"f{next(_names)}"
-    FLEETS[name] = list(addresses)
-    return f"testfleet:{name}", FLEETS[name]
+from tests.conftest import Serve, fleet
 
 
 def test_nothing_changed_returns_none(serve: Serve) -> None:

@@ -9,7 +9,6 @@ to the millisecond.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import signal
 import time
 from typing import Any
@@ -18,24 +17,12 @@ import numpy as np
 import pytest
 
 from learner import RemoteTimeoutError, RemoteVectorEnv, ServerUnavailableError
-from learner.discovery import register_resolver
 from learner.faults import ReplicaState
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import SpawnServer, StartServers, fleet
 
 K = 2  # envs per server
 FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 ENDLESS = ("--env-kwargs", '{"length": 100000}')  # IndexEnv episodes that outlast a test
-
-FLEETS: dict[str, list[str]] = {}
-register_resolver("interplay", lambda name: list(FLEETS[name]))
-_names = itertools.count()
-
-
-def fleet(*addresses: str) -> tuple[str, list[str]]:
-    """A fleet address ``interplay:N`` and the list it resolves to (change it to add or remove servers)."""
-    name = f"f{next(_names)}"
-    FLEETS[name] = list(addresses)
-    return f"interplay:{name}", FLEETS[name]
 
 
 def unavailable(infos: dict[str, Any], n: int) -> np.ndarray:
@@ -253,6 +240,35 @@ def test_a_server_lost_in_a_reset_of_some_of_its_envs_ends_the_others_episodes(s
         assert not truncs.any() and unavailable(infos, 2 * K).tolist() == [False, False, True, True]
 
 
+@pytest.mark.parametrize("then", ["full-reset", "back"])
+def test_the_truncation_a_masked_reset_loss_leaves_is_neither_repeated_nor_lost(
+    spawn_server: SpawnServer, then: str
+) -> None:
+    """Server b is lost in a reset of env 2 (env 3 mid-episode, to be cut on the next step). A full
+    reset before that step leaves no episode to cut (it was reported after the reset); b back
+    before that step still cuts env 3's episode there, and hands its new episodes over on the next."""
+    a = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
+    b = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, step_socket=False, **FAST) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.full(2 * K, 5))
+        b.kill()
+        envs.reset(options={"reset_mask": np.array([True, False, True, False])})
+        if then == "full-reset":
+            _, infos = envs.reset(seed=1)
+            assert unavailable(infos, 2 * K).tolist() == [False, False, True, True]
+            _, _, _, truncs, infos = envs.step(np.full(2 * K, 6))
+            assert not truncs.any() and unavailable(infos, 2 * K).tolist() == [False, False, True, True]
+        else:
+            b.start()
+            wait_state(envs, 1, ReplicaState.READY)
+            _, _, _, truncs, infos = envs.step(np.full(2 * K, 6))
+            assert truncs.tolist() == [False, False, False, True] and "env_rejoined" not in infos
+            _, _, _, truncs, infos = envs.step(np.full(2 * K, 6))
+            assert not truncs.any() and infos["_env_rejoined"].tolist() == [False, False, True, True]
+
+
 def test_a_reset_of_some_envs_of_a_server_back_flags_its_others_rejoined(spawn_server: SpawnServer) -> None:
     """A server back from a loss (READY: its reconnect reset all its envs) and a masked reset taking
     some of them: the others start new episodes too, so the reset flags them ``env_rejoined`` (and
@@ -308,3 +324,16 @@ def test_an_answer_that_came_while_the_learner_was_busy_past_the_timeout_is_on_t
             time.sleep(1.0)  # 2 x the timeout
             _, _, _, _, infos = envs.step_wait()
             assert infos["v"].shape == (K, 1 << 17) and (infos["v"] == t).all()
+
+
+def test_a_first_step_on_a_new_stream_counts_its_deadline_from_when_it_is_sent(start_servers: StartServers) -> None:
+    """A gRPC step on a new StepStream is handed to gRPC only once the stream is open, a few turns of
+    the loop after step_async: a learner then busy past the timeout found a healthy server (a 400 ms
+    step) late, its step never sent. step_async now waits for the stream to open."""
+    addresses = start_servers("CartPole-v1", 1, 1, server_args=["--step-delay-ms", "400"])
+    with RemoteVectorEnv(addresses, timeout=1.0, step_socket=False) as envs:
+        envs.reset(seed=0)
+        for _ in range(2):  # (the first step opens the stream)
+            envs.step_async(np.zeros(1, dtype=np.int64))
+            time.sleep(1.5)
+            envs.step_wait()

@@ -226,7 +226,7 @@ def test_step_socket_flags(
     assert Path(f"{socket_path}{STEP_SOCKET_SUFFIX}").is_socket() is served
 
 
-def test_version(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "env_server", "--version"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("env-server (envfleet) "), proc
     # Not installed (as in the images, which run the source with pyproject.toml beside it): the
@@ -242,6 +242,12 @@ def test_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "version", missing)
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert package_version() == f"{pyproject['project']['version']} (not installed)"
+    # ... but not another project's (the package copied beside its pyproject.toml)
+    project = tmp_path / "other"
+    (project / "env_server").mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "9.9"\n')
+    monkeypatch.setattr("env_server.protocol.__file__", str(project / "env_server" / "protocol.py"))
+    assert package_version() == "(not installed)"
 
 
 def test_a_unix_socket_another_server_listens_on_is_refused_and_a_stale_one_replaced(

@@ -12,6 +12,7 @@ import os
 import platform
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -181,10 +182,15 @@ def _check_workload_envs(workloads: tuple[str, ...]) -> None:
 
 
 def _check_installed(module: str) -> None:
-    """ModuleNotFoundError (which the command reports with what to install) if ``module`` is missing;
-    found, not imported: torch would sit in this process's memory while the others are measured."""
+    """ModuleNotFoundError (which the command reports with what to install) if ``module`` is missing,
+    ValueError if it fails to import; imported in a child process, not here: torch would sit in this
+    process's memory while the others are measured."""
     if importlib.util.find_spec(module) is None:
         raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    imported = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    if imported.returncode != 0:
+        last = (imported.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise ValueError(f"learner bench needs {module}, which is installed but does not import: {last}")
 
 
 def check(config: BenchConfig) -> None:
