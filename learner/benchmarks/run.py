@@ -17,12 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from env_server.config import ServerConfig
 from learner.benchmarks import report
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
@@ -149,36 +150,37 @@ def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
     }
 
 
-def _check_ppo_env(env: str) -> None:
-    """ValueError naming --ppo-env if one env of ``env`` cannot be built (as a server would build it)."""
-    from env_server.config import ServerConfig
+def _build_error(config: ServerConfig) -> Exception | None:
+    """Why one env of ``config`` cannot be built here, as a server would build it; None if it can."""
     from env_server.envs import build_vector_env
 
     try:
-        build_vector_env(ServerConfig(env=env, num_envs=1)).close()
+        build_vector_env(replace(config, num_envs=1, step_delay_ms=0.0)).close()
     except Exception as err:  # EnvBuildError, or whatever the env's own constructor raised
-        raise ValueError(f"--ppo-env: cannot build {env!r}: {err}") from None
+        return err
+    return None
+
+
+def _check_ppo_env(env: str) -> None:
+    """ValueError naming --ppo-env if one env of ``env`` cannot be built (as a server would build it)."""
+    err = _build_error(ServerConfig(env=env))
+    if err is not None:
+        raise ValueError(f"--ppo-env: cannot build {env!r}: {err}")
 
 
 def _check_workload_envs(workloads: tuple[str, ...]) -> None:
     """ValueError naming --workloads if one env of a workload cannot be built here (MuJoCo or ALE not
     installed, say): said before anything is measured, not as rows that could not run at the end."""
-    import dataclasses
-
-    from env_server.envs import build_vector_env
-
     available = throughput_workloads()
     for name in workloads:
-        config = dataclasses.replace(available[name].config, num_envs=1, step_delay_ms=0.0)
-        try:
-            build_vector_env(config).close()
-        except Exception as err:  # EnvBuildError, or whatever the env's own constructor raised
+        err = _build_error(available[name].config)
+        if err is not None:
             others = [w for w in workloads if w != name]
             leave_out = f" (--workloads {','.join(others)})" if others else ""
             raise ValueError(
                 f"--workloads: {name} cannot run here: {err}; install what it needs (pip install 'envfleet[bench]' "
                 f"brings MuJoCo, ALE and SB3) or leave it out{leave_out}"
-            ) from None
+            )
 
 
 def _check_installed(module: str) -> None:
