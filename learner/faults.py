@@ -162,6 +162,14 @@ class Replica:
         if not self.failing_since:
             self.failing_since = now
 
+    def count_loss(self, *, planned: bool) -> None:
+        """Count a loss in its totals: a shutdown if it said it was shutting down (``planned``), else a
+        failure."""
+        if planned:
+            self.shutdowns += 1
+        else:
+            self.failures += 1
+
     def note_answer(self) -> int:
         """Count a step it answered; where that settles a flapping server, the relapses in a row it
         ends (for a log line), else 0."""

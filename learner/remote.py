@@ -1470,11 +1470,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             replica.truncate_only = None if truncate.all() else truncate.copy()
         else:
             replica.truncate_next, replica.truncate_only = truncate, None
+        replica.count_loss(planned=planned)
         if planned:
-            replica.shutdowns += 1
             self._timers[server].shutdowns += 1
         else:
-            replica.failures += 1
             self._timers[server].failures += 1
         replica.down_since = now
         replica.last_error = str(err)
@@ -1883,12 +1882,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         counted in) whose reset in refresh() failed with ``err``: a failure (a shutdown if it said it
         was shutting down), as a failed step or reset counts. A server down already was counted when
         it was lost; one back since (READY) counted its return, so this is a loss of its own."""
-        if replica is None or replica.state is ReplicaState.DOWN:
-            return
-        if _shutting_down(err):
-            replica.shutdowns += 1
-        else:
-            replica.failures += 1
+        if replica is not None and replica.state is not ReplicaState.DOWN:
+            replica.count_loss(planned=_shutting_down(err))
 
     def _relayout(
         self,
