@@ -183,11 +183,11 @@ class Args:
     anneal_clip: bool | None = None
     """anneal the clipping coefficient linearly to 0 (RL Zoo's lin_0.2)"""
     clip_vloss: bool | None = None
-    """clip the value loss with --clip-coef"""
+    """clip the value loss with --clip-coef (annealed with it under --anneal-clip, as in baselines' ppo2)"""
     ent_coef: float | None = None
     """entropy bonus coefficient"""
     vf_coef: float | None = None
-    """value loss coefficient"""
+    """value loss coefficient (the value loss is half the squared error, as CleanRL's; SB3's is the whole)"""
     max_grad_norm: float | None = None
     """clip the gradient's global norm to this"""
     target_kl: float | None = None

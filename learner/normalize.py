@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from learner.fleet import FleetChange, carry_over
+
 __all__ = ["RewardScaler", "RunningMeanStd"]
 
 
@@ -72,6 +74,13 @@ class RewardScaler:
         scaled = rewards / torch.sqrt(self.rms.var + 1e-8).to(rewards.dtype)
         self.returns = torch.where(dones, torch.zeros_like(self.returns), self.returns)
         return torch.clamp(scaled, -self.clip, self.clip)
+
+    def follow(self, change: FleetChange) -> None:
+        """The fleet changed (servers joined or left): the discounted returns of episodes that go on go
+        on; new envs' start at 0."""
+        if self.returns is not None:
+            kept = carry_over(self.returns.cpu().numpy(), change, 0.0)
+            self.returns = torch.from_numpy(kept).to(self.returns.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rms": self.rms.state_dict()}

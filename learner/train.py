@@ -480,6 +480,10 @@ def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
         )
 
 
+_SOLVE_COUNTERS = ("solved_at_step", "solved_at_seconds", "solved_threshold", "best_return", "best_step")
+"""What a checkpoint taken at the last update carries over from a run solved after it."""
+
+
 def restore(
     checkpoint: dict[str, Any],
     run_dir: Path,
@@ -1202,7 +1206,7 @@ def train(
                         ep_length = carry_over(ep_length, change, 0)
                         ep_live = carry_over(ep_live, change, True)
                         if reward_scaler is not None:
-                            reward_scaler.returns = None  # per-env discounted returns start over
+                            reward_scaler.follow(change)
                 # Storage follows the fleet's size, which may change between rollouts.
                 if rollout is None or rollout.num_envs != envs.num_envs:
                     num_envs = envs.num_envs
@@ -1447,6 +1451,15 @@ def train(
                 state = rollout_state()
                 if not updating:  # (the episodes since the last update: mostly of its nets, the run's last)
                     judge_best(state)
+                if (
+                    stop_reason == "stop_at_return"
+                    and state["counters"]["global_step"] != last_update["counters"]["global_step"]
+                ):
+                    # Solved mid-rollout: the partial rollout is not learned from, so the checkpoint is
+                    # as of the last update (its counters, RNG states and statistics, as after a Ctrl-C),
+                    # with the solve and the best return: a run resumed from it starts that rollout over.
+                    solved = {k: state["counters"][k] for k in _SOLVE_COUNTERS}
+                    state = {**last_update, "counters": {**last_update["counters"], **solved}}
             else:
                 # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
                 # update, for the checkpoint and the summary alike (none is written when that one is on

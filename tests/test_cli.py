@@ -83,6 +83,12 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     assert main(["train", *argv, "--stop-at-return", "0", "--no-plot", "--run-dir", str(run)]) == 0
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "stop_at_return" and summary["solved_at_step"] == summary["total_steps"] == 78
+    # The partial rollout (steps 65-78) was not learned from: the checkpoint is as of the last update (step 64),
+    # as after a Ctrl-C, with the solve; a resumed run collects that rollout again.
+    saved = load_checkpoint(run / "checkpoints" / "step-0000000064.pt")
+    assert saved["counters"]["global_step"] == 64 and saved["counters"]["update"] == 4
+    assert saved["counters"]["solved_at_step"] == 78 and saved["counters"]["solved_threshold"] == 0
+    assert not (run / "checkpoints" / "step-0000000078.pt").exists()
     capsys.readouterr()
     before = sorted(p.name for p in run.iterdir())
     for again in ([], ["--stop-at-return", "0"], ["--total-timesteps", "1000"]):
@@ -99,13 +105,13 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     assert main(["train", "--resume", str(fork), "--no-stop-at-return", "--total-timesteps", "112"]) == 0
     assert "solved (mean return >= 0) at step 78" in capsys.readouterr().out
     summary = rundir.read_json(fork / rundir.SUMMARY)
-    assert (summary["stop_reason"], summary["total_steps"], summary["solved_at_step"]) == ("total_timesteps", 126, 78)
+    assert (summary["stop_reason"], summary["total_steps"], summary["solved_at_step"]) == ("total_timesteps", 112, 78)
     assert rundir.read_json(fork / rundir.CONFIG)["args"]["stop_at_return"] is None
 
     assert main(["train", "--resume", str(run), "--stop-at-return", "5"]) == 0  # returns are <= 3
     out = capsys.readouterr().out
-    checkpoint = run / "checkpoints" / "step-0000000078.pt"
-    assert f"resuming from {checkpoint} (78 steps)" in out
+    checkpoint = run / "checkpoints" / "step-0000000064.pt"
+    assert f"resuming from {checkpoint} (64 steps)" in out
     assert "not solved (mean return >= 5 not reached)" in out
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "total_timesteps" and summary["solved_at_step"] is None

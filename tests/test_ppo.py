@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from learner.fleet import FleetChange
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     ActionHead,
@@ -267,3 +268,15 @@ def test_reward_scaler_ignores_steps_that_are_not_transitions() -> None:
     scaler(torch.tensor([100.0]), done, torch.tensor([False]))
     assert scaler.rms.count.item() == count
     assert scaler.returns is not None and scaler.returns.item() == 2.0
+
+
+def test_reward_scaler_keeps_the_returns_of_episodes_that_go_on_when_the_fleet_changes() -> None:
+    scaler = RewardScaler(gamma=0.5)
+    scaler(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([False] * 3), torch.tensor([True] * 3))
+    # The second server (env 1) left, a new one (two envs) joined: envs 0 and 2 go on, as envs 0 and 1.
+    change = FleetChange(("c",), ("b",), 4, 3, np.array([0, 2, -1, -1]), np.zeros((4, 4)), {})
+    scaler.follow(change)
+    assert scaler.returns is not None and scaler.returns.tolist() == [1.0, 3.0, 0.0, 0.0]
+    assert scaler.returns.dtype == torch.float64
+    scaled = scaler(torch.tensor([1.0] * 4), torch.tensor([False] * 4), torch.tensor([True] * 4))
+    assert scaled.shape == (4,) and scaler.returns.tolist() == [1.5, 2.5, 1.0, 1.0]
