@@ -258,6 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, let calls in flight finish for up to S s (default: %(default)s)",
     )
     p.add_argument(
+        "--hang-timeout",
+        type=_non_negative_float,
+        default=e("hang_timeout", "0"),
+        metavar="S",
+        help="exit (status 3) when an env call (step or reset) has run for S s: a hung env cannot be stopped, "
+        "and a server that exits is started again by whatever runs it (learners' local servers, which pass "
+        "60; Docker's restart policy; Kubernetes), where one that hangs would stay up serving nothing; "
+        "0: never (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-request-bytes",
         type=_request_bytes,
         default=e("max_request_bytes", str(DEFAULT_MAX_REQUEST_BYTES)),
@@ -353,6 +363,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             spin_wait_ms=args.spin_wait_ms,
             claim_timeout_s=args.claim_timeout,
             grace_s=args.grace,
+            hang_timeout_s=args.hang_timeout,
             max_request_bytes=args.max_request_bytes,
             parent_pid=args.parent_pid,
             metrics_port=args.metrics_port,
@@ -366,7 +377,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
 
 
 # ServerConfig fields whose flag is not named after them.
-_FIELD_DESTS = {"claim_timeout_s": "claim_timeout", "grace_s": "grace"}
+_FIELD_DESTS = {"claim_timeout_s": "claim_timeout", "grace_s": "grace", "hang_timeout_s": "hang_timeout"}
 
 
 def _in_flag_terms(parser: argparse.ArgumentParser, message: str) -> str:
@@ -429,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from env_server.server import run
 
     try:
-        run(config, on_ready)
+        status = run(config, on_ready)
     except EnvBuildError as err:
         print(f"env-server: error: {err}", file=sys.stderr)
         return 2
@@ -438,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return status
 
 
 if __name__ == "__main__":

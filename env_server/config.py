@@ -78,6 +78,10 @@ class ServerConfig:
     """Exit when this process is gone (set by learners that start servers as subprocesses)."""
     grace_s: float = 5.0
     """On SIGTERM/SIGINT: seconds to let calls in flight finish before exiting."""
+    hang_timeout_s: float = 0.0
+    """An env call (step or reset) still running after this long makes the server exit (status
+    ``HUNG_EXIT_STATUS``), so that whatever runs it (a learner's local servers, Docker's restart
+    policy, Kubernetes) starts it again: a hung call can be neither stopped nor waited out. 0: never."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: any free one) at ``/metrics``, on ``host`` (127.0.0.1
     for a Unix-socket server); None: no metrics."""
@@ -135,6 +139,7 @@ class ServerConfig:
         _check_duration("claim_timeout_s", self.claim_timeout_s)
         _check_integer("max_request_bytes", self.max_request_bytes, MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES)
         _check_duration("grace_s", self.grace_s)
+        _check_duration("hang_timeout_s", self.hang_timeout_s)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")
 

@@ -18,6 +18,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 
 import grpc
@@ -277,22 +278,22 @@ def _check_key_pair(cert: str, key: str) -> None:
 
 async def serve(
     config: ServerConfig, on_ready: Callable[[str], None], on_teardown: Callable[[], None] | None = None
-) -> None:
+) -> int:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
-    again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
+    again once shutdown starts. Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised. ``on_ready`` receives the address actually listened on (``HOST:PORT``
     with the real port, or ``unix:PATH``) once the server serves its envs; ``on_teardown`` is called
     when its teardown starts (after the drain, or on a failed start or a stop while building).
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
-    # still means a clean shutdown.
+    # still means a clean shutdown. Python-level handlers, not the loop's: they run (in this thread,
+    # between two bytecodes) while an env call on the loop hangs too, and tell the watchdog.
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    watchdog = _Watchdog(config, asyncio.get_running_loop(), stop)
+    previous = {sig: signal.signal(sig, watchdog.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watchdog.start()
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
@@ -311,7 +312,7 @@ async def serve(
             vectorization=config.vectorization,
             needs_token=config.auth_token is not None,
         )
-    service = EnvService(config, metrics=metrics)
+    service = watchdog.service = EnvService(config, metrics=metrics)
     # The token check first: a caller without it learns nothing, not even whether its bytes parse.
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.auth_token is not None:
@@ -386,7 +387,6 @@ async def serve(
                 )
             on_ready(ready)
 
-            watchdog = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
             expiry = asyncio.create_task(service.expire_claims())
             await stop.wait()
             expiry.cancel()
@@ -401,10 +401,9 @@ async def serve(
                 await asyncio.gather(server.stop(config.grace_s), step_server.finish(config.grace_s))
             else:
                 await server.stop(config.grace_s)
-            if watchdog is not None:
-                watchdog.cancel()
     finally:
         # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
+        watchdog.teardown_at = time.monotonic()
         if on_teardown is not None:
             on_teardown()
         await server.stop(None)
@@ -413,12 +412,20 @@ async def serve(
         service.close()
         if metrics is not None:
             metrics.close()
+        closed = True
         if env is not None:
-            env.close()
+            try:
+                env.close()
+            except Exception:  # (the env's own close: the rest of the teardown still runs)
+                log.exception("the envs' close raised")
+                closed = False
         if served and config.unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)
-    log.info("stopped after %d steps", service.steps)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
+    return 0 if closed else HARD_EXIT_STATUS
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:
@@ -480,44 +487,106 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     return step_server
 
 
-async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
-    """Set ``stop`` once ``parent_pid`` is no longer our parent (it exited or was killed)."""
-    while not stop.is_set():
-        if os.getppid() != parent_pid:
-            log.warning("parent process %d is gone; shutting down", parent_pid)
-            stop.set()
-            return
-        await asyncio.sleep(0.5)
-
-
 # How long a server's teardown (after the drain) may take before the process exits regardless.
 EXIT_MARGIN_S = 10.0
-# The exit status then (the envs were not closed: not a clean shutdown).
+# The exit status then (the envs were not closed: not a clean shutdown); also when the envs' close raised.
 HARD_EXIT_STATUS = 1
+# The exit status of a server whose env call ran past --hang-timeout.
+HUNG_EXIT_STATUS = 3
+# How often the watchdog looks.
+_WATCH_S = 0.25
 
 
-def run(config: ServerConfig, on_ready: Callable[[str], None]) -> None:
-    """Synchronous entry: serve until stopped. Once its teardown starts (after the drain of up to
-    ``grace_s``), the process exits within :data:`EXIT_MARGIN_S` even while an env call still runs
-    on the env thread or the envs' close hangs (a hung env, a robot's step that never returns): that
-    thread cannot be stopped, and waiting for it would keep the process up as long as it runs."""
+class _Watchdog(threading.Thread):
+    """What must happen even while an env call holds the event loop up (a quick env's steps run on
+    the loop, see env_server.service.INLINE_LIMIT_S, and one of them may hang): noticing that the
+    parent process is gone; exiting when a shutdown asked for (SIGTERM, SIGINT, the parent gone) has
+    not begun its teardown within the grace period and EXIT_MARGIN_S, or the teardown has not ended
+    within EXIT_MARGIN_S (an env call on the env thread or the envs' close still running: that thread
+    cannot be stopped, and waiting for it would keep the process up as long as it runs); and
+    ``--hang-timeout``. A thread, so that it runs while the loop cannot: a hang in Python code or in
+    a blocking call lets it run; one in C code that holds the GIL stops every thread, and only
+    SIGKILL ends it."""
 
-    def hard_exit() -> None:
-        log.error(
-            "the teardown did not end within %.0f s (an env call or the envs' close still running): exiting "
-            "without waiting for it (status %d)",
-            EXIT_MARGIN_S,
-            HARD_EXIT_STATUS,
-        )
-        for child in multiprocessing.active_children():  # (async vectorization's workers: not left behind)
-            with contextlib.suppress(Exception):
-                child.kill()
-        logging.shutdown()
-        os._exit(HARD_EXIT_STATUS)
+    def __init__(self, config: ServerConfig, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+        super().__init__(name="env-server-watchdog", daemon=True)
+        self.config = config
+        self.loop = loop
+        self.stop = stop
+        self.service: EnvService | None = None
+        self.stop_asked_at = 0.0  # (time.monotonic(); 0: not yet)
+        self.teardown_at = 0.0
 
-    def on_teardown() -> None:
-        timer = threading.Timer(EXIT_MARGIN_S, hard_exit)
-        timer.daemon = True  # (a process that exits in time does not wait for it)
-        timer.start()
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.request_stop()
 
-    asyncio.run(serve(config, on_ready, on_teardown))
+    def request_stop(self) -> None:
+        """Shut down: the loop drains as soon as it can; if it cannot in time, :meth:`run` exits."""
+        if not self.stop_asked_at:
+            self.stop_asked_at = time.monotonic()
+        with contextlib.suppress(RuntimeError):  # (the loop is closed: the server is on its way out)
+            self.loop.call_soon_threadsafe(self.stop.set)
+
+    def run(self) -> None:
+        parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
+        while True:
+            time.sleep(_WATCH_S)
+            now = time.monotonic()
+            if parent and not self.stop_asked_at and os.getppid() != parent:
+                log.warning("parent process %d is gone; shutting down", parent)
+                self.request_stop()
+            service = self.service
+            started = service.call_started if service is not None else 0.0
+            if hang_s and started and now - started > hang_s:
+                assert service is not None
+                _exit_now(
+                    HUNG_EXIT_STATUS,
+                    "the envs' %s has run for %.1f s, longer than --hang-timeout %g s: exiting (status %d) so that "
+                    "whatever runs this server can start it again (a hung env call can be neither stopped nor "
+                    "waited out)",
+                    service.call_kind,
+                    now - started,
+                    hang_s,
+                    HUNG_EXIT_STATUS,
+                )
+            if self.teardown_at and now - self.teardown_at > EXIT_MARGIN_S:
+                _exit_now(
+                    HARD_EXIT_STATUS,
+                    "the teardown did not end within %.0f s (an env call or the envs' close still running): "
+                    "exiting without waiting for it (status %d)",
+                    EXIT_MARGIN_S,
+                    HARD_EXIT_STATUS,
+                )
+            if (
+                not self.teardown_at
+                and self.stop_asked_at
+                and now - self.stop_asked_at > self.config.grace_s + EXIT_MARGIN_S
+            ):
+                _exit_now(
+                    HARD_EXIT_STATUS,
+                    "asked to shut down %.0f s ago, and an env call%s still holds the server up: exiting without "
+                    "waiting for it (status %d)",
+                    now - self.stop_asked_at,
+                    f" ({service.call_kind}, running for {now - started:.1f} s)"
+                    if service is not None and started
+                    else "",
+                    HARD_EXIT_STATUS,
+                )
+
+
+def _exit_now(status: int, message: str, *args: object) -> None:
+    """Log ``message`` as an error and exit at once with ``status``: no cleanup, no waiting for the env
+    thread; async vectorization's worker processes are killed, not left behind."""
+    log.error(message, *args)
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(Exception):
+            child.kill()
+    logging.shutdown()
+    os._exit(status)
+
+
+def run(config: ServerConfig, on_ready: Callable[[str], None]) -> int:
+    """Synchronous entry: serve until stopped (see :func:`serve`); the exit status. Once a shutdown is
+    asked for, the process exits within the grace period and :data:`EXIT_MARGIN_S` even while an env
+    call still runs or the envs' close hangs (see ``_Watchdog``)."""
+    return asyncio.run(serve(config, on_ready))

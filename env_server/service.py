@@ -139,6 +139,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
         self._env_seconds: dict[str, float] = {}
+        # The env call under way (step, reset) and when it started (time.monotonic(); 0: none), for the
+        # server's watchdog thread (--hang-timeout).
+        self.call_kind = ""
+        self.call_started = 0.0
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
         # How long a shutdown leaves an idle step stream open for a request already on its way.
@@ -601,6 +605,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._dead is not None:
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{self._dead}; the server cannot step or reset: restart it")
         start = time.perf_counter()
+        self.call_kind, self.call_started = kind, time.monotonic()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
@@ -620,6 +625,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             log.warning("env %s raised %s: %s", kind, type(err).__name__, err)
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again") from err
         finally:
+            self.call_started = 0.0
             elapsed = time.perf_counter() - start
             before = self._env_seconds.get(kind)
             self._env_seconds[kind] = elapsed if before is None else before + _EWMA_WEIGHT * (elapsed - before)

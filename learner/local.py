@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from learner.errors import ServerStartError
 
-__all__ = ["DEFAULT_TRANSPORT", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
+__all__ = ["DEFAULT_TRANSPORT", "HANG_TIMEOUT_S", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
 
 # How local servers are reached, by the learner's commands and by LocalServers alike: Unix sockets
 # (and so the servers' step sockets, a few times cheaper per step) where the platform has them, else
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 SPIN_WAIT_MS = 0.5
 """``env-server --spin-wait-ms`` for local servers on Unix sockets when each can have a CPU (see LocalServers)."""
+
+HANG_TIMEOUT_S = 60.0
+"""``env-server --hang-timeout`` for local servers: one whose env call hangs exits and is started again."""
 
 _LOG_LEVELS = {
     "DEBUG": logging.DEBUG,
@@ -89,6 +92,9 @@ class LocalServers:
             environment is left to the servers instead.
         restarts: how many times within a minute a server that dies is started again before it is
             left down; 0: never.
+        hang_timeout: the servers' ``--hang-timeout``: a server whose env call (step or reset) has run
+            this many seconds exits, and is started again as one that died (a hung env call can be
+            neither stopped nor waited out); 0: never. ``server_args`` may give another.
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class LocalServers:
         auth_token: str | None = None,
         spin_wait_ms: float | None = None,
         restarts: int = 5,
+        hang_timeout: float = HANG_TIMEOUT_S,
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
@@ -143,6 +150,8 @@ class LocalServers:
             spin_wait_ms = SPIN_WAIT_MS if transport == "unix" and num_servers <= usable_cpus() else 0.0
         if spin_wait_ms:
             base += ["--spin-wait-ms", f"{spin_wait_ms:g}"]
+        if hang_timeout:
+            base += ["--hang-timeout", f"{hang_timeout:g}"]
         try:
             for i in range(num_servers):
                 where = (

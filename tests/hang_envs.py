@@ -1,0 +1,43 @@
+"""An env whose step hangs after quick ones, for the server's watchdog tests (tests/test_server_watchdog.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class HangLater(gym.Env[np.ndarray, np.int64]):
+    """Quick steps (so the server runs them on its event loop) until step ``hang_at`` of the process,
+    which never returns (it sleeps, as a stuck robot's driver would); with ``once`` (a file path), only
+    where that file does not exist yet (the hang creates it), so a restarted server serves on. With
+    ``raise_in_close``, its close raises."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, hang_at: int = 3, once: str | None = None, raise_in_close: bool = False) -> None:
+        self.hang_at, self.once, self.raise_in_close = hang_at, once, raise_in_close
+        self.steps = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        if self.steps == self.hang_at and not (self.once is not None and os.path.exists(self.once)):
+            if self.once is not None:
+                open(self.once, "w").close()
+            while True:
+                time.sleep(0.05)
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+    def close(self) -> None:
+        if self.raise_in_close:
+            raise RuntimeError("the simulator's connection could not be closed")

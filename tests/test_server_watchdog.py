@@ -1,0 +1,149 @@
+"""The server's watchdog: what happens while an env call hangs on the event loop (a quick env's steps
+run there), where nothing the loop would do can run: --hang-timeout, SIGTERM, a learner's local
+servers starting a hung one again; and an env whose close raises."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from env_server import codec
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, HUNG_EXIT_STATUS
+from learner import RemoteVectorEnv
+from learner.local import LocalServers
+
+HANG = "tests.hang_envs:HangLater"
+
+
+def _server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str, Path]:
+    """An env-server subprocess on a Unix socket (its log in a file): (process, address, log file)."""
+    argv = [sys.executable, "-m", "env_server", "--num-envs", "1", "--log-level", "info", *args]
+    argv += ["--unix-socket", str(tmp_path / "env.sock")]
+    log = tmp_path / "server.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening on "):
+        proc.kill()
+        proc.wait(timeout=30)
+        raise RuntimeError(f"env-server did not start: {line!r} {log.read_text()[-2000:]}")
+    return proc, line.removeprefix("listening on "), log
+
+
+def _hang_a_step_on_the_loop(address: str) -> tuple[grpc.Channel, grpc.Future]:
+    """Two quick steps (the second runs on the server's loop: the first was timed), then a third that
+    hangs there; the third's call, under way."""
+    channel = grpc.insecure_channel(address)
+    stub = pb_grpc.EnvServiceStub(channel)
+    session = stub.Handshake(pb.HandshakeRequest(client_name="watchdog"), timeout=30).session_id
+    stub.Reset(pb.ResetRequest(session_id=session), timeout=30)
+    request = pb.StepRequest(session_id=session)
+    codec.encode_value(np.zeros(1, dtype=np.int64), request.actions, "actions")
+    for _ in range(2):
+        stub.Step(request, timeout=30)
+    return channel, stub.Step.future(request, timeout=120)
+
+
+def _wait(proc: subprocess.Popen[str], within: float) -> tuple[int, float]:
+    start = time.monotonic()
+    try:
+        code = proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+        pytest.fail(f"env-server still running {within:g} s later")
+    return code, time.monotonic() - start
+
+
+def test_a_server_whose_env_step_hangs_past_the_hang_timeout_exits_saying_so(tmp_path: Path) -> None:
+    proc, address, log = _server(tmp_path, "--env", HANG, "--hang-timeout", "1")
+    channel, call = _hang_a_step_on_the_loop(address)
+    try:
+        code, seconds = _wait(proc, 30)
+        assert code == HUNG_EXIT_STATUS and seconds < 10, (code, seconds)
+        text = log.read_text()
+        assert "the envs' step has run for" in text and "longer than --hang-timeout 1 s: exiting (status 3)" in text
+        with pytest.raises(grpc.RpcError) as err:
+            call.result(timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        channel.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_server_whose_env_step_hangs_on_its_event_loop(tmp_path: Path) -> None:
+    """The loop cannot drain: the signal handler and the watchdog thread still run, and the process
+    exits (status 1, not a clean shutdown) once the grace period and EXIT_MARGIN_S are up."""
+    proc, address, log = _server(tmp_path, "--env", HANG, "--grace", "0.5")
+    channel, _ = _hang_a_step_on_the_loop(address)
+    try:
+        time.sleep(0.5)  # (the step is on the loop, hanging)
+        proc.send_signal(signal.SIGTERM)
+        code, seconds = _wait(proc, 0.5 + EXIT_MARGIN_S + 15)
+        assert code == HARD_EXIT_STATUS and seconds >= 0.5 + EXIT_MARGIN_S - 1, (code, seconds)
+        assert "asked to shut down" in log.read_text() and "(step, running for" in log.read_text()
+    finally:
+        channel.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_local_servers_start_a_server_whose_env_hung_again_and_its_envs_rejoin(tmp_path: Path) -> None:
+    flag = tmp_path / "hung-once"
+    servers = LocalServers(HANG, 1, 1, env_kwargs={"hang_at": 3, "once": str(flag)}, hang_timeout=1)
+    envs = RemoteVectorEnv(servers.addresses, timeout=20, fault_tolerant=True, give_up_after=60)
+    try:
+        envs.reset(seed=0)
+        actions = np.zeros(1, dtype=np.int64)
+        for _ in range(2):
+            envs.step(actions)
+        _, _, _, truncations, infos = envs.step(actions)  # hangs; the server exits after 1 s
+        assert flag.exists() and infos["env_unavailable"].all() and truncations.all()  # (its episode cut)
+        deadline = time.monotonic() + 60
+        while not infos.get("env_rejoined", np.zeros(1, bool)).any():
+            assert time.monotonic() < deadline, "the restarted server's env did not rejoin within 60 s"
+            _, _, _, _, infos = envs.step(actions)
+        assert envs.fault_stats().server_restarts == 1
+        _, rewards, _, _, infos = envs.step(actions)
+        assert rewards.tolist() == [1.0] and not infos.get("env_unavailable", np.zeros(1, bool)).any()
+    finally:
+        envs.close()
+        servers.close()
+
+
+def test_local_servers_pass_their_hang_timeout_unless_told_otherwise() -> None:
+    cmds = []
+    for kwargs in ({}, {"hang_timeout": 0}, {"server_args": ["--hang-timeout", "5"]}):
+        servers = LocalServers("CartPole-v1", 1, 1, **kwargs)  # type: ignore[arg-type]
+        try:
+            cmds.append(servers._children.cmds[0])
+        finally:
+            servers.close()
+    default, off, given = cmds
+    assert default[default.index("--hang-timeout") + 1] == "60" and "--hang-timeout" not in off
+    assert given[len(given) - 1 - given[::-1].index("--hang-timeout") + 1] == "5"  # (the last one counts)
+
+
+def test_an_env_whose_close_raises_still_has_the_server_clean_up_and_exit_1(tmp_path: Path) -> None:
+    proc, _, log = _server(tmp_path, "--env", HANG, "--env-kwargs", '{"raise_in_close": true}')
+    proc.send_signal(signal.SIGTERM)
+    code, _ = _wait(proc, 30)
+    text = log.read_text()
+    assert code == HARD_EXIT_STATUS, text
+    assert "the envs' close raised" in text and "RuntimeError: the simulator's connection could not be closed" in text
+    assert "stopped after 0 steps (the envs' close raised: see above)" in text
+    assert not (tmp_path / "env.sock").exists()  # (the rest of the teardown ran)
