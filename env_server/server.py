@@ -9,6 +9,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -20,8 +21,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
+import gymnasium as gym
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from env_server.codec import UnsupportedSpaceError
@@ -348,6 +351,7 @@ async def serve(
             service.attach(env)
         except UnsupportedSpaceError as err:
             raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
+        _check_answer_size(config, env.single_observation_space)
         served = True
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
@@ -426,6 +430,30 @@ async def serve(
             signal.signal(sig, handler)
     log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
     return 0 if closed else HARD_EXIT_STATUS
+
+
+def _check_answer_size(config: ServerConfig, space: gym.Space[Any]) -> None:
+    """Refuse at start envs whose observations alone would make every answer larger than a message
+    may be (the first reset would fail, with gRPC's own error), saying how many envs would fit."""
+    per_env = _space_bytes(space)
+    if per_env * config.num_envs <= MAX_MESSAGE_BYTES:
+        return
+    fits = MAX_MESSAGE_BYTES // per_env
+    raise EnvBuildError(
+        f"cannot serve {config.num_envs} x {config.env!r}: each env's observation takes {per_env:,} bytes, so an "
+        f"answer would take {per_env * config.num_envs:,}, over the {MAX_MESSAGE_BYTES:,} bytes a message may; "
+        + (f"serve at most {fits} envs per server (--num-envs), and more servers" if fits else "it cannot be sent")
+    )
+
+
+def _space_bytes(space: gym.Space[Any]) -> int:
+    """Bytes one observation of ``space`` takes on the wire (its arrays' data; Dict and Tuple: their parts')."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_space_bytes(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_space_bytes(s) for s in space.spaces)
+    shape, dtype = space.shape or (), space.dtype
+    return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:
@@ -564,12 +592,12 @@ class _Watchdog(threading.Thread):
             ):
                 _exit_now(
                     HARD_EXIT_STATUS,
-                    "asked to shut down %.0f s ago, and an env call%s still holds the server up: exiting without "
+                    "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "
                     "waiting for it (status %d)",
                     now - self.stop_asked_at,
-                    f" ({service.call_kind}, running for {now - started:.1f} s)"
+                    f"an env call ({service.call_kind}, running for {now - started:.1f} s)"
                     if service is not None and started
-                    else "",
+                    else "an env call or the envs' build",
                     HARD_EXIT_STATUS,
                 )
 

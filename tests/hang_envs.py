@@ -1,4 +1,5 @@
-"""An env whose step hangs after quick ones, for the server's watchdog tests (tests/test_server_watchdog.py)."""
+"""Envs for the server's watchdog and start tests (tests/test_server_watchdog.py): one whose step hangs
+after quick ones, one whose observations are too large to send."""
 
 from __future__ import annotations
 
@@ -41,3 +42,10 @@ class HangLater(gym.Env[np.ndarray, np.int64]):
     def close(self) -> None:
         if self.raise_in_close:
             raise RuntimeError("the simulator's connection could not be closed")
+
+
+class HugeObservations(gym.Env[np.ndarray, np.int64]):
+    """Observations of 16 MiB each: 4 of them make an answer larger than a message may be."""
+
+    observation_space = gym.spaces.Box(0, 255, (16, 1024, 1024), np.uint8)
+    action_space = gym.spaces.Discrete(2)

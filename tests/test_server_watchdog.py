@@ -1,6 +1,7 @@
 """The server's watchdog: what happens while an env call hangs on the event loop (a quick env's steps
 run there), where nothing the loop would do can run: --hang-timeout, SIGTERM, a learner's local
-servers starting a hung one again; and an env whose close raises."""
+servers starting a hung one again; and, at the server's start and end, envs whose observations are
+too large to send and an env whose close raises."""
 
 from __future__ import annotations
 
@@ -147,3 +148,14 @@ def test_an_env_whose_close_raises_still_has_the_server_clean_up_and_exit_1(tmp_
     assert "the envs' close raised" in text and "RuntimeError: the simulator's connection could not be closed" in text
     assert "stopped after 0 steps (the envs' close raised: see above)" in text
     assert not (tmp_path / "env.sock").exists()  # (the rest of the teardown ran)
+
+
+def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_at_start(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "env_server", "--env", "tests.hang_envs:HugeObservations", "--num-envs", "5"]
+    done = subprocess.run([*argv, "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert (
+        "cannot serve 5 x 'tests.hang_envs:HugeObservations': each env's observation takes 16,777,216 bytes, so an "
+        "answer would take 83,886,080, over the 67,108,864 bytes a message may; serve at most 4 envs per server "
+        "(--num-envs), and more servers"
+    ) in done.stderr
