@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -14,6 +14,7 @@ from env_server.rpc import env_pb2 as pb
 __all__ = [
     "CodecError",
     "UnsupportedSpaceError",
+    "Unsendable",
     "AUTORESET_TO_PROTO",
     "AUTORESET_FROM_PROTO",
     "MAX_STRING_ARRAY_BYTES",
@@ -114,8 +115,9 @@ def encode_tensor(array: Any, out: pb.Tensor, where: str = "tensor") -> pb.Tenso
     return out
 
 
-def decode_tensor(tensor: pb.Tensor, where: str = "tensor") -> np.ndarray:
-    """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy."""
+def decode_tensor(tensor: pb.Tensor, where: str = "tensor", *, writeable: bool = False) -> np.ndarray:
+    """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy; with
+    ``writeable``, a copy of them (for an env, which may change its action in place)."""
     dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
     count = _element_count(shape, where)
@@ -126,7 +128,9 @@ def decode_tensor(tensor: pb.Tensor, where: str = "tensor") -> np.ndarray:
         )
     arr = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
     if not _LITTLE:
-        arr = arr.astype(dtype.newbyteorder("="))
+        arr = arr.astype(dtype.newbyteorder("="))  # (a copy: writeable)
+    elif writeable:
+        arr = arr.copy()
     return arr
 
 
@@ -176,16 +180,37 @@ class _Budget:
         self.strings -= need
 
 
-def encode_value(obj: Any, out: pb.Value, where: str = "value") -> pb.Value:
+Unsendable = Callable[[Any, str, str], Any]
+"""``unsendable(value, where, reason)`` -> what :func:`encode_value` sends in place of ``value``, a part
+that has no wire form (its type, a dict key of it, its dtype, an int past 64 bits; ``reason`` says which,
+as the CodecError would), found at ``where``: its repr, say; or it raises CodecError to refuse. What it
+gives is encoded in turn, with the same ``unsendable``: it must not give back what it was given."""
+
+
+def encode_value(obj: Any, out: pb.Value, where: str = "value", *, unsendable: Unsendable | None = None) -> pb.Value:
     """Fill ``out`` with ``obj`` and return it; raises CodecError naming ``where`` otherwise.
 
     What is encoded, :func:`decode_value` decodes: the same bounds (MAX_STRING_ARRAY_BYTES,
     MAX_VALUE_NODES) hold for the whole of ``obj``, counted as the receiver counts them.
+
+    ``unsendable``: what to send instead of a part of ``obj`` that no wire form carries (the server's
+    infos: an env may put anything there, and one value must not cost the step); without it, such a
+    part raises CodecError. Bounds exceeded raise either way.
     """
-    return _encode_value(obj, out, where, _Budget())
+    return _encode_value(obj, out, where, _Budget(), unsendable)
 
 
-def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget) -> pb.Value:
+def _cannot_send(
+    obj: Any, out: pb.Value, where: str, reason: str, budget: _Budget, unsendable: Unsendable | None
+) -> None:
+    """Send what ``unsendable`` gives for ``obj`` instead, or raise CodecError "``where``: ``reason``" without it."""
+    if unsendable is None:
+        raise CodecError(f"{where}: {reason}")
+    out.Clear()  # (what was written of ``obj`` before its problem showed; nothing of it was charged)
+    _encode_value(unsendable(obj, where, reason), out, where, budget, unsendable)
+
+
+def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendable: Unsendable | None) -> pb.Value:
     """:func:`encode_value`, charging ``budget`` (shared with the rest of the value) what decoding will."""
     # Order matters: bool before int (bool is an int), numpy scalars before Python numbers.
     if isinstance(obj, np.ndarray):
@@ -194,7 +219,7 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget) -> pb.Va
             budget.take_nodes(obj.size, "an object array", where)
             out.objects.shape[:] = obj.shape
             for i, item in enumerate(obj.flat):
-                _encode_value(item, out.objects.values.add(), f"{where}[{i}]", budget)
+                _encode_value(item, out.objects.values.add(), f"{where}[{i}]", budget, unsendable)
         elif kind == "U":
             # The width the receiver's array will have: that of the longest string (at least 1).
             width = 1 if obj.size * 4 > budget.strings else max(1, int(np.char.str_len(obj).max(initial=0)))
@@ -202,20 +227,21 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget) -> pb.Va
             out.strings.shape[:] = obj.shape
             out.strings.values.extend(str(s) for s in obj.flat)
         else:
-            encode_tensor(obj, out.tensor, where)
+            _encode_array(obj, out, out.tensor, where, budget, unsendable)
     elif isinstance(obj, np.generic):
         if isinstance(obj, np.str_):
             out.text = str(obj)
         else:
-            encode_tensor(obj, out.scalar, where)
+            _encode_array(obj, out, out.scalar, where, budget, unsendable)
     elif obj is None:
         out.none.SetInParent()
     elif isinstance(obj, bool):
         out.boolean = obj
     elif isinstance(obj, int):
-        if not -(1 << 63) <= obj < (1 << 63):
-            raise CodecError(f"{where}: int {obj} does not fit in 64 bits")
-        out.int64 = obj
+        if -(1 << 63) <= obj < (1 << 63):
+            out.int64 = obj
+        else:
+            _cannot_send(obj, out, where, f"int {obj} does not fit in 64 bits", budget, unsendable)
     elif isinstance(obj, float):
         out.float64 = obj
     elif isinstance(obj, str):
@@ -223,39 +249,69 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget) -> pb.Va
     elif isinstance(obj, bytes):
         out.raw = obj
     elif isinstance(obj, Mapping):
+        # (every key checked before any item is encoded or charged: unsendable's value replaces it whole)
+        bad = next((key for key in obj if not isinstance(key, str)), _ALL_STR)
+        if bad is not _ALL_STR:
+            reason = f"dict key {bad!r} is a {type(bad).__name__}; only str keys can be sent"
+            _cannot_send(obj, out, where, reason, budget, unsendable)
+            return out
         budget.take_nodes(len(obj), "a dict", where)
         out.map.SetInParent()
         for key, item in obj.items():
-            if not isinstance(key, str):
-                raise CodecError(f"{where}: dict key {key!r} is a {type(key).__name__}; only str keys can be sent")
             out.map.keys.append(key)
-            _encode_value(item, out.map.values.add(), f"{where}[{key!r}]", budget)
+            _encode_value(item, out.map.values.add(), f"{where}[{key!r}]", budget, unsendable)
     elif isinstance(obj, tuple):
         budget.take_nodes(len(obj), "a tuple", where)
         out.tuple.SetInParent()
         for i, item in enumerate(obj):
-            _encode_value(item, out.tuple.values.add(), f"{where}[{i}]", budget)
+            _encode_value(item, out.tuple.values.add(), f"{where}[{i}]", budget, unsendable)
     elif isinstance(obj, list):
         budget.take_nodes(len(obj), "a list", where)
         out.list.SetInParent()
         for i, item in enumerate(obj):
-            _encode_value(item, out.list.values.add(), f"{where}[{i}]", budget)
+            _encode_value(item, out.list.values.add(), f"{where}[{i}]", budget, unsendable)
     else:
-        raise CodecError(
-            f"{where}: cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}; "
+        reason = (
+            f"cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}; "
             "supported: numpy arrays and scalars, dict (str keys), tuple, list, str, bytes, int, float, bool, None"
         )
+        _cannot_send(obj, out, where, reason, budget, unsendable)
     return out
 
 
-def decode_value(value: pb.Value, where: str = "value") -> Any:
+_ALL_STR = object()  # (no dict key that is not a str)
+
+
+def _encode_array(
+    obj: np.ndarray | np.generic,
+    out: pb.Value,
+    tensor: pb.Tensor,
+    where: str,
+    budget: _Budget,
+    unsendable: Unsendable | None,
+) -> None:
+    """Encode a numeric array or scalar into ``tensor`` (a field of ``out``), or send what ``unsendable``
+    gives where its dtype has no wire form (complex, datetime, bytes, ...)."""
+    try:
+        encode_tensor(obj, tensor, where)  # (the dtype is checked before anything is written)
+    except CodecError as err:
+        if unsendable is None:
+            raise
+        _cannot_send(obj, out, where, str(err).removeprefix(f"{where}: "), budget, unsendable)
+
+
+def decode_value(value: pb.Value, where: str = "value", *, writeable: bool = False) -> Any:
     """The Python object a ``Value`` carries (inverse of :func:`encode_value`).
+
+    Its arrays are read-only views of the message's bytes; with ``writeable``, copies: what the
+    server hands an env (actions, reset options), which may change them in place as it may under
+    gymnasium's own vector envs (``np.clip(action, ..., out=action)``).
 
     Raises CodecError for a message that cannot be decoded, including one that would take more
     memory than it may (see MAX_STRING_ARRAY_BYTES and MAX_VALUE_NODES), never MemoryError.
     """
     try:
-        return _decode_value(value, where, _Budget())
+        return _decode_value(value, where, _Budget(), writeable)
     except MemoryError as err:
         message = f"{where}: too large to decode (MemoryError: {err})"
     # (raised here, outside the except block: the MemoryError's traceback, and the frames and
@@ -263,11 +319,11 @@ def decode_value(value: pb.Value, where: str = "value") -> Any:
     raise CodecError(message)
 
 
-def _decode_value(value: pb.Value, where: str, budget: _Budget) -> Any:
+def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool) -> Any:
     """:func:`decode_value`, charging ``budget`` (shared with the rest of the value)."""
     kind = value.WhichOneof("kind")
     if kind == "tensor":
-        return decode_tensor(value.tensor, where)
+        return decode_tensor(value.tensor, where, writeable=writeable)
     if kind == "scalar":
         scalar = decode_tensor(value.scalar, where)
         if scalar.ndim != 0:
@@ -280,19 +336,19 @@ def _decode_value(value: pb.Value, where: str, budget: _Budget) -> Any:
         if len(set(keys)) != len(keys):
             raise CodecError(f"{where}: map has duplicate keys")
         budget.take_nodes(len(values), "a dict", where)
-        return {k: _decode_value(v, f"{where}[{k!r}]", budget) for k, v in zip(keys, values, strict=False)}
+        return {k: _decode_value(v, f"{where}[{k!r}]", budget, writeable) for k, v in zip(keys, values, strict=False)}
     if kind == "tuple":
         budget.take_nodes(len(value.tuple.values), "a tuple", where)
-        return tuple(_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.tuple.values))
+        return tuple(_decode_value(v, f"{where}[{i}]", budget, writeable) for i, v in enumerate(value.tuple.values))
     if kind == "list":
         budget.take_nodes(len(value.list.values), "a list", where)
-        return [_decode_value(v, f"{where}[{i}]", budget) for i, v in enumerate(value.list.values)]
+        return [_decode_value(v, f"{where}[{i}]", budget, writeable) for i, v in enumerate(value.list.values)]
     if kind == "objects":
         shape = _checked_shape(value.objects.shape, len(value.objects.values), where)
         budget.take_nodes(len(value.objects.values), "an object array", where)
         arr = np.empty(len(value.objects.values), dtype=object)
         for i, v in enumerate(value.objects.values):
-            arr[i] = _decode_value(v, f"{where}[{i}]", budget)
+            arr[i] = _decode_value(v, f"{where}[{i}]", budget, writeable)
         return arr.reshape(shape)
     if kind == "strings":
         return _decode_strings(value.strings, where, budget)

@@ -351,6 +351,14 @@ def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None
     casts the others' into it: FrozenLake's ``prob`` (1 after a reset, 0.333 after a step) became 0
     on an autoreset step. The learner joins servers' infos widening them the same way, so that a
     fleet's infos do not depend on how its envs are split between servers, and no value is cut.
+
+    Except for a key whose values have no common numpy type: a number in one env and a str (or
+    any other object) in another. Nothing widens then, and the result follows the layout, as it
+    follows the envs' order in gymnasium's own vector envs: on one server, an int after a str goes
+    into the str's object array, but a str after an int fails the step as it fails
+    SyncVectorEnv's (gymnasium casts it into the ints' array); on servers of their own, each env's
+    value comes in an array of its own type, and the learner joins a number array with an object
+    array into an object array.
     """
     for key, value in env_info.items():
         array = vector_infos.get(key)
@@ -377,8 +385,9 @@ def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None
 def widened_dtype(before: np.dtype[Any], here: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype that holds both ``before``'s and ``here``'s values (``np.result_type``): how servers
     widen an info key's array across their envs and the learner across servers (one rule, so a
-    fleet's infos do not depend on its layout). TypeError if none does: they cannot be promoted,
-    or strings meet numbers (which numpy would turn into strings)."""
+    fleet's infos do not depend on its layout, but for values of no common type: see
+    :func:`_widen_infos`). TypeError if none does: they cannot be promoted, or strings meet numbers
+    (which numpy would turn into strings)."""
     if (before.kind in "US") != (here.kind in "US") and object not in (before, here):
         raise TypeError("strings and numbers do not mix")
     return np.result_type(before, here)

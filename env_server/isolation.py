@@ -19,6 +19,11 @@ placeholder observation (its last one, or else :func:`placeholder_observation`, 
 the observation space) with ``env_error`` set, and every later step of it is again reported as
 truncated with ``env_error``, so each autoreset tries again until a reset works.
 
+An env's own info may not use the keys envfleet reserves for these records (``env_error``, and the
+learner's ``env_unavailable`` and ``env_rejoined``, each with its ``_`` mask): a learner would take
+the env's value for envfleet's record (a float ``env_error`` of 0.0 for an exception). An info that
+does is refused as the env's error, ReservedInfoKeyError, naming the key.
+
 Rule for learners: a step whose ``env_error`` is set for an env is not a transition of that env (its
 action was not applied, or its result was lost); the observation is a placeholder or a new episode's
 first observation. ``RemoteVectorEnv`` reports such envs in ``infos["env_unavailable"]`` too.
@@ -33,12 +38,17 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["ENV_ERROR_KEY", "IsolateErrors", "placeholder_observation"]
+__all__ = ["ENV_ERROR_KEY", "RESERVED_INFO_KEYS", "IsolateErrors", "ReservedInfoKeyError", "placeholder_observation"]
 
 log = logging.getLogger(__name__)
 
 ENV_ERROR_KEY = "env_error"
 """The info key of a per-env error record: text, ``"<where>: <ExceptionType>: <message>"``."""
+
+RESERVED_INFO_KEYS = frozenset(
+    key for name in (ENV_ERROR_KEY, "env_unavailable", "env_rejoined") for key in (name, "_" + name)
+)
+"""Info keys envfleet writes itself (this module, and ``learner.remote``): an env's info may not use them."""
 
 # What an env's code may raise that must not end the server: every Exception, and the two
 # BaseExceptions an env might raise by mistake (the server handles its own signals without them).
@@ -74,6 +84,21 @@ def placeholder_observation(space: gym.Space[Any]) -> Any:
     return copy.deepcopy(space).sample()
 
 
+class ReservedInfoKeyError(ValueError):
+    """An env's info uses a key of RESERVED_INFO_KEYS."""
+
+
+def _check_info(info: Any) -> None:
+    """Raise ReservedInfoKeyError where the env's ``info`` uses a key envfleet reserves."""
+    if isinstance(info, dict) and not RESERVED_INFO_KEYS.isdisjoint(info):
+        key = min(RESERVED_INFO_KEYS.intersection(info))
+        raise ReservedInfoKeyError(
+            f"the env's info has the key {key!r}, which is reserved by envfleet (its per-env records "
+            f"{', '.join(sorted(k for k in RESERVED_INFO_KEYS if not k.startswith('_')))} and their '_' masks); "
+            "rename it in the env"
+        )
+
+
 def _describe(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
     message = f"{where}: {type(err).__name__}: {text}" if text else f"{where}: {type(err).__name__}"
@@ -81,7 +106,8 @@ def _describe(where: str, err: BaseException) -> str:
 
 
 class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
-    """Turns exceptions of the wrapped env's ``step`` and ``reset`` into ``info["env_error"]`` (see module doc).
+    """Turns exceptions of the wrapped env's ``step`` and ``reset``, and infos that use a reserved key, into
+    ``info["env_error"]`` (see module doc).
 
     ``repeat_on_reset``: the reset after an error repeats its ``env_error``; True for a vector env with
     same-step autoreset (whose step's top-level infos are that reset's), False otherwise."""
@@ -104,6 +130,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         try:
             obs, info = self.env.reset(seed=seed, options=options)
+            _check_info(info)
         except _CAUGHT as err:
             self.errors += 1
             message = _describe("reset", err)
@@ -128,6 +155,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
+            _check_info(info)
         except _CAUGHT as err:
             self.errors += 1
             message = _describe("step", err)

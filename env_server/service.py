@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -139,6 +140,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
         self._env_seconds: dict[str, float] = {}
+        # Info values no wire form carries, sent as their repr (warned once per info key).
+        self._unsendable_infos = UnsendableInfos()
         # The env call under way (step, reset) and when it started (time.monotonic(); 0: none), for the
         # server's watchdog thread (--hang-timeout).
         self.call_kind = ""
@@ -409,7 +412,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             seed = seeds[0]  # an env's own vectorized implementation takes one seed for all its envs
         options: dict[str, Any] | None = None
         if request.HasField("options"):
-            decoded = codec.decode_value(request.options, "options")
+            # (writeable copies: an env may change an option's array in place, as it may locally)
+            decoded = codec.decode_value(request.options, "options", writeable=True)
             if decoded is not None and not isinstance(decoded, dict):
                 raise ServiceError(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -454,7 +458,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._ended = (
                     np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
                 )
-        response = _encode_reset(obs, infos)
+        response = _encode_reset(obs, infos, self._unsendable_infos)
         if self._metrics is not None:
             self._metrics.observe_reset(time.perf_counter() - start)
         return response
@@ -545,7 +549,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "first (reset(options={'reset_mask': mask}) for those envs, or a full reset); nothing was stepped",
                 int(ended[0]),
             )
-        actions = codec.decode_value(request.actions, "actions")
+        # (writeable copies: an env may clip its action in place, as it may under gymnasium's vector envs)
+        actions = codec.decode_value(request.actions, "actions", writeable=True)
         try:
             return session, check_actions(self._act_space, actions, self._num_envs)
         except InvalidActionError as err:
@@ -567,7 +572,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._ended is not None and self._claim is session:
             # (a step of a session that ended meanwhile leaves the next session's bookkeeping alone)
             self._ended = np.logical_or(terminations, truncations)
-        _encode_infos(infos, response.infos)
+        _encode_infos(infos, response.infos, self._unsendable_infos)
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
             errors = infos.get("_" + ENV_ERROR_KEY)
@@ -666,10 +671,10 @@ async def _wait_uncancellable(future: asyncio.Future[Any]) -> None:
             await asyncio.shield(future)
 
 
-def _encode_reset(obs: Any, infos: dict[str, Any]) -> pb.ResetResponse:
+def _encode_reset(obs: Any, infos: dict[str, Any], unsendable: codec.Unsendable) -> pb.ResetResponse:
     response = pb.ResetResponse()
     _encode_outputs(obs, response.observations, "observations")
-    _encode_infos(infos, response.infos)
+    _encode_infos(infos, response.infos, unsendable)
     return response
 
 
@@ -681,11 +686,74 @@ def _encode_outputs(outputs: Any, out: pb.Value, where: str) -> None:
         raise ServiceError(grpc.StatusCode.INTERNAL, f"the env returned {where} that cannot be sent: {err}") from err
 
 
-def _encode_infos(infos: dict[str, Any], out: pb.Value) -> None:
+def _encode_infos(infos: dict[str, Any], out: pb.Value, unsendable: codec.Unsendable) -> None:
+    """Encode a step's or reset's vector infos; a value no wire form carries goes as ``unsendable``
+    says (see UnsendableInfos), one too large fails the call (INTERNAL)."""
     try:
-        codec.encode_value(infos, out, "infos")
+        codec.encode_value(infos, out, "infos", unsendable=unsendable)
     except codec.CodecError as err:
         raise ServiceError(
             grpc.StatusCode.INTERNAL,
             f"the env returned an info value that cannot be sent: {err}",
         ) from err
+
+
+# An info value's repr is cut to this many characters (a large set's would swell every response).
+_MAX_REPR = 10_000
+# Where in the infos a value is per env (an object array's item, a list's or a tuple's), not a key's
+# array over envs or a dict of them: an index in its path, "infos['k'][3]".
+_INDEX = re.compile(r"\[\d+\]")
+
+
+class UnsendableInfos:
+    """What the server sends for an info value that no wire form carries (an arbitrary object, a set,
+    a dict with keys that are not str, a complex number, ...), so that the step is not lost: envfleet
+    never pickles (a learner must not unpickle what a server sends). An env's own value (an item of
+    the object array gymnasium keeps the key's values in) goes as its ``repr()``, a str; a dict that
+    gymnasium's vector env spread over the envs (an env's info ``{"d": {1: "a"}}`` is the vector info
+    ``{"d": {1: array, "_1": mask}}``) goes with its keys as ``str(key)``, so that it is still a dict of
+    arrays over envs (``infos["d"]["1"]`` and the ``"_1"`` mask gymnasium already names so), which
+    the learner joins across servers; an array over envs of a dtype with no wire form goes as a str
+    array of its items' reprs. Each info key is warned of once, in the server's log.
+    """
+
+    def __init__(self) -> None:
+        self.warned: set[str] = set()
+        """The info keys warned of (their paths without indices: "['obj']", "['final_info']['obj']")."""
+
+    def __call__(self, value: Any, where: str, reason: str) -> Any:
+        per_env = _INDEX.search(where) is not None
+        path = _INDEX.sub("", where.removeprefix("infos"))
+        what = f"a {type(value).__module__}.{type(value).__qualname__}"
+        if isinstance(value, dict) and not per_env and len({str(k) for k in value}) == len(value):
+            sent: Any = {k if isinstance(k, str) else str(k): v for k, v in value.items()}
+            done = "sent with its keys as str"
+        elif isinstance(value, np.ndarray) and not per_env:
+            sent = np.array([_repr(item) for item in value.flat], dtype=str).reshape(value.shape)
+            what = f"an array of dtype {value.dtype}"
+            done = "sent as a str array of its items' reprs"
+        else:
+            sent = _repr(value)
+            done = "sent as its repr"
+        if path not in self.warned:
+            self.warned.add(path)
+            name = path[1:-1] if path.count("[") == 1 and path.endswith("]") else path  # ('obj', or a path)
+            log.warning(
+                "info key %s: %s cannot cross the wire (no pickle); %s; %s (at %s); its later values go the same "
+                "way, unwarned: to get the value itself, make the env put a type that can be sent there",
+                name,
+                what,
+                done,
+                reason,
+                where,
+            )
+        return sent
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, cut to _MAX_REPR characters; a fixed text where repr itself raises."""
+    try:
+        text = repr(value)
+    except Exception as err:  # (an env's own class: its __repr__ may fail)
+        text = f"<{type(value).__module__}.{type(value).__qualname__} object; its repr raised {type(err).__name__}>"
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."

@@ -27,6 +27,7 @@ __all__ = [
     "is_image_space",
     "layer_init",
     "normalize_advantages",
+    "unusable_observation",
     "value_loss",
 ]
 
@@ -379,6 +380,29 @@ class Agent(nn.Module):
         dist = self.head.distribution(self.actor(self.features(obs)))
         raw = dist.mode if deterministic else dist.sample()
         return self.head.to_env(raw)
+
+
+def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int]) -> str | None:
+    """Why the policy cannot act on ``obs`` (a batch, row i the observation of env ``envs[i]``, as the
+    policy got it): the first env whose observation has NaN or infinite values, or is outside a
+    Discrete space (the one-hot fails); None where none is (what failed is something else).
+
+    Called only after the policy's forward raised (torch's "Class values must be smaller than
+    num_classes", "probability tensor contains either inf, nan"), so that it costs no step anything.
+    """
+    for i, env in enumerate(envs):
+        value = obs[i]
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            return (
+                f"observation of env {env} has NaN or infinite values ({value.tolist()!r}; observation space "
+                f"{space}); the policy cannot act on it"
+            )
+        if isinstance(space, gym.spaces.Discrete) and not space.start <= value.item() < space.start + space.n:
+            return (
+                f"observation of env {env} is {value.item()!r}, outside the observation space {space}; "
+                "the policy cannot act on it"
+            )
+    return None
 
 
 # -- GAE and the losses ------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -62,7 +62,7 @@ from learner.errors import (
 )
 from learner.fleet import FleetChange, carry_over
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import Agent, check_observation_space, is_image_space
+from learner.ppo import Agent, check_observation_space, is_image_space, unusable_observation
 from learner.stats import ReplicaStats, format_return
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
@@ -974,6 +974,19 @@ def train(
                     obs_rms.update(x)
             return obs_rms.normalize(x)
 
+        @contextlib.contextmanager
+        def acting_on(obs: Tensor, envs_of: Sequence[int]) -> Iterator[None]:
+            """Turn an error of the policy's forward on ``obs`` (of envs ``envs_of``) that an observation
+            explains (NaN, or outside its Discrete space: torch's own errors say neither which env nor
+            what came) into a ValueError naming the env, the value and the space; looked for only then."""
+            try:
+                yield
+            except (RuntimeError, ValueError, IndexError) as err:
+                problem = unusable_observation(obs.detach().cpu().numpy(), obs_space, envs_of)
+                if problem is None:
+                    raise
+                raise ValueError(problem) from err
+
         def env_actions(raw: Tensor) -> Any:
             actions = agent.head.to_env(raw).cpu().numpy()
             if isinstance(action_space, gym.spaces.Box):
@@ -989,7 +1002,7 @@ def train(
             With ``send``, they go to the envs (``send(actions)``) before their log-probs and values are
             computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
             """
-            with torch.no_grad():
+            with torch.no_grad(), acting_on(obs[envs_slice], range(num_envs)[envs_slice]):
                 action, rest = actor.sample(obs[envs_slice])
                 actions = env_actions(action)
                 if send is not None:
@@ -1330,8 +1343,9 @@ def train(
                         # observation; the truncated episode's last one is in infos["final_obs"].
                         idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
-                        with torch.no_grad():
-                            rollout.final_values[step, idx] = actor.get_value(prepare_obs(final, update_stats=False))
+                        final_x = prepare_obs(final, update_stats=False)
+                        with torch.no_grad(), acting_on(final_x, idx.tolist()):
+                            rollout.final_values[step, idx] = actor.get_value(final_x)
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
@@ -1392,7 +1406,7 @@ def train(
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
                 episodes_cut = steps_lost = 0
-                with torch.no_grad():
+                with torch.no_grad(), acting_on(next_obs, range(num_envs)):
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(
                     rollout,

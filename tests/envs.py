@@ -433,3 +433,94 @@ class OptionsProbeEnv(ClockEnv):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = super().reset(seed=seed)
         return obs, {**info, "options": -1 if options is None else len(options)}
+
+
+class InPlaceEnv(ClockEnv):
+    """A ClockEnv (Box actions of 2) that changes what it is given in place, as some envs do: it clips
+    its action (``np.clip(a, -0.5, 0.5, out=a)``; the reward is the clipped action's sum) and adds 1 to
+    a reset's ``options["goal"]`` (the reset info's ``"goal"`` is what it made of it)."""
+
+    def __init__(self, length: int = 3) -> None:
+        super().__init__(length=length, action="box")
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(seed=seed)
+        if options and "goal" in options:
+            options["goal"] += 1
+            info["goal"] = options["goal"].copy()
+        return obs, info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        np.clip(action, -0.5, 0.5, out=action)
+        obs, _, terminated, truncated, _ = super().step(action)
+        return obs, float(action.sum()), terminated, truncated, {"seen": action.copy()}
+
+
+class Opaque:
+    """An info value of a type no wire form carries (its repr names its number)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.number})"
+
+
+class UnsendableInfoEnv(_CountEnv):
+    """Step infos no wire form carries as they are: an arbitrary object, a set, a dict with an int key,
+    a complex number; and ``"ok"``, one that it does."""
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {
+            "obj": Opaque(self._t),
+            "s": {1, 2},
+            "d": {1: "a"},
+            "c": np.complex128(1 + 2j),
+            "ok": self._t,
+        }
+
+
+class ReservedKeyEnv(_CountEnv):
+    """From step ``at`` on (counted over the env's life), its step info has the key ``key``, one that
+    envfleet reserves; its reset info has it too with ``on_reset``."""
+
+    def __init__(self, key: str = "env_error", at: int = 2, on_reset: bool = False) -> None:
+        super().__init__()
+        self.key, self.at, self.on_reset = key, at, on_reset
+        self._steps = 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, {self.key: 0.0} if self.on_reset else info
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        self._steps += 1
+        return {self.key: 0.0} if self._steps >= self.at else {}
+
+
+class BadObservationEnv(_CountEnv):
+    """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
+    ``kind="discrete"``, 7 for its Discrete(3) space."""
+
+    def __init__(self, kind: str = "nan", at: int = 2) -> None:
+        super().__init__()
+        self.kind, self.at = kind, at
+        if kind == "discrete":
+            self.observation_space = gym.spaces.Discrete(3)  # type: ignore[assignment]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        return (0 if self.kind == "discrete" else obs), info
+
+    def step(self, action: np.int64) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.kind == "discrete":
+            obs = 7 if self._t >= self.at else 0
+        elif self._t >= self.at:
+            obs = np.array([np.nan], dtype=np.float32)
+        return obs, reward, terminated, truncated, info

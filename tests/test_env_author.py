@@ -1,0 +1,211 @@
+"""What an env's author may count on, served as under gymnasium's own vector envs: the env gets writeable
+actions and reset options, an info value of any type crosses (as its repr where no wire form carries
+it, so the step is not lost), and an info key envfleet reserves is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from env_server import codec
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import RemoteVectorEnv
+from learner.config import Args
+from learner.errors import EnvCrashedError
+from learner.train import train
+from tests.compare import assert_same
+from tests.conftest import SpawnServer
+from tests.envs import InPlaceEnv
+
+# StepStream (tcp), and the step socket (unix); the unary Step: test_unsendable_infos_are_warned_of_once...
+TRANSPORTS = ["tcp", "unix"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writeable arrays
+
+
+def test_decode_value_gives_writeable_copies_when_asked() -> None:
+    value = codec.encode_value({"a": np.arange(3), "b": (np.ones(2),), "c": [np.zeros(1)]}, pb.Value())
+    views = codec.decode_value(value)
+    copies = codec.decode_value(value, writeable=True)
+    assert not views["a"].flags.writeable  # (the learner's observations: no copy)
+    for array in (copies["a"], copies["b"][0], copies["c"][0]):
+        assert array.flags.writeable
+    copies["a"] += 1
+    np.testing.assert_array_equal(codec.decode_value(value)["a"], [0, 1, 2])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_envs_may_change_their_actions_and_reset_options_in_place(start_servers: Any, transport: str) -> None:
+    # (they came read-only: "output array is read-only" where SyncVectorEnv's envs clipped fine)
+    addresses = start_servers("tests.envs:InPlaceEnv", envs_per_server=2, transport=transport)
+    local = gym.vector.SyncVectorEnv([InPlaceEnv] * 2)
+    goal = np.zeros(2)
+    actions = np.full((2, 2), 0.9, dtype=np.float32)
+    with RemoteVectorEnv(addresses) as envs:
+        got = envs.reset(seed=0, options={"goal": goal})
+        want = local.reset(seed=0, options={"goal": goal.copy()})
+        assert_same(got, want, "reset")
+        assert got[1]["goal"].tolist() == [[1.0, 1.0], [2.0, 2.0]]  # (one options dict for both envs, as locally)
+        for t in range(4):
+            assert_same(envs.step(actions), local.step(actions.copy()), f"step {t}")
+    assert (actions == np.float32(0.9)).all() and (goal == 0).all()  # (the learner's own arrays: untouched)
+    local.close()
+
+
+def test_same_step_final_observations_and_infos_are_writeable(start_servers: Any) -> None:
+    addresses = start_servers("tests.envs:InPlaceEnv", envs_per_server=2, server_args=["--autoreset-mode", "SameStep"])
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):  # (episodes of 3 steps)
+            *_, infos = envs.step(np.zeros((2, 2), dtype=np.float32))
+    assert infos["_final_obs"].all()
+    for final_obs in infos["final_obs"]:
+        assert final_obs.flags.writeable  # (as gymnasium's)
+    assert infos["final_info"]["seen"].flags.writeable
+
+
+# ---------------------------------------------------------------------------------------------
+# Info values no wire form carries
+
+
+def test_encode_value_sends_what_unsendable_gives_for_what_it_cannot_send() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def as_repr(value: Any, where: str, reason: str) -> Any:
+        seen.append((where, reason))
+        return repr(value)
+
+    value = {"o": np.array([object, {1, 2}, 1 << 70, {2: "b"}, np.complex64(1j)], dtype=object), "n": np.arange(2)}
+    decoded = codec.decode_value(codec.encode_value(value, pb.Value(), "infos", unsendable=as_repr))
+    assert decoded["o"].tolist() == [repr(object), "{1, 2}", repr(1 << 70), "{2: 'b'}", repr(np.complex64(1j))]
+    np.testing.assert_array_equal(decoded["n"], [0, 1])
+    assert [where for where, _ in seen] == [f"infos['o'][{i}]" for i in range(5)]
+    assert "dict key 2 is a int; only str keys can be sent" in seen[3][1]
+    with pytest.raises(codec.CodecError, match=r"infos\['o'\]\[0\]: cannot send a value of type builtins.type"):
+        codec.encode_value(value, pb.Value(), "infos")
+
+
+def _check_unsendable_infos(infos: dict[str, Any], t: int) -> None:
+    """The infos of UnsendableInfoEnv's step ``t`` (over 2 envs), as the learner gets them."""
+    assert infos["obj"].tolist() == [f"Opaque({t})"] * 2
+    assert infos["s"].tolist() == ["{1, 2}"] * 2
+    # (gymnasium's vector env spread the env's dict {1: "a"} over the envs: sent with its keys as str)
+    assert infos["d"]["1"].tolist() == ["a", "a"] and infos["d"]["_1"].all()
+    assert infos["c"].tolist() == [repr(np.complex128(1 + 2j))] * 2
+    assert infos["ok"].tolist() == [t, t]
+
+
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_info_values_no_wire_form_carries_come_as_their_repr(
+    start_servers: Any, transport: str, fault_tolerant: bool
+) -> None:
+    # (the whole server's step failed INTERNAL: under fault tolerance, lost and rejoined for ever)
+    addresses = start_servers("tests.envs:UnsendableInfoEnv", envs_per_server=2, transport=transport)
+    with RemoteVectorEnv(addresses, fault_tolerant=fault_tolerant) as envs:
+        envs.reset(seed=0)
+        for t in range(1, 4):
+            *_, infos = envs.step(np.zeros(2, dtype=np.int64))
+            assert "env_unavailable" not in infos
+            _check_unsendable_infos(infos, t)
+
+
+def test_unsendable_infos_are_warned_of_once_per_key_and_the_unary_step_sends_them(spawn_server: SpawnServer) -> None:
+    server = spawn_server("tests.envs:UnsendableInfoEnv", 2)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(), timeout=5).session_id
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=5)
+        step = pb.StepRequest(session_id=session)
+        codec.encode_value(np.zeros(2, dtype=np.int64), step.actions, "actions")
+        for t in range(1, 4):
+            _check_unsendable_infos(codec.decode_value(stub.Step(step, timeout=5).infos), t)
+    logs = server.logs()
+    for key, what, done in (
+        ("'obj'", "a tests.envs.Opaque", "sent as its repr"),
+        ("'s'", "a builtins.set", "sent as its repr"),
+        ("'d'", "a builtins.dict", "sent with its keys as str"),
+        ("'c'", "an array of dtype complex128", "sent as a str array of its items' reprs"),
+    ):
+        lines = [line for line in logs.splitlines() if f"info key {key}:" in line]
+        assert len(lines) == 1, logs
+        assert f"{what} cannot cross the wire (no pickle); {done}" in lines[0]
+    assert "info key 'ok'" not in logs
+
+
+# ---------------------------------------------------------------------------------------------
+# Reserved info keys
+
+
+@pytest.mark.parametrize("key", ["env_error", "_env_unavailable", "env_rejoined"])
+def test_an_info_with_a_reserved_key_is_an_error_of_that_env_named_so(start_servers: Any, key: str) -> None:
+    # (an env's own info["env_error"] = 0.0 was taken for envfleet's record: "env 0 raised in 0.0")
+    kwargs = json.dumps({"key": key, "at": 2})
+    addresses = start_servers("tests.envs:ReservedKeyEnv", envs_per_server=2, server_args=["--env-kwargs", kwargs])
+    zeros = np.zeros(2, dtype=np.int64)
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        envs.step(zeros)
+        with pytest.raises(EnvCrashedError) as err:
+            envs.step(zeros)
+    assert f"ReservedInfoKeyError: the env's info has the key {key!r}, which is reserved by envfleet" in str(err.value)
+    assert "rename it in the env" in str(err.value)
+    # Fault-tolerant: that env's error record, at every step but the autoreset steps between (the env
+    # puts the key in every step's info now), and the server serves on.
+    with RemoteVectorEnv(addresses, fault_tolerant=True) as envs:
+        envs.reset(seed=0)
+        for t in range(4):
+            *_, infos = envs.step(zeros)
+            if t % 2 == 0:
+                assert infos["_env_error"].all() and infos["env_unavailable"].all()
+                assert f"the env's info has the key {key!r}" in infos["env_error"][0]
+            else:
+                assert "env_error" not in infos
+
+
+def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers: Any) -> None:
+    kwargs = json.dumps({"key": "env_error", "on_reset": True, "at": 1000})
+    addresses = start_servers("tests.envs:ReservedKeyEnv", envs_per_server=2, server_args=["--env-kwargs", kwargs])
+    with RemoteVectorEnv(addresses) as envs, pytest.raises(EnvCrashedError, match="raised in reset: ReservedInfoKey"):
+        envs.reset(seed=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations the policy cannot act on
+
+
+@pytest.mark.parametrize("backend", ["gym", "remote"])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("nan", r"observation of env \d has NaN or infinite values \(\[nan\]; observation space Box"),
+        ("discrete", r"observation of env \d is 7, outside the observation space Discrete\(3\)"),
+    ],
+)
+def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
+    tmp_path: Path, backend: str, kind: str, message: str
+) -> None:
+    # (a raw torch traceback: "Class values must be smaller than num_classes", "probability tensor ...")
+    args = Args(
+        env="tests.envs:BadObservationEnv",
+        env_kwargs={"kind": kind},
+        backend=backend,
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=32,
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+        plot=False,
+        tensorboard=False,
+    )
+    with pytest.raises(ValueError, match=message + r".*; the policy cannot act on it"):
+        train(args)
