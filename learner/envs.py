@@ -13,7 +13,7 @@ import gymnasium as gym
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env
 from learner.discovery import expand_when_ready
-from learner.local import DEFAULT_TRANSPORT, LocalServers
+from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
 __all__ = ["FleetSpec", "open_fleet", "reward_threshold"]
@@ -110,6 +110,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 server_args=server_args,
                 transport=spec.transport,
                 auth_token=spec.auth_token,
+                # An env call the learner would still wait for is not a hang (slow resets: --reset-timeout).
+                hang_timeout=max(HANG_TIMEOUT_S, 2 * max(spec.timeout, spec.reset_timeout or 0.0)),
             )
             stack.callback(servers.close)
             addresses = servers.addresses

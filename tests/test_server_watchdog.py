@@ -5,6 +5,7 @@ too large to send and an env whose close raises."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, HUNG_EXIT_STATUS
 from learner import RemoteVectorEnv
+from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
 
 HANG = "tests.hang_envs:HangLater"
@@ -159,3 +161,24 @@ def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_
         "answer would take 83,886,080, over the 67,108,864 bytes a message may; serve at most 4 envs per server "
         "(--num-envs), and more servers"
     ) in done.stderr
+
+
+def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_learner_would() -> None:
+    """learner train's --timeout/--reset-timeout: a reset the learner would wait 100 s for is no hang."""
+
+    def hang_timeouts() -> list[str]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                argv = cmdline.read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            ours = "--parent-pid" in argv and argv[argv.index("--parent-pid") + 1] == str(os.getpid())
+            if "env_server" in argv and ours:
+                found.append(argv[argv.index("--hang-timeout") + 1])
+        return found
+
+    for reset_timeout, expected in ((None, "60"), (100.0, "200")):
+        spec = FleetSpec(env="CartPole-v1", num_servers=1, envs_per_server=1, reset_timeout=reset_timeout)
+        with open_fleet(spec):
+            assert hang_timeouts() == [expected]
