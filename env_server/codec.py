@@ -305,7 +305,8 @@ def decode_value(value: pb.Value, where: str = "value", *, writeable: bool = Fal
 
     Its arrays are read-only views of the message's bytes; with ``writeable``, copies: what the
     server hands an env (actions, reset options), which may change them in place as it may under
-    gymnasium's own vector envs (``np.clip(action, ..., out=action)``).
+    gymnasium's own vector envs (``np.clip(action, ..., out=action)``). The items of object arrays are
+    always copies (an env's own values under gymnasium: final_obs, say).
 
     Raises CodecError for a message that cannot be decoded, including one that would take more
     memory than it may (see MAX_STRING_ARRAY_BYTES and MAX_VALUE_NODES), never MemoryError.
@@ -348,7 +349,9 @@ def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool)
         budget.take_nodes(len(value.objects.values), "an object array", where)
         arr = np.empty(len(value.objects.values), dtype=object)
         for i, v in enumerate(value.objects.values):
-            arr[i] = _decode_value(v, f"{where}[{i}]", budget, writeable)
+            # (writeable copies: an object array holds what an env gave, its own arrays under gymnasium,
+            # such as final_obs; at episode ends, or values without arrays: no cost on a step's hot path)
+            arr[i] = _decode_value(v, f"{where}[{i}]", budget, True)
         return arr.reshape(shape)
     if kind == "strings":
         return _decode_strings(value.strings, where, budget)

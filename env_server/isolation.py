@@ -90,7 +90,7 @@ class ReservedInfoKeyError(ValueError):
 
 def _check_info(info: Any) -> None:
     """Raise ReservedInfoKeyError where the env's ``info`` uses a key envfleet reserves."""
-    if isinstance(info, dict) and not RESERVED_INFO_KEYS.isdisjoint(info):
+    if info and isinstance(info, dict) and not RESERVED_INFO_KEYS.isdisjoint(info):
         key = min(RESERVED_INFO_KEYS.intersection(info))
         raise ReservedInfoKeyError(
             f"the env's info has the key {key!r}, which is reserved by envfleet (its per-env records "

@@ -280,15 +280,24 @@ def _check_key_pair(cert: str, key: str) -> None:
 
 
 async def serve(
-    config: ServerConfig, on_ready: Callable[[str], None], on_teardown: Callable[[], None] | None = None
+    config: ServerConfig,
+    on_ready: Callable[[str], None],
+    on_teardown: Callable[[], None] | None = None,
+    *,
+    watch_exit: bool = False,
 ) -> int:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
-    again once shutdown starts. Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised. ``on_ready`` receives the address actually listened on (``HOST:PORT``
+    again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
     with the real port, or ``unix:PATH``) once the server serves its envs; ``on_teardown`` is called
     when its teardown starts (after the drain, or on a failed start or a stop while building).
+    Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised.
+
+    A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
+    exits next) keeps it running after the return, so that the process exits within EXIT_MARGIN_S of
+    the teardown's start even where an env thread that cannot be stopped would hold its exit up.
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown. Python-level handlers, not the loop's: they run (in this thread,
@@ -297,6 +306,23 @@ async def serve(
     watchdog = _Watchdog(config, asyncio.get_running_loop(), stop)
     previous = {sig: signal.signal(sig, watchdog.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     watchdog.start()
+    try:
+        return await _serve(config, on_ready, on_teardown, stop, watchdog)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if not watch_exit:
+            watchdog.finished.set()
+
+
+async def _serve(
+    config: ServerConfig,
+    on_ready: Callable[[str], None],
+    on_teardown: Callable[[], None] | None,
+    stop: asyncio.Event,
+    watchdog: _Watchdog,
+) -> int:
+    """:func:`serve`, its signal handlers and watchdog set up."""
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
@@ -426,22 +452,28 @@ async def serve(
         if served and config.unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
     return 0 if closed else HARD_EXIT_STATUS
 
 
+# What an answer holds besides its observations' data (framing, rewards, flags, infos): kept free.
+_ANSWER_HEADROOM = 1024 * 1024
+
+
 def _check_answer_size(config: ServerConfig, space: gym.Space[Any]) -> None:
-    """Refuse at start envs whose observations alone would make every answer larger than a message
-    may be (the first reset would fail, with gRPC's own error), saying how many envs would fit."""
-    per_env = _space_bytes(space)
-    if per_env * config.num_envs <= MAX_MESSAGE_BYTES:
+    """Refuse at start envs whose observations alone would leave an answer no room under the largest
+    message (the first reset would fail, with gRPC's own error), saying how many envs would fit;
+    under same-step autoreset, an answer can carry each env's final observation too."""
+    per_env = _space_bytes(space) * (2 if config.autoreset_mode == "SameStep" else 1)
+    room = MAX_MESSAGE_BYTES - _ANSWER_HEADROOM
+    if per_env * config.num_envs <= room:
         return
-    fits = MAX_MESSAGE_BYTES // per_env
+    fits = room // per_env
     raise EnvBuildError(
-        f"cannot serve {config.num_envs} x {config.env!r}: each env's observation takes {per_env:,} bytes, so an "
-        f"answer would take {per_env * config.num_envs:,}, over the {MAX_MESSAGE_BYTES:,} bytes a message may; "
+        f"cannot serve {config.num_envs} x {config.env!r}: each env's observation"
+        + (" and final observation (same-step autoreset) take" if config.autoreset_mode == "SameStep" else " takes")
+        + f" {per_env:,} bytes, so an answer would take {per_env * config.num_envs:,}, over the {room:,} bytes a "
+        f"message leaves them (64 MiB less 1 MiB for the rest); "
         + (f"serve at most {fits} envs per server (--num-envs), and more servers" if fits else "it cannot be sent")
     )
 
@@ -544,6 +576,8 @@ class _Watchdog(threading.Thread):
         self.service: EnvService | None = None
         self.stop_asked_at = 0.0  # (time.monotonic(); 0: not yet)
         self.teardown_at = 0.0
+        self.finished = threading.Event()
+        """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.request_stop()
@@ -557,8 +591,7 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
-        while True:
-            time.sleep(_WATCH_S)
+        while not self.finished.wait(_WATCH_S):
             now = time.monotonic()
             if parent and not self.stop_asked_at and os.getppid() != parent:
                 log.warning("parent process %d is gone; shutting down", parent)
@@ -617,4 +650,4 @@ def run(config: ServerConfig, on_ready: Callable[[str], None]) -> int:
     """Synchronous entry: serve until stopped (see :func:`serve`); the exit status. Once a shutdown is
     asked for, the process exits within the grace period and :data:`EXIT_MARGIN_S` even while an env
     call still runs or the envs' close hangs (see ``_Watchdog``)."""
-    return asyncio.run(serve(config, on_ready))
+    return asyncio.run(serve(config, on_ready, watch_exit=True))

@@ -136,27 +136,3 @@ def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: i
             if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
                 target = out[key] = target.astype(wide)
         target[start : start + count] = value
-        if target.dtype == object:
-            # (final_obs, and an env's values of types gymnasium keeps in object arrays: arrays decoded
-            # from the response, read-only views of its bytes; gymnasium's are the env's own,
-            # writeable. Few: final_obs come at episode ends only.)
-            block = target[start : start + count]
-            for i, item in enumerate(block.flat):
-                block.flat[i] = _writeable(item)
-
-
-def _writeable(value: Any) -> Any:
-    """``value`` with its read-only arrays (in dicts, tuples, lists and object arrays too) copied."""
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            for i, item in enumerate(value.flat):
-                value.flat[i] = _writeable(item)
-            return value
-        return value if value.flags.writeable else value.copy()
-    if isinstance(value, dict):
-        return {k: _writeable(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_writeable(v) for v in value)
-    if isinstance(value, list):
-        return [_writeable(v) for v in value]
-    return value

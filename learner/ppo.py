@@ -393,8 +393,9 @@ def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[
     for i, env in enumerate(envs):
         value = obs[i]
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            shown = np.array2string(value, threshold=16, edgeitems=3)
             return (
-                f"observation of env {env} has NaN or infinite values ({value.tolist()!r}; observation space "
+                f"observation of env {env} has NaN or infinite values ({shown}; observation space "
                 f"{space}); the policy cannot act on it"
             )
         if isinstance(space, gym.spaces.Discrete) and not space.start <= value.item() < space.start + space.n:

@@ -975,14 +975,16 @@ def train(
             return obs_rms.normalize(x)
 
         @contextlib.contextmanager
-        def acting_on(obs: Tensor, envs_of: Sequence[int]) -> Iterator[None]:
-            """Turn an error of the policy's forward on ``obs`` (of envs ``envs_of``) that an observation
-            explains (NaN, or outside its Discrete space: torch's own errors say neither which env nor
-            what came) into a ValueError naming the env, the value and the space; looked for only then."""
+        def acting_on(raw: np.ndarray, envs_of: Sequence[int]) -> Iterator[None]:
+            """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
+            of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
+            own errors say neither which env nor what came) into a ValueError naming the env, the value
+            and the space; looked for only then. (The envs' own values: --norm-obs statistics updated
+            with a NaN make every env's normalised observation NaN.)"""
             try:
                 yield
             except (RuntimeError, ValueError, IndexError) as err:
-                problem = unusable_observation(obs.detach().cpu().numpy(), obs_space, envs_of)
+                problem = unusable_observation(np.asarray(raw), obs_space, envs_of)
                 if problem is None:
                     raise
                 raise ValueError(problem) from err
@@ -1002,8 +1004,9 @@ def train(
             With ``send``, they go to the envs (``send(actions)``) before their log-probs and values are
             computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
             """
-            with torch.no_grad(), acting_on(obs[envs_slice], range(num_envs)[envs_slice]):
-                action, rest = actor.sample(obs[envs_slice])
+            with torch.no_grad():
+                with acting_on(raw_obs[envs_slice], range(num_envs)[envs_slice]):
+                    action, rest = actor.sample(obs[envs_slice])
                 actions = env_actions(action)
                 if send is not None:
                     send(actions)
@@ -1096,6 +1099,7 @@ def train(
         num_envs = envs.num_envs
         lost_np = unavailable_envs(reset_infos, num_envs)
         # A resumed run's statistics already include the observations the first reset returns.
+        raw_obs = obs_np  # (as the envs gave them: what an error of the policy's is explained by)
         next_obs = prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
         # Pipelining (RemoteVectorEnv with --pipeline-groups > 1): step_groups sends each group its
         # actions as soon as they are computed.
@@ -1213,6 +1217,7 @@ def train(
                             on_fleet_change(change)
                         # Envs that stayed go on with their episodes; new ones (or all, after a failed
                         # step) start from the observations of their reset.
+                        raw_obs = change.observations
                         next_obs = prepare_obs(change.observations, update_stats=False)
                         next_valid = carry_over(next_valid, change, True)
                         ep_return = carry_over(ep_return, change, 0.0)
@@ -1337,15 +1342,15 @@ def train(
                     rollout.rewards[step] = reward_np
                     rollout.terminations[step] = term_np
                     rollout.truncations[step] = trunc_np
+                    raw_obs = obs_np
                     next_obs = prepare_obs(obs_np, update_stats=True, stale=lost_np)
                     if not next_step_autoreset and (trunc_np & valid).any():
                         # Same-step autoreset: obs_np already holds the next episode's first
                         # observation; the truncated episode's last one is in infos["final_obs"].
                         idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
-                        final_x = prepare_obs(final, update_stats=False)
-                        with torch.no_grad(), acting_on(final_x, idx.tolist()):
-                            rollout.final_values[step, idx] = actor.get_value(final_x)
+                        with torch.no_grad(), acting_on(final, idx.tolist()):
+                            rollout.final_values[step, idx] = actor.get_value(prepare_obs(final, update_stats=False))
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
@@ -1406,7 +1411,7 @@ def train(
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
                 episodes_cut = steps_lost = 0
-                with torch.no_grad(), acting_on(next_obs, range(num_envs)):
+                with torch.no_grad(), acting_on(raw_obs, range(num_envs)):
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(
                     rollout,

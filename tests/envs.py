@@ -505,22 +505,27 @@ class ReservedKeyEnv(_CountEnv):
 
 class BadObservationEnv(_CountEnv):
     """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
-    ``kind="discrete"``, 7 for its Discrete(3) space."""
+    ``kind="discrete"``, 7 for its Discrete(3) space; only in an env whose first reset had an odd
+    seed (seeded ``s``, a vector env's env i gets ``s + i``: one of two envs)."""
 
     def __init__(self, kind: str = "nan", at: int = 2) -> None:
         super().__init__()
         self.kind, self.at = kind, at
+        self.bad: bool | None = None
         if kind == "discrete":
             self.observation_space = gym.spaces.Discrete(3)  # type: ignore[assignment]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = super().reset(seed=seed, options=options)
+        if self.bad is None:
+            self.bad = seed is not None and seed % 2 == 1
         return (0 if self.kind == "discrete" else obs), info
 
     def step(self, action: np.int64) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = super().step(action)
+        bad = bool(self.bad) and self._t >= self.at
         if self.kind == "discrete":
-            obs = 7 if self._t >= self.at else 0
-        elif self._t >= self.at:
+            obs = 7 if bad else 0
+        elif bad:
             obs = np.array([np.nan], dtype=np.float32)
         return obs, reward, terminated, truncated, info

@@ -23,24 +23,14 @@ from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, HUNG_EXIT_STATUS
 from learner import RemoteVectorEnv
 from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
+from tests.test_readme_claims_server import _server as serve_logged
 
 HANG = "tests.hang_envs:HangLater"
 
 
 def _server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str, Path]:
-    """An env-server subprocess on a Unix socket (its log in a file): (process, address, log file)."""
-    argv = [sys.executable, "-m", "env_server", "--num-envs", "1", "--log-level", "info", *args]
-    argv += ["--unix-socket", str(tmp_path / "env.sock")]
-    log = tmp_path / "server.log"
-    with log.open("w") as stderr:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("listening on "):
-        proc.kill()
-        proc.wait(timeout=30)
-        raise RuntimeError(f"env-server did not start: {line!r} {log.read_text()[-2000:]}")
-    return proc, line.removeprefix("listening on "), log
+    """An env-server subprocess of 1 env (unless ``args`` say otherwise) on a Unix socket."""
+    return serve_logged(tmp_path, "--num-envs", "1", *args, unix=True)
 
 
 def _hang_a_step_on_the_loop(address: str) -> tuple[grpc.Channel, grpc.Future]:
@@ -153,14 +143,29 @@ def test_an_env_whose_close_raises_still_has_the_server_clean_up_and_exit_1(tmp_
 
 
 def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_at_start(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "env_server", "--env", "tests.hang_envs:HugeObservations", "--num-envs", "5"]
-    done = subprocess.run([*argv, "--port", "0"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stdout == "", done
-    assert (
-        "cannot serve 5 x 'tests.hang_envs:HugeObservations': each env's observation takes 16,777,216 bytes, so an "
-        "answer would take 83,886,080, over the 67,108,864 bytes a message may; serve at most 4 envs per server "
-        "(--num-envs), and more servers"
-    ) in done.stderr
+    argv = [sys.executable, "-m", "env_server", "--env", "tests.hang_envs:HugeObservations", "--port", "0"]
+    for extra, message in (
+        (["--num-envs", "4"], "each env's observation takes 16,777,216 bytes, so an answer would take 67,108,864"),
+        (
+            ["--num-envs", "2", "--autoreset-mode", "SameStep"],
+            "each env's observation and final observation (same-step autoreset) take 33,554,432 bytes",
+        ),
+    ):
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", done
+        assert "cannot serve" in done.stderr and message in done.stderr, done.stderr
+        assert "over the 66,060,288 bytes a message leaves them (64 MiB less 1 MiB for the rest)" in done.stderr
+        assert f"serve at most {3 if extra[1] == '4' else 1} envs per server (--num-envs)" in done.stderr
+    # What it says fits, serves: 3 envs' observations (48 MiB) and the rest of the answer.
+    proc, address, _ = _server(tmp_path, "--env", "tests.hang_envs:HugeObservations", "--num-envs", "3")
+    try:
+        envs = RemoteVectorEnv(address, timeout=60)
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (3, 16, 1024, 1024)
+        envs.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_learner_would() -> None:
