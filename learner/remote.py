@@ -1583,13 +1583,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             return {}
         batch = slice_batch(self._obs_buffer, offset, offset + count)
         final_obs = np.empty(count, dtype=object)
-        final_info = np.empty(count, dtype=object)
         cut = np.ones(count, dtype=np.bool_) if only is None else only.copy()
         for j, single in enumerate(iterate(batch_space(self.single_observation_space, count), batch)):
             if cut[j]:
                 final_obs[j] = deepcopy(single)
-                final_info[j] = {}
-        return {"final_obs": final_obs, "_final_obs": cut, "final_info": final_info, "_final_info": cut.copy()}
+        # final_info as gymnasium lays it out: the envs' final infos joined key by key (none here: {}).
+        return {"final_obs": final_obs, "_final_obs": cut, "final_info": {}, "_final_info": cut.copy()}
 
     def _flag_unavailable(self, infos: dict[str, Any], unavailable: np.ndarray, *, steps: bool = True) -> None:
         """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition;

@@ -149,6 +149,25 @@ def test_a_server_that_never_comes_back_leaves_the_others_stepping(spawn_server:
     # Closing does not wait for the dead server.
 
 
+def test_same_step_a_lost_servers_cut_episodes_come_as_gymnasium_lays_final_infos_out(
+    spawn_server: SpawnServer,
+) -> None:
+    """Same-step autoreset: the envs of a server lost mid-episode end truncated, with their last
+    observations as ``final_obs`` and ``final_info`` a dict of the envs' final infos joined key by key
+    (none here), as gymnasium's vector envs give it, so it joins the other servers' ``final_info``."""
+    servers = [spawn_server("tests.envs:IndexEnv", K, "--autoreset-mode", "SameStep") for _ in range(2)]
+    with RemoteVectorEnv([s.address for s in servers], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        obs, *_ = envs.step(actions_for(0, 2 * K))
+        last = obs[K:].copy()
+        servers[1].kill()
+        _, _, _, truncs, infos = envs.step(actions_for(1, 2 * K))
+        assert truncs.tolist() == [False] * K + [True] * K
+        assert infos["_final_obs"].tolist() == [False] * K + [True] * K
+        assert [o.tolist() for o in infos["final_obs"][K:]] == last.tolist()
+        assert isinstance(infos["final_info"], dict) and infos["_final_info"].tolist() == [False] * K + [True] * K
+
+
 def test_all_servers_down_steps_return_without_spinning(spawn_server: SpawnServer) -> None:
     server = spawn_server("tests.envs:IndexEnv", K)
     with RemoteVectorEnv([server.address], fault_tolerant=True, **FAST) as envs:
