@@ -1310,6 +1310,14 @@ def train(
                             fleet_down = True
                             break
 
+                    if not np.isfinite(reward_np[valid]).all():
+                        # (one NaN spreads through the advantages into the nets, and the next step's
+                        # sampling fails with torch's "probability tensor contains ... nan")
+                        bad_env = int(np.flatnonzero(valid & ~np.isfinite(reward_np))[0])
+                        raise ValueError(
+                            f"reward of env {bad_env} is {reward_np[bad_env]}: PPO cannot learn from a NaN or infinite reward "
+                            "(fix the env, or clip its rewards in a wrapper)"
+                        )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)
                     ep_length += valid

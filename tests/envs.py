@@ -505,8 +505,9 @@ class ReservedKeyEnv(_CountEnv):
 
 class BadObservationEnv(_CountEnv):
     """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
-    ``kind="discrete"``, 7 for its Discrete(3) space; only in an env whose first reset had an odd
-    seed (seeded ``s``, a vector env's env i gets ``s + i``: one of two envs)."""
+    ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="reward"``: a NaN reward instead; only
+    in an env whose first reset had an odd seed (seeded ``s``, a vector env's env i gets ``s + i``:
+    one of two envs)."""
 
     def __init__(self, kind: str = "nan", at: int = 2) -> None:
         super().__init__()
@@ -526,6 +527,8 @@ class BadObservationEnv(_CountEnv):
         bad = bool(self.bad) and self._t >= self.at
         if self.kind == "discrete":
             obs = 7 if bad else 0
+        elif bad and self.kind == "reward":
+            reward = float("nan")
         elif bad:
             obs = np.array([np.nan], dtype=np.float32)
         return obs, reward, terminated, truncated, info
