@@ -300,16 +300,23 @@ async def serve(
     the teardown's start even where an env thread that cannot be stopped would hold its exit up.
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
-    # still means a clean shutdown. Python-level handlers, not the loop's: they run (in this thread,
-    # between two bytecodes) while an env call on the loop hangs too, and tell the watchdog.
+    # still means a clean shutdown. Both the loop's handlers (its wakeup fd wakes the loop whichever
+    # thread the signal reaches) and, over the Python-level part of them, handlers that run in this
+    # thread between two bytecodes while an env call on the loop hangs too, and tell the watchdog.
     stop = asyncio.Event()
-    watchdog = _Watchdog(config, asyncio.get_running_loop(), stop)
-    previous = {sig: signal.signal(sig, watchdog.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    loop = asyncio.get_running_loop()
+    watchdog = _Watchdog(config, loop, stop)
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, watchdog.request_stop)
+        signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
     watchdog.start()
     try:
         return await _serve(config, on_ready, on_teardown, stop, watchdog)
     finally:
         for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
             signal.signal(sig, handler)
         if not watch_exit:
             watchdog.finished.set()
