@@ -298,6 +298,7 @@ async def serve(
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
     exits next) keeps it running after the return, so that the process exits within EXIT_MARGIN_S of
     the teardown's start even where an env thread that cannot be stopped would hold its exit up.
+    One server per process: it takes SIGTERM and SIGINT over while it serves (and gives them back).
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown. Both the loop's handlers (its wakeup fd wakes the loop whichever
@@ -617,19 +618,19 @@ class _Watchdog(threading.Thread):
                     hang_s,
                     HUNG_EXIT_STATUS,
                 )
-            if self.teardown_at and now - self.teardown_at > EXIT_MARGIN_S:
+            # A shutdown asked for ends within the grace period and EXIT_MARGIN_S, however late its
+            # teardown began (a loop held up until then); one not asked for (a failed start), within
+            # EXIT_MARGIN_S of its teardown's start.
+            late = bool(self.stop_asked_at) and now - self.stop_asked_at > self.config.grace_s + EXIT_MARGIN_S
+            if self.teardown_at and (late or (not self.stop_asked_at and now - self.teardown_at > EXIT_MARGIN_S)):
                 _exit_now(
                     HARD_EXIT_STATUS,
                     "the teardown did not end within %.0f s (an env call or the envs' close still running): "
                     "exiting without waiting for it (status %d)",
-                    EXIT_MARGIN_S,
+                    now - self.teardown_at,
                     HARD_EXIT_STATUS,
                 )
-            if (
-                not self.teardown_at
-                and self.stop_asked_at
-                and now - self.stop_asked_at > self.config.grace_s + EXIT_MARGIN_S
-            ):
+            if late and not self.teardown_at:
                 _exit_now(
                     HARD_EXIT_STATUS,
                     "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "

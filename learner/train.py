@@ -1005,7 +1005,8 @@ def train(
             computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
             """
             with torch.no_grad():
-                with acting_on(raw_obs[envs_slice], range(num_envs)[envs_slice]):
+                # (every env's observations: with --norm-obs, one env's NaN makes every env's NaN)
+                with acting_on(raw_obs, range(num_envs)):
                     action, rest = actor.sample(obs[envs_slice])
                 actions = env_actions(action)
                 if send is not None:

@@ -201,6 +201,8 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
         env_kwargs={"kind": kind},
         seed=0,  # (env 1 is the bad one; with --norm-obs, every env's normalised observation turns NaN)
         norm_obs=kind == "nan",
+        # (remote: two groups of one server each; the first group's forward fails, on env 0's NaN-normalised row)
+        pipeline_groups=2 if backend == "remote" else 1,
         backend=backend,
         num_envs=2,
         num_steps=8,
