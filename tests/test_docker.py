@@ -337,7 +337,10 @@ def test_killed_replicas_come_back_and_training_completes(fleet: ComposeProject)
         # down, as a replica joining the fleet (a restarted container may get another IP address).
         assert failures == 3 and reconnects + joined == 3, (failures, reconnects, joined, output)
         assert (unavailable, num_envs) == (0, REPLICAS * ENVS_PER_REPLICA)
-        assert lost >= 3 * ENVS_PER_REPLICA, lost
+        # A replica lost in a step loses env steps; one that died while the learner updated, its name gone by the
+        # next rollout, leaves at that refresh and loses none (CI saw all three go so: 0 lost).
+        lost_in_steps = re.findall(r"env server \S+ lost \(", output)
+        assert lost > 0 or not lost_in_steps, (lost, output)
         assert summary == [3, "total_timesteps"]
         assert [c["State"] for c in project.containers()] == ["running"] * REPLICAS
     finally:
