@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from copy import deepcopy
 from typing import Any
 
@@ -232,7 +233,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             other steps keep ``timeout``'s, so a hung server is still noticed within it. None:
             ``timeout``.
         connect_timeout: seconds to wait for every server to accept a connection before failing
-            with :class:`~learner.errors.ServerUnavailableError` naming the address.
+            with :class:`~learner.errors.ServerUnavailableError` naming the address (fault-tolerant,
+            with some servers answering: starting with those, the others joining at a :meth:`refresh`
+            once they answer).
         client_name: how this learner is named in servers' logs and refusals (default host:pid).
         copy: return fresh arrays from reset/step/recv (True) or views of the same buffers each
             time (False, faster; a later call overwrites them), as gymnasium's ``copy`` argument.
@@ -325,6 +328,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
         self._noted: set[str] = set()
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
+        self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
@@ -380,7 +384,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # was sent with; set as it is sent, so that a step's timeout counts from its send (pipelining:
         # whatever the learner does with the other groups meanwhile).
         self._due: list[tuple[float, float]] = [(math.inf, self.timeout)] * len(self._clients)
-        self._groups = _split(len(self._clients), num_groups)
+        self._groups = _split(len(self._clients), min(num_groups, len(self._clients)))
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
@@ -471,6 +475,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                         self.connect_timeout,
                     )
                 _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
+            if late and self.fault_tolerant and len(late) < len(clients):
+                clients = self._start_without(clients, readies, late, probed, cause)
+                late = set()
             if late:
                 for task in late:
                     task.cancel()
@@ -492,9 +499,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     address=client.address,
                 )
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
+            aliases = await self._find_aliases(clients, responses)
             errors: list[BaseException] = []
             offset = 0
             for client, response in zip(clients, responses, strict=True):
+                if client in aliases:
+                    continue
                 if isinstance(response, BaseException):
                     errors.append(response)
                     continue
@@ -503,8 +513,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 offset += response.spec.num_envs
             if errors:
                 raise errors[0]
+            if aliases:
+                await gather(*(c.close() for c in aliases), return_exceptions=True)
+                clients = [c for c in clients if c not in aliases]
         except BaseException:
-            await gather(*(c.close() for c in clients), return_exceptions=True)
+            joining, self._joining = self._joining, {}
+            for _, ready in joining.values():
+                ready.cancel()
+            await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
             raise
         return clients
 
@@ -521,6 +537,63 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
             )
         return ""
+
+    def _start_without(
+        self,
+        clients: list[EnvClient],
+        readies: Sequence[asyncio.Future[None]],
+        late: AbstractSet[asyncio.Future[None]],
+        probed: str,
+        cause: str | None,
+    ) -> list[EnvClient]:
+        """Fault-tolerant, some servers answered: start with those. The others (a host down, say) join
+        when they answer, at a :meth:`refresh` (between rollouts), as a server that is lost in the run
+        comes back; until then the fleet is that much smaller."""
+        missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
+        for client, ready in zip(clients, readies, strict=True):
+            if ready in late:
+                self._joining[client.address] = (client, ready)  # (its connection attempts go on)
+        why = f" ({cause})" if cause else ""
+        log.warning(
+            "env server%s %s: nothing answered within %g s; starting with the %d of %d that did (fault-tolerant): "
+            "%s envs join when %s, looked for between rollouts",
+            "s" if len(missing) > 1 else "",
+            ", ".join(c.address + (why if c.address == probed else "") for c in missing),
+            self.connect_timeout,
+            len(clients) - len(missing),
+            len(clients),
+            "their" if len(missing) > 1 else "its",
+            "they answer" if len(missing) > 1 else "it answers",
+        )
+        return [c for c in clients if c not in missing]
+
+    async def _find_aliases(
+        self, clients: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
+    ) -> set[EnvClient]:
+        """The servers listed twice under other names (a host name and its address, a dns: name and an
+        address it resolves to): each refused its second handshake as claimed, by this learner. Used once,
+        as an address given twice is, with a warning."""
+        claimed = {
+            r.spec.server_id: c.address
+            for c, r in zip(clients, responses, strict=True)
+            if not isinstance(r, BaseException)
+        }
+        busy = [c for c, r in zip(clients, responses, strict=True) if isinstance(r, ServerBusyError)]
+        if not busy or not claimed:
+            return set()
+        specs = await gather(*(c.get_spec() for c in busy), return_exceptions=True)
+        aliases = set()
+        for client, spec in zip(busy, specs, strict=True):
+            if not isinstance(spec, BaseException) and spec.server_id in claimed:
+                log.warning(
+                    "addresses: %s and %s are the same env server (server id %s); each server is used once",
+                    claimed[spec.server_id],
+                    client.address,
+                    spec.server_id[:8],
+                )
+                aliases.add(client)
+                self._aliases.add(client.address)  # (refresh() does not try it again)
+        return aliases
 
     async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
@@ -1769,7 +1842,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 replicas[id(client)].failures += 1
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._let_go(leave, replicas)
-        wanted = [a for a in resolved if a not in {c.address for c in stay}]
+        wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
         joined = self._runner.run(self._join(wanted, wait))
         if not stay and not joined:
             # Every connection dropped at once (an overloaded host, a network blip): give the servers

@@ -164,3 +164,20 @@ def test_addresses_name_where_they_come_from() -> None:
     named = expand_named("dns:///localhost:5,dns:///127.0.0.1:6,127.0.0.1:7")
     assert named["127.0.0.1:6"] is None and named["127.0.0.1:7"] is None
     assert [name for endpoint, name in named.items() if endpoint.endswith(":5")] in (["localhost"], ["localhost"] * 2)
+
+
+def test_a_server_listed_under_two_names_is_used_once_and_said_so(
+    start_servers: StartServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host name and its address (or a dns: name and an address it resolves to) are one server: its
+    second handshake was refused as claimed, by this very learner ("claimed by 'vm:1234'")."""
+    [address] = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    alias = f"localhost:{address.rpartition(':')[2]}"
+    with RemoteVectorEnv([address, alias]) as envs:
+        assert envs.num_envs == 2 and envs.addresses == [address]
+        assert f"{address} and {alias} are the same env server" in caplog.text
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+        caplog.clear()
+        envs.refresh()  # the alias is not tried again
+        assert envs.addresses == [address] and not caplog.text

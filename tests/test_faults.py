@@ -900,3 +900,33 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
             r"it is tried again$",
             text,
         ), text
+
+
+def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One host of three down as the run starts costs its envs, as it would in the run, not the run: the
+    others start, and it joins at a refresh once it answers. Not fault-tolerant, it is an error as before."""
+    a = spawn_server("tests.envs:IndexEnv", K)
+    b = spawn_server("tests.envs:IndexEnv", K)
+    b.kill()
+    with pytest.raises(ServerUnavailableError, match=rf"env server {b.address}: nothing answered within 1 s"):
+        RemoteVectorEnv([a.address, b.address], connect_timeout=1.0)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, connect_timeout=1.0, num_groups=2) as envs:
+        assert (envs.num_envs, envs.addresses, envs.num_groups) == (K, [a.address], 1)
+        assert (
+            f"env server {b.address} (connection refused): nothing answered within 1 s; starting with the 1 of 2"
+            in (caplog.text)
+        )
+        envs.reset(seed=0)
+        envs.step(actions_for(0, K))
+        assert envs.refresh() is None  # (still down)
+        b.start()
+        deadline = time.monotonic() + 20.0  # (gRPC's reconnect backoff)
+        while (change := envs.refresh()) is None:
+            assert time.monotonic() < deadline, "the server did not join"
+            time.sleep(0.2)
+        assert change.added == (b.address,) and envs.num_envs == 2 * K and envs.num_groups == 2
+        envs.reset(seed=1)
+        obs, *_ = envs.step(actions_for(1, 2 * K))
+        assert obs[:, 1].tolist() == [*range(K), *range(K)]
