@@ -7,8 +7,10 @@ import contextlib
 import functools
 import logging
 import math
+import platform
 import re
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ from env_server.protocol import (
     PROTOCOL_VERSION,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
+    package_version,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -190,6 +193,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             vectorization=self._config.vectorization,
             wrappers=list(self._config.wrappers),
             max_episode_steps=max_episode_steps(env, self._config),
+            versions=_versions(),
         )
         codec.encode_space(self._obs_space, spec.observation_space, "observation_space")
         codec.encode_space(self._act_space, spec.action_space, "action_space")
@@ -642,6 +646,25 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+# Simulators whose version may change an env's dynamics: EnvSpec.versions names them when loaded.
+SIMULATORS = ("mujoco", "ale_py", "box2d", "pybullet", "dm_control")
+
+
+def _versions() -> dict[str, str]:
+    """What this server runs (EnvSpec.versions), once its envs are built (and their simulators loaded)."""
+    versions = {
+        "envfleet": package_version(),
+        "python": platform.python_version(),
+        "gymnasium": gym.__version__,
+        "numpy": np.__version__,
+    }
+    for name in SIMULATORS:
+        version = getattr(sys.modules.get(name), "__version__", None)
+        if isinstance(version, str):
+            versions[name] = version
+    return versions
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

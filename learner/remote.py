@@ -658,6 +658,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return [c.spec.vectorization if c.spec is not None else "" for c in self._clients]
 
     @property
+    def server_versions(self) -> dict[str, dict[str, str]]:
+        """What each server runs (envfleet, python, gymnasium, numpy, its simulators), by address; empty
+        for servers too old to say. ``learner train`` records it in config.json."""
+        return {c.address: dict(c.spec.versions) if c.spec is not None else {} for c in self._clients}
+
+    @property
     def env_id(self) -> str:
         """The env the servers host, as their operator named it (``--env``)."""
         spec = self._clients[0].spec
@@ -2297,6 +2303,21 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
             "(RemoteVectorEnv.spec is the first server's)",
             address,
             "; ".join(differ),
+        )
+    # (python's patch level aside: the libraries an env's dynamics depend on; servers older than
+    # EnvSpec.versions send none, and are not compared)
+    other = sorted(
+        f"{name} {got.versions[name]}, not {want.versions[name]}"
+        for name in set(got.versions) & set(want.versions)
+        if name != "python" and got.versions[name] != want.versions[name]
+    )
+    if other:
+        log.warning(
+            "env server %s runs other versions than %s (%s): the same env may behave otherwise there "
+            "(RemoteVectorEnv.server_versions has every server's)",
+            address,
+            "it did before" if whose == "its old" else whose.removesuffix("'s"),
+            "; ".join(other),
         )
 
 

@@ -932,6 +932,7 @@ def train(
             "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
             "solved_threshold": threshold,
             "versions": _versions(),
+            "server_versions": getattr(envs, "server_versions", {}),
         }
         rundir.write_json(run_dir / rundir.CONFIG, config)
         log.info(

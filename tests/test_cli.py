@@ -755,8 +755,11 @@ def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does
     run = tmp_path / "run"
     argv = ["--servers", server.address, "--num-steps", "4", "--total-timesteps", "8", "--no-progress", "--no-plot"]
     assert main(["train", *argv, "--no-tensorboard", "--run-dir", str(run)]) == 0, capsys.readouterr().err
-    saved = rundir.read_json(run / rundir.CONFIG)["args"]
+    config = rundir.read_json(run / rundir.CONFIG)
+    saved = config["args"]
     assert (saved["tls_ca"], saved["tls_server_name"]) == (str(certs.ca), "envfleet.test")
+    assert list(config["server_versions"]) == [server.address]  # what the server runs, as it said
+    assert config["server_versions"][server.address]["gymnasium"] == config["versions"]["gymnasium"]
     assert "s3cret" not in (run / rundir.CONFIG).read_text()
     assert all("s3cret" not in path.read_text() for path in run.glob("*.json*"))
     # eval, from the same variables; and locally, its own server needs neither (nor inherits the file).

@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -189,3 +190,39 @@ def test_options_reach_the_envs_as_a_local_vector_env_gives_them(start_servers: 
             got, want = envs.reset(seed=0, options=options)[1], reference.reset(seed=0, options=options)[1]
             assert got["options"].tolist() == want["options"].tolist(), options
     reference.close()
+
+
+def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EnvSpec.versions: envfleet, python, gymnasium, numpy and the simulators loaded. Servers of one fleet
+    that run another gymnasium (or MuJoCo, ...) may step the same env id otherwise: warned of, by name."""
+    older = tmp_path / "older_gymnasium.py"  # an env-server whose gymnasium says it is another version
+    older.write_text(
+        "import sys\nimport gymnasium\ngymnasium.__version__ = '1.0.0'\n"
+        "from env_server.__main__ import main\nsys.exit(main())\n"
+    )
+    with (
+        LocalServers("InvertedPendulum-v5", 1, 1) as ours,
+        subprocess.Popen(
+            [sys.executable, str(older), "--env", "InvertedPendulum-v5", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        ) as theirs,
+    ):
+        try:
+            assert theirs.stdout is not None
+            address = theirs.stdout.readline().strip().removeprefix("listening on ")
+            with RemoteVectorEnv([*ours.addresses, address]) as envs:
+                versions = envs.server_versions
+                assert versions[ours.addresses[0]]["gymnasium"] == gym.__version__
+                assert versions[address]["gymnasium"] == "1.0.0" and "mujoco" in versions[address]
+                assert {"envfleet", "python", "numpy"} <= set(versions[address])
+            assert (
+                f"env server {address} runs other versions than env server {ours.addresses[0]} "
+                f"(gymnasium 1.0.0, not {gym.__version__})"
+            ) in caplog.text
+        finally:
+            theirs.kill()
