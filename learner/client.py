@@ -27,9 +27,11 @@ from env_server.protocol import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     SHUTDOWN_REASON,
+    STEP_SOCKET_SUFFIX,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner.discovery import unix_path
 from learner.errors import (
     AuthenticationError,
     EnvCrashedError,
@@ -96,6 +98,12 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
+_FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+# What a server answers a step of a session that does not own it (env_server.service).
+_NOT_OWNED = "does not own this server"
+
+_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name  # envfleet.v1.EnvService
+
 
 RELEASE_TIMEOUT = 2.0
 """Seconds a release of the session on closing waits at most (see :meth:`EnvClient.release`)."""
@@ -112,6 +120,8 @@ _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger t
 
 # Servers whose Handshake said they check no token while this process sent one (warned once each).
 _UNCHECKED_TOKEN_WARNED: set[str] = set()
+# Servers whose step socket this process could not use (warned once each; a new session tries again).
+_STEP_SOCKET_WARNED: set[str] = set()
 
 
 def translate_error(
@@ -266,7 +276,13 @@ class EnvClient:
         self.writing = False  # a step's request not yet handed to gRPC (its stream still opening)
         # Steps go over the server's step socket (see the proto) when it has one and we reached it
         # over its Unix socket (so we are on its host): the path, and the open connection or None.
-        self._step_socket_wanted = step_socket and address.startswith("unix:")
+        # The path is the one beside the socket we reached it at, as the server makes its own: the
+        # path it names is in its file system, which need not be ours (a container's socket folder,
+        # mounted elsewhere here), and may name another server's step socket here.
+        path = (unix_path(address) or "") if step_socket else ""
+        if path and not os.path.isabs(path):
+            path = os.path.join(os.getcwd(), path)  # (as gRPC reads it now; not normalised: a/../ after a symlink)
+        self._step_socket_here = path + STEP_SOCKET_SUFFIX if path else ""
         self.step_socket = ""
         self._socket: socket.socket | None = None
         # Waiting for a step-socket answer: keep checking for it (yielding the CPU between looks)
@@ -297,17 +313,41 @@ class EnvClient:
         try:
             return await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
+            if isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                # gRPC's own answer for a service the server lacks ("Method not found!"), which names
+                # neither: another gRPC server on that port, or an envfleet of another protocol version.
+                raise RemoteEnvError(
+                    f"env server {self.address}: Handshake failed [UNIMPLEMENTED]: it answers gRPC but serves no "
+                    f"{_SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
+                    f"({err.details() or 'no details'})",
+                    address=self.address,
+                    code=err.code(),
+                ) from None
             raise self._error(err, "Handshake") from None
 
     def start_session(self, response: pb.HandshakeResponse) -> None:
         """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim)."""
         self.session_id = response.session_id
         self.spec = response.spec
-        self.step_socket = response.step_socket if self._step_socket_wanted else ""
+        self.step_socket = self._adopt_step_socket(response.step_socket)
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token()
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
+
+    def _adopt_step_socket(self, offered: str) -> str:
+        """The path to step on for a server that offers a step socket at ``offered`` (its path, in the
+        server's file system), or "" when it offers none or this client does not step on one."""
+        if not offered or not self._step_socket_here:
+            return ""
+        if offered != self._step_socket_here:
+            log.debug(
+                "env server %s names its step socket %s; stepping on %s, beside the Unix socket it was reached at",
+                self.address,
+                offered,
+                self._step_socket_here,
+            )
+        return self._step_socket_here
 
     def _note_unchecked_token(self) -> None:
         """The server checks no token: warn (once per server) if this client sends one, whose user
@@ -438,13 +478,13 @@ class EnvClient:
                 sock.setblocking(False)  # SocketStep polls: with a timeout, every read would poll first
             except OSError as err:
                 sock.close()
-                log.info(
-                    "env server %s: its step socket %s is out of reach (%s); stepping over gRPC",
-                    self.address,
-                    self.step_socket,
-                    err,
+                hint = (
+                    " (it is beside the server's Unix socket: mount the socket's folder, not the socket alone, "
+                    "into a container)"
+                    if isinstance(err, FileNotFoundError)
+                    else ""
                 )
-                self.step_socket = ""
+                self._step_over_grpc(f"is out of reach ({err}){hint}")
                 return None
             self._socket = sock
         assert self._socket is not None
@@ -459,6 +499,26 @@ class EnvClient:
             self.address,
             self.step_socket,
             reason,
+        )
+        self.step_socket = ""
+
+    def not_my_step_socket(self, reason: str) -> None:
+        """The step socket answered the first step on a connection that this session does not own its
+        server (``reason``): the socket at that path is another server's (or the session ended: gRPC
+        will say so). The step was not taken; step over gRPC for the rest of the session."""
+        self._step_over_grpc(f"does not know this session ({reason}): another server's step socket at that path?")
+
+    def _step_over_grpc(self, why: str) -> None:
+        """Step over gRPC for the rest of the session, the step socket being unusable (``why``):
+        said at WARNING once per server, then at DEBUG (each new session tries the step socket again)."""
+        said = self.address in _STEP_SOCKET_WARNED
+        _STEP_SOCKET_WARNED.add(self.address)
+        (log.debug if said else log.warning)(
+            "env server %s: its step socket %s %s; stepping over gRPC, without the step socket's fast path "
+            "(a step's round trip takes ~4x as long: quick envs step about half as fast)",
+            self.address,
+            self.step_socket,
+            why,
         )
         self.step_socket = ""
 
@@ -544,7 +604,8 @@ class SocketStep:
     ``first``: the connection was opened for this step. A server whose step socket has all its
     connections taken refuses a new one (RESOURCE_EXHAUSTED) before it reads anything from it, so
     a refusal on a connection's first step means the step was not taken: :attr:`refused`, and
-    ``request`` is to be sent over gRPC instead.
+    ``request`` is to be sent over gRPC instead. So too a first step answered that the session does
+    not own the server (FAILED_PRECONDITION): the socket is not its server's.
     """
 
     def __init__(self, client: EnvClient, sock: socket.socket, request: pb.StepRequest, *, first: bool = False) -> None:
@@ -708,6 +769,13 @@ class SocketStep:
             # Handshake's answer, never a step's.)
             self.refused = True
             client.refuse_step_socket(error.message)
+        elif self.first and error.code == _FAILED_PRECONDITION and _NOT_OWNED in error.message:
+            # The first step on a connection, and the socket does not know the session: another
+            # server's (at the path beside the Unix socket we reached ours at), which checked the
+            # session before anything else and stepped nothing. Counting our server lost for it would
+            # lose it at every reconnect; gRPC reaches the server we hold (or says the session is over).
+            self.refused = True
+            client.not_my_step_socket(error.message)
         self._fail(
             status_error(
                 _CODE_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN),

@@ -8,7 +8,10 @@ The replicas are found through the Docker SDK (the ``docker`` package, in the ``
 the labels compose puts on its containers. Only running replicas that are healthy (or have no health
 check) count, so a replica still building its envs joins at the next look-up. Resolving again (the
 learner does so between rollouts) finds replicas added or removed by ``docker compose up --scale``.
-This is for a learner on the Docker host; inside the compose network use ``dns:///env:50051``.
+This is for a learner on the Docker host, or one whose ``DOCKER_HOST`` names the engine of another
+host: then the replicas are reached at that host, so they must publish their port on an address
+other hosts reach, not on its loopback (``ENVFLEET_BIND``). Inside the compose network use
+``dns:///env:50051``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from learner.discovery import AddressError, NotReadyYet, note_not_used, register_resolver
-from learner.engine import ask_engine
+from learner.engine import ask_engine, engine_host
 
 __all__ = [
     "Replica",
@@ -41,6 +44,8 @@ NUMBER_LABEL = "com.docker.compose.container-number"
 # Where a published port is reached from the Docker host, best first: the loopback binding the
 # compose file makes by default, then a wildcard binding (reached on loopback too), then IPv6.
 _LOOPBACK = {"127.0.0.1": "127.0.0.1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::1": "::1", "::": "::1"}
+# Bindings on every address of the host.
+_WILDCARDS = ("0.0.0.0", "", "::")
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,14 @@ def parse_target(target: str) -> tuple[str | None, str, int | None]:
     return (project or None), service, port
 
 
-def choose_host_port(replica: Replica, container_port: int | None) -> str:
-    """``host:port`` at which the Docker host reaches ``replica``'s published (container) port."""
+def choose_host_port(replica: Replica, container_port: int | None, engine_host: str | None = None) -> str:
+    """``host:port`` at which this host reaches ``replica``'s published (container) port.
+
+    ``engine_host``: the host of a Docker engine on another host (see :func:`learner.engine.engine_host`),
+    or None for this host's engine, whose published ports are reached on loopback. A remote engine's
+    ports are reached at its host: a wildcard binding at ``engine_host``, one on a given address
+    there; one on its loopback only cannot be reached (AddressError).
+    """
     published = {key: bindings for key, bindings in replica.ports.items() if key.endswith("/tcp") and bindings}
     if container_port is None:
         if len(published) != 1:
@@ -85,7 +96,7 @@ def choose_host_port(replica: Replica, container_port: int | None) -> str:
                 f"compose replica {replica.name}: expected exactly one published TCP port, found {found}; "
                 "name the container port (compose:SERVICE:PORT), or publish it (ports: ['127.0.0.1::50051'])"
             )
-        bindings = next(iter(published.values()))
+        key, bindings = next(iter(published.items()))
     else:
         key = f"{container_port}/tcp"
         if key not in published:
@@ -98,16 +109,39 @@ def choose_host_port(replica: Replica, container_port: int | None) -> str:
     candidates = []
     for binding in bindings:
         host_ip = binding.get("HostIp", "")
-        host = _LOOPBACK.get(host_ip, host_ip)
-        rank = (0 if host == "127.0.0.1" else 1 if host == "::1" else 2, host)
+        if engine_host is None:
+            host = _LOOPBACK.get(host_ip, host_ip)
+            rank = (0 if host == "127.0.0.1" else 1 if host == "::1" else 2, host)
+        elif host_ip in _WILDCARDS:
+            host, rank = engine_host, (0, engine_host)  # (the address this host reaches the engine at)
+        elif _is_loopback(host_ip):
+            continue  # the engine host's own loopback: not this host's
+        else:
+            host, rank = host_ip, (1, host_ip)
         candidates.append((rank, host, binding["HostPort"]))
+    if not candidates:
+        on = ", ".join(f"{b.get('HostIp', '')}:{b['HostPort']}" for b in bindings)
+        raise AddressError(
+            f"compose replica {replica.name}: its port {key} is published on the Docker host's loopback only ({on}), "
+            f"which cannot be reached from here: the Docker engine (DOCKER_HOST) is on {engine_host}. Publish it on "
+            "an address other hosts reach (envfleet's docker-compose.yml: `docker compose down`, then `up` with "
+            "ENVFLEET_BIND=0.0.0.0 and a token, ENVFLEET_AUTH_TOKEN, as other hosts can reach it then; another "
+            "compose file: ports: ['0.0.0.0::50051']), or run the learner on the Docker host"
+        )
     _, host, port = min(candidates)
-    is_ipv6 = ":" in host and ipaddress.ip_address(host).version == 6
-    return f"[{host}]:{port}" if is_ipv6 else f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # (IPv6)
 
 
-def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
-    """The addresses of the running, healthy replicas, in (project, replica number) order.
+def _is_loopback(host_ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(host_ip).is_loopback
+    except ValueError:
+        return False
+
+
+def replica_addresses(replicas: Iterable[Replica], target: str, engine_host: str | None = None) -> list[str]:
+    """The addresses of the running, healthy replicas, in (project, replica number) order
+    (``engine_host``: see :func:`choose_host_port`).
 
     Raises:
         AddressError: none is ready, or the service runs in several projects and none was named.
@@ -147,7 +181,7 @@ def replica_addresses(replicas: Iterable[Replica], target: str) -> list[str]:
         raise error(
             f"address {address!r}: no running, healthy replica of compose service {service!r}{where}{why} ({hint})"
         )
-    return [choose_host_port(replica, container_port) for replica in ready]
+    return [choose_host_port(replica, container_port, engine_host) for replica in ready]
 
 
 def resolve_compose(target: str) -> list[str]:
@@ -155,10 +189,13 @@ def resolve_compose(target: str) -> list[str]:
     project, service, _ = parse_target(target)
     labels = [f"{SERVICE_LABEL}={service}"] + ([f"{PROJECT_LABEL}={project}"] if project else [])
     # One call for all replicas (the learner looks them up again between rollouts).
-    containers = ask_engine(
+    containers, host = ask_engine(
         f"compose:{target}",
         "list containers",
-        lambda client: client.api.containers(all=True, filters={"label": labels}),
+        lambda client: (
+            client.api.containers(all=True, filters={"label": labels}),
+            engine_host(client, f"compose:{target}"),
+        ),
     )
     if not containers:  # a service (or project) of that name has no container at all: say what there is
         others = ask_engine(
@@ -177,7 +214,7 @@ def resolve_compose(target: str) -> list[str]:
             f"address 'compose:{target}': no container of a compose service {service!r}{where}; compose services "
             f"with containers here (project/service): {', '.join(services) or 'none'}"
         )
-    return replica_addresses([replica_from_record(c) for c in containers], target)
+    return replica_addresses([replica_from_record(c) for c in containers], target, host)
 
 
 def replica_from_record(record: Mapping[str, Any]) -> Replica:

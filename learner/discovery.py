@@ -34,6 +34,7 @@ __all__ = [
     "expand_addresses",
     "expand_named",
     "expand_when_ready",
+    "no_wait_mends",
     "note_not_used",
     "pin_addresses",
     "probe",
@@ -42,6 +43,7 @@ __all__ = [
     "speaks_tls",
     "split_addresses",
     "tls_probe",
+    "unix_path",
     "warn_duplicates",
 ]
 
@@ -174,15 +176,17 @@ def warn_duplicates(addresses: str | Sequence[str]) -> None:
 def probe(address: str, timeout: float = 1.0) -> str | None:
     """Why a plain connection to ``address`` (``host:port`` or ``unix:PATH``) fails now, or None.
 
-    For error messages: "connection refused", "no socket file /tmp/x.sock", ... None when a
-    connection opens (then something listens, and it is not an env server that answers) or the
-    address is of another kind.
+    For error messages: "connection refused", "no socket file /tmp/x.sock", ... Where a connection
+    opens, what its first bytes say listens there when that is no gRPC server ("it is an HTTP/1
+    port ...", "it is an SSH server's port ...": see :func:`no_wait_mends`); else None (something
+    listens, and it is not an env server that answers), and for an address of another kind.
     """
-    path = _unix_path(address) or ""
+    path = unix_path(address) or ""
     try:
         opened = _connect(address, timeout)
         if opened is not None:
-            opened[0].close()
+            with opened[0] as sock:
+                return _other_protocol(sock, min(timeout, _PEEK_S))
     except AddressError:
         return None
     except FileNotFoundError:
@@ -198,8 +202,51 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
     return None
 
 
+# What a peer's first bytes (lower-cased) say it is. HTTP/1 servers answer gRPC's opening (the HTTP/2
+# preface, "PRI * HTTP/2.0" as an HTTP/1 request line) with an HTTP/1 error, Python's http.server
+# (and so prometheus_client's, env-server --metrics-port) with a bare HTML page; SSH servers speak first.
+_PROTOCOLS = {
+    (b"http/", b"<!doctype html", b"<html"): "it is an HTTP/1 port (an env server's --metrics-port?), not an env "
+    "server's gRPC port",
+    (b"ssh-",): "it is an SSH server's port, not an env server's gRPC port",
+}
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_PEEK_BYTES = max(len(prefix) for prefixes in _PROTOCOLS for prefix in prefixes)
+_PEEK_S = 0.5  # (the longest a probe waits for a peer's first bytes: a local or LAN server answers in ms)
+
+
+def _other_protocol(sock: socket.socket, timeout: float) -> str | None:
+    """What listens on ``sock``'s peer if its first bytes say it is no gRPC server, else None (a gRPC
+    server, one that says nothing within ``timeout`` seconds, or closes). Sends what a gRPC client
+    sends first, the HTTP/2 preface; reads a few bytes at most."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(_HTTP2_PREFACE)
+        while len(got) < _PEEK_BYTES and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(_PEEK_BYTES - len(got))
+            if not chunk:
+                break
+            got += chunk.lower()
+            what = next((what for prefixes, what in _PROTOCOLS.items() if got.startswith(prefixes)), None)
+            if what is not None:
+                return what
+    except OSError:  # (a timeout, a reset: nothing more to tell)
+        pass
+    return None
+
+
 TLS_CAUSE = "TLS: "
 """How :func:`tls_probe`'s reasons start."""
+
+
+def no_wait_mends(cause: str | None) -> bool:
+    """Whether ``cause`` (:func:`probe`'s or :func:`tls_probe`'s reason) says what no wait will mend:
+    a TLS failure, or a port that serves another protocol (unlike a server not started yet)."""
+    return cause is not None and (cause.startswith(TLS_CAUSE) or cause in _PROTOCOLS.values())
+
 
 # OpenSSL's X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY, _DEPTH_ZERO_SELF_SIGNED_CERT, _SELF_SIGNED_CERT_IN_CHAIN
 _UNKNOWN_ISSUER = (20, 18, 19)
@@ -272,7 +319,7 @@ def _handshake_failure(
             return None
 
 
-def _unix_path(address: str) -> str | None:
+def unix_path(address: str) -> str | None:
     """The socket file of a ``unix:PATH`` (or ``unix://PATH``) address; None for other addresses."""
     if not address.startswith("unix:"):
         return None
@@ -284,7 +331,7 @@ def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
     """A connection to ``address`` (``host:port`` or ``unix:PATH``) and the name TLS checks there by
     default (the host; ``localhost``, gRPC's authority, for a Unix socket); None for an address of
     several servers (``dns:///name:port`` and the like). Raises OSError or AddressError."""
-    path = _unix_path(address)
+    path = unix_path(address)
     if path is not None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

@@ -2,22 +2,26 @@
 
 The Docker SDK (the ``docker`` package) is in the ``learner`` extra and imported only here, on first
 use. Whatever goes wrong while talking to the engine becomes an ``AddressError`` naming the address.
+The engine may be on another host (``DOCKER_HOST=tcp://HOST:2375``, ``ssh://HOST``): then a port it
+publishes is reached at that host (:func:`engine_host`), not on this one's loopback.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from learner.discovery import AddressError
 
-__all__ = ["ask_engine"]
+__all__ = ["ask_engine", "engine_host", "url_host"]
 
 T = TypeVar("T")
 
 
 def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
-    """``query(client)`` with a Docker SDK client for the engine of this host (``DOCKER_HOST`` and so on).
+    """``query(client)`` with a Docker SDK client for the engine ``DOCKER_HOST`` (and so on) names, else this host's.
 
     Args:
         address: the address being resolved (``compose:env``), named in errors.
@@ -47,3 +51,53 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
         raise AddressError(f"address {address!r}: the Docker engine failed to {what}: {explanation}") from err
     finally:
         client.close()
+
+
+# The SDK's own names for an engine reached through a local socket (a unix:// socket, a Windows named
+# pipe), as its client's base_url has them once made, and the schemes of such engines' URLs.
+_LOCAL_URLS = ("http+docker://localhost", "http+docker://localnpipe")
+_LOCAL_SCHEMES = ("unix", "http+unix", "npipe")
+
+
+def url_host(url: str, address: str) -> str | None:
+    """The host of the Docker engine at ``url`` (``tcp://198.18.1.1:2375`` -> ``198.18.1.1``,
+    ``ssh://me@box`` -> ``box``), or None when that is this host: a ``unix://`` socket, a named pipe,
+    or a loopback address (``tcp://127.0.0.1:2375``), where published ports are reached on loopback.
+
+    Raises:
+        AddressError: (naming ``address``) a URL of a remote engine without a host in it.
+    """
+    if not url or url.startswith(_LOCAL_URLS):
+        return None
+    parts = urlsplit(url)
+    if parts.scheme in _LOCAL_SCHEMES:
+        return None
+    host = parts.hostname
+    if not host:
+        raise AddressError(
+            f"address {address!r}: expected the Docker engine's URL to name its host (tcp://HOST:2375, "
+            f"ssh://HOST), got {url!r}"
+        )
+    if host == "localhost":
+        return None
+    try:
+        return None if ipaddress.ip_address(host).is_loopback else host
+    except ValueError:  # a name
+        return host
+
+
+def engine_host(client: Any, address: str) -> str | None:
+    """:func:`url_host` of the engine ``client`` (a ``docker.DockerClient``) talks to: where the ports
+    it publishes are reached from here, or None when on this host's loopback.
+
+    Raises:
+        AddressError: (naming ``address``) the client's URL names no host.
+    """
+    url = str(client.api.base_url)
+    if url.startswith("http+docker://ssh"):
+        # The SDK keeps an ssh:// engine's URL on its transport only ("user@host:port", no scheme),
+        # and what its connection made of an ~/.ssh/config alias (HostName), a name only ssh knows.
+        adapter = getattr(client.api, "_custom_adapter", None)
+        host = str((getattr(adapter, "ssh_params", None) or {}).get("hostname") or "")
+        url = f"ssh://[{host}]" if ":" in host else f"ssh://{host or getattr(adapter, 'ssh_host', '')}"
+    return url_host(url, address)

@@ -39,6 +39,7 @@ from learner.discovery import (
     TLS_CAUSE,
     AddressError,
     expand_named,
+    no_wait_mends,
     pin_addresses,
     probe,
     speaks_tls,
@@ -462,7 +463,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # still be starting; a typo waits as long), and in the error if it runs out.
                 waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
                 probed, cause = waiting[0], await _probe_until(waiting[0], deadline, self._diagnose)
-                if cause and cause.startswith(TLS_CAUSE):  # (no wait will mend that)
+                if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
                     for task in late:
                         task.cancel()
                     raise ServerUnavailableError(f"env server {probed}: {cause}", address=probed)

@@ -13,8 +13,9 @@ Each task must publish its port in *host* mode (``ports: [{target: 50051, mode: 
 repo's docker-compose.yml does): then every task has a port of its own on its node, and the learner
 holds one connection per task. Swarm's default, the ingress routing mesh, balances one published
 port over all tasks, so the learner could neither tell them apart nor reach each one; such a service
-is refused with an error saying so. A task on this node is reached on loopback, a task on another
-node at that node's address. From inside the stack's network use ``dns:///tasks.env:50051`` instead.
+is refused with an error saying so. A task on the engine's own node is reached on loopback (at the
+engine's host when ``DOCKER_HOST`` names another host's engine), a task on another node at that
+node's address. From inside the stack's network use ``dns:///tasks.env:50051`` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from learner.discovery import AddressError, note_not_used, register_resolver
-from learner.engine import ask_engine
+from learner.engine import ask_engine, engine_host
 
 __all__ = ["Task", "node_address", "parse_target", "resolve_swarm", "task_addresses", "task_from_record"]
 
@@ -96,6 +97,7 @@ def task_addresses(
     nodes: Mapping[str, str | None],
     local_node: str | None,
     ingress_ports: Collection[int] = (),
+    engine_host: str | None = None,
 ) -> list[str]:
     """The ``host:port`` of each running task, in slot order.
 
@@ -103,8 +105,10 @@ def task_addresses(
         tasks: the service's tasks whose desired state is running.
         target: ``SERVICE[:PORT]``, as in the address.
         nodes: node id -> its address, for tasks on other nodes.
-        local_node: this engine's node id: its tasks are reached on loopback.
+        local_node: this engine's node id: its tasks are reached on loopback, or at ``engine_host``.
         ingress_ports: container ports the service publishes through the routing mesh (for the error).
+        engine_host: the host of an engine on another host (see :func:`learner.engine.engine_host`);
+            None for this host's engine.
 
     Raises:
         AddressError: no task is running, or a running task publishes no port in host mode.
@@ -126,7 +130,10 @@ def task_addresses(
             f"address {address!r}: no running task of swarm service {service!r}{why} "
             f"(start some with `docker service scale {service}=N`)"
         )
-    return [_task_address(task, service, address, container_port, nodes, local_node, ingress_ports) for task in ready]
+    return [
+        _task_address(task, service, address, container_port, nodes, local_node, ingress_ports, engine_host)
+        for task in ready
+    ]
 
 
 def _task_address(
@@ -137,6 +144,7 @@ def _task_address(
     nodes: Mapping[str, str | None],
     local_node: str | None,
     ingress_ports: Collection[int],
+    engine_host: str | None,
 ) -> str:
     name = f"{service}.{task.slot or task.node_id}"
     targets = sorted({target for target, _ in task.ports})
@@ -157,14 +165,16 @@ def _task_address(
             f"(it publishes {', '.join(map(str, targets))})"
         )
     if task.node_id == local_node:
-        host = "127.0.0.1"  # host-mode ports listen on every interface of the node
+        # Host-mode ports listen on every interface of the node: loopback when that is this host; an
+        # engine on another host (DOCKER_HOST) at the host we reach it at, not our own loopback.
+        node = engine_host or "127.0.0.1"
     else:
-        node = nodes.get(task.node_id)
+        node = nodes.get(task.node_id) or ""
         if not node:
             raise AddressError(
                 f"address {address!r}: task {name} runs on node {task.node_id}, which reports no address"
             )
-        host = f"[{node}]" if ":" in node else node
+    host = f"[{node}]" if ":" in node else node
     return f"{host}:{published[0]}"
 
 
@@ -208,7 +218,14 @@ def resolve_swarm(target: str) -> list[str]:
         nodes: dict[str, str | None] = {}
         if any(t.node_id != local_node for t in tasks):
             nodes = {str(n["ID"]): node_address(n) for n in client.api.nodes()}
-        return task_addresses(tasks, target, nodes=nodes, local_node=local_node, ingress_ports=ingress)
+        return task_addresses(
+            tasks,
+            target,
+            nodes=nodes,
+            local_node=local_node,
+            ingress_ports=ingress,
+            engine_host=engine_host(client, address),
+        )
 
     return ask_engine(address, "look up the service's tasks (swarm: needs a swarm manager's engine)", query)
 

@@ -6,6 +6,7 @@ These run without Docker on the records the engine returns; tests/test_docker.py
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 
 import pytest
 
@@ -202,3 +203,115 @@ def test_replica_from_a_docker_container_list_record() -> None:
     assert healthy.health == "healthy"
     assert replica_from_record({**record, "Status": "Up 1 minute"}).health is None
     assert replica_from_record({**record, "State": "exited", "Status": "Exited (0) 3 seconds ago"}).status == "exited"
+
+
+REMOTE = "198.18.1.1"  # a Docker engine on another host: DOCKER_HOST=tcp://198.18.1.1:2375
+
+
+def test_a_remote_engine_s_wildcard_bindings_are_reached_at_its_host() -> None:
+    """With DOCKER_HOST naming another host's engine, 0.0.0.0 and :: are that host's addresses, not ours
+    (they were turned into 127.0.0.1: the learner's own loopback, where no replica listens)."""
+    both = {"50051/tcp": [{"HostIp": "::", "HostPort": "7001"}, {"HostIp": "0.0.0.0", "HostPort": "7000"}]}
+    assert choose_host_port(replica(1, ports=both), None, REMOTE) == f"{REMOTE}:7000"
+    assert choose_host_port(replica(1, ports=both), None, "docker-box") == "docker-box:7000"
+    assert choose_host_port(replica(1, ports=both), None, "2001:db8::7") == "[2001:db8::7]:7000"
+    # A binding on the engine host's loopback as well as a wildcard one: the wildcard (at its host).
+    mixed = {"50051/tcp": [{"HostIp": "127.0.0.1", "HostPort": "7002"}, {"HostIp": "0.0.0.0", "HostPort": "7003"}]}
+    assert choose_host_port(replica(1, ports=mixed), None, REMOTE) == f"{REMOTE}:7003"
+    # One on a given address of the engine's host: that address.
+    lan = {"50051/tcp": [{"HostIp": "127.0.0.1", "HostPort": "7004"}, {"HostIp": "192.168.1.5", "HostPort": "7005"}]}
+    assert choose_host_port(replica(1, ports=lan), None, REMOTE) == "192.168.1.5:7005"
+    assert replica_addresses([replica(2, ports=both)], "env", REMOTE) == [f"{REMOTE}:7000"]
+    # This host's engine (None): as before, on loopback.
+    assert choose_host_port(replica(1, ports=both), None, None) == "127.0.0.1:7000"
+
+
+def test_a_remote_engine_s_loopback_only_port_is_refused_saying_how_to_publish_it() -> None:
+    """The compose file's default (ENVFLEET_BIND=127.0.0.1) on another host: no address reaches it from here."""
+    for host_ip in ("127.0.0.1", "::1"):
+        only_loopback = {"50051/tcp": [{"HostIp": host_ip, "HostPort": "7006"}]}
+        with pytest.raises(AddressError) as info:
+            replica_addresses([replica(1, ports=only_loopback)], "env", REMOTE)
+        message = str(info.value)
+        assert (
+            "compose replica envfleet-env-1: its port 50051/tcp is published on the Docker host's loopback only"
+            in message
+        )
+        assert f"cannot be reached from here: the Docker engine (DOCKER_HOST) is on {REMOTE}" in message
+        assert "ENVFLEET_BIND=0.0.0.0" in message and "run the learner on the Docker host" in message
+
+
+def test_resolving_through_a_remote_engine_reaches_the_replicas_at_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """resolve_compose asks the engine it lists the containers of where that engine is (its client's base URL)."""
+    from learner import compose
+
+    record = {
+        "Names": ["/envfleet-env-1"],
+        "State": "running",
+        "Status": "Up 1 minute (healthy)",
+        "Labels": {"com.docker.compose.project": "envfleet", "com.docker.compose.service": "env"},
+        "Ports": [
+            {"IP": "0.0.0.0", "PrivatePort": 50051, "PublicPort": 32768, "Type": "tcp"},
+            {"IP": "::", "PrivatePort": 50051, "PublicPort": 32768, "Type": "tcp"},
+        ],
+    }
+    for base_url, expected in [
+        ("http://198.18.1.1:2375", f"{REMOTE}:32768"),  # (the SDK's tcp://)
+        ("https://docker-box.example:2376", "docker-box.example:32768"),
+        ("http+docker://localhost", "127.0.0.1:32768"),  # (the SDK's unix://)
+    ]:
+        engine = _engine(base_url, containers=[record])
+        monkeypatch.setattr(compose, "ask_engine", lambda address, what, query, engine=engine: query(engine))
+        assert compose.resolve_compose("env") == [expected]
+
+
+def _engine(base_url: str, *, containers: Sequence[Mapping[str, object]] = ()) -> SimpleNamespace:
+    """What the resolvers use of a ``docker.DockerClient``: its low-level client's base URL and container list."""
+    return SimpleNamespace(api=SimpleNamespace(base_url=base_url, containers=lambda **filters: list(containers)))
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("tcp://198.18.1.1:2375", "198.18.1.1"),
+        ("http://198.18.1.1:2375", "198.18.1.1"),
+        ("https://docker-box.example:2376", "docker-box.example"),
+        ("tcp://[2001:db8::7]:2375", "2001:db8::7"),
+        ("ssh://me@docker-box:2222", "docker-box"),
+        ("ssh://docker-box", "docker-box"),
+        # This host's engine: its ports are reached on loopback.
+        ("unix:///var/run/docker.sock", None),
+        ("http+unix://%2Fvar%2Frun%2Fdocker.sock", None),
+        ("npipe:////./pipe/docker_engine", None),
+        ("http+docker://localhost", None),
+        ("http+docker://localnpipe", None),
+        ("tcp://127.0.0.1:2375", None),
+        ("tcp://localhost:2375", None),
+        ("tcp://[::1]:2375", None),
+    ],
+)
+def test_the_engine_s_host_comes_from_its_url(url: str, host: str | None) -> None:
+    from learner.engine import url_host
+
+    assert url_host(url, "compose:env") == host
+
+
+def test_the_engine_s_host_from_a_docker_sdk_client() -> None:
+    """The SDK's own clients, made without asking an engine (a version given); ssh:// as the SDK keeps it."""
+    docker = pytest.importorskip("docker")
+    from learner.engine import engine_host
+
+    client = docker.DockerClient(base_url="tcp://198.18.1.1:2375", version="1.41")
+    assert engine_host(client, "compose:env") == REMOTE
+    client = docker.DockerClient(base_url="unix:///var/run/docker.sock", version="1.41")
+    assert engine_host(client, "compose:env") is None
+    ssh = _engine("http+docker://ssh")
+    ssh.api._custom_adapter = SimpleNamespace(ssh_host="me@docker-box:2222")  # (ssh run as a program)
+    assert engine_host(ssh, "compose:env") == "docker-box"
+    # (paramiko's connection, an ~/.ssh/config alias resolved to its HostName)
+    ssh.api._custom_adapter = SimpleNamespace(ssh_host="me@box-alias", ssh_params={"hostname": "198.18.1.1"})
+    assert engine_host(ssh, "compose:env") == REMOTE
+    ssh.api._custom_adapter = SimpleNamespace(ssh_host="me@box-alias", ssh_params={"hostname": "2001:db8::7"})
+    assert engine_host(ssh, "compose:env") == "2001:db8::7"
+    with pytest.raises(AddressError, match=r"address 'compose:env': expected the Docker engine's URL to name its host"):
+        engine_host(_engine("http+docker://ssh"), "compose:env")

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -795,3 +796,90 @@ def test_a_step_socket_that_refuses_the_connection_means_grpc_and_a_log_line(
         lines = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
         assert len(lines) == 1, lines
         assert address in lines[0] and "connections are open already" in lines[0] and "over gRPC" in lines[0]
+
+
+def _stepped_on_the_socket(address: str, caplog: pytest.LogCaptureFixture) -> str:
+    """Reset and step a RemoteVectorEnv on ``address``; the step socket it stepped on (its connection
+    open after the steps, no line saying it went over gRPC)."""
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="learner.client"), RemoteVectorEnv(address) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+        client = envs._clients[0]
+        assert client.step_socket and client._socket is not None, caplog.text
+        assert envs.fault_stats().failures == 0
+    assert "stepping over gRPC" not in caplog.text
+    return client.step_socket
+
+
+def test_the_step_socket_is_found_beside_the_socket_the_learner_reached_through_a_symlink(
+    spawn_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server names its step socket by its own path; a learner reaching it by another path (a
+    symlinked folder) steps on the one beside its own, and says the two differ at DEBUG only."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:  # (short: Unix socket paths are)
+        os.mkdir(f"{folder}/real")
+        os.symlink(f"{folder}/real", f"{folder}/link")
+        spawn_server("CartPole-v1", 2, "--unix-socket", f"{folder}/real/env.sock")
+        assert _stepped_on_the_socket(f"unix:{folder}/link/env.sock", caplog) == f"{folder}/link/env.sock.steps"
+        said = [r for r in caplog.records if "names its step socket" in r.getMessage()]
+        assert (
+            len(said) == 1
+            and said[0].levelno == logging.DEBUG
+            and f"{folder}/real/env.sock.steps" in said[0].getMessage()
+        )
+        # (reached by its own path: the same path, nothing said)
+        assert _stepped_on_the_socket(f"unix:{folder}/real/env.sock", caplog) == f"{folder}/real/env.sock.steps"
+        assert "names its step socket" not in caplog.text
+
+
+def test_a_step_socket_path_named_in_the_server_s_file_system_only_is_not_followed(
+    spawn_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a server in a container whose socket folder is mounted elsewhere on the learner's host: the
+    path it names does not exist here, or (worse) is another server's step socket here. The learner
+    steps on its own server's, beside the Unix socket it reached (the one it named was followed: the
+    first, out of reach, meant gRPC; the second meant every step refused and the server lost)."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:
+        os.mkdir(f"{folder}/srv")
+        spawn_server("CartPole-v1", 2, "--unix-socket", f"{folder}/srv/env.sock")
+        os.rename(f"{folder}/srv", f"{folder}/mnt")  # it names {folder}/srv/env.sock.steps, now nowhere
+        ours = f"unix:{folder}/mnt/env.sock"
+        assert _stepped_on_the_socket(ours, caplog) == f"{folder}/mnt/env.sock.steps"
+        os.mkdir(f"{folder}/srv")
+        other = spawn_server("CartPole-v1", 3, "--unix-socket", f"{folder}/srv/env.sock")  # ... now another's
+        assert _stepped_on_the_socket(ours, caplog) == f"{folder}/mnt/env.sock.steps"
+        assert _stepped_on_the_socket(other.address, caplog) == f"{folder}/srv/env.sock.steps"
+
+
+@pytest.mark.parametrize("fault_tolerant", [False, True])
+def test_another_server_s_step_socket_beside_ours_means_grpc_not_a_lost_server(
+    spawn_server: Any, caplog: pytest.LogCaptureFixture, fault_tolerant: bool
+) -> None:
+    """A step socket at the path beside the server's Unix socket that is another server's: the first step
+    on it is answered FAILED_PRECONDITION ("does not own this server"), untaken. The learner steps over
+    gRPC instead, says so once, and its results are those of stepping over gRPC all along."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:
+        server = spawn_server("CartPole-v1", 3, "--unix-socket", f"{folder}/a.sock")
+        spawn_server("CartPole-v1", 3, "--unix-socket", f"{folder}/b.sock")
+        rng = np.random.default_rng(3)
+        actions = [rng.integers(0, 2, size=3) for _ in range(20)]
+        with RemoteVectorEnv(server.address, step_socket=False) as envs:
+            expected = [envs.reset(seed=5)] + [envs.step(a) for a in actions]
+        os.unlink(f"{folder}/a.sock.steps")  # (its server still listens there, out of reach)
+        os.symlink(f"{folder}/b.sock.steps", f"{folder}/a.sock.steps")
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="learner.client"):
+            for _ in range(2):  # (said once per server: the second learner's line is at DEBUG)
+                with RemoteVectorEnv(server.address, fault_tolerant=fault_tolerant) as envs:
+                    assert envs._clients[0].step_socket == f"{folder}/a.sock.steps"
+                    got = [envs.reset(seed=5)] + [envs.step(a) for a in actions]
+                    assert envs._clients[0].step_socket == ""
+                    assert envs.fault_stats().failures == 0
+                assert_same(got, expected)
+        said = [r for r in caplog.records if "does not know this session" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG], caplog.text
+        message = said[0].getMessage()
+        assert server.address in message and "another server's step socket at that path?" in message
+        assert "stepping over gRPC, without the step socket's fast path" in message

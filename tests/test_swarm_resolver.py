@@ -6,6 +6,7 @@ These run without Docker on the records a swarm manager returns; tests/test_swar
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -134,3 +135,34 @@ def test_tasks_not_used_yet_are_said_once_per_set(caplog: pytest.LogCaptureFixtu
         ("INFO", "swarm:said_once_env: not using 1 task(s) yet: said_once_env.3 (pending)"),
         ("INFO", "swarm:said_once_env: not using 1 task(s) yet: said_once_env.3 (starting)"),  # (again, later)
     ]
+
+
+def test_a_remote_engine_s_tasks_on_its_own_node_are_reached_at_its_host() -> None:
+    """With DOCKER_HOST naming another host's manager, a task on that node is at that host, not on our loopback."""
+    tasks = [task(1), task(2, node=THERE)]
+    assert addresses(tasks, engine_host="198.18.1.1") == ["198.18.1.1:30001", "192.0.2.7:30002"]
+    assert addresses(tasks, engine_host="manager-1") == ["manager-1:30001", "192.0.2.7:30002"]
+    assert addresses([task(3)], engine_host="2001:db8::7") == ["[2001:db8::7]:30003"]
+    assert addresses(tasks, engine_host=None) == ["127.0.0.1:30001", "192.0.2.7:30002"]  # this host's engine
+
+
+def test_resolving_through_a_remote_manager_reaches_its_tasks_at_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """resolve_swarm asks the manager where it is (its client's base URL) along with its tasks."""
+    from learner import swarm
+
+    port = {"Protocol": "tcp", "TargetPort": 50051, "PublishedPort": 32769, "PublishMode": "host"}
+    record = {"ID": "t1", "Slot": 1, "NodeID": HERE, "Status": {"State": "running", "PortStatus": {"Ports": [port]}}}
+    service = {"ID": "s1", "Spec": {"Name": "envfleet_env"}, "Endpoint": {"Ports": [dict(port)]}}
+    for base_url, expected in [
+        ("http://198.18.1.1:2375", "198.18.1.1:32769"),
+        ("http+docker://localhost", "127.0.0.1:32769"),
+    ]:
+        api = SimpleNamespace(
+            base_url=base_url,
+            services=lambda **filters: [service],
+            tasks=lambda **filters: [record],
+            nodes=lambda **filters: [],
+        )
+        engine = SimpleNamespace(api=api, info=lambda: {"Swarm": {"NodeID": HERE}})
+        monkeypatch.setattr(swarm, "ask_engine", lambda address, what, query, engine=engine: query(engine))
+        assert swarm.resolve_swarm("envfleet_env") == [expected]

@@ -1,0 +1,109 @@
+"""A port that is no env server's gRPC port is named for what it is: an HTTP/1 port (an env server's
+own --metrics-port, say), an SSH server, a gRPC server without envfleet's EnvService."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2_grpc
+
+from learner import RemoteVectorEnv
+from learner.discovery import TLS_CAUSE, no_wait_mends, probe
+from learner.errors import RemoteEnvError, ServerUnavailableError
+from tests.conftest import SpawnServer
+
+HTTP_PORT = "it is an HTTP/1 port (an env server's --metrics-port?), not an env server's gRPC port"
+SSH_PORT = "it is an SSH server's port, not an env server's gRPC port"
+
+
+@pytest.fixture
+def metrics_and_grpc(spawn_server: SpawnServer) -> tuple[str, str]:
+    """A real env server's Prometheus port (127.0.0.1:PORT) and its gRPC port."""
+    server = spawn_server("CartPole-v1", 1, "--metrics-port", "0", "--log-level", "info")
+    match = re.search(r"Prometheus metrics on http://(\S+)/metrics", server.logs())
+    assert match, server.logs()
+    return match.group(1), server.address
+
+
+@pytest.fixture
+def ssh_like() -> Iterator[str]:
+    """A port whose server speaks first, as SSH servers do (their version banner), then reads on."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stopped = threading.Event()
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                conn.settimeout(2)
+                try:
+                    while conn.recv(4096):
+                        pass
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    stopped.set()
+    thread.join(timeout=10)
+    listener.close()
+
+
+def test_probe_names_an_http1_port_an_ssh_server_and_nothing_for_an_env_server(
+    metrics_and_grpc: tuple[str, str], ssh_like: str
+) -> None:
+    metrics, env_server = metrics_and_grpc
+    assert probe(metrics) == HTTP_PORT
+    assert probe(ssh_like) == SSH_PORT
+    assert probe(env_server) is None  # a gRPC server: it answers gRPC's opening with HTTP/2
+    with socket.socket() as listening:  # one that says nothing: told within the probe's time, not after it
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert probe(f"127.0.0.1:{listening.getsockname()[1]}", timeout=0.3) is None
+    assert no_wait_mends(HTTP_PORT) and no_wait_mends(SSH_PORT) and no_wait_mends(f"{TLS_CAUSE}the handshake failed")
+    assert not no_wait_mends("connection refused") and not no_wait_mends("") and not no_wait_mends(None)
+
+
+def test_a_learner_pointed_at_a_metrics_port_is_told_it_is_one(metrics_and_grpc: tuple[str, str]) -> None:
+    metrics, _ = metrics_and_grpc
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailableError, match=re.escape(HTTP_PORT)):
+        RemoteVectorEnv([metrics], connect_timeout=60)
+    assert time.monotonic() - start < 30  # said once probed (~2 s), not after connect_timeout: no wait mends it
+
+
+@pytest.fixture
+def grpc_without_env_service() -> Iterator[str]:
+    """A real gRPC server on port 0 with the standard health service only."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def test_a_grpc_port_without_env_service_is_said_to_serve_none(grpc_without_env_service: str) -> None:
+    """gRPC's own "Method not found!" named neither the service nor what to check."""
+    address = grpc_without_env_service
+    with pytest.raises(RemoteEnvError) as info:
+        RemoteVectorEnv([address], connect_timeout=5)
+    assert str(info.value) == (
+        f"env server {address}: Handshake failed [UNIMPLEMENTED]: it answers gRPC but serves no "
+        "envfleet.v1.EnvService: the wrong port, or a server of another envfleet protocol version "
+        "(Method not found!)"
+    )
+    assert info.value.address == address and info.value.code == grpc.StatusCode.UNIMPLEMENTED
