@@ -316,7 +316,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
     @_rpc
     async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
         self._check_ready()
-        return pb.GetSpecResponse(spec=self.spec)
+        now = time.monotonic()
+        claim = self._live_claim(now)
+        return pb.GetSpecResponse(spec=self.spec, claimed_by=claim.describe(now) if claim is not None else "")
 
     @_rpc
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:

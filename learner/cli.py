@@ -590,6 +590,25 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_servers(args: argparse.Namespace) -> int:
+    try:
+        token = _auth_token(args.auth_token_file, args.auth_token)
+        tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
+    except ValueError as err:
+        args.parser.error(str(err))
+    from learner.survey import describe, survey
+
+    servers = survey(
+        args.servers,
+        timeout=args.timeout,
+        auth_token=args.auth_token if token is None else token,
+        tls=tls_ca or args.tls,
+        tls_server_name=tls_server_name,
+    )
+    print(json.dumps([s.to_json() for s in servers]) if args.json else describe(servers))
+    return 0 if all(not s.error for s in servers) else 1
+
+
 # -- bench --------------------------------------------------------------------------------------------------
 
 
@@ -890,6 +909,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)
+
+    servers = sub.add_parser(
+        "servers",
+        parents=[common],
+        help="what each env server serves, its round trip and who holds it (claims nothing)",
+        description="Ask every server --servers names for its env, spaces, versions, round trip and the learner "
+        "that holds it, without claiming it (a training on it goes on undisturbed). Exit status 1 if any does not "
+        "answer.",
+    )
+    servers.add_argument(
+        "--servers",
+        required=True,
+        metavar="ADDRESSES",
+        help="host:port,host:port, unix:PATH, dns:///name:port, compose:SERVICE, swarm:SERVICE, k8s:...",
+    )
+    servers.add_argument(
+        "--auth-token",
+        default=None,
+        metavar="TOKEN",
+        help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
+    )
+    servers.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="PATH",
+        help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
+    )
+    servers.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect with TLS, verifying with the system's CA roots (default: off)",
+    )
+    servers.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PATH",
+        help="connect with TLS, verifying with this CA file (default: $ENVFLEET_TLS_CA)",
+    )
+    servers.add_argument(
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
+    )
+    servers.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=5.0,
+        metavar="S",
+        help="seconds each server has to answer (default: %(default)s)",
+    )
+    servers.add_argument("--json", action="store_true", help="print one JSON list, an object per server")
+    servers.set_defaults(func=cmd_servers, parser=servers)
 
     plot = sub.add_parser(
         "plot",

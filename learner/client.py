@@ -390,11 +390,14 @@ class EnvClient:
         return event is not grpc.aio.EOF and event.reason == SHUTDOWN_REASON
 
     async def get_spec(self) -> pb.EnvSpec:
+        return (await self.get_spec_response()).spec
+
+    async def get_spec_response(self) -> pb.GetSpecResponse:
+        """The server's spec and who holds its envs (GetSpec: no claim needed, none made)."""
         try:
-            response = await self.stub.GetSpec(pb.GetSpecRequest(), timeout=self.timeout, metadata=self.metadata)
+            return await self.stub.GetSpec(pb.GetSpecRequest(), timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
             raise self._error(err, "GetSpec") from None
-        return response.spec
 
     # -- calls ----------------------------------------------------------------------------------
 

@@ -228,10 +228,12 @@ class GetSpecRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSpecResponse(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "claimed_by")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
     spec: EnvSpec
-    def __init__(self, spec: _Optional[_Union[EnvSpec, _Mapping]] = ...) -> None: ...
+    claimed_by: str
+    def __init__(self, spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claimed_by: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_name")

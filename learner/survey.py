@@ -1,0 +1,161 @@
+"""``learner servers``: what each env server of a fleet serves, how far it is, and who holds it, without
+claiming it (GetSpec needs no claim), so a running training is not disturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+
+from env_server import codec
+from env_server.protocol import bearer_metadata
+from learner.client import EnvClient, channel_credentials
+from learner.discovery import expand_named, probe
+from learner.errors import RemoteEnvError
+from learner.loop import gather
+
+__all__ = ["ServerInfo", "describe", "survey"]
+
+ROUND_TRIPS = 5
+"""GetSpec calls timed per server (the median is its round trip)."""
+
+
+@dataclass
+class ServerInfo:
+    """One server's answer (or why there was none)."""
+
+    address: str
+    error: str = ""
+    """Why it gave no spec ("" when it did)."""
+    env_id: str = ""
+    num_envs: int = 0
+    observation_space: str = ""
+    action_space: str = ""
+    vectorization: str = ""
+    autoreset_mode: str = ""
+    max_episode_steps: int = 0
+    wrappers: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    claimed_by: str = ""
+    """Who holds its envs now ("" when no learner does)."""
+    round_trip_ms: float = 0.0
+    """Median GetSpec round trip, ms."""
+    server_id: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def survey(
+    addresses: str,
+    *,
+    timeout: float = 5.0,
+    auth_token: str | None = None,
+    tls: bool | str = False,
+    tls_server_name: str | None = None,
+) -> list[ServerInfo]:
+    """Ask every server ``addresses`` names (``host:port,...``, ``dns:///``, ``compose:``, ...) for its spec
+    and who holds it, all at once, each within ``timeout`` seconds."""
+    named = expand_named(addresses, timeout)
+    credentials, _ = channel_credentials(tls)
+    metadata = bearer_metadata(auth_token) if auth_token else ()
+
+    async def ask(address: str, dns_name: str | None) -> ServerInfo:
+        client = EnvClient(
+            address,
+            timeout=timeout,
+            metadata=metadata,
+            credentials=credentials,
+            tls_server_name=tls_server_name or (dns_name if credentials is not None else None),
+            step_socket=False,
+        )
+        try:
+            return await _ask(client, timeout)
+        finally:
+            await client.close()
+
+    async def ask_all() -> list[ServerInfo]:
+        return list(await gather(*(ask(a, n) for a, n in named.items())))
+
+    return asyncio.run(ask_all())
+
+
+async def _ask(client: EnvClient, timeout: float) -> ServerInfo:
+    info = ServerInfo(client.address)
+    # A connection refused (or no socket file, ...) is said at once; something that listens gets the timeout.
+    why = await asyncio.to_thread(probe, client.address, min(timeout, 1.0))
+    if why:
+        info.error = why
+        return info
+    try:
+        await asyncio.wait_for(client.wait_ready(), timeout)
+    except TimeoutError:
+        info.error = f"nothing answered within {timeout:g} s"
+        return info
+    times = []
+    try:
+        for _ in range(ROUND_TRIPS):
+            start = time.perf_counter()
+            response = await client.get_spec_response()
+            times.append(time.perf_counter() - start)
+    except RemoteEnvError as err:
+        starting = err.code == grpc.StatusCode.UNAVAILABLE
+        info.error = (
+            "starting (building its envs)" if starting else str(err).removeprefix(f"env server {client.address}: ")
+        )
+        return info
+    spec = response.spec
+    info.env_id, info.num_envs, info.server_id = spec.env_id, spec.num_envs, spec.server_id
+    info.observation_space = _space(spec.observation_space, "observation_space")
+    info.action_space = _space(spec.action_space, "action_space")
+    info.vectorization, info.wrappers = spec.vectorization, list(spec.wrappers)
+    info.autoreset_mode = codec.AUTORESET_FROM_PROTO[spec.autoreset_mode].value
+    info.max_episode_steps, info.versions = spec.max_episode_steps, dict(sorted(spec.versions.items()))
+    info.claimed_by = response.claimed_by
+    info.round_trip_ms = round(statistics.median(times) * 1000, 3)
+    return info
+
+
+def _space(space: Any, what: str) -> str:
+    try:
+        return str(codec.decode_space(space, what))
+    except Exception as err:  # (a server of another version: say so, and show the rest)
+        return f"unreadable ({type(err).__name__}: {err})"
+
+
+def describe(servers: list[ServerInfo]) -> str:
+    """The survey as text: a block per server, then a line on the whole."""
+    lines = []
+    for s in servers:
+        if s.error:
+            lines.append(f"{s.address}  not answering: {s.error}")
+            continue
+        limit = f", {s.max_episode_steps}-step limit" if s.max_episode_steps else ""
+        wrappers = f", wrappers {','.join(s.wrappers)}" if s.wrappers else ""
+        lines.append(
+            f"{s.address}  {s.env_id} x{s.num_envs} ({s.vectorization}, {s.autoreset_mode} autoreset{limit}{wrappers})"
+            f"  round trip {s.round_trip_ms:.2f} ms"
+        )
+        lines.append(f"    observation {s.observation_space}; action {s.action_space}")
+        if s.versions:
+            lines.append("    runs " + ", ".join(f"{name} {version}" for name, version in s.versions.items()))
+        lines.append(f"    claimed by {s.claimed_by}" if s.claimed_by else "    free (no learner holds it)")
+    answering = [s for s in servers if not s.error]
+    total = f"{len(servers)} server{'s' if len(servers) != 1 else ''}"
+    summary = f"{total}, {len(answering)} answering, {sum(s.num_envs for s in answering)} envs"
+    if len({(s.observation_space, s.action_space, s.autoreset_mode) for s in answering}) > 1:
+        summary += "; their spaces or autoreset modes differ: they cannot step as one fleet"
+    elif len({s.env_id for s in answering}) > 1:
+        summary += "; they serve different envs (with the same spaces)"
+    versions = {name for s in answering for name in s.versions if name != "python"}
+    differ = sorted(n for n in versions if len({s.versions.get(n) for s in answering}) > 1)
+    if differ:
+        summary += f"; versions differ: {', '.join(differ)}"
+    if len({s.server_id for s in answering}) < len(answering):
+        summary += "; some are one server listed under two names"
+    lines.append(summary)
+    return "\n".join(lines)
