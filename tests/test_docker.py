@@ -140,6 +140,10 @@ def test_a_fleet_found_as_compose_env_is_kept_when_another_project_runs_env_too(
 ) -> None:
     """RemoteVectorEnv pins compose:env to the project it found: a second project's `env` replicas,
     started later, make compose:env ambiguous but do not stop this fleet's look-ups between rollouts."""
+    try:
+        expand_addresses("compose:env")
+    except AddressError as err:  # another project on this engine runs `env` too (a concurrent run, a demo)
+        pytest.skip(f"compose:env is ambiguous on this engine before the test starts: {err}")
     other = ComposeProject(prefix="envfleet-other", images_of=fleet)
     try:
         with RemoteVectorEnv("compose:env") as envs:

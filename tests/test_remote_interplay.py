@@ -176,10 +176,11 @@ def test_refresh_moves_the_autoresets_due_with_their_envs(spawn_server: SpawnSer
     resets in it), also once refresh() moved it to another index (here: the server before it left
     and joined again behind it)."""
     a = spawn_server("tests.envs:ClockEnv", 1)
-    # Its first reset is quick; the autoreset (its second) takes 1.5 s, over `timeout`.
-    b = spawn_server("tests.envs:SlowResetEnv", 1, "--env-kwargs", '{"slow_from": 2, "sleep_s": 1.5}')
+    # Its first reset is quick; the autoreset (its second) takes 3 s, over `timeout` (1 s: a's steps keep
+    # it on a loaded host).
+    b = spawn_server("tests.envs:SlowResetEnv", 1, "--env-kwargs", '{"slow_from": 2, "sleep_s": 3.0}')
     with RemoteVectorEnv(
-        [a.address, b.address], timeout=0.5, reset_timeout=10.0, num_groups=2, step_socket=False
+        [a.address, b.address], timeout=1.0, reset_timeout=10.0, num_groups=2, step_socket=False
     ) as envs:
         envs.reset(seed=0)
         envs.step(np.zeros(2, dtype=np.int64))  # (both at t=1: each env's autoreset due is known, none)
@@ -192,7 +193,7 @@ def test_refresh_moves_the_autoresets_due_with_their_envs(spawn_server: SpawnSer
         change = envs.refresh(drop=[a.address])
         assert change is not None and envs.addresses == [b.address, a.address]
         envs.send(np.zeros(1, dtype=np.int64), 0)
-        _, _, _, terms, truncs, _ = envs.recv(0)  # (before: a timeout after 0.5 s)
+        _, _, _, terms, truncs, _ = envs.recv(0)  # (before: a timeout after 1 s)
         assert not terms[0] and not truncs[0]
 
 
