@@ -651,7 +651,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
 
 # Simulators whose version may change an env's dynamics: EnvSpec.versions names them when loaded.
-SIMULATORS = ("mujoco", "ale_py", "box2d", "pybullet", "dm_control")
+SIMULATORS = ("mujoco", "ale_py", "Box2D", "pybullet", "dm_control")  # (module names, as imported)
 
 
 def _versions() -> dict[str, str]:

@@ -727,6 +727,41 @@ class _Parser(ShortErrorParser):
         super().error(message)
 
 
+def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) -> None:
+    """--auth-token(-file) and --tls(-ca, -server-name), for commands that reach running servers (train has
+    its own, from its Args); ``ca_default``: when $ENVFLEET_TLS_CA gives --tls-ca."""
+    parser.add_argument(
+        "--auth-token",
+        default=None,
+        metavar="TOKEN",
+        help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
+    )
+    parser.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="PATH",
+        help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
+    )
+    parser.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect with TLS, verifying with the system's CA roots (default: off)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PATH",
+        help=f"connect with TLS, verifying with this CA file ({ca_default}: $ENVFLEET_TLS_CA)",
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP)
@@ -845,36 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="envs to run the episodes on, locally, at most --episodes (default: 4; with --servers, the servers' envs)",
     )
     _add_local_server_options(evaluate, "server", "the server's step socket")
-    evaluate.add_argument(
-        "--auth-token",
-        default=None,
-        metavar="TOKEN",
-        help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
-    )
-    evaluate.add_argument(
-        "--auth-token-file",
-        default=None,
-        metavar="PATH",
-        help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
-    )
-    evaluate.add_argument(
-        "--tls",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="connect with TLS, verifying with the system's CA roots (default: off)",
-    )
-    evaluate.add_argument(
-        "--tls-ca",
-        default=None,
-        metavar="PATH",
-        help="connect with TLS, verifying with this CA file (default with --servers: $ENVFLEET_TLS_CA)",
-    )
-    evaluate.add_argument(
-        "--tls-server-name",
-        default=None,
-        metavar="NAME",
-        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
-    )
+    _add_connection_options(evaluate, "default with --servers")
     evaluate.add_argument(
         "--timeout",
         type=positive_seconds,
@@ -924,36 +930,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESSES",
         help="host:port,host:port, unix:PATH, dns:///name:port, compose:SERVICE, swarm:SERVICE, k8s:...",
     )
-    servers.add_argument(
-        "--auth-token",
-        default=None,
-        metavar="TOKEN",
-        help="token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN)",
-    )
-    servers.add_argument(
-        "--auth-token-file",
-        default=None,
-        metavar="PATH",
-        help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
-    )
-    servers.add_argument(
-        "--tls",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="connect with TLS, verifying with the system's CA roots (default: off)",
-    )
-    servers.add_argument(
-        "--tls-ca",
-        default=None,
-        metavar="PATH",
-        help="connect with TLS, verifying with this CA file (default: $ENVFLEET_TLS_CA)",
-    )
-    servers.add_argument(
-        "--tls-server-name",
-        default=None,
-        metavar="NAME",
-        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
-    )
+    _add_connection_options(servers, "default")
     servers.add_argument(
         "--timeout",
         type=positive_seconds,

@@ -293,6 +293,17 @@ class EnvClient:
         self.recent_rtt = 0.0  # moving average of step-socket round trips, seconds
 
     def _error(self, err: grpc.RpcError, method: str, timeout: float | None = None) -> RemoteEnvError:
+        unimplemented = isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED
+        if unimplemented and method in ("Handshake", "GetSpec"):
+            # gRPC's own answer for a service the server lacks ("Method not found!"), which names
+            # neither: another gRPC server on that port, or an envfleet of another protocol version.
+            return RemoteEnvError(
+                f"env server {self.address}: {method} failed [UNIMPLEMENTED]: it answers gRPC but serves no "
+                f"{_SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
+                f"({err.details() or 'no details'})",
+                address=self.address,
+                code=grpc.StatusCode.UNIMPLEMENTED,
+            )
         return translate_error(
             err, address=self.address, method=method, env_offset=self.env_offset, timeout=timeout or self.timeout
         )
@@ -313,16 +324,6 @@ class EnvClient:
         try:
             return await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            if isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                # gRPC's own answer for a service the server lacks ("Method not found!"), which names
-                # neither: another gRPC server on that port, or an envfleet of another protocol version.
-                raise RemoteEnvError(
-                    f"env server {self.address}: Handshake failed [UNIMPLEMENTED]: it answers gRPC but serves no "
-                    f"{_SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
-                    f"({err.details() or 'no details'})",
-                    address=self.address,
-                    code=err.code(),
-                ) from None
             raise self._error(err, "Handshake") from None
 
     def start_session(self, response: pb.HandshakeResponse) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "Resolver",
     "expand_addresses",
     "expand_named",
+    "diagnose",
     "expand_when_ready",
     "no_wait_mends",
     "note_not_used",
@@ -264,6 +265,22 @@ def tls_probe(address: str, ca: bytes | None, server_name: str | None = None, ti
     context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
     context.set_alpn_protocols(["h2"])
     return _handshake_failure(address, context, server_name, timeout, ca_given=ca is not None)
+
+
+def diagnose(
+    address: str, timeout: float, *, tls: bool, roots: bytes | None = None, server_name: str | None = None
+) -> str | None:
+    """Why ``address`` does not answer: :func:`probe`'s reason; where something listens, a TLS reason
+    (starting "TLS: ") if there is one (``tls``: the client speaks TLS, trusting ``roots``, the system's
+    when None, and checking ``server_name``), else ""; None when it cannot tell."""
+    cause = probe(address, timeout=timeout)
+    if cause:
+        return cause
+    if tls:
+        return tls_probe(address, roots, server_name, timeout) or ""
+    if speaks_tls(address, timeout):
+        return f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
+    return ""
 
 
 def speaks_tls(address: str, timeout: float = 1.0) -> bool:

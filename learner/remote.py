@@ -15,7 +15,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from copy import deepcopy
 from typing import Any
 
@@ -33,17 +32,15 @@ from env_server.isolation import placeholder_observation
 from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
+from learner import faults
 from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
 from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
 from learner.discovery import (
-    TLS_CAUSE,
     AddressError,
+    diagnose,
     expand_named,
     no_wait_mends,
     pin_addresses,
-    probe,
-    speaks_tls,
-    tls_probe,
     warn_duplicates,
 )
 from learner.errors import (
@@ -57,7 +54,15 @@ from learner.errors import (
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, incompatible, is_outage, reconnect
+from learner.faults import (
+    RELAPSE_LOG_S,
+    FaultStats,
+    Replica,
+    ReplicaState,
+    incompatible,
+    is_outage,
+    reconnect,
+)
 from learner.fleet import FleetChange
 from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
@@ -330,6 +335,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._noted: set[str] = set()
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
+        # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
+        self._missing_since: dict[str, float] = {}
+        self._missing_said: dict[str, float] = {}
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
@@ -477,7 +485,27 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     )
                 _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
             if late and self.fault_tolerant and len(late) < len(clients):
-                clients = self._start_without(clients, readies, late, probed, cause)
+                missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
+                # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
+                until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
+                causes = await gather(*(_probe_until(c.address, until, self._diagnose) for c in missing))
+                for client, why in zip(missing, causes, strict=True):
+                    if no_wait_mends(why):
+                        for task in late:
+                            task.cancel()
+                        raise ServerUnavailableError(f"env server {client.address}: {why}", address=client.address)
+                for client, ready in zip(clients, readies, strict=True):
+                    if ready in late:
+                        self._joining[client.address] = (client, ready)  # (its connection attempts go on)
+                nothing = f"nothing answered within {self.connect_timeout:g} s"
+                self._note_missing(
+                    [
+                        (c.address, nothing + (f" ({why})" if why else ""))
+                        for c, why in zip(missing, causes, strict=True)
+                    ],
+                    listed=len(clients),
+                )
+                clients = [c for c in clients if c not in missing]
                 late = set()
             if late:
                 for task in late:
@@ -501,10 +529,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 )
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
             aliases = await self._find_aliases(clients, responses)
+            # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
+            # as those that did not answer at all do.
+            building: dict[EnvClient, BaseException] = {}
+            if self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses):
+                building = {
+                    c: r
+                    for c, r in zip(clients, responses, strict=True)
+                    if c not in aliases and isinstance(r, ServerUnavailableError)
+                }
             errors: list[BaseException] = []
             offset = 0
             for client, response in zip(clients, responses, strict=True):
-                if client in aliases:
+                if client in aliases or client in building:
                     continue
                 if isinstance(response, BaseException):
                     errors.append(response)
@@ -514,59 +551,61 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 offset += response.spec.num_envs
             if errors:
                 raise errors[0]
-            if aliases:
-                await gather(*(c.close() for c in aliases), return_exceptions=True)
-                clients = [c for c in clients if c not in aliases]
+            if aliases or building:
+                for client in building:
+                    later = self._client(client.address)
+                    self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
+                await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
+                if building:
+                    self._note_missing(
+                        [
+                            (c.address, str(err).removeprefix(f"env server {c.address}: "))
+                            for c, err in building.items()
+                        ],
+                        listed=len(clients) - len(aliases),
+                    )
+                clients = [c for c in clients if c not in aliases and c not in building]
         except BaseException:
             joining, self._joining = self._joining, {}
-            for _, ready in joining.values():
-                ready.cancel()
+            for _, pending in joining.values():
+                pending.cancel()
             await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
             raise
         return clients
 
     def _diagnose(self, address: str, timeout: float) -> str | None:
-        """Why ``address`` does not answer: :func:`~learner.discovery.probe`'s reason; where something
-        listens, a TLS reason (starting "TLS: ") if there is one, else ""; None when it cannot tell."""
-        cause = probe(address, timeout=timeout)
-        if cause:
-            return cause
-        if self._credentials is not None:
-            return tls_probe(address, self._tls_roots, self._server_name(address), timeout) or ""
-        if speaks_tls(address, timeout):
-            return (
-                f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
-            )
-        return ""
+        """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""
+        return diagnose(
+            address,
+            timeout,
+            tls=self._credentials is not None,
+            roots=self._tls_roots,
+            server_name=self._server_name(address),
+        )
 
-    def _start_without(
-        self,
-        clients: list[EnvClient],
-        readies: Sequence[asyncio.Future[None]],
-        late: AbstractSet[asyncio.Future[None]],
-        probed: str,
-        cause: str | None,
-    ) -> list[EnvClient]:
-        """Fault-tolerant, some servers answered: start with those. The others (a host down, say) join
-        when they answer, at a :meth:`refresh` (between rollouts), as a server that is lost in the run
-        comes back; until then the fleet is that much smaller."""
-        missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
-        for client, ready in zip(clients, readies, strict=True):
-            if ready in late:
-                self._joining[client.address] = (client, ready)  # (its connection attempts go on)
-        why = f" ({cause})" if cause else ""
+    def _note_missing(self, missing: list[tuple[str, str]], listed: int) -> None:
+        """Fault-tolerant, some servers in: start without the ``missing`` ones (address, why), which join
+        when they answer, at a :meth:`refresh` (between rollouts), as a server lost in the run comes back;
+        until then the fleet is that much smaller, and a line says so once in a while."""
+        now = time.monotonic()
+        for address, _ in missing:
+            self._missing_since[address] = self._missing_said[address] = now
         log.warning(
-            "env server%s %s: nothing answered within %g s; starting with the %d of %d that did (fault-tolerant): "
-            "%s envs join when %s, looked for between rollouts",
+            "env server%s %s; starting with the %d of %d that answered (fault-tolerant): %s envs join when %s "
+            "(looked for at refresh(), which learner train calls between rollouts)",
             "s" if len(missing) > 1 else "",
-            ", ".join(c.address + (why if c.address == probed else "") for c in missing),
-            self.connect_timeout,
-            len(clients) - len(missing),
-            len(clients),
+            "; ".join(f"{address}: {why}" for address, why in missing),
+            listed - len(missing),
+            listed,
             "their" if len(missing) > 1 else "its",
             "they answer" if len(missing) > 1 else "it answers",
         )
-        return [c for c in clients if c not in missing]
+
+    @property
+    def servers_not_joined(self) -> list[str]:
+        """Servers listed at the start that the fault-tolerant start went on without (they did not answer,
+        or were still building their envs) and that have not joined since."""
+        return list(self._missing_since)
 
     async def _find_aliases(
         self, clients: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
@@ -2098,7 +2137,31 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client.start_session(response)
             self._noted.discard(client.address)
             joined.append(client)
+        self._remind_missing(addresses, joined)
         return joined
+
+    def _remind_missing(self, addresses: list[str], joined: list[EnvClient]) -> None:
+        """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)
+        which still have not; forget those no longer listed."""
+        now = time.monotonic()
+        for address in list(self._missing_since):
+            if any(c.address == address for c in joined):
+                log.info(
+                    "env server %s joined, %.0f s after the start went on without it",
+                    address,
+                    now - self._missing_since[address],
+                )
+            elif address in addresses:
+                if now - self._missing_said[address] >= faults.STILL_DOWN_LOG_S:
+                    log.warning(
+                        "env server %s has not joined since the start went on without it %.0f s ago; its envs join "
+                        "when it answers",
+                        address,
+                        now - self._missing_since[address],
+                    )
+                    self._missing_said[address] = now
+                continue
+            del self._missing_since[address], self._missing_said[address]
 
     def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
         """Why a server with ``spec`` cannot join the fleet ("" if it can; warned of if its env is another)."""

@@ -22,7 +22,7 @@ except ImportError as err:  # (an optional dependency: say which extra brings it
         "pip install 'envfleet[sb3]' (from a clone: pip install -e '.[sb3]')"
     ) from err
 
-from learner.errors import EnvFleetError, InvalidArgumentError, SpecMismatchError
+from learner.errors import EnvFleetError, InvalidArgumentError, ServerUnavailableError, SpecMismatchError
 from learner.remote import RemoteVectorEnv
 
 __all__ = ["RemoteVecEnv"]
@@ -151,6 +151,14 @@ class RemoteVecEnv(VecEnv):
             raise InvalidArgumentError("RemoteVecEnv: the RemoteVectorEnv given is closed")
         if not remote.copy:
             raise InvalidArgumentError(_COPY_NEEDED.format(got="a RemoteVectorEnv made with copy=False"))
+        missing = remote.servers_not_joined
+        if missing:
+            raise ServerUnavailableError(
+                f"RemoteVecEnv: env server{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not answer "
+                "within connect_timeout, and SB3's vec env keeps the number of envs it starts with (nothing calls "
+                "refresh(), which would take them in later): start them first, or raise connect_timeout",
+                address=missing[0],
+            )
         if remote.metadata["autoreset_mode"] is not gym.vector.AutoresetMode.SAME_STEP:
             servers = _unmasked(remote)
             if servers:

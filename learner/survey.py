@@ -4,8 +4,10 @@ claiming it (GetSpec needs no claim), so a running training is not disturbed."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,7 +16,7 @@ import grpc
 from env_server import codec
 from env_server.protocol import bearer_metadata
 from learner.client import EnvClient, channel_credentials
-from learner.discovery import expand_named, probe
+from learner.discovery import diagnose, expand_named
 from learner.errors import RemoteEnvError
 from learner.loop import gather
 
@@ -61,20 +63,22 @@ def survey(
     """Ask every server ``addresses`` names (``host:port,...``, ``dns:///``, ``compose:``, ...) for its spec
     and who holds it, all at once, each within ``timeout`` seconds."""
     named = expand_named(addresses, timeout)
-    credentials, _ = channel_credentials(tls)
+    credentials, roots = channel_credentials(tls)
     metadata = bearer_metadata(auth_token) if auth_token else ()
 
     async def ask(address: str, dns_name: str | None) -> ServerInfo:
+        name = tls_server_name or (dns_name if credentials is not None else None)
         client = EnvClient(
             address,
             timeout=timeout,
             metadata=metadata,
             credentials=credentials,
-            tls_server_name=tls_server_name or (dns_name if credentials is not None else None),
+            tls_server_name=name,
             step_socket=False,
         )
+        why = functools.partial(diagnose, tls=credentials is not None, roots=roots, server_name=name)
         try:
-            return await _ask(client, timeout)
+            return await _ask(client, timeout, why)
         finally:
             await client.close()
 
@@ -84,10 +88,11 @@ def survey(
     return asyncio.run(ask_all())
 
 
-async def _ask(client: EnvClient, timeout: float) -> ServerInfo:
+async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float], str | None]) -> ServerInfo:
     info = ServerInfo(client.address)
-    # A connection refused (or no socket file, ...) is said at once; something that listens gets the timeout.
-    why = await asyncio.to_thread(probe, client.address, min(timeout, 1.0))
+    # A connection refused (or no socket file, a TLS mismatch, an HTTP port, ...) is said at once; something
+    # that listens and may be a gRPC server gets the timeout.
+    why = await asyncio.to_thread(diagnose, client.address, min(timeout, 1.0))
     if why:
         info.error = why
         return info
@@ -103,7 +108,7 @@ async def _ask(client: EnvClient, timeout: float) -> ServerInfo:
             response = await client.get_spec_response()
             times.append(time.perf_counter() - start)
     except RemoteEnvError as err:
-        starting = err.code == grpc.StatusCode.UNAVAILABLE
+        starting = err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in str(err)
         info.error = (
             "starting (building its envs)" if starting else str(err).removeprefix(f"env server {client.address}: ")
         )
@@ -143,7 +148,12 @@ def describe(servers: list[ServerInfo]) -> str:
         lines.append(f"    observation {s.observation_space}; action {s.action_space}")
         if s.versions:
             lines.append("    runs " + ", ".join(f"{name} {version}" for name, version in s.versions.items()))
-        lines.append(f"    claimed by {s.claimed_by}" if s.claimed_by else "    free (no learner holds it)")
+        if s.claimed_by:
+            lines.append(f"    claimed by {s.claimed_by}")
+        else:  # (servers older than EnvSpec.versions do not say who holds them either)
+            lines.append(
+                "    free (no learner holds it)" if s.versions else "    holder unknown (a server too old to say)"
+            )
     answering = [s for s in servers if not s.error]
     total = f"{len(servers)} server{'s' if len(servers) != 1 else ''}"
     summary = f"{total}, {len(answering)} answering, {sum(s.num_envs for s in answering)} envs"
@@ -152,7 +162,8 @@ def describe(servers: list[ServerInfo]) -> str:
     elif len({s.env_id for s in answering}) > 1:
         summary += "; they serve different envs (with the same spaces)"
     versions = {name for s in answering for name in s.versions if name != "python"}
-    differ = sorted(n for n in versions if len({s.versions.get(n) for s in answering}) > 1)
+    # (each compared among the servers that say it: older servers say none)
+    differ = sorted(n for n in versions if len({s.versions[n] for s in answering if n in s.versions}) > 1)
     if differ:
         summary += f"; versions differ: {', '.join(differ)}"
     if len({s.server_id for s in answering}) < len(answering):

@@ -1227,6 +1227,10 @@ def train(
                         ep_live = carry_over(ep_live, change, True)
                         if reward_scaler is not None:
                             reward_scaler.follow(change)
+                        # (the groups follow the servers: one per server at most, so a fleet that started
+                        # without some of them pipelines once they join)
+                        step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
+                        overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
                 # Storage follows the fleet's size, which may change between rollouts.
                 if rollout is None or rollout.num_envs != envs.num_envs:
                     num_envs = envs.num_envs

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -910,30 +911,70 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
 
 
 def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
-    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One host of three down as the run starts costs its envs, as it would in the run, not the run: the
-    others start, and it joins at a refresh once it answers. Not fault-tolerant, it is an error as before."""
+    others start, and it joins at a refresh once it answers (said once in a while until then). Not
+    fault-tolerant, it is an error as before; SB3's adapter, whose number of envs is fixed, refuses it."""
+    from learner.sb3 import RemoteVecEnv
+
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.0)
+    caplog.set_level(logging.INFO, logger="learner")
     a = spawn_server("tests.envs:IndexEnv", K)
     b = spawn_server("tests.envs:IndexEnv", K)
     b.kill()
     with pytest.raises(ServerUnavailableError, match=rf"env server {b.address}: nothing answered within 1 s"):
         RemoteVectorEnv([a.address, b.address], connect_timeout=1.0)
+    with pytest.raises(ServerUnavailableError, match=rf"RemoteVecEnv: env server {b.address} did not answer"):
+        RemoteVecEnv([a.address, b.address], fault_tolerant=True, connect_timeout=1.0)
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, connect_timeout=1.0, num_groups=2) as envs:
         assert (envs.num_envs, envs.addresses, envs.num_groups) == (K, [a.address], 1)
+        assert envs.servers_not_joined == [b.address]
         assert (
-            f"env server {b.address} (connection refused): nothing answered within 1 s; starting with the 1 of 2"
-            in (caplog.text)
-        )
+            f"env server {b.address}: nothing answered within 1 s (connection refused); starting with the 1 of 2 "
+            "that answered (fault-tolerant): its envs join when it answers"
+        ) in caplog.text
         envs.reset(seed=0)
         envs.step(actions_for(0, K))
         assert envs.refresh() is None  # (still down)
+        assert f"env server {b.address} has not joined since the start went on without it" in caplog.text
         b.start()
         deadline = time.monotonic() + 20.0  # (gRPC's reconnect backoff)
         while (change := envs.refresh()) is None:
             assert time.monotonic() < deadline, "the server did not join"
             time.sleep(0.2)
         assert change.added == (b.address,) and envs.num_envs == 2 * K and envs.num_groups == 2
+        assert envs.servers_not_joined == [] and f"env server {b.address} joined, " in caplog.text
         envs.reset(seed=1)
         obs, *_ = envs.step(actions_for(1, 2 * K))
         assert obs[:, 1].tolist() == [*range(K), *range(K)]
+
+
+def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that listens but is still building its envs at connect_timeout (a big simulator) joins
+    later too, as one that did not answer: a slow host costs no more than a down one."""
+    a = spawn_server("tests.envs:ClockEnv", K)  # (the same spaces as SlowToBuildEnv)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    slow = f"127.0.0.1:{port}"
+    argv = ["--env", "tests.envs:SlowToBuildEnv", "--env-kwargs", '{"build_s": 4.0}', "--num-envs", str(K)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "env_server", *argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        try:
+            # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
+            with RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs:
+                assert (envs.num_envs, envs.servers_not_joined) == (K, [slow])
+                assert f"env server {slow}: " in caplog.text and "starting with the 1 of 2 that answered" in caplog.text
+                deadline = time.monotonic() + 30.0
+                while (change := envs.refresh()) is None:
+                    assert time.monotonic() < deadline, "the server did not join"
+                    time.sleep(0.2)
+                assert change.added == (slow,) and envs.num_envs == 2 * K
+        finally:
+            proc.kill()

@@ -78,11 +78,18 @@ def test_probe_names_an_http1_port_an_ssh_server_and_nothing_for_an_env_server(
 
 
 def test_a_learner_pointed_at_a_metrics_port_is_told_it_is_one(metrics_and_grpc: tuple[str, str]) -> None:
-    metrics, _ = metrics_and_grpc
+    metrics, env_server = metrics_and_grpc
     start = time.monotonic()
     with pytest.raises(ServerUnavailableError, match=re.escape(HTTP_PORT)):
         RemoteVectorEnv([metrics], connect_timeout=60)
     assert time.monotonic() - start < 30  # said once probed (~2 s), not after connect_timeout: no wait mends it
+    # Fault-tolerant, with a server in and a host down before it in the list: a wrong port is still an error
+    # (each address that did not answer is probed, not the first only).
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{closed.getsockname()[1]}"
+    with pytest.raises(ServerUnavailableError, match=rf"env server {re.escape(metrics)}: {re.escape(HTTP_PORT)}"):
+        RemoteVectorEnv([env_server, down, metrics], fault_tolerant=True, connect_timeout=2)
 
 
 @pytest.fixture
