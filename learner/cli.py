@@ -928,7 +928,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--servers",
         required=True,
         metavar="ADDRESSES",
-        help="host:port,host:port, unix:PATH, dns:///name:port, compose:SERVICE, swarm:SERVICE, k8s:...",
+        help="host:port,host:port, unix:PATH, dns:///name:port (every address of the name), compose:SERVICE, "
+        "swarm:SERVICE",
     )
     _add_connection_options(servers, "default")
     servers.add_argument(

@@ -100,6 +100,9 @@ class FaultStats:
     ones back at another address."""
     servers_left: int = 0
     """Servers that left it (no longer listed, or their session ended between steps)."""
+    servers_not_joined: int = 0
+    """Servers listed at the start that a fault-tolerant start went on without (not answering, or still
+    building their envs), not joined since: now."""
 
     def metrics(self, prefix: str = "faults/") -> dict[str, int]:
         return {f"{prefix}{k}": int(v) for k, v in asdict(self).items()}

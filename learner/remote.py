@@ -1760,6 +1760,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             envs_unavailable=sum(c.num_envs for _, c in down),
             servers_joined=retired.joined,
             servers_left=retired.left,
+            servers_not_joined=len(self._missing_since),
         )
 
     def _as_batch(self, actions: Any, count: int, where: str, base: int = 0) -> Any:

@@ -95,7 +95,8 @@ which the run stops with NothingToLearnError."""
 FAULT_COUNTS = ("failures", "shutdowns", "reconnects", "server_restarts", "servers_joined", "servers_left")
 """The fleet's fault counters (fields of ``FaultStats`` and of ``Counters``) that each metrics row gives for
 its update (``faults/<name>``) and summary.json totals over the whole run. The other fields of
-``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``: now) or are
+``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``,
+``servers_not_joined``: now) or are
 counted here from the steps' infos (``env_steps_lost``, for in-process envs too)."""
 
 
@@ -671,6 +672,7 @@ class FleetWatch:
             for key in FAULT_COUNTS:
                 metrics[f"faults/{key}"] = getattr(now, key) - getattr(self._before, key)
             metrics["faults/servers_down"] = now.servers_down
+            metrics["faults/servers_not_joined"] = now.servers_not_joined
             self._before = now
         windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
         for window in windows:

@@ -929,7 +929,7 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_an
         RemoteVecEnv([a.address, b.address], fault_tolerant=True, connect_timeout=1.0)
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, connect_timeout=1.0, num_groups=2) as envs:
         assert (envs.num_envs, envs.addresses, envs.num_groups) == (K, [a.address], 1)
-        assert envs.servers_not_joined == [b.address]
+        assert envs.servers_not_joined == [b.address] and envs.fault_stats().servers_not_joined == 1
         assert (
             f"env server {b.address}: nothing answered within 1 s (connection refused); starting with the 1 of 2 "
             "that answered (fault-tolerant): its envs join when it answers"
@@ -945,6 +945,7 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_an
             time.sleep(0.2)
         assert change.added == (b.address,) and envs.num_envs == 2 * K and envs.num_groups == 2
         assert envs.servers_not_joined == [] and f"env server {b.address} joined, " in caplog.text
+        assert envs.fault_stats().servers_not_joined == 0
         envs.reset(seed=1)
         obs, *_ = envs.step(actions_for(1, 2 * K))
         assert obs[:, 1].tolist() == [*range(K), *range(K)]
