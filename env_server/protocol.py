@@ -13,6 +13,7 @@ __all__ = [
     "FRAME_HEADER",
     "FRAME_STEP",
     "MAX_MESSAGE_BYTES",
+    "NOT_OWNED",
     "PROTOCOL_VERSION",
     "SERVICE_NAME",
     "SHUTDOWN_REASON",
@@ -55,6 +56,11 @@ FRAME_ERROR = 1
 # meanwhile. A learner counts such a departure apart from failures (a crash, a kill, a cut network).
 SHUTDOWN_REASON = "server shutting down"
 SHUTTING_DOWN_MESSAGE = "the server is shutting down; connect to another one"
+
+# In the FAILED_PRECONDITION message of a call whose session does not own the server (released, timed
+# out, ended, or another server's session): a client reads it on a step socket's first frame as "this
+# socket is not my server's".
+NOT_OWNED = "does not own this server"
 
 # Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
 AUTH_METADATA_KEY = "authorization"

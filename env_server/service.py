@@ -32,6 +32,7 @@ from env_server.protocol import (
     ENV_INDEX_KEY,
     ERROR_ORIGIN_KEY,
     ERROR_ORIGIN_SERVER,
+    NOT_OWNED,
     PROTOCOL_VERSION,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
@@ -295,7 +296,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if claim is None or not _same_id(claim.id, session_id):
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id[:8]!r} does not own this server (it was released, its connection "
+                f"session {session_id[:8]!r} {NOT_OWNED} (it was released, its connection "
                 "dropped, it timed out, or the server restarted); call Handshake again",
             )
         claim.last_seen = now

@@ -28,7 +28,7 @@ import grpc
 
 from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.interceptors import RefusalLog
-from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP
+from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, NOT_OWNED
 from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService, ServiceError, shutting_down
 
@@ -392,5 +392,5 @@ def _session_ended(session_id: str, reason: str) -> ServiceError:
     """What a connection of a session that ended is told (what a step of it would be told, and why)."""
     return ServiceError(
         grpc.StatusCode.FAILED_PRECONDITION,
-        f"session {session_id[:8]!r} does not own this server any more ({reason}); call Handshake again",
+        f"session {session_id[:8]!r} {NOT_OWNED} any more ({reason}); call Handshake again",
     )

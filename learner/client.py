@@ -25,7 +25,9 @@ from env_server.protocol import (
     FRAME_HEADER,
     FRAME_STEP,
     MAX_MESSAGE_BYTES,
+    NOT_OWNED,
     PROTOCOL_VERSION,
+    SERVICE_NAME,
     SHUTDOWN_REASON,
     STEP_SOCKET_SUFFIX,
 )
@@ -99,10 +101,6 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
-# What a server answers a step of a session that does not own it (env_server.service).
-_NOT_OWNED = "does not own this server"
-
-_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvService"].full_name  # envfleet.v1.EnvService
 
 
 RELEASE_TIMEOUT = 2.0
@@ -299,7 +297,7 @@ class EnvClient:
             # neither: another gRPC server on that port, or an envfleet of another protocol version.
             return RemoteEnvError(
                 f"env server {self.address}: {method} failed [UNIMPLEMENTED]: it answers gRPC but serves no "
-                f"{_SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
+                f"{SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
                 f"({err.details() or 'no details'})",
                 address=self.address,
                 code=grpc.StatusCode.UNIMPLEMENTED,
@@ -773,7 +771,7 @@ class SocketStep:
             # Handshake's answer, never a step's.)
             self.refused = True
             client.refuse_step_socket(error.message)
-        elif self.first and error.code == _FAILED_PRECONDITION and _NOT_OWNED in error.message:
+        elif self.first and error.code == _FAILED_PRECONDITION and NOT_OWNED in error.message:
             # The first step on a connection, and the socket does not know the session: another
             # server's (at the path beside the Unix socket we reached ours at), which checked the
             # session before anything else and stepped nothing. Counting our server lost for it would

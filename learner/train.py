@@ -123,6 +123,15 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _stepping(envs: Any) -> tuple[Any, bool]:
+    """How a rollout steps ``envs``: (``step_groups``, ``overlap``). Pipelining (RemoteVectorEnv with
+    --pipeline-groups > 1, as many groups as servers allow): step_groups sends each group its actions as
+    soon as they are computed; else vector envs that step in the background (RemoteVectorEnv:
+    step_async) do so while the critic runs (``overlap``)."""
+    step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
+    return step_groups, step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
+
+
 def pick_device(spec: str) -> torch.device:
     """``auto``: the first CUDA device when there is one, else the CPU; or exactly what was asked for."""
     if check_device(spec) == "auto":
@@ -1105,11 +1114,7 @@ def train(
         # A resumed run's statistics already include the observations the first reset returns.
         raw_obs = obs_np  # (as the envs gave them: what an error of the policy's is explained by)
         next_obs = prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
-        # Pipelining (RemoteVectorEnv with --pipeline-groups > 1): step_groups sends each group its
-        # actions as soon as they are computed.
-        step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
-        # Vector envs that step in the background (RemoteVectorEnv: step_async) do so while the critic runs.
-        overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
+        step_groups, overlap = _stepping(envs)
         background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
         watch = FleetWatch(
@@ -1231,8 +1236,7 @@ def train(
                             reward_scaler.follow(change)
                         # (the groups follow the servers: one per server at most, so a fleet that started
                         # without some of them pipelines once they join)
-                        step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
-                        overlap = step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
+                        step_groups, overlap = _stepping(envs)
                 # Storage follows the fleet's size, which may change between rollouts.
                 if rollout is None or rollout.num_envs != envs.num_envs:
                     num_envs = envs.num_envs
