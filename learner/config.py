@@ -107,6 +107,10 @@ class Args:
     error naming the envs' errors"""
     give_up_after: float = 60.0
     """fault-tolerant: stop with an error once every env server has been unavailable this many seconds"""
+    hang_timeout: float | None = field(default=None, metadata={"metavar": "S"})
+    """the servers this command starts exit once an env call (a step or a reset) has run this many
+    seconds, and are started again, their envs rejoining (env-server --hang-timeout); 0: never (default:
+    60, or twice --timeout or --reset-timeout where more)"""
     pipeline_groups: int = 1
     """send/recv pipelining: the servers form this many groups, and each group steps while the
     learner computes the next group's actions (1: all servers step together; at most one group per
@@ -215,7 +219,14 @@ class Args:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)}: expected an integer >= 1, got {value}")
-        non_negative = ["step_delay_ms", "checkpoint_every", "checkpoint_seconds", "torch_threads", "seed"]
+        non_negative = [
+            "step_delay_ms",
+            "hang_timeout",
+            "checkpoint_every",
+            "checkpoint_seconds",
+            "torch_threads",
+            "seed",
+        ]
         for name in [*non_negative, "target_kl", "ent_coef"]:
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -275,6 +286,7 @@ class Args:
                 "env_kwargs": {},
                 "step_delay_ms": 0.0,
                 "max_episode_steps": None,
+                "hang_timeout": None,
             }
             for name, unset in {**local_only, "wrappers": "auto"}.items():
                 if getattr(self, name) != unset:

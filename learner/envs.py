@@ -52,6 +52,9 @@ class FleetSpec:
     """Servers that fail cost their own envs only (RemoteVectorEnv(fault_tolerant=True))."""
     give_up_after: float = 60.0
     """Fault-tolerant: stop once every server has been down this long (seconds)."""
+    hang_timeout: float | None = None
+    """Local servers' ``env-server --hang-timeout`` (0: never); None: HANG_TIMEOUT_S, or twice the
+    learner's deadlines where more (an env call the learner would still wait for is not a hang)."""
     tls: bool | str = False
     """False, True (system CA roots) or the path of a CA file (see RemoteVectorEnv)."""
     tls_server_name: str | None = None
@@ -110,8 +113,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 server_args=server_args,
                 transport=spec.transport,
                 auth_token=spec.auth_token,
-                # An env call the learner would still wait for is not a hang (slow resets: --reset-timeout).
-                hang_timeout=max(HANG_TIMEOUT_S, 2 * max(spec.timeout, spec.reset_timeout or 0.0)),
+                hang_timeout=_hang_timeout(spec),
             )
             stack.callback(servers.close)
             addresses = servers.addresses
@@ -154,3 +156,19 @@ def reward_threshold(env: str) -> float | None:
     except Exception:  # not a registered id (an entry point, or an id whose package is not imported)
         return None
     return None if threshold is None else float(threshold)
+
+
+def _hang_timeout(spec: FleetSpec) -> float:
+    """The local servers' --hang-timeout: as given, or one that no env call the learner would still wait
+    for reaches (slow resets: --reset-timeout)."""
+    if spec.hang_timeout is not None:
+        if 0 < spec.hang_timeout < max(spec.timeout, spec.reset_timeout or 0.0):
+            log.warning(
+                "--hang-timeout %g: below the learner's own deadline (--timeout %g, --reset-timeout %s): a server "
+                "whose env call outlasts it exits and restarts where the learner would still have waited",
+                spec.hang_timeout,
+                spec.timeout,
+                "unset" if spec.reset_timeout is None else f"{spec.reset_timeout:g}",
+            )
+        return spec.hang_timeout
+    return max(HANG_TIMEOUT_S, 2 * max(spec.timeout, spec.reset_timeout or 0.0))

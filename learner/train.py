@@ -175,6 +175,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         pipeline_groups=args.pipeline_groups,
         fault_tolerant=args.fault_tolerant,
         give_up_after=args.give_up_after,
+        hang_timeout=args.hang_timeout,
         tls=args.tls_ca or args.tls,
         tls_server_name=args.tls_server_name,
     )
@@ -223,6 +224,7 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
             env_kwargs={},
             step_delay_ms=0.0,
             max_episode_steps=None,
+            hang_timeout=None,
             wrappers="auto",
         )
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):

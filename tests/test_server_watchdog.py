@@ -21,8 +21,10 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, HUNG_EXIT_STATUS
 from learner import RemoteVectorEnv
+from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
+from learner.train import fleet_spec
 from tests.test_readme_claims_server import _server as serve_logged
 
 HANG = "tests.hang_envs:HangLater"
@@ -45,6 +47,20 @@ def _hang_a_step_on_the_loop(address: str) -> tuple[grpc.Channel, grpc.Future]:
     for _ in range(2):
         stub.Step(request, timeout=30)
     return channel, stub.Step.future(request, timeout=120)
+
+
+def _hang_timeouts() -> list[str]:
+    """The --hang-timeout of each env server this process started ("none" where not given)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        ours = "--parent-pid" in argv and argv[argv.index("--parent-pid") + 1] == str(os.getpid())
+        if "env_server" in argv and ours:
+            found.append(argv[argv.index("--hang-timeout") + 1] if "--hang-timeout" in argv else "none")
+    return found
 
 
 def _wait(proc: subprocess.Popen[str], within: float) -> tuple[int, float]:
@@ -170,20 +186,25 @@ def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_
 
 def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_learner_would() -> None:
     """learner train's --timeout/--reset-timeout: a reset the learner would wait 100 s for is no hang."""
-
-    def hang_timeouts() -> list[str]:
-        found = []
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                argv = cmdline.read_bytes().decode().split("\0")
-            except OSError:
-                continue
-            ours = "--parent-pid" in argv and argv[argv.index("--parent-pid") + 1] == str(os.getpid())
-            if "env_server" in argv and ours:
-                found.append(argv[argv.index("--hang-timeout") + 1])
-        return found
-
     for reset_timeout, expected in ((None, "60"), (100.0, "200")):
         spec = FleetSpec(env="CartPole-v1", num_servers=1, envs_per_server=1, reset_timeout=reset_timeout)
         with open_fleet(spec):
-            assert hang_timeouts() == [expected]
+            assert _hang_timeouts() == [expected]
+
+
+def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest.LogCaptureFixture) -> None:
+    """--hang-timeout S as given (a warning where it is below the learner's own deadline); 0: none."""
+    for given, timeout, passed, warned in (
+        (90.0, 10.0, ["90"], False),
+        (5.0, 10.0, ["5"], True),
+        (0.0, 1.0, ["none"], False),
+    ):
+        caplog.clear()
+        args = Args(num_servers=1, envs_per_server=1, hang_timeout=given, timeout=timeout)
+        with open_fleet(fleet_spec(args)):
+            assert _hang_timeouts() == passed
+        assert ("below the learner's own deadline" in caplog.text) == warned, caplog.text
+    with pytest.raises(ValueError, match=r"--hang-timeout: expected a value >= 0, got -1.0"):
+        Args(hang_timeout=-1.0)
+    with pytest.raises(ValueError, match="--hang-timeout: configures the env servers this command starts"):
+        Args(servers="localhost:1", hang_timeout=5.0)
