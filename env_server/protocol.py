@@ -21,6 +21,8 @@ __all__ = [
     "STEP_SOCKET_SUFFIX",
     "bearer_metadata",
     "check_token",
+    "package_version",
+    "runtime_versions",
 ]
 
 # Version of the protocol (the proto package is envfleet.v<PROTOCOL_VERSION>).
@@ -103,3 +105,22 @@ def package_version() -> str:
     if project.get("name") != "envfleet":  # (the package copied into another project)
         return "(not installed)"
     return f"{project.get('version', '?')} (not installed)"
+
+
+_DISTRIBUTIONS = {"grpc": "grpcio", "google.protobuf": "protobuf"}
+"""Modules reported under their distribution's name, where it differs."""
+
+
+def runtime_versions(*modules: str) -> dict[str, str]:
+    """envfleet's and Python's versions, and each of ``modules``' that is loaded (its ``__version__``),
+    keyed by the name it is installed under: what made a run (config.json), what a server runs
+    (EnvSpec.versions)."""
+    import platform
+    import sys
+
+    versions = {"envfleet": package_version(), "python": platform.python_version()}
+    for name in modules:
+        version = getattr(sys.modules.get(name), "__version__", None)
+        if isinstance(version, str):
+            versions[_DISTRIBUTIONS.get(name, name)] = version
+    return versions

@@ -282,7 +282,6 @@ def _check_key_pair(cert: str, key: str) -> None:
 async def serve(
     config: ServerConfig,
     on_ready: Callable[[str], None],
-    on_teardown: Callable[[], None] | None = None,
     *,
     watch_exit: bool = False,
 ) -> int:
@@ -291,8 +290,7 @@ async def serve(
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
     again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
-    with the real port, or ``unix:PATH``) once the server serves its envs; ``on_teardown`` is called
-    when its teardown starts (after the drain, or on a failed start or a stop while building).
+    with the real port, or ``unix:PATH``) once the server serves its envs.
     Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised.
 
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
@@ -314,7 +312,7 @@ async def serve(
         signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
     watchdog.start()
     try:
-        return await _serve(config, on_ready, on_teardown, stop, watchdog)
+        return await _serve(config, on_ready, stop, watchdog)
     finally:
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
@@ -326,7 +324,6 @@ async def serve(
 async def _serve(
     config: ServerConfig,
     on_ready: Callable[[str], None],
-    on_teardown: Callable[[], None] | None,
     stop: asyncio.Event,
     watchdog: _Watchdog,
 ) -> int:
@@ -442,8 +439,6 @@ async def _serve(
     finally:
         # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
         watchdog.teardown_at = time.monotonic()
-        if on_teardown is not None:
-            on_teardown()
         await server.stop(None)
         if step_server is not None:
             step_server.close()

@@ -7,10 +7,8 @@ import contextlib
 import functools
 import logging
 import math
-import platform
 import re
 import secrets
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +34,7 @@ from env_server.protocol import (
     PROTOCOL_VERSION,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
-    package_version,
+    runtime_versions,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -657,17 +655,7 @@ SIMULATORS = ("mujoco", "ale_py", "Box2D", "pybullet", "dm_control")  # (module 
 
 def _versions() -> dict[str, str]:
     """What this server runs (EnvSpec.versions), once its envs are built (and their simulators loaded)."""
-    versions = {
-        "envfleet": package_version(),
-        "python": platform.python_version(),
-        "gymnasium": gym.__version__,
-        "numpy": np.__version__,
-    }
-    for name in SIMULATORS:
-        version = getattr(sys.modules.get(name), "__version__", None)
-        if isinstance(version, str):
-            versions[name] = version
-    return versions
+    return runtime_versions("gymnasium", "numpy", *SIMULATORS)
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor, optim
 
+from env_server.protocol import runtime_versions
 from learner import rundir
 from learner.checkpoint import (
     capture_rng,
@@ -107,20 +108,7 @@ class NothingToLearnError(EnvFleetError):
 
 def _versions() -> dict[str, str]:
     """What made a run (config.json): Python, envfleet and the libraries its results depend on."""
-    import google.protobuf
-    import grpc
-
-    from env_server.protocol import package_version
-
-    return {
-        "python": sys.version.split()[0],
-        "envfleet": package_version(),
-        "torch": torch.__version__,
-        "gymnasium": gym.__version__,
-        "numpy": np.__version__,
-        "grpcio": grpc.__version__,
-        "protobuf": google.protobuf.__version__,
-    }
+    return runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
 
 
 def _stepping(envs: Any) -> tuple[Any, bool]:
