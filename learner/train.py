@@ -936,12 +936,14 @@ def train(
             "server_versions": getattr(envs, "server_versions", {}),
         }
         rundir.write_json(run_dir / rundir.CONFIG, config)
+        not_joined = getattr(envs, "servers_not_joined", [])
         log.info(
-            "PPO (preset %s, %s) on %s, %d envs, device %s, run dir %s",
+            "PPO (preset %s, %s) on %s, %d envs%s, device %s, run dir %s",
             hp.preset,
             config["policy"],
             fleet.describe(),
             envs.num_envs,
+            f" (without {', '.join(not_joined)}: not joined yet)" if not_joined else "",
             device,
             run_dir,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -285,3 +286,19 @@ def test_a_server_that_fails_every_step_ends_the_run_with_nothing_to_learn(
     # A budget of fewer rollouts than that: an error too, not a run done at --total-timesteps.
     with pytest.raises(NothingToLearnError, match=r"^no env gave a transition in (the run's rollout|2 rollouts in a)"):
         train(dataclasses.replace(args, total_timesteps=4, run_dir=str(tmp_path / "short")))
+
+
+def test_a_run_that_starts_without_a_server_says_so_in_its_first_line(
+    serve: Serve, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fault-tolerant start that went on without a listed server (down) names it in the line saying what
+    the run trains on, not only in the warning before it."""
+    caplog.set_level("INFO", logger="learner")
+    a = serve(num_envs=2)[1]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{free.getsockname()[1]}"
+    args = Args(env="CartPole-v1", servers=f"{a},{down}", connect_timeout=1.0, num_steps=8, total_timesteps=16)
+    train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), **QUIET))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("PPO (preset")]
+    assert f"on env servers at {a},{down}, 2 envs (without {down}: not joined yet), device" in line, line
