@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
+import signal
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -271,6 +273,30 @@ def _isolated(
     return make_isolated
 
 
+def _in_worker(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
+    """``factory`` for an async-vectorization worker: the worker first gives up the signal handling it
+    inherits from the server (see :func:`_leave_the_servers_signals`). Not in this process, where
+    gymnasium calls it once too (for the spaces)."""
+    server_pid = os.getpid()
+
+    def make_in_worker() -> gym.Env[Any, Any]:
+        if os.getpid() != server_pid:
+            _leave_the_servers_signals()
+        return factory()
+
+    return make_in_worker
+
+
+def _leave_the_servers_signals() -> None:
+    """In a worker forked from a server, which had taken SIGINT/SIGTERM over: those handlers and the
+    wakeup fd of the server's event loop (shared by the fork) would have a signal sent to the worker
+    alone shut the whole server down. Ctrl-C (SIGINT to the terminal's process group) is left to the
+    server, whose drain closes its workers; SIGTERM ends the worker (its envs then fail, as in a crash)."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _register_optional_envs() -> None:
     # ALE's envs (ALE/Pong-v5, ...) register themselves only once ale_py is imported.
     try:
@@ -436,7 +462,8 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             isolated = _isolated(factory, config.env, repeat_on_reset=same_step)
             if config.vectorization == "async":
                 first.close()
-                vec = WideInfoAsyncVectorEnv([isolated] * config.num_envs, autoreset_mode=mode, copy=copy)
+                workers = [_in_worker(isolated)] * config.num_envs
+                vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy)
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
                     lambda: _guarded(first, config.env, repeat_on_reset=same_step)

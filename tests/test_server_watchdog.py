@@ -208,3 +208,34 @@ def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest
         Args(hang_timeout=-1.0)
     with pytest.raises(ValueError, match="--hang-timeout: configures the env servers this command starts"):
         Args(servers="localhost:1", hang_timeout=5.0)
+
+
+def test_a_signal_sent_to_an_async_worker_alone_leaves_its_server_serving(tmp_path: Path) -> None:
+    """--vectorization async's workers are forked from the server after it took SIGINT/SIGTERM over: a
+    SIGINT to a worker (Ctrl-C reaches the whole process group) is left to the server, which still
+    serves and still stops on its own SIGTERM; a SIGTERM ends that worker only (its envs fail)."""
+    proc, address, log = _server(tmp_path, "--env", "CartPole-v1", "--num-envs", "2", "--vectorization", "async")
+    try:
+        workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        assert len(workers) >= 2, workers  # (the envs' workers; a forkserver's helper too, where one runs)
+        for worker in workers:
+            os.kill(worker, signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None, log.read_text()
+        envs = RemoteVectorEnv(address, timeout=30)
+        envs.reset(seed=0)
+        _, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
+        assert rewards.tolist() == [1.0, 1.0]
+        envs.close()
+        os.kill(workers[0], signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        code, _ = _wait(proc, 30)
+        # (closing the envs finds the worker gone: said, and status 1)
+        assert code == HARD_EXIT_STATUS and "shutting down" in log.read_text(), log.read_text()
+        assert "stopped after 1 steps (the envs' close raised: see above)" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
