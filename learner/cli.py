@@ -300,7 +300,7 @@ def interrupted_line(run_dir: Path, step: int) -> str:
     resume = f"learner train --resume {shlex.quote(str(run_dir))}"
     # (train writes the last update's checkpoint when it stops: missing, that write failed, and said why)
     if not checkpoints:
-        return f"interrupted at step {step:,}; no checkpoint is on disk: it cannot be resumed"
+        return f"interrupted at step {step:,}; no checkpoint is on disk: {resume} starts it over"
     if checkpoints[-1] == checkpoint_path(run_dir, step):
         return f"interrupted at step {step:,} (its last update); continue with: {resume}"
     return (
@@ -317,9 +317,9 @@ def aborted_line(run_dir: str | Path | None) -> str:
     if not Path(run_dir).is_dir():
         return "aborted (before the run dir was made)"
     checkpoints = list_checkpoints(run_dir)
-    if not checkpoints:
-        return f"aborted; no checkpoint is in {run_dir}: it cannot be resumed"
     resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    if not checkpoints:
+        return f"aborted; no checkpoint is in {run_dir}: {resume} starts it over"
     return f"aborted; resuming starts from its last checkpoint, {checkpoints[-1].name}, with: {resume}"
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidResponseError",
     "RemoteEnvError",
     "RemoteTimeoutError",
+    "RunDirWriteError",
     "ServerBusyError",
     "ServerStartError",
     "ServerUnavailableError",
@@ -33,6 +34,11 @@ class InvalidArgumentError(EnvFleetError, ValueError):
     the argument, what was expected and what came (e.g. ``timeout=float("inf")``, reset ``options``
     that cannot be sent, a batch of actions of the wrong shape). An action outside the space is an
     :class:`InvalidRequestError` instead: it names the env and its server."""
+
+
+class RunDirWriteError(EnvFleetError, OSError):
+    """A file of a run's run dir could not be written (a full disk, a read-only mount): the message
+    names the file, why, and the room left where it goes."""
 
 
 class ServerStartError(EnvFleetError):

@@ -7,13 +7,14 @@ learner killed at any moment leaves the previous version intact, never half a fi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import math
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "BEST_CHECKPOINT",
     "CHECKPOINTS",
     "CONFIG",
+    "LOCK",
     "METRICS",
     "PLOT",
     "SUMMARY",
@@ -28,10 +30,12 @@ __all__ = [
     "atomic_write",
     "checkpoint_path",
     "list_checkpoints",
+    "lock",
     "remove_stale_temp_files",
     "read_json",
     "read_jsonl",
     "rewrite_jsonl",
+    "set_aside",
     "write_json",
 ]
 
@@ -77,6 +81,17 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _sync_dir(path.parent)
+
+
+def _sync_dir(folder: Path) -> None:
+    """Flush ``folder``'s entries to disk (the rename just made), so that a power cut keeps it too."""
+    with contextlib.suppress(OSError):  # (file systems that cannot: the rename still happened)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _new_temp_file(path: Path) -> tuple[int, str]:
@@ -168,3 +183,51 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold ``run_dir`` for one learner while the block runs (``flock`` on ``run_dir/.lock``, released
+    by the kernel whatever ends the process); FileExistsError naming the holder's pid where another
+    learner holds it (two writing one run dir lose each other's metrics and checkpoints)."""
+    path = Path(run_dir) / LOCK
+    try:
+        f = open(path, "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as err:
+        raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise FileExistsError(
+                f"run dir {run_dir}: in use by another learner (pid {holder}); wait for it to end, or pass another "
+                "--run-dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+_RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT)
+
+
+def set_aside(run_dir: str | Path) -> Path | None:
+    """Move what a run without a checkpoint left in ``run_dir`` (killed before its first one: it can only
+    start over) into ``run_dir/previous-N/`` (TensorBoard shows it as a run of its own); the folder,
+    or None where there was nothing to move."""
+    run_dir = Path(run_dir)
+    found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
+    found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
+    if not found:
+        return None
+    aside = make_new_dir(run_dir / "previous")
+    for path in found:
+        path.rename(aside / path.name)
+    return aside

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -58,6 +59,7 @@ from learner.errors import (
     InvalidResponseError,
     RemoteEnvError,
     RemoteTimeoutError,
+    RunDirWriteError,
     ServerUnavailableError,
     SessionError,
 )
@@ -434,16 +436,28 @@ def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
 
 
 def _check_fresh(run_dir: Path) -> None:
-    """A run dir a new run can be written to (not made yet: a run that fails to start leaves none)."""
+    """A run dir a new run can be written to (not made yet: a run that fails to start leaves none), or
+    one whose run stopped before its first checkpoint (set aside: see :func:`rundir.set_aside`)."""
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     if not existing.is_dir():
         raise FileExistsError(f"--run-dir: cannot make {run_dir}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--run-dir: cannot make {run_dir}: {existing} is not writable")
-    if rundir.list_checkpoints(run_dir) or (run_dir / rundir.METRICS).exists():
+    if rundir.list_checkpoints(run_dir):  # (one without: stopped before its first, it starts over)
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
         )
+
+
+def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
+    """What a failed write of ``path`` in a run dir raises: the file, why, and the room left there."""
+    lines = str(err).strip().splitlines()
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else lines[0] if lines else type(err).__name__
+    try:
+        room = f"; {shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free there"
+    except OSError:
+        room = ""
+    return RunDirWriteError(f"cannot write {path}: {reason}{room}")
 
 
 def stopped_in_update(saved_step: int | None) -> str:
@@ -452,7 +466,7 @@ def stopped_in_update(saved_step: int | None) -> str:
     if saved_step is None:
         return (
             "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
-            "this run cannot be resumed"
+            "resuming starts this run over"
         )
     return (
         f"stopped during an update: no checkpoint of it written; resuming starts at the last one, step {saved_step:,}"
@@ -496,6 +510,19 @@ def restore(
 ) -> Counters:
     """The run in ``run_dir`` as of ``checkpoint``: its nets, optimizer, normalisers and RNG states loaded,
     its run dir cleared of what came after the checkpoint; returns its counters."""
+    # The nets take normalised observations (the policy) and learned returns at the scaler's scale (the
+    # value): a preset or option that turns either on or off would change what they see.
+    for key, flag, now in (
+        ("obs_rms", "--norm-obs", obs_rms is not None),
+        ("reward_scaler", "--norm-reward", reward_scaler is not None),
+    ):
+        before = checkpoint.get(key) is not None
+        if now != before:
+            raise ValueError(
+                f"{flag}: the run in {run_dir} was trained {'with' if before else 'without'} it; a resumed run keeps "
+                f"its nets, which learned with{'' if before else 'out'} it, so it cannot change (the options given, "
+                f"or their preset, turn it {'on' if now else 'off'}: give {flag if before else '--no-' + flag[2:]})"
+            )
     load_nets(agent, checkpoint["model"], f"--resume {run_dir}")
     optimizer.load_state_dict(checkpoint["optimizer"])
     if obs_rms is not None:
@@ -823,6 +850,16 @@ def train(
     the rollout that steps the changed fleet.
     """
     device = pick_device(args.device)
+    if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
+        # Stopped before its first checkpoint (killed in its first update, a full disk): nothing to go on
+        # from, so it starts over with the options it was started with, where it was.
+        log.warning(
+            "--resume %s: no checkpoint there (the run stopped before its first one): starting it over, with the "
+            "options in its %s",
+            args.resume,
+            rundir.CONFIG,
+        )
+        args = dataclasses.replace(args, resume=None, run_dir=args.resume)
     checkpoint_file = find_checkpoint(args.resume) if args.resume else None
     checkpoint = load_checkpoint(checkpoint_file) if checkpoint_file is not None else None
     given_dir = args.run_dir or args.resume
@@ -839,6 +876,10 @@ def train(
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
+        locked = False
+        if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
+            stack.enter_context(rundir.lock(given_dir))
+            locked = True
         plotted = stack.enter_context(_plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
@@ -866,6 +907,18 @@ def train(
                 run_dir = rundir.make_new_dir(run_dir)
         except OSError as err:
             raise ValueError(f"--run-dir: cannot make {run_dir}: {err.strerror or err}") from None
+        if not locked:
+            stack.enter_context(rundir.lock(run_dir))
+        if checkpoint is None and given_dir:
+            _check_fresh(run_dir)  # (held now: no other learner writes it from here on)
+            aside = rundir.set_aside(run_dir)
+            if aside is not None:
+                log.warning(
+                    "--run-dir %s held a run that stopped before its first checkpoint: its files are moved to %s, "
+                    "and this run starts over",
+                    run_dir,
+                    aside,
+                )
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
             raise ValueError(
@@ -955,7 +1008,7 @@ def train(
             from torch.utils.tensorboard import SummaryWriter
 
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
-            purge_step = counters.global_step if checkpoint is not None else None
+            purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
         metrics_file = stack.enter_context(open(run_dir / rundir.METRICS, "a"))
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -1040,7 +1093,9 @@ def train(
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
-        saved_update, saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
+        # A resumed run's: its checkpoint's. A new run writes its first after its first update, whatever
+        # --checkpoint-seconds says: a run killed before any could only start over.
+        saved_update, saved_at = counters.update, time.monotonic() if checkpoint is not None else -math.inf
 
         def rollout_state() -> dict[str, Any]:
             """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
@@ -1076,7 +1131,10 @@ def train(
             update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
             nonlocal saved_step, saved_update, saved_at
             step = int(state["counters"]["global_step"])
-            path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
+            try:
+                path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
+            except (OSError, RuntimeError) as err:  # (torch's writer says RuntimeError for a full disk)
+                raise cannot_write(rundir.checkpoint_path(run_dir, step), err) from err
             saved_step, saved_update, saved_at = step, int(state["counters"]["update"]), time.monotonic()
             log.info("checkpoint (%s): %s", reason, path)
             return path
@@ -1091,7 +1149,11 @@ def train(
                     counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
                     if args.save_best:
                         state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
-                        path = save_best_checkpoint(run_dir, payload(state))
+                        try:
+                            path = save_best_checkpoint(run_dir, payload(state))
+                        except (OSError, RuntimeError) as err:
+                            best = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+                            raise cannot_write(best, err) from err
                         log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
             state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
 
@@ -1155,7 +1217,10 @@ def train(
             }
             last_record = (now, counters.global_step)
             row = metrics_row(counters.update, timing, result, rollout_info)
-            rundir.append_jsonl(metrics_file, row)
+            try:
+                rundir.append_jsonl(metrics_file, row)
+            except OSError as err:
+                raise cannot_write(run_dir / rundir.METRICS, err) from err
             last_row = row
             if writer is not None:
                 write_tensorboard(writer, row)
@@ -1174,9 +1239,9 @@ def train(
             if update_rng is not None:
                 state["update_rng"] = update_rng.get_state()
             state["counters"]["update"] = counters.update
-            judge_best(state)
             last_update = state
-            updating = False
+            updating = False  # (done: a failure writing best.pt next is no failure in an update)
+            judge_best(state)
             if (
                 args.checkpoint_every
                 and counters.update - saved_update >= args.checkpoint_every
@@ -1503,10 +1568,13 @@ def train(
             try:
                 if state is not None:
                     save(stop_reason or "end", state)
-            except Exception:
+            except Exception as err:
                 if stop_reason is None or not stop_reason.startswith(("error", "interrupted")):
                     raise
-                log.exception("could not write the last checkpoint")
+                if isinstance(err, RunDirWriteError):
+                    log.error("could not write the last checkpoint: %s", err)
+                else:
+                    log.exception("could not write the last checkpoint")
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
             # failure that stopped it included).
             summary = build_summary(
@@ -1518,7 +1586,12 @@ def train(
                 faults=watch.totals(),
                 replicas=watch.replicas,
             )
-            rundir.write_json(run_dir / rundir.SUMMARY, summary)
+            try:
+                rundir.write_json(run_dir / rundir.SUMMARY, summary)
+            except OSError as err:
+                if not propagating:
+                    raise cannot_write(run_dir / rundir.SUMMARY, err) from err
+                log.error("%s", cannot_write(run_dir / rundir.SUMMARY, err))  # (the error that stopped it follows)
             if counters.update > 0:
                 plotted.append(run_dir)
             if update_error is not None and not propagating:

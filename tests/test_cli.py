@@ -136,7 +136,7 @@ def test_resume_refuses_options_that_would_change_the_nets(
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
-    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.name != rundir.LOCK}
     try:  # refused as it parses (exit code 2), or once the envs say what they are (1)
         code = main(["train", "--resume", str(run), "--total-timesteps", "48", *again])
     except SystemExit as exit_info:
@@ -145,7 +145,7 @@ def test_resume_refuses_options_that_would_change_the_nets(
     err = " ".join(capsys.readouterr().err.split())
     assert message.format(run=run) in err, err
     assert "Traceback" not in err
-    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.name != rundir.LOCK} == before  # nothing written
     # Given as it was saved, it is no change.
     assert main(["train", "--resume", str(run), "--total-timesteps", "48", "--run-dir", str(run), "--no-plot"]) == 0
 
@@ -650,11 +650,13 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
     # Two Ctrl-Cs land in an update only by chance: the wording is checked on its own, as the run words it.
     assert stopped_in_update(None) == (
         "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
-        "this run cannot be resumed"
+        "resuming starts this run over"
     )
     assert stopped_in_update(1600).endswith("no checkpoint of it written; resuming starts at the last one, step 1,600")
     run = tmp_path / "run"
-    assert interrupted_line(run, 48) == ("interrupted at step 48; no checkpoint is on disk: it cannot be resumed")
+    assert interrupted_line(run, 48) == (
+        f"interrupted at step 48; no checkpoint is on disk: learner train --resume {run} starts it over"
+    )
     rundir.checkpoint_path(run, 32).parent.mkdir(parents=True)
     rundir.checkpoint_path(run, 32).touch()
     assert interrupted_line(run, 48) == (
@@ -670,7 +672,8 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
     assert aborted_line(None) == "aborted"  # (before a new run's dir was made)
     assert aborted_line(tmp_path / "new") == "aborted (before the run dir was made)"
     (tmp_path / "new").mkdir()
-    assert aborted_line(tmp_path / "new") == f"aborted; no checkpoint is in {tmp_path / 'new'}: it cannot be resumed"
+    new = tmp_path / "new"
+    assert aborted_line(new) == f"aborted; no checkpoint is in {new}: learner train --resume {new} starts it over"
     assert aborted_line(run) == (
         f"aborted; resuming starts from its last checkpoint, step-0000000048.pt, with: learner train --resume {run}"
     )

@@ -176,11 +176,12 @@ def _resumable() -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("seconds", "written"), [(0.0, [16, 32, 48]), (3600.0, [48])])
+@pytest.mark.parametrize(("seconds", "written"), [(0.0, [16, 32, 48]), (3600.0, [16, 48])])
 def test_checkpoints_are_checkpoint_seconds_apart_besides_the_last(
     tmp_path: Path, seconds: float, written: list[int]
 ) -> None:
-    # (The default, 30 s, keeps a fast run from writing a checkpoint every fraction of a second.)
+    # (The default, 30 s, keeps a fast run from writing a checkpoint every fraction of a second. The
+    # first update's is written regardless: a run killed before any could only start over.)
     run = tmp_path / "run"
     train(Args(**{**_resumable(), "checkpoint_seconds": seconds}, checkpoint_every=1, run_dir=str(run)))
     assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{step:010d}.pt" for step in written]
@@ -286,6 +287,69 @@ def test_a_run_dir_that_holds_a_run_is_not_overwritten(tmp_path: Path) -> None:
     train(args)
     with pytest.raises(FileExistsError, match="--resume"):
         train(args)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over_where_it_was(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed in its first update (or --checkpoint-every 0, killed before the end): nothing to resume
+    from. --resume and the same --run-dir both start it over, its files set aside (never mixed in)."""
+    run = tmp_path / "r"
+    args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=8, run_dir=str(run))
+    train(args)
+    stopped = []
+    for again in (lambda: train(resume_args(args.run_dir)), lambda: train(args)):
+        shutil.rmtree(run / rundir.CHECKPOINTS)  # (as if killed before its first checkpoint)
+        stopped.append(rundir.read_jsonl(run / rundir.METRICS))
+        caplog.clear()
+        summary = again()
+        assert summary["total_steps"] == 8 and summary["updates"] == 2
+        assert [r["update"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [1, 2]
+        assert "and this run starts over" in caplog.text, caplog.text
+    assert "--resume" not in caplog.text  # (the second: --run-dir, as a Kubernetes Job's new pod does)
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("previous")) == ["previous", "previous-2"]
+    for aside, rows in zip(("previous", "previous-2"), stopped, strict=True):
+        assert rundir.read_jsonl(run / aside / rundir.METRICS) == rows
+        assert (run / aside / rundir.CONFIG).is_file() and (run / aside / rundir.SUMMARY).is_file()
+
+
+def test_a_run_dir_is_held_by_one_learner_at_a_time(tmp_path: Path) -> None:
+    """Two learners on one run dir (a resume while the run still runs) would lose each other's metrics
+    and checkpoints: the second is refused, naming the holder; the lock goes with its holder."""
+    args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(tmp_path / "r"))
+    train(args)
+    with (
+        rundir.lock(tmp_path / "r"),
+        pytest.raises(
+            FileExistsError, match=rf"run dir {tmp_path / 'r'}: in use by another learner \(pid {os.getpid()}\)"
+        ),
+    ):
+        train(resume_args(args.run_dir, total_timesteps=8))
+    assert train(resume_args(args.run_dir, total_timesteps=8))["total_steps"] == 8
+
+
+def test_a_resumed_run_keeps_what_its_nets_were_trained_on(tmp_path: Path) -> None:
+    """--norm-obs/--norm-reward (or a preset) turning normalisation on or off would feed the nets other
+    observations and returns: refused, naming the option, before anything is written."""
+    args = Args(**_resumable(), run_dir=str(tmp_path / "r"))  # (the mujoco preset: both on)
+    train(args)
+    before = rundir.read_jsonl(tmp_path / "r" / rundir.METRICS)
+    for override, flag in ((dict(norm_obs=False), "--norm-obs"), (dict(preset="classic"), "--norm-obs")):
+        with pytest.raises(ValueError, match=rf"{flag}: the run in .* was trained with it; .* give {flag}\)"):
+            train(resume_args(args.run_dir, total_timesteps=64, **override))
+    with pytest.raises(ValueError, match=r"--norm-reward: the run in .* was trained with it"):
+        train(resume_args(args.run_dir, total_timesteps=64, norm_reward=False))
+    assert rundir.read_jsonl(tmp_path / "r" / rundir.METRICS) == before
+
+
+def test_a_resumed_run_keeps_the_tensorboard_point_of_its_checkpointed_update(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = Args(**{**_resumable(), "tensorboard": True}, run_dir=str(tmp_path / "r"))
+    train(dataclasses.replace(args, total_timesteps=32))
+    train(resume_args(args.run_dir, total_timesteps=48))
+    events = EventAccumulator(str(tmp_path / "r")).Reload()
+    assert [e.step for e in events.Scalars("charts/learning_rate")] == [16, 32, 48]
 
 
 def test_runs_started_in_the_same_second_get_a_run_dir_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -718,3 +782,35 @@ def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_co
     assert [r["episodes_cut"] for r in rows] == [1, 0, 0]
     assert [r["env_steps_lost"] for r in rows] == [1, 0, 0]
     assert summary["episodes_cut"] == 1 and summary["env_steps_lost"] == 1
+
+
+def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint that cannot be written (ENOSPC; torch's own writer raises RuntimeError) ends the run
+    with the file, the reason and the room left, not a traceback; the last whole checkpoint stands."""
+    import errno
+
+    from learner import train as train_module
+    from learner.cli import main
+
+    written = []
+
+    def save_until_full(run_dir: Any, step: int, payload: Any, keep: int = 3) -> Path:
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(step)
+        return original(run_dir, step, payload, keep)
+
+    original = train_module.save_checkpoint
+    monkeypatch.setattr(train_module, "save_checkpoint", save_until_full)
+    run = tmp_path / "r"
+    argv = ["train", "--env", "tests.envs:ClockEnv", "--backend", "gym", "--num-envs", "1", "--num-steps", "4"]
+    argv += ["--total-timesteps", "16", "--checkpoint-seconds", "0", "--run-dir", str(run), "--no-progress"]
+    assert main([*argv, "--no-plot", "--no-tensorboard"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert f"learner train: error: cannot write {run / 'checkpoints' / 'step-0000000008.pt'}: No space left" in err
+    assert " MB free there" in err and "stopped during an update" not in err
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000004.pt"]
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"].startswith("error: RunDirWriteError")
