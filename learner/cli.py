@@ -1041,7 +1041,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     prefer_fast_grpc_core()  # first: before anything imports grpc
-    args, unknown = build_parser().parse_known_args(argv)
+    try:
+        args, unknown = build_parser().parse_known_args(argv)
+    except KeyboardInterrupt:  # (building the parser imports gymnasium: a second or so)
+        print("learner: aborted", file=sys.stderr)
+        return 130
     if unknown:  # said by the command's parser, whose usage names the command
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level)

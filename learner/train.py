@@ -197,6 +197,13 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
                 f"{flag}: the run in {run_dir} was trained with {flag} {_shown(before)}; a resumed run keeps its "
                 f"nets, so {flag} cannot change (got {_shown(wanted)})"
             )
+    if overrides.get("seed", saved.seed) != saved.seed:
+        log.warning(
+            "--seed %d: a resumed run draws from its checkpoint's RNG states (run seed %d), so the new seed changes "
+            "only its envs' reset seeds",
+            overrides["seed"],
+            saved.seed,
+        )
     moved: dict[str, Any] = {}
     servers = overrides.get("servers")
     if servers is not None and not servers.strip(" ,"):

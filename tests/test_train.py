@@ -814,3 +814,13 @@ def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
     assert " MB free there" in err and "stopped during an update" not in err
     assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000004.pt"]
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"].startswith("error: RunDirWriteError")
+
+
+def test_a_new_seed_on_resume_is_said_to_change_only_the_envs_reset_seeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    train(Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(tmp_path / "r")))
+    resume_args(tmp_path / "r", seed=1, total_timesteps=8)
+    assert "--seed" not in caplog.text  # (the run's own)
+    assert resume_args(tmp_path / "r", seed=7).seed == 7
+    assert "--seed 7: a resumed run draws from its checkpoint's RNG states (run seed 1)" in caplog.text
