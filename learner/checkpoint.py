@@ -6,7 +6,7 @@ loads with ``weights_only=True``: loading one never runs code from the file.
 
 from __future__ import annotations
 
-import pickle
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,10 @@ from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, atomic_write, checkpoin
 
 __all__ = [
     "capture_rng",
+    "UnreadableCheckpointError",
     "find_checkpoint",
     "load_checkpoint",
+    "load_latest_readable",
     "load_nets",
     "restore_rng",
     "save_best_checkpoint",
@@ -27,6 +29,8 @@ __all__ = [
 ]
 
 FORMAT = 1
+
+log = logging.getLogger(__name__)
 
 
 def load_nets(net: torch.nn.Module, state: dict[str, Any], what: str) -> None:
@@ -87,8 +91,10 @@ def save_best_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or a run dir's latest checkpoint."""
+def find_checkpoint(path: str | Path, *, checkpoints_folder: bool = False) -> Path:
+    """A checkpoint file as given, or a run dir's latest checkpoint; with ``checkpoints_folder``, also a
+    run's ``checkpoints/`` folder itself (its latest ``step-*.pt``), where eval may be pointed at it.
+    Off by default because ``--resume`` goes on writing in the folder it is given, which must be the run dir."""
     path = Path(path)
     if path.is_file():
         return path
@@ -96,7 +102,19 @@ def find_checkpoint(path: str | Path) -> Path:
         found = list_checkpoints(path)
         if found:
             return found[-1]
-        raise FileNotFoundError(f"{path}: expected a run dir with checkpoints/step-*.pt, found none")
+        # (resolved: "." inside checkpoints/ has no name of its own)
+        if checkpoints_folder and path.resolve().name == CHECKPOINTS:
+            found = list_checkpoints(path.resolve().parent)
+            if found:
+                return path / found[-1].name
+        what = "a run dir with checkpoints/step-*.pt" + (" (or that checkpoints folder)" if checkpoints_folder else "")
+        hint = ""
+        if checkpoints_folder:  # (not for --resume, which takes a run dir only)
+            best = next(
+                (p for p in (path / BEST_CHECKPOINT, path / CHECKPOINTS / BEST_CHECKPOINT) if p.is_file()), None
+            )
+            hint = f"; {best} is there: pass that file to evaluate it" if best is not None else ""
+        raise FileNotFoundError(f"{path}: expected {what}, found none{hint}")
     raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there")
 
 
@@ -111,16 +129,74 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
+class UnreadableCheckpointError(ValueError):
+    """A checkpoint file torch cannot read: empty, truncated, corrupt, or not a torch file at all (an
+    envfleet checkpoint of another format is a plain ValueError: an older checkpoint would not help)."""
+
+
+# torch.save writes a zip archive (since torch 1.6): a file that starts as one and does not load was cut
+# short or damaged (a disk that filled up, a copy interrupted).
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _unreadable(file: Path, err: BaseException) -> str:
+    """Why torch cannot read ``file``, in the user's terms: torch's own error for a damaged archive is an
+    internal one (``OSError: [Errno 22] Invalid argument``, a miniz message, the unpickler's KeyError)."""
+    if isinstance(err, PermissionError | IsADirectoryError):
+        return f"cannot read it: {err.strerror or err}"
+    try:
+        with open(file, "rb") as f:
+            head = f.read(8)
+    except OSError as read_err:
+        return f"cannot read it: {read_err.strerror or read_err}"
+    if not head:
+        return "the file is empty (a write cut short before its first byte)"
+    if not head.startswith(_ZIP_MAGIC):
+        return f"it is not a checkpoint torch can read (torch.save writes a zip archive; this file starts {head!r})"
+    if "weights_only" in str(err) or "Weights only" in str(err):  # a whole torch file, of more than weights
+        return f"torch cannot read it ({_reason(err)})"
+    detail = _reason(err).split(". ")[0]  # (miniz's messages go on with advice for torch's developers)
+    return f"the file is truncated or corrupt: not a checkpoint torch can read ({detail})"
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device)."""
+    """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device).
+
+    UnreadableCheckpointError (a ValueError naming the file) where torch cannot read the file: a damaged
+    one fails anywhere in torch's reader or its unpickler, with errors of any type (KeyError, OSError,
+    RuntimeError, EOFError, ...), none of which says to the user what is wrong."""
     file = find_checkpoint(path)
     try:
         payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
-        raise ValueError(
-            f"{file}: expected an envfleet checkpoint, but torch cannot read it ({_reason(err)})"
+    except Exception as err:
+        raise UnreadableCheckpointError(
+            f"{file}: expected an envfleet checkpoint, but {_unreadable(file, err)}"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
     return payload
+
+
+def load_latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], list[tuple[Path, str]]]:
+    """A run dir's latest checkpoint that torch can read: its path, its contents, and the newer ones
+    skipped, each with why (oldest first), for ``--resume`` to go on from the last good one where the
+    newest was damaged (atomic writes rule out a half-written one, not a disk or a copy that loses data).
+
+    The caller should set the skipped files aside before it saves again: they keep the highest step
+    numbers, so ``save_checkpoint`` would prune the good checkpoints before them. A checkpoint of another
+    format is raised, not skipped (its older ones are of that format too), as is the last one's error
+    when none can be read."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise FileNotFoundError(f"{run_dir}: expected a run dir with checkpoints/step-*.pt, found none")
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        try:
+            return path, load_checkpoint(path), skipped[::-1]
+        except UnreadableCheckpointError as err:
+            if path == found[0]:
+                raise
+            log.warning("%s; trying the checkpoint before it", err)
+            skipped.append((path, str(err)))
+    raise AssertionError("unreachable")

@@ -54,11 +54,13 @@ def evaluate(
     wrappers: str | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file or a run dir).
+    """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file, a run dir or
+    its ``checkpoints`` folder: the latest ``step-*.pt``).
 
     The envs are the run's (its env id, kwargs and wrappers): ``num_envs`` of them on one local env
-    server, on the ``servers`` given, or in process (``backend="gym"``). ``env_kwargs`` (a dict) and
-    ``wrappers`` (env-server wrapper names, comma-separated; ``auto``: atari for ALE ids) replace the
+    server, on the ``servers`` given (which must serve the run's env id, as training requires), or in
+    process (``backend="gym"``). ``env_kwargs`` (a dict) and ``wrappers`` (env-server wrapper names,
+    comma-separated; ``auto``: atari for ALE ids) replace the
     run's for the envs made here (not the ``servers``', which have their own). A run trained on running
     servers never knew theirs (its own are empty), so envs made here for it get a warning unless
     ``env_kwargs`` are given; wrappers need none: each changes the observation or action space (when
@@ -88,7 +90,7 @@ def evaluate(
     video_path = None if video is None else video_.check_path(video)  # (a bad path fails before any episode)
     video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
-    path = find_checkpoint(checkpoint)
+    path = find_checkpoint(checkpoint, checkpoints_folder=True)
     state = load_checkpoint(path)
     run_args = Args.from_json(state["args"])
     if run_args.env is None and servers is None:  # train records the env it trained on
@@ -123,6 +125,8 @@ def evaluate(
     torch.manual_seed(seed)
     try:
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
+            if servers is not None:
+                _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
             obs_space, action_space = envs.single_observation_space, envs.single_action_space
             if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
                 trained_on = f" ({run_args.env})" if run_args.env else ""
@@ -268,6 +272,17 @@ def _warn_unknown_env_kwargs(run_args: Args, kwargs: dict[str, Any]) -> None:
         run_args.servers,
         json.dumps(kwargs),
     )
+
+
+def _check_servers_env(trained_on: str | None, served: str, servers: str) -> None:
+    """Refuse servers of another env than the run's, as ``learner train`` refuses them for a run it resumes
+    (the same policy: their ids must be equal): equal spaces do not make the same task (CartPole-v0 and
+    -v1 differ only in their time limit and threshold), and the return would be reported under the run's env."""
+    if trained_on is not None and served and served != trained_on:
+        raise ValueError(
+            f"--servers: the checkpoint's policy was trained on {trained_on}, but the servers at {servers} serve "
+            f"{served}; evaluate it on servers of {trained_on}"
+        )
 
 
 def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:

@@ -14,13 +14,14 @@ __all__ = ["plot_runs"]
 log = logging.getLogger(__name__)
 
 
-def _load(run: Path) -> tuple[Path, list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]]:
-    """A run dir's metrics rows with a mean return, its summary (None before the run ends) and its config."""
+def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] | None, dict[str, Any]]:
+    """A run dir's metrics rows with a mean return (None without a metrics file), its summary (None
+    before the run ends) and its config."""
     if not run.exists():
         raise FileNotFoundError(f"{run}: no such run dir")
     metrics = run / rundir.METRICS
     if not metrics.is_file():
-        raise FileNotFoundError(f"{run}: expected a run dir with {rundir.METRICS}, found none")
+        return run, None, None, {}
     rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
     summary = rundir.read_json(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
     config = rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else {}
@@ -46,6 +47,8 @@ def plot_runs(
     output: str | Path,
     title: str | None = None,
     groups: Sequence[str] | None = None,
+    *,
+    output_name: str = "-o/--output",
 ) -> Path:
     """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds.
 
@@ -53,16 +56,36 @@ def plot_runs(
     the seeds of one configuration. A run's "solved" bar (its config's ``solved_threshold``) is a dashed
     line labelled with the envs it belongs to; runs of different envs have their env in their legend
     entry, and the default title says they differ.
+
+    A folder in ``runs`` without a metrics file, or a run with no mean return yet, is left out with a
+    warning while another run can be plotted (FileNotFoundError or ValueError when none can). The file
+    is written atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it
+    cannot be. Returns the path written (with ``.png`` added to a name without a suffix).
     """
     loaded = [_load(Path(run)) for run in runs]
-    empty = {run for run, rows, summary, _ in loaded if not rows and (summary or {}).get("final_return_mean") is None}
-    if len(empty) == len(loaded):
-        raise ValueError(
-            f"nothing to plot: no mean return in {', '.join(map(str, runs))} (a run's {rundir.METRICS} has one per "
-            "update once an episode has ended)"
-        )
+    # Left out, with a warning, while another run can be plotted (`learner plot runs/*` may take in a
+    # folder that is no run, or a run killed before its first update): no metrics file, or no mean return.
+    missing = [run for run, rows, *_ in loaded if rows is None]
+    empty = {
+        run
+        for run, rows, summary, _ in loaded
+        if rows is not None and not rows and (summary or {}).get("final_return_mean") is None
+    }
+    if len(missing) + len(empty) == len(loaded):
+        if len(loaded) == 1 and missing:
+            raise FileNotFoundError(f"{missing[0]}: expected a run dir with {rundir.METRICS}, found none")
+        parts = [f"no {rundir.METRICS} in {', '.join(map(str, missing))}"] if missing else []
+        if empty:
+            listed = ", ".join(str(run) for run, *_ in loaded if run in empty)
+            parts.append(
+                f"no mean return in {listed} (a run's {rundir.METRICS} has one per update once an episode has ended)"
+            )
+        raise ValueError(f"nothing to plot: {'; '.join(parts)}")
+    for run in missing:
+        log.warning("%s: expected a run dir with %s, found none; left out of the plot", run, rundir.METRICS)
     for run in (run for run, *_ in loaded if run in empty):
         log.warning("%s: no mean return yet, left out of the plot", run)
+    empty.update(missing)
 
     import matplotlib
 
@@ -83,7 +106,7 @@ def plot_runs(
     solved_any = False
     for i, (run, rows, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
-        if run in empty:
+        if run in empty or rows is None:
             continue
         env = _env(config) if mixed else None
         steps = [r["global_step"] for r in rows]
@@ -94,14 +117,17 @@ def plot_runs(
             steps.append(summary["total_steps"])
             seconds.append(summary["seconds"])
             returns.append(summary["final_return_mean"])
+        # A line needs two points: a run with one (its first update, or a summary alone) gets a dot.
+        marker = "o" if len(steps) == 1 else None
         if group is None:
-            (line,) = by_steps.plot(steps, returns, label=_label(run, summary, env))
+            (line,) = by_steps.plot(steps, returns, label=_label(run, summary, env), marker=marker)
         elif group in colours:
-            (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1)
+            (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
         else:
-            (line,) = by_steps.plot(steps, returns, label=group if env is None else f"{group} [{env}]", linewidth=1)
+            label = group if env is None else f"{group} [{env}]"
+            (line,) = by_steps.plot(steps, returns, label=label, linewidth=1, marker=marker)
             colours[group] = line.get_color()
-        by_time.plot(seconds, returns, color=line.get_color(), linewidth=line.get_linewidth())
+        by_time.plot(seconds, returns, color=line.get_color(), linewidth=line.get_linewidth(), marker=marker)
         if summary and summary.get("solved_at_step") is not None:
             solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
@@ -134,7 +160,15 @@ def plot_runs(
     fig.suptitle(title or default_title or "returns")
     fig.tight_layout(rect=(0, legend_height, 1, 1))
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
+    if not output.suffix:  # (as matplotlib does for a name without one, and so the path returned is the file's)
+        output = output.with_name(f"{output.name}.png")
+    try:
+        # Atomically: a full disk or a killed process leaves the previous plot, never a 0-byte or half PNG.
+        rundir.atomic_write(output, lambda f: fig.savefig(f, format=output.suffix[1:].lower(), dpi=100))
+    except OSError as err:
+        raise ValueError(
+            f"{output_name}: expected a path where the plot can be written, got {output} ({err.strerror or err})"
+        ) from None
+    finally:
+        plt.close(fig)
     return output

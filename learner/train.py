@@ -46,6 +46,7 @@ from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
     load_checkpoint,
+    load_latest_readable,
     load_nets,
     restore_rng,
     save_best_checkpoint,
@@ -383,8 +384,8 @@ def _plot(run_dir: Path) -> None:
     from learner.plot import plot_runs
 
     try:
-        plot_runs([run_dir], run_dir / rundir.PLOT)
-    except ValueError as err:  # no episode ended yet
+        plot_runs([run_dir], run_dir / rundir.PLOT, output_name=f"the run's {rundir.PLOT}")
+    except ValueError as err:  # no episode ended yet, a full disk
         log.warning("no plot written: %s", err)
 
 
@@ -867,8 +868,14 @@ def train(
             rundir.CONFIG,
         )
         args = dataclasses.replace(args, resume=None, run_dir=args.resume)
-    checkpoint_file = find_checkpoint(args.resume) if args.resume else None
-    checkpoint = load_checkpoint(checkpoint_file) if checkpoint_file is not None else None
+    checkpoint_file: Path | None = None
+    checkpoint: dict[str, Any] | None = None
+    unreadable: list[tuple[Path, str]] = []  # newer checkpoints torch cannot read (a damaged disk or copy)
+    if args.resume and Path(args.resume).is_dir():
+        checkpoint_file, checkpoint, unreadable = load_latest_readable(args.resume)
+    elif args.resume:
+        checkpoint_file = find_checkpoint(args.resume)
+        checkpoint = load_checkpoint(checkpoint_file)
     given_dir = args.run_dir or args.resume
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
@@ -887,6 +894,9 @@ def train(
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
             locked = True
+            for path, _ in unreadable:  # (their step numbers are the highest: pruning would keep them)
+                path.rename(path.with_name(f"{path.name}.unreadable"))
+                log.warning("%s set aside as %s.unreadable", path, path.name)
         plotted = stack.enter_context(_plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.

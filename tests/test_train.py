@@ -824,3 +824,20 @@ def test_a_new_seed_on_resume_is_said_to_change_only_the_envs_reset_seeds(
     assert "--seed" not in caplog.text  # (the run's own)
     assert resume_args(tmp_path / "r", seed=7).seed == 7
     assert "--seed 7: a resumed run draws from its checkpoint's RNG states (run seed 1)" in caplog.text
+
+
+def test_a_resume_goes_on_from_the_last_readable_checkpoint_setting_damaged_newer_ones_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Atomic writes rule out half a checkpoint, not a damaged disk or copy: the newest one torch cannot
+    read is warned of and renamed *.unreadable (its step number would outlive the good ones' pruning)."""
+    run = tmp_path / "r"
+    train(Args(**{**_resumable(), "total_timesteps": 32}, checkpoint_every=1, run_dir=str(run)))
+    newest = rundir.list_checkpoints(run)[-1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    summary = train(resume_args(run, total_timesteps=48))
+    assert summary["total_steps"] == 48
+    assert "the file is truncated or corrupt" in caplog.text and "trying the checkpoint before it" in caplog.text
+    assert newest.with_name(f"{newest.name}.unreadable").is_file()
+    assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{s:010d}.pt" for s in (16, 32, 48)]
+    assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]

@@ -1,0 +1,234 @@
+"""``learner eval`` on servers of another env, damaged checkpoints and a run's checkpoints folder, and
+``learner plot`` of one-point runs, folders that are no runs and an output it cannot write."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import matplotlib.figure
+import pytest
+import torch
+
+from learner import rundir
+from learner.checkpoint import UnreadableCheckpointError, find_checkpoint, load_checkpoint, load_latest_readable
+from learner.cli import main
+from tests.conftest import StartServers
+
+QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CartPole-v1 run of 4 updates, each checkpointed: 3 checkpoints kept (in-process envs: a second)."""
+    run = tmp_path_factory.mktemp("runs") / "cartpole"
+    steps = ["--num-envs", "1", "--num-steps", "8", "--total-timesteps", "32", "--checkpoint-seconds", "0"]
+    argv = ["train", "--env", "CartPole-v1", "--backend", "gym", *steps, "--run-dir", str(run), *QUIET]
+    assert main(argv) == 0
+    assert len(rundir.list_checkpoints(run)) == 3
+    return run
+
+
+def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["eval", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- servers of another env ---------------------------------------------------------------------------------
+
+
+def test_eval_refuses_servers_of_another_env_with_the_same_spaces_as_training_does(
+    cartpole_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CartPole-v0 has v1's spaces (only its time limit and threshold differ): its return is no sample of
+    the policy on CartPole-v1, and was printed as one."""
+    (v0,) = start_servers("CartPole-v0", 1, 2)
+    code, out, err = _eval(capsys, str(cartpole_run), "--episodes", "2", "--servers", v0)
+    assert code == 1 and not out, out
+    assert err.rstrip().endswith(
+        f"learner eval: error: --servers: the checkpoint's policy was trained on CartPole-v1, but the servers at {v0} "
+        "serve CartPole-v0; evaluate it on servers of CartPole-v1"
+    ), err
+    (v1,) = start_servers("CartPole-v1", 1, 2)
+    code, out, err = _eval(capsys, str(cartpole_run), "--episodes", "2", "--servers", v1, "--json")
+    assert code == 0, err
+    assert json.loads(out)["episodes"] == 2
+
+
+# -- damaged checkpoints, the checkpoints folder ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            "hello",
+            "it is not a checkpoint torch can read (torch.save writes a zip archive; this file starts b'hello\\n')",
+        ),
+        ("empty", "the file is empty"),
+        # (torch's own errors: RuntimeError: PytorchStreamReader failed ..., OSError: [Errno 22] Invalid argument)
+        ("first-half", "the file is truncated or corrupt: not a checkpoint torch can read (RuntimeError: "),
+        ("small-end-cut", "the file is truncated or corrupt: not a checkpoint torch can read (OSError: "),
+    ],
+)
+def test_eval_of_a_damaged_checkpoint_names_the_file_and_says_what_is_wrong(
+    damage: str, message: str, cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "x.pt"
+    if damage == "small-end-cut":
+        torch.save({"format": 1, "model": {"weight": torch.zeros(1000)}}, path)
+        path.write_bytes(path.read_bytes()[:-20])
+    else:
+        good = rundir.list_checkpoints(cartpole_run)[-1].read_bytes()
+        path.write_bytes({"hello": b"hello\n", "empty": b"", "first-half": good[: len(good) // 2]}[damage])
+    code, _, err = _eval(capsys, str(path), "--episodes", "1", "--backend", "gym")
+    assert code == 1
+    assert f"learner eval: error: {path}: expected an envfleet checkpoint, but {message}" in err, err
+    assert "Traceback" not in err and "KeyError" not in err
+
+
+def test_eval_takes_a_runs_checkpoints_folder_as_its_latest_checkpoint_but_resume_does_not(
+    cartpole_run: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    latest = rundir.list_checkpoints(cartpole_run)[-1]
+    folder = cartpole_run / rundir.CHECKPOINTS
+    code, out, err = _eval(capsys, str(folder), "--episodes", "1", "--backend", "gym", "--json")
+    assert code == 0, err
+    assert json.loads(out)["checkpoint"] == str(latest)
+    monkeypatch.chdir(folder)  # (".": a folder without a name of its own)
+    assert find_checkpoint(".", checkpoints_folder=True) == Path(latest.name)
+    # --resume goes on in the folder it is given: only a run dir will do, as before.
+    with pytest.raises(FileNotFoundError, match=r"checkpoints: expected a run dir with checkpoints/step-\*\.pt, found"):
+        find_checkpoint(folder)
+    # A folder with best.pt only: that file is named.
+    (folder.parent.parent / "best-only" / rundir.CHECKPOINTS).mkdir(parents=True)
+    best_only = folder.parent.parent / "best-only" / rundir.CHECKPOINTS
+    (best_only / rundir.BEST_CHECKPOINT).write_bytes(latest.read_bytes())
+    code, _, err = _eval(capsys, str(best_only), "--episodes", "1", "--backend", "gym")
+    assert code == 1
+    assert err.rstrip().endswith(
+        f"{best_only}: expected a run dir with checkpoints/step-*.pt (or that checkpoints folder), found none; "
+        f"{best_only / rundir.BEST_CHECKPOINT} is there: pass that file to evaluate it"
+    ), err
+
+
+def test_load_latest_readable_goes_back_past_damaged_checkpoints(
+    cartpole_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    (run / rundir.CHECKPOINTS).mkdir(parents=True)
+    oldest, middle, newest = (run / rundir.CHECKPOINTS / p.name for p in rundir.list_checkpoints(cartpole_run))
+    for original, copy in zip(rundir.list_checkpoints(cartpole_run), (oldest, middle, newest), strict=True):
+        copy.write_bytes(original.read_bytes())
+    newest.write_bytes(newest.read_bytes()[:-20])
+    path, payload, skipped = load_latest_readable(run)
+    assert path == middle and payload["format"] == load_checkpoint(middle)["format"]
+    assert [p for p, _ in skipped] == [newest] and "truncated or corrupt" in skipped[0][1]
+    assert f"{newest}: expected an envfleet checkpoint, but the file is truncated" in caplog.text
+    # None readable: the oldest's error.
+    for p in (oldest, middle):
+        p.write_bytes(b"")
+    with pytest.raises(UnreadableCheckpointError, match=f"{oldest}: .* the file is empty"):
+        load_latest_readable(run)
+
+
+# -- learner plot -------------------------------------------------------------------------------------------
+
+
+def _run(folder: Path, returns: list[float]) -> Path:
+    folder.mkdir(parents=True)
+    rows = [
+        {"update": i, "global_step": 16 * i, "seconds": 0.1 * i, "episodic_return_mean": r}
+        for i, r in enumerate(returns, 1)
+    ]
+    rundir.rewrite_jsonl(folder / rundir.METRICS, rows)
+    return folder
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list[matplotlib.figure.Figure]:
+    """The figures ``learner plot`` saves (still written, to the file it names)."""
+    saved: list[matplotlib.figure.Figure] = []
+    savefig = matplotlib.figure.Figure.savefig
+
+    def save(fig: matplotlib.figure.Figure, *args: Any, **kwargs: Any) -> None:
+        saved.append(fig)
+        savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", save)
+    return saved
+
+
+def test_plot_draws_a_run_of_one_point_as_a_dot(tmp_path: Path, figures: list[matplotlib.figure.Figure]) -> None:
+    one, many = _run(tmp_path / "one", [3.0]), _run(tmp_path / "many", [1.0, 2.0])
+    out = tmp_path / "plot.png"
+    assert main(["plot", str(one), str(many), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    by_steps, by_time = figures.pop().axes
+    for ax in (by_steps, by_time):
+        markers = [(len(line.get_xdata()), line.get_marker()) for line in ax.get_lines()]
+        assert markers == [(1, "o"), (2, "None")], markers
+
+
+def test_plot_leaves_out_a_folder_without_metrics_while_another_run_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="learner.plot")
+    a, b = _run(tmp_path / "a", [1.0, 2.0]), _run(tmp_path / "b", [2.0, 3.0])
+    z = tmp_path / "z"
+    z.mkdir()
+    out = tmp_path / "plot.png"
+    assert main(["plot", str(a), str(b), str(z), "-o", str(out)]) == 0
+    assert out.is_file()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{z}: expected a run dir with metrics.jsonl, found none; left out of the plot"
+    ]
+    # Nothing else to plot: an error naming each, and no file.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / rundir.METRICS).write_text("")
+    capsys.readouterr()
+    assert main(["plot", str(z), str(empty), "-o", str(tmp_path / "none.png")]) == 1
+    assert (
+        f"learner plot: error: nothing to plot: no metrics.jsonl in {z}; no mean return in {empty} (a run's "
+        "metrics.jsonl has one per update once an episode has ended)"
+    ) in capsys.readouterr().err
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_to_a_path_it_cannot_write_names_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "a", [1.0, 2.0])
+    capsys.readouterr()
+    assert main(["plot", str(run), "-o", "/proc/x.png"]) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "learner plot: error: -o/--output: expected a path where the plot can be written, got /proc/x.png "
+        "(No such file or directory)"
+    ), err
+
+
+def test_plot_that_fails_mid_write_leaves_the_previous_png(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path / "a", [1.0, 2.0])
+    out = tmp_path / "plot.png"
+    assert main(["plot", str(run), "-o", str(out)]) == 0
+    before = out.read_bytes()
+
+    def full_disk(fig: matplotlib.figure.Figure, f: Any, *args: Any, **kwargs: Any) -> None:
+        f.write(b"\x89PNG")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    capsys.readouterr()
+    assert main(["plot", str(run), "-o", str(out)]) == 1
+    assert f"-o/--output: expected a path where the plot can be written, got {out} (No space left on device)" in (
+        capsys.readouterr().err
+    )
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "plot.png"]  # (no temporary file left)
