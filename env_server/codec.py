@@ -197,6 +197,9 @@ def encode_value(obj: Any, out: pb.Value, where: str = "value", *, unsendable: U
     infos: an env may put anything there, and one value must not cost the step); without it, such a
     part raises CodecError. Bounds exceeded raise either way.
     """
+    if unsendable is None and type(obj) is np.ndarray and obj.dtype.kind not in "OU":  # (the hot path: obs, actions)
+        encode_tensor(obj, out.tensor, where)  # (no budget to charge; its dtype is checked before it is written)
+        return out
     return _encode_value(obj, out, where, _Budget(), unsendable)
 
 
@@ -312,6 +315,8 @@ def decode_value(value: pb.Value, where: str = "value", *, writeable: bool = Fal
     memory than it may (see MAX_STRING_ARRAY_BYTES and MAX_VALUE_NODES), never MemoryError.
     """
     try:
+        if value.WhichOneof("kind") == "tensor":  # (the hot path: observations, actions; nothing to charge)
+            return decode_tensor(value.tensor, where, writeable=writeable)
         return _decode_value(value, where, _Budget(), writeable)
     except MemoryError as err:
         message = f"{where}: too large to decode (MemoryError: {err})"

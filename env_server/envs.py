@@ -424,6 +424,8 @@ class _WideInfos(gym.vector.VectorEnv):
     cast to the first env's (see :func:`_widen_infos`): mixed in before gymnasium's vector env."""
 
     def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        if not env_info:  # (most steps of most envs: nothing to add, as gymnasium's adds nothing)
+            return vector_infos
         _widen_infos(vector_infos, env_info)
         return super()._add_info(vector_infos, env_info, env_num)
 

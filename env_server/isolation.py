@@ -155,7 +155,8 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
-            _check_info(info)
+            if info:
+                _check_info(info)
         except _CAUGHT as err:
             self.errors += 1
             message = _describe("step", err)

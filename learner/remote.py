@@ -1278,17 +1278,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 lost.append((i, err))
             else:
                 errors.append(err)
-        self._lose_all(lost, truncate=True)
-        self._raise_first(errors)
+        if lost:
+            self._lose_all(lost, truncate=True)
+        if errors:
+            self._raise_first(errors)
 
         unavailable = np.zeros(count, dtype=np.bool_)
         rejoined: set[int] = set()
         cut: list[InfoPart] = []  # placeholder infos of envs cut short (servers already down): never misfits
-        for i in servers:
+        replicas = self._replicas
+        down = [i for i in servers if replicas[i].state is not ReplicaState.UP]  # (their answers are not in out)
+        for i in down:
             client, replica = self._clients[i], self._replicas[i]
             start, k = client.env_offset - base, client.num_envs
-            if replica.state is ReplicaState.UP:
-                continue  # (its answer is in out)
             unavailable[start : start + k] = True
             if replica.truncate_next:
                 # Lost during this step (or the reset before it): the envs' episodes end here,
@@ -1337,7 +1339,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for i, server_obs in out.obs.items():
             write_batch(self._obs_buffer, server_obs, self._clients[i].env_offset)
         obs = self._obs_buffer if count == self.num_envs else slice_batch(self._obs_buffer, base, base + count)
-        self._flag_unavailable(infos, unavailable)
+        self._flag_unavailable(infos, unavailable, any_unavailable=bool(down or misfits))
         back = [i for i in rejoined if i in out.obs]  # (not lost again on this step)
         if back:  # the step their servers' envs hand over new episodes' first observations
             mask = np.zeros(count, dtype=np.bool_)
@@ -1484,15 +1486,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         try:
             obs = codec.decode_value(response.observations, "observations")
             check_batch(self._obs_buffer, obs, k)
-            for name, into in (
-                ("rewards", out.rewards),
-                ("terminations", out.terminations),
-                ("truncations", out.truncations),
-            ):
-                values = codec.decode_tensor(getattr(response, name), name)
-                if values.shape != (k,):
-                    raise ValueError(f"{name}: expected shape ({k},) ({k} envs), got {values.shape}")
-                into[start : start + k] = values
+            rewards = codec.decode_tensor(response.rewards, "rewards")
+            terminations = codec.decode_tensor(response.terminations, "terminations")
+            truncations = codec.decode_tensor(response.truncations, "truncations")
+            if not rewards.shape == terminations.shape == truncations.shape == (k,):
+                for name, values in (
+                    ("rewards", rewards),
+                    ("terminations", terminations),
+                    ("truncations", truncations),
+                ):
+                    if values.shape != (k,):
+                        raise ValueError(f"{name}: expected shape ({k},) ({k} envs), got {values.shape}")
+            out.rewards[start : start + k] = rewards
+            out.terminations[start : start + k] = terminations
+            out.truncations[start : start + k] = truncations
             infos = _infos(response)
         except Exception as err:
             out.rewards[start : start + k], out.terminations[start : start + k] = 0.0, False
@@ -1709,14 +1716,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # final_info as gymnasium lays it out: the envs' final infos joined key by key (none here: {}).
         return {"final_obs": final_obs, "_final_obs": cut, "final_info": {}, "_final_info": cut.copy()}
 
-    def _flag_unavailable(self, infos: dict[str, Any], unavailable: np.ndarray, *, steps: bool = True) -> None:
+    def _flag_unavailable(
+        self, infos: dict[str, Any], unavailable: np.ndarray, *, steps: bool = True, any_unavailable: bool = True
+    ) -> None:
         """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition;
         ``steps``: the infos are a step's, whose unavailable envs count as env steps lost (a reset's are
-        no env steps: fault_stats() counts env steps)."""
+        no env steps: fault_stats() counts env steps); ``any_unavailable`` False: the caller knows that
+        ``unavailable`` is all False (every server answered), so only env errors can add any."""
         errors = infos.get("_env_error")
         if errors is not None:
             self._env_error_steps += int(np.count_nonzero(errors))
             unavailable = unavailable | errors
+        elif not any_unavailable:  # (the caller knows that no env is: the common step)
+            return
         if unavailable.any():
             if steps:
                 self._env_steps_lost += int(np.count_nonzero(unavailable))
