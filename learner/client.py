@@ -302,6 +302,16 @@ class EnvClient:
                 address=self.address,
                 code=grpc.StatusCode.UNIMPLEMENTED,
             )
+        if unimplemented and method == "Step":
+            # It served Handshake and Reset, so it is an envfleet server: one older than StepStream (the
+            # first versions' servers stepped by unary calls). Every step of it would fail alike.
+            return RemoteEnvError(
+                f"env server {self.address}: Step failed [UNIMPLEMENTED]: it serves no StepStream, which this learner "
+                f"steps on: an env server older than it (envfleet's first versions); upgrade the server "
+                f"({err.details() or 'no details'})",
+                address=self.address,
+                code=grpc.StatusCode.UNIMPLEMENTED,
+            )
         return translate_error(
             err, address=self.address, method=method, env_offset=self.env_offset, timeout=timeout or self.timeout
         )

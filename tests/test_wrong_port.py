@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
@@ -114,3 +117,24 @@ def test_a_grpc_port_without_env_service_is_said_to_serve_none(grpc_without_env_
         "(Method not found!)"
     )
     assert info.value.address == address and info.value.code == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_server_older_than_step_stream_is_named_so_at_its_first_step() -> None:
+    """envfleet's first servers stepped by unary calls: one answers Handshake and Reset, then gRPC's bare
+    "Method not found!" for every step, which named neither the method nor what to do."""
+    argv = [sys.executable, "-m", "tests.old_server", "--env", "CartPole-v1", "--num-envs", "1", "--port", "0"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            address = proc.stdout.readline().strip().removeprefix("listening on ")
+            with RemoteVectorEnv([address], connect_timeout=30) as envs:
+                envs.reset(seed=0)
+                with pytest.raises(RemoteEnvError) as info:
+                    envs.step(np.zeros(1, dtype=np.int64))
+            assert str(info.value) == (
+                f"env server {address}: Step failed [UNIMPLEMENTED]: it serves no StepStream, which this learner "
+                "steps on: an env server older than it (envfleet's first versions); upgrade the server "
+                "(Method not found!)"
+            )
+        finally:
+            proc.kill()
