@@ -168,10 +168,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     file = find_checkpoint(path)
     try:
         payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise  # (no word on the file: too little memory here)
     except Exception as err:
-        raise UnreadableCheckpointError(
-            f"{file}: expected an envfleet checkpoint, but {_unreadable(file, err)}"
-        ) from None
+        reason = _unreadable(file, err)
+        # A whole torch file of more than weights is no damage: an older checkpoint would be no better.
+        kind = ValueError if reason.startswith("torch cannot read it") else UnreadableCheckpointError
+        raise kind(f"{file}: expected an envfleet checkpoint, but {reason}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")

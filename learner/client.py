@@ -292,23 +292,24 @@ class EnvClient:
 
     def _error(self, err: grpc.RpcError, method: str, timeout: float | None = None) -> RemoteEnvError:
         unimplemented = isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED
+        why = None
         if unimplemented and method in ("Handshake", "GetSpec"):
             # gRPC's own answer for a service the server lacks ("Method not found!"), which names
             # neither: another gRPC server on that port, or an envfleet of another protocol version.
-            return RemoteEnvError(
-                f"env server {self.address}: {method} failed [UNIMPLEMENTED]: it answers gRPC but serves no "
-                f"{SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version "
-                f"({err.details() or 'no details'})",
-                address=self.address,
-                code=grpc.StatusCode.UNIMPLEMENTED,
+            why = (
+                f"it answers gRPC but serves no {SERVICE_NAME}: the wrong port, or a server of another envfleet "
+                "protocol version"
             )
-        if unimplemented and method == "Step":
+        elif unimplemented and method == "Step":
             # It served Handshake and Reset, so it is an envfleet server: one older than StepStream (the
             # first versions' servers stepped by unary calls). Every step of it would fail alike.
+            why = (
+                "it serves no StepStream, which this learner steps on: an env server older than it (envfleet's "
+                "first versions); upgrade the server"
+            )
+        if why is not None:
             return RemoteEnvError(
-                f"env server {self.address}: Step failed [UNIMPLEMENTED]: it serves no StepStream, which this learner "
-                f"steps on: an env server older than it (envfleet's first versions); upgrade the server "
-                f"({err.details() or 'no details'})",
+                f"env server {self.address}: {method} failed [UNIMPLEMENTED]: {why} ({err.details() or 'no details'})",
                 address=self.address,
                 code=grpc.StatusCode.UNIMPLEMENTED,
             )

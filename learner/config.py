@@ -18,6 +18,7 @@ from learner.local import DEFAULT_TRANSPORT
 
 __all__ = [
     "DEFAULT_ENV",
+    "LOCAL_SERVER_OPTIONS",
     "PRESETS",
     "Args",
     "check_device",
@@ -31,6 +32,19 @@ Preset = Literal["auto", "classic", "mujoco", "atari"]
 
 DEFAULT_ENV = "CartPole-v1"
 """The env ``learner train`` starts servers for when --env is not given."""
+
+
+LOCAL_SERVER_OPTIONS: dict[str, Any] = {
+    "num_envs": None,
+    "envs_per_server": None,
+    "env_kwargs": {},
+    "step_delay_ms": 0.0,
+    "max_episode_steps": None,
+    "hang_timeout": None,
+    "wrappers": "auto",
+}
+"""Options (and their unset values) that configure the env servers ``learner train`` starts: with
+--servers, the running servers decide them."""
 
 
 @dataclass(frozen=True)
@@ -280,15 +294,7 @@ class Args:
                     f"{self.pipeline_groups}; start more (--num-servers) or pass fewer groups"
                 )
         else:
-            local_only: dict[str, Any] = {
-                "num_envs": None,
-                "envs_per_server": None,
-                "env_kwargs": {},
-                "step_delay_ms": 0.0,
-                "max_episode_steps": None,
-                "hang_timeout": None,
-            }
-            for name, unset in {**local_only, "wrappers": "auto"}.items():
+            for name, unset in LOCAL_SERVER_OPTIONS.items():
                 if getattr(self, name) != unset:
                     raise ValueError(
                         f"--{_flag(name)}: configures the env servers this command starts, but with --servers "

@@ -10,10 +10,12 @@ import contextlib
 import fcntl
 import itertools
 import json
+import logging
 import math
 import os
 import re
 import secrets
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +40,8 @@ __all__ = [
     "set_aside",
     "write_json",
 ]
+
+log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -205,13 +209,22 @@ def lock(run_dir: str | Path) -> Iterator[None]:
             f.seek(0)
             holder = f.read().strip() or "?"
             raise FileExistsError(
-                f"run dir {run_dir}: in use by another learner (pid {holder}); wait for it to end, or pass another "
+                f"run dir {run_dir}: in use by another learner ({holder}); wait for it to end, or pass another "
                 "--run-dir"
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        except OSError as err:  # (a file system without locks: some NFS, CIFS and FUSE mounts)
+            log.warning(
+                "run dir %s: cannot lock it (%s): nothing keeps another learner from writing it too",
+                run_dir,
+                err.strerror or err,
+            )
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            f.flush()
+        except OSError as err:
+            raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
         yield
 
 
@@ -220,8 +233,8 @@ _RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT)
 
 def set_aside(run_dir: str | Path) -> Path | None:
     """Move what a run without a checkpoint left in ``run_dir`` (killed before its first one: it can only
-    start over) into ``run_dir/previous-N/`` (TensorBoard shows it as a run of its own); the folder,
-    or None where there was nothing to move."""
+    start over) into ``run_dir/previous/`` (or ``previous-2/``, ...: TensorBoard shows it as a run of its
+    own); the folder, or None where there was nothing to move."""
     run_dir = Path(run_dir)
     found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
     found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
@@ -230,4 +243,5 @@ def set_aside(run_dir: str | Path) -> Path | None:
     aside = make_new_dir(run_dir / "previous")
     for path in found:
         path.rename(aside / path.name)
+    _sync_dir(run_dir)
     return aside

@@ -52,7 +52,15 @@ from learner.checkpoint import (
     save_best_checkpoint,
     save_checkpoint,
 )
-from learner.config import DEFAULT_ENV, Args, PPOConfig, check_device, default_run_dir, resolve_ppo
+from learner.config import (
+    DEFAULT_ENV,
+    LOCAL_SERVER_OPTIONS,
+    Args,
+    PPOConfig,
+    check_device,
+    default_run_dir,
+    resolve_ppo,
+)
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
     EnvCrashedError,
@@ -215,16 +223,7 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
         )
     if servers is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
-        saved = dataclasses.replace(
-            saved,
-            num_envs=None,
-            envs_per_server=None,
-            env_kwargs={},
-            step_delay_ms=0.0,
-            max_episode_steps=None,
-            hang_timeout=None,
-            wrappers="auto",
-        )
+        saved = dataclasses.replace(saved, **LOCAL_SERVER_OPTIONS)
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
         # Moving a run off running servers onto envs this command starts: the same env (and, unless
         # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
@@ -455,6 +454,11 @@ def _check_fresh(run_dir: Path) -> None:
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
         )
+
+
+def _close_quietly(f: Any) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
 
 
 def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
@@ -963,6 +967,8 @@ def train(
             log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
         if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
             log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
+        if args.hang_timeout is not None and args.backend == "gym":
+            log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
@@ -1005,7 +1011,10 @@ def train(
             "versions": _versions(),
             "server_versions": getattr(envs, "server_versions", {}),
         }
-        rundir.write_json(run_dir / rundir.CONFIG, config)
+        try:
+            rundir.write_json(run_dir / rundir.CONFIG, config)
+        except OSError as err:
+            raise cannot_write(run_dir / rundir.CONFIG, err) from err
         not_joined = getattr(envs, "servers_not_joined", [])
         log.info(
             "PPO (preset %s, %s) on %s, %d envs%s, device %s, run dir %s",
@@ -1027,7 +1036,12 @@ def train(
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
-        metrics_file = stack.enter_context(open(run_dir / rundir.METRICS, "a"))
+        try:
+            metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
+        except OSError as err:
+            raise cannot_write(run_dir / rundir.METRICS, err) from err
+        # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).
+        stack.callback(_close_quietly, metrics_file)
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         stop = stack.enter_context(StopRequest())
@@ -1110,9 +1124,7 @@ def train(
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
-        # A resumed run's: its checkpoint's. A new run writes its first after its first update, whatever
-        # --checkpoint-seconds says: a run killed before any could only start over.
-        saved_update, saved_at = counters.update, time.monotonic() if checkpoint is not None else -math.inf
+        saved_update, saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
 
         def rollout_state() -> dict[str, Any]:
             """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
@@ -1259,10 +1271,12 @@ def train(
             last_update = state
             updating = False  # (done: a failure writing best.pt next is no failure in an update)
             judge_best(state)
-            if (
-                args.checkpoint_every
-                and counters.update - saved_update >= args.checkpoint_every
-                and time.monotonic() - saved_at >= args.checkpoint_seconds
+            if args.checkpoint_every and (
+                saved_step is None  # (a new run's first update: a run killed before any could only start over)
+                or (
+                    counters.update - saved_update >= args.checkpoint_every
+                    and time.monotonic() - saved_at >= args.checkpoint_seconds
+                )
             ):
                 save(f"update {counters.update}", last_update)
 

@@ -144,3 +144,26 @@ def test_a_server_down_already_is_not_lost_again_for_its_placeholder_infos(
         stats = envs.fault_stats()
         assert (stats.failures, stats.servers_down) == (1, 1)
         assert envs._replicas[1].failures == 1
+
+
+def test_an_answer_with_flags_for_another_number_of_envs_names_the_flag(
+    start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewards, terminations and truncations are checked together (one comparison per step); one of the
+    wrong shape is named, whichever it is."""
+    address = start_servers("tests.envs:IndexEnv", envs_per_server=K)[0]
+    decode, wrong = codec.decode_tensor, {"name": ""}
+
+    def decode_tensor(tensor: Any, where: str = "tensor", **kwargs: Any) -> np.ndarray:
+        out = decode(tensor, where, **kwargs)
+        return np.concatenate([out, out[:1]]) if where == wrong["name"] else out
+
+    monkeypatch.setattr(codec, "decode_tensor", decode_tensor)
+    with RemoteVectorEnv([address], timeout=5.0) as envs:
+        for name in ("truncations", "rewards"):
+            envs.reset(seed=0)
+            wrong["name"] = name
+            message = rf"^env server {address}: Step: its answer could not be read.*{name}: expected shape \({K},\)"
+            with pytest.raises(InvalidResponseError, match=message):
+                envs.step(np.zeros(K, dtype=np.int64))
+            wrong["name"] = ""

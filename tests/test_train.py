@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,14 +177,16 @@ def _resumable() -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("seconds", "written"), [(0.0, [16, 32, 48]), (3600.0, [16, 48])])
+@pytest.mark.parametrize(
+    ("seconds", "every", "written"), [(0.0, 1, [16, 32, 48]), (3600.0, 1, [16, 48]), (0.0, 2, [16, 48]), (0.0, 0, [48])]
+)
 def test_checkpoints_are_checkpoint_seconds_apart_besides_the_last(
-    tmp_path: Path, seconds: float, written: list[int]
+    tmp_path: Path, seconds: float, every: int, written: list[int]
 ) -> None:
     # (The default, 30 s, keeps a fast run from writing a checkpoint every fraction of a second. The
     # first update's is written regardless: a run killed before any could only start over.)
     run = tmp_path / "run"
-    train(Args(**{**_resumable(), "checkpoint_seconds": seconds}, checkpoint_every=1, run_dir=str(run)))
+    train(Args(**{**_resumable(), "checkpoint_seconds": seconds}, checkpoint_every=every, run_dir=str(run)))
     assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{step:010d}.pt" for step in written]
 
 
@@ -321,7 +324,8 @@ def test_a_run_dir_is_held_by_one_learner_at_a_time(tmp_path: Path) -> None:
     with (
         rundir.lock(tmp_path / "r"),
         pytest.raises(
-            FileExistsError, match=rf"run dir {tmp_path / 'r'}: in use by another learner \(pid {os.getpid()}\)"
+            FileExistsError,
+            match=rf"run dir {tmp_path / 'r'}: in use by another learner \(pid {os.getpid()} on {socket.gethostname()}\)",
         ),
     ):
         train(resume_args(args.run_dir, total_timesteps=8))
@@ -841,3 +845,42 @@ def test_a_resume_goes_on_from_the_last_readable_checkpoint_setting_damaged_newe
     assert newest.with_name(f"{newest.name}.unreadable").is_file()
     assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{s:010d}.pt" for s in (16, 32, 48)]
     assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]
+
+
+def test_a_run_moved_onto_running_servers_drops_the_options_of_the_servers_it_started(tmp_path: Path) -> None:
+    train(
+        Args(
+            **clock(3),
+            num_servers=1,
+            num_envs=1,
+            num_steps=4,
+            total_timesteps=4,
+            hang_timeout=90.0,
+            step_delay_ms=1.0,
+            run_dir=str(tmp_path / "r"),
+        )
+    )
+    moved = resume_args(tmp_path / "r", servers="127.0.0.1:1")
+    assert (moved.hang_timeout, moved.step_delay_ms, moved.env_kwargs, moved.num_envs) == (None, 0.0, {}, None)
+
+
+def test_a_full_disk_under_metrics_jsonl_stops_the_run_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The row a failed write left in the file's buffer fails again at close: said once, not as a traceback."""
+    import builtins
+
+    from learner import train as train_module
+    from learner.cli import main
+
+    def full_metrics(path: Any, *args: Any, **kwargs: Any) -> Any:
+        return builtins.open("/dev/full" if str(path).endswith(rundir.METRICS) else path, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "open", full_metrics, raising=False)
+    run = tmp_path / "r"
+    argv = ["train", "--env", "tests.envs:ClockEnv", "--backend", "gym", "--num-envs", "1", "--num-steps", "4"]
+    argv += ["--total-timesteps", "16", "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert f"learner train: error: cannot write {run / rundir.METRICS}: No space left on device" in err
