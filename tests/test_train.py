@@ -723,8 +723,9 @@ def test_args_that_mean_nothing_are_refused_or_fit_the_backend() -> None:
 def test_options_that_do_not_apply_are_said_to_be_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     args = Args(**clock(3), backend="gym", num_envs=2, num_steps=4, total_timesteps=8, action_bounds="squash")
     with caplog.at_level(logging.WARNING, logger="learner.train"):
-        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), hang_timeout=5.0))
     assert "--action-bounds: applies to Box actions, not Discrete(2); ignored" in caplog.text
+    assert "--hang-timeout: applies to env servers this command starts, not in-process envs; ignored" in caplog.text
     assert rundir.read_json(tmp_path / "run" / rundir.CONFIG)["policy"] == "MLP 64,64"
 
 
