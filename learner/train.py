@@ -993,7 +993,7 @@ def train(
         obs_dtype = (
             torch.uint8 if image else (torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32)
         )
-        config = {
+        config: dict[str, Any] = {
             "args": args.to_json(),
             "ppo": dataclasses.asdict(hp),
             "envs": {
@@ -1309,6 +1309,15 @@ def train(
                     drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
                     change = refresh(drop=drop)
                     lost = None
+                    # config.json keeps what every server that served the run said it runs: those that
+                    # joined, and those that came back as a new process (an upgrade rolled out).
+                    versions = {**config["server_versions"], **getattr(envs, "server_versions", {})}
+                    if versions != config["server_versions"]:
+                        config["server_versions"] = versions
+                        try:
+                            rundir.write_json(run_dir / rundir.CONFIG, config)
+                        except OSError as err:
+                            raise cannot_write(run_dir / rundir.CONFIG, err) from err
                     if change is not None:
                         if on_fleet_change is not None:
                             on_fleet_change(change)

@@ -302,3 +302,12 @@ def test_a_run_that_starts_without_a_server_says_so_in_its_first_line(
     train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), **QUIET))
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("PPO (preset")]
     assert f"on env servers at {a},{down}, 2 envs (without {down}: not joined yet), device" in line, line
+
+
+def test_config_json_keeps_the_versions_of_servers_that_join_later(serve: Serve, tmp_path: Path) -> None:
+    a, b = serve(num_envs=2)[1], serve(num_envs=2)[1]
+    servers = scheduled("versions-join", lambda k: [a] if k < 3 else [a, b])
+    run = tmp_path / "run"
+    train(Args(env="CartPole-v1", servers=servers, num_steps=8, total_timesteps=16 * 4, run_dir=str(run), **QUIET))
+    versions = rundir.read_json(run / rundir.CONFIG)["server_versions"]
+    assert sorted(versions) == sorted([a, b]) and versions[b]["gymnasium"] == versions[a]["gymnasium"]
