@@ -880,6 +880,13 @@ def train(
     elif args.resume:
         checkpoint_file = find_checkpoint(args.resume)
         checkpoint = load_checkpoint(checkpoint_file)
+        if args.run_dir is None:  # (a checkpoint file: its run goes on in the run dir it is in)
+            if checkpoint_file.parent.name != rundir.CHECKPOINTS:
+                raise ValueError(
+                    f"resume: {args.resume} is a checkpoint outside a run dir's {rundir.CHECKPOINTS}/ folder; give "
+                    "run_dir, the run dir the resumed run goes on in"
+                )
+            args = dataclasses.replace(args, run_dir=str(checkpoint_file.parent.parent))
     given_dir = args.run_dir or args.resume
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers

@@ -885,3 +885,18 @@ def test_a_full_disk_under_metrics_jsonl_stops_the_run_with_one_line(
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     assert f"learner train: error: cannot write {run / rundir.METRICS}: No space left on device" in err
+
+
+def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: Path) -> None:
+    """train(Args(resume=FILE)) (the API; the CLI's --resume takes run dirs): the run dir the file is in."""
+    run = tmp_path / "r"
+    args = Args(**{**_resumable(), "total_timesteps": 32}, checkpoint_every=1, run_dir=str(run))
+    train(args)
+    first = rundir.list_checkpoints(run)[0]
+    summary = train(dataclasses.replace(args, run_dir=None, resume=str(first), total_timesteps=48))
+    assert summary["total_steps"] == 48 and summary["run_dir"] == str(run)
+    assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]
+    elsewhere = tmp_path / "copy.pt"
+    shutil.copy(first, elsewhere)
+    with pytest.raises(ValueError, match=r"resume: .*copy\.pt is a checkpoint outside a run dir's checkpoints/"):
+        train(dataclasses.replace(args, run_dir=None, resume=str(elsewhere)))
