@@ -1289,7 +1289,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         replicas = self._replicas
         down = [i for i in servers if replicas[i].state is not ReplicaState.UP]  # (their answers are not in out)
         for i in down:
-            client, replica = self._clients[i], self._replicas[i]
+            client, replica = self._clients[i], replicas[i]
             start, k = client.env_offset - base, client.num_envs
             unavailable[start : start + k] = True
             if replica.truncate_next:

@@ -461,6 +461,18 @@ def _close_quietly(f: Any) -> None:
         f.close()
 
 
+@contextlib.contextmanager
+def writing(path: Path, *, torch_save: bool = False) -> Iterator[None]:
+    """A write of ``path`` in a run dir: its OSError (and, ``torch_save``, RuntimeError, which torch's
+    writer raises for a full disk) becomes :func:`cannot_write`'s one-line error."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if not (isinstance(err, OSError) or torch_save):
+            raise
+        raise cannot_write(path, err) from err
+
+
 def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
     """What a failed write of ``path`` in a run dir raises: the file, why, and the room left there."""
     lines = str(err).strip().splitlines()
@@ -1018,10 +1030,8 @@ def train(
             "versions": _versions(),
             "server_versions": getattr(envs, "server_versions", {}),
         }
-        try:
+        with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config)
-        except OSError as err:
-            raise cannot_write(run_dir / rundir.CONFIG, err) from err
         not_joined = getattr(envs, "servers_not_joined", [])
         log.info(
             "PPO (preset %s, %s) on %s, %d envs%s, device %s, run dir %s",
@@ -1043,10 +1053,8 @@ def train(
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
-        try:
+        with writing(run_dir / rundir.METRICS):
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
-        except OSError as err:
-            raise cannot_write(run_dir / rundir.METRICS, err) from err
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).
         stack.callback(_close_quietly, metrics_file)
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
@@ -1167,10 +1175,8 @@ def train(
             update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
             nonlocal saved_step, saved_update, saved_at
             step = int(state["counters"]["global_step"])
-            try:
+            with writing(rundir.checkpoint_path(run_dir, step), torch_save=True):
                 path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
-            except (OSError, RuntimeError) as err:  # (torch's writer says RuntimeError for a full disk)
-                raise cannot_write(rundir.checkpoint_path(run_dir, step), err) from err
             saved_step, saved_update, saved_at = step, int(state["counters"]["update"]), time.monotonic()
             log.info("checkpoint (%s): %s", reason, path)
             return path
@@ -1185,11 +1191,8 @@ def train(
                     counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
                     if args.save_best:
                         state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
-                        try:
+                        with writing(run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT, torch_save=True):
                             path = save_best_checkpoint(run_dir, payload(state))
-                        except (OSError, RuntimeError) as err:
-                            best = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-                            raise cannot_write(best, err) from err
                         log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
             state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
 
@@ -1253,10 +1256,8 @@ def train(
             }
             last_record = (now, counters.global_step)
             row = metrics_row(counters.update, timing, result, rollout_info)
-            try:
+            with writing(run_dir / rundir.METRICS):
                 rundir.append_jsonl(metrics_file, row)
-            except OSError as err:
-                raise cannot_write(run_dir / rundir.METRICS, err) from err
             last_row = row
             if writer is not None:
                 write_tensorboard(writer, row)
@@ -1321,10 +1322,8 @@ def train(
                     versions = {**config["server_versions"], **getattr(envs, "server_versions", {})}
                     if versions != config["server_versions"]:
                         config["server_versions"] = versions
-                        try:
+                        with writing(run_dir / rundir.CONFIG):
                             rundir.write_json(run_dir / rundir.CONFIG, config)
-                        except OSError as err:
-                            raise cannot_write(run_dir / rundir.CONFIG, err) from err
                     if change is not None:
                         if on_fleet_change is not None:
                             on_fleet_change(change)
