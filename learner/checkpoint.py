@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,27 @@ def _unreadable(file: Path, err: BaseException) -> str:
     return f"the file is truncated or corrupt: not a checkpoint torch can read ({detail})"
 
 
+def _damaged_record(file: Path) -> str | None:
+    """The first record of ``file`` (a zip archive torch read) whose bytes fail the CRC-32 torch.save
+    wrote for them, else None. torch's reader never checks them, so bytes a disk or a copy changed inside
+    a tensor load as wrong weights. Records written without one (CRC 0: torch.serialization's
+    set_crc32_options(False)) are not checked; nor is an archive Python's zipfile cannot read (torch could)."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 or info.is_dir():
+                    continue
+                try:
+                    with archive.open(info) as record:
+                        while record.read(1 << 20):
+                            pass
+                except zipfile.BadZipFile:  # (a checksum or a local header that does not match)
+                    return info.filename
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return None
+    return None
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device).
 
@@ -175,6 +197,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         # A whole torch file of more than weights is no damage: an older checkpoint would be no better.
         kind = ValueError if reason.startswith("torch cannot read it") else UnreadableCheckpointError
         raise kind(f"{file}: expected an envfleet checkpoint, but {reason}") from None
+    damaged = _damaged_record(file)
+    if damaged is not None:
+        raise UnreadableCheckpointError(
+            f"{file}: expected an envfleet checkpoint, but the file is corrupt: its record {damaged!r} fails "
+            "its checksum (a disk or a copy that changed its bytes; torch itself does not check them)"
+        )
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")

@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "read_jsonl",
     "rewrite_jsonl",
     "set_aside",
+    "set_aside_unreadable",
     "write_json",
 ]
 
@@ -229,6 +230,16 @@ def lock(run_dir: str | Path) -> Iterator[None]:
 
 
 _RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT)
+
+
+def set_aside_unreadable(paths: Iterable[Path]) -> list[Path]:
+    """Rename each of ``paths`` (checkpoints torch cannot read) ``NAME.unreadable``, out of the listing of
+    checkpoints (their step numbers are the highest: pruning would keep them and delete good ones); the
+    new paths. The renames are flushed to disk with their folders."""
+    moved = [path.rename(path.with_name(f"{path.name}.unreadable")) for path in paths]
+    for folder in {path.parent for path in moved}:
+        _sync_dir(folder)
+    return moved
 
 
 def set_aside(run_dir: str | Path) -> Path | None:

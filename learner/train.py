@@ -917,9 +917,8 @@ def train(
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
             locked = True
-            for path, _ in unreadable:  # (their step numbers are the highest: pruning would keep them)
-                path.rename(path.with_name(f"{path.name}.unreadable"))
-                log.warning("%s set aside as %s.unreadable", path, path.name)
+            for moved in rundir.set_aside_unreadable(path for path, _ in unreadable):
+                log.warning("%s set aside as %s", moved.with_suffix(""), moved.name)
         plotted = stack.enter_context(_plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.

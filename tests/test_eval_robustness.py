@@ -137,6 +137,47 @@ def test_load_latest_readable_goes_back_past_damaged_checkpoints(
         load_latest_readable(run)
 
 
+def _flip_tensor_bytes(path: Path) -> None:
+    """Zero 64 bytes in the middle of ``path``'s largest record (a tensor's data): torch loads such a file."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        largest = max(archive.infolist(), key=lambda info: info.file_size)
+    data = bytearray(path.read_bytes())
+    at = largest.header_offset + 30 + len(largest.filename) + largest.file_size // 2  # (past its local header)
+    data[at : at + 64] = bytes(64) if any(data[at : at + 64]) else b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+def test_a_checkpoint_whose_tensor_bytes_changed_fails_its_checksum_and_resume_goes_back(
+    cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's reader skips the archive's CRC-32s: changed weights loaded as if whole. They are checked."""
+    run = tmp_path / "run"
+    (run / rundir.CHECKPOINTS).mkdir(parents=True)
+    for original in rundir.list_checkpoints(cartpole_run):
+        (run / rundir.CHECKPOINTS / original.name).write_bytes(original.read_bytes())
+    newest = rundir.list_checkpoints(run)[-1]
+    _flip_tensor_bytes(newest)
+    torch.load(newest, weights_only=True)  # (torch itself takes it)
+    code, _, err = _eval(capsys, str(newest), "--episodes", "1", "--backend", "gym")
+    assert code == 1
+    assert f"{newest}: expected an envfleet checkpoint, but the file is corrupt: its record " in err, err
+    assert "fails its checksum" in err
+    path, _, skipped = load_latest_readable(run)
+    assert path == rundir.list_checkpoints(run)[-2] and [p for p, _ in skipped] == [newest]
+
+
+def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "x.pt"
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save({"format": 1, "model": {"weight": torch.ones(1000)}}, path)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert load_checkpoint(path)["model"]["weight"].sum() == 1000
+
+
 # -- learner plot -------------------------------------------------------------------------------------------
 
 
