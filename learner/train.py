@@ -122,6 +122,20 @@ def _versions() -> dict[str, str]:
     return runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
 
 
+def _earlier_sessions(run_dir: Path) -> list[Any]:
+    """The config.json of each earlier session of a resumed run, oldest first: what each ran with (its
+    options, devices, versions, servers) outlives the resume that rewrites the file."""
+    try:
+        previous = rundir.read_json(run_dir / rundir.CONFIG)
+    except (OSError, ValueError) as err:  # (resume_args read it a moment ago)
+        log.warning("%s: cannot keep the earlier sessions' record (%s)", run_dir / rundir.CONFIG, err)
+        return []
+    if not isinstance(previous, dict):
+        return []
+    earlier = previous.pop("earlier_sessions", None)
+    return [*(earlier if isinstance(earlier, list) else []), previous]
+
+
 def _stepping(envs: Any) -> tuple[Any, bool]:
     """How a rollout steps ``envs``: (``step_groups``, ``overlap``). Pipelining (RemoteVectorEnv with
     --pipeline-groups > 1, as many groups as servers allow): step_groups sends each group its actions as
@@ -1028,6 +1042,9 @@ def train(
             "solved_threshold": threshold,
             "versions": _versions(),
             "server_versions": getattr(envs, "server_versions", {}),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resumed_at_step": counters.global_step if checkpoint is not None else None,
+            "earlier_sessions": _earlier_sessions(run_dir) if checkpoint is not None else [],
         }
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config)

@@ -849,6 +849,20 @@ def test_a_resume_goes_on_from_the_last_readable_checkpoint_setting_damaged_newe
     assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]
 
 
+def test_config_json_keeps_each_earlier_sessions_record_through_resumes(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    train(Args(**{**_resumable(), "total_timesteps": 16}, run_dir=str(run)))
+    train(resume_args(run, total_timesteps=32))
+    train(resume_args(run, total_timesteps=48, update_epochs=2))
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["resumed_at_step"] == 32 and config["args"]["update_epochs"] == 2
+    first, second = config["earlier_sessions"]
+    assert (first["resumed_at_step"], second["resumed_at_step"]) == (None, 16)
+    assert "earlier_sessions" not in first and "earlier_sessions" not in second  # (each kept once, in order)
+    assert first["args"]["update_epochs"] == second["args"]["update_epochs"] == 3
+    assert all(s["started"] and s["versions"] for s in (first, second))
+
+
 def test_a_run_moved_onto_running_servers_drops_the_options_of_the_servers_it_started(tmp_path: Path) -> None:
     train(
         Args(
