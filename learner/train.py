@@ -810,11 +810,62 @@ def metrics_row(
     }
 
 
+class EventsWriter:
+    """A run's TensorBoard event file (torch's SummaryWriter): a write that fails (a full disk, a run dir
+    turned read-only) ends the run with :func:`cannot_write`'s one line, as every run-dir write does.
+
+    The writer writes from a thread of its own, which keeps its error for the next write to raise;
+    Python would print that thread's traceback too (:func:`_quiet_events_thread`)."""
+
+    def __init__(self, run_dir: Path, purge_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        _quiet_events_thread()
+        self.path = run_dir / "events.out.tfevents.*"  # (named once SummaryWriter made it)
+        with writing(self.path):
+            self._writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        events = self._writer._get_file_writer().event_writer
+        self.path = Path(getattr(events, "_file_name", self.path))
+        self._failed = False
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        try:
+            self._writer.add_scalar(tag, value, step)
+        except OSError as err:
+            self._failed = True
+            raise cannot_write(self.path, err) from err
+
+    def close(self) -> None:
+        """Flush and close the file; a failure not raised already is logged (the run has ended)."""
+        try:
+            self._writer.close()
+        except OSError as err:
+            if not self._failed:
+                log.error("%s", cannot_write(self.path, err))
+
+
+def _quiet_events_thread() -> None:
+    """Leave out the traceback Python prints for an OSError in TensorBoard's writer thread: the thread
+    keeps it, and the next write or the close raises it, where :class:`EventsWriter` reports it."""
+    from tensorboard.summary.writer import event_file_writer
+
+    if getattr(threading.excepthook, "_envfleet", False):
+        return
+    inner = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if not (isinstance(args.thread, event_file_writer._AsyncWriterThread) and isinstance(args.exc_value, OSError)):
+            inner(args)
+
+    hook._envfleet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 _PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")
 """Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
 
 
-def write_tensorboard(writer: Any, row: dict[str, Any]) -> None:
+def write_tensorboard(writer: EventsWriter, row: dict[str, Any]) -> None:
     """An update's row as TensorBoard scalars: CleanRL's tags for what CleanRL logs, perf/, faults/ and
     replicas/ for the rest (episodes are logged as they end, as CleanRL does)."""
     step = row["global_step"]
@@ -1064,11 +1115,9 @@ def train(
             on_start({**config, "run_dir": str(run_dir), **resumed})
         writer = None
         if args.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
-            writer = stack.enter_context(contextlib.closing(SummaryWriter(str(run_dir), purge_step=purge_step)))
+            writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))
         with writing(run_dir / rundir.METRICS):
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).

@@ -902,6 +902,38 @@ def test_a_full_disk_under_metrics_jsonl_stops_the_run_with_one_line(
     assert f"learner train: error: cannot write {run / rundir.METRICS}: No space left on device" in err
 
 
+def test_a_full_disk_under_the_tensorboard_events_stops_the_run_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TensorBoard writes from a thread of its own: its error was printed as that thread's traceback, then
+    raised again by the next scalar and by the close, as two more."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    from learner.cli import main
+
+    write = record_writer.RecordWriter.write
+    calls = []
+
+    def fill_up(self: Any, data: bytes) -> None:
+        calls.append(len(data))
+        if len(calls) > 30:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", fill_up)
+    run = tmp_path / "r"
+    argv = ["train", "--env", "tests.envs:ClockEnv", "--backend", "gym", "--num-envs", "1", "--num-steps", "4"]
+    argv += ["--total-timesteps", "400", "--run-dir", str(run), "--no-progress", "--no-plot"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    events = next(run.glob("events.out.tfevents.*"))
+    assert f"learner train: error: cannot write {events}: No space left on device" in err, err
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"].startswith("error: RunDirWriteError")
+
+
 def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: Path) -> None:
     """train(Args(resume=FILE)) (the API; the CLI's --resume takes run dirs): the run dir the file is in."""
     run = tmp_path / "r"
