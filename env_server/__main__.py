@@ -17,11 +17,15 @@ from env_server.config import (
     MIN_MAX_REQUEST_BYTES,
     VECTORIZATIONS,
     ServerConfig,
+    parse_int,
 )
 from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
-__all__ = ["main", "parse_args"]
+__all__ = ["LOG_LEVELS", "main", "parse_args"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The levels ``--log-level`` takes (in any case: ``INFO`` too)."""
 
 EPILOG = """\
 examples:
@@ -38,10 +42,10 @@ vectorization (default sync): the server is already its own process, and a fleet
 parallelism from many servers, so stepping a server's envs one after another in-process costs
 nothing extra per step, gives results identical to gymnasium's SyncVectorEnv/AsyncVectorEnv for the
 same seeds (but for infos whose types differ between envs: widened, not cut; see the README), and
-works for every env and wrapper. Use async for envs whose step takes milliseconds
-of CPU (one subprocess per env uses more cores), and vector_entry_point for envs with their own
-batched implementation (much faster for CartPole, but its random streams differ from gymnasium's
-per-env seeding).
+works for every env and wrapper. Use async for envs whose step takes milliseconds of CPU (one
+subprocess per env uses more cores), and vector_entry_point for envs with their own batched
+implementation (much faster for CartPole, but its random streams differ from gymnasium's per-env
+seeding).
 """
 
 
@@ -105,11 +109,12 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _integer_in(least: int, most: float, expected: str) -> Callable[[str], int]:
-    """An argparse type: an integer in [least, most], refused as not ``expected``."""
+    """An argparse type: an integer in [least, most] (as :func:`env_server.config.parse_int` reads it:
+    ``1e3`` too, as the learner's options take it), refused as not ``expected``."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = parse_int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         if not least <= value <= most:
@@ -119,15 +124,16 @@ def _integer_in(least: int, most: float, expected: str) -> Callable[[str], int]:
     return parse
 
 
-def _number_in(most: float, expected: str) -> Callable[[str], float]:
-    """An argparse type: a finite number in [0, most] (inf: time.sleep and asyncio raise OverflowError)."""
+def _number_in(most: float, expected: str, *, above_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in [0, most] ((0, most] with ``above_zero``; inf: time.sleep
+    and asyncio raise OverflowError)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and 0 <= value <= most):
+        if not (math.isfinite(value) and (value > 0 if above_zero else value >= 0) and value <= most):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
@@ -140,6 +146,9 @@ _request_bytes = _integer_in(
     MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES, f"a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}]"
 )
 _non_negative_float = _number_in(math.inf, "a finite number >= 0")
+# (0 would end every claim before its learner's next call: the Hold stream that keeps a claim opens
+# after the Handshake, and is refused once the claim has been silent for longer than 0 s)
+_claim_timeout = _number_in(math.inf, "a finite number of seconds > 0", above_zero=True)
 # (while the server waits awake, its event loop does nothing else)
 _spin_wait_ms = _number_in(MAX_SPIN_WAIT_MS, f"milliseconds in [0, {MAX_SPIN_WAIT_MS:g}]")
 
@@ -166,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-envs",
         type=_positive_int,
         default=e("num_envs", "1"),
+        metavar="N",
         help="envs hosted by this server (default: %(default)s)",
     )
     p.add_argument(
@@ -200,15 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=e("vectorization", "sync"),
         help="how the server steps its envs (default: %(default)s; see below)",
     )
+    wrappers = e("wrappers", "")
     p.add_argument(
         "--wrappers",
-        default=e("wrappers", ""),
+        default=wrappers,
         metavar="NAMES",
         help="comma-separated wrappers for every env, applied in order, each at most once: 'atari' (84x84 "
         "grayscale, frame skip 4, 4-frame stack), 'clip-action' (Box actions clipped to their bounds, as "
         "CleanRL's make_env does), 'flatten' (Dict/Tuple observations flattened into one Box, Discrete parts "
         "one-hot: gymnasium's FlattenObservation; for learners that take Box observations only, as "
-        "learner train does)",
+        f"learner train does) (default: {wrappers.replace('%', '%%') or 'none'})",
     )
     p.add_argument(
         "--autoreset-mode",
@@ -229,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=e("step_delay_ms", "0"),
         metavar="MS",
-        help="make every step take MS ms longer, like a slow simulator or robot (the server's envs wait concurrently)",
+        help="make every step take MS ms longer, like a slow simulator or robot (the server's envs wait "
+        "concurrently; default: %(default)s)",
     )
     p.add_argument(
         "--spin-wait-ms",
@@ -245,10 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--claim-timeout",
-        type=_non_negative_float,
+        type=_claim_timeout,
         default=e("claim_timeout", "30"),
         metavar="S",
-        help="end a learner's claim after S s with no connection and no calls (default: %(default)s)",
+        help="end a learner's claim after S s (> 0) with no connection (its Hold stream) and no calls; a claim "
+        "whose connection closes ends at once (default: %(default)s)",
     )
     p.add_argument(
         "--grace",
@@ -263,9 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=e("hang_timeout", "0"),
         metavar="S",
         help="exit (status 3) when an env call (step or reset) has run for S s: a hung env cannot be stopped, "
-        "and a server that exits is started again by whatever runs it (learners' local servers, which pass "
-        "60; Docker's restart policy; Kubernetes), where one that hangs would stay up serving nothing; "
-        "0: never (default: %(default)s)",
+        "and a server that exits is started again by whatever runs it (learner train, for the servers it "
+        "starts: it passes 60, or twice its --timeout or --reset-timeout where more; Docker's restart policy; "
+        "Kubernetes), where one that hangs would stay up serving nothing; 0: never (default: %(default)s)",
     )
     p.add_argument(
         "--max-request-bytes",
@@ -288,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security = p.add_argument_group(
         "security",
-        "Both are off by default: anyone who can reach the port can use the envs. Off loopback, turn on both.",
+        "Both are off by default: anyone who can reach the port can use the envs.\nOff loopback, turn on both.",
     )
     security.add_argument(
         "--auth-token",
@@ -318,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         default=e("log_level", "info"),
         type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="(default: %(default)s)",
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        help="what the server logs to stderr: debug, info, warning or error (default: %(default)s)",
     )
     return p
 
@@ -342,6 +356,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             )
     if not args.env:
         parser.error("--env is required (or set ENVFLEET_ENV)")
+    if not args.unix_socket and not args.host.strip():  # (shown with repr: an empty value is invisible)
+        parser.error(
+            f"--host {args.host!r}: expected a host name or address (0.0.0.0 for all interfaces), got "
+            + ("an empty one" if not args.host else "only whitespace")
+        )
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())  # (ServerConfig checks them)
     token = _auth_token(parser, args)
     if bool(args.tls_cert) != bool(args.tls_key):

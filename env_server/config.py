@@ -17,6 +17,7 @@ __all__ = [
     "MIN_MAX_REQUEST_BYTES",
     "VECTORIZATIONS",
     "WRAPPER_NAMES",
+    "parse_int",
     "ServerConfig",
 ]
 
@@ -33,6 +34,19 @@ before the server looks at it (a list of empty Values: 2 bytes each on the wire,
 at 4 MiB, where the old limit, 64 MiB, let one request take 1.6 GB (tests/measure_request_memory.py)."""
 MIN_MAX_REQUEST_BYTES = 4096
 """Smallest ``max_request_bytes``: room for every Handshake, Hold and Release request."""
+
+
+def parse_int(text: str) -> int:
+    """``text`` as an int: decimal (``1000000``, ``1_000_000``) or a whole number in float notation
+    (``1e6``, ``2.5e5``), as budgets often are; ValueError otherwise (``1.5``, ``inf``, ``x``). Every
+    integer option of env-server and the learner reads this way."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # (raises on what is no number at all)
+    if not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)

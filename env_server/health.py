@@ -19,6 +19,7 @@ checks (ENVFLEET_TLS_SERVER_NAME, else the host of the address) or the CA it ver
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,18 @@ def _host(address: str) -> str:
     return host.strip("[]")
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (0 or less: every probe would fail at once,
+    DEADLINE_EXCEEDED, a healthy server reported unhealthy)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m env_server.health",
@@ -122,7 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--service", default="", help="service to ask about ('' = the whole server, or envfleet.v1.EnvService)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=3.0, help="seconds to wait for an answer (default: %(default)s)"
+        "--timeout",
+        type=_positive_seconds,
+        default=3.0,
+        metavar="S",
+        help="seconds to wait for an answer, > 0 (default: %(default)s)",
     )
     ca, name = default_tls()
     parser.add_argument(

@@ -117,7 +117,7 @@ def _bind_error(config: ServerConfig) -> OSError | None:
     try:
         infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as err:
-        raise OSError(f"--host {config.host}: cannot resolve it: {err.strerror}") from err
+        raise OSError(f"--host {config.host!r}: cannot resolve it: {err.strerror}") from err
     errors: list[OSError] = []
     for family, kind, proto, _, sockaddr in infos:
         try:

@@ -11,19 +11,9 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["int_list", "integer", "number", "parse_int", "positive_int", "positive_seconds"]
+from env_server.config import parse_int
 
-
-def parse_int(text: str) -> int:
-    """``text`` as an int: decimal (``1000000``) or a whole number in float notation (``1e6``, ``2.5e5``);
-    ValueError otherwise (``1.5``, ``inf``, ``x``)."""
-    try:
-        return int(text)
-    except ValueError:
-        value = float(text)  # (raises on what is no number at all)
-    if not (math.isfinite(value) and value.is_integer()):
-        raise ValueError(f"not a whole number: {text!r}")
-    return int(value)
+__all__ = ["int_list", "integer", "number", "parse_int", "positive_int", "positive_seconds", "real"]
 
 
 def integer(text: str) -> int:
@@ -32,6 +22,14 @@ def integer(text: str) -> int:
         return parse_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def real(text: str) -> float:
+    """A type: a float, range checks left to the caller (``inf`` and ``nan`` parse)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def number(low: float, *, above: bool = False, integer: bool = False, unit: str = "") -> Callable[[str], float]:

@@ -28,9 +28,9 @@ from typing import Any, Literal, NoReturn
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
-from learner.argtypes import int_list, integer, positive_int, positive_seconds
-from learner.config import PRESETS, Args
-from learner.errors import EnvFleetError
+from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
+from learner.config import PRESETS, Args, check_device
+from learner.errors import EnvFleetError, OptionError
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, checkpoint_path, list_checkpoints
@@ -80,12 +80,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from learner.remote import RemoteVectorEnv
 
     total = args.num_servers * args.envs_per_server
+    try:
+        config = ServerConfig(env=args.env, env_kwargs=args.env_kwargs)
+    except ValueError as err:
+        args.parser.error(f"--{err}")  # ("env: expected a gymnasium id ...")
+    try:
+        make_env(config).close()  # (one env, here: what a server would fail to build, said before any starts)
+    except Exception as err:
+        kwargs = f" with --env-kwargs {json.dumps(args.env_kwargs)}" if args.env_kwargs else ""
+        raise ValueError(f"--env {args.env}: cannot build it{kwargs}: {type(err).__name__}: {err}") from None
     print(
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
     )
     # gymnasium's AsyncVectorEnv first: it forks, which must happen before this process opens gRPC channels.
     # Its envs are built as the servers build theirs (ids or entry points, the same --env-kwargs).
-    one_env = functools.partial(make_env, ServerConfig(env=args.env, env_kwargs=args.env_kwargs))
+    one_env = functools.partial(make_env, config)
     reference = gym.vector.AsyncVectorEnv([one_env] * total)
     ref_sps, _ = _measure(reference, args.steps, args.seed)
     reference.close()
@@ -147,6 +156,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         summary = train(config, on_start=started, on_fleet_change=fleet_changed)
+    except OptionError as err:  # (an option found wrong once the run's checkpoint or servers are seen)
+        args.parser.error(str(err))
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
         return 130
@@ -194,16 +205,43 @@ def _auth_token(token_file: str | None, token: str | None) -> str | None:
                 "$ENVFLEET_AUTH_TOKEN and $ENVFLEET_AUTH_TOKEN_FILE: both are set; set one of them, not both "
                 "(or give --auth-token or --auth-token-file)"
             )
-    if token_file is None:
-        return os.environ.get("ENVFLEET_AUTH_TOKEN") or None  # like env-server, from the environment
+    from env_server.protocol import check_token
+
+    if token_file is None:  # like env-server, from the environment
+        variable = os.environ.get("ENVFLEET_AUTH_TOKEN")
+        return check_token(variable, "$ENVFLEET_AUTH_TOKEN") if variable else None
     try:
         with open(token_file) as f:
             text = f.read().strip()
     except OSError as err:
         raise ValueError(f"{where} {token_file}: cannot read it: {err.strerror or err}") from None
+    return check_token(text, f"{where} {token_file}")
+
+
+def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str | None]:
+    """(auth token, ``tls`` argument, TLS server name) from the connection options of ``eval`` and
+    ``servers`` (:func:`_add_connection_options`), checked as ``train`` checks its own: a usage error
+    where they do not fit."""
     from env_server.protocol import check_token
 
-    return check_token(text, f"{where} {token_file}")
+    try:
+        if args.servers is not None and not args.servers.strip(" ,"):
+            raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {args.servers!r}")
+        if args.auth_token is not None:
+            check_token(args.auth_token, "--auth-token")
+        token = _auth_token(args.auth_token_file, args.auth_token) or args.auth_token
+        if args.tls_server_name is not None and not (args.tls or args.tls_ca):
+            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
+        if args.servers is None and (args.tls or args.tls_ca):
+            flag = "--tls" if args.tls else "--tls-ca"
+            raise ValueError(
+                f"{flag}: connects to running --servers with TLS; the env server this command starts speaks "
+                "plaintext on loopback (or a Unix socket)"
+            )
+        tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
+    except ValueError as err:
+        args.parser.error(str(err))
+    return token, tls_ca or args.tls, tls_server_name
 
 
 def _tls_from_environment(config: Args) -> Args:
@@ -220,6 +258,12 @@ def _tls_variables(
     variables env-server's health probe reads) where None: for --servers only (local servers this
     command starts speak plaintext), the name only with TLS. A CA file the variable names that cannot
     be read here (a container's path, exported for compose) is named as the variable's."""
+    if tls_ca is not None:
+        try:
+            with open(tls_ca, "rb"):
+                pass
+        except OSError as err:
+            raise ValueError(f"--tls-ca {tls_ca}: cannot read it ({err.strerror or err})") from None
     if servers is None:
         return tls_ca, tls_server_name
     if tls_ca is None and os.environ.get("ENVFLEET_TLS_CA"):
@@ -390,6 +434,16 @@ def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
     return parse
 
 
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+_seed = number(0, integer=True)
+SERVER_ADDRESS_FORMS = (
+    "host:port,host:port, unix:PATH, dns:///name:port (every address of the name), compose:SERVICE, swarm:SERVICE"
+)
 _png_path = _file_name(".png", "a PNG", "returns.png")
 _sizes = int_list("integers", "64,64")
 
@@ -433,7 +487,7 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         elif typing.get_origin(kind) is Literal:
             options["choices"] = list(typing.get_args(kind))
         elif kind in (int, float, str):
-            options["type"] = integer if kind is int else kind  # (integers also as 1e6)
+            options["type"] = {int: integer, float: real, str: str}[kind]  # (integers also as 1e6)
             options["metavar"] = f.metadata.get("metavar", {int: "N", float: "X", str: "TEXT"}[kind])
         elif typing.get_origin(kind) is tuple:
             options["type"], options["metavar"] = _sizes, "N,N"
@@ -516,11 +570,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{flag}: configures the envs eval makes (a local server, --backend gym, --video's env); with "
                 "--servers the running servers decide (set it where they are started)"
             )
-    try:
-        token = _auth_token(args.auth_token_file, args.auth_token)
-        tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
-    except ValueError as err:
-        args.parser.error(str(err))
+    if args.wrappers is not None and args.wrappers.strip() != "auto":
+        from env_server.config import ServerConfig
+        from learner.config import wrapper_names
+
+        try:
+            ServerConfig(env="CartPole-v1", wrappers=wrapper_names(args.wrappers, ""))
+        except ValueError as err:
+            args.parser.error(f"--{err}")  # ("wrappers: expected names among ...")
+    token, tls, tls_server_name = _connection(args)
     if args.video is not None:
         from learner.video import headless_rendering
 
@@ -529,7 +587,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from learner.stats import format_return
 
     result = evaluate(
-        args.run or args.checkpoint,
+        args.run if args.run is not None else args.checkpoint,
         args.episodes,
         servers=args.servers,
         backend=args.backend,
@@ -539,8 +597,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         deterministic=not args.stochastic,
         transport=args.transport,
         step_socket=args.step_socket,
-        auth_token=args.auth_token if token is None else token,
-        tls=tls_ca or args.tls,
+        auth_token=token,
+        tls=tls,
         tls_server_name=tls_server_name,
         timeout=args.timeout,
         video=args.video,
@@ -591,20 +649,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_servers(args: argparse.Namespace) -> int:
-    try:
-        token = _auth_token(args.auth_token_file, args.auth_token)
-        tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
-    except ValueError as err:
-        args.parser.error(str(err))
+    token, tls, tls_server_name = _connection(args)
     from learner.survey import describe, survey
 
-    servers = survey(
-        args.servers,
-        timeout=args.timeout,
-        auth_token=args.auth_token if token is None else token,
-        tls=tls_ca or args.tls,
-        tls_server_name=tls_server_name,
-    )
+    servers = survey(args.servers, timeout=args.timeout, auth_token=token, tls=tls, tls_server_name=tls_server_name)
     print(json.dumps([s.to_json() for s in servers]) if args.json else describe(servers))
     return 0 if all(not s.error for s in servers) else 1
 
@@ -656,18 +704,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 BENCH_EPILOG = """Everything is measured in one run, in turns: each round steps every vector env of a workload for
---seconds (the order rotates), so load that drifts on a shared machine hits all alike, and ratios are
-taken round by round (paired) before their median. Spread = (max - min) / median over the rounds.
-A run whose machine was busy (1-minute load average at least its CPU count, at the start or the end)
-says so first: other work competed for the CPUs.
+--seconds (the order rotates), so load that drifts on a shared machine hits all alike, and ratios
+are taken round by round (paired) before their median. Spread = (max - min) / median over the
+rounds. A run whose machine was busy (1-minute load average at least its CPU count, at the start or
+the end) says so first: other work competed for the CPUs.
 
 Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
 and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts
 run local env servers on Unix sockets, stepped over their step sockets ("grpc": over gRPC's
 StepStream; "tcp": loopback TCP and gRPC), waiting awake for the next step as local servers do
 (env-server --spin-wait-ms 0.5 when there are no more servers than CPUs; "no spin": never);
-"pipelined/G" steps G groups of servers with send/recv; "vec" servers use the env's own vectorized implementation (--vectorization
-vector_entry_point: other random streams, so compare it with make_vec, not with the others).
+"pipelined/G" steps G groups of servers with send/recv; "vec" servers use the env's own vectorized
+implementation (--vectorization vector_entry_point: other random streams, so compare it with
+make_vec, not with the others).
 
 The latency-bound env is CartPole whose every step takes at least --latency-delay-ms, its own work
 included. Envs wait concurrently (each AsyncVectorEnv env in its own process; a server's K envs once
@@ -685,8 +734,8 @@ env of a workload for --seconds, so a suite takes about --rounds x --seconds x i
               --ppo-timesteps steps; run r trains with seed r (1..N), whatever --seed (~10 minutes)
 Latency sizes must split evenly over their layouts' servers (1; even; multiples of 4 from 16), and
 PPO sizes too (even; multiples of 4 from 8). With --rounds 1 (--ppo-rounds 1) every figure is one
-sample: no spread. The targets name a 2 ms step and CartPole-v1: runs with another --latency-delay-ms
-or --ppo-env report those targets as not measured.
+sample: no spread. The targets name a 2 ms step and CartPole-v1: runs with another
+--latency-delay-ms or --ppo-env report those targets as not measured.
 
 examples:
   learner bench                                   # everything (about 20 minutes on 2 cores)
@@ -764,13 +813,21 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
-    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    parser.add_argument(
+        "--log-level", default="warning", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {package_version()}")
     # --log-level also after the command (learner train --log-level info), where it overrides one before.
     common = _Parser(add_help=False)
     common.add_argument(
-        "--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP
+        "--log-level",
+        default=argparse.SUPPRESS,
+        type=str.lower,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        help=LOG_LEVEL_HELP,
     )
+    common.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -805,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_local_server_options(demo, "servers", "the servers' step sockets")
     demo.add_argument(
-        "--seed", type=integer, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
+        "--seed", type=_seed, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
     )
     demo.set_defaults(func=cmd_demo, parser=demo)
 
@@ -843,13 +900,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a checkpoint's policy for N episodes on the run's env (local servers unless --servers).",
     )
     evaluate.add_argument(
-        "run", nargs="?", default=None, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
+        "run", nargs="?", type=_path, default=None, metavar="PATH", help="a checkpoint file, or a run dir (its latest)"
     )
-    evaluate.add_argument("--checkpoint", default=None, metavar="PATH", help="the same as PATH")
+    evaluate.add_argument("--checkpoint", type=_path, default=None, metavar="PATH", help="the same as PATH")
     evaluate.add_argument(
         "--episodes", type=positive_int, default=10, metavar="N", help="episodes (default: %(default)s)"
     )
-    evaluate.add_argument("--servers", default=None, help="running env servers (default: start one local server)")
+    evaluate.add_argument(
+        "--servers",
+        default=None,
+        metavar="ADDRESSES",
+        help=f"running env servers: {SERVER_ADDRESS_FORMS} (default: start one local server)",
+    )
     evaluate.add_argument(
         "--env-kwargs",
         type=_json_object,
@@ -888,8 +950,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds per call to a server (default: %(default)s)",
     )
-    evaluate.add_argument("--seed", type=integer, default=0, help="env i gets seed + i (default: %(default)s)")
-    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
+    evaluate.add_argument(
+        "--seed", type=_seed, default=0, metavar="N", help="env i gets seed + i (default: %(default)s)"
+    )
+    evaluate.add_argument(
+        "--device",
+        type=_checked(check_device, "--device"),
+        default="auto",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (default: %(default)s)",
+    )
     evaluate.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     evaluate.add_argument(
         "--video",
@@ -928,8 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--servers",
         required=True,
         metavar="ADDRESSES",
-        help="host:port,host:port, unix:PATH, dns:///name:port (every address of the name), compose:SERVICE, "
-        "swarm:SERVICE",
+        help=SERVER_ADDRESS_FORMS,
     )
     _add_connection_options(servers, "default")
     servers.add_argument(
@@ -964,8 +1033,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         parents=[common],
         help="remote envs against SyncVectorEnv, AsyncVectorEnv and SB3 SubprocVecEnv, side by side",
-        description="Measure env-steps/s of RemoteVectorEnv layouts against local vector envs with the same "
-        "total envs (CartPole, HalfCheetah, Pong), a latency-bound env from 1 to 64 envs, PPO end to end "
+        description="Measure env-steps/s of RemoteVectorEnv layouts against local vector envs with the same\n"
+        "total envs (CartPole, HalfCheetah, Pong), a latency-bound env from 1 to 64 envs, PPO end to end\n"
         "(learner train) and the cost of one round trip; write bench.json, bench.md and bench.png.",
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -993,7 +1062,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--seconds",
-        type=float,
+        type=positive_seconds,
         default=2.0,
         metavar="S",
         help="seconds per vector env per round, > 0 (the rpc suite: at most 1.0; default: %(default)s)",
@@ -1006,7 +1075,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="numbers of envs for the latency-bound env (default: 1,2,4,8,16,32,64)",
     )
     bench.add_argument(
-        "--latency-delay-ms", type=float, default=2.0, metavar="MS", help="its step time, > 0 (default: %(default)s)"
+        "--latency-delay-ms",
+        type=number(0, above=True, unit="milliseconds"),
+        default=2.0,
+        metavar="MS",
+        help="its step time, > 0 (default: %(default)s)",
     )
     bench.add_argument(
         "--ppo-env", default="CartPole-v1", metavar="ID", help="env of the ppo suite's runs (default: %(default)s)"
@@ -1030,8 +1103,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--seed",
-        type=integer,
+        type=_seed,
         default=0,
+        metavar="N",
         help="seed of the throughput and latency suites' resets and random actions (default: %(default)s)",
     )
     bench.set_defaults(func=cmd_bench, parser=bench)

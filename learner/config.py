@@ -71,7 +71,7 @@ class Args:
     num_servers: int = 2
     """local env servers to start"""
     envs_per_server: int | None = None
-    """envs per local server (default 4, or --num-envs / --num-servers)"""
+    """envs per local server (default: 4, or --num-envs / --num-servers)"""
     num_envs: int | None = None
     """total envs when servers are started locally (split evenly over --num-servers)"""
     transport: Literal["tcp", "unix"] = DEFAULT_TRANSPORT
@@ -84,7 +84,7 @@ class Args:
     wrappers: str = field(default="auto", metadata={"metavar": "NAMES"})
     """comma-separated env-server wrappers for the servers this command starts; auto: 'atari' for
     ALE/ ids, none otherwise"""
-    step_delay_ms: float = 0.0
+    step_delay_ms: float = field(default=0.0, metadata={"metavar": "MS"})
     """make every env step take this many ms longer (passed to the servers this command starts)"""
     max_episode_steps: int | None = field(default=None, metadata={"metavar": "N"})
     """end every episode after N steps at most, as truncated (env-server --max-episode-steps, for the
@@ -101,11 +101,11 @@ class Args:
     tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
     """the name the servers' certificates hold, when it is not the host in their addresses (default with
     TLS: $ENVFLEET_TLS_SERVER_NAME)"""
-    connect_timeout: float = 10.0
+    connect_timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds to wait at the start for --servers to answer, and for their names to resolve
     (`dns:` names with no server ready yet, `compose:` replicas still starting): raise it where
     servers take a while to come up (Kubernetes pods: minutes)"""
-    timeout: float = 10.0
+    timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""
     reset_timeout: float | None = field(default=None, metadata={"metavar": "S"})
@@ -119,7 +119,7 @@ class Args:
     the fleet until it answers again (the run stops after 3 such rollouts in a row). Either way, 3
     rollouts in a row in which no env gives a transition (every env raises, say) stop the run with an
     error naming the envs' errors"""
-    give_up_after: float = 60.0
+    give_up_after: float = field(default=60.0, metadata={"metavar": "S"})
     """fault-tolerant: stop with an error once every env server has been unavailable this many seconds"""
     hang_timeout: float | None = field(default=None, metadata={"metavar": "S"})
     """the servers this command starts exit once an env call (a step or a reset) has run this many
@@ -140,7 +140,7 @@ class Args:
     """stop once the mean return of the last 20 finished episodes is at least this (inf: never, as
     --no-stop-at-return)"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
-    """where metrics, TensorBoard events, config, checkpoints and summary go (default runs/<env>-<date>-<time>)"""
+    """where metrics, TensorBoard events, config, checkpoints and summary go (default: runs/<env>-<date>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
     """continue the run in this run dir from its last checkpoint (its config, unless overridden). A run
     trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
@@ -150,7 +150,7 @@ class Args:
     """write a checkpoint every this many updates, once --checkpoint-seconds have passed since the last
     one (also at the end and on Ctrl-C); 0: only then. A checkpoint costs ~3 ms for an MLP, ~60 ms for
     the Atari CNN"""
-    checkpoint_seconds: float = 30.0
+    checkpoint_seconds: float = field(default=30.0, metadata={"metavar": "S"})
     """at least this many seconds between checkpoints (the end and Ctrl-C write one regardless): a learner
     killed at any moment loses at most this much training, or the update in progress, when resumed;
     0: after every --checkpoint-every updates (CartPole's fast updates then write ~2.7 GB an hour)"""
@@ -226,6 +226,9 @@ class Args:
     def __post_init__(self) -> None:
         if self.servers is not None and not self.servers.strip(" ,"):
             raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {self.servers!r}")
+        for name in ("env", "run_dir", "resume", "tls_ca", "tls_server_name"):
+            if getattr(self, name) == "":  # (a shell variable left unset: "$RUN"), not "not given"
+                raise ValueError(f"--{_flag(name)}: expected a value, got an empty string")
         if self.env is None and self.servers is None:
             object.__setattr__(self, "env", DEFAULT_ENV)  # running servers say what they serve
         positive = ["num_servers", "envs_per_server", "num_envs", "total_timesteps", "num_steps", "num_minibatches"]
@@ -241,7 +244,7 @@ class Args:
             "torch_threads",
             "seed",
         ]
-        for name in [*non_negative, "target_kl", "ent_coef"]:
+        for name in [*non_negative, "target_kl", "ent_coef", "vf_coef"]:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"--{_flag(name)}: expected a value >= 0, got {value}")
@@ -285,6 +288,19 @@ class Args:
             from env_server.protocol import check_token
 
             check_token(self.auth_token, "--auth-token")
+        if self.wrappers.strip() != "auto":
+            from env_server.config import ServerConfig
+
+            try:
+                ServerConfig(env=DEFAULT_ENV, wrappers=wrapper_names(self.wrappers, ""))
+            except ValueError as err:
+                raise ValueError(f"--{err}") from None  # ("wrappers: expected names among ...")
+        if self.servers is None and (self.tls or self.tls_ca):
+            flag = "--tls" if self.tls else "--tls-ca"
+            raise ValueError(
+                f"{flag}: connects to running --servers with TLS; the env servers this command starts speak "
+                "plaintext on loopback (or a Unix socket)"
+            )
         if self.servers is None:
             servers, _ = self.local_layout()  # raises on a layout that does not add up
             if self.backend == "remote" and self.pipeline_groups > servers:

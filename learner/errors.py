@@ -14,6 +14,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidRequestError",
     "InvalidResponseError",
+    "OptionError",
     "RemoteEnvError",
     "RemoteTimeoutError",
     "RunDirWriteError",
@@ -34,6 +35,12 @@ class InvalidArgumentError(EnvFleetError, ValueError):
     the argument, what was expected and what came (e.g. ``timeout=float("inf")``, reset ``options``
     that cannot be sent, a batch of actions of the wrong shape). An action outside the space is an
     :class:`InvalidRequestError` instead: it names the env and its server."""
+
+
+class OptionError(EnvFleetError, ValueError):
+    """A command-line option's value that a command can only find wrong once it runs (against a resumed
+    run's checkpoint, or what the servers serve): the command says so as a usage error, exit status 2, as
+    no retry would mend it (the Kubernetes Job fails at once on 2)."""
 
 
 class RunDirWriteError(EnvFleetError, OSError):

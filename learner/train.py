@@ -66,6 +66,7 @@ from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
     InvalidResponseError,
+    OptionError,
     RemoteEnvError,
     RemoteTimeoutError,
     RunDirWriteError,
@@ -196,7 +197,16 @@ def fleet_spec(args: Args) -> FleetSpec:
 
 def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
+    if not str(run_dir):
+        raise ValueError("--resume: expected a value, got an empty string")
     config = Path(run_dir) / rundir.CONFIG
+    if Path(run_dir).is_file():
+        folder = Path(run_dir).parent
+        hint = f"its run dir, {folder.parent}" if folder.name == rundir.CHECKPOINTS else "the run dir it belongs to"
+        raise ValueError(
+            f"--resume: expected a run dir (the run goes on from its latest checkpoint), got the file {run_dir}; "
+            f"pass {hint}"
+        )
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
     recorded = rundir.read_json(config)
@@ -512,20 +522,20 @@ def stopped_in_update(saved_step: int | None) -> str:
 
 
 def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
-    """ValueError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
+    """OptionError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
     do: its env steps are done, or it was solved under a bar no lower than --stop-at-return."""
     counters = checkpoint["counters"]
     done = int(counters["global_step"])
     total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
     if done >= total:
-        raise ValueError(
+        raise OptionError(
             f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
             f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
         )
     solved_at, solved_under = counters.get("solved_at_step"), counters.get("solved_threshold")
     stop_at = args.stop_at_return
     if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
-        raise ValueError(
+        raise OptionError(
             f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
             f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
             "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"

@@ -60,7 +60,9 @@ def test_resume_continues_a_run_with_more_steps(
     shutil.copytree(trained_run, run)
     # A total the run already reached: said at once, nothing touched.
     before = sorted(p.name for p in run.iterdir())
-    assert main(["train", "--resume", str(run), "--total-timesteps", "32"]) == 1
+    with pytest.raises(SystemExit) as exit_info:  # (a usage error: the Kubernetes Job fails at once, no retry)
+        main(["train", "--resume", str(run), "--total-timesteps", "32"])
+    assert exit_info.value.code == 2
     assert (
         "--total-timesteps: the run in" in capsys.readouterr().err and sorted(p.name for p in run.iterdir()) == before
     )
@@ -92,7 +94,9 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     capsys.readouterr()
     before = sorted(p.name for p in run.iterdir())
     for again in ([], ["--stop-at-return", "0"], ["--total-timesteps", "1000"]):
-        assert main(["train", "--resume", str(run), *again]) == 1
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--resume", str(run), *again])
+        assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert f"--stop-at-return: the run in {run} was solved at step 78" in err, err
         assert "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return" in err
@@ -181,7 +185,9 @@ def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it
     capsys.readouterr()
 
     # The bar is in the checkpoint: a resumed run is judged by it.
-    assert main(["train", "--resume", str(run), "--stop-at-return", "0.7", "--total-timesteps", "192"]) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(run), "--stop-at-return", "0.7", "--total-timesteps", "192"])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"the run in {run} was solved at step {solved_at:,} (mean return of the last 20 episodes >= 0.7)" in err
 
@@ -387,6 +393,17 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--connect-timeout", "inf"], "--connect-timeout: expected a finite number, got inf"),
         (["--give-up-after", "nan"], "--give-up-after: expected a value > 0, got nan"),
         (["--step-delay-ms", "nan"], "--step-delay-ms: expected a finite number, got nan"),
+        (["--timeout", "abc"], "argument --timeout: expected a number, got 'abc'"),
+        (["--learning-rate", "fast"], "argument --learning-rate: expected a number, got 'fast'"),
+        (["--vf-coef", "-1"], "--vf-coef: expected a value >= 0, got -1.0"),
+        (["--wrappers", "foo"], "--wrappers: expected names among atari, clip-action, flatten, got unknown wrapper"),
+        (["--wrappers", "atari,atari"], "--wrappers: expected each wrapper at most once"),
+        (["--env", ""], "--env: expected a value, got an empty string"),
+        (["--run-dir", ""], "--run-dir: expected a value, got an empty string"),
+        (["--resume", ""], "--resume: expected a value, got an empty string"),
+        (["--tls"], "--tls: connects to running --servers with TLS; the env servers this command starts speak"),
+        (["--tls-ca", "ca.pem"], "--tls-ca: connects to running --servers with TLS"),
+        (["--servers", "a:1", "--tls-ca", "/nonexistent/ca.pem"], "--tls-ca /nonexistent/ca.pem: cannot read it"),
     ],
 )
 def test_train_rejects_bad_options_naming_them(
@@ -426,7 +443,6 @@ def test_no_command_names_the_commands(argv: list[str], capsys: pytest.CaptureFi
     ("argv", "message"),
     [
         (["eval", "--checkpoint", "notes.txt"], "notes.txt: expected an envfleet checkpoint"),
-        (["eval", "--checkpoint", "notes.txt", "--device", "banana"], "--device: expected auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_eval_refuses_bad_input_before_doing_anything(
@@ -443,8 +459,10 @@ def test_eval_refuses_bad_input_before_doing_anything(
     ("argv", "message"),
     [
         (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
-        (["--seconds", "-1"], "--seconds: expected a finite number > 0, got -1.0"),
-        (["--seconds", "inf"], "--seconds: expected a finite number > 0, got inf"),
+        (["--seconds", "-1"], "argument --seconds: expected seconds > 0, got '-1'"),
+        (["--seconds", "inf"], "argument --seconds: expected seconds > 0, got 'inf'"),
+        (["--seconds", "abc"], "argument --seconds: expected seconds > 0, got 'abc'"),
+        (["--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
         (["--suites", "speed"], "--suites: unknown ['speed']"),
         (["--suites", ""], "--suites: expected some of ['throughput', 'latency', 'ppo', 'rpc'], got none"),
         (["--suites", "throughput", "--workloads", ""], "--workloads: expected some of ['cartpole-8', "),
@@ -455,7 +473,7 @@ def test_eval_refuses_bad_input_before_doing_anything(
         (["--suites", "latency", "--latency-sizes", "1,3"], "--latency-sizes: [3] do not split evenly"),
         (["--suites", "latency", "--latency-sizes", "2,18"], "--latency-sizes: [18] do not split evenly"),
         (["--latency-sizes", "1,,2"], "argument --latency-sizes: expected comma-separated numbers of envs such as"),
-        (["--latency-delay-ms", "0"], "--latency-delay-ms: expected a finite number > 0, got 0.0"),
+        (["--latency-delay-ms", "0"], "argument --latency-delay-ms: expected milliseconds > 0, got '0'"),
         (["--suites", "ppo", "--ppo-env", "Nope-v0"], "--ppo-env: cannot build 'Nope-v0'"),
         (["--out", "notes.txt/bench"], "--out: cannot make {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a"),
     ],
@@ -679,11 +697,73 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
     )
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("argv", [["--version"], ["train", "--version"], ["eval", "--version"]])
+def test_version(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["--version"])
+        main(argv)
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("learner (envfleet) ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["eval", ""], "argument PATH: expected a path, got an empty string"),
+        (["eval", "--checkpoint", ""], "argument --checkpoint: expected a path, got an empty string"),
+        (["eval", "r", "--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
+        (["eval", "r", "--device", "gpu"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+        (["eval", "r", "--wrappers", "foo"], "--wrappers: expected names among atari, clip-action, flatten"),
+        (["eval", "r", "--tls"], "--tls: connects to running --servers with TLS; the env server this command"),
+        (["eval", "r", "--auth-token", "a b"], "--auth-token: expected printable ASCII without spaces"),
+        (["eval", "r", "--auth-token", ""], "--auth-token: expected a non-empty token, got an empty one"),
+        (["eval", "r", "--servers", "a:1", "--tls-server-name", "x"], "--tls-server-name: applies to TLS connections"),
+        (["servers", "--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
+        (["servers", "--servers", "a:1", "--tls-server-name", "x"], "--tls-server-name: applies to TLS connections"),
+        (["servers", "--servers", "a:1", "--tls-ca", "/nonexistent/ca.pem"], "--tls-ca /nonexistent/ca.pem: cannot"),
+        (["servers", "--servers", "a:1", "--auth-token", ""], "--auth-token: expected a non-empty token"),
+        (["demo", "--env", ""], "--env: expected a gymnasium id or a package.module:Name entry point, got ''"),
+    ],
+)
+def test_eval_servers_and_demo_refuse_bad_options_as_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked as train checks the same options, before anything starts: exit status 2 and a usage line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage == f"usage: learner {argv[0]} [options]; see learner {argv[0]} --help"
+    assert error.startswith(f"learner {argv[0]}: error: ") and message in error, error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: cannot build it: NameNotFound: Environment `NoSuchEnv`"),
+        (["--env-kwargs", '{"foo": 1}'], 'cannot build it with --env-kwargs {"foo": 1}: TypeError: '),
+    ],
+)
+def test_demo_names_an_env_it_cannot_build_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", *argv, "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and message in err, err
+    assert "envfleet demo:" not in capsys.readouterr().out  # (said before any banner or server)
+
+
+def test_resume_given_a_checkpoint_file_names_its_run_dir(
+    trained_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = rundir.list_checkpoints(trained_run)[-1]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(checkpoint)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--resume: expected a run dir (the run goes on from its latest checkpoint), got the file {checkpoint}; " in err
+    )
+    assert f"pass its run dir, {trained_run}" in err
 
 
 def test_a_run_with_nothing_to_learn_from_exits_with_its_envs_error(

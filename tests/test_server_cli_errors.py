@@ -171,7 +171,7 @@ def test_a_flag_overrides_a_bad_variable_and_its_own_errors_name_the_flag() -> N
         ),
         (
             ["--env", "CartPole-v1", "--claim-timeout", "inf"],
-            "argument --claim-timeout: expected a finite number >= 0, got 'inf'",
+            "argument --claim-timeout: expected a finite number of seconds > 0, got 'inf'",
         ),
         (["--env", "CartPole-v1", "--grace", "nan"], "argument --grace: expected a finite number >= 0, got 'nan'"),
         (

@@ -348,7 +348,7 @@ def print_table(rows: dict[str, Any], step_delay_ms: float) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m learner.benchmarks.cartpole_solve",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=(__doc__ or "").split("\n\n")[0].replace("``", ""),  # (plain text, not RST)
         epilog="configurations: " + ", ".join(f"{k} ({v.label})" for k, v in CONFIGS.items()),
     )
     parser.add_argument(

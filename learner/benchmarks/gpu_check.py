@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         default=f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}",
+        metavar="DIR",
         help="where runs and gpu_check.json go (default: runs/gpu-check-<date>-<time>)",
     )
     args = parser.parse_args(argv)

@@ -289,25 +289,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m learner.benchmarks.soak",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--minutes", type=number(0, above=True), default=10.0, help="how long to run")
-    parser.add_argument("--kill-every", type=number(0, above=True), default=30.0, help="seconds between two kills")
-    parser.add_argument("--down", type=number(0), default=2.0, help="seconds a killed server stays down")
-    parser.add_argument("--servers", type=number(1, integer=True), default=4, help="env servers")
+    parser.add_argument(
+        "--minutes", type=number(0, above=True), default=10.0, metavar="MIN", help="minutes to run (default: 10)"
+    )
+    parser.add_argument(
+        "--kill-every",
+        type=number(0, above=True),
+        default=30.0,
+        metavar="S",
+        help="seconds between two kills (default: 30)",
+    )
+    parser.add_argument(
+        "--down", type=number(0), default=2.0, metavar="S", help="seconds a killed server stays down (default: 2)"
+    )
+    parser.add_argument(
+        "--servers", type=number(1, integer=True), default=4, metavar="N", help="env servers (default: 4)"
+    )
     parser.add_argument(
         "--control",
         type=number(0, integer=True),
         default=1,
-        help="servers never killed (their memory is watched); fewer than --servers",
+        metavar="N",
+        help="servers never killed (their memory is watched); fewer than --servers (default: 1)",
     )
-    parser.add_argument("--envs-per-server", type=number(1, integer=True), default=4, help="IndexEnv envs per server")
     parser.add_argument(
-        "--timeout", type=number(0, above=True), default=5.0, help="RemoteVectorEnv's timeout (seconds per call)"
+        "--envs-per-server",
+        type=number(1, integer=True),
+        default=4,
+        metavar="N",
+        help="IndexEnv envs per server (default: 4)",
     )
-    parser.add_argument("--warmup", type=number(0), default=30.0, help="seconds before the first memory reading")
-    parser.add_argument("--out", default=None, help="write the figures as JSON here")
-    parser.add_argument("--server-log", default=None, help="append the servers' logs to this file")
+    parser.add_argument(
+        "--timeout",
+        type=number(0, above=True),
+        default=5.0,
+        metavar="S",
+        help="RemoteVectorEnv's timeout, seconds per call (default: 5)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=number(0),
+        default=30.0,
+        metavar="S",
+        help="seconds before the first memory reading (default: 30)",
+    )
+    parser.add_argument("--out", default=None, metavar="PATH", help="also write the figures, as JSON, to this file")
+    parser.add_argument("--server-log", default=None, metavar="PATH", help="append the servers' logs to this file")
     args = parser.parse_args(argv)
     if args.control >= args.servers:
         parser.error(f"--control: expected fewer than --servers ({args.servers}), got {args.control}")
