@@ -116,7 +116,14 @@ def find_checkpoint(path: str | Path, *, checkpoints_folder: bool = False) -> Pa
             )
             hint = f"; {best} is there: pass that file to evaluate it" if best is not None else ""
         raise FileNotFoundError(f"{path}: expected {what}, found none{hint}")
-    raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there")
+    hint = ""
+    if path.name == BEST_CHECKPOINT and path.parent.is_dir() and list_checkpoints(path.parent.parent):
+        hint = (
+            f" (a run writes {BEST_CHECKPOINT}, unless --no-save-best, at an update's end once 20 episodes have "
+            f"ended, when their mean return is a new best: this one has none; pass {path.parent.parent} for its "
+            "latest checkpoint)"
+        )
+    raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there{hint}")
 
 
 def _reason(err: BaseException) -> str:

@@ -162,11 +162,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
         return 130
     run_dir = Path(summary["run_dir"])
-    recent = summary["final_return_mean"]
-    print(
-        f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; mean return of the last 20 episodes: "
-        + ("-" if recent is None else format_return(recent))
+    recent, ended = summary["final_return_mean"], min(int(summary.get("episodes", 20)), 20)
+    returns = (
+        "no episode ended"
+        if recent is None
+        else f"mean return of the last {ended} episode{'' if ended == 1 else 's'}: {format_return(recent)}"
     )
+    print(f"{summary['total_steps']:,} env steps in {summary['seconds']:.1f} s; {returns}")
     for line in (_faults_line(summary), slowest_line(summary)):
         if line:
             print(line)
@@ -531,9 +533,10 @@ def _presets_epilog() -> str:
         "Hyperparameter presets (--preset auto picks atari for image observations, mujoco for Box actions,\n"
         "classic otherwise; any option given overrides its preset value):\n\n"
         + "\n".join(lines)
-        + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically, so 84x84 frame\n"
-        "stacks cross the wire. Writes to the run dir: config.json, metrics.jsonl (one line per update),\n"
-        "TensorBoard events, checkpoints/, summary.json and returns.png.\n\n"
+        + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically on the servers\n"
+        "this command starts, so 84x84 frame stacks cross the wire (--servers: start them so).\n"
+        "Writes to the run dir: config.json, metrics.jsonl (one line per update), TensorBoard events,\n"
+        "checkpoints/, summary.json and returns.png.\n\n"
         "examples:\n"
         "  learner train --env CartPole-v1 --stop-at-return 475\n"
         "  learner train --env InvertedPendulum-v5 --total-timesteps 300000\n"
@@ -926,7 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAMES",
         help="comma-separated env-server wrappers for the envs made here, instead of the run's; auto: 'atari' for "
-        "ALE/ ids, none otherwise",
+        "ALE ids, none otherwise; none: none",
     )
     evaluate.add_argument(
         "--backend",

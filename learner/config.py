@@ -55,7 +55,8 @@ class Args:
     env: str | None = field(default=None, metadata={"metavar": "ID"})
     """gymnasium id or package.module:Factory entry point (default: CartPole-v1; with --servers, the
     env the servers serve, which a given --env must match). ALE ids (ALE/Pong-v5) get the env
-    server's 'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) and the Nature CNN"""
+    server's 'atari' wrappers (84x84 grayscale, frame skip 4, 4-frame stack) on the servers this command
+    starts (--servers: start them with --wrappers atari), and the Nature CNN"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the env's constructor, as a JSON object, for the servers this command starts
     (or --backend gym's envs); with --servers, set them where the servers are started"""
@@ -83,7 +84,7 @@ class Args:
     keeps every step on gRPC (for comparisons)"""
     wrappers: str = field(default="auto", metadata={"metavar": "NAMES"})
     """comma-separated env-server wrappers for the servers this command starts; auto: 'atari' for
-    ALE/ ids, none otherwise"""
+    ALE ids, none otherwise; none: none"""
     step_delay_ms: float = field(default=0.0, metadata={"metavar": "MS"})
     """make every env step take this many ms longer (passed to the servers this command starts)"""
     max_episode_steps: int | None = field(default=None, metadata={"metavar": "N"})
@@ -171,7 +172,8 @@ class Args:
     torch_deterministic: bool = True
     """cudnn.deterministic: reproducible convolutions on CUDA"""
     progress: bool | None = None
-    """show a progress bar (default: when stderr is a terminal)"""
+    """show a progress bar (default: when stderr is a terminal; otherwise a line on stdout every 60 s, for
+    logs: steps, SPS, mean return)"""
     tensorboard: bool = True
     """write TensorBoard event files (CleanRL's tag names)"""
     plot: bool = True
@@ -357,10 +359,19 @@ class Args:
 
 
 def wrapper_names(wrappers: str, env: str) -> tuple[str, ...]:
-    """``--wrappers`` as names: comma-separated; ``auto``: atari for ALE ids, else none."""
+    """``--wrappers`` as names: comma-separated; ``none`` (or nothing): none; ``auto``: atari for ALE ids
+    (``ALE/Pong-v5``, also as ``ale_py:ALE/Pong-v5``), else none."""
     if wrappers.strip() == "auto":
-        return ("atari",) if env.startswith("ALE/") else ()
+        return ("atari",) if is_atari(env) else ()
+    if wrappers.strip() == "none":
+        return ()
     return tuple(w.strip() for w in wrappers.split(",") if w.strip())
+
+
+def is_atari(env: str) -> bool:
+    """Whether ``env`` names an ALE game (``ALE/Pong-v5``, ``ale_py:ALE/Pong-v5``, ``ale_py:PongNoFrameskip-v4``)."""
+    module, _, name = env.rpartition(":")
+    return name.startswith("ALE/") or (module.startswith("ale_py") and "NoFrameskip" in name)
 
 
 def check_device(spec: str) -> str:

@@ -99,11 +99,20 @@ def evaluate(
         raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
     ppo = state["ppo"]
     kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
-    server_wrappers = wrapper_names(run_args.wrappers if wrappers is None else wrappers, run_args.env or "")
-    # A run trained on running servers records neither their kwargs nor their wrappers.
-    unrecorded = run_args.servers is not None and (servers is None or video_path is not None)
+    # What the run's envs were beyond their id, as their servers said (checkpoints since config.json's
+    # envs.wrappers): a run trained on running servers has their wrappers and time limit nowhere else.
+    served = state.get("served") or {}
+    on_servers = run_args.servers is not None
+    recorded_wrappers = (",".join(served["wrappers"]) or "none") if on_servers and "wrappers" in served else None
+    run_wrappers = recorded_wrappers or run_args.wrappers
+    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "")
+    max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
+    # A run trained on running servers does not know their env kwargs (nor, before, their wrappers).
+    unrecorded = on_servers and (servers is None or video_path is not None)
     if unrecorded and env_kwargs is None:
-        _warn_unknown_env_kwargs(run_args, kwargs)
+        _warn_unknown_env_kwargs(
+            run_args, kwargs, video_only=servers is not None, limit_known="max_episode_steps" in served
+        )
     fleet = FleetSpec(
         env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
@@ -112,7 +121,7 @@ def evaluate(
         envs_per_server=min(num_envs, episodes),
         env_kwargs=kwargs,
         wrappers=server_wrappers,
-        max_episode_steps=run_args.max_episode_steps,  # (the run's local servers' time limit)
+        max_episode_steps=max_episode_steps,  # (the time limit of the run's envs)
         transport="unix" if transport == "unix" else "tcp",
         step_socket=step_socket,
         auth_token=auth_token,
@@ -139,7 +148,7 @@ def evaluate(
                         _atari_hint(state["observation_space"], obs_space, servers is not None)
                         or (
                             _wrappers_hint(run_args.servers, server_wrappers)
-                            if unrecorded and servers is None and wrappers is None
+                            if unrecorded and servers is None and wrappers is None and recorded_wrappers is None
                             else ""
                         )
                     )
@@ -177,7 +186,7 @@ def evaluate(
                     envs_per_server=1,
                     env_kwargs={**kwargs, "render_mode": "rgb_array"},
                     wrappers=server_wrappers,
-                    max_episode_steps=run_args.max_episode_steps,
+                    max_episode_steps=max_episode_steps,
                 )
                 spaces = (state["observation_space"], state["action_space"])
                 recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
@@ -194,7 +203,7 @@ def evaluate(
             next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
             show = progress if progress is not None else sys.stderr.isatty()
             with (
-                StopRequest("the episodes finished so far are reported") as stop,
+                StopRequest("the episodes finished so far are reported", log) as stop,
                 progress_bar(show, episodes, unit="episode", scale=False) as bar,
             ):
                 obs, infos = envs.reset(seed=seed)
@@ -260,17 +269,24 @@ def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | N
     }
 
 
-def _warn_unknown_env_kwargs(run_args: Args, kwargs: dict[str, Any]) -> None:
+def _warn_unknown_env_kwargs(run_args: Args, kwargs: dict[str, Any], *, video_only: bool, limit_known: bool) -> None:
     """Say that the envs made here may not be the ones a run trained on running servers stepped: their
     kwargs (a task's length, a level) can differ with the same spaces. (Their wrappers cannot: each of
-    the env server's changes a space whenever it changes anything, and the spaces are checked.)"""
+    the env server's changes a space whenever it changes anything, and the spaces are checked; runs
+    since config.json's envs.wrappers record them, and the servers' time limit.)"""
+    what = "env kwargs" if limit_known else "env kwargs and time limit"
+    made = "the video's env, made here, gets" if video_only else "the envs made here get"
+    limit = "" if limit_known else " and the env's own time limit"
+    elsewhere = "" if video_only else " (or evaluate on such servers with --servers)"
     log.warning(
-        "the run trained on running env servers (%s), whose env kwargs and time limit it does not record; the envs "
-        "made here get env kwargs %s and the env's own time limit: if those servers were started with other "
-        "kwargs, pass them as --env-kwargs (or evaluate on such servers with --servers, which also keeps their "
-        "--max-episode-steps)",
+        "the run trained on running env servers (%s), whose %s it does not record; %s env kwargs %s%s: if those "
+        "servers were started with other kwargs, pass them as --env-kwargs%s",
         run_args.servers,
+        what,
+        made,
         json.dumps(kwargs),
+        limit,
+        elsewhere,
     )
 
 

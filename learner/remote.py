@@ -704,6 +704,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return {c.address: dict(c.spec.versions) if c.spec is not None else {} for c in self._clients}
 
     @property
+    def wrappers(self) -> tuple[str, ...]:
+        """The env-server wrappers (``--wrappers``) the first server applies to its envs (the rest fit its
+        spaces); empty for none."""
+        spec = self._clients[0].spec
+        assert spec is not None
+        return tuple(spec.wrappers)
+
+    @property
     def env_id(self) -> str:
         """The env the servers host, as their operator named it (``--env``)."""
         spec = self._clients[0].spec

@@ -59,6 +59,7 @@ from learner.config import (
     PPOConfig,
     check_device,
     default_run_dir,
+    is_atari,
     resolve_ppo,
 )
 from learner.envs import FleetSpec, open_fleet, reward_threshold
@@ -121,6 +122,35 @@ class NothingToLearnError(EnvFleetError):
 def _versions() -> dict[str, str]:
     """What made a run (config.json): Python, envfleet and the libraries its results depend on."""
     return runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
+
+
+def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
+    """ValueError naming --action-bounds where it squashes actions without finite bounds to squash into
+    (before the run dir is made: a refused run leaves none)."""
+    space = envs.single_action_space
+    if hp.action_bounds != "squash" or not isinstance(space, gym.spaces.Box):
+        return
+    if np.isfinite(space.low).all() and np.isfinite(space.high).all():
+        return
+    why = " (the servers' clip-action wrapper serves them so)" if "clip-action" in wrappers else ""
+    raise ValueError(
+        f"--action-bounds squash: maps actions onto their bounds, but these envs' actions are {space}, "
+        f"unbounded{why}; use --action-bounds clip" + (", or start the servers without clip-action" if why else "")
+    )
+
+
+def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:
+    """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each), not the
+    atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for; "" otherwise."""
+    space = observation_space
+    raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+    if not (is_atari(env_id) and "atari" not in wrappers and raw):
+        return ""
+    return (
+        f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
+        "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
+        "the atari preset is tuned for and which are 1/12 of the bytes; start the servers with --wrappers atari"
+    )
 
 
 def _earlier_sessions(run_dir: Path) -> list[Any]:
@@ -326,9 +356,10 @@ class StopRequest:
 
     ``then`` says what follows the stop (in the warning the first one logs)."""
 
-    def __init__(self, then: str = "checkpoint and summary follow") -> None:
+    def __init__(self, then: str = "checkpoint and summary follow", logger: logging.Logger | None = None) -> None:
         self.requested = False
         self._then = then
+        self._log = logger or log
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -340,8 +371,11 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self.requested:  # (a second SIGTERM: the stop asked for stands)
+            return
         self.requested = True
-        log.warning("stopping after this step (%s); Ctrl-C again to abort at once", self._then)
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        self._log.warning("%s: stopping after this step (%s); Ctrl-C again to abort at once", what, self._then)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
@@ -357,6 +391,19 @@ def set_torch_threads(device: torch.device, image: bool, threads: int = 0) -> No
         # A 64x64 MLP is too small to gain from threads; extra threads only contend with the env
         # servers for the same cores (measured: `learner eval` 4-8x slower with torch's default).
         torch.set_num_threads(1)
+
+
+PROGRESS_LINE_S = 60.0
+"""How often ``learner train`` without a terminal (no progress bar) prints a progress line."""
+
+
+def progress_line(row: dict[str, Any], total: int) -> str:
+    """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed."""
+    step, recent = row["global_step"], row["episodic_return_mean"]
+    return (
+        f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {row['sps']:,.0f} SPS, "
+        f"mean return {'-' if recent is None else format_return(recent)}, {row['seconds']:.0f} s"
+    )
 
 
 @contextlib.contextmanager
@@ -1011,6 +1058,16 @@ def train(
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
+        # What the envs are beyond their id (recorded: eval makes the same ones for a run on --servers).
+        wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
+        served = {
+            "wrappers": wrappers,
+            "max_episode_steps": getattr(getattr(envs, "spec", None), "max_episode_steps", None),
+        }
+        raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
+        if raw:
+            log.warning("%s", raw)
+        _check_squash(resolve_ppo(args, envs.single_observation_space, envs.single_action_space), envs, wrappers)
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
@@ -1097,6 +1154,7 @@ def train(
                 "observation_space": str(obs_space),
                 "action_space": str(action_space),
                 "autoreset_mode": str(autoreset.value),
+                **served,
             },
             "device": str(device),
             "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
@@ -1134,6 +1192,9 @@ def train(
         stack.callback(_close_quietly, metrics_file)
         show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
+        # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
+        progress_lines = args.progress is None and bar is None
+        last_line = time.perf_counter()
         stop = stack.enter_context(StopRequest())
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
@@ -1240,6 +1301,7 @@ def train(
                 "ppo": dataclasses.asdict(hp),
                 "observation_space": str(obs_space),
                 "action_space": str(action_space),
+                "served": served,
                 "model": agent.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 **state,
@@ -1314,7 +1376,7 @@ def train(
 
         def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
             """Count an update done and log it: metrics.jsonl, TensorBoard, the progress bar."""
-            nonlocal last_row, last_record
+            nonlocal last_row, last_record, last_line
             counters.update += 1
             now = time.perf_counter()
             counters.seconds = now - start_time
@@ -1343,6 +1405,9 @@ def train(
                 bar.set_postfix_str(
                     f"SPS {timing['sps']:,.0f}, return {'-' if recent is None else format_return(recent)}"
                 )
+            elif progress_lines and now - last_line >= PROGRESS_LINE_S:
+                last_line = now
+                print(progress_line(row, hp.total_timesteps), flush=True)
 
         def finished(state: dict[str, Any]) -> None:
             """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's

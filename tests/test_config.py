@@ -71,3 +71,38 @@ def test_stop_at_return_inf_trains_to_the_budget(tmp_path: Path) -> None:
     summary = train(args)
     assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 32
     assert rundir.read_json(run / rundir.CONFIG)["args"]["stop_at_return"] is None
+
+
+@pytest.mark.parametrize(
+    ("env", "wrappers", "expected"),
+    [
+        ("ALE/Pong-v5", "auto", ("atari",)),
+        ("ale_py:ALE/Pong-v5", "auto", ("atari",)),
+        ("ale_py:PongNoFrameskip-v4", "auto", ("atari",)),
+        ("CartPole-v1", "auto", ()),
+        ("ALE/Pong-v5", "none", ()),
+        ("ALE/Pong-v5", "", ()),
+        ("HalfCheetah-v5", "clip-action", ("clip-action",)),
+    ],
+)
+def test_wrapper_names_auto_none_and_listed(env: str, wrappers: str, expected: tuple[str, ...]) -> None:
+    from learner.config import wrapper_names
+
+    assert wrapper_names(wrappers, env) == expected
+
+
+def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
+    import gymnasium as gym
+    import numpy as np
+
+    from learner.train import raw_atari_frames
+
+    raw = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
+    stacked = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    warning = raw_atari_frames("ALE/Pong-v5", [], raw)
+    assert warning.startswith("ALE/Pong-v5 without the env server's atari wrapper: its envs serve raw frames")
+    assert warning.endswith("start the servers with --wrappers atari")
+    assert raw_atari_frames("ale_py:ALE/Pong-v5", ["clip-action"], raw)
+    assert not raw_atari_frames("ALE/Pong-v5", ["atari"], stacked)
+    assert not raw_atari_frames("CarRacing-v3", [], gym.spaces.Box(0, 255, (96, 96, 3), np.uint8))
+    assert not raw_atari_frames("ALE/Pong-v5", [], gym.spaces.Box(0, 255, (128,), np.uint8))  # (RAM)

@@ -126,9 +126,8 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("the run trained on running env servers (")
     assert warnings[0].endswith(
-        "whose env kwargs and time limit it does not record; the envs made here get env kwargs {} and the env's own "
-        "time limit: if those servers were started with other kwargs, pass them as --env-kwargs (or evaluate on "
-        "such servers with --servers, which also keeps their --max-episode-steps)"
+        "whose env kwargs it does not record; the envs made here get env kwargs {}: if those servers were started "
+        "with other kwargs, pass them as --env-kwargs (or evaluate on such servers with --servers)"
     )
 
     # --env-kwargs: the servers' task, on a local server too, and nothing left unknown: no warning. (Wrappers
@@ -142,17 +141,34 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     assert not caplog.records
 
 
-def test_eval_of_a_run_on_servers_with_wrappers_on_envs_without_them_says_to_pass_theirs(
+def test_eval_of_a_run_on_servers_with_wrappers_makes_its_envs_with_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The servers' wrappers and time limit are recorded (config.json's envs, the checkpoints' "served"):
+    eval's envs get them. Checkpoints from before that name none: a hint to pass the servers' wrappers."""
     # clip-action serves Box actions unbounded: a policy trained behind it meets other spaces without it.
     run = tmp_path / "clipped"
     box = {"length": 3, "action": "box"}
     with LocalServers(
-        "tests.envs:ClockEnv", 1, 2, env_kwargs=box, server_args=["--wrappers", "clip-action"]
+        "tests.envs:ClockEnv",
+        1,
+        2,
+        env_kwargs=box,
+        server_args=["--wrappers", "clip-action", "--max-episode-steps", "2"],
     ) as servers:
         _train(run, "--servers", servers.addresses[0])
+    config = rundir.read_json(run / rundir.CONFIG)["envs"]
+    assert (config["wrappers"], config["max_episode_steps"]) == (["clip-action"], 2)
     argv = ["eval", str(run), "--episodes", "1", "--backend", "gym", "--env-kwargs", json.dumps(box)]
+    assert _eval(capsys, *argv[1:])["length_mean"] == 2.0  # (clip-action, and the servers' time limit)
+    assert main([*argv, "--wrappers", "none"]) == 1  # (explicitly without: the spaces say no, no hint)
+    assert "but these envs (tests.envs:ClockEnv) have" in capsys.readouterr().err
+
+    old = tmp_path / "old.pt"  # a checkpoint of a version that did not record them
+    state = torch.load(rundir.list_checkpoints(run)[-1], weights_only=True)
+    del state["served"]
+    torch.save(state, old)
+    argv[1] = str(old)
     capsys.readouterr()
     assert main(argv) == 1
     err = capsys.readouterr().err

@@ -117,6 +117,17 @@ def test_eval_takes_a_runs_checkpoints_folder_as_its_latest_checkpoint_but_resum
     ), err
 
 
+def test_eval_of_a_best_pt_a_run_has_not_written_says_why(
+    cartpole_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    best = cartpole_run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT  # (32 steps: fewer than 20 episodes ended)
+    assert not best.exists()
+    code, _, err = _eval(capsys, str(best), "--episodes", "1", "--backend", "gym")
+    assert code == 1
+    assert f"{best}: expected a checkpoint file or a run dir, but nothing is there (a run writes best.pt" in err
+    assert f"this one has none; pass {cartpole_run} for its latest checkpoint)" in err, err
+
+
 def test_load_latest_readable_goes_back_past_damaged_checkpoints(
     cartpole_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

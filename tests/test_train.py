@@ -730,6 +730,27 @@ def test_options_that_do_not_apply_are_said_to_be_ignored(tmp_path: Path, caplog
     assert rundir.read_json(tmp_path / "run" / rundir.CONFIG)["policy"] == "MLP 64,64"
 
 
+def test_without_a_terminal_a_progress_line_is_printed_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner import train as train_module
+
+    monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (every update; 60 s in use)
+    train(Args(**{**_resumable(), "progress": None}, run_dir=str(tmp_path / "r")))  # (pytest's stderr: no terminal)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.partition(",")[0] for line in lines] == ["step 16/48 (33%)", "step 32/48 (67%)", "step 48/48 (100%)"]
+    assert " SPS, mean return " in lines[0] and lines[0].endswith(" s")
+    train(Args(**_resumable(), run_dir=str(tmp_path / "quiet")))  # (--no-progress: none)
+    assert "step " not in capsys.readouterr().out
+
+
+def test_squashing_unbounded_actions_is_refused_naming_the_option_before_the_run_dir(tmp_path: Path) -> None:
+    args = Args(**clock(3, action="box"), backend="gym", wrappers="clip-action", action_bounds="squash")
+    with pytest.raises(ValueError, match=r"^--action-bounds squash: maps actions onto their bounds, but these envs'"):
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
 # -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
 
 
