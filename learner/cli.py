@@ -232,8 +232,6 @@ def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str |
         if args.auth_token is not None:
             check_token(args.auth_token, "--auth-token")
         token = _auth_token(args.auth_token_file, args.auth_token) or args.auth_token
-        if args.tls_server_name is not None and not (args.tls or args.tls_ca):
-            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
         if args.servers is None and (args.tls or args.tls_ca):
             flag = "--tls" if args.tls else "--tls-ca"
             raise ValueError(
@@ -241,6 +239,8 @@ def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str |
                 "plaintext on loopback (or a Unix socket)"
             )
         tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
+        if args.tls_server_name is not None and not (args.tls or tls_ca):  # ($ENVFLEET_TLS_CA counts)
+            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
     except ValueError as err:
         args.parser.error(str(err))
     return token, tls_ca or args.tls, tls_server_name

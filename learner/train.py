@@ -240,7 +240,7 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
     recorded = rundir.read_json(config)
-    saved = Args.from_json(recorded["args"])
+    saved = dataclasses.replace(Args.from_json(recorded["args"]), progress=None)  # (this session's display)
     if overrides.get("run_dir") not in (None, str(run_dir)):
         raise ValueError(
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"

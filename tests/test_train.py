@@ -882,6 +882,8 @@ def test_config_json_keeps_each_earlier_sessions_record_through_resumes(tmp_path
     assert "earlier_sessions" not in first and "earlier_sessions" not in second  # (each kept once, in order)
     assert first["args"]["update_epochs"] == second["args"]["update_epochs"] == 3
     assert all(s["started"] and s["versions"] for s in (first, second))
+    # The progress display is the session's, not the run's: not taken over from its config.json.
+    assert first["args"]["progress"] is False and resume_args(run).progress is None
 
 
 def test_a_run_moved_onto_running_servers_drops_the_options_of_the_servers_it_started(tmp_path: Path) -> None:
