@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -153,12 +154,45 @@ def _load_entry_point(spec: str) -> Callable[..., Any]:
     return obj
 
 
+def _gym_id(env: str) -> str:
+    """A gymnasium id without its ``module:`` prefix (``ale_py:ALE/Pong-v5``: ``ALE/Pong-v5``)."""
+    return env.rpartition(":")[2]
+
+
+def _is_ale(env: str) -> bool:
+    """Whether gymnasium id ``env`` (``module:`` prefix or not) names one of ale-py's Atari envs:
+    ``ALE/...``, or an id (``PongNoFrameskip-v4``) registered to ale-py's AtariEnv."""
+    if is_entry_point(env):
+        return False
+    module, _, name = env.rpartition(":")
+    if name.startswith("ALE/"):
+        return True
+    if module.partition(".")[0] == "ale_py":
+        _register_optional_envs()  # (as gymnasium.make's import of the module would)
+    spec = gym.registry.get(name)
+    return spec is not None and isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
+
+
+def _env_kwargs(config: ServerConfig) -> dict[str, Any]:
+    """The kwargs each env is made with: ``--env-kwargs``, and for the 'atari' wrapper on an ALE env
+    ``frameskip=1`` (AtariPreprocessing skips frames itself, so the ALE env must not: v5 envs skip 4 by
+    default). EnvBuildError for a frameskip other than 1 given with it (the wrapper's own error
+    says to disable frame-skipping, not which option does)."""
+    kwargs = dict(config.env_kwargs)
+    if "atari" not in config.wrappers or not _is_ale(config.env):
+        return kwargs
+    frameskip = kwargs.setdefault("frameskip", 1)
+    if frameskip != 1:
+        raise EnvBuildError(
+            f"--env-kwargs frameskip={json.dumps(frameskip, default=repr)} conflicts with --wrappers atari, which "
+            "skips 4 frames itself (leave frameskip out, or set it to 1)"
+        )
+    return kwargs
+
+
 def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     """A zero-argument function that builds one wrapped env."""
-    kwargs = dict(config.env_kwargs)
-    if "atari" in config.wrappers and config.env.startswith("ALE/"):
-        # AtariPreprocessing skips frames itself, so the ALE env must not (v5 envs skip 4 by default).
-        kwargs.setdefault("frameskip", 1)
+    kwargs = _env_kwargs(config)
     wrappers = [WRAPPERS[name] for name in config.wrappers]
 
     limit = config.max_episode_steps
@@ -313,7 +347,7 @@ def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
     For comparisons against local vector envs (benchmarks, tests); ``step_delay_ms`` and the
     vectorization do not apply to a single env.
     """
-    if config.env.startswith("ALE/"):
+    if _gym_id(config.env).startswith("ALE/"):
         _register_optional_envs()
     return _env_factory(config)()
 
@@ -342,18 +376,34 @@ def check_env(config: ServerConfig) -> None:
                 f"cannot import module {module_name!r} of entry point {config.env!r}: No module named {module_name!r}"
             )
         return
-    if config.env.startswith("ALE/"):
+    if _gym_id(config.env).startswith("ALE/"):
         _register_optional_envs()
     # gymnasium.make's own lookup (private; where a gymnasium version lacks it, building tells).
     find_spec = getattr(gym.envs.registration, "_find_spec", None)
-    if find_spec is None:
-        return
-    try:
-        with warnings.catch_warnings():  # (gymnasium.make warns of old versions again when it builds)
-            warnings.simplefilter("ignore")
-            find_spec(config.env)
-    except Exception as err:
-        raise _build_error(config, err) from err
+    if find_spec is not None:
+        try:
+            with warnings.catch_warnings():  # (gymnasium.make warns of old versions again when it builds)
+                warnings.simplefilter("ignore")
+                find_spec(config.env)
+        except Exception as err:
+            hint = _ale_hint(config.env) if isinstance(err, gym.error.NameNotFound) else None
+            if hint is not None:
+                raise EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err).rstrip('.')}; {hint}") from err
+            raise _build_error(config, err) from err
+    _env_kwargs(config)  # (a frameskip the atari wrapper conflicts with)
+
+
+def _ale_hint(env: str) -> str | None:
+    """What to do about gymnasium id ``env`` (``PongNoFrameskip-v4``), unknown to gymnasium's registry,
+    where it is one of those ale-py registers only when imported (its v0 and v4 ids; its ALE/ ids are
+    registered here for the server); None for any other."""
+    if ":" in env:
+        return None
+    _register_optional_envs()  # (what importing ale_py does anyway: registers its ids)
+    if not _is_ale(env):
+        return None
+    version = env.rpartition("-")[2]
+    return f"ALE's {version} ids are registered by ale_py: use --env ale_py:{env}"
 
 
 def _build_error(config: ServerConfig, err: Exception) -> EnvBuildError:

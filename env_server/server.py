@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import ipaddress
 import json
 import logging
@@ -452,6 +453,12 @@ async def _serve(
             except Exception:  # (the env's own close: the rest of the teardown still runs)
                 log.exception("the envs' close raised")
                 closed = False
+            # Closed, the envs are let go of now, not at the interpreter's shutdown (the watchdog
+            # thread, which holds the service, runs until then): a simulator whose bindings are still
+            # alive then reports them as leaked, ale-py's nanobind in ~20 lines on stderr.
+            service.detach()
+            env = None
+            gc.collect()
         if served and config.unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(config.unix_socket)

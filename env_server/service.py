@@ -648,6 +648,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def detach(self) -> None:
+        """Let go of the vector env (the server calls it once the envs are closed): whatever still
+        holds this service (the server's watchdog thread, for one, which runs until the process
+        exits) no longer keeps the envs alive until the interpreter's shutdown, where a simulator's
+        bindings would then report them leaked (ale-py's nanobind: "nanobind: leaked 1 instances!")."""
+        self._env = None
+
 
 # Simulators whose version may change an env's dynamics: EnvSpec.versions names them when loaded.
 SIMULATORS = ("mujoco", "ale_py", "Box2D", "pybullet", "dm_control")  # (module names, as imported)

@@ -369,9 +369,10 @@ def wrapper_names(wrappers: str, env: str) -> tuple[str, ...]:
 
 
 def is_atari(env: str) -> bool:
-    """Whether ``env`` names an ALE game (``ALE/Pong-v5``, ``ale_py:ALE/Pong-v5``, ``ale_py:PongNoFrameskip-v4``)."""
+    """Whether ``env`` names an ALE game (``ALE/Pong-v5``, ``ale_py:ALE/Pong-v5``, ``ale_py:PongNoFrameskip-v4``:
+    ale_py's module names the ids it registers)."""
     module, _, name = env.rpartition(":")
-    return name.startswith("ALE/") or (module.startswith("ale_py") and "NoFrameskip" in name)
+    return name.startswith("ALE/") or module.partition(".")[0] == "ale_py"
 
 
 def check_device(spec: str) -> str:

@@ -515,6 +515,9 @@ def _forwarded_level() -> str:
 
 # Lines envs print when they are built (ale-py's, once per server): not warnings.
 _BANNERS = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
+# Known third-party noise, once per env built, that the user can do nothing about: debug lines.
+# Recent MuJoCo (4.0, say) on gymnasium's own half_cheetah.xml, which sets settotalmass (HalfCheetah).
+_NOISE = ("WARNING: compiler attribute 'settotalmass' is deprecated",)
 
 
 def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[str]) -> None:
@@ -534,6 +537,8 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
                 level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
             elif line.startswith(_BANNERS):
                 level = logging.INFO  # an env's own greeting on being built, not a problem
+            elif line.startswith(_NOISE):
+                level = logging.DEBUG
             server_log.log(level, "%s", line)
 
 

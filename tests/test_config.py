@@ -79,6 +79,7 @@ def test_stop_at_return_inf_trains_to_the_budget(tmp_path: Path) -> None:
         ("ALE/Pong-v5", "auto", ("atari",)),
         ("ale_py:ALE/Pong-v5", "auto", ("atari",)),
         ("ale_py:PongNoFrameskip-v4", "auto", ("atari",)),
+        ("ale_py:Pong-v4", "auto", ("atari",)),
         ("CartPole-v1", "auto", ()),
         ("ALE/Pong-v5", "none", ()),
         ("ALE/Pong-v5", "", ()),
