@@ -30,7 +30,7 @@ from env_server.protocol import package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.config import PRESETS, Args, check_device
-from learner.errors import EnvFleetError, OptionError
+from learner.errors import EnvFleetError, OptionError, RunCompleteError
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, checkpoint_path, list_checkpoints
@@ -156,6 +156,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         summary = train(config, on_start=started, on_fleet_change=fleet_changed)
+    except RunCompleteError as err:  # (nothing left to do: an error only where a new target was asked for)
+        if {"total_timesteps", "stop_at_return"} & given.keys():
+            args.parser.error(str(err))
+        print(f"learner train: done already: {err}", flush=True)
+        return 0
     except OptionError as err:  # (an option found wrong once the run's checkpoint or servers are seen)
         args.parser.error(str(err))
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
@@ -229,6 +234,9 @@ def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str |
     try:
         if args.servers is not None and not args.servers.strip(" ,"):
             raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {args.servers!r}")
+        for flag, value in (("--tls-ca", args.tls_ca), ("--tls-server-name", args.tls_server_name)):
+            if value == "":
+                raise ValueError(f"{flag}: expected a value, got an empty string")
         if args.auth_token is not None:
             check_token(args.auth_token, "--auth-token")
         token = _auth_token(args.auth_token_file, args.auth_token) or args.auth_token

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -284,7 +285,9 @@ class Args:
                 "--transport: says how to reach the env servers this command starts; with --servers the addresses "
                 "say it (host:port for TCP, unix:/path for a Unix socket)"
             )
-        if self.tls_server_name is not None and not (self.tls or self.tls_ca):
+        # ($ENVFLEET_TLS_CA gives --tls-ca for --servers where the CLI reads the environment.)
+        ca_variable = self.servers is not None and bool(os.environ.get("ENVFLEET_TLS_CA"))
+        if self.tls_server_name is not None and not (self.tls or self.tls_ca or ca_variable):
             raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
         if self.auth_token is not None:
             from env_server.protocol import check_token
@@ -320,11 +323,23 @@ class Args:
                     )
 
     @classmethod
-    def from_json(cls, values: dict[str, Any]) -> Args:
-        """Args from ``to_json``'s output (as config.json and checkpoints hold it); unknown keys are ignored."""
+    def from_json(cls, values: dict[str, Any], *, check: bool = True) -> Args:
+        """Args from ``to_json``'s output (as config.json and checkpoints hold it); unknown keys are ignored.
+
+        ``check=False``: as recorded, without this version's checks, which may refuse what an older
+        version accepted and recorded (a resumed run validates once its overrides are in; eval only reads
+        them). TLS options recorded for local servers, which ignored them, are dropped."""
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in known}
-        return cls(**kwargs)
+        if kwargs.get("servers") is None:
+            kwargs.update(tls=False, tls_ca=None, tls_server_name=None)
+        if check:
+            return cls(**kwargs)
+        unchecked = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]
+            object.__setattr__(unchecked, f.name, kwargs.get(f.name, default))
+        return unchecked
 
     def to_json(self) -> dict[str, Any]:
         """The fields as JSON-ready values, for config.json and checkpoints (the auth token left out)."""

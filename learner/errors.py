@@ -17,6 +17,7 @@ __all__ = [
     "OptionError",
     "RemoteEnvError",
     "RemoteTimeoutError",
+    "RunCompleteError",
     "RunDirWriteError",
     "ServerBusyError",
     "ServerStartError",
@@ -41,6 +42,13 @@ class OptionError(EnvFleetError, ValueError):
     """A command-line option's value that a command can only find wrong once it runs (against a resumed
     run's checkpoint, or what the servers serve): the command says so as a usage error, exit status 2, as
     no retry would mend it (the Kubernetes Job fails at once on 2)."""
+
+
+class RunCompleteError(OptionError):
+    """A resumed run with nothing left to do: its env steps are done, or it was solved under a bar no
+    lower than the one asked for. ``learner train --resume RUN`` without a new target says so and exits
+    0 (a Kubernetes Job's pod that resumes a run finished just before it was stopped succeeds); with
+    one (--total-timesteps, --stop-at-return) it is a usage error."""
 
 
 class RunDirWriteError(EnvFleetError, OSError):

@@ -92,7 +92,7 @@ def evaluate(
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
     path = find_checkpoint(checkpoint, checkpoints_folder=True)
     state = load_checkpoint(path)
-    run_args = Args.from_json(state["args"])
+    run_args = Args.from_json(state["args"], check=False)  # (as recorded: an older version's checks may differ)
     if run_args.env is None and servers is None:  # train records the env it trained on
         raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
     if run_args.env is None and video_path is not None:

@@ -67,9 +67,9 @@ from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
     InvalidResponseError,
-    OptionError,
     RemoteEnvError,
     RemoteTimeoutError,
+    RunCompleteError,
     RunDirWriteError,
     ServerUnavailableError,
     SessionError,
@@ -132,10 +132,10 @@ def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
         return
     if np.isfinite(space.low).all() and np.isfinite(space.high).all():
         return
-    why = " (the servers' clip-action wrapper serves them so)" if "clip-action" in wrappers else ""
+    why = " (the clip-action wrapper serves them so)" if "clip-action" in wrappers else ""
     raise ValueError(
         f"--action-bounds squash: maps actions onto their bounds, but these envs' actions are {space}, "
-        f"unbounded{why}; use --action-bounds clip" + (", or start the servers without clip-action" if why else "")
+        f"unbounded{why}; use --action-bounds clip" + (", or leave out the clip-action wrapper" if why else "")
     )
 
 
@@ -149,7 +149,8 @@ def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gy
     return (
         f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
         "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
-        "the atari preset is tuned for and which are 1/12 of the bytes; start the servers with --wrappers atari"
+        "the atari preset is tuned for and which are 1/12 of the bytes; serve them with the atari wrapper "
+        "(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)"
     )
 
 
@@ -164,6 +165,7 @@ def _earlier_sessions(run_dir: Path) -> list[Any]:
     if not isinstance(previous, dict):
         return []
     earlier = previous.pop("earlier_sessions", None)
+    previous.pop("server_versions", None)  # (one entry per server: kept for the session that runs)
     return [*(earlier if isinstance(earlier, list) else []), previous]
 
 
@@ -240,7 +242,9 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
     recorded = rundir.read_json(config)
-    saved = dataclasses.replace(Args.from_json(recorded["args"]), progress=None)  # (this session's display)
+    # As recorded (checked once the overrides are in: one may mend what this version refuses), with
+    # the progress display this session's.
+    saved = Args.from_json({**recorded["args"], "progress": None}, check=False)
     if overrides.get("run_dir") not in (None, str(run_dir)):
         raise ValueError(
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
@@ -277,12 +281,18 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
         )
     if servers is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
-        saved = dataclasses.replace(saved, **LOCAL_SERVER_OPTIONS)
+        moved = dict(LOCAL_SERVER_OPTIONS)
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
         # Moving a run off running servers onto envs this command starts: the same env (and, unless
         # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
         # Pipelining was sized for the servers it left: 1 group unless given.
         moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None, "pipeline_groups": 1}
+        # The servers' wrappers and time limit, where recorded, unless given (else the checked spaces fail).
+        served = recorded.get("envs", {})
+        if served.get("wrappers") is not None and "wrappers" not in overrides:
+            moved["wrappers"] = ",".join(served["wrappers"]) or "none"
+        if served.get("max_episode_steps") and "max_episode_steps" not in overrides:
+            moved["max_episode_steps"] = served["max_episode_steps"]
         num_envs = recorded.get("envs", {}).get("num_envs")
         if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
             moved["num_envs"] = num_envs
@@ -569,20 +579,20 @@ def stopped_in_update(saved_step: int | None) -> str:
 
 
 def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
-    """OptionError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
+    """RunCompleteError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
     do: its env steps are done, or it was solved under a bar no lower than --stop-at-return."""
     counters = checkpoint["counters"]
     done = int(counters["global_step"])
     total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
     if done >= total:
-        raise OptionError(
+        raise RunCompleteError(
             f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
             f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
         )
     solved_at, solved_under = counters.get("solved_at_step"), counters.get("solved_threshold")
     stop_at = args.stop_at_return
     if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
-        raise OptionError(
+        raise RunCompleteError(
             f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
             f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
             "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
@@ -872,15 +882,19 @@ class EventsWriter:
     turned read-only) ends the run with :func:`cannot_write`'s one line, as every run-dir write does.
 
     The writer writes from a thread of its own, which keeps its error for the next write to raise;
-    Python would print that thread's traceback too (:func:`_quiet_events_thread`)."""
+    Python would print that thread's traceback too (:class:`_QuietEventsThread`)."""
 
     def __init__(self, run_dir: Path, purge_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        _quiet_events_thread()
+        self._hook = _QuietEventsThread()
         self.path = run_dir / "events.out.tfevents.*"  # (named once SummaryWriter made it)
-        with writing(self.path):
-            self._writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        try:
+            with writing(self.path):
+                self._writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        except BaseException:
+            self._hook.close()
+            raise
         events = self._writer._get_file_writer().event_writer
         self.path = Path(getattr(events, "_file_name", self.path))
         self._failed = False
@@ -899,23 +913,31 @@ class EventsWriter:
         except OSError as err:
             if not self._failed:
                 log.error("%s", cannot_write(self.path, err))
+        finally:
+            self._hook.close()
 
 
-def _quiet_events_thread() -> None:
-    """Leave out the traceback Python prints for an OSError in TensorBoard's writer thread: the thread
-    keeps it, and the next write or the close raises it, where :class:`EventsWriter` reports it."""
-    from tensorboard.summary.writer import event_file_writer
+class _QuietEventsThread:
+    """Until closed, leave out the traceback Python prints for an OSError in TensorBoard's writer thread:
+    the thread keeps it, and the next write or the close raises it, where :class:`EventsWriter` reports
+    it (the process's hook is put back on close, where it is still this one)."""
 
-    if getattr(threading.excepthook, "_envfleet", False):
-        return
-    inner = threading.excepthook
+    def __init__(self) -> None:
+        from tensorboard.summary.writer import event_file_writer
 
-    def hook(args: Any) -> None:
-        if not (isinstance(args.thread, event_file_writer._AsyncWriterThread) and isinstance(args.exc_value, OSError)):
-            inner(args)
+        self._inner = inner = threading.excepthook
+        writer_thread = event_file_writer._AsyncWriterThread
 
-    hook._envfleet = True  # type: ignore[attr-defined]
-    threading.excepthook = hook
+        def hook(args: Any) -> None:
+            if not (isinstance(args.thread, writer_thread) and isinstance(args.exc_value, OSError)):
+                inner(args)
+
+        self._hook = hook
+        threading.excepthook = hook
+
+    def close(self) -> None:
+        if threading.excepthook is self._hook:
+            threading.excepthook = self._inner
 
 
 _PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")

@@ -93,7 +93,11 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     assert not (run / "checkpoints" / "step-0000000078.pt").exists()
     capsys.readouterr()
     before = sorted(p.name for p in run.iterdir())
-    for again in ([], ["--stop-at-return", "0"], ["--total-timesteps", "1000"]):
+    # Without a new target: done already, exit 0 (a Kubernetes Job's pod that resumes a finished run succeeds).
+    assert main(["train", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"learner train: done already: --stop-at-return: the run in {run} was solved at step 78" in out, out
+    for again in (["--stop-at-return", "0"], ["--total-timesteps", "1000"]):  # a new target: a usage error
         with pytest.raises(SystemExit) as exit_info:
             main(["train", "--resume", str(run), *again])
         assert exit_info.value.code == 2

@@ -886,6 +886,41 @@ def test_config_json_keeps_each_earlier_sessions_record_through_resumes(tmp_path
     assert first["args"]["progress"] is False and resume_args(run).progress is None
 
 
+def test_a_run_recorded_by_an_older_version_with_values_this_one_refuses_still_resumes_and_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Older versions ignored --tls for the servers a run started and took a negative --vf-coef: recorded
+    so, such a run resumes (TLS for local servers dropped; an override mends the rest) and evaluates."""
+    from learner.cli import main
+
+    run = tmp_path / "r"
+    train(Args(**{**_resumable(), "total_timesteps": 16}, run_dir=str(run)))
+    config = rundir.read_json(run / rundir.CONFIG)
+    config["args"].update(tls=True, tls_server_name="", vf_coef=-0.5)
+    rundir.write_json(run / rundir.CONFIG, config)
+    for path in rundir.list_checkpoints(run):  # (eval reads the checkpoint's copy)
+        state = torch.load(path, weights_only=True)
+        state["args"].update(tls=True, vf_coef=-0.5)
+        torch.save(state, path)
+    with pytest.raises(ValueError, match="--vf-coef: expected a value >= 0"):
+        resume_args(run, total_timesteps=32)
+    resumed = resume_args(run, total_timesteps=32, vf_coef=0.5)
+    assert (resumed.tls, resumed.tls_server_name, resumed.vf_coef) == (False, None, 0.5)
+    assert main(["eval", str(run), "--backend", "gym", "--episodes", "1"]) == 0, capsys.readouterr().err
+
+
+def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
+    tmp_path: Path, start_servers: StartServers
+) -> None:
+    box = {"length": 3, "action": "box"}
+    (address,) = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs=box, server_args=["--wrappers", "clip-action"])
+    run = tmp_path / "r"
+    train(Args(**QUIET, servers=address, num_steps=4, total_timesteps=8, run_dir=str(run)))
+    moved = resume_args(run, backend="gym", env_kwargs=box, total_timesteps=16)
+    assert (moved.servers, moved.wrappers) == (None, "clip-action")
+    assert train(moved)["total_steps"] == 16
+
+
 def test_a_run_moved_onto_running_servers_drops_the_options_of_the_servers_it_started(tmp_path: Path) -> None:
     train(
         Args(
