@@ -103,7 +103,9 @@ def evaluate(
     # envs.wrappers): a run trained on running servers has their wrappers and time limit nowhere else.
     served = state.get("served") or {}
     on_servers = run_args.servers is not None
-    recorded_wrappers = (",".join(served["wrappers"]) or "none") if on_servers and "wrappers" in served else None
+    recorded_wrappers = (",".join(served["wrappers"]) or "none") if "wrappers" in served else None
+    if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
+        recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
     run_wrappers = recorded_wrappers or run_args.wrappers
     server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "")
     max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
@@ -148,7 +150,7 @@ def evaluate(
                         _atari_hint(state["observation_space"], obs_space, servers is not None)
                         or (
                             _wrappers_hint(run_args.servers, server_wrappers)
-                            if unrecorded and servers is None and wrappers is None and recorded_wrappers is None
+                            if unrecorded and servers is None and wrappers is None and "wrappers" not in served
                             else ""
                         )
                     )
