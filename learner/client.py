@@ -638,12 +638,16 @@ class SocketStep:
         self.timeout = client.timeout  # (the step's deadline, for the message: longer where envs reset)
         # Something to read before we sent anything: the server ended the connection (and said why:
         # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
-        self.receive()
-        if self._got or self.done():
-            if self._error is None:
-                self._result = None
-                self._fail(self._broken(None, "it sent an answer to no request"))
-            return
+        # (Asked of poll first: a read of nothing raises, which costs more than the question.)
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        if poller.poll(0):
+            self.receive()
+            if self._got or self.done():
+                if self._error is None:
+                    self._result = None
+                    self._fail(self._broken(None, "it sent an answer to no request"))
+                return
         payload = request.SerializeToString()
         if len(payload) > client.max_request_bytes:  # (nothing sent: the connection stays as it is)
             self._error = request_too_large(client.address, "Step", len(payload), client.max_request_bytes)

@@ -1291,12 +1291,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if errors:
             self._raise_first(errors)
 
-        unavailable = np.zeros(count, dtype=np.bool_)
         rejoined: set[int] = set()
         cut: list[InfoPart] = []  # placeholder infos of envs cut short (servers already down): never misfits
         replicas = self._replicas
         down = [i for i in servers if replicas[i].state is not ReplicaState.UP]  # (their answers are not in out)
+        # (the common step: every server up, so no env unavailable unless an env raised, or a server's infos misfit)
+        unavailable = np.zeros(count, dtype=np.bool_) if down else None
         for i in down:
+            assert unavailable is not None
             client, replica = self._clients[i], replicas[i]
             start, k = client.env_offset - base, client.num_envs
             unavailable[start : start + k] = True
@@ -1324,6 +1326,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         out.parts.sort(key=lambda part: part[1])  # in env order, whichever server answered first
         infos, misfits = self._merge_infos(out.parts, count, base, "Step", cut)
         if misfits:  # fault-tolerant: those servers are lost on this step, as if their step had failed
+            if unavailable is None:
+                unavailable = np.zeros(count, dtype=np.bool_)
             for i, err in misfits:
                 client = self._clients[i]
                 start, k = client.env_offset - base, client.num_envs
@@ -1403,7 +1407,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             return
         order = list(steps.items())  # (in server order)
         taken = 0
-        look = [step for _, step in order] + others  # the steps to read from: all at first, then those readable
+        # One poller for the whole wait (not select.select: it fails on file descriptors >= 1024); the
+        # first look asks it which sockets have something to read, rather than reading each (most have
+        # nothing yet, just sent), then reads those.
+        poller = select.poll()
+        by_fd: dict[int, SocketStep] = {}
+        for step in [step for _, step in order] + others:
+            if not step.done():  # (one that failed as it was sent has no socket any more)
+                by_fd[step.fileno()] = step
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        look = [by_fd[fd] for fd, _ in poller.poll(0)]  # the steps to read from: those readable
         spin_until: float | None = None
         while True:
             for step in look:
@@ -1430,10 +1444,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     step.wait(deadline)  # (a last look, then the timeout)
                     take(i, step)
                 return
-            poller = select.poll()  # (not select.select: it fails on file descriptors >= 1024)
-            by_fd = {step.fileno(): step for step in pending + others}
-            for fd in by_fd:
-                poller.register(fd, select.POLLIN)
+            for fd in [fd for fd, step in by_fd.items() if step.done()]:  # (answered: wait for the others)
+                poller.unregister(fd)
+                del by_fd[fd]
             look = [by_fd[fd] for fd, _ in poller.poll(max(1, math.ceil((deadline - now) * 1000)))]
 
     def _resend(
@@ -1546,6 +1559,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         ``placeholders`` (the infos :meth:`_lost_infos` makes up for servers already down) join after
         the servers' own: only servers that answered can be misfits; a placeholder that does not fit is
         left out."""
+        if not placeholders and not any(infos for infos, _, _ in parts):
+            return {}, []  # (the common step: no infos, none to fit)
         misfits: list[tuple[int, ValueError]] = []
         infos = merge_infos([*parts, *placeholders], count, misfits)
         bad = []
@@ -1725,18 +1740,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return {"final_obs": final_obs, "_final_obs": cut, "final_info": {}, "_final_info": cut.copy()}
 
     def _flag_unavailable(
-        self, infos: dict[str, Any], unavailable: np.ndarray, *, steps: bool = True, any_unavailable: bool = True
+        self,
+        infos: dict[str, Any],
+        unavailable: np.ndarray | None,
+        *,
+        steps: bool = True,
+        any_unavailable: bool = True,
     ) -> None:
         """Add ``env_unavailable`` (and its mask) to ``infos`` for the envs that gave no transition;
         ``steps``: the infos are a step's, whose unavailable envs count as env steps lost (a reset's are
         no env steps: fault_stats() counts env steps); ``any_unavailable`` False: the caller knows that
-        ``unavailable`` is all False (every server answered), so only env errors can add any."""
+        ``unavailable`` is all False (every server answered), so only env errors can add any; None is
+        all False too (then ``any_unavailable`` must be False)."""
         errors = infos.get("_env_error")
         if errors is not None:
             self._env_error_steps += int(np.count_nonzero(errors))
-            unavailable = unavailable | errors
+            unavailable = (np.zeros(len(errors), dtype=np.bool_) if unavailable is None else unavailable) | errors
         elif not any_unavailable:  # (the caller knows that no env is: the common step)
             return
+        assert unavailable is not None
         if unavailable.any():
             if steps:
                 self._env_steps_lost += int(np.count_nonzero(unavailable))
