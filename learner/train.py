@@ -149,7 +149,7 @@ def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gy
     return (
         f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
         "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
-        "the atari preset is tuned for and which are 1/12 of the bytes; serve them with the atari wrapper "
+        "the atari preset is tuned for and which are about 1/3.6 of the bytes; serve them with the atari wrapper "
         "(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)"
     )
 
