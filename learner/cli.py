@@ -29,7 +29,7 @@ from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
 from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
-from learner.config import PRESETS, Args, check_device
+from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
 from learner.errors import EnvFleetError, OptionError, RunCompleteError
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
@@ -232,23 +232,14 @@ def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str |
     from env_server.protocol import check_token
 
     try:
-        if args.servers is not None and not args.servers.strip(" ,"):
-            raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {args.servers!r}")
-        for flag, value in (("--tls-ca", args.tls_ca), ("--tls-server-name", args.tls_server_name)):
-            if value == "":
-                raise ValueError(f"{flag}: expected a value, got an empty string")
+        check_addresses(args.servers)
+        check_tls(
+            args.servers, args.tls, args.tls_ca, args.tls_server_name, "the env server this command starts speaks"
+        )
         if args.auth_token is not None:
             check_token(args.auth_token, "--auth-token")
         token = _auth_token(args.auth_token_file, args.auth_token) or args.auth_token
-        if args.servers is None and (args.tls or args.tls_ca):
-            flag = "--tls" if args.tls else "--tls-ca"
-            raise ValueError(
-                f"{flag}: connects to running --servers with TLS; the env server this command starts speaks "
-                "plaintext on loopback (or a Unix socket)"
-            )
         tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
-        if args.tls_server_name is not None and not (args.tls or tls_ca):  # ($ENVFLEET_TLS_CA counts)
-            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
     except ValueError as err:
         args.parser.error(str(err))
     return token, tls_ca or args.tls, tls_server_name
@@ -581,14 +572,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{flag}: configures the envs eval makes (a local server, --backend gym, --video's env); with "
                 "--servers the running servers decide (set it where they are started)"
             )
-    if args.wrappers is not None and args.wrappers.strip() != "auto":
-        from env_server.config import ServerConfig
-        from learner.config import wrapper_names
-
+    if args.wrappers is not None:
         try:
-            ServerConfig(env="CartPole-v1", wrappers=wrapper_names(args.wrappers, ""))
+            check_wrappers(args.wrappers)
         except ValueError as err:
-            args.parser.error(f"--{err}")  # ("wrappers: expected names among ...")
+            args.parser.error(str(err))
     token, tls, tls_server_name = _connection(args)
     if args.video is not None:
         from learner.video import headless_rendering

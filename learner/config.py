@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -228,9 +229,8 @@ class Args:
     """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
 
     def __post_init__(self) -> None:
-        if self.servers is not None and not self.servers.strip(" ,"):
-            raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {self.servers!r}")
-        for name in ("env", "run_dir", "resume", "tls_ca", "tls_server_name"):
+        check_addresses(self.servers)
+        for name in ("env", "run_dir", "resume"):
             if getattr(self, name) == "":  # (a shell variable left unset: "$RUN"), not "not given"
                 raise ValueError(f"--{_flag(name)}: expected a value, got an empty string")
         if self.env is None and self.servers is None:
@@ -286,27 +286,14 @@ class Args:
                 "--transport: says how to reach the env servers this command starts; with --servers the addresses "
                 "say it (host:port for TCP, unix:/path for a Unix socket)"
             )
-        # ($ENVFLEET_TLS_CA gives --tls-ca for --servers where the CLI reads the environment.)
-        ca_variable = self.servers is not None and bool(os.environ.get("ENVFLEET_TLS_CA"))
-        if self.tls_server_name is not None and not (self.tls or self.tls_ca or ca_variable):
-            raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
+        check_tls(
+            self.servers, self.tls, self.tls_ca, self.tls_server_name, "the env servers this command starts speak"
+        )
         if self.auth_token is not None:
             from env_server.protocol import check_token
 
             check_token(self.auth_token, "--auth-token")
-        if self.wrappers.strip() != "auto":
-            from env_server.config import ServerConfig
-
-            try:
-                ServerConfig(env=DEFAULT_ENV, wrappers=wrapper_names(self.wrappers, ""))
-            except ValueError as err:
-                raise ValueError(f"--{err}") from None  # ("wrappers: expected names among ...")
-        if self.servers is None and (self.tls or self.tls_ca):
-            flag = "--tls" if self.tls else "--tls-ca"
-            raise ValueError(
-                f"{flag}: connects to running --servers with TLS; the env servers this command starts speak "
-                "plaintext on loopback (or a Unix socket)"
-            )
+        check_wrappers(self.wrappers)
         if self.servers is None:
             servers, _ = self.local_layout()  # raises on a layout that does not add up
             if self.backend == "remote" and self.pipeline_groups > servers:
@@ -382,6 +369,50 @@ def wrapper_names(wrappers: str, env: str) -> tuple[str, ...]:
     if wrappers.strip() == "none":
         return ()
     return tuple(w.strip() for w in wrappers.split(",") if w.strip())
+
+
+def wrappers_option(names: Sequence[str]) -> str:
+    """The ``--wrappers`` value that gives exactly ``names`` (``none`` for none, not ``auto``'s choice)."""
+    return ",".join(names) or "none"
+
+
+def check_wrappers(wrappers: str) -> None:
+    """ValueError naming --wrappers where ``wrappers`` names a wrapper the env server does not have (or one
+    twice), as the env servers would refuse it: said before any starts."""
+    if wrappers.strip() == "auto":
+        return
+    from env_server.config import ServerConfig
+
+    try:
+        ServerConfig(env=DEFAULT_ENV, wrappers=wrapper_names(wrappers, ""))
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None  # ("wrappers: expected names among ...")
+
+
+def check_addresses(servers: str | None) -> None:
+    """ValueError naming --servers where it is given but names no address (a blank, commas only)."""
+    if servers is not None and not servers.strip(" ,"):
+        raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {servers!r}")
+
+
+def check_tls(
+    servers: str | None, tls: bool, tls_ca: str | None, tls_server_name: str | None, local_servers: str
+) -> None:
+    """ValueError naming the option where the TLS options do not fit ``servers``: an empty value; a
+    server name without TLS ($ENVFLEET_TLS_CA, which gives --tls-ca for --servers where a command reads
+    the environment, counts); TLS without --servers (``local_servers``, e.g. "the env servers this
+    command starts speak", plaintext)."""
+    for flag, value in (("--tls-ca", tls_ca), ("--tls-server-name", tls_server_name)):
+        if value == "":
+            raise ValueError(f"{flag}: expected a value, got an empty string")
+    ca_variable = servers is not None and bool(os.environ.get("ENVFLEET_TLS_CA"))
+    if tls_server_name is not None and not (tls or tls_ca or ca_variable):
+        raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
+    if servers is None and (tls or tls_ca):
+        flag = "--tls" if tls else "--tls-ca"
+        raise ValueError(
+            f"{flag}: connects to running --servers with TLS; {local_servers} plaintext on loopback (or a Unix socket)"
+        )
 
 
 def is_atari(env: str) -> bool:

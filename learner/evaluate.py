@@ -17,7 +17,7 @@ import torch
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
-from learner.config import Args, wrapper_names
+from learner.config import Args, wrapper_names, wrappers_option
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
@@ -103,7 +103,7 @@ def evaluate(
     # envs.wrappers): a run trained on running servers has their wrappers and time limit nowhere else.
     served = state.get("served") or {}
     on_servers = run_args.servers is not None
-    recorded_wrappers = (",".join(served["wrappers"]) or "none") if "wrappers" in served else None
+    recorded_wrappers = wrappers_option(served["wrappers"]) if "wrappers" in served else None
     if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
         recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
     run_wrappers = recorded_wrappers or run_args.wrappers

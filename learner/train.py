@@ -61,6 +61,7 @@ from learner.config import (
     default_run_dir,
     is_atari,
     resolve_ppo,
+    wrappers_option,
 )
 from learner.envs import FleetSpec, open_fleet, reward_threshold
 from learner.errors import (
@@ -290,10 +291,10 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
         # The servers' wrappers and time limit, where recorded, unless given (else the checked spaces fail).
         served = recorded.get("envs", {})
         if served.get("wrappers") is not None and "wrappers" not in overrides:
-            moved["wrappers"] = ",".join(served["wrappers"]) or "none"
+            moved["wrappers"] = wrappers_option(served["wrappers"])
         if served.get("max_episode_steps") and "max_episode_steps" not in overrides:
             moved["max_episode_steps"] = served["max_episode_steps"]
-        num_envs = recorded.get("envs", {}).get("num_envs")
+        num_envs = served.get("num_envs")
         if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
             moved["num_envs"] = num_envs
             wanted = overrides.get("num_servers")
@@ -1089,7 +1090,8 @@ def train(
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
         if raw:
             log.warning("%s", raw)
-        _check_squash(resolve_ppo(args, envs.single_observation_space, envs.single_action_space), envs, wrappers)
+        hp = resolve_ppo(args, envs.single_observation_space, envs.single_action_space)
+        _check_squash(hp, envs, wrappers)
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
@@ -1128,7 +1130,6 @@ def train(
                         f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
                         "and env kwargs"
                     )
-        hp = resolve_ppo(args, obs_space, action_space)
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
         set_torch_threads(device, image, args.torch_threads)
