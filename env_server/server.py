@@ -441,6 +441,7 @@ async def _serve(
         # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
         watchdog.teardown_at = time.monotonic()
         await server.stop(None)
+        await _let_calls_end()
         if step_server is not None:
             step_server.close()
         service.close()
@@ -464,6 +465,32 @@ async def _serve(
                 os.unlink(config.unix_socket)
     log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
     return 0 if closed else HARD_EXIT_STATUS
+
+
+# Longest the teardown waits for gRPC's tasks of calls that have ended to finish (see _let_calls_end).
+_CALLS_END_S = 1.0
+# The coroutines of gRPC's aio server that run a call (its own names: gRPC's internals, which have kept
+# them since grpc.aio began; were they renamed, the wait would find nothing to wait for, no more).
+_GRPC_CALL_COROUTINES = frozenset({"_schedule_rpc_coro", "_handle_exceptions"})
+
+
+async def _let_calls_end() -> None:
+    """Let the tasks of calls the stopped gRPC server has ended finish before :func:`serve` returns.
+
+    Once the server has stopped, the task of a call whose end it has just been told of (a Hold stream
+    or a Release the learner sent while the server stopped) may still be waiting for its turn on the
+    loop; ``asyncio.run`` would cancel it on the way out, and gRPC logs a cancelled call task as
+    "Exception not handled by _handle_exceptions" with a traceback on stderr (which a learner
+    forwards as warnings). That is a few turns of the loop; a task still running after
+    :data:`_CALLS_END_S` is left as it is. Only gRPC's call tasks are waited for: a caller's own
+    tasks on the same loop are none of the server's business."""
+    left = [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done() and getattr(task.get_coro(), "__name__", None) in _GRPC_CALL_COROUTINES
+    ]
+    if left:
+        await asyncio.wait(left, timeout=_CALLS_END_S)
 
 
 # What an answer holds besides its observations' data (framing, rewards, flags, infos): kept free.
