@@ -127,8 +127,7 @@ class LocalServers:
         self._procs = self._children.procs
         self._socket_dir = None
         if transport == "unix":
-            _remove_orphaned_socket_dirs()
-            self._socket_dir = tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-")
+            self._socket_dir = _make_socket_dir(num_servers)
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _stop_all, self._children, self._socket_dir)
         base = [
@@ -247,10 +246,33 @@ class LocalServers:
         self.close()
 
 
-def _remove_orphaned_socket_dirs() -> None:
-    """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
-    exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` whose process is gone."""
+# Longest path a Unix socket may have (sun_path's 108 bytes, less the final NUL), as env_server's.
+_MAX_UNIX_PATH = 107
+# Where sockets go when the temp folder's path is too long for them (HPC scratch folders can be).
+_SHORT_TEMP_DIR = "/tmp"
+
+
+def _make_socket_dir(num_servers: int) -> str:
+    """A new folder for the servers' sockets: ``envfleet-<pid>-*`` in the temp folder, or in /tmp when
+    the temp folder's path ($TMPDIR) leaves the longest socket path (the last server's step socket)
+    over what Unix sockets allow; orphans of killed learners in either are removed first."""
+    longest = f"envfleet-{os.getpid()}-xxxxxxxx/server-{num_servers - 1}.sock.steps"
     root = tempfile.gettempdir()
+    if len(os.fsencode(os.path.join(root, longest))) > _MAX_UNIX_PATH and os.path.isdir(_SHORT_TEMP_DIR):
+        log.info(
+            "the temp folder %s is too long a path for Unix sockets (%d bytes at most): the servers' sockets go in %s",
+            root,
+            _MAX_UNIX_PATH,
+            _SHORT_TEMP_DIR,
+        )
+        root = _SHORT_TEMP_DIR
+    _remove_orphaned_socket_dirs(root)
+    return tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-", dir=root)
+
+
+def _remove_orphaned_socket_dirs(root: str) -> None:
+    """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
+    exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone."""
     try:
         names = os.listdir(root)
     except OSError:

@@ -54,6 +54,24 @@ def test_local_servers_default_to_unix_sockets_and_their_step_sockets_as_learner
         assert addresses[0].startswith("127.0.0.1:"), addresses
 
 
+def test_a_temp_folder_too_long_a_path_for_unix_sockets_has_the_sockets_made_in_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """$TMPDIR on an HPC scratch folder can be longer than a Unix socket path may be (107 bytes): the
+    servers could not listen at all. Their sockets go in /tmp then, step sockets included."""
+    long_dir = tmp_path / ("d" * 90)
+    long_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_dir))
+    caplog.set_level(logging.INFO, logger="learner.local")
+    with local_servers("CartPole-v1", 2, 1) as addresses, RemoteVectorEnv(addresses) as envs:
+        assert all(a.startswith(f"unix:/tmp/envfleet-{os.getpid()}-") for a in addresses), addresses
+        envs.reset(seed=0)
+        envs.step(envs.action_space.sample())
+        assert all(client.step_socket for client in envs._clients)
+    assert f"the temp folder {long_dir} is too long a path for Unix sockets" in caplog.text
+    assert not any(Path(a.removeprefix("unix:")).parent.exists() for a in addresses)  # (removed at close)
+
+
 def test_context_manager_stops_every_server() -> None:
     with local_servers("CartPole-v1", 2, 2) as addresses:
         assert all(a.startswith("unix:") for a in addresses)
