@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         SpecMismatchError,
     )
     from learner.local import LocalServers, local_servers
-    from learner.remote import RemoteVectorEnv
+    from learner.remote import RemoteVectorEnv, ResetNeededError
     from learner.sb3 import RemoteVecEnv
     from learner.stats import ReplicaStats
 
@@ -67,6 +67,7 @@ _EXPORTS = {
     "LocalServers": "learner.local",
     "local_servers": "learner.local",
     "RemoteVectorEnv": "learner.remote",
+    "ResetNeededError": "learner.remote",
     "RemoteVecEnv": "learner.sb3",  # (imports stable-baselines3: only on first use)
     "ReplicaStats": "learner.stats",
 }
@@ -85,6 +86,7 @@ __all__ = [
     "RemoteVecEnv",
     "RemoteVectorEnv",
     "ReplicaStats",
+    "ResetNeededError",
     "ServerBusyError",
     "ServerStartError",
     "ServerUnavailableError",

@@ -22,7 +22,7 @@ import grpc
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
-from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError, ResetNeeded
 from gymnasium.utils import seeding
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
@@ -151,6 +151,11 @@ async def _probe_until(address: str, deadline: float, diagnose: Callable[[str, f
 
 
 StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class ResetNeededError(SessionError, ResetNeeded):
+    """A step before the first reset: refused before anything is sent. A :class:`SessionError` and
+    gymnasium's ``ResetNeeded`` (what its vector envs raise then), so either ``except`` catches it."""
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
@@ -334,6 +339,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
         self._noted: set[str] = set()
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
+        self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
         # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
         self._missing_since: dict[str, float] = {}
@@ -855,6 +861,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if full:
             self._stale = None
+        self._reset_once = True
         started = rejoined if mask is None else mask | rejoined  # the envs whose episodes start now
         if self._ended is not None:
             self._ended[slice(None) if mask is None else started] = False
@@ -1874,7 +1881,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def _assert_in_step(self, method: str) -> None:
         """Refuse to step envs whose last step failed part way: some stepped without the caller
-        seeing their results (episodes may have ended unseen), so the caller's observations are stale."""
+        seeing their results (episodes may have ended unseen), so the caller's observations are stale; and
+        steps before the first reset, as gymnasium's vector envs do (the servers would refuse them)."""
+        if not self._reset_once:
+            raise ResetNeededError(
+                f"{method}: called before reset(); call reset() first",
+                address="",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
         if self._stale is not None:
             address, cause = self._stale
             raise SessionError(

@@ -15,12 +15,12 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError, ResetNeeded
 
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
+from learner import EnvCrashedError, InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
 from tests.conftest import SpawnServer
 from tests.envs import ClockEnv
 
@@ -116,22 +116,36 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
         check_actions(space, np.array([[1_000_001]]), 1)
 
 
-def test_step_before_reset_is_failed_precondition(start_servers: Any) -> None:
+def test_step_before_reset_is_refused_before_sending_as_gymnasiums_vector_envs_do(start_servers: Any) -> None:
+    """ResetNeededError: a SessionError (FAILED_PRECONDITION, what the servers would answer) and
+    gymnasium's ResetNeeded (what SyncVectorEnv and AsyncVectorEnv raise), from every way to step."""
     addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=1)
-    with RemoteVectorEnv(addresses[:1]) as envs:
-        with pytest.raises(SessionError, match="Step called before Reset") as info:
-            envs.step(np.zeros(1, dtype=np.int64))
-        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    with RemoteVectorEnv(addresses, num_groups=2) as envs:
+        steps = {
+            "step": lambda: envs.step(np.zeros(2, dtype=np.int64)),
+            "step_async": lambda: envs.step_async(np.zeros(2, dtype=np.int64)),
+            "step_groups": lambda: envs.step_groups(lambda sl: np.zeros(sl.stop - sl.start, dtype=np.int64)),
+            "send": lambda: envs.send(np.zeros(1, dtype=np.int64), 0),
+        }
+        for method, call in steps.items():
+            with pytest.raises(
+                ResetNeeded, match=rf"^{method}: called before reset\(\); call reset\(\) first$"
+            ) as info:
+                call()
+            assert isinstance(info.value, SessionError) and info.value.code == grpc.StatusCode.FAILED_PRECONDITION
         envs.reset()
-        envs.step(np.zeros(1, dtype=np.int64))
-    # Every server's answer reaches the caller: the first raised, the others as its notes.
+        envs.step(np.zeros(2, dtype=np.int64))
+
+
+def test_every_servers_error_reaches_the_caller_the_first_raised_the_others_as_its_notes(start_servers: Any) -> None:
+    kwargs = {"bad_reward_at": 1, "fault_env": -1}  # (a reward that is no number fails each server's vector env)
+    addresses = start_servers("tests.envs:FaultyEnv", num_servers=2, envs_per_server=1, env_kwargs=kwargs)
     with RemoteVectorEnv(addresses) as envs:
-        with pytest.raises(SessionError, match=f"env server {addresses[0]}: Step failed") as info:
+        envs.reset(seed=0)
+        with pytest.raises(EnvCrashedError, match=f"env server {addresses[0]}: Step failed") as info:
             envs.step(np.zeros(2, dtype=np.int64))
-        assert info.value.__notes__ == [
-            f"also: env server {addresses[1]}: Step failed [FAILED_PRECONDITION]: "
-            "Step called before Reset: reset the envs first"
-        ]
+        assert len(info.value.__notes__) == 1
+        assert info.value.__notes__[0].startswith(f"also: env server {addresses[1]}: Step failed [INTERNAL]: ")
 
 
 def test_a_reset_that_outlives_its_session_is_no_reset_for_the_next_session(start_servers: Any, tmp_path: Path) -> None:
