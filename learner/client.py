@@ -431,11 +431,13 @@ class EnvClient:
         self.check_request_size(request.ByteSize(), "Reset")
         return request
 
-    async def send_reset(self, request: pb.ResetRequest) -> pb.ResetResponse:
+    async def send_reset(self, request: pb.ResetRequest, timeout: float | None = None) -> pb.ResetResponse:
+        """Send ``request``; its deadline ``timeout`` seconds (None: ``reset_timeout``)."""
+        timeout = timeout or self.reset_timeout
         try:
-            return await self.stub.Reset(request, timeout=self.reset_timeout, metadata=self.metadata)
+            return await self.stub.Reset(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            raise self._error(err, "Reset", self.reset_timeout) from None
+            raise self._error(err, "Reset", timeout) from None
 
     def step_request(self) -> pb.StepRequest:
         """An empty request of this session, for the caller to fill with actions."""

@@ -340,6 +340,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._noted: set[str] = set()
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
         self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)
+        self._pending_reset: tuple[Any, dict[str, Any] | None] = (None, None)  # (reset_async's seed and options)
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
         # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
         self._missing_since: dict[str, float] = {}
@@ -772,6 +773,44 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         rejoins. Unavailable envs of a reset do not count in ``fault_stats().env_steps_lost``.
         """
         self._assert_idle("reset")
+        return self._reset(seed, options)
+
+    def reset_async(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """``AsyncVectorEnv.reset_async``'s twin, for code written for it: :meth:`reset_wait` resets.
+
+        The servers reset their envs in :meth:`reset_wait` (a reset is rare next to steps: it is not
+        overlapped with the caller's work); the arguments are :meth:`reset`'s, checked here."""
+        self._assert_idle("reset_async")
+        self._seeds(seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
+        self._pending_reset = (seed, options)
+        self._state = AsyncState.WAITING_RESET
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Reset as :meth:`reset_async` asked: what :meth:`reset` returns. ``timeout``: each server's
+        reset has this many seconds (None: ``reset_timeout``), as ``AsyncVectorEnv.reset_wait``'s."""
+        self._assert_open()
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout)
+        if self._state is not AsyncState.WAITING_RESET:
+            raise NoAsyncCallError(
+                "reset_wait: no reset_async call is pending; call reset_async first", AsyncState.WAITING_RESET.value
+            )
+        self._state = AsyncState.DEFAULT
+        seed, options = self._pending_reset
+        self._pending_reset = (None, None)
+        return self._reset(seed, options, timeout)
+
+    def _reset(
+        self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None, timeout: float | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """:meth:`reset`'s work; ``timeout``: each server's Reset deadline (None: ``reset_timeout``)."""
         seeds = self._seeds(seed)
         # An int also seeds the vector env's own generator, as gymnasium's VectorEnv.reset does.
         if isinstance(seed, int | np.integer):
@@ -825,7 +864,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         rest = {i: ~mask[slices[i]] for i, _ in calls if mask is not None and not mask[slices[i]].all()}
         under_way = {i: envs for i, envs in rest.items() if self._replicas[i].state is ReplicaState.UP}
         results = self._runner.run(
-            gather(*(self._clients[i].send_reset(request) for i, request in calls), return_exceptions=True)
+            gather(*(self._clients[i].send_reset(request, timeout) for i, request in calls), return_exceptions=True)
         )
         errors = []
         lost = []
@@ -977,14 +1016,28 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._state = AsyncState.WAITING_STEP
         self._spin_if_needed()
 
-    def step_wait(self) -> StepResult:
-        """Wait for every server's step results and join them into one batch."""
+    def step_wait(self, timeout: float | None = None) -> StepResult:
+        """Wait for every server's step results and join them into one batch.
+
+        ``timeout``: wait at most this many seconds from now, as ``AsyncVectorEnv.step_wait``'s (a
+        server that has not answered by then is a :class:`RemoteTimeoutError`, and the fleet needs a
+        ``reset()``, as after any failed step); None (the default): the step's own deadline, this env's
+        ``timeout`` (``reset_timeout`` where an env may reset in it) from the step's send."""
         self._assert_open()
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout)
         if self._state is not AsyncState.WAITING_STEP:
             raise NoAsyncCallError(
                 "step_wait: no step_async call is pending; call step_async first", AsyncState.WAITING_STEP.value
             )
         self._state = AsyncState.DEFAULT
+        if timeout is not None:
+            due = (time.monotonic() + timeout, timeout)
+            for i, task in enumerate(self._tasks):
+                if task is not None:
+                    self._due[i] = due
+                    if isinstance(task, SocketStep):
+                        task.timeout = timeout  # (for its timeout's message)
         return self._finish(range(len(self._clients)))
 
     # -- pipelining -------------------------------------------------------------------------------
@@ -1032,7 +1085,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._assert_in_step("send")
         if self._state is not AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
-                f"send: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
+                f"send: a call to `{self._state.value}` is still pending; call {self._state.value}_wait first",
+                self._state.value,
             )
         if self._in_flight[group]:
             raise AlreadyPendingCallError(
@@ -1846,7 +1900,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._assert_open()
         if self._state is not AsyncState.DEFAULT:
             raise AlreadyPendingCallError(
-                f"{method}: a call to `{self._state.value}` is still pending; call step_wait first", self._state.value
+                f"{method}: a call to `{self._state.value}` is still pending; call {self._state.value}_wait first",
+                self._state.value,
             )
         busy = [g for g in range(len(self._groups)) if self._in_flight[g]]
         if busy:

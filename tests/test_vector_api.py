@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 
 from learner import RemoteVectorEnv
-from learner.errors import ServerBusyError, ServerStartError
+from learner.errors import InvalidArgumentError, RemoteTimeoutError, ServerBusyError, ServerStartError
 from learner.local import LocalServers
 from tests.conftest import StartServers
 
@@ -226,3 +229,51 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
             ) in caplog.text
         finally:
             theirs.kill()
+
+
+def test_code_written_for_async_vector_envs_async_calls_runs_as_on_one(start_servers: StartServers) -> None:
+    """reset_async/reset_wait and step_async/step_wait(timeout): AsyncVectorEnv's signatures, the
+    same results, and its pending-call errors."""
+    local = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    with contextlib.closing(local), RemoteVectorEnv(start_servers("CartPole-v1", 1, 2)) as remote:
+        for envs in (local, remote):
+            with pytest.raises(NoAsyncCallError, match="reset_wait"):
+                envs.reset_wait()
+        answers = []
+        for envs in (local, remote):
+            envs.reset_async(seed=7)
+            with pytest.raises(AlreadyPendingCallError, match="`reset`"):
+                envs.step(np.zeros(2, dtype=np.int64))
+            obs, _ = envs.reset_wait(timeout=30)
+            envs.step_async(np.ones(2, dtype=np.int64))
+            with pytest.raises(AlreadyPendingCallError, match="`step`"):
+                envs.reset_async(seed=7)
+            answers.append((obs, *envs.step_wait(timeout=30)[:4]))
+        for ours, theirs in zip(answers[1], answers[0], strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+        remote.reset_async(seed=1)
+        with pytest.raises(
+            AlreadyPendingCallError, match=r"^step: a call to `reset` is still pending; call reset_wait first$"
+        ):
+            remote.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(InvalidArgumentError, match=r"timeout: expected finite seconds > 0, got -1"):
+            remote.reset_wait(timeout=-1)
+        remote.reset_wait()  # (a refused timeout leaves the reset pending)
+
+
+def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: StartServers) -> None:
+    addresses = start_servers(
+        "tests.envs:SlowResetEnv", num_servers=1, envs_per_server=1, server_args=["--step-delay-ms", "3000"]
+    )
+    with RemoteVectorEnv(addresses, timeout=60) as envs:
+        envs.reset(seed=0)  # (its first reset is quick; each one after takes 3 s)
+        envs.step_async(np.zeros(1, dtype=np.int64))
+        start = time.monotonic()
+        with pytest.raises(RemoteTimeoutError, match=r"Step .*0\.5 s"):
+            envs.step_wait(timeout=0.5)
+        assert time.monotonic() - start < 2.5
+        envs.reset_async(seed=0)
+        start = time.monotonic()
+        with pytest.raises(RemoteTimeoutError, match=r"Reset .*0\.5 s"):
+            envs.reset_wait(timeout=0.5)
+        assert time.monotonic() - start < 2.5
