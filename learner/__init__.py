@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         SpecMismatchError,
     )
     from learner.local import LocalServers, local_servers
-    from learner.remote import RemoteVectorEnv, ResetNeededError
+    from learner.remote import RemoteVectorEnv, ResetNeededError, close_all
     from learner.sb3 import RemoteVecEnv
     from learner.stats import ReplicaStats
 
@@ -68,6 +68,7 @@ _EXPORTS = {
     "local_servers": "learner.local",
     "RemoteVectorEnv": "learner.remote",
     "ResetNeededError": "learner.remote",
+    "close_all": "learner.remote",
     "RemoteVecEnv": "learner.sb3",  # (imports stable-baselines3: only on first use)
     "ReplicaStats": "learner.stats",
 }
@@ -92,6 +93,7 @@ __all__ = [
     "ServerUnavailableError",
     "SessionError",
     "SpecMismatchError",
+    "close_all",
     "expand_addresses",
     "local_servers",
     "resolve_compose",

@@ -68,7 +68,7 @@ from learner.local import usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv", "ResetNeededError", "close_all"]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 """RemoteVectorEnv's default ``connect_timeout`` (seconds to find and connect to every server)."""
@@ -102,6 +102,18 @@ _NOT_BY_NAME = (
     "to run, and a server runs only what its operator chose; ask for an env (or wrapper) that returns "
     "what you need in infos"
 )
+
+
+def close_all() -> int:
+    """Close every RemoteVectorEnv of this process still open (releasing its servers); how many it closed.
+
+    For a notebook or REPL that lost track of one: an exception's traceback, which they keep, keeps
+    the env it was raised in alive, and with it the env's claim on its servers (a new RemoteVectorEnv
+    on them is refused with ServerBusyError, saying the holder is this process)."""
+    envs = [env for env in list(_LIVE) if not env.closed]
+    for env in envs:
+        env.close()
+    return len(envs)
 
 
 def _env_spec(spec: pb.EnvSpec) -> EnvSpec | None:
@@ -654,7 +666,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
                 raise ServerBusyError(
                     f"{err} -- that learner is this process: close the RemoteVectorEnv that holds the server "
-                    "(envs.close(), or make it in a with block) before making another",
+                    "(envs.close(), or make it in a with block) before making another; learner.close_all() closes "
+                    "every one of this process (one you lost track of: a notebook keeps an error's traceback, and "
+                    "the env in it)",
                     address=client.address,
                     code=err.code,
                 ) from None

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 
+import learner
 from learner import RemoteVectorEnv
 from learner.errors import InvalidArgumentError, RemoteTimeoutError, ServerBusyError, ServerStartError
 from learner.local import LocalServers
@@ -87,6 +88,28 @@ def test_methods_by_name_and_copies_are_refused_with_the_reason(cartpole: Remote
 def test_a_server_this_process_holds_already_says_so(cartpole: RemoteVectorEnv) -> None:
     with pytest.raises(ServerBusyError, match="that learner is this process: close the RemoteVectorEnv"):
         RemoteVectorEnv(cartpole.addresses, connect_timeout=5)
+
+
+def test_close_all_lets_go_of_an_env_a_kept_traceback_holds(start_servers: StartServers) -> None:
+    """A notebook keeps the traceback of a cell that raised, and the env made in it: the servers stay
+    claimed with no name left to close them by. learner.close_all() closes it."""
+    addresses = start_servers("CartPole-v1", num_servers=1, envs_per_server=1)
+
+    def train() -> None:
+        envs = RemoteVectorEnv(addresses)
+        envs.reset(seed=0)
+        raise RuntimeError("a bug in the training loop")
+
+    try:
+        train()
+    except RuntimeError as err:
+        kept = err  # (as sys.last_value would be)
+    with pytest.raises(ServerBusyError, match=r"learner\.close_all\(\) closes every one of this process"):
+        RemoteVectorEnv(addresses, connect_timeout=5)
+    assert learner.close_all() == 1 and learner.close_all() == 0
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+    assert kept.__traceback__ is not None
 
 
 def test_reset_leaves_the_callers_options_alone(cartpole: RemoteVectorEnv) -> None:
