@@ -122,10 +122,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         token = _auth_token(args.auth_token_file, given.get("auth_token"))
         if token is not None:
             given["auth_token"] = token
+        if args.like is not None and "resume" in given:
+            raise ValueError("--like: starts a new run with another run's options, so it cannot go with --resume")
         if "resume" in given:
             from learner.train import resume_args
 
             config = resume_args(given.pop("resume"), **given)
+        elif args.like is not None:
+            from learner.train import like_args
+
+            config = like_args(args.like, **given)
         else:
             config = Args(**given)
         config = _tls_from_environment(config)
@@ -541,7 +547,8 @@ def _presets_epilog() -> str:
         "  learner train --env InvertedPendulum-v5 --total-timesteps 300000\n"
         "  learner train --env ALE/Pong-v5 --num-servers 4 --envs-per-server 4 --device cuda\n"
         "  learner train --env CartPole-v1 --servers 10.0.0.5:50051,10.0.0.6:50051\n"
-        "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000 --no-stop-at-return"
+        "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000 --no-stop-at-return\n"
+        "  learner train --like runs/CartPole-v1-20250101-120000 --seed 2"
     )
 
 
@@ -890,6 +897,20 @@ def build_parser() -> argparse.ArgumentParser:
     listed = envs_group._group_actions  # (listed in --help right after --auth-token)
     listed.remove(token_file)
     listed.insert(next(i for i, a in enumerate(listed) if a.dest == "auth_token") + 1, token_file)
+    # Not an Args field either: where the options come from, not one of them.
+    run_group = next(g for g in train._action_groups if any(a.dest == "resume" for a in g._group_actions))
+    like = run_group.add_argument(
+        "--like",
+        type=_path,
+        default=None,
+        metavar="RUN",
+        help="a new run with the options of the run in RUN (a run dir, or its config.json), from scratch in a run "
+        "dir of its own; options given override them (e.g. --seed 2 for another seed). The auth token is never "
+        "recorded: give it again where the servers need one; not with --resume",
+    )
+    listed = run_group._group_actions  # (listed in --help right after --resume)
+    listed.remove(like)
+    listed.insert(next(i for i, a in enumerate(listed) if a.dest == "resume") + 1, like)
     train.set_defaults(func=cmd_train, parser=train)
 
     evaluate = sub.add_parser(

@@ -22,9 +22,12 @@ import functools
 import logging
 import math
 import os
+import platform
 import random
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -87,6 +90,7 @@ __all__ = [
     "Rollout",
     "StopRequest",
     "fleet_spec",
+    "like_args",
     "pick_device",
     "progress_bar",
     "resume_args",
@@ -121,8 +125,61 @@ class NothingToLearnError(EnvFleetError):
 
 
 def _versions() -> dict[str, str]:
-    """What made a run (config.json): Python, envfleet and the libraries its results depend on."""
-    return runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
+    """What made a run (config.json): Python, envfleet (and, run from a git checkout, its commit: the
+    version alone is the same at every commit) and the libraries its results depend on."""
+    versions = runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
+    commit = _source_commit()
+    if commit is not None:
+        versions["envfleet_commit"] = commit
+    return versions
+
+
+def _source_commit() -> str | None:
+    """The git commit envfleet's source is at when it runs from a checkout, ``+dirty`` with changes to
+    tracked files not committed; None elsewhere (installed, an image) or when git cannot say."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    """Where a run ran (config.json), beyond the versions: what its results or speed may depend on. A
+    run's curve depends on torch's CPU threads (sums in another order round otherwise), recorded as
+    set (--torch-threads 0: torch's default, the machine's cores for a CNN)."""
+    machine: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(device)
+        machine["cuda"] = torch.version.cuda
+        machine["cudnn"] = torch.backends.cudnn.version()
+    return machine
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` says."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
 
 
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
@@ -272,13 +329,51 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
             overrides["seed"],
             saved.seed,
         )
+    return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=str(run_dir), run_dir=str(run_dir))
+
+
+def like_args(source: str | Path, /, **overrides: Any) -> Args:
+    """The ``Args`` a run was started with, for a new run (``learner train --like``): ``source`` is its run
+    dir or its config.json; ``overrides`` (a seed, say) replace what it recorded. The new run has a run
+    dir of its own (``run_dir`` among ``overrides``, else the default) and starts from scratch; the
+    auth token, never recorded, is this session's."""
+    path = Path(source)
+    if not str(source):
+        raise ValueError("--like: expected a value, got an empty string")
+    if not path.exists():
+        raise FileNotFoundError(f"--like: expected a run dir or its {rundir.CONFIG}, but {path} does not exist")
+    config = path / rundir.CONFIG if path.is_dir() else path
+    if not config.is_file():
+        raise FileNotFoundError(f"--like: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
+    try:
+        recorded = rundir.read_json(config)
+    except ValueError as err:
+        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG}: {err}") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
+        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
+    fresh = {"progress": None, "run_dir": None, "resume": None, "auth_token": None}
+    saved = Args.from_json({**recorded["args"], **fresh}, check=False)
+    args = _recorded_with(saved, recorded, overrides, config.parent, "like")
+    given = ", ".join(f"--{name.replace('_', '-')}" for name in overrides) or "none"
+    log.info("--like: the options the run in %s recorded; given here instead: %s", config.parent, given)
+    return args
+
+
+def _recorded_with(
+    saved: Args, recorded: dict[str, Any], overrides: dict[str, Any], run: Path | str, flag: str, /, **fixed: Any
+) -> Args:
+    """``saved`` (the options the run in ``run`` recorded, ``recorded`` its config.json) with ``overrides``
+    and ``fixed``, checked; options given that move the run off the --servers it used onto envs this
+    command starts (or onto other servers) take the others that go with them (``flag``: the command's
+    option, --resume or --like, for messages)."""
     moved: dict[str, Any] = {}
+    what = "resume" if flag == "resume" else "repeat"
     servers = overrides.get("servers")
     if servers is not None and not servers.strip(" ,"):
         how = "leave --servers out" + (f" and give {_MOVE_FLAGS}" if saved.servers is not None else "")
         raise ValueError(
-            f"--servers: expected addresses such as host:port,host:port, got {servers!r}; to resume the run in "
-            f"{run_dir} on envs this command starts, {how}"
+            f"--servers: expected addresses such as host:port,host:port, got {servers!r}; to {what} the run in "
+            f"{run} on envs this command starts, {how}"
         )
     if servers is not None:
         # Moving a run onto running servers: the options of the servers it used to start no longer apply.
@@ -302,26 +397,26 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
                 moved["num_servers"] = math.gcd(num_envs, saved.num_servers)  # (servers of as many envs each)
             elif overrides.get("backend", saved.backend) == "remote" and num_envs % min(wanted, num_envs):
                 raise ValueError(
-                    f"--num-servers: the run in {run_dir} trained on {num_envs} envs, which do not split evenly "
+                    f"--num-servers: the run in {run} trained on {num_envs} envs, which do not split evenly "
                     f"over {wanted} servers; pick a number of servers that divides {num_envs}, or give --num-envs "
                     "or --envs-per-server too"
                 )
     try:
-        return dataclasses.replace(saved, **{**moved, **overrides}, resume=str(run_dir), run_dir=str(run_dir))
+        return dataclasses.replace(saved, **{**moved, **overrides, **fixed})
     except ValueError as err:
         if saved.servers is None or servers is not None:
             raise
         if moved:
-            raise ValueError(f"{err} (moving the run in {run_dir} off --servers {saved.servers})") from None
+            raise ValueError(f"{err} (moving the run in {run} off --servers {saved.servers})") from None
         # (the option refused conflicts with --servers, which the user did not give this time)
         raise ValueError(
-            f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to resume the run on envs this "
+            f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to {what} the run on envs this "
             f"command starts, give {_MOVE_FLAGS})"
         ) from None
 
 
 _MOVE_OPTIONS = ("backend", "num_servers", "num_envs", "envs_per_server")
-"""Options that, given with --resume, move a run trained on --servers onto envs this command starts."""
+"""Options that, given with --resume or --like, move a run trained on --servers onto envs this command starts."""
 _MOVE_FLAGS = "--backend, --num-servers, --num-envs or --envs-per-server"
 
 
@@ -1180,6 +1275,7 @@ def train(
                 **served,
             },
             "device": str(device),
+            "machine": _machine(device),
             "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
             "solved_threshold": threshold,
             "versions": _versions(),

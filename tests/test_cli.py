@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -73,7 +74,60 @@ def test_resume_continues_a_run_with_more_steps(
     assert [r["global_step"] for r in rows] == [16, 32, 48]
     config = rundir.read_json(run / rundir.CONFIG)
     assert config["args"]["total_timesteps"] == 48 and config["args"]["num_envs"] == 2
-    assert set(config["versions"]) == {"python", "envfleet", "torch", "gymnasium", "numpy", "grpcio", "protobuf"}
+    assert set(config["versions"]) - {"envfleet_commit"} == {
+        "python",
+        "envfleet",
+        "torch",
+        "gymnasium",
+        "numpy",
+        "grpcio",
+        "protobuf",
+    }
+    # Run from a git checkout: the commit too, the version being the same at every commit.
+    if (Path(rundir.__file__).resolve().parent.parent / ".git").exists():
+        assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", config["versions"]["envfleet_commit"])
+    machine = config["machine"]
+    assert machine["torch_threads"] == 1 and machine["cpus"] >= 1 and machine["hostname"] and machine["cpu"]
+
+
+def test_like_starts_a_new_run_with_a_runs_options_and_those_given(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`learner train --like RUN --seed 2`: another seed of the same experiment, in a run dir of its own,
+    from scratch; the run dir or its config.json; the same seed again gives the same curve."""
+    first = rundir.read_json(trained_run / rundir.CONFIG)
+    for source, given, run in (
+        (trained_run, ["--seed", "2"], tmp_path / "seed2"),
+        (trained_run / rundir.CONFIG, [], tmp_path / "again"),
+    ):
+        assert main(["train", "--like", str(source), *given, "--run-dir", str(run), "--no-plot"]) == 0
+        config = rundir.read_json(run / rundir.CONFIG)
+        differ = {k for k in config["args"] if config["args"][k] != first["args"][k]} - {"progress"}  # (this session's)
+        assert differ == ({"seed", "run_dir", "plot"} if given else {"run_dir", "plot"}), differ
+        assert config["resumed_at_step"] is None and [
+            r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)
+        ] == [16, 32]
+    losses = [
+        [r["value_loss"] for r in rundir.read_jsonl(run / rundir.METRICS)] for run in (trained_run, tmp_path / "again")
+    ]
+    assert losses[0] == losses[1]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--like", str(trained_run), "--resume", str(trained_run)])
+    assert exit_info.value.code == 2
+    assert (
+        "--like: starts a new run with another run's options, so it cannot go with --resume" in capsys.readouterr().err
+    )
+    for bad, said in (
+        (
+            tmp_path / "nothing",
+            f"--like: expected a run dir or its config.json, but {tmp_path / 'nothing'} does not exist",
+        ),
+        (trained_run / rundir.METRICS, f"--like: {trained_run / rundir.METRICS} is no run's config.json"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["train", "--like", str(bad)])
+        assert said in capsys.readouterr().err
 
 
 def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
