@@ -15,6 +15,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector import async_vector_env
 
 from env_server.config import ServerConfig
 from env_server.isolation import IsolateErrors
@@ -30,6 +31,7 @@ __all__ = [
     "WRAPPERS",
     "build_vector_env",
     "check_env",
+    "env_kwargs_json",
     "is_entry_point",
     "make_env",
     "max_episode_steps",
@@ -190,6 +192,17 @@ def _env_kwargs(config: ServerConfig) -> dict[str, Any]:
     return kwargs
 
 
+def env_kwargs_json(config: ServerConfig) -> str:
+    """EnvSpec.env_kwargs: the kwargs each env is made with (:func:`_env_kwargs`: ``--env-kwargs`` and
+    what the server adds for them), as canonical JSON (``json.dumps(kwargs, sort_keys=True)``; a value
+    JSON cannot hold, from a ServerConfig made in Python, as its repr); "" for none.
+
+    Under vector_entry_point, ``--env-kwargs`` as given (no wrapper adds any there); the autoreset
+    mode the server passes that vector env is EnvSpec.autoreset_mode, not a kwarg here."""
+    kwargs = _env_kwargs(config)
+    return json.dumps(kwargs, sort_keys=True, default=repr) if kwargs else ""
+
+
 def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     """A zero-argument function that builds one wrapped env."""
     kwargs = _env_kwargs(config)
@@ -223,7 +236,19 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
 
 
 class ObservationLayoutError(ValueError):
-    """An env returned an observation whose layout (shape, keys, length) is not its observation space's."""
+    """An env returned an observation whose layout (shape, keys, length) is not its observation space's.
+
+    ``env_index``: the env (its index within the server's vector env), where known; kept when
+    gymnasium's AsyncVectorEnv raises a worker's error again in the server's process (it calls the
+    error's type with the error: ``ObservationLayoutError(err)``)."""
+
+    env_index: int | None
+
+    def __init__(self, message: object, env_index: int | None = None) -> None:
+        if isinstance(message, ObservationLayoutError):
+            env_index, message = message.env_index, str(message)
+        super().__init__(message)
+        self.env_index = env_index
 
 
 def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation") -> str | None:
@@ -234,6 +259,22 @@ def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation")
     they stack as arrays (Box, Discrete, MultiDiscrete, MultiBinary), a Dict's keys (extra ones are
     left out, as gymnasium does), a Tuple's length (any sequence). Dtypes are cast and bounds are
     not enforced, as in gymnasium's own vector envs; other spaces are stacked as objects."""
+    return _mismatch(obs, space, where, _expected_shape)
+
+
+def _expected_shape(obs: Any, space: gym.Space[Any], where: str) -> str | None:
+    """:func:`layout_mismatch`'s text for an array of another shape than ``space``'s."""
+    shape = np.shape(obs)
+    if shape != space.shape:
+        return f"{where} has shape {shape}, expected {space.shape} (observation_space {space})"
+    return None
+
+
+def _mismatch(
+    obs: Any, space: gym.Space[Any], where: str, leaf: Callable[[Any, gym.Space[Any], str], str | None]
+) -> str | None:
+    """:func:`layout_mismatch`'s walk over Dict and Tuple spaces, ``leaf`` saying what is wrong (None:
+    nothing) with an observation of a space gymnasium stacks as an array."""
     if isinstance(space, gym.spaces.Dict):
         if not isinstance(obs, Mapping):
             return f"{where} is a {type(obs).__name__}, expected a dict with keys {sorted(space.spaces)}"
@@ -241,7 +282,7 @@ def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation")
         if missing:
             return f"{where} has keys {sorted(obs, key=str)}, missing {missing} of {sorted(space.spaces)}"
         return next(
-            (m for k, sub in space.spaces.items() if (m := layout_mismatch(obs[k], sub, f"{where}[{k!r}]"))), None
+            (m for k, sub in space.spaces.items() if (m := _mismatch(obs[k], sub, f"{where}[{k!r}]", leaf))), None
         )
     if isinstance(space, gym.spaces.Tuple):
         n = len(space.spaces)
@@ -249,14 +290,57 @@ def layout_mismatch(obs: Any, space: gym.Space[Any], where: str = "observation")
             length = f" of length {len(obs)}" if isinstance(obs, Sequence) else ""
             return f"{where} is a {type(obs).__name__}{length}, expected a tuple of length {n}"
         return next(
-            (m for i, sub in enumerate(space.spaces) if (m := layout_mismatch(obs[i], sub, f"{where}[{i}]"))), None
+            (m for i, sub in enumerate(space.spaces) if (m := _mismatch(obs[i], sub, f"{where}[{i}]", leaf))), None
         )
     if not isinstance(space, _STACKED):
         return None
+    return leaf(obs, space, where)
+
+
+def _received(obs: Any, space: gym.Space[Any], where: str) -> str | None:
+    """:func:`misfit_message`'s text for an observation (part ``where``) of a space gymnasium stacks as an
+    array: its shape and dtype against the space's, or a dtype numpy cannot cast to the space's."""
+    part = "an observation" if where == "observation" else f"an observation whose {where.removeprefix('observation')}"
+    verb = " of" if where == "observation" else " has"
+    dtype = obs.dtype if isinstance(obs, np.ndarray | np.generic) else type(obs).__name__
     shape = np.shape(obs)
     if shape != space.shape:
-        return f"{where} has shape {shape}, expected {space.shape} (observation_space {space})"
+        return f"{part}{verb} shape {shape} and dtype {dtype}, not the observation space's {space.shape} ({space})"
+    try:
+        np.asarray(obs, dtype=space.dtype)
+    except (TypeError, ValueError):
+        return f"{part}{verb} dtype {dtype}, which does not convert to the observation space's {space.dtype} ({space})"
     return None
+
+
+def misfit_message(obs: Any, space: gym.Space[Any], env_index: int, method: str) -> str | None:
+    """Why env ``env_index``'s observation ``obs``, which its ``method`` ("reset" or "step") returned,
+    cannot be stacked as one of ``space``, in words: "env 2's step returned an observation of shape (3,)
+    and dtype float32, not the observation space's (2,) (Box(...))"; None when it can (as far as
+    :func:`layout_mismatch` checks, and the dtype converts). Never raises (an observation too odd to
+    describe is None): it runs when stacking has failed already, whose own error then stands."""
+    try:
+        problem = _mismatch(obs, space, "observation", _received)
+    except Exception:
+        return None
+    if problem is None:
+        return None
+    if not problem.startswith("an observation"):  # (a Dict's keys, a Tuple's length)
+        problem = f"an observation that does not fit the observation space: {problem}"
+    return f"env {env_index}'s {method or 'reset or step'} returned {problem}"
+
+
+def _misfit_error(env: gym.Env[Any, Any], env_index: int) -> ObservationLayoutError | None:
+    """The ObservationLayoutError for env ``env_index`` (as the vector env holds it: wrapped by
+    :func:`_guarded`), whose last observation does not fit its observation space; None when it fits
+    (or the env has no IsolateErrors to say what it returned)."""
+    while not isinstance(env, IsolateErrors):
+        if not isinstance(env, gym.Wrapper):
+            return None
+        env = env.env
+    obs, method = env.last_observation
+    message = None if obs is None else misfit_message(obs, env.observation_space, env_index, method)
+    return None if message is None else ObservationLayoutError(message, env_index)
 
 
 # The spaces gymnasium's vector envs stack into arrays (np.stack), whose shapes must agree.
@@ -270,14 +354,16 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
     Only the first of each is checked (an env that gets its layout wrong usually does so every
     time); after that the calls go straight to the wrapped env, at no cost per step."""
 
-    def __init__(self, env: gym.Env[Any, Any], name: str) -> None:
+    def __init__(self, env: gym.Env[Any, Any], name: str, index: int | None = None) -> None:
         super().__init__(env)
         self._name = name
+        self._index = index
 
     def _check(self, obs: Any, method: str) -> None:
         problem = layout_mismatch(obs, self.observation_space)
         if problem is not None:
-            raise ObservationLayoutError(f"env {self._name!r}, {method}(): {problem}")
+            which = "" if self._index is None else f" (env {self._index} of the server's)"
+            raise ObservationLayoutError(f"env {self._name!r}, {method}(): {problem}{which}", self._index)
         # The check done, this instance's calls of ``method`` skip this wrapper from now on.
         setattr(self, method, getattr(self.env, method))
 
@@ -292,17 +378,18 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
         return result
 
 
-def _guarded(env: gym.Env[Any, Any], name: str, *, repeat_on_reset: bool) -> gym.Env[Any, Any]:
-    """``env`` as the vector env holds it: its errors isolated (outside the check, which must fail
-    the call: a layout error would fail the stacking anyway, less clearly)."""
-    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset), name)
+def _guarded(env: gym.Env[Any, Any], name: str, index: int, *, repeat_on_reset: bool) -> gym.Env[Any, Any]:
+    """``env``, env ``index`` of the vector env, as the vector env holds it: its errors isolated
+    (outside the check, which must fail the call: a layout error would fail the stacking anyway,
+    less clearly)."""
+    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset), name, index)
 
 
 def _isolated(
-    factory: Callable[[], gym.Env[Any, Any]], name: str, *, repeat_on_reset: bool
+    factory: Callable[[], gym.Env[Any, Any]], name: str, index: int, *, repeat_on_reset: bool
 ) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
-        return _guarded(factory(), name, repeat_on_reset=repeat_on_reset)
+        return _guarded(factory(), name, index, repeat_on_reset=repeat_on_reset)
 
     return make_isolated
 
@@ -481,11 +568,97 @@ class _WideInfos(gym.vector.VectorEnv):
 
 
 class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
-    """gymnasium's SyncVectorEnv, with infos widened (see :func:`_widen_infos`)."""
+    """gymnasium's SyncVectorEnv, with infos widened (see :func:`_widen_infos`), and an observation it
+    cannot stack named (ObservationLayoutError: the env, the call, the shape and dtype that came, the
+    space's), not numpy's "all input arrays must have the same shape".
+
+    The envs' observations are looked at only once stacking them has failed (no cost per step
+    otherwise); the envs must be held as :func:`_guarded` makes them."""
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().reset(seed=seed, options=options)
+        except ObservationLayoutError:
+            raise
+        except Exception as err:
+            misfit = self._misfit()
+            if misfit is None:
+                raise
+            raise misfit from err
+
+    def step(self, actions: Any) -> Any:
+        try:
+            return super().step(actions)
+        except ObservationLayoutError:
+            raise
+        except Exception as err:
+            misfit = self._misfit()
+            if misfit is None:
+                raise
+            raise misfit from err
+
+    def _misfit(self) -> ObservationLayoutError | None:
+        """The error naming the first env whose last observation does not fit; None if none."""
+        return next((e for i, env in enumerate(self.envs) if (e := _misfit_error(env, i)) is not None), None)
 
 
 class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
-    """gymnasium's AsyncVectorEnv, with infos widened (see :func:`_widen_infos`)."""
+    """gymnasium's AsyncVectorEnv, with infos widened (see :func:`_widen_infos`). Made with
+    ``worker=_naming_worker``, an observation a worker cannot write for the server's process is named
+    as WideInfoSyncVectorEnv names it."""
+
+
+# gymnasium's worker of AsyncVectorEnv, which _naming_worker extends: a private function (were it renamed
+# in some later gymnasium, its own worker runs, and a misfit is numpy's error again).
+_ASYNC_WORKER: Callable[..., None] | None = getattr(async_vector_env, "_async_worker", None)
+
+
+def _naming_worker(
+    index: int,
+    env_fn: Callable[[], gym.Env[Any, Any]],
+    pipe: Any,
+    parent_pipe: Any,
+    shared_memory: Any,
+    error_queue: Any,
+    *rest: Any,
+) -> None:
+    """gymnasium's worker of AsyncVectorEnv (``_async_worker``, its arguments passed through), whose error
+    for an observation its env returned that does not fit the observation space is an
+    ObservationLayoutError naming it, not numpy's "could not broadcast input array from shape (3,) into
+    shape (2,)" from writing it into the shared memory (which flattens it first, so even its shapes
+    mislead). As there, the worker then ends (gymnasium shuts down a worker whose env raised).
+
+    The observation is looked at only once writing it has failed, in the worker (its env's
+    IsolateErrors keeps the last one): no cost per step."""
+    made: list[gym.Env[Any, Any]] = []
+
+    def make() -> gym.Env[Any, Any]:
+        env = env_fn()
+        made.append(env)
+        return env
+
+    errors: Any = _NamingErrors(error_queue, index, made)  # (its put is all the worker uses of its queue)
+    assert _ASYNC_WORKER is not None  # (used only then)
+    _ASYNC_WORKER(index, make, pipe, parent_pipe, shared_memory, errors, *rest)
+
+
+class _NamingErrors:
+    """A worker's error queue that, for an error of a worker whose env's last observation does not fit
+    the observation space, puts the ObservationLayoutError naming it instead (see :func:`_naming_worker`)."""
+
+    def __init__(self, queue: Any, index: int, made: list[gym.Env[Any, Any]]) -> None:
+        self._queue = queue
+        self._index = index
+        self._made = made
+
+    def put(self, item: tuple[int, type[BaseException], BaseException, str]) -> None:
+        index, _, error, trace = item
+        if self._made and not isinstance(error, ObservationLayoutError):
+            misfit = _misfit_error(self._made[0], self._index)
+            if misfit is not None:
+                trace += f"\n(the error above, in the worker of env {self._index}: {misfit})\n"
+                item = (index, ObservationLayoutError, misfit, trace)
+        self._queue.put(item)
 
 
 def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:
@@ -511,16 +684,17 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
-            isolated = _isolated(factory, config.env, repeat_on_reset=same_step)
+            isolated = [_isolated(factory, config.env, i, repeat_on_reset=same_step) for i in range(config.num_envs)]
             if config.vectorization == "async":
                 first.close()
-                workers = [_in_worker(isolated)] * config.num_envs
-                vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy)
+                workers = [_in_worker(make) for make in isolated]
+                worker = _naming_worker if _ASYNC_WORKER is not None else None
+                vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
-                    lambda: _guarded(first, config.env, repeat_on_reset=same_step)
+                    lambda: _guarded(first, config.env, 0, repeat_on_reset=same_step)
                 ]
-                fns += [isolated] * (config.num_envs - 1)
+                fns += isolated[1:]
                 vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise
@@ -532,18 +706,36 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
 
 
 def max_episode_steps(vec: gym.vector.VectorEnv, config: ServerConfig) -> int:
-    """The env's time limit in steps, 0 when it has none or it is unknown."""
+    """The time limit, in steps, that the envs of ``vec`` (built from ``config``) are made with; 0 when
+    they have none or it is unknown.
+
+    ``--max-episode-steps`` when given (a TimeLimit around each env, or ``gymnasium.make``'s own
+    argument). Else, for sync and async vectorization, the spec of an env as built: what
+    ``gymnasium.make`` gave it (the registered limit, or a ``max_episode_steps`` in ``--env-kwargs``),
+    or an entry point's env's own spec (none: 0); under async the env is asked in its worker process
+    (``get_attr``), as gymnasium's AsyncVectorEnv holds no envs of its own. For vector_entry_point, the
+    limit ``gymnasium.make_vec`` passed the env's vectorized implementation: a ``max_episode_steps`` in
+    ``--env-kwargs``, else the registered one (the vector env's spec keeps the registered one even
+    where the kwarg overrode it).
+    """
     if config.max_episode_steps is not None:
         return config.max_episode_steps
-    spec = getattr(vec.unwrapped, "spec", None)
-    if spec is not None and spec.max_episode_steps:
-        return int(spec.max_episode_steps)
-    envs = getattr(vec.unwrapped, "envs", None)
-    if envs:
-        single = getattr(envs[0], "spec", None)
-        if single is not None and single.max_episode_steps:
-            return int(single.max_episode_steps)
-    return 0
+    base = vec.unwrapped
+    if isinstance(base, gym.vector.SyncVectorEnv):
+        spec = base.envs[0].spec  # (the first env stands for all K: one factory makes them)
+    elif isinstance(base, gym.vector.AsyncVectorEnv):
+        spec = base.get_attr("spec")[0]
+    else:
+        spec = base.spec
+        if spec is not None and "max_episode_steps" in spec.kwargs:
+            return _steps(spec.kwargs["max_episode_steps"])
+    return 0 if spec is None else _steps(spec.max_episode_steps)
+
+
+def _steps(limit: Any) -> int:
+    """A time limit as EnvSpec.max_episode_steps holds it: a positive int, or 0 for none (None, or
+    gymnasium's -1, "no TimeLimit")."""
+    return int(limit) if isinstance(limit, int | np.integer) and limit > 0 else 0
 
 
 def _one_line(err: BaseException) -> str:

@@ -116,6 +116,9 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         super().__init__(env)
         self._repeat_on_reset = repeat_on_reset
         self._last_obs: Any = None
+        # The call that returned _last_obs ("reset" or "step"; "" before any): with it, an observation
+        # the vector env then fails to stack is named with the call that made it (env_server.envs).
+        self._last_from = ""
         # The error that ended the current episode, reported again with the next reset's info
         # (with repeat_on_reset).
         self._pending: str | None = None
@@ -123,6 +126,13 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         self._broken: str | None = None
         self.errors = 0
         """Exceptions caught so far (step and reset)."""
+
+    @property
+    def last_observation(self) -> tuple[Any, str]:
+        """The last observation the wrapped env returned (None before any) and the call that returned it
+        ("reset" or "step"): what the vector env stacked last for this env, unless a placeholder (which
+        fits the space) stood in for it since."""
+        return self._last_obs, self._last_from
 
     def _placeholder(self) -> Any:
         return self._last_obs if self._last_obs is not None else placeholder_observation(self.observation_space)
@@ -142,7 +152,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         if self._broken is not None:
             log.info("an env that was out of order reset fine again")
             self._broken = None
-        self._last_obs = obs
+        self._last_obs, self._last_from = obs, "reset"
         if self._pending is not None and self._repeat_on_reset:
             info = {**info, ENV_ERROR_KEY: self._pending}
         self._pending = None
@@ -166,5 +176,5 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
                 log.warning("an env raised in step again (%d errors so far): %s", self.errors, message)
             self._pending = message
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
-        self._last_obs = obs
+        self._last_obs, self._last_from = obs, "step"
         return obs, reward, terminated, truncated, info

@@ -21,7 +21,7 @@ import numpy as np
 
 from env_server import codec
 from env_server.config import ServerConfig
-from env_server.envs import max_episode_steps
+from env_server.envs import ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, end_call
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
@@ -193,6 +193,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             wrappers=list(self._config.wrappers),
             max_episode_steps=max_episode_steps(env, self._config),
             versions=_versions(),
+            env_kwargs=env_kwargs_json(self._config),
         )
         codec.encode_space(self._obs_space, spec.observation_space, "observation_space")
         codec.encode_space(self._act_space, spec.action_space, "action_space")
@@ -622,6 +623,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # The env's state is unknown after it raised: the learner must reset before stepping.
             self._needs_reset = True
             what = f"the env raised in {kind}: {type(err).__name__}: {err}"
+            # (an observation that does not fit the space names its env: the status does too)
+            env_index = err.env_index if isinstance(err, ObservationLayoutError) else None
             if _workers_ended(self.env):
                 # (gymnasium's AsyncVectorEnv shuts a worker down when an exception escapes its env;
                 # IsolateErrors catches the env's own, so this takes a failure of the env's layout.)
@@ -630,10 +633,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     self.on_dead()
                 log.error("%s; the server cannot step or reset any more: restart it", self._dead)
                 raise ServiceError(
-                    grpc.StatusCode.INTERNAL, f"{what}; its worker processes ended: restart the server"
+                    grpc.StatusCode.INTERNAL, f"{what}; its worker processes ended: restart the server", env_index
                 ) from err
             log.warning("env %s raised %s: %s", kind, type(err).__name__, err)
-            raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again") from err
+            raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again", env_index) from err
         finally:
             self.call_started = 0.0
             elapsed = time.perf_counter() - start

@@ -148,8 +148,8 @@ class Args:
     """continue the run in this run dir from its last checkpoint (its config, unless overridden). A run
     trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
     or --envs-per-server, on envs this command starts: the same env, as many envs unless given, with the
-    servers' wrappers and time limit as recorded (add their --env-kwargs, if they had any; runs of older
-    versions: their --wrappers and --max-episode-steps too)"""
+    servers' wrappers, time limit and env kwargs as recorded (runs of older versions: add their --env-kwargs,
+    older still their --wrappers and --max-episode-steps too)"""
     checkpoint_every: int = 1
     """write a checkpoint every this many updates, once --checkpoint-seconds have passed since the last
     one (also at the end and on Ctrl-C); 0: only then. A checkpoint costs ~3 ms for an MLP, ~60 ms for

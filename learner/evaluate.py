@@ -109,8 +109,12 @@ def evaluate(
     run_wrappers = recorded_wrappers or run_args.wrappers
     server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "")
     max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
-    # A run trained on running servers does not know their env kwargs (nor, before, their wrappers).
-    unrecorded = on_servers and (servers is None or video_path is not None)
+    # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
+    served_kwargs = served.get("env_kwargs") if on_servers else None
+    if served_kwargs is not None and env_kwargs is None:
+        kwargs = dict(served_kwargs)
+    # A run trained on running servers that did not say: their env kwargs are unknown (before, their wrappers too).
+    unrecorded = on_servers and served_kwargs is None and (servers is None or video_path is not None)
     if unrecorded and env_kwargs is None:
         _warn_unknown_env_kwargs(
             run_args, kwargs, video_only=servers is not None, limit_known="max_episode_steps" in served

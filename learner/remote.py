@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import json
 import logging
 import math
 import numbers
@@ -731,6 +732,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         spec = self._clients[0].spec
         assert spec is not None
         return tuple(spec.wrappers)
+
+    @property
+    def env_kwargs(self) -> dict[str, Any] | None:
+        """The kwargs the first server's envs are made with (its ``--env-kwargs`` and what it adds for
+        its wrappers; the rest are warned of if theirs differ); None from a server too old to say."""
+        spec = self._clients[0].spec
+        assert spec is not None
+        return _served_kwargs(spec)
 
     @property
     def env_id(self) -> str:
@@ -2487,6 +2496,9 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
         for name in ("env_id", "max_episode_steps")
         if getattr(got, name) != getattr(want, name)
     ]
+    kwargs, wanted = _served_kwargs(got), _served_kwargs(want)
+    if kwargs is not None and wanted is not None and kwargs != wanted:  # (servers too old to say: not compared)
+        differ.append(f"env kwargs {json.dumps(kwargs)}, not {whose} {json.dumps(wanted)}")
     if differ:
         log.warning(
             "env server %s serves another env than the rest (%s); its spaces fit, so it steps with them "
@@ -2509,6 +2521,20 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
             "it did before" if whose == "its old" else whose.removesuffix("'s"),
             "; ".join(other),
         )
+
+
+def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
+    """The kwargs a server's envs are made with (EnvSpec.env_kwargs), None when it does not say (older
+    than the field, or not a JSON object)."""
+    if not spec.HasField("env_kwargs"):
+        return None
+    if not spec.env_kwargs:
+        return {}
+    try:
+        kwargs = json.loads(spec.env_kwargs)
+    except ValueError:
+        return None
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -41,6 +41,8 @@ class ServerInfo:
     autoreset_mode: str = ""
     max_episode_steps: int = 0
     wrappers: list[str] = field(default_factory=list)
+    env_kwargs: str | None = None
+    """The kwargs its envs are made with, as JSON ("" for none); None from a server too old to say."""
     versions: dict[str, str] = field(default_factory=dict)
     claimed_by: str = ""
     """Who holds its envs now ("" when no learner does)."""
@@ -120,6 +122,7 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
     info.vectorization, info.wrappers = spec.vectorization, list(spec.wrappers)
     info.autoreset_mode = codec.AUTORESET_FROM_PROTO[spec.autoreset_mode].value
     info.max_episode_steps, info.versions = spec.max_episode_steps, dict(sorted(spec.versions.items()))
+    info.env_kwargs = spec.env_kwargs if spec.HasField("env_kwargs") else None
     info.claimed_by = response.claimed_by
     info.round_trip_ms = round(statistics.median(times) * 1000, 3)
     return info
@@ -141,6 +144,7 @@ def describe(servers: list[ServerInfo]) -> str:
             continue
         limit = f", {s.max_episode_steps}-step limit" if s.max_episode_steps else ""
         wrappers = f", wrappers {','.join(s.wrappers)}" if s.wrappers else ""
+        wrappers += f", env kwargs {s.env_kwargs}" if s.env_kwargs else ""
         lines.append(
             f"{s.address}  {s.env_id} x{s.num_envs} ({s.vectorization}, {s.autoreset_mode} autoreset{limit}{wrappers})"
             f"  round trip {s.round_trip_ms:.2f} ms"

@@ -182,6 +182,16 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _time_limit(envs: gym.vector.VectorEnv) -> int | None:
+    """The time limit of ``envs``' episodes (config.json, checkpoints' ``served``): the servers' (their
+    spec), or an in-process vector env's first env's; None for none."""
+    spec = getattr(envs, "spec", None)
+    if spec is None and isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        spec = envs.unwrapped.envs[0].spec
+    limit = getattr(spec, "max_episode_steps", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
     """ValueError naming --action-bounds where it squashes actions without finite bounds to squash into
     (before the run dir is made: a refused run leaves none)."""
@@ -389,6 +399,8 @@ def _recorded_with(
             moved["wrappers"] = wrappers_option(served["wrappers"])
         if served.get("max_episode_steps") and "max_episode_steps" not in overrides:
             moved["max_episode_steps"] = served["max_episode_steps"]
+        if served.get("env_kwargs") and "env_kwargs" not in overrides:  # (servers since EnvSpec.env_kwargs)
+            moved["env_kwargs"] = served["env_kwargs"]
         num_envs = served.get("num_envs")
         if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
             moved["num_envs"] = num_envs
@@ -1180,7 +1192,9 @@ def train(
         wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
         served = {
             "wrappers": wrappers,
-            "max_episode_steps": getattr(getattr(envs, "spec", None), "max_episode_steps", None),
+            "max_episode_steps": _time_limit(envs),
+            # (servers too old to say: None; in-process envs: the options')
+            "env_kwargs": envs.env_kwargs if hasattr(envs, "env_kwargs") else dict(args.env_kwargs),
         }
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
         if raw:

@@ -532,3 +532,37 @@ class BadObservationEnv(_CountEnv):
         elif bad:
             obs = np.array([np.nan], dtype=np.float32)
         return obs, reward, terminated, truncated, info
+
+
+class MisshapenEnv(gym.Env[np.ndarray, np.int64]):
+    """Box(2,) float32 observations, until the env whose first reset had seed ``bad_seed`` (seeded
+    ``s``, a vector env's env i gets ``s + i``: env ``bad_seed`` of a server reset with seed 0) turns
+    them into zeros of ``shape`` (dtype float32), from its ``at``-th call of ``method`` ("step" or
+    "reset", counted over the env's life) on. ``at`` 2 or more: the server's check of each env's first
+    observations passes, and the misfit shows only when the vector env stacks a later one."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, bad_seed: int = 2, method: str = "step", at: int = 3, shape: tuple[int, ...] = (3,)) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.bad_seed, self.method, self.at, self.shape = bad_seed, method, at, tuple(shape)
+        self.bad: bool | None = None
+        self.calls = {"reset": 0, "step": 0}
+
+    def _obs(self, method: str) -> np.ndarray:
+        self.calls[method] += 1
+        if self.bad and method == self.method and self.calls[method] >= self.at:
+            return np.zeros(self.shape, dtype=np.float32)
+        return np.zeros(2, dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if self.bad is None:
+            self.bad = seed == self.bad_seed
+        return self._obs("reset"), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return self._obs("step"), 1.0, False, False, {}

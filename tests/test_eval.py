@@ -86,12 +86,23 @@ def _train(run: Path, *argv: str) -> None:
 
 @pytest.fixture(scope="module")
 def server_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run trained on a running server of ClockEnv(length=5): the run records no env kwargs."""
+    """A run trained on a running server of ClockEnv(length=5): its options have no env kwargs, what the
+    server said it makes its envs with is recorded (config.json's envs, the checkpoints' "served")."""
     run = tmp_path_factory.mktemp("runs") / "on-servers"
     with LocalServers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5}) as servers:
         _train(run, "--servers", servers.addresses[0])
-    assert rundir.read_json(run / rundir.CONFIG)["args"]["env_kwargs"] == {}
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["args"]["env_kwargs"] == {} and config["envs"]["env_kwargs"] == {"length": 5}
     return run
+
+
+def _without_served_kwargs(run: Path, tmp_path: Path) -> Path:
+    """The run's last checkpoint as a version before EnvSpec.env_kwargs wrote it (servers' kwargs unknown)."""
+    old = tmp_path / "old.pt"
+    state = torch.load(rundir.list_checkpoints(run)[-1], weights_only=True)
+    del state["served"]["env_kwargs"]
+    torch.save(state, old)
+    return old
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +126,24 @@ def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     return result
 
 
-def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwargs_and_takes_them_as_options(
+def test_eval_makes_a_run_on_running_servers_envs_with_the_kwargs_they_said(
     server_run: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="learner.evaluate")
+    assert _eval(capsys, str(server_run), "--episodes", "2", "--backend", "gym")["length_mean"] == 5.0
+    assert _eval(capsys, str(server_run), "--episodes", "1", "--num-envs", "1")["length_mean"] == 5.0
+    assert _eval(capsys, str(server_run), "--episodes", "1", "--env-kwargs", '{"length": 4}')["length_mean"] == 4.0
+    assert not caplog.records
+
+
+def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwargs_and_takes_them_as_options(
+    server_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint of a version before the servers said their env kwargs."""
+    caplog.set_level(logging.WARNING, logger="learner.evaluate")
+    old = str(_without_served_kwargs(server_run, tmp_path))
     # The run's own options (none): ClockEnv's default length, not the servers' 5; said once.
-    result = _eval(capsys, str(server_run), "--episodes", "2", "--backend", "gym")
+    result = _eval(capsys, old, "--episodes", "2", "--backend", "gym")
     assert result["length_mean"] == 3.0
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1, warnings
@@ -133,11 +156,11 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     # --env-kwargs: the servers' task, on a local server too, and nothing left unknown: no warning. (Wrappers
     # need none: envs without the servers' have other spaces, which the checkpoint records; see below.)
     caplog.clear()
-    result = _eval(capsys, str(server_run), "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
+    result = _eval(capsys, old, "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
     assert result["length_mean"] == 5.0
     assert not caplog.records
     argv = ["--episodes", "1", "--backend", "gym", "--env-kwargs", '{"length": 5}', "--wrappers", ""]
-    assert _eval(capsys, str(server_run), *argv)["length_mean"] == 5.0
+    assert _eval(capsys, old, *argv)["length_mean"] == 5.0
     assert not caplog.records
 
 

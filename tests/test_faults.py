@@ -274,6 +274,21 @@ def test_servers_of_other_envs_with_the_same_spaces_are_warned_of(
     ) in caplog.text
 
 
+def test_servers_of_the_same_env_made_with_other_kwargs_are_warned_of(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CartPole with sutton_barto_reward on one server: the same spaces, another reward."""
+    a = spawn_server("CartPole-v1", 1)
+    b = spawn_server("CartPole-v1", 1, "--env-kwargs", '{"sutton_barto_reward": true}')
+    with caplog.at_level(logging.WARNING, logger="learner.remote"), RemoteVectorEnv([a.address, b.address]) as envs:
+        envs.reset(seed=0)
+        assert envs.env_kwargs == {}
+    assert (
+        f'env server {b.address} serves another env than the rest (env kwargs {{"sutton_barto_reward": true}}, '
+        f"not env server {a.address}'s {{}})"
+    ) in caplog.text
+
+
 def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn_server: SpawnServer) -> None:
     """Server B hangs past the deadline: the step raises. Server A's envs stepped meanwhile, unseen (an
     episode may have ended), so stepping on is refused until a reset."""

@@ -28,6 +28,15 @@ def test_learner_servers_shows_each_server_and_who_holds_it_without_claiming_it(
     rows = json.loads(capsys.readouterr().out)
     assert [r["address"] for r in rows] == [a, b] and [r["claimed_by"] for r in rows] == ["", ""]  # (closed since)
     assert rows[0]["num_envs"] == 3 and rows[0]["versions"]["gymnasium"] and rows[0]["round_trip_ms"] > 0
+    assert rows[0]["env_kwargs"] == ""  # (none; null from a server too old to say)
+
+
+def test_learner_servers_shows_the_kwargs_a_servers_envs_are_made_with(
+    start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    [a] = start_servers("CartPole-v1", 1, 1, transport="tcp", env_kwargs={"sutton_barto_reward": True})
+    assert main(["servers", "--servers", a]) == 0
+    assert '500-step limit, env kwargs {"sutton_barto_reward": true})' in capsys.readouterr().out
 
 
 def test_learner_servers_says_which_do_not_answer_and_exits_1(

@@ -919,6 +919,20 @@ def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
     moved = resume_args(run, backend="gym", env_kwargs=box, total_timesteps=16)
     assert (moved.servers, moved.wrappers) == (None, "clip-action")
     assert train(moved)["total_steps"] == 16
+    # The servers' env kwargs too, as they said them (EnvSpec.env_kwargs), unless given.
+    assert rundir.read_json(run / rundir.CONFIG)["envs"]["env_kwargs"] == box
+    moved = resume_args(run, backend="gym", total_timesteps=24)
+    assert moved.env_kwargs == box and train(moved)["total_steps"] == 24
+
+
+def test_in_process_envs_record_their_time_limit_and_env_kwargs(tmp_path: Path) -> None:
+    """config.json's envs (and the checkpoints' "served"): as for servers, which say theirs."""
+    for limit, recorded in ((None, 500), (7, 7)):
+        run = tmp_path / f"limit-{limit}"
+        argv = {"env": "CartPole-v1", "env_kwargs": {"sutton_barto_reward": True}, "max_episode_steps": limit}
+        train(Args(**QUIET, **argv, backend="gym", num_envs=2, num_steps=4, total_timesteps=8, run_dir=str(run)))
+        envs = rundir.read_json(run / rundir.CONFIG)["envs"]
+        assert (envs["max_episode_steps"], envs["env_kwargs"]) == (recorded, {"sutton_barto_reward": True})
 
 
 def test_a_run_moved_onto_running_servers_drops_the_options_of_the_servers_it_started(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65nvfleet/v1/env.proto\x12\x0b\x65nvfleet.v1\"H\n\x06Tensor\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.envfleet.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\",\n\x0bStringArray\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0e\n\x06values\x18\x02 \x03(\t\"@\n\x0bObjectArray\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x06values\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Value\"<\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\"\n\x06values\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Value\"/\n\tValueList\x12\"\n\x06values\x18\x01 \x03(\x0b\x32\x12.envfleet.v1.Value\"\x0b\n\tNoneValue\"\xac\x03\n\x05Value\x12%\n\x06tensor\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.TensorH\x00\x12$\n\x03map\x18\x02 \x01(\x0b\x32\x15.envfleet.v1.ValueMapH\x00\x12\'\n\x05tuple\x18\x03 \x01(\x0b\x32\x16.envfleet.v1.ValueListH\x00\x12&\n\x04list\x18\x04 \x01(\x0b\x32\x16.envfleet.v1.ValueListH\x00\x12+\n\x07objects\x18\x05 \x01(\x0b\x32\x18.envfleet.v1.ObjectArrayH\x00\x12+\n\x07strings\x18\x06 \x01(\x0b\x32\x18.envfleet.v1.StringArrayH\x00\x12\x0e\n\x04text\x18\x07 \x01(\tH\x00\x12\x11\n\x07\x66loat64\x18\x08 \x01(\x01H\x00\x12\x0f\n\x05int64\x18\t \x01(\x03H\x00\x12\x11\n\x07\x62oolean\x18\n \x01(\x08H\x00\x12&\n\x04none\x18\x0b \x01(\x0b\x32\x16.envfleet.v1.NoneValueH\x00\x12\r\n\x03raw\x18\x0c \x01(\x0cH\x00\x12%\n\x06scalar\x18\r \x01(\x0b\x32\x13.envfleet.v1.TensorH\x00\x42\x06\n\x04kind\"L\n\rDiscreteSpace\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.envfleet.v1.DType\"O\n\x08\x42oxSpace\x12 \n\x03low\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12!\n\x04high\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\"[\n\x12MultiDiscreteSpace\x12!\n\x04nvec\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12\"\n\x05start\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\"/\n\x10MultiBinarySpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0c\n\x04\x66lat\x18\x02 \x01(\x08\"0\n\nTupleSpace\x12\"\n\x06spaces\x18\x01 \x03(\x0b\x32\x12.envfleet.v1.Space\"=\n\tDictSpace\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\"\n\x06spaces\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Space\"\xa9\x02\n\x05Space\x12.\n\x08\x64iscrete\x18\x01 \x01(\x0b\x32\x1a.envfleet.v1.DiscreteSpaceH\x00\x12$\n\x03\x62ox\x18\x02 \x01(\x0b\x32\x15.envfleet.v1.BoxSpaceH\x00\x12\x39\n\x0emulti_discrete\x18\x03 \x01(\x0b\x32\x1f.envfleet.v1.MultiDiscreteSpaceH\x00\x12\x35\n\x0cmulti_binary\x18\x04 \x01(\x0b\x32\x1d.envfleet.v1.MultiBinarySpaceH\x00\x12(\n\x05tuple\x18\x05 \x01(\x0b\x32\x17.envfleet.v1.TupleSpaceH\x00\x12&\n\x04\x64ict\x18\x06 \x01(\x0b\x32\x16.envfleet.v1.DictSpaceH\x00\x42\x06\n\x04kind\"\xce\x03\n\x07\x45nvSpec\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12-\n\x11observation_space\x18\x04 \x01(\x0b\x32\x12.envfleet.v1.Space\x12(\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x12.envfleet.v1.Space\x12\x32\n\x0e\x61utoreset_mode\x18\x06 \x01(\x0e\x32\x1a.envfleet.v1.AutoresetMode\x12\x14\n\x0crender_modes\x18\x07 \x03(\t\x12\x17\n\nrender_fps\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tserver_id\x18\t \x01(\t\x12\x15\n\rvectorization\x18\n \x01(\t\x12\x10\n\x08wrappers\x18\x0b \x03(\t\x12\x19\n\x11max_episode_steps\x18\x0c \x01(\r\x12\x34\n\x08versions\x18\r \x03(\x0b\x32\".envfleet.v1.EnvSpec.VersionsEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_render_fps\"\x10\n\x0eGetSpecRequest\"I\n\x0fGetSpecResponse\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.envfleet.v1.EnvSpec\x12\x12\n\nclaimed_by\x18\x02 \x01(\t\"A\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\"\xc0\x01\n\x11HandshakeResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.envfleet.v1.EnvSpec\x12\x17\n\x0f\x63laim_timeout_s\x18\x03 \x01(\x01\x12\x13\n\x0bstep_socket\x18\x04 \x01(\t\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x04\x12\x19\n\x0c\x63hecks_token\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0f\n\r_checks_token\"!\n\x0bHoldRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1b\n\tHoldEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"$\n\x04Seed\x12\x12\n\x05value\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x08\n\x06_value\"}\n\x0cResetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12 \n\x05seeds\x18\x02 \x03(\x0b\x32\x11.envfleet.v1.Seed\x12#\n\x07options\x18\x03 \x01(\x0b\x32\x12.envfleet.v1.Value\x12\x12\n\nreset_mask\x18\x04 \x03(\x08\"\\\n\rResetResponse\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.envfleet.v1.Value\x12!\n\x05infos\x18\x02 \x01(\x0b\x32\x12.envfleet.v1.Value\"F\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.envfleet.v1.Value\"\xeb\x01\n\x0cStepResponse\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.envfleet.v1.Value\x12$\n\x07rewards\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12)\n\x0cterminations\x18\x03 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12(\n\x0btruncations\x18\x04 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12!\n\x05infos\x18\x05 \x01(\x0b\x32\x12.envfleet.v1.Value\x12\x13\n\x0b\x65nv_seconds\x18\x06 \x01(\x01\"P\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\tenv_index\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x0c\n\n_env_index\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse*\xf1\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_BOOL\x10\x01\x12\x0e\n\nDTYPE_INT8\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT16\x10\x04\x12\x10\n\x0c\x44TYPE_UINT16\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x10\n\x0c\x44TYPE_UINT32\x10\x07\x12\x0f\n\x0b\x44TYPE_INT64\x10\x08\x12\x10\n\x0c\x44TYPE_UINT64\x10\t\x12\x11\n\rDTYPE_FLOAT16\x10\n\x12\x11\n\rDTYPE_FLOAT32\x10\x0b\x12\x11\n\rDTYPE_FLOAT64\x10\x0c*\x88\x01\n\rAutoresetMode\x12\x1e\n\x1a\x41UTORESET_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41UTORESET_MODE_NEXT_STEP\x10\x01\x12\x1c\n\x18\x41UTORESET_MODE_SAME_STEP\x10\x02\x12\x1b\n\x17\x41UTORESET_MODE_DISABLED\x10\x03\x32\xe4\x03\n\nEnvService\x12\x44\n\x07GetSpec\x12\x1b.envfleet.v1.GetSpecRequest\x1a\x1c.envfleet.v1.GetSpecResponse\x12J\n\tHandshake\x12\x1d.envfleet.v1.HandshakeRequest\x1a\x1e.envfleet.v1.HandshakeResponse\x12:\n\x04Hold\x12\x18.envfleet.v1.HoldRequest\x1a\x16.envfleet.v1.HoldEvent0\x01\x12>\n\x05Reset\x12\x19.envfleet.v1.ResetRequest\x1a\x1a.envfleet.v1.ResetResponse\x12;\n\x04Step\x12\x18.envfleet.v1.StepRequest\x1a\x19.envfleet.v1.StepResponse\x12\x45\n\nStepStream\x12\x18.envfleet.v1.StepRequest\x1a\x19.envfleet.v1.StepResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.envfleet.v1.ReleaseRequest\x1a\x1c.envfleet.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65nvfleet/v1/env.proto\x12\x0b\x65nvfleet.v1\"H\n\x06Tensor\x12!\n\x05\x64type\x18\x01 \x01(\x0e\x32\x12.envfleet.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\",\n\x0bStringArray\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0e\n\x06values\x18\x02 \x03(\t\"@\n\x0bObjectArray\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x06values\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Value\"<\n\x08ValueMap\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\"\n\x06values\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Value\"/\n\tValueList\x12\"\n\x06values\x18\x01 \x03(\x0b\x32\x12.envfleet.v1.Value\"\x0b\n\tNoneValue\"\xac\x03\n\x05Value\x12%\n\x06tensor\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.TensorH\x00\x12$\n\x03map\x18\x02 \x01(\x0b\x32\x15.envfleet.v1.ValueMapH\x00\x12\'\n\x05tuple\x18\x03 \x01(\x0b\x32\x16.envfleet.v1.ValueListH\x00\x12&\n\x04list\x18\x04 \x01(\x0b\x32\x16.envfleet.v1.ValueListH\x00\x12+\n\x07objects\x18\x05 \x01(\x0b\x32\x18.envfleet.v1.ObjectArrayH\x00\x12+\n\x07strings\x18\x06 \x01(\x0b\x32\x18.envfleet.v1.StringArrayH\x00\x12\x0e\n\x04text\x18\x07 \x01(\tH\x00\x12\x11\n\x07\x66loat64\x18\x08 \x01(\x01H\x00\x12\x0f\n\x05int64\x18\t \x01(\x03H\x00\x12\x11\n\x07\x62oolean\x18\n \x01(\x08H\x00\x12&\n\x04none\x18\x0b \x01(\x0b\x32\x16.envfleet.v1.NoneValueH\x00\x12\r\n\x03raw\x18\x0c \x01(\x0cH\x00\x12%\n\x06scalar\x18\r \x01(\x0b\x32\x13.envfleet.v1.TensorH\x00\x42\x06\n\x04kind\"L\n\rDiscreteSpace\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.envfleet.v1.DType\"O\n\x08\x42oxSpace\x12 \n\x03low\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12!\n\x04high\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\"[\n\x12MultiDiscreteSpace\x12!\n\x04nvec\x18\x01 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12\"\n\x05start\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\"/\n\x10MultiBinarySpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x0c\n\x04\x66lat\x18\x02 \x01(\x08\"0\n\nTupleSpace\x12\"\n\x06spaces\x18\x01 \x03(\x0b\x32\x12.envfleet.v1.Space\"=\n\tDictSpace\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\"\n\x06spaces\x18\x02 \x03(\x0b\x32\x12.envfleet.v1.Space\"\xa9\x02\n\x05Space\x12.\n\x08\x64iscrete\x18\x01 \x01(\x0b\x32\x1a.envfleet.v1.DiscreteSpaceH\x00\x12$\n\x03\x62ox\x18\x02 \x01(\x0b\x32\x15.envfleet.v1.BoxSpaceH\x00\x12\x39\n\x0emulti_discrete\x18\x03 \x01(\x0b\x32\x1f.envfleet.v1.MultiDiscreteSpaceH\x00\x12\x35\n\x0cmulti_binary\x18\x04 \x01(\x0b\x32\x1d.envfleet.v1.MultiBinarySpaceH\x00\x12(\n\x05tuple\x18\x05 \x01(\x0b\x32\x17.envfleet.v1.TupleSpaceH\x00\x12&\n\x04\x64ict\x18\x06 \x01(\x0b\x32\x16.envfleet.v1.DictSpaceH\x00\x42\x06\n\x04kind\"\xf6\x03\n\x07\x45nvSpec\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x10\n\x08num_envs\x18\x03 \x01(\r\x12-\n\x11observation_space\x18\x04 \x01(\x0b\x32\x12.envfleet.v1.Space\x12(\n\x0c\x61\x63tion_space\x18\x05 \x01(\x0b\x32\x12.envfleet.v1.Space\x12\x32\n\x0e\x61utoreset_mode\x18\x06 \x01(\x0e\x32\x1a.envfleet.v1.AutoresetMode\x12\x14\n\x0crender_modes\x18\x07 \x03(\t\x12\x17\n\nrender_fps\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tserver_id\x18\t \x01(\t\x12\x15\n\rvectorization\x18\n \x01(\t\x12\x10\n\x08wrappers\x18\x0b \x03(\t\x12\x19\n\x11max_episode_steps\x18\x0c \x01(\r\x12\x34\n\x08versions\x18\r \x03(\x0b\x32\".envfleet.v1.EnvSpec.VersionsEntry\x12\x17\n\nenv_kwargs\x18\x0e \x01(\tH\x01\x88\x01\x01\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_render_fpsB\r\n\x0b_env_kwargs\"\x10\n\x0eGetSpecRequest\"I\n\x0fGetSpecResponse\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.envfleet.v1.EnvSpec\x12\x12\n\nclaimed_by\x18\x02 \x01(\t\"A\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x13\n\x0b\x63lient_name\x18\x02 \x01(\t\"\xc0\x01\n\x11HandshakeResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.envfleet.v1.EnvSpec\x12\x17\n\x0f\x63laim_timeout_s\x18\x03 \x01(\x01\x12\x13\n\x0bstep_socket\x18\x04 \x01(\t\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x04\x12\x19\n\x0c\x63hecks_token\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x0f\n\r_checks_token\"!\n\x0bHoldRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x1b\n\tHoldEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"$\n\x04Seed\x12\x12\n\x05value\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x08\n\x06_value\"}\n\x0cResetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12 \n\x05seeds\x18\x02 \x03(\x0b\x32\x11.envfleet.v1.Seed\x12#\n\x07options\x18\x03 \x01(\x0b\x32\x12.envfleet.v1.Value\x12\x12\n\nreset_mask\x18\x04 \x03(\x08\"\\\n\rResetResponse\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.envfleet.v1.Value\x12!\n\x05infos\x18\x02 \x01(\x0b\x32\x12.envfleet.v1.Value\"F\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.envfleet.v1.Value\"\xeb\x01\n\x0cStepResponse\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.envfleet.v1.Value\x12$\n\x07rewards\x18\x02 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12)\n\x0cterminations\x18\x03 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12(\n\x0btruncations\x18\x04 \x01(\x0b\x32\x13.envfleet.v1.Tensor\x12!\n\x05infos\x18\x05 \x01(\x0b\x32\x12.envfleet.v1.Value\x12\x13\n\x0b\x65nv_seconds\x18\x06 \x01(\x01\"P\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\tenv_index\x18\x03 \x01(\rH\x00\x88\x01\x01\x42\x0c\n\n_env_index\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse*\xf1\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nDTYPE_BOOL\x10\x01\x12\x0e\n\nDTYPE_INT8\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0f\n\x0b\x44TYPE_INT16\x10\x04\x12\x10\n\x0c\x44TYPE_UINT16\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x10\n\x0c\x44TYPE_UINT32\x10\x07\x12\x0f\n\x0b\x44TYPE_INT64\x10\x08\x12\x10\n\x0c\x44TYPE_UINT64\x10\t\x12\x11\n\rDTYPE_FLOAT16\x10\n\x12\x11\n\rDTYPE_FLOAT32\x10\x0b\x12\x11\n\rDTYPE_FLOAT64\x10\x0c*\x88\x01\n\rAutoresetMode\x12\x1e\n\x1a\x41UTORESET_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41UTORESET_MODE_NEXT_STEP\x10\x01\x12\x1c\n\x18\x41UTORESET_MODE_SAME_STEP\x10\x02\x12\x1b\n\x17\x41UTORESET_MODE_DISABLED\x10\x03\x32\xe4\x03\n\nEnvService\x12\x44\n\x07GetSpec\x12\x1b.envfleet.v1.GetSpecRequest\x1a\x1c.envfleet.v1.GetSpecResponse\x12J\n\tHandshake\x12\x1d.envfleet.v1.HandshakeRequest\x1a\x1e.envfleet.v1.HandshakeResponse\x12:\n\x04Hold\x12\x18.envfleet.v1.HoldRequest\x1a\x16.envfleet.v1.HoldEvent0\x01\x12>\n\x05Reset\x12\x19.envfleet.v1.ResetRequest\x1a\x1a.envfleet.v1.ResetResponse\x12;\n\x04Step\x12\x18.envfleet.v1.StepRequest\x1a\x19.envfleet.v1.StepResponse\x12\x45\n\nStepStream\x12\x18.envfleet.v1.StepRequest\x1a\x19.envfleet.v1.StepResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.envfleet.v1.ReleaseRequest\x1a\x1c.envfleet.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENVSPEC_VERSIONSENTRY']._loaded_options = None
   _globals['_ENVSPEC_VERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=3086
-  _globals['_DTYPE']._serialized_end=3327
-  _globals['_AUTORESETMODE']._serialized_start=3330
-  _globals['_AUTORESETMODE']._serialized_end=3466
+  _globals['_DTYPE']._serialized_start=3126
+  _globals['_DTYPE']._serialized_end=3367
+  _globals['_AUTORESETMODE']._serialized_start=3370
+  _globals['_AUTORESETMODE']._serialized_end=3506
   _globals['_TENSOR']._serialized_start=38
   _globals['_TENSOR']._serialized_end=110
   _globals['_STRINGARRAY']._serialized_start=112
@@ -67,37 +67,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPACE']._serialized_start=1194
   _globals['_SPACE']._serialized_end=1491
   _globals['_ENVSPEC']._serialized_start=1494
-  _globals['_ENVSPEC']._serialized_end=1956
-  _globals['_ENVSPEC_VERSIONSENTRY']._serialized_start=1894
-  _globals['_ENVSPEC_VERSIONSENTRY']._serialized_end=1941
-  _globals['_GETSPECREQUEST']._serialized_start=1958
-  _globals['_GETSPECREQUEST']._serialized_end=1974
-  _globals['_GETSPECRESPONSE']._serialized_start=1976
-  _globals['_GETSPECRESPONSE']._serialized_end=2049
-  _globals['_HANDSHAKEREQUEST']._serialized_start=2051
-  _globals['_HANDSHAKEREQUEST']._serialized_end=2116
-  _globals['_HANDSHAKERESPONSE']._serialized_start=2119
-  _globals['_HANDSHAKERESPONSE']._serialized_end=2311
-  _globals['_HOLDREQUEST']._serialized_start=2313
-  _globals['_HOLDREQUEST']._serialized_end=2346
-  _globals['_HOLDEVENT']._serialized_start=2348
-  _globals['_HOLDEVENT']._serialized_end=2375
-  _globals['_SEED']._serialized_start=2377
-  _globals['_SEED']._serialized_end=2413
-  _globals['_RESETREQUEST']._serialized_start=2415
-  _globals['_RESETREQUEST']._serialized_end=2540
-  _globals['_RESETRESPONSE']._serialized_start=2542
-  _globals['_RESETRESPONSE']._serialized_end=2634
-  _globals['_STEPREQUEST']._serialized_start=2636
-  _globals['_STEPREQUEST']._serialized_end=2706
-  _globals['_STEPRESPONSE']._serialized_start=2709
-  _globals['_STEPRESPONSE']._serialized_end=2944
-  _globals['_STEPERROR']._serialized_start=2946
-  _globals['_STEPERROR']._serialized_end=3026
-  _globals['_RELEASEREQUEST']._serialized_start=3028
-  _globals['_RELEASEREQUEST']._serialized_end=3064
-  _globals['_RELEASERESPONSE']._serialized_start=3066
-  _globals['_RELEASERESPONSE']._serialized_end=3083
-  _globals['_ENVSERVICE']._serialized_start=3469
-  _globals['_ENVSERVICE']._serialized_end=3953
+  _globals['_ENVSPEC']._serialized_end=1996
+  _globals['_ENVSPEC_VERSIONSENTRY']._serialized_start=1919
+  _globals['_ENVSPEC_VERSIONSENTRY']._serialized_end=1966
+  _globals['_GETSPECREQUEST']._serialized_start=1998
+  _globals['_GETSPECREQUEST']._serialized_end=2014
+  _globals['_GETSPECRESPONSE']._serialized_start=2016
+  _globals['_GETSPECRESPONSE']._serialized_end=2089
+  _globals['_HANDSHAKEREQUEST']._serialized_start=2091
+  _globals['_HANDSHAKEREQUEST']._serialized_end=2156
+  _globals['_HANDSHAKERESPONSE']._serialized_start=2159
+  _globals['_HANDSHAKERESPONSE']._serialized_end=2351
+  _globals['_HOLDREQUEST']._serialized_start=2353
+  _globals['_HOLDREQUEST']._serialized_end=2386
+  _globals['_HOLDEVENT']._serialized_start=2388
+  _globals['_HOLDEVENT']._serialized_end=2415
+  _globals['_SEED']._serialized_start=2417
+  _globals['_SEED']._serialized_end=2453
+  _globals['_RESETREQUEST']._serialized_start=2455
+  _globals['_RESETREQUEST']._serialized_end=2580
+  _globals['_RESETRESPONSE']._serialized_start=2582
+  _globals['_RESETRESPONSE']._serialized_end=2674
+  _globals['_STEPREQUEST']._serialized_start=2676
+  _globals['_STEPREQUEST']._serialized_end=2746
+  _globals['_STEPRESPONSE']._serialized_start=2749
+  _globals['_STEPRESPONSE']._serialized_end=2984
+  _globals['_STEPERROR']._serialized_start=2986
+  _globals['_STEPERROR']._serialized_end=3066
+  _globals['_RELEASEREQUEST']._serialized_start=3068
+  _globals['_RELEASEREQUEST']._serialized_end=3104
+  _globals['_RELEASERESPONSE']._serialized_start=3106
+  _globals['_RELEASERESPONSE']._serialized_end=3123
+  _globals['_ENVSERVICE']._serialized_start=3509
+  _globals['_ENVSERVICE']._serialized_end=3993
 # @@protoc_insertion_point(module_scope)

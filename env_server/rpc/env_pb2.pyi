@@ -187,7 +187,7 @@ class Space(_message.Message):
     def __init__(self, discrete: _Optional[_Union[DiscreteSpace, _Mapping]] = ..., box: _Optional[_Union[BoxSpace, _Mapping]] = ..., multi_discrete: _Optional[_Union[MultiDiscreteSpace, _Mapping]] = ..., multi_binary: _Optional[_Union[MultiBinarySpace, _Mapping]] = ..., tuple: _Optional[_Union[TupleSpace, _Mapping]] = ..., dict: _Optional[_Union[DictSpace, _Mapping]] = ...) -> None: ...
 
 class EnvSpec(_message.Message):
-    __slots__ = ("protocol_version", "env_id", "num_envs", "observation_space", "action_space", "autoreset_mode", "render_modes", "render_fps", "server_id", "vectorization", "wrappers", "max_episode_steps", "versions")
+    __slots__ = ("protocol_version", "env_id", "num_envs", "observation_space", "action_space", "autoreset_mode", "render_modes", "render_fps", "server_id", "vectorization", "wrappers", "max_episode_steps", "versions", "env_kwargs")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class EnvSpec(_message.Message):
     WRAPPERS_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ENV_KWARGS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     env_id: str
     num_envs: int
@@ -221,7 +222,8 @@ class EnvSpec(_message.Message):
     wrappers: _containers.RepeatedScalarFieldContainer[str]
     max_episode_steps: int
     versions: _containers.ScalarMap[str, str]
-    def __init__(self, protocol_version: _Optional[int] = ..., env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., autoreset_mode: _Optional[_Union[AutoresetMode, str]] = ..., render_modes: _Optional[_Iterable[str]] = ..., render_fps: _Optional[float] = ..., server_id: _Optional[str] = ..., vectorization: _Optional[str] = ..., wrappers: _Optional[_Iterable[str]] = ..., max_episode_steps: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    env_kwargs: str
+    def __init__(self, protocol_version: _Optional[int] = ..., env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., autoreset_mode: _Optional[_Union[AutoresetMode, str]] = ..., render_modes: _Optional[_Iterable[str]] = ..., render_fps: _Optional[float] = ..., server_id: _Optional[str] = ..., vectorization: _Optional[str] = ..., wrappers: _Optional[_Iterable[str]] = ..., max_episode_steps: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ..., env_kwargs: _Optional[str] = ...) -> None: ...
 
 class GetSpecRequest(_message.Message):
     __slots__ = ()
