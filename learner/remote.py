@@ -42,6 +42,7 @@ from learner.discovery import (
     expand_named,
     no_wait_mends,
     pin_addresses,
+    unix_path,
     warn_duplicates,
 )
 from learner.errors import (
@@ -674,6 +675,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     code=err.code,
                 ) from None
             except ServerUnavailableError as err:
+                folder = _missing_socket_folder(client.address)
+                if folder is not None:  # (no server can come there: no use waiting for one)
+                    raise ServerUnavailableError(
+                        f"{err} (the folder of its socket, {folder}, does not exist: were its servers stopped "
+                        "(their local_servers block left, say)?)",
+                        address=client.address,
+                        code=err.code,
+                    ) from None
                 if time.monotonic() + delay > deadline:
                     raise ServerUnavailableError(
                         f"{err} (still, after {self.connect_timeout:g} s: raise connect_timeout for servers "
@@ -969,6 +978,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         connection dropped), for a full reset (which starts every episode over anyway) of a plain
         RemoteVectorEnv; a fault-tolerant one reconnects by itself. A server that came back with
         other envs is a SpecMismatchError: refresh() takes the fleet as it is now."""
+        folder = _missing_socket_folder(client.address)
+        if folder is not None:  # (no server can come there: no use waiting for one)
+            raise ServerUnavailableError(
+                f"env server {client.address}: its session ended, and the folder of its socket, {folder}, does "
+                "not exist: were its servers stopped (their local_servers block left, say)?",
+                address=client.address,
+            )
         try:
             await asyncio.wait_for(client.wait_ready(), self.connect_timeout)
         except TimeoutError:
@@ -2521,6 +2537,16 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
             "it did before" if whose == "its old" else whose.removesuffix("'s"),
             "; ".join(other),
         )
+
+
+def _missing_socket_folder(address: str) -> str | None:
+    """The folder of a ``unix:PATH`` address's socket when it does not exist (LocalServers removes theirs
+    as they stop), else None: a server may be starting there."""
+    path = unix_path(address)
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(folder) else folder
 
 
 def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:

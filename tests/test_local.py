@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learner import AuthenticationError, LocalServers, RemoteVectorEnv, local_servers
+from learner import AuthenticationError, LocalServers, RemoteVectorEnv, ServerUnavailableError, local_servers
 from learner.config import Args
 from learner.local import DEFAULT_TRANSPORT, _forward_stderr
 
@@ -70,6 +70,18 @@ def test_a_temp_folder_too_long_a_path_for_unix_sockets_has_the_sockets_made_in_
         assert all(client.step_socket for client in envs._clients)
     assert f"the temp folder {long_dir} is too long a path for Unix sockets" in caplog.text
     assert not any(Path(a.removeprefix("unix:")).parent.exists() for a in addresses)  # (removed at close)
+
+
+def test_an_env_used_after_its_local_servers_stopped_says_so_at_once() -> None:
+    """Their socket folder is gone: no server can come back there, so connect_timeout is not waited out."""
+    with local_servers("CartPole-v1", 1, 1) as addresses:
+        envs = RemoteVectorEnv(addresses, connect_timeout=30)
+        envs.reset(seed=0)
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailableError, match=r"the folder of its socket, .* does not exist"):
+        envs.reset(seed=0)
+    assert time.monotonic() - start < 5
+    envs.close()
 
 
 def test_context_manager_stops_every_server() -> None:
