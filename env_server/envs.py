@@ -15,6 +15,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import async_vector_env
 
 from env_server.config import ServerConfig
@@ -315,8 +316,8 @@ def _received(obs: Any, space: gym.Space[Any], where: str) -> str | None:
 
 def misfit_message(obs: Any, space: gym.Space[Any], env_index: int, method: str) -> str | None:
     """Why env ``env_index``'s observation ``obs``, which its ``method`` ("reset" or "step") returned,
-    cannot be stacked as one of ``space``, in words: "env 2's step returned an observation of shape (3,)
-    and dtype float32, not the observation space's (2,) (Box(...))"; None when it can (as far as
+    cannot be stacked as one of ``space``, in words: "the server's env 2: its step returned an observation
+    of shape (3,) and dtype float32, not the observation space's (2,) (Box(...))"; None when it can (as far as
     :func:`layout_mismatch` checks, and the dtype converts). Never raises (an observation too odd to
     describe is None): it runs when stacking has failed already, whose own error then stands."""
     try:
@@ -327,7 +328,7 @@ def misfit_message(obs: Any, space: gym.Space[Any], env_index: int, method: str)
         return None
     if not problem.startswith("an observation"):  # (a Dict's keys, a Tuple's length)
         problem = f"an observation that does not fit the observation space: {problem}"
-    return f"env {env_index}'s {method or 'reset or step'} returned {problem}"
+    return f"the server's env {env_index}: its {method or 'reset or step'} returned {problem}"
 
 
 def _misfit_error(env: gym.Env[Any, Any], env_index: int) -> ObservationLayoutError | None:
@@ -607,6 +608,9 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     ``worker=_naming_worker``, an observation a worker cannot write for the server's process is named
     as WideInfoSyncVectorEnv names it."""
 
+    first_spec: EnvSpec | None = None
+    """The spec of an env made as the workers' are, in the server's process (see build_vector_env)."""
+
 
 # gymnasium's worker of AsyncVectorEnv, which _naming_worker extends: a private function (were it renamed
 # in some later gymnasium, its own worker runs, and a misfit is numpy's error again).
@@ -643,8 +647,9 @@ def _naming_worker(
 
 
 class _NamingErrors:
-    """A worker's error queue that, for an error of a worker whose env's last observation does not fit
-    the observation space, puts the ObservationLayoutError naming it instead (see :func:`_naming_worker`)."""
+    """A worker's error queue that, for an error writing an observation into the shared memory where the
+    env's last observation does not fit the observation space, puts the ObservationLayoutError naming it
+    instead (see :func:`_naming_worker`)."""
 
     def __init__(self, queue: Any, index: int, made: list[gym.Env[Any, Any]]) -> None:
         self._queue = queue
@@ -653,7 +658,8 @@ class _NamingErrors:
 
     def put(self, item: tuple[int, type[BaseException], BaseException, str]) -> None:
         index, _, error, trace = item
-        if self._made and not isinstance(error, ObservationLayoutError):
+        # (only an error from writing the observation into the shared memory: others are what they are)
+        if self._made and not isinstance(error, ObservationLayoutError) and "write_to_shared_memory" in trace:
             misfit = _misfit_error(self._made[0], self._index)
             if misfit is not None:
                 trace += f"\n(the error above, in the worker of env {self._index}: {misfit})\n"
@@ -686,10 +692,12 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
             isolated = [_isolated(factory, config.env, i, repeat_on_reset=same_step) for i in range(config.num_envs)]
             if config.vectorization == "async":
+                first_spec = first.spec  # (the workers' envs are made alike; asking them would pickle theirs)
                 first.close()
                 workers = [_in_worker(make) for make in isolated]
                 worker = _naming_worker if _ASYNC_WORKER is not None else None
                 vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
+                vec.first_spec = first_spec
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
                     lambda: _guarded(first, config.env, 0, repeat_on_reset=same_step)
@@ -712,8 +720,9 @@ def max_episode_steps(vec: gym.vector.VectorEnv, config: ServerConfig) -> int:
     ``--max-episode-steps`` when given (a TimeLimit around each env, or ``gymnasium.make``'s own
     argument). Else, for sync and async vectorization, the spec of an env as built: what
     ``gymnasium.make`` gave it (the registered limit, or a ``max_episode_steps`` in ``--env-kwargs``),
-    or an entry point's env's own spec (none: 0); under async the env is asked in its worker process
-    (``get_attr``), as gymnasium's AsyncVectorEnv holds no envs of its own. For vector_entry_point, the
+    or an entry point's env's own spec (none: 0); under async, that of the env build_vector_env made
+    in this process first, as the workers make theirs (asking a worker would pickle its env's spec,
+    which an id registered with a lambda cannot, and wait for every worker). For vector_entry_point, the
     limit ``gymnasium.make_vec`` passed the env's vectorized implementation: a ``max_episode_steps`` in
     ``--env-kwargs``, else the registered one (the vector env's spec keeps the registered one even
     where the kwarg overrode it).
@@ -724,7 +733,7 @@ def max_episode_steps(vec: gym.vector.VectorEnv, config: ServerConfig) -> int:
     if isinstance(base, gym.vector.SyncVectorEnv):
         spec = base.envs[0].spec  # (the first env stands for all K: one factory makes them)
     elif isinstance(base, gym.vector.AsyncVectorEnv):
-        spec = base.get_attr("spec")[0]
+        spec = getattr(base, "first_spec", None)
     else:
         spec = base.spec
         if spec is not None and "max_episode_steps" in spec.kwargs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import sys
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -13,6 +14,7 @@ __all__ = [
     "FRAME_HEADER",
     "FRAME_STEP",
     "MAX_MESSAGE_BYTES",
+    "MAX_UNIX_PATH",
     "NOT_OWNED",
     "PROTOCOL_VERSION",
     "SERVICE_NAME",
@@ -47,6 +49,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # The step socket (see the proto's header): a server on Unix socket PATH also listens on PATH + this.
 STEP_SOCKET_SUFFIX = ".steps"
+# Longest path a Unix socket can have: sun_path holds 108 bytes on Linux, 104 on macOS, NUL included.
+MAX_UNIX_PATH = 103 if sys.platform == "darwin" else 107
 # A step-socket frame's header: the payload's length (uint32) and its kind (one byte), little-endian.
 FRAME_HEADER = struct.Struct("<IB")
 # Frame kinds: a StepRequest (client to server) or StepResponse (server to client); a StepError.

@@ -33,7 +33,7 @@ from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
-from env_server.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, STEP_SOCKET_SUFFIX
+from env_server.protocol import MAX_MESSAGE_BYTES, MAX_UNIX_PATH, SERVICE_NAME, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
 from env_server.step_socket import StepSocketServer
@@ -41,9 +41,6 @@ from env_server.step_socket import StepSocketServer
 __all__ = ["run", "serve", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
-
-# Longest path a Unix socket can have on Linux (sun_path holds 108 bytes, NUL included).
-_MAX_UNIX_PATH = 107
 
 
 def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[tuple[str, int]]:
@@ -563,7 +560,7 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     if not config.unix_socket or not config.step_socket:
         return None
     path = os.path.abspath(config.unix_socket) + STEP_SOCKET_SUFFIX
-    if len(os.fsencode(path)) > _MAX_UNIX_PATH:
+    if len(os.fsencode(path)) > MAX_UNIX_PATH:
         log.warning("no step socket: its path %s is longer than Unix sockets allow; steps go over gRPC", path)
         return None
     step_server = StepSocketServer(

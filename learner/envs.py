@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any, Literal
 import gymnasium as gym
 
 from env_server.config import ServerConfig
-from env_server.envs import build_vector_env
+from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
 from learner.discovery import expand_when_ready
 from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
@@ -91,6 +92,10 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             )
             envs = build_vector_env(config)
             stack.callback(envs.close)
+            # What the envs are made with, as a server says of its own (EnvSpec): for config.json.
+            made_with = env_kwargs_json(config)
+            envs.env_kwargs = json.loads(made_with) if made_with else {}  # type: ignore[attr-defined]
+            envs.time_limit = max_episode_steps(envs, config) or None  # type: ignore[attr-defined]
             yield envs
             return
         addresses: str | Sequence[str]

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
+from env_server.protocol import MAX_UNIX_PATH
 from learner.errors import ServerStartError
 
 __all__ = ["DEFAULT_TRANSPORT", "HANG_TIMEOUT_S", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
@@ -246,8 +247,6 @@ class LocalServers:
         self.close()
 
 
-# Longest path a Unix socket may have (sun_path's 108 bytes, less the final NUL), as env_server's.
-_MAX_UNIX_PATH = 107
 # Where sockets go when the temp folder's path is too long for them (HPC scratch folders can be).
 _SHORT_TEMP_DIR = "/tmp"
 
@@ -255,14 +254,14 @@ _SHORT_TEMP_DIR = "/tmp"
 def _make_socket_dir(num_servers: int) -> str:
     """A new folder for the servers' sockets: ``envfleet-<pid>-*`` in the temp folder, or in /tmp when
     the temp folder's path ($TMPDIR) leaves the longest socket path (the last server's step socket)
-    over what Unix sockets allow; orphans of killed learners in either are removed first."""
+    over what Unix sockets allow; orphans of killed learners in that folder are removed first."""
     longest = f"envfleet-{os.getpid()}-xxxxxxxx/server-{num_servers - 1}.sock.steps"
     root = tempfile.gettempdir()
-    if len(os.fsencode(os.path.join(root, longest))) > _MAX_UNIX_PATH and os.path.isdir(_SHORT_TEMP_DIR):
+    if len(os.fsencode(os.path.join(root, longest))) > MAX_UNIX_PATH and os.path.isdir(_SHORT_TEMP_DIR):
         log.info(
             "the temp folder %s is too long a path for Unix sockets (%d bytes at most): the servers' sockets go in %s",
             root,
-            _MAX_UNIX_PATH,
+            MAX_UNIX_PATH,
             _SHORT_TEMP_DIR,
         )
         root = _SHORT_TEMP_DIR

@@ -818,6 +818,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         The servers reset their envs in :meth:`reset_wait` (a reset is rare next to steps: it is not
         overlapped with the caller's work); the arguments are :meth:`reset`'s, checked here."""
         self._assert_idle("reset_async")
+        if isinstance(seed, Iterable) and not isinstance(seed, str | bytes):
+            seed = list(seed)  # (an iterator is read once: by the check below, and kept for reset_wait)
         self._seeds(seed)
         if options is not None and not isinstance(options, Mapping):
             raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
@@ -1058,10 +1060,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def step_wait(self, timeout: float | None = None) -> StepResult:
         """Wait for every server's step results and join them into one batch.
 
-        ``timeout``: wait at most this many seconds from now, as ``AsyncVectorEnv.step_wait``'s (a
-        server that has not answered by then is a :class:`RemoteTimeoutError`, and the fleet needs a
-        ``reset()``, as after any failed step); None (the default): the step's own deadline, this env's
-        ``timeout`` (``reset_timeout`` where an env may reset in it) from the step's send."""
+        ``timeout``: wait this many seconds from now, as ``AsyncVectorEnv.step_wait``'s (a server that
+        has not answered by then is a :class:`RemoteTimeoutError`, and the fleet needs a ``reset()``, as
+        after any failed step; answers get a last look of up to 0.25 s, so a shorter timeout waits that
+        long); None (the default): the step's own deadline, this env's ``timeout`` (``reset_timeout``
+        where an env may reset in it) from the step's send."""
         self._assert_open()
         if timeout is not None:
             timeout = _seconds("timeout", timeout)
@@ -2507,10 +2510,13 @@ def _as_arrays(space: gym.Space[Any], actions: Any, where: str) -> Any:
 def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
     """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
     time limit): allowed (variants of a task, one per server), but a mistake as often."""
+    # (servers older than EnvSpec.env_kwargs said a time limit of 0 under async vectorization, whatever
+    # it was: not compared then)
+    known = [s for s in (got, want) if s.HasField("env_kwargs") or s.vectorization != "async"]
     differ = [
         f"{name} {getattr(got, name)!r}, not {whose} {getattr(want, name)!r}"
         for name in ("env_id", "max_episode_steps")
-        if getattr(got, name) != getattr(want, name)
+        if getattr(got, name) != getattr(want, name) and (name == "env_id" or len(known) == 2)
     ]
     kwargs, wanted = _served_kwargs(got), _served_kwargs(want)
     if kwargs is not None and wanted is not None and kwargs != wanted:  # (servers too old to say: not compared)

@@ -141,6 +141,7 @@ def _source_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     git = ["git", "-C", str(root)]
+    environ = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # (git status must not take the index's lock)
     try:
         head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
         status = subprocess.run(
@@ -149,6 +150,7 @@ def _source_commit() -> str | None:
             text=True,
             timeout=5,
             check=True,
+            env=environ,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -180,16 +182,6 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     return platform.processor() or platform.machine()
-
-
-def _time_limit(envs: gym.vector.VectorEnv) -> int | None:
-    """The time limit of ``envs``' episodes (config.json, checkpoints' ``served``): the servers' (their
-    spec), or an in-process vector env's first env's; None for none."""
-    spec = getattr(envs, "spec", None)
-    if spec is None and isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        spec = envs.unwrapped.envs[0].spec
-    limit = getattr(spec, "max_episode_steps", None)
-    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
@@ -362,7 +354,16 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
     fresh = {"progress": None, "run_dir": None, "resume": None, "auth_token": None}
-    saved = Args.from_json({**recorded["args"], **fresh}, check=False)
+    values = {**recorded["args"], **fresh}
+    if "preset" not in overrides and "env" not in overrides:
+        # The hyperparameters as the run resolved them (config.json's ppo), not as this version's preset
+        # would: the same experiment after an upgrade that retuned a preset.
+        for name, value in (recorded.get("ppo") or {}).items():
+            if name != "preset" and values.get(name, 0) is None and name not in overrides:
+                values[name] = tuple(value) if isinstance(value, list) else value
+    saved = Args.from_json(values, check=False)
+    if "env" in overrides and overrides["env"] != saved.env:  # (another env: its servers' options are not these)
+        recorded = {**recorded, "envs": {}}
     args = _recorded_with(saved, recorded, overrides, config.parent, "like")
     given = ", ".join(f"--{name.replace('_', '-')}" for name in overrides) or "none"
     log.info("--like: the options the run in %s recorded; given here instead: %s", config.parent, given)
@@ -1192,9 +1193,10 @@ def train(
         wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
         served = {
             "wrappers": wrappers,
-            "max_episode_steps": _time_limit(envs),
-            # (servers too old to say: None; in-process envs: the options')
-            "env_kwargs": envs.env_kwargs if hasattr(envs, "env_kwargs") else dict(args.env_kwargs),
+            # (as the servers said, None from servers too old to say; in-process envs: as open_fleet made them)
+            "max_episode_steps": getattr(envs, "time_limit", None)
+            or getattr(getattr(envs, "spec", None), "max_episode_steps", None),
+            "env_kwargs": getattr(envs, "env_kwargs", None),
         }
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
         if raw:

@@ -289,6 +289,24 @@ def test_servers_of_the_same_env_made_with_other_kwargs_are_warned_of(
     ) in caplog.text
 
 
+def test_an_async_server_older_than_env_kwargs_said_no_time_limit_and_is_not_warned_of_for_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Such servers said max_episode_steps 0 under async vectorization, whatever the limit: a rolling
+    upgrade's fleet, old and new servers side by side, is not a mixed one for that."""
+    from learner.remote import _warn_if_other_env
+
+    caplog.set_level(logging.WARNING, logger="learner.remote")
+    new = pb.EnvSpec(env_id="CartPole-v1", vectorization="async", max_episode_steps=500, env_kwargs="")
+    old = pb.EnvSpec(env_id="CartPole-v1", vectorization="async", max_episode_steps=0)
+    _warn_if_other_env(new, old, "a:1", "env server b:2's")
+    _warn_if_other_env(old, new, "a:1", "its old")
+    assert not caplog.records
+    other = pb.EnvSpec(env_id="CartPole-v1", vectorization="sync", max_episode_steps=200)
+    _warn_if_other_env(new, other, "a:1", "x's")
+    assert "max_episode_steps 200, not x's 500" in caplog.text
+
+
 def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn_server: SpawnServer) -> None:
     """Server B hangs past the deadline: the step raises. Server A's envs stepped meanwhile, unseen (an
     episode may have ended), so stepping on is refused until a reset."""

@@ -52,6 +52,14 @@ def test_the_time_limit_is_the_one_the_envs_are_made_with_for_every_vectorizatio
     assert spec.vectorization == args[1]
 
 
+def test_an_async_server_of_an_id_registered_with_a_lambda_serves_and_says_its_time_limit(
+    spawn_server: SpawnServer,
+) -> None:
+    """Its spec cannot be pickled: the limit is read in the server's process, not asked of a worker."""
+    server = spawn_server("tests.lambda_envs:LambdaClock-v0", 2, "--vectorization", "async")
+    assert _spec(server.address).max_episode_steps == 50
+
+
 def test_the_time_limit_the_spec_says_is_where_episodes_are_truncated(spawn_server: SpawnServer) -> None:
     """(Async: the limit said is the one the workers' envs truncate at.)"""
     server = spawn_server("CartPole-v1", 2, "--vectorization", "async", "--env-kwargs", '{"max_episode_steps": 3}')
@@ -109,7 +117,7 @@ def test_an_observation_that_does_not_fit_after_the_first_is_named_with_its_env(
     kwargs = json.dumps({"bad_seed": 2, "method": method, "at": 2})
     server = spawn_server("tests.envs:MisshapenEnv", 4, "--env-kwargs", kwargs, "--vectorization", vectorization)
     named = (
-        rf"ObservationLayoutError: env 2's {method} returned an observation of shape \(3,\) and dtype float32, "
+        rf"ObservationLayoutError: the server's env 2: its {method} returned an observation of shape \(3,\) and dtype float32, "
         r"not the observation space's \(2,\) \(Box\(-1.0, 1.0, \(2,\), float32\)\)"
     )
     with RemoteVectorEnv([server.address]) as envs:
@@ -122,7 +130,7 @@ def test_an_observation_that_does_not_fit_after_the_first_is_named_with_its_env(
         assert raised.value.env_index == 2
         if vectorization == "sync" and method == "step":  # (async: gymnasium shut the worker down)
             envs.reset(seed=5)  # the server goes on: a reset, and env 2 fits until its next step
-    assert "ObservationLayoutError: env 2's" in server.logs()
+    assert "ObservationLayoutError: the server's env 2: its" in server.logs()
 
 
 def test_a_first_observation_that_does_not_fit_names_its_env_index_too(spawn_server: SpawnServer) -> None:
@@ -144,16 +152,16 @@ def test_a_dict_observation_missing_a_key_is_named_with_its_env() -> None:
     space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,)), "id": gym.spaces.Discrete(3)})
     assert misfit_message({"pos": np.zeros(2), "id": 1}, space, 0, "step") is None
     assert misfit_message({"pos": np.zeros(3, dtype=np.float64), "id": 1}, space, 1, "step") == (
-        "env 1's step returned an observation whose ['pos'] has shape (3,) and dtype float64, not the observation "
+        "the server's env 1: its step returned an observation whose ['pos'] has shape (3,) and dtype float64, not the observation "
         "space's (2,) (Box(-1.0, 1.0, (2,), float32))"
     )
     assert misfit_message({"pos": np.zeros(2)}, space, 3, "reset") == (
-        "env 3's reset returned an observation that does not fit the observation space: observation has keys "
+        "the server's env 3: its reset returned an observation that does not fit the observation space: observation has keys "
         "['pos'], missing ['id'] of ['id', 'pos']"
     )
     box = gym.spaces.Box(-1, 1, (2,))
     assert misfit_message(np.array(["a", "b"]), box, 0, "step") == (
-        "env 0's step returned an observation of dtype <U1, which does not convert to the observation space's "
+        "the server's env 0: its step returned an observation of dtype <U1, which does not convert to the observation space's "
         "float32 (Box(-1.0, 1.0, (2,), float32))"
     )
     assert misfit_message([[1, 2], [3]], box, 0, "step") is None  # (too odd to describe: the stacking's own error)

@@ -24,7 +24,7 @@ from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.local import DEFAULT_TRANSPORT
-from learner.train import NothingToLearnError, device_hint, resume_args, train
+from learner.train import NothingToLearnError, device_hint, like_args, resume_args, train
 from tests.conftest import StartServers
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
@@ -916,6 +916,11 @@ def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
     (address,) = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs=box, server_args=["--wrappers", "clip-action"])
     run = tmp_path / "r"
     train(Args(**QUIET, servers=address, num_steps=4, total_timesteps=8, run_dir=str(run)))
+    # --like: the same on envs this command starts; with another env, none of the servers' options.
+    like = like_args(run, backend="gym")
+    assert (like.servers, like.wrappers, like.env_kwargs, like.resume) == (None, "clip-action", box, None)
+    other = like_args(run, backend="gym", env="CartPole-v1")
+    assert (other.env, other.wrappers, other.env_kwargs) == ("CartPole-v1", "auto", {})
     moved = resume_args(run, backend="gym", env_kwargs=box, total_timesteps=16)
     assert (moved.servers, moved.wrappers) == (None, "clip-action")
     assert train(moved)["total_steps"] == 16

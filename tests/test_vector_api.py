@@ -300,3 +300,10 @@ def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: Sta
         with pytest.raises(RemoteTimeoutError, match=r"Reset .*0\.5 s"):
             envs.reset_wait(timeout=0.5)
         assert time.monotonic() - start < 2.5
+
+
+def test_reset_async_takes_seeds_from_an_iterator(start_servers: StartServers) -> None:
+    with RemoteVectorEnv(start_servers("CartPole-v1", 1, 2)) as envs:
+        envs.reset_async(seed=iter([3, 4]))
+        obs, _ = envs.reset_wait()
+        np.testing.assert_array_equal(obs, envs.reset(seed=[3, 4])[0])
