@@ -455,6 +455,8 @@ class Counters:
     """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
     episodes_cut: int = 0
     """Episodes that ended because their env became unavailable (not counted in the returns)."""
+    env_errors: int = 0
+    """Env steps whose env raised (``infos["env_error"]``, isolated by its server): of env_steps_lost."""
     failures: int = 0
     """The fleet's fault counters (``FaultStats``, see FAULT_COUNTS), the whole run's as of the end of
     the last rollout learned from: a resumed run adds its own to them."""
@@ -581,6 +583,28 @@ def _plot(run_dir: Path) -> None:
 def _stop_reason(err: BaseException) -> str:
     """summary.json's ``stop_reason`` for a run that ``err`` ended."""
     return "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+
+
+ENV_ERROR_LOG_S = 60.0
+"""How often, at most, learner train logs an env's error (the first at once; the count in between)."""
+
+
+def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any]) -> None:
+    """Log that env ``env`` raised in its step (its server isolated the error: its episode was cut), the
+    first at once, then at most every :data:`ENV_ERROR_LOG_S` (``said``: when last, and the count then)."""
+    now = time.monotonic()
+    if said[1] and now - said[0] < ENV_ERROR_LOG_S:
+        return
+    text = str(infos["env_error"][env])
+    log.warning(
+        "env %d raised (its episode was cut short, and the env reset): %s (%d env error%s in this run so far; "
+        "one such line a minute at most)",
+        env,
+        text if len(text) <= 300 else text[:300] + "...",
+        total,
+        "" if total == 1 else "s",
+    )
+    said[0], said[1] = now, total
 
 
 def _mean(values: list[float] | list[int]) -> float | None:
@@ -959,6 +983,7 @@ def metrics_row(
         "seconds": round(timing["seconds"], 4),
         "sps": round(timing["sps"], 1),
         "sps_update": round(timing["sps_update"], 1),
+        "transitions_per_s": round(timing["transitions_per_s"], 1),
         "episodic_return_mean": rollout_info["episodic_return_mean"],
         "episodic_length_mean": rollout_info["episodic_length_mean"],
         "episodes": rollout_info["episodes"],
@@ -980,6 +1005,7 @@ def metrics_row(
         # at its end, episodes cut short; and servers lost and back, from the fleet's
         # counters (summary.json has the run's totals), and per env server its statistics.
         "env_steps_lost": rollout_info["env_steps_lost"],
+        "env_errors": rollout_info["env_errors"],
         "envs_unavailable": rollout_info["envs_unavailable"],
         "episodes_cut": rollout_info["episodes_cut"],
         **rollout_info["fleet"],
@@ -1049,7 +1075,7 @@ class _QuietEventsThread:
             threading.excepthook = self._inner
 
 
-_PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")
+_PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update", "transitions_per_s")
 """Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
 
 
@@ -1066,7 +1092,7 @@ def write_tensorboard(writer: EventsWriter, row: dict[str, Any]) -> None:
     writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
     for key in _PERF_TAGS:
         writer.add_scalar(f"perf/{key}", row[key], step)
-    for key in ("env_steps_lost", "envs_unavailable", "episodes_cut"):
+    for key in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut"):
         writer.add_scalar(f"faults/{key}", row[key], step)
     for key, value in row.items():
         if key.startswith(("faults/", "replicas/")) and not math.isnan(value):
@@ -1102,6 +1128,7 @@ def build_summary(
         if device.type == "cuda"
         else None,
         "env_steps_lost": counters.env_steps_lost,
+        "env_errors": counters.env_errors,
         "episodes_cut": counters.episodes_cut,
         "best_return": counters.best_return,
         "best_step": counters.best_step,
@@ -1500,7 +1527,8 @@ def train(
         refresh = getattr(envs, "refresh", None)
         lost: RemoteEnvError | None = None  # the server that failed during the last rollout
         lost_rollouts = 0
-        episodes_cut = steps_lost = 0  # since the last update (a dropped rollout's counts on)
+        episodes_cut = steps_lost = env_errors = 0  # since the last update (a dropped rollout's counts on)
+        errors_said = [0.0, 0]  # (when an env's error was last logged, and the run's env errors then)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
         learned = False  # whether any rollout of this session did
         empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
@@ -1524,6 +1552,9 @@ def train(
                 "seconds": counters.seconds,
                 "sps": (counters.global_step - session_start_step) / max(now - session_start, 1e-9),
                 "sps_update": (counters.global_step - last_record[1]) / since,
+                # (env steps that were transitions: sps_update counts those of unavailable envs too)
+                "transitions_per_s": max(0, counters.global_step - last_record[1] - rollout_info["env_steps_lost"])
+                / since,
                 "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
             }
             last_record = (now, counters.global_step)
@@ -1581,7 +1612,8 @@ def train(
                     # The steps of rollouts dropped since the last update are the run's too.
                     counters.env_steps_lost += steps_lost
                     counters.episodes_cut += episodes_cut
-                    steps_lost = episodes_cut = 0
+                    counters.env_errors += env_errors
+                    steps_lost = episodes_cut = env_errors = 0
                     stop_reason = "total_timesteps"
                     break
                 if stop.requested:  # Ctrl-C during the update: stop before the next rollout
@@ -1690,9 +1722,12 @@ def train(
                         episodes_cut += int(cut_np.sum())
                         ep_return[lost_np], ep_length[lost_np] = 0.0, 0
                         if "_env_error" in infos:  # (for the error of a run that has nothing to learn from)
-                            for i in np.flatnonzero(infos["_env_error"]):
+                            raised = np.flatnonzero(infos["_env_error"])
+                            env_errors += len(raised)
+                            for i in raised:
                                 text = str(infos["env_error"][i]).removeprefix("out of order since ")
                                 empty_errors[text] = empty_errors.get(text, 0) + 1
+                            _say_env_error(errors_said, counters.env_errors + env_errors, int(raised[0]), infos)
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
                             # one): look the servers up again now, not after the rest of the rollout, so
@@ -1791,6 +1826,7 @@ def train(
                 updating = True  # from here on, a checkpoint of this run would mix two updates
                 counters.env_steps_lost += steps_lost
                 counters.episodes_cut += episodes_cut
+                counters.env_errors += env_errors
                 # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
                 rollout_info = {
                     "global_step": counters.global_step,
@@ -1803,12 +1839,13 @@ def train(
                     "clip_coef": clip_coef,
                     "rollout_seconds": round(time.perf_counter() - rollout_start, 5),
                     "env_steps_lost": steps_lost,
+                    "env_errors": env_errors,
                     "envs_unavailable": int(lost_np.sum()),
                     "fleet": watch.rollout_metrics(),
                 }
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
-                episodes_cut = steps_lost = 0
+                episodes_cut = steps_lost = env_errors = 0
                 with torch.no_grad(), acting_on(raw_obs, range(num_envs)):
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(

@@ -73,6 +73,7 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
         parts = row["rollout_seconds"] + row["update_seconds"] + row["other_seconds"]
         assert row["other_seconds"] >= 0 and abs(parts - wall) < 2e-3, row
         assert row["sps_update"] == pytest.approx((row["global_step"] - previous["global_step"]) / wall, rel=0.05)
+        assert row["transitions_per_s"] == row["sps_update"]  # (no env unavailable: every step a transition)
         previous = row
 
     config = rundir.read_json(run / rundir.CONFIG)
@@ -88,7 +89,10 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     cleanrl |= {f"losses/{k}" for k in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
     cleanrl |= {"losses/clipfrac", "losses/explained_variance"}
     assert cleanrl <= tags, cleanrl - tags
-    ours = {f"perf/{k}" for k in ("rollout_seconds", "update_seconds", "other_seconds", "sps_update")}
+    ours = {
+        f"perf/{k}" for k in ("rollout_seconds", "update_seconds", "other_seconds", "sps_update", "transitions_per_s")
+    }
+    ours |= {f"faults/{k}" for k in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")}
     # The servers it started itself, by their places (their addresses are new each session).
     ours |= {f"replicas/local-{i}/{k}" for i in range(2) for k in ("steps", "env_p50_ms")}
     assert ours <= tags, ours - tags
@@ -211,7 +215,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
 
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
     assert [r["update"] for r in part_rows] == [1, 2, 3]
-    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
+    timing = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
     for a, b in zip(full_rows, part_rows, strict=True):
         assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
     a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (full, part))
@@ -275,7 +279,7 @@ def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninter
 
     train(resume_args(part, checkpoint_every=1))
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
-    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
+    timing = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
     assert [{k: v for k, v in r.items() if k not in timing} for r in part_rows] == [
         {k: v for k, v in r.items() if k not in timing} for r in full_rows
     ]
@@ -593,7 +597,7 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
 
 
 def _without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    timing = ("seconds", "sps", "sps_update", "rollout_seconds", "update_seconds", "other_seconds")
+    timing = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
@@ -789,7 +793,9 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
     assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == 16
 
 
-def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(tmp_path: Path) -> None:
+def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """FaultyEnv of 3-step episodes raises in its 4th step: the first of its second episode (next-step
     autoreset: step 4 of the rollout resets it). That episode is cut short; metrics.jsonl counts it in the
     update whose rollout it was cut in (per update, as env_steps_lost), summary.json in the run's total."""
@@ -804,11 +810,15 @@ def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_co
         run_dir=str(run),
         **QUIET,
     )
-    summary = train(args)
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        summary = train(args)
     rows = rundir.read_jsonl(run / rundir.METRICS)
     assert [r["episodes_cut"] for r in rows] == [1, 0, 0]
-    assert [r["env_steps_lost"] for r in rows] == [1, 0, 0]
-    assert summary["episodes_cut"] == 1 and summary["env_steps_lost"] == 1
+    assert [r["env_steps_lost"] for r in rows] == [r["env_errors"] for r in rows] == [1, 0, 0]
+    assert summary["episodes_cut"] == summary["env_steps_lost"] == summary["env_errors"] == 1
+    assert rows[0]["transitions_per_s"] < rows[0]["sps_update"]  # (the lost step was no transition)
+    said = [r.getMessage() for r in caplog.records if "raised (its episode was cut short" in r.getMessage()]
+    assert len(said) == 1 and "step 4 failed on purpose" in said[0] and "(1 env error in this run so far" in said[0]
 
 
 def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
