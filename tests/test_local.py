@@ -217,19 +217,31 @@ def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_nois
         "the masses and densities in the model, or call mj_setTotalmass and mj_setConst on the compiled model",
         "something the env printed",
         "WARNING: compiler attribute 'other' is deprecated",
+        "2026-12-01 03:00:01,000 ERROR env_server.service: the envs failed",
+        "Traceback (most recent call last):",
+        '  File "env.py", line 1, in step',
+        "ValueError: bad",
+        "the env printed again",
     ]
     code = "import sys\nfor line in sys.argv[1:]: print(line, file=sys.stderr)"
     proc = subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
     with caplog.at_level(logging.DEBUG, logger="env_server[0]"):
         _forward_stderr(proc, 0, collections.deque(maxlen=10))
     proc.wait(timeout=30)
+    # A server's own lines without their time (this process's lines have one); a traceback at the level
+    # of the line it follows.
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", lines[0]),
+        ("INFO", "env_server.server: serving 1 x ALE/Pong-v5"),
         ("INFO", lines[1]),
         ("INFO", lines[2]),
         ("DEBUG", lines[3]),
         ("WARNING", lines[4]),
         ("WARNING", lines[5]),
+        ("ERROR", "env_server.service: the envs failed"),
+        ("ERROR", lines[7]),
+        ("ERROR", lines[8]),
+        ("ERROR", lines[9]),
+        ("WARNING", lines[10]),
     ]
 
 
