@@ -11,7 +11,9 @@ Handshake that passed this check hands out.)
 
 RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
 end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message
-type instead, like any other malformed request.
+type instead, like any other malformed request, and is counted and logged as the service's own
+refusals are. (A request larger than the server's receive limit never gets here: gRPC core refuses
+it, RESOURCE_EXHAUSTED, before any Python code sees its bytes, and tells Python nothing of it.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, check_token
+from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, SERVICE_NAME, check_token
 
 __all__ = [
     "OPEN_SERVICES",
@@ -146,8 +148,18 @@ class MalformedRequest:
 
 class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
     """Requests that are no valid message reach the handler as :class:`MalformedRequest`; unary ones
-    are refused here with INVALID_ARGUMENT. Streaming handlers that read with ``context.read()``
-    (StepStream) check for it themselves."""
+    (and Hold's, whose response streams) are refused here with INVALID_ARGUMENT. Streaming handlers
+    that read with ``context.read()`` (StepStream) check for it themselves, and count and log it as
+    the service's other refusals.
+
+    Each refusal here is logged (at most one line per 10 s for each method, see :class:`RefusalLog`),
+    and ``on_refusal`` (e.g. a metrics counter) is called once per refused call of EnvService with
+    the method's name (``Step``); the health service's calls are logged only.
+    """
+
+    def __init__(self, on_refusal: Callable[[str], None] | None = None) -> None:
+        self._on_refusal = on_refusal
+        self._log = RefusalLog()
 
     async def intercept_service(
         self,
@@ -176,7 +188,7 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
             async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if isinstance(request, MalformedRequest):
-                    end_call(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                    self._refuse(context, method, request.message)
                     return
                 async for response in inner(request, context):
                     yield response
@@ -185,11 +197,23 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, MalformedRequest):
-                end_call(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                self._refuse(context, method, request.message)
                 return None
             return await inner(request, context)
 
         return _handler_like(handler, guarded, parse)
+
+    def _refuse(self, context: grpc.aio.ServicerContext, method: str, message: str) -> None:
+        """End the call INVALID_ARGUMENT with ``message``; count it (EnvService's) and log it (rate-limited)."""
+        code = grpc.StatusCode.INVALID_ARGUMENT
+        name = method_name(method)
+        if self._on_refusal is not None and method.startswith(f"/{SERVICE_NAME}/"):
+            self._on_refusal(name)
+        suffix = self._log.note(method, code)
+        if suffix is not None:
+            # (as the service logs its own refusals: "refused Step from PEER [CODE]: message (...)")
+            log.warning("refused %s from %s [%s]: %s %s", name, context.peer(), code.name, message, suffix)
+        end_call(context, code, message)
 
 
 def end_call(

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one env server: step and reset latency, steps, resets, errors (``--metrics-port``)."""
+"""Prometheus metrics of one env server: step and reset latency, steps, resets, errors, sessions (``--metrics-port``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from env_server.protocol import package_version
 
-__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "ServerMetrics"]
+__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "SESSION_END_REASONS", "ServerMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ METHODS = ("GetSpec", "Handshake", "Hold", "Reset", "Step", "StepStream", "Relea
 count as StepStream)."""
 ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL")
 """The status codes the service sends, besides UNAUTHENTICATED (the token check's)."""
+SESSION_END_REASONS = ("released", "hold_ended", "claim_timeout", "shutdown")
+"""The ``reason`` label of ``envfleet_sessions_ended_total``: the learner released the session
+(Release: it closed); its Hold stream ended without a Release (the learner closed without one,
+crashed, or its connection dropped); the claim timed out (no Hold stream and no calls for
+``--claim-timeout``); the server shut down."""
 
 _CREATED_SUFFIX = "_created"
 _TYPES_WITH_CREATED = ("counter", "histogram", "summary")
@@ -142,6 +147,29 @@ class ServerMetrics:
         self.session_active = Gauge(
             "envfleet_session_active", "1 while a learner holds this server's envs, else 0", registry=r
         )
+        self.sessions_started = Counter(
+            "envfleet_sessions_started", "Sessions begun (Handshakes that claimed the envs)", registry=r
+        )
+        self.sessions_ended = Counter(
+            "envfleet_sessions_ended",
+            "Sessions ended, by why: released, hold_ended (learner closed or disconnected without a Release), "
+            "claim_timeout, shutdown",
+            labelnames=("reason",),
+            registry=r,
+        )
+        for reason in SESSION_END_REASONS:  # (at 0 from the start, as the error series)
+            self.sessions_ended.labels(reason)
+        self.ready = Gauge(
+            "envfleet_ready",
+            "1 while the server serves its envs (health SERVING), else 0: building them, shutting down, or its "
+            "envs can no longer run",
+            registry=r,
+        )
+        self.env_build_seconds = Gauge(
+            "envfleet_env_build_seconds",
+            "Seconds the server took to build its envs (0 until they are built)",
+            registry=r,
+        )
         self.num_envs = Gauge("envfleet_num_envs", "Envs this server hosts (K)", registry=r)
         self.num_envs.set(num_envs)
         self._server_info = Info("envfleet_server", "What this server hosts and how it is reached", registry=r)
@@ -162,6 +190,18 @@ class ServerMetrics:
     def count_error(self, method: str, code: str) -> None:
         """One request of ``method`` (``Step``) failed with status ``code`` (``INVALID_ARGUMENT``)."""
         self.errors.labels(method, code).inc()
+
+    def session_started(self) -> None:
+        """A session began: the envs are claimed."""
+        self.sessions_started.inc()
+        self.session_active.set(1)
+
+    def session_ended(self, reason: str) -> None:
+        """The session ended, for ``reason``, one of :data:`SESSION_END_REASONS`."""
+        if reason not in SESSION_END_REASONS:
+            raise ValueError(f"reason: expected one of {', '.join(SESSION_END_REASONS)}, got {reason!r}")
+        self.sessions_ended.labels(reason).inc()
+        self.session_active.set(0)
 
     def observe_reset(self, seconds: float) -> None:
         self.reset_latency.observe(seconds)

@@ -72,10 +72,13 @@ def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[t
     ]
 
 
-def _report_dead(loop: asyncio.AbstractEventLoop, health_service: health.aio.HealthServicer) -> None:
-    """Health NOT_SERVING for good: the envs cannot run any more (probes, compose: and Kubernetes
-    then leave the server out; restart it)."""
-
+def _report_dead(
+    loop: asyncio.AbstractEventLoop, health_service: health.aio.HealthServicer, metrics: ServerMetrics | None
+) -> None:
+    """Health NOT_SERVING for good (and ``envfleet_ready`` 0): the envs cannot run any more (probes,
+    compose: and Kubernetes then leave the server out; restart it)."""
+    if metrics is not None:
+        metrics.ready.set(0)
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
     loop.call_soon_threadsafe(lambda: _DEAD_REPORTS.add(loop.create_task(_set_health(health_service, not_serving))))
 
@@ -99,28 +102,61 @@ def _listen_address(config: ServerConfig) -> str:
 
 def _check_bindable(config: ServerConfig) -> None:
     """Fail with the cause (another process has the port, a file is in the socket's place, ...)
-    before gRPC tries and logs its own error lines. Only a check: gRPC decides in the end."""
+    before gRPC tries and logs its own error lines, and before any env is built (a build may take
+    minutes); the metrics port (``--metrics-port``) likewise. Only a check: the bind decides in the end."""
     if config.unix_socket:
         _check_socket_path(config.unix_socket)
+    else:
+        problem = _bind_error(config)
+        if problem is not None:
+            raise _cannot_listen(config, problem)
+    if config.metrics_port is None:
         return
-    problem = _bind_error(config)
+    host = _metrics_host(config)
+    if not config.unix_socket and config.metrics_port == config.port != 0:
+        raise OSError(
+            f"--metrics-port {config.metrics_port}: expected a port other than --port's (gRPC listens there), "
+            "got the same; pick another, or 0 for a free one"
+        )
+    problem = _bind_error_at(host, config.metrics_port, all_addresses=False)
     if problem is not None:
-        raise _cannot_listen(config, problem)
+        raise _cannot_serve_metrics(config, problem)
+
+
+def _metrics_host(config: ServerConfig) -> str:
+    """The address the metrics endpoint listens on: ``--host``'s, 127.0.0.1 for a Unix-socket server."""
+    return "127.0.0.1" if config.unix_socket else config.host
+
+
+def _cannot_serve_metrics(config: ServerConfig, err: OSError) -> OSError:
+    host = _metrics_host(config)
+    shown = f"[{host}]" if ":" in host else host
+    hint = _bind_hint(config, err.errno, port_option="--metrics-port")
+    return OSError(f"cannot serve metrics on {shown}:{config.metrics_port}: {err.strerror or err} ({hint})")
 
 
 def _bind_error(config: ServerConfig) -> OSError | None:
     """Why binding the TCP address of ``config`` fails now, as gRPC binds it; None if it binds.
 
     Port 0 is tried too: it tells an address this machine does not have (EADDRNOTAVAIL)."""
+    return _bind_error_at(config.host, config.port, all_addresses=True)
+
+
+def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | None:
+    """Why binding ``host:port`` fails now; None if it binds. ``all_addresses``: as gRPC binds (it
+    listens if any of the addresses ``host`` resolves to binds), else as prometheus_client's HTTP
+    server does (the first address only)."""
     try:
-        infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as err:
-        raise OSError(f"--host {config.host!r}: cannot resolve it: {err.strerror}") from err
+        raise OSError(f"--host {host!r}: cannot resolve it: {err.strerror}") from err
+    if not all_addresses:
+        infos = infos[:1]
     errors: list[OSError] = []
     for family, kind, proto, _, sockaddr in infos:
         try:
             with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds (and http.server)
                 sock.bind(sockaddr)
         except OSError as err:
             if err.errno != errno.EAFNOSUPPORT:  # (no IPv6 here: gRPC does without it too)
@@ -130,15 +166,15 @@ def _bind_error(config: ServerConfig) -> OSError | None:
     return errors[0] if errors else None
 
 
-def _bind_hint(config: ServerConfig, code: int | None) -> str:
-    """What to do about a TCP bind that failed with errno ``code``."""
+def _bind_hint(config: ServerConfig, code: int | None, port_option: str = "--port") -> str:
+    """What to do about a TCP bind (of ``port_option``'s port) that failed with errno ``code``."""
     if code == errno.EADDRINUSE:
-        return "another process has it; pick another --port, or 0 for a free one"
+        return f"another process has it; pick another {port_option}, or 0 for a free one"
     if code == errno.EADDRNOTAVAIL:
         return f"{config.host} is not an address of this machine; give --host one of its own, or 0.0.0.0 for all"
     if code == errno.EACCES:
-        return "ports below 1024 need privileges; pick a higher --port"
-    return "see --host and --port"
+        return f"ports below 1024 need privileges; pick a higher {port_option}"
+    return f"see --host and {port_option}"
 
 
 def _cannot_listen(config: ServerConfig, err: OSError) -> OSError:
@@ -288,7 +324,11 @@ async def serve(
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
     again once shutdown starts. ``on_ready`` receives the address actually listened on (``HOST:PORT``
-    with the real port, or ``unix:PATH``) once the server serves its envs.
+    with the real port, or ``unix:PATH``) once the server serves its envs. With ``metrics_port``,
+    ``/metrics`` is served from the moment the server listens, while the envs are built too, and its
+    ``envfleet_ready`` is 1 exactly while health says SERVING (under async vectorization the envs are
+    built before anything listens, metrics included: their worker processes are forked first).
+    Both ports are checked before anything is built.
     Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised.
 
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
@@ -330,12 +370,18 @@ async def _serve(
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
         log.warning("--spin-wait-ms applies to the step socket only (--unix-socket, step socket on): ignored")
+    # A port in use (gRPC's or the metrics') next, before the envs are built: a build may take minutes.
+    _check_bindable(config)
     env = None
     step_server: StepSocketServer | None = None
+    build_s = 0.0
     if config.vectorization == "async":
         # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
-        # forked child must not inherit. Until then nothing listens (connections are refused).
+        # forked child must not inherit (the metrics endpoint's too: its thread and listening socket).
+        # Until then nothing listens (connections are refused).
+        started = time.perf_counter()
         env = build_vector_env(config, copy=False)  # each result is encoded before the next call
+        build_s = time.perf_counter() - started
     metrics = None
     if config.metrics_port is not None:
         metrics = ServerMetrics(
@@ -344,29 +390,33 @@ async def _serve(
             vectorization=config.vectorization,
             needs_token=config.auth_token is not None,
         )
+        metrics.env_build_seconds.set(build_s)
     service = watchdog.service = EnvService(config, metrics=metrics)
     # The token check first: a caller without it learns nothing, not even whether its bytes parse.
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.auth_token is not None:
         on_refusal = None if metrics is None else functools.partial(metrics.count_error, code="UNAUTHENTICATED")
         interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
-    interceptors.append(RequestGuardInterceptor())
+    on_malformed = None if metrics is None else functools.partial(metrics.count_error, code="INVALID_ARGUMENT")
+    interceptors.append(RequestGuardInterceptor(on_malformed))
     server = grpc.aio.server(options=server_options(config.max_request_bytes), interceptors=interceptors)
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service)
+    service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
     address = _listen_address(config)
     served = False  # (the Unix socket is then ours to remove)
     try:
-        _check_bindable(config)
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
         await server.start()
         step_server = await _serve_step_socket(config, service)
         if metrics is not None:
+            # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
+            # not a scrape target that is down.
             metrics.set_transport(_transport(config, step_server))
+            _serve_metrics(metrics, config)
         if env is None:
             log.info(
                 "building %d x %s (health: NOT_SERVING until done), listening on %s",
@@ -375,7 +425,10 @@ async def _serve(
                 address if config.unix_socket else f"port {port}",
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
+            started = time.perf_counter()
             env = await service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False))
+            if metrics is not None:
+                metrics.env_build_seconds.set(time.perf_counter() - started)
         try:
             service.attach(env)
         except UnsupportedSpaceError as err:
@@ -385,17 +438,10 @@ async def _serve(
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
         else:
-            if metrics is not None:
-                assert config.metrics_port is not None
-                metrics_host = "127.0.0.1" if config.unix_socket else config.host
-                try:
-                    metrics_port = metrics.serve_http(metrics_host, config.metrics_port)
-                except OSError as err:
-                    raise OSError(f"cannot serve metrics on {metrics_host}:{config.metrics_port}: {err}") from err
-                shown = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
-                log.info("Prometheus metrics on http://%s:%d/metrics", shown, metrics_port)
             # The envs exist: report healthy.
             await _set_health(health_service, health_pb2.HealthCheckResponse.SERVING)
+            if metrics is not None:
+                metrics.ready.set(1)
             if config.unix_socket:
                 ready = address
             else:
@@ -427,6 +473,8 @@ async def _serve(
             # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
             # session and idle step streams end at once; steps in flight finish within the grace period.
             log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
+            if metrics is not None:
+                metrics.ready.set(0)
             await health_service.enter_graceful_shutdown()
             service.drain()
             if step_server is not None:
@@ -520,6 +568,19 @@ def _space_bytes(space: gym.Space[Any]) -> int:
         return sum(_space_bytes(s) for s in space.spaces)
     shape, dtype = space.shape or (), space.dtype
     return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
+
+
+def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
+    """Serve ``/metrics`` on ``--metrics-port`` (at ``--host``, 127.0.0.1 for a Unix-socket server)
+    and log where; OSError saying why it cannot."""
+    assert config.metrics_port is not None
+    host = _metrics_host(config)
+    try:
+        port = metrics.serve_http(host, config.metrics_port)
+    except OSError as err:
+        raise _cannot_serve_metrics(config, err) from err
+    shown = f"[{host}]" if ":" in host else host
+    log.info("Prometheus metrics on http://%s:%d/metrics", shown, port)
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:

@@ -263,7 +263,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if claim is None:
             return None
         if claim.holds == 0 and now - claim.last_seen > self._config.claim_timeout_s:
-            self._end(claim, f"no Hold stream and no calls for {self._config.claim_timeout_s:g} s")
+            self._end(claim, f"no Hold stream and no calls for {self._config.claim_timeout_s:g} s", "claim_timeout")
             return None
         return claim
 
@@ -276,11 +276,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
             await asyncio.sleep(interval)
             self._live_claim(time.monotonic())
 
-    def _end(self, session: Session, reason: str) -> None:
+    def _end(self, session: Session, reason: str, kind: str) -> None:
+        """End ``session`` for ``reason`` (said in the log and to its Hold stream); ``kind`` is the
+        reason's label in the metrics, one of env_server.metrics.SESSION_END_REASONS."""
         if self._claim is session:
             self._claim = None
             if self._metrics is not None:
-                self._metrics.session_active.set(0)
+                self._metrics.session_ended(kind)
             log.info("session %s of %s ended: %s", session.id[:8], session.peer, reason)
             if self.on_session_end is not None:
                 self.on_session_end(session.id, reason)
@@ -309,7 +311,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def end_all(self, reason: str) -> None:
         """End the current session (server shutdown)."""
         if self._claim is not None:
-            self._end(self._claim, reason)
+            self._end(self._claim, reason, "shutdown")
 
     # -- RPCs ---------------------------------------------------------------------------------------
 
@@ -350,7 +352,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._claim = session
         self._needs_reset = True
         if self._metrics is not None:
-            self._metrics.session_active.set(1)
+            self._metrics.session_started()
         log.info("claimed by %s", session.describe())
         checks_token = self._config.auth_token is not None
         if not checks_token and _carries_token(context):
@@ -390,14 +392,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
             if session.holds == 0 and not session.ended.is_set():
                 # The learner cancelled the stream, closed, crashed, or its connection died.
                 session.last_seen = time.monotonic()
-                self._end(session, "its Hold stream ended (learner closed or disconnected)")
+                self._end(session, "its Hold stream ended (learner closed or disconnected)", "hold_ended")
         yield pb.HoldEvent(reason=session.end_reason)
 
     @_rpc
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         claim = self._claim
         if claim is not None and _same_id(claim.id, request.session_id):
-            self._end(claim, "released")
+            self._end(claim, "released", "released")
         return pb.ReleaseResponse()
 
     @_rpc
