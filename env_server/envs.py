@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -10,7 +11,7 @@ import re
 import signal
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -577,19 +578,19 @@ class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
     otherwise); the envs must be held as :func:`_guarded` makes them."""
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> Any:
-        try:
+        with self._naming_misfits():
             return super().reset(seed=seed, options=options)
-        except ObservationLayoutError:
-            raise
-        except Exception as err:
-            misfit = self._misfit()
-            if misfit is None:
-                raise
-            raise misfit from err
 
     def step(self, actions: Any) -> Any:
-        try:
+        with self._naming_misfits():
             return super().step(actions)
+
+    @contextlib.contextmanager
+    def _naming_misfits(self) -> Iterator[None]:
+        """An error of the block (stacking the envs' observations) whose cause is an observation that
+        does not fit: the ObservationLayoutError naming it instead; any other error as it is."""
+        try:
+            yield
         except ObservationLayoutError:
             raise
         except Exception as err:

@@ -829,14 +829,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Reset as :meth:`reset_async` asked: what :meth:`reset` returns. ``timeout``: each server's
         reset has this many seconds (None: ``reset_timeout``), as ``AsyncVectorEnv.reset_wait``'s."""
-        self._assert_open()
-        if timeout is not None:
-            timeout = _seconds("timeout", timeout)
-        if self._state is not AsyncState.WAITING_RESET:
-            raise NoAsyncCallError(
-                "reset_wait: no reset_async call is pending; call reset_async first", AsyncState.WAITING_RESET.value
-            )
-        self._state = AsyncState.DEFAULT
+        timeout = self._end_wait(AsyncState.WAITING_RESET, timeout)
         seed, options = self._pending_reset
         self._pending_reset = (None, None)
         return self._reset(seed, options, timeout)
@@ -1065,14 +1058,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         after any failed step; answers get a last look of up to 0.25 s, so a shorter timeout waits that
         long); None (the default): the step's own deadline, this env's ``timeout`` (``reset_timeout``
         where an env may reset in it) from the step's send."""
-        self._assert_open()
-        if timeout is not None:
-            timeout = _seconds("timeout", timeout)
-        if self._state is not AsyncState.WAITING_STEP:
-            raise NoAsyncCallError(
-                "step_wait: no step_async call is pending; call step_async first", AsyncState.WAITING_STEP.value
-            )
-        self._state = AsyncState.DEFAULT
+        timeout = self._end_wait(AsyncState.WAITING_STEP, timeout)
         if timeout is not None:
             due = (time.monotonic() + timeout, timeout)
             for i, task in enumerate(self._tasks):
@@ -1937,6 +1923,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _assert_open(self) -> None:
         if self.closed:
             raise ClosedEnvironmentError("this RemoteVectorEnv is closed; create a new one to keep stepping")
+
+    def _end_wait(self, pending: AsyncState, timeout: float | None) -> float | None:
+        """The start of ``step_wait``/``reset_wait`` (``pending``: what it waits for): refuse a bad
+        ``timeout`` (the call stays pending) or no pending call, then leave the pending state; the
+        timeout as seconds."""
+        self._assert_open()
+        if timeout is not None:
+            timeout = _seconds("timeout", timeout)
+        if self._state is not pending:
+            name = pending.value
+            raise NoAsyncCallError(f"{name}_wait: no {name}_async call is pending; call {name}_async first", name)
+        self._state = AsyncState.DEFAULT
+        return timeout
 
     def _assert_idle(self, method: str) -> None:
         self._assert_open()
