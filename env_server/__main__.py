@@ -298,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="serve Prometheus metrics (step and reset latency histograms, steps, errors by method and status "
         "code, sessions, readiness, the process's CPU and memory) at http://HOST:PORT/metrics, from the moment "
-        "the server listens (while its envs are built too); 0 picks a free port (logged)",
+        "the server listens (while its envs are built too, but for --vectorization async, which builds them before "
+        "listening); 0 picks a free port (logged)",
     )
     security = p.add_argument_group(
         "security",

@@ -938,8 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="JSON",
         help="keyword arguments for the constructor of the envs made here (the local server's, --backend gym's, "
-        "--video's), as a JSON object, instead of the run's (a run trained on --servers recorded none: their "
-        "servers had their own)",
+        "--video's), as a JSON object, instead of the run's (for a run trained on --servers, those the servers "
+        "said they made their envs with; runs of older versions, or on servers too old to say, recorded none, "
+        "and eval warns)",
     )
     evaluate.add_argument(
         "--wrappers",

@@ -62,8 +62,9 @@ def evaluate(
     process (``backend="gym"``). ``env_kwargs`` (a dict) and ``wrappers`` (env-server wrapper names,
     comma-separated; ``auto``: atari for ALE ids) replace the
     run's for the envs made here (not the ``servers``', which have their own). A run trained on running
-    servers never knew theirs (its own are empty), so envs made here for it get a warning unless
-    ``env_kwargs`` are given; wrappers need none: each changes the observation or action space (when
+    servers records the kwargs they said they made their envs with (its checkpoints' ``served``), which
+    the envs made here get; for servers too old to say (or a checkpoint of an older version), envs made
+    here get a warning unless ``env_kwargs`` are given; wrappers need none: each changes the observation or action space (when
     it changes anything), which the checkpoint records, so envs without the servers' wrappers are
     refused, with a hint to pass them. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.

@@ -58,7 +58,8 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 class LocalServers:
     """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
 
-    The servers listen on Unix domain sockets (a socket file each, in a folder of the temp dir; on
+    The servers listen on Unix domain sockets (a socket file each, in a folder of the temp dir, or of
+    /tmp when the temp dir's path is too long for Unix sockets; on
     platforms without them, and with ``transport="tcp"``, on loopback), exit when
     :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
     this process be killed — within a second of its death (each server watches its parent).

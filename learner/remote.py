@@ -251,12 +251,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             counts as lost); a step's counted from its send (:meth:`step_async`, :meth:`send`),
             whatever the learner does until it waits for the answer; releasing a session on :meth:`close` waits at most 2 s of it (the
             server ends the session anyway once the connection closes). Like every option in
-            seconds, finite.
+            seconds, finite. (:meth:`step_wait` may set another for its step.)
         reset_timeout: seconds a reset may take, for envs slower to reset than to step (a level
             to load): resets get this deadline (a reconnect's too), and so do the steps in which
             envs autoreset (next-step: the step after an episode ended; same-step: every step);
             other steps keep ``timeout``'s, so a hung server is still noticed within it. None:
-            ``timeout``.
+            ``timeout``. (:meth:`reset_wait` may set another for its reset.)
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address (fault-tolerant,
             with some servers answering: starting with those, the others joining at a :meth:`refresh`

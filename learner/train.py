@@ -357,9 +357,14 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     values = {**recorded["args"], **fresh}
     if "preset" not in overrides and "env" not in overrides:
         # The hyperparameters as the run resolved them (config.json's ppo), not as this version's preset
-        # would: the same experiment after an upgrade that retuned a preset.
+        # would: the same experiment after an upgrade that retuned a preset. (Not those that did not
+        # apply to its envs: a CNN's hidden sizes, discrete actions' bounds, which would be warned of.)
+        envs = recorded.get("envs") or {}
+        idle = {"hidden_sizes"} if recorded.get("policy") == "Nature CNN" else set()
+        if not str(envs.get("action_space", "Box")).startswith("Box"):
+            idle.add("action_bounds")
         for name, value in (recorded.get("ppo") or {}).items():
-            if name != "preset" and values.get(name, 0) is None and name not in overrides:
+            if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
                 values[name] = tuple(value) if isinstance(value, list) else value
     saved = Args.from_json(values, check=False)
     if "env" in overrides and overrides["env"] != saved.env:  # (another env: its servers' options are not these)
@@ -1552,9 +1557,9 @@ def train(
                 "seconds": counters.seconds,
                 "sps": (counters.global_step - session_start_step) / max(now - session_start, 1e-9),
                 "sps_update": (counters.global_step - last_record[1]) / since,
-                # (env steps that were transitions: sps_update counts those of unavailable envs too)
-                "transitions_per_s": max(0, counters.global_step - last_record[1] - rollout_info["env_steps_lost"])
-                / since,
+                # (the transitions learned from, batch_size: sps_update counts every env step, those of
+                # unavailable envs and the reset-only steps after an episode's end too)
+                "transitions_per_s": result.batch_size / since,
                 "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
             }
             last_record = (now, counters.global_step)
