@@ -121,12 +121,13 @@ def decode_tensor(tensor: pb.Tensor, where: str = "tensor", *, writeable: bool =
     dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
     count = _element_count(shape, where)
-    if len(tensor.data) != count * dtype.itemsize:
+    data = tensor.data  # (read once: each read of the field makes a new bytes object)
+    if len(data) != count * dtype.itemsize:
         raise CodecError(
             f"{where}.data: shape {list(shape)} of {dtype.newbyteorder('=')} needs "
-            f"{count * dtype.itemsize} bytes, got {len(tensor.data)}"
+            f"{count * dtype.itemsize} bytes, got {len(data)}"
         )
-    arr = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
     if not _LITTLE:
         arr = arr.astype(dtype.newbyteorder("="))  # (a copy: writeable)
     elif writeable:
