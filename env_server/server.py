@@ -406,11 +406,12 @@ async def _serve(
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
     address = _listen_address(config)
-    served = False  # (the Unix socket is then ours to remove)
+    served = False  # (listening: the Unix socket is then ours to remove)
     try:
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
         await server.start()
+        served = True
         step_server = await _serve_step_socket(config, service)
         if metrics is not None:
             # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
@@ -434,7 +435,6 @@ async def _serve(
         except UnsupportedSpaceError as err:
             raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
         _check_answer_size(config, env.single_observation_space)
-        served = True
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
         else:

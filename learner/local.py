@@ -546,7 +546,7 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
     """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
     assert proc.stderr is not None
     server_log = logging.getLogger(f"env_server[{index}]")
-    level, traceback = logging.WARNING, False  # (the last line's level; within a traceback it logged)
+    level, traceback = logging.WARNING, False  # (the server's last log line's level; a traceback since)
     with proc.stderr:  # closed at its end (the server's exit)
         for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip()
@@ -556,22 +556,22 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
             # Server lines look like "<date> <time> LEVEL logger: message": logged as "logger: message"
             # at that level (this process's log lines have a time of their own).
             header = _SERVER_LINE.match(line)
-            message = line
             if header is not None:
-                level, message, traceback = _LOG_LEVELS[header["level"]], header["message"], False
-            elif line.startswith("Traceback (most recent call last):") or (traceback and line[:1].isspace()):
-                traceback = True  # (a traceback's lines at the level of the line it follows)
-            elif traceback:
-                traceback = False  # (its last line, the exception: that level too)
+                level, traceback = _LOG_LEVELS[header["level"]], False
+                shown, message = level, header["message"]
             else:
-                level = logging.WARNING  # anything else a server's env prints
+                # A traceback (chained ones, its exception's lines) at the level of the server's line it
+                # follows, WARNING at least (an uncaught one follows an INFO line); until the next server
+                # line, whatever comes is taken as its part. Anything else an env prints: WARNING.
+                traceback = traceback or line.startswith("Traceback (most recent call last):")
+                shown, message = max(level, logging.WARNING) if traceback else logging.WARNING, line
             if line.startswith("env-server: error:"):
-                level = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
+                shown = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
             elif line.startswith(_BANNERS):
-                level = logging.INFO  # an env's own greeting on being built, not a problem
+                shown = logging.INFO  # an env's own greeting on being built, not a problem
             elif line.startswith(_NOISE):
-                level = logging.DEBUG
-            server_log.log(level, "%s", message)
+                shown = logging.DEBUG
+            server_log.log(shown, "%s", message)
 
 
 # A server's log line (env_server.tuning's format): date, time, level, then "logger: message".

@@ -355,7 +355,10 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
     fresh = {"progress": None, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
-    if "preset" not in overrides and "env" not in overrides:
+    other_env = overrides.get("env", values.get("env")) != values.get("env")
+    if other_env:  # (the run's env options were for its env: the new one gets its own, or none)
+        values.update(env_kwargs={}, max_episode_steps=None, wrappers="auto")
+    if "preset" not in overrides and not other_env:
         # The hyperparameters as the run resolved them (config.json's ppo), not as this version's preset
         # would: the same experiment after an upgrade that retuned a preset. (Not those that did not
         # apply to its envs: a CNN's hidden sizes, discrete actions' bounds, which would be warned of.)
@@ -367,7 +370,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
             if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
                 values[name] = tuple(value) if isinstance(value, list) else value
     saved = Args.from_json(values, check=False)
-    if "env" in overrides and overrides["env"] != saved.env:  # (another env: its servers' options are not these)
+    if other_env:  # (nor the options its servers said)
         recorded = {**recorded, "envs": {}}
     args = _recorded_with(saved, recorded, overrides, config.parent, "like")
     given = ", ".join(f"--{name.replace('_', '-')}" for name in overrides) or "none"
@@ -461,7 +464,8 @@ class Counters:
     episodes_cut: int = 0
     """Episodes that ended because their env became unavailable (not counted in the returns)."""
     env_errors: int = 0
-    """Env steps whose env raised (``infos["env_error"]``, isolated by its server): of env_steps_lost."""
+    """Env steps whose env raised (``infos["env_error"]``, isolated by its server; an out-of-order env's
+    steps too: its reset raised, tried again at each step): of env_steps_lost."""
     failures: int = 0
     """The fleet's fault counters (``FaultStats``, see FAULT_COUNTS), the whole run's as of the end of
     the last rollout learned from: a resumed run adds its own to them."""
@@ -601,10 +605,16 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any])
     if said[1] and now - said[0] < ENV_ERROR_LOG_S:
         return
     text = str(infos["env_error"][env])
+    # (an env whose reset raised is out of order: its server tries a reset at each step, each an env error)
+    what = (
+        "is out of order (its reset raised; tried again at each step)"
+        if text.startswith("out of order")
+        else ("raised (its episode was cut short, and the env reset)")
+    )
     log.warning(
-        "env %d raised (its episode was cut short, and the env reset): %s (%d env error%s in this run so far; "
-        "one such line a minute at most)",
+        "env %d %s: %s (%d env error%s in this run so far; one such line a minute at most)",
         env,
+        what,
         text if len(text) <= 300 else text[:300] + "...",
         total,
         "" if total == 1 else "s",
@@ -1732,7 +1742,8 @@ def train(
                             for i in raised:
                                 text = str(infos["env_error"][i]).removeprefix("out of order since ")
                                 empty_errors[text] = empty_errors.get(text, 0) + 1
-                            _say_env_error(errors_said, counters.env_errors + env_errors, int(raised[0]), infos)
+                            if len(raised):
+                                _say_env_error(errors_said, counters.env_errors + env_errors, int(raised[0]), infos)
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
                             # one): look the servers up again now, not after the rest of the rollout, so

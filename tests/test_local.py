@@ -221,15 +221,21 @@ def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_nois
         "Traceback (most recent call last):",
         '  File "env.py", line 1, in step',
         "ValueError: bad",
-        "the env printed again",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "RuntimeError: worse",
+        "2026-12-01 03:00:02,000 INFO env_server.server: building 1 x ALE/Pong-v5",
+        "A.L.E: Arcade Learning Environment (version 0.12.1+8a8fafb)",
+        "Traceback (most recent call last):",
+        "RuntimeError: an uncaught one",
     ]
     code = "import sys\nfor line in sys.argv[1:]: print(line, file=sys.stderr)"
     proc = subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
     with caplog.at_level(logging.DEBUG, logger="env_server[0]"):
         _forward_stderr(proc, 0, collections.deque(maxlen=10))
     proc.wait(timeout=30)
-    # A server's own lines without their time (this process's lines have one); a traceback at the level
-    # of the line it follows.
+    # A server's own lines without their time (this process's lines have one); a traceback, chained ones
+    # included, at the level of the server's line it follows, WARNING at least (an uncaught one).
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "env_server.server: serving 1 x ALE/Pong-v5"),
         ("INFO", lines[1]),
@@ -241,7 +247,12 @@ def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_nois
         ("ERROR", lines[7]),
         ("ERROR", lines[8]),
         ("ERROR", lines[9]),
-        ("WARNING", lines[10]),
+        ("ERROR", lines[11]),
+        ("ERROR", lines[12]),
+        ("INFO", "env_server.server: building 1 x ALE/Pong-v5"),
+        ("INFO", lines[14]),
+        ("WARNING", lines[15]),
+        ("WARNING", lines[16]),
     ]
 
 

@@ -760,7 +760,9 @@ def test_squashing_unbounded_actions_is_refused_naming_the_option_before_the_run
 # -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
 
 
-def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(tmp_path: Path) -> None:
+def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Every reset raises: no env ever gives a transition, so after 3 such rollouts in a row the run stops with
     an error (not as done, at --total-timesteps), naming what the envs raised; the run dir is as after any error."""
     run = tmp_path / "run"
@@ -774,9 +776,11 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
         run_dir=str(run),
         **QUIET,
     )
-    with pytest.raises(NothingToLearnError) as stopped:
+    with caplog.at_level(logging.WARNING, logger="learner.train"), pytest.raises(NothingToLearnError) as stopped:
         train(args)
     message = str(stopped.value)
+    said = [r.getMessage() for r in caplog.records if r.name == "learner.train" and "out of order" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("env 0 is out of order (its reset raised; tried again at each step)")
     assert message.startswith(
         "no env gave a transition in 3 rollouts in a row: nothing to learn from, the run stops; the envs reported: "
         "reset: RuntimeError: reset failed on purpose (env "
@@ -791,8 +795,8 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
     with pytest.raises(NothingToLearnError, match=r"^no env gave a transition in the run's rollout: nothing to learn"):
         train(short)
     assert rundir.list_checkpoints(run)[-1].name == "step-0000000016.pt"
-    # An env out of order has no episode under way: its failed steps cut none.
-    assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == 16
+    # An env out of order has no episode under way: its failed steps cut none; each is an env error.
+    assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == summary["env_errors"] == 16
 
 
 def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(
@@ -933,6 +937,9 @@ def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
     assert (like.servers, like.wrappers, like.env_kwargs, like.resume) == (None, "clip-action", box, None)
     other = like_args(run, backend="gym", env="CartPole-v1")
     assert (other.env, other.wrappers, other.env_kwargs) == ("CartPole-v1", "auto", {})
+    same = like_args(run, backend="gym", env="tests.envs:ClockEnv")  # (the same env given: as if not)
+    assert (same.wrappers, same.env_kwargs, same.learning_rate) == ("clip-action", box, like.learning_rate)
+    assert like.learning_rate is not None  # (as the run resolved it)
     moved = resume_args(run, backend="gym", env_kwargs=box, total_timesteps=16)
     assert (moved.servers, moved.wrappers) == (None, "clip-action")
     assert train(moved)["total_steps"] == 16
