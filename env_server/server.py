@@ -96,8 +96,12 @@ _DEAD_REPORTS: set[asyncio.Task[None]] = set()
 def _listen_address(config: ServerConfig) -> str:
     if config.unix_socket:
         return f"unix:{config.unix_socket}"
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    return f"{host}:{config.port}"
+    return _host_port(config.host, config.port)
+
+
+def _host_port(host: str, port: int | None) -> str:
+    """``host:port`` as an address is written: an IPv6 host in brackets (``[::1]:50051``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _check_bindable(config: ServerConfig) -> None:
@@ -129,10 +133,9 @@ def _metrics_host(config: ServerConfig) -> str:
 
 
 def _cannot_serve_metrics(config: ServerConfig, err: OSError) -> OSError:
-    host = _metrics_host(config)
-    shown = f"[{host}]" if ":" in host else host
+    where = _host_port(_metrics_host(config), config.metrics_port)
     hint = _bind_hint(config, err.errno, port_option="--metrics-port")
-    return OSError(f"cannot serve metrics on {shown}:{config.metrics_port}: {err.strerror or err} ({hint})")
+    return OSError(f"cannot serve metrics on {where}: {err.strerror or err} ({hint})")
 
 
 def _bind_error(config: ServerConfig) -> OSError | None:
@@ -442,11 +445,7 @@ async def _serve(
             await _set_health(health_service, health_pb2.HealthCheckResponse.SERVING)
             if metrics is not None:
                 metrics.ready.set(1)
-            if config.unix_socket:
-                ready = address
-            else:
-                host = f"[{config.host}]" if ":" in config.host else config.host
-                ready = f"{host}:{port}"
+            ready = address if config.unix_socket else _host_port(config.host, port)
             security = ", ".join(
                 part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
             )
@@ -579,8 +578,7 @@ def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
         port = metrics.serve_http(host, config.metrics_port)
     except OSError as err:
         raise _cannot_serve_metrics(config, err) from err
-    shown = f"[{host}]" if ":" in host else host
-    log.info("Prometheus metrics on http://%s:%d/metrics", shown, port)
+    log.info("Prometheus metrics on http://%s/metrics", _host_port(host, port))
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:

@@ -675,14 +675,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     code=err.code,
                 ) from None
             except ServerUnavailableError as err:
-                folder = _missing_socket_folder(client.address)
-                if folder is not None:  # (no server can come there: no use waiting for one)
-                    raise ServerUnavailableError(
-                        f"{err} (the folder of its socket, {folder}, does not exist: were its servers stopped "
-                        "(their local_servers block left, say)?)",
-                        address=client.address,
-                        code=err.code,
-                    ) from None
+                gone = _socket_folder_gone(client.address)
+                if gone is not None:  # (no server can come there: no use waiting for one)
+                    raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
                 if time.monotonic() + delay > deadline:
                     raise ServerUnavailableError(
                         f"{err} (still, after {self.connect_timeout:g} s: raise connect_timeout for servers "
@@ -973,12 +968,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         connection dropped), for a full reset (which starts every episode over anyway) of a plain
         RemoteVectorEnv; a fault-tolerant one reconnects by itself. A server that came back with
         other envs is a SpecMismatchError: refresh() takes the fleet as it is now."""
-        folder = _missing_socket_folder(client.address)
-        if folder is not None:  # (no server can come there: no use waiting for one)
+        gone = _socket_folder_gone(client.address)
+        if gone is not None:  # (no server can come there: no use waiting for one)
             raise ServerUnavailableError(
-                f"env server {client.address}: its session ended, and the folder of its socket, {folder}, does "
-                "not exist: were its servers stopped (their local_servers block left, say)?",
-                address=client.address,
+                f"env server {client.address}: its session ended, and {gone}", address=client.address
             )
         try:
             await asyncio.wait_for(client.wait_ready(), self.connect_timeout)
@@ -2544,14 +2537,16 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
         )
 
 
-def _missing_socket_folder(address: str) -> str | None:
-    """The folder of a ``unix:PATH`` address's socket when it does not exist (LocalServers removes theirs
-    as they stop), else None: a server may be starting there."""
+def _socket_folder_gone(address: str) -> str | None:
+    """Why no server can come to a ``unix:PATH`` address, in words, when its socket's folder does not
+    exist (LocalServers removes theirs as they stop); else None: a server may be starting there."""
     path = unix_path(address)
     if path is None:
         return None
     folder = os.path.dirname(os.path.abspath(path))
-    return None if os.path.isdir(folder) else folder
+    if os.path.isdir(folder):
+        return None
+    return f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers block left, say)?"
 
 
 def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
