@@ -110,6 +110,10 @@ TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
 RESET_TIMEOUT_HINT = "raise `reset_timeout` if the env is slow to reset"
 """The same for a Reset's deadline."""
+STEP_WAIT_TIMEOUT_HINT = "the timeout given to step_wait"
+"""The same for a deadline the caller gave ``step_wait``."""
+RESET_WAIT_TIMEOUT_HINT = "the timeout given to reset_wait"
+"""The same for a deadline the caller gave ``reset_wait``."""
 
 # gRPC's own status for a request over a limit on messages, the receiving server's ("SERVER:
 # Received", or without the prefix from a server whose gRPC is older) or this client's ("CLIENT:
@@ -123,9 +127,16 @@ _STEP_SOCKET_WARNED: set[str] = set()
 
 
 def translate_error(
-    err: grpc.RpcError, *, address: str, method: str, env_offset: int = 0, timeout: float | None = None
+    err: grpc.RpcError,
+    *,
+    address: str,
+    method: str,
+    env_offset: int = 0,
+    timeout: float | None = None,
+    hint: str | None = None,
 ) -> RemoteEnvError:
-    """The envfleet exception for a failed call (the one place RpcError is translated)."""
+    """The envfleet exception for a failed call (the one place RpcError is translated); ``hint``: what
+    a deadline that passed advises (None: raising the env's timeout for the method)."""
     # Failed calls of the sync API are grpc.Call objects; those of grpc.aio are AioRpcError. Both
     # carry code(), details() and trailing_metadata().
     is_call = isinstance(err, grpc.Call | grpc.aio.AioRpcError)
@@ -148,6 +159,7 @@ def translate_error(
         env_index=env_index,
         from_server=from_server,
         timeout=timeout,
+        hint=hint,
     )
 
 
@@ -160,9 +172,11 @@ def status_error(
     env_index: int | None = None,
     from_server: bool = True,
     timeout: float | None = None,
+    hint: str | None = None,
 ) -> RemoteEnvError:
     """The envfleet exception for a status (``code``, ``details``) a call ended with; ``env_index``
-    is over the whole fleet, ``from_server`` whether the env server itself sent the status."""
+    is over the whole fleet, ``from_server`` whether the env server itself sent the status; ``hint``:
+    see :func:`translate_error`."""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not from_server:
         too_large = _TOO_LARGE.fullmatch(details)
         if too_large is not None:
@@ -191,7 +205,7 @@ def status_error(
         cls = ServerUnavailableError
         details = f"the connection broke ({details})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
-        hint = RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT
+        hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)
         details = f"no answer within the {timeout:g} s deadline ({details}); {hint}"
     prefix = f"env server {address}: {method}"
     if env_index is not None:
@@ -216,11 +230,11 @@ def request_too_large(address: str, method: str, size: int, limit: int, *, read:
     )
 
 
-def timeout_error(*, address: str, method: str, timeout: float) -> RemoteTimeoutError:
+def timeout_error(*, address: str, method: str, timeout: float, hint: str = TIMEOUT_HINT) -> RemoteTimeoutError:
     """The error for a message on a stream that got no answer within ``timeout`` seconds."""
     return RemoteTimeoutError(
         f"env server {address}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
-        f"deadline; {TIMEOUT_HINT}",
+        f"deadline; {hint}",
         address=address,
         code=grpc.StatusCode.DEADLINE_EXCEEDED,
     )
@@ -290,7 +304,9 @@ class EnvClient:
         self.spin_wait = spin_wait
         self.recent_rtt = 0.0  # moving average of step-socket round trips, seconds
 
-    def _error(self, err: grpc.RpcError, method: str, timeout: float | None = None) -> RemoteEnvError:
+    def _error(
+        self, err: grpc.RpcError, method: str, timeout: float | None = None, hint: str | None = None
+    ) -> RemoteEnvError:
         unimplemented = isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED
         why = None
         if unimplemented and method in ("Handshake", "GetSpec"):
@@ -314,7 +330,12 @@ class EnvClient:
                 code=grpc.StatusCode.UNIMPLEMENTED,
             )
         return translate_error(
-            err, address=self.address, method=method, env_offset=self.env_offset, timeout=timeout or self.timeout
+            err,
+            address=self.address,
+            method=method,
+            env_offset=self.env_offset,
+            timeout=timeout or self.timeout,
+            hint=hint,
         )
 
     @property
@@ -431,13 +452,16 @@ class EnvClient:
         self.check_request_size(request.ByteSize(), "Reset")
         return request
 
-    async def send_reset(self, request: pb.ResetRequest, timeout: float | None = None) -> pb.ResetResponse:
-        """Send ``request``; its deadline ``timeout`` seconds (None: ``reset_timeout``)."""
+    async def send_reset(
+        self, request: pb.ResetRequest, timeout: float | None = None, hint: str | None = None
+    ) -> pb.ResetResponse:
+        """Send ``request``; its deadline ``timeout`` seconds (None: ``reset_timeout``); ``hint``: what a
+        passed deadline's error advises (None: raising ``reset_timeout``)."""
         timeout = timeout or self.reset_timeout
         try:
             return await self.stub.Reset(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            raise self._error(err, "Reset", timeout) from None
+            raise self._error(err, "Reset", timeout, hint) from None
 
     def step_request(self) -> pb.StepRequest:
         """An empty request of this session, for the caller to fill with actions."""
@@ -638,6 +662,7 @@ class SocketStep:
         self._error: RemoteEnvError | None = None
         self.timed = False  # waited for: the round trip counts toward the client's recent_rtt
         self.timeout = client.timeout  # (the step's deadline, for the message: longer where envs reset)
+        self.hint = TIMEOUT_HINT  # (what the message advises)
         # Something to read before we sent anything: the server ended the connection (and said why:
         # shutting down, say). Take that in rather than reporting the broken pipe sending would meet.
         # (Asked of poll first: a read of nothing raises, which costs more than the question.)
@@ -720,7 +745,9 @@ class SocketStep:
             elif now >= deadline or not self._poll(select.POLLIN, deadline):
                 self.receive()
                 if not self.done():
-                    self._fail(timeout_error(address=client.address, method="Step", timeout=self.timeout))
+                    self._fail(
+                        timeout_error(address=client.address, method="Step", timeout=self.timeout, hint=self.hint)
+                    )
                 return
             self.receive()
             if self.done():

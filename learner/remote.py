@@ -35,7 +35,15 @@ from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner import faults
 from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
-from learner.client import EnvClient, SocketStep, channel_credentials, timeout_error
+from learner.client import (
+    RESET_WAIT_TIMEOUT_HINT,
+    STEP_WAIT_TIMEOUT_HINT,
+    TIMEOUT_HINT,
+    EnvClient,
+    SocketStep,
+    channel_credentials,
+    timeout_error,
+)
 from learner.discovery import (
     AddressError,
     diagnose,
@@ -414,6 +422,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # was sent with; set as it is sent, so that a step's timeout counts from its send (pipelining:
         # whatever the learner does with the other groups meanwhile).
         self._due: list[tuple[float, float]] = [(math.inf, self.timeout)] * len(self._clients)
+        self._timeout_hint = TIMEOUT_HINT  # (what a step's timeout error advises: step_wait's own timeout sets it)
         self._groups = _split(len(self._clients), min(num_groups, len(self._clients)))
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
@@ -885,8 +894,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # (Other envs of a READY server reset in part rejoin: its reconnect started them over.)
         rest = {i: ~mask[slices[i]] for i, _ in calls if mask is not None and not mask[slices[i]].all()}
         under_way = {i: envs for i, envs in rest.items() if self._replicas[i].state is ReplicaState.UP}
+        hint = RESET_WAIT_TIMEOUT_HINT if timeout is not None else None  # (only reset_wait gives one)
         results = self._runner.run(
-            gather(*(self._clients[i].send_reset(request, timeout) for i, request in calls), return_exceptions=True)
+            gather(
+                *(self._clients[i].send_reset(request, timeout, hint) for i, request in calls), return_exceptions=True
+            )
         )
         errors = []
         lost = []
@@ -1052,14 +1064,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         long); None (the default): the step's own deadline, this env's ``timeout`` (``reset_timeout``
         where an env may reset in it) from the step's send."""
         timeout = self._end_wait(AsyncState.WAITING_STEP, timeout)
-        if timeout is not None:
-            due = (time.monotonic() + timeout, timeout)
-            for i, task in enumerate(self._tasks):
-                if task is not None:
-                    self._due[i] = due
-                    if isinstance(task, SocketStep):
-                        task.timeout = timeout  # (for its timeout's message)
-        return self._finish(range(len(self._clients)))
+        if timeout is None:
+            return self._finish(range(len(self._clients)))
+        due = (time.monotonic() + timeout, timeout)
+        for i, task in enumerate(self._tasks):
+            if task is not None:
+                self._due[i] = due
+                if isinstance(task, SocketStep):  # (for its timeout's message)
+                    task.timeout, task.hint = timeout, STEP_WAIT_TIMEOUT_HINT
+        self._timeout_hint = STEP_WAIT_TIMEOUT_HINT
+        try:
+            return self._finish(range(len(self._clients)))
+        finally:
+            self._timeout_hint = TIMEOUT_HINT
 
     # -- pipelining -------------------------------------------------------------------------------
 
@@ -1327,7 +1344,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if isinstance(task, SocketStep) and task.refused:
                 refused[i] = task
             elif task.cancelled():  # (the deadline passed: see LoopRunner.wait)
-                failed[i] = timeout_error(address=self._clients[i].address, method="Step", timeout=self._due[i][1])
+                address, timeout = self._clients[i].address, self._due[i][1]
+                failed[i] = timeout_error(address=address, method="Step", timeout=timeout, hint=self._timeout_hint)
             elif (err := task.exception()) is not None:
                 failed[i] = err
             else:

@@ -284,20 +284,27 @@ def test_code_written_for_async_vector_envs_async_calls_runs_as_on_one(start_ser
         remote.reset_wait()  # (a refused timeout leaves the reset pending)
 
 
-def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: StartServers) -> None:
+@pytest.mark.parametrize("transport", ["unix", "tcp"])  # (a step socket's step, a gRPC stream's)
+def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: StartServers, transport: str) -> None:
     addresses = start_servers(
-        "tests.envs:SlowResetEnv", num_servers=1, envs_per_server=1, server_args=["--step-delay-ms", "3000"]
+        "tests.envs:SlowResetEnv",
+        num_servers=1,
+        envs_per_server=1,
+        transport=transport,
+        server_args=["--step-delay-ms", "3000"],
     )
     with RemoteVectorEnv(addresses, timeout=60) as envs:
         envs.reset(seed=0)  # (its first reset is quick; each one after takes 3 s)
         envs.step_async(np.zeros(1, dtype=np.int64))
         start = time.monotonic()
-        with pytest.raises(RemoteTimeoutError, match=r"Step .*0\.5 s"):
+        with pytest.raises(RemoteTimeoutError, match=r"Step .*0\.5 s deadline; the timeout given to step_wait$"):
             envs.step_wait(timeout=0.5)
         assert time.monotonic() - start < 2.5
         envs.reset_async(seed=0)
         start = time.monotonic()
-        with pytest.raises(RemoteTimeoutError, match=r"Reset .*0\.5 s"):
+        with pytest.raises(
+            RemoteTimeoutError, match=r"Reset .*0\.5 s deadline \(.*\); the timeout given to reset_wait$"
+        ):
             envs.reset_wait(timeout=0.5)
         assert time.monotonic() - start < 2.5
 
