@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from env_server.protocol import package_version
 
-__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "SESSION_END_REASONS", "ServerMetrics"]
+__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "SESSION_END_REASONS", "NoCreatedRegistry", "ServerMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,11 @@ _CREATED_SUFFIX = "_created"
 _TYPES_WITH_CREATED = ("counter", "histogram", "summary")
 
 
-class _Registry(CollectorRegistry):
+class NoCreatedRegistry(CollectorRegistry):
     """A registry that exports no ``_created`` series (the time each series was made: one more series
     per counter and histogram that dashboards do not use). Per registry, unlike prometheus_client's
-    ``disable_created_metrics()``, which turns them off for every registry of the process."""
+    ``disable_created_metrics()``, which turns them off for every registry of the process (the
+    learner's, ``learner train --metrics-port``, is one too)."""
 
     def collect(self) -> Iterable[Metric]:
         return map(_without_created, super().collect())
@@ -101,7 +102,7 @@ class ServerMetrics:
     """
 
     def __init__(self, *, env_id: str, num_envs: int, vectorization: str, needs_token: bool = False) -> None:
-        self.registry = _Registry(auto_describe=True)
+        self.registry = NoCreatedRegistry(auto_describe=True)
         r = self.registry
         ProcessCollector(registry=r)  # (exports nothing where there is no /proc)
         PlatformCollector(registry=r)

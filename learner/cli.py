@@ -153,6 +153,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
         if "resumed_from" in info:
             print(f"resuming from {info['resumed_from']} ({info['resumed_step']:,} steps)", flush=True)
+        if "metrics_url" in info:
+            print(f"Prometheus metrics: {info['metrics_url']}", flush=True)
 
     def fleet_changed(change: FleetChange) -> None:
         from tqdm import tqdm

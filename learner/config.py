@@ -21,7 +21,9 @@ from learner.local import DEFAULT_TRANSPORT
 __all__ = [
     "DEFAULT_ENV",
     "LOCAL_SERVER_OPTIONS",
+    "METRICS_HOST",
     "PRESETS",
+    "SESSION_OPTIONS",
     "Args",
     "check_device",
     "PPOConfig",
@@ -35,6 +37,14 @@ Preset = Literal["auto", "classic", "mujoco", "atari"]
 DEFAULT_ENV = "CartPole-v1"
 """The env ``learner train`` starts servers for when --env is not given."""
 
+
+METRICS_HOST = "127.0.0.1"
+"""Where ``learner train --metrics-port`` serves unless --metrics-host says otherwise (env-server's --host
+default)."""
+
+SESSION_OPTIONS: dict[str, Any] = {"progress": None, "metrics_port": None, "metrics_host": METRICS_HOST}
+"""Options (and their unset values) of one session of a run, not of the run: a run resumed or repeated
+(--resume, --like) takes this session's, not those its config.json recorded."""
 
 LOCAL_SERVER_OPTIONS: dict[str, Any] = {
     "num_envs": None,
@@ -181,6 +191,15 @@ class Args:
     """write TensorBoard event files (CleanRL's tag names)"""
     plot: bool = True
     """write returns.png (return against steps and wall time) into the run dir at the end"""
+    metrics_port: int | None = field(default=None, metadata={"metavar": "PORT"})
+    """serve Prometheus metrics (progress, SPS, returns, losses, the time of the last update, the fleet's
+    faults, each env server's latency and load, the process's CPU and memory) at
+    http://HOST:PORT/metrics (HOST: --metrics-host) from the moment the command starts (while its env
+    servers start too) until the run ends; 0 picks a free port (logged, and printed with the run dir).
+    A run resumed or repeated (--resume, --like) serves none unless given it again"""
+    metrics_host: str = field(default=METRICS_HOST, metadata={"metavar": "HOST"})
+    """interface --metrics-port listens on, as env-server's --host; 0.0.0.0 for all (in a container, for
+    Prometheus to scrape it)"""
 
     # -- PPO (unset: the preset's value) --------------------------------------------------------------------
     preset: Preset = "auto"
@@ -272,6 +291,15 @@ class Args:
                 also = ", or inf (never)" if f.name == "stop_at_return" else ""
                 raise ValueError(f"--{_flag(f.name)}: expected a finite number{also}, got {value}")
         check_device(self.device)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port: expected a port number 0-65535, got {self.metrics_port}")
+        if not self.metrics_host:
+            raise ValueError("--metrics-host: expected a value, got an empty string")
+        if self.metrics_port is None and self.metrics_host != METRICS_HOST:
+            raise ValueError(
+                f"--metrics-host: sets where --metrics-port serves the metrics; give --metrics-port too (0 for a "
+                f"free port), got --metrics-host {self.metrics_host} alone"
+            )
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
         if self.servers is not None and self.backend == "gym":

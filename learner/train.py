@@ -58,6 +58,7 @@ from learner.checkpoint import (
 from learner.config import (
     DEFAULT_ENV,
     LOCAL_SERVER_OPTIONS,
+    SESSION_OPTIONS,
     Args,
     PPOConfig,
     check_device,
@@ -79,6 +80,7 @@ from learner.errors import (
     SessionError,
 )
 from learner.fleet import FleetChange, carry_over
+from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, check_observation_space, is_image_space, unusable_observation
 from learner.stats import ReplicaStats, format_return
@@ -303,8 +305,8 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
     recorded = rundir.read_json(config)
     # As recorded (checked once the overrides are in: one may mend what this version refuses), with
-    # the progress display this session's.
-    saved = Args.from_json({**recorded["args"], "progress": None}, check=False)
+    # the progress display and the metrics endpoint this session's.
+    saved = Args.from_json({**recorded["args"], **SESSION_OPTIONS}, check=False)
     if overrides.get("run_dir") not in (None, str(run_dir)):
         raise ValueError(
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
@@ -353,7 +355,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG}: {err}") from None
     if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
-    fresh = {"progress": None, "run_dir": None, "resume": None, "auth_token": None}
+    fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
     other_env = overrides.get("env", values.get("env")) != values.get("env")
     if other_env:  # (the run's env options were for its env: the new one gets its own, or none)
@@ -1163,8 +1165,9 @@ def train(
 ) -> dict[str, Any]:
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds.
 
-    ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``
-    and, for a resumed run, ``resumed_from`` (the checkpoint) and ``resumed_step`` (the CLI prints them).
+    ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``,
+    for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
+    ``metrics_url`` (where the metrics are served: the CLI prints them).
     ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
     the rollout that steps the changed fleet.
     """
@@ -1208,6 +1211,10 @@ def train(
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
+        live: LearnerMetrics | None = None  # --metrics-port: served from here (the env servers' start included)
+        if args.metrics_port is not None:
+            live = serve_metrics(args.metrics_host, args.metrics_port, env_id=args.env or "", run_dir=given_dir or "")
+            stack.callback(live.close)  # (entered first: closed last, once the run is over)
         locked = False
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
@@ -1355,9 +1362,20 @@ def train(
             device,
             run_dir,
         )
+        if live is not None:
+            live.run_started(
+                env_id=env_id,
+                run_dir=str(run_dir),
+                total_timesteps=hp.total_timesteps,
+                global_step=counters.global_step,
+                updates=counters.update,
+                episodes=counters.episodes,
+                solved=counters.solved_at_step is not None,
+            )
         if on_start is not None:
             resumed = {"resumed_from": str(checkpoint_file), "resumed_step": counters.global_step} if checkpoint else {}
-            on_start({**config, "run_dir": str(run_dir), **resumed})
+            served_at = {"metrics_url": live.url} if live is not None else {}
+            on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
         writer = None
         if args.tensorboard:
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
@@ -1553,7 +1571,7 @@ def train(
         last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
 
         def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
-            """Count an update done and log it: metrics.jsonl, TensorBoard, the progress bar."""
+            """Count an update done and log it: metrics.jsonl, TensorBoard, --metrics-port, the progress bar."""
             nonlocal last_row, last_record, last_line
             counters.update += 1
             now = time.perf_counter()
@@ -1579,6 +1597,8 @@ def train(
             last_row = row
             if writer is not None:
                 write_tensorboard(writer, row)
+            if live is not None:
+                live.observe_update(row, solved=counters.solved_at_step is not None)
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)

@@ -1,0 +1,279 @@
+"""Prometheus metrics of a training run, served while it runs (``learner train --metrics-port``)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import (
+    Counter,
+    Gauge,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+
+from env_server.metrics import NoCreatedRegistry
+from env_server.protocol import package_version
+from learner.errors import OptionError
+
+__all__ = [
+    "FAULT_COUNTERS",
+    "PREFIX",
+    "REPLICA_GAUGES",
+    "ROW_COUNTERS",
+    "ROW_GAUGES",
+    "LearnerMetrics",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "envfleet_learner_"
+
+ROW_GAUGES: dict[str, str] = {
+    "global_step": "Env steps of the run so far, over all envs (a resumed run's earlier sessions included)",
+    "update": "PPO updates of the run so far (a resumed run's earlier sessions included)",
+    "sps": "Env steps per second of this session, as of the last update (CleanRL's SPS)",
+    "episodic_return_mean": "Mean return of the last 20 finished episodes as of the last update; NaN until one ended",
+    "episodic_length_mean": "Mean length of the last 20 finished episodes as of the last update; NaN until one ended",
+    "value_loss": "Value loss of the last update",
+    "policy_loss": "Policy (clipped surrogate) loss of the last update",
+    "entropy": "Policy entropy of the last update",
+    "approx_kl": "Approximate KL divergence of the last update's policy from the one that acted",
+    "clipfrac": "Fraction of the last update's ratios that were clipped",
+    "explained_variance": "Explained variance of the value function in the last update's batch",
+    "learning_rate": "Learning rate of the last update",
+    "num_envs": "Envs in the fleet during the last update's rollout",
+    "envs_unavailable": "Envs unavailable (their server down, or their env raising) at the end of the last rollout",
+    "rollout_seconds": "Seconds the last update's rollout took to collect",
+    "update_seconds": "Seconds the last update's optimisation took",
+    "faults/servers_down": "Env servers down at the end of the last rollout",
+    "faults/servers_not_joined": "Env servers listed at the start that have not joined the fleet yet",
+}
+"""metrics.jsonl row keys exported as gauges (``envfleet_learner_<key>``, ``/`` dropped; ``update`` as
+``updates``), set at each update; a key a row lacks (no fleet: no ``faults/``) leaves its gauge as it was."""
+
+ROW_COUNTERS: dict[str, str] = {
+    "env_steps_lost": "Env steps that were no transition: their env was unavailable (server lost, env raised)",
+    "env_errors": "Env steps whose env raised (reported by its server; of env_steps_lost)",
+    "episodes_cut": "Episodes that ended because their env became unavailable (not counted in the returns)",
+}
+"""Per-update counts of a metrics.jsonl row, added up into counters (``envfleet_learner_<key>_total``)."""
+
+FAULT_COUNTERS: dict[str, tuple[str, str]] = {
+    "failures": ("server_failures", "Times an env server was lost (an error or a missed deadline), not shutdowns"),
+    "shutdowns": ("server_shutdowns", "Times an env server left saying it was shutting down (planned)"),
+    "reconnects": ("server_reconnects", "Times a lost env server came back"),
+    "server_restarts": ("server_restarts", "Reconnects to another process than the one lost (its server id changed)"),
+    "servers_joined": ("servers_joined", "Env servers that joined the fleet when it was looked up again"),
+    "servers_left": ("servers_left", "Env servers that left the fleet (no longer listed, or their session ended)"),
+}
+"""The fleet's fault counts of each row (``faults/<key>``, this update's) as counters: key -> (name, help)."""
+
+REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
+    "latency_p50_ms": (
+        "latency_p50_seconds",
+        1e-3,
+        "Median round trip of the env server's steps in the last rollout, as the learner saw it",
+    ),
+    "latency_p99_ms": (
+        "latency_p99_seconds",
+        1e-3,
+        "99th percentile of the env server's round trips in the last rollout",
+    ),
+    "env_p50_ms": (
+        "env_step_p50_seconds",
+        1e-3,
+        "Median time the env server's envs took to step in the last rollout (as it reported)",
+    ),
+    "env_p99_ms": (
+        "env_step_p99_seconds",
+        1e-3,
+        "99th percentile of the time the env server's envs took to step in the last rollout",
+    ),
+    "env_busy": (
+        "env_busy",
+        1.0,
+        "Fraction of the last rollout the env server's envs spent stepping (near 1: the fleet waits for it)",
+    ),
+    "available": (
+        "available",
+        1.0,
+        "1 while the env server is up, 0 while it is down (as of the end of the last rollout)",
+    ),
+    "num_envs": ("envs", 1.0, "Envs the env server hosts"),
+}
+"""Per-replica fields of a row (``replicas/<replica>/<field>``, over the last rollout; NaN: no steps) as gauges
+``envfleet_learner_replica_<name>{replica=...}``: field -> (name, scale to the metric's unit, help)."""
+
+_REPLICAS = "replicas/"
+
+
+def _metric_name(key: str) -> str:
+    return PREFIX + ("updates" if key == "update" else key.replace("faults/", ""))
+
+
+def _number(value: Any) -> float:
+    """A row's value as a sample: None (no episode ended yet) as NaN."""
+    return math.nan if value is None else float(value)
+
+
+class LearnerMetrics:
+    """A training run as Prometheus metrics, in a registry of their own, with the process's CPU and memory
+    (``process_*``) and Python's version (``python_info``), as env-server's.
+
+    Gauges and counters are set from each update's metrics.jsonl row (:meth:`observe_update`): what the
+    run writes there, nothing computed anew. Counters count this process's session (they start at 0 in a
+    resumed run, as Prometheus expects of a restarted process); gauges of the run's totals (``global_step``,
+    ``updates``) go on from its checkpoint. Per env server, gauges carry a ``replica`` label, the key
+    metrics.jsonl names it by (``local-0``, or its address); a replica that leaves the fleet has its series
+    removed, so a fleet whose servers come and go keeps a bounded number of them.
+    """
+
+    def __init__(self, *, env_id: str = "", run_dir: str = "") -> None:
+        self.registry = NoCreatedRegistry(auto_describe=True)
+        r = self.registry
+        ProcessCollector(registry=r)  # (exports nothing where there is no /proc)
+        PlatformCollector(registry=r)
+        self._info = Info(PREFIX.rstrip("_"), "What the learner trains: env id, run dir, envfleet version", registry=r)
+        self._gauges = {key: Gauge(_metric_name(key), text, registry=r) for key, text in ROW_GAUGES.items()}
+        for key in ("episodic_return_mean", "episodic_length_mean"):
+            self._gauges[key].set(math.nan)
+        self._counters = {key: Counter(_metric_name(key), text, registry=r) for key, text in ROW_COUNTERS.items()}
+        self._faults = {key: Counter(PREFIX + name, text, registry=r) for key, (name, text) in FAULT_COUNTERS.items()}
+        self._episodes = Counter(
+            PREFIX + "episodes",
+            "Episodes that ended since this learner started (not a resumed run's earlier sessions')",
+            registry=r,
+        )
+        self._replica_gauges = {
+            key: (Gauge(f"{PREFIX}replica_{name}", text, labelnames=("replica",), registry=r), scale)
+            for key, (name, scale, text) in REPLICA_GAUGES.items()
+        }
+        self._replicas: set[str] = set()
+        self._total_timesteps = Gauge(
+            PREFIX + "total_timesteps", "Env steps the run trains for (--total-timesteps; 0 until known)", registry=r
+        )
+        self._solved = Gauge(
+            PREFIX + "solved",
+            "1 once the run is solved (mean return of the last 20 episodes >= its bar), else 0",
+            registry=r,
+        )
+        self._last_update = Gauge(
+            PREFIX + "last_update_timestamp_seconds",
+            "Unix time of the last PPO update (until the first: when the learner started)",
+            registry=r,
+        )
+        self._last_update.set(time.time())
+        self._episodes_before = 0  # (the run's episodes before this session's: run_started says)
+        self.set_run(env_id=env_id, run_dir=run_dir)
+        self._httpd: Any = None
+        self.url: str | None = None
+        """``http://HOST:PORT/metrics`` once served (:meth:`serve_http`)."""
+
+    def set_run(self, *, env_id: str, run_dir: str) -> None:
+        """The info metric's env id and run dir ("" while not known: servers still to say their env, a run
+        dir still to be made)."""
+        self._info.info({"env_id": env_id, "run_dir": run_dir, "version": package_version()})
+
+    def run_started(
+        self,
+        *,
+        env_id: str,
+        run_dir: str,
+        total_timesteps: int,
+        global_step: int,
+        updates: int,
+        episodes: int,
+        solved: bool,
+    ) -> None:
+        """The run is set up (a resumed one from its checkpoint, whose counts these are): what it is, and
+        where it starts from."""
+        self.set_run(env_id=env_id, run_dir=run_dir)
+        self._total_timesteps.set(total_timesteps)
+        self._gauges["global_step"].set(global_step)
+        self._gauges["update"].set(updates)
+        self._solved.set(int(solved))
+        self._episodes_before = episodes
+
+    def observe_update(self, row: Mapping[str, Any], *, solved: bool) -> None:
+        """An update's metrics.jsonl ``row`` (``learner.train.metrics_row``'s), and whether the run is solved."""
+        for key, gauge in self._gauges.items():
+            if key in row:
+                gauge.set(_number(row[key]))
+        for key, counter in self._counters.items():
+            counter.inc(max(row.get(key) or 0, 0))
+        for key, counter in self._faults.items():
+            counter.inc(max(row.get(f"faults/{key}") or 0, 0))
+        episodes = int(row["episodes"])  # (the run's so far: a resumed run's earlier sessions' too)
+        self._episodes.inc(max(episodes - self._episodes_before, 0))
+        self._episodes_before = episodes
+        replicas: set[str] = set()
+        for key, value in row.items():
+            if not key.startswith(_REPLICAS):
+                continue
+            replica, _, field = key.removeprefix(_REPLICAS).rpartition("/")  # (addresses hold "/": unix:/tmp/...)
+            if field in self._replica_gauges:
+                gauge, scale = self._replica_gauges[field]
+                gauge.labels(replica).set(_number(value) * scale)
+                replicas.add(replica)
+        # Each row names every replica of the fleet: one missing has left it (back, it is named again).
+        for replica in self._replicas - replicas:
+            for gauge, _ in self._replica_gauges.values():
+                gauge.remove(replica)
+        self._replicas = replicas
+        self._solved.set(int(solved))
+        self._last_update.set(time.time())
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""
+        httpd, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._httpd = httpd
+        port = int(httpd.server_port)
+        self.url = f"http://{_host_port(host, port)}/metrics"
+        return port
+
+    def close(self) -> None:
+        """Stop serving (the listening socket closes)."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+
+def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") -> LearnerMetrics:
+    """A run's :class:`LearnerMetrics`, served on ``host:port`` (0: a free port) and logged; OptionError
+    naming --metrics-port (or --metrics-host) where it cannot be."""
+    metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
+    try:
+        metrics.serve_http(host, port)
+    except socket.gaierror as err:
+        raise OptionError(f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
+    except OSError as err:
+        where = _host_port(host, port)
+        raise OptionError(f"cannot serve metrics on {where}: {err.strerror or err} ({_bind_hint(host, err)})") from err
+    log.info("Prometheus metrics on %s", metrics.url)
+    return metrics
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port`` as an address is written: an IPv6 host in brackets (``[::1]:9100``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_hint(host: str, err: OSError) -> str:
+    """What to do about a bind of the metrics endpoint that failed with ``err`` (as env-server says it)."""
+    if err.errno == errno.EADDRINUSE:
+        return "another process has it; pick another --metrics-port, or 0 for a free one"
+    if err.errno == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this machine; give --metrics-host one of its own, or 0.0.0.0 for all"
+    if err.errno == errno.EACCES:
+        return "ports below 1024 need privileges; pick a higher --metrics-port"
+    return "see --metrics-host and --metrics-port"

@@ -1,0 +1,284 @@
+"""learner train --metrics-port: the run's Prometheus metrics, served while it runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import learner.train
+from env_server.protocol import package_version
+from learner.cli import build_parser, main
+from learner.config import Args
+from learner.live_metrics import FAULT_COUNTERS, REPLICA_GAUGES, ROW_GAUGES, LearnerMetrics
+from learner.stats import ReplicaStats
+from learner.train import FAULT_COUNTS, like_args, metrics_row, resume_args, train
+from learner.update import UpdateResult
+
+QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> tuple[Samples, dict[str, str]]:
+    """/metrics' text as {(sample name, sorted labels): value} and {family: HELP}."""
+    samples: Samples = {}
+    helps = {}
+    for family in text_string_to_metric_families(text):
+        helps[family.name] = family.documentation
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples, helps
+
+
+def scrape(url: str) -> tuple[Samples, dict[str, str]]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return parse(response.read().decode())
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def replica_window(address: str, **fields: Any) -> ReplicaStats:
+    values: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ReplicaStats)}
+    values.update(address=address, num_envs=2, steps=8, available=True, env_busy=0.5)
+    values.update(latency_p50_ms=2.0, latency_p99_ms=5.0, env_p50_ms=0.5, env_p99_ms=1.5, **fields)
+    return ReplicaStats(**values)
+
+
+def row(update: int, episodes: int, replicas: list[ReplicaStats], **faults: int) -> dict[str, Any]:
+    """A metrics.jsonl row as train() makes it (metrics_row), with a fleet of ``replicas``."""
+    fleet: dict[str, float] = {f"faults/{key}": faults.get(key, 0) for key in FAULT_COUNTS}
+    fleet.update({"faults/servers_down": faults.get("servers_down", 0), "faults/servers_not_joined": 0})
+    for replica in replicas:
+        fleet.update(replica.metrics(f"replicas/{replica.address}/"))
+    result = UpdateResult(
+        policy_loss=-0.01,
+        value_loss=3.5,
+        entropy=0.69,
+        old_approx_kl=0.001,
+        approx_kl=0.002,
+        clipfrac=0.1,
+        explained_variance=0.25,
+        batch_size=64,
+        seconds=0.05,
+    )
+    rollout_info = {
+        "global_step": 64 * update,
+        "episodic_return_mean": None if episodes == 0 else 21.5,
+        "episodic_length_mean": None if episodes == 0 else 21.5,
+        "episodes": episodes,
+        "episodes_cut": 1,
+        "num_envs": 4,
+        "learning_rate": 1e-3,
+        "clip_coef": 0.2,
+        "rollout_seconds": 0.2,
+        "env_steps_lost": 3,
+        "env_errors": 2,
+        "envs_unavailable": 2,
+        "fleet": fleet,
+    }
+    timing = {"seconds": 1.0, "sps": 256.0, "sps_update": 250.0, "transitions_per_s": 240.0, "other_seconds": 0.01}
+    return metrics_row(update, timing, result, rollout_info)
+
+
+def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() -> None:
+    metrics = LearnerMetrics(env_id="CartPole-v1")
+    samples, helps = parse(generate_latest(metrics.registry).decode())
+    assert math.isnan(value(samples, "envfleet_learner_episodic_return_mean"))  # (no episode yet)
+    assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=60)
+    # A resumed run: 10 episodes and 3 updates before this session.
+    metrics.run_started(
+        env_id="CartPole-v1",
+        run_dir="runs/r",
+        total_timesteps=1000,
+        global_step=192,
+        updates=3,
+        episodes=10,
+        solved=False,
+    )
+    unix = "unix:/tmp/envfleet-1/server-0.sock"  # (an address with slashes)
+    metrics.observe_update(row(4, 12, [replica_window("local-0"), replica_window(unix)], failures=1), solved=False)
+    metrics.observe_update(row(5, 15, [replica_window("local-0", available=False)], reconnects=2), solved=True)
+
+    samples, helps = parse(generate_latest(metrics.registry).decode())
+    info = {"env_id": "CartPole-v1", "run_dir": "runs/r", "version": package_version()}
+    assert value(samples, "envfleet_learner_info", **info) == 1
+    for name, expected in {
+        "global_step": 320,
+        "updates": 5,
+        "sps": 256,
+        "episodic_return_mean": 21.5,
+        "value_loss": 3.5,
+        "policy_loss": -0.01,
+        "entropy": 0.69,
+        "approx_kl": 0.002,
+        "clipfrac": 0.1,
+        "explained_variance": 0.25,
+        "learning_rate": 1e-3,
+        "num_envs": 4,
+        "envs_unavailable": 2,
+        "update_seconds": 0.05,
+        "rollout_seconds": 0.2,
+        "total_timesteps": 1000,
+        "solved": 1,
+        # Counters: this session's (5 episodes since the checkpoint's 10), from each row's counts.
+        "episodes_total": 5,
+        "env_steps_lost_total": 6,
+        "env_errors_total": 4,
+        "episodes_cut_total": 2,
+        "server_failures_total": 1,
+        "server_reconnects_total": 2,
+        "servers_joined_total": 0,
+    }.items():
+        assert value(samples, f"envfleet_learner_{name}") == pytest.approx(expected), name
+    assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=60)
+    # Per replica, in seconds; the one that left the fleet (no longer in the rows) is gone.
+    assert value(samples, "envfleet_learner_replica_latency_p50_seconds", replica="local-0") == pytest.approx(0.002)
+    assert value(samples, "envfleet_learner_replica_env_step_p99_seconds", replica="local-0") == pytest.approx(0.0015)
+    assert value(samples, "envfleet_learner_replica_env_busy", replica="local-0") == 0.5
+    assert value(samples, "envfleet_learner_replica_available", replica="local-0") == 0
+    assert {dict(labels)["replica"] for name, labels in samples if "_replica_" in name} == {"local-0"}
+    # Every family of ours says what it is; no _created series (as env-server's).
+    ours = [name for name in helps if name.startswith("envfleet_learner_")]
+    assert len(ours) == 1 + len(ROW_GAUGES) + 3 + len(FAULT_COUNTERS) + 1 + len(REPLICA_GAUGES) + 3
+    assert all(helps[name] for name in ours)
+    assert not [name for name, _ in samples if name.endswith("_created")]
+    assert set(FAULT_COUNTERS) == set(FAULT_COUNTS)
+
+
+def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real local env servers; /metrics scraped (over HTTP) as the servers start and right after update 2."""
+    served: list[LearnerMetrics] = []
+    scraped: dict[str, Samples] = {}
+    rows: list[dict[str, Any]] = []
+    serve_metrics, open_fleet = learner.train.serve_metrics, learner.train.open_fleet
+    observe_update = LearnerMetrics.observe_update
+
+    def serving(*args: Any, **kwargs: Any) -> LearnerMetrics:
+        served.append(serve_metrics(*args, **kwargs))
+        return served[-1]
+
+    def opening(*args: Any, **kwargs: Any) -> Any:
+        assert served[0].url is not None
+        scraped["start"], _ = scrape(served[0].url)
+        return open_fleet(*args, **kwargs)
+
+    def observing(self: LearnerMetrics, row: dict[str, Any], *, solved: bool) -> None:
+        observe_update(self, row, solved=solved)
+        if row["update"] == 2:
+            assert self.url is not None
+            scraped["update 2"], _ = scrape(self.url)
+            rows.append(row)
+
+    monkeypatch.setattr(learner.train, "serve_metrics", serving)
+    monkeypatch.setattr(learner.train, "open_fleet", opening)
+    monkeypatch.setattr(LearnerMetrics, "observe_update", observing)
+    run_dir = tmp_path / "run"
+    args = Args(
+        env="CartPole-v1",
+        num_servers=2,
+        envs_per_server=2,
+        num_steps=16,
+        total_timesteps=3 * 64,
+        run_dir=str(run_dir),
+        metrics_port=0,
+        **QUIET,
+    )
+    summary = train(args)
+    assert summary["updates"] == 3
+
+    start = scraped["start"]
+    info = {"env_id": "CartPole-v1", "run_dir": str(run_dir), "version": package_version()}
+    assert value(start, "envfleet_learner_info", **info) == 1
+    assert value(start, "envfleet_learner_updates") == 0
+    assert not [name for name, _ in start if "_replica_" in name]
+
+    samples, [row] = scraped["update 2"], rows
+    assert value(samples, "envfleet_learner_updates") == 2
+    assert value(samples, "envfleet_learner_global_step") == row["global_step"] == 128
+    assert value(samples, "envfleet_learner_total_timesteps") == 3 * 64
+    assert value(samples, "envfleet_learner_num_envs") == 4
+    assert value(samples, "envfleet_learner_sps") == row["sps"] > 0
+    assert value(samples, "envfleet_learner_value_loss") == pytest.approx(row["value_loss"])
+    assert value(samples, "envfleet_learner_episodes_total") == row["episodes"] > 0
+    assert value(samples, "envfleet_learner_envs_unavailable") == 0
+    assert value(samples, "envfleet_learner_server_failures_total") == 0
+    assert value(samples, "envfleet_learner_solved") == 0
+    assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=30)
+    for replica in ("local-0", "local-1"):  # (as metrics.jsonl names them)
+        latency = value(samples, "envfleet_learner_replica_latency_p50_seconds", replica=replica)
+        assert latency == pytest.approx(row[f"replicas/{replica}/latency_p50_ms"] / 1000) and 0 < latency < 1
+        assert value(samples, "envfleet_learner_replica_available", replica=replica) == 1
+        assert 0 < value(samples, "envfleet_learner_replica_env_busy", replica=replica) <= 1
+    assert value(samples, "process_resident_memory_bytes") > 0
+
+    # Stopped serving with the run.
+    with pytest.raises(urllib.error.URLError):
+        assert served[0].url is not None
+        urllib.request.urlopen(served[0].url, timeout=5)
+
+
+def test_a_port_in_use_is_a_usage_error_naming_the_option_before_any_server_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def opening(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("env servers started before the metrics port was found taken")
+
+    monkeypatch.setattr(learner.train, "open_fleet", opening)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            main(["train", "--metrics-port", str(port), "--run-dir", str(tmp_path / "r"), "--no-progress"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"learner train: error: cannot serve metrics on 127.0.0.1:{port}: Address already in use (another process "
+        "has it; pick another --metrics-port, or 0 for a free one)"
+    ) in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_help_shows_the_metrics_options_and_bad_values_are_refused() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    train_parser = commands["train"]
+    flat = " ".join(train_parser.format_help().split())
+    assert "--metrics-port PORT serve Prometheus metrics" in flat
+    assert "0 picks a free port (logged" in flat
+    assert "--metrics-host HOST interface --metrics-port listens on" in flat and "(default: 127.0.0.1)" in flat
+    with pytest.raises(ValueError, match=r"^--metrics-port: expected a port number 0-65535, got 65536$"):
+        Args(metrics_port=65536)
+    with pytest.raises(ValueError, match=r"^--metrics-host: sets where --metrics-port serves the metrics; give"):
+        Args(metrics_host="0.0.0.0")
+    assert Args(metrics_port=9100, metrics_host="0.0.0.0").metrics_host == "0.0.0.0"
+
+
+def test_the_cli_prints_where_it_serves_and_resume_and_like_serve_only_when_told_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"]
+    argv += ["--metrics-port", "0", "--run-dir", str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(argv) == 0
+    assert "Prometheus metrics: http://127.0.0.1:" in capsys.readouterr().out
+    # The port is this session's, as the progress display is: not taken from config.json.
+    assert resume_args(run_dir, total_timesteps=32).metrics_port is None
+    assert like_args(run_dir).metrics_port is None
+    resumed = resume_args(run_dir, total_timesteps=32, metrics_port=0, metrics_host="localhost")
+    assert (resumed.metrics_port, resumed.metrics_host) == (0, "localhost")
