@@ -16,6 +16,7 @@ ARGS   ?=
 .PHONY: setup train demo test lint check
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and f"make setup: envfleet needs Python 3.11 or newer; $(PYTHON) is {sys.version.split()[0]} (give another: make setup PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
