@@ -174,13 +174,20 @@ class ServerMetrics:
         self.num_envs = Gauge("envfleet_num_envs", "Envs this server hosts (K)", registry=r)
         self.num_envs.set(num_envs)
         self._server_info = Info("envfleet_server", "What this server hosts and how it is reached", registry=r)
-        self._info = {"env_id": env_id, "vectorization": vectorization, "version": package_version()}
+        self._info = {"env_id": env_id, "vectorization": vectorization, "version": package_version(), "server_id": ""}
         self.set_transport("tcp")
         self._httpd: Any = None
 
     def set_transport(self, transport: str) -> None:
         """How learners reach the server (``tcp``, ``unix``, or ``unix+step-socket``), for the info metric."""
-        self._server_info.info({**self._info, "transport": transport})
+        self._info["transport"] = transport
+        self._server_info.info(self._info)
+
+    def set_server_id(self, server_id: str) -> None:
+        """The process's id, as its spec gives it to learners (their ``envfleet_learner_replica_info``
+        says which replica it is), for the info metric ("" until the envs are built)."""
+        self._info["server_id"] = server_id
+        self._server_info.info(self._info)
 
     def observe_step(self, seconds: float, env_seconds: float, num_envs: int) -> None:
         self.step_latency.observe(seconds)

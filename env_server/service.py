@@ -164,6 +164,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._obs_space = env.single_observation_space
         self._act_space = env.single_action_space
         self.spec = self._make_spec()
+        if self._metrics is not None:
+            self._metrics.set_server_id(self.spec.server_id)
 
     @property
     def env(self) -> gym.vector.VectorEnv:

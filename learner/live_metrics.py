@@ -26,6 +26,7 @@ from learner.errors import OptionError
 __all__ = [
     "FAULT_COUNTERS",
     "PREFIX",
+    "REPLICA_COUNTERS",
     "REPLICA_GAUGES",
     "ROW_COUNTERS",
     "ROW_GAUGES",
@@ -101,7 +102,7 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
     "env_busy": (
         "env_busy",
         1.0,
-        "Fraction of the last rollout the env server's envs spent stepping (near 1: the fleet waits for it)",
+        "Share of the last update's wall time the env server's envs spent stepping (near 1: the fleet waits for it)",
     ),
     "available": (
         "available",
@@ -112,6 +113,13 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
 }
 """Per-replica fields of a row (``replicas/<replica>/<field>``, over the last rollout; NaN: no steps) as gauges
 ``envfleet_learner_replica_<name>{replica=...}``: field -> (name, scale to the metric's unit, help)."""
+
+REPLICA_COUNTERS: dict[str, str] = {
+    "failures": "Times the env server was lost (an error or a missed deadline), not shutdowns",
+    "shutdowns": "Times the env server left saying it was shutting down (planned)",
+    "reconnects": "Times the env server came back",
+}
+"""Per-replica counts of a row (this update's) as counters ``envfleet_learner_replica_<key>_total{replica=...}``."""
 
 _REPLICAS = "replicas/"
 
@@ -144,8 +152,8 @@ class LearnerMetrics:
         PlatformCollector(registry=r)
         self._info = Info(PREFIX.rstrip("_"), "What the learner trains: env id, run dir, envfleet version", registry=r)
         self._gauges = {key: Gauge(_metric_name(key), text, registry=r) for key, text in ROW_GAUGES.items()}
-        for key in ("episodic_return_mean", "episodic_length_mean"):
-            self._gauges[key].set(math.nan)
+        for gauge in self._gauges.values():
+            gauge.set(math.nan)  # (until an update says: no 0 that a "too low" alert mistakes for one)
         self._counters = {key: Counter(_metric_name(key), text, registry=r) for key, text in ROW_COUNTERS.items()}
         self._faults = {key: Counter(PREFIX + name, text, registry=r) for key, (name, text) in FAULT_COUNTERS.items()}
         self._episodes = Counter(
@@ -153,14 +161,35 @@ class LearnerMetrics:
             "Episodes that ended since this learner started (not a resumed run's earlier sessions')",
             registry=r,
         )
+        self._steps = Counter(
+            PREFIX + "env_steps",
+            "Env steps since this learner started (global_step's; not a resumed run's earlier sessions')",
+            registry=r,
+        )
+        self._updates = Counter(PREFIX + "ppo_updates", "PPO updates since this learner started", registry=r)
+        self._step_before = 0
+        self._update_before = 0
+        self._replica_counters = {
+            key: Counter(f"{PREFIX}replica_{key}", text, labelnames=("replica",), registry=r)
+            for key, text in REPLICA_COUNTERS.items()
+        }
+        self._replica_info = Gauge(
+            f"{PREFIX}replica_info",
+            "1 for each env server of the fleet: its replica label and its process's server_id (as the server's "
+            "envfleet_server_info says it), to join the two sides' series",
+            labelnames=("replica", "server_id"),
+            registry=r,
+        )
+        self._replica_ids: dict[str, str] = {}
         self._replica_gauges = {
             key: (Gauge(f"{PREFIX}replica_{name}", text, labelnames=("replica",), registry=r), scale)
             for key, (name, scale, text) in REPLICA_GAUGES.items()
         }
         self._replicas: set[str] = set()
         self._total_timesteps = Gauge(
-            PREFIX + "total_timesteps", "Env steps the run trains for (--total-timesteps; 0 until known)", registry=r
+            PREFIX + "total_timesteps", "Env steps the run trains for (--total-timesteps; NaN until known)", registry=r
         )
+        self._total_timesteps.set(math.nan)
         self._solved = Gauge(
             PREFIX + "solved",
             "1 once the run is solved (mean return of the last 20 episodes >= its bar), else 0",
@@ -202,9 +231,13 @@ class LearnerMetrics:
         self._gauges["update"].set(updates)
         self._solved.set(int(solved))
         self._episodes_before = episodes
+        self._step_before, self._update_before = global_step, updates
 
-    def observe_update(self, row: Mapping[str, Any], *, solved: bool) -> None:
-        """An update's metrics.jsonl ``row`` (``learner.train.metrics_row``'s), and whether the run is solved."""
+    def observe_update(
+        self, row: Mapping[str, Any], *, solved: bool, server_ids: Mapping[str, str] | None = None
+    ) -> None:
+        """An update's metrics.jsonl ``row`` (``learner.train.metrics_row``'s), whether the run is solved, and
+        each replica's server process id (by its label in the row; missing or "": unknown)."""
         for key, gauge in self._gauges.items():
             if key in row:
                 gauge.set(_number(row[key]))
@@ -215,6 +248,10 @@ class LearnerMetrics:
         episodes = int(row["episodes"])  # (the run's so far: a resumed run's earlier sessions' too)
         self._episodes.inc(max(episodes - self._episodes_before, 0))
         self._episodes_before = episodes
+        step, update = int(row["global_step"]), int(row["update"])
+        self._steps.inc(max(step - self._step_before, 0))
+        self._updates.inc(max(update - self._update_before, 0))
+        self._step_before, self._update_before = step, update
         replicas: set[str] = set()
         for key, value in row.items():
             if not key.startswith(_REPLICAS):
@@ -224,11 +261,22 @@ class LearnerMetrics:
                 gauge, scale = self._replica_gauges[field]
                 gauge.labels(replica).set(_number(value) * scale)
                 replicas.add(replica)
+            elif field in self._replica_counters:
+                self._replica_counters[field].labels(replica).inc(max(value or 0, 0))
         # Each row names every replica of the fleet: one missing has left it (back, it is named again).
         for replica in self._replicas - replicas:
             for gauge, _ in self._replica_gauges.values():
                 gauge.remove(replica)
+            for counter in self._replica_counters.values():
+                counter.remove(replica)
         self._replicas = replicas
+        ids = {replica: (server_ids or {}).get(replica, "") for replica in replicas}
+        for replica, server_id in self._replica_ids.items():
+            if ids.get(replica) != server_id:  # (left, or restarted: a new process, a new id)
+                self._replica_info.remove(replica, server_id)
+        for replica, server_id in ids.items():
+            self._replica_info.labels(replica, server_id).set(1)
+        self._replica_ids = ids
         self._solved.set(int(solved))
         self._last_update.set(time.time())
 

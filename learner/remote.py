@@ -2344,7 +2344,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         ``reset=True`` starts a new window after reading (e.g. once per training iteration).
         """
         stats = [
-            timer.stats(available=replica.state is ReplicaState.UP)
+            timer.stats(available=replica.state is ReplicaState.UP, server_id=replica.spec.server_id)
             for timer, replica in zip(self._timers, self._replicas, strict=True)
         ]
         if reset:

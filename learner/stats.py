@@ -52,11 +52,18 @@ class ReplicaStats:
     """Times it left in the window saying it was shutting down (a scale-down, a restart): planned."""
     reconnects: int = 0
     """Times it came back in the window."""
+    server_id: str = ""
+    """The server process's id (its spec's ``server_id``, which its ``envfleet_server_info`` metric
+    carries too; a restarted server has a new one); "" where unknown."""
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """The numbers as a flat dict of floats (for metrics.jsonl and TensorBoard), keys prefixed;
-        ``address`` is not a number and is left out: put it in the prefix to key them by server."""
-        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k != "address"}
+        ``address`` and ``server_id`` are no numbers and are left out: put the address in the prefix
+        to key them by server."""
+        return {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k not in _NOT_NUMBERS}
+
+
+_NOT_NUMBERS = ("address", "server_id")
 
 
 class StepTimer:
@@ -91,7 +98,7 @@ class StepTimer:
         self.shutdowns = 0
         self.reconnects = 0
 
-    def stats(self, available: bool = True) -> ReplicaStats:
+    def stats(self, available: bool = True, server_id: str = "") -> ReplicaStats:
         n = min(self._count, len(self._latency))
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         if n:
@@ -113,6 +120,7 @@ class StepTimer:
             failures=self.failures,
             shutdowns=self.shutdowns,
             reconnects=self.reconnects,
+            server_id=server_id,
         )
 
 

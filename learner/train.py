@@ -941,6 +941,8 @@ class FleetWatch:
         """The fault counts of the run's earlier sessions (a resumed run's checkpoint)."""
         self.replicas: dict[str, ReplicaTotals] = {}
         """This session's statistics per replica (its :meth:`label`)."""
+        self.server_ids: dict[str, str] = {}
+        """Each replica's (:meth:`label`) server process id as of the last rollout ("" where unknown)."""
         self._slow = SlowReplicas()
 
     def rollout_metrics(self) -> dict[str, float]:
@@ -956,6 +958,7 @@ class FleetWatch:
             metrics["faults/servers_not_joined"] = now.servers_not_joined
             self._before = now
         windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
+        self.server_ids = {self.label(window.address): window.server_id for window in windows}
         for window in windows:
             # By address, not position: a fleet's positions shift as servers leave and join.
             name = self.label(window.address)
@@ -1598,7 +1601,7 @@ def train(
             if writer is not None:
                 write_tensorboard(writer, row)
             if live is not None:
-                live.observe_update(row, solved=counters.solved_at_step is not None)
+                live.observe_update(row, solved=counters.solved_at_step is not None, server_ids=watch.server_ids)
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)

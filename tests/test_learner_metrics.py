@@ -20,7 +20,7 @@ import learner.train
 from env_server.protocol import package_version
 from learner.cli import build_parser, main
 from learner.config import Args
-from learner.live_metrics import FAULT_COUNTERS, REPLICA_GAUGES, ROW_GAUGES, LearnerMetrics
+from learner.live_metrics import FAULT_COUNTERS, REPLICA_COUNTERS, REPLICA_GAUGES, ROW_GAUGES, LearnerMetrics
 from learner.stats import ReplicaStats
 from learner.train import FAULT_COUNTS, like_args, metrics_row, resume_args, train
 from learner.update import UpdateResult
@@ -96,7 +96,9 @@ def row(update: int, episodes: int, replicas: list[ReplicaStats], **faults: int)
 def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() -> None:
     metrics = LearnerMetrics(env_id="CartPole-v1")
     samples, helps = parse(generate_latest(metrics.registry).decode())
-    assert math.isnan(value(samples, "envfleet_learner_episodic_return_mean"))  # (no episode yet)
+    # Before any update, no gauge reads 0 (a "SPS too low" alert would fire at every start).
+    for key in ("episodic_return_mean", "sps", "num_envs", "value_loss", "global_step", "total_timesteps"):
+        assert math.isnan(value(samples, f"envfleet_learner_{key}")), key
     assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=60)
     # A resumed run: 10 episodes and 3 updates before this session.
     metrics.run_started(
@@ -109,8 +111,13 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
         solved=False,
     )
     unix = "unix:/tmp/envfleet-1/server-0.sock"  # (an address with slashes)
-    metrics.observe_update(row(4, 12, [replica_window("local-0"), replica_window(unix)], failures=1), solved=False)
-    metrics.observe_update(row(5, 15, [replica_window("local-0", available=False)], reconnects=2), solved=True)
+    first = [replica_window("local-0", failures=1), replica_window(unix)]
+    ids = {"local-0": "aaaa", unix: "bbbb"}
+    metrics.observe_update(row(4, 12, first, failures=1), solved=False, server_ids=ids)
+    samples, _ = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "envfleet_learner_replica_info", replica=unix, server_id="bbbb") == 1
+    second = [replica_window("local-0", available=False, reconnects=1)]
+    metrics.observe_update(row(5, 15, second, reconnects=2), solved=True, server_ids={"local-0": "cccc"})
 
     samples, helps = parse(generate_latest(metrics.registry).decode())
     info = {"env_id": "CartPole-v1", "run_dir": "runs/r", "version": package_version()}
@@ -141,6 +148,8 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
         "server_failures_total": 1,
         "server_reconnects_total": 2,
         "servers_joined_total": 0,
+        "env_steps_total": 320 - 192,  # (this session's: from the checkpoint's step)
+        "ppo_updates_total": 2,
     }.items():
         assert value(samples, f"envfleet_learner_{name}") == pytest.approx(expected), name
     assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=60)
@@ -149,10 +158,17 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
     assert value(samples, "envfleet_learner_replica_env_step_p99_seconds", replica="local-0") == pytest.approx(0.0015)
     assert value(samples, "envfleet_learner_replica_env_busy", replica="local-0") == 0.5
     assert value(samples, "envfleet_learner_replica_available", replica="local-0") == 0
+    assert value(samples, "envfleet_learner_replica_failures_total", replica="local-0") == 1
+    assert value(samples, "envfleet_learner_replica_reconnects_total", replica="local-0") == 1
+    # Its server restarted (a new server_id): the old id's series is gone, as is the replica that left.
+    infos = [dict(labels) for name, labels in samples if name == "envfleet_learner_replica_info"]
+    assert infos == [{"replica": "local-0", "server_id": "cccc"}]
     assert {dict(labels)["replica"] for name, labels in samples if "_replica_" in name} == {"local-0"}
     # Every family of ours says what it is; no _created series (as env-server's).
     ours = [name for name in helps if name.startswith("envfleet_learner_")]
-    assert len(ours) == 1 + len(ROW_GAUGES) + 3 + len(FAULT_COUNTERS) + 1 + len(REPLICA_GAUGES) + 3
+    assert len(ours) == (
+        1 + len(ROW_GAUGES) + 3 + len(FAULT_COUNTERS) + 3 + len(REPLICA_COUNTERS) + 1 + len(REPLICA_GAUGES) + 3
+    )
     assert all(helps[name] for name in ours)
     assert not [name for name, _ in samples if name.endswith("_created")]
     assert set(FAULT_COUNTERS) == set(FAULT_COUNTS)
@@ -177,8 +193,8 @@ def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_i
         scraped["start"], _ = scrape(served[0].url)
         return open_fleet(*args, **kwargs)
 
-    def observing(self: LearnerMetrics, row: dict[str, Any], *, solved: bool) -> None:
-        observe_update(self, row, solved=solved)
+    def observing(self: LearnerMetrics, row: dict[str, Any], *, solved: bool, server_ids: dict[str, str]) -> None:
+        observe_update(self, row, solved=solved, server_ids=server_ids)
         if row["update"] == 2:
             assert self.url is not None
             scraped["update 2"], _ = scrape(self.url)
@@ -204,7 +220,7 @@ def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_i
     start = scraped["start"]
     info = {"env_id": "CartPole-v1", "run_dir": str(run_dir), "version": package_version()}
     assert value(start, "envfleet_learner_info", **info) == 1
-    assert value(start, "envfleet_learner_updates") == 0
+    assert math.isnan(value(start, "envfleet_learner_updates"))  # (not yet known: the run is yet to be set up)
     assert not [name for name, _ in start if "_replica_" in name]
 
     samples, [row] = scraped["update 2"], rows
@@ -219,6 +235,9 @@ def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_i
     assert value(samples, "envfleet_learner_server_failures_total") == 0
     assert value(samples, "envfleet_learner_solved") == 0
     assert value(samples, "envfleet_learner_last_update_timestamp_seconds") == pytest.approx(time.time(), abs=30)
+    infos = [dict(labels) for name, labels in samples if name == "envfleet_learner_replica_info"]
+    assert sorted(info["replica"] for info in infos) == ["local-0", "local-1"]
+    assert all(len(info["server_id"]) == 16 for info in infos), infos  # (the servers' envfleet_server_info's)
     for replica in ("local-0", "local-1"):  # (as metrics.jsonl names them)
         latency = value(samples, "envfleet_learner_replica_latency_p50_seconds", replica=replica)
         assert latency == pytest.approx(row[f"replicas/{replica}/latency_p50_ms"] / 1000) and 0 < latency < 1

@@ -84,6 +84,8 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
     assert before["envfleet_steps_total"] == 0 and before["envfleet_num_envs"] == 3
     assert before["envfleet_session_active"] == 0
     with RemoteVectorEnv([address]) as envs:
+        server_id = envs.replica_stats()[0].server_id  # (its spec's)
+        assert len(server_id) == 16
         envs.reset(seed=0)
         for _ in range(25):
             envs.step(np.ones(3, dtype=np.int64))
@@ -107,8 +109,9 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
     assert after["envfleet_reset_latency_seconds_count"] == 1
     info = [key for key in after if key.startswith("envfleet_server_info{")]
     assert info == [
-        f"envfleet_server_info{{env_id=CartPole-v1,transport=tcp,vectorization=sync,version={package_version()}}}"
-    ]
+        f"envfleet_server_info{{env_id=CartPole-v1,server_id={server_id},transport=tcp,vectorization=sync,"
+        f"version={package_version()}}}"
+    ]  # (server_id: what learners know it by, envfleet_learner_replica_info's)
     # The claim ends when the learner closes.
     deadline = time.monotonic() + 5
     while scrape(url)["envfleet_session_active"] != 0:
