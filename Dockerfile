@@ -18,8 +18,9 @@ WORKDIR /opt/envfleet
 
 # Dependencies first, read from pyproject.toml, so that editing the source reuses this layer.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
-        > requirements.txt \
+# (and the build backend, for the install of envfleet itself below)
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+print(*p['project']['dependencies'], *p['build-system']['requires'], sep='\n')" > requirements.txt \
     && pip install -r requirements.txt
 
 # Users' own envs and their dependencies (pip requirement specifiers, space-separated).
@@ -27,7 +28,11 @@ ARG EXTRA_PIP_PACKAGES=""
 RUN if [ -n "$EXTRA_PIP_PACKAGES" ]; then pip install $EXTRA_PIP_PACKAGES; fi
 
 COPY env_server ./env_server
-RUN python -m compileall -q env_server \
+# envfleet installed in place (editable: its metadata, for the version `--version` and the metrics report,
+# and the env-server command; the code stays here), after the source so that a .py edit reruns only this.
+COPY LICENSE ./
+RUN pip install --no-deps --no-build-isolation --editable . && rm -rf envfleet.egg-info \
+    && python -m compileall -q env_server \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin envfleet
 
 USER 10001:10001

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,15 @@ import numpy as np
 import pytest
 
 from learner import AddressError, RemoteVectorEnv, expand_addresses, rundir
-from tests.compose import PROJECT_LABEL, REPO, ComposeProject, docker_problem, labelled, remove_stale_test_projects
+from tests.compose import (
+    PROJECT_LABEL,
+    REPO,
+    ComposeProject,
+    compose_environment,
+    docker_problem,
+    labelled,
+    remove_stale_test_projects,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -64,7 +73,8 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
     `env`; `learner` (profile learner) waits for healthy replicas; `learner-gpu` (profile gpu) asks for
     every GPU. The base file alone holds nothing Swarm refuses (tests/test_swarm.py deploys it)."""
 
-    def config(*args: str) -> dict[str, Any]:
+    def config(*args: str, **env: str) -> dict[str, Any]:
+        """The merged configuration, with no ENVFLEET_* of the caller's shell, ``env`` set."""
         command = ["compose", "-f", "docker-compose.yml", "-f", "docker-compose.override.yml", *args]
         return json.loads(
             subprocess.run(
@@ -74,6 +84,7 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
                 text=True,
                 timeout=60,
                 check=True,
+                env=compose_environment(**env),
             ).stdout
         )
 
@@ -91,6 +102,13 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
     command = services["learner"]["command"]
     options = dict(zip(command[1::2], command[2::2], strict=False))
     assert options["--stop-at-return"] == "475" and int(options["--total-timesteps"]) >= 1_000_000, command
+    # SIGTERM's grace: the learner finishes its update and checkpoints (not Docker's default 10 s), as the
+    # image's user and group unless ENVFLEET_UID/GID say otherwise; a replica waits ENVFLEET_GRACE + 10 s.
+    assert services["learner"]["stop_grace_period"] == "2m0s" and services["learner"]["user"] == "10001:10001"
+    assert services["env"]["stop_grace_period"] == "20s"
+    grace = {"ENVFLEET_UID": "1000", "ENVFLEET_GID": "1001", "ENVFLEET_STOP_GRACE_PERIOD": "70s"}
+    services = config("--profile", "learner", **grace)["services"]
+    assert (services["learner"]["user"], services["env"]["stop_grace_period"]) == ("1000:1001", "1m10s")
     swarm = subprocess.run(
         ["docker", "stack", "config", "-c", "docker-compose.yml"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
@@ -98,11 +116,19 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
 
 
 def test_images_run_as_non_root_and_the_env_server_image_has_no_torch(fleet: ComposeProject) -> None:
-    probe = "import importlib.util, os; print(os.getuid(), importlib.util.find_spec('torch') is not None)"
+    # (envfleet is installed, in place: its version is the package's, not "0.1.0 (not installed)")
+    probe = (
+        "import importlib.metadata, importlib.util, os;"
+        "print(os.getuid(), os.getgid(), importlib.util.find_spec('torch') is not None,"
+        "importlib.metadata.version('envfleet'))"
+    )
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     for image, has_torch in ((fleet.env_image, "False"), (fleet.learner_image, "True")):
         assert docker("run", "--rm", "--entrypoint", "python", image, "-c", probe).stdout.split() == [
             "10001",
+            "10001",
             has_torch,
+            version,
         ]
 
 
@@ -267,7 +293,7 @@ def test_scaling_while_training_in_the_learner_container(fleet: ComposeProject, 
     the run goes to a host folder (ENVFLEET_RUNS)."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    runs.chmod(0o777)  # the container's user (10001) writes here
+    runs.chmod(0o777)  # the container's user (10001:10001) writes here
     name = f"{fleet.name}-learner-scaling"
     options = [*TRAIN, "--total-timesteps", "100000000", "--no-tensorboard", "--run-dir", "runs/scale"]
     train = ["run", "--rm", "--no-deps", "-T", "--name", name, "learner", "train", "--servers", "dns:///env:50051"]

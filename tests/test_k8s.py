@@ -152,6 +152,12 @@ def test_the_learner_job_requests_a_gpu_and_finds_servers_through_the_service(
     assert f"PersistentVolumeClaim/{volumes['runs']['persistentVolumeClaim']['claimName']}" in objects
 
 
+def test_the_learner_pod_has_time_to_checkpoint_after_sigterm(objects: dict[str, dict[str, Any]]) -> None:
+    """An evicted learner finishes its update and writes a checkpoint before the kubelet's SIGKILL: more than
+    the default 30 s, as compose's stop_grace_period gives it."""
+    assert pod_spec(objects, "Job/learner")["terminationGracePeriodSeconds"] >= 120
+
+
 def test_the_auth_token_comes_from_one_secret_and_nowhere_else(objects: dict[str, dict[str, Any]]) -> None:
     refs = []
     for key in ("Deployment/env", "Job/learner"):
