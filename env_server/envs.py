@@ -413,11 +413,15 @@ def _in_worker(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env
 def _leave_the_servers_signals() -> None:
     """In a worker forked from a server, which had taken SIGINT/SIGTERM over: those handlers and the
     wakeup fd of the server's event loop (shared by the fork) would have a signal sent to the worker
-    alone shut the whole server down. Ctrl-C (SIGINT to the terminal's process group) is left to the
-    server, whose drain closes its workers; SIGTERM ends the worker (its envs then fail, as in a crash)."""
+    alone shut the whole server down. Both are left to the server, whose drain closes its workers: Ctrl-C
+    (SIGINT to the terminal's process group), and SIGTERM, which reaches every process of the group or
+    cgroup where GNU ``timeout``, ``kill -- -PGID`` or systemd (KillMode=control-group) stops the server
+    (a worker that ended then would fail the steps the drain is for, and the server's close of its
+    workers). A worker ends when the server closes it, when the server is gone (its pipe closes), or by
+    SIGKILL (the server's own, where it cannot wait: see WideInfoAsyncVectorEnv)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _register_optional_envs() -> None:
@@ -562,11 +566,15 @@ class _WideInfos(gym.vector.VectorEnv):
     """An info key whose values' types differ between envs widened to hold them all, instead of
     cast to the first env's (see :func:`_widen_infos`): mixed in before gymnasium's vector env."""
 
-    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+    # (gymnasium's private method, which every step calls: whatever else a later gymnasium passes it
+    # goes through; tests/test_portability.py fails should it be renamed, or its arguments.)
+    def _add_info(
+        self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int, *args: Any, **kwargs: Any
+    ) -> dict[str, Any]:
         if not env_info:  # (most steps of most envs: nothing to add, as gymnasium's adds nothing)
             return vector_infos
         _widen_infos(vector_infos, env_info)
-        return super()._add_info(vector_infos, env_info, env_num)
+        return super()._add_info(vector_infos, env_info, env_num, *args, **kwargs)
 
 
 class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
@@ -611,6 +619,33 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
 
     first_spec: EnvSpec | None = None
     """The spec of an env made as the workers' are, in the server's process (see build_vector_env)."""
+
+    # The workers ignore SIGTERM (see _leave_the_servers_signals), which is how gymnasium's close(terminate=True)
+    # and its close's timeout, and multiprocessing's exit, end a worker (Process.terminate): here each
+    # worker's terminate is its kill (SIGKILL), and workers that a failed start or close leaves running
+    # are killed, so that none outlives the server, nor holds its exit up waiting to join it.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:  # (an env's constructor raised in its worker, say: the others still run)
+            self._kill_workers()
+            raise
+        for process in self.processes:
+            process.terminate = process.kill  # type: ignore[method-assign]
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        try:
+            super().close_extras(timeout=timeout, terminate=terminate)
+        except BaseException:  # (a worker gone already: BrokenPipeError; the others still run)
+            self._kill_workers()
+            raise
+
+    def _kill_workers(self) -> None:
+        for process in getattr(self, "processes", ()):
+            if process.is_alive():
+                process.kill()
+        for process in getattr(self, "processes", ()):
+            process.join(timeout=5.0)
 
 
 # gymnasium's worker of AsyncVectorEnv, which _naming_worker extends: a private function (were it renamed

@@ -49,8 +49,17 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # The step socket (see the proto's header): a server on Unix socket PATH also listens on PATH + this.
 STEP_SOCKET_SUFFIX = ".steps"
-# Longest path a Unix socket can have: sun_path holds 108 bytes on Linux, 104 on macOS, NUL included.
-MAX_UNIX_PATH = 103 if sys.platform == "darwin" else 107
+
+
+def _max_unix_path(platform: str) -> int:
+    """The longest path a Unix socket can have on ``platform`` (a ``sys.platform``): sun_path holds 108
+    bytes on Linux, 104 on macOS and the BSDs, NUL included; elsewhere the shorter, to be safe."""
+    return 107 if platform.startswith("linux") else 103
+
+
+# Longest path a Unix socket can have here (see _max_unix_path).
+MAX_UNIX_PATH = _max_unix_path(sys.platform)
+
 # A step-socket frame's header: the payload's length (uint32) and its kind (one byte), little-endian.
 FRAME_HEADER = struct.Struct("<IB")
 # Frame kinds: a StepRequest (client to server) or StepResponse (server to client); a StepError.
@@ -91,7 +100,7 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 def package_version() -> str:
     """envfleet's installed version (for --version and the metrics' info), else the version in the
-    pyproject.toml beside the package (the images run the source with it beside, not installed)."""
+    pyproject.toml beside the package (a checkout's source run without installing it, PYTHONPATH=...)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

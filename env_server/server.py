@@ -242,6 +242,8 @@ def _add_port(server: grpc.aio.Server, config: ServerConfig, credentials: grpc.S
 
 def _check_socket_path(path: str) -> None:
     """A Unix socket can be made at ``path`` (gRPC replaces a stale socket there, nothing else)."""
+    if not hasattr(socket, "AF_UNIX"):  # (Windows' Python: the probe below and the step socket need them)
+        raise OSError(f"--unix-socket {path}: this platform has no Unix sockets; listen on TCP (--host, --port)")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -321,6 +323,7 @@ async def serve(
     on_ready: Callable[[str], None],
     *,
     watch_exit: bool = False,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
@@ -334,29 +337,44 @@ async def serve(
     Both ports are checked before anything is built.
     Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised.
 
+    ``stop``: an event of the running loop that, once set, shuts the server down as SIGTERM does (from
+    another thread: ``loop.call_soon_threadsafe(stop.set)``). Run in the main thread, the server takes
+    SIGTERM and SIGINT over while it serves (and gives them back; on Windows SIGBREAK too, Ctrl-Break);
+    in another thread it takes no signal (Python handles them in the main thread only): ``stop`` is then
+    the way to stop it.
+
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
     exits next) keeps it running after the return, so that the process exits within EXIT_MARGIN_S of
     the teardown's start even where an env thread that cannot be stopped would hold its exit up.
-    One server per process: it takes SIGTERM and SIGINT over while it serves (and gives them back).
+    One server per process.
     """
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown. Both the loop's handlers (its wakeup fd wakes the loop whichever
     # thread the signal reaches) and, over the Python-level part of them, handlers that run in this
     # thread between two bytecodes while an env call on the loop hangs too, and tell the watchdog.
-    stop = asyncio.Event()
+    stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     watchdog = _Watchdog(config, loop, stop)
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+    # (SIGBREAK: Windows' Ctrl-Break, and the CTRL_BREAK_EVENT that stops a child process there)
+    signals = [signal.SIGTERM, signal.SIGINT, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.getsignal(sig) for sig in signals} if in_main_thread else {}
+    on_loop = []
     for sig in signals:
-        loop.add_signal_handler(sig, watchdog.request_stop)
-        signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
-    watchdog.start()
+        # (not on Windows' event loops, NotImplementedError; nor outside the main thread, RuntimeError)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, watchdog.request_stop)
+            on_loop.append(sig)
+        if in_main_thread:
+            signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
+    if config.vectorization != "async":  # (under async vectorization, once its workers exist: see _serve)
+        watchdog.begin()
     try:
         return await _serve(config, on_ready, stop, watchdog)
     finally:
-        for sig, handler in previous.items():
+        for sig in on_loop:
             loop.remove_signal_handler(sig)
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
         if not watch_exit:
             watchdog.finished.set()
@@ -381,10 +399,14 @@ async def _serve(
     if config.vectorization == "async":
         # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
         # forked child must not inherit (the metrics endpoint's too: its thread and listening socket).
-        # Until then nothing listens (connections are refused).
+        # Until then nothing listens (connections are refused). Before the watchdog's thread too (a
+        # child may inherit a lock another thread held, for good; Python 3.12 warns of a fork from a
+        # process of several threads): it starts once they exist, or at a SIGTERM/SIGINT meanwhile (see
+        # _Watchdog.request_stop), which a build that hangs then cannot hold up past the grace period.
         started = time.perf_counter()
         env = build_vector_env(config, copy=False)  # each result is encoded before the next call
         build_s = time.perf_counter() - started
+        watchdog.begin()
     metrics = None
     if config.metrics_port is not None:
         metrics = ServerMetrics(
@@ -468,6 +490,7 @@ async def _serve(
             expiry = asyncio.create_task(service.expire_claims())
             await stop.wait()
             expiry.cancel()
+            watchdog.stop_asked_at = watchdog.stop_asked_at or time.monotonic()  # (a caller's ``stop``)
 
             # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
             # session and idle step streams end at once; steps in flight finish within the grace period.
@@ -671,16 +694,28 @@ class _Watchdog(threading.Thread):
         self.teardown_at = 0.0
         self.finished = threading.Event()
         """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
+        self._begun = False
+
+    def begin(self) -> None:
+        """Start the thread, unless it has been started already (here, or by a signal handler that ran
+        meanwhile: a second start of a thread raises RuntimeError)."""
+        if self._begun:
+            return
+        self._begun = True
+        with contextlib.suppress(RuntimeError):
+            self.start()
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.request_stop()
 
     def request_stop(self) -> None:
-        """Shut down: the loop drains as soon as it can; if it cannot in time, :meth:`run` exits."""
+        """Shut down: the loop drains as soon as it can; if it cannot in time, :meth:`run` exits (started
+        now if it was not yet: asked while async vectorization's workers are made, see _serve)."""
         if not self.stop_asked_at:
             self.stop_asked_at = time.monotonic()
         with contextlib.suppress(RuntimeError):  # (the loop is closed: the server is on its way out)
             self.loop.call_soon_threadsafe(self.stop.set)
+        self.begin()
 
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s

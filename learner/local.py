@@ -33,6 +33,17 @@ DEFAULT_TRANSPORT: Literal["tcp", "unix"] = "unix" if os.name == "posix" and has
 
 log = logging.getLogger(__name__)
 
+# Local servers are watched through their stdout pipes (selectors, os.set_blocking: Unix only), and
+# notice their parent's death by its pid changing (env-server --parent-pid: Windows never changes it), so
+# on Windows LocalServers says what to do instead.
+_ON_WINDOWS = os.name == "nt"
+_NO_LOCAL_SERVERS = (
+    "local env servers need Linux or macOS (this is Windows); run the learner in WSL2 or Docker, or start "
+    "env-server processes yourself (env-server --env ENV --host 127.0.0.1 --port PORT) and pass their "
+    "addresses (learner train --servers HOST:PORT,...; RemoteVectorEnv(addresses)), or train on in-process "
+    "envs (learner train --backend gym)"
+)
+
 SPIN_WAIT_MS = 0.5
 """``env-server --spin-wait-ms`` for local servers on Unix sockets when each can have a CPU (see LocalServers)."""
 
@@ -68,6 +79,8 @@ class LocalServers:
     short wait, logged as a warning with its exit code and last output, so that a fault-tolerant
     ``RemoteVectorEnv`` gets its envs back; after ``restarts`` restarts within a minute it is left
     down (logged as an error).
+
+    Linux and macOS only: on Windows, ServerStartError saying what to do instead.
 
     Args:
         env: gymnasium id or ``package.module:Factory`` entry point.
@@ -115,6 +128,8 @@ class LocalServers:
         restarts: int = 5,
         hang_timeout: float = HANG_TIMEOUT_S,
     ) -> None:
+        if _ON_WINDOWS:
+            raise ServerStartError(_NO_LOCAL_SERVERS)
         if num_servers < 1:
             raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
         if envs_per_server < 1:

@@ -7,7 +7,7 @@ learner killed at any moment leaves the previous version intact, never half a fi
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import itertools
 import json
 import logging
@@ -19,6 +19,17 @@ import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+# The run dir's lock: flock where there is one (Linux, macOS, the BSDs), else Windows' byte-range locks
+# (msvcrt.locking); where neither is, the run dir is used unlocked (said as a warning).
+try:
+    import fcntl
+except ImportError:  # (Windows)
+    fcntl = None  # type: ignore[assignment]
+try:
+    import msvcrt
+except ImportError:  # (every platform but Windows)
+    msvcrt = None  # type: ignore[assignment]
 
 __all__ = [
     "BEST_CHECKPOINT",
@@ -195,17 +206,20 @@ LOCK = ".lock"
 
 @contextlib.contextmanager
 def lock(run_dir: str | Path) -> Iterator[None]:
-    """Hold ``run_dir`` for one learner while the block runs (``flock`` on ``run_dir/.lock``, released
-    by the kernel whatever ends the process); FileExistsError naming the holder's pid where another
-    learner holds it (two writing one run dir lose each other's metrics and checkpoints)."""
+    """Hold ``run_dir`` for one learner while the block runs (``flock`` on ``run_dir/.lock``, on Windows a
+    byte-range lock on it; released by the system whatever ends the process); FileExistsError naming the
+    holder's pid where another learner holds it (two writing one run dir lose each other's metrics and
+    checkpoints)."""
     path = Path(run_dir) / LOCK
     try:
         f = open(path, "a+")  # noqa: SIM115 (closed by the with below)
     except OSError as err:
         raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
     with f:
+        locked = False
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_file(f)
+            locked = True
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "?"
@@ -213,7 +227,7 @@ def lock(run_dir: str | Path) -> Iterator[None]:
                 f"run dir {run_dir}: in use by another learner ({holder}); wait for it to end, or pass another "
                 "--run-dir"
             ) from None
-        except OSError as err:  # (a file system without locks: some NFS, CIFS and FUSE mounts)
+        except OSError as err:  # (a file system without locks: some NFS, CIFS and FUSE mounts; no way to lock)
             log.warning(
                 "run dir %s: cannot lock it (%s): nothing keeps another learner from writing it too",
                 run_dir,
@@ -226,7 +240,47 @@ def lock(run_dir: str | Path) -> Iterator[None]:
             f.flush()
         except OSError as err:
             raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
-        yield
+        try:
+            yield
+        finally:
+            if locked:
+                _unlock_file(f)
+
+
+# Where Windows' lock of the lock file lies: a byte far past its text, which Windows' locks (mandatory,
+# unlike flock) would otherwise keep a second learner from reading to name the holder. (Locking past the
+# end of a file is allowed; the lock goes with the file handle, closed at the process's end.)
+_MSVCRT_LOCK_OFFSET = 1 << 20
+
+
+def _lock_file(f: IO[str]) -> None:
+    """Lock ``f`` for this process, without waiting: BlockingIOError where another process holds it; another
+    OSError where it cannot be locked (the file system, or a platform with neither flock nor msvcrt)."""
+    if fcntl is not None:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    elif msvcrt is not None:
+        fd = f.fileno()
+        os.lseek(fd, _MSVCRT_LOCK_OFFSET, os.SEEK_SET)  # (msvcrt.locking locks from the file's position)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as err:
+            # (a lock held elsewhere: EACCES, or EDEADLOCK, the C runtime's name for a lock not taken)
+            if err.errno in (errno.EACCES, getattr(errno, "EDEADLOCK", errno.EDEADLK)):
+                raise BlockingIOError(err.errno, err.strerror) from err
+            raise
+    else:
+        raise OSError(errno.ENOSYS, "this platform has neither flock nor msvcrt's locks")
+
+
+def _unlock_file(f: IO[str]) -> None:
+    """Unlock what :func:`_lock_file` locked. Windows' locks, at once: the system unlocks them when the file
+    is closed, but "the time it takes ... depends upon available system resources" (LockFileEx's
+    documentation), which a learner resuming the run at once could find still held. (flock's go with
+    the file's close.)"""
+    if fcntl is None and msvcrt is not None:
+        with contextlib.suppress(OSError):
+            os.lseek(f.fileno(), _MSVCRT_LOCK_OFFSET, os.SEEK_SET)
+            msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
 
 
 _RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,18 @@ def gif_timing(fps: float) -> tuple[int, int]:
 def headless_rendering() -> None:
     """Where there is no display, offscreen renderers that need none (unless the user chose others):
     pygame (classic control) renders rgb_array without one but SDL complains; MuJoCo's default (glfw)
-    needs one, EGL does not. Set before the envs are made: MuJoCo reads it when first imported. It
-    changes the process's environment, so entry points call it (``learner eval --video``), not the library."""
+    needs one on Linux, EGL does not. Set before the envs are made: MuJoCo reads it when first imported. It
+    changes the process's environment (local servers inherit it), so entry points call it (``learner eval
+    --video``), not the library.
+
+    MUJOCO_GL only on Linux: elsewhere no DISPLAY is no sign of no display (macOS and Windows have none
+    of X11's variables), and MuJoCo takes egl on Linux only (elsewhere its rendering raises "invalid value
+    for environment variable MUJOCO_GL")."""
     if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         return
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def record_episode(

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,9 @@ from learner.discovery import register_resolver
 settings.register_profile("dev", database=None)
 settings.register_profile("ci", database=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
+needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
 
 StartServers = Callable[..., list[str]]
 Serve = Callable[..., tuple[subprocess.Popen[str], str]]

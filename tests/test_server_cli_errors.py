@@ -25,7 +25,7 @@ from env_server.envs import WRAPPERS, EnvBuildError
 from env_server.protocol import STEP_SOCKET_SUFFIX
 from env_server.server import _bind_hint
 from learner import RemoteVectorEnv
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import SpawnServer, StartServers, needs_proc
 from tests.envs import DictEnv
 
 SHORT_USAGE = "usage: env-server [options]; see env-server --help"
@@ -96,6 +96,7 @@ def test_bind_hints_follow_the_errno() -> None:
     assert _bind_hint(config, errno.ENOBUFS) == "see --host and --port"
 
 
+@needs_proc
 def test_grpc_s_own_log_line_stays_where_it_is_the_only_cause() -> None:
     # The checks before binding pass (the folder exists), gRPC cannot make a socket in /proc: its
     # log line says why, so it is shown, before the error.

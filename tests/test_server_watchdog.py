@@ -26,6 +26,7 @@ from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
 from learner.train import fleet_spec
+from tests.conftest import needs_proc
 from tests.test_readme_claims_server import _server as serve_logged
 
 HANG = "tests.hang_envs:HangLater"
@@ -185,6 +186,7 @@ def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_
         proc.wait(timeout=30)
 
 
+@needs_proc
 def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_learner_would() -> None:
     """learner train's --timeout/--reset-timeout: a reset the learner would wait 100 s for is no hang."""
     for reset_timeout, expected in ((None, "60"), (100.0, "200")):
@@ -193,6 +195,7 @@ def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_lear
             assert _hang_timeouts() == [expected]
 
 
+@needs_proc
 def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest.LogCaptureFixture) -> None:
     """--hang-timeout S as given (a warning where it is below the learner's own deadline); 0: none."""
     for given, timeout, passed, warned in (
@@ -211,16 +214,19 @@ def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest
         Args(servers="localhost:1", hang_timeout=5.0)
 
 
+@needs_proc
 def test_a_signal_sent_to_an_async_worker_alone_leaves_its_server_serving(tmp_path: Path) -> None:
     """--vectorization async's workers are forked from the server after it took SIGINT/SIGTERM over: a
-    SIGINT to a worker (Ctrl-C reaches the whole process group) is left to the server, which still
-    serves and still stops on its own SIGTERM; a SIGTERM ends that worker only (its envs fail)."""
+    SIGINT or SIGTERM to a worker (Ctrl-C reaches the whole process group; GNU timeout's and systemd's
+    SIGTERM, the whole group or cgroup) is left to the server, which still serves and still stops on its
+    own SIGTERM; a SIGKILL ends that worker only (its envs fail)."""
     proc, address, log = _server(tmp_path, "--env", "CartPole-v1", "--num-envs", "2", "--vectorization", "async")
     try:
         workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
         assert len(workers) >= 2, workers  # (the envs' workers; a forkserver's helper too, where one runs)
         for worker in workers:
             os.kill(worker, signal.SIGINT)
+            os.kill(worker, signal.SIGTERM)
         time.sleep(1.0)
         assert proc.poll() is None, log.read_text()
         envs = RemoteVectorEnv(address, timeout=30)
@@ -228,12 +234,13 @@ def test_a_signal_sent_to_an_async_worker_alone_leaves_its_server_serving(tmp_pa
         _, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
         assert rewards.tolist() == [1.0, 1.0]
         envs.close()
-        os.kill(workers[0], signal.SIGTERM)
+        os.kill(workers[0], signal.SIGKILL)
         time.sleep(1.0)
         assert proc.poll() is None, log.read_text()
         proc.send_signal(signal.SIGTERM)
-        code, _ = _wait(proc, 30)
-        # (closing the envs finds the worker gone: said, and status 1)
+        code, seconds = _wait(proc, 30)
+        # (closing the envs finds the worker gone: said, and status 1; the other worker killed, not waited for)
+        assert seconds < EXIT_MARGIN_S, seconds
         assert code == HARD_EXIT_STATUS and "shutting down" in log.read_text(), log.read_text()
         assert "stopped after 1 steps (the envs' close raised: see above)" in log.read_text()
     finally:
