@@ -31,7 +31,9 @@ COPY env_server ./env_server
 # envfleet installed in place (editable: its metadata, for the version `--version` and the metrics report,
 # and the env-server command; the code stays here), after the source so that a .py edit reruns only this.
 COPY LICENSE ./
+# (The learner command goes too: this image has no learner package, and it would only fail.)
 RUN pip install --no-deps --no-build-isolation --editable . && rm -rf envfleet.egg-info \
+    && rm -f "$(command -v learner)" \
     && python -m compileall -q env_server \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin envfleet
 

@@ -621,9 +621,11 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     """The spec of an env made as the workers' are, in the server's process (see build_vector_env)."""
 
     # The workers ignore SIGTERM (see _leave_the_servers_signals), which is how gymnasium's close(terminate=True)
-    # and its close's timeout, and multiprocessing's exit, end a worker (Process.terminate): here each
-    # worker's terminate is its kill (SIGKILL), and workers that a failed start or close leaves running
-    # are killed, so that none outlives the server, nor holds its exit up waiting to join it.
+    # and its close's timeout (Process.terminate), and multiprocessing's exit (Process._popen.terminate,
+    # then a join without a timeout: a process that leaves a worker running would never exit) end a
+    # worker: here each worker's terminate is its kill (SIGKILL), at both levels, and workers that a
+    # failed start or close leaves running are killed, so that none outlives the server, nor holds its
+    # exit up waiting to join it.
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
             super().__init__(*args, **kwargs)
@@ -632,6 +634,9 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             raise
         for process in self.processes:
             process.terminate = process.kill  # type: ignore[method-assign]
+            popen = getattr(process, "_popen", None)  # (multiprocessing's own; its exit calls it directly)
+            if popen is not None and hasattr(popen, "kill"):
+                popen.terminate = popen.kill
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         try:

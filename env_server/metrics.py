@@ -185,7 +185,7 @@ class ServerMetrics:
 
     def set_server_id(self, server_id: str) -> None:
         """The process's id, as its spec gives it to learners (their ``envfleet_learner_replica_info``
-        says which replica it is), for the info metric ("" until the envs are built)."""
+        says which replica it is), for the info metric (set as the service is made, before the envs)."""
         self._info["server_id"] = server_id
         self._server_info.info(self._info)
 

@@ -115,6 +115,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def __init__(self, config: ServerConfig, metrics: ServerMetrics | None = None) -> None:
         self._config = config
         self._metrics = metrics
+        # The process's id for learners (its spec's) and its metrics (from the start: a fleet's servers
+        # still building would otherwise share one, "", which a dashboard's join on it refuses).
+        self.server_id = secrets.token_hex(8)
+        if metrics is not None:
+            metrics.set_server_id(self.server_id)
         self._env: gym.vector.VectorEnv | None = None
         self._num_envs = 0
         self._claim: Session | None = None
@@ -164,8 +169,6 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._obs_space = env.single_observation_space
         self._act_space = env.single_action_space
         self.spec = self._make_spec()
-        if self._metrics is not None:
-            self._metrics.set_server_id(self.spec.server_id)
 
     @property
     def env(self) -> gym.vector.VectorEnv:
@@ -190,7 +193,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 gym.vector.AutoresetMode(env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP))
             ],
             render_modes=[str(m) for m in env.metadata.get("render_modes", []) or []],
-            server_id=secrets.token_hex(8),
+            server_id=self.server_id,
             vectorization=self._config.vectorization,
             wrappers=list(self._config.wrappers),
             max_episode_steps=max_episode_steps(env, self._config),

@@ -110,9 +110,9 @@ TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
 RESET_TIMEOUT_HINT = "raise `reset_timeout` if the env is slow to reset"
 """The same for a Reset's deadline."""
-STEP_WAIT_TIMEOUT_HINT = "the timeout given to step_wait"
+STEP_WAIT_TIMEOUT_HINT = "the deadline was step_wait's timeout argument: pass a longer one if the env is slow"
 """The same for a deadline the caller gave ``step_wait``."""
-RESET_WAIT_TIMEOUT_HINT = "the timeout given to reset_wait"
+RESET_WAIT_TIMEOUT_HINT = "the deadline was reset_wait's timeout argument: pass a longer one if the env is slow"
 """The same for a deadline the caller gave ``reset_wait``."""
 
 # gRPC's own status for a request over a limit on messages, the receiving server's ("SERVER:

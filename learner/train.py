@@ -1601,7 +1601,9 @@ def train(
             if writer is not None:
                 write_tensorboard(writer, row)
             if live is not None:
-                live.observe_update(row, solved=counters.solved_at_step is not None, server_ids=watch.server_ids)
+                live.observe_update(
+                    row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
+                )
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)
@@ -1881,6 +1883,8 @@ def train(
                     "env_errors": env_errors,
                     "envs_unavailable": int(lost_np.sum()),
                     "fleet": watch.rollout_metrics(),
+                    # (this rollout's: with --overlap-update it is recorded once the next has begun)
+                    "server_ids": dict(watch.server_ids),
                 }
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)

@@ -179,17 +179,20 @@ def test_a_server_whose_event_loop_has_no_signal_handlers_still_stops_on_sigterm
         from env_server.config import ServerConfig
         from env_server.server import serve
 
+        refused = []
         def refuse(*args, **kwargs):
+            refused.append(args[1:2])
             raise NotImplementedError
-        asyncio.BaseEventLoop.add_signal_handler = refuse
-        asyncio.BaseEventLoop.remove_signal_handler = refuse
+        loop_class = type(asyncio.new_event_loop())  # (the class asyncio.run makes: its own methods win)
+        loop_class.add_signal_handler = refuse
+        loop_class.remove_signal_handler = refuse
         config = ServerConfig(env="CartPole-v1", num_envs=1, host="127.0.0.1", port=0, grace_s=1.0)
         status = asyncio.run(serve(config, lambda address: os.kill(os.getpid(), signal.SIGTERM)))
-        print("status", status, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        print("status", status, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, len(refused) >= 2)
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["status", "0", "True"], (result.stdout, result.stderr)
+    assert result.stdout.split() == ["status", "0", "True", "True"], (result.stdout, result.stderr)
 
 
 # --- async vectorization's workers --------------------------------------------------------------------
@@ -298,6 +301,24 @@ def test_sigterm_to_the_servers_whole_process_group_is_a_clean_shutdown(tmp_path
     text = log.read_text()
     assert code == 0, text
     assert "ERROR" not in text and "stopped after 1 steps" in text, text
+
+
+def test_a_process_that_leaves_its_async_workers_running_still_exits() -> None:
+    """Workers ignore SIGTERM; multiprocessing's exit ends daemonic children with SIGTERM (its Popen's
+    terminate, not the Process's) and then joins them without a timeout: that terminate is their kill too,
+    or a script that never closes its env (an exception, a leak) would hang at exit."""
+    result = _python(
+        """
+        from env_server.config import ServerConfig
+        from env_server.envs import build_vector_env
+        env = build_vector_env(ServerConfig(env="CartPole-v1", num_envs=2, vectorization="async"))
+        env.reset(seed=0)
+        print("left open")
+        """,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["left", "open"]
 
 
 def test_async_workers_that_a_failed_build_leaves_running_are_killed_not_waited_for(tmp_path: Path) -> None:
