@@ -280,6 +280,14 @@ class LearnerMetrics:
         self._solved.set(int(solved))
         self._last_update.set(time.time())
 
+    def run_ended(self, *, global_step: int, solved: bool) -> None:
+        """The run's end: its steps since the last update's row (a last rollout that no update learned
+        from) and whether it is solved, for the scrapes before the endpoint closes."""
+        self._gauges["global_step"].set(global_step)
+        self._steps.inc(max(global_step - self._step_before, 0))
+        self._step_before = global_step
+        self._solved.set(int(solved))
+
     def serve_http(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""
         httpd, _ = start_http_server(port, addr=host, registry=self.registry)

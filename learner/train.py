@@ -1987,6 +1987,8 @@ def train(
                 faults=watch.totals(),
                 replicas=watch.replicas,
             )
+            if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
+                live.run_ended(global_step=counters.global_step, solved=counters.solved_at_step is not None)
             try:
                 rundir.write_json(run_dir / rundir.SUMMARY, summary)
             except OSError as err:

@@ -172,6 +172,13 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
     assert all(helps[name] for name in ours)
     assert not [name for name, _ in samples if name.endswith("_created")]
     assert set(FAULT_COUNTERS) == set(FAULT_COUNTS)
+    # The run's end: a last rollout no update learned from still counts its steps, and a solve in it.
+    metrics.observe_update(row(6, 15, []), solved=False)
+    metrics.run_ended(global_step=6 * 64 + 32, solved=True)
+    samples, _ = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "envfleet_learner_global_step") == 6 * 64 + 32
+    assert value(samples, "envfleet_learner_env_steps_total") == 6 * 64 + 32 - 192
+    assert value(samples, "envfleet_learner_solved") == 1
 
 
 def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_it_ends(
