@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from env_server.__main__ import build_parser
+from env_server.__main__ import build_parser, parse_args
 from learner import LocalServers, RemoteVectorEnv
+from learner.cli import build_parser as learner_parser
 from tests.certs import make_server_certs
 from tests.compose import REPO
 from tests.prerequisites import require
@@ -33,11 +34,30 @@ from tests.prerequisites import require
 # (the dev extra's: a suite run in a venv without it, at the dependency floors say, leaves these out)
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong", "k8s/overlays/tls"]
+METRICS = "k8s/overlays/metrics"
+METRICS_COMPONENT = "k8s/overlays/metrics/component"  # (what METRICS adds to the base, for overlays of your own)
+KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong", "k8s/overlays/tls", METRICS]
+BASE_OBJECTS = {
+    "Deployment/env",
+    "Service/env",
+    "NetworkPolicy/env-from-learner-only",
+    "Job/learner",
+    "PersistentVolumeClaim/learner-runs",
+}
+# The objects an overlay adds to the base's (the others only patch them).
+ADDED_OBJECTS = {
+    METRICS: {"NetworkPolicy/env-metrics-from-prometheus", "NetworkPolicy/learner-metrics-from-prometheus"}
+}
 # The oldest Kubernetes with native gRPC probes (GA in 1.27), and the newest the schemas cover.
 K8S_VERSIONS = ["1.27", kubernetes_validate.latest_version()]
 # The image's own health check (Dockerfile HEALTHCHECK ... CMD [...]), which exec probes run.
 HEALTHCHECK = json.loads(re.search(r"HEALTHCHECK .*?CMD (\[.*?\])", (REPO / "Dockerfile").read_text(), re.S).group(1))  # type: ignore[union-attr]
+# The image's ENV instructions (the variables every container of it starts with).
+IMAGE_ENV = dict(
+    word.split("=", 1)
+    for block in re.findall(r"^ENV ((?:.*\\\n)*.*)", (REPO / "Dockerfile").read_text(), re.M)
+    for word in shlex.split(block.replace("\\\n", " "))
+)
 ENV_LABELS = {"app.kubernetes.io/name": "envfleet", "app.kubernetes.io/component": "env-server"}
 
 
@@ -49,8 +69,8 @@ def kubectl() -> str:
     return found
 
 
-def render(kustomization: str) -> list[dict[str, Any]]:
-    """``kubectl kustomize DIR``: the objects it would apply."""
+def render(kustomization: str | Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize DIR`` (relative to the repo, or absolute): the objects it would apply."""
     result = subprocess.run(
         [kubectl(), "kustomize", str(REPO / kustomization)], capture_output=True, text=True, timeout=120
     )
@@ -58,10 +78,19 @@ def render(kustomization: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def by_key(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{doc['kind']}/{doc['metadata']['name']}": doc for doc in docs}
+
+
 @pytest.fixture(scope="module", params=KUSTOMIZATIONS)
-def objects(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+def kustomization(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def objects(kustomization: str) -> dict[str, dict[str, Any]]:
     """The rendered objects of one kustomization, by ``Kind/name``."""
-    return {f"{doc['kind']}/{doc['metadata']['name']}": doc for doc in render(request.param)}
+    return by_key(render(kustomization))
 
 
 def pod_spec(objects: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
@@ -81,16 +110,18 @@ def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+def named_port(container: dict[str, Any], name: str) -> int:
+    (port,) = [p for p in container.get("ports", []) if p["name"] == name]
+    assert port["protocol"] == "TCP"
+    return int(port["containerPort"])
+
+
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_every_manifest_is_valid_for_the_kubernetes_api(objects: dict[str, dict[str, Any]], version: str) -> None:
+def test_every_manifest_is_valid_for_the_kubernetes_api(
+    kustomization: str, objects: dict[str, dict[str, Any]], version: str
+) -> None:
     """Strict schemas: a misspelt or misplaced field fails too, not only a wrong type."""
-    assert set(objects) == {
-        "Deployment/env",
-        "Service/env",
-        "NetworkPolicy/env-from-learner-only",
-        "Job/learner",
-        "PersistentVolumeClaim/learner-runs",
-    }
+    assert set(objects) == BASE_OBJECTS | ADDED_OBJECTS.get(kustomization, set())
     for key, obj in objects.items():
         try:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -100,8 +131,7 @@ def test_every_manifest_is_valid_for_the_kubernetes_api(objects: dict[str, dict[
 
 def test_env_servers_are_probed_through_the_grpc_health_service(objects: dict[str, dict[str, Any]]) -> None:
     server = container(objects, "Deployment/env")
-    (port,) = server["ports"]
-    assert (port["name"], port["containerPort"]) == ("grpc", 50051)
+    assert named_port(server, "grpc") == 50051
     assert env_vars(server)["ENVFLEET_PORT"]["value"] == "50051"
     tls = "ENVFLEET_TLS_CERT" in env_vars(server)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -139,6 +169,18 @@ def test_only_the_learner_reaches_the_env_servers(objects: dict[str, dict[str, A
     assert labels_match(source["podSelector"]["matchLabels"], learner_pod)
     assert not labels_match(source["podSelector"]["matchLabels"], env_pod)
     assert rule["ports"] == [{"port": 50051, "protocol": "TCP"}]
+
+
+def test_no_other_policy_opens_the_env_servers_grpc_port(objects: dict[str, dict[str, Any]]) -> None:
+    """Policies add up: one more that admitted anyone to 50051 (or to every port) would undo the one above."""
+    env_pod = objects["Deployment/env"]["spec"]["template"]["metadata"]["labels"]
+    for key, policy in objects.items():
+        if not key.startswith("NetworkPolicy/") or key == "NetworkPolicy/env-from-learner-only":
+            continue
+        if labels_match(policy["spec"]["podSelector"].get("matchLabels", {}), env_pod):
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("ports"), f"{key} admits to every port"
+                assert not {p["port"] for p in rule["ports"]} & {50051, "grpc"}, key
 
 
 def test_the_learner_job_requests_a_gpu_and_finds_servers_through_the_service(
@@ -223,8 +265,100 @@ def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_servin
     assert learner["ENVFLEET_TLS_CA"]["value"].rpartition("/")[2] == "ca.crt"
 
 
+def annotated_metrics_port(objects: dict[str, dict[str, Any]], key: str) -> int:
+    """The port the pod template's scrape annotations give (and that they say scrape /metrics)."""
+    annotations = objects[key]["spec"]["template"]["metadata"]["annotations"]
+    assert (annotations["prometheus.io/scrape"], annotations["prometheus.io/path"]) == ("true", "/metrics"), key
+    return int(annotations["prometheus.io/port"])
+
+
+def admits_prometheus_only(objects: dict[str, dict[str, Any]], key: str, pod: str, port: int) -> None:
+    """NetworkPolicy ``key`` selects ``pod``'s pods and admits pods labelled as prometheus to ``port`` only."""
+    policy = objects[key]["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    assert labels_match(policy["podSelector"]["matchLabels"], objects[pod]["spec"]["template"]["metadata"]["labels"])
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+    (source,) = rule["from"]
+    # Both selectors in one entry: prometheus pods of any namespace (as two entries: every pod of every one).
+    assert source == {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
+def test_the_metrics_overlays_ports_annotations_and_policies_agree(
+    monkeypatch: pytest.MonkeyPatch, fake_python: Path, tmp_path: Path
+) -> None:
+    """k8s/overlays/metrics: each side serves metrics on the port its pod's annotations name and its
+    container's port `metrics` is, on every interface (Prometheus scrapes the pod's IP), and a policy
+    of its own admits Prometheus to that port and not to the gRPC port."""
+    objects = by_key(render(METRICS))
+    # env-server: as the server parses the image's variables and the Deployment's (the token's a stand-in)
+    server = container(objects, "Deployment/env")
+    port = named_port(server, "metrics")
+    assert annotated_metrics_port(objects, "Deployment/env") == port != named_port(server, "grpc")
+    for name in [name for name in os.environ if name.startswith("ENVFLEET_")]:
+        monkeypatch.delenv(name)
+    variables = {**IMAGE_ENV, **{name: var["value"] for name, var in env_vars(server).items() if "value" in var}}
+    for name, value in {**variables, "ENVFLEET_AUTH_TOKEN": "x" * 32}.items():
+        monkeypatch.setenv(name, value)
+    config, _ = parse_args([])
+    assert (config.host, config.metrics_port) == ("0.0.0.0", port)
+    admits_prometheus_only(objects, "NetworkPolicy/env-metrics-from-prometheus", "Deployment/env", port)
+    # the learner: both the command that starts the run and the one that resumes it serve them
+    learner = container(objects, "Job/learner")
+    port = named_port(learner, "metrics")
+    assert annotated_metrics_port(objects, "Job/learner") == port
+    for argv in learner_commands(learner, fake_python, tmp_path):
+        args = learner_parser().parse_args(argv[2:])  # (after -m learner)
+        assert (args.metrics_port, args.metrics_host) == (port, "0.0.0.0"), argv
+    admits_prometheus_only(objects, "NetworkPolicy/learner-metrics-from-prometheus", "Job/learner", port)
+
+
+def test_the_metrics_overlays_learner_script_is_the_bases_plus_the_options(fake_python: Path, tmp_path: Path) -> None:
+    """The overlay replaces the Job's script (no variable reaches the resume command): it must run the
+    same commands as the base's, each with the metrics options at the end."""
+    learner = container(by_key(render(METRICS)), "Job/learner")
+    port = named_port(learner, "metrics")
+    base = learner_commands(container(render_base(), "Job/learner"), fake_python, tmp_path / "base")
+    ours = learner_commands(learner, fake_python, tmp_path / "metrics")
+    assert [[*argv, "--metrics-port", str(port), "--metrics-host", "0.0.0.0"] for argv in base] == ours
+
+
+@pytest.mark.parametrize("overlay", ["k8s/overlays/pong", "k8s/overlays/tls"])
+def test_the_metrics_component_composes_with_another_overlay(overlay: str, tmp_path: Path) -> None:
+    """An overlay of your own, as k8s/overlays/metrics says: another overlay's objects with the
+    component: both overlays' changes, nothing lost, every object in the other's namespace."""
+    below = by_key(render(overlay))
+    metrics = by_key(render(METRICS))
+    base = render_base()
+    namespace = below["Deployment/env"]["metadata"].get("namespace")
+    own = tmp_path / "own"
+    own.mkdir()
+    kustomization: dict[str, Any] = {
+        "resources": [os.path.relpath(REPO / overlay, own)],  # (kustomize refuses absolute paths)
+        "components": [os.path.relpath(REPO / METRICS_COMPONENT, own)],
+    }
+    if namespace:
+        kustomization["namespace"] = namespace
+    (own / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    composed = by_key(render(own))
+    assert set(composed) == set(metrics)
+    assert {obj["metadata"].get("namespace") for obj in composed.values()} == {namespace}
+    for key in ("Deployment/env", "Job/learner"):
+        got, theirs, ours = (container(objects, key) for objects in (composed, below, metrics))
+        added = {name: var for name, var in env_vars(ours).items() if name not in env_vars(container(base, key))}
+        assert env_vars(got) == env_vars(theirs) | added, key
+        assert [got.get(field) for field in ("ports", "args")] == [ours.get(field) for field in ("ports", "args")], key
+        rest = {field: value for field, value in got.items() if field not in ("env", "ports", "args")}
+        assert rest == {field: value for field, value in theirs.items() if field not in ("env", "ports", "args")}, key
+        assert {**pod_spec(composed, key), "containers": None} == {**pod_spec(below, key), "containers": None}, key
+        template = composed[key]["spec"]["template"]["metadata"]
+        assert template["annotations"] == metrics[key]["spec"]["template"]["metadata"]["annotations"], key
+    for obj in composed.values():
+        kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+
+
 def render_base() -> dict[str, dict[str, Any]]:
-    return {f"{doc['kind']}/{doc['metadata']['name']}": doc for doc in render("k8s/base")}
+    return by_key(render("k8s/base"))
 
 
 def memory_bytes(quantity: str) -> int:
@@ -232,9 +366,11 @@ def memory_bytes(quantity: str) -> int:
     return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
 
 
-def rss_after_steps(env: str, num_envs: int, wrappers: str | None, steps: int) -> int:
-    """Resident bytes of a real env server after ``steps`` steps of its envs (Linux /proc)."""
+def rss_after_steps(env: str, num_envs: int, wrappers: str | None, steps: int, *, metrics: bool = False) -> int:
+    """Resident bytes of a real env server after ``steps`` steps of its envs (Linux /proc); serving
+    Prometheus metrics too with ``metrics``."""
     server_args = ["--wrappers", wrappers] if wrappers else []
+    server_args += ["--metrics-port", "0"] if metrics else []
     with LocalServers(env, 1, num_envs, server_args=server_args) as servers, RemoteVectorEnv(servers.addresses) as envs:
         envs.reset(seed=0)
         for _ in range(steps):
@@ -253,7 +389,11 @@ def test_memory_requests_cover_a_measured_replica(kustomization: str) -> None:
     server = container(objects, "Deployment/env")
     config = {name: var.get("value") for name, var in env_vars(server).items()}
     rss = rss_after_steps(
-        config["ENVFLEET_ENV"], int(config["ENVFLEET_NUM_ENVS"]), config.get("ENVFLEET_WRAPPERS"), 500
+        config["ENVFLEET_ENV"],
+        int(config["ENVFLEET_NUM_ENVS"]),
+        config.get("ENVFLEET_WRAPPERS"),
+        500,
+        metrics="ENVFLEET_METRICS_PORT" in config,
     )
     request = memory_bytes(server["resources"]["requests"]["memory"])
     assert rss <= request <= memory_bytes(server["resources"]["limits"]["memory"]), (rss / 2**20, request / 2**20)
@@ -271,23 +411,30 @@ def fake_python(tmp_path: Path) -> Iterator[Path]:
     yield bin_dir
 
 
-def test_the_learner_job_starts_a_run_then_resumes_it(fake_python: Path, tmp_path: Path) -> None:
-    """The Job's script: a fresh run the first time; once its run dir holds a checkpoint, --resume."""
-    learner = container(render_base(), "Job/learner")
+def learner_commands(learner: dict[str, Any], fake_python: Path, workdir: Path) -> list[list[str]]:
+    """The python arguments of the learner container's script, run in ``workdir`` with its variables:
+    the first time, then with a checkpoint in its run dir."""
     assert learner["command"] == ["sh", "-c"]
     env = {**os.environ, "PATH": f"{fake_python}:{os.environ['PATH']}"}
     env.update({name: var["value"] for name, var in env_vars(learner).items() if "value" in var})
+    workdir.mkdir(parents=True, exist_ok=True)
 
     def run() -> list[str]:
-        result = subprocess.run(["sh", "-c", learner["args"][0]], capture_output=True, text=True, env=env, cwd=tmp_path)
+        result = subprocess.run(["sh", "-c", learner["args"][0]], capture_output=True, text=True, env=env, cwd=workdir)
         assert result.returncode == 0, result.stderr
         return shlex.split(result.stdout)
 
     first = run()
+    checkpoints = workdir / "runs" / env["RUN_NAME"] / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step-0000004096.pt").write_bytes(b"")
+    return [first, run()]
+
+
+def test_the_learner_job_starts_a_run_then_resumes_it(fake_python: Path, tmp_path: Path) -> None:
+    """The Job's script: a fresh run the first time; once its run dir holds a checkpoint, --resume."""
+    first, resumed = learner_commands(container(render_base(), "Job/learner"), fake_python, tmp_path)
     assert first[:2] == ["-m", "learner"] and first[2] == "train"
     assert first[first.index("--run-dir") + 1] == "runs/cartpole" and "--resume" not in first
     assert first[first.index("--env") + 1] == "CartPole-v1" and "--total-timesteps" in first
-    checkpoints = tmp_path / "runs" / "cartpole" / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    (checkpoints / "step-0000004096.pt").write_bytes(b"")
-    assert run()[2:5] == ["train", "--resume", "runs/cartpole"]
+    assert resumed[2:5] == ["train", "--resume", "runs/cartpole"]
