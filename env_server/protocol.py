@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import struct
 import sys
 
@@ -22,7 +23,9 @@ __all__ = [
     "SHUTTING_DOWN_MESSAGE",
     "STEP_SOCKET_SUFFIX",
     "bearer_metadata",
+    "bind_hint",
     "check_token",
+    "host_port",
     "package_version",
     "runtime_versions",
 ]
@@ -79,6 +82,23 @@ NOT_OWNED = "does not own this server"
 
 # Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
 AUTH_METADATA_KEY = "authorization"
+
+
+def host_port(host: str, port: int | str | None) -> str:
+    """``host:port`` as an address is written: an IPv6 host in brackets (``[::1]:50051``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_hint(host: str, code: int | None, *, host_option: str = "--host", port_option: str = "--port") -> str:
+    """What to do about a TCP bind of ``host`` (given as ``host_option``) and ``port_option``'s port
+    that failed with errno ``code`` (env-server's ports, ``learner train --metrics-port``'s)."""
+    if code == errno.EADDRINUSE:
+        return f"another process has it; pick another {port_option}, or 0 for a free one"
+    if code == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this machine; give {host_option} one of its own, or 0.0.0.0 for all"
+    if code == errno.EACCES:
+        return f"ports below 1024 need privileges; pick a higher {port_option}"
+    return f"see {host_option} and {port_option}"
 
 
 def check_token(token: str, where: str = "auth token") -> str:

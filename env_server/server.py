@@ -33,7 +33,14 @@ from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
-from env_server.protocol import MAX_MESSAGE_BYTES, MAX_UNIX_PATH, SERVICE_NAME, STEP_SOCKET_SUFFIX
+from env_server.protocol import (
+    MAX_MESSAGE_BYTES,
+    MAX_UNIX_PATH,
+    SERVICE_NAME,
+    STEP_SOCKET_SUFFIX,
+    bind_hint,
+    host_port,
+)
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
 from env_server.step_socket import StepSocketServer
@@ -96,12 +103,7 @@ _DEAD_REPORTS: set[asyncio.Task[None]] = set()
 def _listen_address(config: ServerConfig) -> str:
     if config.unix_socket:
         return f"unix:{config.unix_socket}"
-    return _host_port(config.host, config.port)
-
-
-def _host_port(host: str, port: int | None) -> str:
-    """``host:port`` as an address is written: an IPv6 host in brackets (``[::1]:50051``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host_port(config.host, config.port)
 
 
 def _check_bindable(config: ServerConfig) -> None:
@@ -133,8 +135,8 @@ def _metrics_host(config: ServerConfig) -> str:
 
 
 def _cannot_serve_metrics(config: ServerConfig, err: OSError) -> OSError:
-    where = _host_port(_metrics_host(config), config.metrics_port)
-    hint = _bind_hint(config, err.errno, port_option="--metrics-port")
+    where = host_port(_metrics_host(config), config.metrics_port)
+    hint = bind_hint(config.host, err.errno, port_option="--metrics-port")
     return OSError(f"cannot serve metrics on {where}: {err.strerror or err} ({hint})")
 
 
@@ -169,19 +171,8 @@ def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | No
     return errors[0] if errors else None
 
 
-def _bind_hint(config: ServerConfig, code: int | None, port_option: str = "--port") -> str:
-    """What to do about a TCP bind (of ``port_option``'s port) that failed with errno ``code``."""
-    if code == errno.EADDRINUSE:
-        return f"another process has it; pick another {port_option}, or 0 for a free one"
-    if code == errno.EADDRNOTAVAIL:
-        return f"{config.host} is not an address of this machine; give --host one of its own, or 0.0.0.0 for all"
-    if code == errno.EACCES:
-        return f"ports below 1024 need privileges; pick a higher {port_option}"
-    return f"see --host and {port_option}"
-
-
 def _cannot_listen(config: ServerConfig, err: OSError) -> OSError:
-    return OSError(f"cannot listen on {_listen_address(config)}: {err.strerror} ({_bind_hint(config, err.errno)})")
+    return OSError(f"cannot listen on {_listen_address(config)}: {err.strerror} ({bind_hint(config.host, err.errno)})")
 
 
 class _StderrHeld:
@@ -467,7 +458,7 @@ async def _serve(
             await _set_health(health_service, health_pb2.HealthCheckResponse.SERVING)
             if metrics is not None:
                 metrics.ready.set(1)
-            ready = address if config.unix_socket else _host_port(config.host, port)
+            ready = address if config.unix_socket else host_port(config.host, port)
             security = ", ".join(
                 part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
             )
@@ -601,7 +592,7 @@ def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
         port = metrics.serve_http(host, config.metrics_port)
     except OSError as err:
         raise _cannot_serve_metrics(config, err) from err
-    log.info("Prometheus metrics on http://%s/metrics", _host_port(host, port))
+    log.info("Prometheus metrics on http://%s/metrics", host_port(host, port))
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from env_server.protocol import host_port
 from learner.discovery import AddressError, NotReadyYet, note_not_used, register_resolver
 from learner.engine import ask_engine, engine_host
 
@@ -129,7 +130,7 @@ def choose_host_port(replica: Replica, container_port: int | None, engine_host: 
             "compose file: ports: ['0.0.0.0::50051']), or run the learner on the Docker host"
         )
     _, host, port = min(candidates)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # (IPv6)
+    return host_port(host, port)
 
 
 def _is_loopback(host_ip: str) -> bool:

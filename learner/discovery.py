@@ -24,6 +24,7 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 
+from env_server.protocol import host_port
 from learner.errors import EnvFleetError
 
 __all__ = [
@@ -467,4 +468,4 @@ def resolve_dns(address: str) -> list[str]:
     ips = sorted(
         {str(info[4][0]) for info in infos}, key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip))
     )
-    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+    return [host_port(ip, port) for ip in ips]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import socket
@@ -20,7 +19,7 @@ from prometheus_client import (
 )
 
 from env_server.metrics import NoCreatedRegistry
-from env_server.protocol import package_version
+from env_server.protocol import bind_hint, host_port, package_version
 from learner.errors import OptionError
 
 __all__ = [
@@ -133,6 +132,19 @@ def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+class _SessionCounter:
+    """A counter of this process's part of one of the run's running totals (episodes, env steps, updates):
+    it goes up by the total's growth, from where the session started (a resumed run's checkpoint)."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.total = 0
+
+    def advance(self, total: int) -> None:
+        self.counter.inc(max(total - self.total, 0))
+        self.total = total
+
+
 class LearnerMetrics:
     """A training run as Prometheus metrics, in a registry of their own, with the process's CPU and memory
     (``process_*``) and Python's version (``python_info``), as env-server's.
@@ -156,19 +168,23 @@ class LearnerMetrics:
             gauge.set(math.nan)  # (until an update says: no 0 that a "too low" alert mistakes for one)
         self._counters = {key: Counter(_metric_name(key), text, registry=r) for key, text in ROW_COUNTERS.items()}
         self._faults = {key: Counter(PREFIX + name, text, registry=r) for key, (name, text) in FAULT_COUNTERS.items()}
-        self._episodes = Counter(
-            PREFIX + "episodes",
-            "Episodes that ended since this learner started (not a resumed run's earlier sessions')",
-            registry=r,
+        self._episodes = _SessionCounter(
+            Counter(
+                PREFIX + "episodes",
+                "Episodes that ended since this learner started (not a resumed run's earlier sessions')",
+                registry=r,
+            )
         )
-        self._steps = Counter(
-            PREFIX + "env_steps",
-            "Env steps since this learner started (global_step's; not a resumed run's earlier sessions')",
-            registry=r,
+        self._steps = _SessionCounter(
+            Counter(
+                PREFIX + "env_steps",
+                "Env steps since this learner started (global_step's; not a resumed run's earlier sessions')",
+                registry=r,
+            )
         )
-        self._updates = Counter(PREFIX + "ppo_updates", "PPO updates since this learner started", registry=r)
-        self._step_before = 0
-        self._update_before = 0
+        self._updates = _SessionCounter(
+            Counter(PREFIX + "ppo_updates", "PPO updates since this learner started", registry=r)
+        )
         self._replica_counters = {
             key: Counter(f"{PREFIX}replica_{key}", text, labelnames=("replica",), registry=r)
             for key, text in REPLICA_COUNTERS.items()
@@ -201,7 +217,6 @@ class LearnerMetrics:
             registry=r,
         )
         self._last_update.set(time.time())
-        self._episodes_before = 0  # (the run's episodes before this session's: run_started says)
         self.set_run(env_id=env_id, run_dir=run_dir)
         self._httpd: Any = None
         self.url: str | None = None
@@ -230,8 +245,8 @@ class LearnerMetrics:
         self._gauges["global_step"].set(global_step)
         self._gauges["update"].set(updates)
         self._solved.set(int(solved))
-        self._episodes_before = episodes
-        self._step_before, self._update_before = global_step, updates
+        # (the run's totals before this session: its counters count from there)
+        self._episodes.total, self._steps.total, self._updates.total = episodes, global_step, updates
 
     def observe_update(
         self, row: Mapping[str, Any], *, solved: bool, server_ids: Mapping[str, str] | None = None
@@ -245,13 +260,10 @@ class LearnerMetrics:
             counter.inc(max(row.get(key) or 0, 0))
         for key, counter in self._faults.items():
             counter.inc(max(row.get(f"faults/{key}") or 0, 0))
-        episodes = int(row["episodes"])  # (the run's so far: a resumed run's earlier sessions' too)
-        self._episodes.inc(max(episodes - self._episodes_before, 0))
-        self._episodes_before = episodes
-        step, update = int(row["global_step"]), int(row["update"])
-        self._steps.inc(max(step - self._step_before, 0))
-        self._updates.inc(max(update - self._update_before, 0))
-        self._step_before, self._update_before = step, update
+        # (the run's totals so far: a resumed run's earlier sessions' too)
+        self._episodes.advance(int(row["episodes"]))
+        self._steps.advance(int(row["global_step"]))
+        self._updates.advance(int(row["update"]))
         replicas: set[str] = set()
         for key, value in row.items():
             if not key.startswith(_REPLICAS):
@@ -284,8 +296,7 @@ class LearnerMetrics:
         """The run's end: its steps since the last update's row (a last rollout that no update learned
         from) and whether it is solved, for the scrapes before the endpoint closes."""
         self._gauges["global_step"].set(global_step)
-        self._steps.inc(max(global_step - self._step_before, 0))
-        self._step_before = global_step
+        self._steps.advance(global_step)
         self._solved.set(int(solved))
 
     def serve_http(self, host: str, port: int) -> int:
@@ -293,7 +304,7 @@ class LearnerMetrics:
         httpd, _ = start_http_server(port, addr=host, registry=self.registry)
         self._httpd = httpd
         port = int(httpd.server_port)
-        self.url = f"http://{_host_port(host, port)}/metrics"
+        self.url = f"http://{host_port(host, port)}/metrics"
         return port
 
     def close(self) -> None:
@@ -313,23 +324,8 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
     except socket.gaierror as err:
         raise OptionError(f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
     except OSError as err:
-        where = _host_port(host, port)
-        raise OptionError(f"cannot serve metrics on {where}: {err.strerror or err} ({_bind_hint(host, err)})") from err
+        where = host_port(host, port)
+        hint = bind_hint(host, err.errno, host_option="--metrics-host", port_option="--metrics-port")
+        raise OptionError(f"cannot serve metrics on {where}: {err.strerror or err} ({hint})") from err
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics
-
-
-def _host_port(host: str, port: int) -> str:
-    """``host:port`` as an address is written: an IPv6 host in brackets (``[::1]:9100``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _bind_hint(host: str, err: OSError) -> str:
-    """What to do about a bind of the metrics endpoint that failed with ``err`` (as env-server says it)."""
-    if err.errno == errno.EADDRINUSE:
-        return "another process has it; pick another --metrics-port, or 0 for a free one"
-    if err.errno == errno.EADDRNOTAVAIL:
-        return f"{host} is not an address of this machine; give --metrics-host one of its own, or 0.0.0.0 for all"
-    if err.errno == errno.EACCES:
-        return "ports below 1024 need privileges; pick a higher --metrics-port"
-    return "see --metrics-host and --metrics-port"

@@ -22,8 +22,7 @@ import pytest
 
 from env_server.config import ServerConfig
 from env_server.envs import WRAPPERS, EnvBuildError
-from env_server.protocol import STEP_SOCKET_SUFFIX
-from env_server.server import _bind_hint
+from env_server.protocol import STEP_SOCKET_SUFFIX, bind_hint
 from learner import RemoteVectorEnv
 from tests.conftest import SpawnServer, StartServers, needs_proc
 from tests.envs import DictEnv
@@ -90,10 +89,10 @@ def test_a_host_this_machine_lacks_says_so_on_any_port_without_grpc_s_log(port: 
 
 def test_bind_hints_follow_the_errno() -> None:
     config = ServerConfig(env="CartPole-v1", host="10.9.9.9", port=80)
-    assert "another process has it" in _bind_hint(config, errno.EADDRINUSE)
-    assert "10.9.9.9 is not an address of this machine" in _bind_hint(config, errno.EADDRNOTAVAIL)
-    assert "ports below 1024" in _bind_hint(config, errno.EACCES)
-    assert _bind_hint(config, errno.ENOBUFS) == "see --host and --port"
+    assert "another process has it" in bind_hint(config.host, errno.EADDRINUSE)
+    assert "10.9.9.9 is not an address of this machine" in bind_hint(config.host, errno.EADDRNOTAVAIL)
+    assert "ports below 1024" in bind_hint(config.host, errno.EACCES)
+    assert bind_hint(config.host, errno.ENOBUFS) == "see --host and --port"
 
 
 @needs_proc
