@@ -614,6 +614,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs=args.env_kwargs,
         wrappers=args.wrappers,
         progress=args.progress,
+        env=args.env,
     )
     interrupted = result.get("interrupted", False)
     if args.json:
@@ -933,6 +934,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ADDRESSES",
         help=f"running env servers: {SERVER_ADDRESS_FORMS} (default: start one local server)",
+    )
+    evaluate.add_argument(
+        "--env",
+        default=None,
+        metavar="NAME",
+        help="the run's env, named again: needed to make it here (a local server, --backend gym, --video) when it is "
+        "module:Name and the run trained on --servers, which named it (envfleet imports no name that came over the "
+        "wire unless you give it too)",
     )
     evaluate.add_argument(
         "--env-kwargs",

@@ -443,6 +443,27 @@ def check_tls(
         )
 
 
+def check_served_env_here(env: str | None, servers: str | None, given: str | None, what: str, confirm: str) -> None:
+    """ValueError where a run trained on running ``servers`` would have ``env``, a name that imports a
+    module (``module:Name``), built here with no env named on this command line (``given``: the one
+    named, None for none; an env other than the run's is the caller's to refuse or take).
+
+    Such a run's env is the one its servers said they serve: a server (or whatever answers at its address)
+    chose that name, and building it here imports the module and calls what it names, with the kwargs the
+    servers said. envfleet imports nothing named over the wire, in either direction, unless the user
+    names it too. A gymnasium id without a module (``CartPole-v1``, ``ALE/Pong-v5``) imports nothing
+    and needs no confirming. ``what``: what would build it (for the message); ``confirm``: the option that
+    names it."""
+    if env is None or servers is None or ":" not in env or given is not None:
+        return
+    module = env.partition(":")[0]
+    raise ValueError(
+        f"{what}: makes the run's env here, {env}, which imports the module {module}: that name is what the "
+        f"servers the run trained on ({servers}) said they serve, and envfleet imports no name that came over "
+        f"the wire; give {confirm} {env} to build it here (if you trust it)"
+    )
+
+
 def is_atari(env: str) -> bool:
     """Whether ``env`` names an ALE game (``ALE/Pong-v5``, ``ale_py:ALE/Pong-v5``, ``ale_py:PongNoFrameskip-v4``:
     ale_py's module names the ids it registers)."""

@@ -17,7 +17,7 @@ import torch
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
-from learner.config import Args, wrapper_names, wrappers_option
+from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
@@ -53,6 +53,7 @@ def evaluate(
     env_kwargs: dict[str, Any] | None = None,
     wrappers: str | None = None,
     progress: bool | None = None,
+    env: str | None = None,
 ) -> dict[str, Any]:
     """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file, a run dir or
     its ``checkpoints`` folder: the latest ``step-*.pt``).
@@ -70,6 +71,10 @@ def evaluate(
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
     ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
+
+    ``env``: the run's env, named again to build it here where it imports a module (``module:Name``)
+    and the run trained on running servers, which named it: see
+    :func:`learner.config.check_served_env_here`. Any other name is refused.
 
     ``video``: also play one more episode (seed ``seed``), first, on an in-process env of the run made
     with ``render_mode="rgb_array"``, and write its frames to this path as an animated GIF, at
@@ -98,6 +103,11 @@ def evaluate(
         raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
     if run_args.env is None and video_path is not None:
         raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
+    if env is not None and env != run_args.env:
+        raise ValueError(f"env: expected the env the run in {path} trained on, {run_args.env}, got {env}")
+    if servers is None or video_path is not None:
+        what = "eval" if servers is None else "--video"
+        check_served_env_here(run_args.env, run_args.servers, env, what, "--env")
     ppo = state["ppo"]
     kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
     # What the run's envs were beyond their id, as their servers said (checkpoints since config.json's

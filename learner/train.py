@@ -62,6 +62,7 @@ from learner.config import (
     Args,
     PPOConfig,
     check_device,
+    check_served_env_here,
     default_run_dir,
     is_atari,
     resolve_ppo,
@@ -403,6 +404,8 @@ def _recorded_with(
         # Moving a run off running servers onto envs this command starts: the same env (and, unless
         # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
         # Pipelining was sized for the servers it left: 1 group unless given.
+        given = ", ".join(f"--{name.replace('_', '-')}" for name in _MOVE_OPTIONS if name in overrides)
+        check_served_env_here(saved.env, saved.servers, overrides.get("env"), f"--{flag} with {given}", "--env")
         moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None, "pipeline_groups": 1}
         # The servers' wrappers and time limit, where recorded, unless given (else the checked spaces fail).
         served = recorded.get("envs", {})

@@ -912,7 +912,7 @@ def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "2", "--servers", server.address, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
-    assert main(["eval", str(run), "--episodes", "2", "--json"]) == 0
+    assert main(["eval", str(run), "--env", "tests.envs:ClockEnv", "--episodes", "2", "--json"]) == 0
     # A CA path for containers (compose's /certs/ca.crt), exported in the host's shell: named as the variable's.
     monkeypatch.setenv("ENVFLEET_TLS_CA", "/certs/ca.crt")
     with pytest.raises(SystemExit):

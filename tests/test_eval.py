@@ -26,6 +26,8 @@ from tests.conftest import StartServers
 from tests.envs import ClockEnv
 
 QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
+# The env of the runs on running servers, named again to make it here (learner.config.check_served_env_here).
+CLOCK = ["--env", "tests.envs:ClockEnv"]
 
 
 class ChannelLastEnv(gym.Env[np.ndarray, np.int64]):
@@ -130,10 +132,56 @@ def test_eval_makes_a_run_on_running_servers_envs_with_the_kwargs_they_said(
     server_run: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="learner.evaluate")
-    assert _eval(capsys, str(server_run), "--episodes", "2", "--backend", "gym")["length_mean"] == 5.0
-    assert _eval(capsys, str(server_run), "--episodes", "1", "--num-envs", "1")["length_mean"] == 5.0
-    assert _eval(capsys, str(server_run), "--episodes", "1", "--env-kwargs", '{"length": 4}')["length_mean"] == 4.0
+    assert _eval(capsys, str(server_run), *CLOCK, "--episodes", "2", "--backend", "gym")["length_mean"] == 5.0
+    assert _eval(capsys, str(server_run), *CLOCK, "--episodes", "1", "--num-envs", "1")["length_mean"] == 5.0
+    argv = [str(server_run), *CLOCK, "--episodes", "1", "--env-kwargs", '{"length": 4}']
+    assert _eval(capsys, *argv)["length_mean"] == 4.0
     assert not caplog.records
+
+
+def test_a_module_env_that_running_servers_named_is_made_here_only_when_named_again(
+    server_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's env, tests.envs:ClockEnv, is what its servers said they serve (train got no --env): made
+    here (a local server, --backend gym, --video, a run moved off its servers) it would import a module a
+    server named. Refused, naming the name and the option that confirms it; a gymnasium id imports nothing."""
+    refusal = (
+        "makes the run's env here, tests.envs:ClockEnv, which imports the module tests.envs: that name is what the "
+        "servers the run trained on ("
+    )
+    confirm = "envfleet imports no name that came over the wire; give --env tests.envs:ClockEnv to build it here"
+    addresses = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5})
+    gif = str(server_run / "clock.gif")
+    for argv, what in (
+        ([], "eval"),
+        (["--backend", "gym"], "eval"),
+        (["--servers", addresses[0], "--video", gif], "--video"),
+    ):
+        capsys.readouterr()
+        assert main(["eval", str(server_run), "--episodes", "1", *argv]) == 1
+        err = capsys.readouterr().err
+        assert f"{what}: {refusal}" in err and confirm in err, err
+    assert main(["eval", str(server_run), "--episodes", "1", "--env", "tests.envs:FaultyEnv"]) == 1
+    assert "env: expected the env the run in " in capsys.readouterr().err
+    # On the servers, nothing is made here; named again, it is.
+    assert _eval(capsys, str(server_run), "--episodes", "1", "--servers", addresses[0])["length_mean"] == 5.0
+    assert _eval(capsys, str(server_run), *CLOCK, "--episodes", "1", "--backend", "gym")["length_mean"] == 5.0
+
+    # A run moved off its servers onto envs train starts: the same.
+    for flag in ("--resume", "--like"):
+        with pytest.raises(SystemExit):
+            main(["train", flag, str(server_run), "--num-servers", "1", "--total-timesteps", "64", *QUIET])
+        err = capsys.readouterr().err
+        assert f"{flag} with --num-servers: {refusal}" in err and confirm in err, err
+
+
+def test_a_gymnasium_id_that_running_servers_named_is_made_here_without_asking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "cartpole"
+    with LocalServers("CartPole-v1", 1, 2) as servers:
+        _train(run, "--servers", servers.addresses[0])
+    assert _eval(capsys, str(run), "--episodes", "1", "--backend", "gym")["episodes"] == 1
 
 
 def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwargs_and_takes_them_as_options(
@@ -143,7 +191,7 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     caplog.set_level(logging.WARNING, logger="learner.evaluate")
     old = str(_without_served_kwargs(server_run, tmp_path))
     # The run's own options (none): ClockEnv's default length, not the servers' 5; said once.
-    result = _eval(capsys, old, "--episodes", "2", "--backend", "gym")
+    result = _eval(capsys, old, *CLOCK, "--episodes", "2", "--backend", "gym")
     assert result["length_mean"] == 3.0
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1, warnings
@@ -156,10 +204,10 @@ def test_eval_warns_that_a_run_on_running_servers_did_not_record_their_env_kwarg
     # --env-kwargs: the servers' task, on a local server too, and nothing left unknown: no warning. (Wrappers
     # need none: envs without the servers' have other spaces, which the checkpoint records; see below.)
     caplog.clear()
-    result = _eval(capsys, old, "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
+    result = _eval(capsys, old, *CLOCK, "--episodes", "2", "--env-kwargs", '{"length": 5}', "--num-envs", "2")
     assert result["length_mean"] == 5.0
     assert not caplog.records
-    argv = ["--episodes", "1", "--backend", "gym", "--env-kwargs", '{"length": 5}', "--wrappers", ""]
+    argv = [*CLOCK, "--episodes", "1", "--backend", "gym", "--env-kwargs", '{"length": 5}', "--wrappers", ""]
     assert _eval(capsys, old, *argv)["length_mean"] == 5.0
     assert not caplog.records
 
@@ -182,7 +230,7 @@ def test_eval_of_a_run_on_servers_with_wrappers_makes_its_envs_with_them(
         _train(run, "--servers", servers.addresses[0])
     config = rundir.read_json(run / rundir.CONFIG)["envs"]
     assert (config["wrappers"], config["max_episode_steps"]) == (["clip-action"], 2)
-    argv = ["eval", str(run), "--episodes", "1", "--backend", "gym", "--env-kwargs", json.dumps(box)]
+    argv = ["eval", str(run), *CLOCK, "--episodes", "1", "--backend", "gym", "--env-kwargs", json.dumps(box)]
     assert _eval(capsys, *argv[1:])["length_mean"] == 2.0  # (clip-action, and the servers' time limit)
     assert main([*argv, "--wrappers", "none"]) == 1  # (explicitly without: the spaces say no, no hint)
     assert "but these envs (tests.envs:ClockEnv) have" in capsys.readouterr().err
@@ -216,7 +264,7 @@ def test_eval_video_env_gets_the_given_env_kwargs(
     server_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gif = tmp_path / "clock.gif"
-    argv = [str(server_run), "--episodes", "1", "--backend", "gym", "--video", str(gif)]
+    argv = [str(server_run), *CLOCK, "--episodes", "1", "--backend", "gym", "--video", str(gif)]
     assert _eval(capsys, *argv, "--env-kwargs", '{"length": 5}', "--wrappers", "")["video"]["steps"] == 5
 
 

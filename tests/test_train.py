@@ -30,9 +30,12 @@ from tests.conftest import StartServers
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 
 
+CLOCK_ENV = "tests.envs:ClockEnv"
+
+
 def clock(length: int = 3, **kwargs: Any) -> dict[str, Any]:
     """Args for ClockEnv: deterministic, every episode exactly ``length`` steps."""
-    return {"env": "tests.envs:ClockEnv", "env_kwargs": {"length": length, **kwargs}, **QUIET}
+    return {"env": CLOCK_ENV, "env_kwargs": {"length": length, **kwargs}, **QUIET}
 
 
 def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_path: Path) -> None:
@@ -574,9 +577,9 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
     with pytest.raises(ValueError, match=r"--servers: expected addresses .* got ''; to resume the run in .* leave"):
         resume_args(run, servers="")
     with pytest.raises(ValueError, match="trained on 3 envs, which do not split evenly over 2 servers"):
-        resume_args(run, num_servers=2)
+        resume_args(run, num_servers=2, env=CLOCK_ENV)
     # Given a layout, it moves: the same env, as many envs (on servers that split them), no TLS.
-    moved = resume_args(run, backend="remote")
+    moved = resume_args(run, backend="remote", env=CLOCK_ENV)  # (named again: see test_eval)
     assert (moved.servers, moved.env, moved.num_envs, moved.local_layout(), moved.tls) == (
         None,
         "tests.envs:ClockEnv",
@@ -585,11 +588,11 @@ def test_a_run_made_on_servers_resumes_on_envs_this_command_starts(tmp_path: Pat
         False,
     )
     assert moved.pipeline_groups == 1  # (sized for the servers it left: 4 would be refused on 1 server)
-    assert resume_args(run, backend="gym").pipeline_groups == 1
-    assert resume_args(run, num_servers=3, pipeline_groups=3).pipeline_groups == 3
-    assert resume_args(run, num_servers=3).local_layout() == (3, 1)
-    assert resume_args(run, num_servers=2, num_envs=4).local_layout() == (2, 2)
-    gym_args = resume_args(run, backend="gym", env_kwargs={"length": 3}, total_timesteps=48, **QUIET)
+    assert resume_args(run, backend="gym", env=CLOCK_ENV).pipeline_groups == 1
+    assert resume_args(run, num_servers=3, pipeline_groups=3, env=CLOCK_ENV).pipeline_groups == 3
+    assert resume_args(run, num_servers=3, env=CLOCK_ENV).local_layout() == (3, 1)
+    assert resume_args(run, num_servers=2, num_envs=4, env=CLOCK_ENV).local_layout() == (2, 2)
+    gym_args = resume_args(run, backend="gym", env=CLOCK_ENV, env_kwargs={"length": 3}, total_timesteps=48, **QUIET)
     assert (gym_args.backend, gym_args.local_layout()) == ("gym", (1, 3))
     summary = train(gym_args)
     assert summary["total_steps"] == 48 and summary["stop_reason"] == "total_timesteps"
@@ -933,19 +936,19 @@ def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
     run = tmp_path / "r"
     train(Args(**QUIET, servers=address, num_steps=4, total_timesteps=8, run_dir=str(run)))
     # --like: the same on envs this command starts; with another env, none of the servers' options.
-    like = like_args(run, backend="gym")
+    like = like_args(run, backend="gym", env=CLOCK_ENV)  # (named again: see test_eval)
     assert (like.servers, like.wrappers, like.env_kwargs, like.resume) == (None, "clip-action", box, None)
     other = like_args(run, backend="gym", env="CartPole-v1")
     assert (other.env, other.wrappers, other.env_kwargs) == ("CartPole-v1", "auto", {})
-    same = like_args(run, backend="gym", env="tests.envs:ClockEnv")  # (the same env given: as if not)
+    same = like_args(run, backend="gym", env=CLOCK_ENV)  # (the same env given: as if not)
     assert (same.wrappers, same.env_kwargs, same.learning_rate) == ("clip-action", box, like.learning_rate)
     assert like.learning_rate is not None  # (as the run resolved it)
-    moved = resume_args(run, backend="gym", env_kwargs=box, total_timesteps=16)
+    moved = resume_args(run, backend="gym", env=CLOCK_ENV, env_kwargs=box, total_timesteps=16)
     assert (moved.servers, moved.wrappers) == (None, "clip-action")
     assert train(moved)["total_steps"] == 16
     # The servers' env kwargs too, as they said them (EnvSpec.env_kwargs), unless given.
     assert rundir.read_json(run / rundir.CONFIG)["envs"]["env_kwargs"] == box
-    moved = resume_args(run, backend="gym", total_timesteps=24)
+    moved = resume_args(run, backend="gym", env=CLOCK_ENV, total_timesteps=24)
     assert moved.env_kwargs == box and train(moved)["total_steps"] == 24
 
 
