@@ -141,6 +141,11 @@ def test_scaled_replicas_are_healthy_and_published_on_loopback_only(fleet: Compo
         assert published, container
         assert {p["URL"] for p in published} == {"127.0.0.1"}, published
         assert {p["TargetPort"] for p in published} == {50051}
+    # Least privilege, as in k8s/base: read-only root filesystem (a tmpfs /tmp), no capabilities, no setuid gain.
+    host = json.loads(docker("inspect", "--format", "{{json .HostConfig}}", containers[0]["ID"]).stdout)
+    assert (host["ReadonlyRootfs"], host["CapDrop"]) == (True, ["ALL"]), host
+    assert [(m["Type"], m["Target"]) for m in host["Mounts"]] == [("tmpfs", "/tmp")], host
+    assert "no-new-privileges:true" in host["SecurityOpt"], host
 
 
 def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProject) -> None:
