@@ -12,8 +12,10 @@ from typing import Any
 
 from env_server.config import (
     AUTORESET_MODES,
+    DEFAULT_MAX_CONCURRENT_RPCS,
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_SPIN_WAIT_MS,
+    MIN_MAX_CONCURRENT_RPCS,
     MIN_MAX_REQUEST_BYTES,
     VECTORIZATIONS,
     ServerConfig,
@@ -144,6 +146,9 @@ _positive_int = _integer_in(1, math.inf, "a positive integer")
 _port = _integer_in(0, 65535, "a port number 0-65535")
 _request_bytes = _integer_in(
     MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES, f"a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}]"
+)
+_concurrent_rpcs = _integer_in(
+    MIN_MAX_CONCURRENT_RPCS, math.inf, f"a whole number of calls >= {MIN_MAX_CONCURRENT_RPCS}"
 )
 _non_negative_float = _number_in(math.inf, "a finite number >= 0")
 # (0 would end every claim before its learner's next call: the Hold stream that keeps a claim opens
@@ -292,6 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the actions of 1024 envs with Box(64,) float64 actions (default: %(default)s)",
     )
     p.add_argument(
+        "--max-concurrent-rpcs",
+        type=_concurrent_rpcs,
+        default=e("max_concurrent_rpcs", str(DEFAULT_MAX_CONCURRENT_RPCS)),
+        metavar="N",
+        help="serve at most N gRPC calls at once, of all callers together, health checks included (a stream "
+        'counts until it ends); past N, a call is refused at once with RESOURCE_EXHAUSTED ("Concurrent RPC limit '
+        'exceeded!"), unread, and the server logs that it is full (at most a line every 10 s). Each call in '
+        "progress holds its request in memory (up to --max-request-bytes), and the health service's calls need no "
+        "token: N bounds what they hold. A learner keeps 2-3 calls open per server, a health probe one "
+        f"(at least {MIN_MAX_CONCURRENT_RPCS}; default: %(default)s)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=_port,
         default=e("metrics_port", None),
@@ -386,6 +403,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
             grace_s=args.grace,
             hang_timeout_s=args.hang_timeout,
             max_request_bytes=args.max_request_bytes,
+            max_concurrent_rpcs=args.max_concurrent_rpcs,
             parent_pid=args.parent_pid,
             metrics_port=args.metrics_port,
             auth_token=token,

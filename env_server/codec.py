@@ -19,6 +19,8 @@ __all__ = [
     "AUTORESET_FROM_PROTO",
     "MAX_STRING_ARRAY_BYTES",
     "MAX_VALUE_NODES",
+    "Path",
+    "Where",
     "decode_space",
     "decode_tensor",
     "decode_value",
@@ -92,7 +94,7 @@ def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
     return code
 
 
-def np_dtype(code: int, where: str = "dtype") -> np.dtype:
+def np_dtype(code: int, where: Where = "dtype") -> np.dtype:
     """The numpy dtype of a wire ``DType`` value."""
     try:
         return _FROM_PROTO[code]
@@ -115,10 +117,12 @@ def encode_tensor(array: Any, out: pb.Tensor, where: str = "tensor") -> pb.Tenso
     return out
 
 
-def decode_tensor(tensor: pb.Tensor, where: str = "tensor", *, writeable: bool = False) -> np.ndarray:
+def decode_tensor(tensor: pb.Tensor, where: Where = "tensor", *, writeable: bool = False) -> np.ndarray:
     """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy; with
     ``writeable``, a copy of them (for an env, which may change its action in place)."""
-    dtype = np_dtype(tensor.dtype, f"{where}.dtype")
+    dtype = _FROM_PROTO.get(tensor.dtype)
+    if dtype is None:  # (raises, naming where: a Path's text is made only then)
+        dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
     count = _element_count(shape, where)
     data = tensor.data  # (read once: each read of the field makes a new bytes object)
@@ -139,6 +143,61 @@ _LITTLE = np.little_endian
 
 
 # ---------------------------------------------------------------------------------------------
+# Where in a value: error messages name it.
+
+
+class Path:
+    """Where in a value being decoded: ``parent`` and one step down (a dict key, or an index), said as
+    ``actions['obs'][3]``. Only an error's message says it, so its text is made then, not at every
+    step down (a decoded value of many nested dicts would make one string per level, each holding
+    the keys above it: a request of 3.7 MB of long keys 45 dicts deep took 89 MB that way); and it
+    is bounded, whatever the keys sent: each key shown up to _KEY_CHARS characters, and at most
+    _HEAD_STEPS + _TAIL_STEPS steps (the first and the last)."""
+
+    __slots__ = ("parent", "step")
+
+    def __init__(self, parent: Where, step: str | int) -> None:
+        self.parent = parent
+        self.step = step
+
+    def __str__(self) -> str:
+        steps: list[str | int] = []
+        place: Where = self
+        while isinstance(place, Path):
+            steps.append(place.step)
+            place = place.parent
+        steps.reverse()
+        if len(steps) > _HEAD_STEPS + _TAIL_STEPS:
+            left_out = len(steps) - _HEAD_STEPS - _TAIL_STEPS
+            shown = [_step_text(x) for x in steps[:_HEAD_STEPS]] + [f"[... {left_out} levels ...]"]
+            shown += [_step_text(x) for x in steps[-_TAIL_STEPS:]]
+        else:
+            shown = [_step_text(x) for x in steps]
+        return str(place) + "".join(shown)
+
+    def __repr__(self) -> str:
+        return f"Path({str(self)!r})"
+
+
+Where = str | Path
+"""What names a place in a value for error messages: a plain name (``"actions"``), or a :class:`Path` in it."""
+
+# A key longer than this is shown cut, with its length.
+_KEY_CHARS = 40
+# A path deeper than _HEAD_STEPS + _TAIL_STEPS shows its first and last steps, and how many are left out.
+_HEAD_STEPS = 3
+_TAIL_STEPS = 5
+
+
+def _step_text(step: str | int) -> str:
+    if isinstance(step, int):
+        return f"[{step}]"
+    if len(step) <= _KEY_CHARS:
+        return f"[{step!r}]"
+    return f"[{step[:_KEY_CHARS]!r}... ({len(step)} characters)]"
+
+
+# ---------------------------------------------------------------------------------------------
 # Values: arrays, nested dicts/tuples, and the plain Python values found in infos.
 
 
@@ -152,7 +211,7 @@ class _Budget:
         self.strings = MAX_STRING_ARRAY_BYTES
         self.nodes = MAX_VALUE_NODES - 1
 
-    def take_nodes(self, count: int, what: str, where: str) -> None:
+    def take_nodes(self, count: int, what: str, where: Where) -> None:
         """Charge the ``count`` items of a container (``what``: "a list", ...), before any is decoded."""
         if count > self.nodes:
             total = MAX_VALUE_NODES - self.nodes + count
@@ -163,7 +222,7 @@ class _Budget:
             )
         self.nodes -= count
 
-    def take_string_bytes(self, count: int, width: int, where: str, suffix: str = "") -> None:
+    def take_string_bytes(self, count: int, width: int, where: Where, suffix: str = "") -> None:
         """Charge a string array of ``count`` strings of up to ``width`` characters."""
         need = count * width * 4
         if need > self.strings:
@@ -304,7 +363,7 @@ def _encode_array(
         _cannot_send(obj, out, where, str(err).removeprefix(f"{where}: "), budget, unsendable)
 
 
-def decode_value(value: pb.Value, where: str = "value", *, writeable: bool = False) -> Any:
+def decode_value(value: pb.Value, where: Where = "value", *, writeable: bool = False) -> Any:
     """The Python object a ``Value`` carries (inverse of :func:`encode_value`).
 
     Its arrays are read-only views of the message's bytes; with ``writeable``, copies: what the
@@ -326,7 +385,7 @@ def decode_value(value: pb.Value, where: str = "value", *, writeable: bool = Fal
     raise CodecError(message)
 
 
-def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool) -> Any:
+def _decode_value(value: pb.Value, where: Where, budget: _Budget, writeable: bool) -> Any:
     """:func:`decode_value`, charging ``budget`` (shared with the rest of the value)."""
     kind = value.WhichOneof("kind")
     if kind == "tensor":
@@ -343,13 +402,13 @@ def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool)
         if len(set(keys)) != len(keys):
             raise CodecError(f"{where}: map has duplicate keys")
         budget.take_nodes(len(values), "a dict", where)
-        return {k: _decode_value(v, f"{where}[{k!r}]", budget, writeable) for k, v in zip(keys, values, strict=False)}
+        return {k: _decode_value(v, Path(where, k), budget, writeable) for k, v in zip(keys, values, strict=False)}
     if kind == "tuple":
         budget.take_nodes(len(value.tuple.values), "a tuple", where)
-        return tuple(_decode_value(v, f"{where}[{i}]", budget, writeable) for i, v in enumerate(value.tuple.values))
+        return tuple(_decode_value(v, Path(where, i), budget, writeable) for i, v in enumerate(value.tuple.values))
     if kind == "list":
         budget.take_nodes(len(value.list.values), "a list", where)
-        return [_decode_value(v, f"{where}[{i}]", budget, writeable) for i, v in enumerate(value.list.values)]
+        return [_decode_value(v, Path(where, i), budget, writeable) for i, v in enumerate(value.list.values)]
     if kind == "objects":
         shape = _checked_shape(value.objects.shape, len(value.objects.values), where)
         budget.take_nodes(len(value.objects.values), "an object array", where)
@@ -357,7 +416,7 @@ def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool)
         for i, v in enumerate(value.objects.values):
             # (writeable copies: an object array holds what an env gave, its own arrays under gymnasium,
             # such as final_obs; at episode ends, or values without arrays: no cost on a step's hot path)
-            arr[i] = _decode_value(v, f"{where}[{i}]", budget, True)
+            arr[i] = _decode_value(v, Path(where, i), budget, True)
         return arr.reshape(shape)
     if kind == "strings":
         return _decode_strings(value.strings, where, budget)
@@ -376,7 +435,7 @@ def _decode_value(value: pb.Value, where: str, budget: _Budget, writeable: bool)
     raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
 
 
-def _decode_strings(strings: pb.StringArray, where: str, budget: _Budget) -> np.ndarray:
+def _decode_strings(strings: pb.StringArray, where: Where, budget: _Budget) -> np.ndarray:
     """The numpy string array ``strings`` carries, once its shape and the memory it would take are checked."""
     values = strings.values
     count = len(values)
@@ -389,7 +448,7 @@ def _decode_strings(strings: pb.StringArray, where: str, budget: _Budget) -> np.
     return arr if len(shape) == 1 else arr.reshape(shape)
 
 
-def _element_count(shape: tuple[int, ...], where: str) -> int:
+def _element_count(shape: tuple[int, ...], where: Where) -> int:
     """How many elements an array of ``shape`` has; CodecError for a shape numpy cannot make: too
     many dimensions, a negative one, or too large, zero-sized dimensions aside (numpy refuses
     (0, 2**31, 2**31) as it refuses (2**31, 2**31))."""
@@ -409,7 +468,7 @@ def _element_count(shape: tuple[int, ...], where: str) -> int:
     return count
 
 
-def _checked_shape(shape: Any, count: int, where: str) -> tuple[int, ...]:
+def _checked_shape(shape: Any, count: int, where: Where) -> tuple[int, ...]:
     dims = tuple(shape)
     total = _element_count(dims, where)
     if total != count:

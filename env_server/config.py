@@ -12,8 +12,10 @@ from env_server.protocol import MAX_MESSAGE_BYTES
 
 __all__ = [
     "AUTORESET_MODES",
+    "DEFAULT_MAX_CONCURRENT_RPCS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_SPIN_WAIT_MS",
+    "MIN_MAX_CONCURRENT_RPCS",
     "MIN_MAX_REQUEST_BYTES",
     "VECTORIZATIONS",
     "WRAPPER_NAMES",
@@ -34,6 +36,16 @@ before the server looks at it (a list of empty Values: 2 bytes each on the wire,
 at 4 MiB, where the old limit, 64 MiB, let one request take 1.6 GB (tests/measure_request_memory.py)."""
 MIN_MAX_REQUEST_BYTES = 4096
 """Smallest ``max_request_bytes``: room for every Handshake, Hold and Release request."""
+MIN_MAX_CONCURRENT_RPCS = 4
+"""Smallest ``max_concurrent_rpcs``: a learner's Hold stream, StepStream and one call more, and a health probe."""
+DEFAULT_MAX_CONCURRENT_RPCS = 32
+"""Default ``max_concurrent_rpcs``. A learner keeps 2-3 calls open on each of its servers (the Hold
+stream, the StepStream, a Reset, GetSpec or Release now and then), a health probe one for a moment,
+and another learner asking whether the envs are free one more: 32 leaves room for all of them many
+times over. Each call in progress holds its request (up to ``max_request_bytes``; ~8 MB a call of
+4 MB while it is read), and the health service's calls need no token: 64 connections x 8 Health
+Check calls of 4 MB at once took a server's peak RSS to 1.2-1.3 GB without a limit, ~0.45 GB with
+32 (~0.23 GB with 8, ~0.66 GB with 64)."""
 
 
 def parse_int(text: str) -> int:
@@ -106,6 +118,10 @@ class ServerConfig:
     """Path of the server's TLS certificate chain (PEM); with ``tls_key``, the server speaks TLS only."""
     tls_key: str | None = None
     """Path of the private key (PEM) of ``tls_cert``."""
+    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
+    """Calls in progress at once, of every caller and service together (a stream counts until it
+    ends); gRPC refuses more with RESOURCE_EXHAUSTED before reading their requests (see
+    DEFAULT_MAX_CONCURRENT_RPCS)."""
 
     def __post_init__(self) -> None:
         """Raise ValueError, naming the field, what it must be and what came, for a config no server
@@ -152,6 +168,7 @@ class ServerConfig:
         _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
         _check_duration("claim_timeout_s", self.claim_timeout_s)
         _check_integer("max_request_bytes", self.max_request_bytes, MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES)
+        _check_integer("max_concurrent_rpcs", self.max_concurrent_rpcs, MIN_MAX_CONCURRENT_RPCS)
         _check_duration("grace_s", self.grace_s)
         _check_duration("hang_timeout_s", self.hang_timeout_s)
         if (self.tls_cert is None) != (self.tls_key is None):

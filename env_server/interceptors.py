@@ -9,6 +9,13 @@ tells nothing but SERVING or NOT_SERVING. Everything of EnvService, GetSpec incl
 (The step socket, outside gRPC, checks no token: a step there needs the session id, which only a
 Handshake that passed this check hands out.)
 
+CallLimitInterceptor. gRPC itself caps the calls in progress (``env-server --max-concurrent-rpcs``): it
+refuses the rest with RESOURCE_EXHAUSTED before reading their requests, after the interceptors have
+run and without a word to Python. This interceptor, the first, counts the calls in progress as gRPC
+does, to log (rate-limited) that the server is refusing calls, and keeps the health service's Watch
+streams, which need no token and may stay open for ever, to a few (MAX_WATCH_STREAMS), so that they
+cannot take every place under the cap.
+
 RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
 end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message
 type instead, like any other malformed request, and is counted and logged as the service's own
@@ -18,7 +25,9 @@ it, RESOURCE_EXHAUSTED, before any Python code sees its bytes, and tells Python 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
 import logging
 import math
 import time
@@ -30,7 +39,9 @@ import grpc
 from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, SERVICE_NAME, check_token
 
 __all__ = [
+    "MAX_WATCH_STREAMS",
     "OPEN_SERVICES",
+    "CallLimitInterceptor",
     "MalformedRequest",
     "RefusalLog",
     "RequestGuardInterceptor",
@@ -43,6 +54,12 @@ log = logging.getLogger(__name__)
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 """Method prefixes served without a token."""
+
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+MAX_WATCH_STREAMS = 4
+"""Health Watch streams open at once; more are refused with RESOURCE_EXHAUSTED. Nothing of envfleet
+watches (its probes, Docker's and Kubernetes' call Check); a Watch stream needs no token and stays
+open as long as its caller likes, each taking one of the places ``--max-concurrent-rpcs`` allows."""
 
 # Seconds between two log lines about refused calls of one kind (a scan or a misconfigured learner
 # may send many).
@@ -86,6 +103,96 @@ def method_name(method: str) -> str:
     return method.rsplit("/", 1)[-1]
 
 
+class CallLimitInterceptor(grpc.aio.ServerInterceptor):
+    """Counts the calls in progress, to log when gRPC's own cap on them (``maximum_concurrent_rpcs`` of
+    ``grpc.aio.server``, ``max_calls`` here) refuses calls, and refuses Health Watch streams past
+    :data:`MAX_WATCH_STREAMS` (RESOURCE_EXHAUSTED, unread). The first interceptor: it sees every call.
+
+    gRPC counts a call from the moment it takes it in until the call's task has ended, and refuses one
+    that comes while ``max_calls`` are counted, after the interceptors ran, before the handler would;
+    this counts a call from the moment it gets here until its task (the one the interceptors run in)
+    has ended, and takes one that comes while ``max_calls`` are counted for refused (not counting it).
+    The two counts part only for the moment between a call's arrival and its interception, and at a
+    call's end: near the limit, a line may come a call early or late. Unknown methods, which gRPC
+    answers UNIMPLEMENTED whatever the count, are counted and never logged as refused.
+
+    ``on_refusal`` (e.g. a metrics counter) is called once per call of EnvService taken for refused,
+    with the method's name (``Step``).
+    """
+
+    def __init__(self, max_calls: int, on_refusal: Callable[[str], None] | None = None) -> None:
+        self.max_calls = max_calls
+        self.active = 0
+        """Calls in progress, as gRPC counts them (see above)."""
+        self.watches = 0
+        """Health Watch streams open."""
+        self._on_refusal = on_refusal
+        self._log = RefusalLog()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if self.active >= self.max_calls and handler is not None:
+            self._note_refusal(method)
+            return handler  # (gRPC refuses it: RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
+        if method == HEALTH_WATCH and handler is not None and self.watches >= MAX_WATCH_STREAMS:
+            return _unread_refusal(handler, self._refuse_watch)
+        task = asyncio.current_task()
+        if task is None:  # (gRPC runs every call in a task of its own; were that to change, no count)
+            return handler
+        self.active += 1
+        task.add_done_callback(self._call_ended)
+        if method == HEALTH_WATCH:
+            self.watches += 1
+            task.add_done_callback(self._watch_ended)
+        return handler
+
+    def _call_ended(self, task: asyncio.Task[Any]) -> None:
+        self.active -= 1
+
+    def _watch_ended(self, task: asyncio.Task[Any]) -> None:
+        self.watches -= 1
+
+    def _note_refusal(self, method: str) -> None:
+        if self._on_refusal is not None and method.startswith(f"/{SERVICE_NAME}/"):
+            self._on_refusal(method_name(method))
+        # (one kind for every method: a line says the server is full, whatever was asked)
+        suffix = self._log.note("", grpc.StatusCode.RESOURCE_EXHAUSTED)
+        if suffix is not None:
+            log.warning(
+                "refusing %s and every new call with RESOURCE_EXHAUSTED until some end: %d calls are in progress, "
+                "the most this server serves at once (--max-concurrent-rpcs) %s",
+                method[:_MAX_METHOD_CHARS],
+                self.max_calls,
+                suffix,
+            )
+
+    async def _refuse_watch(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        suffix = self._log.note(HEALTH_WATCH, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        if suffix is not None:
+            log.warning(
+                "refused %s from %s: %d Watch streams are open, the most this server keeps %s",
+                HEALTH_WATCH,
+                context.peer(),
+                MAX_WATCH_STREAMS,
+                suffix,
+            )
+        end_call(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{HEALTH_WATCH}: {MAX_WATCH_STREAMS} Watch streams are open on this server, the most it keeps; "
+            "close one, or call Check",
+        )
+
+
+# Longest part of a method name a log line shows (a known method's, but for a misbehaving client's typo).
+_MAX_METHOD_CHARS = 100
+
+
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """Lets through calls whose ``authorization`` metadata is ``Bearer <token>``; refuses the rest.
 
@@ -123,13 +230,12 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             "(RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
         )
 
-        async def refuse(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
             self._note(method, context.peer(), reason)
             end_call(context, grpc.StatusCode.UNAUTHENTICATED, message)
 
-        # (the request is not parsed, which can take ~25x its size in memory: a caller without the
-        # token costs no more than its bytes)
-        return _handler_like(handler, refuse, _unparsed)
+        # (the request is not even waited for: see _unread_refusal)
+        return _unread_refusal(handler, refuse)
 
     def _note(self, method: str, peer: str, reason: str) -> None:
         if self._on_refusal is not None:
@@ -184,7 +290,7 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
         if handler.request_streaming:
             return _handler_like(handler, handler.stream_stream or handler.stream_unary, parse)
         inner = handler.unary_stream if handler.response_streaming else handler.unary_unary
-        if handler.response_streaming:
+        if handler.response_streaming and inspect.isasyncgenfunction(inner):
 
             async def guarded_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if isinstance(request, MalformedRequest):
@@ -194,6 +300,20 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
                     yield response
 
             return _handler_like(handler, guarded_stream, parse)
+        if handler.response_streaming:
+            # A handler that writes its responses itself (``await context.write(...)``) and returns
+            # None: the health service's Watch. (As an async generator, this wrapper would iterate
+            # what it returns: "'async for' requires an object with __aiter__ method".)
+
+            async def guarded_writer(request: Any, context: grpc.aio.ServicerContext) -> None:
+                if isinstance(request, MalformedRequest):
+                    self._refuse(context, method, request.message)
+                    return
+                result = inner(request, context)
+                if inspect.isawaitable(result):
+                    await result
+
+            return _handler_like(handler, guarded_writer, parse)
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if isinstance(request, MalformedRequest):
@@ -238,6 +358,17 @@ def end_call(
 def _unparsed(data: bytes) -> None:
     """The deserializer of a request no one reads."""
     return None
+
+
+def _unread_refusal(handler: grpc.RpcMethodHandler, refuse: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    """A handler for ``handler``'s method that runs ``refuse(request_iterator, context)`` at once,
+    without waiting for the request, let alone parsing it: gRPC runs a unary handler only once the
+    whole request is in, and the call, and the request's bytes, are held meanwhile (up to
+    ``--max-request-bytes``, for as long as the caller takes to send them); as a streaming handler
+    that reads nothing, the call ends as soon as it begins. (The same on the wire: a unary request is a
+    stream of one message, which a server may answer before it has read it.)"""
+    make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    return make(refuse, request_deserializer=_unparsed, response_serializer=handler.response_serializer)
 
 
 def _handler_like(

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import logging
+import socket
+import sys
+import threading
+import time
 from collections.abc import Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,13 +20,23 @@ from prometheus_client import (
     Info,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.metrics_core import Metric
 
 from env_server.protocol import package_version
 
-__all__ = ["ERROR_CODES", "LATENCY_BUCKETS", "METHODS", "SESSION_END_REASONS", "NoCreatedRegistry", "ServerMetrics"]
+__all__ = [
+    "ERROR_CODES",
+    "LATENCY_BUCKETS",
+    "MAX_HTTP_CONNECTIONS",
+    "METHODS",
+    "HTTP_TIMEOUT_S",
+    "SESSION_END_REASONS",
+    "NoCreatedRegistry",
+    "ServerMetrics",
+    "serve_registry",
+]
 
 log = logging.getLogger(__name__)
 
@@ -217,12 +233,103 @@ class ServerMetrics:
 
     def serve_http(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""
-        httpd, _ = start_http_server(port, addr=host, registry=self.registry)
-        self._httpd = httpd
-        return int(httpd.server_port)
+        self._httpd = serve_registry(self.registry, host, port)
+        return int(self._httpd.server_port)
 
     def close(self) -> None:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+
+# -- the HTTP endpoint -----------------------------------------------------------------------------
+
+HTTP_TIMEOUT_S = 10.0
+"""Seconds the metrics endpoint waits on a connection for the next bytes of its request (or for room
+to send the answer) before closing it. A scrape sends its request at once; a connection that sends
+nothing, or half a request, would otherwise keep its thread for ever (1000 such held ~900 threads)."""
+MAX_HTTP_CONNECTIONS = 16
+"""Connections the metrics endpoint serves at once, each on a thread of its own; one more is closed
+unanswered. Prometheus scrapes one at a time (a few, with replicas or more than one Prometheus)."""
+# Seconds between two log lines about connections closed unanswered.
+_LOG_EVERY_S = 10.0
+
+
+def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
+    """Serve ``registry`` at ``http://host:port/metrics`` (0: any free port) from a daemon thread, as
+    prometheus_client's ``start_http_server`` does, but for what a peer may hold: a connection is
+    closed after :data:`HTTP_TIMEOUT_S` without progress, and at most :data:`MAX_HTTP_CONNECTIONS`
+    are served at once. Returns the server (``server_port``; ``shutdown()`` then ``server_close()``
+    to stop); OSError (socket.gaierror for a host that does not resolve) if it cannot listen."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = infos[0]  # (the first address, as prometheus_client's server takes)
+
+    class Server(_MetricsServer):
+        address_family = family
+
+    httpd = Server((str(sockaddr[0]), port), _MetricsHandler)
+    httpd.set_app(make_wsgi_app(registry))
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    return httpd
+
+
+class _MetricsHandler(WSGIRequestHandler):
+    """One connection: one request, read (and answered) within HTTP_TIMEOUT_S between bytes; no log lines."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(HTTP_TIMEOUT_S)  # (read here, not at import: the tests shorten it)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing (as prometheus_client's handler): a line per scrape."""
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection (daemon threads: none is waited for at exit), at most MAX_HTTP_CONNECTIONS."""
+
+    daemon_threads = True
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
+        self._closed_unanswered = 0
+        self._last_line = -_LOG_EVERY_S
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._note_closed(client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # (the thread did not start: its slot is free again)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _note_closed(self, client_address: Any) -> None:
+        self._closed_unanswered += 1
+        now = time.monotonic()
+        if now - self._last_line >= _LOG_EVERY_S:
+            self._last_line = now
+            log.warning(
+                "metrics endpoint: %d connections open, the most it serves at once; closed one from %s "
+                "unanswered (%d so far)",
+                MAX_HTTP_CONNECTIONS,
+                client_address[0] if client_address else "?",
+                self._closed_unanswered,
+            )
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or broke is the peer's doing: a debug line, not a traceback on stderr."""
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):  # (TimeoutError, ConnectionResetError, BrokenPipeError, ...)
+            log.debug("metrics endpoint: connection from %s: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)

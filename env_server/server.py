@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from env_server.codec import UnsupportedSpaceError
 from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
-from env_server.interceptors import RequestGuardInterceptor, TokenAuthInterceptor
+from env_server.interceptors import CallLimitInterceptor, RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     MAX_MESSAGE_BYTES,
@@ -45,9 +45,13 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import EnvService
 from env_server.step_socket import StepSocketServer
 
-__all__ = ["run", "serve", "server_credentials", "server_options"]
+__all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
 
 log = logging.getLogger(__name__)
+
+
+MAX_STREAMS_PER_CONNECTION = 8
+"""Calls in progress at once on one connection (HTTP/2 streams): a learner's connection carries 2-3."""
 
 
 def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[tuple[str, int]]:
@@ -73,10 +77,65 @@ def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[t
         # strict ping accounting, and the message and stream limits still bound a misbehaving peer.
         ("grpc.http2.max_ping_strikes", 0),
         ("grpc.so_reuseport", 0),
-        # A learner opens a few streams per server (Hold, StepStream, a unary call or two); more at
-        # once on one connection is a misbehaving peer.
-        ("grpc.max_concurrent_streams", 100),
+        # A learner opens a few streams per server, each on a connection of its own (Hold, StepStream,
+        # a unary call or two); more at once on one connection is a misbehaving peer, which should not
+        # take every place --max-concurrent-rpcs allows alone. (A client past it waits for a stream to
+        # end; streams it opened before it heard of the limit are reset: UNAVAILABLE, REFUSED_STREAM.)
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        # Each stream's receive window stays at gRPC's initial 64 KiB, not grown to what the link could
+        # carry (BDP probing: up to MBs): a call's request is read as its handler asks for it, whatever
+        # the window, but a call not yet taken in (gRPC core holds them before Python does; past
+        # --max-concurrent-rpcs, until refused) may have only its window's worth sent and held. With
+        # probing, 64 connections x 8 calls of 4 MB held ~1.2 GB, cap or no cap; without, ~0.45 GB.
+        # Requests (actions) are small; one over 64 KiB waits one round trip more for its window.
+        ("grpc.http2.bdp_probe", 0),
     ]
+
+
+class HealthService(health.aio.HealthServicer):
+    """gRPC's health service, but for Watch, whose streams end (status OK) once the server shuts down,
+    right after telling NOT_SERVING.
+
+    gRPC's own Watch waits for the next change for as long as the stream is open, and after
+    ``enter_graceful_shutdown`` none comes: each open Watch stream held the server's stop up for the
+    whole grace period (``--grace``). Statuses change through :meth:`set` and
+    :meth:`enter_graceful_shutdown` only, which this follows (Check still answers from gRPC's own).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._statuses: dict[str, int] = {"": health_pb2.HealthCheckResponse.SERVING}  # (as gRPC's starts)
+        self._changed = asyncio.Event()  # set, and replaced, at each change
+        self._shutting_down = False
+
+    async def set(self, service: str, status: int) -> None:
+        await super().set(service, status)
+        if not self._shutting_down:  # (then gRPC's ignores it too)
+            self._statuses[service] = status
+            self._notify()
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        if not self._shutting_down:
+            self._shutting_down = True
+            self._statuses = dict.fromkeys(self._statuses, health_pb2.HealthCheckResponse.NOT_SERVING)
+            self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
+        last = None
+        while True:
+            changed = self._changed  # (taken before the status is read: any change from here on sets it)
+            status = self._statuses.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            if status != last:
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                last = status
+            if self._shutting_down:
+                return
+            await changed.wait()
 
 
 def _report_dead(
@@ -408,16 +467,24 @@ async def _serve(
         )
         metrics.env_build_seconds.set(build_s)
     service = watchdog.service = EnvService(config, metrics=metrics)
-    # The token check first: a caller without it learns nothing, not even whether its bytes parse.
-    interceptors: list[grpc.aio.ServerInterceptor] = []
+    # The count of calls in progress first (it sees every call); then the token check: a caller
+    # without it learns nothing, not even whether its bytes parse.
+    on_full = None if metrics is None else functools.partial(metrics.count_error, code="RESOURCE_EXHAUSTED")
+    interceptors: list[grpc.aio.ServerInterceptor] = [CallLimitInterceptor(config.max_concurrent_rpcs, on_full)]
     if config.auth_token is not None:
         on_refusal = None if metrics is None else functools.partial(metrics.count_error, code="UNAUTHENTICATED")
         interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
     on_malformed = None if metrics is None else functools.partial(metrics.count_error, code="INVALID_ARGUMENT")
     interceptors.append(RequestGuardInterceptor(on_malformed))
-    server = grpc.aio.server(options=server_options(config.max_request_bytes), interceptors=interceptors)
+    server = grpc.aio.server(
+        options=server_options(config.max_request_bytes),
+        interceptors=interceptors,
+        # Past it, gRPC refuses a call (RESOURCE_EXHAUSTED) before reading its request: what the calls in
+        # progress hold, caller with a token or not, is bounded (see DEFAULT_MAX_CONCURRENT_RPCS).
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
-    health_service = health.aio.HealthServicer()
+    health_service = HealthService()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
@@ -470,12 +537,7 @@ async def _serve(
                 ready,
                 f" ({security})" if security else " (plaintext, no auth token)",
             )
-            if not security and not config.unix_socket and not _is_loopback(config.host):
-                log.warning(
-                    "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
-                    "step its envs (see --auth-token and --tls-cert)",
-                    config.host,
-                )
+            _warn_if_open(config, tls=credentials is not None)
             on_ready(ready)
 
             expiry = asyncio.create_task(service.expire_claims())
@@ -617,6 +679,26 @@ def _describe_envs(config: ServerConfig) -> str:
     if config.step_delay_ms:
         parts.append(f"step delay {config.step_delay_ms:g} ms")
     return "; ".join(parts)
+
+
+def _warn_if_open(config: ServerConfig, *, tls: bool) -> None:
+    """Warn of a server that anyone who reaches it can use: off loopback, with no token. TLS alone
+    does not close it: it encrypts the calls and proves the server to learners, and anyone may still
+    call (the server checks no client certificates)."""
+    if config.auth_token is not None or config.unix_socket or _is_loopback(config.host):
+        return
+    if tls:
+        log.warning(
+            "listening on %s with TLS but no auth token: anyone who reaches it can claim and step its envs "
+            "(TLS encrypts the calls, it does not say who may make them; see --auth-token)",
+            config.host,
+        )
+    else:
+        log.warning(
+            "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
+            "step its envs (see --auth-token and --tls-cert)",
+            config.host,
+        )
 
 
 def _is_loopback(host: str) -> bool:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Collection
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 __all__ = ["InvalidActionError", "check_actions"]
+
+# What an error shows of what the client sent (and so its log line on the server): its dict keys up
+# to about this many characters in all, each cut to _KEY_CHARS; an env's action values up to
+# _VALUES_SHOWN numbers (a few from each end of more).
+_SHOWN_CHARS = 200
+_KEY_CHARS = 40
+_VALUES_SHOWN = 16
 
 # Box actions up to this much (relative to the bounds' magnitude, at least 1) past a bound are float
 # rounding, clipped to it; farther is an error.
@@ -35,7 +44,7 @@ def check_actions(space: gym.Space[Any], actions: Any, num_envs: int, where: str
                 f"{where}: expected a dict with keys {list(space.spaces)} for {space}, got {_kind(actions)}"
             )
         if set(actions) != set(space.spaces):
-            raise InvalidActionError(f"{where}: expected keys {list(space.spaces)}, got {list(actions)}")
+            raise InvalidActionError(f"{where}: expected keys {list(space.spaces)}, got {_listed(actions)}")
         return {k: check_actions(sub, actions[k], num_envs, f"{where}[{k!r}]") for k, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
         if not isinstance(actions, tuple) or len(actions) != len(space.spaces):
@@ -67,9 +76,7 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
         raise InvalidActionError(f"{where}: expected integers ({space.dtype}) for {space}, got dtype {actions.dtype}")
     bad = _first_bad(~np.isfinite(actions) if actions.dtype.kind == "f" else None)
     if bad is not None:
-        raise InvalidActionError(
-            f"{where}: env {bad}: action has NaN or infinite values: {actions[bad].tolist()!r}", bad
-        )
+        raise InvalidActionError(f"{where}: env {bad}: action has NaN or infinite values: {_values(actions[bad])}", bad)
     outside = (actions < space.low) | (actions > space.high)
     if outside.any():
         # Within rounding of a float bound (gymnasium's RescaleAction computes in float64 from float32
@@ -80,7 +87,7 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
             bad = _first_bad(outside)
         if bad is not None:
             raise InvalidActionError(
-                f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space} "
+                f"{where}: env {bad}: action {_values(actions[bad])} is outside the action space {space} "
                 f"(low={space.low!r}, high={space.high!r}); clip actions to the bounds",
                 bad,
             )
@@ -114,7 +121,7 @@ def _check_integer(space: gym.Space[Any], actions: np.ndarray, where: str) -> np
     bad = _first_bad((values < low) | (values > high))
     if bad is not None:
         raise InvalidActionError(
-            f"{where}: env {bad}: action {actions[bad].tolist()!r} is outside the action space {space}", bad
+            f"{where}: env {bad}: action {_values(actions[bad])} is outside the action space {space}", bad
         )
     return actions.astype(space.dtype, copy=False)
 
@@ -131,3 +138,39 @@ def _kind(obj: Any) -> str:
     if isinstance(obj, np.ndarray):
         return f"an array of shape {obj.shape}"
     return f"a {type(obj).__name__}"
+
+
+def _listed(keys: Collection[Any]) -> str:
+    """``keys`` as a list, shown up to about _SHOWN_CHARS characters, each key up to _KEY_CHARS; then
+    ``...`` and how many there are. Keys a client sent: without a bound, an error (and the server's
+    log line of it) would copy every one of them, however many and long."""
+    shown: list[str] = []
+    size = 0
+    for key in keys:
+        text = _key_text(key)
+        if shown and size + len(text) > _SHOWN_CHARS:
+            break
+        shown.append(text)
+        size += len(text) + 2
+        if size > _SHOWN_CHARS:
+            break
+    if len(shown) == len(keys):
+        return f"[{', '.join(shown)}]"
+    return f"[{', '.join(shown)}, ...] ({len(keys)} keys)"
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str) and len(key) > _KEY_CHARS:
+        return f"{key[:_KEY_CHARS]!r}... ({len(key)} characters)"
+    text = repr(key)
+    return text if len(text) <= _KEY_CHARS else f"{text[:_KEY_CHARS]}..."
+
+
+def _values(action: np.ndarray) -> str:
+    """One env's action, as a list (of a large one, a few numbers from each end of it flattened, on one line)."""
+    if action.size <= _VALUES_SHOWN:
+        return repr(action.tolist())
+    flat = np.array2string(
+        action.ravel(), threshold=_VALUES_SHOWN, edgeitems=3, separator=", ", max_line_width=sys.maxsize
+    )
+    return f"{flat} ({action.size} values, shape {action.shape})"

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import env_server.health
 from env_server.health import check, default_address, tls_hint
@@ -13,6 +18,7 @@ from tests.certs import make_server_certs
 from tests.conftest import SpawnServer, StartServers
 
 HEALTH_FILE = Path(env_server.health.__file__)
+SERVICES = ("", "envfleet.v1.EnvService")
 
 
 def probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -101,3 +107,24 @@ def test_tls_hints_name_the_host_the_probe_checks() -> None:
     )
     assert tls_hint(mismatch, "127.0.0.1:50051", None, None) == ""  # (plaintext: no TLS to blame)
     assert tls_hint("failed to connect to all addresses", "127.0.0.1:50051", "ca.pem", None) == ""
+
+
+def test_watch_says_serving_then_not_serving_at_shutdown_and_ends(spawn_server: SpawnServer) -> None:
+    """Health/Watch on the real server: SERVING as its first message (gRPC's Watch writes with
+    context.write, which the server's interceptors once took for an async generator: UNKNOWN, and a
+    traceback per call); at SIGTERM, NOT_SERVING, then the stream ends, and holds the server's stop up
+    for none of its grace period."""
+    server = spawn_server("CartPole-v1", 1, "--grace", "20")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        statuses = [stub.Watch(health_pb2.HealthCheckRequest(service=name), timeout=60) for name in SERVICES]
+        for stream in statuses:
+            assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        assert server.kill(signal.SIGTERM) == 0
+        elapsed = time.monotonic() - started
+        for stream in statuses:
+            assert [r.status for r in stream] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # then the end, OK
+            assert stream.code() == grpc.StatusCode.OK
+    assert elapsed < 10, f"stopped after {elapsed:.1f} s (--grace 20): the Watch streams held it up"
+    assert "Traceback" not in server.logs() and "__aiter__" not in server.logs(), server.logs()
