@@ -163,6 +163,11 @@ def translate_error(
     )
 
 
+CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
+"""What gRPC's core says of a call it refused because the server serves its most calls at once
+(``maximum_concurrent_rpcs``: env-server --max-concurrent-rpcs)."""
+
+
 def status_error(
     code: grpc.StatusCode | None,
     details: str,
@@ -195,6 +200,15 @@ def status_error(
                 f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: its answer is {size} bytes, over the "
                 f"limit of {limit} bytes on messages; serve fewer envs per server (env-server --num-envs) or "
                 "smaller observations",
+                address=address,
+                code=code,
+            )
+        if details == CALL_LIMIT_DETAILS:
+            return ServerBusyError(
+                f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the server is serving as many calls as "
+                "it takes at once (env-server --max-concurrent-rpcs, 32 by default; a learner holds 2-3), so some "
+                "other client holds them: many learners or probes at one server, or a flood; its log says when it "
+                "refuses calls. Try again once they end, or raise the limit where the server is started",
                 address=address,
                 code=code,
             )

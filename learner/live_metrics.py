@@ -15,10 +15,9 @@ from prometheus_client import (
     Info,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
 )
 
-from env_server.metrics import NoCreatedRegistry
+from env_server.metrics import NoCreatedRegistry, serve_registry
 from env_server.protocol import bind_hint, host_port, package_version
 from learner.errors import OptionError
 
@@ -301,7 +300,7 @@ class LearnerMetrics:
 
     def serve_http(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""
-        httpd, _ = start_http_server(port, addr=host, registry=self.registry)
+        httpd = serve_registry(self.registry, host, port)  # (idle connections closed, at most a few at once)
         self._httpd = httpd
         port = int(httpd.server_port)
         self.url = f"http://{host_port(host, port)}/metrics"

@@ -26,6 +26,8 @@ from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
+from learner import RemoteVectorEnv
+from learner.errors import ServerBusyError
 from tests.conftest import SpawnServer, needs_proc
 
 TOKEN = "s3cret-token_for.limits"
@@ -71,6 +73,9 @@ def test_calls_past_the_limit_are_refused_resource_exhausted_and_logged(spawn_se
             _check(channel)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert info.value.details() == FULL
+        # A learner is told what is full and what to do.
+        with pytest.raises(ServerBusyError, match=r"the server is serving as many calls as it takes at once \(env-"):
+            RemoteVectorEnv([server.address], connect_timeout=5).close()
         streams[0].cancel()
 
         def served() -> bool:
