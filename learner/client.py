@@ -163,6 +163,9 @@ def translate_error(
     )
 
 
+_PROBE_S = 0.5
+"""How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal."""
+
 CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
 """What gRPC's core says of a call it refused because the server serves its most calls at once
 (``maximum_concurrent_rpcs``: env-server --max-concurrent-rpcs)."""
@@ -489,7 +492,8 @@ class EnvClient:
         limit is refused before it is sent (InvalidRequestError), the stream left as it is.
         """
         self.check_request_size(request.ByteSize(), "Step")
-        if self._steps is None:
+        fresh = self._steps is None
+        if fresh:
             self._steps = self.stub.StepStream(metadata=self.metadata)
         call = self._steps
         try:
@@ -501,6 +505,8 @@ class EnvClient:
             response = await call.read()
         except grpc.RpcError as err:
             self._steps = None
+            if fresh and isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.INTERNAL:
+                err = await self._refusal_of_new_streams() or err
             raise self._error(err, "Step") from None
         except asyncio.InvalidStateError:
             # The stream had already ended (the server closed it); report the status it ended with.
@@ -580,6 +586,24 @@ class EnvClient:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+    async def _refusal_of_new_streams(self) -> grpc.aio.AioRpcError | None:
+        """What the server answers a new StepStream at once, where it refuses them as they open (an older
+        server that has none, UNIMPLEMENTED; one at its --max-concurrent-rpcs, RESOURCE_EXHAUSTED); None
+        when it does not within a moment. For a first write on a new stream that failed with gRPC's bare
+        INTERNAL ("Internal error from Core"): a server that ends the stream while the write is under way
+        makes the write fail so, and gRPC then keeps INTERNAL as the call's status, not the server's."""
+        probe = self.stub.StepStream(metadata=self.metadata)
+        try:
+            await asyncio.wait_for(probe.read(), _PROBE_S)
+        except grpc.aio.AioRpcError as refusal:
+            if refusal.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                return refusal
+        except TimeoutError:
+            pass
+        finally:
+            probe.cancel()
+        return None
 
     async def _ended(self, call: Any) -> RemoteEnvError:
         code = await call.code()
