@@ -22,7 +22,7 @@ from env_server.config import (
     parse_int,
 )
 from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
-from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 
 __all__ = ["LOG_LEVELS", "main", "parse_args"]
 
@@ -354,11 +354,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVEL",
         help="what the server logs to stderr: debug, info, warning or error (default: %(default)s)",
     )
+    p.add_argument(
+        "--log-format",
+        default=e("log_format", "text"),
+        type=str.lower,
+        choices=LOG_FORMATS,
+        metavar="FORMAT",
+        help="text: a line per record (time, level, logger, message); json: a JSON object per line (time, level, "
+        "logger, message, exception), for log collectors (default: %(default)s)",
+    )
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
-    """The server config and log level the command line (and ENVFLEET_* variables) ask for."""
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[str, str]]:
+    """The server config, and the log level and format, the command line (and ENVFLEET_* variables) ask for."""
     parser = build_parser()
     _parse_variables(parser)
     args = parser.parse_args(argv)
@@ -412,7 +421,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, str]:
         )
     except ValueError as err:  # (ServerConfig names its field: named here as the flag that sets it)
         parser.error(_in_flag_terms(parser, str(err)))
-    return config, args.log_level
+    return config, (args.log_level, args.log_format)
 
 
 # ServerConfig fields whose flag is not named after them.
@@ -464,8 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (--env mymodule:MyEnv) for the env-server command too.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    config, log_level = parse_args(argv)
-    configure_logging(log_level)
+    config, (log_level, log_format) = parse_args(argv)
+    configure_logging(log_level, log_format)
     # stdout carries exactly one line, "listening on ...", for scripts to read. Anything else that
     # writes to stdout (some envs print banners when built) goes to stderr instead.
     sys.stdout.flush()

@@ -4,14 +4,18 @@ is imported, logging, and the form of argument errors."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 from collections.abc import MutableMapping
 from typing import NoReturn
 
 __all__ = [
     "FAST_GRPC_EXPERIMENTS",
+    "LOG_FORMATS",
+    "JsonLogFormatter",
     "ShortErrorParser",
     "configure_logging",
     "prefer_fast_grpc_core",
@@ -59,11 +63,41 @@ def quiet_grpc_core(environ: MutableMapping[str, str] = os.environ) -> None:
 _CHATTY_AT_DEBUG = ("grpc._cython.cygrpc", "asyncio")
 
 
-def configure_logging(level: str) -> None:
-    """Log at ``level`` (debug, info, ...) to stderr, one line per record, naming the logger."""
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+LOG_FORMATS = ("text", "json")
+"""What ``--log-format`` takes: a line of text per record, or a JSON object per line."""
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record, on one line, for log collectors (Loki, Elasticsearch, Cloud Logging):
+    ``time`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger``, ``message`` (arguments merged in),
+    and, where the record has them, ``exception`` (the formatted traceback) and ``stack``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        entry = {
+            "time": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log at ``level`` (debug, info, ...) to stderr, one line per record: text naming the logger, or
+    (``log_format="json"``) a JSON object (:class:`JsonLogFormatter`)."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, NoReturn
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
-from env_server.tuning import ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
 from learner.errors import EnvFleetError, OptionError, RunCompleteError
@@ -45,6 +45,11 @@ _USER_ERRORS = (EnvFleetError, EnvBuildError, ValueError, FileExistsError, FileN
 
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 LOG_LEVEL_HELP = "what the learner logs to stderr: debug, info, warning or error (default: warning)"
+LOG_FORMAT_HELP = (
+    "text: a line per log record; json: a JSON object per line (time, level, logger, message, exception), local "
+    "env servers' lines included, for log collectors; progress bars and results are printed as they are "
+    "(--no-progress drops the bar) (default: text)"
+)
 
 # What the learner extra brings (pyproject.toml: envfleet[learner]); the commands that need them import
 # them when they run, so a missing one is reported as a missing install, not as a traceback.
@@ -825,8 +830,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="warning", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP
     )
+    parser.add_argument(
+        "--log-format", default="text", type=str.lower, choices=LOG_FORMATS, metavar="FORMAT", help=LOG_FORMAT_HELP
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {package_version()}")
-    # --log-level also after the command (learner train --log-level info), where it overrides one before.
+    # --log-level and --log-format also after the command (learner train --log-level info), where they
+    # override one before.
     common = _Parser(add_help=False)
     common.add_argument(
         "--log-level",
@@ -835,6 +844,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         metavar="LEVEL",
         help=LOG_LEVEL_HELP,
+    )
+    common.add_argument(
+        "--log-format",
+        default=argparse.SUPPRESS,
+        type=str.lower,
+        choices=LOG_FORMATS,
+        metavar="FORMAT",
+        help=LOG_FORMAT_HELP,
     )
     common.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -1154,7 +1171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if unknown:  # said by the command's parser, whose usage names the command
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))
     except _USER_ERRORS as err:

@@ -96,10 +96,13 @@ def test_an_empty_host_is_refused_from_its_variable_too(
 
 
 def test_env_server_log_levels_are_listed_and_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_args(["--env", "CartPole-v1", "--log-level", "INFO"])[1] == "info"
-    assert parse_args(["--env", "CartPole-v1", "--log-level", "Warning"])[1] == "warning"
+    assert parse_args(["--env", "CartPole-v1", "--log-level", "INFO"])[1] == ("info", "text")
+    assert parse_args(["--env", "CartPole-v1", "--log-level", "Warning", "--log-format", "JSON"])[1] == (
+        "warning",
+        "json",
+    )
     monkeypatch.setenv("ENVFLEET_LOG_LEVEL", "DEBUG")
-    assert parse_args(["--env", "CartPole-v1"])[1] == "debug"
+    assert parse_args(["--env", "CartPole-v1"])[1] == ("debug", "text")
 
 
 def test_env_server_help(capsys: pytest.CaptureFixture[str]) -> None:

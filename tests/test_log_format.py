@@ -1,0 +1,69 @@
+"""``--log-format json``: env-server and learner log one JSON object per line, for log collectors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from env_server.tuning import JsonLogFormatter, configure_logging
+from learner.cli import build_parser
+from tests.conftest import SpawnServer
+
+
+def _records(text: str) -> list[dict[str, str]]:
+    """The JSON records among ``text``'s lines (a learner prints its results as they are)."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_a_record_is_one_json_line_with_its_time_level_logger_message_and_traceback() -> None:
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        record = logging.getLogger("envfleet.test").makeRecord(
+            "envfleet.test", logging.ERROR, __file__, 1, "step %d of %s: é", (3, "env"), sys.exc_info()
+        )
+    line = JsonLogFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"], entry["message"]) == ("ERROR", "envfleet.test", "step 3 of env: é")
+    assert entry["time"].endswith("Z") and len(entry["time"]) == len("2026-12-02T15:14:50.966Z")
+    assert entry["exception"].startswith("Traceback") and "ValueError: bad\nvalue" in entry["exception"]
+    with pytest.raises(ValueError, match="log_format: expected one of text, json, got 'xml'"):
+        configure_logging("info", "xml")
+
+
+def test_env_server_logs_json_lines_when_asked(spawn_server: SpawnServer) -> None:
+    server = spawn_server("CartPole-v1", 2, "--log-format", "json")
+    lines = [line for line in server.logs().splitlines() if line.strip()]
+    assert lines and all(line.startswith("{") for line in lines), lines
+    messages = [(r["level"], r["logger"], r["message"]) for r in map(json.loads, lines)]
+    assert any(level == "INFO" and message.startswith("serving 2 x CartPole-v1") for level, _, message in messages)
+    server.stop()
+    variable = spawn_server("CartPole-v1", 1, environ={"ENVFLEET_LOG_FORMAT": "json"})
+    assert variable.logs().lstrip().startswith("{")
+
+
+def test_learner_logs_json_lines_and_prints_its_results_as_they_are(tmp_path: Path) -> None:
+    argv = ["train", "--backend", "gym", "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "64"]
+    quiet = ["--no-progress", "--no-plot", "--no-tensorboard", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "learner", "--log-level", "info", *argv, *quiet, "--log-format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = _records(proc.stderr)
+    assert any(r["logger"] == "learner.train" and r["message"].startswith("PPO (preset") for r in records), records
+    assert "run dir: " in proc.stdout + proc.stderr  # (what the command prints for its user: not a record)
+    assert all(line.startswith("{") for line in proc.stderr.splitlines() if " INFO " in line)
+    # After the command, as --log-level: it overrides one before.
+    parser = build_parser()
+    assert parser.parse_args(["plot", "r"]).log_format == "text"
+    assert parser.parse_args(["--log-format", "json", "plot", "r"]).log_format == "json"
+    assert parser.parse_args(["--log-format", "json", "plot", "r", "--log-format", "text"]).log_format == "text"
