@@ -14,6 +14,7 @@ from env_server.config import (
     AUTORESET_MODES,
     DEFAULT_MAX_CONCURRENT_RPCS,
     DEFAULT_MAX_REQUEST_BYTES,
+    MAX_MAX_CONCURRENT_RPCS,
     MAX_SPIN_WAIT_MS,
     MIN_MAX_CONCURRENT_RPCS,
     MIN_MAX_REQUEST_BYTES,
@@ -148,7 +149,9 @@ _request_bytes = _integer_in(
     MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES, f"a number of bytes in [{MIN_MAX_REQUEST_BYTES}, {MAX_MESSAGE_BYTES}]"
 )
 _concurrent_rpcs = _integer_in(
-    MIN_MAX_CONCURRENT_RPCS, math.inf, f"a whole number of calls >= {MIN_MAX_CONCURRENT_RPCS}"
+    MIN_MAX_CONCURRENT_RPCS,
+    MAX_MAX_CONCURRENT_RPCS,
+    f"a whole number of calls in [{MIN_MAX_CONCURRENT_RPCS}, {MAX_MAX_CONCURRENT_RPCS}]",
 )
 _non_negative_float = _number_in(math.inf, "a finite number >= 0")
 # (0 would end every claim before its learner's next call: the Hold stream that keeps a claim opens

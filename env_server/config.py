@@ -14,6 +14,7 @@ __all__ = [
     "AUTORESET_MODES",
     "DEFAULT_MAX_CONCURRENT_RPCS",
     "DEFAULT_MAX_REQUEST_BYTES",
+    "MAX_MAX_CONCURRENT_RPCS",
     "MAX_SPIN_WAIT_MS",
     "MIN_MAX_CONCURRENT_RPCS",
     "MIN_MAX_REQUEST_BYTES",
@@ -38,6 +39,8 @@ MIN_MAX_REQUEST_BYTES = 4096
 """Smallest ``max_request_bytes``: room for every Handshake, Hold and Release request."""
 MIN_MAX_CONCURRENT_RPCS = 4
 """Smallest ``max_concurrent_rpcs``: a learner's Hold stream, StepStream and one call more, and a health probe."""
+MAX_MAX_CONCURRENT_RPCS = 2**31 - 1
+"""Largest ``max_concurrent_rpcs``: gRPC's core counts them in a C int."""
 DEFAULT_MAX_CONCURRENT_RPCS = 32
 """Default ``max_concurrent_rpcs``. A learner keeps 2-3 calls open on each of its servers (the Hold
 stream, the StepStream, a Reset, GetSpec or Release now and then), a health probe one for a moment,
@@ -168,7 +171,9 @@ class ServerConfig:
         _check_duration("spin_wait_ms", self.spin_wait_ms, MAX_SPIN_WAIT_MS)
         _check_duration("claim_timeout_s", self.claim_timeout_s)
         _check_integer("max_request_bytes", self.max_request_bytes, MIN_MAX_REQUEST_BYTES, MAX_MESSAGE_BYTES)
-        _check_integer("max_concurrent_rpcs", self.max_concurrent_rpcs, MIN_MAX_CONCURRENT_RPCS)
+        _check_integer(
+            "max_concurrent_rpcs", self.max_concurrent_rpcs, MIN_MAX_CONCURRENT_RPCS, MAX_MAX_CONCURRENT_RPCS
+        )
         _check_duration("grace_s", self.grace_s)
         _check_duration("hang_timeout_s", self.hang_timeout_s)
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from env_server.config import DEFAULT_MAX_CONCURRENT_RPCS
 from env_server.protocol import (
     AUTH_METADATA_KEY,
     ENV_INDEX_KEY,
@@ -163,8 +164,25 @@ def translate_error(
     )
 
 
+def _core_internal(err: grpc.RpcError) -> bool:
+    """Whether ``err`` is gRPC's own INTERNAL (a write on a call that ended meanwhile: "Internal error
+    from Core"), not an INTERNAL the env server sent (an env that crashed, a dead server: those carry
+    the server's origin mark)."""
+    if not isinstance(err, grpc.aio.AioRpcError) or err.code() != grpc.StatusCode.INTERNAL:
+        return False
+    return not any(
+        key == ERROR_ORIGIN_KEY and value == ERROR_ORIGIN_SERVER for key, value in err.trailing_metadata() or ()
+    )
+
+
 _PROBE_S = 0.5
 """How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal."""
+
+
+def full(err: RemoteEnvError) -> bool:
+    """Whether ``err`` is a refusal of a server serving its most calls at once (not one of a claim)."""
+    return isinstance(err, ServerBusyError) and "(env-server --max-concurrent-rpcs" in str(err)
+
 
 CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
 """What gRPC's core says of a call it refused because the server serves its most calls at once
@@ -209,7 +227,7 @@ def status_error(
         if details == CALL_LIMIT_DETAILS:
             return ServerBusyError(
                 f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the server is serving as many calls as "
-                "it takes at once (env-server --max-concurrent-rpcs, 32 by default; a learner holds 2-3), so some "
+                f"it takes at once (env-server --max-concurrent-rpcs, {DEFAULT_MAX_CONCURRENT_RPCS} by default; a learner holds 2-3), so some "
                 "other client holds them: many learners or probes at one server, or a flood; its log says when it "
                 "refuses calls. Try again once they end, or raise the limit where the server is started",
                 address=address,
@@ -500,13 +518,15 @@ class EnvClient:
             self.writing = True  # (on a new stream, until it is open: a few turns of the loop)
             try:
                 await call.write(request)
+            except grpc.RpcError as err:
+                if fresh and _core_internal(err):
+                    err = await self._refusal_of_new_streams() or err
+                raise err from None
             finally:
                 self.writing = False
             response = await call.read()
         except grpc.RpcError as err:
             self._steps = None
-            if fresh and isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.INTERNAL:
-                err = await self._refusal_of_new_streams() or err
             raise self._error(err, "Step") from None
         except asyncio.InvalidStateError:
             # The stream had already ended (the server closed it); report the status it ended with.

@@ -103,7 +103,7 @@ def evaluate(
         raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
     if run_args.env is None and video_path is not None:
         raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
-    if env is not None and env != run_args.env:
+    if env is not None and run_args.env is not None and env != run_args.env:
         raise ValueError(f"env: expected the env the run in {path} trained on, {run_args.env}, got {env}")
     if servers is None or video_path is not None:
         what = "eval" if servers is None else "--video"

@@ -42,6 +42,7 @@ from learner.client import (
     EnvClient,
     SocketStep,
     channel_credentials,
+    full,
     timeout_error,
 )
 from learner.discovery import (
@@ -672,7 +673,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if not any(client.address in env.addresses for env in _LIVE if not env.closed):
+                if not any(client.address in env.addresses for env in _LIVE if not env.closed) or full(err):
                     raise
                 # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
                 raise ServerBusyError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -11,10 +12,12 @@ import numpy as np
 import pytest
 
 from env_server import codec
-from env_server.protocol import ENV_INDEX_KEY
+from env_server.protocol import ENV_INDEX_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import InvalidRequestError, RemoteVectorEnv
+from learner.client import EnvClient
+from learner.errors import RemoteEnvError
 from tests.compare import assert_same
 
 
@@ -148,3 +151,46 @@ def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(s
             envs.step(np.zeros(2, dtype=np.int64))
         assert info.value.address == slow
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class _CrashingStepStream(pb_grpc.EnvServiceServicer):
+    """Every StepStream reads one step and ends with the INTERNAL an env server sends for a crashed env."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    async def StepStream(self, requests: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
+        self.opened += 1
+        if await context.read() is grpc.aio.EOF:
+            return
+        context.set_code(grpc.StatusCode.INTERNAL)
+        context.set_details("step failed: ValueError: env bug; reset before stepping again")
+        context.set_trailing_metadata(((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER), (ENV_INDEX_KEY, "0")))
+
+
+def test_an_env_error_on_a_new_stream_is_reported_at_once_without_probing_the_server() -> None:
+    """The learner looks again at a server whose new StepStream failed with gRPC's own INTERNAL (a refusal
+    that raced the first write); an INTERNAL the server sent (a crashed env: the stream ends, so each
+    next step opens a new one) is the answer, and costs no probe."""
+
+    async def steps() -> tuple[list[float], int, list[str]]:
+        service = _CrashingStepStream()
+        server = grpc.aio.server()
+        pb_grpc.add_EnvServiceServicer_to_server(service, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = EnvClient(f"127.0.0.1:{port}", timeout=5)
+        took, errors = [], []
+        for _ in range(3):
+            start = time.monotonic()
+            with pytest.raises(RemoteEnvError) as info:
+                await client.step(pb.StepRequest(session_id="s"))
+            took.append(time.monotonic() - start)
+            errors.append(str(info.value))
+        await client.close()
+        await server.stop(0)
+        return took, service.opened, errors
+
+    took, opened, errors = asyncio.run(steps())
+    assert opened == 3 and max(took) < 0.4, (opened, took)
+    assert all("[INTERNAL]: step failed: ValueError: env bug; reset before stepping again" in e for e in errors)
