@@ -168,3 +168,25 @@ def fleet(*addresses: str) -> tuple[str, list[str]]:
     name = f"f{next(_fleet_names)}"
     _FLEETS[name] = list(addresses)
     return f"testfleet:{name}", _FLEETS[name]
+
+
+def started_logs(*args: str) -> str:
+    """What an env-server of CartPole-v1 started with ``args`` logged by the time it was ready (then it is
+    stopped)."""
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("listening on "), line
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            proc.stdout.close()  # type: ignore[union-attr]
+        log.seek(0)
+        return log.read()

@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
 from learner.client import EnvClient
 from tests.certs import ServerFiles, make_server_certs
-from tests.conftest import SpawnServer
+from tests.conftest import SpawnServer, started_logs
 
 TOKEN = "s3cret-token_for.tests"
 
@@ -327,37 +326,16 @@ def test_no_warning_where_the_server_checks_the_token_or_none_is_sent(
 # -- what a server open to anyone says as it starts ---------------------------------------------------
 
 
-def _started_logs(*args: str) -> str:
-    """What a server started with ``args`` logged by the time it was ready (then it is stopped)."""
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.startswith("listening on "), line
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-            proc.stdout.close()  # type: ignore[union-attr]
-        log.seek(0)
-        return log.read()
-
-
 def test_tls_without_a_token_off_loopback_is_warned_as_open_to_anyone(certs: ServerFiles) -> None:
     """TLS encrypts the calls and proves the server to learners; it does not check who calls (no
     client certificates): off loopback without a token, anyone who reaches the port can claim the envs."""
     tls = ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
-    logs = _started_logs(*tls, "--host", "0.0.0.0")
+    logs = started_logs(*tls, "--host", "0.0.0.0")
     assert "listening on 0.0.0.0 with TLS but no auth token: anyone who reaches it can claim and step its envs" in logs
     assert "see --auth-token" in logs
     assert "neither TLS nor an auth token" not in logs
     # With the token, or on loopback, nothing to warn of.
-    for quiet in (_started_logs(*tls, "--host", "0.0.0.0", "--auth-token", TOKEN), _started_logs(*tls)):
+    for quiet in (started_logs(*tls, "--host", "0.0.0.0", "--auth-token", TOKEN), started_logs(*tls)):
         assert "no auth token" not in quiet and "anyone who reaches it" not in quiet, quiet
     # Plaintext without a token says so, as before.
-    assert "with neither TLS nor an auth token: anyone who reaches it" in _started_logs("--host", "0.0.0.0")
+    assert "with neither TLS nor an auth token: anyone who reaches it" in started_logs("--host", "0.0.0.0")

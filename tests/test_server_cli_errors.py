@@ -24,7 +24,7 @@ from env_server.config import ServerConfig
 from env_server.envs import WRAPPERS, EnvBuildError
 from env_server.protocol import STEP_SOCKET_SUFFIX, bind_hint
 from learner import RemoteVectorEnv
-from tests.conftest import SpawnServer, StartServers, needs_proc
+from tests.conftest import SpawnServer, StartServers, needs_proc, started_logs
 from tests.envs import DictEnv
 
 SHORT_USAGE = "usage: env-server [options]; see env-server --help"
@@ -267,34 +267,15 @@ def test_a_unix_socket_another_server_listens_on_is_refused_and_a_stale_one_repl
     assert second.address == f"unix:{socket_path}"
 
 
-def _started_logs(*args: str) -> str:
-    """What a server started with ``args`` logged by the time it was ready (then it is stopped)."""
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().startswith("listening on ")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-            proc.stdout.close()  # type: ignore[union-attr]
-        log.seek(0)
-        return log.read()
-
-
 def test_what_is_served_is_logged_and_risky_or_ignored_settings_warned() -> None:
-    logs = _started_logs(
+    logs = started_logs(
         "--num-envs", "2", "--env-kwargs", '{"max_episode_steps": 20}', "--step-delay-ms", "1",
         "--spin-wait-ms", "0.5", "--host", "0.0.0.0",
     )  # fmt: skip
     assert 'serving 2 x CartPole-v1 (sync; kwargs {"max_episode_steps": 20}; step delay 1 ms) on 0.0.0.0:' in logs
     assert "with neither TLS nor an auth token: anyone who reaches it can claim and step its envs" in logs
     assert "--spin-wait-ms applies to the step socket only" in logs
-    quiet = _started_logs("--auth-token", "t0ken", "--host", "0.0.0.0")
+    quiet = started_logs("--auth-token", "t0ken", "--host", "0.0.0.0")
     assert "neither TLS nor an auth token" not in quiet and "spin-wait" not in quiet
 
 
