@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sys
@@ -249,6 +250,11 @@ HTTP_TIMEOUT_S = 10.0
 """Seconds the metrics endpoint waits on a connection for the next bytes of its request (or for room
 to send the answer) before closing it. A scrape sends its request at once; a connection that sends
 nothing, or half a request, would otherwise keep its thread for ever (1000 such held ~900 threads)."""
+HTTP_DEADLINE_S = 30.0
+"""Seconds a connection to the metrics endpoint may take in all, its request read and answered, before
+it is closed: HTTP_TIMEOUT_S bounds each wait for bytes, so a peer sending a byte every few seconds
+would otherwise keep its thread (and, MAX_HTTP_CONNECTIONS of them, every scrape out) for ever. A
+scrape takes milliseconds."""
 MAX_HTTP_CONNECTIONS = 16
 """Connections the metrics endpoint serves at once, each on a thread of its own; one more is closed
 unanswered. Prometheus scrapes one at a time (a few, with replicas or more than one Prometheus)."""
@@ -275,11 +281,24 @@ def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
 
 
 class _MetricsHandler(WSGIRequestHandler):
-    """One connection: one request, read (and answered) within HTTP_TIMEOUT_S between bytes; no log lines."""
+    """One connection: one request, read (and answered) within HTTP_TIMEOUT_S between bytes and
+    HTTP_DEADLINE_S in all; no log lines."""
 
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(HTTP_TIMEOUT_S)  # (read here, not at import: the tests shorten it)
+        self._deadline = threading.Timer(HTTP_DEADLINE_S, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        """Past the deadline: end the connection (the thread's read or write fails, and it ends)."""
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing (as prometheus_client's handler): a line per scrape."""

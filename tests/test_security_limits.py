@@ -203,8 +203,10 @@ def _peak_rss(pid: int) -> int:
 
 @pytest.fixture
 def metrics_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """A metrics endpoint in this process that waits 0.5 s for a request's bytes and serves 2 connections at once."""
+    """A metrics endpoint in this process that waits 0.5 s for a request's bytes, 1.5 s for a connection in
+    all, and serves 2 connections at once."""
     monkeypatch.setattr(env_server.metrics, "HTTP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(env_server.metrics, "HTTP_DEADLINE_S", 1.5)
     monkeypatch.setattr(env_server.metrics, "MAX_HTTP_CONNECTIONS", 2)
     metrics = ServerMetrics(env_id="CartPole-v1", num_envs=1, vectorization="sync")
     yield metrics.serve_http("127.0.0.1", 0)
@@ -231,6 +233,21 @@ def test_a_half_sent_request_to_the_metrics_endpoint_is_closed_after_the_timeout
         with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as sock:
             sock.sendall(sent)
             assert 0.3 < _closed_within(sock, 5.0) < 3.0, sent
+    assert b"envfleet_num_envs 1.0" in _scrape(metrics_port)
+
+
+def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_deadline(metrics_port: int) -> None:
+    """Each byte within the timeout, so only the deadline on the whole connection ends it."""
+    with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as sock:
+        started = time.monotonic()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: x" * 10:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+                if time.monotonic() - started > 5:
+                    break
+        took = time.monotonic() - started
+        assert 1.3 < took < 4.0, took
     assert b"envfleet_num_envs 1.0" in _scrape(metrics_port)
 
 
