@@ -44,6 +44,7 @@ from learner.errors import (
     RemoteEnvError,
     RemoteTimeoutError,
     ServerBusyError,
+    ServerFullError,
     ServerUnavailableError,
     SessionError,
 )
@@ -179,11 +180,6 @@ _PROBE_S = 0.5
 """How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal."""
 
 
-def full(err: RemoteEnvError) -> bool:
-    """Whether ``err`` is a refusal of a server serving its most calls at once (not one of a claim)."""
-    return isinstance(err, ServerBusyError) and "(env-server --max-concurrent-rpcs" in str(err)
-
-
 CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
 """What gRPC's core says of a call it refused because the server serves its most calls at once
 (``maximum_concurrent_rpcs``: env-server --max-concurrent-rpcs)."""
@@ -225,11 +221,12 @@ def status_error(
                 code=code,
             )
         if details == CALL_LIMIT_DETAILS:
-            return ServerBusyError(
+            return ServerFullError(
                 f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the server is serving as many calls as "
-                f"it takes at once (env-server --max-concurrent-rpcs, {DEFAULT_MAX_CONCURRENT_RPCS} by default; a learner holds 2-3), so some "
-                "other client holds them: many learners or probes at one server, or a flood; its log says when it "
-                "refuses calls. Try again once they end, or raise the limit where the server is started",
+                f"it takes at once (env-server --max-concurrent-rpcs, {DEFAULT_MAX_CONCURRENT_RPCS} by default; a "
+                "learner holds 2-3), so some other client holds them: many learners or probes at one server, or a "
+                "flood; its log says when it refuses calls. Try again once they end, or raise the limit where the "
+                "server is started",
                 address=address,
                 code=code,
             )

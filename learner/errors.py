@@ -20,6 +20,7 @@ __all__ = [
     "RunCompleteError",
     "RunDirWriteError",
     "ServerBusyError",
+    "ServerFullError",
     "ServerStartError",
     "ServerUnavailableError",
     "SessionError",
@@ -95,6 +96,11 @@ class ServerUnavailableError(RemoteEnvError, ConnectionError):
 
 class ServerBusyError(RemoteEnvError):
     """Another learner holds the server's envs (one learner owns a server at a time)."""
+
+
+class ServerFullError(ServerBusyError):
+    """The server serves as many calls at once as it takes (env-server --max-concurrent-rpcs): other
+    clients hold them. Busy, but not claimed by another learner."""
 
 
 class InvalidRequestError(RemoteEnvError, ValueError):

@@ -42,7 +42,6 @@ from learner.client import (
     EnvClient,
     SocketStep,
     channel_credentials,
-    full,
     timeout_error,
 )
 from learner.discovery import (
@@ -61,6 +60,7 @@ from learner.errors import (
     InvalidResponseError,
     RemoteEnvError,
     ServerBusyError,
+    ServerFullError,
     ServerUnavailableError,
     SessionError,
     SpecMismatchError,
@@ -673,7 +673,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if not any(client.address in env.addresses for env in _LIVE if not env.closed) or full(err):
+                if isinstance(err, ServerFullError) or not any(
+                    client.address in env.addresses for env in _LIVE if not env.closed
+                ):
                     raise
                 # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
                 raise ServerBusyError(

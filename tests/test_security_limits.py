@@ -27,7 +27,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
 from learner import RemoteVectorEnv
-from learner.errors import ServerBusyError
+from learner.errors import ServerBusyError, ServerFullError
 from tests.conftest import SpawnServer, needs_proc
 
 TOKEN = "s3cret-token_for.limits"
@@ -76,8 +76,11 @@ def test_calls_past_the_limit_are_refused_resource_exhausted_and_logged(spawn_se
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert info.value.details() == FULL
         # A learner is told what is full and what to do.
-        with pytest.raises(ServerBusyError, match=r"the server is serving as many calls as it takes at once \(env-"):
+        with pytest.raises(
+            ServerBusyError, match=r"the server is serving as many calls as it takes at once \(env-"
+        ) as busy:
             RemoteVectorEnv([server.address], connect_timeout=5).close()
+        assert isinstance(busy.value, ServerFullError)  # (not this process's own claim, nor another learner's)
         streams[0].cancel()
 
         def served() -> bool:
