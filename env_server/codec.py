@@ -27,6 +27,7 @@ __all__ = [
     "encode_space",
     "encode_tensor",
     "encode_value",
+    "key_text",
     "np_dtype",
 ]
 
@@ -190,11 +191,16 @@ _TAIL_STEPS = 5
 
 
 def _step_text(step: str | int) -> str:
-    if isinstance(step, int):
-        return f"[{step}]"
-    if len(step) <= _KEY_CHARS:
-        return f"[{step!r}]"
-    return f"[{step[:_KEY_CHARS]!r}... ({len(step)} characters)]"
+    return f"[{step}]" if isinstance(step, int) else f"[{key_text(step)}]"
+
+
+def key_text(key: Any) -> str:
+    """A dict key a client sent, as an error shows it: its repr, a str cut to _KEY_CHARS characters (with
+    its length), any other key's repr cut likewise."""
+    if isinstance(key, str) and len(key) > _KEY_CHARS:
+        return f"{key[:_KEY_CHARS]!r}... ({len(key)} characters)"
+    text = repr(key)
+    return text if len(text) <= _KEY_CHARS else f"{text[:_KEY_CHARS]}..."
 
 
 # ---------------------------------------------------------------------------------------------

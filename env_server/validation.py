@@ -9,13 +9,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from env_server.codec import key_text
+
 __all__ = ["InvalidActionError", "check_actions"]
 
 # What an error shows of what the client sent (and so its log line on the server): its dict keys up
-# to about this many characters in all, each cut to _KEY_CHARS; an env's action values up to
+# to about this many characters in all, each as codec.key_text shows it; an env's action values up to
 # _VALUES_SHOWN numbers (a few from each end of more).
 _SHOWN_CHARS = 200
-_KEY_CHARS = 40
 _VALUES_SHOWN = 16
 
 # Box actions up to this much (relative to the bounds' magnitude, at least 1) past a bound are float
@@ -141,13 +142,13 @@ def _kind(obj: Any) -> str:
 
 
 def _listed(keys: Collection[Any]) -> str:
-    """``keys`` as a list, shown up to about _SHOWN_CHARS characters, each key up to _KEY_CHARS; then
+    """``keys`` as a list, shown up to about _SHOWN_CHARS characters, each key as key_text shows it; then
     ``...`` and how many there are. Keys a client sent: without a bound, an error (and the server's
     log line of it) would copy every one of them, however many and long."""
     shown: list[str] = []
     size = 0
     for key in keys:
-        text = _key_text(key)
+        text = key_text(key)
         if shown and size + len(text) > _SHOWN_CHARS:
             break
         shown.append(text)
@@ -157,13 +158,6 @@ def _listed(keys: Collection[Any]) -> str:
     if len(shown) == len(keys):
         return f"[{', '.join(shown)}]"
     return f"[{', '.join(shown)}, ...] ({len(keys)} keys)"
-
-
-def _key_text(key: Any) -> str:
-    if isinstance(key, str) and len(key) > _KEY_CHARS:
-        return f"{key[:_KEY_CHARS]!r}... ({len(key)} characters)"
-    text = repr(key)
-    return text if len(text) <= _KEY_CHARS else f"{text[:_KEY_CHARS]}..."
 
 
 def _values(action: np.ndarray) -> str:
