@@ -825,34 +825,24 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     )
 
 
+def _add_log_options(parser: argparse.ArgumentParser, *, level: str, log_format: str) -> None:
+    """--log-level and --log-format, with these defaults (argparse.SUPPRESS: none, so that the options
+    given after the command override those given before it)."""
+    for flag, default, choices, metavar, help_text in (
+        ("--log-level", level, LOG_LEVELS, "LEVEL", LOG_LEVEL_HELP),
+        ("--log-format", log_format, LOG_FORMATS, "FORMAT", LOG_FORMAT_HELP),
+    ):
+        parser.add_argument(flag, default=default, type=str.lower, choices=choices, metavar=metavar, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
-    parser.add_argument(
-        "--log-level", default="warning", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL", help=LOG_LEVEL_HELP
-    )
-    parser.add_argument(
-        "--log-format", default="text", type=str.lower, choices=LOG_FORMATS, metavar="FORMAT", help=LOG_FORMAT_HELP
-    )
+    _add_log_options(parser, level="warning", log_format="text")
     parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {package_version()}")
     # --log-level and --log-format also after the command (learner train --log-level info), where they
     # override one before.
     common = _Parser(add_help=False)
-    common.add_argument(
-        "--log-level",
-        default=argparse.SUPPRESS,
-        type=str.lower,
-        choices=LOG_LEVELS,
-        metavar="LEVEL",
-        help=LOG_LEVEL_HELP,
-    )
-    common.add_argument(
-        "--log-format",
-        default=argparse.SUPPRESS,
-        type=str.lower,
-        choices=LOG_FORMATS,
-        metavar="FORMAT",
-        help=LOG_FORMAT_HELP,
-    )
+    _add_log_options(common, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS)
     common.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
