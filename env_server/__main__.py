@@ -312,6 +312,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"(at least {MIN_MAX_CONCURRENT_RPCS}; default: %(default)s)",
     )
     p.add_argument(
+        "--http2-bdp-probe",
+        action=argparse.BooleanOptionalAction,
+        default=e("http2_bdp_probe", False),
+        help="let each call's HTTP/2 receive window grow to what the link carries (gRPC's BDP probing), instead of "
+        "keeping it at 64 KiB: a request over 64 KiB (large actions) then takes no extra round trip across a slow "
+        "link, but calls not yet served or refused (a flood) may each hold a few MB, not 64 KiB "
+        "(default: off; ENVFLEET_HTTP2_BDP_PROBE: on or off)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=_port,
         default=e("metrics_port", None),
@@ -416,6 +425,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
             hang_timeout_s=args.hang_timeout,
             max_request_bytes=args.max_request_bytes,
             max_concurrent_rpcs=args.max_concurrent_rpcs,
+            http2_bdp_probe=args.http2_bdp_probe,
             parent_pid=args.parent_pid,
             metrics_port=args.metrics_port,
             auth_token=token,

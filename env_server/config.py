@@ -125,6 +125,10 @@ class ServerConfig:
     """Calls in progress at once, of every caller and service together (a stream counts until it
     ends); gRPC refuses more with RESOURCE_EXHAUSTED before reading their requests (see
     DEFAULT_MAX_CONCURRENT_RPCS)."""
+    http2_bdp_probe: bool = False
+    """Let gRPC grow each call's HTTP/2 receive window to what the link carries (BDP probing), instead
+    of keeping it at 64 KiB: requests over 64 KiB then take no extra round trip on slow links, but a
+    flood of calls can make the server hold up to a few MB each before refusing them."""
 
     def __post_init__(self) -> None:
         """Raise ValueError, naming the field, what it must be and what came, for a config no server
@@ -133,6 +137,9 @@ class ServerConfig:
             raise ValueError(f"env: expected a gymnasium id or a package.module:Name entry point, got {self.env!r}")
         _check_integer("num_envs", self.num_envs, 1)
         _check_port("port", self.port)
+        for name in ("step_socket", "http2_bdp_probe"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         if self.metrics_port is not None:
             _check_port("metrics_port", self.metrics_port)
         _check_choice("vectorization", self.vectorization, VECTORIZATIONS)

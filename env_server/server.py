@@ -54,8 +54,11 @@ MAX_STREAMS_PER_CONNECTION = 8
 """Calls in progress at once on one connection (HTTP/2 streams): a learner's connection carries 2-3."""
 
 
-def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[tuple[str, int]]:
-    """Channel options for the server: message limits and keepalive so dead peers are noticed."""
+def server_options(
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, bdp_probe: bool = False
+) -> list[tuple[str, int]]:
+    """Channel options for the server: message limits and keepalive so dead peers are noticed;
+    ``bdp_probe``: see below (``env-server --http2-bdp-probe``)."""
     return [
         # A larger request is refused (RESOURCE_EXHAUSTED) before protobuf parses it, which can take
         # ~25x its size in memory; responses (observations) are larger by nature.
@@ -87,8 +90,9 @@ def server_options(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> list[t
         # the window, but a call not yet taken in (gRPC core holds them before Python does; past
         # --max-concurrent-rpcs, until refused) may have only its window's worth sent and held. With
         # probing, 64 connections x 8 calls of 4 MB held ~1.2 GB, cap or no cap; without, ~0.45 GB.
-        # Requests (actions) are small; one over 64 KiB waits one round trip more for its window.
-        ("grpc.http2.bdp_probe", 0),
+        # Requests (actions) are small; one over 64 KiB waits one round trip more for its window
+        # (--http2-bdp-probe turns probing back on, for large actions across slow links).
+        ("grpc.http2.bdp_probe", int(bdp_probe)),
     ]
 
 
@@ -477,7 +481,7 @@ async def _serve(
     on_malformed = None if metrics is None else functools.partial(metrics.count_error, code="INVALID_ARGUMENT")
     interceptors.append(RequestGuardInterceptor(on_malformed))
     server = grpc.aio.server(
-        options=server_options(config.max_request_bytes),
+        options=server_options(config.max_request_bytes, config.http2_bdp_probe),
         interceptors=interceptors,
         # Past it, gRPC refuses a call (RESOURCE_EXHAUSTED) before reading its request: what the calls in
         # progress hold, caller with a token or not, is bounded (see DEFAULT_MAX_CONCURRENT_RPCS).

@@ -128,6 +128,42 @@ def test_a_learner_refuses_a_request_over_a_servers_limit_before_sending(
     assert check(wide) == "SERVING"
 
 
+@pytest.mark.parametrize(
+    ("flags", "environ", "probing"),
+    [
+        ([], {}, False),
+        (["--http2-bdp-probe"], {}, True),
+        ([], {"ENVFLEET_HTTP2_BDP_PROBE": "on"}, True),
+        (["--no-http2-bdp-probe"], {"ENVFLEET_HTTP2_BDP_PROBE": "on"}, False),
+    ],
+)
+def test_bdp_probing_is_off_unless_asked_for_and_large_actions_step_either_way(
+    start_servers: StartServers,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    environ: dict[str, str],
+    probing: bool,
+) -> None:
+    """Each call's receive window stays at 64 KiB (what a flood of calls can make the server hold)
+    unless --http2-bdp-probe (ENVFLEET_HTTP2_BDP_PROBE) lets gRPC grow it; a step whose actions are
+    over 64 KiB goes through either way."""
+    from env_server.__main__ import parse_args
+    from env_server.server import server_options
+
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    config, _ = parse_args(["--env", "CartPole-v1", *flags])
+    assert config.http2_bdp_probe is probing
+    assert dict(server_options(config.max_request_bytes, config.http2_bdp_probe))["grpc.http2.bdp_probe"] == probing
+    (server,) = start_servers(
+        "tests.envs:WideActionEnv", 1, 2, transport="tcp", env_kwargs={"width": 8192}, server_args=flags
+    )
+    with RemoteVectorEnv([server]) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.zeros((2, 8192)))  # (128 KiB of actions)
+
+
 def _client(address: str) -> EnvClient:
     return EnvClient(address, timeout=10)
 

@@ -47,6 +47,8 @@ from env_server.envs import WRAPPERS, make_env
         ("max_request_bytes", 4095, "max_request_bytes: expected an integer in [4096, 67108864], got 4095"),
         ("max_request_bytes", 2**26 + 1, "max_request_bytes: expected an integer in [4096, 67108864], got 67108865"),
         ("max_request_bytes", 65536.0, "max_request_bytes: expected an integer in [4096, 67108864], got 65536.0"),
+        ("step_socket", "off", "step_socket: expected True or False, got 'off'"),
+        ("http2_bdp_probe", 1, "http2_bdp_probe: expected True or False, got 1"),
     ],
 )
 def test_a_bad_field_is_refused_naming_it_what_was_expected_and_what_came(field: str, value: Any, message: str) -> None:
