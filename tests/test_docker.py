@@ -95,6 +95,9 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
         assert services[name]["depends_on"]["env"]["condition"] == "service_healthy"
         assert services[name]["deploy"]["replicas"] == 1
     assert services["learner"]["profiles"] == ["learner"] and services["learner-gpu"]["profiles"] == ["gpu"]
+    for name in ("env", "learner", "learner-gpu"):  # (least privilege: tests below run them so)
+        assert services[name]["read_only"] is True and services[name]["cap_drop"] == ["ALL"], name
+        assert {"type": "tmpfs", "target": "/tmp"}.items() <= services[name]["volumes"][-1].items(), name
     devices = services["learner-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and not services["learner"]["deploy"].get("resources")
     assert services["learner-gpu"]["command"] == services["learner"]["command"]
@@ -216,6 +219,15 @@ def test_training_in_the_learner_container_on_every_replica(fleet: ComposeProjec
     show = "import json; c = json.load(open('runs/ci/config.json')); print(len(c['envs']['addresses']), c['envs']['num_envs'])"
     result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
     assert result.stdout.split()[-2:] == [str(REPLICAS), str(REPLICAS * ENVS_PER_REPLICA)]
+    # Its root filesystem is read-only (compose's read_only): plotting (matplotlib's cache) and an eval on
+    # local servers (their sockets) write only to the runs volume and the tmpfs on /tmp.
+    result = fleet.run("run", "--rm", "--no-deps", "learner", "plot", "runs/ci", timeout=180)
+    assert "runs/ci/returns.png" in result.stdout + result.stderr, result.stdout + result.stderr
+    result = fleet.run("run", "--rm", "--no-deps", "learner", "eval", "runs/ci", "--episodes", "2", timeout=300)
+    assert "return " in result.stdout, result.stdout + result.stderr
+    probe = "open('/opt/envfleet/probe', 'w')"
+    result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", probe, check=False)
+    assert "Read-only file system" in result.stderr, result.stdout + result.stderr
 
 
 def fleet_sizes(run_dir: Path) -> list[int]:

@@ -192,6 +192,8 @@ def test_the_learner_job_requests_a_gpu_and_finds_servers_through_the_service(
     assert f"--servers dns:///{service['metadata']['name']}:{service['spec']['ports'][0]['port']}" in learner["args"][0]
     volumes = {v["name"]: v for v in pod_spec(objects, "Job/learner")["volumes"]}
     assert f"PersistentVolumeClaim/{volumes['runs']['persistentVolumeClaim']['claimName']}" in objects
+    assert learner["securityContext"]["readOnlyRootFilesystem"] is True and "emptyDir" in volumes["tmp"]
+    assert {m["mountPath"] for m in learner["volumeMounts"]} >= {"/workspace/runs", "/tmp"}  # (+ TLS: /certs)
 
 
 def test_the_learner_pod_has_time_to_checkpoint_after_sigterm(objects: dict[str, dict[str, Any]]) -> None:
