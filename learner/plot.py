@@ -94,6 +94,11 @@ def plot_runs(
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
+    lines = len(set(groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty)) if groups else len(plotted)
+    if lines > len(plt.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: 20 paler ones then)
+        colour_cycle = plt.cycler(color=[matplotlib.colormaps["tab20"](k) for k in range(20)])
+        by_steps.set_prop_cycle(colour_cycle)
+        by_time.set_prop_cycle(colour_cycle)
     envs = {env for _, config in plotted if (env := _env(config)) is not None}
     mixed = len(envs) > 1  # runs of different envs: each says its own
     # Each solved bar, with the envs whose runs it is for (runs of one env may differ: --stop-at-return).
@@ -141,14 +146,15 @@ def plot_runs(
         by_time.axhline(threshold, **style)
     by_steps.set_xlabel("env steps")
     by_time.set_xlabel("wall time (s)")
-    by_steps.set_ylabel("mean return, last 20 episodes")
+    by_steps.set_ylabel("mean return, last 20 episodes\n(all of them until 20 have ended)")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)  # (runs start at 0: a short run's few points are not spread over the width)
     handles, labels = by_steps.get_legend_handles_labels()
     if solved_any:
         (marker,) = by_steps.plot([], [], color="grey", linestyle=":", linewidth=1)
         handles.append(marker)
-        labels.append("where a run solved it")
+        labels.append("where the run solved it" if len(plotted) == 1 else "where each run solved it")
     # Below the axes, where it hides no line.
     columns = min(2, len(labels)) or 1
     legend_rows = -(-len(labels) // columns)

@@ -1,0 +1,80 @@
+"""What ``learner plot`` draws: axes from 0, a colour per run past matplotlib's 10, and labels that
+say what a point is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib.colors import to_hex
+
+from learner import rundir
+from learner.plot import plot_runs
+
+
+def _run(folder: Path, points: int, solved_at: int | None = None) -> Path:
+    folder.mkdir()
+    rows = [
+        {"update": i, "global_step": 1000 + 16 * i, "seconds": 2.0 + 0.1 * i, "episodic_return_mean": 10.0 * i}
+        for i in range(1, points + 1)
+    ]
+    rundir.rewrite_jsonl(folder / rundir.METRICS, rows)
+    rundir.write_json(folder / rundir.CONFIG, {"args": {"env": "CartPole-v1"}, "solved_threshold": 475.0})
+    if solved_at is not None:
+        summary = {
+            "total_steps": rows[-1]["global_step"],
+            "seconds": rows[-1]["seconds"],
+            "final_return_mean": rows[-1]["episodic_return_mean"],
+            "solved_at_step": solved_at,
+            "solved_at_seconds": 2.5,
+        }
+        rundir.write_json(folder / rundir.SUMMARY, summary)
+    return folder
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The figures plot_runs saves, as they were when saved (it closes them after)."""
+    from matplotlib.figure import Figure
+
+    saved: list[Any] = []
+    save = Figure.savefig
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        saved.append(self)
+        save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def test_a_short_run_is_drawn_from_zero_with_labels_that_say_what_a_point_is(
+    tmp_path: Path, figures: list[Any]
+) -> None:
+    """A run stopped at its first update was drawn over 1,016-1,017 steps and 2.1-2.1 s: both axes
+    now start at 0. The y label says what a point is before 20 episodes have ended; the solve marker's
+    legend entry speaks of the one run."""
+    plot_runs([_run(tmp_path / "one", 1, solved_at=1016)], tmp_path / "one.png")
+    (figure,) = figures
+    by_steps, by_time = figure.axes
+    assert by_steps.get_xlim()[0] == 0 and by_time.get_xlim()[0] == 0
+    assert by_steps.get_xlim()[1] > 1016 and by_time.get_xlim()[1] > 2.1
+    assert by_steps.get_ylabel() == "mean return, last 20 episodes\n(all of them until 20 have ended)"
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[-1] == "where the run solved it"
+
+
+def test_more_runs_than_the_default_colours_each_get_their_own(tmp_path: Path, figures: list[Any]) -> None:
+    runs = [_run(tmp_path / f"run{i:02d}", 3, solved_at=1032) for i in range(12)]
+    plot_runs(runs, tmp_path / "many.png")
+    (figure,) = figures
+    colours = [line.get_color() for line in figure.axes[0].get_lines() if line.get_linestyle() == "-"]
+    assert len(colours) == 12 and len({to_hex(c) for c in colours}) == 12
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[-1] == "where each run solved it"
+    # Ten or fewer keep matplotlib's usual colours.
+    figures.clear()
+    plot_runs(runs[:3], tmp_path / "three.png")
+    colours = [line.get_color() for line in figures[0].axes[0].get_lines() if line.get_linestyle() == "-"]
+    assert [to_hex(c) for c in colours] == ["#1f77b4", "#ff7f0e", "#2ca02c"]
