@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from learner import rundir
 
-__all__ = ["plot_runs"]
+__all__ = ["config_groups", "plot_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,53 @@ def _env(config: dict[str, Any]) -> str | None:
     return config.get("args", {}).get("env") or config.get("envs", {}).get("env_id") or None
 
 
+# What of a run's setup makes it another configuration (a group of `learner plot --by-config`): the env,
+# how it was served, the device and policy, and PPO's hyperparameters as resolved (a preset's default and
+# the same value given by hand are alike). Not: the seed, budgets, where it wrote, timeouts, security.
+_SETUP_ARGS = ("backend", "transport", "step_socket", "step_delay_ms", "pipeline_groups", "overlap_update")
+_SETUP_ENVS = ("env_kwargs", "num_envs", "wrappers", "max_episode_steps", "autoreset_mode")
+
+
+def _setup(config: dict[str, Any]) -> dict[str, Any]:
+    args, envs = config.get("args", {}), config.get("envs", {})
+    setup: dict[str, Any] = {"env": _env(config)}
+    setup.update({key: args.get(key) for key in _SETUP_ARGS})
+    setup.update({key: envs.get(key) for key in _SETUP_ENVS})
+    setup["servers"] = len(envs.get("addresses") or ())
+    setup["device"], setup["policy"] = config.get("device"), config.get("policy")
+    setup.update({key: value for key, value in config.get("ppo", {}).items() if key != "total_timesteps"})
+    return setup
+
+
+def config_groups(runs: Sequence[str | Path]) -> list[str]:
+    """A group name for each of ``runs``: runs whose config.json differ in nothing but the seed and
+    what does not change learning (budgets, run dir, timeouts, security, logging) are one group, named
+    by what sets it apart from the others (``gamma=0.98, num_envs=8``), or by its env when there is one
+    group. A run without a config.json is a group of its own, named after its folder."""
+    setups: list[dict[str, Any] | None] = []
+    for run in map(Path, runs):
+        path = run / rundir.CONFIG
+        setups.append(_setup(rundir.read_json(path)) if path.is_file() else None)
+    known = [setup for setup in setups if setup is not None]
+    differ = [key for key in (known[0] if known else {}) if len({_text(setup.get(key)) for setup in known}) > 1]
+    names = []
+    for run, setup in zip(map(Path, runs), setups, strict=True):
+        if setup is None:
+            names.append(run.name or str(run))
+        elif differ:
+            names.append(", ".join(f"{key}={_text(setup.get(key))}" for key in differ))
+        else:
+            names.append(setup.get("env") or "runs")
+    return names
+
+
+def _text(value: Any) -> str:
+    """A setup value as a label shows it (and as setups compare: JSON, keys sorted)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _label(run: Path, summary: dict[str, Any] | None, env: str | None = None) -> str:
     label = run.name or str(run)
     if env is not None:
@@ -40,6 +89,22 @@ def _label(run: Path, summary: dict[str, Any] | None, env: str | None = None) ->
     if summary and summary.get("solved_at_step") is not None:
         label += f" (solved at {summary['solved_at_step']:,} steps, {summary['solved_at_seconds']:.1f} s)"
     return label
+
+
+def _draw_band(ax: Any, curves: Sequence[tuple[Sequence[float], Sequence[float]]], colour: Any) -> None:
+    """The mean of ``curves`` ((x, y) each: runs of one group) as a bold line, their lowest to highest
+    shaded, where every curve has points (each interpolated linearly between its own)."""
+    import numpy as np
+
+    start = max(x[0] for x, _ in curves)
+    end = min(x[-1] for x, _ in curves)
+    grid = np.unique(np.concatenate([np.asarray(x, dtype=float) for x, _ in curves]))
+    grid = grid[(grid >= start) & (grid <= end)]
+    if grid.size < 2:
+        return
+    values = np.stack([np.interp(grid, np.asarray(x, dtype=float), np.asarray(y, dtype=float)) for x, y in curves])
+    ax.fill_between(grid, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.15, linewidth=0)
+    ax.plot(grid, values.mean(axis=0), color=colour, linewidth=2)
 
 
 def plot_runs(
@@ -53,7 +118,8 @@ def plot_runs(
     """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds.
 
     With ``groups`` (one name per run), runs of a group share a colour and one legend entry, e.g.
-    the seeds of one configuration. A run's "solved" bar (its config's ``solved_threshold``) is a dashed
+    the seeds of one configuration (see :func:`config_groups`): a group of several runs is drawn as
+    their mean, bold, the range between their lowest and highest shaded and each run faint. A run's "solved" bar (its config's ``solved_threshold``) is a dashed
     line labelled with the envs it belongs to; runs of different envs have their env in their legend
     entry, and the default title says they differ.
 
@@ -94,7 +160,7 @@ def plot_runs(
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
-    lines = len(set(groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty)) if groups else len(plotted)
+    lines = len({groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty}) if groups else len(plotted)
     if lines > len(plt.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: 20 paler ones then)
         colour_cycle = plt.cycler(color=[matplotlib.colormaps["tab20"](k) for k in range(20)])
         by_steps.set_prop_cycle(colour_cycle)
@@ -108,6 +174,8 @@ def plot_runs(
             env = _env(config)
             thresholds.setdefault(float(config["solved_threshold"]), set()).update([env] if env else [])
     colours: dict[str, Any] = {}
+    members: dict[str, list[tuple[list[float], list[float], list[float]]]] = {}  # group -> its runs' points
+    sizes = Counter(groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty) if groups else Counter()
     solved_any = False
     for i, (run, rows, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
@@ -126,17 +194,36 @@ def plot_runs(
         marker = "o" if len(steps) == 1 else None
         if group is None:
             (line,) = by_steps.plot(steps, returns, label=_label(run, summary, env), marker=marker)
-        elif group in colours:
-            (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
         else:
-            label = group if env is None else f"{group} [{env}]"
-            (line,) = by_steps.plot(steps, returns, label=label, linewidth=1, marker=marker)
-            colours[group] = line.get_color()
-        by_time.plot(seconds, returns, color=line.get_color(), linewidth=line.get_linewidth(), marker=marker)
+            members.setdefault(group, []).append((steps, seconds, returns))
+            if group in colours:
+                (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
+            else:
+                label = group if env is None else f"{group} [{env}]"
+                if sizes[group] > 1:
+                    label += f" ({sizes[group]} runs: mean, range shaded)"
+                (line,) = by_steps.plot(steps, returns, linewidth=1, marker=marker)
+                colours[group] = line.get_color()
+                # (its legend entry: a line as the group's mean is drawn, bold for a group of several)
+                by_steps.plot([], [], color=colours[group], linewidth=2 if sizes[group] > 1 else 1, label=label)
+            if sizes[group] > 1:
+                line.set_alpha(0.35)
+        by_time.plot(
+            seconds,
+            returns,
+            color=line.get_color(),
+            linewidth=line.get_linewidth(),
+            marker=marker,
+            alpha=line.get_alpha(),
+        )
         if summary and summary.get("solved_at_step") is not None:
             solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
+    for group, points in members.items():
+        if len(points) > 1:
+            for ax, x in ((by_steps, 0), (by_time, 1)):
+                _draw_band(ax, [(p[x], p[2]) for p in points], colours[group])
     # One grey shade per bar (up to 4), so that bars of different envs tell apart.
     shades = ["grey", "black", "silver", "dimgrey"]
     for k, threshold in enumerate(sorted(thresholds)):

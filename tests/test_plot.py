@@ -10,7 +10,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from learner import rundir
-from learner.plot import plot_runs
+from learner.plot import config_groups, plot_runs
 
 
 def _run(folder: Path, points: int, solved_at: int | None = None) -> Path:
@@ -78,3 +78,49 @@ def test_more_runs_than_the_default_colours_each_get_their_own(tmp_path: Path, f
     plot_runs(runs[:3], tmp_path / "three.png")
     colours = [line.get_color() for line in figures[0].axes[0].get_lines() if line.get_linestyle() == "-"]
     assert [to_hex(c) for c in colours] == ["#1f77b4", "#ff7f0e", "#2ca02c"]
+
+
+def _configured(folder: Path, seed: int, offset: float, **ppo: Any) -> Path:
+    """A run of CartPole with PPO settings ``ppo`` (over a base), its returns ``offset`` above a ramp."""
+    folder.mkdir()
+    rows = [
+        {"update": i, "global_step": 100 * i + seed, "seconds": 0.5 * i, "episodic_return_mean": 10.0 * i + offset}
+        for i in range(1, 6)
+    ]
+    rundir.rewrite_jsonl(folder / rundir.METRICS, rows)
+    config = {
+        "args": {"env": "CartPole-v1", "seed": seed, "run_dir": str(folder), "backend": "remote"},
+        "envs": {"env_id": "CartPole-v1", "num_envs": 8, "addresses": ["a:1", "b:2"]},
+        "ppo": {"preset": "classic", "total_timesteps": 1000 * seed, "gamma": 0.98, **ppo},
+        "device": "cpu",
+        "policy": "MLP 64,64",
+    }
+    rundir.write_json(folder / rundir.CONFIG, config)
+    return folder
+
+
+def test_runs_that_differ_only_in_seed_are_one_group_named_by_what_sets_it_apart(tmp_path: Path) -> None:
+    base = [_configured(tmp_path / f"base{seed}", seed, 0.0) for seed in (1, 2, 3)]
+    other = [_configured(tmp_path / f"other{seed}", seed, 5.0, gamma=0.99) for seed in (1, 2)]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert config_groups([*base, *other, bare]) == [*["gamma=0.98"] * 3, *["gamma=0.99"] * 2, "bare"]
+    assert config_groups(base) == ["CartPole-v1"] * 3  # (seeds, budgets and run dirs apart: one group)
+
+
+def test_a_group_of_runs_is_drawn_as_their_mean_with_their_range_shaded(tmp_path: Path, figures: list[Any]) -> None:
+    runs = [_configured(tmp_path / f"s{seed}", seed, 10.0 * seed) for seed in (1, 2, 3)]
+    runs.append(_configured(tmp_path / "alone", 1, 0.0, gamma=0.99))
+    plot_runs(runs, tmp_path / "groups.png", groups=config_groups(runs))
+    (figure,) = figures
+    by_steps, by_time = figure.axes
+    for ax in (by_steps, by_time):
+        bold = [line for line in ax.get_lines() if line.get_linewidth() == 2 and len(line.get_xdata())]
+        (mean,) = bold  # (the group of one is drawn as its run alone)
+        # Where all three have points (x from 103 to 501 steps): the mean of returns 10 i + 10, + 20, + 30.
+        assert mean.get_ydata()[0] == pytest.approx(30.0, abs=1.0) and mean.get_ydata()[-1] == pytest.approx(
+            70.0, abs=1.0
+        )
+        assert len(ax.collections) == 1  # the shaded range, of the group of three only
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[:2] == ["gamma=0.98 (3 runs: mean, range shaded)", "gamma=0.99"]
