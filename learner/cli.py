@@ -47,8 +47,12 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 LOG_LEVEL_HELP = "what the learner logs to stderr: debug, info, warning or error (default: warning)"
 LOG_FORMAT_HELP = (
     "text: a line per log record; json: a JSON object per line (time, level, logger, message, exception), local "
-    "env servers' lines included, for log collectors; progress bars and results are printed as they are "
-    "(--no-progress drops the bar) (default: text)"
+    "env servers' lines included, for log collectors; {printed} (default: text)"
+)
+# (--no-progress only where the command has --progress: train and eval)
+_PRINTED, _PRINTED_WITH_BAR = (
+    "results are printed as they are",
+    "progress bars and results are printed as they are (--no-progress drops the bar)",
 )
 
 # What the learner extra brings (pyproject.toml: envfleet[learner]); the commands that need them import
@@ -204,8 +208,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
     print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
-    if config.plot and (run_dir / "returns.png").exists():
+    plotted = config.plot and (run_dir / "returns.png").exists()
+    if plotted:
         print(f"plot: {run_dir / 'returns.png'}")
+    if summary["stop_reason"] in ("total_timesteps", "stop_at_return"):
+        print(finished_line(run_dir, plot=not plotted and recent is not None))
     return 130 if summary["stop_reason"] == "interrupted" else 0
 
 
@@ -318,22 +325,46 @@ def _faults_line(summary: dict[str, Any]) -> str:
 
 SLOWEST_RATIO = 1.2
 SLOWEST_MIN_MS = 0.1
-"""The closing lines name the slowest env server only if its median round trip is at least
-SLOWEST_RATIO times the other servers' median and SLOWEST_MIN_MS longer: of servers alike, none is
-"the slowest"."""
+"""The closing lines name the slowest env server if its envs' median step time (``env_p50_ms``, which
+each server measures and reports) is at least SLOWEST_RATIO times the other servers' median and
+SLOWEST_MIN_MS longer: of servers alike, none is "the slowest"."""
+SLOWEST_ROUND_TRIP_RATIO = 1.5
+SLOWEST_ROUND_TRIP_MIN_MS = 0.5
+"""... or else if its median round trip is this many times the others' and this many ms longer (a far
+or overloaded network, a busy server): a wider margin, because round trips of sub-millisecond steps,
+as the learner times them, depend on the order it serves the servers in. It sends a step to one
+server after the other (RemoteVectorEnv._start), each clock starting as its own send does, and takes
+in the answers that came while it computed (the critic's values) when it next looks, together; so
+the first server's round trip also counts the sends to the others, and on a machine of few cores
+the first send wakes that server, which can take the core the learner sends the next from
+(pipelined, it counts the policy's forward pass on the next group too). Two identical local servers
+on 2 cores measure 15-40 % apart that way (0.98 vs 0.85 ms, 1.40 vs 0.98 ms), local-0 always the
+"slower", while their envs step alike; a slow server's extra time is its envs' (env_p50_ms, above)
+or shows as a gap these margins exceed."""
+
+
+def _stands_out(replicas: dict[str, dict[str, Any]], key: str, ratio: float, min_ms: float) -> str | None:
+    """The server whose ``key`` (a median in ms) is at least ``ratio`` times the other servers' median
+    and ``min_ms`` above it; None if none is, or fewer than 2 servers report it."""
+    values = {a: r[key] for a, r in replicas.items() if r.get(key) is not None}
+    if len(values) < 2:
+        return None
+    slowest = max(values, key=lambda a: values[a])
+    median = statistics.median(v for a, v in values.items() if a != slowest)
+    value = values[slowest]
+    return slowest if value >= ratio * median and value - median >= min_ms else None
 
 
 def slowest_line(summary: dict[str, Any]) -> str:
-    """The env server the fleet waited for most (the highest median round trip over the session in
-    summary.json's ``replicas``), against the other servers' median; "" with fewer than 2 servers, or
-    when it stands out from them by little (see SLOWEST_RATIO)."""
+    """The env server the fleet waited for most, against the other servers' median, from the medians
+    over the session in summary.json's ``replicas``: the one whose envs step slowest, else the one with
+    the longest round trip; "" with fewer than 2 servers, or when none stands out from the others by
+    enough that it is not noise or an ordering effect (see SLOWEST_RATIO and SLOWEST_ROUND_TRIP_RATIO)."""
     replicas = {a: r for a, r in (summary.get("replicas") or {}).items() if r.get("latency_p50_ms") is not None}
-    if len(replicas) < 2:
-        return ""
-    slowest = max(replicas, key=lambda a: replicas[a]["latency_p50_ms"])
-    value = replicas[slowest]["latency_p50_ms"]
-    median = statistics.median(r["latency_p50_ms"] for a, r in replicas.items() if a != slowest)
-    if value < SLOWEST_RATIO * median or value - median < SLOWEST_MIN_MS:
+    slowest = _stands_out(replicas, "env_p50_ms", SLOWEST_RATIO, SLOWEST_MIN_MS) or _stands_out(
+        replicas, "latency_p50_ms", SLOWEST_ROUND_TRIP_RATIO, SLOWEST_ROUND_TRIP_MIN_MS
+    )
+    if slowest is None:
         return ""
 
     def figures(rows: list[dict[str, Any]]) -> str:
@@ -349,6 +380,14 @@ def slowest_line(summary: dict[str, Any]) -> str:
         f"slowest env server: {slowest} (median {figures([replicas[slowest]])}; "
         f"{'the other server' if len(others) == 1 else f'the other {len(others)} servers'}: median {figures(others)})"
     )
+
+
+def finished_line(run_dir: Path, plot: bool) -> str:
+    """What a finished run suggests doing next: evaluate its policy, and (``plot``: it wrote no plot of
+    its own, though episodes ended) plot its returns."""
+    where = shlex.quote(str(run_dir))
+    line = f"evaluate its policy with: learner eval {where}"
+    return line + (f"; plot its returns with: learner plot {where}" if plot else "")
 
 
 def interrupted_line(run_dir: Path, step: int) -> str:
@@ -825,12 +864,14 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     )
 
 
-def _add_log_options(parser: argparse.ArgumentParser, *, level: str, log_format: str) -> None:
+def _add_log_options(parser: argparse.ArgumentParser, *, level: str, log_format: str, bar: bool = False) -> None:
     """--log-level and --log-format, with these defaults (argparse.SUPPRESS: none, so that the options
-    given after the command override those given before it)."""
+    given after the command override those given before it); ``bar``: for a command with --progress,
+    whose help may point to --no-progress (the others refuse it)."""
+    format_help = LOG_FORMAT_HELP.format(printed=_PRINTED_WITH_BAR if bar else _PRINTED)
     for flag, default, choices, metavar, help_text in (
         ("--log-level", level, LOG_LEVELS, "LEVEL", LOG_LEVEL_HELP),
-        ("--log-format", log_format, LOG_FORMATS, "FORMAT", LOG_FORMAT_HELP),
+        ("--log-format", log_format, LOG_FORMATS, "FORMAT", format_help),
     ):
         parser.add_argument(flag, default=default, type=str.lower, choices=choices, metavar=metavar, help=help_text)
 
@@ -844,6 +885,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     _add_log_options(common, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS)
     common.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
+    with_bar = _Parser(add_help=False)  # (the same, for the commands with --progress)
+    _add_log_options(with_bar, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS, bar=True)
+    with_bar.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -884,7 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train",
-        parents=[common],
+        parents=[with_bar],
         help="train PPO on env servers it starts (or --servers, or --backend gym)",
         description=textwrap.dedent(Args.__doc__ or "").strip(),
         epilog=_presets_epilog(),
@@ -925,7 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser(
         "eval",
-        parents=[common],
+        parents=[with_bar],
         help="mean and std return of a checkpoint's deterministic policy",
         description="Run a checkpoint's policy for N episodes on the run's env (local servers unless --servers).",
     )

@@ -529,22 +529,90 @@ def set_torch_threads(device: torch.device, image: bool, threads: int = 0) -> No
 
 
 PROGRESS_LINE_S = 60.0
-"""How often ``learner train`` without a terminal (no progress bar) prints a progress line."""
+"""How often ``learner train`` without a terminal (no progress bar) prints a progress line (and once
+after its first update, so that a log shows the run under way at once, not a minute later)."""
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:
-    """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed."""
+    """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed
+    and, until ``total``, the time left at this session's SPS."""
     step, recent = row["global_step"], row["episodic_return_mean"]
-    return (
+    line = (
         f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {row['sps']:,.0f} SPS, "
         f"mean return {'-' if recent is None else format_return(recent)}, {row['seconds']:.0f} s"
     )
+    if step < total and row["sps"] > 0:
+        line += f", ~{_duration((total - step) / row['sps'])} left"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    """A time left, as precise as such a guess is: seconds, then minutes, then hours."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def bar_postfix(sps: float | None, recent: float | None) -> str:
+    """What the training progress bar shows after its count: SPS and the recent mean return."""
+    return f"SPS {'-' if sps is None else f'{sps:,.0f}'}, return {'-' if recent is None else format_return(recent)}"
+
+
+class _TqdmHandler(logging.Handler):
+    """Stands in for a console handler while a progress bar is up: formats a record with that
+    handler's formatter and writes it with ``tqdm.write``, which clears the bar, writes the line and
+    draws the bar again below it; written straight to the stream, the record would continue the
+    bar's line (a bar ends in a carriage return, not a newline)."""
+
+    def __init__(self, console: logging.StreamHandler[Any], stream: Any) -> None:
+        super().__init__(console.level)
+        self.setFormatter(console.formatter)
+        self.filters = list(console.filters)
+        self._stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self._stream)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logging_above_bar() -> Iterator[None]:
+    """While the block runs (a progress bar is up), the root logger's console handlers (a
+    ``StreamHandler`` on stderr or stdout, as ``configure_logging`` makes: text or JSON) and
+    ``logging.lastResort`` (no logging configured) write through ``tqdm.write``; restored after.
+    Handlers of files and of log collectors are left as they are."""
+    root = logging.getLogger()
+    last_resort = logging.lastResort
+    console = (sys.stderr, sys.stdout)
+    stand_ins: dict[logging.Handler, logging.Handler] = {
+        _TqdmHandler(h, h.stream): h
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and any(h.stream is s for s in console)
+    }
+    originals = {h: stand_in for stand_in, h in stand_ins.items()}
+    root.handlers = [originals.get(h, h) for h in root.handlers]
+    if isinstance(last_resort, logging.StreamHandler):
+        logging.lastResort = _TqdmHandler(last_resort, sys.stderr)
+    try:
+        yield
+    finally:  # (the handlers added or removed meanwhile stay so)
+        root.handlers = [stand_ins.get(h, h) for h in root.handlers]
+        logging.lastResort = last_resort
 
 
 @contextlib.contextmanager
 def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step", scale: bool = True) -> Iterator[Any]:
     """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
-    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it)."""
+    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it).
+    While it is up, log records are written above it (see logging_above_bar), not into its line."""
     if not show:
         yield None
         return
@@ -559,9 +627,25 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
         bar_format=f"{{l_bar}}{{bar}}| {{n_fmt}}/{{total_fmt}} {unit}s [{{elapsed}}<{{remaining}}{{postfix}}]",
     )
     try:
-        yield bar
+        with logging_above_bar():
+            yield bar
     finally:
         bar.close()
+
+
+def _close_bar(bar: Any, summary: dict[str, Any], stop_reason: str | None, since: tuple[float, int]) -> None:
+    """The training bar's last state, before it closes: the run's final figures (summary.json's), not
+    those of its last update. A run stopped by --stop-at-return ends at 100% of the steps it took (the
+    bar's total was --total-timesteps, whose remaining time it would show); one stopped by Ctrl-C
+    keeps its total (it is to be resumed). ``since``: (time.perf_counter(), step) of the session's start:
+    the SPS of a run stopped mid-rollout counts the steps after its last update too."""
+    step, sps = summary["total_steps"], summary["sps"]
+    if stop_reason == "stop_at_return":
+        bar.total = step
+        sps = (step - since[1]) / max(time.perf_counter() - since[0], 1e-9)
+    if stop_reason in ("stop_at_return", "total_timesteps") and step >= bar.n:
+        bar.update(step - bar.n)
+    bar.set_postfix_str(bar_postfix(sps, summary["final_return_mean"]))
 
 
 @contextlib.contextmanager
@@ -1359,7 +1443,7 @@ def train(
             rundir.write_json(run_dir / rundir.CONFIG, config)
         not_joined = getattr(envs, "servers_not_joined", [])
         log.info(
-            "PPO (preset %s, %s) on %s, %d envs%s, device %s, run dir %s",
+            "PPO (%s preset, %s) on %s, %d envs%s, device %s, run dir %s",
             hp.preset,
             config["policy"],
             fleet.describe(),
@@ -1395,7 +1479,7 @@ def train(
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None
-        last_line = time.perf_counter()
+        last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
         stop = stack.enter_context(StopRequest())
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
@@ -1610,11 +1694,8 @@ def train(
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
                 bar.update(counters.global_step - bar.n)
-                recent = row["episodic_return_mean"]
-                bar.set_postfix_str(
-                    f"SPS {timing['sps']:,.0f}, return {'-' if recent is None else format_return(recent)}"
-                )
-            elif progress_lines and now - last_line >= PROGRESS_LINE_S:
+                bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
+            elif progress_lines and (last_line is None or now - last_line >= PROGRESS_LINE_S):
                 last_line = now
                 print(progress_line(row, hp.total_timesteps), flush=True)
 
@@ -1990,6 +2071,8 @@ def train(
                 faults=watch.totals(),
                 replicas=watch.replicas,
             )
+            if bar is not None:
+                _close_bar(bar, summary, stop_reason, since=(session_start, session_start_step))
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
                 live.run_ended(global_step=counters.global_step, solved=counters.solved_at_step is not None)
             try:

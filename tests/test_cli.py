@@ -725,6 +725,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path:
     assert "not solved" not in out
     assert f"interrupted at step {summary['total_steps']:,} (its last update); " in out
     assert f"continue with: learner train --resume {run}" in out
+    assert "learner eval" not in out  # (what a finished run suggests)
 
 
 def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_it_resumes(tmp_path: Path) -> None:

@@ -59,7 +59,9 @@ def test_learner_logs_json_lines_and_prints_its_results_as_they_are(tmp_path: Pa
     )
     assert proc.returncode == 0, proc.stderr
     records = _records(proc.stderr)
-    assert any(r["logger"] == "learner.train" and r["message"].startswith("PPO (preset") for r in records), records
+    assert any(r["logger"] == "learner.train" and r["message"].startswith("PPO (classic preset") for r in records), (
+        records
+    )
     assert "run dir: " in proc.stdout + proc.stderr  # (what the command prints for its user: not a record)
     assert all(line.startswith("{") for line in proc.stderr.splitlines() if " INFO " in line)
     # After the command, as --log-level: it overrides one before.

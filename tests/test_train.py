@@ -748,7 +748,8 @@ def test_without_a_terminal_a_progress_line_is_printed_now_and_then(
     train(Args(**{**_resumable(), "progress": None}, run_dir=str(tmp_path / "r")))  # (pytest's stderr: no terminal)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.partition(",")[0] for line in lines] == ["step 16/48 (33%)", "step 32/48 (67%)", "step 48/48 (100%)"]
-    assert " SPS, mean return " in lines[0] and lines[0].endswith(" s")
+    assert " SPS, mean return " in lines[0] and lines[0].endswith(" s left")  # (its ETA, until the last)
+    assert lines[-1].endswith(" s") and "left" not in lines[-1]
     train(Args(**_resumable(), run_dir=str(tmp_path / "quiet")))  # (--no-progress: none)
     assert "step " not in capsys.readouterr().out
 

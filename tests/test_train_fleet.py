@@ -300,7 +300,7 @@ def test_a_run_that_starts_without_a_server_says_so_in_its_first_line(
         down = f"127.0.0.1:{free.getsockname()[1]}"
     args = Args(env="CartPole-v1", servers=f"{a},{down}", connect_timeout=1.0, num_steps=8, total_timesteps=16)
     train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), **QUIET))
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("PPO (preset")]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("PPO (classic preset")]
     assert f"on env servers at {a},{down}, 2 envs (without {down}: not joined yet), device" in line, line
 
 

@@ -1,0 +1,227 @@
+"""What ``learner train`` shows on a terminal and in a log: log records above the progress bar, the bar's
+last state, the progress lines without a terminal, the closing lines and the help of --log-format."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tqdm import tqdm
+
+from env_server.tuning import JsonLogFormatter
+from learner.cli import build_parser, finished_line, main, slowest_line
+from learner.config import Args
+from learner.stats import format_return
+from learner.train import _close_bar, progress_bar, progress_line, train
+
+CLOCK_BOX: dict[str, Any] = {
+    "env": "tests.envs:ClockEnv",
+    "env_kwargs": {"length": 3, "action": "box"},
+    "backend": "gym",
+    "num_envs": 2,
+    "num_steps": 8,
+    "num_minibatches": 2,
+    "plot": False,
+    "tensorboard": False,
+}
+
+
+@contextlib.contextmanager
+def console(formatter: logging.Formatter | None = None) -> Iterator[logging.StreamHandler[Any]]:
+    """A console handler on the root logger, as ``configure_logging`` makes (on stderr: in a test, the
+    captured one of the moment); the root logger's handlers as they were after."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter or logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.handlers = [*handlers, handler]
+    try:
+        yield handler
+    finally:
+        root.handlers = handlers
+
+
+def screen_lines(err: str) -> list[str]:
+    """The lines a terminal ends up showing of ``err``: of each line, what the last carriage return left."""
+    return [line.rpartition("\r")[2] for line in err.split("\n")]
+
+
+# -- 1. log records above the bar, not in its line ---------------------------------------------------------
+
+
+def test_a_warning_logged_while_the_bar_is_up_gets_a_line_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    message = "Ctrl-C: stopping after this step (checkpoint and summary follow); Ctrl-C again to abort at once"
+    with console() as handler:
+        handlers = list(logging.getLogger().handlers)
+        with progress_bar(True, 50_000) as bar:
+            bar.update(512)
+            bar.set_postfix_str("SPS 1,226, return 18.55")
+            assert handler not in logging.getLogger().handlers  # (written through tqdm.write while the bar is up)
+            logging.getLogger("learner.train").warning(message)
+            logging.getLogger("learner.train").info("not shown: below the root logger's level")
+        assert logging.getLogger().handlers == handlers  # restored
+    lines = screen_lines(capsys.readouterr().err)
+    assert f"WARNING learner.train: {message}" in lines, lines
+    assert not [line for line in lines if "steps [" in line and "WARNING" in line], lines
+    assert not [line for line in lines if "not shown" in line]
+
+
+def test_json_log_records_stay_one_object_per_line_above_the_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    with console(JsonLogFormatter()), progress_bar(True, 100) as bar:
+        bar.update(10)
+        logging.getLogger("learner.train").warning("env server local-1 is back")
+    records = [json.loads(line) for line in screen_lines(capsys.readouterr().err) if line.startswith("{")]
+    assert [(r["level"], r["message"]) for r in records] == [("WARNING", "env server local-1 is back")]
+
+
+def test_without_a_bar_the_handlers_are_left_as_they_are() -> None:
+    with console() as handler, progress_bar(False, 100) as bar:
+        assert bar is None and handler in logging.getLogger().handlers
+
+
+# -- 2. the bar's last state -------------------------------------------------------------------------------
+
+
+def _bar(total: int, n: int) -> Any:
+    bar = tqdm(total=total, file=io.StringIO())
+    bar.update(n)
+    bar.set_postfix_str("SPS 1,699, return 474.2")
+    return bar
+
+
+def test_a_run_stopped_at_its_return_leaves_its_bar_full_with_the_final_figures() -> None:
+    bar = _bar(100_000, 30_000)
+    summary = {"total_steps": 30_208, "sps": 1_699.0, "final_return_mean": 486.1}
+    _close_bar(bar, summary, "stop_at_return", since=(time.perf_counter() - 10.0, 0))
+    assert (bar.n, bar.total) == (30_208, 30_208)
+    assert re.fullmatch(r"SPS 3,0\d\d, return 486\.1", bar.postfix), bar.postfix  # (30,208 steps in ~10 s)
+    bar.close()
+
+
+def test_an_interrupted_run_keeps_its_bars_total_with_the_final_figures() -> None:
+    bar = _bar(100_000, 30_000)
+    summary = {"total_steps": 30_000, "sps": 1_701.0, "final_return_mean": 475.0}
+    _close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0))
+    assert (bar.n, bar.total, bar.postfix) == (30_000, 100_000, "SPS 1,701, return 475.0")
+    bar.close()
+
+
+def test_a_training_run_stopped_at_its_return_ends_its_bar_at_100_percent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (ClockEnv's Box returns are at most 0: every run reaches -100 once 20 episodes have ended)
+    args = Args(**CLOCK_BOX, total_timesteps=10_000, stop_at_return=-100.0, progress=True, run_dir=str(tmp_path / "r"))
+    summary = train(args)
+    assert summary["stop_reason"] == "stop_at_return"
+    step = summary["total_steps"]
+    last = [line for line in screen_lines(capsys.readouterr().err) if "steps [" in line][-1]
+    assert last.lstrip().startswith("100%") and re.search(rf"\| {step}(\.0)?/{step}(\.0)? steps \[", last), last
+    assert last.endswith(f", return {format_return(summary['final_return_mean'])}]"), last
+
+
+# -- 3. --no-progress in the help only where it is taken --------------------------------------------------
+
+
+def _log_format_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["plot", "bench", "demo", "servers", None])
+def test_commands_without_a_bar_do_not_offer_no_progress(
+    command: str | None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    text = _log_format_help([command] if command else [], capsys)
+    assert "for log collectors; results are printed as they are (default: text)" in text, text
+    assert "--no-progress" not in text
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_commands_with_a_bar_say_no_progress_drops_it(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    assert "(--no-progress drops the bar) (default: text)" in _log_format_help([command], capsys)
+    args = build_parser().parse_args([command, "--no-progress"])
+    assert args.progress is False
+
+
+# -- 4. the slowest server: not an ordering effect ----------------------------------------------------------
+
+
+def test_identical_servers_of_unequal_round_trips_are_not_called_slow() -> None:
+    """The reviewer's runs of two identical local servers: local-0, sent to first, measures the longer
+    round trip while both servers' envs step alike."""
+    for first, second in ((0.98, 0.85), (1.40, 0.98)):
+        replicas = {
+            "local-0": {"latency_p50_ms": first, "env_p50_ms": 0.04},
+            "local-1": {"latency_p50_ms": second, "env_p50_ms": 0.04},
+        }
+        assert slowest_line({"replicas": replicas}) == ""
+        without_env_times = {a: {"latency_p50_ms": r["latency_p50_ms"]} for a, r in replicas.items()}
+        assert slowest_line({"replicas": without_env_times}) == ""
+
+
+def test_a_server_whose_envs_are_slow_or_whose_round_trip_stands_far_out_is_named() -> None:
+    delayed = {  # (--step-delay-ms 2 on local-1)
+        "local-0": {"latency_p50_ms": 0.9, "env_p50_ms": 0.05},
+        "local-1": {"latency_p50_ms": 3.1, "env_p50_ms": 2.1},
+    }
+    assert slowest_line({"replicas": delayed}) == (
+        "slowest env server: local-1 (median round trip 3.10 ms, envs' step 2.10 ms; the other server: median "
+        "round trip 0.90 ms, envs' step 0.05 ms)"
+    )
+    far = {"near:1": {"latency_p50_ms": 0.9, "env_p50_ms": 0.05}, "far:1": {"latency_p50_ms": 3.1, "env_p50_ms": 0.05}}
+    assert slowest_line({"replicas": far}).startswith("slowest env server: far:1 (median round trip 3.10 ms")
+
+
+# -- 5. a finished run's next step ------------------------------------------------------------------------
+
+
+def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp_path: Path) -> None:
+    run = tmp_path / "my run"
+    assert finished_line(run, plot=False) == f"evaluate its policy with: learner eval '{run}'"
+    assert finished_line(run, plot=True) == (
+        f"evaluate its policy with: learner eval '{run}'; plot its returns with: learner plot '{run}'"
+    )
+
+
+def test_learner_train_ends_with_the_next_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    argv = ["train", "--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--backend", "gym"]
+    argv += ["--num-envs", "2", "--num-steps", "8", "--total-timesteps", "32", "--run-dir", str(run)]
+    assert main([*argv, "--no-progress", "--no-plot", "--no-tensorboard"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"evaluate its policy with: learner eval {run}; plot its returns with: learner plot {run}"
+
+
+# -- 7. progress lines without a terminal ------------------------------------------------------------------
+
+
+def test_progress_lines_say_the_time_left_until_the_end() -> None:
+    row = {"global_step": 99_072, "episodic_return_mean": 500.0, "sps": 1_648.0, "seconds": 60.2}
+    assert progress_line(row, 120_000) == ("step 99,072/120,000 (83%), 1,648 SPS, mean return 500.0, 60 s, ~13 s left")
+    assert progress_line({**row, "global_step": 20_000}, 10_000_000).endswith(", ~101 min left")
+    assert progress_line({**row, "global_step": 0}, 100_000_000).endswith(", ~16.9 h left")
+    assert progress_line({**row, "global_step": 120_000}, 120_000).endswith(", 60 s")  # (done: none left)
+
+
+def test_without_a_terminal_the_first_update_is_reported_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Then one a minute (PROGRESS_LINE_S): a run of seconds prints the first update's line only."""
+    train(Args(**CLOCK_BOX, total_timesteps=48, progress=None, run_dir=str(tmp_path / "r")))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 1 and lines[0].startswith("step 16/48 (33%), "), lines
+    assert re.search(r", \d+ s, ~\d+ s left$", lines[0]), lines
