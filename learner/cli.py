@@ -687,7 +687,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from learner.plot import plot_runs
+    from learner.plot import config_groups, plot_runs
 
     output = Path(args.output or (Path(args.runs[0]) / "returns.png" if len(args.runs) == 1 else "returns.png"))
     if args.output is not None:  # (a run dir that is not one is plot_runs' to name)
@@ -696,7 +696,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             args.parser.error(f"-o/--output: {output} is a directory; expected a file name ending in .png")
         if existing != output and not existing.is_dir():
             args.parser.error(f"-o/--output: cannot write {output}: {existing} is a file, not a directory")
-    path = plot_runs(args.runs, output, title=args.title)
+    path = plot_runs(args.runs, output, title=args.title, groups=config_groups(args.runs) if args.by_config else None)
     print(f"plot: {path}")
     return 0
 
@@ -1110,6 +1110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="PNG to write (default: RUN_DIR/returns.png for one run, else returns.png)",
     )
     plot.add_argument("--title", default=None, help="figure title (default: the env ids)")
+    plot.add_argument(
+        "--by-config",
+        action="store_true",
+        help="one line per configuration, not per run: runs whose config.json differ only in --seed (and in "
+        "budgets, run dir, timeouts and such, which do not change learning) are drawn as their mean, their range "
+        "shaded, each labelled by what sets it apart from the others (e.g. num_envs=8 against num_envs=64)",
+    )
     plot.set_defaults(func=cmd_plot, parser=plot)
 
     bench = sub.add_parser(

@@ -124,3 +124,15 @@ def test_a_group_of_runs_is_drawn_as_their_mean_with_their_range_shaded(tmp_path
         assert len(ax.collections) == 1  # the shaded range, of the group of three only
     labels = [text.get_text() for text in figure.legends[0].get_texts()]
     assert labels[:2] == ["gamma=0.98 (3 runs: mean, range shaded)", "gamma=0.99"]
+
+
+def test_learner_plot_by_config_groups_the_seeds(tmp_path: Path, figures: list[Any]) -> None:
+    from learner.cli import main
+
+    runs = [str(_configured(tmp_path / f"s{seed}", seed, 0.0)) for seed in (1, 2)]
+    runs.append(str(_configured(tmp_path / "wide", 1, 0.0, gamma=0.9)))
+    assert main(["plot", *runs, "--by-config", "-o", str(tmp_path / "by.png")]) == 0
+    assert main(["plot", *runs, "-o", str(tmp_path / "each.png")]) == 0
+    by_config, each = ([text.get_text() for text in figure.legends[0].get_texts()] for figure in figures)
+    assert by_config[:2] == ["gamma=0.98 (2 runs: mean, range shaded)", "gamma=0.9"]
+    assert [label.split(" ")[0] for label in each[:3]] == ["s1", "s2", "wide"]
