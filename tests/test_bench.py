@@ -14,10 +14,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from learner.benchmarks.report import PAIRED_NOTE, TARGETS, evaluate_targets, markdown_tables, plot_results
+
+# The reference run the README shows, and the bench.md and bench.png written from it.
+COMMITTED = Path(__file__).parents[1] / "learner" / "benchmarks" / "results"
+COMMITTED_JSON = COMMITTED / "bench.json"
 
 
 @pytest.mark.slow
@@ -323,6 +328,49 @@ def test_the_report_says_when_every_figure_is_one_sample() -> None:
     results = {"meta": {"rounds": 1}, "config": {"ppo_rounds": 1}, "ppo": _ppo("CartPole-v1", rounds=1)}
     table = markdown_tables({**results, "targets": evaluate_targets(results)})
     assert "Note: --rounds and --ppo-rounds 1: each figure above is one sample" in table
+    assert "| remote 2x4 unix | 900 | n/a |" in table  # (one sample: no spread, not 0 %)
+
+
+def test_one_round_has_no_spread_and_is_one_round_not_one_rounds() -> None:
+    rpc = {"name": "gRPC unary call, empty answer (tcp)", "median_us": 550.0, "min_us": 550.0, "max_us": 550.0}
+    results = {
+        "meta": {"rounds": 1},
+        "throughput": [
+            {
+                "name": "cartpole-8",
+                "title": "CartPole-v1, 8 envs",
+                "results": [
+                    {**_row("SyncVectorEnv(8)", "sync", [41_108.0]), "spread": 0.0},
+                    {**_row("AsyncVectorEnv(8)", "async", [6_000.0]), "spread": 0.0},
+                ],
+            }
+        ],
+        "rpc": {"results": [{**rpc, "samples_us": [550.0]}]},
+    }
+    table = markdown_tables(results)
+    assert "**CartPole-v1, 8 envs** (env-steps/s, median of 1 round)" in table
+    assert "| SyncVectorEnv(8) | 41,108 | n/a | 6.85 |" in table
+    assert "**One round trip (microseconds, median of 1 round)**" in table
+    assert "| gRPC unary call, empty answer (tcp) | 550 | n/a |" in table
+    assert "0%" not in table and "1 rounds" not in table
+    two = {**results, "rpc": {"results": [{**rpc, "samples_us": [550.0, 560.0], "max_us": 560.0}]}}
+    assert "| gRPC unary call, empty answer (tcp) | 550 | 2% |" in markdown_tables(two)
+
+
+def test_the_committed_bench_md_and_png_are_what_the_code_writes_from_the_committed_bench_json(
+    tmp_path: Path,
+) -> None:
+    """So they cannot go stale: after a change to the report, write them again with
+    ``python -m learner.benchmarks.report learner/benchmarks/results/bench.json``."""
+    import matplotlib.image
+
+    from learner.benchmarks.report import main
+
+    assert main([str(COMMITTED_JSON), "--out", str(tmp_path)]) == 0
+    assert (COMMITTED / "bench.md").read_text() == (tmp_path / "bench.md").read_text()
+    # (The pixels depend on the fonts and matplotlib installed; the layout does not.)
+    committed = matplotlib.image.imread(str(COMMITTED / "bench.png")).shape
+    assert committed == matplotlib.image.imread(str(tmp_path / "bench.png")).shape
     results = {"meta": {"rounds": 5}, "config": {"ppo_rounds": 3}, "ppo": _ppo("CartPole-v1")}
     assert "one sample" not in markdown_tables({**results, "targets": evaluate_targets(results)})
 
@@ -363,6 +411,13 @@ def _figures(monkeypatch: pytest.MonkeyPatch) -> list:
     return saved
 
 
+def _header(fig: Any) -> tuple[Any, list[Any]]:
+    """The chart's title and legends (in its first subfigure, above the panels)."""
+    header = fig.subfigs[0]
+    (title,) = header.texts
+    return title, list(header.legends)
+
+
 @pytest.mark.parametrize("suites", ["throughput", "ppo"])
 def test_a_one_column_chart_shows_its_whole_title_and_legend_and_its_budget(
     suites: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -377,32 +432,75 @@ def test_a_one_column_chart_shows_its_whole_title_and_legend_and_its_budget(
     plot_results(results, tmp_path / "bench.png")
     (fig,) = figures
     box = fig.bbox
-    texts = [fig._suptitle, *fig.legends]
-    for artist in texts:
+    title, legends = _header(fig)
+    assert legends
+    for artist in (title, *legends):
         extent = artist.get_window_extent()
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and extent.y1 <= box.y1, (artist, extent, box)
-    title = " ".join(fig._suptitle.get_text().split())
+    text = " ".join(title.get_text().split())
     if suites == "ppo":
-        assert "PPO 1 run x 100 steps" in title and "rounds" not in title, title
+        assert "PPO 1 run x 100 steps" in text and "rounds" not in text, text
     else:
-        assert "5 rounds x 2.0 s" in title and "PPO" not in title, title
+        assert "5 rounds x 2.0 s" in text and "PPO" not in text, text
+    assert "busy" not in text
 
 
-def test_every_log_axis_has_numbers_even_within_one_decade(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bars_start_at_zero_on_a_linear_axis_each_with_its_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bar lengths compare as the values do (a log axis from an arbitrary value made 2,630 look twice
+    2,013), and each bar says its value, inside its panel."""
     figures = _figures(monkeypatch)
     results = {
         "throughput": [
-            _throughput("pong-8", [2_000.0, 1_900.0, 2_600.0]),
-            _throughput("halfcheetah-8", [6_500.0, 6_400.0, 21_000.0]),
-            _throughput("cartpole-64", [7_000.0, 8_000.0, 1_400_000.0]),
-        ]
+            _throughput("pong-8", [2_013.0, 1_934.0, 2_630.0]),
+            _throughput("cartpole-64", [7_356.0, 8_054.0, 1_385_298.0]),
+        ],
+        "ppo": _ppo("CartPole-v1"),
+        "rpc": {"results": [{"name": "RemoteVectorEnv(1x1).step (unix, step socket)", "median_us": 148.0}]},
     }
     plot_results(results, tmp_path / "bench.png")
     (fig,) = figures
-    for ax in fig.axes[:3]:
-        low, high = ax.get_xlim()
-        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
-        assert len(labels) >= 2, (ax.get_title(), labels)
+    axes = [ax for sub in fig.subfigs[1:] for ax in sub.axes]
+    assert len(axes) == 4
+    for ax in axes:
+        assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0, ax.get_title()
+        bars = ax.patches
+        values = [t.get_text() for t in ax.texts]
+        assert len(values) == len(bars) >= 1, (ax.get_title(), values)
+        inside = ax.get_window_extent()
+        for text in ax.texts:
+            assert text.get_window_extent().x1 <= inside.x1, (ax.get_title(), text.get_text())
+    pong = axes[0]
+    assert [t.get_text() for t in pong.texts] == ["2.01k", "1.93k", "2.63k"]
+    widths = [bar.get_width() for bar in pong.patches]
+    assert widths[2] / widths[0] == pytest.approx(2_630 / 2_013)
+
+
+def test_the_chart_is_legible_at_readme_width_and_says_when_the_machine_was_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled to ~900 px (a README's width), no text is below ~7 px: at most 1100 px wide, two panels a
+    row, text at least 9 pt; the warning bench.md starts with is in the chart's title too."""
+    import matplotlib.image
+    from matplotlib.text import Text
+
+    from learner.benchmarks.report import load_warning
+
+    figures = _figures(monkeypatch)
+    results = json.loads(COMMITTED_JSON.read_text())
+    busy = {**results["meta"], "load_average_start": [2.5, 2.0, 2.0]}
+    plot_results({**results, "meta": busy}, tmp_path / "bench.png")
+    (fig,) = figures
+    assert matplotlib.image.imread(str(tmp_path / "bench.png")).shape[1] <= 1100
+    assert all(len(sub.axes) <= 2 for sub in fig.subfigs[1:])
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    small = {(t.get_text(), t.get_fontsize()) for t in texts if t.get_fontsize() < 8.5}
+    assert not small
+    title, _ = _header(fig)
+    warning = load_warning(busy)
+    assert warning.startswith("Warning: the machine was busy")
+    assert " ".join(warning.split()) in " ".join(title.get_text().split())
 
 
 def test_bench_help_gives_each_workloads_number_of_vector_envs() -> None:

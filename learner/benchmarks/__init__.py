@@ -7,5 +7,6 @@ interleaved rounds), ``suites`` (the workloads), ``rpc`` (the cost of one round 
 
 Modules run on their own (``python -m learner.benchmarks.<name>``): ``cartpole_solve`` (time to solve
 CartPole-v1 against stable-baselines3, and 8 remote envs against 1) and ``gpu_check`` (the learner on
-CUDA: to solved, and throughput with 16 local servers).
+CUDA: to solved, and throughput with 16 local servers); ``report`` writes bench.md and bench.png again
+from a bench.json (after a change to the report).
 """

@@ -1,14 +1,32 @@
-"""The benchmark's outputs: the performance targets checked, a Markdown table, and a PNG chart."""
+"""The benchmark's outputs: the performance targets checked, a Markdown table, and a PNG chart.
+
+Run on its own, it writes bench.md and bench.png again from a bench.json, as ``learner bench`` would now
+(after a change to the report; the measurements are not re)::
+
+    python -m learner.benchmarks.report learner/benchmarks/results/bench.json
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TARGETS", "evaluate_targets", "latency_scaling", "load_warning", "markdown_tables", "plot_results"]
+__all__ = [
+    "TARGETS",
+    "evaluate_targets",
+    "latency_scaling",
+    "load_warning",
+    "main",
+    "markdown_tables",
+    "plot_results",
+    "write_report",
+]
 
 # What the latency and PPO targets are stated for; a run measuring something else does not judge them.
 _TARGET_DELAY_MS = 2.0
@@ -210,14 +228,14 @@ def markdown_tables(results: dict[str, Any]) -> str:
         rows = _by_name(w)
         ref_name = next((n for n in rows if n.startswith("AsyncVectorEnv")), None)
         rounds = max(len(r["samples"] or []) for r in w["results"])  # (a variant that could not run has none)
-        lines += [f"**{w['title']}** (env-steps/s, median of {rounds} rounds)", ""]
+        lines += [f"**{w['title']}** (env-steps/s, median of {_rounds(rounds)})", ""]
         lines += [f"| vector env | env-steps/s | spread | {PAIRED_COLUMN} |", "|---|---:|---:|---:|"]
         for r in w["results"]:
             if not r["samples"]:
                 lines.append(f"| {r['name']} | - | - | - ({r['error']}) |")
                 continue
             ratio = _paired(r, rows[ref_name]) if ref_name else math.nan
-            lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} | {ratio:.2f} |")
+            lines.append(f"| {r['name']} | {r['median']:,.0f} | {_spread(r)} | {ratio:.2f} |")
         lines.append("")
     if results.get("throughput"):
         lines += [PAIRED_NOTE, ""]
@@ -258,18 +276,18 @@ def markdown_tables(results: dict[str, Any]) -> str:
         lines += ["| learner train | SPS | spread |", "|---|---:|---:|"]
         for r in ppo["results"]:
             if r["samples"]:
-                lines.append(f"| {r['name']} | {r['median']:,.0f} | {r['spread']:.0%} |")
+                lines.append(f"| {r['name']} | {r['median']:,.0f} | {_spread(r)} |")
             else:
                 lines.append(f"| {r['name']} | - | ({r['error'] or 'not run'}) |")
         lines.append("")
     if results.get("rpc"):
         rpc = results["rpc"]
         rounds = max((len(r.get("samples_us") or []) for r in rpc["results"]), default=0)
-        lines += [f"**One round trip (microseconds, median of {rounds} rounds)**", ""]
+        lines += [f"**One round trip (microseconds, median of {_rounds(rounds)})**", ""]
         lines += ["| | us | spread |", "|---|---:|---:|"]
         for r in rpc["results"]:
             spread = (r["max_us"] - r["min_us"]) / r["median_us"] if r["median_us"] else math.nan
-            lines.append(f"| {r['name']} | {r['median_us']:,.0f} | {spread:.0%} |")
+            lines.append(f"| {r['name']} | {r['median_us']:,.0f} | {_spread(r, spread, 'samples_us')} |")
         lines.append("")
         overhead = rpc.get("remote_overhead_per_step_us")
         if overhead:
@@ -305,6 +323,19 @@ def markdown_tables(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rounds(n: int) -> str:
+    """``5 rounds``, ``1 round``."""
+    return f"{n} round{'' if n == 1 else 's'}"
+
+
+def _spread(row: dict[str, Any], spread: float | None = None, samples: str = "samples") -> str:
+    """A row's spread as a percentage; ``n/a`` where it has one sample (nothing to spread) or none given."""
+    value = row.get("spread") if spread is None else spread
+    if len(row.get(samples) or []) < 2 or value is None or math.isnan(value):
+        return "n/a"
+    return f"{value:.0%}"
+
+
 def _family(name: str) -> str:
     """A latency variant's name without its size: ``remote 2x32 unix`` -> ``remote 2xK unix``."""
     parts = []
@@ -315,121 +346,166 @@ def _family(name: str) -> str:
     return " ".join(parts)
 
 
+# The chart is read scaled to a README's width (~900 px of its 1100): text no smaller than 9 pt.
+_WIDTH = 10.0  # inches, two panels a row (at 110 dpi)
+_FONT = 9.5  # tick labels, values, legends
+_TITLE_FONT = 10.5  # each panel's title
+_BAR_INCHES = 0.3  # per bar (per line of its label)
+_TITLE_CHARS = 36  # a panel's title, wrapped
+_KINDS = {  # the bars' colors, by kind of vector env, and the legend's words for them
+    "remote": ("tab:blue", "RemoteVectorEnv (NxK: N servers x K envs)"),
+    "async": ("tab:orange", "AsyncVectorEnv"),
+    "sb3": ("tab:red", "SB3 SubprocVecEnv"),
+    "sync": ("tab:gray", "SyncVectorEnv (in-process)"),
+    "vector_entry_point": ("tab:green", "make_vec (in-process)"),
+}
+
+
 def plot_results(results: dict[str, Any], path: Path) -> Path:
-    """One PNG: throughput per workload, latency-bound scaling, PPO SPS and round-trip costs."""
+    """One PNG: throughput per workload, latency-bound scaling, PPO SPS and round-trip costs, two panels a
+    row (an odd last one spans the row). Bars start at 0 on a linear axis (their lengths compare as their
+    values do), each with its value at its end and its min-max over rounds as a whisker; the title names
+    the machine and the budget, and says when the machine was busy or the run interrupted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    throughput = results.get("throughput", [])
-    extra = [k for k in ("latency", "ppo", "rpc") if results.get(k)]
-    ncols = max(len(throughput), len(extra), 1)
-    nrows = (1 if throughput else 0) + (1 if extra else 0)
-    fig, axes = plt.subplots(max(nrows, 1), ncols, figsize=(5.2 * ncols, 4.8 * max(nrows, 1)), squeeze=False)
-    for ax in axes.flat:
-        ax.set_visible(False)
-    colors = {"remote": "tab:blue", "async": "tab:orange", "sb3": "tab:red", "sync": "tab:gray"}
-    _KIND_LABELS = {
-        "RemoteVectorEnv": "tab:blue",
-        "AsyncVectorEnv": "tab:orange",
-        "SB3 SubprocVecEnv": "tab:red",
-        "SyncVectorEnv (in-process)": "tab:gray",
-        "make_vec (in-process)": "tab:green",
-    }
+    panels: list[tuple[str, Any]] = [("throughput", w) for w in results.get("throughput", [])]
+    panels += [(k, results[k]) for k in ("latency", "ppo", "rpc") if results.get(k)]
+    ncols = 2 if len(panels) > 1 else 1
+    width = _WIDTH if ncols == 2 else _WIDTH * 0.65
+    rows = [panels[i : i + ncols] for i in range(0, len(panels), ncols)]
+    wraps = [26 if len(row) > 1 else 60 for row in rows]  # (a lone panel has the row's width)
+    heights = [
+        max(_panel_height(kind, data, wrap) for kind, data in row) for row, wrap in zip(rows, wraps, strict=True)
+    ]
+    kinds = {r["kind"] for w in results.get("throughput", []) for r in w["results"]}
+    kinds |= {"remote" if r["backend"] == "remote" else "sync" for r in (results.get("ppo") or {}).get("results", [])}
+    legend = [Patch(color=color, label=label) for kind, (color, label) in _KINDS.items() if kind in kinds]
+    # A subfigure a row, each laid out on its own (a panel's long labels widen its own margin only), below
+    # one for the title and the legend.
+    top, title, legend_cols = _header(results, width, len(legend))
+    fig = plt.figure(figsize=(width, top + sum(heights or [1.0])), layout="constrained")
+    header, *lines = fig.subfigures(len(rows) + 1, 1, height_ratios=[top, *heights], squeeze=False)[:, 0]
+    for row, line, wrap in zip(rows, lines, wraps, strict=True):
+        for ax, (kind, data) in zip(line.subplots(1, len(row), squeeze=False)[0], row, strict=True):
+            if kind == "throughput":
+                _throughput_panel(ax, data, wrap)
+            elif kind == "latency":
+                _latency_panel(ax, results)
+            elif kind == "ppo":
+                ok = [r for r in data["results"] if r["samples"]]
+                colors = [_KINDS["remote" if r["backend"] == "remote" else "sync"][0] for r in ok]
+                _bars(ax, ok, "median", colors, wrap)
+                ax.set_xlabel(
+                    "env-steps/s of learner train (SPS), median\n(whiskers: min-max over runs)", fontsize=_FONT
+                )
+                ax.set_title(f"PPO end to end, {data['env']}", fontsize=_TITLE_FONT)
+            else:
+                _bars(ax, data["results"], "median_us", ["tab:purple"] * len(data["results"]), wrap)
+                ax.set_xlabel("microseconds per round trip, median (whiskers: min-max over rounds)", fontsize=_FONT)
+                ax.set_title("Cost of one round trip", fontsize=_TITLE_FONT)
+    header.text(0.01, 1, title, fontsize=11, ha="left", va="top")
+    if legend:
+        header.legend(handles=legend, loc="lower center", fontsize=_FONT, ncol=legend_cols, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
-    for ax, w in zip(axes[0], throughput, strict=False):
-        ax.set_visible(True)
-        rows = [r for r in w["results"] if r["samples"]]
-        if not rows:
-            ax.set_title(f"{w['title']}: nothing ran", fontsize=9)
-            ax.text(
-                0.5,
-                0.5,
-                "\n".join(sorted({r["error"] or "" for r in w["results"]}))[:300],
-                ha="center",
-                va="center",
-                wrap=True,
-                fontsize=7,
-                transform=ax.transAxes,
-            )
-            continue
-        y = range(len(rows))
-        medians = [r["median"] for r in rows]
-        err = [[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]]
-        ax.barh(y, medians, xerr=err, color=[colors.get(r["kind"], "tab:green") for r in rows], capsize=3)
-        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=7)
-        ax.invert_yaxis()
-        _log_axis(ax, min(r["min"] for r in rows), max(r["max"] for r in rows))
-        ax.set_xlabel("env-steps/s (median, bars: min-max over rounds)", fontsize=8)
-        ax.set_title(textwrap.fill(w["title"], 40), fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
-    legend = [Patch(color=c, label=label) for label, c in _KIND_LABELS.items()] if throughput else []
 
-    if not extra:
-        return _save(fig, results, path, legend)
-    row = axes[1 if throughput else 0]
-    col = 0
-    if results.get("latency"):
-        ax = row[col]
-        col += 1
-        ax.set_visible(True)
-        # Scaling from 1 env (the target's measure) where the 1-env workload ran; else num_envs / delay.
-        scaling = latency_scaling(results)
-        series: dict[str, list[tuple[int, float]]] = {}
-        for w in results["latency"]:
-            for r in w["results"]:
-                if not r["samples"]:
-                    continue
-                value = scaling[w["num_envs"]].get(r["name"]) if scaling else r.get("efficiency")
-                if value is not None:
-                    series.setdefault(_family(r["name"]), []).append((w["num_envs"], value))
-        for name, points in sorted(series.items()):
-            xs, ys = zip(*sorted(points), strict=True)
-            ax.plot(xs, [100 * v for v in ys], marker="o", label=name)
-        ideal = "linear scaling from 1 env" if scaling else "num_envs / delay"
-        ax.axhline(100, color="black", linewidth=0.8, linestyle="--", label=f"ideal ({ideal})")
-        ax.axhline(85, color="tab:green", linewidth=0.8, linestyle=":", label="target at 64 envs (85 %)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("num_envs")
-        ax.set_ylabel(f"% of {ideal}")
-        ax.set_ylim(0, 110)
-        delay = results["latency"][0]["delay_ms"]
-        ax.set_title(f"Latency-bound CartPole, {delay:g} ms per step", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    if results.get("ppo"):
-        ax = row[col]
-        col += 1
-        ax.set_visible(True)
-        rows = [r for r in results["ppo"]["results"] if r["samples"]]
-        y = range(len(rows))
-        ax.barh(
-            y,
-            [r["median"] for r in rows],
-            xerr=[[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]],
-            color=["tab:blue" if r["backend"] == "remote" else "tab:gray" for r in rows],
-            capsize=3,
+def _label(name: str) -> str:
+    """A bar's name, shorter (the legend says the rest): ``remote 2x4 unix`` -> ``2x4 unix``,
+    ``make_vec vector_entry_point(8)`` -> ``make_vec(8)``, ``in-process SyncVectorEnv(8)`` -> ``SyncVectorEnv(8)``."""
+    for prefix in ("remote ", "in-process "):
+        name = name.removeprefix(prefix)
+    return name.replace("make_vec vector_entry_point", "make_vec")
+
+
+def _panel_height(kind: str, data: Any, wrap: int) -> float:
+    """Inches a panel takes: its title and axis, and a bar per line of each bar's label."""
+    if kind == "latency":
+        return 5.6
+    rows = [r for r in data["results"] if r.get("samples") or r.get("median_us")]
+    lines = sum(len(textwrap.wrap(_label(r["name"]), wrap)) for r in rows)
+    titled = textwrap.wrap(data["title"], _TITLE_CHARS) if kind == "throughput" else [""]
+    return 1.6 + 0.2 * len(titled) + _BAR_INCHES * max(lines, 3)
+
+
+def _bars(ax: Any, rows: list[dict[str, Any]], key: str, colors: list[str], wrap: int) -> None:
+    """Horizontal bars of ``row[key]`` from 0 on a linear axis, min-max whiskers where the rows have them,
+    each bar's value written past its end."""
+    from matplotlib.ticker import FuncFormatter
+
+    unit = key.removeprefix("median")  # "" or "_us"
+    values = [r[key] for r in rows]
+    lows = [r.get(f"min{unit}", v) for r, v in zip(rows, values, strict=True)]
+    highs = [r.get(f"max{unit}", v) for r, v in zip(rows, values, strict=True)]
+    y = range(len(rows))
+    err = [[v - lo for v, lo in zip(values, lows, strict=True)], [hi - v for v, hi in zip(values, highs, strict=True)]]
+    ax.barh(y, values, xerr=err, color=colors, capsize=3, error_kw={"linewidth": 1})
+    ax.set_yticks(list(y), [textwrap.fill(_label(r["name"]), wrap) for r in rows], fontsize=_FONT)
+    ax.invert_yaxis()
+    right = max(highs, default=1.0) or 1.0
+    ax.set_xlim(0, right * 1.28)  # (room for the values)
+    for i, (value, high) in enumerate(zip(values, highs, strict=True)):
+        ax.text(high + right * 0.035, i, _short(value), va="center", fontsize=_FONT)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
+    ax.tick_params(axis="x", labelsize=_FONT)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _throughput_panel(ax: Any, workload: dict[str, Any], wrap: int) -> None:
+    rows = [r for r in workload["results"] if r["samples"]]
+    ax.set_title(textwrap.fill(workload["title"], _TITLE_CHARS), fontsize=_TITLE_FONT)
+    if not rows:
+        ax.set_title(f"{workload['title']}: nothing ran", fontsize=_TITLE_FONT)
+        ax.text(
+            0.5,
+            0.5,
+            "\n".join(sorted({r["error"] or "" for r in workload["results"]}))[:300],
+            ha="center",
+            va="center",
+            wrap=True,
+            fontsize=_FONT,
+            transform=ax.transAxes,
         )
-        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel("env-steps/s of learner train (SPS)", fontsize=8)
-        ax.set_title(f"PPO end to end, {results['ppo']['env']}", fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
-    if results.get("rpc"):
-        ax = row[col]
-        ax.set_visible(True)
-        rows = results["rpc"]["results"]
-        y = range(len(rows))
-        ax.barh(y, [r["median_us"] for r in rows], color="tab:purple")
-        ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=6)
-        ax.invert_yaxis()
-        ax.set_xlabel("microseconds per round trip (median)", fontsize=8)
-        ax.set_title("Cost of one round trip", fontsize=9)
-        ax.grid(axis="x", alpha=0.3)
+        return
+    _bars(ax, rows, "median", [_KINDS.get(r["kind"], _KINDS["vector_entry_point"])[0] for r in rows], wrap)
+    ax.set_xlabel("env-steps/s, median\n(whiskers: min-max over rounds)", fontsize=_FONT)
 
-    return _save(fig, results, path, legend)
+
+def _latency_panel(ax: Any, results: dict[str, Any]) -> None:
+    # Scaling from 1 env (the target's measure) where the 1-env workload ran; else num_envs / delay.
+    scaling = latency_scaling(results)
+    series: dict[str, list[tuple[int, float]]] = {}
+    for w in results["latency"]:
+        for r in w["results"]:
+            if not r["samples"]:
+                continue
+            value = scaling[w["num_envs"]].get(r["name"]) if scaling else r.get("efficiency")
+            if value is not None:
+                series.setdefault(_family(r["name"]), []).append((w["num_envs"], value))
+    for name, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, [100 * v for v in ys], marker="o", label=name)
+    ideal = "linear scaling from 1 env" if scaling else "num_envs / delay"
+    ax.axhline(100, color="black", linewidth=0.8, linestyle="--", label=f"ideal ({ideal})")
+    ax.axhline(85, color="tab:green", linewidth=0.8, linestyle=":", label="target at 64 envs (85 %)")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({w["num_envs"] for w in results["latency"]})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.tick_params(labelsize=_FONT)
+    ax.set_xlabel("num_envs", fontsize=_FONT)
+    ax.set_ylabel(f"% of {ideal}", fontsize=_FONT)
+    ax.set_ylim(0, 110)
+    delay = results["latency"][0]["delay_ms"]
+    ax.set_title(f"Latency-bound CartPole, {delay:g} ms per step", fontsize=_TITLE_FONT)
+    ax.legend(fontsize=_FONT - 1, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.grid(alpha=0.3)
 
 
 def _short(value: float) -> str:
@@ -438,20 +514,6 @@ def _short(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.3g}{suffix}"
     return f"{value:.3g}"
-
-
-def _log_axis(ax: Any, low: float, high: float) -> None:
-    """A log x-axis whose labelled ticks are plain numbers, enough of them whatever the data's range
-    (matplotlib labels only powers of 10, which a range within one decade may not contain)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax.set_xscale("log")
-    decades = math.log10(high / low) if low > 0 and high > 0 else 3.0
-    subs = (1.0, 3.0) if decades > 2 else (1.0, 2.0, 5.0) if decades > 0.7 else tuple(float(i) for i in range(1, 10))
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _short(v)))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.tick_params(axis="x", labelsize=7)
 
 
 def _budget(results: dict[str, Any]) -> str:
@@ -469,42 +531,62 @@ def _budget(results: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _save(fig: Any, results: dict[str, Any], path: Path, legend: list[Any]) -> Path:
-    import matplotlib.pyplot as plt
-
+def _header(results: dict[str, Any], width: float, legend: int) -> tuple[float, str, int]:
+    """The chart's title (the machine, the budget, the load; and, as bench.md says them, that the machine
+    was busy or the run interrupted), wrapped to ``width`` inches; the inches it and a legend of ``legend``
+    entries below it take; the legend's columns."""
     meta = results.get("meta", {})
     loads = [meta[k][0] for k in ("load_average_start", "load_average_end") if meta.get(k)]
     loads += [
         w["load_average_1m"] for k in ("throughput", "latency") for w in results.get(k, []) if "load_average_1m" in w
     ]
     load = f", 1-min load average {min(loads):.1f}-{max(loads):.1f} during the run" if loads else ""
-    width, height = fig.get_size_inches()
-    # Wrapped to the figure's width (~0.085 inch per character at 10 pt, with a margin), the legend below it, both
-    # above the panels: with one column of panels neither fits on one line.
-    title = textwrap.fill(
-        f"envfleet learner bench: {meta.get('cpus', '?')} CPUs, Python {meta.get('python', '?')}, grpcio "
-        f"{meta.get('grpcio', '?')}, {_budget(results)}{load}",
-        max(40, int(width / 0.085)),
-    )
-    title_top = 0.12 + 0.19 * (title.count("\n") + 1)  # inches the title takes
-    top = title_top
-    if legend:  # as many columns as fit (~0.065 inch per character at 7 pt, plus the patch)
-        ncol = max(1, min(len(legend), int(width / (max(len(h.get_label()) for h in legend) * 0.065 + 0.5))))
-        top += 0.05 + 0.2 * -(-len(legend) // ncol)
-    total = height + top
-    fig.set_size_inches(width, total)
-    fig.tight_layout(rect=(0, 0, 1, 1 - top / total))  # (before the title, which it would make room for again)
-    fig.suptitle(title, fontsize=10, x=0.02, y=1 - 0.06 / total, ha="left", va="top")
-    if legend:
-        fig.legend(
-            handles=legend,
-            loc="upper center",
-            bbox_to_anchor=(0.5, 1 - title_top / total),
-            fontsize=7,
-            ncol=ncol,
-            frameon=False,
+    notes = [load_warning(meta)]
+    if meta.get("interrupted"):
+        notes.append("Interrupted: only the measurements that finished before the bench was stopped are here.")
+    # ~0.094 inch per character at 11 pt, with a margin.
+    title = "\n".join(
+        textwrap.fill(line, max(40, int(width / 0.094)))
+        for line in (
+            f"envfleet learner bench: {meta.get('cpus', '?')} CPUs, Python {meta.get('python', '?')}, grpcio "
+            f"{meta.get('grpcio', '?')}, {_budget(results)}{load}",
+            *(note for note in notes if note),
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    )
+    top = 0.12 + 0.19 * (title.count("\n") + 1)
+    ncol = 1
+    if legend:  # as many columns as fit (~0.088 inch per character at 9.5 pt, plus the patch)
+        longest = max(len(label) for _, label in _KINDS.values())
+        ncol = max(1, min(legend, int(width / (longest * 0.088 + 0.6))))
+        top += 0.1 + 0.23 * -(-legend // ncol)
+    return top, title, ncol
+
+
+def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """Write ``out``/bench.md and ``out``/bench.png of ``results`` (what ``learner bench`` writes beside
+    bench.json); their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown = out / "bench.md"
+    markdown.write_text(markdown_tables(results))
+    return markdown, plot_results(results, out / "bench.png")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m learner.benchmarks.report",
+        description="Write bench.md and bench.png again from a bench.json of learner bench (nothing is measured).",
+    )
+    parser.add_argument("bench_json", type=Path, metavar="BENCH_JSON", help="a bench.json written by learner bench")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="where to write (default: beside it)")
+    args = parser.parse_args(argv)
+    try:
+        results = json.loads(args.bench_json.read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"{args.bench_json}: {err}")
+    written = write_report(results, args.out or args.bench_json.parent)
+    print(f"wrote {', '.join(str(path) for path in written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

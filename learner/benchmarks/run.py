@@ -296,8 +296,7 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     results["meta"]["load_average_end"] = list(os.getloadavg())
     results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
     save()
-    (config.out / "bench.md").write_text(report.markdown_tables(results))
-    report.plot_results(results, config.out / "bench.png")
+    report.write_report(results, config.out)
     return results
 
 
