@@ -511,6 +511,10 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+CONNECTION_OPTIONS = "connections and faults"
+"""The title of learner train's options on reaching servers (token, TLS, timeouts) and riding out their faults."""
+
+
 def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: dict[str, str]) -> None:
     """One option per field of ``cls`` (``foo_bar`` -> ``--foo-bar``), its docstring as help.
 
@@ -521,9 +525,13 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
     docs = _field_docs(cls)
     defaults = cls()
     group: argparse._ActionsContainer = parser
+    made: dict[str, argparse._ArgumentGroup] = {}  # (a title named again goes on with its group)
     for f in dataclasses.fields(cls):
         if f.name in groups:
-            group = parser.add_argument_group(groups[f.name])
+            title = groups[f.name]
+            if title not in made:
+                made[title] = parser.add_argument_group(title)
+            group = made[title]
         hint = hints[f.name]
         inner = [a for a in typing.get_args(hint) if a is not type(None)] if _is_optional(hint) else [hint]
         kind = inner[0]
@@ -567,6 +575,8 @@ def _is_optional(hint: Any) -> bool:
 def _presets_epilog() -> str:
     names = list(PRESETS)
     keys = list(PRESETS[names[0]])
+    # The rows where the presets differ first; those they share after.
+    keys.sort(key=lambda key: len({repr(PRESETS[n][key]) for n in names}) == 1)
     lines = [f"{'preset':<16}" + "".join(f"{n:>12}" for n in names)]
     for key in keys:
         cells = []
@@ -581,20 +591,20 @@ def _presets_epilog() -> str:
             )
         lines.append(f"{key:<16}" + "".join(cells))
     return (
-        "Hyperparameter presets (--preset auto picks atari for image observations, mujoco for Box actions,\n"
-        "classic otherwise; any option given overrides its preset value):\n\n"
-        + "\n".join(lines)
-        + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically on the servers\n"
-        "this command starts, so 84x84 frame stacks cross the wire (--servers: start them so).\n"
-        "Writes to the run dir: config.json, metrics.jsonl (one line per update), TensorBoard events,\n"
-        "checkpoints/, summary.json and returns.png.\n\n"
         "examples:\n"
         "  learner train --env CartPole-v1 --stop-at-return 475\n"
         "  learner train --env InvertedPendulum-v5 --total-timesteps 300000\n"
         "  learner train --env ALE/Pong-v5 --num-servers 4 --envs-per-server 4 --device cuda\n"
         "  learner train --env CartPole-v1 --servers 10.0.0.5:50051,10.0.0.6:50051\n"
         "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000 --no-stop-at-return\n"
-        "  learner train --like runs/CartPole-v1-20250101-120000 --seed 2"
+        "  learner train --like runs/CartPole-v1-20250101-120000 --seed 2\n\n"
+        "Hyperparameter presets (--preset auto picks atari for image observations, mujoco for Box actions,\n"
+        "classic otherwise; any option given overrides its preset value):\n\n"
+        + "\n".join(lines)
+        + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically on the servers\n"
+        "this command starts, so 84x84 frame stacks cross the wire (--servers: start them so).\n"
+        "Writes to the run dir: config.json, metrics.jsonl (one line per update), TensorBoard events,\n"
+        "checkpoints/, summary.json and returns.png."
     )
 
 
@@ -937,8 +947,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_options(
         train,
         Args,
-        {"env": "the envs", "seed": "the run", "preset": "PPO hyperparameters (unset: the preset's value)"},
+        {
+            "env": "the envs",
+            "auth_token": CONNECTION_OPTIONS,
+            "pipeline_groups": "the envs",
+            "seed": "the run",
+            "preset": "PPO hyperparameters (unset: the preset's value)",
+        },
     )
+    # What most runs set first (the envs, the run), then PPO's hyperparameters; how to reach servers
+    # and ride out their faults, which most leave as they are, last.
+    groups = train._action_groups
+    groups.append(groups.pop(next(i for i, g in enumerate(groups) if g.title == CONNECTION_OPTIONS)))
     # Not an Args field: the token it holds goes into --auth-token (and, like it, never into the run dir).
     envs_group = next(g for g in train._action_groups if any(a.dest == "auth_token" for a in g._group_actions))
     token_file = envs_group.add_argument(

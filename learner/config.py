@@ -151,7 +151,9 @@ class Args:
     --num-steps x the number of envs (20,000 with 8 envs x 32 steps: 79 rollouts, 20,224 steps)"""
     stop_at_return: float | None = field(default=None, metadata={"negatable": "train on to --total-timesteps"})
     """stop once the mean return of the last 20 finished episodes is at least this (inf: never, as
-    --no-stop-at-return)"""
+    --no-stop-at-return); also the bar the run counts as solved at (summary.json's solved_at_step).
+    Unset: train on to --total-timesteps, "solved" judged by the env's registered reward_threshold
+    (CartPole-v1: 475), if it has one"""
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
     """where metrics, TensorBoard events, config, checkpoints and summary go (default: runs/<env>-<date>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})

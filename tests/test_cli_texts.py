@@ -145,3 +145,22 @@ def test_benchmark_help_is_plain_text_with_meaningful_metavars(capsys: pytest.Ca
         assert f"[{usage}]" in text
     assert "Time to solve CartPole-v1: learner train on remote envs" in flat(texts[cartpole_solve.__name__])
     assert "[--out DIR]" in texts[gpu_check.__name__]
+
+
+def test_learner_train_help_puts_what_most_runs_set_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """The envs and the run before PPO's hyperparameters, connections and faults (token, TLS, timeouts)
+    last; the examples before the presets table, whose rows where presets differ come first."""
+    from learner.cli import main as learner_main
+
+    with pytest.raises(SystemExit):
+        learner_main(["train", "--help"])
+    text = capsys.readouterr().out
+    sections = ["\nthe envs:", "\nthe run:", "\nPPO hyperparameters", "\nconnections and faults:", "\nexamples:"]
+    assert [text.index(s) for s in sections] == sorted(text.index(s) for s in sections)
+    connections = text[text.index("\nconnections and faults:") : text.index("\nexamples:")]
+    assert "--auth-token " in connections and "--give-up-after" in connections and "--seed" not in connections
+    assert "--pipeline-groups" in text[text.index("\nthe envs:") : text.index("\nthe run:")]
+    assert text.index("\nexamples:") < text.index("Hyperparameter presets")
+    table = text[text.index("\npreset " + " " * 10) :].split("\n\n")[0]
+    keys = [row.split()[0] for row in table.strip().splitlines()[1:]]
+    assert keys[0] == "total_timesteps" and keys.index("anneal_lr") > keys.index("clip_reward")
