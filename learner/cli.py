@@ -85,9 +85,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from env_server.config import ServerConfig
     from env_server.envs import make_env
+    from learner.benchmarks.report import load_warning
     from learner.local import LocalServers
     from learner.remote import RemoteVectorEnv
 
+    # (the load before the demo's own processes add theirs: other work that competes with both sides)
+    machine = {"cpus": os.cpu_count(), "load_average_start": list(os.getloadavg())}
     total = args.num_servers * args.envs_per_server
     try:
         config = ServerConfig(env=args.env, env_kwargs=args.env_kwargs)
@@ -118,6 +121,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server}, {how})':<50} {sps:>12,.0f}")
     print(f"{f'gymnasium AsyncVectorEnv ({total})':<50} {ref_sps:>12,.0f}")
     print(f"ratio remote / async: {sps / ref_sps:.2f}; {episodes} episodes ended on the remote envs")
+    warning = load_warning(machine)
+    if warning:
+        print(f"{warning} Run it again on an idle machine to compare them.")
     return 0
 
 

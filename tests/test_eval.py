@@ -395,6 +395,19 @@ def test_demo_builds_its_envs_with_env_kwargs(capsys: pytest.CaptureFixture[str]
     assert "6 episodes ended on the remote envs" in out, out
 
 
+@pytest.mark.parametrize(("load", "busy"), [(0.0, False), (10_000.0, True)])
+def test_demo_says_when_the_machine_was_busy(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, load: float, busy: bool
+) -> None:
+    """Its ratio is one measurement on whatever else the machine runs: a load average at least the
+    CPUs' count as it starts says the figures are not to be trusted, as learner bench does."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert main(["demo", "--env", "tests.envs:ClockEnv", "--steps", "10", "--num-servers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ("Warning: the machine was busy: 1-minute load average 10000.0 at the start" in out) is busy, out
+    assert ("Run it again on an idle machine" in out) is busy
+
+
 @pytest.mark.parametrize(("gray", "shape"), [(False, "(40, 40, 3)"), (True, "(40, 40)")])
 def test_channel_last_and_grayscale_images_train_with_the_nature_cnn_and_evaluate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], gray: bool, shape: str
