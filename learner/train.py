@@ -1186,9 +1186,13 @@ _PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update"
 """Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
 
 
-def write_tensorboard(writer: EventsWriter, row: dict[str, Any]) -> None:
+def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: set[str]) -> None:
     """An update's row as TensorBoard scalars: CleanRL's tags for what CleanRL logs, perf/, faults/ and
-    replicas/ for the rest (episodes are logged as they end, as CleanRL does)."""
+    replicas/ for the rest (episodes are logged as they end, as CleanRL does).
+
+    A faults/ tag starts at its first update with a fault of its kind (``faults_seen``, the tags started
+    so far this session, grows with it) and goes on at every update after: a run with no faults shows
+    no flat zeros (metrics.jsonl keeps every count, zeros included)."""
     step = row["global_step"]
     writer.add_scalar("charts/learning_rate", row["learning_rate"], step)
     writer.add_scalar("charts/clip_coef", row["clip_coef"], step)
@@ -1199,10 +1203,14 @@ def write_tensorboard(writer: EventsWriter, row: dict[str, Any]) -> None:
     writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
     for key in _PERF_TAGS:
         writer.add_scalar(f"perf/{key}", row[key], step)
-    for key in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut"):
-        writer.add_scalar(f"faults/{key}", row[key], step)
+    faults = {f"faults/{key}": row[key] for key in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")}
+    faults.update((key, value) for key, value in row.items() if key.startswith("faults/"))
+    for tag, value in faults.items():
+        if tag in faults_seen or (value and not math.isnan(value)):
+            faults_seen.add(tag)
+            writer.add_scalar(tag, value, step)
     for key, value in row.items():
-        if key.startswith(("faults/", "replicas/")) and not math.isnan(value):
+        if key.startswith("replicas/") and not math.isnan(value):
             writer.add_scalar(key, value, step)
 
 
@@ -1467,6 +1475,7 @@ def train(
             served_at = {"metrics_url": live.url} if live is not None else {}
             on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
         writer = None
+        faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
         if args.tensorboard:
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
@@ -1686,7 +1695,7 @@ def train(
                 rundir.append_jsonl(metrics_file, row)
             last_row = row
             if writer is not None:
-                write_tensorboard(writer, row)
+                write_tensorboard(writer, row, faults_seen)
             if live is not None:
                 live.observe_update(
                     row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")

@@ -97,10 +97,10 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     ours = {
         f"perf/{k}" for k in ("rollout_seconds", "update_seconds", "other_seconds", "sps_update", "transitions_per_s")
     }
-    ours |= {f"faults/{k}" for k in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")}
     # The servers it started itself, by their places (their addresses are new each session).
     ours |= {f"replicas/local-{i}/{k}" for i in range(2) for k in ("steps", "env_p50_ms")}
     assert ours <= tags, ours - tags
+    assert not any(tag.startswith("faults/") for tag in tags), tags  # (no fault in the run: no flat zeros)
     assert not any(address in tag for address in config["envs"]["addresses"] for tag in tags)
     assert (run / rundir.PLOT).stat().st_size > 10_000
 
@@ -1047,3 +1047,34 @@ def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: P
     shutil.copy(first, elsewhere)
     with pytest.raises(ValueError, match=r"resume: .*copy\.pt is a checkpoint outside a run dir's checkpoints/"):
         train(dataclasses.replace(args, run_dir=None, resume=str(elsewhere)))
+
+
+def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
+    """A run without faults has no flat-zero faults/ tags; one with a fault has its tag from that update on."""
+    from learner.train import write_tensorboard
+
+    class Writer:
+        def __init__(self) -> None:
+            self.scalars: list[tuple[str, float, int]] = []
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            self.scalars.append((tag, value, step))
+
+    base = dict.fromkeys(
+        ["learning_rate", "clip_coef", "sps", "num_envs", "value_loss", "policy_loss", "entropy", "old_approx_kl"], 0.0
+    )
+    base.update(dict.fromkeys(["approx_kl", "clipfrac", "explained_variance", "rollout_seconds"], 0.0))
+    base.update(dict.fromkeys(["update_seconds", "other_seconds", "sps_update", "transitions_per_s"], 0.0))
+    base.update(dict.fromkeys(["env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut"], 0))
+    base.update({"faults/failures": 0, "replicas/local-0/steps": 8.0})
+    writer, seen = Writer(), set[str]()
+    for step, faults in ((8, {}), (16, {"env_errors": 2, "faults/failures": 1}), (24, {})):
+        write_tensorboard(writer, {**base, **faults, "global_step": step}, seen)  # type: ignore[arg-type]
+    faults = [(tag, value, step) for tag, value, step in writer.scalars if tag.startswith("faults/")]
+    assert faults == [
+        ("faults/env_errors", 2, 16),
+        ("faults/failures", 1, 16),
+        ("faults/env_errors", 0, 24),
+        ("faults/failures", 0, 24),
+    ]
+    assert [step for tag, _, step in writer.scalars if tag == "replicas/local-0/steps"] == [8, 16, 24]
