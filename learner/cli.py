@@ -718,6 +718,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_servers(args: argparse.Namespace) -> int:
+    if (args.addresses is None) == (args.servers is None):
+        args.parser.error("expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two)")
+    if args.servers is None:
+        args.servers = args.addresses
     token, tls, tls_server_name = _connection(args)
     from learner.survey import describe, survey
 
@@ -1099,16 +1103,14 @@ def build_parser() -> argparse.ArgumentParser:
         "servers",
         parents=[common],
         help="what each env server serves, its round trip and who holds it (claims nothing)",
-        description="Ask every server --servers names for its env, spaces, versions, round trip and the learner "
-        "that holds it, without claiming it (a training on it goes on undisturbed). Exit status 1 if any does not "
-        "answer.",
+        description="Ask every server ADDRESSES (or --servers) names for its env, spaces, versions, round trip and "
+        "the learner that holds it, without claiming it (a training on it goes on undisturbed). Exit status 1 if "
+        "any does not answer.",
     )
     servers.add_argument(
-        "--servers",
-        required=True,
-        metavar="ADDRESSES",
-        help=SERVER_ADDRESS_FORMS,
+        "addresses", nargs="?", default=None, metavar="ADDRESSES", help="the same as --servers ADDRESSES"
     )
+    servers.add_argument("--servers", default=None, metavar="ADDRESSES", help=SERVER_ADDRESS_FORMS)
     _add_connection_options(servers, "default")
     servers.add_argument(
         "--timeout",

@@ -24,7 +24,7 @@ def test_learner_servers_shows_each_server_and_who_holds_it_without_claiming_it(
     assert "    claimed by 'trainer-1' from ipv4:127.0.0.1:" in text and "    free (no learner holds it)" in text
     assert "action Discrete(2)" in text and "runs envfleet " in text
     assert text.rstrip().endswith("2 servers, 2 answering, 6 envs")
-    assert main(["servers", "--servers", f"{a},{b}", "--json"]) == 0
+    assert main(["servers", f"{a},{b}", "--json"]) == 0  # (ADDRESSES, as --servers ADDRESSES)
     rows = json.loads(capsys.readouterr().out)
     assert [r["address"] for r in rows] == [a, b] and [r["claimed_by"] for r in rows] == ["", ""]  # (closed since)
     assert rows[0]["num_envs"] == 3 and rows[0]["versions"]["gymnasium"] and rows[0]["round_trip_ms"] > 0
