@@ -121,7 +121,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"{f'RemoteVectorEnv ({args.num_servers} x {args.envs_per_server}, {how})':<50} {sps:>12,.0f}")
     print(f"{f'gymnasium AsyncVectorEnv ({total})':<50} {ref_sps:>12,.0f}")
     print(f"ratio remote / async: {sps / ref_sps:.2f}; {episodes} episodes ended on the remote envs")
-    warning = load_warning(machine)
+    warning = load_warning(machine, spread=False)
     if warning:
         print(f"{warning} Run it again on an idle machine to compare them.")
     return 0
@@ -719,7 +719,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_servers(args: argparse.Namespace) -> int:
     if (args.addresses is None) == (args.servers is None):
-        args.parser.error("expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two)")
+        got = "neither" if args.addresses is None else f"both: {args.addresses} and --servers {args.servers}"
+        args.parser.error(
+            f"expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two), got {got}"
+        )
     if args.servers is None:
         args.servers = args.addresses
     token, tls, tls_server_name = _connection(args)
@@ -970,15 +973,15 @@ def build_parser() -> argparse.ArgumentParser:
     groups = train._action_groups
     groups.append(groups.pop(next(i for i, g in enumerate(groups) if g.title == CONNECTION_OPTIONS)))
     # Not an Args field: the token it holds goes into --auth-token (and, like it, never into the run dir).
-    envs_group = next(g for g in train._action_groups if any(a.dest == "auth_token" for a in g._group_actions))
-    token_file = envs_group.add_argument(
+    connections = next(g for g in train._action_groups if any(a.dest == "auth_token" for a in g._group_actions))
+    token_file = connections.add_argument(
         "--auth-token-file",
         default=None,
         metavar="PATH",
         help="read --auth-token from this file, as env-server does (e.g. a mounted secret; surrounding whitespace "
         "is ignored, an empty file refused); not with --auth-token (default: $ENVFLEET_AUTH_TOKEN_FILE)",
     )
-    listed = envs_group._group_actions  # (listed in --help right after --auth-token)
+    listed = connections._group_actions  # (listed in --help right after --auth-token)
     listed.remove(token_file)
     listed.insert(next(i for i, a in enumerate(listed) if a.dest == "auth_token") + 1, token_file)
     # Not an Args field either: where the options come from, not one of them.
@@ -1141,9 +1144,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--by-config",
         action="store_true",
-        help="one line per configuration, not per run: runs whose config.json differ only in --seed (and in "
-        "budgets, run dir, timeouts and such, which do not change learning) are drawn as their mean, their range "
-        "shaded, each labelled by what sets it apart from the others (e.g. num_envs=8 against num_envs=64)",
+        help="one line per configuration, not per run: runs whose config.json differ only in --seed (and in what "
+        "does not change learning: run dir, --stop-at-return, timeouts; --total-timesteps where nothing anneals "
+        "over it) are drawn as their mean where all have points, their range shaded, each labelled by what sets it "
+        "apart from the others (e.g. num_envs=8 against num_envs=64)",
     )
     plot.set_defaults(func=cmd_plot, parser=plot)
 

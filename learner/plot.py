@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,8 @@ def _env(config: dict[str, Any]) -> str | None:
 
 # What of a run's setup makes it another configuration (a group of `learner plot --by-config`): the env,
 # how it was served, the device and policy, and PPO's hyperparameters as resolved (a preset's default and
-# the same value given by hand are alike). Not: the seed, budgets, where it wrote, timeouts, security.
+# the same value given by hand are alike), and the budget where the learning rate or the clip anneals over
+# it. Not: the seed, --stop-at-return, where it wrote, timeouts, security.
 _SETUP_ARGS = ("backend", "transport", "step_socket", "step_delay_ms", "pipeline_groups", "overlap_update")
 _SETUP_ENVS = ("env_kwargs", "num_envs", "wrappers", "max_episode_steps", "autoreset_mode")
 
@@ -49,13 +49,17 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     setup.update({key: envs.get(key) for key in _SETUP_ENVS})
     setup["servers"] = len(envs.get("addresses") or ())
     setup["device"], setup["policy"] = config.get("device"), config.get("policy")
-    setup.update({key: value for key, value in config.get("ppo", {}).items() if key != "total_timesteps"})
+    ppo = config.get("ppo", {})
+    # (the budget changes learning where the learning rate or the clip anneals over it)
+    annealed = ppo.get("anneal_lr") or ppo.get("anneal_clip")
+    setup.update({key: value for key, value in ppo.items() if key != "total_timesteps" or annealed})
     return setup
 
 
 def config_groups(runs: Sequence[str | Path]) -> list[str]:
     """A group name for each of ``runs``: runs whose config.json differ in nothing but the seed and
-    what does not change learning (budgets, run dir, timeouts, security, logging) are one group, named
+    what does not change learning (run dir, --stop-at-return, timeouts, security, logging; the budget
+    where nothing anneals over it) are one group, named
     by what sets it apart from the others (``gamma=0.98, num_envs=8``), or by its env when there is one
     group. A run without a config.json is a group of its own, named after its folder."""
     setups: list[dict[str, Any] | None] = []
@@ -91,20 +95,42 @@ def _label(run: Path, summary: dict[str, Any] | None, env: str | None = None) ->
     return label
 
 
-def _draw_band(ax: Any, curves: Sequence[tuple[Sequence[float], Sequence[float]]], colour: Any) -> None:
-    """The mean of ``curves`` ((x, y) each: runs of one group) as a bold line, their lowest to highest
-    shaded, where every curve has points (each interpolated linearly between its own)."""
+def _common_grid(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Any:
+    """The x of every curve's points, where all of ``curves`` ((x, y) each) have points: empty, or
+    one point, when they do not overlap."""
     import numpy as np
 
     start = max(x[0] for x, _ in curves)
     end = min(x[-1] for x, _ in curves)
     grid = np.unique(np.concatenate([np.asarray(x, dtype=float) for x, _ in curves]))
-    grid = grid[(grid >= start) & (grid <= end)]
+    return grid[(grid >= start) & (grid <= end)]
+
+
+def _draw_band(ax: Any, curves: Sequence[tuple[Sequence[float], Sequence[float]]], colour: Any) -> None:
+    """The mean of ``curves`` ((x, y) each: runs of one group) as a bold line, their lowest to highest
+    shaded, where every curve has points (each interpolated linearly between its own): runs stopped at
+    --stop-at-return end it at the first to stop."""
+    import numpy as np
+
+    grid = _common_grid(curves)
     if grid.size < 2:
         return
     values = np.stack([np.interp(grid, np.asarray(x, dtype=float), np.asarray(y, dtype=float)) for x, y in curves])
     ax.fill_between(grid, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.15, linewidth=0)
     ax.plot(grid, values.mean(axis=0), color=colour, linewidth=2)
+
+
+def _series(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> tuple[list[Any], list[Any], list[Any]]:
+    """A run's steps, seconds and mean returns, one per update (and its end, when it stopped mid-rollout)."""
+    steps = [r["global_step"] for r in rows]
+    seconds = [r["seconds"] for r in rows]
+    returns = [r["episodic_return_mean"] for r in rows]
+    if summary and summary.get("final_return_mean") is not None and summary["total_steps"] > max(steps, default=0):
+        # A run that stopped mid-rollout (solved, interrupted) ends after its last update's line.
+        steps.append(summary["total_steps"])
+        seconds.append(summary["seconds"])
+        returns.append(summary["final_return_mean"])
+    return steps, seconds, returns
 
 
 def plot_runs(
@@ -161,8 +187,11 @@ def plot_runs(
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
     lines = len({groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty}) if groups else len(plotted)
-    if lines > len(plt.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: 20 paler ones then)
-        colour_cycle = plt.cycler(color=[matplotlib.colormaps["tab20"](k) for k in range(20)])
+    if lines > len(plt.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: tab20's then)
+        # (tab20's dark shades first, then its light ones: neighbours in it are one hue, dark and light)
+        colour_cycle = plt.cycler(
+            color=[matplotlib.colormaps["tab20"](k) for k in (*range(0, 20, 2), *range(1, 20, 2))]
+        )
         by_steps.set_prop_cycle(colour_cycle)
         by_time.set_prop_cycle(colour_cycle)
     envs = {env for _, config in plotted if (env := _env(config)) is not None}
@@ -174,39 +203,40 @@ def plot_runs(
             env = _env(config)
             thresholds.setdefault(float(config["solved_threshold"]), set()).update([env] if env else [])
     colours: dict[str, Any] = {}
-    members: dict[str, list[tuple[list[float], list[float], list[float]]]] = {}  # group -> its runs' points
-    sizes = Counter(groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty) if groups else Counter()
+    series = {run: _series(rows, summary) for run, rows, summary, _ in loaded if run not in empty and rows is not None}
+    members: dict[str, list[tuple[list[Any], list[Any], list[Any]]]] = {}  # group -> its runs' series
+    for i, (run, *_) in enumerate(loaded):
+        if groups is not None and run in series:
+            members.setdefault(groups[i], []).append(series[run])
+    # Groups drawn as a mean and a band: of several runs that overlap (in steps) over 2 points or more.
+    banded = {
+        g for g, curves in members.items() if len(curves) > 1 and _common_grid([(c[0], c[2]) for c in curves]).size > 1
+    }
     solved_any = False
-    for i, (run, rows, summary, config) in enumerate(loaded):
+    for i, (run, _, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
-        if run in empty or rows is None:
+        if run not in series:
             continue
         env = _env(config) if mixed else None
-        steps = [r["global_step"] for r in rows]
-        seconds = [r["seconds"] for r in rows]
-        returns = [r["episodic_return_mean"] for r in rows]
-        if summary and summary.get("final_return_mean") is not None and summary["total_steps"] > max(steps, default=0):
-            # A run that stopped mid-rollout (solved, interrupted) ends after its last update's line.
-            steps.append(summary["total_steps"])
-            seconds.append(summary["seconds"])
-            returns.append(summary["final_return_mean"])
+        steps, seconds, returns = series[run]
         # A line needs two points: a run with one (its first update, or a summary alone) gets a dot.
         marker = "o" if len(steps) == 1 else None
         if group is None:
             (line,) = by_steps.plot(steps, returns, label=_label(run, summary, env), marker=marker)
         else:
-            members.setdefault(group, []).append((steps, seconds, returns))
             if group in colours:
                 (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
             else:
                 label = group if env is None else f"{group} [{env}]"
-                if sizes[group] > 1:
-                    label += f" ({sizes[group]} runs: mean, range shaded)"
+                if group in banded:
+                    label += f" ({len(members[group])} runs: mean, range shaded)"
+                elif len(members[group]) > 1:
+                    label += f" ({len(members[group])} runs, not overlapping: no mean)"
                 (line,) = by_steps.plot(steps, returns, linewidth=1, marker=marker)
                 colours[group] = line.get_color()
-                # (its legend entry: a line as the group's mean is drawn, bold for a group of several)
-                by_steps.plot([], [], color=colours[group], linewidth=2 if sizes[group] > 1 else 1, label=label)
-            if sizes[group] > 1:
+                # (its legend entry: a line as the group's mean is drawn, bold for a banded group)
+                by_steps.plot([], [], color=colours[group], linewidth=2 if group in banded else 1, label=label)
+            if group in banded:
                 line.set_alpha(0.35)
         by_time.plot(
             seconds,
@@ -220,10 +250,9 @@ def plot_runs(
             solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
-    for group, points in members.items():
-        if len(points) > 1:
-            for ax, x in ((by_steps, 0), (by_time, 1)):
-                _draw_band(ax, [(p[x], p[2]) for p in points], colours[group])
+    for group in banded:
+        for ax, x in ((by_steps, 0), (by_time, 1)):
+            _draw_band(ax, [(curve[x], curve[2]) for curve in members[group]], colours[group])
     # One grey shade per bar (up to 4), so that bars of different envs tell apart.
     shades = ["grey", "black", "silver", "dimgrey"]
     for k, threshold in enumerate(sorted(thresholds)):

@@ -547,10 +547,11 @@ def progress_line(row: dict[str, Any], total: int) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """A time left, as precise as such a guess is: seconds, then minutes, then hours."""
-    if seconds < 120:
+    """A time left, as precise as such a guess is: seconds, then minutes, then hours (rounded first,
+    so that 119.6 s reads 2 min, not 120 s)."""
+    if round(seconds) < 120:
         return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
+    if round(seconds / 60) < 120:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
 

@@ -329,6 +329,8 @@ def test_the_report_says_when_every_figure_is_one_sample() -> None:
     table = markdown_tables({**results, "targets": evaluate_targets(results)})
     assert "Note: --rounds and --ppo-rounds 1: each figure above is one sample" in table
     assert "| remote 2x4 unix | 900 | n/a |" in table  # (one sample: no spread, not 0 %)
+    results = {"meta": {"rounds": 5}, "config": {"ppo_rounds": 3}, "ppo": _ppo("CartPole-v1")}
+    assert "one sample" not in markdown_tables({**results, "targets": evaluate_targets(results)})
 
 
 def test_one_round_has_no_spread_and_is_one_round_not_one_rounds() -> None:
@@ -371,8 +373,34 @@ def test_the_committed_bench_md_and_png_are_what_the_code_writes_from_the_commit
     # (The pixels depend on the fonts and matplotlib installed; the layout does not.)
     committed = matplotlib.image.imread(str(COMMITTED / "bench.png")).shape
     assert committed == matplotlib.image.imread(str(tmp_path / "bench.png")).shape
-    results = {"meta": {"rounds": 5}, "config": {"ppo_rounds": 3}, "ppo": _ppo("CartPole-v1")}
-    assert "one sample" not in markdown_tables({**results, "targets": evaluate_targets(results)})
+
+
+@pytest.mark.parametrize(
+    ("content", "got"),
+    [
+        ('{"total_steps": 10, "solved": true}', "an object with keys 'total_steps', 'solved'"),
+        ("[1, 2]", "a JSON list"),
+        ("{}", "an empty object"),
+    ],
+)
+def test_re_rendering_refuses_a_json_that_is_no_bench_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, got: str
+) -> None:
+    from learner.benchmarks.report import main
+
+    path = tmp_path / "summary.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit) as exited:
+        main([str(path)])
+    assert exited.value.code == 2 and not list(tmp_path.glob("bench.*"))
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"{path}: expected a bench.json of learner bench (its 'meta' and results of a suite: throughput, latency, "
+            f"ppo, rpc), got {got}"
+        )
+    )
 
 
 def _throughput(name: str, values: list[float]) -> dict:

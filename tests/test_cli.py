@@ -782,8 +782,11 @@ def test_version(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         (["eval", "r", "--auth-token", ""], "--auth-token: expected a non-empty token, got an empty one"),
         (["eval", "r", "--servers", "a:1", "--tls-server-name", "x"], "--tls-server-name: applies to TLS connections"),
         (["servers", "--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
-        (["servers"], "expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two)"),
-        (["servers", "a:1", "--servers", "b:2"], "expected the servers' addresses, as ADDRESSES or --servers"),
+        (
+            ["servers"],
+            "expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two), got neither",
+        ),
+        (["servers", "a:1", "--servers", "b:2"], "ADDRESSES (one of the two), got both: a:1 and --servers b:2"),
         (["servers", "--servers", "a:1", "--tls-server-name", "x"], "--tls-server-name: applies to TLS connections"),
         (["servers", "--servers", "a:1", "--tls-ca", "/nonexistent/ca.pem"], "--tls-ca /nonexistent/ca.pem: cannot"),
         (["servers", "--servers", "a:1", "--auth-token", ""], "--auth-token: expected a non-empty token"),

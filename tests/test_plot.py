@@ -136,3 +136,24 @@ def test_learner_plot_by_config_groups_the_seeds(tmp_path: Path, figures: list[A
     by_config, each = ([text.get_text() for text in figure.legends[0].get_texts()] for figure in figures)
     assert by_config[:2] == ["gamma=0.98 (2 runs: mean, range shaded)", "gamma=0.9"]
     assert [label.split(" ")[0] for label in each[:3]] == ["s1", "s2", "wide"]
+
+
+def test_runs_whose_budget_anneals_their_learning_rate_differently_are_not_one_group(tmp_path: Path) -> None:
+    """With the learning rate (or the clip) annealed over --total-timesteps, the budget changes how a
+    run learns: a run resumed with a larger one is another configuration; without annealing, it is not."""
+    annealed = [_configured(tmp_path / f"a{seed}", seed, 0.0, anneal_lr=True) for seed in (1, 2)]
+    assert config_groups(annealed) == ["total_timesteps=1000", "total_timesteps=2000"]
+    flat = [_configured(tmp_path / f"f{seed}", seed, 0.0, anneal_lr=False, anneal_clip=False) for seed in (1, 2)]
+    assert config_groups(flat) == ["CartPole-v1"] * 2
+
+
+def test_a_group_whose_runs_do_not_overlap_has_no_mean_and_says_so(tmp_path: Path, figures: list[Any]) -> None:
+    early, late = _configured(tmp_path / "early", 1, 0.0), _configured(tmp_path / "late", 2, 0.0)
+    rows = rundir.read_jsonl(late / rundir.METRICS)
+    rundir.rewrite_jsonl(late / rundir.METRICS, [{**r, "global_step": r["global_step"] + 10_000} for r in rows])
+    plot_runs([early, late], tmp_path / "apart.png", groups=["g", "g"])
+    (figure,) = figures
+    lines = [line for line in figure.axes[0].get_lines() if len(line.get_xdata())]
+    assert [line.get_linewidth() for line in lines] == [1, 1] and {line.get_alpha() for line in lines} == {None}
+    assert not figure.axes[0].collections
+    assert figure.legends[0].get_texts()[0].get_text() == "g (2 runs, not overlapping: no mean)"

@@ -199,9 +199,10 @@ def _not_measured(target: str, why: str) -> dict[str, Any]:
     return {**_target(target, None, {}, False, {}), "not_measured": why}
 
 
-def load_warning(meta: dict[str, Any]) -> str:
+def load_warning(meta: dict[str, Any], spread: bool = True) -> str:
     """A warning when the machine's 1-minute load average was at least its CPU count at the start or the
-    end of the run (other work competed for the CPUs); "" otherwise."""
+    end of the run (other work competed for the CPUs); "" otherwise. ``spread``: the figures have one
+    (several rounds), which the load widens."""
     cpus = meta.get("cpus")
     busy = [
         f"{meta[key][0]:.1f} at the {when}"
@@ -212,7 +213,7 @@ def load_warning(meta: dict[str, Any]) -> str:
         return ""
     return (
         f"Warning: the machine was busy: 1-minute load average {' and '.join(busy)}, at least its {cpus} CPUs; "
-        "other work competed for them, so the figures may be low and their spread wide."
+        f"other work competed for them, so the figures may be low{' and their spread wide' if spread else ''}."
     )
 
 
@@ -583,6 +584,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = json.loads(args.bench_json.read_text())
     except (OSError, ValueError) as err:
         parser.error(f"{args.bench_json}: {err}")
+    suites = ("throughput", "latency", "ppo", "rpc")  # (learner.benchmarks.run.SUITES, whose import is heavier)
+    if not isinstance(results, dict) or "meta" not in results or not any(results.get(k) for k in suites):
+        if not isinstance(results, dict):
+            got = f"a JSON {type(results).__name__}"
+        else:
+            got = f"an object with keys {', '.join(map(repr, results))}" if results else "an empty object"
+        parser.error(
+            f"{args.bench_json}: expected a bench.json of learner bench (its 'meta' and results of a suite: "
+            f"{', '.join(suites)}), got {got}"
+        )
     written = write_report(results, args.out or args.bench_json.parent)
     print(f"wrote {', '.join(str(path) for path in written)}")
     return 0
