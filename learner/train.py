@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -1187,6 +1187,23 @@ _PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update"
 """Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
 
 
+def _fault_values(row: dict[str, Any]) -> dict[str, float]:
+    """A metrics row's fault counts, by their TensorBoard tags (``faults/<key>``)."""
+    keys = ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")
+    faults = {f"faults/{key}": row.get(key, 0) for key in keys}  # (0 in rows of versions before a key)
+    faults.update((key, value) for key, value in row.items() if key.startswith("faults/"))
+    return faults
+
+
+def fault_tags_started(rows: Iterable[dict[str, Any]]) -> set[str]:
+    """The faults/ tags :func:`write_tensorboard` started over ``rows`` (a resumed run's metrics, as
+    kept): the resumed session goes on writing them, zeros included."""
+    started: set[str] = set()
+    for row in rows:
+        started.update(tag for tag, value in _fault_values(row).items() if value and not math.isnan(value))
+    return started
+
+
 def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: set[str]) -> None:
     """An update's row as TensorBoard scalars: CleanRL's tags for what CleanRL logs, perf/, faults/ and
     replicas/ for the rest (episodes are logged as they end, as CleanRL does).
@@ -1204,9 +1221,7 @@ def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: se
     writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
     for key in _PERF_TAGS:
         writer.add_scalar(f"perf/{key}", row[key], step)
-    faults = {f"faults/{key}": row[key] for key in ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")}
-    faults.update((key, value) for key, value in row.items() if key.startswith("faults/"))
-    for tag, value in faults.items():
+    for tag, value in _fault_values(row).items():
         if tag in faults_seen or (value and not math.isnan(value)):
             faults_seen.add(tag)
             writer.add_scalar(tag, value, step)
@@ -1477,6 +1492,8 @@ def train(
             on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
         writer = None
         faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
+        if checkpoint is not None and (run_dir / rundir.METRICS).is_file():
+            faults_seen = fault_tags_started(rundir.read_jsonl(run_dir / rundir.METRICS))
         if args.tensorboard:
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)

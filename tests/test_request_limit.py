@@ -5,6 +5,7 @@ the server, the size, the limit and the option; the server serves on."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -148,13 +149,28 @@ def test_bdp_probing_is_off_unless_asked_for_and_large_actions_step_either_way(
     unless --http2-bdp-probe (ENVFLEET_HTTP2_BDP_PROBE) lets gRPC grow it; a step whose actions are
     over 64 KiB goes through either way."""
     from env_server.__main__ import parse_args
-    from env_server.server import server_options
+    from env_server.server import serve
 
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     config, _ = parse_args(["--env", "CartPole-v1", *flags])
     assert config.http2_bdp_probe is probing
-    assert dict(server_options(config.max_request_bytes, config.http2_bdp_probe))["grpc.http2.bdp_probe"] == probing
+    # What the server hands gRPC, as it starts.
+    given: list[dict[str, Any]] = []
+    make_server = grpc.aio.server
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        given.append(dict(kwargs["options"]))
+        return make_server(*args, **kwargs)
+
+    monkeypatch.setattr(grpc.aio, "server", recording)
+
+    async def serve_until_ready() -> int:
+        stop = asyncio.Event()
+        return await serve(dataclasses.replace(config, port=0, host="127.0.0.1"), lambda _: stop.set(), stop=stop)
+
+    assert asyncio.run(serve_until_ready()) == 0
+    assert [options["grpc.http2.bdp_probe"] for options in given] == [int(probing)]
     (server,) = start_servers(
         "tests.envs:WideActionEnv", 1, 2, transport="tcp", env_kwargs={"width": 8192}, server_args=flags
     )

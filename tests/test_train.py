@@ -1078,3 +1078,8 @@ def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
         ("faults/failures", 0, 24),
     ]
     assert [step for tag, _, step in writer.scalars if tag == "replicas/local-0/steps"] == [8, 16, 24]
+    # A resumed session goes on with the tags its run started (from the run's metrics.jsonl, as kept).
+    from learner.train import fault_tags_started
+
+    rows = [{**base, "global_step": 8}, {**base, "env_errors": 2, "global_step": 16}, {"global_step": 24}]
+    assert fault_tags_started(rows) == {"faults/env_errors"}
