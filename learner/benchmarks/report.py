@@ -353,6 +353,7 @@ _FONT = 9.5  # tick labels, values, legends
 _TITLE_FONT = 10.5  # each panel's title
 _BAR_INCHES = 0.3  # per bar (per line of its label)
 _TITLE_CHARS = 36  # a panel's title, wrapped
+_TITLE_PAD = 0.08  # inches above the chart's title (it touched the image's top edge)
 _KINDS = {  # the bars' colors, by kind of vector env, and the legend's words for them
     "remote": ("tab:blue", "RemoteVectorEnv (NxK: N servers x K envs)"),
     "async": ("tab:orange", "AsyncVectorEnv"),
@@ -408,7 +409,7 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
                 _bars(ax, data["results"], "median_us", ["tab:purple"] * len(data["results"]), wrap)
                 ax.set_xlabel("microseconds per round trip, median (whiskers: min-max over rounds)", fontsize=_FONT)
                 ax.set_title("Cost of one round trip", fontsize=_TITLE_FONT)
-    header.text(0.01, 1, title, fontsize=11, ha="left", va="top")
+    header.text(0.01, 1 - _TITLE_PAD / top, title, fontsize=11, ha="left", va="top")
     if legend:
         header.legend(handles=legend, loc="lower center", fontsize=_FONT, ncol=legend_cols, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -554,7 +555,7 @@ def _header(results: dict[str, Any], width: float, legend: int) -> tuple[float, 
             *(note for note in notes if note),
         )
     )
-    top = 0.12 + 0.19 * (title.count("\n") + 1)
+    top = _TITLE_PAD + 0.12 + 0.19 * (title.count("\n") + 1)
     ncol = 1
     if legend:  # as many columns as fit (~0.088 inch per character at 9.5 pt, plus the patch)
         longest = max(len(label) for _, label in _KINDS.values())
