@@ -38,7 +38,16 @@ def _env(config: dict[str, Any]) -> str | None:
 # how it was served, the device and policy, and PPO's hyperparameters as resolved (a preset's default and
 # the same value given by hand are alike), and the budget where the learning rate or the clip anneals over
 # it. Not: the seed, --stop-at-return, where it wrote, timeouts, security.
-_SETUP_ARGS = ("backend", "transport", "step_socket", "step_delay_ms", "pipeline_groups", "overlap_update")
+_SETUP_ARGS = (
+    "backend",
+    "transport",
+    "step_socket",
+    "step_delay_ms",
+    "pipeline_groups",
+    "overlap_update",
+    "torch_threads",  # (torch's sums run in another order on other thread counts: another curve)
+    "torch_deterministic",
+)
 _SETUP_ENVS = ("env_kwargs", "num_envs", "wrappers", "max_episode_steps", "autoreset_mode")
 
 
@@ -67,6 +76,7 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
         path = run / rundir.CONFIG
         setups.append(_setup(rundir.read_json(path)) if path.is_file() else None)
     known = [setup for setup in setups if setup is not None]
+    _warn_of_repeated_seeds(list(map(Path, runs)), setups)
     differ = [key for key in (known[0] if known else {}) if len({_text(setup.get(key)) for setup in known}) > 1]
     names = []
     for run, setup in zip(map(Path, runs), setups, strict=True):
@@ -77,6 +87,27 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
         else:
             names.append(setup.get("env") or "runs")
     return names
+
+
+def _warn_of_repeated_seeds(runs: list[Path], setups: list[dict[str, Any] | None]) -> None:
+    """Runs are deterministic per seed: two runs of one configuration and one seed are one result counted
+    twice in the group's mean (a copy of a run dir, say)."""
+    seen: dict[tuple[str, Any], Path] = {}
+    for run, setup in zip(runs, setups, strict=True):
+        if setup is None:
+            continue
+        seed = rundir.read_json(run / rundir.CONFIG).get("args", {}).get("seed")
+        key = (_text(setup), seed)
+        if key in seen:
+            log.warning(
+                "%s and %s: the same configuration and seed (%s), so the same run twice in one mean "
+                "(runs are deterministic per seed); leave one out",
+                seen[key],
+                run,
+                seed,
+            )
+        else:
+            seen[key] = run
 
 
 def _text(value: Any) -> str:

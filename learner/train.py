@@ -946,10 +946,25 @@ class SlowReplicas:
                     (
                         logging.WARNING,
                         f"env server {who} is slow: {slow[1]}, for {SLOW_UPDATES} updates in a row; the "
-                        f"fleet waits for it on every step (see replicas/{address}/ in {rundir.METRICS})",
+                        f"fleet waits for it on every step (see replicas/{address}/ in {rundir.METRICS})"
+                        + (_busy_here() if address != replica.address else ""),
                     )
                 )
         return said
+
+
+def _busy_here() -> str:
+    """For a server this learner started on this machine: that the machine is busy (its 1-minute load
+    average at least its CPU count), which slows one local server more than another as the OS gives
+    out the CPUs (other trainings side by side, say); "" otherwise."""
+    cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # (Windows has none)
+        return ""
+    if load < cpus:
+        return ""
+    return f"; this machine is busy (1-minute load average {load:.1f} on {cpus} CPUs), which may be all it is"
 
 
 def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool, str] | None:

@@ -157,3 +157,20 @@ def test_a_group_whose_runs_do_not_overlap_has_no_mean_and_says_so(tmp_path: Pat
     assert [line.get_linewidth() for line in lines] == [1, 1] and {line.get_alpha() for line in lines} == {None}
     assert not figure.axes[0].collections
     assert figure.legends[0].get_texts()[0].get_text() == "g (2 runs, not overlapping: no mean)"
+
+
+def test_by_config_warns_of_one_seed_twice_in_a_group(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runs = [_configured(tmp_path / "a1", 1, 0.0), _configured(tmp_path / "a2", 2, 0.0)]
+    copy = _configured(tmp_path / "copy", 1, 0.0)
+    with caplog.at_level("WARNING", logger="learner.plot"):
+        config_groups(runs)
+        assert not caplog.records
+        config_groups([*runs, copy])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{runs[0]} and {copy}: the same configuration and seed (1), so the same run twice in one mean (runs are "
+        "deterministic per seed); leave one out"
+    ]
+    threads = _configured(tmp_path / "t", 3, 0.0)
+    config = rundir.read_json(threads / rundir.CONFIG)
+    rundir.write_json(threads / rundir.CONFIG, {**config, "args": {**config["args"], "torch_threads": 4}})
+    assert config_groups([*runs, threads]) == ["torch_threads=null", "torch_threads=null", "torch_threads=4"]

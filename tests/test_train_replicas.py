@@ -64,6 +64,28 @@ def test_a_slow_round_trip_counts_too_but_not_microseconds_or_what_was_not_measu
         assert quiet.check([window("a:1", 1.0)]) == []
 
 
+@pytest.mark.parametrize(("load", "busy"), [(0.0, False), (10_000.0, True)])
+def test_a_slow_local_server_on_a_busy_machine_says_the_machine_is_busy(
+    monkeypatch: pytest.MonkeyPatch, load: float, busy: bool
+) -> None:
+    """Trainings side by side on one machine: the OS may give one local server less CPU than another,
+    which is no fault of the server; a server elsewhere is not told about this machine's load."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    local = {"unix:/tmp/s0": "local-0", "unix:/tmp/s1": "local-1"}
+    for label, (a, b) in (
+        (lambda address: local[address], ("unix:/tmp/s0", "unix:/tmp/s1")),
+        (str, ("a:1", "b:1")),
+    ):
+        slow = SlowReplicas()
+        for _ in range(SLOW_UPDATES):
+            said = slow.check([window(a, 1.0), window(b, 4.0)], label)
+        [(_, message)] = said
+        here = "; this machine is busy (1-minute load average 10000.0 on" in message
+        assert here is (busy and label is not str), message
+
+
 def test_replica_totals_sum_counts_and_weigh_medians_by_steps() -> None:
     totals = ReplicaTotals()
     totals.add(window("a:1", 1.0, 2.0, steps=10, failures=1))
