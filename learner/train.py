@@ -953,18 +953,22 @@ class SlowReplicas:
         return said
 
 
-def _busy_here() -> str:
-    """For a server this learner started on this machine: that the machine is busy (its 1-minute load
-    average at least its CPU count), which slows one local server more than another as the OS gives
-    out the CPUs (other trainings side by side, say); "" otherwise."""
+def _busy() -> str:
+    """ "1-minute load average L on N CPUs" when this machine is busy (L at least N: other trainings side
+    by side, say), else ""."""
     cpus = os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # (Windows has none)
         return ""
-    if load < cpus:
-        return ""
-    return f"; this machine is busy (1-minute load average {load:.1f} on {cpus} CPUs), which may be all it is"
+    return f"1-minute load average {load:.1f} on {cpus} CPUs" if load >= cpus else ""
+
+
+def _busy_here() -> str:
+    """For a server this learner started on this machine: that the machine is busy, which slows one
+    local server more than another as the OS gives out the CPUs; "" otherwise."""
+    busy = _busy()
+    return f"; this machine is busy ({busy}), which may be all it is" if busy else ""
 
 
 def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool, str] | None:
@@ -1422,6 +1426,14 @@ def train(
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
         set_torch_threads(device, image, args.torch_threads)
+        busy = _busy() if image and device.type == "cpu" and not args.torch_threads else ""
+        if busy:
+            log.warning(
+                "this machine is busy (%s) and the CNN's updates take torch's %d threads: runs side by side "
+                "(seeds, a sweep) go faster with --torch-threads 1 each (3 Pong runs on 2 cores: 2.1-2.4x)",
+                busy,
+                torch.get_num_threads(),
+            )
         hint = device_hint(args.device, device, image)
         if hint:
             log.warning(hint)
