@@ -71,12 +71,12 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     where nothing anneals over it) are one group, named
     by what sets it apart from the others (``gamma=0.98, num_envs=8``), or by its env when there is one
     group. A run without a config.json is a group of its own, named after its folder."""
-    setups: list[dict[str, Any] | None] = []
-    for run in map(Path, runs):
-        path = run / rundir.CONFIG
-        setups.append(_setup(rundir.read_json(path)) if path.is_file() else None)
+    configs = [
+        rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else None for run in map(Path, runs)
+    ]
+    setups = [None if config is None else _setup(config) for config in configs]
     known = [setup for setup in setups if setup is not None]
-    _warn_of_repeated_seeds(list(map(Path, runs)), setups)
+    _warn_of_repeated_seeds(list(map(Path, runs)), configs, setups)
     differ = [key for key in (known[0] if known else {}) if len({_text(setup.get(key)) for setup in known}) > 1]
     names = []
     for run, setup in zip(map(Path, runs), setups, strict=True):
@@ -89,14 +89,17 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     return names
 
 
-def _warn_of_repeated_seeds(runs: list[Path], setups: list[dict[str, Any] | None]) -> None:
+def _warn_of_repeated_seeds(
+    runs: list[Path], configs: list[dict[str, Any] | None], setups: list[dict[str, Any] | None]
+) -> None:
     """Runs are deterministic per seed: two runs of one configuration and one seed are one result counted
-    twice in the group's mean (a copy of a run dir, say)."""
+    twice in the group's mean (a copy of a run dir, say). ``configs``: the runs' config.json (None
+    without one), ``setups``: what of each makes its configuration (see _setup)."""
     seen: dict[tuple[str, Any], Path] = {}
-    for run, setup in zip(runs, setups, strict=True):
-        if setup is None:
+    for run, config, setup in zip(runs, configs, setups, strict=True):
+        if config is None or setup is None:
             continue
-        seed = rundir.read_json(run / rundir.CONFIG).get("args", {}).get("seed")
+        seed = config.get("args", {}).get("seed")
         key = (_text(setup), seed)
         if key in seen:
             log.warning(
@@ -176,9 +179,10 @@ def plot_runs(
 
     With ``groups`` (one name per run), runs of a group share a colour and one legend entry, e.g.
     the seeds of one configuration (see :func:`config_groups`): a group of several runs is drawn as
-    their mean, bold, the range between their lowest and highest shaded and each run faint. A run's "solved" bar (its config's ``solved_threshold``) is a dashed
-    line labelled with the envs it belongs to; runs of different envs have their env in their legend
-    entry, and the default title says they differ.
+    their mean, bold, the range between their lowest and highest shaded and each run faint. A run's
+    "solved" bar (its config's ``solved_threshold``) is a dashed line labelled with the envs it belongs
+    to; runs of different envs have their env in their legend entry, and the default title says they
+    differ.
 
     A folder in ``runs`` without a metrics file, or a run with no mean return yet, is left out with a
     warning while another run can be plotted (FileNotFoundError or ValueError when none can). The file

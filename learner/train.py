@@ -1519,9 +1519,9 @@ def train(
             on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
         writer = None
         faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
-        if checkpoint is not None and (run_dir / rundir.METRICS).is_file():
-            faults_seen = fault_tags_started(rundir.read_jsonl(run_dir / rundir.METRICS))
         if args.tensorboard:
+            if checkpoint is not None and (run_dir / rundir.METRICS).is_file():  # (the rows restore kept)
+                faults_seen = fault_tags_started(rundir.read_jsonl(run_dir / rundir.METRICS))
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))
