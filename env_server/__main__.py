@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security = p.add_argument_group(
         "security",
-        "Both are off by default: anyone who can reach the port can use the envs.\nOff loopback, turn on both.",
+        "Both are off by default: anyone who can reach the port can use the envs.\nOff loopback, turn on both "
+        "(the token, or client certificates: --tls-client-ca).",
     )
     security.add_argument(
         "--auth-token",
@@ -356,6 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security.add_argument(
         "--tls-key", default=e("tls_key", None), metavar="PATH", help="private key of --tls-cert (PEM)"
+    )
+    security.add_argument(
+        "--tls-client-ca",
+        default=e("tls_client_ca", None),
+        metavar="PATH",
+        help="with --tls-cert: require every caller to present a client certificate signed by the CA(s) in "
+        "this PEM file (mutual TLS; learners: --tls-client-cert/--tls-client-key); a caller without one, or "
+        "with one another CA signed, fails its TLS handshake. The health service needs one too (the image's "
+        "probe presents ENVFLEET_TLS_CLIENT_CERT/ENVFLEET_TLS_CLIENT_KEY)",
     )
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -405,6 +415,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
     token = _auth_token(parser, args)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")
+    if args.tls_client_ca and not args.tls_cert:
+        parser.error(
+            "--tls-client-ca (or ENVFLEET_TLS_CLIENT_CA): checks learners' client certificates in the TLS handshake, "
+            "so the server must speak TLS: give --tls-cert and --tls-key too (its own certificate and key)"
+        )
     try:
         config = ServerConfig(
             env=args.env,
@@ -431,6 +446,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
             auth_token=token,
             tls_cert=args.tls_cert or None,
             tls_key=args.tls_key or None,
+            tls_client_ca=args.tls_client_ca or None,
         )
     except ValueError as err:  # (ServerConfig names its field: named here as the flag that sets it)
         parser.error(_in_flag_terms(parser, str(err)))

@@ -121,6 +121,11 @@ class ServerConfig:
     """Path of the server's TLS certificate chain (PEM); with ``tls_key``, the server speaks TLS only."""
     tls_key: str | None = None
     """Path of the private key (PEM) of ``tls_cert``."""
+    tls_client_ca: str | None = None
+    """Path of the CA certificate(s) (PEM) that sign the clients' certificates: with it, every caller
+    must present a certificate that CA signed, or its TLS handshake fails (mutual TLS; the health
+    service's callers too, as the handshake comes before any call). Needs ``tls_cert``. None: no
+    client certificates asked for."""
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
     """Calls in progress at once, of every caller and service together (a stream counts until it
     ends); gRPC refuses more with RESOURCE_EXHAUSTED before reading their requests (see
@@ -185,6 +190,13 @@ class ServerConfig:
         _check_duration("hang_timeout_s", self.hang_timeout_s)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key: give both (the certificate and its private key) or neither")
+        if self.tls_client_ca is not None and (not isinstance(self.tls_client_ca, str) or not self.tls_client_ca):
+            raise ValueError(f"tls_client_ca: expected the path of a PEM file, or None, got {self.tls_client_ca!r}")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError(
+                "tls_client_ca: verifies the clients' certificates in the TLS handshake, so the server needs "
+                "TLS of its own: give tls_cert and tls_key too"
+            )
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -12,8 +12,12 @@ The health service needs no auth token (probes cannot send one). A server that s
 over TLS: in its container (``ENVFLEET_TLS_CERT`` set) the probe verifies it with ``ENVFLEET_TLS_CA``,
 or, without one, with the server's own certificate file (a self-signed certificate, or a chain file
 that ends with its CA); ``ENVFLEET_TLS_SERVER_NAME`` names the host the certificate is for when it
-does not cover 127.0.0.1 or localhost. A TLS failure is told with what to set: the name the probe
-checks (ENVFLEET_TLS_SERVER_NAME, else the host of the address) or the CA it verifies with.
+does not cover 127.0.0.1 or localhost. A server that requires client certificates
+(``ENVFLEET_TLS_CLIENT_CA``: mutual TLS, which the health service cannot be left out of, as the
+handshake comes before any call) is shown ``ENVFLEET_TLS_CLIENT_CERT`` and ``ENVFLEET_TLS_CLIENT_KEY``,
+the variables a learner reads too. A TLS failure is told with what to set: the name the probe checks
+(ENVFLEET_TLS_SERVER_NAME, else the host of the address), the CA it verifies with, or the client
+certificate the server asks for.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["check", "default_address", "default_tls", "main", "tls_hint"]
+__all__ = ["check", "default_address", "default_client_cert", "default_tls", "main", "tls_hint"]
 
 # A server listening on every interface is asked on loopback.
 _LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
@@ -51,21 +55,45 @@ def default_tls(environ: Mapping[str, str] = os.environ) -> tuple[str | None, st
     return ca, environ.get("ENVFLEET_TLS_SERVER_NAME") or None
 
 
+def default_client_cert(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+    """(client certificate, its key) the probe presents to the server started with the same ``ENVFLEET_*``
+    variables: ``ENVFLEET_TLS_CLIENT_CERT`` and ``ENVFLEET_TLS_CLIENT_KEY``, where the server speaks TLS."""
+    if not environ.get("ENVFLEET_TLS_CERT"):
+        return None, None
+    return environ.get("ENVFLEET_TLS_CLIENT_CERT") or None, environ.get("ENVFLEET_TLS_CLIENT_KEY") or None
+
+
 def check(
-    address: str, service: str = "", timeout: float = 3.0, tls_ca: str | None = None, tls_server_name: str | None = None
+    address: str,
+    service: str = "",
+    timeout: float = 3.0,
+    tls_ca: str | None = None,
+    tls_server_name: str | None = None,
+    tls_client_cert: str | None = None,
+    tls_client_key: str | None = None,
 ) -> str:
     """The health status name (``SERVING``, ``NOT_SERVING``, ...) of ``service`` at ``address``.
 
-    With ``tls_ca`` (a PEM file of CA certificates) the server is asked over TLS and verified with it.
+    With ``tls_ca`` (a PEM file of CA certificates) the server is asked over TLS and verified with it;
+    with ``tls_client_cert`` and ``tls_client_key`` too (PEM files), the probe presents that client
+    certificate (for a server started with ``--tls-client-ca``).
 
     Raises:
         grpc.RpcError: nothing answered within ``timeout`` seconds, or the service is unknown.
+        OSError: a file cannot be read.
     """
     if tls_ca is None:
         channel = grpc.insecure_channel(address)
     else:
         with open(tls_ca, "rb") as f:
-            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            roots = f.read()
+        key = chain = None
+        if tls_client_cert is not None and tls_client_key is not None:
+            with open(tls_client_cert, "rb") as f:
+                chain = f.read()
+            with open(tls_client_key, "rb") as f:
+                key = f.read()
+        credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
         options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
         channel = grpc.secure_channel(address, credentials, options=options)
     with channel:
@@ -74,10 +102,33 @@ def check(
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
-def tls_hint(details: str, address: str, tls_ca: str | None, tls_server_name: str | None) -> str:
-    """What to do about the TLS failure gRPC's ``details`` tell of (" (TLS: ...)"), or "" for another failure."""
+def tls_hint(
+    details: str,
+    address: str,
+    tls_ca: str | None,
+    tls_server_name: str | None,
+    tls_client_cert: str | None = None,
+    client_ca: bool = False,
+) -> str:
+    """What to do about the TLS failure gRPC's ``details`` tell of (" (TLS: ...)"), or "" for another failure.
+    ``tls_client_cert``: the client certificate presented; ``client_ca``: the server requires one (its
+    ``ENVFLEET_TLS_CLIENT_CA`` is set)."""
     if tls_ca is None:
         return ""
+    if "Socket closed" in details and (client_ca or tls_client_cert):
+        # A server requiring client certificates ends the connection right after the handshake
+        # (TLS 1.3) when it has none it accepts: gRPC says no more than "Socket closed".
+        if tls_client_cert is None:
+            return (
+                " (TLS: the server requires a client certificate (ENVFLEET_TLS_CLIENT_CA is set) and the probe "
+                "presents none: set ENVFLEET_TLS_CLIENT_CERT and ENVFLEET_TLS_CLIENT_KEY (or --tls-client-cert "
+                "and --tls-client-key) to a certificate that CA signed and its key)"
+            )
+        return (
+            f" (TLS: the server ended the connection after the handshake: it may refuse the probe's client "
+            f"certificate {tls_client_cert} (not signed by the CA of its ENVFLEET_TLS_CLIENT_CA, expired, or not "
+            "for client authentication); set ENVFLEET_TLS_CLIENT_CERT and ENVFLEET_TLS_CLIENT_KEY to one it takes)"
+        )
     if "Hostname Verification" in details:
         name = tls_server_name or _host(address)
         how = (
@@ -155,18 +206,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME",
         help="the name the server's certificate holds, if not the host of --address (default: ENVFLEET_TLS_SERVER_NAME)",
     )
+    cert, key = default_client_cert()
+    parser.add_argument(
+        "--tls-client-cert",
+        default=cert,
+        metavar="PATH",
+        help="with TLS: present this client certificate (PEM), for a server started with --tls-client-ca "
+        "(default: ENVFLEET_TLS_CLIENT_CERT when the server's variables say TLS)",
+    )
+    parser.add_argument(
+        "--tls-client-key",
+        default=key,
+        metavar="PATH",
+        help="the private key (PEM) of --tls-client-cert (default: ENVFLEET_TLS_CLIENT_KEY when the server's "
+        "variables say TLS)",
+    )
     args = parser.parse_args(argv)
     address = args.address or default_address()
+    # (said as the probe's other failures are, exit status 1: Docker reserves 2, argparse's)
+    if (args.tls_client_cert is None) != (args.tls_client_key is None):
+        print(
+            f"{address}: unhealthy: --tls-client-cert and --tls-client-key (or ENVFLEET_TLS_CLIENT_CERT and "
+            "ENVFLEET_TLS_CLIENT_KEY): give both (the client certificate and its private key) or neither",
+            file=sys.stderr,
+        )
+        return 1
+    if args.tls_client_cert is not None and args.tls_ca is None:
+        print(
+            f"{address}: unhealthy: --tls-client-cert: presents a client certificate over TLS; give --tls-ca too",
+            file=sys.stderr,
+        )
+        return 1
     try:
-        status = check(address, args.service, args.timeout, args.tls_ca, args.tls_server_name)
+        status = check(
+            address,
+            args.service,
+            args.timeout,
+            args.tls_ca,
+            args.tls_server_name,
+            args.tls_client_cert,
+            args.tls_client_key,
+        )
     except OSError as err:
-        print(f"{address}: unhealthy: cannot read --tls-ca {args.tls_ca}: {err.strerror}", file=sys.stderr)
+        files = {
+            args.tls_client_key: "--tls-client-key",
+            args.tls_client_cert: "--tls-client-cert",
+            args.tls_ca: "--tls-ca",
+        }
+        option = files.get(err.filename, "--tls-ca")
+        print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
         if err.code() is grpc.StatusCode.NOT_FOUND:
             print(f"{address}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)
         else:
-            hint = tls_hint(str(err.details()), address, args.tls_ca, args.tls_server_name)
+            client_ca = bool(os.environ.get("ENVFLEET_TLS_CLIENT_CA"))
+            hint = tls_hint(
+                str(err.details()), address, args.tls_ca, args.tls_server_name, args.tls_client_cert, client_ca
+            )
             print(f"{address}: unhealthy: {err.code().name}: {err.details()}{hint}", file=sys.stderr)
         return 1
     print(f"{address}: {status}")

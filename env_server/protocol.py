@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ssl
 import struct
 import sys
 
@@ -24,6 +25,7 @@ __all__ = [
     "STEP_SOCKET_SUFFIX",
     "bearer_metadata",
     "bind_hint",
+    "check_key_pair",
     "check_token",
     "host_port",
     "package_version",
@@ -111,6 +113,27 @@ def check_token(token: str, where: str = "auth token") -> str:
             f"{where}: expected printable ASCII without spaces (it travels in gRPC metadata), got {bad[0]!r} in it"
         )
     return token
+
+
+def check_key_pair(cert: str, key: str, cert_name: str, key_name: str) -> None:
+    """ValueError ("``cert_name`` CERT and ``key_name`` KEY: why") unless the PEM files ``cert`` (a
+    certificate chain) and ``key`` (its private key, without a passphrase: gRPC takes none) are what
+    they say and belong together. Servers check their own pair with it, learners their client
+    certificate's: named at once, rather than as a handshake that fails later for no stated reason."""
+
+    def no_passphrase() -> bytes:
+        raise ValueError(f"{key_name} {key}: the key is encrypted; gRPC needs it without a passphrase")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=no_passphrase)
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            reason = "the key is not the certificate's private key"
+        elif "PEM lib" in str(err):
+            reason = "one is not what it should be (swapped, or not a certificate and a key)"
+        else:
+            reason = str(err)
+        raise ValueError(f"{cert_name} {cert} and {key_name} {key}: {reason}") from None
 
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:

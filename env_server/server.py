@@ -39,6 +39,7 @@ from env_server.protocol import (
     SERVICE_NAME,
     STEP_SOCKET_SUFFIX,
     bind_hint,
+    check_key_pair,
     host_port,
 )
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -344,32 +345,36 @@ def _read_pem(path: str, option: str) -> bytes:
 
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    """TLS credentials from ``config.tls_cert`` and ``config.tls_key``, or None for plaintext."""
+    """TLS credentials from ``config.tls_cert`` and ``config.tls_key``, or None for plaintext. With
+    ``config.tls_client_ca`` a client must present a certificate that CA signed, or the handshake
+    fails (mutual TLS): every caller, the health service's included."""
     if config.tls_cert is None or config.tls_key is None:
         return None
     cert = _read_pem(config.tls_cert, "--tls-cert")
     key = _read_pem(config.tls_key, "--tls-key")
-    _check_key_pair(config.tls_cert, config.tls_key)
-    return grpc.ssl_server_credentials([(key, cert)])
-
-
-def _check_key_pair(cert: str, key: str) -> None:
-    """The certificate (chain) and the private key are what they say, and belong together: said here,
-    rather than as gRPC's failure to bind with the reason a few log lines up."""
-
-    def no_passphrase() -> bytes:
-        raise OSError(f"--tls-key {key}: the key is encrypted; gRPC needs it without a passphrase")
-
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=no_passphrase)
-    except ssl.SSLError as err:
-        if err.reason == "KEY_VALUES_MISMATCH":
-            reason = "the key is not the certificate's private key"
-        elif "PEM lib" in str(err):
-            reason = "one is not what it should be (swapped, or not a certificate and a key)"
-        else:
-            reason = str(err)
-        raise OSError(f"--tls-cert {cert} and --tls-key {key}: {reason}") from None
+        # Said here, rather than as gRPC's failure to bind with the reason a few log lines up.
+        check_key_pair(config.tls_cert, config.tls_key, "--tls-cert", "--tls-key")
+    except ValueError as err:
+        raise OSError(str(err)) from None
+    if config.tls_client_ca is None:
+        return grpc.ssl_server_credentials([(key, cert)])
+    client_ca = _read_client_ca(config.tls_client_ca)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+
+
+def _read_client_ca(path: str) -> bytes:
+    """The CA certificate(s) in ``path`` (``--tls-client-ca``), checked as OpenSSL will read them."""
+    data = _read_pem(path, "--tls-client-ca")
+    expected = "expected the PEM certificate(s) of the CA that signs the learners' client certificates"
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        got = "a private key" if b"PRIVATE KEY-----" in data else "no certificate"
+        raise OSError(f"--tls-client-ca {path}: {expected} (-----BEGIN CERTIFICATE-----), got {got}")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=data.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError) as err:
+        raise OSError(f"--tls-client-ca {path}: {expected}, got one OpenSSL cannot read ({err})") from None
+    return data
 
 
 async def serve(
@@ -530,9 +535,7 @@ async def _serve(
             if metrics is not None:
                 metrics.ready.set(1)
             ready = address if config.unix_socket else host_port(config.host, port)
-            security = ", ".join(
-                part for part in ("TLS" if credentials else "", "auth token" if config.auth_token else "") if part
-            )
+            security = ", ".join(part for part in (_tls_mode(config, credentials), _token_mode(config)) if part)
             log.info(
                 "serving %d x %s (%s) on %s%s",
                 config.num_envs,
@@ -685,16 +688,31 @@ def _describe_envs(config: ServerConfig) -> str:
     return "; ".join(parts)
 
 
+def _tls_mode(config: ServerConfig, credentials: grpc.ServerCredentials | None) -> str:
+    """How the server's start line names its TLS: "" (none), "TLS", or TLS requiring client certificates."""
+    if credentials is None:
+        return ""
+    return "TLS, client certificates required" if config.tls_client_ca is not None else "TLS"
+
+
+def _token_mode(config: ServerConfig) -> str:
+    return "auth token" if config.auth_token is not None else ""
+
+
 def _warn_if_open(config: ServerConfig, *, tls: bool) -> None:
-    """Warn of a server that anyone who reaches it can use: off loopback, with no token. TLS alone
-    does not close it: it encrypts the calls and proves the server to learners, and anyone may still
-    call (the server checks no client certificates)."""
+    """Warn of a server that anyone who reaches it can use: off loopback, with neither a token nor
+    client certificates required. TLS alone does not close it: it encrypts the calls and proves the
+    server to learners, and anyone may still call; with ``--tls-client-ca`` only a caller holding a
+    certificate that CA signed gets past the handshake."""
     if config.auth_token is not None or config.unix_socket or _is_loopback(config.host):
+        return
+    if tls and config.tls_client_ca is not None:
         return
     if tls:
         log.warning(
             "listening on %s with TLS but no auth token: anyone who reaches it can claim and step its envs "
-            "(TLS encrypts the calls, it does not say who may make them; see --auth-token)",
+            "(TLS encrypts the calls, it does not say who may make them; see --auth-token, or --tls-client-ca "
+            "to require client certificates)",
             config.host,
         )
     else:

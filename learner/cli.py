@@ -139,6 +139,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             given["auth_token"] = token
         if args.like is not None and "resume" in given:
             raise ValueError("--like: starts a new run with another run's options, so it cannot go with --resume")
+        wandb_names = [name for name in ("wandb_project_name", "wandb_entity") if name in given]
+        if "resume" not in given and args.like is None and os.environ.get("WANDB_PROJECT"):
+            given.setdefault("wandb_project_name", os.environ["WANDB_PROJECT"])  # (a run resumed keeps its own)
         if "resume" in given:
             from learner.train import resume_args
 
@@ -150,6 +153,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         else:
             config = Args(**given)
         config = _tls_from_environment(config)
+        if wandb_names and not config.track:
+            flag = f"--{wandb_names[0].replace('_', '-')}"
+            raise ValueError(f"{flag}: names where --track logs the run to W&B; give --track too")
     except (ValueError, FileNotFoundError) as err:
         args.parser.error(str(err))
     from learner.stats import format_return
@@ -214,6 +220,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
     print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
+    if "wandb_run" in summary:  # (--track)
+        wandb_run = summary["wandb_run"]
+        where = wandb_run["url"] or f"{wandb_run['id']}, offline (upload it with: wandb sync {wandb_run['files']})"
+        print(f"W&B run: {where}")
     plotted = config.plot and (run_dir / "returns.png").exists()
     if plotted:
         print(f"plot: {run_dir / 'returns.png'}")
@@ -251,31 +261,58 @@ def _auth_token(token_file: str | None, token: str | None) -> str | None:
     return check_token(text, f"{where} {token_file}")
 
 
-def _connection(args: argparse.Namespace) -> tuple[str | None, str | bool, str | None]:
-    """(auth token, ``tls`` argument, TLS server name) from the connection options of ``eval`` and
-    ``servers`` (:func:`_add_connection_options`), checked as ``train`` checks its own: a usage error
-    where they do not fit."""
+def _connection(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
+    """(auth token, TLS keyword arguments of RemoteVectorEnv: ``tls``, ``tls_server_name``,
+    ``tls_client_cert``, ``tls_client_key``) from the connection options of ``eval`` and ``servers``
+    (:func:`_add_connection_options`), checked as ``train`` checks its own: a usage error where they
+    do not fit."""
     from env_server.protocol import check_token
 
     try:
         check_addresses(args.servers)
         check_tls(
-            args.servers, args.tls, args.tls_ca, args.tls_server_name, "the env server this command starts speaks"
+            args.servers,
+            args.tls,
+            args.tls_ca,
+            args.tls_server_name,
+            "the env server this command starts speaks",
+            args.tls_client_cert,
+            args.tls_client_key,
         )
         if args.auth_token is not None:
             check_token(args.auth_token, "--auth-token")
         token = _auth_token(args.auth_token_file, args.auth_token) or args.auth_token
         tls_ca, tls_server_name = _tls_variables(args.servers, args.tls, args.tls_ca, args.tls_server_name)
+        cert, key = _client_cert_variables(args.servers, args.tls or tls_ca, args.tls_client_cert, args.tls_client_key)
     except ValueError as err:
         args.parser.error(str(err))
-    return token, tls_ca or args.tls, tls_server_name
+    tls = {
+        "tls": tls_ca or args.tls,
+        "tls_server_name": tls_server_name,
+        "tls_client_cert": cert,
+        "tls_client_key": key,
+    }
+    return token, tls
 
 
 def _tls_from_environment(config: Args) -> Args:
-    """``config`` with --tls-ca and --tls-server-name from the environment where neither they nor a
-    resumed run's config.json set them (see :func:`_tls_variables`)."""
+    """``config`` with --tls-ca, --tls-server-name and the client certificate from the environment where
+    neither they nor a resumed run's config.json set them (see :func:`_tls_variables` and
+    :func:`_client_cert_variables`)."""
     tls_ca, name = _tls_variables(config.servers, config.tls, config.tls_ca, config.tls_server_name)
-    return dataclasses.replace(config, tls_ca=tls_ca, tls_server_name=name)
+    cert, key = _client_cert_variables(
+        config.servers, config.tls or tls_ca, config.tls_client_cert, config.tls_client_key
+    )
+    return dataclasses.replace(config, tls_ca=tls_ca, tls_server_name=name, tls_client_cert=cert, tls_client_key=key)
+
+
+def _readable(path: str, where: str, hint: str = "") -> None:
+    """ValueError "``where`` ``path``: cannot read it (why)``hint``" unless ``path`` can be opened."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{where} {path}: cannot read it ({err.strerror or err}){hint}") from None
 
 
 def _tls_variables(
@@ -286,26 +323,54 @@ def _tls_variables(
     command starts speak plaintext), the name only with TLS. A CA file the variable names that cannot
     be read here (a container's path, exported for compose) is named as the variable's."""
     if tls_ca is not None:
-        try:
-            with open(tls_ca, "rb"):
-                pass
-        except OSError as err:
-            raise ValueError(f"--tls-ca {tls_ca}: cannot read it ({err.strerror or err})") from None
+        _readable(tls_ca, "--tls-ca")
     if servers is None:
         return tls_ca, tls_server_name
     if tls_ca is None and os.environ.get("ENVFLEET_TLS_CA"):
         tls_ca = os.environ["ENVFLEET_TLS_CA"]
-        try:
-            with open(tls_ca, "rb"):
-                pass
-        except OSError as err:
-            raise ValueError(
-                f"$ENVFLEET_TLS_CA {tls_ca}: cannot read it ({err.strerror or err}); it gives --tls-ca for --servers: "
-                "set it to the CA file on this machine, unset it, or give --tls-ca"
-            ) from None
+        _readable(
+            tls_ca,
+            "$ENVFLEET_TLS_CA",
+            "; it gives --tls-ca for --servers: set it to the CA file on this machine, unset it, or give --tls-ca",
+        )
     if tls_server_name is None and (tls or tls_ca) and os.environ.get("ENVFLEET_TLS_SERVER_NAME"):
         tls_server_name = os.environ["ENVFLEET_TLS_SERVER_NAME"]
     return tls_ca, tls_server_name
+
+
+_CLIENT_CERT_VARIABLES = ("ENVFLEET_TLS_CLIENT_CERT", "ENVFLEET_TLS_CLIENT_KEY")
+"""The variables that give --tls-client-cert and --tls-client-key (as env-server's health probe reads them)."""
+
+
+def _client_cert_variables(
+    servers: str | None, tls: bool | str | None, cert: str | None, key: str | None
+) -> tuple[str | None, str | None]:
+    """(--tls-client-cert, --tls-client-key), both from $ENVFLEET_TLS_CLIENT_CERT and
+    $ENVFLEET_TLS_CLIENT_KEY where neither option is given (a pair: never a certificate from one place
+    and its key from another): for --servers with TLS only (``tls``: --tls, or the CA in use). Checked:
+    readable, PEM, and a certificate with its own key; a file a variable names is named as the variable's."""
+    flags = ("--tls-client-cert", "--tls-client-key")
+    names: tuple[str, str] = flags
+    hint = ""
+    if cert is None and key is None and servers is not None and tls:
+        cert, key = (os.environ.get(v) or None for v in _CLIENT_CERT_VARIABLES)
+        if (cert is None) != (key is None):
+            set_one = _CLIENT_CERT_VARIABLES[0 if cert is not None else 1]
+            raise ValueError(
+                f"${_CLIENT_CERT_VARIABLES[0]} and ${_CLIENT_CERT_VARIABLES[1]}: set both (the client certificate "
+                f"and its private key) or neither, got ${set_one} alone (or give --tls-client-cert and "
+                "--tls-client-key)"
+            )
+        names = ("$" + _CLIENT_CERT_VARIABLES[0], "$" + _CLIENT_CERT_VARIABLES[1])
+        hint = "; it gives {flag} for --servers: set it to the file on this machine, unset it, or give {flag}"
+    if cert is None or key is None:
+        return cert, key
+    for path, name, flag in ((cert, names[0], flags[0]), (key, names[1], flags[1])):
+        _readable(path, name, hint.format(flag=flag))
+    from learner.client import client_identity
+
+    client_identity(cert, key, *names)  # (InvalidArgumentError, a ValueError: said as a usage error)
+    return cert, key
 
 
 def _faults_line(summary: dict[str, Any]) -> str:
@@ -603,14 +668,15 @@ def _presets_epilog() -> str:
         "  learner train --env ALE/Pong-v5 --num-servers 4 --envs-per-server 4 --device cuda\n"
         "  learner train --env CartPole-v1 --servers 10.0.0.5:50051,10.0.0.6:50051\n"
         "  learner train --resume runs/CartPole-v1-20250101-120000 --total-timesteps 200000 --no-stop-at-return\n"
-        "  learner train --like runs/CartPole-v1-20250101-120000 --seed 2\n\n"
+        "  learner train --like runs/CartPole-v1-20250101-120000 --seed 2\n"
+        "  learner train --env CartPole-v1 --track --wandb-project-name ppo   # Weights & Biases, as CleanRL\n\n"
         "Hyperparameter presets (--preset auto picks atari for image observations, mujoco for Box actions,\n"
         "classic otherwise; any option given overrides its preset value):\n\n"
         + "\n".join(lines)
         + "\n\nALE ids (ALE/Pong-v5) get the env server's --wrappers atari automatically on the servers\n"
         "this command starts, so 84x84 frame stacks cross the wire (--servers: start them so).\n"
         "Writes to the run dir: config.json, metrics.jsonl (one line per update), TensorBoard events,\n"
-        "checkpoints/, summary.json and returns.png."
+        "checkpoints/, summary.json and returns.png (and, with --track, wandb-run.json)."
     )
 
 
@@ -646,7 +712,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             check_wrappers(args.wrappers)
         except ValueError as err:
             args.parser.error(str(err))
-    token, tls, tls_server_name = _connection(args)
+    token, tls = _connection(args)
     if args.video is not None:
         from learner.video import headless_rendering
 
@@ -666,8 +732,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         transport=args.transport,
         step_socket=args.step_socket,
         auth_token=token,
-        tls=tls,
-        tls_server_name=tls_server_name,
+        **tls,
         timeout=args.timeout,
         video=args.video,
         video_fps=args.video_fps,
@@ -725,10 +790,10 @@ def cmd_servers(args: argparse.Namespace) -> int:
         )
     if args.servers is None:
         args.servers = args.addresses
-    token, tls, tls_server_name = _connection(args)
+    token, tls = _connection(args)
     from learner.survey import describe, survey
 
-    servers = survey(args.servers, timeout=args.timeout, auth_token=token, tls=tls, tls_server_name=tls_server_name)
+    servers = survey(args.servers, timeout=args.timeout, auth_token=token, **tls)
     print(json.dumps([s.to_json() for s in servers]) if args.json else describe(servers))
     return 0 if all(not s.error for s in servers) else 1
 
@@ -853,8 +918,8 @@ class _Parser(ShortErrorParser):
 
 
 def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) -> None:
-    """--auth-token(-file) and --tls(-ca, -server-name), for commands that reach running servers (train has
-    its own, from its Args); ``ca_default``: when $ENVFLEET_TLS_CA gives --tls-ca."""
+    """--auth-token(-file) and --tls(-ca, -server-name, -client-cert, -client-key), for commands that reach
+    running servers (train has its own, from its Args); ``ca_default``: when $ENVFLEET_TLS_CA gives --tls-ca."""
     parser.add_argument(
         "--auth-token",
         default=None,
@@ -884,6 +949,20 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
         default=None,
         metavar="NAME",
         help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
+    )
+    parser.add_argument(
+        "--tls-client-cert",
+        default=None,
+        metavar="PATH",
+        help="with TLS: present this client certificate (PEM) to servers that require one (env-server "
+        "--tls-client-ca); give --tls-client-key too (default with TLS, when neither is given: "
+        "$ENVFLEET_TLS_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--tls-client-key",
+        default=None,
+        metavar="PATH",
+        help="the private key (PEM) of --tls-client-cert (default: $ENVFLEET_TLS_CLIENT_KEY, as the certificate)",
     )
 
 
@@ -965,11 +1044,12 @@ def build_parser() -> argparse.ArgumentParser:
             "auth_token": CONNECTION_OPTIONS,
             "pipeline_groups": "the envs",
             "seed": "the run",
+            "track": "tracking with Weights & Biases (CleanRL's --track)",
             "preset": "PPO hyperparameters (unset: the preset's value)",
         },
     )
-    # What most runs set first (the envs, the run), then PPO's hyperparameters; how to reach servers
-    # and ride out their faults, which most leave as they are, last.
+    # What most runs set first (the envs, the run, where it is tracked), then PPO's hyperparameters; how
+    # to reach servers and ride out their faults, which most leave as they are, last.
     groups = train._action_groups
     groups.append(groups.pop(next(i for i, g in enumerate(groups) if g.title == CONNECTION_OPTIONS)))
     # Not an Args field: the token it holds goes into --auth-token (and, like it, never into the run dir).
@@ -1254,6 +1334,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]
+        if missing == "wandb":  # (learner train --track, or a resumed run that was tracked)
+            print(
+                f"learner {args.command}: error: --track needs wandb, which is not installed here: pip install "
+                "'envfleet[track]' (from a clone: pip install -e '.[track]'), or train without --track (a resumed "
+                "run that was tracked: --no-track)",
+                file=sys.stderr,
+            )
+            return 1
         if missing not in _LEARNER_EXTRA:
             raise
         how = "pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"

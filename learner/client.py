@@ -31,6 +31,7 @@ from env_server.protocol import (
     SERVICE_NAME,
     SHUTDOWN_REASON,
     STEP_SOCKET_SUFFIX,
+    check_key_pair,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -57,6 +58,7 @@ __all__ = [
     "SocketStep",
     "channel_credentials",
     "channel_options",
+    "client_identity",
     "request_too_large",
     "status_error",
     "timeout_error",
@@ -901,14 +903,37 @@ class SocketStep:
         self._client.close_step_socket()
 
 
-def channel_credentials(tls: bool | str | os.PathLike[str]) -> tuple[grpc.ChannelCredentials | None, bytes | None]:
+def channel_credentials(
+    tls: bool | str | os.PathLike[str],
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+) -> tuple[grpc.ChannelCredentials | None, bytes | None]:
     """TLS credentials for ``tls``, and the CA roots they trust: False -> (None, None) (plaintext); True ->
     the system's CA roots (roots None); a path -> the CA certificate(s) in that PEM file. (A server name
-    other than the address's host goes in the channel's options: EnvClient's ``tls_server_name``.)"""
+    other than the address's host goes in the channel's options: EnvClient's ``tls_server_name``.)
+
+    ``client_cert`` and ``client_key`` (both or neither; TLS only): PEM files of the client certificate
+    (chain) this client presents, for servers that require one (``env-server --tls-client-ca``: mutual
+    TLS), and its private key. Files that cannot be read, are not what they should be or do not belong
+    together raise InvalidArgumentError naming the argument."""
+    if (client_cert is None) != (client_key is None):
+        given = "tls_client_cert" if client_cert is not None else "tls_client_key"
+        raise InvalidArgumentError(
+            f"tls_client_cert and tls_client_key: give both (the client certificate and its private key) or "
+            f"neither, got {given} alone"
+        )
     if tls is False or tls is None:
+        if client_cert is not None:
+            raise InvalidArgumentError(
+                "tls_client_cert: a client certificate is presented in a TLS handshake; connect with TLS too "
+                f"(tls=True, or tls=CA_PATH), got tls={tls!r}"
+            )
         return None, None
+    identity: dict[str, bytes] = {}
+    if client_cert is not None and client_key is not None:
+        identity = client_identity(client_cert, client_key)
     if tls is True:
-        return grpc.ssl_channel_credentials(), None
+        return grpc.ssl_channel_credentials(**identity), None
     path = os.fspath(tls)
     try:
         with open(path, "rb") as f:
@@ -919,4 +944,33 @@ def channel_credentials(tls: bool | str | os.PathLike[str]) -> tuple[grpc.Channe
         raise InvalidArgumentError(
             f"tls: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
         )
-    return grpc.ssl_channel_credentials(root_certificates=roots), roots
+    return grpc.ssl_channel_credentials(root_certificates=roots, **identity), roots
+
+
+def client_identity(
+    cert: str | os.PathLike[str],
+    key: str | os.PathLike[str],
+    cert_name: str = "tls_client_cert",
+    key_name: str = "tls_client_key",
+) -> dict[str, bytes]:
+    """``grpc.ssl_channel_credentials``' ``certificate_chain`` and ``private_key`` from the PEM files
+    ``cert`` and ``key``; InvalidArgumentError naming ``cert_name`` or ``key_name`` (the options that
+    gave them) where one cannot be read, is not what it should be, or they do not belong together."""
+    cert_path, key_path = os.fspath(cert), os.fspath(key)
+    read: dict[str, bytes] = {}
+    for name, path, what, marker, pem in (
+        (cert_name, cert_path, "client certificate", b"-----BEGIN CERTIFICATE-----", "-----BEGIN CERTIFICATE-----"),
+        (key_name, key_path, "private key", b"PRIVATE KEY-----", "-----BEGIN ... PRIVATE KEY-----"),
+    ):
+        try:
+            with open(path, "rb") as f:
+                read[name] = f.read()
+        except OSError as err:
+            raise InvalidArgumentError(f"{name}: cannot read the {what} file {path!r}: {err.strerror}") from err
+        if marker not in read[name]:
+            raise InvalidArgumentError(f"{name}: expected a PEM {what} ({pem}) in {path!r}, got something else")
+    try:
+        check_key_pair(cert_path, key_path, cert_name, key_name)
+    except ValueError as err:
+        raise InvalidArgumentError(str(err)) from None
+    return {"certificate_chain": read[cert_name], "private_key": read[key_name]}

@@ -20,8 +20,10 @@ from learner.local import DEFAULT_TRANSPORT
 
 __all__ = [
     "DEFAULT_ENV",
+    "DEFAULT_WANDB_PROJECT",
     "LOCAL_SERVER_OPTIONS",
     "METRICS_HOST",
+    "NO_TLS",
     "PRESETS",
     "SESSION_OPTIONS",
     "Args",
@@ -41,6 +43,10 @@ DEFAULT_ENV = "CartPole-v1"
 METRICS_HOST = "127.0.0.1"
 """Where ``learner train --metrics-port`` serves unless --metrics-host says otherwise (env-server's --host
 default)."""
+
+DEFAULT_WANDB_PROJECT = "envfleet"
+"""The W&B project ``learner train --track`` logs to unless --wandb-project-name (or $WANDB_PROJECT) says
+otherwise (CleanRL's is "cleanRL")."""
 
 SESSION_OPTIONS: dict[str, Any] = {"progress": None, "metrics_port": None, "metrics_host": METRICS_HOST}
 """Options (and their unset values) of one session of a run, not of the run: a run resumed or repeated
@@ -114,6 +120,13 @@ class Args:
     tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
     """the name the servers' certificates hold, when it is not the host in their addresses (default with
     TLS: $ENVFLEET_TLS_SERVER_NAME)"""
+    tls_client_cert: str | None = field(default=None, metadata={"metavar": "PATH"})
+    """with TLS: present this client certificate (PEM) to servers that require one (env-server
+    --tls-client-ca); give --tls-client-key too (default with TLS, when neither is given:
+    $ENVFLEET_TLS_CLIENT_CERT). Recorded in the run dir as a path, for --resume"""
+    tls_client_key: str | None = field(default=None, metadata={"metavar": "PATH"})
+    """the private key (PEM) of --tls-client-cert (default: $ENVFLEET_TLS_CLIENT_KEY, as the certificate);
+    only its path is recorded"""
     connect_timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds to wait at the start for --servers to answer, and for their names to resolve
     (`dns:` names with no server ready yet, `compose:` replicas still starting): raise it where
@@ -202,6 +215,18 @@ class Args:
     metrics_host: str = field(default=METRICS_HOST, metadata={"metavar": "HOST"})
     """interface --metrics-port listens on, as env-server's --host; 0.0.0.0 for all (in a container, for
     Prometheus to scrape it)"""
+
+    # -- tracking (Weights & Biases) ------------------------------------------------------------------------
+    track: bool = False
+    """log the run to Weights & Biases (needs the extra: pip install 'envfleet[track]'): metrics.jsonl's
+    figures by TensorBoard's tag names at each global step, config.json as the W&B config, summary.json as
+    its summary; the W&B run is named after the run dir. Recorded: --resume goes on in the same W&B run
+    (--no-track: not this time). wandb reads its own WANDB_* variables (WANDB_MODE=offline, WANDB_API_KEY,
+    WANDB_DIR, ...)"""
+    wandb_project_name: str = field(default=DEFAULT_WANDB_PROJECT, metadata={"metavar": "NAME"})
+    """the W&B project --track logs to (default: $WANDB_PROJECT, else envfleet)"""
+    wandb_entity: str | None = field(default=None, metadata={"metavar": "NAME"})
+    """the W&B entity (team or user) of --track's project (default: $WANDB_ENTITY, else your default entity)"""
 
     # -- PPO (unset: the preset's value) --------------------------------------------------------------------
     preset: Preset = "auto"
@@ -297,6 +322,9 @@ class Args:
             raise ValueError(f"--metrics-port: expected a port number 0-65535, got {self.metrics_port}")
         if not self.metrics_host:
             raise ValueError("--metrics-host: expected a value, got an empty string")
+        for name in ("wandb_project_name", "wandb_entity"):
+            if getattr(self, name) == "":
+                raise ValueError(f"--{_flag(name)}: expected a name, got an empty string")
         if self.metrics_port is None and self.metrics_host != METRICS_HOST:
             raise ValueError(
                 f"--metrics-host: sets where --metrics-port serves the metrics; give --metrics-port too (0 for a "
@@ -317,7 +345,13 @@ class Args:
                 "say it (host:port for TCP, unix:/path for a Unix socket)"
             )
         check_tls(
-            self.servers, self.tls, self.tls_ca, self.tls_server_name, "the env servers this command starts speak"
+            self.servers,
+            self.tls,
+            self.tls_ca,
+            self.tls_server_name,
+            "the env servers this command starts speak",
+            self.tls_client_cert,
+            self.tls_client_key,
         )
         if self.auth_token is not None:
             from env_server.protocol import check_token
@@ -350,7 +384,7 @@ class Args:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in known}
         if kwargs.get("servers") is None:
-            kwargs.update(tls=False, tls_ca=None, tls_server_name=None)
+            kwargs.update(NO_TLS)
         if check:
             return cls(**kwargs)
         unchecked = object.__new__(cls)
@@ -425,23 +459,58 @@ def check_addresses(servers: str | None) -> None:
         raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {servers!r}")
 
 
+NO_TLS: dict[str, Any] = {
+    "tls": False,
+    "tls_ca": None,
+    "tls_server_name": None,
+    "tls_client_cert": None,
+    "tls_client_key": None,
+}
+"""The TLS options of a run on the env servers it starts (plaintext): what a run moved off --servers gets."""
+
+
 def check_tls(
-    servers: str | None, tls: bool, tls_ca: str | None, tls_server_name: str | None, local_servers: str
+    servers: str | None,
+    tls: bool,
+    tls_ca: str | None,
+    tls_server_name: str | None,
+    local_servers: str,
+    tls_client_cert: str | None = None,
+    tls_client_key: str | None = None,
 ) -> None:
     """ValueError naming the option where the TLS options do not fit ``servers``: an empty value; a
-    server name without TLS ($ENVFLEET_TLS_CA, which gives --tls-ca for --servers where a command reads
-    the environment, counts); TLS without --servers (``local_servers``, e.g. "the env servers this
-    command starts speak", plaintext)."""
-    for flag, value in (("--tls-ca", tls_ca), ("--tls-server-name", tls_server_name)):
+    server name or client certificate without TLS ($ENVFLEET_TLS_CA, which gives --tls-ca for --servers
+    where a command reads the environment, counts); a client certificate without its key or the
+    reverse; TLS without --servers (``local_servers``, e.g. "the env servers this command starts
+    speak", plaintext)."""
+    for flag, value in (
+        ("--tls-ca", tls_ca),
+        ("--tls-server-name", tls_server_name),
+        ("--tls-client-cert", tls_client_cert),
+        ("--tls-client-key", tls_client_key),
+    ):
         if value == "":
             raise ValueError(f"{flag}: expected a value, got an empty string")
     ca_variable = servers is not None and bool(os.environ.get("ENVFLEET_TLS_CA"))
     if tls_server_name is not None and not (tls or tls_ca or ca_variable):
         raise ValueError("--tls-server-name: applies to TLS connections; add --tls or --tls-ca")
-    if servers is None and (tls or tls_ca):
-        flag = "--tls" if tls else "--tls-ca"
+    if (tls_client_cert is None) != (tls_client_key is None):
+        given, missing = (
+            ("--tls-client-cert", "--tls-client-key")
+            if tls_client_key is None
+            else ("--tls-client-key", "--tls-client-cert")
+        )
+        raise ValueError(
+            f"{given}: goes with {missing} (the client certificate and its private key): give both or neither"
+        )
+    if servers is None and (tls or tls_ca or tls_client_cert):
+        flag = "--tls" if tls else "--tls-ca" if tls_ca else "--tls-client-cert"
         raise ValueError(
             f"{flag}: connects to running --servers with TLS; {local_servers} plaintext on loopback (or a Unix socket)"
+        )
+    if tls_client_cert is not None and not (tls or tls_ca or ca_variable):
+        raise ValueError(
+            "--tls-client-cert: a client certificate is presented in a TLS handshake; add --tls or --tls-ca"
         )
 
 

@@ -28,6 +28,8 @@ from env_server.protocol import host_port
 from learner.errors import EnvFleetError
 
 __all__ = [
+    "CLIENT_CERT_REFUSED",
+    "CLIENT_CERT_REQUIRED",
     "TLS_CAUSE",
     "AddressError",
     "NotReadyYet",
@@ -256,29 +258,53 @@ _UNKNOWN_ISSUER = (20, 18, 19)
 _NAME_MISMATCH = (62, 64)
 
 
-def tls_probe(address: str, ca: bytes | None, server_name: str | None = None, timeout: float = 1.0) -> str | None:
+def tls_probe(
+    address: str,
+    ca: bytes | None,
+    server_name: str | None = None,
+    timeout: float = 1.0,
+    client_cert: tuple[str, str] | None = None,
+) -> str | None:
     """Why a TLS handshake with ``address`` (``host:port`` or ``unix:PATH``) fails, as a client with
     ``ca`` (PEM roots; None: the system's) checking the name ``server_name`` (default: the host)
-    would see it; None when it succeeds or fails for some other reason (then TLS is not the cause).
+    and presenting ``client_cert`` (the paths of a client certificate and its key; None: none) would
+    see it; None when it succeeds or fails for some other reason (then TLS is not the cause).
 
     For error messages, as :func:`probe`, when a server listens but gRPC's TLS connection does not
-    come up: a certificate that does not verify, or a server that does not speak TLS."""
+    come up: a certificate that does not verify, a server that does not speak TLS, or one that requires
+    a client certificate and takes none this client has."""
     context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
     context.set_alpn_protocols(["h2"])
-    return _handshake_failure(address, context, server_name, timeout, ca_given=ca is not None)
+    if client_cert is not None:
+        context.load_cert_chain(*client_cert)
+    return _handshake_failure(
+        address,
+        context,
+        server_name,
+        timeout,
+        ca_given=ca is not None,
+        client_cert=None if client_cert is None else client_cert[0],
+        after=True,
+    )
 
 
 def diagnose(
-    address: str, timeout: float, *, tls: bool, roots: bytes | None = None, server_name: str | None = None
+    address: str,
+    timeout: float,
+    *,
+    tls: bool,
+    roots: bytes | None = None,
+    server_name: str | None = None,
+    client_cert: tuple[str, str] | None = None,
 ) -> str | None:
     """Why ``address`` does not answer: :func:`probe`'s reason; where something listens, a TLS reason
     (starting "TLS: ") if there is one (``tls``: the client speaks TLS, trusting ``roots``, the system's
-    when None, and checking ``server_name``), else ""; None when it cannot tell."""
+    when None, checking ``server_name`` and presenting ``client_cert``), else ""; None when it cannot tell."""
     cause = probe(address, timeout=timeout)
     if cause:
         return cause
     if tls:
-        return tls_probe(address, roots, server_name, timeout) or ""
+        return tls_probe(address, roots, server_name, timeout, client_cert) or ""
     if speaks_tls(address, timeout):
         return f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
     return ""
@@ -293,12 +319,39 @@ def speaks_tls(address: str, timeout: float = 1.0) -> bool:
     return _handshake_failure(address, context, None, timeout) == ""
 
 
+CLIENT_CERT_REQUIRED = (
+    "the server ended the connection as soon as the TLS handshake was done, as one that requires client "
+    "certificates (env-server --tls-client-ca) does with a client that presents none: pass a client "
+    "certificate its CA signed and its key (tls_client_cert=PATH, tls_client_key=PATH; learner train "
+    "--tls-client-cert PATH --tls-client-key PATH, or $ENVFLEET_TLS_CLIENT_CERT and $ENVFLEET_TLS_CLIENT_KEY)"
+)
+"""What :func:`tls_probe` says of a server that ends the connection right after the handshake, to a client
+without a certificate (after ``TLS_CAUSE``)."""
+
+CLIENT_CERT_REFUSED = (
+    "the server ended the connection as soon as the TLS handshake was done: it refuses the client certificate "
+    "{cert}, as a server started with --tls-client-ca does with one its CA did not sign, one that has expired, "
+    "or one not made for client authentication (extendedKeyUsage clientAuth): pass one signed by the CA the "
+    "server checks client certificates with (its --tls-client-ca)"
+)
+"""The same, to a client that presented the certificate ``{cert}``."""
+
+
 def _handshake_failure(
-    address: str, context: ssl.SSLContext, server_name: str | None, timeout: float, *, ca_given: bool = False
+    address: str,
+    context: ssl.SSLContext,
+    server_name: str | None,
+    timeout: float,
+    *,
+    ca_given: bool = False,
+    client_cert: str | None = None,
+    after: bool = False,
 ) -> str | None:
     """ "" for a handshake that worked; a TLS reason it failed, where the server's answer says so; None
     when it cannot tell (no connection, or one closed or reset before any answer: a proxy whose
-    backend is not up yet, say, which a wait may mend)."""
+    backend is not up yet, say, which a wait may mend). ``after``: also see whether the server goes on
+    once the handshake is done (see :func:`_ended_after_handshake`; ``client_cert``: the certificate
+    presented, for the reason)."""
     try:
         opened = _connect(address, timeout)
     except (OSError, AddressError):
@@ -308,7 +361,10 @@ def _handshake_failure(
     sock, host = opened
     with sock:
         try:
-            with context.wrap_socket(sock, server_hostname=server_name or host):
+            with context.wrap_socket(sock, server_hostname=server_name or host) as tls:
+                if after and _ended_after_handshake(tls):
+                    why = CLIENT_CERT_REQUIRED if client_cert is None else CLIENT_CERT_REFUSED.format(cert=client_cert)
+                    return TLS_CAUSE + why
                 return ""
         except ssl.SSLCertVerificationError as err:
             why = str(err.verify_message or err.reason).rstrip(".")
@@ -332,9 +388,39 @@ def _handshake_failure(
                 return f"{TLS_CAUSE}the server does not speak TLS (a plaintext server? then connect without TLS)"
             if err.reason == "UNEXPECTED_EOF_WHILE_READING":
                 return None
+            if err.reason in _CLIENT_CERT_ALERTS:  # (TLS 1.2, or a server that says why)
+                why = CLIENT_CERT_REQUIRED if client_cert is None else CLIENT_CERT_REFUSED.format(cert=client_cert)
+                return f"{TLS_CAUSE}{why} (alert: {err.reason})"
             return f"{TLS_CAUSE}the handshake failed: {err.reason or err}"
         except OSError:
             return None
+
+
+# OpenSSL's names of the alerts a server sends about the client's certificate (none, or one it refuses).
+_CLIENT_CERT_ALERTS = (
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "TLSV1_ALERT_UNKNOWN_CA",
+)
+
+
+def _ended_after_handshake(tls: ssl.SSLSocket) -> bool:
+    """Whether the server ends the connection (or alerts of the client's certificate) at once after a TLS
+    handshake that went through on this side. Under TLS 1.3 a server checks the client's certificate
+    after the client's side of the handshake is done: a gRPC server that requires client certificates
+    then closes the connection, where one that accepts the client sends its HTTP/2 settings at once.
+    False when the server sends something, or nothing within the socket's timeout (cannot tell)."""
+    try:
+        return tls.recv(1) == b""
+    except ssl.SSLError as err:  # (an EOF, or an alert: certificate required, unknown CA, ...)
+        return isinstance(err, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or err.reason in _CLIENT_CERT_ALERTS
+    except ConnectionResetError:
+        return True
+    except OSError:  # (a timeout: a server that says nothing first)
+        return False
 
 
 def unix_path(address: str) -> str | None:

@@ -59,6 +59,10 @@ class FleetSpec:
     tls: bool | str = False
     """False, True (system CA roots) or the path of a CA file (see RemoteVectorEnv)."""
     tls_server_name: str | None = None
+    tls_client_cert: str | None = None
+    """The client certificate (PEM file) for servers that require one (see RemoteVectorEnv)."""
+    tls_client_key: str | None = None
+    """Its private key (PEM file)."""
 
     def describe(self) -> str:
         extras = (f", wrappers {','.join(self.wrappers)}" if self.wrappers else "") + (
@@ -149,6 +153,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             step_socket=spec.step_socket,
             tls=spec.tls,
             tls_server_name=spec.tls_server_name,
+            tls_client_cert=spec.tls_client_cert,
+            tls_client_key=spec.tls_client_key,
         )
         stack.callback(remote.close)
         yield remote

@@ -25,6 +25,7 @@ __all__ = [
     "ServerUnavailableError",
     "SessionError",
     "SpecMismatchError",
+    "TrackingError",
 ]
 
 
@@ -55,6 +56,11 @@ class RunCompleteError(OptionError):
 class RunDirWriteError(EnvFleetError, OSError):
     """A file of a run's run dir could not be written (a full disk, a read-only mount): the message
     names the file, why, and the room left where it goes."""
+
+
+class TrackingError(EnvFleetError):
+    """``learner train --track``: Weights & Biases could not start the run (not logged in, a project it may
+    not write to, ...); the message has wandb's own, and what to do."""
 
 
 class ServerStartError(EnvFleetError):

@@ -47,6 +47,8 @@ def evaluate(
     auth_token: str | None = None,
     tls: bool | str = False,
     tls_server_name: str | None = None,
+    tls_client_cert: str | None = None,
+    tls_client_key: str | None = None,
     timeout: float = 30.0,
     video: str | Path | None = None,
     video_fps: float | None = None,
@@ -70,7 +72,7 @@ def evaluate(
     refused, with a hint to pass them. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
-    ``tls_server_name`` and ``timeout`` are RemoteVectorEnv's.
+    ``tls_server_name``, ``tls_client_cert``, ``tls_client_key`` and ``timeout`` are RemoteVectorEnv's.
 
     ``env``: the run's env, named again to build it here where it imports a module (``module:Name``)
     and the run trained on running servers, which named it: see
@@ -144,6 +146,8 @@ def evaluate(
         auth_token=auth_token,
         tls=tls,
         tls_server_name=tls_server_name,
+        tls_client_cert=tls_client_cert,
+        tls_client_key=tls_client_key,
         timeout=timeout,
         # An episode cut short by a lost server is no sample of the policy's return: fail instead.
         fault_tolerant=False,

@@ -288,6 +288,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             the address (servers reached by IP or by a name their certificate lacks). Default: the
             host in the address; for servers found by a ``dns:///name:port`` address, ``name`` (as
             gRPC's own dns resolver checks it).
+        tls_client_cert, tls_client_key: paths of PEM files: a client certificate (chain) and its
+            private key, presented to servers that require one (``env-server --tls-client-ca``: mutual
+            TLS). Both or neither, and TLS on. A server that ends the connection after the handshake
+            (no certificate, or one its CA did not sign) raises :class:`~learner.errors.ServerUnavailableError`
+            within seconds, saying so.
         step_socket: step servers reached at a ``unix:`` address over their step socket, a plain
             Unix socket beside the gRPC one (same messages, no HTTP/2; a few times cheaper per step),
             where they offer one; False: always over gRPC's ``StepStream``.
@@ -318,6 +323,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         give_up_after: float = 60.0,
         tls: bool | str | os.PathLike[str] = False,
         tls_server_name: str | None = None,
+        tls_client_cert: str | os.PathLike[str] | None = None,
+        tls_client_key: str | os.PathLike[str] | None = None,
         step_socket: bool = True,
         spin_wait: float = 0.001,
     ) -> None:
@@ -341,7 +348,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.give_up_after = _seconds("give_up_after", give_up_after)
         self._client_name = client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
-        self._credentials, self._tls_roots = channel_credentials(tls)
+        self._credentials, self._tls_roots = channel_credentials(tls, tls_client_cert, tls_client_key)
+        # (checked above: both or neither) The client certificate, for the TLS probe's handshake.
+        self._client_cert = (
+            None
+            if tls_client_cert is None or tls_client_key is None
+            else (os.fspath(tls_client_cert), os.fspath(tls_client_key))
+        )
         self._tls_server_name = tls_server_name
         self._step_socket = bool(step_socket)
         if not (_is_finite(spin_wait) and 0 <= spin_wait <= 1):
@@ -553,6 +566,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     hint += (
                         " With TLS, the server must speak TLS with a certificate signed by the CA given and "
                         "made for the address's host (the name of a dns: address; or tls_server_name)"
+                        + (
+                            ", and take the client certificate given (one its --tls-client-ca signed)"
+                            if self._client_cert is not None
+                            else "; a server that requires client certificates needs one (tls_client_cert, "
+                            "tls_client_key)"
+                        )
                     )
                 raise ServerUnavailableError(
                     f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
@@ -612,6 +631,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             tls=self._credentials is not None,
             roots=self._tls_roots,
             server_name=self._server_name(address),
+            client_cert=self._client_cert,
         )
 
     def _note_missing(self, missing: list[tuple[str, str]], listed: int) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "METRICS",
     "PLOT",
     "SUMMARY",
+    "WANDB_RUN",
     "append_jsonl",
     "atomic_write",
     "checkpoint_path",
@@ -59,6 +60,9 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 PLOT = "returns.png"
+WANDB_RUN = "wandb-run.json"
+"""``learner train --track``: the W&B run the run logs to (its id, project, entity and URL), which --resume
+goes on in."""
 CHECKPOINTS = "checkpoints"
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
 
@@ -283,7 +287,7 @@ def _unlock_file(f: IO[str]) -> None:
             msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
 
 
-_RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT)
+_RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT, WANDB_RUN)
 
 
 def set_aside_unreadable(paths: Iterable[Path]) -> list[Path]:

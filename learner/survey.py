@@ -61,11 +61,14 @@ def survey(
     auth_token: str | None = None,
     tls: bool | str = False,
     tls_server_name: str | None = None,
+    tls_client_cert: str | None = None,
+    tls_client_key: str | None = None,
 ) -> list[ServerInfo]:
     """Ask every server ``addresses`` names (``host:port,...``, ``dns:///``, ``compose:``, ...) for its spec
-    and who holds it, all at once, each within ``timeout`` seconds."""
+    and who holds it, all at once, each within ``timeout`` seconds (``tls...``: as RemoteVectorEnv's)."""
     named = expand_named(addresses, timeout)
-    credentials, roots = channel_credentials(tls)
+    credentials, roots = channel_credentials(tls, tls_client_cert, tls_client_key)
+    client_cert = None if tls_client_cert is None or tls_client_key is None else (tls_client_cert, tls_client_key)
     metadata = bearer_metadata(auth_token) if auth_token else ()
 
     async def ask(address: str, dns_name: str | None) -> ServerInfo:
@@ -78,7 +81,9 @@ def survey(
             tls_server_name=name,
             step_socket=False,
         )
-        why = functools.partial(diagnose, tls=credentials is not None, roots=roots, server_name=name)
+        why = functools.partial(
+            diagnose, tls=credentials is not None, roots=roots, server_name=name, client_cert=client_cert
+        )
         try:
             return await _ask(client, timeout, why)
         finally:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +58,7 @@ from learner.checkpoint import (
 from learner.config import (
     DEFAULT_ENV,
     LOCAL_SERVER_OPTIONS,
+    NO_TLS,
     SESSION_OPTIONS,
     Args,
     PPOConfig,
@@ -86,6 +87,9 @@ from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, check_observation_space, is_image_space, unusable_observation
 from learner.stats import ReplicaStats, format_return
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
+
+if TYPE_CHECKING:
+    from learner.tracking import WandbRun
 
 __all__ = [
     "Args",
@@ -287,6 +291,8 @@ def fleet_spec(args: Args) -> FleetSpec:
         hang_timeout=args.hang_timeout,
         tls=args.tls_ca or args.tls,
         tls_server_name=args.tls_server_name,
+        tls_client_cert=args.tls_client_cert,
+        tls_client_key=args.tls_client_key,
     )
 
 
@@ -406,7 +412,7 @@ def _recorded_with(
         # Pipelining was sized for the servers it left: 1 group unless given.
         given = ", ".join(f"--{name.replace('_', '-')}" for name in _MOVE_OPTIONS if name in overrides)
         check_served_env_here(saved.env, saved.servers, overrides.get("env"), f"--{flag} with {given}", "--env")
-        moved = {"servers": None, "tls": False, "tls_ca": None, "tls_server_name": None, "pipeline_groups": 1}
+        moved = {"servers": None, **NO_TLS, "pipeline_groups": 1}
         # The servers' wrappers and time limit, where recorded, unless given (else the checked spaces fail).
         served = recorded.get("envs", {})
         if served.get("wrappers") is not None and "wrappers" not in overrides:
@@ -1223,30 +1229,40 @@ def fault_tags_started(rows: Iterable[dict[str, Any]]) -> set[str]:
     return started
 
 
+def tagged_values(row: dict[str, Any]) -> dict[str, float]:
+    """An update's row by TensorBoard tag: CleanRL's tags for what CleanRL logs, perf/, faults/ (every
+    count, zeros included) and replicas/ (without the NaNs of figures a server had none of) for the rest.
+    --track logs them to W&B by the same names."""
+    values = {
+        "charts/learning_rate": row["learning_rate"],
+        "charts/clip_coef": row["clip_coef"],
+        "charts/SPS": row["sps"],
+        "charts/num_envs": row["num_envs"],
+    }
+    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+        values[f"losses/{key}"] = row[key]
+    values["losses/explained_variance"] = row["explained_variance"]
+    for key in _PERF_TAGS:
+        values[f"perf/{key}"] = row[key]
+    values.update(_fault_values(row))
+    values.update((key, value) for key, value in row.items() if key.startswith("replicas/") and not math.isnan(value))
+    return values
+
+
 def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: set[str]) -> None:
-    """An update's row as TensorBoard scalars: CleanRL's tags for what CleanRL logs, perf/, faults/ and
-    replicas/ for the rest (episodes are logged as they end, as CleanRL does).
+    """An update's row as TensorBoard scalars (:func:`tagged_values`; episodes are logged as they end, as
+    CleanRL does).
 
     A faults/ tag starts at its first update with a fault of its kind (``faults_seen``, the tags started
     so far this session, grows with it) and goes on at every update after: a run with no faults shows
     no flat zeros (metrics.jsonl keeps every count, zeros included)."""
     step = row["global_step"]
-    writer.add_scalar("charts/learning_rate", row["learning_rate"], step)
-    writer.add_scalar("charts/clip_coef", row["clip_coef"], step)
-    writer.add_scalar("charts/SPS", row["sps"], step)
-    writer.add_scalar("charts/num_envs", row["num_envs"], step)
-    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
-        writer.add_scalar(f"losses/{key}", row[key], step)
-    writer.add_scalar("losses/explained_variance", row["explained_variance"], step)
-    for key in _PERF_TAGS:
-        writer.add_scalar(f"perf/{key}", row[key], step)
-    for tag, value in _fault_values(row).items():
-        if tag in faults_seen or (value and not math.isnan(value)):
+    for tag, value in tagged_values(row).items():
+        if tag.startswith("faults/"):
+            if tag not in faults_seen and not (value and not math.isnan(value)):
+                continue
             faults_seen.add(tag)
-            writer.add_scalar(tag, value, step)
-    for key, value in row.items():
-        if key.startswith("replicas/") and not math.isnan(value):
-            writer.add_scalar(key, value, step)
+        writer.add_scalar(tag, value, step)
 
 
 def build_summary(
@@ -1296,7 +1312,8 @@ def train(
     on_start: Callable[[dict[str, Any]], None] | None = None,
     on_fleet_change: Callable[[FleetChange], None] | None = None,
 ) -> dict[str, Any]:
-    """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds.
+    """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds, with
+    ``run_dir`` and, with --track, ``wandb_run`` (what ``wandb-run.json`` holds: id, project, entity, url).
 
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``,
     for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
@@ -1341,6 +1358,9 @@ def train(
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    if args.track:  # (wandb, imported before any server starts: missing, the error names the extra to install)
+        from learner.tracking import tracked
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
@@ -1517,6 +1537,9 @@ def train(
             resumed = {"resumed_from": str(checkpoint_file), "resumed_step": counters.global_step} if checkpoint else {}
             served_at = {"metrics_url": live.url} if live is not None else {}
             on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
+        tracker: WandbRun | None = None  # --track: the W&B run (finished once the loop is over)
+        if args.track:
+            tracker = stack.enter_context(tracked(run_dir, config, args))
         writer = None
         faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
         if args.tensorboard:
@@ -1715,7 +1738,7 @@ def train(
         last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
 
         def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
-            """Count an update done and log it: metrics.jsonl, TensorBoard, --metrics-port, the progress bar."""
+            """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar."""
             nonlocal last_row, last_record, last_line
             counters.update += 1
             now = time.perf_counter()
@@ -1741,6 +1764,8 @@ def train(
             last_row = row
             if writer is not None:
                 write_tensorboard(writer, row, faults_seen)
+            if tracker is not None:
+                tracker.update(row)
             if live is not None:
                 live.observe_update(
                     row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
@@ -1932,6 +1957,8 @@ def train(
                         if writer is not None:
                             writer.add_scalar("charts/episodic_return", ep_return[i], counters.global_step)
                             writer.add_scalar("charts/episodic_length", ep_length[i], counters.global_step)
+                        if tracker is not None:
+                            tracker.episode(counters.global_step, float(ep_return[i]), int(ep_length[i]))
                         ep_return[i], ep_length[i] = 0.0, 0
                         if (
                             threshold is not None
@@ -2135,9 +2162,13 @@ def train(
                 if not propagating:
                     raise cannot_write(run_dir / rundir.SUMMARY, err) from err
                 log.error("%s", cannot_write(run_dir / rundir.SUMMARY, err))  # (the error that stopped it follows)
+            if tracker is not None:  # (put into the W&B run's summary as it finishes)
+                tracker.summary = summary
             if counters.update > 0:
                 plotted.append(run_dir)
             if update_error is not None and not propagating:
                 raise update_error
     summary["run_dir"] = str(run_dir)
+    if tracker is not None and tracker.record is not None:
+        summary["wandb_run"] = tracker.record  # (for the command to say where it is; not in summary.json)
     return summary
