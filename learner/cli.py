@@ -847,8 +847,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 BENCH_EPILOG = """Everything is measured in one run, in turns: each round steps every vector env of a workload for
 --seconds (the order rotates), so load that drifts on a shared machine hits all alike, and ratios
 are taken round by round (paired) before their median. Spread = (max - min) / median over the
-rounds. A run whose machine was busy (1-minute load average at least its CPU count, at the start or
-the end) says so first: other work competed for the CPUs.
+rounds. A run whose machine was busy says so first: the 1-minute load average was at least its CPU
+count at the start, or other tasks kept half its CPUs busy at the end, once the run's own processes
+had ended (the load average then still counts the run's own last minute).
 
 Baselines step the very envs the servers build (env_server.envs.make_env: same kwargs and wrappers)
 and start through a forkserver, never forked from a process that holds gRPC channels. Remote layouts

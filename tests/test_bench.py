@@ -626,16 +626,22 @@ def test_an_rpc_only_run_reports_spread_and_overhead_and_no_targets(
 ) -> None:
     """--suites rpc: its table has a spread column as the others do, the remote overhead per step (in
     bench.json only, before) is in bench.md and on stdout, and no table of targets it does not measure;
-    a busy machine (load average >= its CPUs) is warned of, at the start and with the tables."""
+    a busy machine (load average >= its CPUs at the start, others running at the end) is warned of, at the
+    start and with the tables."""
+    import learner.benchmarks.run
     from learner.cli import main
 
     monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    monkeypatch.setattr(learner.benchmarks.run, "others_running", lambda: 5.0)
     out = tmp_path / "bench"
     assert main(["bench", "--suites", "rpc", "--rounds", "2", "--seconds", "0.02", "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     markdown = (out / "bench.md").read_text()
     cpus = os.cpu_count()
-    busy = f"Warning: the machine was busy: 1-minute load average 99.0 at the start and 99.0 at the end, at least its {cpus} CPUs"
+    busy = (
+        f"Warning: the machine was busy: 1-minute load average 99.0 at the start, at least its {cpus} CPUs; 5.0 "
+        f"other tasks running on average at the end, on its {cpus} CPUs"
+    )
     assert markdown.startswith(busy) and busy in stdout
     assert stdout.index(f"1-minute load average 99.0 at the start, at least its {cpus} CPUs") < stdout.index("| us |")
     for text in (markdown, stdout):
@@ -649,12 +655,36 @@ def test_an_rpc_only_run_reports_spread_and_overhead_and_no_targets(
 def test_the_load_warning_names_when_the_machine_was_busy() -> None:
     from learner.benchmarks.report import load_warning
 
-    meta = {"cpus": 2, "load_average_start": [1.9, 1.0, 1.0], "load_average_end": [2.0, 1.0, 1.0]}
-    assert load_warning(meta) == (
-        "Warning: the machine was busy: 1-minute load average 2.0 at the end, at least its 2 CPUs; other work "
-        "competed for them, so the figures may be low and their spread wide."
+    meta = {"cpus": 2, "load_average_start": [1.9, 1.0, 1.0], "load_average_end": [4.2, 1.0, 1.0]}
+    assert load_warning(meta) == ""  # (the end's load average counts the run's own processes: not judged)
+    assert load_warning({**meta, "others_running_end": 1.2}) == (
+        "Warning: the machine was busy: 1.2 other tasks running on average at the end, on its 2 CPUs; other "
+        "work competed for them, so the figures may be low and their spread wide."
     )
-    assert load_warning({**meta, "load_average_end": [1.9]}) == "" and load_warning({}) == ""
+    both = {**meta, "load_average_start": [2.5], "others_running_end": 1.0}
+    assert load_warning(both, spread=False) == (
+        "Warning: the machine was busy: 1-minute load average 2.5 at the start, at least its 2 CPUs; 1.0 other "
+        "tasks running on average at the end, on its 2 CPUs; other work competed for them, so the figures may "
+        "be low."
+    )
+    assert load_warning({**meta, "others_running_end": 0.4}) == "" and load_warning({}) == ""
+
+
+def test_others_running_counts_a_busy_process_and_not_the_one_asking() -> None:
+    """A process spinning beside the bench counts (about 1), the bench itself does not."""
+    from learner.benchmarks.run import others_running
+
+    quiet = others_running(seconds=0.3, samples=12)
+    if quiet is None:
+        pytest.skip("no /proc/loadavg here")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        busy = others_running(seconds=0.5, samples=20)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and busy >= 0.5, (quiet, busy)
 
 
 @pytest.mark.slow

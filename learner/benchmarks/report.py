@@ -200,20 +200,26 @@ def _not_measured(target: str, why: str) -> dict[str, Any]:
 
 
 def load_warning(meta: dict[str, Any], spread: bool = True) -> str:
-    """A warning when the machine's 1-minute load average was at least its CPU count at the start or the
-    end of the run (other work competed for the CPUs); "" otherwise. ``spread``: the figures have one
-    (several rounds), which the load widens."""
+    """A warning when other work competed for the CPUs: the 1-minute load average at the start (before
+    the run's own processes) was at least the CPU count, or at the end, once the run's own processes
+    had ended, other tasks kept at least half of the CPUs busy (``others_running_end``; the load
+    average at the end is not judged: it counts the run's own last minute). "" otherwise. ``spread``:
+    the figures have one (several rounds), which the load widens."""
     cpus = meta.get("cpus")
-    busy = [
-        f"{meta[key][0]:.1f} at the {when}"
-        for when, key in (("start", "load_average_start"), ("end", "load_average_end"))
-        if cpus and meta.get(key) and meta[key][0] >= cpus
-    ]
+    if not cpus:
+        return ""
+    busy = []
+    start = meta.get("load_average_start")
+    if start and start[0] >= cpus:
+        busy.append(f"1-minute load average {start[0]:.1f} at the start, at least its {cpus} CPUs")
+    others = meta.get("others_running_end")
+    if others is not None and others >= cpus / 2:
+        busy.append(f"{others:.1f} other tasks running on average at the end, on its {cpus} CPUs")
     if not busy:
         return ""
     return (
-        f"Warning: the machine was busy: 1-minute load average {' and '.join(busy)}, at least its {cpus} CPUs; "
-        f"other work competed for them, so the figures may be low{' and their spread wide' if spread else ''}."
+        f"Warning: the machine was busy: {'; '.join(busy)}; other work competed for them, so the figures may "
+        f"be low{' and their spread wide' if spread else ''}."
     )
 
 

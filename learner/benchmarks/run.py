@@ -12,6 +12,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from learner.benchmarks import report
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
 
-__all__ = ["SUITES", "BenchConfig", "check", "run_bench"]
+__all__ = ["SUITES", "BenchConfig", "check", "others_running", "run_bench"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,22 @@ def _meta(config: BenchConfig) -> dict[str, Any]:
         "load_average_start": list(os.getloadavg()),
         **config.extra_meta,
     }
+
+
+def others_running(seconds: float = 1.0, samples: int = 40) -> float | None:
+    """How many tasks other than this one were runnable, on average over ``seconds`` (sampled from
+    /proc/loadavg's count of runnable tasks), for after the bench's own processes have ended: the
+    1-minute load average at the end still counts the bench's own last minute (64 AsyncVectorEnv
+    workers), which said "busy" on an idle machine. None where there is no /proc (macOS, Windows)."""
+    counts = []
+    for _ in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)  # (not counting the one reading)
+        except (OSError, ValueError, IndexError):
+            return None
+        time.sleep(seconds / samples)
+    return round(max(0.0, statistics.fmean(counts)), 2)
 
 
 def _workload_result(workload: Workload, measured: list[Any]) -> dict[str, Any]:
@@ -293,7 +310,8 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     except KeyboardInterrupt:
         results["meta"]["interrupted"] = True
         progress("interrupted: writing what finished")
-    results["meta"]["load_average_end"] = list(os.getloadavg())
+    results["meta"]["load_average_end"] = list(os.getloadavg())  # (the bench's own work included: kept, not judged)
+    results["meta"]["others_running_end"] = others_running()
     results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
     save()
     report.write_report(results, config.out)
