@@ -39,4 +39,4 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30  # (the slowest tests, in CI's log: what to trim when it grows)
