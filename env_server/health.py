@@ -12,10 +12,10 @@ The health service needs no auth token (probes cannot send one). A server that s
 over TLS: in its container (``ENVFLEET_TLS_CERT`` set) the probe verifies it with ``ENVFLEET_TLS_CA``,
 or, without one, with the server's own certificate file (a self-signed certificate, or a chain file
 that ends with its CA); ``ENVFLEET_TLS_SERVER_NAME`` names the host the certificate is for when it
-does not cover 127.0.0.1 or localhost. A server that requires client certificates
-(``ENVFLEET_TLS_CLIENT_CA``: mutual TLS, which the health service cannot be left out of, as the
-handshake comes before any call) is shown ``ENVFLEET_TLS_CLIENT_CERT`` and ``ENVFLEET_TLS_CLIENT_KEY``,
-the variables a learner reads too. A TLS failure is told with what to set: the name the probe checks
+does not cover 127.0.0.1 or localhost (a ``unix:`` address is checked for localhost). A server that
+requires client certificates (``ENVFLEET_TLS_CLIENT_CA``: mutual TLS, which the health service cannot
+be left out of, as the handshake comes before any call) is shown ``ENVFLEET_TLS_CLIENT_CERT`` and
+``ENVFLEET_TLS_CLIENT_KEY``, the variables a learner reads too. A TLS failure is told with what to set: the name the probe checks
 (ENVFLEET_TLS_SERVER_NAME, else the host of the address), the CA it verifies with, or the client
 certificate the server asks for.
 """
@@ -76,7 +76,9 @@ def check(
 
     With ``tls_ca`` (a PEM file of CA certificates) the server is asked over TLS and verified with it;
     with ``tls_client_cert`` and ``tls_client_key`` too (PEM files), the probe presents that client
-    certificate (for a server started with ``--tls-client-ca``).
+    certificate (for a server started with ``--tls-client-ca``). The certificate must hold
+    ``tls_server_name``; by default the host of ``address``, and ``localhost`` for a ``unix:`` address
+    (gRPC's own default there is the socket's path, which no certificate holds).
 
     Raises:
         grpc.RpcError: nothing answered within ``timeout`` seconds, or the service is unknown.
@@ -94,7 +96,8 @@ def check(
             with open(tls_client_key, "rb") as f:
                 key = f.read()
         credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
-        options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+        name = tls_server_name or ("localhost" if address.startswith("unix:") else None)
+        options = [("grpc.ssl_target_name_override", name)] if name else []
         channel = grpc.secure_channel(address, credentials, options=options)
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -131,11 +134,12 @@ def tls_hint(
         )
     if "Hostname Verification" in details:
         name = tls_server_name or _host(address)
-        how = (
-            "--tls-server-name or ENVFLEET_TLS_SERVER_NAME"
-            if tls_server_name
-            else "the host of --address, as ENVFLEET_TLS_SERVER_NAME is not set"
-        )
+        if tls_server_name:
+            how = "--tls-server-name or ENVFLEET_TLS_SERVER_NAME"
+        elif address.startswith("unix:"):
+            how = "the name checked at a unix: address, as ENVFLEET_TLS_SERVER_NAME is not set"
+        else:
+            how = "the host of --address, as ENVFLEET_TLS_SERVER_NAME is not set"
         return (
             f" (TLS: the server's certificate does not hold the name {name!r} the probe checks ({how}): set "
             "ENVFLEET_TLS_SERVER_NAME (or --tls-server-name) to a DNS name or IP address the certificate holds, "
@@ -151,7 +155,8 @@ def tls_hint(
 
 
 def _host(address: str) -> str:
-    """The host the probe's TLS check expects in the certificate for ``address`` (gRPC's default authority)."""
+    """The host the probe's TLS check expects in the certificate for ``address`` (gRPC's default authority;
+    ``localhost`` for a Unix socket, where :func:`check` names it, as gRPC's default is the socket's path)."""
     if address.startswith("unix:"):
         return "localhost"
     host, _, port = address.rpartition(":")
@@ -204,7 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--tls-server-name",
         default=name,
         metavar="NAME",
-        help="the name the server's certificate holds, if not the host of --address (default: ENVFLEET_TLS_SERVER_NAME)",
+        help="the name the server's certificate holds, if not the host of --address (localhost for a unix: "
+        "address) (default: ENVFLEET_TLS_SERVER_NAME)",
     )
     cert, key = default_client_cert()
     parser.add_argument(

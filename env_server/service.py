@@ -369,19 +369,31 @@ class EnvService(pb_grpc.EnvServiceServicer):
             step_socket=self.step_socket,
             max_request_bytes=self._config.max_request_bytes,
             checks_token=checks_token,
+            client_certificates_required=self._config.tls_client_ca is not None,
         )
 
     def _note_unchecked_token(self, session: Session) -> None:
         """Log (rate-limited) that ``session``'s learner sent a token, which this server does not
-        check: its user may believe the server protected (the learner warns too)."""
+        check: its user may believe the server protected (the learner warns too). A warning only where
+        anyone who reaches the server may use it: one that requires client certificates admits only
+        their holders, and the token is then a second secret it was not asked to keep (a note)."""
         suffix = self._unchecked_tokens.note("Handshake", grpc.StatusCode.OK)
-        if suffix is not None:
-            log.warning(
-                "%s sent an auth token, but this server checks none (started without --auth-token): anyone "
-                "who can reach it may use it; start it with --auth-token or ENVFLEET_AUTH_TOKEN %s",
+        if suffix is None:
+            return
+        if self._config.tls_client_ca is not None:
+            log.info(
+                "%s sent an auth token, which this server does not check (started without --auth-token); it "
+                "admits only clients with a certificate its --tls-client-ca signed %s",
                 session.describe(),
                 suffix,
             )
+            return
+        log.warning(
+            "%s sent an auth token, but this server checks none (started without --auth-token): anyone "
+            "who can reach it may use it; start it with --auth-token or ENVFLEET_AUTH_TOKEN %s",
+            session.describe(),
+            suffix,
+        )
 
     async def Hold(self, request: pb.HoldRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.HoldEvent]:
         try:

@@ -949,7 +949,8 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
         "--tls-server-name",
         default=None,
         metavar="NAME",
-        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME)",
+        help="the name in the servers' certificates (default with TLS: $ENVFLEET_TLS_SERVER_NAME; else the host, "
+        "the name of a dns:/// address, localhost for unix:PATH)",
     )
     parser.add_argument(
         "--tls-client-cert",

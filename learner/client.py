@@ -35,7 +35,7 @@ from env_server.protocol import (
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner.discovery import unix_path
+from learner.discovery import UNIX_SERVER_NAME, unix_path
 from learner.errors import (
     AuthenticationError,
     EnvCrashedError,
@@ -306,6 +306,8 @@ class EnvClient:
         # that does not say, the limit older servers had (this client's own too).
         self.max_request_bytes = MAX_MESSAGE_BYTES
         options = channel_options()
+        if credentials is not None and not tls_server_name and unix_path(address) is not None:
+            tls_server_name = UNIX_SERVER_NAME  # (gRPC's default: the socket's path, in no certificate)
         if tls_server_name:
             # The name the server's certificate must hold, when it is not the host in the address
             # (servers reached by IP, or through a compose/Kubernetes name the certificate lacks).
@@ -397,7 +399,7 @@ class EnvClient:
         self.step_socket = self._adopt_step_socket(response.step_socket)
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
-            self._note_unchecked_token()
+            self._note_unchecked_token(response.client_certificates_required)
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
 
     def _adopt_step_socket(self, offered: str) -> str:
@@ -414,12 +416,25 @@ class EnvClient:
             )
         return self._step_socket_here
 
-    def _note_unchecked_token(self) -> None:
+    def _note_unchecked_token(self, client_certificates_required: bool) -> None:
         """The server checks no token: warn (once per server) if this client sends one, whose user
-        may believe the server protected."""
+        may believe the server protected.
+
+        Not where the server requires client certificates (``client_certificates_required``, from its
+        Handshake; older servers do not say, and are warned about): then it is protected, and only
+        holders of a certificate its CA signed get this far. The token would be a second secret, worth
+        having where that CA signs certificates for more than these learners, but its absence exposes
+        nothing a warning should sound for: a note (INFO) says the server does not check it."""
         if self.address in _UNCHECKED_TOKEN_WARNED or not any(key == AUTH_METADATA_KEY for key, _ in self.metadata):
             return
         _UNCHECKED_TOKEN_WARNED.add(self.address)
+        if client_certificates_required:
+            log.info(
+                "env server %s does not check tokens (started without --auth-token), so the token sent to it adds "
+                "nothing; it admits only clients with a certificate its client CA signed (env-server --tls-client-ca)",
+                self.address,
+            )
+            return
         log.warning(
             "env server %s does not check tokens (started without --auth-token): the token sent to it protects "
             "nothing, and anyone who can reach it may use it",

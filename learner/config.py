@@ -119,7 +119,7 @@ class Args:
     (default with --servers: $ENVFLEET_TLS_CA, as env-server's health probe takes it)"""
     tls_server_name: str | None = field(default=None, metadata={"metavar": "NAME"})
     """the name the servers' certificates hold, when it is not the host in their addresses (default with
-    TLS: $ENVFLEET_TLS_SERVER_NAME)"""
+    TLS: $ENVFLEET_TLS_SERVER_NAME; else the host, the name of a dns:/// address, localhost for unix:PATH)"""
     tls_client_cert: str | None = field(default=None, metadata={"metavar": "PATH"})
     """with TLS: present this client certificate (PEM) to servers that require one (env-server
     --tls-client-ca); give --tls-client-key too (default with TLS, when neither is given:

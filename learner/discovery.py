@@ -31,6 +31,7 @@ __all__ = [
     "CLIENT_CERT_REFUSED",
     "CLIENT_CERT_REQUIRED",
     "TLS_CAUSE",
+    "UNIX_SERVER_NAME",
     "AddressError",
     "NotReadyYet",
     "Resolver",
@@ -245,6 +246,12 @@ def _other_protocol(sock: socket.socket, timeout: float) -> str | None:
 TLS_CAUSE = "TLS: "
 """How :func:`tls_probe`'s reasons start."""
 
+UNIX_SERVER_NAME = "localhost"
+"""The name a server's certificate is checked for at a ``unix:`` address under TLS, unless another is
+given (``tls_server_name``). gRPC's own default there is the socket's path (``tmp%2Fenv.sock``), which
+no certificate holds: its connection attempts would fail, unseen, until the deadline ("No match found
+for server name" in gRPC's log); a certificate for a server on this host holds ``localhost``."""
+
 
 def no_wait_mends(cause: str | None) -> bool:
     """Whether ``cause`` (:func:`probe`'s or :func:`tls_probe`'s reason) says what no wait will mend:
@@ -272,7 +279,8 @@ def tls_probe(
 
     For error messages, as :func:`probe`, when a server listens but gRPC's TLS connection does not
     come up: a certificate that does not verify, a server that does not speak TLS, or one that requires
-    a client certificate and takes none this client has."""
+    a client certificate and takes none this client has (or a TLS proxy whose backend is down, which
+    ends the connection after the handshake as such a server does: see :data:`CLIENT_CERT_REQUIRED`)."""
     context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
     context.set_alpn_protocols(["h2"])
     if client_cert is not None:
@@ -319,22 +327,46 @@ def speaks_tls(address: str, timeout: float = 1.0) -> bool:
     return _handshake_failure(address, context, None, timeout) == ""
 
 
-CLIENT_CERT_REQUIRED = (
-    "the server ended the connection as soon as the TLS handshake was done, as one that requires client "
-    "certificates (env-server --tls-client-ca) does with a client that presents none: pass a client "
-    "certificate its CA signed and its key (tls_client_cert=PATH, tls_client_key=PATH; learner train "
+_PASS_CERT = (
+    "pass a client certificate its CA signed and its key (tls_client_cert=PATH, tls_client_key=PATH; learner train "
     "--tls-client-cert PATH --tls-client-key PATH, or $ENVFLEET_TLS_CLIENT_CERT and $ENVFLEET_TLS_CLIENT_KEY)"
 )
-"""What :func:`tls_probe` says of a server that ends the connection right after the handshake, to a client
-without a certificate (after ``TLS_CAUSE``)."""
+_PASS_SIGNED = "pass one signed by the CA it checks client certificates with (its --tls-client-ca)"
+_PROXY = "so does a TLS proxy whose backend is down"
+_PROXY_FIX = "behind a proxy, see that the server it forwards to is up"
+
+CLIENT_CERT_REQUIRED = (
+    "the server closed the connection right after the TLS handshake: a server that requires client certificates "
+    f"(env-server --tls-client-ca) does this when the client presents none, and {_PROXY}. If it requires one, "
+    f"{_PASS_CERT}; {_PROXY_FIX}"
+)
+"""What :func:`tls_probe` says of a server that ends the connection right after the handshake without a
+word, to a client without a certificate (after ``TLS_CAUSE``). A gRPC server that requires client
+certificates sends no alert; a proxy that ends TLS in front of a server that is down closes the same
+way, and nothing on the wire tells the two apart: the reason names both."""
 
 CLIENT_CERT_REFUSED = (
-    "the server ended the connection as soon as the TLS handshake was done: it refuses the client certificate "
-    "{cert}, as a server started with --tls-client-ca does with one its CA did not sign, one that has expired, "
-    "or one not made for client authentication (extendedKeyUsage clientAuth): pass one signed by the CA the "
-    "server checks client certificates with (its --tls-client-ca)"
+    "the server closed the connection right after the TLS handshake: a server that requires client certificates "
+    "(env-server --tls-client-ca) does this when it refuses the client certificate given, {cert} (one its CA did "
+    "not sign, one that has expired, or one not made for client authentication: extendedKeyUsage clientAuth), and "
+    f"{_PROXY}. If it requires one, {_PASS_SIGNED}; {_PROXY_FIX}"
 )
 """The same, to a client that presented the certificate ``{cert}``."""
+
+
+def _client_cert_reason(client_cert: str | None, alert: str) -> str:
+    """Why the server ended the connection at the TLS handshake, where the client's certificate may be
+    the cause (``client_cert``: the one presented, or None). A server that names the certificate in an
+    ``alert`` (TLS 1.2, or a server that says why) is certainly refusing it; without one ("") a TLS
+    proxy whose backend is down is as likely (see :data:`CLIENT_CERT_REQUIRED`)."""
+    if not alert:
+        return CLIENT_CERT_REQUIRED if client_cert is None else CLIENT_CERT_REFUSED.format(cert=client_cert)
+    if client_cert is None:
+        return (
+            f"the server requires a client certificate (env-server --tls-client-ca) and this client presents none "
+            f"(alert: {alert}): {_PASS_CERT}"
+        )
+    return f"the server refuses the client certificate {client_cert} (alert: {alert}): {_PASS_SIGNED}"
 
 
 def _handshake_failure(
@@ -362,10 +394,8 @@ def _handshake_failure(
     with sock:
         try:
             with context.wrap_socket(sock, server_hostname=server_name or host) as tls:
-                if after and _ended_after_handshake(tls):
-                    why = CLIENT_CERT_REQUIRED if client_cert is None else CLIENT_CERT_REFUSED.format(cert=client_cert)
-                    return TLS_CAUSE + why
-                return ""
+                ended = _ended_after_handshake(tls) if after else None
+                return "" if ended is None else TLS_CAUSE + _client_cert_reason(client_cert, ended)
         except ssl.SSLCertVerificationError as err:
             why = str(err.verify_message or err.reason).rstrip(".")
             if err.verify_code in _UNKNOWN_ISSUER:
@@ -374,6 +404,12 @@ def _handshake_failure(
                     if ca_given
                     else " (it is not signed by any CA this machine trusts: give the servers' CA with tls=PATH, "
                     "learner train --tls-ca)"
+                )
+            elif err.verify_code in _NAME_MISMATCH and unix_path(address) and server_name in (None, UNIX_SERVER_NAME):
+                why += (
+                    f" (at a unix: address the certificate is checked for the name {UNIX_SERVER_NAME} unless "
+                    "another is given: give a name it holds, tls_server_name=NAME, learner train --tls-server-name; "
+                    f"or issue it for {UNIX_SERVER_NAME} too)"
                 )
             elif err.verify_code in _NAME_MISMATCH:
                 why += (
@@ -389,8 +425,7 @@ def _handshake_failure(
             if err.reason == "UNEXPECTED_EOF_WHILE_READING":
                 return None
             if err.reason in _CLIENT_CERT_ALERTS:  # (TLS 1.2, or a server that says why)
-                why = CLIENT_CERT_REQUIRED if client_cert is None else CLIENT_CERT_REFUSED.format(cert=client_cert)
-                return f"{TLS_CAUSE}{why} (alert: {err.reason})"
+                return TLS_CAUSE + _client_cert_reason(client_cert, err.reason)
             return f"{TLS_CAUSE}the handshake failed: {err.reason or err}"
         except OSError:
             return None
@@ -407,20 +442,24 @@ _CLIENT_CERT_ALERTS = (
 )
 
 
-def _ended_after_handshake(tls: ssl.SSLSocket) -> bool:
+def _ended_after_handshake(tls: ssl.SSLSocket) -> str | None:
     """Whether the server ends the connection (or alerts of the client's certificate) at once after a TLS
-    handshake that went through on this side. Under TLS 1.3 a server checks the client's certificate
-    after the client's side of the handshake is done: a gRPC server that requires client certificates
-    then closes the connection, where one that accepts the client sends its HTTP/2 settings at once.
-    False when the server sends something, or nothing within the socket's timeout (cannot tell)."""
+    handshake that went through on this side: "" when it closes without a word, the alert's name when it
+    sends one about the certificate. Under TLS 1.3 a server checks the client's certificate after the
+    client's side of the handshake is done: a gRPC server that requires client certificates then closes
+    the connection, where one that accepts the client sends its HTTP/2 settings at once (a TLS proxy
+    whose backend is down closes too). None when the server sends something, or nothing within the
+    socket's timeout (cannot tell)."""
     try:
-        return tls.recv(1) == b""
+        return "" if tls.recv(1) == b"" else None
     except ssl.SSLError as err:  # (an EOF, or an alert: certificate required, unknown CA, ...)
-        return isinstance(err, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or err.reason in _CLIENT_CERT_ALERTS
+        if isinstance(err, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+            return ""
+        return err.reason if err.reason in _CLIENT_CERT_ALERTS else None
     except ConnectionResetError:
-        return True
+        return ""
     except OSError:  # (a timeout: a server that says nothing first)
-        return False
+        return None
 
 
 def unix_path(address: str) -> str | None:
@@ -433,7 +472,7 @@ def unix_path(address: str) -> str | None:
 
 def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
     """A connection to ``address`` (``host:port`` or ``unix:PATH``) and the name TLS checks there by
-    default (the host; ``localhost``, gRPC's authority, for a Unix socket); None for an address of
+    default (the host; :data:`UNIX_SERVER_NAME` for a Unix socket); None for an address of
     several servers (``dns:///name:port`` and the like). Raises OSError or AddressError."""
     path = unix_path(address)
     if path is not None:
@@ -444,7 +483,7 @@ def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
         except BaseException:
             sock.close()
             raise
-        return sock, "localhost"
+        return sock, UNIX_SERVER_NAME
     if "/" in address:
         return None
     host, port = _split_host_port(address)

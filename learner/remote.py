@@ -45,6 +45,7 @@ from learner.client import (
     timeout_error,
 )
 from learner.discovery import (
+    UNIX_SERVER_NAME,
     AddressError,
     diagnose,
     expand_named,
@@ -287,12 +288,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tls_server_name: the name the servers' certificates must hold, when it is not the host in
             the address (servers reached by IP or by a name their certificate lacks). Default: the
             host in the address; for servers found by a ``dns:///name:port`` address, ``name`` (as
-            gRPC's own dns resolver checks it).
+            gRPC's own dns resolver checks it); for a ``unix:PATH`` address, ``localhost`` (gRPC's
+            own default there, the path, is in no certificate). A certificate without that name is
+            said within seconds, with the name checked.
         tls_client_cert, tls_client_key: paths of PEM files: a client certificate (chain) and its
             private key, presented to servers that require one (``env-server --tls-client-ca``: mutual
             TLS). Both or neither, and TLS on. A server that ends the connection after the handshake
             (no certificate, or one its CA did not sign) raises :class:`~learner.errors.ServerUnavailableError`
-            within seconds, saying so.
+            within seconds, saying so (and that a TLS proxy whose backend is down does the same).
         step_socket: step servers reached at a ``unix:`` address over their step socket, a plain
             Unix socket beside the gRPC one (same messages, no HTTP/2; a few times cheaper per step),
             where they offer one; False: always over gRPC's ``StepStream``.
@@ -490,9 +493,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _server_name(self, address: str) -> str | None:
         """The name ``address``'s certificate must hold, where it is not the address's host: the
         ``tls_server_name`` given, else (under TLS) the name of the ``dns:`` address it was found by
-        (as gRPC's own dns resolver checks it; the connection is to an IP address)."""
+        (as gRPC's own dns resolver checks it; the connection is to an IP address), or ``localhost``
+        for a ``unix:`` address (gRPC would check the socket's path, which no certificate holds, and
+        fail unseen until the deadline: :data:`~learner.discovery.UNIX_SERVER_NAME`)."""
         if self._tls_server_name or self._credentials is None:
             return self._tls_server_name
+        if unix_path(address) is not None:
+            return UNIX_SERVER_NAME
         return self._dns_names.get(address)
 
     @staticmethod
@@ -565,7 +572,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 if self._credentials is not None:
                     hint += (
                         " With TLS, the server must speak TLS with a certificate signed by the CA given and "
-                        "made for the address's host (the name of a dns: address; or tls_server_name)"
+                        "made for the address's host (the name of a dns: address, localhost for a unix: one; or "
+                        "tls_server_name)"
                         + (
                             ", and take the client certificate given (one its --tls-client-ca signed)"
                             if self._client_cert is not None

@@ -142,3 +142,35 @@ def make_client_certs(folder: Path, name: str = "learner", ca_name: str = "test 
     files = ClientFiles(ca=folder / "client-ca.crt", cert=folder / "client.crt", key=folder / "client.key")
     _write(files, ca_cert, cert, key)
     return files
+
+
+def make_self_signed_cert(folder: Path, names: tuple[str, ...] = ("localhost",)) -> ServerFiles:
+    """A self-signed server certificate for ``names`` and its key, in ``folder``, as the README's openssl
+    line makes one: the certificate is its own CA (``ca`` and ``cert`` are the same file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    now = _now()
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt_names: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt_names.append(x509.DNSName(name))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(names[0]))
+        .issuer_name(_name(names[0]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)  # (as openssl req -x509)
+        .sign(key, hashes.SHA256())
+    )
+    path = folder / "server.crt"
+    files = ServerFiles(ca=path, cert=path, key=folder / "server.key")
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(_pem_key(key))
+    files.key.chmod(0o600)
+    return files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -120,11 +121,14 @@ def test_watch_says_serving_then_not_serving_at_shutdown_and_ends(spawn_server: 
         statuses = [stub.Watch(health_pb2.HealthCheckRequest(service=name), timeout=60) for name in SERVICES]
         for stream in statuses:
             assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
-        started = time.monotonic()
-        assert server.kill(signal.SIGTERM) == 0
-        elapsed = time.monotonic() - started
-        for stream in statuses:
-            assert [r.status for r in stream] == [health_pb2.HealthCheckResponse.NOT_SERVING]  # then the end, OK
-            assert stream.code() == grpc.StatusCode.OK
+        # (read while the server stops, as a watcher does: not only after its process has gone)
+        with concurrent.futures.ThreadPoolExecutor(len(statuses)) as pool:
+            rest = [pool.submit(lambda s: [r.status for r in s], stream) for stream in statuses]
+            started = time.monotonic()
+            assert server.kill(signal.SIGTERM) == 0
+            elapsed = time.monotonic() - started
+            for stream, read in zip(statuses, rest, strict=True):
+                assert read.result(timeout=30) == [health_pb2.HealthCheckResponse.NOT_SERVING]  # then the end, OK
+                assert stream.code() == grpc.StatusCode.OK
     assert elapsed < 10, f"stopped after {elapsed:.1f} s (--grace 20): the Watch streams held it up"
     assert "Traceback" not in server.logs() and "__aiter__" not in server.logs(), server.logs()

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -23,8 +29,10 @@ from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
+from learner.cli import main
 from learner.client import EnvClient
-from tests.certs import ServerFiles, make_server_certs
+from learner.discovery import CLIENT_CERT_REQUIRED, TLS_CAUSE, tls_probe
+from tests.certs import ServerFiles, make_client_certs, make_self_signed_cert, make_server_certs
 from tests.conftest import SpawnServer, started_logs
 
 TOKEN = "s3cret-token_for.tests"
@@ -158,6 +166,66 @@ def test_a_listener_that_closes_at_once_is_not_taken_for_a_tls_failure(certs: Se
         closer.join(timeout=10)
 
 
+@contextlib.contextmanager
+def ends_after_handshake(certs: ServerFiles, client_ca: Path | None = None) -> Iterator[str]:
+    """The address of a TLS listener on loopback that completes each handshake and then closes the
+    connection, as a TLS proxy whose backend is down does; with ``client_ca``, one that requires a client
+    certificate that CA signed and says so by an alert (as gRPC's servers do not)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.cert, certs.key)
+    context.set_alpn_protocols(["h2"])
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
+    stop = threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.1)
+
+        def serve() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                with conn, contextlib.suppress(OSError):  # (ssl.SSLError too: a handshake refused)
+                    conn.settimeout(5)
+                    context.wrap_socket(conn, server_side=True).close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            yield f"127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+
+
+def test_a_close_right_after_the_handshake_is_not_called_a_client_certificate_refusal(
+    certs: ServerFiles, tmp_path: Path
+) -> None:
+    """A TLS proxy whose backend is down closes the connection right after the handshake, as a gRPC server
+    does to a client certificate it refuses: the reason names both, and what to do about each. A server
+    that says why (an alert about the certificate) is named as refusing it."""
+    with ends_after_handshake(certs) as address:
+        assert tls_probe(address, certs.ca.read_bytes(), timeout=5) == TLS_CAUSE + CLIENT_CERT_REQUIRED
+        with pytest.raises(ServerUnavailableError) as info:
+            RemoteVectorEnv([address], tls=certs.ca, connect_timeout=60)
+    assert str(info.value) == f"env server {address}: {TLS_CAUSE}{CLIENT_CERT_REQUIRED}"
+    assert "so does a TLS proxy whose backend is down" in str(info.value)
+    assert "behind a proxy, see that the server it forwards to is up" in str(info.value)
+    client = make_client_certs(tmp_path / "client")
+    with ends_after_handshake(certs, client_ca=client.ca) as address:
+        reason = tls_probe(address, certs.ca.read_bytes(), timeout=5)
+    assert reason is not None
+    assert reason.startswith(
+        f"{TLS_CAUSE}the server requires a client certificate (env-server --tls-client-ca) and this client presents "
+        "none (alert: TLSV13_ALERT_CERTIFICATE_REQUIRED): pass a client certificate its CA signed and its key"
+    ), reason
+    assert "proxy" not in reason
+
+
 def test_a_certificate_and_key_that_do_not_belong_together_are_named(certs: ServerFiles, tmp_path: Path) -> None:
     other = make_server_certs(tmp_path / "other", ca_name="another CA")
     for cert, key, reason in (
@@ -236,6 +304,85 @@ def test_a_certificate_no_ca_of_this_machine_signed_says_to_give_the_ca(
         RemoteVectorEnv([server.address], tls=True, connect_timeout=60)
     assert "(it is not signed by any CA this machine trusts: give the servers' CA with tls=PATH" in str(info.value)
     assert "the CA given" not in str(info.value)
+
+
+def test_a_unix_socket_server_is_checked_for_localhost(
+    spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gRPC checks the certificate at a unix: address against the socket's path ("No match found for
+    server name: tmp%2F...", which no certificate holds): the connection failed unseen until
+    connect_timeout. The learner, `learner servers` and the health probe check localhost there; a
+    certificate without it is said within seconds, with the option that gives the name it holds."""
+    own = make_self_signed_cert(tmp_path / "self-signed", names=("localhost",))
+    elsewhere = make_server_certs(tmp_path / "elsewhere", names=("envfleet.test",))  # (no localhost)
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:  # (short: Unix socket paths are)
+        server = spawn_server(
+            "CartPole-v1",
+            2,
+            "--unix-socket",
+            f"{folder}/env.sock",
+            "--tls-cert",
+            str(own.cert),
+            "--tls-key",
+            str(own.key),
+        )
+        assert server.address == f"unix:{folder}/env.sock"
+        started = time.monotonic()
+        with RemoteVectorEnv([server.address], tls=own.ca, connect_timeout=30) as envs:
+            step_once(envs)
+            assert envs._clients[0].step_socket  # (the step socket stays on under TLS)
+        assert time.monotonic() - started < 15
+        assert check(server.address, tls_ca=str(own.ca)) == "SERVING"
+        assert main(["servers", server.address, "--tls-ca", str(own.ca), "--json"]) == 0
+        (info,) = json.loads(capsys.readouterr().out)
+        assert info["num_envs"] == 2 and not info["error"], info
+
+        other = spawn_server(
+            "CartPole-v1",
+            1,
+            "--unix-socket",
+            f"{folder}/other.sock",
+            "--tls-cert",
+            str(elsewhere.cert),
+            "--tls-key",
+            str(elsewhere.key),
+        )
+        started = time.monotonic()
+        with pytest.raises(ServerUnavailableError) as refused:
+            RemoteVectorEnv([other.address], tls=elsewhere.ca, connect_timeout=60)
+        assert time.monotonic() - started < 15
+        assert str(refused.value) == (
+            f"env server {other.address}: TLS: the server's certificate does not verify: Hostname mismatch, "
+            "certificate is not valid for 'localhost' (at a unix: address the certificate is checked for the name "
+            "localhost unless another is given: give a name it holds, tls_server_name=NAME, learner train "
+            "--tls-server-name; or issue it for localhost too)"
+        )
+        with RemoteVectorEnv([other.address], tls=elsewhere.ca, tls_server_name="envfleet.test") as envs:
+            step_once(envs)
+        assert main(["servers", other.address, "--tls-ca", str(elsewhere.ca), "--json"]) == 1
+        (info,) = json.loads(capsys.readouterr().out)
+        assert "certificate is not valid for 'localhost'" in info["error"] and "--tls-server-name" in info["error"]
+        environ = {**os.environ, "ENVFLEET_TLS_CERT": str(elsewhere.cert), "ENVFLEET_TLS_CA": str(elsewhere.ca)}
+        probe = subprocess.run(
+            [sys.executable, "-I", env_server.health.__file__, "--address", other.address, "--timeout", "2"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=environ,
+        )
+        assert probe.returncode == 1
+        assert (
+            "the server's certificate does not hold the name 'localhost' the probe checks (the name checked at a "
+            "unix: address, as ENVFLEET_TLS_SERVER_NAME is not set)"
+        ) in probe.stderr, probe.stderr
+        probe = subprocess.run(
+            [sys.executable, "-I", env_server.health.__file__, "--address", other.address, "--timeout", "2"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**environ, "ENVFLEET_TLS_SERVER_NAME": "envfleet.test"},
+        )
+        assert probe.returncode == 0, probe.stderr
 
 
 def test_grpc_cores_own_log_lines_stay_out_of_a_tls_error(spawn_server: SpawnServer, certs: ServerFiles) -> None:

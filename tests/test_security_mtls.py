@@ -3,7 +3,9 @@ present them (tls_client_cert/tls_client_key, --tls-client-cert/--tls-client-key
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
 import subprocess
@@ -11,13 +13,18 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 import env_server.health
+import learner.client
 from env_server.__main__ import parse_args
 from env_server.config import ServerConfig
 from env_server.health import check
+from env_server.protocol import bearer_metadata
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import server_credentials
 from learner import InvalidArgumentError, RemoteVectorEnv, ServerUnavailableError, rundir
 from learner.cli import main
@@ -214,8 +221,7 @@ def test_a_unix_socket_server_requiring_client_certificates_keeps_its_step_socke
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == f"listening on unix:{path}"
         address = f"unix:{path}"
-        # (gRPC checks a unix: address's certificate against the path, not "localhost": named here)
-        tls = {"tls": certs.ca, "tls_server_name": "localhost"}
+        tls = {"tls": certs.ca}  # (checked for localhost at a unix: address, with no tls_server_name)
         with RemoteVectorEnv([address], **tls, tls_client_cert=client.cert, tls_client_key=client.key) as envs:  # type: ignore[arg-type]
             step_once(envs)
             assert envs._clients[0].step_socket == f"{path}.steps"
@@ -234,6 +240,70 @@ def test_client_certificates_required_off_loopback_without_a_token_is_not_warned
     assert "(TLS, client certificates required)" in logs
     assert "anyone who reaches it" not in logs and "no auth token" not in logs, logs
     assert "(TLS, client certificates required, auth token)" in started_logs(*tls, "--auth-token", "s3cret")
+
+
+def test_a_token_a_server_requiring_client_certificates_does_not_check_is_noted_not_warned_of(
+    spawn_server: SpawnServer,
+    certs: ServerFiles,
+    client: ClientFiles,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only holders of a certificate its client CA signed get past such a server's handshake, so "anyone
+    who can reach it may use it" is untrue of it: its Handshake says it requires client certificates,
+    and a token it does not check is noted (INFO) on both sides, not warned of. A server with TLS alone
+    is warned of as before; one that does not say (older) reads as not requiring them."""
+    monkeypatch.setattr(learner.client, "_UNCHECKED_TOKEN_WARNED", set())
+    caplog.set_level(logging.INFO, logger="learner.client")
+    token = "s3cret-token_for.tests"
+    identity = {"tls_client_cert": client.cert, "tls_client_key": client.key}
+    mutual = mtls_server(spawn_server, certs, client)
+    with RemoteVectorEnv([mutual.address], tls=certs.ca, auth_token=token, **identity) as envs:  # type: ignore[arg-type]
+        step_once(envs)
+    tls_only = spawn_server("CartPole-v1", 2, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    with RemoteVectorEnv([tls_only.address], tls=certs.ca, auth_token=token, **identity) as envs:  # type: ignore[arg-type]
+        step_once(envs)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "learner.client"]
+    assert said == [
+        (
+            "INFO",
+            f"env server {mutual.address} does not check tokens (started without --auth-token), so the token sent "
+            "to it adds nothing; it admits only clients with a certificate its client CA signed (env-server "
+            "--tls-client-ca)",
+        ),
+        (
+            "WARNING",
+            f"env server {tls_only.address} does not check tokens (started without --auth-token): the token sent to "
+            "it protects nothing, and anyone who can reach it may use it",
+        ),
+    ]
+    (line,) = [line for line in mutual.logs().splitlines() if "sent an auth token" in line]
+    assert " INFO " in line and "anyone" not in line, line
+    assert "sent an auth token, which this server does not check (started without --auth-token); it admits only " in (
+        line
+    )
+    (line,) = [line for line in tls_only.logs().splitlines() if "sent an auth token" in line]
+    assert " WARNING " in line and "anyone who can reach it may use it" in line, line
+
+    # The Handshake's own word, from each server (a raw channel; the sessions end with it).
+    credentials = grpc.ssl_channel_credentials(
+        certs.ca.read_bytes(), private_key=client.key.read_bytes(), certificate_chain=client.cert.read_bytes()
+    )
+    for server, required in ((mutual, True), (tls_only, False)):
+        with grpc.secure_channel(server.address, credentials) as channel:
+            response = pb_grpc.EnvServiceStub(channel).Handshake(pb.HandshakeRequest(), timeout=10)
+        assert response.client_certificates_required is required
+    # A server too old to say reads as one that does not require them (proto3's false): warned of.
+    monkeypatch.setattr(learner.client, "_UNCHECKED_TOKEN_WARNED", set())
+    caplog.clear()
+
+    async def adopt(response: pb.HandshakeResponse) -> None:
+        older = learner.client.EnvClient("127.0.0.1:1", timeout=1, metadata=bearer_metadata(token))
+        older.start_session(response)
+        await older.close()
+
+    asyncio.run(adopt(pb.HandshakeResponse.FromString(pb.HandshakeResponse(checks_token=False).SerializeToString())))
+    assert [r.levelname for r in caplog.records if r.name == "learner.client"] == ["WARNING"]
 
 
 # -- the server's options and files ---------------------------------------------------------------------------

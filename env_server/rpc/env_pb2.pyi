@@ -246,20 +246,22 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("session_id", "spec", "claim_timeout_s", "step_socket", "max_request_bytes", "checks_token")
+    __slots__ = ("session_id", "spec", "claim_timeout_s", "step_socket", "max_request_bytes", "checks_token", "client_certificates_required")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CLAIM_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     STEP_SOCKET_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CERTIFICATES_REQUIRED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     spec: EnvSpec
     claim_timeout_s: float
     step_socket: str
     max_request_bytes: int
     checks_token: bool
-    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claim_timeout_s: _Optional[float] = ..., step_socket: _Optional[str] = ..., max_request_bytes: _Optional[int] = ..., checks_token: _Optional[bool] = ...) -> None: ...
+    client_certificates_required: bool
+    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claim_timeout_s: _Optional[float] = ..., step_socket: _Optional[str] = ..., max_request_bytes: _Optional[int] = ..., checks_token: _Optional[bool] = ..., client_certificates_required: _Optional[bool] = ...) -> None: ...
 
 class HoldRequest(_message.Message):
     __slots__ = ("session_id",)
