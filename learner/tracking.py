@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ class WandbRun:
         saved: dict[str, Any] = rundir.read_json(saved_path) if saved_path.is_file() else {}
         try:
             self._run = wandb.init(
+                # (wandb's files in the run dir, with the rest of the run, unless WANDB_DIR says where:
+                # ./wandb, wandb's default, lands among the run dirs when they are the working folder's)
+                dir=None if os.environ.get("WANDB_DIR") else str(run_dir.resolve()),
                 project=args.wandb_project_name,
                 entity=args.wandb_entity or saved.get("entity") or None,
                 name=run_dir.name,

@@ -41,8 +41,13 @@ def docker_problem() -> str | None:
 
 
 def compose_environment(**overrides: str) -> dict[str, str]:
-    """The environment compose runs with: ours, not whatever ENVFLEET_* the caller's shell has."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENVFLEET_", "COMPOSE_", "EXTRA_PIP_PACKAGES"))}
+    """The environment compose runs with: ours, not whatever ENVFLEET_* (or WANDB_*: the learner service
+    passes them on) the caller's shell has."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ENVFLEET_", "COMPOSE_", "EXTRA_PIP_PACKAGES", "WANDB_"))
+    }
     # The learner image's torch: the CPU wheel .ci/run put in the wheelhouse, else PyTorch's CPU index
     # (never the multi-GB CUDA build from PyPI).
     if any(WHEELHOUSE.glob("torch-*.whl")):
@@ -72,10 +77,18 @@ class ComposeProject:
         files = ["-f", str(REPO / "docker-compose.yml"), "-f", str(REPO / "docker-compose.override.yml")]
         return ["docker", "compose", *files, "-p", self.name, *args]
 
-    def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run ``docker compose ARGS`` to completion; a failure raises with compose's output."""
+    def run(
+        self, *args: str, timeout: float = 120, check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``docker compose ARGS`` to completion, with ``env`` added to compose's environment; a failure
+        raises with compose's output."""
         result = subprocess.run(
-            self.command(*args), capture_output=True, text=True, timeout=timeout, env=self.env, cwd=REPO
+            self.command(*args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env, **(env or {})},
+            cwd=REPO,
         )
         if check and result.returncode != 0:
             raise RuntimeError(

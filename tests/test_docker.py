@@ -68,26 +68,27 @@ def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=True)
 
 
+def config(*args: str, **env: str) -> dict[str, Any]:
+    """The compose file's merged configuration (with its override), with no ENVFLEET_* of the caller's
+    shell, ``env`` set."""
+    command = ["compose", "-f", "docker-compose.yml", "-f", "docker-compose.override.yml", *args]
+    return json.loads(
+        subprocess.run(
+            ["docker", *command, "config", "--format", "json"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=compose_environment(**env),
+        ).stdout
+    )
+
+
 def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> None:
     """With its override (read by `docker compose`, not by `docker stack deploy`): `up` alone starts only
     `env`; `learner` (profile learner) waits for healthy replicas; `learner-gpu` (profile gpu) asks for
     every GPU. The base file alone holds nothing Swarm refuses (tests/test_swarm.py deploys it)."""
-
-    def config(*args: str, **env: str) -> dict[str, Any]:
-        """The merged configuration, with no ENVFLEET_* of the caller's shell, ``env`` set."""
-        command = ["compose", "-f", "docker-compose.yml", "-f", "docker-compose.override.yml", *args]
-        return json.loads(
-            subprocess.run(
-                ["docker", *command, "config", "--format", "json"],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-                env=compose_environment(**env),
-            ).stdout
-        )
-
     assert set(config()["services"]) == {"env"}
     services = config("--profile", "learner", "--profile", "gpu")["services"]
     assert set(services) == {"env", "learner", "learner-gpu"}
@@ -116,6 +117,19 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
         ["docker", "stack", "config", "-c", "docker-compose.yml"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert swarm.returncode == 0, swarm.stderr
+
+
+def test_compose_builds_the_learner_with_wandb_and_passes_its_variables() -> None:
+    """The learner image's extras (build argument EXTRAS): track (wandb) unless ENVFLEET_LEARNER_EXTRAS says
+    otherwise, an empty one too (none); W&B's variables reach both learner services, as the token does."""
+    services = config("--profile", "learner", "--profile", "gpu", WANDB_MODE="offline")["services"]
+    for name in ("learner", "learner-gpu"):
+        assert services[name]["build"]["args"]["EXTRAS"] == "track", name
+        assert services[name]["environment"]["WANDB_MODE"] == "offline", name
+        assert {"WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY"} <= set(services[name]["environment"]), name
+    for extras in ("", "track video"):
+        services = config("--profile", "learner", ENVFLEET_LEARNER_EXTRAS=extras)["services"]
+        assert services["learner"]["build"]["args"]["EXTRAS"] == extras
 
 
 def test_images_run_as_non_root_and_the_env_server_image_has_no_torch(fleet: ComposeProject) -> None:
@@ -228,6 +242,38 @@ def test_training_in_the_learner_container_on_every_replica(fleet: ComposeProjec
     probe = "open('/opt/envfleet/probe', 'w')"
     result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", probe, check=False)
     assert "Read-only file system" in result.stderr, result.stdout + result.stderr
+
+
+def test_the_learner_container_tracks_a_run_with_wandb(fleet: ComposeProject) -> None:
+    """`learner train --track` in the learner container (its image has the extra track by default): W&B's
+    variables reach it through compose (WANDB_MODE=offline: nothing leaves the machine), and the offline
+    run lands in its run dir in the runs volume, not on the read-only root filesystem or the /tmp
+    tmpfs, so `wandb sync` finds it once the container is gone; wandb-core writes its logs to /tmp."""
+    train = ["train", "--backend", "gym", "--env", "CartPole-v1", "--num-envs", "2", "--total-timesteps", "128"]
+    train += ["--num-steps", "32", "--no-plot", "--no-progress", "--track", "--run-dir", "runs/tracked"]
+    result = fleet.run("run", "--rm", "--no-deps", "learner", *train, timeout=300, env={"WANDB_MODE": "offline"})
+    output = result.stdout + result.stderr
+    assert ", offline (upload it with: wandb sync /workspace/runs/tracked/wandb/offline-run-" in output, output
+    assert "read-only file system" not in output.lower(), output
+    show = "import json, os; r = json.load(open('runs/tracked/wandb-run.json')); print(os.path.isdir(r['files']))"
+    result = fleet.run("run", "--rm", "--no-deps", "--entrypoint", "python", "learner", "-c", show, timeout=180)
+    assert result.stdout.split()[-1] == "True", result.stdout + result.stderr
+
+
+def test_a_learner_image_built_without_extras_has_no_wandb(fleet: ComposeProject) -> None:
+    """ENVFLEET_LEARNER_EXTRAS set and empty: an image without wandb (torch's layer is the fleet's, cached),
+    whose --track says what is missing."""
+    project = ComposeProject(ENVFLEET_LEARNER_EXTRAS="")
+    try:
+        project.build("learner", timeout=600)
+        probe = "import importlib.util as u; print(u.find_spec('wandb') is None, u.find_spec('torch') is not None)"
+        result = docker("run", "--rm", "--entrypoint", "python", project.learner_image, "-c", probe)
+        assert result.stdout.split() == ["True", "True"]
+        command = ["docker", "run", "--rm", project.learner_image, "train", "--backend", "gym", "--track"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and "--track needs wandb" in result.stderr, result.stdout + result.stderr
+    finally:
+        project.down()
 
 
 def fleet_sizes(run_dir: Path) -> list[int]:

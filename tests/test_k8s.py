@@ -17,7 +17,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import yaml
 from env_server.__main__ import build_parser, parse_args
 from learner import LocalServers, RemoteVectorEnv
 from learner.cli import build_parser as learner_parser
-from tests.certs import make_server_certs
+from tests.certs import make_client_certs, make_server_certs
 from tests.compose import REPO
 from tests.prerequisites import require
 
@@ -36,7 +37,8 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 METRICS = "k8s/overlays/metrics"
 METRICS_COMPONENT = "k8s/overlays/metrics/component"  # (what METRICS adds to the base, for overlays of your own)
-KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong", "k8s/overlays/tls", METRICS]
+MTLS = "k8s/overlays/mtls"
+KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/pong", "k8s/overlays/tls", MTLS, METRICS]
 BASE_OBJECTS = {
     "Deployment/env",
     "Service/env",
@@ -214,7 +216,8 @@ def test_the_auth_token_comes_from_one_secret_and_nowhere_else(objects: dict[str
 
 def test_env_server_variables_are_options_the_server_reads(objects: dict[str, dict[str, Any]]) -> None:
     options = {f"ENVFLEET_{action.dest.upper()}" for action in build_parser()._actions if action.dest != "help"}
-    options |= {"ENVFLEET_TLS_CA", "ENVFLEET_TLS_SERVER_NAME"}  # the health probe's (env_server.health.default_tls)
+    # the health probe's (env_server.health.default_tls, default_client_cert)
+    options |= {"ENVFLEET_TLS_CA", "ENVFLEET_TLS_SERVER_NAME", "ENVFLEET_TLS_CLIENT_CERT", "ENVFLEET_TLS_CLIENT_KEY"}
     used = set(env_vars(container(objects, "Deployment/env")))
     assert used <= options, used - options
 
@@ -228,43 +231,112 @@ def test_images_are_the_ones_compose_builds() -> None:
     assert used == built == {"envfleet-env-server", "envfleet-learner"}
 
 
-def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_serving(tmp_path: Path) -> None:
-    """k8s/overlays/tls: a real server started with the overlay's variables (its Secret's files made
-    here, for the name `env` only), and the probe command the overlay runs, with the same variables:
-    SERVING. Without the overlay's ENVFLEET_TLS_SERVER_NAME it fails (the certificate is not for
-    127.0.0.1), so the name is what makes it pass."""
-    objects = {f"{d['kind']}/{d['metadata']['name']}": d for d in render("k8s/overlays/tls")}
-    server = container(objects, "Deployment/env")
-    files = make_server_certs(tmp_path / "secret", names=("env",))
-    (volume,) = [v for v in pod_spec(objects, "Deployment/env")["volumes"] if "secret" in v]
-    assert volume["secret"]["secretName"] == "envfleet-tls"
-    (mount,) = [m for m in server["volumeMounts"] if m["name"] == volume["name"]]
-    secret = {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca}
-    variables = {name: var["value"] for name, var in env_vars(server).items() if "value" in var}
+def secret_variables(
+    objects: dict[str, dict[str, Any]], key: str, secrets: Mapping[str, Mapping[str, Path]]
+) -> dict[str, str]:
+    """The variables with a value of pod template ``key``'s container, those that name a file on a Secret
+    volume it mounts pointed at the file made here for that Secret's key (``secrets``: Secret name -> key ->
+    file, as the kubectl commands of the overlay's kustomization.yaml make them). A variable that names a
+    file the volume does not hold fails."""
+    volumes = {v["name"]: v["secret"] for v in pod_spec(objects, key)["volumes"] if "secret" in v}
+    target = container(objects, key)
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in target["volumeMounts"] if m["name"] in volumes}
+    variables = {name: var["value"] for name, var in env_vars(target).items() if "value" in var}
     for name, value in variables.items():
-        if value.startswith(mount["mountPath"] + "/"):
-            variables[name] = str(secret[value.rpartition("/")[2]])
+        folder, _, file = value.rpartition("/")
+        if folder in mounts:
+            secret = mounts[folder]
+            files = secrets[secret["secretName"]]
+            paths = {item["path"]: item["key"] for item in secret.get("items", [])} or {k: k for k in files}
+            assert file in paths, f"{key}: {name}={value}, a file Secret {secret['secretName']} does not put there"
+            variables[name] = str(files[paths[file]])
+    return variables
+
+
+def without_ours(**variables: str) -> dict[str, str]:
+    """This process's environment with no ENVFLEET_* of the caller's shell, ``variables`` set."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ENVFLEET_")}, **variables}
+
+
+@contextmanager
+def serving(variables: dict[str, str], command: list[str]) -> Iterator[tuple[dict[str, str], list[str]]]:
+    """A real env server started with ``variables`` (on a free port, ENVFLEET_PORT): the environment it
+    runs with, and the probe ``command`` (an exec probe's, the image's health check) as it runs here,
+    once it has found the server SERVING."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        variables["ENVFLEET_PORT"] = str(s.getsockname()[1])
-    environ = {**os.environ, **variables}
+        port = str(s.getsockname()[1])
+    environ = without_ours(**{**variables, "ENVFLEET_PORT": port})
     proc = subprocess.Popen(
         [sys.executable, "-m", "env_server"], env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    probe = [sys.executable, *server["readinessProbe"]["exec"]["command"][1:]]
-    probe[-1] = str(REPO / "env_server" / "health.py")
+    assert command == HEALTHCHECK
+    probe = [sys.executable, *command[1:-1], str(REPO / "env_server" / "health.py")]
     try:
         deadline = time.monotonic() + 60
         while subprocess.run(probe, env=environ, capture_output=True, timeout=30).returncode != 0:
             assert proc.poll() is None and time.monotonic() < deadline, "the server did not become healthy"
             time.sleep(0.5)
-        without_name = {k: v for k, v in environ.items() if k != "ENVFLEET_TLS_SERVER_NAME"}
-        assert subprocess.run(probe, env=without_name, capture_output=True, timeout=30).returncode == 1
+        yield environ, probe
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_serving(tmp_path: Path) -> None:
+    """k8s/overlays/tls: a real server started with the overlay's variables (its Secret's files made
+    here, for the name `env` only), and the probe command the overlay runs, with the same variables:
+    SERVING. Without the overlay's ENVFLEET_TLS_SERVER_NAME it fails (the certificate is not for
+    127.0.0.1), so the name is what makes it pass."""
+    objects = by_key(render("k8s/overlays/tls"))
+    server = container(objects, "Deployment/env")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
+    files = make_server_certs(tmp_path / "secret", names=("env",))
+    secrets = {"envfleet-tls": {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca}}
+    variables = secret_variables(objects, "Deployment/env", secrets)
+    with serving(variables, server["readinessProbe"]["exec"]["command"]) as (environ, probe):
+        without_name = {k: v for k, v in environ.items() if k != "ENVFLEET_TLS_SERVER_NAME"}
+        assert subprocess.run(probe, env=without_name, capture_output=True, timeout=30).returncode == 1
     learner = env_vars(container(objects, "Job/learner"))
     assert learner["ENVFLEET_TLS_CA"]["value"].rpartition("/")[2] == "ca.crt"
+
+
+def test_the_mtls_overlays_probe_and_learner_present_the_client_certificate(tmp_path: Path) -> None:
+    """k8s/overlays/mtls: a real server started with the overlay's variables and its three Secrets' files
+    (made here as its kustomization.yaml's commands make them: `secret tls` holds tls.crt and tls.key)
+    requires client certificates, and the probe the overlay runs, with the same variables, presents one:
+    SERVING; without the variables of the probe's certificate it fails. The learner Job's variables and
+    files reach the same server (`learner servers`, which reads them as `learner train` does) and, without
+    its client certificate, do not."""
+    objects = by_key(render(MTLS))
+    server = container(objects, "Deployment/env")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
+    files = make_server_certs(tmp_path / "server", names=("env",))
+    client = make_client_certs(tmp_path / "client")
+    secrets = {
+        "envfleet-tls": {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca},
+        "envfleet-client-ca": {"ca.crt": client.ca},
+        "envfleet-client": {"tls.crt": client.cert, "tls.key": client.key},
+    }
+    variables = secret_variables(objects, "Deployment/env", secrets)
+    assert variables["ENVFLEET_TLS_CLIENT_CA"] == str(client.ca)
+    client_cert = ("ENVFLEET_TLS_CLIENT_CERT", "ENVFLEET_TLS_CLIENT_KEY")
+    with serving(variables, server["readinessProbe"]["exec"]["command"]) as (environ, probe):
+        no_cert = {k: v for k, v in environ.items() if k not in client_cert}
+        refused = subprocess.run(probe, env=no_cert, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and "presents none" in refused.stderr, refused.stdout + refused.stderr
+        # The learner, as the Job runs it (dns:///env:50051: TLS checks the name env, here given by name).
+        learner = secret_variables(objects, "Job/learner", secrets)
+        assert {learner[name] for name in client_cert} == {str(client.cert), str(client.key)}
+        asks = [sys.executable, "-m", "learner", "servers", f"127.0.0.1:{environ['ENVFLEET_PORT']}", "--timeout", "10"]
+        learner_env = without_ours(**learner, ENVFLEET_TLS_SERVER_NAME="env")
+        answered = subprocess.run(asks, env=learner_env, capture_output=True, text=True, timeout=60)
+        assert answered.returncode == 0, answered.stdout + answered.stderr
+        no_cert = {k: v for k, v in learner_env.items() if k not in client_cert}
+        refused = subprocess.run(asks, env=no_cert, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "client certificate" in refused.stdout + refused.stderr, refused.stderr
 
 
 def annotated_metrics_port(objects: dict[str, dict[str, Any]], key: str) -> int:
@@ -325,7 +397,7 @@ def test_the_metrics_overlays_learner_script_is_the_bases_plus_the_options(fake_
     assert [[*argv, "--metrics-port", str(port), "--metrics-host", "0.0.0.0"] for argv in base] == ours
 
 
-@pytest.mark.parametrize("overlay", ["k8s/overlays/pong", "k8s/overlays/tls"])
+@pytest.mark.parametrize("overlay", ["k8s/overlays/pong", "k8s/overlays/tls", MTLS])
 def test_the_metrics_component_composes_with_another_overlay(overlay: str, tmp_path: Path) -> None:
     """An overlay of your own, as k8s/overlays/metrics says: another overlay's objects with the
     component: both overlays' changes, nothing lost, every object in the other's namespace."""

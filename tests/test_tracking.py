@@ -130,6 +130,21 @@ def offline_runs(folder: Path) -> list[dict[str, Any]]:
     return sorted((read_offline_run(path) for path in folder.glob("wandb/offline-run-*")), key=lambda r: r["started"])
 
 
+def test_without_wandb_dir_the_wandb_files_go_to_the_run_dir(
+    tmp_path: Path, offline_wandb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """wandb's default, ./wandb, put a wandb/ folder among the run dirs (runs/, in the learner container):
+    `learner plot runs/*` then failed on it. Without WANDB_DIR the files are the run dir's own."""
+    monkeypatch.delenv("WANDB_DIR")
+    run_dir = tmp_path / "runs" / "clock-run"
+    assert main(["train", *CLOCK, "--total-timesteps", "32", "--run-dir", str(run_dir), "--track"]) == 0
+    (run,) = offline_runs(run_dir)
+    assert run["name"] == "clock-run"
+    assert [path.name for path in (tmp_path / "runs").iterdir()] == ["clock-run"]
+    assert not (tmp_path / "wandb").exists()
+    assert f"wandb sync {run_dir.resolve()}/wandb/offline-run-" in capsys.readouterr().out
+
+
 def test_a_tracked_run_logs_its_metrics_config_and_summary_to_a_wandb_run_named_after_its_run_dir(
     tmp_path: Path, offline_wandb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
