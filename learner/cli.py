@@ -1339,8 +1339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing == "wandb":  # (learner train --track, or a resumed run that was tracked)
             print(
                 f"learner {args.command}: error: --track needs wandb, which is not installed here: pip install "
-                "'envfleet[track]' (from a clone: pip install -e '.[track]'), or train without --track (a resumed "
-                "run that was tracked: --no-track)",
+                "'envfleet[track]' (from a clone: pip install -e '.[track]'; the learner image: build it with the "
+                "extra, ENVFLEET_LEARNER_EXTRAS=track docker compose build learner), or train without --track (a "
+                "resumed run that was tracked: --no-track)",
                 file=sys.stderr,
             )
             return 1
