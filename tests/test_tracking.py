@@ -10,12 +10,14 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import pytest
+from google.protobuf.message import DecodeError
 
 from learner import rundir
 from learner.cli import main
@@ -125,9 +127,20 @@ def read_offline_run(path: Path) -> dict[str, Any]:
     return run
 
 
-def offline_runs(folder: Path) -> list[dict[str, Any]]:
-    """The offline runs under ``folder`` (WANDB_DIR), oldest first (their folders' names say the second)."""
-    return sorted((read_offline_run(path) for path in folder.glob("wandb/offline-run-*")), key=lambda r: r["started"])
+def offline_runs(folder: Path, wait: float = 30.0) -> list[dict[str, Any]]:
+    """The offline runs under ``folder`` (WANDB_DIR), oldest first (their folders' names say the second),
+    once each has its exit record: wandb.finish returns before wandb-core has written the records (a
+    file of its 7-byte header only, read at once, now and then); a process's exit waits for them."""
+    deadline = time.monotonic() + wait
+    while True:
+        paths = list(folder.glob("wandb/offline-run-*"))  # (made by wandb.init: none, none to wait for)
+        try:
+            runs = [read_offline_run(path) for path in paths]
+        except DecodeError:  # (a record still being written)
+            runs = [{}]
+        if all("started" in r and r["exit_code"] is not None for r in runs) or time.monotonic() > deadline:
+            return sorted(runs, key=lambda r: r.get("started", 0))
+        time.sleep(0.1)
 
 
 def test_without_wandb_dir_the_wandb_files_go_to_the_run_dir(
