@@ -376,7 +376,7 @@ def test_a_unix_socket_server_is_checked_for_localhost(
             "unix: address, as ENVFLEET_TLS_SERVER_NAME is not set)"
         ) in probe.stderr, probe.stderr
         probe = subprocess.run(
-            [sys.executable, "-I", env_server.health.__file__, "--address", other.address, "--timeout", "2"],
+            [sys.executable, "-I", env_server.health.__file__, "--address", other.address, "--timeout", "10"],
             capture_output=True,
             text=True,
             timeout=30,

@@ -136,10 +136,11 @@ def offline_runs(folder: Path, wait: float = 30.0) -> list[dict[str, Any]]:
         paths = list(folder.glob("wandb/offline-run-*"))  # (made by wandb.init: none, none to wait for)
         try:
             runs = [read_offline_run(path) for path in paths]
-        except DecodeError:  # (a record still being written)
+        except (DecodeError, ValueError, AssertionError):  # (a file not made yet, or being written)
             runs = [{}]
-        if all("started" in r and r["exit_code"] is not None for r in runs) or time.monotonic() > deadline:
-            return sorted(runs, key=lambda r: r.get("started", 0))
+        if all("started" in r and r["exit_code"] is not None for r in runs):
+            return sorted(runs, key=lambda r: r["started"])
+        assert time.monotonic() < deadline, f"no exit record after {wait:g} s in {paths}"
         time.sleep(0.1)
 
 

@@ -311,7 +311,8 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
         results["meta"]["interrupted"] = True
         progress("interrupted: writing what finished")
     results["meta"]["load_average_end"] = list(os.getloadavg())  # (the bench's own work included: kept, not judged)
-    results["meta"]["others_running_end"] = others_running()
+    # (not after Ctrl-C: a second one during the sample would lose what finished)
+    results["meta"]["others_running_end"] = None if results["meta"].get("interrupted") else others_running()
     results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
     save()
     report.write_report(results, config.out)
