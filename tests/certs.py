@@ -133,14 +133,20 @@ def make_server_certs(
     return files
 
 
-def make_client_certs(folder: Path, name: str = "learner", ca_name: str = "test client CA") -> ClientFiles:
+def make_client_certs(
+    folder: Path, name: str = "learner", ca_name: str = "test client CA", others: tuple[str, ...] = ()
+) -> ClientFiles:
     """A new CA for clients, and a client certificate (extended key usage: client auth) it signs for
-    ``name``, in ``folder``: ``client-ca.crt``, ``client.crt``, ``client.key``."""
+    ``name``, in ``folder``: ``client-ca.crt``, ``client.crt``, ``client.key``; and one for each of
+    ``others``, signed by the same CA: ``<other>.crt``, ``<other>.key``."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = _make_ca(ca_name)
     key, cert = _issue(ca_key, ca_cert, name, [], ExtendedKeyUsageOID.CLIENT_AUTH)
     files = ClientFiles(ca=folder / "client-ca.crt", cert=folder / "client.crt", key=folder / "client.key")
     _write(files, ca_cert, cert, key)
+    for other in others:
+        key, cert = _issue(ca_key, ca_cert, other, [], ExtendedKeyUsageOID.CLIENT_AUTH)
+        _write(ClientFiles(ca=files.ca, cert=folder / f"{other}.crt", key=folder / f"{other}.key"), ca_cert, cert, key)
     return files
 
 

@@ -303,10 +303,11 @@ def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_servin
 
 
 def test_the_mtls_overlays_probe_and_learner_present_the_client_certificate(tmp_path: Path) -> None:
-    """k8s/overlays/mtls: a real server started with the overlay's variables and its three Secrets' files
-    (made here as its kustomization.yaml's commands make them: `secret tls` holds tls.crt and tls.key)
-    requires client certificates, and the probe the overlay runs, with the same variables, presents one:
-    SERVING; without the variables of the probe's certificate it fails. The learner Job's variables and
+    """k8s/overlays/mtls: a real server started with the overlay's variables and its four Secrets' files
+    (made here with the key names its kustomization.yaml's commands give: `secret tls` holds tls.crt and
+    tls.key) requires client certificates, and the probe the overlay runs, with the same variables,
+    presents one, its own (the env pods never hold the learner's key): SERVING; without the variables of
+    the probe's certificate it fails. The learner Job's variables and
     files reach the same server (`learner servers`, which reads them as `learner train` does) and, without
     its client certificate, do not."""
     objects = by_key(render(MTLS))
@@ -314,15 +315,20 @@ def test_the_mtls_overlays_probe_and_learner_present_the_client_certificate(tmp_
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
     files = make_server_certs(tmp_path / "server", names=("env",))
-    client = make_client_certs(tmp_path / "client")
+    client = make_client_certs(tmp_path / "client", others=("probe",))
+    probe_files = {"tls.crt": client.cert.with_name("probe.crt"), "tls.key": client.key.with_name("probe.key")}
     secrets = {
         "envfleet-tls": {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca},
         "envfleet-client-ca": {"ca.crt": client.ca},
         "envfleet-client": {"tls.crt": client.cert, "tls.key": client.key},
+        "envfleet-probe": probe_files,
     }
     variables = secret_variables(objects, "Deployment/env", secrets)
     assert variables["ENVFLEET_TLS_CLIENT_CA"] == str(client.ca)
     client_cert = ("ENVFLEET_TLS_CLIENT_CERT", "ENVFLEET_TLS_CLIENT_KEY")
+    assert {variables[name] for name in client_cert} == {str(path) for path in probe_files.values()}
+    env_secrets = {v["secret"]["secretName"] for v in pod_spec(objects, "Deployment/env")["volumes"] if "secret" in v}
+    assert "envfleet-client" not in env_secrets, env_secrets  # (the learner's key: not on the env pods)
     with serving(variables, server["readinessProbe"]["exec"]["command"]) as (environ, probe):
         no_cert = {k: v for k, v in environ.items() if k not in client_cert}
         refused = subprocess.run(probe, env=no_cert, capture_output=True, text=True, timeout=30)
