@@ -134,11 +134,13 @@ class HealthService(health.aio.HealthServicer):
         last = None
         while True:
             changed = self._changed  # (taken before the status is read: any change from here on sets it)
+            # (taken with the status: a shutdown during the write below comes round again, and is told)
+            shutting_down = self._shutting_down
             status = self._statuses.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             if status != last:
                 await context.write(health_pb2.HealthCheckResponse(status=status))
                 last = status
-            if self._shutting_down:
+            if shutting_down:
                 return
             await changed.wait()
 

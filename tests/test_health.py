@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import signal
@@ -15,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import env_server.health
 from env_server.health import check, default_address, tls_hint
+from env_server.server import HealthService
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer, StartServers
 
@@ -108,6 +110,36 @@ def test_tls_hints_name_the_host_the_probe_checks() -> None:
     )
     assert tls_hint(mismatch, "127.0.0.1:50051", None, None) == ""  # (plaintext: no TLS to blame)
     assert tls_hint("failed to connect to all addresses", "127.0.0.1:50051", "ca.pem", None) == ""
+
+
+def test_a_shutdown_while_watch_writes_is_still_told() -> None:
+    """A shutdown that comes while Watch's write of SERVING is still in progress (its client has the
+    message; the write's await has not returned: a busy server) is told as NOT_SERVING before the stream
+    ends. Watch once read "shutting down" after that write and ended without it."""
+
+    class SlowContext:
+        def __init__(self) -> None:
+            self.written: list[int] = []
+            self.release = asyncio.Event()
+
+        async def write(self, response: health_pb2.HealthCheckResponse) -> None:
+            self.written.append(response.status)
+            if len(self.written) == 1:
+                await self.release.wait()
+
+    async def scenario() -> list[int]:
+        service = HealthService()
+        context = SlowContext()
+        watch = asyncio.create_task(service.Watch(health_pb2.HealthCheckRequest(service=""), context))
+        while not context.written:
+            await asyncio.sleep(0)
+        await service.enter_graceful_shutdown()
+        context.release.set()
+        await asyncio.wait_for(watch, timeout=10)
+        return context.written
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert asyncio.run(scenario()) == [serving, not_serving]
 
 
 def test_watch_says_serving_then_not_serving_at_shutdown_and_ends(spawn_server: SpawnServer) -> None:
