@@ -15,9 +15,9 @@ that ends with its CA); ``ENVFLEET_TLS_SERVER_NAME`` names the host the certific
 does not cover 127.0.0.1 or localhost (a ``unix:`` address is checked for localhost). A server that
 requires client certificates (``ENVFLEET_TLS_CLIENT_CA``: mutual TLS, which the health service cannot
 be left out of, as the handshake comes before any call) is shown ``ENVFLEET_TLS_CLIENT_CERT`` and
-``ENVFLEET_TLS_CLIENT_KEY``, the variables a learner reads too. A TLS failure is told with what to set: the name the probe checks
-(ENVFLEET_TLS_SERVER_NAME, else the host of the address), the CA it verifies with, or the client
-certificate the server asks for.
+``ENVFLEET_TLS_CLIENT_KEY``, the variables a learner reads too. A TLS failure is told with what to
+set: the name the probe checks (ENVFLEET_TLS_SERVER_NAME, else the host of the address, or localhost
+for a ``unix:`` one), the CA it verifies with, or the client certificate the server asks for.
 """
 
 from __future__ import annotations

@@ -106,6 +106,17 @@ def _issue(
     return key, cert
 
 
+def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
+    """``names`` as a certificate's subject alternative names: IP addresses as such, the rest as DNS names."""
+    alt_names: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt_names.append(x509.DNSName(name))
+    return alt_names
+
+
 def _write(
     files: ServerFiles | ClientFiles, ca_cert: x509.Certificate, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
 ) -> None:
@@ -121,12 +132,7 @@ def make_server_certs(
     """A new CA, and a server certificate it signs for ``names`` (DNS names or IP addresses), in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = _make_ca(ca_name)
-    alt_names: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alt_names.append(x509.DNSName(name))
+    alt_names = _alt_names(names)
     key, cert = _issue(ca_key, ca_cert, names[0], alt_names, ExtendedKeyUsageOID.SERVER_AUTH)
     files = ServerFiles(ca=folder / "ca.crt", cert=folder / "server.crt", key=folder / "server.key")
     _write(files, ca_cert, cert, key)
@@ -156,12 +162,7 @@ def make_self_signed_cert(folder: Path, names: tuple[str, ...] = ("localhost",))
     folder.mkdir(parents=True, exist_ok=True)
     now = _now()
     key = ec.generate_private_key(ec.SECP256R1())
-    alt_names: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            alt_names.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alt_names.append(x509.DNSName(name))
+    alt_names = _alt_names(names)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(names[0]))
