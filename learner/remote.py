@@ -45,7 +45,6 @@ from learner.client import (
     timeout_error,
 )
 from learner.discovery import (
-    UNIX_SERVER_NAME,
     AddressError,
     diagnose,
     expand_named,
@@ -493,13 +492,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _server_name(self, address: str) -> str | None:
         """The name ``address``'s certificate must hold, where it is not the address's host: the
         ``tls_server_name`` given, else (under TLS) the name of the ``dns:`` address it was found by
-        (as gRPC's own dns resolver checks it; the connection is to an IP address), or ``localhost``
-        for a ``unix:`` address (gRPC would check the socket's path, which no certificate holds, and
-        fail unseen until the deadline: :data:`~learner.discovery.UNIX_SERVER_NAME`)."""
+        (as gRPC's own dns resolver checks it; the connection is to an IP address). For a ``unix:``
+        address None: the client and the TLS probe name ``localhost`` there themselves
+        (:data:`~learner.discovery.UNIX_SERVER_NAME`)."""
         if self._tls_server_name or self._credentials is None:
             return self._tls_server_name
-        if unix_path(address) is not None:
-            return UNIX_SERVER_NAME
         return self._dns_names.get(address)
 
     @staticmethod
