@@ -21,6 +21,7 @@ from env_server.config import (
     VECTORIZATIONS,
     ServerConfig,
     parse_int,
+    parse_on_off,
 )
 from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
@@ -73,11 +74,10 @@ class _BadVariable:
 
 
 def _on_off(text: str) -> bool:
-    value = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
     try:
-        return value[text.strip().lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"expected on or off (or true/false, 1/0, yes/no), got {text!r}") from None
+        return parse_on_off(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _parse_variables(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "VECTORIZATIONS",
     "WRAPPER_NAMES",
     "parse_int",
+    "parse_on_off",
     "ServerConfig",
 ]
 
@@ -62,6 +63,18 @@ def parse_int(text: str) -> int:
     if not (math.isfinite(value) and value.is_integer()):
         raise ValueError(f"not a whole number: {text!r}")
     return int(value)
+
+
+_ON_OFF = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+def parse_on_off(text: str) -> bool:
+    """A switch's value from an environment variable: on or off (or true/false, 1/0, yes/no, any case);
+    ValueError otherwise. The ENVFLEET_* variables of env-server's switches and the learner's read this way."""
+    try:
+        return _ON_OFF[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"expected on or off (or true/false, 1/0, yes/no), got {text!r}") from None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any, Literal, NoReturn
 
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
+from env_server.config import parse_on_off
 from env_server.envs import EnvBuildError
 from env_server.protocol import package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
@@ -130,6 +131,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- train ---------------------------------------------------------------------------------------------------
 
 
+def _track_variable(text: str) -> bool:
+    """$ENVFLEET_TRACK, --track's default where neither --track nor --no-track is given (a container's
+    command stays as it is: compose passes the variable)."""
+    try:
+        return parse_on_off(text)
+    except ValueError as err:
+        raise ValueError(f"$ENVFLEET_TRACK: {err}") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Build ``Args`` from the options given, train, and print where the results are."""
     given = _given(args, Args)
@@ -139,6 +149,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             given["auth_token"] = token
         if args.like is not None and "resume" in given:
             raise ValueError("--like: starts a new run with another run's options, so it cannot go with --resume")
+        if "track" not in given and os.environ.get("ENVFLEET_TRACK", "").strip():
+            given["track"] = _track_variable(os.environ["ENVFLEET_TRACK"])
         wandb_names = [name for name in ("wandb_project_name", "wandb_entity") if name in given]
         if "resume" not in given and args.like is None and os.environ.get("WANDB_PROJECT"):
             given.setdefault("wandb_project_name", os.environ["WANDB_PROJECT"])  # (a run resumed keeps its own)
@@ -1341,7 +1353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"learner {args.command}: error: --track needs wandb, which is not installed here: pip install "
                 "'envfleet[track]' (from a clone: pip install -e '.[track]'; the learner image: build it with the "
                 "extra, ENVFLEET_LEARNER_EXTRAS=track docker compose build learner), or train without --track (a "
-                "resumed run that was tracked: --no-track)",
+                "resumed run that was tracked: --no-track)"
+                + ("; $ENVFLEET_TRACK turns it on here" if os.environ.get("ENVFLEET_TRACK", "").strip() else ""),
                 file=sys.stderr,
             )
             return 1

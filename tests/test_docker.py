@@ -121,11 +121,13 @@ def test_compose_serves_envs_alone_and_keeps_the_learners_under_profiles() -> No
 
 def test_compose_builds_the_learner_with_wandb_and_passes_its_variables() -> None:
     """The learner image's extras (build argument EXTRAS): track (wandb) unless ENVFLEET_LEARNER_EXTRAS says
-    otherwise, an empty one too (none); W&B's variables reach both learner services, as the token does."""
-    services = config("--profile", "learner", "--profile", "gpu", WANDB_MODE="offline")["services"]
+    otherwise, an empty one too (none); W&B's variables reach both learner services, as the token does, and
+    ENVFLEET_TRACK (--track without changing the command)."""
+    services = config("--profile", "learner", "--profile", "gpu", WANDB_MODE="offline", ENVFLEET_TRACK="on")["services"]
     for name in ("learner", "learner-gpu"):
         assert services[name]["build"]["args"]["EXTRAS"] == "track", name
         assert services[name]["environment"]["WANDB_MODE"] == "offline", name
+        assert services[name]["environment"]["ENVFLEET_TRACK"] == "on", name
         assert {"WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY"} <= set(services[name]["environment"]), name
     for extras in ("", "track video"):
         services = config("--profile", "learner", ENVFLEET_LEARNER_EXTRAS=extras)["services"]
@@ -248,10 +250,12 @@ def test_the_learner_container_tracks_a_run_with_wandb(fleet: ComposeProject) ->
     """`learner train --track` in the learner container (its image has the extra track by default): W&B's
     variables reach it through compose (WANDB_MODE=offline: nothing leaves the machine), and the offline
     run lands in its run dir in the runs volume, not on the read-only root filesystem or the /tmp
-    tmpfs, so `wandb sync` finds it once the container is gone; wandb-core writes its logs to /tmp."""
+    tmpfs, so `wandb sync` finds it once the container is gone; wandb-core writes its logs to /tmp. (Turned on
+    by ENVFLEET_TRACK, which compose passes: the command has no --track.)"""
     train = ["train", "--backend", "gym", "--env", "CartPole-v1", "--num-envs", "2", "--total-timesteps", "128"]
-    train += ["--num-steps", "32", "--no-plot", "--no-progress", "--track", "--run-dir", "runs/tracked"]
-    result = fleet.run("run", "--rm", "--no-deps", "learner", *train, timeout=300, env={"WANDB_MODE": "offline"})
+    train += ["--num-steps", "32", "--no-plot", "--no-progress", "--run-dir", "runs/tracked"]
+    variables = {"WANDB_MODE": "offline", "ENVFLEET_TRACK": "on"}
+    result = fleet.run("run", "--rm", "--no-deps", "learner", *train, timeout=300, env=variables)
     output = result.stdout + result.stderr
     assert ", offline (upload it with: wandb sync /workspace/runs/tracked/wandb/offline-run-" in output, output
     assert "read-only file system" not in output.lower(), output
