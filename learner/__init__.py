@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ServerUnavailableError,
         SessionError,
         SpecMismatchError,
+        TrainingInterrupted,
     )
     from learner.local import LocalServers, local_servers
     from learner.remote import RemoteVectorEnv, ResetNeededError, close_all
@@ -64,6 +65,7 @@ _EXPORTS = {
     "ServerUnavailableError": "learner.errors",
     "SessionError": "learner.errors",
     "SpecMismatchError": "learner.errors",
+    "TrainingInterrupted": "learner.errors",
     "LocalServers": "learner.local",
     "local_servers": "learner.local",
     "RemoteVectorEnv": "learner.remote",
@@ -93,6 +95,7 @@ __all__ = [
     "ServerUnavailableError",
     "SessionError",
     "SpecMismatchError",
+    "TrainingInterrupted",
     "close_all",
     "expand_addresses",
     "local_servers",

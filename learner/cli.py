@@ -31,7 +31,7 @@ from env_server.protocol import package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
-from learner.errors import EnvFleetError, OptionError, RunCompleteError
+from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, checkpoint_path, list_checkpoints
@@ -204,6 +204,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     except OptionError as err:  # (an option found wrong once the run's checkpoint or servers are seen)
         args.parser.error(str(err))
+    except TrainingInterrupted as stopped:  # the first Ctrl-C (or SIGTERM): stopped at a step, its files written
+        summary = stopped.summary  # (said as a finished run's, with how to resume it; exit 130)
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
         return 130

@@ -200,8 +200,8 @@ class Args:
     torch_deterministic: bool = True
     """cudnn.deterministic: reproducible convolutions on CUDA"""
     progress: bool | None = None
-    """show a progress bar (default: when stderr is a terminal; otherwise a line on stdout every 60 s, for
-    logs: steps, SPS, mean return)"""
+    """show a progress bar (default: when stderr is a terminal or in a Jupyter notebook; otherwise a line on
+    stdout every 60 s, for logs: steps, SPS, mean return)"""
     tensorboard: bool = True
     """write TensorBoard event files (CleanRL's tag names)"""
     plot: bool = True

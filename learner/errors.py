@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: importing this module must not import grpc (see learner.cli)
     import grpc
@@ -26,6 +27,7 @@ __all__ = [
     "SessionError",
     "SpecMismatchError",
     "TrackingError",
+    "TrainingInterrupted",
 ]
 
 
@@ -61,6 +63,31 @@ class RunDirWriteError(EnvFleetError, OSError):
 class TrackingError(EnvFleetError):
     """``learner train --track``: Weights & Biases could not start the run (not logged in, a project it may
     not write to, ...); the message has wandb's own, and what to do."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """``train()`` was stopped by Ctrl-C (a notebook's kernel interrupt) or SIGTERM, and stopped as asked:
+    at the next step, with its checkpoint, summary.json and plot written. Raised once they are, so that
+    what called it stops too (a loop over seeds, a notebook's "Run All") instead of going on to the next
+    run; a KeyboardInterrupt, so that code that stops on Ctrl-C stops on it. ``learner train`` says where
+    the run is and how to resume it, and exits 130.
+
+    Attributes:
+        summary: what ``train()`` would have returned (summary.json's, ``stop_reason`` "interrupted",
+            with ``run_dir``).
+        run_dir: the run's dir: ``train(resume_args(err.run_dir))`` goes on from its last checkpoint.
+    """
+
+    def __init__(self, summary: dict[str, Any], run_dir: str | Path) -> None:
+        self.summary = summary
+        self.run_dir = Path(run_dir)
+        super().__init__(
+            f"training stopped at step {summary.get('total_steps', 0):,} (Ctrl-C or SIGTERM); the run is in "
+            f"{self.run_dir}: go on with train(resume_args({str(self.run_dir)!r}))"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (its arguments are not the message: pickled as made)
+        return type(self), (self.summary, self.run_dir)
 
 
 class ServerStartError(EnvFleetError):

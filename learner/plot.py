@@ -1,4 +1,4 @@
-"""``learner plot``: return against env steps and against wall time, one line per run (matplotlib, Agg)."""
+"""``learner plot``: return against env steps and against wall time, one line per run (matplotlib, to PNG)."""
 
 from __future__ import annotations
 
@@ -215,18 +215,19 @@ def plot_runs(
     empty.update(missing)
 
     import matplotlib
+    from cycler import cycler
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    # A Figure of its own, not pyplot's: pyplot would need a backend that draws off screen (Agg), and
+    # switching to it for the whole process would stop a notebook's inline figures from showing after
+    # train() (which plots) or plot_runs. savefig draws it with Agg all the same.
+    fig = Figure(figsize=(11, 4.2))
+    by_steps, by_time = fig.subplots(1, 2, sharey=True)
     plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
     lines = len({groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty}) if groups else len(plotted)
-    if lines > len(plt.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: tab20's then)
+    if lines > len(matplotlib.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: tab20's then)
         # (tab20's dark shades first, then its light ones: neighbours in it are one hue, dark and light)
-        colour_cycle = plt.cycler(
-            color=[matplotlib.colormaps["tab20"](k) for k in (*range(0, 20, 2), *range(1, 20, 2))]
-        )
+        colour_cycle = cycler(color=[matplotlib.colormaps["tab20"](k) for k in (*range(0, 20, 2), *range(1, 20, 2))])
         by_steps.set_prop_cycle(colour_cycle)
         by_time.set_prop_cycle(colour_cycle)
     envs = {env for _, config in plotted if (env := _env(config)) is not None}
@@ -326,6 +327,4 @@ def plot_runs(
         raise ValueError(
             f"{output_name}: expected a path where the plot can be written, got {output} ({err.strerror or err})"
         ) from None
-    finally:
-        plt.close(fig)
     return output

@@ -505,6 +505,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return Replica(client=client, spec=client.spec, sessions=[client.session_id])
 
     async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
+        # A unix: address whose folder is gone has no server to wait for (its LocalServers stopped, or
+        # was garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not
+        # after connect_timeout. Fault-tolerant, while another server may answer, it is missing as any is.
+        gone = [(address, why) for address in endpoints if (why := _socket_folder_gone(address)) is not None]
+        if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
+            address, why = gone[0]
+            raise ServerUnavailableError(f"env server {address}: nothing can answer there: {why}", address=address)
         clients: list[EnvClient] = []
         try:
             for address in endpoints:
@@ -2592,7 +2599,11 @@ def _socket_folder_gone(address: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(folder):
         return None
-    return f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers block left, say)?"
+    return (
+        f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "
+        "block left, or their LocalServers closed or garbage-collected: keep it in a variable while its "
+        "addresses are in use, or use a local_servers block)?"
+    )
 
 
 def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib.util
 import logging
 import math
 import os
@@ -80,6 +81,7 @@ from learner.errors import (
     RunDirWriteError,
     ServerUnavailableError,
     SessionError,
+    TrainingInterrupted,
 )
 from learner.fleet import FleetChange, carry_over
 from learner.live_metrics import LearnerMetrics, serve_metrics
@@ -615,15 +617,44 @@ def logging_above_bar() -> Iterator[None]:
         logging.lastResort = last_resort
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel's (a notebook's, JupyterLab's, VS Code's): IPython's shell
+    is ipykernel's ZMQInteractiveShell. Its stderr is no terminal, yet shows a progress bar well. Looked up
+    in ``sys.modules`` only: nothing is imported where no kernel runs."""
+    zmqshell, ipython = sys.modules.get("ipykernel.zmqshell"), sys.modules.get("IPython")
+    shell_class = getattr(zmqshell, "ZMQInteractiveShell", None)
+    get_ipython = getattr(ipython, "get_ipython", None)
+    if not isinstance(shell_class, type) or get_ipython is None:
+        return False
+    try:
+        return isinstance(get_ipython(), shell_class)
+    except Exception:  # (an IPython of another make: no notebook to go by)
+        return False
+
+
+def _tqdm_class() -> Any:
+    """tqdm's widget bar in a notebook that can show one (ipywidgets installed), else its text bar, which
+    a notebook shows as well: ``tqdm.auto`` without ipywidgets would warn "IProgress not found" (and fall
+    back to the text bar all the same)."""
+    if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm as auto_tqdm
+
+        return auto_tqdm
+    from tqdm import tqdm
+
+    return tqdm
+
+
 @contextlib.contextmanager
 def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step", scale: bool = True) -> Iterator[Any]:
     """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
-    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it).
+    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it;
+    train also ``in_notebook()``). In a notebook with ipywidgets, tqdm's widget instead.
     While it is up, log records are written above it (see logging_above_bar), not into its line."""
     if not show:
         yield None
         return
-    from tqdm import tqdm
+    tqdm = _tqdm_class()
 
     bar = tqdm(
         total=total,
@@ -1315,6 +1346,12 @@ def train(
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds, with
     ``run_dir`` and, with --track, ``wandb_run`` (what ``wandb-run.json`` holds: id, project, entity, url).
 
+    Stopped by Ctrl-C (a notebook's kernel interrupt) or SIGTERM, it stops at the next step, writes what
+    a finished run writes, then raises :class:`~learner.errors.TrainingInterrupted` with that summary
+    (``.summary``): a caller that trains several runs stops there, not at the next run's start. A second
+    Ctrl-C aborts at once (KeyboardInterrupt). torch's thread count and matplotlib's backend are as they
+    were once it returns or raises.
+
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``,
     for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
     ``metrics_url`` (where the metrics are served: the CLI prints them).
@@ -1445,6 +1482,8 @@ def train(
                     )
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
+        # (restored at the end: the caller's process, a notebook's kernel, keeps its own setting)
+        stack.callback(torch.set_num_threads, torch.get_num_threads())
         set_torch_threads(device, image, args.torch_threads)
         busy = _busy() if image and device.type == "cpu" and not args.torch_threads else ""
         if busy:
@@ -1552,7 +1591,7 @@ def train(
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).
         stack.callback(_close_quietly, metrics_file)
-        show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+        show_progress = args.progress if args.progress is not None else sys.stderr.isatty() or in_notebook()
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None
@@ -2171,4 +2210,7 @@ def train(
     summary["run_dir"] = str(run_dir)
     if tracker is not None and tracker.record is not None:
         summary["wandb_run"] = tracker.record  # (for the command to say where it is; not in summary.json)
+    if stop_reason == "interrupted":  # (a second Ctrl-C, or one before the loop, raised KeyboardInterrupt itself)
+        # Its files written and its envs closed: now the caller stops too (a loop over seeds, "Run All").
+        raise TrainingInterrupted(summary, run_dir)
     return summary

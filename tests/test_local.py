@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,24 @@ def test_an_env_used_after_its_local_servers_stopped_says_so_at_once() -> None:
         envs.reset(seed=0)
     assert time.monotonic() - start < 5
     envs.close()
+
+
+def test_an_env_on_a_local_servers_dropped_at_once_says_so_at_once() -> None:
+    """``RemoteVectorEnv(LocalServers(...).addresses)`` in a notebook cell: the LocalServers is garbage-
+    collected at once, its servers stopped and their folder removed; the connect says why then, not after
+    connect_timeout, as the handshake does."""
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailableError) as info:
+        RemoteVectorEnv(LocalServers("CartPole-v1", 1, 2).addresses, connect_timeout=30)
+    assert time.monotonic() - start < 15  # (the servers' start included)
+    message = str(info.value)
+    assert re.search(
+        r"^env server unix:.*: nothing can answer there: the folder of its socket, .* does not exist", message
+    )
+    assert "LocalServers closed or garbage-collected: keep it in a variable" in message, message
+    # Fault-tolerant the same, when no server is left to go on with.
+    with pytest.raises(ServerUnavailableError, match="garbage-collected"):
+        RemoteVectorEnv(LocalServers("CartPole-v1", 1, 1).addresses, connect_timeout=30, fault_tolerant=True)
 
 
 @needs_proc

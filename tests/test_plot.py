@@ -3,6 +3,9 @@ say what a point is."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +177,21 @@ def test_by_config_warns_of_one_seed_twice_in_a_group(tmp_path: Path, caplog: py
     config = rundir.read_json(threads / rundir.CONFIG)
     rundir.write_json(threads / rundir.CONFIG, {**config, "args": {**config["args"], "torch_threads": 4}})
     assert config_groups([*runs, threads]) == ["torch_threads=null", "torch_threads=null", "torch_threads=4"]
+
+
+def test_plotting_leaves_matplotlib_s_backend_and_pyplot_alone(tmp_path: Path) -> None:
+    """A notebook's ``%matplotlib inline`` figures still show after train() (which plots) or plot_runs: no
+    backend switch, and pyplot not imported where the caller had not (in a process of its own: here,
+    other tests import pyplot)."""
+    run = _run(tmp_path / "a", 3, solved_at=1020)
+    code = f"""
+        import sys, matplotlib
+        matplotlib.use("svg")
+        from learner.plot import plot_runs
+        plot_runs([{str(run)!r}], {str(tmp_path / "out.png")!r})
+        print("matplotlib.pyplot" in sys.modules, matplotlib.get_backend())
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "svg"]
+    assert (tmp_path / "out.png").read_bytes().startswith(b"\x89PNG")

@@ -4,12 +4,15 @@ last state, the progress lines without a terminal, the closing lines and the hel
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import logging
 import re
 import sys
 import time
+import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from env_server.tuning import JsonLogFormatter
 from learner.cli import build_parser, finished_line, main, slowest_line
 from learner.config import Args
 from learner.stats import format_return
-from learner.train import _close_bar, progress_bar, progress_line, train
+from learner.train import _close_bar, _tqdm_class, in_notebook, progress_bar, progress_line, train
 
 CLOCK_BOX: dict[str, Any] = {
     "env": "tests.envs:ClockEnv",
@@ -231,3 +234,53 @@ def test_without_a_terminal_the_first_update_is_reported_at_once(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(lines) == 1 and lines[0].startswith("step 16/48 (33%), "), lines
     assert re.search(r", \d+ s, ~\d+ s left$", lines[0]), lines
+
+
+# -- 5. in a notebook -----------------------------------------------------------------------------------------
+
+
+class ZMQInteractiveShell:
+    """Stands in for ipykernel's shell: a Jupyter kernel's IPython."""
+
+
+def _kernel(monkeypatch: pytest.MonkeyPatch, shell: object) -> None:
+    """This process as a Jupyter kernel's, as ``in_notebook`` sees it: ``ipykernel.zmqshell`` and ``IPython``
+    imported, ``get_ipython()`` the ``shell`` given (stand-ins, in sys.modules)."""
+    zmqshell = types.ModuleType("ipykernel.zmqshell")
+    zmqshell.ZMQInteractiveShell = ZMQInteractiveShell  # type: ignore[attr-defined]
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: shell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ipykernel.zmqshell", zmqshell)
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+
+
+def test_a_notebook_is_told_from_a_terminal_ipython_and_from_plain_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not in_notebook()  # (no kernel here: nor is one imported to find out)
+    assert "ipykernel.zmqshell" not in sys.modules
+    _kernel(monkeypatch, object())  # ipykernel imported, but the shell is a terminal's (or none: None)
+    assert not in_notebook()
+    _kernel(monkeypatch, ZMQInteractiveShell())
+    assert in_notebook()
+
+
+def test_in_a_notebook_training_shows_its_bar_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A notebook's stderr is no terminal, yet shows a bar (its carriage returns) well: the bar then, not a
+    line a minute; without ipywidgets tqdm's text bar, with no warning of the widget missing."""
+    _kernel(monkeypatch, ZMQInteractiveShell())
+    find_spec = importlib.util.find_spec
+    # (no ipywidgets, whether installed here or not)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else find_spec(name, *a)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (tqdm's "IProgress not found" would fail it)
+        assert _tqdm_class() is tqdm
+        train(Args(**CLOCK_BOX, total_timesteps=32, progress=None, run_dir=str(tmp_path / "bar")))
+    out, err = capsys.readouterr()
+    assert re.match(r"100%\|.*\| 32\.0/32\.0 steps ", screen_lines(err)[-2]), err
+    assert not [line for line in out.splitlines() if line.startswith("step ")], out
+    train(Args(**CLOCK_BOX, total_timesteps=32, progress=False, run_dir=str(tmp_path / "none")))
+    out, err = capsys.readouterr()
+    assert "steps" not in err and not [line for line in out.splitlines() if line.startswith("step ")], (out, err)

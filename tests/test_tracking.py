@@ -23,6 +23,7 @@ from learner import rundir
 from learner.cli import main
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.errors import TrainingInterrupted
 from learner.train import train
 from tests.test_train import CtrlCAt
 
@@ -275,8 +276,9 @@ def test_a_run_stopped_by_ctrl_c_or_an_error_finishes_its_wandb_run_with_the_exi
     )
     with monkeypatch.context() as patch:
         patch.setattr("learner.train.open_fleet", lambda spec: _fleet_ctrl_c_at(spec, at=8 + 3))
-        summary = train(dataclasses.replace(args, run_dir=str(tmp_path / "stopped")))
-    assert summary["stop_reason"] == "interrupted"
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(dataclasses.replace(args, run_dir=str(tmp_path / "stopped")))
+    assert stopped.value.summary["stop_reason"] == "interrupted"
 
     @contextlib.contextmanager
     def failing(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:

@@ -23,6 +23,7 @@ from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.errors import TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
 from learner.train import NothingToLearnError, device_hint, like_args, resume_args, train
 from tests.conftest import StartServers
@@ -268,8 +269,11 @@ def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninter
     part = tmp_path / "part"
     with monkeypatch.context() as patch:
         patch.setattr("learner.train.open_fleet", interrupted_fleet)
-        summary = train(Args(**common, checkpoint_every=checkpoint_every, run_dir=str(part)))
-    assert summary["stop_reason"] == "interrupted"
+        with pytest.raises(TrainingInterrupted) as stopped:  # (its files written: then the caller stops too)
+            train(Args(**common, checkpoint_every=checkpoint_every, run_dir=str(part)))
+    summary = stopped.value.summary
+    assert summary["stop_reason"] == "interrupted" and stopped.value.run_dir == part
+    assert summary == {**rundir.read_json(part / rundir.SUMMARY), "run_dir": str(part)}
     assert summary["total_steps"] == 16 and summary["updates"] == 1
     assert summary["episodes"] == rundir.read_jsonl(full / rundir.METRICS)[0]["episodes"]
     assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
@@ -293,6 +297,65 @@ def test_ctrl_c_mid_rollout_saves_the_last_update_and_resuming_gives_the_uninter
     for key, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][key]), key
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+def test_ctrl_c_stops_a_loop_over_seeds_after_the_run_it_came_in_with_that_run_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's kernel interrupt (SIGINT) in ``for seed in ...: train(...)``: the run stops as asked,
+    with its checkpoint, summary and plot, then TrainingInterrupted (a KeyboardInterrupt) stops the loop,
+    so that the next seeds do not start. A run stopped by its budget returns, as ever."""
+
+    @contextlib.contextmanager
+    def interrupted_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=8 + 3)
+
+    started = []
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt) as stopped:
+        patch.setattr("learner.train.open_fleet", interrupted_fleet)
+        for seed in (1, 2, 3):
+            started.append(seed)
+            train(Args(**{**_resumable(), "plot": True}, seed=seed, run_dir=str(tmp_path / f"seed{seed}")))
+    assert started == [1] and isinstance(stopped.value, TrainingInterrupted)
+    run = tmp_path / "seed1"
+    assert stopped.value.run_dir == run and stopped.value.summary["run_dir"] == str(run)
+    assert stopped.value.summary["total_steps"] == 16 and stopped.value.summary["stop_reason"] == "interrupted"
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000016.pt"]
+    assert (run / rundir.SUMMARY).is_file() and (run / rundir.PLOT).is_file()
+    assert f"go on with train(resume_args({str(run)!r}))" in str(stopped.value)
+    summary = train(resume_args(run))  # (as the message says)
+    assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 48
+
+
+def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MLP on the CPU trains on one torch thread; the caller's process (a notebook's kernel) gets its
+    own count back, whether the run finished or was stopped."""
+    seen, interrupt = [], []
+
+    class Threads(gym.vector.VectorWrapper):
+        def step(self, actions: Any) -> Any:
+            seen.append(torch.get_num_threads())
+            return self.env.step(actions)
+
+    @contextlib.contextmanager
+    def counting_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(Threads(envs), at=8 + 3) if interrupt else Threads(envs)
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr("learner.train.open_fleet", counting_fleet)
+    try:
+        torch.set_num_threads(3)
+        train(Args(**_resumable(), run_dir=str(tmp_path / "finished")))
+        assert set(seen) == {1} and torch.get_num_threads() == 3
+        seen.clear()
+        interrupt.append(True)
+        with pytest.raises(TrainingInterrupted):
+            train(Args(**_resumable(), run_dir=str(tmp_path / "stopped")))
+        assert set(seen) == {1} and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_run_dir_that_holds_a_run_is_not_overwritten(tmp_path: Path) -> None:
@@ -664,7 +727,9 @@ def test_an_overlapped_run_stopped_mid_rollout_finishes_the_update_in_flight_and
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr("learner.train.open_fleet", interrupted_fleet)
-        summary = train(Args(**common, run_dir=str(run)))
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(Args(**common, run_dir=str(run)))
+    summary = stopped.value.summary
     assert summary["stop_reason"] == "interrupted"
     assert summary["total_steps"] == 32 and summary["updates"] == 2
     assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000016.pt", "step-0000000032.pt"]
