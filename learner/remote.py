@@ -2514,12 +2514,24 @@ def _infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
     return infos
 
 
+CANCEL_WAIT_S = 0.5
+"""How long ``close()`` waits for its cancelled calls to end before it closes the connections under them."""
+
+
 async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]]) -> None:
-    """Cancel the steps in flight, then release every server and close the connections."""
+    """Cancel the steps in flight, then release every server and close the connections.
+
+    A task cancelled while it awaits a gRPC call to a server whose process hangs (a reconnect's
+    GetSpec, say) stays "cancelling" until that call ends: grpc.aio's call does not end when cancelled,
+    but when the server answers (measured: close() took as long as the server's hang, 14 s of 15).
+    So the tasks get a moment; then the connections close, which ends such calls, and the tasks with them.
+    """
     for task in tasks:
         task.cancel()
-    await gather(*tasks, return_exceptions=True)
+    if tasks:
+        await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
     await gather(*(c.close() for c in clients), return_exceptions=True)
+    await gather(*tasks, return_exceptions=True)
 
 
 def _split(num_servers: int, num_groups: int) -> list[list[int]]:
