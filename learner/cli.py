@@ -131,13 +131,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- train ---------------------------------------------------------------------------------------------------
 
 
-def _track_variable(text: str) -> bool:
-    """$ENVFLEET_TRACK, --track's default where neither --track nor --no-track is given (a container's
-    command stays as it is: compose passes the variable)."""
+def _track_variable() -> bool | None:
+    """$ENVFLEET_TRACK (None: unset or empty), a new run's --track where neither --track nor --no-track is
+    given (a container's command stays as it is: compose passes the variable)."""
+    text = os.environ.get("ENVFLEET_TRACK", "").strip()
+    if not text:
+        return None
     try:
         return parse_on_off(text)
     except ValueError as err:
         raise ValueError(f"$ENVFLEET_TRACK: {err}") from None
+
+
+def _track_set_it(args: argparse.Namespace) -> bool:
+    """Whether $ENVFLEET_TRACK turned --track on for this command (for the error that wandb is missing)."""
+    if args.command != "train" or "track" in vars(args) or getattr(args, "resume", None) or args.like is not None:
+        return False
+    try:
+        return bool(_track_variable())
+    except ValueError:
+        return False
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -149,8 +162,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             given["auth_token"] = token
         if args.like is not None and "resume" in given:
             raise ValueError("--like: starts a new run with another run's options, so it cannot go with --resume")
-        if "track" not in given and os.environ.get("ENVFLEET_TRACK", "").strip():
-            given["track"] = _track_variable(os.environ["ENVFLEET_TRACK"])
+        # (a new run's default, as $WANDB_PROJECT's below: a run resumed or repeated keeps its own)
+        if "track" not in given and "resume" not in given and args.like is None and _track_variable() is not None:
+            given["track"] = _track_variable()
         wandb_names = [name for name in ("wandb_project_name", "wandb_entity") if name in given]
         if "resume" not in given and args.like is None and os.environ.get("WANDB_PROJECT"):
             given.setdefault("wandb_project_name", os.environ["WANDB_PROJECT"])  # (a run resumed keeps its own)
@@ -1356,7 +1370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "'envfleet[track]' (from a clone: pip install -e '.[track]'; the learner image: build it with the "
                 "extra, ENVFLEET_LEARNER_EXTRAS=track docker compose build learner), or train without --track (a "
                 "resumed run that was tracked: --no-track)"
-                + ("; $ENVFLEET_TRACK turns it on here" if os.environ.get("ENVFLEET_TRACK", "").strip() else ""),
+                + ("; $ENVFLEET_TRACK turns it on here" if _track_set_it(args) else ""),
                 file=sys.stderr,
             )
             return 1

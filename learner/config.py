@@ -222,8 +222,8 @@ class Args:
     figures by TensorBoard's tag names at each global step, config.json as the W&B config, summary.json as
     its summary; the W&B run is named after the run dir. Recorded: --resume goes on in the same W&B run
     (--no-track: not this time). Its files go to the run dir's wandb/ (unless WANDB_DIR says where). wandb
-    reads its own WANDB_* variables (WANDB_MODE=offline, WANDB_API_KEY, WANDB_DIR, ...) (default:
-    $ENVFLEET_TRACK, on or off; else off)"""
+    reads its own WANDB_* variables (WANDB_MODE=offline, WANDB_API_KEY, WANDB_DIR, ...) (default for a
+    new run: $ENVFLEET_TRACK, on or off; else off)"""
     wandb_project_name: str = field(default=DEFAULT_WANDB_PROJECT, metadata={"metavar": "NAME"})
     """the W&B project --track logs to (default: $WANDB_PROJECT, else envfleet)"""
     wandb_entity: str | None = field(default=None, metadata={"metavar": "NAME"})

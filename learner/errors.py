@@ -70,11 +70,11 @@ class TrainingInterrupted(KeyboardInterrupt):
     at the next step, with its checkpoint, summary.json and plot written. Raised once they are, so that
     what called it stops too (a loop over seeds, a notebook's "Run All") instead of going on to the next
     run; a KeyboardInterrupt, so that code that stops on Ctrl-C stops on it. ``learner train`` says where
-    the run is and how to resume it, and exits 130.
+    the run is and how to resume it, and exits 130 (0 when the run had ended all the same).
 
     Attributes:
-        summary: what ``train()`` would have returned (summary.json's, ``stop_reason`` "interrupted",
-            with ``run_dir``).
+        summary: what ``train()`` would have returned (summary.json's, with ``run_dir``): ``stop_reason``
+            "interrupted", or the reason the run ended for when the Ctrl-C came during its last update.
         run_dir: the run's dir: ``train(resume_args(err.run_dir))`` goes on from its last checkpoint.
     """
 

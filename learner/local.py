@@ -285,6 +285,15 @@ def _make_socket_dir(num_servers: int) -> str:
     return tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-", dir=root)
 
 
+LOCAL_SOCKET_DIR = re.compile(r"envfleet-(\d+)-\w+")
+"""The name of a LocalServers' socket folder (``envfleet-<learner pid>-*``)."""
+
+
+def is_local_socket_dir(folder: str) -> bool:
+    """Whether ``folder`` is named as LocalServers name their sockets' folders (made and removed by them)."""
+    return LOCAL_SOCKET_DIR.fullmatch(os.path.basename(os.path.normpath(folder))) is not None
+
+
 def _remove_orphaned_socket_dirs(root: str) -> None:
     """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
     exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone."""
@@ -293,7 +302,7 @@ def _remove_orphaned_socket_dirs(root: str) -> None:
     except OSError:
         return
     for name in names:
-        match = re.fullmatch(r"envfleet-(\d+)-\w+", name)
+        match = LOCAL_SOCKET_DIR.fullmatch(name)
         path = os.path.join(root, name)
         if match is None or _alive(int(match.group(1))):
             continue

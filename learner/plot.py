@@ -215,7 +215,7 @@ def plot_runs(
     empty.update(missing)
 
     import matplotlib
-    from cycler import cycler
+    from cycler import cycler  # (matplotlib's own dependency)
     from matplotlib.figure import Figure
 
     # A Figure of its own, not pyplot's: pyplot would need a backend that draws off screen (Agg), and

@@ -75,7 +75,7 @@ from learner.faults import (
     reconnect,
 )
 from learner.fleet import FleetChange
-from learner.local import usable_cpus
+from learner.local import is_local_socket_dir, usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.stats import ReplicaStats, StepTimer
 
@@ -505,10 +505,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return Replica(client=client, spec=client.spec, sessions=[client.session_id])
 
     async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
-        # A unix: address whose folder is gone has no server to wait for (its LocalServers stopped, or
-        # was garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not
-        # after connect_timeout. Fault-tolerant, while another server may answer, it is missing as any is.
-        gone = [(address, why) for address in endpoints if (why := _socket_folder_gone(address)) is not None]
+        # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
+        # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after
+        # connect_timeout. (A folder of another name may yet be made, by a service manager say: waited for.)
+        # Fault-tolerant, while another server may answer, it is missing as any is.
+        gone = [
+            (address, why)
+            for address in endpoints
+            if (folder := _socket_folder(address)) is not None
+            and is_local_socket_dir(folder)
+            and (why := _socket_folder_gone(address)) is not None
+        ]
         if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
             address, why = gone[0]
             raise ServerUnavailableError(f"env server {address}: nothing can answer there: {why}", address=address)
@@ -2602,14 +2609,25 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
         )
 
 
+def _socket_folder(address: str) -> str | None:
+    """The folder of a ``unix:PATH`` address's socket; None for other addresses."""
+    path = unix_path(address)
+    return None if path is None else os.path.dirname(os.path.abspath(path))
+
+
 def _socket_folder_gone(address: str) -> str | None:
     """Why no server can come to a ``unix:PATH`` address, in words, when its socket's folder does not
     exist (LocalServers removes theirs as they stop); else None: a server may be starting there."""
-    path = unix_path(address)
-    if path is None:
+    folder = _socket_folder(address)
+    if folder is None:
         return None
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(folder):
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        pass
+    except OSError:  # (no permission to look, say: not known to be gone)
+        return None
+    else:
         return None
     return (
         f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "

@@ -645,6 +645,14 @@ def _tqdm_class() -> Any:
     return tqdm
 
 
+def _widget_total(bar: Any) -> None:
+    """tqdm's notebook widget keeps the total it was made with (its progress's ``max``) when ``total``
+    changes: made to follow, so that a full bar looks full."""
+    children: Any = getattr(getattr(bar, "container", None), "children", ())
+    if len(children) > 1 and hasattr(children[1], "max"):
+        children[1].max = bar.total
+
+
 @contextlib.contextmanager
 def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step", scale: bool = True) -> Iterator[Any]:
     """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
@@ -680,6 +688,7 @@ def _close_bar(bar: Any, summary: dict[str, Any], stop_reason: str | None, since
     step, sps = summary["total_steps"], summary["sps"]
     if stop_reason == "stop_at_return":
         bar.total = step
+        _widget_total(bar)
         sps = (step - since[1]) / max(time.perf_counter() - since[0], 1e-9)
     if stop_reason in ("stop_at_return", "total_timesteps") and step >= bar.n:
         bar.update(step - bar.n)
@@ -1811,6 +1820,7 @@ def train(
                 )
             if bar is not None:
                 bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
+                _widget_total(bar)
                 bar.update(counters.global_step - bar.n)
                 bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
             elif progress_lines and (last_line is None or now - last_line >= PROGRESS_LINE_S):
@@ -2210,7 +2220,9 @@ def train(
     summary["run_dir"] = str(run_dir)
     if tracker is not None and tracker.record is not None:
         summary["wandb_run"] = tracker.record  # (for the command to say where it is; not in summary.json)
-    if stop_reason == "interrupted":  # (a second Ctrl-C, or one before the loop, raised KeyboardInterrupt itself)
-        # Its files written and its envs closed: now the caller stops too (a loop over seeds, "Run All").
+    # (a second Ctrl-C, or one before the loop, raised KeyboardInterrupt itself)
+    if stop_reason == "interrupted" or stop.requested:
+        # Its files written and its envs closed: now the caller stops too (a loop over seeds, "Run All"),
+        # also where the Ctrl-C came during the last update, and the run ended as finished.
         raise TrainingInterrupted(summary, run_dir)
     return summary

@@ -734,6 +734,9 @@ def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp
         text=True,
         env={**os.environ, "TMPDIR": str(tmp)},
         start_new_session=True,  # (its own process group, for the Ctrl-C)
+        # A shell's background job (a CI started with `&`) has SIGINT ignored, and so would the bench, as
+        # Python leaves an ignored SIGINT ignored: the default, as at a terminal, where Ctrl-C comes from.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     try:

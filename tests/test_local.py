@@ -6,6 +6,7 @@ import collections
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,10 +91,11 @@ def test_an_env_on_a_local_servers_dropped_at_once_says_so_at_once() -> None:
     """``RemoteVectorEnv(LocalServers(...).addresses)`` in a notebook cell: the LocalServers is garbage-
     collected at once, its servers stopped and their folder removed; the connect says why then, not after
     connect_timeout, as the handshake does."""
+    addresses = LocalServers("CartPole-v1", 1, 2).addresses  # (as inline: nothing holds the LocalServers)
     start = time.monotonic()
     with pytest.raises(ServerUnavailableError) as info:
-        RemoteVectorEnv(LocalServers("CartPole-v1", 1, 2).addresses, connect_timeout=30)
-    assert time.monotonic() - start < 15  # (the servers' start included)
+        RemoteVectorEnv(addresses, connect_timeout=30)
+    assert time.monotonic() - start < 10
     message = str(info.value)
     assert re.search(
         r"^env server unix:.*: nothing can answer there: the folder of its socket, .* does not exist", message
@@ -208,21 +210,37 @@ def test_the_env_server_command_finds_modules_in_the_working_directory(tmp_path:
             proc.kill()
 
 
-def test_socket_folders_of_killed_learners_are_removed(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_socket_folder_of_another_name_not_there_yet_is_waited_for(tmp_path: Path) -> None:
+    """A unix: address in a folder that is not a LocalServers' may be one a service manager makes as its
+    server starts: the connect waits for it (connect_timeout), as for any server not up yet."""
+    folder = tmp_path / "run-envfleet"
+    start = time.monotonic()
+    with pytest.raises(ServerUnavailableError):
+        RemoteVectorEnv([f"unix:{folder}/env.sock"], connect_timeout=1.5)
+    assert time.monotonic() - start >= 1.4
+
+
+def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None:
     """A learner killed with SIGKILL leaves its socket folder (its servers exit by themselves); the
     next LocalServers on Unix sockets removes it, and leaves live learners' folders alone."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # (a short folder of its own: under pytest-xdist tmp_path is long enough that the sockets would not
+    # fit, and LocalServers would put them in /tmp instead)
+    folder = Path(tempfile.mkdtemp(prefix="efl-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    orphan = tmp_path / f"envfleet-{dead.pid}-abc123"
+    orphan = folder / f"envfleet-{dead.pid}-abc123"
     orphan.mkdir()
     (orphan / "server-0.sock").write_text("")
     (orphan / "server-0.sock.steps").write_text("")
-    live = tmp_path / f"envfleet-{os.getpid()}-def456"
+    live = folder / f"envfleet-{os.getpid()}-def456"
     live.mkdir()
-    with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
-        assert servers.addresses[0].startswith(f"unix:{tmp_path}/envfleet-{os.getpid()}-")
-    assert not orphan.exists() and live.is_dir()
+    try:
+        with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
+            assert servers.addresses[0].startswith(f"unix:{folder}/envfleet-{os.getpid()}-")
+        assert not orphan.exists() and live.is_dir()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_noise_at_debug(

@@ -221,9 +221,9 @@ def test_a_resumed_run_goes_on_in_its_wandb_run_and_no_track_leaves_it_alone(
 def test_envfleet_track_turns_tracking_on_where_no_option_says_otherwise(
     tmp_path: Path, offline_wandb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """$ENVFLEET_TRACK (compose passes it to the learner, whose command stays as it is): on tracks a run given
-    no --track, off does not, and --track or --no-track on the command line win; a resumed run takes it as
-    the option. A value that is no switch is refused, naming the variable."""
+    """$ENVFLEET_TRACK (compose passes it to the learner, whose command stays as it is): on tracks a new run
+    given no --track, off does not, and --track or --no-track on the command line win; a resumed run keeps
+    its own (as with $WANDB_PROJECT). A value that is no switch is refused, naming the variable."""
     monkeypatch.setenv("ENVFLEET_TRACK", "on")
     run_dir = tmp_path / "on"
     assert main(["train", *CLOCK, "--total-timesteps", "16", "--run-dir", str(run_dir)]) == 0
@@ -232,13 +232,15 @@ def test_envfleet_track_turns_tracking_on_where_no_option_says_otherwise(
     assert main(["train", *CLOCK, "--total-timesteps", "16", "--run-dir", str(tmp_path / "not"), "--no-track"]) == 0
     monkeypatch.setenv("ENVFLEET_TRACK", " OFF ")
     assert main(["train", *CLOCK, "--total-timesteps", "16", "--run-dir", str(tmp_path / "off")]) == 0
-    assert main(["train", "--resume", str(run_dir), "--total-timesteps", "32"]) == 0  # (off: as --no-track)
+    assert main(["train", "--resume", str(run_dir), "--total-timesteps", "32"]) == 0  # (tracked: it goes on)
+    assert main(["train", "--like", str(run_dir), "--total-timesteps", "16", "--run-dir", str(tmp_path / "like")]) == 0
     assert main(["train", *CLOCK, "--total-timesteps", "16", "--run-dir", str(tmp_path / "given"), "--track"]) == 0
-    assert sorted(r["name"] for r in offline_runs(offline_wandb)) == ["given", "on"]
+    assert sorted(r["name"] for r in offline_runs(offline_wandb)) == ["given", "like", "on", "on"]
+    assert rundir.read_json(run_dir / rundir.CONFIG)["args"]["track"] is True
     assert not (tmp_path / "not" / rundir.WANDB_RUN).exists() and not (tmp_path / "off" / rundir.WANDB_RUN).exists()
     monkeypatch.setenv("ENVFLEET_TRACK", "")  # (set and empty, as compose passes an unset one: off)
     assert main(["train", *CLOCK, "--total-timesteps", "16", "--run-dir", str(tmp_path / "empty")]) == 0
-    assert len(offline_runs(offline_wandb)) == 2
+    assert len(offline_runs(offline_wandb)) == 4
     capsys.readouterr()
     monkeypatch.setenv("ENVFLEET_TRACK", "maybe")
     with pytest.raises(SystemExit) as exit_info:
@@ -312,6 +314,9 @@ def test_track_without_wandb_names_the_extra_to_install_before_any_env_starts(
     monkeypatch.setenv("ENVFLEET_TRACK", "on")  # (what turned it on is said)
     assert main(["train", "--env", "CartPole-v1", "--run-dir", str(run_dir)]) == 1
     assert "--no-track); $ENVFLEET_TRACK turns it on here" in capsys.readouterr().err
+    monkeypatch.setenv("ENVFLEET_TRACK", "off")  # (--track did: the variable is not named)
+    assert main(["train", "--env", "CartPole-v1", "--track", "--run-dir", str(run_dir)]) == 1
+    assert "ENVFLEET_TRACK" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--wandb-project-name", "--wandb-entity"])

@@ -328,6 +328,25 @@ def test_ctrl_c_stops_a_loop_over_seeds_after_the_run_it_came_in_with_that_run_w
     assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 48
 
 
+def test_ctrl_c_during_the_last_update_still_stops_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that comes during a run's last update: the run ends as finished (its budget spent, its
+    last update done and written), and TrainingInterrupted stops the caller all the same."""
+    from learner import update as update_module
+
+    calls = []
+
+    def interrupted_in_the_last(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # (48 steps: the third update is the last)
+            os.kill(os.getpid(), signal.SIGINT)
+        return update_module.ppo_update(*args, **kwargs)
+
+    monkeypatch.setattr("learner.train.ppo_update", interrupted_in_the_last)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(Args(**_resumable(), run_dir=str(tmp_path / "run")))
+    assert stopped.value.summary["stop_reason"] == "total_timesteps" and stopped.value.summary["total_steps"] == 48
+
+
 def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An MLP on the CPU trains on one torch thread; the caller's process (a notebook's kernel) gets its
     own count back, whether the run finished or was stopped."""
