@@ -1535,8 +1535,13 @@ def train(
         obs_dtype = (
             torch.uint8 if image else (torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32)
         )
+        recorded_args = args.to_json()
+        if checkpoint is not None and not args.track and (run_dir / rundir.WANDB_RUN).is_file():
+            # A tracked run resumed with --no-track: not tracked this time, and recorded as tracked, so
+            # that its later sessions go on in its W&B run as a plain --resume does.
+            recorded_args["track"] = True
         config: dict[str, Any] = {
-            "args": args.to_json(),
+            "args": recorded_args,
             "ppo": dataclasses.asdict(hp),
             "envs": {
                 "env_id": env_id,

@@ -216,6 +216,11 @@ def test_a_resumed_run_goes_on_in_its_wandb_run_and_no_track_leaves_it_alone(
 
     assert main(["train", "--resume", str(run_dir), "--total-timesteps", "48", "--no-track"]) == 0
     assert len(offline_runs(offline_wandb)) == 2
+    # (--no-track: not this time; the run is still a tracked one, and its next session goes on in it)
+    assert rundir.read_json(run_dir / rundir.CONFIG)["args"]["track"] is True
+    assert main(["train", "--resume", str(run_dir), "--total-timesteps", "64"]) == 0
+    runs = offline_runs(offline_wandb)
+    assert len(runs) == 3 and runs[-1]["id"] == first["id"] and min(runs[-1]["history"]) > 48
 
 
 def test_envfleet_track_turns_tracking_on_where_no_option_says_otherwise(
