@@ -143,16 +143,6 @@ def _track_variable() -> bool | None:
         raise ValueError(f"$ENVFLEET_TRACK: {err}") from None
 
 
-def _track_set_it(args: argparse.Namespace) -> bool:
-    """Whether $ENVFLEET_TRACK turned --track on for this command (for the error that wandb is missing)."""
-    if args.command != "train" or "track" in vars(args) or getattr(args, "resume", None) or args.like is not None:
-        return False
-    try:
-        return bool(_track_variable())
-    except ValueError:
-        return False
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """Build ``Args`` from the options given, train, and print where the results are."""
     given = _given(args, Args)
@@ -163,8 +153,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.like is not None and "resume" in given:
             raise ValueError("--like: starts a new run with another run's options, so it cannot go with --resume")
         # (a new run's default, as $WANDB_PROJECT's below: a run resumed or repeated keeps its own)
-        if "track" not in given and "resume" not in given and args.like is None and _track_variable() is not None:
-            given["track"] = _track_variable()
+        if "track" not in given and "resume" not in given and args.like is None:
+            tracked = _track_variable()
+            if tracked is not None:
+                given["track"] = args.tracked_by_variable = tracked  # (said if wandb is then missing)
         wandb_names = [name for name in ("wandb_project_name", "wandb_entity") if name in given]
         if "resume" not in given and args.like is None and os.environ.get("WANDB_PROJECT"):
             given.setdefault("wandb_project_name", os.environ["WANDB_PROJECT"])  # (a run resumed keeps its own)
@@ -1370,7 +1362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "'envfleet[track]' (from a clone: pip install -e '.[track]'; the learner image: build it with the "
                 "extra, ENVFLEET_LEARNER_EXTRAS=track docker compose build learner), or train without --track (a "
                 "resumed run that was tracked: --no-track)"
-                + ("; $ENVFLEET_TRACK turns it on here" if _track_set_it(args) else ""),
+                + ("; $ENVFLEET_TRACK turns it on here" if getattr(args, "tracked_by_variable", False) else ""),
                 file=sys.stderr,
             )
             return 1

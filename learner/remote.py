@@ -2624,16 +2624,14 @@ def _socket_folder_gone(address: str) -> str | None:
     try:
         os.stat(folder)
     except FileNotFoundError:
-        pass
+        return (
+            f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "
+            "block left, or their LocalServers closed or garbage-collected: keep it in a variable while its "
+            "addresses are in use, or use a local_servers block)?"
+        )
     except OSError:  # (no permission to look, say: not known to be gone)
         return None
-    else:
-        return None
-    return (
-        f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "
-        "block left, or their LocalServers closed or garbage-collected: keep it in a variable while its "
-        "addresses are in use, or use a local_servers block)?"
-    )
+    return None
 
 
 def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
