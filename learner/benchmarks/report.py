@@ -374,10 +374,7 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     row (an odd last one spans the row). Bars start at 0 on a linear axis (their lengths compare as their
     values do), each with its value at its end and its min-max over rounds as a whisker; the title names
     the machine and the budget, and says when the machine was busy or the run interrupted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     panels: list[tuple[str, Any]] = [("throughput", w) for w in results.get("throughput", [])]
@@ -395,7 +392,8 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
     # A subfigure a row, each laid out on its own (a panel's long labels widen its own margin only), below
     # one for the title and the legend.
     top, title, legend_cols = _header(results, width, len(legend))
-    fig = plt.figure(figsize=(width, top + sum(heights or [1.0])), layout="constrained")
+    # (a Figure of its own, as learner.plot's: no pyplot, so the caller's matplotlib backend stays as it is)
+    fig = Figure(figsize=(width, top + sum(heights or [1.0])), layout="constrained")
     header, *lines = fig.subfigures(len(rows) + 1, 1, height_ratios=[top, *heights], squeeze=False)[:, 0]
     for row, line, wrap in zip(rows, lines, wraps, strict=True):
         for ax, (kind, data) in zip(line.subplots(1, len(row), squeeze=False)[0], row, strict=True):
@@ -420,7 +418,6 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
         header.legend(handles=legend, loc="lower center", fontsize=_FONT, ncol=legend_cols, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
