@@ -25,7 +25,7 @@ from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space
 from learner.remote import FAULT_TOLERANT_HINT
 from learner.stats import format_return
-from learner.train import StopRequest, pick_device, progress_bar, set_torch_threads
+from learner.train import StopRequest, in_notebook, pick_device, progress_bar, set_torch_threads
 
 __all__ = ["evaluate"]
 
@@ -86,7 +86,7 @@ def evaluate(
     display, MuJoCo renders only with ``MUJOCO_GL=egl`` (or osmesa) set before it is first imported:
     ``learner eval`` sets it (:func:`learner.video.headless_rendering`); callers of this function may.
 
-    ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal), as
+    ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal, or in a Jupyter kernel), as
     ``learner train`` shows. Ctrl-C (or SIGTERM) while the episodes run stops after the current step:
     the result is then of the episodes finished (``interrupted`` true; the return's statistics None
     when none had); a second Ctrl-C raises KeyboardInterrupt.
@@ -222,7 +222,7 @@ def evaluate(
             returns: list[float] = []
             lengths: list[int] = []
             next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
-            show = progress if progress is not None else sys.stderr.isatty()
+            show = progress if progress is not None else sys.stderr.isatty() or in_notebook()
             with (
                 StopRequest("the episodes finished so far are reported", log) as stop,
                 progress_bar(show, episodes, unit="episode", scale=False) as bar,

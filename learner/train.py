@@ -497,13 +497,25 @@ class Counters:
 class StopRequest:
     """Turns the first Ctrl-C (or SIGTERM) into a request to stop at the next step; a second Ctrl-C interrupts.
 
-    ``then`` says what follows the stop (in the warning the first one logs)."""
+    ``then`` says what follows the stop (in the warning the first one logs). ``event``, set from any
+    thread, asks for the same stop (a caller's: signals reach only the main thread); ``signalled`` says
+    whether a signal asked for it."""
 
-    def __init__(self, then: str = "checkpoint and summary follow", logger: logging.Logger | None = None) -> None:
-        self.requested = False
+    def __init__(
+        self,
+        then: str = "checkpoint and summary follow",
+        logger: logging.Logger | None = None,
+        event: threading.Event | None = None,
+    ) -> None:
+        self.signalled = False
         self._then = then
         self._log = logger or log
+        self._event = event
         self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signalled or (self._event is not None and self._event.is_set())
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -512,11 +524,11 @@ class StopRequest:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested and signum == signal.SIGINT:
+        if self.signalled and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        if self.requested:  # (a second SIGTERM: the stop asked for stands)
+        if self.signalled:  # (a second SIGTERM: the stop asked for stands)
             return
-        self.requested = True
+        self.signalled = True
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         self._log.warning("%s: stopping after this step (%s); Ctrl-C again to abort at once", what, self._then)
 
@@ -723,6 +735,14 @@ def _plot(run_dir: Path) -> None:
         plot_runs([run_dir], run_dir / rundir.PLOT, output_name=f"the run's {rundir.PLOT}")
     except ValueError as err:  # no episode ended yet, a full disk
         log.warning("no plot written: %s", err)
+
+
+def _asked_stop(stop: StopRequest) -> str:
+    """summary.json's ``stop_reason`` for a run that ``stop`` stopped: "interrupted" by a signal (Ctrl-C,
+    SIGTERM), "stopped" by the caller's event."""
+    if not stop.signalled:
+        log.info("the stop event was set: the run stops here (checkpoint and summary follow)")
+    return "interrupted" if stop.signalled else "stopped"
 
 
 def _stop_reason(err: BaseException) -> str:
@@ -1351,6 +1371,7 @@ def train(
     *,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     on_fleet_change: Callable[[FleetChange], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds, with
     ``run_dir`` and, with --track, ``wandb_run`` (what ``wandb-run.json`` holds: id, project, entity, url).
@@ -1366,6 +1387,9 @@ def train(
     ``metrics_url`` (where the metrics are served: the CLI prints them).
     ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
     the rollout that steps the changed fleet.
+    ``stop``, once set (from any thread: a training thread's owner, a notebook's button), stops the run
+    as Ctrl-C does (at the next step; checkpoint, summary.json and plot written), but ``train()`` then
+    returns its summary, whose ``stop_reason`` is ``"stopped"``.
     """
     device = pick_device(args.device)
     if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
@@ -1610,7 +1634,7 @@ def train(
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None
         last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
-        stop = stack.enter_context(StopRequest())
+        stop_request = stack.enter_context(StopRequest(event=stop))
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
 
@@ -1873,8 +1897,8 @@ def train(
                     steps_lost = episodes_cut = env_errors = 0
                     stop_reason = "total_timesteps"
                     break
-                if stop.requested:  # Ctrl-C during the update: stop before the next rollout
-                    stop_reason = "interrupted"
+                if stop_request.requested:  # Ctrl-C during the update: stop before the next rollout
+                    stop_reason = _asked_stop(stop_request)
                     break
                 # ---- follow the fleet: servers that joined or left since the last rollout ------------------
                 if refresh is not None:
@@ -2047,8 +2071,8 @@ def train(
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
-                    if stop.requested:
-                        stop_reason = "interrupted"
+                    if stop_request.requested:
+                        stop_reason = _asked_stop(stop_request)
                     if stop_reason is not None:
                         break
                 if stop_reason is not None:
@@ -2189,7 +2213,7 @@ def train(
                 if state is not None:
                     save(stop_reason or "end", state)
             except Exception as err:
-                if stop_reason is None or not stop_reason.startswith(("error", "interrupted")):
+                if stop_reason is None or not stop_reason.startswith(("error", "interrupted", "stopped")):
                     raise
                 if isinstance(err, RunDirWriteError):
                     log.error("could not write the last checkpoint: %s", err)
@@ -2226,7 +2250,7 @@ def train(
     if tracker is not None and tracker.record is not None:
         summary["wandb_run"] = tracker.record  # (for the command to say where it is; not in summary.json)
     # (a second Ctrl-C, or one before the loop, raised KeyboardInterrupt itself)
-    if stop_reason == "interrupted" or stop.requested:
+    if stop_reason == "interrupted" or stop_request.signalled:
         # Its files written and its envs closed: now the caller stops too (a loop over seeds, "Run All"),
         # also where the Ctrl-C came during the last update, and the run ended as finished.
         raise TrainingInterrupted(summary, run_dir)

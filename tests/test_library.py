@@ -94,3 +94,29 @@ def test_the_snippet_that_waits_for_learner_train_lets_it_write_all_after_an_int
     assert "continue with: learner train --resume" in out, out
     assert out.splitlines()[-1] == "kernel: went on 130", textwrap.shorten(out, 2000)
     assert (tmp_path / "run" / rundir.PLOT).is_file()
+
+
+def test_the_snippet_of_a_run_in_the_background_stops_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run in a thread as printed, its stop set once it has made an update (as a later cell would): it
+    stops at a step, writes what a run stopped by Ctrl-C writes, and returns (not raises) its summary."""
+    monkeypatch.chdir(tmp_path)
+
+    def after_an_update() -> None:
+        deadline = time.monotonic() + 60
+        while not any(rundir.read_jsonl(m) for m in tmp_path.glob(f"runs/*/{rundir.METRICS}")):
+            assert time.monotonic() < deadline, "no update within 60 s"
+            time.sleep(0.1)
+
+    code = snippet("python-api-thread")
+    scope: dict[str, object] = {"after_an_update": after_an_update}
+    exec(code.replace("\nstop.set()", "\nafter_an_update()\nstop.set()"), scope)
+    summary = scope["summary"]
+    assert isinstance(summary, dict) and summary["stop_reason"] == "stopped", summary
+    run = Path(summary["run_dir"])
+    last_update = rundir.read_jsonl(run / rundir.METRICS)[-1]
+    assert summary["total_steps"] == last_update["global_step"] > 0
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "stopped"
+    assert (run / rundir.PLOT).is_file() and rundir.list_checkpoints(run)
+    assert capsys.readouterr().out.splitlines()[-1] == f"stopped {summary['total_steps']} {run}"
