@@ -351,6 +351,7 @@ def test_ppo_trains_on_a_fleet_and_evaluate_policy_runs_on_one(start_servers: St
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecMonitor
 
     from learner.sb3 import RemoteVecEnv
@@ -375,6 +376,7 @@ def test_ppo_trains_on_a_fleet_and_evaluate_policy_runs_on_one(start_servers: St
                 seed=0,
                 device="cpu",
             )  # (RL Zoo's CartPole-v1 hyperparameters)
+            model.set_logger(Logger(folder=None, output_formats=[]))  # (not SB3's: an empty /tmp/SB3-<time> folder)
             model.learn(total_timesteps=5_000)
             assert len(model.ep_info_buffer) > 0  # VecMonitor's episodes reached SB3's logger
             with warnings.catch_warnings():

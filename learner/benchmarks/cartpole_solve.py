@@ -146,6 +146,7 @@ def run_sb3(config: Config, seed: int, step_delay_ms: float, run_dir: Path, max_
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from learner import rundir
@@ -205,6 +206,7 @@ def run_sb3(config: Config, seed: int, step_delay_ms: float, run_dir: Path, max_
         seed=seed,
         device="cpu",
     )
+    model.set_logger(Logger(folder=None, output_formats=[]))  # (SB3's own makes an empty /tmp/SB3-<time> folder)
     model.learn(total_timesteps=max_steps, callback=callback)
     envs.close()
     steps, seconds = callback.solved if callback.solved else (None, None)
