@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 MAX_STREAMS_PER_CONNECTION = 8
 """Calls in progress at once on one connection (HTTP/2 streams): a learner's connection carries 2-3."""
 
+EXIT_MARGIN_S = 10.0
+"""How long a server's teardown (after the drain) may take before the process exits regardless: the
+default of :func:`run`'s and :func:`serve`'s ``exit_margin_s``."""
+
 
 def server_options(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, bdp_probe: bool = False
@@ -385,6 +389,7 @@ async def serve(
     *,
     watch_exit: bool = False,
     stop: asyncio.Event | None = None,
+    exit_margin_s: float = EXIT_MARGIN_S,
 ) -> int:
     """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
 
@@ -405,17 +410,19 @@ async def serve(
     the way to stop it.
 
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
-    exits next) keeps it running after the return, so that the process exits within EXIT_MARGIN_S of
-    the teardown's start even where an env thread that cannot be stopped would hold its exit up.
-    One server per process.
+    exits next) keeps it running after the return, so that the process exits within ``exit_margin_s``
+    (default :data:`EXIT_MARGIN_S`) of the teardown's start even where an env thread that cannot be
+    stopped would hold its exit up. One server per process.
     """
+    if isinstance(exit_margin_s, bool) or not (isinstance(exit_margin_s, int | float) and exit_margin_s >= 0):
+        raise ValueError(f"exit_margin_s: expected a number of seconds >= 0, got {exit_margin_s!r}")
     # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown. Both the loop's handlers (its wakeup fd wakes the loop whichever
     # thread the signal reaches) and, over the Python-level part of them, handlers that run in this
     # thread between two bytecodes while an env call on the loop hangs too, and tell the watchdog.
     stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
-    watchdog = _Watchdog(config, loop, stop)
+    watchdog = _Watchdog(config, loop, stop, exit_margin_s)
     # (SIGBREAK: Windows' Ctrl-Break, and the CTRL_BREAK_EVENT that stops a child process there)
     signals = [signal.SIGTERM, signal.SIGINT, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -760,8 +767,6 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     return step_server
 
 
-# How long a server's teardown (after the drain) may take before the process exits regardless.
-EXIT_MARGIN_S = 10.0
 # The exit status then (the envs were not closed: not a clean shutdown); also when the envs' close raised.
 HARD_EXIT_STATUS = 1
 # The exit status of a server whose env call ran past --hang-timeout.
@@ -774,16 +779,23 @@ class _Watchdog(threading.Thread):
     """What must happen even while an env call holds the event loop up (a quick env's steps run on
     the loop, see env_server.service.INLINE_LIMIT_S, and one of them may hang): noticing that the
     parent process is gone; exiting when a shutdown asked for (SIGTERM, SIGINT, the parent gone) has
-    not begun its teardown within the grace period and EXIT_MARGIN_S, or the teardown has not ended
-    within EXIT_MARGIN_S (an env call on the env thread or the envs' close still running: that thread
+    not begun its teardown within the grace period and ``exit_margin_s``, or the teardown has not ended
+    within ``exit_margin_s`` (an env call on the env thread or the envs' close still running: that thread
     cannot be stopped, and waiting for it would keep the process up as long as it runs); and
     ``--hang-timeout``. A thread, so that it runs while the loop cannot: a hang in Python code or in
     a blocking call lets it run; one in C code that holds the GIL stops every thread, and only
     SIGKILL ends it."""
 
-    def __init__(self, config: ServerConfig, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        loop: asyncio.AbstractEventLoop,
+        stop: asyncio.Event,
+        exit_margin_s: float = EXIT_MARGIN_S,
+    ) -> None:
         super().__init__(name="env-server-watchdog", daemon=True)
         self.config = config
+        self.exit_margin_s = exit_margin_s
         self.loop = loop
         self.stop = stop
         self.service: EnvService | None = None
@@ -835,11 +847,12 @@ class _Watchdog(threading.Thread):
                     hang_s,
                     HUNG_EXIT_STATUS,
                 )
-            # A shutdown asked for ends within the grace period and EXIT_MARGIN_S, however late its
+            # A shutdown asked for ends within the grace period and the exit margin, however late its
             # teardown began (a loop held up until then); one not asked for (a failed start), within
-            # EXIT_MARGIN_S of its teardown's start.
-            late = bool(self.stop_asked_at) and now - self.stop_asked_at > self.config.grace_s + EXIT_MARGIN_S
-            if self.teardown_at and (late or (not self.stop_asked_at and now - self.teardown_at > EXIT_MARGIN_S)):
+            # the exit margin of its teardown's start.
+            margin = self.exit_margin_s
+            late = bool(self.stop_asked_at) and now - self.stop_asked_at > self.config.grace_s + margin
+            if self.teardown_at and (late or (not self.stop_asked_at and now - self.teardown_at > margin)):
                 _exit_now(
                     HARD_EXIT_STATUS,
                     "the teardown did not end within %.0f s (an env call or the envs' close still running): "
@@ -871,8 +884,8 @@ def _exit_now(status: int, message: str, *args: object) -> None:
     os._exit(status)
 
 
-def run(config: ServerConfig, on_ready: Callable[[str], None]) -> int:
+def run(config: ServerConfig, on_ready: Callable[[str], None], *, exit_margin_s: float = EXIT_MARGIN_S) -> int:
     """Synchronous entry: serve until stopped (see :func:`serve`); the exit status. Once a shutdown is
-    asked for, the process exits within the grace period and :data:`EXIT_MARGIN_S` even while an env
+    asked for, the process exits within the grace period and ``exit_margin_s`` even while an env
     call still runs or the envs' close hangs (see ``_Watchdog``)."""
-    return asyncio.run(serve(config, on_ready, watch_exit=True))
+    return asyncio.run(serve(config, on_ready, watch_exit=True, exit_margin_s=exit_margin_s))

@@ -6,7 +6,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,14 +20,28 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import EnvCrashedError, InvalidRequestError, RemoteVectorEnv, ServerUnavailableError, SessionError
+from learner import (
+    EnvCrashedError,
+    InvalidRequestError,
+    LocalServers,
+    RemoteVectorEnv,
+    ServerUnavailableError,
+    SessionError,
+)
 from tests.conftest import SpawnServer
 from tests.envs import ClockEnv
 
 
+@pytest.fixture(scope="module")
+def cartpole_servers() -> Iterator[list[str]]:
+    """2 CartPole servers of 3 envs each, for the module: each test's learner claims them afresh and resets them."""
+    with LocalServers("CartPole-v1", num_servers=2, envs_per_server=3) as servers:
+        yield servers.addresses
+
+
 @pytest.fixture
-def cartpole(start_servers: Any) -> Any:
-    with RemoteVectorEnv(start_servers("CartPole-v1", num_servers=2, envs_per_server=3)) as envs:
+def cartpole(cartpole_servers: list[str]) -> Iterator[RemoteVectorEnv]:
+    with RemoteVectorEnv(cartpole_servers) as envs:
         envs.reset(seed=0)
         yield envs
 

@@ -467,7 +467,8 @@ def test_a_step_interrupted_while_waiting_is_refused_after_and_no_answer_goes_as
     """Ctrl-C in a notebook while step() waits: the next step must not take the interrupted step's
     answers (off by one from then on, or a wait for the full timeout); it is refused until a reset,
     after which the envs step as local ones do."""
-    addresses = start_servers("CartPole-v1", 2, 2, transport=transport, server_args=["--step-delay-ms", "3000"])
+    # Every step takes 1.5 s (the one interrupted, and the two after the reset, whose wait is the test's cost).
+    addresses = start_servers("CartPole-v1", 2, 2, transport=transport, server_args=["--step-delay-ms", "1500"])
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt  # (what Ctrl-C raises; asyncio lets it through where it lands)
@@ -477,7 +478,9 @@ def test_a_step_interrupted_while_waiting_is_refused_after_and_no_answer_goes_as
     try:
         with RemoteVectorEnv(addresses, timeout=30) as envs:
             envs.reset(seed=0)
-            signal.setitimer(signal.ITIMER_REAL, 1.0)  # (well inside the 3 s step, however loaded the machine)
+            # (0.5 s: the step is sent by then, within milliseconds; the interrupt lands 1 s before the answer
+            # can come, however loaded the machine)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
             with pytest.raises(KeyboardInterrupt):
                 envs.step(np.zeros(4, dtype=np.int64))
             with pytest.raises(SessionError, match=r"the step was interrupted \(KeyboardInterrupt\)"):

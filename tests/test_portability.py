@@ -29,6 +29,7 @@ from env_server.envs import WideInfoSyncVectorEnv
 from env_server.protocol import _max_unix_path
 from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, _check_socket_path, serve
 from learner import RemoteVectorEnv, ServerStartError, local, rundir, video
+from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S, env_server_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,11 +254,15 @@ class HangsInBuild(gym.Env):
 @pytest.mark.slow
 def test_sigterm_while_the_async_build_hangs_still_ends_the_server_in_time(tmp_path: Path) -> None:
     """The watchdog, not started while the workers are made, starts at the signal: the exit comes within the
-    grace period and EXIT_MARGIN_S, as it does once the envs are served."""
+    grace period and the exit margin (EXIT_MARGIN_S; here SHORT_EXIT_MARGIN_S), as it does once the envs are
+    served."""
     (tmp_path / "hangs_in_build.py").write_text(_HANGS_IN_BUILD)
     kwargs = json.dumps({"made": str(tmp_path / "made")})
-    argv = [sys.executable, "-m", "env_server", "--env", "hangs_in_build:HangsInBuild", "--env-kwargs", kwargs]
-    argv += ["--num-envs", "2", "--vectorization", "async", "--port", "0", "--grace", "0.5"]
+    argv = env_server_argv(
+        *["--env", "hangs_in_build:HangsInBuild", "--env-kwargs", kwargs, "--num-envs", "2"],
+        *["--vectorization", "async", "--port", "0", "--grace", "0.5"],
+        exit_margin_s=SHORT_EXIT_MARGIN_S,
+    )
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -266,7 +271,7 @@ def test_sigterm_while_the_async_build_hangs_still_ends_the_server_in_time(tmp_p
             time.sleep(0.05)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=0.5 + EXIT_MARGIN_S + 20)
+        _, stderr = proc.communicate(timeout=0.5 + SHORT_EXIT_MARGIN_S + 20)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -38,7 +38,7 @@ from env_server.interceptors import TokenAuthInterceptor
 from env_server.protocol import AUTH_METADATA_KEY, FRAME_ERROR, FRAME_HEADER, FRAME_STEP
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS
+from env_server.server import HARD_EXIT_STATUS
 from learner import AuthenticationError, RemoteVectorEnv, ServerUnavailableError
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer, StartServers
@@ -50,9 +50,33 @@ TOKEN = "readme-claims_token.42"
 # -- helpers ---------------------------------------------------------------------------------------------------
 
 
-def _server(tmp_path: Path, *args: str, unix: bool = False) -> tuple[subprocess.Popen[str], str, Path]:
-    """An env-server subprocess (its log in a file): (process, address, log file)."""
-    argv = [sys.executable, "-m", "env_server", *args, "--log-level", "info"]
+# `python -m env_server ARGS` whose run() is given the exit margin sys.argv[1] (instead of EXIT_MARGIN_S, 10 s):
+# the real command otherwise, for the tests of the watchdog's hard exit, which would each wait the 10 s out.
+_WITH_EXIT_MARGIN = """
+import functools, sys
+from env_server.tuning import prefer_fast_grpc_core
+prefer_fast_grpc_core()  # (before grpc is imported, as env_server.__main__.main does it)
+import env_server.server
+env_server.server.run = functools.partial(env_server.server.run, exit_margin_s=float(sys.argv.pop(1)))
+from env_server.__main__ import main
+sys.exit(main())
+"""
+
+
+def env_server_argv(*args: str, exit_margin_s: float | None = None) -> list[str]:
+    """The command line of ``python -m env_server ARGS``; with ``exit_margin_s``, of the same server whose
+    watchdog exits that many seconds (not EXIT_MARGIN_S) after the grace period or the teardown's start."""
+    if exit_margin_s is None:
+        return [sys.executable, "-m", "env_server", *args]
+    return [sys.executable, "-c", _WITH_EXIT_MARGIN, str(exit_margin_s), *args]
+
+
+def _server(
+    tmp_path: Path, *args: str, unix: bool = False, exit_margin_s: float | None = None
+) -> tuple[subprocess.Popen[str], str, Path]:
+    """An env-server subprocess (its log in a file): (process, address, log file); ``exit_margin_s``: see
+    :func:`env_server_argv`."""
+    argv = [*env_server_argv(*args, exit_margin_s=exit_margin_s), "--log-level", "info"]
     argv += ["--unix-socket", str(tmp_path / "env.sock")] if unix else ["--host", "127.0.0.1", "--port", "0"]
     log = tmp_path / "server.log"
     with log.open("w") as stderr:
@@ -113,16 +137,21 @@ def _connect_unix(path: str) -> socket.socket:
 # -- SIGTERM: the grace period ---------------------------------------------------------------------------------
 
 GRACE_S = 1.0
+SHORT_EXIT_MARGIN_S = 2.0
+"""The exit margin of the servers whose hard exit a test waits for (EXIT_MARGIN_S, 10 s, by default)."""
 
 
-def _hold_a_step_in_the_env(tmp_path: Path) -> tuple[subprocess.Popen[str], RemoteVectorEnv, Path]:
+def _hold_a_step_in_the_env(
+    tmp_path: Path, exit_margin_s: float | None = None
+) -> tuple[subprocess.Popen[str], RemoteVectorEnv, Path]:
     """A server whose env holds its second step (tests.envs.GateEnv, up to 30 s) with ``--grace 1``; a
     learner whose step is in flight there."""
     gate = tmp_path / "gate"
     kwargs = {"gate": str(gate), "at": 2, "hold_s": 30.0}
     # (--step-delay-ms: slow enough that steps run on the env thread, not the event loop)
     args = ["--env", "tests.envs:GateEnv", "--num-envs", "1", "--env-kwargs", json.dumps(kwargs)]
-    proc, address, _ = _server(tmp_path, *args, "--grace", str(GRACE_S), "--step-delay-ms", "200")
+    args += ["--grace", str(GRACE_S), "--step-delay-ms", "200"]
+    proc, address, _ = _server(tmp_path, *args, exit_margin_s=exit_margin_s)
     try:
         envs = RemoteVectorEnv([address], timeout=60)
         envs.reset(seed=0)
@@ -157,12 +186,13 @@ def test_a_step_in_flight_past_the_grace_is_cut_off_at_the_grace(tmp_path: Path)
 @pytest.mark.slow
 def test_a_server_exits_within_its_grace_while_an_env_step_hangs(tmp_path: Path) -> None:
     """The env thread cannot be stopped: a stopped server whose env call still runs after the grace
-    period (its teardown given EXIT_MARGIN_S) exits without waiting for it, saying so, with status 1."""
-    proc, envs, gate = _hold_a_step_in_the_env(tmp_path)
+    period (its teardown given the exit margin: EXIT_MARGIN_S, here SHORT_EXIT_MARGIN_S) exits without
+    waiting for it, saying so, with status 1."""
+    proc, envs, gate = _hold_a_step_in_the_env(tmp_path, exit_margin_s=SHORT_EXIT_MARGIN_S)
     try:
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        bound = GRACE_S + EXIT_MARGIN_S + 10
+        bound = GRACE_S + SHORT_EXIT_MARGIN_S + 10
         try:
             code = proc.wait(timeout=bound)
         except subprocess.TimeoutExpired:

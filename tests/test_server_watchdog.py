@@ -27,14 +27,16 @@ from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
 from learner.train import fleet_spec
 from tests.conftest import needs_proc
+from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S
 from tests.test_readme_claims_server import _server as serve_logged
 
 HANG = "tests.hang_envs:HangLater"
 
 
-def _server(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str, Path]:
-    """An env-server subprocess of 1 env (unless ``args`` say otherwise) on a Unix socket."""
-    return serve_logged(tmp_path, "--num-envs", "1", *args, unix=True)
+def _server(tmp_path: Path, *args: str, exit_margin_s: float | None = None) -> tuple[subprocess.Popen[str], str, Path]:
+    """An env-server subprocess of 1 env (unless ``args`` say otherwise) on a Unix socket; ``exit_margin_s``:
+    its watchdog's, instead of EXIT_MARGIN_S."""
+    return serve_logged(tmp_path, "--num-envs", "1", *args, unix=True, exit_margin_s=exit_margin_s)
 
 
 def _hang_a_step_on_the_loop(address: str) -> tuple[grpc.Channel, grpc.Future]:
@@ -97,14 +99,16 @@ def test_a_server_whose_env_step_hangs_past_the_hang_timeout_exits_saying_so(tmp
 @pytest.mark.slow
 def test_sigterm_ends_a_server_whose_env_step_hangs_on_its_event_loop(tmp_path: Path) -> None:
     """The loop cannot drain: the signal handler and the watchdog thread still run, and the process
-    exits (status 1, not a clean shutdown) once the grace period and EXIT_MARGIN_S are up."""
-    proc, address, log = _server(tmp_path, "--env", HANG, "--grace", "0.5")
+    exits (status 1, not a clean shutdown) once the grace period and the exit margin are up (EXIT_MARGIN_S;
+    here SHORT_EXIT_MARGIN_S)."""
+    margin = SHORT_EXIT_MARGIN_S
+    proc, address, log = _server(tmp_path, "--env", HANG, "--grace", "0.5", exit_margin_s=margin)
     channel, _ = _hang_a_step_on_the_loop(address)
     try:
         time.sleep(0.5)  # (the step is on the loop, hanging)
         proc.send_signal(signal.SIGTERM)
-        code, seconds = _wait(proc, 0.5 + EXIT_MARGIN_S + 15)
-        assert code == HARD_EXIT_STATUS and seconds >= 0.5 + EXIT_MARGIN_S - 1, (code, seconds)
+        code, seconds = _wait(proc, 0.5 + margin + 15)
+        assert code == HARD_EXIT_STATUS and seconds >= 0.5 + margin - 1, (code, seconds)
         assert "asked to shut down" in log.read_text() and "(step, running for" in log.read_text()
     finally:
         channel.close()
@@ -274,3 +278,12 @@ def test_the_teardown_lets_grpcs_tasks_of_ended_calls_finish_and_leaves_other_ta
     grpcs_done, others_done, waited = asyncio.run(main())
     assert grpcs_done and not others_done
     assert waited < 0.5
+
+
+def test_an_exit_margin_that_is_no_number_of_seconds_is_refused_before_anything_starts() -> None:
+    from env_server.config import ServerConfig
+    from env_server.server import serve
+
+    for margin in (-1.0, "10", True):
+        with pytest.raises(ValueError, match=r"exit_margin_s: expected a number of seconds >= 0, got "):
+            asyncio.run(serve(ServerConfig(env="CartPole-v1", port=0), print, exit_margin_s=margin))  # type: ignore[arg-type]
