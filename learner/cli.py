@@ -105,10 +105,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
     )
-    # gymnasium's AsyncVectorEnv first: it forks, which must happen before this process opens gRPC channels.
-    # Its envs are built as the servers build theirs (ids or entry points, the same --env-kwargs).
+    # gymnasium's AsyncVectorEnv, its processes started by a forkserver: never forked from a process with
+    # threads (gRPC's, tqdm's: learner.cli.main called from a script or a notebook that used them; Python
+    # 3.12+ warns of the deadlocks that risks). Its envs are built as the servers build theirs (ids or
+    # entry points, the same --env-kwargs).
     one_env = functools.partial(make_env, config)
-    reference = gym.vector.AsyncVectorEnv([one_env] * total)
+    reference = gym.vector.AsyncVectorEnv([one_env] * total, context="forkserver")
     ref_sps, _ = _measure(reference, args.steps, args.seed)
     reference.close()
     with LocalServers(

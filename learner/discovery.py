@@ -282,6 +282,9 @@ def tls_probe(
     a client certificate and takes none this client has (or a TLS proxy whose backend is down, which
     ends the connection after the handshake as such a server does: see :data:`CLIENT_CERT_REQUIRED`)."""
     context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca is not None else None)
+    # As gRPC's TLS verifies: Python 3.13's default context adds OpenSSL's strict X.509 checks (RFC 5280's
+    # extensions, e.g. an Authority Key Identifier), which would call a certificate gRPC accepts a failure.
+    context.verify_flags &= ~(ssl.VERIFY_X509_STRICT | ssl.VERIFY_X509_PARTIAL_CHAIN)
     context.set_alpn_protocols(["h2"])
     if client_cert is not None:
         context.load_cert_chain(*client_cert)
@@ -456,7 +459,7 @@ def _ended_after_handshake(tls: ssl.SSLSocket) -> str | None:
         if isinstance(err, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
             return ""
         return err.reason if err.reason in _CLIENT_CERT_ALERTS else None
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):  # (BrokenPipeError: a Unix socket, with OpenSSL 3.5)
         return ""
     except OSError:  # (a timeout: a server that says nothing first)
         return None

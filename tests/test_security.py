@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -224,6 +225,24 @@ def test_a_close_right_after_the_handshake_is_not_called_a_client_certificate_re
         "none (alert: TLSV13_ALERT_CERTIFICATE_REQUIRED): pass a client certificate its CA signed and its key"
     ), reason
     assert "proxy" not in reason
+
+
+def test_the_tls_probe_verifies_as_grpc_does_whatever_pythons_default_context_adds(
+    certs: ServerFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.13's default SSL context adds OpenSSL's strict X.509 checks, which gRPC's TLS does not make:
+    the probe must not call a certificate gRPC accepts a failure (these certificates have no Authority Key
+    Identifier, which the strict checks require)."""
+    default_context = ssl.create_default_context
+
+    def as_on_python_313(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        context = default_context(*args, **kwargs)
+        context.verify_flags |= ssl.VERIFY_X509_STRICT | ssl.VERIFY_X509_PARTIAL_CHAIN
+        return context
+
+    monkeypatch.setattr(ssl, "create_default_context", as_on_python_313)
+    with ends_after_handshake(certs) as address:  # (verified, then closed: the probe's "requires a client cert")
+        assert tls_probe(address, certs.ca.read_bytes(), timeout=5) == TLS_CAUSE + CLIENT_CERT_REQUIRED
 
 
 def test_a_certificate_and_key_that_do_not_belong_together_are_named(certs: ServerFiles, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import pickle
 import subprocess
 import sys
@@ -257,7 +258,8 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
 def test_code_written_for_async_vector_envs_async_calls_runs_as_on_one(start_servers: StartServers) -> None:
     """reset_async/reset_wait and step_async/step_wait(timeout): AsyncVectorEnv's signatures, the
     same results, and its pending-call errors."""
-    local = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    # (a forkserver's processes: this one has gRPC's threads, which a fork must not copy)
+    local = gym.vector.AsyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * 2, context="forkserver")
     with contextlib.closing(local), RemoteVectorEnv(start_servers("CartPole-v1", 1, 2)) as remote:
         for envs in (local, remote):
             with pytest.raises(NoAsyncCallError, match="reset_wait"):
