@@ -52,6 +52,11 @@ ERROR_ORIGIN_SERVER = "env-server"
 # leaves room for large image observations while refusing absurd messages before they are read.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+KEEPALIVE_TIMEOUT = 5.0
+"""Seconds a server has to answer a learner's keepalive ping (RemoteVectorEnv's default ``keepalive_timeout``),
+sent after 10 s without one: a server stopped or cut off is noticed within ~15 s, even during a longer
+deadline."""
+
 # The step socket (see the proto's header): a server on Unix socket PATH also listens on PATH + this.
 STEP_SOCKET_SUFFIX = ".steps"
 

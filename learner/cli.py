@@ -27,7 +27,7 @@ from typing import Any, Literal, NoReturn
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.config import parse_on_off
 from env_server.envs import EnvBuildError
-from env_server.protocol import package_version
+from env_server.protocol import KEEPALIVE_TIMEOUT, package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
@@ -756,6 +756,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         auth_token=token,
         **tls,
         timeout=args.timeout,
+        keepalive_timeout=args.keepalive_timeout,
         video=args.video,
         video_fps=args.video_fps,
         env_kwargs=args.env_kwargs,
@@ -1169,6 +1170,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="S",
         help="seconds per call to a server (default: %(default)s)",
+    )
+    evaluate.add_argument(
+        "--keepalive-timeout",
+        type=positive_seconds,
+        default=KEEPALIVE_TIMEOUT,
+        metavar="S",
+        help="seconds a server has to answer gRPC's keepalive ping (so that one stopped or cut off is noticed "
+        "soon); raise it where one answer takes longer to cross the link (default: %(default)s)",
     )
     evaluate.add_argument(
         "--seed", type=_seed, default=0, metavar="N", help="env i gets seed + i (default: %(default)s)"

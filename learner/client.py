@@ -25,6 +25,7 @@ from env_server.protocol import (
     FRAME_ERROR,
     FRAME_HEADER,
     FRAME_STEP,
+    KEEPALIVE_TIMEOUT,
     MAX_MESSAGE_BYTES,
     NOT_OWNED,
     PROTOCOL_VERSION,
@@ -57,6 +58,7 @@ __all__ = [
     "EnvClient",
     "SocketStep",
     "channel_credentials",
+    "KEEPALIVE_TIMEOUT",
     "channel_options",
     "client_identity",
     "request_too_large",
@@ -68,15 +70,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def channel_options() -> list[tuple[str, Any]]:
-    """Client channel options: message limits, keepalive, and quick reconnects."""
+def channel_options(keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> list[tuple[str, Any]]:
+    """Client channel options: message limits, keepalive (``keepalive_timeout``: seconds a ping's answer
+    may take), and quick reconnects."""
+    keepalive_ms = max(1, round(keepalive_timeout * 1000))
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # Notice a dead server within ~15 s even while no call is in flight.
         ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.http2.ping_timeout_ms", 5_000),  # (gRPC core's own ping-ack timeout: 60 s by default)
+        ("grpc.keepalive_timeout_ms", keepalive_ms),
+        ("grpc.http2.ping_timeout_ms", keepalive_ms),  # (gRPC core's own ping-ack timeout: 60 s by default)
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # After a lost connection, try again soon (the default starts at 1 s and grows to 120 s).
@@ -238,6 +242,16 @@ def status_error(
         # the connection broke, the env did not raise.
         cls = ServerUnavailableError
         details = f"the connection broke ({details})"
+    if (
+        code == grpc.StatusCode.UNAVAILABLE
+        and not from_server
+        and ("ping timeout" in details or "keepalive watchdog timeout" in details)
+    ):
+        details += (
+            ": the server did not answer a keepalive ping in time: it stopped, or its host is cut off, or "
+            "the link is so slow or busy that an answer takes longer to cross (big observations on a slow "
+            "link: raise `keepalive_timeout`, learner train/eval --keepalive-timeout)"
+        )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)
         details = f"no answer within the {timeout:g} s deadline ({details}); {hint}"
@@ -295,6 +309,7 @@ class EnvClient:
         tls_server_name: str | None = None,
         step_socket: bool = True,
         spin_wait: float = 0.0,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -305,7 +320,7 @@ class EnvClient:
         # The largest request the server reads, as its Handshake says; until then, or from a server
         # that does not say, the limit older servers had (this client's own too).
         self.max_request_bytes = MAX_MESSAGE_BYTES
-        options = channel_options()
+        options = channel_options(keepalive_timeout)
         if credentials is not None and not tls_server_name and unix_path(address) is not None:
             tls_server_name = UNIX_SERVER_NAME  # (gRPC's default: the socket's path, in no certificate)
         if tls_server_name:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
+from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner.local import DEFAULT_TRANSPORT
 
 __all__ = [
@@ -134,6 +135,10 @@ class Args:
     timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""
+    keepalive_timeout: float = field(default=KEEPALIVE_TIMEOUT, metadata={"metavar": "S"})
+    """seconds a server has to answer gRPC's keepalive ping (sent after 10 s without one), so that a server
+    that stopped or was cut off is noticed within ~15 s; the answer waits behind the data the server
+    sends, so raise it where one answer takes longer to cross the link (big observations, slow link)"""
     reset_timeout: float | None = field(default=None, metadata={"metavar": "S"})
     """seconds a reset may take, where it takes longer than a step (a level to load): resets, and the
     steps in which envs autoreset (the step after an episode ended), get this deadline, other steps
@@ -303,7 +308,15 @@ class Args:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"--{_flag(name)}: expected a value in [0, 1], got {value}")
-        positive_floats = ["learning_rate", "clip_coef", "max_grad_norm", "connect_timeout", "timeout", "reset_timeout"]
+        positive_floats = [
+            "learning_rate",
+            "clip_coef",
+            "max_grad_norm",
+            "connect_timeout",
+            "timeout",
+            "keepalive_timeout",
+            "reset_timeout",
+        ]
         for name in [*positive_floats, "give_up_after"]:
             value = getattr(self, name)
             if value is not None and not value > 0:

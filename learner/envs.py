@@ -13,6 +13,7 @@ import gymnasium as gym
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
+from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner.discovery import expand_when_ready
 from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
@@ -47,6 +48,8 @@ class FleetSpec:
     """Seconds a reset may take (RemoteVectorEnv(reset_timeout=...)); None: ``timeout``."""
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     """Seconds to wait at the start for the servers (RemoteVectorEnv(connect_timeout=...))."""
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    """Seconds a server has to answer a keepalive ping (RemoteVectorEnv(keepalive_timeout=...))."""
     pipeline_groups: int = 1
     """Groups of servers for send/recv pipelining (at most one per server)."""
     fault_tolerant: bool = True
@@ -145,6 +148,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             timeout=spec.timeout,
             reset_timeout=spec.reset_timeout,
             connect_timeout=spec.connect_timeout,
+            keepalive_timeout=spec.keepalive_timeout,
             auth_token=spec.auth_token,
             copy=False,
             num_groups=groups,

@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
@@ -50,6 +51,7 @@ def evaluate(
     tls_client_cert: str | None = None,
     tls_client_key: str | None = None,
     timeout: float = 30.0,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     video: str | Path | None = None,
     video_fps: float | None = None,
     env_kwargs: dict[str, Any] | None = None,
@@ -72,7 +74,7 @@ def evaluate(
     refused, with a hint to pass them. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
-    ``tls_server_name``, ``tls_client_cert``, ``tls_client_key`` and ``timeout`` are RemoteVectorEnv's.
+    ``tls_server_name``, ``tls_client_cert``, ``tls_client_key``, ``timeout`` and ``keepalive_timeout`` are RemoteVectorEnv's.
 
     ``env``: the run's env, named again to build it here where it imports a module (``module:Name``)
     and the run trained on running servers, which named it: see
@@ -149,6 +151,7 @@ def evaluate(
         tls_client_cert=tls_client_cert,
         tls_client_key=tls_client_key,
         timeout=timeout,
+        keepalive_timeout=keepalive_timeout,
         # An episode cut short by a lost server is no sample of the policy's return: fail instead.
         fault_tolerant=False,
     )

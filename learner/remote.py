@@ -36,6 +36,7 @@ from env_server.validation import InvalidActionError, check_actions
 from learner import faults
 from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
 from learner.client import (
+    KEEPALIVE_TIMEOUT,
     RESET_WAIT_TIMEOUT_HINT,
     STEP_WAIT_TIMEOUT_HINT,
     TIMEOUT_HINT,
@@ -266,6 +267,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             envs autoreset (next-step: the step after an episode ended; same-step: every step);
             other steps keep ``timeout``'s, so a hung server is still noticed within it. None:
             ``timeout``. (:meth:`reset_wait` may set another for its reset.)
+        keepalive_timeout: seconds a server has to answer gRPC's keepalive ping, sent after 10 s without
+            one: a server that stopped, or whose host is cut off, is noticed within ~15 s, even while a
+            call's longer deadline runs. Its answer waits behind the data the server is sending: where
+            one answer takes longer than this to cross the link (big observations on a slow one), raise
+            it, or every such call fails as a ping timeout.
         connect_timeout: seconds to wait for every server to accept a connection before failing
             with :class:`~learner.errors.ServerUnavailableError` naming the address (fault-tolerant,
             with some servers answering: starting with those, the others joining at a :meth:`refresh`
@@ -329,8 +335,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         tls_client_key: str | os.PathLike[str] | None = None,
         step_socket: bool = True,
         spin_wait: float = 0.001,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
         self.timeout = _seconds("timeout", timeout)
+        self.keepalive_timeout = _seconds("keepalive_timeout", keepalive_timeout)
         self.reset_timeout = self.timeout if reset_timeout is None else _seconds("reset_timeout", reset_timeout)
         self.connect_timeout = _seconds("connect_timeout", connect_timeout)
         if isinstance(num_groups, bool) or not (isinstance(num_groups, int) and num_groups >= 1):
@@ -487,6 +495,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             tls_server_name=self._server_name(address),
             step_socket=self._step_socket,
             spin_wait=self._spin_wait,
+            keepalive_timeout=self.keepalive_timeout,
         )
 
     def _server_name(self, address: str) -> str | None:

@@ -287,6 +287,7 @@ def fleet_spec(args: Args) -> FleetSpec:
         timeout=args.timeout,
         reset_timeout=args.reset_timeout,
         connect_timeout=args.connect_timeout,
+        keepalive_timeout=args.keepalive_timeout,
         pipeline_groups=args.pipeline_groups,
         fault_tolerant=args.fault_tolerant,
         give_up_after=args.give_up_after,

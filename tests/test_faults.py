@@ -28,6 +28,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import (
     EnvCrashedError,
+    InvalidArgumentError,
     RemoteTimeoutError,
     RemoteVectorEnv,
     ServerBusyError,
@@ -673,6 +674,48 @@ def test_keepalive_settings_agree() -> None:
         assert options["grpc.http2.ping_timeout_ms"] <= options["grpc.keepalive_timeout_ms"]  # (else it wins)
     assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= client["grpc.keepalive_time_ms"]
     assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings
+
+
+def test_a_keepalive_timeout_given_reaches_every_connection(
+    spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keepalive_timeout (learner train/eval --keepalive-timeout): the channels' ping-answer timeouts, for
+    links on which one answer takes longer to cross than the default 5 s; refused unless seconds > 0."""
+    import learner.client
+    from learner.client import channel_options
+    from learner.config import Args
+    from learner.train import fleet_spec
+
+    options = dict(channel_options(42.5))
+    assert options["grpc.keepalive_timeout_ms"] == options["grpc.http2.ping_timeout_ms"] == 42_500
+    given: list[float] = []
+
+    def recorded(keepalive_timeout: float) -> list[tuple[str, Any]]:
+        given.append(keepalive_timeout)
+        return channel_options(keepalive_timeout)
+
+    monkeypatch.setattr(learner.client, "channel_options", recorded)
+    server = spawn_server("CartPole-v1", 2)
+    with RemoteVectorEnv([server.address], keepalive_timeout=42.5) as envs:
+        envs.reset(seed=0)
+    assert given and set(given) == {42.5}
+    assert fleet_spec(Args(env="CartPole-v1", keepalive_timeout=42.5)).keepalive_timeout == 42.5
+    for bad in (0, -1.0, float("inf"), "5"):
+        with pytest.raises(InvalidArgumentError, match=r"keepalive_timeout: expected finite seconds > 0"):
+            RemoteVectorEnv([server.address], keepalive_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_a_keepalive_ping_that_went_unanswered_says_what_it_may_mean() -> None:
+    """gRPC's own words for it ("Stream removed (ping timeout)") name no cause: a server stopped or cut off,
+    or a link too slow for an answer to cross within the keepalive timeout, which the error says how to raise."""
+    from learner.client import status_error
+
+    err = status_error(
+        grpc.StatusCode.UNAVAILABLE, "Stream removed (ping timeout)", address="h:1", method="Step", from_server=False
+    )
+    assert isinstance(err, ServerUnavailableError)
+    assert str(err).startswith("env server h:1: Step failed [UNAVAILABLE]: Stream removed (ping timeout): the server ")
+    assert "stopped, or its host is cut off" in str(err) and "learner train/eval --keepalive-timeout" in str(err)
 
 
 HOLD_AND_SLEEP = """
