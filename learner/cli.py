@@ -217,6 +217,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
         return 130
+    except EnvFleetError as err:  # (the servers given up on, an env that keeps raising, ...: said by main)
+        line = failed_line(run_dir_known)
+        if line:
+            err.add_note(line)
+        raise
     run_dir = Path(summary["run_dir"])
     recent, ended = summary["final_return_mean"], min(int(summary.get("episodes", 20)), 20)
     returns = (
@@ -496,6 +501,17 @@ def interrupted_line(run_dir: Path, step: int) -> str:
     return (
         f"interrupted at step {step:,} (its last update, not checkpointed); continue from its last checkpoint, "
         f"{checkpoints[-1].name}, with: {resume}"
+    )
+
+
+def failed_line(run_dir: str | Path | None) -> str | None:
+    """What a run that an error stopped says after the error, where it has a checkpoint to go on from
+    (``run_dir``: the run's, None when not known yet): how to, once the cause is mended."""
+    if run_dir is None or not Path(run_dir).is_dir() or not (checkpoints := list_checkpoints(run_dir)):
+        return None
+    return (
+        f"once that is mended, continue from its last checkpoint, {checkpoints[-1].name}, with: "
+        f"learner train --resume {shlex.quote(str(run_dir))}"
     )
 
 

@@ -887,6 +887,24 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
     assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == summary["env_errors"] == 16
 
 
+def test_learner_train_stopped_by_an_error_says_how_to_go_on_from_its_last_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a Ctrl-C does: the error (here: nothing to learn from, every env raising), then the checkpoint a
+    resumed run starts from and the command, for once the cause is mended (servers back, the env fixed)."""
+    from learner.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "--env", "tests.envs:FaultyEnv", "--env-kwargs", '{"raise_in_reset": 0, "fault_env": -1}']
+    argv += ["--backend", "gym", "--num-envs", "2", "--num-steps", "4", "--total-timesteps", "100000"]
+    assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]) == 1
+    err = capsys.readouterr().err
+    assert "learner train: error: no env gave a transition in 3 rollouts in a row" in err
+    assert err.rstrip().endswith(
+        f"  once that is mended, continue from its last checkpoint, step-0000000016.pt, with: learner train --resume {run}"
+    ), err
+
+
 def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
