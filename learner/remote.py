@@ -608,13 +608,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
             aliases = await self._find_aliases(clients, responses)
             # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
-            # as those that did not answer at all do.
+            # as those that did not answer at all do; so do those claimed by another learner (one cut off
+            # by a partition, or killed on a host that vanished, holds its claim until the server notices).
             building: dict[EnvClient, BaseException] = {}
             if self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses):
                 building = {
                     c: r
                     for c, r in zip(clients, responses, strict=True)
-                    if c not in aliases and isinstance(r, ServerUnavailableError)
+                    if c not in aliases and isinstance(r, ServerUnavailableError | ServerBusyError)
                 }
             errors: list[BaseException] = []
             offset = 0

@@ -1030,6 +1030,36 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_an
         assert obs[:, 1].tolist() == [*range(K), *range(K)]
 
 
+def test_a_fault_tolerant_start_goes_on_without_a_server_another_learner_holds(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server still claimed by another learner (one cut off by a partition holds its claim until the
+    server notices, ~15 s) costs its envs, not the start: it joins once the claim ends. Not fault-tolerant,
+    it is the ServerBusyError it was; every server claimed, too."""
+    a = spawn_server("tests.envs:IndexEnv", K)
+    b = spawn_server("tests.envs:IndexEnv", K)
+    holder = RemoteVectorEnv([b.address])
+    try:
+        with pytest.raises(ServerBusyError, match=rf"env server {b.address}: Handshake failed \[RESOURCE_EXHAUSTED\]"):
+            RemoteVectorEnv([a.address, b.address])
+        with pytest.raises(ServerBusyError):
+            RemoteVectorEnv([b.address], fault_tolerant=True)
+        with RemoteVectorEnv([a.address, b.address], fault_tolerant=True) as envs:
+            assert (envs.num_envs, envs.servers_not_joined) == (K, [b.address])
+            assert f"env server {b.address}: Handshake failed [RESOURCE_EXHAUSTED]: " in caplog.text
+            assert "starting with the 1 of 2 that answered (fault-tolerant)" in caplog.text
+            envs.reset(seed=0)
+            assert envs.refresh() is None  # (still held)
+            holder.close()
+            deadline = time.monotonic() + 20.0
+            while (change := envs.refresh()) is None:
+                assert time.monotonic() < deadline, "the server did not join once released"
+                time.sleep(0.2)
+            assert change.added == (b.address,) and envs.num_envs == 2 * K
+    finally:
+        holder.close()
+
+
 def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:
