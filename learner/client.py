@@ -114,6 +114,8 @@ _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 RELEASE_TIMEOUT = 2.0
 """Seconds a release of the session on closing waits at most (see :meth:`EnvClient.release`)."""
 
+_NO_ANSWER = "a slow env, or a server or a network that stalled"
+"""What a deadline that passed may mean: the advice that follows is for the first."""
 TIMEOUT_HINT = "raise `timeout` if the env is slow"
 """The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
 RESET_TIMEOUT_HINT = "raise `reset_timeout` if the env is slow to reset"
@@ -254,7 +256,7 @@ def status_error(
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)
-        details = f"no answer within the {timeout:g} s deadline ({details}); {hint}"
+        details = f"no answer within the {timeout:g} s deadline ({details}: {_NO_ANSWER}); {hint}"
     prefix = f"env server {address}: {method}"
     if env_index is not None:
         prefix += f" (env {env_index} of the fleet)"
@@ -282,7 +284,7 @@ def timeout_error(*, address: str, method: str, timeout: float, hint: str = TIME
     """The error for a message on a stream that got no answer within ``timeout`` seconds."""
     return RemoteTimeoutError(
         f"env server {address}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
-        f"deadline; {hint}",
+        f"deadline ({_NO_ANSWER}); {hint}",
         address=address,
         code=grpc.StatusCode.DEADLINE_EXCEEDED,
     )
