@@ -16,6 +16,7 @@ import shlex
 import statistics
 import sys
 import textwrap
+import threading
 import time
 import types
 import typing
@@ -105,12 +106,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
     )
-    # gymnasium's AsyncVectorEnv, its processes started by a forkserver: never forked from a process with
-    # threads (gRPC's, tqdm's: learner.cli.main called from a script or a notebook that used them; Python
-    # 3.12+ warns of the deadlocks that risks). Its envs are built as the servers build theirs (ids or
-    # entry points, the same --env-kwargs).
+    # gymnasium's AsyncVectorEnv, forked (before this process opens gRPC channels) unless threads run here
+    # (gRPC's, tqdm's: learner.cli.main called from a script or a notebook that used them), which a fork
+    # must not copy (Python 3.12+ warns of the deadlocks that risks): then a forkserver starts them (which
+    # runs the calling script again, as multiprocessing's spawn does, unless its code is under
+    # `if __name__ == "__main__":`). Its envs are built as the servers build theirs (ids or entry points,
+    # the same --env-kwargs).
     one_env = functools.partial(make_env, config)
-    reference = gym.vector.AsyncVectorEnv([one_env] * total, context="forkserver")
+    context = None if threading.active_count() == 1 else "forkserver"
+    reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context)
     ref_sps, _ = _measure(reference, args.steps, args.seed)
     reference.close()
     with LocalServers(
@@ -183,9 +187,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run_dir_known = config.run_dir or config.resume  # (for a second Ctrl-C; else once the run dir is made)
 
+    session_started = False  # (its envs up and config.json written: a resume goes on with this session's options)
+
     def started(info: dict[str, Any]) -> None:
-        nonlocal run_dir_known
-        run_dir_known = info["run_dir"]
+        nonlocal run_dir_known, session_started
+        run_dir_known, session_started = info["run_dir"], True
         envs, ppo = info["envs"], info["ppo"]
         print(
             f"learner train: PPO ({ppo['preset']} preset, {info['policy']}) on {envs['env_id']}: {envs['description']}; "
@@ -218,7 +224,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
         return 130
     except EnvFleetError as err:  # (the servers given up on, an env that keeps raising, ...: said by main)
-        line = failed_line(run_dir_known)
+        # (before the session started, --resume DIR alone would not take this command's options: no hint)
+        line = failed_line(run_dir_known) if session_started else None
         if line:
             err.add_note(line)
         raise

@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 def channel_options(keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> list[tuple[str, Any]]:
     """Client channel options: message limits, keepalive (``keepalive_timeout``: seconds a ping's answer
     may take), and quick reconnects."""
-    keepalive_ms = max(1, round(keepalive_timeout * 1000))
+    keepalive_ms = min(max(1, round(keepalive_timeout * 1000)), 2**31 - 1)  # (gRPC's options are C ints)
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -252,7 +252,7 @@ def status_error(
         details += (
             ": the server did not answer a keepalive ping in time: it stopped, or its host is cut off, or "
             "the link is so slow or busy that an answer takes longer to cross (big observations on a slow "
-            "link: raise `keepalive_timeout`, learner train/eval --keepalive-timeout)"
+            "link: raise `keepalive_timeout`, --keepalive-timeout)"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)

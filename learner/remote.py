@@ -109,6 +109,12 @@ _LAST_LOOK_S = 0.25
 # is held by this process (a notebook cell run twice), not by some other learner.
 _LIVE: weakref.WeakSet[RemoteVectorEnv] = weakref.WeakSet()
 
+
+def _held_here(address: str) -> bool:
+    """Whether a RemoteVectorEnv of this process, open, holds the server at ``address``."""
+    return any(address in env.addresses for env in _LIVE if not env.closed)
+
+
 _NOT_BY_NAME = (
     "RemoteVectorEnv has no {what}: it would let a request name methods and attributes for a server "
     "to run, and a server runs only what its operator chose; ask for an env (or wrapper) that returns "
@@ -388,6 +394,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)
         self._pending_reset: tuple[Any, dict[str, Any] | None] = (None, None)  # (reset_async's seed and options)
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
+        # Fault-tolerant: servers the start went on without as another learner held them, and the refusal.
+        self._busy_at_start: dict[str, ServerBusyError] = {}
         # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
         self._missing_since: dict[str, float] = {}
         self._missing_said: dict[str, float] = {}
@@ -615,7 +623,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 building = {
                     c: r
                     for c, r in zip(clients, responses, strict=True)
-                    if c not in aliases and isinstance(r, ServerUnavailableError | ServerBusyError)
+                    if c not in aliases
+                    and isinstance(r, ServerUnavailableError | ServerBusyError)
+                    # (held by another RemoteVectorEnv of this process: an error, as before; only closing it helps)
+                    and not (isinstance(r, ServerBusyError) and _held_here(c.address))
                 }
             errors: list[BaseException] = []
             offset = 0
@@ -631,6 +642,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if errors:
                 raise errors[0]
             if aliases or building:
+                self._busy_at_start = {c.address: r for c, r in building.items() if isinstance(r, ServerBusyError)}
                 for client in building:
                     later = self._client(client.address)
                     self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
@@ -718,13 +730,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
         delay = 0.05
+        earlier: ServerUnavailableError | None = None  # (the failure a handshake tried again after)
         while True:
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if isinstance(err, ServerFullError) or not any(
-                    client.address in env.addresses for env in _LIVE if not env.closed
-                ):
+                if earlier is not None and not isinstance(err, ServerFullError):
+                    # The server still holds the session the failed attempt claimed (the answer was lost
+                    # on its way: a ping timeout on a slow link, say): that failure is the one to say.
+                    raise ServerUnavailableError(
+                        f"{earlier} (tried again: the server still holds the session that attempt claimed)",
+                        address=client.address,
+                        code=earlier.code,
+                    ) from None
+                if isinstance(err, ServerFullError) or not _held_here(client.address):
                     raise
                 # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
                 raise ServerBusyError(
@@ -736,6 +755,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     code=err.code,
                 ) from None
             except ServerUnavailableError as err:
+                earlier = err
                 gone = _socket_folder_gone(client.address)
                 if gone is not None:  # (no server can come there: no use waiting for one)
                     raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
@@ -2335,8 +2355,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for client in answered:
             del self._joining[client.address]
         responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
+        aliases = await self._fleet_aliases(answered, responses)
         joined = []
         for client, response in zip(answered, responses, strict=True):
+            if client in aliases:
+                await client.close()
+                continue
             problem = (
                 str(response) if isinstance(response, BaseException) else self._misfit(response.spec, client.address)
             )
@@ -2355,6 +2379,37 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             joined.append(client)
         self._remind_missing(addresses, joined)
         return joined
+
+    async def _fleet_aliases(
+        self, clients: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
+    ) -> set[EnvClient]:
+        """Of ``clients`` refused as claimed at a refresh, those that are a server of the fleet (or one joining
+        in the same refresh) under another name: both names were set aside at a fault-tolerant start while
+        another learner held the server, and the first to join claimed it. Used once, as at the start."""
+        busy = [c for c, r in zip(clients, responses, strict=True) if isinstance(r, ServerBusyError)]
+        if not busy:
+            return set()
+        ours = {c.spec.server_id: c.address for c in self._clients if c.spec is not None}
+        ours |= {
+            r.spec.server_id: c.address
+            for c, r in zip(clients, responses, strict=True)
+            if isinstance(r, pb.HandshakeResponse)
+        }
+        specs = await gather(*(c.get_spec() for c in busy), return_exceptions=True)
+        aliases = set()
+        for client, spec in zip(busy, specs, strict=True):
+            if not isinstance(spec, BaseException) and spec.server_id in ours:
+                log.warning(
+                    "addresses: %s and %s are the same env server (server id %s); each server is used once",
+                    ours[spec.server_id],
+                    client.address,
+                    spec.server_id[:8],
+                )
+                aliases.add(client)
+                self._aliases.add(client.address)  # (refresh() does not try it again)
+                self._missing_since.pop(client.address, None)
+                self._missing_said.pop(client.address, None)
+        return aliases
 
     def _remind_missing(self, addresses: list[str], joined: list[EnvClient]) -> None:
         """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)

@@ -684,6 +684,7 @@ def test_a_keepalive_timeout_given_reaches_every_connection(
     import learner.client
     from learner.client import channel_options
     from learner.config import Args
+    from learner.envs import open_fleet
     from learner.train import fleet_spec
 
     options = dict(channel_options(42.5))
@@ -699,7 +700,11 @@ def test_a_keepalive_timeout_given_reaches_every_connection(
     with RemoteVectorEnv([server.address], keepalive_timeout=42.5) as envs:
         envs.reset(seed=0)
     assert given and set(given) == {42.5}
-    assert fleet_spec(Args(env="CartPole-v1", keepalive_timeout=42.5)).keepalive_timeout == 42.5
+    given.clear()
+    with open_fleet(fleet_spec(Args(servers=server.address, keepalive_timeout=42.5))) as envs:  # (learner train's)
+        envs.reset(seed=0)
+    assert given and set(given) == {42.5}
+    assert dict(channel_options(1e9))["grpc.keepalive_timeout_ms"] == 2**31 - 1  # (a C int: no OverflowError)
     for bad in (0, -1.0, float("inf"), "5"):
         with pytest.raises(InvalidArgumentError, match=r"keepalive_timeout: expected finite seconds > 0"):
             RemoteVectorEnv([server.address], keepalive_timeout=bad)  # type: ignore[arg-type]
@@ -715,7 +720,7 @@ def test_a_keepalive_ping_that_went_unanswered_says_what_it_may_mean() -> None:
     )
     assert isinstance(err, ServerUnavailableError)
     assert str(err).startswith("env server h:1: Step failed [UNAVAILABLE]: Stream removed (ping timeout): the server ")
-    assert "stopped, or its host is cut off" in str(err) and "learner train/eval --keepalive-timeout" in str(err)
+    assert "stopped, or its host is cut off" in str(err) and "`keepalive_timeout`, --keepalive-timeout)" in str(err)
 
 
 HOLD_AND_SLEEP = """
@@ -1034,30 +1039,50 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_another_learner_holds(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A server still claimed by another learner (one cut off by a partition holds its claim until the
-    server notices, ~15 s) costs its envs, not the start: it joins once the claim ends. Not fault-tolerant,
-    it is the ServerBusyError it was; every server claimed, too."""
+    server notices, ~15 s) costs its envs, not the start: it joins once the claim ends; listed under two
+    names, it is used once. Not fault-tolerant, or every server claimed, or claimed by this very process (only
+    closing that RemoteVectorEnv frees it): the ServerBusyError it was."""
+    from learner.sb3 import RemoteVecEnv
+
     a = spawn_server("tests.envs:IndexEnv", K)
     b = spawn_server("tests.envs:IndexEnv", K)
-    holder = RemoteVectorEnv([b.address])
+    alias = f"localhost:{b.address.rpartition(':')[2]}"
+    with RemoteVectorEnv([b.address]) as here:  # (this process's: a notebook cell run twice)
+        here.reset(seed=0)
+        with pytest.raises(ServerBusyError, match="that learner is this process"):
+            RemoteVectorEnv([a.address, b.address], fault_tolerant=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_SLEEP, b.address], stdout=subprocess.PIPE, text=True)
     try:
-        with pytest.raises(ServerBusyError, match=rf"env server {b.address}: Handshake failed \[RESOURCE_EXHAUSTED\]"):
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        busy = rf"env server {b.address}: Handshake failed \[RESOURCE_EXHAUSTED\]"
+        with pytest.raises(ServerBusyError, match=busy):
             RemoteVectorEnv([a.address, b.address])
-        with pytest.raises(ServerBusyError):
+        with pytest.raises(ServerBusyError, match=busy):
             RemoteVectorEnv([b.address], fault_tolerant=True)
-        with RemoteVectorEnv([a.address, b.address], fault_tolerant=True) as envs:
-            assert (envs.num_envs, envs.servers_not_joined) == (K, [b.address])
+        with pytest.raises(ServerBusyError, match=busy):  # (SB3's number of envs is fixed: no later join)
+            RemoteVecEnv([a.address, b.address], fault_tolerant=True)
+        with RemoteVectorEnv([a.address, b.address, alias], fault_tolerant=True) as envs:
+            assert (envs.num_envs, envs.servers_not_joined) == (K, [b.address, alias])
             assert f"env server {b.address}: Handshake failed [RESOURCE_EXHAUSTED]: " in caplog.text
-            assert "starting with the 1 of 2 that answered (fault-tolerant)" in caplog.text
+            assert "starting with the 1 of 3 that answered (fault-tolerant)" in caplog.text
             envs.reset(seed=0)
             assert envs.refresh() is None  # (still held)
-            holder.close()
+            holder.kill()
             deadline = time.monotonic() + 20.0
             while (change := envs.refresh()) is None:
                 assert time.monotonic() < deadline, "the server did not join once released"
                 time.sleep(0.2)
-            assert change.added == (b.address,) and envs.num_envs == 2 * K
+            assert len(change.added) == 1 and envs.num_envs == 2 * K
+            # Its other name, refused by the fleet's own claim, is known for the same server: used once.
+            deadline = time.monotonic() + 20.0
+            while envs.servers_not_joined:
+                assert time.monotonic() < deadline, f"{envs.servers_not_joined} still waited for"
+                assert envs.refresh() is None
+                time.sleep(0.2)
+            assert "are the same env server" in caplog.text and envs.num_envs == 2 * K
     finally:
-        holder.close()
+        holder.kill()
+        holder.wait()
 
 
 def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs(

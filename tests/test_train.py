@@ -903,6 +903,12 @@ def test_learner_train_stopped_by_an_error_says_how_to_go_on_from_its_last_check
     assert err.rstrip().endswith(
         f"  once that is mended, continue from its last checkpoint, step-0000000016.pt, with: learner train --resume {run}"
     ), err
+    # An error before the session started (its servers not found): `--resume DIR` alone would not take this
+    # command's options (config.json is rewritten once the envs are up), so no such hint.
+    resumed = ["train", "--resume", str(run), "--backend", "remote", "--servers", "127.0.0.1:9"]
+    assert main([*resumed, "--connect-timeout", "1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "learner train: error: env server 127.0.0.1:9" in err and "once that is mended" not in err, err
 
 
 def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_counts_its_own(
