@@ -12,6 +12,7 @@ from env_server.protocol import MAX_MESSAGE_BYTES
 
 __all__ = [
     "AUTORESET_MODES",
+    "COMPRESSIONS",
     "DEFAULT_MAX_CONCURRENT_RPCS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "MAX_MAX_CONCURRENT_RPCS",
@@ -27,6 +28,8 @@ __all__ = [
 
 VECTORIZATIONS = ("sync", "async", "vector_entry_point")
 AUTORESET_MODES = ("NextStep", "SameStep", "Disabled")
+COMPRESSIONS = ("none", "gzip", "deflate")
+"""How a server may compress its gRPC answers (``env-server --compression``): gRPC's message compressions."""
 WRAPPER_NAMES = ("atari", "clip-action", "flatten")
 """The wrappers an operator may name (``env_server.envs.WRAPPERS`` holds their code)."""
 MAX_SPIN_WAIT_MS = 10.0
@@ -147,6 +150,11 @@ class ServerConfig:
     """Let gRPC grow each call's HTTP/2 receive window to what the link carries (BDP probing), instead
     of keeping it at 64 KiB: requests over 64 KiB then take no extra round trip on slow links, but a
     flood of calls can make the server hold up to a few MB each before refusing them."""
+    compression: str = "none"
+    """How the server compresses its gRPC answers (every method's, streamed or not): ``none``, ``gzip``
+    or ``deflate``, gRPC's message compression, as each client accepts it (one that accepts only the
+    other algorithm gets that one; one that accepts neither, uncompressed answers). The step socket's
+    answers are never compressed: it is local only."""
 
     def __post_init__(self) -> None:
         """Raise ValueError, naming the field, what it must be and what came, for a config no server
@@ -162,6 +170,7 @@ class ServerConfig:
             _check_port("metrics_port", self.metrics_port)
         _check_choice("vectorization", self.vectorization, VECTORIZATIONS)
         _check_choice("autoreset_mode", self.autoreset_mode, AUTORESET_MODES)
+        _check_choice("compression", self.compression, COMPRESSIONS)
         if (
             not isinstance(self.wrappers, Sequence)
             or isinstance(self.wrappers, str)

@@ -59,11 +59,37 @@ EXIT_MARGIN_S = 10.0
 default of :func:`run`'s and :func:`serve`'s ``exit_margin_s``."""
 
 
+# The gRPC core compression levels (grpc_compression_level: 1 LOW, 3 HIGH) that pick each algorithm first.
+_COMPRESSION_LEVELS = {"gzip": 1, "deflate": 3}
+
+
 def server_options(
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, bdp_probe: bool = False
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, bdp_probe: bool = False, compression: str = "none"
 ) -> list[tuple[str, int]]:
     """Channel options for the server: message limits and keepalive so dead peers are noticed;
-    ``bdp_probe``: see below (``env-server --http2-bdp-probe``)."""
+    ``bdp_probe``: see below (``env-server --http2-bdp-probe``); ``compression``: how answers are
+    compressed (``env-server --compression``: none, gzip or deflate)."""
+    return [*_compression_options(compression), *_base_options(max_request_bytes, bdp_probe)]
+
+
+def _compression_options(compression: str) -> list[tuple[str, int]]:
+    """The server option that compresses every answer (each message of every call, streamed or not,
+    the health service's too) with ``compression``, where the client accepts it.
+
+    A compression *level*, not gRPC's default algorithm (``grpc.aio.server(compression=...)``): with
+    an algorithm, gRPC core compresses with it whatever the client said it accepts (its
+    grpc-accept-encoding), and a client that does not accept it fails every call whose answer
+    compression shrinks ("Compression algorithm not supported", INTERNAL). With a level, gRPC core
+    picks, per call, an algorithm among those the client accepts: level 1 (LOW) gzip, else deflate;
+    3 (HIGH) deflate, else gzip; none when it accepts neither. gRPC's own clients (the learner's)
+    accept both and decompress by themselves. An answer that compression would not make smaller
+    (a health check's) goes uncompressed. (tests/test_compression.py checks each case.)"""
+    if compression == "none":
+        return []
+    return [("grpc.default_compression_level", _COMPRESSION_LEVELS[compression])]
+
+
+def _base_options(max_request_bytes: int, bdp_probe: bool) -> list[tuple[str, int]]:
     return [
         # A larger request is refused (RESOURCE_EXHAUSTED) before protobuf parses it, which can take
         # ~25x its size in memory; responses (observations) are larger by nature.
@@ -495,7 +521,7 @@ async def _serve(
     on_malformed = None if metrics is None else functools.partial(metrics.count_error, code="INVALID_ARGUMENT")
     interceptors.append(RequestGuardInterceptor(on_malformed))
     server = grpc.aio.server(
-        options=server_options(config.max_request_bytes, config.http2_bdp_probe),
+        options=server_options(config.max_request_bytes, config.http2_bdp_probe, config.compression),
         interceptors=interceptors,
         # Past it, gRPC refuses a call (RESOURCE_EXHAUSTED) before reading its request: what the calls in
         # progress hold, caller with a token or not, is bounded (see DEFAULT_MAX_CONCURRENT_RPCS).
@@ -546,12 +572,13 @@ async def _serve(
             ready = address if config.unix_socket else host_port(config.host, port)
             security = ", ".join(part for part in (_tls_mode(config, credentials), _token_mode(config)) if part)
             log.info(
-                "serving %d x %s (%s) on %s%s",
+                "serving %d x %s (%s) on %s%s%s",
                 config.num_envs,
                 config.env,
                 _describe_envs(config),
                 ready,
                 f" ({security})" if security else " (plaintext, no auth token)",
+                _compression_note(config, step_server),
             )
             _warn_if_open(config, tls=credentials is not None)
             on_ready(ready)
@@ -695,6 +722,14 @@ def _describe_envs(config: ServerConfig) -> str:
     if config.step_delay_ms:
         parts.append(f"step delay {config.step_delay_ms:g} ms")
     return "; ".join(parts)
+
+
+def _compression_note(config: ServerConfig, step_server: StepSocketServer | None) -> str:
+    """How the server's start line ends about ``--compression``: nothing for none."""
+    if config.compression == "none":
+        return ""
+    note = f", gRPC answers compressed with {config.compression}"
+    return note + " (the step socket's are not)" if step_server is not None else note
 
 
 def _tls_mode(config: ServerConfig, credentials: grpc.ServerCredentials | None) -> str:
