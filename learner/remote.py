@@ -700,12 +700,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         return list(self._missing_since)
 
     async def _find_aliases(
-        self, clients: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
+        self,
+        clients: list[EnvClient],
+        responses: list[pb.HandshakeResponse | BaseException],
+        held: Sequence[EnvClient] = (),
     ) -> set[EnvClient]:
         """The servers listed twice under other names (a host name and its address, a dns: name and an
-        address it resolves to): each refused its second handshake as claimed, by this learner. Used once,
-        as an address given twice is, with a warning."""
-        claimed = {
+        address it resolves to): each refused its second handshake as claimed, by this learner (by one of
+        ``clients`` or of ``held``, the fleet's at a refresh). Used once, as an address given twice is,
+        with a warning."""
+        claimed = {c.spec.server_id: c.address for c in held if c.spec is not None}
+        claimed |= {
             r.spec.server_id: c.address
             for c, r in zip(clients, responses, strict=True)
             if not isinstance(r, BaseException)
@@ -2355,10 +2360,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for client in answered:
             del self._joining[client.address]
         responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
-        aliases = await self._fleet_aliases(answered, responses)
+        # Both names of a server another learner held at the start were set aside: the first to join
+        # claimed it, and the fleet's own claim refuses the other.
+        aliases = await self._find_aliases(answered, responses, held=self._clients)
         joined = []
         for client, response in zip(answered, responses, strict=True):
             if client in aliases:
+                self._missing_since.pop(client.address, None)
+                self._missing_said.pop(client.address, None)
                 await client.close()
                 continue
             problem = (
@@ -2379,37 +2388,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             joined.append(client)
         self._remind_missing(addresses, joined)
         return joined
-
-    async def _fleet_aliases(
-        self, clients: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
-    ) -> set[EnvClient]:
-        """Of ``clients`` refused as claimed at a refresh, those that are a server of the fleet (or one joining
-        in the same refresh) under another name: both names were set aside at a fault-tolerant start while
-        another learner held the server, and the first to join claimed it. Used once, as at the start."""
-        busy = [c for c, r in zip(clients, responses, strict=True) if isinstance(r, ServerBusyError)]
-        if not busy:
-            return set()
-        ours = {c.spec.server_id: c.address for c in self._clients if c.spec is not None}
-        ours |= {
-            r.spec.server_id: c.address
-            for c, r in zip(clients, responses, strict=True)
-            if isinstance(r, pb.HandshakeResponse)
-        }
-        specs = await gather(*(c.get_spec() for c in busy), return_exceptions=True)
-        aliases = set()
-        for client, spec in zip(busy, specs, strict=True):
-            if not isinstance(spec, BaseException) and spec.server_id in ours:
-                log.warning(
-                    "addresses: %s and %s are the same env server (server id %s); each server is used once",
-                    ours[spec.server_id],
-                    client.address,
-                    spec.server_id[:8],
-                )
-                aliases.add(client)
-                self._aliases.add(client.address)  # (refresh() does not try it again)
-                self._missing_since.pop(client.address, None)
-                self._missing_said.pop(client.address, None)
-        return aliases
 
     def _remind_missing(self, addresses: list[str], joined: list[EnvClient]) -> None:
         """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)
