@@ -621,13 +621,17 @@ def logging_above_bar() -> Iterator[None]:
     }
     originals = {h: stand_in for stand_in, h in stand_ins.items()}
     root.handlers = [originals.get(h, h) for h in root.handlers]
-    if isinstance(last_resort, logging.StreamHandler):
-        logging.lastResort = _TqdmHandler(last_resort, sys.stderr)
+    ours = _TqdmHandler(last_resort, sys.stderr) if isinstance(last_resort, logging.StreamHandler) else None
+    if ours is not None:
+        logging.lastResort = ours
     try:
         yield
     finally:  # (the handlers added or removed meanwhile stay so)
         root.handlers = [stand_ins.get(h, h) for h in root.handlers]
-        logging.lastResort = last_resort
+        # Only its own stand-in: two bars up at once (train() in a thread, evaluate() in the notebook) may
+        # end in either order, and the second saw the first's stand-in as the last resort.
+        if ours is not None and logging.lastResort is ours:
+            logging.lastResort = last_resort
 
 
 def in_notebook() -> bool:

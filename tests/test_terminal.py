@@ -86,6 +86,19 @@ def test_json_log_records_stay_one_object_per_line_above_the_bar(capsys: pytest.
     assert [(r["level"], r["message"]) for r in records] == [("WARNING", "env server local-1 is back")]
 
 
+def test_two_bars_up_at_once_leave_logging_as_it_was_whichever_ends_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """train() in a thread and evaluate() in the notebook: two bars, ending in either order."""
+    last_resort = logging.lastResort
+    with console() as handler:
+        for first_ends_first in (True, False):
+            first, second = progress_bar(True, 100), progress_bar(True, 100)
+            first.__enter__()
+            second.__enter__()
+            for bar in (first, second) if first_ends_first else (second, first):
+                bar.__exit__(None, None, None)
+            assert logging.lastResort is last_resort and handler in logging.getLogger().handlers
+
+
 def test_without_a_bar_the_handlers_are_left_as_they_are() -> None:
     with console() as handler, progress_bar(False, 100) as bar:
         assert bar is None and handler in logging.getLogger().handlers
