@@ -872,6 +872,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ppo_timesteps=args.ppo_timesteps,
             ppo_rounds=args.ppo_rounds,
             ppo_sizes=args.ppo_sizes,
+            ppo_layouts=_names(args.ppo_layouts),
             seed=args.seed,
         )
         check(config)
@@ -918,8 +919,9 @@ env of a workload for --seconds, so a suite takes about --rounds x --seconds x i
               (~5 minutes at the defaults)
   latency     per size: 2 vector envs for 1 env, 3 up to 8 envs, 4 from 16 (~4 minutes)
   rpc         11 ways to step, --rounds x min(--seconds, 1.0) each (~1 minute)
-  ppo         per size in --ppo-sizes, 6 layouts (7 from 8 envs), --ppo-rounds runs each of
-              --ppo-timesteps steps; run r trains with seed r (1..N), whatever --seed (~10 minutes)
+  ppo         per size in --ppo-sizes, 6 layouts (7 from 8 envs; fewer with --ppo-layouts), --ppo-rounds
+              runs each of --ppo-timesteps steps; run r trains with seed r (1..N), whatever --seed
+              (~10 minutes)
 Latency sizes must split evenly over their layouts' servers (1; even; multiples of 4 from 16), and
 PPO sizes too (even; multiples of 4 from 8). With --rounds 1 (--ppo-rounds 1) every figure is one
 sample: no spread. The targets name a 2 ms step and CartPole-v1: runs with another
@@ -1358,6 +1360,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--ppo-sizes", type=_env_counts, default=(8, 64), metavar="N,N", help="total envs (default: 8,64)"
+    )
+    bench.add_argument(
+        "--ppo-layouts",
+        default="gym,tcp,grpc,unix,pipelined,1-server,4-servers",
+        metavar="NAMES",
+        help="the ppo suite's layouts: gym (in-process SyncVectorEnv, what the PPO target compares with); "
+        "2 local servers over tcp, over grpc on Unix sockets, on their step sockets (unix), pipelined in 2 "
+        "groups (pipelined); 1-server; 4-servers (pipelined, from 8 envs) (default: %(default)s)",
     )
     bench.add_argument(
         "--seed",

@@ -52,6 +52,8 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
             "1",
             "--ppo-sizes",
             "4",
+            "--ppo-layouts",  # (the two the PPO target compares; every layout is a `learner train` subprocess)
+            "gym,unix",
             "--out",
             str(out),
         ],
@@ -89,7 +91,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     assert set(rpc["remote_overhead_per_step_us"]) == {"tcp", "unix", "unix-grpc"}
 
     ppo = data["ppo"]
-    assert {r["backend"] for r in ppo["results"]} == {"gym", "remote"}
+    assert [r["name"] for r in ppo["results"]] == ["in-process SyncVectorEnv(4)", "remote 2x2 unix"]  # (--ppo-layouts)
     for row in ppo["results"]:
         assert row["error"] is None, row
         assert row["median"] > 0

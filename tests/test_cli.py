@@ -530,6 +530,8 @@ def test_eval_refuses_bad_input_before_doing_anything(
         (["--suites", ""], "--suites: expected some of ['throughput', 'latency', 'ppo', 'rpc'], got none"),
         (["--suites", "throughput", "--workloads", ""], "--workloads: expected some of ['cartpole-8', "),
         (["--ppo-sizes", "0"], "--ppo-sizes: expected numbers of envs >= 1 such as 1,8,64"),
+        (["--ppo-layouts", "gym,udp"], "--ppo-layouts: unknown ['udp']; expected some of ['gym', 'tcp', 'grpc', "),
+        (["--suites", "ppo", "--ppo-layouts", ""], "--ppo-layouts: expected some of ['gym', 'tcp', "),
         (["--suites", "ppo", "--ppo-sizes", "3"], "--ppo-sizes: [3] do not split evenly over the layouts' servers"),
         (["--suites", "ppo", "--ppo-sizes", "1,8"], "--ppo-sizes: [1] do not split evenly"),
         (["--suites", "ppo", "--ppo-sizes", "4,10"], "--ppo-sizes: [10] do not split evenly"),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainLayout", "default_layouts", "measure_ppo"]
+__all__ = ["PPO_LAYOUTS", "TrainLayout", "default_layouts", "measure_ppo"]
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +42,27 @@ class TrainLayout:
         return out
 
 
-def default_layouts(sizes: tuple[int, ...] = (8, 64)) -> list[TrainLayout]:
+PPO_LAYOUTS = ("gym", "tcp", "grpc", "unix", "pipelined", "1-server", "4-servers")
+"""The ppo suite's layouts by the names ``learner bench --ppo-layouts`` takes: in-process SyncVectorEnv;
+2 servers over loopback TCP, over gRPC on Unix sockets, on their step sockets, pipelined in 2 groups;
+1 server; 4 servers pipelined in 2 groups (from 8 envs)."""
+
+
+def default_layouts(sizes: tuple[int, ...] = (8, 64), names: tuple[str, ...] = PPO_LAYOUTS) -> list[TrainLayout]:
+    """The layouts ``names`` (of PPO_LAYOUTS) for each total of envs in ``sizes``."""
     layouts = []
     for n in sizes:
-        layouts += [
-            TrainLayout(f"in-process SyncVectorEnv({n})", "gym", n),
-            TrainLayout(f"remote 2x{n // 2} tcp", "remote", n, transport="tcp"),
-            TrainLayout(f"remote 2x{n // 2} unix grpc", "remote", n, step_socket=False),
-            TrainLayout(f"remote 2x{n // 2} unix", "remote", n),
-            TrainLayout(f"remote 2x{n // 2} unix pipelined/2", "remote", n, groups=2),
-            TrainLayout(f"remote 1x{n} unix", "remote", n, servers=1),
-        ]
+        named = {
+            "gym": TrainLayout(f"in-process SyncVectorEnv({n})", "gym", n),
+            "tcp": TrainLayout(f"remote 2x{n // 2} tcp", "remote", n, transport="tcp"),
+            "grpc": TrainLayout(f"remote 2x{n // 2} unix grpc", "remote", n, step_socket=False),
+            "unix": TrainLayout(f"remote 2x{n // 2} unix", "remote", n),
+            "pipelined": TrainLayout(f"remote 2x{n // 2} unix pipelined/2", "remote", n, groups=2),
+            "1-server": TrainLayout(f"remote 1x{n} unix", "remote", n, servers=1),
+        }
         if n >= 8:
-            layouts.append(TrainLayout(f"remote 4x{n // 4} unix pipelined/2", "remote", n, servers=4, groups=2))
+            named["4-servers"] = TrainLayout(f"remote 4x{n // 4} unix pipelined/2", "remote", n, servers=4, groups=2)
+        layouts += [layout for name, layout in named.items() if name in names]
     return layouts
 
 

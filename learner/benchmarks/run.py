@@ -26,6 +26,7 @@ from typing import Any
 
 from env_server.config import ServerConfig
 from learner.benchmarks import report
+from learner.benchmarks.ppo import PPO_LAYOUTS
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
 
@@ -55,6 +56,8 @@ class BenchConfig:
     ppo_timesteps: int = 50_000
     ppo_rounds: int = 3
     ppo_sizes: tuple[int, ...] = (8, 64)
+    ppo_layouts: tuple[str, ...] = PPO_LAYOUTS
+    """The ppo suite's layouts (ppo.PPO_LAYOUTS' names)."""
     seed: int = 0
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
@@ -71,6 +74,11 @@ class BenchConfig:
         missing = [w for w in self.workloads if w not in available]
         if missing:
             raise ValueError(f"--workloads: unknown {missing}; expected some of {list(available)}")
+        if "ppo" in self.suites and not self.ppo_layouts:
+            raise ValueError(f"--ppo-layouts: expected some of {list(PPO_LAYOUTS)}, got none")
+        unknown = [name for name in self.ppo_layouts if name not in PPO_LAYOUTS]
+        if unknown:
+            raise ValueError(f"--ppo-layouts: unknown {unknown}; expected some of {list(PPO_LAYOUTS)}")
         for name in ("rounds", "ppo_rounds", "ppo_timesteps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(self, name)}")
@@ -366,7 +374,7 @@ def _run_suites(
             env=config.ppo_env,
             total_timesteps=config.ppo_timesteps,
             rounds=config.ppo_rounds,
-            layouts=default_layouts(config.ppo_sizes),
+            layouts=default_layouts(config.ppo_sizes, config.ppo_layouts),
             progress=progress,
             on_run=keep,
         )
