@@ -735,18 +735,20 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
         delay = 0.05
-        earlier: ServerUnavailableError | None = None  # (the failure a handshake tried again after)
+        first: ServerUnavailableError | None = None  # (the first failure the handshake was tried again after)
         while True:
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if earlier is not None and not isinstance(err, ServerFullError):
-                    # The server still holds the session the failed attempt claimed (the answer was lost
-                    # on its way: a ping timeout on a slow link, say): that failure is the one to say.
+                if first is not None and f"claimed by {client.client_name!r}" in str(err):
+                    # The server holds the session a failed attempt of this learner claimed (its answer
+                    # was lost on the way: a ping timeout on a slow link, say): the first failure is the
+                    # one to say (those after it follow from it: connect timeouts behind the lost answer).
                     raise ServerUnavailableError(
-                        f"{earlier} (tried again: the server still holds the session that attempt claimed)",
+                        f"{first} (tried again: the server still holds the session that attempt claimed, until "
+                        "it has had no call for its claim timeout, env-server --claim-timeout, 30 s by default)",
                         address=client.address,
-                        code=earlier.code,
+                        code=first.code,
                     ) from None
                 if isinstance(err, ServerFullError) or not _held_here(client.address):
                     raise
@@ -760,7 +762,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     code=err.code,
                 ) from None
             except ServerUnavailableError as err:
-                earlier = err
+                first = first or err
                 gone = _socket_folder_gone(client.address)
                 if gone is not None:  # (no server can come there: no use waiting for one)
                     raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None

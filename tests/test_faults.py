@@ -720,7 +720,9 @@ def test_a_keepalive_ping_that_went_unanswered_says_what_it_may_mean() -> None:
     )
     assert isinstance(err, ServerUnavailableError)
     assert str(err).startswith("env server h:1: Step failed [UNAVAILABLE]: Stream removed (ping timeout): the server ")
-    assert "stopped, or its host is cut off" in str(err) and "`keepalive_timeout`, --keepalive-timeout)" in str(err)
+    assert "stopped, or its host is cut off" in str(
+        err
+    ) and "raise `keepalive_timeout`, --keepalive-timeout, 5 s by default, or have the servers compress" in str(err)
 
 
 HOLD_AND_SLEEP = """
