@@ -1895,6 +1895,14 @@ def train(
                 if counters.global_step >= hp.total_timesteps:
                     if empty_rollouts and not learned:  # (a budget of fewer than 3 rollouts, all empty)
                         raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                    if not learned and counters.update == 0:
+                        # Every rollout cut short by a lost server (or the fleet down): no update in the
+                        # whole run, which is no policy to evaluate, nor a run that did what it was asked.
+                        raise NothingToLearnError(
+                            f"the run reached --total-timesteps ({hp.total_timesteps:,}) without an update: every "
+                            "rollout was cut short by a lost server, or the fleet was down (see the warnings "
+                            "above); nothing was learned"
+                        )
                     # The steps of rollouts dropped since the last update are the run's too.
                     counters.env_steps_lost += steps_lost
                     counters.episodes_cut += episodes_cut

@@ -180,3 +180,29 @@ def test_a_resumed_run_counts_the_faults_of_the_whole_run(spawn_server: SpawnSer
     assert sum(int(r.get("faults/failures", 0)) for r in metrics) == 1
     assert sum(int(r["episodes_cut"]) for r in metrics) == cut
     assert sum(int(r["env_steps_lost"]) for r in metrics) == lost
+
+
+def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    """Its only server killed as the run starts (fault-tolerant, --give-up-after far off): every rollout is
+    cut short or stepped while the fleet is down, and the budget runs out with no update. That is no run
+    that did what it was asked, nor a policy to evaluate: NothingToLearnError, not a finished run."""
+    from learner.config import Args
+    from learner.train import NothingToLearnError, train
+
+    server = spawn_server("CartPole-v1", 2)
+    args = Args(
+        servers=server.address,
+        num_steps=2,
+        total_timesteps=12,
+        give_up_after=600,
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+        plot=False,
+        tensorboard=False,
+    )
+    with pytest.raises(
+        NothingToLearnError, match=r"^the run reached --total-timesteps \(12\) without an update: every"
+    ):
+        train(args, on_start=lambda _: server.kill())
+    summary = rundir.read_json(tmp_path / "run" / rundir.SUMMARY)
+    assert summary["updates"] == 0 and summary["stop_reason"].startswith("error: NothingToLearnError: the run reached")
