@@ -188,6 +188,7 @@ def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_serve
     that did what it was asked, nor a policy to evaluate: NothingToLearnError, not a finished run."""
     from learner.config import Args
     from learner.train import NothingToLearnError, train
+    from tests.test_train import QUIET
 
     server = spawn_server("CartPole-v1", 2)
     args = Args(
@@ -196,9 +197,7 @@ def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_serve
         total_timesteps=12,
         give_up_after=600,
         run_dir=str(tmp_path / "run"),
-        progress=False,
-        plot=False,
-        tensorboard=False,
+        **QUIET,
     )
     with pytest.raises(
         NothingToLearnError, match=r"^the run reached --total-timesteps \(12\) without an update: every"
