@@ -495,11 +495,16 @@ def finished_line(run_dir: Path, plot: bool) -> str:
     return line + (f"; plot its returns with: learner plot {where}" if plot else "")
 
 
+def _resume_command(run_dir: str | Path) -> str:
+    """The command that goes on with the run in ``run_dir``."""
+    return f"learner train --resume {shlex.quote(str(run_dir))}"
+
+
 def interrupted_line(run_dir: Path, step: int) -> str:
     """What an interrupted run says, from the checkpoints on disk: a run stopped during an update has
     none of its last update (and, with --checkpoint-every 0, maybe none at all)."""
     checkpoints = list_checkpoints(run_dir)
-    resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    resume = _resume_command(run_dir)
     # (train writes the last update's checkpoint when it stops: missing, that write failed, and said why)
     if not checkpoints:
         return f"interrupted at step {step:,}; no checkpoint is on disk: {resume} starts it over"
@@ -518,7 +523,7 @@ def failed_line(run_dir: str | Path | None) -> str | None:
         return None
     return (
         f"once that is mended, continue from its last checkpoint, {checkpoints[-1].name}, with: "
-        f"learner train --resume {shlex.quote(str(run_dir))}"
+        f"{_resume_command(run_dir)}"
     )
 
 
@@ -530,7 +535,7 @@ def aborted_line(run_dir: str | Path | None) -> str:
     if not Path(run_dir).is_dir():
         return "aborted (before the run dir was made)"
     checkpoints = list_checkpoints(run_dir)
-    resume = f"learner train --resume {shlex.quote(str(run_dir))}"
+    resume = _resume_command(run_dir)
     if not checkpoints:
         return f"aborted; no checkpoint is in {run_dir}: {resume} starts it over"
     return f"aborted; resuming starts from its last checkpoint, {checkpoints[-1].name}, with: {resume}"

@@ -252,7 +252,7 @@ def status_error(
         details += (
             ": the server did not answer a keepalive ping in time: it stopped, or its host is cut off, or "
             "the link is so slow or busy that an answer takes longer to cross (big observations on a slow "
-            "link: raise `keepalive_timeout`, --keepalive-timeout, 5 s by default, or have the servers "
+            f"link: raise `keepalive_timeout`, --keepalive-timeout, {KEEPALIVE_TIMEOUT:g} s by default, or have the servers "
             "compress their answers, env-server --compression gzip)"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:

@@ -30,6 +30,7 @@ from env_server.codec import encode_value
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv
+from tests.compare import assert_same
 from tests.conftest import ServerProcess, SpawnServer, started_logs
 
 try:
@@ -136,23 +137,6 @@ def run_episode(address: str, num_steps: int, seed: int = 7) -> list[Any]:
         return got
     finally:
         env.close()
-
-
-def assert_same(a: Any, b: Any, where: str = "answer") -> None:
-    """``a`` and ``b`` equal: arrays by dtype, shape and value; dicts, tuples and lists element by element."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}[{key!r}]")
-    elif isinstance(a, tuple | list):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert np.array_equal(a, b), where
-    else:
-        assert a == b, where
 
 
 # -- what the answers are ---------------------------------------------------------------------------
