@@ -609,6 +609,7 @@ def test_cartpole_solve_says_when_a_configuration_sets_its_own_budget(
         ("soak", ["--servers", "1", "--control", "1"], "--control: expected fewer than --servers (1), got 1"),
         ("soak", ["--envs-per-server", "0"], "argument --envs-per-server: expected an integer >= 1, got '0'"),
         ("soak", ["--minutes", "inf"], "argument --minutes: expected a number > 0, got 'inf'"),
+        ("wake", ["--samples", "0"], "argument --samples: expected an integer >= 1, got '0'"),
     ],
 )
 def test_soak_and_capacity_refuse_bad_options_naming_them(
@@ -821,3 +822,20 @@ def test_a_dependency_that_is_installed_but_does_not_import_is_said_before_measu
         ValueError, match=r"needs brokenmod, which is installed but does not import: ImportError: a broken build"
     ):
         _check_installed("brokenmod")
+
+
+def test_the_wake_benchmark_times_every_wait_and_writes_its_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner.benchmarks.wake import WAITS, main
+
+    out = tmp_path / "wake.json"
+    assert main(["--samples", "3", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["samples"] == 3
+    assert [row["wait"] for row in data["rows"]] == [label for label, _ in WAITS]
+    assert all(row["median_us"] > 0 for row in data["rows"])
+    assert data["rows"][0]["x_back_to_back"] == 1.0
+    table = capsys.readouterr().out
+    assert table.startswith("| wait before the call | median (us) | x back to back |")
+    assert table.count("\n") == 2 + len(WAITS)
