@@ -30,6 +30,7 @@ from learner.errors import AuthenticationError, InvalidRequestError, RemoteEnvEr
 
 __all__ = [
     "FLEET_FIELDS",
+    "JOIN_BACKOFF",
     "RELAPSE_LOG_S",
     "SETTLE_S",
     "SETTLE_STEPS",
@@ -57,6 +58,17 @@ STILL_DOWN_LOG_S = 20.0
 """A server that stays down is said to be so at most once per this many seconds while its reconnect
 retries (the attempts that failed, the last one's error): its loss is one line, and its return another,
 and a user watching the run needs to see in between that it is still being tried, and why it fails."""
+
+JOIN_BACKOFF = (1.0, 15.0)
+"""A server out of the fleet whose handshake failed (claimed by another learner, of another env, a token
+refused) is tried again at a refresh this many seconds later: first, doubling up to longest, until it
+joins or is listed no more; one that answered it is starting or shutting down (UNAVAILABLE) after the
+first each time, as a server building its envs is soon there. Refresh runs between rollouts, several
+times a second, and each try is a Handshake the server refuses and logs: one per rollout is hundreds a
+minute. 15 s at most: a server freed joins at most that late, about as long as a claim cut off by a
+partition takes to end (the server's keepalive notices within ~15 s), and each reminder that it has not
+joined (every :data:`STILL_DOWN_LOG_S`) tells of a try since the last; 30 s, the default
+``--claim-timeout``, would double that wait to save two refusals a minute."""
 
 
 class ReplicaState(enum.Enum):

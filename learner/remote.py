@@ -37,6 +37,7 @@ from learner import faults
 from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
 from learner.client import (
     KEEPALIVE_TIMEOUT,
+    RESET_TIMEOUT_HINT,
     RESET_WAIT_TIMEOUT_HINT,
     STEP_WAIT_TIMEOUT_HINT,
     TIMEOUT_HINT,
@@ -399,6 +400,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
         self._missing_since: dict[str, float] = {}
         self._missing_said: dict[str, float] = {}
+        # Servers out of the fleet whose handshake failed (at the start, or a refresh), until they join or are
+        # listed no more: when they are tried again, and what was said (see _Refused, faults.JOIN_BACKOFF).
+        self._refused: dict[str, _Refused] = {}
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
@@ -648,13 +652,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
                 await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
                 if building:
-                    self._note_missing(
-                        [
-                            (c.address, str(err).removeprefix(f"env server {c.address}: "))
-                            for c, err in building.items()
-                        ],
-                        listed=len(clients) - len(aliases),
-                    )
+                    reasons = {
+                        c.address: str(err).removeprefix(f"env server {c.address}: ") for c, err in building.items()
+                    }
+                    for client, err in building.items():
+                        # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
+                        # says at DEBUG that it was refused alike (the warning below names the problem).
+                        self._refused[client.address] = refused = _Refused()
+                        refused.refuse(err, reasons[client.address])
+                    self._note_missing(list(reasons.items()), listed=len(clients) - len(aliases))
                 clients = [c for c in clients if c not in aliases and c not in building]
         except BaseException:
             joining, self._joining = self._joining, {}
@@ -1359,8 +1365,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 sent = client.send_on_socket(request) or self._runner.create_task(
                     _exchange(client, request, time.perf_counter())
                 )
-                if isinstance(sent, SocketStep):
-                    sent.timeout = timeout  # (for its timeout's message: longer where envs reset)
+                if isinstance(sent, SocketStep):  # (for its timeout's message: longer where envs reset)
+                    sent.timeout, sent.hint = timeout, self._step_hint(timeout)
                 self._tasks[i], self._due[i] = sent, due
         except BaseException as interrupt:  # Ctrl-C while a frame was going out, say: a frame may be cut short
             tasks = {i: task for i in sending if (task := self._tasks[i]) is not None}
@@ -1424,7 +1430,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 refused[i] = task
             elif task.cancelled():  # (the deadline passed: see LoopRunner.wait)
                 address, timeout = self._clients[i].address, self._due[i][1]
-                failed[i] = timeout_error(address=address, method="Step", timeout=timeout, hint=self._timeout_hint)
+                failed[i] = timeout_error(
+                    address=address, method="Step", timeout=timeout, hint=self._step_hint(timeout)
+                )
             elif (err := task.exception()) is not None:
                 failed[i] = err
             else:
@@ -1547,6 +1555,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             np.logical_or(out.terminations, out.truncations, out=self._resets_pending[base : base + count])
         self._raise_env_errors(infos, base)
         return self._observations(obs), out.rewards, out.terminations, out.truncations, infos
+
+    def _step_hint(self, timeout: float) -> str:
+        """What a step whose deadline of ``timeout`` passed advises: to raise ``reset_timeout`` where that was
+        its deadline (an env may have reset in it: see :meth:`_step_timeout`), else ``timeout`` (or, in
+        step_wait with a timeout of its own, that)."""
+        if self._timeout_hint is TIMEOUT_HINT and timeout == self.reset_timeout != self.timeout:
+            return RESET_TIMEOUT_HINT
+        return self._timeout_hint
 
     def _step_timeout(self, base: int, count: int) -> float:
         """The deadline of a step of envs ``base:base + count``: ``reset_timeout`` where one of them may
@@ -2099,6 +2115,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         and joins again, with fresh envs, once it resolves and answers a handshake. A new server has
         ``wait`` seconds to answer; one still starting keeps connecting in the background and joins
         at a later refresh. A server whose spaces differ from the fleet's is left out (and logged).
+        One whose handshake failed (claimed by another learner, of another env) is tried again after a
+        while, not at every refresh, until it joins or is listed no more (:data:`~learner.faults.JOIN_BACKOFF`:
+        1 s, doubling up to 15 s; one still building its envs every 1 s); each kind of refusal is warned
+        of once per server (the start's warning included), and said again at DEBUG.
         If the last step or reset failed, every env starts over (those that answered moved on unseen).
 
         Returns:
@@ -2338,15 +2358,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         """The servers at ``addresses`` that answer a handshake and serve the fleet's env.
 
         Servers seen for the first time (or, with ``everyone``, all those still connecting) get ``wait``
-        seconds to connect; the others join if they are connected by now.
+        seconds to connect; the others join if they are connected by now. One whose handshake failed (or
+        that did not fit) is tried again once its wait is over (:data:`~learner.faults.JOIN_BACKOFF`);
+        with ``everyone`` (no server left: the last try before giving up), at once.
         """
         for address in [a for a in self._joining if a not in addresses]:  # no longer listed
             client, ready = self._joining.pop(address)
             ready.cancel()
             await client.close()
+        for address in [a for a in self._refused if a not in addresses]:  # (listed again, it is tried at once)
+            del self._refused[address]
+        now = time.monotonic()
+
+        def due(address: str) -> bool:
+            refused = self._refused.get(address)
+            return everyone or refused is None or refused.retry_at <= now
+
         fresh = []
         for address in addresses:
-            if address not in self._joining:
+            if address not in self._joining and due(address):
                 client = self._client(address)
                 self._joining[address] = (client, asyncio.ensure_future(client.wait_ready()))
                 fresh.append(self._joining[address][1])
@@ -2358,7 +2388,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             await asyncio.wait(
                 fresh, timeout=wait, return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED
             )
-        answered = [client for client, ready in self._joining.values() if ready.done()]
+        answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
         for client in answered:
             del self._joining[client.address]
         responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
@@ -2370,30 +2400,39 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if client in aliases:
                 self._missing_since.pop(client.address, None)
                 self._missing_said.pop(client.address, None)
+                self._refused.pop(client.address, None)
                 await client.close()
                 continue
             problem = (
-                str(response) if isinstance(response, BaseException) else self._misfit(response.spec, client.address)
+                str(response).removeprefix(f"env server {client.address}: ")
+                if isinstance(response, BaseException)
+                else self._misfit(response.spec, client.address)
             )
             if problem:
-                # Logged once per server: it is tried again at every refresh while it stays listed.
-                (log.warning if client.address not in self._noted else log.debug)(
-                    "refresh: env server %s does not join: %s", client.address, problem
+                refused = self._refused.setdefault(client.address, _Refused())
+                # Each kind of problem warned of once per server (the start's warning counts): it is tried
+                # again, refused alike, while it stays listed.
+                news = refused.refuse(response if isinstance(response, BaseException) else None, problem)
+                log.log(
+                    logging.WARNING if news else logging.DEBUG,
+                    "refresh: env server %s does not join: %s (tried again in %g s)",
+                    client.address,
+                    problem,
+                    refused.delay,
                 )
-                self._noted.add(client.address)
                 if not isinstance(response, BaseException):
                     client.start_session(response)  # so that close() releases the claim
                 await client.close()
                 continue
             client.start_session(response)
-            self._noted.discard(client.address)
+            self._refused.pop(client.address, None)
             joined.append(client)
         self._remind_missing(addresses, joined)
         return joined
 
     def _remind_missing(self, addresses: list[str], joined: list[EnvClient]) -> None:
         """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)
-        which still have not; forget those no longer listed."""
+        which still have not, and why (the last refusal, if one answered); forget those no longer listed."""
         now = time.monotonic()
         for address in list(self._missing_since):
             if any(c.address == address for c in joined):
@@ -2404,11 +2443,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 )
             elif address in addresses:
                 if now - self._missing_said[address] >= faults.STILL_DOWN_LOG_S:
+                    refused = self._refused.get(address)
                     log.warning(
-                        "env server %s has not joined since the start went on without it %.0f s ago; its envs join "
+                        "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
                         "when it answers",
                         address,
                         now - self._missing_since[address],
+                        f" (last tried {now - refused.tried_at:.0f} s ago: {refused.last})"
+                        if refused is not None
+                        else "",
                     )
                     self._missing_said[address] = now
                 continue
@@ -2513,6 +2556,37 @@ class _StepBatch:
         self.rewards[envs] = 0.0
         self.terminations[envs] = False
         self.truncations[envs] = True
+
+
+class _Refused:
+    """A server out of the fleet whose last handshake failed, or that did not fit: when a refresh tries it
+    again (see :data:`~learner.faults.JOIN_BACKOFF`), and what was said of it."""
+
+    def __init__(self) -> None:
+        self.tried_at = 0.0  # (time.monotonic())
+        self.retry_at = 0.0
+        self.delay = 0.0  # the wait before retry_at
+        self.last = ""  # why the last try failed, as said
+        self.warned: set[str] = set()  # the kinds of problem a warning named (see refuse)
+
+    def refuse(self, err: BaseException | None, problem: str) -> bool:
+        """Note a try refused with ``err`` (None: the server did not fit the fleet) for ``problem`` (as
+        said), and when to try again: after the first wait, doubling up to the longest; after the first
+        each time for a server starting or shutting down (UNAVAILABLE: soon there, or gone). Whether
+        that kind of problem is news (no warning named it yet: to be warned of)."""
+        first, longest = faults.JOIN_BACKOFF
+        if isinstance(err, ServerUnavailableError) or not self.delay:
+            self.delay = first
+        else:
+            self.delay = min(self.delay * 2, longest)
+        self.tried_at = time.monotonic()
+        self.retry_at, self.last = self.tried_at + self.delay, problem
+        # (an error by its type and status code, its text changing from try to try: "claimed 0.7 s ago")
+        code = getattr(err, "code", None)
+        kind = problem if err is None else f"{type(err).__name__} {getattr(code, 'name', '')}"
+        news = kind not in self.warned
+        self.warned.add(kind)
+        return news
 
 
 class _Retired:

@@ -1,0 +1,244 @@
+"""A server out of the fleet whose handshake is refused (another learner holds it, it serves another env) is
+tried again after a while, not at every refresh, and its refusal is warned of once per kind of problem.
+
+Real servers (CartPole; tests.envs' SlowToBuildEnv for one still building its envs); the other learner is
+a RemoteVectorEnv of its own process (one of this process would be an error at the start, not a server to
+wait for). The server counts the handshakes it refuses in its metrics (``envfleet_errors_total``). The
+backoff is shortened here (faults.JOIN_BACKOFF).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from learner import RemoteVectorEnv, faults
+from learner.fleet import FleetChange
+from tests.conftest import ServerProcess, SpawnServer, fleet
+from tests.test_metrics import scrape
+
+K = 2  # envs per server
+REFUSED = "envfleet_errors_total{code=RESOURCE_EXHAUSTED,method=Handshake}"
+
+# Another learner: holds the server until told to let go (a line on stdin), then closes (releasing it).
+HOLD_UNTIL_TOLD = """
+import sys
+from learner import RemoteVectorEnv
+envs = RemoteVectorEnv([sys.argv[1]], client_name="other-learner")
+envs.reset(seed=0)
+print("holding", flush=True)
+sys.stdin.readline()
+envs.close()
+print("released", flush=True)
+sys.stdin.readline()
+"""
+
+
+class Holder:
+    """The other learner's process, holding one server."""
+
+    def __init__(self, address: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD_UNTIL_TOLD, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self._said() == "holding"
+
+    def _said(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("release\n")
+        self.proc.stdin.flush()
+        assert self._said() == "released"  # (its claim is released by now)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+Hold = Callable[[str], Holder]
+
+
+@pytest.fixture
+def hold() -> Iterator[Hold]:
+    """``hold(address)``: another learner holds that server (stopped after the test)."""
+    holders: list[Holder] = []
+
+    def start(address: str) -> Holder:
+        holders.append(Holder(address))
+        return holders[-1]
+
+    yield start
+    for holder in holders:
+        holder.stop()
+
+
+def metrics_url(server: ServerProcess) -> str:
+    match = re.search(r"Prometheus metrics on (http://\S+/metrics)", server.logs())
+    assert match is not None, server.logs()
+    return match.group(1)
+
+
+def rollouts(envs: RemoteVectorEnv, seconds: float) -> tuple[int, FleetChange | None, float]:
+    """As learner train goes on: a few steps, a refresh, and again, for up to ``seconds`` or until the fleet
+    changes: (refreshes, the change or None, when it changed: time.monotonic())."""
+    refreshes = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _ in range(4):
+            envs.step(envs.action_space.sample())
+        change = envs.refresh(wait=0.2)
+        refreshes += 1
+        if change is not None:
+            return refreshes, change, time.monotonic()
+        time.sleep(0.02)  # (a rollout's time, shortened)
+    return refreshes, None, 0.0
+
+
+def test_a_server_another_learner_holds_is_tried_a_handful_of_times_and_joins_within_the_cap_once_freed(
+    spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Was: a handshake at every refresh (between rollouts; ~4 a second with CartPole), each refused and
+    logged by the server. Now: after 1 s, doubling up to 15 s (shortened here to 0.25 s and 2 s); once
+    freed, the server joins at its next try, within the longest wait. The reminder that it has not joined
+    says why (the last refusal)."""
+    first, cap = 0.25, 2.0
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (first, cap))
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 3.0)
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K, "--metrics-port", "0", "--log-level", "info")
+    url = metrics_url(b)
+    holder = hold(b.address)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True) as envs:
+        started = time.monotonic()
+        assert (envs.num_envs, envs.servers_not_joined) == (K, [b.address])
+        assert scrape(url)[REFUSED] == 1  # the start's handshake
+        envs.reset(seed=0)
+        refreshes, change, _ = rollouts(envs, 6.0)
+        assert change is None and refreshes > 50
+        # Tried again 0.25, 0.75, 1.75, 3.75, 5.75 s after the start (the rollouts began a moment after it).
+        tries = scrape(url)[REFUSED] - 1
+        assert 3 <= tries <= 6, f"{tries:g} handshakes refused in {refreshes} refreshes"
+        assert time.monotonic() - started > first + 2 * first + 4 * first + cap  # (at the cap by now)
+        assert re.search(
+            rf"env server {re.escape(b.address)} has not joined since the start went on without it \d+ s ago "
+            r"\(last tried \d+ s ago: Handshake failed \[RESOURCE_EXHAUSTED\]: this server's envs are claimed by "
+            "'other-learner'",
+            caplog.text,
+        ), caplog.text
+
+        holder.release()
+        freed = time.monotonic()
+        _, change, joined_at = rollouts(envs, cap + 5.0)
+        assert change is not None and change.added == (b.address,), "the server did not join once freed"
+        assert joined_at - freed <= cap + 0.5, f"joined {joined_at - freed:.1f} s after it was freed"
+        assert envs.num_envs == 2 * K and envs.servers_not_joined == []
+        envs.step(envs.action_space.sample())
+
+
+def test_the_starts_warning_is_not_repeated_by_the_refresh_and_a_new_problem_is_warned_once(
+    spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start warns that it goes on without the server, and why; a refresh refused alike a moment
+    later says so at DEBUG (was: the same warning again). A refusal of another kind is warned of once."""
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (0.2, 0.4))
+    caplog.set_level(logging.DEBUG, logger="learner.remote")
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    hold(b.address)
+    refused = f"refresh: env server {b.address} does not join: "
+
+    def lines(prefix: str) -> list[tuple[str, str]]:
+        return [(r.levelname, r.getMessage()) for r in caplog.records if r.getMessage().startswith(prefix)]
+
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True) as envs:
+        (start,) = [
+            r.getMessage() for r in caplog.records if "starting with the 1 of 2 that answered" in r.getMessage()
+        ]
+        assert (
+            f"{b.address}: Handshake failed [RESOURCE_EXHAUSTED]: this server's envs are claimed by 'other-learner'"
+            in start
+        )
+        envs.reset(seed=0)
+        rollouts(envs, 1.5)
+        said = lines(refused)
+        assert len(said) >= 2 and {level for level, _ in said} == {"DEBUG"}, said  # (tried again: not warned again)
+        assert "Handshake failed [RESOURCE_EXHAUSTED]: this server's envs are claimed by 'other-learner'" in said[0][1]
+        assert said[0][1].endswith("(tried again in 0.4 s)"), said[0][1]
+
+        # Another problem: the server at that address, started again, serves another env.
+        b.kill()
+        b.argv[b.argv.index("--env") + 1] = "Acrobot-v1"
+        b.start()  # (same port; it says it is listening once its envs are built)
+        caplog.clear()
+        rollouts(envs, 2.0)
+        said = lines(refused)
+        assert [level for level, _ in said][:1] == ["WARNING"] and len(said) >= 2, said
+        assert {level for level, _ in said[1:]} == {"DEBUG"}, said
+        assert "it has another observation_space than the fleet's" in said[0][1]
+        assert envs.num_envs == K
+
+
+def test_a_server_listed_again_is_tried_at_once(
+    spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backoff is forgotten when the server is no longer listed: listed again, it is new."""
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (30.0, 30.0))
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    holder = hold(b.address)
+    address, servers = fleet(a.address, b.address)
+    with RemoteVectorEnv(address, fault_tolerant=True) as envs:
+        assert envs.servers_not_joined == [b.address]
+        envs.reset(seed=0)
+        assert envs.refresh() is None  # (refused at the start: not tried again for 30 s)
+        holder.release()
+        assert envs.refresh() is None  # (still waiting its turn)
+        servers.remove(b.address)
+        assert envs.refresh() is None and envs.servers_not_joined == []
+        servers.append(b.address)
+        change = envs.refresh()
+        assert change is not None and change.added == (b.address,) and envs.num_envs == 2 * K
+
+
+def test_a_server_still_building_its_envs_is_tried_again_after_the_first_wait_each_time(
+    spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that answers it is starting (UNAVAILABLE) is soon there: it is tried again after the first
+    wait each time, not less and less often (its envs would join up to the longest wait late)."""
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (0.5, 30.0))
+    caplog.set_level(logging.DEBUG, logger="learner.remote")
+    a = spawn_server("tests.envs:ClockEnv", K)  # (the same spaces as SlowToBuildEnv)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    slow = f"127.0.0.1:{port}"
+    argv = ["--env", "tests.envs:SlowToBuildEnv", "--env-kwargs", '{"build_s": 4.0}', "--num-envs", str(K)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "env_server", *argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        try:
+            # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
+            with RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs:
+                assert envs.servers_not_joined == [slow]
+                envs.reset(seed=0)
+                _, change, _ = rollouts(envs, 15.0)
+                assert change is not None and change.added == (slow,)
+        finally:
+            proc.kill()
+    waits = re.findall(rf"env server {re.escape(slow)} does not join: .*\(tried again in (\S+) s\)", caplog.text)
+    assert len(waits) >= 2 and set(waits) == {"0.5"}, waits
