@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import itertools
 import json
+import logging
 import os
 import shlex
 import statistics
@@ -20,7 +22,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -210,7 +212,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     try:
-        summary = train(config, on_start=started, on_fleet_change=fleet_changed)
+        with _option_terms(args):
+            summary = train(config, on_start=started, on_fleet_change=fleet_changed)
     except RunCompleteError as err:  # (nothing left to do: an error only where a new target was asked for)
         if {"total_timesteps", "stop_at_return"} & given.keys():
             args.parser.error(str(err))
@@ -768,38 +771,57 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
     from learner.evaluate import evaluate
+
+    try:
+        with _option_terms(args):
+            result = evaluate(
+                args.run if args.run is not None else args.checkpoint,
+                args.episodes,
+                servers=args.servers,
+                backend=args.backend,
+                num_envs=4 if args.num_envs is None else args.num_envs,
+                seed=args.seed,
+                device=args.device,
+                deterministic=not args.stochastic,
+                transport=args.transport,
+                step_socket=args.step_socket,
+                auth_token=token,
+                **tls,
+                timeout=args.timeout,
+                keepalive_timeout=args.keepalive_timeout,
+                video=args.video,
+                video_fps=args.video_fps,
+                env_kwargs=args.env_kwargs,
+                wrappers=args.wrappers,
+                progress=args.progress,
+                env=args.env,
+            )
+    except EnvFleetError as err:
+        # The episodes that ended before the error, reported as a result, marked partial (then main says
+        # the error, exit 1): as a Ctrl-C's, they are a sample of the return all the same.
+        if err.partial_result is not None and err.partial_result["episodes"]:
+            _print_eval_result(args, err.partial_result, error=args.in_option_terms(str(err)))
+        raise
+    _print_eval_result(args, result)
+    return 130 if result.get("interrupted", False) else 0
+
+
+def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: str | None = None) -> None:
+    """``learner eval``'s result: that of every episode asked, or of those finished when a Ctrl-C
+    (``interrupted``) or an ``error`` stopped it (its message, as main prints it: then ``--json``'s
+    object has it as ``error``)."""
     from learner.stats import format_return
 
-    result = evaluate(
-        args.run if args.run is not None else args.checkpoint,
-        args.episodes,
-        servers=args.servers,
-        backend=args.backend,
-        num_envs=4 if args.num_envs is None else args.num_envs,
-        seed=args.seed,
-        device=args.device,
-        deterministic=not args.stochastic,
-        transport=args.transport,
-        step_socket=args.step_socket,
-        auth_token=token,
-        **tls,
-        timeout=args.timeout,
-        keepalive_timeout=args.keepalive_timeout,
-        video=args.video,
-        video_fps=args.video_fps,
-        env_kwargs=args.env_kwargs,
-        wrappers=args.wrappers,
-        progress=args.progress,
-        env=args.env,
-    )
     interrupted = result.get("interrupted", False)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result if error is None else {**result, "error": error}), flush=True)
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
         count = f"{result['episodes']} episode{'' if result['episodes'] == 1 else 's'}"
         if interrupted:
             count = f"interrupted: {count} of {result['episodes_asked']} finished"
+        elif error is not None:
+            count = f"{result['episodes']} of {result['episodes_asked']} episodes finished before the error,"
         print(f"{result['env']}: {count} of the {policy} policy in {result['checkpoint']}, on {result['envs']}")
         if result["episodes"]:
             print(
@@ -815,7 +837,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"video: {video['path']} (one more episode, in process: {video['steps']:,} steps{cut}, return "
                 f"{format_return(video['return'])}; {video['fps']:g} fps{kept})"
             )
-    return 130 if interrupted else 0
+        sys.stdout.flush()  # (before the error main prints on stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -1386,6 +1408,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# -- the library's advice in the commands' terms -----------------------------------------------------------
+
+
+def _option_hints(command: str) -> list[tuple[str, str]]:
+    """The advice of RemoteVectorEnv's errors that names its arguments, and what ``learner COMMAND``
+    (train, eval) says instead, naming its options: they are what its users can raise. Eval has no
+    --reset-timeout (its --timeout is the resets' deadline too: evaluate() words it so) and stops at an
+    env's error by design (evaluate() says so). Imports the library, so grpc: call it where the command
+    has done so (before, :func:`prefer_fast_grpc_core` comes first)."""
+    from learner.client import KEEPALIVE_TIMEOUT_HINT, RESET_TIMEOUT_HINT, TIMEOUT_HINT
+    from learner.remote import FAULT_TOLERANT_HINT
+
+    hints = [
+        (TIMEOUT_HINT, TIMEOUT_HINT.replace("`timeout`", "--timeout")),
+        # ("raise `keepalive_timeout`, --keepalive-timeout, ...": the option alone)
+        (KEEPALIVE_TIMEOUT_HINT, KEEPALIVE_TIMEOUT_HINT.replace("`keepalive_timeout`, ", "")),
+    ]
+    if command == "train":
+        hints += [
+            (RESET_TIMEOUT_HINT, RESET_TIMEOUT_HINT.replace("`reset_timeout`", "--reset-timeout")),
+            # (said only with --no-fault-tolerant: the rollout is dropped, every env starting over)
+            (FAULT_TOLERANT_HINT, "with --fault-tolerant, the default, only this env's episode would be cut short"),
+        ]
+    elif command == "eval":
+        hints.append((RESET_TIMEOUT_HINT, RESET_TIMEOUT_HINT.replace("`reset_timeout`", "--timeout")))
+    return hints
+
+
+def _reworded(text: str, hints: Sequence[tuple[str, str]]) -> str:
+    """``text`` with each of ``hints``' library phrases replaced by the command's."""
+    for library, command in hints:
+        text = text.replace(library, command)
+    return text
+
+
+class _OptionTerms(logging.Filter):
+    """Rewords a log record's message with :func:`_reworded` (the servers lost, still down, a rollout
+    dropped: logged by the library, with its advice). A filter of the handlers, as one of a logger
+    sees only that logger's own records, not those of the loggers below it."""
+
+    def __init__(self, hints: Sequence[tuple[str, str]]) -> None:
+        super().__init__()
+        self.hints = hints
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        reworded = _reworded(message, self.hints)
+        if reworded != message:
+            record.msg, record.args = reworded, None
+        return True
+
+
+@contextlib.contextmanager
+def _option_terms(args: argparse.Namespace) -> Iterator[None]:
+    """While the block runs (the command's library call), the log lines name ``args.command``'s options
+    where the library's advice names its arguments (:func:`_option_hints`); after it, the error main
+    prints does too (``args.in_option_terms``, which the command may use for what it prints itself).
+    The console handlers that stand in for the root logger's while a progress bar is up take their
+    filters, this one included."""
+    hints = _option_hints(args.command)
+    args.in_option_terms = lambda text: _reworded(text, hints)
+    handlers = list(logging.getLogger().handlers)
+    terms = _OptionTerms(hints)
+    for handler in handlers:
+        handler.addFilter(terms)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(terms)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     prefer_fast_grpc_core()  # first: before anything imports grpc
     try:
@@ -1399,9 +1493,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except _USER_ERRORS as err:
-        print(f"learner {args.command}: error: {err}", file=sys.stderr)
+        # (train's and eval's advice names their options, not the library's arguments: _option_terms)
+        reword: Callable[[str], str] = getattr(args, "in_option_terms", str)
+        print(f"learner {args.command}: error: {reword(str(err))}", file=sys.stderr)
         for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
-            print(f"  {note}", file=sys.stderr)
+            print(f"  {reword(note)}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]

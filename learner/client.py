@@ -52,6 +52,7 @@ from learner.errors import (
 )
 
 __all__ = [
+    "KEEPALIVE_TIMEOUT_HINT",
     "RELEASE_TIMEOUT",
     "RESET_TIMEOUT_HINT",
     "TIMEOUT_HINT",
@@ -117,9 +118,13 @@ RELEASE_TIMEOUT = 2.0
 _NO_ANSWER = "a slow env, or a server or a network that stalled"
 """What a deadline that passed may mean: the advice that follows is for the first."""
 TIMEOUT_HINT = "raise `timeout` if the env is slow"
-"""The advice a deadline that passed comes with (RemoteVectorEnv's argument; ``learner eval`` words it its way)."""
+"""The advice a deadline that passed comes with, naming RemoteVectorEnv's argument (``learner train``
+and ``learner eval`` name their options instead: ``learner.cli`` rewords these hints where it prints)."""
 RESET_TIMEOUT_HINT = "raise `reset_timeout` if the env is slow to reset"
 """The same for a Reset's deadline."""
+KEEPALIVE_TIMEOUT_HINT = f"raise `keepalive_timeout`, --keepalive-timeout, {KEEPALIVE_TIMEOUT:g} s by default"
+"""The advice a keepalive ping that got no answer in time comes with (the argument and the commands'
+option: the commands say only the option)."""
 STEP_WAIT_TIMEOUT_HINT = "the deadline was step_wait's timeout argument: pass a longer one if the env is slow"
 """The same for a deadline the caller gave ``step_wait``."""
 RESET_WAIT_TIMEOUT_HINT = "the deadline was reset_wait's timeout argument: pass a longer one if the env is slow"
@@ -252,8 +257,8 @@ def status_error(
         details += (
             ": the server did not answer a keepalive ping in time: it stopped, or its host is cut off, or "
             "the link is so slow or busy that an answer takes longer to cross (big observations on a slow "
-            f"link: raise `keepalive_timeout`, --keepalive-timeout, {KEEPALIVE_TIMEOUT:g} s by default, or have the servers "
-            "compress their answers, env-server --compression gzip)"
+            f"link: {KEEPALIVE_TIMEOUT_HINT}, or have the servers compress their answers, env-server --compression "
+            "gzip)"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)

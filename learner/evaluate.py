@@ -92,6 +92,12 @@ def evaluate(
     ``learner train`` shows. Ctrl-C (or SIGTERM) while the episodes run stops after the current step:
     the result is then of the episodes finished (``interrupted`` true; the return's statistics None
     when none had); a second Ctrl-C raises KeyboardInterrupt.
+
+    An error that stops the episodes (a server lost or late, an env that raised: the envs are not
+    fault-tolerant, as an episode cut short is no sample of the return) is raised with the result of
+    the episodes finished before it as its ``partial_result`` (``episodes_asked`` too; see
+    :class:`~learner.errors.EnvFleetError`): they are a sample all the same, and ``learner eval``
+    reports them. A passed deadline's error says to raise ``timeout``, the resets' deadline too.
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
@@ -217,6 +223,7 @@ def evaluate(
                 torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
 
             n = envs.num_envs
+            described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
             targets = np.array([(episodes + i) // n for i in range(n)])
             counts = np.zeros(n, dtype=np.int64)
             ep_return = np.zeros(n)
@@ -226,43 +233,45 @@ def evaluate(
             lengths: list[int] = []
             next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
             show = progress if progress is not None else sys.stderr.isatty() or in_notebook()
-            with (
-                StopRequest("the episodes finished so far are reported", log) as stop,
-                progress_bar(show, episodes, unit="episode", scale=False) as bar,
-            ):
-                obs, infos = envs.reset(seed=seed)
-                _raise_env_errors(infos, fleet)
-                while (counts < targets).any() and not stop.requested:
-                    obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+            try:
+                with (
+                    StopRequest("the episodes finished so far are reported", log) as stop,
+                    progress_bar(show, episodes, unit="episode", scale=False) as bar,
+                ):
+                    obs, infos = envs.reset(seed=seed)
                     _raise_env_errors(infos, fleet)
-                    ep_return += np.where(valid, rewards, 0.0)
-                    ep_length += valid
-                    done = (terms | truncs) & valid
-                    for i in np.flatnonzero(done):
-                        if counts[i] < targets[i]:
-                            returns.append(float(ep_return[i]))
-                            lengths.append(int(ep_length[i]))
-                            counts[i] += 1
-                            if bar is not None:
-                                bar.update(1)
-                                bar.set_postfix_str(
-                                    f"return {format_return(float(np.mean(returns)))} "
-                                    f"+- {format_return(float(np.std(returns)))}"
-                                )
-                        ep_return[i], ep_length[i] = 0.0, 0
-                    valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+                    while (counts < targets).any() and not stop.requested:
+                        obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+                        _raise_env_errors(infos, fleet)
+                        ep_return += np.where(valid, rewards, 0.0)
+                        ep_length += valid
+                        done = (terms | truncs) & valid
+                        for i in np.flatnonzero(done):
+                            if counts[i] < targets[i]:
+                                returns.append(float(ep_return[i]))
+                                lengths.append(int(ep_length[i]))
+                                counts[i] += 1
+                                if bar is not None:
+                                    bar.update(1)
+                                    bar.set_postfix_str(
+                                        f"return {format_return(float(np.mean(returns)))} "
+                                        f"+- {format_return(float(np.std(returns)))}"
+                                    )
+                            ep_return[i], ep_length[i] = 0.0, 0
+                        valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
+            except EnvFleetError as err:
+                # The episodes that ended before it are a sample of the return all the same (an episode cut
+                # short by the error is not one, and is not among them): kept, as Ctrl-C keeps them.
+                partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
+                partial["episodes_asked"] = episodes
+                if recorded is not None:
+                    partial["video"] = recorded
+                err.partial_result = partial
+                raise
             interrupted = bool((counts < targets).any())
     except (EnvCrashedError, RemoteTimeoutError) as err:
-        raise _in_cli_terms(err) from err
-    result: dict[str, Any] = {
-        "checkpoint": str(path),
-        "env": run_args.env,
-        "envs": f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe(),
-        "episodes": len(returns),
-        "deterministic": deterministic,
-        **_statistics(returns, lengths),
-        "returns": returns,
-    }
+        raise _in_own_terms(err) from err
+    result = _result(path, run_args.env, described, deterministic, returns, lengths)
     if interrupted:
         result["interrupted"] = True
         result["episodes_asked"] = episodes
@@ -278,6 +287,21 @@ def evaluate(
             result["return_std"],
         )
     return result
+
+
+def _result(
+    path: Path, env: str | None, envs: str, deterministic: bool, returns: list[float], lengths: list[int]
+) -> dict[str, Any]:
+    """What :func:`evaluate` returns of the episodes that ended (``returns``, ``lengths``), on ``envs`` (described)."""
+    return {
+        "checkpoint": str(path),
+        "env": env,
+        "envs": envs,
+        "episodes": len(returns),
+        "deterministic": deterministic,
+        **_statistics(returns, lengths),
+        "returns": returns,
+    }
 
 
 def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | None]:
@@ -349,16 +373,18 @@ def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:
     )
 
 
-def _in_cli_terms(err: RemoteEnvError) -> RemoteEnvError:
-    """``err`` with its advice in the terms of ``learner eval``'s options, not RemoteVectorEnv's arguments
-    (the same type and attributes; its notes, the other servers' errors, reworded alike)."""
+def _in_own_terms(err: RemoteEnvError) -> RemoteEnvError:
+    """``err`` with its advice in evaluate()'s terms, not RemoteVectorEnv's: it stops at an env's error
+    (no ``fault_tolerant`` to pass), and its ``timeout`` is the resets' deadline too (it has no
+    ``reset_timeout``). The same type and attributes, ``partial_result`` included; its notes (the
+    other servers' errors) reworded alike. (``learner eval`` names its options where it prints.)"""
 
     def reword(text: str) -> str:
         text = text.replace(FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
-        text = text.replace(RESET_TIMEOUT_HINT, "raise --timeout if the env is slow to reset")
-        return text.replace(TIMEOUT_HINT, TIMEOUT_HINT.replace("`timeout`", "--timeout"))
+        return text.replace(RESET_TIMEOUT_HINT, f"{TIMEOUT_HINT} to reset")
 
     new = type(err)(reword(str(err)), address=err.address, code=err.code, env_index=err.env_index)
+    new.partial_result = err.partial_result
     for note in getattr(err, "__notes__", ()):
         new.add_note(reword(note))
     return new

@@ -1,11 +1,14 @@
-"""``learner eval`` on servers of another env, damaged checkpoints and a run's checkpoints folder, and
-``learner plot`` of one-point runs, folders that are no runs and an output it cannot write."""
+"""``learner eval`` on servers of another env, damaged checkpoints and a run's checkpoints folder, errors
+that stop its episodes (the ones finished are reported), and ``learner plot`` of one-point runs, folders
+that are no runs and an output it cannot write."""
 
 from __future__ import annotations
 
 import errno
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,10 @@ import torch
 from learner import rundir
 from learner.checkpoint import UnreadableCheckpointError, find_checkpoint, load_checkpoint, load_latest_readable
 from learner.cli import main
-from tests.conftest import StartServers
+from learner.errors import RemoteTimeoutError
+from learner.evaluate import evaluate
+from learner.stats import format_return
+from tests.conftest import ServerProcess, SpawnServer, StartServers
 
 QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 
@@ -58,6 +64,95 @@ def test_eval_refuses_servers_of_another_env_with_the_same_spaces_as_training_do
     code, out, err = _eval(capsys, str(cartpole_run), "--episodes", "2", "--servers", v1, "--json")
     assert code == 0, err
     assert json.loads(out)["episodes"] == 2
+
+
+# -- errors that stop the episodes --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gate_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run on tests.envs:GateEnv (ClockEnv's 3-step episodes), trained in process without reaching its
+    gate; its servers' gate, at the env's 10th step, comes after 3 episodes have finished."""
+    run = tmp_path_factory.mktemp("runs") / "gate"
+    never = json.dumps({"gate": str(run.parent / "never"), "at": 10**9})
+    argv = ["train", "--env", "tests.envs:GateEnv", "--env-kwargs", never, "--backend", "gym", "--num-envs", "1"]
+    assert main([*argv, "--num-steps", "8", "--total-timesteps", "32", "--run-dir", str(run), *QUIET]) == 0
+    return run
+
+
+def _gate_server(spawn_server: SpawnServer, gate: Path, **kwargs: Any) -> ServerProcess:
+    """A server of one GateEnv whose 10th step waits at ``gate`` (the 4th episode's first step)."""
+    return spawn_server("tests.envs:GateEnv", 1, "--env-kwargs", json.dumps({"gate": str(gate), "at": 10, **kwargs}))
+
+
+def _kill_at(gate: Path, server: ServerProcess) -> threading.Thread:
+    """Kill ``server`` (SIGKILL) once its env waits at ``gate``: a server that dies mid-evaluation."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + 60
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.kill()
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_eval_stopped_by_a_server_that_died_reports_the_episodes_finished_before_the_error(
+    gate_run: Path, spawn_server: SpawnServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They are a sample of the return all the same (a Ctrl-C reports them too): printed as a result,
+    marked partial, then the error, exit status 1 as before; --json has them with the error."""
+    gate = tmp_path / "gate"
+    server = _gate_server(spawn_server, gate)
+    checkpoint = rundir.list_checkpoints(gate_run)[-1]
+    killer = _kill_at(gate, server)
+    code, out, err = _eval(capsys, str(gate_run), "--episodes", "10", "--servers", server.address)
+    killer.join(timeout=30)
+    assert code == 1, err
+    first, returns = out.splitlines()
+    assert first == (
+        f"tests.envs:GateEnv: 3 of 10 episodes finished before the error, of the deterministic policy in "
+        f"{checkpoint}, on env servers at {server.address}, 1 envs"
+    ), out
+    assert err.startswith(f"learner eval: error: env server {server.address}: Step failed [UNAVAILABLE]"), err
+    # --json: the same episodes, and the error as printed.
+    gate.unlink()
+    server.start()  # (again, on the same address: its env's steps counted from 0)
+    killer = _kill_at(gate, server)
+    code, out, err = _eval(capsys, str(gate_run), "--episodes", "10", "--servers", server.address, "--json")
+    killer.join(timeout=30)
+    assert code == 1, err
+    result = json.loads(out)
+    assert (result["episodes"], result["episodes_asked"], len(result["returns"])) == (3, 10, 3)
+    mean, low, high = (format_return(result[key]) for key in ("return_mean", "return_min", "return_max"))
+    assert returns == f"return {mean} +- 0 (min {low}, max {high}), mean length 3.0", (returns, result)
+    assert err.startswith(f"learner eval: error: {result['error']}"), (err, result["error"])
+
+
+def test_eval_whose_step_passed_its_deadline_reports_the_episodes_finished_and_evaluate_keeps_them(
+    gate_run: Path, spawn_server: SpawnServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 10th step takes 3 s (its gate is never opened), past --timeout 1. The library's evaluate()
+    raises the error with those episodes' result as its ``partial_result``."""
+    gate = tmp_path / "gate"
+    server = _gate_server(spawn_server, gate, hold_s=3.0)
+    code, out, err = _eval(capsys, str(gate_run), "--episodes", "10", "--servers", server.address, "--timeout", "1")
+    assert code == 1, err
+    assert ": 3 of 10 episodes finished before the error, of the deterministic policy in " in out, out
+    assert "mean length 3.0" in out
+    assert "Step failed [DEADLINE_EXCEEDED]: no answer within the 1 s deadline" in err, err
+    assert err.rstrip().endswith("; raise --timeout if the env is slow"), err
+    server.kill()
+    server.start()
+    with pytest.raises(RemoteTimeoutError) as raised:
+        evaluate(gate_run, 10, servers=server.address, timeout=1.0, progress=False)
+    assert str(raised.value).endswith("; raise `timeout` if the env is slow"), raised.value
+    partial = raised.value.partial_result
+    assert partial is not None and (partial["episodes"], partial["episodes_asked"]) == (3, 10), partial
+    assert partial["length_mean"] == 3.0 and len(partial["returns"]) == 3 and partial["return_std"] == 0.0
+    assert partial["checkpoint"] == str(rundir.list_checkpoints(gate_run)[-1]) and "interrupted" not in partial
 
 
 # -- damaged checkpoints, the checkpoints folder ------------------------------------------------------------
