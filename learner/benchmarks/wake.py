@@ -7,10 +7,10 @@ Python for a while (busy), or sleeping. In a fleet every process waits between s
 learner, for the envs, for a 2 ms simulator), so the per-step costs that add up to a round trip are
 the ones after a wait, not the back-to-back ones.
 
-On the 2-core development VM the code took ~8 us back to back and ~90 us after 2 ms of waiting,
-asleep or busy alike (benchmarks README, "Where a step's overhead goes"): it grows with the time
-away, not with sleeping, so waiting awake does not keep it down. That cost is the machine's (what
-else runs on its cores and caches meanwhile), so measure it where the fleet runs.
+On the 2-core development VM the code took 7-12 us back to back, 90-120 us after 2 ms of running
+other Python and ~150 us after 2 ms asleep (benchmarks README, "Where a step's overhead goes"): it
+grows with the time away, so waiting awake keeps only part of it down. That cost is the machine's
+(what else runs on its cores and caches meanwhile): measure it where the fleet runs.
 
     python -m learner.benchmarks.wake [--samples N] [--json PATH]
 """
