@@ -1428,6 +1428,9 @@ def _option_hints(command: str) -> list[tuple[str, str]]:
     if command == "train":
         hints += [
             (RESET_TIMEOUT_HINT, RESET_TIMEOUT_HINT.replace("`reset_timeout`", "--reset-timeout")),
+            # (servers not answering yet, still building their envs: eval has no such option, and waits
+            # RemoteVectorEnv's default)
+            ("`connect_timeout`", "--connect-timeout"),
             # (said only with --no-fault-tolerant: the rollout is dropped, every env starting over)
             (FAULT_TOLERANT_HINT, "with --fault-tolerant, the default, only this env's episode would be cut short"),
         ]

@@ -560,7 +560,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     raise ServerUnavailableError(f"env server {probed}: {cause}", address=probed)
                 if self.connect_timeout > _PATIENCE_S:
                     log.warning(
-                        "env server%s %s not answering yet%s; waiting up to %g s in all (connect_timeout)",
+                        "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
                         "s" if len(waiting) > 1 else "",
                         ", ".join(waiting),
                         f" ({probed}: {cause})" if cause else "",
@@ -774,7 +774,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
                 if time.monotonic() + delay > deadline:
                     raise ServerUnavailableError(
-                        f"{err} (still, after {self.connect_timeout:g} s: raise connect_timeout for servers "
+                        f"{err} (still, after {self.connect_timeout:g} s: raise `connect_timeout` for servers "
                         "that take long to build their envs)",
                         address=client.address,
                         code=err.code,
@@ -1075,7 +1075,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         except TimeoutError:
             raise ServerUnavailableError(
                 f"env server {client.address}: its session ended and it did not answer within "
-                f"{self.connect_timeout:g} s (connect_timeout); is it running?",
+                f"{self.connect_timeout:g} s (`connect_timeout`); is it running?",
                 address=client.address,
             ) from None
         old = client.spec

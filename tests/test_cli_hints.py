@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,18 @@ def test_every_hint_that_names_an_argument_names_the_command_s_option_instead() 
     assert "raise --keepalive-timeout, 5 s by default" in eval_[2]
     for message in (*train, *eval_):
         assert not ARGUMENT.search(message) and "fault_tolerant" not in message, message
+
+
+def test_train_says_connect_timeout_as_its_option_while_a_server_does_not_answer_yet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens at the address: the start's warning that it waits names --connect-timeout."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
+    argv = ["train", "--servers", address, "--connect-timeout", "3", "--run-dir", str(tmp_path / "run"), *QUIET]
+    with caplog.at_level("WARNING", logger="learner"):
+        assert main(argv) == 1
+    waiting = [r.getMessage() for r in caplog.records if "not answering yet" in r.getMessage()]
+    assert waiting and waiting[0].endswith("waiting up to 3 s in all (--connect-timeout)"), waiting
+    assert not any("connect_timeout" in r.getMessage() for r in caplog.records)
