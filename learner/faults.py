@@ -34,6 +34,7 @@ __all__ = [
     "RELAPSE_LOG_S",
     "SETTLE_S",
     "SETTLE_STEPS",
+    "STALL",
     "STILL_DOWN_LOG_S",
     "FaultStats",
     "Replica",
@@ -69,6 +70,14 @@ minute. 15 s at most: a server freed joins at most that late, about as long as a
 partition takes to end (the server's keepalive notices within ~15 s), and each reminder that it has not
 joined (every :data:`STILL_DOWN_LOG_S`) tells of a try since the last; 30 s, the default
 ``--claim-timeout``, would double that wait to save two refusals a minute."""
+
+STALL = (1.0, 10.0, 60.0)
+"""A step the fleet waited at least ``wait`` seconds for, whose slowest server answered ``factor``
+times slower than its median step (of 20 at least), is a stall, warned of at most once per ``every``
+seconds per server (with the count since): (wait, factor, every). A link that stalls for a few
+seconds, a server paused or swapping, holds up every env of the fleet for as long while staying
+within the step deadline (10 s in ``learner train``): without this, only the latency p99 in the
+metrics shows it. An env whose every step is slow is no stall (its median is slow too)."""
 
 
 class ReplicaState(enum.Enum):

@@ -400,6 +400,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
         self._missing_since: dict[str, float] = {}
         self._missing_said: dict[str, float] = {}
+        # Stalls warned of (see faults.STALL), by server: when last said, and how many since.
+        self._stalls: dict[str, tuple[float, int]] = {}
         # Servers out of the fleet whose handshake failed (at the start, or a refresh), until they join or are
         # listed no more: when they are tried again, and what was said (see _Refused, faults.JOIN_BACKOFF).
         self._refused: dict[str, _Refused] = {}
@@ -1236,6 +1238,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         The arrays cover the group's envs only (``group_slices[group]``), infos likewise.
         """
         self._assert_open()
+        waiting_since = time.monotonic()
         self._notice_answers()
         in_flight = [g for g in range(len(self._groups)) if self._in_flight[g]]
         if group is None:
@@ -1249,7 +1252,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     f"recv: group {group} has no step in flight; call send(actions, {group})", "recv"
                 )
         self._in_flight[group] = False
-        return (group, *self._finish(self._groups[group]))
+        return (group, *self._finish(self._groups[group], waiting_since))
 
     def _first_group_done(self, groups: list[int]) -> int:
         """The group in flight for :meth:`recv` to take in (of ``groups``, all in flight).
@@ -1398,18 +1401,54 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             env_index=int(ended[0]),
         )
 
-    def _finish(self, servers: Sequence[int]) -> StepResult:
-        """Wait for the servers' tasks and join their results (a batch over their envs, in order)."""
+    def _finish(self, servers: Sequence[int], waiting_since: float | None = None) -> StepResult:
+        """Wait for the servers' tasks and join their results (a batch over their envs, in order).
+        ``waiting_since``: when the caller began to wait for them (``time.monotonic()``; None: now)."""
+        waiting_since = time.monotonic() if waiting_since is None else waiting_since
         tasks = {i: t for i in servers if (t := self._tasks[i]) is not None}
         for i in servers:
             self._tasks[i] = None
+        steps = [self._timers[i].steps for i in servers]
         try:
-            return self._collect(servers, tasks)
+            result = self._collect(servers, tasks)
         except Exception:  # (a failed step: the fleet is marked stale where it failed)
             raise
         except BaseException as interrupt:  # Ctrl-C (KeyboardInterrupt), a signal handler's exit, ...
             self._abandon(tasks, interrupt, self._clients[servers[0]].address)
             raise
+        waited = time.monotonic() - waiting_since
+        if waited >= faults.STALL[0]:
+            answered = [
+                self._timers[i] for i, before in zip(servers, steps, strict=True) if self._timers[i].steps > before
+            ]
+            if answered:
+                self._note_stall(max(answered, key=StepTimer.last_latency), waited)
+        return result
+
+    def _note_stall(self, timer: StepTimer, waited: float) -> None:
+        """The fleet waited ``waited`` seconds for a step (long: see faults.STALL) whose slowest answer
+        was ``timer``'s server's: warn if that was a stall (far slower than its usual), at most once per
+        faults.STALL's period per server, with the count of those since."""
+        _, factor, every = faults.STALL
+        usual = timer.median_latency(before_last=True)
+        took = timer.last_latency()
+        if timer.steps <= 20 or not took >= factor * usual:
+            return
+        now = time.monotonic()
+        said, since = self._stalls.get(timer.address, (-math.inf, 0))
+        if now - said < every:
+            self._stalls[timer.address] = (said, since + 1)
+            return
+        self._stalls[timer.address] = (now, 0)
+        log.warning(
+            "env server %s took %.1f s to answer a step (its median: %s); the fleet waited %.1f s for it "
+            "(a stalled link, a paused or overloaded server, or a busy learner host)%s",
+            timer.address,
+            took,
+            f"{usual * 1000:.3g} ms" if usual < 1 else f"{usual:.3g} s",
+            waited,
+            f"; {since} more such step{'s' if since > 1 else ''} in the last {now - said:.0f} s" if since else "",
+        )
 
     def _collect(
         self, servers: Sequence[int], tasks: dict[int, asyncio.Task[tuple[pb.StepResponse, float]] | SocketStep]

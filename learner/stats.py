@@ -82,6 +82,23 @@ class StepTimer:
         self.shutdowns = 0
         self.reconnects = 0
 
+    @property
+    def steps(self) -> int:
+        """Steps recorded since the start (or :meth:`reset`)."""
+        return self._count
+
+    def last_latency(self) -> float:
+        """The round trip of the last step recorded, in seconds (0 before any)."""
+        return float(self._latency[(self._count - 1) % len(self._latency)]) if self._count else 0.0
+
+    def median_latency(self, before_last: bool = False) -> float:
+        """The median round trip of the recent steps (``before_last``: leaving the last one out), in seconds."""
+        n = min(self._count, len(self._latency))
+        recent = self._latency[:n]
+        if before_last and n:
+            recent = np.delete(recent, (self._count - 1) % len(self._latency))
+        return float(np.median(recent)) if len(recent) else float("nan")
+
     def record(self, latency_s: float, env_s: float) -> None:
         """One step: its round trip (sent to arrived) and the time the server's envs took, in seconds."""
         i = self._count % len(self._latency)

@@ -1,0 +1,97 @@
+"""A step the fleet waited long for, because one server answered far slower than it usually does (a
+stalled link, a paused server), is warned of, naming the server; an env whose every step is slow is not.
+
+Servers are paused for real (SIGSTOP, then SIGCONT from a timer: its kernel keeps the connection, as
+a link that stalls does)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from learner import faults
+from learner.local import LocalServers
+from learner.remote import RemoteVectorEnv
+
+ACTIONS = np.zeros(4, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[LocalServers]:
+    with LocalServers("CartPole-v1", 2, 2, transport="unix") as started:
+        yield started
+
+
+def _paused(pid: int, seconds: float) -> threading.Timer:
+    """Pause process ``pid`` now, for ``seconds``."""
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    timer.start()
+    return timer
+
+
+def _stalls(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "to answer a step (its median:" in r.getMessage()]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_stalls(
+    servers: LocalServers, groups: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over step() and over pipelined recv(): the first stall is warned of, the second (within the
+    period) only counted, and said with the next warning once the period is over."""
+    monkeypatch.setattr(faults, "STALL", (0.5, 10.0, 2.0))
+    paused_address, paused_pid = servers.addresses[1], servers.pids[1]
+    with RemoteVectorEnv(servers.addresses, num_groups=groups) as envs, caplog.at_level(logging.WARNING):
+        envs.reset(seed=0)
+
+        def step() -> None:
+            if groups == 1:
+                envs.step(ACTIONS)
+                return
+            for g, sl in enumerate(envs.group_slices):
+                envs.send(ACTIONS[sl], g)
+            for _ in envs.group_slices:
+                envs.recv()
+
+        for _ in range(30):
+            step()
+        assert not _stalls(caplog)
+        for stall in range(3):
+            timer = _paused(paused_pid, 1.0)
+            step()
+            timer.join()
+            for _ in range(25):
+                step()
+            if stall == 1:
+                threading.Event().wait(2.0)  # (the period is over by the third)
+    first, third = _stalls(caplog)
+    assert first.startswith(f"env server {paused_address} took 1.0 s to answer a step (its median: "), first
+    assert (
+        "; the fleet waited 1.0 s for it (a stalled link, a paused or overloaded server, or a busy learner host)"
+        in first
+    ), first
+    assert re.search(r"; 1 more such step in the last \d+ s$", third), third
+    assert paused_address in third
+
+
+def test_an_env_whose_every_step_is_slow_is_no_stall(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(faults, "STALL", (0.05, 10.0, 60.0))
+    with (
+        LocalServers("CartPole-v1", 1, 2, transport="unix", server_args=["--step-delay-ms", "60"]) as slow,
+        RemoteVectorEnv(slow.addresses) as envs,
+        caplog.at_level(logging.WARNING),
+    ):
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(np.zeros(2, dtype=np.int64))
+    assert not _stalls(caplog)
