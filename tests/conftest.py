@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -161,6 +162,33 @@ def not_found_at_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 _FLEETS: dict[str, list[str]] = {}
 register_resolver("testfleet", lambda name: list(_FLEETS[name]))
 _fleet_names = itertools.count()
+
+
+@contextlib.contextmanager
+def slow_to_build_server(build_s: float, num_envs: int) -> Iterator[str]:
+    """An env server of ``tests.envs:SlowToBuildEnv`` on a free loopback port, its address: it listens
+    within ~1 s, then builds its envs for ``build_s`` seconds, answering UNAVAILABLE ("starting")
+    meanwhile. Killed on leaving."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = [
+        "--env",
+        "tests.envs:SlowToBuildEnv",
+        "--env-kwargs",
+        f'{{"build_s": {build_s}}}',
+        "--num-envs",
+        str(num_envs),
+    ]
+    with subprocess.Popen(
+        [sys.executable, "-m", "env_server", *argv, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.kill()
 
 
 def fleet(*addresses: str) -> tuple[str, list[str]]:

@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from learner import (
     faults,
 )
 from learner.client import translate_error
-from tests.conftest import SpawnServer
+from tests.conftest import SpawnServer, slow_to_build_server
 
 K = 2  # envs per server
 FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
@@ -1093,25 +1092,15 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs
     """A server that listens but is still building its envs at connect_timeout (a big simulator) joins
     later too, as one that did not answer: a slow host costs no more than a down one."""
     a = spawn_server("tests.envs:ClockEnv", K)  # (the same spaces as SlowToBuildEnv)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    slow = f"127.0.0.1:{port}"
-    argv = ["--env", "tests.envs:SlowToBuildEnv", "--env-kwargs", '{"build_s": 4.0}', "--num-envs", str(K)]
-    with subprocess.Popen(
-        [sys.executable, "-m", "env_server", *argv, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    ) as proc:
-        try:
-            # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
-            with RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs:
-                assert (envs.num_envs, envs.servers_not_joined) == (K, [slow])
-                assert f"env server {slow}: " in caplog.text and "starting with the 1 of 2 that answered" in caplog.text
-                deadline = time.monotonic() + 30.0
-                while (change := envs.refresh()) is None:
-                    assert time.monotonic() < deadline, "the server did not join"
-                    time.sleep(0.2)
-                assert change.added == (slow,) and envs.num_envs == 2 * K
-        finally:
-            proc.kill()
+    # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
+    with (
+        slow_to_build_server(4.0, K) as slow,
+        RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs,
+    ):
+        assert (envs.num_envs, envs.servers_not_joined) == (K, [slow])
+        assert f"env server {slow}: " in caplog.text and "starting with the 1 of 2 that answered" in caplog.text
+        deadline = time.monotonic() + 30.0
+        while (change := envs.refresh()) is None:
+            assert time.monotonic() < deadline, "the server did not join"
+            time.sleep(0.2)
+        assert change.added == (slow,) and envs.num_envs == 2 * K

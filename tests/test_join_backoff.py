@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 
 from learner import RemoteVectorEnv, faults
 from learner.fleet import FleetChange
-from tests.conftest import ServerProcess, SpawnServer, fleet
+from tests.conftest import ServerProcess, SpawnServer, fleet, slow_to_build_server
 from tests.test_metrics import scrape
 
 K = 2  # envs per server
@@ -221,24 +220,14 @@ def test_a_server_still_building_its_envs_is_tried_again_after_the_first_wait_ea
     monkeypatch.setattr(faults, "JOIN_BACKOFF", (0.5, 30.0))
     caplog.set_level(logging.DEBUG, logger="learner.remote")
     a = spawn_server("tests.envs:ClockEnv", K)  # (the same spaces as SlowToBuildEnv)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    slow = f"127.0.0.1:{port}"
-    argv = ["--env", "tests.envs:SlowToBuildEnv", "--env-kwargs", '{"build_s": 4.0}', "--num-envs", str(K)]
-    with subprocess.Popen(
-        [sys.executable, "-m", "env_server", *argv, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    ) as proc:
-        try:
-            # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
-            with RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs:
-                assert envs.servers_not_joined == [slow]
-                envs.reset(seed=0)
-                _, change, _ = rollouts(envs, 15.0)
-                assert change is not None and change.added == (slow,)
-        finally:
-            proc.kill()
+    # (it listens within ~1 s, then builds its envs for 4 s: answering UNAVAILABLE, "starting")
+    with (
+        slow_to_build_server(4.0, K) as slow,
+        RemoteVectorEnv([a.address, slow], fault_tolerant=True, connect_timeout=2.0) as envs,
+    ):
+        assert envs.servers_not_joined == [slow]
+        envs.reset(seed=0)
+        _, change, _ = rollouts(envs, 15.0)
+        assert change is not None and change.added == (slow,)
     waits = re.findall(rf"env server {re.escape(slow)} does not join: .*\(tried again in (\S+) s\)", caplog.text)
     assert len(waits) >= 2 and set(waits) == {"0.5"}, waits
