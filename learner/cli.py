@@ -1456,7 +1456,10 @@ class _OptionTerms(logging.Filter):
         self.hints = hints
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # (a malformed call: logging reports it as it formats the record, as without us)
+            return True
         reworded = _reworded(message, self.hints)
         if reworded != message:
             record.msg, record.args = reworded, None

@@ -35,9 +35,10 @@ class EnvFleetError(Exception):
     """Base class of every error envfleet raises.
 
     Attributes:
-        partial_result: on an error that stopped :func:`learner.evaluate.evaluate` once its episodes had
-            begun (a server lost, a deadline passed, an env that raised), what it would have returned of
-            the episodes finished before it, with ``episodes_asked`` (its ``episodes``); None otherwise.
+        partial_result: on an error that stopped :func:`learner.evaluate.evaluate` from its first reset
+            on (a server lost, a deadline passed, an env that raised), what it would have returned of the
+            episodes finished before it (maybe none), with ``episodes_asked`` (its ``episodes``); None
+            otherwise.
             So the return of the episodes that did finish is not lost with the error.
     """
 

@@ -72,12 +72,13 @@ joined (every :data:`STILL_DOWN_LOG_S`) tells of a try since the last; 30 s, the
 ``--claim-timeout``, would double that wait to save two refusals a minute."""
 
 STALL = (1.0, 10.0, 60.0)
-"""A step the fleet waited at least ``wait`` seconds for, whose slowest server answered ``factor``
-times slower than its median step (of 20 at least), is a stall, warned of at most once per ``every``
-seconds per server (with the count since): (wait, factor, every). A link that stalls for a few
-seconds, a server paused or swapping, holds up every env of the fleet for as long while staying
-within the step deadline (10 s in ``learner train``): without this, only the latency p99 in the
-metrics shows it. An env whose every step is slow is no stall (its median is slow too)."""
+"""A step the fleet waited at least ``least`` seconds for, one of whose answers spent that long outside
+its server's envs and ``factor`` times its median time outside them (over 20 steps at least), is a
+stall, warned of at most once per ``every`` seconds per server (with the count since): (least,
+factor, every). A link that stalls for a few seconds, a server paused or swapping, holds up every env
+of the fleet for as long while staying within the step deadline (10 s in ``learner train``): without
+this, only the latency p99 in the metrics shows it. The envs' own time (each answer says how long its
+envs took) is left out: an env slow to reset, or whose steps are slow, is no stall."""
 
 
 class ReplicaState(enum.Enum):

@@ -1422,17 +1422,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 self._timers[i] for i, before in zip(servers, steps, strict=True) if self._timers[i].steps > before
             ]
             if answered:
-                self._note_stall(max(answered, key=StepTimer.last_latency), waited)
+                self._note_stall(max(answered, key=StepTimer.last_outside_envs), waited)
         return result
 
     def _note_stall(self, timer: StepTimer, waited: float) -> None:
-        """The fleet waited ``waited`` seconds for a step (long: see faults.STALL) whose slowest answer
-        was ``timer``'s server's: warn if that was a stall (far slower than its usual), at most once per
+        """The fleet waited ``waited`` seconds for a step (long: see faults.STALL); of its answers,
+        ``timer``'s server's spent the longest outside its envs. Warn if that was a stall: at least as
+        long as the wait that counts, and far longer than usual (an env slow to reset, or whose steps
+        are slow, is none: its envs' own time, which each answer reports, is left out); at most once per
         faults.STALL's period per server, with the count of those since."""
-        _, factor, every = faults.STALL
-        usual = timer.median_latency(before_last=True)
-        took = timer.last_latency()
-        if timer.steps <= 20 or not took >= factor * usual:
+        least, factor, every = faults.STALL
+        outside = timer.last_outside_envs()
+        usual = timer.usual_outside_envs(at_least=20)
+        if usual is None or outside < least or outside < factor * usual:
             return
         now = time.monotonic()
         said, since = self._stalls.get(timer.address, (-math.inf, 0))
@@ -1440,13 +1442,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._stalls[timer.address] = (said, since + 1)
             return
         self._stalls[timer.address] = (now, 0)
+        took = timer.last_latency()
         log.warning(
-            "env server %s took %.1f s to answer a step (its median: %s); the fleet waited %.1f s for it "
-            "(a stalled link, a paused or overloaded server, or a busy learner host)%s",
+            "env server %s took %.1f s to answer a step, %.1f s of it outside its envs (usually %s); the fleet "
+            "waited %.1f s for it (a stalled link, a paused or overloaded server, or a busy learner host)%s",
             timer.address,
             took,
+            outside,
             f"{usual * 1000:.3g} ms" if usual < 1 else f"{usual:.3g} s",
-            waited,
+            min(waited, took),
             f"; {since} more such step{'s' if since > 1 else ''} in the last {now - said:.0f} s" if since else "",
         )
 
@@ -2172,7 +2176,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._assert_idle("refresh")
         wait = _seconds("wait", wait, zero=True)
         dropped = set(drop)
-        resolved = self._look_up()
+        resolved, listed = self._look_up()
         replicas = {id(r.client): r for r in self._replicas}
         stay, leave = self._partition(resolved, dropped, replicas)
         # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
@@ -2191,11 +2195,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._let_go(leave, replicas)
         wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
-        joined = self._runner.run(self._join(wanted, wait))
+        joined = self._runner.run(self._join(wanted, wait, listed=listed))
         if not stay and not joined:
             # Every connection dropped at once (an overloaded host, a network blip): give the servers
             # connect_timeout to answer again before giving up.
-            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True))
+            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True, listed=listed))
         if not leave and not joined and self._stale is None:
             return None
         resets, failed = self._restart(stay, joined, replicas)
@@ -2213,8 +2217,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._let_go(failed, replicas)
         return self._relayout(stay, joined, leave, resets, replicas)
 
-    def _look_up(self) -> list[str]:
-        """The servers the addresses name now (refresh's first step); on a failed look-up, those of now."""
+    def _look_up(self) -> tuple[list[str], bool]:
+        """The servers the addresses name now (refresh's first step), and True; on a failed look-up,
+        those of now, and False (it says nothing of the servers not connected)."""
         try:
             named = expand_named(self._address_spec)
         except AddressError as err:
@@ -2223,9 +2228,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 "refresh: %s; keeping the %d server(s) connected now", err, len(self._clients)
             )
             self._noted.add(str(err))
-            return self.addresses
+            return self.addresses, False
         self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
-        return list(named)
+        return list(named), True
 
     def _partition(
         self, resolved: list[str], dropped: set[str], replicas: dict[int, Replica]
@@ -2393,20 +2398,25 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             restarted=sum(c.num_envs for c in stay if c.address in resets),
         )
 
-    async def _join(self, addresses: list[str], wait: float, everyone: bool = False) -> list[EnvClient]:
+    async def _join(
+        self, addresses: list[str], wait: float, everyone: bool = False, listed: bool = True
+    ) -> list[EnvClient]:
         """The servers at ``addresses`` that answer a handshake and serve the fleet's env.
 
         Servers seen for the first time (or, with ``everyone``, all those still connecting) get ``wait``
         seconds to connect; the others join if they are connected by now. One whose handshake failed (or
         that did not fit) is tried again once its wait is over (:data:`~learner.faults.JOIN_BACKOFF`);
-        with ``everyone`` (no server left: the last try before giving up), at once.
+        with ``everyone`` (no server left: the last try before giving up), at once. ``listed``: the
+        addresses are all those listed now (not so after a failed look-up), so the servers being
+        connected to, waited for or missed that are not among them are no longer listed: forgotten.
         """
-        for address in [a for a in self._joining if a not in addresses]:  # no longer listed
-            client, ready = self._joining.pop(address)
-            ready.cancel()
-            await client.close()
-        for address in [a for a in self._refused if a not in addresses]:  # (listed again, it is tried at once)
-            del self._refused[address]
+        if listed:
+            for address in [a for a in self._joining if a not in addresses]:  # no longer listed
+                client, ready = self._joining.pop(address)
+                ready.cancel()
+                await client.close()
+            for address in [a for a in self._refused if a not in addresses]:  # (listed again: tried at once)
+                del self._refused[address]
         now = time.monotonic()
 
         def due(address: str) -> bool:
@@ -2466,12 +2476,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             client.start_session(response)
             self._refused.pop(client.address, None)
             joined.append(client)
-        self._remind_missing(addresses, joined)
+        self._remind_missing(addresses, joined, listed)
         return joined
 
-    def _remind_missing(self, addresses: list[str], joined: list[EnvClient]) -> None:
+    def _remind_missing(self, addresses: list[str], joined: list[EnvClient], listed: bool = True) -> None:
         """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)
-        which still have not, and why (the last refusal, if one answered); forget those no longer listed."""
+        which still have not, and why (the last refusal, if one answered); forget those no longer listed
+        (``listed``: ``addresses`` are all those listed now; not so after a failed look-up)."""
         now = time.monotonic()
         for address in list(self._missing_since):
             if any(c.address == address for c in joined):
@@ -2480,7 +2491,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     address,
                     now - self._missing_since[address],
                 )
-            elif address in addresses:
+            elif address in addresses or not listed:
                 if now - self._missing_said[address] >= faults.STILL_DOWN_LOG_S:
                     refused = self._refused.get(address)
                     log.warning(

@@ -75,7 +75,8 @@ class StepTimer:
         self.num_envs = num_envs
         self._latency = np.zeros(window)
         self._env = np.zeros(window)
-        self._count = 0
+        self._recorded = 0  # steps recorded in all (reset() keeps the ring: see outside_envs)
+        self._count = 0  # of them, since the start of the window
         self._env_total = 0.0
         self._since = time.perf_counter()
         self.failures = 0
@@ -84,30 +85,41 @@ class StepTimer:
 
     @property
     def steps(self) -> int:
-        """Steps recorded since the start (or :meth:`reset`)."""
-        return self._count
+        """Steps recorded in all (:meth:`reset` leaves it)."""
+        return self._recorded
 
     def last_latency(self) -> float:
         """The round trip of the last step recorded, in seconds (0 before any)."""
-        return float(self._latency[(self._count - 1) % len(self._latency)]) if self._count else 0.0
+        return float(self._latency[(self._recorded - 1) % len(self._latency)]) if self._recorded else 0.0
 
-    def median_latency(self, before_last: bool = False) -> float:
-        """The median round trip of the recent steps (``before_last``: leaving the last one out), in seconds."""
-        n = min(self._count, len(self._latency))
-        recent = self._latency[:n]
-        if before_last and n:
-            recent = np.delete(recent, (self._count - 1) % len(self._latency))
-        return float(np.median(recent)) if len(recent) else float("nan")
+    def last_outside_envs(self) -> float:
+        """The part of the last step's round trip that its envs did not take, in seconds (0 before any)."""
+        if not self._recorded:
+            return 0.0
+        i = (self._recorded - 1) % len(self._latency)
+        return float(self._latency[i] - self._env[i])
+
+    def usual_outside_envs(self, at_least: int) -> float | None:
+        """The median part of a round trip that the envs did not take, over the recent steps before the
+        last (up to the ring's size, whatever :meth:`reset` did), in seconds; None with fewer than
+        ``at_least`` of them."""
+        size = len(self._latency)
+        earlier = np.arange(max(0, self._recorded - size), self._recorded - 1) % size
+        if len(earlier) < at_least:
+            return None
+        return float(np.median(self._latency[earlier] - self._env[earlier]))
 
     def record(self, latency_s: float, env_s: float) -> None:
         """One step: its round trip (sent to arrived) and the time the server's envs took, in seconds."""
-        i = self._count % len(self._latency)
+        i = self._recorded % len(self._latency)
         self._latency[i] = latency_s
         self._env[i] = env_s
+        self._recorded += 1
         self._count += 1
         self._env_total += env_s
 
     def reset(self) -> None:
+        """Start a new window of :meth:`stats` (the ring's steps stay, for :meth:`usual_outside_envs`)."""
         self._count = 0
         self._env_total = 0.0
         self._since = time.perf_counter()
@@ -116,11 +128,13 @@ class StepTimer:
         self.reconnects = 0
 
     def stats(self, available: bool = True, server_id: str = "") -> ReplicaStats:
-        n = min(self._count, len(self._latency))
+        size = len(self._latency)
+        n = min(self._count, size)
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         if n:
-            lat = np.percentile(self._latency[:n], [50, 99]) * 1000.0
-            env = np.percentile(self._env[:n], [50, 99]) * 1000.0
+            window = np.arange(self._recorded - n, self._recorded) % size  # (the window's steps)
+            lat = np.percentile(self._latency[window], [50, 99]) * 1000.0
+            env = np.percentile(self._env[window], [50, 99]) * 1000.0
         else:
             lat = env = np.array([float("nan"), float("nan")])
         return ReplicaStats(

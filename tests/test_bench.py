@@ -612,7 +612,7 @@ def test_cartpole_solve_says_when_a_configuration_sets_its_own_budget(
         ("wake", ["--samples", "0"], "argument --samples: expected an integer >= 1, got '0'"),
     ],
 )
-def test_soak_and_capacity_refuse_bad_options_naming_them(
+def test_the_benchmark_modules_refuse_bad_options_naming_them(
     module: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import importlib
