@@ -428,6 +428,12 @@ def _faults_line(summary: dict[str, Any]) -> str:
             parts.append(f"{count:,} {one if count == 1 else many}")
             if key == "env_steps_lost":  # (steps that were no transition: their env was unavailable)
                 parts[-1] += f" ({count / max(summary['total_steps'], 1):.1%} of the run's)"
+    # (this session's, per server: see learner.faults.STALL)
+    stalled = {name: n for name, replica in (summary.get("replicas") or {}).items() if (n := replica.get("stalls"))}
+    if stalled:
+        count = sum(stalled.values())
+        servers = ", ".join(f"{name} {n:,}" for name, n in stalled.items())
+        parts.append(f"{count:,} stalled step{'' if count == 1 else 's'} ({servers})")
     return "faults: " + ", ".join(parts) if parts else ""
 
 

@@ -116,6 +116,7 @@ REPLICA_COUNTERS: dict[str, str] = {
     "failures": "Times the env server was lost (an error or a missed deadline), not shutdowns",
     "shutdowns": "Times the env server left saying it was shutting down (planned)",
     "reconnects": "Times the env server came back",
+    "stalls": "Steps of the env server that stalled the fleet (far slower than usual outside its envs)",
 }
 """Per-replica counts of a row (this update's) as counters ``envfleet_learner_replica_<key>_total{replica=...}``."""
 

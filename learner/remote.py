@@ -1436,6 +1436,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         usual = timer.usual_outside_envs(at_least=20)
         if usual is None or outside < least or outside < factor * usual:
             return
+        timer.stalls += 1
         now = time.monotonic()
         said, since = self._stalls.get(timer.address, (-math.inf, 0))
         if now - said < every:

@@ -52,6 +52,10 @@ class ReplicaStats:
     """Times it left in the window saying it was shutting down (a scale-down, a restart): planned."""
     reconnects: int = 0
     """Times it came back in the window."""
+    stalls: int = 0
+    """Its steps in the window that stalled the fleet: waited for long, far longer than usual outside its
+    envs (a stalled link, a paused or overloaded server or learner host; see
+    :data:`learner.faults.STALL`, which every one counts here whether warned of or not)."""
     server_id: str = ""
     """The server process's id (its spec's ``server_id``, which its ``envfleet_server_info`` metric
     carries too; a restarted server has a new one); "" where unknown."""
@@ -82,6 +86,7 @@ class StepTimer:
         self.failures = 0
         self.shutdowns = 0
         self.reconnects = 0
+        self.stalls = 0
 
     @property
     def steps(self) -> int:
@@ -126,6 +131,7 @@ class StepTimer:
         self.failures = 0
         self.shutdowns = 0
         self.reconnects = 0
+        self.stalls = 0
 
     def stats(self, available: bool = True, server_id: str = "") -> ReplicaStats:
         size = len(self._latency)
@@ -151,6 +157,7 @@ class StepTimer:
             failures=self.failures,
             shutdowns=self.shutdowns,
             reconnects=self.reconnects,
+            stalls=self.stalls,
             server_id=server_id,
         )
 

@@ -1073,6 +1073,7 @@ class ReplicaTotals:
     failures: int = 0
     shutdowns: int = 0
     reconnects: int = 0
+    stalls: int = 0
     _weighted: dict[str, float] = field(default_factory=dict)
     _weights: dict[str, int] = field(default_factory=dict)
 
@@ -1084,6 +1085,7 @@ class ReplicaTotals:
         self.failures += window.failures
         self.shutdowns += window.shutdowns
         self.reconnects += window.reconnects
+        self.stalls += window.stalls
         for key in self.MEANS:
             value = getattr(window, key, None)  # (env_busy: where the fleet reports it)
             if value is not None and window.steps and math.isfinite(value):
@@ -1096,7 +1098,7 @@ class ReplicaTotals:
         }
         if "env_busy" not in self._weights:
             del means["env_busy"]
-        counts = {k: getattr(self, k) for k in ("num_envs", "steps", "failures", "shutdowns", "reconnects")}
+        counts = {k: getattr(self, k) for k in ("num_envs", "steps", "failures", "shutdowns", "reconnects", "stalls")}
         return {**counts, **means}
 
 

@@ -72,6 +72,8 @@ def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_
                 step()
             if stall == 1:
                 threading.Event().wait(3.0)  # (the period is over by the third)
+        counted = {r.address: r.stalls for r in envs.replica_stats()}
+    assert counted == {servers.addresses[0]: 0, paused_address: 3}, counted  # (every one, warned of or not)
     first, third = _stalls(caplog)
     took = rf"env server {re.escape(paused_address)} took 1\.\d s to answer a step, 1\.\d s of it outside its envs "
     assert re.match(took + r"\(usually [\d.]+ ms\); the fleet waited 1\.\d s for it \(a stalled link, ", first), first
@@ -109,3 +111,16 @@ def test_an_env_slow_to_reset_is_no_stall(caplog: pytest.LogCaptureFixture, monk
         for _ in range(32):  # (8 slow resets, after the first 20 steps some)
             envs.step(np.zeros(1, dtype=np.int64))
     assert not _stalls(caplog)
+
+
+def test_learner_train_s_closing_line_counts_the_stalled_steps_by_server() -> None:
+    from learner.cli import _faults_line
+
+    replicas = {"local-0": {"stalls": 0}, "local-1": {"stalls": 3}, "10.0.0.5:50051": {"stalls": 1}}
+    assert _faults_line({"total_steps": 100, "replicas": replicas}) == (
+        "faults: 4 stalled steps (local-1 3, 10.0.0.5:50051 1)"
+    )
+    assert _faults_line({"total_steps": 100, "replicas": {"local-0": {"stalls": 0}}}) == ""
+    assert _faults_line({"total_steps": 100, "failures": 1, "replicas": {"local-1": {"stalls": 1}}}) == (
+        "faults: 1 server failure, 1 stalled step (local-1 1)"
+    )
