@@ -33,6 +33,7 @@ from env_server.envs import EnvBuildError
 from env_server.protocol import KEEPALIVE_TIMEOUT, package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
+from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
@@ -1396,7 +1397,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--ppo-layouts",
-        default="gym,tcp,grpc,unix,pipelined,1-server,4-servers",
+        default=",".join(PPO_LAYOUTS),
         metavar="NAMES",
         help="the ppo suite's layouts: gym (in-process SyncVectorEnv, what the PPO target compares with); "
         "2 local servers over tcp, over grpc on Unix sockets, on their step sockets (unix), pipelined in 2 "

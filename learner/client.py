@@ -52,6 +52,7 @@ from learner.errors import (
 )
 
 __all__ = [
+    "KEEPALIVE_TIMEOUT",
     "KEEPALIVE_TIMEOUT_HINT",
     "RELEASE_TIMEOUT",
     "RESET_TIMEOUT_HINT",
@@ -59,7 +60,6 @@ __all__ = [
     "EnvClient",
     "SocketStep",
     "channel_credentials",
-    "KEEPALIVE_TIMEOUT",
     "channel_options",
     "client_identity",
     "request_too_large",

@@ -1077,15 +1077,14 @@ class ReplicaTotals:
     _weighted: dict[str, float] = field(default_factory=dict)
     _weights: dict[str, int] = field(default_factory=dict)
 
+    COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
     MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
 
     def add(self, window: ReplicaStats) -> None:
         self.num_envs = window.num_envs
         self.steps += window.steps
-        self.failures += window.failures
-        self.shutdowns += window.shutdowns
-        self.reconnects += window.reconnects
-        self.stalls += window.stalls
+        for key in self.COUNTS:
+            setattr(self, key, getattr(self, key) + getattr(window, key))
         for key in self.MEANS:
             value = getattr(window, key, None)  # (env_busy: where the fleet reports it)
             if value is not None and window.steps and math.isfinite(value):
@@ -1098,7 +1097,7 @@ class ReplicaTotals:
         }
         if "env_busy" not in self._weights:
             del means["env_busy"]
-        counts = {k: getattr(self, k) for k in ("num_envs", "steps", "failures", "shutdowns", "reconnects", "stalls")}
+        counts = {k: getattr(self, k) for k in ("num_envs", "steps", *self.COUNTS)}
         return {**counts, **means}
 
 
