@@ -35,6 +35,7 @@ __all__ = [
     "SETTLE_S",
     "SETTLE_STEPS",
     "STALL",
+    "STALL_BASELINE",
     "STILL_DOWN_LOG_S",
     "FaultStats",
     "Replica",
@@ -73,12 +74,16 @@ joined (every :data:`STILL_DOWN_LOG_S`) tells of a try since the last; 30 s, the
 
 STALL = (1.0, 10.0, 60.0)
 """A step the fleet waited at least ``least`` seconds for, one of whose answers spent that long outside
-its server's envs and ``factor`` times its median time outside them (over 20 steps at least), is a
-stall, warned of at most once per ``every`` seconds per server (with the count since): (least,
-factor, every). A link that stalls for a few seconds, a server paused or swapping, holds up every env
+its server's envs and ``factor`` times its median time outside them (over :data:`STALL_BASELINE` steps
+at least), is a stall, warned of at most once per ``every`` seconds per server (with the count since):
+(least, factor, every). A link that stalls for a few seconds, a server paused or swapping, holds up every env
 of the fleet for as long while staying within the step deadline (10 s in ``learner train``): without
 this, only the latency p99 in the metrics shows it. The envs' own time (each answer says how long its
 envs took) is left out: an env slow to reset, or whose steps are slow, is no stall."""
+
+STALL_BASELINE = 20
+"""How many earlier steps of a server :data:`STALL`'s median takes at least: before that many, none of its
+steps is judged (a server's first steps, its connections warming up, are often slow)."""
 
 
 class ReplicaState(enum.Enum):

@@ -395,16 +395,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)
         self._pending_reset: tuple[Any, dict[str, Any] | None] = (None, None)  # (reset_async's seed and options)
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
-        # Fault-tolerant: servers the start went on without as another learner held them, and the refusal.
-        self._busy_at_start: dict[str, ServerBusyError] = {}
-        # Servers the start went on without (fault-tolerant), until they join: since when, and last said.
-        self._missing_since: dict[str, float] = {}
-        self._missing_said: dict[str, float] = {}
         # Stalls warned of (see faults.STALL), by server: when last said, and how many since.
         self._stalls: dict[str, tuple[float, int]] = {}
-        # Servers out of the fleet whose handshake failed (at the start, or a refresh), until they join or are
-        # listed no more: when they are tried again, and what was said (see _Refused, faults.JOIN_BACKOFF).
-        self._refused: dict[str, _Refused] = {}
+        # Listed servers out of the fleet that the fleet knows of, until they join or are listed no more: those
+        # the fault-tolerant start went on without, and those whose handshake failed or that did not fit (_Away).
+        self._away: dict[str, _Away] = {}
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
@@ -648,7 +643,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if errors:
                 raise errors[0]
             if aliases or building:
-                self._busy_at_start = {c.address: r for c, r in building.items() if isinstance(r, ServerBusyError)}
                 for client in building:
                     later = self._client(client.address)
                     self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
@@ -660,8 +654,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     for client, err in building.items():
                         # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
                         # says at DEBUG that it was refused alike (the warning below names the problem).
-                        self._refused[client.address] = refused = _Refused()
-                        refused.refuse(err, reasons[client.address])
+                        away = self._away.setdefault(client.address, _Away())
+                        away.refuse(err, reasons[client.address])
+                        away.held = err if isinstance(err, ServerBusyError) else None
                     self._note_missing(list(reasons.items()), listed=len(clients) - len(aliases))
                 clients = [c for c in clients if c not in aliases and c not in building]
         except BaseException:
@@ -689,7 +684,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         until then the fleet is that much smaller, and a line says so once in a while."""
         now = time.monotonic()
         for address, _ in missing:
-            self._missing_since[address] = self._missing_said[address] = now
+            away = self._away.setdefault(address, _Away())
+            away.missing_since = away.said_at = now
         log.warning(
             "env server%s %s; starting with the %d of %d that answered (fault-tolerant): %s envs join when %s "
             "(looked for at refresh(), which learner train calls between rollouts)",
@@ -705,7 +701,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def servers_not_joined(self) -> list[str]:
         """Servers listed at the start that the fault-tolerant start went on without (they did not answer,
         or were still building their envs) and that have not joined since."""
-        return list(self._missing_since)
+        return [address for address, away in self._away.items() if away.missing_since is not None]
+
+    def _held_at_start(self) -> list[ServerBusyError]:
+        """The refusals of the servers in :attr:`servers_not_joined` that another learner held at the start."""
+        return [away.held for away in self._away.values() if away.missing_since is not None and away.held]
 
     async def _find_aliases(
         self,
@@ -1433,7 +1433,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         faults.STALL's period per server, with the count of those since."""
         least, factor, every = faults.STALL
         outside = timer.last_outside_envs()
-        usual = timer.usual_outside_envs(at_least=20)
+        usual = timer.usual_outside_envs(at_least=faults.STALL_BASELINE)
         if usual is None or outside < least or outside < factor * usual:
             return
         timer.stalls += 1
@@ -2041,7 +2041,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             envs_unavailable=sum(c.num_envs for _, c in down),
             servers_joined=retired.joined,
             servers_left=retired.left,
-            servers_not_joined=len(self._missing_since),
+            servers_not_joined=len(self.servers_not_joined),
         )
 
     def _as_batch(self, actions: Any, count: int, where: str, base: int = 0) -> Any:
@@ -2416,13 +2416,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 client, ready = self._joining.pop(address)
                 ready.cancel()
                 await client.close()
-            for address in [a for a in self._refused if a not in addresses]:  # (listed again: tried at once)
-                del self._refused[address]
+            for address in [a for a in self._away if a not in addresses]:  # (listed again: tried at once)
+                del self._away[address]
         now = time.monotonic()
 
         def due(address: str) -> bool:
-            refused = self._refused.get(address)
-            return everyone or refused is None or refused.retry_at <= now
+            away = self._away.get(address)
+            return everyone or away is None or away.retry_at <= now
 
         fresh = []
         for address in addresses:
@@ -2448,9 +2448,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         joined = []
         for client, response in zip(answered, responses, strict=True):
             if client in aliases:
-                self._missing_since.pop(client.address, None)
-                self._missing_said.pop(client.address, None)
-                self._refused.pop(client.address, None)
+                self._away.pop(client.address, None)
                 await client.close()
                 continue
             problem = (
@@ -2459,54 +2457,47 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 else self._misfit(response.spec, client.address)
             )
             if problem:
-                refused = self._refused.setdefault(client.address, _Refused())
+                away = self._away.setdefault(client.address, _Away())
                 # Each kind of problem warned of once per server (the start's warning counts): it is tried
                 # again, refused alike, while it stays listed.
-                news = refused.refuse(response if isinstance(response, BaseException) else None, problem)
+                news = away.refuse(response if isinstance(response, BaseException) else None, problem)
                 log.log(
                     logging.WARNING if news else logging.DEBUG,
                     "refresh: env server %s does not join: %s (tried again in %g s)",
                     client.address,
                     problem,
-                    refused.delay,
+                    away.delay,
                 )
                 if not isinstance(response, BaseException):
                     client.start_session(response)  # so that close() releases the claim
                 await client.close()
                 continue
             client.start_session(response)
-            self._refused.pop(client.address, None)
-            joined.append(client)
-        self._remind_missing(addresses, joined, listed)
-        return joined
-
-    def _remind_missing(self, addresses: list[str], joined: list[EnvClient], listed: bool = True) -> None:
-        """Of the servers the start went on without: say which joined, and (once per STILL_DOWN_LOG_S)
-        which still have not, and why (the last refusal, if one answered); forget those no longer listed
-        (``listed``: ``addresses`` are all those listed now; not so after a failed look-up)."""
-        now = time.monotonic()
-        for address in list(self._missing_since):
-            if any(c.address == address for c in joined):
+            was = self._away.pop(client.address, None)
+            if was is not None and was.missing_since is not None:
                 log.info(
                     "env server %s joined, %.0f s after the start went on without it",
-                    address,
-                    now - self._missing_since[address],
+                    client.address,
+                    time.monotonic() - was.missing_since,
                 )
-            elif address in addresses or not listed:
-                if now - self._missing_said[address] >= faults.STILL_DOWN_LOG_S:
-                    refused = self._refused.get(address)
-                    log.warning(
-                        "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
-                        "when it answers",
-                        address,
-                        now - self._missing_since[address],
-                        f" (last tried {now - refused.tried_at:.0f} s ago: {refused.last})"
-                        if refused is not None
-                        else "",
-                    )
-                    self._missing_said[address] = now
-                continue
-            del self._missing_since[address], self._missing_said[address]
+            joined.append(client)
+        self._remind_missing()
+        return joined
+
+    def _remind_missing(self) -> None:
+        """Say (once per STILL_DOWN_LOG_S) which of the servers the start went on without have not joined yet,
+        and why (the last refusal, if one answered)."""
+        now = time.monotonic()
+        for address, away in self._away.items():
+            if away.missing_since is not None and now - away.said_at >= faults.STILL_DOWN_LOG_S:
+                log.warning(
+                    "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
+                    "when it answers",
+                    address,
+                    now - away.missing_since,
+                    f" (last tried {now - away.tried_at:.0f} s ago: {away.last})" if away.tried_at else "",
+                )
+                away.said_at = now
 
     def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
         """Why a server with ``spec`` cannot join the fleet ("" if it can; warned of if its env is another)."""
@@ -2609,12 +2600,16 @@ class _StepBatch:
         self.truncations[envs] = True
 
 
-class _Refused:
-    """A server out of the fleet whose last handshake failed, or that did not fit: when a refresh tries it
-    again (see :data:`~learner.faults.JOIN_BACKOFF`), and what was said of it."""
+class _Away:
+    """A listed server out of the fleet: whether the fault-tolerant start went on without it; if its last
+    handshake failed or it did not fit, when a refresh tries it again (see :data:`~learner.faults.JOIN_BACKOFF`)
+    and what was said of it."""
 
     def __init__(self) -> None:
-        self.tried_at = 0.0  # (time.monotonic())
+        self.missing_since: float | None = None  # the start went on without it, then (time.monotonic())
+        self.said_at = 0.0  # when a line last said it had not joined
+        self.held: ServerBusyError | None = None  # the start's refusal, as another learner held it
+        self.tried_at = 0.0  # (0: not tried since it is away, as one that never answered)
         self.retry_at = 0.0
         self.delay = 0.0  # the wait before retry_at
         self.last = ""  # why the last try failed, as said

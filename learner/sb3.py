@@ -152,7 +152,7 @@ class RemoteVecEnv(VecEnv):
         if not remote.copy:
             raise InvalidArgumentError(_COPY_NEEDED.format(got="a RemoteVectorEnv made with copy=False"))
         missing = remote.servers_not_joined
-        held = [remote._busy_at_start[a] for a in missing if a in remote._busy_at_start]
+        held = remote._held_at_start()
         if held:  # (another learner holds it: no connect_timeout helps)
             raise held[0]
         if missing:
