@@ -37,8 +37,9 @@ ActionBounds = Literal["clip", "squash"]
 def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0) -> Any:
     """Orthogonal weights with gain ``std`` and constant biases.
 
-    From "The 37 Implementation Details of PPO" (Huang et al., 2022), detail 2: policy output
-    layers use std 0.01, value output layers 1, hidden layers sqrt(2).
+    From "The 37 Implementation Details of PPO" (Huang et al., 2022, detail 2;
+    https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/): policy output layers
+    use std 0.01, value output layers 1, hidden layers sqrt(2).
     """
     nn.init.orthogonal_(layer.weight, std)
     if layer.bias is not None:
@@ -246,6 +247,8 @@ class GaussianHead(ActionHead):
         self.action_shape, self.action_dtype = (self.num_outputs,), torch.float32
         self.low: Tensor
         self.high: Tensor
+        # A log std per action dimension, not an output of the net: state-independent, as in PPO's paper's
+        # continuous control runs and CleanRL's ppo_continuous_action.py (Huang et al., 2022, continuous detail 2).
         self.log_std = nn.Parameter(torch.zeros(self.num_outputs))
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32), persistent=False)

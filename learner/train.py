@@ -1543,6 +1543,8 @@ def train(
             log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
+        # eps 1e-5, not torch's 1e-8: PPO's baselines (Huang et al., 2022, detail 3). fused: one kernel for every
+        # parameter's update (on CPU since torch 2.4, pyproject's floor).
         optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
         vector_obs = isinstance(obs_space, gym.spaces.Box) and not image
         obs_rms = RunningMeanStd(obs_space.shape or (), device) if hp.norm_obs and vector_obs else None

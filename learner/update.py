@@ -119,7 +119,7 @@ def make_batch(
         for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
     )
     if hp.clip_reward:
-        rewards = torch.sign(rewards)
+        rewards = torch.sign(rewards)  # Atari's reward clipping (Mnih et al., 2015; Huang et al., 2022, Atari detail 6)
     if reward_scaler is not None:
         dones = terminations | truncations
         rewards = torch.stack([reward_scaler(rewards[t], dones[t], valid[t]) for t in range(rewards.shape[0])])
@@ -201,6 +201,7 @@ def ppo_update(
 
             optimizer.zero_grad()
             loss.backward()
+            # the global norm over all parameters (Huang et al., 2022, detail 11)
             torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
             optimizer.step()
             clipfracs.append(stats["clipfrac"])

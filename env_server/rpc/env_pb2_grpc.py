@@ -117,6 +117,11 @@ class EnvServiceServicer:
 
     def Reset(self, request, context):
         """Resets all K envs (or those selected by reset_mask) and returns their first observations.
+        INVALID_ARGUMENT for a request that cannot be served as it is (the field named: seeds or
+        reset_mask of the wrong length, no env selected, options not a map or using the reserved key
+        "reset_mask", a partial mask on a "vector_entry_point" server); FAILED_PRECONDITION for a mask
+        before the session's first full reset. A session that is not live gets the status described at
+        HandshakeResponse.session_id. Nothing is reset when the request is refused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,6 +129,11 @@ class EnvServiceServicer:
 
     def Step(self, request, context):
         """Steps all K envs with one action each, with the server's autoreset mode.
+        FAILED_PRECONDITION for a step before the session's first Reset, and, with autoreset Disabled,
+        for a step while an env that ended at the last step has not been reset (the status names the
+        env); INVALID_ARGUMENT for actions that cannot be decoded or lie outside the action space (the
+        env named); a session that is not live, as for Reset. Nothing is stepped when the request is
+        refused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
