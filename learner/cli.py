@@ -795,6 +795,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 auth_token=token,
                 **tls,
                 timeout=args.timeout,
+                connect_timeout=args.connect_timeout,
                 keepalive_timeout=args.keepalive_timeout,
                 video=args.video,
                 video_fps=args.video_fps,
@@ -873,7 +874,9 @@ def cmd_servers(args: argparse.Namespace) -> int:
     token, tls = _connection(args)
     from learner.survey import describe, survey
 
-    servers = survey(args.servers, timeout=args.timeout, auth_token=token, **tls)
+    with _option_terms(args):  # (their errors name its options, as train's and eval's do)
+        servers = survey(args.servers, timeout=args.timeout, auth_token=token, **tls)
+    servers = [dataclasses.replace(s, error=args.in_option_terms(s.error)) for s in servers]
     print(json.dumps([s.to_json() for s in servers]) if args.json else describe(servers))
     return 0 if all(not s.error for s in servers) else 1
 
@@ -1231,6 +1234,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per call to a server (default: %(default)s)",
     )
     evaluate.add_argument(
+        "--connect-timeout",
+        type=positive_seconds,
+        default=Args.connect_timeout,  # (train's)
+        metavar="S",
+        help="seconds to wait at the start for --servers to answer (those still building their envs, `compose:` "
+        "replicas still starting) (default: %(default)s)",
+    )
+    evaluate.add_argument(
         "--keepalive-timeout",
         type=positive_seconds,
         default=KEEPALIVE_TIMEOUT,
@@ -1419,30 +1430,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _option_hints(command: str) -> list[tuple[str, str]]:
-    """The advice of RemoteVectorEnv's errors that names its arguments, and what ``learner COMMAND``
-    (train, eval) says instead, naming its options: they are what its users can raise. Eval has no
-    --reset-timeout (its --timeout is the resets' deadline too: evaluate() words it so) and stops at an
-    env's error by design (evaluate() says so). Imports the library, so grpc: call it where the command
-    has done so (before, :func:`prefer_fast_grpc_core` comes first)."""
+    """The advice of the library's errors and log lines that names its arguments, and what ``learner
+    COMMAND`` (train, eval, servers) says instead, naming its options: they are what its users can
+    raise (in order: a pair may word what an earlier one gave). Eval words its errors as evaluate()
+    does first (:data:`learner.evaluate.OWN_TERMS`: its --timeout is the resets' deadline too, and it
+    stops at an env's error). Imports the library, so grpc: call it where the command has done so (before,
+    :func:`prefer_fast_grpc_core` comes first)."""
     from learner.client import KEEPALIVE_TIMEOUT_HINT, RESET_TIMEOUT_HINT, TIMEOUT_HINT
     from learner.remote import FAULT_TOLERANT_HINT
 
-    hints = [
+    hints: list[tuple[str, str]] = []
+    if command == "eval":
+        from learner.evaluate import OWN_TERMS
+
+        hints += OWN_TERMS
+    hints += [
         (TIMEOUT_HINT, TIMEOUT_HINT.replace("`timeout`", "--timeout")),
-        # ("raise `keepalive_timeout`, --keepalive-timeout, ...": the option alone)
-        (KEEPALIVE_TIMEOUT_HINT, KEEPALIVE_TIMEOUT_HINT.replace("`keepalive_timeout`, ", "")),
+        # (the TLS hints of learner.discovery name the argument, then train's option: the option alone;
+        # RemoteVectorEnv's, the argument alone)
+        ("tls=..., learner train --tls-ca", "--tls-ca"),
+        ("tls=PATH, learner train --tls-ca", "--tls-ca"),
+        ("tls_server_name=NAME, learner train --tls-server-name", "--tls-server-name NAME"),
+        (
+            "tls_client_cert=PATH, tls_client_key=PATH; learner train --tls-client-cert PATH --tls-client-key PATH",
+            "--tls-client-cert PATH --tls-client-key PATH",
+        ),
+        ("or tls_server_name)", "or --tls-server-name)"),
+        ("(tls_client_cert, tls_client_key)", "(--tls-client-cert, --tls-client-key)"),
     ]
+    if command in ("train", "eval"):
+        hints += [
+            # ("raise `keepalive_timeout`, --keepalive-timeout, ...": the option alone)
+            (KEEPALIVE_TIMEOUT_HINT, KEEPALIVE_TIMEOUT_HINT.replace("`keepalive_timeout`, ", "")),
+            # (servers not answering yet, still building their envs)
+            ("`connect_timeout`", "--connect-timeout"),
+        ]
     if command == "train":
         hints += [
             (RESET_TIMEOUT_HINT, RESET_TIMEOUT_HINT.replace("`reset_timeout`", "--reset-timeout")),
-            # (servers not answering yet, still building their envs: eval has no such option, and waits
-            # RemoteVectorEnv's default)
-            ("`connect_timeout`", "--connect-timeout"),
             # (said only with --no-fault-tolerant: the rollout is dropped, every env starting over)
             (FAULT_TOLERANT_HINT, "with --fault-tolerant, the default, only this env's episode would be cut short"),
         ]
-    elif command == "eval":
-        hints.append((RESET_TIMEOUT_HINT, RESET_TIMEOUT_HINT.replace("`reset_timeout`", "--timeout")))
     return hints
 
 
@@ -1506,7 +1534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except _USER_ERRORS as err:
-        # (train's and eval's advice names their options, not the library's arguments: _option_terms)
+        # (train's, eval's and servers' advice names their options, not the library's arguments: _option_terms)
         reword: Callable[[str], str] = getattr(args, "in_option_terms", str)
         print(f"learner {args.command}: error: {reword(str(err))}", file=sys.stderr)
         for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step

@@ -24,7 +24,7 @@ from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, Remot
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space
-from learner.remote import FAULT_TOLERANT_HINT
+from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
 from learner.train import StopRequest, in_notebook, pick_device, progress_bar, set_torch_threads
 
@@ -51,6 +51,7 @@ def evaluate(
     tls_client_cert: str | None = None,
     tls_client_key: str | None = None,
     timeout: float = 30.0,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     video: str | Path | None = None,
     video_fps: float | None = None,
@@ -74,7 +75,7 @@ def evaluate(
     refused, with a hint to pass them. Episodes are shared out over
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
-    ``tls_server_name``, ``tls_client_cert``, ``tls_client_key``, ``timeout`` and ``keepalive_timeout`` are RemoteVectorEnv's.
+    ``tls_server_name``, ``tls_client_cert``, ``tls_client_key``, ``timeout``, ``connect_timeout`` and ``keepalive_timeout`` are RemoteVectorEnv's.
 
     ``env``: the run's env, named again to build it here where it imports a module (``module:Name``)
     and the run trained on running servers, which named it: see
@@ -157,6 +158,7 @@ def evaluate(
         tls_client_cert=tls_client_cert,
         tls_client_key=tls_client_key,
         timeout=timeout,
+        connect_timeout=connect_timeout,
         keepalive_timeout=keepalive_timeout,
         # An episode cut short by a lost server is no sample of the policy's return: fail instead.
         fault_tolerant=False,
@@ -373,15 +375,24 @@ def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:
     )
 
 
+OWN_TERMS = (
+    (FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample"),
+    (RESET_TIMEOUT_HINT, f"{TIMEOUT_HINT} to reset"),
+)
+"""RemoteVectorEnv's advice that evaluate() words in its own terms, (library phrase, evaluate()'s): it
+stops at an env's error (no ``fault_tolerant`` to pass), and its ``timeout`` is the resets' deadline
+too (it has no ``reset_timeout``). ``learner eval`` takes these first, then names its options."""
+
+
 def _in_own_terms(err: RemoteEnvError) -> RemoteEnvError:
-    """``err`` with its advice in evaluate()'s terms, not RemoteVectorEnv's: it stops at an env's error
-    (no ``fault_tolerant`` to pass), and its ``timeout`` is the resets' deadline too (it has no
-    ``reset_timeout``). The same type and attributes, ``partial_result`` included; its notes (the
-    other servers' errors) reworded alike. (``learner eval`` names its options where it prints.)"""
+    """``err`` with its advice in evaluate()'s terms (:data:`OWN_TERMS`), not RemoteVectorEnv's. The
+    same type and attributes, ``partial_result`` included; its notes (the other servers' errors)
+    reworded alike. (``learner eval`` names its options where it prints.)"""
 
     def reword(text: str) -> str:
-        text = text.replace(FAULT_TOLERANT_HINT, "eval stops at an env's error, as an episode cut short is no sample")
-        return text.replace(RESET_TIMEOUT_HINT, f"{TIMEOUT_HINT} to reset")
+        for library, own in OWN_TERMS:
+            text = text.replace(library, own)
+        return text
 
     new = type(err)(reword(str(err)), address=err.address, code=err.code, env_index=err.env_index)
     new.partial_result = err.partial_result

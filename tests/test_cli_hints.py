@@ -1,13 +1,16 @@
-"""The advice of a passed deadline (and the library's other hints that name RemoteVectorEnv's arguments)
-in ``learner train``'s and ``learner eval``'s own options, while the library keeps its arguments' names."""
+"""The advice of a passed deadline (and the library's other hints that name RemoteVectorEnv's arguments:
+TLS, the wait for servers) in ``learner train``'s, ``learner eval``'s and ``learner servers``' own
+options, while the library keeps its arguments' names."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -17,15 +20,20 @@ import pytest
 from learner import RemoteTimeoutError, RemoteVectorEnv
 from learner.cli import _option_hints, _reworded, main
 from learner.client import status_error, timeout_error
+from learner.discovery import CLIENT_CERT_REQUIRED, TLS_CAUSE
 from learner.evaluate import evaluate
 from learner.remote import FAULT_TOLERANT_HINT
-from tests.conftest import StartServers
+from learner.survey import survey
+from tests.certs import make_server_certs
+from tests.conftest import SpawnServer, StartServers, slow_to_build_server
 
 QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 # An env server of one env that takes 3 s to reset from its first reset on: past a 1 s deadline.
 SLOW_RESET = {"slow_from": 1, "sleep_s": 3.0}
 # A backquoted argument name, as the library's hints write them.
 ARGUMENT = re.compile(r"`[a-z_]+`")
+# The library's TLS keywords (tls=PATH, tls_server_name, ...) and its pointer to train's options.
+TLS_ARGUMENT = re.compile(r"\btls\w*=|\btls_[a-z_]+|learner train --")
 
 
 @pytest.fixture(scope="module")
@@ -126,24 +134,93 @@ def test_every_hint_that_names_an_argument_names_the_command_s_option_instead() 
     assert train[3].endswith(
         "(the server reset it; with --fault-tolerant, the default, only this env's episode would be cut short)"
     )
-    eval_ = [_reworded(m, _option_hints("eval")) for m in (step, reset, ping)]  # (evaluate() words env errors)
+    eval_ = [_reworded(m, _option_hints("eval")) for m in (step, reset, ping, crashed)]
     assert eval_[0].endswith("; raise --timeout if the env is slow"), eval_[0]
     assert eval_[1].endswith("; raise --timeout if the env is slow to reset"), eval_[1]
     assert "raise --keepalive-timeout, 5 s by default" in eval_[2]
-    for message in (*train, *eval_):
+    assert eval_[3].endswith(
+        "(the server reset it; eval stops at an env's error, as an episode cut short is no sample)"
+    )
+    servers = _reworded(step, _option_hints("servers"))  # (GetSpec's deadline: --timeout)
+    assert servers.endswith("; raise --timeout if the env is slow"), servers
+    for message in (*train, *eval_, servers):
         assert not ARGUMENT.search(message) and "fault_tolerant" not in message, message
+    # The TLS hints name the argument and train's option; each command names its option alone.
+    required = TLS_CAUSE + CLIENT_CERT_REQUIRED
+    assert TLS_ARGUMENT.search(required), required
+    for command in ("train", "eval", "servers"):
+        said = _reworded(required, _option_hints(command))
+        assert "(--tls-client-cert PATH --tls-client-key PATH, or $ENVFLEET_TLS_CLIENT_CERT and " in said, said
+        assert not TLS_ARGUMENT.search(said), said
 
 
-def test_train_says_connect_timeout_as_its_option_while_a_server_does_not_answer_yet(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_train_says_connect_timeout_and_tls_keywords_as_its_options_while_a_server_does_not_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Nothing listens at the address: the start's warning that it waits names --connect-timeout."""
+    """Nothing listens at the address: the start's warning that it waits names --connect-timeout; the
+    error at its end, with TLS, what the server's certificate must hold, naming the TLS options."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
-    argv = ["train", "--servers", address, "--connect-timeout", "3", "--run-dir", str(tmp_path / "run"), *QUIET]
+    argv = ["train", "--servers", address, "--tls", "--connect-timeout", "3", "--run-dir", str(tmp_path / "run")]
     with caplog.at_level("WARNING", logger="learner"):
-        assert main(argv) == 1
+        assert main([*argv, *QUIET]) == 1
     waiting = [r.getMessage() for r in caplog.records if "not answering yet" in r.getMessage()]
     assert waiting and waiting[0].endswith("waiting up to 3 s in all (--connect-timeout)"), waiting
     assert not any("connect_timeout" in r.getMessage() for r in caplog.records)
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "localhost for a unix: one; or --tls-server-name); a server that requires client certificates needs one "
+        "(--tls-client-cert, --tls-client-key))"
+    ), err
+    assert not TLS_ARGUMENT.search(err), err
+
+
+def test_eval_says_connect_timeout_as_its_option_while_a_server_still_builds_its_envs(
+    slow_reset_run: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Eval waits --connect-timeout for --servers, as train does; a server still building its envs
+    after it is said with the option to raise, naming no argument."""
+    with slow_to_build_server(60.0, 1) as slow:
+        host, _, port = slow.rpartition(":")
+        for _ in range(300):  # (listening: the wait is the handshake's, answered "starting")
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+                break
+            time.sleep(0.1)
+        with caplog.at_level("WARNING", logger="learner"):
+            argv = ["eval", str(slow_reset_run), "--servers", slow, "--connect-timeout", "3", "--no-progress"]
+            assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "(still, after 3 s: raise --connect-timeout for servers that take long to build their envs)"
+    ), err
+    assert "connect_timeout" not in err and not ARGUMENT.search(err), err
+    assert not any("connect_timeout" in r.getMessage() for r in caplog.records)
+
+
+def test_learner_servers_and_eval_name_the_tls_options_where_the_library_names_its_keywords(
+    spawn_server: SpawnServer, slow_reset_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a TLS server refuses (plaintext, a CA not given, a name its certificate lacks), as learner
+    servers says it (text and --json) and eval: their options, not survey()'s and RemoteVectorEnv's
+    keywords, which survey() itself keeps."""
+    certs = make_server_certs(tmp_path / "certs", names=("localhost",))  # (not the address's 127.0.0.1)
+    server = spawn_server("CartPole-v1", 1, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    (surveyed,) = survey(server.address)
+    assert surveyed.error.endswith("pass its CA (tls=..., learner train --tls-ca)"), surveyed.error
+    for options, advice in (
+        ([], "this client does not: pass its CA (--tls-ca)"),
+        (["--tls"], "give the servers' CA with --tls-ca)"),
+        (["--tls-ca", str(certs.ca)], "give that name: --tls-server-name NAME)"),
+    ):
+        assert main(["servers", server.address, *options]) == 1
+        text = capsys.readouterr().out
+        assert main(["servers", server.address, *options, "--json"]) == 1
+        (info,) = json.loads(capsys.readouterr().out)
+        for said in (text, info["error"]):
+            assert advice in said and not TLS_ARGUMENT.search(said), said
+    assert main(["eval", str(slow_reset_run), "--servers", server.address, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "this client does not: pass its CA (--tls-ca)" in err and not TLS_ARGUMENT.search(err), err
