@@ -1,14 +1,31 @@
-"""Splitting a fleet-wide batch into per-server slices, and joining per-server results back."""
+"""Fleet-wide batches: split into per-server slices, joined back from their answers, laid out as spaces batch."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array
 
+from env_server import codec
 from env_server.envs import widened_dtype
+from env_server.isolation import placeholder_observation
+from env_server.rpc import env_pb2 as pb
+from env_server.validation import InvalidActionError
 
-__all__ = ["InfoPart", "check_batch", "merge_infos", "slice_batch", "write_batch"]
+__all__ = [
+    "InfoPart",
+    "as_arrays",
+    "check_batch",
+    "merge_infos",
+    "placeholder_batch",
+    "response_infos",
+    "slice_batch",
+    "split_groups",
+    "write_batch",
+]
 
 InfoPart = tuple[dict[str, Any], int, int]
 """One server's vector infos, the index of its first env in the joined batch, and its number of envs."""
@@ -136,3 +153,53 @@ def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: i
             if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
                 target = out[key] = target.astype(wide)
         target[start : start + count] = value
+
+
+def split_groups(num_servers: int, num_groups: int) -> list[list[int]]:
+    """Server indices of each of ``num_groups`` contiguous groups, as even as possible."""
+    bounds = np.linspace(0, num_servers, num_groups + 1).round().astype(int)
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+
+
+def as_arrays(space: gym.Space[Any], actions: Any, where: str) -> Any:
+    """``actions`` laid out as ``space``'s batches are (dicts and tuples of arrays), leaves as arrays;
+    what does not fit is left as it is, for check_actions to name. ``where``: how errors name it."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(actions, dict):
+            return actions
+        return {
+            k: as_arrays(space.spaces[k], v, f"{where}[{k!r}]") if k in space.spaces else v for k, v in actions.items()
+        }
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
+            return actions
+        return tuple(
+            as_arrays(sub, a, f"{where}[{i}]") for i, (sub, a) in enumerate(zip(space.spaces, actions, strict=True))
+        )
+    if actions is None or isinstance(actions, str | bytes):  # (as an array: one object or string, of shape ())
+        what = "None" if actions is None else f"a {type(actions).__name__} ({actions!r})"
+        raise InvalidActionError(f"{where}: expected an array for {space} (one action per env), got {what}")
+    try:
+        return np.asarray(actions)
+    except ValueError:  # ragged: check_actions names what came
+        return actions
+
+
+def response_infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
+    """A response's vector infos (an empty dict, the common case, without decoding)."""
+    if not response.HasField("infos") or (response.infos.WhichOneof("kind") == "map" and not response.infos.map.keys):
+        return {}
+    infos = codec.decode_value(response.infos, "infos")
+    if not isinstance(infos, dict):
+        raise codec.CodecError(f"infos: expected a map, got {type(infos).__name__}")
+    return infos
+
+
+def placeholder_batch(space: gym.Space[Any], count: int) -> Any:
+    """A batch of ``count`` observations of ``space`` that are members of it, for envs not reset yet
+    (their server down when the fleet is reset): each the server's own placeholder
+    (env_server.isolation.placeholder_observation: zeros where zero is in the space, else its lowest
+    value). An agent that one-hot encodes ``obs - start`` must not meet a value outside the space."""
+    batch = create_empty_array(space, count, fn=np.zeros)
+    assert batch is not None
+    return concatenate(space, [placeholder_observation(space)] * count, batch)

@@ -15,12 +15,15 @@ Resolving again later (between rollouts) finds replicas that were added or remov
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ipaddress
 import logging
 import os
 import socket
 import ssl
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -40,6 +43,7 @@ __all__ = [
     "diagnose",
     "expand_when_ready",
     "no_wait_mends",
+    "probe_until",
     "note_not_used",
     "pin_addresses",
     "probe",
@@ -597,3 +601,31 @@ def resolve_dns(address: str) -> list[str]:
         {str(info[4][0]) for info in infos}, key=lambda ip: (ipaddress.ip_address(ip).version, ipaddress.ip_address(ip))
     )
     return [host_port(ip, port) for ip in ips]
+
+
+async def probe_until(address: str, deadline: float, diagnose: Callable[[str, float], str | None]) -> str | None:
+    """``diagnose(address, timeout)`` (:meth:`RemoteVectorEnv._diagnose`: "" when a plain connection
+    opens and TLS is not the trouble), or None if it has not told by ``deadline``.
+
+    On a daemon thread of its own: a name lookup that hangs may outlive the wait, but holds up no
+    executor and no exit.
+    """
+    budget = deadline - time.monotonic()
+    if budget <= 0:
+        return None
+    told: concurrent.futures.Future[str | None] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not told.set_running_or_notify_cancel():  # (running, it cannot be cancelled any more)
+            return
+        try:
+            told.set_result(diagnose(address, min(1.0, budget)))
+        except Exception:  # only a diagnosis: the error says what it can without one
+            log.debug("probing %s failed", address, exc_info=True)
+            told.set_result(None)
+
+    threading.Thread(target=run, name="envfleet-probe", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(told), budget)
+    except TimeoutError:
+        return None

@@ -23,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
 from learner.errors import AuthenticationError, InvalidRequestError, RemoteEnvError
+from learner.specs import incompatible
 
 __all__ = [
-    "FLEET_FIELDS",
     "JOIN_BACKOFF",
     "RELAPSE_LOG_S",
     "SETTLE_S",
@@ -40,7 +39,6 @@ __all__ = [
     "FaultStats",
     "Replica",
     "ReplicaState",
-    "incompatible",
     "is_outage",
     "reconnect",
 ]
@@ -331,38 +329,3 @@ async def reconnect(
 
 class _Incompatible(Exception):
     """The server at the address now hosts envs that do not fit the fleet."""
-
-
-FLEET_FIELDS = ("observation_space", "action_space", "autoreset_mode")
-"""What every server of one fleet must agree on (their EnvSpec fields)."""
-
-
-def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's", same_size: bool = False) -> str:
-    """Why a server whose env has spec ``got`` cannot be in one fleet with one whose env has ``want``;
-    "" if it can. The one check of a fleet's servers: when it is made, when one joins, when one comes back.
-
-    The first of :data:`FLEET_FIELDS` that differs (with ``same_size``, for a server back in its old
-    place, ``num_envs`` first), as "another <field> than <whose>: <got's> (<env id>), not <want's>
-    (<env id>)"; ``whose`` names ``want``'s server ("the fleet's", "env server ADDRESS's").
-    """
-    for name in ("num_envs", *FLEET_FIELDS) if same_size else FLEET_FIELDS:
-        if getattr(want, name) != getattr(got, name):
-            return (
-                f"another {name} than {whose}: {_field_text(got, name)} ({got.env_id}), "
-                f"not {_field_text(want, name)} ({want.env_id})"
-            )
-    return ""
-
-
-def _field_text(spec: pb.EnvSpec, name: str) -> str:
-    """One field of ``spec`` as a person reads it: a space as gymnasium prints it, a mode by its name."""
-    value = getattr(spec, name)
-    if name == "autoreset_mode":
-        mode = codec.AUTORESET_FROM_PROTO.get(value)
-        return str(mode.value) if mode is not None else f"mode {value}"
-    if name.endswith("_space"):
-        try:
-            return repr(codec.decode_space(value, name))
-        except Exception:  # (a space this learner cannot read: that it differs is still the point)
-            return "a space this learner cannot read"
-    return f"{value} envs" if name == "num_envs" else str(value)

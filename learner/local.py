@@ -22,9 +22,19 @@ from contextlib import contextmanager, suppress
 from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
+from learner.discovery import unix_path
 from learner.errors import ServerStartError
 
-__all__ = ["DEFAULT_TRANSPORT", "HANG_TIMEOUT_S", "SPIN_WAIT_MS", "LocalServers", "local_servers", "usable_cpus"]
+__all__ = [
+    "DEFAULT_TRANSPORT",
+    "HANG_TIMEOUT_S",
+    "SPIN_WAIT_MS",
+    "LocalServers",
+    "local_servers",
+    "socket_folder",
+    "socket_folder_gone",
+    "usable_cpus",
+]
 
 # How local servers are reached, by the learner's commands and by LocalServers alike: Unix sockets
 # (and so the servers' step sockets, a few times cheaper per step) where the platform has them, else
@@ -638,3 +648,28 @@ def usable_cpus() -> int:
     except (OSError, ValueError):
         pass
     return cpus
+
+
+def socket_folder(address: str) -> str | None:
+    """The folder of a ``unix:PATH`` address's socket; None for other addresses."""
+    path = unix_path(address)
+    return None if path is None else os.path.dirname(os.path.abspath(path))
+
+
+def socket_folder_gone(address: str) -> str | None:
+    """Why no server can come to a ``unix:PATH`` address, in words, when its socket's folder does not
+    exist (LocalServers removes theirs as they stop); else None: a server may be starting there."""
+    folder = socket_folder(address)
+    if folder is None:
+        return None
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        return (
+            f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "
+            "block left, or their LocalServers closed or garbage-collected: keep it in a variable while its "
+            "addresses are in use, or use a local_servers block)?"
+        )
+    except OSError:  # (no permission to look, say: not known to be gone)
+        return None
+    return None

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import itertools
 import json
 import logging
 import math
 import numbers
 import os
 import select
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,19 +19,27 @@ from typing import Any
 import grpc
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError, ResetNeeded
 from gymnasium.utils import seeding
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, iterate
 
 from env_server import codec
-from env_server.isolation import placeholder_observation
 from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner import faults
-from learner.batching import InfoPart, check_batch, merge_infos, slice_batch, write_batch
+from learner.batching import (
+    InfoPart,
+    as_arrays,
+    check_batch,
+    merge_infos,
+    placeholder_batch,
+    response_infos,
+    slice_batch,
+    split_groups,
+    write_batch,
+)
 from learner.client import (
     KEEPALIVE_TIMEOUT,
     RESET_TIMEOUT_HINT,
@@ -52,7 +57,7 @@ from learner.discovery import (
     expand_named,
     no_wait_mends,
     pin_addresses,
-    unix_path,
+    probe_until,
     warn_duplicates,
 )
 from learner.errors import (
@@ -72,13 +77,13 @@ from learner.faults import (
     FaultStats,
     Replica,
     ReplicaState,
-    incompatible,
     is_outage,
     reconnect,
 )
 from learner.fleet import FleetChange
-from learner.local import is_local_socket_dir, usable_cpus
+from learner.local import is_local_socket_dir, socket_folder, socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
+from learner.specs import gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv", "ResetNeededError", "close_all"]
@@ -133,52 +138,6 @@ def close_all() -> int:
     for env in envs:
         env.close()
     return len(envs)
-
-
-def _env_spec(spec: pb.EnvSpec) -> EnvSpec | None:
-    """A gymnasium EnvSpec for the served env: its id, time limit and (when registered here) reward
-    threshold; no entry point or kwargs (the server made the env; ``make`` from it is not possible)."""
-    try:
-        registered = gym.spec(spec.env_id)
-    except Exception:  # an entry point, or an id registered only on the server
-        registered = None
-    try:
-        return EnvSpec(
-            id=spec.env_id,
-            entry_point=None,
-            reward_threshold=None if registered is None else registered.reward_threshold,
-            max_episode_steps=spec.max_episode_steps or None,
-        )
-    except Exception:  # an id gymnasium cannot parse: no spec, as for vector envs made of functions
-        return None
-
-
-async def _probe_until(address: str, deadline: float, diagnose: Callable[[str, float], str | None]) -> str | None:
-    """``diagnose(address, timeout)`` (:meth:`RemoteVectorEnv._diagnose`: "" when a plain connection
-    opens and TLS is not the trouble), or None if it has not told by ``deadline``.
-
-    On a daemon thread of its own: a name lookup that hangs may outlive the wait, but holds up no
-    executor and no exit.
-    """
-    budget = deadline - time.monotonic()
-    if budget <= 0:
-        return None
-    told: concurrent.futures.Future[str | None] = concurrent.futures.Future()
-
-    def run() -> None:
-        if not told.set_running_or_notify_cancel():  # (running, it cannot be cancelled any more)
-            return
-        try:
-            told.set_result(diagnose(address, min(1.0, budget)))
-        except Exception:  # only a diagnosis: the error says what it can without one
-            log.debug("probing %s failed", address, exc_info=True)
-            told.set_result(None)
-
-    threading.Thread(target=run, name="envfleet-probe", daemon=True).start()
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(told), budget)
-    except TimeoutError:
-        return None
 
 
 StepResult = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
@@ -443,9 +402,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if first.HasField("render_fps"):
             fps = first.render_fps  # (a float on the wire; gymnasium's envs mostly give an int)
             self.metadata["render_fps"] = int(fps) if fps.is_integer() else fps
-        self.spec = _env_spec(first)
+        self.spec = gym_env_spec(first)
         # Until a server's envs are reset, their observations are placeholders (in the space).
-        self._obs_buffer = _placeholders(self.single_observation_space, self.num_envs)
+        self._obs_buffer = placeholder_batch(self.single_observation_space, self.num_envs)
         self._ended = self._no_ended_envs()
         # Next-step autoreset: the envs whose episode ended at their last step, and so reset at their
         # next one (its deadline then: reset_timeout); None: not known (after a reset or a new layout).
@@ -456,7 +415,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         # whatever the learner does with the other groups meanwhile).
         self._due: list[tuple[float, float]] = [(math.inf, self.timeout)] * len(self._clients)
         self._timeout_hint = TIMEOUT_HINT  # (what a step's timeout error advises: step_wait's own timeout sets it)
-        self._groups = _split(len(self._clients), min(num_groups, len(self._clients)))
+        self._groups = split_groups(len(self._clients), min(num_groups, len(self._clients)))
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
@@ -530,9 +489,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         gone = [
             (address, why)
             for address in endpoints
-            if (folder := _socket_folder(address)) is not None
+            if (folder := socket_folder(address)) is not None
             and is_local_socket_dir(folder)
-            and (why := _socket_folder_gone(address)) is not None
+            and (why := socket_folder_gone(address)) is not None
         ]
         if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
             address, why = gone[0]
@@ -550,7 +509,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 # Why does the first of them not answer? Said now when the wait is long (servers may
                 # still be starting; a typo waits as long), and in the error if it runs out.
                 waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
-                probed, cause = waiting[0], await _probe_until(waiting[0], deadline, self._diagnose)
+                probed, cause = waiting[0], await probe_until(waiting[0], deadline, self._diagnose)
                 if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
                     for task in late:
                         task.cancel()
@@ -568,7 +527,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
                 # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
                 until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
-                causes = await gather(*(_probe_until(c.address, until, self._diagnose) for c in missing))
+                causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in missing))
                 for client, why in zip(missing, causes, strict=True):
                     if no_wait_mends(why):
                         for task in late:
@@ -771,7 +730,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 ) from None
             except ServerUnavailableError as err:
                 first = first or err
-                gone = _socket_folder_gone(client.address)
+                gone = socket_folder_gone(client.address)
                 if gone is not None:  # (no server can come there: no use waiting for one)
                     raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
                 if time.monotonic() + delay > deadline:
@@ -785,7 +744,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 delay = min(delay * 2, 1.0)
 
     def _check_specs(self) -> None:
-        """Refuse servers whose envs cannot step as one fleet (see :func:`~learner.faults.incompatible`)."""
+        """Refuse servers whose envs cannot step as one fleet (see :func:`~learner.specs.incompatible`)."""
         first = self._clients[0]
         assert first.spec is not None
         for client in self._clients[1:]:
@@ -839,7 +798,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         its wrappers; the rest are warned of if theirs differ); None from a server too old to say."""
         spec = self._clients[0].spec
         assert spec is not None
-        return _served_kwargs(spec)
+        return served_kwargs(spec)
 
     @property
     def env_id(self) -> str:
@@ -1067,7 +1026,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         connection dropped), for a full reset (which starts every episode over anyway) of a plain
         RemoteVectorEnv; a fault-tolerant one reconnects by itself. A server that came back with
         other envs is a SpecMismatchError: refresh() takes the fleet as it is now."""
-        gone = _socket_folder_gone(client.address)
+        gone = socket_folder_gone(client.address)
         if gone is not None:  # (no server can come there: no use waiting for one)
             raise ServerUnavailableError(
                 f"env server {client.address}: its session ended, and {gone}", address=client.address
@@ -1760,7 +1719,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             out.rewards[start : start + k] = rewards
             out.terminations[start : start + k] = terminations
             out.truncations[start : start + k] = truncations
-            infos = _infos(response)
+            infos = response_infos(response)
         except Exception as err:
             out.rewards[start : start + k], out.terminations[start : start + k] = 0.0, False
             out.truncations[start : start + k] = False
@@ -1775,7 +1734,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         try:
             obs = codec.decode_value(response.observations, "observations")
             check_batch(self._obs_buffer, obs, client.num_envs)
-            return obs, _infos(response)
+            return obs, response_infos(response)
         except Exception as err:
             raise self._unreadable(client, "Reset", err) from err
 
@@ -2049,7 +2008,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         it, so that a bad action reaches no server: otherwise the servers with good actions would
         step and their results be lost with the error."""
         try:
-            batch = _as_arrays(self.single_action_space, actions, where)
+            batch = as_arrays(self.single_action_space, actions, where)
             return check_actions(self.single_action_space, batch, count, where)
         except InvalidActionError as err:
             if err.env_index is None:
@@ -2324,7 +2283,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         ``num_envs`` follows."""
         clients = stay + joined
         previous_index: list[int] = []
-        observations = _placeholders(self.single_observation_space, sum(c.num_envs for c in clients))
+        observations = placeholder_batch(self.single_observation_space, sum(c.num_envs for c in clients))
         parts = []
         offset = 0
         for client in clients:
@@ -2362,7 +2321,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._tasks = [None] * len(clients)
         self._due = [(math.inf, self.timeout)] * len(clients)
-        self._groups = _split(len(clients), min(self._num_groups_asked, len(clients)))
+        self._groups = split_groups(len(clients), min(self._num_groups_asked, len(clients)))
         self._in_flight = [False] * len(self._groups)
         self._sent_at = [0.0] * len(self._groups)
         # (a server back at its address with another number of envs starts a timer of its own)
@@ -2676,16 +2635,6 @@ async def _exchange(client: EnvClient, request: pb.StepRequest, sent: float) -> 
     return response, time.perf_counter() - sent
 
 
-def _infos(response: pb.StepResponse | pb.ResetResponse) -> dict[str, Any]:
-    """A response's vector infos (an empty dict, the common case, without decoding)."""
-    if not response.HasField("infos") or (response.infos.WhichOneof("kind") == "map" and not response.infos.map.keys):
-        return {}
-    infos = codec.decode_value(response.infos, "infos")
-    if not isinstance(infos, dict):
-        raise codec.CodecError(f"infos: expected a map, got {type(infos).__name__}")
-    return infos
-
-
 CANCEL_WAIT_S = 0.5
 """How long ``close()`` waits for its cancelled calls to end before it closes the connections under them."""
 
@@ -2706,36 +2655,6 @@ async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]])
     await gather(*tasks, return_exceptions=True)
 
 
-def _split(num_servers: int, num_groups: int) -> list[list[int]]:
-    """Server indices of each of ``num_groups`` contiguous groups, as even as possible."""
-    bounds = np.linspace(0, num_servers, num_groups + 1).round().astype(int)
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
-
-
-def _as_arrays(space: gym.Space[Any], actions: Any, where: str) -> Any:
-    """``actions`` laid out as ``space``'s batches are (dicts and tuples of arrays), leaves as arrays;
-    what does not fit is left as it is, for check_actions to name. ``where``: how errors name it."""
-    if isinstance(space, gym.spaces.Dict):
-        if not isinstance(actions, dict):
-            return actions
-        return {
-            k: _as_arrays(space.spaces[k], v, f"{where}[{k!r}]") if k in space.spaces else v for k, v in actions.items()
-        }
-    if isinstance(space, gym.spaces.Tuple):
-        if not isinstance(actions, tuple | list) or len(actions) != len(space.spaces):
-            return actions
-        return tuple(
-            _as_arrays(sub, a, f"{where}[{i}]") for i, (sub, a) in enumerate(zip(space.spaces, actions, strict=True))
-        )
-    if actions is None or isinstance(actions, str | bytes):  # (as an array: one object or string, of shape ())
-        what = "None" if actions is None else f"a {type(actions).__name__} ({actions!r})"
-        raise InvalidActionError(f"{where}: expected an array for {space} (one action per env), got {what}")
-    try:
-        return np.asarray(actions)
-    except ValueError:  # ragged: check_actions names what came
-        return actions
-
-
 def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
     """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
     time limit): allowed (variants of a task, one per server), but a mistake as often."""
@@ -2747,7 +2666,7 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
         for name in ("env_id", "max_episode_steps")
         if getattr(got, name) != getattr(want, name) and (name == "env_id" or len(known) == 2)
     ]
-    kwargs, wanted = _served_kwargs(got), _served_kwargs(want)
+    kwargs, wanted = served_kwargs(got), served_kwargs(want)
     if kwargs is not None and wanted is not None and kwargs != wanted:  # (servers too old to say: not compared)
         differ.append(f"env kwargs {json.dumps(kwargs)}, not {whose} {json.dumps(wanted)}")
     if differ:
@@ -2774,45 +2693,6 @@ def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: s
         )
 
 
-def _socket_folder(address: str) -> str | None:
-    """The folder of a ``unix:PATH`` address's socket; None for other addresses."""
-    path = unix_path(address)
-    return None if path is None else os.path.dirname(os.path.abspath(path))
-
-
-def _socket_folder_gone(address: str) -> str | None:
-    """Why no server can come to a ``unix:PATH`` address, in words, when its socket's folder does not
-    exist (LocalServers removes theirs as they stop); else None: a server may be starting there."""
-    folder = _socket_folder(address)
-    if folder is None:
-        return None
-    try:
-        os.stat(folder)
-    except FileNotFoundError:
-        return (
-            f"the folder of its socket, {folder}, does not exist: were its servers stopped (their local_servers "
-            "block left, or their LocalServers closed or garbage-collected: keep it in a variable while its "
-            "addresses are in use, or use a local_servers block)?"
-        )
-    except OSError:  # (no permission to look, say: not known to be gone)
-        return None
-    return None
-
-
-def _served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
-    """The kwargs a server's envs are made with (EnvSpec.env_kwargs), None when it does not say (older
-    than the field, or not a JSON object)."""
-    if not spec.HasField("env_kwargs"):
-        return None
-    if not spec.env_kwargs:
-        return {}
-    try:
-        kwargs = json.loads(spec.env_kwargs)
-    except ValueError:
-        return None
-    return kwargs if isinstance(kwargs, dict) else None
-
-
 def _raise_first(errors: Sequence[BaseException]) -> None:
     """Raise the first error (in server order), with the others as its notes."""
     if not errors:
@@ -2835,13 +2715,3 @@ def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
     if not (_is_finite(value) and (value >= 0 if zero else value > 0)):
         raise InvalidArgumentError(f"{name}: expected finite seconds {'>=' if zero else '>'} 0, got {value!r}")
     return float(value)
-
-
-def _placeholders(space: gym.Space[Any], count: int) -> Any:
-    """A batch of ``count`` observations of ``space`` that are members of it, for envs not reset yet
-    (their server down when the fleet is reset): each the server's own placeholder
-    (env_server.isolation.placeholder_observation: zeros where zero is in the space, else its lowest
-    value). An agent that one-hot encodes ``obs - start`` must not meet a value outside the space."""
-    batch = create_empty_array(space, count, fn=np.zeros)
-    assert batch is not None
-    return concatenate(space, [placeholder_observation(space)] * count, batch)

@@ -124,7 +124,7 @@ def test_a_server_down_already_is_not_lost_again_for_its_placeholder_infos(
             raise codec.CodecError("observations: a dtype this learner does not know (a test's)")
         return out
 
-    infos_of = remote._infos
+    infos_of = remote.response_infos
 
     def stacked_final_obs(response: Any) -> dict[str, Any]:
         infos = infos_of(response)
@@ -132,7 +132,7 @@ def test_a_server_down_already_is_not_lost_again_for_its_placeholder_infos(
         return infos
 
     monkeypatch.setattr(codec, "decode_value", decode_value)
-    monkeypatch.setattr(remote, "_infos", stacked_final_obs)
+    monkeypatch.setattr(remote, "response_infos", stacked_final_obs)
     with RemoteVectorEnv(addresses, fault_tolerant=True, **FAST) as envs:
         assert envs.metadata["autoreset_mode"] is gym.vector.AutoresetMode.SAME_STEP
         obs, _ = envs.reset(seed=0)

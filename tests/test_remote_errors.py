@@ -19,7 +19,7 @@ from learner import (
     RemoteVectorEnv,
     SpecMismatchError,
 )
-from learner.faults import incompatible
+from learner.specs import incompatible
 from tests.conftest import SpawnServer, StartServers
 
 NOWHERE = "127.0.0.1:1"  # (nothing listens: an argument refused first never gets there)
