@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar, cast
 
@@ -16,6 +17,10 @@ T = TypeVar("T")
 _local = threading.local()
 _background: LoopRunner | None = None
 _background_lock = threading.Lock()
+# The loops of runners nothing holds any more (their thread ended, and every env made on them is gone), with
+# the tasks they still had scheduled: a new thread's runner takes one (see LoopRunner.for_this_thread).
+_spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
+_spare_lock = threading.Lock()
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -45,17 +50,26 @@ class LoopRunner:
     ``asyncio.run``, then used inside it) runs each call on a short-lived helper thread.
 
     Loops are shared (per thread) and never closed: gRPC binds every loop that ever made a call
-    for the life of the process, and delivers late events (of calls cancelled at close) to it.
+    for the life of the process, and delivers late events (of calls cancelled at close) to it. So a
+    thread's loop outlives the thread: once nothing holds its runner (the thread ended, and every env
+    made on it is gone), the next new thread's runner takes it over, with the tasks it still had.
+    Else each short-lived thread that made a fleet (a trial of a sweep, a ThreadPoolExecutor per run)
+    would leave a loop behind for good, with its 3 file descriptors and the calls pending on it.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        thread: threading.Thread | None = None,
+        scheduled: set[asyncio.Task[Any]] | None = None,
+    ) -> None:
         self.loop = loop
         self._thread = thread
         # Held by whichever thread runs the loop (for_this_thread's: the caller's thread): a call from
         # another thread (a close from a worker, a finalizer run by a garbage collection there) runs the
         # loop itself only when it is free, and never takes it from under the thread running it.
         self._running = threading.RLock()
-        self._scheduled: set[asyncio.Task[Any]] = set()
+        self._scheduled: set[asyncio.Task[Any]] = set() if scheduled is None else scheduled
 
     @classmethod
     def for_this_thread(cls) -> LoopRunner:
@@ -65,7 +79,10 @@ class LoopRunner:
         except RuntimeError:  # the usual case: no loop runs in this thread
             runner: LoopRunner | None = getattr(_local, "runner", None)
             if runner is None:
-                runner = _local.runner = cls(asyncio.new_event_loop())
+                with _spare_lock:
+                    loop, scheduled = _spare.pop() if _spare else (asyncio.new_event_loop(), set())
+                runner = _local.runner = cls(loop, scheduled=scheduled)
+                weakref.finalize(runner, _spare_loop, loop, scheduled).atexit = False
             return runner
         return _background_runner()
 
@@ -167,6 +184,12 @@ class LoopRunner:
         if self._thread is None:
             self._run_until_complete(asyncio.sleep(0))
         # A background loop runs by itself.
+
+
+def _spare_loop(loop: asyncio.AbstractEventLoop, scheduled: set[asyncio.Task[Any]]) -> None:
+    """A thread's runner is gone (see LoopRunner): its loop and tasks are for the next thread's."""
+    with _spare_lock:
+        _spare.append((loop, scheduled))
 
 
 async def _wait_or_cancel(tasks: list[asyncio.Task[Any]], timeout: float) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 from learner.loop import LoopRunner
+from learner.remote import RemoteVectorEnv
+from tests.conftest import StartServers, needs_proc
 
 
 def test_a_close_from_another_thread_runs_at_once_when_the_loop_is_free() -> None:
@@ -44,3 +47,55 @@ def test_a_close_from_another_thread_while_the_owner_runs_the_loop_waits_for_its
     runner.run(owner_call())
     runner.run(asyncio.sleep(0.01))  # the owner's next call
     assert ran_in == [threading.current_thread()]
+
+
+def _runner_loop_in_a_thread(keep: list[LoopRunner] | None = None) -> asyncio.AbstractEventLoop:
+    """The loop of the runner a new thread gets (its runner kept in ``keep``, if given), once it ended."""
+    got: list[LoopRunner] = []
+    thread = threading.Thread(target=lambda: got.append(LoopRunner.for_this_thread()))
+    thread.start()
+    thread.join()
+    if keep is not None:
+        keep.append(got[0])
+    return got[0].loop
+
+
+def test_a_thread_that_ended_leaves_its_loop_to_the_next_one_unless_an_env_still_holds_its_runner() -> None:
+    """gRPC keeps every loop that made a call: a loop per short-lived thread (a trial of a sweep, a
+    ThreadPoolExecutor per run) would never be freed. The next thread takes it over instead; not
+    while something made on it (an env keeps its runner) is still there."""
+    first = _runner_loop_in_a_thread()
+    assert _runner_loop_in_a_thread() is first
+    held: list[LoopRunner] = []
+    assert _runner_loop_in_a_thread(keep=held) is first  # (its runner still held, as by an env)
+    assert _runner_loop_in_a_thread() is not first
+    held.clear()
+    assert first in {_runner_loop_in_a_thread(), _runner_loop_in_a_thread()}
+
+
+@needs_proc
+def test_fleets_made_in_threads_that_end_leave_no_file_descriptors_behind(start_servers: StartServers) -> None:
+    """Each thread opens a fleet, steps it and closes it, then ends (as a sweep's trials on fresh
+    threads do): the process's open files stay bounded, not ~3 more per thread (a loop each)."""
+    address = start_servers("CartPole-v1", envs_per_server=2)[0]
+
+    def trial() -> None:
+        with RemoteVectorEnv([address]) as envs:
+            envs.reset(seed=0)
+            for _ in range(5):
+                envs.step(envs.action_space.sample())
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def in_threads(count: int) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=trial)
+            thread.start()
+            thread.join()
+
+    in_threads(3)  # (gRPC's own threads and files, made once)
+    before = open_files()
+    in_threads(30)
+    # (~100 more when each thread's loop stayed; a few connections of closes still in flight otherwise)
+    assert open_files() - before < 40, (before, open_files())
