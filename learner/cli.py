@@ -170,11 +170,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         if "resume" not in given and args.like is None and os.environ.get("WANDB_PROJECT"):
             given.setdefault("wandb_project_name", os.environ["WANDB_PROJECT"])  # (a run resumed keeps its own)
         if "resume" in given:
-            from learner.train import resume_args
+            from learner.resume import resume_args
 
             config = resume_args(given.pop("resume"), **given)
         elif args.like is not None:
-            from learner.train import like_args
+            from learner.resume import like_args
 
             config = like_args(args.like, **given)
         else:

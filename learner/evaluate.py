@@ -19,14 +19,15 @@ from learner import video as video_
 from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
+from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space
+from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
-from learner.train import StopRequest, in_notebook, pick_device, progress_bar, set_torch_threads
 
 __all__ = ["evaluate"]
 

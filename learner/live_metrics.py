@@ -251,7 +251,7 @@ class LearnerMetrics:
     def observe_update(
         self, row: Mapping[str, Any], *, solved: bool, server_ids: Mapping[str, str] | None = None
     ) -> None:
-        """An update's metrics.jsonl ``row`` (``learner.train.metrics_row``'s), whether the run is solved, and
+        """An update's metrics.jsonl ``row`` (``learner.records.metrics_row``'s), whether the run is solved, and
         each replica's server process id (by its label in the row; missing or "": unknown)."""
         for key, gauge in self._gauges.items():
             if key in row:

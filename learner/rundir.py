@@ -15,10 +15,13 @@ import math
 import os
 import re
 import secrets
+import shutil
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from learner.errors import RunDirWriteError
 
 # The run dir's lock: flock where there is one (Linux, macOS, the BSDs), else Windows' byte-range locks
 # (msvcrt.locking); where neither is, the run dir is used unlocked (said as a warning).
@@ -42,6 +45,7 @@ __all__ = [
     "WANDB_RUN",
     "append_jsonl",
     "atomic_write",
+    "cannot_write",
     "checkpoint_path",
     "list_checkpoints",
     "lock",
@@ -52,6 +56,7 @@ __all__ = [
     "set_aside",
     "set_aside_unreadable",
     "write_json",
+    "writing",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,6 +179,29 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
     _write_text(path, "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+
+
+@contextlib.contextmanager
+def writing(path: Path, *, torch_save: bool = False) -> Iterator[None]:
+    """A write of ``path`` in a run dir: its OSError (and, ``torch_save``, RuntimeError, which torch's
+    writer raises for a full disk) becomes :func:`cannot_write`'s one-line error."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if not (isinstance(err, OSError) or torch_save):
+            raise
+        raise cannot_write(path, err) from err
+
+
+def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
+    """What a failed write of ``path`` in a run dir raises: the file, why, and the room left there."""
+    lines = str(err).strip().splitlines()
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else lines[0] if lines else type(err).__name__
+    try:
+        room = f"; {shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free there"
+    except OSError:
+        room = ""
+    return RunDirWriteError(f"cannot write {path}: {reason}{room}")
 
 
 BEST_CHECKPOINT = "best.pt"

@@ -26,6 +26,7 @@ except ModuleNotFoundError as err:  # (learner.cli names the extra that brings i
 from learner import rundir
 from learner.config import Args
 from learner.errors import TrackingError
+from learner.records import tagged_values
 
 __all__ = ["UNTAGGED", "WandbRun", "tracked"]
 
@@ -39,7 +40,7 @@ UNTAGGED = {
     "episodic_length_mean": "charts/episodic_length_mean",
     "batch_size": "charts/batch_size",
 }
-"""The W&B names of metrics.jsonl's figures that have no TensorBoard tag (``train.tagged_values`` names
+"""The W&B names of metrics.jsonl's figures that have no TensorBoard tag (``records.tagged_values`` names
 the others as TensorBoard does)."""
 
 
@@ -53,9 +54,6 @@ class WandbRun:
     the session before logged already) are left out, where W&B would drop them with a warning each."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], args: Args) -> None:
-        from learner.train import tagged_values, writing  # (here: learner.train imports this module)
-
-        self._tagged_values = tagged_values
         saved_path = run_dir / rundir.WANDB_RUN
         saved: dict[str, Any] = rundir.read_json(saved_path) if saved_path.is_file() else {}
         try:
@@ -98,7 +96,7 @@ class WandbRun:
         }
         log.info("W&B run %s (%s)", self._run.id, url or "offline")
         try:
-            with writing(saved_path):
+            with rundir.writing(saved_path):
                 rundir.write_json(saved_path, record)
         except BaseException:
             self._run.finish(exit_code=1)
@@ -113,7 +111,7 @@ class WandbRun:
         """An update's metrics.jsonl row, at its global step: the episodes up to it first."""
         step = row["global_step"]
         self._log_episodes(up_to=step)
-        values: dict[str, Any] = {"global_step": step, **self._tagged_values(row)}
+        values: dict[str, Any] = {"global_step": step, **tagged_values(row)}
         values.update((name, row[key]) for key, name in UNTAGGED.items() if row.get(key) is not None)
         self._log(values, step)
 

@@ -20,9 +20,12 @@ import learner.train
 from env_server.protocol import package_version
 from learner.cli import build_parser, main
 from learner.config import Args
+from learner.fleetwatch import FAULT_COUNTS
 from learner.live_metrics import FAULT_COUNTERS, REPLICA_COUNTERS, REPLICA_GAUGES, ROW_GAUGES, LearnerMetrics
+from learner.records import metrics_row
+from learner.resume import like_args, resume_args
 from learner.stats import ReplicaStats
-from learner.train import FAULT_COUNTS, like_args, metrics_row, resume_args, train
+from learner.train import train
 from learner.update import UpdateResult
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}

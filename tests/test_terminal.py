@@ -23,8 +23,9 @@ from tqdm import tqdm
 from env_server.tuning import JsonLogFormatter
 from learner.cli import build_parser, finished_line, main, slowest_line
 from learner.config import Args
+from learner.progress import _tqdm_class, close_bar, in_notebook, progress_bar, progress_line
 from learner.stats import format_return
-from learner.train import _close_bar, _tqdm_class, in_notebook, progress_bar, progress_line, train
+from learner.train import train
 
 CLOCK_BOX: dict[str, Any] = {
     "env": "tests.envs:ClockEnv",
@@ -120,7 +121,7 @@ def test_a_run_stopped_at_its_return_leaves_its_bar_full_with_the_final_figures(
     bar = _bar(100_000, 30_000)
     summary = {"total_steps": 30_208, "sps": 1_699.0, "final_return_mean": 486.1}
     monkeypatch.setattr(time, "perf_counter", lambda: 1010.0)  # (10 s since the session's start)
-    _close_bar(bar, summary, "stop_at_return", since=(1000.0, 0))
+    close_bar(bar, summary, "stop_at_return", since=(1000.0, 0))
     assert (bar.n, bar.total) == (30_208, 30_208)
     assert bar.postfix == "SPS 3,021, return 486.1", bar.postfix  # (30,208 steps in 10 s)
     bar.close()
@@ -129,7 +130,7 @@ def test_a_run_stopped_at_its_return_leaves_its_bar_full_with_the_final_figures(
 def test_an_interrupted_run_keeps_its_bars_total_with_the_final_figures() -> None:
     bar = _bar(100_000, 30_000)
     summary = {"total_steps": 30_000, "sps": 1_701.0, "final_return_mean": 475.0}
-    _close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0))
+    close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0))
     assert (bar.n, bar.total, bar.postfix) == (30_000, 100_000, "SPS 1,701, return 475.0")
     bar.close()
 
@@ -234,7 +235,7 @@ def test_progress_lines_say_the_time_left_until_the_end() -> None:
     assert progress_line({**row, "global_step": 20_000}, 10_000_000).endswith(", ~101 min left")
     assert progress_line({**row, "global_step": 0}, 100_000_000).endswith(", ~16.9 h left")
     assert progress_line({**row, "global_step": 120_000}, 120_000).endswith(", 60 s")  # (done: none left)
-    from learner.train import _duration
+    from learner.progress import _duration
 
     assert [_duration(s) for s in (119.4, 119.6, 7_169.0, 7_171.0)] == ["119 s", "2 min", "119 min", "2.0 h"]
 

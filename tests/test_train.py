@@ -22,10 +22,12 @@ import torch
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
+from learner.device import device_hint
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
-from learner.train import NothingToLearnError, device_hint, like_args, resume_args, train
+from learner.resume import like_args, resume_args
+from learner.train import NothingToLearnError, train
 from tests.conftest import StartServers
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
@@ -1159,7 +1161,7 @@ def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: P
 
 def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
     """A run without faults has no flat-zero faults/ tags; one with a fault has its tag from that update on."""
-    from learner.train import write_tensorboard
+    from learner.records import write_tensorboard
 
     class Writer:
         def __init__(self) -> None:
@@ -1187,7 +1189,7 @@ def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
     ]
     assert [step for tag, _, step in writer.scalars if tag == "replicas/local-0/steps"] == [8, 16, 24]
     # A resumed session goes on with the tags its run started (from the run's metrics.jsonl, as kept).
-    from learner.train import fault_tags_started
+    from learner.records import fault_tags_started
 
     rows = [{**base, "global_step": 8}, {**base, "env_errors": 2, "global_step": 16}, {"global_step": 24}]
     assert fault_tags_started(rows) == {"faults/env_errors"}

@@ -14,8 +14,9 @@ import pytest
 from learner import rundir
 from learner.cli import main, slowest_line
 from learner.faults import FaultStats
+from learner.fleetwatch import FAULT_COUNTS, SLOW_UPDATES, FleetWatch, ReplicaTotals, SlowReplicas
+from learner.resume import Counters
 from learner.stats import ReplicaStats
-from learner.train import FAULT_COUNTS, SLOW_UPDATES, Counters, FleetWatch, ReplicaTotals, SlowReplicas
 from tests.conftest import StartServers
 
 

@@ -1,0 +1,203 @@
+"""The fleet, update by update: its fault counts, per-replica statistics, and replicas that stay slow."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from learner import rundir
+from learner.device import machine_busy
+from learner.stats import ReplicaStats
+
+__all__ = ["FAULT_COUNTS", "SLOW_UPDATES", "FleetWatch", "ReplicaTotals", "SlowReplicas"]
+
+log = logging.getLogger(__name__)
+
+FAULT_COUNTS = ("failures", "shutdowns", "reconnects", "server_restarts", "servers_joined", "servers_left")
+"""The fleet's fault counters (fields of ``FaultStats`` and of ``Counters``) that each metrics row gives for
+its update (``faults/<name>``) and summary.json totals over the whole run. The other fields of
+``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``,
+``servers_not_joined``: now) or are counted by ``train`` from the steps' infos (``env_steps_lost``, for
+in-process envs too)."""
+
+
+SLOW_RATIO = 3.0
+"""A replica whose median env step (or round trip) is this many times the other replicas' median is slow..."""
+SLOW_UPDATES = 3
+"""... for this many updates in a row: then it is warned of (once, until it recovers)."""
+SLOW_MIN_MS = 0.1
+"""... and at least this many ms slower, so that the microseconds by which fast envs' replicas differ are not flagged."""
+
+
+class SlowReplicas:
+    """Warns of a replica that stays slower than the others (load imbalance: a synchronous fleet waits
+    for its slowest replica on every step), by its ``env_p50_ms`` (its envs' own step time: a slow or
+    overloaded host) or else its ``latency_p50_ms`` (the round trip: its network or server)."""
+
+    def __init__(self) -> None:
+        self._streaks: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    def check(self, replicas: list[ReplicaStats], label: Callable[[str], str] = str) -> list[tuple[int, str]]:
+        """What to log (level, message) after an update whose windows are ``replicas``, each named
+        ``label(its address)``."""
+        said: list[tuple[int, str]] = []
+        for replica in replicas:
+            slow = _slowness(replica, replicas)
+            if slow is None:
+                continue  # not measured in this update (no steps, or no others to compare with)
+            address = label(replica.address)
+            who = address if address == replica.address else f"{address} ({replica.address})"
+            if not slow[0]:
+                self._streaks[address] = 0
+                if address in self._warned:
+                    self._warned.discard(address)
+                    said.append((logging.INFO, f"env server {who} is no longer slow ({slow[1]})"))
+                continue
+            self._streaks[address] = self._streaks.get(address, 0) + 1
+            if self._streaks[address] >= SLOW_UPDATES and address not in self._warned:
+                self._warned.add(address)
+                said.append(
+                    (
+                        logging.WARNING,
+                        f"env server {who} is slow: {slow[1]}, for {SLOW_UPDATES} updates in a row; the "
+                        f"fleet waits for it on every step (see replicas/{address}/ in {rundir.METRICS})"
+                        + (_busy_here() if address != replica.address else ""),
+                    )
+                )
+        return said
+
+
+def _busy_here() -> str:
+    """For a server this learner started on this machine: that the machine is busy, which slows one
+    local server more than another as the OS gives out the CPUs; "" otherwise."""
+    busy = machine_busy()
+    return f"; this machine is busy ({busy}), which may be all it is" if busy else ""
+
+
+def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool, str] | None:
+    """(whether ``replica`` is slow against the median of the others, in words its figures that say so
+    or, if not slow, its env step's); None when there is nothing to compare. (Against the others, not
+    the whole fleet's median: with two replicas the fleet's median is their mean, which neither reaches
+    3 times.)"""
+    said: tuple[bool, str] | None = None
+    for key, what in (("env_p50_ms", "its envs' median step"), ("latency_p50_ms", "its median round trip")):
+        value = getattr(replica, key)
+        others = [getattr(r, key) for r in replicas if r is not replica and r.steps]
+        others = [v for v in others if math.isfinite(v)]
+        if not (replica.steps and math.isfinite(value) and others):
+            continue
+        median = float(np.median(others))
+        ratio = value / median if median > 0 else math.inf
+        text = f"{what} {value:.2f} ms, {ratio:.1f}x the other servers' median ({median:.2f} ms)"
+        if ratio >= SLOW_RATIO and value - median >= SLOW_MIN_MS:
+            return True, text
+        said = said or (False, text)
+    return said
+
+
+@dataclass
+class ReplicaTotals:
+    """One env server's statistics over a session (summary.json's ``replicas``): sums of its windows'
+    counts, and means of their medians weighted by their steps."""
+
+    num_envs: int = 0
+    steps: int = 0
+    failures: int = 0
+    shutdowns: int = 0
+    reconnects: int = 0
+    stalls: int = 0
+    _weighted: dict[str, float] = field(default_factory=dict)
+    _weights: dict[str, int] = field(default_factory=dict)
+
+    COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
+    MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
+
+    def add(self, window: ReplicaStats) -> None:
+        self.num_envs = window.num_envs
+        self.steps += window.steps
+        for key in self.COUNTS:
+            setattr(self, key, getattr(self, key) + getattr(window, key))
+        for key in self.MEANS:
+            value = getattr(window, key, None)  # (env_busy: where the fleet reports it)
+            if value is not None and window.steps and math.isfinite(value):
+                self._weighted[key] = self._weighted.get(key, 0.0) + value * window.steps
+                self._weights[key] = self._weights.get(key, 0) + window.steps
+
+    def as_dict(self) -> dict[str, Any]:
+        means = {
+            k: round(self._weighted[k] / self._weights[k], 4) if self._weights.get(k) else None for k in self.MEANS
+        }
+        if "env_busy" not in self._weights:
+            del means["env_busy"]
+        counts = {k: getattr(self, k) for k in ("num_envs", "steps", *self.COUNTS)}
+        return {**counts, **means}
+
+
+class FleetWatch:
+    """A fleet's fault counters and per-replica statistics, rollout by rollout (``envs`` without them,
+    in-process envs, give none)."""
+
+    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False) -> None:
+        self._fault_stats = getattr(envs, "fault_stats", None)
+        self._replica_stats = getattr(envs, "replica_stats", None)
+        self._labels: dict[str, str] = {}
+        if self._replica_stats is not None:
+            first = self._replica_stats(reset=True)
+            if local:
+                # Servers the learner started: their addresses are new each session (a temporary
+                # folder's socket, a free port), their places are not (a restart keeps its address).
+                self._labels = {r.address: f"local-{i}" for i, r in enumerate(first)}
+        self._before = self._fault_stats() if self._fault_stats is not None else None
+        self.carried = carried
+        """The fault counts of the run's earlier sessions (a resumed run's checkpoint)."""
+        self.replicas: dict[str, ReplicaTotals] = {}
+        """This session's statistics per replica (its :meth:`label`)."""
+        self.server_ids: dict[str, str] = {}
+        """Each replica's (:meth:`label`) server process id as of the last rollout ("" where unknown)."""
+        self._slow = SlowReplicas()
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """Since the last call: servers lost and back (``faults/<count>``, and ``faults/servers_down`` now),
+        and per env server (``replicas/<address>/<field>``) the step latency p50/p99 as the learner saw it,
+        the envs' own step time and env-steps/s; warns of a replica that stays slow."""
+        metrics: dict[str, float] = {}
+        if self._fault_stats is not None and self._before is not None:
+            now = self._fault_stats()
+            for key in FAULT_COUNTS:
+                metrics[f"faults/{key}"] = getattr(now, key) - getattr(self._before, key)
+            metrics["faults/servers_down"] = now.servers_down
+            metrics["faults/servers_not_joined"] = now.servers_not_joined
+            self._before = now
+        windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
+        self.server_ids = {self.label(window.address): window.server_id for window in windows}
+        for window in windows:
+            # By address, not position: a fleet's positions shift as servers leave and join.
+            name = self.label(window.address)
+            metrics.update(window.metrics(f"replicas/{name}/"))
+            self.replicas.setdefault(name, ReplicaTotals()).add(window)
+        for level, message in self._slow.check(windows, self.label):
+            log.log(level, "%s", message)
+        return metrics
+
+    def label(self, address: str) -> str:
+        """How metrics name a replica: its address, or ``local-<i>`` for the i-th server the learner
+        started itself."""
+        return self._labels.get(address, address)
+
+    def totals(self) -> dict[str, int] | None:
+        """The whole run's fault counts as of now (None for envs without them, unless carried over)."""
+        if self._fault_stats is None and not any(self.carried.values()):
+            return None
+        now = self._fault_stats() if self._fault_stats is not None else None
+        return {key: self.carried[key] + (getattr(now, key) if now is not None else 0) for key in FAULT_COUNTS}
+
+    def servers_lost(self) -> int:
+        """Servers lost so far (failed or shut down), counting each time one was; 0 for envs without them."""
+        totals = self.totals() or {}
+        return totals.get("failures", 0) + totals.get("shutdowns", 0)

@@ -1,0 +1,77 @@
+"""What made a run and where it ran, as its config.json records them: versions, source commit, machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from env_server.protocol import runtime_versions
+
+__all__ = ["machine_info", "run_versions"]
+
+
+def run_versions() -> dict[str, str]:
+    """What made a run (config.json): Python, envfleet (and, run from a git checkout, its commit: the
+    version alone is the same at every commit) and the libraries its results depend on."""
+    versions = runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
+    commit = _source_commit()
+    if commit is not None:
+        versions["envfleet_commit"] = commit
+    return versions
+
+
+def _source_commit() -> str | None:
+    """The git commit envfleet's source is at when it runs from a checkout, ``+dirty`` with changes to
+    tracked files not committed; None elsewhere (installed, an image) or when git cannot say."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    git = ["git", "-C", str(root)]
+    environ = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # (git status must not take the index's lock)
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            env=environ,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """Where a run ran (config.json), beyond the versions: what its results or speed may depend on. A
+    run's curve depends on torch's CPU threads (sums in another order round otherwise), recorded as
+    set (--torch-threads 0: torch's default, the machine's cores for a CNN)."""
+    machine: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(device)
+        machine["cuda"] = torch.version.cuda
+        machine["cudnn"] = torch.backends.cudnn.version()
+    return machine
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` says."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()

@@ -1,0 +1,271 @@
+"""What a run reports, update by update and at its end: metrics.jsonl, TensorBoard, summary.json, returns.png."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learner import rundir
+from learner.fleetwatch import ReplicaTotals
+from learner.resume import Counters
+from learner.update import UpdateResult
+
+__all__ = [
+    "EventsWriter",
+    "build_summary",
+    "fault_tags_started",
+    "mean_or_none",
+    "metrics_row",
+    "plot_at_exit",
+    "tagged_values",
+    "write_tensorboard",
+]
+
+log = logging.getLogger(__name__)
+
+
+def metrics_row(
+    update: int,
+    timing: dict[str, float],
+    result: UpdateResult,
+    rollout_info: dict[str, Any],
+) -> dict[str, Any]:
+    """metrics.jsonl's row of an update: ``timing`` (seconds, sps, sps_update, other_seconds) as of its end,
+    the run as of the end of the rollout it learned from (``rollout_info``), and its ``result``."""
+    return {
+        "update": update,
+        "global_step": rollout_info["global_step"],
+        "seconds": round(timing["seconds"], 4),
+        "sps": round(timing["sps"], 1),
+        "sps_update": round(timing["sps_update"], 1),
+        "transitions_per_s": round(timing["transitions_per_s"], 1),
+        "episodic_return_mean": rollout_info["episodic_return_mean"],
+        "episodic_length_mean": rollout_info["episodic_length_mean"],
+        "episodes": rollout_info["episodes"],
+        "learning_rate": rollout_info["learning_rate"],
+        "clip_coef": rollout_info["clip_coef"],
+        "value_loss": result.value_loss,
+        "policy_loss": result.policy_loss,
+        "entropy": result.entropy,
+        "old_approx_kl": result.old_approx_kl,
+        "approx_kl": result.approx_kl,
+        "clipfrac": result.clipfrac,
+        "explained_variance": result.explained_variance,
+        "num_envs": rollout_info["num_envs"],
+        "batch_size": result.batch_size,
+        "rollout_seconds": rollout_info["rollout_seconds"],
+        "update_seconds": round(result.seconds, 5),
+        "other_seconds": round(timing["other_seconds"], 5),
+        # Fault tolerance, this update: env steps that were no transition, envs unavailable
+        # at its end, episodes cut short; and servers lost and back, from the fleet's
+        # counters (summary.json has the run's totals), and per env server its statistics.
+        "env_steps_lost": rollout_info["env_steps_lost"],
+        "env_errors": rollout_info["env_errors"],
+        "envs_unavailable": rollout_info["envs_unavailable"],
+        "episodes_cut": rollout_info["episodes_cut"],
+        **rollout_info["fleet"],
+    }
+
+
+class EventsWriter:
+    """A run's TensorBoard event file (torch's SummaryWriter): a write that fails (a full disk, a run dir
+    turned read-only) ends the run with :func:`rundir.cannot_write`'s one line, as every run-dir write does.
+
+    The writer writes from a thread of its own, which keeps its error for the next write to raise;
+    Python would print that thread's traceback too (:class:`_QuietEventsThread`)."""
+
+    def __init__(self, run_dir: Path, purge_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._hook = _QuietEventsThread()
+        self.path = run_dir / "events.out.tfevents.*"  # (named once SummaryWriter made it)
+        try:
+            with rundir.writing(self.path):
+                self._writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        except BaseException:
+            self._hook.close()
+            raise
+        events = self._writer._get_file_writer().event_writer
+        self.path = Path(getattr(events, "_file_name", self.path))
+        self._failed = False
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        try:
+            self._writer.add_scalar(tag, value, step)
+        except OSError as err:
+            self._failed = True
+            raise rundir.cannot_write(self.path, err) from err
+
+    def close(self) -> None:
+        """Flush and close the file; a failure not raised already is logged (the run has ended)."""
+        try:
+            self._writer.close()
+        except OSError as err:
+            if not self._failed:
+                log.error("%s", rundir.cannot_write(self.path, err))
+        finally:
+            self._hook.close()
+
+
+class _QuietEventsThread:
+    """Until closed, leave out the traceback Python prints for an OSError in TensorBoard's writer thread:
+    the thread keeps it, and the next write or the close raises it, where :class:`EventsWriter` reports
+    it (the process's hook is put back on close, where it is still this one)."""
+
+    def __init__(self) -> None:
+        from tensorboard.summary.writer import event_file_writer
+
+        self._inner = inner = threading.excepthook
+        writer_thread = event_file_writer._AsyncWriterThread
+
+        def hook(args: Any) -> None:
+            if not (isinstance(args.thread, writer_thread) and isinstance(args.exc_value, OSError)):
+                inner(args)
+
+        self._hook = hook
+        threading.excepthook = hook
+
+    def close(self) -> None:
+        if threading.excepthook is self._hook:
+            threading.excepthook = self._inner
+
+
+_PERF_TAGS = ("rollout_seconds", "update_seconds", "other_seconds", "sps_update", "transitions_per_s")
+"""Row keys TensorBoard gets as perf/<key> (CleanRL has no tags for them)."""
+
+
+def _fault_values(row: dict[str, Any]) -> dict[str, float]:
+    """A metrics row's fault counts, by their TensorBoard tags (``faults/<key>``)."""
+    keys = ("env_steps_lost", "env_errors", "envs_unavailable", "episodes_cut")
+    faults = {f"faults/{key}": row.get(key, 0) for key in keys}  # (0 in rows of versions before a key)
+    faults.update((key, value) for key, value in row.items() if key.startswith("faults/"))
+    return faults
+
+
+def fault_tags_started(rows: Iterable[dict[str, Any]]) -> set[str]:
+    """The faults/ tags :func:`write_tensorboard` started over ``rows`` (a resumed run's metrics, as
+    kept): the resumed session goes on writing them, zeros included."""
+    started: set[str] = set()
+    for row in rows:
+        started.update(tag for tag, value in _fault_values(row).items() if value and not math.isnan(value))
+    return started
+
+
+def tagged_values(row: dict[str, Any]) -> dict[str, float]:
+    """An update's row by TensorBoard tag: CleanRL's tags for what CleanRL logs, perf/, faults/ (every
+    count, zeros included) and replicas/ (without the NaNs of figures a server had none of) for the rest.
+    --track logs them to W&B by the same names."""
+    values = {
+        "charts/learning_rate": row["learning_rate"],
+        "charts/clip_coef": row["clip_coef"],
+        "charts/SPS": row["sps"],
+        "charts/num_envs": row["num_envs"],
+    }
+    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"):
+        values[f"losses/{key}"] = row[key]
+    values["losses/explained_variance"] = row["explained_variance"]
+    for key in _PERF_TAGS:
+        values[f"perf/{key}"] = row[key]
+    values.update(_fault_values(row))
+    values.update((key, value) for key, value in row.items() if key.startswith("replicas/") and not math.isnan(value))
+    return values
+
+
+def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: set[str]) -> None:
+    """An update's row as TensorBoard scalars (:func:`tagged_values`; episodes are logged as they end, as
+    CleanRL does).
+
+    A faults/ tag starts at its first update with a fault of its kind (``faults_seen``, the tags started
+    so far this session, grows with it) and goes on at every update after: a run with no faults shows
+    no flat zeros (metrics.jsonl keeps every count, zeros included)."""
+    step = row["global_step"]
+    for tag, value in tagged_values(row).items():
+        if tag.startswith("faults/"):
+            if tag not in faults_seen and not (value and not math.isnan(value)):
+                continue
+            faults_seen.add(tag)
+        writer.add_scalar(tag, value, step)
+
+
+def build_summary(
+    counters: Counters,
+    *,
+    stop_reason: str | None,
+    threshold: float | None,
+    last_row: dict[str, Any],
+    device: torch.device,
+    faults: dict[str, int] | None,
+    replicas: dict[str, ReplicaTotals],
+) -> dict[str, Any]:
+    """summary.json: the run as ``counters`` hold it; ``faults``: the whole run's fault counts (None: no
+    fleet); ``replicas``: this session's statistics per env server."""
+    summary: dict[str, Any] = {
+        "total_steps": counters.global_step,
+        "seconds": round(counters.seconds, 3),
+        "final_return_mean": mean_or_none(counters.recent_returns),
+        "solved": counters.solved_at_step is not None,
+        "solved_at_step": counters.solved_at_step,
+        "solved_at_seconds": None if counters.solved_at_seconds is None else round(counters.solved_at_seconds, 3),
+        "solved_threshold": threshold,
+        "stop_reason": stop_reason,
+        "episodes": counters.episodes,
+        "updates": counters.update,
+        "sps": last_row.get("sps"),
+        "device": str(device),
+        "cuda_max_memory_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        if device.type == "cuda"
+        else None,
+        "env_steps_lost": counters.env_steps_lost,
+        "env_errors": counters.env_errors,
+        "episodes_cut": counters.episodes_cut,
+        "best_return": counters.best_return,
+        "best_step": counters.best_step,
+    }
+    if faults is not None:
+        summary.update(faults)
+    if replicas:
+        summary["replicas"] = {address: totals.as_dict() for address, totals in replicas.items()}
+    return summary
+
+
+def mean_or_none(values: list[float] | list[int]) -> float | None:
+    """The mean of ``values`` (the recent episodes' returns or lengths), None when there are none."""
+    return float(np.mean(values)) if values else None
+
+
+@contextlib.contextmanager
+def plot_at_exit(enabled: bool) -> Iterator[list[Path]]:
+    """Writes returns.png into the run dir the block appends to the list yielded, once the block is over
+    (its envs closed): whether the run ended or failed (then a failed plot is logged, not raised over
+    the run's error), but not when it was aborted (a second Ctrl-C)."""
+    run_dirs: list[Path] = []
+    try:
+        yield run_dirs
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        if enabled and run_dirs:
+            try:
+                _plot(run_dirs[0])
+            except Exception:
+                log.exception("could not plot %s", run_dirs[0])
+        raise
+    if enabled and run_dirs:
+        _plot(run_dirs[0])
+
+
+def _plot(run_dir: Path) -> None:
+    from learner.plot import plot_runs
+
+    try:
+        plot_runs([run_dir], run_dir / rundir.PLOT, output_name=f"the run's {rundir.PLOT}")
+    except ValueError as err:  # no episode ended yet, a full disk
+        log.warning("no plot written: %s", err)

@@ -1,0 +1,337 @@
+"""Going on from an earlier run: the options it recorded (--resume, --like), its counters, its checkpoint restored."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import optim
+
+from learner import rundir
+from learner.checkpoint import load_checkpoint, load_nets, restore_rng
+from learner.config import (
+    LOCAL_SERVER_OPTIONS,
+    NO_TLS,
+    SESSION_OPTIONS,
+    Args,
+    check_served_env_here,
+    wrappers_option,
+)
+from learner.errors import RunCompleteError
+from learner.normalize import RewardScaler, RunningMeanStd
+from learner.ppo import Agent
+
+__all__ = [
+    "RECENT",
+    "Counters",
+    "check_resume",
+    "earlier_sessions",
+    "like_args",
+    "restore",
+    "resume_args",
+    "resumed_threshold",
+]
+
+log = logging.getLogger(__name__)
+
+RECENT = 20
+"""Finished episodes that "the recent return" (and --stop-at-return) averages over."""
+
+
+@dataclass
+class Counters:
+    """Progress a checkpoint carries besides the nets and optimizer."""
+
+    global_step: int = 0
+    update: int = 0
+    seconds: float = 0.0
+    episodes: int = 0
+    recent_returns: list[float] = field(default_factory=list)
+    recent_lengths: list[int] = field(default_factory=list)
+    solved_at_step: int | None = None
+    solved_at_seconds: float | None = None
+    solved_threshold: float | None = None
+    """The mean return ``solved_at_step`` was judged against (--stop-at-return, else the env's threshold)."""
+    env_steps_lost: int = 0
+    """Env steps that were no transition because their env was unavailable (server lost, env raised)."""
+    episodes_cut: int = 0
+    """Episodes that ended because their env became unavailable (not counted in the returns)."""
+    env_errors: int = 0
+    """Env steps whose env raised (``infos["env_error"]``, isolated by its server; an out-of-order env's
+    steps too: its reset raised, tried again at each step): of env_steps_lost."""
+    failures: int = 0
+    """The fleet's fault counters (``FaultStats``, see fleetwatch.FAULT_COUNTS), the whole run's as of the end of
+    the last rollout learned from: a resumed run adds its own to them."""
+    shutdowns: int = 0
+    reconnects: int = 0
+    server_restarts: int = 0
+    servers_joined: int = 0
+    servers_left: int = 0
+    best_return: float | None = None
+    """The highest mean return of the last 20 episodes at an update's end (once 20 had ended) or at the
+    run's end; with --save-best, best.pt's (a resumed run takes it from the file)."""
+    best_step: int | None = None
+    """The step of that update (its nets are checkpoints/best.pt, with --save-best), or of the run's end."""
+
+
+def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
+    """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
+    if not str(run_dir):
+        raise ValueError("--resume: expected a value, got an empty string")
+    config = Path(run_dir) / rundir.CONFIG
+    if Path(run_dir).is_file():
+        folder = Path(run_dir).parent
+        hint = f"its run dir, {folder.parent}" if folder.name == rundir.CHECKPOINTS else "the run dir it belongs to"
+        raise ValueError(
+            f"--resume: expected a run dir (the run goes on from its latest checkpoint), got the file {run_dir}; "
+            f"pass {hint}"
+        )
+    if not config.is_file():
+        raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
+    recorded = rundir.read_json(config)
+    # As recorded (checked once the overrides are in: one may mend what this version refuses), with
+    # the progress display and the metrics endpoint this session's.
+    saved = Args.from_json({**recorded["args"], **SESSION_OPTIONS}, check=False)
+    if overrides.get("run_dir") not in (None, str(run_dir)):
+        raise ValueError(
+            f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
+        )
+    overrides.pop("run_dir", None)
+    # The nets go on as they are: options that shape them (or what they act on) cannot change.
+    resolved = recorded.get("ppo", {})
+    for name, before in (
+        ("env", saved.env),
+        ("hidden_sizes", tuple(resolved["hidden_sizes"]) if "hidden_sizes" in resolved else None),
+        ("action_bounds", resolved.get("action_bounds")),
+    ):
+        wanted = overrides.get(name)
+        if wanted is not None and before is not None and wanted != before:
+            flag = f"--{name.replace('_', '-')}"
+            raise ValueError(
+                f"{flag}: the run in {run_dir} was trained with {flag} {_shown(before)}; a resumed run keeps its "
+                f"nets, so {flag} cannot change (got {_shown(wanted)})"
+            )
+    if overrides.get("seed", saved.seed) != saved.seed:
+        log.warning(
+            "--seed %d: a resumed run draws from its checkpoint's RNG states (run seed %d), so the new seed changes "
+            "only its envs' reset seeds",
+            overrides["seed"],
+            saved.seed,
+        )
+    return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=str(run_dir), run_dir=str(run_dir))
+
+
+def like_args(source: str | Path, /, **overrides: Any) -> Args:
+    """The ``Args`` a run was started with, for a new run (``learner train --like``): ``source`` is its run
+    dir or its config.json; ``overrides`` (a seed, say) replace what it recorded. The new run has a run
+    dir of its own (``run_dir`` among ``overrides``, else the default) and starts from scratch; the
+    auth token, never recorded, is this session's."""
+    path = Path(source)
+    if not str(source):
+        raise ValueError("--like: expected a value, got an empty string")
+    if not path.exists():
+        raise FileNotFoundError(f"--like: expected a run dir or its {rundir.CONFIG}, but {path} does not exist")
+    config = path / rundir.CONFIG if path.is_dir() else path
+    if not config.is_file():
+        raise FileNotFoundError(f"--like: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
+    try:
+        recorded = rundir.read_json(config)
+    except ValueError as err:
+        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG}: {err}") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
+        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
+    fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
+    values = {**recorded["args"], **fresh}
+    other_env = overrides.get("env", values.get("env")) != values.get("env")
+    if other_env:  # (the run's env options were for its env: the new one gets its own, or none)
+        values.update(env_kwargs={}, max_episode_steps=None, wrappers="auto")
+    if "preset" not in overrides and not other_env:
+        # The hyperparameters as the run resolved them (config.json's ppo), not as this version's preset
+        # would: the same experiment after an upgrade that retuned a preset. (Not those that did not
+        # apply to its envs: a CNN's hidden sizes, discrete actions' bounds, which would be warned of.)
+        envs = recorded.get("envs") or {}
+        idle = {"hidden_sizes"} if recorded.get("policy") == "Nature CNN" else set()
+        if not str(envs.get("action_space", "Box")).startswith("Box"):
+            idle.add("action_bounds")
+        for name, value in (recorded.get("ppo") or {}).items():
+            if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
+                values[name] = tuple(value) if isinstance(value, list) else value
+    saved = Args.from_json(values, check=False)
+    if other_env:  # (nor the options its servers said)
+        recorded = {**recorded, "envs": {}}
+    args = _recorded_with(saved, recorded, overrides, config.parent, "like")
+    given = ", ".join(f"--{name.replace('_', '-')}" for name in overrides) or "none"
+    log.info("--like: the options the run in %s recorded; given here instead: %s", config.parent, given)
+    return args
+
+
+def _recorded_with(
+    saved: Args, recorded: dict[str, Any], overrides: dict[str, Any], run: Path | str, flag: str, /, **fixed: Any
+) -> Args:
+    """``saved`` (the options the run in ``run`` recorded, ``recorded`` its config.json) with ``overrides``
+    and ``fixed``, checked; options given that move the run off the --servers it used onto envs this
+    command starts (or onto other servers) take the others that go with them (``flag``: the command's
+    option, --resume or --like, for messages)."""
+    moved: dict[str, Any] = {}
+    what = "resume" if flag == "resume" else "repeat"
+    servers = overrides.get("servers")
+    if servers is not None and not servers.strip(" ,"):
+        how = "leave --servers out" + (f" and give {_MOVE_FLAGS}" if saved.servers is not None else "")
+        raise ValueError(
+            f"--servers: expected addresses such as host:port,host:port, got {servers!r}; to {what} the run in "
+            f"{run} on envs this command starts, {how}"
+        )
+    if servers is not None:
+        # Moving a run onto running servers: the options of the servers it used to start no longer apply.
+        moved = dict(LOCAL_SERVER_OPTIONS)
+    elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
+        # Moving a run off running servers onto envs this command starts: the same env (and, unless
+        # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
+        # Pipelining was sized for the servers it left: 1 group unless given.
+        given = ", ".join(f"--{name.replace('_', '-')}" for name in _MOVE_OPTIONS if name in overrides)
+        check_served_env_here(saved.env, saved.servers, overrides.get("env"), f"--{flag} with {given}", "--env")
+        moved = {"servers": None, **NO_TLS, "pipeline_groups": 1}
+        # The servers' wrappers and time limit, where recorded, unless given (else the checked spaces fail).
+        served = recorded.get("envs", {})
+        if served.get("wrappers") is not None and "wrappers" not in overrides:
+            moved["wrappers"] = wrappers_option(served["wrappers"])
+        if served.get("max_episode_steps") and "max_episode_steps" not in overrides:
+            moved["max_episode_steps"] = served["max_episode_steps"]
+        if served.get("env_kwargs") and "env_kwargs" not in overrides:  # (servers since EnvSpec.env_kwargs)
+            moved["env_kwargs"] = served["env_kwargs"]
+        num_envs = served.get("num_envs")
+        if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
+            moved["num_envs"] = num_envs
+            wanted = overrides.get("num_servers")
+            if wanted is None:
+                moved["num_servers"] = math.gcd(num_envs, saved.num_servers)  # (servers of as many envs each)
+            elif overrides.get("backend", saved.backend) == "remote" and num_envs % min(wanted, num_envs):
+                raise ValueError(
+                    f"--num-servers: the run in {run} trained on {num_envs} envs, which do not split evenly "
+                    f"over {wanted} servers; pick a number of servers that divides {num_envs}, or give --num-envs "
+                    "or --envs-per-server too"
+                )
+    try:
+        return dataclasses.replace(saved, **{**moved, **overrides, **fixed})
+    except ValueError as err:
+        if saved.servers is None or servers is not None:
+            raise
+        if moved:
+            raise ValueError(f"{err} (moving the run in {run} off --servers {saved.servers})") from None
+        # (the option refused conflicts with --servers, which the user did not give this time)
+        raise ValueError(
+            f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to {what} the run on envs this "
+            f"command starts, give {_MOVE_FLAGS})"
+        ) from None
+
+
+_MOVE_OPTIONS = ("backend", "num_servers", "num_envs", "envs_per_server")
+"""Options that, given with --resume or --like, move a run trained on --servers onto envs this command starts."""
+_MOVE_FLAGS = "--backend, --num-servers, --num-envs or --envs-per-server"
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
+    """RunCompleteError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
+    do: its env steps are done, or it was solved under a bar no lower than --stop-at-return."""
+    counters = checkpoint["counters"]
+    done = int(counters["global_step"])
+    total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
+    if done >= total:
+        raise RunCompleteError(
+            f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
+            f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
+        )
+    solved_at, solved_under = counters.get("solved_at_step"), counters.get("solved_threshold")
+    stop_at = args.stop_at_return
+    if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
+        raise RunCompleteError(
+            f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
+            f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
+            "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
+        )
+
+
+def restore(
+    checkpoint: dict[str, Any],
+    run_dir: Path,
+    *,
+    agent: Agent,
+    optimizer: optim.Optimizer,
+    obs_rms: RunningMeanStd | None,
+    reward_scaler: RewardScaler | None,
+    save_best: bool,
+) -> Counters:
+    """The run in ``run_dir`` as of ``checkpoint``: its nets, optimizer, normalisers and RNG states loaded,
+    its run dir cleared of what came after the checkpoint; returns its counters."""
+    # The nets take normalised observations (the policy) and learned returns at the scaler's scale (the
+    # value): a preset or option that turns either on or off would change what they see.
+    for key, flag, now in (
+        ("obs_rms", "--norm-obs", obs_rms is not None),
+        ("reward_scaler", "--norm-reward", reward_scaler is not None),
+    ):
+        before = checkpoint.get(key) is not None
+        if now != before:
+            raise ValueError(
+                f"{flag}: the run in {run_dir} was trained {'with' if before else 'without'} it; a resumed run keeps "
+                f"its nets, which learned with{'' if before else 'out'} it, so it cannot change (the options given, "
+                f"or their preset, turn it {'on' if now else 'off'}: give {flag if before else '--no-' + flag[2:]})"
+            )
+    load_nets(agent, checkpoint["model"], f"--resume {run_dir}")
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if obs_rms is not None:
+        obs_rms.load_state_dict(checkpoint["obs_rms"])
+    if reward_scaler is not None:
+        reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+    counters = Counters(**checkpoint["counters"])
+    restore_rng(checkpoint["rng"])
+    for path in rundir.remove_stale_temp_files(run_dir):
+        log.info("removed %s, left by a write the previous run did not finish", path)
+    if save_best:
+        # The bar is best.pt's own: it may be of an update after the checkpoint (the run was
+        # killed in between), or older than the checkpoint's bar (a session with --no-save-best).
+        best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+        kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
+        counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
+    # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
+    metrics_path = run_dir / rundir.METRICS
+    if metrics_path.exists():
+        rows = rundir.read_jsonl(metrics_path)
+        rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+    return counters
+
+
+def resumed_threshold(counters: Counters, threshold: float | None) -> float | None:
+    """The bar this session judges "solved" by, given its own (``threshold``: --stop-at-return, else the
+    env's) and a resumed run's ``counters``: a run solved against a lower bar is judged again (its
+    solved_at fields cleared); with no bar of its own, the one it was solved against stands."""
+    before = counters.solved_threshold
+    if counters.solved_at_step is None:
+        return threshold
+    if threshold is None:
+        threshold = before
+    if threshold is None or before is None or threshold > before:
+        counters.solved_at_step = counters.solved_at_seconds = counters.solved_threshold = None
+    return threshold
+
+
+def earlier_sessions(run_dir: Path) -> list[Any]:
+    """The config.json of each earlier session of a resumed run, oldest first: what each ran with (its
+    options, devices, versions, servers) outlives the resume that rewrites the file."""
+    try:
+        previous = rundir.read_json(run_dir / rundir.CONFIG)
+    except (OSError, ValueError) as err:  # (resume_args read it a moment ago)
+        log.warning("%s: cannot keep the earlier sessions' record (%s)", run_dir / rundir.CONFIG, err)
+        return []
+    if not isinstance(previous, dict):
+        return []
+    earlier = previous.pop("earlier_sessions", None)
+    previous.pop("server_versions", None)  # (one entry per server: kept for the session that runs)
+    return [*(earlier if isinstance(earlier, list) else []), previous]
