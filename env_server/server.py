@@ -808,6 +808,7 @@ HARD_EXIT_STATUS = 1
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
 _WATCH_S = 0.25
+_DOUBLE_TAP_S = 0.5  # (a Ctrl-C this soon after the first is the same press: as learner.progress.DOUBLE_TAP_S)
 
 
 class _Watchdog(threading.Thread):
@@ -850,6 +851,15 @@ class _Watchdog(threading.Thread):
             self.start()
 
     def on_signal(self, signum: int, frame: object) -> None:
+        # A second Ctrl-C (not a double tap of the first) during the drain: exit now, as servers
+        # commonly do; the calls in flight are abandoned (their learners see the connection drop). A
+        # second SIGTERM changes nothing: the drain has its deadline (the grace period, then the
+        # watchdog's exit).
+        asked = self.stop_asked_at
+        if asked and signum == signal.SIGINT and time.monotonic() - asked >= _DOUBLE_TAP_S:
+            _exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
+        if asked:
+            log.info("%s: already shutting down", signal.Signals(signum).name)
         self.request_stop()
 
     def request_stop(self) -> None:

@@ -38,7 +38,8 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, checkpoint_path, list_checkpoints
+from learner.progress import ending_as_interrupt
+from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -546,6 +547,8 @@ def aborted_line(run_dir: str | Path | None) -> str:
         return "aborted (before the run dir was made)"
     checkpoints = list_checkpoints(run_dir)
     resume = _resume_command(run_dir)
+    if not (Path(run_dir) / CONFIG).exists():  # (nothing of the run written yet: --resume would refuse it)
+        return f"aborted before anything of the run was written to {run_dir}: run the same command again"
     if not checkpoints:
         return f"aborted; no checkpoint is in {run_dir}: {resume} starts it over"
     return f"aborted; resuming starts from its last checkpoint, {checkpoints[-1].name}, with: {resume}"
@@ -1532,7 +1535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
     try:
-        return int(args.func(args))
+        with ending_as_interrupt():  # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
+            return int(args.func(args))
     except _USER_ERRORS as err:
         # (train's, eval's and servers' advice names their options, not the library's arguments: _option_terms)
         reword: Callable[[str], str] = getattr(args, "in_option_terms", str)

@@ -534,13 +534,15 @@ def _exit_status(code: int) -> str:
 def _stop_all(children: _Children, socket_dir: str | None) -> None:
     with children.lock:  # (a server being started again is in children.procs already)
         children.closing.set()
-    _stop_all_procs(children.procs)
-    if socket_dir is not None:
-        for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
+    try:
+        _stop_all_procs(children.procs)
+    finally:  # (a second Ctrl-C while they stop too: the servers notice their parent's end)
+        if socket_dir is not None:
+            for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
+                with suppress(OSError):
+                    os.unlink(os.path.join(socket_dir, name))
             with suppress(OSError):
-                os.unlink(os.path.join(socket_dir, name))
-        with suppress(OSError):
-            os.rmdir(socket_dir)
+                os.rmdir(socket_dir)
 
 
 def _stop_all_procs(procs: list[subprocess.Popen[bytes]]) -> None:

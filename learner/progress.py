@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import logging
@@ -16,7 +17,9 @@ from typing import Any
 from learner.stats import format_return
 
 __all__ = [
+    "DOUBLE_TAP_S",
     "StopRequest",
+    "ending_as_interrupt",
     "bar_postfix",
     "close_bar",
     "in_notebook",
@@ -28,13 +31,24 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+DOUBLE_TAP_S = 0.5
+"""A second Ctrl-C this soon after the first is the same press (a key pressed twice in a hurry, a
+terminal's Ctrl-C sent twice), not a request to abort: aborting would throw away the stop's checkpoint."""
+
+# Signals that ask the process to end, besides Ctrl-C: an orchestrator's SIGTERM (docker stop, systemd,
+# Kubernetes), SIGHUP (the terminal closed, an ssh session dropped). Not on Windows, which has neither.
+_ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+_ended = False  # one of them came: the process is to end, and later ones change nothing
+_stopped = False  # a signal (Ctrl-C too) asked a StopRequest to stop (see ending_as_interrupt)
+
 
 class StopRequest:
-    """Turns the first Ctrl-C (or SIGTERM) into a request to stop at the next step; a second Ctrl-C interrupts.
+    """Turns the first Ctrl-C (or SIGTERM, or SIGHUP) into a request to stop at the next step; a second
+    Ctrl-C (not a double tap: :data:`DOUBLE_TAP_S`) interrupts. A second SIGTERM or SIGHUP changes nothing.
 
     ``then`` says what follows the stop (in the warning the first one logs). ``event``, set from any
     thread, asks for the same stop (a caller's: signals reach only the main thread); ``signalled`` says
-    whether a signal asked for it."""
+    whether a signal asked for it. A signal ignored when it begins (SIGHUP under ``nohup``) stays ignored."""
 
     def __init__(
         self,
@@ -47,6 +61,7 @@ class StopRequest:
         self._log = logger or log
         self._event = event
         self._previous: dict[int, Any] = {}
+        self._at = 0.0  # (time.monotonic() of the signal that asked for the stop)
 
     @property
     def requested(self) -> bool:
@@ -54,22 +69,80 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
+            for sig in (signal.SIGINT, *_ENDING):
+                if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signalled and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if self.signalled:  # (a second SIGTERM: the stop asked for stands)
-            return
-        self.signalled = True
+        global _ended, _stopped
+        _stopped = True
+        if signum != signal.SIGINT:
+            _ended = True
+        if self.signalled:
+            if signum == signal.SIGINT and time.monotonic() - self._at >= DOUBLE_TAP_S:
+                raise KeyboardInterrupt
+            return  # (a double tap, a second SIGTERM or SIGHUP: the stop asked for stands)
+        self.signalled, self._at = True, time.monotonic()
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         self._log.warning("%s: stopping after this step (%s); Ctrl-C again to abort at once", what, self._then)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _end_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    global _ended
+    if _ended:  # (the process is ending already: closing down, as asked)
+        return
+    _ended = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ending_as_interrupt() -> Iterator[None]:
+    """For a command's whole run (the learner's CLI): the first SIGTERM or SIGHUP interrupts as Ctrl-C
+    does where no :class:`StopRequest` takes it (starting up, closing down), so that the command closes
+    what it opened (its servers, their socket folder) and says so; later ones, and those after a stop
+    they asked for, change nothing, to the process's exit (a Ctrl-C after one that stopped the command
+    too, once the interpreter exits). A signal ignored when it begins stays ignored."""
+    global _ended, _stopped
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _ended = _stopped = False
+    # (None: a handler not set from Python, which cannot be put back: left alone)
+    previous = {sig: handler for sig in _ENDING if (handler := signal.getsignal(sig)) is not None}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, _end_as_interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if _stopped or _ended:  # (asked to stop or end: the process's exit is as asked, unbroken)
+            _quiet_exit()
+
+
+_quiet_exit_registered = False
+
+
+def _quiet_exit() -> None:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP once the interpreter exits (atexit: not in a process that
+    goes on after the command, a test's): a second Ctrl-C after the one that stopped the command
+    (a double tap), or a second SIGTERM, would break the exit (torch's atexit hooks' traceback, a
+    status of -2 or -15 instead of the command's)."""
+    global _quiet_exit_registered
+    if not _quiet_exit_registered:
+        _quiet_exit_registered = True
+        atexit.register(_ignore_signals)
+
+
+def _ignore_signals() -> None:
+    for sig in (signal.SIGINT, *_ENDING):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:

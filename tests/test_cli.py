@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import pytest
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main
+from learner.progress import DOUBLE_TAP_S, ending_as_interrupt
 from learner.stats import format_return
 from learner.train import stopped_in_update
 from tests.certs import make_server_certs
@@ -687,6 +690,7 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
         for line in proc.stderr:
             if "Ctrl-C again to abort at once" in line:
                 break
+        time.sleep(DOUBLE_TAP_S)  # (sooner, it would be the same press)
         proc.send_signal(signal.SIGINT)  # the step still waits at the gate
         # At once: the learner leaves the step still held at the gate and writes its summary. Then the
         # gate opens, so that the server, which the learner stops next, need not wait for its step.
@@ -710,12 +714,26 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "interrupted"
 
 
-def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "signals",
+    [
+        [signal.SIGINT],
+        [signal.SIGINT, signal.SIGINT],  # (a double tap: the same press)
+        [signal.SIGTERM, signal.SIGTERM],  # (a second one changes nothing)
+        [signal.SIGHUP],  # (the terminal closed)
+    ],
+    ids=["ctrl-c", "ctrl-c-double-tap", "sigterm-twice", "sighup"],
+)
+def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
+    signals: list[signal.Signals], tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
     proc = _train_until_its_first_update([*argv, "--no-plot"], run)
     try:
-        proc.send_signal(signal.SIGINT)
+        for signum in signals:
+            proc.send_signal(signum)
+            time.sleep(0.05)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
@@ -757,7 +775,11 @@ def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_
     assert aborted_line(tmp_path / "new") == "aborted (before the run dir was made)"
     (tmp_path / "new").mkdir()
     new = tmp_path / "new"
+    # (its config.json not written yet: --resume would refuse the dir)
+    assert aborted_line(new) == f"aborted before anything of the run was written to {new}: run the same command again"
+    (new / rundir.CONFIG).write_text("{}")
     assert aborted_line(new) == f"aborted; no checkpoint is in {new}: learner train --resume {new} starts it over"
+    (run / rundir.CONFIG).write_text("{}")
     assert aborted_line(run) == (
         f"aborted; resuming starts from its last checkpoint, step-0000000048.pt, with: learner train --resume {run}"
     )
@@ -945,3 +967,52 @@ def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
     with pytest.raises(SystemExit):
         main([*argv, "--connect-timeout", "0"])
     assert "--connect-timeout: expected a value > 0, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals, tmp_path: Path) -> None:
+    """Before training begins (here: waiting for a server that does not answer), SIGTERM or SIGHUP ends
+    the command as Ctrl-C does, saying so, not silently by the signal's default."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
+    argv = ["--servers", address, "--connect-timeout", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "not answering yet" in line:
+                break
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("learner train: aborted"), err
+    assert "Traceback" not in err, err
+
+
+def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> None:
+    """ending_as_interrupt: the first SIGTERM interrupts, a later one (closing down, then exiting)
+    changes nothing; a SIGHUP that was ignored (nohup) stays so; without either, the handlers are put
+    back after."""
+    before = signal.getsignal(signal.SIGTERM)
+    previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with ending_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is before
+        with ending_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            os.kill(os.getpid(), signal.SIGTERM)  # (closing down: nothing happens)
+            time.sleep(0.1)
+        assert signal.getsignal(signal.SIGTERM) is before  # (and ignored at the interpreter's exit)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGHUP, previous_hup)

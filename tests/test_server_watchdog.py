@@ -117,6 +117,30 @@ def test_sigterm_ends_a_server_whose_env_step_hangs_on_its_event_loop(tmp_path: 
             proc.wait(timeout=30)
 
 
+def test_a_second_ctrl_c_during_the_drain_exits_at_once_a_double_tap_does_not(tmp_path: Path) -> None:
+    """A step hangs, so the drain would wait out its grace period and the exit margin (here 30 s and
+    10 s): a Ctrl-C pressed twice in a hurry is one, and the drain goes on; a second one later exits at
+    once (status 1), saying so."""
+    proc, address, log = _server(tmp_path, "--env", HANG, "--grace", "30")
+    channel, _ = _hang_a_step_on_the_loop(address)
+    try:
+        time.sleep(0.5)  # (the step is on the loop, hanging)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # (the same press)
+        time.sleep(1.0)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGINT)
+        code, seconds = _wait(proc, 10)
+        assert code == 1 and seconds < 5, (code, seconds)
+        assert "second Ctrl-C: exiting now, without waiting for the calls in flight" in log.read_text()
+    finally:
+        channel.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def test_local_servers_start_a_server_whose_env_hung_again_and_its_envs_rejoin(tmp_path: Path) -> None:
     flag = tmp_path / "hung-once"
     servers = LocalServers(HANG, 1, 1, env_kwargs={"hang_at": 3, "once": str(flag)}, hang_timeout=1)
