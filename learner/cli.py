@@ -919,7 +919,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as err:
         args.parser.error(str(err))
     print(f"learner bench: {', '.join(config.suites)} -> {out}", flush=True)
-    results = run_bench(config, progress=lambda line: print(line, flush=True))
+    results = run_bench(config, progress=lambda line: print(line, flush=True), checked=True)
     from learner.benchmarks.report import markdown_tables
 
     print()

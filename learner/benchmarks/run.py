@@ -279,12 +279,15 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = print, *, checked: bool = False) -> dict[str, Any]:
     """Run the configured suites; write bench.json, bench.md and bench.png into ``config.out``.
 
     Stopped by Ctrl-C or SIGTERM, it writes them of what finished (the workloads measured, the PPO runs
-    done; ``meta.interrupted`` true) and returns that; a second Ctrl-C while they are written aborts."""
-    check(config)  # before anything is measured
+    done; ``meta.interrupted`` true) and returns that; a second Ctrl-C while they are written aborts.
+    ``checked``: :func:`check` was called on ``config`` already (it builds the envs, and imports torch
+    in a subprocess: seconds)."""
+    if not checked:
+        check(config)  # before anything is measured
     try:
         config.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
