@@ -19,8 +19,9 @@ _background: LoopRunner | None = None
 _background_lock = threading.Lock()
 # The loops of runners nothing holds any more (their thread ended, and every env made on them is gone), with
 # the tasks they still had scheduled: a new thread's runner takes one (see LoopRunner.for_this_thread).
+# No lock: a runner's finalizer may run in any thread at any allocation (a garbage collection), even
+# while that thread takes a loop from here or makes one; list.append and list.pop are atomic.
 _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
-_spare_lock = threading.Lock()
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -79,8 +80,10 @@ class LoopRunner:
         except RuntimeError:  # the usual case: no loop runs in this thread
             runner: LoopRunner | None = getattr(_local, "runner", None)
             if runner is None:
-                with _spare_lock:
-                    loop, scheduled = _spare.pop() if _spare else (asyncio.new_event_loop(), set())
+                try:
+                    loop, scheduled = _spare.pop()
+                except IndexError:
+                    loop, scheduled = asyncio.new_event_loop(), set()
                 runner = _local.runner = cls(loop, scheduled=scheduled)
                 weakref.finalize(runner, _spare_loop, loop, scheduled).atexit = False
             return runner
@@ -188,8 +191,7 @@ class LoopRunner:
 
 def _spare_loop(loop: asyncio.AbstractEventLoop, scheduled: set[asyncio.Task[Any]]) -> None:
     """A thread's runner is gone (see LoopRunner): its loop and tasks are for the next thread's."""
-    with _spare_lock:
-        _spare.append((loop, scheduled))
+    _spare.append((loop, scheduled))
 
 
 async def _wait_or_cancel(tasks: list[asyncio.Task[Any]], timeout: float) -> None:

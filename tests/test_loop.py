@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 
+import pytest
+
+import learner.loop
 from learner.loop import LoopRunner
 from learner.remote import RemoteVectorEnv
 from tests.conftest import StartServers, needs_proc
@@ -99,3 +103,36 @@ def test_fleets_made_in_threads_that_end_leave_no_file_descriptors_behind(start_
     in_threads(30)
     # (~100 more when each thread's loop stayed; a few connections of closes still in flight otherwise)
     assert open_files() - before < 40, (before, open_files())
+
+
+def test_a_runner_freed_by_a_garbage_collection_while_a_thread_makes_its_own_hangs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An env in a reference cycle (a train() run's) keeps its runner until a garbage collection,
+    which may come at any allocation: here, while another thread makes its loop. That frees the
+    runner, whose loop goes to the spare ones then and there: nothing may wait on a lock held meanwhile."""
+
+    class Cycle:
+        def __init__(self, runner: LoopRunner) -> None:
+            self.runner, self.me = runner, self
+
+    gc.disable()
+    try:
+        thread = threading.Thread(target=lambda: Cycle(LoopRunner.for_this_thread()))
+        thread.start()
+        thread.join()
+        made = asyncio.new_event_loop
+
+        def collecting() -> asyncio.AbstractEventLoop:
+            gc.collect()  # (as one an allocation in there starts would)
+            return made()
+
+        monkeypatch.setattr(asyncio, "new_event_loop", collecting)
+        monkeypatch.setattr(learner.loop, "_spare", [])
+        got: list[LoopRunner] = []
+        other = threading.Thread(target=lambda: got.append(LoopRunner.for_this_thread()), daemon=True)
+        other.start()
+        other.join(10)
+        assert got and not other.is_alive()
+    finally:
+        gc.enable()
