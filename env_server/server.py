@@ -836,6 +836,7 @@ class _Watchdog(threading.Thread):
         self.stop = stop
         self.service: EnvService | None = None
         self.stop_asked_at = 0.0  # (time.monotonic(); 0: not yet)
+        self.signal_at = 0.0  # (of the first signal that asked for it; 0: none did, as when the parent is gone)
         self.teardown_at = 0.0
         self.finished = threading.Event()
         """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
@@ -855,11 +856,12 @@ class _Watchdog(threading.Thread):
         # commonly do; the calls in flight are abandoned (their learners see the connection drop). A
         # second SIGTERM changes nothing: the drain has its deadline (the grace period, then the
         # watchdog's exit).
-        asked = self.stop_asked_at
-        if asked and signum == signal.SIGINT and time.monotonic() - asked >= _DOUBLE_TAP_S:
+        first = self.signal_at
+        if first and signum == signal.SIGINT and time.monotonic() - first >= _DOUBLE_TAP_S:
             _exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
-        if asked:
+        if self.stop_asked_at:
             log.info("%s: already shutting down", signal.Signals(signum).name)
+        self.signal_at = self.signal_at or time.monotonic()
         self.request_stop()
 
     def request_stop(self) -> None:

@@ -1,7 +1,5 @@
 """``python -m learner``: the same as the ``learner`` command."""
 
-import sys
+from learner.cli import run
 
-from learner.cli import main
-
-sys.exit(main())
+run()

@@ -38,7 +38,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt
+from learner.progress import ending_as_interrupt, quiet_exit
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
@@ -1571,5 +1571,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The ``learner`` command and ``python -m learner``: :func:`main`, then the process's exit, not broken
+    by a repeated signal after one that stopped the command (:func:`learner.progress.quiet_exit`)."""
+    code = main()
+    quiet_exit()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -92,7 +92,7 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.summary = summary
         self.run_dir = Path(run_dir)
         super().__init__(
-            f"training stopped at step {summary.get('total_steps', 0):,} (Ctrl-C or SIGTERM); the run is in "
+            f"training stopped at step {summary.get('total_steps', 0):,} (Ctrl-C, SIGTERM or SIGHUP); the run is in "
             f"{self.run_dir}: go on with train(resume_args({str(self.run_dir)!r}))"
         )
 

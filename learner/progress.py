@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib.util
 import logging
+import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ __all__ = [
     "DOUBLE_TAP_S",
     "StopRequest",
     "ending_as_interrupt",
+    "quiet_exit",
     "bar_postfix",
     "close_bar",
     "in_notebook",
@@ -36,10 +38,37 @@ DOUBLE_TAP_S = 0.5
 terminal's Ctrl-C sent twice), not a request to abort: aborting would throw away the stop's checkpoint."""
 
 # Signals that ask the process to end, besides Ctrl-C: an orchestrator's SIGTERM (docker stop, systemd,
-# Kubernetes), SIGHUP (the terminal closed, an ssh session dropped). Not on Windows, which has neither.
+# Kubernetes), SIGHUP (the terminal closed, an ssh session dropped; Windows has none).
 _ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-_ended = False  # one of them came: the process is to end, and later ones change nothing
-_stopped = False  # a signal (Ctrl-C too) asked a StopRequest to stop (see ending_as_interrupt)
+_stop_at: float | None = None  # (time.monotonic()) when a signal first asked the command to stop
+
+
+def _taken_over(sig: int) -> bool:
+    """Whether a handler may take ``sig`` over: not one ignored when the process began (SIGHUP under
+    ``nohup``, SIGINT in a script's background job), nor one set outside Python (it cannot be put back)."""
+    return signal.getsignal(sig) not in (signal.SIG_IGN, None)
+
+
+def _detach_from_terminal() -> None:
+    """SIGHUP: the terminal is gone, and writing to it fails (EIO). What is left to say (the summary, the
+    resume hint) goes nowhere, not into a traceback: stdout and stderr, where they are a terminal (a
+    character device: a closed terminal is no longer a tty to isatty), are /dev/null from now on."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in (1, 2):
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
+def _note_stop(signum: int) -> None:
+    global _stop_at
+    if signum == getattr(signal, "SIGHUP", None):
+        _detach_from_terminal()
+    if _stop_at is None:
+        _stop_at = time.monotonic()
 
 
 class StopRequest:
@@ -70,15 +99,12 @@ class StopRequest:
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, *_ENDING):
-                if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                if _taken_over(sig):
                     self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        global _ended, _stopped
-        _stopped = True
-        if signum != signal.SIGINT:
-            _ended = True
+        _note_stop(signum)
         if self.signalled:
             if signum == signal.SIGINT and time.monotonic() - self._at >= DOUBLE_TAP_S:
                 raise KeyboardInterrupt
@@ -92,57 +118,48 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
-def _end_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    global _ended
-    if _ended:  # (the process is ending already: closing down, as asked)
-        return
-    _ended = True
-    raise KeyboardInterrupt
+def _as_the_command_does(signum: int, frame: FrameType | None) -> None:
+    """A command's signals where no StopRequest takes them (starting up, closing down, exiting): the
+    first interrupts as Ctrl-C does; then a double tap of Ctrl-C, and a second SIGTERM or SIGHUP,
+    change nothing (the stop asked for stands); a later Ctrl-C interrupts what is left."""
+    stop_at = _stop_at
+    _note_stop(signum)
+    if stop_at is None or (signum == signal.SIGINT and time.monotonic() - stop_at >= DOUBLE_TAP_S):
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def ending_as_interrupt() -> Iterator[None]:
-    """For a command's whole run (the learner's CLI): the first SIGTERM or SIGHUP interrupts as Ctrl-C
-    does where no :class:`StopRequest` takes it (starting up, closing down), so that the command closes
-    what it opened (its servers, their socket folder) and says so; later ones, and those after a stop
-    they asked for, change nothing, to the process's exit (a Ctrl-C after one that stopped the command
-    too, once the interpreter exits). A signal ignored when it begins stays ignored."""
-    global _ended, _stopped
+    """For a command's whole run (the learner's CLI): Ctrl-C, SIGTERM and SIGHUP where no
+    :class:`StopRequest` takes them (starting up, closing down): the first interrupts as Ctrl-C does
+    (so the command closes what it opened, its servers and their socket folder, and says so), and
+    after a stop (here or a StopRequest's) a double-tapped Ctrl-C or a second SIGTERM or SIGHUP
+    changes nothing. A signal ignored when it begins stays ignored. See :func:`quiet_exit` for the
+    process's exit after it."""
+    global _stop_at
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _ended = _stopped = False
-    # (None: a handler not set from Python, which cannot be put back: left alone)
-    previous = {sig: handler for sig in _ENDING if (handler := signal.getsignal(sig)) is not None}
-    for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(sig, _end_as_interrupt)
+    _stop_at = None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *_ENDING) if _taken_over(sig)}
+    for sig in previous:
+        signal.signal(sig, _as_the_command_does)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if _stopped or _ended:  # (asked to stop or end: the process's exit is as asked, unbroken)
-            _quiet_exit()
 
 
-_quiet_exit_registered = False
-
-
-def _quiet_exit() -> None:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP once the interpreter exits (atexit: not in a process that
-    goes on after the command, a test's): a second Ctrl-C after the one that stopped the command
-    (a double tap), or a second SIGTERM, would break the exit (torch's atexit hooks' traceback, a
-    status of -2 or -15 instead of the command's)."""
-    global _quiet_exit_registered
-    if not _quiet_exit_registered:
-        _quiet_exit_registered = True
-        atexit.register(_ignore_signals)
-
-
-def _ignore_signals() -> None:
-    for sig in (signal.SIGINT, *_ENDING):
-        signal.signal(sig, signal.SIG_IGN)
+def quiet_exit() -> None:
+    """For an entry point, once its command returned: if a signal asked it to stop, ignore Ctrl-C,
+    SIGTERM and SIGHUP for the rest of the process's exit (joining threads, exit hooks, freeing
+    memory): the exit then is the command's, not ended -2 or -15 by a double tap or a repeated
+    SIGTERM (Python handlers are reset at the interpreter's end; ignored signals stay ignored)."""
+    if _stop_at is not None and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, *_ENDING):
+            if _taken_over(sig):
+                signal.signal(sig, signal.SIG_IGN)
 
 
 def progress_line(row: dict[str, Any], total: int) -> str:

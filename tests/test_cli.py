@@ -715,30 +715,33 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
 
 
 @pytest.mark.parametrize(
-    "signals",
+    ("signals", "backend"),
     [
-        [signal.SIGINT],
-        [signal.SIGINT, signal.SIGINT],  # (a double tap: the same press)
-        [signal.SIGTERM, signal.SIGTERM],  # (a second one changes nothing)
-        [signal.SIGHUP],  # (the terminal closed)
+        ([signal.SIGINT], "gym"),
+        ([signal.SIGINT, signal.SIGINT], "gym"),  # (a double tap: the same press)
+        ([signal.SIGINT, signal.SIGINT], "remote"),  # (the second while its servers stop)
+        ([signal.SIGTERM, signal.SIGTERM], "gym"),  # (a second one changes nothing)
+        ([signal.SIGINT, signal.SIGTERM], "remote"),  # (nor a SIGTERM after a Ctrl-C)
+        ([signal.SIGHUP], "gym"),  # (the terminal closed)
     ],
-    ids=["ctrl-c", "ctrl-c-double-tap", "sigterm-twice", "sighup"],
+    ids=["ctrl-c", "ctrl-c-double-tap", "ctrl-c-double-tap-remote", "sigterm-twice", "ctrl-c-sigterm-remote", "sighup"],
 )
 def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
-    signals: list[signal.Signals], tmp_path: Path
+    signals: list[signal.Signals], backend: str, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
-    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
+    argv = [*CLOCK, "--backend", backend, "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "100000000"]
     proc = _train_until_its_first_update([*argv, "--no-plot"], run)
     try:
         for signum in signals:
             proc.send_signal(signum)
-            time.sleep(0.05)
+            time.sleep(0.15)  # (the second: while the run stops, its servers stop, or the process exits)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
+    assert "aborted" not in err and "Traceback" not in err, err
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "interrupted"
     assert rundir.list_checkpoints(run)[-1].name == f"step-{summary['total_steps']:010d}.pt"
@@ -999,7 +1002,7 @@ def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> 
     """ending_as_interrupt: the first SIGTERM interrupts, a later one (closing down, then exiting)
     changes nothing; a SIGHUP that was ignored (nohup) stays so; without either, the handlers are put
     back after."""
-    before = signal.getsignal(signal.SIGTERM)
+    before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with ending_as_interrupt():
@@ -1012,7 +1015,8 @@ def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> 
                 time.sleep(1)
             os.kill(os.getpid(), signal.SIGTERM)  # (closing down: nothing happens)
             time.sleep(0.1)
-        assert signal.getsignal(signal.SIGTERM) is before  # (and ignored at the interpreter's exit)
+        assert signal.getsignal(signal.SIGTERM) is before
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
         signal.signal(signal.SIGHUP, previous_hup)
