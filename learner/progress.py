@@ -44,9 +44,12 @@ _stop_at: float | None = None  # (time.monotonic()) when a signal first asked th
 
 
 def _taken_over(sig: int) -> bool:
-    """Whether a handler may take ``sig`` over: not one ignored when the process began (SIGHUP under
-    ``nohup``, SIGINT in a script's background job), nor one set outside Python (it cannot be put back)."""
-    return signal.getsignal(sig) not in (signal.SIG_IGN, None)
+    """Whether a handler may take ``sig`` over: not SIGTERM or SIGHUP ignored when the process began
+    (SIGHUP under ``nohup``), nor one set outside Python (it cannot be put back). Ctrl-C is taken even
+    where ignored: a script's background job ignores it (no terminal's Ctrl-C reaches one), and a
+    SIGINT sent to it on purpose (a test's, a supervisor's) asks for a stop."""
+    handler = signal.getsignal(sig)
+    return handler is not None and (sig == signal.SIGINT or handler is not signal.SIG_IGN)
 
 
 def _detach_from_terminal() -> None:
