@@ -223,7 +223,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     except OptionError as err:  # (an option found wrong once the run's checkpoint or servers are seen)
         args.parser.error(str(err))
-    except TrainingInterrupted as stopped:  # the first Ctrl-C (or SIGTERM): stopped at a step, its files written
+    except TrainingInterrupted as stopped:  # the first Ctrl-C (SIGTERM, SIGHUP): stopped at a step, files written
         summary = stopped.summary  # (said as a finished run's, with how to resume it; exit 130)
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)

@@ -76,7 +76,7 @@ class TrackingError(EnvFleetError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """``train()`` was stopped by Ctrl-C (a notebook's kernel interrupt) or SIGTERM, and stopped as asked:
+    """``train()`` was stopped by Ctrl-C (a notebook's kernel interrupt), SIGTERM or SIGHUP, and stopped as asked:
     at the next step, with its checkpoint, summary.json and plot written. Raised once they are, so that
     what called it stops too (a loop over seeds, a notebook's "Run All") instead of going on to the next
     run; a KeyboardInterrupt, so that code that stops on Ctrl-C stops on it. ``learner train`` says where

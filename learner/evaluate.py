@@ -91,7 +91,7 @@ def evaluate(
     ``learner eval`` sets it (:func:`learner.video.headless_rendering`); callers of this function may.
 
     ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal, or in a Jupyter kernel), as
-    ``learner train`` shows. Ctrl-C (or SIGTERM) while the episodes run stops after the current step:
+    ``learner train`` shows. Ctrl-C (or SIGTERM, or SIGHUP) while the episodes run stops after the current step:
     the result is then of the episodes finished (``interrupted`` true; the return's statistics None
     when none had); a second Ctrl-C raises KeyboardInterrupt.
 

@@ -200,7 +200,7 @@ def fleet_spec(args: Args) -> FleetSpec:
 
 def _asked_stop(stop: StopRequest) -> str:
     """summary.json's ``stop_reason`` for a run that ``stop`` stopped: "interrupted" by a signal (Ctrl-C,
-    SIGTERM), "stopped" by the caller's event."""
+    SIGTERM, SIGHUP), "stopped" by the caller's event."""
     if not stop.signalled:
         log.info("the stop event was set: the run stops here (checkpoint and summary follow)")
     return "interrupted" if stop.signalled else "stopped"
@@ -326,7 +326,7 @@ def train(
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds, with
     ``run_dir`` and, with --track, ``wandb_run`` (what ``wandb-run.json`` holds: id, project, entity, url).
 
-    Stopped by Ctrl-C (a notebook's kernel interrupt) or SIGTERM, it stops at the next step, writes what
+    Stopped by Ctrl-C (a notebook's kernel interrupt), SIGTERM or SIGHUP, it stops at the next step, writes what
     a finished run writes, then raises :class:`~learner.errors.TrainingInterrupted` with that summary
     (``.summary``): a caller that trains several runs stops there, not at the next run's start. A second
     Ctrl-C aborts at once (KeyboardInterrupt). torch's thread count and matplotlib's backend are as they
