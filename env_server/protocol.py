@@ -9,6 +9,7 @@ import sys
 
 __all__ = [
     "AUTH_METADATA_KEY",
+    "DOUBLE_TAP_S",
     "ENV_INDEX_KEY",
     "ERROR_ORIGIN_KEY",
     "ERROR_ORIGIN_SERVER",
@@ -51,6 +52,11 @@ ERROR_ORIGIN_SERVER = "env-server"
 # Message size limit on both sides: an Atari batch of 64 envs x 4x84x84 uint8 is 1.8 MB; 64 MiB
 # leaves room for large image observations while refusing absurd messages before they are read.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+DOUBLE_TAP_S = 0.5
+"""A second Ctrl-C this soon after the first is the same press (a key pressed twice in a hurry, a
+terminal's Ctrl-C sent twice), not a request to abort, in env-server and in the learner's commands alike:
+aborting would throw away what the stop does (a drain, a checkpoint)."""
 
 KEEPALIVE_TIMEOUT = 5.0
 """Seconds a server has to answer a learner's keepalive ping (RemoteVectorEnv's default ``keepalive_timeout``),

@@ -34,6 +34,7 @@ from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import CallLimitInterceptor, RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
+    DOUBLE_TAP_S,
     MAX_MESSAGE_BYTES,
     MAX_UNIX_PATH,
     SERVICE_NAME,
@@ -808,7 +809,6 @@ HARD_EXIT_STATUS = 1
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
 _WATCH_S = 0.25
-_DOUBLE_TAP_S = 0.5  # (a Ctrl-C this soon after the first is the same press: as learner.progress.DOUBLE_TAP_S)
 
 
 class _Watchdog(threading.Thread):
@@ -857,7 +857,7 @@ class _Watchdog(threading.Thread):
         # second SIGTERM changes nothing: the drain has its deadline (the grace period, then the
         # watchdog's exit).
         first = self.signal_at
-        if first and signum == signal.SIGINT and time.monotonic() - first >= _DOUBLE_TAP_S:
+        if first and signum == signal.SIGINT and time.monotonic() - first >= DOUBLE_TAP_S:
             _exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
         if self.stop_asked_at:
             log.info("%s: already shutting down", signal.Signals(signum).name)

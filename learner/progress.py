@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from env_server.protocol import DOUBLE_TAP_S
 from learner.stats import format_return
 
 __all__ = [
@@ -33,9 +34,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DOUBLE_TAP_S = 0.5
-"""A second Ctrl-C this soon after the first is the same press (a key pressed twice in a hurry, a
-terminal's Ctrl-C sent twice), not a request to abort: aborting would throw away the stop's checkpoint."""
 
 # Signals that ask the process to end, besides Ctrl-C: an orchestrator's SIGTERM (docker stop, systemd,
 # Kubernetes), SIGHUP (the terminal closed, an ssh session dropped; Windows has none).
@@ -64,6 +62,12 @@ def _detach_from_terminal() -> None:
                     os.dup2(devnull, fd)
         finally:
             os.close(devnull)
+
+
+def _aborts(signum: int, stop_at: float) -> bool:
+    """Whether a signal after the one that asked for a stop at ``stop_at`` aborts: a Ctrl-C, unless a
+    double tap of the first (:data:`DOUBLE_TAP_S`); a second SIGTERM or SIGHUP never does."""
+    return signum == signal.SIGINT and time.monotonic() - stop_at >= DOUBLE_TAP_S
 
 
 def _note_stop(signum: int) -> None:
@@ -109,7 +113,7 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         _note_stop(signum)
         if self.signalled:
-            if signum == signal.SIGINT and time.monotonic() - self._at >= DOUBLE_TAP_S:
+            if _aborts(signum, self._at):
                 raise KeyboardInterrupt
             return  # (a double tap, a second SIGTERM or SIGHUP: the stop asked for stands)
         self.signalled, self._at = True, time.monotonic()
@@ -127,7 +131,7 @@ def _as_the_command_does(signum: int, frame: FrameType | None) -> None:
     change nothing (the stop asked for stands); a later Ctrl-C interrupts what is left."""
     stop_at = _stop_at
     _note_stop(signum)
-    if stop_at is None or (signum == signal.SIGINT and time.monotonic() - stop_at >= DOUBLE_TAP_S):
+    if stop_at is None or _aborts(signum, stop_at):
         raise KeyboardInterrupt
 
 
