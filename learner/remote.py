@@ -1849,7 +1849,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             else:
                 log.debug("env server %s lost again (%s); taken back after %.1f s", client.address, err, hold_off)
         elif planned:
-            log.info("env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs)
+            # A WARNING all the same: planned by whoever stopped it, not by this run, which goes on with
+            # fewer envs until it is back (the final faults line counts it too, but only at the end).
+            log.warning(
+                "env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs
+            )
         else:
             log.warning("env server %s lost (%s); %s", client.address, err, envs)
 
