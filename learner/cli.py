@@ -38,7 +38,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt, quiet_exit
+from learner.progress import ending_as_interrupt, quiet_exit, stopping_with_parent
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
@@ -214,7 +214,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     try:
-        with _option_terms(args):
+        with _option_terms(args), stopping_with_parent(args.parent_pid):
             summary = train(config, on_start=started, on_fleet_change=fleet_changed)
     except RunCompleteError as err:  # (nothing left to do: an error only where a new target was asked for)
         if {"total_timesteps", "stop_at_return"} & given.keys():
@@ -1168,6 +1168,8 @@ def build_parser() -> argparse.ArgumentParser:
     listed = run_group._group_actions  # (listed in --help right after --resume)
     listed.remove(like)
     listed.insert(next(i for i, a in enumerate(listed) if a.dest == "resume") + 1, like)
+    # (learner bench's: its runs stop if it is killed; as env-server's, not in --help)
+    train.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train, parser=train)
 
     evaluate = sub.add_parser(

@@ -31,6 +31,7 @@ __all__ = [
     "SPIN_WAIT_MS",
     "LocalServers",
     "local_servers",
+    "pid_alive",
     "socket_folder",
     "socket_folder_gone",
     "usable_cpus",
@@ -116,7 +117,8 @@ class LocalServers:
             measured faster, 4 the same as asleep), else 0; an ``ENVFLEET_SPIN_WAIT_MS`` in the
             environment is left to the servers instead.
         restarts: how many times within a minute a server that dies is started again before it is
-            left down; 0: never.
+            left down; 0: never (one that dies is reaped all the same as it is noticed, not left a
+            zombie process until :meth:`close`).
         hang_timeout: the servers' ``--hang-timeout``: a server whose env call (step or reset) has run
             this many seconds exits, and is started again as one that died (a hung env call can be
             neither stopped nor waited out); 0: never. ``server_args`` may give another.
@@ -202,6 +204,8 @@ class LocalServers:
                 daemon=True,
                 name="env-server-supervisor",
             ).start()
+        else:
+            threading.Thread(target=_reap, args=(self._children,), daemon=True, name="env-server-reaper").start()
         log.info(
             "started %d local env servers (%d x %s each): %s",
             num_servers,
@@ -314,7 +318,7 @@ def _remove_orphaned_socket_dirs(root: str) -> None:
     for name in names:
         match = LOCAL_SOCKET_DIR.fullmatch(name)
         path = os.path.join(root, name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         with suppress(OSError):
             if os.stat(path).st_uid != os.getuid():
@@ -326,7 +330,8 @@ def _remove_orphaned_socket_dirs(root: str) -> None:
             log.debug("removed %s, left by a learner that was killed", path)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -507,6 +512,15 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 RESTART_WINDOW_S,
                 children.tail(i),
             )
+
+
+def _reap(children: _Children) -> None:
+    """Without restarts (``restarts=0``): reap each server that dies as the supervisor would notice it,
+    saying nothing (as before), so that it is no zombie until close(); until close(), or every one died."""
+    while not children.closing.wait(_WATCH_S):
+        ended = [proc.poll() is not None for proc in children.procs]  # (poll() reaps a child that ended)
+        if all(ended):
+            return
 
 
 def _read_available(proc: subprocess.Popen[bytes]) -> bytes:

@@ -23,6 +23,7 @@ __all__ = [
     "StopRequest",
     "ending_as_interrupt",
     "quiet_exit",
+    "stopping_with_parent",
     "bar_postfix",
     "close_bar",
     "in_notebook",
@@ -156,6 +157,37 @@ def ending_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PARENT_WATCH_S = 0.5
+"""How often :func:`stopping_with_parent` looks for its parent process."""
+
+
+@contextlib.contextmanager
+def stopping_with_parent(parent_pid: int | None) -> Iterator[None]:
+    """For a command another process starts and stops (``learner bench``'s ``learner train``, given
+    ``--parent-pid``): once ``parent_pid`` is no longer this process's parent (it was killed, and could
+    not stop this one), the command stops as SIGTERM stops it (at its next step, its files written, the
+    env servers it started closed and their socket folder removed), instead of running on to its end
+    unseen. As env-server's ``--parent-pid``: a process whose parent ends is given another one."""
+    if parent_pid is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            if done.wait(PARENT_WATCH_S):
+                return
+        log.warning("--parent-pid: process %d, which started this one, is gone: stopping", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=watch, name="envfleet-parent-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def quiet_exit() -> None:

@@ -5,6 +5,7 @@ No speed is asserted here (these machines are noisy): the numbers come from ``le
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -839,3 +840,74 @@ def test_the_wake_benchmark_times_every_wait_and_writes_its_rows(
     table = capsys.readouterr().out
     assert table.startswith("| wait before the call | median (us) | x back to back |")
     assert table.count("\n") == 2 + len(WAITS)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes started with ``--parent-pid pid`` (Linux: from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--parent-pid" in argv and argv[argv.index(b"--parent-pid") + 1 :][:1] == [str(pid).encode()]:
+            found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the bench's runs in /proc (Linux)")
+def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(tmp_path: Path) -> None:
+    """SIGKILLed (no handler of its runs), a bench's `learner train` run stops by itself (--parent-pid),
+    closing its env servers and their sockets' folder, not train on to its end unseen; the folder the
+    runs wrote to is removed by the next bench."""
+    from learner.benchmarks.ppo import _remove_orphaned_workdirs
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["--suites", "ppo", "--ppo-timesteps", "10000000", "--ppo-rounds", "1", "--ppo-sizes", "4"]
+    argv += ["--ppo-layouts", "unix", "--out", str(tmp_path / "bench")]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "learner", "bench", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    run: list[int] = []
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline and bench.poll() is None, "the bench's run did not start"
+            run = _children_of(bench.pid)
+            servers = _children_of(run[0]) if run else []
+            if servers:
+                break
+            time.sleep(0.2)
+        time.sleep(3)  # (training)
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 60
+        while _running(run[0]) or any(map(_running, servers)):
+            assert time.monotonic() < deadline, "the bench's run went on after the bench was killed"
+            time.sleep(0.2)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in run + servers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for root in (tmp, Path("/tmp")):  # (their sockets' folder: /tmp where tmp is too long a path for sockets)
+        assert not any(p.name.startswith(f"envfleet-{run[0]}-") for p in root.iterdir()), "its servers were closed"
+    (workdir,) = [p for p in tmp.iterdir() if p.name.startswith(f"envfleet-bench-ppo-{bench.pid}-")]
+    assert (workdir / "remote_2x2_unix-1" / "summary.json").is_file()  # (stopped as SIGTERM stops it)
+    _remove_orphaned_workdirs(str(tmp))  # (as the next bench does first)
+    assert not workdir.exists()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -86,6 +90,8 @@ def _train_once(layout: TrainLayout, env: str, total_timesteps: int, workdir: Pa
         "--no-progress",
         "--checkpoint-every",
         "0",
+        "--parent-pid",  # (killed, the bench cannot stop it: it stops itself)
+        str(os.getpid()),
         *layout.args(),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -116,6 +122,25 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.communicate()  # (closes the pipes)
 
 
+_WORKDIR = re.compile(r"envfleet-bench-ppo-(\d+)-\w+")
+"""The name of the folder a bench's PPO runs write to (``envfleet-bench-ppo-<bench pid>-*``)."""
+
+
+def _remove_orphaned_workdirs(root: str) -> None:
+    """Remove the PPO runs' folders of benches that were killed (SIGKILL: no finalizer ran; their runs
+    stop by themselves, see --parent-pid): this user's whose bench is gone."""
+    from learner.local import pid_alive  # (here: the CLI imports this module for PPO_LAYOUTS alone)
+
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            match = _WORKDIR.fullmatch(name)
+            path = os.path.join(root, name)
+            if match is None or pid_alive(int(match.group(1))) or os.stat(path).st_uid != os.getuid():
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            log.debug("removed %s, left by a bench that was killed", path)
+
+
 def measure_ppo(
     *,
     env: str,
@@ -130,7 +155,8 @@ def measure_ppo(
     ``on_run`` gets the results so far after each run, so that a bench stopped half way keeps them."""
     samples: dict[str, list[float]] = {lay.name: [] for lay in layouts}
     errors: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="envfleet-bench-ppo-") as tmp:
+    _remove_orphaned_workdirs(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=f"envfleet-bench-ppo-{os.getpid()}-") as tmp:
         for r in range(rounds):
             order = layouts[r % len(layouts) :] + layouts[: r % len(layouts)]
             for layout in order:

@@ -72,6 +72,7 @@ class Server:
         port = port if port is not None else self.address.rpartition(":")[2]
         cmd = [sys.executable, "-m", "env_server", "--env", ENV, "--num-envs", str(self.num_envs)]
         cmd += ["--host", "127.0.0.1", "--port", port, "--log-level", "warning"]
+        cmd += ["--parent-pid", str(os.getpid())]  # (the soak killed, its servers exit)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
