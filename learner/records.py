@@ -6,20 +6,28 @@ import contextlib
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from learner import rundir
 from learner.fleetwatch import ReplicaTotals
+from learner.progress import bar_postfix, progress_line, widget_total
 from learner.resume import Counters
+from learner.rundir import writing
 from learner.update import UpdateResult
+
+if TYPE_CHECKING:
+    from learner.live_metrics import LearnerMetrics
+    from learner.tracking import WandbRun
 
 __all__ = [
     "EventsWriter",
+    "Recorder",
     "build_summary",
     "fault_tags_started",
     "mean_or_none",
@@ -193,6 +201,94 @@ def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: se
                 continue
             faults_seen.add(tag)
         writer.add_scalar(tag, value, step)
+
+
+class Recorder:
+    """Where a training session reports its updates and episodes as they come: metrics.jsonl
+    (``metrics_file``), TensorBoard (``writer``), W&B (``tracker``), --metrics-port (``live``), the
+    progress bar (``bar``) or, with ``progress_lines``, a line every ``line_every`` seconds (and after the
+    first update). ``last_row`` is the last update's metrics row (summary.json's), ``{}`` before any.
+
+    ``start_time`` is the run's start on ``time.perf_counter()``'s clock (earlier sessions' seconds
+    included); ``session_start`` and ``session_start_step`` this session's (for its SPS).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        counters: Counters,
+        total_timesteps: int,
+        metrics_file: IO[str],
+        writer: EventsWriter | None,
+        faults_seen: set[str],
+        tracker: WandbRun | None,
+        live: LearnerMetrics | None,
+        bar: Any,
+        progress_lines: bool,
+        line_every: float,
+        start_time: float,
+        session_start: float,
+        session_start_step: int,
+    ) -> None:
+        self.run_dir, self.counters, self.total_timesteps = run_dir, counters, total_timesteps
+        self.metrics_file, self.writer, self.faults_seen = metrics_file, writer, faults_seen
+        self.tracker, self.live, self.bar = tracker, live, bar
+        self.progress_lines, self.line_every = progress_lines, line_every
+        self.start_time, self.session_start, self.session_start_step = start_time, session_start, session_start_step
+        self.last_row: dict[str, Any] = {}
+        self.last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
+        self.last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
+
+    def episode(self, global_step: int, ep_return: Any, ep_length: Any) -> None:
+        """An episode that ended at ``global_step``: TensorBoard's charts/episodic_*, W&B."""
+        if self.writer is not None:
+            self.writer.add_scalar("charts/episodic_return", ep_return, global_step)
+            self.writer.add_scalar("charts/episodic_length", ep_length, global_step)
+        if self.tracker is not None:
+            self.tracker.episode(global_step, float(ep_return), int(ep_length))
+
+    def record(self, result: UpdateResult, rollout_info: dict[str, Any]) -> None:
+        """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar."""
+        counters, bar, live = self.counters, self.bar, self.live
+        counters.update += 1
+        now = time.perf_counter()
+        counters.seconds = now - self.start_time
+        # sps: CleanRL's SPS, over this session; sps_update: over this update (since the last one's
+        # end), whose wall time other_seconds completes (checkpoints, fleet lookups, dropped rollouts;
+        # --overlap-update: the update runs during the next rollout, so the parts overlap and
+        # other_seconds is what is left, at least 0).
+        since = max(now - self.last_record[0], 1e-9)
+        timing = {
+            "seconds": counters.seconds,
+            "sps": (counters.global_step - self.session_start_step) / max(now - self.session_start, 1e-9),
+            "sps_update": (counters.global_step - self.last_record[1]) / since,
+            # (the transitions learned from, batch_size: sps_update counts every env step, those of
+            # unavailable envs and the reset-only steps after an episode's end too)
+            "transitions_per_s": result.batch_size / since,
+            "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
+        }
+        self.last_record = (now, counters.global_step)
+        row = metrics_row(counters.update, timing, result, rollout_info)
+        with writing(self.run_dir / rundir.METRICS):
+            rundir.append_jsonl(self.metrics_file, row)
+        self.last_row = row
+        if self.writer is not None:
+            write_tensorboard(self.writer, row, self.faults_seen)
+        if self.tracker is not None:
+            self.tracker.update(row)
+        if live is not None:
+            live.observe_update(
+                row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
+            )
+        if bar is not None:
+            bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
+            widget_total(bar)
+            bar.update(counters.global_step - bar.n)
+            bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
+        elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
+            self.last_line = now
+            print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
 
 
 def build_summary(

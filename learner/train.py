@@ -12,9 +12,9 @@ is bootstrapped as a truncation (the lambda-return stops there). Its episode doe
 returns. See ``RemoteVectorEnv`` for how envs are lost and rejoin.
 
 What is not the loop lives beside it, by concern: ``resume`` (--resume, --like, a checkpoint restored),
-``records`` (metrics.jsonl, TensorBoard, summary.json, returns.png), ``fleetwatch`` (fault counts, slow
-replicas), ``progress`` (the bar or progress lines, Ctrl-C), ``device`` and ``provenance`` (config.json's
-versions and machine).
+``checkpointing`` (what a checkpoint holds, when one is written, best.pt), ``records`` (metrics.jsonl,
+TensorBoard, W&B, the progress bar or lines, summary.json, returns.png), ``fleetwatch`` (fault counts, slow
+replicas), ``progress`` (the bar, Ctrl-C), ``device`` and ``provenance`` (config.json's versions and machine).
 """
 
 from __future__ import annotations
@@ -41,14 +41,9 @@ import torch
 from torch import Tensor, optim
 
 from learner import rundir
-from learner.checkpoint import (
-    capture_rng,
-    find_checkpoint,
-    load_checkpoint,
-    load_latest_readable,
-    save_best_checkpoint,
-    save_checkpoint,
-)
+from learner.checkpoint import find_checkpoint, load_checkpoint, load_latest_readable, save_checkpoint
+from learner.checkpointing import Checkpointer
+from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import DEFAULT_ENV, Args, PPOConfig, default_run_dir, is_atari, resolve_ppo
 from learner.device import device_hint, machine_busy, pick_device, set_torch_threads
 from learner.envs import FleetSpec, open_fleet, reward_threshold
@@ -58,7 +53,6 @@ from learner.errors import (
     InvalidResponseError,
     RemoteEnvError,
     RemoteTimeoutError,
-    RunDirWriteError,
     ServerUnavailableError,
     SessionError,
     TrainingInterrupted,
@@ -68,16 +62,15 @@ from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, check_observation_space, is_image_space, unusable_observation
-from learner.progress import StopRequest, bar_postfix, close_bar, in_notebook, progress_bar, progress_line, widget_total
+from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
     EventsWriter,
+    Recorder,
     build_summary,
     fault_tags_started,
     mean_or_none,
-    metrics_row,
     plot_at_exit,
-    write_tensorboard,
 )
 from learner.resume import (
     RECENT,
@@ -119,9 +112,6 @@ which the run stops with NothingToLearnError."""
 PROGRESS_LINE_S = 60.0
 """How often ``learner train`` without a terminal (no progress bar) prints a progress line (and once
 after its first update, so that a log shows the run under way at once, not a minute later)."""
-
-_SOLVE_COUNTERS = ("solved_at_step", "solved_at_seconds", "solved_threshold", "best_return", "best_step")
-"""What a checkpoint taken at the last update carries over from a run solved after it."""
 
 
 class NothingToLearnError(EnvFleetError):
@@ -303,17 +293,107 @@ def _close_quietly(f: Any) -> None:
         f.close()
 
 
-def stopped_in_update(saved_step: int | None) -> str:
-    """What a run stopped during an update says: no checkpoint of that update is written (the nets are
-    half-way through it); ``saved_step`` is the step of the last checkpoint on disk, None if there is none."""
-    if saved_step is None:
-        return (
-            "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
-            "resuming starts this run over"
-        )
-    return (
-        f"stopped during an update: no checkpoint of it written; resuming starts at the last one, step {saved_step:,}"
-    )
+class Acting:
+    """How the loop turns the envs' observations into the policy's actions: observations onto the device
+    (normalised with --norm-obs), the ``actor``'s actions (``agent``'s nets, or their copy with
+    --overlap-update) as the envs take them, and errors of the policy's forward that an observation explains."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        actor: Agent,
+        obs_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        obs_rms: RunningMeanStd | None,
+        obs_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.agent, self.actor = agent, actor
+        self.obs_space, self.action_space = obs_space, action_space
+        self.obs_rms, self.obs_dtype, self.device = obs_rms, obs_dtype, device
+
+    def prepare_obs(self, obs: Any, update_stats: bool, stale: np.ndarray | None = None) -> Tensor:
+        """One batch of observations onto the device (one copy), normalised when asked; ``stale``
+        envs (unavailable: placeholders or old observations) do not update the statistics."""
+        obs_rms, device = self.obs_rms, self.device
+        x = torch.as_tensor(np.asarray(obs)).to(device, copy=True)
+        if obs_rms is None:
+            return x.to(self.obs_dtype)
+        if update_stats:
+            if stale is not None and stale.any():
+                if not stale.all():
+                    obs_rms.update(x[torch.as_tensor(~stale, device=device)])
+            else:
+                obs_rms.update(x)
+        return obs_rms.normalize(x)
+
+    @contextlib.contextmanager
+    def acting_on(self, raw: np.ndarray, envs_of: Sequence[int]) -> Iterator[None]:
+        """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
+        of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
+        own errors say neither which env nor what came) into a ValueError naming the env, the value
+        and the space; looked for only then. (The envs' own values: --norm-obs statistics updated
+        with a NaN make every env's normalised observation NaN.)"""
+        try:
+            yield
+        except (RuntimeError, ValueError, IndexError) as err:
+            problem = unusable_observation(np.asarray(raw), self.obs_space, envs_of)
+            if problem is None:
+                raise
+            raise ValueError(problem) from err
+
+    def env_actions(self, raw: Tensor) -> Any:
+        action_space = self.action_space
+        actions = self.agent.head.to_env(raw).cpu().numpy()
+        if isinstance(action_space, gym.spaces.Box):
+            # float32 rounding in tanh/clamp must never step outside the bounds the server checks.
+            return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
+        return actions
+
+    def act(
+        self,
+        obs: Tensor,
+        storage: Rollout,
+        step: int,
+        envs_slice: slice,
+        send: Callable[[Any], None] | None = None,
+        *,
+        raw_obs: np.ndarray,
+        num_envs: int,
+    ) -> Any:
+        """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``.
+
+        With ``send``, they go to the envs (``send(actions)``) before their log-probs and values are
+        computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
+        ``raw_obs``: the ``num_envs`` envs' observations as they gave them (``obs`` before
+        :meth:`prepare_obs`), what an error of the policy's is explained by.
+        """
+        with torch.no_grad():
+            # (every env's observations: with --norm-obs, one env's NaN makes every env's NaN)
+            with self.acting_on(raw_obs, range(num_envs)):
+                action, rest = self.actor.sample(obs[envs_slice])
+            actions = self.env_actions(action)
+            if send is not None:
+                send(actions)
+            logprob, value = rest()
+        storage.actions[step, envs_slice] = action
+        storage.logprobs[step, envs_slice] = logprob
+        storage.values[step, envs_slice] = value
+        return actions
+
+
+def _finish_update(
+    pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
+    recorder: Recorder,
+    checkpointer: Checkpointer,
+) -> None:
+    """--overlap-update: wait for the update running in the background (``pending``: it, the rollout_info
+    of the rollout it learns from, and the state as of that rollout's end), then record it."""
+    future, rollout_info, state = pending
+    result = future.result()  # re-raises what the update raised
+    recorder.record(result, rollout_info)
+    checkpointer.finished(state)
 
 
 def train(
@@ -585,67 +665,9 @@ def train(
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None
-        last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
         stop_request = stack.enter_context(StopRequest(logger=log, event=stop))
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
-
-        def prepare_obs(obs: Any, update_stats: bool, stale: np.ndarray | None = None) -> Tensor:
-            """One batch of observations onto the device (one copy), normalised when asked; ``stale``
-            envs (unavailable: placeholders or old observations) do not update the statistics."""
-            x = torch.as_tensor(np.asarray(obs)).to(device, copy=True)
-            if obs_rms is None:
-                return x.to(obs_dtype)
-            if update_stats:
-                if stale is not None and stale.any():
-                    if not stale.all():
-                        obs_rms.update(x[torch.as_tensor(~stale, device=device)])
-                else:
-                    obs_rms.update(x)
-            return obs_rms.normalize(x)
-
-        @contextlib.contextmanager
-        def acting_on(raw: np.ndarray, envs_of: Sequence[int]) -> Iterator[None]:
-            """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
-            of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
-            own errors say neither which env nor what came) into a ValueError naming the env, the value
-            and the space; looked for only then. (The envs' own values: --norm-obs statistics updated
-            with a NaN make every env's normalised observation NaN.)"""
-            try:
-                yield
-            except (RuntimeError, ValueError, IndexError) as err:
-                problem = unusable_observation(np.asarray(raw), obs_space, envs_of)
-                if problem is None:
-                    raise
-                raise ValueError(problem) from err
-
-        def env_actions(raw: Tensor) -> Any:
-            actions = agent.head.to_env(raw).cpu().numpy()
-            if isinstance(action_space, gym.spaces.Box):
-                # float32 rounding in tanh/clamp must never step outside the bounds the server checks.
-                return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
-            return actions
-
-        def act(
-            obs: Tensor, storage: Rollout, step: int, envs_slice: slice, send: Callable[[Any], None] | None = None
-        ) -> Any:
-            """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``.
-
-            With ``send``, they go to the envs (``send(actions)``) before their log-probs and values are
-            computed, so the envs step meanwhile (the same numbers: sampling is the only RNG use).
-            """
-            with torch.no_grad():
-                # (every env's observations: with --norm-obs, one env's NaN makes every env's NaN)
-                with acting_on(raw_obs, range(num_envs)):
-                    action, rest = actor.sample(obs[envs_slice])
-                actions = env_actions(action)
-                if send is not None:
-                    send(actions)
-                logprob, value = rest()
-            storage.actions[step, envs_slice] = action
-            storage.logprobs[step, envs_slice] = logprob
-            storage.values[step, envs_slice] = value
-            return actions
 
         # --overlap-update: the nets are updated on a background thread while a copy of them (the actor)
         # collects the next rollout; each update shuffles with its own generator, so that a run is
@@ -665,64 +687,34 @@ def train(
             actor.requires_grad_(False)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
-        saved_step = counters.global_step if checkpoint is not None else None  # of the last checkpoint written
-        saved_update, saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
-
-        def rollout_state() -> dict[str, Any]:
-            """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
-            included), every RNG state and the observation statistics. Taken at each update's end (a few
-            small copies), so that a run stopped mid-rollout is saved as of its last update: the partial
-            rollout is not learned from, and a resumed run starts that rollout over. The reward scaler
-            is as of the last batch made (--overlap-update: the next rollout's batch is made before the
-            update in flight is done)."""
-            counters.recent_returns, counters.recent_lengths = list(recent_returns), list(recent_lengths)
-            return {
-                "counters": dataclasses.asdict(counters),
-                "rng": capture_rng(),
-                "obs_rms": {k: v.clone() for k, v in obs_rms.state_dict().items()} if obs_rms is not None else None,
-                "reward_scaler": {"rms": {k: v.clone() for k, v in reward_scaler.rms.state_dict().items()}}
-                if reward_scaler is not None
-                else None,
-                "update_rng": update_rng.get_state() if update_rng is not None else None,
-            }
-
-        def payload(state: dict[str, Any]) -> dict[str, Any]:
-            return {
-                "args": args.to_json(),
-                "ppo": dataclasses.asdict(hp),
-                "observation_space": str(obs_space),
-                "action_space": str(action_space),
-                "served": served,
-                "model": agent.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                **state,
-            }
-
-        def save(reason: str, state: dict[str, Any]) -> Path:
-            """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
-            update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
-            nonlocal saved_step, saved_update, saved_at
-            step = int(state["counters"]["global_step"])
-            with writing(rundir.checkpoint_path(run_dir, step), torch_save=True):
-                path = save_checkpoint(run_dir, step, payload(state), keep=args.keep_checkpoints)
-            saved_step, saved_update, saved_at = step, int(state["counters"]["update"]), time.monotonic()
-            log.info("checkpoint (%s): %s", reason, path)
-            return path
-
-        def judge_best(state: dict[str, Any]) -> None:
-            """After an update: a new best mean return of the last 20 episodes (as of the rollout it learned
-            from) makes its nets checkpoints/best.pt (--save-best)."""
-            recent = state["counters"]["recent_returns"]
-            if len(recent) == RECENT:
-                mean = float(np.mean(recent))
-                if counters.best_return is None or mean > counters.best_return:
-                    counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
-                    if args.save_best:
-                        state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
-                        with writing(run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT, torch_save=True):
-                            path = save_best_checkpoint(run_dir, payload(state))
-                        log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
-            state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
+        acting = Acting(
+            agent=agent,
+            actor=actor,
+            obs_space=obs_space,
+            action_space=action_space,
+            obs_rms=obs_rms,
+            obs_dtype=obs_dtype,
+            device=device,
+        )
+        checkpointer = Checkpointer(
+            run_dir,
+            args=args,
+            hp=hp,
+            obs_space=obs_space,
+            action_space=action_space,
+            served=served,
+            agent=agent,
+            optimizer=optimizer,
+            counters=counters,
+            recent_returns=recent_returns,
+            recent_lengths=recent_lengths,
+            obs_rms=obs_rms,
+            reward_scaler=reward_scaler,
+            update_rng=update_rng,
+            resumed=checkpoint is not None,
+            write=save_checkpoint,  # (this module's: a test fills the disk through it)
+            logger=log,
+        )
 
         # ---- start the envs -------------------------------------------------------------------------------
         session_start = time.perf_counter()
@@ -734,7 +726,7 @@ def train(
         lost_np = unavailable_envs(reset_infos, num_envs)
         # A resumed run's statistics already include the observations the first reset returns.
         raw_obs = obs_np  # (as the envs gave them: what an error of the policy's is explained by)
-        next_obs = prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
+        next_obs = acting.prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
         step_groups, overlap = _stepping(envs)
         background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
@@ -750,7 +742,6 @@ def train(
         ep_length = np.zeros(num_envs, dtype=np.int64)
         rollout: Rollout | None = None
         stop_reason: str | None = None
-        last_row: dict[str, Any] = {}
         # Env servers that join or leave (docker compose up --scale, a replica that stops) are
         # followed between rollouts: RemoteVectorEnv.refresh looks --servers up again.
         refresh = getattr(envs, "refresh", None)
@@ -761,81 +752,24 @@ def train(
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
         learned = False  # whether any rollout of this session did
         empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
-        last_update = rollout_state()  # as of the last update's end (here: the start)
-        updating = False  # the nets are being updated: a checkpoint now would mix two updates
+        checkpointer.last_update = checkpointer.rollout_state()  # as of the last update's end (here: the start)
         propagating = False  # an exception is on its way out of the loop
-        last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
-
-        def record(result: UpdateResult, rollout_info: dict[str, Any]) -> None:
-            """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar."""
-            nonlocal last_row, last_record, last_line
-            counters.update += 1
-            now = time.perf_counter()
-            counters.seconds = now - start_time
-            # sps: CleanRL's SPS, over this session; sps_update: over this update (since the last one's
-            # end), whose wall time other_seconds completes (checkpoints, fleet lookups, dropped rollouts;
-            # --overlap-update: the update runs during the next rollout, so the parts overlap and
-            # other_seconds is what is left, at least 0).
-            since = max(now - last_record[0], 1e-9)
-            timing = {
-                "seconds": counters.seconds,
-                "sps": (counters.global_step - session_start_step) / max(now - session_start, 1e-9),
-                "sps_update": (counters.global_step - last_record[1]) / since,
-                # (the transitions learned from, batch_size: sps_update counts every env step, those of
-                # unavailable envs and the reset-only steps after an episode's end too)
-                "transitions_per_s": result.batch_size / since,
-                "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
-            }
-            last_record = (now, counters.global_step)
-            row = metrics_row(counters.update, timing, result, rollout_info)
-            with writing(run_dir / rundir.METRICS):
-                rundir.append_jsonl(metrics_file, row)
-            last_row = row
-            if writer is not None:
-                write_tensorboard(writer, row, faults_seen)
-            if tracker is not None:
-                tracker.update(row)
-            if live is not None:
-                live.observe_update(
-                    row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
-                )
-            if bar is not None:
-                bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
-                widget_total(bar)
-                bar.update(counters.global_step - bar.n)
-                bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
-            elif progress_lines and (last_line is None or now - last_line >= PROGRESS_LINE_S):
-                last_line = now
-                print(progress_line(row, hp.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
-
-        def finished(state: dict[str, Any]) -> None:
-            """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's
-            end: the run may stop (or be checkpointed) as of it."""
-            nonlocal last_update, updating
-            if update_rng is not None:
-                state["update_rng"] = update_rng.get_state()
-            state["counters"]["update"] = counters.update
-            last_update = state
-            updating = False  # (done: a failure writing best.pt next is no failure in an update)
-            judge_best(state)
-            if args.checkpoint_every and (
-                saved_step is None  # (a new run's first update: a run killed before any could only start over)
-                or (
-                    counters.update - saved_update >= args.checkpoint_every
-                    and time.monotonic() - saved_at >= args.checkpoint_seconds
-                )
-            ):
-                save(f"update {counters.update}", last_update)
-
-        def finish_pending() -> None:
-            """--overlap-update: wait for the update running in the background, then record it."""
-            nonlocal pending
-            assert pending is not None
-            future, rollout_info, state = pending
-            pending = None
-            result = future.result()  # re-raises what the update raised
-            record(result, rollout_info)
-            finished(state)
+        recorder = Recorder(
+            run_dir,
+            counters=counters,
+            total_timesteps=hp.total_timesteps,
+            metrics_file=metrics_file,
+            writer=writer,
+            faults_seen=faults_seen,
+            tracker=tracker,
+            live=live,
+            bar=bar,
+            progress_lines=progress_lines,
+            line_every=PROGRESS_LINE_S,  # (this module's: a test prints a line at every update)
+            start_time=start_time,
+            session_start=session_start,
+            session_start_step=session_start_step,
+        )
 
         try:
             while stop_reason is None:
@@ -878,7 +812,7 @@ def train(
                         # Envs that stayed go on with their episodes; new ones (or all, after a failed
                         # step) start from the observations of their reset.
                         raw_obs = change.observations
-                        next_obs = prepare_obs(change.observations, update_stats=False)
+                        next_obs = acting.prepare_obs(change.observations, update_stats=False)
                         next_valid = carry_over(next_valid, change, True)
                         ep_return = carry_over(ep_return, change, 0.0)
                         ep_length = carry_over(ep_length, change, 0)
@@ -916,14 +850,24 @@ def train(
                         if step_groups is not None:
                             # Each group of servers steps while the policy runs on the next group's envs.
                             obs_np, reward_np, term_np, trunc_np, infos = step_groups(
-                                functools.partial(act, next_obs, rollout, step)
+                                functools.partial(
+                                    acting.act, next_obs, rollout, step, raw_obs=raw_obs, num_envs=num_envs
+                                )
                             )
                         elif overlap:
-                            act(next_obs, rollout, step, slice(None), send=background.step_async)
+                            acting.act(
+                                next_obs,
+                                rollout,
+                                step,
+                                slice(None),
+                                send=background.step_async,
+                                raw_obs=raw_obs,
+                                num_envs=num_envs,
+                            )
                             obs_np, reward_np, term_np, trunc_np, infos = background.step_wait()
                         else:
                             obs_np, reward_np, term_np, trunc_np, infos = envs.step(
-                                act(next_obs, rollout, step, slice(None))
+                                acting.act(next_obs, rollout, step, slice(None), raw_obs=raw_obs, num_envs=num_envs)
                             )
                     except (
                         ServerUnavailableError,
@@ -992,11 +936,7 @@ def train(
                         recent_returns.append(float(ep_return[i]))
                         recent_lengths.append(int(ep_length[i]))
                         counters.episodes += 1
-                        if writer is not None:
-                            writer.add_scalar("charts/episodic_return", ep_return[i], counters.global_step)
-                            writer.add_scalar("charts/episodic_length", ep_length[i], counters.global_step)
-                        if tracker is not None:
-                            tracker.episode(counters.global_step, float(ep_return[i]), int(ep_length[i]))
+                        recorder.episode(counters.global_step, ep_return[i], ep_length[i])
                         ep_return[i], ep_length[i] = 0.0, 0
                         if (
                             threshold is not None
@@ -1020,14 +960,15 @@ def train(
                     rollout.terminations[step] = term_np
                     rollout.truncations[step] = trunc_np
                     raw_obs = obs_np
-                    next_obs = prepare_obs(obs_np, update_stats=True, stale=lost_np)
+                    next_obs = acting.prepare_obs(obs_np, update_stats=True, stale=lost_np)
                     if not next_step_autoreset and (trunc_np & valid).any():
                         # Same-step autoreset: obs_np already holds the next episode's first
                         # observation; the truncated episode's last one is in infos["final_obs"].
                         idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
-                        with torch.no_grad(), acting_on(final, idx.tolist()):
-                            rollout.final_values[step, idx] = actor.get_value(prepare_obs(final, update_stats=False))
+                        with torch.no_grad(), acting.acting_on(final, idx.tolist()):
+                            final_obs = acting.prepare_obs(final, update_stats=False)
+                            rollout.final_values[step, idx] = actor.get_value(final_obs)
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
@@ -1067,7 +1008,7 @@ def train(
                 learned = learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
-                updating = True  # from here on, a checkpoint of this run would mix two updates
+                checkpointer.updating = True  # from here on, a checkpoint of this run would mix two updates
                 counters.env_steps_lost += steps_lost
                 counters.episodes_cut += episodes_cut
                 counters.env_errors += env_errors
@@ -1092,7 +1033,7 @@ def train(
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
                 episodes_cut = steps_lost = env_errors = 0
-                with torch.no_grad(), acting_on(raw_obs, range(num_envs)):
+                with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs)):
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(
                     rollout,
@@ -1105,15 +1046,16 @@ def train(
                 # ---- optimise the policy and value network ---------------------------------------------------
                 if update_thread is None:
                     result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
-                    record(result, rollout_info)
-                    finished(rollout_state())
+                    recorder.record(result, rollout_info)
+                    checkpointer.finished(checkpointer.rollout_state())
                 else:
                     # --overlap-update: wait for the update on the previous rollout, then the acting copy
                     # takes its nets and collects the next rollout while this one's update runs.
                     if pending is not None:
-                        finish_pending()
+                        in_flight, pending = pending, None
+                        _finish_update(in_flight, recorder, checkpointer)
                     actor.load_state_dict(agent.state_dict())
-                    updating = True
+                    checkpointer.updating = True
                     counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
                     pending = (
                         update_thread.submit(
@@ -1127,7 +1069,7 @@ def train(
                             generator=update_rng,
                         ),
                         rollout_info,
-                        rollout_state(),
+                        checkpointer.rollout_state(),
                     )
         except BaseException as err:
             stop_reason = _stop_reason(err)
@@ -1138,7 +1080,8 @@ def train(
             if pending is not None:
                 # --overlap-update: the update of the last whole rollout runs on; it counts once done.
                 try:
-                    finish_pending()
+                    in_flight, pending = pending, None
+                    _finish_update(in_flight, recorder, checkpointer)
                 except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
                     update_error = err
                     if not propagating:
@@ -1146,46 +1089,14 @@ def train(
                     if not isinstance(err, KeyboardInterrupt):
                         log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
             counters.seconds = time.perf_counter() - start_time
-            state: dict[str, Any] | None
-            if stop_reason in ("total_timesteps", "stop_at_return"):
-                state = rollout_state()
-                if not updating:  # (the episodes since the last update: mostly of its nets, the run's last)
-                    judge_best(state)
-                if (
-                    stop_reason == "stop_at_return"
-                    and state["counters"]["global_step"] != last_update["counters"]["global_step"]
-                ):
-                    # Solved mid-rollout: the partial rollout is not learned from, so the checkpoint is
-                    # as of the last update (its counters, RNG states and statistics, as after a Ctrl-C),
-                    # with the solve and the best return: a run resumed from it starts that rollout over.
-                    solved = {k: state["counters"][k] for k in _SOLVE_COUNTERS}
-                    state = {**last_update, "counters": {**last_update["counters"], **solved}}
-            else:
-                # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
-                # update, for the checkpoint and the summary alike (none is written when that one is on
-                # disk already, or when the nets are half-way through the next update).
-                if updating:
-                    log.warning("%s", stopped_in_update(saved_step))
-                fresh = not updating and last_update["counters"]["global_step"] != saved_step
-                state = last_update if fresh else None
-                counters = Counters(**last_update["counters"])
-            try:
-                if state is not None:
-                    save(stop_reason or "end", state)
-            except Exception as err:
-                if stop_reason is None or not stop_reason.startswith(("error", "interrupted", "stopped")):
-                    raise
-                if isinstance(err, RunDirWriteError):
-                    log.error("could not write the last checkpoint: %s", err)
-                else:
-                    log.exception("could not write the last checkpoint")
+            counters = checkpointer.end(stop_reason)  # (the last checkpoint written, if one is due)
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
             # failure that stopped it included).
             summary = build_summary(
                 counters,
                 stop_reason=stop_reason,
                 threshold=threshold,
-                last_row=last_row,
+                last_row=recorder.last_row,
                 device=device,
                 faults=watch.totals(),
                 replicas=watch.replicas,

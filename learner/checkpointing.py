@@ -1,0 +1,201 @@
+"""A training run's checkpoints: what they hold, when they are written, and the best one (--save-best)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from learner import rundir
+from learner.checkpoint import capture_rng, save_best_checkpoint, save_checkpoint
+from learner.config import Args, PPOConfig
+from learner.errors import RunDirWriteError
+from learner.normalize import RewardScaler, RunningMeanStd
+from learner.ppo import Agent
+from learner.resume import RECENT, Counters
+from learner.rundir import writing
+
+__all__ = ["Checkpointer", "stopped_in_update"]
+
+_SOLVE_COUNTERS = ("solved_at_step", "solved_at_seconds", "solved_threshold", "best_return", "best_step")
+"""What a checkpoint taken at the last update carries over from a run solved after it."""
+
+
+def stopped_in_update(saved_step: int | None) -> str:
+    """What a run stopped during an update says: no checkpoint of that update is written (the nets are
+    half-way through it); ``saved_step`` is the step of the last checkpoint on disk, None if there is none."""
+    if saved_step is None:
+        return (
+            "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
+            "resuming starts this run over"
+        )
+    return (
+        f"stopped during an update: no checkpoint of it written; resuming starts at the last one, step {saved_step:,}"
+    )
+
+
+class Checkpointer:
+    """The checkpoints of one training session: the learner's state as of the last update's end
+    (``last_update``), the last checkpoint written (``saved_step``, ``saved_update``, ``saved_at``), the
+    cadence (--checkpoint-every, --checkpoint-seconds) and the best mean return (``best.pt``, --save-best).
+
+    ``updating`` is set by the loop from the batch's making until the update is :meth:`finished`: a
+    checkpoint then would mix two updates. ``write`` writes a step's checkpoint (``save_checkpoint``'s
+    signature); ``logger`` is the training loop's, which says where each checkpoint went.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        args: Args,
+        hp: PPOConfig,
+        obs_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        served: dict[str, Any],
+        agent: Agent,
+        optimizer: torch.optim.Optimizer,
+        counters: Counters,
+        recent_returns: deque[float],
+        recent_lengths: deque[int],
+        obs_rms: RunningMeanStd | None,
+        reward_scaler: RewardScaler | None,
+        update_rng: torch.Generator | None,
+        resumed: bool,
+        write: Callable[..., Path] = save_checkpoint,
+        logger: logging.Logger,
+    ) -> None:
+        self.run_dir, self.args, self.hp = run_dir, args, hp
+        self.obs_space, self.action_space, self.served = obs_space, action_space, served
+        self.agent, self.optimizer, self.counters = agent, optimizer, counters
+        self.recent_returns, self.recent_lengths = recent_returns, recent_lengths
+        self.obs_rms, self.reward_scaler, self.update_rng = obs_rms, reward_scaler, update_rng
+        self.write, self.log = write, logger
+        self.saved_step = counters.global_step if resumed else None  # of the last checkpoint written
+        self.saved_update, self.saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
+        self.last_update: dict[str, Any] = {}  # as of the last update's end (set once the envs are reset)
+        self.updating = False  # the nets are being updated: a checkpoint now would mix two updates
+
+    def rollout_state(self) -> dict[str, Any]:
+        """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
+        included), every RNG state and the observation statistics. Taken at each update's end (a few
+        small copies), so that a run stopped mid-rollout is saved as of its last update: the partial
+        rollout is not learned from, and a resumed run starts that rollout over. The reward scaler
+        is as of the last batch made (--overlap-update: the next rollout's batch is made before the
+        update in flight is done)."""
+        counters, obs_rms, reward_scaler, update_rng = self.counters, self.obs_rms, self.reward_scaler, self.update_rng
+        counters.recent_returns, counters.recent_lengths = list(self.recent_returns), list(self.recent_lengths)
+        return {
+            "counters": dataclasses.asdict(counters),
+            "rng": capture_rng(),
+            "obs_rms": {k: v.clone() for k, v in obs_rms.state_dict().items()} if obs_rms is not None else None,
+            "reward_scaler": {"rms": {k: v.clone() for k, v in reward_scaler.rms.state_dict().items()}}
+            if reward_scaler is not None
+            else None,
+            "update_rng": update_rng.get_state() if update_rng is not None else None,
+        }
+
+    def payload(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "args": self.args.to_json(),
+            "ppo": dataclasses.asdict(self.hp),
+            "observation_space": str(self.obs_space),
+            "action_space": str(self.action_space),
+            "served": self.served,
+            "model": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            **state,
+        }
+
+    def save(self, reason: str, state: dict[str, Any]) -> Path:
+        """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
+        update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
+        step = int(state["counters"]["global_step"])
+        with writing(rundir.checkpoint_path(self.run_dir, step), torch_save=True):
+            path = self.write(self.run_dir, step, self.payload(state), keep=self.args.keep_checkpoints)
+        self.saved_step, self.saved_update, self.saved_at = step, int(state["counters"]["update"]), time.monotonic()
+        self.log.info("checkpoint (%s): %s", reason, path)
+        return path
+
+    def judge_best(self, state: dict[str, Any]) -> None:
+        """After an update: a new best mean return of the last 20 episodes (as of the rollout it learned
+        from) makes its nets checkpoints/best.pt (--save-best)."""
+        counters = self.counters
+        recent = state["counters"]["recent_returns"]
+        if len(recent) == RECENT:
+            mean = float(np.mean(recent))
+            if counters.best_return is None or mean > counters.best_return:
+                counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
+                if self.args.save_best:
+                    state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
+                    with writing(self.run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT, torch_save=True):
+                        path = save_best_checkpoint(self.run_dir, self.payload(state))
+                    self.log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
+        state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
+
+    def finished(self, state: dict[str, Any]) -> None:
+        """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's
+        end: the run may stop (or be checkpointed) as of it."""
+        counters, args = self.counters, self.args
+        if self.update_rng is not None:
+            state["update_rng"] = self.update_rng.get_state()
+        state["counters"]["update"] = counters.update
+        self.last_update = state
+        self.updating = False  # (done: a failure writing best.pt next is no failure in an update)
+        self.judge_best(state)
+        if args.checkpoint_every and (
+            self.saved_step is None  # (a new run's first update: a run killed before any could only start over)
+            or (
+                counters.update - self.saved_update >= args.checkpoint_every
+                and time.monotonic() - self.saved_at >= args.checkpoint_seconds
+            )
+        ):
+            self.save(f"update {counters.update}", self.last_update)
+
+    def end(self, stop_reason: str | None) -> Counters:
+        """The run's end (``stop_reason``: summary.json's, None while an error is on its way): its last
+        checkpoint, when one is due, and the counters its summary reports."""
+        counters = self.counters
+        state: dict[str, Any] | None
+        last_update, updating = self.last_update, self.updating
+        if stop_reason in ("total_timesteps", "stop_at_return"):
+            state = self.rollout_state()
+            if not updating:  # (the episodes since the last update: mostly of its nets, the run's last)
+                self.judge_best(state)
+            if (
+                stop_reason == "stop_at_return"
+                and state["counters"]["global_step"] != last_update["counters"]["global_step"]
+            ):
+                # Solved mid-rollout: the partial rollout is not learned from, so the checkpoint is
+                # as of the last update (its counters, RNG states and statistics, as after a Ctrl-C),
+                # with the solve and the best return: a run resumed from it starts that rollout over.
+                solved = {k: state["counters"][k] for k in _SOLVE_COUNTERS}
+                state = {**last_update, "counters": {**last_update["counters"], **solved}}
+        else:
+            # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
+            # update, for the checkpoint and the summary alike (none is written when that one is on
+            # disk already, or when the nets are half-way through the next update).
+            if updating:
+                self.log.warning("%s", stopped_in_update(self.saved_step))
+            fresh = not updating and last_update["counters"]["global_step"] != self.saved_step
+            state = last_update if fresh else None
+            counters = Counters(**last_update["counters"])
+        try:
+            if state is not None:
+                self.save(stop_reason or "end", state)
+        except Exception as err:
+            if stop_reason is None or not stop_reason.startswith(("error", "interrupted", "stopped")):
+                raise
+            if isinstance(err, RunDirWriteError):
+                self.log.error("could not write the last checkpoint: %s", err)
+            else:
+                self.log.exception("could not write the last checkpoint")
+        return counters

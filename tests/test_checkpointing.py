@@ -1,0 +1,131 @@
+"""learner.checkpointing.Checkpointer on its own: the checkpoint cadence, best.pt, and what a run's end writes."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from learner import rundir
+from learner.checkpointing import Checkpointer, stopped_in_update
+from learner.config import Args, resolve_ppo
+from learner.ppo import Agent
+from learner.resume import RECENT, Counters
+
+OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+ACTIONS = gym.spaces.Discrete(2)
+
+
+def checkpointer(run_dir: Path, counters: Counters | None = None, **options: Any) -> Checkpointer:
+    args = Args(env="CartPole-v1", **options)
+    agent = Agent(OBS, ACTIONS)
+    counters = counters or Counters()
+    made = Checkpointer(
+        run_dir,
+        args=args,
+        hp=resolve_ppo(args, OBS, ACTIONS),
+        obs_space=OBS,
+        action_space=ACTIONS,
+        served={},
+        agent=agent,
+        optimizer=torch.optim.Adam(agent.parameters()),
+        counters=counters,
+        recent_returns=deque(counters.recent_returns, maxlen=RECENT),
+        recent_lengths=deque(counters.recent_lengths, maxlen=RECENT),
+        obs_rms=None,
+        reward_scaler=None,
+        update_rng=None,
+        resumed=False,
+        logger=logging.getLogger("learner.train"),
+    )
+    made.last_update = made.rollout_state()
+    return made
+
+
+def update(made: Checkpointer, steps: int = 8, returns: tuple[float, ...] = ()) -> None:
+    """One update done, as the loop counts it (the Recorder counts updates), with ``returns`` ended in its rollout."""
+    made.counters.global_step += steps
+    made.recent_returns.extend(returns)
+    made.updating = True
+    made.counters.update += 1
+    made.finished(made.rollout_state())
+
+
+def steps_saved(run_dir: Path) -> list[str]:
+    return [p.name for p in rundir.list_checkpoints(run_dir)]
+
+
+def test_a_new_run_is_checkpointed_at_its_first_update_then_every_checkpoint_every(tmp_path: Path) -> None:
+    made = checkpointer(tmp_path, checkpoint_every=2, checkpoint_seconds=0.0, keep_checkpoints=5)
+    for _ in range(5):
+        update(made)
+        assert not made.updating
+    assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000024.pt", "step-0000000040.pt"]
+    assert (made.saved_step, made.saved_update) == (40, 5)
+    assert made.last_update["counters"]["update"] == 5
+
+
+def test_the_checkpoint_writer_is_the_one_given(tmp_path: Path) -> None:
+    written: list[tuple[int, int]] = []
+
+    def write(run_dir: Path, step: int, payload: dict[str, Any], keep: int = 3) -> Path:
+        written.append((step, keep))
+        assert payload["counters"]["global_step"] == step and "model" in payload and "optimizer" in payload
+        return Path(run_dir) / f"{step}.pt"
+
+    made = checkpointer(tmp_path, keep_checkpoints=4)
+    made.write = write
+    update(made)
+    assert written == [(8, 4)] and made.saved_step == 8
+
+
+def test_a_new_best_mean_return_is_kept_as_best_pt_once_enough_episodes_ended(tmp_path: Path) -> None:
+    made = checkpointer(tmp_path, save_best=True)
+    update(made, returns=(1.0,) * (RECENT - 1))
+    assert made.counters.best_return is None and not (tmp_path / "checkpoints" / "best.pt").exists()
+    update(made, returns=(1.0,))
+    assert (made.counters.best_return, made.counters.best_step) == (1.0, 16)
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    update(made, returns=(0.0,))  # (a lower mean: the best stands)
+    assert (made.counters.best_return, made.counters.best_step) == (1.0, 16)
+    assert made.last_update["counters"]["best_step"] == 16
+
+
+def test_stopped_during_an_update_writes_no_checkpoint_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = checkpointer(tmp_path, checkpoint_every=10)
+    update(made)  # (a new run's first: checkpointed)
+    made.counters.global_step += 8
+    made.updating = True
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        counters = made.end("interrupted")
+    assert stopped_in_update(8) in caplog.text
+    assert steps_saved(tmp_path) == ["step-0000000008.pt"]
+    assert (counters.global_step, counters.update) == (8, 1)  # (as of the last update)
+
+
+def test_stopped_mid_rollout_checkpoints_the_last_update_unless_it_is_on_disk(tmp_path: Path) -> None:
+    made = checkpointer(tmp_path, checkpoint_every=10, checkpoint_seconds=0.0)
+    update(made)
+    update(made)  # (not checkpointed: every 10 updates)
+    made.counters.global_step += 4  # (a partial rollout: not learned from)
+    assert made.end("interrupted").global_step == 16
+    assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
+    made.end("interrupted")  # (on disk already: none written again)
+    assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
+
+
+def test_a_finished_run_is_checkpointed_as_of_its_end(tmp_path: Path) -> None:
+    made = checkpointer(tmp_path, checkpoint_every=10)
+    update(made)
+    made.counters.global_step += 8
+    counters = made.end("total_timesteps")
+    assert counters is made.counters and counters.global_step == 16
+    assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
