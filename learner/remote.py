@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import numbers
@@ -25,7 +24,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, iterate
 
 from env_server import codec
-from env_server.protocol import SHUTTING_DOWN_MESSAGE, bearer_metadata
+from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner import faults
@@ -52,7 +51,6 @@ from learner.client import (
     timeout_error,
 )
 from learner.discovery import (
-    AddressError,
     diagnose,
     expand_named,
     no_wait_mends,
@@ -65,7 +63,6 @@ from learner.errors import (
     InvalidArgumentError,
     InvalidRequestError,
     InvalidResponseError,
-    RemoteEnvError,
     ServerBusyError,
     ServerFullError,
     ServerUnavailableError,
@@ -83,6 +80,7 @@ from learner.faults import (
 from learner.fleet import FleetChange
 from learner.local import is_local_socket_dir, socket_folder, socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
+from learner.membership import FleetMembership, _Away, _Retired, _shutting_down, _warn_if_other_env
 from learner.specs import gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
 
@@ -148,7 +146,7 @@ class ResetNeededError(SessionError, ResetNeeded):
     gymnasium's ``ResetNeeded`` (what its vector envs raise then), so either ``except`` catches it."""
 
 
-class RemoteVectorEnv(gym.vector.VectorEnv):
+class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
     """Env servers reached over gRPC, as one ``gymnasium.vector.VectorEnv``.
 
     Envs are numbered over all servers in address order: server 0's K0 envs first, then server 1's,
@@ -636,68 +634,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             server_name=self._server_name(address),
             client_cert=self._client_cert,
         )
-
-    def _note_missing(self, missing: list[tuple[str, str]], listed: int) -> None:
-        """Fault-tolerant, some servers in: start without the ``missing`` ones (address, why), which join
-        when they answer, at a :meth:`refresh` (between rollouts), as a server lost in the run comes back;
-        until then the fleet is that much smaller, and a line says so once in a while."""
-        now = time.monotonic()
-        for address, _ in missing:
-            away = self._away.setdefault(address, _Away())
-            away.missing_since = away.said_at = now
-        log.warning(
-            "env server%s %s; starting with the %d of %d that answered (fault-tolerant): %s envs join when %s "
-            "(looked for at refresh(), which learner train calls between rollouts)",
-            "s" if len(missing) > 1 else "",
-            "; ".join(f"{address}: {why}" for address, why in missing),
-            listed - len(missing),
-            listed,
-            "their" if len(missing) > 1 else "its",
-            "they answer" if len(missing) > 1 else "it answers",
-        )
-
-    @property
-    def servers_not_joined(self) -> list[str]:
-        """Servers listed at the start that the fault-tolerant start went on without (they did not answer,
-        or were still building their envs) and that have not joined since."""
-        return [address for address, away in self._away.items() if away.missing_since is not None]
-
-    def _held_at_start(self) -> list[ServerBusyError]:
-        """The refusals of the servers in :attr:`servers_not_joined` that another learner held at the start."""
-        return [away.held for away in self._away.values() if away.missing_since is not None and away.held]
-
-    async def _find_aliases(
-        self,
-        clients: list[EnvClient],
-        responses: list[pb.HandshakeResponse | BaseException],
-        held: Sequence[EnvClient] = (),
-    ) -> set[EnvClient]:
-        """The servers listed twice under other names (a host name and its address, a dns: name and an
-        address it resolves to): each refused its second handshake as claimed, by this learner (by one of
-        ``clients`` or of ``held``, the fleet's at a refresh). Used once, as an address given twice is,
-        with a warning."""
-        claimed = {c.spec.server_id: c.address for c in held if c.spec is not None}
-        claimed |= {
-            r.spec.server_id: c.address
-            for c, r in zip(clients, responses, strict=True)
-            if not isinstance(r, BaseException)
-        }
-        busy = [c for c, r in zip(clients, responses, strict=True) if isinstance(r, ServerBusyError)]
-        if not busy or not claimed:
-            return set()
-        specs = await gather(*(c.get_spec() for c in busy), return_exceptions=True)
-        aliases = set()
-        for client, spec in zip(busy, specs, strict=True):
-            if not isinstance(spec, BaseException) and spec.server_id in claimed:
-                log.warning(
-                    "addresses: %s and %s are the same env server (server id %s); each server is used once",
-                    claimed[spec.server_id],
-                    client.address,
-                    spec.server_id[:8],
-                )
-                aliases.add(client)
-                self._aliases.add(client.address)  # (refresh() does not try it again)
-        return aliases
 
     async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
@@ -2108,171 +2044,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 code=grpc.StatusCode.FAILED_PRECONDITION,
             )
 
-    # -- servers joining and leaving ----------------------------------------------------------------
-
-    def refresh(self, *, drop: Iterable[str] = (), wait: float = 1.0) -> FleetChange | None:
-        """Look the servers up again: connect to servers that appeared, let go of those that left.
-
-        Call it between rollouts, with no step in flight. Servers that stay keep their envs, and
-        the episodes in them, in order; the envs of servers that join come after them, freshly reset.
-        ``num_envs`` and the batched spaces follow. A server leaves when its address no longer
-        resolves (``docker compose up --scale env=N`` removed it), when its session ended (it stopped
-        or restarted; not fault-tolerant: a fault-tolerant env reconnects it in place), or when it is
-        named in ``drop`` (a call to it failed); it is let go (released)
-        and joins again, with fresh envs, once it resolves and answers a handshake. A new server has
-        ``wait`` seconds to answer; one still starting keeps connecting in the background and joins
-        at a later refresh. A server whose spaces differ from the fleet's is left out (and logged).
-        One whose handshake failed (claimed by another learner, of another env) is tried again after a
-        while, not at every refresh, until it joins or is listed no more (:data:`~learner.faults.JOIN_BACKOFF`:
-        1 s, doubling up to 15 s; one still building its envs every 1 s); each kind of refusal is warned
-        of once per server (the start's warning included), and said again at DEBUG.
-        If the last step or reset failed, every env starts over (those that answered moved on unseen).
-
-        Returns:
-            None when nothing changed, else a :class:`~learner.fleet.FleetChange`: who joined and
-            left, and for each env now its index before (-1 for new envs) and current observation
-            (``restarted`` counts the envs of servers that stayed which started over).
-
-        Raises:
-            ServerUnavailableError: no server is left, even after ``connect_timeout`` seconds for those
-                listed to answer again (the env is then of no further use: close it).
-        """
-        self._assert_idle("refresh")
-        wait = _seconds("wait", wait, zero=True)
-        dropped = set(drop)
-        resolved, listed = self._look_up()
-        replicas = {id(r.client): r for r in self._replicas}
-        stay, leave = self._partition(resolved, dropped, replicas)
-        # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
-        # they were shutting down (scaled down, say) as they ended the session.
-        gone = [
-            c for c in leave if replicas[id(c)].state is ReplicaState.UP and (c.address in dropped or c.session_ended)
-        ]
-        ask = [c for c in gone if c.session_ended]
-        said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
-        told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
-        for client in gone:
-            if id(client) in told:
-                replicas[id(client)].shutdowns += 1
-            else:
-                replicas[id(client)].failures += 1
-        # Let go of those that left first: a server that comes back must not find itself claimed by us.
-        self._let_go(leave, replicas)
-        wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
-        joined = self._runner.run(self._join(wanted, wait, listed=listed))
-        if not stay and not joined:
-            # Every connection dropped at once (an overloaded host, a network blip): give the servers
-            # connect_timeout to answer again before giving up.
-            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True, listed=listed))
-        if not leave and not joined and self._stale is None:
-            return None
-        resets, failed = self._restart(stay, joined, replicas)
-        # A server whose reset failed leaves as well (several replicas stopping at once fail one
-        # after another); those that stayed until now may have a reconnect task to end first.
-        leave += [c for c in stay if c in failed]
-        stay, joined = [c for c in stay if c not in failed], [c for c in joined if c not in failed]
-        if not stay and not joined:
-            self._let_go(failed, replicas)
-            raise ServerUnavailableError(
-                f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
-                f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
-                address=leave[0].address,  # every server left: the fleet is never empty
-            )
-        self._let_go(failed, replicas)
-        return self._relayout(stay, joined, leave, resets, replicas)
-
-    def _look_up(self) -> tuple[list[str], bool]:
-        """The servers the addresses name now (refresh's first step), and True; on a failed look-up,
-        those of now, and False (it says nothing of the servers not connected)."""
-        try:
-            named = expand_named(self._address_spec)
-        except AddressError as err:
-            # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
-            (log.warning if str(err) not in self._noted else log.debug)(
-                "refresh: %s; keeping the %d server(s) connected now", err, len(self._clients)
-            )
-            self._noted.add(str(err))
-            return self.addresses, False
-        self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
-        return list(named), True
-
-    def _partition(
-        self, resolved: list[str], dropped: set[str], replicas: dict[int, Replica]
-    ) -> tuple[list[EnvClient], list[EnvClient]]:
-        """The servers that stay in the fleet, and those that leave it (refresh's second step)."""
-        # Fault-tolerant, a server whose connection dropped stays: its next step fails fast, and it is
-        # reconnected in place (its envs unavailable meanwhile) rather than let go and joined anew;
-        # unless it came back with other envs (another num_envs: it cannot take its old place), then it
-        # leaves and joins again as it is now.
-        stay = [
-            c
-            for c in self._clients
-            if c.address in resolved
-            and c.address not in dropped
-            and (self.fault_tolerant or not c.session_ended)
-            and not replicas[id(c)].changed
-        ]
-        return stay, [c for c in self._clients if c not in stay]
-
-    def _let_go(self, clients: list[EnvClient], replicas: dict[int, Replica]) -> None:
-        """End the reconnect tasks of servers that leave the fleet (fault-tolerant), then release and close them."""
-        for client in clients:
-            replica = replicas.get(id(client))  # (None: a server that was joining)
-            if replica is not None and replica.reconnect_task is not None:
-                replica.reconnect_task.cancel()  # (it would go on reconnecting a closed channel)
-        if clients:
-            self._runner.run(gather(*(c.close() for c in clients), return_exceptions=True))
-
-    def _restart(
-        self, stay: list[EnvClient], joined: list[EnvClient], replicas: dict[int, Replica]
-    ) -> tuple[dict[str, tuple[Any, dict[str, Any]]], list[EnvClient]]:
-        """Reset the envs that start over (refresh's third step): those of servers that joined, and, if
-        the last step or reset failed, every env. Returns each reset server's observations and infos
-        (by address), and the servers whose reset failed (or could not be read)."""
-        restart = [*stay, *joined] if self._stale is not None else joined
-        results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
-        resets: dict[str, tuple[Any, dict[str, Any]]] = {}
-        failed: list[EnvClient] = []
-        for client, response in zip(restart, results, strict=True):
-            if not isinstance(response, BaseException):
-                try:
-                    resets[client.address] = self._read_reset(client, response)
-                except InvalidResponseError as unreadable:
-                    response = unreadable
-            if isinstance(response, BaseException):
-                log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
-                failed.append(client)
-                self._count_loss(replicas.get(id(client)), response)
-        # Infos that do not fit those of the servers before them in the new layout: those leave too.
-        reset = [c for c in restart if c.address in resets]
-        misfits: list[tuple[int, ValueError]] = []
-        merge_infos(
-            [(resets[c.address][1], 0, c.num_envs) for c in reset], max((c.num_envs for c in reset), default=0), misfits
-        )
-        for j, err in misfits:
-            client = reset[j]
-            log.warning(
-                "refresh: env server %s leaves the fleet: its infos do not fit the other servers' (%s)",
-                client.address,
-                err,
-            )
-            del resets[client.address]
-            failed.append(client)
-            self._count_loss(replicas.get(id(client)), err)
-        for client in reset:
-            replica = replicas.get(id(client))
-            if client.address in resets and replica is not None and replica.state is ReplicaState.READY:
-                replica.state, replica.fresh = ReplicaState.UP, None  # (its own reset is superseded, as in reset())
-        return resets, failed
-
-    @staticmethod
-    def _count_loss(replica: Replica | None, err: BaseException) -> None:
-        """Count the loss of a server that stayed in the fleet (``replica``; None: one that joined, never
-        counted in) whose reset in refresh() failed with ``err``: a failure (a shutdown if it said it
-        was shutting down), as a failed step or reset counts. A server down already was counted when
-        it was lost; one back since (READY) counted its return, so this is a loss of its own."""
-        if replica is not None and replica.state is not ReplicaState.DOWN:
-            replica.count_loss(planned=_shutting_down(err))
+    # -- the fleet laid out anew: refresh's last step (the rest of refresh: learner.membership) --------
 
     def _relayout(
         self,
@@ -2361,114 +2133,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             infos=infos,
             restarted=sum(c.num_envs for c in stay if c.address in resets),
         )
-
-    async def _join(
-        self, addresses: list[str], wait: float, everyone: bool = False, listed: bool = True
-    ) -> list[EnvClient]:
-        """The servers at ``addresses`` that answer a handshake and serve the fleet's env.
-
-        Servers seen for the first time (or, with ``everyone``, all those still connecting) get ``wait``
-        seconds to connect; the others join if they are connected by now. One whose handshake failed (or
-        that did not fit) is tried again once its wait is over (:data:`~learner.faults.JOIN_BACKOFF`);
-        with ``everyone`` (no server left: the last try before giving up), at once. ``listed``: the
-        addresses are all those listed now (not so after a failed look-up), so the servers being
-        connected to, waited for or missed that are not among them are no longer listed: forgotten.
-        """
-        if listed:
-            for address in [a for a in self._joining if a not in addresses]:  # no longer listed
-                client, ready = self._joining.pop(address)
-                ready.cancel()
-                await client.close()
-            for address in [a for a in self._away if a not in addresses]:  # (listed again: tried at once)
-                del self._away[address]
-        now = time.monotonic()
-
-        def due(address: str) -> bool:
-            away = self._away.get(address)
-            return everyone or away is None or away.retry_at <= now
-
-        fresh = []
-        for address in addresses:
-            if address not in self._joining and due(address):
-                client = self._client(address)
-                self._joining[address] = (client, asyncio.ensure_future(client.wait_ready()))
-                fresh.append(self._joining[address][1])
-        # Only servers seen for the first time are waited for: one that stays listed without answering
-        # must not hold up every rollout.
-        if everyone:
-            fresh = [ready for _, ready in self._joining.values()]
-        if fresh and wait > 0:
-            await asyncio.wait(
-                fresh, timeout=wait, return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED
-            )
-        answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
-        for client in answered:
-            del self._joining[client.address]
-        responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
-        # Both names of a server another learner held at the start were set aside: the first to join
-        # claimed it, and the fleet's own claim refuses the other.
-        aliases = await self._find_aliases(answered, responses, held=self._clients)
-        joined = []
-        for client, response in zip(answered, responses, strict=True):
-            if client in aliases:
-                self._away.pop(client.address, None)
-                await client.close()
-                continue
-            problem = (
-                str(response).removeprefix(f"env server {client.address}: ")
-                if isinstance(response, BaseException)
-                else self._misfit(response.spec, client.address)
-            )
-            if problem:
-                away = self._away.setdefault(client.address, _Away())
-                # Each kind of problem warned of once per server (the start's warning counts): it is tried
-                # again, refused alike, while it stays listed.
-                news = away.refuse(response if isinstance(response, BaseException) else None, problem)
-                log.log(
-                    logging.WARNING if news else logging.DEBUG,
-                    "refresh: env server %s does not join: %s (tried again in %g s)",
-                    client.address,
-                    problem,
-                    away.delay,
-                )
-                if not isinstance(response, BaseException):
-                    client.start_session(response)  # so that close() releases the claim
-                await client.close()
-                continue
-            client.start_session(response)
-            was = self._away.pop(client.address, None)
-            if was is not None and was.missing_since is not None:
-                log.info(
-                    "env server %s joined, %.0f s after the start went on without it",
-                    client.address,
-                    time.monotonic() - was.missing_since,
-                )
-            joined.append(client)
-        self._remind_missing()
-        return joined
-
-    def _remind_missing(self) -> None:
-        """Say (once per STILL_DOWN_LOG_S) which of the servers the start went on without have not joined yet,
-        and why (the last refusal, if one answered)."""
-        now = time.monotonic()
-        for address, away in self._away.items():
-            if away.missing_since is not None and now - away.said_at >= faults.STILL_DOWN_LOG_S:
-                log.warning(
-                    "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
-                    "when it answers",
-                    address,
-                    now - away.missing_since,
-                    f" (last tried {now - away.tried_at:.0f} s ago: {away.last})" if away.tried_at else "",
-                )
-                away.said_at = now
-
-    def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
-        """Why a server with ``spec`` cannot join the fleet ("" if it can; warned of if its env is another)."""
-        problem = incompatible(self._spec, spec)
-        if problem:
-            return f"it has {problem}"
-        _warn_if_other_env(self._spec, spec, address, "the fleet's")
-        return ""
 
     # -- statistics -------------------------------------------------------------------------------
 
@@ -2563,63 +2227,6 @@ class _StepBatch:
         self.truncations[envs] = True
 
 
-class _Away:
-    """A listed server out of the fleet: whether the fault-tolerant start went on without it; if its last
-    handshake failed or it did not fit, when a refresh tries it again (see :data:`~learner.faults.JOIN_BACKOFF`)
-    and what was said of it."""
-
-    def __init__(self) -> None:
-        self.missing_since: float | None = None  # the start went on without it, then (time.monotonic())
-        self.said_at = 0.0  # when a line last said it had not joined
-        self.held: ServerBusyError | None = None  # the start's refusal, as another learner held it
-        self.tried_at = 0.0  # (0: not tried since it is away, as one that never answered)
-        self.retry_at = 0.0
-        self.delay = 0.0  # the wait before retry_at
-        self.last = ""  # why the last try failed, as said
-        self.warned: set[str] = set()  # the kinds of problem a warning named (see refuse)
-
-    def refuse(self, err: BaseException | None, problem: str) -> bool:
-        """Note a try refused with ``err`` (None: the server did not fit the fleet) for ``problem`` (as
-        said), and when to try again: after the first wait, doubling up to the longest; after the first
-        each time for a server starting or shutting down (UNAVAILABLE: soon there, or gone). Whether
-        that kind of problem is news (no warning named it yet: to be warned of)."""
-        first, longest = faults.JOIN_BACKOFF
-        if isinstance(err, ServerUnavailableError) or not self.delay:
-            self.delay = first
-        else:
-            self.delay = min(self.delay * 2, longest)
-        self.tried_at = time.monotonic()
-        self.retry_at, self.last = self.tried_at + self.delay, problem
-        # (an error by its type and status code, its text changing from try to try: "claimed 0.7 s ago")
-        code = getattr(err, "code", None)
-        kind = problem if err is None else f"{type(err).__name__} {getattr(code, 'name', '')}"
-        news = kind not in self.warned
-        self.warned.add(kind)
-        return news
-
-
-class _Retired:
-    """Counters of the servers that left the fleet, so that fault_stats() keeps counting them."""
-
-    def __init__(self) -> None:
-        self.failures = self.shutdowns = self.reconnects = self.server_restarts = self.joined = self.left = 0
-
-    def add(self, replica: Replica) -> None:
-        self.failures += replica.failures
-        self.shutdowns += replica.shutdowns
-        self.reconnects += replica.reconnects
-        self.server_restarts += replica.server_restarts
-
-
-def _shutting_down(err: BaseException) -> bool:
-    """Whether ``err`` is a server saying it is shutting down (UNAVAILABLE, over gRPC or the step socket)."""
-    return (
-        isinstance(err, RemoteEnvError)
-        and err.code == grpc.StatusCode.UNAVAILABLE
-        and SHUTTING_DOWN_MESSAGE in str(err)
-    )
-
-
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
@@ -2657,44 +2264,6 @@ async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]])
         await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
     await gather(*(c.close() for c in clients), return_exceptions=True)
     await gather(*tasks, return_exceptions=True)
-
-
-def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
-    """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
-    time limit): allowed (variants of a task, one per server), but a mistake as often."""
-    # (servers older than EnvSpec.env_kwargs said a time limit of 0 under async vectorization, whatever
-    # it was: not compared then)
-    known = [s for s in (got, want) if s.HasField("env_kwargs") or s.vectorization != "async"]
-    differ = [
-        f"{name} {getattr(got, name)!r}, not {whose} {getattr(want, name)!r}"
-        for name in ("env_id", "max_episode_steps")
-        if getattr(got, name) != getattr(want, name) and (name == "env_id" or len(known) == 2)
-    ]
-    kwargs, wanted = served_kwargs(got), served_kwargs(want)
-    if kwargs is not None and wanted is not None and kwargs != wanted:  # (servers too old to say: not compared)
-        differ.append(f"env kwargs {json.dumps(kwargs)}, not {whose} {json.dumps(wanted)}")
-    if differ:
-        log.warning(
-            "env server %s serves another env than the rest (%s); its spaces fit, so it steps with them "
-            "(RemoteVectorEnv.spec is the first server's)",
-            address,
-            "; ".join(differ),
-        )
-    # (python's patch level aside: the libraries an env's dynamics depend on; servers older than
-    # EnvSpec.versions send none, and are not compared)
-    other = sorted(
-        f"{name} {got.versions[name]}, not {want.versions[name]}"
-        for name in set(got.versions) & set(want.versions)
-        if name != "python" and got.versions[name] != want.versions[name]
-    )
-    if other:
-        log.warning(
-            "env server %s runs other versions than %s (%s): the same env may behave otherwise there "
-            "(RemoteVectorEnv.server_versions has every server's)",
-            address,
-            "it did before" if whose == "its old" else whose.removesuffix("'s"),
-            "; ".join(other),
-        )
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:
