@@ -305,7 +305,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print, *, c
 
 def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     available = throughput_workloads()
-    prepare_subprocesses()
+    if {"throughput", "latency", "rpc"} & set(config.suites):  # (those start subprocesses: not the ppo suite's runs)
+        prepare_subprocesses()
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
     started = time.perf_counter()
     warning = report.load_warning(results["meta"])
