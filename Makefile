@@ -3,7 +3,9 @@
 #                with its plot, then evaluate the policy and record an episode as a GIF
 #                (`make train ARGS="--seed 2"` passes options on, `make train RUN=DIR` picks the run dir)
 #   make demo    start local env servers and step a RemoteVectorEnv over them
-#   make test    codegen freshness, lint, type-check, and the test suite (what CI runs)
+#   make test    codegen freshness, lint, type-check, and the test suite (what CI runs;
+#                `make test PYTEST_ARGS="-n 4"` changes its workers)
+#   make lint    codegen freshness, lint and type-check alone;  make fmt  formats the code as lint wants
 PYTHON ?= python3
 VENV   ?= .venv
 # torch 2.13.0: the CPU wheel on machines that have it locally, the CUDA build from PyPI on a GPU host.
@@ -12,8 +14,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 RUN    ?= runs/CartPole-v1-$(shell date +%Y%m%d-%H%M%S)
 ARGS   ?=
+# 2 workers, each taking a whole test module (its module-scoped servers and containers start once):
+# 12.5 min instead of 22 on the 2-core development machine.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup train demo test lint check
+.PHONY: setup train demo test lint fmt
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and f"make setup: envfleet needs Python 3.11 or newer; $(PYTHON) is {sys.version.split()[0]} (give another: make setup PYTHON=python3.11)")'
@@ -38,7 +43,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
 test: lint
-	# 2 workers, each taking a whole test module (its module-scoped servers and containers start once):
-	# 12.5 min instead of 22 on the 2-core development machine. The slowest tests go to CI's log.
-	$(PY) -m pytest -n 2 --dist loadfile --durations=30
+	# (the slowest tests go to CI's log)
+	$(PY) -m pytest $(PYTEST_ARGS) --durations=30

@@ -109,6 +109,8 @@ class Args:
     max_episode_steps: int | None = field(default=None, metadata={"metavar": "N"})
     """end every episode after N steps at most, as truncated (env-server --max-episode-steps, for the
     servers this command starts): for --env module:Class envs, which have no time limit otherwise"""
+
+    # -- connections and faults (listed last in --help: learner.cli's groups start at these fields) ---------
     auth_token: str | None = field(default=None, metadata={"metavar": "TOKEN"})
     """token for servers started with --auth-token (default: $ENVFLEET_AUTH_TOKEN; or see
     --auth-token-file); local servers this command starts require it too. Never written to the run dir:
@@ -156,6 +158,8 @@ class Args:
     """the servers this command starts exit once an env call (a step or a reset) has run this many
     seconds, and are started again, their envs rejoining (env-server --hang-timeout); 0: never (default:
     60, or twice --timeout or --reset-timeout where more)"""
+
+    # -- the envs, again ------------------------------------------------------------------------------------
     pipeline_groups: int = 1
     """send/recv pipelining: the servers form this many groups, and each group steps while the
     learner computes the next group's actions (1: all servers step together; at most one group per

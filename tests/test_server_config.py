@@ -4,6 +4,7 @@ was expected and what came (the CLI checks its flags first, with messages naming
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,3 +101,14 @@ def test_good_configs_are_accepted() -> None:
 
 def test_the_names_the_config_accepts_are_the_wrappers_the_server_has() -> None:
     assert tuple(WRAPPERS) == WRAPPER_NAMES
+
+
+def test_every_wrapper_is_named_in_env_server_help_and_in_the_readme() -> None:
+    """A wrapper added to the server (and its config's names) is also told of where operators look."""
+    from env_server.__main__ import build_parser
+
+    (wrappers,) = [a for a in build_parser()._actions if "--wrappers" in a.option_strings]
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for name in WRAPPER_NAMES:
+        assert f"'{name}'" in (wrappers.help or ""), f"env-server --help says nothing of {name}"
+        assert f"`{name}`" in readme, f"README.md says nothing of --wrappers {name}"
