@@ -26,6 +26,7 @@ it, RESOURCE_EXHAUSTED, before any Python code sees its bytes, and tells Python 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import inspect
 import logging
@@ -48,6 +49,7 @@ __all__ = [
     "TokenAuthInterceptor",
     "end_call",
     "method_name",
+    "refuse",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,39 +162,43 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         self.watches -= 1
 
     def _note_refusal(self, method: str) -> None:
-        if self._on_refusal is not None and method.startswith(f"/{SERVICE_NAME}/"):
-            self._on_refusal(method_name(method))
-        # (one kind for every method: a line says the server is full, whatever was asked)
-        suffix = self._log.note("", grpc.StatusCode.RESOURCE_EXHAUSTED)
-        if suffix is not None:
-            log.warning(
+        refuse(
+            None,  # (gRPC ends the call itself)
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            _CALL_LIMIT_DETAILS,
+            refusals=self._log,
+            kind="",  # (one kind for every method: a line says the server is full, whatever was asked)
+            line=(
                 "refusing %s and every new call with RESOURCE_EXHAUSTED until some end: %d calls are in progress, "
-                "the most this server serves at once (--max-concurrent-rpcs) %s",
+                "the most this server serves at once (--max-concurrent-rpcs)",
                 method[:_MAX_METHOD_CHARS],
                 self.max_calls,
-                suffix,
-            )
+            ),
+            count=_counter(self._on_refusal, method),
+        )
 
     async def _refuse_watch(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        suffix = self._log.note(HEALTH_WATCH, grpc.StatusCode.RESOURCE_EXHAUSTED)
-        if suffix is not None:
-            log.warning(
-                "refused %s from %s: %d Watch streams are open, the most this server keeps %s",
-                HEALTH_WATCH,
-                context.peer(),
-                MAX_WATCH_STREAMS,
-                suffix,
-            )
-        end_call(
+        refuse(
             context,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"{HEALTH_WATCH}: {MAX_WATCH_STREAMS} Watch streams are open on this server, the most it keeps; "
             "close one, or call Check",
+            refusals=self._log,
+            kind=HEALTH_WATCH,
+            line=(
+                "refused %s from %s: %d Watch streams are open, the most this server keeps",
+                HEALTH_WATCH,
+                context.peer(),
+                MAX_WATCH_STREAMS,
+            ),
         )
 
 
 # Longest part of a method name a log line shows (a known method's, but for a misbehaving client's typo).
 _MAX_METHOD_CHARS = 100
+# What gRPC's core tells a caller it refused at its cap on calls in progress (the learner's
+# CALL_LIMIT_DETAILS).
+_CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -232,19 +238,19 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             "(RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
         )
 
-        async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-            self._note(method, context.peer(), reason)
-            end_call(context, grpc.StatusCode.UNAUTHENTICATED, message)
+        async def refuse_unauthenticated(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+            refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                message,
+                refusals=self._log,
+                kind=method,
+                line=("refused %s from %s: %s", method, context.peer(), reason),
+                count=_counter(self._on_refusal, method),
+            )
 
         # (the request is not even waited for: see _unread_refusal)
-        return _unread_refusal(handler, refuse)
-
-    def _note(self, method: str, peer: str, reason: str) -> None:
-        if self._on_refusal is not None:
-            self._on_refusal(method_name(method))
-        suffix = self._log.note(method, grpc.StatusCode.UNAUTHENTICATED)
-        if suffix is not None:
-            log.warning("refused %s from %s: %s %s", method, peer, reason, suffix)
+        return _unread_refusal(handler, refuse_unauthenticated)
 
 
 class MalformedRequest:
@@ -328,14 +334,58 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
     def _refuse(self, context: grpc.aio.ServicerContext, method: str, message: str) -> None:
         """End the call INVALID_ARGUMENT with ``message``; count it (EnvService's) and log it (rate-limited)."""
         code = grpc.StatusCode.INVALID_ARGUMENT
-        name = method_name(method)
-        if self._on_refusal is not None and method.startswith(f"/{SERVICE_NAME}/"):
-            self._on_refusal(name)
-        suffix = self._log.note(method, code)
-        if suffix is not None:
+        refuse(
+            context,
+            code,
+            message,
+            refusals=self._log,
+            kind=method,
             # (as the service logs its own refusals: "refused Step from PEER [CODE]: message (...)")
-            log.warning("refused %s from %s [%s]: %s %s", name, context.peer(), code.name, message, suffix)
-        end_call(context, code, message)
+            line=("refused %s from %s [%s]: %s", method_name(method), context.peer(), code.name, message),
+            count=_counter(self._on_refusal, method),
+        )
+
+
+def refuse(
+    context: grpc.aio.ServicerContext | None,
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    refusals: RefusalLog,
+    kind: str,
+    line: tuple[Any, ...] | None,
+    count: Callable[[], object] | None = None,
+    level: int = logging.WARNING,
+    logger: logging.Logger = log,
+    trailing_metadata: tuple[tuple[str, str], ...] = _ORIGIN,
+) -> None:
+    """Refuse a call with ``code`` and ``message``: the one place this server's refusals, the
+    service's and its interceptors', are counted, logged and sent.
+
+    ``count`` (a metric's counter, or None) is called; the refusal is noted in ``refusals`` as one of
+    its ``kind`` (a method) and ``code``, and when a line of that kind is due (see RefusalLog),
+    ``line`` (a format and its arguments; the count of refusals so far follows them) is logged on
+    ``logger`` at ``level`` (``line`` None: nothing is, an error logged as it happened). Then the
+    call ends (see end_call; ``trailing_metadata`` marks the status as this server's own).
+
+    ``context`` None: the refusal ends otherwise, ``message`` said by whoever ends it (gRPC's own
+    call limit; a StepError frame on the step socket).
+    """
+    if count is not None:
+        count()
+    suffix = refusals.note(kind, code)
+    if suffix is not None and line is not None:
+        logger.log(level, f"{line[0]} %s", *line[1:], suffix)
+    if context is not None:
+        end_call(context, code, message, trailing_metadata)
+
+
+def _counter(on_refusal: Callable[[str], None] | None, method: str) -> Callable[[], object] | None:
+    """``on_refusal`` (an interceptor's metric counter) for a refused call of ``method``: called with
+    the method's name (``Step``), for EnvService's calls alone (the health service's are only logged)."""
+    if on_refusal is None or not method.startswith(f"/{SERVICE_NAME}/"):
+        return None
+    return functools.partial(on_refusal, method_name(method))
 
 
 def end_call(

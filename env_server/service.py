@@ -22,7 +22,7 @@ import numpy as np
 from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import ObservationLayoutError, env_kwargs_json, max_episode_steps
-from env_server.interceptors import MalformedRequest, RefusalLog, end_call
+from env_server.interceptors import MalformedRequest, RefusalLog, refuse
 from env_server.isolation import ENV_ERROR_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
@@ -210,10 +210,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
     # -- errors ---------------------------------------------------------------------------------
 
     def status(
-        self, err: Exception, method: str, *, peer: str = "", session_id: str = "", client_name: str = ""
+        self,
+        err: Exception,
+        method: str,
+        *,
+        peer: str = "",
+        session_id: str = "",
+        client_name: str = "",
+        context: grpc.aio.ServicerContext | None = None,
     ) -> tuple[grpc.StatusCode, str, int | None]:
         """The status ``err`` means (code, message, env index or None): the one place exceptions become
-        status codes, for gRPC calls and the step socket alike.
+        status codes, for gRPC calls and the step socket alike. The refusal is counted and logged, and
+        ends the call of ``context``, if given (see interceptors.refuse).
 
         ``peer``, ``session_id`` and ``client_name`` (a Handshake's) say who called, for the log line."""
         env_index: int | None = None
@@ -224,16 +232,28 @@ class EnvService(pb_grpc.EnvServiceServicer):
         else:  # never let an exception reach a client as UNKNOWN
             log.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
-        if self._metrics is not None:
-            self._metrics.count_error(method, code.name)
-        suffix = self._refusals.note(method, code)
-        if suffix is not None and code is not grpc.StatusCode.INTERNAL:  # (INTERNAL: logged as it happened)
-            # (UNAVAILABLE: starting or shutting down, which the server logs anyway; Hold: a learner's
-            # session that ended before its Hold stream came, closed at once, say: its next call is told)
-            quiet = code is grpc.StatusCode.UNAVAILABLE or method == "Hold"
-            level = logging.INFO if quiet else logging.WARNING
+        line = None  # (INTERNAL: logged as it happened)
+        if code is not grpc.StatusCode.INTERNAL:
             caller = self._describe_caller(peer, session_id, client_name)
-            log.log(level, "refused %s%s [%s]: %s %s", method, caller, code.name, message, suffix)
+            line = ("refused %s%s [%s]: %s", method, caller, code.name, message)
+        # (UNAVAILABLE: starting or shutting down, which the server logs anyway; Hold: a learner's
+        # session that ended before its Hold stream came, closed at once, say: its next call is told)
+        quiet = code is grpc.StatusCode.UNAVAILABLE or method == "Hold"
+        trailer: tuple[tuple[str, str], ...] = ((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER),)
+        if env_index is not None:
+            trailer += ((ENV_INDEX_KEY, str(env_index)),)
+        refuse(
+            context,
+            code,
+            message,
+            refusals=self._refusals,
+            kind=method,
+            line=line,
+            count=None if self._metrics is None else functools.partial(self._metrics.count_error, method, code.name),
+            level=logging.INFO if quiet else logging.WARNING,
+            logger=log,
+            trailing_metadata=trailer,
+        )
         return code, message, env_index
 
     def _describe_caller(self, peer: str, session_id: str, client_name: str) -> str:
@@ -249,17 +269,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Set the status ``err`` means on the call (of ``request``, where one was read); the handler
         then returns, with no response (not ``context.abort()``, which kept refused requests in
         memory: see interceptors.end_call)."""
-        code, message, env_index = self.status(
+        self.status(
             err,
             method,
             peer=context.peer(),
             session_id=getattr(request, "session_id", ""),
             client_name=getattr(request, "client_name", ""),
+            context=context,
         )
-        trailer = [(ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER)]
-        if env_index is not None:
-            trailer.append((ENV_INDEX_KEY, str(env_index)))
-        end_call(context, code, message, tuple(trailer))
 
     # -- sessions ---------------------------------------------------------------------------------
 

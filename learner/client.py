@@ -108,6 +108,22 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 }
 
 
+# What gRPC's own UNIMPLEMENTED ("Method not found!", which names no service) means of a server, by
+# the method it answered so. Handshake, GetSpec: another gRPC server on that port, or an envfleet of
+# another protocol version. Step: it served Handshake and Reset, so it is an envfleet server, one older
+# than StepStream (the first versions' servers stepped by unary calls); every step of it would fail alike.
+_NO_ENVFLEET = (
+    f"it answers gRPC but serves no {SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version"
+)
+_UNIMPLEMENTED_MEANS: dict[str, str] = {
+    "Handshake": _NO_ENVFLEET,
+    "GetSpec": _NO_ENVFLEET,
+    "Step": (
+        "it serves no StepStream, which this learner steps on: an env server older than it (envfleet's first "
+        "versions); upgrade the server"
+    ),
+}
+
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
@@ -209,10 +225,13 @@ def status_error(
     from_server: bool = True,
     timeout: float | None = None,
     hint: str | None = None,
+    stream_ended: bool = False,
 ) -> RemoteEnvError:
-    """The envfleet exception for a status (``code``, ``details``) a call ended with; ``env_index``
-    is over the whole fleet, ``from_server`` whether the env server itself sent the status; ``hint``:
-    see :func:`translate_error`."""
+    """The envfleet exception for a status (``code``, ``details``) a call ended with (the one place
+    statuses become errors); ``env_index`` is over the whole fleet, ``from_server`` whether the env
+    server itself sent the status; ``hint``: see :func:`translate_error`; ``stream_ended``: the status
+    is that of a stream the server had closed before ``method``'s exchange on it (whatever the code,
+    the server is lost: ServerUnavailableError)."""
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not from_server:
         too_large = _TOO_LARGE.fullmatch(details)
         if too_large is not None:
@@ -245,7 +264,12 @@ def status_error(
                 code=code,
             )
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
-    if code == grpc.StatusCode.INTERNAL and not from_server:
+    if stream_ended:
+        cls = ServerUnavailableError
+        details = f"the step stream ended ({details or 'no details'})"
+    elif code == grpc.StatusCode.UNIMPLEMENTED and method in _UNIMPLEMENTED_MEANS:
+        details = f"{_UNIMPLEMENTED_MEANS[method]} ({details or 'no details'})"
+    elif code == grpc.StatusCode.INTERNAL and not from_server:
         # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):
         # the connection broke, the env did not raise.
         cls = ServerUnavailableError
@@ -367,28 +391,14 @@ class EnvClient:
     def _error(
         self, err: grpc.RpcError, method: str, timeout: float | None = None, hint: str | None = None
     ) -> RemoteEnvError:
-        unimplemented = isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNIMPLEMENTED
-        why = None
-        if unimplemented and method in ("Handshake", "GetSpec"):
-            # gRPC's own answer for a service the server lacks ("Method not found!"), which names
-            # neither: another gRPC server on that port, or an envfleet of another protocol version.
-            why = (
-                f"it answers gRPC but serves no {SERVICE_NAME}: the wrong port, or a server of another envfleet "
-                "protocol version"
-            )
-        elif unimplemented and method == "Step":
-            # It served Handshake and Reset, so it is an envfleet server: one older than StepStream (the
-            # first versions' servers stepped by unary calls). Every step of it would fail alike.
-            why = (
-                "it serves no StepStream, which this learner steps on: an env server older than it (envfleet's "
-                "first versions); upgrade the server"
-            )
-        if why is not None:
-            return RemoteEnvError(
-                f"env server {self.address}: {method} failed [UNIMPLEMENTED]: {why} ({err.details() or 'no details'})",
-                address=self.address,
-                code=grpc.StatusCode.UNIMPLEMENTED,
-            )
+        if (
+            isinstance(err, grpc.aio.AioRpcError)
+            and err.code() == grpc.StatusCode.UNIMPLEMENTED
+            and method in _UNIMPLEMENTED_MEANS
+        ):
+            # gRPC's own answer for a method the server lacks, whose trailers say nothing of envfleet's
+            # (and whose empty details are "no details", not the call's repr, as translate_error has it)
+            return status_error(err.code(), err.details() or "", address=self.address, method=method)
         return translate_error(
             err,
             address=self.address,
@@ -664,12 +674,8 @@ class EnvClient:
         return None
 
     async def _ended(self, call: Any) -> RemoteEnvError:
-        code = await call.code()
-        details = await call.details()
-        return ServerUnavailableError(
-            f"env server {self.address}: Step failed [{code.name}]: the step stream ended ({details or 'no details'})",
-            address=self.address,
-            code=code,
+        return status_error(
+            await call.code(), await call.details() or "", address=self.address, method="Step", stream_ended=True
         )
 
     # -- failures ---------------------------------------------------------------------------------
