@@ -4,7 +4,7 @@
 #                (`make train ARGS="--seed 2"` passes options on, `make train RUN=DIR` picks the run dir)
 #   make demo    start local env servers and step a RemoteVectorEnv over them
 #   make test    codegen freshness, lint, type-check, and the test suite (what CI runs;
-#                `make test PYTEST_ARGS="-n 4"` changes its workers)
+#                `make test PYTEST_ARGS="-n 4 --dist loadfile"` changes its workers)
 #   make lint    codegen freshness, lint and type-check alone;  make fmt  formats the code as lint wants
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 RUN    ?= runs/CartPole-v1-$(shell date +%Y%m%d-%H%M%S)
 ARGS   ?=
 # 2 workers, each taking a whole test module (its module-scoped servers and containers start once):
-# 12.5 min instead of 22 on the 2-core development machine.
+# 13-16 min instead of ~22 on the 2-core development machine.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: setup train demo test lint fmt
@@ -44,8 +44,8 @@ lint: setup
 	$(VENV)/bin/mypy
 
 fmt: setup
-	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 test: lint
 	# (the slowest tests go to CI's log)

@@ -1,4 +1,5 @@
-"""What train and eval show while they run (a progress bar, or lines in a log), and Ctrl-C as a request to stop."""
+"""What train and eval show while they run (a progress bar, or lines in a log), Ctrl-C as a request to stop, and
+a stop once the process that started the command is gone (--parent-pid)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What a run reports, update by update and at its end: metrics.jsonl, TensorBoard, summary.json, returns.png."""
+"""What a run reports, update by update and at its end: metrics.jsonl, TensorBoard, W&B, live metrics, the
+progress bar or lines (:class:`Recorder`), summary.json, returns.png."""
 
 from __future__ import annotations
 

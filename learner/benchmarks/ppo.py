@@ -131,10 +131,14 @@ def _remove_orphaned_workdirs(root: str) -> None:
     stop by themselves, see --parent-pid): this user's whose bench is gone."""
     from learner.local import pid_alive  # (here: the CLI imports this module for PPO_LAYOUTS alone)
 
-    with contextlib.suppress(OSError):
-        for name in os.listdir(root):
-            match = _WORKDIR.fullmatch(name)
-            path = os.path.join(root, name)
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        match = _WORKDIR.fullmatch(name)
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError):  # (gone meanwhile, say: the others are still looked at)
             if match is None or pid_alive(int(match.group(1))) or os.stat(path).st_uid != os.getuid():
                 continue
             shutil.rmtree(path, ignore_errors=True)
