@@ -180,6 +180,8 @@ def stopping_with_parent(parent_pid: int | None) -> Iterator[None]:
         while os.getppid() == parent_pid:
             if done.wait(PARENT_WATCH_S):
                 return
+        if done.is_set():  # (the command is over: nothing to stop)
+            return
         log.warning("--parent-pid: process %d, which started this one, is gone: stopping", parent_pid)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -868,7 +868,7 @@ def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(
     """SIGKILLed (no handler of its runs), a bench's `learner train` run stops by itself (--parent-pid),
     closing its env servers and their sockets' folder, not train on to its end unseen; the folder the
     runs wrote to is removed by the next bench."""
-    from learner.benchmarks.ppo import _remove_orphaned_workdirs
+    from learner.benchmarks.ppo import remove_orphaned_workdirs
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -909,5 +909,5 @@ def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(
         assert not any(p.name.startswith(f"envfleet-{run[0]}-") for p in root.iterdir()), "its servers were closed"
     (workdir,) = [p for p in tmp.iterdir() if p.name.startswith(f"envfleet-bench-ppo-{bench.pid}-")]
     assert (workdir / "remote_2x2_unix-1" / "summary.json").is_file()  # (stopped as SIGTERM stops it)
-    _remove_orphaned_workdirs(str(tmp))  # (as the next bench does first)
+    remove_orphaned_workdirs(str(tmp))  # (as the next bench does first)
     assert not workdir.exists()

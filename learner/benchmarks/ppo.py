@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PPO_LAYOUTS", "TrainLayout", "default_layouts", "measure_ppo"]
+__all__ = ["PPO_LAYOUTS", "TrainLayout", "default_layouts", "measure_ppo", "remove_orphaned_workdirs"]
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,10 @@ _WORKDIR = re.compile(r"envfleet-bench-ppo-(\d+)-\w+")
 """The name of the folder a bench's PPO runs write to (``envfleet-bench-ppo-<bench pid>-*``)."""
 
 
-def _remove_orphaned_workdirs(root: str) -> None:
+def remove_orphaned_workdirs(root: str) -> None:
     """Remove the PPO runs' folders of benches that were killed (SIGKILL: no finalizer ran; their runs
-    stop by themselves, see --parent-pid): this user's whose bench is gone."""
+    stop by themselves, see --parent-pid): this user's whose bench is gone. ``learner bench`` does it
+    first, whatever its suites."""
     from learner.local import pid_alive  # (here: the CLI imports this module for PPO_LAYOUTS alone)
 
     try:
@@ -159,7 +160,6 @@ def measure_ppo(
     ``on_run`` gets the results so far after each run, so that a bench stopped half way keeps them."""
     samples: dict[str, list[float]] = {lay.name: [] for lay in layouts}
     errors: dict[str, str] = {}
-    _remove_orphaned_workdirs(tempfile.gettempdir())
     with tempfile.TemporaryDirectory(prefix=f"envfleet-bench-ppo-{os.getpid()}-") as tmp:
         for r in range(rounds):
             order = layouts[r % len(layouts) :] + layouts[: r % len(layouts)]

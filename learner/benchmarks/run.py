@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 
 from env_server.config import ServerConfig
 from learner.benchmarks import report
-from learner.benchmarks.ppo import PPO_LAYOUTS
+from learner.benchmarks.ppo import PPO_LAYOUTS, remove_orphaned_workdirs
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
 
@@ -305,6 +306,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print, *, c
 
 def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     available = throughput_workloads()
+    remove_orphaned_workdirs(tempfile.gettempdir())  # (of benches killed before: their PPO runs' folders)
     if {"throughput", "latency", "rpc"} & set(config.suites):  # (those start subprocesses: not the ppo suite's runs)
         prepare_subprocesses()
     results: dict[str, Any] = {"meta": _meta(config), "config": {**asdict(config), "out": str(config.out)}}
