@@ -31,6 +31,7 @@ __all__ = [
     "SPIN_WAIT_MS",
     "LocalServers",
     "local_servers",
+    "orphaned_dirs",
     "pid_alive",
     "socket_folder",
     "socket_folder_gone",
@@ -311,23 +312,34 @@ def is_local_socket_dir(folder: str) -> bool:
 def _remove_orphaned_socket_dirs(root: str) -> None:
     """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
     exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        match = LOCAL_SOCKET_DIR.fullmatch(name)
-        path = os.path.join(root, name)
-        if match is None or pid_alive(int(match.group(1))):
-            continue
+    for path in orphaned_dirs(root, LOCAL_SOCKET_DIR):
         with suppress(OSError):
-            if os.stat(path).st_uid != os.getuid():
-                continue
             for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
                 if entry.endswith((".sock", ".sock.steps")):
                     os.unlink(os.path.join(path, entry))
             os.rmdir(path)  # (fails, and is left, if anything else is in it)
             log.debug("removed %s, left by a learner that was killed", path)
+
+
+def orphaned_dirs(root: str, pattern: re.Pattern[str]) -> Iterator[str]:
+    """The folders in ``root`` named as ``pattern`` says (its first group the pid of the process that
+    made them) whose process is gone and that are this user's: what a process killed (SIGKILL: no
+    finalizer ran) left behind."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(root, name)
+        try:
+            mine = os.stat(path).st_uid == os.getuid()
+        except OSError:  # (gone meanwhile, say)
+            continue
+        if mine:
+            yield path
 
 
 def pid_alive(pid: int) -> bool:

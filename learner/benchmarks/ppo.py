@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -130,20 +129,11 @@ def remove_orphaned_workdirs(root: str) -> None:
     """Remove the PPO runs' folders of benches that were killed (SIGKILL: no finalizer ran; their runs
     stop by themselves, see --parent-pid): this user's whose bench is gone. ``learner bench`` does it
     first, whatever its suites."""
-    from learner.local import pid_alive  # (here: the CLI imports this module for PPO_LAYOUTS alone)
+    from learner.local import orphaned_dirs  # (here: the CLI imports this module for PPO_LAYOUTS alone)
 
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        match = _WORKDIR.fullmatch(name)
-        path = os.path.join(root, name)
-        with contextlib.suppress(OSError):  # (gone meanwhile, say: the others are still looked at)
-            if match is None or pid_alive(int(match.group(1))) or os.stat(path).st_uid != os.getuid():
-                continue
-            shutil.rmtree(path, ignore_errors=True)
-            log.debug("removed %s, left by a bench that was killed", path)
+    for path in orphaned_dirs(root, _WORKDIR):
+        shutil.rmtree(path, ignore_errors=True)
+        log.debug("removed %s, left by a bench that was killed", path)
 
 
 def measure_ppo(
