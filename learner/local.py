@@ -684,11 +684,12 @@ def socket_folder(address: str) -> str | None:
     return None if path is None else os.path.dirname(os.path.abspath(path))
 
 
-def socket_folder_gone(address: str) -> str | None:
+def socket_folder_gone(address: str, *, local_only: bool = False) -> str | None:
     """Why no server can come to a ``unix:PATH`` address, in words, when its socket's folder does not
-    exist (LocalServers removes theirs as they stop); else None: a server may be starting there."""
+    exist (LocalServers removes theirs as they stop); else None: a server may be starting there.
+    ``local_only``: only for a folder named as LocalServers name theirs (:func:`is_local_socket_dir`)."""
     folder = socket_folder(address)
-    if folder is None:
+    if folder is None or (local_only and not is_local_socket_dir(folder)):
         return None
     try:
         os.stat(folder)

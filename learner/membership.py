@@ -22,6 +22,7 @@ from learner.faults import Replica, ReplicaState
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
 from learner.specs import incompatible, served_kwargs
+from learner.validate import seconds as _seconds
 
 __all__ = ["FleetMembership"]
 
@@ -167,8 +168,6 @@ class FleetMembership:
             ServerUnavailableError: no server is left, even after ``connect_timeout`` seconds for those
                 listed to answer again (the env is then of no further use: close it).
         """
-        from learner.remote import _seconds  # (here, not at the top: learner.remote imports this module)
-
         self._assert_idle("refresh")
         wait = _seconds("wait", wait, zero=True)
         dropped = set(drop)

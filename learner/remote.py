@@ -6,11 +6,9 @@ import asyncio
 import contextlib
 import logging
 import math
-import numbers
 import os
 import select
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any
@@ -21,7 +19,7 @@ import numpy as np
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError, ResetNeeded
 from gymnasium.utils import seeding
 from gymnasium.vector.async_vector_env import AsyncState
-from gymnasium.vector.utils import batch_space, iterate
+from gymnasium.vector.utils import batch_space
 
 from env_server import codec
 from env_server.protocol import bearer_metadata
@@ -50,39 +48,27 @@ from learner.client import (
     channel_credentials,
     timeout_error,
 )
-from learner.discovery import (
-    diagnose,
-    expand_named,
-    no_wait_mends,
-    pin_addresses,
-    probe_until,
-    warn_duplicates,
-)
+from learner.connecting import _LIVE, FleetConnection
+from learner.discovery import expand_named, pin_addresses, warn_duplicates
 from learner.errors import (
     EnvCrashedError,
     InvalidArgumentError,
     InvalidRequestError,
     InvalidResponseError,
-    ServerBusyError,
-    ServerFullError,
     ServerUnavailableError,
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import (
-    RELAPSE_LOG_S,
-    FaultStats,
-    Replica,
-    ReplicaState,
-    is_outage,
-    reconnect,
-)
+from learner.faults import Replica, ReplicaState, is_outage
 from learner.fleet import FleetChange
-from learner.local import is_local_socket_dir, socket_folder, socket_folder_gone, usable_cpus
+from learner.local import socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
-from learner.membership import FleetMembership, _Away, _Retired, _shutting_down, _warn_if_other_env
+from learner.membership import FleetMembership, _Away, _Retired, _warn_if_other_env
+from learner.outages import FleetOutages
 from learner.specs import gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
+from learner.validate import is_finite as _is_finite
+from learner.validate import seconds as _seconds
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv", "ResetNeededError", "close_all"]
 
@@ -94,10 +80,6 @@ FAULT_TOLERANT_HINT = "fault_tolerant=True reports this in infos['env_error'] in
 
 log = logging.getLogger(__name__)
 
-# Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
-# (a plain connect: refused? no socket file?) and say which servers are waited for.
-_PATIENCE_S = 2.0
-
 # A step the step socket refused, resent over gRPC, gets the time left of the step's timeout, and
 # at least this long (the socket's refusal may have come at the very end).
 _RESEND_MIN_S = 0.05
@@ -107,17 +89,6 @@ _RESEND_MIN_S = 0.05
 # (at most ``timeout``) for the loop to take in an answer that came in meanwhile: the loop runs only
 # while the learner waits, and an answer on time is no timeout. A hung server is reported that late.
 _LAST_LOOK_S = 0.25
-
-
-# The RemoteVectorEnvs of this process that are open: a server one of them holds, refusing another,
-# is held by this process (a notebook cell run twice), not by some other learner.
-_LIVE: weakref.WeakSet[RemoteVectorEnv] = weakref.WeakSet()
-
-
-def _held_here(address: str) -> bool:
-    """Whether a RemoteVectorEnv of this process, open, holds the server at ``address``."""
-    return any(address in env.addresses for env in _LIVE if not env.closed)
-
 
 _NOT_BY_NAME = (
     "RemoteVectorEnv has no {what}: it would let a request name methods and attributes for a server "
@@ -146,7 +117,7 @@ class ResetNeededError(SessionError, ResetNeeded):
     gymnasium's ``ResetNeeded`` (what its vector envs raise then), so either ``except`` catches it."""
 
 
-class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
+class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector.VectorEnv):
     """Env servers reached over gRPC, as one ``gymnasium.vector.VectorEnv``.
 
     Envs are numbered over all servers in address order: server 0's K0 envs first, then server 1's,
@@ -448,7 +419,7 @@ class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
         for client in self._clients:
             client.spin_wait = spin_wait
 
-    # -- connecting -------------------------------------------------------------------------------
+    # -- connecting: the servers' clients (connections and handshakes: learner.connecting) -------
 
     def _client(self, address: str) -> EnvClient:
         return EnvClient(
@@ -478,222 +449,6 @@ class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
     def _replica(client: EnvClient) -> Replica:
         assert client.spec is not None
         return Replica(client=client, spec=client.spec, sessions=[client.session_id])
-
-    async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
-        # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
-        # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after
-        # connect_timeout. (A folder of another name may yet be made, by a service manager say: waited for.)
-        # Fault-tolerant, while another server may answer, it is missing as any is.
-        gone = [
-            (address, why)
-            for address in endpoints
-            if (folder := socket_folder(address)) is not None
-            and is_local_socket_dir(folder)
-            and (why := socket_folder_gone(address)) is not None
-        ]
-        if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
-            address, why = gone[0]
-            raise ServerUnavailableError(f"env server {address}: nothing can answer there: {why}", address=address)
-        clients: list[EnvClient] = []
-        try:
-            for address in endpoints:
-                clients.append(self._client(address))
-            # Connect to all servers at once, within one shared deadline.
-            readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
-            patience = min(max(0.0, deadline - time.monotonic()) / 2, _PATIENCE_S)
-            _, late = await asyncio.wait(readies, timeout=patience)
-            probed, cause = "", None
-            if late:
-                # Why does the first of them not answer? Said now when the wait is long (servers may
-                # still be starting; a typo waits as long), and in the error if it runs out.
-                waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
-                probed, cause = waiting[0], await probe_until(waiting[0], deadline, self._diagnose)
-                if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
-                    for task in late:
-                        task.cancel()
-                    raise ServerUnavailableError(f"env server {probed}: {cause}", address=probed)
-                if self.connect_timeout > _PATIENCE_S:
-                    log.warning(
-                        "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
-                        "s" if len(waiting) > 1 else "",
-                        ", ".join(waiting),
-                        f" ({probed}: {cause})" if cause else "",
-                        self.connect_timeout,
-                    )
-                _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
-            if late and self.fault_tolerant and len(late) < len(clients):
-                missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
-                # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
-                until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
-                causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in missing))
-                for client, why in zip(missing, causes, strict=True):
-                    if no_wait_mends(why):
-                        for task in late:
-                            task.cancel()
-                        raise ServerUnavailableError(f"env server {client.address}: {why}", address=client.address)
-                for client, ready in zip(clients, readies, strict=True):
-                    if ready in late:
-                        self._joining[client.address] = (client, ready)  # (its connection attempts go on)
-                nothing = f"nothing answered within {self.connect_timeout:g} s"
-                self._note_missing(
-                    [
-                        (c.address, nothing + (f" ({why})" if why else ""))
-                        for c, why in zip(missing, causes, strict=True)
-                    ],
-                    listed=len(clients),
-                )
-                clients = [c for c in clients if c not in missing]
-                late = set()
-            if late:
-                for task in late:
-                    task.cancel()
-                client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
-                cause = cause if client.address == probed else None
-                hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
-                if cause == "" and self._credentials is None:  # something listens, and says nothing gRPC can read
-                    hint = (
-                        "something accepts connections there but does not answer as an env server; "
-                        "if it uses TLS, pass its CA (tls=..., learner train --tls-ca)"
-                    )
-                if self._credentials is not None:
-                    hint += (
-                        " With TLS, the server must speak TLS with a certificate signed by the CA given and "
-                        "made for the address's host (the name of a dns: address, localhost for a unix: one; or "
-                        "tls_server_name)"
-                        + (
-                            ", and take the client certificate given (one its --tls-client-ca signed)"
-                            if self._client_cert is not None
-                            else "; a server that requires client certificates needs one (tls_client_cert, "
-                            "tls_client_key)"
-                        )
-                    )
-                raise ServerUnavailableError(
-                    f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
-                    address=client.address,
-                )
-            responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
-            aliases = await self._find_aliases(clients, responses)
-            # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
-            # as those that did not answer at all do; so do those claimed by another learner (one cut off
-            # by a partition, or killed on a host that vanished, holds its claim until the server notices).
-            building: dict[EnvClient, BaseException] = {}
-            if self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses):
-                building = {
-                    c: r
-                    for c, r in zip(clients, responses, strict=True)
-                    if c not in aliases
-                    and isinstance(r, ServerUnavailableError | ServerBusyError)
-                    # (held by another RemoteVectorEnv of this process: an error, as before; only closing it helps)
-                    and not (isinstance(r, ServerBusyError) and _held_here(c.address))
-                }
-            errors: list[BaseException] = []
-            offset = 0
-            for client, response in zip(clients, responses, strict=True):
-                if client in aliases or client in building:
-                    continue
-                if isinstance(response, BaseException):
-                    errors.append(response)
-                    continue
-                client.start_session(response)
-                client.env_offset = offset
-                offset += response.spec.num_envs
-            if errors:
-                raise errors[0]
-            if aliases or building:
-                for client in building:
-                    later = self._client(client.address)
-                    self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
-                await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
-                if building:
-                    reasons = {
-                        c.address: str(err).removeprefix(f"env server {c.address}: ") for c, err in building.items()
-                    }
-                    for client, err in building.items():
-                        # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
-                        # says at DEBUG that it was refused alike (the warning below names the problem).
-                        away = self._away.setdefault(client.address, _Away())
-                        away.refuse(err, reasons[client.address])
-                        away.held = err if isinstance(err, ServerBusyError) else None
-                    self._note_missing(list(reasons.items()), listed=len(clients) - len(aliases))
-                clients = [c for c in clients if c not in aliases and c not in building]
-        except BaseException:
-            joining, self._joining = self._joining, {}
-            for _, pending in joining.values():
-                pending.cancel()
-            await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
-            raise
-        return clients
-
-    def _diagnose(self, address: str, timeout: float) -> str | None:
-        """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""
-        return diagnose(
-            address,
-            timeout,
-            tls=self._credentials is not None,
-            roots=self._tls_roots,
-            server_name=self._server_name(address),
-            client_cert=self._client_cert,
-        )
-
-    async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
-        """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
-        delay = 0.05
-        first: ServerUnavailableError | None = None  # (the first failure the handshake was tried again after)
-        while True:
-            try:
-                return await client.handshake()
-            except ServerBusyError as err:
-                if first is not None and f"claimed by {client.client_name!r}" in str(err):
-                    # The server holds the session a failed attempt of this learner claimed (its answer
-                    # was lost on the way: a ping timeout on a slow link, say): the first failure is the
-                    # one to say (those after it follow from it: connect timeouts behind the lost answer).
-                    raise ServerUnavailableError(
-                        f"{first} (tried again: the server still holds the session that attempt claimed, until "
-                        "it has had no call for its claim timeout, env-server --claim-timeout, 30 s by default)",
-                        address=client.address,
-                        code=first.code,
-                    ) from None
-                if isinstance(err, ServerFullError) or not _held_here(client.address):
-                    raise
-                # (a notebook cell run twice: the first RemoteVectorEnv still holds the server)
-                raise ServerBusyError(
-                    f"{err} -- that learner is this process: close the RemoteVectorEnv that holds the server "
-                    "(envs.close(), or make it in a with block) before making another; learner.close_all() closes "
-                    "every one of this process (one you lost track of: a notebook keeps an error's traceback, and "
-                    "the env in it)",
-                    address=client.address,
-                    code=err.code,
-                ) from None
-            except ServerUnavailableError as err:
-                first = first or err
-                gone = socket_folder_gone(client.address)
-                if gone is not None:  # (no server can come there: no use waiting for one)
-                    raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
-                if time.monotonic() + delay > deadline:
-                    raise ServerUnavailableError(
-                        f"{err} (still, after {self.connect_timeout:g} s: raise `connect_timeout` for servers "
-                        "that take long to build their envs)",
-                        address=client.address,
-                        code=err.code,
-                    ) from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
-    def _check_specs(self) -> None:
-        """Refuse servers whose envs cannot step as one fleet (see :func:`~learner.specs.incompatible`)."""
-        first = self._clients[0]
-        assert first.spec is not None
-        for client in self._clients[1:]:
-            spec = client.spec
-            assert spec is not None
-            problem = incompatible(first.spec, spec, whose=f"env server {first.address}'s")
-            if problem:
-                self._close_clients()
-                raise SpecMismatchError(
-                    f"env server {client.address} has {problem}; one RemoteVectorEnv needs servers whose envs "
-                    "have the same spaces and autoreset mode"
-                )
-            _warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")
 
     @property
     def addresses(self) -> list[str]:
@@ -1715,167 +1470,7 @@ class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
             self._raise_first([err for _, err in bad])
         return infos, bad
 
-    # -- failures -----------------------------------------------------------------------------------
-
-    def _lose_all(
-        self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
-    ) -> None:
-        """:meth:`_lose` each (server, error), planned or not: a server that said it was shutting down
-        (a step it refused), or ended the session saying so (its Hold stream's last word, still there
-        after the server exited and the step met a closed connection), left by plan. ``truncate``: for
-        every server, or per server (the envs whose episodes it cuts; a server not in it cuts none)."""
-        ask = [i for i, err in lost if not _shutting_down(err) and self._clients[i].session_ended]
-        said = []
-        if ask:
-            said = self._runner.run(
-                gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
-            )
-        told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
-        for i, err in lost:
-            cut = truncate if isinstance(truncate, bool) else truncate.get(i, False)
-            self._lose(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
-
-    def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
-        """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
-        saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
-        it settled since it came back waits longer each time before it is taken back (see
-        learner.faults: Replica.hold_off). ``truncate``: the next step ends its envs' episodes,
-        truncated (a mask over its envs: those envs' only, where the others had no episode under way)."""
-        replica, client = self._replicas[server], self._clients[server]
-        if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
-            log.debug("env server %s, down already: %s", client.address, err)
-            return
-        now = time.monotonic()
-        replica.note_loss(now, planned=planned)
-        replica.state = ReplicaState.DOWN
-        if isinstance(truncate, np.ndarray):
-            replica.truncate_next = bool(truncate.any())
-            replica.truncate_only = None if truncate.all() else truncate.copy()
-        else:
-            replica.truncate_next, replica.truncate_only = truncate, None
-        replica.count_loss(planned=planned)
-        if planned:
-            self._timers[server].shutdowns += 1
-        else:
-            self._timers[server].failures += 1
-        replica.down_since = now
-        replica.last_error = str(err)
-        replica.planned = planned
-        client.abandon()
-        first, last = client.env_offset, client.env_offset + client.num_envs - 1
-        envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
-        hold_off = replica.hold_off(self.backoff)
-        if replica.relapses:
-            replica.relapses_unlogged += 1
-            if now - replica.relapses_logged_at >= RELAPSE_LOG_S:
-                log.warning(
-                    "env server %s lost again soon after coming back, %d time%s in a row (%d since the last such line; "
-                    "one at most every %g s): %s; it is taken back after %.1f s, longer each time (up to %g s); %s",
-                    client.address,
-                    replica.relapses,
-                    "" if replica.relapses == 1 else "s",
-                    replica.relapses_unlogged,
-                    RELAPSE_LOG_S,
-                    err,
-                    hold_off,
-                    self.backoff[1],
-                    envs,
-                )
-                replica.relapses_logged_at, replica.relapses_unlogged = now, 0
-            else:
-                log.debug("env server %s lost again (%s); taken back after %.1f s", client.address, err, hold_off)
-        elif planned:
-            # A WARNING all the same: planned by whoever stopped it, not by this run, which goes on with
-            # fewer envs until it is back (the final faults line counts it too, but only at the end).
-            log.warning(
-                "env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs
-            )
-        else:
-            log.warning("env server %s lost (%s); %s", client.address, err, envs)
-
-        def on_ready() -> None:
-            # The server's index then, not now: a refresh() in between may have moved it (or let it go).
-            try:
-                index = next((j for j, r in enumerate(self._replicas) if r is replica), None)
-                if index is not None:
-                    self._timers[index].reconnects += 1
-                    self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
-            finally:
-                self._rejoined.set()  # (a step waiting for a server to come back must hear of it whatever happened)
-
-        if replica.reconnect_task is not None and not replica.reconnect_task.done():
-            self._runner.cancel([replica.reconnect_task])  # (one reconnect per server at a time)
-        replica.reconnect_task = self._runner.create_task(
-            reconnect(
-                replica,
-                timeout=self.timeout,
-                connect_timeout=self.connect_timeout,
-                backoff=self.backoff,
-                on_ready=on_ready,
-                hold_off=hold_off,
-            )
-        )
-
-    def _forget_truncations(self, mask: np.ndarray | None) -> None:
-        """A reset (of the envs in ``mask``; None: all) ends the episodes a server's loss was still to
-        cut on the next step: those envs have no episode left to truncate (their reset reports them
-        unavailable, or starts them anew)."""
-        for replica, sl in zip(self._replicas, self.env_slices, strict=True):
-            if not replica.truncate_next:
-                continue
-            only = (
-                np.ones(sl.stop - sl.start, dtype=np.bool_) if replica.truncate_only is None else replica.truncate_only
-            )
-            if mask is not None:
-                only = only & ~mask[sl]
-            if mask is None or not only.any():
-                replica.truncate_next, replica.truncate_only = False, None
-            else:
-                replica.truncate_only = only
-
-    def _wait_for_rejoin(self) -> None:
-        """No server of this step is up: where none of the fleet is either (nor back, READY), give the
-        reconnects a moment (so callers do not spin). While another server is up, its steps set the
-        pace (its group's, pipelining: a group whose servers are all down must not hold it up)."""
-        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
-            return
-        self._rejoined.clear()
-        self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
-
-    def _check_anything_left(self) -> None:
-        """Fault-tolerant: raise once every server is down and has answered no step for ``give_up_after`` seconds.
-
-        A flapping server (back after each loss, failing again at once) counts from its first loss
-        since it last answered a step (Replica.failing_since), not from its latest: it gives no more
-        steps than a server that is gone, and counted from its latest loss it would keep a fleet of
-        such servers reconnecting for good. One that answers a step now and then counts as
-        answering: the run is slow, not over.
-        """
-        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
-            return
-        since = max(r.failing_since or r.down_since for r in self._replicas)
-        if time.monotonic() - since > self.give_up_after:
-            raise ServerUnavailableError(
-                f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
-                f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
-                f"--give-up-after`); last error: {self._replicas[-1].last_error}",
-                address=self._clients[0].address,
-            )
-
-    def _lost_infos(self, offset: int, count: int, only: np.ndarray | None = None) -> dict[str, Any]:
-        """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:
-        their last observations as ``final_obs``, as gymnasium reports a truncation); ``only``: a mask
-        over the ``count`` envs of those cut (None: all)."""
-        if self.metadata["autoreset_mode"] is not gym.vector.AutoresetMode.SAME_STEP:
-            return {}
-        batch = slice_batch(self._obs_buffer, offset, offset + count)
-        final_obs = np.empty(count, dtype=object)
-        cut = np.ones(count, dtype=np.bool_) if only is None else only.copy()
-        for j, single in enumerate(iterate(batch_space(self.single_observation_space, count), batch)):
-            if cut[j]:
-                final_obs[j] = deepcopy(single)
-        # final_info as gymnasium lays it out: the envs' final infos joined key by key (none here: {}).
-        return {"final_obs": final_obs, "_final_obs": cut, "final_info": {}, "_final_info": cut.copy()}
+    # -- failures every step checks for (servers lost, fault_stats(): learner.outages) ---------------
 
     def _flag_unavailable(
         self,
@@ -1924,24 +1519,6 @@ class RemoteVectorEnv(FleetMembership, gym.vector.VectorEnv):
                 )
             )
         self._raise_first(crashed)
-
-    def fault_stats(self) -> FaultStats:
-        """Failures, reconnects and lost env steps so far, and how many servers and envs are down now."""
-        down = [(r, c) for r, c in zip(self._replicas, self._clients, strict=True) if r.state is not ReplicaState.UP]
-        retired = self._retired
-        return FaultStats(
-            failures=retired.failures + sum(r.failures for r in self._replicas),
-            shutdowns=retired.shutdowns + sum(r.shutdowns for r in self._replicas),
-            reconnects=retired.reconnects + sum(r.reconnects for r in self._replicas),
-            server_restarts=retired.server_restarts + sum(r.server_restarts for r in self._replicas),
-            env_steps_lost=self._env_steps_lost,
-            env_errors=self._env_error_steps,
-            servers_down=len(down),
-            envs_unavailable=sum(c.num_envs for _, c in down),
-            servers_joined=retired.joined,
-            servers_left=retired.left,
-            servers_not_joined=len(self.servers_not_joined),
-        )
 
     def _as_batch(self, actions: Any, count: int, where: str, base: int = 0) -> Any:
         """The batch of ``count`` actions (for envs ``base``...) checked here, as the servers would check
@@ -2227,11 +1804,6 @@ class _StepBatch:
         self.truncations[envs] = True
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout)
-
-
 async def _until_written(clients: list[EnvClient], timeout: float) -> None:
     """Until no client of ``clients`` has a step's request still to hand to gRPC, or ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -2276,15 +1848,3 @@ def _raise_first(errors: Sequence[BaseException]) -> None:
         first.add_note(f"also: {err}")
         log.debug("%s", err)
     raise first
-
-
-def _is_finite(value: Any) -> bool:
-    """Whether ``value`` is a finite real number (an int, a float, a numpy number; not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_) and math.isfinite(value)
-
-
-def _seconds(name: str, value: Any, *, zero: bool = False) -> float:
-    """``value`` as seconds, refused (naming the argument ``name``) unless finite and > 0 (>= 0 with ``zero``)."""
-    if not (_is_finite(value) and (value >= 0 if zero else value > 0)):
-        raise InvalidArgumentError(f"{name}: expected finite seconds {'>=' if zero else '>'} 0, got {value!r}")
-    return float(value)

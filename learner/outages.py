@@ -1,0 +1,254 @@
+"""Servers lost from a RemoteVectorEnv's fleet: marked down and reconnected, their episodes cut, fault_stats()."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from copy import deepcopy
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space, iterate
+
+from learner.batching import slice_batch
+from learner.client import EnvClient
+from learner.errors import ServerUnavailableError
+from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect
+from learner.loop import LoopRunner, gather
+from learner.membership import _Retired, _shutting_down
+from learner.stats import StepTimer
+
+__all__ = ["FleetOutages"]
+
+# RemoteVectorEnv's logger, not this module's: these lines are the env's (users and tests filter
+# "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
+log = logging.getLogger("learner.remote")
+
+
+class FleetOutages:
+    """What a fault-tolerant :class:`~learner.remote.RemoteVectorEnv` does when it loses a server: marks it
+    down and starts its reconnect (:func:`~learner.faults.reconnect`), cuts its envs' episodes (truncated),
+    waits for a server to come back when none is up, gives up after ``give_up_after``; and
+    :meth:`fault_stats`, the counters of it all. (Server states and the reconnect itself: learner.faults.)
+
+    A mixin of RemoteVectorEnv, its only user: it reads and sets the env's state, declared below for
+    the type checker (RemoteVectorEnv's ``__init__`` sets it). The step path comes here only when a
+    server is lost or none is up; what it calls on every step stays in learner/remote.py.
+    """
+
+    # Of RemoteVectorEnv (see its __init__).
+    metadata: dict[str, Any]
+    single_observation_space: gym.Space[Any]
+    timeout: float
+    connect_timeout: float
+    backoff: tuple[float, float]
+    give_up_after: float
+    _clients: list[EnvClient]
+    _replicas: list[Replica]
+    _runner: LoopRunner
+    _timers: list[StepTimer]
+    _obs_buffer: Any
+    _rejoined: asyncio.Event
+    _env_steps_lost: int
+    _env_error_steps: int
+    _retired: _Retired
+
+    if TYPE_CHECKING:
+
+        @property
+        def addresses(self) -> list[str]: ...
+
+        @property
+        def env_slices(self) -> list[slice]: ...
+
+        @property
+        def servers_not_joined(self) -> list[str]: ...
+
+        def _share_cpus(self) -> None: ...
+
+    def _lose_all(
+        self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
+    ) -> None:
+        """:meth:`_lose` each (server, error), planned or not: a server that said it was shutting down
+        (a step it refused), or ended the session saying so (its Hold stream's last word, still there
+        after the server exited and the step met a closed connection), left by plan. ``truncate``: for
+        every server, or per server (the envs whose episodes it cuts; a server not in it cuts none)."""
+        ask = [i for i, err in lost if not _shutting_down(err) and self._clients[i].session_ended]
+        said = []
+        if ask:
+            said = self._runner.run(
+                gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
+            )
+        told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
+        for i, err in lost:
+            cut = truncate if isinstance(truncate, bool) else truncate.get(i, False)
+            self._lose(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
+
+    def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
+        """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
+        saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
+        it settled since it came back waits longer each time before it is taken back (see
+        learner.faults: Replica.hold_off). ``truncate``: the next step ends its envs' episodes,
+        truncated (a mask over its envs: those envs' only, where the others had no episode under way)."""
+        replica, client = self._replicas[server], self._clients[server]
+        if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
+            log.debug("env server %s, down already: %s", client.address, err)
+            return
+        now = time.monotonic()
+        replica.note_loss(now, planned=planned)
+        replica.state = ReplicaState.DOWN
+        if isinstance(truncate, np.ndarray):
+            replica.truncate_next = bool(truncate.any())
+            replica.truncate_only = None if truncate.all() else truncate.copy()
+        else:
+            replica.truncate_next, replica.truncate_only = truncate, None
+        replica.count_loss(planned=planned)
+        if planned:
+            self._timers[server].shutdowns += 1
+        else:
+            self._timers[server].failures += 1
+        replica.down_since = now
+        replica.last_error = str(err)
+        replica.planned = planned
+        client.abandon()
+        first, last = client.env_offset, client.env_offset + client.num_envs - 1
+        envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
+        hold_off = replica.hold_off(self.backoff)
+        if replica.relapses:
+            replica.relapses_unlogged += 1
+            if now - replica.relapses_logged_at >= RELAPSE_LOG_S:
+                log.warning(
+                    "env server %s lost again soon after coming back, %d time%s in a row (%d since the last such line; "
+                    "one at most every %g s): %s; it is taken back after %.1f s, longer each time (up to %g s); %s",
+                    client.address,
+                    replica.relapses,
+                    "" if replica.relapses == 1 else "s",
+                    replica.relapses_unlogged,
+                    RELAPSE_LOG_S,
+                    err,
+                    hold_off,
+                    self.backoff[1],
+                    envs,
+                )
+                replica.relapses_logged_at, replica.relapses_unlogged = now, 0
+            else:
+                log.debug("env server %s lost again (%s); taken back after %.1f s", client.address, err, hold_off)
+        elif planned:
+            # A WARNING all the same: planned by whoever stopped it, not by this run, which goes on with
+            # fewer envs until it is back (the final faults line counts it too, but only at the end).
+            log.warning(
+                "env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs
+            )
+        else:
+            log.warning("env server %s lost (%s); %s", client.address, err, envs)
+
+        def on_ready() -> None:
+            # The server's index then, not now: a refresh() in between may have moved it (or let it go).
+            try:
+                index = next((j for j, r in enumerate(self._replicas) if r is replica), None)
+                if index is not None:
+                    self._timers[index].reconnects += 1
+                    self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
+            finally:
+                self._rejoined.set()  # (a step waiting for a server to come back must hear of it whatever happened)
+
+        if replica.reconnect_task is not None and not replica.reconnect_task.done():
+            self._runner.cancel([replica.reconnect_task])  # (one reconnect per server at a time)
+        replica.reconnect_task = self._runner.create_task(
+            reconnect(
+                replica,
+                timeout=self.timeout,
+                connect_timeout=self.connect_timeout,
+                backoff=self.backoff,
+                on_ready=on_ready,
+                hold_off=hold_off,
+            )
+        )
+
+    def _forget_truncations(self, mask: np.ndarray | None) -> None:
+        """A reset (of the envs in ``mask``; None: all) ends the episodes a server's loss was still to
+        cut on the next step: those envs have no episode left to truncate (their reset reports them
+        unavailable, or starts them anew)."""
+        for replica, sl in zip(self._replicas, self.env_slices, strict=True):
+            if not replica.truncate_next:
+                continue
+            only = (
+                np.ones(sl.stop - sl.start, dtype=np.bool_) if replica.truncate_only is None else replica.truncate_only
+            )
+            if mask is not None:
+                only = only & ~mask[sl]
+            if mask is None or not only.any():
+                replica.truncate_next, replica.truncate_only = False, None
+            else:
+                replica.truncate_only = only
+
+    def _wait_for_rejoin(self) -> None:
+        """No server of this step is up: where none of the fleet is either (nor back, READY), give the
+        reconnects a moment (so callers do not spin). While another server is up, its steps set the
+        pace (its group's, pipelining: a group whose servers are all down must not hold it up)."""
+        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
+            return
+        self._rejoined.clear()
+        self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
+
+    def _check_anything_left(self) -> None:
+        """Fault-tolerant: raise once every server is down and has answered no step for ``give_up_after`` seconds.
+
+        A flapping server (back after each loss, failing again at once) counts from its first loss
+        since it last answered a step (Replica.failing_since), not from its latest: it gives no more
+        steps than a server that is gone, and counted from its latest loss it would keep a fleet of
+        such servers reconnecting for good. One that answers a step now and then counts as
+        answering: the run is slow, not over.
+        """
+        if any(r.state is not ReplicaState.DOWN for r in self._replicas):
+            return
+        since = max(r.failing_since or r.down_since for r in self._replicas)
+        if time.monotonic() - since > self.give_up_after:
+            raise ServerUnavailableError(
+                f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
+                f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
+                f"--give-up-after`); last error: {self._replicas[-1].last_error}",
+                address=self._clients[0].address,
+            )
+
+    def _lost_infos(self, offset: int, count: int, only: np.ndarray | None = None) -> dict[str, Any]:
+        """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:
+        their last observations as ``final_obs``, as gymnasium reports a truncation); ``only``: a mask
+        over the ``count`` envs of those cut (None: all)."""
+        if self.metadata["autoreset_mode"] is not gym.vector.AutoresetMode.SAME_STEP:
+            return {}
+        batch = slice_batch(self._obs_buffer, offset, offset + count)
+        final_obs = np.empty(count, dtype=object)
+        cut = np.ones(count, dtype=np.bool_) if only is None else only.copy()
+        for j, single in enumerate(iterate(batch_space(self.single_observation_space, count), batch)):
+            if cut[j]:
+                final_obs[j] = deepcopy(single)
+        # final_info as gymnasium lays it out: the envs' final infos joined key by key (none here: {}).
+        return {"final_obs": final_obs, "_final_obs": cut, "final_info": {}, "_final_info": cut.copy()}
+
+    def fault_stats(self) -> FaultStats:
+        """Failures, reconnects and lost env steps so far, and how many servers and envs are down now."""
+        down = [(r, c) for r, c in zip(self._replicas, self._clients, strict=True) if r.state is not ReplicaState.UP]
+        retired = self._retired
+        return FaultStats(
+            failures=retired.failures + sum(r.failures for r in self._replicas),
+            shutdowns=retired.shutdowns + sum(r.shutdowns for r in self._replicas),
+            reconnects=retired.reconnects + sum(r.reconnects for r in self._replicas),
+            server_restarts=retired.server_restarts + sum(r.server_restarts for r in self._replicas),
+            env_steps_lost=self._env_steps_lost,
+            env_errors=self._env_error_steps,
+            servers_down=len(down),
+            envs_unavailable=sum(c.num_envs for _, c in down),
+            servers_joined=retired.joined,
+            servers_left=retired.left,
+            servers_not_joined=len(self.servers_not_joined),
+        )
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
