@@ -271,6 +271,7 @@ def test_async_call_order_errors(cartpole: RemoteVectorEnv) -> None:
     cartpole.close()  # closing twice is fine
 
 
+@pytest.mark.slow
 def test_nothing_listening_fails_within_the_default_bound() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

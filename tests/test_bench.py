@@ -625,6 +625,7 @@ def test_the_benchmark_modules_refuse_bad_options_naming_them(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_rpc_only_run_reports_spread_and_overhead_and_no_targets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

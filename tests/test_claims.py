@@ -46,6 +46,7 @@ def wait_for_claim(addresses: list[str], within: float) -> float:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_killed_learner_does_not_lock_the_server(start_servers: Any) -> None:
     addresses = start_servers("CartPole-v1", num_servers=2, envs_per_server=2)
     script = textwrap.dedent(
@@ -70,6 +71,7 @@ def test_killed_learner_does_not_lock_the_server(start_servers: Any) -> None:
         proc.kill()
 
 
+@pytest.mark.slow
 def test_silent_client_loses_its_claim_after_the_timeout(start_servers: Any) -> None:
     (address,) = start_servers("CartPole-v1", server_args=["--claim-timeout", "1"])
     with grpc.insecure_channel(address) as channel:
@@ -102,6 +104,7 @@ def test_refused_calls_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCa
     ]
 
 
+@pytest.mark.slow
 def test_a_silent_claim_ends_on_its_own_without_another_call(spawn_server: SpawnServer) -> None:
     """A learner that handshakes and goes away without a Hold stream: the server ends its claim after
     --claim-timeout by itself (metrics and log say so), not only when the next call arrives."""

@@ -546,6 +546,7 @@ def test_eval_refuses_bad_input_before_doing_anything(
         (["--out", "notes.txt/bench"], "--out: cannot make {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a"),
     ],
 )
+@pytest.mark.slow
 def test_bench_refuses_bad_options_before_measuring(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -663,6 +664,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the local servers in /proc")
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tmp_path: Path) -> None:
     run, gate = tmp_path / "run", tmp_path / "in-step"
     # One local server whose env holds its second step (the second rollout's, after an update and its
@@ -726,6 +728,7 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
     ],
     ids=["ctrl-c", "ctrl-c-double-tap", "ctrl-c-double-tap-remote", "sigterm-twice", "ctrl-c-sigterm-remote", "sighup"],
 )
+@pytest.mark.slow
 def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
     signals: list[signal.Signals], backend: str, tmp_path: Path
 ) -> None:
@@ -973,6 +976,7 @@ def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+@pytest.mark.slow
 def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals, tmp_path: Path) -> None:
     """Before training begins (here: waiting for a server that does not answer), SIGTERM or SIGHUP ends
     the command as Ctrl-C does, saying so, not silently by the signal's default."""

@@ -47,6 +47,7 @@ def slow_reset_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_train_says_raise_reset_timeout_as_its_option_in_the_warning_and_the_error(tmp_path: Path) -> None:
     """Its local server's env misses the 1 s reset deadline at every reset: the server is lost (a
     warning), and after --give-up-after 1 the run stops with an error whose last error is the
@@ -76,6 +77,7 @@ def test_remote_vector_env_s_reset_deadline_error_still_names_its_argument(start
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.slow
 def test_a_step_past_the_reset_deadline_says_to_raise_reset_timeout(
     start_servers: StartServers, transport: str
 ) -> None:
@@ -93,6 +95,7 @@ def test_a_step_past_the_reset_deadline_says_to_raise_reset_timeout(
     assert str(raised.value).endswith("; raise `reset_timeout` if the env is slow to reset"), raised.value
 
 
+@pytest.mark.slow
 def test_eval_says_raise_timeout_as_its_option_for_a_reset_and_evaluate_as_its_argument(
     slow_reset_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,6 +157,7 @@ def test_every_hint_that_names_an_argument_names_the_command_s_option_instead() 
         assert not TLS_ARGUMENT.search(said), said
 
 
+@pytest.mark.slow
 def test_train_says_connect_timeout_and_tls_keywords_as_its_options_while_a_server_does_not_answer(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -176,6 +180,7 @@ def test_train_says_connect_timeout_and_tls_keywords_as_its_options_while_a_serv
     assert not TLS_ARGUMENT.search(err), err
 
 
+@pytest.mark.slow
 def test_eval_says_connect_timeout_as_its_option_while_a_server_still_builds_its_envs(
     slow_reset_run: Path,
     caplog: pytest.LogCaptureFixture,
@@ -200,6 +205,7 @@ def test_eval_says_connect_timeout_as_its_option_while_a_server_still_builds_its
     assert not any("connect_timeout" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_learner_servers_and_eval_name_the_tls_options_where_the_library_names_its_keywords(
     spawn_server: SpawnServer, slow_reset_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

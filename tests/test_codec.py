@@ -126,6 +126,7 @@ info_values = st.recursive(
 
 @settings(max_examples=200, deadline=None)
 @given(info_values)
+@pytest.mark.slow
 def test_info_values_round_trip(value: Any) -> None:
     assert_same(roundtrip(value), value)
 

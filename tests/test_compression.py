@@ -149,6 +149,7 @@ def run_episode(address: str, num_steps: int, seed: int = 7) -> list[Any]:
         pytest.param(PONG[0], PONG[1:], 30, marks=needs_ale),
     ],
 )
+@pytest.mark.slow
 def test_compressed_answers_are_the_uncompressed_ones(
     spawn_server: SpawnServer, env: str, args: tuple[str, ...], num_steps: int
 ) -> None:
@@ -218,6 +219,7 @@ def _spawn_each(spawn_server: SpawnServer, env: str, *args: str) -> dict[str, Se
     return {name: spawn_server(env, 4, *args, "--compression", name) for name in ("none", "gzip", "deflate")}
 
 
+@pytest.mark.slow
 def test_answers_come_compressed_as_the_client_accepts_and_decompress_to_the_same_messages(
     spawn_server: SpawnServer, proxy: MakeProxy
 ) -> None:
@@ -254,6 +256,7 @@ def test_answers_come_compressed_as_the_client_accepts_and_decompress_to_the_sam
 
 
 @needs_ale
+@pytest.mark.slow
 def test_every_method_s_atari_answers_are_several_times_smaller(spawn_server: SpawnServer, proxy: MakeProxy) -> None:
     """Pong's 4x84x84 frame stacks: each method's answer (the spec's, whose observation space bounds
     are frames too; Reset's, Step's, StepStream's) takes a fraction of the bytes compressed."""
@@ -409,6 +412,7 @@ def measure_steps(server: ServerProcess, num_steps: int, proxy: CountingProxy | 
 
 
 @needs_ale
+@pytest.mark.slow
 def test_a_learner_s_atari_steps_take_several_times_fewer_bytes_compressed(
     spawn_server: SpawnServer, proxy: MakeProxy
 ) -> None:

@@ -71,6 +71,7 @@ def test_probe_says_why_nothing_answers(tmp_path: Path) -> None:
     assert probe("dns:///env:50051") is None  # not a single endpoint: nothing to say
 
 
+@pytest.mark.slow
 def test_a_server_that_is_not_there_is_waited_for_aloud_then_named_with_the_cause(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

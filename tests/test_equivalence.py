@@ -23,6 +23,7 @@ CASES = {
 
 @pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
 @pytest.mark.parametrize("env_id", list(CASES))
+@pytest.mark.slow
 def test_remote_equals_sync_vector_env(start_servers: Any, env_id: str, fault_tolerant: bool) -> None:
     """Fault-tolerant or not, when nothing fails the results are exactly SyncVectorEnv's (no extra info keys)."""
     addresses = start_servers(env_id, num_servers=2, envs_per_server=3)

@@ -302,6 +302,7 @@ def test_eval_stops_at_an_env_error_in_its_own_terms(
     assert "raised in reset: RuntimeError: reset failed on purpose" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_timeout_names_the_option(faulty_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     argv = ["eval", str(faulty_run), "--episodes", "1", "--num-envs", "1", "--timeout", "0.5"]

@@ -131,6 +131,7 @@ def test_eval_stopped_by_a_server_that_died_reports_the_episodes_finished_before
     assert err.startswith(f"learner eval: error: {result['error']}"), (err, result["error"])
 
 
+@pytest.mark.slow
 def test_eval_whose_step_passed_its_deadline_reports_the_episodes_finished_and_evaluate_keeps_them(
     gate_run: Path, spawn_server: SpawnServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

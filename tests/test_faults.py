@@ -73,6 +73,7 @@ def unavailable(infos: dict[str, Any], n: int) -> np.ndarray:
     return np.asarray(infos.get("_env_unavailable", np.zeros(n, dtype=bool)))
 
 
+@pytest.mark.slow
 def test_server_killed_mid_rollout_and_restarted_on_the_same_address_rejoins(spawn_server: SpawnServer) -> None:
     # Episodes that outlast the test: a's reaching IndexEnv's default 100 steps during the 5 steps
     # checked after the rejoin would make one of them a reset step, echoing no action.
@@ -130,6 +131,7 @@ def test_server_killed_mid_rollout_and_restarted_on_the_same_address_rejoins(spa
         assert [(r.failures, r.reconnects, r.available) for r in replicas] == [(0, 0, True), (1, 1, True)]
 
 
+@pytest.mark.slow
 def test_a_server_that_never_comes_back_leaves_the_others_stepping(spawn_server: SpawnServer) -> None:
     servers = [spawn_server("tests.envs:IndexEnv", K) for _ in range(3)]
     with RemoteVectorEnv([s.address for s in servers], fault_tolerant=True, **FAST) as envs:
@@ -169,6 +171,7 @@ def test_same_step_a_lost_servers_cut_episodes_come_as_gymnasium_lays_final_info
         assert isinstance(infos["final_info"], dict) and infos["_final_info"].tolist() == [False] * K + [True] * K
 
 
+@pytest.mark.slow
 def test_all_servers_down_steps_return_without_spinning(spawn_server: SpawnServer) -> None:
     server = spawn_server("tests.envs:IndexEnv", K)
     with RemoteVectorEnv([server.address], fault_tolerant=True, **FAST) as envs:
@@ -227,6 +230,7 @@ def test_without_fault_tolerance_a_full_reset_takes_a_restarted_server_back(spaw
     local.close()
 
 
+@pytest.mark.slow
 def test_without_fault_tolerance_a_masked_reset_of_all_a_restarted_servers_envs_takes_it_back(
     spawn_server: SpawnServer,
 ) -> None:
@@ -307,6 +311,7 @@ def test_an_async_server_older_than_env_kwargs_said_no_time_limit_and_is_not_war
     assert "max_episode_steps 200, not x's 500" in caplog.text
 
 
+@pytest.mark.slow
 def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn_server: SpawnServer) -> None:
     """Server B hangs past the deadline: the step raises. Server A's envs stepped meanwhile, unseen (an
     episode may have ended), so stepping on is refused until a reset."""
@@ -329,6 +334,7 @@ def test_without_fault_tolerance_a_failed_step_must_be_followed_by_a_reset(spawn
         assert obs[:, 0].tolist() == [1.0] * (2 * K)
 
 
+@pytest.mark.slow
 def test_an_env_that_hangs_past_the_deadline(spawn_server: SpawnServer) -> None:
     """Server B's env hangs 4 s in its 4th step: the learner's step returns at the deadline, B's envs are
     unavailable meanwhile, and rejoin once it answers again (same process: no restart)."""
@@ -461,6 +467,7 @@ class _FixedObservation(gym.Env[Any, Any]):
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
+@pytest.mark.slow
 def test_a_step_interrupted_while_waiting_is_refused_after_and_no_answer_goes_astray(
     start_servers: Any, transport: str
 ) -> None:
@@ -557,6 +564,7 @@ def test_layout_mismatch_names_the_part_that_does_not_fit() -> None:
     assert layout_mismatch(np.int64(2), gym.spaces.Discrete(3)) is None
 
 
+@pytest.mark.slow
 def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) -> None:
     """SIGTERM while a slow step is in flight: the step's result arrives, the server exits 0, then the
     learner sees the server gone (fault-tolerant: its envs become unavailable)."""
@@ -582,6 +590,7 @@ def test_sigterm_drains_finishing_the_step_in_flight(spawn_server: SpawnServer) 
     assert "shutting down" in server.logs()
 
 
+@pytest.mark.slow
 def test_health_is_not_serving_until_the_envs_exist() -> None:
     """A server whose envs take a while to build listens at once and answers NOT_SERVING meanwhile."""
     proc = subprocess.Popen(
@@ -835,6 +844,7 @@ def test_one_exception_is_one_error_record_under_every_autoreset_mode(mode: str)
     assert reported[0][0] == 2 and len(reported) >= 3 and all("reset" in kind for _, kind in reported[1:]), reported
 
 
+@pytest.mark.slow
 def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes_it_in(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -878,6 +888,7 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
         assert [r.num_envs for r in envs.replica_stats()] == [K, K + 1]  # (its own stats, not the old server's)
 
 
+@pytest.mark.slow
 def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged_once_in_a_while(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -932,6 +943,7 @@ def test_a_server_that_left_saying_so_soon_after_coming_back_is_not_flapping() -
     assert replica.relapses == 1
 
 
+@pytest.mark.slow
 def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(spawn_server: SpawnServer) -> None:
     """A server that keeps coming back but fails each step gives no more steps than one that is gone:
     it counts as down from its first loss, and a fleet of such servers gives up."""
@@ -949,6 +961,7 @@ def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(sp
         assert time.monotonic() - start < 12.0  # (gives up, not the 15 s loop; loose: a loaded machine is slow)
 
 
+@pytest.mark.slow
 def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last_error(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -995,6 +1008,7 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
         ), text
 
 
+@pytest.mark.slow
 def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1036,6 +1050,7 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_an
         assert obs[:, 1].tolist() == [*range(K), *range(K)]
 
 
+@pytest.mark.slow
 def test_a_fault_tolerant_start_goes_on_without_a_server_another_learner_holds(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1086,6 +1101,7 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_another_learner_holds(
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -198,6 +198,7 @@ def call(target: Target, method: str, request: Any) -> tuple[grpc.StatusCode, An
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
+@pytest.mark.slow
 def test_malformed_requests_get_invalid_argument_or_failed_precondition(target: Target, data: st.DataObject) -> None:
     method, request = data.draw(requests(target.session), label="request")
     code, response = call(target, method, request)

@@ -107,6 +107,7 @@ def rollouts(envs: RemoteVectorEnv, seconds: float) -> tuple[int, FleetChange | 
     return refreshes, None, 0.0
 
 
+@pytest.mark.slow
 def test_a_server_another_learner_holds_is_tried_a_handful_of_times_and_joins_within_the_cap_once_freed(
     spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -148,6 +149,7 @@ def test_a_server_another_learner_holds_is_tried_a_handful_of_times_and_joins_wi
         envs.step(envs.action_space.sample())
 
 
+@pytest.mark.slow
 def test_the_starts_warning_is_not_repeated_by_the_refresh_and_a_new_problem_is_warned_once(
     spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -205,6 +207,7 @@ def _flaky(name: str) -> list[str]:
 register_resolver("flaky", _flaky)
 
 
+@pytest.mark.slow
 def test_a_failed_look_up_forgets_no_server_out_of_the_fleet(
     spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -253,6 +256,7 @@ def test_a_server_listed_again_is_tried_at_once(
         assert change is not None and change.added == (b.address,) and envs.num_envs == 2 * K
 
 
+@pytest.mark.slow
 def test_a_server_still_building_its_envs_is_tried_again_after_the_first_wait_each_time(
     spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

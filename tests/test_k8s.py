@@ -302,6 +302,7 @@ def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_servin
     assert learner["ENVFLEET_TLS_CA"]["value"].rpartition("/")[2] == "ca.crt"
 
 
+@pytest.mark.slow
 def test_the_mtls_overlays_probe_and_learner_present_the_client_certificate(tmp_path: Path) -> None:
     """k8s/overlays/mtls: a real server started with the overlay's variables and its four Secrets' files
     (made here with the key names its kustomization.yaml's commands give: `secret tls` holds tls.crt and

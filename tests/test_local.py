@@ -347,6 +347,7 @@ def test_servers_take_their_options_from_their_arguments_not_from_envfleet_varia
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.slow
 def test_a_server_that_dies_is_started_again_on_its_address_and_its_envs_rejoin(
     transport: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -381,6 +382,7 @@ def test_a_server_that_dies_is_started_again_on_its_address_and_its_envs_rejoin(
     wait_gone(new_pids, within=5)
 
 
+@pytest.mark.slow
 def test_a_server_that_keeps_dying_is_left_down_after_its_restarts(caplog: pytest.LogCaptureFixture) -> None:
     with (
         caplog.at_level(logging.INFO, logger="learner.local"),

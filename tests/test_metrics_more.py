@@ -170,6 +170,7 @@ def slow_build() -> Iterator[tuple[subprocess.Popen[str], Callable[[], str]]]:
             proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_metrics_are_served_while_the_envs_are_built(
     slow_build: tuple[subprocess.Popen[str], Callable[[], str]],
 ) -> None:
@@ -252,6 +253,7 @@ def _sessions(samples: dict[str, float]) -> dict[str, float]:
     return {"started": samples["envfleet_sessions_started_total"], **ended}
 
 
+@pytest.mark.slow
 def test_sessions_are_counted_by_how_they_ended(spawn_server: SpawnServer) -> None:
     server = spawn_server("CartPole-v1", 1, "--claim-timeout", "1", "--metrics-port", "0", "--log-level", "info")
     url = _metrics_url(server)

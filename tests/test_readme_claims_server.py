@@ -321,6 +321,7 @@ def test_the_token_is_compared_with_compare_digest_alone(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("mismatch", ["TLS learner, plaintext server", "plaintext learner, TLS server"])
+@pytest.mark.slow
 def test_a_tls_mismatch_is_named_within_seconds_not_after_connect_timeout(
     spawn_server: SpawnServer, tmp_path: Path, mismatch: str
 ) -> None:

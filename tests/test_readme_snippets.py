@@ -74,6 +74,7 @@ def test_myenvs_goal_kwarg_and_registered_time_limit(spawn_server: SpawnServer, 
             assert truncations[0] == (step == 200)
 
 
+@pytest.mark.slow
 def test_training_loop_snippet_runs_as_printed() -> None:
     """The self-contained loop: 2 local servers x 4 CartPole envs, 1,000 random steps, servers gone after."""
     code = snippet("training-loop")

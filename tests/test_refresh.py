@@ -111,6 +111,7 @@ def test_a_server_that_stopped_is_dropped_though_still_listed(serve: Serve) -> N
         envs.step(np.zeros(2, dtype=np.int64))
 
 
+@pytest.mark.slow
 def test_a_server_that_stopped_between_rollouts_is_let_go(serve: Serve) -> None:
     (proc, a), (_, b) = serve(), serve()
     address, _ = fleet(a, b)
@@ -127,6 +128,7 @@ def test_a_server_that_stopped_between_rollouts_is_let_go(serve: Serve) -> None:
 
 
 @pytest.mark.parametrize("fault_tolerant", [True, False])
+@pytest.mark.slow
 def test_a_scale_down_counts_as_servers_shut_down_and_a_kill_as_a_failure(serve: Serve, fault_tolerant: bool) -> None:
     """As `docker compose up --scale env=N` stops surplus replicas (SIGTERM) and lists them no more;
     a replica killed (SIGKILL: out of memory, say) says nothing and counts as a failure."""
@@ -177,6 +179,7 @@ def until(refresh: Callable[[], FleetChange | None], what: str, timeout: float =
     return change
 
 
+@pytest.mark.slow
 def test_servers_that_fail_their_reset_after_a_failed_step_leave_too(serve: Serve) -> None:
     """Several replicas stopping at once: the step names one; the others fail the reset and leave as well."""
     (killed, a), (hung, b), (_, c) = serve(), serve(), serve()

@@ -29,6 +29,7 @@ def test_an_unreadable_answer_is_an_outage() -> None:
     assert is_outage(InvalidResponseError("env server a:1: Step: its answer could not be read", address="a:1"))
 
 
+@pytest.mark.slow
 def test_infos_that_do_not_fit_name_the_server(spawn_server: SpawnServer) -> None:
     a = spawn_server("tests.envs:InfoWidthEnv", K, "--env-kwargs", '{"width": 2}')
     b = spawn_server("tests.envs:InfoWidthEnv", K, "--env-kwargs", '{"width": 3}')
@@ -56,6 +57,7 @@ def test_infos_that_do_not_fit_name_the_server(spawn_server: SpawnServer) -> Non
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])  # (StepStream; the step socket)
+@pytest.mark.slow
 def test_an_answer_that_cannot_be_decoded_names_the_server(
     start_servers: StartServers, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:

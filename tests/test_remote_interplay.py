@@ -40,6 +40,7 @@ def wait_state(envs: RemoteVectorEnv, server: int, state: ReplicaState, limit_s:
 # -- recv() of whichever group is done ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recv_reports_a_hung_group_while_another_keeps_answering(spawn_server: SpawnServer) -> None:
     """The documented loop ``g = recv(); send(g)``: a group that always answers first must not keep a
     hung group's timeout from being noticed (its server lost within about ``timeout`` of its send). Closing
@@ -77,6 +78,7 @@ def test_recv_reports_a_hung_group_while_another_keeps_answering(spawn_server: S
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.slow
 def test_recv_of_any_group_times_out_once_from_the_send(
     spawn_server: SpawnServer, start_servers: StartServers, transport: str
 ) -> None:
@@ -107,6 +109,7 @@ def test_recv_of_any_group_times_out_once_from_the_send(
         assert waited < 2.2 * timeout, f"raised {waited:.2f} s after the send (timeout {timeout} s)"
 
 
+@pytest.mark.slow
 def test_a_group_whose_servers_are_all_down_does_not_hold_up_the_others(spawn_server: SpawnServer) -> None:
     """Group 1's only server is down (another is up): taking group 1 in waits for no rejoin, so group 0
     steps at its own pace; and group 1 keeps coming back (no starvation) without outpacing group 0."""
@@ -147,6 +150,7 @@ def test_a_group_whose_servers_are_all_down_does_not_hold_up_the_others(spawn_se
 
 
 @pytest.mark.parametrize("case", ["moved", "shrunk"])
+@pytest.mark.slow
 def test_a_reconnect_under_way_across_refresh_counts_on_its_own_server(spawn_server: SpawnServer, case: str) -> None:
     """A server lost, then moved by refresh() (others left before it) while its reconnect runs: its
     return is counted on its own replica_stats, not on the server now at its old index (nor an
@@ -177,6 +181,7 @@ def test_a_reconnect_under_way_across_refresh_counts_on_its_own_server(spawn_ser
         assert envs.fault_stats().reconnects == 1
 
 
+@pytest.mark.slow
 def test_refresh_moves_the_autoresets_due_with_their_envs(spawn_server: SpawnServer) -> None:
     """Next-step autoreset: an env whose episode ended gets ``reset_timeout`` for its next step (it
     resets in it), also once refresh() moved it to another index (here: the server before it left
@@ -203,6 +208,7 @@ def test_refresh_moves_the_autoresets_due_with_their_envs(spawn_server: SpawnSer
         assert not terms[0] and not truncs[0]
 
 
+@pytest.mark.slow
 def test_a_server_that_stayed_and_fails_its_reset_in_refresh_counts_as_a_failure(spawn_server: SpawnServer) -> None:
     """After a failed step every env starts over in refresh(): a server that stays listed but misses
     its reset's deadline leaves the fleet, counted in fault_stats().failures as the one dropped is."""
@@ -317,6 +323,7 @@ def test_a_reset_with_a_server_down_loses_no_env_steps(spawn_server: SpawnServer
 
 
 @pytest.mark.parametrize("step_socket", [True, False], ids=["step-socket", "grpc"])
+@pytest.mark.slow
 def test_an_answer_that_came_while_the_learner_was_busy_past_the_timeout_is_on_time(
     start_servers: StartServers, step_socket: bool
 ) -> None:
@@ -333,6 +340,7 @@ def test_an_answer_that_came_while_the_learner_was_busy_past_the_timeout_is_on_t
             assert infos["v"].shape == (K, 1 << 17) and (infos["v"] == t).all()
 
 
+@pytest.mark.slow
 def test_a_first_step_on_a_new_stream_counts_its_deadline_from_when_it_is_sent(start_servers: StartServers) -> None:
     """A gRPC step on a new StepStream is handed to gRPC only once the stream is open, a few turns of
     the loop after step_async: a learner then busy past the timeout found a healthy server (a 400 ms

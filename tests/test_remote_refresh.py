@@ -30,6 +30,7 @@ def _go_stale(envs: RemoteVectorEnv) -> None:
         envs.step_groups(act)
 
 
+@pytest.mark.slow
 def test_a_server_down_whose_reset_fails_leaves_without_its_reconnect_task(spawn_server: SpawnServer) -> None:
     """Was: its reconnect task went on after refresh() closed its channel."""
     a = spawn_server("tests.envs:IndexEnv", K)
@@ -49,6 +50,7 @@ def test_a_server_down_whose_reset_fails_leaves_without_its_reconnect_task(spawn
         assert envs.fault_stats().servers_left == 1
 
 
+@pytest.mark.slow
 def test_a_server_back_and_reset_by_refresh_steps_at_once(spawn_server: SpawnServer) -> None:
     """A server that reconnected (READY: its own reset's observations waiting to be handed over) and was
     reset again by refresh() steps from that reset (was: the next step handed over the older reset's

@@ -107,6 +107,7 @@ def certs(tmp_path: Path) -> ServerFiles:
     return make_server_certs(tmp_path / "certs", names=("localhost", "127.0.0.1", "envfleet.test"))
 
 
+@pytest.mark.slow
 def test_tls_verified_with_the_ca_and_refused_otherwise(
     spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path
 ) -> None:
@@ -203,6 +204,7 @@ def ends_after_handshake(certs: ServerFiles, client_ca: Path | None = None) -> I
             thread.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_a_close_right_after_the_handshake_is_not_called_a_client_certificate_refusal(
     certs: ServerFiles, tmp_path: Path
 ) -> None:
@@ -293,6 +295,7 @@ def _localhost_is_loopback(port: str) -> None:
         pytest.skip("localhost does not resolve to 127.0.0.1 only here")
 
 
+@pytest.mark.slow
 def test_servers_found_by_a_dns_name_are_checked_against_that_name(
     spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path
 ) -> None:
@@ -314,6 +317,7 @@ def test_servers_found_by_a_dns_name_are_checked_against_that_name(
     assert "give that name: tls_server_name=NAME, learner train --tls-server-name" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_certificate_no_ca_of_this_machine_signed_says_to_give_the_ca(
     spawn_server: SpawnServer, certs: ServerFiles
 ) -> None:
@@ -325,6 +329,7 @@ def test_a_certificate_no_ca_of_this_machine_signed_says_to_give_the_ca(
     assert "the CA given" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_unix_socket_server_is_checked_for_localhost(
     spawn_server: SpawnServer, certs: ServerFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -404,6 +409,7 @@ def test_a_unix_socket_server_is_checked_for_localhost(
         assert probe.returncode == 0, probe.stderr
 
 
+@pytest.mark.slow
 def test_grpc_cores_own_log_lines_stay_out_of_a_tls_error(spawn_server: SpawnServer, certs: ServerFiles) -> None:
     """gRPC core logs every failed TLS handshake at INFO ("I... ssl_transport_security.cc ... Handshake
     failed") unless GRPC_VERBOSITY says otherwise: importing learner sets ERROR (a user's setting wins)."""

@@ -231,6 +231,7 @@ def _closed_within(sock: socket.socket, timeout: float) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_a_half_sent_request_to_the_metrics_endpoint_is_closed_after_the_timeout(metrics_port: int) -> None:
     for sent in (b"", b"GET /metrics HTTP/1.1\r\n", b"GET /metr"):
         with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as sock:
@@ -239,6 +240,7 @@ def test_a_half_sent_request_to_the_metrics_endpoint_is_closed_after_the_timeout
     assert b"envfleet_num_envs 1.0" in _scrape(metrics_port)
 
 
+@pytest.mark.slow
 def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_deadline(metrics_port: int) -> None:
     """Each byte within the timeout, so only the deadline on the whole connection ends it."""
     with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as sock:

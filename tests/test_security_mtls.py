@@ -75,6 +75,7 @@ def step_once(envs: RemoteVectorEnv) -> None:
     assert rewards.tolist() == [1.0] * envs.num_envs
 
 
+@pytest.mark.slow
 def test_a_client_certificate_the_ca_signed_is_taken_none_or_a_strangers_refused_within_seconds(
     spawn_server: SpawnServer, certs: ServerFiles, client: ClientFiles, stranger: ClientFiles
 ) -> None:
@@ -194,6 +195,7 @@ def test_learner_servers_and_train_present_the_certificate_and_resume_keeps_its_
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
 
 
+@pytest.mark.slow
 def test_a_unix_socket_server_requiring_client_certificates_keeps_its_step_socket(
     certs: ServerFiles, client: ClientFiles, tmp_path: Path
 ) -> None:

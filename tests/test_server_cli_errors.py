@@ -307,6 +307,7 @@ def test_a_socket_that_cannot_be_probed_is_not_taken_for_stale(
             _check_socket_path(str(socket_path))
 
 
+@pytest.mark.slow
 def test_a_server_stopped_while_building_never_says_it_is_ready(tmp_path: Path) -> None:
     log = tmp_path / "log"
     argv = [sys.executable, "-m", "env_server", "--env", "tests.envs:SlowToBuildEnv", "--port", "0"]

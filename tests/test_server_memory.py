@@ -126,6 +126,7 @@ def test_what_encode_sends_decode_takes_all_the_strings_of_a_value_counted_toget
         codec.encode_value({"wide": wide, "more": np.array(["y"])}, pb.Value(), "infos")
 
 
+@pytest.mark.slow
 def test_the_bound_at_full_size_two_40_mb_string_arrays_in_one_dict() -> None:
     forty = np.full(10 * MB, "x")  # 10M strings of 1 character: 40 MiB decoded, 20 MiB on the wire
     assert forty.nbytes <= codec.MAX_STRING_ARRAY_BYTES
@@ -193,6 +194,7 @@ def test_a_value_of_too_many_values_is_refused_before_any_is_decoded(monkeypatch
             assert str(info.value).startswith(f"{where}: more than 10 values/arrays in one value ({what}; "), step
 
 
+@pytest.mark.slow
 def test_a_request_of_many_empty_arrays_makes_the_server_allocate_little(claimed: Claimed) -> None:
     start = _memory(claimed.pid, "VmRSS")
     options = _many(1_000_000, EMPTY_STRINGS)  # 7 MB on the wire; ~400 MB decoded, before
@@ -237,6 +239,7 @@ def test_a_tiny_request_of_strings_makes_the_server_allocate_nothing_large(claim
 # -- refused requests -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_refused_requests_are_freed_at_once(claimed: Claimed) -> None:
     """A refused call's request used to stay in memory, in a reference cycle through the AbortError
     that ``context.abort()`` leaves on the call, until the cyclic garbage collector ran: ~50 MB a

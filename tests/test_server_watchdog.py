@@ -117,6 +117,7 @@ def test_sigterm_ends_a_server_whose_env_step_hangs_on_its_event_loop(tmp_path: 
             proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_the_drain_exits_at_once_a_double_tap_does_not(tmp_path: Path) -> None:
     """A step hangs, so the drain would wait out its grace period and the exit margin (here 30 s and
     10 s): a Ctrl-C pressed twice in a hurry is one, and the drain goes on; a second one later exits at
@@ -141,6 +142,7 @@ def test_a_second_ctrl_c_during_the_drain_exits_at_once_a_double_tap_does_not(tm
             proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_local_servers_start_a_server_whose_env_hung_again_and_its_envs_rejoin(tmp_path: Path) -> None:
     flag = tmp_path / "hung-once"
     servers = LocalServers(HANG, 1, 1, env_kwargs={"hang_at": 3, "once": str(flag)}, hang_timeout=1)
@@ -188,6 +190,7 @@ def test_an_env_whose_close_raises_still_has_the_server_clean_up_and_exit_1(tmp_
     assert not (tmp_path / "env.sock").exists()  # (the rest of the teardown ran)
 
 
+@pytest.mark.slow
 def test_envs_whose_observations_make_answers_larger_than_a_message_are_refused_at_start(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "env_server", "--env", "tests.hang_envs:HugeObservations", "--port", "0"]
     for extra, message in (
@@ -224,6 +227,7 @@ def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_lear
 
 
 @needs_proc
+@pytest.mark.slow
 def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest.LogCaptureFixture) -> None:
     """--hang-timeout S as given (a warning where it is below the learner's own deadline); 0: none."""
     for given, timeout, passed, warned in (
@@ -243,6 +247,7 @@ def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest
 
 
 @needs_proc
+@pytest.mark.slow
 def test_a_signal_sent_to_an_async_worker_alone_leaves_its_server_serving(tmp_path: Path) -> None:
     """--vectorization async's workers are forked from the server after it took SIGINT/SIGTERM over: a
     SIGINT or SIGTERM to a worker (Ctrl-C reaches the whole process group; GNU timeout's and systemd's

@@ -42,6 +42,7 @@ def _stalls(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.slow
 def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_stalls(
     servers: LocalServers, groups: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,6 +82,7 @@ def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_
     assert re.match(took, third) and re.search(r"; 1 more such step in the last \d+ s$", third), third
 
 
+@pytest.mark.slow
 def test_an_env_whose_every_step_is_slow_is_no_stall(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,6 +98,7 @@ def test_an_env_whose_every_step_is_slow_is_no_stall(
     assert not _stalls(caplog)
 
 
+@pytest.mark.slow
 def test_an_env_slow_to_reset_is_no_stall(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step in which an env resets for 0.6 s (ClockEnv's episodes: 3 steps) is waited for as long,
     but its envs took that time (each answer says how long): no stall."""

@@ -36,6 +36,7 @@ def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(monkeypatch: pytest
     assert stats.address == "10.0.0.1:50051"  # (the key to group them by: not among the numbers)
 
 
+@pytest.mark.slow
 def test_env_busy_tells_the_slow_replica_in_synchronous_stepping(start_servers: StartServers) -> None:
     (fast,) = start_servers("CartPole-v1", envs_per_server=2, transport="unix")
     (slow,) = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "20"])
@@ -51,6 +52,7 @@ def test_env_busy_tells_the_slow_replica_in_synchronous_stepping(start_servers: 
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])  # (the step socket; StepStream)
+@pytest.mark.slow
 def test_a_quick_replicas_round_trip_ends_when_its_answer_arrives(start_servers: StartServers, transport: str) -> None:
     """Pipelined, the learner waits for the slow group first: the quick group's answer, in meanwhile,
     must not count as late as the slow one's (was: read, and timed, only when its group was taken in)."""

@@ -331,6 +331,7 @@ def test_refused_connections_are_logged_at_most_once_in_a_while(
     claimed.close()
 
 
+@pytest.mark.slow
 def test_an_answer_that_came_in_time_is_no_timeout_when_another_server_is_late(start_servers: Any) -> None:
     slow = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "1500"])
     fast = start_servers("CartPole-v1", envs_per_server=2, transport="unix")
@@ -488,6 +489,7 @@ def test_local_servers_wait_awake_for_steps_only_on_step_sockets_with_a_cpu_each
             assert args[args.index("--spin-wait-ms") :][:2] == expected if expected else "--spin-wait-ms" not in args
 
 
+@pytest.mark.slow
 def test_servers_waiting_awake_or_asleep_step_the_same(start_servers: Any) -> None:
     actions = [np.random.default_rng(t).integers(0, 2, size=4) for t in range(100)]
     runs = []

@@ -121,6 +121,7 @@ def test_vector_entry_point_server_takes_the_first_seed(start_servers: Any) -> N
         a.reset(options={"reset_mask": np.ones(4, dtype=np.bool_)})  # (all of them: fine)
 
 
+@pytest.mark.slow
 def test_reset_timeout_gives_resets_longer_than_steps(start_servers: Any) -> None:
     """An env that takes 1.5 s to reset: with timeout=0.5 alone its reset misses the deadline, saying
     which option to raise; with reset_timeout=10 it resets, and so does the step of its autoreset,
@@ -141,6 +142,7 @@ def test_reset_timeout_gives_resets_longer_than_steps(start_servers: Any) -> Non
         assert envs._step_timeout(0, 1) == 0.5  # (the next step resets nothing: the step deadline)
 
 
+@pytest.mark.slow
 def test_a_step_past_the_timeout_raises_remote_timeout_error_naming_the_server(start_servers: Any) -> None:
     from learner import RemoteTimeoutError
 

@@ -39,6 +39,7 @@ def test_learner_servers_shows_the_kwargs_a_servers_envs_are_made_with(
     assert '500-step limit, env kwargs {"sutton_barto_reward": true})' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_learner_servers_says_which_do_not_answer_and_exits_1(
     start_servers: StartServers, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -145,6 +145,7 @@ def offline_runs(folder: Path, wait: float = 30.0) -> list[dict[str, Any]]:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_without_wandb_dir_the_wandb_files_go_to_the_run_dir(
     tmp_path: Path, offline_wandb: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -202,6 +203,7 @@ def test_a_tracked_run_logs_its_metrics_config_and_summary_to_a_wandb_run_named_
     assert run["summary"]["stop_reason"] == "total_timesteps" and run["exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_a_resumed_run_goes_on_in_its_wandb_run_and_no_track_leaves_it_alone(
     tmp_path: Path, offline_wandb: Path
 ) -> None:
@@ -332,6 +334,7 @@ def test_wandb_names_without_track_are_refused(option: str, capsys: pytest.Captu
     assert f"{option}: names where --track logs the run to W&B; give --track too" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_without_track_never_imports_wandb(tmp_path: Path) -> None:
     code = (
         "import sys\n"

@@ -41,6 +41,7 @@ def clock(length: int = 3, **kwargs: Any) -> dict[str, Any]:
     return {"env": CLOCK_ENV, "env_kwargs": {"length": length, **kwargs}, **QUIET}
 
 
+@pytest.mark.slow
 def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_path: Path) -> None:
     run = tmp_path / "run"
     summary = train(
@@ -504,6 +505,7 @@ def test_run_dir_files_get_the_mode_the_umask_gives_when_written(tmp_path: Path)
     assert rundir.read_json(tmp_path / "a.json") == {"x": 1} and not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path) -> None:
     pytest.importorskip("ale_py")
     summary = train(

@@ -83,6 +83,7 @@ def test_learner_train_prints_one_line_per_fleet_change(
     ]
 
 
+@pytest.mark.slow
 def test_after_a_failed_step_the_line_counts_the_envs_of_the_server_that_left_and_those_restarted(
     serve: Serve, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -106,6 +107,7 @@ def test_after_a_failed_step_the_line_counts_the_envs_of_the_server_that_left_an
 
 
 @pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
+@pytest.mark.slow
 def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(
     serve: Serve, tmp_path: Path, fault_tolerant: bool
 ) -> None:
@@ -137,6 +139,7 @@ def test_a_server_that_hangs_mid_run_is_left_behind_and_training_goes_on(
 
 
 @pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault-tolerant"])
+@pytest.mark.slow
 def test_no_server_left_ends_the_run_with_an_error_naming_it(
     serve: Serve, tmp_path: Path, fault_tolerant: bool
 ) -> None:
@@ -208,6 +211,7 @@ def test_without_fault_tolerance_three_failed_rollouts_in_a_row_stop_the_run(
     assert caplog.text.count("dropping this rollout") == 2
 
 
+@pytest.mark.slow
 def test_a_fleet_replaced_while_every_server_is_down_is_found_at_once(serve: Serve, tmp_path: Path) -> None:
     """Every server gone mid-rollout (compose down, then up with new replicas): the rollout ends there
     and the servers are looked up again, instead of stepping the rest of it at up to 1 s a step

@@ -287,6 +287,7 @@ def test_code_written_for_async_vector_envs_async_calls_runs_as_on_one(start_ser
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])  # (a step socket's step, a gRPC stream's)
+@pytest.mark.slow
 def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: StartServers, transport: str) -> None:
     addresses = start_servers(
         "tests.envs:SlowResetEnv",

@@ -80,6 +80,7 @@ def test_probe_names_an_http1_port_an_ssh_server_and_nothing_for_an_env_server(
     assert not no_wait_mends("connection refused") and not no_wait_mends("") and not no_wait_mends(None)
 
 
+@pytest.mark.slow
 def test_a_learner_pointed_at_a_metrics_port_is_told_it_is_one(metrics_and_grpc: tuple[str, str]) -> None:
     metrics, env_server = metrics_and_grpc
     start = time.monotonic()
