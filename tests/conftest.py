@@ -49,30 +49,6 @@ def start_servers() -> Iterator[StartServers]:
         servers.close()
 
 
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    """``serve(env, num_envs)`` -> (process, address): one env server of its own (to stop or kill), killed after."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(env: str = "CartPole-v1", num_envs: int = 2) -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "env_server", "--env", env, "--num-envs", str(num_envs), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.startswith("listening on "), line
-        return proc, line.removeprefix("listening on ")
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 class ServerProcess:
     """One ``env-server`` subprocess a test controls: kill it (SIGKILL or SIGTERM), start it again on the same address."""
 
@@ -128,6 +104,19 @@ class ServerProcess:
 
 
 SpawnServer = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def serve(spawn_server: SpawnServer) -> Serve:
+    """``serve(env, num_envs)`` -> (process, address): one env server of its own (to stop or kill), killed after
+    (:func:`spawn_server`'s, for tests that want its process alone)."""
+
+    def start(env: str = "CartPole-v1", num_envs: int = 2) -> tuple[subprocess.Popen[str], str]:
+        server = spawn_server(env, num_envs)
+        assert server.proc is not None
+        return server.proc, server.address
+
+    return start
 
 
 @pytest.fixture
