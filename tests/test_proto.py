@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +38,59 @@ def test_every_message_and_field_is_commented() -> None:
             continue
         missing.append(f"{i + 1}: {text}")
     assert not missing, "uncommented declarations:\n" + "\n".join(missing)
+
+
+def _generator() -> Any:
+    """proto/generate.py as a module (it is a script, not in a package)."""
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (dev extra) compiles the proto")
+    spec = importlib.util.spec_from_file_location("proto_generate", ROOT / "proto/generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _contract_of(generate: Any, tmp_path: Path, edit: tuple[str, str]) -> dict[str, Any]:
+    """The wire contract of env.proto with ``edit`` (old, new: one occurrence) made to it."""
+    text = (ROOT / "proto/envfleet/v1/env.proto").read_text()
+    old, new = edit
+    assert text.count(old) == 1, old
+    root = tmp_path / "proto"
+    (root / "envfleet/v1").mkdir(parents=True)
+    (root / "envfleet/v1/env.proto").write_text(text.replace(old, new))
+    (tmp_path / "out").mkdir()
+    contract: dict[str, Any] = generate.generate(tmp_path / "out", proto_root=root)
+    return contract
+
+
+@pytest.mark.parametrize(
+    ("edit", "broken"),
+    [
+        (("  DType dtype = 1;", "  int32 dtype = 1;"), "Tensor#1"),  # a field's type
+        (("  bytes data = 3;", "  bytes payload = 3;"), "Tensor#3"),  # its name (JSON and generated code use it)
+        (("  bytes data = 3;", "  bytes data = 4;"), "Tensor#3"),  # its number
+        (("  DTYPE_FLOAT64 = 12;", ""), "DType=12"),  # an enum value
+        (("rpc StepStream(stream StepRequest)", "rpc StepStream(StepRequest)"), "EnvService/StepStream"),
+        (("  rpc Release(ReleaseRequest) returns (ReleaseResponse);", ""), "EnvService/Release"),
+    ],
+)
+def test_a_proto_that_breaks_the_wire_is_refused(tmp_path: Path, edit: tuple[str, str], broken: str) -> None:
+    """wire.json holds envfleet.v1's contract: generate.py refuses a proto that removes or changes any of it."""
+    generate = _generator()
+    breaks = generate.wire_breaks(generate.recorded_wire(), _contract_of(generate, tmp_path, edit))
+    assert [b.split(" ")[0] for b in breaks] == [broken]
+    with pytest.raises(
+        SystemExit,
+        match=f"(?s)proto/envfleet/v1/env.proto breaks the proto/envfleet/v1/wire.json wire contract.*{broken}",
+    ):
+        generate.refuse_breaks(breaks)
+
+
+def test_a_proto_that_adds_to_the_wire_is_accepted_and_recorded(tmp_path: Path) -> None:
+    generate = _generator()
+    edit = ("  bytes data = 3;", "  bytes data = 3;\n  // a new field\n  uint32 version = 4;")
+    contract = _contract_of(generate, tmp_path, edit)
+    recorded = generate.recorded_wire()
+    assert generate.wire_breaks(recorded, contract) == []
+    assert contract.keys() - recorded.keys() == {"Tensor#4"}
+    assert contract["Tensor#4"]["name"] == "version"
