@@ -2,7 +2,9 @@
 
 TokenAuthInterceptor. Clients send ``authorization: Bearer <token>`` metadata with every call (``RemoteVectorEnv(...,
 auth_token=...)``). The comparison takes the same time whatever the token given (``hmac.compare_digest``),
-so a caller cannot find the token byte by byte by timing refusals.
+so a caller cannot find the token byte by byte by timing refusals. A refusal says whether the value was of
+the wrong form (none, empty, no ``Bearer `` before the token, another case of it) or the token wrong, from the
+form of the value alone: nothing about the token.
 
 The gRPC health service stays open: container and Kubernetes probes cannot send a token, and it
 tells nothing but SERVING or NOT_SERVING. Everything of EnvService, GetSpec included, needs the token.
@@ -68,6 +70,8 @@ open as long as its caller likes, each taking one of the places ``--max-concurre
 _LOG_EVERY_S = 10.0
 # Marks a status as this server's own (see ERROR_ORIGIN_KEY).
 _ORIGIN = ((ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER),)
+# What the value of the ``authorization`` metadata starts with, before the token.
+_BEARER = b"Bearer "
 
 
 class RefusalLog:
@@ -209,7 +213,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, token: str, on_refusal: Callable[[str], None] | None = None) -> None:
-        self._expected = f"Bearer {check_token(token)}".encode()
+        self._expected = _BEARER + check_token(token).encode()
         self._on_refusal = on_refusal
         self._log = RefusalLog()
 
@@ -222,20 +226,20 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method.startswith(OPEN_SERVICES):
             return handler
-        given = b""
+        given: bytes | None = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == AUTH_METADATA_KEY:
                 given = value.encode() if isinstance(value, str) else bytes(value)
                 break
-        if hmac.compare_digest(given, self._expected):
+        if hmac.compare_digest(given or b"", self._expected):
             return handler
-        reason = "no token was sent" if not given else "the token is wrong"
-        return self._refusal(handler, method, reason)
+        return self._refusal(handler, method, _token_fault(given))
 
     def _refusal(self, handler: grpc.RpcMethodHandler, method: str, reason: str) -> grpc.RpcMethodHandler:
         message = (
-            f"{method}: this server requires an auth token and {reason}; pass the server's token "
-            "(RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
+            f"{method}: this server requires an auth token and {reason}; send the server's token as metadata "
+            f"'{AUTH_METADATA_KEY}: {_BEARER.decode()}<token>' with every call (envfleet's Python learner: "
+            "RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
         )
 
         async def refuse_unauthenticated(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -252,6 +256,32 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
         # (the request is not even waited for: see _unread_refusal)
         return _unread_refusal(handler, refuse_unauthenticated)
+
+
+def _token_fault(given: bytes | None) -> str:
+    """Why ``given``, the ``authorization`` metadata of a call (None: it had none), is not the
+    server's: what a refusal says, telling a value of the wrong form from a wrong token. Only the
+    form is looked at, never compared with the token, so nothing is said about the token."""
+    if given is None:
+        return "no token was sent (no 'authorization' metadata)"
+    if not given:
+        return f"the 'authorization' metadata is empty (expected '{_BEARER.decode()}<token>')"
+    if not given.startswith(_BEARER):
+        if given[: len(_BEARER)].lower() == _BEARER.lower():
+            return "the 'authorization' metadata starts with another case of 'Bearer ' (expected exactly 'Bearer ')"
+        return (
+            "the 'authorization' metadata does not start with 'Bearer ' (expected 'Bearer <token>', the token "
+            "after one space)"
+        )
+    token = given[len(_BEARER) :]
+    if not token:
+        return "the 'authorization' metadata has no token after 'Bearer '"
+    if any(not 33 <= byte <= 126 for byte in token):
+        return (
+            "the token after 'Bearer ' has spaces or characters outside printable ASCII, which no token has "
+            "(one space after 'Bearer', and no line end: a token read from a file?)"
+        )
+    return "the token is wrong"
 
 
 class MalformedRequest:

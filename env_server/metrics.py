@@ -73,11 +73,13 @@ METHODS = ("GetSpec", "Handshake", "Hold", "Reset", "Step", "StepStream", "Relea
 count as StepStream)."""
 ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL")
 """The status codes the service sends, besides UNAUTHENTICATED (the token check's)."""
-SESSION_END_REASONS = ("released", "hold_ended", "claim_timeout", "shutdown")
+SESSION_END_REASONS = ("released", "hold_ended", "claim_timeout", "shutdown", "unanswered")
 """The ``reason`` label of ``envfleet_sessions_ended_total``: the learner released the session
 (Release: it closed); its Hold stream ended without a Release (the learner closed without one,
 crashed, or its connection dropped); the claim timed out (no Hold stream and no calls for
-``--claim-timeout``); the server shut down."""
+``--claim-timeout``); the server shut down; the Handshake's answer could not be sent (the call's
+deadline passed, the client cancelled it or refused an answer over its receive limit), so no client
+knew the session."""
 
 _CREATED_SUFFIX = "_created"
 _TYPES_WITH_CREATED = ("counter", "histogram", "summary")

@@ -43,8 +43,9 @@ from env_server.protocol import (
     check_key_pair,
     host_port,
 )
+from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.service import EnvService
+from env_server.service import AnswerHandshakes, EnvService
 from env_server.step_socket import StepSocketServer
 
 __all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
@@ -521,6 +522,7 @@ async def _serve(
         interceptors.append(TokenAuthInterceptor(config.auth_token, on_refusal))
     on_malformed = None if metrics is None else functools.partial(metrics.count_error, code="INVALID_ARGUMENT")
     interceptors.append(RequestGuardInterceptor(on_malformed))
+    interceptors.append(AnswerHandshakes(service))  # (the last: the others see the handler it gives)
     server = grpc.aio.server(
         options=server_options(config.max_request_bytes, config.http2_bdp_probe, config.compression),
         interceptors=interceptors,
@@ -562,7 +564,8 @@ async def _serve(
             service.attach(env)
         except UnsupportedSpaceError as err:
             raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
-        _check_answer_size(config, env.single_observation_space)
+        assert service.spec is not None  # (attach made it)
+        _check_answer_size(config, env.single_observation_space, service.spec)
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
         else:
@@ -659,12 +662,17 @@ async def _let_calls_end() -> None:
 
 # What an answer holds besides its observations' data (framing, rewards, flags, infos): kept free.
 _ANSWER_HEADROOM = 1024 * 1024
+# What the answers to GetSpec and Handshake hold besides the spec (a session id, who holds the
+# server, the step socket's path, framing): a few hundred bytes, kept free.
+_SPEC_HEADROOM = 4 * 1024
 
 
-def _check_answer_size(config: ServerConfig, space: gym.Space[Any]) -> None:
-    """Refuse at start envs whose observations alone would leave an answer no room under the largest
-    message (the first reset would fail, with gRPC's own error), saying how many envs would fit;
-    under same-step autoreset, an answer can carry each env's final observation too."""
+def _check_answer_size(config: ServerConfig, space: gym.Space[Any], spec: pb.EnvSpec) -> None:
+    """Refuse at start envs whose answers would not fit in the largest message (every call would
+    fail, with gRPC's own error): the spec, in every GetSpec's and Handshake's answer; the
+    observations, saying how many envs would fit (under same-step autoreset, an answer can carry
+    each env's final observation too)."""
+    _check_spec_size(config, spec)
     per_env = _space_bytes(space) * (2 if config.autoreset_mode == "SameStep" else 1)
     room = MAX_MESSAGE_BYTES - _ANSWER_HEADROOM
     if per_env * config.num_envs <= room:
@@ -676,6 +684,23 @@ def _check_answer_size(config: ServerConfig, space: gym.Space[Any]) -> None:
         + f" {per_env:,} bytes, so an answer would take {per_env * config.num_envs:,}, over the {room:,} bytes a "
         f"message leaves them (64 MiB less 1 MiB for the rest); "
         + (f"serve at most {fits} envs per server (--num-envs), and more servers" if fits else "it cannot be sent")
+    )
+
+
+def _check_spec_size(config: ServerConfig, spec: pb.EnvSpec) -> None:
+    """Refuse a spec too large for the answers that carry it (GetSpec's, Handshake's): a Box space
+    sends its low and high bounds at full shape, in its dtype, so its spec takes twice the bytes of
+    one observation (a MultiDiscrete space's nvec and start alike)."""
+    size = spec.ByteSize()
+    room = MAX_MESSAGE_BYTES - _SPEC_HEADROOM
+    if size <= room:
+        return
+    raise EnvBuildError(
+        f"cannot serve {config.env!r}: its spec (the answer to GetSpec and Handshake) takes {size:,} bytes, over "
+        f"the {room:,} bytes a message leaves it (64 MiB less 4 KiB for the rest of the answer): a Box space "
+        "sends its low and high bounds at full shape; the observation space's take "
+        f"{spec.observation_space.ByteSize():,} bytes, the action space's {spec.action_space.ByteSize():,}; "
+        "it cannot be sent: serve an env with smaller spaces"
     )
 
 

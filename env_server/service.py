@@ -32,6 +32,7 @@ from env_server.protocol import (
     ERROR_ORIGIN_SERVER,
     NOT_OWNED,
     PROTOCOL_VERSION,
+    SERVICE_NAME,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
     runtime_versions,
@@ -40,7 +41,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
 
-__all__ = ["EnvService", "ServiceError", "shutting_down"]
+__all__ = ["HANDSHAKE_METHOD", "AnswerHandshakes", "EnvService", "ServiceError", "shutting_down"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,13 @@ class Session:
     holds: int = 0
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     end_reason: str = ""
+    used: bool = False
+    """Whether any call has named the session (Hold, Reset, Step; on gRPC or the step socket): its
+    client got the Handshake's answer."""
+    answer_bytes: int = 0
+    """The size of the Handshake's answer that opened it (what a client must be able to receive)."""
+    answering: bool = False
+    """Whether that answer is being sent (over a slow link, or one the client refused meanwhile)."""
 
     def describe(self, now: float | None = None) -> str:
         """Who holds the session, and (given ``now``) since when."""
@@ -298,14 +306,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
             await asyncio.sleep(interval)
             self._live_claim(time.monotonic())
 
-    def _end(self, session: Session, reason: str, kind: str) -> None:
-        """End ``session`` for ``reason`` (said in the log and to its Hold stream); ``kind`` is the
-        reason's label in the metrics, one of env_server.metrics.SESSION_END_REASONS."""
+    def _end(self, session: Session, reason: str, kind: str, level: int = logging.INFO) -> None:
+        """End ``session`` for ``reason`` (said in the log, at ``level``, and to its Hold stream);
+        ``kind`` is the reason's label in the metrics, one of env_server.metrics.SESSION_END_REASONS."""
         if self._claim is session:
             self._claim = None
             if self._metrics is not None:
                 self._metrics.session_ended(kind)
-            log.info("session %s of %s ended: %s", session.id[:8], session.peer, reason)
+            log.log(level, "session %s of %s ended: %s", session.id[:8], session.peer, reason)
             if self.on_session_end is not None:
                 self.on_session_end(session.id, reason)
         session.end_reason = reason
@@ -314,6 +322,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def _session(self, session_id: str) -> Session:
         if self.draining:
             raise shutting_down()
+        if not session_id:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"session_id: expected the session id a Handshake returned, got an empty one, which {NOT_OWNED}; "
+                "call Handshake first and send its answer's session_id in every later request",
+            )
         now = time.monotonic()
         claim = self._live_claim(now)
         if claim is None or not _same_id(claim.id, session_id):
@@ -323,6 +337,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "dropped, it timed out, or the server restarted); call Handshake again",
             )
         claim.last_seen = now
+        claim.used = True
         return claim
 
     def owns(self, session_id: str) -> bool:
@@ -346,6 +361,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
+        # (the server serves it through answer_handshake, which sends the answer)
         self._check_ready()
         if self.draining:
             raise shutting_down()
@@ -362,7 +378,13 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this server's envs are claimed by {owner.describe(now)}; one learner owns a server at a "
                 "time. The claim ends when that learner closes, its connection drops, or after "
-                f"{self._config.claim_timeout_s:g} s of silence",
+                f"{self._config.claim_timeout_s:g} s of silence" + self._unused_note(owner, now),
+            )
+        if _deadline_passed(context):
+            # (its answer could not be sent: a claim now would lock out the client's retries until it timed out)
+            raise ServiceError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the call's deadline passed before the server could answer it; nothing was claimed",
             )
         session = Session(
             id=secrets.token_hex(16),
@@ -379,7 +401,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         checks_token = self._config.auth_token is not None
         if not checks_token and _carries_token(context):
             self._note_unchecked_token(session)
-        return pb.HandshakeResponse(
+        response = pb.HandshakeResponse(
             session_id=session.id,
             spec=self.spec,
             claim_timeout_s=self._config.claim_timeout_s,
@@ -387,6 +409,91 @@ class EnvService(pb_grpc.EnvServiceServicer):
             max_request_bytes=self._config.max_request_bytes,
             checks_token=checks_token,
             client_certificates_required=self._config.tls_client_ca is not None,
+        )
+        session.answer_bytes = response.ByteSize()
+        return response
+
+    async def answer_handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> None:
+        """Handshake as the server serves it (see AnswerHandshakes): the answer written here, one
+        message, as a unary call's is on the wire, so that the claim can be given up when it could not
+        be sent.
+
+        gRPC sends a unary handler's answer after the handler has returned, and tells the handler
+        nothing when that fails (the call's deadline passed, the client cancelled it, or reset the
+        stream: gRPC clients do when an answer is over their max receive message length); it logs a
+        traceback that says none of that ("ExecuteBatchError raised in core by servicer method"). The
+        claim would then stay, with no client knowing its session: the client's retries refused for
+        the whole claim timeout, and no one able to Release it. A write that fails says so here.
+        (One that succeeds may still not reach the client, when the client refuses a small answer
+        or its deadline passes while the answer travels: the refusal of its retry then says what may
+        have happened, see _unused_note.)"""
+        response = await self.Handshake(request, context)
+        if response is None:  # (refused: the status is set)
+            return
+        session = self._claim  # (the one just opened: nothing ran meanwhile)
+        if session is not None:
+            session.answering = True
+        try:
+            await context.write(response)
+        except asyncio.CancelledError:  # (the call ended while its answer was on its way: deadline, cancel, reset)
+            self._unanswered(response.session_id, context)
+            raise
+        except Exception:  # (gRPC could not send it: the call had ended already)
+            self._unanswered(response.session_id, context)
+            # Ended as gRPC ends a cancelled call (a debug line): a status sent now would fail alike,
+            # and gRPC would log its traceback, which says nothing of what happened.
+            raise asyncio.CancelledError from None
+        finally:
+            if session is not None:
+                session.answering = False
+        if _deadline_passed(context):
+            # Sent, but too late: a client takes a unary answer only with the status that follows it,
+            # and the call's deadline, which has passed here, passed on the client first (the server's
+            # counts from the request's arrival, the client's from its sending).
+            self._unanswered(response.session_id, context, sent=True)
+            raise asyncio.CancelledError
+
+    def _unanswered(self, session_id: str, context: grpc.aio.ServicerContext, *, sent: bool = False) -> None:
+        """Give up the claim of ``session_id``, whose Handshake answer could not be sent (``sent``: was
+        sent after the call's deadline), unless a call has used that session meanwhile (its client got
+        the session id after all) or it ended."""
+        claim = self._claim
+        if claim is None or claim.id != session_id or claim.used:
+            return
+        if sent:
+            why = "it was sent after the call's deadline had passed"
+        elif _deadline_passed(context):
+            why = "the call's deadline passed before it could be sent"
+        else:
+            why = (
+                "the call ended while it was being sent (the client cancelled it, its connection closed, or it "
+                "refused an answer that large: is its max receive message length at least that? gRPC's default "
+                "is 4 MiB)"
+            )
+        self._end(
+            claim,
+            f"its Handshake answer ({claim.answer_bytes:,} bytes) did not reach the client: {why}; "
+            "the envs are free again",
+            "unanswered",
+            level=logging.WARNING,
+        )
+
+    def _unused_note(self, owner: Session, now: float) -> str:
+        """What a refused Handshake adds about a claim no call has used: its client may never have got
+        the answer (deadline, too small a receive limit), which the server could not tell."""
+        if owner.used:
+            return ""
+        if owner.answering:
+            return (
+                f". Its Handshake's answer ({owner.answer_bytes:,} bytes) is still being sent: if its client has "
+                "given that call up (its deadline passed, or it refused an answer that large), the claim ends as "
+                "soon as the server notices; try again in a moment"
+            )
+        left = max(0.0, self._config.claim_timeout_s - (now - owner.last_seen))
+        return (
+            f". No call has used that session yet: if that learner is you, your client did not get the "
+            f"Handshake's answer, which takes {owner.answer_bytes:,} bytes (is its max receive message length "
+            f"at least that? gRPC's default is 4 MiB; did its deadline pass?); the claim ends in {left:.0f} s"
         )
 
     def _note_unchecked_token(self, session: Session) -> None:
@@ -588,7 +695,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"autoreset is Disabled on this server and env{'s' if len(ended) > 1 else ''} "
                 f"{', '.join(map(str, ended))} of it ended at the last step: reset {'them' if len(ended) > 1 else 'it'} "
-                "first (reset(options={'reset_mask': mask}) for those envs, or a full reset); nothing was stepped",
+                "first (a Reset whose ResetRequest.reset_mask selects those envs, which the Python learner sends for "
+                "reset(options={'reset_mask': mask}), or a full reset); nothing was stepped",
                 int(ended[0]),
             )
         # (writeable copies: an env may clip its action in place, as it may under gymnasium's vector envs)
@@ -695,6 +803,36 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env = None
 
 
+HANDSHAKE_METHOD = f"/{SERVICE_NAME}/Handshake"
+
+
+class AnswerHandshakes(grpc.aio.ServerInterceptor):
+    """Serves Handshake with ``service.answer_handshake``, a handler that sends its answer itself.
+
+    That handler streams its answer, one message, which is a unary answer on the wire (a message,
+    then the status), so clients see no difference; the generated code registers Handshake as unary,
+    whose answer gRPC sends after the handler has returned, telling it nothing of a failure (see
+    EnvService.answer_handshake). The last interceptor: the others see the handler it gives.
+    """
+
+    def __init__(self, service: EnvService) -> None:
+        self._service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method != HANDSHAKE_METHOD:
+            return handler
+        return grpc.unary_stream_rpc_method_handler(
+            self._service.answer_handshake,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 # Simulators whose version may change an env's dynamics: EnvSpec.versions names them when loaded.
 SIMULATORS = ("mujoco", "ale_py", "Box2D", "pybullet", "dm_control")  # (module names, as imported)
 
@@ -713,6 +851,12 @@ def _workers_ended(env: gym.vector.VectorEnv) -> bool:
 def _carries_token(context: grpc.aio.ServicerContext) -> bool:
     """Whether the call carries ``authorization`` metadata (a token, whatever it is)."""
     return any(key == AUTH_METADATA_KEY for key, _ in context.invocation_metadata() or ())
+
+
+def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the call of ``context`` has a deadline, and it has passed."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
 
 
 def _same_id(session_id: str, given: str) -> bool:

@@ -1,5 +1,5 @@
-"""Envs for the server's watchdog and start tests (tests/test_server_watchdog.py): one whose step hangs
-after quick ones, one whose observations are too large to send."""
+"""Envs for the server's watchdog and start tests (tests/test_server_watchdog.py, test_foreign_client.py):
+one whose step hangs after quick ones, one whose observations are too large to send."""
 
 from __future__ import annotations
 
@@ -45,10 +45,13 @@ class HangLater(gym.Env[np.ndarray, np.int64]):
 
 
 class HugeObservations(gym.Env[np.ndarray, np.int64]):
-    """Observations of 16 MiB each: 4 of them leave an answer no room under the largest message."""
+    """Observations of ``mib`` MiB each (16: 4 of them leave an answer no room under the largest
+    message; 33: one fits, but not the spec, whose Box bounds take twice that)."""
 
-    observation_space = gym.spaces.Box(0, 255, (16, 1024, 1024), np.uint8)
     action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, mib: int = 16) -> None:
+        self.observation_space = gym.spaces.Box(0, 255, (mib, 1024, 1024), np.uint8)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

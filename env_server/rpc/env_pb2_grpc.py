@@ -101,15 +101,19 @@ class EnvServiceServicer:
         time: while a session is live, another Handshake gets RESOURCE_EXHAUSTED. A session ends on
         Release, when its Hold stream ends (the learner closed, crashed or its connection died), or
         after the server's claim timeout passes with neither a Hold stream open nor any call made.
+        The answer carries the spec (see "Message sizes" and "Deadlines" at the top of this file): one
+        the server cannot send leaves the envs unclaimed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Hold(self, request, context):
-        """Keeps a session's claim alive for as long as this call is open. The server sends no messages on
-        it in normal operation and ends it when the session ends for another reason. Cancelling it
-        releases the claim at once.
+        """Keeps a session's claim alive for as long as this call is open; open it right after Handshake.
+        The server sends nothing on it while the session lives. When the session ends otherwise (Release,
+        the server shutting down), the server sends one HoldEvent saying why and ends the stream with
+        status OK. Cancelling it, or losing its connection, ends the session at once, as Release does.
+        A session that is not live gets the status described at HandshakeResponse.session_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
