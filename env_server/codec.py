@@ -21,6 +21,7 @@ __all__ = [
     "MAX_VALUE_NODES",
     "Path",
     "Where",
+    "decode_autoreset_mode",
     "decode_space",
     "decode_tensor",
     "decode_value",
@@ -64,6 +65,18 @@ AUTORESET_TO_PROTO = {
 }
 AUTORESET_FROM_PROTO = {v: k for k, v in AUTORESET_TO_PROTO.items()}
 
+
+def decode_autoreset_mode(code: pb.AutoresetMode, where: Where = "autoreset_mode") -> gym.vector.AutoresetMode:
+    """The gymnasium autoreset mode of a wire ``AutoresetMode`` value."""
+    try:
+        return AUTORESET_FROM_PROTO[code]
+    except KeyError:
+        raise CodecError(
+            f"{where}: unknown or unset autoreset mode {code}; expected one of AUTORESET_MODE_NEXT_STEP.."
+            "AUTORESET_MODE_DISABLED (unset, or a mode newer than this side's envfleet: upgrade it)"
+        ) from None
+
+
 # A tensor may not claim more elements than this (2**31), whatever its data says: a guard against
 # shapes whose product overflows or asks for absurd allocations.
 _MAX_ELEMENTS = 1 << 31
@@ -100,7 +113,10 @@ def np_dtype(code: int, where: Where = "dtype") -> np.dtype:
     try:
         return _FROM_PROTO[code]
     except KeyError:
-        raise CodecError(f"{where}: unknown or unset dtype {code}; expected one of DTYPE_BOOL..DTYPE_FLOAT64") from None
+        raise CodecError(
+            f"{where}: unknown or unset dtype {code}; expected one of DTYPE_BOOL..DTYPE_FLOAT64 (unset, or a dtype "
+            "newer than this side's envfleet: upgrade it)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -549,4 +565,7 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
         raise
     except (ValueError, TypeError, AssertionError) as err:
         raise CodecError(f"{where}: invalid {kind} space: {err}") from err
-    raise CodecError(f"{where}: space is empty (no field of its oneof is set)")
+    raise CodecError(
+        f"{where}: space is empty (no field of its oneof is set, or one of a kind newer than this side's envfleet: "
+        "upgrade it)"
+    )

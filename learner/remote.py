@@ -353,7 +353,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         try:
             self.single_observation_space = codec.decode_space(first.observation_space, "observation_space")
             self.single_action_space = codec.decode_space(first.action_space, "action_space")
-            autoreset_mode = codec.AUTORESET_FROM_PROTO[first.autoreset_mode]
+            autoreset_mode = codec.decode_autoreset_mode(first.autoreset_mode)
         except Exception as err:  # (a server of another version, say)
             self._close_clients()
             address = self._clients[0].address

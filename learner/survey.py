@@ -125,7 +125,8 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
     info.observation_space = _space(spec.observation_space, "observation_space")
     info.action_space = _space(spec.action_space, "action_space")
     info.vectorization, info.wrappers = spec.vectorization, list(spec.wrappers)
-    info.autoreset_mode = codec.AUTORESET_FROM_PROTO[spec.autoreset_mode].value
+    mode = codec.AUTORESET_FROM_PROTO.get(spec.autoreset_mode)
+    info.autoreset_mode = mode.value if mode is not None else f"unreadable (mode {spec.autoreset_mode})"
     info.max_episode_steps, info.versions = spec.max_episode_steps, dict(sorted(spec.versions.items()))
     info.env_kwargs = spec.env_kwargs if spec.HasField("env_kwargs") else None
     info.claimed_by = response.claimed_by

@@ -94,3 +94,19 @@ def test_a_proto_that_adds_to_the_wire_is_accepted_and_recorded(tmp_path: Path) 
     assert generate.wire_breaks(recorded, contract) == []
     assert contract.keys() - recorded.keys() == {"Tensor#4"}
     assert contract["Tensor#4"]["name"] == "version"
+
+
+def test_what_a_newer_peer_may_send_is_refused_as_possibly_newer() -> None:
+    """A dtype, space kind or autoreset mode this side does not know is named, with the hint that the
+    peer may be newer (new values are additions to the wire, which a v1 peer of today cannot read)."""
+    from env_server import codec
+    from env_server.rpc import env_pb2 as pb
+
+    newer = "newer than this side's envfleet: upgrade it"
+    with pytest.raises(codec.CodecError, match=f"tensor.dtype: unknown or unset dtype 99; .*{newer}"):
+        codec.decode_tensor(pb.Tensor(dtype=99, shape=[1], data=b"\0"))  # type: ignore[arg-type]
+    with pytest.raises(codec.CodecError, match=f"space: space is empty .*{newer}"):
+        codec.decode_space(pb.Space())
+    with pytest.raises(codec.CodecError, match=f"autoreset_mode: unknown or unset autoreset mode 4; .*{newer}"):
+        codec.decode_autoreset_mode(4)  # type: ignore[arg-type]
+    assert codec.decode_autoreset_mode(pb.AUTORESET_MODE_SAME_STEP).value == "SameStep"
