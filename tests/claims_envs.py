@@ -37,7 +37,7 @@ class ConstantEnv(gym.Env[np.ndarray, np.int64]):
       restart (``learner train`` starts its servers again on the same socket path).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
     _created: ClassVar[int] = 0
     _steps: ClassVar[int] = 0  # env steps taken in this process
 

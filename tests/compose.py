@@ -67,8 +67,8 @@ class ComposeProject:
         # Image tags of the project's own: never a user's images, nor those of a run beside this one
         # (a rebuilt image under a shared tag makes `up` recreate every replica). Layers are cached.
         self.owns_images = images_of is None
-        self.env_image = images_of.env_image if images_of else f"envfleet-env-server:{self.name}"
-        self.learner_image = images_of.learner_image if images_of else f"envfleet-learner:{self.name}"
+        self.env_image: str = images_of.env_image if images_of else f"envfleet-env-server:{self.name}"
+        self.learner_image: str = images_of.learner_image if images_of else f"envfleet-learner:{self.name}"
         self.env = compose_environment(
             ENVFLEET_ENV_IMAGE=self.env_image, ENVFLEET_LEARNER_IMAGE=self.learner_image, **env
         )

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from hypothesis import settings
@@ -66,7 +66,7 @@ class ServerProcess:
         # The server's log lines, in a file: a pipe nobody reads could fill up and block the server.
         if self.proc is not None:
             self.log.close()
-        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop())
+        self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "env_server", *self.argv, "--host", "127.0.0.1", "--port", port],
             stdout=subprocess.PIPE,

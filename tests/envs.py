@@ -21,7 +21,7 @@ class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
     episode boundaries; info keys come and go between steps and envs.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "render_fps": 10}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "render_fps": 10}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self, max_len: int = 25) -> None:
         self.max_len = max_len
@@ -99,7 +99,7 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
     that many steps ends with every env back at an episode's start, as after a fresh reset.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 10}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 10}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(
         self,
@@ -197,7 +197,7 @@ class ResetGateEnv(ClockEnv):
 class FuzzEnv(gym.Env[np.ndarray, dict[str, Any]]):
     """A nested action space (Dict of Box, Discrete, MultiBinary and a Tuple), for fuzzing the server's checks."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
@@ -236,7 +236,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
     env's own). Observations are ``[t, episode]``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
     _created: ClassVar[int] = 0
 
     def __init__(
@@ -319,7 +319,7 @@ class OffsetSpacesEnv(gym.Env[dict[str, Any], np.int64]):
     """Observations from spaces that do not hold zero: a Discrete and a MultiDiscrete with ``start``
     above or below it, a Box whose bounds exclude it (a placeholder of zeros would be outside them)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Dict(
@@ -344,7 +344,7 @@ class OffsetSpacesEnv(gym.Env[dict[str, Any], np.int64]):
 class _CountEnv(gym.Env[np.ndarray, np.int64]):
     """Observations ``[t]``, Discrete(2) actions, reward 1, endless episodes; step infos from ``info``."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
@@ -523,6 +523,7 @@ class BadObservationEnv(_CountEnv):
         return (0 if self.kind == "discrete" else obs), info
 
     def step(self, action: np.int64) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs: Any  # (an int for kind="discrete")
         obs, reward, terminated, truncated, info = super().step(action)
         bad = bool(self.bad) and self._t >= self.at
         if self.kind == "discrete":
@@ -541,7 +542,7 @@ class MisshapenEnv(gym.Env[np.ndarray, np.int64]):
     "reset", counted over the env's life) on. ``at`` 2 or more: the server's check of each env's first
     observations passes, and the misfit shows only when the vector env stacks a later one."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self, bad_seed: int = 2, method: str = "step", at: int = 3, shape: tuple[int, ...] = (3,)) -> None:
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)

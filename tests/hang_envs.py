@@ -49,6 +49,7 @@ class HugeObservations(gym.Env[np.ndarray, np.int64]):
     message; 33: one fits, but not the spec, whose Box bounds take twice that)."""
 
     action_space = gym.spaces.Discrete(2)
+    observation_space: gym.spaces.Box
 
     def __init__(self, mib: int = 16) -> None:
         self.observation_space = gym.spaces.Box(0, 255, (mib, 1024, 1024), np.uint8)

@@ -171,7 +171,8 @@ def main() -> int:
         print(json.dumps(cut_probe(args.cut_probe.split(","), (start, stop), args.cut_seconds, args.cut_timeout)))
         return 0
     if args.side_by_side:  # run inside the learner host by the measurement below
-        print(json.dumps(alternate_stepping(*(a.split(",") for a in args.side_by_side), args.pairs, args.burst)))
+        netns, loopback = (a.split(",") for a in args.side_by_side)
+        print(json.dumps(alternate_stepping(netns, loopback, args.pairs, args.burst)))
         return 0
     problem = netns_problem()
     if problem:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import gymnasium as gym
@@ -298,7 +298,8 @@ def test_malformed_raw_requests_are_invalid_argument(start_servers: Any) -> None
                 session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_INT64, shape=[2], data=b"\0"))
             ),
             pb.StepRequest(
-                session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=99, shape=[2], data=b"\0" * 16))
+                session_id=session,
+                actions=pb.Value(tensor=pb.Tensor(dtype=cast(pb.DType, 99), shape=[2], data=b"\0" * 16)),
             ),
             pb.StepRequest(
                 session_id=session, actions=pb.Value(tensor=pb.Tensor(dtype=pb.DTYPE_INT64, shape=[-2], data=b""))

@@ -4,6 +4,8 @@ rounding floats); only dtypes that cannot be promoted (strings and numbers) do n
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -28,7 +30,7 @@ def test_ints_then_floats_join_as_floats() -> None:
 
 
 def test_nested_and_object_dtypes_widen_too() -> None:
-    parts = [
+    parts: list[tuple[dict[str, Any], int, int]] = [
         ({"d": {"n": np.array([3], dtype=np.int8)}}, 0, 1),
         ({"d": {"n": np.array([300], dtype=np.int64)}}, 1, 1),
         ({"o": np.array([1.5])}, 0, 1),

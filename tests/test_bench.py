@@ -186,7 +186,7 @@ def test_the_ratio_column_says_it_is_the_median_of_paired_ratios_not_the_ratio_o
 
 
 def test_a_partial_run_lists_only_the_targets_whose_workloads_ran() -> None:
-    cartpole = {
+    cartpole: dict[str, Any] = {
         "name": "cartpole-8",
         "title": "CartPole-v1, 8 envs",
         "results": [
@@ -433,7 +433,7 @@ def _figures(monkeypatch: pytest.MonkeyPatch) -> list:
     saved: list = []
     save = Figure.savefig
 
-    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+    def keep(fig: Figure, *args: Any, **kwargs: Any) -> None:
         fig.canvas.draw()
         saved.append(fig)
         save(fig, *args, **kwargs)
@@ -572,7 +572,7 @@ def test_cartpole_solve_keeps_the_runs_before_one_that_failed(
 ) -> None:
     from learner.benchmarks import cartpole_solve
 
-    def compare(names, seeds, delay, out, max_steps, results):  # type: ignore[no-untyped-def]
+    def compare(names, seeds, delay, out, max_steps, results):
         results["remote-8"].append({"seed": 1, "steps": 100, "seconds": 1.0, "total_steps": 100, "wall_incl_start": 2})
         raise RuntimeError("remote-1 seed 1 failed (1):\nboom")
 

@@ -208,7 +208,7 @@ def test_resume_refuses_options_that_would_change_the_nets(
     shutil.copytree(trained_run, run)
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.name != rundir.LOCK}
     try:  # refused as it parses (exit code 2), or once the envs say what they are (1)
-        code = main(["train", "--resume", str(run), "--total-timesteps", "48", *again])
+        code: int | str | None = main(["train", "--resume", str(run), "--total-timesteps", "48", *again])
     except SystemExit as exit_info:
         code = exit_info.code
     assert code in (1, 2)

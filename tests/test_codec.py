@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -15,9 +15,9 @@ from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from tests.compare import assert_same
 
-INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
-FLOAT_DTYPES = [np.float16, np.float32, np.float64]
-ALL_DTYPES = [np.bool_, *INT_DTYPES, *FLOAT_DTYPES]
+INT_DTYPES: list[type[np.integer]] = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+FLOAT_DTYPES: list[type[np.floating]] = [np.float16, np.float32, np.float64]
+ALL_DTYPES: list[type[np.generic]] = [np.bool_, *INT_DTYPES, *FLOAT_DTYPES]
 
 shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
 
@@ -30,6 +30,7 @@ def boxes(draw: st.DrawFn) -> gym.spaces.Box:
         low = draw(st.sampled_from([-np.inf, -10.0, -1.0, 0.0]))
         high = draw(st.sampled_from([np.inf, 1.0, 10.0]))
     else:
+        assert issubclass(dtype, np.integer)
         info = np.iinfo(dtype)
         low = draw(st.integers(int(info.min), 0))
         high = draw(st.integers(1, int(min(info.max, 2**62))))
@@ -37,8 +38,9 @@ def boxes(draw: st.DrawFn) -> gym.spaces.Box:
 
 
 @st.composite
-def discretes(draw: st.DrawFn) -> gym.spaces.Discrete:
-    dtype = draw(st.sampled_from([np.int32, np.int64, np.uint8]))
+def discretes(draw: st.DrawFn) -> gym.spaces.Discrete[Any]:
+    dtypes: list[type[np.integer]] = [np.int32, np.int64, np.uint8]
+    dtype = draw(st.sampled_from(dtypes))
     if dtype is np.uint8:
         return gym.spaces.Discrete(draw(st.integers(1, 200)), start=draw(st.integers(0, 50)), dtype=dtype)
     return gym.spaces.Discrete(draw(st.integers(1, 1000)), start=draw(st.integers(-50, 50)), dtype=dtype)
@@ -168,7 +170,7 @@ def test_unencodable_values_name_the_key(value: Any, fragment: str) -> None:
     [
         (pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[2], data=b"\0" * 4), "needs 8 bytes, got 4"),
         (pb.Tensor(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "unknown or unset dtype"),
-        (pb.Tensor(dtype=77, shape=[1], data=b"\0"), "unknown or unset dtype"),
+        (pb.Tensor(dtype=cast(pb.DType, 77), shape=[1], data=b"\0"), "unknown or unset dtype"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[-1], data=b""), "must be >= 0"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[2**40, 2**40], data=b""), "more than"),
         # Zero elements, but numpy cannot make that shape all the same (a case the fuzz test found).

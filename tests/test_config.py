@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,8 @@ def test_stop_at_return_inf_trains_to_the_budget(tmp_path: Path) -> None:
     from learner.train import train
 
     run = tmp_path / "run"
-    clock = {"env": "tests.envs:ClockEnv", "env_kwargs": {"length": 3}, "backend": "gym", "num_envs": 2}
-    quiet = {"progress": False, "plot": False, "tensorboard": False}
+    clock: dict[str, Any] = {"env": "tests.envs:ClockEnv", "env_kwargs": {"length": 3}, "backend": "gym", "num_envs": 2}
+    quiet: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
     args = Args(**clock, **quiet, num_steps=8, total_timesteps=32, stop_at_return=math.inf, run_dir=str(run))
     summary = train(args)
     assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 32

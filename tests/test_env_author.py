@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import gymnasium as gym
@@ -193,7 +193,7 @@ def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers:
     ],
 )
 def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
-    tmp_path: Path, backend: str, kind: str, message: str
+    tmp_path: Path, backend: Literal["remote", "gym"], kind: str, message: str
 ) -> None:
     # (a raw torch traceback: "Class values must be smaller than num_classes", "probability tensor ...")
     args = Args(

@@ -131,7 +131,7 @@ def test_seed_list_options_and_reset_mask(start_servers: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_box_actions_reach_the_envs_in_the_dtype_sent(start_servers: Any, dtype: type) -> None:
+def test_box_actions_reach_the_envs_in_the_dtype_sent(start_servers: Any, dtype: type[np.floating[Any]]) -> None:
     """float64 actions for Pendulum's float32 space: a local vector env passes them as they are (the
     env computes in float64); servers cast them to float32, which changed rewards from the first step."""
     addresses = start_servers("Pendulum-v1", 2, 2)

@@ -34,7 +34,7 @@ class ChannelLastEnv(gym.Env[np.ndarray, np.int64]):
     """uint8 frames (size, size, 3), channel-last as cameras give them, or (``gray``) (size, size) with the
     lit channel as the frame's brightness; reward 1 for the action naming the lit channel."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
 
     def __init__(self, length: int = 4, size: int = 40, gray: bool = False) -> None:
         self.length, self.size, self.gray = length, size, gray
@@ -539,7 +539,7 @@ def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
 
     def texts() -> tuple[str, list[str]]:
         fig = saved.pop()
-        return fig._suptitle.get_text(), [t.get_text() for t in fig.legends[0].get_texts()]
+        return fig.get_suptitle(), [t.get_text() for t in fig.legends[0].get_texts()]
 
     assert main(["plot", *runs, "-o", str(tmp_path / "both.png")]) == 0
     title, labels = texts()

@@ -319,7 +319,8 @@ def test_plot_draws_a_run_of_one_point_as_a_dot(tmp_path: Path, figures: list[ma
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     by_steps, by_time = figures.pop().axes
     for ax in (by_steps, by_time):
-        markers = [(len(line.get_xdata()), line.get_marker()) for line in ax.get_lines()]
+        # (a Line2D's data is a sequence: matplotlib types get_xdata as any ArrayLike, scalars too)
+        markers = [(len(line.get_xdata()), line.get_marker()) for line in ax.get_lines()]  # type: ignore[arg-type]
         assert markers == [(1, "o"), (2, "None")], markers
 
 

@@ -40,7 +40,7 @@ from learner.client import translate_error
 from tests.conftest import SpawnServer, slow_to_build_server
 
 K = 2  # envs per server
-FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 def actions_for(step: int, num_envs: int) -> np.ndarray:
@@ -709,8 +709,8 @@ def test_a_keepalive_timeout_given_reaches_every_connection(
         envs.reset(seed=0)
     assert given and set(given) == {42.5}
     given.clear()
-    with open_fleet(fleet_spec(Args(servers=server.address, keepalive_timeout=42.5))) as envs:  # (learner train's)
-        envs.reset(seed=0)
+    with open_fleet(fleet_spec(Args(servers=server.address, keepalive_timeout=42.5))) as opened:  # (learner train's)
+        opened.reset(seed=0)
     assert given and set(given) == {42.5}
     assert dict(channel_options(1e9))["grpc.keepalive_timeout_ms"] == 2**31 - 1  # (a C int: no OverflowError)
     for bad in (0, -1.0, float("inf"), "5"):

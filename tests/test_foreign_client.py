@@ -237,6 +237,7 @@ def tokened() -> Iterator[ServerProcess]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_a_spec_too_large_for_its_answers_is_refused_at_start() -> None:
     # A 33 MiB observation fits an answer (64 MiB less 1 MiB); its spec, whose Box bounds take twice that, does not.
     argv = ["--env", "tests.hang_envs:HugeObservations", "--env-kwargs", '{"mib": 33}', "--port", "0"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -72,7 +72,7 @@ FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 @st.composite
 def raw_tensors(draw: st.DrawFn) -> pb.Tensor:
     """Anything at all: dtype, shape and data drawn independently."""
-    return pb.Tensor(dtype=draw(DTYPES), shape=draw(SHAPES), data=draw(st.binary(max_size=64)))
+    return pb.Tensor(dtype=cast(pb.DType, draw(DTYPES)), shape=draw(SHAPES), data=draw(st.binary(max_size=64)))
 
 
 @st.composite
@@ -246,6 +246,7 @@ def test_a_message_over_the_size_limit_is_refused(target: Target) -> None:
     assert check(target.address) == "SERVING"
 
 
+@pytest.mark.slow  # (as the fuzzing that sends most of the 1,000 requests it counts)
 def test_the_server_is_healthy_and_serving_after_the_fuzzing(target: Target) -> None:
     """Runs last in this module: >= 1,000 requests were sent, and a learner steps as usual."""
     total = sum(STATUSES.values())

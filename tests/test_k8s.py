@@ -290,8 +290,8 @@ def test_the_tls_overlays_probe_finds_a_server_started_with_its_variables_servin
     127.0.0.1), so the name is what makes it pass."""
     objects = by_key(render("k8s/overlays/tls"))
     server = container(objects, "Deployment/env")
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[kind]["exec"]["command"] == HEALTHCHECK, kind
     files = make_server_certs(tmp_path / "secret", names=("env",))
     secrets = {"envfleet-tls": {"tls.crt": files.cert, "tls.key": files.key, "ca.crt": files.ca}}
     variables = secret_variables(objects, "Deployment/env", secrets)
@@ -313,8 +313,8 @@ def test_the_mtls_overlays_probe_and_learner_present_the_client_certificate(tmp_
     its client certificate, do not."""
     objects = by_key(render(MTLS))
     server = container(objects, "Deployment/env")
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert server[probe]["exec"]["command"] == HEALTHCHECK, probe
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[kind]["exec"]["command"] == HEALTHCHECK, kind
     files = make_server_certs(tmp_path / "server", names=("env",))
     client = make_client_certs(tmp_path / "client", others=("probe",))
     probe_files = {"tls.crt": client.cert.with_name("probe.crt"), "tls.key": client.key.with_name("probe.key")}
@@ -468,7 +468,7 @@ def test_memory_requests_cover_a_measured_replica(kustomization: str) -> None:
     """A real server of the configured env and size, stepped a while, fits its memory request."""
     objects = {f"{d['kind']}/{d['metadata']['name']}": d for d in render(kustomization)}
     server = container(objects, "Deployment/env")
-    config = {name: var.get("value") for name, var in env_vars(server).items()}
+    config: dict[str, Any] = {name: var.get("value") for name, var in env_vars(server).items()}
     rss = rss_after_steps(
         config["ENVFLEET_ENV"],
         int(config["ENVFLEET_NUM_ENVS"]),

@@ -107,8 +107,8 @@ def test_metrics_count_steps_latency_and_errors(server: tuple[str, str]) -> None
     assert after["envfleet_step_latency_seconds_bucket[le=+Inf]"] == 25
     assert after["envfleet_errors_total{code=FAILED_PRECONDITION,method=Step}"] == 1
     assert after["envfleet_reset_latency_seconds_count"] == 1
-    info = [key for key in after if key.startswith("envfleet_server_info{")]
-    assert info == [
+    server_info = [key for key in after if key.startswith("envfleet_server_info{")]
+    assert server_info == [
         f"envfleet_server_info{{env_id=CartPole-v1,server_id={server_id},transport=tcp,vectorization=sync,"
         f"version={package_version()}}}"
     ]  # (server_id: what learners know it by, envfleet_learner_replica_info's)

@@ -140,7 +140,8 @@ def test_a_scale_down_counts_as_servers_shut_down_and_a_kill_as_a_failure(serve:
         stopped.send_signal(signal.SIGTERM)
         killed.kill()
         stopped.wait(timeout=15), killed.wait(timeout=15)
-        servers.remove(a), servers.remove(b)
+        servers.remove(a)
+        servers.remove(b)
         change = envs.refresh()
         assert change is not None and set(change.removed) == {a, b} and envs.addresses == [c]
         stats = envs.fault_stats()

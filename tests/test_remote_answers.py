@@ -18,7 +18,7 @@ from learner.faults import is_outage
 from tests.conftest import SpawnServer, StartServers
 
 K = 2  # envs per server
-FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 def _unavailable(infos: dict[str, Any], n: int) -> list[bool]:

@@ -82,7 +82,9 @@ def test_placeholder_observations_are_in_the_space(spawn_server: SpawnServer) ->
         assert obs["level"][2:].tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
 
-def _spec(env_id: str, space: gym.Space[Any], num_envs: int = 2, mode: int = pb.AUTORESET_MODE_NEXT_STEP) -> pb.EnvSpec:
+def _spec(
+    env_id: str, space: gym.Space[Any], num_envs: int = 2, mode: pb.AutoresetMode = pb.AUTORESET_MODE_NEXT_STEP
+) -> pb.EnvSpec:
     return pb.EnvSpec(
         env_id=env_id,
         num_envs=num_envs,

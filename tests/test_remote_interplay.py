@@ -21,7 +21,7 @@ from learner.faults import ReplicaState
 from tests.conftest import SpawnServer, StartServers, fleet
 
 K = 2  # envs per server
-FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 ENDLESS = ("--env-kwargs", '{"length": 100000}')  # IndexEnv episodes that outlast a test
 
 

@@ -15,7 +15,7 @@ from learner.faults import ReplicaState
 from tests.conftest import SpawnServer
 
 K = 2  # envs per server
-FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 def _go_stale(envs: RemoteVectorEnv) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -216,6 +216,7 @@ def test_an_env_that_raises_ends_its_episode_and_is_reset_once(spawn_server: Spa
     server = spawn_server(
         "tests.envs:FaultyEnv", 3, "--env-kwargs", '{"raise_at": 3, "length": 100}', "--autoreset-mode", mode
     )
+    obs: Any  # (an array here: SB3's VecEnvObs is a union of an array, a dict and a tuple of them)
     with RemoteVecEnv([server.address], fault_tolerant=True) as vec_env:
         vec_env.reset()
         zeros = np.zeros(3, dtype=np.int64)
@@ -247,6 +248,7 @@ def test_a_lost_server_costs_its_envs_episodes_not_the_run(spawn_server: SpawnSe
     a = spawn_server("tests.envs:IndexEnv", K, *endless)
     b = spawn_server("tests.envs:IndexEnv", K, *endless)
     lost = [False] * K + [True] * K
+    obs: Any  # (an array here: SB3's VecEnvObs is a union of an array, a dict and a tuple of them)
     with RemoteVecEnv([a.address, b.address], fault_tolerant=True, **FAST) as vec_env:
         obs = vec_env.reset()
         token_b = obs[K, 0]
@@ -378,11 +380,13 @@ def test_ppo_trains_on_a_fleet_and_evaluate_policy_runs_on_one(start_servers: St
             )  # (RL Zoo's CartPole-v1 hyperparameters)
             model.set_logger(Logger(folder=None, output_formats=[]))  # (not SB3's: an empty /tmp/SB3-<time> folder)
             model.learn(total_timesteps=5_000)
+            assert model.ep_info_buffer is not None
             assert len(model.ep_info_buffer) > 0  # VecMonitor's episodes reached SB3's logger
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # (evaluate_policy warns of an env without a Monitor)
                 eval_env.seed(0)
-                mean, std = evaluate_policy(model, VecMonitor(eval_env), n_eval_episodes=8)
+                # (the mean and std of the returns: evaluate_policy's return type also has its per-episode lists)
+                mean, std = cast(tuple[float, float], evaluate_policy(model, VecMonitor(eval_env), n_eval_episodes=8))
             assert mean > 50, f"mean evaluation return {mean} +- {std} after {model.num_timesteps} steps"
     finally:
         torch.set_num_threads(threads)

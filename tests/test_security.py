@@ -119,7 +119,7 @@ def test_tls_verified_with_the_ca_and_refused_otherwise(
         step_once(envs)
     other = make_server_certs(tmp_path / "other", ca_name="another CA")
     # Told within the first seconds, with the reason (not after the whole connect timeout).
-    refusals = [
+    refusals: list[tuple[dict[str, Any], str]] = [
         # a CA that did not sign the server's certificate
         ({"tls": other.ca}, "unable to get local issuer certificate (it is not signed by the CA given)"),
         # a name the certificate lacks

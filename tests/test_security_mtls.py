@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -224,12 +225,12 @@ def test_a_unix_socket_server_requiring_client_certificates_keeps_its_step_socke
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == f"listening on unix:{path}"
         address = f"unix:{path}"
-        tls = {"tls": certs.ca}  # (checked for localhost at a unix: address, with no tls_server_name)
-        with RemoteVectorEnv([address], **tls, tls_client_cert=client.cert, tls_client_key=client.key) as envs:  # type: ignore[arg-type]
+        ca: dict[str, Any] = {"tls": certs.ca}  # (checked for localhost at a unix: address, with no tls_server_name)
+        with RemoteVectorEnv([address], **ca, tls_client_cert=client.cert, tls_client_key=client.key) as envs:
             step_once(envs)
             assert envs._clients[0].step_socket == f"{path}.steps"
         with pytest.raises(ServerUnavailableError, match=re.escape(CLIENT_CERT_REQUIRED)):
-            RemoteVectorEnv([address], **tls, connect_timeout=60)  # type: ignore[arg-type]
+            RemoteVectorEnv([address], **ca, connect_timeout=60)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -83,7 +83,7 @@ def test_good_configs_are_accepted() -> None:
         port=0,
         metrics_port=0,
         vectorization="async",
-        wrappers=["flatten"],  # type: ignore[arg-type]  (any sequence of names)
+        wrappers=["flatten"],  # type: ignore[arg-type]  # (any sequence of names)
         autoreset_mode="SameStep",
         step_delay_ms=2,
         spin_wait_ms=10,

@@ -14,7 +14,7 @@ from env_server.isolation import ENV_ERROR_KEY, placeholder_observation
 SPACES: dict[str, gym.Space[Any]] = {
     "discrete": gym.spaces.Discrete(3, start=5),  # zero is outside
     "multi_discrete": gym.spaces.MultiDiscrete([3, 4], start=[2, -7]),
-    "box": gym.spaces.Box(np.float32([1, -3]), np.float32([2, 3])),
+    "box": gym.spaces.Box(np.array([1, -3], np.float32), np.array([2, 3], np.float32)),
     "int_box": gym.spaces.Box(low=-5, high=-1, shape=(2,), dtype=np.int32),
     "multi_binary": gym.spaces.MultiBinary(3),
     "dict": gym.spaces.Dict(
@@ -23,7 +23,7 @@ SPACES: dict[str, gym.Space[Any]] = {
 }
 
 
-class BrokenResetEnv(gym.Env[Any, int]):
+class BrokenResetEnv(gym.Env[Any, np.int64]):
     """Every reset raises; observations of ``SPACES[space]``."""
 
     action_space = gym.spaces.Discrete(2)

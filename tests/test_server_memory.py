@@ -161,7 +161,12 @@ def test_a_value_of_too_many_values_is_refused_before_any_is_decoded(monkeypatch
     grew a server by 670 MB."""
     fromiter = np.fromiter
     made = []
-    monkeypatch.setattr(np, "fromiter", lambda *args, **kwargs: made.append(1) or fromiter(*args, **kwargs))
+
+    def counted(*args: Any, **kwargs: Any) -> np.ndarray:
+        made.append(1)
+        return fromiter(*args, **kwargs)
+
+    monkeypatch.setattr(np, "fromiter", counted)
     limit = codec.MAX_VALUE_NODES
     with pytest.raises(codec.CodecError) as info:
         codec.decode_value(_many(limit, EMPTY_STRINGS), "options")

@@ -169,7 +169,7 @@ def test_local_servers_start_a_server_whose_env_hung_again_and_its_envs_rejoin(t
 def test_local_servers_pass_their_hang_timeout_unless_told_otherwise() -> None:
     cmds = []
     for kwargs in ({}, {"hang_timeout": 0}, {"server_args": ["--hang-timeout", "5"]}):
-        servers = LocalServers("CartPole-v1", 1, 1, **kwargs)  # type: ignore[arg-type]
+        servers = LocalServers("CartPole-v1", 1, 1, **kwargs)
         try:
             cmds.append(servers._children.cmds[0])
         finally:

@@ -15,9 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -131,7 +131,7 @@ def test_steps_on_the_socket_are_those_of_the_step_stream(start_servers: Any) ->
     for step_socket in (True, False):
         with RemoteVectorEnv(addresses, step_socket=step_socket) as envs:
             assert all(bool(c.step_socket) is step_socket for c in envs._clients)
-            run = [envs.reset(seed=3)]
+            run: list[tuple[Any, ...]] = [envs.reset(seed=3)]
             run += [envs.step(a) for a in actions]
             runs.append(run)
     assert_same(runs[0], runs[1])
@@ -412,7 +412,7 @@ def test_spinning_or_not_the_steps_are_the_same(start_servers: Any) -> None:
     for spin_wait in (0.0, 0.01):
         with RemoteVectorEnv(addresses, spin_wait=spin_wait, num_groups=2) as envs:
             assert [c.spin_wait for c in envs._clients] == [spin_wait, spin_wait]
-            run = [envs.reset(seed=1), *(envs.step(a) for a in actions[:50])]
+            run: list[tuple[Any, ...]] = [envs.reset(seed=1), *(envs.step(a) for a in actions[:50])]
             for a in actions[50:]:  # pipelined: recv() waits too (for either group: sorted after)
                 envs.send(a[:2], 0)
                 envs.send(a[2:], 1)
@@ -485,7 +485,7 @@ def test_local_servers_wait_awake_for_steps_only_on_step_sockets_with_a_cpu_each
     monkeypatch.setattr("learner.local.usable_cpus", lambda: cpus)
     with LocalServers("CartPole-v1", num_servers, 1, transport=transport) as servers:
         for proc in servers._procs:
-            args = list(proc.args)
+            args = list(cast(Sequence[str], proc.args))  # (Popen.args: the list LocalServers gave)
             assert args[args.index("--spin-wait-ms") :][:2] == expected if expected else "--spin-wait-ms" not in args
 
 
@@ -607,7 +607,7 @@ def test_servers_given_envfleet_spin_wait_ms_keep_it(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("ENVFLEET_SPIN_WAIT_MS", "0")
     monkeypatch.setattr("learner.local.usable_cpus", lambda: 8)
     with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
-        assert "--spin-wait-ms" not in list(servers._procs[0].args)
+        assert "--spin-wait-ms" not in list(cast(Sequence[str], servers._procs[0].args))
 
 
 @pytest.mark.parametrize("spin_wait", [-0.001, 2.0, "1ms", None, True])

@@ -161,7 +161,7 @@ class _CrashingStepStream(pb_grpc.EnvServiceServicer):
     def __init__(self) -> None:
         self.opened = 0
 
-    async def StepStream(self, requests: Any, context: grpc.aio.ServicerContext) -> None:  # type: ignore[override]
+    async def StepStream(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         self.opened += 1
         if await context.read() is grpc.aio.EOF:
             return

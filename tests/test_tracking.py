@@ -95,7 +95,8 @@ def _records(path: Path) -> Iterator[Any]:
         record += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a whole record, or its last chunk
-            message = wandb_internal_pb2.Record()
+            # (wandb is typed, but its generated protobuf modules make their classes at import: no stubs)
+            message = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             message.ParseFromString(record)
             yield message
             record = b""
@@ -285,9 +286,9 @@ def test_a_run_stopped_by_ctrl_c_or_an_error_finishes_its_wandb_run_with_the_exi
     )
     with monkeypatch.context() as patch:
         patch.setattr("learner.train.open_fleet", lambda spec: _fleet_ctrl_c_at(spec, at=8 + 3))
-        with pytest.raises(TrainingInterrupted) as stopped:
+        with pytest.raises(TrainingInterrupted) as interrupted:
             train(dataclasses.replace(args, run_dir=str(tmp_path / "stopped")))
-    assert stopped.value.summary["stop_reason"] == "interrupted"
+    assert interrupted.value.summary["stop_reason"] == "interrupted"
 
     @contextlib.contextmanager
     def failing(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:

@@ -13,7 +13,7 @@ import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import pytest
@@ -26,6 +26,7 @@ from learner.device import device_hint
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
+from learner.ppo import Agent
 from learner.resume import like_args, resume_args
 from learner.train import NothingToLearnError, train
 from tests.conftest import StartServers
@@ -155,7 +156,9 @@ def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["remote", "gym"])
-def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(tmp_path: Path, backend: str) -> None:
+def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(
+    tmp_path: Path, backend: Literal["remote", "gym"]
+) -> None:
     # ClockEnv's episodes last 100 steps; --max-episode-steps 5 truncates them after 5.
     args = Args(
         **clock(100),
@@ -353,7 +356,8 @@ def test_ctrl_c_during_the_last_update_still_stops_the_caller(tmp_path: Path, mo
 def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An MLP on the CPU trains on one torch thread; the caller's process (a notebook's kernel) gets its
     own count back, whether the run finished or was stopped."""
-    seen, interrupt = [], []
+    seen: list[int] = []
+    interrupt: list[bool] = []
 
     class Threads(gym.vector.VectorWrapper):
         def step(self, actions: Any) -> Any:
@@ -394,6 +398,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over_where_it_was(
     from. --resume and the same --run-dir both start it over, its files set aside (never mixed in)."""
     run = tmp_path / "r"
     args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=8, run_dir=str(run))
+    assert args.run_dir is not None
     train(args)
     stopped = []
     for again in (lambda: train(resume_args(args.run_dir)), lambda: train(args)):
@@ -415,6 +420,7 @@ def test_a_run_dir_is_held_by_one_learner_at_a_time(tmp_path: Path) -> None:
     """Two learners on one run dir (a resume while the run still runs) would lose each other's metrics
     and checkpoints: the second is refused, naming the holder; the lock goes with its holder."""
     args = Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(tmp_path / "r"))
+    assert args.run_dir is not None
     train(args)
     with (
         rundir.lock(tmp_path / "r"),
@@ -431,6 +437,7 @@ def test_a_resumed_run_keeps_what_its_nets_were_trained_on(tmp_path: Path) -> No
     """--norm-obs/--norm-reward (or a preset) turning normalisation on or off would feed the nets other
     observations and returns: refused, naming the option, before anything is written."""
     args = Args(**_resumable(), run_dir=str(tmp_path / "r"))  # (the mujoco preset: both on)
+    assert args.run_dir is not None
     train(args)
     before = rundir.read_jsonl(tmp_path / "r" / rundir.METRICS)
     for override, flag in ((dict(norm_obs=False), "--norm-obs"), (dict(preset="classic"), "--norm-obs")):
@@ -445,6 +452,7 @@ def test_a_resumed_run_keeps_the_tensorboard_point_of_its_checkpointed_update(tm
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = Args(**{**_resumable(), "tensorboard": True}, run_dir=str(tmp_path / "r"))
+    assert args.run_dir is not None
     train(dataclasses.replace(args, total_timesteps=32))
     train(resume_args(args.run_dir, total_timesteps=48))
     events = EventAccumulator(str(tmp_path / "r")).Reload()
@@ -774,7 +782,7 @@ def test_an_overlapped_update_that_fails_ends_the_run_with_its_error_and_no_chec
     calls = []
     real_update = train_module.ppo_update
 
-    def failing_third(agent: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def failing_third(agent: Agent, *args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 3:
             with torch.no_grad():
@@ -953,7 +961,7 @@ def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
     from learner import train as train_module
     from learner.cli import main
 
-    written = []
+    written: list[int] = []
 
     def save_until_full(run_dir: Any, step: int, payload: Any, keep: int = 3) -> Path:
         if written:
@@ -1069,7 +1077,11 @@ def test_in_process_envs_record_their_time_limit_and_env_kwargs(tmp_path: Path) 
     """config.json's envs (and the checkpoints' "served"): as for servers, which say theirs."""
     for limit, recorded in ((None, 500), (7, 7)):
         run = tmp_path / f"limit-{limit}"
-        argv = {"env": "CartPole-v1", "env_kwargs": {"sutton_barto_reward": True}, "max_episode_steps": limit}
+        argv: dict[str, Any] = {
+            "env": "CartPole-v1",
+            "env_kwargs": {"sutton_barto_reward": True},
+            "max_episode_steps": limit,
+        }
         train(Args(**QUIET, **argv, backend="gym", num_envs=2, num_steps=4, total_timesteps=8, run_dir=str(run)))
         envs = rundir.read_json(run / rundir.CONFIG)["envs"]
         assert (envs["max_episode_steps"], envs["env_kwargs"]) == (recorded, {"sutton_barto_reward": True})
@@ -1182,8 +1194,8 @@ def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
     writer, seen = Writer(), set[str]()
     for step, faults in ((8, {}), (16, {"env_errors": 2, "faults/failures": 1}), (24, {})):
         write_tensorboard(writer, {**base, **faults, "global_step": step}, seen)  # type: ignore[arg-type]
-    faults = [(tag, value, step) for tag, value, step in writer.scalars if tag.startswith("faults/")]
-    assert faults == [
+    fault_scalars = [(tag, value, step) for tag, value, step in writer.scalars if tag.startswith("faults/")]
+    assert fault_scalars == [
         ("faults/env_errors", 2, 16),
         ("faults/failures", 1, 16),
         ("faults/env_errors", 0, 24),
@@ -1193,5 +1205,9 @@ def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
     # A resumed session goes on with the tags its run started (from the run's metrics.jsonl, as kept).
     from learner.records import fault_tags_started
 
-    rows = [{**base, "global_step": 8}, {**base, "env_errors": 2, "global_step": 16}, {"global_step": 24}]
+    rows: list[dict[str, Any]] = [
+        {**base, "global_step": 8},
+        {**base, "env_errors": 2, "global_step": 16},
+        {"global_step": 24},
+    ]
     assert fault_tags_started(rows) == {"faults/env_errors"}

@@ -199,9 +199,13 @@ def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_serve
         run_dir=str(tmp_path / "run"),
         **QUIET,
     )
+
+    def kill_server(_: dict[str, Any]) -> None:
+        server.kill()
+
     with pytest.raises(
         NothingToLearnError, match=r"^the run reached --total-timesteps \(12\) without an update: every"
     ):
-        train(args, on_start=lambda _: server.kill())
+        train(args, on_start=kill_server)
     summary = rundir.read_json(tmp_path / "run" / rundir.SUMMARY)
     assert summary["updates"] == 0 and summary["stop_reason"].startswith("error: NothingToLearnError: the run reached")

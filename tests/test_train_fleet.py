@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def scheduled(name: str, schedule: object) -> str:
     return f"testfleet-train:{name}"
 
 
-QUIET = {"progress": False, "plot": False, "tensorboard": False, "checkpoint_every": 0}
+QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False, "checkpoint_every": 0}
 
 
 def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve, tmp_path: Path) -> None:
@@ -60,8 +61,8 @@ def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve,
     assert rows[1]["batch_size"] > rows[0]["batch_size"]
     # Each server's figures are keyed by its address, so they follow it wherever it is in the fleet (b is
     # the second server, then the first).
-    servers = [{k.removeprefix("replicas/").rpartition("/")[0] for k in r if k.startswith("replicas/")} for r in rows]
-    assert servers == [{a}, {a, b}, {a, b}, {b}, {b}], servers
+    seen = [{k.removeprefix("replicas/").rpartition("/")[0] for k in r if k.startswith("replicas/")} for r in rows]
+    assert seen == [{a}, {a, b}, {a, b}, {b}, {b}], seen
     assert [r[f"replicas/{b}/num_envs"] for r in rows[1:]] == [2, 2, 2, 2]
     assert summary["replicas"][a]["steps"] == 16 * 3 and summary["replicas"][b]["steps"] == 16 * 4
 

@@ -9,8 +9,9 @@ import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import gymnasium as gym
 import numpy as np
@@ -199,7 +200,7 @@ def test_arguments_of_the_wrong_kind_are_named(cartpole: RemoteVectorEnv) -> Non
     with pytest.raises(ValueError, match=r"^actions: expected an array for .*, got a str \('left'\)$"):
         cartpole.step("left")
     with pytest.raises(ValueError, match=r"^send: group must be an int in \[0, 1\), got True$"):
-        cartpole.send(np.zeros(2, dtype=np.int64), True)  # type: ignore[arg-type]
+        cartpole.send(np.zeros(2, dtype=np.int64), True)
     cartpole.step(np.zeros(2, dtype=np.int64))  # (nothing was sent)
     with pytest.raises(ValueError, match=r"num_groups: expected at most one group per server \(1 server\), got 2"):
         RemoteVectorEnv(cartpole.addresses, num_groups=2)
@@ -318,6 +319,7 @@ def test_step_wait_and_reset_wait_give_up_after_their_timeout(start_servers: Sta
 
 def test_reset_async_takes_seeds_from_an_iterator(start_servers: StartServers) -> None:
     with RemoteVectorEnv(start_servers("CartPole-v1", 1, 2)) as envs:
-        envs.reset_async(seed=iter([3, 4]))
+        # (reset_async reads any iterable of seeds; its annotation says Sequence)
+        envs.reset_async(seed=cast(Sequence[int], iter([3, 4])))
         obs, _ = envs.reset_wait()
         np.testing.assert_array_equal(obs, envs.reset(seed=[3, 4])[0])

@@ -34,11 +34,12 @@ def test_gif_timing_plays_in_real_time_within_what_a_gif_can_show(fps: float, ev
 
 
 def test_a_fast_env_keeps_every_kth_frame(tmp_path: Path) -> None:
-    from PIL import Image
+    from PIL import GifImagePlugin, Image
 
     recorded = video.record_episode(clock(10), lambda obs: [0], 0, tmp_path / "fast.gif", 125.0)
     assert (recorded["steps"], recorded["keep_every"]) == (10, 5)
     with Image.open(tmp_path / "fast.gif") as image:
+        assert isinstance(image, GifImagePlugin.GifImageFile)  # (n_frames: a multi-frame format's)
         assert (image.n_frames, image.info["duration"]) == (3, 40)  # frames 0, 5, 10 (the last: always)
 
 
