@@ -454,7 +454,10 @@ def _decode_value(value: pb.Value, where: Where, budget: _Budget, writeable: boo
         return value.raw
     if kind == "none":
         return None
-    raise CodecError(f"{where}: value is empty (no field of its oneof is set)")
+    raise CodecError(
+        f"{where}: value is empty (no field of its oneof is set, or one of a kind newer than this side's envfleet: "
+        "upgrade it)"
+    )
 
 
 def _decode_strings(strings: pb.StringArray, where: Where, budget: _Budget) -> np.ndarray:

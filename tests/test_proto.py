@@ -107,6 +107,8 @@ def test_what_a_newer_peer_may_send_is_refused_as_possibly_newer() -> None:
         codec.decode_tensor(pb.Tensor(dtype=99, shape=[1], data=b"\0"))  # type: ignore[arg-type]
     with pytest.raises(codec.CodecError, match=f"space: space is empty .*{newer}"):
         codec.decode_space(pb.Space())
+    with pytest.raises(codec.CodecError, match=f"value: value is empty .*{newer}"):
+        codec.decode_value(pb.Value())
     with pytest.raises(codec.CodecError, match=f"autoreset_mode: unknown or unset autoreset mode 4; .*{newer}"):
         codec.decode_autoreset_mode(4)  # type: ignore[arg-type]
     assert codec.decode_autoreset_mode(pb.AUTORESET_MODE_SAME_STEP).value == "SameStep"
