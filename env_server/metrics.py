@@ -71,8 +71,16 @@ LATENCY_BUCKETS = (
 METHODS = ("GetSpec", "Handshake", "Hold", "Reset", "Step", "StepStream", "Release")
 """The ``method`` label of ``envfleet_errors_total``: the EnvService rpc (the step socket's steps
 count as StepStream)."""
-ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL")
-"""The status codes the service sends, besides UNAUTHENTICATED (the token check's)."""
+ERROR_CODES = (
+    "INVALID_ARGUMENT",
+    "FAILED_PRECONDITION",
+    "RESOURCE_EXHAUSTED",
+    "UNAVAILABLE",
+    "INTERNAL",
+    "DEADLINE_EXCEEDED",
+)
+"""The status codes the service sends, besides UNAUTHENTICATED (the token check's); DEADLINE_EXCEEDED:
+a Handshake that came after its deadline."""
 SESSION_END_REASONS = ("released", "hold_ended", "claim_timeout", "shutdown", "unanswered")
 """The ``reason`` label of ``envfleet_sessions_ended_total``: the learner released the session
 (Release: it closed); its Hold stream ended without a Release (the learner closed without one,
@@ -173,7 +181,7 @@ class ServerMetrics:
         self.sessions_ended = Counter(
             "envfleet_sessions_ended",
             "Sessions ended, by why: released, hold_ended (learner closed or disconnected without a Release), "
-            "claim_timeout, shutdown",
+            "claim_timeout, shutdown, unanswered (its Handshake's answer could not be sent)",
             labelnames=("reason",),
             registry=r,
         )

@@ -415,8 +415,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     async def answer_handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> None:
         """Handshake as the server serves it (see AnswerHandshakes): the answer written here, one
-        message, as a unary call's is on the wire, so that the claim can be given up when it could not
-        be sent.
+        message, as a unary call's is on the wire (a refusal, sent before any message, goes as gRPC's
+        "Trailers-Only" form, status in the headers, which every gRPC client reads as a unary call's
+        refusal), so that the claim can be given up when it could not be sent.
 
         gRPC sends a unary handler's answer after the handler has returned, and tells the handler
         nothing when that fails (the call's deadline passed, the client cancelled it, or reset the
@@ -430,7 +431,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         response = await self.Handshake(request, context)
         if response is None:  # (refused: the status is set)
             return
-        session = self._claim  # (the one just opened: nothing ran meanwhile)
+        session = self._claim
+        if session is not None and session.id != response.session_id:
+            session = None  # (another ran meanwhile: Handshake awaits nothing today, but it might)
         if session is not None:
             session.answering = True
         try:
@@ -465,10 +468,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
         elif _deadline_passed(context):
             why = "the call's deadline passed before it could be sent"
         else:
-            why = (
-                "the call ended while it was being sent (the client cancelled it, its connection closed, or it "
-                "refused an answer that large: is its max receive message length at least that? gRPC's default "
-                "is 4 MiB)"
+            why = "the call ended while it was being sent (the client cancelled it, its connection closed" + (
+                ", or it refused an answer that large: is its max receive message length at least that? "
+                "gRPC's default is 4 MiB)"
+                if claim.answer_bytes > _GRPC_DEFAULT_RECEIVE
+                else ")"
             )
         self._end(
             claim,
@@ -490,10 +494,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "soon as the server notices; try again in a moment"
             )
         left = max(0.0, self._config.claim_timeout_s - (now - owner.last_seen))
+        limit = (
+            "is its max receive message length at least that? gRPC's default is 4 MiB; "
+            if owner.answer_bytes > _GRPC_DEFAULT_RECEIVE
+            else ""
+        )
         return (
             f". No call has used that session yet: if that learner is you, your client did not get the "
-            f"Handshake's answer, which takes {owner.answer_bytes:,} bytes (is its max receive message length "
-            f"at least that? gRPC's default is 4 MiB; did its deadline pass?); the claim ends in {left:.0f} s"
+            f"Handshake's answer, which takes {owner.answer_bytes:,} bytes ({limit}did its deadline pass, or "
+            f"did it give the call up?); the claim ends in {left:.0f} s"
         )
 
     def _note_unchecked_token(self, session: Session) -> None:
@@ -810,7 +819,7 @@ class AnswerHandshakes(grpc.aio.ServerInterceptor):
     """Serves Handshake with ``service.answer_handshake``, a handler that sends its answer itself.
 
     That handler streams its answer, one message, which is a unary answer on the wire (a message,
-    then the status), so clients see no difference; the generated code registers Handshake as unary,
+    then the status; a refusal: gRPC's Trailers-Only form, which gRPC clients read alike); the generated code registers Handshake as unary,
     whose answer gRPC sends after the handler has returned, telling it nothing of a failure (see
     EnvService.answer_handshake). The last interceptor: the others see the handler it gives.
     """
@@ -851,6 +860,11 @@ def _workers_ended(env: gym.vector.VectorEnv) -> bool:
 def _carries_token(context: grpc.aio.ServicerContext) -> bool:
     """Whether the call carries ``authorization`` metadata (a token, whatever it is)."""
     return any(key == AUTH_METADATA_KEY for key, _ in context.invocation_metadata() or ())
+
+
+# gRPC's default max receive message length (clients' too, unless they set theirs): a Handshake answer
+# over it may have been refused for its size.
+_GRPC_DEFAULT_RECEIVE = 4 * 1024 * 1024
 
 
 def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:

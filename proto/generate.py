@@ -6,12 +6,13 @@
 The code generator is pinned (grpcio-tools in pyproject's dev extra) so that the same proto always
 gives the same bytes; the runtime requirements (grpcio, protobuf) are at least as new as it.
 
-The wire contract: envfleet/v1/wire.json lists every field (by message and number: its name, type,
-label, oneof), enum value (by number) and rpc (its types and streaming) that envfleet.v1 has had.
-Clients in any language rely on each staying as it is, so regenerating refuses a proto that removes
-or changes one, and records what a proto adds. A change that breaks the wire belongs in a new
-package (envfleet.v2) served beside v1; to break v1 anyway, remove its entries from wire.json by
-hand, where the review sees it.
+The wire contract: envfleet/v1/wire.json lists every field of envfleet.v1 (by message and number:
+its name, JSON name, type, label, oneof, whether a map), enum value (by name: its number) and rpc
+(its types and streaming). Clients in any language rely on each staying as it is, so regenerating
+refuses a proto that removes or changes one, and records what a proto adds. A change that breaks
+the wire belongs in a new package (envfleet.v2) served beside v1; to break v1 anyway, remove its
+entries from wire.json by hand, where the review sees it, and mark a removed field's number and
+name `reserved` in the proto (wire.json then forgets them: reserved is what keeps them unused).
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def generate(dest: Path, proto_root: Path = PROTO_ROOT) -> dict[str, dict[str, A
 
 def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
     """What clients rely on, from a serialized FileDescriptorSet of env.proto: one entry per field
-    (``Message#number``; nested messages as ``Outer.Inner#number``), enum value (``Enum=number``) and
-    rpc (``Service/Method``). Names are part of it: JSON, text format and generated code use them."""
+    (``Message#number``; nested messages as ``Outer.Inner#number``: its name, JSON name, type, label,
+    oneof, whether a map), enum value (``Enum.NAME``: its number) and rpc (``Service/Method``). Names are
+    part of it: JSON, text format and generated code use them."""
     from google.protobuf import descriptor_pb2
 
     (file,) = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
@@ -81,8 +83,16 @@ def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
     contract: dict[str, dict[str, Any]] = {"package": {"name": file.package}}
 
     def enum(e: Any, prefix: str) -> None:
-        for value in e.value:
-            contract[f"{prefix}{e.name}={value.number}"] = {"name": value.name}
+        for value in e.value:  # (by name: an alias adds a name for a number)
+            contract[f"{prefix}{e.name}.{value.name}"] = {"number": value.number}
+
+    maps = set()  # the map fields' entry types (a map is a repeated entry message on the wire, not in JSON)
+
+    def find_maps(m: Any, prefix: str) -> None:
+        for nested in m.nested_type:
+            if nested.options.map_entry:
+                maps.add(f".{file.package}.{prefix}{m.name}.{nested.name}")
+            find_maps(nested, f"{prefix}{m.name}.")
 
     def message(m: Any, prefix: str) -> None:
         name = prefix + m.name
@@ -90,6 +100,8 @@ def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
             in_oneof = f.HasField("oneof_index") and not f.proto3_optional
             contract[f"{name}#{f.number}"] = {
                 "name": f.name,
+                "json_name": f.json_name,
+                "map": f.type_name in maps,
                 "type": field_type(f.type),
                 "type_name": f.type_name,
                 "label": field_label(f.label),
@@ -101,6 +113,8 @@ def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
         for e in m.enum_type:
             enum(e, name + ".")
 
+    for m in file.message_type:
+        find_maps(m, "")
     for m in file.message_type:
         message(m, "")
     for e in file.enum_type:

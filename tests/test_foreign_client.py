@@ -18,11 +18,21 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv
 from tests.conftest import ServerProcess, SpawnServer
+from tests.test_metrics import scrape
 
 TOKEN = "s3cret-token_for.tests"
 # A spec of 32 MB (WideActionEnv's Box bounds: 2 x 2M float64), as a Box observation of 16 MB makes:
 # over gRPC's default receive limit (4 MiB), and far more than crosses loopback in a millisecond.
-WIDE = ("tests.envs:WideActionEnv", 1, "--env-kwargs", '{"width": 2000000}', "--claim-timeout", "600")
+WIDE = (
+    "tests.envs:WideActionEnv",
+    1,
+    "--env-kwargs",
+    '{"width": 2000000}',
+    "--claim-timeout",
+    "600",
+    "--metrics-port",
+    "0",
+)
 
 
 @pytest.fixture
@@ -96,6 +106,11 @@ def test_a_handshake_answer_over_the_clients_receive_limit_claims_nothing(
         "free again",
         logs,
     ), logs
+    metrics = re.search(r"Prometheus metrics on (http://\S+/metrics)", logs)
+    assert metrics is not None, logs
+    samples = scrape(metrics.group(1))
+    assert samples["envfleet_sessions_ended_total{reason=unanswered}"] == 1.0, samples
+    assert samples["envfleet_sessions_started_total"] == 2.0, samples
 
 
 def test_the_learner_still_handshakes_and_holds_a_server_of_large_answers(wide_spec: ServerProcess) -> None:
@@ -117,8 +132,8 @@ def test_a_claim_no_call_has_used_says_so_to_the_next_handshake(spawn_server: Sp
         assert "this server's envs are claimed by 'foreign'" in details
         assert (
             "No call has used that session yet: if that learner is you, your client did not get the Handshake's "
-            f"answer, which takes {first.ByteSize():,} bytes (is its max receive message length at least that? "
-            "gRPC's default is 4 MiB; did its deadline pass?); the claim ends in "
+            f"answer, which takes {first.ByteSize():,} bytes (did its deadline pass, or did it give the call up?); "
+            "the claim ends in "
         ) in details, details
         # Once a call used it, its client had the answer: no such guess.
         stub.Reset(pb.ResetRequest(session_id=first.session_id), timeout=10)
@@ -126,6 +141,7 @@ def test_a_claim_no_call_has_used_says_so_to_the_next_handshake(spawn_server: Sp
             stub.Handshake(pb.HandshakeRequest(client_name="other"), timeout=10)
         assert "No call has used" not in str(info.value.details())
         stub.Release(pb.ReleaseRequest(session_id=first.session_id), timeout=10)
+    # (the hint about the receive limit is for answers over gRPC's default 4 MiB, as in the tests above)
 
 
 def test_the_call_sequence_the_proto_gives_ends_hold_with_released(spawn_server: SpawnServer) -> None:

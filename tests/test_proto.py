@@ -69,7 +69,16 @@ def _contract_of(generate: Any, tmp_path: Path, edit: tuple[str, str]) -> dict[s
         (("  DType dtype = 1;", "  int32 dtype = 1;"), "Tensor#1"),  # a field's type
         (("  bytes data = 3;", "  bytes payload = 3;"), "Tensor#3"),  # its name (JSON and generated code use it)
         (("  bytes data = 3;", "  bytes data = 4;"), "Tensor#3"),  # its number
-        (("  DTYPE_FLOAT64 = 12;", ""), "DType=12"),  # an enum value
+        (("  DTYPE_FLOAT64 = 12;", ""), "DType.DTYPE_FLOAT64"),  # an enum value
+        (("  DTYPE_FLOAT64 = 12;", "  DTYPE_DOUBLE = 12;"), "DType.DTYPE_FLOAT64"),  # its name (JSON, code)
+        (("  bytes data = 3;", '  bytes data = 3 [json_name = "payload"];'), "Tensor#3"),  # its JSON name
+        (  # a map made a list of the same entries: the same bytes, but a list in JSON
+            (
+                "  map<string, string> versions = 13;",
+                "  message P { string key = 1; string value = 2; }\n  repeated P versions = 13;",
+            ),
+            "EnvSpec#13 EnvSpec.VersionsEntry#1 EnvSpec.VersionsEntry#2",  # (the entry type goes too)
+        ),
         (("rpc StepStream(stream StepRequest)", "rpc StepStream(StepRequest)"), "EnvService/StepStream"),
         (("  rpc Release(ReleaseRequest) returns (ReleaseResponse);", ""), "EnvService/Release"),
     ],
@@ -78,12 +87,21 @@ def test_a_proto_that_breaks_the_wire_is_refused(tmp_path: Path, edit: tuple[str
     """wire.json holds envfleet.v1's contract: generate.py refuses a proto that removes or changes any of it."""
     generate = _generator()
     breaks = generate.wire_breaks(generate.recorded_wire(), _contract_of(generate, tmp_path, edit))
-    assert [b.split(" ")[0] for b in breaks] == [broken]
+    assert [b.split(" ")[0] for b in breaks] == broken.split()
     with pytest.raises(
         SystemExit,
-        match=f"(?s)proto/envfleet/v1/env.proto breaks the proto/envfleet/v1/wire.json wire contract.*{broken}",
+        match=f"(?s)proto/envfleet/v1/env.proto breaks the proto/envfleet/v1/wire.json wire contract.*{broken.split()[0]}",
     ):
         generate.refuse_breaks(breaks)
+
+
+def test_an_enum_alias_is_an_addition(tmp_path: Path) -> None:
+    generate = _generator()
+    edit = ("  DTYPE_UNSPECIFIED = 0;", "  option allow_alias = true;\n  DTYPE_UNSPECIFIED = 0;\n  DTYPE_DOUBLE = 12;")
+    contract = _contract_of(generate, tmp_path, edit)
+    recorded = generate.recorded_wire()
+    assert generate.wire_breaks(recorded, contract) == []
+    assert contract.keys() - recorded.keys() == {"DType.DTYPE_DOUBLE"}
 
 
 def test_a_proto_that_adds_to_the_wire_is_accepted_and_recorded(tmp_path: Path) -> None:
