@@ -292,7 +292,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         claim = self._claim
         if claim is None:
             return None
-        if claim.holds == 0 and now - claim.last_seen > self._config.claim_timeout_s:
+        # (not while its Handshake's answer is being written: a large one over a slow link takes a while)
+        if claim.holds == 0 and not claim.answering and now - claim.last_seen > self._config.claim_timeout_s:
             self._end(claim, f"no Hold stream and no calls for {self._config.claim_timeout_s:g} s", "claim_timeout")
             return None
         return claim
@@ -449,6 +450,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         finally:
             if session is not None:
                 session.answering = False
+                session.last_seen = time.monotonic()  # (its silence counts from when the answer left)
         if _deadline_passed(context):
             # Sent, but too late: a client takes a unary answer only with the status that follows it,
             # and the call's deadline, which has passed here, passed on the client first (the server's
