@@ -821,9 +821,10 @@ class AnswerHandshakes(grpc.aio.ServerInterceptor):
     """Serves Handshake with ``service.answer_handshake``, a handler that sends its answer itself.
 
     That handler streams its answer, one message, which is a unary answer on the wire (a message,
-    then the status; a refusal: gRPC's Trailers-Only form, which gRPC clients read alike); the generated code registers Handshake as unary,
-    whose answer gRPC sends after the handler has returned, telling it nothing of a failure (see
-    EnvService.answer_handshake). The last interceptor: the others see the handler it gives.
+    then the status; a refusal: gRPC's Trailers-Only form, which gRPC clients read alike). The
+    generated code registers Handshake as unary, whose answer gRPC sends after the handler has
+    returned, telling it nothing of a failure (see EnvService.answer_handshake). The last
+    interceptor: the others see the handler it gives.
     """
 
     def __init__(self, service: EnvService) -> None:
