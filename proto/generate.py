@@ -21,6 +21,7 @@ import argparse
 import filecmp
 import json
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -86,16 +87,11 @@ def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
         for value in e.value:  # (by name: an alias adds a name for a number)
             contract[f"{prefix}{e.name}.{value.name}"] = {"number": value.number}
 
-    maps = set()  # the map fields' entry types (a map is a repeated entry message on the wire, not in JSON)
-
-    def find_maps(m: Any, prefix: str) -> None:
-        for nested in m.nested_type:
-            if nested.options.map_entry:
-                maps.add(f".{file.package}.{prefix}{m.name}.{nested.name}")
-            find_maps(nested, f"{prefix}{m.name}.")
-
     def message(m: Any, prefix: str) -> None:
         name = prefix + m.name
+        # Its map fields' entry types, which protoc nests in it (a map is a repeated entry message on
+        # the wire, an object in JSON).
+        maps = {f".{file.package}.{name}.{nested.name}" for nested in m.nested_type if nested.options.map_entry}
         for f in m.field:
             in_oneof = f.HasField("oneof_index") and not f.proto3_optional
             contract[f"{name}#{f.number}"] = {
@@ -113,8 +109,6 @@ def wire_contract(descriptor_set: bytes) -> dict[str, dict[str, Any]]:
         for e in m.enum_type:
             enum(e, name + ".")
 
-    for m in file.message_type:
-        find_maps(m, "")
     for m in file.message_type:
         message(m, "")
     for e in file.enum_type:
@@ -171,20 +165,19 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed stubs differ from fresh ones")
     args = parser.parse_args()
     recorded = recorded_wire()
-    if not args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            refuse_breaks(wire_breaks(recorded, generate(Path(tmp))))
-        contract = generate(OUT)
-        write_wire(contract)
-        added = len(contract.keys() - recorded.keys())
-        print(
-            f"generate: wrote {', '.join(GENERATED)} to {OUT.relative_to(ROOT)}; "
-            f"{WIRE.relative_to(ROOT)}: {added} new entries"
-        )
-        return 0
     with tempfile.TemporaryDirectory() as tmp:
         contract = generate(Path(tmp))
-        refuse_breaks(wire_breaks(recorded, contract))
+        refuse_breaks(wire_breaks(recorded, contract))  # (before anything is written)
+        if not args.check:
+            for name in GENERATED:
+                shutil.copyfile(Path(tmp) / name, OUT / name)
+            write_wire(contract)
+            added = len(contract.keys() - recorded.keys())
+            print(
+                f"generate: wrote {', '.join(GENERATED)} to {OUT.relative_to(ROOT)}; "
+                f"{WIRE.relative_to(ROOT)}: {added} new entries"
+            )
+            return 0
         stale = [
             n for n in GENERATED if not (OUT / n).exists() or not filecmp.cmp(Path(tmp) / n, OUT / n, shallow=False)
         ]
