@@ -470,11 +470,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         elif _deadline_passed(context):
             why = "the call's deadline passed before it could be sent"
         else:
+            limit = _receive_limit_hint(claim.answer_bytes)
             why = "the call ended while it was being sent (the client cancelled it, its connection closed" + (
-                ", or it refused an answer that large: is its max receive message length at least that? "
-                "gRPC's default is 4 MiB)"
-                if claim.answer_bytes > _GRPC_DEFAULT_RECEIVE
-                else ")"
+                f", or it refused an answer that large: {limit})" if limit else ")"
             )
         self._end(
             claim,
@@ -496,15 +494,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "soon as the server notices; try again in a moment"
             )
         left = max(0.0, self._config.claim_timeout_s - (now - owner.last_seen))
-        limit = (
-            "is its max receive message length at least that? gRPC's default is 4 MiB; "
-            if owner.answer_bytes > _GRPC_DEFAULT_RECEIVE
-            else ""
-        )
+        limit = _receive_limit_hint(owner.answer_bytes)
         return (
             f". No call has used that session yet: if that learner is you, your client did not get the "
-            f"Handshake's answer, which takes {owner.answer_bytes:,} bytes ({limit}did its deadline pass, or "
-            f"did it give the call up?); the claim ends in {left:.0f} s"
+            f"Handshake's answer, which takes {owner.answer_bytes:,} bytes ({limit + '; ' if limit else ''}did its "
+            f"deadline pass, or did it give the call up?); the claim ends in {left:.0f} s"
         )
 
     def _note_unchecked_token(self, session: Session) -> None:
@@ -868,6 +862,14 @@ def _carries_token(context: grpc.aio.ServicerContext) -> bool:
 # gRPC's default max receive message length (clients' too, unless they set theirs): a Handshake answer
 # over it may have been refused for its size.
 _GRPC_DEFAULT_RECEIVE = 4 * 1024 * 1024
+
+
+def _receive_limit_hint(answer_bytes: int) -> str:
+    """The question to ask of a client that may have refused an answer of ``answer_bytes`` for its
+    size ("" for answers under gRPC's default limit, which no client sets lower in practice)."""
+    if answer_bytes <= _GRPC_DEFAULT_RECEIVE:
+        return ""
+    return "is its max receive message length at least that? gRPC's default is 4 MiB"
 
 
 def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:
