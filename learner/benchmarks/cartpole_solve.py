@@ -72,7 +72,9 @@ class Config:
 # "remote-8-overlap": remote-8-tuned's with learning rate 3e-3 and 10 epochs (19.4k steps on seeds
 # 1-3, but 23.2k on seeds 4-6, where remote-8-tuned needs 15.7k; cheaper updates also leave the
 # rollout more CPU). Decoupled PPO's objective and log-probs recomputed at the update's start, both
-# against the lag, did worse (2-4 of seeds 1-6 unsolved within 30k steps).
+# against the lag, did worse (2-4 of seeds 1-6 unsolved within 30k steps). The "remote-1x8-" ones
+# are the same settings on one server of 8 envs: one round trip per step instead of two, and one
+# server process fewer on the learner's cores (same trajectories without the overlap).
 CONFIGS: dict[str, Config] = {
     "remote-8": Config("envfleet, 2 local servers x 4 envs", "envfleet"),
     "remote-8-pipelined": Config("envfleet, 2 x 4, --pipeline-groups 2", "envfleet", overrides={"pipeline_groups": 2}),
@@ -93,6 +95,27 @@ CONFIGS: dict[str, Config] = {
             "update_epochs": 10,
         },
     ),
+    "remote-1x8-tuned": Config(
+        "envfleet, 1 x 8, tuned for 8 envs",
+        "envfleet",
+        1,
+        8,
+        overrides={"num_steps": 16, "learning_rate": 2e-3, "total_timesteps": 30_000, "gae_lambda": 0.9},
+    ),
+    "remote-1x8-overlap": Config(
+        "envfleet, 1 x 8, --overlap-update, tuned",
+        "envfleet",
+        1,
+        8,
+        overrides={
+            "overlap_update": True,
+            "num_steps": 16,
+            "learning_rate": 3e-3,
+            "total_timesteps": 30_000,
+            "gae_lambda": 0.9,
+            "update_epochs": 10,
+        },
+    ),
     "remote-1": Config("envfleet, 1 local server x 1 env", "envfleet", 1, 1),
     "remote-1-overlap": Config(
         "envfleet, 1 x 1, --overlap-update", "envfleet", 1, 1, overrides={"overlap_update": True}
@@ -104,8 +127,14 @@ CONFIGS: dict[str, Config] = {
 
 SUITES: dict[str, tuple[list[str], float]] = {
     "solve": (["remote-8", "sb3-subproc-8", "sb3-dummy-8", "remote-8-pipelined"], 0.0),
-    "delay": (["remote-8", "remote-8-tuned", "remote-8-overlap", "remote-1", "remote-1-overlap"], 2.0),
-    "plain": (["remote-8", "remote-8-tuned", "remote-8-overlap", "remote-1", "remote-1-overlap"], 0.0),
+    "delay": (
+        ["remote-8", "remote-8-tuned", "remote-8-overlap", "remote-1x8-overlap", "remote-1", "remote-1-overlap"],
+        2.0,
+    ),
+    "plain": (
+        ["remote-8", "remote-8-tuned", "remote-8-overlap", "remote-1x8-overlap", "remote-1", "remote-1-overlap"],
+        0.0,
+    ),
 }
 
 
