@@ -283,7 +283,7 @@ class FleetMembership:
         for j, err in misfits:
             client = reset[j]
             log.warning(
-                "refresh: env server %s leaves the fleet: its infos do not fit the other servers' (%s)",
+                "refresh: env server %s leaves the fleet: its infos do not fit the fleet's batch (%s)",
                 client.address,
                 err,
             )

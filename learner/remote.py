@@ -1461,7 +1461,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 (
                     self._clients.index(client),
                     InvalidResponseError(
-                        f"env server {client.address}: {method}: its infos do not fit the other servers' ({err})",
+                        f"env server {client.address}: {method}: its infos do not fit the fleet's batch ({err})",
                         address=client.address,
                     ),
                 )

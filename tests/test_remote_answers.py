@@ -1,4 +1,4 @@
-"""A server whose answer cannot be read, or whose infos do not fit the other servers', is an
+"""A server whose answer cannot be read, or whose infos do not fit the fleet's batch, is an
 InvalidResponseError naming it: raised by a plain fleet (the fleet then needs a reset, as after any
 failed step), and a lost server for a fault-tolerant one (was: a raw CodecError or ValueError, with
 no address, that ended a fault-tolerant run)."""
