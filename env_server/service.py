@@ -677,7 +677,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         start = time.perf_counter()
         session, actions = self._step_actions(request)
         result, env_seconds = await self._run_env("step", self.env.step, actions)
-        return self._step_response(session, result, env_seconds, start)
+        return self._step_response(session, result, env_seconds, start, request.step_id)
 
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
         """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
@@ -687,7 +687,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         start = time.perf_counter()
         session, actions = self._step_actions(request)
         result, env_seconds = self._call_env("step", self.env.step, actions)
-        return self._step_response(session, result, env_seconds, start)
+        return self._step_response(session, result, env_seconds, start, request.step_id)
 
     def _step_actions(self, request: pb.StepRequest) -> tuple[Session, Any]:
         """The request's session and its actions, checked; ServiceError for a request that cannot step."""
@@ -711,10 +711,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         except InvalidActionError as err:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
 
-    def _step_response(self, session: Session, result: Any, env_seconds: float, start: float) -> pb.StepResponse:
+    def _step_response(
+        self, session: Session, result: Any, env_seconds: float, start: float, step_id: int
+    ) -> pb.StepResponse:
         obs, rewards, terminations, truncations, infos = result
         self.steps += 1
-        response = pb.StepResponse(env_seconds=env_seconds)
+        response = pb.StepResponse(env_seconds=env_seconds, step_id=step_id)
         _encode_outputs(obs, response.observations, "observations")
         try:
             codec.encode_tensor(np.asarray(rewards, dtype=np.float64), response.rewards, "rewards")

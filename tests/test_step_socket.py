@@ -137,6 +137,27 @@ def test_steps_on_the_socket_are_those_of_the_step_stream(start_servers: Any) ->
     assert_same(runs[0], runs[1])
 
 
+def test_every_step_path_returns_the_requests_step_id(session: Session) -> None:
+    """StepResponse.step_id is the StepRequest's, on the step socket, StepStream and unary Step alike
+    (0 for a request without one), so a client sees an answer that is not to its request."""
+    requests = [_step_request(session.id, [0, 1, 0]) for _ in range(3)]
+    for step_id, request in zip((7, 2**64 - 1, 0), requests, strict=True):
+        request.step_id = step_id
+    sock = session.connect()
+    try:
+        sock.sendall(b"".join(_frame(FRAME_STEP, r.SerializeToString()) for r in requests))  # (pipelined)
+        answers = [_answer(sock) for _ in requests]
+    finally:
+        sock.close()
+    assert [(kind, pb.StepResponse.FromString(payload).step_id) for kind, payload in answers] == [
+        (FRAME_STEP, 7),
+        (FRAME_STEP, 2**64 - 1),
+        (FRAME_STEP, 0),
+    ]
+    assert [answer.step_id for answer in session.stub.StepStream(iter(requests), timeout=10)] == [7, 2**64 - 1, 0]
+    assert session.stub.Step(requests[0], timeout=10).step_id == 7
+
+
 def test_frame_stacks_of_several_reads_arrive_whole(start_servers: Any) -> None:
     # 3 x 4x84x84 uint8 Pong frame stacks: ~85 KB per answer, more than one read of the socket.
     (address,) = start_servers(

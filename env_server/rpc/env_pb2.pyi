@@ -302,28 +302,32 @@ class ResetResponse(_message.Message):
     def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "actions")
+    __slots__ = ("session_id", "actions", "step_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     actions: Value
-    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    step_id: int
+    def __init__(self, session_id: _Optional[str] = ..., actions: _Optional[_Union[Value, _Mapping]] = ..., step_id: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observations", "rewards", "terminations", "truncations", "infos", "env_seconds")
+    __slots__ = ("observations", "rewards", "terminations", "truncations", "infos", "env_seconds", "step_id")
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     TERMINATIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATIONS_FIELD_NUMBER: _ClassVar[int]
     INFOS_FIELD_NUMBER: _ClassVar[int]
     ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
     observations: Value
     rewards: Tensor
     terminations: Tensor
     truncations: Tensor
     infos: Value
     env_seconds: float
-    def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminations: _Optional[_Union[Tensor, _Mapping]] = ..., truncations: _Optional[_Union[Tensor, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ..., env_seconds: _Optional[float] = ...) -> None: ...
+    step_id: int
+    def __init__(self, observations: _Optional[_Union[Value, _Mapping]] = ..., rewards: _Optional[_Union[Tensor, _Mapping]] = ..., terminations: _Optional[_Union[Tensor, _Mapping]] = ..., truncations: _Optional[_Union[Tensor, _Mapping]] = ..., infos: _Optional[_Union[Value, _Mapping]] = ..., env_seconds: _Optional[float] = ..., step_id: _Optional[int] = ...) -> None: ...
 
 class StepError(_message.Message):
     __slots__ = ("code", "message", "env_index")
