@@ -67,14 +67,19 @@ AUTORESET_FROM_PROTO = {v: k for k, v in AUTORESET_TO_PROTO.items()}
 
 
 def decode_autoreset_mode(code: pb.AutoresetMode, where: Where = "autoreset_mode") -> gym.vector.AutoresetMode:
-    """The gymnasium autoreset mode of a wire ``AutoresetMode`` value."""
+    """The gymnasium autoreset mode of a wire ``AutoresetMode`` value; CodecError naming ``where``
+    otherwise: AUTORESET_MODE_UNSPECIFIED (0), a mode not set, told apart from a mode newer than this side."""
     try:
         return AUTORESET_FROM_PROTO[code]
     except KeyError:
-        raise CodecError(
-            f"{where}: unknown or unset autoreset mode {code}; expected one of AUTORESET_MODE_NEXT_STEP.."
-            "AUTORESET_MODE_DISABLED (unset, or a mode newer than this side's envfleet: upgrade it)"
-        ) from None
+        pass
+    known = "AUTORESET_MODE_NEXT_STEP (1), AUTORESET_MODE_SAME_STEP (2) or AUTORESET_MODE_DISABLED (3)"
+    if code == pb.AUTORESET_MODE_UNSPECIFIED:
+        raise CodecError(f"{where}: not set (AUTORESET_MODE_UNSPECIFIED); required: {known}")
+    raise CodecError(
+        f"{where}: unknown autoreset mode {code} (a mode newer than this side's envfleet: upgrade it); this side "
+        f"knows {known}"
+    )
 
 
 # A tensor may not claim more elements than this (2**31), whatever its data says: a guard against
@@ -108,15 +113,27 @@ def _dtype_code(dtype: np.dtype, where: str) -> pb.DType:
     return code
 
 
-def np_dtype(code: int, where: Where = "dtype") -> np.dtype:
-    """The numpy dtype of a wire ``DType`` value."""
+# The wire dtypes this side knows, as an error lists them.
+_DTYPE_NAMES = "DTYPE_BOOL (1), DTYPE_INT8..DTYPE_UINT64 (2-9), DTYPE_FLOAT16..DTYPE_FLOAT64 (10-12)"
+
+
+def np_dtype(code: int, where: Where = "dtype", *, required: str = "") -> np.dtype:
+    """The numpy dtype of a wire ``DType`` value; CodecError naming ``where`` otherwise.
+
+    DTYPE_UNSPECIFIED (0) is a dtype not set (a peer that left the field out: proto3 sends no zero),
+    said so, with ``required`` (why the field needs one, what to send) where given, else the valid
+    ones; only another number is one this side does not know, which a newer envfleet may send.
+    """
     try:
         return _FROM_PROTO[code]
     except KeyError:
-        raise CodecError(
-            f"{where}: unknown or unset dtype {code}; expected one of DTYPE_BOOL..DTYPE_FLOAT64 (unset, or a dtype "
-            "newer than this side's envfleet: upgrade it)"
-        ) from None
+        pass
+    if code == pb.DTYPE_UNSPECIFIED:
+        raise CodecError(f"{where}: not set (DTYPE_UNSPECIFIED); {required or f'expected one of {_DTYPE_NAMES}'}")
+    raise CodecError(
+        f"{where}: unknown dtype {code} (a dtype newer than this side's envfleet: upgrade it); this side knows "
+        f"{_DTYPE_NAMES}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,11 +151,20 @@ def encode_tensor(array: Any, out: pb.Tensor, where: str = "tensor") -> pb.Tenso
     return out
 
 
-def decode_tensor(tensor: pb.Tensor, where: Where = "tensor", *, writeable: bool = False) -> np.ndarray:
+def decode_tensor(
+    tensor: pb.Tensor, where: Where = "tensor", *, writeable: bool = False, expected: str = ""
+) -> np.ndarray:
     """The array a ``Tensor`` carries: a read-only view of the message's bytes, no copy; with
-    ``writeable``, a copy of them (for an env, which may change its action in place)."""
+    ``writeable``, a copy of them (for an env, which may change its action in place).
+
+    ``expected``: what the field holds (``"4 float64 rewards, one per env"``), which the error for an
+    empty Tensor says: no dtype, shape or data is a field the peer did not set (proto3 reads a field
+    left out as an empty message), not a dtype this side does not know.
+    """
     dtype = _FROM_PROTO.get(tensor.dtype)
     if dtype is None:  # (raises, naming where: a Path's text is made only then)
+        if not tensor.shape and not tensor.data and tensor.dtype == pb.DTYPE_UNSPECIFIED:
+            raise CodecError(f"{where}: not set (an empty Tensor: no dtype, shape or data){_expected(expected)}")
         dtype = np_dtype(tensor.dtype, f"{where}.dtype")
     shape = tuple(tensor.shape)
     count = _element_count(shape, where)
@@ -157,6 +183,10 @@ def decode_tensor(tensor: pb.Tensor, where: Where = "tensor", *, writeable: bool
 
 
 _LITTLE = np.little_endian
+
+
+def _expected(what: str) -> str:
+    return f": expected {what}" if what else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,9 +484,19 @@ def _decode_value(value: pb.Value, where: Where, budget: _Budget, writeable: boo
         return value.raw
     if kind == "none":
         return None
-    raise CodecError(
-        f"{where}: value is empty (no field of its oneof is set, or one of a kind newer than this side's envfleet: "
-        "upgrade it)"
+    raise CodecError(_empty_oneof(value, where, "value"))
+
+
+def _empty_oneof(msg: pb.Value | pb.Space, where: Where, what: str) -> str:
+    """Why ``msg`` (a Value or a Space: a oneof, of which none of the kinds this side knows is set) cannot
+    be decoded: nothing set at all is a field the peer left out (proto3 reads it as an empty message);
+    anything else is a kind this side does not know (its fields come as unknown ones), which a newer
+    envfleet may send."""
+    if msg.ByteSize() == 0:
+        return f"{where}: not set (an empty {type(msg).__name__}: none of its kinds is set)"
+    return (
+        f"{where}: {what} of a kind this side does not know (none of the kinds it knows is set; one newer than "
+        "this side's envfleet: upgrade it)"
     )
 
 
@@ -544,14 +584,21 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
     try:
         if kind == "discrete":
             d = msg.discrete
-            return gym.spaces.Discrete(d.n, start=d.start, dtype=np_dtype(d.dtype, f"{where}.dtype"))
+            dtype = np_dtype(d.dtype, f"{where}.dtype", required=_DISCRETE_DTYPE)
+            return gym.spaces.Discrete(d.n, start=d.start, dtype=dtype)
         if kind == "box":
-            low = decode_tensor(msg.box.low, f"{where}.low")
-            high = decode_tensor(msg.box.high, f"{where}.high")
+            low = decode_tensor(msg.box.low, f"{where}.low", expected="the Box's lower bounds, of its shape and dtype")
+            high = decode_tensor(msg.box.high, f"{where}.high", expected="the Box's upper bounds, as low")
             return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
         if kind == "multi_discrete":
-            nvec = decode_tensor(msg.multi_discrete.nvec, f"{where}.nvec")
-            start = decode_tensor(msg.multi_discrete.start, f"{where}.start")
+            nvec = decode_tensor(
+                msg.multi_discrete.nvec,
+                f"{where}.nvec",
+                expected="the number of values of each element, of the MultiDiscrete's shape and dtype",
+            )
+            start = decode_tensor(
+                msg.multi_discrete.start, f"{where}.start", expected="the smallest value of each element, as nvec"
+            )
             return gym.spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
         if kind == "multi_binary":
             shape = list(msg.multi_binary.shape)
@@ -568,7 +615,11 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
         raise
     except (ValueError, TypeError, AssertionError) as err:
         raise CodecError(f"{where}: invalid {kind} space: {err}") from err
-    raise CodecError(
-        f"{where}: space is empty (no field of its oneof is set, or one of a kind newer than this side's envfleet: "
-        "upgrade it)"
-    )
+    raise CodecError(_empty_oneof(msg, where, "space"))
+
+
+# (the proto's "(gymnasium's default is int64)" read as optional to one server's author: it is not)
+_DISCRETE_DTYPE = (
+    "a DiscreteSpace's dtype is required: the integer dtype of its samples, DTYPE_INT64 for gymnasium's Discrete "
+    "default (any of DTYPE_INT8..DTYPE_UINT64)"
+)

@@ -64,6 +64,7 @@ __all__ = [
     "channel_options",
     "client_identity",
     "request_too_large",
+    "server_text",
     "status_error",
     "timeout_error",
     "translate_error",
@@ -109,22 +110,56 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[RemoteEnvError]] = {
 
 
 # What gRPC's own UNIMPLEMENTED ("Method not found!", which names no service) means of a server, by
-# the method it answered so. Handshake, GetSpec: another gRPC server on that port, or an envfleet of
-# another protocol version. Step: it served Handshake and Reset, so it is an envfleet server, one older
-# than StepStream (the first versions' servers stepped by unary calls); every step of it would fail alike.
-_NO_ENVFLEET = (
-    f"it answers gRPC but serves no {SERVICE_NAME}: the wrong port, or a server of another envfleet protocol version"
-)
+# the method it answered so. Handshake: another gRPC server on that port, or an envfleet of another
+# protocol version. GetSpec alone says less: those, or an envfleet.v1 server (one written from the
+# proto, say) that lacks GetSpec. Step: it served Handshake and Reset, so it speaks envfleet.v1 but
+# has no StepStream (envfleet's first versions stepped by unary calls; a server written from the proto
+# may leave it out); every step of it would fail alike.
 _UNIMPLEMENTED_MEANS: dict[str, str] = {
-    "Handshake": _NO_ENVFLEET,
-    "GetSpec": _NO_ENVFLEET,
+    "Handshake": (
+        f"it answers gRPC but serves no {SERVICE_NAME}: the wrong port, or a server of another envfleet "
+        "protocol version"
+    ),
+    "GetSpec": (
+        "it answers gRPC but not GetSpec: the wrong port, a server of another envfleet protocol version, or an "
+        f"{SERVICE_NAME} server without GetSpec"
+    ),
     "Step": (
-        "it serves no StepStream, which this learner steps on: an env server older than it (envfleet's first "
-        "versions); upgrade the server"
+        "it serves no StepStream, which this learner steps on: an envfleet.v1 server must serve it for the "
+        "Python learner (envfleet's own first versions did not: upgrade those)"
     ),
 }
 
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+SERVER_TEXT_LIMIT = 1_000
+"""The most characters of one server-sent text the learner shows (see :func:`server_text`)."""
+
+# Characters a terminal acts on rather than shows: C0 and C1 controls (ESC starts ANSI sequences, C1's
+# CSI too), DEL, line and paragraph separators, and the bidirectional overrides and isolates, which
+# reorder what follows them on screen.
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def server_text(text: str) -> str:
+    """``text`` a server sent (a status's details, a HoldEvent's reason, a step socket's StepError
+    message) as the learner shows it: its control characters escaped as Python writes them (``\\x1b``,
+    ``\\x00``, ``\\n``), so that no server can clear, recolour or rewrite a terminal or forge log
+    lines, and at most :data:`SERVER_TEXT_LIMIT` characters, then how many more there were (training
+    repeats an error in every warning). The one place server-sent text is cleaned: texts the learner
+    compares (NOT_OWNED, SHUTTING_DOWN_MESSAGE, SHUTDOWN_REASON) are compared on the raw text."""
+    if len(text) <= SERVER_TEXT_LIMIT and _UNSHOWABLE.search(text) is None:
+        return text
+    shown: list[str] = []
+    size = 0
+    for i, char in enumerate(text):
+        piece = char.encode("unicode_escape").decode("ascii") if _UNSHOWABLE.match(char) else char
+        if size + len(piece) > SERVER_TEXT_LIMIT:
+            return "".join(shown) + f"... ({len(text) - i:,} more characters)"
+        shown.append(piece)
+        size += len(piece)
+    return "".join(shown)
+
 
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
@@ -156,6 +191,9 @@ _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger t
 _UNCHECKED_TOKEN_WARNED: set[str] = set()
 # Servers whose step socket this process could not use (warned once each; a new session tries again).
 _STEP_SOCKET_WARNED: set[str] = set()
+# Servers whose Hold stream did not hold (warned once each), and those whose spec has no server_id.
+_HOLD_WARNED: set[str] = set()
+_NO_SERVER_ID_WARNED: set[str] = set()
 
 
 def translate_error(
@@ -173,7 +211,8 @@ def translate_error(
     # carry code(), details() and trailing_metadata().
     is_call = isinstance(err, grpc.Call | grpc.aio.AioRpcError)
     code = err.code() if is_call else None
-    details = (err.details() if is_call else None) or str(err)
+    # (a call's empty details are "no details", never the call's repr: status_error says so)
+    details = (err.details() or "") if is_call else str(err)
     env_index: int | None = None
     from_server = False
     if is_call:
@@ -207,7 +246,71 @@ def _core_internal(err: grpc.RpcError) -> bool:
 
 
 _PROBE_S = 0.5
-"""How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal."""
+"""How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal, and
+:meth:`_Statuses.before_write` for the status of a stream a write found ended."""
+
+# How a Hold stream's end says its session is over, besides a HoldEvent: the session is not live
+# (FAILED_PRECONDITION), the server is going or the connection was lost (UNAVAILABLE, CANCELLED), a
+# deadline (none is set: gRPC's own). (gRPC's own INTERNAL, a connection that broke, too: _core_internal.)
+_HOLD_ENDS_SESSION = frozenset(
+    {
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+
+Status = tuple[grpc.StatusCode, str, tuple[tuple[str, Any], ...]]
+"""A call's status: code, details, trailing metadata."""
+
+
+class _Statuses:
+    """The statuses a StepStream call is given: a done callback of the call, and what it has now.
+
+    A write on a stream the server has ended (answered, then closed: gRPC core has its status, this
+    loop may not have taken it in yet) fails with gRPC's own INTERNAL "Internal error from Core", and
+    grpc.aio makes that the call's status, over the server's (set a moment before, as the write
+    waited: only a done callback saw it) or before it (the server's replaces it a few turns of the
+    loop later). The status the server sent is the one that is not the write's. (grpc.aio hands a
+    status to callers only through coroutines; the callback reads the one just set from the call's core
+    object, ``_cython_call._status``: where a grpc.aio keeps it elsewhere, the callback sees none.)
+    """
+
+    def __init__(self) -> None:
+        self.seen: list[Status] = []
+
+    def __call__(self, call: Any) -> None:
+        status = getattr(getattr(call, "_cython_call", None), "_status", None)
+        try:
+            code = _CODE_BY_NUMBER.get(status.code(), grpc.StatusCode.UNKNOWN)  # type: ignore[union-attr]
+            seen = (code, status.details() or "", tuple(status.trailing_metadata() or ()))  # type: ignore[union-attr]
+        except AttributeError:
+            return
+        self.seen.append(seen)
+
+    async def before_write(self, call: Any) -> Status | None:
+        """The status the server ended ``call`` with, for a write on it that just failed with gRPC's own
+        INTERNAL: one seen that is not the write's, or the call's own once the server's replaced the
+        write's, within :data:`_PROBE_S` (the server's status is in already: a few turns of the loop);
+        None if none comes."""
+        deadline = time.monotonic() + _PROBE_S
+        while True:
+            now: Status = (await call.code(), await call.details() or "", tuple(await call.trailing_metadata()))
+            status = next((s for s in (*self.seen, now) if not _writes_own(s)), None)
+            if status is not None or time.monotonic() >= deadline:
+                return status
+            await asyncio.sleep(0.01)
+
+
+CORE_INTERNAL_DETAILS = "Internal error from Core"
+"""The details of the status grpc.aio gives a call whose write failed in gRPC core (the call had ended)."""
+
+
+def _writes_own(status: Status) -> bool:
+    """Whether ``status`` is the one grpc.aio gives a call whose write failed (not a peer's: no trailers)."""
+    code, details, trailers = status
+    return code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL_DETAILS and not trailers
 
 
 CALL_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
@@ -231,7 +334,10 @@ def status_error(
     statuses become errors); ``env_index`` is over the whole fleet, ``from_server`` whether the env
     server itself sent the status; ``hint``: see :func:`translate_error`; ``stream_ended``: the status
     is that of a stream the server had closed before ``method``'s exchange on it (whatever the code,
-    the server is lost: ServerUnavailableError)."""
+    the server is lost: ServerUnavailableError). ``details`` are the server's raw text: compared raw,
+    shown through :func:`server_text` (empty ones as "no details"), and kept raw as the error's
+    ``details``."""
+    raw = details
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not from_server:
         too_large = _TOO_LARGE.fullmatch(details)
         if too_large is not None:
@@ -264,20 +370,30 @@ def status_error(
                 code=code,
             )
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
-    if stream_ended:
+    shown = server_text(raw) if raw else "no details"
+    details = shown
+    if stream_ended and code == grpc.StatusCode.OK:
+        # (a stream ended with OK before its request was answered: envfleet's servers end a stream so only
+        # once the learner half-closes it, which it never does; a server written from the proto may)
         cls = ServerUnavailableError
-        details = f"the step stream ended ({details or 'no details'})"
+        details = (
+            "the server ended its StepStream (status OK) without answering this step; a server must answer every "
+            "StepRequest on the stream, in order" + (f" ({shown})" if raw else "")
+        )
+    elif stream_ended:
+        cls = ServerUnavailableError
+        details = f"the step stream ended ({shown})"
     elif code == grpc.StatusCode.UNIMPLEMENTED and method in _UNIMPLEMENTED_MEANS:
-        details = f"{_UNIMPLEMENTED_MEANS[method]} ({details or 'no details'})"
+        details = f"{_UNIMPLEMENTED_MEANS[method]} ({shown})"
     elif code == grpc.StatusCode.INTERNAL and not from_server:
         # gRPC itself ended the call (e.g. "Internal error from Core" when the server died mid-stream):
         # the connection broke, the env did not raise.
         cls = ServerUnavailableError
-        details = f"the connection broke ({details})"
+        details = f"the connection broke ({shown})"
     if (
         code == grpc.StatusCode.UNAVAILABLE
         and not from_server
-        and ("ping timeout" in details or "keepalive watchdog timeout" in details)
+        and ("ping timeout" in raw or "keepalive watchdog timeout" in raw)
     ):
         details += (
             ": the server did not answer a keepalive ping in time: it stopped, or its host is cut off, or "
@@ -292,7 +408,7 @@ def status_error(
     if env_index is not None:
         prefix += f" (env {env_index} of the fleet)"
     name = code.name if code is not None else "error"
-    return cls(f"{prefix} failed [{name}]: {details}", address=address, code=code, env_index=env_index)
+    return cls(f"{prefix} failed [{name}]: {details}", address=address, code=code, env_index=env_index, details=raw)
 
 
 def request_too_large(address: str, method: str, size: int, limit: int, *, read: bool = False) -> InvalidRequestError:
@@ -367,8 +483,18 @@ class EnvClient:
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         self.session_id = ""
         self.spec: pb.EnvSpec | None = None
+        self.claim_timeout_s = 0.0  # (the session's, as its Handshake said; 0: not said)
         self._hold: Any = None
+        self._hold_watch: asyncio.Task[None] | None = None  # (reads the Hold stream's end: _watch_hold)
+        self._hold_ended = False  # the Hold stream's end said the session is over
+        self._hold_reason: str | None = None  # the HoldEvent's reason, raw, once one came
+        self._disowned = False  # a call was answered that the session does not own the server
+        self._step_statuses: _Statuses | None = None  # (those of the open StepStream)
         self._steps: Any = None  # the open StepStream call, or None
+        # The step_id of the last request made (step_request): the one in flight, whose answer must
+        # carry it (servers return it; 0 from those older than the field, which cannot be checked).
+        self.step_id = 0
+        self._out_of_step = False  # an answer was to another request: open a new StepStream (out_of_step)
         self.writing = False  # a step's request not yet handed to gRPC (its stream still opening)
         # Steps go over the server's step socket (see the proto) when it has one and we reached it
         # over its Unix socket (so we are on its host): the path, and the open connection or None.
@@ -391,6 +517,14 @@ class EnvClient:
     def _error(
         self, err: grpc.RpcError, method: str, timeout: float | None = None, hint: str | None = None
     ) -> RemoteEnvError:
+        if (
+            isinstance(err, grpc.aio.AioRpcError)
+            and err.code() == grpc.StatusCode.FAILED_PRECONDITION
+            and NOT_OWNED in (err.details() or "")
+        ):
+            # The server says the session is over: whatever its Hold stream said (one that does not hold
+            # leaves the session to be kept: see _watch_hold), a new session is needed.
+            self._disowned = True
         if (
             isinstance(err, grpc.aio.AioRpcError)
             and err.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -420,21 +554,86 @@ class EnvClient:
         await self.channel.channel_ready()
 
     async def handshake(self) -> pb.HandshakeResponse:
+        """The server's answer to a Handshake; InvalidResponseError for one without a session_id (no
+        call could name the session: a new Handshake would get the same)."""
         request = pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
         try:
-            return await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
+            response = await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
             raise self._error(err, "Handshake") from None
+        if not response.session_id:
+            raise InvalidResponseError(
+                f"env server {self.address}: Handshake's answer has an empty session_id; expected the id of the "
+                "session it opened, which every later call carries: the server does not follow envfleet.v1",
+                address=self.address,
+            )
+        if not response.spec.server_id and self.address not in _NO_SERVER_ID_WARNED:
+            _NO_SERVER_ID_WARNED.add(self.address)
+            log.warning(
+                "env server %s answers no server_id (its spec's is empty): a restart of it cannot be told from "
+                "the same process, so after a lost connection the learner takes it for the same one",
+                self.address,
+            )
+        return response
 
     def start_session(self, response: pb.HandshakeResponse) -> None:
-        """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim)."""
+        """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim). On
+        the client's event loop: a task of it watches the Hold stream (:meth:`_watch_hold`)."""
         self.session_id = response.session_id
         self.spec = response.spec
+        self.claim_timeout_s = response.claim_timeout_s
         self.step_socket = self._adopt_step_socket(response.step_socket)
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token(response.client_certificates_required)
+        self._hold_ended, self._hold_reason, self._disowned = False, None, False
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
+        self._hold_watch = asyncio.get_running_loop().create_task(self._watch_hold(self._hold))
+
+    async def _watch_hold(self, hold: Any) -> None:
+        """Wait for the end of the Hold stream ``hold`` and take in what it says of the session.
+
+        The session is over when the stream says so, as the proto has it: a HoldEvent (its reason kept
+        for :meth:`ended_by_shutdown`), or FAILED_PRECONDITION (the session is not live); or when it
+        lost its connection or the server is going (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, gRPC's
+        own INTERNAL). Any other end comes from a server that does not hold sessions this way: gRPC's
+        UNIMPLEMENTED (it has no Hold), OK without a HoldEvent, another error. Its Handshake has just
+        granted the session, so the session is kept (taking it for over would make a new one at every
+        reset, and refuse partial resets), with a warning, once per server; a call the server then
+        answers that the session does not own it ends the session (``_disowned``)."""
+        try:
+            event = await hold.read()
+        except asyncio.CancelledError:
+            return  # (cancelled here: the session was let go of, or abandoned)
+        except grpc.aio.AioRpcError as err:
+            code, details = err.code(), err.details() or ""
+            if code in _HOLD_ENDS_SESSION or _core_internal(err):
+                if hold is self._hold:
+                    self._hold_ended = True
+                return
+            did = (
+                "answered UNIMPLEMENTED (it serves no Hold)"
+                if code == grpc.StatusCode.UNIMPLEMENTED
+                else f"ended with [{code.name}] ({server_text(details) if details else 'no details'})"
+            )
+        else:
+            if event is not grpc.aio.EOF:
+                if hold is self._hold:
+                    self._hold_reason, self._hold_ended = event.reason, True
+                return
+            did = "ended (status OK) without a HoldEvent, which a server sends before it ends the stream"
+        if hold is not self._hold or self.address in _HOLD_WARNED:
+            return
+        _HOLD_WARNED.add(self.address)
+        claim = f"{self.claim_timeout_s:g} s" if self.claim_timeout_s > 0 else "a time it did not say"
+        log.warning(
+            "env server %s: its Hold stream %s: without Hold, the server keeps this learner's claim only while "
+            "calls come within its claim timeout (HandshakeResponse.claim_timeout_s: %s); a longer pause between "
+            "calls may lose the session, and the next call then says so. The session is kept meanwhile",
+            self.address,
+            did,
+            claim,
+        )
 
     def _adopt_step_socket(self, offered: str) -> str:
         """The path to step on for a server that offers a step socket at ``offered`` (its path, in the
@@ -482,26 +681,29 @@ class EnvClient:
 
     @property
     def session_ended(self) -> bool:
-        """Whether this session is over: its Hold stream ended, or the connection it ran on did.
+        """Whether this session is over: its Hold stream said so (see :meth:`_watch_hold`), a call was
+        answered that it does not own the server, or the connection it ran on ended.
 
         The server ends a claim when its Hold stream's connection drops, so a channel that is no
         longer READY (the server stopped, restarted or vanished) means the session is gone.
         """
         if self._hold is None:
             return False
-        return bool(self._hold.done()) or self.channel.get_state() is not grpc.ChannelConnectivity.READY
+        return self._hold_ended or self._disowned or self.channel.get_state() is not grpc.ChannelConnectivity.READY
 
     async def ended_by_shutdown(self, wait: float = 0.1) -> bool:
         """Whether the server ended this session because it is shutting down (SIGTERM: a scale-down, a
         restart), as the end of its Hold stream says; False if the stream ended otherwise (the server
         killed, the connection cut) or said nothing within ``wait`` seconds. For a session that ended."""
-        if self._hold is None:
+        watch = self._hold_watch
+        if self._hold is None or watch is None:
             return False
-        try:
-            event = await asyncio.wait_for(self._hold.read(), wait)
-        except (grpc.RpcError, TimeoutError):
-            return False
-        return event is not grpc.aio.EOF and event.reason == SHUTDOWN_REASON
+        if not watch.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(watch), wait)
+            except TimeoutError:
+                return False
+        return self._hold_reason == SHUTDOWN_REASON  # (the raw reason: a stable text of the protocol)
 
     async def get_spec(self) -> pb.EnvSpec:
         return (await self.get_spec_response()).spec
@@ -547,8 +749,10 @@ class EnvClient:
             raise self._error(err, "Reset", timeout, hint) from None
 
     def step_request(self) -> pb.StepRequest:
-        """An empty request of this session, for the caller to fill with actions."""
-        return pb.StepRequest(session_id=self.session_id)
+        """An empty request of this session, for the caller to fill with actions, numbered: its
+        ``step_id`` (this client's count of steps sent) comes back in the answer (see :attr:`step_id`)."""
+        self.step_id += 1
+        return pb.StepRequest(session_id=self.session_id, step_id=self.step_id)
 
     async def step(self, request: pb.StepRequest) -> pb.StepResponse:
         """Send ``request`` on the session's StepStream (opened on first use) and return the answer.
@@ -558,17 +762,33 @@ class EnvClient:
         limit is refused before it is sent (InvalidRequestError), the stream left as it is.
         """
         self.check_request_size(request.ByteSize(), "Step")
+        if self._out_of_step:
+            self._out_of_step = False
+            if self._steps is not None:
+                self._steps.cancel()
+                self._steps = None
         fresh = self._steps is None
         if fresh:
             self._steps = self.stub.StepStream(metadata=self.metadata)
-        call = self._steps
+            self._step_statuses = _Statuses()
+            self._steps.add_done_callback(self._step_statuses)
+        call, statuses = self._steps, self._step_statuses
         try:
             self.writing = True  # (on a new stream, until it is open: a few turns of the loop)
             try:
                 await call.write(request)
             except grpc.RpcError as err:
-                if fresh and _core_internal(err):
-                    err = await self._refusal_of_new_streams() or err
+                if _core_internal(err):
+                    # The write found the stream ended: report the status the server ended it with.
+                    status = await statuses.before_write(call) if statuses is not None else None
+                    if status is not None and (status[0] == grpc.StatusCode.OK or not fresh):
+                        self._steps = None
+                        raise self._stream_ended(status[0], status[1]) from None
+                    if status is not None:  # (a new stream, refused as it opened: the step's own answer)
+                        code, details, trailers = status
+                        err = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailers), details)
+                    elif fresh:
+                        err = await self._refusal_of_new_streams() or err
                 raise err from None
             finally:
                 self.writing = False
@@ -625,7 +845,7 @@ class EnvClient:
             "env server %s: its step socket %s refused the connection (%s); stepping over gRPC",
             self.address,
             self.step_socket,
-            reason,
+            server_text(reason),
         )
         self.step_socket = ""
 
@@ -633,7 +853,9 @@ class EnvClient:
         """The step socket answered the first step on a connection that this session does not own its
         server (``reason``): the socket at that path is another server's (or the session ended: gRPC
         will say so). The step was not taken; step over gRPC for the rest of the session."""
-        self._step_over_grpc(f"does not know this session ({reason}): another server's step socket at that path?")
+        self._step_over_grpc(
+            f"does not know this session ({server_text(reason)}): another server's step socket at that path?"
+        )
 
     def _step_over_grpc(self, why: str) -> None:
         """Step over gRPC for the rest of the session, the step socket being unusable (``why``):
@@ -648,6 +870,13 @@ class EnvClient:
             why,
         )
         self.step_socket = ""
+
+    def out_of_step(self) -> None:
+        """An answer came that was to another request than the one sent (StepResponse.step_id): the
+        stream or step socket it came on is out of step (an answer more, or one less, in it). The next
+        step goes on a new one. (From any thread: the StepStream is cancelled on the loop, at that step.)"""
+        self._out_of_step = True
+        self.close_step_socket()
 
     def close_step_socket(self) -> None:
         """Close the step socket's connection (the next step connects again)."""
@@ -674,9 +903,11 @@ class EnvClient:
         return None
 
     async def _ended(self, call: Any) -> RemoteEnvError:
-        return status_error(
-            await call.code(), await call.details() or "", address=self.address, method="Step", stream_ended=True
-        )
+        return self._stream_ended(await call.code(), await call.details() or "")
+
+    def _stream_ended(self, code: grpc.StatusCode, details: str) -> RemoteEnvError:
+        """The error for a step whose stream the server had ended (with ``code``, ``details``) before answering it."""
+        return status_error(code, details, address=self.address, method="Step", stream_ended=True)
 
     # -- failures ---------------------------------------------------------------------------------
 
@@ -690,16 +921,22 @@ class EnvClient:
             self._steps.cancel()
             self._steps = None
         self.close_step_socket()
+        self._drop_hold()
+
+    def _drop_hold(self) -> None:
+        """Cancel the Hold stream and its watch (the watch ends at the loop's next turn)."""
         if self._hold is not None:
             self._hold.cancel()
             self._hold = None
+        if self._hold_watch is not None:
+            self._hold_watch.cancel()
 
     async def release_session(self, session_id: str, timeout: float) -> None:
         """End ``session_id`` on the server (best effort; unknown or ended sessions are fine)."""
         try:
             await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            log.debug("release of an old session on %s failed: %s", self.address, err)
+            log.debug("release of an old session on %s failed: %s", self.address, _said(err))
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -722,11 +959,9 @@ class EnvClient:
                     pb.ReleaseRequest(session_id=self.session_id), timeout=timeout, metadata=self.metadata
                 )
             except grpc.RpcError as err:
-                log.debug("release of %s failed: %s", self.address, err)
+                log.debug("release of %s failed: %s", self.address, _said(err))
             self.session_id = ""
-        if self._hold is not None:
-            self._hold.cancel()
-            self._hold = None
+        self._drop_hold()
 
     async def close(self) -> None:
         """Release the session, close the connection, and wait (:data:`CLOSE_WAIT_S` at most) for what
@@ -741,8 +976,18 @@ class EnvClient:
         await self.release()
         await self.channel.close()
         left = _call_tasks(self.channel)
+        if self._hold_watch is not None and not self._hold_watch.done():
+            left.append(self._hold_watch)
         if left:
             await asyncio.wait(left, timeout=CLOSE_WAIT_S)
+
+
+def _said(err: grpc.RpcError) -> str:
+    """What a failed call's status says, for a log line: its code and its details, cleaned (server_text)."""
+    if not isinstance(err, grpc.aio.AioRpcError):
+        return server_text(str(err))
+    details = err.details() or ""
+    return f"[{err.code().name}] {server_text(details) if details else 'no details'}"
 
 
 CLOSE_WAIT_S = 0.25

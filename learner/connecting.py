@@ -241,7 +241,7 @@ class FleetConnection:
             try:
                 return await client.handshake()
             except ServerBusyError as err:
-                if first is not None and f"claimed by {client.client_name!r}" in str(err):
+                if first is not None and f"claimed by {client.client_name!r}" in err.details:
                     # The server holds the session a failed attempt of this learner claimed (its answer
                     # was lost on the way: a ping timeout on a slow link, say): the first failure is the
                     # one to say (those after it follow from it: connect timeouts behind the lost answer).

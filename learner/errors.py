@@ -117,6 +117,10 @@ class RemoteEnvError(EnvFleetError):
             invalid action, a step after a failed one), the one the server would send; None when no
             call was made otherwise (e.g. nothing listens).
         env_index: the env the error is about, counted over all servers, when the server named one.
+        details: the status's text as the server sent it ("" when there was none, or no status): what
+            code that looks for a stable text of the protocol (``env_server.protocol``: NOT_OWNED,
+            SHUTTING_DOWN_MESSAGE, ...) compares, since the message shows it escaped and shortened
+            (``learner.client.server_text``).
     """
 
     def __init__(
@@ -126,11 +130,13 @@ class RemoteEnvError(EnvFleetError):
         address: str,
         code: grpc.StatusCode | None = None,
         env_index: int | None = None,
+        details: str = "",
     ) -> None:
         super().__init__(message)
         self.address = address
         self.code = code
         self.env_index = env_index
+        self.details = details
 
 
 class ServerUnavailableError(RemoteEnvError, ConnectionError):

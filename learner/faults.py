@@ -9,6 +9,15 @@ A server that is lost again soon after it came back (it answers handshakes and r
 steps: a broken env, a full step socket, a bug) is *flapping*: each such loss waits longer before
 the server is taken back, on the reconnect backoff's schedule, and is logged at most once in a
 while, so that it costs neither a reconnect per step nor a log line per step.
+
+A server whose answers cannot be read (:class:`~learner.errors.InvalidResponseError`: an answer that
+does not decode, or does not fit the fleet) is lost as any other, once: one such answer may be a
+one-off (an answer over the size limit, infos of a rare episode end laid out otherwise). Again at once
+after it came back, before it answered a step that could be read, it is *broken* (see
+:data:`UNREADABLE_IN_A_ROW`): a server that does not keep to the protocol (another version, a bug in
+one written from the proto) answers so every time, and reconnecting to it for good would train on
+without its envs, the run "succeeding" with half of its env steps lost. So fault tolerance raises
+instead, as it does for a refused token: the operator's to fix, not an outage to wait out.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import numpy as np
 
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
-from learner.errors import AuthenticationError, InvalidRequestError, RemoteEnvError
+from learner.errors import AuthenticationError, InvalidRequestError, InvalidResponseError, RemoteEnvError
 from learner.specs import incompatible
 
 __all__ = [
@@ -36,6 +45,7 @@ __all__ = [
     "STALL",
     "STALL_BASELINE",
     "STILL_DOWN_LOG_S",
+    "UNREADABLE_IN_A_ROW",
     "FaultStats",
     "Replica",
     "ReplicaState",
@@ -70,6 +80,13 @@ partition takes to end (the server's keepalive notices within ~15 s), and each r
 joined (every :data:`STILL_DOWN_LOG_S`) tells of a try since the last; 30 s, the default
 ``--claim-timeout``, would double that wait to save two refusals a minute."""
 
+UNREADABLE_IN_A_ROW = 2
+"""A server lost this many times in a row to answers that could not be read (InvalidResponseError),
+with no step answered (and read) between, is broken, not out: the fault-tolerant fleet raises rather
+than reconnect to it again. Between the two it was reconnected, and its reset's answer may have been
+read: a server that answers resets but no step still gives nothing to learn from. One such loss alone
+is an outage (a one-off is no broken server); a broken one costs a single reconnect before it is found out."""
+
 STALL = (1.0, 10.0, 60.0)
 """A step the fleet waited at least ``least`` seconds for, one of whose answers spent that long outside
 its server's envs and ``factor`` times its median time outside them (over :data:`STALL_BASELINE` steps
@@ -93,7 +110,9 @@ class ReplicaState(enum.Enum):
 def is_outage(err: BaseException) -> bool:
     """Whether ``err`` means the server is gone, hung, restarted, its env broke or its answer could not
     be read (:class:`~learner.errors.InvalidResponseError`), so: reconnect; rather than a mistake of
-    the learner's (invalid actions) or of its configuration (a wrong token)."""
+    the learner's (invalid actions) or of its configuration (a wrong token). An answer that could not
+    be read is an outage once: again right after the reconnect, the server is broken (see
+    :meth:`Replica.broken_by`), which the fleet raises when it loses it."""
     return isinstance(err, RemoteEnvError) and not isinstance(err, InvalidRequestError | AuthenticationError)
 
 
@@ -176,6 +195,9 @@ class Replica:
     """When a line last said it was lost again (see :data:`RELAPSE_LOG_S`)."""
     relapses_unlogged: int = 0
     """Relapses since that line."""
+    unreadable: int = 0
+    """Losses in a row to answers that could not be read, with no step answered between (see
+    :data:`UNREADABLE_IN_A_ROW`)."""
 
     def settled(self, now: float) -> bool:
         """Whether it has answered steps for long enough since it came back (or never left)."""
@@ -203,11 +225,22 @@ class Replica:
         ends (for a log line), else 0."""
         self.answered += 1
         self.failing_since = 0.0
+        self.unreadable = 0
         if not self.relapses or not self.settled(time.monotonic()):
             return 0
         relapses, self.relapses = self.relapses, 0
         self.relapses_logged_at, self.relapses_unlogged = 0.0, 0
         return relapses
+
+    def broken_by(self, err: BaseException) -> bool:
+        """Count a loss to ``err`` (before it is noted: :meth:`note_loss`); whether it makes the server
+        broken: its answers could not be read :data:`UNREADABLE_IN_A_ROW` times in a row, with no step
+        answered between. Other losses leave the count as it was: a server that also times out in
+        between has answered nothing readable either."""
+        if not isinstance(err, InvalidResponseError):
+            return False
+        self.unreadable += 1
+        return self.unreadable >= UNREADABLE_IN_A_ROW
 
     def hold_off(self, backoff: tuple[float, float]) -> float:
         """Seconds to wait before taking it back after its latest loss: none after a first loss, then,

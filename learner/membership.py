@@ -467,7 +467,8 @@ def _shutting_down(err: BaseException) -> bool:
     return (
         isinstance(err, RemoteEnvError)
         and err.code == grpc.StatusCode.UNAVAILABLE
-        and SHUTTING_DOWN_MESSAGE in str(err)
+        # (the server's raw text; str(err) for errors made again elsewhere, which keep no details)
+        and (SHUTTING_DOWN_MESSAGE in err.details or SHUTTING_DOWN_MESSAGE in str(err))
     )
 
 

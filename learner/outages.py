@@ -16,7 +16,7 @@ from gymnasium.vector.utils import batch_space, iterate
 
 from learner.batching import slice_batch
 from learner.client import EnvClient
-from learner.errors import ServerUnavailableError
+from learner.errors import InvalidResponseError, ServerUnavailableError
 from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect
 from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
@@ -70,6 +70,8 @@ class FleetOutages:
 
         def _share_cpus(self) -> None: ...
 
+        def _raise_first(self, errors: Sequence[BaseException]) -> None: ...
+
     def _lose_all(
         self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
     ) -> None:
@@ -84,20 +86,37 @@ class FleetOutages:
                 gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
             )
         told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
+        broken = []  # (raised once every server is marked: none left up with its step failed)
         for i, err in lost:
             cut = truncate if isinstance(truncate, bool) else truncate.get(i, False)
-            self._lose(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
+            gone = self._mark_lost(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
+            if gone is not None:
+                broken.append(gone)
+        self._raise_first(broken)
 
     def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
         """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
         saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
         it settled since it came back waits longer each time before it is taken back (see
         learner.faults: Replica.hold_off). ``truncate``: the next step ends its envs' episodes,
-        truncated (a mask over its envs: those envs' only, where the others had no episode under way)."""
+        truncated (a mask over its envs: those envs' only, where the others had no episode under way).
+
+        A server whose answers could not be read again right after it came back is broken, not lost
+        (learner.faults: Replica.broken_by): marked down all the same, but not reconnected, and an
+        InvalidResponseError saying so is raised (the fleet then needs a reset, as after any failed step)."""
+        broken = self._mark_lost(server, err, truncate=truncate, planned=planned)
+        if broken is not None:
+            self._raise_first([broken])
+
+    def _mark_lost(
+        self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool
+    ) -> InvalidResponseError | None:
+        """:meth:`_lose`'s work, but for a broken server the error to raise, returned (None otherwise)."""
         replica, client = self._replicas[server], self._clients[server]
         if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
             log.debug("env server %s, down already: %s", client.address, err)
-            return
+            return None
+        broken = replica.broken_by(err)
         now = time.monotonic()
         replica.note_loss(now, planned=planned)
         replica.state = ReplicaState.DOWN
@@ -115,6 +134,8 @@ class FleetOutages:
         replica.last_error = str(err)
         replica.planned = planned
         client.abandon()
+        if broken:  # (no reconnect, no line: the error says it all)
+            return _broken(client, err, replica.unreadable)
         first, last = client.env_offset, client.env_offset + client.num_envs - 1
         envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
         hold_off = replica.hold_off(self.backoff)
@@ -168,6 +189,7 @@ class FleetOutages:
                 hold_off=hold_off,
             )
         )
+        return None
 
     def _forget_truncations(self, mask: np.ndarray | None) -> None:
         """A reset (of the envs in ``mask``; None: all) ends the episodes a server's loss was still to
@@ -247,6 +269,25 @@ class FleetOutages:
             servers_left=retired.left,
             servers_not_joined=len(self.servers_not_joined),
         )
+
+
+def _broken(client: EnvClient, err: BaseException, times: int) -> InvalidResponseError:
+    """The error a fault-tolerant fleet raises for a broken server (see learner.faults: UNREADABLE_IN_A_ROW):
+    ``err``, the latest of the ``times`` answers in a row that could not be read, and why this is no outage."""
+    envs = f"env{'s' if client.num_envs > 1 else ''} {client.env_offset}"
+    if client.num_envs > 1:
+        envs += f"-{client.env_offset + client.num_envs - 1}"
+    text = str(err)
+    broken = InvalidResponseError(
+        f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {times} of its answers "
+        "in a row could not be read, the last right after a reconnect, with no step answered between (a server "
+        "that does not keep to the envfleet.v1 protocol: another version, or a bug); it is not reconnected, as "
+        f"fault tolerance would go on without its {envs} for good: fix or replace it",
+        address=client.address,
+        code=getattr(err, "code", None),  # (RESOURCE_EXHAUSTED for an answer over the size limit)
+    )
+    broken.__cause__ = err
+    return broken
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:

@@ -174,6 +174,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
       waits so only when no server of the fleet is up either); once all have been down for ``give_up_after``
       seconds, it raises :class:`~learner.errors.ServerUnavailableError` instead. A flapping server
       counts as down from its first loss until it answers a step again.
+    * A server whose answers cannot be read (:class:`~learner.errors.InvalidResponseError`) again right
+      after it came back, with no step answered between, is broken, not lost: it is not reconnected,
+      and the step raises that InvalidResponseError (the fleet then needs a reset), as a refused token
+      does; one unreadable answer alone is an outage (see learner.faults: UNREADABLE_IN_A_ROW).
 
     Invalid arguments (:class:`~learner.errors.InvalidArgumentError`), invalid actions
     (:class:`~learner.errors.InvalidRequestError`) and a refused token
@@ -1394,11 +1398,22 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         client = self._clients[server]
         start, k = client.env_offset - base, client.num_envs
         try:
+            if response.step_id not in (client.step_id, 0):  # (0: a server older than step_id)
+                client.out_of_step()
+                raise ValueError(
+                    f"step_id: expected {client.step_id}, the request's, got {response.step_id}: the server "
+                    f"answered {'an earlier request again' if response.step_id < client.step_id else 'another request'}"
+                    " (every later answer would be one step off)"
+                )
             obs = codec.decode_value(response.observations, "observations")
             check_batch(self._obs_buffer, obs, k)
-            rewards = codec.decode_tensor(response.rewards, "rewards")
-            terminations = codec.decode_tensor(response.terminations, "terminations")
-            truncations = codec.decode_tensor(response.truncations, "truncations")
+            rewards = codec.decode_tensor(response.rewards, "rewards", expected=f"{k} float64 rewards, one per env")
+            terminations = codec.decode_tensor(
+                response.terminations, "terminations", expected=f"{k} bools (DTYPE_BOOL), one per env"
+            )
+            truncations = codec.decode_tensor(
+                response.truncations, "truncations", expected=f"{k} bools (DTYPE_BOOL), one per env"
+            )
             if not rewards.shape == terminations.shape == truncations.shape == (k,):
                 for name, values in (
                     ("rewards", rewards),

@@ -115,7 +115,7 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
             response = await client.get_spec_response()
             times.append(time.perf_counter() - start)
     except RemoteEnvError as err:
-        starting = err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in str(err)
+        starting = err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in err.details
         info.error = (
             "starting (building its envs)" if starting else str(err).removeprefix(f"env server {client.address}: ")
         )

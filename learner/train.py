@@ -92,6 +92,7 @@ __all__ = [
     "Args",
     "NothingToLearnError",
     "Rollout",
+    "UnusableEnvOutputError",
     "fleet_spec",
     "like_args",
     "resume_args",
@@ -117,6 +118,28 @@ after its first update, so that a log shows the run under way at once, not a min
 class NothingToLearnError(EnvFleetError):
     """No env gave a transition for ``EMPTY_ROLLOUTS`` rollouts in a row: the run stops (its envs' errors
     are in the message)."""
+
+
+class UnusableEnvOutputError(EnvFleetError, ValueError):
+    """An env gave what training cannot use: a NaN or infinite reward, or an observation the policy cannot
+    act on (NaN or infinite values, outside its Discrete space). The message names the env and, on env
+    servers, the server that hosts it. The env's to fix (or a wrapper's); an EnvFleetError, so that
+    ``learner train`` ends with how to go on from the run's last checkpoint once it is, as for the other
+    errors that stop a run (and a ValueError, as it was before it was one)."""
+
+
+def env_server_of(envs: Any, env: int) -> str:
+    """What names where env ``env`` (counted over the fleet) runs, as the start of an error's message: "env
+    server ADDRESS: " on a fleet of env servers (``envs.addresses`` and ``envs.env_slices``: RemoteVectorEnv's,
+    as of now: the fleet may have changed since the run began), "" for in-process envs."""
+    slices = getattr(envs, "env_slices", None)
+    addresses = getattr(envs, "addresses", None)
+    if slices is None or addresses is None:
+        return ""
+    for address, envs_of in zip(addresses, slices, strict=False):
+        if envs_of.start <= env < envs_of.stop:
+            return f"env server {address}: "
+    return ""
 
 
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
@@ -308,10 +331,13 @@ class Acting:
         obs_rms: RunningMeanStd | None,
         obs_dtype: torch.dtype,
         device: torch.device,
+        server_of: Callable[[int], str] = lambda env: "",
     ) -> None:
         self.agent, self.actor = agent, actor
         self.obs_space, self.action_space = obs_space, action_space
         self.obs_rms, self.obs_dtype, self.device = obs_rms, obs_dtype, device
+        self.server_of = server_of
+        """Env index -> what names its server at the start of an error (see :func:`env_server_of`)."""
 
     def prepare_obs(self, obs: Any, update_stats: bool, stale: np.ndarray | None = None) -> Tensor:
         """One batch of observations onto the device (one copy), normalised when asked; ``stale``
@@ -332,16 +358,18 @@ class Acting:
     def acting_on(self, raw: np.ndarray, envs_of: Sequence[int]) -> Iterator[None]:
         """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
         of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
-        own errors say neither which env nor what came) into a ValueError naming the env, the value
-        and the space; looked for only then. (The envs' own values: --norm-obs statistics updated
-        with a NaN make every env's normalised observation NaN.)"""
+        own errors say neither which env nor what came) into an UnusableEnvOutputError naming the env,
+        its server, the value and the space; looked for only then. (The envs' own values: --norm-obs
+        statistics updated with a NaN make every env's normalised observation NaN.)"""
         try:
             yield
         except (RuntimeError, ValueError, IndexError) as err:
-            problem = unusable_observation(np.asarray(raw), self.obs_space, envs_of)
-            if problem is None:
-                raise
-            raise ValueError(problem) from err
+            raw = np.asarray(raw)
+            for i, env in enumerate(envs_of):  # (one at a time: the first that explains it names its server)
+                problem = unusable_observation(raw[i : i + 1], self.obs_space, [env])
+                if problem is not None:
+                    raise UnusableEnvOutputError(self.server_of(env) + problem) from err
+            raise
 
     def env_actions(self, raw: Tensor) -> Any:
         action_space = self.action_space
@@ -695,6 +723,7 @@ def train(
             obs_rms=obs_rms,
             obs_dtype=obs_dtype,
             device=device,
+            server_of=functools.partial(env_server_of, envs),
         )
         checkpointer = Checkpointer(
             run_dir,
@@ -925,9 +954,9 @@ def train(
                         # (one NaN spreads through the advantages into the nets, and the next step's
                         # sampling fails with torch's "probability tensor contains ... nan")
                         bad_env = int(np.flatnonzero(valid & ~np.isfinite(reward_np))[0])
-                        raise ValueError(
-                            f"reward of env {bad_env} is {reward_np[bad_env]}: PPO cannot learn from a NaN or infinite reward "
-                            "(fix the env, or clip its rewards in a wrapper)"
+                        raise UnusableEnvOutputError(
+                            f"{env_server_of(envs, bad_env)}reward of env {bad_env} is {reward_np[bad_env]}: PPO cannot "
+                            "learn from a NaN or infinite reward (fix the env, or clip its rewards in a wrapper)"
                         )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)

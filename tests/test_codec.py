@@ -169,8 +169,8 @@ def test_unencodable_values_name_the_key(value: Any, fragment: str) -> None:
     ("tensor", "fragment"),
     [
         (pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=[2], data=b"\0" * 4), "needs 8 bytes, got 4"),
-        (pb.Tensor(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "unknown or unset dtype"),
-        (pb.Tensor(dtype=cast(pb.DType, 77), shape=[1], data=b"\0"), "unknown or unset dtype"),
+        (pb.Tensor(dtype=pb.DTYPE_UNSPECIFIED, shape=[1], data=b"\0"), "actions.dtype: not set (DTYPE_UNSPECIFIED)"),
+        (pb.Tensor(dtype=cast(pb.DType, 77), shape=[1], data=b"\0"), "actions.dtype: unknown dtype 77"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[-1], data=b""), "must be >= 0"),
         (pb.Tensor(dtype=pb.DTYPE_UINT8, shape=[2**40, 2**40], data=b""), "more than"),
         # Zero elements, but numpy cannot make that shape all the same (a case the fuzz test found).
@@ -181,6 +181,70 @@ def test_malformed_tensors_are_rejected(tensor: pb.Tensor, fragment: str) -> Non
     with pytest.raises(codec.CodecError) as info:
         codec.decode_tensor(tensor, "actions")
     assert fragment in str(info.value) and "actions" in str(info.value)
+
+
+def test_a_tensor_left_out_is_said_not_set_with_what_was_expected() -> None:
+    """A peer that leaves a Tensor field out (a server of another language that sends no rewards) sends
+    nothing: read as an empty Tensor, it was said to have an "unknown or unset dtype 0" and to need an
+    upgrade."""
+    expected = "4 float64 rewards, one per env"
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_tensor(pb.Tensor(), "rewards", expected=expected)
+    assert str(info.value) == f"rewards: not set (an empty Tensor: no dtype, shape or data): expected {expected}"
+    with pytest.raises(codec.CodecError, match=r"^terminations: not set \(an empty Tensor: no dtype, shape or data\)$"):
+        codec.decode_tensor(pb.Tensor(), "terminations")
+    # Only the dtype left out: that is said, with the dtypes there are; no upgrade advised.
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_tensor(pb.Tensor(shape=[4], data=bytes(32)), "rewards", expected=expected)
+    text = str(info.value)
+    assert text.startswith("rewards.dtype: not set (DTYPE_UNSPECIFIED); expected one of DTYPE_BOOL (1), "), text
+    assert "DTYPE_FLOAT16..DTYPE_FLOAT64 (10-12)" in text and "newer" not in text and "upgrade" not in text
+    # A dtype number this side does not know: a newer peer's.
+    with pytest.raises(codec.CodecError, match=r"^rewards.dtype: unknown dtype 13 \(a dtype newer than this side's"):
+        codec.decode_tensor(pb.Tensor(dtype=cast(pb.DType, 13), shape=[4], data=bytes(32)), "rewards")
+
+
+def test_a_space_without_its_dtype_or_bounds_is_said_not_set() -> None:
+    """DiscreteSpace.dtype is required ("gymnasium's default is int64" in the proto read as optional to a
+    server's author, who then got "unknown or unset dtype 0")."""
+    discrete = pb.Space(discrete=pb.DiscreteSpace(n=3))
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_space(discrete, "action_space")
+    assert str(info.value) == (
+        "action_space.dtype: not set (DTYPE_UNSPECIFIED); a DiscreteSpace's dtype is required: the integer dtype "
+        "of its samples, DTYPE_INT64 for gymnasium's Discrete default (any of DTYPE_INT8..DTYPE_UINT64)"
+    )
+    discrete.discrete.dtype = pb.DTYPE_INT64
+    assert codec.decode_space(discrete, "action_space") == gym.spaces.Discrete(3)
+    box = codec.encode_space(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    box.box.ClearField("high")
+    with pytest.raises(codec.CodecError, match=r"^observation_space.high: not set \(an empty Tensor: .*\): expected"):
+        codec.decode_space(box, "observation_space")
+    multi = codec.encode_space(gym.spaces.MultiDiscrete([2, 3]))
+    multi.multi_discrete.nvec.ClearField("dtype")
+    with pytest.raises(codec.CodecError, match=r"^space.nvec.dtype: not set \(DTYPE_UNSPECIFIED\); expected one"):
+        codec.decode_space(multi)
+
+
+def test_a_value_or_space_left_out_is_told_from_one_of_a_newer_kind() -> None:
+    """Nothing set: a field the peer left out (was: "empty, or one of a kind newer than this side's
+    envfleet: upgrade it" either way); a field this side does not know set: a newer peer's."""
+    with pytest.raises(codec.CodecError, match=r"^observations: not set \(an empty Value: none of its kinds is set\)$"):
+        codec.decode_value(pb.Value(), "observations")
+    with pytest.raises(codec.CodecError, match=r"^action_space: not set \(an empty Space: none of its kinds is set\)$"):
+        codec.decode_space(pb.Space(), "action_space")
+    newer = pb.Value.FromString(b"\x98\x06\x01")  # (field 99, which no envfleet.v1 Value has yet)
+    with pytest.raises(codec.CodecError, match=r"^infos: value of a kind this side does not know .* upgrade it\)$"):
+        codec.decode_value(newer, "infos")
+
+
+def test_an_autoreset_mode_left_out_is_said_not_set() -> None:
+    with pytest.raises(codec.CodecError) as info:
+        codec.decode_autoreset_mode(pb.AUTORESET_MODE_UNSPECIFIED)
+    assert str(info.value) == (
+        "autoreset_mode: not set (AUTORESET_MODE_UNSPECIFIED); required: AUTORESET_MODE_NEXT_STEP (1), "
+        "AUTORESET_MODE_SAME_STEP (2) or AUTORESET_MODE_DISABLED (3)"
+    )
 
 
 @pytest.mark.parametrize("shape", [[2**31, 2**31, 2**31, 0, 0], [0, 2**31, 2**31]])

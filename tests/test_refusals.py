@@ -77,7 +77,14 @@ def test_a_step_stream_found_ended_is_a_lost_server_whatever_its_status(code: gr
     for details, said in (("gone", "gone"), ("", "no details")):
         err = status_error(code, details, address="h:1", method="Step", stream_ended=True)
         assert type(err) is ServerUnavailableError and (err.address, err.code, err.env_index) == ("h:1", code, None)
-        assert str(err) == f"env server h:1: Step failed [{code.name}]: the step stream ended ({said})"
+        if code == grpc.StatusCode.OK:  # (no error: a server that ended the stream before answering)
+            assert str(err) == (
+                "env server h:1: Step failed [OK]: the server ended its StepStream (status OK) without answering "
+                "this step; a server must answer every StepRequest on the stream, in order"
+                + (f" ({said})" if details else "")
+            )
+        else:
+            assert str(err) == f"env server h:1: Step failed [{code.name}]: the step stream ended ({said})"
 
 
 class _Ended:
@@ -96,17 +103,17 @@ class _Ended:
 def test_the_client_words_a_stream_that_ended_through_status_error() -> None:
     client = EnvClient.__new__(EnvClient)
     client.address = "h:1"
-    err = asyncio.run(client._ended(_Ended(grpc.StatusCode.OK, None)))
+    err = asyncio.run(client._ended(_Ended(grpc.StatusCode.UNAVAILABLE, None)))
     assert type(err) is ServerUnavailableError
-    assert str(err) == "env server h:1: Step failed [OK]: the step stream ended (no details)"
+    assert str(err) == "env server h:1: Step failed [UNAVAILABLE]: the step stream ended (no details)"
 
 
 @pytest.mark.parametrize(
     ("method", "meaning"),
     [
         ("Handshake", "it answers gRPC but serves no envfleet.v1.EnvService: the wrong port"),
-        ("GetSpec", "it answers gRPC but serves no envfleet.v1.EnvService: the wrong port"),
-        ("Step", "it serves no StepStream, which this learner steps on: an env server older than it"),
+        ("GetSpec", "it answers gRPC but not GetSpec: the wrong port, a server of another envfleet protocol"),
+        ("Step", "it serves no StepStream, which this learner steps on: an envfleet.v1 server must serve it"),
     ],
 )
 def test_grpcs_own_unimplemented_says_what_it_means_of_the_server(method: str, meaning: str) -> None:

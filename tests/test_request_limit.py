@@ -120,7 +120,7 @@ def test_a_learner_refuses_a_request_over_a_servers_limit_before_sending(
         envs.reset(seed=0)
         with pytest.raises(InvalidRequestError) as info:
             envs.step(np.zeros((2, 300)))  # 4.8 KB
-        size = pb.StepRequest(session_id="0" * 32, actions=_actions(300, 2)).ByteSize()
+        size = pb.StepRequest(session_id="0" * 32, actions=_actions(300, 2), step_id=1).ByteSize()  # (its first)
         assert str(info.value) == _refused_unsent("Step", wide, size)
         # Refused before any server was sent its part: the fleet is not left mid-step (a SessionError
         # until reset()), and the same step is refused the same way.

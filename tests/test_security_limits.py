@@ -312,15 +312,13 @@ def test_an_error_deep_in_a_value_names_the_place_in_a_few_hundred_characters() 
     assert len(text) < 700, len(text)
     assert text.startswith(f"actions[{'A' * 40!r}... (80000 characters)][{'B' * 40!r}... (80000 characters)]")
     assert "[... 37 levels ...]" in text
-    empty = (
-        "value is empty (no field of its oneof is set, or one of a kind newer than this side's envfleet: upgrade it)"
-    )
+    empty = "not set (an empty Value: none of its kinds is set)"
     assert text.endswith(f"[{'S' * 40!r}... (80000 characters)]: {empty}")
     # Short keys and indexes, as before.
     value = pb.Value()
     value.map.keys.append("obs")
     value.map.values.add().list.values.add()
-    with pytest.raises(codec.CodecError, match=r"^actions\['obs'\]\[0\]: value is empty"):
+    with pytest.raises(codec.CodecError, match=r"^actions\['obs'\]\[0\]: not set \(an empty Value"):
         codec.decode_value(value, "actions")
 
 

@@ -134,8 +134,8 @@ def test_a_server_older_than_step_stream_is_named_so_at_its_first_step() -> None
                     envs.step(np.zeros(1, dtype=np.int64))
             assert str(info.value) == (
                 f"env server {address}: Step failed [UNIMPLEMENTED]: it serves no StepStream, which this learner "
-                "steps on: an env server older than it (envfleet's first versions); upgrade the server "
-                "(Method not found!)"
+                "steps on: an envfleet.v1 server must serve it for the Python learner (envfleet's own first "
+                "versions did not: upgrade those) (Method not found!)"
             )
         finally:
             proc.kill()

@@ -1,0 +1,195 @@
+"""The learner against envfleet.v1 servers that misbehave as servers written from the proto alone have
+(tests/faulty_server.py: a real grpc.aio server on port 0): what it reports, and that it goes on where it can."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+import learner.client
+from learner import RemoteVectorEnv
+from learner.client import SERVER_TEXT_LIMIT, server_text
+from learner.errors import EnvCrashedError, InvalidResponseError, RemoteEnvError, ServerUnavailableError
+from tests.faulty_server import Faults, FaultyServer
+
+ACTIONS = np.zeros(2, dtype=np.int64)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's own warnings once per server (ports are reused)."""
+    monkeypatch.setattr(learner.client, "_HOLD_WARNED", set())
+    monkeypatch.setattr(learner.client, "_NO_SERVER_ID_WARNED", set())
+    yield
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "learner.client" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.OK, grpc.StatusCode.UNKNOWN])
+def test_a_step_stream_the_server_ended_after_answering_is_reported_with_its_status(code: grpc.StatusCode) -> None:
+    """The server answers one step, then ends the stream. The learner's next write finds it ended, either
+    as grpc.aio takes the status in first or as gRPC core fails the write ("Internal error from Core",
+    reported as a broken connection before): each round may take either way; both say the server's status."""
+    server = FaultyServer(Faults(steps_per_stream=1, stream_status=(code, "")))
+    with server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        for _ in range(6):
+            envs.reset(seed=0)
+            envs.step(ACTIONS)
+            time.sleep(0.05)  # (the server's status reaches gRPC core meanwhile; the loop is not running)
+            with pytest.raises(ServerUnavailableError) as info:
+                envs.step(ACTIONS)
+            if code == grpc.StatusCode.OK:
+                assert str(info.value) == (
+                    f"env server {server.address}: Step failed [OK]: the server ended its StepStream (status OK) "
+                    "without answering this step; a server must answer every StepRequest on the stream, in order"
+                )
+            else:
+                assert str(info.value) == (
+                    f"env server {server.address}: Step failed [UNKNOWN]: the step stream ended (no details)"
+                )
+            assert info.value.code == code
+
+
+def test_a_status_without_details_says_so_not_the_call() -> None:
+    server = FaultyServer(Faults(steps_per_stream=0, stream_status=(grpc.StatusCode.UNKNOWN, "")))
+    with server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(RemoteEnvError) as info:
+            envs.step(ACTIONS)
+    assert str(info.value) == f"env server {server.address}: Step failed [UNKNOWN]: no details"
+
+
+@pytest.mark.parametrize(
+    ("faults", "did"),
+    [
+        (Faults(hold="unimplemented"), "answered UNIMPLEMENTED (it serves no Hold)"),
+        (Faults(hold="ok"), "ended (status OK) without a HoldEvent"),
+        (
+            Faults(hold="error", hold_status=(grpc.StatusCode.INTERNAL, "boom\x1b[2J")),
+            r"ended with [INTERNAL] (boom\x1b[2J)",
+        ),
+    ],
+)
+def test_a_hold_stream_that_does_not_hold_is_warned_of_once_and_the_session_kept(
+    faults: Faults, did: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the learner took the session for ended and made a new one at every reset, silently."""
+    faults.marked = True  # (an INTERNAL without envfleet's mark is gRPC's own: a lost connection)
+    with caplog.at_level(logging.INFO), FaultyServer(faults) as server:
+        with RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+            for seed in range(3):
+                envs.reset(seed=seed)
+                envs.step(ACTIONS)
+            envs.reset(options={"reset_mask": np.array([True, False])})  # (refused for a session taken as ended)
+        assert server.service.handshakes == 1
+    said = warnings(caplog)
+    assert len(said) == 1, said
+    assert said[0].startswith(f"env server {server.address}: its Hold stream {did}"), said[0]
+    assert "its claim timeout (HandshakeResponse.claim_timeout_s: 30 s)" in said[0]
+    assert "a new one for this reset" not in caplog.text
+
+
+def test_a_session_a_server_without_hold_dropped_is_renewed_by_reset() -> None:
+    """The session kept for a server without Hold: once the server says it does not own it (its claim
+    timed out, say), the next reset makes a new one."""
+    with FaultyServer(Faults(hold="unimplemented")) as server:
+        with RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+            envs.reset(seed=0)
+            server.service.drop_sessions()
+            with pytest.raises(RemoteEnvError, match=r"does not own this server.*reset\(\) does so"):
+                envs.step(ACTIONS)
+            envs.reset(seed=0)
+            envs.step(ACTIONS)
+        assert server.service.handshakes == 2
+
+
+def test_a_handshake_answer_without_a_session_id_is_refused_at_once() -> None:
+    with FaultyServer(Faults(session_id="")) as server, pytest.raises(InvalidResponseError) as info:
+        RemoteVectorEnv([server.address], connect_timeout=5)
+    assert str(info.value) == (
+        f"env server {server.address}: Handshake's answer has an empty session_id; expected the id of the session "
+        "it opened, which every later call carries: the server does not follow envfleet.v1"
+    )
+
+
+def test_a_server_without_a_server_id_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING), FaultyServer(Faults(server_id="")) as server:
+        for _ in range(2):
+            with RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+                envs.reset(seed=0)
+                envs.step(ACTIONS)
+    assert warnings(caplog) == [
+        f"env server {server.address} answers no server_id (its spec's is empty): a restart of it cannot be told "
+        "from the same process, so after a lost connection the learner takes it for the same one"
+    ]
+
+
+def test_server_text_is_escaped_and_capped() -> None:
+    assert server_text("plain text: kept as it is") == "plain text: kept as it is"
+    assert server_text("a\x00b\x1b[31mc\nd\u202ee\x9b") == "a\\x00b\\x1b[31mc\\nd\\u202ee\\x9b"
+    long = "x" * 5_000
+    assert server_text(long) == "x" * SERVER_TEXT_LIMIT + "... (4,000 more characters)"
+    shown = server_text("\x00" * 5_000)
+    assert shown.startswith("\\x00" * 250) and shown.endswith("... (4,750 more characters)")
+
+
+def test_a_servers_text_reaches_the_error_cleaned_and_its_raw_text_is_kept() -> None:
+    """An INTERNAL with NUL bytes, ANSI escapes and 5,000 characters was printed in full."""
+    nasty = "env broke\x00\x1b[2J\x1b[31m" + "y" * 5_000 + " does not own this server"
+    faults = Faults(steps_per_stream=0, stream_status=(grpc.StatusCode.INTERNAL, nasty), marked=True)
+    with FaultyServer(faults) as server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(EnvCrashedError) as info:
+            envs.step(ACTIONS)
+    message = str(info.value)
+    assert "\x00" not in message and "\x1b" not in message and len(message) < SERVER_TEXT_LIMIT + 200
+    assert "env broke\\x00\\x1b[2J\\x1b[31myyy" in message and message.endswith(" more characters)")
+    assert info.value.details == nasty  # (what code that compares stable texts reads)
+
+
+@pytest.mark.parametrize("fault_tolerant", [False, True])
+def test_an_answer_sent_twice_is_refused_by_its_step_id_not_taken_for_the_next(fault_tolerant: bool) -> None:
+    """The server answers the third request on its stream twice: the answer read for the fourth is the
+    third's again (every later step would be one off, unseen, without step_id). The learner refuses it,
+    naming both ids; then steps go on in order (a new stream), lost and back where fault-tolerant."""
+    server = FaultyServer(Faults(twice_at=3))
+    with server, RemoteVectorEnv([server.address], connect_timeout=5, fault_tolerant=fault_tolerant) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(ACTIONS)
+        client = envs._clients[0]
+        if fault_tolerant:
+            *_, infos = envs.step(ACTIONS)
+            assert infos["env_unavailable"].all() and envs.fault_stats().failures == 1
+            for _ in range(5):  # (back at once; then each answer is its own request's)
+                *_, infos = envs.step(ACTIONS)
+            assert not infos.get("env_unavailable", np.zeros(2)).any() and envs.fault_stats().failures == 1
+            return
+        else:
+            with pytest.raises(InvalidResponseError) as info:
+                envs.step(ACTIONS)
+            assert (
+                f"env server {server.address}: Step: its answer could not be read (ValueError: step_id: expected "
+                f"{client.step_id}, the request's, got {client.step_id - 1}: the server answered an earlier request "
+                "again (every later answer would be one step off))"
+            ) in str(info.value)
+        envs.reset(seed=0)
+        for _ in range(5):  # (in order again: each answer is its own request's)
+            *_, infos = envs.step(ACTIONS)
+            assert not infos.get("env_unavailable", np.zeros(2)).any()
+
+
+def test_a_server_that_returns_no_step_id_is_stepped_unchecked() -> None:
+    """A server older than step_id (or one that leaves it out) answers 0: nothing to check, no error."""
+    server = FaultyServer(Faults(echo_step_id=False))
+    with server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        for _ in range(5):
+            envs.step(ACTIONS)
