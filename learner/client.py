@@ -924,12 +924,12 @@ class EnvClient:
         self._drop_hold()
 
     def _drop_hold(self) -> None:
-        """Cancel the Hold stream and its watch (the watch ends at the loop's next turn)."""
+        """Cancel the Hold stream; its watch ends with it (its read raises CancelledError). The watch
+        task is not cancelled here: this runs in the caller's thread too (abandon), where the loop
+        may be running on another (a notebook's), and a task is cancelled only from its loop's thread."""
         if self._hold is not None:
             self._hold.cancel()
             self._hold = None
-        if self._hold_watch is not None:
-            self._hold_watch.cancel()
 
     async def release_session(self, session_id: str, timeout: float) -> None:
         """End ``session_id`` on the server (best effort; unknown or ended sessions are fine)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -1407,13 +1408,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 )
             obs = codec.decode_value(response.observations, "observations")
             check_batch(self._obs_buffer, obs, k)
-            rewards = codec.decode_tensor(response.rewards, "rewards", expected=f"{k} float64 rewards, one per env")
-            terminations = codec.decode_tensor(
-                response.terminations, "terminations", expected=f"{k} bools (DTYPE_BOOL), one per env"
-            )
-            truncations = codec.decode_tensor(
-                response.truncations, "truncations", expected=f"{k} bools (DTYPE_BOOL), one per env"
-            )
+            numbers, flags = _answer_fields(k)  # (what they hold, for the error of one left out)
+            rewards = codec.decode_tensor(response.rewards, "rewards", expected=numbers)
+            terminations = codec.decode_tensor(response.terminations, "terminations", expected=flags)
+            truncations = codec.decode_tensor(response.truncations, "truncations", expected=flags)
             if not rewards.shape == terminations.shape == truncations.shape == (k,):
                 for name, values in (
                     ("rewards", rewards),
@@ -1824,6 +1822,13 @@ async def _until_written(clients: list[EnvClient], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while any(c.writing for c in clients) and time.monotonic() < deadline:
         await asyncio.sleep(0.0005)
+
+
+@functools.cache
+def _answer_fields(k: int) -> tuple[str, str]:
+    """What a step answer's rewards and flags of ``k`` envs hold, as an error says it (made once: per step
+    and server, formatting them would cost more than the check they serve)."""
+    return f"{k} float64 rewards, one per env", f"{k} bools (DTYPE_BOOL), one per env"
 
 
 async def _exchange(client: EnvClient, request: pb.StepRequest, sent: float) -> tuple[pb.StepResponse, float]:
