@@ -47,6 +47,7 @@ from learner.client import (
     EnvClient,
     SocketStep,
     channel_credentials,
+    server_text,
     timeout_error,
 )
 from learner.connecting import _LIVE, FleetConnection
@@ -405,7 +406,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
             self.num_envs,
-            first.env_id,
+            server_text(first.env_id),
             " (fault-tolerant)" if self.fault_tolerant else "",
             ", ".join(self.addresses),
         )

@@ -15,7 +15,7 @@ import grpc
 
 from env_server import codec
 from env_server.protocol import bearer_metadata
-from learner.client import EnvClient, channel_credentials
+from learner.client import EnvClient, channel_credentials, server_text
 from learner.discovery import diagnose, expand_named
 from learner.errors import RemoteEnvError
 from learner.loop import gather
@@ -148,18 +148,20 @@ def describe(servers: list[ServerInfo]) -> str:
         if s.error:
             lines.append(f"{s.address}  not answering: {s.error}")
             continue
+        # (texts the server sent, shown through server_text: claimed_by is even another client's name)
         limit = f", {s.max_episode_steps}-step limit" if s.max_episode_steps else ""
-        wrappers = f", wrappers {','.join(s.wrappers)}" if s.wrappers else ""
-        wrappers += f", env kwargs {s.env_kwargs}" if s.env_kwargs else ""
+        wrappers = f", wrappers {server_text(','.join(s.wrappers))}" if s.wrappers else ""
+        wrappers += f", env kwargs {server_text(s.env_kwargs)}" if s.env_kwargs else ""
         lines.append(
-            f"{s.address}  {s.env_id} x{s.num_envs} ({s.vectorization}, {s.autoreset_mode} autoreset{limit}{wrappers})"
-            f"  round trip {s.round_trip_ms:.2f} ms"
+            f"{s.address}  {server_text(s.env_id)} x{s.num_envs} ({server_text(s.vectorization)}, "
+            f"{s.autoreset_mode} autoreset{limit}{wrappers})  round trip {s.round_trip_ms:.2f} ms"
         )
         lines.append(f"    observation {s.observation_space}; action {s.action_space}")
         if s.versions:
-            lines.append("    runs " + ", ".join(f"{name} {version}" for name, version in s.versions.items()))
+            runs = ", ".join(f"{name} {version}" for name, version in s.versions.items())
+            lines.append("    runs " + server_text(runs))
         if s.claimed_by:
-            lines.append(f"    claimed by {s.claimed_by}")
+            lines.append(f"    claimed by {server_text(s.claimed_by)}")
         else:  # (servers older than EnvSpec.versions do not say who holds them either)
             lines.append(
                 "    free (no learner holds it)" if s.versions else "    holder unknown (a server too old to say)"

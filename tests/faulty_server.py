@@ -51,6 +51,10 @@ class Faults:
     (None: answer every one)."""
     stream_status: Status = (grpc.StatusCode.OK, "")
     """The status a stream ends with after :attr:`steps_per_stream` answers."""
+    env_id: str = "CartPole-v1"
+    """The spec's env_id."""
+    claimed_by: str = ""
+    """GetSpecResponse.claimed_by."""
     twice_at: int | None = None
     """Send the answer to the server's step number ``twice_at`` (from 1, over all streams) twice, once
     (None: never)."""
@@ -69,7 +73,7 @@ class _Service(pb_grpc.EnvServiceServicer):
         self.env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(num_envs)])
         self.spec = pb.EnvSpec(
             protocol_version=PROTOCOL_VERSION,
-            env_id="CartPole-v1",
+            env_id=faults.env_id,
             num_envs=num_envs,
             autoreset_mode=pb.AUTORESET_MODE_NEXT_STEP,
             server_id=uuid.uuid4().hex if faults.server_id is None else faults.server_id,
@@ -103,7 +107,7 @@ class _Service(pb_grpc.EnvServiceServicer):
         await context.abort(code, details, tuple(trailers))
 
     async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
-        return pb.GetSpecResponse(spec=self.spec)
+        return pb.GetSpecResponse(spec=self.spec, claimed_by=self.faults.claimed_by)
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
         self.handshakes += 1

@@ -13,6 +13,7 @@ import pytest
 
 import learner.client
 from learner import RemoteVectorEnv
+from learner.cli import main
 from learner.client import SERVER_TEXT_LIMIT, server_text
 from learner.errors import EnvCrashedError, InvalidResponseError, RemoteEnvError, ServerUnavailableError
 from tests.faulty_server import Faults, FaultyServer
@@ -193,3 +194,13 @@ def test_a_server_that_returns_no_step_id_is_stepped_unchecked() -> None:
         envs.reset(seed=0)
         for _ in range(5):
             envs.step(ACTIONS)
+
+
+def test_learner_servers_shows_what_a_server_says_through_server_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server's env_id and claimed_by reach the terminal escaped: no server repaints it."""
+    server = FaultyServer(Faults(env_id="Cart\x1b[2JPole", claimed_by="me\x1b]0;owned\x07"))
+    with server:
+        assert main(["servers", "--servers", server.address]) == 0
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and f"{server.address}  Cart\\x1b[2JPole x2 (sync" in text, text
+    assert "    claimed by me\\x1b]0;owned\\x07" in text, text
