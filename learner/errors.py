@@ -167,6 +167,10 @@ class InvalidResponseError(RemoteEnvError):
     Fault-tolerant, the server counts as lost, as when it fails; ``code`` is None (the call itself
     succeeded)."""
 
+    out_of_step: bool = False
+    """Whether the answer was to another request than the one sent (StepResponse.step_id): no one-off
+    of an answer's content, but a server that does not keep to the protocol."""
+
 
 class SessionError(RemoteEnvError):
     """The call was out of order (FAILED_PRECONDITION): step before reset, a session that ended, or

@@ -198,6 +198,8 @@ class Replica:
     unreadable: int = 0
     """Losses in a row to answers that could not be read, with no step answered between (see
     :data:`UNREADABLE_IN_A_ROW`)."""
+    out_of_step: int = 0
+    """Losses to answers that were to another request than the one sent, steps answered between or not."""
 
     def settled(self, now: float) -> bool:
         """Whether it has answered steps for long enough since it came back (or never left)."""
@@ -236,11 +238,14 @@ class Replica:
         """Count a loss to ``err`` (before it is noted: :meth:`note_loss`); whether it makes the server
         broken: its answers could not be read :data:`UNREADABLE_IN_A_ROW` times in a row, with no step
         answered between. Other losses leave the count as it was: a server that also times out in
-        between has answered nothing readable either."""
+        between has answered nothing readable either. Answers to another request than the one sent
+        count apart, whatever was answered between: a server that sends every other answer twice reads
+        well right after each reconnect, and would otherwise flap for good."""
         if not isinstance(err, InvalidResponseError):
             return False
         self.unreadable += 1
-        return self.unreadable >= UNREADABLE_IN_A_ROW
+        self.out_of_step += err.out_of_step
+        return max(self.unreadable, self.out_of_step) >= UNREADABLE_IN_A_ROW
 
     def hold_off(self, backoff: tuple[float, float]) -> float:
         """Seconds to wait before taking it back after its latest loss: none after a first loss, then,

@@ -135,7 +135,7 @@ class FleetOutages:
         replica.planned = planned
         client.abandon()
         if broken:  # (no reconnect, no line: the error says it all)
-            return _broken(client, err, replica.unreadable)
+            return _broken(client, err, replica)
         first, last = client.env_offset, client.env_offset + client.num_envs - 1
         envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
         hold_off = replica.hold_off(self.backoff)
@@ -271,21 +271,29 @@ class FleetOutages:
         )
 
 
-def _broken(client: EnvClient, err: BaseException, times: int) -> InvalidResponseError:
+def _broken(client: EnvClient, err: BaseException, replica: Replica) -> InvalidResponseError:
     """The error a fault-tolerant fleet raises for a broken server (see learner.faults: UNREADABLE_IN_A_ROW):
-    ``err``, the latest of the ``times`` answers in a row that could not be read, and why this is no outage."""
+    ``err``, the latest of its answers that could not be read, and why this is no outage."""
     envs = f"env{'s' if client.num_envs > 1 else ''} {client.env_offset}"
     if client.num_envs > 1:
         envs += f"-{client.env_offset + client.num_envs - 1}"
+    out_of_step = getattr(err, "out_of_step", False)
+    if out_of_step:
+        why = f"{replica.out_of_step} of its answers were to other requests than the ones sent (sent twice)"
+    else:
+        why = (
+            f"{replica.unreadable} of its answers in a row could not be read, the last right after a reconnect, "
+            "with no step answered between"
+        )
     text = str(err)
     broken = InvalidResponseError(
-        f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {times} of its answers "
-        "in a row could not be read, the last right after a reconnect, with no step answered between (a server "
-        "that does not keep to the envfleet.v1 protocol: another version, or a bug); it is not reconnected, as "
-        f"fault tolerance would go on without its {envs} for good: fix or replace it",
+        f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {why}: a server that "
+        "does not keep to the envfleet.v1 protocol (another version, or a bug); it is not reconnected, as fault "
+        f"tolerance would go on without its {envs} for good: fix or replace it",
         address=client.address,
         code=getattr(err, "code", None),  # (RESOURCE_EXHAUSTED for an answer over the size limit)
     )
+    broken.out_of_step = out_of_step
     broken.__cause__ = err
     return broken
 

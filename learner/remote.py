@@ -1402,7 +1402,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         try:
             if response.step_id not in (client.step_id, 0):  # (0: a server older than step_id)
                 client.out_of_step()
-                raise ValueError(
+                raise _OutOfStep(
                     f"step_id: expected {client.step_id}, the request's, got {response.step_id}: the server "
                     f"answered {'an earlier request again' if response.step_id < client.step_id else 'another request'}"
                     " (every later answer would be one step off)"
@@ -1428,7 +1428,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         except Exception as err:
             out.rewards[start : start + k], out.terminations[start : start + k] = 0.0, False
             out.truncations[start : start + k] = False
-            raise self._unreadable(client, "Step", err) from err
+            unreadable = self._unreadable(client, "Step", err)
+            unreadable.out_of_step = isinstance(err, _OutOfStep)
+            raise unreadable from err
         self._timers[server].record(latency, response.env_seconds)
         out.obs[server] = obs
         out.parts.append((infos, start, k))
@@ -1445,6 +1447,11 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     @staticmethod
     def _unreadable(client: EnvClient, method: str, err: Exception) -> InvalidResponseError:
+        if isinstance(err, _OutOfStep):  # (read well, but not the answer to the request sent)
+            return InvalidResponseError(
+                f"env server {client.address}: {method}: its answer is not to the request sent ({err})",
+                address=client.address,
+            )
         return InvalidResponseError(
             f"env server {client.address}: {method}: its answer could not be read ({type(err).__name__}: {err}); "
             "is it a server of another envfleet version?",
@@ -1823,6 +1830,10 @@ async def _until_written(clients: list[EnvClient], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while any(c.writing for c in clients) and time.monotonic() < deadline:
         await asyncio.sleep(0.0005)
+
+
+class _OutOfStep(ValueError):
+    """A step's answer to another request than the one sent (its step_id)."""
 
 
 @functools.cache

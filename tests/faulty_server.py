@@ -55,6 +55,8 @@ class Faults:
     """The spec's env_id."""
     claimed_by: str = ""
     """GetSpecResponse.claimed_by."""
+    twice_every: int | None = None
+    """Send every ``twice_every``-th answer of each stream twice (None: never)."""
     twice_at: int | None = None
     """Send the answer to the server's step number ``twice_at`` (from 1, over all streams) twice, once
     (None: never)."""
@@ -151,7 +153,9 @@ class _Service(pb_grpc.EnvServiceServicer):
             yield response
             answered += 1
             self.steps += 1
-            if self.steps == self.faults.twice_at:
+            if self.steps == self.faults.twice_at or (
+                self.faults.twice_every is not None and answered % self.faults.twice_every == 0
+            ):
                 yield response
             if answered == self.faults.steps_per_stream:
                 break

@@ -131,7 +131,7 @@ def test_a_server_whose_answers_cannot_be_read_again_after_a_reconnect_is_broken
             f"env server {b}: Step: its answer could not be read (ValueError: observations: expected a batch of shape "
             f"({K}, 4) ({K} envs), got shape ({K - 1}, 4)); is it a server of another envfleet version? The server is "
             "broken, not out: 2 of its answers in a row could not be read, the last right after a reconnect, with no "
-            "step answered between (a server that does not keep to the envfleet.v1 protocol: another version, or a "
+            "step answered between: a server that does not keep to the envfleet.v1 protocol (another version, or a "
             "bug); it is not reconnected, as fault tolerance would go on without its envs "
             f"{K}-{2 * K - 1} for good: fix or replace it"
         )
