@@ -267,7 +267,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plotted:
         print(f"plot: {run_dir / 'returns.png'}")
     if summary["stop_reason"] in ("total_timesteps", "stop_at_return"):
-        print(finished_line(run_dir, plot=not plotted and recent is not None))
+        print(finished_line(run_dir, plot=not plotted and recent is not None, servers=config.servers))
     return 130 if summary["stop_reason"] == "interrupted" else 0
 
 
@@ -498,11 +498,13 @@ def slowest_line(summary: dict[str, Any]) -> str:
     )
 
 
-def finished_line(run_dir: Path, plot: bool) -> str:
-    """What a finished run suggests doing next: evaluate its policy, and (``plot``: it wrote no plot of
-    its own, though episodes ended) plot its returns."""
+def finished_line(run_dir: Path, plot: bool, servers: str | None = None) -> str:
+    """What a finished run suggests doing next: evaluate its policy (on the running env servers it
+    trained on, ``servers``: the envs it stepped, with the kwargs and wrappers it did not record, and
+    the only way for an env made outside Python), and (``plot``: it wrote no plot of its own, though
+    episodes ended) plot its returns."""
     where = shlex.quote(str(run_dir))
-    line = f"evaluate its policy with: learner eval {where}"
+    line = f"evaluate its policy with: learner eval {where}" + (f" --servers {shlex.quote(servers)}" if servers else "")
     return line + (f"; plot its returns with: learner plot {where}" if plot else "")
 
 

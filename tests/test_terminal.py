@@ -215,6 +215,10 @@ def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp
     assert finished_line(run, plot=True) == (
         f"evaluate its policy with: learner eval '{run}'; plot its returns with: learner plot '{run}'"
     )
+    # (trained on running servers: on them, the envs it stepped, whatever the kwargs it did not record)
+    assert finished_line(run, plot=False, servers="a:1,dns:///env:50051") == (
+        f"evaluate its policy with: learner eval '{run}' --servers a:1,dns:///env:50051"
+    )
 
 
 def test_learner_train_ends_with_the_next_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
