@@ -161,6 +161,12 @@ def server_text(text: str) -> str:
     return "".join(shown)
 
 
+def status_text(details: str) -> str:
+    """A status's ``details`` as the learner shows them: through :func:`server_text`, and "no details"
+    for none (never the call's repr, which is what str() of a call without details gives)."""
+    return server_text(details) if details else "no details"
+
+
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
 
@@ -370,7 +376,7 @@ def status_error(
                 code=code,
             )
     cls = _CODE_TO_ERROR.get(code, RemoteEnvError) if code is not None else RemoteEnvError
-    shown = server_text(raw) if raw else "no details"
+    shown = status_text(raw)
     details = shown
     if stream_ended and code == grpc.StatusCode.OK:
         # (a stream ended with OK before its request was answered: envfleet's servers end a stream so only
@@ -614,7 +620,7 @@ class EnvClient:
             did = (
                 "answered UNIMPLEMENTED (it serves no Hold)"
                 if code == grpc.StatusCode.UNIMPLEMENTED
-                else f"ended with [{code.name}] ({server_text(details) if details else 'no details'})"
+                else f"ended with [{code.name}] ({status_text(details)})"
             )
         else:
             if event is not grpc.aio.EOF:
@@ -986,8 +992,7 @@ def _said(err: grpc.RpcError) -> str:
     """What a failed call's status says, for a log line: its code and its details, cleaned (server_text)."""
     if not isinstance(err, grpc.aio.AioRpcError):
         return server_text(str(err))
-    details = err.details() or ""
-    return f"[{err.code().name}] {server_text(details) if details else 'no details'}"
+    return f"[{err.code().name}] {status_text(err.details() or '')}"
 
 
 CLOSE_WAIT_S = 0.25

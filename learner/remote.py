@@ -1428,9 +1428,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         except Exception as err:
             out.rewards[start : start + k], out.terminations[start : start + k] = 0.0, False
             out.truncations[start : start + k] = False
-            unreadable = self._unreadable(client, "Step", err)
-            unreadable.out_of_step = isinstance(err, _OutOfStep)
-            raise unreadable from err
+            raise self._unreadable(client, "Step", err) from err
         self._timers[server].record(latency, response.env_seconds)
         out.obs[server] = obs
         out.parts.append((infos, start, k))
@@ -1448,10 +1446,12 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     @staticmethod
     def _unreadable(client: EnvClient, method: str, err: Exception) -> InvalidResponseError:
         if isinstance(err, _OutOfStep):  # (read well, but not the answer to the request sent)
-            return InvalidResponseError(
+            out_of_step = InvalidResponseError(
                 f"env server {client.address}: {method}: its answer is not to the request sent ({err})",
                 address=client.address,
             )
+            out_of_step.out_of_step = True
+            return out_of_step
         return InvalidResponseError(
             f"env server {client.address}: {method}: its answer could not be read ({type(err).__name__}: {err}); "
             "is it a server of another envfleet version?",
