@@ -617,11 +617,16 @@ class EnvClient:
                 if hold is self._hold:
                     self._hold_ended = True
                 return
-            did = (
-                "answered UNIMPLEMENTED (it serves no Hold)"
-                if code == grpc.StatusCode.UNIMPLEMENTED
-                else f"ended with [{code.name}] ({status_text(details)})"
-            )
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                did = "answered UNIMPLEMENTED (it serves no Hold)"
+            elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # (a server at its limit of calls at once: an env-server's --max-concurrent-rpcs; no fault of its protocol)
+                did = (
+                    f"was refused [RESOURCE_EXHAUSTED] ({status_text(details)}): the server was serving as many calls "
+                    "as it takes at once (an env-server's --max-concurrent-rpcs)"
+                )
+            else:
+                did = f"ended with [{code.name}] ({status_text(details)})"
         else:
             if event is not grpc.aio.EOF:
                 if hold is self._hold:

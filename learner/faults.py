@@ -200,6 +200,9 @@ class Replica:
     :data:`UNREADABLE_IN_A_ROW`)."""
     out_of_step: int = 0
     """Losses to answers that were to another request than the one sent, steps answered between or not."""
+    broken: bool = False
+    """DOWN, not reconnected: found broken (:meth:`broken_by`) since the fleet was last reset, which tries
+    it again."""
 
     def settled(self, now: float) -> bool:
         """Whether it has answered steps for long enough since it came back (or never left)."""

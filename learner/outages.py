@@ -22,7 +22,7 @@ from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
 from learner.stats import StepTimer
 
-__all__ = ["FleetOutages"]
+__all__ = ["FleetOutages", "in_server_order"]
 
 # RemoteVectorEnv's logger, not this module's: these lines are the env's (users and tests filter
 # "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
@@ -74,11 +74,13 @@ class FleetOutages:
 
     def _lose_all(
         self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
-    ) -> None:
+    ) -> list[tuple[int, BaseException]]:
         """:meth:`_lose` each (server, error), planned or not: a server that said it was shutting down
         (a step it refused), or ended the session saying so (its Hold stream's last word, still there
         after the server exited and the step met a closed connection), left by plan. ``truncate``: for
-        every server, or per server (the envs whose episodes it cuts; a server not in it cuts none)."""
+        every server, or per server (the envs whose episodes it cuts; a server not in it cuts none).
+        Returns the errors to raise for servers found broken, (server, error), for the caller to raise
+        with its other errors of the same call (see :func:`in_server_order`)."""
         ask = [i for i, err in lost if not _shutting_down(err) and self._clients[i].session_ended]
         said = []
         if ask:
@@ -86,13 +88,14 @@ class FleetOutages:
                 gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
             )
         told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
-        broken = []  # (raised once every server is marked: none left up with its step failed)
+        # (raised once every server is marked: none left up with its step failed)
+        broken: list[tuple[int, BaseException]] = []
         for i, err in lost:
             cut = truncate if isinstance(truncate, bool) else truncate.get(i, False)
             gone = self._mark_lost(i, err, truncate=cut, planned=_shutting_down(err) or i in told)
             if gone is not None:
-                broken.append(gone)
-        self._raise_first(broken)
+                broken.append((i, gone))
+        return broken
 
     def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
         """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
@@ -103,7 +106,8 @@ class FleetOutages:
 
         A server whose answers could not be read again right after it came back is broken, not lost
         (learner.faults: Replica.broken_by): marked down all the same, but not reconnected, and an
-        InvalidResponseError saying so is raised (the fleet then needs a reset, as after any failed step)."""
+        InvalidResponseError saying so is raised (the fleet then needs a reset, as after any failed step,
+        which tries it again: :meth:`_retry_broken`)."""
         broken = self._mark_lost(server, err, truncate=truncate, planned=planned)
         if broken is not None:
             self._raise_first([broken])
@@ -135,6 +139,7 @@ class FleetOutages:
         replica.planned = planned
         client.abandon()
         if broken:  # (no reconnect, no line: the error says it all)
+            replica.broken = True
             return _broken(client, err, replica)
         first, last = client.env_offset, client.env_offset + client.num_envs - 1
         envs = f"its env{f's {first}-{last}' if last > first else f' {first}'} {'are' if last > first else 'is'} unavailable until it is back"
@@ -166,6 +171,22 @@ class FleetOutages:
             )
         else:
             log.warning("env server %s lost (%s); %s", client.address, err, envs)
+        self._start_reconnect(replica, hold_off)
+        return None
+
+    def _retry_broken(self, servers: Sequence[int]) -> None:
+        """A reset of the fleet takes the broken ones of ``servers`` back: each is reconnected (a server
+        mended or replaced at its address rejoins, as after an outage) and keeps its counts, so one
+        still broken is found so again at its first answer that cannot be read, and raised again."""
+        for i in servers:
+            replica = self._replicas[i]
+            if replica.broken:
+                replica.broken = False
+                log.info("env server %s, found broken, is tried again (a reset): reconnecting", replica.client.address)
+                self._start_reconnect(replica, 0.0)
+
+    def _start_reconnect(self, replica: Replica, hold_off: float) -> None:
+        """Start reconnecting ``replica``'s server (down), after ``hold_off`` seconds."""
 
         def on_ready() -> None:
             # The server's index then, not now: a refresh() in between may have moved it (or let it go).
@@ -189,7 +210,6 @@ class FleetOutages:
                 hold_off=hold_off,
             )
         )
-        return None
 
     def _forget_truncations(self, mask: np.ndarray | None) -> None:
         """A reset (of the envs in ``mask``; None: all) ends the episodes a server's loss was still to
@@ -269,6 +289,12 @@ class FleetOutages:
             servers_left=retired.left,
             servers_not_joined=len(self.servers_not_joined),
         )
+
+
+def in_server_order(*errors: Sequence[tuple[int, BaseException]]) -> list[BaseException]:
+    """The errors of one call, (server, error) from several lists, in server order (the first raised is
+    the first server's; the others become its notes)."""
+    return [err for _, err in sorted((pair for pairs in errors for pair in pairs), key=lambda pair: pair[0])]
 
 
 def _broken(client: EnvClient, err: BaseException, replica: Replica) -> InvalidResponseError:

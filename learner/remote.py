@@ -66,7 +66,7 @@ from learner.fleet import FleetChange
 from learner.local import socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.membership import FleetMembership, _Away, _Retired, _warn_if_other_env
-from learner.outages import FleetOutages
+from learner.outages import FleetOutages, in_server_order
 from learner.specs import gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
 from learner.validate import is_finite as _is_finite
@@ -179,7 +179,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     * A server whose answers cannot be read (:class:`~learner.errors.InvalidResponseError`) again right
       after it came back, with no step answered between, is broken, not lost: it is not reconnected,
       and the step raises that InvalidResponseError (the fleet then needs a reset), as a refused token
-      does; one unreadable answer alone is an outage (see learner.faults: UNREADABLE_IN_A_ROW).
+      does; one unreadable answer alone is an outage (see learner.faults: UNREADABLE_IN_A_ROW). The
+      next reset (of any of its envs) tries it again: mended or replaced at its address, it rejoins as
+      after an outage; still broken, the first of its answers that cannot be read raises again.
 
     Invalid arguments (:class:`~learner.errors.InvalidArgumentError`), invalid actions
     (:class:`~learner.errors.InvalidRequestError`) and a refused token
@@ -618,6 +620,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 self._share_cpus()
                 _raise_first([r for r in renewed if isinstance(r, BaseException)])
 
+        if self.fault_tolerant:  # (servers found broken since the last reset, if it takes any of their envs)
+            self._retry_broken([i for i, sl in enumerate(self.env_slices) if mask is None or mask[sl].any()])
         calls = []  # (requests all made, and sized, before any is sent: one over a limit leaves nothing reset)
         for i, (client, sl) in enumerate(zip(self._clients, self.env_slices, strict=True)):
             if self._replicas[i].state is ReplicaState.DOWN:
@@ -643,8 +647,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 *(self._clients[i].send_reset(request, timeout, hint) for i, request in calls), return_exceptions=True
             )
         )
-        errors = []
-        lost = []
+        errors: list[tuple[int, BaseException]] = []
+        lost: list[tuple[int, BaseException]] = []
         answers: dict[int, tuple[Any, dict[str, Any]]] = {}  # server -> its observations and infos
         for (i, _), result in zip(calls, results, strict=True):
             if not isinstance(result, BaseException):
@@ -656,9 +660,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             if self.fault_tolerant and is_outage(result):
                 lost.append((i, result))
             else:
-                errors.append(result)
-        self._lose_all(lost, truncate=under_way)  # (no episode was under way in the envs reset)
-        self._raise_first(errors)
+                errors.append((i, result))
+        broken = self._lose_all(lost, truncate=under_way)  # (no episode was under way in the envs reset)
+        self._raise_first(in_server_order(broken, errors))
         parts = []
         rejoined = np.zeros(self.num_envs, dtype=np.bool_)
         for i in answers:
@@ -1163,20 +1167,18 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         elif self.fault_tolerant:
             self._wait_for_rejoin()
             self._check_anything_left()
-        errors: list[BaseException] = []
+        errors: list[tuple[int, BaseException]] = []
         lost: list[tuple[int, BaseException]] = []
-        for i in tasks:  # (in server order: the first error raised is the first server's)
+        for i in tasks:
             err = failed.get(i)
             if err is None:
                 continue
             if self.fault_tolerant and is_outage(err):
                 lost.append((i, err))
             else:
-                errors.append(err)
-        if lost:
-            self._lose_all(lost, truncate=True)
-        if errors:
-            self._raise_first(errors)
+                errors.append((i, err))
+        if lost or errors:
+            self._raise_first(in_server_order(self._lose_all(lost, truncate=True) if lost else [], errors))
 
         rejoined: set[int] = set()
         cut: list[InfoPart] = []  # placeholder infos of envs cut short (servers already down): never misfits

@@ -76,6 +76,11 @@ def test_a_status_without_details_says_so_not_the_call() -> None:
             Faults(hold="error", hold_status=(grpc.StatusCode.INTERNAL, "boom\x1b[2J")),
             r"ended with [INTERNAL] (boom\x1b[2J)",
         ),
+        (
+            Faults(hold="error", hold_status=(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")),
+            "was refused [RESOURCE_EXHAUSTED] (Concurrent RPC limit exceeded!): the server was serving as many calls "
+            "as it takes at once (an env-server's --max-concurrent-rpcs): without Hold",
+        ),
     ],
 )
 def test_a_hold_stream_that_does_not_hold_is_warned_of_once_and_the_session_kept(
@@ -218,3 +223,40 @@ def test_a_server_that_sends_answers_twice_again_and_again_is_broken_not_flappin
                 envs.step(ACTIONS)
                 time.sleep(0.01)
         assert info.value.out_of_step and envs.fault_stats().failures == 2
+
+
+def _steps_until_raised(envs: RemoteVectorEnv, steps: int = 200) -> None:
+    for _ in range(steps):
+        envs.step(ACTIONS)
+        time.sleep(0.01)
+
+
+def test_a_reset_tries_a_broken_server_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A library user catching the error and resetting: the server still broken raises again at its first
+    answer to another request; mended (the same address), it rejoins and the fleet steps on."""
+    server = FaultyServer(Faults(twice_every=2))
+    caplog.set_level(logging.INFO, logger="learner.remote")
+    with server, RemoteVectorEnv([server.address], connect_timeout=5, fault_tolerant=True) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(InvalidResponseError, match="The server is broken, not out"):
+            _steps_until_raised(envs)
+        _, infos = envs.reset(seed=1)  # (its envs unavailable: it is being reconnected)
+        assert infos["_env_unavailable"].all(), infos
+        assert f"env server {server.address}, found broken, is tried again (a reset): reconnecting" in caplog.messages
+        with pytest.raises(InvalidResponseError, match="The server is broken, not out") as info:
+            _steps_until_raised(envs)
+        assert info.value.out_of_step
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 2, 1), stats
+        server.faults.twice_every = None  # (mended)
+        envs.reset(seed=2)
+        rejoined = False
+        for _ in range(200):
+            *_, infos = envs.step(ACTIONS)
+            rejoined = rejoined or "env_rejoined" in infos
+            if rejoined and "env_unavailable" not in infos:
+                break
+            time.sleep(0.01)
+        assert rejoined and "env_unavailable" not in infos, infos
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 3, 0), stats
