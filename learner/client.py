@@ -73,6 +73,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+MAX_IDLE_PINGS = 2
+"""Keepalive pings a channel sends while it sends no data (a learner paused between steps, or waiting on
+a step that takes long): then it stops until it sends again. A server left at gRPC's default ping
+policy (C-core, as in C++ and Python servers: one ping per 5 minutes while it sends no data, 2 more
+forgiven; grpc-go's EnforcementPolicy: MinTime 5 minutes) closes a connection that pings more often
+(GOAWAY too_many_pings), which ends the session: with pings every 10 s and no limit, any such server
+dropped a learner paused for ~30 s. envfleet's servers take pings every 5 s or more whatever the data."""
+
+
 def channel_options(keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> list[tuple[str, Any]]:
     """Client channel options: message limits, keepalive (``keepalive_timeout``: seconds a ping's answer
     may take), and quick reconnects."""
@@ -80,12 +89,13 @@ def channel_options(keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> list[tuple[
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        # Notice a dead server within ~15 s even while no call is in flight.
+        # Notice a dead server within ~15 s even while no call is in flight: a ping every 10 s, but at
+        # most MAX_IDLE_PINGS of them while this side sends nothing (see there).
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
         ("grpc.http2.ping_timeout_ms", keepalive_ms),  # (gRPC core's own ping-ack timeout: 60 s by default)
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.max_pings_without_data", MAX_IDLE_PINGS),
         # After a lost connection, try again soon (the default starts at 1 s and grows to 120 s).
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.min_reconnect_backoff_ms", 200),
@@ -406,6 +416,14 @@ def status_error(
             "the link is so slow or busy that an answer takes longer to cross (big observations on a slow "
             f"link: {KEEPALIVE_TIMEOUT_HINT}, or have the servers compress their answers, env-server --compression "
             "gzip)"
+        )
+    if code == grpc.StatusCode.UNAVAILABLE and "too many pings" in raw.lower():  # (gRPC's own, after a GOAWAY)
+        details += (
+            ": the server closed the connection for the learner's keepalive pings (GOAWAY too_many_pings), as "
+            f"servers do whose ping policy allows fewer: the learner pings every 10 s, {MAX_IDLE_PINGS} times at most "
+            "while it sends nothing; have the server take them (gRPC C-core, as in C++: "
+            "grpc.http2.min_recv_ping_interval_without_data_ms <= 10000; grpc-go: keepalive.EnforcementPolicy with "
+            "MinTime <= 10 s)"
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -260,3 +261,36 @@ def test_a_reset_tries_a_broken_server_again(caplog: pytest.LogCaptureFixture) -
         assert rejoined and "env_unavailable" not in infos, infos
         stats = envs.fault_stats()
         assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 3, 0), stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("idle_pings", [learner.client.MAX_IDLE_PINGS, 0])
+def test_a_paused_learner_keeps_its_session_on_a_server_at_grpcs_default_ping_policy(
+    monkeypatch: pytest.MonkeyPatch, idle_pings: int
+) -> None:
+    """gRPC's default ping policy (this grpc.aio server's: C-core's, as C++ servers have) closes a connection
+    that pings more often than once per 5 minutes while the server sends nothing, 2 pings forgiven
+    (GOAWAY too_many_pings). The learner pinged every 10 s whatever the data: paused ~30 s, it lost its
+    connection and its session. It now pings at most MAX_IDLE_PINGS times while it sends nothing. (Here
+    every second, so that the pause is short; without the limit, the error says what happened.)"""
+    options = learner.client.channel_options
+
+    def every_second(keepalive_timeout: float = learner.client.KEEPALIVE_TIMEOUT) -> list[tuple[str, Any]]:
+        changed = {"grpc.keepalive_time_ms": 1000, "grpc.http2.max_pings_without_data": idle_pings}
+        return [(key, changed.get(key, value)) for key, value in options(keepalive_timeout)]
+
+    monkeypatch.setattr(learner.client, "channel_options", every_second)
+    with FaultyServer() as server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        envs.step(ACTIONS)
+        time.sleep(6)  # (pings at 1, 2, 3 and 4 s: a GOAWAY by the 4th)
+        if idle_pings:
+            for _ in range(3):
+                envs.step(ACTIONS)
+            assert server.service.handshakes == 1
+        else:
+            with pytest.raises(ServerUnavailableError) as info:
+                envs.step(ACTIONS)
+            assert "(Too many pings): the server closed the connection for the learner's keepalive pings" in str(
+                info.value
+            ), info.value
