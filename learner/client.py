@@ -55,6 +55,8 @@ from learner.errors import (
 __all__ = [
     "KEEPALIVE_TIMEOUT",
     "KEEPALIVE_TIMEOUT_HINT",
+    "MAX_IDLE_PINGS",
+    "PROXY_SETTINGS",
     "RELEASE_TIMEOUT",
     "RESET_TIMEOUT_HINT",
     "TIMEOUT_HINT",
@@ -63,6 +65,8 @@ __all__ = [
     "channel_credentials",
     "channel_options",
     "client_identity",
+    "proxy_status",
+    "proxy_text",
     "request_too_large",
     "server_text",
     "status_error",
@@ -203,6 +207,33 @@ RESET_WAIT_TIMEOUT_HINT = "the deadline was reset_wait's timeout argument: pass 
 # Sent"). (Its others, "SERVER: Sent" and "CLIENT: Received", are about an answer.)
 _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
 
+# gRPC's own text for an answer whose HTTP status was not 200: an HTTP proxy's, between the learner and
+# the server (a gRPC server answers 200, its errors in the gRPC status).
+_HTTP_STATUS = re.compile(r"Received http2 header with status: (\d+)")
+
+PROXY_SETTINGS = (
+    "nginx: client_max_body_size 0 and grpc_read_timeout 1d; haproxy: timeout server 1d; see the README's "
+    "'Behind an HTTP proxy'"
+)
+"""What a proxy in front of env servers needs (its defaults end StepStream and Hold, long-lived streams)."""
+
+
+def proxy_status(details: str) -> int | None:
+    """The HTTP status a proxy answered a call with, as gRPC's own status ``details`` say, or None."""
+    found = _HTTP_STATUS.search(details)
+    return int(found.group(1)) if found else None
+
+
+def proxy_text(status: int) -> str:
+    """What an HTTP ``status`` from a proxy between the learner and an env server means."""
+    said = f"an HTTP proxy between the learner and the env server answered HTTP {status}"
+    if status in (502, 503):
+        return f"{said}: nothing behind it answers (the env server is down or not started, or the proxy's upstream is not it)"
+    if status == 504:
+        return f"{said}: it gave up waiting on the env server (its timeout on a call's answer: {PROXY_SETTINGS})"
+    return f"{said}, not the env server ({PROXY_SETTINGS})"
+
+
 # Servers whose Handshake said they check no token while this process sent one (warned once each).
 _UNCHECKED_TOKEN_WARNED: set[str] = set()
 # Servers whose step socket this process could not use (warned once each; a new session tries again).
@@ -210,6 +241,8 @@ _STEP_SOCKET_WARNED: set[str] = set()
 # Servers whose Hold stream did not hold (warned once each), and those whose spec has no server_id.
 _HOLD_WARNED: set[str] = set()
 _NO_SERVER_ID_WARNED: set[str] = set()
+# Servers whose session an HTTP proxy ended by ending its Hold stream (warned once each).
+_PROXY_END_WARNED: set[str] = set()
 
 
 def translate_error(
@@ -417,6 +450,16 @@ def status_error(
             f"link: {KEEPALIVE_TIMEOUT_HINT}, or have the servers compress their answers, env-server --compression "
             "gzip)"
         )
+    # (gRPC's own texts, never an env server's: whether a status was marked as the server's is not known
+    # everywhere here, stream_ended's among them)
+    status = proxy_status(raw)
+    if status is not None:
+        details += f": {proxy_text(status)}"
+    elif "RST_STREAM" in raw:  # (a stream reset by the peer, which no envfleet server does)
+        details += (
+            "; where an HTTP proxy stands between the learner and the server, it may have reset it: StepStream's "
+            f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS})"
+        )
     if code == grpc.StatusCode.UNAVAILABLE and "too many pings" in raw.lower():  # (gRPC's own, after a GOAWAY)
         details += (
             ": the server closed the connection for the learner's keepalive pings (GOAWAY too_many_pings), as "
@@ -511,6 +554,7 @@ class EnvClient:
         self._hold: Any = None
         self._hold_watch: asyncio.Task[None] | None = None  # (reads the Hold stream's end: _watch_hold)
         self._hold_ended = False  # the Hold stream's end said the session is over
+        self._session_since = 0.0  # when the session's Hold stream opened (time.monotonic())
         self._hold_reason: str | None = None  # the HoldEvent's reason, raw, once one came
         self._disowned = False  # a call was answered that the session does not own the server
         self._step_statuses: _Statuses | None = None  # (those of the open StepStream)
@@ -611,6 +655,7 @@ class EnvClient:
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token(response.client_certificates_required)
         self._hold_ended, self._hold_reason, self._disowned = False, None, False
+        self._session_since = time.monotonic()
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
         self._hold_watch = asyncio.get_running_loop().create_task(self._watch_hold(self._hold))
 
@@ -634,6 +679,7 @@ class EnvClient:
             if code in _HOLD_ENDS_SESSION or _core_internal(err):
                 if hold is self._hold:
                     self._hold_ended = True
+                    self._note_proxy_end(details)
                 return
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 did = "answered UNIMPLEMENTED (it serves no Hold)"
@@ -662,6 +708,25 @@ class EnvClient:
             self.address,
             did,
             claim,
+        )
+
+    def _note_proxy_end(self, details: str) -> None:
+        """Warn if an HTTP proxy ended the session's Hold stream (``details``: its status's): with no
+        message on it while the session lives, a proxy's timeout on answers ends it, and the session
+        with it, every so many seconds (nginx's default grpc_read_timeout: 60 s); the learner then
+        finds the session gone at its next call."""
+        status = proxy_status(details)
+        if status is None:
+            return
+        said = self.address in _PROXY_END_WARNED  # (at WARNING once per server: a proxy's timeout repeats)
+        _PROXY_END_WARNED.add(self.address)
+        (log.debug if said else log.warning)(
+            "env server %s: its Hold stream, which keeps this learner's session, ended %.0f s after it opened: %s. "
+            "The session is over (the server freed its envs), and the next call says so: a proxy in front of env "
+            "servers must leave long-lived streams open",
+            self.address,
+            time.monotonic() - self._session_since,
+            proxy_text(status),
         )
 
     def _adopt_step_socket(self, offered: str) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from env_server.rpc import env_pb2 as pb
-from learner.client import EnvClient
+from learner.client import EnvClient, proxy_status
 from learner.discovery import diagnose, no_wait_mends, probe_until
 from learner.errors import ServerBusyError, ServerFullError, ServerUnavailableError, SpecMismatchError
 from learner.local import socket_folder_gone
@@ -268,9 +268,14 @@ class FleetConnection:
                 if gone is not None:  # (no server can come there: no use waiting for one)
                     raise ServerUnavailableError(f"{err} ({gone})", address=client.address, code=err.code) from None
                 if time.monotonic() + delay > deadline:
+                    # (a proxy's answer is no server building its envs: its text says what it means)
+                    advice = (
+                        ""
+                        if proxy_status(err.details)
+                        else ": raise `connect_timeout` for servers that take long to build their envs"
+                    )
                     raise ServerUnavailableError(
-                        f"{err} (still, after {self.connect_timeout:g} s: raise `connect_timeout` for servers "
-                        "that take long to build their envs)",
+                        f"{err} (still, after {self.connect_timeout:g} s{advice})",
                         address=client.address,
                         code=err.code,
                     ) from None

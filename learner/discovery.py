@@ -182,20 +182,22 @@ def warn_duplicates(addresses: str | Sequence[str]) -> None:
         log.warning("addresses: %s given more than once; each server is used once", ", ".join(twice))
 
 
-def probe(address: str, timeout: float = 1.0) -> str | None:
+def probe(address: str, timeout: float = 1.0, *, peek: bool = True) -> str | None:
     """Why a plain connection to ``address`` (``host:port`` or ``unix:PATH``) fails now, or None.
 
     For error messages: "connection refused", "no socket file /tmp/x.sock", ... Where a connection
     opens, what its first bytes say listens there when that is no gRPC server ("it is an HTTP/1
-    port ...", "it is an SSH server's port ...": see :func:`no_wait_mends`); else None (something
-    listens, and it is not an env server that answers), and for an address of another kind.
+    port ...", "it is an SSH server's port ...": see :func:`no_wait_mends`; not with ``peek`` False,
+    for a TLS port: a server that speaks TLS and HTTP/1 on it, as an nginx TLS proxy does, answers a
+    plain gRPC opening in HTTP/1); else None (something listens, and it is not an env server that
+    answers), and for an address of another kind.
     """
     path = unix_path(address) or ""
     try:
         opened = _connect(address, timeout)
         if opened is not None:
             with opened[0] as sock:
-                return _other_protocol(sock, min(timeout, _PEEK_S))
+                return _other_protocol(sock, min(timeout, _PEEK_S)) if peek else None
     except AddressError:
         return None
     except FileNotFoundError:
@@ -315,7 +317,7 @@ def diagnose(
     """Why ``address`` does not answer: :func:`probe`'s reason; where something listens, a TLS reason
     (starting "TLS: ") if there is one (``tls``: the client speaks TLS, trusting ``roots``, the system's
     when None, checking ``server_name`` and presenting ``client_cert``), else ""; None when it cannot tell."""
-    cause = probe(address, timeout=timeout)
+    cause = probe(address, timeout=timeout, peek=not tls)  # (TLS: the TLS handshake tells what listens)
     if cause:
         return cause
     if tls:

@@ -27,6 +27,7 @@ def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test's own warnings once per server (ports are reused)."""
     monkeypatch.setattr(learner.client, "_HOLD_WARNED", set())
     monkeypatch.setattr(learner.client, "_NO_SERVER_ID_WARNED", set())
+    monkeypatch.setattr(learner.client, "_PROXY_END_WARNED", set())
     yield
 
 
@@ -294,3 +295,56 @@ def test_a_paused_learner_keeps_its_session_on_a_server_at_grpcs_default_ping_po
             assert "(Too many pings): the server closed the connection for the learner's keepalive pings" in str(
                 info.value
             ), info.value
+
+
+# ---------------------------------------------------------------------------------------------
+# An HTTP proxy in front of the server (nginx's grpc_pass, haproxy): measured with nginx 1.22 and haproxy
+# 2.6 in a review; here its statuses as gRPC reports them.
+
+
+def test_a_hold_stream_a_proxy_ended_is_said_to_be_the_proxys_doing(caplog: pytest.LogCaptureFixture) -> None:
+    """nginx ends a stream that brings no answer within grpc_read_timeout (60 s): the Hold stream, and with
+    it the session, every minute. The learner said nothing until its next call failed "does not own this
+    server"; now it says at once what ended it and what the proxy needs, once per server."""
+    faults = Faults(hold="error", hold_status=(grpc.StatusCode.UNAVAILABLE, "Received http2 header with status: 504"))
+    server = FaultyServer(faults)
+    with caplog.at_level(logging.INFO), server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        for seed in range(3):  # (each reset after the end: a new session, whose Hold ends too)
+            envs.reset(seed=seed)
+            time.sleep(0.1)
+    said = warnings(caplog)
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"env server {server.address}: its Hold stream, which keeps this learner's session, ended 0 s after it "
+        "opened: an HTTP proxy between the learner and the env server answered HTTP 504: it gave up waiting on the "
+        "env server (its timeout on a call's answer: nginx: client_max_body_size 0 and grpc_read_timeout 1d; "
+        "haproxy: timeout server 1d; see the README's 'Behind an HTTP proxy'). The session is over"
+    ), said[0]
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "said"),
+    [
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            "Received http2 header with status: 502",
+            "Received http2 header with status: 502: an HTTP proxy between the learner and the env server answered "
+            "HTTP 502: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
+            "not it)",
+        ),
+        (
+            grpc.StatusCode.INTERNAL,
+            "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))",
+            "the connection broke (Stream removed (RST_STREAM (Received RST_STREAM with error code 2))); where an HTTP "
+            "proxy stands between the learner and the server, it may have reset it: StepStream's requests count as one "
+            "long request body, and Hold's answer never ends (nginx: client_max_body_size 0",
+        ),
+    ],
+)
+def test_a_proxys_status_says_what_it_means(code: grpc.StatusCode, details: str, said: str) -> None:
+    """A proxy with no env server behind it answered 502, which the learner, still connecting, took for a
+    server building its envs ("raise connect_timeout"); nginx's limit on a request body (1 MB by default:
+    StepStream's requests all count) reset the stream after ~12,000 CartPole steps, said as a broken
+    connection."""
+    text = str(learner.client.status_error(code, details, address="proxy:443", method="Step", from_server=False))
+    assert text.startswith(f"env server proxy:443: Step failed [{code.name}]: {said}"), text

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -18,8 +20,9 @@ import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from learner import RemoteVectorEnv
-from learner.discovery import TLS_CAUSE, no_wait_mends, probe
+from learner.discovery import TLS_CAUSE, diagnose, no_wait_mends, probe
 from learner.errors import RemoteEnvError, ServerUnavailableError
+from tests.certs import make_server_certs
 from tests.conftest import SpawnServer
 
 HTTP_PORT = "it is an HTTP/1 port (an env server's --metrics-port?), not an env server's gRPC port"
@@ -139,3 +142,44 @@ def test_a_server_older_than_step_stream_is_named_so_at_its_first_step() -> None
             )
         finally:
             proc.kill()
+
+
+def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port(tmp_path: Path) -> None:
+    """An nginx TLS proxy in front of env servers answers a plain gRPC opening with HTTP/1's 400 ("The plain
+    HTTP request was sent to HTTPS port"): `learner servers --tls-ca` called it "an HTTP/1 port" and gave up,
+    while the learner itself trained through it. Under TLS the probe is a TLS handshake."""
+    certs = make_server_certs(tmp_path / "certs")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.cert, certs.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stopped = threading.Event()
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    if conn.recv(1, socket.MSG_PEEK) == b"\x16":  # a TLS ClientHello
+                        with context.wrap_socket(conn, server_side=True) as tls:
+                            tls.recv(1)
+                    else:
+                        conn.recv(4096)
+                        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert probe(address) == HTTP_PORT  # (a plain client is told what answers it)
+        assert diagnose(address, 1.0, tls=True, roots=certs.ca.read_bytes()) == ""  # (TLS is fine: not the cause)
+    finally:
+        stopped.set()
+        thread.join(timeout=10)
+        listener.close()
