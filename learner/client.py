@@ -243,6 +243,11 @@ _HOLD_WARNED: set[str] = set()
 _NO_SERVER_ID_WARNED: set[str] = set()
 # Servers whose session an HTTP proxy ended by ending its Hold stream (warned once each).
 _PROXY_END_WARNED: set[str] = set()
+# Addresses whose calls reached more than one server (warned once each).
+_OTHER_SERVER_WARNED: set[str] = set()
+OTHER_SERVER_S = 2.0
+"""Seconds after a Handshake within which a Hold refused as another server's session says the address
+reaches several servers (see ``EnvClient._note_other_server``); later, the session may have ended."""
 
 
 def translate_error(
@@ -680,6 +685,8 @@ class EnvClient:
                 if hold is self._hold:
                     self._hold_ended = True
                     self._note_proxy_end(details)
+                    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_OWNED in details:
+                        self._note_other_server()
                 return
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 did = "answered UNIMPLEMENTED (it serves no Hold)"
@@ -708,6 +715,24 @@ class EnvClient:
             self.address,
             did,
             claim,
+        )
+
+    def _note_other_server(self) -> None:
+        """Warn if the Hold stream was refused as not the server's session right after the Handshake that
+        opened it (within :data:`OTHER_SERVER_S`): the address's calls reach more than one server, each
+        call another (a proxy or load balancer spreading one address over several servers); the session
+        then fails at every call, "does not own this server", whatever the learner does."""
+        if time.monotonic() - self._session_since > OTHER_SERVER_S:
+            return
+        said = self.address in _OTHER_SERVER_WARNED
+        _OTHER_SERVER_WARNED.add(self.address)
+        (log.debug if said else log.warning)(
+            "env server %s: the Hold stream of the session its Handshake had just granted was refused, that session "
+            "not the server's: calls to %s seem to reach more than one env server (a proxy or load balancer that "
+            "spreads one address over several). A session lives on one server: give each server its own address, "
+            "or use a dns:/// name that resolves to every server's",
+            self.address,
+            self.address,
         )
 
     def _note_proxy_end(self, details: str) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import learner.client
+from env_server.protocol import NOT_OWNED
 from learner import RemoteVectorEnv
 from learner.cli import main
 from learner.client import SERVER_TEXT_LIMIT, server_text
@@ -28,6 +29,7 @@ def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(learner.client, "_HOLD_WARNED", set())
     monkeypatch.setattr(learner.client, "_NO_SERVER_ID_WARNED", set())
     monkeypatch.setattr(learner.client, "_PROXY_END_WARNED", set())
+    monkeypatch.setattr(learner.client, "_OTHER_SERVER_WARNED", set())
     yield
 
 
@@ -348,3 +350,20 @@ def test_a_proxys_status_says_what_it_means(code: grpc.StatusCode, details: str,
     connection."""
     text = str(learner.client.status_error(code, details, address="proxy:443", method="Step", from_server=False))
     assert text.startswith(f"env server proxy:443: Step failed [{code.name}]: {said}"), text
+
+
+def test_an_address_whose_calls_reach_several_servers_is_said_to(caplog: pytest.LogCaptureFixture) -> None:
+    """nginx with an upstream of two servers behind one address: the Handshake reached one, the Hold stream
+    the other, which refused it ("does not own this server"), and the first step failed the same way with
+    nothing to say why. Here one server refuses Hold so, as the other server would."""
+    refused = (grpc.StatusCode.FAILED_PRECONDITION, f"session 'abc' {NOT_OWNED} (it was released, ...)")
+    server = FaultyServer(Faults(hold="error", hold_status=refused, marked=True))
+    with caplog.at_level(logging.INFO), server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        time.sleep(0.2)
+    said = warnings(caplog)
+    assert len(said) == 1, said
+    assert said[0].startswith(
+        f"env server {server.address}: the Hold stream of the session its Handshake had just granted was refused, "
+        f"that session not the server's: calls to {server.address} seem to reach more than one env server"
+    ), said[0]
