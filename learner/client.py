@@ -210,6 +210,9 @@ _TOO_LARGE = re.compile(r"(?:(SERVER|CLIENT): )?(Received|Sent) message larger t
 # gRPC's own text for an answer whose HTTP status was not 200: an HTTP proxy's, between the learner and
 # the server (a gRPC server answers 200, its errors in the gRPC status).
 _HTTP_STATUS = re.compile(r"Received http2 header with status: (\d+)")
+# A GOAWAY for pinging too often, as gRPC C-core words it ("Too many pings") or quotes the peer's debug
+# data (grpc-go's "too_many_pings").
+_TOO_MANY_PINGS = re.compile(r"too[ _]many[ _]pings", re.IGNORECASE)
 
 PROXY_SETTINGS = (
     "nginx: client_max_body_size 0 and grpc_read_timeout 1d; haproxy: timeout server 1d; see the README's "
@@ -455,17 +458,19 @@ def status_error(
             f"link: {KEEPALIVE_TIMEOUT_HINT}, or have the servers compress their answers, env-server --compression "
             "gzip)"
         )
-    # (gRPC's own texts, never an env server's: whether a status was marked as the server's is not known
-    # everywhere here, stream_ended's among them)
-    status = proxy_status(raw)
+    # (gRPC's own texts, not an env server's: whether a status was marked as the server's is not known
+    # everywhere here, stream_ended's among them; an env's exception, INTERNAL from the server, is left be)
+    status = proxy_status(raw) if not (from_server and code == grpc.StatusCode.INTERNAL) else None
     if status is not None:
         details += f": {proxy_text(status)}"
-    elif "RST_STREAM" in raw:  # (a stream reset by the peer, which no envfleet server does)
+    elif "RST_STREAM" in raw and not (
+        from_server and code == grpc.StatusCode.INTERNAL
+    ):  # (no envfleet server resets one)
         details += (
             "; where an HTTP proxy stands between the learner and the server, it may have reset it: StepStream's "
             f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS})"
         )
-    if code == grpc.StatusCode.UNAVAILABLE and "too many pings" in raw.lower():  # (gRPC's own, after a GOAWAY)
+    if code == grpc.StatusCode.UNAVAILABLE and _TOO_MANY_PINGS.search(raw):  # (gRPC's own, after a GOAWAY)
         details += (
             ": the server closed the connection for the learner's keepalive pings (GOAWAY too_many_pings), as "
             f"servers do whose ping policy allows fewer: the learner pings every 10 s, {MAX_IDLE_PINGS} times at most "
@@ -745,13 +750,17 @@ class EnvClient:
             return
         said = self.address in _PROXY_END_WARNED  # (at WARNING once per server: a proxy's timeout repeats)
         _PROXY_END_WARNED.add(self.address)
+        # (502 or 503: the server behind the proxy went away, no setting of the proxy's)
+        keep_open = (
+            "" if status in (502, 503) else ": a proxy in front of env servers must leave long-lived streams open"
+        )
         (log.debug if said else log.warning)(
             "env server %s: its Hold stream, which keeps this learner's session, ended %.0f s after it opened: %s. "
-            "The session is over (the server freed its envs), and the next call says so: a proxy in front of env "
-            "servers must leave long-lived streams open",
+            "The session is over (the server freed its envs), and the next call says so%s",
             self.address,
             time.monotonic() - self._session_since,
             proxy_text(status),
+            keep_open,
         )
 
     def _adopt_step_socket(self, offered: str) -> str:

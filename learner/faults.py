@@ -242,13 +242,14 @@ class Replica:
         broken: its answers could not be read :data:`UNREADABLE_IN_A_ROW` times in a row, with no step
         answered between. Other losses leave the count as it was: a server that also times out in
         between has answered nothing readable either. Answers to another request than the one sent
-        count apart, whatever was answered between: a server that sends every other answer twice reads
-        well right after each reconnect, and would otherwise flap for good."""
+        count apart, whatever was answered between (a server that sends every other answer twice reads
+        well right after each reconnect, and would otherwise flap for good), and only toward another such
+        answer; a restarted server process starts that count anew (see :func:`reconnect`)."""
         if not isinstance(err, InvalidResponseError):
             return False
         self.unreadable += 1
         self.out_of_step += err.out_of_step
-        return max(self.unreadable, self.out_of_step) >= UNREADABLE_IN_A_ROW
+        return self.unreadable >= UNREADABLE_IN_A_ROW or (err.out_of_step and self.out_of_step >= UNREADABLE_IN_A_ROW)
 
     def hold_off(self, backoff: tuple[float, float]) -> float:
         """Seconds to wait before taking it back after its latest loss: none after a first loss, then,
@@ -353,6 +354,7 @@ async def reconnect(
         replica.reconnects += 1
         if not same_process:
             replica.server_restarts += 1
+            replica.out_of_step = 0  # (another process: what the last one answered out of step is not its doing)
         replica.spec = spec
         replica.back_at, replica.answered = time.monotonic(), 0
         # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)

@@ -97,7 +97,9 @@ class FleetOutages:
                 broken.append((i, gone))
         return broken
 
-    def _lose(self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False) -> None:
+    def _lose(
+        self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool = False
+    ) -> list[tuple[int, BaseException]]:
         """Mark a server down (its envs unavailable) and start reconnecting to it; ``planned``: it left
         saying it was shutting down, so it counts as a shutdown, not a failure. One lost again before
         it settled since it came back waits longer each time before it is taken back (see
@@ -105,12 +107,12 @@ class FleetOutages:
         truncated (a mask over its envs: those envs' only, where the others had no episode under way).
 
         A server whose answers could not be read again right after it came back is broken, not lost
-        (learner.faults: Replica.broken_by): marked down all the same, but not reconnected, and an
-        InvalidResponseError saying so is raised (the fleet then needs a reset, as after any failed step,
-        which tries it again: :meth:`_retry_broken`)."""
+        (learner.faults: Replica.broken_by): marked down all the same, but not reconnected, and the
+        InvalidResponseError saying so is returned, (server, error) in a list (else an empty list), for
+        the caller to raise once every server of the call is marked (the fleet then needs a reset, as
+        after any failed step, which tries it again: :meth:`_retry_broken`)."""
         broken = self._mark_lost(server, err, truncate=truncate, planned=planned)
-        if broken is not None:
-            self._raise_first([broken])
+        return [] if broken is None else [(server, broken)]
 
     def _mark_lost(
         self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool
@@ -182,6 +184,8 @@ class FleetOutages:
             replica = self._replicas[i]
             if replica.broken:
                 replica.broken = False
+                # (give_up_after counts from now: a server mended while the fleet waited is taken back)
+                replica.down_since = replica.failing_since = time.monotonic()
                 log.info("env server %s, found broken, is tried again (a reset): reconnecting", replica.client.address)
                 self._start_reconnect(replica, 0.0)
 
@@ -314,8 +318,9 @@ def _broken(client: EnvClient, err: BaseException, replica: Replica) -> InvalidR
     text = str(err)
     broken = InvalidResponseError(
         f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {why}: a server that "
-        "does not keep to the envfleet.v1 protocol (another version, or a bug); it is not reconnected, as fault "
-        f"tolerance would go on without its {envs} for good: fix or replace it",
+        "does not keep to the envfleet.v1 protocol (another version, or a bug); it is not reconnected (fault "
+        f"tolerance would go on without its {envs} for good) until the next reset, which tries it again: fix or "
+        "replace it",
         address=client.address,
         code=getattr(err, "code", None),  # (RESOURCE_EXHAUSTED for an answer over the size limit)
     )

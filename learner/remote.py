@@ -674,10 +674,12 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             replica.state, replica.fresh = ReplicaState.UP, None  # a READY server's own reset is superseded
             parts.append((answers[i][1], client.env_offset, client.num_envs))
         infos, misfits = self._merge_infos(parts, self.num_envs, 0, "Reset")
+        broken = []
         for i, misfit in misfits:  # (fault-tolerant: lost, as if its reset had failed)
             del answers[i]
             rejoined[slices[i]] = False
-            self._lose(i, misfit, truncate=under_way.get(i, False))
+            broken += self._lose(i, misfit, truncate=under_way.get(i, False))
+        self._raise_first(in_server_order(broken))
         # A partial reset (options["reset_mask"]) leaves the other envs as stale as they were.
         if full:
             self._stale = None
@@ -1181,6 +1183,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             self._raise_first(in_server_order(self._lose_all(lost, truncate=True) if lost else [], errors))
 
         rejoined: set[int] = set()
+        broken: list[tuple[int, BaseException]] = []  # (raised once every server of the step is marked)
         cut: list[InfoPart] = []  # placeholder infos of envs cut short (servers already down): never misfits
         replicas = self._replicas
         down = [i for i in servers if replicas[i].state is not ReplicaState.UP]  # (their answers are not in out)
@@ -1207,7 +1210,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 try:
                     obs, infos = self._read_reset(client, fresh)
                 except InvalidResponseError as unreadable:
-                    self._lose(i, unreadable, truncate=False)
+                    broken += self._lose(i, unreadable, truncate=False)
                     continue
                 out.obs[i] = obs
                 out.parts.append((infos, start, k))
@@ -1220,7 +1223,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             for i, err in misfits:
                 client = self._clients[i]
                 start, k = client.env_offset - base, client.num_envs
-                self._lose(i, err, truncate=False)
+                broken += self._lose(i, err, truncate=False)
                 del out.obs[i]
                 unavailable[start : start + k] = True
                 if i not in rejoined:  # (a rejoining server's last episodes were cut when it was lost)
@@ -1229,6 +1232,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             starts = {self._clients[i].env_offset - base for i, _ in misfits}
             # (the parts that fitted fit again; a cut's own, left out if not)
             infos = merge_infos([p for p in out.parts if p[1] not in starts] + cut, count, [])
+        self._raise_first(in_server_order(broken))
         for i in tasks:
             if i not in failed and i in out.obs and (relapses := self._replicas[i].note_answer()):
                 log.info(

@@ -25,8 +25,10 @@ import numpy as np
 import pytest
 
 from env_server import codec, service
+from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService
 from learner import InvalidResponseError, RemoteVectorEnv, SessionError, rundir
+from learner.faults import Replica
 from tests.conftest import SpawnServer
 
 K = 2  # envs per server
@@ -132,8 +134,8 @@ def test_a_server_whose_answers_cannot_be_read_again_after_a_reconnect_is_broken
             f"({K}, 4) ({K} envs), got shape ({K - 1}, 4)); is it a server of another envfleet version? The server is "
             "broken, not out: 2 of its answers in a row could not be read, the last right after a reconnect, with no "
             "step answered between: a server that does not keep to the envfleet.v1 protocol (another version, or a "
-            "bug); it is not reconnected, as fault tolerance would go on without its envs "
-            f"{K}-{2 * K - 1} for good: fix or replace it"
+            "bug); it is not reconnected (fault tolerance would go on without its envs "
+            f"{K}-{2 * K - 1} for good) until the next reset, which tries it again: fix or replace it"
         )
         assert info.value.address == b and isinstance(info.value.__cause__, InvalidResponseError)
         stats = envs.fault_stats()
@@ -263,3 +265,17 @@ if __name__ == "__main__":
 
     _short_answers(os.environ[SHORT_STEPS], os.environ[SHORT_RESETS])
     sys.exit(serve())
+
+
+def test_answers_out_of_step_count_toward_broken_only_with_another_such_answer() -> None:
+    """From the diff's review: once a server had answered out of step twice (and was mended), any one
+    unreadable answer later, hours of good steps between, made it broken, its text counting "1 of its
+    answers in a row"."""
+    replica = Replica(client=SimpleNamespace(), spec=pb.EnvSpec())  # type: ignore[arg-type]
+    twice = InvalidResponseError("an answer to another request", address="a:1")
+    twice.out_of_step = True
+    assert not replica.broken_by(twice)
+    replica.note_answer()
+    assert replica.broken_by(twice)  # (a second one, steps answered between or not)
+    replica.note_answer()
+    assert not replica.broken_by(InvalidResponseError("could not be read", address="a:1"))  # (a one-off: an outage)

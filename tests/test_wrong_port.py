@@ -144,7 +144,9 @@ def test_a_server_older_than_step_stream_is_named_so_at_its_first_step() -> None
             proc.kill()
 
 
-def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port(tmp_path: Path) -> None:
+def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port(
+    tmp_path: Path, metrics_and_grpc: tuple[str, str], ssh_like: str
+) -> None:
     """An nginx TLS proxy in front of env servers answers a plain gRPC opening with HTTP/1's 400 ("The plain
     HTTP request was sent to HTTPS port"): `learner servers --tls-ca` called it "an HTTP/1 port" and gave up,
     while the learner itself trained through it. Under TLS the probe is a TLS handshake."""
@@ -179,6 +181,9 @@ def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         assert probe(address) == HTTP_PORT  # (a plain client is told what answers it)
         assert diagnose(address, 1.0, tls=True, roots=certs.ca.read_bytes()) == ""  # (TLS is fine: not the cause)
+        # Ports without TLS are still named for what they are under TLS (the diff's review).
+        assert diagnose(metrics_and_grpc[0], 1.0, tls=True) == HTTP_PORT
+        assert diagnose(ssh_like, 1.0, tls=True) == SSH_PORT
     finally:
         stopped.set()
         thread.join(timeout=10)
