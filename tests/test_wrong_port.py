@@ -3,6 +3,7 @@ own --metrics-port, say), an SSH server, a gRPC server without envfleet's EnvSer
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -38,9 +39,10 @@ def metrics_and_grpc(spawn_server: SpawnServer) -> tuple[str, str]:
     return match.group(1), server.address
 
 
-@pytest.fixture
-def ssh_like() -> Iterator[str]:
-    """A port whose server speaks first, as SSH servers do (their version banner), then reads on."""
+@contextlib.contextmanager
+def _serving(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A TCP server on 127.0.0.1, in a thread, that calls ``handle`` on each connection (then closes it;
+    an OSError, a timeout after 2 s say, ends it quietly): its address."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
     stopped = threading.Event()
@@ -52,20 +54,31 @@ def ssh_like() -> Iterator[str]:
             except TimeoutError:
                 continue
             with conn:
-                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
                 conn.settimeout(2)
-                try:
-                    while conn.recv(4096):
-                        pass
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):
+                    handle(conn)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield f"127.0.0.1:{listener.getsockname()[1]}"
-    stopped.set()
-    thread.join(timeout=10)
-    listener.close()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stopped.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+def _ssh_banner(conn: socket.socket) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    while conn.recv(4096):
+        pass
+
+
+@pytest.fixture
+def ssh_like() -> Iterator[str]:
+    """A port whose server speaks first, as SSH servers do (their version banner), then reads on."""
+    with _serving(_ssh_banner) as address:
+        yield address
 
 
 def test_probe_names_an_http1_port_an_ssh_server_and_nothing_for_an_env_server(
@@ -153,38 +166,18 @@ def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port
     certs = make_server_certs(tmp_path / "certs")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(certs.cert, certs.key)
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.1)
-    stopped = threading.Event()
 
-    def serve() -> None:
-        while not stopped.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    if conn.recv(1, socket.MSG_PEEK) == b"\x16":  # a TLS ClientHello
-                        with context.wrap_socket(conn, server_side=True) as tls:
-                            tls.recv(1)
-                    else:
-                        conn.recv(4096)
-                        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n\r\n")
-                except OSError:
-                    pass
+    def tls_or_http1(conn: socket.socket) -> None:
+        if conn.recv(1, socket.MSG_PEEK) == b"\x16":  # a TLS ClientHello
+            with context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        else:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n\r\n")
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        address = f"127.0.0.1:{listener.getsockname()[1]}"
+    with _serving(tls_or_http1) as address:
         assert probe(address) == HTTP_PORT  # (a plain client is told what answers it)
         assert diagnose(address, 1.0, tls=True, roots=certs.ca.read_bytes()) == ""  # (TLS is fine: not the cause)
-        # Ports without TLS are still named for what they are under TLS (the diff's review).
-        assert diagnose(metrics_and_grpc[0], 1.0, tls=True) == HTTP_PORT
-        assert diagnose(ssh_like, 1.0, tls=True) == SSH_PORT
-    finally:
-        stopped.set()
-        thread.join(timeout=10)
-        listener.close()
+    # Ports without TLS are still named for what they are under TLS (the diff's review).
+    assert diagnose(metrics_and_grpc[0], 1.0, tls=True) == HTTP_PORT
+    assert diagnose(ssh_like, 1.0, tls=True) == SSH_PORT
