@@ -38,7 +38,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt, quiet_exit, stopping_with_parent
+from learner.progress import ending_as_interrupt, stopping_with_parent
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints
 
 if typing.TYPE_CHECKING:
@@ -1529,6 +1529,11 @@ def _option_terms(args: argparse.Namespace) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``learner`` command on ``argv`` (default: the process's), as a function: its exit status."""
+    return _command(argv, then_exit=False)
+
+
+def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     prefer_fast_grpc_core()  # first: before anything imports grpc
     try:
         args, unknown = build_parser().parse_known_args(argv)
@@ -1539,7 +1544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
     try:
-        with ending_as_interrupt():  # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
+        # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
+        with ending_as_interrupt(then_exit=then_exit):
             return int(args.func(args))
     except _USER_ERRORS as err:
         # (train's, eval's and servers' advice names their options, not the library's arguments: _option_terms)
@@ -1578,9 +1584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> NoReturn:
     """The ``learner`` command and ``python -m learner``: :func:`main`, then the process's exit, not broken
     by a repeated signal after one that stopped the command (:func:`learner.progress.quiet_exit`)."""
-    code = main()
-    quiet_exit()
-    sys.exit(code)
+    sys.exit(_command(None, then_exit=True))
 
 
 if __name__ == "__main__":

@@ -138,13 +138,17 @@ def _as_the_command_does(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def ending_as_interrupt() -> Iterator[None]:
+def ending_as_interrupt(*, then_exit: bool = False) -> Iterator[None]:
     """For a command's whole run (the learner's CLI): Ctrl-C, SIGTERM and SIGHUP where no
     :class:`StopRequest` takes them (starting up, closing down): the first interrupts as Ctrl-C does
     (so the command closes what it opened, its servers and their socket folder, and says so), and
     after a stop (here or a StopRequest's) a double-tapped Ctrl-C or a second SIGTERM or SIGHUP
-    changes nothing. A signal ignored when it begins stays ignored. See :func:`quiet_exit` for the
-    process's exit after it."""
+    changes nothing. A signal ignored when it begins stays ignored.
+
+    ``then_exit``: the process exits after it (the command's entry point). After a stop, the signals
+    then go from these handlers straight to :func:`quiet_exit`'s, never back to their defaults: a
+    SIGTERM after a Ctrl-C that came between the two ended the process -15 (the command's objects
+    being freed as its function returns can take a while)."""
     global _stop_at
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -156,8 +160,11 @@ def ending_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if then_exit and _stop_at is not None:
+            quiet_exit()
+        else:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 PARENT_WATCH_S = 0.5

@@ -61,7 +61,7 @@ from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import Agent, check_observation_space, is_image_space, unusable_observation
+from learner.ppo import Agent, check_observation_space, is_image_space, observations_usable, unusable_observation
 from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
@@ -359,17 +359,26 @@ class Acting:
         """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
         of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
         own errors say neither which env nor what came) into an UnusableEnvOutputError naming the env,
-        its server, the value and the space; looked for only then. (The envs' own values: --norm-obs
-        statistics updated with a NaN make every env's normalised observation NaN.)"""
+        its server, the value and the space; looked for only then on the CPU, and before the forward
+        on CUDA (:func:`learner.ppo.observations_usable`: a device-side assert there cannot be caught
+        and explained). (The envs' own values: --norm-obs statistics updated with a NaN make every
+        env's normalised observation NaN.)"""
+        if self.device.type != "cpu" and not observations_usable(np.asarray(raw), self.obs_space):
+            self._explain(raw, envs_of)
         try:
             yield
         except (RuntimeError, ValueError, IndexError) as err:
-            raw = np.asarray(raw)
-            for i, env in enumerate(envs_of):  # (one at a time: the first that explains it names its server)
-                problem = unusable_observation(raw[i : i + 1], self.obs_space, [env])
-                if problem is not None:
-                    raise UnusableEnvOutputError(self.server_of(env) + problem) from err
+            self._explain(raw, envs_of, err)
             raise
+
+    def _explain(self, raw: np.ndarray, envs_of: Sequence[int], err: BaseException | None = None) -> None:
+        """Raise an UnusableEnvOutputError for the first env of ``envs_of`` whose observation in ``raw``
+        the policy cannot act on (from ``err``, the policy's error, where there was one)."""
+        raw = np.asarray(raw)
+        for i, env in enumerate(envs_of):  # (one at a time: the first that explains it names its server)
+            problem = unusable_observation(raw[i : i + 1], self.obs_space, [env])
+            if problem is not None:
+                raise UnusableEnvOutputError(self.server_of(env) + problem) from err
 
     def env_actions(self, raw: Tensor) -> Any:
         action_space = self.action_space

@@ -36,6 +36,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [
             "train",
             *CLOCK,
+            "--device",  # (its tests read a CPU run's config: torch's threads; auto picks CUDA on a GPU host)
+            "cpu",
             "--backend",
             "gym",
             "--num-envs",
@@ -1005,7 +1007,7 @@ def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals
 def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> None:
     """ending_as_interrupt: the first SIGTERM interrupts, a later one (closing down, then exiting)
     changes nothing; a SIGHUP that was ignored (nohup) stays so; without either, the handlers are put
-    back after."""
+    back after (the entry point's, after a stop: ignored until the process exits)."""
     before, before_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     previous_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -1020,6 +1022,16 @@ def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> 
             os.kill(os.getpid(), signal.SIGTERM)  # (closing down: nothing happens)
             time.sleep(0.1)
         assert signal.getsignal(signal.SIGTERM) is before
+        # The entry point's (then_exit): after a stop the signals go from its handlers straight to
+        # ignored, not by way of their defaults (a SIGTERM just then ended learner train -15); with
+        # no stop, they are put back as ever.
+        with ending_as_interrupt(then_exit=True):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is before_int
+        with pytest.raises(KeyboardInterrupt), ending_as_interrupt(then_exit=True):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGINT, before_int)

@@ -4,22 +4,25 @@ it, so the step is not lost), and an info key envfleet reserves is refused by na
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from learner import RemoteVectorEnv
+from learner import RemoteVectorEnv, rundir
 from learner.config import Args
 from learner.errors import EnvCrashedError
-from learner.train import UnusableEnvOutputError, train
+from learner.ppo import observations_usable
+from learner.train import Acting, UnusableEnvOutputError, train
 from tests.compare import assert_same
 from tests.conftest import SpawnServer
 from tests.envs import InPlaceEnv
@@ -183,6 +186,10 @@ def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers:
 # Observations the policy cannot act on
 
 
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("backend", ["gym", "remote"])
 @pytest.mark.parametrize(
     ("kind", "message"),
@@ -193,10 +200,12 @@ def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers:
     ],
 )
 def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
-    tmp_path: Path, backend: Literal["remote", "gym"], kind: str, message: str
+    tmp_path: Path, backend: Literal["remote", "gym"], kind: str, message: str, device: str
 ) -> None:
-    # (a raw torch traceback: "Class values must be smaller than num_classes", "probability tensor ...")
+    # (a raw torch traceback: "Class values must be smaller than num_classes", "probability tensor ...";
+    # on CUDA a device-side assert, raised at a later call, after which the process cannot use the GPU)
     args = Args(
+        device=device,
         env="tests.envs:BadObservationEnv",
         env_kwargs={"kind": kind},
         seed=0,  # (env 1 is the bad one; with --norm-obs, every env's normalised observation turns NaN)
@@ -219,3 +228,48 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     ) as info:
         train(args)
     assert isinstance(info.value, UnusableEnvOutputError)
+    # The run's files are written as after any error (on CUDA too: the device is still usable).
+    assert rundir.list_checkpoints(tmp_path / "run") and (tmp_path / "run" / rundir.SUMMARY).is_file()
+
+
+@pytest.mark.parametrize(
+    ("raw", "space", "usable"),
+    [
+        (np.array([[0.5], [1.0]], dtype=np.float32), gym.spaces.Box(-np.inf, np.inf, (1,)), True),
+        (np.array([[0.5], [np.nan]], dtype=np.float32), gym.spaces.Box(-np.inf, np.inf, (1,)), False),
+        (np.array([[0.0], [np.inf]]), gym.spaces.Box(-np.inf, np.inf, (1,)), False),
+        (np.array([0, 7]), gym.spaces.Discrete(3), False),
+        (np.array([2, 4]), gym.spaces.Discrete(3, start=2), True),
+        (np.array([2, 1]), gym.spaces.Discrete(3, start=2), False),
+        (np.zeros((2, 4, 4), dtype=np.uint8), gym.spaces.Box(0, 255, (4, 4), np.uint8), True),
+    ],
+)
+def test_on_cuda_observations_are_looked_at_before_the_forward_and_on_the_cpu_only_after_it_fails(
+    raw: np.ndarray, space: gym.Space[Any], usable: bool
+) -> None:
+    """A device whose kernels fail asynchronously (CUDA; "meta" stands for it here) gets the envs'
+    observations checked before each forward: its own error would be an uncatchable device-side
+    assert. The CPU's forward runs first, and its error is explained after."""
+    assert observations_usable(raw, space) is usable
+    for device, ran_first in (("meta", usable), ("cpu", True)):
+        acting = Acting(
+            agent=cast(Any, None),
+            actor=cast(Any, None),
+            obs_space=space,
+            action_space=gym.spaces.Discrete(2),
+            obs_rms=None,
+            obs_dtype=torch.float32,
+            device=torch.device(device),
+            server_of=lambda env: f"env server s{env}: ",
+        )
+        ran = []
+        with contextlib.ExitStack() as stack:
+            if not usable:
+                stack.enter_context(
+                    pytest.raises(UnusableEnvOutputError, match=r"^env server s1: observation of env 1 ")
+                )
+            with acting.acting_on(raw, [0, 1]):
+                ran.append(True)
+                if not usable:
+                    raise RuntimeError("the forward's own error")
+        assert bool(ran) is ran_first, device

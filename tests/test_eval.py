@@ -426,7 +426,16 @@ def test_a_cnn_on_a_busy_machine_suggests_one_torch_thread(
     option = ["--torch-threads", *threads] if threads else []
     with caplog.at_level("WARNING", logger="learner.train"):
         _train(
-            tmp_path / "r", "--env", "tests.test_eval:ChannelLastEnv", "--backend", "gym", "--num-envs", "2", *option
+            tmp_path / "r",
+            "--env",
+            "tests.test_eval:ChannelLastEnv",
+            "--backend",
+            "gym",
+            "--num-envs",
+            "2",
+            "--device",  # (the advice is for CPU threads: a CNN on CUDA updates on the GPU)
+            "cpu",
+            *option,
         )
     said = [r.getMessage() for r in caplog.records if "--torch-threads 1 each" in r.getMessage()]
     assert len(said) == warned, said

@@ -373,12 +373,12 @@ def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkey
     monkeypatch.setattr("learner.train.open_fleet", counting_fleet)
     try:
         torch.set_num_threads(3)
-        train(Args(**_resumable(), run_dir=str(tmp_path / "finished")))
+        train(Args(**_resumable(), device="cpu", run_dir=str(tmp_path / "finished")))
         assert set(seen) == {1} and torch.get_num_threads() == 3
         seen.clear()
         interrupt.append(True)
         with pytest.raises(TrainingInterrupted):
-            train(Args(**_resumable(), run_dir=str(tmp_path / "stopped")))
+            train(Args(**_resumable(), device="cpu", run_dir=str(tmp_path / "stopped")))
         assert set(seen) == {1} and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
@@ -535,7 +535,15 @@ def test_atari_trains_end_to_end_on_frame_stacks_from_the_servers(tmp_path: Path
 
 def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(tmp_path: Path) -> None:
     """--pipeline-groups 2: each server steps while the policy runs on the other's envs; same accounting."""
-    common = {**clock(3), "num_servers": 2, "envs_per_server": 2, "num_steps": 8, "total_timesteps": 96}
+    # (the same samples grouped or not: so on the CPU; CUDA's generator gives a split batch other numbers)
+    common = {
+        **clock(3),
+        "num_servers": 2,
+        "envs_per_server": 2,
+        "num_steps": 8,
+        "total_timesteps": 96,
+        "device": "cpu",
+    }
     plain = train(Args(**common, run_dir=str(tmp_path / "plain")))
     piped = train(Args(**common, pipeline_groups=2, run_dir=str(tmp_path / "piped")))
     plain_rows = rundir.read_jsonl(tmp_path / "plain" / rundir.METRICS)

@@ -11,7 +11,7 @@ Runs, each as ``learner train --device cuda`` in its own process:
      ale-py is installed, with and without ``--overlap-update``.
 With ``--compare-cpu`` each run is repeated with ``--device cpu`` (on the same host, for the ratio).
 It prints, and writes to ``--out``/gpu_check.json, each run's SPS, time (to solve), and the most GPU
-memory torch allocated. Exit status 1 when CUDA is missing or a run fails.
+memory torch allocated (the JSON is written after each run). Exit status 1 when CUDA is missing or a run fails.
 """
 
 from __future__ import annotations
@@ -95,7 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; runs in {out}", flush=True)
     runs = planned_runs(args.quick, importlib.util.find_spec("ale_py") is not None, args.compare_cpu)
-    results = [_train(name, device, out, options, timeout) for name, device, options, timeout in runs]
+    results: list[dict[str, Any]] = []
+    for name, device, options, timeout in runs:
+        results.append(_train(name, device, out, options, timeout))
+        # (after each run: a check stopped at a time limit keeps the runs it finished)
+        (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
 
     print(
         f"\n{'run':<18} {'device':<6} {'ok':>3} {'steps':>9} {'steps/s':>8} {'seconds':>8} {'solved at s':>12} "
@@ -113,7 +117,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['name']:<18} {r['device']:<6} yes {r['total_steps']:>9,} {rate:>8,.0f} {r['seconds']:>8.1f} "
             f"{solved:>12} {memory:>8}"
         )
-    (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     print(f"results: {out / 'gpu_check.json'}")
     return 0 if all(r["ok"] for r in results) else 1
 
