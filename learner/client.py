@@ -12,7 +12,7 @@ import re
 import select
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -248,6 +248,16 @@ _NO_SERVER_ID_WARNED: set[str] = set()
 _PROXY_END_WARNED: set[str] = set()
 # Addresses whose calls reached more than one server (warned once each).
 _OTHER_SERVER_WARNED: set[str] = set()
+
+
+def _warning_once(warned: set[str], address: str) -> Callable[..., None]:
+    """The log call for a condition of server ``address`` that can come again (each session): WARNING
+    the first time (``warned`` holds the servers already warned of), DEBUG after."""
+    first = address not in warned
+    warned.add(address)
+    return log.warning if first else log.debug
+
+
 OTHER_SERVER_S = 2.0
 """Seconds after a Handshake within which a Hold refused as another server's session says the address
 reaches several servers (see ``EnvClient._note_other_server``); later, the session may have ended."""
@@ -460,12 +470,11 @@ def status_error(
         )
     # (gRPC's own texts, not an env server's: whether a status was marked as the server's is not known
     # everywhere here, stream_ended's among them; an env's exception, INTERNAL from the server, is left be)
-    status = proxy_status(raw) if not (from_server and code == grpc.StatusCode.INTERNAL) else None
+    env_raised = from_server and code == grpc.StatusCode.INTERNAL
+    status = None if env_raised else proxy_status(raw)
     if status is not None:
         details += f": {proxy_text(status)}"
-    elif "RST_STREAM" in raw and not (
-        from_server and code == grpc.StatusCode.INTERNAL
-    ):  # (no envfleet server resets one)
+    elif "RST_STREAM" in raw and not env_raised:  # (no envfleet server resets one)
         details += (
             "; where an HTTP proxy stands between the learner and the server, it may have reset it: StepStream's "
             f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS})"
@@ -729,9 +738,7 @@ class EnvClient:
         then fails at every call, "does not own this server", whatever the learner does."""
         if time.monotonic() - self._session_since > OTHER_SERVER_S:
             return
-        said = self.address in _OTHER_SERVER_WARNED
-        _OTHER_SERVER_WARNED.add(self.address)
-        (log.debug if said else log.warning)(
+        _warning_once(_OTHER_SERVER_WARNED, self.address)(
             "env server %s: the Hold stream of the session its Handshake had just granted was refused, that session "
             "not the server's: calls to %s seem to reach more than one env server (a proxy or load balancer that "
             "spreads one address over several). A session lives on one server: give each server its own address, "
@@ -748,13 +755,12 @@ class EnvClient:
         status = proxy_status(details)
         if status is None:
             return
-        said = self.address in _PROXY_END_WARNED  # (at WARNING once per server: a proxy's timeout repeats)
-        _PROXY_END_WARNED.add(self.address)
         # (502 or 503: the server behind the proxy went away, no setting of the proxy's)
         keep_open = (
             "" if status in (502, 503) else ": a proxy in front of env servers must leave long-lived streams open"
         )
-        (log.debug if said else log.warning)(
+        # (at WARNING once per server: a proxy's timeout repeats)
+        _warning_once(_PROXY_END_WARNED, self.address)(
             "env server %s: its Hold stream, which keeps this learner's session, ended %.0f s after it opened: %s. "
             "The session is over (the server freed its envs), and the next call says so%s",
             self.address,
@@ -988,9 +994,7 @@ class EnvClient:
     def _step_over_grpc(self, why: str) -> None:
         """Step over gRPC for the rest of the session, the step socket being unusable (``why``):
         said at WARNING once per server, then at DEBUG (each new session tries the step socket again)."""
-        said = self.address in _STEP_SOCKET_WARNED
-        _STEP_SOCKET_WARNED.add(self.address)
-        (log.debug if said else log.warning)(
+        _warning_once(_STEP_SOCKET_WARNED, self.address)(
             "env server %s: its step socket %s %s; stepping over gRPC, without the step socket's fast path "
             "(a step's round trip takes ~4x as long: quick envs step about half as fast)",
             self.address,
