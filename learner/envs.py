@@ -18,7 +18,7 @@ from learner.discovery import expand_when_ready
 from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
-__all__ = ["FleetSpec", "open_fleet", "reward_threshold"]
+__all__ = ["FleetSpec", "env_server_of", "open_fleet", "reward_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +187,17 @@ def _hang_timeout(spec: FleetSpec) -> float:
             )
         return spec.hang_timeout
     return max(HANG_TIMEOUT_S, 2 * max(spec.timeout, spec.reset_timeout or 0.0))
+
+
+def env_server_of(envs: Any, env: int) -> str:
+    """What names where env ``env`` (counted over the fleet) runs, as the start of an error's message: "env
+    server ADDRESS: " on a fleet of env servers (``envs.addresses`` and ``envs.env_slices``: RemoteVectorEnv's,
+    as of now: the fleet may have changed since the run began), "" for in-process envs."""
+    slices = getattr(envs, "env_slices", None)
+    addresses = getattr(envs, "addresses", None)
+    if slices is None or addresses is None:
+        return ""
+    for address, envs_of in zip(addresses, slices, strict=False):
+        if envs_of.start <= env < envs_of.stop:
+            return f"env server {address}: "
+    return ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -20,11 +21,11 @@ from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
-from learner.envs import FleetSpec, open_fleet
-from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
+from learner.envs import FleetSpec, env_server_of, open_fleet
+from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError, UnusableEnvOutputError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
-from learner.ppo import Agent, is_image_space
+from learner.ppo import Agent, is_image_space, observations_usable, unusable_observation
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
@@ -199,8 +200,18 @@ def evaluate(
                 obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)
                 obs_rms.load_state_dict(state["obs_rms"])
 
-            def policy(obs: Any) -> Any:
-                x = torch.as_tensor(np.asarray(obs)).to(torch_device, copy=True)
+            def policy(obs: Any, video: bool = False) -> Any:
+                # (looked at first, on every device: the deterministic policy acts on NaN without an error,
+                # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
+                raw = np.asarray(obs)
+                if not observations_usable(raw, obs_space):
+                    found = unusable_observation(raw, obs_space, range(len(raw)))
+                    if found is not None:
+                        env, problem = found
+                        raise UnusableEnvOutputError(
+                            ("the video's env: " if video else env_server_of(envs, env)) + problem
+                        )
+                x = torch.as_tensor(raw).to(torch_device, copy=True)
                 if obs_rms is not None:
                     x = obs_rms.normalize(x)
                 with torch.no_grad():
@@ -222,7 +233,9 @@ def evaluate(
                     max_episode_steps=max_episode_steps,
                 )
                 spaces = (state["observation_space"], state["action_space"])
-                recorded = video_.record_episode(render, policy, seed, video_path, video_fps, spaces)
+                recorded = video_.record_episode(
+                    render, functools.partial(policy, video=True), seed, video_path, video_fps, spaces
+                )
                 torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
 
             n = envs.num_envs

@@ -386,10 +386,10 @@ class Agent(nn.Module):
         return self.head.to_env(raw)
 
 
-def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int]) -> str | None:
-    """Why the policy cannot act on ``obs`` (a batch, row i the observation of env ``envs[i]``, as the
-    policy got it): the first env whose observation has NaN or infinite values, or is outside a
-    Discrete space (the one-hot fails); None where none is (what failed is something else).
+def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int]) -> tuple[int, str] | None:
+    """The first env whose observation the policy cannot act on, and why, in ``obs`` (a batch, row i the
+    observation of env ``envs[i]``, as the policy got it): NaN or infinite values, or outside a Discrete
+    space (the one-hot fails); None where none is (what failed is something else).
 
     On the CPU, called only after the policy's forward raised (torch's "Class values must be smaller
     than num_classes", "probability tensor contains either inf, nan"), so that it costs no step
@@ -399,12 +399,12 @@ def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[
         value = obs[i]
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
             shown = np.array2string(value, threshold=16, edgeitems=3)
-            return (
+            return env, (
                 f"observation of env {env} has NaN or infinite values ({shown}; observation space "
                 f"{space}); the policy cannot act on it"
             )
         if isinstance(space, gym.spaces.Discrete) and not space.start <= value.item() < space.start + space.n:
-            return (
+            return env, (
                 f"observation of env {env} is {value.item()!r}, outside the observation space {space}; "
                 "the policy cannot act on it"
             )

@@ -46,7 +46,7 @@ from learner.checkpointing import Checkpointer
 from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import DEFAULT_ENV, Args, PPOConfig, default_run_dir, is_atari, resolve_ppo
 from learner.device import device_hint, machine_busy, pick_device, set_torch_threads
-from learner.envs import FleetSpec, open_fleet, reward_threshold
+from learner.envs import FleetSpec, env_server_of, open_fleet, reward_threshold
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
@@ -56,6 +56,7 @@ from learner.errors import (
     ServerUnavailableError,
     SessionError,
     TrainingInterrupted,
+    UnusableEnvOutputError,
 )
 from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
@@ -118,28 +119,6 @@ after its first update, so that a log shows the run under way at once, not a min
 class NothingToLearnError(EnvFleetError):
     """No env gave a transition for ``EMPTY_ROLLOUTS`` rollouts in a row: the run stops (its envs' errors
     are in the message)."""
-
-
-class UnusableEnvOutputError(EnvFleetError, ValueError):
-    """An env gave what training cannot use: a NaN or infinite reward, or an observation the policy cannot
-    act on (NaN or infinite values, outside its Discrete space). The message names the env and, on env
-    servers, the server that hosts it. The env's to fix (or a wrapper's); an EnvFleetError, so that
-    ``learner train`` ends with how to go on from the run's last checkpoint once it is, as for the other
-    errors that stop a run (and a ValueError, as it was before it was one)."""
-
-
-def env_server_of(envs: Any, env: int) -> str:
-    """What names where env ``env`` (counted over the fleet) runs, as the start of an error's message: "env
-    server ADDRESS: " on a fleet of env servers (``envs.addresses`` and ``envs.env_slices``: RemoteVectorEnv's,
-    as of now: the fleet may have changed since the run began), "" for in-process envs."""
-    slices = getattr(envs, "env_slices", None)
-    addresses = getattr(envs, "addresses", None)
-    if slices is None or addresses is None:
-        return ""
-    for address, envs_of in zip(addresses, slices, strict=False):
-        if envs_of.start <= env < envs_of.stop:
-            return f"env server {address}: "
-    return ""
 
 
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
@@ -374,11 +353,10 @@ class Acting:
     def _explain(self, raw: np.ndarray, envs_of: Sequence[int], err: BaseException | None = None) -> None:
         """Raise an UnusableEnvOutputError for the first env of ``envs_of`` whose observation in ``raw``
         the policy cannot act on (from ``err``, the policy's error, where there was one)."""
-        raw = np.asarray(raw)
-        for i, env in enumerate(envs_of):  # (one at a time: the first that explains it names its server)
-            problem = unusable_observation(raw[i : i + 1], self.obs_space, [env])
-            if problem is not None:
-                raise UnusableEnvOutputError(self.server_of(env) + problem) from err
+        found = unusable_observation(np.asarray(raw), self.obs_space, envs_of)
+        if found is not None:
+            env, problem = found
+            raise UnusableEnvOutputError(self.server_of(env) + problem) from err
 
     def env_actions(self, raw: Tensor) -> Any:
         action_space = self.action_space

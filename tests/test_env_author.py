@@ -21,6 +21,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv, rundir
 from learner.config import Args
 from learner.errors import EnvCrashedError
+from learner.evaluate import evaluate
 from learner.ppo import observations_usable
 from learner.train import Acting, UnusableEnvOutputError, train
 from tests.compare import assert_same
@@ -230,6 +231,41 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     assert isinstance(info.value, UnusableEnvOutputError)
     # The run's files are written as after any error (on CUDA too: the device is still usable).
     assert rundir.list_checkpoints(tmp_path / "run") and (tmp_path / "run" / rundir.SUMMARY).is_file()
+
+
+@pytest.mark.parametrize("backend", ["gym", "remote"])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("nan", r"observation of env 1 has NaN or infinite values \(\[nan\]; observation space Box"),
+        ("discrete", r"observation of env 1 is 7, outside the observation space Discrete\(3\)"),
+    ],
+)
+def test_evaluating_on_observations_the_policy_cannot_act_on_names_the_env(
+    tmp_path: Path, backend: str, kind: str, message: str
+) -> None:
+    """learner eval, as learner train: an error naming the env and its server, not a torch traceback
+    (Discrete), nor returns of a policy that acted on NaN without a word (deterministic: argmax)."""
+    run = tmp_path / "run"
+    never = {"kind": kind, "at": 10**6}
+    train(
+        Args(
+            env="tests.envs:BadObservationEnv",
+            env_kwargs=never,
+            backend="gym",
+            num_envs=2,
+            num_steps=8,
+            total_timesteps=16,
+            device="cpu",
+            run_dir=str(run),
+            progress=False,
+            plot=False,
+            tensorboard=False,
+        )
+    )
+    where = r"^env server \S+: " if backend == "remote" else "^"
+    with pytest.raises(UnusableEnvOutputError, match=where + message + r".*; the policy cannot act on it"):
+        evaluate(run, 2, backend=backend, num_envs=2, device="cpu", env_kwargs={"kind": kind, "at": 2}, progress=False)
 
 
 @pytest.mark.parametrize(
