@@ -73,7 +73,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state((np_state["kind"], keys, np_state["pos"], has_gauss, gauss))
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        # (one state per GPU of the host that saved it: a run resumed on a host with fewer GPUs, a
+        # rescheduled Job's, restores those it has; more states than GPUs was "invalid device ordinal")
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"][: torch.cuda.device_count()]])
 
 
 def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, Any], keep: int = 3) -> Path:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from learner import rundir
+from learner.checkpoint import capture_rng, restore_rng
 from learner.checkpointing import Checkpointer, stopped_in_update
 from learner.config import Args, resolve_ppo
 from learner.ppo import Agent
@@ -129,3 +130,18 @@ def test_a_finished_run_is_checkpointed_as_of_its_end(tmp_path: Path) -> None:
     counters = made.end("total_timesteps")
     assert counters is made.counters and counters.global_step == 16
     assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
+
+
+def test_a_run_saved_on_a_host_with_more_gpus_restores_the_rng_states_of_the_gpus_this_one_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoint holds one CUDA RNG state per GPU of the host that saved it; resumed on a host with
+    fewer (a rescheduled Job's), those it has are restored, not an error for each it lacks."""
+    state = capture_rng()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8) + i for i in range(4)]
+    restored: list[list[torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    restore_rng(state)
+    assert [[int(s[0]) for s in states] for states in restored] == [[0, 1]]
