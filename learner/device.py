@@ -18,6 +18,12 @@ def pick_device(spec: str) -> torch.device:
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device: {spec} was asked for, but torch sees no CUDA device (torch {torch.__version__})")
+    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
+        # (found here, before any server starts: at the nets' .to(), a raw "invalid device ordinal")
+        raise ValueError(
+            f"--device: {spec} was asked for, but this host has {count} CUDA device{'s' if count != 1 else ''} "
+            f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+        )
     return device
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "SpecMismatchError",
     "TrackingError",
     "TrainingInterrupted",
+    "UpdateDivergedError",
     "UnusableEnvOutputError",
 ]
 
@@ -196,3 +197,9 @@ class UnusableEnvOutputError(EnvFleetError, ValueError):
     servers, the server that hosts it. The env's to fix (or a wrapper's); an EnvFleetError, so that
     ``learner train`` ends with how to go on from the run's last checkpoint once it is, as for the other
     errors that stop a run (and a ValueError, as it was before it was one)."""
+
+
+class UpdateDivergedError(EnvFleetError, FloatingPointError):
+    """PPO's update made the gradient NaN or infinite (a loss overflowed: returns too large for float32,
+    say), which would leave the nets NaN: the run stops, no checkpoint of that update written. The
+    message says in which epoch and minibatch, with their losses."""

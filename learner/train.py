@@ -437,6 +437,8 @@ def train(
     returns its summary, whose ``stop_reason`` is ``"stopped"``.
     """
     device = pick_device(args.device)
+    if device.type == "cuda":  # (summary.json's cuda_max_memory_mb: this run's, not the process's earlier ones')
+        torch.cuda.reset_peak_memory_stats(device)
     if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
         # Stopped before its first checkpoint (killed in its first update, a full disk): nothing to go on
         # from, so it starts over with the options it was started with, where it was.
@@ -696,8 +698,14 @@ def train(
             )
             update_rng = torch.Generator(device=device)
             update_rng.manual_seed(args.seed)
-            if checkpoint is not None and checkpoint.get("update_rng") is not None:
-                update_rng.set_state(checkpoint["update_rng"])
+            saved_rng = None if checkpoint is None else checkpoint.get("update_rng")
+            if saved_rng is not None and saved_rng.numel() == update_rng.get_state().numel():
+                update_rng.set_state(saved_rng)
+            elif saved_rng is not None:  # (a CPU generator's state is 5056 bytes, a CUDA one's 16: not the same kind)
+                log.info(
+                    "--overlap-update: the run was saved on another kind of device: its update's shuffling starts anew"
+                )
+                update_rng.manual_seed(args.seed + counters.global_step)
             actor = copy.deepcopy(agent)
             actor.requires_grad_(False)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None

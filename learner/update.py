@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, optim
 
 from learner.config import PPOConfig
+from learner.errors import UpdateDivergedError
 from learner.normalize import RewardScaler
 from learner.ppo import (
     Agent,
@@ -159,6 +160,29 @@ class UpdateResult:
     seconds: float
 
 
+def _check_finite(watched: Tensor, num_minibatches: int, epochs: int) -> None:
+    """Raise UpdateDivergedError where a minibatch's gradient norm (``watched``: a row per minibatch, its
+    norm, policy loss and value loss) was NaN or infinite. (Read once, after the update: on CUDA a NaN
+    net's next sampling is a device-side assert that names nothing and leaves the GPU unusable; on the
+    CPU torch's "probability tensor contains either inf, nan".)"""
+    bad = ~torch.isfinite(watched[:, 0])
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0])
+    norm, policy, value = watched[first].tolist()
+    advice = (
+        "the value loss overflowed: returns too large for float32; scale the rewards (--norm-reward, or a reward "
+        "wrapper on the env servers)"
+        if not math.isfinite(value)
+        else "lower --learning-rate or --max-grad-norm, or scale the rewards (--norm-reward)"
+    )
+    raise UpdateDivergedError(
+        f"PPO's update diverged: the gradient's norm was {norm} in epoch {first // num_minibatches + 1} of {epochs}, "
+        f"minibatch {first % num_minibatches + 1} of {num_minibatches} (policy loss {policy:.4g}, value loss "
+        f"{value:.4g}), which leaves the nets NaN: {advice}"
+    )
+
+
 def ppo_update(
     agent: Agent,
     optimizer: optim.Optimizer,
@@ -178,6 +202,7 @@ def ppo_update(
     batch_size = batch.size
     num_minibatches = min(hp.num_minibatches, batch_size)
     clipfracs: list[Tensor] = []
+    watched: list[Tensor] = []  # (each minibatch's gradient norm and losses, read once at the end: no sync)
     stats: dict[str, Tensor] = {}
     pg_loss = v_loss = entropy_loss = torch.zeros((), device=device)
     for _epoch in range(hp.update_epochs if batch_size else 0):
@@ -202,11 +227,14 @@ def ppo_update(
             optimizer.zero_grad()
             loss.backward()
             # the global norm over all parameters (Huang et al., 2022, detail 11)
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
             optimizer.step()
             clipfracs.append(stats["clipfrac"])
+            watched.append(torch.stack([grad_norm.detach(), pg_loss.detach(), v_loss.detach()]))
         if hp.target_kl and stats and stats["approx_kl"].item() > hp.target_kl:
             break  # early stopping (Huang et al., 2022, detail 12's target_kl)
+    if watched:
+        _check_finite(torch.stack(watched), num_minibatches, hp.update_epochs)
     return UpdateResult(
         policy_loss=pg_loss.item(),
         value_loss=v_loss.item(),

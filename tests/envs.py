@@ -505,7 +505,8 @@ class ReservedKeyEnv(_CountEnv):
 
 class BadObservationEnv(_CountEnv):
     """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
-    ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="reward"``: a NaN reward instead; only
+    ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="reward"``: a NaN reward instead
+    (``kind="huge"``: 1e30, finite, whose square overflows float32 in the value loss); only
     in an env whose first reset had an odd seed (seeded ``s``, a vector env's env i gets ``s + i``:
     one of two envs)."""
 
@@ -528,8 +529,8 @@ class BadObservationEnv(_CountEnv):
         bad = bool(self.bad) and self._t >= self.at
         if self.kind == "discrete":
             obs = 7 if bad else 0
-        elif bad and self.kind == "reward":
-            reward = float("nan")
+        elif bad and self.kind in ("reward", "huge"):
+            reward = float("nan") if self.kind == "reward" else 1e30
         elif bad:
             obs = np.array([np.nan], dtype=np.float32)
         return obs, reward, terminated, truncated, info

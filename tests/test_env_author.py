@@ -20,7 +20,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv, rundir
 from learner.config import Args
-from learner.errors import EnvCrashedError
+from learner.errors import EnvCrashedError, UpdateDivergedError
 from learner.evaluate import evaluate
 from learner.ppo import observations_usable
 from learner.train import Acting, UnusableEnvOutputError, train
@@ -231,6 +231,34 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     assert isinstance(info.value, UnusableEnvOutputError)
     # The run's files are written as after any error (on CUDA too: the device is still usable).
     assert rundir.list_checkpoints(tmp_path / "run") and (tmp_path / "run" / rundir.SUMMARY).is_file()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_update_that_overflows_stops_the_run_saying_where_and_why(tmp_path: Path, overlap: bool) -> None:
+    """Finite rewards too large for float32's squares (1e30): the value loss overflows, the gradient turns
+    NaN, and so would the nets (on CUDA, the next sampling a device-side assert): the run stops with
+    what happened and what to change, no checkpoint of that update written."""
+    args = Args(
+        env="tests.envs:BadObservationEnv",
+        env_kwargs={"kind": "huge", "at": 2},
+        backend="gym",
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=64,
+        overlap_update=overlap,
+        device="cpu",
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+        plot=False,
+        tensorboard=False,
+    )
+    with pytest.raises(
+        UpdateDivergedError,
+        match=r"^PPO's update diverged: the gradient's norm was (nan|inf) in epoch 1 of \d+, minibatch 1 of \d+ "
+        r"\(policy loss \S+, value loss inf\), which leaves the nets NaN: the value loss overflowed: .*--norm-reward",
+    ):
+        train(args)
+    assert not rundir.list_checkpoints(tmp_path / "run")  # (none before the first update; none of it)
 
 
 @pytest.mark.parametrize("backend", ["gym", "remote"])

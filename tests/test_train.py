@@ -22,7 +22,7 @@ import torch
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
-from learner.device import device_hint
+from learner.device import device_hint, pick_device
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
@@ -823,6 +823,36 @@ def test_overlapped_checkpoints_hold_the_reward_scaler_and_generator_as_of_their
         )
         assert torch.equal(a["reward_scaler"]["rms"]["count"], b["reward_scaler"]["rms"]["count"]), step
         assert a["update_rng"] is None and b["update_rng"] is not None
+
+
+def test_an_overlapped_run_saved_on_another_kind_of_device_resumes_with_its_shuffling_drawn_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--overlap-update's generator is the device's: a run saved on CUDA (its state 16 bytes) resumed on
+    the CPU (5,056), or the other way, starts its shuffling anew instead of failing on the state's size."""
+    run = tmp_path / "run"
+    train(Args(**{**_resumable(), "total_timesteps": 32}, overlap_update=True, run_dir=str(run)))
+    last = rundir.list_checkpoints(run)[-1]
+    payload = torch.load(last, weights_only=True)
+    payload["update_rng"] = torch.zeros(16, dtype=torch.uint8)  # (a CUDA generator's, as saved on a GPU host)
+    torch.save(payload, last)
+    with caplog.at_level("INFO", logger="learner.train"):
+        summary = train(resume_args(run, total_timesteps=48))
+    assert summary["total_steps"] == 48
+    assert "the run was saved on another kind of device" in caplog.text
+
+
+def test_a_cuda_device_the_host_lacks_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(
+        ValueError, match=r"^--device: cuda:1 was asked for, but this host has 1 CUDA device \(cuda:0\)$"
+    ):
+        pick_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"this host has 2 CUDA devices \(cuda:0 to cuda:1\)$"):
+        pick_device("cuda:2")
 
 
 def test_args_that_mean_nothing_are_refused_or_fit_the_backend() -> None:
