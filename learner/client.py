@@ -249,6 +249,10 @@ _PROXY_END_WARNED: set[str] = set()
 # Addresses whose calls reached more than one server (warned once each).
 _OTHER_SERVER_WARNED: set[str] = set()
 
+OTHER_SERVER_S = 2.0
+"""Seconds after a Handshake within which a Hold refused as another server's session says the address
+reaches several servers (see ``EnvClient._note_other_server``); later, the session may have ended."""
+
 
 def _warning_once(warned: set[str], address: str) -> Callable[..., None]:
     """The log call for a condition of server ``address`` that can come again (each session): WARNING
@@ -256,11 +260,6 @@ def _warning_once(warned: set[str], address: str) -> Callable[..., None]:
     first = address not in warned
     warned.add(address)
     return log.warning if first else log.debug
-
-
-OTHER_SERVER_S = 2.0
-"""Seconds after a Handshake within which a Hold refused as another server's session says the address
-reaches several servers (see ``EnvClient._note_other_server``); later, the session may have ended."""
 
 
 def translate_error(

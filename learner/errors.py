@@ -192,11 +192,11 @@ class AuthenticationError(RemoteEnvError, PermissionError):
 
 
 class UnusableEnvOutputError(EnvFleetError, ValueError):
-    """An env gave what training (or evaluating) cannot use: a NaN or infinite reward, or an observation the policy cannot
-    act on (NaN or infinite values, outside its Discrete space). The message names the env and, on env
-    servers, the server that hosts it. The env's to fix (or a wrapper's); an EnvFleetError, so that
-    ``learner train`` ends with how to go on from the run's last checkpoint once it is, as for the other
-    errors that stop a run (and a ValueError, as it was before it was one)."""
+    """An env gave what training (or evaluating) cannot use: a NaN or infinite reward, or an observation
+    the policy cannot act on (NaN or infinite values, outside its Discrete space). The message names the
+    env and, on env servers, the server that hosts it. The env's to fix (or a wrapper's); an
+    EnvFleetError, so that ``learner train`` ends with how to go on from the run's last checkpoint once
+    it is, as for the other errors that stop a run (and a ValueError, as it was before it was one)."""
 
 
 class UpdateDivergedError(EnvFleetError, FloatingPointError):
