@@ -1582,8 +1582,9 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
 
 
 def run() -> NoReturn:
-    """The ``learner`` command and ``python -m learner``: :func:`main`, then the process's exit, not broken
-    by a repeated signal after one that stopped the command (:func:`learner.progress.quiet_exit`)."""
+    """The ``learner`` command and ``python -m learner``: the command, as :func:`main` runs it, then the
+    process's exit, not broken by a repeated signal after one that stopped the command (its handlers go
+    straight to ignored: :func:`learner.progress.ending_as_interrupt`'s ``then_exit``)."""
     sys.exit(_command(None, then_exit=True))
 
 

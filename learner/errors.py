@@ -28,8 +28,8 @@ __all__ = [
     "SpecMismatchError",
     "TrackingError",
     "TrainingInterrupted",
-    "UpdateDivergedError",
     "UnusableEnvOutputError",
+    "UpdateDivergedError",
 ]
 
 

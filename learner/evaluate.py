@@ -208,9 +208,7 @@ def evaluate(
                     found = unusable_observation(raw, obs_space, range(len(raw)))
                     if found is not None:
                         env, problem = found
-                        raise UnusableEnvOutputError(
-                            ("the video's env: " if video else env_server_of(envs, env)) + problem
-                        )
+                        raise UnusableEnvOutputError(("video: " if video else env_server_of(envs, env)) + problem)
                 x = torch.as_tensor(raw).to(torch_device, copy=True)
                 if obs_rms is not None:
                     x = obs_rms.normalize(x)

@@ -391,9 +391,10 @@ def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[
     observation of env ``envs[i]``, as the policy got it): NaN or infinite values, or outside a Discrete
     space (the one-hot fails); None where none is (what failed is something else).
 
-    On the CPU, called only after the policy's forward raised (torch's "Class values must be smaller
-    than num_classes", "probability tensor contains either inf, nan"), so that it costs no step
-    anything; on CUDA, where :func:`observations_usable` found a problem before the forward (see there).
+    In training on the CPU, called only after the policy's forward raised (torch's "Class values must be
+    smaller than num_classes", "probability tensor contains either inf, nan"), so that it costs no step
+    anything; elsewhere (CUDA, the bootstrap values, learner eval) where :func:`observations_usable`
+    found a problem before the forward.
     """
     for i, env in enumerate(envs):
         value = obs[i]

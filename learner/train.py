@@ -334,15 +334,16 @@ class Acting:
         return obs_rms.normalize(x)
 
     @contextlib.contextmanager
-    def acting_on(self, raw: np.ndarray, envs_of: Sequence[int]) -> Iterator[None]:
+    def acting_on(self, raw: np.ndarray, envs_of: Sequence[int], check_first: bool = False) -> Iterator[None]:
         """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
         of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
         own errors say neither which env nor what came) into an UnusableEnvOutputError naming the env,
         its server, the value and the space; looked for only then on the CPU, and before the forward
-        on CUDA (:func:`learner.ppo.observations_usable`: a device-side assert there cannot be caught
-        and explained). (The envs' own values: --norm-obs statistics updated with a NaN make every
-        env's normalised observation NaN.)"""
-        if self.device.type != "cpu" and not observations_usable(np.asarray(raw), self.obs_space):
+        on other devices (:func:`learner.ppo.observations_usable`: CUDA's device-side assert cannot be
+        caught and explained) and with ``check_first`` (the value's forward, which raises on no NaN:
+        the bootstrap values', else the NaN would reach the update). (The envs' own values: --norm-obs
+        statistics updated with a NaN make every env's normalised observation NaN.)"""
+        if (check_first or self.device.type != "cpu") and not observations_usable(np.asarray(raw), self.obs_space):
             self._explain(raw, envs_of)
         try:
             yield
@@ -990,7 +991,7 @@ def train(
                         # observation; the truncated episode's last one is in infos["final_obs"].
                         idx = np.flatnonzero(trunc_np & valid)
                         final = np.stack([infos["final_obs"][i] for i in idx])
-                        with torch.no_grad(), acting.acting_on(final, idx.tolist()):
+                        with torch.no_grad(), acting.acting_on(final, idx.tolist(), check_first=True):
                             final_obs = acting.prepare_obs(final, update_stats=False)
                             rollout.final_values[step, idx] = actor.get_value(final_obs)
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
@@ -1057,7 +1058,7 @@ def train(
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
                 episodes_cut = steps_lost = env_errors = 0
-                with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs)):
+                with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs), check_first=True):
                     next_value = actor.get_value(next_obs)
                 batch = make_batch(
                     rollout,

@@ -173,7 +173,7 @@ def _check_finite(watched: Tensor, num_minibatches: int, epochs: int) -> None:
     advice = (
         "the value loss overflowed: returns too large for float32; scale the rewards (--norm-reward, or a reward "
         "wrapper on the env servers)"
-        if not math.isfinite(value)
+        if math.isinf(value)
         else "lower --learning-rate or --max-grad-norm, or scale the rewards (--norm-reward)"
     )
     raise UpdateDivergedError(

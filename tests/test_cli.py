@@ -13,10 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from learner import rundir
+from learner import cli, rundir
 from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main
 from learner.progress import DOUBLE_TAP_S, ending_as_interrupt
@@ -1002,6 +1003,22 @@ def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("learner train: aborted"), err
     assert "Traceback" not in err, err
+
+
+def test_the_learner_command_runs_with_its_signals_going_straight_to_ignored_after_a_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The console script (run()) passes then_exit; main(), a library's or a test's call, does not."""
+    seen: list[bool] = []
+
+    def command(argv: Any, *, then_exit: bool) -> int:
+        seen.append(then_exit)
+        return 0
+
+    monkeypatch.setattr(cli, "_command", command)
+    with pytest.raises(SystemExit) as exited:
+        cli.run()
+    assert exited.value.code == 0 and main([]) == 0 and seen == [True, False]
 
 
 def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> None:

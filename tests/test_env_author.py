@@ -20,10 +20,10 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import RemoteVectorEnv, rundir
 from learner.config import Args
-from learner.errors import EnvCrashedError, UpdateDivergedError
+from learner.errors import EnvCrashedError, UnusableEnvOutputError, UpdateDivergedError
 from learner.evaluate import evaluate
 from learner.ppo import observations_usable
-from learner.train import Acting, UnusableEnvOutputError, train
+from learner.train import Acting, train
 from tests.compare import assert_same
 from tests.conftest import SpawnServer
 from tests.envs import InPlaceEnv
@@ -231,6 +231,31 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     assert isinstance(info.value, UnusableEnvOutputError)
     # The run's files are written as after any error (on CUDA too: the device is still usable).
     assert rundir.list_checkpoints(tmp_path / "run") and (tmp_path / "run" / rundir.SUMMARY).is_file()
+
+
+@pytest.mark.parametrize("backend", ["gym", "remote"])
+def test_a_nan_observation_at_a_rollouts_end_is_named_not_taken_for_a_diverged_update(
+    tmp_path: Path, backend: Literal["remote", "gym"]
+) -> None:
+    """The rollout's last observations only bootstrap its values (a value forward, which raises on no
+    NaN): looked at first there, on the CPU too, so that a NaN one is the env's error, not the update's."""
+    args = Args(
+        env="tests.envs:BadObservationEnv",
+        env_kwargs={"kind": "nan", "at": 8},  # (env 1's 8th step: the first rollout's last)
+        seed=0,  # (env 1 the bad one)
+        backend=backend,
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=32,
+        device="cpu",
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+        plot=False,
+        tensorboard=False,
+    )
+    where = r"^env server \S+: " if backend == "remote" else "^"
+    with pytest.raises(UnusableEnvOutputError, match=where + r"observation of env 1 has NaN or infinite values"):
+        train(args)
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -225,7 +225,7 @@ def test_learner_train_stops_at_a_broken_server_saying_how_to_go_on(
 
 
 def test_the_server_of_an_env_is_named_from_the_fleets_env_slices() -> None:
-    from learner.train import env_server_of
+    from learner.envs import env_server_of
 
     fleet = SimpleNamespace(addresses=["a:1", "b:2"], env_slices=[slice(0, 2), slice(2, 5)])
     assert [env_server_of(fleet, i) for i in (0, 1, 2, 4)] == ["env server a:1: "] * 2 + ["env server b:2: "] * 2
