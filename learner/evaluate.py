@@ -22,10 +22,10 @@ from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, env_server_of, open_fleet
-from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError, UnusableEnvOutputError
+from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
-from learner.ppo import Agent, is_image_space, observations_usable, unusable_observation
+from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
@@ -205,10 +205,8 @@ def evaluate(
                 # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
                 raw = np.asarray(obs)
                 if not observations_usable(raw, obs_space):
-                    found = unusable_observation(raw, obs_space, range(len(raw)))
-                    if found is not None:
-                        env, problem = found
-                        raise UnusableEnvOutputError(("video: " if video else env_server_of(envs, env)) + problem)
+                    where = (lambda env: "video: ") if video else functools.partial(env_server_of, envs)
+                    raise_unusable(raw, obs_space, range(len(raw)), where)
                 x = torch.as_tensor(raw).to(torch_device, copy=True)
                 if obs_rms is not None:
                     x = obs_rms.normalize(x)

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
+from learner.errors import UnusableEnvOutputError
+
 __all__ = [
     "ActionHead",
     "Agent",
@@ -28,6 +30,7 @@ __all__ = [
     "layer_init",
     "normalize_advantages",
     "observations_usable",
+    "raise_unusable",
     "unusable_observation",
     "value_loss",
 ]
@@ -410,6 +413,22 @@ def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[
                 "the policy cannot act on it"
             )
     return None
+
+
+def raise_unusable(
+    obs: np.ndarray,
+    space: gym.Space[Any],
+    envs: Sequence[int],
+    where: Callable[[int], str],
+    err: BaseException | None = None,
+) -> None:
+    """Raise an UnusableEnvOutputError for the first env of ``envs`` whose observation in ``obs`` the
+    policy cannot act on (:func:`unusable_observation`), its message begun with ``where(env)`` (what
+    names its server), from ``err`` (the policy's error, where there was one); return where none is."""
+    found = unusable_observation(obs, space, envs)
+    if found is not None:
+        env, problem = found
+        raise UnusableEnvOutputError(where(env) + problem) from err
 
 
 def observations_usable(obs: np.ndarray, space: gym.Space[Any]) -> bool:

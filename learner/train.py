@@ -62,7 +62,7 @@ from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import Agent, check_observation_space, is_image_space, observations_usable, unusable_observation
+from learner.ppo import Agent, check_observation_space, is_image_space, observations_usable, raise_unusable
 from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
@@ -343,21 +343,14 @@ class Acting:
         caught and explained) and with ``check_first`` (the value's forward, which raises on no NaN:
         the bootstrap values', else the NaN would reach the update). (The envs' own values: --norm-obs
         statistics updated with a NaN make every env's normalised observation NaN.)"""
-        if (check_first or self.device.type != "cpu") and not observations_usable(np.asarray(raw), self.obs_space):
-            self._explain(raw, envs_of)
+        raw = np.asarray(raw)
+        if (check_first or self.device.type != "cpu") and not observations_usable(raw, self.obs_space):
+            raise_unusable(raw, self.obs_space, envs_of, self.server_of)
         try:
             yield
         except (RuntimeError, ValueError, IndexError) as err:
-            self._explain(raw, envs_of, err)
+            raise_unusable(raw, self.obs_space, envs_of, self.server_of, err)
             raise
-
-    def _explain(self, raw: np.ndarray, envs_of: Sequence[int], err: BaseException | None = None) -> None:
-        """Raise an UnusableEnvOutputError for the first env of ``envs_of`` whose observation in ``raw``
-        the policy cannot act on (from ``err``, the policy's error, where there was one)."""
-        found = unusable_observation(np.asarray(raw), self.obs_space, envs_of)
-        if found is not None:
-            env, problem = found
-            raise UnusableEnvOutputError(self.server_of(env) + problem) from err
 
     def env_actions(self, raw: Tensor) -> Any:
         action_space = self.action_space

@@ -190,6 +190,21 @@ def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers:
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def _bad_env_run(tmp_path: Path, kind: str, at: int = 2, **more: Any) -> Args:
+    """A short, quiet run on BadObservationEnv(kind, at), in ``tmp_path``/run: 2 envs (seed 0: env 1 the bad
+    one), 8 steps a rollout, 32 steps, on the CPU; ``more`` sets the rest or other values."""
+    options: dict[str, Any] = {"seed": 0, "num_envs": 2, "num_steps": 8, "total_timesteps": 32, "device": "cpu"}
+    return Args(
+        env="tests.envs:BadObservationEnv",
+        env_kwargs={"kind": kind, "at": at},
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+        plot=False,
+        tensorboard=False,
+        **{**options, **more},
+    )
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("backend", ["gym", "remote"])
 @pytest.mark.parametrize(
@@ -205,22 +220,14 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
 ) -> None:
     # (a raw torch traceback: "Class values must be smaller than num_classes", "probability tensor ...";
     # on CUDA a device-side assert, raised at a later call, after which the process cannot use the GPU)
-    args = Args(
+    args = _bad_env_run(
+        tmp_path,
+        kind,
         device=device,
-        env="tests.envs:BadObservationEnv",
-        env_kwargs={"kind": kind},
-        seed=0,  # (env 1 is the bad one; with --norm-obs, every env's normalised observation turns NaN)
-        norm_obs=kind == "nan",
+        norm_obs=kind == "nan",  # (with --norm-obs, every env's normalised observation turns NaN)
         # (remote: two groups of one server each; the first group's forward fails, on env 0's NaN-normalised row)
         pipeline_groups=2 if backend == "remote" else 1,
         backend=backend,
-        num_envs=2,
-        num_steps=8,
-        total_timesteps=32,
-        run_dir=str(tmp_path / "run"),
-        progress=False,
-        plot=False,
-        tensorboard=False,
     )
     # (remote: the server that hosts env 1 named, as the other errors name theirs; a ValueError, as it was)
     where = r"^env server \S+: " if backend == "remote" else "^"
@@ -239,20 +246,7 @@ def test_a_nan_observation_at_a_rollouts_end_is_named_not_taken_for_a_diverged_u
 ) -> None:
     """The rollout's last observations only bootstrap its values (a value forward, which raises on no
     NaN): looked at first there, on the CPU too, so that a NaN one is the env's error, not the update's."""
-    args = Args(
-        env="tests.envs:BadObservationEnv",
-        env_kwargs={"kind": "nan", "at": 8},  # (env 1's 8th step: the first rollout's last)
-        seed=0,  # (env 1 the bad one)
-        backend=backend,
-        num_envs=2,
-        num_steps=8,
-        total_timesteps=32,
-        device="cpu",
-        run_dir=str(tmp_path / "run"),
-        progress=False,
-        plot=False,
-        tensorboard=False,
-    )
+    args = _bad_env_run(tmp_path, "nan", at=8, backend=backend)  # (env 1's 8th step: the first rollout's last)
     where = r"^env server \S+: " if backend == "remote" else "^"
     with pytest.raises(UnusableEnvOutputError, match=where + r"observation of env 1 has NaN or infinite values"):
         train(args)
@@ -263,20 +257,7 @@ def test_an_update_that_overflows_stops_the_run_saying_where_and_why(tmp_path: P
     """Finite rewards too large for float32's squares (1e30): the value loss overflows, the gradient turns
     NaN, and so would the nets (on CUDA, the next sampling a device-side assert): the run stops with
     what happened and what to change, no checkpoint of that update written."""
-    args = Args(
-        env="tests.envs:BadObservationEnv",
-        env_kwargs={"kind": "huge", "at": 2},
-        backend="gym",
-        num_envs=2,
-        num_steps=8,
-        total_timesteps=64,
-        overlap_update=overlap,
-        device="cpu",
-        run_dir=str(tmp_path / "run"),
-        progress=False,
-        plot=False,
-        tensorboard=False,
-    )
+    args = _bad_env_run(tmp_path, "huge", backend="gym", total_timesteps=64, overlap_update=overlap)
     with pytest.raises(
         UpdateDivergedError,
         match=r"^PPO's update diverged: the gradient's norm was (nan|inf) in epoch 1 of \d+, minibatch 1 of \d+ "
@@ -300,22 +281,7 @@ def test_evaluating_on_observations_the_policy_cannot_act_on_names_the_env(
     """learner eval, as learner train: an error naming the env and its server, not a torch traceback
     (Discrete), nor returns of a policy that acted on NaN without a word (deterministic: argmax)."""
     run = tmp_path / "run"
-    never = {"kind": kind, "at": 10**6}
-    train(
-        Args(
-            env="tests.envs:BadObservationEnv",
-            env_kwargs=never,
-            backend="gym",
-            num_envs=2,
-            num_steps=8,
-            total_timesteps=16,
-            device="cpu",
-            run_dir=str(run),
-            progress=False,
-            plot=False,
-            tensorboard=False,
-        )
-    )
+    train(_bad_env_run(tmp_path, kind, at=10**6, backend="gym", total_timesteps=16))  # (never bad in training)
     where = r"^env server \S+: " if backend == "remote" else "^"
     with pytest.raises(UnusableEnvOutputError, match=where + message + r".*; the policy cannot act on it"):
         evaluate(run, 2, backend=backend, num_envs=2, device="cpu", env_kwargs={"kind": kind, "at": 2}, progress=False)
