@@ -392,6 +392,20 @@ class Acting:
         return actions
 
 
+def _update_in_background(stream: torch.cuda.Stream | None, *args: Any, **kwargs: Any) -> UpdateResult:
+    """--overlap-update's update (:func:`ppo_update`'s arguments), on the update thread. On CUDA it runs on a
+    stream of its own (``stream``), so that the acting copy's forwards and copies, on the default stream,
+    do not queue behind the update's kernels; it returns (or raises) once that stream's work is done, so
+    that the nets and the batch are not read or freed while kernels still use them."""
+    if stream is None:
+        return ppo_update(*args, **kwargs)
+    try:
+        with torch.cuda.stream(stream):
+            return ppo_update(*args, **kwargs)
+    finally:
+        stream.synchronize()
+
+
 def _finish_update(
     pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
     recorder: Recorder,
@@ -418,8 +432,8 @@ def train(
     Stopped by Ctrl-C (a notebook's kernel interrupt), SIGTERM or SIGHUP, it stops at the next step, writes what
     a finished run writes, then raises :class:`~learner.errors.TrainingInterrupted` with that summary
     (``.summary``): a caller that trains several runs stops there, not at the next run's start. A second
-    Ctrl-C aborts at once (KeyboardInterrupt). torch's thread count and matplotlib's backend are as they
-    were once it returns or raises.
+    Ctrl-C aborts at once (KeyboardInterrupt). torch's thread count, cudnn's ``deterministic`` and matplotlib's
+    backend are as they were once it returns or raises.
 
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``,
     for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
@@ -468,13 +482,15 @@ def train(
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
     if args.track:  # (wandb, imported before any server starts: missing, the error names the extra to install)
         from learner.tracking import tracked
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
+        # (put back at the end, as torch's thread count is: the caller's process keeps its own setting)
+        stack.callback(setattr, torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
         live: LearnerMetrics | None = None  # --metrics-port: served from here (the env servers' start included)
         if args.metrics_port is not None:
             live = serve_metrics(args.metrics_host, args.metrics_port, env_id=args.env or "", run_dir=given_dir or "")
@@ -685,6 +701,7 @@ def train(
         # the same whatever the threads' timing.
         update_thread: concurrent.futures.ThreadPoolExecutor | None = None
         update_rng: torch.Generator | None = None
+        update_stream: torch.cuda.Stream | None = None
         actor = agent
         if args.overlap_update:
             update_thread = stack.enter_context(
@@ -702,6 +719,8 @@ def train(
                 update_rng.manual_seed(args.seed + counters.global_step)
             actor = copy.deepcopy(agent)
             actor.requires_grad_(False)
+            if device.type == "cuda":
+                update_stream = torch.cuda.Stream(device)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         acting = Acting(
@@ -1073,11 +1092,14 @@ def train(
                         in_flight, pending = pending, None
                         _finish_update(in_flight, recorder, checkpointer)
                     actor.load_state_dict(agent.state_dict())
+                    if update_stream is not None:  # (the batch and the actor's copy, queued on the default stream)
+                        update_stream.wait_stream(torch.cuda.current_stream(device))
                     checkpointer.updating = True
                     counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
                     pending = (
                         update_thread.submit(
-                            ppo_update,
+                            _update_in_background,
+                            update_stream,
                             agent,
                             optimizer,
                             batch,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+import torch
 from hypothesis import settings
 
 from learner import LocalServers
@@ -29,6 +30,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 StartServers = Callable[..., list[str]]
 Serve = Callable[..., tuple[subprocess.Popen[str], str]]

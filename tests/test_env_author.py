@@ -25,7 +25,7 @@ from learner.evaluate import evaluate
 from learner.ppo import observations_usable
 from learner.train import Acting, train
 from tests.compare import assert_same
-from tests.conftest import SpawnServer
+from tests.conftest import SpawnServer, on_cuda
 from tests.envs import InPlaceEnv
 
 # StepStream (tcp), and the step socket (unix); the unary Step: test_unsendable_infos_are_warned_of_once...
@@ -187,9 +187,6 @@ def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers:
 # Observations the policy cannot act on
 
 
-ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 def _bad_env_run(tmp_path: Path, kind: str, at: int = 2, **more: Any) -> Args:
     """A short, quiet run on BadObservationEnv(kind, at), in ``tmp_path``/run: 2 envs (seed 0: env 1 the bad
     one), 8 steps a rollout, 32 steps, on the CPU; ``more`` sets the rest or other values."""
@@ -205,7 +202,7 @@ def _bad_env_run(tmp_path: Path, kind: str, at: int = 2, **more: Any) -> Args:
     )
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=on_cuda)])
 @pytest.mark.parametrize("backend", ["gym", "remote"])
 @pytest.mark.parametrize(
     ("kind", "message"),

@@ -29,7 +29,7 @@ from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
 from learner.train import NothingToLearnError, train
-from tests.conftest import StartServers
+from tests.conftest import StartServers, on_cuda
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 
@@ -355,7 +355,7 @@ def test_ctrl_c_during_the_last_update_still_stops_the_caller(tmp_path: Path, mo
 
 def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An MLP on the CPU trains on one torch thread; the caller's process (a notebook's kernel) gets its
-    own count back, whether the run finished or was stopped."""
+    own count back, and its cudnn.deterministic, whether the run finished or was stopped."""
     seen: list[int] = []
     interrupt: list[bool] = []
 
@@ -371,15 +371,18 @@ def test_train_leaves_torch_s_thread_count_as_it_found_it(tmp_path: Path, monkey
 
     before = torch.get_num_threads()
     monkeypatch.setattr("learner.train.open_fleet", counting_fleet)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     try:
         torch.set_num_threads(3)
         train(Args(**_resumable(), device="cpu", run_dir=str(tmp_path / "finished")))
         assert set(seen) == {1} and torch.get_num_threads() == 3
+        assert torch.backends.cudnn.deterministic is False  # (the run's default, --torch-deterministic, is True)
         seen.clear()
         interrupt.append(True)
         with pytest.raises(TrainingInterrupted):
             train(Args(**_resumable(), device="cpu", run_dir=str(tmp_path / "stopped")))
         assert set(seen) == {1} and torch.get_num_threads() == 3
+        assert torch.backends.cudnn.deterministic is False
     finally:
         torch.set_num_threads(before)
 
@@ -708,11 +711,14 @@ def _without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
-def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=on_cuda)])
+def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(tmp_path: Path, device: str) -> None:
     # One minibatch (no shuffling): the first update learns from the same rollout with the same nets
     # as in a sequential run, so it reports the same losses. The second rollout was collected by the
     # nets from before the first update (sequential: after it), so from then on the runs differ.
+    # (On CUDA the update runs on a stream of its own: a missed wait between the streams shows here.)
     common = {**clock(3), "backend": "gym", "num_envs": 2, "num_steps": 8, "num_minibatches": 1, "update_epochs": 2}
+    common |= {"device": device}
     common |= {"total_timesteps": 64, "checkpoint_every": 0}
     train(Args(**common, run_dir=str(tmp_path / "sequential")))
     for name in ("overlap", "again"):
