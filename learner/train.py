@@ -392,20 +392,6 @@ class Acting:
         return actions
 
 
-def _update_in_background(stream: torch.cuda.Stream | None, *args: Any, **kwargs: Any) -> UpdateResult:
-    """--overlap-update's update (:func:`ppo_update`'s arguments), on the update thread. On CUDA it runs on a
-    stream of its own (``stream``), so that the acting copy's forwards and copies, on the default stream,
-    do not queue behind the update's kernels; it returns (or raises) once that stream's work is done, so
-    that the nets and the batch are not read or freed while kernels still use them."""
-    if stream is None:
-        return ppo_update(*args, **kwargs)
-    try:
-        with torch.cuda.stream(stream):
-            return ppo_update(*args, **kwargs)
-    finally:
-        stream.synchronize()
-
-
 def _finish_update(
     pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
     recorder: Recorder,
@@ -701,7 +687,6 @@ def train(
         # the same whatever the threads' timing.
         update_thread: concurrent.futures.ThreadPoolExecutor | None = None
         update_rng: torch.Generator | None = None
-        update_stream: torch.cuda.Stream | None = None
         actor = agent
         if args.overlap_update:
             update_thread = stack.enter_context(
@@ -719,8 +704,6 @@ def train(
                 update_rng.manual_seed(args.seed + counters.global_step)
             actor = copy.deepcopy(agent)
             actor.requires_grad_(False)
-            if device.type == "cuda":
-                update_stream = torch.cuda.Stream(device)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         acting = Acting(
@@ -1092,14 +1075,11 @@ def train(
                         in_flight, pending = pending, None
                         _finish_update(in_flight, recorder, checkpointer)
                     actor.load_state_dict(agent.state_dict())
-                    if update_stream is not None:  # (the batch and the actor's copy, queued on the default stream)
-                        update_stream.wait_stream(torch.cuda.current_stream(device))
                     checkpointer.updating = True
                     counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
                     pending = (
                         update_thread.submit(
-                            _update_in_background,
-                            update_stream,
+                            ppo_update,
                             agent,
                             optimizer,
                             batch,

@@ -716,7 +716,7 @@ def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(
     # One minibatch (no shuffling): the first update learns from the same rollout with the same nets
     # as in a sequential run, so it reports the same losses. The second rollout was collected by the
     # nets from before the first update (sequential: after it), so from then on the runs differ.
-    # (On CUDA the update runs on a stream of its own: a missed wait between the streams shows here.)
+    # (On CUDA too: the update thread's kernels and the acting copy's share the GPU.)
     common = {**clock(3), "backend": "gym", "num_envs": 2, "num_steps": 8, "num_minibatches": 1, "update_epochs": 2}
     common |= {"device": device}
     common |= {"total_timesteps": 64, "checkpoint_every": 0}
