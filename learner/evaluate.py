@@ -204,9 +204,10 @@ def evaluate(
                 # (looked at first, on every device: the deterministic policy acts on NaN without an error,
                 # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
                 raw = np.asarray(obs)
-                if not observations_usable(raw, obs_space):
+                as_float32 = obs_rms is None  # (--norm-obs's float64 statistics scale them first)
+                if not observations_usable(raw, obs_space, as_float32=as_float32):
                     where = (lambda env: "video: ") if video else functools.partial(env_server_of, envs)
-                    raise_unusable(raw, obs_space, range(len(raw)), where)
+                    raise_unusable(raw, obs_space, range(len(raw)), where, as_float32=as_float32)
                 x = torch.as_tensor(raw).to(torch_device, copy=True)
                 if obs_rms is not None:
                     x = obs_rms.normalize(x)

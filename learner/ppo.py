@@ -389,10 +389,22 @@ class Agent(nn.Module):
         return self.head.to_env(raw)
 
 
-def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int]) -> tuple[int, str] | None:
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _beyond_float32(obs: np.ndarray) -> bool:
+    """Whether the float64 ``obs`` (finite) holds a value whose float32 is infinite."""
+    return obs.dtype.kind == "f" and obs.dtype.itemsize > 4 and obs.size > 0 and float(np.abs(obs).max()) > _FLOAT32_MAX
+
+
+def unusable_observation(
+    obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int], *, as_float32: bool = True
+) -> tuple[int, str] | None:
     """The first env whose observation the policy cannot act on, and why, in ``obs`` (a batch, row i the
-    observation of env ``envs[i]``, as the policy got it): NaN or infinite values, or outside a Discrete
-    space (the one-hot fails); None where none is (what failed is something else).
+    observation of env ``envs[i]``, as the envs gave it): NaN or infinite values, values beyond float32's
+    range where the nets take them as they come (``as_float32``; not with --norm-obs, whose float64
+    statistics scale them first), or outside a Discrete space (the one-hot fails); None where none is
+    (what failed is something else).
 
     In training on the CPU, called only after the policy's forward raised (torch's "Class values must be
     smaller than num_classes", "probability tensor contains either inf, nan"), so that it costs no step
@@ -406,6 +418,13 @@ def unusable_observation(obs: np.ndarray, space: gym.Space[Any], envs: Sequence[
             return env, (
                 f"observation of env {env} has NaN or infinite values ({shown}; observation space "
                 f"{space}); the policy cannot act on it"
+            )
+        if as_float32 and _beyond_float32(value):
+            shown = np.array2string(value, threshold=16, edgeitems=3)
+            return env, (
+                f"observation of env {env} has values beyond float32's range ({shown}; observation space {space}), "
+                "which the policy's float32 nets take as infinite; scale them on the env servers (a wrapper) or "
+                "pass --norm-obs; the policy cannot act on it"
             )
         if isinstance(space, gym.spaces.Discrete) and not space.start <= value.item() < space.start + space.n:
             return env, (
@@ -421,26 +440,33 @@ def raise_unusable(
     envs: Sequence[int],
     where: Callable[[int], str],
     err: BaseException | None = None,
+    *,
+    as_float32: bool = True,
 ) -> None:
     """Raise an UnusableEnvOutputError for the first env of ``envs`` whose observation in ``obs`` the
-    policy cannot act on (:func:`unusable_observation`), its message begun with ``where(env)`` (what
-    names its server), from ``err`` (the policy's error, where there was one); return where none is."""
-    found = unusable_observation(obs, space, envs)
+    policy cannot act on (:func:`unusable_observation`, ``as_float32`` as there), its message begun with
+    ``where(env)`` (what names its server), from ``err`` (the policy's error, where there was one); return
+    where none is."""
+    found = unusable_observation(obs, space, envs, as_float32=as_float32)
     if found is not None:
         env, problem = found
         raise UnusableEnvOutputError(where(env) + problem) from err
 
 
-def observations_usable(obs: np.ndarray, space: gym.Space[Any]) -> bool:
+def observations_usable(obs: np.ndarray, space: gym.Space[Any], *, as_float32: bool = True) -> bool:
     """Whether the policy can act on every row of the batch ``obs``: what :func:`unusable_observation`
-    looks for, over the whole batch at once (finite values; within a Discrete space).
+    looks for (``as_float32`` as there), over the whole batch at once (finite values, float64 ones within
+    float32's range; within a Discrete space).
 
     For devices whose kernels fail asynchronously (CUDA), checked before each forward: there a NaN
     probability or a one-hot index out of range is a device-side assert, raised at a later call with
     nothing to say which env, and it leaves the process unable to use the device (not even to save a
     checkpoint). One pass over the observations on the host per step: microseconds for vector
-    observations; integer ones (uint8 frames) cost only a Discrete space's min and max, or nothing."""
+    observations (float64 ones two); integer ones (uint8 frames) cost only a Discrete space's min and max, or
+    nothing."""
     if obs.dtype.kind in "fc" and not np.isfinite(obs).all():
+        return False
+    if as_float32 and _beyond_float32(obs):
         return False
     if isinstance(space, gym.spaces.Discrete) and obs.size:
         return bool(space.start <= obs.min() and obs.max() < space.start + space.n)

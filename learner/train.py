@@ -344,12 +344,15 @@ class Acting:
         the bootstrap values', else the NaN would reach the update). (The envs' own values: --norm-obs
         statistics updated with a NaN make every env's normalised observation NaN.)"""
         raw = np.asarray(raw)
-        if (check_first or self.device.type != "cpu") and not observations_usable(raw, self.obs_space):
-            raise_unusable(raw, self.obs_space, envs_of, self.server_of)
+        as_float32 = self.obs_rms is None  # (--norm-obs scales float64 observations before the nets see them)
+        if (check_first or self.device.type != "cpu") and not observations_usable(
+            raw, self.obs_space, as_float32=as_float32
+        ):
+            raise_unusable(raw, self.obs_space, envs_of, self.server_of, as_float32=as_float32)
         try:
             yield
         except (RuntimeError, ValueError, IndexError) as err:
-            raise_unusable(raw, self.obs_space, envs_of, self.server_of, err)
+            raise_unusable(raw, self.obs_space, envs_of, self.server_of, err, as_float32=as_float32)
             raise
 
     def env_actions(self, raw: Tensor) -> Any:

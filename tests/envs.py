@@ -505,7 +505,8 @@ class ReservedKeyEnv(_CountEnv):
 
 class BadObservationEnv(_CountEnv):
     """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
-    ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="reward"``: a NaN reward instead
+    ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="float64"``, ``[1e39]`` in a float64 Box (finite,
+    infinite as float32); ``kind="reward"``: a NaN reward instead
     (``kind="huge"``: 1e30, finite, whose square overflows float32 in the value loss); only
     in an env whose first reset had an odd seed (seeded ``s``, a vector env's env i gets ``s + i``:
     one of two envs)."""
@@ -516,12 +517,14 @@ class BadObservationEnv(_CountEnv):
         self.bad: bool | None = None
         if kind == "discrete":
             self.observation_space = gym.spaces.Discrete(3)  # type: ignore[assignment]
+        elif kind == "float64":
+            self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float64)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = super().reset(seed=seed, options=options)
         if self.bad is None:
             self.bad = seed is not None and seed % 2 == 1
-        return (0 if self.kind == "discrete" else obs), info
+        return (0 if self.kind == "discrete" else obs.astype(self.observation_space.dtype)), info
 
     def step(self, action: np.int64) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs: Any  # (an int for kind="discrete")
@@ -529,6 +532,8 @@ class BadObservationEnv(_CountEnv):
         bad = bool(self.bad) and self._t >= self.at
         if self.kind == "discrete":
             obs = 7 if bad else 0
+        elif self.kind == "float64":
+            obs = np.array([1e39]) if bad else obs.astype(np.float64)
         elif bad and self.kind in ("reward", "huge"):
             reward = float("nan") if self.kind == "reward" else 1e30
         elif bad:

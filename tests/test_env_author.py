@@ -237,6 +237,25 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     assert rundir.list_checkpoints(tmp_path / "run") and (tmp_path / "run" / rundir.SUMMARY).is_file()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=on_cuda)])
+@pytest.mark.parametrize("backend", ["gym", "remote"])
+def test_float64_observations_beyond_float32_s_range_are_named_and_train_with_norm_obs(
+    tmp_path: Path, backend: Literal["remote", "gym"], device: str
+) -> None:
+    """1e39 is finite as float64 and infinite as the float32 the nets take (whose tanh layers act on it
+    without an error, but whose gradient turns NaN): named as the env's, at the latest at the rollout's
+    end, before its update. --norm-obs scales them in float64 first: not refused there."""
+    where = r"^env server \S+: " if backend == "remote" else "^"
+    with pytest.raises(
+        UnusableEnvOutputError,
+        match=where + r"observation of env 1 has values beyond float32's range \(\[1\.e\+39\]; observation space "
+        r"Box\(0\.0, inf, \(1,\), float64\)\), which the policy's float32 nets take as infinite; .*--norm-obs",
+    ):
+        train(_bad_env_run(tmp_path, "float64", backend=backend, device=device))
+    summary = train(_bad_env_run(tmp_path / "scaled", "float64", norm_obs=True, backend=backend, device=device))
+    assert summary["total_steps"] == 32 and summary["stop_reason"] == "total_timesteps"
+
+
 @pytest.mark.parametrize("backend", ["gym", "remote"])
 def test_a_nan_observation_at_a_rollouts_end_is_named_not_taken_for_a_diverged_update(
     tmp_path: Path, backend: Literal["remote", "gym"]
@@ -270,6 +289,7 @@ def test_an_update_that_overflows_stops_the_run_saying_where_and_why(tmp_path: P
     [
         ("nan", r"observation of env 1 has NaN or infinite values \(\[nan\]; observation space Box"),
         ("discrete", r"observation of env 1 is 7, outside the observation space Discrete\(3\)"),
+        ("float64", r"observation of env 1 has values beyond float32's range \(\[1\.e\+39\]"),
     ],
 )
 def test_evaluating_on_observations_the_policy_cannot_act_on_names_the_env(
@@ -294,6 +314,8 @@ def test_evaluating_on_observations_the_policy_cannot_act_on_names_the_env(
         (np.array([2, 4]), gym.spaces.Discrete(3, start=2), True),
         (np.array([2, 1]), gym.spaces.Discrete(3, start=2), False),
         (np.zeros((2, 4, 4), dtype=np.uint8), gym.spaces.Box(0, 255, (4, 4), np.uint8), True),
+        (np.array([[1e38], [1e39]]), gym.spaces.Box(-np.inf, np.inf, (1,), np.float64), False),
+        (np.array([[1e38], [-1e38]]), gym.spaces.Box(-np.inf, np.inf, (1,), np.float64), True),
     ],
 )
 def test_on_cuda_observations_are_looked_at_before_the_forward_and_on_the_cpu_only_after_it_fails(
