@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from learner.config import (
     check_served_env_here,
     wrappers_option,
 )
+from learner.envs import reward_threshold
 from learner.errors import RunCompleteError
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent
@@ -203,6 +205,20 @@ def _recorded_with(
             moved["max_episode_steps"] = served["max_episode_steps"]
         if served.get("env_kwargs") and "env_kwargs" not in overrides:  # (servers since EnvSpec.env_kwargs)
             moved["env_kwargs"] = served["env_kwargs"]
+        if served.get("env_kwargs") is None and "env_kwargs" not in overrides:
+            # (a run of an older version, whose servers did not say: same spaces, maybe not the same task)
+            limit = not served.get("max_episode_steps") and "max_episode_steps" not in overrides
+            log.warning(
+                "--%s: the run in %s trained on running env servers (%s), whose env kwargs%s it does not record; "
+                "the envs this command starts get env kwargs %s%s: if those servers were started with other kwargs, "
+                "give them as --env-kwargs",
+                flag,
+                run,
+                saved.servers,
+                " and time limit" if limit else "",
+                json.dumps(saved.env_kwargs or {}),
+                " and the env's own time limit" if limit else "",
+            )
         num_envs = served.get("num_envs")
         if num_envs and "num_envs" not in overrides and "envs_per_server" not in overrides:
             moved["num_envs"] = num_envs
@@ -236,6 +252,30 @@ _MOVE_FLAGS = "--backend, --num-servers, --num-envs or --envs-per-server"
 
 def _shown(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def from_other_versions(checkpoint: dict[str, Any], path: Path | str) -> None:
+    """A checkpoint (``path``) written by another version of envfleet, in this version's form (in place):
+    the bar a run was solved against, in checkpoints from before it was recorded (their run's
+    --stop-at-return, else its env's threshold: else such a solved run was judged again on resume,
+    its ``solved_at_step`` rewritten); counters this version does not know (a newer version's) left
+    out, with a warning (they were a TypeError)."""
+    counters = checkpoint["counters"]
+    if counters.get("solved_at_step") is not None and counters.get("solved_threshold") is None:
+        saved = checkpoint.get("args") or {}
+        bar = saved.get("stop_at_return")
+        counters["solved_threshold"] = float(bar) if bar is not None else reward_threshold(saved.get("env") or "")
+    known = {f.name for f in dataclasses.fields(Counters)}
+    unknown = sorted(set(counters) - known)
+    if unknown:
+        log.warning(
+            "%s: written by a newer version of envfleet: its counters %s are not known here and are left out "
+            "(upgrade envfleet to keep them)",
+            path,
+            ", ".join(unknown),
+        )
+        for key in unknown:
+            del counters[key]
 
 
 def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:

@@ -78,6 +78,7 @@ from learner.resume import (
     Counters,
     check_resume,
     earlier_sessions,
+    from_other_versions,
     like_args,
     restore,
     resume_args,
@@ -465,6 +466,7 @@ def train(
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
     if checkpoint is not None:
+        from_other_versions(checkpoint, checkpoint_file or "")
         check_resume(args, checkpoint)
 
     # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.

@@ -16,8 +16,10 @@ from learner import rundir
 from learner.checkpoint import capture_rng, restore_rng
 from learner.checkpointing import Checkpointer, stopped_in_update
 from learner.config import Args, resolve_ppo
+from learner.errors import RunCompleteError
 from learner.ppo import Agent
-from learner.resume import RECENT, Counters
+from learner.resume import RECENT, Counters, from_other_versions
+from learner.train import train
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
@@ -145,3 +147,45 @@ def test_a_run_saved_on_a_host_with_more_gpus_restores_the_rng_states_of_the_gpu
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     restore_rng(state)
     assert [[int(s[0]) for s in states] for states in restored] == [[0, 1]]
+
+
+# -- checkpoints of other versions -------------------------------------------------------------------------------
+
+
+def test_a_solved_run_from_before_its_bar_was_recorded_is_judged_by_its_stop_at_return_or_env_s_threshold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # FrozenLake on a 1x2 map ("SG"): every episode reaches the goal, solved under the env's 0.7 at once.
+    options: dict[str, Any] = {"env": "FrozenLake-v1", "env_kwargs": {"desc": ["SG"], "is_slippery": False}}
+    options |= {"backend": "gym", "num_envs": 2, "num_steps": 16, "plot": False, "progress": False}
+    run = tmp_path / "run"
+    summary = train(Args(**options, total_timesteps=128, tensorboard=False, run_dir=str(run)))
+    solved_at = summary["solved_at_step"]
+    assert solved_at is not None
+    # As a checkpoint of 2026-11-30's first versions holds it (no solved_threshold), with a counter of
+    # a newer version's besides.
+    last = rundir.list_checkpoints(run)[-1]
+    saved = torch.load(last, weights_only=False)
+    del saved["counters"]["solved_threshold"]
+    saved["counters"]["counted_by_a_newer_version"] = 3
+    torch.save(saved, last)
+    with pytest.raises(
+        RunCompleteError, match=rf"was solved at step {solved_at:,} \(mean return of the last 20 episodes >= 0\.7\)"
+    ):
+        train(Args(**options, resume=str(run), stop_at_return=0.7, total_timesteps=160))
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        summary = train(Args(**options, resume=str(run), total_timesteps=160))
+    assert (summary["total_steps"], summary["solved_at_step"], summary["solved_threshold"]) == (160, solved_at, 0.7)
+    assert (
+        "written by a newer version of envfleet: its counters counted_by_a_newer_version are not known" in caplog.text
+    )
+
+
+def test_checkpoints_of_other_versions_are_brought_to_this_one_s_form() -> None:
+    by_bar: dict[str, Any] = {"args": {"env": "CartPole-v1", "stop_at_return": 200}, "counters": {"solved_at_step": 9}}
+    by_env: dict[str, Any] = {"args": {"env": "CartPole-v1", "stop_at_return": None}, "counters": {"solved_at_step": 9}}
+    unsolved: dict[str, Any] = {"args": {"env": "CartPole-v1"}, "counters": {"solved_at_step": None}}
+    for checkpoint, bar in ((by_bar, 200.0), (by_env, 475.0), (unsolved, None)):
+        from_other_versions(checkpoint, "step.pt")
+        assert checkpoint["counters"].get("solved_threshold") == bar
+        Counters(**checkpoint["counters"])

@@ -1117,6 +1117,30 @@ def test_a_run_moved_off_running_servers_keeps_their_recorded_wrappers(
     assert moved.env_kwargs == box and train(moved)["total_steps"] == 24
 
 
+def test_a_run_of_an_older_version_moved_off_its_servers_says_their_env_kwargs_are_unknown(
+    tmp_path: Path, start_servers: StartServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same spaces, maybe another task (CartPole's sutton_barto_reward): not taken for none without a word."""
+    (address,) = start_servers("CartPole-v1", 1, 2, env_kwargs={"sutton_barto_reward": True})
+    run = tmp_path / "r"
+    train(Args(**QUIET, servers=address, num_steps=4, total_timesteps=8, run_dir=str(run)))
+    config = rundir.read_json(run / rundir.CONFIG)
+    del config["envs"]["env_kwargs"], config["envs"]["max_episode_steps"]  # (as an older version wrote it)
+    rundir.write_json(run / rundir.CONFIG, config)
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        moved = resume_args(run, backend="gym", total_timesteps=16)
+    assert moved.servers is None and moved.env_kwargs == {}
+    assert (
+        f"--resume: the run in {run} trained on running env servers ({address}), whose env kwargs and time limit it "
+        "does not record; the envs this command starts get env kwargs {} and the env's own time limit: if those "
+        "servers were started with other kwargs, give them as --env-kwargs"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        resume_args(run, backend="gym", env_kwargs={"sutton_barto_reward": True}, total_timesteps=16)
+    assert "does not record" not in caplog.text
+
+
 def test_in_process_envs_record_their_time_limit_and_env_kwargs(tmp_path: Path) -> None:
     """config.json's envs (and the checkpoints' "served"): as for servers, which say theirs."""
     for limit, recorded in ((None, 500), (7, 7)):
