@@ -52,12 +52,15 @@ _SETUP_ENVS = ("env_kwargs", "num_envs", "wrappers", "max_episode_steps", "autor
 
 
 def _setup(config: dict[str, Any]) -> dict[str, Any]:
+    """What of ``config`` (a run's config.json) makes its configuration; what it does not record (an older
+    version's, from before the option or its record) is left out (see :func:`_fill_unrecorded`)."""
     args, envs = config.get("args", {}), config.get("envs", {})
     setup: dict[str, Any] = {"env": _env(config)}
-    setup.update({key: args.get(key) for key in _SETUP_ARGS})
-    setup.update({key: envs.get(key) for key in _SETUP_ENVS})
-    setup["servers"] = len(envs.get("addresses") or ())
-    setup["device"], setup["policy"] = config.get("device"), config.get("policy")
+    setup.update({key: args[key] for key in _SETUP_ARGS if key in args})
+    setup.update({key: envs[key] for key in _SETUP_ENVS if key in envs})
+    if "addresses" in envs:
+        setup["servers"] = len(envs["addresses"] or ())
+    setup.update({key: config[key] for key in ("device", "policy") if key in config})
     ppo = config.get("ppo", {})
     # (the budget changes learning where the learning rate or the clip anneals over it)
     annealed = ppo.get("anneal_lr") or ppo.get("anneal_clip")
@@ -76,17 +79,31 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     ]
     setups = [None if config is None else _setup(config) for config in configs]
     known = [setup for setup in setups if setup is not None]
+    _fill_unrecorded(known)
     _warn_of_repeated_seeds(list(map(Path, runs)), configs, setups)
-    differ = [key for key in (known[0] if known else {}) if len({_text(setup.get(key)) for setup in known}) > 1]
+    keys = dict.fromkeys(key for setup in known for key in setup)
+    differ = [key for key in keys if len({_text(setup[key]) if key in setup else "?" for setup in known}) > 1]
     names = []
     for run, setup in zip(map(Path, runs), setups, strict=True):
         if setup is None:
             names.append(run.name or str(run))
         elif differ:
-            names.append(", ".join(f"{key}={_text(setup.get(key))}" for key in differ))
+            names.append(", ".join(f"{key}={_text(setup[key]) if key in setup else '?'}" for key in differ))
         else:
             names.append(setup.get("env") or "runs")
     return names
+
+
+def _fill_unrecorded(setups: list[dict[str, Any]]) -> None:
+    """A key some runs' setups lack (runs of an older version, whose config.json did not record it) takes
+    the value that every run recording it shares, where they share one: runs of one configuration from
+    before and after a version are one group. Where those runs differ, it stays missing ("?" in names)."""
+    for key in dict.fromkeys(key for setup in setups for key in setup):
+        values = {_text(setup[key]): setup[key] for setup in setups if key in setup}
+        if len(values) == 1:
+            (value,) = values.values()
+            for setup in setups:
+                setup.setdefault(key, value)
 
 
 def _warn_of_repeated_seeds(
@@ -308,7 +325,8 @@ def plot_runs(
         handles.append(marker)
         labels.append("where the run solved it" if len(plotted) == 1 else "where each run solved it")
     # Below the axes, where it hides no line.
-    columns = min(2, len(labels)) or 1
+    # (one column where a label is long, as a group's of many differences: two would run off the figure)
+    columns = (1 if max(map(len, labels), default=0) > 70 else min(2, len(labels))) or 1
     legend_rows = -(-len(labels) // columns)
     height = 4.2 + 0.18 * legend_rows
     fig.set_size_inches(11, height)

@@ -92,7 +92,7 @@ def _configured(folder: Path, seed: int, offset: float, **ppo: Any) -> Path:
     ]
     rundir.rewrite_jsonl(folder / rundir.METRICS, rows)
     config = {
-        "args": {"env": "CartPole-v1", "seed": seed, "run_dir": str(folder), "backend": "remote"},
+        "args": {"env": "CartPole-v1", "seed": seed, "run_dir": str(folder), "backend": "remote", "torch_threads": 0},
         "envs": {"env_id": "CartPole-v1", "num_envs": 8, "addresses": ["a:1", "b:2"]},
         "ppo": {"preset": "classic", "total_timesteps": 1000 * seed, "gamma": 0.98, **ppo},
         "device": "cpu",
@@ -176,7 +176,27 @@ def test_by_config_warns_of_one_seed_twice_in_a_group(tmp_path: Path, caplog: py
     threads = _configured(tmp_path / "t", 3, 0.0)
     config = rundir.read_json(threads / rundir.CONFIG)
     rundir.write_json(threads / rundir.CONFIG, {**config, "args": {**config["args"], "torch_threads": 4}})
-    assert config_groups([*runs, threads]) == ["torch_threads=null", "torch_threads=null", "torch_threads=4"]
+    assert config_groups([*runs, threads]) == ["torch_threads=0", "torch_threads=0", "torch_threads=4"]
+
+
+def test_by_config_takes_what_an_older_run_did_not_record_as_the_others_share_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs of one configuration before and after a version that records more (config.json's envs,
+    policy, newer options): one group, and one seed twice is still seen."""
+    new = [_configured(tmp_path / f"new{seed}", seed, 0.0, **{"overlap_update": False}) for seed in (1, 2)]
+    old = _configured(tmp_path / "old", 1, 0.0)
+    config = rundir.read_json(old / rundir.CONFIG)
+    del config["envs"], config["policy"], config["args"]["torch_threads"]
+    rundir.write_json(old / rundir.CONFIG, config)
+    with caplog.at_level("WARNING", logger="learner.plot"):
+        assert config_groups([*new, old]) == ["CartPole-v1"] * 3
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"{new[0]} and {old}"]
+    # Where the runs that record it differ, an older run's is unknown: "?".
+    other = _configured(tmp_path / "other", 3, 0.0)
+    config = rundir.read_json(other / rundir.CONFIG)
+    rundir.write_json(other / rundir.CONFIG, {**config, "envs": {**config["envs"], "num_envs": 4}})
+    assert config_groups([*new, old, other]) == ["num_envs=8", "num_envs=8", "num_envs=?", "num_envs=4"]
 
 
 def test_plotting_leaves_matplotlib_s_backend_and_pyplot_alone(tmp_path: Path) -> None:
