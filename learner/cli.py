@@ -39,7 +39,7 @@ from learner.errors import EnvFleetError, OptionError, RunCompleteError, Trainin
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 from learner.progress import ending_as_interrupt, stopping_with_parent
-from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints
+from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints, read_json
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -237,7 +237,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(summary["run_dir"])
     recent, ended = summary["final_return_mean"], min(int(summary.get("episodes", 20)), 20)
     returns = (
-        "no episode ended"
+        "no episode ended" + _no_time_limit_hint(run_dir)
         if recent is None
         else f"mean return of the last {ended} episode{'' if ended == 1 else 's'}: {format_return(recent)}"
     )
@@ -410,6 +410,21 @@ def _client_cert_variables(
 
     client_identity(cert, key, *names)  # (InvalidArgumentError, a ValueError: said as a usage error)
     return cert, key
+
+
+def _no_time_limit_hint(run_dir: Path) -> str:
+    """Where no episode ended and the run's envs had no time limit (config.json's envs: CliffWalking, an
+    env of your own), what to give; else ""."""
+    try:
+        envs = read_json(run_dir / CONFIG).get("envs") or {}
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if "max_episode_steps" not in envs or envs["max_episode_steps"]:
+        return ""
+    return (
+        " (its envs have no time limit, so an episode may never end: give --max-episode-steps N, or start the "
+        "servers with it)"
+    )
 
 
 def _faults_line(summary: dict[str, Any]) -> str:

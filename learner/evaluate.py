@@ -170,6 +170,7 @@ def evaluate(
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
             if servers is not None:
                 _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
+                _warn_other_task(served, envs, servers)
             obs_space, action_space = envs.single_observation_space, envs.single_action_space
             if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
                 trained_on = f" ({run_args.env})" if run_args.env else ""
@@ -359,6 +360,35 @@ def _check_servers_env(trained_on: str | None, served: str, servers: str) -> Non
         raise ValueError(
             f"--servers: the checkpoint's policy was trained on {trained_on}, but the servers at {servers} serve "
             f"{served}; evaluate it on servers of {trained_on}"
+        )
+
+
+def _warn_other_task(served: dict[str, Any], envs: Any, servers: str) -> None:
+    """Warn where the servers at ``servers`` make their envs (``envs``) otherwise than the run's (``served``:
+    what its envs said, checkpoints since EnvSpec.env_kwargs): the same id and spaces, another task
+    (FrozenLake's is_slippery; a time limit the policy never met, or none, where an episode may never
+    end). Not refused: evaluating a policy on a variant of its task can be the point."""
+    now = {
+        "env kwargs": getattr(envs, "env_kwargs", None),
+        "time limit": getattr(getattr(envs, "spec", None), "max_episode_steps", None),
+    }
+    then = {"env kwargs": served.get("env_kwargs"), "time limit": served.get("max_episode_steps")}
+    shown = {
+        "env kwargs": lambda kwargs: json.dumps(kwargs, sort_keys=True),
+        "time limit": lambda steps: str(steps or "none"),
+    }
+    differ = [
+        f"{what} {shown[what](now[what])} (the run's: {shown[what](then[what])})"
+        for what in now
+        if then[what] is not None and now[what] != then[what] and (now[what] is not None or what == "time limit")
+    ]
+    if differ:
+        log.warning(
+            "--servers: the servers at %s make their envs otherwise than the envs the run trained on: %s; the "
+            "returns are of that task, not the one the policy learned (evaluate on servers started as the run's, "
+            "or leave --servers out: eval makes envs as the run's)",
+            servers,
+            "; ".join(differ),
         )
 
 

@@ -1053,3 +1053,20 @@ def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> 
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGINT, before_int)
         signal.signal(signal.SIGHUP, previous_hup)
+
+
+def test_a_run_whose_envs_have_no_time_limit_and_ended_no_episode_says_what_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = ["--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16", "--no-progress"]
+    steps += ["--no-tensorboard", "--no-plot"]
+    capsys.readouterr()
+    # CliffWalking is registered without a time limit; CartPole's 500 steps are not reached in 16.
+    assert main(["train", "--env", "CliffWalking-v1", *steps, "--run-dir", str(tmp_path / "cliff")]) == 0
+    assert (
+        "no episode ended (its envs have no time limit, so an episode may never end: give --max-episode-steps N, or "
+        "start the servers with it)"
+    ) in capsys.readouterr().out
+    assert main(["train", "--env", "CartPole-v1", *steps, "--run-dir", str(tmp_path / "cart")]) == 0
+    out = capsys.readouterr().out
+    assert "no episode ended" in out and "time limit" not in out

@@ -10,7 +10,9 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
+from unittest import mock
 
 import gymnasium as gym
 import numpy as np
@@ -21,6 +23,7 @@ from learner import LocalServers, rundir
 from learner.checkpoint import save_checkpoint
 from learner.cli import main
 from learner.config import PRESETS, Args
+from learner.evaluate import _warn_other_task
 from learner.ppo import Agent
 from tests.conftest import StartServers
 from tests.envs import ClockEnv
@@ -269,7 +272,7 @@ def test_eval_video_env_gets_the_given_env_kwargs(
 
 
 def test_eval_with_running_servers_refuses_env_options_they_decide(
-    server_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+    server_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     for flag, value in (("--env-kwargs", '{"length": 5}'), ("--wrappers", "atari")):
         with pytest.raises(SystemExit) as exit_info:
@@ -282,8 +285,18 @@ def test_eval_with_running_servers_refuses_env_options_they_decide(
         main(["eval", str(server_run), "--env-kwargs", "[1]"])
     assert "argument --env-kwargs: expected a JSON object, got list: '[1]'" in capsys.readouterr().err
     # On running servers, their own options: no warning about the run's.
+    caplog.set_level(logging.WARNING, logger="learner.evaluate")
     addresses = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5})
     assert _eval(capsys, str(server_run), "--episodes", "2", "--servers", addresses[0])["length_mean"] == 5.0
+    assert not caplog.records
+    # Servers of the same env and spaces whose envs are made otherwise: another task, evaluated with a warning.
+    other = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 4})
+    assert _eval(capsys, str(server_run), "--episodes", "1", "--servers", other[0])["length_mean"] == 4.0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--servers: the servers at {other[0]} make their envs otherwise than the envs the run trained on: env kwargs "
+        '{"length": 4} (the run\'s: {"length": 5}); the returns are of that task, not the one the policy learned '
+        "(evaluate on servers started as the run's, or leave --servers out: eval makes envs as the run's)"
+    ]
 
 
 @pytest.mark.parametrize("backend", ["remote", "gym"])
@@ -561,3 +574,18 @@ def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
     # One env: as before, the env in the title (and its solved line still says whose it is).
     assert main(["plot", runs[0], "-o", str(tmp_path / "one.png")]) == 0
     assert texts() == ("InvertedPendulum-v5", ["ip1", "solved (InvertedPendulum-v5): mean return >= 950"])
+
+
+def test_eval_on_servers_warns_of_another_time_limit_or_none() -> None:
+    served = {"env_kwargs": {}, "max_episode_steps": 100}
+    for limit, warned in ((100, False), (500, True), (None, True)):
+        envs = SimpleNamespace(env_kwargs={}, spec=SimpleNamespace(max_episode_steps=limit))
+        with mock.patch("learner.evaluate.log") as log:
+            _warn_other_task(served, envs, "s:1")
+        assert log.warning.called is warned
+        if warned:
+            assert f"time limit {limit or 'none'} (the run's: 100)" in log.warning.call_args.args[2]
+    # A server too old to say its env kwargs: nothing to compare.
+    with mock.patch("learner.evaluate.log") as log:
+        _warn_other_task(served, SimpleNamespace(env_kwargs=None, spec=SimpleNamespace(max_episode_steps=100)), "s:1")
+    assert not log.warning.called
