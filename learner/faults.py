@@ -18,6 +18,15 @@ after it came back, before it answered a step that could be read, it is *broken*
 one written from the proto) answers so every time, and reconnecting to it for good would train on
 without its envs, the run "succeeding" with half of its env steps lost. So fault tolerance raises
 instead, as it does for a refused token: the operator's to fix, not an outage to wait out.
+
+A server that answers a call UNIMPLEMENTED (:func:`unserved`: a method it does not serve, a step above
+all: envfleet's first versions served no StepStream) is broken the same way: it answered Handshake and
+Reset, and every step of it fails alike, which fault tolerance took for an outage for good ("is back
+after 0.0 s", "lost again soon after coming back", half of the run's env steps lost). Once it is an
+outage all the same: an HTTP proxy between the learner and the servers may answer a call it has no
+route for yet 404, which gRPC reads as UNIMPLEMENTED, for a moment (a configuration being reloaded);
+again right after the reconnect, in which the server answered Handshake and Reset, with no step
+answered between, no reconnect will mend it (see :meth:`Replica.broken_by`).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import grpc
 import numpy as np
 
 from env_server.rpc import env_pb2 as pb
@@ -51,6 +61,7 @@ __all__ = [
     "ReplicaState",
     "is_outage",
     "reconnect",
+    "unserved",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,6 +125,13 @@ def is_outage(err: BaseException) -> bool:
     be read is an outage once: again right after the reconnect, the server is broken (see
     :meth:`Replica.broken_by`), which the fleet raises when it loses it."""
     return isinstance(err, RemoteEnvError) and not isinstance(err, InvalidRequestError | AuthenticationError)
+
+
+def unserved(err: BaseException) -> bool:
+    """Whether ``err`` is a call the server answered UNIMPLEMENTED: a method it does not serve (a server of
+    an older envfleet version: the first served no StepStream), or an HTTP proxy's 404 (see the module's
+    docstring). An outage once, broken again right after a reconnect (:meth:`Replica.broken_by`)."""
+    return isinstance(err, RemoteEnvError) and err.code == grpc.StatusCode.UNIMPLEMENTED
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,9 @@ class Replica:
     :data:`UNREADABLE_IN_A_ROW`)."""
     out_of_step: int = 0
     """Losses to answers that were to another request than the one sent, steps answered between or not."""
+    unimplemented: int = 0
+    """Losses in a row to calls it answered UNIMPLEMENTED (:func:`unserved`), with no step answered between
+    (see :meth:`broken_by`)."""
     broken: bool = False
     """DOWN, not reconnected: found broken (:meth:`broken_by`) since the fleet was last reset, which tries
     it again."""
@@ -230,7 +251,7 @@ class Replica:
         ends (for a log line), else 0."""
         self.answered += 1
         self.failing_since = 0.0
-        self.unreadable = 0
+        self.unreadable = self.unimplemented = 0
         if not self.relapses or not self.settled(time.monotonic()):
             return 0
         relapses, self.relapses = self.relapses, 0
@@ -244,7 +265,15 @@ class Replica:
         between has answered nothing readable either. Answers to another request than the one sent
         count apart, whatever was answered between (a server that sends every other answer twice reads
         well right after each reconnect, and would otherwise flap for good), and only toward another such
-        answer; a restarted server process starts that count anew (see :func:`reconnect`)."""
+        answer; a restarted server process starts that count anew (see :func:`reconnect`).
+
+        A call it answered UNIMPLEMENTED (:func:`unserved`) counts apart, the same way: broken at the
+        :data:`UNREADABLE_IN_A_ROW`-th in a row with no step answered between (a server without StepStream
+        answers every step so, a proxy's passing 404 only for a moment: once is an outage, as an
+        unreadable answer once is)."""
+        if unserved(err):
+            self.unimplemented += 1
+            return self.unimplemented >= UNREADABLE_IN_A_ROW
         if not isinstance(err, InvalidResponseError):
             return False
         self.unreadable += 1

@@ -16,8 +16,8 @@ from gymnasium.vector.utils import batch_space, iterate
 
 from learner.batching import slice_batch
 from learner.client import EnvClient
-from learner.errors import InvalidResponseError, ServerUnavailableError
-from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect
+from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
+from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect, unserved
 from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
 from learner.stats import StepTimer
@@ -110,13 +110,15 @@ class FleetOutages:
         (learner.faults: Replica.broken_by): marked down all the same, but not reconnected, and the
         InvalidResponseError saying so is returned, (server, error) in a list (else an empty list), for
         the caller to raise once every server of the call is marked (the fleet then needs a reset, as
-        after any failed step, which tries it again: :meth:`_retry_broken`)."""
+        after any failed step, which tries it again: :meth:`_retry_broken`). So is one that answered
+        UNIMPLEMENTED again right after it came back (a server without StepStream): the error is then
+        a RemoteEnvError with that code."""
         broken = self._mark_lost(server, err, truncate=truncate, planned=planned)
         return [] if broken is None else [(server, broken)]
 
     def _mark_lost(
         self, server: int, err: BaseException, *, truncate: bool | np.ndarray, planned: bool
-    ) -> InvalidResponseError | None:
+    ) -> RemoteEnvError | None:
         """:meth:`_lose`'s work, but for a broken server the error to raise, returned (None otherwise)."""
         replica, client = self._replicas[server], self._clients[server]
         if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
@@ -301,12 +303,31 @@ def in_server_order(*errors: Sequence[tuple[int, BaseException]]) -> list[BaseEx
     return [err for _, err in sorted((pair for pairs in errors for pair in pairs), key=lambda pair: pair[0])]
 
 
-def _broken(client: EnvClient, err: BaseException, replica: Replica) -> InvalidResponseError:
+def _broken(client: EnvClient, err: BaseException, replica: Replica) -> RemoteEnvError:
     """The error a fault-tolerant fleet raises for a broken server (see learner.faults: UNREADABLE_IN_A_ROW):
-    ``err``, the latest of its answers that could not be read, and why this is no outage."""
+    ``err``, the latest of its answers that could not be read, and why this is no outage; or, for one
+    that answered UNIMPLEMENTED again (learner.faults: unserved), ``err``'s code and class (not an
+    InvalidResponseError: its answers were statuses, read well), with why no reconnect mends it."""
     envs = f"env{'s' if client.num_envs > 1 else ''} {client.env_offset}"
     if client.num_envs > 1:
         envs += f"-{client.env_offset + client.num_envs - 1}"
+    text = str(err)
+    if unserved(err):
+        assert isinstance(err, RemoteEnvError)
+        unimplemented = type(err)(
+            f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: it answered "
+            f"UNIMPLEMENTED {replica.unimplemented} times in a row, the last right after a reconnect, with no step "
+            "answered between: it does not serve a call this learner makes (a server of an older envfleet version, "
+            "or one written from the proto without it), which no reconnect mends; it is not reconnected (fault "
+            f"tolerance would go on without its {envs} for good) until the next reset, which tries it again: "
+            "upgrade or replace it",
+            address=client.address,
+            code=err.code,
+            env_index=err.env_index,
+            details=err.details,
+        )
+        unimplemented.__cause__ = err
+        return unimplemented
     out_of_step = getattr(err, "out_of_step", False)
     if out_of_step:
         why = f"{replica.out_of_step} of its answers were to other requests than the ones sent (sent twice)"
@@ -315,7 +336,6 @@ def _broken(client: EnvClient, err: BaseException, replica: Replica) -> InvalidR
             f"{replica.unreadable} of its answers in a row could not be read, the last right after a reconnect, "
             "with no step answered between"
         )
-    text = str(err)
     broken = InvalidResponseError(
         f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {why}: a server that "
         "does not keep to the envfleet.v1 protocol (another version, or a bug); it is not reconnected (fault "

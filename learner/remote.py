@@ -181,7 +181,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
       and the step raises that InvalidResponseError (the fleet then needs a reset), as a refused token
       does; one unreadable answer alone is an outage (see learner.faults: UNREADABLE_IN_A_ROW). The
       next reset (of any of its envs) tries it again: mended or replaced at its address, it rejoins as
-      after an outage; still broken, the first of its answers that cannot be read raises again.
+      after an outage; still broken, the first of its answers that cannot be read raises again. So is
+      one whose step is answered UNIMPLEMENTED again right after it came back (a server of envfleet's
+      first versions, which served no StepStream; once, an HTTP proxy's 404, is an outage): the step
+      raises a :class:`~learner.errors.RemoteEnvError` of that code, which says to upgrade it.
 
     Invalid arguments (:class:`~learner.errors.InvalidArgumentError`), invalid actions
     (:class:`~learner.errors.InvalidRequestError`) and a refused token

@@ -21,13 +21,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
 from env_server import codec, service
 from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService
-from learner import InvalidResponseError, RemoteVectorEnv, SessionError, rundir
+from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError, rundir
 from learner.faults import Replica
 from tests.conftest import SpawnServer
 
@@ -90,6 +91,32 @@ def short_server() -> Iterator[ShortServer]:
             stderr=subprocess.DEVNULL,
             text=True,
             env={**os.environ, SHORT_STEPS: steps, SHORT_RESETS: resets},
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("listening on "), line
+        return line.removeprefix("listening on ")
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+@pytest.fixture
+def old_server() -> Iterator[Callable[[], str]]:
+    """``old_server()`` -> the address of a server as envfleet's first versions served (tests.old_server:
+    Handshake and Reset, and every step answered UNIMPLEMENTED, as gRPC answers for a method it lacks)
+    of CartPole-v1, K envs."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start() -> str:
+        argv = [sys.executable, "-m", "tests.old_server", "--env", "CartPole-v1", "--num-envs", str(K)]
+        proc = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         started.append(proc)
         assert proc.stdout is not None
@@ -221,6 +248,88 @@ def test_learner_train_stops_at_a_broken_server_saying_how_to_go_on(
 
 
 # ---------------------------------------------------------------------------------------------
+# Servers that serve no StepStream (envfleet's first versions)
+
+
+def _no_step_stream(address: str, envs: str) -> str:
+    """The error a fault-tolerant fleet raises for the old server at ``address`` (its envs ``envs``)."""
+    return (
+        f"env server {address}: Step failed [UNIMPLEMENTED]: it serves no StepStream, which this learner steps on: "
+        "an envfleet.v1 server must serve it for the Python learner (envfleet's own first versions did not: "
+        "upgrade those) (Method not found!). The server is broken, not out: it answered UNIMPLEMENTED 2 times in "
+        "a row, the last right after a reconnect, with no step answered between: it does not serve a call this "
+        "learner makes (a server of an older envfleet version, or one written from the proto without it), which "
+        "no reconnect mends; it is not reconnected (fault tolerance would go on without its envs "
+        f"{envs} for good) until the next reset, which tries it again: upgrade or replace it"
+    )
+
+
+@pytest.mark.slow
+def test_a_server_without_step_stream_is_broken_not_lost(
+    spawn_server: SpawnServer, old_server: Callable[[], str]
+) -> None:
+    """The reviewer's fleet of one new and one old server: the old one's every step failed UNIMPLEMENTED
+    ("it serves no StepStream ... upgrade those"), and fault tolerance took that for an outage: "is back
+    after 0.0 s", "lost again soon after coming back", reconnected for good, half of the run's env steps lost."""
+    a, b = spawn_server("CartPole-v1", K).address, old_server()
+    actions = np.zeros(2 * K, dtype=np.int64)
+    with RemoteVectorEnv([a, b], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        *_, infos = envs.step(actions)  # the first: an outage (an HTTP proxy may answer UNIMPLEMENTED once)
+        assert _unavailable(infos) == [False] * K + [True] * K
+        deadline = time.monotonic() + 20
+        with pytest.raises(RemoteEnvError) as info:
+            while time.monotonic() < deadline:  # (B comes back, hands over its reset, and fails its step again)
+                envs.step(actions)
+                time.sleep(0.01)
+        assert str(info.value) == _no_step_stream(b, f"{K}-{2 * K - 1}")
+        assert info.value.address == b and info.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert isinstance(info.value.__cause__, RemoteEnvError)
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.servers_down) == (2, 1, 1)
+        # The next reset tries it again (upgraded in place, it would rejoin); still old, its first step raises.
+        _, infos = envs.reset(seed=1)
+        assert _unavailable(infos) == [False] * K + [True] * K
+        with pytest.raises(RemoteEnvError, match=r"it answered UNIMPLEMENTED 3 times in a row"):
+            while time.monotonic() < deadline:
+                *_, infos = envs.step(actions)
+                assert not any(_unavailable(infos)[:K])
+                time.sleep(0.01)
+        stats = envs.fault_stats()
+        assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 2, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["old", "new,old"])
+def test_learner_train_stops_at_a_server_without_step_stream(
+    spawn_server: SpawnServer,
+    old_server: Callable[[], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fleet: str,
+) -> None:
+    """The reviewer's runs: with every server old, `learner train` ended in NothingToLearnError ("every env's
+    server was unavailable ... (see the warnings above)"), naming no version; with one old and one new, it
+    ended with rc 0 after "6 server failures, 5 reconnects, 4,096 env steps lost (50.0% of the run's)"."""
+    from learner.cli import main
+
+    servers = [spawn_server("CartPole-v1", K).address if kind == "new" else old_server() for kind in fleet.split(",")]
+    old = servers[-1]
+    run = tmp_path / "run"
+    argv = ["train", "--servers", ",".join(servers), "--num-steps", "8", "--total-timesteps", "4096", "--seed", "0"]
+    argv += ["--run-dir", str(run), "--checkpoint-seconds", "0", "--no-progress", "--no-plot", "--no-tensorboard"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    envs = f"{K}-{2 * K - 1}" if len(servers) == 2 else f"0-{K - 1}"
+    assert f"learner train: error: {_no_step_stream(old, envs)}" in err, err
+    assert "NothingToLearnError" not in err and "every env's server was unavailable" not in err, err
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert summary["stop_reason"].startswith(f"error: RemoteEnvError: env server {old}: Step failed [UNIMPLEMENTED]")
+    assert (summary["failures"], summary["reconnects"]) == (2, 1)
+    assert summary["total_steps"] < 4096
+
+
+# ---------------------------------------------------------------------------------------------
 # Values training cannot use
 
 
@@ -279,3 +388,15 @@ def test_answers_out_of_step_count_toward_broken_only_with_another_such_answer()
     assert replica.broken_by(twice)  # (a second one, steps answered between or not)
     replica.note_answer()
     assert not replica.broken_by(InvalidResponseError("could not be read", address="a:1"))  # (a one-off: an outage)
+
+
+def test_unimplemented_counts_toward_broken_only_in_a_row() -> None:
+    """A step answered UNIMPLEMENTED once is an outage (an HTTP proxy answering 404 for a moment, which gRPC
+    reads as UNIMPLEMENTED); again right after a reconnect, no step answered between, the server is broken."""
+    replica = Replica(client=SimpleNamespace(), spec=pb.EnvSpec())  # type: ignore[arg-type]
+    unimplemented = RemoteEnvError("no StepStream", address="a:1", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert not replica.broken_by(unimplemented)
+    replica.note_answer()  # (a step answered between: the first was a one-off)
+    assert not replica.broken_by(unimplemented)
+    assert not replica.broken_by(RemoteEnvError("timed out", address="a:1", code=grpc.StatusCode.DEADLINE_EXCEEDED))
+    assert replica.broken_by(unimplemented)
