@@ -34,7 +34,7 @@ from env_server.protocol import KEEPALIVE_TIMEOUT, package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
-from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers
+from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers, is_atari
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
@@ -414,17 +414,22 @@ def _client_cert_variables(
 
 def _no_time_limit_hint(run_dir: Path) -> str:
     """Where no episode ended and the run's envs had no time limit (config.json's envs: CliffWalking, an
-    env of your own), what to give; else ""."""
+    env of your own), what to give; else "". Not for ALE games (which end at game over or at ALE's own
+    frame cap, and take no --max-episode-steps), nor where the envs did not say their kwargs (servers too
+    old to say may have said no time limit whatever theirs was)."""
     try:
-        envs = read_json(run_dir / CONFIG).get("envs") or {}
+        config = read_json(run_dir / CONFIG)
+        args, envs = config.get("args") or {}, config.get("envs") or {}
     except (OSError, ValueError, AttributeError):
         return ""
-    if "max_episode_steps" not in envs or envs["max_episode_steps"]:
+    if envs.get("env_kwargs") is None or envs.get("max_episode_steps", 1) or is_atari(str(args.get("env") or "")):
         return ""
-    return (
-        " (its envs have no time limit, so an episode may never end: give --max-episode-steps N, or start the "
-        "servers with it)"
+    where = (
+        "start the servers with --max-episode-steps N"
+        if args.get("servers")
+        else "give --max-episode-steps N (learner train passes it to the envs it makes)"
     )
+    return f" (its envs have no time limit, so an episode may never end: {where})"
 
 
 def _faults_line(summary: dict[str, Any]) -> str:

@@ -367,21 +367,19 @@ def _warn_other_task(served: dict[str, Any], envs: Any, servers: str) -> None:
     """Warn where the servers at ``servers`` make their envs (``envs``) otherwise than the run's (``served``:
     what its envs said, checkpoints since EnvSpec.env_kwargs): the same id and spaces, another task
     (FrozenLake's is_slippery; a time limit the policy never met, or none, where an episode may never
-    end). Not refused: evaluating a policy on a variant of its task can be the point."""
-    now = {
-        "env kwargs": getattr(envs, "env_kwargs", None),
-        "time limit": getattr(getattr(envs, "spec", None), "max_episode_steps", None),
-    }
-    then = {"env kwargs": served.get("env_kwargs"), "time limit": served.get("max_episode_steps")}
-    shown = {
-        "env kwargs": lambda kwargs: json.dumps(kwargs, sort_keys=True),
-        "time limit": lambda steps: str(steps or "none"),
-    }
-    differ = [
-        f"{what} {shown[what](now[what])} (the run's: {shown[what](then[what])})"
-        for what in now
-        if then[what] is not None and now[what] != then[what] and (now[what] is not None or what == "time limit")
-    ]
+    end). Not refused: evaluating a policy on a variant of its task can be the point. Compared only where
+    both said their env kwargs (servers and runs older than EnvSpec.env_kwargs may have said no time limit
+    whatever it was: async servers said 0), and the time limit only where the servers' spec was read."""
+    kwargs, spec = getattr(envs, "env_kwargs", None), getattr(envs, "spec", None)
+    if kwargs is None or served.get("env_kwargs") is None:
+        return
+    differ = []
+    if kwargs != served["env_kwargs"]:
+        now, then = (json.dumps(value, sort_keys=True) for value in (kwargs, served["env_kwargs"]))
+        differ.append(f"env kwargs {now} (the run's: {then})")
+    limit, run_limit = (getattr(spec, "max_episode_steps", None) or None), served.get("max_episode_steps") or None
+    if spec is not None and limit != run_limit:
+        differ.append(f"time limit {limit or 'none'} (the run's: {run_limit or 'none'})")
     if differ:
         log.warning(
             "--servers: the servers at %s make their envs otherwise than the envs the run trained on: %s; the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from learner import rundir
+from learner.config import Args
 
 __all__ = ["config_groups", "plot_runs"]
 
@@ -49,15 +51,23 @@ _SETUP_ARGS = (
     "torch_deterministic",
 )
 _SETUP_ENVS = ("env_kwargs", "num_envs", "wrappers", "max_episode_steps", "autoreset_mode")
+_ARG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Args) if f.default is not dataclasses.MISSING}
+"""The options' defaults: an option a run's config.json lacks was added since, and that run did as its default does."""
 
 
 def _setup(config: dict[str, Any]) -> dict[str, Any]:
-    """What of ``config`` (a run's config.json) makes its configuration; what it does not record (an older
-    version's, from before the option or its record) is left out (see :func:`_fill_unrecorded`)."""
+    """What of ``config`` (a run's config.json) makes its configuration. An option an older version's lacks
+    did not exist then: its default (what that version did). A record it lacks (its envs', as older
+    versions or servers too old to say left them out; its policy, device) is left out, for
+    :func:`_fill_unrecorded`; but env kwargs and a time limit given as options stand in for their record."""
     args, envs = config.get("args", {}), config.get("envs", {})
     setup: dict[str, Any] = {"env": _env(config)}
-    setup.update({key: args[key] for key in _SETUP_ARGS if key in args})
-    setup.update({key: envs[key] for key in _SETUP_ENVS if key in envs})
+    setup.update({key: args[key] if key in args else _ARG_DEFAULTS.get(key) for key in _SETUP_ARGS})
+    for key in _SETUP_ENVS:
+        if envs.get(key) is not None:
+            setup[key] = envs[key]
+        elif key in ("env_kwargs", "max_episode_steps") and args.get("servers") is None and args.get(key):
+            setup[key] = args[key]  # (the envs a run made, with the kwargs and time limit it was given)
     if "addresses" in envs:
         setup["servers"] = len(envs["addresses"] or ())
     setup.update({key: config[key] for key in ("device", "policy") if key in config})
@@ -95,9 +105,10 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
 
 
 def _fill_unrecorded(setups: list[dict[str, Any]]) -> None:
-    """A key some runs' setups lack (runs of an older version, whose config.json did not record it) takes
-    the value that every run recording it shares, where they share one: runs of one configuration from
-    before and after a version are one group. Where those runs differ, it stays missing ("?" in names)."""
+    """A record some runs' setups lack (runs of an older version, whose config.json did not record it: see
+    :func:`_setup`) takes the value that every run recording it shares, where they share one: runs of one
+    configuration from before and after a version are one group. Where those runs differ, it stays
+    missing ("?" in names)."""
     for key in dict.fromkeys(key for setup in setups for key in setup):
         values = {_text(setup[key]): setup[key] for setup in setups if key in setup}
         if len(values) == 1:

@@ -205,7 +205,8 @@ def _recorded_with(
             moved["max_episode_steps"] = served["max_episode_steps"]
         if served.get("env_kwargs") and "env_kwargs" not in overrides:  # (servers since EnvSpec.env_kwargs)
             moved["env_kwargs"] = served["env_kwargs"]
-        if served.get("env_kwargs") is None and "env_kwargs" not in overrides:
+        same_env = overrides.get("env", saved.env) == saved.env  # (--like with another env: its servers' are moot)
+        if served.get("env_kwargs") is None and "env_kwargs" not in overrides and same_env:
             # (a run of an older version, whose servers did not say: same spaces, maybe not the same task)
             limit = not served.get("max_episode_steps") and "max_episode_steps" not in overrides
             log.warning(

@@ -356,6 +356,26 @@ class Acting:
             raise_unusable(raw, self.obs_space, envs_of, self.server_of, err, as_float32=as_float32)
             raise
 
+    def check_taken(self, obs: Tensor, global_step: int) -> None:
+        """Raise UnusableEnvOutputError naming the env where an observation the policy took over a rollout
+        (``obs``: its storage, (steps, envs, ...), as the nets got them; ``global_step``: the env steps as of
+        its end) was not finite. On the CPU, where observations are looked at only once the forward fails
+        or at the rollout's end, an infinite one met mid-rollout (the env's inf, or a float64 value beyond
+        float32's range) passes the tanh layers without an error and turns the update's gradient NaN,
+        which would be reported as a diverged update. One pass per rollout (float observations only)."""
+        if not obs.is_floating_point():
+            return
+        finite = torch.isfinite(obs.flatten(2)).all(dim=2)
+        if bool(finite.all()):
+            return
+        step, env = (int(i) for i in (~finite).nonzero()[0])
+        raise UnusableEnvOutputError(
+            f"{self.server_of(env)}observation of env {env} that the policy took at step {step + 1} of the rollout "
+            f"ending at env step {global_step:,} was infinite or NaN as float32: the env gave inf or NaN, or a "
+            f"float64 value beyond float32's range (observation space {self.obs_space}; scale such values on the env "
+            "servers, or pass --norm-obs); the policy cannot act on it"
+        )
+
     def env_actions(self, raw: Tensor) -> Any:
         action_space = self.action_space
         actions = self.agent.head.to_env(raw).cpu().numpy()
@@ -1060,6 +1080,7 @@ def train(
                 episodes_cut = steps_lost = env_errors = 0
                 with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs), check_first=True):
                     next_value = actor.get_value(next_obs)
+                acting.check_taken(rollout.obs, counters.global_step)
                 batch = make_batch(
                     rollout,
                     next_value,

@@ -506,7 +506,8 @@ class ReservedKeyEnv(_CountEnv):
 class BadObservationEnv(_CountEnv):
     """From step ``at`` on, observations the policy cannot act on: ``kind="nan"``, ``[nan]`` (Box);
     ``kind="discrete"``, 7 for its Discrete(3) space; ``kind="float64"``, ``[1e39]`` in a float64 Box (finite,
-    infinite as float32); ``kind="reward"``: a NaN reward instead
+    infinite as float32; ``"float64-once"``: at step ``at`` only); ``kind="inf-once"``: ``[inf]`` at step ``at``
+    only; ``kind="reward"``: a NaN reward instead
     (``kind="huge"``: 1e30, finite, whose square overflows float32 in the value loss); only
     in an env whose first reset had an odd seed (seeded ``s``, a vector env's env i gets ``s + i``:
     one of two envs)."""
@@ -517,7 +518,7 @@ class BadObservationEnv(_CountEnv):
         self.bad: bool | None = None
         if kind == "discrete":
             self.observation_space = gym.spaces.Discrete(3)  # type: ignore[assignment]
-        elif kind == "float64":
+        elif kind in ("float64", "float64-once"):
             self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float64)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -534,6 +535,10 @@ class BadObservationEnv(_CountEnv):
             obs = 7 if bad else 0
         elif self.kind == "float64":
             obs = np.array([1e39]) if bad else obs.astype(np.float64)
+        elif self.kind in ("float64-once", "inf-once"):
+            once = bad and self._t == self.at
+            obs = np.array([1e39 if self.kind == "float64-once" else np.inf], dtype=self.observation_space.dtype)
+            obs = obs if once else np.array([self._t], dtype=self.observation_space.dtype)
         elif bad and self.kind in ("reward", "huge"):
             reward = float("nan") if self.kind == "reward" else 1e30
         elif bad:

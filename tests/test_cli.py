@@ -1064,8 +1064,8 @@ def test_a_run_whose_envs_have_no_time_limit_and_ended_no_episode_says_what_to_g
     # CliffWalking is registered without a time limit; CartPole's 500 steps are not reached in 16.
     assert main(["train", "--env", "CliffWalking-v1", *steps, "--run-dir", str(tmp_path / "cliff")]) == 0
     assert (
-        "no episode ended (its envs have no time limit, so an episode may never end: give --max-episode-steps N, or "
-        "start the servers with it)"
+        "no episode ended (its envs have no time limit, so an episode may never end: give --max-episode-steps N "
+        "(learner train passes it to the envs it makes))"
     ) in capsys.readouterr().out
     assert main(["train", "--env", "CartPole-v1", *steps, "--run-dir", str(tmp_path / "cart")]) == 0
     out = capsys.readouterr().out

@@ -256,6 +256,21 @@ def test_float64_observations_beyond_float32_s_range_are_named_and_train_with_no
     assert summary["total_steps"] == 32 and summary["stop_reason"] == "total_timesteps"
 
 
+@pytest.mark.parametrize("kind", ["float64-once", "inf-once"])
+def test_an_infinite_observation_mid_rollout_is_named_not_taken_for_a_diverged_update(
+    tmp_path: Path, kind: str
+) -> None:
+    """On the CPU the tanh layers act on inf without an error (observations are looked at only once a
+    forward fails, or at the rollout's end): one met mid-rollout and gone by its end is found in the
+    rollout's storage before the update, whose gradient it would turn NaN."""
+    with pytest.raises(
+        UnusableEnvOutputError,
+        match=r"^observation of env 1 that the policy took at step 4 of the rollout ending at env step 16 was "
+        r"infinite or NaN as float32: .*; the policy cannot act on it",
+    ):
+        train(_bad_env_run(tmp_path, kind, at=3, backend="gym"))
+
+
 @pytest.mark.parametrize("backend", ["gym", "remote"])
 def test_a_nan_observation_at_a_rollouts_end_is_named_not_taken_for_a_diverged_update(
     tmp_path: Path, backend: Literal["remote", "gym"]

@@ -577,15 +577,23 @@ def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
 
 
 def test_eval_on_servers_warns_of_another_time_limit_or_none() -> None:
-    served = {"env_kwargs": {}, "max_episode_steps": 100}
-    for limit, warned in ((100, False), (500, True), (None, True)):
+    for run_limit, limit, warned in ((100, 100, False), (100, 500, True), (100, None, True), (None, 100, True)):
+        served: dict[str, Any] = {"env_kwargs": {}, "max_episode_steps": run_limit}
         envs = SimpleNamespace(env_kwargs={}, spec=SimpleNamespace(max_episode_steps=limit))
         with mock.patch("learner.evaluate.log") as log:
             _warn_other_task(served, envs, "s:1")
         assert log.warning.called is warned
         if warned:
-            assert f"time limit {limit or 'none'} (the run's: 100)" in log.warning.call_args.args[2]
-    # A server too old to say its env kwargs: nothing to compare.
+            assert f"time limit {limit or 'none'} (the run's: {run_limit or 'none'})" in log.warning.call_args.args[2]
+    # A server (or a run) too old to say its env kwargs, or a spec not read: nothing (or no time limit) to compare.
+    served = {"env_kwargs": {}, "max_episode_steps": 100}
+    for envs in (
+        SimpleNamespace(env_kwargs=None, spec=SimpleNamespace(max_episode_steps=None)),
+        SimpleNamespace(env_kwargs={}, spec=None),
+    ):
+        with mock.patch("learner.evaluate.log") as log:
+            _warn_other_task(served, envs, "s:1")
+        assert not log.warning.called
     with mock.patch("learner.evaluate.log") as log:
-        _warn_other_task(served, SimpleNamespace(env_kwargs=None, spec=SimpleNamespace(max_episode_steps=100)), "s:1")
+        _warn_other_task({"max_episode_steps": 100}, SimpleNamespace(env_kwargs={}, spec=None), "s:1")
     assert not log.warning.called

@@ -183,8 +183,12 @@ def test_by_config_takes_what_an_older_run_did_not_record_as_the_others_share_it
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Runs of one configuration before and after a version that records more (config.json's envs,
-    policy, newer options): one group, and one seed twice is still seen."""
-    new = [_configured(tmp_path / f"new{seed}", seed, 0.0, **{"overlap_update": False}) for seed in (1, 2)]
+    policy; options added since, which the older run ran as their default does): one group, and one seed
+    twice is still seen."""
+    new = [_configured(tmp_path / f"new{seed}", seed, 0.0) for seed in (1, 2)]
+    for run in new:
+        config = rundir.read_json(run / rundir.CONFIG)
+        rundir.write_json(run / rundir.CONFIG, {**config, "args": {**config["args"], "overlap_update": False}})
     old = _configured(tmp_path / "old", 1, 0.0)
     config = rundir.read_json(old / rundir.CONFIG)
     del config["envs"], config["policy"], config["args"]["torch_threads"]
@@ -197,6 +201,11 @@ def test_by_config_takes_what_an_older_run_did_not_record_as_the_others_share_it
     config = rundir.read_json(other / rundir.CONFIG)
     rundir.write_json(other / rundir.CONFIG, {**config, "envs": {**config["envs"], "num_envs": 4}})
     assert config_groups([*new, old, other]) == ["num_envs=8", "num_envs=8", "num_envs=?", "num_envs=4"]
+    # An option the older run lacks is its default, not the others' value: a new run with it on differs.
+    on = _configured(tmp_path / "on", 1, 0.0)
+    config = rundir.read_json(on / rundir.CONFIG)
+    rundir.write_json(on / rundir.CONFIG, {**config, "args": {**config["args"], "overlap_update": True}})
+    assert config_groups([old, on]) == ["overlap_update=false", "overlap_update=true"]
 
 
 def test_plotting_leaves_matplotlib_s_backend_and_pyplot_alone(tmp_path: Path) -> None:

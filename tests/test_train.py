@@ -1138,6 +1138,7 @@ def test_a_run_of_an_older_version_moved_off_its_servers_says_their_env_kwargs_a
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="learner"):
         resume_args(run, backend="gym", env_kwargs={"sutton_barto_reward": True}, total_timesteps=16)
+        like_args(run, backend="gym", env="Acrobot-v1")  # (another env: the servers' kwargs are moot)
     assert "does not record" not in caplog.text
 
 
