@@ -12,6 +12,7 @@ reviewer's server in another language did.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -77,20 +78,20 @@ def _short_answers(steps: str, resets: str) -> None:
     service._encode_reset = reset
 
 
-@pytest.fixture
-def short_server() -> Iterator[ShortServer]:
-    """``short_server(steps, resets="")`` -> the address of a server of CartPole-v1 (K envs) that answers
-    ``steps`` and ``resets`` short."""
+@contextlib.contextmanager
+def _servers_of(module: str) -> Iterator[Callable[[dict[str, str] | None], str]]:
+    """``start(env)`` -> the address of a new server of CartPole-v1 (K envs), ``python -m module`` on port 0
+    (``env``: its environment, else this one's); all of them killed when the block ends."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(steps: str, resets: str = "") -> str:
-        argv = [sys.executable, "-m", "tests.test_wire_faults", "--env", "CartPole-v1", "--num-envs", str(K)]
+    def start(env: dict[str, str] | None = None) -> str:
+        argv = [sys.executable, "-m", module, "--env", "CartPole-v1", "--num-envs", str(K)]
         proc = subprocess.Popen(
             [*argv, "--host", "127.0.0.1", "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, SHORT_STEPS: steps, SHORT_RESETS: resets},
+            env=env,
         )
         started.append(proc)
         assert proc.stdout is not None
@@ -98,12 +99,22 @@ def short_server() -> Iterator[ShortServer]:
         assert line.startswith("listening on "), line
         return line.removeprefix("listening on ")
 
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait(timeout=30)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+@pytest.fixture
+def short_server() -> Iterator[ShortServer]:
+    """``short_server(steps, resets="")`` -> the address of a server of CartPole-v1 (K envs) that answers
+    ``steps`` and ``resets`` short."""
+    with _servers_of("tests.test_wire_faults") as start:
+        yield lambda steps, resets="": start({**os.environ, SHORT_STEPS: steps, SHORT_RESETS: resets})
 
 
 @pytest.fixture
@@ -111,29 +122,27 @@ def old_server() -> Iterator[Callable[[], str]]:
     """``old_server()`` -> the address of a server as envfleet's first versions served (tests.old_server:
     Handshake and Reset, and every step answered UNIMPLEMENTED, as gRPC answers for a method it lacks)
     of CartPole-v1, K envs."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start() -> str:
-        argv = [sys.executable, "-m", "tests.old_server", "--env", "CartPole-v1", "--num-envs", str(K)]
-        proc = subprocess.Popen(
-            [*argv, "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        started.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.startswith("listening on "), line
-        return line.removeprefix("listening on ")
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
+    with _servers_of("tests.old_server") as start:
+        yield lambda: start(None)
 
 
 def _unavailable(infos: dict[str, Any]) -> list[bool]:
     return np.asarray(infos.get("_env_unavailable", np.zeros(2 * K, dtype=bool))).tolist()
+
+
+def _broken_again_after_reset(envs: RemoteVectorEnv, error: type[BaseException], match: str, deadline: float) -> None:
+    """The next reset tries the broken server (B, the second K envs) again: A's envs go on, B's are unavailable
+    while it is reconnected, and, still broken, its step raises ``error`` (``match``) again: 3 failures in
+    all, 2 reconnects, B down."""
+    _, infos = envs.reset(seed=1)
+    assert _unavailable(infos) == [False] * K + [True] * K
+    with pytest.raises(error, match=match):
+        while time.monotonic() < deadline:
+            *_, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            assert not any(_unavailable(infos)[:K])
+            time.sleep(0.01)
+    stats = envs.fault_stats()
+    assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 2, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,15 +180,7 @@ def test_a_server_whose_answers_cannot_be_read_again_after_a_reconnect_is_broken
         # unavailable while it is reconnected, and, still answering short, it raises again.
         with pytest.raises(SessionError, match="reset"):
             envs.step(actions)
-        _, infos = envs.reset(seed=1)
-        assert _unavailable(infos) == [False] * K + [True] * K
-        with pytest.raises(InvalidResponseError, match=r"The server is broken, not out: 3 of its answers in a row"):
-            while time.monotonic() < deadline:
-                *_, infos = envs.step(actions)
-                assert not any(_unavailable(infos)[:K])
-                time.sleep(0.01)
-        stats = envs.fault_stats()
-        assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 2, 1)
+        _broken_again_after_reset(envs, InvalidResponseError, r"broken, not out: 3 of its answers in a row", deadline)
 
 
 @pytest.mark.slow
@@ -288,15 +289,7 @@ def test_a_server_without_step_stream_is_broken_not_lost(
         stats = envs.fault_stats()
         assert (stats.failures, stats.reconnects, stats.servers_down) == (2, 1, 1)
         # The next reset tries it again (upgraded in place, it would rejoin); still old, its first step raises.
-        _, infos = envs.reset(seed=1)
-        assert _unavailable(infos) == [False] * K + [True] * K
-        with pytest.raises(RemoteEnvError, match=r"it answered UNIMPLEMENTED 3 times in a row"):
-            while time.monotonic() < deadline:
-                *_, infos = envs.step(actions)
-                assert not any(_unavailable(infos)[:K])
-                time.sleep(0.01)
-        stats = envs.fault_stats()
-        assert (stats.failures, stats.reconnects, stats.servers_down) == (3, 2, 1)
+        _broken_again_after_reset(envs, RemoteEnvError, r"it answered UNIMPLEMENTED 3 times in a row", deadline)
 
 
 @pytest.mark.slow
