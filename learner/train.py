@@ -365,7 +365,7 @@ class Acting:
         which would be reported as a diverged update. One pass per rollout (float observations only)."""
         if not obs.is_floating_point():
             return
-        finite = torch.isfinite(obs.flatten(2)).all(dim=2)
+        finite = torch.isfinite(obs.reshape(*obs.shape[:2], -1)).all(dim=2)  # (steps, envs)
         if bool(finite.all()):
             return
         step, env = (int(i) for i in (~finite).nonzero()[0])

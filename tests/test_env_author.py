@@ -362,3 +362,22 @@ def test_on_cuda_observations_are_looked_at_before_the_forward_and_on_the_cpu_on
                 if not usable:
                     raise RuntimeError("the forward's own error")
         assert bool(ran) is ran_first, device
+
+
+def test_the_rollout_s_check_takes_observations_of_any_shape() -> None:
+    acting = Acting(
+        agent=cast(Any, None),
+        actor=cast(Any, None),
+        obs_space=gym.spaces.Box(-np.inf, np.inf, ()),
+        action_space=gym.spaces.Discrete(2),
+        obs_rms=None,
+        obs_dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    for shape in ((), (3,), (2, 2)):
+        obs = torch.zeros((4, 2, *shape))
+        acting.check_taken(obs, 8)
+        obs[2, 1] = float("inf")
+        with pytest.raises(UnusableEnvOutputError, match=r"^observation of env 1 that the policy took at step 3 "):
+            acting.check_taken(obs, 8)
+    acting.check_taken(torch.zeros((4, 2), dtype=torch.uint8), 8)  # (frames: nothing to look at)
