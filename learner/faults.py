@@ -343,8 +343,9 @@ async def reconnect(
             # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
             no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
             text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
-            # Causes no retry mends (the operator's to fix) are warned of once, not at every attempt.
-            warn = isinstance(err, _Incompatible | AuthenticationError) and text != said
+            # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
+            # now serves no envfleet, UNIMPLEMENTED) are warned of once, not at every attempt.
+            warn = (isinstance(err, _Incompatible | AuthenticationError) or unserved(err)) and text != said
             if warn:
                 said = text
             log.log(

@@ -138,10 +138,11 @@ def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
 
 
 def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:
-    """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each), not the
-    atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for; "" otherwise."""
+    """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each, or grayscale:
+    obs_type), not the atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for;
+    "" otherwise."""
     space = observation_space
-    raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+    raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
     if not (is_atari(env_id) and "atari" not in wrappers and raw):
         return ""
     return (

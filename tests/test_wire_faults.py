@@ -12,7 +12,9 @@ reviewer's server in another language did.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -30,7 +32,7 @@ from env_server import codec, service
 from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService
 from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError, rundir
-from learner.faults import Replica
+from learner.faults import Replica, reconnect
 from tests.conftest import SpawnServer
 
 K = 2  # envs per server
@@ -393,3 +395,37 @@ def test_unimplemented_counts_toward_broken_only_in_a_row() -> None:
     assert not replica.broken_by(unimplemented)
     assert not replica.broken_by(RemoteEnvError("timed out", address="a:1", code=grpc.StatusCode.DEADLINE_EXCEEDED))
     assert replica.broken_by(unimplemented)
+
+
+def test_a_reconnect_to_an_address_that_now_serves_no_envfleet_is_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its address answered by another gRPC server (UNIMPLEMENTED: another service, or an older protocol):
+    the operator's to fix, warned of at the first attempt, not only in the "still down" line now and then."""
+    said = "env server s:1: GetSpec failed [UNIMPLEMENTED]: it answers gRPC but not GetSpec"
+    attempts: list[int] = []
+
+    class ServesNoEnvfleet:
+        address = "s:1"
+
+        async def wait_ready(self) -> None:
+            pass
+
+        async def get_spec(self) -> None:
+            attempts.append(1)
+            if len(attempts) == 3:
+                raise asyncio.CancelledError  # (the fleet closes)
+            raise RemoteEnvError(said, address="s:1", code=grpc.StatusCode.UNIMPLEMENTED)
+
+        def abandon(self) -> None:
+            pass
+
+    replica = Replica(client=cast(Any, ServesNoEnvfleet()), spec=pb.EnvSpec())
+    caplog.set_level(logging.DEBUG, logger="learner.faults")
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(reconnect(replica, timeout=1.0, connect_timeout=1.0, backoff=(0.001, 0.002), on_ready=lambda: None))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("reconnect to s:1")]
+    assert lines == [
+        (logging.WARNING, f"reconnect to s:1, attempt 1: {said}"),
+        (logging.DEBUG, f"reconnect to s:1, attempt 2: {said}"),
+    ]
