@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import ssl
 import struct
 import sys
@@ -176,6 +177,36 @@ def package_version() -> str:
 
 _DISTRIBUTIONS = {"grpc": "grpcio", "google.protobuf": "protobuf"}
 """Modules reported under their distribution's name, where it differs."""
+
+
+@functools.cache
+def source_commit() -> str | None:
+    """The git commit envfleet's source is at when it runs from a checkout, ``+dirty`` with changes to
+    tracked files not committed; None elsewhere (installed, an image) or when git cannot say. (The
+    version alone is the same at every commit: a learner's config.json and a server's EnvSpec.versions
+    say it as ``envfleet_commit``, so that servers of a half-upgraded fleet are told apart.)"""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    git = ["git", "-C", str(root)]
+    environ = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # (git status must not take the index's lock)
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            env=environ,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
 def runtime_versions(*modules: str) -> dict[str, str]:

@@ -6,13 +6,11 @@ import contextlib
 import os
 import platform
 import socket
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from env_server.protocol import runtime_versions
+from env_server.protocol import runtime_versions, source_commit
 
 __all__ = ["machine_info", "run_versions"]
 
@@ -21,33 +19,10 @@ def run_versions() -> dict[str, str]:
     """What made a run (config.json): Python, envfleet (and, run from a git checkout, its commit: the
     version alone is the same at every commit) and the libraries its results depend on."""
     versions = runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
-    commit = _source_commit()
+    commit = source_commit()
     if commit is not None:
         versions["envfleet_commit"] = commit
     return versions
-
-
-def _source_commit() -> str | None:
-    """The git commit envfleet's source is at when it runs from a checkout, ``+dirty`` with changes to
-    tracked files not committed; None elsewhere (installed, an image) or when git cannot say."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return None
-    git = ["git", "-C", str(root)]
-    environ = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # (git status must not take the index's lock)
-    try:
-        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True)
-        status = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-            env=environ,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 
 import learner
+from env_server.protocol import source_commit
 from learner import RemoteVectorEnv
 from learner.errors import InvalidArgumentError, RemoteTimeoutError, ServerBusyError, ServerStartError
 from learner.local import LocalServers
@@ -252,6 +253,41 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
                 f"env server {address} runs other versions than env server {ours.addresses[0]} "
                 f"(gymnasium 1.0.0, not {gym.__version__})"
             ) in caplog.text
+        finally:
+            theirs.kill()
+
+
+def test_servers_of_other_commits_in_one_fleet_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Run from a git checkout, a server says its commit (the version is the same at every commit): a
+    half-upgraded fleet is told apart."""
+    other = tmp_path / "other_commit.py"  # an env-server whose checkout is at another commit
+    other.write_text(
+        "import sys\nimport env_server.service as service\nservice.source_commit = lambda: 'f' * 40\n"
+        "from env_server.__main__ import main\nsys.exit(main())\n"
+    )
+    with (
+        LocalServers("CartPole-v1", 1, 1) as ours,
+        subprocess.Popen(
+            [sys.executable, str(other), "--env", "CartPole-v1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        ) as theirs,
+    ):
+        try:
+            assert theirs.stdout is not None
+            address = theirs.stdout.readline().strip().removeprefix("listening on ")
+            with RemoteVectorEnv([*ours.addresses, address]) as envs:
+                versions = envs.server_versions
+            commit = source_commit()
+            assert versions[ours.addresses[0]].get("envfleet_commit") == commit
+            assert versions[address]["envfleet_commit"] == "f" * 40
+            if commit is not None:  # (run from a checkout, as here and in CI; installed, no commit is said)
+                assert (
+                    f"env server {address} runs other versions than env server {ours.addresses[0]} "
+                    f"(envfleet_commit {'f' * 40}, not {commit})"
+                ) in caplog.text
         finally:
             theirs.kill()
 
