@@ -221,75 +221,60 @@ def test_options_reach_the_envs_as_a_local_vector_env_gives_them(start_servers: 
     reference.close()
 
 
+@contextlib.contextmanager
+def _ours_and_a_patched_server(tmp_path: Path, env: str, patch: str) -> Iterator[tuple[str, str]]:
+    """(the address of a local server of ``env``, that of an env-server of it whose process first runs
+    ``patch``, Python lines: another version, another commit)."""
+    script = tmp_path / "patched_server.py"
+    script.write_text(f"import sys\n{patch}\nfrom env_server.__main__ import main\nsys.exit(main())\n")
+    with (
+        LocalServers(env, 1, 1) as ours,
+        subprocess.Popen(
+            [sys.executable, str(script), "--env", env, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        ) as theirs,
+    ):
+        try:
+            assert theirs.stdout is not None
+            yield ours.addresses[0], theirs.stdout.readline().strip().removeprefix("listening on ")
+        finally:
+            theirs.kill()
+
+
 def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_of(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """EnvSpec.versions: envfleet, python, gymnasium, numpy and the simulators loaded. Servers of one fleet
     that run another gymnasium (or MuJoCo, ...) may step the same env id otherwise: warned of, by name."""
-    older = tmp_path / "older_gymnasium.py"  # an env-server whose gymnasium says it is another version
-    older.write_text(
-        "import sys\nimport gymnasium\ngymnasium.__version__ = '1.0.0'\n"
-        "from env_server.__main__ import main\nsys.exit(main())\n"
-    )
-    with (
-        LocalServers("InvertedPendulum-v5", 1, 1) as ours,
-        subprocess.Popen(
-            [sys.executable, str(older), "--env", "InvertedPendulum-v5", "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-        ) as theirs,
-    ):
-        try:
-            assert theirs.stdout is not None
-            address = theirs.stdout.readline().strip().removeprefix("listening on ")
-            with RemoteVectorEnv([*ours.addresses, address]) as envs:
-                versions = envs.server_versions
-                assert versions[ours.addresses[0]]["gymnasium"] == gym.__version__
-                assert versions[address]["gymnasium"] == "1.0.0" and "mujoco" in versions[address]
-                assert {"envfleet", "python", "numpy"} <= set(versions[address])
-            assert (
-                f"env server {address} runs other versions than env server {ours.addresses[0]} "
-                f"(gymnasium 1.0.0, not {gym.__version__})"
-            ) in caplog.text
-        finally:
-            theirs.kill()
+    older = "import gymnasium\ngymnasium.__version__ = '1.0.0'"  # (a server whose gymnasium is another version)
+    with _ours_and_a_patched_server(tmp_path, "InvertedPendulum-v5", older) as (ours, address):
+        with RemoteVectorEnv([ours, address]) as envs:
+            versions = envs.server_versions
+            assert versions[ours]["gymnasium"] == gym.__version__
+            assert versions[address]["gymnasium"] == "1.0.0" and "mujoco" in versions[address]
+            assert {"envfleet", "python", "numpy"} <= set(versions[address])
+        assert (
+            f"env server {address} runs other versions than env server {ours} (gymnasium 1.0.0, not {gym.__version__})"
+        ) in caplog.text
 
 
 def test_servers_of_other_commits_in_one_fleet_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Run from a git checkout, a server says its commit (the version is the same at every commit): a
     half-upgraded fleet is told apart."""
-    other = tmp_path / "other_commit.py"  # an env-server whose checkout is at another commit
-    other.write_text(
-        "import sys\nimport env_server.service as service\nservice.source_commit = lambda: 'f' * 40\n"
-        "from env_server.__main__ import main\nsys.exit(main())\n"
-    )
-    with (
-        LocalServers("CartPole-v1", 1, 1) as ours,
-        subprocess.Popen(
-            [sys.executable, str(other), "--env", "CartPole-v1", "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-        ) as theirs,
-    ):
-        try:
-            assert theirs.stdout is not None
-            address = theirs.stdout.readline().strip().removeprefix("listening on ")
-            with RemoteVectorEnv([*ours.addresses, address]) as envs:
-                versions = envs.server_versions
-            commit = source_commit()
-            assert versions[ours.addresses[0]].get("envfleet_commit") == commit
-            assert versions[address]["envfleet_commit"] == "f" * 40
-            if commit is not None:  # (run from a checkout, as here and in CI; installed, no commit is said)
-                assert (
-                    f"env server {address} runs other versions than env server {ours.addresses[0]} "
-                    f"(envfleet_commit {'f' * 40}, not {commit})"
-                ) in caplog.text
-        finally:
-            theirs.kill()
+    other = "import env_server.service as service\nservice.source_commit = lambda: 'f' * 40"  # (another checkout's)
+    with _ours_and_a_patched_server(tmp_path, "CartPole-v1", other) as (ours, address):
+        with RemoteVectorEnv([ours, address]) as envs:
+            versions = envs.server_versions
+        commit = source_commit()
+        assert versions[ours].get("envfleet_commit") == commit and versions[address]["envfleet_commit"] == "f" * 40
+        if commit is not None:  # (run from a checkout, as here and in CI; installed, no commit is said)
+            assert (
+                f"env server {address} runs other versions than env server {ours} (envfleet_commit {'f' * 40}, not "
+                f"{commit})"
+            ) in caplog.text
 
 
 def test_code_written_for_async_vector_envs_async_calls_runs_as_on_one(start_servers: StartServers) -> None:
