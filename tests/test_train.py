@@ -837,7 +837,8 @@ def test_an_overlapped_run_saved_on_another_kind_of_device_resumes_with_its_shuf
     """--overlap-update's generator is the device's: a run saved on CUDA (its state 16 bytes) resumed on
     the CPU (5,056), or the other way, starts its shuffling anew instead of failing on the state's size."""
     run = tmp_path / "run"
-    train(Args(**{**_resumable(), "total_timesteps": 32}, overlap_update=True, run_dir=str(run)))
+    # (on the CPU: a CUDA host's --device auto would take CUDA, whose generator's state is the one faked here)
+    train(Args(**{**_resumable(), "total_timesteps": 32}, overlap_update=True, device="cpu", run_dir=str(run)))
     last = rundir.list_checkpoints(run)[-1]
     payload = torch.load(last, weights_only=True)
     payload["update_rng"] = torch.zeros(16, dtype=torch.uint8)  # (a CUDA generator's, as saved on a GPU host)
