@@ -262,7 +262,11 @@ def test_refused_requests_are_freed_at_once(claimed: Claimed) -> None:
         before = _memory(claimed.pid, "VmRSS")
         for _ in range(6):
             assert claimed.refused(method, request).code() == code
-        grown = _memory(claimed.pid, "VmRSS") - before
+        # (a moment to settle: on a loaded machine the server may still be freeing the last requests as
+        # their answers arrive, 131 MB once in CI; a request kept in a cycle stays until the collector runs)
+        deadline = time.monotonic() + 2.0
+        while (grown := _memory(claimed.pid, "VmRSS") - before) >= 120 * MB and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert grown < 120 * MB, f"{grown / MB:.0f} MB more after 6 refused requests of 48 MB"
 
 
