@@ -210,13 +210,17 @@ def source_commit() -> str | None:
 
 
 def runtime_versions(*modules: str) -> dict[str, str]:
-    """envfleet's and Python's versions, and each of ``modules``' that is loaded (its ``__version__``),
-    keyed by the name it is installed under: what made a run (config.json), what a server runs
-    (EnvSpec.versions)."""
+    """envfleet's and Python's versions, envfleet's commit where it runs from a git checkout
+    (``envfleet_commit``: see :func:`source_commit`), and each of ``modules``' that is loaded (its
+    ``__version__``), keyed by the name it is installed under: what made a run (config.json), what a
+    server runs (EnvSpec.versions)."""
     import platform
     import sys
 
     versions = {"envfleet": package_version(), "python": platform.python_version()}
+    commit = source_commit()
+    if commit is not None:
+        versions["envfleet_commit"] = commit
     for name in modules:
         version = getattr(sys.modules.get(name), "__version__", None)
         if isinstance(version, str):

@@ -36,7 +36,6 @@ from env_server.protocol import (
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
     runtime_versions,
-    source_commit,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -849,11 +848,7 @@ SIMULATORS = ("mujoco", "ale_py", "Box2D", "pybullet", "dm_control")  # (module 
 def _versions() -> dict[str, str]:
     """What this server runs (EnvSpec.versions), once its envs are built (and their simulators loaded);
     run from a git checkout, its commit too (``envfleet_commit``: the version is the same at every commit)."""
-    versions = runtime_versions("gymnasium", "numpy", *SIMULATORS)
-    commit = source_commit()
-    if commit is not None:
-        versions["envfleet_commit"] = commit
-    return versions
+    return runtime_versions("gymnasium", "numpy", *SIMULATORS)
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

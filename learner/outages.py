@@ -311,40 +311,43 @@ def _broken(client: EnvClient, err: BaseException, replica: Replica) -> RemoteEn
     envs = f"env{'s' if client.num_envs > 1 else ''} {client.env_offset}"
     if client.num_envs > 1:
         envs += f"-{client.env_offset + client.num_envs - 1}"
-    text = str(err)
     if unserved(err):
-        assert isinstance(err, RemoteEnvError)
-        unimplemented = type(err)(
-            f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: it answered "
-            f"UNIMPLEMENTED {replica.unimplemented} times in a row, the last right after a reconnect, with no step "
-            "answered between: it does not serve a call this learner makes (a server of an older envfleet version, "
-            "or one written from the proto without it), which no reconnect mends; it is not reconnected (fault "
-            f"tolerance would go on without its {envs} for good) until the next reset, which tries it again: "
-            "upgrade or replace it",
-            address=client.address,
-            code=err.code,
-            env_index=err.env_index,
-            details=err.details,
-        )
-        unimplemented.__cause__ = err
-        return unimplemented
-    out_of_step = getattr(err, "out_of_step", False)
-    if out_of_step:
-        why = f"{replica.out_of_step} of its answers were to other requests than the ones sent (sent twice)"
-    else:
         why = (
-            f"{replica.unreadable} of its answers in a row could not be read, the last right after a reconnect, "
+            f"it answered UNIMPLEMENTED {replica.unimplemented} times in a row, the last right after a reconnect, "
             "with no step answered between"
         )
-    broken = InvalidResponseError(
-        f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {why}: a server that "
-        "does not keep to the envfleet.v1 protocol (another version, or a bug); it is not reconnected (fault "
-        f"tolerance would go on without its {envs} for good) until the next reset, which tries it again: fix or "
-        "replace it",
-        address=client.address,
-        code=getattr(err, "code", None),  # (RESOURCE_EXHAUSTED for an answer over the size limit)
+        what = (
+            "it does not serve a call this learner makes (a server of an older envfleet version, or one written from "
+            "the proto without it), which no reconnect mends"
+        )
+        remedy = "upgrade or replace it"
+    else:
+        if getattr(err, "out_of_step", False):
+            why = f"{replica.out_of_step} of its answers were to other requests than the ones sent (sent twice)"
+        else:
+            why = (
+                f"{replica.unreadable} of its answers in a row could not be read, the last right after a reconnect, "
+                "with no step answered between"
+            )
+        what = "a server that does not keep to the envfleet.v1 protocol (another version, or a bug)"
+        remedy = "fix or replace it"
+    text = str(err)
+    message = (
+        f"{text}{' ' if text.endswith(('?', '.')) else '. '}The server is broken, not out: {why}: {what}; it is not "
+        f"reconnected (fault tolerance would go on without its {envs} for good) until the next reset, which tries it "
+        f"again: {remedy}"
     )
-    broken.out_of_step = out_of_step
+    broken: RemoteEnvError
+    if unserved(err):
+        assert isinstance(err, RemoteEnvError)
+        broken = type(err)(message, address=client.address, code=err.code, env_index=err.env_index, details=err.details)
+    else:
+        broken = InvalidResponseError(
+            message,
+            address=client.address,
+            code=getattr(err, "code", None),  # (RESOURCE_EXHAUSTED for an answer over the size limit)
+        )
+        broken.out_of_step = getattr(err, "out_of_step", False)
     broken.__cause__ = err
     return broken
 

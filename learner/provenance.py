@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from env_server.protocol import runtime_versions, source_commit
+from env_server.protocol import runtime_versions
 
 __all__ = ["machine_info", "run_versions"]
 
@@ -18,11 +18,7 @@ __all__ = ["machine_info", "run_versions"]
 def run_versions() -> dict[str, str]:
     """What made a run (config.json): Python, envfleet (and, run from a git checkout, its commit: the
     version alone is the same at every commit) and the libraries its results depend on."""
-    versions = runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
-    commit = source_commit()
-    if commit is not None:
-        versions["envfleet_commit"] = commit
-    return versions
+    return runtime_versions("torch", "gymnasium", "numpy", "grpc", "google.protobuf")
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:

@@ -264,7 +264,7 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
 def test_servers_of_other_commits_in_one_fleet_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Run from a git checkout, a server says its commit (the version is the same at every commit): a
     half-upgraded fleet is told apart."""
-    other = "import env_server.service as service\nservice.source_commit = lambda: 'f' * 40"  # (another checkout's)
+    other = "import env_server.protocol as protocol\nprotocol.source_commit = lambda: 'f' * 40"  # (another checkout's)
     with _ours_and_a_patched_server(tmp_path, "CartPole-v1", other) as (ours, address):
         with RemoteVectorEnv([ours, address]) as envs:
             versions = envs.server_versions
