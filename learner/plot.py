@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +93,27 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     _warn_of_repeated_seeds(list(map(Path, runs)), configs, setups)
     keys = dict.fromkeys(key for setup in known for key in setup)
     differ = [key for key in keys if len({_text(setup[key]) if key in setup else "?" for setup in known}) > 1]
-    names = []
-    for run, setup in zip(map(Path, runs), setups, strict=True):
-        if setup is None:
-            names.append(run.name or str(run))
-        elif differ:
-            names.append(", ".join(f"{key}={_text(setup[key]) if key in setup else '?'}" for key in differ))
-        else:
-            names.append(setup.get("env") or "runs")
-    return names
+
+    def named(text: Callable[[Any], str]) -> list[str]:
+        names = []
+        for run, setup in zip(map(Path, runs), setups, strict=True):
+            if setup is None:
+                names.append(run.name or str(run))
+            elif differ:
+                names.append(", ".join(f"{key}={text(setup[key]) if key in setup else '?'}" for key in differ))
+            else:
+                names.append(setup.get("env") or "runs")
+        return names
+
+    # A sweep's sampled values (learning_rate=0.0016005454035309423) shown to 4 significant digits,
+    # unless that would make two configurations one.
+    names, short = named(_text), named(_short)
+    return short if len(set(short)) == len(set(names)) else names
+
+
+def _short(value: Any) -> str:
+    """A setup value as a label shows it, a float to 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else _text(value)
 
 
 def _fill_unrecorded(setups: list[dict[str, Any]]) -> None:

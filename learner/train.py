@@ -202,7 +202,9 @@ def _asked_stop(stop: StopRequest) -> str:
 
 def _stop_reason(err: BaseException) -> str:
     """summary.json's ``stop_reason`` for a run that ``err`` ended."""
-    return "interrupted" if isinstance(err, KeyboardInterrupt) else f"error: {type(err).__name__}: {err}"
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted"
+    return f"error: {type(err).__name__}: {err}" if str(err) else f"error: {type(err).__name__}"
 
 
 ENV_ERROR_LOG_S = 60.0
@@ -430,11 +432,18 @@ def _finish_update(
     checkpointer.finished(state)
 
 
+def _tell(on_update: Callable[[dict[str, Any]], object] | None, recorder: Recorder) -> None:
+    """train()'s ``on_update``: the update just recorded, as metrics.jsonl has it (a copy: the caller's to keep)."""
+    if on_update is not None:
+        on_update(copy.deepcopy(recorder.last_row))
+
+
 def train(
     args: Args,
     *,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     on_fleet_change: Callable[[FleetChange], None] | None = None,
+    on_update: Callable[[dict[str, Any]], object] | None = None,
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Train until ``--total-timesteps`` or ``--stop-at-return``; returns what ``summary.json`` holds, with
@@ -451,6 +460,11 @@ def train(
     ``metrics_url`` (where the metrics are served: the CLI prints them).
     ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
     the rollout that steps the changed fleet.
+    ``on_update`` is called after each update (its checkpoint written, if one was due), on the calling
+    thread, with a copy of the row metrics.jsonl got (``global_step``, ``episodic_return_mean``, the
+    losses, ...): for a sweep's pruning. What it returns is ignored. To end the run there, set ``stop``
+    (it stops at its next step, as below); an exception it raises ends the run as an error does (its
+    checkpoint and summary.json, ``stop_reason`` ``"error: ..."``, written) and reaches the caller.
     ``stop``, once set (from any thread: a training thread's owner, a notebook's button), stops the run
     as Ctrl-C does (at the next step; checkpoint, summary.json and plot written), but ``train()`` then
     returns its summary, whose ``stop_reason`` is ``"stopped"``.
@@ -1095,12 +1109,14 @@ def train(
                     result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
                     recorder.record(result, rollout_info)
                     checkpointer.finished(checkpointer.rollout_state())
+                    _tell(on_update, recorder)
                 else:
                     # --overlap-update: wait for the update on the previous rollout, then the acting copy
                     # takes its nets and collects the next rollout while this one's update runs.
                     if pending is not None:
                         in_flight, pending = pending, None
                         _finish_update(in_flight, recorder, checkpointer)
+                        _tell(on_update, recorder)
                     actor.load_state_dict(agent.state_dict())
                     checkpointer.updating = True
                     counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
@@ -1135,6 +1151,13 @@ def train(
                         stop_reason = _stop_reason(err)
                     if not isinstance(err, KeyboardInterrupt):
                         log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
+                else:
+                    try:  # (not while an error is on its way out: the run is over)
+                        if not propagating:
+                            _tell(on_update, recorder)
+                    except BaseException as err:  # the caller's: the run ends with it, its files written
+                        update_error = err
+                        stop_reason = _stop_reason(err)
             counters.seconds = time.perf_counter() - start_time
             counters = checkpointer.end(stop_reason)  # (the last checkpoint written, if one is due)
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the

@@ -4,22 +4,28 @@ snippets run as printed, and an interrupt stops what called train(), not only th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 from learner import rundir
+from learner.checkpoint import load_checkpoint
+from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
+from learner.train import train
 from tests.test_readme_snippets import snippet
-from tests.test_train import CtrlCAt
+from tests.test_train import CtrlCAt, clock
 
 
 @pytest.mark.slow
@@ -120,3 +126,117 @@ def test_the_snippet_of_a_run_in_the_background_stops_when_asked(
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "stopped"
     assert (run / rundir.PLOT).is_file() and rundir.list_checkpoints(run)
     assert capsys.readouterr().out.splitlines()[-1] == f"stopped {summary['total_steps']} {run}"
+
+
+class Pruned(Exception):
+    """A sweep giving a trial up from its ``on_update`` (as ``optuna.TrialPruned`` does)."""
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap-update"])
+@pytest.mark.parametrize("raise_at", [None, 3, 5], ids=["to-the-end", "pruned-at-3", "pruned-at-the-last"])
+def test_on_update_gets_each_metrics_row_and_what_it_raises_ends_the_run(
+    tmp_path: Path, overlap: bool, raise_at: int | None
+) -> None:
+    """Every update's row, as metrics.jsonl has it, on the calling thread (with --overlap-update too, whose
+    last update finishes after the loop); an exception it raises reaches the caller, the run written up to
+    that update (its checkpoint, summary.json's stop_reason naming it)."""
+    rows: list[dict[str, object]] = []
+    threads: set[int] = set()
+
+    def on_update(row: dict[str, object]) -> None:
+        rows.append(row)
+        threads.add(threading.get_ident())
+        row["global_step"] = -1  # (its own copy)
+        if len(rows) == raise_at:
+            raise Pruned(f"at update {len(rows)}")
+
+    run = tmp_path / "run"
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=80, run_dir=str(run))
+    args = dataclasses.replace(args, overlap_update=overlap)
+    if raise_at is None:
+        summary = train(args, on_update=on_update)
+        assert summary["stop_reason"] == "total_timesteps"
+    else:
+        with pytest.raises(Pruned, match=f"at update {raise_at}"):
+            train(args, on_update=on_update)
+        summary = rundir.read_json(run / rundir.SUMMARY)
+        assert summary["stop_reason"] == f"error: Pruned: at update {raise_at}"
+    written = rundir.read_jsonl(run / rundir.METRICS)
+    assert len(rows) == len(written) == (raise_at or 5) and threads == {threading.get_ident()}
+    assert [{**row, "global_step": w["global_step"]} for row, w in zip(rows, written, strict=True)] == written
+    assert summary["total_steps"] == written[-1]["global_step"] == 16 * len(written)
+    assert load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]["global_step"] == summary["total_steps"]
+
+
+class TrialPruned(Exception):
+    pass
+
+
+class _Trial:
+    """A stand-in for the part of ``optuna.Trial`` the README's sweep uses."""
+
+    def __init__(self, number: int, prune_at: int | None) -> None:
+        self.number, self.prune_at = number, prune_at
+        self.reports: list[tuple[int, float]] = []
+        self.asked = 0
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float:
+        return low
+
+    def suggest_categorical(self, name: str, choices: list[object]) -> object:
+        return choices[self.number % len(choices)]
+
+    def report(self, value: float, step: int) -> None:
+        self.reports.append((step, value))
+
+    def should_prune(self) -> bool:
+        self.asked += 1
+        return self.asked == self.prune_at
+
+
+class _Study:
+    def __init__(self) -> None:
+        self.trials: list[tuple[_Trial, str]] = []
+        self.best_params: dict[str, object] = {}
+
+    def optimize(self, objective: Callable[[_Trial], float], n_trials: int) -> None:
+        for number in range(n_trials):
+            trial = _Trial(number, prune_at=2 if number == 1 else None)
+            try:
+                assert isinstance(objective(trial), float)
+                self.trials.append((trial, "complete"))
+            except TrialPruned:
+                self.trials.append((trial, "pruned"))
+
+
+@pytest.mark.slow
+def test_the_sweep_snippet_runs_as_printed_against_optuna_s_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Optuna is no dependency: the snippet runs against a stand-in of the API it uses (the snippet was run
+    with Optuna 5.1 by hand), with 3 trials of 1,024 steps; the second is pruned at its second update."""
+    study = _Study()
+    optuna = types.ModuleType("optuna")
+    optuna.__dict__.update(
+        Trial=_Trial,
+        TrialPruned=TrialPruned,
+        create_study=lambda **_: study,
+        pruners=types.SimpleNamespace(MedianPruner=lambda **_: None),
+    )
+    monkeypatch.setitem(sys.modules, "optuna", optuna)
+    monkeypatch.chdir(tmp_path)
+    code = snippet("python-api-sweep")
+    small = code.replace("total_timesteps=30_000", "total_timesteps=1_024").replace("n_trials=6", "n_trials=3")
+    assert small.count("1_024") == 1 and small.count("n_trials=3") == 1
+    exec(small, {"__name__": "sweep"})
+    assert [state for _, state in study.trials] == ["complete", "pruned", "complete"]
+    for trial, state in study.trials:
+        run = tmp_path / "runs" / "sweep" / f"trial-{trial.number}"
+        rows = rundir.read_jsonl(run / rundir.METRICS)
+        assert [step for step, _ in trial.reports] == [
+            row["global_step"] for row in rows if row["episodic_return_mean"] is not None
+        ]
+        summary = rundir.read_json(run / rundir.SUMMARY)
+        assert summary["stop_reason"] == ("total_timesteps" if state == "complete" else "error: TrialPruned")
+        assert len(rows) == (2 if state == "pruned" else 1_024 // (8 * (16, 32, 64)[trial.number]))
+        assert rundir.read_json(run / rundir.CONFIG)["ppo"]["num_steps"] == (16, 32, 64)[trial.number]

@@ -111,6 +111,15 @@ def test_runs_that_differ_only_in_seed_are_one_group_named_by_what_sets_it_apart
     assert config_groups(base) == ["CartPole-v1"] * 3  # (seeds, budgets and run dirs apart: one group)
 
 
+def test_a_sweep_s_sampled_values_are_named_to_four_digits_unless_that_would_merge_two(tmp_path: Path) -> None:
+    sampled = [_configured(tmp_path / f"lr{i}", 1, 0.0, learning_rate=lr) for i, lr in enumerate((0.0016005454, 3e-4))]
+    assert config_groups(sampled) == ["learning_rate=0.001601", "learning_rate=0.0003"]
+    close = [
+        _configured(tmp_path / f"close{i}", 1, 0.0, learning_rate=lr) for i, lr in enumerate((0.00123451, 0.00123452))
+    ]
+    assert config_groups(close) == ["learning_rate=0.00123451", "learning_rate=0.00123452"]
+
+
 def test_a_group_of_runs_is_drawn_as_their_mean_with_their_range_shaded(tmp_path: Path, figures: list[Any]) -> None:
     runs = [_configured(tmp_path / f"s{seed}", seed, 10.0 * seed) for seed in (1, 2, 3)]
     runs.append(_configured(tmp_path / "alone", 1, 0.0, gamma=0.99))
