@@ -548,6 +548,12 @@ def _checked_shape(shape: Any, count: int, where: Where) -> tuple[int, ...]:
 def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str = "space") -> pb.Space:
     """The message describing ``space`` in full; UnsupportedSpaceError for spaces we do not carry."""
     out = pb.Space() if out is None else out
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.Box | gym.spaces.MultiDiscrete):
+        # (a dtype the wire has no code for, float128 say: the space cannot be carried, as a Text space cannot)
+        try:
+            _dtype_code(space.dtype, f"{where}.dtype")
+        except CodecError as err:
+            raise UnsupportedSpaceError(f"{err} (the dtype of {space})") from None
     if isinstance(space, gym.spaces.Discrete):
         out.discrete.n = int(space.n)
         out.discrete.start = int(space.start)
@@ -568,6 +574,11 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
     elif isinstance(space, gym.spaces.Dict):
         out.dict.SetInParent()
         for key, sub in space.spaces.items():
+            if not isinstance(key, str):  # (the wire's keys are strings; a learner's would differ from the env's)
+                raise UnsupportedSpaceError(
+                    f"{where}: {space} (Dict) has the key {key!r} ({type(key).__name__}); envfleet carries Dict "
+                    "spaces whose keys are str"
+                )
             out.dict.keys.append(key)
             encode_space(sub, out.dict.spaces.add(), f"{where}[{key!r}]")
     else:

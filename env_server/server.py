@@ -10,7 +10,6 @@ import gc
 import ipaddress
 import json
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -45,7 +44,7 @@ from env_server.protocol import (
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.service import AnswerHandshakes, EnvService
+from env_server.service import ANSWER_HEADROOM, AnswerHandshakes, EnvService, space_bytes
 from env_server.step_socket import StepSocketServer
 
 __all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
@@ -429,7 +428,8 @@ async def serve(
     ``envfleet_ready`` is 1 exactly while health says SERVING (under async vectorization the envs are
     built before anything listens, metrics included: their worker processes are forked first).
     Both ports are checked before anything is built.
-    Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised.
+    Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised, or if an env call still
+    ran on the env thread when the exit margin was up (the envs then left unclosed: see _serve).
 
     ``stop``: an event of the running loop that, once set, shuts the server down as SIGTERM does (from
     another thread: ``loop.call_soon_threadsafe(stop.set)``). Run in the main thread, the server takes
@@ -451,6 +451,7 @@ async def serve(
     stop = asyncio.Event() if stop is None else stop
     loop = asyncio.get_running_loop()
     watchdog = _Watchdog(config, loop, stop, exit_margin_s)
+    watchdog.exits_process = watch_exit
     # (SIGBREAK: Windows' Ctrl-Break, and the CTRL_BREAK_EVENT that stops a child process there)
     signals = [signal.SIGTERM, signal.SIGINT, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -536,12 +537,14 @@ async def _serve(
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
     address = _listen_address(config)
-    served = False  # (listening: the Unix socket is then ours to remove)
+    socket_inode: int | None = None  # (of the Unix socket gRPC made: the teardown removes that one alone)
     try:
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
         await server.start()
-        served = True
+        if config.unix_socket:
+            with contextlib.suppress(OSError):
+                socket_inode = os.lstat(config.unix_socket).st_ino
         step_server = await _serve_step_socket(config, service)
         if metrics is not None:
             # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
@@ -611,11 +614,21 @@ async def _serve(
         await _let_calls_end()
         if step_server is not None:
             step_server.close()
+        # An env call may still run on the env thread (a step past the grace period: gRPC has ended its
+        # call, the env goes on, see EnvService._run_env). The envs are closed once it is done, never
+        # under it (a simulator closed mid-step may crash, or hang): waited for as long as the exit
+        # margin leaves (less a look of the watchdog's, so that this says why, not the watchdog).
+        busy = env is not None and not await service.idle(watchdog.exit_deadline() - _WATCH_S - time.monotonic())
         service.close()
         if metrics is not None:
             metrics.close()
         closed = True
-        if env is not None:
+        if busy:
+            started = service.call_started
+            running = f"the envs' {service.call_kind or 'call'}" + (
+                f" (running for {time.monotonic() - started:.1f} s)" if started else ""
+            )
+        elif env is not None:
             try:
                 env.close()
             except Exception:  # (the env's own close: the rest of the teardown still runs)
@@ -627,9 +640,24 @@ async def _serve(
             service.detach()
             env = None
             gc.collect()
-        if served and config.unix_socket:
+        if socket_inode is not None and config.unix_socket:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(config.unix_socket)
+                if os.lstat(config.unix_socket).st_ino == socket_inode:
+                    os.unlink(config.unix_socket)  # ours, not a socket another server has made there since
+        if busy and watchdog.exits_process:
+            # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
+            _exit_now(
+                HARD_EXIT_STATUS,
+                "%s still runs on the env thread: the envs were not closed (closed under it, an env may crash "
+                "or hang); exiting without waiting for it (status %d)",
+                running,
+                HARD_EXIT_STATUS,
+            )
+    if busy:
+        log.error(
+            "stopped after %d steps; %s still runs on the env thread: the envs were not closed", service.steps, running
+        )
+        return HARD_EXIT_STATUS
     log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
     return 0 if closed else HARD_EXIT_STATUS
 
@@ -660,8 +688,6 @@ async def _let_calls_end() -> None:
         await asyncio.wait(left, timeout=_CALLS_END_S)
 
 
-# What an answer holds besides its observations' data (framing, rewards, flags, infos): kept free.
-_ANSWER_HEADROOM = 1024 * 1024
 # What the answers to GetSpec and Handshake hold besides the spec (a session id, who holds the
 # server, the step socket's path, framing): a few hundred bytes, kept free.
 _SPEC_HEADROOM = 4 * 1024
@@ -673,8 +699,8 @@ def _check_answer_size(config: ServerConfig, space: gym.Space[Any], spec: pb.Env
     observations, saying how many envs would fit (under same-step autoreset, an answer can carry
     each env's final observation too)."""
     _check_spec_size(config, spec)
-    per_env = _space_bytes(space) * (2 if config.autoreset_mode == "SameStep" else 1)
-    room = MAX_MESSAGE_BYTES - _ANSWER_HEADROOM
+    per_env = space_bytes(space) * (2 if config.autoreset_mode == "SameStep" else 1)
+    room = MAX_MESSAGE_BYTES - ANSWER_HEADROOM
     if per_env * config.num_envs <= room:
         return
     fits = room // per_env
@@ -702,16 +728,6 @@ def _check_spec_size(config: ServerConfig, spec: pb.EnvSpec) -> None:
         f"{spec.observation_space.ByteSize():,} bytes, the action space's {spec.action_space.ByteSize():,}; "
         "it cannot be sent: serve an env with smaller spaces"
     )
-
-
-def _space_bytes(space: gym.Space[Any]) -> int:
-    """Bytes one observation of ``space`` takes on the wire (its arrays' data; Dict and Tuple: their parts')."""
-    if isinstance(space, gym.spaces.Dict):
-        return sum(_space_bytes(s) for s in space.spaces.values())
-    if isinstance(space, gym.spaces.Tuple):
-        return sum(_space_bytes(s) for s in space.spaces)
-    shape, dtype = space.shape or (), space.dtype
-    return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
 
 
 def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
@@ -863,6 +879,9 @@ class _Watchdog(threading.Thread):
         self.stop_asked_at = 0.0  # (time.monotonic(); 0: not yet)
         self.signal_at = 0.0  # (of the first signal that asked for it; 0: none did, as when the parent is gone)
         self.teardown_at = 0.0
+        self.exits_process = False
+        """Whether the process exits once serve() returns (run()'s): the teardown then exits it at once
+        when an env call still runs (see _serve), rather than leave it to wait for the env thread."""
         self.finished = threading.Event()
         """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
         self._begun = False
@@ -897,6 +916,14 @@ class _Watchdog(threading.Thread):
         with contextlib.suppress(RuntimeError):  # (the loop is closed: the server is on its way out)
             self.loop.call_soon_threadsafe(self.stop.set)
         self.begin()
+
+    def exit_deadline(self) -> float:
+        """When (time.monotonic()) :meth:`run` exits the process regardless, once the teardown has begun:
+        the grace period and the exit margin after a shutdown was asked for; else (a failed start) the
+        exit margin after the teardown began."""
+        if self.stop_asked_at:
+            return self.stop_asked_at + self.config.grace_s + self.exit_margin_s
+        return self.teardown_at + self.exit_margin_s
 
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s

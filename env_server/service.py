@@ -30,6 +30,7 @@ from env_server.protocol import (
     ENV_INDEX_KEY,
     ERROR_ORIGIN_KEY,
     ERROR_ORIGIN_SERVER,
+    MAX_MESSAGE_BYTES,
     NOT_OWNED,
     PROTOCOL_VERSION,
     SERVICE_NAME,
@@ -41,7 +42,15 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.validation import InvalidActionError, check_actions
 
-__all__ = ["HANDSHAKE_METHOD", "AnswerHandshakes", "EnvService", "ServiceError", "shutting_down"]
+__all__ = [
+    "ANSWER_HEADROOM",
+    "HANDSHAKE_METHOD",
+    "AnswerHandshakes",
+    "EnvService",
+    "ServiceError",
+    "shutting_down",
+    "space_bytes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +100,20 @@ INLINE_LIMIT_S = 0.010
 _DRAIN_LINGER_S = 1.0
 # Weight of the newest call in the moving average of env call durations.
 _EWMA_WEIGHT = 0.2
+# What an answer (Step's, Reset's) holds besides its observations' data (framing, rewards, flags, infos):
+# kept free by the server's check at start (server._check_answer_size), which the observations alone pass.
+ANSWER_HEADROOM = 1024 * 1024
+# What a step is told when the envs need a full reset first (unless it is told why: see _step_unseen).
+_RESET_FIRST = "Step called before Reset: reset the envs first"
+
+
+def _step_unseen(why: str) -> str:
+    """What a step is told after one whose answer its client did not get (``why``), which the envs took."""
+    return (
+        f"the envs stepped for an earlier Step whose {why}, so they are not where this session last saw them: "
+        "reset them first (a full reset); nothing was stepped"
+    )
+
 
 T = TypeVar("T")
 Req = TypeVar("Req")
@@ -135,6 +158,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # Handshakes that carried a token while this server checks none (logged as rarely).
         self._unchecked_tokens = RefusalLog(what="handshakes with a token this server does not check")
         self._needs_reset = True
+        # What a step refused for want of a reset is told (why the envs need one).
+        self._reset_why = _RESET_FIRST
         # Under autoreset Disabled, the envs that ended at their last step and wait for a reset: a step
         # refused before it reaches gymnasium (whose assertion would cost the session a full reset).
         self._ended: np.ndarray | None = None
@@ -168,6 +193,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.step_socket = ""  # the step socket's path, once the server listens on one
         self.draining = False
         self.spec: pb.EnvSpec | None = None
+        self._observation_bytes = 0
         self.steps = 0
 
     def attach(self, env: gym.vector.VectorEnv) -> None:
@@ -176,6 +202,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._num_envs = env.num_envs
         self._obs_space = env.single_observation_space
         self._act_space = env.single_action_space
+        # (what the observations of an answer take at most: see _check_answer_bytes)
+        self._observation_bytes = space_bytes(self._obs_space) * self._num_envs
         self.spec = self._make_spec()
 
     @property
@@ -321,6 +349,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         session.ended.set()
 
     def _session(self, session_id: str) -> Session:
+        # (first: while the envs are being built, every EnvService call is UNAVAILABLE, a server starting;
+        # no session exists yet, and "does not own this server" would say nothing of that)
+        self._check_ready()
         if self.draining:
             raise shutting_down()
         if not session_id:
@@ -395,7 +426,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             last_seen=now,
         )
         self._claim = session
-        self._needs_reset = True
+        self._require_reset()
         if self._metrics is not None:
             self._metrics.session_started()
         log.info("claimed by %s", session.describe())
@@ -580,6 +611,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "options: the key 'reset_mask' is reserved; select envs with the request's reset_mask field",
                 )
+        mask: np.ndarray | None = None  # the envs to reset; None: all
         if request.reset_mask:
             if len(request.reset_mask) != k:
                 raise ServiceError(
@@ -601,18 +633,21 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 raise ServiceError(
                     grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
                 )
-            options = {**(options or {}), "reset_mask": np.array(request.reset_mask, dtype=np.bool_)}
+            mask = np.array(request.reset_mask, dtype=np.bool_)
+            options = {**(options or {}), "reset_mask": mask}
         (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
         # Only the session that asked: one that ended while its reset ran (its learner went away)
         # must not stand in for the reset the next session's Handshake asked for.
         if self._claim is session:
             self._needs_reset = False
             if self._config.autoreset_mode == gym.vector.AutoresetMode.DISABLED.value:
-                mask = (options or {}).get("reset_mask")
+                # (the mask as sent, not options["reset_mask"]: gymnasium's Sync/AsyncVectorEnv pop it from
+                # the options they are given, which left None here and every ended env forgotten)
                 self._ended = (
                     np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
                 )
         response = _encode_reset(obs, infos, self._unsendable_infos)
+        self._check_answer_bytes(response, "Reset", session)
         if self._metrics is not None:
             self._metrics.observe_reset(time.perf_counter() - start)
         return response
@@ -693,7 +728,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """The request's session and its actions, checked; ServiceError for a request that cannot step."""
         session = self._session(request.session_id)
         if self._needs_reset:
-            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, "Step called before Reset: reset the envs first")
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, self._reset_why)
         if self._ended is not None and self._ended.any():
             ended = np.flatnonzero(self._ended)
             raise ServiceError(
@@ -730,12 +765,39 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # (a step of a session that ended meanwhile leaves the next session's bookkeeping alone)
             self._ended = np.logical_or(terminations, truncations)
         _encode_infos(infos, response.infos, self._unsendable_infos)
+        self._check_answer_bytes(response, "Step", session)
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
             errors = infos.get("_" + ENV_ERROR_KEY)
             if errors is not None:
                 self._metrics.env_errors.inc(int(np.count_nonzero(errors)))
         return response
+
+    def _check_answer_bytes(self, response: pb.StepResponse | pb.ResetResponse, method: str, session: Session) -> None:
+        """INTERNAL (a ServiceError) for an answer larger than a message may be, which gRPC would fail
+        with an error of its own (RESOURCE_EXHAUSTED "Sent message larger than max", a traceback in the
+        log; on the step socket, a frame the learner refuses), naming neither the env nor its infos.
+
+        The observations fit (the server checked at start that they leave ANSWER_HEADROOM free): the
+        infos alone can make an answer too large. Only an answer whose observations and infos come
+        within the headroom of the limit is measured whole, ``ByteSize()`` encoding it once more
+        (~1 ms per 20 MB): the others, most of them, cost the infos' size alone."""
+        info_bytes = response.infos.ByteSize()
+        if self._observation_bytes + info_bytes <= MAX_MESSAGE_BYTES - ANSWER_HEADROOM:
+            return
+        size = response.ByteSize()
+        if size <= MAX_MESSAGE_BYTES:
+            return
+        # The envs stepped (or reset), and their client will not see it: a reset first (see _run_env).
+        if self._claim is session:
+            self._require_reset(_step_unseen("answer was too large to send") if method == "Step" else "")
+        message = (
+            f"the {method} answer would take {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} bytes (64 MiB) a message may "
+            f"take: its infos take {info_bytes:,}; reset before stepping again, and have the env put less in its "
+            "infos (a large array: send it in parts, or on request)"
+        )
+        log.warning("%s", message)
+        raise ServiceError(grpc.StatusCode.INTERNAL, message)
 
     async def _run_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised.
@@ -751,11 +813,29 @@ class EnvService(pb_grpc.EnvServiceServicer):
             try:
                 return await asyncio.shield(future)
             except asyncio.CancelledError:
+                if kind == "step":
+                    # The envs step, and no one will see it: whatever ends there (an episode under
+                    # next-step or same-step autoreset, an env that then waits for its reset under
+                    # Disabled) its client never learns. A full reset first, whatever the autoreset
+                    # mode: bookkeeping taken from the thrown-away result (_ended) would keep
+                    # Disabled's envs right, but not an episode the other modes end, and restart,
+                    # unseen. Said now, so that a step the client sends meanwhile is refused too.
+                    # (A session that ended meanwhile: its successor's Handshake asks for a reset anyway.)
+                    self._require_reset(
+                        _step_unseen(
+                            "caller gave up on it (its deadline passed, or it was cancelled) before its answer came"
+                        )
+                    )
                 # The call was cancelled (its learner went away or gave up), but the env goes on in
                 # its thread: keep the lock until it is done, so that no other call (the learner's
                 # next Reset, say) touches the env meanwhile.
                 await _wait_uncancellable(future)
                 raise
+
+    def _require_reset(self, why: str = "") -> None:
+        """Refuse steps until the next full reset, saying ``why`` (by default, that the envs need one)."""
+        self._needs_reset = True
+        self._reset_why = why or _RESET_FIRST
 
     def _quick(self, kind: str) -> bool:
         """Whether ``kind`` calls (step, reset) have been quick enough to run on the loop; not before the first."""
@@ -766,13 +846,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
         :meth:`_run_env`."""
         if self._dead is not None:
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{self._dead}; the server cannot step or reset: restart it")
+        if kind == "step" and self._needs_reset:
+            # (a step that waited for the envs behind one whose answer was thrown away, see _run_env, or
+            # behind another session's Handshake: it was checked before it waited)
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, self._reset_why)
         start = time.perf_counter()
         self.call_kind, self.call_started = kind, time.monotonic()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
             # The env's state is unknown after it raised: the learner must reset before stepping.
-            self._needs_reset = True
+            self._require_reset()
             what = f"the env raised in {kind}: {type(err).__name__}: {err}"
             # (an observation that does not fit the space names its env: the status does too)
             env_index = err.env_index if isinstance(err, ObservationLayoutError) else None
@@ -798,6 +882,16 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the thread that runs slow env calls (building the envs, say)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def idle(self, timeout: float) -> bool:
+        """Whether the envs are free within ``timeout`` seconds (at once, if ``timeout`` <= 0): no env call
+        runs on the env thread. An env call holds the lock until its thread is done with the envs, even
+        once its gRPC call has been cancelled (see :meth:`_run_env`)."""
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)), self._env_lock:
+                return True
+        except TimeoutError:
+            return False
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -849,6 +943,16 @@ def _versions() -> dict[str, str]:
     """What this server runs (EnvSpec.versions), once its envs are built (and their simulators loaded);
     run from a git checkout, its commit too (``envfleet_commit``: the version is the same at every commit)."""
     return runtime_versions("gymnasium", "numpy", *SIMULATORS)
+
+
+def space_bytes(space: gym.Space[Any]) -> int:
+    """Bytes one observation of ``space`` takes on the wire (its arrays' data; Dict and Tuple: their parts')."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(space_bytes(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(space_bytes(s) for s in space.spaces)
+    shape, dtype = space.shape or (), space.dtype
+    return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

@@ -160,19 +160,47 @@ class GateEnv(ClockEnv):
 
     Entering that step it creates the file ``gate``; it returns once the file is gone (or after
     ``hold_s``, should the test never open it). So a test knows a step is in progress, and that it
-    stays in progress until the test says, with no guess at how long anything takes.
+    stays in progress until the test says, with no guess at how long anything takes. With
+    ``close_log`` (a file path), its close appends a line there: "closed during a step" or "closed".
     """
 
-    def __init__(self, gate: str, at: int = 1, hold_s: float = 60.0, length: int = 3) -> None:
+    def __init__(
+        self, gate: str, at: int = 1, hold_s: float = 60.0, length: int = 3, close_log: str | None = None
+    ) -> None:
         super().__init__(length)
-        self.gate, self.at, self.hold_s = gate, at, hold_s
+        self.gate, self.at, self.hold_s, self.close_log = gate, at, hold_s, close_log
         self._steps = 0
+        self._stepping = False
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self._steps += 1
-        if self._steps == self.at:
-            _wait_at_gate(self.gate, self.hold_s)
-        return super().step(action)
+        self._stepping = True
+        try:
+            if self._steps == self.at:
+                _wait_at_gate(self.gate, self.hold_s)
+            return super().step(action)
+        finally:
+            self._stepping = False
+
+    def close(self) -> None:
+        if self.close_log is not None:
+            with open(self.close_log, "a") as log:
+                log.write("closed during a step\n" if self._stepping else "closed\n")
+        super().close()
+
+
+class CloseGateEnv(ClockEnv):
+    """A ClockEnv whose close waits at a gate the test opens, as :class:`GateEnv`'s step does (a
+    simulator saving its state): it creates the file ``gate``, and returns once the file is gone (or
+    after ``hold_s``). A server's teardown that the test holds after the server stopped listening."""
+
+    def __init__(self, gate: str, hold_s: float = 60.0) -> None:
+        super().__init__()
+        self.gate, self.hold_s = gate, hold_s
+
+    def close(self) -> None:
+        _wait_at_gate(self.gate, self.hold_s)
+        super().close()
 
 
 class ResetGateEnv(ClockEnv):
@@ -315,6 +343,19 @@ class TextObservationEnv(gym.Env[str, np.int64]):
         return "a", 0.0, False, False, {}
 
 
+class UncarriedSpaceEnv(ClockEnv):
+    """A ClockEnv whose observation space the wire cannot carry although gymnasium takes it: ``kind``
+    "longdouble", a Box of np.longdouble (float128 on x86-64 Linux); "int-keys", a Dict keyed by ints."""
+
+    def __init__(self, kind: str = "longdouble") -> None:
+        super().__init__()
+        self.observation_space: gym.Space[Any] = (
+            gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.longdouble)
+            if kind == "longdouble"
+            else gym.spaces.Dict({1: gym.spaces.Discrete(2)})  # type: ignore[dict-item]  # (the point: gymnasium takes it)
+        )
+
+
 class OffsetSpacesEnv(gym.Env[dict[str, Any], np.int64]):
     """Observations from spaces that do not hold zero: a Discrete and a MultiDiscrete with ``start``
     above or below it, a Box whose bounds exclude it (a placeholder of zeros would be outside them)."""
@@ -364,6 +405,18 @@ class _CountEnv(gym.Env[np.ndarray, np.int64]):
 
     def info(self, action: np.int64) -> dict[str, Any]:
         return {}
+
+
+class BigInfoEnv(_CountEnv):
+    """From its step number ``after`` + 1 on, a step info ``"big"`` of ``mb`` MB (float64 ones: a
+    rendered frame, say), which takes an answer past the largest message (64 MiB) at 70."""
+
+    def __init__(self, mb: float = 70.0, after: int = 1) -> None:
+        super().__init__()
+        self.size, self.after = int(mb * 1e6 / 8), after
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {"big": np.ones(self.size)} if self._t > self.after else {}
 
 
 class InfoWidthEnv(_CountEnv):

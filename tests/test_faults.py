@@ -635,6 +635,29 @@ def test_health_is_not_serving_until_the_envs_exist() -> None:
         assert proc.wait(timeout=15) == 0
 
 
+def test_every_call_of_a_session_is_unavailable_while_the_envs_are_built() -> None:
+    """As GetSpec and Handshake are: a server starting, not a session it does not know (was:
+    FAILED_PRECONDITION "does not own this server" for Reset, Step, StepStream and Hold)."""
+    request = pb.StepRequest(session_id="0" * 32)
+    request.actions.tensor.dtype = pb.DTYPE_INT64
+    request.actions.tensor.shape[:] = [1]
+    request.actions.tensor.data = np.zeros(1, "<i8").tobytes()
+    with slow_to_build_server(60.0, 1) as address, grpc.insecure_channel(address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        stub = pb_grpc.EnvServiceStub(channel)
+        calls = {
+            "Reset": lambda: stub.Reset(pb.ResetRequest(session_id=request.session_id), timeout=10),
+            "Step": lambda: stub.Step(request, timeout=10),
+            "StepStream": lambda: next(iter(stub.StepStream(iter([request]), timeout=10))),
+            "Hold": lambda: next(iter(stub.Hold(pb.HoldRequest(session_id=request.session_id), timeout=10))),
+        }
+        for method, call in calls.items():
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (method, info.value.details())
+            assert "its envs are being built" in str(info.value.details()), (method, info.value.details())
+
+
 def test_unavailable_envs_of_a_gymnasium_wrapper_view(spawn_server: SpawnServer) -> None:
     """The mask is gymnasium-style: a bool array under "env_unavailable" with its "_env_unavailable" twin."""
     server = spawn_server("tests.envs:IndexEnv", K)

@@ -3,11 +3,13 @@ client would call, with other limits and deadlines than envfleet's learner."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -211,6 +213,77 @@ def test_the_disabled_autoreset_refusal_names_the_wire_field_that_resets(spawn_s
         with pytest.raises(grpc.RpcError, match="reserved"):
             stub.Reset(options, timeout=10)
         stub.Reset(pb.ResetRequest(session_id=session, reset_mask=[True, True]), timeout=10)
+        stub.Step(step, timeout=10)
+
+
+def _zeros_step(session: str, num_envs: int) -> pb.StepRequest:
+    """A Step of action 0 for each of ``num_envs`` envs, built from the proto alone."""
+    step = pb.StepRequest(session_id=session)
+    step.actions.tensor.dtype = pb.DTYPE_INT64
+    step.actions.tensor.shape[:] = [num_envs]
+    step.actions.tensor.data = np.zeros(num_envs, "<i8").tobytes()
+    return step
+
+
+def test_envs_a_masked_reset_left_out_under_disabled_autoreset_still_wait_for_theirs(spawn_server: SpawnServer) -> None:
+    """The step after a masked reset is refused, naming the ended env the mask left out, before it
+    reaches gymnasium's assertion (was: every ended env forgotten, since gymnasium's vector envs pop
+    reset_mask from the options they are given; the step failed INTERNAL and cost a full reset)."""
+    server = spawn_server("tests.envs:ClockEnv", 3, "--env-kwargs", '{"length": 1}', "--autoreset-mode", "Disabled")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(), timeout=10).session_id
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=10)
+        step = _zeros_step(session, 3)
+        stub.Step(step, timeout=10)  # (episodes of one step: the 3 envs end)
+        stub.Reset(pb.ResetRequest(session_id=session, reset_mask=[True, False, True]), timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Step(step, timeout=10)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+        assert "and env 1 of it ended at the last step: reset it first" in str(info.value.details())
+        stub.Reset(pb.ResetRequest(session_id=session, reset_mask=[False, True, False]), timeout=10)
+        stub.Step(step, timeout=10)  # (nothing was lost: a masked reset of the last one is enough)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["NextStep", "Disabled"])
+def test_a_step_whose_caller_gave_up_has_the_next_one_refused_until_a_full_reset(
+    spawn_server: SpawnServer, tmp_path: Path, mode: str
+) -> None:
+    """The env's step goes on after its call's deadline passed, and what it ended there (an episode,
+    reset unseen under next-step autoreset; envs that wait for their reset under Disabled) the client
+    never saw: its next step is refused until a full reset (was: stepped on, from where the client did
+    not know; under Disabled into gymnasium's assertion, INTERNAL)."""
+    gate = tmp_path / "gate"
+    kwargs = json.dumps({"gate": str(gate), "at": 1, "length": 1})  # (its first step, which ends the episode)
+    server = spawn_server("tests.envs:GateEnv", 1, "--env-kwargs", kwargs, "--autoreset-mode", mode)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        session = stub.Handshake(pb.HandshakeRequest(), timeout=10).session_id
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=10)
+        step = _zeros_step(session, 1)
+        given_up = stub.Step.future(step, timeout=2.0)
+        deadline = time.monotonic() + 30
+        while not gate.exists():  # (the step is in the env, held there)
+            assert time.monotonic() < deadline and not given_up.done(), "the step did not reach the env"
+            time.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as lost:
+            given_up.result()
+        assert lost.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(0.5)  # (the server's deadline, which passes a moment after the client's, ends its call)
+        refused = stub.Step.future(step, timeout=30)  # (sent while the lost step still runs)
+        gate.unlink()
+        with pytest.raises(grpc.RpcError) as info:
+            refused.result()
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+        assert info.value.details() == (
+            "the envs stepped for an earlier Step whose caller gave up on it (its deadline passed, or it was "
+            "cancelled) before its answer came, so they are not where this session last saw them: reset them "
+            "first (a full reset); nothing was stepped"
+        )
+        with pytest.raises(grpc.RpcError, match="reset every env once before resetting some"):
+            stub.Reset(pb.ResetRequest(session_id=session, reset_mask=[True]), timeout=10)
+        stub.Reset(pb.ResetRequest(session_id=session), timeout=10)
         stub.Step(step, timeout=10)
 
 

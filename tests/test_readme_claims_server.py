@@ -142,12 +142,14 @@ SHORT_EXIT_MARGIN_S = 2.0
 
 
 def _hold_a_step_in_the_env(
-    tmp_path: Path, exit_margin_s: float | None = None
+    tmp_path: Path, exit_margin_s: float | None = None, close_log: Path | None = None
 ) -> tuple[subprocess.Popen[str], RemoteVectorEnv, Path]:
     """A server whose env holds its second step (tests.envs.GateEnv, up to 30 s) with ``--grace 1``; a
-    learner whose step is in flight there."""
+    learner whose step is in flight there. ``close_log``: where the env's close says whether a step ran."""
     gate = tmp_path / "gate"
-    kwargs = {"gate": str(gate), "at": 2, "hold_s": 30.0}
+    kwargs: dict[str, Any] = {"gate": str(gate), "at": 2, "hold_s": 30.0}
+    if close_log is not None:
+        kwargs["close_log"] = str(close_log)
     # (--step-delay-ms: slow enough that steps run on the env thread, not the event loop)
     args = ["--env", "tests.envs:GateEnv", "--num-envs", "1", "--env-kwargs", json.dumps(kwargs)]
     args += ["--grace", str(GRACE_S), "--step-delay-ms", "200"]
@@ -187,8 +189,10 @@ def test_a_step_in_flight_past_the_grace_is_cut_off_at_the_grace(tmp_path: Path)
 def test_a_server_exits_within_its_grace_while_an_env_step_hangs(tmp_path: Path) -> None:
     """The env thread cannot be stopped: a stopped server whose env call still runs after the grace
     period (its teardown given the exit margin: EXIT_MARGIN_S, here SHORT_EXIT_MARGIN_S) exits without
-    waiting for it, saying so, with status 1."""
-    proc, envs, gate = _hold_a_step_in_the_env(tmp_path, exit_margin_s=SHORT_EXIT_MARGIN_S)
+    waiting for it, saying so, with status 1; its envs are not closed under that call (was: closed
+    while the step ran, which a simulator may not survive)."""
+    closes = tmp_path / "closes"
+    proc, envs, gate = _hold_a_step_in_the_env(tmp_path, exit_margin_s=SHORT_EXIT_MARGIN_S, close_log=closes)
     try:
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -198,6 +202,34 @@ def test_a_server_exits_within_its_grace_while_an_env_step_hangs(tmp_path: Path)
         except subprocess.TimeoutExpired:
             pytest.fail(f"still running {bound:g} s after SIGTERM with --grace {GRACE_S:g} (the env's step is held)")
         assert code == HARD_EXIT_STATUS and time.monotonic() - start < bound  # (not a clean shutdown)
+        assert not closes.exists(), closes.read_text()
+        text = (tmp_path / "server.log").read_text()
+        assert "the envs' step (running for " in text, text
+        assert (
+            "still runs on the env thread: the envs were not closed (closed under it, an env may crash or hang); "
+            "exiting without waiting for it (status 1)"
+        ) in text, text
+    finally:
+        gate.unlink(missing_ok=True)
+        envs.close()
+        _stop(proc)
+
+
+@pytest.mark.slow
+def test_a_step_that_outlasts_the_grace_has_the_envs_closed_after_it_not_under_it(tmp_path: Path) -> None:
+    """The teardown waits (within the exit margin) for an env call still running on the env thread, then
+    closes the envs and exits 0 (was: closed them while the step ran, a second after the grace)."""
+    closes = tmp_path / "closes"
+    proc, envs, gate = _hold_a_step_in_the_env(tmp_path, close_log=closes)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(ServerUnavailableError):  # (cut off at the grace: the teardown begins)
+            envs.step_wait()
+        time.sleep(2.0)  # (the envs were closed within a second of that)
+        assert proc.poll() is None and not closes.exists(), closes.read_text()
+        gate.unlink()  # let the env's step end
+        assert proc.wait(timeout=60) == 0
+        assert closes.read_text() == "closed\n"
     finally:
         gate.unlink(missing_ok=True)
         envs.close()

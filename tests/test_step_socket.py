@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -906,3 +907,67 @@ def test_another_server_s_step_socket_beside_ours_means_grpc_not_a_lost_server(
         message = said[0].getMessage()
         assert server.address in message and "another server's step socket at that path?" in message
         assert "stepping over gRPC, without the step socket's fast path" in message
+
+
+def test_a_server_leaves_the_socket_of_a_server_that_took_its_path_during_its_teardown(spawn_server: Any) -> None:
+    """A server whose teardown (its envs' close) outlasts its listening: another server started at its
+    path meanwhile keeps its socket, and its step socket, when the first one exits (was: the first one's
+    teardown removed the gRPC socket file, leaving the new server unreachable)."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:
+        path, gate = f"{folder}/env.sock", Path(folder) / "gate"
+        first = spawn_server(
+            "tests.envs:CloseGateEnv", 1, "--env-kwargs", f'{{"gate": "{gate}"}}', "--unix-socket", path
+        )
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not gate.exists():  # (its teardown closes its envs, held there: it listens no more)
+            assert time.monotonic() < deadline, "the first server did not close its envs within 30 s of SIGTERM"
+            time.sleep(0.01)
+        second = spawn_server("CartPole-v1", 1, "--unix-socket", path)
+        gate.unlink()
+        assert first.proc.wait(timeout=30) == 0
+        assert os.path.exists(path) and os.path.exists(path + STEP_SOCKET_SUFFIX)
+        with RemoteVectorEnv(second.address, timeout=10) as envs:
+            envs.reset(seed=0)
+            envs.step(np.zeros(1, dtype=np.int64))
+            assert envs._clients[0].step_socket == path + STEP_SOCKET_SUFFIX
+
+
+@pytest.mark.parametrize("transport", ["Step", "StepStream", "step socket"])
+def test_an_answer_larger_than_a_message_fails_the_step_internal_naming_its_size(
+    start_servers: Any, transport: str
+) -> None:
+    """An env whose step info takes 70 MB: every way to step says so (INTERNAL, the answer's size and
+    the limit), and the next step asks for a reset (was: gRPC's own RESOURCE_EXHAUSTED, a traceback in
+    the server's log; on the step socket, a 70 MB frame the learner refuses)."""
+    (address,) = start_servers(
+        "tests.envs:BigInfoEnv", num_servers=1, envs_per_server=1, transport="unix", env_kwargs={"after": 0}
+    )
+    session = Session(address, num_envs=1)
+    try:
+        request = _step_request(session.id, [0])
+        if transport == "step socket":
+            with session.connect() as sock:
+                sock.sendall(_frame(FRAME_STEP, request.SerializeToString()))
+                error = _error(sock)
+            code, details = grpc.StatusCode.INTERNAL.value[0], error.message
+            assert error.code == code, error
+        else:
+            with pytest.raises(grpc.RpcError) as info:
+                if transport == "Step":
+                    session.stub.Step(request, timeout=60)
+                else:
+                    next(iter(session.stub.StepStream(iter([request]), timeout=60)))
+            assert info.value.code() == grpc.StatusCode.INTERNAL, info.value.details()
+            details = str(info.value.details())
+        assert re.fullmatch(
+            r"the Step answer would take 70,000,\d{3} bytes, over the 67,108,864 bytes \(64 MiB\) a message may take: "
+            r"its infos take 70,000,\d{3}; reset before stepping again, and have the env put less in its infos "
+            r"\(a large array: send it in parts, or on request\)",
+            details,
+        ), details
+        with pytest.raises(grpc.RpcError, match="whose answer was too large to send"):
+            session.stub.Step(request, timeout=60)
+    finally:
+        session.close()
