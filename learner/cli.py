@@ -38,7 +38,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt, stopping_with_parent
+from learner.progress import ending_as_interrupt, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints, read_json
 
 if typing.TYPE_CHECKING:
@@ -1604,8 +1604,23 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
 def run() -> NoReturn:
     """The ``learner`` command and ``python -m learner``: the command, as :func:`main` runs it, then the
     process's exit, not broken by a repeated signal after one that stopped the command (its handlers go
-    straight to ignored: :func:`learner.progress.ending_as_interrupt`'s ``then_exit``)."""
-    sys.exit(_command(None, then_exit=True))
+    straight to ignored: :func:`learner.progress.ending_as_interrupt`'s ``then_exit``).
+
+    Stopped by Ctrl-C, the process ends as one that Ctrl-C killed (status 130 to a shell, -2 to
+    Python's subprocess), as Python does with a KeyboardInterrupt nothing caught: its exit hooks run,
+    then it ends by SIGINT. A shell running it in a loop then stops the loop as well: bash goes on
+    after a Ctrl-C that its command exited from (even with 130), taking it as handled there ("wait and
+    cooperative exit"), and stops where the command died of it."""
+    status = _command(None, then_exit=True)
+    if status == 130 and stopped_by_ctrl_c():
+        sys.excepthook = _silent_interrupt  # (the command has said how it stopped: no traceback)
+        raise KeyboardInterrupt
+    sys.exit(status)
+
+
+def _silent_interrupt(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> None:
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, error, tb)
 
 
 if __name__ == "__main__":

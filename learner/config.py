@@ -285,6 +285,14 @@ class Args:
     """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
 
     def __post_init__(self) -> None:
+        servers: object = self.servers
+        if isinstance(servers, list | tuple) and all(isinstance(a, str) for a in servers):
+            # (from Python: LocalServers(...).addresses, a list, as RemoteVectorEnv takes them)
+            object.__setattr__(self, "servers", ",".join(servers))
+        elif servers is not None and not isinstance(servers, str):
+            raise TypeError(
+                f"servers: expected addresses, as 'host:port,host:port' or a list of such strings, got {servers!r}"
+            )
         check_addresses(self.servers)
         for name in ("env", "run_dir", "resume"):
             if getattr(self, name) == "":  # (a shell variable left unset: "$RUN"), not "not given"

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # Kubernetes), SIGHUP (the terminal closed, an ssh session dropped; Windows has none).
 _ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _stop_at: float | None = None  # (time.monotonic()) when a signal first asked the command to stop
+_stop_signal: int | None = None  # which signal that was
 
 
 def _taken_over(sig: int) -> bool:
@@ -73,11 +74,16 @@ def _aborts(signum: int, stop_at: float) -> bool:
 
 
 def _note_stop(signum: int) -> None:
-    global _stop_at
+    global _stop_at, _stop_signal
     if signum == getattr(signal, "SIGHUP", None):
         _detach_from_terminal()
     if _stop_at is None:
-        _stop_at = time.monotonic()
+        _stop_at, _stop_signal = time.monotonic(), signum
+
+
+def stopped_by_ctrl_c() -> bool:
+    """Whether a Ctrl-C (SIGINT) was the signal that first asked the command to stop."""
+    return _stop_at is not None and _stop_signal == signal.SIGINT
 
 
 class StopRequest:
@@ -149,11 +155,11 @@ def ending_as_interrupt(*, then_exit: bool = False) -> Iterator[None]:
     then go from these handlers straight to :func:`quiet_exit`'s, never back to their defaults: a
     SIGTERM after a Ctrl-C that came between the two ended the process -15 (the command's objects
     being freed as its function returns can take a while)."""
-    global _stop_at
+    global _stop_at, _stop_signal
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _stop_at = None
+    _stop_at = _stop_signal = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *_ENDING) if _taken_over(sig)}
     for sig in previous:
         signal.signal(sig, _as_the_command_does)

@@ -41,7 +41,14 @@ import torch
 from torch import Tensor, optim
 
 from learner import rundir
-from learner.checkpoint import find_checkpoint, load_checkpoint, load_latest_readable, save_checkpoint
+from learner.checkpoint import (
+    capture_rng,
+    find_checkpoint,
+    load_checkpoint,
+    load_latest_readable,
+    restore_rng,
+    save_checkpoint,
+)
 from learner.checkpointing import Checkpointer
 from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import DEFAULT_ENV, Args, PPOConfig, default_run_dir, is_atari, resolve_ppo
@@ -432,6 +439,33 @@ def _finish_update(
     checkpointer.finished(state)
 
 
+_runs_in_process = 0
+_runs_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _counted_run() -> Iterator[None]:
+    """train() under way; a warning where another already is in this process (threads of one process
+    share the global generators the runs draw from, so neither draws what its seed alone would give)."""
+    global _runs_in_process
+    with _runs_lock:
+        _runs_in_process += 1
+        others = _runs_in_process - 1
+    try:
+        if others:
+            log.warning(
+                "%d other train() run%s in this process: runs in threads of one process share Python's, NumPy's "
+                "and torch's global random generators, so none is reproducible from its seed (alone, or each in a "
+                "process of its own, they are)",
+                others,
+                "s" if others > 1 else "",
+            )
+        yield
+    finally:
+        with _runs_lock:
+            _runs_in_process -= 1
+
+
 def _tell(on_update: Callable[[dict[str, Any]], object] | None, recorder: Recorder) -> None:
     """train()'s ``on_update``: the update just recorded, as metrics.jsonl has it (a copy: the caller's to keep)."""
     if on_update is not None:
@@ -469,6 +503,11 @@ def train(
     as Ctrl-C does (at the next step; checkpoint, summary.json and plot written), but ``train()`` then
     returns its summary, whose ``stop_reason`` is ``"stopped"``.
     """
+    if stop is not None and stop.is_set():
+        log.warning(
+            "stop was set before train() began: the run stops at its first step, having learned nothing "
+            "(clear() the Event to use it again)"
+        )
     device = pick_device(args.device)
     if device.type == "cuda":  # (summary.json's cuda_max_memory_mb: this run's, not the process's earlier ones')
         torch.cuda.reset_peak_memory_stats(device)
@@ -504,16 +543,19 @@ def train(
         from_other_versions(checkpoint, checkpoint_file or "")
         check_resume(args, checkpoint)
 
-    # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset.
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-
     if args.track:  # (wandb, imported before any server starts: missing, the error names the extra to install)
         from learner.tracking import tracked
 
     fleet = fleet_spec(args)
     with contextlib.ExitStack() as stack:
+        # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset. The global
+        # ones are the caller's again at the end (a random search drawing its next trial's settings from
+        # them drew the same ones after each run).
+        stack.callback(restore_rng, capture_rng())
+        stack.enter_context(_counted_run())
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
         # (put back at the end, as torch's thread count is: the caller's process keeps its own setting)
         stack.callback(setattr, torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
         torch.backends.cudnn.deterministic = args.torch_deterministic

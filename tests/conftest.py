@@ -32,6 +32,10 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+# A learner command stopped by Ctrl-C ends by the SIGINT once its files are written (learner.cli.run), as
+# Python does with a KeyboardInterrupt nothing caught: a shell's loop over runs then stops too.
+CTRL_C_EXIT = -signal.SIGINT
+
 StartServers = Callable[..., list[str]]
 Serve = Callable[..., tuple[subprocess.Popen[str], str]]
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ from learner.progress import DOUBLE_TAP_S, ending_as_interrupt
 from learner.stats import format_return
 from learner.train import stopped_in_update
 from tests.certs import make_server_certs
-from tests.conftest import SpawnServer, StartServers, not_found_at_once
+from tests.conftest import CTRL_C_EXIT, SpawnServer, StartServers, not_found_at_once
 
 CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
 
@@ -653,6 +654,41 @@ def _train_until_its_first_update(argv: list[str], run: Path) -> subprocess.Pope
     return proc
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_a_shell_loop_of_runs_not_only_the_run_it_came_in(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the shell and its command: bash goes on with the loop where the command
+    exited (even with 130: taken as handled there), and stops it where the command died of the SIGINT."""
+    command = shlex.join([sys.executable, "-m", "learner", "train", *CLOCK, "--backend", "gym", "--num-envs", "2"])
+    loop = f'for seed in 1 2; do {command} --num-steps 8 --total-timesteps 100000000 --seed $seed --run-dir run-$seed; echo "went on: $?"; done'
+    shell = subprocess.Popen(
+        ["bash", "-c", loop],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},  # (tests.envs)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # (its own process group, as a terminal's foreground job)
+        # (a CI's background job has SIGINT ignored, and a shell keeps an ignored signal ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run-1" / rundir.METRICS).exists() or not rundir.read_jsonl(
+            tmp_path / "run-1" / rundir.METRICS
+        ):
+            assert shell.poll() is None and time.monotonic() < deadline, shell.communicate()
+            time.sleep(0.05)
+        os.killpg(shell.pid, signal.SIGINT)  # Ctrl-C
+        out, err = shell.communicate(timeout=60)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()
+    assert shell.returncode == -signal.SIGINT and "went on" not in out, (out, err[-3000:])  # (bash too)
+    assert rundir.read_json(tmp_path / "run-1" / rundir.SUMMARY)["stop_reason"] == "interrupted"
+    assert not (tmp_path / "run-2").exists() and "Traceback" not in err, err
+
+
 def _children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` (Linux's /proc)."""
     found = []
@@ -707,7 +743,7 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == CTRL_C_EXIT, err
     # It says where a resumed run starts: the checkpoint of the update before the step it was aborted in.
     assert err.strip().splitlines()[-1] == (
         f"learner train: aborted; resuming starts from its last checkpoint, step-0000000001.pt, with: "
@@ -746,7 +782,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == (CTRL_C_EXIT if signals[0] == signal.SIGINT else 130), err
     assert "aborted" not in err and "Traceback" not in err, err
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "interrupted"

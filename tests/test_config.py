@@ -109,3 +109,10 @@ def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
     assert not raw_atari_frames("ALE/Pong-v5", ["atari"], stacked)
     assert not raw_atari_frames("CarRacing-v3", [], gym.spaces.Box(0, 255, (96, 96, 3), np.uint8))
     assert not raw_atari_frames("ALE/Pong-v5", [], gym.spaces.Box(0, 255, (128,), np.uint8))  # (RAM)
+
+
+def test_servers_may_be_given_as_a_list_of_addresses_from_python() -> None:
+    """As RemoteVectorEnv takes them, and LocalServers(...).addresses is (it failed deep inside: no .strip)."""
+    assert Args(servers=["unix:/tmp/a.sock", "b:2"]).servers == "unix:/tmp/a.sock,b:2"  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^servers: expected addresses, as 'host:port,host:port' or a list"):
+        Args(servers=50051)  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ from tests.compose import (
     labelled,
     remove_stale_test_projects,
 )
+from tests.conftest import CTRL_C_EXIT
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -342,7 +343,7 @@ def test_scaling_while_training_grows_and_shrinks_num_envs(fleet: ComposeProject
     finally:
         proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
         out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == CTRL_C_EXIT, out + err
     assert "Traceback" not in err, err
     sizes = fleet_sizes(run_dir)
     small, large = REPLICAS * ENVS_PER_REPLICA, 12 * ENVS_PER_REPLICA

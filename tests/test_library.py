@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -14,16 +16,20 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
+import torch
 
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.train import train
+from tests.conftest import CTRL_C_EXIT
 from tests.test_readme_snippets import snippet
 from tests.test_train import CtrlCAt, clock
 
@@ -98,7 +104,7 @@ def test_the_snippet_that_waits_for_learner_train_lets_it_write_all_after_an_int
         if kernel.poll() is None:
             os.killpg(kernel.pid, signal.SIGKILL)
     assert "continue with: learner train --resume" in out, out
-    assert out.splitlines()[-1] == "kernel: went on 130", textwrap.shorten(out, 2000)
+    assert out.splitlines()[-1] == f"kernel: went on {CTRL_C_EXIT}", textwrap.shorten(out, 2000)
     assert (tmp_path / "run" / rundir.PLOT).is_file()
 
 
@@ -240,3 +246,60 @@ def test_the_sweep_snippet_runs_as_printed_against_optuna_s_api(
         assert summary["stop_reason"] == ("total_timesteps" if state == "complete" else "error: TrialPruned")
         assert len(rows) == (2 if state == "pruned" else 1_024 // (8 * (16, 32, 64)[trial.number]))
         assert rundir.read_json(run / rundir.CONFIG)["ppo"]["num_steps"] == (16, 32, 64)[trial.number]
+
+
+def test_train_leaves_the_caller_s_random_generators_as_it_found_them(tmp_path: Path) -> None:
+    """A random search drawing each trial's settings from the global generators draws on from where it
+    was, not from the run's seed (it drew the same settings after every run)."""
+
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)
+    draws()
+    expected = draws()
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)
+    draws()
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=32, run_dir=str(tmp_path / "r"))
+    train(args)
+    assert draws() == expected
+    with pytest.raises(Pruned):  # (also when it raises)
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "r2")), on_update=lambda row: _raise(Pruned()))
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)
+    draws(), draws()
+    after = draws()
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)
+    draws(), draws()
+    with pytest.raises(Pruned):
+        train(dataclasses.replace(args, run_dir=str(tmp_path / "r3")), on_update=lambda row: _raise(Pruned()))
+    assert draws() == after
+
+
+def _raise(error: BaseException) -> None:
+    raise error
+
+
+def test_runs_in_threads_of_one_process_are_warned_of_and_a_stop_set_already_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Threads of one process share the global generators: neither run is reproducible from its seed."""
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=10**9)
+    stop, started = threading.Event(), threading.Event()
+
+    def first() -> dict[str, object]:
+        return train(
+            dataclasses.replace(args, run_dir=str(tmp_path / "a")), on_start=lambda _: started.set(), stop=stop
+        )
+
+    with caplog.at_level(logging.WARNING, logger="learner.train"), ThreadPoolExecutor(1) as pool:
+        running = pool.submit(first)
+        assert started.wait(60)
+        stop_set = threading.Event()
+        stop_set.set()
+        second = train(dataclasses.replace(args, run_dir=str(tmp_path / "b")), stop=stop_set)
+        stop.set()
+        assert running.result()["stop_reason"] == second["stop_reason"] == "stopped"
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("1 other train() run in this process: runs in threads of one process share") for m in said)
+    assert any(m.startswith("stop was set before train() began: the run stops at its first step") for m in said)
+    assert second["total_steps"] == 0

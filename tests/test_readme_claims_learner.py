@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from learner import RemoteVectorEnv, ServerUnavailableError, rundir
-from tests.conftest import SpawnServer
+from tests.conftest import CTRL_C_EXIT, SpawnServer
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 
@@ -128,7 +128,7 @@ def test_learner_train_starts_a_dying_local_server_again_5_times_a_minute_then_l
                 proc.kill()
                 proc.wait(timeout=30)
     text = log.read_text()
-    assert proc.returncode == 130, text[-4000:]
+    assert proc.returncode == CTRL_C_EXIT, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
     server_0 = r"env server 0 \(\S+\) .*"
     restarts = re.findall(

@@ -15,7 +15,7 @@ import pytest
 
 from learner import rundir
 from learner.checkpoint import load_checkpoint
-from tests.conftest import SpawnServer
+from tests.conftest import CTRL_C_EXIT, SpawnServer
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_training_goes_on_while_a_server_is_killed_and_restarted(spawn_server: S
     finally:
         proc.send_signal(signal.SIGINT)  # stop at the next step, with a checkpoint and summary
         out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out + err
+    assert proc.returncode == CTRL_C_EXIT, out + err
     assert "Traceback" not in err, err
     metrics = rows(run_dir)
     full = 3 * K * NUM_STEPS

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from learner import rundir
+from tests.conftest import CTRL_C_EXIT
 
 __all__ = ["BackgroundTraining"]
 
@@ -65,7 +66,7 @@ class BackgroundTraining:
         return self.proc.communicate(timeout=timeout)
 
     def check_interrupted(self, out: str, err: str) -> None:
-        """It stopped as interrupted (exit 130), without a traceback."""
-        assert self.proc.returncode == 130, out + err
+        """It stopped as interrupted (ended by the SIGINT, after its files: learner.cli.run), without a traceback."""
+        assert self.proc.returncode == CTRL_C_EXIT, out + err
         assert "Traceback" not in err, err
         assert rundir.read_json(self.run_dir / rundir.SUMMARY)["stop_reason"] == "interrupted"
