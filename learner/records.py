@@ -113,6 +113,13 @@ class EventsWriter:
             self._failed = True
             raise rundir.cannot_write(self.path, err) from err
 
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        try:
+            self._writer.add_text(tag, text, step)
+        except OSError as err:
+            self._failed = True
+            raise rundir.cannot_write(self.path, err) from err
+
     def close(self) -> None:
         """Flush and close the file; a failure not raised already is logged (the run has ended)."""
         try:
@@ -186,6 +193,18 @@ def tagged_values(row: dict[str, Any]) -> dict[str, float]:
     values.update(_fault_values(row))
     values.update((key, value) for key, value in row.items() if key.startswith("replicas/") and not math.isnan(value))
     return values
+
+
+def hyperparameters_text(config: dict[str, Any]) -> str:
+    """CleanRL's "hyperparameters" text for TensorBoard (its TEXT tab; comparing runs by their settings): a
+    Markdown table of the run's options, then of the PPO settings they came to (``ppo.``: the preset's
+    included), the env and the policy, from what config.json holds."""
+    rows = list(config["args"].items())  # (a token given is not among them: Args.to_json)
+    rows += [(f"ppo.{key}", value) for key, value in config["ppo"].items()]
+    rows += [("env_id", config["envs"]["env_id"]), ("num_envs", config["envs"]["num_envs"])]
+    rows += [("policy", config["policy"]), ("device", config["device"])]
+    cells = "\n".join(f"|{key}|{str(value).replace('|', chr(92) + '|')}|" for key, value in rows)
+    return "|param|value|\n|-|-|\n" + cells
 
 
 def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: set[str]) -> None:

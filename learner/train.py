@@ -77,6 +77,7 @@ from learner.records import (
     Recorder,
     build_summary,
     fault_tags_started,
+    hyperparameters_text,
     mean_or_none,
     plot_at_exit,
 )
@@ -752,6 +753,8 @@ def train(
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))
+            if checkpoint is None:  # (CleanRL's table of the run's settings: once, at its start)
+                writer.add_text("hyperparameters", hyperparameters_text(config), 0)
         with writing(run_dir / rundir.METRICS):
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).

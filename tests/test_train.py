@@ -94,7 +94,13 @@ def test_tiny_training_run_through_local_servers_writes_the_whole_run_dir(tmp_pa
     assert list(run.glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tags = set(EventAccumulator(str(run)).Reload().Tags()["scalars"])
+    events = EventAccumulator(str(run)).Reload()
+    tags = set(events.Tags()["scalars"])
+    # CleanRL's table of the settings (TensorBoard's TEXT tab): the options, and what the preset made them
+    (text,) = events.Tensors("hyperparameters/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert table.startswith("|param|value|\n|-|-|\n|env|CartPole-v1|\n"), table
+    assert "\n|num_steps|16|\n" in table and "\n|ppo.num_steps|16|\n" in table and "\n|ppo.gamma|0.98|\n" in table
     cleanrl = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
     cleanrl |= {f"losses/{k}" for k in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
     cleanrl |= {"losses/clipfrac", "losses/explained_variance"}
