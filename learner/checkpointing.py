@@ -186,7 +186,9 @@ class Checkpointer:
             if updating:
                 self.log.warning("%s", stopped_in_update(self.saved_step))
             fresh = not updating and last_update["counters"]["global_step"] != self.saved_step
-            state = last_update if fresh else None
+            # (none before the run's first update: a checkpoint of nets that never learned, at step 0, would
+            # only be resumed as a run started over, which --resume of a run dir without one does anyway)
+            state = last_update if fresh and last_update["counters"]["update"] > 0 else None
             counters = Counters(**last_update["counters"])
         try:
             if state is not None:

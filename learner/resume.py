@@ -97,7 +97,10 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     recorded = rundir.read_json(config)
     # As recorded (checked once the overrides are in: one may mend what this version refuses), with
     # the progress display and the metrics endpoint this session's.
-    saved = Args.from_json({**recorded["args"], **SESSION_OPTIONS}, check=False)
+    values = {**recorded["args"], **SESSION_OPTIONS}
+    # (its hyperparameters as it resolved them: a preset retuned since does not change a run under way)
+    _pin_resolved(values, recorded, overrides)
+    saved = Args.from_json(values, check=False)
     if overrides.get("run_dir") not in (None, str(run_dir)):
         raise ValueError(
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
@@ -127,6 +130,23 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=str(run_dir), run_dir=str(run_dir))
 
 
+def _pin_resolved(values: dict[str, Any], recorded: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Fill ``values`` (a run's recorded options) with the hyperparameters as the run resolved them
+    (config.json's ppo) where its options left them to the preset, unless given (``overrides``, a
+    preset among them): the same run after an upgrade that retuned a preset, not this version's. (Not
+    those that did not apply to its envs: a CNN's hidden sizes, discrete actions' bounds, which would be
+    warned of.)"""
+    if "preset" in overrides:
+        return
+    envs = recorded.get("envs") or {}
+    idle = {"hidden_sizes"} if recorded.get("policy") == "Nature CNN" else set()
+    if not str(envs.get("action_space", "Box")).startswith("Box"):
+        idle.add("action_bounds")
+    for name, value in (recorded.get("ppo") or {}).items():
+        if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
+            values[name] = tuple(value) if isinstance(value, list) else value
+
+
 def like_args(source: str | Path, /, **overrides: Any) -> Args:
     """The ``Args`` a run was started with, for a new run (``learner train --like``): ``source`` is its run
     dir or its config.json; ``overrides`` (a seed, say) replace what it recorded. The new run has a run
@@ -151,17 +171,8 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     other_env = overrides.get("env", values.get("env")) != values.get("env")
     if other_env:  # (the run's env options were for its env: the new one gets its own, or none)
         values.update(env_kwargs={}, max_episode_steps=None, wrappers="auto")
-    if "preset" not in overrides and not other_env:
-        # The hyperparameters as the run resolved them (config.json's ppo), not as this version's preset
-        # would: the same experiment after an upgrade that retuned a preset. (Not those that did not
-        # apply to its envs: a CNN's hidden sizes, discrete actions' bounds, which would be warned of.)
-        envs = recorded.get("envs") or {}
-        idle = {"hidden_sizes"} if recorded.get("policy") == "Nature CNN" else set()
-        if not str(envs.get("action_space", "Box")).startswith("Box"):
-            idle.add("action_bounds")
-        for name, value in (recorded.get("ppo") or {}).items():
-            if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
-                values[name] = tuple(value) if isinstance(value, list) else value
+    if not other_env:
+        _pin_resolved(values, recorded, overrides)
     saved = Args.from_json(values, check=False)
     if other_env:  # (nor the options its servers said)
         recorded = {**recorded, "envs": {}}

@@ -69,7 +69,7 @@ from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import Agent, check_observation_space, is_image_space, observations_usable, raise_unusable
+from learner.ppo import ActionHead, Agent, check_observation_space, is_image_space, observations_usable, raise_unusable
 from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
@@ -601,6 +601,13 @@ def train(
             log.warning("%s", raw)
         hp = resolve_ppo(args, envs.single_observation_space, envs.single_action_space)
         _check_squash(hp, envs, wrappers)
+        ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
+        autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
+            raise ValueError(
+                f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
+                "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
+            )
         run_dir = Path(given_dir or default_run_dir(env_id))
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
@@ -623,12 +630,6 @@ def train(
                     run_dir,
                     aside,
                 )
-        autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-        if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
-            raise ValueError(
-                f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
-                "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
-            )
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if checkpoint is not None:
@@ -657,6 +658,9 @@ def train(
             log.warning(hint)
         if args.hidden_sizes is not None and image:
             log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
+        if args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
+            what = "image" if image else str(obs_space)
+            log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
         if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
             log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
         if args.hang_timeout is not None and args.backend == "gym":
@@ -763,6 +767,7 @@ def train(
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None
+        # (before the first reset: a Ctrl-C raised in an in-process env's reset would be taken for its error)
         stop_request = stack.enter_context(StopRequest(logger=log, event=stop))
         recent_returns: deque[float] = deque(counters.recent_returns, maxlen=RECENT)
         recent_lengths: deque[int] = deque(counters.recent_lengths, maxlen=RECENT)
@@ -1108,12 +1113,11 @@ def train(
                 elif valid_any:
                     empty_rollouts = 0
                     empty_errors.clear()
-                if lost is not None or fleet_down:
-                    continue  # (a partial rollout is not learned from)
+                if lost is not None or fleet_down or empty:
+                    continue  # (a partial rollout, or one without a transition, is not learned from)
                 learned = learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
-                checkpointer.updating = True  # from here on, a checkpoint of this run would mix two updates
                 counters.env_steps_lost += steps_lost
                 counters.episodes_cut += episodes_cut
                 counters.env_errors += env_errors
@@ -1151,6 +1155,9 @@ def train(
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 if update_thread is None:
+                    # From here on, a checkpoint of this run would mix two updates (not before: an error
+                    # found while the batch is made leaves the nets as of the last update, checkpointed).
+                    checkpointer.updating = True
                     result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
                     recorder.record(result, rollout_info)
                     checkpointer.finished(checkpointer.rollout_state())

@@ -114,9 +114,11 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         self.render_mode = render_mode
         self.still = still  # render the same frame at every step
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)
-        self.action_space: gym.Space[Any] = (
-            gym.spaces.Discrete(2) if action == "discrete" else gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
-        )
+        self.action_space: gym.Space[Any] = {
+            "discrete": gym.spaces.Discrete(2),
+            "box": gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32),
+            "tuple": gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))),  # (no policy takes it)
+        }[action]
         self._t = 0
 
     def _obs(self) -> np.ndarray:
@@ -261,7 +263,8 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
     first ``raise_in_reset`` resets raise (-1: never); at step ``bad_reward_at`` the reward is a
     string, which fails the vector env as a whole (not one env's exception); ``wrong_shape_in``
     ("reset" or "step") makes that method's observations 3 long instead of 2 (a layout error of the
-    env's own). Observations are ``[t, episode]``.
+    env's own); steps ``raise_from`` to ``raise_until - 1`` of its life raise too. Observations are
+    ``[t, episode]``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}  # type: ignore[misc]  # (gymnasium types Env.metadata without ClassVar)
@@ -277,6 +280,8 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         length: int = 50,
         bad_reward_at: int = -1,
         wrong_shape_in: str = "",
+        raise_from: int = -1,
+        raise_until: int = -1,
     ) -> None:
         self.index = FaultyEnv._created
         FaultyEnv._created += 1
@@ -288,6 +293,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         self.length = length
         self.bad_reward_at = bad_reward_at if faulty else -1
         self.wrong_shape_in = wrong_shape_in if faulty else ""
+        self.raising = range(raise_from, raise_until) if faulty else range(0)
         self.observation_space = gym.spaces.Box(0.0, np.inf, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self._steps = 0
@@ -311,7 +317,7 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self._steps += 1
-        if self._steps == self.raise_at:
+        if self._steps == self.raise_at or self._steps in self.raising:
             raise ValueError(f"step {self._steps} failed on purpose (env {self.index})")
         if self._steps == self.hang_at:
             time.sleep(self.hang_s)

@@ -21,6 +21,7 @@ from learner.ppo import Agent
 from learner.resume import RECENT, Counters, from_other_versions
 from learner.train import train
 
+QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
 
@@ -125,6 +126,16 @@ def test_stopped_mid_rollout_checkpoints_the_last_update_unless_it_is_on_disk(tm
     assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
 
 
+@pytest.mark.parametrize("reason", ["interrupted", "stopped", "error: ValueError: no"])
+def test_a_run_stopped_before_its_first_update_writes_no_checkpoint(tmp_path: Path, reason: str) -> None:
+    """Nets that never learned, at step 0 (a Ctrl-C in the first rollout or reset, an error there): none
+    written (was step-0000000000.pt, and "continue with --resume" for what is a run started over)."""
+    made = checkpointer(tmp_path, checkpoint_every=10)
+    made.counters.global_step += 4
+    assert made.end(reason).global_step == 0
+    assert steps_saved(tmp_path) == []
+
+
 def test_a_finished_run_is_checkpointed_as_of_its_end(tmp_path: Path) -> None:
     made = checkpointer(tmp_path, checkpoint_every=10)
     update(made)
@@ -179,6 +190,24 @@ def test_a_solved_run_from_before_its_bar_was_recorded_is_judged_by_its_stop_at_
     assert (
         "written by a newer version of envfleet: its counters counted_by_a_newer_version are not known" in caplog.text
     )
+
+
+def test_a_resumed_run_keeps_the_hyperparameters_it_resolved_not_a_preset_retuned_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As --like does: a later version's preset (here patched in) does not change a run under way; given
+    options still do."""
+    from learner.config import PRESETS
+    from learner.resume import resume_args
+
+    run = tmp_path / "run"
+    train(
+        Args(env="CartPole-v1", backend="gym", num_envs=2, num_steps=16, total_timesteps=64, run_dir=str(run), **QUIET)
+    )
+    monkeypatch.setitem(PRESETS, "classic", {**PRESETS["classic"], "learning_rate": 5e-2, "update_epochs": 1})
+    resumed = resume_args(run, total_timesteps=128)
+    assert (resumed.learning_rate, resumed.update_epochs, resumed.total_timesteps) == (1e-3, 20, 128)
+    assert resume_args(run, learning_rate=1e-3).learning_rate == 1e-3
 
 
 def test_checkpoints_of_other_versions_are_brought_to_this_one_s_form() -> None:

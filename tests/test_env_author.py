@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -220,6 +221,7 @@ def test_training_on_observations_the_policy_cannot_act_on_names_the_env(
     args = _bad_env_run(
         tmp_path,
         kind,
+        at=10,  # (env 1's 10th step: in the 2nd rollout, after an update, whose checkpoint the error leaves)
         device=device,
         norm_obs=kind == "nan",  # (with --norm-obs, every env's normalised observation turns NaN)
         # (remote: two groups of one server each; the first group's forward fails, on env 0's NaN-normalised row)
@@ -269,6 +271,18 @@ def test_an_infinite_observation_mid_rollout_is_named_not_taken_for_a_diverged_u
         r"infinite or NaN as float32: .*; the policy cannot act on it",
     ):
         train(_bad_env_run(tmp_path, kind, at=3, backend="gym"))
+
+
+def test_a_run_stopped_by_an_observation_found_before_its_update_keeps_its_last_update_s_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found while the batch is made (the nets untouched since the last update): that update is checkpointed,
+    not taken for a run stopped mid-update (its checkpoint was lost: up to --checkpoint-seconds of updates)."""
+    args = _bad_env_run(tmp_path, "inf-once", at=19, total_timesteps=400, checkpoint_seconds=1000.0)
+    with caplog.at_level(logging.WARNING, logger="learner.train"), pytest.raises(UnusableEnvOutputError):
+        train(args)  # (env 1's step 19: in the 3rd rollout, after 2 updates)
+    assert [p.name for p in rundir.list_checkpoints(tmp_path / "run")] == ["step-0000000016.pt", "step-0000000032.pt"]
+    assert not any("during an update" in r.getMessage() for r in caplog.records), caplog.text
 
 
 @pytest.mark.parametrize("backend", ["gym", "remote"])

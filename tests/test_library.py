@@ -302,4 +302,4 @@ def test_runs_in_threads_of_one_process_are_warned_of_and_a_stop_set_already_too
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("1 other train() run in this process: runs in threads of one process share") for m in said)
     assert any(m.startswith("stop was set before train() began: the run stops at its first step") for m in said)
-    assert second["total_steps"] == 0
+    assert second["total_steps"] == 0 and not rundir.list_checkpoints(tmp_path / "b")  # (no update: none)

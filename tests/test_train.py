@@ -908,6 +908,21 @@ def test_squashing_unbounded_actions_is_refused_naming_the_option_before_the_run
     assert not (tmp_path / "run").exists()
 
 
+def test_actions_no_policy_takes_are_refused_before_the_run_dir_is_made(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^action_space: expected Discrete, MultiDiscrete, MultiBinary or a 1-d"):
+        train(Args(**clock(3, action="tuple"), backend="gym", run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_norm_obs_where_it_does_not_apply_is_said_to_be_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = Args(env="FrozenLake-v1", backend="gym", num_envs=2, num_steps=8)
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        train(dataclasses.replace(args, total_timesteps=16, norm_obs=True, run_dir=str(tmp_path / "run"), **QUIET))
+    assert "--norm-obs: applies to vector (Box) observations, not Discrete(16) ones; ignored" in caplog.text
+
+
 # -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
 
 
@@ -938,27 +953,46 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
     ), message
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == f"error: NothingToLearnError: {message}"
-    # The two rollouts before it were updates (that learned nothing), checkpointed as usual.
-    assert summary["updates"] == 2 and summary["total_steps"] == 16
-    assert [r["batch_size"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [0, 0]
+    # The two rollouts before it skipped their updates (no metrics row, no checkpoint of nets that learned
+    # nothing): the run is as before its first update, as a run stopped then is.
+    assert summary["updates"] == 0 and summary["total_steps"] == 0
+    assert rundir.read_jsonl(run / rundir.METRICS) == [] and rundir.list_checkpoints(run) == []
+    assert summary["episodes_cut"] == summary["env_steps_lost"] == summary["env_errors"] == 0  # (as of then)
     # A budget of fewer rollouts than that, all empty: an error too, not a run done at --total-timesteps.
     short = dataclasses.replace(args, total_timesteps=8, run_dir=str(tmp_path / "short"))
     with pytest.raises(NothingToLearnError, match=r"^no env gave a transition in the run's rollout: nothing to learn"):
         train(short)
-    assert rundir.list_checkpoints(run)[-1].name == "step-0000000016.pt"
-    # An env out of order has no episode under way: its failed steps cut none; each is an env error.
-    assert summary["episodes_cut"] == 0 and summary["env_steps_lost"] == summary["env_errors"] == 16
+
+
+def test_a_rollout_without_a_transition_skips_its_update_and_its_counts_go_to_the_next(tmp_path: Path) -> None:
+    """Every env raises in its first 4 steps (each followed by its reset): the first two rollouts have nothing
+    to learn from, so no
+    update, no metrics row and no checkpoint (was: an "update" of an empty batch, recorded and checkpointed);
+    the first update's row counts their env errors."""
+    run = tmp_path / "run"
+    env_kwargs = {"raise_from": 1, "raise_until": 5, "fault_env": -1}
+    args = Args(env="tests.envs:FaultyEnv", env_kwargs=env_kwargs, backend="gym", num_envs=2, num_steps=4)
+    summary = train(dataclasses.replace(args, total_timesteps=32, checkpoint_seconds=0.0, run_dir=str(run), **QUIET))
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [(r["global_step"], r["batch_size"] > 0) for r in rows] == [(24, True), (32, True)]
+    assert rows[0]["env_errors"] == summary["env_errors"] == 8 and rows[1]["env_errors"] == 0
+    assert summary["updates"] == 2 and [p.name for p in rundir.list_checkpoints(run)] == [
+        "step-0000000024.pt",
+        "step-0000000032.pt",
+    ]
 
 
 def test_learner_train_stopped_by_an_error_says_how_to_go_on_from_its_last_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """As a Ctrl-C does: the error (here: nothing to learn from, every env raising), then the checkpoint a
-    resumed run starts from and the command, for once the cause is mended (servers back, the env fixed)."""
+    """As a Ctrl-C does: the error (here: nothing to learn from, every env raising once its first episode has
+    ended), then the checkpoint a resumed run starts from and the command, for once the cause is mended
+    (servers back, the env fixed)."""
     from learner.cli import main
 
     run = tmp_path / "run"
-    argv = ["train", "--env", "tests.envs:FaultyEnv", "--env-kwargs", '{"raise_in_reset": 0, "fault_env": -1}']
+    failing = '{"raise_in_reset": 1, "fault_env": -1, "length": 8}'  # (2 rollouts, then every reset raises)
+    argv = ["train", "--env", "tests.envs:FaultyEnv", "--env-kwargs", failing]
     argv += ["--backend", "gym", "--num-envs", "2", "--num-steps", "4", "--total-timesteps", "100000"]
     assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]) == 1
     err = capsys.readouterr().err
