@@ -639,14 +639,16 @@ class EnvClient:
         """Return once the channel is connected (the caller bounds the wait)."""
         await self.channel.channel_ready()
 
-    async def handshake(self) -> pb.HandshakeResponse:
+    async def handshake(self, timeout: float | None = None, hint: str | None = None) -> pb.HandshakeResponse:
         """The server's answer to a Handshake; InvalidResponseError for one without a session_id (no
-        call could name the session: a new Handshake would get the same)."""
+        call could name the session: a new Handshake would get the same). ``timeout``: its deadline (None:
+        the client's); ``hint``: what an error for a deadline that passed advises (see translate_error)."""
         request = pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
+        timeout = self.timeout if timeout is None else timeout
         try:
-            response = await self.stub.Handshake(request, timeout=self.timeout, metadata=self.metadata)
+            response = await self.stub.Handshake(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            raise self._error(err, "Handshake") from None
+            raise self._error(err, "Handshake", timeout, hint) from None
         if not response.session_id:
             raise InvalidResponseError(
                 f"env server {self.address}: Handshake's answer has an empty session_id; expected the id of the "

@@ -14,7 +14,13 @@ import grpc
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient, proxy_status
 from learner.discovery import diagnose, no_wait_mends, probe_until
-from learner.errors import ServerBusyError, ServerFullError, ServerUnavailableError, SpecMismatchError
+from learner.errors import (
+    RemoteTimeoutError,
+    ServerBusyError,
+    ServerFullError,
+    ServerUnavailableError,
+    SpecMismatchError,
+)
 from learner.local import socket_folder_gone
 from learner.loop import gather
 from learner.membership import _Away, _warn_if_other_env
@@ -93,6 +99,10 @@ class FleetConnection:
             address, why = gone[0]
             raise ServerUnavailableError(f"env server {address}: nothing can answer there: {why}", address=address)
         clients: list[EnvClient] = []
+        # Fault-tolerant: the servers the start goes on without (address, why), said in one warning at the
+        # end, with the count the fleet starts with (those that did not connect, and those refused after).
+        missing: list[tuple[str, str]] = []
+        readies: list[asyncio.Future[None]] = []
         try:
             for address in endpoints:
                 clients.append(self._client(address))
@@ -120,11 +130,11 @@ class FleetConnection:
                     )
                 _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
             if late and self.fault_tolerant and len(late) < len(clients):
-                missing = [c for c, r in zip(clients, readies, strict=True) if r in late]
+                unready = [c for c, r in zip(clients, readies, strict=True) if r in late]
                 # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
                 until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
-                causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in missing))
-                for client, why in zip(missing, causes, strict=True):
+                causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in unready))
+                for client, why in zip(unready, causes, strict=True):
                     if no_wait_mends(why):
                         for task in late:
                             task.cancel()
@@ -133,14 +143,10 @@ class FleetConnection:
                     if ready in late:
                         self._joining[client.address] = (client, ready)  # (its connection attempts go on)
                 nothing = f"nothing answered within {self.connect_timeout:g} s"
-                self._note_missing(
-                    [
-                        (c.address, nothing + (f" ({why})" if why else ""))
-                        for c, why in zip(missing, causes, strict=True)
-                    ],
-                    listed=len(clients),
-                )
-                clients = [c for c in clients if c not in missing]
+                missing += [
+                    (c.address, nothing + (f" ({why})" if why else "")) for c, why in zip(unready, causes, strict=True)
+                ]
+                clients = [c for c in clients if c not in unready]
                 late = set()
             if late:
                 for task in late:
@@ -173,14 +179,16 @@ class FleetConnection:
             aliases = await self._find_aliases(clients, responses)
             # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
             # as those that did not answer at all do; so do those claimed by another learner (one cut off
-            # by a partition, or killed on a host that vanished, holds its claim until the server notices).
+            # by a partition, or killed on a host that vanished, holds its claim until the server notices),
+            # and those that connected but did not answer the handshake in time (a server whose event loop
+            # hangs: an env's step that never returns).
             building: dict[EnvClient, BaseException] = {}
             if self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses):
                 building = {
                     c: r
                     for c, r in zip(clients, responses, strict=True)
                     if c not in aliases
-                    and isinstance(r, ServerUnavailableError | ServerBusyError)
+                    and isinstance(r, ServerUnavailableError | ServerBusyError | RemoteTimeoutError)
                     # (held by another RemoteVectorEnv of this process: an error, as before; only closing it helps)
                     and not (isinstance(r, ServerBusyError) and _held_here(c.address))
                 }
@@ -212,12 +220,21 @@ class FleetConnection:
                         away = self._away.setdefault(client.address, _Away())
                         away.refuse(err, reasons[client.address])
                         away.held = err if isinstance(err, ServerBusyError) else None
-                    self._note_missing(list(reasons.items()), listed=len(clients) - len(aliases))
+                    missing += reasons.items()
                 clients = [c for c in clients if c not in aliases and c not in building]
+            if missing:
+                order = {address: i for i, address in enumerate(endpoints)}
+                missing.sort(key=lambda m: order[m[0]])  # (as listed)
+                self._note_missing(missing, listed=len(endpoints) - len(aliases))
         except BaseException:
             joining, self._joining = self._joining, {}
             for _, pending in joining.values():
                 pending.cancel()
+            # (the connects still waiting too, before their channels close under them: interrupted, a Ctrl-C's
+            # cancel, they logged "Task exception was never retrieved ... Channel is closed")
+            for ready in readies:
+                ready.cancel()
+            await gather(*readies, return_exceptions=True)
             await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
             raise
         return clients

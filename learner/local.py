@@ -311,14 +311,33 @@ def is_local_socket_dir(folder: str) -> bool:
 
 def _remove_orphaned_socket_dirs(root: str) -> None:
     """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
-    exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone."""
+    exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone,
+    and whose sockets no server listens on."""
     for path in orphaned_dirs(root, LOCAL_SOCKET_DIR):
         with suppress(OSError):
+            # Its pid is gone *here*: its learner may live in another pid namespace (a second container that
+            # shares /tmp, whose pids this one does not see). A socket a server listens on is no orphan's.
+            if any(_listening(os.path.join(path, e)) for e in os.listdir(path) if e.endswith(".sock")):
+                continue
             for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
                 if entry.endswith((".sock", ".sock.steps")):
                     os.unlink(os.path.join(path, entry))
             os.rmdir(path)  # (fails, and is left, if anything else is in it)
             log.debug("removed %s, left by a learner that was killed", path)
+
+
+def _listening(path: str) -> bool:
+    """Whether something listens on the Unix socket at ``path`` (one left by a process that was killed
+    refuses a connection; so does a file that is no socket)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+        except TimeoutError:  # (its backlog full: a server, busy)
+            return True
+        except OSError:
+            return False
+        return True
 
 
 def orphaned_dirs(root: str, pattern: re.Pattern[str]) -> Iterator[str]:

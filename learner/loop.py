@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import threading
 import weakref
 from collections.abc import Awaitable, Coroutine
@@ -27,10 +29,6 @@ _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
     """``asyncio.gather`` as a coroutine, so that it binds to the loop that runs it (not the default one)."""
     return await asyncio.gather(*awaitables, return_exceptions=return_exceptions)
-
-
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 async def _create_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -90,10 +88,31 @@ class LoopRunner:
         return _background_runner()
 
     def run(self, awaitable: Awaitable[T]) -> T:
-        """Run ``awaitable`` on the loop until it is done; return its result or raise its exception."""
+        """Run ``awaitable`` on the loop until it is done; return its result or raise its exception.
+
+        Interrupted (Ctrl-C while it waits), the call is cancelled, and its cleanup run, before the
+        interrupt goes on: left pending, it would resume at the loop's next run, unseen (a connect then
+        claims a server for an env nobody holds)."""
         if self._thread is None:
             return self._run_until_complete(awaitable)
-        return asyncio.run_coroutine_threadsafe(_await(awaitable), self.loop).result()
+        # On the background loop: the call's own task, whose end (its cleanup included) the caller waits
+        # for (run_coroutine_threadsafe's future, cancelled, is done at once, the task still running).
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        started: list[asyncio.Future[T]] = []
+
+        def start() -> None:  # (on the loop's thread)
+            task = asyncio.ensure_future(awaitable, loop=self.loop)
+            started.append(task)
+            task.add_done_callback(lambda _: _settle(task, done))
+
+        self.loop.call_soon_threadsafe(start)
+        try:
+            return done.result()
+        except BaseException:
+            if not done.done():  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
+                self.loop.call_soon_threadsafe(lambda: started[0].cancel())
+                concurrent.futures.wait([done])
+            raise
 
     def _run_until_complete(self, awaitable: Awaitable[T]) -> T:
         """Run this thread's loop until ``awaitable`` is done: in this thread, or, where this thread now
@@ -101,9 +120,20 @@ class LoopRunner:
         it), on a helper thread for the call: a thread cannot run two loops, and gRPC's channels stay
         bound to the loop they were made on."""
         running = asyncio._get_running_loop()
-        if running is None or running is self.loop:  # (the latter: a re-entrant call, which the loop refuses)
+        if running is self.loop:  # a re-entrant call, which the loop refuses (scheduling nothing)
+            return self.loop.run_until_complete(awaitable)
+        if running is None:
             with self._running:
-                return self.loop.run_until_complete(awaitable)
+                task = asyncio.ensure_future(awaitable, loop=self.loop)
+                try:
+                    return self.loop.run_until_complete(task)
+                except BaseException:
+                    if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
+                        task.cancel()
+                        # (its own end, or a second Ctrl-C that stops a cleanup that hangs, is beside the point)
+                        with contextlib.suppress(BaseException):
+                            self.loop.run_until_complete(task)
+                    raise
         outcome: list[Any] = []
         task = asyncio.ensure_future(awaitable, loop=self.loop)
 
@@ -187,6 +217,17 @@ class LoopRunner:
         if self._thread is None:
             self._run_until_complete(asyncio.sleep(0))
         # A background loop runs by itself.
+
+
+def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T]) -> None:
+    """Give ``done`` (a caller's, in another thread) the outcome of ``task``, which ended."""
+    if task.cancelled():
+        done.cancel()
+        done.set_running_or_notify_cancel()  # (else concurrent.futures.wait takes it for pending still)
+    elif (err := task.exception()) is not None:
+        done.set_exception(err)
+    else:
+        done.set_result(task.result())
 
 
 def _spare_loop(loop: asyncio.AbstractEventLoop, scheduled: set[asyncio.Task[Any]]) -> None:

@@ -30,6 +30,11 @@ __all__ = ["FleetMembership"]
 # "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
 log = logging.getLogger("learner.remote")
 
+# refresh(): a joining server's handshake gets `wait` seconds to answer, and at least this long (a server
+# connected already joins at refresh(wait=0) too): one that connects but does not answer (its event loop
+# hangs) holds up a refresh that tries it that long, not for the whole of the fleet's `timeout`.
+JOIN_ANSWER_S = 1.0
+
 
 class FleetMembership:
     """Which servers make up a :class:`~learner.remote.RemoteVectorEnv`'s fleet: :meth:`refresh` (servers
@@ -64,6 +69,8 @@ class FleetMembership:
 
         def _client(self, address: str) -> EnvClient: ...
 
+        async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse: ...
+
         def _read_reset(self, client: EnvClient, response: pb.ResetResponse) -> tuple[Any, dict[str, Any]]: ...
 
         def _relayout(
@@ -83,7 +90,7 @@ class FleetMembership:
         until then the fleet is that much smaller, and a line says so once in a while."""
         now = time.monotonic()
         for address, _ in missing:
-            away = self._away.setdefault(address, _Away())
+            away = self._away[address] = self._away.pop(address) if address in self._away else _Away()  # (in order)
             away.missing_since = away.said_at = now
         log.warning(
             "env server%s %s; starting with the %d of %d that answered (fault-tolerant): %s envs join when %s "
@@ -115,12 +122,13 @@ class FleetMembership:
         """The servers listed twice under other names (a host name and its address, a dns: name and an
         address it resolves to): each refused its second handshake as claimed, by this learner (by one of
         ``clients`` or of ``held``, the fleet's at a refresh). Used once, as an address given twice is,
-        with a warning."""
-        claimed = {c.spec.server_id: c.address for c in held if c.spec is not None}
+        with a warning. Not a server that sends no server_id (one older than the field, another implementation):
+        such servers cannot be told apart, and one claimed by another learner is no alias."""
+        claimed = {c.spec.server_id: c.address for c in held if c.spec is not None and c.spec.server_id}
         claimed |= {
             r.spec.server_id: c.address
             for c, r in zip(clients, responses, strict=True)
-            if not isinstance(r, BaseException)
+            if not isinstance(r, BaseException) and r.spec.server_id
         }
         busy = [c for c, r in zip(clients, responses, strict=True) if isinstance(r, ServerBusyError)]
         if not busy or not claimed:
@@ -128,7 +136,7 @@ class FleetMembership:
         specs = await gather(*(c.get_spec() for c in busy), return_exceptions=True)
         aliases = set()
         for client, spec in zip(busy, specs, strict=True):
-            if not isinstance(spec, BaseException) and spec.server_id in claimed:
+            if not isinstance(spec, BaseException) and spec.server_id and spec.server_id in claimed:
                 log.warning(
                     "addresses: %s and %s are the same env server (server id %s); each server is used once",
                     claimed[spec.server_id],
@@ -136,8 +144,23 @@ class FleetMembership:
                     spec.server_id[:8],
                 )
                 aliases.add(client)
-                self._aliases.add(client.address)  # (refresh() does not try it again)
+                # (refresh() does not try it again while the other name is in the fleet; see _forget_aliases)
+                self._aliases.add(client.address)
+                alias = self._away[client.address] = _Away()  # (no longer missing, if it was: in under that name)
+                alias.alias_of = claimed[spec.server_id]
         return aliases
+
+    def _forget_aliases(self, stay: list[EnvClient]) -> None:
+        """Let the addresses found to be another name of a server in the fleet be tried again once that
+        server is out of it (under its other name: it left, restarted, was dropped), or once they are
+        listed no more (their record forgotten): the server they name may join under them then."""
+        kept = {c.address for c in stay}
+        for address in list(self._aliases):
+            away = self._away.get(address)
+            if away is None or away.alias_of not in kept:
+                self._aliases.discard(address)
+                if away is not None:
+                    del self._away[address]
 
     # -- servers joining and leaving ----------------------------------------------------------------
 
@@ -189,6 +212,7 @@ class FleetMembership:
                 replicas[id(client)].failures += 1
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._let_go(leave, replicas)
+        self._forget_aliases(stay)
         wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
         joined = self._runner.run(self._join(wanted, wait, listed=listed))
         if not stay and not joined:
@@ -311,11 +335,14 @@ class FleetMembership:
         """The servers at ``addresses`` that answer a handshake and serve the fleet's env.
 
         Servers seen for the first time (or, with ``everyone``, all those still connecting) get ``wait``
-        seconds to connect; the others join if they are connected by now. One whose handshake failed (or
-        that did not fit) is tried again once its wait is over (:data:`~learner.faults.JOIN_BACKOFF`);
-        with ``everyone`` (no server left: the last try before giving up), at once. ``listed``: the
-        addresses are all those listed now (not so after a failed look-up), so the servers being
-        connected to, waited for or missed that are not among them are no longer listed: forgotten.
+        seconds to connect; the others join if they are connected by now. A handshake gets ``wait`` seconds
+        too (at least :data:`JOIN_ANSWER_S`). One whose handshake failed (or that did not fit) is tried again
+        once its wait is over (:data:`~learner.faults.JOIN_BACKOFF`); with ``everyone`` (no server left: the
+        last try before giving up), at once, and until one joins or ``wait`` is over: servers still
+        connecting are waited for, and handshakes answered UNAVAILABLE (a server that restarted, still
+        building its envs) tried again, as at the start. ``listed``: the addresses are all those listed now
+        (not so after a failed look-up), so the servers being connected to, waited for or missed that are
+        not among them are no longer listed: forgotten.
         """
         if listed:
             for address in [a for a in self._joining if a not in addresses]:  # no longer listed
@@ -325,6 +352,7 @@ class FleetMembership:
             for address in [a for a in self._away if a not in addresses]:  # (listed again: tried at once)
                 del self._away[address]
         now = time.monotonic()
+        deadline = now + wait
 
         def due(address: str) -> bool:
             away = self._away.get(address)
@@ -340,21 +368,46 @@ class FleetMembership:
         # must not hold up every rollout.
         if everyone:
             fresh = [ready for _, ready in self._joining.values()]
-        if fresh and wait > 0:
-            await asyncio.wait(
-                fresh, timeout=wait, return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED
-            )
-        answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
-        for client in answered:
-            del self._joining[client.address]
-        responses = await gather(*(c.handshake() for c in answered), return_exceptions=True)
+        answer_s = max(wait, JOIN_ANSWER_S)
+        hint = f"a joining server has refresh()'s `wait` to answer, at least {JOIN_ANSWER_S:g} s"
+        joined: list[EnvClient] = []
+        while True:
+            if fresh and wait > 0:
+                await asyncio.wait(
+                    fresh,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED,
+                )
+            answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
+            for client in answered:
+                del self._joining[client.address]
+            if everyone:  # (retried while the server answers UNAVAILABLE, up to the deadline)
+                handshakes = [self._handshake(c, deadline) for c in answered]
+            else:
+                handshakes = [
+                    c.handshake(timeout=answer_s, hint=hint) if answer_s < c.timeout else c.handshake()
+                    for c in answered
+                ]
+            responses = await gather(*handshakes, return_exceptions=True)
+            joined += await self._admit(answered, responses)
+            # (everyone: those still connecting, while none joined and time is left)
+            fresh = [ready for _, ready in self._joining.values()]
+            if not everyone or joined or not fresh or time.monotonic() >= deadline:
+                break
+        self._remind_missing()
+        return joined
+
+    async def _admit(
+        self, answered: list[EnvClient], responses: list[pb.HandshakeResponse | BaseException]
+    ) -> list[EnvClient]:
+        """Of the servers that ``answered`` (their handshakes' ``responses``), those that join the fleet: their
+        sessions started. The others are closed, and tried again later (see :meth:`_join`)."""
         # Both names of a server another learner held at the start were set aside: the first to join
         # claimed it, and the fleet's own claim refuses the other.
         aliases = await self._find_aliases(answered, responses, held=self._clients)
         joined = []
         for client, response in zip(answered, responses, strict=True):
             if client in aliases:
-                self._away.pop(client.address, None)
                 await client.close()
                 continue
             problem = (
@@ -378,6 +431,7 @@ class FleetMembership:
                     client.start_session(response)  # so that close() releases the claim
                 await client.close()
                 continue
+            assert not isinstance(response, BaseException)  # (a failed handshake is a problem)
             client.start_session(response)
             was = self._away.pop(client.address, None)
             if was is not None and was.missing_since is not None:
@@ -387,7 +441,6 @@ class FleetMembership:
                     time.monotonic() - was.missing_since,
                 )
             joined.append(client)
-        self._remind_missing()
         return joined
 
     def _remind_missing(self) -> None:
@@ -428,6 +481,7 @@ class _Away:
         self.delay = 0.0  # the wait before retry_at
         self.last = ""  # why the last try failed, as said
         self.warned: set[str] = set()  # the kinds of problem a warning named (see refuse)
+        self.alias_of: str | None = None  # another name of the server at this address, in the fleet (used once)
 
     def refuse(self, err: BaseException | None, problem: str) -> bool:
         """Note a try refused with ``err`` (None: the server did not fit the fleet) for ``problem`` (as

@@ -55,6 +55,9 @@ class Faults:
     """The spec's env_id."""
     claimed_by: str = ""
     """GetSpecResponse.claimed_by."""
+    claimed: bool = False
+    """Refuse every Handshake as a server another learner holds does (RESOURCE_EXHAUSTED); set it back to
+    False for that learner's release."""
     twice_every: int | None = None
     """Send every ``twice_every``-th answer of each stream twice (None: never)."""
     twice_at: int | None = None
@@ -113,6 +116,8 @@ class _Service(pb_grpc.EnvServiceServicer):
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
         self.handshakes += 1
+        if self.faults.claimed:
+            await self._fail(context, (grpc.StatusCode.RESOURCE_EXHAUSTED, "this server's envs are claimed by 'other'"))
         session_id = uuid.uuid4().hex if self.faults.session_id is None else self.faults.session_id
         self._released[session_id] = asyncio.Event()
         self._live.add(session_id)

@@ -15,7 +15,7 @@ import learner.discovery
 from learner import RemoteVectorEnv, expand_addresses
 from learner.discovery import AddressError, NotReadyYet, expand_named, expand_when_ready, probe
 from learner.errors import ServerUnavailableError
-from tests.conftest import StartServers, not_found_at_once
+from tests.conftest import StartServers, fleet, not_found_at_once
 
 
 def test_a_dns_address_is_every_address_of_the_name(start_servers: StartServers) -> None:
@@ -184,3 +184,21 @@ def test_a_server_listed_under_two_names_is_used_once_and_said_so(
         caplog.clear()
         envs.refresh()  # the alias is not tried again
         assert envs.addresses == [used] and not caplog.text
+
+
+def test_a_servers_other_name_is_used_once_the_first_is_out_of_the_fleet(start_servers: StartServers) -> None:
+    """A name found to be another of a server in the fleet is set aside while that server is in under its
+    first name: once it is out (that name listed no more; a server that left, dropped), the server joins
+    under the other."""
+    [address] = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    alias = f"localhost:{address.rpartition(':')[2]}"
+    listed, servers = fleet(address, alias)
+    with RemoteVectorEnv(listed) as envs:
+        used, other = envs.addresses[0], ({address, alias} - set(envs.addresses)).pop()
+        envs.reset(seed=0)
+        servers.remove(used)
+        change = envs.refresh()
+        assert change is not None and (change.removed, change.added) == ((used,), (other,))
+        assert envs.addresses == [other] and envs.num_envs == 2
+        servers.append(used)  # (listed again: the first name is now the other's alias)
+        assert envs.refresh() is None and envs.addresses == [other]

@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,7 +38,8 @@ from learner import (
     faults,
 )
 from learner.client import translate_error
-from tests.conftest import SpawnServer, slow_to_build_server
+from tests.conftest import ServerProcess, SpawnServer, slow_to_build_server
+from tests.faulty_server import Faults, FaultyServer
 
 K = 2  # envs per server
 FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
@@ -1143,3 +1145,48 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_still_building_its_envs
             assert time.monotonic() < deadline, "the server did not join"
             time.sleep(0.2)
         assert change.added == (slow,) and envs.num_envs == 2 * K
+
+
+def hung_server(spawn_server: SpawnServer) -> ServerProcess:
+    """A server whose event loop hangs (an env step that never returns, run on the loop as quick steps
+    are): it takes connections, and answers no call."""
+    server = spawn_server("tests.hang_envs:HangLater", 1)
+    with RemoteVectorEnv([server.address], timeout=1.0) as first:
+        first.reset(seed=0)
+        with pytest.raises(RemoteTimeoutError):
+            for _ in range(5):
+                first.step(first.action_space.sample())
+    return server
+
+
+@pytest.mark.slow
+def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_its_handshake(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that connects but whose handshake gets no answer in time (its event loop hangs) costs its
+    envs, not the start, as one that does not connect at all: it joins later, if it ever answers."""
+    a = spawn_server("CartPole-v1", K)
+    hung = hung_server(spawn_server)
+    with RemoteVectorEnv([a.address, hung.address], fault_tolerant=True, connect_timeout=5.0, timeout=1.0) as envs:
+        assert (envs.num_envs, envs.servers_not_joined) == (K, [hung.address])
+        assert f"env server {hung.address}: Handshake failed [DEADLINE_EXCEEDED]" in caplog.text
+        assert "starting with the 1 of 2 that answered" in caplog.text
+
+
+def test_a_fault_tolerant_start_says_once_which_servers_it_goes_on_without_and_with_how_many(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Servers missing for different reasons (one does not connect, another learner holds one) are said
+    in one warning, with the number of servers the fleet starts with out of all those listed."""
+    a = spawn_server("CartPole-v1", K)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        nothing = f"127.0.0.1:{free.getsockname()[1]}"
+    with (
+        FaultyServer(Faults(claimed=True)) as held,
+        RemoteVectorEnv([a.address, nothing, held.address], fault_tolerant=True, connect_timeout=1.0) as envs,
+    ):
+        assert envs.servers_not_joined == [nothing, held.address]
+    said = [r.getMessage() for r in caplog.records if "starting with the" in r.getMessage()]
+    assert len(said) == 1 and "starting with the 1 of 3 that answered" in said[0], said
+    assert f"{nothing}: nothing answered within 1 s" in said[0] and f"{held.address}: Handshake failed" in said[0]

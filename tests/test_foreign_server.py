@@ -15,7 +15,7 @@ import pytest
 
 import learner.client
 from env_server.protocol import NOT_OWNED
-from learner import RemoteVectorEnv
+from learner import RemoteVectorEnv, faults
 from learner.cli import main
 from learner.client import SERVER_TEXT_LIMIT, server_text
 from learner.errors import EnvCrashedError, InvalidResponseError, RemoteEnvError, ServerUnavailableError
@@ -140,6 +140,27 @@ def test_a_server_without_a_server_id_is_warned_of_once(caplog: pytest.LogCaptur
         f"env server {server.address} answers no server_id (its spec's is empty): a restart of it cannot be told "
         "from the same process, so after a lost connection the learner takes it for the same one"
     ]
+
+
+def test_servers_without_a_server_id_are_not_taken_for_one_another(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Servers that send no server_id cannot be told apart: one another learner holds at a fault-tolerant
+    start is no second name of the fleet's (as a server refused under the id of one in the fleet is), but
+    a server that joins once that learner lets go."""
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (0.05, 0.1))
+    with (
+        FaultyServer(Faults(server_id="")) as a,
+        FaultyServer(Faults(server_id="", claimed=True)) as b,
+        RemoteVectorEnv([a.address, b.address], fault_tolerant=True, connect_timeout=5) as envs,
+    ):
+        assert (envs.addresses, envs.servers_not_joined) == ([a.address], [b.address])
+        envs.reset(seed=0)
+        b.faults.claimed = False  # (the other learner let go)
+        time.sleep(0.1)
+        change = envs.refresh()
+        assert change is not None and change.added == (b.address,) and envs.num_envs == 4
+    assert "are the same env server" not in caplog.text
 
 
 def test_server_text_is_escaped_and_capped() -> None:

@@ -22,6 +22,7 @@ from learner import AddressError, RemoteVectorEnv, faults
 from learner.discovery import register_resolver
 from learner.fleet import FleetChange
 from tests.conftest import ServerProcess, SpawnServer, fleet, slow_to_build_server
+from tests.test_faults import hung_server
 from tests.test_metrics import scrape
 
 K = 2  # envs per server
@@ -276,3 +277,24 @@ def test_a_server_still_building_its_envs_is_tried_again_after_the_first_wait_ea
         assert change is not None and change.added == (slow,)
     waits = re.findall(rf"env server {re.escape(slow)} does not join: .*\(tried again in (\S+) s\)", caplog.text)
     assert len(waits) >= 2 and set(waits) == {"0.5"}, waits
+
+
+@pytest.mark.slow
+def test_a_listed_server_that_does_not_answer_its_handshake_holds_a_refresh_up_for_its_wait_not_the_timeout(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listed server that connects but answers no handshake (its event loop hangs) has refresh()'s ``wait``
+    to answer (at least 1 s), as a new server has to connect: not the fleet's whole ``timeout``, at every
+    refresh that tries it again."""
+    a = spawn_server("CartPole-v1", K)
+    hung = hung_server(spawn_server)
+    address, servers = fleet(a.address)
+    with RemoteVectorEnv(address, timeout=10.0) as envs:
+        envs.reset(seed=0)
+        servers.append(hung.address)
+        started = time.monotonic()
+        assert envs.refresh(wait=0.2) is None
+        took = time.monotonic() - started
+        assert 0.9 < took < 3.0, took
+        assert f"refresh: env server {hung.address} does not join: Handshake failed [DEADLINE_EXCEEDED]" in caplog.text
+        assert "no answer within the 1 s deadline" in caplog.text

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -239,6 +240,29 @@ def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None
         with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
             assert servers.addresses[0].startswith(f"unix:{folder}/envfleet-{os.getpid()}-")
         assert not orphan.exists() and live.is_dir()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_socket_folder_whose_pid_is_gone_but_whose_server_listens_is_left_alone(monkeypatch: Any) -> None:
+    """A learner in another pid namespace (a second container sharing /tmp) has a pid this one does not
+    see: its live folder must not be taken for a killed learner's, and its sockets removed from under it."""
+    folder = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: see above)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    elsewhere = folder / f"envfleet-{dead.pid}-abc123"  # (its pid, as this namespace sees it, is no process)
+    elsewhere.mkdir()
+    orphan = folder / f"envfleet-{dead.pid}-def456"
+    orphan.mkdir()
+    (orphan / "server-0.sock").write_text("")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as served:
+            served.bind(str(elsewhere / "server-0.sock"))
+            served.listen()
+            with LocalServers("CartPole-v1", 1, 1, transport="unix"):
+                pass
+            assert sorted(os.listdir(elsewhere)) == ["server-0.sock"] and not orphan.exists()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

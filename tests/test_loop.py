@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import learner.loop
+from env_server.health import check
 from learner.loop import LoopRunner
 from learner.remote import RemoteVectorEnv
-from tests.conftest import StartServers, needs_proc
+from tests.conftest import StartServers, needs_proc, slow_to_build_server
 
 
 def test_a_close_from_another_thread_runs_at_once_when_the_loop_is_free() -> None:
@@ -136,3 +140,87 @@ def test_a_runner_freed_by_a_garbage_collection_while_a_thread_makes_its_own_han
         assert got and not other.is_alive()
     finally:
         gc.enable()
+
+
+def test_an_interrupted_call_is_cancelled_and_its_cleanup_run_before_the_interrupt_goes_on() -> None:
+    """Ctrl-C while the loop runs a call: the call must not stay pending, to resume unseen at the loop's
+    next run (a connect that then claims a server for an env nobody holds); its cleanup runs first."""
+    runner = LoopRunner.for_this_thread()
+    ended: list[str] = []
+
+    async def call() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.01)  # (a cleanup that awaits: closing its channels)
+            ended.append("cleaned up")
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt  # (as the default SIGINT handler raises it, the loop waiting in select)
+
+    runner.loop.call_later(0.05, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(call())
+    assert ended == ["cleaned up"]
+    runner.run(asyncio.sleep(0))  # (the loop is free for the next call)
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[Callable[[float], threading.Timer]]:
+    """``ctrl_c(after)``: a Ctrl-C (SIGINT, raising KeyboardInterrupt) to the main thread ``after`` seconds
+    from now (a timer: join it); the default handler meanwhile, as at a terminal or in a notebook."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    main = threading.main_thread().ident
+    assert main is not None
+    timers: list[threading.Timer] = []
+
+    def press(after: float) -> threading.Timer:
+        timer = threading.Timer(after, signal.pthread_kill, (main, signal.SIGINT))
+        timers.append(timer)
+        timer.start()
+        return timer
+
+    yield press
+    for timer in timers:
+        timer.cancel()
+        timer.join()
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("background", [False, True], ids=["this-thread", "background-loop"])
+def test_ctrl_c_while_connecting_leaves_the_server_free(
+    ctrl_c: Callable[[float], threading.Timer], background: bool
+) -> None:
+    """Ctrl-C while RemoteVectorEnv(...) waits for a server building its envs (a notebook's interrupt), then
+    the cell run again once the server is up: the interrupted connect must not claim it meanwhile, on the
+    thread's loop's next run, or (a notebook's: an event loop runs in the thread) on the background loop."""
+    build_s = 3.0
+    with slow_to_build_server(build_s, 2) as address:
+
+        def connect() -> None:
+            timer = ctrl_c(2.0)  # (the connect waits for it then, retrying its handshake)
+            with pytest.raises(KeyboardInterrupt):
+                RemoteVectorEnv(address, connect_timeout=30)
+            timer.join()
+
+        if background:
+
+            async def in_a_notebook() -> None:
+                connect()  # (blocking the loop, as a notebook's cell does: the env runs on the background loop)
+
+            loop = asyncio.new_event_loop()  # (asyncio.run would take the Ctrl-C for itself)
+            try:
+                loop.run_until_complete(in_a_notebook())
+            finally:
+                loop.close()
+        else:
+            connect()
+        while check(address) != "SERVING":  # (asked apart from the loop: what it had pending stays so)
+            time.sleep(0.1)
+        # The thread's loop runs (what it had pending, too: a handshake retried within 1 s).
+        LoopRunner.for_this_thread().run(asyncio.sleep(1.5))
+        with RemoteVectorEnv(address, connect_timeout=10) as envs:
+            assert envs.num_envs == 2

@@ -13,14 +13,16 @@ import sys
 import time
 from collections.abc import Callable
 
+import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 
+from env_server.health import check
 from learner import RemoteVectorEnv, ServerUnavailableError
 from learner.fleet import FleetChange, carry_over, describe_change
-from tests.conftest import Serve, fleet
+from tests.conftest import Serve, SpawnServer, fleet
 
 
 def test_nothing_changed_returns_none(serve: Serve) -> None:
@@ -294,3 +296,38 @@ def test_pipelining_groups_follow_the_fleet(serve: Serve) -> None:
         assert (envs.num_groups, envs.group_slices) == (2, [slice(0, 4), slice(4, 6)])
         obs, *_ = envs.step_groups(lambda sl: np.zeros(sl.stop - sl.start, dtype=np.int64))
         assert obs.shape == (6, 4)
+
+
+@pytest.mark.slow
+def test_every_server_restarting_and_still_building_its_envs_is_waited_for_up_to_connect_timeout(
+    spawn_server: SpawnServer,
+) -> None:
+    """No server left but all restarting (a host rebooted; a big simulator builds its envs for a while,
+    answering UNAVAILABLE, "starting"): refresh() gives them ``connect_timeout`` to answer again, handshakes
+    tried again meanwhile as at the start, before it gives up."""
+    server = spawn_server("tests.envs:SlowToBuildEnv", 2, "--env-kwargs", '{"build_s": 0.0}')
+    with RemoteVectorEnv(server.address, connect_timeout=30) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        server.kill()
+        port = server.address.rpartition(":")[2]
+        slow = ["--env-kwargs", '{"build_s": 3.0}', "--num-envs", "2", "--host", "127.0.0.1", "--port", port]
+        argv = ["--env", "tests.envs:SlowToBuildEnv", *slow]
+        with subprocess.Popen(
+            [sys.executable, "-m", "env_server", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as again:
+            try:
+                while _health(server.address) != "NOT_SERVING":  # (it listens, and builds its envs)
+                    time.sleep(0.1)
+                change = envs.refresh()
+                assert change is not None and change.added == (server.address,) and envs.num_envs == 2
+            finally:
+                again.kill()
+
+
+def _health(address: str) -> str | None:
+    """The server's health (None: nothing answers yet)."""
+    try:
+        return check(address, timeout=1.0)
+    except grpc.RpcError:
+        return None
