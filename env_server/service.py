@@ -107,6 +107,9 @@ ANSWER_HEADROOM = 1024 * 1024
 _RESET_FIRST = "Step called before Reset: reset the envs first"
 
 
+_GAVE_UP = "caller gave up on it (its deadline passed, or it was cancelled) before its answer came"
+
+
 def _step_unseen(why: str) -> str:
     """What a step is told after one whose answer its client did not get (``why``), which the envs took."""
     return (
@@ -630,8 +633,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     "CartPole one does); reset all of them, or serve the env with --vectorization sync or async",
                 )
             if self._needs_reset:
+                why = "" if self._reset_why == _RESET_FIRST else f" ({self._reset_why})"
                 raise ServiceError(
-                    grpc.StatusCode.FAILED_PRECONDITION, "reset_mask: reset every env once before resetting some"
+                    grpc.StatusCode.FAILED_PRECONDITION, f"reset_mask: reset every env once before resetting some{why}"
                 )
             mask = np.array(request.reset_mask, dtype=np.bool_)
             options = {**(options or {}), "reset_mask": mask}
@@ -654,7 +658,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @_rpc
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
-        return await self.step(request)
+        response = await self.step(request)
+        if _deadline_passed(context) or context.cancelled():
+            # A step run on the loop (quick ones are: not cancellable) past its caller's deadline: the
+            # answer goes nowhere, as a cancelled one's on the env thread (see _run_env).
+            self._answer_lost(request.session_id)
+        return response
 
     async def StepStream(
         self, request_iterator: AsyncIterator[pb.StepRequest], context: grpc.aio.ServicerContext
@@ -691,7 +700,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
             except Exception as err:
                 self.end_call(context, err, "StepStream", request)
                 return
-            await context.write(response)
+            try:
+                await context.write(response)
+            except BaseException:  # (the stream ended under the step: cancelled, its deadline passed)
+                self._answer_lost(request.session_id)
+                raise
 
     def drain(self) -> None:
         """Start shutting down: refuse new sessions and steps, end the session, and end idle step
@@ -790,7 +803,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return
         # The envs stepped (or reset), and their client will not see it: a reset first (see _run_env).
         if self._claim is session:
-            self._require_reset(_step_unseen("answer was too large to send") if method == "Step" else "")
+            self._require_reset(
+                _step_unseen("answer was too large to send")
+                if method == "Step"
+                else "the last Reset's answer was too large to send: reset the envs again, with an env that puts "
+                "less in its infos"
+            )
         message = (
             f"the {method} answer would take {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} bytes (64 MiB) a message may "
             f"take: its infos take {info_bytes:,}; reset before stepping again, and have the env put less in its "
@@ -821,16 +839,19 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     # Disabled's envs right, but not an episode the other modes end, and restart,
                     # unseen. Said now, so that a step the client sends meanwhile is refused too.
                     # (A session that ended meanwhile: its successor's Handshake asks for a reset anyway.)
-                    self._require_reset(
-                        _step_unseen(
-                            "caller gave up on it (its deadline passed, or it was cancelled) before its answer came"
-                        )
-                    )
+                    self._require_reset(_step_unseen(_GAVE_UP))
                 # The call was cancelled (its learner went away or gave up), but the env goes on in
                 # its thread: keep the lock until it is done, so that no other call (the learner's
                 # next Reset, say) touches the env meanwhile.
                 await _wait_uncancellable(future)
                 raise
+
+    def _answer_lost(self, session_id: str) -> None:
+        """The answer to a step of ``session_id`` will not reach its client: the envs moved on unseen,
+        so a full reset first (unless the session ended meanwhile: its successor resets anyway)."""
+        claim = self._claim
+        if claim is not None and _same_id(claim.id, session_id):
+            self._require_reset(_step_unseen(_GAVE_UP))
 
     def _require_reset(self, why: str = "") -> None:
         """Refuse steps until the next full reset, saying ``why`` (by default, that the envs need one)."""

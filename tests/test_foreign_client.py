@@ -246,22 +246,27 @@ def test_envs_a_masked_reset_left_out_under_disabled_autoreset_still_wait_for_th
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("at", [1, 5], ids=["on-the-env-thread", "on-the-loop"])
 @pytest.mark.parametrize("mode", ["NextStep", "Disabled"])
 def test_a_step_whose_caller_gave_up_has_the_next_one_refused_until_a_full_reset(
-    spawn_server: SpawnServer, tmp_path: Path, mode: str
+    spawn_server: SpawnServer, tmp_path: Path, mode: str, at: int
 ) -> None:
     """The env's step goes on after its call's deadline passed, and what it ended there (an episode,
     reset unseen under next-step autoreset; envs that wait for their reset under Disabled) the client
     never saw: its next step is refused until a full reset (was: stepped on, from where the client did
-    not know; under Disabled into gymnasium's assertion, INTERNAL)."""
+    not know; under Disabled into gymnasium's assertion, INTERNAL). The first step runs on the env
+    thread (cancelled there); later ones, quick so far, on the server's loop, where nothing cancels them:
+    their answer is found to be late once they return."""
     gate = tmp_path / "gate"
-    kwargs = json.dumps({"gate": str(gate), "at": 1, "length": 1})  # (its first step, which ends the episode)
+    kwargs = json.dumps({"gate": str(gate), "at": at, "length": at})  # (the step that ends the episode)
     server = spawn_server("tests.envs:GateEnv", 1, "--env-kwargs", kwargs, "--autoreset-mode", mode)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.EnvServiceStub(channel)
         session = stub.Handshake(pb.HandshakeRequest(), timeout=10).session_id
         stub.Reset(pb.ResetRequest(session_id=session), timeout=10)
         step = _zeros_step(session, 1)
+        for _ in range(at - 1):
+            stub.Step(step, timeout=10)
         given_up = stub.Step.future(step, timeout=2.0)
         deadline = time.monotonic() + 30
         while not gate.exists():  # (the step is in the env, held there)
