@@ -286,7 +286,7 @@ class Args:
 
     def __post_init__(self) -> None:
         servers: object = self.servers
-        if isinstance(servers, list | tuple) and all(isinstance(a, str) for a in servers):
+        if isinstance(servers, list | tuple) and servers and all(isinstance(a, str) for a in servers):
             # (from Python: LocalServers(...).addresses, a list, as RemoteVectorEnv takes them)
             object.__setattr__(self, "servers", ",".join(servers))
         elif servers is not None and not isinstance(servers, str):
