@@ -847,7 +847,10 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
 
     interrupted = result.get("interrupted", False)
     if args.json:
-        print(json.dumps(result if error is None else {**result, "error": error}), flush=True)
+        from learner.rundir import jsonable
+
+        # (valid JSON: NaN and infinities, which json.dumps writes as bare tokens no JSON parser takes, as null)
+        print(json.dumps(jsonable(result if error is None else {**result, "error": error})), flush=True)
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
         count = f"{result['episodes']} episode{'' if result['episodes'] == 1 else 's'}"

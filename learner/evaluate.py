@@ -22,7 +22,7 @@ from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, env_server_of, open_fleet
-from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
+from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError, UnusableEnvOutputError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable
@@ -257,6 +257,7 @@ def evaluate(
                     while (counts < targets).any() and not stop.requested:
                         obs, rewards, terms, truncs, infos = envs.step(policy(obs))
                         _raise_env_errors(infos, fleet)
+                        _raise_unusable_rewards(envs, np.asarray(rewards), valid, fleet)
                         ep_return += np.where(valid, rewards, 0.0)
                         ep_length += valid
                         done = (terms | truncs) & valid
@@ -397,6 +398,19 @@ def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:
         f"; the run trained on running env servers ({trained_on}), whose wrappers and env kwargs it does not "
         f"record, and these envs got wrappers {','.join(wrappers) or 'none'}: pass those servers' as --wrappers "
         "(and --env-kwargs)"
+    )
+
+
+def _raise_unusable_rewards(envs: Any, rewards: np.ndarray, valid: np.ndarray, fleet: FleetSpec) -> None:
+    """UnusableEnvOutputError, as training raises, where an env's reward (of a step that counts: not a
+    reset step's) is NaN or infinite: the episode's return would be no number to report (nor JSON's)."""
+    bad = valid & ~np.isfinite(rewards)
+    if not bad.any():
+        return
+    index = int(np.flatnonzero(bad)[0])
+    raise UnusableEnvOutputError(
+        f"{env_server_of(envs, index)}reward of env {index} ({fleet.describe()}) is {rewards[index]}: a NaN or "
+        "infinite reward makes no return to report (fix the env, or clip its rewards in a wrapper)"
     )
 
 

@@ -26,9 +26,26 @@ def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] 
     if not metrics.is_file():
         return run, None, None, {}
     rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
-    summary = rundir.read_json(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
-    config = rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else {}
-    return run, rows, summary, config
+    summary = _read(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
+    return run, rows, summary if isinstance(summary, dict) else None, _run_config(run) or {}
+
+
+def _read(path: Path) -> Any:
+    """A JSON file of a run dir; ValueError naming it where it cannot be read (json's own names no file)."""
+    try:
+        return rundir.read_json(path)
+    except (OSError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise ValueError(f"{path}: expected a run's JSON file, but it cannot be read ({reason})") from None
+
+
+def _run_config(run: Path) -> dict[str, Any] | None:
+    """``run``'s config.json, None without one, or with one that is no run's (no ``args`` object: a folder
+    of something else that has a config.json), which is plotted as a folder without one is."""
+    config = _read(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else None
+    if not isinstance(config, dict) or not isinstance(config.get("args"), dict):
+        return None
+    return config
 
 
 def _env(config: dict[str, Any]) -> str | None:
@@ -83,10 +100,9 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     what does not change learning (run dir, --stop-at-return, timeouts, security, logging; the budget
     where nothing anneals over it) are one group, named
     by what sets it apart from the others (``gamma=0.98, num_envs=8``), or by its env when there is one
-    group. A run without a config.json is a group of its own, named after its folder."""
-    configs = [
-        rundir.read_json(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else None for run in map(Path, runs)
-    ]
+    group. A run without a config.json (or with one that is no run's) is a group of its own, named after
+    its folder."""
+    configs = [_run_config(run) for run in map(Path, runs)]
     setups = [None if config is None else _setup(config) for config in configs]
     known = [setup for setup in setups if setup is not None]
     _fill_unrecorded(known)

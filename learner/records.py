@@ -383,5 +383,5 @@ def _plot(run_dir: Path) -> None:
 
     try:
         plot_runs([run_dir], run_dir / rundir.PLOT, output_name=f"the run's {rundir.PLOT}")
-    except ValueError as err:  # no episode ended yet, a full disk
+    except (OSError, ValueError) as err:  # no episode ended yet, a full disk, a run dir gone or moved
         log.warning("no plot written: %s", err)

@@ -13,7 +13,7 @@ from typing import Any
 from torch import optim
 
 from learner import rundir
-from learner.checkpoint import load_checkpoint, load_nets, restore_rng
+from learner.checkpoint import UnreadableCheckpointError, load_checkpoint, load_nets, restore_rng
 from learner.config import (
     LOCAL_SERVER_OPTIONS,
     NO_TLS,
@@ -35,6 +35,7 @@ __all__ = [
     "like_args",
     "restore",
     "resume_args",
+    "set_aside_newer",
     "resumed_threshold",
 ]
 
@@ -350,14 +351,60 @@ def restore(
         # The bar is best.pt's own: it may be of an update after the checkpoint (the run was
         # killed in between), or older than the checkpoint's bar (a session with --no-save-best).
         best_file = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-        kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
+        try:
+            kept = load_checkpoint(best_file)["counters"] if best_file.is_file() else {}
+        except UnreadableCheckpointError as err:
+            # (a damaged disk or copy: the step checkpoints, which the run goes on from, may be fine) Set
+            # aside, not overwritten, so that what can be saved of it is still there; the bar is then the
+            # checkpoint's own, as after a session with --no-save-best.
+            with rundir.writing(best_file):
+                (moved,) = rundir.set_aside_unreadable([best_file])
+            log.warning(
+                "%s; set aside as %s: the run goes on with its checkpoint's best mean return (%s), and writes a "
+                "new %s at the next update that beats it",
+                err,
+                moved.name,
+                "none yet"
+                if counters.best_return is None
+                else f"{counters.best_return:.2f} at step {counters.best_step}",
+                rundir.BEST_CHECKPOINT,
+            )
+            kept = {"best_return": counters.best_return, "best_step": counters.best_step}
         counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
-    # Metrics of updates after the checkpoint were lost with the run; the resumed run redoes them.
+    # Metrics of updates after the checkpoint were lost with the run (or, resumed from an older checkpoint,
+    # are of the timeline it abandons); the resumed run redoes them.
     metrics_path = run_dir / rundir.METRICS
     if metrics_path.exists():
         rows = rundir.read_jsonl(metrics_path)
-        rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+        with rundir.writing(metrics_path):
+            rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
     return counters
+
+
+def set_aside_newer(run_dir: Path, checkpoint_file: Path, checkpoint: dict[str, Any]) -> None:
+    """A run resumed from a checkpoint older than its run dir's latest (``checkpoint_file``, given as a
+    file) abandons what came after it: the newer checkpoints in ``run_dir`` are renamed *.abandoned, with
+    a warning naming them (else pruning deletes the resumed run's checkpoints before them, their step
+    numbers being higher, and a later --resume of the run dir goes on from them, not from this run).
+    Their metrics rows go as a killed run's do (:func:`restore` drops the rows past the checkpoint).
+    Called with the run dir held."""
+    step = int(checkpoint["counters"]["global_step"])
+    newer = [p for p in rundir.list_checkpoints(run_dir) if (rundir.checkpoint_step(p) or 0) > step]
+    if not newer:
+        return
+    with rundir.writing(newer[0]):
+        moved = rundir.set_aside_abandoned(newer)
+    log.warning(
+        "resume: %s is of step %d, before the latest checkpoints in %s: the run goes on from it, and the newer "
+        "ones (%s, of the run it abandons) are set aside as %s, their %s rows past step %d dropped",
+        checkpoint_file,
+        step,
+        run_dir,
+        ", ".join(p.name for p in newer),
+        ", ".join(p.name for p in moved),
+        rundir.METRICS,
+        step,
+    )
 
 
 def resumed_threshold(counters: Counters, threshold: float | None) -> float | None:

@@ -46,7 +46,10 @@ __all__ = [
     "append_jsonl",
     "atomic_write",
     "cannot_write",
+    "check_holds_a_run",
     "checkpoint_path",
+    "checkpoint_step",
+    "jsonable",
     "list_checkpoints",
     "lock",
     "remove_stale_temp_files",
@@ -54,6 +57,7 @@ __all__ = [
     "read_jsonl",
     "rewrite_jsonl",
     "set_aside",
+    "set_aside_abandoned",
     "set_aside_unreadable",
     "write_json",
     "writing",
@@ -130,14 +134,14 @@ def _new_temp_file(path: Path) -> tuple[int, str]:
             continue
 
 
-def _jsonable(value: Any) -> Any:
-    """JSON has no NaN or infinities: write them as null."""
+def jsonable(value: Any) -> Any:
+    """``value`` as valid JSON can hold it: JSON has no NaN or infinities, written as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -149,7 +153,7 @@ def _write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    _write_text(path, json.dumps(_jsonable(obj), indent=2) + "\n")
+    _write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -159,7 +163,7 @@ def read_json(path: str | Path) -> Any:
 
 def append_jsonl(f: IO[str], obj: dict[str, Any]) -> None:
     """One JSON object per line, flushed so readers (``learner plot``, ``tail -f``) see it at once."""
-    f.write(json.dumps(_jsonable(obj)) + "\n")
+    f.write(json.dumps(jsonable(obj)) + "\n")
     f.flush()
 
 
@@ -178,7 +182,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    _write_text(path, "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+    _write_text(path, "".join(json.dumps(jsonable(r)) + "\n" for r in rows))
 
 
 @contextlib.contextmanager
@@ -209,6 +213,12 @@ BEST_CHECKPOINT = "best.pt"
 
 def checkpoint_path(run_dir: str | Path, global_step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step-{global_step:010d}.pt"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint file named as :func:`checkpoint_path` names them, else None."""
+    m = _CHECKPOINT.match(path.name)
+    return int(m.group(1)) if m else None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -322,7 +332,19 @@ def set_aside_unreadable(paths: Iterable[Path]) -> list[Path]:
     """Rename each of ``paths`` (checkpoints torch cannot read) ``NAME.unreadable``, out of the listing of
     checkpoints (their step numbers are the highest: pruning would keep them and delete good ones); the
     new paths. The renames are flushed to disk with their folders."""
-    moved = [path.rename(path.with_name(f"{path.name}.unreadable")) for path in paths]
+    return _rename_aside(paths, "unreadable")
+
+
+def set_aside_abandoned(paths: Iterable[Path]) -> list[Path]:
+    """Rename each of ``paths`` (checkpoints newer than the one a run was resumed from: a timeline that run
+    abandoned) ``NAME.abandoned``, out of the listing of checkpoints, as :func:`set_aside_unreadable` does
+    (else pruning deletes the resumed run's checkpoints before them, and a later --resume goes on from
+    them); the new paths."""
+    return _rename_aside(paths, "abandoned")
+
+
+def _rename_aside(paths: Iterable[Path], why: str) -> list[Path]:
+    moved = [path.rename(path.with_name(f"{path.name}.{why}")) for path in paths]
     for folder in {path.parent for path in moved}:
         _sync_dir(folder)
     return moved
@@ -333,12 +355,45 @@ def set_aside(run_dir: str | Path) -> Path | None:
     start over) into ``run_dir/previous/`` (or ``previous-2/``, ...: TensorBoard shows it as a run of its
     own); the folder, or None where there was nothing to move."""
     run_dir = Path(run_dir)
-    found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
-    found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
+    found = _run_files(run_dir)
     if not found:
         return None
+    check_holds_a_run(run_dir)
     aside = make_new_dir(run_dir / "previous")
     for path in found:
         path.rename(aside / path.name)
     _sync_dir(run_dir)
     return aside
+
+
+def _run_files(run_dir: Path) -> list[Path]:
+    """The files in ``run_dir`` named as a run names its files."""
+    found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
+    found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
+    return found
+
+
+def check_holds_a_run(run_dir: Path) -> None:
+    """ValueError where ``run_dir`` holds files by a run's names that are no run's: a run writes its
+    config.json, with an ``args`` object, before any of the others, so a folder whose config.json is
+    missing or has none holds someone else's files (a project's config.json, say), which a new run
+    would take for a failed run's and move aside (:func:`set_aside`)."""
+    found = _run_files(run_dir) if run_dir.is_dir() else []
+    if not found:
+        return
+    config = run_dir / CONFIG
+    try:
+        recorded = read_json(config)
+    except FileNotFoundError:
+        why = f"but no {CONFIG}"
+    except (OSError, ValueError) as err:
+        why = f"and its {CONFIG} cannot be read ({err.strerror if isinstance(err, OSError) else err})"
+    else:
+        if isinstance(recorded, dict) and isinstance(recorded.get("args"), dict):
+            return
+        why = f"and its {CONFIG} is no run's (it has no 'args' object)"
+    names = ", ".join(sorted(str(p.relative_to(run_dir)) for p in found))
+    raise ValueError(
+        f"--run-dir {run_dir}: expected a new or empty folder, or a run's, but it holds {names}, {why}: files that "
+        "are not a run's, left as they are; pass another --run-dir (a folder of the run's own), or move them out"
+    )

@@ -91,6 +91,7 @@ from learner.resume import (
     restore,
     resume_args,
     resumed_threshold,
+    set_aside_newer,
 )
 from learner.rundir import cannot_write, writing
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
@@ -300,6 +301,7 @@ def _check_fresh(run_dir: Path) -> None:
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
         )
+    rundir.check_holds_a_run(run_dir)  # (files by a run's names that are no run's: not set aside as a run's)
 
 
 def _close_quietly(f: Any) -> None:
@@ -525,10 +527,12 @@ def train(
     checkpoint_file: Path | None = None
     checkpoint: dict[str, Any] | None = None
     unreadable: list[tuple[Path, str]] = []  # newer checkpoints torch cannot read (a damaged disk or copy)
+    # The run's paths are absolute from here on: a chdir while it trains (a notebook's %cd, with train() in
+    # a thread) would put the later files of a relative run dir in another folder.
     if args.resume and Path(args.resume).is_dir():
-        checkpoint_file, checkpoint, unreadable = load_latest_readable(args.resume)
+        checkpoint_file, checkpoint, unreadable = load_latest_readable(Path(args.resume).absolute())
     elif args.resume:
-        checkpoint_file = find_checkpoint(args.resume)
+        checkpoint_file = find_checkpoint(Path(args.resume).absolute())
         checkpoint = load_checkpoint(checkpoint_file)
         if args.run_dir is None:  # (a checkpoint file: its run goes on in the run dir it is in)
             if checkpoint_file.parent.name != rundir.CHECKPOINTS:
@@ -537,7 +541,8 @@ def train(
                     "run_dir, the run dir the resumed run goes on in"
                 )
             args = dataclasses.replace(args, run_dir=str(checkpoint_file.parent.parent))
-    given_dir = args.run_dir or args.resume
+    given = args.run_dir or args.resume
+    given_dir = str(Path(given).absolute()) if given else None
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
     if checkpoint is not None:
@@ -568,8 +573,12 @@ def train(
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
             locked = True
-            for moved in rundir.set_aside_unreadable(path for path, _ in unreadable):
-                log.warning("%s set aside as %s", moved.with_suffix(""), moved.name)
+            for path, _ in unreadable:
+                with writing(path):
+                    (moved,) = rundir.set_aside_unreadable([path])
+                log.warning("%s set aside as %s", path, moved.name)
+            if checkpoint is not None and checkpoint_file is not None:
+                set_aside_newer(Path(given_dir), checkpoint_file, checkpoint)
         plotted = stack.enter_context(plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
@@ -608,7 +617,7 @@ def train(
                 f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
                 "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
             )
-        run_dir = Path(given_dir or default_run_dir(env_id))
+        run_dir = Path(given_dir or default_run_dir(env_id)).absolute()
         if checkpoint is None and given_dir:
             _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
         try:

@@ -333,6 +333,24 @@ def test_evaluating_on_observations_the_policy_cannot_act_on_names_the_env(
         evaluate(run, 2, backend=backend, num_envs=2, device="cpu", env_kwargs={"kind": kind, "at": 2}, progress=False)
 
 
+@pytest.mark.parametrize("backend", ["gym", "remote"])
+def test_evaluating_on_a_nan_reward_names_the_env_as_training_does(tmp_path: Path, backend: str) -> None:
+    """learner eval refuses a NaN or infinite reward as learner train does (its return would be no number to
+    report, nor valid JSON), with the same error class, naming the env and the reward."""
+    run = tmp_path / "run"
+    # (never bad in training; episodes of 5 steps: without the check, eval would end, its returns NaN)
+    train(_bad_env_run(tmp_path, "reward", at=10**6, backend="gym", total_timesteps=16, max_episode_steps=5))
+    where = r"^env server \S+: " if backend == "remote" else "^"
+    with pytest.raises(
+        UnusableEnvOutputError,
+        match=where + r"reward of env 1 \(.*BadObservationEnv.*\) is nan: a NaN or infinite reward makes no return",
+    ) as info:
+        evaluate(
+            run, 2, backend=backend, num_envs=2, device="cpu", env_kwargs={"kind": "reward", "at": 2}, progress=False
+        )
+    assert info.value.partial_result is not None and info.value.partial_result["episodes"] == 0
+
+
 @pytest.mark.parametrize(
     ("raw", "space", "usable"),
     [

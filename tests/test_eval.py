@@ -84,6 +84,19 @@ class SignalledClockEnv(ClockEnv):
         return super().step(action)
 
 
+class LargeRewardClockEnv(ClockEnv):
+    """ClockEnv whose rewards are ``scale`` times its own: at 1e308, finite rewards whose sum, an episode's
+    return, is not (infinite; their spread NaN)."""
+
+    def __init__(self, scale: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, abs(reward) * self.scale, terminated, truncated, info
+
+
 def _train(run: Path, *argv: str) -> None:
     steps = ["--num-steps", "8", "--total-timesteps", "32"]
     assert main(["train", *argv, *steps, "--run-dir", str(run), *QUIET]) == 0
@@ -261,6 +274,28 @@ def test_eval_env_kwargs_replace_the_runs_and_reach_the_video(
 ) -> None:
     result = _eval(capsys, str(faulty_run), "--episodes", "2", "--backend", "gym", "--env-kwargs", '{"length": 7}')
     assert result["length_mean"] == 7.0 and not caplog.records  # (a run on envs it started: nothing unknown)
+
+
+# (numpy's warnings of the returns that overflow, on purpose)
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+def test_eval_json_is_valid_json_with_returns_too_large_for_a_float(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json's object is JSON any parser reads: a return that is no finite number (finite rewards whose sum
+    overflows) is null, as in the run dir's JSON files, not Python's bare Infinity or NaN."""
+    run = tmp_path / "run"
+    _train(run, "--env", "tests.test_eval:LargeRewardClockEnv", "--backend", "gym", "--num-envs", "2")
+    capsys.readouterr()
+    argv = ["eval", str(run), "--episodes", "2", "--backend", "gym", "--env-kwargs", '{"scale": 1e308}', "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+
+    def refuse(token: str) -> Any:
+        raise AssertionError(f"not JSON: {token} in {out}")
+
+    result = json.loads(out, parse_constant=refuse)
+    assert result["episodes"] == 2 and result["returns"] == [None, None]
+    assert result["return_mean"] is None and result["return_std"] is None and result["length_mean"] == 3.0
 
 
 def test_eval_video_env_gets_the_given_env_kwargs(

@@ -150,6 +150,41 @@ def test_learner_plot_by_config_groups_the_seeds(tmp_path: Path, figures: list[A
     assert [label.split(" ")[0] for label in each[:3]] == ["s1", "s2", "wide"]
 
 
+def test_by_config_takes_a_folder_whose_config_json_is_no_run_s_as_one_without(
+    tmp_path: Path, figures: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config.json without an ``args`` object (a folder of something else, taken in by `learner plot
+    runs/*`) is no run's: that folder is a group of its own (with metrics) or left out with a warning
+    (without), as a folder without one is, not an AttributeError."""
+    from learner.cli import main
+
+    runs = [_configured(tmp_path / f"s{seed}", seed, 0.0) for seed in (1, 2)]
+    listed, other, empty = tmp_path / "listed", tmp_path / "other", tmp_path / "empty"
+    for folder, config in ((listed, [1, 2]), (other, {"args": "x", "my": "settings"}), (empty, [1, 2])):
+        (_run(folder, 3) if folder != empty else folder).mkdir(exist_ok=True)
+        rundir.write_json(folder / rundir.CONFIG, config)
+    assert config_groups([*runs, listed, other]) == ["CartPole-v1", "CartPole-v1", "listed", "other"]
+    assert main(["plot", *map(str, runs), str(empty), str(listed), "--by-config", "-o", str(tmp_path / "g.png")]) == 0
+    assert f"{empty}: expected a run dir with {rundir.METRICS}, found none; left out of the plot" in caplog.text
+    labels = [text.get_text() for text in figures[0].legends[0].get_texts()]
+    assert labels[:2] == ["CartPole-v1 (2 runs: mean, range shaded)", "listed"]
+
+
+@pytest.mark.parametrize("name", [rundir.CONFIG, rundir.SUMMARY])
+def test_a_run_s_json_file_that_cannot_be_read_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    from learner.cli import main
+
+    run = _run(tmp_path / "r", 3, solved_at=1000)
+    (run / name).write_text('{"args": ')
+    argv = ["plot", str(run), "-o", str(tmp_path / "p.png")]
+    assert main([*argv, "--by-config"] if name == rundir.CONFIG else argv) == 1
+    err = capsys.readouterr().err
+    assert f"learner plot: error: {run / name}: expected a run's JSON file, but it cannot be read (Expecting " in err
+    assert "Traceback" not in err
+
+
 def test_runs_whose_budget_anneals_their_learning_rate_differently_are_not_one_group(tmp_path: Path) -> None:
     """With the learning rate (or the clip) annealed over --total-timesteps, the budget changes how a
     run learns: a run resumed with a larger one is another configuration; without annealing, it is not."""

@@ -1283,6 +1283,151 @@ def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: P
         train(dataclasses.replace(args, run_dir=None, resume=str(elsewhere)))
 
 
+def test_a_run_resumed_from_an_older_checkpoint_file_sets_the_newer_ones_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Resumed from a checkpoint before its run dir's latest, a run abandons what came after it: the newer
+    checkpoints are renamed *.abandoned (else pruning deletes the new run's before them, and a later
+    --resume of the run dir goes on from them), and their metrics rows go."""
+    run = tmp_path / "r"
+    args = Args(**{**_resumable(), "total_timesteps": 64, "keep_checkpoints": 3}, checkpoint_every=1, run_dir=str(run))
+    train(args)
+    assert [rundir.checkpoint_step(p) for p in rundir.list_checkpoints(run)] == [32, 48, 64]
+    older = rundir.list_checkpoints(run)[0]
+    train(dataclasses.replace(args, run_dir=None, resume=str(older), total_timesteps=48))
+    assert f"resume: {older} is of step 32, before the latest checkpoints in {run}" in caplog.text, caplog.text
+    assert (
+        "the newer ones (step-0000000048.pt, step-0000000064.pt, of the run it abandons) are set aside as "
+        "step-0000000048.pt.abandoned, step-0000000064.pt.abandoned, their metrics.jsonl rows past step 32 dropped"
+    ) in caplog.text
+    # (not the abandoned run's step 64, which pruning would keep and a --resume would go on from)
+    assert [rundir.checkpoint_step(p) for p in rundir.list_checkpoints(run)] == [32, 48]
+    assert (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned").is_file()
+    assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]
+    assert load_checkpoint(run)["counters"]["global_step"] == 48
+    summary = train(resume_args(run, total_timesteps=64))  # (on from this run's latest, as its metrics are)
+    assert summary["total_steps"] == 64
+    assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48, 64]
+
+
+def test_a_damaged_best_pt_is_set_aside_on_resume_and_the_checkpoint_s_bar_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """best.pt torch cannot read (a damaged disk or copy) does not keep a run with good checkpoints from
+    going on: it is renamed best.pt.unreadable, and the bar is the checkpoint's own best mean return."""
+    run = tmp_path / "run"
+    kwargs = clock(length=3) | {"backend": "gym", "num_envs": 4, "num_steps": 8}
+    train(Args(**kwargs, total_timesteps=32 * 8, run_dir=str(run)))
+    best_file = run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+    bar = load_checkpoint(run)["counters"]["best_return"]
+    assert bar is not None
+    best_file.write_bytes(best_file.read_bytes()[: best_file.stat().st_size // 2])
+    summary = train(resume_args(str(run), total_timesteps=32 * 10))
+    assert summary["total_steps"] == 32 * 10 and summary["best_return"] >= bar
+    assert f"{best_file}: expected an envfleet checkpoint, but the file is truncated or corrupt" in caplog.text
+    assert f"set aside as best.pt.unreadable: the run goes on with its checkpoint's best mean return ({bar:.2f}" in (
+        caplog.text
+    )
+    assert (run / rundir.CHECKPOINTS / "best.pt.unreadable").is_file()
+
+
+@pytest.mark.parametrize("write", ["metrics", "unreadable"])
+def test_a_run_dir_that_cannot_be_written_on_resume_is_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], write: str
+) -> None:
+    """A read-only or full run dir on --resume: the file, the reason and the room left, not a traceback
+    (metrics.jsonl's rows past the checkpoint dropped; a damaged checkpoint set aside)."""
+    import errno
+
+    from learner.cli import main
+
+    run = tmp_path / "r"
+    train(Args(**{**_resumable(), "total_timesteps": 32}, checkpoint_every=1, run_dir=str(run)))
+    newest = rundir.list_checkpoints(run)[-1]
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    if write == "metrics":
+        monkeypatch.setattr(rundir, "rewrite_jsonl", refused)
+        path = run / rundir.METRICS
+    else:
+        newest.write_bytes(b"")
+        monkeypatch.setattr(Path, "rename", refused)
+        path = newest
+    assert main(["train", "--resume", str(run), "--total-timesteps", "48", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert f"learner train: error: cannot write {path}: Permission denied" in err, err
+
+
+def test_a_relative_run_dir_stays_where_it_was_when_the_working_directory_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's %cd while train() runs (in a thread): the run's files all go where its run dir was
+    when it began, and the summary names that folder."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    summary = train(
+        Args(**{**_resumable(), "total_timesteps": 48, "plot": True}, checkpoint_every=1, run_dir="run"),
+        on_update=lambda row: os.chdir(tmp_path / "b"),
+    )
+    run = tmp_path / "a" / "run"
+    assert list((tmp_path / "b").iterdir()) == []
+    assert [rundir.checkpoint_step(p) for p in rundir.list_checkpoints(run)] == [16, 32, 48]
+    assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48]
+    assert (run / rundir.SUMMARY).is_file() and (run / rundir.PLOT).is_file()
+    assert summary["run_dir"] == str(run)
+    # Resumed by a relative path, likewise.
+    monkeypatch.chdir(tmp_path / "a")
+    summary = train(resume_args("run", total_timesteps=64), on_update=lambda row: os.chdir(tmp_path / "b"))
+    assert summary["run_dir"] == str(run) and list((tmp_path / "b").iterdir()) == []
+    assert rundir.checkpoint_step(rundir.list_checkpoints(run)[-1]) == 64
+
+
+def test_a_plot_that_fails_at_the_run_s_end_is_logged_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """returns.png is the last thing a run writes: a run dir gone by then (moved, deleted) is said, and
+    the run that stopped cleanly is not turned into an error."""
+    from learner.records import plot_at_exit
+
+    with plot_at_exit(True) as plotted:
+        plotted.append(tmp_path / "gone")
+    assert f"no plot written: {tmp_path / 'gone'}: no such run dir" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"config.json": '{"my": "settings"}'}, "and its config.json is no run's (it has no 'args' object)"),
+        ({"config.json": "[1, 2]", "returns.png": ""}, "and its config.json is no run's"),
+        ({"config.json": "{not json"}, "and its config.json cannot be read (Expecting property name"),
+        ({"metrics.jsonl": "", "summary.json": "{}"}, "but no config.json"),
+    ],
+)
+def test_a_run_dir_holding_files_that_are_no_run_s_is_refused_and_left_as_it_is(
+    tmp_path: Path, files: dict[str, str], why: str
+) -> None:
+    """Files by a run's names in --run-dir that are no run's (a project's config.json): not taken for a
+    run stopped before its first checkpoint and moved to previous/, but refused, naming the folder."""
+    run = tmp_path / "proj"
+    run.mkdir()
+    for name, text in files.items():
+        (run / name).write_text(text)
+    names = ", ".join(sorted(files))
+    with pytest.raises(
+        ValueError, match=rf"^--run-dir {run}: expected a new or empty folder, or a run's, but it holds "
+    ):
+        train(Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(run)))
+    with pytest.raises(ValueError) as refused:
+        train(Args(**clock(3), backend="gym", num_envs=1, num_steps=4, total_timesteps=4, run_dir=str(run)))
+    assert f"it holds {names}, {why}" in str(refused.value) and "pass another --run-dir" in str(refused.value)
+    assert sorted(p.name for p in run.iterdir() if p.name != rundir.LOCK) == sorted(files)
+    assert all((run / name).read_text() == text for name, text in files.items())
+
+
 def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
     """A run without faults has no flat-zero faults/ tags; one with a fault has its tag from that update on."""
     from learner.records import write_tensorboard
