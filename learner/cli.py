@@ -38,7 +38,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt, stopped_by_ctrl_c, stopping_with_parent
+from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints, read_json
 
 if typing.TYPE_CHECKING:
@@ -1561,6 +1561,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     try:
         args, unknown = build_parser().parse_known_args(argv)
     except KeyboardInterrupt:  # (building the parser imports gymnasium: a second or so)
+        note_ctrl_c()  # (ended by it, as later: see run)
         print("learner: aborted", file=sys.stderr)
         return 130
     if unknown:  # said by the command's parser, whose usage names the command

@@ -81,6 +81,11 @@ def _note_stop(signum: int) -> None:
         _stop_at, _stop_signal = time.monotonic(), signum
 
 
+def note_ctrl_c() -> None:
+    """A Ctrl-C's KeyboardInterrupt caught before a command took the signals (its parser being built)."""
+    _note_stop(signal.SIGINT)
+
+
 def stopped_by_ctrl_c() -> bool:
     """Whether a Ctrl-C (SIGINT) was the signal that first asked the command to stop."""
     return _stop_at is not None and _stop_signal == signal.SIGINT

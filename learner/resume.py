@@ -140,9 +140,11 @@ def _pin_resolved(values: dict[str, Any], recorded: dict[str, Any], overrides: d
     if "preset" in overrides:
         return
     envs = recorded.get("envs") or {}
-    idle = {"hidden_sizes"} if recorded.get("policy") == "Nature CNN" else set()
+    idle = {"hidden_sizes", "norm_obs"} if recorded.get("policy") == "Nature CNN" else set()
     if not str(envs.get("action_space", "Box")).startswith("Box"):
         idle.add("action_bounds")
+    if not str(envs.get("observation_space", "Box")).startswith("Box"):
+        idle.add("norm_obs")
     for name, value in (recorded.get("ppo") or {}).items():
         if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
             values[name] = tuple(value) if isinstance(value, list) else value

@@ -218,3 +218,15 @@ def test_checkpoints_of_other_versions_are_brought_to_this_one_s_form() -> None:
         from_other_versions(checkpoint, "step.pt")
         assert checkpoint["counters"].get("solved_threshold") == bar
         Counters(**checkpoint["counters"])
+
+
+def test_a_resumed_run_is_not_given_norm_obs_its_observations_did_not_take(tmp_path: Path) -> None:
+    """The MuJoCo preset normalises vector observations; a Discrete-observation run of it recorded
+    ppo.norm_obs true all the same, which pinned on --resume made --norm-obs "given" (and warned of)."""
+    from learner.resume import resume_args
+
+    run = tmp_path / "run"
+    args = Args(env="FrozenLake-v1", preset="mujoco", backend="gym", num_envs=2, num_steps=8, total_timesteps=16)
+    train(Args(**{**args.to_json(), "run_dir": str(run), **QUIET}))
+    assert rundir.read_json(run / rundir.CONFIG)["ppo"]["norm_obs"] is True
+    assert resume_args(run, total_timesteps=32).norm_obs is None

@@ -1106,3 +1106,21 @@ def test_a_run_whose_envs_have_no_time_limit_and_ended_no_episode_says_what_to_g
     assert main(["train", "--env", "CartPole-v1", *steps, "--run-dir", str(tmp_path / "cart")]) == 0
     out = capsys.readouterr().out
     assert "no episode ended" in out and "time limit" not in out
+
+
+def test_a_ctrl_c_while_the_parser_is_built_ends_the_command_by_the_sigint_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its first second or so (the parser imports gymnasium): `learner: aborted`, then the process ends as
+    one Ctrl-C killed (run() re-raises KeyboardInterrupt for Python to do so), as after a later Ctrl-C."""
+    import learner.cli
+    import learner.progress
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(learner.cli, "build_parser", interrupted)
+    monkeypatch.setattr(learner.progress, "_stop_at", None)
+    monkeypatch.setattr(learner.progress, "_stop_signal", None)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(sys, "argv", ["learner", "train"])
+    with pytest.raises(KeyboardInterrupt):
+        learner.cli.run()
