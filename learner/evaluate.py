@@ -22,10 +22,10 @@ from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, env_server_of, open_fleet
-from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError, UnusableEnvOutputError
+from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
-from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable
+from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable, raise_unusable_rewards
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
@@ -252,12 +252,20 @@ def evaluate(
                     StopRequest("the episodes finished so far are reported", log) as stop,
                     progress_bar(show, episodes, unit="episode", scale=False) as bar,
                 ):
+                    server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
                     obs, infos = envs.reset(seed=seed)
                     _raise_env_errors(infos, fleet)
                     while (counts < targets).any() and not stop.requested:
                         obs, rewards, terms, truncs, infos = envs.step(policy(obs))
                         _raise_env_errors(infos, fleet)
-                        _raise_unusable_rewards(envs, np.asarray(rewards), valid, fleet)
+                        # (the episode's return would be no number to report, nor JSON's)
+                        raise_unusable_rewards(
+                            np.asarray(rewards),
+                            valid,
+                            server_of,
+                            "a NaN or infinite reward makes no return to report",
+                            named=named,
+                        )
                         ep_return += np.where(valid, rewards, 0.0)
                         ep_length += valid
                         done = (terms | truncs) & valid
@@ -398,19 +406,6 @@ def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:
         f"; the run trained on running env servers ({trained_on}), whose wrappers and env kwargs it does not "
         f"record, and these envs got wrappers {','.join(wrappers) or 'none'}: pass those servers' as --wrappers "
         "(and --env-kwargs)"
-    )
-
-
-def _raise_unusable_rewards(envs: Any, rewards: np.ndarray, valid: np.ndarray, fleet: FleetSpec) -> None:
-    """UnusableEnvOutputError, as training raises, where an env's reward (of a step that counts: not a
-    reset step's) is NaN or infinite: the episode's return would be no number to report (nor JSON's)."""
-    bad = valid & ~np.isfinite(rewards)
-    if not bad.any():
-        return
-    index = int(np.flatnonzero(bad)[0])
-    raise UnusableEnvOutputError(
-        f"{env_server_of(envs, index)}reward of env {index} ({fleet.describe()}) is {rewards[index]}: a NaN or "
-        "infinite reward makes no return to report (fix the env, or clip its rewards in a wrapper)"
     )
 
 

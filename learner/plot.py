@@ -43,9 +43,7 @@ def _run_config(run: Path) -> dict[str, Any] | None:
     """``run``'s config.json, None without one, or with one that is no run's (no ``args`` object: a folder
     of something else that has a config.json), which is plotted as a folder without one is."""
     config = _read(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else None
-    if not isinstance(config, dict) or not isinstance(config.get("args"), dict):
-        return None
-    return config
+    return config if rundir.is_run_config(config) else None
 
 
 def _env(config: dict[str, Any]) -> str | None:

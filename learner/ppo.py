@@ -453,6 +453,22 @@ def raise_unusable(
         raise UnusableEnvOutputError(where(env) + problem) from err
 
 
+def raise_unusable_rewards(
+    rewards: np.ndarray, valid: np.ndarray, where: Callable[[int], str], why: str, *, named: str = ""
+) -> None:
+    """Raise an UnusableEnvOutputError for the first env whose reward in ``rewards``, of a step that counts
+    (``valid``: not a reset step's), is NaN or infinite, its message begun with ``where(env)`` (what names
+    its server), the env then ``named`` (its fleet, say), and ``why`` such a reward cannot be taken; return
+    where none is."""
+    if np.isfinite(rewards[valid]).all():
+        return
+    env = int(np.flatnonzero(valid & ~np.isfinite(rewards))[0])
+    raise UnusableEnvOutputError(
+        f"{where(env)}reward of env {env}{named} is {rewards[env]}: {why} (fix the env, or clip its rewards in a "
+        "wrapper)"
+    )
+
+
 def observations_usable(obs: np.ndarray, space: gym.Space[Any], *, as_float32: bool = True) -> bool:
     """Whether the policy can act on every row of the batch ``obs``: what :func:`unusable_observation`
     looks for (``as_float32`` as there), over the whole batch at once (finite values, float64 ones within

@@ -167,7 +167,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
         recorded = rundir.read_json(config)
     except ValueError as err:
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG}: {err}") from None
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("args"), dict):
+    if not rundir.is_run_config(recorded):
         raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
     fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
@@ -359,8 +359,7 @@ def restore(
             # (a damaged disk or copy: the step checkpoints, which the run goes on from, may be fine) Set
             # aside, not overwritten, so that what can be saved of it is still there; the bar is then the
             # checkpoint's own, as after a session with --no-save-best.
-            with rundir.writing(best_file):
-                (moved,) = rundir.set_aside_unreadable([best_file])
+            (moved,) = rundir.set_aside_unreadable([best_file])
             log.warning(
                 "%s; set aside as %s: the run goes on with its checkpoint's best mean return (%s), and writes a "
                 "new %s at the next update that beats it",
@@ -394,8 +393,7 @@ def set_aside_newer(run_dir: Path, checkpoint_file: Path, checkpoint: dict[str, 
     newer = [p for p in rundir.list_checkpoints(run_dir) if (rundir.checkpoint_step(p) or 0) > step]
     if not newer:
         return
-    with rundir.writing(newer[0]):
-        moved = rundir.set_aside_abandoned(newer)
+    moved = rundir.set_aside_abandoned(newer)
     log.warning(
         "resume: %s is of step %d, before the latest checkpoints in %s: the run goes on from it, and the newer "
         "ones (%s, of the run it abandons) are set aside as %s, their %s rows past step %d dropped",

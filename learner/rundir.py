@@ -49,6 +49,7 @@ __all__ = [
     "check_holds_a_run",
     "checkpoint_path",
     "checkpoint_step",
+    "is_run_config",
     "jsonable",
     "list_checkpoints",
     "lock",
@@ -331,7 +332,8 @@ _RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT, WANDB_RUN)
 def set_aside_unreadable(paths: Iterable[Path]) -> list[Path]:
     """Rename each of ``paths`` (checkpoints torch cannot read) ``NAME.unreadable``, out of the listing of
     checkpoints (their step numbers are the highest: pruning would keep them and delete good ones); the
-    new paths. The renames are flushed to disk with their folders."""
+    new paths. The renames are flushed to disk with their folders; one that fails is :func:`cannot_write`'s
+    error."""
     return _rename_aside(paths, "unreadable")
 
 
@@ -344,7 +346,10 @@ def set_aside_abandoned(paths: Iterable[Path]) -> list[Path]:
 
 
 def _rename_aside(paths: Iterable[Path], why: str) -> list[Path]:
-    moved = [path.rename(path.with_name(f"{path.name}.{why}")) for path in paths]
+    moved = []
+    for path in paths:
+        with writing(path):  # (a read-only run dir: one line naming the file)
+            moved.append(path.rename(path.with_name(f"{path.name}.{why}")))
     for folder in {path.parent for path in moved}:
         _sync_dir(folder)
     return moved
@@ -373,6 +378,11 @@ def _run_files(run_dir: Path) -> list[Path]:
     return found
 
 
+def is_run_config(recorded: Any) -> bool:
+    """Whether ``recorded`` (a config.json's contents) is a run's: an object with an ``args`` object."""
+    return isinstance(recorded, dict) and isinstance(recorded.get("args"), dict)
+
+
 def check_holds_a_run(run_dir: Path) -> None:
     """ValueError where ``run_dir`` holds files by a run's names that are no run's: a run writes its
     config.json, with an ``args`` object, before any of the others, so a folder whose config.json is
@@ -389,7 +399,7 @@ def check_holds_a_run(run_dir: Path) -> None:
     except (OSError, ValueError) as err:
         why = f"and its {CONFIG} cannot be read ({err.strerror if isinstance(err, OSError) else err})"
     else:
-        if isinstance(recorded, dict) and isinstance(recorded.get("args"), dict):
+        if is_run_config(recorded):
             return
         why = f"and its {CONFIG} is no run's (it has no 'args' object)"
     names = ", ".join(sorted(str(p.relative_to(run_dir)) for p in found))

@@ -69,7 +69,15 @@ from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.normalize import RewardScaler, RunningMeanStd
-from learner.ppo import ActionHead, Agent, check_observation_space, is_image_space, observations_usable, raise_unusable
+from learner.ppo import (
+    ActionHead,
+    Agent,
+    check_observation_space,
+    is_image_space,
+    observations_usable,
+    raise_unusable,
+    raise_unusable_rewards,
+)
 from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
@@ -573,10 +581,8 @@ def train(
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
             locked = True
-            for path, _ in unreadable:
-                with writing(path):
-                    (moved,) = rundir.set_aside_unreadable([path])
-                log.warning("%s set aside as %s", path, moved.name)
+            for moved in rundir.set_aside_unreadable(path for path, _ in unreadable):
+                log.warning("%s set aside as %s", moved.with_suffix(""), moved.name)
             if checkpoint is not None and checkpoint_file is not None:
                 set_aside_newer(Path(given_dir), checkpoint_file, checkpoint)
         plotted = stack.enter_context(plot_at_exit(args.plot))  # entered first: plots after the envs close
@@ -1040,14 +1046,11 @@ def train(
                             fleet_down = True
                             break
 
-                    if not np.isfinite(reward_np[valid]).all():
-                        # (one NaN spreads through the advantages into the nets, and the next step's
-                        # sampling fails with torch's "probability tensor contains ... nan")
-                        bad_env = int(np.flatnonzero(valid & ~np.isfinite(reward_np))[0])
-                        raise UnusableEnvOutputError(
-                            f"{env_server_of(envs, bad_env)}reward of env {bad_env} is {reward_np[bad_env]}: PPO cannot "
-                            "learn from a NaN or infinite reward (fix the env, or clip its rewards in a wrapper)"
-                        )
+                    # (one NaN spreads through the advantages into the nets, and the next step's sampling fails
+                    # with torch's "probability tensor contains ... nan")
+                    raise_unusable_rewards(
+                        reward_np, valid, acting.server_of, "PPO cannot learn from a NaN or infinite reward"
+                    )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)
                     ep_length += valid
