@@ -185,7 +185,15 @@ class Checkpointer:
             # disk already, or when the nets are half-way through the next update).
             if updating:
                 self.log.warning("%s", stopped_in_update(self.saved_step))
-            fresh = not updating and last_update["counters"]["global_step"] != self.saved_step
+            # Solved in the partial rollout (as the log said): the summary and the checkpoint keep the solve,
+            # as a run stopped at its --stop-at-return does.
+            solved_since: dict[str, Any] = {}
+            if counters.solved_at_step is not None and last_update["counters"]["solved_at_step"] is None:
+                solved_since = {
+                    k: getattr(counters, k) for k in ("solved_at_step", "solved_at_seconds", "solved_threshold")
+                }
+            fresh = not updating and (last_update["counters"]["global_step"] != self.saved_step or bool(solved_since))
+            last_update = {**last_update, "counters": {**last_update["counters"], **solved_since}}
             # (none before the run's first update: a checkpoint of nets that never learned, at step 0, would
             # only be resumed as a run started over, which --resume of a run dir without one does anyway)
             state = last_update if fresh and last_update["counters"]["update"] > 0 else None

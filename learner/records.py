@@ -268,8 +268,14 @@ class Recorder:
         if self.tracker is not None:
             self.tracker.episode(global_step, float(ep_return), int(ep_length))
 
-    def record(self, result: UpdateResult, rollout_info: dict[str, Any]) -> None:
-        """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar."""
+    def record(
+        self, result: UpdateResult, rollout_info: dict[str, Any], as_of: tuple[float, int] | None = None
+    ) -> None:
+        """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar.
+
+        ``as_of`` (time, env steps): where this update's period ends, for sps_update and transitions_per_s;
+        now by default. --overlap-update gives its rollout's end: the update is recorded during the next
+        rollout, or after the last, when the steps since the last row are another rollout's, or none."""
         counters, bar, live = self.counters, self.bar, self.live
         counters.update += 1
         now = time.perf_counter()
@@ -278,17 +284,18 @@ class Recorder:
         # end), whose wall time other_seconds completes (checkpoints, fleet lookups, dropped rollouts;
         # --overlap-update: the update runs during the next rollout, so the parts overlap and
         # other_seconds is what is left, at least 0).
-        since = max(now - self.last_record[0], 1e-9)
+        until, steps = as_of if as_of is not None else (now, counters.global_step)
+        since = max(until - self.last_record[0], 1e-9)
         timing = {
             "seconds": counters.seconds,
             "sps": (counters.global_step - self.session_start_step) / max(now - self.session_start, 1e-9),
-            "sps_update": (counters.global_step - self.last_record[1]) / since,
+            "sps_update": (steps - self.last_record[1]) / since,
             # (the transitions learned from, batch_size: sps_update counts every env step, those of
             # unavailable envs and the reset-only steps after an episode's end too)
             "transitions_per_s": result.batch_size / since,
             "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
         }
-        self.last_record = (now, counters.global_step)
+        self.last_record = (until, steps)
         row = metrics_row(counters.update, timing, result, rollout_info)
         with writing(self.run_dir / rundir.METRICS):
             rundir.append_jsonl(self.metrics_file, row)

@@ -348,8 +348,13 @@ def set_aside_abandoned(paths: Iterable[Path]) -> list[Path]:
 def _rename_aside(paths: Iterable[Path], why: str) -> list[Path]:
     moved = []
     for path in paths:
+        # (NAME.why-2, ... where one is there already: a run dir resumed from an old file twice abandons a step twice)
+        aside = path.with_name(f"{path.name}.{why}")
+        n = 2
+        while aside.exists():
+            aside, n = path.with_name(f"{path.name}.{why}-{n}"), n + 1
         with writing(path):  # (a read-only run dir: one line naming the file)
-            moved.append(path.rename(path.with_name(f"{path.name}.{why}")))
+            moved.append(path.rename(aside))
     for folder in {path.parent for path in moved}:
         _sync_dir(folder)
     return moved

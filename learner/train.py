@@ -446,7 +446,8 @@ def _finish_update(
     of the rollout it learns from, and the state as of that rollout's end), then record it."""
     future, rollout_info, state = pending
     result = future.result()  # re-raises what the update raised
-    recorder.record(result, rollout_info)
+    # (its period: to the end of its rollout, the steps since being the next rollout's)
+    recorder.record(result, rollout_info, as_of=(rollout_info["ended_at"], rollout_info["global_step"]))
     checkpointer.finished(state)
 
 
@@ -1134,6 +1135,7 @@ def train(
                 counters.episodes_cut += episodes_cut
                 counters.env_errors += env_errors
                 # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
+                rollout_end = time.perf_counter()
                 rollout_info = {
                     "global_step": counters.global_step,
                     "episodic_return_mean": mean_or_none(list(recent_returns)),
@@ -1143,7 +1145,8 @@ def train(
                     "num_envs": num_envs,
                     "learning_rate": lr,
                     "clip_coef": clip_coef,
-                    "rollout_seconds": round(time.perf_counter() - rollout_start, 5),
+                    "rollout_seconds": round(rollout_end - rollout_start, 5),
+                    "ended_at": rollout_end,  # (--overlap-update: the end of the update's period; not in the row)
                     "env_steps_lost": steps_lost,
                     "env_errors": env_errors,
                     "envs_unavailable": int(lost_np.sum()),

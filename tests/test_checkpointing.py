@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,36 @@ def test_a_run_saved_on_a_host_with_more_gpus_restores_the_rng_states_of_the_gpu
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     restore_rng(state)
     assert [[int(s[0]) for s in states] for states in restored] == [[0, 1]]
+
+
+def test_a_run_stopped_after_a_solve_in_its_last_partial_rollout_keeps_the_solve(tmp_path: Path) -> None:
+    """Solved mid-rollout (the log says so), then stopped before the next update: the run is saved as of its
+    last update, but its summary and checkpoint keep the solve, as a run stopped by --stop-at-return does."""
+    # FrozenLake on a 1x2 map ("SG"): every episode reaches the goal; the 20th ends in the third rollout.
+    options: dict[str, Any] = {"env": "FrozenLake-v1", "env_kwargs": {"desc": ["SG"], "is_slippery": False}}
+    options |= {"backend": "gym", "num_envs": 2, "num_steps": 16, "plot": False, "progress": False}
+    stop = threading.Event()
+
+    class StopOnSolve(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("solved at step"):
+                stop.set()
+
+    handler, logger = StopOnSolve(), logging.getLogger("learner")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        summary = train(Args(**options, total_timesteps=128, run_dir=str(tmp_path / "run")), stop=stop)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert summary["stop_reason"] == "stopped" and summary["total_steps"] == 64  # (as of its last update)
+    assert summary["solved"] is True and 64 < summary["solved_at_step"] <= 96 and summary["solved_threshold"] == 0.7
+    saved = torch.load(rundir.list_checkpoints(tmp_path / "run")[-1], weights_only=False)
+    assert saved["counters"]["global_step"] == 64 and saved["counters"]["solved_at_step"] == summary["solved_at_step"]
+    resumed = train(Args(**options, resume=str(tmp_path / "run"), total_timesteps=96))
+    assert resumed["solved_at_step"] == summary["solved_at_step"]
 
 
 # -- checkpoints of other versions -------------------------------------------------------------------------------

@@ -735,6 +735,9 @@ def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(
     )
     assert [r["update"] for r in overlap] == [1, 2, 3, 4]
     assert [r["global_step"] for r in overlap] == [16, 32, 48, 64]  # each row: as of its rollout's end
+    for row in overlap:  # (each over its rollout's period: the first not over two rollouts, the last not over none)
+        assert row["sps_update"] > 0
+        assert row["transitions_per_s"] == pytest.approx(row["sps_update"] * row["batch_size"] / 16, rel=0.01)
     for key in ("policy_loss", "value_loss", "entropy", "approx_kl"):
         assert overlap[0][key] == sequential[0][key], key
     assert overlap[1]["policy_loss"] != sequential[1]["policy_loss"]
@@ -1308,6 +1311,12 @@ def test_a_run_resumed_from_an_older_checkpoint_file_sets_the_newer_ones_aside(
     summary = train(resume_args(run, total_timesteps=64))  # (on from this run's latest, as its metrics are)
     assert summary["total_steps"] == 64
     assert [r["global_step"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [16, 32, 48, 64]
+    # Abandoned again from the same file: the first abandoned ones are kept, not overwritten.
+    first = (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned").read_bytes()
+    train(dataclasses.replace(args, run_dir=None, resume=str(older), total_timesteps=48))
+    assert "set aside as step-0000000048.pt.abandoned-2, step-0000000064.pt.abandoned-2" in caplog.text
+    assert (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned").read_bytes() == first
+    assert (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned-2").is_file()
 
 
 def test_a_damaged_best_pt_is_set_aside_on_resume_and_the_checkpoint_s_bar_kept(
