@@ -544,6 +544,8 @@ def _checked_shape(shape: Any, count: int, where: Where) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 # Spaces
 
+_INT64 = np.iinfo(np.int64)  # (DiscreteSpace's n and start)
+
 
 def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str = "space") -> pb.Space:
     """The message describing ``space`` in full; UnsupportedSpaceError for spaces we do not carry."""
@@ -555,12 +557,22 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
         except CodecError as err:
             raise UnsupportedSpaceError(f"{err} (the dtype of {space})") from None
     if isinstance(space, gym.spaces.Discrete):
-        out.discrete.n = int(space.n)
-        out.discrete.start = int(space.start)
+        n, start = int(space.n), int(space.start)
+        if not (_INT64.min <= start and start + n - 1 <= _INT64.max and n <= _INT64.max):  # (uint64's may not be)
+            raise UnsupportedSpaceError(
+                f"{where}: {space} has values up to {start + n - 1}; envfleet carries Discrete spaces whose "
+                "values are within int64"
+            )
+        out.discrete.n, out.discrete.start = n, start
         out.discrete.dtype = _dtype_code(space.dtype, where)
     elif isinstance(space, gym.spaces.Box):
         encode_tensor(space.low, out.box.low, f"{where}.low")
         encode_tensor(space.high, out.box.high, f"{where}.high")
+        if space.dtype.kind != "f":  # (an integer Box made with infinite bounds: its bounds cannot say so)
+            if not space.bounded_below.all():
+                encode_tensor(~space.bounded_below, out.box.unbounded_below, f"{where}.unbounded_below")
+            if not space.bounded_above.all():
+                encode_tensor(~space.bounded_above, out.box.unbounded_above, f"{where}.unbounded_above")
     elif isinstance(space, gym.spaces.MultiDiscrete):
         encode_tensor(space.nvec, out.multi_discrete.nvec, f"{where}.nvec")
         encode_tensor(space.start, out.multi_discrete.start, f"{where}.start")
@@ -600,7 +612,20 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
         if kind == "box":
             low = decode_tensor(msg.box.low, f"{where}.low", expected="the Box's lower bounds, of its shape and dtype")
             high = decode_tensor(msg.box.high, f"{where}.high", expected="the Box's upper bounds, as low")
-            return gym.spaces.Box(low=low, high=high, dtype=low.dtype)
+            box = gym.spaces.Box(low=low, high=high, dtype=low.dtype)
+            for name in ("unbounded_below", "unbounded_above"):
+                if msg.box.HasField(name):  # (an integer Box made with infinite bounds)
+                    mask = decode_tensor(
+                        getattr(msg.box, name), f"{where}.{name}", expected=f"a bool array of shape {list(low.shape)}"
+                    )
+                    if mask.dtype != np.bool_ or mask.shape != low.shape:
+                        raise CodecError(
+                            f"{where}.{name}: expected a bool array of shape {list(low.shape)}, got "
+                            f"{mask.dtype} of shape {list(mask.shape)}"
+                        )
+                    bounded = "bounded_below" if name == "unbounded_below" else "bounded_above"
+                    setattr(box, bounded, getattr(box, bounded) & ~mask)
+            return box
         if kind == "multi_discrete":
             nvec = decode_tensor(
                 msg.multi_discrete.nvec,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Collection
 from typing import Any
@@ -28,7 +29,9 @@ class InvalidActionError(ValueError):
     """A batch of actions does not fit the action space; ``env_index`` is the first bad env (or None)."""
 
     def __init__(self, message: str, env_index: int | None = None) -> None:
-        super().__init__(message)
+        # One line (the server logs each refusal as one): numpy prints a multi-dimensional space, and
+        # bounds past 75 characters, over several.
+        super().__init__(re.sub(r"\s*\n\s*", " ", message))
         self.env_index = env_index
 
 
@@ -73,7 +76,7 @@ def check_actions(space: gym.Space[Any], actions: Any, num_envs: int, where: str
 def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.ndarray:
     if actions.dtype.kind not in "biuf":
         raise InvalidActionError(f"{where}: expected numbers ({space.dtype}) for {space}, got dtype {actions.dtype}")
-    if actions.dtype.kind == "f" and space.dtype.kind in "iu":
+    if actions.dtype.kind == "f" and space.dtype.kind in "biu":  # (a bool Box too, as Box.contains has it)
         raise InvalidActionError(f"{where}: expected integers ({space.dtype}) for {space}, got dtype {actions.dtype}")
     bad = _first_bad(~np.isfinite(actions) if actions.dtype.kind == "f" else None)
     if bad is not None:
@@ -83,7 +86,9 @@ def _check_box(space: gym.spaces.Box, actions: np.ndarray, where: str) -> np.nda
         # Within rounding of a float bound (gymnasium's RescaleAction computes in float64 from float32
         # bounds, and may land an ulp or a few past them): clipped, as the env would take it.
         if space.dtype.kind == "f":
-            bad = _first_bad((actions < space.low - _slack(space.low)) | (actions > space.high + _slack(space.high)))
+            # (in float64: 1e-6 past a float16 bound of 1 is the bound itself in float16)
+            low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+            bad = _first_bad((actions < low - _slack(low)) | (actions > high + _slack(high)))
         else:  # (integers do not round: past a bound is past it)
             bad = _first_bad(outside)
         if bad is not None:

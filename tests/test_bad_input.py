@@ -20,6 +20,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoA
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.validation import InvalidActionError, check_actions
 from learner import (
     EnvCrashedError,
     InvalidRequestError,
@@ -128,6 +129,36 @@ def test_box_actions_of_wrong_shape_nan_or_out_of_bounds(start_servers: Any) -> 
     assert check_actions(space, np.array([[1_000_000]]), 1).tolist() == [[1_000_000]]
     with pytest.raises(ValueError, match="outside the action space"):
         check_actions(space, np.array([[1_000_001]]), 1)
+
+
+def test_float16_box_actions_get_the_rounding_allowance_and_bool_boxes_refuse_floats() -> None:
+    """Actions within 1e-6 of a bound are rounding, clipped, in a float16 Box too (the allowance is below
+    float16's precision: computed in its dtype, it was none); a bool Box refuses floats, as gymnasium's
+    Box.contains does and as an integer Box does (it took 0.5 as True)."""
+    half = gym.spaces.Box(-1.0, 1.0, (1,), np.float16)
+    assert check_actions(half, np.array([[1.0000001], [-1.0000001]]), 2).tolist() == [[1.0], [-1.0]]
+    with pytest.raises(InvalidActionError, match=r"env 0: action \[1\.01\] is outside the action space"):
+        check_actions(half, np.array([[1.01]]), 1)
+    flags = gym.spaces.Box(0, 1, (2,), cast(Any, np.bool_))
+    with pytest.raises(InvalidActionError, match=r"expected integers \(bool\) for Box\(.*\), got dtype float64"):
+        check_actions(flags, np.array([[0.5, 0.1]]), 1)
+    assert check_actions(flags, np.array([[0, 1]]), 1).tolist() == [[False, True]]
+
+
+@pytest.mark.parametrize(
+    ("space", "actions"),
+    [
+        (gym.spaces.MultiDiscrete(np.array([[2, 3], [4, 5]])), np.full((1, 2, 2), 9)),
+        (gym.spaces.Box(-1, 1, (20,), np.float32), np.full((1, 20), 2.0, dtype=np.float32)),
+    ],
+    ids=["2-d space", "20 bounds"],
+)
+def test_a_refusal_is_one_line_however_numpy_prints_the_space(space: gym.Space[Any], actions: np.ndarray) -> None:
+    """The server logs each refused call as one line: numpy prints a 2-d space, and bounds past 75
+    characters, over several."""
+    with pytest.raises(InvalidActionError, match="is outside the action space") as refused:
+        check_actions(space, actions, 1)
+    assert "\n" not in str(refused.value)
 
 
 def test_step_before_reset_is_refused_before_sending_as_gymnasiums_vector_envs_do(start_servers: Any) -> None:

@@ -34,6 +34,10 @@ def boxes(draw: st.DrawFn) -> gym.spaces.Box:
         info = np.iinfo(dtype)
         low = draw(st.integers(int(info.min), 0))
         high = draw(st.integers(1, int(min(info.max, 2**62))))
+        # (gymnasium makes a signed integer Box with infinite bounds unbounded there; not int64's, as
+        # batch_space forgets it and the batch's sample() overflows computing int64's whole range)
+        if info.min < 0 and dtype is not np.int64:
+            low, high = draw(st.sampled_from([low, -np.inf])), draw(st.sampled_from([high, np.inf]))
     return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
 
 
@@ -70,6 +74,16 @@ spaces = st.recursive(
 )
 
 
+def _boundedness(space: gym.Space[Any]) -> Any:
+    """Each Box's bounded_below and bounded_above, in the space's nesting (gymnasium's == leaves them out)."""
+    if isinstance(space, gym.spaces.Box):
+        return space.bounded_below.tolist(), space.bounded_above.tolist()
+    if isinstance(space, gym.spaces.Tuple | gym.spaces.Dict):
+        subs = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        return [(key, _boundedness(sub)) for key, sub in subs]
+    return None
+
+
 def roundtrip(obj: Any) -> Any:
     msg = codec.encode_value(obj, pb.Value())
     return codec.decode_value(pb.Value.FromString(msg.SerializeToString()))
@@ -82,6 +96,7 @@ def test_space_and_samples_round_trip(space: gym.Space[Any], seed: int) -> None:
     decoded = codec.decode_space(pb.Space.FromString(msg.SerializeToString()))
     assert decoded == space
     assert type(decoded) is type(space)
+    assert repr(_boundedness(decoded)) == repr(_boundedness(space))  # (which sample() draws from)
     space.seed(seed)
     sample = space.sample()
     assert_same(roundtrip(sample), sample)
@@ -259,6 +274,41 @@ def test_object_and_string_arrays_too_large_to_shape_are_rejected_even_when_empt
 def test_unsupported_space_names_itself() -> None:
     with pytest.raises(codec.UnsupportedSpaceError, match="Text"):
         codec.encode_space(gym.spaces.Dict({"a": gym.spaces.Text(5)}))
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.Discrete(3, start=2**63, dtype=np.uint64), gym.spaces.Discrete(2**63 + 5, dtype=np.uint64)],
+    ids=["start", "n"],
+)
+def test_a_discrete_whose_values_pass_int64_is_unsupported_not_a_crash(space: gym.Space[Any]) -> None:
+    """DiscreteSpace's n and start are int64: a uint64 Discrete past it is refused by name, as a Text space is."""
+    with pytest.raises(codec.UnsupportedSpaceError, match=r"action: Discrete\(.*\) has values up to 92233720368547758"):
+        codec.encode_space(space, where="action")
+    edge = gym.spaces.Discrete(3, start=2**63 - 3, dtype=np.uint64)  # (its last value is int64's largest)
+    assert codec.decode_space(codec.encode_space(edge)) == edge
+
+
+def test_an_integer_box_s_unbounded_elements_and_a_malformed_mask() -> None:
+    """gymnasium keeps an integer Box made with infinite bounds unbounded there (its bounds are the dtype's
+    limits): sample() draws small values, not from the dtype's whole range. The wire says which."""
+    space = gym.spaces.Box(np.array([0, -np.inf, -np.inf]), np.array([np.inf, 3, np.inf]), dtype=np.int32)
+    msg = codec.encode_space(space)
+    decoded = cast(gym.spaces.Box, codec.decode_space(pb.Space.FromString(msg.SerializeToString())))
+    assert decoded.bounded_below.tolist() == [True, False, False]
+    assert decoded.bounded_above.tolist() == [False, True, False]
+    space.seed(1)
+    decoded.seed(1)
+    assert_same(decoded.sample(), space.sample())
+    # Every element bounded (and every float Box, whose bounds hold the infinities): no mask on the wire.
+    for bounded in (gym.spaces.Box(-3, 3, (2,), np.int64), gym.spaces.Box(-np.inf, np.inf, (2,))):
+        assert not codec.encode_space(bounded).box.HasField("unbounded_below")
+    codec.encode_tensor(np.ones(4, dtype=bool), msg.box.unbounded_above)
+    with pytest.raises(
+        codec.CodecError,
+        match=r"space\.unbounded_above: expected a bool array of shape \[3\], got bool of shape \[4\]",
+    ):
+        codec.decode_space(msg)
 
 
 def test_typical_values_round_trip_within_the_bounds() -> None:

@@ -133,12 +133,16 @@ class DiscreteSpace(_message.Message):
     def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class BoxSpace(_message.Message):
-    __slots__ = ("low", "high")
+    __slots__ = ("low", "high", "unbounded_below", "unbounded_above")
     LOW_FIELD_NUMBER: _ClassVar[int]
     HIGH_FIELD_NUMBER: _ClassVar[int]
+    UNBOUNDED_BELOW_FIELD_NUMBER: _ClassVar[int]
+    UNBOUNDED_ABOVE_FIELD_NUMBER: _ClassVar[int]
     low: Tensor
     high: Tensor
-    def __init__(self, low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    unbounded_below: Tensor
+    unbounded_above: Tensor
+    def __init__(self, low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_below: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_above: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class MultiDiscreteSpace(_message.Message):
     __slots__ = ("nvec", "start")
