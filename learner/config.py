@@ -40,6 +40,9 @@ Preset = Literal["auto", "classic", "mujoco", "atari"]
 DEFAULT_ENV = "CartPole-v1"
 """The env ``learner train`` starts servers for when --env is not given."""
 
+MAX_SEED = 2**32 - 1
+"""The largest --seed: NumPy's global generator (numpy.random.seed) takes no larger."""
+
 
 METRICS_HOST = "127.0.0.1"
 """Where ``learner train --metrics-port`` serves unless --metrics-host says otherwise (env-server's --host
@@ -316,6 +319,8 @@ class Args:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"--{_flag(name)}: expected a value >= 0, got {value}")
+        if self.seed > MAX_SEED:  # (numpy.random.seed said "Seed must be between ..." without naming --seed)
+            raise ValueError(f"--seed: expected an integer from 0 to 2**32 - 1 ({MAX_SEED}), got {self.seed}")
         for name in ("gamma", "gae_lambda"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:

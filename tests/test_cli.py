@@ -446,6 +446,7 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
     [
         (["--num-envs", "3"], "--num-envs: 3 envs do not split evenly over --num-servers 2"),
         (["--num-steps", "0"], "--num-steps: expected an integer >= 1, got 0"),
+        (["--seed", str(2**32)], "--seed: expected an integer from 0 to 2**32 - 1 (4294967295), got 4294967296"),
         (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--env-kwargs", "[1]"], "expected a JSON object, got list"),
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
