@@ -802,7 +802,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from learner.video import headless_rendering
 
         headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
-    from learner.evaluate import evaluate
+    from learner.evaluate import check_seed, evaluate
+
+    try:  # (the envs made here: env i gets seed + i, a 64-bit seed; --servers' number is known once connected)
+        made_here = (
+            None if args.servers is not None else min(4 if args.num_envs is None else args.num_envs, args.episodes)
+        )
+        check_seed(args.seed, made_here)
+    except ValueError as err:
+        args.parser.error(f"--{err}")
 
     try:
         with _option_terms(args):
@@ -831,9 +839,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     except EnvFleetError as err:
         # The episodes that ended before the error, reported as a result, marked partial (then main says
-        # the error, exit 1): as a Ctrl-C's, they are a sample of the return all the same.
-        if err.partial_result is not None and err.partial_result["episodes"]:
-            _print_eval_result(args, err.partial_result, error=args.in_option_terms(str(err)))
+        # the error, exit 1): as a Ctrl-C's, they are a sample of the return all the same; and the video
+        # written before it, which is there all the same.
+        partial = err.partial_result
+        if partial is not None and (partial["episodes"] or "video" in partial):
+            _print_eval_result(args, partial, error=args.in_option_terms(str(err)))
         raise
     _print_eval_result(args, result)
     return 130 if result.get("interrupted", False) else 0

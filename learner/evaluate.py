@@ -30,7 +30,7 @@ from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.stats import format_return
 
-__all__ = ["evaluate"]
+__all__ = ["check_seed", "evaluate"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ def evaluate(
 
     The envs are the run's (its env id, kwargs and wrappers): ``num_envs`` of them on one local env
     server, on the ``servers`` given (which must serve the run's env id, as training requires), or in
-    process (``backend="gym"``). ``env_kwargs`` (a dict) and ``wrappers`` (env-server wrapper names,
-    comma-separated; ``auto``: atari for ALE ids) replace the
+    process (``backend="gym"``; not with ``servers``: ValueError). ``env_kwargs`` (a dict) and
+    ``wrappers`` (env-server wrapper names, comma-separated; ``auto``: atari for ALE ids) replace the
     run's for the envs made here (not the ``servers``', which have their own). A run trained on running
     servers records the kwargs they said they made their envs with (its checkpoints' ``served``), which
     the envs made here get; for servers too old to say (or a checkpoint of an older version), envs made
@@ -94,7 +94,14 @@ def evaluate(
     ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal, or in a Jupyter kernel), as
     ``learner train`` shows. Ctrl-C (or SIGTERM, or SIGHUP) while the episodes run stops after the current step:
     the result is then of the episodes finished (``interrupted`` true; the return's statistics None
-    when none had); a second Ctrl-C raises KeyboardInterrupt.
+    when none had); a second Ctrl-C raises KeyboardInterrupt. One during the video stops it after the
+    current step too: the frames so far are written (its ``episode_ended`` false) and no episode is
+    played. ``seed`` also seeds torch's generator right before the video and again right before the
+    episodes, so a stochastic policy's (``deterministic=False``) returns are the same with or without
+    a video.
+
+    Servers that reset no env by themselves (``env-server --autoreset-mode Disabled``) get each env
+    that ended reset here (alone, unseeded, as an autoreset is), as long as episodes are left to play.
 
     An error that stops the episodes (a server lost or late, an env that raised: the envs are not
     fault-tolerant, as an episode cut short is no sample of the return) is raised with the result of
@@ -106,6 +113,14 @@ def evaluate(
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
     if num_envs < 1:
         raise ValueError(f"num_envs: expected >= 1, got {num_envs}")
+    if backend not in ("remote", "gym"):
+        raise ValueError(f"backend: expected 'remote' or 'gym', got {backend!r}")
+    if servers is not None and backend == "gym":
+        raise ValueError(
+            f"servers: evaluates on running env servers ({servers}), so it cannot go with backend='gym' (envs made "
+            "in this process); leave one of the two out"
+        )
+    check_seed(seed, None if servers is not None else min(num_envs, episodes))
     video_path = None if video is None else video_.check_path(video)  # (a bad path fails before any episode)
     video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
@@ -165,7 +180,6 @@ def evaluate(
         # An episode cut short by a lost server is no sample of the policy's return: fail instead.
         fault_tolerant=False,
     )
-    torch.manual_seed(seed)
     try:
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
             if servers is not None:
@@ -219,23 +233,6 @@ def evaluate(
                 return actions
 
             recorded = None
-            if video_path is not None:  # first: a video that cannot be made fails before the episodes run
-                assert run_args.env is not None
-                render = FleetSpec(
-                    env=run_args.env,
-                    backend="gym",
-                    num_servers=1,
-                    envs_per_server=1,
-                    env_kwargs={**kwargs, "render_mode": "rgb_array"},
-                    wrappers=server_wrappers,
-                    max_episode_steps=max_episode_steps,
-                )
-                spaces = (state["observation_space"], state["action_space"])
-                recorded = video_.record_episode(
-                    render, functools.partial(policy, video=True), seed, video_path, video_fps, spaces
-                )
-                torch.manual_seed(seed)  # (--stochastic: the episodes sample as they would without the video)
-
             n = envs.num_envs
             described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
             targets = np.array([(episodes + i) // n for i in range(n)])
@@ -245,52 +242,87 @@ def evaluate(
             valid = np.ones(n, dtype=bool)
             returns: list[float] = []
             lengths: list[int] = []
-            next_step = envs.metadata.get("autoreset_mode") is not gym.vector.AutoresetMode.SAME_STEP
+            autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
             show = progress if progress is not None else sys.stderr.isatty() or in_notebook()
-            try:
-                with (
-                    StopRequest("the episodes finished so far are reported", log) as stop,
-                    progress_bar(show, episodes, unit="episode", scale=False) as bar,
-                ):
-                    server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
-                    obs, infos = envs.reset(seed=seed)
-                    _raise_env_errors(infos, fleet)
-                    while (counts < targets).any() and not stop.requested:
-                        obs, rewards, terms, truncs, infos = envs.step(policy(obs))
-                        _raise_env_errors(infos, fleet)
-                        # (the episode's return would be no number to report, nor JSON's)
-                        raise_unusable_rewards(
-                            np.asarray(rewards),
-                            valid,
-                            server_of,
-                            "a NaN or infinite reward makes no return to report",
-                            named=named,
-                        )
-                        ep_return += np.where(valid, rewards, 0.0)
-                        ep_length += valid
-                        done = (terms | truncs) & valid
-                        for i in np.flatnonzero(done):
-                            if counts[i] < targets[i]:
-                                returns.append(float(ep_return[i]))
-                                lengths.append(int(ep_length[i]))
-                                counts[i] += 1
-                                if bar is not None:
-                                    bar.update(1)
-                                    bar.set_postfix_str(
-                                        f"return {format_return(float(np.mean(returns)))} "
-                                        f"+- {format_return(float(np.std(returns)))}"
-                                    )
-                            ep_return[i], ep_length[i] = 0.0, 0
-                        valid = ~(terms | truncs) if next_step else np.ones(n, dtype=bool)
-            except EnvFleetError as err:
-                # The episodes that ended before it are a sample of the return all the same (an episode cut
-                # short by the error is not one, and is not among them): kept, as Ctrl-C keeps them.
-                partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
-                partial["episodes_asked"] = episodes
-                if recorded is not None:
-                    partial["video"] = recorded
-                err.partial_result = partial
-                raise
+            then = "the episodes finished so far are reported"
+            if video_path is not None:
+                then = "the video as far as it got and the episodes finished so far are reported"
+            # (entered before the video: a first Ctrl-C during it cuts it short there, and no episode is played)
+            with StopRequest(then, log) as stop:
+                if video_path is not None:  # first: a video that cannot be made fails before the episodes run
+                    assert run_args.env is not None
+                    render = FleetSpec(
+                        env=run_args.env,
+                        backend="gym",
+                        num_servers=1,
+                        envs_per_server=1,
+                        env_kwargs={**kwargs, "render_mode": "rgb_array"},
+                        wrappers=server_wrappers,
+                        max_episode_steps=max_episode_steps,
+                    )
+                    spaces = (state["observation_space"], state["action_space"])
+                    torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)
+                    recorded = video_.record_episode(
+                        render,
+                        functools.partial(policy, video=True),
+                        seed,
+                        video_path,
+                        video_fps,
+                        spaces,
+                        stop=lambda: stop.requested,
+                    )
+                # (--stochastic: the episodes sample alike with or without a video, whatever drew before)
+                torch.manual_seed(seed)
+                try:
+                    if not stop.requested:
+                        with progress_bar(show, episodes, unit="episode", scale=False) as bar:
+                            server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
+                            obs, infos = envs.reset(seed=seed)
+                            _raise_env_errors(infos, fleet)
+                            while (counts < targets).any() and not stop.requested:
+                                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+                                _raise_env_errors(infos, fleet)
+                                # (the episode's return would be no number to report, nor JSON's)
+                                raise_unusable_rewards(
+                                    np.asarray(rewards),
+                                    valid,
+                                    server_of,
+                                    "a NaN or infinite reward makes no return to report",
+                                    named=named,
+                                )
+                                ep_return += np.where(valid, rewards, 0.0)
+                                ep_length += valid
+                                ended = terms | truncs
+                                done = ended & valid
+                                for i in np.flatnonzero(done):
+                                    if counts[i] < targets[i]:
+                                        returns.append(float(ep_return[i]))
+                                        lengths.append(int(ep_length[i]))
+                                        counts[i] += 1
+                                        if bar is not None:
+                                            bar.update(1)
+                                            bar.set_postfix_str(
+                                                f"return {format_return(float(np.mean(returns)))} "
+                                                f"+- {format_return(float(np.std(returns)))}"
+                                            )
+                                    ep_return[i], ep_length[i] = 0.0, 0
+                                if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
+                                    valid = ~ended  # (an ended env's next step is its reset: no step of an episode)
+                                more = bool((counts < targets).any()) and not stop.requested
+                                if autoreset is gym.vector.AutoresetMode.DISABLED and ended.any() and more:
+                                    # No env resets itself (env-server --autoreset-mode Disabled): the ended
+                                    # ones are reset here, alone (unseeded, as an autoreset is), for the next step.
+                                    obs, infos = envs.reset(options={"reset_mask": ended.copy()})
+                                    _raise_env_errors(infos, fleet)
+                except EnvFleetError as err:
+                    # The episodes that ended before it are a sample of the return all the same (an episode
+                    # cut short by the error is not one, and is not among them): kept, as Ctrl-C keeps them.
+                    partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
+                    partial["episodes_asked"] = episodes
+                    if recorded is not None:
+                        partial["video"] = recorded
+                    err.partial_result = partial
+                    raise
             interrupted = bool((counts < targets).any())
     except (EnvCrashedError, RemoteTimeoutError) as err:
         raise _in_own_terms(err) from err
@@ -310,6 +342,18 @@ def evaluate(
             result["return_std"],
         )
     return result
+
+
+def check_seed(seed: int, num_envs: int | None) -> None:
+    """``seed`` as :func:`evaluate` takes it, ValueError naming ``seed`` otherwise: env i gets ``seed + i``,
+    a 64-bit seed (as RemoteVectorEnv sends it; torch's generator takes no larger). ``num_envs``: the
+    envs made here (None: the servers', whose number RemoteVectorEnv checks once connected)."""
+    count = num_envs or 1
+    if not isinstance(seed, int | np.integer) or not 0 <= seed <= 2**64 - count:
+        raise ValueError(
+            f"seed: expected an integer from 0 to 2**64 - {count} ({2**64 - count}: env i gets seed + i, a 64-bit "
+            f"seed), got {seed!r}"
+        )
 
 
 def _result(

@@ -19,6 +19,7 @@ import numpy as np
 
 from env_server.envs import EnvBuildError
 from learner.envs import FleetSpec, open_fleet
+from learner.rundir import atomic_write
 
 __all__ = ["MAX_FPS", "MAX_STEPS", "MIN_FPS", "check_fps", "check_path", "gif_timing", "record_episode", "write_gif"]
 
@@ -34,7 +35,9 @@ MAX_DELAY_CS = 65_535
 MAX_FPS = 1000.0
 MIN_FPS = 0.002
 
-ATARI_FPS = 15.0
+ALE_HZ = 60.0
+"""The Atari 2600's frame rate (NTSC), the emulator frames an ALE env steps ``frameskip`` of at a time."""
+ATARI_FPS = ALE_HZ / 4
 """The atari wrapper's envs step 4 emulator frames of 60 Hz at a time: 15 steps are a second of play."""
 
 
@@ -108,15 +111,20 @@ def record_episode(
     path: Path,
     fps: float | None,
     spaces: tuple[str, str] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play one episode of ``policy`` on the one-env vector env ``spec`` (made with render_mode
     rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
-    (observation, action) spaces the policy expects, as text."""
+    (observation, action) spaces the policy expects, as text. ``stop``: asked after each step (a
+    Ctrl-C's :class:`~learner.progress.StopRequest`): true, the episode is cut there, and the frames
+    so far are written (``episode_ended`` false). An env that raised (in-process envs isolate its
+    exception: its episode ends, ``infos["env_error"]`` says why) is a ValueError naming its error, and
+    nothing is written: its episode was cut short by it."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
     gif = _GifFrames()
     total = 0.0
     steps = 0
-    done = False
+    done = stopped = False
     try:
         with open_fleet(spec) as envs:
             found = (str(envs.single_observation_space), str(envs.single_action_space))
@@ -126,23 +134,28 @@ def record_episode(
                     f"policy was trained on {spaces[0]} and {spaces[1]}"
                 )
             if fps is None:
-                fps = ATARI_FPS if "atari" in spec.wrappers else float(envs.metadata.get("render_fps") or 30)
+                fps = _real_time_fps(envs, spec)
             every, delay = gif_timing(fps)
-            obs, _ = envs.reset(seed=seed)
+            obs, infos = envs.reset(seed=seed)
+            _raise_env_error(infos, spec.env)
             gif.add(_frame(envs.render(), spec.env))
-            while not done and steps < MAX_STEPS:
-                obs, rewards, terms, truncs, _ = envs.step(policy(obs))
+            stopped = stop is not None and stop()
+            while not done and not stopped and steps < MAX_STEPS:
+                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+                _raise_env_error(infos, spec.env)
                 steps += 1
                 total += float(rewards[0])
                 done = bool(terms[0] or truncs[0])
-                if steps % every == 0 or done or steps == MAX_STEPS:  # (the last frame always)
+                stopped = stop is not None and stop()
+                if steps % every == 0 or done or stopped or steps == MAX_STEPS:  # (the last frame always)
                     gif.add(_frame(envs.render(), spec.env))
     except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
         if isinstance(err, ValueError) and str(err).startswith("video: "):
             raise
         raise ValueError(f"video: {what} failed: {_reason(err)}") from err
     gif.write(path, delay)
-    log.info("video: %s (%d steps, return %.2f%s)", path, steps, total, "" if done else ", cut short")
+    cut = "" if done else ", cut short at the stop asked for" if stopped else ", cut short"
+    log.info("video: %s (%d steps, return %.2f%s)", path, steps, total, cut)
     return {
         "path": str(path),
         "steps": steps,
@@ -151,6 +164,47 @@ def record_episode(
         "return": total,
         "episode_ended": done,
     }
+
+
+def _raise_env_error(infos: dict[str, Any], env: str) -> None:
+    """In-process envs isolate an env's exception (its episode ends as truncated, ``infos["env_error"]``
+    says why): a video of that episode would show it ended as if it had, so fail, naming the error."""
+    errors = infos.get("_env_error")
+    if errors is not None and np.any(errors):
+        raise ValueError(
+            f"video: {env} raised in {infos['env_error'][0]} (in this process); no video written, as its episode "
+            "was cut short by the error"
+        )
+
+
+def _real_time_fps(envs: gym.vector.VectorEnv, spec: FleetSpec) -> float:
+    """The steps a second of ``envs``' one env in real time: with the atari wrapper 15 (4 emulator frames
+    of 60 Hz a step); an ALE env without it, 60 over its ``frameskip`` (the mean of a stochastic one's:
+    its ``render_fps`` is no step rate); any other, its ``render_fps`` (30 where it has none)."""
+    if "atari" in spec.wrappers:
+        return ATARI_FPS
+    frameskip = _ale_frameskip(envs)
+    if frameskip is not None:
+        return ALE_HZ / frameskip
+    return float(envs.metadata.get("render_fps") or 30)
+
+
+def _ale_frameskip(envs: gym.vector.VectorEnv) -> float | None:
+    """The emulator frames an ALE env (ale_py's AtariEnv) steps at a time: its ``frameskip``, or for a
+    stochastic one ``(low, high)``, drawn from low to high - 1, their mean. None for other envs."""
+    get_attr = getattr(envs, "get_attr", None)  # (Sync/AsyncVectorEnv's; not every vector env's)
+    try:
+        env = get_attr("unwrapped")[0] if get_attr is not None else None
+    except Exception:  # (an env that says nothing of itself)
+        return None
+    if not type(env).__module__.startswith("ale_py"):
+        return None
+    frameskip = getattr(env, "_frameskip", None)
+    if isinstance(frameskip, int) and frameskip > 0:
+        return float(frameskip)
+    if isinstance(frameskip, tuple) and len(frameskip) == 2 and 0 < frameskip[0] < frameskip[1]:
+        return (frameskip[0] + frameskip[1] - 1) / 2
+    return None
 
 
 def _reason(err: Exception) -> str:
@@ -207,15 +261,21 @@ class _GifFrames:
 
 def write_gif(frames: Sequence[Any], path: str | Path, durations_ms: int | Sequence[int]) -> Path:
     """``frames`` (H x W x 3 or 4 uint8 arrays, or PIL images) as a looping GIF, each shown for its
-    duration in milliseconds (GIF keeps hundredths of a second); the missing folders are made."""
+    duration in milliseconds (GIF keeps hundredths of a second); the missing folders are made. Written
+    atomically (a temporary file beside it, then a rename)."""
     if not frames:
         raise ValueError("video: no frames to write")
     images = [f if hasattr(f, "save") else _paletted(f) for f in frames]
     path = Path(path)
+    duration = list(durations_ms) if not isinstance(durations_ms, int) else durations_ms
+
+    def write(f: Any) -> None:
+        images[0].save(f, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        duration = list(durations_ms) if not isinstance(durations_ms, int) else durations_ms
-        images[0].save(path, save_all=True, append_images=images[1:], duration=duration, loop=0)
+        # (atomically: a write that fails (a full disk, a file size limit, Ctrl-C) leaves a GIF already
+        # there as it was, and no half of one)
+        atomic_write(path, write)
     except OSError as err:
         raise ValueError(f"video: cannot write {str(path)!r}: {err.strerror or err}") from None
     return path

@@ -637,3 +637,41 @@ class MisshapenEnv(gym.Env[np.ndarray, np.int64]):
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         return self._obs("step"), 1.0, False, False, {}
+
+
+class StaggeredClockEnv(ClockEnv):
+    """ClockEnv whose episodes last ``length`` steps, plus one where the env's last seeded reset had an odd
+    seed (a vector env's env i gets ``s + i``: env 1 of a server reset with seed 0): a vector env's
+    envs end their episodes at different steps."""
+
+    def __init__(self, length: int = 3, **kwargs: Any) -> None:
+        super().__init__(length=length, **kwargs)
+        self.base = length
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        if seed is not None:
+            self.length = self.base + seed % 2
+        return super().reset(seed=seed, options=options)
+
+
+class AbortingEnv(ClockEnv):
+    """A ClockEnv whose constructor aborts the process (SIGABRT, as a simulator's failed assertion in C
+    does), without a word on stderr."""
+
+    def __init__(self) -> None:
+        os.abort()
+
+
+class SimulatorBuildEnv(ClockEnv):
+    """A ClockEnv whose constructor starts a process of its own (a simulator, whose command line holds
+    ``marker``, sleeping ``sim_s`` seconds), then takes ``build_s`` seconds (the simulator loading)."""
+
+    def __init__(self, marker: str, build_s: float = 60.0, sim_s: float = 60.0) -> None:
+        import subprocess  # (here: the rest of this module has no use for them)
+        import sys
+
+        self.simulator = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({sim_s}); {marker!r}"])
+        time.sleep(build_s)
+        super().__init__()

@@ -1,6 +1,7 @@
 """``learner eval`` and ``learner demo`` on the envs a run did not record, env errors in eval's own
 terms, its threads, progress bar and Ctrl-C, channel-last images end to end, and ``learner plot`` of
-runs of different envs."""
+runs of different envs; eval on servers without autoreset, --stochastic with --video, a Ctrl-C or an
+error around the video, and --seed's range."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from learner import LocalServers, rundir
 from learner.checkpoint import save_checkpoint
 from learner.cli import main
 from learner.config import PRESETS, Args
-from learner.evaluate import _warn_other_task
+from learner.evaluate import _warn_other_task, evaluate
 from learner.ppo import Agent
 from tests.conftest import StartServers
 from tests.envs import ClockEnv
@@ -95,6 +96,26 @@ class LargeRewardClockEnv(ClockEnv):
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = super().step(action)
         return obs, abs(reward) * self.scale, terminated, truncated, info
+
+
+class CrashingClockEnv(ClockEnv):
+    """ClockEnv whose ``raise_at``-th step (over its life) raises: in the env made to render (``--video``'s)
+    when ``rendered``, else in the others (the episodes')."""
+
+    def __init__(self, raise_at: int = -1, rendered: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.raise_at = raise_at if (self.render_mode == "rgb_array") == rendered else -1
+        self._steps = 0
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self._steps == self.raise_at:
+            raise RuntimeError(f"step {self._steps} failed on purpose")
+        return super().step(action)
+
+
+CLOCK_SPACES = (gym.spaces.Box(0.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2))
+"""ClockEnv's observation and action spaces (Discrete actions), as a checkpoint of it records them."""
 
 
 def _train(run: Path, *argv: str) -> None:
@@ -632,3 +653,127 @@ def test_eval_on_servers_warns_of_another_time_limit_or_none() -> None:
     with mock.patch("learner.evaluate.log") as log:
         _warn_other_task({"max_episode_steps": 100}, SimpleNamespace(env_kwargs={}, spec=None), "s:1")
     assert not log.warning.called
+
+
+# -- the autoreset modes, --stochastic, --video and --seed --------------------------------------------------
+
+
+def test_eval_on_servers_that_reset_no_env_by_themselves_resets_those_that_ended(
+    tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """env-server --autoreset-mode Disabled: an env that ended waits for a reset, which eval gives it (alone,
+    the other's episode going on) while episodes are left, as a next-step autoreset would: the same episodes.
+    (StaggeredClockEnv: env 0's last 3 steps, env 1's 4; 5 episodes, 2 of env 0 and 3 of env 1: 3.6 steps.)"""
+    _checkpoint(tmp_path, Args(env="tests.envs:StaggeredClockEnv", backend="gym"), *CLOCK_SPACES)
+    (disabled,) = start_servers("tests.envs:StaggeredClockEnv", 1, 2, server_args=["--autoreset-mode", "Disabled"])
+    (next_step,) = start_servers("tests.envs:StaggeredClockEnv", 1, 2)
+    for address in (disabled, next_step):
+        result = _eval(capsys, str(tmp_path), "--episodes", "5", "--servers", address)
+        assert (result["episodes"], result["length_mean"]) == (5, 3.6), result
+
+
+def test_eval_stochastic_returns_are_the_same_with_or_without_a_video(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The episodes' samples come from torch's generator seeded right before them, whatever drew from it
+    before (the policy's nets as they are built, the video's episode); the video's, seeded before it."""
+    _checkpoint(tmp_path, Args(env="tests.envs:ClockEnv", backend="gym"), *CLOCK_SPACES)
+    argv = [str(tmp_path), "--episodes", "4", "--backend", "gym", "--stochastic", "--env-kwargs", '{"length": 20}']
+    plain = _eval(capsys, *argv)
+    gif = str(tmp_path / "ep.gif")
+    filmed = _eval(capsys, *argv, "--video", gif)
+    assert filmed["returns"] == plain["returns"] and not filmed["deterministic"], (filmed, plain)
+    assert _eval(capsys, *argv, "--video", gif)["video"]["return"] == filmed["video"]["return"]
+
+
+def test_evaluate_refuses_servers_with_the_gym_backend(tmp_path: Path) -> None:
+    """As ``learner eval --servers ... --backend gym`` is refused (the servers were ignored, silently)."""
+    path = _checkpoint(tmp_path, Args(env="tests.envs:ClockEnv", backend="gym"), *CLOCK_SPACES)
+    with pytest.raises(
+        ValueError, match=r"^servers: evaluates on running env servers \(127\.0\.0\.1:1\), so it cannot go "
+    ):
+        evaluate(path, 1, servers="127.0.0.1:1", backend="gym", progress=False)
+
+
+def test_eval_seed_beyond_64_bits_names_the_option_and_its_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Env i gets seed + i, a 64-bit seed: beyond, the usage error names --seed (it was torch's "Overflow
+    when unpacking long long"); evaluate() names its argument."""
+    path = _checkpoint(tmp_path, Args(env="tests.envs:ClockEnv", backend="gym"), *CLOCK_SPACES)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(path), "--seed", str(2**64), "--backend", "gym", "--episodes", "2"])
+    assert exit_info.value.code == 2
+    assert (
+        "learner eval: error: --seed: expected an integer from 0 to 2**64 - 2 (18446744073709551614: env i gets "
+        "seed + i, a 64-bit seed), got 18446744073709551616"
+    ) in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^seed: expected an integer from 0 to 2\*\*64 - 1 "):
+        evaluate(path, 1, backend="gym", seed=2**64, progress=False)
+    assert _eval(capsys, str(path), "--episodes", "1", "--backend", "gym", "--seed", str(2**64 - 1))["episodes"] == 1
+
+
+def test_eval_stopped_by_ctrl_c_during_the_video_writes_it_as_far_as_it_got_and_plays_no_episode(
+    clock_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first Ctrl-C stops after the current step there too (it aborted at once): the video's frames so far
+    (frame t of ClockEnv's is 50 t bright: 3 differ) are written and reported, cut short; no episode is played."""
+    from PIL import Image
+
+    gif = tmp_path / "ep.gif"
+    argv = ["eval", str(clock_run), "--episodes", "4", "--backend", "gym", "--num-envs", "2", "--video", str(gif)]
+    kwargs = ["--env-kwargs", json.dumps({"signal_at": 2, "length": 5})]
+    capsys.readouterr()
+    SignalledClockEnv.sent = False
+    assert main([*argv, *kwargs, "--json"]) == 130
+    result = json.loads(capsys.readouterr().out)
+    assert result["interrupted"] and (result["episodes"], result["episodes_asked"]) == (0, 4), result
+    assert (result["video"]["steps"], result["video"]["episode_ended"]) == (2, False), result
+    with Image.open(gif) as image:
+        assert getattr(image, "n_frames", 1) == 3
+    SignalledClockEnv.sent = False
+    assert main([*argv, *kwargs]) == 130
+    out = capsys.readouterr().out
+    assert ": interrupted: 0 episodes of 4 finished of the deterministic policy in " in out, out
+    assert f"video: {gif} (one more episode, in process: 2 steps, cut there, return " in out, out
+
+
+def test_eval_video_of_an_env_that_raised_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process, the env's exception ends its episode (truncated, infos["env_error"]): that is no episode
+    to show as one (it was written as one), so no video, and eval stops as a video that cannot be made does."""
+    _checkpoint(tmp_path, Args(env="tests.test_eval:CrashingClockEnv", backend="gym"), *CLOCK_SPACES)
+    gif = tmp_path / "ep.gif"
+    argv = ["eval", str(tmp_path), "--episodes", "1", "--backend", "gym", "--video", str(gif)]
+    capsys.readouterr()
+    assert main([*argv, "--env-kwargs", '{"raise_at": 2}']) == 1
+    out, err = capsys.readouterr()
+    assert not out and not gif.exists(), out
+    assert err.rstrip().endswith(
+        "learner eval: error: video: tests.test_eval:CrashingClockEnv raised in step: RuntimeError: step 2 failed on "
+        "purpose (in this process); no video written, as its episode was cut short by the error"
+    ), err
+
+
+def test_eval_stopped_by_an_error_reports_the_video_written_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The video is written before the episodes: one stopped by an error before any ended still reports it
+    (--json printed nothing)."""
+    _checkpoint(tmp_path, Args(env="tests.test_eval:CrashingClockEnv", backend="gym"), *CLOCK_SPACES)
+    gif = tmp_path / "ep.gif"
+    argv = ["eval", str(tmp_path), "--episodes", "2", "--num-envs", "1", "--backend", "gym", "--video", str(gif)]
+    argv += ["--env-kwargs", json.dumps({"raise_at": 2, "rendered": False})]
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert (result["episodes"], result["episodes_asked"], result["video"]["path"]) == (0, 2, str(gif)), result
+    assert "raised in step: RuntimeError: step 2 failed on purpose" in result["error"] and gif.exists()
+    assert err.rstrip().endswith(f"learner eval: error: {result['error']}"), (err, result["error"])
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "0 of 2 episodes finished before the error," in out, out
+    assert f"video: {gif} (one more episode, in process: 3 steps, return " in out, out
