@@ -1624,8 +1624,17 @@ def run() -> NoReturn:
     Python's subprocess), as Python does with a KeyboardInterrupt nothing caught: its exit hooks run,
     then it ends by SIGINT. A shell running it in a loop then stops the loop as well: bash goes on
     after a Ctrl-C that its command exited from (even with 130), taking it as handled there ("wait and
-    cooperative exit"), and stops where the command died of it."""
-    status = _command(None, then_exit=True)
+    cooperative exit"), and stops where the command died of it.
+
+    A closed stdout (``learner servers | head -1``) ends it with status 1 and no traceback, as Python's
+    docs advise (``head`` has what it wanted)."""
+    try:
+        status = _command(None, then_exit=True)
+        sys.stdout.flush()  # (here, where a closed pipe can be told: at the exit it prints "Exception ignored")
+    except BrokenPipeError:
+        # stdout pointed at /dev/null: the interpreter's last flush at its exit would fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     if status == 130 and stopped_by_ctrl_c():
         sys.excepthook = _silent_interrupt  # (the command has said how it stopped: no traceback)
         raise KeyboardInterrupt

@@ -598,6 +598,24 @@ def test_importing_learner_and_env_server_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_closed_stdout_ends_a_command_without_a_traceback(tmp_path: Path) -> None:
+    """``learner servers ... | head -1``: the reader gone, the command ends with status 1 and no
+    BrokenPipeError traceback (nor Python's "Exception ignored" at its exit)."""
+    read, write = os.pipe()
+    os.close(read)  # (the first write to stdout fails)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "learner", "servers", "--timeout", "1", f"unix:{tmp_path / 'none.sock'}"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
 def test_train_help_lists_every_option_with_its_docstring() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "learner", "train", "--help"], check=True, capture_output=True, text=True
