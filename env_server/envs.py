@@ -389,18 +389,20 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
         return result
 
 
-def _guarded(env: gym.Env[Any, Any], name: str, index: int, *, repeat_on_reset: bool) -> gym.Env[Any, Any]:
+def _guarded(
+    env: gym.Env[Any, Any], name: str, index: int, *, repeat_on_reset: bool, ctrl_c: bool = False
+) -> gym.Env[Any, Any]:
     """``env``, env ``index`` of the vector env, as the vector env holds it: its errors isolated
     (outside the check, which must fail the call: a layout error would fail the stacking anyway,
     less clearly)."""
-    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset), name, index)
+    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c), name, index)
 
 
 def _isolated(
-    factory: Callable[[], gym.Env[Any, Any]], name: str, index: int, *, repeat_on_reset: bool
+    factory: Callable[[], gym.Env[Any, Any]], name: str, index: int, *, repeat_on_reset: bool, ctrl_c: bool = False
 ) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
-        return _guarded(factory(), name, index, repeat_on_reset=repeat_on_reset)
+        return _guarded(factory(), name, index, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c)
 
     return make_isolated
 
@@ -717,12 +719,15 @@ class _NamingErrors:
         self._queue.put(item)
 
 
-def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.VectorEnv:
+def build_vector_env(config: ServerConfig, *, copy: bool = True, ctrl_c: bool = False) -> gym.vector.VectorEnv:
     """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
 
     ``copy=False``: with sync or async vectorization, ``reset``/``step`` return the vector env's own buffers
     (gymnasium's ``copy``), overwritten by the next call; for callers that are done with each result
-    by then, as the server is once it has encoded it.
+    by then, as the server is once it has encoded it. ``ctrl_c``: a KeyboardInterrupt raised in the
+    env's step or reset in this process is a Ctrl-C, raised, not the env's error (a learner's
+    in-process envs, where a second Ctrl-C aborts; async workers' stay the env's: a Ctrl-C reaches
+    them too, and is the parent's to act on).
     """
     check_env(config)
     mode = gym.vector.AutoresetMode(config.autoreset_mode)
@@ -740,7 +745,11 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
-            isolated = [_isolated(factory, config.env, i, repeat_on_reset=same_step) for i in range(config.num_envs)]
+            in_workers = config.vectorization == "async"
+            isolated = [
+                _isolated(factory, config.env, i, repeat_on_reset=same_step, ctrl_c=ctrl_c and not in_workers)
+                for i in range(config.num_envs)
+            ]
             if config.vectorization == "async":
                 first_spec = first.spec  # (the workers' envs are made alike; asking them would pickle theirs)
                 first.close()
@@ -750,7 +759,7 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True) -> gym.vector.V
                 vec.first_spec = first_spec
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
-                    lambda: _guarded(first, config.env, 0, repeat_on_reset=same_step)
+                    lambda: _guarded(first, config.env, 0, repeat_on_reset=same_step, ctrl_c=ctrl_c)
                 ]
                 fns += isolated[1:]
                 vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)

@@ -53,6 +53,8 @@ RESERVED_INFO_KEYS = frozenset(
 # What an env's code may raise that must not end the server: every Exception, and the two
 # BaseExceptions an env might raise by mistake (the server handles its own signals without them).
 _CAUGHT = (Exception, SystemExit, KeyboardInterrupt)
+# In a process where a KeyboardInterrupt is a Ctrl-C (a learner's in-process envs), it is not the env's.
+_CAUGHT_UNDER_CTRL_C = (Exception, SystemExit)
 
 # Longest error text sent to the learner (an exception's message may be huge).
 _MAX_MESSAGE = 500
@@ -110,11 +112,15 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     ``info["env_error"]`` (see module doc).
 
     ``repeat_on_reset``: the reset after an error repeats its ``env_error``; True for a vector env with
-    same-step autoreset (whose step's top-level infos are that reset's), False otherwise."""
+    same-step autoreset (whose step's top-level infos are that reset's), False otherwise.
+    ``ctrl_c``: a KeyboardInterrupt is a Ctrl-C (envs in a learner's process, where a second Ctrl-C
+    aborts), raised, not the env's error (a server, whose signals raise none, takes it for the env's).
+    """
 
-    def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool) -> None:
+    def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool, ctrl_c: bool = False) -> None:
         super().__init__(env)
         self._repeat_on_reset = repeat_on_reset
+        self._caught = _CAUGHT_UNDER_CTRL_C if ctrl_c else _CAUGHT
         self._last_obs: Any = None
         # The call that returned _last_obs ("reset" or "step"; "" before any): with it, an observation
         # the vector env then fails to stack is named with the call that made it (env_server.envs).
@@ -141,7 +147,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         try:
             obs, info = self.env.reset(seed=seed, options=options)
             _check_info(info)
-        except _CAUGHT as err:
+        except self._caught as err:
             self.errors += 1
             message = _describe("reset", err)
             if self._broken is None and self.errors <= _LOGGED_TRACEBACKS:
@@ -167,7 +173,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             obs, reward, terminated, truncated, info = self.env.step(action)
             if info:
                 _check_info(info)
-        except _CAUGHT as err:
+        except self._caught as err:
             self.errors += 1
             message = _describe("step", err)
             if self.errors <= _LOGGED_TRACEBACKS:

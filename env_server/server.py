@@ -538,6 +538,7 @@ async def _serve(
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
     address = _listen_address(config)
     socket_inode: int | None = None  # (of the Unix socket gRPC made: the teardown removes that one alone)
+    orphaned = False  # (the parent died while the envs were built: their build not waited for)
     try:
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
@@ -560,7 +561,10 @@ async def _serve(
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
             started = time.perf_counter()
-            env = await service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False))
+            env = await _build_unless_orphaned(service, config, watchdog)
+            if env is None:  # (the parent is gone: nobody to serve them to; the teardown exits)
+                orphaned = True
+                return HARD_EXIT_STATUS
             if metrics is not None:
                 metrics.env_build_seconds.set(time.perf_counter() - started)
         try:
@@ -644,6 +648,14 @@ async def _serve(
             with contextlib.suppress(FileNotFoundError):
                 if os.lstat(config.unix_socket).st_ino == socket_inode:
                     os.unlink(config.unix_socket)  # ours, not a socket another server has made there since
+        if orphaned and watchdog.exits_process:
+            # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
+            _exit_now(
+                HARD_EXIT_STATUS,
+                "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
+                config.parent_pid,
+                HARD_EXIT_STATUS,
+            )
         if busy and watchdog.exits_process:
             # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
             _exit_now(
@@ -660,6 +672,27 @@ async def _serve(
         return HARD_EXIT_STATUS
     log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
     return 0 if closed else HARD_EXIT_STATUS
+
+
+async def _build_unless_orphaned(service: EnvService, config: ServerConfig, watchdog: _Watchdog) -> Any:
+    """The envs, built on the env thread; None if the parent process (``--parent-pid``) dies first: a
+    server of a learner that was killed serves nobody, and does not wait out a long build (a stop asked
+    otherwise, SIGTERM, waits for the build, as the envs are then closed)."""
+    build = asyncio.ensure_future(service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False)))
+    orphaned = asyncio.ensure_future(watchdog.orphaned.wait())
+    try:
+        await asyncio.wait({build, orphaned}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        orphaned.cancel()
+    if not build.done():
+        build.add_done_callback(_forget)  # (whatever it ends with: nobody waits for it)
+        return None
+    return build.result()
+
+
+def _forget(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # (retrieved: not logged as "never retrieved")
 
 
 # Longest the teardown waits for gRPC's tasks of calls that have ended to finish (see _let_calls_end).
@@ -884,6 +917,9 @@ class _Watchdog(threading.Thread):
         when an env call still runs (see _serve), rather than leave it to wait for the env thread."""
         self.finished = threading.Event()
         """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
+        self.parent_gone = False
+        self.orphaned = asyncio.Event()
+        """Set (on the loop) once the parent process (``--parent-pid``) is gone."""
         self._begun = False
 
     def begin(self) -> None:
@@ -929,8 +965,12 @@ class _Watchdog(threading.Thread):
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
         while not self.finished.wait(_WATCH_S):
             now = time.monotonic()
-            if parent and not self.stop_asked_at and os.getppid() != parent:
-                log.warning("parent process %d is gone; shutting down", parent)
+            if parent and not self.parent_gone and os.getppid() != parent:
+                self.parent_gone = True
+                if not self.stop_asked_at:
+                    log.warning("parent process %d is gone; shutting down", parent)
+                with contextlib.suppress(RuntimeError):  # (the loop is closed: the server is on its way out)
+                    self.loop.call_soon_threadsafe(self.orphaned.set)
                 self.request_stop()
             service = self.service
             started = service.call_started if service is not None else 0.0

@@ -1504,6 +1504,8 @@ def _option_hints(command: str) -> list[tuple[str, str]]:
             (KEEPALIVE_TIMEOUT_HINT, KEEPALIVE_TIMEOUT_HINT.replace("`keepalive_timeout`, ", "")),
             # (servers not answering yet, still building their envs)
             ("`connect_timeout`", "--connect-timeout"),
+            # (local servers that did not listen in time: learner.local's, which names both)
+            ("raise startup_timeout, learner train --connect-timeout", "raise --connect-timeout"),
         ]
     if command == "train":
         hints += [

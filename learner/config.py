@@ -136,7 +136,8 @@ class Args:
     connect_timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds to wait at the start for --servers to answer, and for their names to resolve
     (`dns:` names with no server ready yet, `compose:` replicas still starting): raise it where
-    servers take a while to come up (Kubernetes pods: minutes)"""
+    servers take a while to come up (Kubernetes pods: minutes); also how long the local servers
+    this command starts (without --servers) may take to build their envs, 60 s at least"""
     timeout: float = field(default=10.0, metadata={"metavar": "S"})
     """seconds each call to an env server may take (fault-tolerant: then the server counts as lost, and
     the other envs step on); raise it for envs whose batched step or reset can take longer"""

@@ -475,11 +475,27 @@ def _ended_after_handshake(tls: ssl.SSLSocket) -> str | None:
 
 
 def unix_path(address: str) -> str | None:
-    """The socket file of a ``unix:PATH`` (or ``unix://PATH``) address; None for other addresses."""
+    """The socket file of a ``unix:PATH`` (or ``unix:///abs/path``) address; None for other addresses.
+    (:func:`expand_addresses` refuses the forms gRPC does not take: see :func:`_check_unix`.)"""
     if not address.startswith("unix:"):
         return None
     path = address[len("unix:") :]
     return path[2:] if path.startswith("//") else path
+
+
+def _check_unix(address: str) -> None:
+    """Refuse a ``unix:`` address gRPC would not connect to: ``unix://PATH`` with a relative PATH (gRPC
+    takes ``u.sock`` in ``unix://u.sock`` for an authority, and refuses it: "authority-based URIs not
+    supported by the unix scheme"), and one with no path."""
+    path = unix_path(address)
+    if not path:
+        raise AddressError(
+            f"server address {address!r}: no socket path; expected unix:PATH (unix:/abs/path or unix:relative/path)"
+        )
+    if address.startswith("unix://") and not path.startswith("/"):
+        raise AddressError(
+            f"server address {address!r}: unix://PATH needs an absolute path (unix:///abs/path, or unix:relative/path)"
+        )
 
 
 def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
@@ -519,6 +535,7 @@ def _expand_one(address: str) -> list[str]:
     if address.startswith("dns:"):
         return resolve_dns(address)
     if address.startswith("unix:"):
+        _check_unix(address)
         return [address]
     scheme, sep, rest = address.partition(":")
     if sep and scheme in _RESOLVERS:
@@ -534,22 +551,42 @@ def _expand_one(address: str) -> list[str]:
 
 
 def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ``address``: the address ``target`` is part of, for errors."""
+    """``host:port`` (``[v6]:port``) -> (host, port); ``address``: the address ``target`` is part of, for errors.
+
+    As strict as gRPC's own parsing, so that what it would not connect to is said at once, not as a
+    server that does not answer: the port in ASCII digits, an IPv6 address in brackets, brackets that pair."""
     address = address or target
-    host, sep, port_text = target.rpartition(":")
+    dns = address.startswith("dns:")
+    if target.startswith("["):  # [v6]:port
+        host, closed, rest = target[1:].partition("]")
+        sep, port_text = rest[:1], rest[1:]
+        if not closed or not host or "[" in host or (rest and sep != ":"):
+            raise AddressError(
+                f"server address {address!r}: unbalanced brackets; write IPv6 addresses as [::1]:PORT"
+                if not closed or "[" in host
+                else f"server address {address!r}: expected [IPV6]:PORT (e.g. [::1]:50051)"
+            )
+    else:
+        host, sep, port_text = target.rpartition(":")
+        if "[" in host or "]" in host or "]" in port_text:
+            raise AddressError(f"server address {address!r}: unbalanced brackets; write IPv6 addresses as [::1]:PORT")
     if not sep or not host:
-        example = "dns:///name:50051" if address.startswith("dns:") else "127.0.0.1:50051"
+        example = "dns:///name:50051" if dns else "127.0.0.1:50051"
         raise AddressError(
             f"server address {address!r}: expected host:port (e.g. {example})"
-            + ("" if address.startswith("dns:") else ", unix:PATH or dns:///name:port")
+            + ("" if dns else ", unix:PATH or dns:///name:port")
         )
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise AddressError(f"server address {address!r}: port {port_text!r} is not a number") from None
+    if ":" in host and not target.startswith("["):
+        raise AddressError(
+            f"server address {address!r}: the host {host!r} has a ':' in it; write IPv6 addresses as [::1]:PORT"
+        )
+    # (int() takes "+1", " 1", "1_0" and other scripts' digits: gRPC does not)
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise AddressError(f"server address {address!r}: port {port_text!r} is not a number")
+    port = int(port_text)
     if not 0 < port < 65536:
         raise AddressError(f"server address {address!r}: port {port} is outside 1-65535")
-    return host.strip("[]"), port
+    return host, port
 
 
 def _dns_target(address: str) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from env_server.config import ServerConfig
 from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner.discovery import expand_when_ready
-from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers
+from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
 __all__ = ["FleetSpec", "env_server_of", "open_fleet", "reward_threshold"]
@@ -97,7 +97,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 step_delay_ms=spec.step_delay_ms,
                 max_episode_steps=spec.max_episode_steps,
             )
-            envs = build_vector_env(config)
+            envs = build_vector_env(config, ctrl_c=True)  # (a second Ctrl-C in an env's step aborts)
             stack.callback(envs.close)
             # What the envs are made with, as a server says of its own (EnvSpec): for config.json.
             made_with = env_kwargs_json(config)
@@ -126,6 +126,9 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 transport=spec.transport,
                 auth_token=spec.auth_token,
                 hang_timeout=_hang_timeout(spec),
+                # (envs that take long to build: --connect-timeout, "raise it where servers take a while
+                # to come up", covers the servers started here too)
+                startup_timeout=max(STARTUP_TIMEOUT_S, spec.connect_timeout),
             )
             stack.callback(servers.close)
             addresses = servers.addresses

@@ -25,10 +25,16 @@ from env_server.protocol import MAX_UNIX_PATH
 from learner.discovery import unix_path
 from learner.errors import ServerStartError
 
+try:  # (not on Windows, where LocalServers do not run)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "DEFAULT_TRANSPORT",
     "HANG_TIMEOUT_S",
     "SPIN_WAIT_MS",
+    "STARTUP_TIMEOUT_S",
     "LocalServers",
     "local_servers",
     "orphaned_dirs",
@@ -62,6 +68,9 @@ SPIN_WAIT_MS = 0.5
 HANG_TIMEOUT_S = 60.0
 """``env-server --hang-timeout`` for local servers: one whose env call hangs exits and is started again."""
 
+STARTUP_TIMEOUT_S = 60.0
+"""How long LocalServers wait by default for their servers to listen (their envs built)."""
+
 _LOG_LEVELS = {
     "DEBUG": logging.DEBUG,
     "INFO": logging.INFO,
@@ -77,6 +86,13 @@ RESTART_BACKOFF_S = 0.5
 RESTART_WINDOW_S = 60.0
 _WATCH_S = 0.2  # how often the supervisor looks at the servers
 
+# Stopping: a server that listens gets SIGTERM and _STOP_WAIT_S to drain and close its envs before it is
+# killed; one that has not said it listens yet (building its envs: nothing to drain) _UNREADY_GRACE_S. A
+# wait past _SAY_WAIT_S is said (the learner would otherwise seem to hang after a Ctrl-C).
+_STOP_WAIT_S = 10.0
+_UNREADY_GRACE_S = 0.5
+_SAY_WAIT_S = 1.0
+
 
 class LocalServers:
     """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
@@ -85,7 +101,10 @@ class LocalServers:
     /tmp when the temp dir's path is too long for Unix sockets; on
     platforms without them, and with ``transport="tcp"``, on loopback), exit when
     :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
-    this process be killed — within a second of its death (each server watches its parent).
+    this process be killed — within a second of its death (each server watches its parent; one still
+    building its envs does not wait for the build, except under ``--vectorization async``, whose build
+    comes first). Servers still building their envs when they are stopped have nothing to drain: they
+    are killed within a second; the others get up to 10 s to finish and close their envs.
 
     A server that dies (killed, out of memory, crashed) is started again on the same address after a
     short wait, logged as a warning with its exit code and last output, so that a fault-tolerant
@@ -103,7 +122,9 @@ class LocalServers:
         transport: ``"unix"`` (a socket file each, ``unix:PATH`` addresses: ``RemoteVectorEnv``
             steps such servers over their step sockets; the default where the platform has Unix
             sockets, as for ``learner train``) or ``"tcp"`` (127.0.0.1, a free port each).
-        startup_timeout: seconds to wait for every server to print its ``listening on`` line.
+        startup_timeout: seconds to wait for every server to print its ``listening on`` line (its envs
+            built: raise it for envs that take long to build; ``learner train`` waits its
+            ``--connect-timeout``, 60 s at least).
         log_level: the servers' log level (debug, info, warning or error); their log lines are
             forwarded to this process's logging. None: the level this process logs them at (the
             effective level of the ``env_server[i]`` loggers: the root logger's, which the ``learner``
@@ -134,7 +155,7 @@ class LocalServers:
         env_kwargs: dict[str, Any] | None = None,
         server_args: Sequence[str] = (),
         transport: str = DEFAULT_TRANSPORT,
-        startup_timeout: float = 60.0,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
         log_level: str | None = None,
         auth_token: str | None = None,
         spin_wait_ms: float | None = None,
@@ -156,10 +177,11 @@ class LocalServers:
         self._children = _Children(env, _server_environ(auth_token))
         self._procs = self._children.procs
         self._socket_dir = None
+        lock = None
         if transport == "unix":
-            self._socket_dir = _make_socket_dir(num_servers)
+            self._socket_dir, lock = _make_socket_dir(num_servers)
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _stop_all, self._children, self._socket_dir)
+        self._finalizer = weakref.finalize(self, _stop_all, self._children, self._socket_dir, lock)
         base = [
             sys.executable,
             "-m",
@@ -199,14 +221,16 @@ class LocalServers:
                 cmd = self._children.cmds[i]
                 cmd[cmd.index("--port") + 1] = address.rpartition(":")[2]
         if restarts:
-            threading.Thread(
+            watcher = threading.Thread(
                 target=_supervise,
                 args=(self._children, list(self.addresses), restarts, startup_timeout),
                 daemon=True,
                 name="env-server-supervisor",
-            ).start()
+            )
         else:
-            threading.Thread(target=_reap, args=(self._children,), daemon=True, name="env-server-reaper").start()
+            watcher = threading.Thread(target=_reap, args=(self._children,), daemon=True, name="env-server-reaper")
+        self._children.watcher = watcher
+        watcher.start()
         log.info(
             "started %d local env servers (%d x %s each): %s",
             num_servers,
@@ -230,8 +254,9 @@ class LocalServers:
                 if remaining <= 0:
                     late = [i for i, a in enumerate(addresses) if a is None]
                     raise ServerStartError(
-                        f"env server(s) {late} for {self.env!r} did not start listening within {timeout:g} s; "
-                        f"last output: {self._tail(late[0])}"
+                        f"env server(s) {late} for {self.env!r} did not start listening within {timeout:g} s (envs "
+                        f"that take long to build: raise startup_timeout, learner train --connect-timeout); last "
+                        f"output: {self._tail(late[0])}"
                     )
                 for key, _ in sel.select(timeout=min(remaining, 0.5)):
                     i = key.data
@@ -245,14 +270,17 @@ class LocalServers:
                         if not line.startswith("listening on "):
                             raise ServerStartError(f"env server {i} printed {line!r} instead of 'listening on ADDRESS'")
                         addresses[i] = line[len("listening on ") :]
+                        self._children.listening[i] = True
                         sel.unregister(key.fileobj)
                 for i, proc in enumerate(self._procs):
                     if addresses[i] is None and proc.poll() is not None:
                         # Its last lines (its own error line among them): read to the end of its
                         # output, which a child of its might hold open (then not for long).
                         self._children.readers[i].join(timeout=2.0)
+                        tail = self._tail(i)
                         raise ServerStartError(
-                            f"env server {i} for {self.env!r} exited with code {proc.returncode} before listening: {self._tail(i)}"
+                            f"env server {i} for {self.env!r} {_exit_status(proc.returncode)} before listening: {tail}"
+                            + (_SILENT_HINT if tail == _NOTHING else "")
                         )
         finally:
             sel.close()
@@ -282,10 +310,11 @@ class LocalServers:
 _SHORT_TEMP_DIR = "/tmp"
 
 
-def _make_socket_dir(num_servers: int) -> str:
+def _make_socket_dir(num_servers: int) -> tuple[str, int | None]:
     """A new folder for the servers' sockets: ``envfleet-<pid>-*`` in the temp folder, or in /tmp when
     the temp folder's path ($TMPDIR) leaves the longest socket path (the last server's step socket)
-    over what Unix sockets allow; orphans of killed learners in that folder are removed first."""
+    over what Unix sockets allow; orphans of killed learners in that folder are removed first. With
+    the descriptor of its lock file, locked (flock) for as long as it is held open (None on Windows)."""
     longest = f"envfleet-{os.getpid()}-xxxxxxxx/server-{num_servers - 1}.sock.steps"
     root = tempfile.gettempdir()
     if len(os.fsencode(os.path.join(root, longest))) > MAX_UNIX_PATH and os.path.isdir(_SHORT_TEMP_DIR):
@@ -297,7 +326,29 @@ def _make_socket_dir(num_servers: int) -> str:
         )
         root = _SHORT_TEMP_DIR
     _remove_orphaned_socket_dirs(root)
-    return tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-", dir=root)
+    if fcntl is None:  # pragma: no cover  (Windows: no local servers)
+        return tempfile.mkdtemp(prefix=f"envfleet-{os.getpid()}-", dir=root), None
+    # Made under another name (one no cleanup takes for a socket folder), locked, then named: under its
+    # name a folder is locked from the first (see _remove_orphaned_socket_dirs).
+    staging = tempfile.mkdtemp(prefix=f".envfleet-{os.getpid()}-", dir=root)
+    lock = None
+    try:
+        lock = os.open(os.path.join(staging, _LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)  # (not inherited)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as err:  # (a file system without flock, as some network ones: the other checks remain)
+            log.debug("cannot lock %s: %s", staging, err)
+        folder = os.path.join(root, os.path.basename(staging)[1:])
+        os.rename(staging, folder)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        with suppress(OSError):
+            os.unlink(os.path.join(staging, _LOCK_FILE))
+        with suppress(OSError):
+            os.rmdir(staging)
+        raise
+    return folder, lock
 
 
 LOCAL_SOCKET_DIR = re.compile(r"envfleet-(\d+)-\w+")
@@ -309,21 +360,44 @@ def is_local_socket_dir(folder: str) -> bool:
     return LOCAL_SOCKET_DIR.fullmatch(os.path.basename(os.path.normpath(folder))) is not None
 
 
+# The file in a socket folder that its LocalServers holds locked (flock) for as long as it runs.
+_LOCK_FILE = "owner.lock"
+
+
 def _remove_orphaned_socket_dirs(root: str) -> None:
     """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
     exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone,
-    and whose sockets no server listens on."""
+    whose lock file no process holds locked, and whose sockets no server listens on."""
     for path in orphaned_dirs(root, LOCAL_SOCKET_DIR):
-        with suppress(OSError):
-            # Its pid is gone *here*: its learner may live in another pid namespace (a second container that
-            # shares /tmp, whose pids this one does not see). A socket a server listens on is no orphan's.
-            if any(_listening(os.path.join(path, e)) for e in os.listdir(path) if e.endswith(".sock")):
-                continue
-            for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
-                if entry.endswith((".sock", ".sock.steps")):
-                    os.unlink(os.path.join(path, entry))
-            os.rmdir(path)  # (fails, and is left, if anything else is in it)
-            log.debug("removed %s, left by a learner that was killed", path)
+        lock = None
+        try:
+            with suppress(OSError):
+                # Its pid is gone *here*: its learner may live in another pid namespace (a second container
+                # that shares /tmp, whose pids this one does not see). Its lock tells (its servers may not
+                # listen yet: still building their envs); for a learner too old to lock one, a socket a
+                # server listens on.
+                if fcntl is not None:
+                    try:
+                        lock = os.open(os.path.join(path, _LOCK_FILE), os.O_RDWR)
+                    except FileNotFoundError:
+                        pass
+                    else:
+                        try:
+                            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        except BlockingIOError:
+                            continue  # (its learner runs)
+                        except OSError:  # (a file system without flock: the other checks decide)
+                            pass
+                if any(_listening(os.path.join(path, e)) for e in os.listdir(path) if e.endswith(".sock")):
+                    continue
+                for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
+                    if entry.endswith((".sock", ".sock.steps")) or entry == _LOCK_FILE:
+                        os.unlink(os.path.join(path, entry))
+                os.rmdir(path)  # (fails, and is left, if anything else is in it)
+                log.debug("removed %s, left by a learner that was killed", path)
+        finally:
+            if lock is not None:
+                os.close(lock)
 
 
 def _listening(path: str) -> bool:
@@ -405,6 +479,10 @@ class _Children:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tails: list[collections.deque[str]] = []
         self.readers: list[threading.Thread] = []
+        # Whether each server (its latest start) has said it listens: one that has not is still building
+        # its envs, with nothing to drain, and is not waited for when it is stopped.
+        self.listening: list[bool] = []
+        self.watcher: threading.Thread | None = None  # (the supervisor, or the reaper)
         # Held to start a server, and by close() to stop starting them: none starts after close().
         self.lock = threading.Lock()
         self.closing = threading.Event()
@@ -433,10 +511,12 @@ class _Children:
                 if old.stdout is not None:
                     old.stdout.close()
                 self.procs[index], self.tails[index], self.readers[index] = proc, tail, reader
+                self.listening[index] = False
             else:
                 self.procs.append(proc)
                 self.tails.append(tail)
                 self.readers.append(reader)
+                self.listening.append(False)
             reader.start()
             return proc
 
@@ -446,7 +526,18 @@ class _Children:
         said = [line for line in lines if line.startswith("env-server: error:")]
         if said:  # its own one-line reason, not the noise that may follow it
             return said[-1]
-        return " | ".join(lines[-3:]) if lines else "(nothing)"
+        return " | ".join(lines[-3:]) if lines else _NOTHING
+
+
+_NOTHING = "(nothing)"
+# What shows more of a server that died without a word (os.abort() in an env's constructor, a crash in
+# C code): Python's fault handler prints each thread's stack at a fatal signal, and the servers log
+# "building N x ENV" at info.
+_SILENT_HINT = (
+    " (to see more: PYTHONFAULTHANDLER=1 in this process's environment, which the servers inherit, has a "
+    "server that crashes print where, logged here as env_server[N] lines; log level info, learner "
+    "--log-level info or LocalServers(log_level='info'), shows how far it got)"
+)
 
 
 def _supervise(children: _Children, addresses: list[str], restarts: int, startup_timeout: float) -> None:
@@ -469,6 +560,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                     if children.spawn(i) is None:
                         return
                 except OSError as err:  # (out of processes or memory, say: counts as a failed restart)
+                    _forget_old(started[i], now)
                     started[i].append(now)
                     if len(started[i]) >= restarts:
                         left_down.add(i)
@@ -491,6 +583,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 line = output.split(b"\n", 1)[0].decode(errors="replace").strip() if b"\n" in output else None
                 if line == f"listening on {address}":
                     del starting[i]
+                    children.listening[i] = True
                     log.info("env server %d is back on %s (started again)", i, address)
                     continue
                 if line is None and proc.poll() is None and now < deadline:
@@ -505,7 +598,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                         if line is not None
                         else f"did not listen again within {startup_timeout:g} s"
                     )
-                    _stop_all_procs([proc])
+                    _stop_all_procs([proc], [False])  # (killed at once: nothing to drain, nor to wait for)
             elif proc.poll() is None:
                 continue
             else:
@@ -514,8 +607,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 return
             # Down (or a restart failed): start it again after a wait, unless it died too often.
             children.readers[i].join(timeout=0.5)  # (its last lines)
-            while started[i] and started[i][0] < now - RESTART_WINDOW_S:
-                started[i].popleft()
+            _forget_old(started[i], now)
             if len(started[i]) >= restarts:
                 left_down.add(i)
                 log.error(
@@ -543,6 +635,12 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 RESTART_WINDOW_S,
                 children.tail(i),
             )
+
+
+def _forget_old(started: collections.deque[float], now: float) -> None:
+    """Drop the restart times of ``started`` that are out of the window restarts are counted in."""
+    while started and started[0] < now - RESTART_WINDOW_S:
+        started.popleft()
 
 
 def _reap(children: _Children) -> None:
@@ -576,11 +674,20 @@ def _exit_status(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _stop_all(children: _Children, socket_dir: str | None) -> None:
+def _stop_all(children: _Children, socket_dir: str | None, lock: int | None = None) -> None:
     with children.lock:  # (a server being started again is in children.procs already)
         children.closing.set()
     try:
-        _stop_all_procs(children.procs)
+        _stop_all_procs(children.procs, children.listening)
+        # The supervisor reads the pipes of servers it started again: it is done (it sees closing
+        # within _WATCH_S) before they are closed under it. (Not when this runs in its thread: a
+        # garbage collection there.)
+        watcher = children.watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=2.0)
+        for proc in children.procs:
+            if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
+                proc.stdout.close()
     finally:  # (a second Ctrl-C while they stop too: the servers notice their parent's end)
         if socket_dir is not None:
             for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
@@ -588,22 +695,55 @@ def _stop_all(children: _Children, socket_dir: str | None) -> None:
                     os.unlink(os.path.join(socket_dir, name))
             with suppress(OSError):
                 os.rmdir(socket_dir)
+        if lock is not None:
+            os.close(lock)
 
 
-def _stop_all_procs(procs: list[subprocess.Popen[bytes]]) -> None:
+def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bool] | None = None) -> None:
+    """Stop ``procs`` and wait for them: SIGTERM, then SIGKILL (see _kill) after _STOP_WAIT_S, or
+    after _UNREADY_GRACE_S for those ``listening`` says have not said they listen (all do when None);
+    a wait past _SAY_WAIT_S is logged."""
+    procs = list(procs)
+    ready = list(listening) if listening is not None else [True] * len(procs)
     for proc in procs:
         if proc.poll() is None:
             with suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10.0
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
-            proc.stdout.close()
+    start = time.monotonic()
+    for proc, listens in zip(procs, ready, strict=True):
+        _wait_or_kill(proc, start + (_SAY_WAIT_S if listens else _UNREADY_GRACE_S), kill=not listens)
+    running = [proc for proc in procs if proc.poll() is None]
+    if running:
+        log.warning(
+            "stopping %d env server%s: waiting up to %.0f s more for %s to finish %s calls and close %s envs "
+            "(then killing %s)",
+            len(running),
+            "s" if len(running) > 1 else "",
+            start + _STOP_WAIT_S - time.monotonic(),
+            *(("them", "their", "their", "them") if len(running) > 1 else ("it", "its", "its", "it")),
+        )
+        for proc in running:
+            _wait_or_kill(proc, start + _STOP_WAIT_S, kill=True)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], deadline: float, *, kill: bool) -> None:
+    """Wait for ``proc`` until ``deadline`` (time.monotonic()); then kill it (``kill``) or leave it."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        if kill:
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` with its process group (a server leads its own: start_new_session), so that the
+    processes it started go with it (async vectorization's workers, an env's simulator), and wait for it."""
+    if proc.returncode is None:  # (not reaped: its pid, and so the group's id, are still its own)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
 
 
 def _forwarded_level() -> str:

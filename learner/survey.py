@@ -166,8 +166,18 @@ def describe(servers: list[ServerInfo]) -> str:
             lines.append(
                 "    free (no learner holds it)" if s.versions else "    holder unknown (a server too old to say)"
             )
-    answering = [s for s in servers if not s.error]
-    total = f"{len(servers)} server{'s' if len(servers) != 1 else ''}"
+    # Each server once: one listed under two names (127.0.0.1:P and localhost:P, unix:/x.sock and
+    # unix:///x.sock) says the same server_id at both (one too old to say one: each address its own).
+    answering: list[ServerInfo] = []
+    ids: set[str] = set()
+    for s in servers:
+        if not s.error and (not s.server_id or s.server_id not in ids):
+            answering.append(s)
+            ids.add(s.server_id)
+    count = len(answering) + sum(1 for s in servers if s.error)  # (one that does not answer: counted per address)
+    total = f"{count} server{'s' if count != 1 else ''}" + (
+        f" ({len(servers)} addresses)" if count < len(servers) else ""
+    )
     summary = f"{total}, {len(answering)} answering, {sum(s.num_envs for s in answering)} envs"
     if len({(s.observation_space, s.action_space, s.autoreset_mode) for s in answering}) > 1:
         summary += "; their spaces or autoreset modes differ: they cannot step as one fleet"
@@ -178,7 +188,7 @@ def describe(servers: list[ServerInfo]) -> str:
     differ = sorted(n for n in versions if len({s.versions[n] for s in answering if n in s.versions}) > 1)
     if differ:
         summary += f"; versions differ: {', '.join(differ)}"
-    if len({s.server_id for s in answering}) < len(answering):
+    if count < len(servers):
         summary += "; some are one server listed under two names"
     lines.append(summary)
     return "\n".join(lines)

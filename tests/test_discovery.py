@@ -202,3 +202,56 @@ def test_a_servers_other_name_is_used_once_the_first_is_out_of_the_fleet(start_s
         assert envs.addresses == [other] and envs.num_envs == 2
         servers.append(used)  # (listed again: the first name is now the other's alias)
         assert envs.refresh() is None and envs.addresses == [other]
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        # (gRPC takes u.sock for an authority, and refuses it: the plain probe connected to ./u.sock all the same)
+        ("unix://u.sock", "unix://PATH needs an absolute path (unix:///abs/path, or unix:relative/path)"),
+        ("unix:", "no socket path; expected unix:PATH"),
+        ("unix://", "no socket path; expected unix:PATH"),
+        # (int() took these; gRPC does not)
+        ("127.0.0.1:3_5659", "port '3_5659' is not a number"),
+        ("127.0.0.1: 123", "port ' 123' is not a number"),
+        ("127.0.0.1:+123", "port '+123' is not a number"),
+        ("127.0.0.1:\uff11\uff12\uff13", "port '\uff11\uff12\uff13' is not a number"),  # (fullwidth digits)
+        ("::1:44445", "the host '::1' has a ':' in it; write IPv6 addresses as [::1]:PORT"),
+        ("a:1:2", "the host 'a:1' has a ':' in it; write IPv6 addresses as [::1]:PORT"),
+        ("dns:///::1:5000", "the host '::1' has a ':' in it; write IPv6 addresses as [::1]:PORT"),
+        ("[::1:5000", "unbalanced brackets; write IPv6 addresses as [::1]:PORT"),
+        ("::1]:5000", "unbalanced brackets; write IPv6 addresses as [::1]:PORT"),
+        ("[[::1]]:5000", "unbalanced brackets; write IPv6 addresses as [::1]:PORT"),
+        ("[::1]5000", "expected [IPV6]:PORT (e.g. [::1]:50051)"),
+    ],
+)
+def test_an_address_grpc_would_not_take_is_refused_at_once(address: str, message: str) -> None:
+    """Each of these passed the address check, then failed as a server that does not answer ("nothing
+    answered ... if it uses TLS, pass its CA"), or hung `learner servers` (unix://u.sock)."""
+    with pytest.raises(AddressError) as info:
+        expand_addresses([address])  # (a list: a string is split at whitespace)
+    assert str(info.value).startswith(f"server address {address!r}: {message}"), str(info.value)
+
+
+def test_the_addresses_grpc_takes_pass_as_they_are() -> None:
+    given = ["unix:///tmp/x.sock", "unix:rel/x.sock", "unix:/tmp/y.sock", "[::1]:5000", "localhost:65535", "h:1"]
+    assert expand_addresses(given) == given
+    assert expand_addresses("dns:///[::1]:5000") == ["[::1]:5000"]
+
+
+def test_learner_servers_counts_a_server_listed_under_several_names_once(
+    start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reviewer's `learner servers 127.0.0.1:P,localhost:P,unix:/x.sock,unix:///x.sock`: 2 servers of 2
+    envs each, said as "4 servers, 4 answering, 8 envs"."""
+    from learner.cli import main
+
+    [tcp] = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    [unix] = start_servers("CartPole-v1", 1, 2, transport="unix")
+    path = unix.removeprefix("unix:")
+    assert path.startswith("/")
+    addresses = [tcp, f"localhost:{tcp.rpartition(':')[2]}", unix, f"unix://{path}"]
+    assert main(["servers", ",".join(addresses)]) == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert sum(line.startswith(tuple(f"{a}  CartPole-v1 x2" for a in addresses)) for line in lines) == 4
+    assert lines[-1] == "2 servers (4 addresses), 2 answering, 4 envs; some are one server listed under two names"

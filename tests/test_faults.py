@@ -858,6 +858,29 @@ def _error_records(mode: str, steps: int, **faults: int) -> list[tuple[int, str]
     return reported
 
 
+def test_a_keyboard_interrupt_in_an_env_s_step_is_the_env_s_error_in_a_server_and_a_ctrl_c_in_process() -> None:
+    """A server's signals raise nothing, so a KeyboardInterrupt in its env's step is the env's own
+    (isolated: its episode ends). In the learner's process it is a Ctrl-C landing in a slow step (the
+    second, which aborts: the first only asks the run to stop), and was taken for the env's error."""
+    from env_server.config import ServerConfig
+    from env_server.envs import build_vector_env
+    from learner.envs import FleetSpec, open_fleet
+
+    env, kwargs = "tests.ctrl_c_envs:InterruptedEnv", {"at": 2}
+    served = build_vector_env(ServerConfig(env=env, num_envs=2, env_kwargs=kwargs))
+    served.reset(seed=0)
+    served.step(np.zeros(2, dtype=np.int64))
+    *_, truncs, infos = served.step(np.zeros(2, dtype=np.int64))
+    assert truncs.all() and infos["env_error"][0] == "step: KeyboardInterrupt"
+    served.close()
+    spec = FleetSpec(env=env, backend="gym", num_servers=1, envs_per_server=2, env_kwargs=kwargs)
+    with open_fleet(spec) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(np.zeros(2, dtype=np.int64))
+
+
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
 def test_one_exception_is_one_error_record_under_every_autoreset_mode(mode: str) -> None:
     """The step that raised, and only it, carries env_error in the vector env's top-level infos (the

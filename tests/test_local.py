@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -20,7 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learner import AuthenticationError, LocalServers, RemoteVectorEnv, ServerUnavailableError, local_servers
+from learner import (
+    AuthenticationError,
+    LocalServers,
+    RemoteVectorEnv,
+    ServerStartError,
+    ServerUnavailableError,
+    local_servers,
+)
 from learner.config import Args
 from learner.local import DEFAULT_TRANSPORT, _forward_stderr
 from tests.conftest import needs_proc
@@ -434,3 +442,210 @@ def test_close_does_not_start_again_the_servers_it_stops() -> None:
     time.sleep(1.0)
     assert servers.pids == pids
     wait_gone(pids, within=5)
+
+
+# -- stopping servers still building their envs ----------------------------------------------------------------
+
+
+def _with_marker(marker: str) -> list[int]:
+    """The processes whose command line holds ``marker`` (tests.envs:SimulatorBuildEnv's simulators)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and alive(int(entry)):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@needs_proc
+@pytest.mark.slow
+def test_servers_still_building_their_envs_are_stopped_at_once_with_what_they_started() -> None:
+    """A Ctrl-C (or a start-up timeout) while the servers build their envs: nothing to drain, so they are
+    not given the 10 s a server that serves gets (was: 10 s of silence, then SIGKILL of the server alone,
+    leaving the processes its env had started running)."""
+    marker = f"envfleet-simulator-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    try:
+        with pytest.raises(ServerStartError) as info:
+            LocalServers(
+                "tests.envs:SimulatorBuildEnv", 2, 1, env_kwargs={"marker": marker, "build_s": 60}, startup_timeout=3
+            )
+        took = time.monotonic() - start
+        assert len(_with_marker(marker)) <= 2  # (those that were started: gone by now, or a moment after)
+        wait_gone(_with_marker(marker), within=2)
+        assert took < 7, took
+        # (and the error says what to raise: see test_learner_train_waits_connect_timeout_for_its_local_servers)
+        assert "did not start listening within 3 s (envs that take long to build: raise startup_timeout" in str(
+            info.value
+        )
+    finally:
+        for pid in _with_marker(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_wait_for_servers_to_finish_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that serves gets up to 10 s to finish its calls and close its envs: a wait past a second is
+    logged (was: nothing, as the learner seemed to hang after a Ctrl-C)."""
+    servers = LocalServers("tests.envs:CloseGateEnv", 1, 1, env_kwargs={"gate": str(tmp_path / "gate"), "hold_s": 2.5})
+    with caplog.at_level(logging.WARNING, logger="learner.local"):
+        servers.close()
+    [said] = [r.getMessage() for r in caplog.records if r.name == "learner.local"]
+    assert re.fullmatch(
+        r"stopping 1 env server: waiting up to \d s more for it to finish its calls and close its envs "
+        r"\(then killing it\)",
+        said,
+    ), said
+    with caplog.at_level(logging.WARNING, logger="learner.local"):  # (one that stops at once: nothing said)
+        caplog.clear()
+        LocalServers("CartPole-v1", 2, 1).close()
+    assert not [r for r in caplog.records if r.name == "learner.local"]
+
+
+@needs_proc
+@pytest.mark.slow
+def test_servers_of_a_learner_killed_while_they_build_their_envs_exit_at_once(tmp_path: Path) -> None:
+    """The docstring's "within a second of its death" while the servers build their envs too (was: 15 s,
+    the server's grace period and exit margin, then an exit that left its socket file)."""
+    root = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: the sockets must fit)
+    script = textwrap.dedent(
+        """
+        from learner import LocalServers
+        LocalServers("tests.envs:SlowToBuildEnv", 2, 1, env_kwargs={"build_s": 60})
+        """
+    )
+    environ = {**os.environ, "TMPDIR": str(root)}
+    try:
+        with subprocess.Popen([sys.executable, "-c", script], env=environ) as learner:
+            try:
+                deadline = time.monotonic() + 60
+                while len(sockets := sorted(root.glob(f"envfleet-{learner.pid}-*/server-*.sock"))) < 2:
+                    assert time.monotonic() < deadline and learner.poll() is None, "the servers did not listen"
+                    time.sleep(0.1)
+                folder = str(sockets[0].parent)
+                pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), [folder])]
+                assert len(pids) == 2, pids
+            finally:
+                learner.kill()
+        wait_gone(pids, within=4)
+        assert not [p.name for p in Path(folder).iterdir() if ".sock" in p.name]  # (each removed its own)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the start-up timeout, and a server that dies before it listens ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_learner_train_waits_connect_timeout_for_its_local_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--connect-timeout ("raise it where servers take a while to come up") is the local servers' start-up
+    limit too, where it is over the 60 s LocalServers wait by default (here that floor is 1 s)."""
+    import learner.envs
+
+    monkeypatch.setattr(learner.envs, "STARTUP_TIMEOUT_S", 1.0)
+    spec = learner.envs.FleetSpec(
+        "tests.envs:SlowToBuildEnv", num_servers=1, envs_per_server=1, env_kwargs={"build_s": 60}, connect_timeout=2.5
+    )
+    start = time.monotonic()
+    with (
+        pytest.raises(
+            ServerStartError, match=r"did not start listening within 2\.5 s \(envs that take long to build: "
+        ),
+        learner.envs.open_fleet(spec),
+    ):
+        pass
+    assert time.monotonic() - start < 8
+
+
+def test_a_server_killed_by_a_signal_before_listening_says_by_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was "exited with code -6", and "(nothing)" with no word of what would show more."""
+    monkeypatch.delenv("PYTHONFAULTHANDLER", raising=False)
+    with pytest.raises(ServerStartError) as info:
+        LocalServers("tests.envs:AbortingEnv", 1, 1, log_level="warning")
+    message = str(info.value)
+    assert message.startswith(
+        "env server 0 for 'tests.envs:AbortingEnv' was killed by SIGABRT before listening: (nothing) (to see more: "
+        "PYTHONFAULTHANDLER=1 in this process's environment"
+    ), message
+    # What the hint says shows more does.
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
+    with pytest.raises(ServerStartError) as info:
+        LocalServers("tests.envs:AbortingEnv", 1, 1, log_level="info")
+    message = str(info.value)
+    assert "was killed by SIGABRT before listening: " in message and "(nothing)" not in message, message
+
+
+# -- the socket folder's lock ---------------------------------------------------------------------------------
+
+
+def test_a_socket_folder_whose_lock_is_held_is_left_alone(monkeypatch: Any) -> None:
+    """A learner in another pid namespace whose servers do not listen yet (building their envs): its folder
+    was taken for a killed learner's and removed under it. Its lock, held for its life, says it runs."""
+    import fcntl
+
+    folder = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: see above)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    elsewhere = folder / f"envfleet-{dead.pid}-abc123"  # (its pid, as this namespace sees it, is no process)
+    elsewhere.mkdir()
+    (elsewhere / "server-0.sock").write_text("")  # (no server listens there yet)
+    orphan = folder / f"envfleet-{dead.pid}-def456"  # (its lock file is left, and held by nobody)
+    orphan.mkdir()
+    (orphan / "owner.lock").write_text("")
+    (orphan / "server-0.sock").write_text("")
+    try:
+        with open(elsewhere / "owner.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
+                own = Path(servers.addresses[0].removeprefix("unix:")).parent
+                # Its own folder is held as long as it runs.
+                with open(own / "owner.lock") as probe, pytest.raises(BlockingIOError):
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert sorted(os.listdir(elsewhere)) == ["owner.lock", "server-0.sock"]
+            assert not orphan.exists() and not own.exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- supervision ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_failed_restarts_count_within_the_window_only(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart that cannot start the process (OSError: out of processes) counted every earlier restart,
+    however old, toward leaving the server down (the window here 1.5 s, not a minute)."""
+    import learner.local
+
+    monkeypatch.setattr(learner.local, "RESTART_WINDOW_S", 1.5)
+    real_popen = subprocess.Popen
+    failures = [0]
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(11, "Resource temporarily unavailable")
+        return real_popen(*args, **kwargs)
+
+    with (
+        caplog.at_level(logging.INFO, logger="learner.local"),
+        LocalServers("CartPole-v1", 1, 1, restarts=3) as servers,
+    ):
+        monkeypatch.setattr(subprocess, "Popen", popen)
+        pid = servers.pids[0]
+        failures[0] = 3  # (at 0.5 s, 1.5 s and 3.5 s after its death: no more than 2 within 1.5 s)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while "is back on" not in caplog.text:
+            assert "leaving it down" not in caplog.text, caplog.text
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+        assert failures == [0] and servers.pids[0] != pid
+        monkeypatch.setattr(subprocess, "Popen", real_popen)

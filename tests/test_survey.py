@@ -50,6 +50,6 @@ def test_learner_servers_says_which_do_not_answer_and_exits_1(
     text = capsys.readouterr().out
     assert "127.0.0.1:1  not answering: connection refused" in text
     assert text.rstrip().splitlines()[-1] == (
-        "4 servers, 3 answering, 3 envs; their spaces or autoreset modes differ: they cannot step as one fleet; "
-        "some are one server listed under two names"
+        "3 servers (4 addresses), 2 answering, 2 envs; their spaces or autoreset modes differ: they cannot step as one "
+        "fleet; some are one server listed under two names"
     )
