@@ -608,6 +608,11 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
         if kind == "discrete":
             d = msg.discrete
             dtype = np_dtype(d.dtype, f"{where}.dtype", required=_DISCRETE_DTYPE)
+            if d.start + d.n - 1 > _INT64.max:  # (each is an int64; their last value must be one too)
+                raise CodecError(
+                    f"{where}: Discrete with n {d.n} and start {d.start} has values past int64 (up to "
+                    f"{d.start + d.n - 1}); expected start + n - 1 <= {_INT64.max}"
+                )
             return gym.spaces.Discrete(d.n, start=d.start, dtype=dtype)
         if kind == "box":
             low = decode_tensor(msg.box.low, f"{where}.low", expected="the Box's lower bounds, of its shape and dtype")

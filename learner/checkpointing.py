@@ -25,7 +25,9 @@ from learner.rundir import writing
 
 __all__ = ["Checkpointer", "stopped_in_update"]
 
-_SOLVE_COUNTERS = ("solved_at_step", "solved_at_seconds", "solved_threshold", "best_return", "best_step")
+_SOLVED = ("solved_at_step", "solved_at_seconds", "solved_threshold")
+"""The counters of a solve, which a run stopped after one in the rollout it drops keeps."""
+_SOLVE_COUNTERS = (*_SOLVED, "best_return", "best_step")
 """What a checkpoint taken at the last update carries over from a run solved after it."""
 
 
@@ -189,9 +191,7 @@ class Checkpointer:
             # as a run stopped at its --stop-at-return does.
             solved_since: dict[str, Any] = {}
             if counters.solved_at_step is not None and last_update["counters"]["solved_at_step"] is None:
-                solved_since = {
-                    k: getattr(counters, k) for k in ("solved_at_step", "solved_at_seconds", "solved_threshold")
-                }
+                solved_since = {k: getattr(counters, k) for k in _SOLVED}
             fresh = not updating and (last_update["counters"]["global_step"] != self.saved_step or bool(solved_since))
             last_update = {**last_update, "counters": {**last_update["counters"], **solved_since}}
             # (none before the run's first update: a checkpoint of nets that never learned, at step 0, would

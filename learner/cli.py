@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import select
 import shlex
 import statistics
 import sys
@@ -804,11 +805,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
     from learner.evaluate import check_seed, evaluate
 
+    num_envs = 4 if args.num_envs is None else args.num_envs
     try:  # (the envs made here: env i gets seed + i, a 64-bit seed; --servers' number is known once connected)
-        made_here = (
-            None if args.servers is not None else min(4 if args.num_envs is None else args.num_envs, args.episodes)
-        )
-        check_seed(args.seed, made_here)
+        check_seed(args.seed, None if args.servers is not None else min(num_envs, args.episodes))
     except ValueError as err:
         args.parser.error(f"--{err}")
 
@@ -819,7 +818,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 args.episodes,
                 servers=args.servers,
                 backend=args.backend,
-                num_envs=4 if args.num_envs is None else args.num_envs,
+                num_envs=num_envs,
                 seed=args.seed,
                 device=args.device,
                 deterministic=not args.stochastic,
@@ -1634,6 +1633,8 @@ def run() -> NoReturn:
         status = _command(None, then_exit=True)
         sys.stdout.flush()  # (here, where a closed pipe can be told: at the exit it prints "Exception ignored")
     except BrokenPipeError:
+        if not _stdout_closed():  # (another pipe's or socket's: an error as any other)
+            raise
         # stdout pointed at /dev/null: the interpreter's last flush at its exit would fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
@@ -1641,6 +1642,16 @@ def run() -> NoReturn:
         sys.excepthook = _silent_interrupt  # (the command has said how it stopped: no traceback)
         raise KeyboardInterrupt
     sys.exit(status)
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll says POLLERR; False where it cannot tell)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # (no poll(), as on Windows; stdout without a descriptor)
+        return False
 
 
 def _silent_interrupt(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> None:

@@ -330,10 +330,10 @@ _RUN_FILES = (CONFIG, METRICS, SUMMARY, PLOT, WANDB_RUN)
 
 
 def set_aside_unreadable(paths: Iterable[Path]) -> list[Path]:
-    """Rename each of ``paths`` (checkpoints torch cannot read) ``NAME.unreadable``, out of the listing of
-    checkpoints (their step numbers are the highest: pruning would keep them and delete good ones); the
-    new paths. The renames are flushed to disk with their folders; one that fails is :func:`cannot_write`'s
-    error."""
+    """Rename each of ``paths`` (checkpoints torch cannot read) ``NAME.unreadable`` (``NAME.unreadable-2``, ...
+    where that name is taken), out of the listing of checkpoints (their step numbers are the highest:
+    pruning would keep them and delete good ones); the new paths. The renames are flushed to disk with
+    their folders; one that fails is :func:`cannot_write`'s error."""
     return _rename_aside(paths, "unreadable")
 
 

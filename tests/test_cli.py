@@ -614,6 +614,11 @@ def test_a_closed_stdout_ends_a_command_without_a_traceback(tmp_path: Path) -> N
     finally:
         os.close(write)
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    # Another pipe's (a socket's), stdout open: an error as any other, its traceback shown.
+    code = "import learner.cli as c\ndef broken(*a, **k):\n    raise BrokenPipeError(32, 'a socket')\n"
+    code += "c._command = broken\nc.run()\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "BrokenPipeError: [Errno 32] a socket" in proc.stderr, proc.stderr
 
 
 def test_train_help_lists_every_option_with_its_docstring() -> None:

@@ -287,6 +287,13 @@ def test_a_discrete_whose_values_pass_int64_is_unsupported_not_a_crash(space: gy
         codec.encode_space(space, where="action")
     edge = gym.spaces.Discrete(3, start=2**63 - 3, dtype=np.uint64)  # (its last value is int64's largest)
     assert codec.decode_space(codec.encode_space(edge)) == edge
+    # Nor is one a peer sends decoded (n and start each an int64, their sum past it).
+    msg = codec.encode_space(edge)
+    msg.discrete.n = 5
+    with pytest.raises(
+        codec.CodecError, match=r"space: Discrete with n 5 and start 9223372036854775805 has values past"
+    ):
+        codec.decode_space(msg)
 
 
 def test_an_integer_box_s_unbounded_elements_and_a_malformed_mask() -> None:
