@@ -1504,7 +1504,7 @@ def _option_hints(command: str) -> list[tuple[str, str]]:
             # (servers not answering yet, still building their envs)
             ("`connect_timeout`", "--connect-timeout"),
             # (local servers that did not listen in time: learner.local's, which names both)
-            ("raise startup_timeout, learner train --connect-timeout", "raise --connect-timeout"),
+            ("raise startup_timeout; learner train and eval: --connect-timeout", "raise --connect-timeout"),
         ]
     if command == "train":
         hints += [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import math
@@ -255,7 +256,7 @@ class LocalServers:
                     late = [i for i, a in enumerate(addresses) if a is None]
                     raise ServerStartError(
                         f"env server(s) {late} for {self.env!r} did not start listening within {timeout:g} s (envs "
-                        f"that take long to build: raise startup_timeout, learner train --connect-timeout); last "
+                        f"that take long to build: raise startup_timeout; learner train and eval: --connect-timeout); last "
                         f"output: {self._tail(late[0])}"
                     )
                 for key, _ in sel.select(timeout=min(remaining, 0.5)):
@@ -352,6 +353,8 @@ def _make_socket_dir(num_servers: int) -> tuple[str, int | None]:
 
 
 LOCAL_SOCKET_DIR = re.compile(r"envfleet-(\d+)-\w+")
+# A socket folder before it is locked and named (see _make_socket_dir): left by a learner killed between.
+_STAGING_DIR = re.compile(r"\.envfleet-(\d+)-\w+")
 """The name of a LocalServers' socket folder (``envfleet-<learner pid>-*``)."""
 
 
@@ -368,7 +371,7 @@ def _remove_orphaned_socket_dirs(root: str) -> None:
     """Remove the socket folders of learners that were killed (SIGKILL: no finalizer ran; their servers
     exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone,
     whose lock file no process holds locked, and whose sockets no server listens on."""
-    for path in orphaned_dirs(root, LOCAL_SOCKET_DIR):
+    for path in itertools.chain(orphaned_dirs(root, LOCAL_SOCKET_DIR), orphaned_dirs(root, _STAGING_DIR)):
         lock = None
         try:
             with suppress(OSError):

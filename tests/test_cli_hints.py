@@ -230,3 +230,16 @@ def test_learner_servers_and_eval_name_the_tls_options_where_the_library_names_i
     assert main(["eval", str(slow_reset_run), "--servers", server.address, "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "this client does not: pass its CA (--tls-ca)" in err and not TLS_ARGUMENT.search(err), err
+
+
+def test_local_servers_too_slow_to_build_name_the_command_s_option() -> None:
+    """LocalServers' error names its argument and the commands' option; train and eval name the option alone."""
+    from learner import LocalServers
+    from learner.errors import ServerStartError
+
+    with pytest.raises(ServerStartError) as info:
+        LocalServers("tests.envs:SlowToBuildEnv", 1, 1, env_kwargs={"build_s": 30}, startup_timeout=0.5)
+    message = str(info.value)
+    assert "raise startup_timeout; learner train and eval: --connect-timeout" in message, message
+    for command in ("train", "eval"):
+        assert "(envs that take long to build: raise --connect-timeout)" in _reworded(message, _option_hints(command))

@@ -242,12 +242,15 @@ def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None
     orphan.mkdir()
     (orphan / "server-0.sock").write_text("")
     (orphan / "server-0.sock.steps").write_text("")
+    staging = folder / f".envfleet-{dead.pid}-ghi789"  # (killed before it locked and named its folder)
+    staging.mkdir()
+    (staging / "owner.lock").write_text("")
     live = folder / f"envfleet-{os.getpid()}-def456"
     live.mkdir()
     try:
         with LocalServers("CartPole-v1", 1, 1, transport="unix") as servers:
             assert servers.addresses[0].startswith(f"unix:{folder}/envfleet-{os.getpid()}-")
-        assert not orphan.exists() and live.is_dir()
+        assert not orphan.exists() and not staging.exists() and live.is_dir()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
