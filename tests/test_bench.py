@@ -139,13 +139,16 @@ def test_targets_and_tables_from_hand_made_results() -> None:
                     row("SB3 SubprocVecEnv(8)", "sb3", [5.0, 10.0, 5.0]),
                     row("remote 2x4 unix", "remote", [16.0, 30.0, 16.0], "2x4"),
                     row("remote 2x4 unix vec", "remote", [90.0, 90.0, 90.0], "2x4", "vector_entry_point"),
+                    row("remote 2x4 unix pipelined/2", "remote", [17.0, 31.0, 17.0], "2x4"),
                 ],
             }
         ]
     }
     first, *rest = evaluate_targets(results)
-    # Paired ratios (1.6, 1.5, 1.6 against async; 3.2, 3.0, 3.2 against SB3); the vec server does not count.
+    # Paired ratios (1.6, 1.5, 1.6 against async; 3.2, 3.0, 3.2 against SB3); the vec server does not count,
+    # and the default layout is judged, not the best of those within noise of it (reported beside).
     assert first["best_remote"] == "remote 2x4 unix"
+    assert first["candidates"]["remote 2x4 unix pipelined/2"] == 1.7
     assert first["measured"] == {"x AsyncVectorEnv(8)": 1.6, "x SB3 SubprocVecEnv(8)": 3.2}
     assert first["met"] is True
     assert all(t["met"] is None for t in rest)  # not run
@@ -212,7 +215,7 @@ def test_a_partial_run_lists_only_the_targets_whose_workloads_ran() -> None:
     assert "Performance targets" not in markdown_tables({**results, "targets": evaluate_targets(results)})
 
 
-def test_the_latency_target_is_judged_by_scaling_from_one_env_and_both_figures_are_reported() -> None:
+def test_the_latency_target_is_judged_by_num_envs_over_the_delay_and_both_figures_are_reported() -> None:
     def latency(n: int, rows: list[tuple[str, str, float]]) -> dict:
         ideal = n / 0.002
         return {
@@ -234,7 +237,9 @@ def test_the_latency_target_is_judged_by_scaling_from_one_env_and_both_figures_a
     assert target["best_remote"] == "remote 2x32 unix"
     # 24,320 is 76 % of 64 / 2 ms, and 95 % of 64 x what one remote env does alone (400).
     assert target["measured"] == {"of num_envs / delay": 0.76, "of linear scaling from 1 env": 0.95}
-    assert target["met"] is True
+    assert target["met"] is False  # (95 % of what 64 x one remote env would do: not the ideal's 85 %)
+    results["latency"][1]["results"][1]["efficiency"] = 0.86
+    assert evaluate_targets(results)[3]["met"] is True
     table = markdown_tables(results)
     assert "Scaling efficiency" in table and "| 64 | 28% |  | 95% |" in table
 

@@ -33,6 +33,9 @@ _TARGET_DELAY_MS = 2.0
 _TARGET_PPO_ENV = "CartPole-v1"
 
 # The performance targets (set when the project began): (workload, what is compared, threshold).
+DEFAULT_2X4 = "remote 2x4 unix"
+"""CartPole-8's target layout: 2 servers x 4 envs as ``learner train`` steps them by default."""
+
 TARGETS = (
     "CartPole-v1, 8 envs: remote 2x4 >= 1.5 x AsyncVectorEnv(8) and >= 2 x SB3 SubprocVecEnv(8)",
     "CartPole-v1, 64 envs: remote 2x32 >= 4 x AsyncVectorEnv(64)",
@@ -98,7 +101,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     w = workloads.get("cartpole-8")
-    best, vs_async, ratios = _best_ratio(w, _remote_names(w, "2x4"), "AsyncVectorEnv(8)")
+    _, _, ratios = _best_ratio(w, _remote_names(w, "2x4"), "AsyncVectorEnv(8)")
+    # Judged on the layout learner train steps by default, chosen before the run: the best of several
+    # layouts within noise of each other, picked from the same rounds it is reported from, would read
+    # a few percent high. The others are reported beside (candidates).
+    best = DEFAULT_2X4 if DEFAULT_2X4 in ratios else None
+    vs_async = ratios[best] if best else math.nan
     vs_sb3 = _paired(_by_name(w)[best], _by_name(w)["SB3 SubprocVecEnv(8)"]) if w and best else math.nan
     out.append(
         _target(
@@ -134,7 +142,10 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         # Linear scaling: N envs do N times what one env does on its own (the same kind of vector env).
         scaling = latency_scaling(results).get(64, {}).get(best_eff or "", math.nan)
         measured = {"of num_envs / delay": eff, "of linear scaling from 1 env": scaling}
-        met = scaling >= 0.85 if not math.isnan(scaling) else eff >= 0.85
+        # Judged against num_envs / delay, the ideal the suite defines: the scaling from one env (shown
+        # beside) starts from a 1x1 server that already loses ~20 % to its round trip, unpipelined, in
+        # rounds run minutes apart, and passes 100 % where the 64 envs are pipelined.
+        met = eff >= 0.85
         out.append(_target(TARGETS[3], best_eff, measured, met, effs, ran=w is not None))
 
     ppo = results.get("ppo")
