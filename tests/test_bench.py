@@ -331,6 +331,12 @@ def test_targets_stated_for_other_data_than_was_measured_are_not_judged() -> Non
     assert "| not measured (the ppo suite ran Pendulum-v1) |" in table
     cartpole = evaluate_targets({"ppo": _ppo("CartPole-v1")})[4]
     assert cartpole["met"] is True and cartpole["not_measured"] is None
+    # Its reference failed (no samples): not measured, not "no".
+    failed = _ppo("CartPole-v1")
+    failed["results"][0]["samples"] = []
+    target = evaluate_targets({"ppo": failed})[4]
+    assert target["met"] is None
+    assert target["not_measured"] == "the in-process SyncVectorEnv(8) (gym backend) gave no figure"
 
 
 def test_the_report_says_when_every_figure_is_one_sample() -> None:

@@ -155,7 +155,10 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows = {r["name"]: r for r in ppo["results"]}
         ref = next((r for r in ppo["results"] if r["backend"] == "gym" and r["num_envs"] == 8), None)
         cands = [r["name"] for r in ppo["results"] if r["backend"] == "remote" and r["num_envs"] == 8]
-        ratios = {c: _paired(rows[c], ref) for c in cands if ref is not None and rows[c]["samples"]}
+        if ref is None or not ref["samples"]:  # (its runs failed: no reference to judge the remote ones by)
+            out.append(_not_measured(TARGETS[4], "the in-process SyncVectorEnv(8) (gym backend) gave no figure"))
+            return out
+        ratios = {c: _paired(rows[c], ref) for c in cands if rows[c]["samples"]}
         best = max(ratios, key=lambda c: ratios[c]) if ratios else None
         ratio = ratios[best] if best else math.nan
         out.append(_target(TARGETS[4], best, {"x SyncVectorEnv (gym backend)": ratio}, ratio >= 0.8, ratios))
