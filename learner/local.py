@@ -372,35 +372,40 @@ def _remove_orphaned_socket_dirs(root: str) -> None:
     exit by themselves, see --parent-pid): this user's ``envfleet-<pid>-*`` in ``root`` whose process is gone,
     whose lock file no process holds locked, and whose sockets no server listens on."""
     for path in itertools.chain(orphaned_dirs(root, LOCAL_SOCKET_DIR), orphaned_dirs(root, _STAGING_DIR)):
-        lock = None
-        try:
-            with suppress(OSError):
-                # Its pid is gone *here*: its learner may live in another pid namespace (a second container
-                # that shares /tmp, whose pids this one does not see). Its lock tells (its servers may not
-                # listen yet: still building their envs); for a learner too old to lock one, a socket a
-                # server listens on.
-                if fcntl is not None:
-                    try:
-                        lock = os.open(os.path.join(path, _LOCK_FILE), os.O_RDWR)
-                    except FileNotFoundError:
-                        pass
-                    else:
-                        try:
-                            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        except BlockingIOError:
-                            continue  # (its learner runs)
-                        except OSError:  # (a file system without flock: the other checks decide)
-                            pass
-                if any(_listening(os.path.join(path, e)) for e in os.listdir(path) if e.endswith(".sock")):
-                    continue
-                for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
-                    if entry.endswith((".sock", ".sock.steps")) or entry == _LOCK_FILE:
-                        os.unlink(os.path.join(path, entry))
-                os.rmdir(path)  # (fails, and is left, if anything else is in it)
-                log.debug("removed %s, left by a learner that was killed", path)
-        finally:
-            if lock is not None:
-                os.close(lock)
+        # Its pid is gone *here*: its learner may live in another pid namespace (a second container that
+        # shares /tmp, whose pids this one does not see). Its lock tells (its servers may not listen yet:
+        # still building their envs); for a learner too old to lock one, a socket a server listens on.
+        with suppress(OSError), _locked_by_another(path) as held:
+            if held or any(_listening(os.path.join(path, e)) for e in os.listdir(path) if e.endswith(".sock")):
+                continue
+            for entry in os.listdir(path):  # the servers' sockets, if they could not remove them
+                if entry.endswith((".sock", ".sock.steps")) or entry == _LOCK_FILE:
+                    os.unlink(os.path.join(path, entry))
+            os.rmdir(path)  # (fails, and is left, if anything else is in it)
+            log.debug("removed %s, left by a learner that was killed", path)
+
+
+@contextmanager
+def _locked_by_another(folder: str) -> Iterator[bool]:
+    """Whether a process holds ``folder``'s lock file locked (its learner runs); where none does, the lock
+    is this block's while it runs. False without a lock file, or where flock is not to be had."""
+    lock = None
+    if fcntl is not None:
+        with suppress(FileNotFoundError):
+            lock = os.open(os.path.join(folder, _LOCK_FILE), os.O_RDWR)
+    try:
+        held = False
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = True
+            except OSError:  # (a file system without flock: the other checks decide)
+                pass
+        yield held
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 def _listening(path: str) -> bool:

@@ -229,20 +229,26 @@ def test_a_socket_folder_of_another_name_not_there_yet_is_waited_for(tmp_path: P
     assert time.monotonic() - start >= 1.4
 
 
-def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None:
-    """A learner killed with SIGKILL leaves its socket folder (its servers exit by themselves); the
-    next LocalServers on Unix sockets removes it, and leaves live learners' folders alone."""
-    # (a short folder of its own: under pytest-xdist tmp_path is long enough that the sockets would not
-    # fit, and LocalServers would put them in /tmp instead)
+def _temp_folder_and_a_dead_pid(monkeypatch: Any) -> tuple[Path, int]:
+    """A temp folder of its own for LocalServers' socket folders, and the pid of a process that has ended.
+    (Short: under pytest-xdist tmp_path is long enough that the sockets would not fit, and LocalServers
+    would put them in /tmp instead.)"""
     folder = Path(tempfile.mkdtemp(prefix="efl-"))
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    orphan = folder / f"envfleet-{dead.pid}-abc123"
+    return folder, dead.pid
+
+
+def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None:
+    """A learner killed with SIGKILL leaves its socket folder (its servers exit by themselves); the
+    next LocalServers on Unix sockets removes it, and leaves live learners' folders alone."""
+    folder, dead_pid = _temp_folder_and_a_dead_pid(monkeypatch)
+    orphan = folder / f"envfleet-{dead_pid}-abc123"
     orphan.mkdir()
     (orphan / "server-0.sock").write_text("")
     (orphan / "server-0.sock.steps").write_text("")
-    staging = folder / f".envfleet-{dead.pid}-ghi789"  # (killed before it locked and named its folder)
+    staging = folder / f".envfleet-{dead_pid}-ghi789"  # (killed before it locked and named its folder)
     staging.mkdir()
     (staging / "owner.lock").write_text("")
     live = folder / f"envfleet-{os.getpid()}-def456"
@@ -258,13 +264,10 @@ def test_socket_folders_of_killed_learners_are_removed(monkeypatch: Any) -> None
 def test_a_socket_folder_whose_pid_is_gone_but_whose_server_listens_is_left_alone(monkeypatch: Any) -> None:
     """A learner in another pid namespace (a second container sharing /tmp) has a pid this one does not
     see: its live folder must not be taken for a killed learner's, and its sockets removed from under it."""
-    folder = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: see above)
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    elsewhere = folder / f"envfleet-{dead.pid}-abc123"  # (its pid, as this namespace sees it, is no process)
+    folder, dead_pid = _temp_folder_and_a_dead_pid(monkeypatch)
+    elsewhere = folder / f"envfleet-{dead_pid}-abc123"  # (its pid, as this namespace sees it, is no process)
     elsewhere.mkdir()
-    orphan = folder / f"envfleet-{dead.pid}-def456"
+    orphan = folder / f"envfleet-{dead_pid}-def456"
     orphan.mkdir()
     (orphan / "server-0.sock").write_text("")
     try:
@@ -591,14 +594,11 @@ def test_a_socket_folder_whose_lock_is_held_is_left_alone(monkeypatch: Any) -> N
     was taken for a killed learner's and removed under it. Its lock, held for its life, says it runs."""
     import fcntl
 
-    folder = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: see above)
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    elsewhere = folder / f"envfleet-{dead.pid}-abc123"  # (its pid, as this namespace sees it, is no process)
+    folder, dead_pid = _temp_folder_and_a_dead_pid(monkeypatch)
+    elsewhere = folder / f"envfleet-{dead_pid}-abc123"  # (its pid, as this namespace sees it, is no process)
     elsewhere.mkdir()
     (elsewhere / "server-0.sock").write_text("")  # (no server listens there yet)
-    orphan = folder / f"envfleet-{dead.pid}-def456"  # (its lock file is left, and held by nobody)
+    orphan = folder / f"envfleet-{dead_pid}-def456"  # (its lock file is left, and held by nobody)
     orphan.mkdir()
     (orphan / "owner.lock").write_text("")
     (orphan / "server-0.sock").write_text("")
