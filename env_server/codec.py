@@ -569,10 +569,9 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
         encode_tensor(space.low, out.box.low, f"{where}.low")
         encode_tensor(space.high, out.box.high, f"{where}.high")
         if space.dtype.kind != "f":  # (an integer Box made with infinite bounds: its bounds cannot say so)
-            if not space.bounded_below.all():
-                encode_tensor(~space.bounded_below, out.box.unbounded_below, f"{where}.unbounded_below")
-            if not space.bounded_above.all():
-                encode_tensor(~space.bounded_above, out.box.unbounded_above, f"{where}.unbounded_above")
+            for name, bounded in (("unbounded_below", space.bounded_below), ("unbounded_above", space.bounded_above)):
+                if not bounded.all():
+                    encode_tensor(~bounded, getattr(out.box, name), f"{where}.{name}")
     elif isinstance(space, gym.spaces.MultiDiscrete):
         encode_tensor(space.nvec, out.multi_discrete.nvec, f"{where}.nvec")
         encode_tensor(space.start, out.multi_discrete.start, f"{where}.start")
