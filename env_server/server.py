@@ -651,6 +651,7 @@ async def _serve(
         if orphaned and watchdog.exits_process:
             # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
             _exit_now(
+                config,
                 HARD_EXIT_STATUS,
                 "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
                 config.parent_pid,
@@ -659,6 +660,7 @@ async def _serve(
         if busy and watchdog.exits_process:
             # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
             _exit_now(
+                config,
                 HARD_EXIT_STATUS,
                 "%s still runs on the env thread: the envs were not closed (closed under it, an env may crash "
                 "or hang); exiting without waiting for it (status %d)",
@@ -938,7 +940,7 @@ class _Watchdog(threading.Thread):
         # watchdog's exit).
         first = self.signal_at
         if first and signum == signal.SIGINT and time.monotonic() - first >= DOUBLE_TAP_S:
-            _exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
+            _exit_now(self.config, 1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
         if self.stop_asked_at:
             log.info("%s: already shutting down", signal.Signals(signum).name)
         self.signal_at = self.signal_at or time.monotonic()
@@ -977,6 +979,7 @@ class _Watchdog(threading.Thread):
             if hang_s and started and now - started > hang_s:
                 assert service is not None
                 _exit_now(
+                    self.config,
                     HUNG_EXIT_STATUS,
                     "the envs' %s has run for %.1f s, longer than --hang-timeout %g s: exiting (status %d) so that "
                     "whatever runs this server can start it again (a hung env call can be neither stopped nor "
@@ -993,6 +996,7 @@ class _Watchdog(threading.Thread):
             late = bool(self.stop_asked_at) and now - self.stop_asked_at > self.config.grace_s + margin
             if self.teardown_at and (late or (not self.stop_asked_at and now - self.teardown_at > margin)):
                 _exit_now(
+                    self.config,
                     HARD_EXIT_STATUS,
                     "the teardown did not end within %.0f s (an env call or the envs' close still running): "
                     "exiting without waiting for it (status %d)",
@@ -1001,6 +1005,7 @@ class _Watchdog(threading.Thread):
                 )
             if late and not self.teardown_at:
                 _exit_now(
+                    self.config,
                     HARD_EXIT_STATUS,
                     "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "
                     "waiting for it (status %d)",
@@ -1012,15 +1017,40 @@ class _Watchdog(threading.Thread):
                 )
 
 
-def _exit_now(status: int, message: str, *args: object) -> None:
+def _exit_now(config: ServerConfig, status: int, message: str, *args: object) -> None:
     """Log ``message`` as an error and exit at once with ``status``: no cleanup, no waiting for the env
-    thread; async vectorization's worker processes are killed, not left behind."""
+    thread; async vectorization's worker processes are killed, not left behind, and so, in a server a
+    learner started (``--parent-pid``; it leads its own process group), is the rest of its group: what
+    its envs started (a simulator), whose envs will not be closed."""
     log.error(message, *args)
     for child in multiprocessing.active_children():
         with contextlib.suppress(Exception):
             child.kill()
     logging.shutdown()
+    if config.parent_pid and os.getpgrp() == os.getpid():
+        _kill_own_group()
     os._exit(status)
+
+
+def _kill_own_group() -> None:
+    """SIGKILL the other processes of the group this process leads; with no /proc to find them by
+    (macOS), the whole group, this process with it (its exit status is then lost)."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        os.killpg(me, signal.SIGKILL)
+        return
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # (after the command's name, which may hold anything)
+            if int(fields[2]) == me:  # (state, ppid, pgrp)
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue  # (gone meanwhile)
 
 
 def run(config: ServerConfig, on_ready: Callable[[str], None], *, exit_margin_s: float = EXIT_MARGIN_S) -> int:

@@ -104,7 +104,7 @@ class LocalServers:
     :meth:`close` is called, when this object is collected, when the interpreter exits, and — should
     this process be killed — within a second of its death (each server watches its parent; one still
     building its envs does not wait for the build, except under ``--vectorization async``, whose build
-    comes first). Servers still building their envs when they are stopped have nothing to drain: they
+    comes first; processes its envs started go with it). Servers still building their envs when they are stopped have nothing to drain: they
     are killed within a second; the others get up to 10 s to finish and close their envs.
 
     A server that dies (killed, out of memory, crashed) is started again on the same address after a

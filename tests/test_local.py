@@ -517,12 +517,14 @@ def test_a_wait_for_servers_to_finish_is_said(tmp_path: Path, caplog: pytest.Log
 @pytest.mark.slow
 def test_servers_of_a_learner_killed_while_they_build_their_envs_exit_at_once(tmp_path: Path) -> None:
     """The docstring's "within a second of its death" while the servers build their envs too (was: 15 s,
-    the server's grace period and exit margin, then an exit that left its socket file)."""
+    the server's grace period and exit margin, then an exit that left its socket file), and with them
+    the processes their envs had started (was: left running)."""
     root = Path(tempfile.mkdtemp(prefix="efl-"))  # (short: the sockets must fit)
+    marker = f"envfleet-simulator-{os.getpid()}-{time.monotonic_ns()}"
     script = textwrap.dedent(
-        """
+        f"""
         from learner import LocalServers
-        LocalServers("tests.envs:SlowToBuildEnv", 2, 1, env_kwargs={"build_s": 60})
+        LocalServers("tests.envs:SimulatorBuildEnv", 2, 1, env_kwargs={{"marker": {marker!r}, "build_s": 60}})
         """
     )
     environ = {**os.environ, "TMPDIR": str(root)}
@@ -536,12 +538,19 @@ def test_servers_of_a_learner_killed_while_they_build_their_envs_exit_at_once(tm
                 folder = str(sockets[0].parent)
                 pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), [folder])]
                 assert len(pids) == 2, pids
+                while len(simulators := _with_marker(marker)) < 2:
+                    assert time.monotonic() < deadline, "the envs did not start their simulators"
+                    time.sleep(0.1)
             finally:
                 learner.kill()
         wait_gone(pids, within=4)
         assert not [p.name for p in Path(folder).iterdir() if ".sock" in p.name]  # (each removed its own)
+        wait_gone(simulators, within=2)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        for pid in _with_marker(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # -- the start-up timeout, and a server that dies before it listens ---------------------------------------------
