@@ -108,13 +108,14 @@ WRAPPERS: dict[str, Callable[[gym.Env[Any, Any]], gym.Env[Any, Any]]] = {
 _DELAY_AWAKE_S = 0.0002
 
 
-def _step_taking(step: Callable[[Any], Any], actions: Any, delay_s: float) -> Any:
-    """``step(actions)``, returning no sooner than ``delay_s`` after it started (its own work included)."""
+def _step_taking(step: Callable[[Any], Any], actions: Any, delay_s: float, awake_s: float = _DELAY_AWAKE_S) -> Any:
+    """``step(actions)``, returning no sooner than ``delay_s`` after it started (its own work included);
+    the last ``awake_s`` of the wait awake."""
     deadline = time.perf_counter() + delay_s
     result = step(actions)
     remaining = deadline - time.perf_counter()
-    if remaining > _DELAY_AWAKE_S:
-        time.sleep(remaining - _DELAY_AWAKE_S)
+    if remaining > awake_s:
+        time.sleep(remaining - awake_s)
     while time.perf_counter() < deadline:
         os.sched_yield()
     return result
@@ -139,15 +140,18 @@ class EnvStepDelay(gym.Wrapper[Any, Any, Any, Any]):
     """The single-env twin of :class:`StepDelay`: every step of this env takes at least ``delay_s``.
 
     For local baselines: in a subprocess vector env each env waits in its own process, so its envs
-    wait concurrently, as the K envs of a server with ``--step-delay-ms`` do.
+    wait concurrently, as the K envs of a server with ``--step-delay-ms`` do. ``awake``: the end of
+    the wait is waited for awake, as there; not where there are more such processes than CPUs, whose
+    waits awake (0.2 ms of a CPU per step each) would take the CPUs from the others' work.
     """
 
-    def __init__(self, env: gym.Env[Any, Any], delay_s: float) -> None:
+    def __init__(self, env: gym.Env[Any, Any], delay_s: float, *, awake: bool = True) -> None:
         super().__init__(env)
         self.delay_s = delay_s
+        self.awake_s = _DELAY_AWAKE_S if awake else 0.0
 
     def step(self, action: Any) -> Any:
-        return _step_taking(self.env.step, action, self.delay_s)
+        return _step_taking(self.env.step, action, self.delay_s, self.awake_s)
 
 
 def _load_entry_point(spec: str) -> Callable[..., Any]:

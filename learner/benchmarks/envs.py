@@ -4,6 +4,7 @@ IndexEnv, whose observations say which env they come from (the soak test's check
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -16,15 +17,19 @@ from env_server.envs import EnvStepDelay, make_env
 __all__ = ["IndexEnv", "env_fns"]
 
 
-def _make(config: ServerConfig, delay_s: float) -> gym.Env[Any, Any]:
+def _make(config: ServerConfig, delay_s: float, awake: bool) -> gym.Env[Any, Any]:
     env = make_env(config)
-    return EnvStepDelay(env, delay_s) if delay_s > 0 else env
+    return EnvStepDelay(env, delay_s, awake=awake) if delay_s > 0 else env
 
 
 def env_fns(config: ServerConfig, num_envs: int) -> list[Callable[[], gym.Env[Any, Any]]]:
-    """``num_envs`` picklable env constructors: the server's env for ``config`` (its step delay per env)."""
+    """``num_envs`` picklable env constructors: the server's env for ``config`` (its step delay per env,
+    whose end each env waits for awake only while there are no more envs than CPUs: with more, in a
+    subprocess vector env their waits awake would starve each other's work, and the baseline would be
+    measured below what it does with plain sleeps)."""
     delay_s = config.step_delay_ms / 1000.0
-    return [functools.partial(_make, config, delay_s)] * num_envs
+    awake = num_envs <= (os.cpu_count() or 1)
+    return [functools.partial(_make, config, delay_s, awake)] * num_envs
 
 
 class IndexEnv(gym.Env[np.ndarray, np.int64]):
