@@ -114,6 +114,7 @@ class ReplicaTotals:
     stalls: int = 0
     _weighted: dict[str, float] = field(default_factory=dict)
     _weights: dict[str, int] = field(default_factory=dict)
+    _reported: set[str] = field(default_factory=set)  # (the MEANS the fleet gave, if only NaN: no steps)
 
     COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
     MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
@@ -125,6 +126,8 @@ class ReplicaTotals:
             setattr(self, key, getattr(self, key) + getattr(window, key))
         for key in self.MEANS:
             value = getattr(window, key, None)  # (env_busy: where the fleet reports it)
+            if value is not None:
+                self._reported.add(key)
             if value is not None and window.steps and math.isfinite(value):
                 self._weighted[key] = self._weighted.get(key, 0.0) + value * window.steps
                 self._weights[key] = self._weights.get(key, 0) + window.steps
@@ -133,7 +136,7 @@ class ReplicaTotals:
         means = {
             k: round(self._weighted[k] / self._weights[k], 4) if self._weights.get(k) else None for k in self.MEANS
         }
-        if "env_busy" not in self._weights:
+        if "env_busy" not in self._reported:
             del means["env_busy"]
         counts = {k: getattr(self, k) for k in ("num_envs", "steps", *self.COUNTS)}
         return {**counts, **means}

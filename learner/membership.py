@@ -22,6 +22,7 @@ from learner.faults import Replica, ReplicaState
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
 from learner.specs import incompatible, served_kwargs
+from learner.stats import StepTimer
 from learner.validate import seconds as _seconds
 
 __all__ = ["FleetMembership"]
@@ -58,6 +59,7 @@ class FleetMembership:
     _away: dict[str, _Away]
     _aliases: set[str]
     _noted: set[str]
+    _timers: list[StepTimer]
     _stale: tuple[str, str] | None
 
     if TYPE_CHECKING:
@@ -206,10 +208,7 @@ class FleetMembership:
         said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
         told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
         for client in gone:
-            if id(client) in told:
-                replicas[id(client)].shutdowns += 1
-            else:
-                replicas[id(client)].failures += 1
+            self._count_gone(client, replicas[id(client)], planned=id(client) in told)
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._let_go(leave, replicas)
         self._forget_aliases(stay)
@@ -297,7 +296,7 @@ class FleetMembership:
             if isinstance(response, BaseException):
                 log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
                 failed.append(client)
-                self._count_loss(replicas.get(id(client)), response)
+                self._count_loss(client, replicas.get(id(client)), response)
         # Infos that do not fit those of the servers before them in the new layout: those leave too.
         reset = [c for c in restart if c.address in resets]
         misfits: list[tuple[int, ValueError]] = []
@@ -313,21 +312,28 @@ class FleetMembership:
             )
             del resets[client.address]
             failed.append(client)
-            self._count_loss(replicas.get(id(client)), err)
+            self._count_loss(client, replicas.get(id(client)), err)
         for client in reset:
             replica = replicas.get(id(client))
             if client.address in resets and replica is not None and replica.state is ReplicaState.READY:
                 replica.state, replica.fresh = ReplicaState.UP, None  # (its own reset is superseded, as in reset())
         return resets, failed
 
-    @staticmethod
-    def _count_loss(replica: Replica | None, err: BaseException) -> None:
+    def _count_loss(self, client: EnvClient, replica: Replica | None, err: BaseException) -> None:
         """Count the loss of a server that stayed in the fleet (``replica``; None: one that joined, never
         counted in) whose reset in refresh() failed with ``err``: a failure (a shutdown if it said it
         was shutting down), as a failed step or reset counts. A server down already was counted when
         it was lost; one back since (READY) counted its return, so this is a loss of its own."""
         if replica is not None and replica.state is not ReplicaState.DOWN:
-            replica.count_loss(planned=_shutting_down(err))
+            self._count_gone(client, replica, planned=_shutting_down(err))
+
+    def _count_gone(self, client: EnvClient, replica: Replica, *, planned: bool) -> None:
+        """Count a server's loss noticed by refresh() in the run's totals and in the window of its
+        statistics (replica_stats(): the server's, kept there once it has left)."""
+        replica.count_loss(planned=planned)
+        for timer in self._timers:
+            if timer.address == client.address:
+                timer.count_loss(planned=planned)
 
     async def _join(
         self, addresses: list[str], wait: float, everyone: bool = False, listed: bool = True

@@ -134,10 +134,7 @@ class FleetOutages:
         else:
             replica.truncate_next, replica.truncate_only = truncate, None
         replica.count_loss(planned=planned)
-        if planned:
-            self._timers[server].shutdowns += 1
-        else:
-            self._timers[server].failures += 1
+        self._timers[server].count_loss(planned=planned)
         replica.down_since = now
         replica.last_error = str(err)
         replica.planned = planned

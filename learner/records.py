@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -273,9 +275,10 @@ class Recorder:
     ) -> None:
         """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar.
 
-        ``as_of`` (time, env steps): where this update's period ends, for sps_update and transitions_per_s;
-        now by default. --overlap-update gives its rollout's end: the update is recorded during the next
-        rollout, or after the last, when the steps since the last row are another rollout's, or none."""
+        ``as_of`` (time, env steps): where this update's period ends, for the row's seconds, sps, sps_update
+        and transitions_per_s; now by default. --overlap-update gives its rollout's end: the update is
+        recorded during the next rollout, or after the last, when the time and steps since the last row
+        are another rollout's, or none (the row's global_step and returns are as of its rollout's end)."""
         counters, bar, live = self.counters, self.bar, self.live
         counters.update += 1
         now = time.perf_counter()
@@ -287,8 +290,8 @@ class Recorder:
         until, steps = as_of if as_of is not None else (now, counters.global_step)
         since = max(until - self.last_record[0], 1e-9)
         timing = {
-            "seconds": counters.seconds,
-            "sps": (counters.global_step - self.session_start_step) / max(now - self.session_start, 1e-9),
+            "seconds": until - self.start_time,
+            "sps": (steps - self.session_start_step) / max(until - self.session_start, 1e-9),
             "sps_update": (steps - self.last_record[1]) / since,
             # (the transitions learned from, batch_size: sps_update counts every env step, those of
             # unavailable envs and the reset-only steps after an episode's end too)
@@ -315,7 +318,17 @@ class Recorder:
             bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
-            print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
+            try:
+                print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
+            except BrokenPipeError:
+                self._stdout_gone()
+
+    def _stdout_gone(self) -> None:
+        """stdout's reader has exited (``learner train | head``, a ``tee`` killed): the run goes on, its
+        lines (and the closing ones) to /dev/null, rather than ending with a BrokenPipeError mid-run."""
+        self.progress_lines = False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        log.warning("stdout was closed (its reader exited): no more progress lines; the run goes on (%s)", self.run_dir)
 
 
 def build_summary(

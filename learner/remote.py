@@ -399,6 +399,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
+        # The timers of servers that left the fleet in this window (replica_stats() gives them once).
+        self._departed: list[tuple[StepTimer, Replica]] = []
         # Fault tolerance: each server's state, and the counters of fault_stats().
         self._replicas = [self._replica(c) for c in self._clients]
         self._rejoined = asyncio.Event()
@@ -1716,6 +1718,16 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         ]
         for client in leave:  # their counts stay in fault_stats()
             self._retired.add(replicas[id(client)])
+            # (and their window's, in the next replica_stats(); in the new server's where one with
+            # another num_envs took the address)
+            old = timers.get(client.address)
+            if old is None or any(old is t for t in self._timers):
+                continue
+            new = next((t for t in self._timers if t.address == client.address), None)
+            if new is not None:
+                new.take_counts(old)
+            else:
+                self._departed.append((old, replicas[id(client)]))
         self._retired.joined += len(joined)
         self._retired.left += len(leave)
         self._replicas = [replicas.get(id(c)) or self._replica(c) for c in clients]
@@ -1747,15 +1759,20 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         """Each server's step latency (p50, p99), env time, throughput, failures, shutdowns and reconnects since
         the last reset.
 
-        ``reset=True`` starts a new window after reading (e.g. once per training iteration).
+        ``reset=True`` starts a new window after reading (e.g. once per training iteration). Servers
+        that left the fleet (refresh()) in the window, with steps or losses in it, come last, unavailable,
+        until then.
         """
         stats = [
             timer.stats(available=replica.state is ReplicaState.UP, server_id=replica.spec.server_id)
             for timer, replica in zip(self._timers, self._replicas, strict=True)
         ]
+        departed = (timer.stats(available=False, server_id=replica.spec.server_id) for timer, replica in self._departed)
+        stats += [w for w in departed if w.steps or w.failures or w.shutdowns or w.reconnects or w.stalls]
         if reset:
             for timer in self._timers:
                 timer.reset()
+            self._departed.clear()
         return stats
 
     # -- closing ----------------------------------------------------------------------------------

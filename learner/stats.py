@@ -123,6 +123,20 @@ class StepTimer:
         self._count += 1
         self._env_total += env_s
 
+    def count_loss(self, *, planned: bool) -> None:
+        """Count a loss of the server in the window: a shutdown if it said it was shutting down
+        (``planned``), else a failure (as :meth:`learner.faults.Replica.count_loss` counts it in the run's)."""
+        if planned:
+            self.shutdowns += 1
+        else:
+            self.failures += 1
+
+    def take_counts(self, other: StepTimer) -> None:
+        """Add the window's failures, shutdowns, reconnects and stalls of ``other`` (the timer of the
+        server that was at this address before, with another number of envs) to this window's."""
+        for name in ("failures", "shutdowns", "reconnects", "stalls"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def reset(self) -> None:
         """Start a new window of :meth:`stats` (the ring's steps stay, for :meth:`usual_outside_envs`)."""
         self._count = 0

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from learner import RemoteVectorEnv
+from learner import RemoteVectorEnv, ServerUnavailableError
 from learner import stats as stats_module
 from learner.stats import StepTimer
-from tests.conftest import StartServers
+from tests.conftest import SpawnServer, StartServers
 
 
 def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,3 +87,34 @@ def test_a_quick_replica_after_a_slow_one_is_timed_by_its_own_answer(start_serve
         a, b = envs.replica_stats()
     assert a.latency_p50_ms >= 30.0
     assert b.latency_p50_ms < a.latency_p50_ms / 2, (a.latency_p50_ms, b.latency_p50_ms)
+
+
+def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn_server: SpawnServer) -> None:
+    """Its failure, counted by refresh(), is in its window (once, unavailable, after it left the fleet), and
+    in the window of the server back at its address (was: 0 in both, against 1 in fault_stats())."""
+    a, b, c = (spawn_server("CartPole-v1", 2) for _ in range(3))
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=False, timeout=5.0) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        envs.replica_stats(reset=True)
+        envs.step(np.zeros(4, dtype=np.int64))
+        b.kill()
+        with pytest.raises(ServerUnavailableError):
+            envs.step(np.zeros(4, dtype=np.int64))
+        envs.refresh()
+        windows = envs.replica_stats(reset=True)
+        assert [(w.address, w.failures, w.available, w.steps) for w in windows] == [
+            (a.address, 0, True, 2),
+            (b.address, 1, False, 1),
+        ]
+        assert envs.fault_stats().failures == 1
+        assert [w.address for w in envs.replica_stats()] == [a.address]  # (given once)
+    with RemoteVectorEnv([a.address, c.address], fault_tolerant=False, timeout=5.0) as envs:
+        envs.reset(seed=0)
+        envs.replica_stats(reset=True)
+        c.kill()
+        with pytest.raises(ServerUnavailableError):
+            envs.step(np.zeros(4, dtype=np.int64))
+        c.start()  # (back at its address, with the same envs: its timer goes on)
+        envs.refresh(wait=30)
+        assert [(w.address, w.failures) for w in envs.replica_stats()] == [(a.address, 0), (c.address, 1)]

@@ -8,7 +8,9 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 import time
 import types
@@ -252,6 +254,36 @@ def test_without_a_terminal_the_first_update_is_reported_at_once(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(lines) == 1 and lines[0].startswith("step 16/48 (33%), "), lines
     assert re.search(r", \d+ s, ~\d+ s left$", lines[0]), lines
+
+
+@pytest.mark.slow
+def test_a_run_whose_stdout_reader_exits_goes_on_to_its_end(tmp_path: Path) -> None:
+    """``learner train | head -1``, or a ``tee`` killed: the run goes on, saying so once, rather than ending
+    mid-run with "error: BrokenPipeError" at its next progress line."""
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    kwargs = json.dumps({"gate": str(gate), "at": 100})  # (mid-run: the reader exits while the run waits there)
+    script = (
+        "import learner.train, learner.cli; learner.train.PROGRESS_LINE_S = 0.0; import sys; "
+        f"sys.argv = ['learner', 'train', '--env', 'tests.envs:GateEnv', '--env-kwargs', {kwargs!r}, '--backend', "
+        f"'gym', '--num-envs', '1', '--num-steps', '8', '--total-timesteps', '400', '--no-plot', '--run-dir', "
+        f"{str(run)!r}]; learner.cli.run()"
+    )
+    environ = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ
+    ) as p:
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.readline().startswith(b"learner train: PPO")
+        deadline = time.monotonic() + 60
+        while not gate.exists():
+            assert time.monotonic() < deadline and p.poll() is None, "the run did not reach the gate"
+            time.sleep(0.05)
+        p.stdout.close()
+        gate.unlink()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 0, err
+    assert err.count("stdout was closed (its reader exited): no more progress lines; the run goes on") == 1, err
+    assert json.loads((run / "summary.json").read_text())["total_steps"] == 400
 
 
 # -- 5. in a notebook -----------------------------------------------------------------------------------------

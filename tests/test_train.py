@@ -735,9 +735,16 @@ def test_overlapped_updates_learn_each_rollout_once_from_nets_one_update_behind(
     )
     assert [r["update"] for r in overlap] == [1, 2, 3, 4]
     assert [r["global_step"] for r in overlap] == [16, 32, 48, 64]  # each row: as of its rollout's end
+    previous = {"seconds": 0.0, "global_step": 0}
     for row in overlap:  # (each over its rollout's period: the first not over two rollouts, the last not over none)
         assert row["sps_update"] > 0
         assert row["transitions_per_s"] == pytest.approx(row["sps_update"] * row["batch_size"] / 16, rel=0.01)
+        # (seconds too, as its global_step and returns: not a rollout later, when the row is written)
+        # (within the rounding of a few ms to 0.1 ms; a rollout later would be twice the time)
+        wall = row["seconds"] - previous["seconds"]
+        assert row["sps_update"] == pytest.approx((row["global_step"] - previous["global_step"]) / wall, rel=0.15)
+        assert row["sps"] == pytest.approx(row["global_step"] / row["seconds"], rel=0.15)
+        previous = row
     for key in ("policy_loss", "value_loss", "entropy", "approx_kl"):
         assert overlap[0][key] == sequential[0][key], key
     assert overlap[1]["policy_loss"] != sequential[1]["policy_loss"]

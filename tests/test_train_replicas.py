@@ -103,6 +103,15 @@ def test_replica_totals_sum_counts_and_weigh_medians_by_steps() -> None:
     assert (got["env_p50_ms"], got["latency_p50_ms"]) == (3.25, 4.25)
 
 
+def test_a_replica_that_never_stepped_has_null_means_env_busy_included() -> None:
+    """(env_busy was left out, where the fleet reports it, of a replica with no steps: a KeyError for a
+    reader of summary.json's replicas.)"""
+    totals = ReplicaTotals()
+    totals.add(window("a:1", math.nan, math.nan, steps=0, env_busy=math.nan))
+    got = totals.as_dict()
+    assert (got["steps"], got["env_p50_ms"], got["latency_p50_ms"], got["env_busy"]) == (0, None, None, None)
+
+
 def test_a_fleet_without_replica_statistics_gives_none() -> None:
     watch = FleetWatch(object(), carried=dict.fromkeys(FAULT_COUNTS, 0))  # (in-process envs, say)
     assert watch.rollout_metrics() == {} and watch.replicas == {} and watch.totals() is None
