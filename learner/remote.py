@@ -69,6 +69,7 @@ from learner.membership import FleetMembership, _Away, _Retired, _warn_if_other_
 from learner.outages import FleetOutages, in_server_order
 from learner.specs import gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
+from learner.validate import flag as _flag
 from learner.validate import is_finite as _is_finite
 from learner.validate import seconds as _seconds
 
@@ -298,8 +299,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             raise InvalidArgumentError(
                 f"backoff: expected (first, longest) finite seconds with 0 < first <= longest, got {backoff!r}"
             )
-        self.copy = copy
-        self.fault_tolerant = bool(fault_tolerant)
+        self.copy = _flag("copy", copy)
+        self.fault_tolerant = _flag("fault_tolerant", fault_tolerant)
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self.give_up_after = _seconds("give_up_after", give_up_after)
         self._client_name = client_name
@@ -312,7 +313,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             else (os.fspath(tls_client_cert), os.fspath(tls_client_key))
         )
         self._tls_server_name = tls_server_name
-        self._step_socket = bool(step_socket)
+        self._step_socket = _flag("step_socket", step_socket)
         if not (_is_finite(spin_wait) and 0 <= spin_wait <= 1):
             raise InvalidArgumentError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
         self._spin_wait = float(spin_wait)

@@ -13,7 +13,15 @@ import numpy as np
 
 from learner.errors import InvalidArgumentError
 
-__all__ = ["is_finite", "seconds"]
+__all__ = ["flag", "is_finite", "seconds"]
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value``, a bool (or numpy's), refused otherwise, naming the argument ``name`` (``"off"`` is
+    true to ``bool()``: taken, it would do the opposite of what was meant)."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidArgumentError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
 
 
 def is_finite(value: Any) -> bool:

@@ -44,6 +44,10 @@ def test_no_address_is_an_envfleet_error() -> None:
         ({"backoff": 0.1}, r"^backoff: expected \(first, longest\) finite seconds .*got 0.1$"),
         ({"spin_wait": math.nan}, r"^spin_wait: expected seconds in \[0, 1\], got nan$"),
         ({"num_groups": True}, r"^num_groups: expected an int >= 1, got True$"),
+        # (bool("off") is True: taken, they did the opposite of what was meant)
+        ({"step_socket": "off"}, r"^step_socket: expected True or False, got 'off'$"),
+        ({"fault_tolerant": "no"}, r"^fault_tolerant: expected True or False, got 'no'$"),
+        ({"copy": 0}, r"^copy: expected True or False, got 0$"),
     ],
 )
 def test_options_in_seconds_must_be_finite_numbers(kwargs: dict[str, Any], message: str) -> None:
