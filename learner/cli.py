@@ -16,6 +16,7 @@ import logging
 import os
 import select
 import shlex
+import signal
 import statistics
 import sys
 import textwrap
@@ -23,6 +24,7 @@ import threading
 import time
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -40,7 +42,15 @@ from learner.errors import EnvFleetError, OptionError, RunCompleteError, Trainin
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
-from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, CONFIG, checkpoint_path, list_checkpoints, read_json
+from learner.rundir import (
+    BEST_CHECKPOINT,
+    CHECKPOINTS,
+    CONFIG,
+    checkpoint_path,
+    list_checkpoints,
+    make_new_dir,
+    read_json,
+)
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -84,6 +94,19 @@ def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, 
     return steps * envs.num_envs / elapsed, episodes
 
 
+def _quiet_async_worker(*args: Any) -> None:
+    """gymnasium's AsyncVectorEnv worker, deaf to Ctrl-C and with SIGTERM and SIGHUP at their defaults:
+    a terminal's Ctrl-C reaches every process of the demo, and a worker forked from this process had
+    its handlers (each printed a KeyboardInterrupt traceback); the demo closes its workers itself."""
+    from gymnasium.vector.async_vector_env import _async_worker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
+    _async_worker(*args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start local env servers, step a RemoteVectorEnv over them, and compare with AsyncVectorEnv."""
     import functools
@@ -119,8 +142,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the same --env-kwargs).
     one_env = functools.partial(make_env, config)
     context = None if threading.active_count() == 1 else "forkserver"
-    reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context)
-    ref_sps, _ = _measure(reference, args.steps, args.seed)
+    reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
+    try:
+        ref_sps, _ = _measure(reference, args.steps, args.seed)
+    except BaseException:
+        with warnings.catch_warnings():  # ("Calling `close` while waiting for a pending call to `step`")
+            warnings.simplefilter("ignore")
+            reference.close(terminate=True)  # (a Ctrl-C: mid-step, not waited for)
+        raise
     reference.close()
     with LocalServers(
         args.env, args.num_servers, args.envs_per_server, env_kwargs=args.env_kwargs, transport=args.transport
@@ -952,6 +981,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         check(config)
     except ValueError as err:
         args.parser.error(str(err))
+    if args.out is None:  # (runs/bench-<time>-2, ... where a bench started in the same second has it)
+        try:
+            config = dataclasses.replace(config, out=make_new_dir(out))
+        except OSError as err:
+            args.parser.error(f"--out: cannot make {out}: {err.strerror or err}")
+        out = config.out
+    elif (out / "bench.json").exists():
+        print(f"learner bench: --out {out} holds a bench.json already: this run's results replace it", file=sys.stderr)
     print(f"learner bench: {', '.join(config.suites)} -> {out}", flush=True)
     results = run_bench(config, progress=lambda line: print(line, flush=True), checked=True)
     from learner.benchmarks.report import markdown_tables
@@ -1383,7 +1420,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument("--out", default=None, metavar="DIR", help="output dir (default: runs/bench-<time>)")
+    bench.add_argument(
+        "--out", default=None, metavar="DIR", help="output dir (default: runs/bench-<time>, a new folder)"
+    )
     bench.add_argument(
         "--suites",
         default="throughput,latency,rpc,ppo",

@@ -337,6 +337,16 @@ def test_targets_stated_for_other_data_than_was_measured_are_not_judged() -> Non
     target = evaluate_targets({"ppo": failed})[4]
     assert target["met"] is None
     assert target["not_measured"] == "the in-process SyncVectorEnv(8) (gym backend) gave no figure"
+    # Not asked for (--ppo-sizes without 8, --ppo-layouts without gym): nothing failed, nor is it said to have.
+    for sizes, layouts in (([64], ["gym", "unix"]), ([8], ["unix"])):
+        unasked = _ppo("CartPole-v1")
+        del unasked["results"][0]
+        config = {"ppo_sizes": sizes, "ppo_layouts": layouts}
+        target = evaluate_targets({"config": config, "ppo": unasked})[4]
+        assert target["met"] is None
+        assert target["not_measured"] == (
+            f"no 8-env run on the gym backend was asked for (--ppo-sizes {sizes[0]} --ppo-layouts {','.join(layouts)})"
+        )
 
 
 def test_the_report_says_when_every_figure_is_one_sample() -> None:
@@ -702,6 +712,52 @@ def test_others_running_counts_a_busy_process_and_not_the_one_asking() -> None:
         spinner.kill()
         spinner.wait()
     assert busy is not None and busy >= 0.5, (quiet, busy)
+
+
+def test_benches_started_in_the_same_second_write_to_folders_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(Both wrote to runs/bench-<time>: the second's results replaced the first's.) An --out given that
+    holds a bench.json already is said to be replaced."""
+    from learner import cli
+    from learner.benchmarks import run as run_module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli.time, "strftime", lambda fmt: "20261204-120000")
+    monkeypatch.setattr(run_module, "check", lambda config: None)
+    monkeypatch.setattr(run_module, "run_bench", lambda config, **kwargs: {"meta": {}, "config": {}})
+    for _ in range(2):
+        assert cli.main(["bench", "--suites", "rpc"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("learner bench: rpc -> ")]
+    assert said == [
+        "learner bench: rpc -> runs/bench-20261204-120000",
+        "learner bench: rpc -> runs/bench-20261204-120000-2",
+    ]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "bench.json").write_text("{}")
+    assert cli.main(["bench", "--suites", "rpc", "--out", "mine"]) == 0
+    assert (
+        "learner bench: --out mine holds a bench.json already: this run's results replace it" in capsys.readouterr().err
+    )
+
+
+def test_a_ctrl_c_during_the_last_load_sample_still_writes_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second of sampling other work at the end is part of the run: a first Ctrl-C there is the run's
+    interrupt, and bench.md and bench.png are written (was: "learner bench: aborted", bench.json alone)."""
+    from learner.benchmarks import run as run_module
+
+    def interrupted() -> float:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "_run_suites", lambda *args: None)
+    monkeypatch.setattr(run_module, "others_running", interrupted)
+    out = tmp_path / "bench"
+    results = run_module.run_bench(run_module.BenchConfig(out=out, suites=("ppo",)), lambda line: None, checked=True)
+    assert results["meta"]["interrupted"] is True and results["meta"]["others_running_end"] is None
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "bench.png"]
+    assert json.loads((out / "bench.json").read_text())["meta"]["interrupted"] is True
 
 
 @pytest.mark.slow

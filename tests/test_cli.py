@@ -914,6 +914,23 @@ def test_demo_names_an_env_it_cannot_build_in_one_line(
     assert "envfleet demo:" not in capsys.readouterr().out  # (said before any banner or server)
 
 
+@pytest.mark.slow
+def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback() -> None:
+    """A terminal's Ctrl-C reaches the whole process group: the AsyncVectorEnv's workers, forked with the
+    learner's handlers, each printed a KeyboardInterrupt traceback (and a BrokenPipeError)."""
+    command = [sys.executable, "-m", "learner", "demo", "--steps", "1000000"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as demo:
+        assert demo.stdout is not None
+        assert demo.stdout.readline().startswith("envfleet demo: ")
+        time.sleep(1.0)  # (its workers stepping)
+        os.killpg(demo.pid, signal.SIGINT)
+        rest = demo.stdout.read()
+        assert demo.wait(timeout=60) == CTRL_C_EXIT, rest
+    assert rest.strip() == "learner demo: aborted", rest
+
+
 def test_resume_given_a_checkpoint_file_names_its_run_dir(
     trained_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,9 @@ import statistics
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from learner import rundir
 
 __all__ = [
     "TARGETS",
@@ -155,6 +157,17 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows = {r["name"]: r for r in ppo["results"]}
         ref = next((r for r in ppo["results"] if r["backend"] == "gym" and r["num_envs"] == 8), None)
         cands = [r["name"] for r in ppo["results"] if r["backend"] == "remote" and r["num_envs"] == 8]
+        config = results.get("config", {})
+        sizes, layouts = config.get("ppo_sizes", [8]), config.get("ppo_layouts", ["gym"])
+        if ref is None and (8 not in sizes or "gym" not in layouts):  # (not asked for: nothing failed)
+            out.append(
+                _not_measured(
+                    TARGETS[4],
+                    f"no 8-env run on the gym backend was asked for (--ppo-sizes {','.join(map(str, sizes))} "
+                    f"--ppo-layouts {','.join(layouts)})",
+                )
+            )
+            return out
         if ref is None or not ref["samples"]:  # (its runs failed: no reference to judge the remote ones by)
             out.append(_not_measured(TARGETS[4], "the in-process SyncVectorEnv(8) (gym backend) gave no figure"))
             return out
@@ -425,13 +438,12 @@ def plot_results(results: dict[str, Any], path: Path) -> Path:
                 ax.set_title(f"PPO end to end, {data['env']}", fontsize=_TITLE_FONT)
             else:
                 _bars(ax, data["results"], "median_us", ["tab:purple"] * len(data["results"]), wrap)
-                ax.set_xlabel("microseconds per round trip, median (whiskers: min-max over rounds)", fontsize=_FONT)
+                ax.set_xlabel("microseconds per round trip, median\n(whiskers: min-max over rounds)", fontsize=_FONT)
                 ax.set_title("Cost of one round trip", fontsize=_TITLE_FONT)
     header.text(0.01, 1 - _TITLE_PAD / top, title, fontsize=11, ha="left", va="top")
     if legend:
         header.legend(handles=legend, loc="lower center", fontsize=_FONT, ncol=legend_cols, frameon=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    rundir.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))  # (its parent made too)
     return path
 
 
@@ -567,8 +579,17 @@ def _header(results: dict[str, Any], width: float, legend: int) -> tuple[float, 
     title = "\n".join(
         textwrap.fill(line, max(40, int(width / 0.094)))
         for line in (
-            f"envfleet learner bench: {meta.get('cpus', '?')} CPUs, Python {meta.get('python', '?')}, grpcio "
-            f"{meta.get('grpcio', '?')}, {_budget(results)}{load}",
+            ", ".join(
+                part
+                for part in (
+                    f"envfleet learner bench: {meta.get('cpus', '?')} CPUs",
+                    f"Python {meta.get('python', '?')}",
+                    f"grpcio {meta.get('grpcio', '?')}",
+                    _budget(results),  # ("" when nothing finished)
+                )
+                if part
+            )
+            + load,
             *(note for note in notes if note),
         )
     )
@@ -586,7 +607,12 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     bench.json); their paths."""
     out.mkdir(parents=True, exist_ok=True)
     markdown = out / "bench.md"
-    markdown.write_text(markdown_tables(results))
+    text = markdown_tables(results).encode()
+
+    def write(f: IO[bytes]) -> None:
+        f.write(text)
+
+    rundir.atomic_write(markdown, write)
     return markdown, plot_results(results, out / "bench.png")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -26,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from env_server.config import ServerConfig
+from learner import rundir
 from learner.benchmarks import report
 from learner.benchmarks.ppo import PPO_LAYOUTS, remove_orphaned_workdirs
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
@@ -317,16 +317,17 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
 
     def save() -> None:
         results["targets"] = report.evaluate_targets(results)
-        (config.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+        rundir.write_json(config.out / "bench.json", results)  # (atomic: a kill mid-write keeps the last)
 
+    results["meta"]["others_running_end"] = None
     try:
         _run_suites(config, results, available, save, progress)
+        # (a second of sampling: a Ctrl-C then is the run's first, as during the suites; not sampled after one)
+        results["meta"]["others_running_end"] = others_running()
     except KeyboardInterrupt:
         results["meta"]["interrupted"] = True
         progress("interrupted: writing what finished")
     results["meta"]["load_average_end"] = list(os.getloadavg())  # (the bench's own work included: kept, not judged)
-    # (not after Ctrl-C: a second one during the sample would lose what finished)
-    results["meta"]["others_running_end"] = None if results["meta"].get("interrupted") else others_running()
     results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
     save()
     report.write_report(results, config.out)
