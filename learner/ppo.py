@@ -235,9 +235,11 @@ class GaussianHead(ActionHead):
     """A 1-d float Box: a diagonal Gaussian with a state-independent, learned log std (CleanRL's).
 
     ``bounds="clip"`` clips samples to the bounds (the log-prob is that of the unclipped sample, as in
-    CleanRL and SB3); ``"squash"`` maps them through tanh onto [low, high]. The tanh's log-Jacobian does
-    not depend on the policy's parameters, so PPO's probability ratio is the same computed on the raw
-    sample, and the raw sample is what the rollout stores; the entropy reported is the Gaussian's.
+    CleanRL and SB3); ``"squash"`` maps them through tanh onto [low, high] (any finite float32 bounds,
+    also those further apart than float32 holds, such as +-3.4e38). The log-Jacobian of the tanh and of
+    the affine map onto the bounds does not depend on the policy's parameters, so PPO's probability ratio
+    is the same computed on the raw sample, and the raw sample is what the rollout stores; the entropy
+    reported is the Gaussian's.
     """
 
     def __init__(self, low: np.ndarray, high: np.ndarray, bounds: ActionBounds = "clip") -> None:
@@ -256,13 +258,26 @@ class GaussianHead(ActionHead):
         self.log_std = nn.Parameter(torch.zeros(self.num_outputs))
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
+        # Per dimension, whether high - low is finite in float32 (squash's formula takes the span);
+        # None where every dimension's is.
+        self.span_fits: Tensor | None
+        span_fits = torch.isfinite(self.high - self.low)
+        self.register_buffer("span_fits", None if bool(span_fits.all()) else span_fits, persistent=False)
 
     def distribution(self, outputs: Tensor) -> Distribution:
         return DiagGaussian(outputs, self.log_std)
 
     def to_env(self, raw: Tensor) -> Tensor:
         if self.bounds == "squash":
-            return self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+            squashed = torch.tanh(raw)
+            onto = self.low + (squashed + 1.0) * 0.5 * (self.high - self.low)
+            if self.span_fits is None:
+                return onto
+            # Bounds further apart than float32 holds (high - low is inf, as for +-3.4e38): from their middle
+            # by half their span, each half taken before the sum. (Only for those dimensions: the others keep
+            # the formula above, whose numbers runs and checkpoints were made with.)
+            middle = 0.5 * self.high + 0.5 * self.low
+            return torch.where(self.span_fits, onto, middle + squashed * (0.5 * self.high - 0.5 * self.low))
         return torch.clamp(raw, self.low, self.high)
 
 
@@ -398,18 +413,20 @@ def _beyond_float32(obs: np.ndarray) -> bool:
 
 
 def unusable_observation(
-    obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int], *, as_float32: bool = True
+    obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int], *, as_float32: bool = True, when: str = ""
 ) -> tuple[int, str] | None:
     """The first env whose observation the policy cannot act on, and why, in ``obs`` (a batch, row i the
     observation of env ``envs[i]``, as the envs gave it): NaN or infinite values, values beyond float32's
     range where the nets take them as they come (``as_float32``; not with --norm-obs, whose float64
     statistics scale them first), or outside a Discrete space (the one-hot fails); None where none is
-    (what failed is something else).
+    (what failed is something else). ``when``, where given, says where the observation came (", returned
+    by its step at the run's env step 1,024"), before the message's end.
 
     In training on the CPU, called only after the policy's forward raised (torch's "Class values must be
     smaller than num_classes", "probability tensor contains either inf, nan"), so that it costs no step
-    anything; elsewhere (CUDA, the bootstrap values, learner eval) where :func:`observations_usable`
-    found a problem before the forward.
+    anything; elsewhere (CUDA, the bootstrap values, learner eval, and as the observations come for Box
+    actions, whose Gaussian samples NaN without an error, or with --norm-obs, whose statistics one NaN
+    would spoil) where :func:`observations_usable` found a problem before the forward.
     """
     for i, env in enumerate(envs):
         value = obs[i]
@@ -417,18 +434,18 @@ def unusable_observation(
             shown = np.array2string(value, threshold=16, edgeitems=3)
             return env, (
                 f"observation of env {env} has NaN or infinite values ({shown}; observation space "
-                f"{space}); the policy cannot act on it"
+                f"{space}){when}; the policy cannot act on it"
             )
         if as_float32 and _beyond_float32(value):
             shown = np.array2string(value, threshold=16, edgeitems=3)
             return env, (
-                f"observation of env {env} has values beyond float32's range ({shown}; observation space {space}), "
-                "which the policy's float32 nets take as infinite; scale them on the env servers (a wrapper) or "
-                "pass --norm-obs; the policy cannot act on it"
+                f"observation of env {env} has values beyond float32's range ({shown}; observation space {space})"
+                f"{when}, which the policy's float32 nets take as infinite; scale them on the env servers (a wrapper) "
+                "or pass --norm-obs; the policy cannot act on it"
             )
         if isinstance(space, gym.spaces.Discrete) and not space.start <= value.item() < space.start + space.n:
             return env, (
-                f"observation of env {env} is {value.item()!r}, outside the observation space {space}; "
+                f"observation of env {env} is {value.item()!r}, outside the observation space {space}{when}; "
                 "the policy cannot act on it"
             )
     return None
@@ -442,12 +459,13 @@ def raise_unusable(
     err: BaseException | None = None,
     *,
     as_float32: bool = True,
+    when: str = "",
 ) -> None:
     """Raise an UnusableEnvOutputError for the first env of ``envs`` whose observation in ``obs`` the
-    policy cannot act on (:func:`unusable_observation`, ``as_float32`` as there), its message begun with
-    ``where(env)`` (what names its server), from ``err`` (the policy's error, where there was one); return
-    where none is."""
-    found = unusable_observation(obs, space, envs, as_float32=as_float32)
+    policy cannot act on (:func:`unusable_observation`, ``as_float32`` and ``when`` as there), its message
+    begun with ``where(env)`` (what names its server), from ``err`` (the policy's error, where there was
+    one); return where none is."""
+    found = unusable_observation(obs, space, envs, as_float32=as_float32, when=when)
     if found is not None:
         env, problem = found
         raise UnusableEnvOutputError(where(env) + problem) from err
@@ -522,7 +540,9 @@ def gae_advantages(
     for t in reversed(range(steps)):
         delta = rewards[t] + gamma * next_values[t] * not_terminated[t] - values[t]
         follows = continues[t] * (valid_f[t + 1] if t + 1 < steps else 1.0)
-        last = (delta + gamma * gae_lambda * follows * last) * valid_f[t]
+        # (selected, not multiplied by 0: a step that is no transition may hold a NaN reward or value, and
+        # 0 * NaN is NaN, which the lambda-return would carry into the steps before it)
+        last = torch.where(valid[t], delta + gamma * gae_lambda * follows * last, 0.0)
         advantages[t] = last
     return advantages
 

@@ -154,6 +154,29 @@ def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
     )
 
 
+def clip_leaves_out_zero(hp: PPOConfig, action_space: gym.Space[Any]) -> str:
+    """A warning where --action-bounds clip meets Box bounds that leave 0 out (Box(10, 12)): the Gaussian
+    starts at mean 0, std 1, so most or all of its samples clip to the bound nearest 0, the same action
+    each time, whose rewards tell it nothing of which way to move (its log-prob is that of the unclipped
+    sample): it may learn nothing at all, without an error; "" otherwise."""
+    if hp.action_bounds != "clip" or not isinstance(action_space, gym.spaces.Box):
+        return ""
+    low, high = (np.asarray(bound, dtype=np.float64).reshape(-1) for bound in (action_space.low, action_space.high))
+    out = np.flatnonzero((low > 0) | (high < 0))
+    if not len(out):
+        return ""
+    shown = ", ".join(f"{i} [{low[i]:g}, {high[i]:g}]" for i in out[:8])
+    if len(out) > 8:
+        shown += f" and {len(out) - 8} more"
+    return (
+        f"--action-bounds clip: the bounds of action dimension{'s' if len(out) > 1 else ''} {shown} leave out 0, "
+        "where the policy's Gaussian starts (mean 0, std 1): most or all of its samples clip to the bound nearest "
+        "0, the same action each time, whose rewards tell it nothing of which way to go, so it may learn nothing; "
+        "pass --action-bounds squash (tanh onto the bounds), or rescale the actions around 0 in the env "
+        "(gymnasium's RescaleAction)"
+    )
+
+
 def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:
     """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each, or grayscale:
     obs_type), not the atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for;
@@ -339,12 +362,45 @@ class Acting:
         self.obs_rms, self.obs_dtype, self.device = obs_rms, obs_dtype, device
         self.server_of = server_of
         """Env index -> what names its server at the start of an error (see :func:`env_server_of`)."""
+        self.looks_first = obs_rms is not None or isinstance(action_space, gym.spaces.Box)
+        """Whether :meth:`prepare_obs` looks at the envs' observations as they come, before the statistics
+        take them and the policy acts on them: with --norm-obs (one NaN would make the statistics NaN for
+        good, and with them every env's normalised observations, so that the error named env 0) and for Box
+        actions (the Gaussian samples NaN from NaN without an error, which would go to the envs as actions,
+        to be refused as theirs). Elsewhere (a categorical policy without --norm-obs) the CPU's forward
+        raises on NaN, and :meth:`acting_on` explains its error after it: no step pays for the pass."""
 
-    def prepare_obs(self, obs: Any, update_stats: bool, stale: np.ndarray | None = None) -> Tensor:
+    def prepare_obs(
+        self,
+        obs: Any,
+        update_stats: bool,
+        stale: np.ndarray | None = None,
+        *,
+        returned_at: int | None = None,
+        reset: bool = False,
+    ) -> Tensor:
         """One batch of observations onto the device (one copy), normalised when asked; ``stale``
-        envs (unavailable: placeholders or old observations) do not update the statistics."""
+        envs (unavailable: placeholders or old observations) do not update the statistics.
+
+        ``returned_at``, for observations as the envs returned them (by a step, or a reset with ``reset``):
+        the run's env steps then. With :attr:`looks_first`, an observation the policy cannot act on is then
+        an UnusableEnvOutputError naming its env, its server and that step (one pass over the batch on the
+        host: 2-5 microseconds a step for vector observations, 13 for 64 envs' 376 float64 values)."""
         obs_rms, device = self.obs_rms, self.device
-        x = torch.as_tensor(np.asarray(obs)).to(device, copy=True)
+        obs = np.asarray(obs)
+        if returned_at is not None and self.looks_first:
+            as_float32 = obs_rms is None  # (--norm-obs scales float64 observations before the nets see them)
+            if not observations_usable(obs, self.obs_space, as_float32=as_float32):
+                by = "its reset" if reset else "its step"
+                raise_unusable(
+                    obs,
+                    self.obs_space,
+                    range(len(obs)),
+                    self.server_of,
+                    as_float32=as_float32,
+                    when=f", returned by {by} at the run's env step {returned_at:,}",
+                )
+        x = torch.as_tensor(obs).to(device, copy=True)
         if obs_rms is None:
             return x.to(self.obs_dtype)
         if update_stats:
@@ -381,15 +437,27 @@ class Acting:
         """Raise UnusableEnvOutputError naming the env where an observation the policy took over a rollout
         (``obs``: its storage, (steps, envs, ...), as the nets got them; ``global_step``: the env steps as of
         its end) was not finite. On the CPU, where observations are looked at only once the forward fails
-        or at the rollout's end, an infinite one met mid-rollout (the env's inf, or a float64 value beyond
-        float32's range) passes the tanh layers without an error and turns the update's gradient NaN,
-        which would be reported as a diverged update. One pass per rollout (float observations only)."""
+        or at the rollout's end (unless :attr:`looks_first`), an infinite one met mid-rollout (the env's inf,
+        or a float64 value beyond float32's range) passes the tanh layers without an error and turns the
+        update's gradient NaN, which would be reported as a diverged update. One pass per rollout (float
+        observations only). The storage holds the envs' own observations but with --norm-obs, whose
+        observations were looked at as they came: there a non-finite one is the normalisation's."""
         if not obs.is_floating_point():
             return
         finite = torch.isfinite(obs.reshape(*obs.shape[:2], -1)).all(dim=2)  # (steps, envs)
         if bool(finite.all()):
             return
         step, env = (int(i) for i in (~finite).nonzero()[0])
+        if self.obs_rms is not None:
+            # (the envs' own observations were looked at as they came, before the statistics took them:
+            # finite, so the normalisation made this one what it is, not the env)
+            raise UnusableEnvOutputError(
+                f"{self.server_of(env)}observation of env {env} that the policy took at step {step + 1} of the "
+                f"rollout ending at env step {global_step:,} was infinite or NaN once normalised (--norm-obs), "
+                "though the env gave a finite one: the running mean or variance of the observations overflowed "
+                f"float64 (observation space {self.obs_space}; scale such values on the env servers); the policy "
+                "cannot act on it"
+            )
         raise UnusableEnvOutputError(
             f"{self.server_of(env)}observation of env {env} that the policy took at step {step + 1} of the rollout "
             f"ending at env step {global_step:,} was infinite or NaN as float32: the env gave inf or NaN, or a "
@@ -679,6 +747,9 @@ def train(
             log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
         if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
             log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
+        clipped = clip_leaves_out_zero(hp, action_space)
+        if clipped:
+            log.warning("%s", clipped)
         if args.hang_timeout is not None and args.backend == "gym":
             log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
 
@@ -852,7 +923,9 @@ def train(
         lost_np = unavailable_envs(reset_infos, num_envs)
         # A resumed run's statistics already include the observations the first reset returns.
         raw_obs = obs_np  # (as the envs gave them: what an error of the policy's is explained by)
-        next_obs = acting.prepare_obs(obs_np, update_stats=checkpoint is None, stale=lost_np)
+        next_obs = acting.prepare_obs(
+            obs_np, update_stats=checkpoint is None, stale=lost_np, returned_at=counters.global_step, reset=True
+        )
         step_groups, overlap = _stepping(envs)
         background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
@@ -938,7 +1011,9 @@ def train(
                         # Envs that stayed go on with their episodes; new ones (or all, after a failed
                         # step) start from the observations of their reset.
                         raw_obs = change.observations
-                        next_obs = acting.prepare_obs(change.observations, update_stats=False)
+                        next_obs = acting.prepare_obs(
+                            change.observations, update_stats=False, returned_at=counters.global_step, reset=True
+                        )
                         next_valid = carry_over(next_valid, change, True)
                         ep_return = carry_over(ep_return, change, 0.0)
                         ep_length = carry_over(ep_length, change, 0)
@@ -1083,7 +1158,9 @@ def train(
                     rollout.terminations[step] = term_np
                     rollout.truncations[step] = trunc_np
                     raw_obs = obs_np
-                    next_obs = acting.prepare_obs(obs_np, update_stats=True, stale=lost_np)
+                    next_obs = acting.prepare_obs(
+                        obs_np, update_stats=True, stale=lost_np, returned_at=counters.global_step
+                    )
                     if not next_step_autoreset and (trunc_np & valid).any():
                         # Same-step autoreset: obs_np already holds the next episode's first
                         # observation; the truncated episode's last one is in infos["final_obs"].

@@ -80,6 +80,43 @@ def test_gae_does_not_chain_across_a_step_that_is_not_a_transition() -> None:
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, 0.0, 1.0]))
 
 
+def test_gae_leaves_out_nan_rewards_and_values_of_steps_that_are_not_transitions() -> None:
+    """A step that is no transition (a reset step, an env unavailable) may hold a NaN reward or value: it
+    is selected out, not multiplied by 0 (0 * NaN is NaN, which the lambda-return carried into the
+    episode before it and from there into every advantage of the batch's normalisation)."""
+    rewards = t([[1, 0, 1], [1, 0, 2]])
+    values = t([[0.5, 0, 0.25], [1, 0, 3]])
+    next_values = t([[0.0, 0.25, 0.5], [0, 3, 4]])
+    terminations = t([[0, 0, 0], [0, 0, 0]], torch.bool)
+    truncations = t([[1, 0, 0], [0, 0, 0]], torch.bool)  # env 0: step 1 is the reset step
+    valid = t([[1, 0, 1], [1, 0, 1]], torch.bool)  # env 1: unavailable in step 1
+    clean = gae_advantages(rewards, values, next_values, terminations, truncations, valid, 0.99, 0.95)
+    rewards[1], values[1] = float("nan"), float("nan")
+    adv = gae_advantages(rewards, values, next_values, terminations, truncations, valid, 0.99, 0.95)
+    assert torch.equal(adv, clean), adv
+    assert bool(torch.isfinite(adv).all()) and adv[1].tolist() == [0.0, 0.0]
+
+
+def test_gae_gives_the_numbers_of_masking_by_multiplication_bit_for_bit_on_finite_inputs() -> None:
+    """Selecting invalid steps out changes no run: on finite inputs the advantages are those of
+    ``(...) * valid`` to the bit (runs and checkpoints made before give the same numbers)."""
+    gen = torch.Generator().manual_seed(0)
+    steps, envs, gamma, lam = 64, 8, 0.99, 0.95
+    rewards, values, next_values = (torch.randn(steps, envs, generator=gen) for _ in range(3))
+    terminations, truncations = (torch.rand(steps, envs, generator=gen) < 0.05 for _ in range(2))
+    valid = torch.rand(steps, envs, generator=gen) > 0.1
+    valid_f, not_terminated = valid.float(), 1.0 - terminations.float()
+    continues = 1.0 - (terminations | truncations).float()
+    expected, last = torch.zeros_like(rewards), torch.zeros(envs)
+    for step in reversed(range(steps)):
+        delta = rewards[step] + gamma * next_values[step] * not_terminated[step] - values[step]
+        follows = continues[step] * (valid_f[step + 1] if step + 1 < steps else 1.0)
+        last = (delta + gamma * lam * follows * last) * valid_f[step]
+        expected[step] = last
+    adv = gae_advantages(rewards, values, next_values, terminations, truncations, valid, gamma, lam)
+    assert torch.equal(adv, expected)
+
+
 def test_clipped_policy_loss_clips_and_reports_kl_and_clipfrac() -> None:
     old = torch.zeros(4)
     new = torch.log(torch.tensor([1.0, 1.5, 0.5, 1.1])).requires_grad_()
@@ -139,6 +176,33 @@ def test_heads_map_raw_actions_into_each_space() -> None:
         ActionHead.for_space(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
     with pytest.raises(ValueError, match="finite action bounds"):
         ActionHead.for_space(gym.spaces.Box(-np.inf, np.inf, (2,)), "squash")
+
+
+def test_squash_maps_onto_bounds_further_apart_than_float32_holds() -> None:
+    """+-3.4e38 (float32's range, as some envs declare "unbounded but finite"): high - low is inf in
+    float32, and low + (tanh + 1) * 0.5 * (high - low) made every action inf (clipped to high on its way
+    out). Mapped from the bounds' middle by half their span, each half taken before the sum."""
+    top = float(np.finfo(np.float32).max)
+    raw = torch.tensor([[-3.0], [-0.5], [0.0], [0.5], [3.0]])
+    for wide in ((-top, top), (-1e38, 3e38), (-2e38, 2e38)):
+        low, high = (float(np.float32(bound)) for bound in wide)  # (as the Box holds them)
+        head = ActionHead.for_space(gym.spaces.Box(low, high, (1,), np.float32), "squash")
+        env = head.to_env(raw)[:, 0]
+        assert bool(torch.isfinite(env).all()), (low, high, env)
+        assert bool((env[1:] > env[:-1]).all()), env  # (increasing, as tanh: none at a bound)
+        assert float(env[0]) >= low and float(env[-1]) <= high
+        assert float(env[2]) == pytest.approx(low / 2 + high / 2, rel=1e-6)
+        mirrored = (low + high) - env.flip(0)  # (tanh's symmetry around the middle)
+        torch.testing.assert_close(env, mirrored, rtol=1e-6, atol=0.0)
+    # A dimension whose span fits keeps the formula runs were made with, to the bit, beside a wide one.
+    box = gym.spaces.Box(np.array([-1.0, -top, 0.5], np.float32), np.array([2.0, top, 3.0], np.float32))
+    head = ActionHead.for_space(box, "squash")
+    raw = torch.randn(32, 3, generator=torch.Generator().manual_seed(0))
+    lows, highs = torch.as_tensor(box.low), torch.as_tensor(box.high)
+    fits = lows + (torch.tanh(raw) + 1.0) * 0.5 * (highs - lows)
+    env = head.to_env(raw)
+    assert torch.equal(env[:, [0, 2]], fits[:, [0, 2]])
+    assert bool(torch.isfinite(env).all())
 
 
 def test_agent_uses_the_nature_cnn_for_image_observations() -> None:
