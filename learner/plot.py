@@ -25,9 +25,23 @@ def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] 
     metrics = run / rundir.METRICS
     if not metrics.is_file():
         return run, None, None, {}
-    rows = [r for r in rundir.read_jsonl(metrics) if r.get("episodic_return_mean") is not None]
+    try:
+        read = rundir.read_jsonl(metrics)
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise ValueError(f"{metrics}: expected a run's metrics, but it cannot be read ({reason})") from None
+    # (rows that are no update's, as learner train writes them: another program's lines, a hand edit)
+    odd = sum(1 for r in read if not isinstance(r, dict) or not all(k in r for k in _ROW_KEYS))
+    if odd:
+        log.warning("%s: %d line(s) without %s left out", metrics, odd, ", ".join(_ROW_KEYS))
+    rows = [r for r in read if isinstance(r, dict) and all(k in r for k in _ROW_KEYS)]
+    rows = [r for r in rows if r["episodic_return_mean"] is not None]
     summary = _read(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
     return run, rows, summary if isinstance(summary, dict) else None, _run_config(run) or {}
+
+
+# What a metrics row must hold to be plotted.
+_ROW_KEYS = ("global_step", "seconds", "episodic_return_mean")
 
 
 def _read(path: Path) -> Any:
@@ -108,11 +122,13 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     keys = dict.fromkeys(key for setup in known for key in setup)
     differ = [key for key in keys if len({_text(setup[key]) if key in setup else "?" for setup in known}) > 1]
 
+    folders = _names(list(map(Path, runs)))
+
     def named(text: Callable[[Any], str]) -> list[str]:
         names = []
         for run, setup in zip(map(Path, runs), setups, strict=True):
             if setup is None:
-                names.append(run.name or str(run))
+                names.append(folders[run])
             elif differ:
                 names.append(", ".join(f"{key}={text(setup[key]) if key in setup else '?'}" for key in differ))
             else:
@@ -174,8 +190,25 @@ def _text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _label(run: Path, summary: dict[str, Any] | None, env: str | None = None) -> str:
-    label = run.name or str(run)
+def _names(runs: Sequence[Path]) -> dict[Path, str]:
+    """How the legend names each run: its folder's name, or, where two runs' folders have one name
+    (runs/a/cp, runs/b/cp), the fewest last parts of their paths that tell them apart (a/cp, b/cp);
+    ``.`` is named as the folder it is."""
+    parts = {run: run.resolve().parts for run in runs}
+    names: dict[Path, str] = {}
+    for run in runs:
+        for n in range(1, len(parts[run]) + 1):
+            name = "/".join(parts[run][-n:])
+            if all(
+                other == run or parts[other] == parts[run] or parts[other][-n:] != parts[run][-n:] for other in runs
+            ):
+                break
+        names[run] = name or str(run)
+    return names
+
+
+def _label(name: str, summary: dict[str, Any] | None, env: str | None = None) -> str:
+    label = name
     if env is not None:
         label += f" [{env}]"
     if summary and summary.get("solved_at_step") is not None:
@@ -303,6 +336,7 @@ def plot_runs(
         g for g, curves in members.items() if len(curves) > 1 and _common_grid([(c[0], c[2]) for c in curves]).size > 1
     }
     solved_any = False
+    names = _names([run for run, *_ in loaded])
     for i, (run, _, summary, config) in enumerate(loaded):
         group = groups[i] if groups is not None else None
         if run not in series:
@@ -312,7 +346,7 @@ def plot_runs(
         # A line needs two points: a run with one (its first update, or a summary alone) gets a dot.
         marker = "o" if len(steps) == 1 else None
         if group is None:
-            (line,) = by_steps.plot(steps, returns, label=_label(run, summary, env), marker=marker)
+            (line,) = by_steps.plot(steps, returns, label=_label(names[run], summary, env), marker=marker)
         else:
             if group in colours:
                 (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)

@@ -268,3 +268,39 @@ def test_plotting_leaves_matplotlib_s_backend_and_pyplot_alone(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "svg"]
     assert (tmp_path / "out.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_runs_of_one_folder_name_are_told_apart_in_the_legend(
+    tmp_path: Path, figures: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Both were "cp"; a run plotted as "." was "." in the legend.)"""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runs = [_run(tmp_path / "a" / "cp", 3), _run(tmp_path / "b" / "cp", 3), _run(tmp_path / "other", 3)]
+    plot_runs(runs, tmp_path / "same.png")
+    assert [t.get_text() for t in figures[0].legends[0].get_texts()][:3] == ["a/cp", "b/cp", "other"]
+    figures.clear()
+    monkeypatch.chdir(runs[2])
+    plot_runs([Path(".")], tmp_path / "dot.png")
+    assert figures[0].legends[0].get_texts()[0].get_text() == "other"
+
+
+def test_lines_of_a_metrics_file_that_are_no_update_s_are_left_out_saying_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(A line that was JSON but no object was an AttributeError, a row without seconds a KeyError, and
+    bytes that are no UTF-8 an error naming no file.)"""
+    from learner.cli import main
+
+    run = _run(tmp_path / "r", 3)
+    with open(run / rundir.METRICS, "a") as f:
+        f.write('[1, 2]\n{"global_step": 5000, "episodic_return_mean": 3.0}\n')
+    plot_runs([run], tmp_path / "p.png")
+    assert f"{run / rundir.METRICS}: 2 line(s) without global_step, seconds, episodic_return_mean left out" in (
+        caplog.text
+    )
+    (run / rundir.METRICS).write_bytes(b'{"global_step": 1, "seconds": 1.0, "episodic_return_mean": "\xff"}\n')
+    assert main(["plot", str(run), "-o", str(tmp_path / "q.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"learner plot: error: {run / rundir.METRICS}: expected a run's metrics, but it cannot be read (" in err
+    assert "Traceback" not in err
