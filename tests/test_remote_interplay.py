@@ -176,8 +176,14 @@ def test_a_reconnect_under_way_across_refresh_counts_on_its_own_server(spawn_ser
         envs._runner.run(asyncio.sleep(0.1))  # (the task ends after on_ready)
         assert task.done() and task.exception() is None
         assert envs._rejoined.is_set()
-        reconnects = {s.address: s.reconnects for s in envs.replica_stats()}
+        stats = envs.replica_stats()
+        reconnects = {s.address: s.reconnects for s in stats[: len(envs.addresses)]}
         assert reconnects == {a: int(a == lost.address) for a in envs.addresses}
+        # (those that left in the window, with steps in it, after them: unavailable, none reconnected)
+        left = [s for s in servers if s.address not in envs.addresses]
+        assert [(s.address, s.available, s.reconnects) for s in stats[len(envs.addresses) :]] == [
+            (s.address, False, 0) for s in left
+        ]
         assert envs.fault_stats().reconnects == 1
 
 
