@@ -593,6 +593,14 @@ class EnvClient:
         self._step_socket_here = path + STEP_SOCKET_SUFFIX if path else ""
         self.step_socket = ""
         self._socket: socket.socket | None = None
+        # The connection's answers are read into this one buffer, sized to each in turn (see
+        # SocketStep._read): a new one per answer took fresh pages at every step (~200 for an 800 KB
+        # answer, which glibc gave back to the system after the step), which made large answers slower
+        # here than over gRPC. Nothing handed out shares it: protobuf copies what it parses.
+        self._socket_buffer = bytearray()
+        # Why the step socket refused this session's first step on a connection as not its own (see
+        # not_my_step_socket), until that step's resend over gRPC says whose socket it is; "" otherwise.
+        self._unknown_to_socket = ""
         # Waiting for a step-socket answer: keep checking for it (yielding the CPU between looks)
         # for up to this many seconds while this server's recent answers came within that time,
         # before sleeping until it comes. Waking a sleeping process costs tens of microseconds,
@@ -671,6 +679,7 @@ class EnvClient:
         self.spec = response.spec
         self.claim_timeout_s = response.claim_timeout_s
         self.step_socket = self._adopt_step_socket(response.step_socket)
+        self._unknown_to_socket = ""
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token(response.client_certificates_required)
@@ -895,7 +904,11 @@ class EnvClient:
         A failure ends the stream (the server closes it with the status); the next step opens a new one.
         (Steps on the step socket take :meth:`send_on_socket` instead.) A request over the server's
         limit is refused before it is sent (InvalidRequestError), the stream left as it is.
+
+        A step the step socket refused as not its session's (:meth:`not_my_step_socket`) comes here
+        next: answered, the socket is another server's, and steps go over gRPC from now on.
         """
+        unknown_to_socket, self._unknown_to_socket = self._unknown_to_socket, ""
         self.check_request_size(request.ByteSize(), "Step")
         if self._out_of_step:
             self._out_of_step = False
@@ -942,6 +955,11 @@ class EnvClient:
         if response is grpc.aio.EOF:
             self._steps = None
             raise await self._ended(call)
+        if unknown_to_socket:  # (this server knows the session: the step socket that did not is another's)
+            self._step_over_grpc(
+                f"does not know this session ({server_text(unknown_to_socket)}): another server's step socket at "
+                "that path?"
+            )
         return response
 
     def send_on_socket(self, request: pb.StepRequest) -> SocketStep | None:
@@ -968,9 +986,9 @@ class EnvClient:
                 )
                 self._step_over_grpc(f"is out of reach ({err}){hint}")
                 return None
-            self._socket = sock
+            self._socket, self._socket_buffer = sock, bytearray()
         assert self._socket is not None
-        step = SocketStep(self, self._socket, request, first=first)
+        step = SocketStep(self, self._socket, request, first=first, buffer=self._socket_buffer)
         return None if step.refused else step
 
     def refuse_step_socket(self, reason: str) -> None:
@@ -986,11 +1004,12 @@ class EnvClient:
 
     def not_my_step_socket(self, reason: str) -> None:
         """The step socket answered the first step on a connection that this session does not own its
-        server (``reason``): the socket at that path is another server's (or the session ended: gRPC
-        will say so). The step was not taken; step over gRPC for the rest of the session."""
-        self._step_over_grpc(
-            f"does not know this session ({server_text(reason)}): another server's step socket at that path?"
-        )
+        server (``reason``), the step not taken: the socket at that path is another server's, or the
+        session ended. The step's resend over gRPC (:meth:`step`) tells which: answered, the socket is
+        another server's, and the session steps over gRPC from then on (said once per server); refused
+        likewise, the session is over, its error all there is to say, and the step socket stays (was:
+        turned off, with a warning that blamed another server's socket)."""
+        self._unknown_to_socket = reason
 
     def _step_over_grpc(self, why: str) -> None:
         """Step over gRPC for the rest of the session, the step socket being unusable (``why``):
@@ -1016,6 +1035,7 @@ class EnvClient:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+            self._socket_buffer = bytearray()  # (its memory goes with the connection)
 
     async def _refusal_of_new_streams(self) -> grpc.aio.AioRpcError | None:
         """What the server answers a new StepStream at once, where it refuses them as they open (an older
@@ -1166,19 +1186,30 @@ class SocketStep:
     connections taken refuses a new one (RESOURCE_EXHAUSTED) before it reads anything from it, so
     a refusal on a connection's first step means the step was not taken: :attr:`refused`, and
     ``request`` is to be sent over gRPC instead. So too a first step answered that the session does
-    not own the server (FAILED_PRECONDITION): the socket is not its server's.
+    not own the server (FAILED_PRECONDITION): the socket is not its server's, or the session ended.
+
+    ``buffer``: where the answer's payload is read, resized to fit it; the connection's steps share one
+    (see EnvClient), which nothing this step hands out refers to.
     """
 
-    def __init__(self, client: EnvClient, sock: socket.socket, request: pb.StepRequest, *, first: bool = False) -> None:
+    def __init__(
+        self,
+        client: EnvClient,
+        sock: socket.socket,
+        request: pb.StepRequest,
+        *,
+        first: bool = False,
+        buffer: bytearray | None = None,
+    ) -> None:
         self._client = client
         self._sock = sock
         self.request = request
         self.first = first
         self.refused = False  # the step socket refused the connection: the step was not taken
         self._start = time.perf_counter()
-        self._buffer = bytearray(FRAME_HEADER.size)
-        self._view = memoryview(self._buffer)
-        self._got = 0
+        self._header = bytearray(FRAME_HEADER.size)
+        self._payload = bytearray() if buffer is None else buffer
+        self._got = 0  # bytes read of the header, then of the payload
         self._kind = -1  # the answer's kind, once its header is in
         self._result: tuple[pb.StepResponse, float] | None = None
         self._error: RemoteEnvError | None = None
@@ -1290,8 +1321,10 @@ class SocketStep:
 
     def _read(self) -> bool:
         """One read of what has arrived, without waiting; whether anything came."""
+        target = self._header if self._kind < 0 else self._payload
         try:
-            count = self._sock.recv_into(self._view[self._got :])
+            # (a view for this read alone: one left alive would forbid resizing the buffer for the next answer)
+            count = self._sock.recv_into(memoryview(target)[self._got :])
         except BlockingIOError:
             return False  # nothing yet
         except OSError as err:
@@ -1301,19 +1334,18 @@ class SocketStep:
             self._fail(self._broken(None))
             return False
         self._got += count
-        if self._got < len(self._buffer):
+        if self._got < len(target):
             return True
         if self._kind < 0:  # the header is in: read the payload next
-            length, self._kind = FRAME_HEADER.unpack(self._buffer)
+            length, self._kind = FRAME_HEADER.unpack(self._header)
             if length > MAX_MESSAGE_BYTES:
                 self._fail(self._broken(None, f"it sent a frame of {length} bytes, over the message limit"))
                 return False
-            self._buffer = bytearray(length)
-            self._view = memoryview(self._buffer)
+            _resize(self._payload, length)
             self._got = 0
             if length:
                 return True
-        self._finish(self._buffer)
+        self._finish(self._payload)
         return True
 
     def _finish(self, payload: bytearray) -> None:
@@ -1321,6 +1353,8 @@ class SocketStep:
         try:
             if self._kind == FRAME_STEP:
                 rtt = time.perf_counter() - self._start
+                # (parsed from the bytearray itself: a bytes-like view of it would be copied first; the
+                # message copies what it keeps, so the next answer read into the buffer changes none of it)
                 self._result = (pb.StepResponse.FromString(payload), rtt)
                 if self.timed:  # (an answer found waiting says only that the caller was busy)
                     client.recent_rtt += 0.25 * (rtt - client.recent_rtt)
@@ -1366,6 +1400,15 @@ class SocketStep:
     def _fail(self, error: RemoteEnvError) -> None:
         self._error = error
         self._client.close_step_socket()
+
+
+def _resize(buffer: bytearray, size: int) -> None:
+    """Make ``buffer`` ``size`` bytes long, in place. CPython keeps a bytearray's memory while it shrinks
+    by less than half, and over-allocates as it grows: answers of about one size take no new memory."""
+    if len(buffer) > size:
+        del buffer[size:]
+    elif len(buffer) < size:
+        buffer.extend(bytes(size - len(buffer)))
 
 
 def channel_credentials(
