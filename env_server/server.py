@@ -1033,24 +1033,33 @@ def _exit_now(config: ServerConfig, status: int, message: str, *args: object) ->
 
 
 def _kill_own_group() -> None:
-    """SIGKILL the other processes of the group this process leads; with no /proc to find them by
-    (macOS), the whole group, this process with it (its exit status is then lost)."""
+    """SIGKILL the other processes of the group this process leads, looked for again until none is
+    left (one forked meanwhile: a simulator started by the build still running), a few times at most;
+    with no /proc of this PID namespace to find them by (macOS; a /proc mounted for another), the whole
+    group, this process with it (its exit status is then lost)."""
     me = os.getpid()
     try:
-        entries = os.listdir("/proc")
+        ours = os.readlink("/proc/self") == str(me)
     except OSError:
+        ours = False
+    if not ours:
         os.killpg(me, signal.SIGKILL)
         return
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # (after the command's name, which may hold anything)
-            if int(fields[2]) == me:  # (state, ppid, pgrp)
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, IndexError, ValueError):
-            continue  # (gone meanwhile)
+    for _ in range(5):
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # (after the command's name: it may hold anything)
+                if int(fields[2]) == me and fields[0] != b"Z":  # (state, ppid, pgrp; a zombie is dead already)
+                    os.kill(int(entry), signal.SIGKILL)
+                    killed += 1
+            except (OSError, IndexError, ValueError):
+                continue  # (gone meanwhile)
+        if not killed:
+            return
 
 
 def run(config: ServerConfig, on_ready: Callable[[str], None], *, exit_margin_s: float = EXIT_MARGIN_S) -> int:

@@ -360,7 +360,9 @@ class _Connection(asyncio.Protocol):
             return
         self.fit_send_buffer(len(header) + len(payload))
         self.transport.write(header)
-        self.transport.write(memoryview(payload))  # (a view: what is left to send is sliced, not copied)
+        # (a view: on Python 3.12+ what the socket does not take at once is kept as it is; 3.11's transport
+        # copies that rest into its buffer, as for a joined frame)
+        self.transport.write(memoryview(payload))
         self._last_payload = payload
 
     def fit_send_buffer(self, size: int) -> None:

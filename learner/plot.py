@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,7 @@ def _names(runs: Sequence[Path]) -> dict[Path, str]:
     """How the legend names each run: its folder's name, or, where two runs' folders have one name
     (runs/a/cp, runs/b/cp), the fewest last parts of their paths that tell them apart (a/cp, b/cp);
     ``.`` is named as the folder it is."""
-    parts = {run: run.resolve().parts for run in runs}
+    parts = {run: Path(os.path.abspath(run)).parts for run in runs}  # (not resolved: runs/latest stays "latest")
     names: dict[Path, str] = {}
     for run in runs:
         for n in range(1, len(parts[run]) + 1):

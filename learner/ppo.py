@@ -535,6 +535,7 @@ def gae_advantages(
     not_terminated = 1.0 - terminations.float()
     continues = 1.0 - (terminations | truncations).float()
     valid_f = valid.float()
+    valid_b = valid if valid.dtype == torch.bool else valid != 0  # (a float mask as well as a bool one)
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(steps)):
@@ -542,7 +543,7 @@ def gae_advantages(
         follows = continues[t] * (valid_f[t + 1] if t + 1 < steps else 1.0)
         # (selected, not multiplied by 0: a step that is no transition may hold a NaN reward or value, and
         # 0 * NaN is NaN, which the lambda-return would carry into the steps before it)
-        last = torch.where(valid[t], delta + gamma * gae_lambda * follows * last, 0.0)
+        last = torch.where(valid_b[t], delta + gamma * gae_lambda * follows * last, 0.0)
         advantages[t] = last
     return advantages
 

@@ -327,7 +327,9 @@ class Recorder:
         """stdout's reader has exited (``learner train | head``, a ``tee`` killed): the run goes on, its
         lines (and the closing ones) to /dev/null, rather than ending with a BrokenPipeError mid-run."""
         self.progress_lines = False
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         log.warning("stdout was closed (its reader exited): no more progress lines; the run goes on (%s)", self.run_dir)
 
 

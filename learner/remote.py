@@ -400,8 +400,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._in_flight = [False] * len(self._groups)  # send(g) done, recv(g) not yet
         self._sent_at = [0.0] * len(self._groups)  # when each group was last sent (time.monotonic())
         self._timers = [StepTimer(c.address, c.num_envs) for c in self._clients]
-        # The timers of servers that left the fleet in this window (replica_stats() gives them once).
-        self._departed: list[tuple[StepTimer, Replica]] = []
+        # The timers of servers that left the fleet in this window, by address, with their server_id
+        # (replica_stats() gives them once; one back at its address in the window takes its timer back).
+        self._departed: dict[str, tuple[StepTimer, str]] = {}
         # Fault tolerance: each server's state, and the counters of fault_stats().
         self._replicas = [self._replica(c) for c in self._clients]
         self._rejoined = asyncio.Event()
@@ -1711,12 +1712,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._in_flight = [False] * len(self._groups)
         self._sent_at = [0.0] * len(self._groups)
         # (a server back at its address with another number of envs starts a timer of its own)
-        self._timers = [
-            timer
-            if (timer := timers.get(c.address)) is not None and timer.num_envs == c.num_envs
-            else StepTimer(c.address, c.num_envs)
-            for c in clients
-        ]
+        self._timers = [self._timer_for(c, timers.get(c.address)) for c in clients]
         for client in leave:  # their counts stay in fault_stats()
             self._retired.add(replicas[id(client)])
             # (and their window's, in the next replica_stats(); in the new server's where one with
@@ -1728,7 +1724,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             if new is not None:
                 new.take_counts(old)
             else:
-                self._departed.append((old, replicas[id(client)]))
+                earlier = self._departed.get(client.address)
+                if earlier is not None:  # (left twice in the window: the counts add up, the last steps stand)
+                    old.take_counts(earlier[0])
+                self._departed[client.address] = (old, replicas[id(client)].spec.server_id)
         self._retired.joined += len(joined)
         self._retired.left += len(leave)
         self._replicas = [replicas.get(id(c)) or self._replica(c) for c in clients]
@@ -1756,6 +1755,19 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     # -- statistics -------------------------------------------------------------------------------
 
+    def _timer_for(self, client: EnvClient, kept: StepTimer | None) -> StepTimer:
+        """The step timer of ``client``, a server of the fleet laid out anew: ``kept``, the one its
+        address had, or the one it left in this window with (:attr:`_departed`), where its number of
+        envs is the same; else a new one, with that one's counts."""
+        departed = self._departed.pop(client.address, None)
+        old = kept if kept is not None else departed[0] if departed is not None else None
+        if old is not None and old.num_envs == client.num_envs:
+            return old
+        timer = StepTimer(client.address, client.num_envs)
+        if departed is not None:
+            timer.take_counts(departed[0])
+        return timer
+
     def replica_stats(self, *, reset: bool = False) -> list[ReplicaStats]:
         """Each server's step latency (p50, p99), env time, throughput, failures, shutdowns and reconnects since
         the last reset.
@@ -1768,7 +1780,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             timer.stats(available=replica.state is ReplicaState.UP, server_id=replica.spec.server_id)
             for timer, replica in zip(self._timers, self._replicas, strict=True)
         ]
-        departed = (timer.stats(available=False, server_id=replica.spec.server_id) for timer, replica in self._departed)
+        departed = (timer.stats(available=False, server_id=server_id) for timer, server_id in self._departed.values())
         stats += [w for w in departed if w.steps or w.failures or w.shutdowns or w.reconnects or w.stalls]
         if reset:
             for timer in self._timers:

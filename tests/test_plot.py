@@ -283,6 +283,10 @@ def test_runs_of_one_folder_name_are_told_apart_in_the_legend(
     monkeypatch.chdir(runs[2])
     plot_runs([Path(".")], tmp_path / "dot.png")
     assert figures[0].legends[0].get_texts()[0].get_text() == "other"
+    figures.clear()
+    (tmp_path / "latest").symlink_to(runs[2])  # (a link is named as the link, not its target)
+    plot_runs([tmp_path / "latest"], tmp_path / "link.png")
+    assert figures[0].legends[0].get_texts()[0].get_text() == "latest"
 
 
 def test_lines_of_a_metrics_file_that_are_no_update_s_are_left_out_saying_so(

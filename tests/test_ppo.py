@@ -115,6 +115,9 @@ def test_gae_gives_the_numbers_of_masking_by_multiplication_bit_for_bit_on_finit
         expected[step] = last
     adv = gae_advantages(rewards, values, next_values, terminations, truncations, valid, gamma, lam)
     assert torch.equal(adv, expected)
+    # (a 0/1 float mask as well: it raised "where expected condition to be a boolean tensor")
+    adv = gae_advantages(rewards, values, next_values, terminations, truncations, valid_f, gamma, lam)
+    assert torch.equal(adv, expected)
 
 
 def test_clipped_policy_loss_clips_and_reports_kl_and_clipfrac() -> None:

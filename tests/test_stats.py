@@ -4,6 +4,7 @@ fleet waits for from the others (env_steps_per_s cannot, in synchronous stepping
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -89,6 +90,7 @@ def test_a_quick_replica_after_a_slow_one_is_timed_by_its_own_answer(start_serve
     assert b.latency_p50_ms < a.latency_p50_ms / 2, (a.latency_p50_ms, b.latency_p50_ms)
 
 
+@pytest.mark.slow
 def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn_server: SpawnServer) -> None:
     """Its failure, counted by refresh(), is in its window (once, unavailable, after it left the fleet), and
     in the window of the server back at its address (was: 0 in both, against 1 in fault_stats())."""
@@ -118,3 +120,27 @@ def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn
         c.start()  # (back at its address, with the same envs: its timer goes on)
         envs.refresh(wait=30)
         assert [(w.address, w.failures) for w in envs.replica_stats()] == [(a.address, 0), (c.address, 1)]
+
+
+@pytest.mark.slow
+def test_a_server_that_left_and_came_back_within_a_window_is_given_once(spawn_server: SpawnServer) -> None:
+    """Back with the same envs, it takes its timer back, its failure counted (was: given twice, the one
+    that left last, whose figures overwrote the live server's in learner train's rows)."""
+    a, b = (spawn_server("CartPole-v1", 2) for _ in range(2))
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=False, timeout=5.0) as envs:
+        envs.reset(seed=0)
+        envs.replica_stats(reset=True)
+        b.kill()
+        with pytest.raises(ServerUnavailableError):
+            envs.step(np.zeros(4, dtype=np.int64))
+        envs.refresh(wait=0.5)  # (b does not answer: it leaves)
+        assert envs.addresses == [a.address]
+        b.start()
+        deadline = time.monotonic() + 30
+        while len(envs.addresses) < 2:  # (taken back once its join backoff is over)
+            assert time.monotonic() < deadline, "b did not join again"
+            envs.refresh(wait=1.0)
+            time.sleep(0.2)
+        envs.step(np.zeros(4, dtype=np.int64))
+        windows = envs.replica_stats()
+        assert [(w.address, w.available, w.failures) for w in windows] == [(a.address, True, 0), (b.address, True, 1)]

@@ -4,7 +4,6 @@ IndexEnv, whose observations say which env they come from (the soak test's check
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -13,6 +12,7 @@ import numpy as np
 
 from env_server.config import ServerConfig
 from env_server.envs import EnvStepDelay, make_env
+from learner.local import usable_cpus
 
 __all__ = ["IndexEnv", "env_fns"]
 
@@ -28,7 +28,7 @@ def env_fns(config: ServerConfig, num_envs: int) -> list[Callable[[], gym.Env[An
     subprocess vector env their waits awake would starve each other's work, and the baseline would be
     measured below what it does with plain sleeps)."""
     delay_s = config.step_delay_ms / 1000.0
-    awake = num_envs <= (os.cpu_count() or 1)
+    awake = num_envs <= usable_cpus()  # (affinity and a cgroup's quota: what this process may use)
     return [functools.partial(_make, config, delay_s, awake)] * num_envs
 
 
