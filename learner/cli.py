@@ -954,7 +954,8 @@ _env_counts = int_list("numbers of envs")
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    """A comma-separated list of names, each once (cartpole-8,cartpole-8 measured it twice)."""
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

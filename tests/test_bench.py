@@ -718,7 +718,7 @@ def test_benches_started_in_the_same_second_write_to_folders_of_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """(Both wrote to runs/bench-<time>: the second's results replaced the first's.) An --out given that
-    holds a bench.json already is said to be replaced."""
+    holds a bench.json already is said to be replaced; a suite or workload named twice runs once."""
     from learner import cli
     from learner.benchmarks import run as run_module
 
@@ -733,6 +733,15 @@ def test_benches_started_in_the_same_second_write_to_folders_of_their_own(
         "learner bench: rpc -> runs/bench-20261204-120000",
         "learner bench: rpc -> runs/bench-20261204-120000-2",
     ]
+    configs: list[Any] = []
+
+    def run_bench(config: Any, **kwargs: Any) -> dict[str, Any]:
+        configs.append(config)
+        return {"meta": {}}
+
+    monkeypatch.setattr(run_module, "run_bench", run_bench)
+    assert cli.main(["bench", "--suites", "throughput,rpc,throughput", "--workloads", "pong-8, cartpole-8,pong-8"]) == 0
+    assert (configs[0].suites, configs[0].workloads) == (("throughput", "rpc"), ("pong-8", "cartpole-8"))  # (once each)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "bench.json").write_text("{}")
     assert cli.main(["bench", "--suites", "rpc", "--out", "mine"]) == 0
