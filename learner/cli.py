@@ -41,7 +41,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.local import DEFAULT_TRANSPORT
-from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
+from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
 from learner.rundir import (
     BEST_CHECKPOINT,
     CHECKPOINTS,
@@ -1676,7 +1676,7 @@ def run() -> NoReturn:
         if not _stdout_closed():  # (another pipe's or socket's: an error as any other)
             raise
         # stdout pointed at /dev/null: the interpreter's last flush at its exit would fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        to_devnull(sys.stdout.fileno())
         sys.exit(1)
     if status == 130 and stopped_by_ctrl_c():
         sys.excepthook = _silent_interrupt  # (the command has said how it stopped: no traceback)

@@ -12,7 +12,7 @@ import numpy as np
 
 from learner import rundir
 from learner.device import machine_busy
-from learner.stats import ReplicaStats
+from learner.stats import ReplicaStats, StepTimer
 
 __all__ = ["FAULT_COUNTS", "SLOW_UPDATES", "FleetWatch", "ReplicaTotals", "SlowReplicas"]
 
@@ -116,7 +116,7 @@ class ReplicaTotals:
     _weights: dict[str, int] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)  # (the MEANS the fleet gave, if only NaN: no steps)
 
-    COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
+    COUNTS = StepTimer.COUNTS
     MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
 
     def add(self, window: ReplicaStats) -> None:

@@ -29,13 +29,11 @@ def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] 
     try:
         read = rundir.read_jsonl(metrics)
     except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
-        raise ValueError(f"{metrics}: expected a run's metrics, but it cannot be read ({reason})") from None
+        raise _unreadable(metrics, "a run's metrics", err) from None
     # (rows that are no update's, as learner train writes them: another program's lines, a hand edit)
-    odd = sum(1 for r in read if not isinstance(r, dict) or not all(k in r for k in _ROW_KEYS))
-    if odd:
-        log.warning("%s: %d line(s) without %s left out", metrics, odd, ", ".join(_ROW_KEYS))
     rows = [r for r in read if isinstance(r, dict) and all(k in r for k in _ROW_KEYS)]
+    if len(rows) < len(read):
+        log.warning("%s: %d line(s) without %s left out", metrics, len(read) - len(rows), ", ".join(_ROW_KEYS))
     rows = [r for r in rows if r["episodic_return_mean"] is not None]
     summary = _read(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
     return run, rows, summary if isinstance(summary, dict) else None, _run_config(run) or {}
@@ -50,8 +48,14 @@ def _read(path: Path) -> Any:
     try:
         return rundir.read_json(path)
     except (OSError, ValueError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
-        raise ValueError(f"{path}: expected a run's JSON file, but it cannot be read ({reason})") from None
+        raise _unreadable(path, "a run's JSON file", err) from None
+
+
+def _unreadable(path: Path, what: str, err: Exception) -> ValueError:
+    """The error for a run dir's file ``path`` that cannot be read (``err``), naming it (json's own, and
+    UTF-8's, name no file)."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+    return ValueError(f"{path}: expected {what}, but it cannot be read ({reason})")
 
 
 def _run_config(run: Path) -> dict[str, Any] | None:

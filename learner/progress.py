@@ -58,13 +58,18 @@ def _detach_from_terminal() -> None:
     resume hint) goes nowhere, not into a traceback: stdout and stderr, where they are a terminal (a
     character device: a closed terminal is no longer a tty to isatty), are /dev/null from now on."""
     with contextlib.suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            for fd in (1, 2):
-                if stat.S_ISCHR(os.fstat(fd).st_mode):
-                    os.dup2(devnull, fd)
-        finally:
-            os.close(devnull)
+        to_devnull(*(fd for fd in (1, 2) if stat.S_ISCHR(os.fstat(fd).st_mode)))
+
+
+def to_devnull(*fds: int) -> None:
+    """Point the descriptors ``fds`` at /dev/null: what is written there from now on goes nowhere, not
+    into an error (a closed terminal's EIO, a closed pipe's EPIPE, again at the interpreter's last flush)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _aborts(signum: int, stop_at: float) -> bool:

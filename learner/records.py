@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ import torch
 
 from learner import rundir
 from learner.fleetwatch import ReplicaTotals
-from learner.progress import bar_postfix, progress_line, widget_total
+from learner.progress import bar_postfix, progress_line, to_devnull, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
 from learner.update import UpdateResult
@@ -327,9 +326,7 @@ class Recorder:
         """stdout's reader has exited (``learner train | head``, a ``tee`` killed): the run goes on, its
         lines (and the closing ones) to /dev/null, rather than ending with a BrokenPipeError mid-run."""
         self.progress_lines = False
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        to_devnull(sys.stdout.fileno())
         log.warning("stdout was closed (its reader exited): no more progress lines; the run goes on (%s)", self.run_dir)
 
 

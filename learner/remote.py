@@ -1781,7 +1781,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             for timer, replica in zip(self._timers, self._replicas, strict=True)
         ]
         departed = (timer.stats(available=False, server_id=server_id) for timer, server_id in self._departed.values())
-        stats += [w for w in departed if w.steps or w.failures or w.shutdowns or w.reconnects or w.stalls]
+        stats += [w for w in departed if w.steps or any(getattr(w, name) for name in StepTimer.COUNTS)]
         if reset:
             for timer in self._timers:
                 timer.reset()

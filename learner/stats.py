@@ -74,6 +74,9 @@ class StepTimer:
     """Round-trip and env times of one replica's recent steps (a ring of the last ``window``), and
     the total env time of the window (for ``env_busy``)."""
 
+    COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
+    """What the window counts of the server beside its steps (each an attribute, and ReplicaStats')."""
+
     def __init__(self, address: str, num_envs: int, window: int = 4096) -> None:
         self.address = address
         self.num_envs = num_envs
@@ -134,7 +137,7 @@ class StepTimer:
     def take_counts(self, other: StepTimer) -> None:
         """Add the window's failures, shutdowns, reconnects and stalls of ``other`` (the timer of the
         server that was at this address before, with another number of envs) to this window's."""
-        for name in ("failures", "shutdowns", "reconnects", "stalls"):
+        for name in self.COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def reset(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 from learner import RemoteVectorEnv, ServerUnavailableError
 from learner import stats as stats_module
 from learner.stats import StepTimer
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import ServerProcess, SpawnServer, StartServers
 
 
 def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,6 +90,13 @@ def test_a_quick_replica_after_a_slow_one_is_timed_by_its_own_answer(start_serve
     assert b.latency_p50_ms < a.latency_p50_ms / 2, (a.latency_p50_ms, b.latency_p50_ms)
 
 
+def _lose(envs: RemoteVectorEnv, server: ServerProcess) -> None:
+    """Kill ``server``: the next step of ``envs`` (4 envs, not fault-tolerant) fails on it."""
+    server.kill()
+    with pytest.raises(ServerUnavailableError):
+        envs.step(np.zeros(4, dtype=np.int64))
+
+
 @pytest.mark.slow
 def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn_server: SpawnServer) -> None:
     """Its failure, counted by refresh(), is in its window (once, unavailable, after it left the fleet), and
@@ -100,9 +107,7 @@ def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn
         envs.step(np.zeros(4, dtype=np.int64))
         envs.replica_stats(reset=True)
         envs.step(np.zeros(4, dtype=np.int64))
-        b.kill()
-        with pytest.raises(ServerUnavailableError):
-            envs.step(np.zeros(4, dtype=np.int64))
+        _lose(envs, b)
         envs.refresh()
         windows = envs.replica_stats(reset=True)
         assert [(w.address, w.failures, w.available, w.steps) for w in windows] == [
@@ -114,9 +119,7 @@ def test_a_server_lost_without_fault_tolerance_shows_in_its_own_statistics(spawn
     with RemoteVectorEnv([a.address, c.address], fault_tolerant=False, timeout=5.0) as envs:
         envs.reset(seed=0)
         envs.replica_stats(reset=True)
-        c.kill()
-        with pytest.raises(ServerUnavailableError):
-            envs.step(np.zeros(4, dtype=np.int64))
+        _lose(envs, c)
         c.start()  # (back at its address, with the same envs: its timer goes on)
         envs.refresh(wait=30)
         assert [(w.address, w.failures) for w in envs.replica_stats()] == [(a.address, 0), (c.address, 1)]
@@ -130,9 +133,7 @@ def test_a_server_that_left_and_came_back_within_a_window_is_given_once(spawn_se
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=False, timeout=5.0) as envs:
         envs.reset(seed=0)
         envs.replica_stats(reset=True)
-        b.kill()
-        with pytest.raises(ServerUnavailableError):
-            envs.step(np.zeros(4, dtype=np.int64))
+        _lose(envs, b)
         envs.refresh(wait=0.5)  # (b does not answer: it leaves)
         assert envs.addresses == [a.address]
         b.start()
