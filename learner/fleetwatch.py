@@ -104,7 +104,7 @@ def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool
 @dataclass
 class ReplicaTotals:
     """One env server's statistics over a session (summary.json's ``replicas``): sums of its windows'
-    counts, and means of their medians weighted by their steps."""
+    counts, means of their medians weighted by their steps, and the slowest round trip of any."""
 
     num_envs: int = 0
     steps: int = 0
@@ -115,6 +115,7 @@ class ReplicaTotals:
     _weighted: dict[str, float] = field(default_factory=dict)
     _weights: dict[str, int] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)  # (the MEANS the fleet gave, if only NaN: no steps)
+    latency_max_ms: float | None = None
 
     COUNTS = StepTimer.COUNTS
     MEANS = ("env_p50_ms", "latency_p50_ms", "env_busy")
@@ -131,6 +132,8 @@ class ReplicaTotals:
             if value is not None and window.steps and math.isfinite(value):
                 self._weighted[key] = self._weighted.get(key, 0.0) + value * window.steps
                 self._weights[key] = self._weights.get(key, 0) + window.steps
+        if window.steps and math.isfinite(window.latency_max_ms):
+            self.latency_max_ms = max(self.latency_max_ms or 0.0, window.latency_max_ms)
 
     def as_dict(self) -> dict[str, Any]:
         means = {
@@ -139,7 +142,8 @@ class ReplicaTotals:
         if "env_busy" not in self._reported:
             del means["env_busy"]
         counts = {k: getattr(self, k) for k in ("num_envs", "steps", *self.COUNTS)}
-        return {**counts, **means}
+        slowest = None if self.latency_max_ms is None else round(self.latency_max_ms, 4)
+        return {**counts, **means, "latency_max_ms": slowest}
 
 
 class FleetWatch:

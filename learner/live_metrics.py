@@ -87,6 +87,11 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
         1e-3,
         "99th percentile of the env server's round trips in the last rollout",
     ),
+    "latency_max_ms": (
+        "latency_max_seconds",
+        1e-3,
+        "The env server's slowest round trip in the last rollout",
+    ),
     "env_p50_ms": (
         "env_step_p50_seconds",
         1e-3,

@@ -40,6 +40,9 @@ class ReplicaStats:
     comes while the learner computes actions counts as arriving at its next call."""
     latency_p99_ms: float
     """99th percentile of the round trip."""
+    latency_max_ms: float
+    """The slowest round trip of the window: one slow step among a rollout's hundreds, which the p99
+    does not show."""
     env_p50_ms: float
     """Median time the server's envs took to step (reported by the server in each answer)."""
     env_p99_ms: float
@@ -145,10 +148,8 @@ class StepTimer:
         self._count = 0
         self._env_total = 0.0
         self._since = time.perf_counter()
-        self.failures = 0
-        self.shutdowns = 0
-        self.reconnects = 0
-        self.stalls = 0
+        for name in self.COUNTS:
+            setattr(self, name, 0)
 
     def stats(self, available: bool = True, server_id: str = "") -> ReplicaStats:
         size = len(self._latency)
@@ -156,10 +157,11 @@ class StepTimer:
         elapsed = max(time.perf_counter() - self._since, 1e-9)
         if n:
             window = np.arange(self._recorded - n, self._recorded) % size  # (the window's steps)
-            lat = np.percentile(self._latency[window], [50, 99]) * 1000.0
+            lat = np.percentile(self._latency[window], [50, 99, 100]) * 1000.0
             env = np.percentile(self._env[window], [50, 99]) * 1000.0
         else:
-            lat = env = np.array([float("nan"), float("nan")])
+            lat = np.full(3, float("nan"))
+            env = np.full(2, float("nan"))
         return ReplicaStats(
             address=self.address,
             num_envs=self.num_envs,
@@ -168,6 +170,7 @@ class StepTimer:
             env_busy=self._env_total / elapsed,
             latency_p50_ms=float(lat[0]),
             latency_p99_ms=float(lat[1]),
+            latency_max_ms=float(lat[2]),
             env_p50_ms=float(env[0]),
             env_p99_ms=float(env[1]),
             available=available,

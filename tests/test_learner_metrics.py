@@ -56,7 +56,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def replica_window(address: str, **fields: Any) -> ReplicaStats:
     values: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ReplicaStats)}
     values.update(address=address, num_envs=2, steps=8, available=True, env_busy=0.5)
-    values.update(latency_p50_ms=2.0, latency_p99_ms=5.0, env_p50_ms=0.5, env_p99_ms=1.5, **fields)
+    values.update(latency_p50_ms=2.0, latency_p99_ms=5.0, latency_max_ms=9.0, env_p50_ms=0.5, env_p99_ms=1.5, **fields)
     return ReplicaStats(**values)
 
 
@@ -159,6 +159,7 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
     # Per replica, in seconds; the one that left the fleet (no longer in the rows) is gone.
     assert value(samples, "envfleet_learner_replica_latency_p50_seconds", replica="local-0") == pytest.approx(0.002)
     assert value(samples, "envfleet_learner_replica_env_step_p99_seconds", replica="local-0") == pytest.approx(0.0015)
+    assert value(samples, "envfleet_learner_replica_latency_max_seconds", replica="local-0") == pytest.approx(0.009)
     assert value(samples, "envfleet_learner_replica_env_busy", replica="local-0") == 0.5
     assert value(samples, "envfleet_learner_replica_available", replica="local-0") == 0
     assert value(samples, "envfleet_learner_replica_failures_total", replica="local-0") == 1

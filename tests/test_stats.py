@@ -37,6 +37,18 @@ def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(monkeypatch: pytest
     assert stats.address == "10.0.0.1:50051"  # (the key to group them by: not among the numbers)
 
 
+def test_one_slow_step_among_hundreds_shows_in_the_max_not_the_p99() -> None:
+    timer = StepTimer("10.0.0.1:50051", num_envs=4)
+    for _ in range(199):
+        timer.record(latency_s=0.001, env_s=0.0005)
+    timer.record(latency_s=0.8, env_s=0.0005)  # (a stalled link, say: under STALL's 1 s)
+    stats = timer.stats()
+    assert stats.latency_p99_ms == pytest.approx(1.0) and stats.latency_max_ms == pytest.approx(800.0)
+    timer.reset()
+    assert math.isnan(timer.stats().latency_max_ms)  # (no steps in the new window)
+    assert (timer.failures, timer.shutdowns, timer.reconnects, timer.stalls) == (0, 0, 0, 0)
+
+
 @pytest.mark.slow
 def test_env_busy_tells_the_slow_replica_in_synchronous_stepping(start_servers: StartServers) -> None:
     (fast,) = start_servers("CartPole-v1", envs_per_server=2, transport="unix")

@@ -569,12 +569,14 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
             assert rows[-1][f"replicas/{address}/num_envs"] == 2
             for stat in ("latency_p50_ms", "latency_p99_ms", "env_p50_ms", "env_p99_ms", "env_steps_per_s"):
                 assert rows[-1][f"replicas/{address}/{stat}"] > 0
+            assert rows[-1][f"replicas/{address}/latency_max_ms"] >= rows[-1][f"replicas/{address}/latency_p99_ms"]
         # summary.json: this session's figures per server.
         replicas = rundir.read_json(tmp_path / run / rundir.SUMMARY)["replicas"]
         assert set(replicas) == set(addresses)
         for totals in replicas.values():
             assert totals["steps"] == 8 * len(rows) and totals["num_envs"] == 2 and totals["failures"] == 0
             assert totals["env_p50_ms"] > 0 and totals["latency_p50_ms"] >= totals["env_p50_ms"]
+            assert totals["latency_max_ms"] >= max(r[f"replicas/{address}/latency_max_ms"] for r in rows) - 1e-4
 
 
 def test_pipelining_needs_env_servers() -> None:

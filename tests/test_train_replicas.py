@@ -25,7 +25,7 @@ def window(address: str, env_ms: float, latency_ms: float | None = None, steps: 
     values: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ReplicaStats)}
     values.update(address=address, num_envs=2, steps=steps, available=True, env_p50_ms=env_ms, env_p99_ms=env_ms)
     latency = env_ms + 0.1 if latency_ms is None else latency_ms
-    values.update(latency_p50_ms=latency, latency_p99_ms=latency, **kw)
+    values.update(latency_p50_ms=latency, latency_p99_ms=latency, latency_max_ms=latency, **kw)
     return ReplicaStats(**values)
 
 
@@ -101,6 +101,7 @@ def test_replica_totals_sum_counts_and_weigh_medians_by_steps() -> None:
         "reconnects": 1,
     }
     assert (got["env_p50_ms"], got["latency_p50_ms"]) == (3.25, 4.25)
+    assert got["latency_max_ms"] == 5.0  # (the slowest round trip of any window)
 
 
 def test_a_replica_that_never_stepped_has_null_means_env_busy_included() -> None:
@@ -110,6 +111,7 @@ def test_a_replica_that_never_stepped_has_null_means_env_busy_included() -> None
     totals.add(window("a:1", math.nan, math.nan, steps=0, env_busy=math.nan))
     got = totals.as_dict()
     assert (got["steps"], got["env_p50_ms"], got["latency_p50_ms"], got["env_busy"]) == (0, None, None, None)
+    assert got["latency_max_ms"] is None
 
 
 def test_a_fleet_without_replica_statistics_gives_none() -> None:
