@@ -74,6 +74,9 @@ class Session:
     created: float
     last_seen: float
     holds: int = 0
+    calls: int = 0
+    """Its env calls under way (a Reset, a Step, waiting for the envs or running): not silence, however
+    long they take (see EnvService._live_claim)."""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     end_reason: str = ""
     used: bool = False
@@ -116,6 +119,23 @@ def _step_unseen(why: str) -> str:
         f"the envs stepped for an earlier Step whose {why}, so they are not where this session last saw them: "
         "reset them first (a full reset); nothing was stepped"
     )
+
+
+def _reset_unseen(why: str) -> str:
+    """What a step is told after a Reset whose answer its client did not get (``why``), which the envs took."""
+    return (
+        f"the envs were reset for an earlier Reset whose {why}, so they are not where this session last saw them: "
+        "reset them again (a full reset); nothing was stepped"
+    )
+
+
+# Why a Step's or Reset's answer did not reach its client, when the server could not build it (the
+# env returned what the wire cannot carry, say): the error that call got said what.
+_UNBUILT = "answer could not be built (that call's error said why)"
+
+
+class _AnswerTooLarge(ServiceError):
+    """An answer over the size a message may take (see EnvService._check_answer_bytes)."""
 
 
 T = TypeVar("T")
@@ -323,8 +343,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
         claim = self._claim
         if claim is None:
             return None
-        # (not while its Handshake's answer is being written: a large one over a slow link takes a while)
-        if claim.holds == 0 and not claim.answering and now - claim.last_seen > self._config.claim_timeout_s:
+        # (not while its Handshake's answer is being written: a large one over a slow link takes a while;
+        # nor while one of its calls runs: a slow reset is no silence, and its silence counts from its end)
+        silent = claim.holds == 0 and claim.calls == 0 and not claim.answering
+        if silent and now - claim.last_seen > self._config.claim_timeout_s:
             self._end(claim, f"no Hold stream and no calls for {self._config.claim_timeout_s:g} s", "claim_timeout")
             return None
         return claim
@@ -366,10 +388,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         now = time.monotonic()
         claim = self._live_claim(now)
         if claim is None or not _same_id(claim.id, session_id):
-            raise ServiceError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id[:8]!r} {NOT_OWNED} (it was released, its connection "
-                "dropped, it timed out, or the server restarted); call Handshake again",
+            raise _not_owned(
+                session_id, "it was released, its connection dropped, it timed out, or the server restarted"
             )
         claim.last_seen = now
         claim.used = True
@@ -639,9 +659,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 )
             mask = np.array(request.reset_mask, dtype=np.bool_)
             options = {**(options or {}), "reset_mask": mask}
-        (obs, infos), _ = await self._run_env("reset", self.env.reset, seed=seed, options=options)
-        # Only the session that asked: one that ended while its reset ran (its learner went away)
-        # must not stand in for the reset the next session's Handshake asked for.
+        result, _ = await self._run_env(session, "reset", self.env.reset, seed=seed, options=options)
+        try:
+            obs, infos = result
+            response = _encode_reset(obs, infos, self._unsendable_infos)
+            self._check_answer_bytes(response, "Reset")
+        except Exception as err:
+            self._unsent(session, "Reset", err)  # (the envs were reset, and their client will not see it)
+            raise
+        # Only once its answer is built, and only for the session that asked: one that ended while its
+        # reset ran (its learner went away) must not stand in for the reset the next session's Handshake
+        # asked for.
         if self._claim is session:
             self._needs_reset = False
             if self._config.autoreset_mode == gym.vector.AutoresetMode.DISABLED.value:
@@ -650,10 +678,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._ended = (
                     np.zeros(k, dtype=np.bool_) if mask is None or self._ended is None else self._ended & ~mask
                 )
-        response = _encode_reset(obs, infos, self._unsendable_infos)
-        self._check_answer_bytes(response, "Reset", session)
         if self._metrics is not None:
             self._metrics.observe_reset(time.perf_counter() - start)
+        if _deadline_passed(context) or context.cancelled():
+            # A reset run on the loop (quick ones are: not cancellable) past its caller's deadline: the
+            # answer goes nowhere, as a cancelled one's on the env thread (see _run_env).
+            self._answer_lost(request.session_id, "Reset")
         return response
 
     @_rpc
@@ -724,7 +754,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Step the session's envs with the request's actions (Step, StepStream and the step socket)."""
         start = time.perf_counter()
         session, actions = self._step_actions(request)
-        result, env_seconds = await self._run_env("step", self.env.step, actions)
+        result, env_seconds = await self._run_env(session, "step", self.env.step, actions)
         return self._step_response(session, result, env_seconds, start, request.step_id)
 
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
@@ -734,7 +764,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return None
         start = time.perf_counter()
         session, actions = self._step_actions(request)
-        result, env_seconds = self._call_env("step", self.env.step, actions)
+        result, env_seconds = self._call_env(session, "step", self.env.step, actions)
         return self._step_response(session, result, env_seconds, start, request.step_id)
 
     def _step_actions(self, request: pb.StepRequest) -> tuple[Session, Any]:
@@ -742,6 +772,17 @@ class EnvService(pb_grpc.EnvServiceServicer):
         session = self._session(request.session_id)
         if self._needs_reset:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, self._reset_why)
+        self._check_ended()
+        # (writeable copies: an env may clip its action in place, as it may under gymnasium's vector envs)
+        actions = codec.decode_value(request.actions, "actions", writeable=True)
+        try:
+            return session, check_actions(self._act_space, actions, self._num_envs)
+        except InvalidActionError as err:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
+
+    def _check_ended(self) -> None:
+        """FAILED_PRECONDITION (a ServiceError) under autoreset Disabled while an env that ended waits for
+        its reset: refused here, before gymnasium's assertion (INTERNAL, blamed on the env)."""
         if self._ended is not None and self._ended.any():
             ended = np.flatnonzero(self._ended)
             raise ServiceError(
@@ -752,14 +793,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "reset(options={'reset_mask': mask}), or a full reset); nothing was stepped",
                 int(ended[0]),
             )
-        # (writeable copies: an env may clip its action in place, as it may under gymnasium's vector envs)
-        actions = codec.decode_value(request.actions, "actions", writeable=True)
-        try:
-            return session, check_actions(self._act_space, actions, self._num_envs)
-        except InvalidActionError as err:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, str(err), err.env_index) from err
 
     def _step_response(
+        self, session: Session, result: Any, env_seconds: float, start: float, step_id: int
+    ) -> pb.StepResponse:
+        """The answer to a step of ``session`` that gave ``result``."""
+        try:
+            return self._build_step_response(session, result, env_seconds, start, step_id)
+        except Exception as err:
+            self._unsent(session, "Step", err)  # (the envs stepped, and their client will not see it)
+            raise
+
+    def _build_step_response(
         self, session: Session, result: Any, env_seconds: float, start: float, step_id: int
     ) -> pb.StepResponse:
         obs, rewards, terminations, truncations, infos = result
@@ -778,7 +823,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # (a step of a session that ended meanwhile leaves the next session's bookkeeping alone)
             self._ended = np.logical_or(terminations, truncations)
         _encode_infos(infos, response.infos, self._unsendable_infos)
-        self._check_answer_bytes(response, "Step", session)
+        self._check_answer_bytes(response, "Step")
         if self._metrics is not None:
             self._metrics.observe_step(time.perf_counter() - start, env_seconds, self._num_envs)
             errors = infos.get("_" + ENV_ERROR_KEY)
@@ -786,8 +831,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 self._metrics.env_errors.inc(int(np.count_nonzero(errors)))
         return response
 
-    def _check_answer_bytes(self, response: pb.StepResponse | pb.ResetResponse, method: str, session: Session) -> None:
-        """INTERNAL (a ServiceError) for an answer larger than a message may be, which gRPC would fail
+    def _check_answer_bytes(self, response: pb.StepResponse | pb.ResetResponse, method: str) -> None:
+        """INTERNAL (an _AnswerTooLarge) for an answer larger than a message may be, which gRPC would fail
         with an error of its own (RESOURCE_EXHAUSTED "Sent message larger than max", a traceback in the
         log; on the step socket, a frame the learner refuses), naming neither the env nor its infos.
 
@@ -801,57 +846,80 @@ class EnvService(pb_grpc.EnvServiceServicer):
         size = response.ByteSize()
         if size <= MAX_MESSAGE_BYTES:
             return
-        # The envs stepped (or reset), and their client will not see it: a reset first (see _run_env).
-        if self._claim is session:
-            self._require_reset(
-                _step_unseen("answer was too large to send")
-                if method == "Step"
-                else "the last Reset's answer was too large to send: reset the envs again, with an env that puts "
-                "less in its infos"
-            )
+        # (the envs stepped, or reset, and their client will not see it: the caller asks for a reset, see _unsent)
         message = (
             f"the {method} answer would take {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} bytes (64 MiB) a message may "
             f"take: its infos take {info_bytes:,}; reset before stepping again, and have the env put less in its "
             "infos (a large array: send it in parts, or on request)"
         )
         log.warning("%s", message)
-        raise ServiceError(grpc.StatusCode.INTERNAL, message)
+        raise _AnswerTooLarge(grpc.StatusCode.INTERNAL, message)
 
-    async def _run_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-        """``fn(*args, **kwargs)`` and the seconds it took; a ServiceError (INTERNAL) if the env raised.
+    def _unsent(self, session: Session, method: str, err: Exception) -> None:
+        """The envs stepped (``method`` "Step") or reset for ``session``, and its answer could not be built
+        (``err``): its client will not see where they are, so a full reset first, unless the session
+        ended meanwhile (its successor's Handshake asked for one, and is not told of another's call)."""
+        if self._claim is not session:
+            return
+        if method == "Step":
+            self._require_reset(
+                _step_unseen("answer was too large to send" if isinstance(err, _AnswerTooLarge) else _UNBUILT)
+            )
+        elif isinstance(err, _AnswerTooLarge):
+            self._require_reset(
+                "the last Reset's answer was too large to send: reset the envs again, with an env that puts "
+                "less in its infos"
+            )
+        else:
+            self._require_reset(_reset_unseen(_UNBUILT))
+
+    async def _run_env(
+        self, session: Session, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)``, a ``kind`` call of ``session``, and the seconds it took; a ServiceError
+        (INTERNAL) if the env raised, (FAILED_PRECONDITION) if the session ended while the call waited.
 
         Envs wrapped in IsolateErrors (all but ``vector_entry_point`` ones) report their own
         exceptions per env; what reaches here failed the whole vector env.
         """
-        async with self._env_lock:
-            if self._quick(kind):
-                return self._call_env(kind, fn, *args, **kwargs)
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(self._executor, functools.partial(self._call_env, kind, fn, *args, **kwargs))
-            try:
-                return await asyncio.shield(future)
-            except asyncio.CancelledError:
-                if kind == "step":
-                    # The envs step, and no one will see it: whatever ends there (an episode under
-                    # next-step or same-step autoreset, an env that then waits for its reset under
+        # (counted from before the wait for the envs: a call queued behind a slow one is no silence either)
+        session.calls += 1
+        try:
+            async with self._env_lock:
+                if self._quick(kind):
+                    return self._call_env(session, kind, fn, *args, **kwargs)
+                loop = asyncio.get_running_loop()
+                call = functools.partial(self._call_env, session, kind, fn, *args, **kwargs)
+                future = loop.run_in_executor(self._executor, call)
+                try:
+                    return await asyncio.shield(future)
+                except asyncio.CancelledError:
+                    # The envs step (or reset), and no one will see it: whatever ends there (an episode
+                    # under next-step or same-step autoreset, an env that then waits for its reset under
                     # Disabled) its client never learns. A full reset first, whatever the autoreset
                     # mode: bookkeeping taken from the thrown-away result (_ended) would keep
                     # Disabled's envs right, but not an episode the other modes end, and restart,
                     # unseen. Said now, so that a step the client sends meanwhile is refused too.
-                    # (A session that ended meanwhile: its successor's Handshake asks for a reset anyway.)
-                    self._require_reset(_step_unseen(_GAVE_UP))
-                # The call was cancelled (its learner went away or gave up), but the env goes on in
-                # its thread: keep the lock until it is done, so that no other call (the learner's
-                # next Reset, say) touches the env meanwhile.
-                await _wait_uncancellable(future)
-                raise
+                    # Only to the session that asked: one that ended meanwhile leaves its successor
+                    # alone (whose Handshake asked for a reset anyway, and must not hear of this call).
+                    if self._claim is session:
+                        self._require_reset(_step_unseen(_GAVE_UP) if kind == "step" else _reset_unseen(_GAVE_UP))
+                    # The call was cancelled (its learner went away or gave up), but the env goes on in
+                    # its thread: keep the lock until it is done, so that no other call (the learner's
+                    # next Reset, say) touches the env meanwhile.
+                    await _wait_uncancellable(future)
+                    raise
+        finally:
+            session.calls -= 1
+            session.last_seen = time.monotonic()  # (its silence counts from the call's end)
 
-    def _answer_lost(self, session_id: str) -> None:
-        """The answer to a step of ``session_id`` will not reach its client: the envs moved on unseen,
-        so a full reset first (unless the session ended meanwhile: its successor resets anyway)."""
+    def _answer_lost(self, session_id: str, method: str = "Step") -> None:
+        """The answer to a step (or, ``method`` "Reset", a reset) of ``session_id`` will not reach its
+        client: the envs moved on unseen, so a full reset first (unless the session ended meanwhile: its
+        successor resets anyway)."""
         claim = self._claim
         if claim is not None and _same_id(claim.id, session_id):
-            self._require_reset(_step_unseen(_GAVE_UP))
+            self._require_reset(_step_unseen(_GAVE_UP) if method == "Step" else _reset_unseen(_GAVE_UP))
 
     def _require_reset(self, why: str = "") -> None:
         """Refuse steps until the next full reset, saying ``why`` (by default, that the envs need one)."""
@@ -862,22 +930,45 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Whether ``kind`` calls (step, reset) have been quick enough to run on the loop; not before the first."""
         return self._env_seconds.get(kind, math.inf) < INLINE_LIMIT_S
 
-    def _call_env(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-        """``fn(*args, **kwargs)``, a ``kind`` call, here and now (the caller holds the envs), timed; see
-        :meth:`_run_env`."""
+    def _call_env(
+        self, session: Session, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)``, a ``kind`` call of ``session``, here and now (the caller holds the
+        envs), timed; see :meth:`_run_env`.
+
+        What the call was checked for before it waited for the envs is checked again: a call waits
+        behind others (a slow step, say), which may have changed what it may do."""
         if self._dead is not None:
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{self._dead}; the server cannot step or reset: restart it")
-        if kind == "step" and self._needs_reset:
-            # (a step that waited for the envs behind one whose answer was thrown away, see _run_env, or
-            # behind another session's Handshake: it was checked before it waited)
-            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, self._reset_why)
+        if self._claim is not session:
+            # Its session ended while it waited (released, timed out, its Hold stream gone): the envs
+            # are no longer its learner's, but maybe another's already, whose envs it must not reset
+            # (with its seeds and options) or step; the caller is told, not answered as if it ran.
+            done = "reset" if kind == "reset" else "stepped"
+            ended = f": {session.end_reason}" if session.end_reason else ""
+            raise _not_owned(
+                session.id, f"it ended while this {kind} waited for the envs{ended}", tail=f"; nothing was {done}"
+            )
+        if kind == "step":
+            if self._needs_reset:
+                # (a step that waited for the envs behind one whose answer was thrown away, see _run_env)
+                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, self._reset_why)
+            # (autoreset Disabled: behind a step of the same session that ended an env; gymnasium's
+            # assertion would blame the env, and cost the session a full reset)
+            self._check_ended()
         start = time.perf_counter()
         self.call_kind, self.call_started = kind, time.monotonic()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
-            # The env's state is unknown after it raised: the learner must reset before stepping.
-            self._require_reset()
+            # The env's state is unknown after it raised: the learner must reset before stepping (told
+            # why: it did reset, maybe, before this call). Not a session that ended meanwhile: its
+            # successor's Handshake asked for a reset anyway, and must not hear of this call.
+            if self._claim is session:
+                self._require_reset(
+                    f"the env raised in the last {kind} ({type(err).__name__}), so the envs' state is unknown: "
+                    "reset them first (a full reset); nothing was stepped"
+                )
             what = f"the env raised in {kind}: {type(err).__name__}: {err}"
             # (an observation that does not fit the space names its env: the status does too)
             env_index = err.env_index if isinstance(err, ObservationLayoutError) else None
@@ -1009,6 +1100,15 @@ def _deadline_passed(context: grpc.aio.ServicerContext) -> bool:
 def _same_id(session_id: str, given: str) -> bool:
     """Whether ``given`` is ``session_id``, compared in constant time (any text, not only ASCII)."""
     return bool(given) and secrets.compare_digest(session_id.encode(), given.encode("utf-8", "replace"))
+
+
+def _not_owned(session_id: str, why: str, *, tail: str = "") -> ServiceError:
+    """FAILED_PRECONDITION for a call of session ``session_id``, which does not own the server (``why``);
+    ``tail`` says what the call left undone. Learners look for NOT_OWNED in the text (a session gone)."""
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"session {session_id[:8]!r} {NOT_OWNED} ({why}){tail}; call Handshake again",
+    )
 
 
 def shutting_down() -> ServiceError:
