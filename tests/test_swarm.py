@@ -61,7 +61,7 @@ def test_stack_deploy_runs_the_compose_file(stack: Stack) -> None:
     assert task_template["Resources"]["Limits"]["MemoryBytes"] == 2**30
     learner = json.loads(docker("service", "inspect", stack.service("learner")))[0]["Spec"]
     assert learner["Mode"]["Replicated"]["Replicas"] == 0  # it trains when scaled to 1
-    assert learner["TaskTemplate"]["RestartPolicy"]["Condition"] == "on-failure"
+    assert learner["TaskTemplate"]["RestartPolicy"]["Condition"] == "none"  # (a restart would start over)
 
 
 def test_swarm_addresses_reach_every_task_from_the_manager(stack: Stack) -> None:
@@ -99,7 +99,7 @@ def test_stack_network_resolves_every_task_for_containers_that_join_it(stack: St
 
 def test_the_learner_service_trains_inside_the_stack_network(stack: Stack) -> None:
     """`docker service scale STACK_learner=1`: a learner task finds the env tasks by DNS
-    (dns:///tasks.env:50051), trains, and stays finished (restart on failure only)."""
+    (dns:///tasks.env:50051), trains, and stays finished (never restarted)."""
     args = [
         "train",
         "--servers",
