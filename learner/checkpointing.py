@@ -82,6 +82,7 @@ class Checkpointer:
         self.obs_rms, self.reward_scaler, self.update_rng = obs_rms, reward_scaler, update_rng
         self.write, self.log = write, logger
         self.saved_step = counters.global_step if resumed else None  # of the last checkpoint written
+        self.saved_counters: dict[str, Any] | None = None  # (its counters; this session's checkpoints only)
         self.saved_update, self.saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
         self.last_update: dict[str, Any] = {}  # as of the last update's end (set once the envs are reset)
         self.updating = False  # the nets are being updated: a checkpoint now would mix two updates
@@ -124,6 +125,7 @@ class Checkpointer:
         with writing(rundir.checkpoint_path(self.run_dir, step), torch_save=True):
             path = self.write(self.run_dir, step, self.payload(state), keep=self.args.keep_checkpoints)
         self.saved_step, self.saved_update, self.saved_at = step, int(state["counters"]["update"]), time.monotonic()
+        self.saved_counters = dict(state["counters"])
         self.log.info("checkpoint (%s): %s", reason, path)
         return path
 
@@ -162,6 +164,15 @@ class Checkpointer:
         ):
             self.save(f"update {counters.update}", self.last_update)
 
+    def _on_disk(self, state: dict[str, Any]) -> bool:
+        """Whether the last checkpoint written holds ``state`` already: of its step, with the same counters (a
+        solve or best return judged since would differ) but for the wall time, a few ms later at the run's end.
+        (Nothing else changes without a step: the nets, the optimizer, the RNG states and the statistics.)"""
+        saved = self.saved_counters
+        if saved is None or state["counters"]["global_step"] != self.saved_step:
+            return False
+        return {**state["counters"], "seconds": None} == {**saved, "seconds": None}
+
     def end(self, stop_reason: str | None) -> Counters:
         """The run's end (``stop_reason``: summary.json's, None while an error is on its way): its last
         checkpoint, when one is due, and the counters its summary reports."""
@@ -181,6 +192,8 @@ class Checkpointer:
                 # with the solve and the best return: a run resumed from it starts that rollout over.
                 solved = {k: state["counters"][k] for k in _SOLVE_COUNTERS}
                 state = {**last_update, "counters": {**last_update["counters"], **solved}}
+            if self._on_disk(state):
+                state = None  # (the last update's, checkpointed as it ended: the same step twice, as the same file)
         else:
             # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
             # update, for the checkpoint and the summary alike (none is written when that one is on

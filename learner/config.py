@@ -183,8 +183,9 @@ class Args:
     run_dir: str | None = field(default=None, metadata={"metavar": "DIR"})
     """where metrics, TensorBoard events, config, checkpoints and summary go (default: runs/<env>-<date>-<time>)"""
     resume: str | None = field(default=None, metadata={"metavar": "RUN_DIR"})
-    """continue the run in this run dir from its last checkpoint (its config, unless overridden). A run
-    trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
+    """continue the run in this run dir from its last checkpoint (its config, unless overridden), or from a
+    checkpoint of its checkpoints/ folder (RUN_DIR/checkpoints/step-N.pt: the newer ones are set aside as
+    *.abandoned). A run trained on --servers goes on on them, or on other --servers; given --backend, --num-servers, --num-envs
     or --envs-per-server, on envs this command starts: the same env, as many envs unless given, with the
     servers' wrappers, time limit and env kwargs as recorded (runs of older versions: add their --env-kwargs,
     older still their --wrappers and --max-episode-steps too)"""

@@ -28,6 +28,7 @@ from learner.normalize import RunningMeanStd
 from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable, raise_unusable_rewards
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
+from learner.served import other_task
 from learner.stats import format_return
 
 __all__ = ["check_seed", "evaluate"]
@@ -417,22 +418,10 @@ def _check_servers_env(trained_on: str | None, served: str, servers: str) -> Non
 
 
 def _warn_other_task(served: dict[str, Any], envs: Any, servers: str) -> None:
-    """Warn where the servers at ``servers`` make their envs (``envs``) otherwise than the run's (``served``:
-    what its envs said, checkpoints since EnvSpec.env_kwargs): the same id and spaces, another task
-    (FrozenLake's is_slippery; a time limit the policy never met, or none, where an episode may never
-    end). Not refused: evaluating a policy on a variant of its task can be the point. Compared only where
-    both said their env kwargs (servers and runs older than EnvSpec.env_kwargs may have said no time limit
-    whatever it was: async servers said 0), and the time limit only where the servers' spec was read."""
-    kwargs, spec = getattr(envs, "env_kwargs", None), getattr(envs, "spec", None)
-    if kwargs is None or served.get("env_kwargs") is None:
-        return
-    differ = []
-    if kwargs != served["env_kwargs"]:
-        now, then = (json.dumps(value, sort_keys=True) for value in (kwargs, served["env_kwargs"]))
-        differ.append(f"env kwargs {now} (the run's: {then})")
-    limit, run_limit = (getattr(spec, "max_episode_steps", None) or None), served.get("max_episode_steps") or None
-    if spec is not None and limit != run_limit:
-        differ.append(f"time limit {limit or 'none'} (the run's: {run_limit or 'none'})")
+    """Warn where the servers at ``servers`` make their envs (``envs``) otherwise than the run's (``served``; see
+    :func:`~learner.served.other_task`). Not refused: evaluating a policy on a variant of its task can be the
+    point."""
+    differ = other_task(served, envs)
     if differ:
         log.warning(
             "--servers: the servers at %s make their envs otherwise than the envs the run trained on: %s; the "

@@ -22,8 +22,10 @@ from learner.config import (
     check_served_env_here,
     wrappers_option,
 )
+from learner.device import pick_device
 from learner.envs import reward_threshold
 from learner.errors import RunCompleteError
+from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent
 
@@ -82,20 +84,24 @@ class Counters:
 
 
 def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
-    """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``."""
+    """The ``Args`` a run in ``run_dir`` was started with, with ``overrides`` and ``resume=run_dir``.
+
+    ``run_dir`` may be a checkpoint file in a run dir's ``checkpoints/`` (``RUN/checkpoints/step-N.pt``): the
+    run goes on from that one, in its run dir (``resume`` the file; see train's abandoning of the newer ones)."""
     if not str(run_dir):
         raise ValueError("--resume: expected a value, got an empty string")
-    config = Path(run_dir) / rundir.CONFIG
+    checkpoint_file: Path | None = None
     if Path(run_dir).is_file():
-        folder = Path(run_dir).parent
-        hint = f"its run dir, {folder.parent}" if folder.name == rundir.CHECKPOINTS else "the run dir it belongs to"
-        raise ValueError(
-            f"--resume: expected a run dir (the run goes on from its latest checkpoint), got the file {run_dir}; "
-            f"pass {hint}"
-        )
+        if Path(run_dir).parent.name != rundir.CHECKPOINTS:
+            raise ValueError(
+                f"--resume: expected a run dir (the run goes on from its latest checkpoint) or a checkpoint in its "
+                f"{rundir.CHECKPOINTS}/ folder, got the file {run_dir}; pass the run dir it belongs to"
+            )
+        checkpoint_file, run_dir = Path(run_dir), Path(run_dir).parent.parent
+    config = Path(run_dir) / rundir.CONFIG
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    recorded = rundir.read_json(config)
+    recorded = _read_run_config(config, "--resume")
     # As recorded (checked once the overrides are in: one may mend what this version refuses), with
     # the progress display and the metrics endpoint this session's.
     values = {**recorded["args"], **SESSION_OPTIONS}
@@ -107,15 +113,17 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
             f"--run-dir: a resumed run goes on in its own run dir, {run_dir}; --run-dir cannot go with --resume"
         )
     overrides.pop("run_dir", None)
-    # The nets go on as they are: options that shape them (or what they act on) cannot change.
-    resolved = recorded.get("ppo", {})
+    # The nets go on as they are: options that shape them (or what they act on) cannot change. (Those that
+    # did not apply to the run's envs, as a CNN's hidden sizes, are ignored with a warning, as a new run's are.)
+    resolved = recorded.get("ppo") or {}
+    idle = _idle_options(recorded)
     for name, before in (
         ("env", saved.env),
         ("hidden_sizes", tuple(resolved["hidden_sizes"]) if "hidden_sizes" in resolved else None),
         ("action_bounds", resolved.get("action_bounds")),
     ):
         wanted = overrides.get(name)
-        if wanted is not None and before is not None and wanted != before:
+        if wanted is not None and before is not None and wanted != before and name not in idle:
             flag = f"--{name.replace('_', '-')}"
             raise ValueError(
                 f"{flag}: the run in {run_dir} was trained with {flag} {_shown(before)}; a resumed run keeps its "
@@ -128,7 +136,38 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
             overrides["seed"],
             saved.seed,
         )
-    return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=str(run_dir), run_dir=str(run_dir))
+    resume = str(checkpoint_file or run_dir)
+    return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=resume, run_dir=str(run_dir))
+
+
+def _read_run_config(config: Path, flag: str) -> dict[str, Any]:
+    """A run's config.json (``config``), read for ``flag`` (--resume, --like): ValueError naming the file and the
+    option where it is no run's (damaged, or someone else's file), not a traceback from deep in its reading."""
+    try:
+        recorded = rundir.read_json(config)
+    except OSError as err:
+        raise ValueError(f"{flag}: cannot read {config}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG}: {err}") from None
+    if not rundir.is_run_config(recorded):
+        raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
+    for key in ("ppo", "envs"):
+        if recorded.get(key) is not None and not isinstance(recorded[key], dict):
+            raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG} (its '{key}' is not an object)")
+    return recorded
+
+
+def _idle_options(recorded: dict[str, Any]) -> set[str]:
+    """The options that did not apply to a run's envs (``recorded``: its config.json), which it ignored with a
+    warning: a CNN's hidden sizes (and --norm-obs for images), non-Box actions' bounds, non-Box observations'
+    --norm-obs."""
+    envs = recorded.get("envs") or {}
+    idle = {"hidden_sizes", "norm_obs"} if recorded.get("policy") == "Nature CNN" else set()
+    if not str(envs.get("action_space", "Box")).startswith("Box"):
+        idle.add("action_bounds")
+    if not str(envs.get("observation_space", "Box")).startswith("Box"):
+        idle.add("norm_obs")
+    return idle
 
 
 def _pin_resolved(values: dict[str, Any], recorded: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -139,12 +178,7 @@ def _pin_resolved(values: dict[str, Any], recorded: dict[str, Any], overrides: d
     warned of.)"""
     if "preset" in overrides:
         return
-    envs = recorded.get("envs") or {}
-    idle = {"hidden_sizes", "norm_obs"} if recorded.get("policy") == "Nature CNN" else set()
-    if not str(envs.get("action_space", "Box")).startswith("Box"):
-        idle.add("action_bounds")
-    if not str(envs.get("observation_space", "Box")).startswith("Box"):
-        idle.add("norm_obs")
+    idle = _idle_options(recorded)
     for name, value in (recorded.get("ppo") or {}).items():
         if name != "preset" and name not in idle and values.get(name, 0) is None and name not in overrides:
             values[name] = tuple(value) if isinstance(value, list) else value
@@ -163,12 +197,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     config = path / rundir.CONFIG if path.is_dir() else path
     if not config.is_file():
         raise FileNotFoundError(f"--like: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    try:
-        recorded = rundir.read_json(config)
-    except ValueError as err:
-        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG}: {err}") from None
-    if not rundir.is_run_config(recorded):
-        raise ValueError(f"--like: {config} is no run's {rundir.CONFIG} (it has no 'args' object)")
+    recorded = _read_run_config(config, "--like")
     fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
     other_env = overrides.get("env", values.get("env")) != values.get("env")
@@ -202,8 +231,9 @@ def _recorded_with(
             f"{run} on envs this command starts, {how}"
         )
     if servers is not None:
-        # Moving a run onto running servers: the options of the servers it used to start no longer apply.
-        moved = dict(LOCAL_SERVER_OPTIONS)
+        # Moving a run onto running servers: the options of the servers it used to start no longer apply, nor
+        # in-process envs (--backend gym) or how it reached its own servers (--transport), unless given here.
+        moved = {**LOCAL_SERVER_OPTIONS, "backend": "remote", "transport": DEFAULT_TRANSPORT}
     elif saved.servers is not None and any(name in overrides for name in _MOVE_OPTIONS):
         # Moving a run off running servers onto envs this command starts: the same env (and, unless
         # given, as many envs), without the servers' address and TLS (local servers speak plaintext).
@@ -247,7 +277,7 @@ def _recorded_with(
                     "or --envs-per-server too"
                 )
     try:
-        return dataclasses.replace(saved, **{**moved, **overrides, **fixed})
+        args = dataclasses.replace(saved, **{**moved, **overrides, **fixed})
     except ValueError as err:
         if saved.servers is None or servers is not None:
             raise
@@ -258,6 +288,15 @@ def _recorded_with(
             f"{err} (--servers {saved.servers} comes from the run's {rundir.CONFIG}; to {what} the run on envs this "
             f"command starts, give {_MOVE_FLAGS})"
         ) from None
+    if "device" not in overrides:
+        try:  # (a GPU the run had, which this host has not: said before any server starts, as the train's would be)
+            pick_device(args.device)
+        except ValueError as err:
+            raise ValueError(
+                f"{err} (--device {args.device} comes from the run's {rundir.CONFIG}; give --device cpu, or auto, "
+                f"to {what} the run in {run} on this host)"
+            ) from None
+    return args
 
 
 _MOVE_OPTIONS = ("backend", "num_servers", "num_envs", "envs_per_server")

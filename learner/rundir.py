@@ -47,6 +47,7 @@ __all__ = [
     "atomic_write",
     "cannot_write",
     "check_holds_a_run",
+    "check_starts_over",
     "checkpoint_path",
     "checkpoint_step",
     "is_run_config",
@@ -363,15 +364,19 @@ def _rename_aside(paths: Iterable[Path], why: str) -> list[Path]:
 def set_aside(run_dir: str | Path) -> Path | None:
     """Move what a run without a checkpoint left in ``run_dir`` (killed before its first one: it can only
     start over) into ``run_dir/previous/`` (or ``previous-2/``, ...: TensorBoard shows it as a run of its
-    own); the folder, or None where there was nothing to move."""
+    own), as it was laid out (``checkpoints/``'s files in ``previous/checkpoints/``); the folder, or None
+    where there was nothing to move."""
     run_dir = Path(run_dir)
     found = _run_files(run_dir)
     if not found:
         return None
     check_holds_a_run(run_dir)
+    check_starts_over(run_dir, "--run-dir")
     aside = make_new_dir(run_dir / "previous")
     for path in found:
-        path.rename(aside / path.name)
+        moved = aside / path.relative_to(run_dir)
+        moved.parent.mkdir(exist_ok=True)
+        path.rename(moved)
     _sync_dir(run_dir)
     return aside
 
@@ -380,6 +385,57 @@ def _run_files(run_dir: Path) -> list[Path]:
     """The files in ``run_dir`` named as a run names its files."""
     found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
     found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
+    return found
+
+
+def check_starts_over(run_dir: Path, flag: str) -> None:
+    """FileExistsError where ``run_dir``, which holds no step checkpoint, shows that its run had one all the same
+    (deleted or lost since: its best.pt kept, say), naming what shows it: a run stopped before its first
+    checkpoint starts over, its files set aside (:func:`set_aside`), but this one would start over for a reason
+    that is not so, where its owner may mean to go on with it. ``flag``: the option that named the folder."""
+    found = _past_first_checkpoint(run_dir)
+    if not found:
+        return
+    best = run_dir / CHECKPOINTS / BEST_CHECKPOINT
+    evaluate = f"; learner eval {best} evaluates its best policy" if best.is_file() else ""
+    raise FileExistsError(
+        f"{flag} {run_dir}: no step checkpoint ({CHECKPOINTS}/step-*.pt) to go on from, but the run had some, "
+        f"deleted or lost since: it holds {', '.join(found)}; left as it is (only a run that stopped before its "
+        f"first checkpoint starts over){evaluate}; to start the run over, move its files out of {run_dir} (or pass "
+        "another --run-dir)"
+    )
+
+
+def _past_first_checkpoint(run_dir: Path) -> list[str]:
+    """What in ``run_dir`` (of a run with no step checkpoint) shows its run had one, as "what (why)": files in
+    checkpoints/ (best.pt, written after an update; *.unreadable and *.abandoned, set aside by a resume), a
+    summary.json of a run that updated (its end writes a checkpoint of its last update), metrics.jsonl rows
+    past the first update of a run that checkpointed (the first update's checkpoint is written right after
+    its row; with --checkpoint-every 0 none is written until the end). Empty for a run killed in its first
+    update (or with --checkpoint-every 0, before its end)."""
+    found = []
+    folder = run_dir / CHECKPOINTS
+    if folder.is_dir():
+        found += [
+            f"{CHECKPOINTS}/{p.name}"
+            for p in sorted(folder.iterdir())
+            if not (p.name.startswith(".") and p.name.endswith(".tmp")) and not _CHECKPOINT.match(p.name)
+        ]
+    with contextlib.suppress(OSError, ValueError):  # (unreadable: it shows nothing)
+        summary = read_json(run_dir / SUMMARY)
+        if isinstance(summary, dict) and summary.get("updates", summary.get("total_steps")):  # (older: no updates)
+            found.append(f"{SUMMARY} (of a run that ended at step {summary.get('total_steps')})")
+    every = 1  # (--checkpoint-every as the run recorded it)
+    with contextlib.suppress(OSError, ValueError):
+        recorded = read_json(run_dir / CONFIG)
+        every = recorded["args"].get("checkpoint_every", 1) if is_run_config(recorded) else 1
+    with contextlib.suppress(OSError, ValueError):
+        rows = read_jsonl(run_dir / METRICS)
+        updates = max(
+            (r["update"] for r in rows if isinstance(r, dict) and isinstance(r.get("update"), int)), default=0
+        )
+        if every and updates > 1:
+            found.append(f"{METRICS} (rows up to update {updates}; the run was checkpointed at its first)")
     return found
 
 

@@ -102,6 +102,7 @@ from learner.resume import (
     set_aside_newer,
 )
 from learner.rundir import cannot_write, writing
+from learner.served import other_task
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
 if TYPE_CHECKING:
@@ -333,6 +334,7 @@ def _check_fresh(run_dir: Path) -> None:
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"
         )
     rundir.check_holds_a_run(run_dir)  # (files by a run's names that are no run's: not set aside as a run's)
+    rundir.check_starts_over(run_dir, "--run-dir")  # (a run whose step checkpoints went: not set aside either)
 
 
 def _close_quietly(f: Any) -> None:
@@ -593,7 +595,9 @@ def train(
         torch.cuda.reset_peak_memory_stats(device)
     if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
         # Stopped before its first checkpoint (killed in its first update, a full disk): nothing to go on
-        # from, so it starts over with the options it was started with, where it was.
+        # from, so it starts over with the options it was started with, where it was. (Not a run that had
+        # checkpoints, deleted or lost since: refused, its files as they are.)
+        rundir.check_starts_over(Path(args.resume), "--resume")
         log.warning(
             "--resume %s: no checkpoint there (the run stopped before its first one): starting it over, with the "
             "options in its %s",
@@ -723,6 +727,20 @@ def train(
                         f"--resume: the run in {args.resume} trained its nets on {what}s {checkpoint[f'{what}_space']}, "
                         f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
                         "and env kwargs"
+                    )
+            if args.servers is not None:
+                # Running servers make their envs as they were started: the same id and spaces may be another
+                # task (time limit, env kwargs, wrappers), which the nets then go on learning. Warned of, as
+                # learner eval does, not refused: a run may be moved to a variant of its task on purpose.
+                differ = other_task(checkpoint.get("served") or {}, envs)
+                if differ:
+                    log.warning(
+                        "--servers: the servers at %s make their envs otherwise than the envs the run in %s trained "
+                        "on: %s; the resumed run goes on learning that task, not the run's (resume on servers started "
+                        "as the run's to keep to its task; the checkpoints record the task it trains on from here)",
+                        args.servers,
+                        args.resume,
+                        "; ".join(differ),
                     )
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)

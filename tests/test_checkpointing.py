@@ -146,6 +146,29 @@ def test_a_finished_run_is_checkpointed_as_of_its_end(tmp_path: Path) -> None:
     assert steps_saved(tmp_path) == ["step-0000000008.pt", "step-0000000016.pt"]
 
 
+@pytest.mark.parametrize("reason", ["total_timesteps", "stop_at_return"])
+def test_a_run_that_ends_at_a_checkpointed_update_does_not_write_it_again(tmp_path: Path, reason: str) -> None:
+    """The last update checkpointed as it ended (--checkpoint-seconds 0, or a run's first update) and the run's
+    end at the same step: one write, not the same file twice ("checkpoint (update 2)" then "checkpoint
+    (total_timesteps)"); written again where the end changed what it holds (a solve judged since, here)."""
+    written: list[int] = []
+
+    def write(run_dir: Path, step: int, payload: dict[str, Any], keep: int = 3) -> Path:
+        written.append(step)
+        return Path(run_dir) / f"{step}.pt"
+
+    made = checkpointer(tmp_path, checkpoint_every=1, checkpoint_seconds=0.0)
+    made.write = write
+    update(made)
+    update(made)
+    assert written == [8, 16]
+    assert made.end(reason).global_step == 16
+    assert written == [8, 16]
+    made.counters.solved_at_step, made.counters.solved_threshold = 16, 1.0
+    made.end(reason)
+    assert written == [8, 16, 16]
+
+
 def test_a_run_saved_on_a_host_with_more_gpus_restores_the_rng_states_of_the_gpus_this_one_has(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -196,7 +196,6 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     [
         (["--run-dir", "elsewhere"], "--run-dir: a resumed run goes on in its own run dir, {run}; --run-dir cannot"),
         (["--hidden-sizes", "32"], "--hidden-sizes: the run in {run} was trained with --hidden-sizes 64,64; a resumed"),
-        (["--action-bounds", "squash"], "--action-bounds: the run in {run} was trained with --action-bounds clip;"),
         (["--env", "CartPole-v1"], "--env: the run in {run} was trained with --env tests.envs:ClockEnv; a resumed"),
         (
             ["--env-kwargs", '{"length": 3, "action": "box"}'],
@@ -931,18 +930,26 @@ def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback
     assert rest.strip() == "learner demo: aborted", rest
 
 
-def test_resume_given_a_checkpoint_file_names_its_run_dir(
-    trained_run: Path, capsys: pytest.CaptureFixture[str]
+def test_resume_given_a_checkpoint_file_goes_on_from_it_in_its_run_dir(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    checkpoint = rundir.list_checkpoints(trained_run)[-1]
+    """README's `--resume RUN/checkpoints/step-N.pt` (it was refused: only a run dir was taken), and a
+    checkpoint outside a run dir's checkpoints/ refused, saying what to pass."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    first, *newer = rundir.list_checkpoints(run)
+    assert newer, "the run has a checkpoint after its first"
+    assert main(["train", "--resume", str(first), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "32 env steps in" in out and f"run dir: {run}" in out, out
+    assert (run / rundir.CHECKPOINTS / f"{newer[0].name}.abandoned").is_file()  # (the run it went on from: first)
+    elsewhere = tmp_path / "copy.pt"
+    shutil.copy(first, elsewhere)
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--resume", str(checkpoint)])
+        main(["train", "--resume", str(elsewhere)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert (
-        f"--resume: expected a run dir (the run goes on from its latest checkpoint), got the file {checkpoint}; " in err
-    )
-    assert f"pass its run dir, {trained_run}" in err
+    assert f"or a checkpoint in its checkpoints/ folder, got the file {elsewhere}; pass the run dir it belongs" in err
 
 
 def test_a_run_with_nothing_to_learn_from_exits_with_its_envs_error(

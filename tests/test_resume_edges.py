@@ -1,0 +1,219 @@
+"""--resume at its edges: servers of another task, a run dir whose step checkpoints went, a damaged config.json,
+a move onto --servers, options that did not apply to the run's envs, a device the host has not."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from learner import rundir
+from learner.config import Args
+from learner.local import DEFAULT_TRANSPORT
+from learner.resume import like_args, resume_args
+from learner.train import train
+from tests.conftest import StartServers
+
+QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+STEPS = 32 * 2  # (2 envs x 32 steps an update)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny CartPole run (in-process envs, 2 updates, a checkpoint after each): copied by the tests that change it."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_envs": 2, "num_steps": 32, "checkpoint_seconds": 0.0}
+    train(Args(env="CartPole-v1", **options, total_timesteps=2 * STEPS, run_dir=str(run), **QUIET))
+    return run
+
+
+def copy_of(run: Path, tmp_path: Path, name: str = "run") -> Path:
+    copied = tmp_path / name
+    shutil.copytree(run, copied, ignore=shutil.ignore_patterns(rundir.LOCK))
+    return copied
+
+
+def edit_config(run: Path, **args: Any) -> None:
+    config = rundir.read_json(run / rundir.CONFIG)
+    config["args"].update(args)
+    rundir.write_json(run / rundir.CONFIG, config)
+
+
+def files_of(run: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
+
+
+# -- servers that make another task -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_servers_of_another_task_is_warned_of(
+    finished_run: Path, tmp_path: Path, start_servers: StartServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same env id and spaces, another time limit (--max-episode-steps 50 on the server, the run's 500):
+    the resumed run trains on that task, as learner eval's returns are of it: warned of (at the default level)."""
+    run = copy_of(finished_run, tmp_path)
+    same = start_servers("CartPole-v1", 1, 2)
+    shorter = start_servers("CartPole-v1", 1, 2, server_args=["--max-episode-steps", "50"])
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        train(resume_args(run, servers=same[0], backend="remote", total_timesteps=3 * STEPS))
+        assert "make their envs otherwise" not in caplog.text, caplog.text  # (the run's task: nothing to say)
+        train(resume_args(run, servers=shorter[0], backend="remote", total_timesteps=4 * STEPS))
+    (record,) = [r for r in caplog.records if "make their envs otherwise" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.name == "learner.train"
+    assert f"the servers at {shorter[0]}" in record.getMessage()
+    assert "time limit 50 (the run's: 500)" in record.getMessage()
+    # From here on the run's checkpoints record the task it trains on.
+    assert torch.load(rundir.list_checkpoints(run)[-1], weights_only=False)["served"]["max_episode_steps"] == 50
+
+
+# -- a run dir whose step checkpoints went ------------------------------------------------------------------------
+
+
+def test_a_run_dir_whose_step_checkpoints_went_is_refused_not_started_over(finished_run: Path, tmp_path: Path) -> None:
+    """best.pt (or a summary, or metrics rows past the first update) says the run had checkpoints: without its
+    step-*.pt it has nothing to go on from, but it did not stop before its first checkpoint either, so it is
+    not started over (its files set aside) under that false reason: refused, naming what is there, left as it is."""
+    run = copy_of(finished_run, tmp_path)
+    last = rundir.list_checkpoints(run)[-1]
+    shutil.copy(last, run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT)
+    for path in rundir.list_checkpoints(run):
+        path.unlink()
+    fresh = Args(env="CartPole-v1", backend="gym", num_envs=2, num_steps=32, total_timesteps=STEPS, run_dir=str(run))
+    for shown, remove in (
+        ("checkpoints/best.pt", rundir.CHECKPOINTS + "/" + rundir.BEST_CHECKPOINT),
+        (f"summary.json (of a run that ended at step {2 * STEPS})", rundir.SUMMARY),
+        ("metrics.jsonl (rows up to update 2", None),
+    ):
+        before = files_of(run)
+        for again, flag in ((lambda: train(resume_args(run)), "--resume"), (lambda: train(fresh), "--run-dir")):
+            with pytest.raises(FileExistsError) as refused:
+                again()
+            assert str(refused.value).startswith(f"{flag} {run}"), refused.value
+            assert shown in str(refused.value) and "to start the run over, move its files out" in str(refused.value)
+            assert files_of(run) == before and not (run / "previous").exists()
+        if shown.startswith("checkpoints/best.pt"):
+            assert f"learner eval {run}/checkpoints/best.pt" in str(refused.value)
+        if remove:
+            (run / remove).unlink()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_set_aside_as_it_was_laid_out(
+    finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed in its first update, in its first checkpoint's write: it starts over, its files in previous/, the
+    checkpoints/ folder's in previous/checkpoints/ (they went flat into previous/, beside the run's own files)."""
+    run = copy_of(finished_run, tmp_path)
+    shutil.rmtree(run / rundir.CHECKPOINTS)
+    (run / rundir.SUMMARY).unlink()
+    rows = rundir.read_jsonl(run / rundir.METRICS)[:1]  # (its first update's row, written just before the checkpoint)
+    rundir.rewrite_jsonl(run / rundir.METRICS, rows)
+    (run / rundir.CHECKPOINTS).mkdir()
+    (run / rundir.CHECKPOINTS / ".step-0000000064.pt.0123456789ab.tmp").write_bytes(b"half a checkpoint")
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        summary = train(resume_args(run))
+    assert summary["total_steps"] == 2 * STEPS
+    assert "and this run starts over" in caplog.text
+    aside = run / "previous"
+    assert rundir.read_jsonl(aside / rundir.METRICS) == rows
+    assert (aside / rundir.CHECKPOINTS / ".step-0000000064.pt.0123456789ab.tmp").read_bytes() == b"half a checkpoint"
+    assert not list(aside.glob("*.tmp"))
+
+
+# -- a damaged config.json ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{}", " (it has no 'args' object)"),
+        ('{"args": []}', " (it has no 'args' object)"),
+        ("[1, 2]", " (it has no 'args' object)"),
+        ("{bad", ": Expecting property name enclosed in double quotes"),
+        ('{"args": {}, "ppo": [1]}', " (its 'ppo' is not an object)"),
+        ('{"args": {}, "envs": "CartPole-v1"}', " (its 'envs' is not an object)"),
+    ],
+)
+def test_a_damaged_config_json_is_an_error_naming_the_file_and_resume(tmp_path: Path, text: str, why: str) -> None:
+    (tmp_path / rundir.CONFIG).write_text(text)
+    with pytest.raises(ValueError) as refused:
+        resume_args(tmp_path)
+    assert str(refused.value).startswith(f"--resume: {tmp_path / rundir.CONFIG} is no run's config.json{why}")
+    with pytest.raises(ValueError, match=r"^--like: .* is no run's config\.json"):  # (the same reading)
+        like_args(tmp_path)
+
+
+# -- a run moved onto --servers -------------------------------------------------------------------------------------
+
+
+def test_a_run_moved_onto_servers_leaves_its_backend_and_transport(finished_run: Path, tmp_path: Path) -> None:
+    """--backend gym and --transport were the run's way to its envs, not the servers': the move onto --servers
+    takes the remote backend and the default transport, unless given here (then refused as they conflict)."""
+    run = copy_of(finished_run, tmp_path)
+    moved = resume_args(run, servers="127.0.0.1:1")  # (the run's: --backend gym)
+    assert (moved.servers, moved.backend, moved.transport) == ("127.0.0.1:1", "remote", DEFAULT_TRANSPORT)
+    assert like_args(run, servers="127.0.0.1:1").backend == "remote"
+    with pytest.raises(
+        ValueError, match=r"^--servers: trains on running env servers, so it cannot go with --backend gym"
+    ):
+        resume_args(run, servers="127.0.0.1:1", backend="gym")
+    other = "tcp" if DEFAULT_TRANSPORT == "unix" else "unix"
+    edit_config(run, backend="remote", transport=other)  # (a run on local servers over the other transport)
+    moved = resume_args(run, servers="127.0.0.1:1")
+    assert (moved.backend, moved.transport) == ("remote", DEFAULT_TRANSPORT)
+    with pytest.raises(ValueError, match=r"^--transport: says how to reach the env servers this command starts"):
+        resume_args(run, servers="127.0.0.1:1", transport=other)
+
+
+# -- options that did not apply to the run's envs ------------------------------------------------------------------
+
+
+def test_action_bounds_given_to_a_resumed_run_of_discrete_actions_is_ignored_with_a_warning(
+    finished_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a new run's: --action-bounds applies to Box actions; CartPole's nets have none to keep."""
+    run = copy_of(finished_run, tmp_path)
+    args = resume_args(run, action_bounds="squash", total_timesteps=3 * STEPS)
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        assert train(args)["total_steps"] == 3 * STEPS
+    assert "--action-bounds: applies to Box actions, not Discrete(2); ignored" in caplog.text
+    # A run of Box actions keeps its bounds (its nets' Gaussian learned with them).
+    box = copy_of(finished_run, tmp_path, "box")
+    config = rundir.read_json(box / rundir.CONFIG)
+    config["envs"]["action_space"] = "Box(-1.0, 1.0, (1,), float32)"
+    rundir.write_json(box / rundir.CONFIG, config)
+    with pytest.raises(
+        ValueError, match=rf"^--action-bounds: the run in {re.escape(str(box))} was trained with --action-bounds clip;"
+    ):
+        resume_args(box, action_bounds="squash")
+
+
+# -- a device the host has not --------------------------------------------------------------------------------------
+
+
+def test_a_recorded_cuda_device_on_a_host_without_one_says_where_it_came_from(
+    finished_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = copy_of(finished_run, tmp_path)
+    edit_config(run, device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as refused:
+        resume_args(run)
+    assert str(refused.value).startswith("--device: cuda was asked for, but torch sees no CUDA device")
+    assert str(refused.value).endswith(
+        f"(--device cuda comes from the run's config.json; give --device cpu, or auto, to resume the run in {run} on "
+        "this host)"
+    )
+    with pytest.raises(ValueError, match=r"comes from the run's config\.json; give --device cpu, or auto, to repeat"):
+        like_args(run)
+    assert resume_args(run, device="cpu").device == "cpu"
+    assert resume_args(run, device="cuda").device == "cuda"  # (given here: train() refuses it, as a new run's)
+    assert json.loads((run / rundir.CONFIG).read_text())["args"]["device"] == "cuda"  # (nothing changed)
