@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from env_server.protocol import KEEPALIVE_TIMEOUT
+from learner import rundir
 from learner import video as video_
-from learner.checkpoint import find_checkpoint, load_checkpoint, load_nets
+from learner.checkpoint import UnreadableCheckpointError, find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
@@ -126,7 +127,17 @@ def evaluate(
     video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
     path = find_checkpoint(checkpoint, checkpoints_folder=True)
-    state = load_checkpoint(path)
+    try:
+        state = load_checkpoint(path)
+    except UnreadableCheckpointError as err:
+        if path != Path(checkpoint):  # (the latest of a run dir, chosen here: name the one before)
+            older = [p for p in rundir.list_checkpoints(path.parent.parent) if p.name < path.name]
+            if older:
+                raise UnreadableCheckpointError(
+                    f"{err}; the run's checkpoint before it is {older[-1]}: evaluate that one by its path (learner "
+                    "train --resume sets the damaged one aside and goes on from the one before)"
+                ) from None
+        raise
     run_args = Args.from_json(state["args"], check=False)  # (as recorded: an older version's checks may differ)
     if run_args.env is None and servers is None:  # train records the env it trained on
         raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")

@@ -273,6 +273,9 @@ def test_a_checkpoint_whose_tensor_bytes_changed_fails_its_checksum_and_resume_g
     assert "fails its checksum" in err
     path, _, skipped = load_latest_readable(run)
     assert path == rundir.list_checkpoints(run)[-2] and [p for p, _ in skipped] == [newest]
+    # Given the run dir, whose latest it is: the one before is named, to evaluate instead.
+    code, _, err = _eval(capsys, str(run), "--episodes", "1", "--backend", "gym")
+    assert code == 1 and f"the run's checkpoint before it is {rundir.list_checkpoints(run)[-2]}: evaluate" in err, err
 
 
 def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path: Path) -> None:
