@@ -79,64 +79,134 @@ def write_batch(out: Any, part: Any, start: int) -> None:
 def merge_infos(
     parts: list[InfoPart], num_envs: int, misfits: list[tuple[int, ValueError]] | None = None
 ) -> dict[str, Any]:
-    """Join per-server vector infos into one for ``num_envs`` envs.
+    """Join per-server vector infos into one for ``num_envs`` envs, as one server (or gymnasium's
+    SyncVectorEnv) of all ``num_envs`` envs would have made them: whatever the layout.
 
-    ``parts`` holds ``(infos, start, count)`` per server. As in gymnasium's ``VectorEnv._add_info``,
-    each value is an array over envs (zeros, or None for object arrays, where a server lacks the key)
-    and its ``_key`` mask says which envs have it; dicts nest. The first part with a key sets its
-    array's shape per env; its dtype is the one all parts with the key promote to (``np.result_type``:
-    a longer string or floats after ints widen it, never cut what is written).
+    ``parts`` holds ``(infos, start, count)`` per server, in env order. As in gymnasium's
+    ``VectorEnv._add_info``, each value is an array over envs (zeros, or None for object arrays, where a
+    server lacks the key) and its ``_key`` mask says which envs have it; dicts nest. The first part
+    with a key makes its array: that part's type (its first env's value's, as gymnasium makes it)
+    and shape per env. Later parts' values go into it as gymnasium writes an env's value, but
+    widened as servers widen them (``np.result_type``: a longer string or floats after ints widen
+    it, never cut what is written; see env_server.envs.widened_dtype):
 
-    A part that does not fit (not arrays over its envs, or a key whose shape or nesting differs from
-    the parts before it, or whose dtype cannot be promoted with theirs: strings and numbers, say)
-    raises ValueError naming the key; with ``misfits``, it is left out whole instead (nothing of it is
-    written) and ``(its index in parts, the error)`` appended.
+    - into a number array, an object array's values one by one, for the envs its mask has: None
+      becomes nan in a float array, a scalar fills a row (gymnasium's casts); a part whose values
+      cannot go in (a str in a number array) turns the key's array into an object array, if its
+      shape per env is the part's;
+    - into an object array of one item per env, a number array's values one by one: numpy scalars
+      and rows (copies), None where its mask has no value.
+
+    A part that does not fit (not arrays over its envs; a dict here, an array there; values that no
+    such cast puts in; strings and numbers) raises ValueError naming the key; with ``misfits``, it
+    is left out whole instead (nothing of it is written) and ``(its index in parts, the error)``
+    appended.
     """
     out: dict[str, Any] = {}
     for index, (infos, start, count) in enumerate(parts):
         try:
-            _check_part(out, infos, count, "infos")
+            fitted = _check_part(out, infos, count, "infos")
         except ValueError as err:
             if misfits is None:
                 raise
             misfits.append((index, err))
             continue
-        _merge_into(out, infos, start, count, num_envs)
+        _merge_into(out, fitted, start, count, num_envs)
     return out
 
 
-def _check_part(out: dict[str, Any], infos: dict[str, Any], count: int, where: str) -> None:
-    """Raise ValueError unless ``infos`` (one server's, of ``count`` envs) can be merged into ``out``."""
+def _check_part(out: dict[str, Any], infos: dict[str, Any], count: int, where: str) -> dict[str, Any]:
+    """``infos`` (one server's, of ``count`` envs) as :func:`_merge_into` writes them into ``out``:
+    itself, but for values that do not go into ``out``'s arrays by a plain copy (see
+    :func:`_fitted`); ValueError if they cannot be merged at all."""
+    fitted = infos
     for key, value in infos.items():
         path = f"{where}[{key!r}]"
         target = out.get(key)
         if isinstance(value, dict):
             if target is not None and not isinstance(target, dict):
                 raise ValueError(f"{path}: a dict on this server but an array on another")
-            _check_part(target or {}, value, count, path)
-            continue
-        if not isinstance(value, np.ndarray) or value.ndim == 0 or len(value) != count:
-            what = f"shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
-            raise ValueError(f"{path}: expected an array over this server's {count} envs, got {what}")
-        if target is None:
-            continue
-        if isinstance(target, dict):
-            raise ValueError(f"{path}: an array on this server but a dict on another")
-        if target.shape[1:] != value.shape[1:]:
+            inner: Any = _check_part(target or {}, value, count, path)
+        else:
+            if not isinstance(value, np.ndarray) or value.ndim == 0 or len(value) != count:
+                what = f"shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+                raise ValueError(f"{path}: expected an array over this server's {count} envs, got {what}")
+            if target is None:
+                continue
+            if isinstance(target, dict):
+                raise ValueError(f"{path}: an array on this server but a dict on another")
+            if value.dtype == target.dtype and value.shape[1:] == target.shape[1:]:
+                continue  # (the common case: a plain copy)
+            inner = _fitted(target, value, infos.get(f"_{key}"), path)
+        if inner is not value:
+            if fitted is infos:
+                fitted = dict(infos)
+            fitted[key] = inner
+    return fitted
+
+
+def _fitted(target: np.ndarray, value: np.ndarray, mask: Any, path: str) -> np.ndarray:
+    """``value`` (one server's array for a key, of another dtype or shape per env than the fleet's
+    ``target``) as an array that goes into ``target`` by a plain copy, after :func:`_merge_into`
+    widens ``target`` to its dtype; ``mask``: the server's ``_key`` array (which envs have a value)."""
+    shape = target.shape[1:]
+    if target.dtype == object:
+        if value.shape[1:] == shape and (value.dtype == object or shape):
+            return value  # (as gymnasium writes an env's array into an object array's row)
+        block = np.full((len(value), *shape), None, dtype=object)
+        dtype = block.dtype
+    elif value.dtype != object and value.shape[1:] == shape:
+        try:
+            widened_dtype(target.dtype, value.dtype)
+        except (TypeError, ValueError) as err:
             raise ValueError(
-                f"{path}: shapes per env differ between servers ({value.shape[1:]} here, {target.shape[1:]} before)"
-            )
-        if value.dtype != target.dtype:
-            try:  # (the merge widens the key's array to the dtype both promote to)
-                widened_dtype(target.dtype, value.dtype)
-            except (TypeError, ValueError) as err:
+                f"{path}: dtype {value.dtype} here cannot join dtype {target.dtype} before ({err})"
+            ) from None
+        return value
+    else:
+        dtype = target.dtype
+        block = np.zeros((len(value), *shape), dtype=dtype)
+    has = mask if isinstance(mask, np.ndarray) and mask.shape == (len(value),) else None
+    for i, item in enumerate(value):
+        if has is not None and not has[i]:
+            continue  # (gymnasium's filler there: the server's is that of its own array's type)
+        if isinstance(item, np.ndarray) and value.ndim > 1:
+            item = item.copy()  # (a row: its own, writeable, as an env's array is)
+        if dtype.kind != "O":  # (widened as servers widen their envs' values: env_server.envs._widen_infos)
+            if isinstance(item, np.ndarray):
+                here = item.dtype if item.shape == shape else None
+            elif isinstance(item, bool | int | float | np.number | np.bool_) or (
+                isinstance(item, str) and dtype.kind in "US"
+            ):
+                here = np.asarray(item).dtype
+            else:
+                here = None
+            if here is not None and here != dtype:
+                try:
+                    wide = widened_dtype(dtype, here)
+                except (TypeError, ValueError):
+                    wide = dtype
+                if wide != dtype:
+                    block, dtype = block.astype(wide), wide
+        try:
+            block[i] = item
+        except (TypeError, ValueError, OverflowError) as err:
+            if dtype.kind != "O" and value.dtype == object and value.shape[1:] == shape:
+                return value  # (no cast puts it in: the key's array becomes an object array)
+            if value.dtype != object:
                 raise ValueError(
-                    f"{path}: dtype {value.dtype} here cannot join dtype {target.dtype} before ({err})"
+                    f"{path}: shapes per env differ between servers ({value.shape[1:]} here, {shape} before)"
                 ) from None
+            what = f"a {type(item).__name__}" if not isinstance(item, np.ndarray) else f"an array of shape {item.shape}"
+            raise ValueError(
+                f"{path}: {what} here cannot go into an array of dtype {dtype} and shape {shape} per env "
+                f"before ({type(err).__name__}: {err})"
+            ) from None
+    return block
 
 
 def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: int, num_envs: int) -> None:
-    """Write ``infos`` (checked by :func:`_check_part`) into envs ``start:start + count`` of ``out``."""
+    """Write ``infos`` (as :func:`_check_part` fitted them) into envs ``start:start + count`` of ``out``."""
     for key, value in infos.items():
         if isinstance(value, dict):
             _merge_into(out.setdefault(key, {}), value, start, count, num_envs)
@@ -149,10 +219,22 @@ def _merge_into(out: dict[str, Any], infos: dict[str, Any], start: int, count: i
                 target = np.zeros((num_envs, *value.shape[1:]), dtype=value.dtype)
             out[key] = target
         elif value.dtype != target.dtype and target.dtype != object:
-            wide = widened_dtype(target.dtype, value.dtype)  # (checked by _check_part)
-            if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
-                target = out[key] = target.astype(wide)
+            if value.dtype == object:  # (values no cast puts in: see _fitted)
+                target = out[key] = _objects(target)
+            else:
+                wide = widened_dtype(target.dtype, value.dtype)  # (checked by _check_part)
+                if wide != target.dtype:  # e.g. a longer string, or floats after ints: widen, keeping what is written
+                    target = out[key] = target.astype(wide)
         target[start : start + count] = value
+
+
+def _objects(array: np.ndarray) -> np.ndarray:
+    """``array`` as an object array: of numpy scalars, as gymnasium's hold an env's, if one per env."""
+    if array.ndim != 1:
+        return array.astype(object)
+    objects = np.empty(len(array), dtype=object)
+    objects[:] = list(array)
+    return objects
 
 
 def split_groups(num_servers: int, num_groups: int) -> list[list[int]]:

@@ -572,6 +572,9 @@ class EnvClient:
         self._hold: Any = None
         self._hold_watch: asyncio.Task[None] | None = None  # (reads the Hold stream's end: _watch_hold)
         self._hold_ended = False  # the Hold stream's end said the session is over
+        # Release sent for the session: its Hold stream, should the server take it in only then, is answered
+        # that the session is not the server's, which says nothing of the address (see _note_other_server)
+        self._releasing = False
         self._session_since = 0.0  # when the session's Hold stream opened (time.monotonic())
         self._hold_reason: str | None = None  # the HoldEvent's reason, raw, once one came
         self._disowned = False  # a call was answered that the session does not own the server
@@ -683,7 +686,7 @@ class EnvClient:
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token(response.client_certificates_required)
-        self._hold_ended, self._hold_reason, self._disowned = False, None, False
+        self._hold_ended, self._hold_reason, self._disowned, self._releasing = False, None, False, False
         self._session_since = time.monotonic()
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
         self._hold_watch = asyncio.get_running_loop().create_task(self._watch_hold(self._hold))
@@ -709,7 +712,7 @@ class EnvClient:
                 if hold is self._hold:
                     self._hold_ended = True
                     self._note_proxy_end(details)
-                    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_OWNED in details:
+                    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_OWNED in details and not self._releasing:
                         self._note_other_server()
                 return
             if code == grpc.StatusCode.UNIMPLEMENTED:
@@ -1107,6 +1110,7 @@ class EnvClient:
             self._steps = None
         self.close_step_socket()
         if self.session_id:
+            self._releasing = True  # (before the Release: the Hold stream's watch may read its end meanwhile)
             try:
                 await self.stub.Release(
                     pb.ReleaseRequest(session_id=self.session_id), timeout=timeout, metadata=self.metadata

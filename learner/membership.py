@@ -36,6 +36,10 @@ log = logging.getLogger("learner.remote")
 # hangs) holds up a refresh that tries it that long, not for the whole of the fleet's `timeout`.
 JOIN_ANSWER_S = 1.0
 
+# _Away.warned's mark of a server warned of as serving another env than the fleet's (as it took its
+# handshake): not said again at each try while its reset fails.
+_OTHER_ENV = "another env"
+
 
 class FleetMembership:
     """Which servers make up a :class:`~learner.remote.RemoteVectorEnv`'s fleet: :meth:`refresh` (servers
@@ -74,6 +78,8 @@ class FleetMembership:
         async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse: ...
 
         def _read_reset(self, client: EnvClient, response: pb.ResetResponse) -> tuple[Any, dict[str, Any]]: ...
+
+        def _note_leaving(self, leaving: Iterable[Replica]) -> None: ...
 
         def _relayout(
             self,
@@ -178,8 +184,9 @@ class FleetMembership:
         and joins again, with fresh envs, once it resolves and answers a handshake. A new server has
         ``wait`` seconds to answer; one still starting keeps connecting in the background and joins
         at a later refresh. A server whose spaces differ from the fleet's is left out (and logged).
-        One whose handshake failed (claimed by another learner, of another env) is tried again after a
-        while, not at every refresh, until it joins or is listed no more (:data:`~learner.faults.JOIN_BACKOFF`:
+        One whose handshake failed (claimed by another learner, of another env), or whose reset failed as it
+        joined (a missed deadline), is tried again after a while, not at every refresh, until it joins or is
+        listed no more (:data:`~learner.faults.JOIN_BACKOFF`:
         1 s, doubling up to 15 s; one still building its envs every 1 s); each kind of refusal is warned
         of once per server (the start's warning included), and said again at DEBUG.
         If the last step or reset failed, every env starts over (those that answered moved on unseen).
@@ -222,9 +229,12 @@ class FleetMembership:
             return None
         resets, failed = self._restart(stay, joined, replicas)
         # A server whose reset failed leaves as well (several replicas stopping at once fail one
-        # after another); those that stayed until now may have a reconnect task to end first.
+        # after another); those that stayed until now may have a reconnect task to end first. One
+        # that was joining does not join: it is tried again later, as after a failed handshake.
         leave += [c for c in stay if c in failed]
         stay, joined = [c for c in stay if c not in failed], [c for c in joined if c not in failed]
+        for client in joined:
+            self._joined(client.address)
         if not stay and not joined:
             self._let_go(failed, replicas)
             raise ServerUnavailableError(
@@ -233,6 +243,9 @@ class FleetMembership:
                 address=leave[0].address,  # every server left: the fleet is never empty
             )
         self._let_go(failed, replicas)
+        if not leave and not joined and self._stale is None:  # (only servers that failed to join: no change)
+            return None
+        self._note_leaving(replicas[id(c)] for c in leave)
         return self._relayout(stay, joined, leave, resets, replicas)
 
     def _look_up(self) -> tuple[list[str], bool]:
@@ -294,7 +307,10 @@ class FleetMembership:
                 except InvalidResponseError as unreadable:
                     response = unreadable
             if isinstance(response, BaseException):
-                log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
+                if id(client) in replicas:
+                    log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
+                else:
+                    self._not_joined(client.address, response, str(response))
                 failed.append(client)
                 self._count_loss(client, replicas.get(id(client)), response)
         # Infos that do not fit those of the servers before them in the new layout: those leave too.
@@ -305,11 +321,14 @@ class FleetMembership:
         )
         for j, err in misfits:
             client = reset[j]
-            log.warning(
-                "refresh: env server %s leaves the fleet: its infos do not fit the fleet's batch (%s)",
-                client.address,
-                err,
-            )
+            if id(client) in replicas:
+                log.warning(
+                    "refresh: env server %s leaves the fleet: its infos do not fit the fleet's batch (%s)",
+                    client.address,
+                    err,
+                )
+            else:
+                self._not_joined(client.address, err, f"its infos do not fit the fleet's batch ({err})")
             del resets[client.address]
             failed.append(client)
             self._count_loss(client, replicas.get(id(client)), err)
@@ -318,6 +337,31 @@ class FleetMembership:
             if client.address in resets and replica is not None and replica.state is ReplicaState.READY:
                 replica.state, replica.fresh = ReplicaState.UP, None  # (its own reset is superseded, as in reset())
         return resets, failed
+
+    def _not_joined(self, address: str, err: BaseException, problem: str) -> None:
+        """A server whose handshake went well but whose reset in refresh() failed with ``err`` (``problem``,
+        as said) does not join: it is tried again after a while, as one whose handshake failed (see
+        :meth:`_join`), and each kind of failure is warned of once per server (the others at DEBUG)."""
+        away = self._away.setdefault(address, _Away())
+        away.warned.add(_OTHER_ENV)  # (_admit warned of that, if so, as it took its handshake)
+        news = away.refuse(err, problem.removeprefix(f"env server {address}: "), call="Reset")
+        log.log(
+            logging.WARNING if news else logging.DEBUG,
+            "refresh: env server %s does not join: its reset failed: %s (tried again in %g s)",
+            address,
+            away.last,
+            away.delay,
+        )
+
+    def _joined(self, address: str) -> None:
+        """A server joined the fleet (its reset too): it is away no more."""
+        was = self._away.pop(address, None)
+        if was is not None and was.missing_since is not None:
+            log.info(
+                "env server %s joined, %.0f s after the start went on without it",
+                address,
+                time.monotonic() - was.missing_since,
+            )
 
     def _count_loss(self, client: EnvClient, replica: Replica | None, err: BaseException) -> None:
         """Count the loss of a server that stayed in the fleet (``replica``; None: one that joined, never
@@ -400,7 +444,7 @@ class FleetMembership:
             fresh = [ready for _, ready in self._joining.values()]
             if not everyone or joined or not fresh or time.monotonic() >= deadline:
                 break
-        self._remind_missing()
+        self._remind_missing(joining={c.address for c in joined})
         return joined
 
     async def _admit(
@@ -438,22 +482,21 @@ class FleetMembership:
                 await client.close()
                 continue
             assert not isinstance(response, BaseException)  # (a failed handshake is a problem)
+            was = self._away.get(client.address)
+            if was is None or _OTHER_ENV not in was.warned:  # (once per server while it is away)
+                _warn_if_other_env(self._spec, response.spec, client.address, "the fleet's")
             client.start_session(response)
-            was = self._away.pop(client.address, None)
-            if was is not None and was.missing_since is not None:
-                log.info(
-                    "env server %s joined, %.0f s after the start went on without it",
-                    client.address,
-                    time.monotonic() - was.missing_since,
-                )
+            # (still away until its reset in refresh() works too: see _joined and _not_joined)
             joined.append(client)
         return joined
 
-    def _remind_missing(self) -> None:
+    def _remind_missing(self, joining: set[str]) -> None:
         """Say (once per STILL_DOWN_LOG_S) which of the servers the start went on without have not joined yet,
-        and why (the last refusal, if one answered)."""
+        and why (the last refusal, if one answered); not those ``joining`` now (their handshakes went well)."""
         now = time.monotonic()
         for address, away in self._away.items():
+            if address in joining:
+                continue
             if away.missing_since is not None and now - away.said_at >= faults.STILL_DOWN_LOG_S:
                 log.warning(
                     "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
@@ -465,12 +508,9 @@ class FleetMembership:
                 away.said_at = now
 
     def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
-        """Why a server with ``spec`` cannot join the fleet ("" if it can; warned of if its env is another)."""
+        """Why a server with ``spec`` cannot join the fleet ("" if it can)."""
         problem = incompatible(self._spec, spec)
-        if problem:
-            return f"it has {problem}"
-        _warn_if_other_env(self._spec, spec, address, "the fleet's")
-        return ""
+        return f"it has {problem}" if problem else ""
 
 
 class _Away:
@@ -489,11 +529,12 @@ class _Away:
         self.warned: set[str] = set()  # the kinds of problem a warning named (see refuse)
         self.alias_of: str | None = None  # another name of the server at this address, in the fleet (used once)
 
-    def refuse(self, err: BaseException | None, problem: str) -> bool:
+    def refuse(self, err: BaseException | None, problem: str, *, call: str = "Handshake") -> bool:
         """Note a try refused with ``err`` (None: the server did not fit the fleet) for ``problem`` (as
         said), and when to try again: after the first wait, doubling up to the longest; after the first
         each time for a server starting or shutting down (UNAVAILABLE: soon there, or gone). Whether
-        that kind of problem is news (no warning named it yet: to be warned of)."""
+        that kind of problem is news (no warning named it yet: to be warned of). ``call``: the call that
+        failed (its Reset, after a handshake that went well, is a kind of its own)."""
         first, longest = faults.JOIN_BACKOFF
         if isinstance(err, ServerUnavailableError) or not self.delay:
             self.delay = first
@@ -503,7 +544,7 @@ class _Away:
         self.retry_at, self.last = self.tried_at + self.delay, problem
         # (an error by its type and status code, its text changing from try to try: "claimed 0.7 s ago")
         code = getattr(err, "code", None)
-        kind = problem if err is None else f"{type(err).__name__} {getattr(code, 'name', '')}"
+        kind = problem if err is None else f"{call} {type(err).__name__} {getattr(code, 'name', '')}"
         news = kind not in self.warned
         self.warned.add(kind)
         return news

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,10 @@ class FleetOutages:
     _env_steps_lost: int
     _env_error_steps: int
     _retired: _Retired
+    # The latest time a server that has left the fleet (refresh()) was last known to answer steps: as
+    # it left, or its loss (see _note_leaving). give_up_after counts from it too. (A class default,
+    # set on the instance by refresh(); 0.0: none has left, or none left while up.)
+    _left_up_at: float = 0.0
 
     if TYPE_CHECKING:
 
@@ -251,7 +255,8 @@ class FleetOutages:
         """
         if any(r.state is not ReplicaState.DOWN for r in self._replicas):
             return
-        since = max(r.failing_since or r.down_since for r in self._replicas)
+        # (and from when a server that left the fleet was last up: every server has been down only since then)
+        since = max(self._left_up_at, *(r.failing_since or r.down_since for r in self._replicas))
         if time.monotonic() - since > self.give_up_after:
             raise ServerUnavailableError(
                 f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
@@ -259,6 +264,16 @@ class FleetOutages:
                 f"--give-up-after`); last error: {self._replicas[-1].last_error}",
                 address=self._clients[0].address,
             )
+
+    def _note_leaving(self, leaving: Iterable[Replica]) -> None:
+        """Servers that leave the fleet (refresh()): the give_up_after clock of those that stay must not
+        count from before the last of them that was up (one answering steps as it leaves: now; one down,
+        or back but failing each step since: its loss), for the fleet was not all down until then."""
+        now = time.monotonic()
+        for replica in leaving:
+            answering = replica.state is not ReplicaState.DOWN and not replica.failing_since
+            last_up = now if answering else replica.failing_since or replica.down_since
+            self._left_up_at = max(self._left_up_at, last_up)
 
     def _lost_infos(self, offset: int, count: int, only: np.ndarray | None = None) -> dict[str, Any]:
         """Infos of envs whose episodes were cut short by losing their server (same-step autoreset:

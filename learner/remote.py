@@ -612,8 +612,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             if not mask.any():
                 raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
         try:
-            # (options={} reaches the envs as {}, as on a local vector env: an env may read options.get(...))
-            send = options or (given and mask is None)
+            # (options={} reaches the envs as {}, as on a local vector env: an env may read options.get(...));
+            # so does {"reset_mask": mask}, whose mask gymnasium's vector envs pop, on servers reset whole too
+            send = options or given
             encoded_options = codec.encode_value(options, pb.Value(), "options") if send else None
         except codec.CodecError as err:  # (it names the option: "options['x']: ...")
             raise InvalidArgumentError(str(err)) from err
@@ -1742,6 +1743,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             previous_num_envs,
         )
         infos = merge_infos(parts, self.num_envs)  # (those that did not fit have left: see _restart)
+        # Envs whose reset raised (out of order) are flagged, and counted, as reset() flags them; not
+        # raised here, not fault-tolerant either: the caller needs the change (their first step raises).
+        self._flag_unavailable(infos, None, steps=False, any_unavailable=False)
         return FleetChange(
             added=tuple(c.address for c in joined),
             removed=tuple(c.address for c in leave),

@@ -1032,10 +1032,13 @@ def train(
                         next_obs = acting.prepare_obs(
                             change.observations, update_stats=False, returned_at=counters.global_step, reset=True
                         )
-                        next_valid = carry_over(next_valid, change, True)
+                        # (an env whose reset raised, out of order, starts with no transition nor episode
+                        # under way, as at the first reset)
+                        out_of_order = unavailable_envs(change.infos, change.num_envs)
+                        next_valid = carry_over(next_valid, change, True) & ~out_of_order
                         ep_return = carry_over(ep_return, change, 0.0)
                         ep_length = carry_over(ep_length, change, 0)
-                        ep_live = carry_over(ep_live, change, True)
+                        ep_live = carry_over(ep_live, change, True) & ~out_of_order
                         if reward_scaler is not None:
                             reward_scaler.follow(change)
                         # (the groups follow the servers: one per server at most, so a fleet that started
