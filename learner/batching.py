@@ -80,7 +80,8 @@ def merge_infos(
     parts: list[InfoPart], num_envs: int, misfits: list[tuple[int, ValueError]] | None = None
 ) -> dict[str, Any]:
     """Join per-server vector infos into one for ``num_envs`` envs, as one server (or gymnasium's
-    SyncVectorEnv) of all ``num_envs`` envs would have made them: whatever the layout.
+    SyncVectorEnv) of all ``num_envs`` envs would have made them: whatever the layout (but for a None that a
+    server's own vector env cast into a bool or int array: the 0 there, which gymnasium would have made nan).
 
     ``parts`` holds ``(infos, start, count)`` per server, in env order. As in gymnasium's
     ``VectorEnv._add_info``, each value is an array over envs (zeros, or None for object arrays, where a

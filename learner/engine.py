@@ -49,28 +49,45 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
         raise AddressError(
             f"address {address!r}: needs the Docker SDK; install it with pip install docker (also in 'envfleet[learner]')"
         ) from None
+    import requests.exceptions  # (the SDK's own dependency: what a kept client's lost connection raises)
+
     key = tuple(os.environ.get(name) for name in _ENGINE_VARIABLES)
     with _lock:
-        client = _clients.get(key)
-        if client is None:
+        while True:
+            kept = _clients.pop(key, None)
+            client = kept
+            if client is None:
+                try:
+                    client = docker.from_env()
+                except docker.errors.DockerException as err:
+                    raise AddressError(
+                        f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this "
+                        "user use it?"
+                    ) from err
             try:
-                client = docker.from_env()
-            except docker.errors.DockerException as err:
-                raise AddressError(
-                    f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user "
-                    "use it?"
-                ) from err
-        try:
-            result = query(client)
-        except BaseException as err:
-            _clients.pop(key, None)
-            client.close()
-            if isinstance(err, docker.errors.DockerException):
-                explanation = getattr(err, "explanation", None) or err
-                raise AddressError(f"address {address!r}: the Docker engine failed to {what}: {explanation}") from err
-            raise
-        _clients[key] = client
-        return result
+                result = query(client)
+            except AddressError:  # (the query's own: what the engine answered says the address is wrong)
+                _clients[key] = client
+                raise
+            except BaseException as err:
+                client.close()
+                if kept is not None and isinstance(err, Exception):
+                    # (a kept client: its engine may have restarted, or gone; a new one asks it afresh, and
+                    # says which, as a first look-up would)
+                    continue
+                if isinstance(err, docker.errors.DockerException):
+                    explanation = getattr(err, "explanation", None) or err
+                    raise AddressError(
+                        f"address {address!r}: the Docker engine failed to {what}: {explanation}"
+                    ) from err
+                if isinstance(err, requests.exceptions.RequestException | OSError):
+                    raise AddressError(
+                        f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this "
+                        "user use it?"
+                    ) from err
+                raise
+            _clients[key] = client
+            return result
 
 
 # The SDK's own names for an engine reached through a local socket (a unix:// socket, a Windows named

@@ -131,7 +131,11 @@ def evaluate(
         state = load_checkpoint(path)
     except UnreadableCheckpointError as err:
         if path != Path(checkpoint):  # (the latest of a run dir, chosen here: name the one before)
-            older = [p for p in rundir.list_checkpoints(path.parent.parent) if p.name < path.name]
+            run = path.resolve().parent.parent  # (resolved: "." inside checkpoints/ has no name of its own)
+            step = rundir.checkpoint_step(path)
+            older = [
+                p for p in rundir.list_checkpoints(run) if step is not None and (rundir.checkpoint_step(p) or 0) < step
+            ]
             if older:
                 raise UnreadableCheckpointError(
                     f"{err}; the run's checkpoint before it is {older[-1]}: evaluate that one by its path (learner "

@@ -310,7 +310,7 @@ class FleetMembership:
                 if id(client) in replicas:
                     log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
                 else:
-                    self._not_joined(client.address, response, str(response))
+                    self._not_joined(client.address, response, f"its reset failed: {response}")
                 failed.append(client)
                 self._count_loss(client, replicas.get(id(client)), response)
         # Infos that do not fit those of the servers before them in the new layout: those leave too.
@@ -344,10 +344,10 @@ class FleetMembership:
         :meth:`_join`), and each kind of failure is warned of once per server (the others at DEBUG)."""
         away = self._away.setdefault(address, _Away())
         away.warned.add(_OTHER_ENV)  # (_admit warned of that, if so, as it took its handshake)
-        news = away.refuse(err, problem.removeprefix(f"env server {address}: "), call="Reset")
+        news = away.refuse(err, problem.replace(f"env server {address}: ", "", 1), call="Reset")
         log.log(
             logging.WARNING if news else logging.DEBUG,
-            "refresh: env server %s does not join: its reset failed: %s (tried again in %g s)",
+            "refresh: env server %s does not join: %s (tried again in %g s)",
             address,
             away.last,
             away.delay,

@@ -409,7 +409,8 @@ def check_starts_over(run_dir: Path, flag: str) -> None:
 def _past_first_checkpoint(run_dir: Path) -> list[str]:
     """What in ``run_dir`` (of a run with no step checkpoint) shows its run had one, as "what (why)": files in
     checkpoints/ (best.pt, written after an update; *.unreadable and *.abandoned, set aside by a resume), a
-    summary.json of a run that updated (its end writes a checkpoint of its last update), metrics.jsonl rows
+    summary.json of a run that updated and did not end in an error (its end writes a checkpoint of its last
+    update; an error may be that the first one could not be written, a full disk), metrics.jsonl rows
     past the first update of a run that checkpointed (the first update's checkpoint is written right after
     its row; with --checkpoint-every 0 none is written until the end). Empty for a run killed in its first
     update (or with --checkpoint-every 0, before its end)."""
@@ -423,7 +424,9 @@ def _past_first_checkpoint(run_dir: Path) -> list[str]:
         ]
     with contextlib.suppress(OSError, ValueError):  # (unreadable: it shows nothing)
         summary = read_json(run_dir / SUMMARY)
-        if isinstance(summary, dict) and summary.get("updates", summary.get("total_steps")):  # (older: no updates)
+        # (not a run that ended in an error: its first checkpoint may be what failed, a full disk say)
+        ended_well = isinstance(summary, dict) and not str(summary.get("stop_reason") or "").startswith("error")
+        if ended_well and summary.get("updates", summary.get("total_steps")):  # (older: no updates)
             found.append(f"{SUMMARY} (of a run that ended at step {summary.get('total_steps')})")
     every = 1  # (--checkpoint-every as the run recorded it)
     with contextlib.suppress(OSError, ValueError):

@@ -345,9 +345,25 @@ def test_the_engine_client_is_kept_between_look_ups_and_dropped_when_it_fails(mo
 
     with pytest.raises(AddressError, match="the Docker engine failed to list containers: the engine said no"):
         engine.ask_engine("compose:env", "list containers", refused)
-    assert made[0].closed
+    # (the kept one, then a new one, asked again: both refused, both closed)
+    assert len(made) == 2 and made[0].closed and made[1].closed
     engine.ask_engine("compose:env", "list containers", lambda client: None)
-    assert len(made) == 2  # a new one after the failure
+    assert len(made) == 3  # a new one after the failure
     monkeypatch.setenv("DOCKER_HOST", "unix:///nowhere-b.sock")  # another engine: a client of its own
     engine.ask_engine("compose:env", "list containers", lambda client: None)
-    assert len(made) == 3 and not made[1].closed
+    assert len(made) == 4 and not made[2].closed
+
+    # A kept client whose engine went away (restarted): its lost connection is no DockerException, and
+    # ended the look-up raw (and refresh(), and the run); the look-up asks again with a new client.
+    import requests.exceptions
+
+    def gone_for(client: SimpleNamespace) -> str:
+        if client is made[3]:
+            raise requests.exceptions.ConnectionError("Connection aborted")
+        return "answered"
+
+    assert engine.ask_engine("compose:env", "list containers", gone_for) == "answered"
+    assert made[3].closed and len(made) == 5
+    with pytest.raises(AddressError, match=r"cannot reach the Docker engine \(refused\); is it running"):
+        engine.ask_engine("compose:env", "list containers", lambda client: (_ for _ in ()).throw(OSError("refused")))
+    assert len(made) == 6  # (the kept one, then a new one, which failed too: said as the engine unreachable)

@@ -257,7 +257,7 @@ def _flip_tensor_bytes(path: Path) -> None:
 
 
 def test_a_checkpoint_whose_tensor_bytes_changed_fails_its_checksum_and_resume_goes_back(
-    cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cartpole_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's reader skips the archive's CRC-32s: changed weights loaded as if whole. They are checked."""
     run = tmp_path / "run"
@@ -276,6 +276,9 @@ def test_a_checkpoint_whose_tensor_bytes_changed_fails_its_checksum_and_resume_g
     # Given the run dir, whose latest it is: the one before is named, to evaluate instead.
     code, _, err = _eval(capsys, str(run), "--episodes", "1", "--backend", "gym")
     assert code == 1 and f"the run's checkpoint before it is {rundir.list_checkpoints(run)[-2]}: evaluate" in err, err
+    monkeypatch.chdir(run / rundir.CHECKPOINTS)  # (`learner eval .` from inside the folder: named too)
+    code, _, err = _eval(capsys, ".", "--episodes", "1", "--backend", "gym")
+    assert code == 1 and "the run's checkpoint before it is " in err, err
 
 
 def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path: Path) -> None:

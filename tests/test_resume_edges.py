@@ -128,6 +128,20 @@ def test_a_run_stopped_before_its_first_checkpoint_is_set_aside_as_it_was_laid_o
     assert not list(aside.glob("*.tmp"))
 
 
+def test_a_run_whose_first_checkpoint_could_not_be_written_starts_over(finished_run: Path, tmp_path: Path) -> None:
+    """A full disk at the first checkpoint: the run ends in an error, its summary.json written (an update in it),
+    no checkpoint. Once there is room, --resume starts it over: its summary is no sign of a checkpoint that went
+    (it was refused as a run whose checkpoints were deleted)."""
+    run = copy_of(finished_run, tmp_path)
+    shutil.rmtree(run / rundir.CHECKPOINTS)
+    rundir.rewrite_jsonl(run / rundir.METRICS, rundir.read_jsonl(run / rundir.METRICS)[:1])
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    error = "error: RunDirWriteError: cannot write checkpoints/step-0000000064.pt: No space left on device"
+    rundir.write_json(run / rundir.SUMMARY, {**summary, "stop_reason": error, "updates": 1, "total_steps": STEPS})
+    assert train(resume_args(run))["total_steps"] == 2 * STEPS
+    assert (run / "previous" / rundir.SUMMARY).is_file()
+
+
 # -- a damaged config.json ---------------------------------------------------------------------------------------
 
 
