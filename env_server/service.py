@@ -433,7 +433,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this server's envs are claimed by {owner.describe(now)}; one learner owns a server at a "
                 "time. The claim ends when that learner closes, its connection drops, or after "
-                f"{self._config.claim_timeout_s:g} s of silence" + self._unused_note(owner, now),
+                f"{self._config.claim_timeout_s:g} s of silence"
+                + (" (a call of its is under way: silence counts from its end)" if owner.calls else "")
+                + self._unused_note(owner, now),
             )
         if _deadline_passed(context):
             # (its answer could not be sent: a claim now would lock out the client's retries until it timed out)

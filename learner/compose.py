@@ -211,16 +211,26 @@ def resolve_compose(target: str) -> list[str]:
             "list containers",
             lambda client: client.api.containers(all=True, filters={"label": [PROJECT_LABEL]}),
         )
+        labels_of = [c.get("Labels") or {} for c in others]
         services = sorted(
             {
-                f"{(c.get('Labels') or {}).get(PROJECT_LABEL, '')}/{(c.get('Labels') or {}).get(SERVICE_LABEL, '')}"
-                for c in others
+                f"{lb.get(PROJECT_LABEL, '')}/{lb.get(SERVICE_LABEL, '')}"
+                for lb in labels_of
+                if lb.get(ONEOFF_LABEL) != "True"
             }
         )
+        one_offs = [
+            lb
+            for lb in labels_of
+            if lb.get(ONEOFF_LABEL) == "True"
+            and lb.get(SERVICE_LABEL) == service
+            and project in (None, lb.get(PROJECT_LABEL))
+        ]
         where = f" in project {project!r}" if project else ""
+        one_off = " (only `docker compose run` containers of it, which are no replicas)" if one_offs else ""
         raise AddressError(
-            f"address 'compose:{target}': no container of a compose service {service!r}{where}; compose services "
-            f"with containers here (project/service): {', '.join(services) or 'none'}"
+            f"address 'compose:{target}': no container of a compose service {service!r}{where}{one_off}; compose "
+            f"services with containers here (project/service): {', '.join(services) or 'none'}"
         )
     return replica_addresses([replica_from_record(c) for c in containers], target, host)
 

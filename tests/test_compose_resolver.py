@@ -5,7 +5,7 @@ These run without Docker on the records the engine returns; tests/test_docker.py
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -367,3 +367,23 @@ def test_the_engine_client_is_kept_between_look_ups_and_dropped_when_it_fails(mo
     with pytest.raises(AddressError, match=r"cannot reach the Docker engine \(refused\); is it running"):
         engine.ask_engine("compose:env", "list containers", lambda client: (_ for _ in ()).throw(OSError("refused")))
     assert len(made) == 6  # (the kept one, then a new one, which failed too: said as the engine unreachable)
+
+
+def test_a_service_with_only_one_off_containers_is_said_to_have_no_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`docker compose run env` alone: no replica (its one-off container publishes no port), said so, and the
+    services listed are those with replicas."""
+    from learner import compose
+    from learner.compose import ONEOFF_LABEL, PROJECT_LABEL, SERVICE_LABEL, resolve_compose
+
+    one_off = {"Labels": {PROJECT_LABEL: "p", SERVICE_LABEL: "env", ONEOFF_LABEL: "True"}}
+    replica_of_other = {"Labels": {PROJECT_LABEL: "p", SERVICE_LABEL: "web", ONEOFF_LABEL: "False"}}
+    answers: Iterator[object] = iter(
+        [([], None), [one_off, replica_of_other]]
+    )  # (the service's replicas; every compose container)
+    monkeypatch.setattr(compose, "ask_engine", lambda address, what, query: next(answers))
+    with pytest.raises(AddressError) as info:
+        resolve_compose("p/env")
+    assert "no container of a compose service 'env' in project 'p' (only `docker compose run` containers" in str(
+        info.value
+    )
+    assert str(info.value).endswith("(project/service): p/web")

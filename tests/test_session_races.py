@@ -174,6 +174,7 @@ def test_a_claim_does_not_time_out_while_its_call_runs(start_servers: StartServe
         error = _refusal(lambda: _claim(b, "B"))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
         assert "claimed by 'A'" in str(error.details()), error.details()
+        assert "(a call of its is under way: silence counts from its end)" in str(error.details())
         gate.unlink()
         reset.result()
         _step(a, session)  # (at once: its silence counts from the reset's end)
