@@ -989,7 +989,7 @@ class EnvClient:
                 )
                 self._step_over_grpc(f"is out of reach ({err}){hint}")
                 return None
-            self._socket, self._socket_buffer = sock, bytearray()
+            self._socket = sock  # (its answers' buffer: a new one, since the last connection's close)
         assert self._socket is not None
         step = SocketStep(self, self._socket, request, first=first, buffer=self._socket_buffer)
         return None if step.refused else step

@@ -62,6 +62,7 @@ __all__ = [
     "set_aside_abandoned",
     "set_aside_unreadable",
     "write_json",
+    "write_text",
     "writing",
 ]
 
@@ -147,7 +148,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _write_text(path: str | Path, text: str) -> None:
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write`)."""
+
     def write(f: IO[bytes]) -> None:
         f.write(text.encode())
 
@@ -155,7 +158,7 @@ def _write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    _write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
+    write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -184,7 +187,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    _write_text(path, "".join(json.dumps(jsonable(r)) + "\n" for r in rows))
+    write_text(path, "".join(json.dumps(jsonable(r)) + "\n" for r in rows))
 
 
 @contextlib.contextmanager

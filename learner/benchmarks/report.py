@@ -15,7 +15,7 @@ import statistics
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from learner import rundir
 
@@ -607,12 +607,7 @@ def write_report(results: dict[str, Any], out: Path) -> tuple[Path, Path]:
     bench.json); their paths."""
     out.mkdir(parents=True, exist_ok=True)
     markdown = out / "bench.md"
-    text = markdown_tables(results).encode()
-
-    def write(f: IO[bytes]) -> None:
-        f.write(text)
-
-    rundir.atomic_write(markdown, write)
+    rundir.write_text(markdown, markdown_tables(results))
     return markdown, plot_results(results, out / "bench.png")
 
 
