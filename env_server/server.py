@@ -45,7 +45,7 @@ from env_server.protocol import (
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import ANSWER_HEADROOM, AnswerHandshakes, EnvService, space_bytes
-from env_server.step_socket import StepSocketServer
+from env_server.step_socket import FileIdentity, StepSocketServer, file_identity, remove_own_file
 
 __all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
 
@@ -537,15 +537,14 @@ async def _serve(
     await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
     service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
     address = _listen_address(config)
-    socket_inode: int | None = None  # (of the Unix socket gRPC made: the teardown removes that one alone)
+    made_socket: FileIdentity | None = None  # (the Unix socket gRPC made: the teardown removes that one alone)
     orphaned = False  # (the parent died while the envs were built: their build not waited for)
     try:
         credentials = server_credentials(config)
         port = _add_port(server, config, credentials)
         await server.start()
         if config.unix_socket:
-            with contextlib.suppress(OSError):
-                socket_inode = os.lstat(config.unix_socket).st_ino
+            made_socket = file_identity(config.unix_socket)
         step_server = await _serve_step_socket(config, service)
         if metrics is not None:
             # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
@@ -644,10 +643,8 @@ async def _serve(
             service.detach()
             env = None
             gc.collect()
-        if socket_inode is not None and config.unix_socket:
-            with contextlib.suppress(FileNotFoundError):
-                if os.lstat(config.unix_socket).st_ino == socket_inode:
-                    os.unlink(config.unix_socket)  # ours, not a socket another server has made there since
+        if config.unix_socket:
+            remove_own_file(config.unix_socket, made_socket)
         if orphaned and watchdog.exits_process:
             # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
             _exit_now(

@@ -45,6 +45,27 @@ MAX_CONNECTIONS = 8
 _JOIN_BYTES = 64 * 1024
 
 
+FileIdentity = tuple[int, int, int]
+
+
+def file_identity(path: str) -> FileIdentity | None:
+    """What tells the file at ``path`` from one made there later: device, inode and change time (an
+    inode number alone does not: ext4 gives a removed socket's number to the next file made)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
+
+
+def remove_own_file(path: str, made: FileIdentity | None) -> None:
+    """Remove ``path`` if it is still the file this process made (``made``), not one another server
+    has made there since (a server started at the same path while this one's teardown ran)."""
+    if made is not None and file_identity(path) == made:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 class StepSocketServer:
     """Listens on ``path`` and serves the steps of ``service``'s session there.
 
@@ -64,7 +85,7 @@ class StepSocketServer:
         self.max_request_bytes = max_request_bytes  # the longest frame read (and so held) per connection
         self.connections: list[_Connection] = []  # oldest first
         self._server: asyncio.Server | None = None
-        self._inode: int | None = None  # of the socket file this server made (close removes only that)
+        self._made: FileIdentity | None = None  # the socket file this server made (close removes only that)
         # Log lines about connections closed to make room (anyone on the host can open many).
         self._evictions = RefusalLog(what="connections closed to make room")
 
@@ -75,8 +96,8 @@ class StepSocketServer:
                 os.unlink(self.path)  # left by a server that was killed (gRPC does the same for its own)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
-        self._inode = os.lstat(self.path).st_ino
         os.chmod(self.path, stat.S_IMODE(os.stat(mode_of).st_mode))
+        self._made = file_identity(self.path)
         self.service.on_session_end = self.session_ended
 
     def session_ended(self, session_id: str, reason: str) -> None:
@@ -143,9 +164,7 @@ class StepSocketServer:
             self._server.close()
         for connection in list(self.connections):
             connection.abort()
-        with contextlib.suppress(FileNotFoundError):
-            if self._inode is not None and os.lstat(self.path).st_ino == self._inode:
-                os.unlink(self.path)  # ours, not a file another server made there since
+        remove_own_file(self.path, self._made)
 
 
 class _Connection(asyncio.Protocol):

@@ -32,7 +32,7 @@ from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.step_socket import MAX_CONNECTIONS, StepSocketServer, _Connection
+from env_server.step_socket import MAX_CONNECTIONS, StepSocketServer, _Connection, file_identity, remove_own_file
 from learner import LocalServers, RemoteVectorEnv
 from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError, SessionError
 from tests.compare import assert_same
@@ -935,6 +935,27 @@ def test_a_server_leaves_the_socket_of_a_server_that_took_its_path_during_its_te
             envs.reset(seed=0)
             envs.step(np.zeros(1, dtype=np.int64))
             assert envs._clients[0].step_socket == path + STEP_SOCKET_SUFFIX
+
+
+def test_a_socket_made_at_the_path_since_is_not_removed_even_with_the_inode_number_of_the_old_one() -> None:
+    """ext4 gives a removed file's inode number to the next file made (a server started at the path
+    during another's teardown unlinks the old socket and binds anew): the file is told by its change
+    time too (was: by its inode number alone, so the first server's teardown removed the second's
+    socket, now and then, in CI)."""
+    with tempfile.TemporaryDirectory(prefix="ef-") as folder:
+        path = f"{folder}/env.sock"
+        with socket.socket(socket.AF_UNIX) as first:
+            first.bind(path)
+            made = file_identity(path)
+        assert made is not None
+        os.unlink(path)  # (as the second server's bind does)
+        time.sleep(0.01)  # (a server's start takes longer: coarse clocks tick every 1-4 ms)
+        with socket.socket(socket.AF_UNIX) as second:
+            second.bind(path)
+            remove_own_file(path, made)
+            assert os.path.exists(path)
+            remove_own_file(path, file_identity(path))
+            assert not os.path.exists(path)
 
 
 @pytest.mark.parametrize("transport", ["Step", "StepStream", "step socket"])

@@ -576,7 +576,7 @@ def test_pipelined_training_keeps_episode_boundaries_and_records_replica_stats(t
         # summary.json: this session's figures per server.
         replicas = rundir.read_json(tmp_path / run / rundir.SUMMARY)["replicas"]
         assert set(replicas) == set(addresses)
-        for totals in replicas.values():
+        for address, totals in replicas.items():
             assert totals["steps"] == 8 * len(rows) and totals["num_envs"] == 2 and totals["failures"] == 0
             assert totals["env_p50_ms"] > 0 and totals["latency_p50_ms"] >= totals["env_p50_ms"]
             assert totals["latency_max_ms"] >= max(r[f"replicas/{address}/latency_max_ms"] for r in rows) - 1e-4
