@@ -897,7 +897,9 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
         elif error is not None:
             count = f"{result['episodes']} of {result['episodes_asked']} episodes finished before the error,"
         print(f"{result['env']}: {count} of the {policy} policy in {result['checkpoint']}, on {result['envs']}")
-        if result["episodes"]:
+        if result["episodes"] == 1:  # (no spread to give)
+            print(f"return {format_return(result['return_mean'])}, length {result['length_mean']:.0f}")
+        elif result["episodes"]:
             print(
                 f"return {format_return(result['return_mean'])} +- {format_return(result['return_std'])} "
                 f"(min {format_return(result['return_min'])}, max {format_return(result['return_max'])}), "

@@ -6,13 +6,15 @@ No torch here: the CLI builds ``learner train --help`` from these dataclasses wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
 import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import gymnasium as gym
 
@@ -33,6 +35,7 @@ __all__ = [
     "default_run_dir",
     "pick_preset",
     "resolve_ppo",
+    "type_error",
 ]
 
 Preset = Literal["auto", "classic", "mujoco", "atari"]
@@ -290,6 +293,12 @@ class Args:
     """Box actions: clip Gaussian samples to the bounds, or squash them with tanh"""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, os.PathLike):  # (run_dir=Path(...) from Python: kept as the str config.json records)
+                object.__setattr__(self, f.name, value := os.fspath(value))
+            if f.name != "servers" and (wrong := type_error(f.name, value)) is not None:
+                raise TypeError(wrong)
         servers: object = self.servers
         if isinstance(servers, list | tuple) and servers and all(isinstance(a, str) for a in servers):
             # (from Python: LocalServers(...).addresses, a list, as RemoteVectorEnv takes them)
@@ -584,6 +593,54 @@ def check_device(spec: str) -> str:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return get_type_hints(Args)
+
+
+def type_error(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` as ``Args``' field ``name`` by its type (a config.json edited by hand,
+    Args built from Python), naming the option as --resume's and the CLI's messages do; None if nothing
+    (its range is __post_init__'s to check). Unknown names: None."""
+    wanted = _field_types().get(name)
+    if wanted is None or _fits(value, wanted):
+        return None
+    return f"--{_flag(name)}: expected {_described(wanted)}, got {value!r} ({type(value).__name__})"
+
+
+def _fits(value: object, wanted: Any) -> bool:
+    origin, params = get_origin(wanted), get_args(wanted)
+    if wanted is Any:
+        return True
+    if wanted is type(None):
+        return value is None
+    if origin is Literal:
+        return any(value == choice and type(value) is type(choice) for choice in params)
+    if params and origin not in (tuple, dict):  # a union: X | None
+        return any(_fits(value, member) for member in params)
+    if origin is tuple:  # tuple[int, ...] (lists too: JSON has no tuples)
+        return isinstance(value, tuple | list) and all(_fits(item, params[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(key, str) for key in value)
+    if wanted is float:  # (numpy's numbers too)
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if wanted is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, wanted)
+
+
+def _described(wanted: Any) -> str:
+    origin, params = get_origin(wanted), get_args(wanted)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in params)
+    if params and origin not in (tuple, dict):
+        return " or ".join(_described(member) for member in params)
+    if origin is tuple:
+        return "a list of " + _described(params[0]).removeprefix("an ").removeprefix("a ") + "s"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+    return "an object" if origin is dict else names.get(wanted, getattr(wanted, "__name__", str(wanted)))
 
 
 @dataclass(frozen=True)

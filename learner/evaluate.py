@@ -350,12 +350,12 @@ def evaluate(
         result["video"] = recorded
     if returns:
         log.info(
-            "evaluated %s over %d episodes%s: %.2f +- %.2f",
+            "evaluated %s over %s%s: %.2f%s",
             path,
-            len(returns),
+            "1 episode" if len(returns) == 1 else f"{len(returns)} episodes",
             f" (interrupted; {episodes} asked)" if interrupted else "",
             result["return_mean"],
-            result["return_std"],
+            "" if len(returns) == 1 else f" +- {result['return_std']:.2f}",
         )
     return result
 

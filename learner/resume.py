@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from learner.config import (
     SESSION_OPTIONS,
     Args,
     check_served_env_here,
+    type_error,
     wrappers_option,
 )
 from learner.device import pick_device
@@ -101,7 +103,7 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     config = Path(run_dir) / rundir.CONFIG
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    recorded = _read_run_config(config, "--resume")
+    recorded = _read_run_config(config, "--resume", overrides)
     # As recorded (checked once the overrides are in: one may mend what this version refuses), with
     # the progress display and the metrics endpoint this session's.
     values = {**recorded["args"], **SESSION_OPTIONS}
@@ -140,9 +142,10 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     return _recorded_with(saved, recorded, overrides, run_dir, "resume", resume=resume, run_dir=str(run_dir))
 
 
-def _read_run_config(config: Path, flag: str) -> dict[str, Any]:
+def _read_run_config(config: Path, flag: str, given: Collection[str]) -> dict[str, Any]:
     """A run's config.json (``config``), read for ``flag`` (--resume, --like): ValueError naming the file and the
-    option where it is no run's (damaged, or someone else's file), not a traceback from deep in its reading."""
+    option where it is no run's (damaged, or someone else's file) or records an option of the wrong type (edited
+    by hand; not one ``given`` here instead), not a traceback from deep in its reading."""
     try:
         recorded = rundir.read_json(config)
     except OSError as err:
@@ -154,6 +157,11 @@ def _read_run_config(config: Path, flag: str) -> dict[str, Any]:
     for key in ("ppo", "envs"):
         if recorded.get(key) is not None and not isinstance(recorded[key], dict):
             raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG} (its '{key}' is not an object)")
+    for name, value in recorded["args"].items():
+        if name not in given and (wrong := type_error(name, value)) is not None:
+            raise ValueError(
+                f"{flag}: {config} records {wrong}; mend it there, or give --{name.replace('_', '-')} here"
+            )
     return recorded
 
 
@@ -197,7 +205,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     config = path / rundir.CONFIG if path.is_dir() else path
     if not config.is_file():
         raise FileNotFoundError(f"--like: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    recorded = _read_run_config(config, "--like")
+    recorded = _read_run_config(config, "--like", overrides)
     fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
     other_env = overrides.get("env", values.get("env")) != values.get("env")

@@ -278,6 +278,7 @@ def test_eval_reports_the_deterministic_policy_on_local_servers(
     assert main(["eval", str(trained_run), "--episodes", "1", "--backend", "gym"]) == 0  # PATH, as plot takes it
     out = capsys.readouterr().out
     assert "1 episode of the deterministic policy" in out
+    assert re.search(r"^return [-\d.]+, length 3$", out, re.MULTILINE), out  # (one episode: no "+- 0")
     assert "on in-process gymnasium SyncVectorEnv, 1 x tests.envs:ClockEnv" in out, out
 
 

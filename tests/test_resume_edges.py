@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,6 +164,41 @@ def test_a_damaged_config_json_is_an_error_naming_the_file_and_resume(tmp_path: 
     assert str(refused.value).startswith(f"--resume: {tmp_path / rundir.CONFIG} is no run's config.json{why}")
     with pytest.raises(ValueError, match=r"^--like: .* is no run's config\.json"):  # (the same reading)
         like_args(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ({"num_steps": "abc"}, "--num-steps: expected an integer or null, got 'abc' (str)"),
+        ({"learning_rate": [1]}, "--learning-rate: expected a number or null, got [1] (list)"),
+        ({"hidden_sizes": [64, "a"]}, "--hidden-sizes: expected a list of integers or null, got [64, 'a'] (list)"),
+        ({"backend": "docker"}, "--backend: expected one of 'remote', 'gym', got 'docker' (str)"),
+        ({"norm_obs": 1}, "--norm-obs: expected true or false or null, got 1 (int)"),
+    ],
+)
+def test_a_config_json_option_of_the_wrong_type_is_an_error_naming_file_and_option(
+    tmp_path: Path, args: dict[str, object], why: str
+) -> None:
+    """A config.json edited by hand (was: a TypeError traceback from Args' checks); an option given here
+    instead of the damaged one mends it."""
+    rundir.write_json(tmp_path / rundir.CONFIG, {"args": {"env": "CartPole-v1", **args}})
+    name = next(iter(args))
+    flag = "--" + name.replace("_", "-")
+    for read, option in ((resume_args, "--resume"), (like_args, "--like")):
+        with pytest.raises(ValueError) as refused:
+            read(tmp_path)
+        assert str(refused.value) == (
+            f"{option}: {tmp_path / rundir.CONFIG} records {why}; mend it there, or give {flag} here"
+        )
+    mended = {"num_steps": 8, "learning_rate": 1e-3, "hidden_sizes": (8,), "backend": "gym", "norm_obs": True}
+    assert getattr(like_args(tmp_path, **{name: mended[name]}), name) == mended[name]
+
+
+def test_args_of_the_wrong_type_from_python_are_a_type_error_naming_the_option() -> None:
+    with pytest.raises(TypeError, match=r"^--num-steps: expected an integer or null, got '8' \(str\)$"):
+        Args(num_steps="8")  # type: ignore[arg-type]
+    assert Args(num_steps=np.int64(8), learning_rate=np.float32(1e-3)).num_steps == 8  # type: ignore[arg-type]
+    assert Args(run_dir=Path("runs/a")).run_dir == "runs/a"  # type: ignore[arg-type]
 
 
 # -- a run moved onto --servers -------------------------------------------------------------------------------------
