@@ -317,7 +317,10 @@ def test_every_server_restarting_and_still_building_its_envs_is_waited_for_up_to
             [sys.executable, "-m", "env_server", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         ) as again:
             try:
+                deadline = time.monotonic() + 60
                 while _health(server.address) != "NOT_SERVING":  # (it listens, and builds its envs)
+                    assert again.poll() is None, "the server started again exited (its port taken meanwhile?)"
+                    assert time.monotonic() < deadline, "the server started again did not answer within 60 s"
                     time.sleep(0.1)
                 change = envs.refresh()
                 assert change is not None and change.added == (server.address,) and envs.num_envs == 2

@@ -337,11 +337,11 @@ def test_an_answer_that_came_while_the_learner_was_busy_past_the_timeout_is_on_t
     between step_async and step_wait (a long update, say) does not make a step late whose answer
     came meanwhile: a large one (2 x 1 MB infos, more than a socket buffer holds) included."""
     addresses = start_servers("tests.envs:InfoWidthEnv", 1, K, env_kwargs={"width": 1 << 17})
-    with RemoteVectorEnv(addresses, timeout=0.5, step_socket=step_socket) as envs:
+    with RemoteVectorEnv(addresses, timeout=1.0, step_socket=step_socket) as envs:
         envs.reset(seed=0)
         for t in range(1, 4):
             envs.step_async(np.zeros(K, dtype=np.int64))
-            time.sleep(1.0)  # 2 x the timeout
+            time.sleep(2.0)  # 2 x the timeout (of 1 s: a 2 MB answer on a loaded host)
             _, _, _, _, infos = envs.step_wait()
             assert infos["v"].shape == (K, 1 << 17) and (infos["v"] == t).all()
 

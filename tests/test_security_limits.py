@@ -265,7 +265,7 @@ def test_the_metrics_endpoint_serves_a_few_connections_at_once_and_closes_more(
     try:
         time.sleep(0.1)  # (taken in: each holds its thread)
         with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as extra:
-            assert _closed_within(extra, 5.0) < 0.3
+            assert _closed_within(extra, 5.0) < 2.0  # (at once; the margin is a loaded machine's)
         assert "metrics endpoint: 2 connections open, the most it serves at once; closed one" in caplog.text
     finally:
         for sock in idle:

@@ -100,7 +100,7 @@ def test_a_reset_that_waited_while_its_session_ended_does_not_reset_the_next_lea
         options = pb.Value()
         codec.encode_value({"level": np.int64(7)}, options, "options")
         reset = pool.submit(_reset, a, session_a, seeds=[pb.Seed(value=42)], options=options)
-        time.sleep(0.3)  # (A's Reset reaches the server, and waits for the envs)
+        time.sleep(1.5)  # (A's Reset reaches the server, and waits for the envs: given time on a loaded machine)
         a.Release(pb.ReleaseRequest(session_id=session_a), timeout=5)
         session_b = _claim(b, "B")
         gate.unlink()

@@ -358,9 +358,10 @@ def test_refused_connections_are_logged_at_most_once_in_a_while(
 
 @pytest.mark.slow
 def test_an_answer_that_came_in_time_is_no_timeout_when_another_server_is_late(start_servers: Any) -> None:
-    slow = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "1500"])
+    slow = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "3000"])
     fast = start_servers("CartPole-v1", envs_per_server=2, transport="unix")
-    with RemoteVectorEnv([*slow, *fast], timeout=0.5, fault_tolerant=True) as envs:
+    # (the fast server's first step, its step socket connected: 1 s even on a loaded host)
+    with RemoteVectorEnv([*slow, *fast], timeout=1.0, fault_tolerant=True) as envs:
         envs.reset(seed=0)
         _, rewards, _, truncations, infos = envs.step(np.zeros(4, dtype=np.int64))
         # The slow server ran out of time and counts as lost; the fast one answered (read after the
