@@ -527,16 +527,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.write(ready_fd, f"listening on {address}\n".encode())
 
     from env_server.envs import EnvBuildError
-    from env_server.server import run
+    from env_server.server import START_FAILED_STATUS, run
 
     try:
         status = run(config, on_ready)
     except EnvBuildError as err:
         print(f"env-server: error: {err}", file=sys.stderr)
-        return 2
+        return START_FAILED_STATUS
     except OSError as err:
         print(f"env-server: error: {err}", file=sys.stderr)
-        return 2
+        return START_FAILED_STATUS
     except KeyboardInterrupt:
         return 130
     return status

@@ -426,17 +426,20 @@ def _in_worker(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env
 
 
 def _leave_the_servers_signals() -> None:
-    """In a worker forked from a server, which had taken SIGINT/SIGTERM over: those handlers and the
-    wakeup fd of the server's event loop (shared by the fork) would have a signal sent to the worker
+    """In a worker forked from a server, which had taken SIGINT/SIGTERM/SIGHUP over: those handlers and
+    the wakeup fd of the server's event loop (shared by the fork) would have a signal sent to the worker
     alone shut the whole server down. Both are left to the server, whose drain closes its workers: Ctrl-C
-    (SIGINT to the terminal's process group), and SIGTERM, which reaches every process of the group or
-    cgroup where GNU ``timeout``, ``kill -- -PGID`` or systemd (KillMode=control-group) stops the server
-    (a worker that ended then would fail the steps the drain is for, and the server's close of its
-    workers). A worker ends when the server closes it, when the server is gone (its pipe closes), or by
-    SIGKILL (the server's own, where it cannot wait: see WideInfoAsyncVectorEnv)."""
+    (SIGINT to the terminal's process group), SIGHUP (its terminal closed: likewise), and SIGTERM, which
+    reaches every process of the group or cgroup where GNU ``timeout``, ``kill -- -PGID`` or systemd
+    (KillMode=control-group) stops the server (a worker that ended then would fail the steps the drain is
+    for, and the server's close of its workers). A worker ends when the server closes it, when the server
+    is gone (its pipe closes), or by SIGKILL (the server's own, where it cannot wait: see
+    WideInfoAsyncVectorEnv)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _register_optional_envs() -> None:
@@ -514,7 +517,7 @@ def _ale_hint(env: str) -> str | None:
     return f"ALE's {version} ids are registered by ale_py: use --env ale_py:{env}"
 
 
-def _build_error(config: ServerConfig, err: Exception) -> EnvBuildError:
+def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
     """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
     if isinstance(err, gym.error.Error):
         return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}")
@@ -524,7 +527,8 @@ def _build_error(config: ServerConfig, err: Exception) -> EnvBuildError:
             f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: "
             + _one_line(err).split(" was raised from the environment creator")[0]
         )
-    return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}: {_one_line(err)}")
+    text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
+    return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else ""))
 
 
 def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None:
@@ -699,7 +703,12 @@ def _naming_worker(
 
     errors: Any = _NamingErrors(error_queue, index, made)  # (its put is all the worker uses of its queue)
     assert _ASYNC_WORKER is not None  # (used only then)
-    _ASYNC_WORKER(index, make, pipe, parent_pipe, shared_memory, errors, *rest)
+    try:
+        _ASYNC_WORKER(index, make, pipe, parent_pipe, shared_memory, errors, *rest)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        # The server's end of the pipe closed (the server is gone: killed, say): there is nobody to tell
+        # of it, and the worker ends (its env closed) without a traceback on the server's stderr.
+        return
 
 
 class _NamingErrors:
@@ -769,7 +778,10 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True, ctrl_c: bool = 
                 vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
     except EnvBuildError:
         raise
-    except Exception as err:  # anything gymnasium or an env's constructor raises
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # anything gymnasium or an env's constructor raises
+        if ctrl_c and isinstance(err, KeyboardInterrupt):  # (a Ctrl-C in a learner's process: not the env's)
+            raise
+        # (a SystemExit or KeyboardInterrupt too: raised on, it would skip the server's teardown)
         raise _build_error(config, err) from err
     if config.step_delay_ms > 0:
         vec = StepDelay(vec, config.step_delay_ms / 1000.0)

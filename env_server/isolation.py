@@ -50,6 +50,13 @@ RESERVED_INFO_KEYS = frozenset(
 )
 """Info keys envfleet writes itself (this module, and ``learner.remote``): an env's info may not use them."""
 
+NO_OPTIONS_KEY = ("envfleet", "no options")
+"""The server's own mark, in the options of a ``reset_mask`` reset whose request carried no options:
+gymnasium's vector envs pass each env what is left of ``{"reset_mask": mask}`` once they took the mask
+out (``{}``), and :class:`IsolateErrors` turns options holding this key into None, as a request with
+no options means (``ResetRequest.options``: unset for None). Not a string: no options that came over
+the wire can hold it (their keys are strings), and it survives pickling to an async worker."""
+
 # What an env's code may raise that must not end the server: every Exception, and the two
 # BaseExceptions an env might raise by mistake (the server handles its own signals without them).
 _CAUGHT = (Exception, SystemExit, KeyboardInterrupt)
@@ -144,6 +151,8 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         return self._last_obs if self._last_obs is not None else placeholder_observation(self.observation_space)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if options is not None and NO_OPTIONS_KEY in options:
+            options = None  # (a reset_mask reset that came with no options: see NO_OPTIONS_KEY)
         try:
             obs, info = self.env.reset(seed=seed, options=options)
             _check_info(info)

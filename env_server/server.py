@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
 import functools
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -418,7 +419,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     exit_margin_s: float = EXIT_MARGIN_S,
 ) -> int:
-    """Listen, build the envs, serve them until SIGTERM/SIGINT (or the parent process dies), then drain.
+    """Listen, build the envs, serve them until SIGTERM/SIGINT/SIGHUP (or the parent process dies), then drain.
 
     The health service answers NOT_SERVING from the moment the server listens until the envs exist
     (EnvService calls get UNAVAILABLE meanwhile), SERVING while they are served, and NOT_SERVING
@@ -433,18 +434,20 @@ async def serve(
 
     ``stop``: an event of the running loop that, once set, shuts the server down as SIGTERM does (from
     another thread: ``loop.call_soon_threadsafe(stop.set)``). Run in the main thread, the server takes
-    SIGTERM and SIGINT over while it serves (and gives them back; on Windows SIGBREAK too, Ctrl-Break);
-    in another thread it takes no signal (Python handles them in the main thread only): ``stop`` is then
-    the way to stop it.
+    SIGTERM, SIGINT and SIGHUP (unless ignored, as under ``nohup``) over while it serves (and gives them
+    back, unless ``watch_exit``; on Windows SIGBREAK too, Ctrl-Break); in another thread it takes no
+    signal (Python handles them in the main thread only): ``stop`` is then the way to stop it.
 
     A watchdog thread (``_Watchdog``) runs meanwhile; ``watch_exit`` (:func:`run`, whose process
     exits next) keeps it running after the return, so that the process exits within ``exit_margin_s``
     (default :data:`EXIT_MARGIN_S`) of the teardown's start even where an env thread that cannot be
-    stopped would hold its exit up. One server per process.
+    stopped (or a non-daemon thread an env started) would hold its exit up, with the status returned
+    (see ``_Watchdog.served``); its signal handlers then stay, so that a signal on the way out changes
+    nothing (a second Ctrl-C exits at once, status 1). One server per process.
     """
     if isinstance(exit_margin_s, bool) or not (isinstance(exit_margin_s, int | float) and exit_margin_s >= 0):
         raise ValueError(f"exit_margin_s: expected a number of seconds >= 0, got {exit_margin_s!r}")
-    # Handle SIGTERM/SIGINT from the start, so a signal that comes as soon as we say we are ready
+    # Handle SIGTERM/SIGINT/SIGHUP from the start, so a signal that comes as soon as we say we are ready
     # still means a clean shutdown. Both the loop's handlers (its wakeup fd wakes the loop whichever
     # thread the signal reaches) and, over the Python-level part of them, handlers that run in this
     # thread between two bytecodes while an env call on the loop hangs too, and tell the watchdog.
@@ -452,9 +455,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     watchdog = _Watchdog(config, loop, stop, exit_margin_s)
     watchdog.exits_process = watch_exit
-    # (SIGBREAK: Windows' Ctrl-Break, and the CTRL_BREAK_EVENT that stops a child process there)
-    signals = [signal.SIGTERM, signal.SIGINT, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]
     in_main_thread = threading.current_thread() is threading.main_thread()
+    signals = _stopping_signals()
     previous = {sig: signal.getsignal(sig) for sig in signals} if in_main_thread else {}
     on_loop = []
     for sig in signals:
@@ -464,17 +466,54 @@ async def serve(
             on_loop.append(sig)
         if in_main_thread:
             signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
+    if watch_exit and in_main_thread:
+        atexit.register(_deaf_at_exit, signals, watchdog.on_signal)
     if config.vectorization != "async":  # (under async vectorization, once its workers exist: see _serve)
         watchdog.begin()
     try:
-        return await _serve(config, on_ready, stop, watchdog)
+        status = await _serve(config, on_ready, stop, watchdog)
+    except BaseException as err:
+        # (what main() makes of it: see env_server.__main__)
+        watchdog.served(START_FAILED_STATUS if isinstance(err, EnvBuildError | OSError) else HARD_EXIT_STATUS)
+        raise
+    else:
+        watchdog.served(status)
+        return status
     finally:
-        for sig in on_loop:
-            loop.remove_signal_handler(sig)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig in signals:
+            if sig in on_loop:
+                loop.remove_signal_handler(sig)  # (which puts SIG_DFL back: replaced at once, below)
+            if sig in previous:
+                # In a process that exits next (run()'s), a signal that comes on its way out (asyncio.run's
+                # clean-up, the interpreter's exit) is still the server's: a second SIGTERM changes nothing
+                # and a second Ctrl-C exits at once, as during the drain. The handlers from before (SIG_DFL)
+                # would have it end by the signal, its exit status lost.
+                signal.signal(sig, watchdog.on_signal if watch_exit else previous[sig])
         if not watch_exit:
             watchdog.finished.set()
+
+
+def _deaf_at_exit(signals: list[signal.Signals], handler: Callable[[int, Any], None]) -> None:
+    """At the interpreter's exit after :func:`run` (an exit handler: once the threads it waits for have
+    ended, with the other exit handlers), ignore ``signals`` where ``handler`` (the watchdog's) still
+    takes them: as its finalization begins, Python puts SIG_DFL back for every signal a Python
+    function handled (not for an ignored one) and then takes a while (tens of ms: freeing its modules),
+    and a SIGTERM meanwhile ended the process by the signal, its exit status lost."""
+    for sig in signals:
+        if signal.getsignal(sig) == handler:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _stopping_signals() -> list[signal.Signals]:
+    """The signals that stop a server run in the main thread: SIGTERM, SIGINT (Ctrl-C), SIGHUP (its
+    terminal closed, an ssh session dropped) unless ignored when the server began (under ``nohup``),
+    and Windows' SIGBREAK (Ctrl-Break, and the CTRL_BREAK_EVENT that stops a child process there)."""
+    signals = [signal.SIGTERM, signal.SIGINT]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, None):
+        signals.append(signal.SIGHUP)
+    if hasattr(signal, "SIGBREAK"):
+        signals.append(signal.SIGBREAK)
+    return signals
 
 
 async def _serve(
@@ -500,8 +539,10 @@ async def _serve(
         # child may inherit a lock another thread held, for good; Python 3.12 warns of a fork from a
         # process of several threads): it starts once they exist, or at a SIGTERM/SIGINT meanwhile (see
         # _Watchdog.request_stop), which a build that hangs then cannot hold up past the grace period.
+        # (the parent process, --parent-pid, is looked for meanwhile all the same: see _parent_watched)
         started = time.perf_counter()
-        env = build_vector_env(config, copy=False)  # each result is encoded before the next call
+        with _parent_watched(config):
+            env = build_vector_env(config, copy=False)  # each result is encoded before the next call
         build_s = time.perf_counter() - started
         watchdog.begin()
     metrics = None
@@ -541,11 +582,19 @@ async def _serve(
     orphaned = False  # (the parent died while the envs were built: their build not waited for)
     try:
         credentials = server_credentials(config)
+        if env is not None:
+            # Checked again, the envs built (under async vectorization, before anything listens: that may
+            # take minutes): another server may have started at the Unix socket's path meanwhile, whose
+            # socket gRPC would replace, taking its learners over (and the same goes for the ports).
+            _check_bindable(config)
         port = _add_port(server, config, credentials)
         await server.start()
         if config.unix_socket:
             made_socket = file_identity(config.unix_socket)
+            watchdog.own_files = ((config.unix_socket, made_socket),)
         step_server = await _serve_step_socket(config, service)
+        if step_server is not None:
+            watchdog.own_files += ((step_server.path, step_server.made),)
         if metrics is not None:
             # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
             # not a scrape target that is down.
@@ -560,7 +609,7 @@ async def _serve(
             )
             # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
             started = time.perf_counter()
-            env = await _build_unless_orphaned(service, config, watchdog)
+            env = await _build_unless_orphaned(service, config, watchdog, stop)
             if env is None:  # (the parent is gone: nobody to serve them to; the teardown exits)
                 orphaned = True
                 return HARD_EXIT_STATUS
@@ -673,20 +722,77 @@ async def _serve(
     return 0 if closed else HARD_EXIT_STATUS
 
 
-async def _build_unless_orphaned(service: EnvService, config: ServerConfig, watchdog: _Watchdog) -> Any:
+async def _build_unless_orphaned(
+    service: EnvService, config: ServerConfig, watchdog: _Watchdog, stop: asyncio.Event
+) -> Any:
     """The envs, built on the env thread; None if the parent process (``--parent-pid``) dies first: a
     server of a learner that was killed serves nobody, and does not wait out a long build (a stop asked
-    otherwise, SIGTERM, waits for the build, as the envs are then closed)."""
+    otherwise, SIGTERM, waits for the build, as the envs are then closed: it says so, and drains)."""
     build = asyncio.ensure_future(service.run_in_env_thread(functools.partial(build_vector_env, config, copy=False)))
     orphaned = asyncio.ensure_future(watchdog.orphaned.wait())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({build, orphaned}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({build, orphaned, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if stopped in done and not build.done() and not orphaned.done():
+            log.info(
+                "shutting down while its envs are being built: waiting for the build to end (up to %.1f s), "
+                "then closing them",
+                config.grace_s + watchdog.exit_margin_s,
+            )
+            service.drain()  # (calls meanwhile: "shutting down", not "starting")
+            await asyncio.wait({build, orphaned}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         orphaned.cancel()
+        stopped.cancel()
     if not build.done():
         build.add_done_callback(_forget)  # (whatever it ends with: nobody waits for it)
         return None
     return build.result()
+
+
+@contextlib.contextmanager
+def _parent_watched(config: ServerConfig) -> Iterator[None]:
+    """While async vectorization's envs are built in this thread, before the watchdog's thread may start
+    (see _serve), look for the parent process (``--parent-pid``) every _WATCH_S all the same, with a
+    timer's SIGALRM (no thread): once it is gone, exit (status 1), as a server whose parent dies during
+    a sync build does, killing the workers forked so far and the rest of the process group, rather than
+    build on for nobody (for good, where the build hangs). The handler runs between two bytecodes of
+    this thread, a blocking call (a pipe's read waiting for a worker) interrupted; a build that hangs in
+    C code holding the GIL holds it up too. Only where the timer and SIGALRM are free (Unix, the main
+    thread, no handler or timer of someone else's)."""
+    parent = config.parent_pid
+    if not (
+        parent
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    ):
+        yield
+        return
+    server_pid = os.getpid()
+
+    def look(signum: int, frame: object) -> None:
+        if os.getpid() != server_pid:  # (a worker, which inherits the handler, not the timer: not ours)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGALRM)
+            return
+        if os.getppid() != parent:
+            _exit_now(
+                config,
+                HARD_EXIT_STATUS,
+                "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
+                parent,
+                HARD_EXIT_STATUS,
+            )
+
+    signal.signal(signal.SIGALRM, look)
+    signal.setitimer(signal.ITIMER_REAL, _WATCH_S, _WATCH_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def _forget(future: asyncio.Future[Any]) -> None:
@@ -878,6 +984,9 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
 
 # The exit status then (the envs were not closed: not a clean shutdown); also when the envs' close raised.
 HARD_EXIT_STATUS = 1
+# The exit status of a server that could not start (a bad configuration, its envs' build failed, its
+# address taken): env-server's (see env_server.__main__), as argparse's for a bad option.
+START_FAILED_STATUS = 2
 # The exit status of a server whose env call ran past --hang-timeout.
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
@@ -887,11 +996,13 @@ _WATCH_S = 0.25
 class _Watchdog(threading.Thread):
     """What must happen even while an env call holds the event loop up (a quick env's steps run on
     the loop, see env_server.service.INLINE_LIMIT_S, and one of them may hang): noticing that the
-    parent process is gone; exiting when a shutdown asked for (SIGTERM, SIGINT, the parent gone) has
+    parent process is gone; exiting when a shutdown asked for (SIGTERM, SIGINT, SIGHUP, the parent gone) has
     not begun its teardown within the grace period and ``exit_margin_s``, or the teardown has not ended
     within ``exit_margin_s`` (an env call on the env thread or the envs' close still running: that thread
-    cannot be stopped, and waiting for it would keep the process up as long as it runs); and
-    ``--hang-timeout``. A thread, so that it runs while the loop cannot: a hang in Python code or in
+    cannot be stopped, and waiting for it would keep the process up as long as it runs), or the process
+    has not exited by then once serve() returned (a non-daemon thread an env left running: then with
+    serve()'s status); and ``--hang-timeout``. Its exits at once remove the socket files the server made.
+    A thread, so that it runs while the loop cannot: a hang in Python code or in
     a blocking call lets it run; one in C code that holds the GIL stops every thread, and only
     SIGKILL ends it."""
 
@@ -919,6 +1030,11 @@ class _Watchdog(threading.Thread):
         self.parent_gone = False
         self.orphaned = asyncio.Event()
         """Set (on the loop) once the parent process (``--parent-pid``) is gone."""
+        self.own_files: tuple[tuple[str, FileIdentity | None], ...] = ()
+        """The socket files this server made (the Unix socket, the step socket) and their identities: an
+        exit at once removes them (those alone, not another server's made at the path since)."""
+        self.exit_status: int | None = None
+        """What serve() returned (or the exit status its exception makes); None while it runs."""
         self._begun = False
 
     def begin(self) -> None:
@@ -935,13 +1051,29 @@ class _Watchdog(threading.Thread):
         # commonly do; the calls in flight are abandoned (their learners see the connection drop). A
         # second SIGTERM changes nothing: the drain has its deadline (the grace period, then the
         # watchdog's exit).
+        # SIGHUP is taken as SIGTERM is (its terminal closed, say: see _detach_from_terminal).
         first = self.signal_at
         if first and signum == signal.SIGINT and time.monotonic() - first >= DOUBLE_TAP_S:
-            _exit_now(self.config, 1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
+            self.exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
+        if signum == getattr(signal, "SIGHUP", None):
+            _detach_from_terminal()
         if self.stop_asked_at:
             log.info("%s: already shutting down", signal.Signals(signum).name)
         self.signal_at = self.signal_at or time.monotonic()
         self.request_stop()
+
+    def served(self, status: int) -> None:
+        """serve() is done, and the process is to exit with ``status``: should anything hold its exit up
+        past the deadline (a non-daemon thread an env started and did not stop), :meth:`run` exits with
+        ``status``, saying what held it up, not as a teardown that did not end."""
+        self.exit_status = status
+        self.teardown_at = self.teardown_at or time.monotonic()  # (a start that failed before its teardown)
+        if self.exits_process:
+            self.begin()  # (a start under async vectorization may fail before the watchdog's)
+
+    def exit_now(self, status: int, message: str, *args: object) -> None:
+        """:func:`_exit_now`, removing the socket files this server made."""
+        _exit_now(self.config, status, message, *args, own_files=self.own_files)
 
     def request_stop(self) -> None:
         """Shut down: the loop drains as soon as it can; if it cannot in time, :meth:`run` exits (started
@@ -975,8 +1107,7 @@ class _Watchdog(threading.Thread):
             started = service.call_started if service is not None else 0.0
             if hang_s and started and now - started > hang_s:
                 assert service is not None
-                _exit_now(
-                    self.config,
+                self.exit_now(
                     HUNG_EXIT_STATUS,
                     "the envs' %s has run for %.1f s, longer than --hang-timeout %g s: exiting (status %d) so that "
                     "whatever runs this server can start it again (a hung env call can be neither stopped nor "
@@ -992,8 +1123,9 @@ class _Watchdog(threading.Thread):
             margin = self.exit_margin_s
             late = bool(self.stop_asked_at) and now - self.stop_asked_at > self.config.grace_s + margin
             if self.teardown_at and (late or (not self.stop_asked_at and now - self.teardown_at > margin)):
-                _exit_now(
-                    self.config,
+                if self.exit_status is not None:
+                    self._exit_held_up(self.exit_status)
+                self.exit_now(
                     HARD_EXIT_STATUS,
                     "the teardown did not end within %.0f s (an env call or the envs' close still running): "
                     "exiting without waiting for it (status %d)",
@@ -1001,8 +1133,7 @@ class _Watchdog(threading.Thread):
                     HARD_EXIT_STATUS,
                 )
             if late and not self.teardown_at:
-                _exit_now(
-                    self.config,
+                self.exit_now(
                     HARD_EXIT_STATUS,
                     "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "
                     "waiting for it (status %d)",
@@ -1013,13 +1144,58 @@ class _Watchdog(threading.Thread):
                     HARD_EXIT_STATUS,
                 )
 
+    def _exit_held_up(self, status: int) -> None:
+        """Exit with ``status``, serve()'s: its teardown is over, and something else holds the process's
+        exit up (the interpreter waits for every non-daemon thread before it exits)."""
+        main = threading.main_thread()
+        threads = [t.name for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+        _exit_now(
+            self.config,
+            status,
+            "the server has stopped, but %s the process's exit up: exiting without waiting for %s (status %d)",
+            f"non-daemon thread(s) {', '.join(map(repr, threads))} (an env's, which its close did not end?) hold"
+            if threads
+            else "something (an exit handler?) holds",
+            "them" if threads else "it",
+            status,
+            own_files=self.own_files,
+            level=logging.WARNING if status == 0 else logging.ERROR,
+        )
 
-def _exit_now(config: ServerConfig, status: int, message: str, *args: object) -> None:
-    """Log ``message`` as an error and exit at once with ``status``: no cleanup, no waiting for the env
-    thread; async vectorization's worker processes are killed, not left behind, and so, in a server a
+
+def _detach_from_terminal() -> None:
+    """SIGHUP: the server's terminal may be gone, and writing to it fails (EIO; a failed last flush of
+    stderr would make the exit status 120): its log lines from here on (those of the drain) go nowhere
+    where stdout or stderr is a terminal (a character device: a closed one is no tty to isatty)."""
+    with contextlib.suppress(OSError):
+        fds = [fd for fd in (1, 2) if stat.S_ISCHR(os.fstat(fd).st_mode)]
+        if not fds:
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for fd in fds:
+                os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+
+def _exit_now(
+    config: ServerConfig,
+    status: int,
+    message: str,
+    *args: object,
+    own_files: tuple[tuple[str, FileIdentity | None], ...] = (),
+    level: int = logging.ERROR,
+) -> None:
+    """Log ``message`` (as an error: ``level``) and exit at once with ``status``: no cleanup, no waiting for the env
+    thread; the socket files in ``own_files`` (path, identity: see :func:`remove_own_file`) are removed;
+    async vectorization's worker processes are killed, not left behind, and so, in a server a
     learner started (``--parent-pid``; it leads its own process group), is the rest of its group: what
     its envs started (a simulator), whose envs will not be closed."""
-    log.error(message, *args)
+    log.log(level, message, *args)
+    for path, made in own_files:
+        with contextlib.suppress(OSError):
+            remove_own_file(path, made)
     for child in multiprocessing.active_children():
         with contextlib.suppress(Exception):
             child.kill()

@@ -23,7 +23,7 @@ from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, refuse
-from env_server.isolation import ENV_ERROR_KEY
+from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     AUTH_METADATA_KEY,
@@ -231,8 +231,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     @property
     def env(self) -> gym.vector.VectorEnv:
-        """The vector env served; UNAVAILABLE (a ServiceError) while it is being built."""
+        """The vector env served; UNAVAILABLE (a ServiceError) while it is being built (shutting down, if
+        the server was stopped meanwhile: it closes the envs once built, and serves none)."""
         if self._env is None:
+            if self.draining:
+                raise shutting_down()
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, "the server is starting: its envs are being built; try again shortly"
             )
@@ -620,7 +623,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         seed: list[int | None] | int | None = seeds
         if seeds is not None and self._config.vectorization == "vector_entry_point":
             seed = seeds[0]  # an env's own vectorized implementation takes one seed for all its envs
-        options: dict[str, Any] | None = None
+        options: dict[Any, Any] | None = None  # (str keys, and NO_OPTIONS_KEY)
         if request.HasField("options"):
             # (writeable copies: an env may change an option's array in place, as it may locally)
             decoded = codec.decode_value(request.options, "options", writeable=True)
@@ -660,6 +663,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
                     grpc.StatusCode.FAILED_PRECONDITION, f"reset_mask: reset every env once before resetting some{why}"
                 )
             mask = np.array(request.reset_mask, dtype=np.bool_)
+            if options is None and self._config.vectorization != "vector_entry_point":
+                # No options in the request: the envs get None (their IsolateErrors takes this key out),
+                # not the {} that gymnasium's vector envs leave once they took reset_mask out.
+                options = {NO_OPTIONS_KEY: True}
             options = {**(options or {}), "reset_mask": mask}
         result, _ = await self._run_env(session, "reset", self.env.reset, seed=seed, options=options)
         try:

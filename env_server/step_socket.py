@@ -66,6 +66,29 @@ def remove_own_file(path: str, made: FileIdentity | None) -> None:
             os.unlink(path)
 
 
+def _check_stale(path: str) -> None:
+    """OSError saying why, unless the socket at ``path`` is stale (nothing listens there: a server that
+    was killed left it), so that another server's step socket is never replaced (its learners taken over,
+    as env_server.server's check of the gRPC socket's path prevents for that one)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return  # nothing listens there: stale
+    except PermissionError:
+        raise OSError(
+            "a socket this user may not connect to (another user's?): cannot tell whether a server listens there"
+        ) from None
+    except (BlockingIOError, TimeoutError):
+        pass  # a server whose backlog is full: busy, not gone
+    except OSError as err:
+        raise OSError(err.strerror or str(err)) from None
+    finally:
+        probe.close()
+    raise OSError("another server is listening there")
+
+
 class StepSocketServer:
     """Listens on ``path`` and serves the steps of ``service``'s session there.
 
@@ -89,10 +112,17 @@ class StepSocketServer:
         # Log lines about connections closed to make room (anyone on the host can open many).
         self._evictions = RefusalLog(what="connections closed to make room")
 
+    @property
+    def made(self) -> FileIdentity | None:
+        """The identity of the socket file this server made (see :func:`file_identity`); None until it listens."""
+        return self._made
+
     async def start(self, mode_of: str) -> None:
-        """Listen (OSError if that fails); the socket gets the permissions of the file ``mode_of`` (the gRPC socket)."""
+        """Listen (OSError if that fails, or if another server listens at the path); the socket gets the
+        permissions of the file ``mode_of`` (the gRPC socket)."""
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                _check_stale(self.path)
                 os.unlink(self.path)  # left by a server that was killed (gRPC does the same for its own)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
@@ -147,7 +177,11 @@ class StepSocketServer:
         return True
 
     def drain(self) -> None:
-        """Shutdown starts: idle connections are told so and closed; busy ones after their step."""
+        """Shutdown starts: no new connections (as gRPC takes none: a server started at the path meanwhile
+        finds the socket stale, and replaces it, see start); idle connections are told so and closed; busy
+        ones after their step."""
+        if self._server is not None:
+            self._server.close()  # (stops listening; the connections stay)
         for connection in list(self.connections):
             connection.drain()
 

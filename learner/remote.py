@@ -563,6 +563,25 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._assert_idle("reset")
         return self._reset(seed, options)
 
+    def _reset_unset_options(
+        self, mask: np.ndarray, *, seed: Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """``reset(seed=seed, options={**options, "reset_mask": mask})``, except that with no ``options``
+        (None or empty) the requests carry none, and the envs' ``reset`` gets ``options=None``, not the
+        ``{}`` that gymnasium's vector envs leave of ``{"reset_mask": mask}`` (which :meth:`reset` keeps).
+        For ``learner.sb3``, whose twin ``DummyVecEnv`` resets envs with no options."""
+        self._assert_idle("reset")
+        return self._reset(seed, {**(options or {}), "reset_mask": mask}, unset_if_empty=True)
+
+    def _needs_full_reset(self) -> bool:
+        """Whether a reset of some envs alone (``reset_mask``) would not make the fleet steppable: before
+        the first reset, after a failed step or reset (the envs that answered moved on unseen, and a
+        partial reset leaves that as it was; their servers refuse a mask until a full reset), or, not
+        fault-tolerant, with a server whose session ended (a new one starts all its envs over)."""
+        if not self._reset_once or self._stale is not None:
+            return True
+        return not self.fault_tolerant and any(c.session_ended for c in self._clients)
+
     def reset_async(
         self,
         *,
@@ -591,9 +610,16 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         return self._reset(seed, options, timeout)
 
     def _reset(
-        self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None, timeout: float | None = None
+        self,
+        seed: int | Sequence[int | None] | None,
+        options: dict[str, Any] | None,
+        timeout: float | None = None,
+        *,
+        unset_if_empty: bool = False,
     ) -> tuple[Any, dict[str, Any]]:
-        """:meth:`reset`'s work; ``timeout``: each server's Reset deadline (None: ``reset_timeout``)."""
+        """:meth:`reset`'s work; ``timeout``: each server's Reset deadline (None: ``reset_timeout``);
+        ``unset_if_empty``: options left empty once ``reset_mask`` is taken out are not sent (the envs
+        get None), see :meth:`_reset_unset_options`."""
         seeds = self._seeds(seed)
         # An int also seeds the vector env's own generator, as gymnasium's VectorEnv.reset does.
         if isinstance(seed, int | np.integer):
@@ -614,7 +640,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         try:
             # (options={} reaches the envs as {}, as on a local vector env: an env may read options.get(...));
             # so does {"reset_mask": mask}, whose mask gymnasium's vector envs pop, on servers reset whole too
-            send = options or given
+            # (unless unset_if_empty: no options sent, so the envs get None, as SB3's DummyVecEnv gives)
+            send = bool(options) if unset_if_empty else bool(options) or given
             encoded_options = codec.encode_value(options, pb.Value(), "options") if send else None
         except codec.CodecError as err:  # (it names the option: "options['x']: ...")
             raise InvalidArgumentError(str(err)) from err

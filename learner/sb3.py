@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from copy import deepcopy
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 
 try:
+    from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 except ImportError as err:  # (an optional dependency: say which extra brings it)
     raise ImportError(
@@ -22,6 +24,8 @@ except ImportError as err:  # (an optional dependency: say which extra brings it
         "pip install 'envfleet[sb3]' (from a clone: pip install -e '.[sb3]')"
     ) from err
 
+from env_server import codec
+from env_server.rpc import env_pb2 as pb
 from learner.errors import EnvFleetError, InvalidArgumentError, ServerUnavailableError, SpecMismatchError
 from learner.remote import RemoteVectorEnv
 
@@ -79,18 +83,21 @@ class RemoteVecEnv(VecEnv):
 
     Autoreset. Servers under ``--autoreset-mode SameStep`` reset an ended env in the step itself,
     which is SB3's form. Under the servers' default, ``NextStep`` (and ``Disabled``), a step in which
-    envs ended is followed by a reset of those envs (a ``reset_mask`` reset, unseeded, as
-    ``DummyVecEnv``'s autoreset): one more round trip on such steps, which ``SameStep`` servers save.
-    That needs servers that honour ``reset_mask``, which an env's own vectorized implementation
-    (``--vectorization vector_entry_point``) may not (gymnasium's CartPole one resets all its envs):
-    such servers are refused unless they reset in the same step.
+    envs ended is followed by a reset of those envs (a ``reset_mask`` reset, unseeded, the envs'
+    ``reset`` given ``options=None``, as ``DummyVecEnv``'s autoreset): one more round trip on such
+    steps, which ``SameStep`` servers save. That needs servers that honour ``reset_mask``, which an
+    env's own vectorized implementation (``--vectorization vector_entry_point``) may not (gymnasium's
+    CartPole one resets all its envs): such servers are refused unless they reset in the same step.
 
     By name: SB3's ``get_attr`` / ``set_attr`` / ``env_method`` would have a server read, set or call
     anything a request names, which envfleet does not allow. ``get_attr`` answers what is known here
     (``render_mode``: None, frames do not cross the wire; the single env's spaces; ``metadata``;
-    ``spec``), ``env_is_wrapped`` is False for every env (SB3's wrappers never run on the servers;
-    wrap this env in ``VecMonitor`` for episode statistics), and the rest raise ``AttributeError``
-    naming the attribute or method and what to do instead (so ``has_attr`` is False for them).
+    ``spec``), and the rest raise ``AttributeError`` naming the attribute or method and what to do
+    instead (so ``has_attr`` is False for them). ``env_is_wrapped`` answers what the servers' specs
+    tell (a time limit's ``TimeLimit``, their ``--wrappers``), False for SB3's ``Monitor`` (wrap this
+    env in ``VecMonitor`` for episode statistics), and ``AttributeError`` for other wrappers, which
+    an operator's env may or may not have. Indices out of range raise ``IndexError``, as in
+    ``DummyVecEnv``.
 
     Failures are the fleet's: by default a server that fails raises, as ``RemoteVectorEnv`` does.
     With ``fault_tolerant=True`` a lost server's envs end their episodes as truncations
@@ -133,7 +140,8 @@ class RemoteVecEnv(VecEnv):
         self.remote = remote
         self._same_step = remote.metadata["autoreset_mode"] is gym.vector.AutoresetMode.SAME_STEP
         self._waiting = False
-        self._ever_reset = False
+        # MultiBinary actions (SB3 samples them as floats, 0. and 1.) are cast to the space's dtype.
+        self._binary_actions = _has_multi_binary(remote.single_action_space)
         # Fault-tolerant: the observation each unavailable env repeats (its last), for the step it
         # rejoins, which ends that stretch as a truncation (terminal_observation: this one).
         self._held: dict[int, Any] = {}
@@ -177,19 +185,15 @@ class RemoteVecEnv(VecEnv):
     # -- SB3's VecEnv API ---------------------------------------------------------------------------
 
     def reset(self) -> VecEnvObs:
-        """Reset every env with the seeds of :meth:`seed` and the options of :meth:`set_options` (once)."""
+        """Reset every env with the seeds of :meth:`seed` and the options of :meth:`set_options` (once).
+
+        An env whose options are None or empty gets ``options=None``, as under ``DummyVecEnv``."""
+        groups = _option_groups(self._options, self.num_envs)  # (checked before anything is reset)
         self._drain()
         self._held.clear()
-        seeds, options = list(self._seeds), self._options
-        groups: list[tuple[dict[str, Any], list[int]]] = []  # envs with equal options reset together
-        for i, env_options in enumerate(options):
-            group = next((g for g in groups if g[0] == env_options), None)
-            if group is None:
-                groups.append((env_options, [i]))
-            else:
-                group[1].append(i)
+        seeds = list(self._seeds)
         if len(groups) == 1:
-            obs, infos = self.remote.reset(seed=_or_none(seeds), options=groups[0][0] or None)
+            obs, infos = self.remote.reset(seed=_or_none(seeds), options=groups[0][0])
             self.reset_infos = [_env_info(infos, i) for i in range(self.num_envs)]
         else:
             # Options differ between envs (set_options with a list): one reset_mask reset per options.
@@ -198,21 +202,37 @@ class RemoteVecEnv(VecEnv):
                     "set_options: different options per env need resets of some envs alone (reset_mask), which "
                     "servers of --vectorization vector_entry_point may not do; give every env the same options"
                 )
-            if not self._ever_reset:  # (a server takes a reset_mask only once all its envs were reset)
-                self.remote.reset(seed=_or_none(seeds))
+            if self.remote._needs_full_reset():
+                # A server takes a reset_mask only once all its envs were reset, and after a failed step
+                # or reset (or a session that ended) only a full reset makes the fleet steppable: every
+                # env first, with its seed and no options, which is all the envs without options need.
+                obs, infos = self.remote.reset(seed=_or_none(seeds))
+                self.reset_infos = [_env_info(infos, i) for i in range(self.num_envs)]
+                groups = [group for group in groups if group[0] is not None]
             for env_options, members in groups:
                 mask = np.zeros(self.num_envs, dtype=np.bool_)
                 mask[members] = True
                 group_seeds = [s if m else None for s, m in zip(seeds, mask, strict=True)]
-                obs, infos = self.remote.reset(seed=_or_none(group_seeds), options={**env_options, "reset_mask": mask})
+                obs, infos = self.remote._reset_unset_options(mask, seed=_or_none(group_seeds), options=env_options)
                 for i in members:
                     self.reset_infos[i] = _env_info(infos, i)
-        self._ever_reset = True
         self._reset_seeds()
         self._reset_options()
         return obs
 
+    def set_options(self, options: Sequence[dict[str, Any] | None] | dict[str, Any] | None = None) -> None:
+        """SB3's ``set_options``, checked here: one dict (or None) for every env, or a list of one dict or
+        None per env (``InvalidArgumentError`` otherwise, the options set before kept). The next
+        :meth:`reset` uses them; an env given None or ``{}`` gets ``options=None``."""
+        if isinstance(options, Mapping) and not isinstance(options, dict):
+            options = dict(options)
+        per_env = list(options) if isinstance(options, list | tuple) else None
+        _option_groups(per_env if per_env is not None else [options] * self.num_envs, self.num_envs)
+        super().set_options(cast(Any, per_env if per_env is not None else options))  # (SB3 types a list of dicts only)
+
     def step_async(self, actions: np.ndarray) -> None:
+        if self._binary_actions:  # (SB3's PPO and A2C sample MultiBinary actions as float32 0. and 1.)
+            actions = _binary_as_integers(self.remote.single_action_space, actions)
         self.remote.step_async(actions)
         self._waiting = True
 
@@ -233,7 +253,8 @@ class RemoteVecEnv(VecEnv):
                 info = dict(final) if isinstance(final, Mapping) else {}
                 info.update((key, top[key]) for key in _FLEET_KEYS if key in top)
                 top.pop("env_unavailable", None)
-                info["terminal_observation"] = final_obs if final_obs is not None else _obs_at(obs, i)
+                last = final_obs if final_obs is not None else _obs_at(obs, i)
+                info["terminal_observation"] = _as_single(last, self.observation_space)
                 self.reset_infos[i] = top
                 env_infos[i] = info
         elif ended:
@@ -241,8 +262,9 @@ class RemoteVecEnv(VecEnv):
             # server that joined since (a reconnect, refresh()) may not take a mask: checked again.
             self._check(self.remote)
             for i in ended:
-                env_infos[i]["terminal_observation"] = _obs_at(obs, i)
-            obs, reset_infos = self.remote.reset(options={"reset_mask": dones.copy()})
+                env_infos[i]["terminal_observation"] = _as_single(_obs_at(obs, i), self.observation_space)
+            # (with no options: the envs' reset gets options=None, as DummyVecEnv's autoreset gives them)
+            obs, reset_infos = self.remote._reset_unset_options(dones.copy())
             for i in ended:
                 self.reset_infos[i] = _env_info(reset_infos, i)
         for i in range(self.num_envs):
@@ -253,7 +275,8 @@ class RemoteVecEnv(VecEnv):
             self.reset_infos[i] = {
                 k: v for k, v in env_infos[i].items() if k not in ("env_rejoined", "TimeLimit.truncated")
             }
-            env_infos[i] = {"env_unavailable": True, "terminal_observation": held, "TimeLimit.truncated": True}
+            terminal = _as_single(held, self.observation_space)
+            env_infos[i] = {"env_unavailable": True, "terminal_observation": terminal, "TimeLimit.truncated": True}
             dones[i] = True
         return obs, rewards, dones, env_infos
 
@@ -292,6 +315,7 @@ class RemoteVecEnv(VecEnv):
         if attr_name not in _LOCAL_ATTRS:
             answered = f"Answered here: {', '.join(_LOCAL_ATTRS)}. {_READ_INSTEAD}"
             raise AttributeError(_BY_NAME.format(call=f"get_attr({attr_name!r})", instead=answered))
+        envs = self._checked(indices, "get_attr")
         value: Any
         if attr_name == "render_mode":
             value = None  # (frames do not cross the wire: the served envs render nothing here)
@@ -303,16 +327,18 @@ class RemoteVecEnv(VecEnv):
             value = {k: v for k, v in self.remote.metadata.items() if k != "autoreset_mode"}
         else:
             value = self.remote.spec
-        return [deepcopy(value) for _ in self._get_indices(indices)]
+        return [deepcopy(value) for _ in envs]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Refused (``AttributeError``): a server sets nothing by name; reset options change an env's parameters."""
+        self._checked(indices, "set_attr")  # (an index out of range is an IndexError first, as in DummyVecEnv)
         raise AttributeError(_BY_NAME.format(call=f"set_attr({attr_name!r}, ...)", instead=_CHANGE_INSTEAD))
 
     def env_method(
         self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
     ) -> list[Any]:
         """Refused (``AttributeError``): a server calls nothing by name."""
+        self._checked(indices, "env_method")  # (an index out of range is an IndexError first, as in DummyVecEnv)
         raise AttributeError(
             _BY_NAME.format(call=f"env_method({method_name!r}, ...)", instead=f"{_READ_INSTEAD}. {_CHANGE_INSTEAD}")
         )
@@ -320,10 +346,60 @@ class RemoteVecEnv(VecEnv):
     def env_is_wrapped(
         self, wrapper_class: type[gym.Wrapper[Any, Any, Any, Any]], indices: VecEnvIndices = None
     ) -> list[bool]:
-        """False for every env: the servers' envs are out of reach, and SB3's own wrappers (``Monitor``,
-        ``AtariWrapper``) never run there (the servers apply the operator's ``--wrappers``, gymnasium's;
-        wrap this VecEnv in ``VecMonitor`` for episode statistics)."""
-        return [False for _ in self._get_indices(indices)]
+        """Whether each env is wrapped in ``wrapper_class`` (or a subclass), as far as its server's spec
+        tells; ``AttributeError`` where it does not, rather than a guess.
+
+        The servers' envs are out of reach; their spec says which wrappers each env surely has: a
+        ``TimeLimit`` when it has a time limit (``max_episode_steps``), and gymnasium's wrappers of the
+        server's ``--wrappers`` (``atari``: ``AtariPreprocessing`` and ``FrameStackObservation``;
+        ``clip-action``: ``ClipAction``; ``flatten``: ``FlattenObservation``). True where one of
+        those is a ``wrapper_class``. False for every class on a server of ``--vectorization
+        vector_entry_point`` (an env's own vectorized implementation: no per-env wrappers). Otherwise
+        the operator's env may have wrappers of its own, which no spec lists:
+
+        - SB3's ``Monitor`` (what ``evaluate_policy`` and ``VecMonitor`` ask): False. ``evaluate_policy``
+          then counts episodes and returns from ``dones`` and rewards itself (warning that the env has
+          no ``Monitor``; wrap this VecEnv in ``VecMonitor``, whose statistics it then reads), where True
+          would have it wait for ``info["episode"]``, forever if the envs have no ``Monitor``.
+        - Any other class: ``AttributeError``, saying so (``VecMonitor`` takes that for False too).
+        """
+        answers = []
+        for i in self._checked(indices, "env_is_wrapped"):
+            spec = self.remote._client_of(i).spec
+            known, complete = _served_wrappers(spec)
+            if any(issubclass(wrapper, wrapper_class) for wrapper in known):
+                answers.append(True)
+            elif complete or issubclass(wrapper_class, Monitor):
+                answers.append(False)
+            else:
+                listed = ", ".join(w.__name__ for w in known) or "none"
+                raise AttributeError(
+                    f"RemoteVecEnv.env_is_wrapped({wrapper_class.__name__}): env {i}'s wrappers are out of reach "
+                    f"(it runs on env server {self.remote._client_of(i).address}), and its spec tells only of some "
+                    f"({listed}): whether the operator's env is wrapped in {wrapper_class.__name__} is not known "
+                    f"here. Have the env say what you need in its infos, or ask the servers' operator"
+                )
+        return answers
+
+    def _checked(self, indices: VecEnvIndices, call: str) -> list[int]:
+        """The envs ``indices`` names (SB3's forms: None for all, an int, or a sequence of ints), each
+        counted from 0; ``IndexError`` for one out of range, as ``DummyVecEnv``'s list of envs gives
+        (a negative one counts from the end there too)."""
+        envs = []
+        for index in self._get_indices(indices):
+            try:
+                i = operator.index(index)
+            except TypeError:
+                raise TypeError(
+                    f"RemoteVecEnv.{call}: indices: expected ints, got {type(index).__name__} {index!r}"
+                ) from None
+            if not -self.num_envs <= i < self.num_envs:
+                raise IndexError(
+                    f"RemoteVecEnv.{call}: env index {i} is out of range: there are {self.num_envs} envs "
+                    f"(0 to {self.num_envs - 1})"
+                )
+            envs.append(i % self.num_envs)
+        return envs
 
     # -- the rest -------------------------------------------------------------------------------------
 
@@ -351,6 +427,30 @@ _COPY_NEEDED = (
 )
 
 
+# The gymnasium wrappers each of the servers' --wrappers puts around every env (env_server.envs.WRAPPERS).
+_SERVER_WRAPPERS: dict[str, tuple[type[gym.Wrapper[Any, Any, Any, Any]], ...]] = {
+    "atari": (gym.wrappers.AtariPreprocessing, gym.wrappers.FrameStackObservation),
+    "clip-action": (gym.wrappers.ClipAction,),
+    "flatten": (gym.wrappers.FlattenObservation,),
+}
+
+
+def _served_wrappers(spec: pb.EnvSpec | None) -> tuple[list[type[gym.Wrapper[Any, Any, Any, Any]]], bool]:
+    """The wrapper classes a server's spec says each of its envs has, and whether those are all (only
+    for an env's own vectorized implementation, which has no per-env wrappers): a ``TimeLimit`` for a
+    time limit, gymnasium's wrappers of its ``--wrappers``."""
+    if spec is None:
+        return [], False
+    if spec.vectorization == "vector_entry_point":
+        return [], True
+    known: list[type[gym.Wrapper[Any, Any, Any, Any]]] = []
+    if spec.max_episode_steps > 0:
+        known.append(gym.wrappers.TimeLimit)
+    for name in spec.wrappers:
+        known += _SERVER_WRAPPERS.get(name, ())
+    return known, False
+
+
 def _unmasked(remote: RemoteVectorEnv) -> list[str]:
     """The servers of ``remote`` that step an env's own vectorized implementation, which may ignore
     ``reset_mask`` and reset all its envs (gymnasium's CartPole one does)."""
@@ -363,6 +463,66 @@ def _unmasked(remote: RemoteVectorEnv) -> list[str]:
 
 def _or_none(seeds: list[int | None]) -> list[int | None] | None:
     return None if all(s is None for s in seeds) else seeds
+
+
+def _option_groups(options: Any, num_envs: int) -> list[tuple[dict[str, Any] | None, list[int]]]:
+    """The envs of each distinct options in ``options`` (SB3's ``_options``: one per env), in order:
+    None for no options (None or ``{}``: the env's reset gets ``options=None``, as ``DummyVecEnv``'s).
+    Options are told apart by their wire form (arrays compare by dtype, shape and values).
+    ``InvalidArgumentError``, naming ``set_options``, unless there is one dict or None per env, each
+    one that can be sent."""
+    expected = f"expected one dict (or None) for every env, or a list of {num_envs} (one per env, each a dict or None)"
+    if not isinstance(options, list | tuple):
+        raise InvalidArgumentError(f"set_options: {expected}, got {type(options).__name__}")
+    if len(options) != num_envs:
+        raise InvalidArgumentError(f"set_options: {expected}, got a list of {len(options)}")
+    groups: dict[bytes, tuple[dict[str, Any] | None, list[int]]] = {}
+    for i, env_options in enumerate(options):
+        if env_options is not None and not isinstance(env_options, Mapping):
+            raise InvalidArgumentError(
+                f"set_options: env {i}'s options: expected a dict or None, got {type(env_options).__name__}"
+            )
+        value = dict(env_options) if env_options else None
+        key = b""
+        if value is not None:
+            if "reset_mask" in value:
+                raise InvalidArgumentError(
+                    f"set_options: env {i}'s options: the key 'reset_mask' is reserved (the envs are reset with "
+                    "it, by gymnasium's vector envs on the servers and by this VecEnv); name the option otherwise"
+                )
+            try:
+                key = b"o" + codec.encode_value(value, pb.Value(), "options").SerializeToString(deterministic=True)
+            except codec.CodecError as err:  # (it names the option: "options['x']: ...")
+                raise InvalidArgumentError(f"set_options: env {i}'s {err}") from None
+        groups.setdefault(key, (value, []))[1].append(i)
+    return list(groups.values())
+
+
+def _has_multi_binary(space: gym.Space[Any]) -> bool:
+    """Whether ``space`` is a MultiBinary space or a Dict or Tuple space holding one."""
+    if isinstance(space, gym.spaces.Dict):
+        return any(_has_multi_binary(sub) for sub in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return any(_has_multi_binary(sub) for sub in space.spaces)
+    return isinstance(space, gym.spaces.MultiBinary)
+
+
+def _binary_as_integers(space: gym.Space[Any], actions: Any) -> Any:
+    """``actions`` for ``space`` with float arrays of MultiBinary parts whose values are all 0 or 1 cast to
+    the space's dtype (SB3 samples MultiBinary actions as float32 0. and 1.; the servers take integers,
+    and refuse floats: other values are left for that error to name)."""
+    if isinstance(space, gym.spaces.MultiBinary):
+        if isinstance(actions, np.ndarray) and actions.dtype.kind == "f" and np.all((actions == 0) | (actions == 1)):
+            return actions.astype(space.dtype)
+        return actions
+    if isinstance(space, gym.spaces.Dict) and isinstance(actions, Mapping):
+        return {
+            key: _binary_as_integers(space.spaces[key], value) if key in space.spaces else value
+            for key, value in actions.items()
+        }
+    if isinstance(space, gym.spaces.Tuple) and isinstance(actions, tuple) and len(actions) == len(space.spaces):
+        return tuple(_binary_as_integers(sub, value) for sub, value in zip(space.spaces, actions, strict=True))
+    return actions
 
 
 def _env_info(infos: Mapping[str, Any], i: int) -> dict[str, Any]:
@@ -387,6 +547,26 @@ def _item(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.copy()
     return value
+
+
+def _as_single(obs: Any, space: gym.Space[Any]) -> Any:
+    """One env's observation as ``terminal_observation`` gives it, whichever autoreset mode the servers
+    have (the batch's row under next-step autoreset, the step's ``final_obs`` under same-step): as the
+    observation space holds it, which is what ``DummyVecEnv`` passes on from an env that returns its
+    observations so: arrays of the space's dtype (a float64 observation of a float32 Box cast, as the
+    batch holds it), a Discrete one as a Python int (as gymnasium's Discrete envs return theirs), a
+    Dict's as a dict, a Tuple's as a tuple."""
+    if isinstance(space, gym.spaces.Dict) and isinstance(obs, Mapping):
+        return {
+            key: _as_single(value, space.spaces[key]) if key in space.spaces else value for key, value in obs.items()
+        }
+    if isinstance(space, gym.spaces.Tuple) and isinstance(obs, tuple | list) and len(obs) == len(space.spaces):
+        return tuple(_as_single(value, sub) for value, sub in zip(obs, space.spaces, strict=True))
+    if isinstance(space, gym.spaces.Discrete) and np.ndim(obs) == 0:
+        return int(obs)
+    if isinstance(space, gym.spaces.Box | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return np.array(obs, dtype=space.dtype)
+    return obs.copy() if isinstance(obs, np.ndarray) else obs
 
 
 def _obs_at(batch: VecEnvObs, i: int) -> Any:

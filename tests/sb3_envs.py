@@ -1,0 +1,131 @@
+"""Small envs for the SB3 adapter's tests (tests/test_sb3_parity.py), served by entry point
+(``tests.sb3_envs:GoalEnv``, ...) and made in process for SB3's DummyVecEnv alike."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["DiscreteObsEnv", "Float64BoxEnv", "GatedGoalEnv", "GoalEnv", "MonitoredCartPole", "SwitchesEnv"]
+
+
+class GoalEnv(gym.Env[np.ndarray, np.int64]):
+    """An env written for ``options=None`` when no options are given, as SB3's DummyVecEnv gives them:
+    its reset reads ``options["goal"]`` when it gets options, else takes 3 (``{}`` fails, KeyError).
+
+    Observations ``[goal, t, w]`` (``w``: the sum of ``options["w"]``, an array, where given); episodes
+    last ``goal`` steps, ending by termination at an even goal, by truncation at an odd one. The reset
+    info says whether options came (``got_options``) and the goal."""
+
+    observation_space = gym.spaces.Box(0.0, 1000.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.goal = int(options["goal"]) if options is not None else 3
+        self.w = float(np.sum(options["w"])) if options is not None and "w" in options else 0.0
+        self.t = 0
+        return self._obs(), {"got_options": options is not None, "goal": self.goal}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.goal, self.t, self.w], dtype=np.float32)
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        ended = self.t >= self.goal
+        return self._obs(), 1.0, ended and self.goal % 2 == 0, ended and self.goal % 2 == 1, {"t": self.t}
+
+
+class GatedGoalEnv(GoalEnv):
+    """A GoalEnv whose step number ``at`` (counted over the env's life) waits while the file ``gate``
+    exists (the test makes it, and removes it to let the step go on), at most ``hold_s``; so a step
+    can be held as long as the test needs, every env's (none makes the gate again)."""
+
+    def __init__(self, gate: str, at: int = 2, hold_s: float = 60.0) -> None:
+        self.gate, self.at, self.hold_s = gate, at, hold_s
+        self._steps = 0
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self._steps += 1
+        if self._steps == self.at:
+            deadline = time.monotonic() + self.hold_s
+            while os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().step(action)
+
+
+class DiscreteObsEnv(gym.Env[Any, np.int64]):
+    """Discrete observations returned as Python ints, as gymnasium's own Discrete envs (FrozenLake, ...)
+    return them: ``(start + t) % 5``; episodes of 3 steps, ended by termination."""
+
+    observation_space = gym.spaces.Discrete(5)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.start, self.t = int(self.np_random.integers(0, 5)), 0
+        return self.start, {}
+
+    def step(self, action: np.int64) -> tuple[int, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return (self.start + self.t) % 5, 1.0, self.t >= 3, False, {}
+
+
+class Float64BoxEnv(gym.Env[np.ndarray, np.int64]):
+    """Declares float32 Box observations and returns float64 arrays, as many custom envs do;
+    episodes of 3 steps, ended by truncation."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.1, 0.2]), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.array([self.t + 0.1, 1 / 3]), 1.0, False, self.t >= 3, {}
+
+
+class SwitchesEnv(gym.Env[np.ndarray, Any]):
+    """MultiBinary(3) actions (``dict_actions``: inside a Dict, with a Discrete part), whose values it
+    observes (float32); its step asserts the action is in its action space. Episodes of 10 steps."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+
+    def __init__(self, dict_actions: bool = False) -> None:
+        self.dict_actions = dict_actions
+        switches = gym.spaces.MultiBinary(3)
+        self.action_space = (
+            gym.spaces.Dict({"level": gym.spaces.Discrete(2), "switches": switches}) if dict_actions else switches
+        )
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        assert self.action_space.contains(action), repr(action)
+        self.t += 1
+        switches = action["switches"] if self.dict_actions else action
+        return np.asarray(switches, np.float32), float(np.sum(switches)), False, self.t >= 10, {}
+
+
+def MonitoredCartPole() -> gym.Env[Any, Any]:
+    """CartPole-v1 in SB3's Monitor, as an operator's factory may make it (its info["episode"] comes
+    through): which no server's spec says."""
+    from stable_baselines3.common.monitor import Monitor
+
+    return Monitor(gym.make("CartPole-v1"))
