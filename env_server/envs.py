@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -314,47 +315,73 @@ def _mismatch(
 
 def _received(obs: Any, space: gym.Space[Any], where: str) -> str | None:
     """:func:`misfit_message`'s text for an observation (part ``where``) of a space gymnasium stacks as an
-    array: its shape and dtype against the space's, or a dtype numpy cannot cast to the space's."""
+    array: None, its shape and dtype against the space's, or a dtype numpy cannot convert to the space's, or
+    that gymnasium's stacking (a same-kind cast) refuses: a float into an integer space (Discrete), say."""
     part = "an observation" if where == "observation" else f"an observation whose {where.removeprefix('observation')}"
     verb = " of" if where == "observation" else " has"
+    if obs is None:  # (an env's return that forgot its observation: not "shape () and dtype NoneType")
+        what = "None, not an observation" if where == "observation" else f"{part} is None"
+        return f"{what} (observation space {space})"
     dtype = obs.dtype if isinstance(obs, np.ndarray | np.generic) else type(obs).__name__
     shape = np.shape(obs)
     if shape != space.shape:
         return f"{part}{verb} shape {shape} and dtype {dtype}, not the observation space's {space.shape} ({space})"
     try:
-        np.asarray(obs, dtype=space.dtype)
+        with warnings.catch_warnings():  # (numpy's ComplexWarning, say: the check below names a complex one)
+            warnings.simplefilter("ignore")
+            np.asarray(obs, dtype=space.dtype)
     except (TypeError, ValueError):
         return f"{part}{verb} dtype {dtype}, which does not convert to the observation space's {space.dtype} ({space})"
+    # gymnasium stacks observations with np.stack(..., casting="same_kind") (of each as np.asarray makes it:
+    # a Python int is an int64, a float a float64), which refuses a float into an integer space (Discrete),
+    # say, that the unsafe conversion above takes; float64 into float32, or an int into a float Box, it takes.
+    if space.dtype is not None and not np.can_cast(np.asarray(obs).dtype, space.dtype, "same_kind"):
+        return (
+            f"{part}{verb} dtype {dtype}, which gymnasium's vector envs do not cast to the observation space's "
+            f"{space.dtype} (they cast within a kind only: not float to int, say) ({space})"
+        )
     return None
 
 
-def misfit_message(obs: Any, space: gym.Space[Any], env_index: int, method: str) -> str | None:
+def misfit_message(
+    obs: Any, space: gym.Space[Any], env_index: int, method: str, *, in_process: bool = False
+) -> str | None:
     """Why env ``env_index``'s observation ``obs``, which its ``method`` ("reset" or "step") returned,
     cannot be stacked as one of ``space``, in words: "the server's env 2: its step returned an observation
     of shape (3,) and dtype float32, not the observation space's (2,) (Box(...))"; None when it can (as far as
-    :func:`layout_mismatch` checks, and the dtype converts). Never raises (an observation too odd to
-    describe is None): it runs when stacking has failed already, whose own error then stands."""
+    :func:`layout_mismatch` checks, the dtype converts, and gymnasium's same-kind cast takes it). Never raises
+    (an observation too odd to describe is None): it runs when stacking has failed already, whose own error
+    then stands. ``in_process``: the envs are a learner's own (``--backend gym``), no server's: "in-process
+    env 2: ..."."""
     try:
         problem = _mismatch(obs, space, "observation", _received)
     except Exception:
         return None
     if problem is None:
         return None
-    if not problem.startswith("an observation"):  # (a Dict's keys, a Tuple's length)
+    if not problem.startswith(("an observation", "None")):  # (a Dict's keys, a Tuple's length)
         problem = f"an observation that does not fit the observation space: {problem}"
-    return f"the server's env {env_index}: its {method or 'reset or step'} returned {problem}"
+    return f"{_env_words(env_index, in_process)}: its {method or 'reset or step'} returned {problem}"
 
 
-def _misfit_error(env: gym.Env[Any, Any], env_index: int) -> ObservationLayoutError | None:
+def _env_words(env_index: int, in_process: bool) -> str:
+    """Env ``env_index`` of a vector env build_vector_env made, as errors name it: a server's, or (``in_process``)
+    one in a learner's own process (``--backend gym``), where no server runs."""
+    return f"in-process env {env_index}" if in_process else f"the server's env {env_index}"
+
+
+def _misfit_error(env: gym.Env[Any, Any], env_index: int, in_process: bool = False) -> ObservationLayoutError | None:
     """The ObservationLayoutError for env ``env_index`` (as the vector env holds it: wrapped by
     :func:`_guarded`), whose last observation does not fit its observation space; None when it fits
-    (or the env has no IsolateErrors to say what it returned)."""
+    (or the env has no IsolateErrors to say what it returned, or has returned none yet: a None the env
+    returned is a misfit). ``in_process``: see :func:`misfit_message`."""
     while not isinstance(env, IsolateErrors):
         if not isinstance(env, gym.Wrapper):
             return None
         env = env.env
     obs, method = env.last_observation
-    message = None if obs is None else misfit_message(obs, env.observation_space, env_index, method)
+    # (method "": no observation yet, not even a None)
+    message = misfit_message(obs, env.observation_space, env_index, method, in_process=in_process) if method else None
     return None if message is None else ObservationLayoutError(message, env_index)
 
 
@@ -367,17 +394,27 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
     the first observation of ``reset`` or of ``step`` does not fit the observation space.
 
     Only the first of each is checked (an env that gets its layout wrong usually does so every
-    time); after that the calls go straight to the wrapped env, at no cost per step."""
+    time); after that the calls go straight to the wrapped env, at no cost per step. ``in_process``: the
+    env is one of a learner's own (``--backend gym``), no server's (the words of the error)."""
 
-    def __init__(self, env: gym.Env[Any, Any], name: str, index: int | None = None) -> None:
+    def __init__(
+        self, env: gym.Env[Any, Any], name: str, index: int | None = None, *, in_process: bool = False
+    ) -> None:
         super().__init__(env)
         self._name = name
         self._index = index
+        self._in_process = in_process
 
     def _check(self, obs: Any, method: str) -> None:
         problem = layout_mismatch(obs, self.observation_space)
         if problem is not None:
-            which = "" if self._index is None else f" (env {self._index} of the server's)"
+            which = (
+                ""
+                if self._index is None
+                else f" (in-process env {self._index})"
+                if self._in_process
+                else f" (env {self._index} of the server's)"
+            )
             raise ObservationLayoutError(f"env {self._name!r}, {method}(): {problem}{which}", self._index)
         # The check done, this instance's calls of ``method`` skip this wrapper from now on.
         setattr(self, method, getattr(self.env, method))
@@ -394,19 +431,32 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
 
 
 def _guarded(
-    env: gym.Env[Any, Any], name: str, index: int, *, repeat_on_reset: bool, ctrl_c: bool = False
+    env: gym.Env[Any, Any],
+    name: str,
+    index: int,
+    *,
+    repeat_on_reset: bool,
+    ctrl_c: bool = False,
+    in_process: bool = False,
 ) -> gym.Env[Any, Any]:
     """``env``, env ``index`` of the vector env, as the vector env holds it: its errors isolated
     (outside the check, which must fail the call: a layout error would fail the stacking anyway,
     less clearly)."""
-    return CheckFirstObservations(IsolateErrors(env, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c), name, index)
+    isolated = IsolateErrors(env, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c)
+    return CheckFirstObservations(isolated, name, index, in_process=in_process)
 
 
 def _isolated(
-    factory: Callable[[], gym.Env[Any, Any]], name: str, index: int, *, repeat_on_reset: bool, ctrl_c: bool = False
+    factory: Callable[[], gym.Env[Any, Any]],
+    name: str,
+    index: int,
+    *,
+    repeat_on_reset: bool,
+    ctrl_c: bool = False,
+    in_process: bool = False,
 ) -> Callable[[], gym.Env[Any, Any]]:
     def make_isolated() -> gym.Env[Any, Any]:
-        return _guarded(factory(), name, index, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c)
+        return _guarded(factory(), name, index, repeat_on_reset=repeat_on_reset, ctrl_c=ctrl_c, in_process=in_process)
 
     return make_isolated
 
@@ -604,6 +654,9 @@ class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
     The envs' observations are looked at only once stacking them has failed (no cost per step
     otherwise); the envs must be held as :func:`_guarded` makes them."""
 
+    in_process: bool = False
+    """The envs are a learner's own (``--backend gym``), no server's: the words of ObservationLayoutError."""
+
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> Any:
         with self._naming_misfits():
             return super().reset(seed=seed, options=options)
@@ -628,7 +681,9 @@ class WideInfoSyncVectorEnv(_WideInfos, gym.vector.SyncVectorEnv):
 
     def _misfit(self) -> ObservationLayoutError | None:
         """The error naming the first env whose last observation does not fit; None if none."""
-        return next((e for i, env in enumerate(self.envs) if (e := _misfit_error(env, i)) is not None), None)
+        return next(
+            (e for i, env in enumerate(self.envs) if (e := _misfit_error(env, i, self.in_process)) is not None), None
+        )
 
 
 class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
@@ -685,6 +740,7 @@ def _naming_worker(
     shared_memory: Any,
     error_queue: Any,
     *rest: Any,
+    in_process: bool = False,
 ) -> None:
     """gymnasium's worker of AsyncVectorEnv (``_async_worker``, its arguments passed through), whose error
     for an observation its env returned that does not fit the observation space is an
@@ -701,13 +757,16 @@ def _naming_worker(
         made.append(env)
         return env
 
-    errors: Any = _NamingErrors(error_queue, index, made)  # (its put is all the worker uses of its queue)
+    errors: Any = _NamingErrors(error_queue, index, made, in_process)  # (its put is all the worker uses of its queue)
     assert _ASYNC_WORKER is not None  # (used only then)
     try:
         _ASYNC_WORKER(index, make, pipe, parent_pipe, shared_memory, errors, *rest)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         # The server's end of the pipe closed (the server is gone: killed, say): there is nobody to tell
-        # of it, and the worker ends (its env closed) without a traceback on the server's stderr.
+        # of it, and the worker ends (its env closed) without a traceback on the server's stderr. (Not an
+        # env constructor's own error of these kinds, a simulator's connection reset: its traceback says why.)
+        if not made:
+            raise
         return
 
 
@@ -716,23 +775,31 @@ class _NamingErrors:
     env's last observation does not fit the observation space, puts the ObservationLayoutError naming it
     instead (see :func:`_naming_worker`)."""
 
-    def __init__(self, queue: Any, index: int, made: list[gym.Env[Any, Any]]) -> None:
+    def __init__(self, queue: Any, index: int, made: list[gym.Env[Any, Any]], in_process: bool = False) -> None:
         self._queue = queue
         self._index = index
         self._made = made
+        self._in_process = in_process
 
     def put(self, item: tuple[int, type[BaseException], BaseException, str]) -> None:
         index, _, error, trace = item
         # (only an error from writing the observation into the shared memory: others are what they are)
         if self._made and not isinstance(error, ObservationLayoutError) and "write_to_shared_memory" in trace:
-            misfit = _misfit_error(self._made[0], self._index)
+            misfit = _misfit_error(self._made[0], self._index, self._in_process)
             if misfit is not None:
                 trace += f"\n(the error above, in the worker of env {self._index}: {misfit})\n"
                 item = (index, ObservationLayoutError, misfit, trace)
         self._queue.put(item)
 
 
-def build_vector_env(config: ServerConfig, *, copy: bool = True, ctrl_c: bool = False) -> gym.vector.VectorEnv:
+def build_vector_env(
+    config: ServerConfig,
+    *,
+    copy: bool = True,
+    ctrl_c: bool = False,
+    in_process: bool = False,
+    workers_starting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+) -> gym.vector.VectorEnv:
     """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
 
     ``copy=False``: with sync or async vectorization, ``reset``/``step`` return the vector env's own buffers
@@ -740,7 +807,11 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True, ctrl_c: bool = 
     by then, as the server is once it has encoded it. ``ctrl_c``: a KeyboardInterrupt raised in the
     env's step or reset in this process is a Ctrl-C, raised, not the env's error (a learner's
     in-process envs, where a second Ctrl-C aborts; async workers' stay the env's: a Ctrl-C reaches
-    them too, and is the parent's to act on).
+    them too, and is the parent's to act on). ``in_process``: the envs are a learner's own (``--backend gym``),
+    no server's: an observation that does not fit is ObservationLayoutError "in-process env 2: ...", not "the
+    server's env 2: ...". ``workers_starting``: under async vectorization, a context the workers' start (and
+    this process's wait for their envs) runs in, the env built here first not in it (the server's look for its
+    parent, see env_server.server._parent_watched).
     """
     check_env(config)
     mode = gym.vector.AutoresetMode(config.autoreset_mode)
@@ -760,22 +831,33 @@ def build_vector_env(config: ServerConfig, *, copy: bool = True, ctrl_c: bool = 
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
             in_workers = config.vectorization == "async"
             isolated = [
-                _isolated(factory, config.env, i, repeat_on_reset=same_step, ctrl_c=ctrl_c and not in_workers)
+                _isolated(
+                    factory,
+                    config.env,
+                    i,
+                    repeat_on_reset=same_step,
+                    ctrl_c=ctrl_c and not in_workers,
+                    in_process=in_process,
+                )
                 for i in range(config.num_envs)
             ]
             if config.vectorization == "async":
                 first_spec = first.spec  # (the workers' envs are made alike; asking them would pickle theirs)
                 first.close()
                 workers = [_in_worker(make) for make in isolated]
-                worker = _naming_worker if _ASYNC_WORKER is not None else None
-                vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
+                worker = functools.partial(_naming_worker, in_process=in_process) if _ASYNC_WORKER is not None else None
+                with workers_starting() if workers_starting is not None else contextlib.nullcontext():
+                    vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
                 vec.first_spec = first_spec
             else:
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
-                    lambda: _guarded(first, config.env, 0, repeat_on_reset=same_step, ctrl_c=ctrl_c)
+                    lambda: _guarded(
+                        first, config.env, 0, repeat_on_reset=same_step, ctrl_c=ctrl_c, in_process=in_process
+                    )
                 ]
                 fns += isolated[1:]
                 vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+                vec.in_process = in_process
     except EnvBuildError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # anything gymnasium or an env's constructor raises

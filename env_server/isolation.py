@@ -22,7 +22,12 @@ truncated with ``env_error``, so each autoreset tries again until a reset works.
 An env's own info may not use the keys envfleet reserves for these records (``env_error``, and the
 learner's ``env_unavailable`` and ``env_rejoined``, each with its ``_`` mask): a learner would take
 the env's value for envfleet's record (a float ``env_error`` of 0.0 for an exception). An info that
-does is refused as the env's error, ReservedInfoKeyError, naming the key.
+does is refused as the env's error, ReservedInfoKeyError, naming the key. So is a step's reward that is no
+real number fitting a float64 (a 1-element array, None, a str, a complex, 10**400) and a flag that is no bool
+(None, NaN, 2, a 1-element array; an int 0 or 1 is taken): a TypeError naming what came ("step() returned
+reward of type ndarray, shape (1,), dtype float64: expected a number (a float)"), where a vector env would
+fail the whole batch storing it, or store it without a word as something else (None as a NaN reward or a
+False flag). NaN and infinite rewards are numbers: the learner names those.
 
 Rule for learners: a step whose ``env_error`` is set for an env is not a transition of that env (its
 action was not applied, or its result was lost); the observation is a placeholder or a new episode's
@@ -108,9 +113,82 @@ def _check_info(info: Any) -> None:
         )
 
 
+# The largest float64: a long double beyond it is none gymnasium can store (it would store it as infinite).
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+# Types of a reward gymnasium's vector envs store in their float64 array as they are (the common case, looked at first).
+_REAL_SCALARS = (float, int, np.floating, np.integer, np.bool_)
+
+
+class _UnstorableStep(TypeError):
+    """What an env's step returned that a vector env cannot store (see :func:`_check_reward`): a TypeError, named
+    so in the env's error record; logged without a traceback (it would show this module's check, not the env)."""
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error names it: its type (and shape and dtype, for an array), with a short repr."""
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"of type ndarray, shape {value.shape}, dtype {value.dtype}"
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{text} of type {type(value).__name__}"
+
+
+def _check_reward(reward: Any) -> None:
+    """TypeError naming ``reward`` where it is no real number that fits a float64: what a gymnasium vector env
+    stores in its rewards array (else it fails there, outside the env's isolation: "setting an array element
+    with a sequence" for a 1-element array, an OverflowError for 10**400, a TypeError for a complex) or stores
+    without a word what is none (None becomes NaN, "1.0" becomes 1.0). A Python int, float or bool, a numpy real
+    scalar, a 0-d real array (or what numpy makes one of: a 0-d tensor) are numbers; NaN and infinities are
+    too (the learner's to judge: it names them)."""
+    if type(reward) is float:  # (most envs': nothing to look at)
+        return
+    value: Any
+    if isinstance(reward, _REAL_SCALARS):
+        value = reward
+    elif reward is None or isinstance(reward, str | bytes | complex | np.complexfloating):
+        raise _UnstorableStep(f"step() returned reward {_shown(reward)}: expected a number (a float)")
+    else:
+        try:
+            array = np.asarray(reward)
+        except Exception:
+            array = np.asarray(None)
+        if array.shape != () or array.dtype.kind not in "biuf":
+            raise _UnstorableStep(f"step() returned reward {_shown(reward)}: expected a number (a float)")
+        value = array[()]
+    # Only a Python int and a long double can be beyond a float64 (numpy's ints, and its floats of 8 bytes or
+    # fewer, never are), and only a finite one that is (an infinite one is the learner's to name).
+    too_large = False
+    if type(value) is int:
+        try:
+            float(value)
+        except OverflowError:
+            too_large = True
+    elif isinstance(value, np.floating) and value.dtype.itemsize > 8:
+        too_large = bool(np.isfinite(value)) and bool(abs(value) > _FLOAT64_MAX)
+    if too_large:
+        raise _UnstorableStep(f"step() returned reward {_shown(reward)}, which does not fit a float64")
+
+
+def _check_flag(name: str, flag: Any) -> None:
+    """TypeError naming ``flag`` (``name``: "terminated" or "truncated") where it is no bool: a Python or numpy
+    bool, a 0-d bool array, or an int 0 or 1 (which old envs return; a gymnasium vector env stores them as
+    False and True). Not None (stored as False), NaN (True), 2, "no" (True) or a 1-element array, which a
+    gymnasium vector env stores without a word as a flag the env most likely did not mean."""
+    if type(flag) is bool or isinstance(flag, np.bool_):  # (the common case first)
+        return
+    if isinstance(flag, np.ndarray) and flag.shape == () and flag.dtype.kind in "biu":
+        flag = flag[()]
+    if isinstance(flag, np.bool_) or (isinstance(flag, int | np.integer) and flag in (0, 1)):
+        return
+    raise _UnstorableStep(f"step() returned {name} {_shown(flag)}: expected a bool")
+
+
 def _describe(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
-    message = f"{where}: {type(err).__name__}: {text}" if text else f"{where}: {type(err).__name__}"
+    kind = "TypeError" if isinstance(err, _UnstorableStep) else type(err).__name__
+    message = f"{where}: {kind}: {text}" if text else f"{where}: {kind}"
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
 
 
@@ -180,13 +258,22 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
+            # (in here, so that what a vector env cannot store costs this env's episode only, named)
+            _check_reward(reward)
+            _check_flag("terminated", terminated)
+            _check_flag("truncated", truncated)
             if info:
                 _check_info(info)
         except self._caught as err:
             self.errors += 1
             message = _describe("step", err)
             if self.errors <= _LOGGED_TRACEBACKS:
-                log.warning("an env raised in step; its episode ends and it is reset", exc_info=True)
+                if isinstance(err, _UnstorableStep):
+                    log.warning(
+                        "an env's step returned what cannot be stored: %s; its episode ends and it is reset", err
+                    )
+                else:
+                    log.warning("an env raised in step; its episode ends and it is reset", exc_info=True)
             elif self.errors % 100 == 0:
                 log.warning("an env raised in step again (%d errors so far): %s", self.errors, message)
             self._pending = message

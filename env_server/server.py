@@ -541,8 +541,8 @@ async def _serve(
         # _Watchdog.request_stop), which a build that hangs then cannot hold up past the grace period.
         # (the parent process, --parent-pid, is looked for meanwhile all the same: see _parent_watched)
         started = time.perf_counter()
-        with _parent_watched(config):
-            env = build_vector_env(config, copy=False)  # each result is encoded before the next call
+        # (each result is encoded before the next call)
+        env = build_vector_env(config, copy=False, workers_starting=functools.partial(_parent_watched, config))
         build_s = time.perf_counter() - started
         watchdog.begin()
     metrics = None
@@ -752,14 +752,16 @@ async def _build_unless_orphaned(
 
 @contextlib.contextmanager
 def _parent_watched(config: ServerConfig) -> Iterator[None]:
-    """While async vectorization's envs are built in this thread, before the watchdog's thread may start
-    (see _serve), look for the parent process (``--parent-pid``) every _WATCH_S all the same, with a
-    timer's SIGALRM (no thread): once it is gone, exit (status 1), as a server whose parent dies during
-    a sync build does, killing the workers forked so far and the rest of the process group, rather than
-    build on for nobody (for good, where the build hangs). The handler runs between two bytecodes of
-    this thread, a blocking call (a pipe's read waiting for a worker) interrupted; a build that hangs in
-    C code holding the GIL holds it up too. Only where the timer and SIGALRM are free (Unix, the main
-    thread, no handler or timer of someone else's)."""
+    """While async vectorization's workers start and build their envs (this thread waiting on their pipes),
+    before the watchdog's thread may start (see _serve), look for the parent process (``--parent-pid``)
+    every _WATCH_S all the same, with a timer's SIGALRM (no thread): once it is gone, exit (status 1), as
+    a server whose parent dies during a sync build does, killing the workers forked so far and the rest of
+    the process group, rather than build on for nobody (for good, where a worker's build hangs). The
+    handler runs between two bytecodes of this thread, a blocking call (a pipe's read) interrupted and
+    retried. Not while the env built in this process first is made: its constructor's own system calls
+    (a simulator's client, which may not retry on EINTR) and its own use of SIGALRM are left alone, so a
+    parent that dies while that one hangs is not noticed. Only where the timer and SIGALRM are free (Unix,
+    the main thread, no handler or timer of someone else's)."""
     parent = config.parent_pid
     if not (
         parent

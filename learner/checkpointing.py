@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from learner import rundir
@@ -22,6 +22,7 @@ from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent
 from learner.resume import RECENT, Counters
 from learner.rundir import writing
+from learner.stats import format_return, mean_of
 
 __all__ = ["Checkpointer", "stopped_in_update"]
 
@@ -131,18 +132,23 @@ class Checkpointer:
 
     def judge_best(self, state: dict[str, Any]) -> None:
         """After an update: a new best mean return of the last 20 episodes (as of the rollout it learned
-        from) makes its nets checkpoints/best.pt (--save-best)."""
+        from) makes its nets checkpoints/best.pt (--save-best). A mean that is no number (NaN, or infinite:
+        returns that overflowed float64) is none to judge; a best that is none (a run's before this was
+        looked at) is beaten by any."""
         counters = self.counters
         recent = state["counters"]["recent_returns"]
         if len(recent) == RECENT:
-            mean = float(np.mean(recent))
-            if counters.best_return is None or mean > counters.best_return:
+            mean = mean_of(recent)
+            best = counters.best_return
+            if math.isfinite(mean) and (best is None or not math.isfinite(best) or mean > best):
                 counters.best_return, counters.best_step = mean, int(state["counters"]["global_step"])
                 if self.args.save_best:
                     state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
                     with writing(self.run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT, torch_save=True):
                         path = save_best_checkpoint(self.run_dir, self.payload(state))
-                    self.log.info("best so far (mean return %.2f at step %d): %s", mean, counters.best_step, path)
+                    self.log.info(
+                        "best so far (mean return %s at step %d): %s", format_return(mean), counters.best_step, path
+                    )
         state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
 
     def finished(self, state: dict[str, Any]) -> None:

@@ -295,8 +295,8 @@ class Args:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, os.PathLike):  # (run_dir=Path(...) from Python: kept as the str config.json records)
-                object.__setattr__(self, f.name, value := os.fspath(value))
+            if f.name != "servers" and (taken := coerced(f.name, value)) is not value:
+                object.__setattr__(self, f.name, value := taken)
             if f.name != "servers" and (wrong := type_error(f.name, value)) is not None:
                 raise TypeError(wrong)
         servers: object = self.servers
@@ -600,12 +600,31 @@ def _field_types() -> dict[str, Any]:
     return get_type_hints(Args)
 
 
+def coerced(name: str, value: object) -> object:
+    """``value`` for ``Args``' field ``name`` as its type has it where it stands for one exactly: a whole float
+    for an integer (``total_timesteps=1e6`` from Python, recorded so in config.json), 0 or 1 for a bool, a
+    path for a string, numpy's str for a string; else ``value`` itself."""
+    wanted = _field_types().get(name)
+    if wanted is None or value is None or isinstance(value, bool):
+        return value
+    kinds = set(get_args(wanted)) | {wanted}
+    literal = any(get_origin(kind) is Literal for kind in kinds)
+    if int in kinds and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if bool in kinds and isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    if (str in kinds or literal) and isinstance(value, os.PathLike | str) and type(value) is not str:
+        return str(os.fspath(value))
+    return value
+
+
 def type_error(name: str, value: object) -> str | None:
     """What is wrong with ``value`` as ``Args``' field ``name`` by its type (a config.json edited by hand,
     Args built from Python), naming the option as --resume's and the CLI's messages do; None if nothing
-    (its range is __post_init__'s to check). Unknown names: None."""
+    (its range is __post_init__'s to check; a value :func:`coerced` takes is nothing wrong). Unknown names:
+    None."""
     wanted = _field_types().get(name)
-    if wanted is None or _fits(value, wanted):
+    if wanted is None or _fits(coerced(name, value), wanted):
         return None
     return f"--{_flag(name)}: expected {_described(wanted)}, got {value!r} ({type(value).__name__})"
 

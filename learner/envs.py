@@ -97,7 +97,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 step_delay_ms=spec.step_delay_ms,
                 max_episode_steps=spec.max_episode_steps,
             )
-            envs = build_vector_env(config, ctrl_c=True)  # (a second Ctrl-C in an env's step aborts)
+            # (a second Ctrl-C in an env's step aborts; an error names an env "in-process env 2", no server's)
+            envs = build_vector_env(config, ctrl_c=True, in_process=True)
             stack.callback(envs.close)
             # What the envs are made with, as a server says of its own (EnvSpec): for config.json.
             made_with = env_kwargs_json(config)

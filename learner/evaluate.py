@@ -26,11 +26,18 @@ from learner.envs import FleetSpec, env_server_of, open_fleet
 from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
-from learner.ppo import Agent, is_image_space, observations_usable, raise_unusable, raise_unusable_rewards
+from learner.ppo import (
+    Agent,
+    is_image_space,
+    observations_usable,
+    raise_overflowed_return,
+    raise_unusable,
+    raise_unusable_rewards,
+)
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.served import other_task
-from learner.stats import format_return
+from learner.stats import format_return, mean_of, spread_of
 
 __all__ = ["check_seed", "evaluate"]
 
@@ -312,14 +319,16 @@ def evaluate(
                                 done = ended & valid
                                 for i in np.flatnonzero(done):
                                     if counts[i] < targets[i]:
+                                        # (rewards finite each whose sum overflowed: no return to report)
+                                        raise_overflowed_return(ep_return, int(i), server_of, named=named)
                                         returns.append(float(ep_return[i]))
                                         lengths.append(int(ep_length[i]))
                                         counts[i] += 1
                                         if bar is not None:
                                             bar.update(1)
                                             bar.set_postfix_str(
-                                                f"return {format_return(float(np.mean(returns)))} "
-                                                f"+- {format_return(float(np.std(returns)))}"
+                                                f"return {format_return(mean_of(returns))} "
+                                                f"+- {format_return(spread_of(returns))}"
                                             )
                                     ep_return[i], ep_length[i] = 0.0, 0
                                 if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
@@ -350,12 +359,12 @@ def evaluate(
         result["video"] = recorded
     if returns:
         log.info(
-            "evaluated %s over %s%s: %.2f%s",
+            "evaluated %s over %s%s: %s%s",
             path,
             "1 episode" if len(returns) == 1 else f"{len(returns)} episodes",
             f" (interrupted; {episodes} asked)" if interrupted else "",
-            result["return_mean"],
-            "" if len(returns) == 1 else f" +- {result['return_std']:.2f}",
+            format_return(result["return_mean"]),
+            "" if len(returns) == 1 else f" +- {format_return(result['return_std'])}",
         )
     return result
 
@@ -392,8 +401,8 @@ def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | N
     if not returns:
         return dict.fromkeys(("return_mean", "return_std", "return_min", "return_max", "length_mean"))
     return {
-        "return_mean": float(np.mean(returns)),
-        "return_std": float(np.std(returns)),
+        "return_mean": mean_of(returns),  # (finite where the returns' sum or squares overflowed float64)
+        "return_std": spread_of(returns),
         "return_min": float(np.min(returns)),
         "return_max": float(np.max(returns)),
         "length_mean": float(np.mean(lengths)),

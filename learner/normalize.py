@@ -66,14 +66,23 @@ class RewardScaler:
         self.rms = RunningMeanStd((), device)
 
     def __call__(self, rewards: Tensor, dones: Tensor, valid: Tensor) -> Tensor:
-        """Scaled rewards; updates the statistics with the envs whose step was a transition (``valid``)."""
+        """Scaled rewards, as float32; updates the statistics with the envs whose step was a transition
+        (``valid``). ``rewards``: float32, or float64 (values beyond float32's range, scaled into it)."""
         if self.returns is None or self.returns.shape != rewards.shape:
             self.returns = torch.zeros_like(rewards, dtype=torch.float64)
         self.returns = torch.where(valid, self.returns * self.gamma + rewards, self.returns)
         self.rms.update(self.returns[valid])
-        scaled = rewards / torch.sqrt(self.rms.var + 1e-8).to(rewards.dtype)
+        # Divided in float64, clipped, then cast (as gymnasium's NormalizeReward divides in float64): a std
+        # beyond float32's range (returns of rewards near its max) would be inf as float32, and every reward
+        # scaled to 0. The std within that range is rounded to float32 first, so that the quotient of float32
+        # rewards is the float32 division's, bit for bit, as before (a float64 quotient of float32 operands,
+        # rounded to float32, is the float32 quotient).
+        std = torch.sqrt(self.rms.var + 1e-8)
+        std32 = std.to(torch.float32)
+        std = torch.where(torch.isfinite(std32), std32.to(torch.float64), std)
+        scaled = torch.clamp(rewards.to(torch.float64) / std, -self.clip, self.clip).to(torch.float32)
         self.returns = torch.where(dones, torch.zeros_like(self.returns), self.returns)
-        return torch.clamp(scaled, -self.clip, self.clip)
+        return scaled
 
     def follow(self, change: FleetChange) -> None:
         """The fleet changed (servers joined or left): the discounted returns of episodes that go on go

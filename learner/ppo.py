@@ -471,19 +471,59 @@ def raise_unusable(
         raise UnusableEnvOutputError(where(env) + problem) from err
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+
+
 def raise_unusable_rewards(
-    rewards: np.ndarray, valid: np.ndarray, where: Callable[[int], str], why: str, *, named: str = ""
+    rewards: np.ndarray,
+    valid: np.ndarray,
+    where: Callable[[int], str],
+    why: str,
+    *,
+    named: str = "",
+    when: str = "",
+    float32: str = "",
 ) -> None:
     """Raise an UnusableEnvOutputError for the first env whose reward in ``rewards``, of a step that counts
     (``valid``: not a reset step's), is NaN or infinite, its message begun with ``where(env)`` (what names
-    its server), the env then ``named`` (its fleet, say), and ``why`` such a reward cannot be taken; return
-    where none is."""
-    if np.isfinite(rewards[valid]).all():
+    its server), the env then ``named`` (its fleet, say), ``when`` (where the reward came: ", returned by
+    its step at the run's env step 1,024"), and ``why`` such a reward cannot be taken; with ``float32``
+    (what would take one: "--clip-reward or --norm-reward"), also one beyond float32's range, in which PPO
+    learns (its float32 cast is infinite). Return where none is. (One pass over the rewards either way.)"""
+    bound = _FLOAT32_MAX if float32 else _FLOAT64_MAX
+    kept = rewards[valid]
+    if (np.abs(kept) <= bound).all():  # (False for NaN: a bound, not a range check, catches it too)
         return
-    env = int(np.flatnonzero(valid & ~np.isfinite(rewards))[0])
+    out = valid & ~(np.abs(rewards) <= bound)
+    env = int(np.flatnonzero(out)[0])
+    value = rewards[env]
+    if np.isfinite(value):
+        raise UnusableEnvOutputError(
+            f"{where(env)}reward of env {env}{named} is {value:.6g}{when}: beyond float32's range (+-{_FLOAT32_MAX:.6g}), "
+            f"in which PPO learns, it would be infinite (pass {float32}, or scale the rewards in a wrapper on the env "
+            "servers)"
+        )
     raise UnusableEnvOutputError(
-        f"{where(env)}reward of env {env}{named} is {rewards[env]}: {why} (fix the env, or clip its rewards in a "
+        f"{where(env)}reward of env {env}{named} is {value}{when}: {why} (fix the env, or clip its rewards in a "
         "wrapper)"
+    )
+
+
+def raise_overflowed_return(
+    returns: np.ndarray, env: int, where: Callable[[int], str], *, named: str = "", when: str = ""
+) -> None:
+    """Raise an UnusableEnvOutputError where the return of env ``env``'s episode, which just ended
+    (``returns[env]``, its rewards' sum), is not finite: rewards finite each (1e308, say) whose sum
+    overflowed float64. Its message is begun with ``where(env)``, the env then ``named``, and ``when`` (where
+    the episode ended). (No mean, best return nor "solved" can be judged from it, nor JSON written.)"""
+    value = float(returns[env])
+    if math.isfinite(value):
+        return
+    raise UnusableEnvOutputError(
+        f"{where(env)}return of env {env}{named} is {value} for the episode that ended{when}: its rewards, finite "
+        f"each, summed beyond float64's range (+-{_FLOAT64_MAX:.4g}); there is no return to report (scale the "
+        "rewards in a wrapper on the env servers)"
     )
 
 

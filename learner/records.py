@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from learner import rundir
@@ -21,6 +20,7 @@ from learner.fleetwatch import ReplicaTotals
 from learner.progress import bar_postfix, progress_line, to_devnull, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
+from learner.stats import mean_of
 from learner.update import UpdateResult
 
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ def build_summary(
 
 def mean_or_none(values: list[float] | list[int]) -> float | None:
     """The mean of ``values`` (the recent episodes' returns or lengths), None when there are none."""
-    return float(np.mean(values)) if values else None
+    return mean_of(values) if values else None  # (finite where the returns' sum overflowed float64)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from env_server import codec
+from env_server.envs import ObservationLayoutError
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
@@ -190,8 +191,12 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     Invalid arguments (:class:`~learner.errors.InvalidArgumentError`), invalid actions
     (:class:`~learner.errors.InvalidRequestError`) and a refused token
     (:class:`~learner.errors.AuthenticationError`) raise in either mode: they are the caller's to
-    fix. Envs not reset yet (their server down when the fleet was reset) have placeholder
-    observations, members of the space (zeros where the space holds them, else its lowest values).
+    fix. So does an observation an env returned that does not fit the observation space (its shape, or a
+    dtype gymnasium will not cast: the server's ObservationLayoutError, an
+    :class:`~learner.errors.EnvCrashedError` naming the env): the env's to fix, which no reconnect mends
+    (the env returns it again), as a NaN observation is. Envs not reset yet (their server down when the
+    fleet was reset) have placeholder observations, members of the space (zeros where the space holds
+    them, else its lowest values).
     Counters: :meth:`fault_stats` (cumulative) and :meth:`replica_stats` (per window). All servers
     must be reachable when the env is made (their spaces and sizes are learned then).
 
@@ -692,7 +697,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                     continue
                 except InvalidResponseError as unreadable:
                     result = unreadable
-            if self.fault_tolerant and is_outage(result):
+            if self.fault_tolerant and _is_outage(result):
                 lost.append((i, result))
             else:
                 errors.append((i, result))
@@ -1210,7 +1215,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             err = failed.get(i)
             if err is None:
                 continue
-            if self.fault_tolerant and is_outage(err):
+            if self.fault_tolerant and _is_outage(err):
                 lost.append((i, err))
             else:
                 errors.append((i, err))
@@ -1938,6 +1943,22 @@ async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]])
         await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
     await gather(*(c.close() for c in clients), return_exceptions=True)
     await gather(*tasks, return_exceptions=True)
+
+
+def _is_outage(err: BaseException) -> bool:
+    """Whether a fault-tolerant fleet takes ``err`` for its server's outage (:func:`learner.faults.is_outage`):
+    not for an env's observation that does not fit the observation space (the server's ObservationLayoutError,
+    an EnvCrashedError), which is the env's: it returns it again after the reconnect's reset (or in it), so the
+    fleet would retry the server for ``give_up_after`` seconds (a minute, by default) before it stopped with the
+    same error. Raised at once instead, as a NaN observation stops a run."""
+    return is_outage(err) and not misfit_reported(err)
+
+
+def misfit_reported(err: BaseException) -> bool:
+    """Whether ``err`` is a server's report that an env returned an observation that does not fit the observation
+    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env raised in step:
+    ObservationLayoutError: the server's env 2: ...")."""
+    return isinstance(err, EnvCrashedError) and f": {ObservationLayoutError.__name__}: " in err.details
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

@@ -103,7 +103,7 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     config = Path(run_dir) / rundir.CONFIG
     if not config.is_file():
         raise FileNotFoundError(f"--resume: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    recorded = _read_run_config(config, "--resume", overrides)
+    recorded = _read_run_config(config, "--resume", {*overrides, *SESSION_OPTIONS})
     # As recorded (checked once the overrides are in: one may mend what this version refuses), with
     # the progress display and the metrics endpoint this session's.
     values = {**recorded["args"], **SESSION_OPTIONS}
@@ -205,7 +205,7 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     config = path / rundir.CONFIG if path.is_dir() else path
     if not config.is_file():
         raise FileNotFoundError(f"--like: expected a run dir holding {rundir.CONFIG}, but {config} does not exist")
-    recorded = _read_run_config(config, "--like", overrides)
+    recorded = _read_run_config(config, "--like", {*overrides, *SESSION_OPTIONS, "run_dir", "resume", "auth_token"})
     fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
     other_env = overrides.get("env", values.get("env")) != values.get("env")

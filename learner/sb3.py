@@ -491,11 +491,25 @@ def _option_groups(options: Any, num_envs: int) -> list[tuple[dict[str, Any] | N
                     "it, by gymnasium's vector envs on the servers and by this VecEnv); name the option otherwise"
                 )
             try:
-                key = b"o" + codec.encode_value(value, pb.Value(), "options").SerializeToString(deterministic=True)
+                # (keys sorted: equal dicts whose keys came in another order are one group, as == has them)
+                encoded = codec.encode_value(_keys_sorted(value), pb.Value(), "options")
+                key = b"o" + encoded.SerializeToString(deterministic=True)
             except codec.CodecError as err:  # (it names the option: "options['x']: ...")
                 raise InvalidArgumentError(f"set_options: env {i}'s {err}") from None
         groups.setdefault(key, (value, []))[1].append(i)
     return list(groups.values())
+
+
+def _keys_sorted(value: Any) -> Any:
+    """``value`` with its dicts' keys (and those of the dicts in it) in sorted order, where they can be sorted."""
+    if isinstance(value, Mapping):
+        items = [(key, _keys_sorted(item)) for key, item in value.items()]
+        with contextlib.suppress(TypeError):
+            items.sort(key=lambda pair: pair[0])
+        return dict(items)
+    if type(value) in (list, tuple):
+        return type(value)(_keys_sorted(item) for item in value)
+    return value
 
 
 def _has_multi_binary(space: gym.Space[Any]) -> bool:

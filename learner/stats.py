@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["ReplicaStats", "StepTimer", "format_return"]
+__all__ = ["ReplicaStats", "StepTimer", "format_return", "mean_of", "spread_of"]
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,33 @@ class StepTimer:
 
 def format_return(value: float) -> str:
     """A return (or its spread) as the closing lines and progress bars print it: 4 significant digits,
-    1 decimal from 100 up. One decimal alone would show returns in [0, 1] (FrozenLake's, success rates)
-    as 1.0 at 0.9615, hiding the progress a run makes."""
+    1 decimal from 100 up, 6 significant digits with an exponent from 1e9 up (not 40 digits of 1e39's).
+    One decimal alone would show returns in [0, 1] (FrozenLake's, success rates) as 1.0 at 0.9615, hiding
+    the progress a run makes."""
     if not math.isfinite(value):
         return str(value)
+    if abs(value) >= 1e9:
+        return f"{value:.6g}"
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4g}"
+
+
+def mean_of(values: Sequence[float] | Sequence[int] | np.ndarray) -> float:
+    """The mean of ``values`` (returns: finite each, a mean finite too), as np.mean gives it, but where their sum
+    overflowed float64 (returns near its max): then the sum of each divided by their number (no RuntimeWarning)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = float(np.mean(values))
+        if not math.isfinite(mean):
+            mean = float(np.sum(np.asarray(values, dtype=np.float64) / len(values)))
+    return mean
+
+
+def spread_of(values: Sequence[float] | np.ndarray) -> float:
+    """The (population) std of ``values``, as np.std gives it, but where their squares overflowed float64
+    (returns beyond about 1e154): then that of the values scaled by their largest magnitude, scaled back."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        std = float(np.std(values))
+        if not math.isfinite(std):
+            scaled = np.asarray(values, dtype=np.float64)
+            scale = float(np.abs(scaled).max())
+            std = float(np.std(scaled / scale)) * scale
+    return std

@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import math
 import os
 import random
 import sys
@@ -75,6 +76,7 @@ from learner.ppo import (
     check_observation_space,
     is_image_space,
     observations_usable,
+    raise_overflowed_return,
     raise_unusable,
     raise_unusable_rewards,
 )
@@ -89,6 +91,7 @@ from learner.records import (
     mean_or_none,
     plot_at_exit,
 )
+from learner.remote import misfit_reported
 from learner.resume import (
     RECENT,
     Counters,
@@ -103,6 +106,7 @@ from learner.resume import (
 )
 from learner.rundir import cannot_write, writing
 from learner.served import other_task
+from learner.stats import mean_of
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
 if TYPE_CHECKING:
@@ -287,15 +291,16 @@ def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
     return lost
 
 
-def nothing_to_learn(rollouts: int, errors: dict[str, int]) -> str:
+def nothing_to_learn(rollouts: int, errors: dict[str, int], in_process: bool = False) -> str:
     """NothingToLearnError's message: ``rollouts`` in a row gave no transition; ``errors``: what the envs
-    reported in them (``infos["env_error"]`` text -> env steps), the most frequent named."""
+    reported in them (``infos["env_error"]`` text -> env steps), the most frequent named; ``in_process``:
+    the envs run here (--backend gym), not on env servers."""
     if errors:
         ranked = sorted(errors.items(), key=lambda item: -item[1])
         cause = "the envs reported: " + "; ".join(f"{text} ({count:,} env steps)" for text, count in ranked[:3])
         if len(ranked) > 3:
             cause += f"; and {len(ranked) - 3} other errors"
-        cause += " (the env servers log the tracebacks)"
+        cause += " (the log above has the tracebacks)" if in_process else " (the env servers log the tracebacks)"
     else:
         cause = (
             "every env's server was unavailable, or was lost before its envs gave a transition (see the warnings above)"
@@ -340,6 +345,25 @@ def _check_fresh(run_dir: Path) -> None:
 def _close_quietly(f: Any) -> None:
     with contextlib.suppress(OSError):
         f.close()
+
+
+def check_reward_scaler(
+    scaler: RewardScaler, rollout: Rollout, server_of: Callable[[int], str], global_step: int
+) -> None:
+    """Raise UnusableEnvOutputError where the variance of the discounted returns that --norm-reward scales the
+    rewards by (updated with ``rollout``'s, ending at env step ``global_step``) overflowed float64: returns
+    beyond about 1e154 (rewards --norm-reward takes beyond float32's range), which would scale every reward to
+    0 from then on. Names the env of the rollout's largest reward. (One number read back a rollout.)"""
+    if math.isfinite(scaler.rms.var.item()):
+        return
+    size = np.where(rollout.valid, np.abs(rollout.rewards), -1.0)
+    step, env = (int(i) for i in np.unravel_index(int(np.argmax(size)), size.shape))
+    raise UnusableEnvOutputError(
+        f"{server_of(env)}reward of env {env} is {rollout.rewards[step, env]:.6g} at step {step + 1} of the rollout "
+        f"ending at env step {global_step:,}: too large for --norm-reward, the variance of the discounted returns it "
+        "scales the rewards by overflowed float64 (returns beyond about 1e154 cannot be scaled); pass --clip-reward, "
+        "or scale the rewards in a wrapper on the env servers"
+    )
 
 
 class Acting:
@@ -406,12 +430,43 @@ class Acting:
         if obs_rms is None:
             return x.to(self.obs_dtype)
         if update_stats:
+            kept = obs_rms.mean, obs_rms.var, obs_rms.count  # (update() makes new tensors: these stay as they are)
             if stale is not None and stale.any():
                 if not stale.all():
                     obs_rms.update(x[torch.as_tensor(~stale, device=device)])
             else:
                 obs_rms.update(x)
+            # Values beyond about 1e154 overflow the variance's float64 squares: the statistics would be inf for
+            # good, and that feature normalised to 0 (finite: no later check would see it). (Inf or NaN in the
+            # variance alone: a mean that overflowed makes it so too. One number read back a step: a microsecond
+            # or two on the CPU; on CUDA the policy's actions read back anyway.)
+            if not math.isfinite(obs_rms.var.max().item()):
+                overflowed = ~torch.isfinite(obs_rms.var).reshape(-1).cpu().numpy()
+                obs_rms.mean, obs_rms.var, obs_rms.count = kept  # (the statistics as they were, not spoiled)
+                self._raise_overflowed(obs, overflowed, stale, returned_at, reset)
         return obs_rms.normalize(x)
+
+    def _raise_overflowed(
+        self, obs: np.ndarray, overflowed: np.ndarray, stale: np.ndarray | None, returned_at: int | None, reset: bool
+    ) -> None:
+        """Raise UnusableEnvOutputError naming the env whose observation in ``obs`` (the batch the --norm-obs
+        statistics took, but the ``stale`` envs') has the largest magnitude in the features whose running
+        variance overflowed float64 (``overflowed``, a mask over the flattened features), and that value."""
+        rows = np.abs(np.asarray(obs, dtype=np.float64).reshape(len(obs), -1))[:, overflowed]
+        if stale is not None:
+            rows[stale] = -1.0  # (not taken by the statistics)
+        env, feature = np.unravel_index(int(np.argmax(rows)), rows.shape)
+        index = int(np.flatnonzero(overflowed)[feature])
+        value = np.asarray(obs[env], dtype=np.float64).reshape(-1)[index]
+        when = ""
+        if returned_at is not None:
+            when = f", returned by {'its reset' if reset else 'its step'} at the run's env step {returned_at:,}"
+        raise UnusableEnvOutputError(
+            f"{self.server_of(int(env))}observation of env {env} has a value too large for --norm-obs ({value:.6g} at "
+            f"index {index} of the flattened observation; observation space {self.obs_space}){when}: the running "
+            "variance of that feature overflowed float64 (magnitudes beyond about 1e154 cannot be normalised); scale "
+            "them on the env servers (a wrapper); the policy cannot act on it"
+        )
 
     @contextlib.contextmanager
     def acting_on(self, raw: np.ndarray, envs_of: Sequence[int], check_first: bool = False) -> Iterator[None]:
@@ -992,7 +1047,7 @@ def train(
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
                     if empty_rollouts and not learned:  # (a budget of fewer than 3 rollouts, all empty)
-                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors, args.backend == "gym"))
                     if not learned and counters.update == 0:
                         # Every rollout cut short by a lost server (or the fleet down): no update in the
                         # whole run, which is no policy to evaluate, nor a run that did what it was asked.
@@ -1103,7 +1158,13 @@ def train(
                         # over), unless that keeps happening.
                         lost_rollouts += 1
                         # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
-                        if refresh is None or args.fault_tolerant or lost_rollouts >= LOST_ROLLOUTS:
+                        # (an env's observation that does not fit the space: the same after every reset)
+                        if (
+                            refresh is None
+                            or args.fault_tolerant
+                            or lost_rollouts >= LOST_ROLLOUTS
+                            or misfit_reported(err)
+                        ):
                             raise
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
                             log.warning("dropping this rollout, every env starts over: %s", err)
@@ -1145,13 +1206,22 @@ def train(
 
                     # (one NaN spreads through the advantages into the nets, and the next step's sampling fails
                     # with torch's "probability tensor contains ... nan")
+                    # (and one beyond float32's range, which PPO learns in, unless clipped or scaled into it first)
                     raise_unusable_rewards(
-                        reward_np, valid, acting.server_of, "PPO cannot learn from a NaN or infinite reward"
+                        reward_np,
+                        valid,
+                        acting.server_of,
+                        "PPO cannot learn from a NaN or infinite reward",
+                        when=f", returned by its step at the run's env step {counters.global_step:,}",
+                        float32="" if hp.clip_reward or hp.norm_reward else "--clip-reward or --norm-reward",
                     )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
                     ep_return += np.where(valid, reward_np, 0.0)
                     ep_length += valid
                     for i in np.flatnonzero(done_np & valid):
+                        raise_overflowed_return(
+                            ep_return, int(i), acting.server_of, when=f" at the run's env step {counters.global_step:,}"
+                        )
                         recent_returns.append(float(ep_return[i]))
                         recent_lengths.append(int(ep_length[i]))
                         counters.episodes += 1
@@ -1161,7 +1231,10 @@ def train(
                             threshold is not None
                             and counters.solved_at_step is None
                             and len(recent_returns) == RECENT
-                            and np.mean(recent_returns) >= threshold
+                            # (a mean that is no number, of returns of a run of before they were looked at,
+                            # is none to judge)
+                            and math.isfinite(recent_mean := mean_of(recent_returns))
+                            and recent_mean >= threshold
                         ):
                             counters.solved_at_step = counters.global_step
                             counters.solved_at_seconds = time.perf_counter() - start_time
@@ -1215,7 +1288,7 @@ def train(
                 if empty:
                     empty_rollouts += 1
                     if empty_rollouts >= EMPTY_ROLLOUTS:
-                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors))
+                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors, args.backend == "gym"))
                     log.warning(
                         "%s: nothing to learn from (the run stops after %d such rollouts in a row)",
                         empty,
@@ -1265,6 +1338,8 @@ def train(
                     reward_scaler,
                     next_step_autoreset=next_step_autoreset,
                 )
+                if reward_scaler is not None:
+                    check_reward_scaler(reward_scaler, rollout, acting.server_of, counters.global_step)
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 if update_thread is None:

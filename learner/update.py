@@ -75,7 +75,8 @@ class Rollout:
             logprobs=zeros(),
             values=zeros(),
             final_values=zeros(),
-            rewards=np.zeros((num_steps, num_envs), dtype=np.float32),
+            # (float64, as the envs give them: with --norm-reward one beyond float32's range is scaled into it)
+            rewards=np.zeros((num_steps, num_envs), dtype=np.float64),
             terminations=np.zeros((num_steps, num_envs), dtype=bool),
             truncations=np.zeros((num_steps, num_envs), dtype=bool),
             valid=np.zeros((num_steps, num_envs), dtype=bool),
@@ -115,12 +116,17 @@ def make_batch(
     ``next_value`` is V(the observations after the rollout's last step), from the nets that acted.
     """
     device = rollout.obs.device
-    rewards, terminations, truncations, valid = (
+    exact, terminations, truncations, valid = (
         torch.from_numpy(a).to(device)
         for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
     )
+    rewards = exact.to(torch.float32)  # (as the nets learn from them; one beyond float32's range is inf here)
     if hp.clip_reward:
         rewards = torch.sign(rewards)  # Atari's reward clipping (Mnih et al., 2015; Huang et al., 2022, Atari detail 6)
+    elif reward_scaler is not None:
+        # Scaled in float64: a reward beyond float32's range (only --norm-reward or --clip-reward lets one in)
+        # as it came, the others as float32 (so that the statistics are what they were with float32 rewards).
+        rewards = torch.where(torch.isfinite(rewards), rewards.to(torch.float64), exact.to(torch.float64))
     if reward_scaler is not None:
         dones = terminations | truncations
         rewards = torch.stack([reward_scaler(rewards[t], dones[t], valid[t]) for t in range(rewards.shape[0])])
@@ -160,22 +166,39 @@ class UpdateResult:
     seconds: float
 
 
-def _check_finite(watched: Tensor, num_minibatches: int, epochs: int) -> None:
+def _check_finite(
+    watched: Tensor, num_minibatches: int, epochs: int, returns: Tensor, hp: PPOConfig, learning_rate: float
+) -> None:
     """Raise UpdateDivergedError where a minibatch's gradient norm (``watched``: a row per minibatch, its
     norm, policy loss and value loss) was NaN or infinite. (Read once, after the update: on CUDA a NaN
     net's next sampling is a device-side assert that names nothing and leaves the GPU unusable; on the
-    CPU torch's "probability tensor contains either inf, nan".)"""
+    CPU torch's "probability tensor contains either inf, nan".) ``returns``, the batch's, ``hp`` and
+    ``learning_rate`` say what to change: an infinite value loss is the returns' (too large for float32's
+    squares) only when they are large, else the value net's estimates blew up (a learning rate too high);
+    --norm-reward is advised only when it is off."""
     bad = ~torch.isfinite(watched[:, 0])
     if not bool(bad.any()):
         return
     first = int(bad.nonzero()[0])
     norm, policy, value = watched[first].tolist()
-    advice = (
-        "the value loss overflowed: returns too large for float32; scale the rewards (--norm-reward, or a reward "
-        "wrapper on the env servers)"
-        if math.isinf(value)
-        else "lower --learning-rate or --max-grad-norm, or scale the rewards (--norm-reward)"
-    )
+    largest = float(returns.abs().max()) if returns.numel() else 0.0
+    # (returns whose squared errors can overflow float32's sum, whatever the value net estimates)
+    huge = not largest < math.sqrt(float(torch.finfo(torch.float32).max) / max(returns.numel(), 1))
+    wrapper = "a reward wrapper on the env servers"
+    if math.isinf(value) and huge:
+        advice = (
+            f"the value loss overflowed: returns too large for float32 (up to {largest:.4g}); scale the rewards "
+            f"({wrapper if hp.norm_reward else '--norm-reward, or ' + wrapper})"
+        )
+    elif math.isinf(value):
+        advice = (
+            f"the value loss overflowed, though the returns are modest (up to {largest:.4g}): the value net's "
+            f"estimates blew up; lower --learning-rate (now {learning_rate:g}) or --max-grad-norm"
+        )
+    else:
+        advice = f"lower --learning-rate (now {learning_rate:g}) or --max-grad-norm" + (
+            "" if hp.norm_reward else ", or scale the rewards (--norm-reward)"
+        )
     raise UpdateDivergedError(
         f"PPO's update diverged: the gradient's norm was {norm} in epoch {first // num_minibatches + 1} of {epochs}, "
         f"minibatch {first % num_minibatches + 1} of {num_minibatches} (policy loss {policy:.4g}, value loss "
@@ -234,7 +257,7 @@ def ppo_update(
         if hp.target_kl and stats and stats["approx_kl"].item() > hp.target_kl:
             break  # early stopping (Huang et al., 2022, detail 12's target_kl)
     if watched:
-        _check_finite(torch.stack(watched), num_minibatches, hp.update_epochs)
+        _check_finite(torch.stack(watched), num_minibatches, hp.update_epochs, batch.returns, hp, learning_rate)
     return UpdateResult(
         policy_loss=pg_loss.item(),
         value_loss=v_loss.item(),

@@ -260,8 +260,10 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
     ``raise_at``/``hang_at`` count this env's steps over its whole life (1 = its first step), so a
     fault happens once; ``fault_env`` picks which of the server's envs misbehaves (by creation
     order within the server process; -1: all). ``raise_in_reset`` makes every reset after the
-    first ``raise_in_reset`` resets raise (-1: never); at step ``bad_reward_at`` the reward is a
-    string, which fails the vector env as a whole (not one env's exception); ``wrong_shape_in``
+    first ``raise_in_reset`` resets raise (-1: never); at step ``bad_reward_at`` the observation is
+    ragged, which fails the vector env as a whole (not one env's exception: numpy cannot stack it, and
+    no check names it, see env_server.envs.misfit_message; a reward that is no number did once, and is
+    that env's own error now, see env_server.isolation); ``wrong_shape_in``
     ("reset" or "step") makes that method's observations 3 long instead of 2 (a layout error of the
     env's own); steps ``raise_from`` to ``raise_until - 1`` of its life raise too. Observations are
     ``[t, episode]``.
@@ -322,8 +324,9 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         if self._steps == self.hang_at:
             time.sleep(self.hang_s)
         self._t += 1
-        if self._steps == self.bad_reward_at:  # not a number: the vector env itself fails
-            return self._obs(), "one", False, self._t >= self.length, {}  # type: ignore[return-value]
+        if self._steps == self.bad_reward_at:  # ragged: the vector env itself fails ("inhomogeneous shape")
+            ragged: Any = [[float(self._t)], [float(self._resets), 0.0]]
+            return ragged, 1.0, False, self._t >= self.length, {}
         return self._obs("step"), 1.0, False, self._t >= self.length, {}
 
 
@@ -438,8 +441,8 @@ class InfoWidthEnv(_CountEnv):
 
 
 class BrokenStepEnv(FaultyEnv):
-    """A FaultyEnv whose every step fails its server's vector env as a whole (the reward is a string,
-    as at FaultyEnv's ``bad_reward_at``): a server that answers handshakes and resets at once and
+    """A FaultyEnv whose every step fails its server's vector env as a whole (as at FaultyEnv's
+    ``bad_reward_at``): a server that answers handshakes and resets at once and
     fails each step (INTERNAL), the way a flapping server does."""
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

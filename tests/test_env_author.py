@@ -210,7 +210,7 @@ def _bad_env_run(tmp_path: Path, kind: str, at: int = 2, **more: Any) -> Args:
     [
         ("nan", r"observation of env 1 has NaN or infinite values \(\[nan\]; observation space Box"),
         ("discrete", r"observation of env 1 is 7, outside the observation space Discrete\(3\)"),
-        ("reward", r"reward of env 1 is nan: PPO cannot learn from a NaN or infinite reward"),
+        ("reward", r"reward of env 1 is nan, returned by its step at the run's env step 20: PPO cannot learn"),
     ],
 )
 def test_training_on_observations_the_policy_cannot_act_on_names_the_env(

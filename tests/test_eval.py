@@ -302,12 +302,19 @@ def test_eval_env_kwargs_replace_the_runs_and_reach_the_video(
 def test_eval_json_is_valid_json_with_returns_too_large_for_a_float(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--json's object is JSON any parser reads: a return that is no finite number (finite rewards whose sum
-    overflows) is null, as in the run dir's JSON files, not Python's bare Infinity or NaN."""
+    """--json's object is JSON any parser reads: returns near float64's max, whose sum or squares overflow, have
+    a finite mean and spread; a return that is no finite number (finite rewards whose sum overflows) is an error
+    naming the env, as a NaN reward is (not a result of Python's bare Infinity or NaN, nor of nulls)."""
     run = tmp_path / "run"
     _train(run, "--env", "tests.test_eval:LargeRewardClockEnv", "--backend", "gym", "--num-envs", "2")
     capsys.readouterr()
     argv = ["eval", str(run), "--episodes", "2", "--backend", "gym", "--env-kwargs", '{"scale": 1e308}', "--json"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert not captured.out and "is inf for the episode that ended: its rewards, finite each, summed beyond" in (
+        captured.err
+    ), captured.err
+    argv[argv.index('{"scale": 1e308}')] = '{"scale": 5e307}'  # (3 steps: a return of up to 1.5e308)
     assert main(argv) == 0
     out = capsys.readouterr().out
 
@@ -315,8 +322,9 @@ def test_eval_json_is_valid_json_with_returns_too_large_for_a_float(
         raise AssertionError(f"not JSON: {token} in {out}")
 
     result = json.loads(out, parse_constant=refuse)
-    assert result["episodes"] == 2 and result["returns"] == [None, None]
-    assert result["return_mean"] is None and result["return_std"] is None and result["length_mean"] == 3.0
+    assert result["episodes"] == 2 and result["returns"][0] == result["returns"][1]
+    assert result["return_mean"] == pytest.approx(result["returns"][0]) and result["return_std"] == 0.0
+    assert result["length_mean"] == 3.0
 
 
 def test_eval_video_env_gets_the_given_env_kwargs(

@@ -173,7 +173,7 @@ def test_a_damaged_config_json_is_an_error_naming_the_file_and_resume(tmp_path: 
         ({"learning_rate": [1]}, "--learning-rate: expected a number or null, got [1] (list)"),
         ({"hidden_sizes": [64, "a"]}, "--hidden-sizes: expected a list of integers or null, got [64, 'a'] (list)"),
         ({"backend": "docker"}, "--backend: expected one of 'remote', 'gym', got 'docker' (str)"),
-        ({"norm_obs": 1}, "--norm-obs: expected true or false or null, got 1 (int)"),
+        ({"norm_obs": 2}, "--norm-obs: expected true or false or null, got 2 (int)"),
     ],
 )
 def test_a_config_json_option_of_the_wrong_type_is_an_error_naming_file_and_option(
@@ -199,6 +199,16 @@ def test_args_of_the_wrong_type_from_python_are_a_type_error_naming_the_option()
         Args(num_steps="8")  # type: ignore[arg-type]
     assert Args(num_steps=np.int64(8), learning_rate=np.float32(1e-3)).num_steps == 8  # type: ignore[arg-type]
     assert Args(run_dir=Path("runs/a")).run_dir == "runs/a"  # type: ignore[arg-type]
+    # What stands for a value of the type exactly is taken as that (total_timesteps=1e6 worked before the check).
+    taken = Args(total_timesteps=1e6, norm_obs=1, preset=np.str_("classic"))  # type: ignore[arg-type]
+    assert (taken.total_timesteps, taken.norm_obs, taken.preset) == (1_000_000, True, "classic")
+    assert type(taken.total_timesteps) is int and type(taken.preset) is str
+
+
+def test_a_config_json_that_recorded_a_whole_float_for_an_integer_option_is_taken(tmp_path: Path) -> None:
+    """A run started from Python with total_timesteps=1024.0 recorded the float; its config.json still reads."""
+    rundir.write_json(tmp_path / rundir.CONFIG, {"args": {"env": "CartPole-v1", "total_timesteps": 1024.0}})
+    assert like_args(tmp_path).total_timesteps == 1024
 
 
 # -- a run moved onto --servers -------------------------------------------------------------------------------------

@@ -298,3 +298,14 @@ def test_env_is_wrapped_answers_what_the_servers_say_and_indices_are_checked(sta
     # SameStep, which RemoteVecEnv needs of a vector_entry_point server, so told from its spec alone)
     spec = pb.EnvSpec(env_id="CartPole-v1", vectorization="vector_entry_point", max_episode_steps=500)
     assert _served_wrappers(spec) == ([], True)
+
+
+def test_option_groups_take_equal_dicts_whose_keys_came_in_another_order_as_one() -> None:
+    """From the diff's review: groups keyed by the options' wire form kept insertion order, so equal dicts made
+    two groups (two resets; on a vector_entry_point server refused as options differing per env)."""
+    from learner.sb3 import _option_groups
+
+    same = [{"a": 1, "b": {"c": 2, "d": [3]}}, {"b": {"d": [3], "c": 2}, "a": 1}]
+    assert [members for _, members in _option_groups(same, 2)] == [[0, 1]]
+    other = [{"a": 1}, {"a": 2}]
+    assert [members for _, members in _option_groups(other, 2)] == [[0], [1]]

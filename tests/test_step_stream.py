@@ -196,5 +196,7 @@ def test_an_env_error_on_a_new_stream_is_reported_at_once_without_probing_the_se
         return took, service.opened, errors
 
     took, opened, errors = asyncio.run(steps())
-    assert opened == 3, (opened, took)  # (a probe opens a StepStream of its own: none ran)
+    # (a probe opens a StepStream of its own: none ran; nor a backoff, which would take seconds: the bound is
+    # loose for a loaded machine)
+    assert opened == 3 and max(took) < 2.0, (opened, took)
     assert all("[INTERNAL]: step failed: ValueError: env bug; reset before stepping again" in e for e in errors)

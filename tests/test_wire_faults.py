@@ -340,7 +340,7 @@ def test_the_server_of_an_env_is_named_from_the_fleets_env_slices() -> None:
 @pytest.mark.parametrize(
     ("kind", "problem"),
     [
-        ("reward", "reward of env 1 is nan: PPO cannot learn from a NaN or infinite reward"),
+        ("reward", "reward of env 1 is nan, returned by its step at the run's env step 40: PPO cannot learn"),
         ("nan", "observation of env 1 has NaN or infinite values ([nan]; observation space Box"),
     ],
 )

@@ -181,7 +181,8 @@ def _build_error(config: ServerConfig) -> Exception | None:
     from env_server.envs import build_vector_env
 
     try:
-        build_vector_env(replace(config, num_envs=1, step_delay_ms=0.0)).close()
+        # (ctrl_c: a Ctrl-C meanwhile stops the bench, not an env that cannot be built)
+        build_vector_env(replace(config, num_envs=1, step_delay_ms=0.0), ctrl_c=True).close()
     except Exception as err:  # EnvBuildError, or whatever the env's own constructor raised
         return err
     return None
