@@ -46,7 +46,7 @@ from env_server.protocol import (
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import ANSWER_HEADROOM, AnswerHandshakes, EnvService, space_bytes
-from env_server.step_socket import FileIdentity, StepSocketServer, file_identity, remove_own_file
+from env_server.step_socket import FileIdentity, StepSocketServer, check_stale, file_identity, remove_own_file
 
 __all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
 
@@ -347,24 +347,7 @@ def _check_socket_path(path: str) -> None:
         raise OSError(f"--unix-socket {path}: exists and is {kind}, not a socket; remove it or pick another path")
     # A socket there: stale (left by a server that was killed; gRPC replaces it) or another server's,
     # which gRPC would replace too, taking its learners over and leaving it unreachable.
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        return  # nothing listens there: stale
-    except PermissionError:
-        raise OSError(
-            f"--unix-socket {path}: a socket this user may not connect to (another user's?): cannot tell "
-            "whether a server listens there; remove it or pick another path"
-        ) from None
-    except (BlockingIOError, TimeoutError):
-        pass  # a server whose backlog is full: busy, not gone
-    except OSError as err:
-        raise OSError(f"--unix-socket {path}: {err.strerror or err}") from None
-    finally:
-        probe.close()
-    raise OSError(f"--unix-socket {path}: another server is listening there; stop it or pick another path")
+    check_stale(path, f"--unix-socket {path}")
 
 
 def _read_pem(path: str, option: str) -> bytes:

@@ -66,10 +66,14 @@ def remove_own_file(path: str, made: FileIdentity | None) -> None:
             os.unlink(path)
 
 
-def _check_stale(path: str) -> None:
+def check_stale(path: str, option: str = "") -> None:
     """OSError saying why, unless the socket at ``path`` is stale (nothing listens there: a server that
-    was killed left it), so that another server's step socket is never replaced (its learners taken over,
-    as env_server.server's check of the gRPC socket's path prevents for that one)."""
+    was killed left it), so that another server's socket is never replaced, its learners taken over (the
+    gRPC socket's, by env_server.server, and the step socket's). ``option``: "--unix-socket PATH", for an
+    error naming it and saying what to do (else the reason alone)."""
+    said, remove, stop = (f"{option}: ", "; remove it or pick another path", "; stop it or pick another path")
+    if not option:
+        said = remove = stop = ""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
@@ -78,15 +82,16 @@ def _check_stale(path: str) -> None:
         return  # nothing listens there: stale
     except PermissionError:
         raise OSError(
-            "a socket this user may not connect to (another user's?): cannot tell whether a server listens there"
+            f"{said}a socket this user may not connect to (another user's?): cannot tell whether a server listens "
+            f"there{remove}"
         ) from None
     except (BlockingIOError, TimeoutError):
         pass  # a server whose backlog is full: busy, not gone
     except OSError as err:
-        raise OSError(err.strerror or str(err)) from None
+        raise OSError(f"{said}{err.strerror or err}") from None
     finally:
         probe.close()
-    raise OSError("another server is listening there")
+    raise OSError(f"{said}another server is listening there{stop}")
 
 
 class StepSocketServer:
@@ -122,7 +127,7 @@ class StepSocketServer:
         permissions of the file ``mode_of`` (the gRPC socket)."""
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                _check_stale(self.path)
+                check_stale(self.path)
                 os.unlink(self.path)  # left by a server that was killed (gRPC does the same for its own)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
