@@ -464,6 +464,9 @@ async def serve(
         return status
     finally:
         for sig in signals:
+            if sig in on_loop and watch_exit and sig in previous:
+                _hand_over_from_loop(loop, sig, watchdog.on_signal)
+                continue
             if sig in on_loop:
                 loop.remove_signal_handler(sig)  # (which puts SIG_DFL back: replaced at once, below)
             if sig in previous:
@@ -474,6 +477,22 @@ async def serve(
                 signal.signal(sig, watchdog.on_signal if watch_exit else previous[sig])
         if not watch_exit:
             watchdog.finished.set()
+
+
+def _hand_over_from_loop(loop: asyncio.AbstractEventLoop, sig: int, handler: Callable[[int, Any], None]) -> None:
+    """Take ``sig`` off ``loop``'s signal handlers, leaving it to ``handler`` with no moment in between at
+    SIG_DFL (``loop.remove_signal_handler`` puts that back, and a SIGTERM in the gap, a thread switch long
+    under load, ended the process by the signal: seen in CI). The loop's own record of its handlers is
+    private: where it is not as expected, its public removal, then ``handler``."""
+    handlers = getattr(loop, "_signal_handlers", None)
+    if not isinstance(handlers, dict) or sig not in handlers:
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, handler)
+        return
+    signal.signal(sig, handler)  # (the C-level handler, which writes the loop's wakeup fd, stays Python's)
+    del handlers[sig]
+    if not handlers:
+        signal.set_wakeup_fd(-1)  # (as the loop's removal of its last handler does)
 
 
 def _deaf_at_exit(signals: list[signal.Signals], handler: Callable[[int, Any], None]) -> None:
