@@ -484,12 +484,22 @@ def _leave_the_servers_signals() -> None:
     (KillMode=control-group) stops the server (a worker that ended then would fail the steps the drain is
     for, and the server's close of its workers). A worker ends when the server closes it, when the server
     is gone (its pipe closes), or by SIGKILL (the server's own, where it cannot wait: see
-    WideInfoAsyncVectorEnv)."""
+    WideInfoAsyncVectorEnv).
+
+    They are caught by a handler that does nothing, not ignored: a program an env starts (a simulator's
+    own process) would inherit SIG_IGN, and its ``terminate()`` would then not end it; a handler is put
+    back to the default by exec. System calls they interrupt are restarted. A signal ignored when the server
+    started (SIGHUP under ``nohup``, SIGINT in a background job) stays ignored, for such programs too."""
     signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _left_to_the_server)
+            signal.siginterrupt(sig, False)
+
+
+def _left_to_the_server(signum: int, frame: object) -> None:
+    """A stop signal to an async worker: the server's to act on (see :func:`_leave_the_servers_signals`)."""
 
 
 def _register_optional_envs() -> None:

@@ -294,10 +294,12 @@ class Args:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
+            if f.name == "servers":  # (checked below: a list of addresses is taken too)
+                continue
             value = getattr(self, f.name)
-            if f.name != "servers" and (taken := coerced(f.name, value)) is not value:
+            if (taken := coerced(f.name, value)) is not value:
                 object.__setattr__(self, f.name, value := taken)
-            if f.name != "servers" and (wrong := type_error(f.name, value)) is not None:
+            if (wrong := type_error(f.name, value)) is not None:
                 raise TypeError(wrong)
         servers: object = self.servers
         if isinstance(servers, list | tuple) and servers and all(isinstance(a, str) for a in servers):

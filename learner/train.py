@@ -198,6 +198,11 @@ def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gy
     )
 
 
+def _returned_when(step: int, reset: bool = False) -> str:
+    """The end of a message about what an env returned: ", returned by its step at the run's env step 1,024"."""
+    return f", returned by {'its reset' if reset else 'its step'} at the run's env step {step:,}"
+
+
 def _stepping(envs: Any) -> tuple[Any, bool]:
     """How a rollout steps ``envs``: (``step_groups``, ``overlap``). Pipelining (RemoteVectorEnv with
     --pipeline-groups > 1, as many groups as servers allow): step_groups sends each group its actions as
@@ -417,14 +422,13 @@ class Acting:
         if returned_at is not None and self.looks_first:
             as_float32 = obs_rms is None  # (--norm-obs scales float64 observations before the nets see them)
             if not observations_usable(obs, self.obs_space, as_float32=as_float32):
-                by = "its reset" if reset else "its step"
                 raise_unusable(
                     obs,
                     self.obs_space,
                     range(len(obs)),
                     self.server_of,
                     as_float32=as_float32,
-                    when=f", returned by {by} at the run's env step {returned_at:,}",
+                    when=_returned_when(returned_at, reset),
                 )
         x = torch.as_tensor(obs).to(device, copy=True)
         if obs_rms is None:
@@ -458,9 +462,7 @@ class Acting:
         env, feature = np.unravel_index(int(np.argmax(rows)), rows.shape)
         index = int(np.flatnonzero(overflowed)[feature])
         value = np.asarray(obs[env], dtype=np.float64).reshape(-1)[index]
-        when = ""
-        if returned_at is not None:
-            when = f", returned by {'its reset' if reset else 'its step'} at the run's env step {returned_at:,}"
+        when = "" if returned_at is None else _returned_when(returned_at, reset)
         raise UnusableEnvOutputError(
             f"{self.server_of(int(env))}observation of env {env} has a value too large for --norm-obs ({value:.6g} at "
             f"index {index} of the flattened observation; observation space {self.obs_space}){when}: the running "
@@ -1212,7 +1214,7 @@ def train(
                         valid,
                         acting.server_of,
                         "PPO cannot learn from a NaN or infinite reward",
-                        when=f", returned by its step at the run's env step {counters.global_step:,}",
+                        when=_returned_when(counters.global_step),
                         float32="" if hp.clip_reward or hp.norm_reward else "--clip-reward or --norm-reward",
                     )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).

@@ -1,11 +1,13 @@
 """Envs for the server's lifecycle tests (tests/test_server_lifecycle.py): builds that take as long as
 a test says, in the server's process or in async vectorization's workers only; a constructor that
-raises SystemExit or KeyboardInterrupt; an env that leaves a non-daemon thread running."""
+raises SystemExit or KeyboardInterrupt; an env that leaves a non-daemon thread running; an env that starts a
+program of its own (a simulator's process)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import threading
 import time
 from typing import Any
@@ -26,7 +28,9 @@ class Lifecycle(gym.Env[np.ndarray, np.int64]):
       async server builds first in its own process) or ``"workers"`` (async vectorization's workers);
     - raises ``raise_in_init`` (``"SystemExit"``: ``SystemExit(7)``; ``"KeyboardInterrupt"``);
     - with ``leave_thread``, starts a non-daemon thread named ``sim-io`` that runs for an hour (a
-      simulator's I/O thread that the env's close does not stop).
+      simulator's I/O thread that the env's close does not stop);
+    - with ``simulator`` (a file path), in async vectorization's workers: starts ``sleep 600`` (a simulator's
+      own process; the test ends it) and appends its process id to that file.
     """
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
@@ -39,6 +43,7 @@ class Lifecycle(gym.Env[np.ndarray, np.int64]):
         where: str = "any",
         raise_in_init: str | None = None,
         leave_thread: bool = False,
+        simulator: str | None = None,
     ) -> None:
         if building is not None:
             with open(building, "a") as f:
@@ -54,6 +59,10 @@ class Lifecycle(gym.Env[np.ndarray, np.int64]):
             raise KeyboardInterrupt
         if leave_thread:
             threading.Thread(target=time.sleep, args=(3600,), name="sim-io").start()
+        if simulator is not None and in_worker:
+            program = subprocess.Popen(["sleep", "600"])
+            with open(simulator, "a") as f:
+                f.write(f"{program.pid}\n")
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

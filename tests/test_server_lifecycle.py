@@ -448,6 +448,59 @@ def test_a_server_started_with_sighup_ignored_leaves_it_ignored(folder: Path, se
     assert proc.wait() == 0, proc.text()
 
 
+def _ignored_signals(pid: int) -> set[int]:
+    """The signals process ``pid`` ignores (SIG_IGN), from its SigIgn mask."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}
+
+
+@pytest.mark.slow
+@needs_proc
+@pytest.mark.parametrize("hup", ["default", "ignored"])
+def test_a_program_an_async_worker_starts_can_be_stopped_and_the_workers_leave_stop_signals_to_the_server(
+    folder: Path, server: Callable[..., _Server], hup: str
+) -> None:
+    """Async workers leave SIGINT/SIGTERM/SIGHUP to the server by a handler that does nothing, not SIG_IGN:
+    a program an env starts (a simulator's own process) would inherit SIG_IGN, and SIGTERM (its
+    terminate()) would not end it. A SIGHUP the server was started with ignored (nohup) stays so there."""
+    building, simulators, path = folder / "building", folder / "simulators", folder / "env.sock"
+
+    def hup_ignored() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = server(
+        "--env", ENV, "--env-kwargs", _kwargs(building=str(building), simulator=str(simulators)),
+        "--num-envs", "2", "--vectorization", "async", "--unix-socket", str(path),
+        preexec_fn=_hup_at_default if hup == "default" else hup_ignored,
+    )  # fmt: skip
+    proc.ready()
+    programs = _pids(simulators)
+    try:
+        assert len(programs) == 2, (programs, proc.text())
+        for pid in programs:
+            ignored = _ignored_signals(pid)
+            assert signal.SIGTERM not in ignored and signal.SIGINT not in ignored, (pid, ignored)
+            assert (signal.SIGHUP in ignored) == (hup == "ignored"), (pid, ignored)
+        os.kill(programs[0], signal.SIGTERM)
+        _until(lambda: not _alive(programs[0]), 30, "the program ended by SIGTERM")
+        # The workers themselves take SIGTERM and SIGINT sent to them alone, and serve on.
+        workers = [pid for pid in _pids(building) if pid != proc.proc.pid]
+        assert len(workers) == 2, (workers, proc.proc.pid)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(workers[0], sig)
+        time.sleep(0.5)
+        assert all(map(_alive, workers)), proc.text()
+        with RemoteVectorEnv(f"unix:{path}", timeout=30) as envs:
+            envs.reset(seed=0)
+            envs.step(np.zeros(2, np.int64))
+        assert proc.proc.poll() is None and "Traceback" not in proc.text(), proc.text()
+    finally:
+        for pid in programs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 # -- SIGTERM during a build -----------------------------------------------------------------------------------------
 
 
