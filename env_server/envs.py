@@ -26,6 +26,7 @@ from env_server.isolation import IsolateErrors
 __all__ = [
     "EnvBuildError",
     "CheckFirstObservations",
+    "CheckWrittenObservations",
     "EnvStepDelay",
     "ObservationLayoutError",
     "StepDelay",
@@ -322,6 +323,8 @@ def _received(obs: Any, space: gym.Space[Any], where: str) -> str | None:
     if obs is None:  # (an env's return that forgot its observation: not "shape () and dtype NoneType")
         what = "None, not an observation" if where == "observation" else f"{part} is None"
         return f"{what} (observation space {space})"
+    if isinstance(obs, np.ndarray | np.generic) and obs.dtype == space.dtype and obs.shape == space.shape:
+        return None  # (what envs return: at once)
     dtype = obs.dtype if isinstance(obs, np.ndarray | np.generic) else type(obs).__name__
     shape = np.shape(obs)
     if shape != space.shape:
@@ -428,6 +431,56 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
         result = self.env.step(action)
         self._check(result[0], "step")
         return result
+
+
+class CheckWrittenObservations(gym.Wrapper[Any, Any, Any, Any]):
+    """In an async vectorization worker: raises ObservationLayoutError, as sync vectorization's stacking
+    would, for any observation of a step or reset that the worker's write into the shared memory would
+    take without a word though it does not fit the observation space: a float into an integer space
+    (Discrete: cast), None (NaN in a float space), an array of another shape but as many values.
+
+    An array (or numpy scalar) of the space's dtype and shape, or a Python int of an integer space, passes
+    at once (a fraction of a microsecond a step); any other gets :func:`misfit_message`'s full look."""
+
+    def __init__(self, env: gym.Env[Any, Any], index: int, *, in_process: bool = False) -> None:
+        super().__init__(env)
+        self._index = index
+        self._in_process = in_process
+        space = env.observation_space
+        self._dtype = space.dtype if isinstance(space, _STACKED) else None
+        self._shape = space.shape
+        self._ints = self._dtype is not None and self._shape == () and np.issubdtype(self._dtype, np.integer)
+
+    def _check(self, obs: Any, method: str) -> None:
+        if isinstance(obs, np.ndarray | np.generic):
+            if obs.dtype == self._dtype and obs.shape == self._shape:
+                return
+        elif type(obs) is int and self._ints:
+            return
+        message = misfit_message(obs, self.observation_space, self._index, method, in_process=self._in_process)
+        if message is not None:
+            raise ObservationLayoutError(message, self._index)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._check(obs, "reset")
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        result = self.env.step(action)
+        self._check(result[0], "step")
+        return result
+
+
+def _checked_for_writing(
+    factory: Callable[[], gym.Env[Any, Any]], index: int, in_process: bool
+) -> Callable[[], gym.Env[Any, Any]]:
+    """``factory``'s env under :class:`CheckWrittenObservations` (async vectorization's workers)."""
+
+    def make_checked() -> gym.Env[Any, Any]:
+        return CheckWrittenObservations(factory(), index, in_process=in_process)
+
+    return make_checked
 
 
 def _guarded(
@@ -854,7 +907,7 @@ def build_vector_env(
             if config.vectorization == "async":
                 first_spec = first.spec  # (the workers' envs are made alike; asking them would pickle theirs)
                 first.close()
-                workers = [_in_worker(make) for make in isolated]
+                workers = [_in_worker(_checked_for_writing(make, i, in_process)) for i, make in enumerate(isolated)]
                 worker = functools.partial(_naming_worker, in_process=in_process) if _ASYNC_WORKER is not None else None
                 with workers_starting() if workers_starting is not None else contextlib.nullcontext():
                     vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)

@@ -63,6 +63,7 @@ OBSERVATIONS: dict[str, Callable[[], Any]] = {
     "python_floats": lambda: [0.25, 0.5],
     "int_array": lambda: np.array([1, 0]),
     "shape3": lambda: np.zeros(3, dtype=np.float32),
+    "column": lambda: np.zeros((2, 1), dtype=np.float32),  # (as many values, another shape)
     "complex": lambda: np.array([1 + 1j, 0.5]),
     # (of either)
     "none": lambda: None,

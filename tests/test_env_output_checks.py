@@ -50,12 +50,19 @@ def steps(envs: Any, n: int) -> tuple[Any, ...]:
 # ---- observations (env_server/envs.py): named where gymnasium's stacking fails -----------------------------------
 
 
+VECTORIZATIONS = pytest.mark.parametrize("vectorization", ["sync", "async"])
+
+
+@VECTORIZATIONS
 @pytest.mark.parametrize(("obs", "dtype"), [("float", "float"), ("np_float", "float64"), ("float_array", "float64")])
-def test_a_float_observation_of_a_discrete_space_is_named_with_its_env(obs: str, dtype: str) -> None:
+def test_a_float_observation_of_a_discrete_space_is_named_with_its_env(
+    obs: str, dtype: str, vectorization: str
+) -> None:
     """gymnasium stacks with casting="same_kind", which refuses it ("Cannot cast array data from dtype('float64')
     to dtype('int64')", naming nothing); an unsafe conversion (np.asarray(obs, dtype=int64)) takes it, so the
-    misfit went unnamed."""
-    with vector_env(obs=obs, discrete=True) as envs:
+    misfit went unnamed. Async vectorization's write into the shared memory made that conversion: the
+    observation was cast without a word (CheckWrittenObservations)."""
+    with vector_env(obs=obs, discrete=True, vectorization=vectorization) as envs:
         envs.reset(seed=0)
         steps(envs, 1)
         named = (
@@ -80,10 +87,11 @@ def test_a_float_observation_of_a_discrete_space_is_named_with_its_env(obs: str,
         ("int_array", False),
     ],
 )
-def test_observations_gymnasium_casts_are_fine(obs: str, discrete: bool) -> None:
+@VECTORIZATIONS
+def test_observations_gymnasium_casts_are_fine(obs: str, discrete: bool, vectorization: str) -> None:
     """Python ints and bools into a Discrete space, float64 and ints into a float32 Box: gymnasium's same-kind
     cast takes them, and so does the check."""
-    with vector_env(obs=obs, discrete=discrete, at=1) as envs:
+    with vector_env(obs=obs, discrete=discrete, at=1, vectorization=vectorization) as envs:
         space = envs.single_observation_space
         envs.reset(seed=0)
         steps(envs, 3)
@@ -92,11 +100,13 @@ def test_observations_gymnasium_casts_are_fine(obs: str, discrete: bool) -> None
         assert misfit_message(OBSERVATIONS[obs](), space, 1, "step") is None
 
 
+@VECTORIZATIONS
 @pytest.mark.parametrize("discrete", [False, True])
-def test_a_none_observation_is_named_with_its_env(discrete: bool) -> None:
-    """None was read as "no observation yet": numpy's "Output array has wrong dimensionality", or a TypeError."""
+def test_a_none_observation_is_named_with_its_env(discrete: bool, vectorization: str) -> None:
+    """None was read as "no observation yet": numpy's "Output array has wrong dimensionality", or a TypeError
+    (async vectorization's write into the shared memory: NaN in a float space, without a word)."""
     space = r"Discrete\(3\)" if discrete else BOX
-    with vector_env(obs="none", discrete=discrete) as envs:
+    with vector_env(obs="none", discrete=discrete, vectorization=vectorization) as envs:
         envs.reset(seed=0)
         steps(envs, 1)
         named = rf"^the server's env 1: its step returned None, not an observation \(observation space {space}\)$"
@@ -104,8 +114,20 @@ def test_a_none_observation_is_named_with_its_env(discrete: bool) -> None:
             steps(envs, 1)
 
 
-def test_a_complex_observation_of_a_float_box_is_named() -> None:
-    with vector_env(obs="complex") as envs:
+@VECTORIZATIONS
+def test_an_observation_of_another_shape_with_as_many_values_is_named(vectorization: str) -> None:
+    """Async vectorization's write into the shared memory flattens it: a (2, 1) array went in as a (2,) one."""
+    with vector_env(obs="column", vectorization=vectorization) as envs:
+        envs.reset(seed=0)
+        steps(envs, 1)
+        named = r"^the server's env 1: its step returned an observation of shape \(2, 1\) and dtype float32, not the"
+        with pytest.raises(ObservationLayoutError, match=named):
+            steps(envs, 1)
+
+
+@VECTORIZATIONS
+def test_a_complex_observation_of_a_float_box_is_named(vectorization: str) -> None:
+    with vector_env(obs="complex", vectorization=vectorization) as envs:
         envs.reset(seed=0)
         steps(envs, 1)
         with pytest.raises(ObservationLayoutError, match=r"^the server's env 1: its step returned an observation of "):
