@@ -42,9 +42,16 @@ from dataclasses import asdict, dataclass, field
 import grpc
 import numpy as np
 
+from env_server.envs import ObservationLayoutError
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
-from learner.errors import AuthenticationError, InvalidRequestError, InvalidResponseError, RemoteEnvError
+from learner.errors import (
+    AuthenticationError,
+    EnvCrashedError,
+    InvalidRequestError,
+    InvalidResponseError,
+    RemoteEnvError,
+)
 from learner.specs import incompatible
 
 __all__ = [
@@ -224,6 +231,10 @@ class Replica:
     broken: bool = False
     """DOWN, not reconnected: found broken (:meth:`broken_by`) since the fleet was last reset, which tries
     it again."""
+    misfit: RemoteEnvError | None = None
+    """Broken by its reconnect's reset, which returned an observation that does not fit the observation space
+    (see :func:`misfit_reported`): the env's error, which every reconnect would return again; raised by the
+    fleet's next step of this server (then None)."""
 
     def settled(self, now: float) -> bool:
         """Whether it has answered steps for long enough since it came back (or never left)."""
@@ -340,6 +351,14 @@ async def reconnect(
             raise
         except (TimeoutError, RemoteEnvError, _Incompatible) as err:
             client.abandon()
+            if misfit_reported(err):
+                # (the env's, not the server's: tried again, it returns the same; a step's misfit stops a run at
+                # once, and so does this one, at the next step that would take the server back)
+                assert isinstance(err, RemoteEnvError)
+                log.debug("reconnect to %s, attempt %d: %s; raised by the next step", client.address, attempt, err)
+                replica.broken, replica.misfit = True, err
+                on_ready()  # (a step waiting for a server to come back goes on, and raises it)
+                return
             # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
             no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
             text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
@@ -402,3 +421,10 @@ async def reconnect(
 
 class _Incompatible(Exception):
     """The server at the address now hosts envs that do not fit the fleet."""
+
+
+def misfit_reported(err: BaseException) -> bool:
+    """Whether ``err`` is a server's report that an env returned an observation that does not fit the observation
+    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env raised in step:
+    ObservationLayoutError: the server's env 2: ...")."""
+    return isinstance(err, EnvCrashedError) and f": {ObservationLayoutError.__name__}: " in err.details

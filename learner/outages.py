@@ -186,7 +186,7 @@ class FleetOutages:
         for i in servers:
             replica = self._replicas[i]
             if replica.broken:
-                replica.broken = False
+                replica.broken, replica.misfit = False, None
                 # (give_up_after counts from now: a server mended while the fleet waited is taken back)
                 replica.down_since = replica.failing_since = time.monotonic()
                 log.info("env server %s, found broken, is tried again (a reset): reconnecting", replica.client.address)

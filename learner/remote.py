@@ -23,7 +23,6 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from env_server import codec
-from env_server.envs import ObservationLayoutError
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
@@ -62,7 +61,7 @@ from learner.errors import (
     SessionError,
     SpecMismatchError,
 )
-from learner.faults import Replica, ReplicaState, is_outage
+from learner.faults import Replica, ReplicaState, is_outage, misfit_reported
 from learner.fleet import FleetChange
 from learner.local import socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
@@ -1046,6 +1045,11 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     def _start(self, servers: Sequence[int], actions: Any, base: int) -> None:
         """Create one task per server that is up: it sends its slice of ``actions`` (a batch starting at env ``base``)."""
+        misfits = [(i, err) for i in servers if (err := self._replicas[i].misfit) is not None]
+        if misfits:  # (found by their reconnects since: nothing is sent)
+            for i, _ in misfits:
+                self._replicas[i].misfit = None
+            self._raise_first(in_server_order(misfits))
         requests = []
         sending = []
         for i in servers:  # all encoded before any is sent: a bad action leaves nothing in flight
@@ -1952,13 +1956,6 @@ def _is_outage(err: BaseException) -> bool:
     fleet would retry the server for ``give_up_after`` seconds (a minute, by default) before it stopped with the
     same error. Raised at once instead, as a NaN observation stops a run."""
     return is_outage(err) and not misfit_reported(err)
-
-
-def misfit_reported(err: BaseException) -> bool:
-    """Whether ``err`` is a server's report that an env returned an observation that does not fit the observation
-    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env raised in step:
-    ObservationLayoutError: the server's env 2: ...")."""
-    return isinstance(err, EnvCrashedError) and f": {ObservationLayoutError.__name__}: " in err.details
 
 
 def _raise_first(errors: Sequence[BaseException]) -> None:

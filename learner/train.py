@@ -66,6 +66,7 @@ from learner.errors import (
     TrainingInterrupted,
     UnusableEnvOutputError,
 )
+from learner.faults import misfit_reported
 from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
@@ -91,7 +92,6 @@ from learner.records import (
     mean_or_none,
     plot_at_exit,
 )
-from learner.remote import misfit_reported
 from learner.resume import (
     RECENT,
     Counters,

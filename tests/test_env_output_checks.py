@@ -367,3 +367,27 @@ def test_learner_train_stops_at_once_on_an_observation_that_does_not_fit(
         train(args)
     assert time.monotonic() - start < 30
     assert "dropping this rollout" not in caplog.text
+
+
+@pytest.mark.slow
+def test_a_server_back_whose_reset_does_not_fit_stops_a_fault_tolerant_fleet_at_once(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server lost, then back (a new process at its address) with envs whose reset returns an observation that
+    does not fit: the reconnect's reset returned the misfit, and was tried again for give_up_after (a minute of
+    warnings) though every try would return it; now the fleet raises it on the step that would take the server
+    back."""
+    server = spawn_server(ENV, 2)
+    with RemoteVectorEnv([server.address], fault_tolerant=True, give_up_after=60) as envs:
+        envs.reset(seed=0)
+        steps(envs, 1)
+        server.kill()
+        server.argv += ["--env-kwargs", json.dumps({"obs": "shape3", "bad_seed": -1, "at": 0})]
+        server.start()
+        start = time.monotonic()
+        named = r"ObservationLayoutError: env '[^']+', reset\(\): observation has shape \(3,\), expected \(2,\)"
+        with pytest.raises(EnvCrashedError, match=named):
+            while time.monotonic() - start < 50:
+                steps(envs, 1)
+        assert time.monotonic() - start < 30
+    assert "still down" not in caplog.text
