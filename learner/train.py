@@ -1092,6 +1092,11 @@ def train(
                         # (an env whose reset raised, out of order, starts with no transition nor episode
                         # under way, as at the first reset)
                         out_of_order = unavailable_envs(change.infos, change.num_envs)
+                        # Episodes under way in envs that did not stay (their server left, or every env
+                        # started over after a failed step) were cut short, as a lost server's are.
+                        stayed = np.zeros(change.previous_num_envs, dtype=np.bool_)
+                        stayed[change.previous_index[change.previous_index >= 0]] = True
+                        episodes_cut += int((ep_live & ~stayed).sum())
                         next_valid = carry_over(next_valid, change, True) & ~out_of_order
                         ep_return = carry_over(ep_return, change, 0.0)
                         ep_length = carry_over(ep_length, change, 0)

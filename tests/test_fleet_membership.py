@@ -4,6 +4,7 @@ healthy server leaves, servers whose reset fails as they join, envs whose reset 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from pathlib import Path
@@ -148,3 +149,31 @@ def test_train_starts_an_env_whose_reset_raised_as_it_joined_with_no_episode_und
     assert summary["stop_reason"] == "total_timesteps" and summary["servers_joined"] == 1
     assert summary["env_steps_lost"] == 16  # env 2's steps, every one of the two rollouts since it joined
     assert summary["episodes_cut"] == 0
+
+
+@pytest.mark.slow
+def test_train_counts_the_episodes_of_a_server_that_left_the_fleet_as_cut(
+    spawn_server: SpawnServer, tmp_path: Path
+) -> None:
+    """A server taken off the list between rollouts takes its envs' episodes under way with it: cut short, as
+    those of a server lost in a step are (they were counted nowhere)."""
+    a = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"length": 10000}')
+    b = spawn_server("tests.envs:FaultyEnv", 2, "--env-kwargs", '{"length": 10000}')
+    _LOOK_UPS["leaves"] = (lambda k: [a.address, b.address] if k <= 2 else [a.address], itertools.count(1))
+    summary = train(
+        Args(
+            env="tests.envs:FaultyEnv",
+            servers="testfleet-membership:leaves",
+            num_steps=8,
+            total_timesteps=8 * 4 * 2 + 8 * 2 * 2,
+            run_dir=str(tmp_path / "run"),
+            progress=False,
+            plot=False,
+            tensorboard=False,
+            checkpoint_every=0,
+        )
+    )
+    assert summary["stop_reason"] == "total_timesteps" and summary["servers_left"] == 1, summary
+    assert summary["episodes_cut"] == 2 and summary["env_steps_lost"] == 0, summary
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(row["episodes_cut"] for row in rows)[-2:] == [0, 2], rows  # (in the row after it left)
