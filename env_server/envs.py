@@ -392,7 +392,24 @@ def _misfit_error(env: gym.Env[Any, Any], env_index: int, in_process: bool = Fal
 _STACKED = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
+class _ObservationCheck(gym.Wrapper[Any, Any, Any, Any]):
+    """A wrapper that hands each observation of ``reset`` and ``step`` to its ``_check`` (which may raise)."""
+
+    def _check(self, obs: Any, method: str) -> None:
+        raise NotImplementedError
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._check(obs, "reset")
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        result = self.env.step(action)
+        self._check(result[0], "step")
+        return result
+
+
+class CheckFirstObservations(_ObservationCheck):
     """Raises ObservationLayoutError, naming the env, the shape that came and the one expected, when
     the first observation of ``reset`` or of ``step`` does not fit the observation space.
 
@@ -422,18 +439,8 @@ class CheckFirstObservations(gym.Wrapper[Any, Any, Any, Any]):
         # The check done, this instance's calls of ``method`` skip this wrapper from now on.
         setattr(self, method, getattr(self.env, method))
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._check(obs, "reset")
-        return obs, info
 
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        result = self.env.step(action)
-        self._check(result[0], "step")
-        return result
-
-
-class CheckWrittenObservations(gym.Wrapper[Any, Any, Any, Any]):
+class CheckWrittenObservations(_ObservationCheck):
     """In an async vectorization worker: raises ObservationLayoutError, as sync vectorization's stacking
     would, for any observation of a step or reset that the worker's write into the shared memory would
     take without a word though it does not fit the observation space: a float into an integer space
@@ -460,16 +467,6 @@ class CheckWrittenObservations(gym.Wrapper[Any, Any, Any, Any]):
         message = misfit_message(obs, self.observation_space, self._index, method, in_process=self._in_process)
         if message is not None:
             raise ObservationLayoutError(message, self._index)
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
-        self._check(obs, "reset")
-        return obs, info
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        result = self.env.step(action)
-        self._check(result[0], "step")
-        return result
 
 
 def _checked_for_writing(
