@@ -20,6 +20,7 @@ import numpy as np
 from env_server.envs import EnvBuildError
 from learner.envs import FleetSpec, open_fleet
 from learner.rundir import atomic_write
+from learner.stats import format_return
 
 __all__ = ["MAX_FPS", "MAX_STEPS", "MIN_FPS", "check_fps", "check_path", "gif_timing", "record_episode", "write_gif"]
 
@@ -155,7 +156,7 @@ def record_episode(
         raise ValueError(f"video: {what} failed: {_reason(err)}") from err
     gif.write(path, delay)
     cut = "" if done else ", cut short at the stop asked for" if stopped else ", cut short"
-    log.info("video: %s (%d steps, return %.2f%s)", path, steps, total, cut)
+    log.info("video: %s (%d steps, return %s%s)", path, steps, format_return(total), cut)
     return {
         "path": str(path),
         "steps": steps,
