@@ -33,8 +33,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 __all__ = ["check", "default_address", "default_client_cert", "default_tls", "main", "tls_hint"]
 
-# A server listening on every interface is asked on loopback.
-_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
+# A server listening on every interface is asked on loopback. (Not "[::]": the server refuses a --host in
+# brackets, so the probe takes none either.)
+_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
@@ -42,7 +43,7 @@ def default_address(environ: Mapping[str, str] = os.environ) -> str:
     if environ.get("ENVFLEET_UNIX_SOCKET"):
         return f"unix:{environ['ENVFLEET_UNIX_SOCKET']}"
     host = environ.get("ENVFLEET_HOST", "127.0.0.1")
-    host = _LOOPBACK.get(host, host).strip("[]")
+    host = _LOOPBACK.get(host, host)
     port = environ.get("ENVFLEET_PORT", "50051")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

@@ -39,7 +39,14 @@ from typing import Any
 
 import grpc
 
-from env_server.protocol import AUTH_METADATA_KEY, ERROR_ORIGIN_KEY, ERROR_ORIGIN_SERVER, SERVICE_NAME, check_token
+from env_server.protocol import (
+    AUTH_METADATA_KEY,
+    ERROR_ORIGIN_KEY,
+    ERROR_ORIGIN_SERVER,
+    SERVICE_NAME,
+    check_token,
+    peer_text,
+)
 
 __all__ = [
     "MAX_WATCH_STREAMS",
@@ -192,7 +199,7 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
             line=(
                 "refused %s from %s: %d Watch streams are open, the most this server keeps",
                 HEALTH_WATCH,
-                context.peer(),
+                peer_text(context.peer()),
                 MAX_WATCH_STREAMS,
             ),
         )
@@ -249,7 +256,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
                 message,
                 refusals=self._log,
                 kind=method,
-                line=("refused %s from %s: %s", method, context.peer(), reason),
+                line=("refused %s from %s: %s", method, peer_text(context.peer()), reason),
                 # (every refused method counted, as the docstring says: only EnvService's need the token)
                 count=None if self._on_refusal is None else functools.partial(self._on_refusal, method_name(method)),
             )
@@ -372,7 +379,7 @@ class RequestGuardInterceptor(grpc.aio.ServerInterceptor):
             refusals=self._log,
             kind=method,
             # (as the service logs its own refusals: "refused Step from PEER [CODE]: message (...)")
-            line=("refused %s from %s [%s]: %s", method_name(method), context.peer(), code.name, message),
+            line=("refused %s from %s [%s]: %s", method_name(method), peer_text(context.peer()), code.name, message),
             count=_counter(self._on_refusal, method),
         )
 

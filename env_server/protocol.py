@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import ipaddress
+import socket
 import ssl
 import struct
 import sys
+import urllib.parse
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -29,8 +32,12 @@ __all__ = [
     "bind_hint",
     "check_key_pair",
     "check_token",
+    "dual_stack",
     "host_port",
+    "host_problem",
+    "http_host",
     "package_version",
+    "peer_text",
     "runtime_versions",
 ]
 
@@ -108,11 +115,61 @@ def bind_hint(host: str, code: int | None, *, host_option: str = "--host", port_
     that failed with errno ``code`` (env-server's ports, ``learner train --metrics-port``'s)."""
     if code == errno.EADDRINUSE:
         return f"another process has it; pick another {port_option}, or 0 for a free one"
+    if code == errno.EADDRNOTAVAIL and host == "127.0.0.1":  # (a host, or a container, with IPv6 loopback only)
+        return (
+            f"this machine has no IPv4 loopback; give {host_option} ::1 (IPv6 loopback), one of its own addresses, "
+            "or 0.0.0.0 for all"
+        )
     if code == errno.EADDRNOTAVAIL:
         return f"{host} is not an address of this machine; give {host_option} one of its own, or 0.0.0.0 for all"
     if code == errno.EACCES:
         return f"ports below 1024 need privileges; pick a higher {port_option}"
     return f"see {host_option} and {port_option}"
+
+
+def host_problem(host: str, *, host_option: str = "--host", port_option: str = "--port") -> str | None:
+    """What is wrong with ``host``, given as ``host_option`` (an address to listen on), if it is written as
+    no host is (an IPv6 address in brackets, a host with a port), else None: said so, rather than as a
+    name that does not resolve."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        return f"{host_option} {host!r}: write IPv6 addresses without brackets here: {host_option} {host[1:-1]}"
+    name, sep, port = host.rpartition(":")
+    if sep and name and port.isascii() and port.isdigit():
+        return (
+            f"{host_option} {host!r}: expected a host alone, got a host and a port; give the port with "
+            f"{port_option}: {host_option} {name.removeprefix('[').removesuffix(']')} {port_option} {port}"
+        )
+    return None
+
+
+def dual_stack() -> bool:
+    """Whether this machine has IPv6, and a socket bound to ``::`` takes IPv4 connections too (Linux's
+    default; not where ``net.ipv6.bindv6only`` is set)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::", 0))
+            return sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+    except (OSError, AttributeError):  # (no IPv6; AttributeError: a Python built without it)
+        return False
+
+
+def http_host(host: str) -> str:
+    """Where an HTTP endpoint (``/metrics``) of a process that listens on ``host`` listens: ``host``, but
+    ``::`` for 0.0.0.0 where that takes IPv4 too (:func:`dual_stack`). gRPC listens on both families for
+    0.0.0.0; Python's HTTP server, on IPv4 alone, so a pod's IPv6 address would reach gRPC and not it."""
+    return "::" if host == "0.0.0.0" and dual_stack() else host
+
+
+def peer_text(peer: str) -> str:
+    """A call's peer (``context.peer()``) as logs show it: gRPC gives IPv6 peers percent-encoded
+    (``ipv6:%5B::1%5D:50000``), ``ipv6:[::1]:50000`` here."""
+    return urllib.parse.unquote(peer)
 
 
 def check_token(token: str, where: str = "auth token") -> str:

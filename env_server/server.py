@@ -42,6 +42,8 @@ from env_server.protocol import (
     bind_hint,
     check_key_pair,
     host_port,
+    host_problem,
+    http_host,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -228,8 +230,16 @@ def _check_bindable(config: ServerConfig) -> None:
 
 
 def _metrics_host(config: ServerConfig) -> str:
-    """The address the metrics endpoint listens on: ``--host``'s, 127.0.0.1 for a Unix-socket server."""
-    return "127.0.0.1" if config.unix_socket else config.host
+    """The address the metrics endpoint listens on: ``--host``'s, as gRPC listens there (see
+    :func:`~env_server.protocol.http_host`: ``::`` for 0.0.0.0, the image's, where that takes IPv4 too),
+    127.0.0.1 for a Unix-socket server. On ``--host localhost`` gRPC takes both loopbacks, the endpoint
+    one (the first the system gives), named in its log line."""
+    if config.unix_socket:
+        return "127.0.0.1"
+    if config.host.lower() == "localhost":
+        with contextlib.suppress(OSError):  # (a localhost that does not resolve: said as the bind fails)
+            return str(socket.getaddrinfo(config.host, None, type=socket.SOCK_STREAM)[0][4][0])
+    return http_host(config.host)
 
 
 def _cannot_serve_metrics(config: ServerConfig, err: OSError) -> OSError:
@@ -246,27 +256,60 @@ def _bind_error(config: ServerConfig) -> OSError | None:
 
 
 def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | None:
-    """Why binding ``host:port`` fails now; None if it binds. ``all_addresses``: as gRPC binds (it
-    listens if any of the addresses ``host`` resolves to binds), else as prometheus_client's HTTP
-    server does (the first address only)."""
+    """Why binding ``host:port`` fails now; None if it binds. ``all_addresses``: as gRPC binds (every
+    address it listens on for ``host``: see :func:`_grpc_addresses`), else as prometheus_client's HTTP
+    server does (the first address ``host`` resolves to).
+
+    gRPC listens if any of its addresses binds: on ``--host localhost`` with [::1]:PORT taken by another
+    server it would listen on 127.0.0.1 alone, and the address it printed, localhost:PORT, would reach
+    the other server too. So an address another process has fails the check, whichever it is (the
+    error names it); one this machine lacks (no IPv6, no IPv4 loopback) is done without, as gRPC does,
+    while another binds."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        if all_addresses:
+            infos = _grpc_addresses(host, port)
+        else:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[:1]
     except socket.gaierror as err:
-        raise OSError(f"--host {host!r}: cannot resolve it: {err.strerror}") from err
-    if not all_addresses:
-        infos = infos[:1]
+        problem = host_problem(host)
+        raise OSError(problem or f"--host {host!r}: cannot resolve it: {err.strerror}") from err
     errors: list[OSError] = []
+    bound = False
     for family, kind, proto, _, sockaddr in infos:
         try:
             with socket.socket(family, kind, proto) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds (and http.server)
+                if family == socket.AF_INET6 and all_addresses and sockaddr[0] == "::":
+                    # (gRPC's [::] takes IPv4 too; 0.0.0.0 is checked on its own, so that the error names it)
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(sockaddr)
         except OSError as err:
-            if err.errno != errno.EAFNOSUPPORT:  # (no IPv6 here: gRPC does without it too)
-                errors.append(err)
+            if err.errno == errno.EAFNOSUPPORT:  # (no IPv6 here: gRPC does without it too)
+                continue
+            where = host_port(str(sockaddr[0]), port)
+            if len(infos) > 1 and where != host_port(host, port):  # (which of the addresses, in the error)
+                err = OSError(err.errno, f"{err.strerror} at {where}")
+            errors.append(err)
         else:
-            return None  # gRPC listens if any of the addresses binds
-    return errors[0] if errors else None
+            bound = True
+    absent = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+    taken = [err for err in errors if err.errno not in absent]
+    if taken or not bound:
+        return (taken or errors)[0] if errors else None
+    return None
+
+
+def _grpc_addresses(host: str, port: int) -> list[tuple[Any, Any, int, str, Any]]:
+    """The addresses gRPC listens on for ``host`` (as ``socket.getaddrinfo`` gives them): for localhost
+    [::1] and 127.0.0.1, which gRPC binds whatever the system's look-up says (that may give 127.0.0.1
+    alone); for 0.0.0.0 and ::, the wildcard of both families (gRPC binds [::] taking IPv4 too, or
+    0.0.0.0 where that fails); else those the name resolves to."""
+    stream = (socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    if host.lower() == "localhost":
+        return [(socket.AF_INET6, *stream, "", ("::1", port, 0, 0)), (socket.AF_INET, *stream, "", ("127.0.0.1", port))]
+    if host in ("0.0.0.0", "::"):
+        return [(socket.AF_INET6, *stream, "", ("::", port, 0, 0)), (socket.AF_INET, *stream, "", ("0.0.0.0", port))]
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
 
 
 def _cannot_listen(config: ServerConfig, err: OSError) -> OSError:
@@ -873,8 +916,8 @@ def _check_spec_size(config: ServerConfig, spec: pb.EnvSpec) -> None:
 
 
 def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
-    """Serve ``/metrics`` on ``--metrics-port`` (at ``--host``, 127.0.0.1 for a Unix-socket server)
-    and log where; OSError saying why it cannot."""
+    """Serve ``/metrics`` on ``--metrics-port`` (at ``--host``, 127.0.0.1 for a Unix-socket server: see
+    :func:`_metrics_host`) and log where; OSError saying why it cannot."""
     assert config.metrics_port is not None
     host = _metrics_host(config)
     try:
@@ -940,24 +983,36 @@ def _warn_if_open(config: ServerConfig, *, tls: bool) -> None:
         log.warning(
             "listening on %s with TLS but no auth token: anyone who reaches it can claim and step its envs "
             "(TLS encrypts the calls, it does not say who may make them; see --auth-token, or --tls-client-ca "
-            "to require client certificates)",
+            "to require client certificates)%s",
             config.host,
+            _both_families(config.host),
         )
     else:
         log.warning(
             "listening on %s with neither TLS nor an auth token: anyone who reaches it can claim and "
-            "step its envs (see --auth-token and --tls-cert)",
+            "step its envs (see --auth-token and --tls-cert)%s",
             config.host,
+            _both_families(config.host),
         )
 
 
+def _both_families(host: str) -> str:
+    """What :func:`_warn_if_open` adds for a wildcard ``host``: gRPC takes IPv6 on 0.0.0.0 too (and IPv4 on ::)."""
+    if host not in ("0.0.0.0", "::"):
+        return ""
+    return "; on every address of this machine, IPv4 and IPv6 alike (gRPC listens on both for 0.0.0.0 and ::)"
+
+
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
+    if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # (::ffff:127.0.0.1, IPv4's loopback as an IPv6 socket sees it: ipaddress calls it no loopback)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepSocketServer | None:

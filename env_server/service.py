@@ -36,6 +36,7 @@ from env_server.protocol import (
     SERVICE_NAME,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
+    peer_text,
     runtime_versions,
 )
 from env_server.rpc import env_pb2 as pb
@@ -334,7 +335,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.status(
             err,
             method,
-            peer=context.peer(),
+            peer=peer_text(context.peer()),
             session_id=getattr(request, "session_id", ""),
             client_name=getattr(request, "client_name", ""),
             context=context,
@@ -448,7 +449,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             )
         session = Session(
             id=secrets.token_hex(16),
-            peer=context.peer(),
+            peer=peer_text(context.peer()),
             client_name=request.client_name[:200],
             created=now,
             last_seen=now,

@@ -80,6 +80,10 @@ class FleetConnection:
 
         def _note_missing(self, missing: list[tuple[str, str]], listed: int) -> None: ...
 
+        def _named(self, address: str) -> str: ...
+
+        def _one_family_hint(self, address: str) -> str: ...
+
         async def _find_aliases(
             self,
             clients: list[EnvClient],
@@ -119,12 +123,13 @@ class FleetConnection:
                 if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
                     for task in late:
                         task.cancel()
-                    raise ServerUnavailableError(f"env server {probed}: {cause}", address=probed)
+                    raise ServerUnavailableError(f"env server {self._named(probed)}: {cause}", address=probed)
                 if self.connect_timeout > _PATIENCE_S:
                     log.warning(
                         "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
                         "s" if len(waiting) > 1 else "",
-                        ", ".join(waiting),
+                        # (a name said with its dns: address has a comma in it: then "; " between them)
+                        ("; " if any(self._named(a) != a for a in waiting) else ", ").join(map(self._named, waiting)),
                         f" ({probed}: {cause})" if cause else "",
                         self.connect_timeout,
                     )
@@ -138,13 +143,19 @@ class FleetConnection:
                     if no_wait_mends(why):
                         for task in late:
                             task.cancel()
-                        raise ServerUnavailableError(f"env server {client.address}: {why}", address=client.address)
+                        raise ServerUnavailableError(
+                            f"env server {self._named(client.address)}: {why}", address=client.address
+                        )
                 for client, ready in zip(clients, readies, strict=True):
                     if ready in late:
                         self._joining[client.address] = (client, ready)  # (its connection attempts go on)
                 nothing = f"nothing answered within {self.connect_timeout:g} s"
                 missing += [
-                    (c.address, nothing + (f" ({why})" if why else "")) for c, why in zip(unready, causes, strict=True)
+                    (
+                        c.address,
+                        nothing + "".join(f" ({text})" for text in (why, self._one_family_hint(c.address)) if text),
+                    )
+                    for c, why in zip(unready, causes, strict=True)
                 ]
                 clients = [c for c in clients if c not in unready]
                 late = set()
@@ -154,6 +165,8 @@ class FleetConnection:
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
                 cause = cause if client.address == probed else None
                 hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
+                if self._one_family_hint(client.address):
+                    hint += f" {self._one_family_hint(client.address)}"
                 if cause == "" and self._credentials is None:  # something listens, and says nothing gRPC can read
                     hint = (
                         "something accepts connections there but does not answer as an env server; "
@@ -172,7 +185,8 @@ class FleetConnection:
                         )
                     )
                 raise ServerUnavailableError(
-                    f"env server {client.address}: nothing answered within {self.connect_timeout:g} s ({hint})",
+                    f"env server {self._named(client.address)}: nothing answered within {self.connect_timeout:g} s "
+                    f"({hint})",
                     address=client.address,
                 )
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import ipaddress
 import logging
 import os
+import re
 import socket
 import ssl
 import stat
@@ -515,7 +517,19 @@ def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:
     if "/" in address:
         return None
     host, port = _split_host_port(address)
-    return socket.create_connection((host, port), timeout=timeout), host
+    if host.lower() != "localhost":
+        return socket.create_connection((host, port), timeout=timeout), host
+    # gRPC does not ask the system for localhost: it connects to [::1] and 127.0.0.1 (its resolvers' own
+    # rule), where the system's look-up may give one of them only (127.0.0.1 on many distributions). As
+    # gRPC, then: a server on either answers; else the first failure that is no missing address family.
+    errors: list[OSError] = []
+    for loopback in ("::1", "127.0.0.1"):
+        try:
+            return socket.create_connection((loopback, port), timeout=timeout), host
+        except OSError as err:
+            errors.append(err)
+    absent = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.ENETUNREACH)
+    raise next((err for err in errors if err.errno not in absent), errors[-1])
 
 
 def _not_a_socket(path: str) -> str | None:
@@ -540,14 +554,28 @@ def _expand_one(address: str) -> list[str]:
     scheme, sep, rest = address.partition(":")
     if sep and scheme in _RESOLVERS:
         return _RESOLVERS[scheme](rest)
-    if sep and rest.startswith("//"):  # http://host:port and the like: no scheme gRPC servers are named by here
+    # http://host:port, gRPC's other schemes (ipv4:, ipv6:, vsock:, unix-abstract:), one misspelt (Unix:,
+    # tcp:): said so, not as a host with a ':' in it or a port that is not a number. (A host named like
+    # a scheme, tcp:5000, is a host:port still.)
+    if sep and (
+        rest.startswith("//")
+        or (_SCHEME.fullmatch(scheme) and ("/" in rest or (scheme.lower() in _SCHEMES and not rest.isdigit())))
+    ):
         known = ", ".join(f"{name}:NAME" for name in sorted(_RESOLVERS))
+        lower = scheme.lower() in {"dns", "unix", *_RESOLVERS} and scheme != scheme.lower()
         raise AddressError(
             f"server address {address!r}: unknown scheme {scheme!r}; expected host:port, unix:PATH, dns:///name:port"
             + (f" or {known}" if known else "")
+            + (f" (schemes are lower case: {scheme.lower()}:)" if lower else "")
         )
     _split_host_port(address)  # validates
     return [address]
+
+
+# A URI scheme (RFC 3986: a letter, then letters, digits, '+', '-' or '.'), and the schemes an address
+# is likely to be written with by mistake here (gRPC's own, misspelt ones of ours, the web's).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SCHEMES = {"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock", "xds", "tcp", "http", "https", "grpc", "grpcs"}
 
 
 def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]:
@@ -565,6 +593,11 @@ def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]
                 f"server address {address!r}: unbalanced brackets; write IPv6 addresses as [::1]:PORT"
                 if not closed or "[" in host
                 else f"server address {address!r}: expected [IPV6]:PORT (e.g. [::1]:50051)"
+            )
+        if not _is_ipv6(host):  # (gRPC takes [127.0.0.1]:PORT for a name, which never resolves)
+            raise AddressError(
+                f"server address {address!r}: expected an IPv6 address in the brackets, got {host!r}; "
+                + (f"brackets are for IPv6 addresses: write {host}:PORT" if ":" not in host else "e.g. [::1]:PORT")
             )
     else:
         host, sep, port_text = target.rpartition(":")
@@ -587,6 +620,15 @@ def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]
     if not 0 < port < 65536:
         raise AddressError(f"server address {address!r}: port {port} is outside 1-65535")
     return host, port
+
+
+def _is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 address (with a zone, ``fe80::1%eth0``, as gRPC takes one)."""
+    try:
+        ipaddress.IPv6Address(host.partition("%")[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _dns_target(address: str) -> tuple[str, int]:

@@ -18,7 +18,7 @@ from prometheus_client import (
 )
 
 from env_server.metrics import NoCreatedRegistry, serve_registry
-from env_server.protocol import bind_hint, host_port, package_version
+from env_server.protocol import bind_hint, host_port, host_problem, http_host, package_version
 from learner.errors import OptionError
 
 __all__ = [
@@ -325,9 +325,10 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
     naming --metrics-port (or --metrics-host) where it cannot be."""
     metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
     try:
-        metrics.serve_http(host, port)
+        metrics.serve_http(http_host(host), port)  # (0.0.0.0: "::" where that takes IPv4 too, as gRPC's)
     except socket.gaierror as err:
-        raise OptionError(f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
+        problem = host_problem(host, host_option="--metrics-host", port_option="--metrics-port")
+        raise OptionError(problem or f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
     except OSError as err:
         where = host_port(host, port)
         hint = bind_hint(host, err.errno, host_option="--metrics-host", port_option="--metrics-port")

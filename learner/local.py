@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import json
 import logging
@@ -95,6 +96,22 @@ _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
 
 
+def _check_ipv4_loopback() -> None:
+    """Refuse local TCP servers on a machine without 127.0.0.1, where they listen (a container or network
+    namespace with IPv6's loopback only): said for the learner, not as each server's own error, which
+    points to env-server's --host, an option learner train has not."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+    except OSError as err:
+        if err.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+            raise ServerStartError(
+                "transport 'tcp': local TCP servers listen on 127.0.0.1, which this host lacks "
+                f"({err.strerror}); use --transport unix (LocalServers: transport='unix')"
+            ) from err
+        # (anything else: the servers' own errors say it)
+
+
 class LocalServers:
     """``num_servers`` env servers, each hosting ``envs_per_server`` envs, as child processes.
 
@@ -173,6 +190,8 @@ class LocalServers:
             raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
         if isinstance(restarts, bool) or not (isinstance(restarts, int) and restarts >= 0):
             raise ValueError(f"restarts: expected an int >= 0, got {restarts!r}")
+        if transport == "tcp" and "--host" not in server_args:
+            _check_ipv4_loopback()
         self.env = env
         self.addresses: list[str] = []
         self._children = _Children(env, _server_environ(auth_token))

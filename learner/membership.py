@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from env_server.protocol import SHUTTING_DOWN_MESSAGE
+from env_server.protocol import SHUTTING_DOWN_MESSAGE, host_port
 from env_server.rpc import env_pb2 as pb
 from learner import faults
 from learner.batching import merge_infos
@@ -104,11 +104,31 @@ class FleetMembership:
             "env server%s %s; starting with the %d of %d that answered (fault-tolerant): %s envs join when %s "
             "(looked for at refresh(), which learner train calls between rollouts)",
             "s" if len(missing) > 1 else "",
-            "; ".join(f"{address}: {why}" for address, why in missing),
+            "; ".join(f"{self._named(address)}: {why}" for address, why in missing),
             listed - len(missing),
             listed,
             "their" if len(missing) > 1 else "its",
             "they answer" if len(missing) > 1 else "it answers",
+        )
+
+    def _named(self, address: str) -> str:
+        """``address`` as messages name it: with the ``dns:`` address it was found by, where it was (the one
+        typed: "[::1]:50051, an address of dns:///localhost:50051")."""
+        name = self._dns_names.get(address)
+        if not name:
+            return address
+        return f"{address}, an address of dns:///{host_port(name, address.rpartition(':')[2])}"
+
+    def _one_family_hint(self, address: str) -> str:
+        """For a server at ``address`` that does not answer: where the ``dns:`` name it was found by has IPv4 and
+        IPv6 addresses both (localhost, on many systems), that one server may listen on one family only (env-server
+        listens on 127.0.0.1 by default); "" otherwise."""
+        name = self._dns_names.get(address)
+        if not name or len({a.startswith("[") for a, n in self._dns_names.items() if n == name}) < 2:
+            return ""
+        return (
+            f"{name} has IPv4 and IPv6 addresses: where they name one server, it listens on one family only "
+            "(env-server --host :: listens on both; or list the address it listens on)"
         )
 
     @property
@@ -158,14 +178,15 @@ class FleetMembership:
                 alias.alias_of = claimed[spec.server_id]
         return aliases
 
-    def _forget_aliases(self, stay: list[EnvClient]) -> None:
+    def _forget_aliases(self, stay: list[EnvClient], listed: Sequence[str] | None = None) -> None:
         """Let the addresses found to be another name of a server in the fleet be tried again once that
         server is out of it (under its other name: it left, restarted, was dropped), or once they are
-        listed no more (their record forgotten): the server they name may join under them then."""
+        not among those ``listed`` now (None: a failed look-up, which says nothing of them): the server
+        they name may join under them then, should they be listed again."""
         kept = {c.address for c in stay}
         for address in list(self._aliases):
             away = self._away.get(address)
-            if away is None or away.alias_of not in kept:
+            if away is None or away.alias_of not in kept or (listed is not None and address not in listed):
                 self._aliases.discard(address)
                 if away is not None:
                     del self._away[address]
@@ -218,7 +239,7 @@ class FleetMembership:
             self._count_gone(client, replicas[id(client)], planned=id(client) in told)
         # Let go of those that left first: a server that comes back must not find itself claimed by us.
         self._let_go(leave, replicas)
-        self._forget_aliases(stay)
+        self._forget_aliases(stay, resolved if listed else None)
         wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
         joined = self._runner.run(self._join(wanted, wait, listed=listed))
         if not stay and not joined:
@@ -399,7 +420,9 @@ class FleetMembership:
                 client, ready = self._joining.pop(address)
                 ready.cancel()
                 await client.close()
-            for address in [a for a in self._away if a not in addresses]:  # (listed again: tried at once)
+            # (listed again: tried at once. Not the other names of servers in the fleet, which refresh() does
+            # not ask for: their records say they are set aside; _forget_aliases drops them once unlisted.)
+            for address in [a for a in self._away if a not in addresses and a not in self._aliases]:
                 del self._away[address]
         now = time.monotonic()
         deadline = now + wait

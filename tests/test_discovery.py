@@ -186,6 +186,23 @@ def test_a_server_listed_under_two_names_is_used_once_and_said_so(
         assert envs.addresses == [used] and not caplog.text
 
 
+def test_a_servers_other_name_stays_set_aside_at_every_refresh(
+    start_servers: StartServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The alias's record was forgotten at the first refresh (as an address listed no more), so the next
+    tried it again: a new connection, a Handshake the server refused (claimed by this learner), and the
+    warning said again, every other rollout."""
+    [address] = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    alias = f"localhost:{address.rpartition(':')[2]}"
+    with RemoteVectorEnv([address, alias]) as envs:
+        used = envs.addresses[0]
+        envs.reset(seed=0)
+        caplog.clear()
+        for _ in range(4):
+            assert envs.refresh() is None and envs.addresses == [used]
+        assert "same env server" not in caplog.text
+
+
 def test_a_servers_other_name_is_used_once_the_first_is_out_of_the_fleet(start_servers: StartServers) -> None:
     """A name found to be another of a server in the fleet is set aside while that server is in under its
     first name: once it is out (that name listed no more; a server that left, dropped), the server joins
@@ -231,6 +248,42 @@ def test_an_address_grpc_would_not_take_is_refused_at_once(address: str, message
     with pytest.raises(AddressError) as info:
         expand_addresses([address])  # (a list: a string is split at whitespace)
     assert str(info.value).startswith(f"server address {address!r}: {message}"), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        # (gRPC takes the host for a name, which never resolves: the full connect timeout, then a TLS hint)
+        (
+            "[127.0.0.1]:5000",
+            "expected an IPv6 address in the brackets, got '127.0.0.1'; brackets are for IPv6 "
+            "addresses: write 127.0.0.1:PORT",
+        ),
+        ("[localhost]:5000", "expected an IPv6 address in the brackets, got 'localhost'"),
+        ("dns:///[127.0.0.1]:5000", "expected an IPv6 address in the brackets, got '127.0.0.1'"),
+        # (were "unbalanced brackets", "the host ... has a ':' in it", "port ... is not a number")
+        ("ipv6:[::1]:5000", "unknown scheme 'ipv6'; expected host:port, unix:PATH, dns:///name:port"),
+        ("ipv4:127.0.0.1:5000", "unknown scheme 'ipv4'"),
+        ("tcp:127.0.0.1:5000", "unknown scheme 'tcp'"),
+        ("vsock:2:5000", "unknown scheme 'vsock'"),
+        ("unix-abstract:foo", "unknown scheme 'unix-abstract'"),
+        ("Unix:/tmp/x.sock", "unknown scheme 'Unix'"),
+    ],
+)
+def test_an_address_of_another_form_is_refused_as_such(address: str, message: str) -> None:
+    with pytest.raises(AddressError) as info:
+        expand_addresses([address])
+    assert str(info.value).startswith(f"server address {address!r}: {message}"), str(info.value)
+    if address.startswith("Unix:"):
+        assert str(info.value).endswith("(schemes are lower case: unix:)")
+
+
+def test_a_host_named_like_a_scheme_is_a_host_still() -> None:
+    assert expand_addresses(["tcp:5000", "[fe80::1%eth0]:5000", "[::ffff:127.0.0.1]:5000"]) == [
+        "tcp:5000",
+        "[fe80::1%eth0]:5000",
+        "[::ffff:127.0.0.1]:5000",
+    ]
 
 
 def test_the_addresses_grpc_takes_pass_as_they_are() -> None:
