@@ -1223,7 +1223,8 @@ def train(
                         float32="" if hp.clip_reward or hp.norm_reward else "--clip-reward or --norm-reward",
                     )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
-                    ep_return += np.where(valid, reward_np, 0.0)
+                    with np.errstate(over="ignore"):  # (a return beyond float64: named just below, not warned of)
+                        ep_return += np.where(valid, reward_np, 0.0)
                     ep_length += valid
                     for i in np.flatnonzero(done_np & valid):
                         raise_overflowed_return(

@@ -6,6 +6,7 @@ an update's divergence blamed on what caused it."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any, cast
 
@@ -216,6 +217,14 @@ def test_an_episode_return_that_overflows_float64_is_named_in_training_and_evalu
         )
     # (env 0's episode, which ended at the same step, is one)
     assert info.value.partial_result is not None and info.value.partial_result["episodes"] == 1
+
+
+def test_an_episode_return_that_overflows_is_named_in_training_with_no_numpy_warning_first(tmp_path: Path) -> None:
+    """numpy's "RuntimeWarning: overflow encountered in add" (with its source line) came before the error."""
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(UnusableEnvOutputError, match=r"^return of env"):
+        warnings.simplefilter("always")
+        train(_run(tmp_path, clip_reward=True, env_kwargs={"reward": 1e308}))
+    assert not [w for w in seen if "overflow" in str(w.message)], [str(w.message) for w in seen]
 
 
 def test_a_mean_return_that_is_no_number_is_never_the_best(tmp_path: Path) -> None:
