@@ -859,6 +859,7 @@ def build_vector_env(
     ctrl_c: bool = False,
     in_process: bool = False,
     workers_starting: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    first_building: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> gym.vector.VectorEnv:
     """The K-env vector env ``config`` describes; raises EnvBuildError with a one-line reason.
 
@@ -871,7 +872,8 @@ def build_vector_env(
     no server's: an observation that does not fit is ObservationLayoutError "in-process env 2: ...", not "the
     server's env 2: ...". ``workers_starting``: under async vectorization, a context the workers' start (and
     this process's wait for their envs) runs in, the env built here first not in it (the server's look for its
-    parent, see env_server.server._parent_watched).
+    parent, see env_server.server._parent_watched); ``first_building``: a context that env's build runs in
+    (the server's look for its parent by a thread, which ends before anything is forked).
     """
     check_env(config)
     mode = gym.vector.AutoresetMode(config.autoreset_mode)
@@ -885,7 +887,8 @@ def build_vector_env(
             factory = _env_factory(config)
             # Build one env here first: a bad id or bad kwargs then fails in this process with its
             # own message, not inside a subprocess of AsyncVectorEnv.
-            first = factory()
+            with first_building() if first_building is not None else contextlib.nullcontext():
+                first = factory()
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP

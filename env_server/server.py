@@ -587,7 +587,12 @@ async def _serve(
         # (the parent process, --parent-pid, is looked for meanwhile all the same: see _parent_watched)
         started = time.perf_counter()
         # (each result is encoded before the next call)
-        env = build_vector_env(config, copy=False, workers_starting=functools.partial(_parent_watched, config))
+        env = build_vector_env(
+            config,
+            copy=False,
+            workers_starting=functools.partial(_parent_watched, config),
+            first_building=functools.partial(_parent_watched_by_thread, config),
+        )
         build_s = time.perf_counter() - started
         watchdog.begin()
     metrics = None
@@ -804,8 +809,8 @@ def _parent_watched(config: ServerConfig) -> Iterator[None]:
     the process group, rather than build on for nobody (for good, where a worker's build hangs). The
     handler runs between two bytecodes of this thread, a blocking call (a pipe's read) interrupted and
     retried. Not while the env built in this process first is made: its constructor's own system calls
-    (a simulator's client, which may not retry on EINTR) and its own use of SIGALRM are left alone, so a
-    parent that dies while that one hangs is not noticed. Only where the timer and SIGALRM are free (Unix,
+    (a simulator's client, which may not retry on EINTR) and its own use of SIGALRM are left alone (see
+    :func:`_parent_watched_by_thread`). Only where the timer and SIGALRM are free (Unix,
     the main thread, no handler or timer of someone else's)."""
     parent = config.parent_pid
     if not (
@@ -840,6 +845,39 @@ def _parent_watched(config: ServerConfig) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _parent_watched_by_thread(config: ServerConfig) -> Iterator[None]:
+    """While async vectorization's first env is built in this process (before its workers fork, and before
+    the watchdog's thread starts), look for the parent process (``--parent-pid``) every _WATCH_S from a thread
+    of its own: once it is gone, exit (status 1), as :func:`_parent_watched` does, rather than wait for a
+    constructor that may hang for good. A thread, not SIGALRM: the constructor's system calls are left
+    uninterrupted. It ends (joined) before the context does, so that no thread runs when the workers fork."""
+    parent = config.parent_pid
+    if not parent:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(_WATCH_S):
+            if os.getppid() != parent:
+                _exit_now(
+                    config,
+                    HARD_EXIT_STATUS,
+                    "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
+                    parent,
+                    HARD_EXIT_STATUS,
+                )
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _forget(future: asyncio.Future[Any]) -> None:

@@ -303,13 +303,14 @@ time.sleep(600)
 
 @pytest.mark.slow
 @needs_proc
-@pytest.mark.parametrize("where", ["workers"])
+@pytest.mark.parametrize("where", ["server", "workers"])
 def test_a_server_whose_parent_dies_while_its_async_envs_are_built_exits_with_its_workers(
     folder: Path, where: str
 ) -> None:
     """No watchdog thread runs yet (the workers are forked first): the parent is looked for all the same
-    while the build hangs in its workers (the server waits on their pipes). (Not while the env the server
-    builds first, in its own process, is made: its constructor's system calls are left uninterrupted.)"""
+    while the build hangs in its workers (the server waits on their pipes), and while the env the server
+    builds first, in its own process, is made (by a thread of its own then, ended before the workers fork:
+    its constructor's system calls are left uninterrupted)."""
     building, release, log = folder / "building", folder / "release", folder / "server.log"
     kwargs = _kwargs(building=str(building), wait_for=str(release), where=where)
     argv = ["--env", ENV, "--env-kwargs", kwargs, "--num-envs", "2", "--vectorization", "async"]
