@@ -829,14 +829,7 @@ def _parent_watched(config: ServerConfig) -> Iterator[None]:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGALRM)
             return
-        if os.getppid() != parent:
-            _exit_now(
-                config,
-                HARD_EXIT_STATUS,
-                "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
-                parent,
-                HARD_EXIT_STATUS,
-            )
+        _exit_if_orphaned(config)
 
     signal.signal(signal.SIGALRM, look)
     signal.setitimer(signal.ITIMER_REAL, _WATCH_S, _WATCH_S)
@@ -862,14 +855,7 @@ def _parent_watched_by_thread(config: ServerConfig) -> Iterator[None]:
 
     def watch() -> None:
         while not done.wait(_WATCH_S):
-            if os.getppid() != parent:
-                _exit_now(
-                    config,
-                    HARD_EXIT_STATUS,
-                    "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
-                    parent,
-                    HARD_EXIT_STATUS,
-                )
+            _exit_if_orphaned(config)
 
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
@@ -878,6 +864,18 @@ def _parent_watched_by_thread(config: ServerConfig) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
+
+
+def _exit_if_orphaned(config: ServerConfig) -> None:
+    """During a build, before the watchdog runs: exit at once (status 1) if the parent process (``--parent-pid``) is gone."""
+    if os.getppid() != config.parent_pid:
+        _exit_now(
+            config,
+            HARD_EXIT_STATUS,
+            "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
+            config.parent_pid,
+            HARD_EXIT_STATUS,
+        )
 
 
 def _forget(future: asyncio.Future[Any]) -> None:
