@@ -31,6 +31,9 @@ __all__ = [
 
 FORMAT = 1
 
+REQUIRED = ("args", "ppo", "model", "observation_space", "action_space")
+"""What every checkpoint of :data:`FORMAT` holds, and both eval and ``--resume`` read."""
+
 log = logging.getLogger(__name__)
 
 
@@ -140,8 +143,9 @@ def _reason(err: BaseException) -> str:
 
 
 class UnreadableCheckpointError(ValueError):
-    """A checkpoint file torch cannot read: empty, truncated, corrupt, or not a torch file at all (an
-    envfleet checkpoint of another format is a plain ValueError: an older checkpoint would not help)."""
+    """A checkpoint file torch cannot read: empty, truncated, corrupt, or not a torch file at all; or one
+    of this format that lacks what each holds (:data:`REQUIRED`). An envfleet checkpoint of another
+    format is a plain ValueError: an older checkpoint would not help."""
 
 
 # torch.save writes a zip archive (since torch 1.6): a file that starts as one and does not load was cut
@@ -195,7 +199,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
     UnreadableCheckpointError (a ValueError naming the file) where torch cannot read the file: a damaged
     one fails anywhere in torch's reader or its unpickler, with errors of any type (KeyError, OSError,
-    RuntimeError, EOFError, ...), none of which says to the user what is wrong."""
+    RuntimeError, EOFError, ...), none of which says to the user what is wrong; also where the file lacks
+    one of :data:`REQUIRED` (a KeyError wherever it was read)."""
     file = find_checkpoint(path)
     try:
         payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
@@ -215,6 +220,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
+    missing = [key for key in REQUIRED if key not in payload]
+    if missing:  # (a torch file that only says it is one: eval and --resume read each of these)
+        raise UnreadableCheckpointError(
+            f"{file}: expected an envfleet checkpoint, missing {', '.join(map(repr, missing))} (it has "
+            f"{', '.join(map(repr, sorted(map(str, payload)))) or 'nothing'})"
+        )
     return payload
 
 

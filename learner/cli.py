@@ -865,13 +865,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 progress=args.progress,
                 env=args.env,
             )
-    except EnvFleetError as err:
+    except _USER_ERRORS as err:
         # The episodes that ended before the error, reported as a result, marked partial (then main says
         # the error, exit 1): as a Ctrl-C's, they are a sample of the return all the same; and the video
-        # written before it, which is there all the same.
-        partial = err.partial_result
-        if partial is not None and (partial["episodes"] or "video" in partial):
-            _print_eval_result(args, partial, error=args.in_option_terms(str(err)))
+        # written before it, which is there all the same. --json: an object whatever the error (a script
+        # reads stdout), the error in it.
+        error = args.in_option_terms(str(err))
+        partial = err.partial_result if isinstance(err, EnvFleetError) else None
+        if partial is not None and (partial["episodes"] or "video" in partial or args.json):
+            _print_eval_result(args, partial, error=error)
+        elif args.json:
+            print(json.dumps({"error": error}), flush=True)
         raise
     _print_eval_result(args, result)
     return 130 if result.get("interrupted", False) else 0

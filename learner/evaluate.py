@@ -23,7 +23,12 @@ from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
 from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, env_server_of, open_fleet
-from learner.errors import EnvCrashedError, EnvFleetError, RemoteEnvError, RemoteTimeoutError
+from learner.errors import (
+    EnvCrashedError,
+    EnvFleetError,
+    RemoteEnvError,
+    RemoteTimeoutError,
+)
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import (
@@ -103,9 +108,10 @@ def evaluate(
     ``progress``: a progress bar of the episodes on stderr (None: when stderr is a terminal, or in a Jupyter kernel), as
     ``learner train`` shows. Ctrl-C (or SIGTERM, or SIGHUP) while the episodes run stops after the current step:
     the result is then of the episodes finished (``interrupted`` true; the return's statistics None
-    when none had); a second Ctrl-C raises KeyboardInterrupt. One during the video stops it after the
-    current step too: the frames so far are written (its ``episode_ended`` false) and no episode is
-    played. ``seed`` also seeds torch's generator right before the video and again right before the
+    when none had), also where that step fails (one stuck in its env until ``timeout``, say: a warning
+    says so, and it is no error); a second Ctrl-C raises KeyboardInterrupt. One during the video stops
+    it after the current step too: the frames so far are written (its ``episode_ended`` false) and no
+    episode is played. ``seed`` also seeds torch's generator right before the video and again right before the
     episodes, so a stochastic policy's (``deterministic=False``) returns are the same with or without
     a video.
 
@@ -313,14 +319,17 @@ def evaluate(
                                     "a NaN or infinite reward makes no return to report",
                                     named=named,
                                 )
-                                ep_return += np.where(valid, rewards, 0.0)
+                                with np.errstate(over="ignore"):  # (an overflowed return is raised below)
+                                    ep_return += np.where(valid, rewards, 0.0)
                                 ep_length += valid
                                 ended = terms | truncs
                                 done = ended & valid
                                 for i in np.flatnonzero(done):
                                     if counts[i] < targets[i]:
                                         # (rewards finite each whose sum overflowed: no return to report)
-                                        raise_overflowed_return(ep_return, int(i), server_of, named=named)
+                                        raise_overflowed_return(
+                                            ep_return, int(i), server_of, named=named, in_process=backend == "gym"
+                                        )
                                         returns.append(float(ep_return[i]))
                                         lengths.append(int(ep_length[i]))
                                         counts[i] += 1
@@ -340,14 +349,19 @@ def evaluate(
                                     obs, infos = envs.reset(options={"reset_mask": ended.copy()})
                                     _raise_env_errors(infos, fleet)
                 except EnvFleetError as err:
-                    # The episodes that ended before it are a sample of the return all the same (an episode
-                    # cut short by the error is not one, and is not among them): kept, as Ctrl-C keeps them.
-                    partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
-                    partial["episodes_asked"] = episodes
-                    if recorded is not None:
-                        partial["video"] = recorded
-                    err.partial_result = partial
-                    raise
+                    if not stop.requested:
+                        # The episodes that ended before it are a sample of the return all the same (an
+                        # episode cut short by the error is not one, and is not among them): kept, as
+                        # Ctrl-C keeps them.
+                        partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
+                        partial["episodes_asked"] = episodes
+                        if recorded is not None:
+                            partial["video"] = recorded
+                        err.partial_result = partial
+                        raise
+                    # The step the stop waited for failed (stuck in its env until its deadline passed, say):
+                    # the stop asked for stands, and the result is that of the episodes finished before it.
+                    _warn_failed_at_stop(err)
             interrupted = bool((counts < targets).any())
     except (EnvCrashedError, RemoteTimeoutError) as err:
         raise _in_own_terms(err) from err
@@ -504,6 +518,18 @@ def _in_own_terms(err: RemoteEnvError) -> RemoteEnvError:
     for note in getattr(err, "__notes__", ()):
         new.add_note(reword(note))
     return new
+
+
+def _warn_failed_at_stop(err: EnvFleetError) -> None:
+    """Say that ``err`` ended the step a stop (Ctrl-C, SIGTERM, SIGHUP) waited for: eval stops there as
+    asked, so its advice to raise the deadline is left out (a step stuck in its env passes any), and
+    the rest is in evaluate()'s terms (:data:`OWN_TERMS`)."""
+    text = str(err)
+    for hint in (TIMEOUT_HINT, RESET_TIMEOUT_HINT):
+        text = text.replace(f"; {hint}", "")
+    for library, own in OWN_TERMS:
+        text = text.replace(library, own)
+    log.warning("the step under way when the stop was asked failed: %s; stopped there", text)
 
 
 # What the env server's atari wrapper serves (env_server.envs: 84x84 grayscale, a stack of 4 frames).

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,20 @@ def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] 
     metrics = run / rundir.METRICS
     if not metrics.is_file():
         return run, None, None, {}
+    skipped: list[int] = []  # (lines that are no JSON: bytes that are no UTF-8, a hand edit)
     try:
-        read = rundir.read_jsonl(metrics)
-    except (OSError, UnicodeDecodeError) as err:
+        read = rundir.read_jsonl(metrics, skipped=skipped)
+    except OSError as err:
         raise _unreadable(metrics, "a run's metrics", err) from None
     # (rows that are no update's, as learner train writes them: another program's lines, a hand edit)
-    rows = [r for r in read if isinstance(r, dict) and all(k in r for k in _ROW_KEYS)]
-    if len(rows) < len(read):
-        log.warning("%s: %d line(s) without %s left out", metrics, len(read) - len(rows), ", ".join(_ROW_KEYS))
+    rows = [r for r in read if _is_row(r)]
+    if len(rows) < len(read) or skipped:
+        log.warning(
+            "%s: %d line(s) without %s left out (learner train writes a JSON object of numbers per update)",
+            metrics,
+            len(read) - len(rows) + len(skipped),
+            ", ".join(_ROW_KEYS),
+        )
     rows = [r for r in rows if r["episodic_return_mean"] is not None]
     summary = _read(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
     return run, rows, summary if isinstance(summary, dict) else None, _run_config(run) or {}
@@ -43,12 +50,37 @@ def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] 
 _ROW_KEYS = ("global_step", "seconds", "episodic_return_mean")
 
 
-def _read(path: Path) -> Any:
-    """A JSON file of a run dir; ValueError naming it where it cannot be read (json's own names no file)."""
+def _no_metrics(run: Path) -> str:
+    """What is wrong with ``run``, which has no metrics file: a folder without one, or a file (one of a
+    run dir's, say: then its folder is the run dir to pass)."""
+    if not run.is_file():
+        return f"{run}: expected a run dir with {rundir.METRICS}, found none"
+    of_a_run = run.name in (rundir.METRICS, rundir.CONFIG, rundir.SUMMARY)
+    return f"{run}: expected a run dir, got a file" + (f" (pass its run dir, {run.parent})" if of_a_run else "")
+
+
+def _is_row(row: Any) -> bool:
+    """Whether ``row`` (a metrics line, as read) is an update's that can be plotted: numbers for
+    :data:`_ROW_KEYS` (the return None before an episode has ended)."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    if not (isinstance(row, dict) and all(k in row for k in _ROW_KEYS)):
+        return False
+    returned = row["episodic_return_mean"]
+    return number(row["global_step"]) and number(row["seconds"]) and (returned is None or number(returned))
+
+
+def _read(path: Path, *, warn: bool = True) -> Any:
+    """A JSON file of a run dir; None where it cannot be read (a damaged one: one run's, which the plot of
+    the others should not fail on), with a warning naming it unless not ``warn`` (json's own names no file)."""
     try:
         return rundir.read_json(path)
     except (OSError, ValueError) as err:
-        raise _unreadable(path, "a run's JSON file", err) from None
+        if warn:
+            log.warning("%s; the run is plotted as one without it", _unreadable(path, "a run's JSON file", err))
+        return None
 
 
 def _unreadable(path: Path, what: str, err: Exception) -> ValueError:
@@ -58,10 +90,11 @@ def _unreadable(path: Path, what: str, err: Exception) -> ValueError:
     return ValueError(f"{path}: expected {what}, but it cannot be read ({reason})")
 
 
-def _run_config(run: Path) -> dict[str, Any] | None:
-    """``run``'s config.json, None without one, or with one that is no run's (no ``args`` object: a folder
-    of something else that has a config.json), which is plotted as a folder without one is."""
-    config = _read(run / rundir.CONFIG) if (run / rundir.CONFIG).is_file() else None
+def _run_config(run: Path, *, warn: bool = True) -> dict[str, Any] | None:
+    """``run``'s config.json, None without one, with one that cannot be read (a warning, unless not
+    ``warn``), or with one that is no run's (no ``args`` object: a folder of something else that has a
+    config.json), which is plotted as a folder without one is."""
+    config = _read(run / rundir.CONFIG, warn=warn) if (run / rundir.CONFIG).is_file() else None
     return config if rundir.is_run_config(config) else None
 
 
@@ -117,9 +150,9 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     what does not change learning (run dir, --stop-at-return, timeouts, security, logging; the budget
     where nothing anneals over it) are one group, named
     by what sets it apart from the others (``gamma=0.98, num_envs=8``), or by its env when there is one
-    group. A run without a config.json (or with one that is no run's) is a group of its own, named after
-    its folder."""
-    configs = [_run_config(run) for run in map(Path, runs)]
+    group. A run without a config.json (or with one that is no run's, or that cannot be read) is a group
+    of its own, named after its folder."""
+    configs = [_run_config(run, warn=False) for run in map(Path, runs)]  # (plot_runs warns of one unreadable)
     setups = [None if config is None else _setup(config) for config in configs]
     known = [setup for setup in setups if setup is not None]
     _fill_unrecorded(known)
@@ -212,6 +245,22 @@ def _names(runs: Sequence[Path]) -> dict[Path, str]:
     return names
 
 
+LABEL_WIDTH = 100
+"""The characters of a legend entry's line, at most (where it has spaces to break at): 100 of its 8-point
+text take about 60 % of the figure's width."""
+
+
+def _with_env(group: str, env: str) -> str:
+    """The legend entry of ``group`` (see :func:`config_groups`), of runs of ``env``, where the runs plotted
+    are of different envs: the env first, as the group names it where the groups differ in it
+    (``CartPole-v1: num_envs=8, ...``), else after it (a folder's name: ``noconf [Pendulum-v1]``)."""
+    if group == f"env={env}":
+        return env
+    if group.startswith(f"env={env}, "):
+        return f"{env}: {group.removeprefix(f'env={env}, ')}"
+    return f"{group} [{env}]"
+
+
 def _label(name: str, summary: dict[str, Any] | None, env: str | None = None) -> str:
     label = name
     if env is not None:
@@ -273,13 +322,16 @@ def plot_runs(
     the seeds of one configuration (see :func:`config_groups`): a group of several runs is drawn as
     their mean, bold, the range between their lowest and highest shaded and each run faint. A run's
     "solved" bar (its config's ``solved_threshold``) is a dashed line labelled with the envs it belongs
-    to; runs of different envs have their env in their legend entry, and the default title says they
-    differ.
+    to; runs of different envs have their env in their legend entry (first, where their groups differ in
+    it), and the default title says they differ. An entry too long for the figure is wrapped.
 
-    A folder in ``runs`` without a metrics file, or a run with no mean return yet, is left out with a
-    warning while another run can be plotted (FileNotFoundError or ValueError when none can). The file
-    is written atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it
-    cannot be. Returns the path written (with ``.png`` added to a name without a suffix).
+    A folder in ``runs`` without a metrics file (or a file), or a run with no mean return yet, is left out
+    with a warning while another run can be plotted (FileNotFoundError or ValueError when none can); a
+    run's summary.json or config.json that cannot be read is named in a warning, and the run plotted as
+    one without it, and lines of its metrics that are no update's (no JSON, bytes that are no UTF-8) are
+    left out, saying how many. The file is written atomically; ValueError, naming ``output_name`` (the
+    option that gave ``output``), where it cannot be. Returns the path written (with ``.png`` added to a
+    name without a suffix).
     """
     loaded = [_load(Path(run)) for run in runs]
     # Left out, with a warning, while another run can be plotted (`learner plot runs/*` may take in a
@@ -292,7 +344,7 @@ def plot_runs(
     }
     if len(missing) + len(empty) == len(loaded):
         if len(loaded) == 1 and missing:
-            raise FileNotFoundError(f"{missing[0]}: expected a run dir with {rundir.METRICS}, found none")
+            raise FileNotFoundError(_no_metrics(missing[0]))
         parts = [f"no {rundir.METRICS} in {', '.join(map(str, missing))}"] if missing else []
         if empty:
             listed = ", ".join(str(run) for run, *_ in loaded if run in empty)
@@ -301,7 +353,7 @@ def plot_runs(
             )
         raise ValueError(f"nothing to plot: {'; '.join(parts)}")
     for run in missing:
-        log.warning("%s: expected a run dir with %s, found none; left out of the plot", run, rundir.METRICS)
+        log.warning("%s; left out of the plot", _no_metrics(run))
     for run in (run for run, *_ in loaded if run in empty):
         log.warning("%s: no mean return yet, left out of the plot", run)
     empty.update(missing)
@@ -356,7 +408,7 @@ def plot_runs(
             if group in colours:
                 (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
             else:
-                label = group if env is None else f"{group} [{env}]"
+                label = group if env is None else _with_env(group, env)
                 if group in banded:
                     label += f" ({len(members[group])} runs: mean, range shaded)"
                 elif len(members[group]) > 1:
@@ -403,7 +455,10 @@ def plot_runs(
     # Below the axes, where it hides no line.
     # (one column where a label is long, as a group's of many differences: two would run off the figure)
     columns = (1 if max(map(len, labels), default=0) > 70 else min(2, len(labels))) or 1
-    legend_rows = -(-len(labels) // columns)
+    # (a label longer than the figure is wide, as a group's of many differences between runs of different
+    # envs, is wrapped: unwrapped, it ran off both sides, and the entries of the others with it)
+    labels = [textwrap.fill(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False) for label in labels]
+    legend_rows = -(-len(labels) // columns) if columns > 1 else sum(label.count("\n") + 1 for label in labels)
     height = 4.2 + 0.18 * legend_rows
     fig.set_size_inches(11, height)
     legend_height = (0.1 + 0.17 * legend_rows) / height

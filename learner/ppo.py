@@ -511,19 +511,27 @@ def raise_unusable_rewards(
 
 
 def raise_overflowed_return(
-    returns: np.ndarray, env: int, where: Callable[[int], str], *, named: str = "", when: str = ""
+    returns: np.ndarray,
+    env: int,
+    where: Callable[[int], str],
+    *,
+    named: str = "",
+    when: str = "",
+    in_process: bool = False,
 ) -> None:
     """Raise an UnusableEnvOutputError where the return of env ``env``'s episode, which just ended
     (``returns[env]``, its rewards' sum), is not finite: rewards finite each (1e308, say) whose sum
     overflowed float64. Its message is begun with ``where(env)``, the env then ``named``, and ``when`` (where
-    the episode ended). (No mean, best return nor "solved" can be judged from it, nor JSON written.)"""
+    the episode ended). (No mean, best return nor "solved" can be judged from it, nor JSON written.)
+    ``in_process``: the envs run in this process (``--backend gym``), wrapped by no env server."""
     value = float(returns[env])
     if math.isfinite(value):
         return
+    wrapper = "of the env, which runs in this process" if in_process else "on the env servers"
     raise UnusableEnvOutputError(
         f"{where(env)}return of env {env}{named} is {value} for the episode that ended{when}: its rewards, finite "
         f"each, summed beyond float64's range (+-{_FLOAT64_MAX:.4g}); there is no return to report (scale the "
-        "rewards in a wrapper on the env servers)"
+        f"rewards in a wrapper {wrapper})"
     )
 
 

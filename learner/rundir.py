@@ -172,17 +172,20 @@ def append_jsonl(f: IO[str], obj: dict[str, Any]) -> None:
     f.flush()
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The objects in a JSON-lines file, skipping a last line cut short by a crash."""
+def read_jsonl(path: str | Path, *, skipped: list[int] | None = None) -> list[dict[str, Any]]:
+    """The objects in a JSON-lines file, skipping a last line cut short by a crash, and any other line
+    that is no JSON (bytes that are no UTF-8 included: read as U+FFFD, not a UnicodeDecodeError for the
+    whole file). ``skipped``: the numbers (from 1) of those other lines are appended to it."""
     rows = []
-    with open(path) as f:
-        for line in f:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
-                continue
+                if skipped is not None and line.endswith("\n"):  # (a last line without its end: cut short)
+                    skipped.append(number)
     return rows
 
 

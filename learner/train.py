@@ -1164,6 +1164,10 @@ def train(
                         # raised. Drop this rollout and go on with the servers left (every env starting
                         # over), unless that keeps happening.
                         lost_rollouts += 1
+                        if stop_request.requested:  # (Ctrl-C during a step that then failed: stopped there)
+                            log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
+                            lost = err
+                            break
                         # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
                         # (an env's observation that does not fit the space: the same after every reset)
                         if (
@@ -1228,7 +1232,11 @@ def train(
                     ep_length += valid
                     for i in np.flatnonzero(done_np & valid):
                         raise_overflowed_return(
-                            ep_return, int(i), acting.server_of, when=f" at the run's env step {counters.global_step:,}"
+                            ep_return,
+                            int(i),
+                            acting.server_of,
+                            when=f" at the run's env step {counters.global_step:,}",
+                            in_process=args.backend == "gym",
                         )
                         recent_returns.append(float(ep_return[i]))
                         recent_lengths.append(int(ep_length[i]))

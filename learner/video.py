@@ -57,8 +57,18 @@ def check_path(video: str | Path) -> Path:
         raise ValueError(f"video: cannot write {str(path)!r}: {str(existing)!r} is a file, not a folder")
     writable = os.access(existing, os.W_OK | os.X_OK) and (not path.exists() or os.access(path, os.W_OK))
     if not writable:
-        raise ValueError(f"video: cannot write {str(path)!r}: permission denied")
+        raise ValueError(f"video: cannot write {str(path)!r}: {_why_not_writable(existing)}")
     return path
+
+
+def _why_not_writable(folder: Path) -> str:
+    """Why ``folder``, which os.access says cannot be written, cannot: its file system is mounted read-only
+    (os.access says so for root too), or its permissions."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (AttributeError, OSError):  # (no statvfs, as on Windows)
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
 
 
 def check_fps(fps: float | None) -> float | None:
@@ -224,7 +234,20 @@ def _frame(rendered: Any, env: str) -> np.ndarray:
             f"video: {env} rendered {type(frame).__name__} with render_mode='rgb_array', not an RGB frame "
             "(does it support rgb_array rendering?)"
         )
-    return frame
+    if frame.dtype == np.uint8:
+        return frame
+    # (anything else cast to uint8 is no picture of it: floats of 0-1 truncate to 0, a black GIF; 300 wraps
+    # to 44): integers within 0-255 are taken as they are, nothing else
+    if frame.dtype.kind in "iu" and frame.size and frame.min() >= 0 and frame.max() <= 255:
+        return frame.astype(np.uint8)
+    values = f" (values {frame.min()} to {frame.max()})" if frame.dtype.kind in "iu" and frame.size else ""
+    hint = ""
+    if frame.dtype.kind == "f":
+        hint = " (floats of 0-1 would be written black: have render return (255 * frame).astype(np.uint8))"
+    raise ValueError(
+        f"video: {env} rendered a frame of {frame.dtype}{values} with render_mode='rgb_array', not an RGB frame of "
+        f"uint8 values 0-255{hint}"
+    )
 
 
 def _paletted(frame: np.ndarray) -> Any:

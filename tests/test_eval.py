@@ -1,7 +1,8 @@
 """``learner eval`` and ``learner demo`` on the envs a run did not record, env errors in eval's own
 terms, its threads, progress bar and Ctrl-C, channel-last images end to end, and ``learner plot`` of
 runs of different envs; eval on servers without autoreset, --stochastic with --video, a Ctrl-C or an
-error around the video, and --seed's range."""
+error around the video, --seed's range, a Ctrl-C during a step that then fails, --json's object on any
+error, and returns that overflow in process."""
 
 from __future__ import annotations
 
@@ -311,9 +312,8 @@ def test_eval_json_is_valid_json_with_returns_too_large_for_a_float(
     argv = ["eval", str(run), "--episodes", "2", "--backend", "gym", "--env-kwargs", '{"scale": 1e308}', "--json"]
     assert main(argv) == 1
     captured = capsys.readouterr()
-    assert not captured.out and "is inf for the episode that ended: its rewards, finite each, summed beyond" in (
-        captured.err
-    ), captured.err
+    assert json.loads(captured.out)["episodes"] == 0, captured.out  # (the error's object: no episode finished)
+    assert "is inf for the episode that ended: its rewards, finite each, summed beyond" in captured.err, captured.err
     argv[argv.index('{"scale": 1e308}')] = '{"scale": 5e307}'  # (3 steps: a return of up to 1.5e308)
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -785,3 +785,71 @@ def test_eval_stopped_by_an_error_reports_the_video_written_before_it(
     out = capsys.readouterr().out
     assert "0 of 2 episodes finished before the error," in out, out
     assert f"video: {gif} (one more episode, in process: 3 steps, return " in out, out
+
+
+# -- a stop during a step that then fails, --json on any error, returns that overflow in process -------------
+
+
+@pytest.mark.slow
+def test_eval_stopped_by_ctrl_c_during_a_step_that_then_passes_its_deadline_is_interrupted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Ctrl-C came while the env's step hung: the step's deadline error that follows ended it as asked,
+    no error (it was one, advising to raise --timeout, exit 1: a shell loop went on). ClockEnv's first
+    3-step episode has ended by the 5th step of its env, which sends it."""
+    _checkpoint(tmp_path, Args(env="tests.eval_envs:StopThenHangEnv", backend="gym"), *CLOCK_SPACES)
+    kwargs = {"signal_pid": os.getpid(), "signal_at": 5, "hang_s": 3.0}
+    argv = ["eval", str(tmp_path), "--episodes", "4", "--num-envs", "1", "--timeout", "1", "--json"]
+    capsys.readouterr()
+    assert main([*argv, "--env-kwargs", json.dumps(kwargs)]) == 130
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["interrupted"] and (result["episodes"], result["episodes_asked"]) == (1, 4), result
+    assert "error" not in result
+    assert "learner eval: error" not in err, err
+    said = caplog.text
+    assert "the step under way when the stop was asked failed: env server " in said, said
+    assert "no answer within the 1 s deadline" in said and "timeout" not in said.split("1 s deadline")[1], said
+
+
+def test_eval_json_prints_an_object_with_the_error_whatever_stopped_it(
+    faulty_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script reads --json's stdout: an error before any episode ended (an env's in its first reset, a
+    damaged checkpoint, a video that cannot be made) printed nothing there. The exit status is 1 as before."""
+    argv = ["eval", str(faulty_run), "--episodes", "2", "--backend", "gym", "--json"]
+    capsys.readouterr()
+    assert main([*argv, "--env-kwargs", '{"raise_in_reset": 0, "fault_env": -1}']) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert (result["episodes"], result["episodes_asked"], result["return_mean"]) == (0, 2, None), result
+    assert "raised in reset: RuntimeError: reset failed on purpose" in result["error"]
+    assert err.rstrip().endswith(f"learner eval: error: {result['error']}"), err
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(b"hello\n")
+    assert main(["eval", str(damaged), "--backend", "gym", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "error": f"{damaged}: expected an envfleet checkpoint, but it is not a checkpoint torch "
+        "can read (torch.save writes a zip archive; this file starts b'hello\\n')"
+    }, out
+    _checkpoint(tmp_path, Args(env="tests.test_eval:CrashingClockEnv", backend="gym"), *CLOCK_SPACES)
+    video = ["--backend", "gym", "--video", str(tmp_path / "ep.gif"), "--env-kwargs", '{"raise_at": 2}', "--json"]
+    assert main(["eval", str(tmp_path), *video]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"].startswith("video: tests.test_eval:CrashingClockEnv raised in step: "), out
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_eval_of_returns_that_overflow_in_process_says_so_in_its_terms_without_numpy_s_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rewards of 1e308 each, whose sum overflows: the error says so, and numpy's "overflow encountered in
+    add" came before it; in process, no env server is there to wrap the env (its advice said so)."""
+    _checkpoint(tmp_path, Args(env="tests.test_eval:LargeRewardClockEnv", backend="gym"), *CLOCK_SPACES)
+    argv = ["eval", str(tmp_path), "--episodes", "1", "--backend", "gym", "--env-kwargs", '{"scale": 1e308}']
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "is inf for the episode that ended: its rewards, finite each, summed beyond float64's range" in err, err
+    assert err.rstrip().endswith("(scale the rewards in a wrapper of the env, which runs in this process)"), err

@@ -285,10 +285,31 @@ def test_a_checkpoint_saved_without_checksums_still_loads(tmp_path: Path) -> Non
     path = tmp_path / "x.pt"
     torch.serialization.set_crc32_options(False)
     try:
-        torch.save({"format": 1, "model": {"weight": torch.ones(1000)}}, path)
+        torch.save({**_WHOLE, "format": 1, "model": {"weight": torch.ones(1000)}}, path)
     finally:
         torch.serialization.set_crc32_options(True)
     assert load_checkpoint(path)["model"]["weight"].sum() == 1000
+
+
+# What every checkpoint holds besides its nets (learner.checkpoint.REQUIRED), as placeholders.
+_WHOLE = {"args": {}, "ppo": {}, "observation_space": "Box(0, 1)", "action_space": "Discrete(2)"}
+
+
+def test_eval_of_a_checkpoint_that_lacks_what_each_holds_names_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torch file that says it is a checkpoint of this format, but lacks keys every checkpoint has: a
+    KeyError's traceback, in eval and --resume."""
+    path = tmp_path / "x.pt"
+    torch.save({"format": 1, "model": {"weight": torch.zeros(10)}, "ppo": {}}, path)
+    code, _, err = _eval(capsys, str(path), "--episodes", "1", "--backend", "gym")
+    assert code == 1
+    assert err.rstrip().endswith(
+        f"learner eval: error: {path}: expected an envfleet checkpoint, missing 'args', 'observation_space', "
+        "'action_space' (it has 'format', 'model', 'ppo')"
+    ), err
+    with pytest.raises(UnreadableCheckpointError, match="missing 'args'"):
+        load_checkpoint(path)
 
 
 # -- learner plot -------------------------------------------------------------------------------------------

@@ -172,17 +172,20 @@ def test_by_config_takes_a_folder_whose_config_json_is_no_run_s_as_one_without(
 
 @pytest.mark.parametrize("name", [rundir.CONFIG, rundir.SUMMARY])
 def test_a_run_s_json_file_that_cannot_be_read_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, name: str
 ) -> None:
+    """Named in a warning, and the run plotted as one without it (its metrics are whole: it was an error,
+    which in `learner plot runs/*` left every other run unplotted too)."""
     from learner.cli import main
 
     run = _run(tmp_path / "r", 3, solved_at=1000)
     (run / name).write_text('{"args": ')
     argv = ["plot", str(run), "-o", str(tmp_path / "p.png")]
-    assert main([*argv, "--by-config"] if name == rundir.CONFIG else argv) == 1
+    assert main([*argv, "--by-config"] if name == rundir.CONFIG else argv) == 0
     err = capsys.readouterr().err
-    assert f"learner plot: error: {run / name}: expected a run's JSON file, but it cannot be read (Expecting " in err
-    assert "Traceback" not in err
+    assert f"{run / name}: expected a run's JSON file, but it cannot be read (Expecting " in caplog.text
+    assert caplog.text.count("cannot be read") == 1 and "the run is plotted as one without it" in caplog.text
+    assert "Traceback" not in err and (tmp_path / "p.png").is_file()
 
 
 def test_runs_whose_budget_anneals_their_learning_rate_differently_are_not_one_group(tmp_path: Path) -> None:
@@ -303,8 +306,74 @@ def test_lines_of_a_metrics_file_that_are_no_update_s_are_left_out_saying_so(
     assert f"{run / rundir.METRICS}: 2 line(s) without global_step, seconds, episodic_return_mean left out" in (
         caplog.text
     )
-    (run / rundir.METRICS).write_bytes(b'{"global_step": 1, "seconds": 1.0, "episodic_return_mean": "\xff"}\n')
-    assert main(["plot", str(run), "-o", str(tmp_path / "q.png")]) == 1
+    # Bytes that are no UTF-8 (were an error for the whole file): their lines, in a value or not, left out.
+    good = (run / rundir.METRICS).read_bytes().splitlines(keepends=True)[:3]
+    bad = [b'{"global_step": 1, "seconds": 1.0, "episodic_return_mean": "\xff"}\n', b"\xff\xfe{}\n"]
+    (run / rundir.METRICS).write_bytes(b"".join([*good, *bad]))
+    caplog.clear()
+    assert main(["plot", str(run), "-o", str(tmp_path / "q.png")]) == 0
+    assert f"{run / rundir.METRICS}: 2 line(s) without global_step, seconds, episodic_return_mean left out" in (
+        caplog.text
+    )
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_run_with_a_damaged_file_does_not_stop_the_plot_of_the_others(
+    tmp_path: Path, figures: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`learner plot runs/*`: one run's summary.json or config.json that is no JSON, or a metrics.jsonl of
+    bytes that are no UTF-8, failed the whole plot. Each is named; the run is plotted without that file, or
+    left out where nothing of it is left to plot."""
+    from learner.cli import main
+
+    good = _run(tmp_path / "good", 3)
+    badsum, badconf = (_run(tmp_path / name, 3, solved_at=1000) for name in ("badsum", "badconf"))
+    garbage = _run(tmp_path / "garbage", 3)
+    (badsum / rundir.SUMMARY).write_text("{")
+    (badconf / rundir.CONFIG).write_bytes(b"\xff{not json")
+    (garbage / rundir.METRICS).write_bytes(b'\x00\xff\xfe garbage\n[1,2]\n{"global_step": "x", "seconds": 1}\n')
+    runs = [str(p) for p in (good, badsum, badconf, garbage)]
+    for by_config in ([], ["--by-config"]):
+        caplog.clear()
+        assert main(["plot", *runs, *by_config, "-o", str(tmp_path / "all.png")]) == 0
+        for path in (badsum / rundir.SUMMARY, badconf / rundir.CONFIG):
+            assert caplog.text.count(f"{path}: expected a run's JSON file, but it cannot be read") == 1, caplog.text
+        assert f"{garbage / rundir.METRICS}: 3 line(s) without " in caplog.text
+        assert f"{garbage}: no mean return yet, left out of the plot" in caplog.text
+    labels = [text.get_text() for text in figures[0].legends[0].get_texts()]
+    assert [label.split(" ")[0] for label in labels[:3]] == ["good", "badsum", "badconf"], labels
+
+
+def test_a_legend_of_runs_of_different_envs_fits_the_figure_each_env_first(tmp_path: Path, figures: list[Any]) -> None:
+    """Groups of runs that differ in env and in much else had labels of 270 characters on one line, wider
+    than the figure: the legend ran off both sides, the other entries with it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    many = {f"setting_{k}": k for k in range(12)}
+    cartpole = _configured(tmp_path / "cartpole", 1, 0.0, **many)
+    pendulum = _configured(tmp_path / "pendulum", 1, 0.0, **{key: value + 1 for key, value in many.items()})
+    config = rundir.read_json(pendulum / rundir.CONFIG)
+    config["args"]["env"] = config["envs"]["env_id"] = "Pendulum-v1"
+    rundir.write_json(pendulum / rundir.CONFIG, config)
+    runs = [cartpole, pendulum, _run(tmp_path / "unknown", 3)]
+    (runs[2] / rundir.CONFIG).unlink()  # (a group of its own, named after its folder)
+    plot_runs(runs, tmp_path / "p.png", groups=config_groups(runs))
+    (figure,) = figures
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[0].startswith("CartPole-v1: setting_0=0, ") and labels[1].startswith("Pendulum-v1: "), labels
+    assert "[CartPole-v1]" not in labels[0] and labels[2] == "unknown", labels
+    assert max(len(line) for label in labels for line in label.splitlines()) <= 100, labels
+    canvas = FigureCanvasAgg(figure)
+    legend = figure.legends[0].get_window_extent(canvas.get_renderer())
+    assert legend.x0 >= 0 and legend.x1 <= figure.bbox.width and legend.y0 >= 0, (legend, figure.bbox)
+
+
+def test_a_run_s_file_given_for_its_run_dir_is_named_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from learner.cli import main
+
+    run = _run(tmp_path / "r", 3)
+    assert main(["plot", str(run / rundir.METRICS), "-o", str(tmp_path / "p.png")]) == 1
     err = capsys.readouterr().err
-    assert f"learner plot: error: {run / rundir.METRICS}: expected a run's metrics, but it cannot be read (" in err
-    assert "Traceback" not in err
+    assert f"learner plot: error: {run / rundir.METRICS}: expected a run dir, got a file (pass its run dir, {run})" in (
+        err
+    ), err

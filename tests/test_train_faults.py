@@ -209,3 +209,25 @@ def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_serve
         train(args, on_start=kill_server)
     summary = rundir.read_json(tmp_path / "run" / rundir.SUMMARY)
     assert summary["updates"] == 0 and summary["stop_reason"].startswith("error: NothingToLearnError: the run reached")
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_a_step_that_then_fails_stops_the_run_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without --fault-tolerant, the hung step's deadline error that follows a Ctrl-C ended the rollout as
+    one to drop, "going on without env server ..." (the run then stopped, as asked): now it says it stops."""
+    import json
+    import os
+
+    from learner.cli import main
+
+    kwargs = {"signal_pid": os.getpid(), "signal_at": 20, "hang_s": 4.0}
+    argv = ["train", "--env", "tests.eval_envs:StopThenHangEnv", "--env-kwargs", json.dumps(kwargs)]
+    argv += ["--num-servers", "1", "--envs-per-server", "1", "--num-steps", "8", "--total-timesteps", "200"]
+    argv += ["--timeout", "1", "--no-fault-tolerant", "--run-dir", str(tmp_path / "run")]
+    assert main([*argv, "--no-progress", "--no-plot", "--no-tensorboard"]) == 130
+    said = caplog.text
+    assert "the step under way when the stop was asked failed: env server " in said, said
+    assert "dropping this rollout" not in said, said
+    assert json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())["stop_reason"] == "interrupted"
