@@ -536,20 +536,16 @@ def _leave_the_servers_signals() -> None:
     is gone (its pipe closes), or by SIGKILL (the server's own, where it cannot wait: see
     WideInfoAsyncVectorEnv).
 
-    They are caught by a handler that does nothing, not ignored: a program an env starts (a simulator's
-    own process) would inherit SIG_IGN, and its ``terminate()`` would then not end it; a handler is put
-    back to the default by exec. System calls they interrupt are restarted. A signal ignored when the server
-    started (SIGHUP under ``nohup``, SIGINT in a background job) stays ignored, for such programs too."""
+    Ignored (SIG_IGN), not caught by a handler that does nothing: a handler would interrupt the env's
+    blocking system calls in C (a simulator client's poll returns EINTR), and a program the env starts
+    would get the signals at their defaults, so a stop of the whole group would end a simulator before
+    the drain's steps. Such a program inherits SIG_IGN: its ``terminate()`` does not end it (``kill()``
+    does; or it may set SIGTERM back to its default, in a ``preexec_fn``, say)."""
     signal.set_wakeup_fd(-1)
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _left_to_the_server)
-            signal.siginterrupt(sig, False)
-
-
-def _left_to_the_server(signum: int, frame: object) -> None:
-    """A stop signal to an async worker: the server's to act on (see :func:`_leave_the_servers_signals`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _register_optional_envs() -> None:

@@ -288,7 +288,11 @@ def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | No
                 continue
             where = host_port(str(sockaddr[0]), port)
             if len(infos) > 1 and where != host_port(host, port):  # (which of the addresses, in the error)
-                err = OSError(err.errno, f"{err.strerror} at {where}")
+                if sockaddr[0] in ("::", "0.0.0.0"):  # (the wildcard: some address of that family has the port)
+                    kind = "IPv6" if family == socket.AF_INET6 else "IPv4"
+                    err = OSError(err.errno, f"{err.strerror} on an {kind} address of this machine (tried {where})")
+                else:
+                    err = OSError(err.errno, f"{err.strerror} at {where}")
             errors.append(err)
         else:
             bound = True

@@ -190,7 +190,7 @@ class LocalServers:
             raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
         if isinstance(restarts, bool) or not (isinstance(restarts, int) and restarts >= 0):
             raise ValueError(f"restarts: expected an int >= 0, got {restarts!r}")
-        if transport == "tcp" and "--host" not in server_args:
+        if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
         self.env = env
         self.addresses: list[str] = []

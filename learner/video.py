@@ -237,12 +237,16 @@ def _frame(rendered: Any, env: str) -> np.ndarray:
     if frame.dtype == np.uint8:
         return frame
     # (anything else cast to uint8 is no picture of it: floats of 0-1 truncate to 0, a black GIF; 300 wraps
-    # to 44): integers within 0-255 are taken as they are, nothing else
-    if frame.dtype.kind in "iu" and frame.size and frame.min() >= 0 and frame.max() <= 255:
-        return frame.astype(np.uint8)
-    values = f" (values {frame.min()} to {frame.max()})" if frame.dtype.kind in "iu" and frame.size else ""
+    # to 44): integers within 0-255 are taken as they are, floats within it rounded, but for floats of 0-1
+    low, high = (frame.min(), frame.max()) if frame.size and frame.dtype.kind in "iuf" else (None, None)
+    if low is not None and high is not None and low >= 0 and high <= 255:
+        if frame.dtype.kind in "iu":
+            return frame.astype(np.uint8)
+        if not 0 < high <= 1:  # (an all-black frame is one whatever the scale)
+            return np.rint(frame).astype(np.uint8)
+    values = f" (values {low:g} to {high:g})" if low is not None and high is not None else ""
     hint = ""
-    if frame.dtype.kind == "f":
+    if frame.dtype.kind == "f" and high is not None and 0 < high <= 1:
         hint = " (floats of 0-1 would be written black: have render return (255 * frame).astype(np.uint8))"
     raise ValueError(
         f"video: {env} rendered a frame of {frame.dtype}{values} with render_mode='rgb_array', not an RGB frame of "

@@ -35,7 +35,8 @@ class StopThenHangEnv(ClockEnv):
 
 class FramesEnv(ClockEnv):
     """ClockEnv (made to render) whose frames are ``frames``: "float" (0.5, as renderers of 0-1 floats give
-    them), "wide" (int64 300, beyond uint8's range), "int" (int64 within 0-255: ClockEnv's own frame)."""
+    them), "wide" (int64 300, beyond uint8's range), "int" (int64 within 0-255: ClockEnv's own frame), "float255"
+    (float64 within 0-255: ClockEnv's own frame)."""
 
     def __init__(self, frames: str = "float", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -49,4 +50,4 @@ class FramesEnv(ClockEnv):
             return np.full(frame.shape, 0.5)
         if self.frames == "wide":
             return np.full(frame.shape, 300, dtype=np.int64)
-        return frame.astype(np.int64)
+        return frame.astype(np.float64 if self.frames == "float255" else np.int64)

@@ -114,7 +114,9 @@ def test_the_wildcard_is_refused_where_another_process_has_the_port_on_ipv6() ->
     with _listening("::1") as other:
         port = other.getsockname()[1]
         with pytest.raises(
-            OSError, match=rf"^cannot listen on 0.0.0.0:{port}: Address already in use at \[::\]:{port}"
+            OSError,
+            match=rf"^cannot listen on 0.0.0.0:{port}: Address already in use on an IPv6 address of this machine "
+            rf"\(tried \[::\]:{port}\)",
         ):
             _check_bindable(ServerConfig(env="CartPole-v1", host="0.0.0.0", port=port))
         with pytest.raises(OSError, match=rf"^cannot listen on \[::\]:{port}: Address already in use"):

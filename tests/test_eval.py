@@ -798,8 +798,8 @@ def test_eval_stopped_by_ctrl_c_during_a_step_that_then_passes_its_deadline_is_i
     no error (it was one, advising to raise --timeout, exit 1: a shell loop went on). ClockEnv's first
     3-step episode has ended by the 5th step of its env, which sends it."""
     _checkpoint(tmp_path, Args(env="tests.eval_envs:StopThenHangEnv", backend="gym"), *CLOCK_SPACES)
-    kwargs = {"signal_pid": os.getpid(), "signal_at": 5, "hang_s": 3.0}
-    argv = ["eval", str(tmp_path), "--episodes", "4", "--num-envs", "1", "--timeout", "1", "--json"]
+    kwargs = {"signal_pid": os.getpid(), "signal_at": 5, "hang_s": 9.0}
+    argv = ["eval", str(tmp_path), "--episodes", "4", "--num-envs", "1", "--timeout", "3", "--json"]
     capsys.readouterr()
     assert main([*argv, "--env-kwargs", json.dumps(kwargs)]) == 130
     out, err = capsys.readouterr()
@@ -809,7 +809,7 @@ def test_eval_stopped_by_ctrl_c_during_a_step_that_then_passes_its_deadline_is_i
     assert "learner eval: error" not in err, err
     said = caplog.text
     assert "the step under way when the stop was asked failed: env server " in said, said
-    assert "no answer within the 1 s deadline" in said and "timeout" not in said.split("1 s deadline")[1], said
+    assert "no answer within the 3 s deadline" in said and "timeout" not in said.split("3 s deadline")[1], said
 
 
 def test_eval_json_prints_an_object_with_the_error_whatever_stopped_it(

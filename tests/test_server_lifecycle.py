@@ -458,22 +458,17 @@ def _ignored_signals(pid: int) -> set[int]:
 
 @pytest.mark.slow
 @needs_proc
-@pytest.mark.parametrize("hup", ["default", "ignored"])
-def test_a_program_an_async_worker_starts_can_be_stopped_and_the_workers_leave_stop_signals_to_the_server(
-    folder: Path, server: Callable[..., _Server], hup: str
+def test_async_workers_and_the_programs_their_envs_start_leave_the_stop_signals_to_the_server(
+    folder: Path, server: Callable[..., _Server]
 ) -> None:
-    """Async workers leave SIGINT/SIGTERM/SIGHUP to the server by a handler that does nothing, not SIG_IGN:
-    a program an env starts (a simulator's own process) would inherit SIG_IGN, and SIGTERM (its
-    terminate()) would not end it. A SIGHUP the server was started with ignored (nohup) stays so there."""
+    """Async workers ignore SIGINT/SIGTERM/SIGHUP (the server's drain closes them), and so does a program an env
+    starts (a simulator's own process), which inherits that: a stop of the whole group does not end it before
+    the drain's steps (README: its terminate() does not end it; kill() does). (A handler that does nothing
+    instead, tried, interrupted the env's blocking system calls in C and let a group stop end simulators.)"""
     building, simulators, path = folder / "building", folder / "simulators", folder / "env.sock"
-
-    def hup_ignored() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
     proc = server(
         "--env", ENV, "--env-kwargs", _kwargs(building=str(building), simulator=str(simulators)),
-        "--num-envs", "2", "--vectorization", "async", "--unix-socket", str(path),
-        preexec_fn=_hup_at_default if hup == "default" else hup_ignored,
+        "--num-envs", "2", "--vectorization", "async", "--unix-socket", str(path), preexec_fn=_hup_at_default,
     )  # fmt: skip
     proc.ready()
     programs = _pids(simulators)
@@ -481,10 +476,7 @@ def test_a_program_an_async_worker_starts_can_be_stopped_and_the_workers_leave_s
         assert len(programs) == 2, (programs, proc.text())
         for pid in programs:
             ignored = _ignored_signals(pid)
-            assert signal.SIGTERM not in ignored and signal.SIGINT not in ignored, (pid, ignored)
-            assert (signal.SIGHUP in ignored) == (hup == "ignored"), (pid, ignored)
-        os.kill(programs[0], signal.SIGTERM)
-        _until(lambda: not _alive(programs[0]), 30, "the program ended by SIGTERM")
+            assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} <= ignored, (pid, ignored)
         # The workers themselves take SIGTERM and SIGINT sent to them alone, and serve on.
         workers = [pid for pid in _pids(building) if pid != proc.proc.pid]
         assert len(workers) == 2, (workers, proc.proc.pid)

@@ -222,10 +222,10 @@ def test_a_ctrl_c_during_a_step_that_then_fails_stops_the_run_there(
 
     from learner.cli import main
 
-    kwargs = {"signal_pid": os.getpid(), "signal_at": 20, "hang_s": 4.0}
+    kwargs = {"signal_pid": os.getpid(), "signal_at": 20, "hang_s": 9.0}
     argv = ["train", "--env", "tests.eval_envs:StopThenHangEnv", "--env-kwargs", json.dumps(kwargs)]
     argv += ["--num-servers", "1", "--envs-per-server", "1", "--num-steps", "8", "--total-timesteps", "200"]
-    argv += ["--timeout", "1", "--no-fault-tolerant", "--run-dir", str(tmp_path / "run")]
+    argv += ["--timeout", "3", "--no-fault-tolerant", "--run-dir", str(tmp_path / "run")]
     assert main([*argv, "--no-progress", "--no-plot", "--no-tensorboard"]) == 130
     said = caplog.text
     assert "the step under way when the stop was asked failed: env server " in said, said

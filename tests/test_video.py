@@ -88,9 +88,9 @@ def test_a_still_scene_is_one_frame_shown_longer_within_what_a_gif_can_hold(tmp_
         assert [frame.info["duration"] for frame in ImageSequence.Iterator(image)] == [655_350]
 
 
-def test_frames_other_than_uint8_are_refused_unless_integers_within_its_range(tmp_path: Path) -> None:
+def test_frames_other_than_uint8_are_refused_unless_within_its_range(tmp_path: Path) -> None:
     """Cast to uint8, a float frame of 0-1 made a black GIF (0.5 -> 0) and an integer one beyond 255 another
-    picture (300 -> 44), without a word; integers within 0-255 are the same picture."""
+    picture (300 -> 44), without a word; integers (and floats) within 0-255 are the same picture."""
     from PIL import Image
 
     def frames(kind: str) -> FleetSpec:
@@ -99,17 +99,18 @@ def test_frames_other_than_uint8_are_refused_unless_integers_within_its_range(tm
     gif = tmp_path / "ep.gif"
     with pytest.raises(
         ValueError,
-        match=r"^video: tests\.eval_envs:FramesEnv rendered a frame of float64 with render_mode='rgb_array', not an "
-        r"RGB frame of uint8 values 0-255 \(floats of 0-1 would be written black: have render return ",
+        match=r"^video: tests\.eval_envs:FramesEnv rendered a frame of float64 \(values 0\.5 to 0\.5\) with "
+        r"render_mode='rgb_array', not an RGB frame of uint8 values 0-255 \(floats of 0-1 would be written black: have render return ",
     ):
         video.record_episode(frames("float"), lambda obs: [0], 0, gif, None)
     with pytest.raises(ValueError, match=r"rendered a frame of int64 \(values 300 to 300\) with render_mode="):
         video.record_episode(frames("wide"), lambda obs: [0], 0, gif, None)
     assert not gif.exists()
-    assert video.record_episode(frames("int"), lambda obs: [0], 0, gif, None)["steps"] == 3
-    with Image.open(gif) as image:
-        image.seek(3)  # (frame t of ClockEnv's is 50 t bright)
-        assert image.convert("RGB").getpixel((0, 0)) == (150, 150, 150)
+    for kind in ("int", "float255"):
+        assert video.record_episode(frames(kind), lambda obs: [0], 0, gif, None)["steps"] == 3
+        with Image.open(gif) as image:
+            image.seek(3)  # (frame t of ClockEnv's is 50 t bright)
+            assert image.convert("RGB").getpixel((0, 0)) == (150, 150, 150)
 
 
 def test_a_path_on_a_read_only_file_system_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
