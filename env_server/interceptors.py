@@ -7,16 +7,20 @@ the wrong form (none, empty, no ``Bearer `` before the token, another case of it
 form of the value alone: nothing about the token.
 
 The gRPC health service stays open: container and Kubernetes probes cannot send a token, and it
-tells nothing but SERVING or NOT_SERVING. Everything of EnvService, GetSpec included, needs the token.
+tells nothing but SERVING or NOT_SERVING (its calls keep to the few places CallLimitInterceptor leaves
+them). Everything of EnvService, GetSpec included, needs the token.
 (The step socket, outside gRPC, checks no token: a step there needs the session id, which only a
 Handshake that passed this check hands out.)
 
 CallLimitInterceptor. gRPC itself caps the calls in progress (``env-server --max-concurrent-rpcs``): it
 refuses the rest with RESOURCE_EXHAUSTED before reading their requests, after the interceptors have
 run and without a word to Python. This interceptor, the first, counts the calls in progress as gRPC
-does, to log (rate-limited) that the server is refusing calls, and keeps the health service's Watch
-streams, which need no token and may stay open for ever, to a few (MAX_WATCH_STREAMS), so that they
-cannot take every place under the cap.
+does, to log (rate-limited) that the server is refusing calls, and keeps the health service's calls,
+which need no token, to a few places under the cap (health_call_limit: at most MAX_HEALTH_CALLS,
+Check and Watch together, and at most half of the cap, leaving a learner its three), so that
+callers without the token cannot take every place from learners: Watch streams, which may stay
+open for ever, to fewer still (watch_stream_limit), and a Check whose request does not arrive
+within HEALTH_REQUEST_TIMEOUT_S is ended, or sooner when another health call needs its place.
 
 RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
 end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message
@@ -49,6 +53,9 @@ from env_server.protocol import (
 )
 
 __all__ = [
+    "HEALTH_REQUEST_TIMEOUT_S",
+    "LEARNER_CALLS",
+    "MAX_HEALTH_CALLS",
     "MAX_WATCH_STREAMS",
     "OPEN_SERVICES",
     "CallLimitInterceptor",
@@ -57,8 +64,10 @@ __all__ = [
     "RequestGuardInterceptor",
     "TokenAuthInterceptor",
     "end_call",
+    "health_call_limit",
     "method_name",
     "refuse",
+    "watch_stream_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,11 +75,40 @@ log = logging.getLogger(__name__)
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 """Method prefixes served without a token."""
 
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
 MAX_WATCH_STREAMS = 4
-"""Health Watch streams open at once; more are refused with RESOURCE_EXHAUSTED. Nothing of envfleet
-watches (its probes, Docker's and Kubernetes' call Check); a Watch stream needs no token and stays
-open as long as its caller likes, each taking one of the places ``--max-concurrent-rpcs`` allows."""
+"""Health Watch streams open at once (fewer under a small ``--max-concurrent-rpcs``, see
+:func:`watch_stream_limit`); more are refused with RESOURCE_EXHAUSTED. Nothing of envfleet watches
+(its probes, Docker's and Kubernetes' call Check); a Watch stream needs no token and stays open as
+long as its caller likes, each taking one of the places ``--max-concurrent-rpcs`` allows."""
+MAX_HEALTH_CALLS = 8
+"""Health calls (Check and Watch together) in progress at once; more are refused with
+RESOURCE_EXHAUSTED, unread. They need no token: without a bound, anyone who can reach the port could
+take every place ``--max-concurrent-rpcs`` allows (Check calls that never send their request), and
+no learner could call. A probe's Check takes a place for a few milliseconds."""
+LEARNER_CALLS = 3
+"""Places a learner needs on one server at once (its Hold stream, its StepStream, and one call more:
+a Reset, GetSpec or Release), which the health service's calls never take (see
+:func:`health_call_limit`)."""
+HEALTH_REQUEST_TIMEOUT_S = 2.0
+"""How long a health Check waits for its request (a few bytes, which a probe sends with the call's
+headers): a Check whose request has not come by then is ended, DEADLINE_EXCEEDED, its place free."""
+
+
+def health_call_limit(max_calls: int) -> int:
+    """Health calls served at once under ``max_calls`` (``--max-concurrent-rpcs``): MAX_HEALTH_CALLS,
+    but at most half of ``max_calls`` and never one of the LEARNER_CALLS places a learner needs (and
+    one at least, for a probe)."""
+    return max(1, min(MAX_HEALTH_CALLS, max_calls // 2, max_calls - LEARNER_CALLS))
+
+
+def watch_stream_limit(max_calls: int) -> int:
+    """Health Watch streams kept open at once under ``max_calls``: MAX_WATCH_STREAMS, but one place
+    of :func:`health_call_limit` always left for a probe's Check (none at all under the smallest
+    ``max_calls``)."""
+    return min(MAX_WATCH_STREAMS, health_call_limit(max_calls) - 1)
+
 
 # Seconds between two log lines about refused calls of one kind (a scan or a misconfigured learner
 # may send many).
@@ -118,8 +156,15 @@ def method_name(method: str) -> str:
 
 class CallLimitInterceptor(grpc.aio.ServerInterceptor):
     """Counts the calls in progress, to log when gRPC's own cap on them (``maximum_concurrent_rpcs`` of
-    ``grpc.aio.server``, ``max_calls`` here) refuses calls, and refuses Health Watch streams past
-    :data:`MAX_WATCH_STREAMS` (RESOURCE_EXHAUSTED, unread). The first interceptor: it sees every call.
+    ``grpc.aio.server``, ``max_calls`` here) refuses calls, and refuses health calls past
+    :func:`health_call_limit`, and Watch streams past :func:`watch_stream_limit` (RESOURCE_EXHAUSTED,
+    unread). The first interceptor: it sees every call.
+
+    A health Check's request must come within :data:`HEALTH_REQUEST_TIMEOUT_S` of its call (else the
+    call ends, DEADLINE_EXCEEDED); and when the health calls fill their places, a new one takes the
+    place of the oldest Check still waiting for its request (which ends, RESOURCE_EXHAUSTED): a
+    probe's request follows its call's headers at once, so a caller holding Checks open without
+    requests cannot keep probes out, only its own calls.
 
     gRPC counts a call from the moment it takes it in until the call's task has ended, and refuses one
     that comes while ``max_calls`` are counted, after the interceptors ran, before the handler would;
@@ -141,8 +186,15 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         """Calls in progress, as gRPC counts them (see above)."""
         self.watches = 0
         """Health Watch streams open."""
+        self.health = 0
+        """Health calls (Check and Watch) in progress."""
+        self.max_health = health_call_limit(max_calls)
+        self.max_watches = watch_stream_limit(max_calls)
         self._on_refusal = on_refusal
         self._log = RefusalLog()
+        # Checks whose request has not come yet, oldest first: each one's future, set to end it.
+        self._waiting: dict[int, asyncio.Future[None]] = {}
+        self._admitted = 0  # (Checks admitted so far: the keys of _waiting)
 
     async def intercept_service(
         self,
@@ -154,23 +206,87 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         if self.active >= self.max_calls and handler is not None:
             self._note_refusal(method)
             return handler  # (gRPC refuses it: RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
-        if method == HEALTH_WATCH and handler is not None and self.watches >= MAX_WATCH_STREAMS:
+        if method == HEALTH_WATCH and handler is not None and self.watches >= self.max_watches:
             return _unread_refusal(handler, self._refuse_watch)
+        health = handler is not None and method.startswith(OPEN_SERVICES)
+        if health and self.health >= self.max_health and not self._end_oldest_waiting():
+            return _unread_refusal(handler, functools.partial(self._refuse_health_unread, method))
         task = asyncio.current_task()
         if task is None:  # (gRPC runs every call in a task of its own; were that to change, no count)
             return handler
         self.active += 1
         task.add_done_callback(self._call_ended)
+        if health:
+            self.health += 1
+            task.add_done_callback(self._health_ended)
         if method == HEALTH_WATCH:
             self.watches += 1
             task.add_done_callback(self._watch_ended)
+        if method == HEALTH_CHECK and handler is not None and handler.unary_unary is not None:
+            return self._check_in_time(handler, task)
         return handler
 
     def _call_ended(self, task: asyncio.Task[Any]) -> None:
         self.active -= 1
 
+    def _health_ended(self, task: asyncio.Task[Any]) -> None:
+        self.health -= 1
+
     def _watch_ended(self, task: asyncio.Task[Any]) -> None:
         self.watches -= 1
+
+    def _end_oldest_waiting(self) -> bool:
+        """End the oldest Check still waiting for its request (its place goes to the call that comes),
+        True; False if none waits."""
+        for key, ended in self._waiting.items():
+            del self._waiting[key]
+            ended.set_result(None)
+            return True
+        return False
+
+    def _check_in_time(self, handler: grpc.RpcMethodHandler, task: asyncio.Task[Any]) -> grpc.RpcMethodHandler:
+        """``handler`` (a unary Check) as a streaming handler that waits for its one request at most
+        HEALTH_REQUEST_TIMEOUT_S, or until :meth:`_end_oldest_waiting` ends it, and then answers as
+        ``handler`` does. (gRPC would run the unary handler only once the request is in, however long
+        its caller takes to send it; the same on the wire.)"""
+        inner = handler.unary_unary
+        key = self._admitted
+        self._admitted += 1
+        ended = self._waiting[key] = asyncio.get_running_loop().create_future()
+        # (a call that ends before its handler runs, cancelled say, waits no more)
+        task.add_done_callback(lambda _: self._waiting.pop(key, None))
+
+        async def check(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            read = asyncio.ensure_future(context.read())
+            try:
+                await asyncio.wait((read, ended), timeout=HEALTH_REQUEST_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # (the call cancelled meanwhile, too)
+                self._waiting.pop(key, None)
+                arrived = read.done()
+                if not arrived:
+                    read.cancel()
+            if not arrived:
+                if ended.done():
+                    self._refuse_health(HEALTH_CHECK, request_iterator, context, waiting=True)
+                else:
+                    self._refuse_late(context)
+                return None
+            request = read.result()
+            if request is grpc.aio.EOF:
+                refuse(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{HEALTH_CHECK}: the call ended its requests without sending one (expected one HealthCheckRequest)",
+                    refusals=self._log,
+                    kind=HEALTH_CHECK,
+                    line=("refused %s from %s: it sent no request", HEALTH_CHECK, peer_text(context.peer())),
+                )
+                return None
+            return await inner(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            check, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
 
     def _note_refusal(self, method: str) -> None:
         refuse(
@@ -192,15 +308,66 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         refuse(
             context,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{HEALTH_WATCH}: {MAX_WATCH_STREAMS} Watch streams are open on this server, the most it keeps; "
-            "close one, or call Check",
+            f"{HEALTH_WATCH}: {self.max_watches} Watch streams are open on this server, the most it keeps "
+            f"(with --max-concurrent-rpcs {self.max_calls}); close one, or call Check"
+            if self.max_watches
+            else f"{HEALTH_WATCH}: this server keeps no Watch streams open with --max-concurrent-rpcs "
+            f"{self.max_calls} (its places are kept for learners and a probe's Check); call Check, or give "
+            f"--max-concurrent-rpcs {self.max_calls + 1} or more for a Watch stream",
             refusals=self._log,
             kind=HEALTH_WATCH,
             line=(
                 "refused %s from %s: %d Watch streams are open, the most this server keeps",
                 HEALTH_WATCH,
                 peer_text(context.peer()),
-                MAX_WATCH_STREAMS,
+                self.max_watches,
+            ),
+        )
+
+    async def _refuse_health_unread(
+        self, method: str, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> None:
+        self._refuse_health(method, request_iterator, context)
+
+    def _refuse_health(
+        self, method: str, request_iterator: Any, context: grpc.aio.ServicerContext, *, waiting: bool = False
+    ) -> None:
+        """Refuse a health call, RESOURCE_EXHAUSTED: the health calls fill their places (``waiting``:
+        a Check whose request had not come, ended to make room for another)."""
+        refuse(
+            context,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            (
+                f"{method}: this call had not sent its request, and its place went to another health call: "
+                if waiting
+                else f"{method}: "
+            )
+            + f"{self.max_health} health calls are in progress on this server, the most it serves at once (with "
+            f"--max-concurrent-rpcs {self.max_calls}; the other places are kept for learners); call again",
+            refusals=self._log,
+            kind=method,
+            line=(
+                "refused %s from %s: %d health calls are in progress, the most this server serves at once%s",
+                method[:_MAX_METHOD_CHARS],
+                peer_text(context.peer()),
+                self.max_health,
+                " (it had not sent its request: ended to make room)" if waiting else "",
+            ),
+        )
+
+    def _refuse_late(self, context: grpc.aio.ServicerContext) -> None:
+        refuse(
+            context,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"{HEALTH_CHECK}: the request did not come within {HEALTH_REQUEST_TIMEOUT_S:g} s of the call; send it "
+            "with the call",
+            refusals=self._log,
+            kind=HEALTH_CHECK,
+            line=(
+                "ended %s from %s: its request did not come within %g s",
+                HEALTH_CHECK,
+                peer_text(context.peer()),
+                HEALTH_REQUEST_TIMEOUT_S,
             ),
         )
 

@@ -266,8 +266,12 @@ it is closed: HTTP_TIMEOUT_S bounds each wait for bytes, so a peer sending a byt
 would otherwise keep its thread (and, MAX_HTTP_CONNECTIONS of them, every scrape out) for ever. A
 scrape takes milliseconds."""
 MAX_HTTP_CONNECTIONS = 16
-"""Connections the metrics endpoint serves at once, each on a thread of its own; one more is closed
-unanswered. Prometheus scrapes one at a time (a few, with replicas or more than one Prometheus)."""
+"""Connections the metrics endpoint serves at once, each on a thread of its own; one more takes the
+place of the oldest whose request has not all come (a scrape sends its request at once: only a peer
+holding connections open loses one), or is closed unanswered if every one has sent its request.
+Prometheus scrapes one at a time (a few, with replicas or more than one Prometheus)."""
+# Seconds a new connection waits for the place of one closed to make room for it (its thread ends at once).
+_ROOM_WAIT_S = 5.0
 # Seconds between two log lines about connections closed unanswered.
 _LOG_EVERY_S = 10.0
 
@@ -294,12 +298,20 @@ class _MetricsHandler(WSGIRequestHandler):
     """One connection: one request, read (and answered) within HTTP_TIMEOUT_S between bytes and
     HTTP_DEADLINE_S in all; no log lines."""
 
+    server: _MetricsServer
+    connection: socket.socket
+
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(HTTP_TIMEOUT_S)  # (read here, not at import: the tests shorten it)
         self._deadline = threading.Timer(HTTP_DEADLINE_S, self._cut)
         self._deadline.daemon = True
         self._deadline.start()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.read(self.connection)  # (its request line and headers are in: not to be closed for room)
+        return parsed
 
     def _cut(self) -> None:
         """Past the deadline: end the connection (the thread's read or write fails, and it ends)."""
@@ -308,6 +320,7 @@ class _MetricsHandler(WSGIRequestHandler):
 
     def finish(self) -> None:
         self._deadline.cancel()
+        self.server.read(self.connection)
         super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -315,7 +328,8 @@ class _MetricsHandler(WSGIRequestHandler):
 
 
 class _MetricsServer(ThreadingMixIn, WSGIServer):
-    """A thread per connection (daemon threads: none is waited for at exit), at most MAX_HTTP_CONNECTIONS."""
+    """A thread per connection (daemon threads: none is waited for at exit), at most MAX_HTTP_CONNECTIONS;
+    past them, a new connection takes the place of the oldest whose request has not all come."""
 
     daemon_threads = True
 
@@ -324,15 +338,52 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
         self._slots = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
         self._closed_unanswered = 0
         self._last_line = -_LOG_EVERY_S
+        self._made_room = 0
+        self._last_room_line = -_LOG_EVERY_S
+        # Connections whose request line and headers have not all come, oldest first, and their peers.
+        self._reading: dict[socket.socket, Any] = {}
+        self._reading_lock = threading.Lock()
+
+    def read(self, connection: socket.socket) -> None:
+        """``connection`` has its request (or has ended)."""
+        with self._reading_lock:
+            self._reading.pop(connection, None)
+
+    def _make_room(self, client_address: Any) -> bool:
+        """Close the oldest connection whose request has not all come, and wait for its place; False if
+        there is none, or its place did not come free in time."""
+        with self._reading_lock:
+            if not self._reading:
+                return False
+            oldest = next(iter(self._reading))
+            peer = self._reading.pop(oldest)
+        with contextlib.suppress(OSError):  # (its thread's read fails, and it ends)
+            oldest.shutdown(socket.SHUT_RDWR)
+        self._made_room += 1
+        now = time.monotonic()
+        if now - self._last_room_line >= _LOG_EVERY_S:
+            self._last_room_line = now
+            log.warning(
+                "metrics endpoint: %d connections open, the most it serves at once; closed the oldest whose "
+                "request had not come (from %s), for one from %s (%d so far)",
+                MAX_HTTP_CONNECTIONS,
+                peer[0] if peer else "?",
+                client_address[0] if client_address else "?",
+                self._made_room,
+            )
+        return self._slots.acquire(timeout=_ROOM_WAIT_S)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not self._make_room(client_address):
             self._note_closed(client_address)
             self.shutdown_request(request)
             return
+        with self._reading_lock:
+            self._reading[request] = client_address
         try:
             super().process_request(request, client_address)
         except BaseException:  # (the thread did not start: its slot is free again)
+            self.read(request)
             self._slots.release()
             raise
 
@@ -340,6 +391,7 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.read(request)  # (should its handler not have got as far as finish())
             self._slots.release()
 
     def _note_closed(self, client_address: Any) -> None:

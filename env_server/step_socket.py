@@ -58,6 +58,32 @@ def file_identity(path: str) -> FileIdentity | None:
     return info.st_dev, info.st_ino, info.st_ctime_ns
 
 
+def _set_mode(path: str, mode: int) -> FileIdentity:
+    """chmod the socket this process has just made at ``path``, never following a link: in a folder
+    others can write to, the socket may be replaced meanwhile by a link to another file, whose
+    permissions a plain chmod would change. OSError if ``path`` is no longer a socket of this user's;
+    the socket's identity (see :func:`file_identity`) otherwise.
+
+    On Linux, through an ``O_PATH | O_NOFOLLOW`` descriptor (which holds the file itself, a link
+    included) and its ``/proc/self/fd`` entry (fchmod refuses such descriptors; see open(2), O_PATH).
+    Elsewhere the file is looked at first (a small window remains)."""
+    o_path = getattr(os, "O_PATH", None)
+    fd = os.open(path, o_path | os.O_NOFOLLOW) if o_path is not None and os.path.isdir("/proc/self/fd") else None
+    try:
+        info = os.fstat(fd) if fd is not None else os.lstat(path)
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            raise OSError(
+                f"{path}: expected the socket this server has just made, found "
+                f"{'a link' if stat.S_ISLNK(info.st_mode) else 'another file'} (replaced by another process?)"
+            )
+        os.chmod(f"/proc/self/fd/{fd}" if fd is not None else path, mode)
+        info = os.fstat(fd) if fd is not None else os.lstat(path)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return info.st_dev, info.st_ino, info.st_ctime_ns
+
+
 def remove_own_file(path: str, made: FileIdentity | None) -> None:
     """Remove ``path`` if it is still the file this process made (``made``), not one another server
     has made there since (a server started at the same path while this one's teardown ran)."""
@@ -124,15 +150,18 @@ class StepSocketServer:
 
     async def start(self, mode_of: str) -> None:
         """Listen (OSError if that fails, or if another server listens at the path); the socket gets the
-        permissions of the file ``mode_of`` (the gRPC socket)."""
+        permissions of the file ``mode_of`` (the gRPC socket), set without following links (OSError if
+        another file takes the socket's place first: see :func:`_set_mode`)."""
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 check_stale(self.path)
                 os.unlink(self.path)  # left by a server that was killed (gRPC does the same for its own)
+        grpc_socket = os.lstat(mode_of)  # (not through a link: one swapped in would lend its target's mode)
+        if stat.S_ISLNK(grpc_socket.st_mode):
+            raise OSError(f"{mode_of}: expected the gRPC socket, whose permissions the step socket takes; found a link")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
-        os.chmod(self.path, stat.S_IMODE(os.stat(mode_of).st_mode))
-        self._made = file_identity(self.path)
+        self._made = _set_mode(self.path, stat.S_IMODE(grpc_socket.st_mode))
         self.service.on_session_end = self.session_ended
 
     def session_ended(self, session_id: str, reason: str) -> None:

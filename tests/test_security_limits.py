@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
+import threading
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -62,15 +64,36 @@ def test_max_concurrent_rpcs_is_checked_and_defaults_to_a_learners_needs_many_ti
 
 
 def test_calls_past_the_limit_are_refused_resource_exhausted_and_logged(spawn_server: SpawnServer) -> None:
-    """Four calls in progress (Watch streams, which stay open) on a server that serves four at once:
-    the next call is refused at once, RESOURCE_EXHAUSTED, and the server says why in its log; once
-    one ends, calls are served again."""
+    """Four calls in progress (GetSpec calls whose requests have not come, on a server without a token)
+    on a server that serves four at once: the next call is refused at once, RESOURCE_EXHAUSTED, and
+    the server says why in its log; once one ends, calls are served again."""
     server = spawn_server("CartPole-v1", 1, "--max-concurrent-rpcs", "4")
+    never = threading.Event()
+
+    def requests() -> Iterator[pb.GetSpecRequest]:
+        never.wait()
+        yield from ()
+
     with grpc.insecure_channel(server.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        streams = [stub.Watch(WATCH, timeout=60) for _ in range(4)]
-        for stream in streams:
-            assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        get_spec = channel.stream_unary(
+            "/envfleet.v1.EnvService/GetSpec",
+            request_serializer=pb.GetSpecRequest.SerializeToString,
+            response_deserializer=pb.GetSpecResponse.FromString,
+        )
+        streams = [get_spec.future(requests(), timeout=60) for _ in range(4)]
+
+        def full() -> bool:
+            for i, call in enumerate(streams):
+                if call.done():  # (refused: a Check of this test's had a place when it came)
+                    streams[i] = get_spec.future(requests(), timeout=60)
+            try:
+                _check(channel)
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                return True
+            return False
+
+        _until(full, "the four calls are in progress")  # (nothing answers them: no way to see them arrive)
         with pytest.raises(grpc.RpcError) as info:
             _check(channel)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -93,11 +116,15 @@ def test_calls_past_the_limit_are_refused_resource_exhausted_and_logged(spawn_se
         _until(served, "a call is served once a call in progress ended")
         for stream in streams[1:]:
             stream.cancel()
+        never.set()
     logs = server.logs()
-    assert (
-        "refusing /grpc.health.v1.Health/Check and every new call with RESOURCE_EXHAUSTED until some end: 4 calls "
-        "are in progress, the most this server serves at once (--max-concurrent-rpcs)"
-    ) in logs, logs
+    # (the first refused may be a GetSpec of this test's, refused while a Check had a place)
+    assert re.search(
+        r"refusing /(grpc\.health\.v1\.Health/Check|envfleet\.v1\.EnvService/GetSpec) and every new call with "
+        r"RESOURCE_EXHAUSTED until some end: 4 calls are in progress, the most this server serves at once "
+        r"\(--max-concurrent-rpcs\)",
+        logs,
+    ), logs
 
 
 def test_watch_streams_past_their_limit_are_refused_and_their_places_come_back(spawn_server: SpawnServer) -> None:
@@ -257,16 +284,22 @@ def test_a_request_sent_a_byte_at_a_time_is_closed_at_the_deadline(metrics_port:
 
 
 def test_the_metrics_endpoint_serves_a_few_connections_at_once_and_closes_more(
-    metrics_port: int, caplog: pytest.LogCaptureFixture
+    metrics_port: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each connection has a thread: past the limit a new one is closed unanswered (and said so in
-    the log) rather than given one more thread; scrapes are served again once the idle ones are gone."""
+    """Each connection has a thread: past the limit a new one is not given one more thread but takes
+    the place of the oldest whose request has not come (and the log says so): connections held open
+    without a request cannot keep scrapes out."""
+    monkeypatch.setattr(env_server.metrics, "HTTP_TIMEOUT_S", 60.0)  # (the idle ones stay, unless closed for room)
+    monkeypatch.setattr(env_server.metrics, "HTTP_DEADLINE_S", 60.0)
     idle = [socket.create_connection(("127.0.0.1", metrics_port), timeout=10) for _ in range(2)]
     try:
         time.sleep(0.1)  # (taken in: each holds its thread)
-        with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as extra:
-            assert _closed_within(extra, 5.0) < 2.0  # (at once; the margin is a loaded machine's)
-        assert "metrics endpoint: 2 connections open, the most it serves at once; closed one" in caplog.text
+        assert b"envfleet_num_envs 1.0" in _scrape(metrics_port)
+        assert _closed_within(idle[0], 5.0) < 5.0  # (the oldest, closed for the scrape)
+        assert (
+            "metrics endpoint: 2 connections open, the most it serves at once; closed the oldest whose request "
+            "had not come (from 127.0.0.1), for one from 127.0.0.1"
+        ) in caplog.text
     finally:
         for sock in idle:
             sock.close()

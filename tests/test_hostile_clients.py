@@ -1,0 +1,235 @@
+"""What callers without the token, or other users of a shared folder, cannot take from learners and
+probes: the places of calls in progress (health calls that never send their request, Watch streams
+under a small --max-concurrent-rpcs), the metrics endpoint's connections, and other files'
+permissions (the step socket's chmod)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from env_server.interceptors import MAX_WATCH_STREAMS
+from env_server.metrics import MAX_HTTP_CONNECTIONS
+from env_server.service import EnvService
+from env_server.step_socket import StepSocketServer
+from learner import RemoteVectorEnv
+from tests.conftest import SpawnServer
+
+TOKEN = "s3cret-token_for.hostile"
+CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_PROBE = str(Path(__file__).resolve().parents[1] / "env_server" / "health.py")
+
+
+class HalfOpenChecks:
+    """Health Check calls that send their headers and never their request (a caller without the
+    token holding places), ``per_channel`` on each of its own connections, until closed."""
+
+    def __init__(self, address: str, count: int, per_channel: int = 8) -> None:
+        self._stop = threading.Event()
+        self._channels: list[grpc.Channel] = []
+        self.calls: list[Any] = []
+        for i in range(count):
+            if i % per_channel == 0:
+                self._channels.append(grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]))
+            check = self._channels[-1].stream_unary(
+                CHECK,
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            self.calls.append(check.future(self._never(), timeout=120))
+
+    def _never(self) -> Iterator[health_pb2.HealthCheckRequest]:
+        self._stop.wait()
+        yield from ()
+
+    def close(self) -> None:
+        self._stop.set()
+        for call in self.calls:
+            call.cancel()
+        for channel in self._channels:
+            channel.close()
+
+
+def _learn(address: str) -> None:
+    """What a learner does: connect, reset, step, reset again (a few calls at once: Hold, StepStream, Reset)."""
+    with RemoteVectorEnv([address], auth_token=TOKEN, connect_timeout=10) as envs:
+        envs.reset(seed=0)
+        for _ in range(5):
+            envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+        envs.reset(seed=1)
+
+
+def _probe(address: str) -> subprocess.CompletedProcess[str]:
+    """The image's health probe, as Docker and Kubernetes run it."""
+    return subprocess.run(
+        [sys.executable, "-I", HEALTH_PROBE, "--address", address], capture_output=True, text=True, timeout=60
+    )
+
+
+# -- health calls without the token ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_health_checks_that_never_send_their_request_leave_learners_and_probes_their_places(
+    spawn_server: SpawnServer,
+) -> None:
+    """4 connections x 8 health Checks that never send their request (the hunter's repro) took every
+    place --max-concurrent-rpcs (32) allows: learners were refused RESOURCE_EXHAUSTED, and so was the
+    probe, which would have had Kubernetes restart the server. The health calls keep to a few places,
+    and a probe's Check takes that of one still waiting for its request."""
+    server = spawn_server("CartPole-v1", 2, "--auth-token", TOKEN)
+    attack = HalfOpenChecks(server.address, 32)
+    try:
+        time.sleep(1.0)  # (the calls are in, each where it will stay)
+        _learn(server.address)
+        probed = _probe(server.address)
+        assert probed.returncode == 0, probed.stdout + probed.stderr
+        assert "SERVING" in probed.stdout
+    finally:
+        attack.close()
+    assert "health calls are in progress, the most this server serves at once" in server.logs()
+
+
+@pytest.mark.slow
+def test_a_check_whose_request_does_not_come_is_ended_and_its_place_freed(spawn_server: SpawnServer) -> None:
+    """A Check whose request never comes ends, DEADLINE_EXCEEDED, HEALTH_REQUEST_TIMEOUT_S after it
+    began: the server does not wait for it as long as its caller likes."""
+    server = spawn_server("CartPole-v1", 1, "--auth-token", TOKEN)
+    attack = HalfOpenChecks(server.address, 1)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            attack.calls[0].result(timeout=60)
+    finally:
+        attack.close()
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert re.fullmatch(
+        rf"{CHECK}: the request did not come within [0-9.]+ s of the call; send it with the call", info.value.details()
+    ), info.value.details()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_calls", [4, 6, 7])
+def test_watch_streams_and_checks_without_the_token_leave_a_learner_its_places(
+    spawn_server: SpawnServer, max_calls: int
+) -> None:
+    """Under a small --max-concurrent-rpcs, the Watch streams anyone may keep open took the places a
+    learner needs (4: its Handshake was refused; 6: its Reset). Now they, and Checks that never send
+    their request, keep to their share, and a learner works beside them; so does a probe."""
+    server = spawn_server("CartPole-v1", 2, "--auth-token", TOKEN, "--max-concurrent-rpcs", str(max_calls))
+    with grpc.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        watches = []
+        for _ in range(MAX_WATCH_STREAMS):
+            stream = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=120)
+            try:
+                assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+                watches.append(stream)
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+        attack = HalfOpenChecks(server.address, 8)
+        try:
+            time.sleep(1.0)
+            _learn(server.address)
+            probed = _probe(server.address)
+            assert probed.returncode == 0, probed.stdout + probed.stderr
+        finally:
+            attack.close()
+            for stream in watches:
+                stream.cancel()
+
+
+# -- the step socket's permissions ------------------------------------------------------------------------
+
+
+def test_the_step_socket_s_chmod_never_follows_a_link_swapped_in_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a folder others can write to, the step socket can be replaced, between its bind and its chmod,
+    by a link to another file: chmod(path) changed that file's permissions (a private key made
+    world-readable), and the server then took the link for its own socket. It is refused instead."""
+    grpc_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    grpc_socket.bind(str(tmp_path / "env.sock"))
+    os.chmod(tmp_path / "env.sock", 0o777)
+    key = tmp_path / "secret.key"
+    key.write_text("PRIVATE KEY\n")
+    key.chmod(0o600)
+    path = str(tmp_path / "env.sock.steps")
+    loop_class = type(asyncio.new_event_loop())
+    real = loop_class.create_unix_server
+
+    async def swapped(self: asyncio.AbstractEventLoop, *args: Any, **kwargs: Any) -> Any:
+        server = await real(self, *args, **kwargs)
+        os.symlink(key, f"{path}.evil")
+        os.rename(f"{path}.evil", path)  # (as another user would, at the worst moment)
+        return server
+
+    monkeypatch.setattr(loop_class, "create_unix_server", swapped)
+    step_server = StepSocketServer(cast(EnvService, SimpleNamespace(on_session_end=None)), path)
+
+    async def start() -> None:
+        try:
+            await step_server.start(mode_of=str(tmp_path / "env.sock"))
+        finally:
+            step_server.close()
+
+    try:
+        with pytest.raises(OSError, match=r"expected the socket this server has just made, found a link"):
+            asyncio.run(start())
+    finally:
+        grpc_socket.close()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert os.path.islink(path)  # (not this server's to remove)
+
+
+# -- the metrics endpoint ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_connections_to_the_metrics_endpoint_that_never_send_their_request_cannot_keep_scrapes_out(
+    spawn_server: SpawnServer,
+) -> None:
+    """16 connections that sent a byte of a request (the hunter's repro sends one more every 5 s) kept
+    every place of the metrics endpoint, each until its 30 s deadline: scrapes were closed unanswered.
+    A scrape takes the place of the oldest of them."""
+    server = spawn_server("CartPole-v1", 1, "--metrics-port", "0")
+    _until(lambda: "Prometheus metrics on http://" in server.logs(), "the metrics endpoint is up")
+    port = int(re.findall(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", server.logs())[0])
+    held = []
+    try:
+        for _ in range(MAX_HTTP_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"G")
+            held.append(sock)
+        time.sleep(0.5)  # (taken in: each holds its thread)
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as scrape:
+                scrape.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                answer = b"".join(iter(lambda: scrape.recv(65536), b""))
+            assert b"envfleet_num_envs 1.0" in answer, answer[:200]
+    finally:
+        for sock in held:
+            sock.close()
+    assert "closed the oldest whose request had not come" in server.logs()
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
