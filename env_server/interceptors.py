@@ -20,7 +20,8 @@ which need no token, to a few places under the cap (health_call_limit: at most M
 Check and Watch together, and at most half of the cap, leaving a learner its three), so that
 callers without the token cannot take every place from learners: Watch streams, which may stay
 open for ever, to fewer still (watch_stream_limit), and a Check whose request does not arrive
-within HEALTH_REQUEST_TIMEOUT_S is ended, or sooner when another health call needs its place.
+within HEALTH_REQUEST_TIMEOUT_S is ended, one that runs HEALTH_CHECK_LIMIT_S in all too, either sooner
+when another health call needs its place.
 
 RequestGuardInterceptor. A request whose bytes do not parse as the method's message would otherwise
 end as UNKNOWN ("Exception deserializing request!"); it gets INVALID_ARGUMENT naming the message
@@ -53,6 +54,8 @@ from env_server.protocol import (
 )
 
 __all__ = [
+    "HEALTH_CHECK_LIMIT_S",
+    "HEALTH_MAKE_ROOM_AFTER_S",
     "HEALTH_REQUEST_TIMEOUT_S",
     "LEARNER_CALLS",
     "MAX_HEALTH_CALLS",
@@ -94,6 +97,13 @@ a Reset, GetSpec or Release), which the health service's calls never take (see
 HEALTH_REQUEST_TIMEOUT_S = 2.0
 """How long a health Check waits for its request (a few bytes, which a probe sends with the call's
 headers): a Check whose request has not come by then is ended, DEADLINE_EXCEEDED, its place free."""
+HEALTH_CHECK_LIMIT_S = 5.0
+"""Longest a health Check may take in all (a probe's takes milliseconds): one whose answer cannot go out
+(a caller that reads nothing: an HTTP/2 window of 0) is ended then (cancelled), its place free."""
+HEALTH_MAKE_ROOM_AFTER_S = 0.25
+"""Age from which a Check may lose its place to a new health call when the health calls fill theirs (see
+:meth:`CallLimitInterceptor._make_room`): probes that arrive together (a liveness and a readiness probe of
+the same period) do not end each other, the first one's request a moment behind its headers."""
 
 
 def health_call_limit(max_calls: int) -> int:
@@ -161,10 +171,11 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
     unread). The first interceptor: it sees every call.
 
     A health Check's request must come within :data:`HEALTH_REQUEST_TIMEOUT_S` of its call (else the
-    call ends, DEADLINE_EXCEEDED); and when the health calls fill their places, a new one takes the
-    place of the oldest Check still waiting for its request (which ends, RESOURCE_EXHAUSTED): a
-    probe's request follows its call's headers at once, so a caller holding Checks open without
-    requests cannot keep probes out, only its own calls.
+    call ends, DEADLINE_EXCEEDED), and the call end within :data:`HEALTH_CHECK_LIMIT_S` (else it is
+    cancelled: a caller that reads no answer); and when the health calls fill their places, a new one
+    takes the place of the oldest Check of :data:`HEALTH_MAKE_ROOM_AFTER_S` or more (see
+    :meth:`_make_room`): a probe's Check is over in milliseconds, so a caller holding Checks open
+    cannot keep probes out, only its own calls.
 
     gRPC counts a call from the moment it takes it in until the call's task has ended, and refuses one
     that comes while ``max_calls`` are counted, after the interceptors ran, before the handler would;
@@ -194,7 +205,9 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         self._log = RefusalLog()
         # Checks whose request has not come yet, oldest first: each one's future, set to end it.
         self._waiting: dict[int, asyncio.Future[None]] = {}
-        self._admitted = 0  # (Checks admitted so far: the keys of _waiting)
+        # Checks in progress, oldest first: when each began, and its call's task.
+        self._checks: dict[int, tuple[float, asyncio.Task[Any]]] = {}
+        self._admitted = 0  # (Checks admitted so far: the keys of _waiting and _checks)
 
     async def intercept_service(
         self,
@@ -209,7 +222,7 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
         if method == HEALTH_WATCH and handler is not None and self.watches >= self.max_watches:
             return _unread_refusal(handler, self._refuse_watch)
         health = handler is not None and method.startswith(OPEN_SERVICES)
-        if health and self.health >= self.max_health and not self._end_oldest_waiting():
+        if health and self.health >= self.max_health and not self._make_room():
             return _unread_refusal(handler, functools.partial(self._refuse_health_unread, method))
         task = asyncio.current_task()
         if task is None:  # (gRPC runs every call in a task of its own; were that to change, no count)
@@ -235,26 +248,44 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
     def _watch_ended(self, task: asyncio.Task[Any]) -> None:
         self.watches -= 1
 
-    def _end_oldest_waiting(self) -> bool:
-        """End the oldest Check still waiting for its request (its place goes to the call that comes),
-        True; False if none waits."""
-        for key, ended in self._waiting.items():
-            del self._waiting[key]
-            ended.set_result(None)
+    def _make_room(self) -> bool:
+        """End the oldest Check of :data:`HEALTH_MAKE_ROOM_AFTER_S` or more (its place goes to the health
+        call that comes), True; False if there is none. One still waiting for its request is refused
+        (RESOURCE_EXHAUSTED, saying so); one whose answer has not gone out (a probe's is out in
+        milliseconds) is cancelled."""
+        now = time.monotonic()
+        for key, (began, task) in self._checks.items():
+            if now - began < HEALTH_MAKE_ROOM_AFTER_S:
+                return False  # (the others are younger still)
+            del self._checks[key]
+            ended = self._waiting.pop(key, None)
+            if ended is not None:
+                ended.set_result(None)
+            else:
+                task.cancel()
             return True
         return False
 
     def _check_in_time(self, handler: grpc.RpcMethodHandler, task: asyncio.Task[Any]) -> grpc.RpcMethodHandler:
         """``handler`` (a unary Check) as a streaming handler that waits for its one request at most
-        HEALTH_REQUEST_TIMEOUT_S, or until :meth:`_end_oldest_waiting` ends it, and then answers as
-        ``handler`` does. (gRPC would run the unary handler only once the request is in, however long
-        its caller takes to send it; the same on the wire.)"""
+        HEALTH_REQUEST_TIMEOUT_S, or until :meth:`_make_room` ends it, and then answers as ``handler``
+        does; the call cancelled after :data:`HEALTH_CHECK_LIMIT_S` in all. (gRPC would run the unary
+        handler only once the request is in, however long its caller takes to send it; the same on the
+        wire.)"""
         inner = handler.unary_unary
         key = self._admitted
         self._admitted += 1
-        ended = self._waiting[key] = asyncio.get_running_loop().create_future()
-        # (a call that ends before its handler runs, cancelled say, waits no more)
-        task.add_done_callback(lambda _: self._waiting.pop(key, None))
+        loop = asyncio.get_running_loop()
+        ended = self._waiting[key] = loop.create_future()
+        self._checks[key] = (time.monotonic(), task)
+        too_long = loop.call_later(HEALTH_CHECK_LIMIT_S, task.cancel)
+
+        def gone(_: asyncio.Task[Any]) -> None:  # (a call that ends before its handler runs, too)
+            self._waiting.pop(key, None)
+            self._checks.pop(key, None)
+            too_long.cancel()
+
+        task.add_done_callback(gone)
 
         async def check(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             read = asyncio.ensure_future(context.read())

@@ -969,7 +969,10 @@ def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(
             if servers:
                 break
             time.sleep(0.2)
-        time.sleep(3)  # (training)
+        # Training: its first update written (a fixed wait fell short on a loaded machine, the run still starting)
+        while not any(p.stat().st_size for p in tmp.glob("envfleet-bench-ppo-*/remote_2x2_unix-1/metrics.jsonl")):
+            assert time.monotonic() < deadline and bench.poll() is None, "the bench's run did not train"
+            time.sleep(0.2)
         bench.kill()
         bench.wait()
         deadline = time.monotonic() + 60

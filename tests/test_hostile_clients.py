@@ -6,6 +6,7 @@ permissions (the step socket's chmod)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -104,6 +105,99 @@ def test_health_checks_that_never_send_their_request_leave_learners_and_probes_t
     finally:
         attack.close()
     assert "health calls are in progress, the most this server serves at once" in server.logs()
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+class UnreadChecks:
+    """A raw HTTP/2 connection that opens ``count`` health Checks, each with its request, and reads none of their
+    answers: its flow-control window is 0 (SETTINGS_INITIAL_WINDOW_SIZE), so the server can send it no data, and
+    each Check stays in progress (past its request: no wait for it ends the call) until the connection closes."""
+
+    def __init__(self, address: str, count: int) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        settings = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")  # (INITIAL_WINDOW_SIZE 0)
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, settings))
+        headers = [(":method", "POST"), (":scheme", "http"), (":path", CHECK), (":authority", address)]
+        headers += [("content-type", "application/grpc"), ("te", "trailers")]
+        # (HPACK literals without indexing, names and values as they are: lengths below 127)
+        block = b"".join(b"\x00" + bytes([len(n)]) + n.encode() + bytes([len(v)]) + v.encode() for n, v in headers)
+        for i in range(count):  # (HEADERS with END_HEADERS; then the empty request, a 5-byte gRPC frame, END_STREAM)
+            self.sock.sendall(_h2_frame(1, 4, 1 + 2 * i, block) + _h2_frame(0, 1, 1 + 2 * i, bytes(5)))
+        self._reader = threading.Thread(target=self._answer_pings_and_settings, daemon=True)
+        self._reader.start()
+
+    def _answer_pings_and_settings(self) -> None:  # (what keeps a connection alive: acknowledged, nothing else)
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := self.sock.recv(65536):
+                data += chunk
+                while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+                    size, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+                    payload, data = data[9 : 9 + size], data[9 + size :]
+                    if kind == 4 and not flags & 1:
+                        self.sock.sendall(_h2_frame(4, 1, 0))
+                    if kind == 6 and not flags & 1:
+                        self.sock.sendall(_h2_frame(6, 1, 0, payload))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+@pytest.mark.slow
+def test_health_checks_whose_answers_are_never_read_leave_probes_their_place(spawn_server: SpawnServer) -> None:
+    """8 Checks on one connection that reads nothing (the review's repro) held the 8 health places for as long as
+    it stayed open, no wait for a request ending them: every probe was refused. A new health call now takes the
+    place of the oldest Check of 0.25 s or more, and a Check ends after HEALTH_CHECK_LIMIT_S in all."""
+    server = spawn_server("CartPole-v1", 1, "--auth-token", TOKEN)
+    attack = UnreadChecks(server.address, 8)
+    try:
+        time.sleep(1.0)  # (the calls are in, their answers stuck)
+        for _ in range(2):
+            probed = _probe(server.address)
+            assert probed.returncode == 0, probed.stdout + probed.stderr
+        _learn(server.address)
+    finally:
+        attack.close()
+
+
+@pytest.mark.slow
+def test_probes_that_arrive_together_do_not_end_each_other(spawn_server: SpawnServer) -> None:
+    """A liveness and a readiness probe of the same period, under --max-concurrent-rpcs 5 (2 health places): a
+    Check loses its place to another health call only from HEALTH_MAKE_ROOM_AFTER_S on, so the second does not
+    end the first, whose request may be a moment behind its headers. (A guard: the review saw such ends with
+    separate probe processes, at --max-concurrent-rpcs 4; these in-process calls send their requests too
+    quickly to show them.)"""
+    server = spawn_server("CartPole-v1", 1, "--max-concurrent-rpcs", "5")
+    channels = [grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in "ab"]
+    failed: list[str] = []
+    try:
+        for channel in channels:  # (connected first: the rounds time the calls, not the connections)
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        for _ in range(30):
+            together = threading.Barrier(2)
+
+            def probe(channel: grpc.Channel, together: threading.Barrier = together) -> None:
+                together.wait(timeout=30)
+                try:
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+                except grpc.RpcError as err:
+                    failed.append(f"{err.code()}: {err.details()}")
+
+            threads = [threading.Thread(target=probe, args=(channel,)) for channel in channels]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+    finally:
+        for channel in channels:
+            channel.close()
+    assert not failed, failed
 
 
 @pytest.mark.slow
