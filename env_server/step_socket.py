@@ -66,7 +66,8 @@ def _set_mode(path: str, mode: int) -> FileIdentity:
 
     On Linux, through an ``O_PATH | O_NOFOLLOW`` descriptor (which holds the file itself, a link
     included) and its ``/proc/self/fd`` entry (fchmod refuses such descriptors; see open(2), O_PATH).
-    Elsewhere the file is looked at first (a small window remains)."""
+    Elsewhere the file is looked at first, and changed without following a link where the system can
+    (lchmod: macOS, the BSDs; a small window remains where it cannot)."""
     o_path = getattr(os, "O_PATH", None)
     fd = os.open(path, o_path | os.O_NOFOLLOW) if o_path is not None and os.path.isdir("/proc/self/fd") else None
     try:
@@ -76,7 +77,10 @@ def _set_mode(path: str, mode: int) -> FileIdentity:
                 f"{path}: expected the socket this server has just made, found "
                 f"{'a link' if stat.S_ISLNK(info.st_mode) else 'another file'} (replaced by another process?)"
             )
-        os.chmod(f"/proc/self/fd/{fd}" if fd is not None else path, mode)
+        if fd is not None:
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        else:
+            os.chmod(path, mode, **({"follow_symlinks": False} if os.chmod in os.supports_follow_symlinks else {}))
         info = os.fstat(fd) if fd is not None else os.lstat(path)
     finally:
         if fd is not None:
