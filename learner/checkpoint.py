@@ -33,6 +33,8 @@ FORMAT = 1
 
 REQUIRED = ("args", "ppo", "model", "observation_space", "action_space")
 """What every checkpoint of :data:`FORMAT` holds, and both eval and ``--resume`` read."""
+RESUMED = ("counters", "optimizer", "rng")
+"""What every checkpoint ``learner train`` saves holds too, and ``--resume`` reads (eval does not)."""
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +196,13 @@ def _damaged_record(file: Path) -> str | None:
     return None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, *, resuming: bool = False) -> dict[str, Any]:
     """A checkpoint's contents, tensors on the CPU (``load_state_dict`` moves them to the model's device).
 
     UnreadableCheckpointError (a ValueError naming the file) where torch cannot read the file: a damaged
     one fails anywhere in torch's reader or its unpickler, with errors of any type (KeyError, OSError,
     RuntimeError, EOFError, ...), none of which says to the user what is wrong; also where the file lacks
-    one of :data:`REQUIRED` (a KeyError wherever it was read)."""
+    one of :data:`REQUIRED` (a KeyError wherever it was read), or ``resuming``, of :data:`RESUMED`."""
     file = find_checkpoint(path)
     try:
         payload: dict[str, Any] = torch.load(file, map_location="cpu", weights_only=True)
@@ -220,7 +222,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
-    missing = [key for key in REQUIRED if key not in payload]
+    missing = [key for key in (*REQUIRED, *(RESUMED if resuming else ())) if key not in payload]
     if missing:  # (a torch file that only says it is one: eval and --resume read each of these)
         raise UnreadableCheckpointError(
             f"{file}: expected an envfleet checkpoint, missing {', '.join(map(repr, missing))} (it has "
@@ -244,7 +246,7 @@ def load_latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], lis
     skipped: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:
-            return path, load_checkpoint(path), skipped[::-1]
+            return path, load_checkpoint(path, resuming=True), skipped[::-1]
         except UnreadableCheckpointError as err:
             if path == found[0]:
                 raise

@@ -671,7 +671,7 @@ def train(
         checkpoint_file, checkpoint, unreadable = load_latest_readable(Path(args.resume).absolute())
     elif args.resume:
         checkpoint_file = find_checkpoint(Path(args.resume).absolute())
-        checkpoint = load_checkpoint(checkpoint_file)
+        checkpoint = load_checkpoint(checkpoint_file, resuming=True)
         if args.run_dir is None:  # (a checkpoint file: its run goes on in the run dir it is in)
             if checkpoint_file.parent.name != rundir.CHECKPOINTS:
                 raise ValueError(

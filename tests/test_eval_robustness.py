@@ -312,6 +312,28 @@ def test_eval_of_a_checkpoint_that_lacks_what_each_holds_names_what_is_missing(
         load_checkpoint(path)
 
 
+def test_resume_of_a_checkpoint_that_lacks_what_resuming_reads_names_what_is_missing(tmp_path: Path) -> None:
+    """Eval needs no counters, optimizer nor RNG states; --resume read them: a KeyError's traceback."""
+    from learner.checkpoint import RESUMED
+    from learner.config import Args
+    from learner.train import train
+
+    run = tmp_path / "run"
+    quiet = {"progress": False, "plot": False, "tensorboard": False}
+    train(
+        Args(env="CartPole-v1", backend="gym", num_envs=2, num_steps=8, total_timesteps=16, run_dir=str(run), **quiet)
+    )
+    (path,) = sorted((run / "checkpoints").glob("step-*.pt"))
+    kept = {k: v for k, v in torch.load(path, weights_only=True).items() if k != "rng"}
+    torch.save(kept, path)
+    load_checkpoint(path)  # (eval's look: enough)
+    with pytest.raises(UnreadableCheckpointError, match=r"expected an envfleet checkpoint, missing 'rng' \(it has "):
+        load_checkpoint(path, resuming=True)
+    with pytest.raises(UnreadableCheckpointError, match=r"missing 'rng'"):
+        train(Args(resume=str(path), run_dir=str(run), total_timesteps=32, **quiet))
+    assert "rng" in RESUMED
+
+
 # -- learner plot -------------------------------------------------------------------------------------------
 
 
