@@ -319,9 +319,18 @@ def test_resume_of_a_checkpoint_that_lacks_what_resuming_reads_names_what_is_mis
     from learner.train import train
 
     run = tmp_path / "run"
-    quiet = {"progress": False, "plot": False, "tensorboard": False}
     train(
-        Args(env="CartPole-v1", backend="gym", num_envs=2, num_steps=8, total_timesteps=16, run_dir=str(run), **quiet)
+        Args(
+            env="CartPole-v1",
+            backend="gym",
+            num_envs=2,
+            num_steps=8,
+            total_timesteps=16,
+            run_dir=str(run),
+            progress=False,
+            plot=False,
+            tensorboard=False,
+        )
     )
     (path,) = sorted((run / "checkpoints").glob("step-*.pt"))
     kept = {k: v for k, v in torch.load(path, weights_only=True).items() if k != "rng"}
@@ -330,7 +339,7 @@ def test_resume_of_a_checkpoint_that_lacks_what_resuming_reads_names_what_is_mis
     with pytest.raises(UnreadableCheckpointError, match=r"expected an envfleet checkpoint, missing 'rng' \(it has "):
         load_checkpoint(path, resuming=True)
     with pytest.raises(UnreadableCheckpointError, match=r"missing 'rng'"):
-        train(Args(resume=str(path), run_dir=str(run), total_timesteps=32, **quiet))
+        train(Args(resume=str(path), run_dir=str(run), total_timesteps=32, progress=False, plot=False))
     assert "rng" in RESUMED
 
 
