@@ -320,7 +320,6 @@ class _MetricsHandler(WSGIRequestHandler):
 
     def finish(self) -> None:
         self._deadline.cancel()
-        self.server.read(self.connection)
         super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -391,7 +390,7 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.read(request)  # (should its handler not have got as far as finish())
+            self.read(request)  # (its connection done: no longer one to close for room)
             self._slots.release()
 
     def _note_closed(self, client_address: Any) -> None:

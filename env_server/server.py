@@ -750,13 +750,7 @@ async def _serve(
             remove_own_file(config.unix_socket, made_socket)
         if orphaned and watchdog.exits_process:
             # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
-            _exit_now(
-                config,
-                HARD_EXIT_STATUS,
-                "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
-                config.parent_pid,
-                HARD_EXIT_STATUS,
-            )
+            _exit_orphaned(config)
         if busy and watchdog.exits_process:
             # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
             _exit_now(
@@ -873,13 +867,18 @@ def _parent_watched_by_thread(config: ServerConfig) -> Iterator[None]:
 def _exit_if_orphaned(config: ServerConfig) -> None:
     """During a build, before the watchdog runs: exit at once (status 1) if the parent process (``--parent-pid``) is gone."""
     if os.getppid() != config.parent_pid:
-        _exit_now(
-            config,
-            HARD_EXIT_STATUS,
-            "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
-            config.parent_pid,
-            HARD_EXIT_STATUS,
-        )
+        _exit_orphaned(config)
+
+
+def _exit_orphaned(config: ServerConfig) -> None:
+    """Exit at once (status 1): the parent process (``--parent-pid``) is gone while the envs are built."""
+    _exit_now(
+        config,
+        HARD_EXIT_STATUS,
+        "parent process %d is gone: exiting without waiting for the envs' build (status %d)",
+        config.parent_pid,
+        HARD_EXIT_STATUS,
+    )
 
 
 def _forget(future: asyncio.Future[Any]) -> None:

@@ -1045,8 +1045,13 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     def _start(self, servers: Sequence[int], actions: Any, base: int) -> None:
         """Create one task per server that is up: it sends its slice of ``actions`` (a batch starting at env ``base``)."""
-        # (any server's, not just this group's: raised at the first send, before any group is sent)
-        misfits = [(i, err) for i, replica in enumerate(self._replicas) if (err := replica.misfit) is not None]
+        # (any server's, not just this group's: raised at the first send, before any group is sent; only a
+        # fault-tolerant fleet reconnects, and so finds them)
+        misfits = (
+            [(i, err) for i, replica in enumerate(self._replicas) if (err := replica.misfit) is not None]
+            if self.fault_tolerant
+            else []
+        )
         if misfits:  # (found by their reconnects since: nothing is sent)
             for i, _ in misfits:
                 self._replicas[i].misfit = None
