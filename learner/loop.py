@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 import grpc.aio
 
-__all__ = ["LoopRunner", "gather"]
+__all__ = ["LoopRunner", "gather", "interrupt", "raise_pending_interrupt"]
 
 T = TypeVar("T")
 
@@ -24,6 +24,36 @@ _background_lock = threading.Lock()
 # No lock: a runner's finalizer may run in any thread at any allocation (a garbage collection), even
 # while that thread takes a loop from here or makes one; list.append and list.pop are atomic.
 _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
+
+
+# A KeyboardInterrupt a signal handler asked for while this thread's event loop ran (see interrupt).
+_interrupt_pending = False
+
+
+def interrupt() -> None:
+    """Raise KeyboardInterrupt, for a signal handler (a command's Ctrl-C or SIGTERM): at once, or, where
+    this thread runs an event loop just then, as the loop's next callback, and at the latest once the
+    loop stops (:class:`LoopRunner`'s calls look).
+
+    A handler runs wherever the main thread is, and raised in the middle of one of the loop's
+    callbacks the interrupt could be lost: gRPC's completion callbacks (Cython, ``noexcept``) print it
+    and swallow it, and with it the wakeup of the task that waited for the call, which then waits for
+    ever. A SIGTERM that came as a learner waited for its servers so left it running, and stuck."""
+    global _interrupt_pending
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # (no loop runs here: the usual case, between steps)
+        raise KeyboardInterrupt from None
+    _interrupt_pending = True
+    loop.call_soon_threadsafe(raise_pending_interrupt)  # (which wakes the loop, as a signal did)
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the KeyboardInterrupt :func:`interrupt` left for the loop, if it is not raised yet."""
+    global _interrupt_pending
+    if _interrupt_pending:
+        _interrupt_pending = False
+        raise KeyboardInterrupt
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -126,7 +156,10 @@ class LoopRunner:
             with self._running:
                 task = asyncio.ensure_future(awaitable, loop=self.loop)
                 try:
-                    return self.loop.run_until_complete(task)
+                    result = self.loop.run_until_complete(task)
+                    # (an interrupt asked for as the call ended, its callback left for the loop's next run)
+                    raise_pending_interrupt()
+                    return result
                 except BaseException:
                     if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
                         task.cancel()

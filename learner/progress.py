@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from env_server.protocol import DOUBLE_TAP_S
+from learner.loop import interrupt
 from learner.stats import format_return
 
 __all__ = [
@@ -132,7 +133,7 @@ class StopRequest:
         _note_stop(signum)
         if self.signalled:
             if _aborts(signum, self._at):
-                raise KeyboardInterrupt
+                interrupt()
             return  # (a double tap, a second SIGTERM or SIGHUP: the stop asked for stands)
         self.signalled, self._at = True, time.monotonic()
         what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -150,7 +151,7 @@ def _as_the_command_does(signum: int, frame: FrameType | None) -> None:
     stop_at = _stop_at
     _note_stop(signum)
     if stop_at is None or _aborts(signum, stop_at):
-        raise KeyboardInterrupt
+        interrupt()
 
 
 @contextlib.contextmanager

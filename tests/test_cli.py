@@ -1075,7 +1075,10 @@ def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals
         address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
     argv = ["--servers", address, "--connect-timeout", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "learner", "train", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-X", "faulthandler", "-m", "learner", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stderr is not None
@@ -1083,7 +1086,11 @@ def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals
             if "not answering yet" in line:
                 break
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # (once, in CI, it ran on: where each thread was, for the report)
+            proc.send_signal(signal.SIGABRT)  # (-X faulthandler: the threads' tracebacks, on stderr)
+            pytest.fail(f"still running 30 s after the signal; it said: {proc.communicate(timeout=30)[1]}")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,6 +6,8 @@ import asyncio
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -224,3 +226,64 @@ def test_ctrl_c_while_connecting_leaves_the_server_free(
         LoopRunner.for_this_thread().run(asyncio.sleep(1.5))
         with RemoteVectorEnv(address, connect_timeout=10) as envs:
             assert envs.num_envs == 2
+
+
+# Run in a process of its own: without the fix the wait below never ends (the task's wakeup is lost).
+_STOP_INSIDE_A_GRPC_CALLBACK = r"""
+import asyncio, signal, sys
+from concurrent import futures
+
+import grpc
+
+from learner.loop import LoopRunner
+from learner.progress import ending_as_interrupt
+
+server = grpc.server(futures.ThreadPoolExecutor(1))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+
+
+class Loop(asyncio.SelectorEventLoop):
+    # SIGTERM arrives while gRPC's completion callback (Cython, noexcept) hands a finished call's
+    # result to the task waiting for it: its handler runs at the next Python line, inside the callback.
+    fired = False
+
+    def call_soon(self, callback, *args, context=None):
+        running = getattr(sys._getframe(1).f_locals.get("self"), "_callback", None)  # (a Handle's)
+        running = getattr(running, "func", running)  # (a functools.partial's)
+        if not self.fired and getattr(running, "__name__", "") == "_handle_events":
+            self.fired = True
+            signal.raise_signal(signal.SIGTERM)
+        return super().call_soon(callback, *args, context=context)
+
+
+async def connect():
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        await asyncio.wait_for(channel.channel_ready(), 10)
+        await asyncio.sleep(10)  # (the interrupt comes first)
+    finally:
+        await channel.close()
+
+
+loop = Loop()
+try:
+    with ending_as_interrupt():
+        LoopRunner(loop).run(connect())
+    print("not interrupted", loop.fired)
+except KeyboardInterrupt:
+    print("interrupted", loop.fired)
+server.stop(None)
+"""
+
+
+def test_a_stop_signal_whose_handler_runs_inside_a_grpc_callback_interrupts_and_loses_no_wakeup() -> None:
+    """A command's SIGTERM (or Ctrl-C) whose handler ran inside one of gRPC's completion callbacks: the
+    KeyboardInterrupt raised there was printed and swallowed by the callback, with the wakeup of the task
+    that waited for the call, which then waited for ever (a learner stopped while it waited for its
+    servers ran on, stuck: a CI run's timeout). The interrupt now comes as the loop's next callback."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_INSIDE_A_GRPC_CALLBACK], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "interrupted True", done
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
