@@ -875,6 +875,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if partial is not None and (partial["episodes"] or "video" in partial or args.json):
             _print_eval_result(args, partial, error=error)
         elif args.json:
+            args.json_printed = True
             print(json.dumps({"error": error}), flush=True)
         raise
     _print_eval_result(args, result)
@@ -891,6 +892,7 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
     if args.json:
         from learner.rundir import jsonable
 
+        args.json_printed = True  # (before it: a second Ctrl-C as it prints adds no object of its own)
         # (valid JSON: NaN and infinities, which json.dumps writes as bare tokens no JSON parser takes, as null)
         print(json.dumps(jsonable(result if error is None else {**result, "error": error})), flush=True)
     else:
@@ -1074,14 +1076,42 @@ def _add_local_server_options(parser: argparse.ArgumentParser, servers: str, soc
 
 class _Parser(ShortErrorParser):
     """Two-line argument errors (a usage line, as train's takes several, and the error); the top-level
-    parser names the commands when none is given."""
+    parser names the commands when none is given.
+
+    ``json_errors`` (eval's): where the command line asks for ``--json``, a usage error (an option's bad
+    value, an unknown option, options that do not go together: exit status 2) is also one JSON object on
+    stdout, ``{"error": ..., "exit_status": 2}``, as every other way the command ends prints one there (a
+    script reads stdout, and found nothing to parse); the usage and the error stay on stderr. Whether
+    ``--json`` was given is read from the arguments this parser was handed (:meth:`parse_known_args`
+    keeps them), as argparse, failing, leaves no namespace to look in."""
 
     commands: list[str] | None = None  # (the top-level parser's: named when none is given)
+    json_errors = False
+    _arg_strings: Sequence[str] = ()
+
+    def parse_known_args(  # type: ignore[override]  # (typeshed overloads it on the namespace's type)
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._arg_strings = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         if self.commands and message == "the following arguments are required: COMMAND":
             message = f"expected a command, one of: {', '.join(self.commands)} (learner COMMAND --help says more)"
+        if self.json_errors and _asks_for_json(self._arg_strings):
+            print(json.dumps({"error": message, "exit_status": 2}), flush=True)
         super().error(message)
+
+
+def _asks_for_json(arg_strings: Sequence[str]) -> bool:
+    """Whether ``arg_strings`` (a command's, which its parser refused) hold ``--json``, as argparse reads
+    them: an abbreviation of it too (``--js``), not a word after ``--``."""
+    probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    probe.add_argument("--json", action="store_true")
+    try:
+        return bool(probe.parse_known_args(list(arg_strings))[0].json)
+    except argparse.ArgumentError:  # (--json=VALUE: no --json argparse would take)
+        return False
 
 
 def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) -> None:
@@ -1367,6 +1397,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)
+    evaluate.json_errors = True  # (a usage error under --json: an object on stdout too; see _Parser)
 
     servers = sub.add_parser(
         "servers",
@@ -1658,6 +1689,9 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
         print(f"learner {args.command}: error: needs {missing}, which is not installed here: {how}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
+        if args.command == "eval" and args.json and not getattr(args, "json_printed", False):
+            # (eval --json prints one object however it ends: aborted too, before it had a result to print)
+            print(json.dumps({"error": "aborted", "exit_status": 130}), flush=True)
         print(f"learner {args.command}: aborted", file=sys.stderr)
         return 130
 

@@ -14,7 +14,7 @@ import gymnasium as gym
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
 from env_server.protocol import KEEPALIVE_TIMEOUT
-from learner.discovery import expand_when_ready
+from learner.discovery import expand_when_ready, split_addresses
 from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
@@ -74,7 +74,8 @@ class FleetSpec:
         if self.backend == "gym":
             return f"in-process gymnasium SyncVectorEnv, {self.num_servers * self.envs_per_server} x {self.env}{extras}"
         if self.servers is not None:
-            return f"env servers at {self.servers}"
+            # (the addresses as read, not as typed: "a:1,,b:2 " is a:1,b:2, its blanks ignored as when connecting)
+            return f"env servers at {','.join(split_addresses(self.servers))}"
         how = "loopback TCP" if self.transport == "tcp" else "Unix sockets"
         if self.transport == "unix":
             how += ", steps on their step sockets" if self.step_socket else ", steps over gRPC"

@@ -179,6 +179,7 @@ def evaluate(
     max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
     # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
     served_kwargs = served.get("env_kwargs") if on_servers else None
+    run_kwargs = served_kwargs if on_servers else dict(run_args.env_kwargs)  # (None: the run does not say)
     if served_kwargs is not None and env_kwargs is None:
         kwargs = dict(served_kwargs)
     # A run trained on running servers that did not say: their env kwargs are unknown (before, their wrappers too).
@@ -230,6 +231,7 @@ def evaluate(
                             else ""
                         )
                     )
+                    + (_env_kwargs_hint(env_kwargs, run_kwargs) if servers is None else "")
                 )
             agent = Agent(
                 obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
@@ -299,6 +301,7 @@ def evaluate(
                         video_fps,
                         spaces,
                         stop=lambda: stop.requested,
+                        hint=_env_kwargs_hint(env_kwargs, run_kwargs),
                     )
                 # (--stochastic: the episodes sample alike with or without a video, whatever drew before)
                 torch.manual_seed(seed)
@@ -477,6 +480,21 @@ def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:
         f"; the run trained on running env servers ({trained_on}), whose wrappers and env kwargs it does not "
         f"record, and these envs got wrappers {','.join(wrappers) or 'none'}: pass those servers' as --wrappers "
         "(and --env-kwargs)"
+    )
+
+
+def _env_kwargs_hint(given: dict[str, Any] | None, run_kwargs: dict[str, Any] | None) -> str:
+    """A hint when envs made here have other spaces than the policy's and were made with env kwargs
+    ``given`` (--env-kwargs) other than the run's (``run_kwargs``): kwargs can change an env's spaces
+    (LunarLander's ``continuous``, a size, a mode), and the error named the spaces alone, not what the user
+    changed. "" where none were given, or the run's were, or the run does not record its own (None: a run
+    on servers too old to say, whose kwargs the user was told to pass; :func:`_wrappers_hint` speaks of them)."""
+    if given is None or run_kwargs is None or given == run_kwargs:
+        return ""
+    return (
+        f"; they were made with --env-kwargs {json.dumps(given, sort_keys=True)}, not the run's "
+        f"{json.dumps(run_kwargs, sort_keys=True)}, which may be what changed them: leave --env-kwargs out to "
+        "make them as the run's"
     )
 
 

@@ -145,6 +145,19 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     return setup
 
 
+def _first_of_each(runs: Sequence[str | Path]) -> list[int]:
+    """The indices of ``runs`` that are no repeat of an earlier one: the same folder, however spelt
+    (``runs/cp``, ``./runs/cp/``, a symlink to it; compared resolved)."""
+    seen: set[Path] = set()
+    first = []
+    for i, run in enumerate(runs):
+        resolved = Path(run).resolve()
+        if resolved not in seen:
+            seen.add(resolved)
+            first.append(i)
+    return first
+
+
 def config_groups(runs: Sequence[str | Path]) -> list[str]:
     """A group name for each of ``runs``: runs whose config.json differ in nothing but the seed and
     what does not change learning (run dir, --stop-at-return, timeouts, security, logging; the budget
@@ -156,7 +169,11 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     setups = [None if config is None else _setup(config) for config in configs]
     known = [setup for setup in setups if setup is not None]
     _fill_unrecorded(known)
-    _warn_of_repeated_seeds(list(map(Path, runs)), configs, setups)
+    # (of each run once: one given twice is plot_runs' to warn of, as it draws it once)
+    distinct = _first_of_each(runs)
+    _warn_of_repeated_seeds(
+        [Path(runs[i]) for i in distinct], [configs[i] for i in distinct], [setups[i] for i in distinct]
+    )
     keys = dict.fromkeys(key for setup in known for key in setup)
     differ = [key for key in keys if len({_text(setup[key]) if key in setup else "?" for setup in known}) > 1]
 
@@ -325,14 +342,23 @@ def plot_runs(
     to; runs of different envs have their env in their legend entry (first, where their groups differ in
     it), and the default title says they differ. An entry too long for the figure is wrapped.
 
-    A folder in ``runs`` without a metrics file (or a file), or a run with no mean return yet, is left out
-    with a warning while another run can be plotted (FileNotFoundError or ValueError when none can); a
-    run's summary.json or config.json that cannot be read is named in a warning, and the run plotted as
-    one without it, and lines of its metrics that are no update's (no JSON, bytes that are no UTF-8) are
-    left out, saying how many. The file is written atomically; ValueError, naming ``output_name`` (the
-    option that gave ``output``), where it cannot be. Returns the path written (with ``.png`` added to a
-    name without a suffix).
+    A run dir given twice (``runs/cp runs/cp``, or spelt otherwise: ``./runs/cp/``, a link to it) is drawn
+    once, with a warning naming it (two identical lines, one over the other, looked like one run; in a
+    group, it counted twice in the mean). A folder in ``runs`` without a metrics file (or a file), or a run
+    with no mean return yet, is left out with a warning while another run can be plotted
+    (FileNotFoundError or ValueError when none can); a run's summary.json or config.json that cannot be
+    read is named in a warning, and the run plotted as one without it, and lines of its metrics that are
+    no update's (no JSON, bytes that are no UTF-8) are left out, saying how many. The file is written
+    atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it cannot be.
+    Returns the path written (with ``.png`` added to a name without a suffix).
     """
+    distinct = _first_of_each(runs)
+    for i, run in enumerate(runs):  # (the repeats, each named with its first: `runs/cp: given twice`)
+        if i not in distinct:
+            first = next(runs[j] for j in distinct if Path(runs[j]).resolve() == Path(run).resolve())
+            log.warning("%s: given twice%s; drawn once", first, "" if str(run) == str(first) else f" (also as {run})")
+    runs = [runs[i] for i in distinct]
+    groups = None if groups is None else [groups[i] for i in distinct]
     loaded = [_load(Path(run)) for run in runs]
     # Left out, with a warning, while another run can be plotted (`learner plot runs/*` may take in a
     # folder that is no run, or a run killed before its first update): no metrics file, or no mean return.

@@ -16,6 +16,7 @@ from torch import optim
 from learner import rundir
 from learner.checkpoint import UnreadableCheckpointError, load_checkpoint, load_nets, restore_rng
 from learner.config import (
+    DEFAULT_ENV,
     LOCAL_SERVER_OPTIONS,
     NO_TLS,
     SESSION_OPTIONS,
@@ -196,7 +197,13 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     """The ``Args`` a run was started with, for a new run (``learner train --like``): ``source`` is its run
     dir or its config.json; ``overrides`` (a seed, say) replace what it recorded. The new run has a run
     dir of its own (``run_dir`` among ``overrides``, else the default) and starts from scratch; the
-    auth token, never recorded, is this session's."""
+    auth token, never recorded, is this session's.
+
+    A config.json whose args name no env (``"env": null``: edited by hand, or written by another tool;
+    every run records the env it trained on) repeats the env its ``envs.env_id`` records, with a warning
+    (it trained CartPole-v1, the default, with the other env's hyperparameters, silently); one that does
+    not record that either is a ValueError asking for --env, unless the new run is on running servers,
+    which say what they serve."""
     path = Path(source)
     if not str(source):
         raise ValueError("--like: expected a value, got an empty string")
@@ -208,6 +215,19 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     recorded = _read_run_config(config, "--like", {*overrides, *SESSION_OPTIONS, "run_dir", "resume", "auth_token"})
     fresh = {**SESSION_OPTIONS, "run_dir": None, "resume": None, "auth_token": None}
     values = {**recorded["args"], **fresh}
+    unnamed = values.get("env") is None  # (null, or no "env" at all: see below, the default is no repeat)
+    if unnamed and isinstance(trained_on := (recorded.get("envs") or {}).get("env_id"), str) and trained_on:
+        # A config.json whose args name no env (edited by hand, or written by another tool) that still
+        # records the env the run trained on (its envs' env_id, as every run's does): that env, whose
+        # hyperparameters the run resolved and pinned here, not CartPole-v1 with them.
+        values["env"], unnamed = trained_on, False
+        if "env" not in overrides:
+            log.warning(
+                '--like: %s names no env in its args ("env": null); the run trained on %s (its envs\' env_id), '
+                "which this run trains on too (give --env to pick another)",
+                config,
+                trained_on,
+            )
     other_env = overrides.get("env", values.get("env")) != values.get("env")
     if other_env:  # (the run's env options were for its env: the new one gets its own, or none)
         values.update(env_kwargs={}, max_episode_steps=None, wrappers="auto")
@@ -217,6 +237,15 @@ def like_args(source: str | Path, /, **overrides: Any) -> Args:
     if other_env:  # (nor the options its servers said)
         recorded = {**recorded, "envs": {}}
     args = _recorded_with(saved, recorded, overrides, config.parent, "like")
+    if unnamed and "env" not in overrides and args.servers is None:
+        # Nor does it say what it trained on: on envs this command starts, Args would take the default env,
+        # CartPole-v1, with the hyperparameters another env's run resolved (on running servers, as the run
+        # did, the servers say what they serve).
+        raise ValueError(
+            f'--like: {config} names no env (its args\' "env" is null, and it records no envs.env_id), so the run '
+            f"cannot be repeated on envs this command starts (it would be {DEFAULT_ENV}, the default, with the "
+            "hyperparameters the run resolved for its own env); give --env with the env it trained on"
+        )
     given = ", ".join(f"--{name.replace('_', '-')}" for name in overrides) or "none"
     log.info("--like: the options the run in %s recorded; given here instead: %s", config.parent, given)
     return args

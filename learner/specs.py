@@ -23,13 +23,24 @@ def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's
 
     The first of :data:`FLEET_FIELDS` that differs (with ``same_size``, for a server back in its old
     place, ``num_envs`` first), as "another <field> than <whose>: <got's> (<env id>), not <want's>
-    (<env id>)"; ``whose`` names ``want``'s server ("the fleet's", "env server ADDRESS's").
+    (<env id>)"; ``whose`` names ``want``'s server ("the fleet's", "env server ADDRESS's"). A space that
+    differs where both servers said their env kwargs and those differ too says so, naming both: kwargs can
+    change an env's spaces (LunarLander's ``continuous``), and servers started with other ``--env-kwargs``
+    (a typo in one, a variant meant for another fleet) looked like servers of another env.
     """
     for name in ("num_envs", *FLEET_FIELDS) if same_size else FLEET_FIELDS:
         if getattr(want, name) != getattr(got, name):
+            kwargs = served_kwargs(got), served_kwargs(want)
+            hint = ""
+            if name.endswith("_space") and None not in kwargs and kwargs[0] != kwargs[1]:
+                got_kwargs, want_kwargs = (json.dumps(k, sort_keys=True) for k in kwargs)
+                hint = (
+                    f" (its envs are made with env kwargs {got_kwargs}, {whose} with {want_kwargs}: the "
+                    "env-server --env-kwargs they were started with may be what changed it)"
+                )
             return (
                 f"another {name} than {whose}: {_field_text(got, name)} ({got.env_id}), "
-                f"not {_field_text(want, name)} ({want.env_id})"
+                f"not {_field_text(want, name)} ({want.env_id}){hint}"
             )
     return ""
 

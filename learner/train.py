@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
@@ -179,6 +180,28 @@ def clip_leaves_out_zero(hp: PPOConfig, action_space: gym.Space[Any]) -> str:
         "0, the same action each time, whose rewards tell it nothing of which way to go, so it may learn nothing; "
         "pass --action-bounds squash (tanh onto the bounds), or rescale the actions around 0 in the env "
         "(gymnasium's RescaleAction)"
+    )
+
+
+def _resumed_kwargs_hint(args: Args, checkpoint: dict[str, Any]) -> str:
+    """For a resumed run whose envs have other spaces than its nets: the env kwargs these envs were made
+    with, where they are not the run's (``learner train --resume RUN --env-kwargs ...``: kwargs can change
+    an env's spaces, LunarLander's ``continuous`` say, and the error named the spaces alone). The run's are
+    its options' (a run on running servers: what they said, which a run moved off them takes along). ""
+    on running servers (their kwargs are theirs: --env-kwargs does not go with --servers), for a run whose
+    servers did not say, or where nothing differs."""
+    saved = checkpoint["args"]
+    if args.servers is not None:
+        return ""
+    if saved.get("servers") is None:
+        run_kwargs = saved.get("env_kwargs") or {}
+    else:  # (not the served record of a run's own envs: the atari wrapper adds frameskip=1 there)
+        run_kwargs = (checkpoint.get("served") or {}).get("env_kwargs")
+    if run_kwargs is None or dict(args.env_kwargs) == run_kwargs:
+        return ""
+    return (
+        f" (these envs were made with --env-kwargs {json.dumps(args.env_kwargs, sort_keys=True)}, the run's with "
+        f"{json.dumps(run_kwargs, sort_keys=True)}: leave --env-kwargs out to resume it with the run's)"
     )
 
 
@@ -783,7 +806,7 @@ def train(
                     raise ValueError(
                         f"--resume: the run in {args.resume} trained its nets on {what}s {checkpoint[f'{what}_space']}, "
                         f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
-                        "and env kwargs"
+                        f"and env kwargs{_resumed_kwargs_hint(args, checkpoint)}"
                     )
             if args.servers is not None:
                 # Running servers make their envs as they were started: the same id and spaces may be another

@@ -123,12 +123,14 @@ def record_episode(
     fps: float | None,
     spaces: tuple[str, str] | None = None,
     stop: Callable[[], bool] | None = None,
+    hint: str = "",
 ) -> dict[str, Any]:
     """Play one episode of ``policy`` on the one-env vector env ``spec`` (made with render_mode
     rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
-    (observation, action) spaces the policy expects, as text. ``stop``: asked after each step (a
-    Ctrl-C's :class:`~learner.progress.StopRequest`): true, the episode is cut there, and the frames
-    so far are written (``episode_ended`` false). An env that raised (in-process envs isolate its
+    (observation, action) spaces the policy expects, as text (``hint``: what the error says after them
+    where the env's differ, e.g. that the env kwargs the caller gave may be why). ``stop``: asked after
+    each step (a Ctrl-C's :class:`~learner.progress.StopRequest`): true, the episode is cut there, and the
+    frames so far are written (``episode_ended`` false). An env that raised (in-process envs isolate its
     exception: its episode ends, ``infos["env_error"]`` says why) is a ValueError naming its error, and
     nothing is written: its episode was cut short by it."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
@@ -142,7 +144,7 @@ def record_episode(
             if spaces is not None and found != spaces:
                 raise ValueError(
                     f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
-                    f"policy was trained on {spaces[0]} and {spaces[1]}"
+                    f"policy was trained on {spaces[0]} and {spaces[1]}{hint}"
                 )
             if fps is None:
                 fps = _real_time_fps(envs, spec)

@@ -853,3 +853,100 @@ def test_eval_of_returns_that_overflow_in_process_says_so_in_its_terms_without_n
     err = capsys.readouterr().err
     assert "is inf for the episode that ended: its rewards, finite each, summed beyond float64's range" in err, err
     assert err.rstrip().endswith("(scale the rewards in a wrapper of the env, which runs in this process)"), err
+
+
+# -- --json on a usage error or an abort, a space changed by --env-kwargs -------------------------------------
+
+
+def test_eval_json_prints_an_object_on_a_usage_error_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad option value, an unknown option, options that do not go together (exit status 2, argparse's):
+    --json printed nothing on stdout there, where a script reads it. Now one object, with the error as
+    stderr says it and the status; the usage stays on stderr. Without --json, stdout stays empty."""
+    capsys.readouterr()
+    for argv, error in (
+        (["--episodes", "0"], "argument --episodes: expected an integer >= 1, got '0'"),
+        (["run", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+        (["run", "--video-fps", "10"], "--video-fps: sets the speed of the GIF that --video PATH.gif writes; give "),
+    ):
+        for json_flag in ("--json", "--js"):  # (argparse takes an abbreviation of it: so does the check)
+            with pytest.raises(SystemExit) as exited:
+                main(["eval", json_flag, *argv])
+            assert exited.value.code == 2
+            out, err = capsys.readouterr()
+            result = json.loads(out)
+            assert set(result) == {"error", "exit_status"} and result["exit_status"] == 2, result
+            assert result["error"].startswith(error), result
+            assert err.startswith("usage: learner eval ") and f"learner eval: error: {result['error']}\n" in err, err
+        with pytest.raises(SystemExit):
+            main(["eval", *argv])
+        assert capsys.readouterr().out == ""
+
+
+def test_eval_json_prints_an_object_when_aborted_and_only_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second Ctrl-C (or a first one while it starts, before a stop can be asked) aborts: --json printed
+    nothing. Now an object saying so, with the status; none of its own where the result was being printed."""
+    import learner.cli
+    import learner.evaluate
+
+    def aborted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(learner.evaluate, "evaluate", aborted)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == 130
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": "aborted", "exit_status": 130}, out
+    assert err.strip().endswith("learner eval: aborted"), err
+    assert main(["eval", str(tmp_path), "--backend", "gym"]) == 130  # (no --json: nothing on stdout)
+    assert capsys.readouterr().out == ""
+    # Aborted as the result was printed: that object alone.
+    monkeypatch.setattr(learner.evaluate, "evaluate", lambda *a, **k: {"episodes": 1})
+    printed = learner.cli._print_eval_result
+
+    def print_then_abort(*args: Any, **kwargs: Any) -> None:
+        printed(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(learner.cli, "_print_eval_result", print_then_abort)
+    assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == 130
+    assert json.loads(capsys.readouterr().out) == {"episodes": 1}
+
+
+def test_eval_whose_env_kwargs_change_the_spaces_says_they_may_be_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ClockEnv(action="box") has Box actions, where the policy's are Discrete(2): the error named the spaces
+    alone, not the --env-kwargs given that changed them. On the envs eval makes, and on --video's."""
+    _checkpoint(tmp_path, Args(env="tests.envs:ClockEnv", backend="gym"), *CLOCK_SPACES)
+    box = ["--env-kwargs", '{"action": "box"}']
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--backend", "gym", *box]) == 1
+    err = capsys.readouterr().err
+    assert "but these envs (tests.envs:ClockEnv) have Box(0.0, 1.0, (2,), float32) and Box(-1.0, 1.0, (1,)" in err
+    assert err.rstrip().endswith(
+        '; they were made with --env-kwargs {"action": "box"}, not the run\'s {}, which may be what changed them: '
+        "leave --env-kwargs out to make them as the run's"
+    ), err
+    assert main(["eval", str(tmp_path), "--backend", "gym", "--env-kwargs", '{"length": 4}']) == 0  # (same spaces)
+    err = capsys.readouterr().err
+    assert "--env-kwargs" not in err, err
+
+
+def test_eval_whose_env_kwargs_change_the_video_env_s_spaces_says_they_may_be_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start_servers: StartServers
+) -> None:
+    """As above, for --video's env, made here with the --env-kwargs given while the episodes run on servers
+    (which make their own)."""
+    _checkpoint(tmp_path, Args(env="tests.envs:ClockEnv", backend="gym"), *CLOCK_SPACES)
+    (address,) = start_servers("tests.envs:ClockEnv", 1, 1)
+    video = ["--video", str(tmp_path / "ep.gif"), "--env-kwargs", '{"action": "box"}']
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--servers", address, *video]) == 1
+    err = capsys.readouterr().err
+    assert "video: tests.envs:ClockEnv made here has observations" in err, err
+    assert err.rstrip().endswith(
+        '; they were made with --env-kwargs {"action": "box"}, not the run\'s {}, which may be what changed them: '
+        "leave --env-kwargs out to make them as the run's"
+    ), err

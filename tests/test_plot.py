@@ -377,3 +377,35 @@ def test_a_run_s_file_given_for_its_run_dir_is_named_so(tmp_path: Path, capsys: 
     assert f"learner plot: error: {run / rundir.METRICS}: expected a run dir, got a file (pass its run dir, {run})" in (
         err
     ), err
+
+
+def test_a_run_dir_given_twice_is_drawn_once_with_a_warning(
+    tmp_path: Path, figures: list[Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`learner plot runs/cp runs/cp` (or `runs/cp ./runs/cp/`, a link to it) drew two identical lines, one
+    over the other, silently; --by-config counted it twice in its group's mean, and warned of it as of a
+    copy of the run. Now it is drawn once, with a warning naming it (and how else it was spelt)."""
+    from learner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    cp = _configured(tmp_path / "runs" / "cp", 1, 0.0)
+    _configured(tmp_path / "runs" / "other", 2, 5.0)
+    (tmp_path / "latest").symlink_to(cp)
+    with caplog.at_level("WARNING", logger="learner.plot"):
+        assert main(["plot", "runs/cp", "runs/other", "runs/cp", "./runs/cp/", "latest", "-o", "each.png"]) == 0
+        assert main(["plot", "runs/cp", "runs/other", "./runs/cp/", "--by-config", "-o", "by.png"]) == 0
+    each, by_config = figures
+    solid = [line for line in each.axes[0].get_lines() if line.get_linestyle() == "-" and len(line.get_xdata())]
+    assert len(solid) == 2, [line.get_label() for line in solid]
+    assert [text.get_text() for text in each.legends[0].get_texts()][:2] == ["cp", "other"]
+    assert [r.getMessage() for r in caplog.records if r.name == "learner.plot"] == [
+        "runs/cp: given twice; drawn once",
+        "runs/cp: given twice (also as ./runs/cp/); drawn once",
+        "runs/cp: given twice (also as latest); drawn once",
+        "runs/cp: given twice (also as ./runs/cp/); drawn once",  # (--by-config: no "same seed" warning)
+    ]
+    bold = [line for line in by_config.axes[0].get_lines() if line.get_linewidth() == 2 and len(line.get_xdata())]
+    (mean,) = bold  # (cp and other, one configuration: their mean, cp counted once; twice, it was 51.6)
+    assert mean.get_ydata()[-1] == pytest.approx((50.0 + 54.9) / 2, abs=0.01)  # (at step 501: other's, interpolated)
+    assert config_groups(["runs/cp", "./runs/cp/"]) == ["CartPole-v1", "CartPole-v1"]  # (one name per run given)

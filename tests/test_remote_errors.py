@@ -119,6 +119,51 @@ def test_one_check_says_what_keeps_servers_out_of_one_fleet() -> None:
     )
 
 
+def test_servers_whose_env_kwargs_differ_with_their_spaces_are_told_the_kwargs_may_be_why(
+    start_servers: StartServers,
+) -> None:
+    """Servers of one env started with other --env-kwargs (ClockEnv's action="box") have other spaces: the
+    check named the spaces alone, as if the servers served another env. Named where both said theirs
+    (EnvSpec.env_kwargs), and only for a space (a time limit or an autoreset mode is no kwarg's)."""
+    discrete, box = (
+        pb.EnvSpec(
+            env_id="tests.envs:ClockEnv",
+            num_envs=1,
+            observation_space=codec.encode_space(gym.spaces.Box(0.0, 1.0, (2,), np.float32)),
+            action_space=codec.encode_space(space),
+            autoreset_mode=pb.AUTORESET_MODE_NEXT_STEP,
+            env_kwargs=kwargs,
+        )
+        for space, kwargs in (
+            (gym.spaces.Discrete(2), ""),
+            (gym.spaces.Box(-1.0, 1.0, (1,), np.float32), '{"action": "box"}'),
+        )
+    )
+    assert incompatible(discrete, box, whose="env server a:1's") == (
+        "another action_space than env server a:1's: Box(-1.0, 1.0, (1,), float32) (tests.envs:ClockEnv), not "
+        'Discrete(2) (tests.envs:ClockEnv) (its envs are made with env kwargs {"action": "box"}, env server a:1\'s '
+        "with {}: the env-server --env-kwargs they were started with may be what changed it)"
+    )
+    unsaid = pb.EnvSpec()
+    unsaid.CopyFrom(box)
+    unsaid.ClearField("env_kwargs")  # (a server older than the field: nothing to compare)
+    assert incompatible(discrete, unsaid).endswith("not Discrete(2) (tests.envs:ClockEnv)")
+    same_step = pb.EnvSpec()
+    same_step.CopyFrom(discrete)
+    same_step.autoreset_mode, same_step.env_kwargs = pb.AUTORESET_MODE_SAME_STEP, '{"length": 5}'
+    assert incompatible(discrete, same_step).endswith(
+        "SameStep (tests.envs:ClockEnv), not NextStep (tests.envs:ClockEnv)"
+    )
+    # As a RemoteVectorEnv of such servers says it.
+    (plain,) = start_servers("tests.envs:ClockEnv")
+    (boxed,) = start_servers("tests.envs:ClockEnv", env_kwargs={"action": "box"})
+    with pytest.raises(SpecMismatchError) as refused:
+        RemoteVectorEnv([plain, boxed])
+    assert f'(its envs are made with env kwargs {{"action": "box"}}, env server {plain}\'s with {{}}: ' in str(
+        refused.value
+    )
+
+
 def test_servers_of_other_spaces_are_refused_naming_both(start_servers: StartServers) -> None:
     (cartpole,) = start_servers("CartPole-v1")
     (acrobot,) = start_servers("Acrobot-v1")

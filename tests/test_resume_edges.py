@@ -211,6 +211,57 @@ def test_a_config_json_that_recorded_a_whole_float_for_an_integer_option_is_take
     assert like_args(tmp_path).total_timesteps == 1024
 
 
+def test_like_of_a_config_json_that_names_no_env_repeats_the_env_it_records_or_asks_for_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """args.env null (a hand edit, another tool's file): --like trained CartPole-v1, the default, with the
+    hyperparameters the run resolved for its own env, silently. The env its envs.env_id records is taken,
+    with a warning; without one, an error asking for --env (unless on running servers, which say theirs)."""
+    ppo = {"preset": "classic", "gamma": 0.97, "learning_rate": 1e-3}
+    rundir.write_json(
+        tmp_path / rundir.CONFIG,
+        {"args": {"env": None, "gamma": None, "learning_rate": None}, "envs": {"env_id": "Acrobot-v1"}, "ppo": ppo},
+    )
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        args = like_args(tmp_path)
+    assert (args.env, args.gamma, args.learning_rate) == ("Acrobot-v1", 0.97, 1e-3)
+    assert (
+        f'--like: {tmp_path / rundir.CONFIG} names no env in its args ("env": null); the run trained on Acrobot-v1 '
+        "(its envs' env_id), which this run trains on too (give --env to pick another)"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="learner"):
+        assert like_args(tmp_path, env="Acrobot-v1").gamma == 0.97  # (the same env named: the run's options)
+        assert like_args(tmp_path, env="CartPole-v1").gamma is None  # (another env: its preset's)
+    assert "names no env" not in caplog.text
+    rundir.write_json(tmp_path / rundir.CONFIG, {"args": {"env": None}, "ppo": ppo})
+    with pytest.raises(ValueError) as refused:
+        like_args(tmp_path)
+    assert str(refused.value) == (
+        f'--like: {tmp_path / rundir.CONFIG} names no env (its args\' "env" is null, and it records no envs.env_id), '
+        "so the run cannot be repeated on envs this command starts (it would be CartPole-v1, the default, with the "
+        "hyperparameters the run resolved for its own env); give --env with the env it trained on"
+    )
+    assert like_args(tmp_path, env="Pendulum-v1").env == "Pendulum-v1"
+    assert like_args(tmp_path, servers="127.0.0.1:1").env is None  # (the servers say what they serve)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_with_env_kwargs_that_change_its_spaces_is_told_they_may_be_why(tmp_path: Path) -> None:
+    """ClockEnv(action="box") has Box actions, the run's nets Discrete(2)'s: the error said to resume it with
+    the same env kwargs, not which ones these envs got."""
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_envs": 2, "num_steps": 8, "checkpoint_seconds": 0.0}
+    train(Args(env="tests.envs:ClockEnv", **options, total_timesteps=16, run_dir=str(run), **QUIET))
+    with pytest.raises(ValueError) as refused:
+        train(resume_args(run, env_kwargs={"action": "box"}, total_timesteps=32))
+    assert str(refused.value).startswith(f"--resume: the run in {run} trained its nets on actions Discrete(2), ")
+    assert str(refused.value).endswith(
+        "; resume it on the same env, wrappers and env kwargs (these envs were made with --env-kwargs "
+        '{"action": "box"}, the run\'s with {}: leave --env-kwargs out to resume it with the run\'s)'
+    )
+
+
 # -- a run moved onto --servers -------------------------------------------------------------------------------------
 
 

@@ -309,6 +309,29 @@ def test_a_run_that_starts_without_a_server_says_so_in_its_first_line(
     assert f"on env servers at {a},{down}, 2 envs (without {down}: not joined yet), device" in line, line
 
 
+def test_a_fleet_on_running_servers_is_described_by_the_addresses_as_read() -> None:
+    """(The start line's and config.json's text: test below.)"""
+    from learner.envs import FleetSpec
+
+    assert FleetSpec("CartPole-v1", servers="a:1,, b:2, ").describe() == "env servers at a:1,b:2"
+    assert FleetSpec("CartPole-v1", servers="compose:env").describe() == "env servers at compose:env"
+
+
+@pytest.mark.slow
+def test_the_line_saying_what_the_run_trains_on_lists_the_servers_as_read(
+    serve: Serve, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--servers "A,, B," (blanks, a trailing comma: ignored when connecting) was echoed as typed, in the
+    start line and config.json's envs.description; they list the addresses as read."""
+    caplog.set_level("INFO", logger="learner")
+    a, b = serve(num_envs=1)[1], serve(num_envs=1)[1]
+    args = Args(env="CartPole-v1", servers=f"{a},, {b},", num_steps=8, total_timesteps=16)
+    train(dataclasses.replace(args, run_dir=str(tmp_path / "run"), **QUIET))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("PPO (classic preset")]
+    assert f"on env servers at {a},{b}, 2 envs, device" in line, line
+    assert rundir.read_json(tmp_path / "run" / rundir.CONFIG)["envs"]["description"] == f"env servers at {a},{b}"
+
+
 def test_config_json_keeps_the_versions_of_servers_that_join_later(serve: Serve, tmp_path: Path) -> None:
     a, b = serve(num_envs=2)[1], serve(num_envs=2)[1]
     servers = scheduled("versions-join", lambda k: [a] if k < 3 else [a, b])
