@@ -18,7 +18,7 @@ from env_server.protocol import bearer_metadata
 from learner.client import EnvClient, channel_credentials, server_text
 from learner.discovery import diagnose, expand_named
 from learner.errors import RemoteEnvError
-from learner.loop import gather
+from learner.loop import LoopRunner, gather
 
 __all__ = ["ServerInfo", "describe", "survey"]
 
@@ -92,7 +92,10 @@ def survey(
     async def ask_all() -> list[ServerInfo]:
         return list(await gather(*(ask(a, n) for a, n in named.items())))
 
-    return asyncio.run(ask_all())
+    # (on this thread's LoopRunner, as a fleet's calls: a Ctrl-C then never lands inside one of gRPC's
+    # callbacks, which would swallow it and leave its call's task waiting for ever; and from a notebook,
+    # whose own loop runs in this thread, it works, where asyncio.run refused)
+    return LoopRunner.for_this_thread().run(ask_all())
 
 
 async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float], str | None]) -> ServerInfo:

@@ -244,16 +244,17 @@ server.start()
 
 
 class Loop(asyncio.SelectorEventLoop):
-    # SIGTERM arrives while gRPC's completion callback (Cython, noexcept) hands a finished call's
+    # The signal arrives while gRPC's completion callback (Cython, noexcept) hands a finished call's
     # result to the task waiting for it: its handler runs at the next Python line, inside the callback.
     fired = False
+    signum = signal.SIGTERM
 
     def call_soon(self, callback, *args, context=None):
         running = getattr(sys._getframe(1).f_locals.get("self"), "_callback", None)  # (a Handle's)
         running = getattr(running, "func", running)  # (a functools.partial's)
         if not self.fired and getattr(running, "__name__", "") == "_handle_events":
             self.fired = True
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(self.signum)
         return super().call_soon(callback, *args, context=context)
 
 
@@ -266,10 +267,16 @@ async def connect():
         await channel.close()
 
 
-loop = Loop()
 try:
-    with ending_as_interrupt():
-        LoopRunner(loop).run(connect())
+    if sys.argv[1] == "command":  # (learner train's: SIGTERM taken as Ctrl-C)
+        with ending_as_interrupt():
+            loop = Loop()
+            LoopRunner(loop).run(connect())
+    else:  # a script's, Ctrl-C left to Python: the runner its first fleet makes takes it over
+        runner = LoopRunner.for_this_thread()
+        loop = runner.loop
+        loop.__class__, Loop.signum = Loop, signal.SIGINT
+        runner.run(connect())
     print("not interrupted", loop.fired)
 except KeyboardInterrupt:
     print("interrupted", loop.fired)
@@ -277,13 +284,78 @@ server.stop(None)
 """
 
 
-def test_a_stop_signal_whose_handler_runs_inside_a_grpc_callback_interrupts_and_loses_no_wakeup() -> None:
-    """A command's SIGTERM (or Ctrl-C) whose handler ran inside one of gRPC's completion callbacks: the
-    KeyboardInterrupt raised there was printed and swallowed by the callback, with the wakeup of the task
-    that waited for the call, which then waited for ever (a learner stopped while it waited for its
-    servers ran on, stuck: a CI run's timeout). The interrupt now comes as the loop's next callback."""
+@pytest.mark.parametrize("whose", ["command", "script"])
+def test_a_stop_signal_whose_handler_runs_inside_a_grpc_callback_interrupts_and_loses_no_wakeup(whose: str) -> None:
+    """A command's SIGTERM (or Ctrl-C), or a script's Ctrl-C, whose handler ran inside one of gRPC's
+    completion callbacks: the KeyboardInterrupt raised there was printed and swallowed by the callback,
+    with the wakeup of the task that waited for the call, which then waited for ever (a learner stopped
+    while it waited for its servers ran on, stuck: a CI run's timeout; a script stepping a fleet over TCP
+    hung on about one Ctrl-C in ten). The interrupt now comes as the loop's next callback."""
     done = subprocess.run(
-        [sys.executable, "-c", _STOP_INSIDE_A_GRPC_CALLBACK], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _STOP_INSIDE_A_GRPC_CALLBACK, whose], capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "interrupted True", done
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_an_interrupt_left_for_one_thread_s_loop_is_not_raised_in_another_s() -> None:
+    """A signal's interrupt left for the main thread's loop (its handler ran while that loop ran) is
+    raised there, not by a call another thread makes on its own loop meanwhile (the flag was one for
+    all: a worker took the KeyboardInterrupt, and the main thread ran on)."""
+    worker_raised: list[bool] = []
+
+    def worker() -> None:
+        try:
+            LoopRunner.for_this_thread().run(asyncio.sleep(0))
+            worker_raised.append(False)
+        except KeyboardInterrupt:
+            worker_raised.append(True)
+
+    async def main() -> None:
+        learner.loop.interrupt()  # (as the handler does, the loop running)
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()  # (the loop blocked meanwhile, as by synchronous code)
+        await asyncio.sleep(5)  # (the interrupt comes first)
+
+    runner = LoopRunner(asyncio.new_event_loop())
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(main())
+    assert worker_raised == [False] and time.monotonic() - started < 5
+
+
+def test_an_interrupt_in_a_loop_not_a_runner_s_is_raised_at_once() -> None:
+    """Where the main thread runs a loop of the caller's own (asyncio.run, a notebook's kernel), the
+    interrupt is raised where the code is, as before: that loop may not get control back for long (a
+    fleet's step runs synchronously inside it)."""
+
+    async def main() -> str:
+        try:
+            learner.loop.interrupt()
+        except KeyboardInterrupt:
+            return "at once"
+        return "deferred"
+
+    assert asyncio.run(main()) == "at once"
+
+
+def test_the_main_thread_s_first_runner_takes_over_ctrl_c_only_where_python_has_it() -> None:
+    """A script's Ctrl-C (Python's default handler) is taken over by a handler that raises the same
+    KeyboardInterrupt by way of interrupt(); a program's own handler is left alone."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+
+        def own(signum: int, frame: object) -> None:
+            pass
+
+        signal.signal(signal.SIGINT, own)
+        learner.loop._take_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        learner.loop._take_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is learner.loop._interrupt_on_signal
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
