@@ -338,6 +338,11 @@ async def reconnect(
                     f"the server came back with {problem}; its envs stay unavailable until the fleet is looked "
                     "up again (refresh(), which learner train calls between rollouts, takes it in with its new envs)"
                 )
+            # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
+            # library versions, a restart from another checkout say, rejoined without a word)
+            from learner.membership import _warn_if_other_env  # (membership imports this module)
+
+            _warn_if_other_env(replica.spec, spec, client.address, "its old")
             same_process = spec.server_id == replica.spec.server_id
             if same_process:
                 for session_id in replica.sessions[-2:]:

@@ -58,10 +58,12 @@ def interrupt() -> None:
 
 
 def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:
-    """Raise the KeyboardInterrupt :func:`interrupt` left for ``loop``, if it is not raised yet (only
-    there: another thread's calls on a loop of its own do not take it)."""
+    """Raise the KeyboardInterrupt :func:`interrupt` left for ``loop``, if it is not raised yet: only
+    there, and only in the main thread, whose signal it is (another thread's calls on a loop of its own
+    do not take it, nor does a close run on the main thread's loop by a worker, a garbage collection's
+    finalizer say: the main thread's next call raises it)."""
     global _interrupt_pending_on
-    if _interrupt_pending_on is loop:
+    if _interrupt_pending_on is loop and threading.current_thread() is threading.main_thread():
         _interrupt_pending_on = None
         raise KeyboardInterrupt
 
@@ -179,12 +181,18 @@ class LoopRunner:
                     # (an interrupt asked for as the call ended, its callback left for the loop's next run)
                     raise_pending_interrupt(self.loop)
                     return result
-                except BaseException:
+                except BaseException as err:
+                    _drop_stale_stops(self.loop)
                     if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
                         task.cancel()
                         # (its own end, or a second Ctrl-C that stops a cleanup that hangs, is beside the point)
                         with contextlib.suppress(BaseException):
                             self.loop.run_until_complete(task)
+                        _drop_stale_stops(self.loop)
+                    # An interrupt asked for in the loop's last turn, as the call failed (a step whose servers
+                    # the same Ctrl-C ended, one past its deadline): the interrupt, not left for a later call.
+                    if not isinstance(err, KeyboardInterrupt):
+                        raise_pending_interrupt(self.loop)
                     raise
         outcome: list[Any] = []
         task = asyncio.ensure_future(awaitable, loop=self.loop)
@@ -280,6 +288,20 @@ def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T]) -> None
         done.set_exception(err)
     else:
         done.set_result(task.result())
+
+
+def _drop_stale_stops(loop: asyncio.AbstractEventLoop) -> None:
+    """After ``run_until_complete`` was interrupted: cancel the loop.stop() it may have left scheduled.
+
+    Its future, done in the same turn of the loop as the interrupt was raised, had scheduled the
+    callback that stops the loop, which run_until_complete's cleanup does not take back once
+    scheduled: the loop's next run (the fleet's close, say) then stopped at its first turn, "Event loop
+    stopped before Future completed", and the close was cancelled, leaving the servers claimed by a
+    process that still held their Hold streams (about 1 Ctrl-C in 100 while a script stepped a fleet)."""
+    stop = getattr(asyncio.base_events, "_run_until_complete_cb", None)
+    for handle in getattr(loop, "_ready", ()):
+        if stop is not None and getattr(handle, "_callback", None) is stop:
+            handle.cancel()
 
 
 def _take_ctrl_c() -> None:

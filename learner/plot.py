@@ -145,13 +145,19 @@ def _setup(config: dict[str, Any]) -> dict[str, Any]:
     return setup
 
 
+def _resolved(run: str | Path) -> Path:
+    """``run``'s real path, links followed (os.path.realpath: a loop of links, which Path.resolve()
+    raises for, is left as far as it went, and the run then said to be no run dir, as before)."""
+    return Path(os.path.realpath(run))
+
+
 def _first_of_each(runs: Sequence[str | Path]) -> list[int]:
     """The indices of ``runs`` that are no repeat of an earlier one: the same folder, however spelt
     (``runs/cp``, ``./runs/cp/``, a symlink to it; compared resolved)."""
     seen: set[Path] = set()
     first = []
     for i, run in enumerate(runs):
-        resolved = Path(run).resolve()
+        resolved = _resolved(run)
         if resolved not in seen:
             seen.add(resolved)
             first.append(i)
@@ -355,7 +361,7 @@ def plot_runs(
     distinct = _first_of_each(runs)
     for i, run in enumerate(runs):  # (the repeats, each named with its first: `runs/cp: given twice`)
         if i not in distinct:
-            first = next(runs[j] for j in distinct if Path(runs[j]).resolve() == Path(run).resolve())
+            first = next(runs[j] for j in distinct if _resolved(runs[j]) == _resolved(run))
             log.warning("%s: given twice%s; drawn once", first, "" if str(run) == str(first) else f" (also as {run})")
     runs = [runs[i] for i in distinct]
     groups = None if groups is None else [groups[i] for i in distinct]

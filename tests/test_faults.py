@@ -937,6 +937,28 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
 
 
 @pytest.mark.slow
+def test_a_server_back_serving_another_time_limit_is_warned_of_as_it_rejoins(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fault-tolerant: a server killed and started again otherwise (another time limit here; another
+    checkout's library versions alike) rejoined its place without a word, where one back in a reset, or
+    one joining, is warned of."""
+    caplog.set_level(logging.WARNING)
+    endless = ("--env-kwargs", '{"length": 100000}')
+    a = spawn_server("tests.envs:IndexEnv", K, *endless)
+    b = spawn_server("tests.envs:IndexEnv", K, *endless)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        b.kill()
+        envs.step(actions_for(0, 2 * K))  # the loss
+        b.argv = [*b.argv, "--max-episode-steps", "77"]
+        b.start()
+        step_until(envs, 1, lambda r: "env_unavailable" not in r[4], limit_s=30.0)
+    warned = [r.getMessage() for r in caplog.records if "serves another env than the rest" in r.getMessage()]
+    assert len(warned) == 1 and "max_episode_steps 77, not its old" in warned[0], warned
+
+
+@pytest.mark.slow
 def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged_once_in_a_while(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

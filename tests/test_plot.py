@@ -409,3 +409,19 @@ def test_a_run_dir_given_twice_is_drawn_once_with_a_warning(
     (mean,) = bold  # (cp and other, one configuration: their mean, cp counted once; twice, it was 51.6)
     assert mean.get_ydata()[-1] == pytest.approx((50.0 + 54.9) / 2, abs=0.01)  # (at step 501: other's, interpolated)
     assert config_groups(["runs/cp", "./runs/cp/"]) == ["CartPole-v1", "CartPole-v1"]  # (one name per run given)
+
+
+def test_a_loop_of_links_among_the_run_dirs_is_no_run_dir_not_a_traceback(
+    tmp_path: Path, figures: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run dirs are compared with their links followed; a loop of links (which `runs/*` can pick up)
+    raised RuntimeError from Path.resolve(), a traceback, where it was said to be no run dir."""
+    from learner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _configured(tmp_path / "real", 1, 0.0)
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    status = main(["plot", "real", "loop1", "-o", "p.png"])
+    err = capsys.readouterr().err
+    assert status == 1 and "loop1: no such run dir" in err and "Traceback" not in err, err
