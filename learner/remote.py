@@ -1133,7 +1133,11 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             answered = [
                 self._timers[i] for i, before in zip(servers, steps, strict=True) if self._timers[i].steps > before
             ]
-            if answered:
+            # A server sent the step that did not answer (lost: past its deadline, its connection gone) is
+            # what the fleet waited for, and its loss is said: no stall of the others, whose answers on
+            # step sockets are taken in only after the gRPC steps' wait (their latency counts it), so a
+            # healthy one was blamed for a paused TCP server, in its stall count and latency too.
+            if answered and len(answered) == len(tasks):
                 self._note_stall(max(answered, key=StepTimer.last_outside_envs), waited)
         return result
 

@@ -127,3 +127,31 @@ def test_learner_train_s_closing_line_counts_the_stalled_steps_by_server() -> No
     assert _faults_line({"total_steps": 100, "failures": 1, "replicas": {"local-1": {"stalls": 1}}}) == (
         "faults: 1 server failure, 1 stalled step (local-1 1)"
     )
+
+
+@pytest.mark.slow
+def test_a_server_lost_past_its_deadline_makes_no_stall_of_a_step_socket_server_that_answered(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused TCP server, lost at its step deadline: the answer of the other server, on a step socket,
+    was taken in only after that wait, and the healthy server was warned of and counted as stalled."""
+    monkeypatch.setattr(faults, "STALL", (0.5, 10.0, 3.0))
+    with (
+        LocalServers("CartPole-v1", 1, 2, transport="tcp") as tcp,
+        LocalServers("CartPole-v1", 1, 2, transport="unix") as unix,
+        RemoteVectorEnv([*tcp.addresses, *unix.addresses], fault_tolerant=True, timeout=1.0) as envs,
+        caplog.at_level(logging.WARNING),
+    ):
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(ACTIONS)
+        timer = _paused(tcp.pids[0], 3.0)
+        try:
+            _, _, _, _, infos = envs.step(ACTIONS)
+        finally:
+            timer.cancel()
+            os.kill(tcp.pids[0], signal.SIGCONT)
+        assert infos["env_unavailable"].tolist() == [True, True, False, False]  # (the TCP server lost)
+        counted = {r.address: r.stalls for r in envs.replica_stats()}
+    assert counted == {tcp.addresses[0]: 0, unix.addresses[0]: 0}, counted
+    assert not _stalls(caplog), _stalls(caplog)
