@@ -876,7 +876,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _print_eval_result(args, partial, error=error)
         elif args.json:
             args.json_printed = True
-            print(json.dumps({"error": error}), flush=True)
+            print(json.dumps({"error": error, "exit_status": 1}), flush=True)
         raise
     _print_eval_result(args, result)
     return 130 if result.get("interrupted", False) else 0
@@ -894,7 +894,12 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
 
         args.json_printed = True  # (before it: a second Ctrl-C as it prints adds no object of its own)
         # (valid JSON: NaN and infinities, which json.dumps writes as bare tokens no JSON parser takes, as null)
-        print(json.dumps(jsonable(result if error is None else {**result, "error": error})), flush=True)
+        # (exit_status in every object, as the command exits: 0, 130 interrupted, 1 an error, 2 usage)
+        status = {"exit_status": 1 if error is not None else 130 if interrupted else 0}
+        print(
+            json.dumps(jsonable({**result, **status} if error is None else {**result, "error": error, **status})),
+            flush=True,
+        )
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
         count = f"{result['episodes']} episode{'' if result['episodes'] == 1 else 's'}"

@@ -831,7 +831,8 @@ def test_eval_json_prints_an_object_with_the_error_whatever_stopped_it(
     out, err = capsys.readouterr()
     assert json.loads(out) == {
         "error": f"{damaged}: expected an envfleet checkpoint, but it is not a checkpoint torch "
-        "can read (torch.save writes a zip archive; this file starts b'hello\\n')"
+        "can read (torch.save writes a zip archive; this file starts b'hello\\n')",
+        "exit_status": 1,
     }, out
     _checkpoint(tmp_path, Args(env="tests.test_eval:CrashingClockEnv", backend="gym"), *CLOCK_SPACES)
     video = ["--backend", "gym", "--video", str(tmp_path / "ep.gif"), "--env-kwargs", '{"raise_at": 2}', "--json"]
@@ -911,7 +912,7 @@ def test_eval_json_prints_an_object_when_aborted_and_only_one(
 
     monkeypatch.setattr(learner.cli, "_print_eval_result", print_then_abort)
     assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == 130
-    assert json.loads(capsys.readouterr().out) == {"episodes": 1}
+    assert json.loads(capsys.readouterr().out) == {"episodes": 1, "exit_status": 0}
 
 
 def test_eval_whose_env_kwargs_change_the_spaces_says_they_may_be_why(
