@@ -338,11 +338,6 @@ async def reconnect(
                     f"the server came back with {problem}; its envs stay unavailable until the fleet is looked "
                     "up again (refresh(), which learner train calls between rollouts, takes it in with its new envs)"
                 )
-            # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
-            # library versions, a restart from another checkout say, rejoined without a word)
-            from learner.membership import _warn_if_other_env  # (membership imports this module)
-
-            _warn_if_other_env(replica.spec, spec, client.address, "its old")
             same_process = spec.server_id == replica.spec.server_id
             if same_process:
                 for session_id in replica.sessions[-2:]:
@@ -409,6 +404,12 @@ async def reconnect(
         if not same_process:
             replica.server_restarts += 1
             replica.out_of_step = 0  # (another process: what the last one answered out of step is not its doing)
+        # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
+        # library versions, a restart from another checkout say, rejoined without a word; once it is back,
+        # not at each attempt that failed after its spec was read)
+        from learner.membership import _warn_if_other_env  # (membership imports this module)
+
+        _warn_if_other_env(replica.spec, spec, client.address, "its old")
         replica.spec = spec
         replica.back_at, replica.answered = time.monotonic(), 0
         # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)

@@ -182,17 +182,21 @@ class LoopRunner:
                     raise_pending_interrupt(self.loop)
                     return result
                 except BaseException as err:
-                    _drop_stale_stops(self.loop)
+                    _drop_stale_stops(self.loop, task)
                     if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
                         task.cancel()
                         # (its own end, or a second Ctrl-C that stops a cleanup that hangs, is beside the point)
                         with contextlib.suppress(BaseException):
                             self.loop.run_until_complete(task)
-                        _drop_stale_stops(self.loop)
+                        _drop_stale_stops(self.loop, task)
                     # An interrupt asked for in the loop's last turn, as the call failed (a step whose servers
-                    # the same Ctrl-C ended, one past its deadline): the interrupt, not left for a later call.
-                    if not isinstance(err, KeyboardInterrupt):
+                    # the same Ctrl-C ended, one past its deadline): the interrupt, not left for a later call;
+                    # where an interrupt is raised already (a second Ctrl-C during the cleanup), it stands for it.
+                    try:
                         raise_pending_interrupt(self.loop)
+                    except KeyboardInterrupt:
+                        if not isinstance(err, KeyboardInterrupt):
+                            raise
                     raise
         outcome: list[Any] = []
         task = asyncio.ensure_future(awaitable, loop=self.loop)
@@ -290,8 +294,8 @@ def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T]) -> None
         done.set_result(task.result())
 
 
-def _drop_stale_stops(loop: asyncio.AbstractEventLoop) -> None:
-    """After ``run_until_complete`` was interrupted: cancel the loop.stop() it may have left scheduled.
+def _drop_stale_stops(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
+    """After ``run_until_complete(future)`` was interrupted: cancel the loop.stop() it may have left scheduled.
 
     Its future, done in the same turn of the loop as the interrupt was raised, had scheduled the
     callback that stops the loop, which run_until_complete's cleanup does not take back once
@@ -299,8 +303,10 @@ def _drop_stale_stops(loop: asyncio.AbstractEventLoop) -> None:
     stopped before Future completed", and the close was cancelled, leaving the servers claimed by a
     process that still held their Hold streams (about 1 Ctrl-C in 100 while a script stepped a fleet)."""
     stop = getattr(asyncio.base_events, "_run_until_complete_cb", None)
-    for handle in getattr(loop, "_ready", ()):
-        if stop is not None and getattr(handle, "_callback", None) is stop:
+    if stop is None or loop.is_running():  # (another thread's run: its own stop is no stale one)
+        return
+    for handle in list(getattr(loop, "_ready", ())):  # (a copy: other threads may schedule meanwhile)
+        if getattr(handle, "_callback", None) is stop and getattr(handle, "_args", ())[:1] == (future,):
             handle.cancel()
 
 

@@ -424,3 +424,29 @@ def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_
             runner.run(asyncio.sleep(0))
     finally:
         learner.loop._interrupt_pending_on = None
+
+
+def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for_the_next_call() -> None:
+    """A second Ctrl-C in the last turn of the cleanup that the first one's cancel runs: the first's
+    KeyboardInterrupt stands for both; the second was left pending and cut the next call (the fleet's
+    close) short at its first turn."""
+
+    def first_ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    async def cleaned_up_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            asyncio.get_running_loop().call_soon(learner.loop.interrupt)  # (the second Ctrl-C's handler)
+            raise
+
+    async def next_call() -> str:
+        await asyncio.sleep(0.01)
+        return "done"
+
+    runner = LoopRunner(asyncio.new_event_loop())
+    runner.loop.call_later(0.05, first_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(cleaned_up_when_cancelled())
+    assert runner.run(next_call()) == "done"
