@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import signal
 import threading
 import weakref
 from collections.abc import Awaitable, Coroutine
-from types import FrameType
 from typing import Any, TypeVar, cast
 
 import grpc.aio
 
-__all__ = ["LoopRunner", "gather", "interrupt", "raise_pending_interrupt"]
+from learner import interrupts
+
+__all__ = ["LoopRunner", "gather"]
 
 T = TypeVar("T")
 
@@ -26,52 +26,6 @@ _background_lock = threading.Lock()
 # No lock: a runner's finalizer may run in any thread at any allocation (a garbage collection), even
 # while that thread takes a loop from here or makes one; list.append and list.pop are atomic.
 _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
-
-
-# LoopRunner's loops (a signal's interrupt waits for their next callback: see interrupt), and the one a
-# signal handler left a KeyboardInterrupt for, not raised yet (None: none is pending).
-_ours: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
-_interrupt_pending_on: asyncio.AbstractEventLoop | None = None
-
-
-def interrupt() -> None:
-    """Raise KeyboardInterrupt, for a signal handler (Ctrl-C, a command's SIGTERM): at once, or, where
-    this thread runs one of :class:`LoopRunner`'s event loops just then, as that loop's next callback,
-    and at the latest once the loop stops (LoopRunner's calls look).
-
-    A handler runs wherever the main thread is, and raised in the middle of one of the loop's
-    callbacks the interrupt could be lost: gRPC's completion callbacks (Cython, ``noexcept``) print it
-    and swallow it, and with it the wakeup of the task that waited for the call, which then waits for
-    ever, whatever its deadline (a SIGTERM as a learner waited for its servers left it running; in a
-    script stepping a fleet over TCP about one Ctrl-C in ten hung it). Another loop (a caller's own:
-    ``asyncio.run``, a notebook's kernel) is not waited for: the code that runs in it may not return to
-    it for long, a step of RemoteVectorEnv's included."""
-    global _interrupt_pending_on
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # (no loop runs here: the usual case, between steps)
-        loop = None
-    if loop is None or loop not in _ours:
-        raise KeyboardInterrupt
-    _interrupt_pending_on = loop
-    loop.call_soon_threadsafe(raise_pending_interrupt, loop)  # (which wakes the loop, as a signal did)
-
-
-def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:
-    """Raise the KeyboardInterrupt :func:`interrupt` left for ``loop``, if it is not raised yet: only
-    there, and only in the main thread, whose signal it is (another thread's calls on a loop of its own
-    do not take it, nor does a close run on the main thread's loop by a worker, a garbage collection's
-    finalizer say: the main thread's next call raises it)."""
-    global _interrupt_pending_on
-    if _interrupt_pending_on is loop and threading.current_thread() is threading.main_thread():
-        _interrupt_pending_on = None
-        raise KeyboardInterrupt
-
-
-def _interrupt_on_signal(signum: int, frame: FrameType | None) -> None:
-    """Ctrl-C's handler where the program left it to Python's own (see :func:`_take_ctrl_c`):
-    KeyboardInterrupt, as Python's is, by way of :func:`interrupt`."""
-    interrupt()
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -111,7 +65,7 @@ class LoopRunner:
         scheduled: set[asyncio.Task[Any]] | None = None,
     ) -> None:
         self.loop = loop
-        _ours.add(loop)
+        interrupts.ours.add(loop)
         self._thread = thread
         # Held by whichever thread runs the loop (for_this_thread's: the caller's thread): a call from
         # another thread (a close from a worker, a finalizer run by a garbage collection there) runs the
@@ -133,7 +87,7 @@ class LoopRunner:
                     loop, scheduled = asyncio.new_event_loop(), set()
                 runner = _local.runner = cls(loop, scheduled=scheduled)
                 if threading.current_thread() is threading.main_thread():
-                    _take_ctrl_c()
+                    interrupts.take_ctrl_c()
                 weakref.finalize(runner, _spare_loop, loop, scheduled).atexit = False
             return runner
         return _background_runner()
@@ -179,7 +133,7 @@ class LoopRunner:
                 try:
                     result = self.loop.run_until_complete(task)
                     # (an interrupt asked for as the call ended, its callback left for the loop's next run)
-                    raise_pending_interrupt(self.loop)
+                    interrupts.raise_pending_interrupt(self.loop)
                     return result
                 except BaseException as err:
                     _drop_stale_stops(self.loop, task)
@@ -193,7 +147,7 @@ class LoopRunner:
                     # the same Ctrl-C ended, one past its deadline): the interrupt, not left for a later call;
                     # where an interrupt is raised already (a second Ctrl-C during the cleanup), it stands for it.
                     try:
-                        raise_pending_interrupt(self.loop)
+                        interrupts.raise_pending_interrupt(self.loop)
                     except KeyboardInterrupt:
                         if not isinstance(err, KeyboardInterrupt):
                             raise
@@ -308,17 +262,6 @@ def _drop_stale_stops(loop: asyncio.AbstractEventLoop, future: asyncio.Future[An
     for handle in list(getattr(loop, "_ready", ())):  # (a copy: other threads may schedule meanwhile)
         if getattr(handle, "_callback", None) is stop and getattr(handle, "_args", ())[:1] == (future,):
             handle.cancel()
-
-
-def _take_ctrl_c() -> None:
-    """For the main thread's runner, made with its first fleet: where the program left Ctrl-C to Python
-    (``signal.default_int_handler``, as a script does), a handler that raises KeyboardInterrupt as that
-    one does, but never in the middle of one of the loop's callbacks (:func:`interrupt`). Once, and for
-    the process's life; a handler of the program's own is left as it is. (``asyncio.run``, later in the
-    same program, then keeps this one rather than installing its own: a Ctrl-C there raises
-    KeyboardInterrupt where the code is, as before Python 3.11, instead of cancelling its main task.)"""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupt_on_signal)
 
 
 def _spare_loop(loop: asyncio.AbstractEventLoop, scheduled: set[asyncio.Task[Any]]) -> None:

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from env_server.protocol import DOUBLE_TAP_S
-from learner.loop import interrupt
+from learner.interrupts import interrupt
 from learner.stats import format_return
 
 __all__ = [

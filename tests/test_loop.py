@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import learner.interrupts
 import learner.loop
 from env_server.health import check
 from learner.loop import LoopRunner
@@ -312,7 +313,7 @@ def test_an_interrupt_left_for_one_thread_s_loop_is_not_raised_in_another_s() ->
             worker_raised.append(True)
 
     async def main() -> None:
-        learner.loop.interrupt()  # (as the handler does, the loop running)
+        learner.interrupts.interrupt()  # (as the handler does, the loop running)
         thread = threading.Thread(target=worker)
         thread.start()
         thread.join()  # (the loop blocked meanwhile, as by synchronous code)
@@ -332,7 +333,7 @@ def test_an_interrupt_in_a_loop_not_a_runner_s_is_raised_at_once() -> None:
 
     async def main() -> str:
         try:
-            learner.loop.interrupt()
+            learner.interrupts.interrupt()
         except KeyboardInterrupt:
             return "at once"
         return "deferred"
@@ -350,11 +351,11 @@ def test_the_main_thread_s_first_runner_takes_over_ctrl_c_only_where_python_has_
             pass
 
         signal.signal(signal.SIGINT, own)
-        learner.loop._take_ctrl_c()
+        learner.interrupts.take_ctrl_c()
         assert signal.getsignal(signal.SIGINT) is own
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        learner.loop._take_ctrl_c()
-        assert signal.getsignal(signal.SIGINT) is learner.loop._interrupt_on_signal
+        learner.interrupts.take_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is learner.interrupts._interrupt_on_signal
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     finally:
@@ -388,7 +389,7 @@ def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call() -> None
     Ctrl-C ended): the call raised its error, and the interrupt was left for whatever call came next."""
 
     async def fails_as_the_interrupt_is_asked() -> None:
-        asyncio.get_running_loop().call_soon(learner.loop.interrupt)  # (the handler, in the last turn)
+        asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the handler, in the last turn)
         raise ConnectionError("the server went away")
 
     async def next_call() -> str:
@@ -414,7 +415,7 @@ def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_
         except KeyboardInterrupt:
             worker_raised.append(True)
 
-    learner.loop._interrupt_pending_on = runner.loop  # (as interrupt() leaves it)
+    learner.interrupts._interrupt_pending_on = runner.loop  # (as interrupt() leaves it)
     try:
         thread = threading.Thread(target=worker)
         thread.start()
@@ -423,7 +424,7 @@ def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_
         with pytest.raises(KeyboardInterrupt):
             runner.run(asyncio.sleep(0))
     finally:
-        learner.loop._interrupt_pending_on = None
+        learner.interrupts._interrupt_pending_on = None
 
 
 def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for_the_next_call() -> None:
@@ -438,7 +439,7 @@ def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
-            asyncio.get_running_loop().call_soon(learner.loop.interrupt)  # (the second Ctrl-C's handler)
+            asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the second Ctrl-C's handler)
             raise
 
     async def next_call() -> str:

@@ -30,7 +30,7 @@ from learner.benchmarks import report
 from learner.benchmarks.ppo import PPO_LAYOUTS, remove_orphaned_workdirs
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
-from learner.loop import interrupt
+from learner.interrupts import interrupt
 
 __all__ = ["SUITES", "BenchConfig", "check", "others_running", "run_bench"]
 

@@ -1,0 +1,70 @@
+"""A signal's KeyboardInterrupt, raised where it cannot be lost: never inside one of the event loop's
+callbacks (see :func:`interrupt`). Apart from :mod:`learner.loop` so that the commands' signal handlers
+(:mod:`learner.progress`) can use it without importing gRPC, which reads its settings when imported."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import weakref
+from types import FrameType
+
+__all__ = ["interrupt", "raise_pending_interrupt", "take_ctrl_c"]
+
+# LoopRunner's loops, each added as its runner is made (a signal's interrupt waits for their next
+# callback: see interrupt), and the one a signal handler left a KeyboardInterrupt for, not raised yet
+# (None: none is pending).
+ours: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+_interrupt_pending_on: asyncio.AbstractEventLoop | None = None
+
+
+def interrupt() -> None:
+    """Raise KeyboardInterrupt, for a signal handler (Ctrl-C, a command's SIGTERM): at once, or, where
+    this thread runs one of :class:`~learner.loop.LoopRunner`'s event loops just then, as that loop's
+    next callback, and at the latest once the loop stops (LoopRunner's calls look).
+
+    A handler runs wherever the main thread is, and raised in the middle of one of the loop's
+    callbacks the interrupt could be lost: gRPC's completion callbacks (Cython, ``noexcept``) print it
+    and swallow it, and with it the wakeup of the task that waited for the call, which then waits for
+    ever, whatever its deadline (a SIGTERM as a learner waited for its servers left it running; in a
+    script stepping a fleet over TCP about one Ctrl-C in ten hung it). Another loop (a caller's own:
+    ``asyncio.run``, a notebook's kernel) is not waited for: the code that runs in it may not return to
+    it for long, a step of RemoteVectorEnv's included."""
+    global _interrupt_pending_on
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # (no loop runs here: the usual case, between steps)
+        loop = None
+    if loop is None or loop not in ours:
+        raise KeyboardInterrupt
+    _interrupt_pending_on = loop
+    loop.call_soon_threadsafe(raise_pending_interrupt, loop)  # (which wakes the loop, as a signal did)
+
+
+def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:
+    """Raise the KeyboardInterrupt :func:`interrupt` left for ``loop``, if it is not raised yet: only
+    there, and only in the main thread, whose signal it is (another thread's calls on a loop of its own
+    do not take it, nor does a close run on the main thread's loop by a worker, a garbage collection's
+    finalizer say: the main thread's next call raises it)."""
+    global _interrupt_pending_on
+    if _interrupt_pending_on is loop and threading.current_thread() is threading.main_thread():
+        _interrupt_pending_on = None
+        raise KeyboardInterrupt
+
+
+def _interrupt_on_signal(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C's handler where the program left it to Python's own (see :func:`take_ctrl_c`):
+    KeyboardInterrupt, as Python's is, by way of :func:`interrupt`."""
+    interrupt()
+
+
+def take_ctrl_c() -> None:
+    """For the main thread's runner, made with its first fleet: where the program left Ctrl-C to Python
+    (``signal.default_int_handler``, as a script does), a handler that raises KeyboardInterrupt as that
+    one does, but never in the middle of one of the loop's callbacks (:func:`interrupt`). Once, and for
+    the process's life; a handler of the program's own is left as it is. (``asyncio.run``, later in the
+    same program, then keeps this one rather than installing its own: a Ctrl-C there raises
+    KeyboardInterrupt where the code is, as before Python 3.11, instead of cancelling its main task.)"""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt_on_signal)
