@@ -362,26 +362,30 @@ def test_the_main_thread_s_first_runner_takes_over_ctrl_c_only_where_python_has_
         signal.signal(signal.SIGINT, before)
 
 
+def _ctrl_c() -> None:
+    """A Ctrl-C's KeyboardInterrupt, as a callback of the loop raises it."""
+    raise KeyboardInterrupt
+
+
+async def _a_later_call() -> str:
+    """The call after an interrupted one (the fleet's close, say): it must run to its end."""
+    await asyncio.sleep(0.01)
+    return "done"
+
+
 def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call() -> None:
     """A KeyboardInterrupt raised in the turn of the loop in which the call's future ended (its callback
     that stops the loop scheduled, not yet run): the next call (the fleet's close) stopped at its first
     turn, "Event loop stopped before Future completed", its task cancelled, and its servers were left
     claimed (about 1 Ctrl-C in 100 while a script stepped a fleet)."""
 
-    def interrupt_now() -> None:
-        raise KeyboardInterrupt
-
     async def ends_with_an_interrupt_queued() -> None:
-        asyncio.get_running_loop().call_soon(interrupt_now)  # (before the future's own callbacks)
-
-    async def next_call() -> str:
-        await asyncio.sleep(0.01)
-        return "done"
+        asyncio.get_running_loop().call_soon(_ctrl_c)  # (before the future's own callbacks)
 
     runner = LoopRunner(asyncio.new_event_loop())
     with pytest.raises(KeyboardInterrupt):
         runner.run(ends_with_an_interrupt_queued())
-    assert runner.run(next_call()) == "done"
+    assert runner.run(_a_later_call()) == "done"
 
 
 def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call() -> None:
@@ -392,14 +396,10 @@ def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call() -> None
         asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the handler, in the last turn)
         raise ConnectionError("the server went away")
 
-    async def next_call() -> str:
-        await asyncio.sleep(0.01)
-        return "done"
-
     runner = LoopRunner(asyncio.new_event_loop())
     with pytest.raises(KeyboardInterrupt):
         runner.run(fails_as_the_interrupt_is_asked())
-    assert runner.run(next_call()) == "done"
+    assert runner.run(_a_later_call()) == "done"
 
 
 def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_running_it() -> None:
@@ -432,9 +432,6 @@ def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for
     KeyboardInterrupt stands for both; the second was left pending and cut the next call (the fleet's
     close) short at its first turn."""
 
-    def first_ctrl_c() -> None:
-        raise KeyboardInterrupt
-
     async def cleaned_up_when_cancelled() -> None:
         try:
             await asyncio.sleep(10)
@@ -442,12 +439,8 @@ def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for
             asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the second Ctrl-C's handler)
             raise
 
-    async def next_call() -> str:
-        await asyncio.sleep(0.01)
-        return "done"
-
     runner = LoopRunner(asyncio.new_event_loop())
-    runner.loop.call_later(0.05, first_ctrl_c)
+    runner.loop.call_later(0.05, _ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         runner.run(cleaned_up_when_cancelled())
-    assert runner.run(next_call()) == "done"
+    assert runner.run(_a_later_call()) == "done"
