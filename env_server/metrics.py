@@ -7,12 +7,12 @@ import logging
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+import grpc
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -25,6 +25,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from env_server.interceptors import RefusalLog
 from env_server.protocol import package_version
 
 __all__ = [
@@ -335,10 +336,9 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
     def server_activate(self) -> None:
         super().server_activate()
         self._slots = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
-        self._closed_unanswered = 0
-        self._last_line = -_LOG_EVERY_S
-        self._made_room = 0
-        self._last_room_line = -_LOG_EVERY_S
+        # (log lines of each at most every _LOG_EVERY_S, with the count so far and of those left out)
+        self._closed_unanswered = RefusalLog(_LOG_EVERY_S, what="connections closed unanswered")
+        self._made_room = RefusalLog(_LOG_EVERY_S, what="connections closed to make room")
         # Connections whose request line and headers have not all come, oldest first, and their peers.
         self._reading: dict[socket.socket, Any] = {}
         self._reading_lock = threading.Lock()
@@ -358,17 +358,15 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
             peer = self._reading.pop(oldest)
         with contextlib.suppress(OSError):  # (its thread's read fails, and it ends)
             oldest.shutdown(socket.SHUT_RDWR)
-        self._made_room += 1
-        now = time.monotonic()
-        if now - self._last_room_line >= _LOG_EVERY_S:
-            self._last_room_line = now
+        suffix = self._made_room.note("metrics", grpc.StatusCode.RESOURCE_EXHAUSTED)
+        if suffix is not None:
             log.warning(
                 "metrics endpoint: %d connections open, the most it serves at once; closed the oldest whose "
-                "request had not come (from %s), for one from %s (%d so far)",
+                "request had not come (from %s), for one from %s %s",
                 MAX_HTTP_CONNECTIONS,
                 peer[0] if peer else "?",
                 client_address[0] if client_address else "?",
-                self._made_room,
+                suffix,
             )
         return self._slots.acquire(timeout=_ROOM_WAIT_S)
 
@@ -394,16 +392,13 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
             self._slots.release()
 
     def _note_closed(self, client_address: Any) -> None:
-        self._closed_unanswered += 1
-        now = time.monotonic()
-        if now - self._last_line >= _LOG_EVERY_S:
-            self._last_line = now
+        suffix = self._closed_unanswered.note("metrics", grpc.StatusCode.RESOURCE_EXHAUSTED)
+        if suffix is not None:
             log.warning(
-                "metrics endpoint: %d connections open, the most it serves at once; closed one from %s "
-                "unanswered (%d so far)",
+                "metrics endpoint: %d connections open, the most it serves at once; closed one from %s unanswered %s",
                 MAX_HTTP_CONNECTIONS,
                 client_address[0] if client_address else "?",
-                self._closed_unanswered,
+                suffix,
             )
 
     def handle_error(self, request: Any, client_address: Any) -> None:
