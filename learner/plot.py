@@ -152,16 +152,10 @@ def _resolved(run: str | Path) -> Path:
 
 
 def _first_of_each(runs: Sequence[str | Path]) -> list[int]:
-    """The indices of ``runs`` that are no repeat of an earlier one: the same folder, however spelt
-    (``runs/cp``, ``./runs/cp/``, a symlink to it; compared resolved)."""
-    seen: set[Path] = set()
-    first = []
-    for i, run in enumerate(runs):
-        resolved = _resolved(run)
-        if resolved not in seen:
-            seen.add(resolved)
-            first.append(i)
-    return first
+    """For each of ``runs``, the index of the first one that is the same folder, however spelt
+    (``runs/cp``, ``./runs/cp/``, a symlink to it; compared resolved): its own for a run given once."""
+    first: dict[Path, int] = {}
+    return [first.setdefault(_resolved(run), i) for i, run in enumerate(runs)]
 
 
 def config_groups(runs: Sequence[str | Path]) -> list[str]:
@@ -176,7 +170,7 @@ def config_groups(runs: Sequence[str | Path]) -> list[str]:
     known = [setup for setup in setups if setup is not None]
     _fill_unrecorded(known)
     # (of each run once: one given twice is plot_runs' to warn of, as it draws it once)
-    distinct = _first_of_each(runs)
+    distinct = [i for i, first in enumerate(_first_of_each(runs)) if first == i]
     _warn_of_repeated_seeds(
         [Path(runs[i]) for i in distinct], [configs[i] for i in distinct], [setups[i] for i in distinct]
     )
@@ -358,10 +352,11 @@ def plot_runs(
     atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it cannot be.
     Returns the path written (with ``.png`` added to a name without a suffix).
     """
-    distinct = _first_of_each(runs)
-    for i, run in enumerate(runs):  # (the repeats, each named with its first: `runs/cp: given twice`)
-        if i not in distinct:
-            first = next(runs[j] for j in distinct if _resolved(runs[j]) == _resolved(run))
+    firsts = _first_of_each(runs)
+    distinct = [i for i, first in enumerate(firsts) if first == i]
+    for i, (run, j) in enumerate(zip(runs, firsts, strict=True)):  # (the repeats, each named with its first)
+        if j != i:
+            first = runs[j]
             log.warning("%s: given twice%s; drawn once", first, "" if str(run) == str(first) else f" (also as {run})")
     runs = [runs[i] for i in distinct]
     groups = None if groups is None else [groups[i] for i in distinct]
