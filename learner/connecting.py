@@ -23,8 +23,8 @@ from learner.errors import (
 )
 from learner.local import socket_folder_gone
 from learner.loop import gather
-from learner.membership import _Away, _warn_if_other_env
-from learner.specs import incompatible
+from learner.membership import _Away
+from learner.specs import _warn_if_other_env, incompatible
 
 if TYPE_CHECKING:
     from learner.remote import RemoteVectorEnv

@@ -65,9 +65,9 @@ from learner.faults import Replica, ReplicaState, is_outage, misfit_reported
 from learner.fleet import FleetChange
 from learner.local import socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
-from learner.membership import FleetMembership, _Away, _Retired, _warn_if_other_env
+from learner.membership import FleetMembership, _Away, _Retired
 from learner.outages import FleetOutages, in_server_order
-from learner.specs import gym_env_spec, incompatible, served_kwargs
+from learner.specs import _warn_if_other_env, gym_env_spec, incompatible, served_kwargs
 from learner.stats import ReplicaStats, StepTimer
 from learner.validate import flag as _flag
 from learner.validate import is_finite as _is_finite

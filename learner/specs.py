@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -12,6 +13,9 @@ from env_server import codec
 from env_server.rpc import env_pb2 as pb
 
 __all__ = ["FLEET_FIELDS", "gym_env_spec", "incompatible", "served_kwargs"]
+
+# (the fleet's own lines, as connecting and membership log them: one logger for a fleet's servers)
+log = logging.getLogger("learner.remote")
 
 FLEET_FIELDS = ("observation_space", "action_space", "autoreset_mode")
 """What every server of one fleet must agree on (their EnvSpec fields)."""
@@ -89,3 +93,41 @@ def served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
     except ValueError:
         return None
     return kwargs if isinstance(kwargs, dict) else None
+
+
+def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
+    """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
+    time limit): allowed (variants of a task, one per server), but a mistake as often."""
+    # (servers older than EnvSpec.env_kwargs said a time limit of 0 under async vectorization, whatever
+    # it was: not compared then)
+    known = [s for s in (got, want) if s.HasField("env_kwargs") or s.vectorization != "async"]
+    differ = [
+        f"{name} {getattr(got, name)!r}, not {whose} {getattr(want, name)!r}"
+        for name in ("env_id", "max_episode_steps")
+        if getattr(got, name) != getattr(want, name) and (name == "env_id" or len(known) == 2)
+    ]
+    kwargs, wanted = served_kwargs(got), served_kwargs(want)
+    if kwargs is not None and wanted is not None and kwargs != wanted:  # (servers too old to say: not compared)
+        differ.append(f"env kwargs {json.dumps(kwargs)}, not {whose} {json.dumps(wanted)}")
+    if differ:
+        log.warning(
+            "env server %s serves another env than the rest (%s); its spaces fit, so it steps with them "
+            "(RemoteVectorEnv.spec is the first server's)",
+            address,
+            "; ".join(differ),
+        )
+    # (python's patch level aside: the libraries an env's dynamics depend on; servers older than
+    # EnvSpec.versions send none, and are not compared)
+    other = sorted(
+        f"{name} {got.versions[name]}, not {want.versions[name]}"
+        for name in set(got.versions) & set(want.versions)
+        if name != "python" and got.versions[name] != want.versions[name]
+    )
+    if other:
+        log.warning(
+            "env server %s runs other versions than %s (%s): the same env may behave otherwise there "
+            "(RemoteVectorEnv.server_versions has every server's)",
+            address,
+            "it did before" if whose == "its old" else whose.removesuffix("'s"),
+            "; ".join(other),
+        )
