@@ -8,7 +8,10 @@ An address is one of:
   ``compose:[PROJECT/]SERVICE``  every healthy replica of a Docker Compose service, at its published
                            host port (``learner.compose``, through the Docker SDK);
   ``swarm:SERVICE``        every running task of a Docker Swarm service, at the port it publishes on
-                           its node (``learner.swarm``, through the Docker SDK on a swarm manager).
+                           its node (``learner.swarm``, through the Docker SDK on a swarm manager);
+  ``file:PATH``            every address listed in the file at PATH (any of the forms above but
+                           ``file:``; one or more a line, ``#`` comments), read anew at every look-up:
+                           the way to grow or shrink a fleet of plain host:port servers while it runs.
 
 Resolving again later (between rollouts) finds replicas that were added or removed.
 """
@@ -170,10 +173,75 @@ def _expand_all(addresses: str | Sequence[str]) -> dict[str, str | None]:
         )
     out: dict[str, str | None] = {}
     for address in addresses:
-        name = _dns_name(address)
-        for endpoint in _expand_one(address):
-            out.setdefault(endpoint, name)
+        for where, entry in _entries(address):
+            try:
+                name = _dns_name(entry)
+                endpoints = _expand_one(entry)
+            except NotReadyYet as err:
+                raise NotReadyYet(f"{where}{err}", err.waiting_for) from err
+            except AddressError as err:
+                if not where:
+                    raise
+                raise AddressError(f"{where}{err}") from err
+            for endpoint in endpoints:
+                out.setdefault(endpoint, name)
     return out
+
+
+_FILE_MAX_BYTES = 1 << 20  # (a list of servers; more is some other file named by mistake)
+
+
+def _entries(address: str) -> list[tuple[str, str]]:
+    """``address`` (as ``("", address)``), or for ``file:PATH`` each address the file lists now, with
+    where it is (``"file:PATH line N: "``) for the errors about it."""
+    if not (isinstance(address, str) and address.strip().startswith("file:")):
+        return [("", address)]
+    address = address.strip()
+    path = address[len("file:") :]
+    if path.startswith("//"):  # the URI form: file:///abs/path (file://host/path names another host's file)
+        if not path.startswith("///"):
+            raise AddressError(
+                f"server address {address!r}: expected file:PATH or file:///PATH (a file on this host), got a host in it"
+            )
+        path = path[2:]
+    if not path:
+        raise AddressError(f"server address {address!r}: expected file:PATH, the file listing the servers; got no path")
+    try:
+        with open(path, "rb") as file:
+            data = file.read(_FILE_MAX_BYTES + 1)
+        text = data.decode()
+    except FileNotFoundError:
+        raise AddressError(
+            f"server address {address!r}: no such file ({os.path.abspath(path)}); it should list the env servers, "
+            "one host:port (or unix:PATH, dns:///name:port) a line"
+        ) from None
+    except IsADirectoryError:
+        raise AddressError(f"server address {address!r}: {os.path.abspath(path)} is a folder, not a file") from None
+    except OSError as err:
+        raise AddressError(f"server address {address!r}: cannot read {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise AddressError(f"server address {address!r}: {path} is not UTF-8 text ({err})") from None
+    if len(data) > _FILE_MAX_BYTES:
+        raise AddressError(
+            f"server address {address!r}: {path} is over {_FILE_MAX_BYTES >> 20} MiB; expected a list of server "
+            "addresses"
+        )
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        where = f"{address} line {number}: "
+        for entry in split_addresses(line.partition("#")[0]):
+            if entry.startswith("file:"):
+                raise AddressError(
+                    f"{where}{entry!r} is a file: address; a file lists servers (host:port, unix:PATH, "
+                    "dns:///name:port, compose:SERVICE, swarm:SERVICE), not other files"
+                )
+            entries.append((where, entry))
+    if not entries:
+        raise NotReadyYet(
+            f"server address {address!r}: {path} lists no server",
+            waiting_for=f"{path} to list a server ({address})",
+        )
+    return entries
 
 
 def warn_duplicates(addresses: str | Sequence[str]) -> None:
@@ -562,10 +630,11 @@ def _expand_one(address: str) -> list[str]:
         or (_SCHEME.fullmatch(scheme) and ("/" in rest or (scheme.lower() in _SCHEMES and not rest.isdigit())))
     ):
         known = ", ".join(f"{name}:NAME" for name in sorted(_RESOLVERS))
-        lower = scheme.lower() in {"dns", "unix", *_RESOLVERS} and scheme != scheme.lower()
+        lower = scheme.lower() in {"dns", "unix", "file", *_RESOLVERS} and scheme != scheme.lower()
         raise AddressError(
             f"server address {address!r}: unknown scheme {scheme!r}; expected host:port, unix:PATH, dns:///name:port"
-            + (f" or {known}" if known else "")
+            + (f", {known}" if known else "")
+            + " or file:PATH"
             + (f" (schemes are lower case: {scheme.lower()}:)" if lower else "")
         )
     _split_host_port(address)  # validates

@@ -308,3 +308,76 @@ def test_learner_servers_counts_a_server_listed_under_several_names_once(
     lines = capsys.readouterr().out.rstrip().splitlines()
     assert sum(line.startswith(tuple(f"{a}  CartPole-v1 x2" for a in addresses)) for line in lines) == 4
     assert lines[-1] == "2 servers (4 addresses), 2 answering, 4 envs; some are one server listed under two names"
+
+
+def test_a_file_address_is_every_address_the_file_lists(tmp_path: Path) -> None:
+    listed = tmp_path / "servers.txt"
+    listed.write_text("# the fleet\nh1:5000, h2:5000  # two here\n\nunix:/tmp/x.sock\nh1:5000\ndns:///[::1]:5001\n")
+    assert expand_addresses(f"file:{listed}") == ["h1:5000", "h2:5000", "unix:/tmp/x.sock", "[::1]:5001"]
+    assert expand_addresses([f"file://{listed}", "h3:1"]) == [
+        "h1:5000",
+        "h2:5000",
+        "unix:/tmp/x.sock",
+        "[::1]:5001",
+        "h3:1",
+    ]
+
+
+def test_a_file_address_that_cannot_be_used_says_why_and_where(tmp_path: Path) -> None:
+    listed = tmp_path / "servers.txt"
+    with pytest.raises(AddressError, match=r"no such file \(.*servers\.txt\); it should list the env servers"):
+        expand_addresses(f"file:{listed}")
+    with pytest.raises(AddressError, match="is a folder, not a file"):
+        expand_addresses(f"file:{tmp_path}")
+    with pytest.raises(AddressError, match=r"expected file:PATH or file:///PATH .* got a host in it"):
+        expand_addresses("file://otherhost/servers.txt")
+    listed.write_text("h1:5000\nh2:port\n")
+    with pytest.raises(AddressError, match=rf"^file:{listed} line 2: .*'h2:port'"):
+        expand_addresses(f"file:{listed}")
+    listed.write_text(f"h1:5000\nfile:{listed}\n")
+    with pytest.raises(AddressError, match=r"line 2: 'file:.*' is a file: address; a file lists servers"):
+        expand_addresses(f"file:{listed}")
+    listed.write_bytes(b"\xff\xfe h1:5000\n")
+    with pytest.raises(AddressError, match="is not UTF-8 text"):
+        expand_addresses(f"file:{listed}")
+
+
+def test_a_file_that_lists_no_server_yet_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = tmp_path / "servers.txt"
+    listed.write_text("# none yet\n")
+    with pytest.raises(NotReadyYet, match="lists no server"):
+        expand_addresses(f"file:{listed}")
+    looks = []
+
+    def sleep(seconds: float) -> None:  # (the wait's poll: the file gets its server meanwhile)
+        looks.append(seconds)
+        listed.write_text("h1:5000\n")
+
+    monkeypatch.setattr(learner.discovery.time, "sleep", sleep)
+    assert expand_when_ready(f"file:{listed}", wait=60) == ["h1:5000"] and len(looks) == 1
+
+
+@pytest.mark.slow
+def test_servers_added_to_and_taken_from_a_file_join_and_leave_at_refresh(
+    start_servers: StartServers, tmp_path: Path
+) -> None:
+    """host:port servers cannot be added to a running fleet by name; listed in a file, they can."""
+    a, b = start_servers("CartPole-v1", 2, 2, transport="tcp")
+    listed = tmp_path / "servers.txt"
+    listed.write_text(f"{a}\n")
+    with RemoteVectorEnv(f"file:{listed}") as envs:
+        envs.reset(seed=0)
+        assert envs.addresses == [a] and envs.num_envs == 2
+        assert envs.refresh() is None  # (read again: the same)
+        tmp = tmp_path / "servers.tmp"
+        tmp.write_text(f"{a}\n{b}  # added\n")
+        tmp.replace(listed)
+        change = envs.refresh()
+        assert change is not None and change.added == (b,) and envs.addresses == [a, b] and envs.num_envs == 4
+        envs.step(envs.action_space.sample())
+        listed.write_text(f"{b}\n")
+        change = envs.refresh()
+        assert change is not None and change.removed == (a,) and envs.addresses == [b] and envs.num_envs == 2
+        envs.step(envs.action_space.sample())
+        listed.unlink()  # a failed look-up keeps the servers connected now (said once)
+        assert envs.refresh() is None and envs.addresses == [b]
