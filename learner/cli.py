@@ -681,7 +681,8 @@ def _path(text: str) -> str:
 
 _seed = number(0, integer=True)
 SERVER_ADDRESS_FORMS = (
-    "host:port,host:port, unix:PATH, dns:///name:port (every address of the name), compose:SERVICE, swarm:SERVICE"
+    "host:port,host:port, unix:PATH, dns:///name:port (every address of the name), compose:SERVICE, swarm:SERVICE, "
+    "file:PATH (the addresses a file lists, read again between rollouts)"
 )
 _png_path = _file_name(".png", "a PNG", "returns.png")
 _sizes = int_list("integers", "64,64")

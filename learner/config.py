@@ -87,9 +87,9 @@ class Args:
     (or --backend gym's envs); with --servers, set them where the servers are started"""
     servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
     """running env servers to train on: host:port,host:port, unix:/path, dns:///name:port,
-    compose:SERVICE (every replica of a Docker Compose service) or swarm:SERVICE (every task of a
-    Docker Swarm service); looked up again between rollouts; without it, local env servers are
-    started as subprocesses"""
+    compose:SERVICE (every replica of a Docker Compose service), swarm:SERVICE (every task of a
+    Docker Swarm service) or file:PATH (the addresses a file lists); looked up again between rollouts;
+    without it, local env servers are started as subprocesses"""
     backend: Literal["remote", "gym"] = "remote"
     """remote: env servers (over gRPC; steps on their step sockets when reached over Unix sockets);
     gym: an in-process gymnasium SyncVectorEnv of the same size and wrappers (for side-by-side

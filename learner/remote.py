@@ -206,7 +206,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     Args:
         addresses: server addresses, a list or one comma-separated string: ``host:port``,
-            ``unix:/path``, or ``dns:///name:port`` (every address the name resolves to).
+            ``unix:/path``, ``dns:///name:port`` (every address the name resolves to), ``compose:SERVICE``,
+            ``swarm:SERVICE`` or ``file:PATH`` (the addresses a file lists); :meth:`refresh` looks them up
+            again.
         timeout: seconds each call (reset, step, handshake) may take before it fails with
             :class:`~learner.errors.RemoteTimeoutError` (or, fault-tolerant, before its server
             counts as lost); a step's counted from its send (:meth:`step_async`, :meth:`send`),
