@@ -40,6 +40,7 @@ from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grp
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers, is_atari
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
+from learner.interrupts import interrupts_held
 from learner.local import DEFAULT_TRANSPORT
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
 from learner.rundir import (
@@ -876,8 +877,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if partial is not None and (partial["episodes"] or "video" in partial or args.json):
             _print_eval_result(args, partial, error=error)
         elif args.json:
-            args.json_printed = True
-            print(json.dumps({"error": error, "exit_status": 1}), flush=True)
+            _print_json(args, {"error": error, "exit_status": 1})
         raise
     _print_eval_result(args, result)
     return 130 if result.get("interrupted", False) else 0
@@ -893,14 +893,10 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
     if args.json:
         from learner.rundir import jsonable
 
-        args.json_printed = True  # (before it: a second Ctrl-C as it prints adds no object of its own)
         # (valid JSON: NaN and infinities, which json.dumps writes as bare tokens no JSON parser takes, as null)
         # (exit_status in every object, as the command exits: 0, 130 interrupted, 1 an error, 2 usage)
         status = {"exit_status": 1 if error is not None else 130 if interrupted else 0}
-        print(
-            json.dumps(jsonable({**result, **status} if error is None else {**result, "error": error, **status})),
-            flush=True,
-        )
+        _print_json(args, jsonable({**result, **status} if error is None else {**result, "error": error, **status}))
     else:
         policy = "stochastic" if args.stochastic else "deterministic"
         count = f"{result['episodes']} episode{'' if result['episodes'] == 1 else 's'}"
@@ -926,6 +922,25 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
                 f"{format_return(video['return'])}; {video['fps']:g} fps{kept})"
             )
         sys.stdout.flush()  # (before the error main prints on stderr)
+
+
+def _print_json(args: argparse.Namespace, obj: dict[str, Any]) -> None:
+    """eval --json's object, one line on stdout, and ``args.json_printed`` set once it is written: then a
+    second Ctrl-C adds no object of its own (main prints an abort's where none is: one object on stdout
+    however the command ends).
+
+    One write, the object and its newline (print's two could be cut between them), then the note, with the
+    command's signals held (:func:`~learner.interrupts.interrupts_held`): a Ctrl-C (SIGTERM, SIGHUP) that
+    comes meanwhile is raised once both are done, never between them, where the note would be wrong: set
+    before the write, no object at all; after it, two. A write that raises all the same (a KeyboardInterrupt
+    of a handler not the command's, which may cut a long line's write in the middle) leaves the note unset:
+    main then writes the abort's object whole, after what may be part of this one, rather than leave a part
+    (no object a parser reads) as all there is."""
+    line = json.dumps(obj) + "\n"
+    with interrupts_held():
+        sys.stdout.write(line)
+        args.json_printed = True
+        sys.stdout.flush()
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -1084,15 +1099,18 @@ class _Parser(ShortErrorParser):
     """Two-line argument errors (a usage line, as train's takes several, and the error); the top-level
     parser names the commands when none is given.
 
-    ``json_errors`` (eval's): where the command line asks for ``--json``, a usage error (an option's bad
-    value, an unknown option, options that do not go together: exit status 2) is also one JSON object on
-    stdout, ``{"error": ..., "exit_status": 2}``, as every other way the command ends prints one there (a
-    script reads stdout, and found nothing to parse); the usage and the error stay on stderr. Whether
-    ``--json`` was given is read from the arguments this parser was handed (:meth:`parse_known_args`
-    keeps them), as argparse, failing, leaves no namespace to look in."""
+    ``json_command`` (the top-level parser's: eval): where the command line names that command and asks
+    for ``--json``, a usage error (an option's bad value, an unknown option, options that do not go
+    together: exit status 2) is also one JSON object on stdout, ``{"error": ..., "exit_status": 2}``, as
+    every other way the command ends prints one there (a script reads stdout, and found nothing to parse);
+    the usage and the error stay on stderr. The command's own parser's errors (its ``top``: the top-level
+    parser) and the top-level parser's, before the command (``learner --log-level bad eval --json``).
+    Read from the whole command line, which the top-level parser was handed (:meth:`parse_known_args`
+    keeps it), as argparse, failing, leaves no namespace to look in."""
 
     commands: list[str] | None = None  # (the top-level parser's: named when none is given)
-    json_errors = False
+    json_command: str | None = None  # (the top-level parser's)
+    top: _Parser | None = None  # (a command's parser whose errors may be objects: the top-level parser)
     _arg_strings: Sequence[str] = ()
 
     def parse_known_args(  # type: ignore[override]  # (typeshed overloads it on the namespace's type)
@@ -1104,20 +1122,52 @@ class _Parser(ShortErrorParser):
     def error(self, message: str) -> NoReturn:
         if self.commands and message == "the following arguments are required: COMMAND":
             message = f"expected a command, one of: {', '.join(self.commands)} (learner COMMAND --help says more)"
-        if self.json_errors and _asks_for_json(self._arg_strings):
+        if _asks_for_json(self.top or self):
             print(json.dumps({"error": message, "exit_status": 2}), flush=True)
         super().error(message)
 
 
-def _asks_for_json(arg_strings: Sequence[str]) -> bool:
-    """Whether ``arg_strings`` (a command's, which its parser refused) hold ``--json``, as argparse reads
+class _Probe(argparse.ArgumentParser):
+    """A parser that reads a command line another one refused; its errors raise ArgumentError, an ambiguous
+    option's too (argparse's own exits there, whatever ``exit_on_error`` says)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+
+def _asks_for_json(top: _Parser) -> bool:
+    """Whether the command line that the top-level parser ``top`` was handed (refused, by it or by the
+    command's parser) names ``top.json_command`` as its command and holds ``--json``, as argparse reads
     them: an abbreviation of it too (``--js``), not a word after ``--``."""
-    probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    if top.json_command is None or _command_of(top, top._arg_strings) != top.json_command:
+        return False
+    probe = _Probe(add_help=False, exit_on_error=False)
     probe.add_argument("--json", action="store_true")
     try:
-        return bool(probe.parse_known_args(list(arg_strings))[0].json)
+        return bool(probe.parse_known_args(list(top._arg_strings))[0].json)
     except argparse.ArgumentError:  # (--json=VALUE: no --json argparse would take)
         return False
+
+
+def _command_of(top: _Parser, arg_strings: Sequence[str]) -> str | None:
+    """The command that ``arg_strings`` name, as the top-level parser ``top`` reads them, whatever the values
+    of its options before it (``--log-level bad``: refused, the command after it is read all the same), or
+    None. Where argparse cannot read them (an ambiguous option, ``--log``; an option without its value), the
+    first word that is a command, before any ``--``."""
+    probe = _Probe(add_help=False, exit_on_error=False)
+    for action in top._actions:
+        if not action.option_strings:  # (the commands: read as top's subparsers read them, below)
+            continue
+        if action.nargs == 0:  # (--help, --version)
+            probe.add_argument(*action.option_strings, dest=action.dest, action="store_true")
+        else:
+            probe.add_argument(*action.option_strings, dest=action.dest, nargs=action.nargs)
+    probe.add_argument("command", nargs=argparse.PARSER)  # (the command, then all after it, as subparsers take)
+    try:
+        return str(probe.parse_known_args(list(arg_strings))[0].command[0])
+    except argparse.ArgumentError:
+        words = itertools.takewhile(lambda word: word != "--", arg_strings)
+        return next((word for word in words if word in (top.commands or ())), None)
 
 
 def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) -> None:
@@ -1403,7 +1453,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
     evaluate.set_defaults(func=cmd_eval, parser=evaluate)
-    evaluate.json_errors = True  # (a usage error under --json: an object on stdout too; see _Parser)
+    evaluate.top = parser  # (a usage error of eval --json: an object on stdout too; see _Parser)
 
     servers = sub.add_parser(
         "servers",
@@ -1545,6 +1595,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(func=cmd_bench, parser=bench)
     parser.commands = list(sub.choices)
+    parser.json_command = "eval"  # (its usage errors, before the command too, under --json: an object too)
     return parser
 
 
@@ -1697,7 +1748,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         if args.command == "eval" and args.json and not getattr(args, "json_printed", False):
             # (eval --json prints one object however it ends: aborted too, before it had a result to print)
-            print(json.dumps({"error": "aborted", "exit_status": 130}), flush=True)
+            _print_json(args, {"error": "aborted", "exit_status": 130})
         print(f"learner {args.command}: aborted", file=sys.stderr)
         return 130
 

@@ -41,7 +41,7 @@ from learner.ppo import (
 )
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
-from learner.served import other_task
+from learner.served import given_kwargs_differ, other_task
 from learner.stats import format_return, mean_of, spread_of
 
 __all__ = ["check_seed", "evaluate"]
@@ -485,17 +485,11 @@ def _wrappers_hint(trained_on: str | None, wrappers: tuple[str, ...]) -> str:
 
 def _env_kwargs_hint(given: dict[str, Any] | None, run_kwargs: dict[str, Any] | None) -> str:
     """A hint when envs made here have other spaces than the policy's and were made with env kwargs
-    ``given`` (--env-kwargs) other than the run's (``run_kwargs``): kwargs can change an env's spaces
-    (LunarLander's ``continuous``, a size, a mode), and the error named the spaces alone, not what the user
-    changed. "" where none were given, or the run's were, or the run does not record its own (None: a run
-    on servers too old to say, whose kwargs the user was told to pass; :func:`_wrappers_hint` speaks of them)."""
-    if given is None or run_kwargs is None or given == run_kwargs:
-        return ""
-    return (
-        f"; they were made with --env-kwargs {json.dumps(given, sort_keys=True)}, not the run's "
-        f"{json.dumps(run_kwargs, sort_keys=True)}, which may be what changed them: leave --env-kwargs out to "
-        "make them as the run's"
-    )
+    ``given`` (--env-kwargs) other than the run's (``run_kwargs``): :func:`~learner.served.given_kwargs_differ`.
+    "" where none were given, or the run's were, or the run does not record its own (None: a run on servers
+    too old to say, whose kwargs the user was told to pass; :func:`_wrappers_hint` speaks of them)."""
+    differ = given_kwargs_differ(given, run_kwargs, leave_out_to="make them as the run's")
+    return f"; they were {differ}" if differ else ""
 
 
 def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:

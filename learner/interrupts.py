@@ -5,24 +5,30 @@ callbacks (see :func:`interrupt`). Apart from :mod:`learner.loop` so that the co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["interrupt", "raise_pending_interrupt", "take_ctrl_c"]
+__all__ = ["interrupt", "interrupts_held", "raise_pending_interrupt", "take_ctrl_c"]
 
 # LoopRunner's loops, each added as its runner is made (a signal's interrupt waits for their next
 # callback: see interrupt), and the one a signal handler left a KeyboardInterrupt for, not raised yet
 # (None: none is pending).
 ours: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _interrupt_pending_on: asyncio.AbstractEventLoop | None = None
+# (interrupts_held's: whether a block holds interrupts now, and whether one came meanwhile)
+_held = False
+_held_interrupt = False
 
 
 def interrupt() -> None:
     """Raise KeyboardInterrupt, for a signal handler (Ctrl-C, a command's SIGTERM): at once, or, where
     this thread runs one of :class:`~learner.loop.LoopRunner`'s event loops just then, as that loop's
-    next callback, and at the latest once the loop stops (LoopRunner's calls look).
+    next callback, and at the latest once the loop stops (LoopRunner's calls look); inside
+    :func:`interrupts_held`'s block, as that block ends.
 
     A handler runs wherever the main thread is, and raised in the middle of one of the loop's
     callbacks the interrupt could be lost: gRPC's completion callbacks (Cython, ``noexcept``) print it
@@ -31,7 +37,10 @@ def interrupt() -> None:
     script stepping a fleet over TCP about one Ctrl-C in ten hung it). Another loop (a caller's own:
     ``asyncio.run``, a notebook's kernel) is not waited for: the code that runs in it may not return to
     it for long, a step of RemoteVectorEnv's included."""
-    global _interrupt_pending_on
+    global _interrupt_pending_on, _held_interrupt
+    if _held:
+        _held_interrupt = True  # (raised as the block ends: interrupts_held)
+        return
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # (no loop runs here: the usual case, between steps)
@@ -40,6 +49,28 @@ def interrupt() -> None:
         raise KeyboardInterrupt
     _interrupt_pending_on = loop
     loop.call_soon_threadsafe(raise_pending_interrupt, loop)  # (which wakes the loop, as a signal did)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """A block of the main thread that a signal's interrupt (:func:`interrupt`: the command's Ctrl-C,
+    SIGTERM, SIGHUP) does not break: one that comes meanwhile is raised as it ends. For what must be done
+    whole or not at all, and be known which (eval --json's object written, and noted so: see
+    learner.cli). A KeyboardInterrupt raised before the block begins, or as it ends, is outside it; one
+    raised otherwise (Python's own handler, left in place) is not held."""
+    global _held, _held_interrupt
+    if threading.current_thread() is not threading.main_thread():  # (signals interrupt the main thread only)
+        yield
+        return
+    _held_interrupt = False  # (one left by an earlier block, raised otherwise as it ended)
+    _held = True
+    try:
+        yield
+    finally:
+        _held = False
+        if _held_interrupt:
+            _held_interrupt = False
+            raise KeyboardInterrupt
 
 
 def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:

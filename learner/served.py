@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["other_task"]
+__all__ = ["given_kwargs_differ", "other_task"]
 
 
 def other_task(served: dict[str, Any], envs: Any) -> list[str]:
@@ -31,3 +31,19 @@ def other_task(served: dict[str, Any], envs: Any) -> list[str]:
     if spec is not None and limit != run_limit:
         differ.append(f"time limit {limit or 'none'} (the run's: {run_limit or 'none'})")
     return differ
+
+
+def given_kwargs_differ(given: dict[str, Any] | None, run_kwargs: dict[str, Any] | None, *, leave_out_to: str) -> str:
+    """Envs made here (eval's, a resumed run's) have other spaces than the run's nets, and were made with env
+    kwargs ``given`` (--env-kwargs) other than the run's (``run_kwargs``): kwargs can change an env's spaces
+    (LunarLander's ``continuous``, a size, a mode), and the error named the spaces alone, not what the user
+    changed. "made with --env-kwargs {...}, not the run's {...}, which may be what changed them: leave
+    --env-kwargs out to ``leave_out_to``", for the caller to say whose envs; "" where none were given (None),
+    or the run's were, or the run's are not known (None)."""
+    if given is None or run_kwargs is None or given == run_kwargs:
+        return ""
+    return (
+        f"made with --env-kwargs {json.dumps(given, sort_keys=True)}, not the run's "
+        f"{json.dumps(run_kwargs, sort_keys=True)}, which may be what changed them: leave --env-kwargs out to "
+        f"{leave_out_to}"
+    )

@@ -24,7 +24,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -106,7 +105,7 @@ from learner.resume import (
     set_aside_newer,
 )
 from learner.rundir import cannot_write, writing
-from learner.served import other_task
+from learner.served import given_kwargs_differ, other_task
 from learner.stats import mean_of
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
@@ -189,7 +188,7 @@ def _resumed_kwargs_hint(args: Args, checkpoint: dict[str, Any]) -> str:
     an env's spaces, LunarLander's ``continuous`` say, and the error named the spaces alone). The run's are
     its options' (a run on running servers: what they said, which a run moved off them takes along). ""
     on running servers (their kwargs are theirs: --env-kwargs does not go with --servers), for a run whose
-    servers did not say, or where nothing differs."""
+    servers did not say, or where nothing differs. Worded as eval's: :func:`~learner.served.given_kwargs_differ`."""
     saved = checkpoint["args"]
     if args.servers is not None:
         return ""
@@ -197,12 +196,8 @@ def _resumed_kwargs_hint(args: Args, checkpoint: dict[str, Any]) -> str:
         run_kwargs = saved.get("env_kwargs") or {}
     else:  # (not the served record of a run's own envs: the atari wrapper adds frameskip=1 there)
         run_kwargs = (checkpoint.get("served") or {}).get("env_kwargs")
-    if run_kwargs is None or dict(args.env_kwargs) == run_kwargs:
-        return ""
-    return (
-        f" (these envs were made with --env-kwargs {json.dumps(args.env_kwargs, sort_keys=True)}, the run's with "
-        f"{json.dumps(run_kwargs, sort_keys=True)}: leave --env-kwargs out to resume it with the run's)"
-    )
+    differ = given_kwargs_differ(dict(args.env_kwargs), run_kwargs, leave_out_to="resume it with the run's")
+    return f" (these envs were {differ})" if differ else ""
 
 
 def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:

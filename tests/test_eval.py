@@ -6,10 +6,12 @@ error, and returns that overflow in process."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -883,6 +885,46 @@ def test_eval_json_prints_an_object_on_a_usage_error_too(capsys: pytest.CaptureF
         assert capsys.readouterr().out == ""
 
 
+def test_eval_json_prints_an_object_on_a_usage_error_before_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error of the options before the command (learner --log-level bad eval --json ...), the
+    top-level parser's, printed nothing on stdout, nor did --json given before eval; now the object too, as
+    for eval's own options. Not where the command is another one, or no --json is eval's, nor for --help."""
+    capsys.readouterr()
+    for argv, error in (
+        (["--log-level", "bad", "eval", "--json", "run"], "argument --log-level: invalid choice: 'bad' (choose "),
+        (["--log-level=bad", "eval", "run", "--js"], "argument --log-level: invalid choice: 'bad' (choose "),
+        (["--log", "bad", "eval", "--json"], "ambiguous option: --log could match --log-level, --log-format"),
+        (["--log-level", "--json", "eval"], "argument --log-level: expected one argument"),
+        (["--json", "eval", "run"], "unrecognized arguments: --json"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        out, err = capsys.readouterr()
+        result = json.loads(out)
+        assert set(result) == {"error", "exit_status"} and result["exit_status"] == 2, result
+        assert result["error"].startswith(error), result
+        assert err.startswith("usage: learner ") and f"error: {result['error']}\n" in err, err
+    for argv in (
+        ["--log-level", "bad", "eval", "run"],
+        ["--log-level", "bad", "eval", "run", "--", "--json"],
+        ["--log-level", "bad", "train", "--json"],
+        ["--log", "bad", "train", "--json"],
+        ["evl", "--json"],
+        [],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("usage: learner "), (argv, out, err)
+    for argv in (["--help", "eval", "--json"], ["eval", "--json", "--help"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0
+        assert capsys.readouterr().out.startswith("usage: learner "), argv
+
+
 def test_eval_json_prints_an_object_when_aborted_and_only_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -913,6 +955,47 @@ def test_eval_json_prints_an_object_when_aborted_and_only_one(
     monkeypatch.setattr(learner.cli, "_print_eval_result", print_then_abort)
     assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == 130
     assert json.loads(capsys.readouterr().out) == {"episodes": 1, "exit_status": 0}
+
+
+def test_eval_json_prints_one_whole_object_when_interrupted_as_it_prints_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object was noted printed before it was: a Ctrl-C whose KeyboardInterrupt came out of the write
+    before it took the object left stdout without any. Now it is noted once written, and main prints the
+    abort's, whole. A signal that comes as the write takes it is held until it is noted: that object alone,
+    no abort's after it (noted after the write, not with it, the two would be printed)."""
+    import learner.evaluate
+
+    monkeypatch.setattr(learner.evaluate, "evaluate", lambda *a, **k: {"episodes": 1})
+
+    class Stdout(io.StringIO):
+        """stdout, whose first write raises KeyboardInterrupt before it takes the text ("before"), or takes
+        it as a SIGINT comes ("as"), which the command's handler raises KeyboardInterrupt for."""
+
+        def __init__(self, interrupt: str | None) -> None:
+            super().__init__()
+            self.interrupt = interrupt
+
+        def write(self, text: str) -> int:
+            interrupt, self.interrupt = self.interrupt, None
+            if interrupt == "before":
+                raise KeyboardInterrupt
+            written = super().write(text)
+            if interrupt == "as":
+                signal.raise_signal(signal.SIGINT)
+            return written
+
+    for interrupt, printed in (
+        ("before", {"error": "aborted", "exit_status": 130}),
+        ("as", {"episodes": 1, "exit_status": 0}),
+        (None, {"episodes": 1, "exit_status": 0}),
+    ):
+        stdout = Stdout(interrupt)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == (0 if interrupt is None else 130)
+        out = stdout.getvalue()
+        assert out.count("\n") == 1 and out.endswith("\n") and json.loads(out) == printed, (interrupt, out)
+        assert capsys.readouterr().err.strip().endswith("aborted") == (interrupt is not None)
 
 
 def test_eval_whose_env_kwargs_change_the_spaces_says_they_may_be_why(

@@ -258,7 +258,8 @@ def test_a_run_resumed_with_env_kwargs_that_change_its_spaces_is_told_they_may_b
     assert str(refused.value).startswith(f"--resume: the run in {run} trained its nets on actions Discrete(2), ")
     assert str(refused.value).endswith(
         "; resume it on the same env, wrappers and env kwargs (these envs were made with --env-kwargs "
-        '{"action": "box"}, the run\'s with {}: leave --env-kwargs out to resume it with the run\'s)'
+        '{"action": "box"}, not the run\'s {}, which may be what changed them: leave --env-kwargs out to resume it '
+        "with the run's)"
     )
 
 
