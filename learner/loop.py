@@ -7,8 +7,8 @@ import concurrent.futures
 import contextlib
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc.aio
 
@@ -31,6 +31,18 @@ _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
     """``asyncio.gather`` as a coroutine, so that it binds to the loop that runs it (not the default one)."""
     return await asyncio.gather(*awaitables, return_exceptions=return_exceptions)
+
+
+class Readable(Protocol):
+    """What :meth:`LoopRunner.wait` reads from meanwhile (a step-socket step: learner.client.SocketStep)."""
+
+    def fileno(self) -> int: ...
+
+    def receive(self) -> None:
+        """Take in what has arrived, without waiting."""
+
+    def done(self) -> bool:
+        """Whether all of it is in (or it failed): nothing more to read."""
 
 
 async def _create_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -204,9 +216,16 @@ class LoopRunner:
             return self.loop.create_task(coro)
         return self.run(_create_task(coro))
 
-    def wait(self, tasks: list[asyncio.Task[Any]], timeout: float) -> None:
-        """Run the loop until every task is done, or ``timeout`` seconds passed: then cancel the rest."""
+    def wait(self, tasks: list[asyncio.Task[Any]], timeout: float, reading: Sequence[Readable] = ()) -> None:
+        """Run the loop until every task is done, or ``timeout`` seconds passed: then cancel the rest.
+
+        ``reading``: meanwhile, ``receive()`` each of these whenever its file descriptor has something
+        to read, until it is ``done()`` (step-socket steps beside steps over gRPC: each answer is taken
+        in, and its round trip ends, as it arrives, not once the gRPC steps' wait is over)."""
         if all(t.done() for t in tasks):
+            return
+        if reading:
+            self.run(_reading(_wait_or_cancel(tasks, timeout), reading))
             return
         if self._thread is not None:
             self.run(_wait_or_cancel(tasks, timeout))
@@ -274,6 +293,25 @@ async def _wait_or_cancel(tasks: list[asyncio.Task[Any]], timeout: float) -> Non
     for task in late:
         task.cancel()
     await asyncio.gather(*late, return_exceptions=True)
+
+
+async def _reading(awaitable: Awaitable[T], sources: Sequence[Readable]) -> T:
+    """``await awaitable``, meanwhile reading ``sources`` as :meth:`LoopRunner.wait` says (on the running loop)."""
+    loop = asyncio.get_running_loop()
+
+    def read(fd: int, source: Readable) -> None:
+        source.receive()
+        if source.done():  # (failed, it closed its file descriptor already: see selectors' unregister)
+            loop.remove_reader(fd)
+
+    fds = [source.fileno() for source in sources]
+    for fd, source in zip(fds, sources, strict=True):
+        loop.add_reader(fd, read, fd, source)
+    try:
+        return await awaitable
+    finally:
+        for fd in fds:  # (those not removed by read already)
+            loop.remove_reader(fd)
 
 
 def _background_runner() -> LoopRunner:

@@ -1135,11 +1135,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             answered = [
                 self._timers[i] for i, before in zip(servers, steps, strict=True) if self._timers[i].steps > before
             ]
-            # A server sent the step that did not answer (lost: past its deadline, its connection gone) is
-            # what the fleet waited for, and its loss is said: no stall of the others, whose answers on
-            # step sockets are taken in only after the gRPC steps' wait (their latency counts it), so a
-            # healthy one was blamed for a paused TCP server, in its stall count and latency too.
-            if answered and len(answered) == len(tasks):
+            # (A server lost in the step, at its deadline or at once, is said as such; of those that
+            # answered, each answer's round trip ends as it arrived, step sockets' beside gRPC steps
+            # too: see _reading. So a stall is its own server's, whatever else the step met.)
+            if answered:
                 self._note_stall(max(answered, key=StepTimer.last_outside_envs), waited)
         return result
 
@@ -1213,7 +1212,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             on_loop = {i: t for i, t in tasks.items() if not isinstance(t, SocketStep)}
             sockets = {i: t for i, t in tasks.items() if isinstance(t, SocketStep)}
             if on_loop:
-                self._runner.wait(list(on_loop.values()), deadline - time.monotonic())
+                reading = self._reading(sockets) if sockets or len(self._groups) > 1 else ()
+                self._runner.wait(list(on_loop.values()), deadline - time.monotonic(), reading)
             if sockets:
                 self._wait_sockets(sockets, deadline, take)  # each taken in while the others still step
                 if refused:
@@ -1405,6 +1405,20 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 poller.unregister(fd)
                 del by_fd[fd]
             look = [by_fd[fd] for fd, _ in poller.poll(max(1, math.ceil((deadline - now) * 1000)))]
+
+    def _reading(self, sockets: dict[int, SocketStep]) -> list[SocketStep]:
+        """The step-socket steps to read the answers of while steps over gRPC are waited for (see
+        LoopRunner.wait): this step's ``sockets`` and other groups' in flight (pipelining) whose answers
+        are not in yet. Each round trip ends when its answer arrives: taken in only once the gRPC wait
+        was over, a healthy server's answer was as late as a paused TCP server's (its latency, and the
+        stall it was named for, were that server's)."""
+        reading = []
+        for step in [*sockets.values(), *(t for t in self._tasks if isinstance(t, SocketStep))]:
+            step.receive()  # (an answer in already, while the learner was busy: not timed)
+            if not step.done():
+                step.timed = True  # (see SocketStep.wait)
+                reading.append(step)
+        return reading
 
     def _resend(
         self,

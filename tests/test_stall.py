@@ -155,3 +155,65 @@ def test_a_server_lost_past_its_deadline_makes_no_stall_of_a_step_socket_server_
         counted = {r.address: r.stalls for r in envs.replica_stats()}
     assert counted == {tcp.addresses[0]: 0, unix.addresses[0]: 0}, counted
     assert not _stalls(caplog), _stalls(caplog)
+
+
+@pytest.mark.slow
+def test_a_tcp_server_that_stalls_beside_a_step_socket_server_is_the_one_named_and_timed_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused TCP server that answers late, in a step of a step-socket server too: the step socket's
+    answer is taken in as it comes, not once the gRPC step's wait is over; its latency was the paused
+    server's, and it was named as stalled (counted too) for it."""
+    monkeypatch.setattr(faults, "STALL", (1.0, 10.0, 60.0))
+    with (
+        LocalServers("CartPole-v1", 1, 2, transport="unix") as unix,
+        LocalServers("CartPole-v1", 1, 2, transport="tcp") as tcp,
+        RemoteVectorEnv([*unix.addresses, *tcp.addresses], timeout=60.0) as envs,
+        caplog.at_level(logging.WARNING),
+    ):
+        assert [bool(c.step_socket) for c in envs._clients] == [True, False]
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(ACTIONS)
+        envs.replica_stats(reset=True)
+        timer = _paused(tcp.pids[0], 2.5)
+        envs.step(ACTIONS)  # (answered by both)
+        timer.join()
+        stats = {r.address: r for r in envs.replica_stats()}
+    healthy, paused = unix.addresses[0], tcp.addresses[0]
+    assert stats[paused].latency_max_ms > 2000, stats[paused]
+    assert stats[healthy].latency_max_ms < 1000, stats[healthy]  # (a few ms, unless the machine is loaded)
+    assert {address: s.stalls for address, s in stats.items()} == {healthy: 0, paused: 1}
+    (said,) = _stalls(caplog)
+    assert re.match(rf"env server {re.escape(paused)} took \d+\.\d s to answer a step", said), said
+
+
+@pytest.mark.slow
+def test_a_stall_in_a_step_in_which_another_server_failed_at_once_is_named(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server killed (its connections reset: a loss long before the step's deadline) in the step a
+    paused server answers late: the stall is named and counted (a step in which a server was lost was
+    no stall of any, as a loss at the deadline made healthy step-socket servers' answers late)."""
+    monkeypatch.setattr(faults, "STALL", (1.0, 10.0, 60.0))
+    with (
+        LocalServers("CartPole-v1", 1, 2, transport="unix", restarts=0) as killed,
+        LocalServers("CartPole-v1", 1, 2, transport="tcp") as tcp,
+        RemoteVectorEnv([*killed.addresses, *tcp.addresses], fault_tolerant=True, timeout=60.0) as envs,
+        caplog.at_level(logging.WARNING),
+    ):
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(ACTIONS)
+        os.kill(killed.pids[0], signal.SIGSTOP)  # (killed while its step is in flight, as the fleet waits)
+        killing = threading.Timer(0.5, os.kill, (killed.pids[0], signal.SIGKILL))
+        killing.start()
+        timer = _paused(tcp.pids[0], 2.5)
+        _, _, _, _, infos = envs.step(ACTIONS)
+        killing.join()
+        timer.join()
+        assert infos["env_unavailable"].tolist() == [True, True, False, False]  # (the killed server lost)
+        counted = {r.address: r.stalls for r in envs.replica_stats()}
+    assert counted == {killed.addresses[0]: 0, tcp.addresses[0]: 1}, counted
+    (said,) = _stalls(caplog)
+    assert re.match(rf"env server {re.escape(tcp.addresses[0])} took \d+\.\d s to answer a step", said), said
