@@ -6,8 +6,9 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +20,118 @@ __all__ = ["config_groups", "plot_runs"]
 log = logging.getLogger(__name__)
 
 
-def _load(run: Path) -> tuple[Path, list[dict[str, Any]] | None, dict[str, Any] | None, dict[str, Any]]:
-    """A run dir's metrics rows with a mean return (None without a metrics file), its summary (None
-    before the run ends) and its config."""
+_Point = tuple[Any, Any, Any]
+"""An update's point: its env steps, seconds and mean return, as its metrics row gives them."""
+
+MAX_POINTS = 10_000
+"""The points of a run's line, at most: a longer run's are thinned as read (:func:`_thin`), so that plotting
+it (``learner plot``, and every run at its end) costs as little memory however long it ran."""
+
+
+def _load(run: Path) -> tuple[Path, list[_Point] | None, dict[str, Any] | None, dict[str, Any]]:
+    """A run dir's points, one per metrics row with a mean return (thinned to :data:`MAX_POINTS`; None
+    without a metrics file), its summary (None before the run ends) and its config."""
     if not run.exists():
         raise FileNotFoundError(f"{run}: no such run dir")
     metrics = run / rundir.METRICS
     if not metrics.is_file():
         return run, None, None, {}
     skipped: list[int] = []  # (lines that are no JSON: bytes that are no UTF-8, a hand edit)
+    others = 0  # (rows that are no update's, as learner train writes them: another program's lines, a hand edit)
+
+    def points() -> Iterator[_Point]:
+        nonlocal others
+        # (one at a time: only what is drawn is kept)
+        for row in rundir.iter_jsonl(metrics, skipped=skipped, parse=_drawn_of):
+            if not _is_row(row):
+                others += 1
+            elif row["episodic_return_mean"] is not None:
+                yield row["global_step"], row["seconds"], row["episodic_return_mean"]
+
     try:
-        read = rundir.read_jsonl(metrics, skipped=skipped)
+        kept = _thin(points(), MAX_POINTS)
     except OSError as err:
         raise _unreadable(metrics, "a run's metrics", err) from None
-    # (rows that are no update's, as learner train writes them: another program's lines, a hand edit)
-    rows = [r for r in read if _is_row(r)]
-    if len(rows) < len(read) or skipped:
+    if others or skipped:
         log.warning(
             "%s: %d line(s) without %s left out (learner train writes a JSON object of numbers per update)",
             metrics,
-            len(read) - len(rows) + len(skipped),
+            others + len(skipped),
             ", ".join(_ROW_KEYS),
         )
-    rows = [r for r in rows if r["episodic_return_mean"] is not None]
     summary = _read(run / rundir.SUMMARY) if (run / rundir.SUMMARY).is_file() else None
-    return run, rows, summary if isinstance(summary, dict) else None, _run_config(run) or {}
+    return run, kept, summary if isinstance(summary, dict) else None, _run_config(run) or {}
+
+
+def _thin(points: Iterable[_Point], bound: int) -> list[_Point]:
+    """``points`` (a run's, in order) as they are where there are at most ``bound`` (4 or more); else at most
+    ``bound`` of them: the first, the last, and of each stretch of consecutive points (all as long, but the
+    last) the one of its lowest return and the one of its highest, in their order, so that the line keeps
+    its range and a spike of one update. Read as they come, holding no more than ``bound`` points."""
+    raw: list[_Point] = []
+    stretches: list[tuple[tuple[int, _Point], tuple[int, _Point]]] = []  # (each one's lowest and highest)
+    size = 0  # (points a stretch spans, once they are thinned)
+    limit = max(1, (bound - 2) // 2)
+    last: tuple[int, _Point] | None = None
+    for i, point in enumerate(points):
+        last = (i, point)
+        if not size:
+            raw.append(point)
+            if len(raw) <= bound:
+                continue
+            size, stretches = 1, [((j, p), (j, p)) for j, p in enumerate(raw)]
+            raw = raw[:1]  # (the first point)
+        elif i // size == len(stretches):
+            stretches.append((last, last))
+        else:
+            low, high = stretches[-1]
+            stretches[-1] = (last if point[2] < low[1][2] else low, last if point[2] > high[1][2] else high)
+        while len(stretches) > limit:  # (pairs of stretches made one, twice as long)
+            stretches = [_merged(stretches[j : j + 2]) for j in range(0, len(stretches), 2)]
+            size *= 2
+    if not size or last is None:
+        return raw
+    kept = {0: raw[0], last[0]: last[1]}
+    kept.update(ends for low_high in stretches for ends in low_high)
+    return [kept[i] for i in sorted(kept)]
+
+
+def _merged(
+    stretches: list[tuple[tuple[int, _Point], tuple[int, _Point]]],
+) -> tuple[tuple[int, _Point], tuple[int, _Point]]:
+    """One stretch of one or two consecutive ones (their lowest and highest points, each with its index)."""
+    low = min((low for low, _ in stretches), key=lambda found: found[1][2])
+    high = max((high for _, high in stretches), key=lambda found: found[1][2])
+    return low, high
 
 
 # What a metrics row must hold to be plotted.
 _ROW_KEYS = ("global_step", "seconds", "episodic_return_mean")
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_DRAWN = re.compile(
+    rf'\{{"update": -?\d+, "global_step": ({_NUMBER}), "seconds": ({_NUMBER}), "sps": [^,]*, "sps_update": [^,]*, '
+    rf'"transitions_per_s": [^,]*, "episodic_return_mean": ({_NUMBER}|null), '
+)
+"""How a metrics row as learner train writes it (``learner.records.metrics_row``) starts, up to what is drawn."""
+
+
+def _drawn_of(line: str) -> Any:
+    """A metrics line as json.loads reads it; of a row as learner train writes it (:data:`_DRAWN`, one
+    object to the line's end), only what is drawn of it (a long run's rows, 2 KB each, took seconds
+    to parse whole)."""
+    match = _DRAWN.match(line)
+    if match is None or line.count("{") != 1 or not line.rstrip().endswith("}"):
+        return json.loads(line)
+    step, seconds, returned = (_json_number(text) for text in match.groups())
+    return {"global_step": step, "seconds": seconds, "episodic_return_mean": returned}
+
+
+def _json_number(text: str) -> int | float | None:
+    """A JSON number (or null) as json.loads reads it: an int unless it has a fraction or an exponent."""
+    if text == "null":
+        return None
+    return float(text) if any(c in text for c in ".eE") else int(text)
 
 
 def _no_metrics(run: Path) -> str:
@@ -312,11 +396,12 @@ def _draw_band(ax: Any, curves: Sequence[tuple[Sequence[float], Sequence[float]]
     ax.plot(grid, values.mean(axis=0), color=colour, linewidth=2)
 
 
-def _series(rows: list[dict[str, Any]], summary: dict[str, Any] | None) -> tuple[list[Any], list[Any], list[Any]]:
-    """A run's steps, seconds and mean returns, one per update (and its end, when it stopped mid-rollout)."""
-    steps = [r["global_step"] for r in rows]
-    seconds = [r["seconds"] for r in rows]
-    returns = [r["episodic_return_mean"] for r in rows]
+def _series(points: list[_Point], summary: dict[str, Any] | None) -> tuple[list[Any], list[Any], list[Any]]:
+    """A run's steps, seconds and mean returns, one per update as loaded (and its end, when it stopped
+    mid-rollout)."""
+    steps = [step for step, _, _ in points]
+    seconds = [second for _, second, _ in points]
+    returns = [returned for _, _, returned in points]
     if summary and summary.get("final_return_mean") is not None and summary["total_steps"] > max(steps, default=0):
         # A run that stopped mid-rollout (solved, interrupted) ends after its last update's line.
         steps.append(summary["total_steps"])
@@ -348,7 +433,9 @@ def plot_runs(
     with no mean return yet, is left out with a warning while another run can be plotted
     (FileNotFoundError or ValueError when none can); a run's summary.json or config.json that cannot be
     read is named in a warning, and the run plotted as one without it, and lines of its metrics that are
-    no update's (no JSON, bytes that are no UTF-8) are left out, saying how many. The file is written
+    no update's (no JSON, bytes that are no UTF-8) are left out, saying how many. A run of more than
+    :data:`MAX_POINTS` updates is drawn from that many of its points, each stretch's lowest and highest
+    (read as they come: a long run's metrics are never all in memory). The file is written
     atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it cannot be.
     Returns the path written (with ``.png`` added to a name without a suffix).
     """

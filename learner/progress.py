@@ -349,7 +349,12 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
     """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
     ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it;
     train also ``in_notebook()``). In a notebook with ipywidgets, tqdm's widget instead.
-    While it is up, log records are written above it (see logging_above_bar), not into its line."""
+    While it is up, log records are written above it (see logging_above_bar), not into its line.
+
+    Its time left is at the rate since it started (tqdm's ``smoothing=0``: the ``initial`` count not
+    counted), as the progress lines' is at the session's SPS: tqdm's default, a moving average of the
+    rates between redraws, swung from 114 h to 736 h within minutes of a noisy run. It is redrawn at most
+    every tqdm mininterval (0.1 s; TQDM_MININTERVAL sets another)."""
     if not show:
         yield None
         return
@@ -361,6 +366,8 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
         unit=unit,
         unit_scale=scale,
         dynamic_ncols=True,
+        smoothing=0,
+        miniters=1,  # (redrawn by time alone: unsmoothed, tqdm's own grows to the most steps between redraws)
         bar_format=f"{{l_bar}}{{bar}}| {{n_fmt}}/{{total_fmt}} {unit}s [{{elapsed}}<{{remaining}}{{postfix}}]",
     )
     try:

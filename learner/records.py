@@ -313,8 +313,10 @@ class Recorder:
         if bar is not None:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
             widget_total(bar)
+            # (not redrawn here: the update below redraws it, with its new figures, as often as tqdm's
+            # mininterval lets it, which a redraw at every update, thousands in a log, bypassed)
+            bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]), refresh=False)
             bar.update(counters.global_step - bar.n)
-            bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]))
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
             try:

@@ -449,12 +449,12 @@ def restore(
             kept = {"best_return": counters.best_return, "best_step": counters.best_step}
         counters.best_return, counters.best_step = kept.get("best_return"), kept.get("best_step")
     # Metrics of updates after the checkpoint were lost with the run (or, resumed from an older checkpoint,
-    # are of the timeline it abandons); the resumed run redoes them.
+    # are of the timeline it abandons); the resumed run redoes them. (Cut off the file's end, read from
+    # there: a long run's file is neither read whole nor written again.)
     metrics_path = run_dir / rundir.METRICS
     if metrics_path.exists():
-        rows = rundir.read_jsonl(metrics_path)
         with rundir.writing(metrics_path):
-            rundir.rewrite_jsonl(metrics_path, [r for r in rows if r.get("update", 0) <= counters.update])
+            rundir.drop_rows_after(metrics_path, counters.update)
     return counters
 
 

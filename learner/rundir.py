@@ -50,12 +50,14 @@ __all__ = [
     "check_starts_over",
     "checkpoint_path",
     "checkpoint_step",
+    "drop_rows_after",
     "is_run_config",
     "jsonable",
     "list_checkpoints",
     "lock",
     "remove_stale_temp_files",
     "read_json",
+    "iter_jsonl",
     "read_jsonl",
     "rewrite_jsonl",
     "set_aside",
@@ -175,18 +177,89 @@ def append_jsonl(f: IO[str], obj: dict[str, Any]) -> None:
 def read_jsonl(path: str | Path, *, skipped: list[int] | None = None) -> list[dict[str, Any]]:
     """The objects in a JSON-lines file, skipping a last line cut short by a crash, and any other line
     that is no JSON (bytes that are no UTF-8 included: read as U+FFFD, not a UnicodeDecodeError for the
-    whole file). ``skipped``: the numbers (from 1) of those other lines are appended to it."""
-    rows = []
+    whole file). ``skipped``: the numbers (from 1) of those other lines are appended to it. All in
+    memory: a long run's metrics.jsonl is read with :func:`iter_jsonl`."""
+    return list(iter_jsonl(path, skipped=skipped))
+
+
+def iter_jsonl(
+    path: str | Path, *, skipped: list[int] | None = None, parse: Callable[[str], Any] = json.loads
+) -> Iterator[Any]:
+    """:func:`read_jsonl`'s objects one at a time, as read (a long run's metrics, 2 KB a row, are never
+    all in memory). ``parse``: what reads a line (json.loads, or one that reads only what its caller
+    needs of a line it knows; a JSONDecodeError for a line that is no JSON)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                yield parse(line)
             except json.JSONDecodeError:
                 if skipped is not None and line.endswith("\n"):  # (a last line without its end: cut short)
                     skipped.append(number)
-    return rows
+
+
+def drop_rows_after(path: str | Path, update: int, *, block: int = 1 << 16) -> int:
+    """Cut a run's metrics file (``path``) after its last row of an update up to ``update`` (a checkpoint's):
+    the rows of later updates at its end go (a killed run's, past its checkpoint; those of the timeline a
+    run resumed from an older checkpoint abandons), with the lines among them that are no row (a last
+    line cut short by a crash, say), and a last row left without its line's end gets one (else the next
+    row written would continue its line). A row without an update (an older version's) is kept.
+
+    Read from its end, a block at a time, and cut there (``os.truncate``): what it costs is that of the
+    lines it drops, however long the file, and a file with nothing to drop is not written at all (its
+    bytes, and its modification time, as they were). Returns the number of lines dropped."""
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        keep, dropped, line = 0, 0, b""  # (where the file is cut: none of its lines kept, until one is found)
+        for start, line in _lines_from_end(f, end, block):
+            if not line.strip():
+                continue  # (a blank line past the rows kept goes with them; not counted)
+            if _row_kept(line, update):
+                keep = start + len(line)
+                break
+            dropped += 1
+    if keep == end and (end == 0 or line.endswith(b"\n")):
+        return 0
+    if keep < end:
+        os.truncate(path, keep)
+    with open(path, "ab") as f:
+        if keep and not line.endswith(b"\n"):  # (the last row kept, cut short just before its line's end)
+            f.write(b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return dropped
+
+
+def _row_kept(line: bytes, update: int) -> bool:
+    """Whether a metrics line is a row that :func:`drop_rows_after` keeps: a JSON object whose update, if it
+    has one, is at most ``update``."""
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(row, dict):
+        return False
+    number = row.get("update", 0)
+    return not (isinstance(number, int | float) and number > update)
+
+
+def _lines_from_end(f: IO[bytes], end: int, block: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of the file ``f`` (``end`` bytes long), last first, each with its offset (a line with its
+    ``\\n``, but the last one where the file does not end in one), reading ``block`` bytes at a time."""
+    pos, buf, stop = end, b"", 0  # (buf[:stop]: the bytes from pos not yet given as lines)
+    while stop or pos:
+        # (where the last line in buf[:stop] starts, if a newline before it says so)
+        cut = buf.rfind(b"\n", 0, stop - 1) + 1 if stop else 0
+        if cut or not pos:
+            yield pos + cut, buf[cut:stop]
+            stop = cut
+        else:
+            size = min(block, pos)
+            pos -= size
+            f.seek(pos)
+            buf = f.read(size) + buf[:stop]
+            stop = len(buf)
 
 
 def rewrite_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
@@ -439,7 +512,7 @@ def _past_first_checkpoint(run_dir: Path) -> list[str]:
         recorded = read_json(run_dir / CONFIG)
         every = recorded["args"].get("checkpoint_every", 1) if is_run_config(recorded) else 1
     with contextlib.suppress(OSError, ValueError):
-        rows = read_jsonl(run_dir / METRICS)
+        rows = iter_jsonl(run_dir / METRICS)  # (one at a time: a long run's file is never all in memory)
         updates = max(
             (r["update"] for r in rows if isinstance(r, dict) and isinstance(r.get("update"), int)), default=0
         )

@@ -933,7 +933,9 @@ def train(
         faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
         if args.tensorboard:
             if checkpoint is not None and (run_dir / rundir.METRICS).is_file():  # (the rows restore kept)
-                faults_seen = fault_tags_started(rundir.read_jsonl(run_dir / rundir.METRICS))
+                faults_seen = fault_tags_started(
+                    rundir.iter_jsonl(run_dir / rundir.METRICS)
+                )  # (row by row: a long run's)
             # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
             purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
             writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))

@@ -143,6 +143,60 @@ def test_a_run_whose_first_checkpoint_could_not_be_written_starts_over(finished_
     assert (run / "previous" / rundir.SUMMARY).is_file()
 
 
+# -- the rows past the checkpoint ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("past", [False, True])
+def test_resume_cuts_off_the_rows_past_its_checkpoint_and_leaves_a_file_with_none_as_it_was(
+    finished_run: Path, tmp_path: Path, past: bool
+) -> None:
+    """A long run's metrics.jsonl (2 KB a row: 215 MB after 2 h of CartPole) is neither read whole nor written
+    again on --resume: the rows past the checkpoint (a killed run's), and a last line cut short, are cut off its
+    end, the rows before them left as they were; a file with none past is not written at all (its inode and
+    modification time as they were)."""
+    run = copy_of(finished_run, tmp_path)
+    metrics = run / rundir.METRICS
+    kept = metrics.read_bytes()
+    if past:
+        last = rundir.read_jsonl(metrics)[-1]
+        with open(metrics, "a") as f:
+            for update in (3, 4):
+                f.write(json.dumps({**last, "update": update, "global_step": update * STEPS}) + "\n")
+            f.write('{"update": 5, "global_st')  # (cut short by the kill)
+    before = metrics.stat()
+    on_start: dict[str, Any] = {}
+
+    def started(config: dict[str, Any]) -> None:  # (restored, before this session's first row)
+        on_start.update(text=metrics.read_bytes(), stat=metrics.stat())
+
+    train(resume_args(run, total_timesteps=3 * STEPS), on_start=started)
+    assert on_start["text"] == kept
+    assert on_start["stat"].st_ino == before.st_ino
+    if not past:
+        assert on_start["stat"].st_mtime_ns == before.st_mtime_ns
+    assert [r["update"] for r in rundir.read_jsonl(metrics)] == [1, 2, 3]
+
+
+def test_the_rows_past_an_update_are_cut_off_a_metrics_file_read_from_its_end(tmp_path: Path) -> None:
+    """rundir.drop_rows_after, read a few bytes at a time: a row kept that lost its line's end gets one (the next
+    row would continue its line), a row without an update (an older version's) is kept, and lines that are no
+    row among those past go with them."""
+    metrics = tmp_path / rundir.METRICS
+    rows = [json.dumps({"update": u, "x": "y" * u}) + "\n" for u in range(1, 6)]
+    for text, update, left, dropped in (
+        ("".join(rows), 5, "".join(rows), 0),
+        ("".join(rows), 3, "".join(rows[:3]), 2),
+        ("".join(rows), 0, "", 5),
+        ("".join(rows)[:-1], 5, "".join(rows), 0),
+        ("".join(rows[:3]) + "no row\n\n" + rows[4] + "[4]\n" + '{"upd', 3, "".join(rows[:3]), 4),
+        ('{"seconds": 1}\n' + rows[3], 2, '{"seconds": 1}\n', 1),
+        ("", 1, "", 0),
+    ):
+        metrics.write_text(text)
+        assert rundir.drop_rows_after(metrics, update, block=7) == dropped, (text, update)
+        assert metrics.read_text() == left, (text, update)
+
+
 # -- a damaged config.json ---------------------------------------------------------------------------------------
 
 
