@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import os
 import signal
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-import torch
 from hypothesis import settings
 
 from learner import LocalServers
@@ -30,7 +30,32 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
-on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# torch (and so SB3) is the learner's extra: an env-server-only install has neither. A test that
+# trains, or imports what needs torch, is marked needs_torch (or needs_sb3), and skipped there; a
+# module that imports it at module level starts with pytest.importorskip("torch").
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+NEEDS = {
+    "needs_torch": (HAS_TORCH, "needs torch (pip install 'envfleet[learner]')"),
+    "needs_sb3": (HAS_SB3, "needs stable-baselines3 (pip install 'envfleet[sb3]')"),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker, (installed, reason) in NEEDS.items():
+            if not installed and item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+on_cuda = pytest.mark.skipif(not HAS_TORCH or not _cuda(), reason="needs a CUDA GPU")
 
 # A learner command stopped by Ctrl-C ends by the SIGINT once its files are written (learner.cli.run), as
 # Python does with a KeyboardInterrupt nothing caught: a shell's loop over runs then stops too.

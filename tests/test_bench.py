@@ -28,6 +28,7 @@ COMMITTED_JSON = COMMITTED / "bench.json"
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
@@ -268,6 +269,7 @@ def test_cartpole_solve_compares_the_fastest_8_env_configuration_with_the_fastes
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_the_gpu_check_plans_each_run_on_cuda_and_with_compare_cpu_on_the_cpu_too() -> None:
     import torch
 
@@ -803,6 +805,7 @@ def test_a_bench_stopped_mid_workload_keeps_the_rounds_it_finished(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+@pytest.mark.needs_torch
 def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp_path: Path, signum: int) -> None:
     """Stopped during the ppo suite's second run (SIGTERM, or Ctrl-C: the terminal signals the whole
     process group), it stops that run, removes its temporary folders and writes the run that finished."""
@@ -849,6 +852,7 @@ def test_a_bench_stopped_writes_what_finished_and_leaves_no_temporary_folder(tmp
     assert [p.name for p in tmp.iterdir() if p.name.startswith("envfleet")] == []
 
 
+@pytest.mark.needs_torch
 def test_what_a_run_needs_is_checked_before_anything_is_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -942,6 +946,7 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the bench's runs in /proc (Linux)")
+@pytest.mark.needs_torch
 def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(tmp_path: Path) -> None:
     """SIGKILLed (no handler of its runs), a bench's `learner train` run stops by itself (--parent-pid),
     closing its env servers and their sockets' folder, not train on to its end unseen; the folder the

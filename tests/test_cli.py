@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import cli, rundir
 from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main

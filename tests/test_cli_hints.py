@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import RemoteTimeoutError, RemoteVectorEnv
 from learner.cli import _option_hints, _reworded, main
 from learner.client import status_error, timeout_error

@@ -62,6 +62,7 @@ def test_infinity_means_never_stop_early_for_stop_at_return_and_is_refused_elsew
             Args(stop_at_return=value)
 
 
+@pytest.mark.needs_torch
 def test_stop_at_return_inf_trains_to_the_budget(tmp_path: Path) -> None:
     from learner.train import train
 
@@ -93,6 +94,7 @@ def test_wrapper_names_auto_none_and_listed(env: str, wrappers: str, expected: t
     assert wrapper_names(wrappers, env) == expected
 
 
+@pytest.mark.needs_torch
 def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
     import gymnasium as gym
     import numpy as np

@@ -339,6 +339,7 @@ def test_a_fault_tolerant_fleet_raises_an_observation_that_does_not_fit_at_once(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault_tolerant", [True, False])
+@pytest.mark.needs_torch
 def test_learner_train_stops_at_once_on_an_observation_that_does_not_fit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fault_tolerant: bool
 ) -> None:

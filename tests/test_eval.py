@@ -21,6 +21,8 @@ from unittest import mock
 import gymnasium as gym
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import LocalServers, rundir

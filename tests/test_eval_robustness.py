@@ -14,6 +14,8 @@ from typing import Any
 
 import matplotlib.figure
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import rundir

@@ -709,6 +709,7 @@ def test_keepalive_settings_agree() -> None:
     assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings
 
 
+@pytest.mark.needs_torch
 def test_a_keepalive_timeout_given_reaches_every_connection(
     spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1079,6 +1080,7 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
 
 
 @pytest.mark.slow
+@pytest.mark.needs_sb3
 def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1122,6 +1124,7 @@ def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_an
 
 
 @pytest.mark.slow
+@pytest.mark.needs_sb3
 def test_a_fault_tolerant_start_goes_on_without_a_server_another_learner_holds(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import EnvCrashedError, RemoteVectorEnv, ServerUnavailableError
 from learner.config import Args
 from learner.discovery import register_resolver

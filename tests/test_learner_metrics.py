@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import learner.train
 from env_server.protocol import package_version
 from learner.cli import build_parser, main

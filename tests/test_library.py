@@ -22,6 +22,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import rundir

@@ -49,6 +49,7 @@ def test_env_server_logs_json_lines_when_asked(spawn_server: SpawnServer) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_learner_logs_json_lines_and_prints_its_results_as_they_are(tmp_path: Path) -> None:
     argv = ["train", "--backend", "gym", "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "64"]
     quiet = ["--no-progress", "--no-plot", "--no-tensorboard", "--run-dir", str(tmp_path / "run")]

@@ -13,6 +13,8 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import rundir

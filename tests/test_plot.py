@@ -120,6 +120,7 @@ def test_a_long_run_is_drawn_from_each_stretch_s_lowest_and_highest_point_and_a_
         assert {y for _, _, y in points[1:-1]} == {0.0, 6.0, 500.0, -500.0}
 
 
+@pytest.mark.needs_torch
 def test_of_a_row_as_train_writes_it_only_what_is_drawn_is_read_as_json_would() -> None:
     """A run's rows, 2 KB each, are not parsed whole to draw three numbers of each (2.6 s for 100,000 rows, at
     the end of every session); read so, they are what json.loads reads, and a line that is no row as train

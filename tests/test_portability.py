@@ -50,6 +50,7 @@ def _python(script: str, *, cwd: Path = ROOT, timeout: float = 120) -> subproces
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_the_learner_imports_without_fcntl_and_uses_its_run_dir_unlocked_saying_so(tmp_path: Path) -> None:
     """As on Windows where msvcrt is missing too: the commands' modules import, and the lock is a warning."""
     result = _python(

@@ -7,6 +7,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner.fleet import FleetChange

@@ -10,6 +10,8 @@ from typing import Any, Literal, cast
 import gymnasium as gym
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner.config import Args, resolve_ppo

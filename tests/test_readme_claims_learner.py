@@ -94,6 +94,7 @@ def _wait_for(proc: subprocess.Popen[str], log: Path, condition: Any, what: str,
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_learner_train_starts_a_dying_local_server_again_5_times_a_minute_then_leaves_it_down(tmp_path: Path) -> None:
     """`learner train` with its own 2 local servers (the default options: 5 restarts a minute), of which
     server 0 kills itself at its first step, every time it is started. It is started again 5 times, then
@@ -149,6 +150,7 @@ def test_learner_train_starts_a_dying_local_server_again_5_times_a_minute_then_l
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_observation_statistics_leave_out_placeholders_and_a_down_server(
     spawn_server: SpawnServer, tmp_path: Path
 ) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import rundir

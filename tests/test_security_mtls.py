@@ -148,6 +148,7 @@ def test_the_health_probe_presents_the_client_certificate_of_the_servers_variabl
     )
 
 
+@pytest.mark.needs_torch
 def test_learner_servers_and_train_present_the_certificate_and_resume_keeps_its_paths(
     spawn_server: SpawnServer,
     certs: ServerFiles,

@@ -25,7 +25,6 @@ from learner import RemoteVectorEnv
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.local import LocalServers
-from learner.train import fleet_spec
 from tests.conftest import needs_proc
 from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S
 from tests.test_readme_claims_server import _server as serve_logged
@@ -228,8 +227,11 @@ def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_lear
 
 @needs_proc
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest.LogCaptureFixture) -> None:
     """--hang-timeout S as given (a warning where it is below the learner's own deadline); 0: none."""
+    from learner.train import fleet_spec
+
     for given, timeout, passed, warned in (
         (90.0, 10.0, ["90"], False),
         (5.0, 10.0, ["5"], True),

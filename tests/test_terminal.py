@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from tqdm import tqdm
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from env_server.tuning import JsonLogFormatter
 from learner.cli import build_parser, finished_line, main, slowest_line
 from learner.config import Args

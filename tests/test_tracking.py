@@ -19,6 +19,7 @@ import gymnasium as gym
 import pytest
 from google.protobuf.message import DecodeError
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import rundir
 from learner.cli import main
 from learner.config import Args

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
 from learner import rundir

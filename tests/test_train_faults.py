@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from tests.conftest import CTRL_C_EXIT, SpawnServer

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import EnvCrashedError, ServerUnavailableError, rundir
 from learner.cli import main
 from learner.config import Args

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import rundir
 from learner.cli import main, slowest_line
 from learner.faults import FaultStats

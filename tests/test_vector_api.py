@@ -278,6 +278,7 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
 ) -> None:
     """EnvSpec.versions: envfleet, python, gymnasium, numpy and the simulators loaded. Servers of one fleet
     that run another gymnasium (or MuJoCo, ...) may step the same env id otherwise: warned of, by name."""
+    pytest.importorskip("mujoco", reason="serves InvertedPendulum-v5: needs MuJoCo (pip install 'envfleet[mujoco]')")
     older = "import gymnasium\ngymnasium.__version__ = '1.0.0'"  # (a server whose gymnasium is another version)
     with _ours_and_a_patched_server(tmp_path, "InvertedPendulum-v5", older) as (ours, address):
         with RemoteVectorEnv([ours, address]) as envs:

@@ -227,6 +227,7 @@ def test_answers_that_cannot_be_read_now_and_then_are_outages(
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_learner_train_stops_at_a_broken_server_saying_how_to_go_on(
     spawn_server: SpawnServer, short_server: ShortServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -296,6 +297,7 @@ def test_a_server_without_step_stream_is_broken_not_lost(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fleet", ["old", "new,old"])
+@pytest.mark.needs_torch
 def test_learner_train_stops_at_a_server_without_step_stream(
     spawn_server: SpawnServer,
     old_server: Callable[[], str],
@@ -344,6 +346,7 @@ def test_the_server_of_an_env_is_named_from_the_fleets_env_slices() -> None:
         ("nan", "observation of env 1 has NaN or infinite values ([nan]; observation space Box"),
     ],
 )
+@pytest.mark.needs_torch
 def test_learner_train_stopped_by_a_nan_names_its_server_and_says_how_to_go_on(
     spawn_server: SpawnServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, problem: str
 ) -> None:
