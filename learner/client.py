@@ -250,8 +250,9 @@ _PROXY_END_WARNED: set[str] = set()
 _OTHER_SERVER_WARNED: set[str] = set()
 
 OTHER_SERVER_S = 2.0
-"""Seconds after a Handshake within which a Hold refused as another server's session says the address
-reaches several servers (see ``EnvClient._note_other_server``); later, the session may have ended."""
+"""Seconds after a Handshake within which a Hold sent, then refused as another server's session, says the
+address reaches several servers (see ``EnvClient._note_other_server``); sent later, the session may have
+ended first. Also how long after the Hold a Release must go out for the refusal not to be the Release's."""
 
 
 def _warning_once(warned: set[str], address: str) -> Callable[..., None]:
@@ -312,8 +313,9 @@ def _core_internal(err: grpc.RpcError) -> bool:
 
 
 _PROBE_S = 0.5
-"""How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal, and
-:meth:`_Statuses.before_write` for the status of a stream a write found ended."""
+"""How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal,
+:meth:`_Statuses.before_write` for the status of a stream a write found ended, and
+:meth:`EnvClient.release` for the Hold stream's end after the Release (a server sends its HoldEvent then)."""
 
 # How a Hold stream's end says its session is over, besides a HoldEvent: the session is not live
 # (FAILED_PRECONDITION), the server is going or the connection was lost (UNAVAILABLE, CANCELLED), a
@@ -572,9 +574,10 @@ class EnvClient:
         self._hold: Any = None
         self._hold_watch: asyncio.Task[None] | None = None  # (reads the Hold stream's end: _watch_hold)
         self._hold_ended = False  # the Hold stream's end said the session is over
-        # Release sent for the session: its Hold stream, should the server take it in only then, is answered
-        # that the session is not the server's, which says nothing of the address (see _note_other_server)
-        self._releasing = False
+        # When the session's Release went out (time.monotonic()), or None: its Hold stream, should the server
+        # take it in only then, is answered that the session is not the server's, which says nothing of the
+        # address (see _note_other_server)
+        self._released_at: float | None = None
         self._session_since = 0.0  # when the session's Hold stream opened (time.monotonic())
         self._hold_reason: str | None = None  # the HoldEvent's reason, raw, once one came
         self._disowned = False  # a call was answered that the session does not own the server
@@ -686,7 +689,7 @@ class EnvClient:
         self.max_request_bytes = response.max_request_bytes or MAX_MESSAGE_BYTES
         if response.HasField("checks_token") and not response.checks_token:
             self._note_unchecked_token(response.client_certificates_required)
-        self._hold_ended, self._hold_reason, self._disowned, self._releasing = False, None, False, False
+        self._hold_ended, self._hold_reason, self._disowned, self._released_at = False, None, False, None
         self._session_since = time.monotonic()
         self._hold = self.stub.Hold(pb.HoldRequest(session_id=self.session_id), metadata=self.metadata)
         self._hold_watch = asyncio.get_running_loop().create_task(self._watch_hold(self._hold))
@@ -702,6 +705,8 @@ class EnvClient:
         granted the session, so the session is kept (taking it for over would make a new one at every
         reset, and refuse partial resets), with a warning, once per server; a call the server then
         answers that the session does not own it ends the session (``_disowned``)."""
+        # (the Hold's request went out in this turn of the loop: its call's task, made first, ran just before)
+        sent = time.monotonic()
         try:
             event = await hold.read()
         except asyncio.CancelledError:
@@ -712,8 +717,8 @@ class EnvClient:
                 if hold is self._hold:
                     self._hold_ended = True
                     self._note_proxy_end(details)
-                    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_OWNED in details and not self._releasing:
-                        self._note_other_server()
+                    if code == grpc.StatusCode.FAILED_PRECONDITION and NOT_OWNED in details:
+                        self._note_other_server(sent)
                 return
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 did = "answered UNIMPLEMENTED (it serves no Hold)"
@@ -731,7 +736,8 @@ class EnvClient:
                     self._hold_reason, self._hold_ended = event.reason, True
                 return
             did = "ended (status OK) without a HoldEvent, which a server sends before it ends the stream"
-        if hold is not self._hold or self.address in _HOLD_WARNED:
+        # (not once the Release went out: the stream may have ended for it, and the session is let go of anyway)
+        if hold is not self._hold or self.address in _HOLD_WARNED or self._released_at is not None:
             return
         _HOLD_WARNED.add(self.address)
         claim = f"{self.claim_timeout_s:g} s" if self.claim_timeout_s > 0 else "a time it did not say"
@@ -744,12 +750,20 @@ class EnvClient:
             claim,
         )
 
-    def _note_other_server(self) -> None:
-        """Warn if the Hold stream was refused as not the server's session right after the Handshake that
-        opened it (within :data:`OTHER_SERVER_S`): the address's calls reach more than one server, each
-        call another (a proxy or load balancer spreading one address over several servers); the session
-        then fails at every call, "does not own this server", whatever the learner does."""
-        if time.monotonic() - self._session_since > OTHER_SERVER_S:
+    def _note_other_server(self, sent: float) -> None:
+        """Warn if the Hold stream, sent at ``sent`` right after the Handshake that opened the session (within
+        :data:`OTHER_SERVER_S`), was refused as not the server's session: the address's calls reach more than
+        one server, each call another (a proxy or load balancer spreading one address over several servers);
+        the session then fails at every call, "does not own this server", whatever the learner does.
+
+        Judged by when the Hold went out, not by when its refusal was read: this thread's event loop runs
+        only during the learner's calls (learner.loop), so the refusal, in one round trip after the
+        Handshake, is read with the next call, however long after (a model built before the first reset, a
+        loaded machine), or by close(). Not where the Release went out within OTHER_SERVER_S of the Hold:
+        the server may have taken the Release in first (a close right after connecting)."""
+        if sent - self._session_since > OTHER_SERVER_S:
+            return  # (sent late, the loop not run meanwhile: the session's claim may have timed out first)
+        if self._released_at is not None and self._released_at - sent < OTHER_SERVER_S:
             return
         _warning_once(_OTHER_SERVER_WARNED, self.address)(
             "env server %s: the Hold stream of the session its Handshake had just granted was refused, that session "
@@ -1110,15 +1124,30 @@ class EnvClient:
             self._steps = None
         self.close_step_socket()
         if self.session_id:
-            self._releasing = True  # (before the Release: the Hold stream's watch may read its end meanwhile)
+            self._released_at = time.monotonic()  # (before the Release: the Hold's watch may read its end meanwhile)
             try:
                 await self.stub.Release(
                     pb.ReleaseRequest(session_id=self.session_id), timeout=timeout, metadata=self.metadata
                 )
             except grpc.RpcError as err:
                 log.debug("release of %s failed: %s", self.address, _said(err))
+            else:
+                await self._read_hold_end(_PROBE_S)
             self.session_id = ""
         self._drop_hold()
+
+    async def _read_hold_end(self, wait: float) -> None:
+        """Let the Hold stream's watch read the stream's end, for ``wait`` seconds at most, before the
+        stream is cancelled. For after a Release the server answered: a server then ends the Hold stream
+        (its HoldEvent, as the proto has it), so a wait only for a server that does not.
+
+        A stream's end is read in a few turns of the loop, each waiting on gRPC's own thread, and this
+        thread's loop runs only during calls (learner.loop): a refusal that came long before (the Hold
+        stream refused by another server than the Handshake's, :meth:`_note_other_server`) was often not
+        read by then, and cancelling the stream lost it, and its warning, for good."""
+        watch = self._hold_watch
+        if self._hold is not None and watch is not None and not watch.done():
+            await asyncio.wait([watch], timeout=wait)
 
     async def close(self) -> None:
         """Release the session, close the connection, and wait (:data:`CLOSE_WAIT_S` at most) for what
