@@ -27,7 +27,7 @@ import typing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import IO, Any, Literal, NoReturn
 
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
@@ -929,18 +929,39 @@ def _print_json(args: argparse.Namespace, obj: dict[str, Any]) -> None:
     second Ctrl-C adds no object of its own (main prints an abort's where none is: one object on stdout
     however the command ends).
 
-    One write, the object and its newline (print's two could be cut between them), then the note, with the
-    command's signals held (:func:`~learner.interrupts.interrupts_held`): a Ctrl-C (SIGTERM, SIGHUP) that
-    comes meanwhile is raised once both are done, never between them, where the note would be wrong: set
-    before the write, no object at all; after it, two. A write that raises all the same (a KeyboardInterrupt
-    of a handler not the command's, which may cut a long line's write in the middle) leaves the note unset:
-    main then writes the abort's object whole, after what may be part of this one, rather than leave a part
-    (no object a parser reads) as all there is."""
-    line = json.dumps(obj) + "\n"
-    with interrupts_held():
-        sys.stdout.write(line)
+    The object and its newline written whole (:func:`_write_whole`), then the note, with the command's
+    signals held (:func:`~learner.interrupts.interrupts_held`): a Ctrl-C (SIGTERM, SIGHUP) that comes
+    meanwhile is never between them, where the note would be wrong (set before the write, no object at
+    all; after it, two), and is dropped: it came too late to stop anything, and the command ends as its
+    object says (``exit_status``). A write that raises all the same (a KeyboardInterrupt of a handler not
+    the command's, which may cut a long line's write in the middle) leaves the note unset: main then
+    writes the abort's object whole, after what may be part of this one, rather than leave a part (no
+    object a parser reads) as all there is. (A stdout that nobody reads holds the signals with the
+    write; it held the command before too, at the abort's own object.)"""
+    with interrupts_held(drop=True):
+        _write_whole(sys.stdout, json.dumps(obj) + "\n")
         args.json_printed = True
         sys.stdout.flush()
+
+
+def _write_whole(stream: IO[str], text: str) -> None:
+    """Write all of ``text`` (ASCII: json.dumps's) to ``stream``. Unbuffered (PYTHONUNBUFFERED, as the
+    images set it) a text stream's write hands the text to the raw file at once, whose write may take only
+    part of it (a signal came as it waited for a slow reader), and the rest was dropped: so through the
+    binary layer, until all of it is taken."""
+    binary = getattr(stream, "buffer", None)
+    if binary is None:  # (a stream of text alone: a StringIO, a notebook's)
+        stream.write(text)
+        return
+    stream.flush()
+    data = memoryview(text.encode("ascii"))
+    while data:
+        taken = binary.write(data)
+        if taken is None:  # (a non-blocking file that takes nothing now)
+            select.select([], [binary], [])
+            taken = 0
+        data = data[taken:]
+    binary.flush()
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ __all__ = ["interrupt", "interrupts_held", "raise_pending_interrupt", "take_ctrl
 ours: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _interrupt_pending_on: asyncio.AbstractEventLoop | None = None
 # (interrupts_held's: whether a block holds interrupts now, and whether one came meanwhile)
-_held = False
+_held = 0  # (how many blocks deep)
 _held_interrupt = False
 
 
@@ -52,25 +52,29 @@ def interrupt() -> None:
 
 
 @contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
+def interrupts_held(*, drop: bool = False) -> Iterator[None]:
     """A block of the main thread that a signal's interrupt (:func:`interrupt`: the command's Ctrl-C,
-    SIGTERM, SIGHUP) does not break: one that comes meanwhile is raised as it ends. For what must be done
-    whole or not at all, and be known which (eval --json's object written, and noted so: see
-    learner.cli). A KeyboardInterrupt raised before the block begins, or as it ends, is outside it; one
-    raised otherwise (Python's own handler, left in place) is not held."""
+    SIGTERM, SIGHUP) does not break: one that comes meanwhile is raised as it ends, or with ``drop``
+    not at all (it came too late to stop anything: what the block did is the command's last word). For
+    what must be done whole or not at all, and be known which (eval --json's object written, and noted
+    so: see learner.cli). A KeyboardInterrupt raised before the block begins, or as it ends, is outside
+    it; one raised otherwise (Python's own handler, left in place) is not held. Blocks nest: the
+    outermost one's end raises (or drops) what came during any of them."""
     global _held, _held_interrupt
     if threading.current_thread() is not threading.main_thread():  # (signals interrupt the main thread only)
         yield
         return
-    _held_interrupt = False  # (one left by an earlier block, raised otherwise as it ended)
-    _held = True
+    if not _held:
+        _held_interrupt = False  # (one left by an earlier block, raised otherwise as it ended)
+    _held += 1
     try:
         yield
     finally:
-        _held = False
-        if _held_interrupt:
+        _held -= 1
+        if not _held and _held_interrupt:
             _held_interrupt = False
-            raise KeyboardInterrupt
+            if not drop:
+                raise KeyboardInterrupt
 
 
 def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:

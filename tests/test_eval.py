@@ -964,8 +964,9 @@ def test_eval_json_prints_one_whole_object_when_interrupted_as_it_prints_it(
 ) -> None:
     """The object was noted printed before it was: a Ctrl-C whose KeyboardInterrupt came out of the write
     before it took the object left stdout without any. Now it is noted once written, and main prints the
-    abort's, whole. A signal that comes as the write takes it is held until it is noted: that object alone,
-    no abort's after it (noted after the write, not with it, the two would be printed)."""
+    abort's, whole. A signal that comes as the write takes it is held until it is noted, then dropped: that
+    object alone, no abort's after it (noted after the write, not with it, the two would be printed), and the
+    exit status it says (it was 130, the object saying 0)."""
     import learner.evaluate
 
     monkeypatch.setattr(learner.evaluate, "evaluate", lambda *a, **k: {"episodes": 1})
@@ -994,10 +995,40 @@ def test_eval_json_prints_one_whole_object_when_interrupted_as_it_prints_it(
     ):
         stdout = Stdout(interrupt)
         monkeypatch.setattr(sys, "stdout", stdout)
-        assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == (0 if interrupt is None else 130)
+        assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == printed["exit_status"]
         out = stdout.getvalue()
         assert out.count("\n") == 1 and out.endswith("\n") and json.loads(out) == printed, (interrupt, out)
-        assert capsys.readouterr().err.strip().endswith("aborted") == (interrupt is not None)
+        assert capsys.readouterr().err.strip().endswith("aborted") == (interrupt == "before")
+
+
+def test_eval_json_writes_its_whole_object_to_an_unbuffered_stdout_that_takes_part_of_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unbuffered (PYTHONUNBUFFERED, as the images set it), stdout's text layer hands a write to the raw file,
+    whose write may take part of it (a signal as it waited for a slow reader): the rest was dropped, and the
+    object cut short. Written through the binary layer until all of it is taken."""
+    import learner.evaluate
+
+    monkeypatch.setattr(learner.evaluate, "evaluate", lambda *a, **k: {"episodes": 1, "returns": [1.5] * 40})
+
+    class Raw(io.RawIOBase):
+        """A file that takes at most 7 bytes a write."""
+
+        def __init__(self) -> None:
+            self.taken = b""
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            part = bytes(data)[:7]
+            self.taken += part
+            return len(part)
+
+    raw = Raw()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))  # type: ignore[type-var]
+    assert main(["eval", str(tmp_path), "--backend", "gym", "--json"]) == 0
+    assert json.loads(raw.taken) == {"episodes": 1, "returns": [1.5] * 40, "exit_status": 0}
 
 
 def test_eval_whose_env_kwargs_change_the_spaces_says_they_may_be_why(

@@ -444,3 +444,21 @@ def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for
     with pytest.raises(KeyboardInterrupt):
         runner.run(cleaned_up_when_cancelled())
     assert runner.run(_a_later_call()) == "done"
+
+
+def test_interrupts_held_in_nested_blocks_are_raised_once_as_the_outermost_ends() -> None:
+    """An inner block cleared the outer one's held interrupt and, ending, left the rest of the outer one
+    unheld. ``drop``: the outermost block's end raises nothing."""
+    from learner.interrupts import interrupt, interrupts_held
+
+    with pytest.raises(KeyboardInterrupt), interrupts_held():
+        interrupt()  # (held)
+        with interrupts_held():
+            pass
+        interrupt()  # (still held: raised once, as the outer block ends)
+    with interrupts_held(drop=True):
+        with interrupts_held():
+            interrupt()
+        interrupt()
+    with interrupts_held():  # (nothing left over from the dropped one)
+        pass
