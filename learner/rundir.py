@@ -246,19 +246,25 @@ def _row_kept(line: bytes, update: int) -> bool:
 
 def _lines_from_end(f: IO[bytes], end: int, block: int) -> Iterator[tuple[int, bytes]]:
     """The lines of the file ``f`` (``end`` bytes long), last first, each with its offset (a line with its
-    ``\\n``, but the last one where the file does not end in one), reading ``block`` bytes at a time."""
+    ``\\n``, but the last one where the file does not end in one), reading ``block`` bytes at a time. A
+    line longer than a block is searched and copied once (its blocks joined as it is given), not again
+    at every block read (a 64 MB tail without a newline took 27 s)."""
     pos, buf, stop = end, b"", 0  # (buf[:stop]: the bytes from pos not yet given as lines)
+    rest: list[bytes] = []  # (the blocks after buf of a line that starts before it, last first)
     while stop or pos:
-        # (where the last line in buf[:stop] starts, if a newline before it says so)
-        cut = buf.rfind(b"\n", 0, stop - 1) + 1 if stop else 0
+        # (where the line ending at buf[:stop] + rest starts, if a newline before its own end says so)
+        limit = stop if rest else stop - 1
+        cut = buf.rfind(b"\n", 0, limit) + 1 if limit > 0 else 0
         if cut or not pos:
-            yield pos + cut, buf[cut:stop]
-            stop = cut
+            yield pos + cut, buf[cut:stop] + b"".join(reversed(rest))
+            stop, rest = cut, []
         else:
+            if stop:
+                rest.append(buf[:stop])
             size = min(block, pos)
             pos -= size
             f.seek(pos)
-            buf = f.read(size) + buf[:stop]
+            buf = f.read(size)
             stop = len(buf)
 
 
