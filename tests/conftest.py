@@ -34,8 +34,17 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /
 # torch (and so SB3) is the learner's extra: an env-server-only install has neither. A test that
 # trains, or imports what needs torch, is marked needs_torch (or needs_sb3), and skipped there; a
 # module that imports it at module level starts with pytest.importorskip("torch").
-HAS_TORCH = importlib.util.find_spec("torch") is not None
-HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # (a finder that refuses it: tests/test_portability.py's, standing for an install without)
+        return False
+
+
+HAS_TORCH = _installed("torch")
+HAS_SB3 = _installed("stable_baselines3")
 NEEDS = {
     "needs_torch": (HAS_TORCH, "needs torch (pip install 'envfleet[learner]')"),
     "needs_sb3": (HAS_SB3, "needs stable-baselines3 (pip install 'envfleet[sb3]')"),

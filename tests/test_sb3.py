@@ -7,7 +7,6 @@ costs its envs' episodes, not the run; SB3's PPO trains on it and evaluate_polic
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -22,11 +21,11 @@ import pytest
 
 from learner import InvalidArgumentError, RemoteVectorEnv, ServerUnavailableError, SpecMismatchError
 from tests.compare import assert_same
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import HAS_SB3, SpawnServer, StartServers
 from tests.envs import DictEnv
 
 needs_sb3 = pytest.mark.skipif(
-    importlib.util.find_spec("stable_baselines3") is None,
+    not HAS_SB3,
     reason="stable-baselines3 is not installed (pip install 'envfleet[sb3]')",
 )
 

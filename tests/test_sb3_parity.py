@@ -5,7 +5,6 @@ either autoreset mode. Envs: tests/sb3_envs.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -18,12 +17,12 @@ import pytest
 from env_server.rpc import env_pb2 as pb
 from learner import InvalidArgumentError, RemoteTimeoutError, RemoteVectorEnv
 from tests.compare import assert_same
-from tests.conftest import StartServers
+from tests.conftest import HAS_SB3, StartServers
 from tests.sb3_envs import DiscreteObsEnv, Float64BoxEnv, GoalEnv
 from tests.test_sb3 import assert_same_step
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("stable_baselines3") is None,
+    not HAS_SB3,
     reason="stable-baselines3 is not installed (pip install 'envfleet[sb3]')",
 )
 
