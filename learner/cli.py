@@ -944,13 +944,21 @@ def _print_json(args: argparse.Namespace, obj: dict[str, Any]) -> None:
         sys.stdout.flush()
 
 
+def _ascii_compatible(stream: IO[str]) -> bool:
+    """Whether ``stream``'s encoding writes ASCII as ASCII (UTF-8, Latin-1; not UTF-16: PYTHONIOENCODING)."""
+    try:
+        return "{}\n".encode(getattr(stream, "encoding", None) or "") == b"{}\n"
+    except (LookupError, TypeError):
+        return False
+
+
 def _write_whole(stream: IO[str], text: str) -> None:
     """Write all of ``text`` (ASCII: json.dumps's) to ``stream``. Unbuffered (PYTHONUNBUFFERED, as the
     images set it) a text stream's write hands the text to the raw file at once, whose write may take only
     part of it (a signal came as it waited for a slow reader), and the rest was dropped: so through the
     binary layer, until all of it is taken."""
     binary = getattr(stream, "buffer", None)
-    if binary is None:  # (a stream of text alone: a StringIO, a notebook's)
+    if binary is None or not _ascii_compatible(stream):  # (a stream of text alone: a StringIO, a notebook's)
         stream.write(text)
         return
     stream.flush()

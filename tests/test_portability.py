@@ -455,31 +455,27 @@ def test_every_test_module_collects_without_torch(tmp_path: Path) -> None:
     """An env-server-only install has no torch (nor SB3): every test module still collects there, those that
     import the learner's torch code skipping as one, so that the server's tests run (conftest imported torch,
     and no test could). torch is hidden from the collecting process by a finder that refuses it."""
-    (tmp_path / "sitecustomize.py").write_text(
-        textwrap.dedent(
-            """
-            import sys
+    collect = textwrap.dedent(
+        """
+        import sys
 
-            class NoTorch:
-                def find_spec(self, name, path=None, target=None):
-                    if name.partition(".")[0] in ("torch", "stable_baselines3"):
-                        raise ModuleNotFoundError(f"No module named {name!r} (hidden)", name=name)
-                    return None
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in ("torch", "stable_baselines3"):
+                    raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+                return None
 
-            sys.meta_path.insert(0, NoTorch())
-            """
-        )
+        sys.meta_path.insert(0, NoTorch())
+        import pytest
+
+        sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests"]))
+        """
     )
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}  # (-n, say: no xdist here)
     collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-c", collect], cwd=root, env=env, capture_output=True, text=True, timeout=600
     )
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
-    assert "hidden" not in collected.stdout + collected.stderr  # (no module failed for want of torch)
+    assert "hidden by the test" not in collected.stdout + collected.stderr  # (no module failed for want of torch)
     assert "tests/test_codec.py::" in collected.stdout and "tests/test_train.py::" not in collected.stdout
