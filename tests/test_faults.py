@@ -7,6 +7,7 @@ that every result reaches the env it belongs to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,22 @@ from tests.faulty_server import Faults, FaultyServer
 
 K = 2  # envs per server
 FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+
+
+ENDLESS = ("--env-kwargs", '{"length": 100000}')  # (IndexEnv episodes that outlast a test)
+
+
+@contextlib.contextmanager
+def _second_server_lost(spawn_server: SpawnServer) -> Iterator[tuple[RemoteVectorEnv, ServerProcess]]:
+    """A fault-tolerant fleet of two servers of K endless IndexEnvs, reset, whose second server was killed
+    and lost in a step: the fleet, and that server (to start again)."""
+    a = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
+    b = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        b.kill()
+        envs.step(actions_for(0, 2 * K))  # the loss
+        yield envs, b
 
 
 def actions_for(step: int, num_envs: int) -> np.ndarray:
@@ -79,9 +97,8 @@ def unavailable(infos: dict[str, Any], n: int) -> np.ndarray:
 def test_server_killed_mid_rollout_and_restarted_on_the_same_address_rejoins(spawn_server: SpawnServer) -> None:
     # Episodes that outlast the test: a's reaching IndexEnv's default 100 steps during the 5 steps
     # checked after the rejoin would make one of them a reset step, echoing no action.
-    endless = ("--env-kwargs", '{"length": 100000}')
-    a = spawn_server("tests.envs:IndexEnv", K, *endless)
-    b = spawn_server("tests.envs:IndexEnv", K, *endless)
+    a = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
+    b = spawn_server("tests.envs:IndexEnv", K, *ENDLESS)
     with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
         obs, infos = envs.reset(seed=0)
         assert "env_unavailable" not in infos
@@ -903,14 +920,8 @@ def test_a_server_back_with_another_num_envs_is_warned_of_once_and_refresh_takes
     caplog.set_level(logging.DEBUG, logger="learner.faults")
     # (episodes longer than the ~100 steps 3 s may take: one ending just before the step checked below
     # would make that a reset step, whose observations echo no action)
-    endless = ("--env-kwargs", '{"length": 100000}')
-    a = spawn_server("tests.envs:IndexEnv", K, *endless)
-    b = spawn_server("tests.envs:IndexEnv", K, *endless)
-    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
-        envs.reset(seed=0)
-        b.kill()
-        envs.step(actions_for(0, 2 * K))  # the loss
-        b.argv = ["--env", "tests.envs:IndexEnv", "--num-envs", str(K + 1), *endless]
+    with _second_server_lost(spawn_server) as (envs, b):
+        b.argv = ["--env", "tests.envs:IndexEnv", "--num-envs", str(K + 1), *ENDLESS]
         b.start(b.address.rpartition(":")[2])
         deadline = time.monotonic() + 3.0  # several reconnect attempts (backoff at most 0.5 s)
         t = 1
@@ -945,13 +956,7 @@ def test_a_server_back_serving_another_time_limit_is_warned_of_as_it_rejoins(
     checkout's library versions alike) rejoined its place without a word, where one back in a reset, or
     one joining, is warned of."""
     caplog.set_level(logging.WARNING)
-    endless = ("--env-kwargs", '{"length": 100000}')
-    a = spawn_server("tests.envs:IndexEnv", K, *endless)
-    b = spawn_server("tests.envs:IndexEnv", K, *endless)
-    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, **FAST) as envs:
-        envs.reset(seed=0)
-        b.kill()
-        envs.step(actions_for(0, 2 * K))  # the loss
+    with _second_server_lost(spawn_server) as (envs, b):
         b.argv = [*b.argv, "--max-episode-steps", "77"]
         b.start()
         step_until(envs, 1, lambda r: "env_unavailable" not in r[4], limit_s=30.0)
