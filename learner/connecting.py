@@ -24,7 +24,7 @@ from learner.errors import (
 from learner.local import socket_folder_gone
 from learner.loop import gather
 from learner.membership import _Away
-from learner.specs import _warn_if_other_env, incompatible
+from learner.specs import incompatible, warn_if_other_env
 
 if TYPE_CHECKING:
     from learner.remote import RemoteVectorEnv
@@ -327,4 +327,4 @@ class FleetConnection:
                     f"env server {client.address} has {problem}; one RemoteVectorEnv needs servers whose envs "
                     "have the same spaces and autoreset mode"
                 )
-            _warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")
+            warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")

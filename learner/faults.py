@@ -52,7 +52,7 @@ from learner.errors import (
     InvalidResponseError,
     RemoteEnvError,
 )
-from learner.specs import _warn_if_other_env, incompatible
+from learner.specs import incompatible, warn_if_other_env
 
 __all__ = [
     "JOIN_BACKOFF",
@@ -407,7 +407,7 @@ async def reconnect(
         # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
         # library versions, a restart from another checkout say, rejoined without a word; once it is back,
         # not at each attempt that failed after its spec was read)
-        _warn_if_other_env(replica.spec, spec, client.address, "its old")
+        warn_if_other_env(replica.spec, spec, client.address, "its old")
         replica.spec = spec
         replica.back_at, replica.answered = time.monotonic(), 0
         # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)

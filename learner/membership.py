@@ -20,7 +20,7 @@ from learner.errors import InvalidResponseError, RemoteEnvError, ServerBusyError
 from learner.faults import Replica, ReplicaState
 from learner.fleet import FleetChange
 from learner.loop import LoopRunner, gather
-from learner.specs import _warn_if_other_env, incompatible
+from learner.specs import incompatible, warn_if_other_env
 from learner.stats import StepTimer
 from learner.validate import seconds as _seconds
 
@@ -506,7 +506,7 @@ class FleetMembership:
             assert not isinstance(response, BaseException)  # (a failed handshake is a problem)
             was = self._away.get(client.address)
             if was is None or _OTHER_ENV not in was.warned:  # (once per server while it is away)
-                _warn_if_other_env(self._spec, response.spec, client.address, "the fleet's")
+                warn_if_other_env(self._spec, response.spec, client.address, "the fleet's")
             client.start_session(response)
             # (still away until its reset in refresh() works too: see _joined and _not_joined)
             joined.append(client)

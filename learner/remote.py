@@ -67,7 +67,7 @@ from learner.local import socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.membership import FleetMembership, _Away, _Retired
 from learner.outages import FleetOutages, in_server_order
-from learner.specs import _warn_if_other_env, gym_env_spec, incompatible, served_kwargs
+from learner.specs import gym_env_spec, incompatible, served_kwargs, warn_if_other_env
 from learner.stats import ReplicaStats, StepTimer
 from learner.validate import flag as _flag
 from learner.validate import is_finite as _is_finite
@@ -791,7 +791,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             raise SpecMismatchError(
                 f"env server {client.address}: it came back with {problem}; refresh() takes the fleet as it is now"
             )
-        _warn_if_other_env(old, spec, client.address, "its old")
+        warn_if_other_env(old, spec, client.address, "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
             await client.release_session(client.session_id, self.timeout)
         # The old session is dropped only once a new one is had: a failed handshake (another learner

@@ -12,7 +12,7 @@ from gymnasium.envs.registration import EnvSpec
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 
-__all__ = ["FLEET_FIELDS", "gym_env_spec", "incompatible", "served_kwargs"]
+__all__ = ["FLEET_FIELDS", "gym_env_spec", "incompatible", "served_kwargs", "warn_if_other_env"]
 
 # (the fleet's own lines, as connecting and membership log them: one logger for a fleet's servers)
 log = logging.getLogger("learner.remote")
@@ -95,7 +95,7 @@ def served_kwargs(spec: pb.EnvSpec) -> dict[str, Any] | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
-def _warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
+def warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: str) -> None:
     """Warn of a server whose env fits the fleet's spaces but is not the same env (another id, another
     time limit): allowed (variants of a task, one per server), but a mistake as often."""
     # (servers older than EnvSpec.env_kwargs said a time limit of 0 under async vectorization, whatever

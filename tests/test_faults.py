@@ -317,16 +317,16 @@ def test_an_async_server_older_than_env_kwargs_said_no_time_limit_and_is_not_war
 ) -> None:
     """Such servers said max_episode_steps 0 under async vectorization, whatever the limit: a rolling
     upgrade's fleet, old and new servers side by side, is not a mixed one for that."""
-    from learner.remote import _warn_if_other_env
+    from learner.specs import warn_if_other_env
 
     caplog.set_level(logging.WARNING, logger="learner.remote")
     new = pb.EnvSpec(env_id="CartPole-v1", vectorization="async", max_episode_steps=500, env_kwargs="")
     old = pb.EnvSpec(env_id="CartPole-v1", vectorization="async", max_episode_steps=0)
-    _warn_if_other_env(new, old, "a:1", "env server b:2's")
-    _warn_if_other_env(old, new, "a:1", "its old")
+    warn_if_other_env(new, old, "a:1", "env server b:2's")
+    warn_if_other_env(old, new, "a:1", "its old")
     assert not caplog.records
     other = pb.EnvSpec(env_id="CartPole-v1", vectorization="sync", max_episode_steps=200)
-    _warn_if_other_env(new, other, "a:1", "x's")
+    warn_if_other_env(new, other, "a:1", "x's")
     assert "max_episode_steps 200, not x's 500" in caplog.text
 
 
