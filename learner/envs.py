@@ -10,15 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
 from env_server.protocol import KEEPALIVE_TIMEOUT
+from learner.config import DEFAULT_ENV, Args, is_atari
 from learner.discovery import expand_when_ready, split_addresses
 from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, LocalServers
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
-__all__ = ["FleetSpec", "env_server_of", "open_fleet", "reward_threshold"]
+__all__ = ["FleetSpec", "env_server_of", "fleet_spec", "open_fleet", "raw_atari_frames", "reward_threshold"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,37 @@ class FleetSpec:
         servers = "local env server" if self.num_servers == 1 else "local env servers"
         envs = "env" if self.envs_per_server == 1 else "envs"
         return f"{self.num_servers} {servers} x {self.envs_per_server} {self.env} {envs} ({how}){extras}"
+
+
+def fleet_spec(args: Args) -> FleetSpec:
+    """Where ``learner train``'s envs come from, as its options (``args``) say."""
+    servers, envs_per_server = args.local_layout()
+    return FleetSpec(
+        env=args.env or DEFAULT_ENV,  # None only with --servers, where the servers decide
+        servers=args.servers,
+        backend=args.backend,
+        num_servers=servers,
+        envs_per_server=envs_per_server,
+        env_kwargs=dict(args.env_kwargs),
+        wrappers=args.server_wrappers(),
+        step_delay_ms=args.step_delay_ms,
+        max_episode_steps=args.max_episode_steps,
+        transport=args.transport,
+        step_socket=args.step_socket,
+        auth_token=args.auth_token,
+        timeout=args.timeout,
+        reset_timeout=args.reset_timeout,
+        connect_timeout=args.connect_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        pipeline_groups=args.pipeline_groups,
+        fault_tolerant=args.fault_tolerant,
+        give_up_after=args.give_up_after,
+        hang_timeout=args.hang_timeout,
+        tls=args.tls_ca or args.tls,
+        tls_server_name=args.tls_server_name,
+        tls_client_cert=args.tls_client_cert,
+        tls_client_key=args.tls_client_key,
+    )
 
 
 @contextlib.contextmanager
@@ -176,6 +209,22 @@ def reward_threshold(env: str) -> float | None:
     except Exception:  # not a registered id (an entry point, or an id whose package is not imported)
         return None
     return None if threshold is None else float(threshold)
+
+
+def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:
+    """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each, or grayscale:
+    obs_type), not the atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for;
+    "" otherwise."""
+    space = observation_space
+    raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
+    if not (is_atari(env_id) and "atari" not in wrappers and raw):
+        return ""
+    return (
+        f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
+        "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
+        "the atari preset is tuned for and which are about 1/3.6 of the bytes; serve them with the atari wrapper "
+        "(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)"
+    )
 
 
 def _hang_timeout(spec: FleetSpec) -> float:

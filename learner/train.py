@@ -52,9 +52,9 @@ from learner.checkpoint import (
 )
 from learner.checkpointing import Checkpointer
 from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
-from learner.config import DEFAULT_ENV, Args, PPOConfig, default_run_dir, is_atari, resolve_ppo
+from learner.config import Args, PPOConfig, default_run_dir, resolve_ppo
 from learner.device import device_hint, machine_busy, pick_device, set_torch_threads
-from learner.envs import FleetSpec, env_server_of, open_fleet, reward_threshold
+from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
@@ -117,7 +117,6 @@ __all__ = [
     "NothingToLearnError",
     "Rollout",
     "UnusableEnvOutputError",
-    "fleet_spec",
     "like_args",
     "resume_args",
     "train",
@@ -200,22 +199,6 @@ def _resumed_kwargs_hint(args: Args, checkpoint: dict[str, Any]) -> str:
     return f" (these envs were {differ})" if differ else ""
 
 
-def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gym.Space[Any]) -> str:
-    """A warning when an ALE game's envs serve raw frames (210x160 RGB, ~100 KB a step each, or grayscale:
-    obs_type), not the atari wrapper's 4x84x84 stacks the Nature CNN and the atari preset are made for;
-    "" otherwise."""
-    space = observation_space
-    raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
-    if not (is_atari(env_id) and "atari" not in wrappers and raw):
-        return ""
-    return (
-        f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
-        "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
-        "the atari preset is tuned for and which are about 1/3.6 of the bytes; serve them with the atari wrapper "
-        "(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)"
-    )
-
-
 def _returned_when(step: int, reset: bool = False) -> str:
     """The end of a message about what an env returned: ", returned by its step at the run's env step 1,024"."""
     return f", returned by {'its reset' if reset else 'its step'} at the run's env step {step:,}"
@@ -228,36 +211,6 @@ def _stepping(envs: Any) -> tuple[Any, bool]:
     step_async) do so while the critic runs (``overlap``)."""
     step_groups = getattr(envs, "step_groups", None) if getattr(envs, "num_groups", 1) > 1 else None
     return step_groups, step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
-
-
-def fleet_spec(args: Args) -> FleetSpec:
-    servers, envs_per_server = args.local_layout()
-    return FleetSpec(
-        env=args.env or DEFAULT_ENV,  # None only with --servers, where the servers decide
-        servers=args.servers,
-        backend=args.backend,
-        num_servers=servers,
-        envs_per_server=envs_per_server,
-        env_kwargs=dict(args.env_kwargs),
-        wrappers=args.server_wrappers(),
-        step_delay_ms=args.step_delay_ms,
-        max_episode_steps=args.max_episode_steps,
-        transport=args.transport,
-        step_socket=args.step_socket,
-        auth_token=args.auth_token,
-        timeout=args.timeout,
-        reset_timeout=args.reset_timeout,
-        connect_timeout=args.connect_timeout,
-        keepalive_timeout=args.keepalive_timeout,
-        pipeline_groups=args.pipeline_groups,
-        fault_tolerant=args.fault_tolerant,
-        give_up_after=args.give_up_after,
-        hang_timeout=args.hang_timeout,
-        tls=args.tls_ca or args.tls,
-        tls_server_name=args.tls_server_name,
-        tls_client_cert=args.tls_client_cert,
-        tls_client_key=args.tls_client_key,
-    )
 
 
 def _asked_stop(stop: StopRequest) -> str:

@@ -18,13 +18,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import cli, rundir
-from learner.checkpoint import load_checkpoint
 from learner.cli import aborted_line, build_parser, interrupted_line, main
 from learner.progress import DOUBLE_TAP_S, ending_as_interrupt
 from learner.stats import format_return
-from learner.train import stopped_in_update
 from tests.certs import make_server_certs
 from tests.conftest import CTRL_C_EXIT, SpawnServer, StartServers, not_found_at_once
 
@@ -33,7 +30,8 @@ CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny run made by ``learner train`` itself (in-process envs, so it takes a second)."""
+    """A tiny run made by ``learner train`` itself (in-process envs, so it takes a second); it trains, so the tests
+    that use it are marked needs_torch."""
     run = tmp_path_factory.mktemp("runs") / "clock"
     code = main(
         [
@@ -57,11 +55,13 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+@pytest.mark.needs_torch
 def test_train_writes_its_run_dir_and_plot(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (trained_run / rundir.SUMMARY).is_file() and (trained_run / rundir.PLOT).is_file()
     assert rundir.list_checkpoints(trained_run)
 
 
+@pytest.mark.needs_torch
 def test_resume_continues_a_run_with_more_steps(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -98,6 +98,7 @@ def test_resume_continues_a_run_with_more_steps(
     assert machine["torch_threads"] == 1 and machine["cpus"] >= 1 and machine["hostname"] and machine["cpu"]
 
 
+@pytest.mark.needs_torch
 def test_like_starts_a_new_run_with_a_runs_options_and_those_given(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,9 +144,12 @@ def test_like_starts_a_new_run_with_a_runs_options_and_those_given(
         assert said in capsys.readouterr().err
 
 
+@pytest.mark.needs_torch
 def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from learner.checkpoint import load_checkpoint
+
     # ClockEnv's returns are >= 0, so --stop-at-return 0 is reached once 20 episodes have ended (at step 78, mid-rollout).
     run = tmp_path / "solved"
     argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "160"]
@@ -205,6 +209,7 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
         ),
     ],
 )
+@pytest.mark.needs_torch
 def test_resume_refuses_options_that_would_change_the_nets(
     trained_run: Path, tmp_path: Path, again: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -224,6 +229,7 @@ def test_resume_refuses_options_that_would_change_the_nets(
     assert main(["train", "--resume", str(run), "--total-timesteps", "48", "--run-dir", str(run), "--no-plot"]) == 0
 
 
+@pytest.mark.needs_torch
 def test_resume_on_servers_of_another_env_names_both(
     trained_run: Path, tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -239,9 +245,12 @@ def test_resume_on_servers_of_another_env_names_both(
     ) in err, err
 
 
+@pytest.mark.needs_torch
 def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it_was_solved_against(
     tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from learner.checkpoint import load_checkpoint
+
     # FrozenLake on a 1x2 map ("SG"): every episode reaches the goal (return 1), so the run is solved under
     # the env's own threshold (0.7), without --stop-at-return, within a few rollouts.
     addresses = start_servers("FrozenLake-v1", 1, 2, env_kwargs={"desc": ["SG"], "is_slippery": False})
@@ -268,6 +277,7 @@ def test_a_solved_run_on_running_servers_is_judged_on_resume_by_the_threshold_it
     assert f"solved (mean return >= 0.7) at step {solved_at:,}" in capsys.readouterr().out
 
 
+@pytest.mark.needs_torch
 def test_eval_reports_the_deterministic_policy_on_local_servers(
     trained_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -299,6 +309,7 @@ def test_returns_print_with_4_significant_digits_and_1_decimal_from_100(value: f
     assert format_return(value) == text
 
 
+@pytest.mark.needs_torch
 def test_closing_lines_of_train_and_eval_show_returns_as_summary_json_holds_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -319,6 +330,7 @@ def test_closing_lines_of_train_and_eval_show_returns_as_summary_json_holds_them
     assert line in capsys.readouterr().out
 
 
+@pytest.mark.needs_torch
 def test_eval_records_one_more_episode_as_a_gif(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -352,6 +364,7 @@ def test_eval_records_one_more_episode_as_a_gif(
         ),
     ],
 )
+@pytest.mark.needs_torch
 def test_eval_refuses_a_video_path_it_cannot_write_before_any_episode(
     trained_run: Path, tmp_path: Path, video: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -404,6 +417,7 @@ def test_eval_refuses_options_that_do_not_go_together(
     assert f"learner eval: error: {message}" in err, err
 
 
+@pytest.mark.needs_torch
 def test_eval_on_running_servers_with_the_token_from_the_environment(
     trained_run: Path, start_servers: StartServers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -416,6 +430,7 @@ def test_eval_on_running_servers_with_the_token_from_the_environment(
     assert result["episodes"] == 4 and result["length_mean"] == 3.0
 
 
+@pytest.mark.needs_torch
 def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     other = tmp_path / "other"
     other.mkdir()
@@ -453,7 +468,11 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
         (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
         (["--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
-        (["--resume", "/nonexistent/run"], "--resume: expected a run dir holding config.json"),
+        pytest.param(
+            ["--resume", "/nonexistent/run"],
+            "--resume: expected a run dir holding config.json",
+            marks=pytest.mark.needs_torch,  # (checked once torch is imported)
+        ),
         (["--steps", "8"], "unrecognized arguments: --steps 8"),
         (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
         (["--hidden-sizes", "64,,64"], "argument --hidden-sizes: expected comma-separated integers such as 64,64"),
@@ -472,7 +491,11 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--wrappers", "atari,atari"], "--wrappers: expected each wrapper at most once"),
         (["--env", ""], "--env: expected a value, got an empty string"),
         (["--run-dir", ""], "--run-dir: expected a value, got an empty string"),
-        (["--resume", ""], "--resume: expected a value, got an empty string"),
+        pytest.param(
+            ["--resume", ""],
+            "--resume: expected a value, got an empty string",
+            marks=pytest.mark.needs_torch,  # (checked once torch is imported)
+        ),
         (["--tls"], "--tls: connects to running --servers with TLS; the env servers this command starts speak"),
         (["--tls-ca", "ca.pem"], "--tls-ca: connects to running --servers with TLS"),
         (["--servers", "a:1", "--tls-ca", "/nonexistent/ca.pem"], "--tls-ca /nonexistent/ca.pem: cannot read it"),
@@ -490,6 +513,7 @@ def test_train_rejects_bad_options_naming_them(
     assert error.startswith("learner train: error: ") and message in error, error
 
 
+@pytest.mark.needs_torch
 def test_a_run_dir_that_cannot_be_made_is_named_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -517,6 +541,7 @@ def test_no_command_names_the_commands(argv: list[str], capsys: pytest.CaptureFi
         (["eval", "--checkpoint", "notes.txt"], "notes.txt: expected an envfleet checkpoint"),
     ],
 )
+@pytest.mark.needs_torch
 def test_eval_refuses_bad_input_before_doing_anything(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -548,8 +573,16 @@ def test_eval_refuses_bad_input_before_doing_anything(
         (["--suites", "latency", "--latency-sizes", "2,18"], "--latency-sizes: [18] do not split evenly"),
         (["--latency-sizes", "1,,2"], "argument --latency-sizes: expected comma-separated numbers of envs such as"),
         (["--latency-delay-ms", "0"], "argument --latency-delay-ms: expected milliseconds > 0, got '0'"),
-        (["--suites", "ppo", "--ppo-env", "Nope-v0"], "--ppo-env: cannot build 'Nope-v0'"),
-        (["--out", "notes.txt/bench"], "--out: cannot make {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a"),
+        pytest.param(
+            ["--suites", "ppo", "--ppo-env", "Nope-v0"],
+            "--ppo-env: cannot build 'Nope-v0'",
+            marks=pytest.mark.needs_torch,  # (checked once torch is imported)
+        ),
+        pytest.param(
+            ["--out", "notes.txt/bench"],
+            "--out: cannot make {tmp}/notes.txt/bench: {tmp}/notes.txt is a file, not a",
+            marks=pytest.mark.needs_torch,  # (checked once torch is imported)
+        ),
     ],
 )
 @pytest.mark.slow
@@ -577,6 +610,7 @@ def test_bench_refuses_bad_options_before_measuring(
         ("folder.png", "-o/--output: {tmp}/folder.png is a directory; expected a file name ending in .png"),
     ],
 )
+@pytest.mark.needs_torch
 def test_plot_refuses_an_output_it_cannot_write_as_a_png(
     trained_run: Path, tmp_path: Path, output: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -588,6 +622,7 @@ def test_plot_refuses_an_output_it_cannot_write_as_a_png(
     assert message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
+@pytest.mark.needs_torch
 def test_train_reports_an_unknown_env_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--env", "NoSuchEnv-v0", "--backend", "gym", "--run-dir", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
@@ -680,6 +715,7 @@ def _train_until_its_first_update(argv: list[str], run: Path) -> subprocess.Pope
 
 
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_ctrl_c_stops_a_shell_loop_of_runs_not_only_the_run_it_came_in(tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches the shell and its command: bash goes on with the loop where the command
     exited (even with 130: taken as handled there), and stops it where the command died of the SIGINT."""
@@ -729,6 +765,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the local servers in /proc")
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tmp_path: Path) -> None:
     run, gate = tmp_path / "run", tmp_path / "in-step"
     # One local server whose env holds its second step (the second rollout's, after an update and its
@@ -793,6 +830,7 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_still_stops_the_local_servers(tm
     ids=["ctrl-c", "ctrl-c-double-tap", "ctrl-c-double-tap-remote", "sigterm-twice", "ctrl-c-sigterm-remote", "sighup"],
 )
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
     signals: list[signal.Signals], backend: str, tmp_path: Path
 ) -> None:
@@ -820,13 +858,19 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
     assert "learner eval" not in out  # (what a finished run suggests)
 
 
-def test_a_run_stopped_in_an_update_says_from_what_is_on_disk_whether_and_where_it_resumes(tmp_path: Path) -> None:
+@pytest.mark.needs_torch
+def test_a_run_stopped_in_an_update_says_whether_and_where_it_resumes() -> None:
     # Two Ctrl-Cs land in an update only by chance: the wording is checked on its own, as the run words it.
+    from learner.train import stopped_in_update
+
     assert stopped_in_update(None) == (
         "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
         "resuming starts this run over"
     )
     assert stopped_in_update(1600).endswith("no checkpoint of it written; resuming starts at the last one, step 1,600")
+
+
+def test_a_run_stopped_says_from_what_is_on_disk_whether_and_where_it_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert interrupted_line(run, 48) == (
         f"interrupted at step 48; no checkpoint is on disk: learner train --resume {run} starts it over"
@@ -934,6 +978,7 @@ def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback
     assert rest.strip() == "learner demo: aborted", rest
 
 
+@pytest.mark.needs_torch
 def test_resume_given_a_checkpoint_file_goes_on_from_it_in_its_run_dir(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -956,6 +1001,7 @@ def test_resume_given_a_checkpoint_file_goes_on_from_it_in_its_run_dir(
     assert f"or a checkpoint in its checkpoints/ folder, got the file {elsewhere}; pass the run dir it belongs" in err
 
 
+@pytest.mark.needs_torch
 def test_a_run_with_nothing_to_learn_from_exits_with_its_envs_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1011,6 +1057,7 @@ def test_train_refuses_a_token_file_it_cannot_use(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.needs_torch
 def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does(
     spawn_server: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1049,6 +1096,7 @@ def test_train_takes_tls_and_a_token_file_from_the_environment_as_a_service_does
     )
 
 
+@pytest.mark.needs_torch
 def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1068,6 +1116,7 @@ def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
 @pytest.mark.slow
+@pytest.mark.needs_torch
 def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals, tmp_path: Path) -> None:
     """Before training begins (here: waiting for a server that does not answer), SIGTERM or SIGHUP ends
     the command as Ctrl-C does, saying so, not silently by the signal's default."""
@@ -1150,6 +1199,7 @@ def test_a_command_takes_sigterm_once_and_leaves_an_ignored_signal_ignored() -> 
         signal.signal(signal.SIGHUP, previous_hup)
 
 
+@pytest.mark.needs_torch
 def test_a_run_whose_envs_have_no_time_limit_and_ended_no_episode_says_what_to_give(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -94,12 +94,11 @@ def test_wrapper_names_auto_none_and_listed(env: str, wrappers: str, expected: t
     assert wrapper_names(wrappers, env) == expected
 
 
-@pytest.mark.needs_torch
 def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
     import gymnasium as gym
     import numpy as np
 
-    from learner.train import raw_atari_frames
+    from learner.envs import raw_atari_frames
 
     raw = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
     stacked = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)

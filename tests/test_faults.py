@@ -726,7 +726,6 @@ def test_keepalive_settings_agree() -> None:
     assert server["grpc.http2.max_ping_strikes"] == 0  # and never closes a connection over pings
 
 
-@pytest.mark.needs_torch
 def test_a_keepalive_timeout_given_reaches_every_connection(
     spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -735,8 +734,7 @@ def test_a_keepalive_timeout_given_reaches_every_connection(
     import learner.client
     from learner.client import channel_options
     from learner.config import Args
-    from learner.envs import open_fleet
-    from learner.train import fleet_spec
+    from learner.envs import fleet_spec, open_fleet
 
     options = dict(channel_options(42.5))
     assert options["grpc.keepalive_timeout_ms"] == options["grpc.http2.ping_timeout_ms"] == 42_500

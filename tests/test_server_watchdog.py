@@ -23,7 +23,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import EXIT_MARGIN_S, HARD_EXIT_STATUS, HUNG_EXIT_STATUS, _let_calls_end
 from learner import RemoteVectorEnv
 from learner.config import Args
-from learner.envs import FleetSpec, open_fleet
+from learner.envs import FleetSpec, fleet_spec, open_fleet
 from learner.local import LocalServers
 from tests.conftest import needs_proc
 from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S
@@ -227,11 +227,8 @@ def test_learner_commands_local_servers_wait_for_an_env_call_as_long_as_the_lear
 
 @needs_proc
 @pytest.mark.slow
-@pytest.mark.needs_torch
 def test_learner_train_hang_timeout_reaches_the_servers_it_starts(caplog: pytest.LogCaptureFixture) -> None:
     """--hang-timeout S as given (a warning where it is below the learner's own deadline); 0: none."""
-    from learner.train import fleet_spec
-
     for given, timeout, passed, warned in (
         (90.0, 10.0, ["90"], False),
         (5.0, 10.0, ["5"], True),
