@@ -146,7 +146,8 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
 def _read_run_config(config: Path, flag: str, given: Collection[str]) -> dict[str, Any]:
     """A run's config.json (``config``), read for ``flag`` (--resume, --like): ValueError naming the file and the
     option where it is no run's (damaged, or someone else's file) or records an option of the wrong type (edited
-    by hand; not one ``given`` here instead), not a traceback from deep in its reading."""
+    by hand; not one ``given`` here instead), not a traceback from deep in its reading. Its args have the options
+    that did not apply to the run as not given (:func:`_as_applied`)."""
     try:
         recorded = rundir.read_json(config)
     except OSError as err:
@@ -158,12 +159,28 @@ def _read_run_config(config: Path, flag: str, given: Collection[str]) -> dict[st
     for key in ("ppo", "envs"):
         if recorded.get(key) is not None and not isinstance(recorded[key], dict):
             raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG} (its '{key}' is not an object)")
+    recorded["args"] = _as_applied(recorded["args"])
     for name, value in recorded["args"].items():
         if name not in given and (wrong := type_error(name, value)) is not None:
             raise ValueError(
                 f"{flag}: {config} records {wrong}; mend it there, or give --{name.replace('_', '-')} here"
             )
     return recorded
+
+
+def _as_applied(values: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded options (``values``: its config.json's args) with those that did not apply to it as not
+    given (their defaults): on --servers, the options of the env servers this command starts (the running
+    servers decided) and --transport (their addresses said it); on --backend gym, how env servers are reached
+    (--transport, --step-socket) and pipelined (--pipeline-groups). Older versions recorded them: every run's
+    --transport, tcp (the default before unix), and some took --wrappers, --num-envs, ... with --servers, or
+    --no-step-socket with --backend gym, and ignored them; this version's checks refuse them there, which
+    blamed options the user did not give (nor could leave out). Options given here are checked as a new run's."""
+    if values.get("servers") is not None:
+        return {**values, **LOCAL_SERVER_OPTIONS, "env_kwargs": {}, "transport": DEFAULT_TRANSPORT}
+    if values.get("backend") == "gym":
+        return {**values, "transport": DEFAULT_TRANSPORT, "step_socket": True, "pipeline_groups": 1}
+    return values
 
 
 def _idle_options(recorded: dict[str, Any]) -> set[str]:

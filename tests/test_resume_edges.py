@@ -341,6 +341,86 @@ def test_a_run_moved_onto_servers_leaves_its_backend_and_transport(finished_run:
         resume_args(run, servers="127.0.0.1:1", transport=other)
 
 
+# -- a run of an older version: what it recorded for options that did not apply -----------------------------------
+
+OLD_TRANSPORT = "tcp" if DEFAULT_TRANSPORT == "unix" else "unix"
+"""What versions before the step socket recorded as every run's --transport (tcp, then the default)."""
+
+
+def test_an_older_gym_run_recorded_transport_and_step_socket_that_did_not_apply_and_is_resumed(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """Before unix became the default every run recorded "transport": "tcp", and a few versions took
+    --no-step-socket with --backend gym (ignored there): both were refused as if given ("--transport: says how to
+    reach env servers, so it cannot go with --backend gym"), with no way out but --transport unix. They did not
+    apply to the run's in-process envs: taken as not given. Given here, they are refused as a new run's."""
+    run = copy_of(finished_run, tmp_path)
+    edit_config(run, transport=OLD_TRANSPORT)
+    for args in (resume_args(run), like_args(run, run_dir=str(tmp_path / "like"))):
+        assert (args.backend, args.transport) == ("gym", DEFAULT_TRANSPORT)
+    edit_config(run, step_socket=False, pipeline_groups=2)  # (nor did these, hand-edited or not)
+    for args in (resume_args(run), like_args(run, run_dir=str(tmp_path / "like"))):
+        assert (args.transport, args.step_socket, args.pipeline_groups) == (DEFAULT_TRANSPORT, True, 1)
+    # Moved onto envs this command starts, the run reaches them this version's way, not as it recorded.
+    assert resume_args(run, backend="remote").transport == DEFAULT_TRANSPORT
+    for given, flag in (({"transport": OLD_TRANSPORT}, "--transport"), ({"step_socket": False}, "--no-step-socket")):
+        for read in (resume_args, like_args):
+            with pytest.raises(ValueError, match=rf"^{flag}: says how to reach env servers, so it cannot go with --b"):
+                read(run, **given)
+    assert train(resume_args(run, total_timesteps=3 * STEPS))["total_steps"] == 3 * STEPS
+
+
+def servers_run(run: Path, address: str, **args: Any) -> None:
+    """``run`` (the gym run's copy) as a run trained on ``address`` records itself (``args``: as an older version
+    recorded it besides)."""
+    edit_config(run, **{"servers": address, "backend": "remote", "num_envs": None, **args})
+
+
+def test_an_older_servers_run_recorded_options_that_did_not_apply_and_is_resumed_or_repeated(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """A run on --servers recorded --transport tcp (before unix became the default), and the first versions took
+    --num-envs, --wrappers, --env-kwargs, ... with --servers and ignored them: refused as if given, blaming them
+    on the --servers the config.json records ("give --backend, ..." to move off them). The running servers
+    decided them: taken as not given, on the servers and moved off them (which takes the servers' own)."""
+    run = copy_of(finished_run, tmp_path)
+    local = {"num_envs": 8, "wrappers": "none", "env_kwargs": {"x": 1}, "step_delay_ms": 1.0, "hang_timeout": 5.0}
+    servers_run(run, "127.0.0.1:1", transport=OLD_TRANSPORT, **local)
+    for args in (resume_args(run), like_args(run, run_dir=str(tmp_path / "like"))):
+        assert (args.servers, args.transport) == ("127.0.0.1:1", DEFAULT_TRANSPORT)
+        assert {name: getattr(args, name) for name in local} == {
+            "num_envs": None,
+            "wrappers": "auto",
+            "env_kwargs": {},
+            "step_delay_ms": 0.0,
+            "hang_timeout": None,
+        }
+    for backend in ("remote", "gym"):  # (gym: refused as the recorded --transport's conflict with it)
+        moved = resume_args(run, backend=backend)
+        assert (moved.servers, moved.backend, moved.transport, moved.num_envs) == (None, backend, DEFAULT_TRANSPORT, 2)
+        assert (moved.wrappers, moved.env_kwargs, moved.step_delay_ms) == ("none", {}, 0.0)  # (the servers' envs)
+    with pytest.raises(ValueError) as refused:  # (given here: checked as a new run's)
+        resume_args(run, transport=OLD_TRANSPORT)
+    assert str(refused.value).startswith("--transport: says how to reach the env servers this command starts;")
+    assert "(--servers 127.0.0.1:1 comes from the run's config.json;" in str(refused.value)
+    with pytest.raises(ValueError, match=r"^--num-envs: configures the env servers this command starts"):
+        like_args(run, num_envs=8, servers="127.0.0.1:2")
+
+
+@pytest.mark.slow
+def test_an_older_servers_run_that_recorded_transport_tcp_goes_on_on_its_servers(
+    finished_run: Path, tmp_path: Path, start_servers: StartServers
+) -> None:
+    """End to end, as `learner train --resume` and `--like` of such a run exited 2 blaming --transport."""
+    run = copy_of(finished_run, tmp_path)
+    (address,) = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    servers_run(run, address, transport=OLD_TRANSPORT)
+    assert train(resume_args(run, total_timesteps=3 * STEPS))["total_steps"] == 3 * STEPS
+    like = tmp_path / "like"
+    assert train(like_args(run, run_dir=str(like), total_timesteps=STEPS))["total_steps"] == STEPS
+    assert rundir.read_json(like / rundir.CONFIG)["args"]["transport"] == DEFAULT_TRANSPORT
+
+
 # -- options that did not apply to the run's envs ------------------------------------------------------------------
 
 
