@@ -887,7 +887,7 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
     """``learner eval``'s result: that of every episode asked, or of those finished when a Ctrl-C
     (``interrupted``) or an ``error`` stopped it (its message, as main prints it: then ``--json``'s
     object has it as ``error``)."""
-    from learner.stats import format_return
+    from learner.stats import format_return, format_returns
 
     interrupted = result.get("interrupted", False)
     if args.json:
@@ -908,11 +908,8 @@ def _print_eval_result(args: argparse.Namespace, result: dict[str, Any], error: 
         if result["episodes"] == 1:  # (no spread to give)
             print(f"return {format_return(result['return_mean'])}, length {result['length_mean']:.0f}")
         elif result["episodes"]:
-            print(
-                f"return {format_return(result['return_mean'])} +- {format_return(result['return_std'])} "
-                f"(min {format_return(result['return_min'])}, max {format_return(result['return_max'])}), "
-                f"mean length {result['length_mean']:.1f}"
-            )
+            mean, std, low, high = format_returns(*(result[f"return_{k}"] for k in ("mean", "std", "min", "max")))
+            print(f"return {mean} +- {std} (min {low}, max {high}), mean length {result['length_mean']:.1f}")
         if "video" in result:
             video = result["video"]
             cut = "" if video["episode_ended"] else ", cut there"

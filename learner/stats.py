@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["ReplicaStats", "StepTimer", "format_return", "mean_of", "spread_of"]
+__all__ = ["ReplicaStats", "StepTimer", "format_return", "format_returns", "mean_of", "spread_of"]
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,16 @@ def format_return(value: float) -> str:
     if abs(value) >= 1e9:
         return f"{value:.6g}"
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4g}"
+
+
+def format_returns(*values: float) -> tuple[str, ...]:
+    """Returns printed on one line (learner eval's mean, spread, min and max) in one style: one decimal each
+    where the largest is from 100 up ("97.0 +- 12.4 (min 81.0, max 115.0)"; each on its own gave "97 +- 12.39
+    (min 81, max 115.0)"), otherwise each as :func:`format_return` gives it."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if 100 <= largest < 1e9:
+        return tuple(f"{v:.1f}" if math.isfinite(v) else str(v) for v in values)
+    return tuple(format_return(v) for v in values)
 
 
 def mean_of(values: Sequence[float] | Sequence[int] | np.ndarray) -> float:

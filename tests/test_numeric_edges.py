@@ -25,7 +25,7 @@ from learner.evaluate import evaluate
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent, raise_unusable_rewards
 from learner.resume import RECENT
-from learner.stats import format_return, mean_of, spread_of
+from learner.stats import format_return, format_returns, mean_of, spread_of
 from learner.train import Acting, check_reward_scaler, train
 from learner.update import Batch, Rollout, _check_finite, make_batch, ppo_update
 from tests.test_checkpointing import checkpointer, update
@@ -278,6 +278,26 @@ def test_norm_reward_returns_whose_variance_overflows_float64_are_an_error_namin
 @pytest.mark.parametrize(("value", "text"), [(1.515e39, "1.515e+39"), (-2e9, "-2e+09"), (123456789.0, "123456789.0")])
 def test_huge_returns_print_with_an_exponent(value: float, text: str) -> None:
     assert format_return(value) == text
+
+
+@pytest.mark.parametrize(
+    ("values", "texts"),
+    [
+        ((97.0, 12.3871, 81.0, 115.0), ("97.0", "12.4", "81.0", "115.0")),  # (each alone: 97, 12.39, 81, 115.0)
+        ((2.0, 0.0, 2.0, 2.0), ("2", "0", "2", "2")),
+        ((500.0, 0.0, 500.0, 500.0), ("500.0", "0.0", "500.0", "500.0")),  # (alone: 500.0 +- 0)
+        ((0.9615, 0.05, 0.9, 1.0), ("0.9615", "0.05", "0.9", "1")),  # (below 100: 4 significant digits each)
+        ((99.5, 150.25, -300.0, 1e3), ("99.5", "150.2", "-300.0", "1000.0")),
+        ((1.515e39, 4e38, 0.0, 2e39), ("1.515e+39", "4e+38", "0", "2e+39")),
+        ((float("nan"), float("inf"), 1.5, 3.0), ("nan", "inf", "1.5", "3")),
+    ],
+)
+def test_the_returns_of_one_line_print_in_one_style(values: tuple[float, ...], texts: tuple[str, ...]) -> None:
+    """learner eval's "return MEAN +- STD (min MIN, max MAX)": one decimal each where the largest has one, not
+    each its own style ("97 +- 12.39 (min 81, max 115.0)"); one value as format_return gives it."""
+    assert format_returns(*values) == texts
+    for value in values:
+        assert format_returns(value) == (format_return(value),)
 
 
 # -- what a diverged update is blamed on -----------------------------------------------------------------------
