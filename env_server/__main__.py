@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -26,8 +27,11 @@ from env_server.config import (
 )
 from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
 from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from env_server.variables import unread_variables
 
-__all__ = ["LOG_LEVELS", "main", "parse_args"]
+__all__ = ["LOG_LEVELS", "main", "parse_args", "server_variables"]
+
+log = logging.getLogger("env_server.__main__")  # (its name under `python -m env_server` too)
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 """The levels ``--log-level`` takes (in any case: ``INFO`` too)."""
@@ -40,8 +44,9 @@ examples:
 
 Every option can also be set by an environment variable (ENVFLEET_ENV, ENVFLEET_NUM_ENVS,
 ENVFLEET_HOST, ENVFLEET_PORT, ENVFLEET_ENV_KWARGS, ENVFLEET_WRAPPERS, ENVFLEET_VECTORIZATION,
-...: the option's name in capitals), as in the container image. When ready the server prints one
-line, "listening on HOST:PORT", to stdout; logs go to stderr.
+...: the option's name in capitals), as in the container image; a set ENVFLEET_* variable that no
+envfleet command reads (a typo?) is warned of at start. When ready the server prints one line,
+"listening on HOST:PORT", to stdout; logs go to stderr.
 
 vectorization (default sync): the server is already its own process, and a fleet gets its
 parallelism from many servers, so stepping a server's envs one after another in-process costs
@@ -62,6 +67,16 @@ def _env_default(name: str, default: Any) -> Any:
 def _variable(dest: str) -> str:
     """The environment variable that sets the option whose dest is ``dest``."""
     return f"ENVFLEET_{dest.upper()}"
+
+
+# The options no variable sets: --help and --version, and --parent-pid (the learner's, for the servers it starts).
+_NO_VARIABLE = frozenset({"help", "version", "parent_pid"})
+
+
+def server_variables(parser: argparse.ArgumentParser | None = None) -> frozenset[str]:
+    """The ``ENVFLEET_*`` variables env-server reads: one per option (``--num-envs``: ``ENVFLEET_NUM_ENVS``)."""
+    actions = (parser or build_parser())._actions
+    return frozenset(_variable(a.dest) for a in actions if a.option_strings and a.dest not in _NO_VARIABLE)
 
 
 class _BadVariable:
@@ -517,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     config, (log_level, log_format) = parse_args(argv)
     configure_logging(log_level, log_format)
+    # (a warning, not an error: the same environment often carries the variables of other envfleet commands)
+    for warning in unread_variables(os.environ, server_variables()):
+        log.warning("%s", warning)
     # stdout carries exactly one line, "listening on ...", for scripts to read. Anything else that
     # writes to stdout (some envs print banners when built) goes to stderr instead.
     sys.stdout.flush()

@@ -279,6 +279,28 @@ def test_what_is_served_is_logged_and_risky_or_ignored_settings_warned() -> None
     assert "neither TLS nor an auth token" not in quiet and "spin-wait" not in quiet
 
 
+def test_a_set_variable_no_envfleet_command_reads_is_warned_of_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo of ENVFLEET_TLS_CLIENT_CA served without mutual TLS, and said nothing (as does a variable of an
+    option this server is too old for). Warned of, once each, sorted; not those of other envfleet commands,
+    which the same environment (a compose .env file) carries."""
+    for name in [n for n in os.environ if n.startswith("ENVFLEET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ENVFLEET_TLS_CLIENT_CAS", "/no/such/ca.crt")
+    monkeypatch.setenv("ENVFLEET_A_NEWER_OPTION", "s3cret")
+    monkeypatch.setenv("ENVFLEET_NUM_ENVS", "2")  # env-server's
+    monkeypatch.setenv("ENVFLEET_TLS_CLIENT_CERT", "/client.crt")  # the learner's and the health probe's
+    monkeypatch.setenv("ENVFLEET_REPLICAS", "3")  # docker-compose.yml's
+    logs = started_logs()
+    warned = [line.partition("WARNING env_server.__main__: ")[2] for line in logs.splitlines() if "is set, but" in line]
+    assert warned == [
+        "ENVFLEET_A_NEWER_OPTION is set, but no envfleet option reads it: ignored "
+        "(a typo, or an option of a newer envfleet?)",
+        "ENVFLEET_TLS_CLIENT_CAS is set, but no envfleet option reads it: ignored "
+        "(did you mean ENVFLEET_TLS_CLIENT_CA?)",
+    ], logs
+    assert "serving 2 x CartPole-v1" in logs and "s3cret" not in logs
+
+
 @pytest.mark.parametrize(
     ("error", "message"),
     [
