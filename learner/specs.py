@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from typing import Any
 
 import gymnasium as gym
+from google.protobuf import text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from gymnasium.envs.registration import EnvSpec
 
 from env_server import codec
@@ -42,11 +46,78 @@ def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's
                     f" (its envs are made with env kwargs {got_kwargs}, {whose} with {want_kwargs}: the "
                     "env-server --env-kwargs they were started with may be what changed it)"
                 )
-            return (
-                f"another {name} than {whose}: {_field_text(got, name)} ({got.env_id}), "
-                f"not {_field_text(want, name)} ({want.env_id}){hint}"
-            )
+            got_text, want_text = _field_text(got, name), _field_text(want, name)
+            if got_text == want_text:  # (gymnasium's text leaves out what differs: say what does)
+                hint = f"{_wire_difference(getattr(got, name), getattr(want, name), name, whose)}{hint}"
+            return f"another {name} than {whose}: {got_text} ({got.env_id}), not {want_text} ({want.env_id}){hint}"
     return ""
+
+
+def _wire_difference(got: Message, want: Message, name: str, whose: str) -> str:
+    """Where spec field ``name`` of two servers differs, for fields that gymnasium prints the same (a
+    MultiDiscrete's dtype; an integer Box with infinite bounds, said without its unbounded_below/above by
+    servers older than them): the innermost fields that differ, up to three."""
+    differences = _differences(got, want, name)
+    shown = ", ".join(f"{path} (its: {mine}; {whose}: {theirs})" for path, mine, theirs in differences[:3])
+    if len(differences) > 3:
+        shown += f", and {len(differences) - 3} more"
+    return (
+        f" (the same as gymnasium prints them, but they differ {f'in {shown}' if shown else 'on the wire'}; "
+        "servers of different envfleet versions may say one space differently: if so, run one version on all)"
+    )
+
+
+def _differences(got: Message, want: Message, path: str) -> list[tuple[str, str, str]]:
+    """Where messages ``got`` and ``want`` differ: (the field's path from ``path``, got's value, want's) for
+    each innermost field that does, in field order (a Tensor as a whole; a repeated field of messages entry by
+    entry where both have as many). Fields this learner's proto does not have are not looked at."""
+    found: list[tuple[str, str, str]] = []
+    fields = {field.number: field for field, _ in (*got.ListFields(), *want.ListFields())}
+    for _, field in sorted(fields.items()):
+        where, mine, theirs = f"{path}.{field.name}", getattr(got, field.name), getattr(want, field.name)
+        both = not field.has_presence or (got.HasField(field.name) and want.HasField(field.name))
+        if mine == theirs and both:
+            continue
+        kind = field.message_type
+        nested = kind is not None and kind is not pb.Tensor.DESCRIPTOR and not kind.GetOptions().map_entry
+        if nested and not field.is_repeated and both:
+            found += _differences(mine, theirs, where)
+        elif nested and field.is_repeated and len(mine) == len(theirs):
+            for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+                found += _differences(a, b, f"{where}[{i}]")
+        else:
+            found.append((where, _value_text(got, field), _value_text(want, field)))
+    return found
+
+
+def _value_text(message: Message, field: FieldDescriptor) -> str:
+    """Field ``field`` of ``message`` as a person reads it, short: "not set" where it is not; a Tensor's
+    elements and dtype (a large one: its dtype and shape), the first 8 of a repeated field, else protobuf's
+    text format (an enum by its name)."""
+    if field.has_presence and not message.HasField(field.name):
+        return "not set"
+    value = getattr(message, field.name)
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        return repr(dict(value))
+    if not field.is_repeated:
+        return _one_value(field, value)
+    shown = ", ".join(_one_value(field, v) for v in list(value)[:8])
+    return f"[{shown}{', ...' if len(value) > 8 else ''}]"
+
+
+def _one_value(field: FieldDescriptor, value: Any) -> str:
+    if field.message_type is pb.Tensor.DESCRIPTOR:
+        try:
+            array = codec.decode_tensor(value)
+        except Exception:  # (one this learner cannot read: as protobuf prints it)
+            pass
+        else:
+            return (
+                f"{json.dumps(array.tolist())} ({array.dtype})" if array.size <= 8 else f"{array.dtype} {array.shape}"
+            )
+    out = io.StringIO()
+    text_format.PrintFieldValue(field, value, out, as_one_line=True)
+    return out.getvalue()
 
 
 def _field_text(spec: pb.EnvSpec, name: str) -> str:

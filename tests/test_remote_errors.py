@@ -4,6 +4,8 @@ are refused before anything is sent; servers that cannot be one fleet are told a
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -178,3 +180,83 @@ def test_servers_of_other_spaces_are_refused_naming_both(start_servers: StartSer
         RemoteVectorEnv([cartpole, acrobot])
     with RemoteVectorEnv([acrobot]) as envs:  # (and let go of)
         assert envs.num_envs == 1
+
+
+# An env whose int32 Box has no lower bound in its first element and no upper one in its second: made with
+# infinities (said on the wire by BoxSpace.unbounded_below/above), or with the dtype's limits, which
+# gymnasium prints the same, and which is what a server older than those fields says of the first.
+INT_BOX_ENV = """
+import gymnasium as gym
+import numpy as np
+
+class IntBoxEnv(gym.Env):
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(np.array([{low}, 0]), np.array([5, {high}]), dtype=np.int32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.int32), {{}}
+
+    def step(self, action):
+        return np.zeros(2, dtype=np.int32), 0.0, False, False, {{}}
+"""
+
+
+def test_servers_whose_spaces_print_the_same_but_differ_on_the_wire_are_told_where(
+    spawn_server: SpawnServer, tmp_path: Path
+) -> None:
+    """Servers of two envfleet versions serving an integer Box with infinite bounds (one says which elements
+    have none, one does not) were refused with the same space printed twice: the fields that differ are named."""
+    addresses = []
+    for name, low, high in (("new", "-np.inf", "np.inf"), ("old", "np.iinfo(np.int32).min", "np.iinfo(np.int32).max")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "intbox.py").write_text(INT_BOX_ENV.format(low=low, high=high))
+        pythonpath = os.pathsep.join(filter(None, [str(tmp_path / name), os.environ.get("PYTHONPATH")]))
+        addresses.append(spawn_server("intbox:IntBoxEnv", 1, environ={"PYTHONPATH": pythonpath}).address)
+    new, old = addresses
+    box = "Box([-2147483648           0], [         5 2147483647], (2,), int32) (intbox:IntBoxEnv)"
+    with pytest.raises(SpecMismatchError) as refused:
+        RemoteVectorEnv([new, old])
+    assert str(refused.value) == (
+        f"env server {old} has another observation_space than env server {new}'s: {box}, not {box} (the same "
+        "as gymnasium prints them, but they differ in observation_space.box.unbounded_below (its: not set; "
+        f"env server {new}'s: [true, false] (bool)), observation_space.box.unbounded_above (its: not set; env server "
+        f"{new}'s: [false, true] (bool)); servers of different envfleet versions may say one space differently: if "
+        "so, run one version on all); one RemoteVectorEnv needs servers whose envs have the same spaces and "
+        "autoreset mode"
+    )
+
+
+def test_what_differs_in_spaces_that_print_the_same_is_named_at_any_depth() -> None:
+    """Any field of a space's message, however deep: a MultiDiscrete's dtype (gymnasium does not print it) in
+    a Dict; a field this learner's proto lacks (a newer server's): that they differ."""
+    fleet = _spec("A-v0", gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.MultiDiscrete([3, 3])}))
+    other = _spec(
+        "A-v0", gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.MultiDiscrete([3, 3], dtype=np.int32)})
+    )
+    printed = "Dict('a': Discrete(2), 'b': MultiDiscrete([3 3])) (A-v0)"
+    assert incompatible(fleet, other) == (
+        f"another observation_space than the fleet's: {printed}, not {printed} (the same as gymnasium prints "
+        "them, but they differ in observation_space.dict.spaces[1].multi_discrete.nvec (its: [3, 3] (int32); "
+        "the fleet's: [3, 3] (int64)), observation_space.dict.spaces[1].multi_discrete.start (its: [0, 0] "
+        "(int32); the fleet's: [0, 0] (int64)); servers of different envfleet versions may say one space "
+        "differently: if so, run one version on all)"
+    )
+    newer = pb.EnvSpec()
+    newer.CopyFrom(fleet)
+    newer.observation_space.dict.spaces[0].discrete.MergeFromString(
+        b"\x48\x01"
+    )  # (field 9, the varint 1: a field of a newer envfleet's DiscreteSpace)
+    assert incompatible(fleet, newer).endswith(  # (not looked into: differ it does)
+        "but they differ on the wire; servers of different envfleet versions may say one space differently: if so, "
+        "run one version on all)"
+    )
+    unbounded = _spec("A-v0", gym.spaces.Box(-np.inf, 5, (30,), np.int32))  # (a large mask: its dtype and shape)
+    limits = _spec("A-v0", gym.spaces.Box(np.iinfo(np.int32).min, 5, (30,), np.int32))
+    assert "differ in observation_space.box.unbounded_below (its: not set; the fleet's: bool (30,));" in incompatible(
+        unbounded, limits
+    )
+    assert "the same as gymnasium prints them" not in incompatible(  # (only where the texts are the same)
+        _spec("A-v0", gym.spaces.Discrete(3)), _spec("A-v0", gym.spaces.Discrete(4))
+    )
