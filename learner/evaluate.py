@@ -42,7 +42,7 @@ from learner.ppo import (
 from learner.progress import StopRequest, in_notebook, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.served import given_kwargs_differ, other_task
-from learner.stats import format_return, mean_of, spread_of
+from learner.stats import format_returns, mean_of, spread_of
 
 __all__ = ["check_seed", "evaluate"]
 
@@ -338,10 +338,8 @@ def evaluate(
                                         counts[i] += 1
                                         if bar is not None:
                                             bar.update(1)
-                                            bar.set_postfix_str(
-                                                f"return {format_return(mean_of(returns))} "
-                                                f"+- {format_return(spread_of(returns))}"
-                                            )
+                                            texts = format_returns(mean_of(returns), spread_of(returns))
+                                            bar.set_postfix_str(f"return {' +- '.join(texts)}")
                                     ep_return[i], ep_length[i] = 0.0, 0
                                 if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
                                     valid = ~ended  # (an ended env's next step is its reset: no step of an episode)
@@ -375,13 +373,13 @@ def evaluate(
     if recorded is not None:
         result["video"] = recorded
     if returns:
+        spread = [] if len(returns) == 1 else [result["return_std"]]
         log.info(
-            "evaluated %s over %s%s: %s%s",
+            "evaluated %s over %s%s: %s",
             path,
             "1 episode" if len(returns) == 1 else f"{len(returns)} episodes",
             f" (interrupted; {episodes} asked)" if interrupted else "",
-            format_return(result["return_mean"]),
-            "" if len(returns) == 1 else f" +- {format_return(result['return_std'])}",
+            " +- ".join(format_returns(result["return_mean"], *spread)),
         )
     return result
 
