@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import importlib.util
@@ -623,8 +624,36 @@ def _ale_hint(env: str) -> str | None:
     return f"ALE's {version} ids are registered by ale_py: use --env ale_py:{env}"
 
 
+_PROCESS_LIMITS = "a pids limit (docker --pids-limit, ulimit -u) or memory may be too low"
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and its causes (or the errors it was raised while handling), in turn."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
     """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
+    # (fork's EAGAIN where a pids limit is reached, ENOMEM where memory is)
+    short = next((e for e in _chain(err) if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM)), None)
+    worker = next((e for e in _chain(err) if isinstance(e, WorkerStartError)), None)
+    if worker is not None:
+        why = worker.strerror or _one_line(worker.error)
+        text = f"cannot start worker process {worker.index} of {worker.count} for --vectorization async ({why})"
+        if short is not None:
+            text += f": each env is a process; {_PROCESS_LIMITS} (or use fewer --num-envs, or --vectorization sync)"
+        return EnvBuildError(f"cannot make env {config.env!r}: {text}")
+    if short is not None:  # (the env's constructor starting a process of its own, say)
+        text = " ".join(str(err).split()) or type(err).__name__
+        return EnvBuildError(
+            f"cannot make env {config.env!r}: {type(err).__name__}: {text}; "
+            f"if that was starting a process: {_PROCESS_LIMITS}"
+        )
     if isinstance(err, gym.error.Error):
         return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}")
     if isinstance(err, TypeError):
@@ -759,8 +788,13 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
             super().__init__(*args, **kwargs)
-        except BaseException:  # (an env's constructor raised in its worker, say: the others still run)
+        except BaseException as err:  # (an env's constructor raised in its worker, say: the others still run)
             self._kill_workers()
+            processes = getattr(self, "processes", [])
+            if processes and not _started(processes[-1]) and isinstance(err, OSError):
+                # (gymnasium starts each worker as it appends it: the last one's start raised, fork's
+                # EAGAIN under a pids limit, say)
+                raise WorkerStartError(len(processes), len(getattr(self, "env_fns", ())), err) from err
             raise
         for process in self.processes:
             process.terminate = process.kill  # type: ignore[method-assign]
@@ -776,11 +810,34 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             raise
 
     def _kill_workers(self) -> None:
-        for process in getattr(self, "processes", ()):
-            if process.is_alive():
-                process.kill()
-        for process in getattr(self, "processes", ()):
-            process.join(timeout=5.0)
+        """Kill the workers that were started (a failed start leaves the later ones unstarted, which
+        cannot be joined) and join them. Raises nothing: it runs on another error's way out."""
+        started = [process for process in getattr(self, "processes", ()) if _started(process)]
+        for process in started:
+            with contextlib.suppress(Exception):
+                if process.is_alive():
+                    process.kill()
+        for process in started:
+            with contextlib.suppress(Exception):
+                process.join(timeout=5.0)
+
+
+def _started(process: Any) -> bool:
+    """Whether ``process`` (a multiprocessing Process) was started: it has a pid."""
+    try:
+        return process.pid is not None
+    except ValueError:  # (closed: it was started, and is gone)
+        return False
+
+
+class WorkerStartError(OSError):
+    """A worker process of async vectorization could not be started (its fork failed)."""
+
+    def __init__(self, index: int, count: int, err: OSError) -> None:
+        super().__init__(err.errno, err.strerror)
+        self.index = index  # (1-based)
+        self.count = count
+        self.error = err
 
 
 # gymnasium's worker of AsyncVectorEnv, which _naming_worker extends: a private function (were it renamed

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
 import grpc
 import gymnasium as gym
@@ -320,20 +320,38 @@ def _cannot_listen(config: ServerConfig, err: OSError) -> OSError:
     return OSError(f"cannot listen on {_listen_address(config)}: {err.strerror} ({bind_hint(config.host, err.errno)})")
 
 
+def _scratch_file() -> IO[bytes] | None:
+    """An anonymous read-write file, for :class:`_StderrHeld`: in memory (``os.memfd_create``, Linux's),
+    needing no writable directory; else (macOS, say) a temporary file; None where neither can be made."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        try:
+            return os.fdopen(memfd_create("envfleet-stderr"), "w+b")  # (close-on-exec, as a file opened here is)
+        except OSError:  # (a sandbox that refuses the call: a temporary file then)
+            pass
+    try:
+        return tempfile.TemporaryFile()
+    except OSError:  # ("No usable temporary directory found": a read-only filesystem, no tmpfs on /tmp)
+        return None
+
+
 class _StderrHeld:
     """Holds what is written to file descriptor 2 (gRPC core's C++ log lines, which bypass Python's
     logging) while the block runs, and writes it out at the end unless :meth:`drop` was called.
 
-    Nothing is lost: lines other threads write meanwhile come out a moment late, in order."""
+    Nothing is lost: lines other threads write meanwhile come out a moment late, in order. They are held
+    in an anonymous in-memory file (see :func:`_scratch_file`), which needs no writable directory (a
+    container's read-only root with no tmpfs on /tmp); where none can be made, nothing is held."""
 
     def __init__(self) -> None:
         self._dropped = False
 
     def __enter__(self) -> _StderrHeld:
         sys.stderr.flush()
-        self._file = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._file.fileno(), 2)
+        self._file = _scratch_file()
+        if self._file is not None:
+            self._saved = os.dup(2)
+            os.dup2(self._file.fileno(), 2)
         return self
 
     def drop(self) -> None:
@@ -341,6 +359,8 @@ class _StderrHeld:
         self._dropped = True
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._file is None:  # (held nothing: gRPC's lines went to stderr as they came)
+            return
         sys.stderr.flush()
         os.dup2(self._saved, 2)
         os.close(self._saved)
