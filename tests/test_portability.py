@@ -159,6 +159,9 @@ def test_serve_runs_in_a_thread_other_than_the_main_one_and_stops_on_its_stop_ev
             assert obs.shape == (2, 4)
             _, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
             assert rewards.tolist() == [1.0, 1.0]
+        # (the client's own: its first call in the main thread takes Ctrl-C, for the process's life; see
+        # learner.loop.take_ctrl_c, which an earlier test in this process may have done already)
+        before = {sig: signal.getsignal(sig) for sig in before}
     finally:
         if "loop" in got:
             got["loop"].call_soon_threadsafe(got["stop"].set)
