@@ -41,7 +41,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
-from learner.local import DEFAULT_TRANSPORT
+from learner.local import DEFAULT_TRANSPORT, raise_fd_limit
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
 from learner.rundir import (
     BEST_CHECKPOINT,
@@ -1738,6 +1738,9 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     if unknown:  # said by the command's parser, whose usage names the command
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
+    # (the command's process only, not a library's caller: about 5 file descriptors per env server, which
+    # a soft limit of 256 or 1024 runs out of long before the hard limit does)
+    raise_fd_limit()
     try:
         # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
         with ending_as_interrupt(then_exit=then_exit):
@@ -1745,7 +1748,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     except _USER_ERRORS as err:
         # (train's, eval's and servers' advice names their options, not the library's arguments: _option_terms)
         reword: Callable[[str], str] = getattr(args, "in_option_terms", str)
-        print(f"learner {args.command}: error: {reword(str(err))}", file=sys.stderr)
+        print(f"learner {args.command}: error: {reword(str(err))}{_way_out(err)}", file=sys.stderr)
         for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
             print(f"  {reword(note)}", file=sys.stderr)
         return 1
@@ -1777,6 +1780,15 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
             _print_json(args, {"error": "aborted", "exit_status": 130})
         print(f"learner {args.command}: aborted", file=sys.stderr)
         return 130
+
+
+def _way_out(err: BaseException) -> str:
+    """What to do about an error whose own words do not say (appended to them), else ""."""
+    if isinstance(err, FileNotFoundError) and (err.strerror or "").startswith("No usable temporary directory"):
+        # (tempfile's: no writable temporary folder, as in a container with a read-only root; local servers'
+        # sockets and torch's import need one)
+        return " (set TMPDIR to a writable directory, or mount a tmpfs on /tmp: docker run --tmpfs /tmp)"
+    return ""
 
 
 def run() -> NoReturn:

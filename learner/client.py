@@ -988,20 +988,26 @@ class EnvClient:
             return None
         first = self._socket is None
         if first:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
+            sock: socket.socket | None = None
             try:
+                # (socket() too: out of file descriptors, EMFILE, the learner steps over gRPC all the same)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(self.timeout)
                 sock.connect(self.step_socket)
                 sock.setblocking(False)  # SocketStep polls: with a timeout, every read would poll first
             except OSError as err:
-                sock.close()
+                from learner.local import out_of_fds  # (imported already, by learner.remote: opens no file)
+
+                if sock is not None:
+                    sock.close()
+                fds = out_of_fds(err)
                 hint = (
                     " (it is beside the server's Unix socket: mount the socket's folder, not the socket alone, "
                     "into a container)"
                     if isinstance(err, FileNotFoundError)
                     else ""
                 )
-                self._step_over_grpc(f"is out of reach ({err}){hint}")
+                self._step_over_grpc(f"cannot be used: {fds}" if fds else f"is out of reach ({err}){hint}")
                 return None
             self._socket = sock  # (its answers' buffer: a new one, since the last connection's close)
         assert self._socket is not None

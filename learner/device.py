@@ -7,6 +7,7 @@ import os
 import torch
 
 from learner.config import check_device
+from learner.local import usable_cpus
 
 __all__ = ["device_hint", "machine_busy", "pick_device", "set_torch_threads"]
 
@@ -41,13 +42,18 @@ def device_hint(spec: str, device: torch.device, image: bool) -> str | None:
 
 def set_torch_threads(device: torch.device, image: bool, threads: int = 0) -> None:
     """torch's CPU threads for a policy on ``device`` (``image``: a CNN's): ``threads`` if given (> 0), else
-    one for an MLP on the CPU (train and eval alike), else torch's default."""
+    one for an MLP on the CPU (train and eval alike), else torch's default, at most the CPUs this process
+    may use (:func:`usable_cpus`: torch counts the machine's cores, not a container's ``--cpus`` quota)."""
     if threads:
         torch.set_num_threads(threads)
     elif device.type == "cpu" and not image:
         # A 64x64 MLP is too small to gain from threads; extra threads only contend with the env
         # servers for the same cores (measured: `learner eval` 4-8x slower with torch's default).
         torch.set_num_threads(1)
+    elif "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > (cpus := usable_cpus()):
+        # (threads beyond the quota only take turns on it, each waiting out the others' share of the period;
+        # OMP_NUM_THREADS, which torch's default follows, is the user's own choice: kept)
+        torch.set_num_threads(cpus)
 
 
 def machine_busy() -> str:

@@ -31,16 +31,24 @@ try:  # (not on Windows, where LocalServers do not run)
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
+try:  # (imported here, not where used: out of file descriptors, an import fails too)
+    import resource
+except ImportError:  # pragma: no cover (Windows)
+    resource = None  # type: ignore[assignment]
 
 __all__ = [
     "DEFAULT_TRANSPORT",
+    "FDS_PER_SERVER",
     "HANG_TIMEOUT_S",
     "SPIN_WAIT_MS",
     "STARTUP_TIMEOUT_S",
     "LocalServers",
+    "cgroup_cpu_quota",
     "local_servers",
     "orphaned_dirs",
+    "out_of_fds",
     "pid_alive",
+    "raise_fd_limit",
     "socket_folder",
     "socket_folder_gone",
     "usable_cpus",
@@ -847,21 +855,135 @@ def local_servers(
         servers.close()
 
 
-def usable_cpus() -> int:
+def usable_cpus(root: str = "/") -> int:
     """The CPUs this process may run on: its affinity, or its cgroup's CPU quota if lower (a
-    container started with ``--cpus``)."""
+    container started with ``--cpus``: :func:`cgroup_cpu_quota`; ``root``: where its files are looked
+    for, the file system's root but in tests)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on this platform
         cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "<quota> <period>" or "max <period>"
-            quota, period = f.read().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
+    quota = cgroup_cpu_quota(root)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
     return cpus
+
+
+def cgroup_cpu_quota(root: str = "/") -> float | None:
+    """The CPU time this process's cgroups allow it, in CPUs (0.5: half a CPU's time; ``docker run --cpus``
+    sets it), the smallest of the quotas of its cgroup and of their parents; None where none is set or
+    none can be read. cgroup v2: ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD": none) of the cgroup that
+    /proc/self/cgroup's ``0::/PATH`` line names and its parents, up to the mount's root (a container's
+    own cgroup, where it has a cgroup namespace: its PATH is then "/"); cgroup v1 likewise, its
+    ``cpu.cfs_quota_us`` (-1: none) over ``cpu.cfs_period_us``, where the cpu controller is mounted
+    (``cpu`` or ``cpu,cpuacct``). ``root``: where those files are looked for, the file system's root but
+    in tests."""
+    mounts = os.path.join(root, "sys", "fs", "cgroup")
+    v2_path, v1_path = _own_cgroups(os.path.join(root, "proc", "self", "cgroup"))
+    quotas = [_cpu_max(folder) for folder in _up_to(mounts, v2_path)]
+    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        quotas += [_cfs_quota(folder) for folder in _up_to(os.path.join(mounts, mount), v1_path)]
+    found = [q for q in quotas if q is not None]
+    return min(found) if found else None
+
+
+def _own_cgroups(path: str) -> tuple[str, str]:
+    """This process's cgroup v2 and cgroup v1 cpu controller's paths (/proc/self/cgroup: "0::/PATH", and
+    "ID:cpu,cpuacct:/PATH"); "/" for one not there, or outside the cgroup namespace's root ("/.."), whose
+    folders are not in the mount."""
+    v2 = v1 = "/"
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return v2, v1
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, cgroup = rest.partition(":")
+        if not cgroup.startswith("/") or ".." in cgroup.split("/"):
+            continue
+        if hierarchy == "0" and not controllers:
+            v2 = cgroup
+        elif "cpu" in controllers.split(","):
+            v1 = cgroup
+    return v2, v1
+
+
+def _up_to(mount: str, cgroup: str) -> list[str]:
+    """The folders of ``cgroup`` and of its parents, under the mount ``mount`` (its root last)."""
+    parts = [p for p in cgroup.split("/") if p]
+    return [os.path.join(mount, *parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _cpu_max(folder: str) -> float | None:
+    """cgroup v2: the quota of ``folder``'s cpu.max in CPUs; None for none ("max") or no such file."""
+    try:
+        with open(os.path.join(folder, "cpu.max")) as f:
+            quota, _, period = f.read().strip().partition(" ")
+        return None if quota == "max" else _cpus(int(quota), int(period or 100_000))
+    except (OSError, ValueError):
+        return None
+
+
+def _cfs_quota(folder: str) -> float | None:
+    """cgroup v1: ``folder``'s cpu.cfs_quota_us over its cpu.cfs_period_us, in CPUs; None for none (-1)
+    or no such file."""
+    try:
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        if quota < 0:
+            return None
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+            return _cpus(quota, int(f.read()))
+    except (OSError, ValueError):
+        return None
+
+
+def _cpus(quota: int, period: int) -> float | None:
+    return quota / period if quota > 0 and period > 0 else None
+
+
+# The file descriptors a learner holds per env server it steps (measured with ulimit -n: about 5 per
+# local server on Unix sockets, about 4 per server over TCP).
+FDS_PER_SERVER = 5
+
+
+def out_of_fds(err: BaseException) -> str | None:
+    """What an error that is the process's (EMFILE) or the system's (ENFILE) lack of file descriptors is,
+    in words, and the way out: the words to report it with instead of its own ("Too many open files",
+    which a report of a failed write made to sound like the disk's fault); None for any other error."""
+    if not isinstance(err, OSError) or err.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
+        limit = "?"
+    need = f"ulimit -n is {limit}; a learner needs about {FDS_PER_SERVER} per env server"
+    if err.errno == errno.ENFILE:  # (the system's table: ulimit does not lift it)
+        return f"out of file descriptors, system-wide ({need}): close other programs' files or raise fs.file-max"
+    return f"out of file descriptors ({need}): raise ulimit -n"
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit on open files (``ulimit -n``) to its hard limit, where it is lower,
+    as many tools do: a learner holds about :data:`FDS_PER_SERVER` per env server, and a shell's soft
+    limit can be as low as 256 (macOS) or 1024; the env servers it starts inherit it. Said at DEBUG; never
+    an error (the limit stays as it was)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
+        return
+    # (macOS refuses an unlimited soft limit where its hard one is so: OPEN_MAX, 10240, there, as Go's runtime)
+    target = 10240 if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as err:
+        log.debug("cannot raise the limit on open files (ulimit -n) from %d to %d: %s", soft, target, err)
+    else:
+        log.debug("raised the limit on open files (ulimit -n) from %d to %d", soft, target)
 
 
 def socket_folder(address: str) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from env_server.protocol import runtime_versions
+from learner.local import usable_cpus
 
 __all__ = ["machine_info", "run_versions"]
 
@@ -24,12 +25,13 @@ def run_versions() -> dict[str, str]:
 def machine_info(device: torch.device) -> dict[str, Any]:
     """Where a run ran (config.json), beyond the versions: what its results or speed may depend on. A
     run's curve depends on torch's CPU threads (sums in another order round otherwise), recorded as
-    set (--torch-threads 0: torch's default, the machine's cores for a CNN)."""
+    set (--torch-threads 0: torch's default for a CNN, the machine's cores, at most ``usable_cpus``)."""
     machine: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus(),  # (affinity, a container's CPU quota: what the run could use of them)
         "torch_threads": torch.get_num_threads(),
     }
     if device.type == "cuda":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from learner.errors import RunDirWriteError
+from learner.local import out_of_fds
 
 # The run dir's lock: flock where there is one (Linux, macOS, the BSDs), else Windows' byte-range locks
 # (msvcrt.locking); where neither is, the run dir is used unlocked (said as a warning).
@@ -286,6 +287,9 @@ def writing(path: Path, *, torch_save: bool = False) -> Iterator[None]:
 
 def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
     """What a failed write of ``path`` in a run dir raises: the file, why, and the room left there."""
+    fds = out_of_fds(err)  # (not the disk's fault: the room left there would only mislead)
+    if fds:
+        return RunDirWriteError(f"cannot write {path}: {fds}")
     lines = str(err).strip().splitlines()
     reason = err.strerror if isinstance(err, OSError) and err.strerror else lines[0] if lines else type(err).__name__
     try:
@@ -293,6 +297,14 @@ def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
     except OSError:
         room = ""
     return RunDirWriteError(f"cannot write {path}: {reason}{room}")
+
+
+def _cannot_write_there(run_dir: str | Path, err: OSError) -> ValueError:
+    """The run dir cannot be written (its lock file): why, in words (:func:`out_of_fds`: not the folder's fault)."""
+    fds = out_of_fds(err)
+    return ValueError(
+        f"run dir {run_dir}: {fds}" if fds else f"run dir {run_dir}: cannot write there ({err.strerror or err})"
+    )
 
 
 BEST_CHECKPOINT = "best.pt"
@@ -343,7 +355,7 @@ def lock(run_dir: str | Path) -> Iterator[None]:
     try:
         f = open(path, "a+")  # noqa: SIM115 (closed by the with below)
     except OSError as err:
-        raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+        raise _cannot_write_there(run_dir, err) from None
     with f:
         locked = False
         try:
@@ -368,7 +380,7 @@ def lock(run_dir: str | Path) -> Iterator[None]:
             f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
             f.flush()
         except OSError as err:
-            raise ValueError(f"run dir {run_dir}: cannot write there ({err.strerror or err})") from None
+            raise _cannot_write_there(run_dir, err) from None
         try:
             yield
         finally:

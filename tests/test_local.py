@@ -661,3 +661,81 @@ def test_failed_restarts_count_within_the_window_only(
             time.sleep(0.1)
         assert failures == [0] and servers.pids[0] != pid
         monkeypatch.setattr(subprocess, "Popen", real_popen)
+
+
+def _tree(root: Path, files: dict[str, str]) -> str:
+    """A fake file system under ``root``: its files (relative paths) with their text; ``root`` as a str."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return str(root)
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.mark.parametrize("mount", ["cpu", "cpu,cpuacct"])
+def test_usable_cpus_reads_a_cgroup_v1_quota(tmp_path: Path, mount: str) -> None:
+    """``docker run --cpus 0.5`` on a cgroup v1 host: cfs_quota_us 50000 over cfs_period_us 100000 (was
+    ignored: only cgroup v2's cpu.max was read, and usable_cpus() said the host's CPUs)."""
+    from learner.local import cgroup_cpu_quota, usable_cpus
+
+    files = {
+        f"sys/fs/cgroup/{mount}/cpu.cfs_quota_us": "50000\n",
+        f"sys/fs/cgroup/{mount}/cpu.cfs_period_us": "100000\n",
+    }
+    root = _tree(tmp_path, {**files, "proc/self/cgroup": f"4:{mount}:/docker/0123abcd\n1:name=systemd:/docker/0123\n"})
+    assert cgroup_cpu_quota(root) == 0.5  # (its cgroup's folder, named as the host names it, is not in its mount)
+    assert usable_cpus(root) == 1
+
+
+def test_usable_cpus_reads_cgroup_v2_s_cpu_max_at_the_mount_s_root(tmp_path: Path) -> None:
+    from learner.local import cgroup_cpu_quota, usable_cpus
+
+    root = _tree(tmp_path, {"sys/fs/cgroup/cpu.max": "150000 100000\n", "proc/self/cgroup": "0::/\n"})
+    assert cgroup_cpu_quota(root) == 1.5
+    assert usable_cpus(root) == min(_affinity(), 2)
+
+
+def test_usable_cpus_takes_the_smallest_quota_of_a_nested_cgroup_v2_and_its_parents(tmp_path: Path) -> None:
+    """cgroup v2 without a cgroup namespace: /sys/fs/cgroup is the host's tree; the process's cgroup is
+    the one /proc/self/cgroup names, and a parent's quota bounds it too."""
+    from learner.local import cgroup_cpu_quota, usable_cpus
+
+    scope = "sys/fs/cgroup/system.slice/docker-0123.scope"
+    files = {
+        "proc/self/cgroup": "0::/system.slice/docker-0123.scope\n",
+        f"{scope}/cpu.max": "max 100000\n",
+        "sys/fs/cgroup/system.slice/cpu.max": "100000 100000\n",  # (the parent's: 1 CPU)
+        "sys/fs/cgroup/other.slice/cpu.max": "10000 100000\n",  # (another cgroup's: not this process's)
+    }
+    root = _tree(tmp_path, files)
+    assert cgroup_cpu_quota(root) == 1.0
+    assert usable_cpus(root) == 1
+    (tmp_path / scope / "cpu.max").write_text("25000 100000\n")  # (its own, smaller: that one)
+    assert cgroup_cpu_quota(root) == 0.25
+    assert usable_cpus(root) == 1
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {},
+        {"proc/self/cgroup": "0::/\n", "sys/fs/cgroup/cpu.max": "max 100000\n"},
+        {"proc/self/cgroup": "1:cpu:/\n", "sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n"},
+        {"sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"},
+        {
+            "proc/self/cgroup": "0::/a/b\n",
+            "sys/fs/cgroup/a/b/cpu.max": "max 100000\n",
+            "sys/fs/cgroup/a/cpu.max": "max",
+        },
+    ],
+    ids=["no-cgroups", "v2-max", "v1-minus-one", "v1-no-proc", "v2-nested-max"],
+)
+def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: dict[str, str]) -> None:
+    from learner.local import cgroup_cpu_quota, usable_cpus
+
+    root = _tree(tmp_path, files)
+    assert cgroup_cpu_quota(root) is None
+    assert usable_cpus(root) == _affinity()

@@ -6,6 +6,7 @@ client falls back to gRPC where the socket is out of reach.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -19,6 +20,7 @@ import tempfile
 import termios
 import threading
 import time
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -27,6 +29,7 @@ import grpc
 import numpy as np
 import pytest
 
+import learner.client
 from env_server import codec
 from env_server.config import DEFAULT_MAX_REQUEST_BYTES
 from env_server.protocol import FRAME_ERROR, FRAME_HEADER, FRAME_STEP, STEP_SOCKET_SUFFIX
@@ -662,6 +665,38 @@ def test_an_unreachable_step_socket_means_grpc_and_a_log_line(
             envs.step(np.zeros(2, dtype=np.int64))
         assert envs._clients[0].step_socket == ""
     assert "step socket" in caplog.text and "stepping over gRPC" in caplog.text
+
+
+class _OutOfFileDescriptors(types.ModuleType):
+    """learner.client's socket module, whose socket() fails as with every file descriptor in use (EMFILE)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(socket, name)
+
+    @staticmethod
+    def socket(*args: Any, **kwargs: Any) -> socket.socket:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+
+def test_no_file_descriptor_left_for_the_step_socket_means_grpc_and_a_line_saying_so(
+    start_servers: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of file descriptors as it makes the step socket's connection (socket() itself fails), a learner
+    steps over gRPC, on the channel it holds already, as where the socket is out of reach, and says why
+    (was: the step's OSError, a raw traceback out of ``learner train``)."""
+    (address,) = start_servers("CartPole-v1", num_servers=1, envs_per_server=2, transport="unix")
+    rng = np.random.default_rng(5)
+    actions = [rng.integers(0, 2, size=2) for _ in range(10)]
+    with RemoteVectorEnv(address, step_socket=False) as envs:
+        expected = [envs.reset(seed=1)] + [envs.step(a) for a in actions]
+    monkeypatch.setattr(learner.client, "socket", _OutOfFileDescriptors("socket"))
+    with caplog.at_level(logging.WARNING, logger="learner.client"), RemoteVectorEnv(address) as envs:
+        got = [envs.reset(seed=1)] + [envs.step(a) for a in actions]
+        assert envs._clients[0].step_socket == ""
+    assert_same(got, expected)
+    lines = [r.getMessage() for r in caplog.records if "stepping over gRPC" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    assert "cannot be used: out of file descriptors (ulimit -n is " in lines[0] and "raise ulimit -n" in lines[0]
 
 
 @pytest.fixture
