@@ -213,7 +213,8 @@ class Args:
     stepping can hide the update. A resumed run collects again, with the updated nets, the rollout
     that was waiting for the last checkpointed update or in progress"""
     torch_threads: int = 0
-    """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise"""
+    """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise (at most
+    the CPUs this process may use: a container's --cpus quota)"""
     torch_deterministic: bool = True
     """cudnn.deterministic: reproducible convolutions on CUDA"""
     progress: bool | None = None
