@@ -350,8 +350,13 @@ class _StderrHeld:
         sys.stderr.flush()
         self._file = _scratch_file()
         if self._file is not None:
-            self._saved = os.dup(2)
-            os.dup2(self._file.fileno(), 2)
+            try:
+                self._saved = os.dup(2)
+            except OSError:  # (out of file descriptors, say: hold nothing, as where no file could be made)
+                self._file.close()
+                self._file = None
+            else:
+                os.dup2(self._file.fileno(), 2)
         return self
 
     def drop(self) -> None:

@@ -1738,9 +1738,9 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     if unknown:  # said by the command's parser, whose usage names the command
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
-    # (the command's process only, not a library's caller: about 5 file descriptors per env server, which
-    # a soft limit of 256 or 1024 runs out of long before the hard limit does)
-    raise_fd_limit()
+    if then_exit:  # (the command's process only, not main()'s caller: about 5 file descriptors per env server,
+        # which a soft limit of 256 or 1024 runs out of long before the hard limit does)
+        raise_fd_limit()
     try:
         # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
         with ending_as_interrupt(then_exit=then_exit):

@@ -214,7 +214,7 @@ class Args:
     that was waiting for the last checkpointed update or in progress"""
     torch_threads: int = 0
     """torch CPU threads; 0: 1 for MLPs on the CPU (faster for small nets), torch's default otherwise (at most
-    the CPUs this process may use: a container's --cpus quota)"""
+    the CPUs this process may use, a container's --cpus quota, unless OMP_NUM_THREADS is set)"""
     torch_deterministic: bool = True
     """cudnn.deterministic: reproducible convolutions on CUDA"""
     progress: bool | None = None

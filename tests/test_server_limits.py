@@ -182,6 +182,25 @@ class CannotStartItsSimulator(gym.Env[np.ndarray, np.int64]):
         raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
 
 
+class LicenseLocked(gym.Env[np.ndarray, np.int64]):
+    """An env that says what went wrong itself, in an error of its own raised while handling an EAGAIN."""
+
+    def __init__(self) -> None:
+        try:
+            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        except OSError:
+            raise gym.error.Error("the simulator's license file is locked") from None
+
+
+def test_an_env_s_own_error_is_not_blamed_on_limits_it_did_not_name() -> None:
+    with pytest.raises(EnvBuildError) as raised:
+        build_vector_env(ServerConfig(env="tests.test_server_limits:LicenseLocked"))
+    assert (
+        str(raised.value)
+        == "cannot make env 'tests.test_server_limits:LicenseLocked': the simulator's license file is locked"
+    )
+
+
 def test_an_env_that_cannot_start_a_process_of_its_own_is_told_of_the_limits() -> None:
     config = ServerConfig(env="tests.test_server_limits:CannotStartItsSimulator")
     with pytest.raises(EnvBuildError) as raised:
