@@ -371,7 +371,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
             self._claim = None
             if self._metrics is not None:
                 self._metrics.session_ended(kind)
-            log.log(level, "session %s of %s ended: %s", session.id[:8], session.peer, reason)
+            # (the client's name too: over a Unix socket every peer is "unix:", the same for all learners on the host)
+            who = f"{session.client_name!r} from {session.peer}" if session.client_name else session.peer
+            log.log(level, "session %s of %s ended: %s", session.id[:8], who, reason)
             if self.on_session_end is not None:
                 self.on_session_end(session.id, reason)
         session.end_reason = reason

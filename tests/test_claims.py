@@ -122,3 +122,5 @@ def test_a_silent_claim_ends_on_its_own_without_another_call(spawn_server: Spawn
         assert time.monotonic() < deadline, "the claim did not end within 20 s of silence"
         time.sleep(0.2)
     assert "ended: no Hold stream and no calls for 1 s" in server.logs()
+    # (who, by name: over a Unix socket every peer's address is "unix:")
+    assert f"session {session.session_id[:8]} of 'silent' from " in server.logs()

@@ -102,7 +102,7 @@ def test_a_handshake_answer_over_the_clients_receive_limit_claims_nothing(
     logs = wide_spec.logs()
     assert "Traceback" not in logs and "ExecuteBatchError" not in logs, logs
     assert re.search(
-        r"session \w{8} of \S+ ended: its Handshake answer \([\d,]{10} bytes\) did not reach the client: the call "
+        r"session \w{8} of .+ ended: its Handshake answer \([\d,]{10} bytes\) did not reach the client: the call "
         r"ended while it was being sent \(the client cancelled it, its connection closed, or it refused an answer "
         r"that large: is its max receive message length at least that\? gRPC's default is 4 MiB\); the envs are "
         "free again",
