@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -168,11 +169,23 @@ class FleetWatch:
         self.server_ids: dict[str, str] = {}
         """Each replica's (:meth:`label`) server process id as of the last rollout ("" where unknown)."""
         self._slow = SlowReplicas()
+        self._kept: list[ReplicaStats] = []  # (what the windows start_rollout() ended counted: see _with_counts)
+
+    def start_rollout(self) -> None:
+        """Start every server's window here, at a rollout's start, so that :meth:`rollout_metrics` gives
+        the rollout's (not the update's before it, nor connecting and the first reset), keeping what the
+        window it ends counted (a refresh between rollouts may lose or take back servers) and the servers
+        that left the fleet in it, for :meth:`rollout_metrics` to give with the rollout's."""
+        if self._replica_stats is not None:
+            ended = self._replica_stats(reset=True)
+            counted = [w for w in ended if not w.available or any(getattr(w, k) for k in _KEPT)]
+            self._kept = _with_counts(counted, self._kept)
 
     def rollout_metrics(self) -> dict[str, float]:
         """Since the last call: servers lost and back (``faults/<count>``, and ``faults/servers_down`` now),
         and per env server (``replicas/<address>/<field>``) the step latency p50/p99 as the learner saw it,
-        the envs' own step time and env-steps/s; warns of a replica that stays slow."""
+        the envs' own step time and env-steps/s over the rollout (since :meth:`start_rollout`; since the
+        last call without it) with its counts since the last call; warns of a replica that stays slow."""
         metrics: dict[str, float] = {}
         if self._fault_stats is not None and self._before is not None:
             now = self._fault_stats()
@@ -182,6 +195,7 @@ class FleetWatch:
             metrics["faults/servers_not_joined"] = now.servers_not_joined
             self._before = now
         windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
+        windows, self._kept = _with_counts(windows, self._kept), []
         self.server_ids = {self.label(window.address): window.server_id for window in windows}
         for window in windows:
             # By address, not position: a fleet's positions shift as servers leave and join.
@@ -208,3 +222,22 @@ class FleetWatch:
         """Servers lost so far (failed or shut down), counting each time one was; 0 for envs without them."""
         totals = self.totals() or {}
         return totals.get("failures", 0) + totals.get("shutdowns", 0)
+
+
+# What a window that start_rollout() ends passes on to the rollout's: its counts, and its steps (those of a
+# rollout dropped, a server lost in it: they were taken all the same).
+_KEPT = ("steps", *StepTimer.COUNTS)
+
+
+def _with_counts(windows: list[ReplicaStats], earlier: list[ReplicaStats]) -> list[ReplicaStats]:
+    """``windows`` with the counts (:data:`_KEPT`) of each of the ``earlier`` windows added to the one at
+    its address; after them, unavailable, the earlier ones whose address has none (servers that left)."""
+    windows = list(windows)
+    for old in earlier:
+        i = next((i for i, w in enumerate(windows) if w.address == old.address), None)
+        if i is None:
+            windows.append(dataclasses.replace(old, available=False))
+        else:
+            sums = {k: getattr(windows[i], k) + getattr(old, k) for k in _KEPT}
+            windows[i] = dataclasses.replace(windows[i], **sums)
+    return windows

@@ -1101,6 +1101,7 @@ def train(
                 rollout_start = time.perf_counter()
                 fleet_down = False
                 lost_before = watch.servers_lost()
+                watch.start_rollout()  # (the servers' statistics are the rollout's: not the update's before it)
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
                     try:

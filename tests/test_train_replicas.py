@@ -6,19 +6,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
-from learner import rundir
+from learner import RemoteVectorEnv, ServerUnavailableError, rundir
 from learner.cli import main, slowest_line
 from learner.faults import FaultStats
 from learner.fleetwatch import FAULT_COUNTS, SLOW_UPDATES, FleetWatch, ReplicaTotals, SlowReplicas
 from learner.resume import Counters
 from learner.stats import ReplicaStats
-from tests.conftest import StartServers
+from tests.conftest import SpawnServer, StartServers
 
 
 def window(address: str, env_ms: float, latency_ms: float | None = None, steps: int = 8, **kw: Any) -> ReplicaStats:
@@ -166,3 +168,66 @@ def test_a_slow_server_is_warned_of_and_named_at_the_end(
     assert summary["replicas"][slow]["env_p50_ms"] >= 5 > summary["replicas"][fast]["env_p50_ms"]
     assert summary["replicas"][slow]["steps"] == summary["replicas"][fast]["steps"] == 8 * 4
     assert f"slowest env server: {slow} (median round trip " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_servers_window_is_the_rollout_not_the_update_after_it(start_servers: StartServers) -> None:
+    """The server the fleet waits for is busy during rollouts, whatever the update between them takes
+    (was: the window ran from one rollout's end to the next one's, update included: env_busy ~0.4 for
+    ~0.8 over the rollout with an update as long as it; the first one held connecting and the first reset)."""
+    (server,) = start_servers("CartPole-v1", envs_per_server=2, transport="unix", server_args=["--step-delay-ms", "5"])
+    with RemoteVectorEnv([server]) as envs:
+        watch = FleetWatch(envs, carried=dict.fromkeys(FAULT_COUNTS, 0))
+        envs.reset(seed=0)
+        busy = []
+        for _ in range(2):
+            time.sleep(0.3)  # (an update: its 0.3 s against the rollout's 20 steps of 5 ms, 0.1 s of env time)
+            watch.start_rollout()
+            for _ in range(20):
+                envs.step(np.ones(2, dtype=np.int64))
+            metrics = watch.rollout_metrics()
+            assert metrics[f"replicas/{server}/steps"] == 20
+            busy.append(metrics[f"replicas/{server}/env_busy"])
+    assert min(busy) > 0.5, busy  # (with the update counted: under 0.25)
+
+
+def _lose(envs: RemoteVectorEnv, server: Any) -> None:
+    """Kill ``server``: the next step of ``envs`` (not fault-tolerant) fails on it."""
+    server.kill()
+    with pytest.raises(ServerUnavailableError):
+        envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+
+
+@pytest.mark.slow
+def test_servers_lost_or_back_between_rollouts_are_reported_with_the_next_rollout(spawn_server: SpawnServer) -> None:
+    """What a refresh between rollouts counts (a server lost, one back at its address) and the steps taken
+    then are in the next rollout's windows, the one that left given once, unavailable (not dropped as the
+    rollout's window starts)."""
+    a, b, c = (spawn_server("CartPole-v1", 2) for _ in range(3))
+    with RemoteVectorEnv([a.address, b.address, c.address], fault_tolerant=False, timeout=5.0) as envs:
+        watch = FleetWatch(envs, carried=dict.fromkeys(FAULT_COUNTS, 0))
+        envs.reset(seed=0)
+        watch.start_rollout()
+        envs.step(np.zeros(6, dtype=np.int64))
+        watch.rollout_metrics()
+        # Between rollouts: b is lost and leaves; c is lost and comes back at its address.
+        _lose(envs, b)
+        envs.refresh()
+        _lose(envs, c)
+        c.start()
+        envs.refresh(wait=30)
+        assert envs.addresses == [a.address, c.address]
+        watch.start_rollout()
+        for _ in range(2):
+            envs.step(np.zeros(4, dtype=np.int64))
+        metrics = watch.rollout_metrics()
+        assert (metrics[f"replicas/{b.address}/failures"], metrics[f"replicas/{b.address}/available"]) == (1, 0)
+        assert (metrics[f"replicas/{c.address}/failures"], metrics[f"replicas/{c.address}/available"]) == (1, 1)
+        # (the steps of the two failed fleet steps count where they were taken, as a dropped rollout's are: a's
+        # two, c's one before it was lost)
+        assert (metrics[f"replicas/{a.address}/failures"], metrics[f"replicas/{a.address}/steps"]) == (0, 4)
+        assert metrics[f"replicas/{c.address}/steps"] == 3
+        watch.start_rollout()
+        envs.step(np.zeros(4, dtype=np.int64))
+        again = watch.rollout_metrics()
+        assert f"replicas/{b.address}/failures" not in again and again[f"replicas/{c.address}/failures"] == 0
