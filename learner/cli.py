@@ -41,7 +41,7 @@ from learner.config import PRESETS, Args, check_addresses, check_device, check_t
 from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
-from learner.local import DEFAULT_TRANSPORT, raise_fd_limit
+from learner.local import DEFAULT_TRANSPORT, out_of_fds, raise_fd_limit
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
 from learner.rundir import (
     BEST_CHECKPOINT,
@@ -1751,6 +1751,12 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
         print(f"learner {args.command}: error: {reword(str(err))}{_way_out(err)}", file=sys.stderr)
         for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
             print(f"  {reword(note)}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        # (out of file descriptors wherever it struck, an import's file included: said as such, not a traceback)
+        if (fds := out_of_fds(err)) is None:
+            raise
+        print(f"learner {args.command}: error: {fds} ({err})", file=sys.stderr)
         return 1
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]

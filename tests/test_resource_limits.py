@@ -112,6 +112,26 @@ def test_the_system_s_open_file_table_full_is_not_said_to_be_lifted_by_ulimit(tm
 
 @pytest.mark.slow
 @pytest.mark.needs_torch
+def test_out_of_file_descriptors_anywhere_in_a_command_ends_it_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where no message of the learner's names it (numpy's lazy import of numpy.ma, from np.percentile in a
+    replica's statistics, at ulimit -n 40): one line, not a traceback."""
+    import learner.plot
+    from learner.cli import main
+
+    def plot_runs(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), "/venv/numpy/ma/__init__.py")
+
+    monkeypatch.setattr(learner.plot, "plot_runs", plot_runs)
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("learner plot: error: out of file descriptors (ulimit -n is "), err
+    assert err.endswith(
+        f"raise ulimit -n ([Errno {errno.EMFILE}] {os.strerror(errno.EMFILE)}: '/venv/numpy/ma/__init__.py')\n"
+    )
+
+
 def test_no_usable_temporary_folder_says_how_to_give_one(tmp_path: Path) -> None:
     """A read-only root without a tmpfs: tempfile finds no folder it can write in (its own search, here
     given only one that does not exist, as TMPDIR), and the one-line error says the way out."""
