@@ -1756,7 +1756,10 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
         # (out of file descriptors wherever it struck, an import's file included: said as such, not a traceback)
         if (fds := out_of_fds(err)) is None:
             raise
-        print(f"learner {args.command}: error: {fds} ({err})", file=sys.stderr)
+        message = f"{fds} ({err})"
+        if args.command == "eval" and args.json and not getattr(args, "json_printed", False):
+            _print_json(args, {"error": message, "exit_status": 1})  # (one object however it ends)
+        print(f"learner {args.command}: error: {message}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]

@@ -105,7 +105,7 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
     "env_busy": (
         "env_busy",
         1.0,
-        "Share of the last update's wall time the env server's envs spent stepping (near 1: the fleet waits for it)",
+        "Share of the last rollout's wall time the env server's envs spent stepping (near 1: the fleet waits for it)",
     ),
     "available": (
         "available",

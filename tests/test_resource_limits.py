@@ -110,8 +110,6 @@ def test_the_system_s_open_file_table_full_is_not_said_to_be_lifted_by_ulimit(tm
     assert "No space left on device" in full and "MB free there" in full
 
 
-@pytest.mark.slow
-@pytest.mark.needs_torch
 def test_out_of_file_descriptors_anywhere_in_a_command_ends_it_with_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -132,6 +130,25 @@ def test_out_of_file_descriptors_anywhere_in_a_command_ends_it_with_one_line(
     )
 
 
+def test_eval_json_out_of_file_descriptors_prints_its_one_object(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import learner.cli
+    from learner.cli import main
+
+    def connection(*args: object) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(learner.cli, "_connection", connection)
+    assert main(["eval", str(tmp_path), "--json"]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result["exit_status"] == 1 and result["error"].startswith("out of file descriptors (ulimit -n is "), out
+    assert err == f"learner eval: error: {result['error']}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.needs_torch
 def test_no_usable_temporary_folder_says_how_to_give_one(tmp_path: Path) -> None:
     """A read-only root without a tmpfs: tempfile finds no folder it can write in (its own search, here
     given only one that does not exist, as TMPDIR), and the one-line error says the way out."""

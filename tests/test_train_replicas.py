@@ -151,9 +151,19 @@ def test_a_slow_server_is_warned_of_and_named_at_the_end(
     start_servers: StartServers,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two servers, one whose every step takes 5 ms longer: a warning names it (at the default log level),
-    summary.json has each server's figures, and the closing lines name the slowest."""
+    summary.json has each server's figures, and the closing lines name the slowest. Each rollout starts
+    the servers' windows (not the update before it)."""
+    started = []
+    start_rollout = FleetWatch.start_rollout
+
+    def spied(watch: FleetWatch) -> None:
+        started.append(watch)
+        start_rollout(watch)
+
+    monkeypatch.setattr(FleetWatch, "start_rollout", spied)
     clock = {"env_kwargs": {"length": 3}}
     [fast] = start_servers("tests.envs:ClockEnv", 1, 2, **clock)
     [slow] = start_servers("tests.envs:ClockEnv", 1, 2, server_args=["--step-delay-ms", "5"], **clock)
@@ -168,6 +178,7 @@ def test_a_slow_server_is_warned_of_and_named_at_the_end(
     assert summary["replicas"][slow]["env_p50_ms"] >= 5 > summary["replicas"][fast]["env_p50_ms"]
     assert summary["replicas"][slow]["steps"] == summary["replicas"][fast]["steps"] == 8 * 4
     assert f"slowest env server: {slow} (median round trip " in capsys.readouterr().out
+    assert len(started) == 4  # (the updates: 8 x 4 steps each)
 
 
 @pytest.mark.slow
