@@ -1741,6 +1741,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     if then_exit:  # (the command's process only, not main()'s caller: about 5 file descriptors per env server,
         # which a soft limit of 256 or 1024 runs out of long before the hard limit does)
         raise_fd_limit()
+    _warn_of_unread_variables()
     try:
         # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
         with ending_as_interrupt(then_exit=then_exit):
@@ -1789,6 +1790,16 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
             _print_json(args, {"error": "aborted", "exit_status": 130})
         print(f"learner {args.command}: aborted", file=sys.stderr)
         return 130
+
+
+def _warn_of_unread_variables() -> None:
+    """Warn of each set ENVFLEET_* variable no envfleet command reads (a typo of ENVFLEET_TLS_CA, say), as
+    env-server does at its start: the names are env_server.variables' and env-server's options'."""
+    from env_server.__main__ import server_variables
+    from env_server.variables import unread_variables
+
+    for warning in unread_variables(os.environ, server_variables()):
+        logging.getLogger("learner.cli").warning("%s", warning)
 
 
 def _way_out(err: BaseException) -> str:

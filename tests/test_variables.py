@@ -3,6 +3,7 @@ env_server.variables.OTHER_VARIABLES for the rest), and a set one that none read
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -79,4 +80,20 @@ def test_a_variable_none_reads_is_warned_of_once_sorted_with_a_close_match() -> 
     ]  # (names only: never a value, which may be a secret)
     assert unread_variables({"ENVFLEET_TLS_CAA": ""}, server_variables()) == [
         "ENVFLEET_TLS_CAA is set, but no envfleet option reads it: ignored (did you mean ENVFLEET_TLS_CA?)"
+    ]
+
+
+def test_a_learner_command_warns_of_a_set_variable_no_envfleet_command_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As env-server does: a typo of a variable the learner reads (ENVFLEET_TLS_CA) is said, not ignored."""
+    from learner.cli import main
+
+    for name in [n for n in os.environ if n.startswith("ENVFLEET_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ENVFLEET_TLS_CAA", "/ca.crt")
+    monkeypatch.setenv("ENVFLEET_TLS_CA", "/ca.crt")  # (the learner's own: not warned of)
+    assert main(["plot", str(tmp_path / "none")]) == 1
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if "is set" in r.getMessage()] == [
+        ("WARNING", "ENVFLEET_TLS_CAA is set, but no envfleet option reads it: ignored (did you mean ENVFLEET_TLS_CA?)")
     ]
