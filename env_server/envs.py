@@ -627,25 +627,14 @@ def _ale_hint(env: str) -> str | None:
 _PROCESS_LIMITS = "a pids limit (docker --pids-limit, ulimit -u) or memory may be too low"
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    """``err`` and its causes (or the errors it was raised while handling, unless ``from None``), in turn."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        yield cause
-        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
-
-
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
     """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
     # (fork's EAGAIN where a pids limit is reached, ENOMEM where memory is)
     short = (errno.EAGAIN, errno.ENOMEM)
-    worker = next((e for e in _chain(err) if isinstance(e, WorkerStartError)), None)
-    if worker is not None:
-        why = worker.strerror or _one_line(worker.error)
-        text = f"cannot start worker process {worker.index} of {worker.count} for --vectorization async ({why})"
-        if worker.errno in short:
+    if isinstance(err, WorkerStartError):  # (WideInfoAsyncVectorEnv's, as it comes: nothing wraps it)
+        why = err.strerror or _one_line(err.error)
+        text = f"cannot start worker process {err.index} of {err.count} for --vectorization async ({why})"
+        if err.errno in short:
             text += f": each env is a process; {_PROCESS_LIMITS} (or use fewer --num-envs, or --vectorization sync)"
         return EnvBuildError(f"cannot make env {config.env!r}: {text}")
     if isinstance(err, OSError) and err.errno in short:  # (the env's constructor starting a process of its own, say)
