@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from learner.errors import os_reason
 from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, atomic_write, checkpoint_path, list_checkpoints
 
 __all__ = [
@@ -159,12 +160,12 @@ def _unreadable(file: Path, err: BaseException) -> str:
     """Why torch cannot read ``file``, in the user's terms: torch's own error for a damaged archive is an
     internal one (``OSError: [Errno 22] Invalid argument``, a miniz message, the unpickler's KeyError)."""
     if isinstance(err, PermissionError | IsADirectoryError):
-        return f"cannot read it: {err.strerror or err}"
+        return f"cannot read it: {os_reason(err)}"
     try:
         with open(file, "rb") as f:
             head = f.read(8)
     except OSError as read_err:
-        return f"cannot read it: {read_err.strerror or read_err}"
+        return f"cannot read it: {os_reason(read_err)}"
     if not head:
         return "the file is empty (a write cut short before its first byte)"
     if not head.startswith(_ZIP_MAGIC):

@@ -38,10 +38,10 @@ from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, 
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers, is_atari
-from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted
+from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted, os_reason, out_of_fds
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
-from learner.local import DEFAULT_TRANSPORT, out_of_fds, raise_fd_limit
+from learner.local import DEFAULT_TRANSPORT, raise_fd_limit
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
 from learner.rundir import (
     BEST_CHECKPOINT,
@@ -327,7 +327,7 @@ def _auth_token(token_file: str | None, token: str | None) -> str | None:
         with open(token_file) as f:
             text = f.read().strip()
     except OSError as err:
-        raise ValueError(f"{where} {token_file}: cannot read it: {err.strerror or err}") from None
+        raise ValueError(f"{where} {token_file}: cannot read it: {os_reason(err)}") from None
     return check_token(text, f"{where} {token_file}")
 
 
@@ -382,7 +382,7 @@ def _readable(path: str, where: str, hint: str = "") -> None:
         with open(path, "rb"):
             pass
     except OSError as err:
-        raise ValueError(f"{where} {path}: cannot read it ({err.strerror or err}){hint}") from None
+        raise ValueError(f"{where} {path}: cannot read it ({os_reason(err)}){hint}") from None
 
 
 def _tls_variables(
@@ -1041,7 +1041,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             config = dataclasses.replace(config, out=make_new_dir(out))
         except OSError as err:
-            args.parser.error(f"--out: cannot make {out}: {err.strerror or err}")
+            args.parser.error(f"--out: cannot make {out}: {os_reason(err)}")
         out = config.out
     elif (out / "bench.json").exists():
         print(f"learner bench: --out {out} holds a bench.json already: this run's results replace it", file=sys.stderr)

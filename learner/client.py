@@ -50,6 +50,7 @@ from learner.errors import (
     ServerFullError,
     ServerUnavailableError,
     SessionError,
+    out_of_fds,
 )
 
 __all__ = [
@@ -996,8 +997,6 @@ class EnvClient:
                 sock.connect(self.step_socket)
                 sock.setblocking(False)  # SocketStep polls: with a timeout, every read would poll first
             except OSError as err:
-                from learner.local import out_of_fds  # (imported already, by learner.remote: opens no file)
-
                 if sock is not None:
                     sock.close()
                 fds = out_of_fds(err)

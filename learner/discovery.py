@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from env_server.protocol import host_port
-from learner.errors import EnvFleetError
+from learner.errors import EnvFleetError, os_reason
 
 __all__ = [
     "CLIENT_CERT_REFUSED",
@@ -218,7 +218,7 @@ def _entries(address: str) -> list[tuple[str, str]]:
     except IsADirectoryError:
         raise AddressError(f"server address {address!r}: {os.path.abspath(path)} is a folder, not a file") from None
     except OSError as err:
-        raise AddressError(f"server address {address!r}: cannot read {path}: {err.strerror or err}") from err
+        raise AddressError(f"server address {address!r}: cannot read {path}: {os_reason(err)}") from err
     except UnicodeDecodeError as err:
         raise AddressError(f"server address {address!r}: {path} is not UTF-8 text ({err})") from None
     if len(data) > _FILE_MAX_BYTES:
@@ -279,7 +279,7 @@ def probe(address: str, timeout: float = 1.0, *, peek: bool = True) -> str | Non
     except socket.gaierror as err:
         return f"cannot resolve the host: {err.strerror}"
     except OSError as err:
-        return err.strerror or str(err)
+        return os_reason(err)  # (out of file descriptors: said so, with the way out)
     return None
 
 

@@ -1,9 +1,16 @@
-"""The learner's exceptions: every gRPC failure reaches users as one of these, naming the server."""
+"""The learner's exceptions: every gRPC failure reaches users as one of these, naming the server; and the
+words for an OSError in a message (:func:`os_reason`)."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+try:  # (imported here, not where used: out of file descriptors, an import fails too)
+    import resource
+except ImportError:  # pragma: no cover (Windows)
+    resource = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:  # only for annotations: importing this module must not import grpc (see learner.cli)
     import grpc
@@ -11,6 +18,7 @@ if TYPE_CHECKING:  # only for annotations: importing this module must not import
 __all__ = [
     "AuthenticationError",
     "EnvCrashedError",
+    "FDS_PER_SERVER",
     "EnvFleetError",
     "InvalidArgumentError",
     "InvalidRequestError",
@@ -30,7 +38,36 @@ __all__ = [
     "TrainingInterrupted",
     "UnusableEnvOutputError",
     "UpdateDivergedError",
+    "os_reason",
+    "out_of_fds",
 ]
+
+# The file descriptors a learner holds per env server it steps (measured with ulimit -n: about 5 per
+# local server on Unix sockets, about 4 per server over TCP).
+FDS_PER_SERVER = 5
+
+
+def out_of_fds(err: BaseException) -> str | None:
+    """What an error that is the process's (EMFILE) or the system's (ENFILE) lack of file descriptors is,
+    in words, and the way out: the words to report it with instead of its own ("Too many open files",
+    which a report of a failed write made to sound like the disk's fault); None for any other error."""
+    if not isinstance(err, OSError) or err.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
+        limit = "?"
+    need = f"ulimit -n is {limit}; a learner needs about {FDS_PER_SERVER} per env server"
+    if err.errno == errno.ENFILE:  # (the system's table: ulimit does not lift it)
+        return f"out of file descriptors, system-wide ({need}): close other programs' files or raise fs.file-max"
+    return f"out of file descriptors ({need}): raise ulimit -n"
+
+
+def os_reason(err: OSError) -> str:
+    """An OSError in words for a message: :func:`out_of_fds`'s where it is a lack of file descriptors
+    (with the way out), else its own (``strerror``, or the whole error where it has none)."""
+    return out_of_fds(err) or err.strerror or str(err)
 
 
 class EnvFleetError(Exception):

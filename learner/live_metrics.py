@@ -19,7 +19,7 @@ from prometheus_client import (
 
 from env_server.metrics import NoCreatedRegistry, serve_registry
 from env_server.protocol import bind_hint, host_port, host_problem, http_host, package_version
-from learner.errors import OptionError
+from learner.errors import OptionError, os_reason
 
 __all__ = [
     "FAULT_COUNTERS",
@@ -332,6 +332,6 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
     except OSError as err:
         where = host_port(host, port)
         hint = bind_hint(host, err.errno, host_option="--metrics-host", port_option="--metrics-port")
-        raise OptionError(f"cannot serve metrics on {where}: {err.strerror or err} ({hint})") from err
+        raise OptionError(f"cannot serve metrics on {where}: {os_reason(err)} ({hint})") from err
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics

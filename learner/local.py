@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
 from learner.discovery import unix_path
-from learner.errors import ServerStartError
+from learner.errors import FDS_PER_SERVER, ServerStartError, out_of_fds
 
 try:  # (not on Windows, where LocalServers do not run)
     import fcntl
@@ -941,28 +941,6 @@ def _cfs_quota(folder: str) -> float | None:
 
 def _cpus(quota: int, period: int) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
-
-
-# The file descriptors a learner holds per env server it steps (measured with ulimit -n: about 5 per
-# local server on Unix sockets, about 4 per server over TCP).
-FDS_PER_SERVER = 5
-
-
-def out_of_fds(err: BaseException) -> str | None:
-    """What an error that is the process's (EMFILE) or the system's (ENFILE) lack of file descriptors is,
-    in words, and the way out: the words to report it with instead of its own ("Too many open files",
-    which a report of a failed write made to sound like the disk's fault); None for any other error."""
-    if not isinstance(err, OSError) or err.errno not in (errno.EMFILE, errno.ENFILE):
-        return None
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
-        limit = "?"
-    need = f"ulimit -n is {limit}; a learner needs about {FDS_PER_SERVER} per env server"
-    if err.errno == errno.ENFILE:  # (the system's table: ulimit does not lift it)
-        return f"out of file descriptors, system-wide ({need}): close other programs' files or raise fs.file-max"
-    return f"out of file descriptors ({need}): raise ulimit -n"
 
 
 def raise_fd_limit() -> None:

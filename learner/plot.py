@@ -14,6 +14,7 @@ from typing import Any
 
 from learner import rundir
 from learner.config import Args
+from learner.errors import os_reason
 
 __all__ = ["config_groups", "plot_runs"]
 
@@ -588,6 +589,6 @@ def plot_runs(
         rundir.atomic_write(output, lambda f: fig.savefig(f, format=output.suffix[1:].lower(), dpi=100))
     except OSError as err:
         raise ValueError(
-            f"{output_name}: expected a path where the plot can be written, got {output} ({err.strerror or err})"
+            f"{output_name}: expected a path where the plot can be written, got {output} ({os_reason(err)})"
         ) from None
     return output

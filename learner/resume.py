@@ -27,7 +27,7 @@ from learner.config import (
 )
 from learner.device import pick_device
 from learner.envs import reward_threshold
-from learner.errors import RunCompleteError
+from learner.errors import RunCompleteError, os_reason
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import Agent
@@ -151,7 +151,7 @@ def _read_run_config(config: Path, flag: str, given: Collection[str]) -> dict[st
     try:
         recorded = rundir.read_json(config)
     except OSError as err:
-        raise ValueError(f"{flag}: cannot read {config}: {err.strerror or err}") from None
+        raise ValueError(f"{flag}: cannot read {config}: {os_reason(err)}") from None
     except ValueError as err:
         raise ValueError(f"{flag}: {config} is no run's {rundir.CONFIG}: {err}") from None
     if not rundir.is_run_config(recorded):

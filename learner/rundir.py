@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from learner.errors import RunDirWriteError
-from learner.local import out_of_fds
+from learner.errors import RunDirWriteError, os_reason, out_of_fds
 
 # The run dir's lock: flock where there is one (Linux, macOS, the BSDs), else Windows' byte-range locks
 # (msvcrt.locking); where neither is, the run dir is used unlocked (said as a warning).
@@ -372,7 +371,7 @@ def lock(run_dir: str | Path) -> Iterator[None]:
             log.warning(
                 "run dir %s: cannot lock it (%s): nothing keeps another learner from writing it too",
                 run_dir,
-                err.strerror or err,
+                os_reason(err),
             )
         try:
             f.seek(0)

@@ -65,6 +65,7 @@ from learner.errors import (
     SessionError,
     TrainingInterrupted,
     UnusableEnvOutputError,
+    os_reason,
 )
 from learner.faults import misfit_reported
 from learner.fleet import FleetChange, carry_over
@@ -733,7 +734,7 @@ def train(
             else:  # runs started in the same second (seeds in parallel) each get their own
                 run_dir = rundir.make_new_dir(run_dir)
         except OSError as err:
-            raise ValueError(f"--run-dir: cannot make {run_dir}: {err.strerror or err}") from None
+            raise ValueError(f"--run-dir: cannot make {run_dir}: {os_reason(err)}") from None
         if not locked:
             stack.enter_context(rundir.lock(run_dir))
         if checkpoint is None and given_dir:

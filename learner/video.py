@@ -19,6 +19,7 @@ import numpy as np
 
 from env_server.envs import EnvBuildError
 from learner.envs import FleetSpec, open_fleet
+from learner.errors import os_reason
 from learner.rundir import atomic_write
 from learner.stats import format_return
 
@@ -307,5 +308,5 @@ def write_gif(frames: Sequence[Any], path: str | Path, durations_ms: int | Seque
         # there as it was, and no half of one)
         atomic_write(path, write)
     except OSError as err:
-        raise ValueError(f"video: cannot write {str(path)!r}: {err.strerror or err}") from None
+        raise ValueError(f"video: cannot write {str(path)!r}: {os_reason(err)}") from None
     return path

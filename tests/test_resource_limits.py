@@ -101,6 +101,33 @@ def test_running_out_of_file_descriptors_is_said_as_such_not_as_a_full_disk_or_a
         assert said == f"cannot write {tmp_path / rundir.SUMMARY}: {words}raise ulimit -n"
 
 
+@needs_higher_hard_limit
+def test_a_server_probed_while_out_of_file_descriptors_is_not_blamed() -> None:
+    """Was: "env server 127.0.0.1:9 not answering yet (127.0.0.1:9: Too many open files)", the probe's words
+    in the connect's warning and error, with "is the server running, and is the address right?" after it."""
+    code = textwrap.dedent(
+        """
+        import os
+        import learner.connecting
+        from learner.discovery import probe
+        held = []
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        said = probe("127.0.0.1:9")
+        for fd in held:
+            os.close(fd)
+        print(said)
+        """
+    )
+    result = _with_soft_limit(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    words = f"out of file descriptors (ulimit -n is {LOW}; a learner needs about {FDS_PER_SERVER} per env server)"
+    assert result.stdout.strip() == f"{words}: raise ulimit -n"
+
+
 def test_the_system_s_open_file_table_full_is_not_said_to_be_lifted_by_ulimit(tmp_path: Path) -> None:
     err = OSError(errno.ENFILE, os.strerror(errno.ENFILE))
     said = str(rundir.cannot_write(tmp_path / rundir.SUMMARY, err))
