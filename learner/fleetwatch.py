@@ -155,13 +155,16 @@ class FleetWatch:
         self._fault_stats = getattr(envs, "fault_stats", None)
         self._replica_stats = getattr(envs, "replica_stats", None)
         self._labels: dict[str, str] = {}
+        self._kept: list[ReplicaStats] = []  # (what the windows start_rollout() ended counted: see _with_counts)
         if self._replica_stats is not None:
             first = self._replica_stats(reset=True)
             if local:
                 # Servers the learner started: their addresses are new each session (a temporary
                 # folder's socket, a free port), their places are not (a restart keeps its address).
                 self._labels = {r.address: f"local-{i}" for i, r in enumerate(first)}
-        self._before = self._fault_stats() if self._fault_stats is not None else None
+            self._kept = _counted(first)
+        # (What connecting and the first reset counted goes with the first rollout's, as totals() counts it.)
+        self._before = dict.fromkeys(FAULT_COUNTS, 0)
         self.carried = carried
         """The fault counts of the run's earlier sessions (a resumed run's checkpoint)."""
         self.replicas: dict[str, ReplicaTotals] = {}
@@ -169,7 +172,6 @@ class FleetWatch:
         self.server_ids: dict[str, str] = {}
         """Each replica's (:meth:`label`) server process id as of the last rollout ("" where unknown)."""
         self._slow = SlowReplicas()
-        self._kept: list[ReplicaStats] = []  # (what the windows start_rollout() ended counted: see _with_counts)
 
     def start_rollout(self) -> None:
         """Start every server's window here, at a rollout's start, so that :meth:`rollout_metrics` gives
@@ -177,9 +179,7 @@ class FleetWatch:
         window it ends counted (a refresh between rollouts may lose or take back servers) and the servers
         that left the fleet in it, for :meth:`rollout_metrics` to give with the rollout's."""
         if self._replica_stats is not None:
-            ended = self._replica_stats(reset=True)
-            counted = [w for w in ended if not w.available or any(getattr(w, k) for k in _KEPT)]
-            self._kept = _with_counts(counted, self._kept)
+            self._kept = _with_counts(_counted(self._replica_stats(reset=True)), self._kept)
 
     def rollout_metrics(self) -> dict[str, float]:
         """Since the last call: servers lost and back (``faults/<count>``, and ``faults/servers_down`` now),
@@ -187,13 +187,13 @@ class FleetWatch:
         the envs' own step time and env-steps/s over the rollout (since :meth:`start_rollout`; since the
         last call without it) with its counts since the last call; warns of a replica that stays slow."""
         metrics: dict[str, float] = {}
-        if self._fault_stats is not None and self._before is not None:
+        if self._fault_stats is not None:
             now = self._fault_stats()
             for key in FAULT_COUNTS:
-                metrics[f"faults/{key}"] = getattr(now, key) - getattr(self._before, key)
+                metrics[f"faults/{key}"] = getattr(now, key) - self._before[key]
+                self._before[key] = getattr(now, key)
             metrics["faults/servers_down"] = now.servers_down
             metrics["faults/servers_not_joined"] = now.servers_not_joined
-            self._before = now
         windows = self._replica_stats(reset=True) if self._replica_stats is not None else []
         windows, self._kept = _with_counts(windows, self._kept), []
         self.server_ids = {self.label(window.address): window.server_id for window in windows}
@@ -227,6 +227,11 @@ class FleetWatch:
 # What a window that start_rollout() ends passes on to the rollout's: its counts, and its steps (those of a
 # rollout dropped, a server lost in it: they were taken all the same).
 _KEPT = ("steps", *StepTimer.COUNTS)
+
+
+def _counted(windows: list[ReplicaStats]) -> list[ReplicaStats]:
+    """The ``windows`` to pass on: those that counted something (:data:`_KEPT`), and servers that left."""
+    return [w for w in windows if not w.available or any(getattr(w, k) for k in _KEPT)]
 
 
 def _with_counts(windows: list[ReplicaStats], earlier: list[ReplicaStats]) -> list[ReplicaStats]:

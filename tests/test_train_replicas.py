@@ -242,3 +242,19 @@ def test_servers_lost_or_back_between_rollouts_are_reported_with_the_next_rollou
         envs.step(np.zeros(4, dtype=np.int64))
         again = watch.rollout_metrics()
         assert f"replicas/{b.address}/failures" not in again and again[f"replicas/{c.address}/failures"] == 0
+
+
+@pytest.mark.slow
+def test_what_the_first_reset_counted_is_in_the_first_rollout_s_row(spawn_server: SpawnServer) -> None:
+    """A server lost in the first reset, before training watches the fleet, is counted in the first row, as
+    in the run's totals (was: left out of every row and of the replica's totals, in the fleet's totals)."""
+    a, b = (spawn_server("CartPole-v1", 2) for _ in range(2))
+    with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, timeout=5.0) as envs:
+        b.kill()
+        envs.reset(seed=0)  # (b's envs unavailable: lost)
+        watch = FleetWatch(envs, carried=dict.fromkeys(FAULT_COUNTS, 0))
+        watch.start_rollout()
+        envs.step(np.zeros(4, dtype=np.int64))
+        metrics = watch.rollout_metrics()
+    assert (metrics["faults/failures"], metrics[f"replicas/{b.address}/failures"]) == (1, 1)
+    assert watch.totals()["failures"] == 1 == watch.replicas[b.address].as_dict()["failures"]  # type: ignore[index]
