@@ -21,6 +21,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
@@ -47,6 +48,7 @@ __all__ = [
     "local_servers",
     "orphaned_dirs",
     "out_of_fds",
+    "python_m",
     "pid_alive",
     "raise_fd_limit",
     "socket_folder",
@@ -211,9 +213,7 @@ class LocalServers:
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _stop_all, self._children, self._socket_dir, lock)
         base = [
-            sys.executable,
-            "-m",
-            "env_server",
+            *python_m("env_server"),
             "--env",
             env,
             "--num-envs",
@@ -483,6 +483,21 @@ def pid_alive(pid: int) -> bool:
 
 # The one ENVFLEET_* variable local servers take from this process's environment (see spin_wait_ms).
 _PASSED_ON = {"ENVFLEET_SPIN_WAIT_MS"}
+
+
+def python_m(module: str) -> list[str]:
+    """The command that runs ``module`` (``python -m module``) with the envfleet this process runs: with
+    ``-P`` (the working directory not first on sys.path, where ``-m`` puts it), so that in a clone the child
+    runs the installed envfleet as this process does, not the clone's files; without it where this process
+    runs the working directory's own (a checkout's source, not installed). (env-server adds the working
+    directory to sys.path after its own imports, for ``--env mymodule:MyEnv``.)"""
+    import env_server
+
+    try:
+        from_cwd = Path(env_server.__file__).resolve().parent.parent == Path.cwd().resolve()
+    except OSError:  # (a working directory removed since)
+        from_cwd = False
+    return [sys.executable, *([] if from_cwd else ["-P"]), "-m", module]
 
 
 def _server_environ(auth_token: str | None) -> dict[str, str]:

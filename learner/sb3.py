@@ -21,7 +21,8 @@ try:
 except ImportError as err:  # (an optional dependency: say which extra brings it)
     raise ImportError(
         "learner.sb3 (RemoteVecEnv) needs stable-baselines3, which is not installed: "
-        "pip install 'envfleet[sb3]' (from a clone: pip install -e '.[sb3]')"
+        "pip install 'envfleet[sb3]' (from a clone: pip install -e '.[sb3]'; it needs torch: on a CPU-only machine, "
+        "install the small CPU build first, pip install torch --index-url https://download.pytorch.org/whl/cpu)"
     ) from err
 
 from env_server import codec

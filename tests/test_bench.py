@@ -591,6 +591,21 @@ def test_cartpole_solve_refuses_bad_options_before_running_anything(
     assert not (tmp_path / "out").exists()
 
 
+def test_cartpole_solve_without_sb3_refuses_its_configurations_before_running_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: minutes of remote-8 runs, then the sb3 run's traceback (ModuleNotFoundError)."""
+    from learner.benchmarks import cartpole_solve
+
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)  # (as if not installed)
+    with pytest.raises(SystemExit) as exit_info:
+        cartpole_solve.main(["--configs", "remote-8,sb3-dummy-8", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--configs: sb3-dummy-8 need stable-baselines3" in err and "(--configs remote-8)" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cartpole_solve_keeps_the_runs_before_one_that_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

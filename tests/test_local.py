@@ -199,6 +199,21 @@ def test_a_script_s_own_env_module_is_found_by_the_servers_it_starts(tmp_path: P
     assert proc.returncode == 0 and proc.stdout.strip() == "(2, 4)", proc.stderr
 
 
+def test_servers_started_in_a_clone_run_the_envfleet_this_process_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learner of an installed envfleet, run in a clone (or any folder with an env_server package), starts
+    servers of its own envfleet: was the clone's (``python -m`` puts the working directory first), without a
+    word. Modules of the working directory are still found for ``--env`` (see the test below)."""
+    clone = tmp_path / "clone"
+    (clone / "env_server").mkdir(parents=True)
+    (clone / "env_server" / "__init__.py").write_text("raise SystemExit('the working directory\\'s env_server')\n")
+    (clone / "myenvs.py").write_text(MY_ENVS)
+    monkeypatch.chdir(clone)
+    with LocalServers("myenvs:Env", 1, 2) as servers, RemoteVectorEnv(servers.addresses) as envs:
+        assert envs.reset(seed=0)[0].shape == (2, 4)
+
+
 def test_the_env_server_command_finds_modules_in_the_working_directory(tmp_path: Path) -> None:
     """As `python -m env_server` does (the env-server command's own folder is the venv's bin)."""
     (tmp_path / "myenvs.py").write_text(MY_ENVS)

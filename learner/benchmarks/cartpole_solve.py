@@ -24,6 +24,7 @@ to ``--out`` (JSON) and a plot of every run's return against steps and wall time
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.argtypes import int_list, number, positive_int
+from learner.local import python_m
 
 __all__ = ["CONFIGS", "SUITES", "main"]
 
@@ -257,7 +259,7 @@ def compare(
     for seed in seeds:
         for name in names:
             run_dir = out_dir / f"{name}-seed{seed}"
-            cmd = [sys.executable, "-m", __spec__.name if __spec__ else "learner.benchmarks.cartpole_solve"]
+            cmd = python_m(__spec__.name if __spec__ else "learner.benchmarks.cartpole_solve")
             cmd += ["--one", name, "--seed", str(seed), "--step-delay-ms", str(step_delay_ms)]
             cmd += ["--run-dir", str(run_dir), "--max-steps", str(max_steps)]
             started = time.perf_counter()
@@ -413,6 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sb3 = [n for n in names if CONFIGS[n].kind == "sb3"]
     if delay and sb3:
         parser.error(f"--step-delay-ms: the SB3 configurations ({', '.join(sb3)}) have no step delay; got {delay:g}")
+    if sb3 and importlib.util.find_spec("stable_baselines3") is None:  # (said now, not after minutes of runs)
+        others = [n for n in names if n not in sb3]
+        parser.error(
+            f"--configs: {', '.join(sb3)} need stable-baselines3, which is not installed here: pip install "
+            "'envfleet[sb3]' (from a clone: pip install -e '.[sb3]')"
+            + (f", or leave them out (--configs {','.join(others)})" if others else "")
+        )
     seeds = args.seeds
     out = Path(args.out or f"runs/bench-cartpole-{args.suite}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from learner.local import python_m
+
 __all__ = ["main", "planned_runs"]
 
 
@@ -51,9 +53,9 @@ def planned_runs(quick: bool, atari: bool, compare_cpu: bool) -> list[tuple[str,
 
 def _train(name: str, device: str, out: Path, options: list[str], timeout: float) -> dict[str, Any]:
     run_dir = out / (name if device == "cuda" else f"{name}-{device}")
-    cmd = [sys.executable, "-m", "learner", "train", "--device", device, "--run-dir", str(run_dir), "--no-progress"]
-    cmd += options
-    print(f"$ {' '.join(cmd[2:])}", flush=True)
+    learner = python_m("learner")
+    cmd = [*learner, "train", "--device", device, "--run-dir", str(run_dir), "--no-progress", *options]
+    print(f"$ learner {' '.join(cmd[len(learner) :])}", flush=True)
     started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

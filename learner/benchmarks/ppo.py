@@ -10,12 +10,13 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from learner.local import python_m
 
 __all__ = ["PPO_LAYOUTS", "TrainLayout", "default_layouts", "measure_ppo", "remove_orphaned_workdirs"]
 
@@ -72,9 +73,7 @@ def default_layouts(sizes: tuple[int, ...] = (8, 64), names: tuple[str, ...] = P
 def _train_once(layout: TrainLayout, env: str, total_timesteps: int, workdir: Path, seed: int) -> float:
     run_dir = workdir / f"{layout.name.replace(' ', '_').replace('(', '').replace(')', '')}-{seed}"
     cmd = [
-        sys.executable,
-        "-m",
-        "learner",
+        *python_m("learner"),
         "train",
         "--env",
         env,

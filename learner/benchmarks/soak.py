@@ -41,6 +41,7 @@ from typing import IO, Any
 import numpy as np
 
 from learner.argtypes import number
+from learner.local import python_m
 
 __all__ = ["SoakResult", "main", "soak"]
 
@@ -70,7 +71,7 @@ class Server:
 
     def start(self, port: str | None = None) -> None:
         port = port if port is not None else self.address.rpartition(":")[2]
-        cmd = [sys.executable, "-m", "env_server", "--env", ENV, "--num-envs", str(self.num_envs)]
+        cmd = [*python_m("env_server"), "--env", ENV, "--num-envs", str(self.num_envs)]
         cmd += ["--host", "127.0.0.1", "--port", port, "--log-level", "warning"]
         cmd += ["--parent-pid", str(os.getpid())]  # (the soak killed, its servers exit)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
