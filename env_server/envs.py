@@ -604,7 +604,7 @@ def check_env(config: ServerConfig) -> None:
                 warnings.simplefilter("ignore")
                 find_spec(config.env)
         except Exception as err:
-            hint = _ale_hint(config.env) if isinstance(err, gym.error.NameNotFound) else None
+            hint = _ale_hint(config.env) if isinstance(err, gym.error.NameNotFound) else _extra_hint(config.env, err)
             if hint is not None:
                 raise EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err).rstrip('.')}; {hint}") from err
             raise _build_error(config, err) from err
@@ -622,6 +622,21 @@ def _ale_hint(env: str) -> str | None:
         return None
     version = env.rpartition("-")[2]
     return f"ALE's {version} ids are registered by ale_py: use --env ale_py:{env}"
+
+
+def _extra_hint(env: str, err: BaseException) -> str | None:
+    """envfleet's extra to install where gymnasium's error for ``env`` says ALE's or MuJoCo's package is
+    missing (gymnasium's own hint names gymnasium's extra, or none); None for any other error."""
+    if _gym_id(env).startswith("ALE/") and importlib.util.find_spec("ale_py") is None:
+        extra, packages = "atari", "ale-py opencv-python-headless"
+    elif isinstance(err, gym.error.DependencyNotInstalled) and "mujoco" in str(err).lower():
+        extra, packages = "mujoco", "mujoco imageio packaging"
+    else:
+        return None
+    return (
+        f"install it where the server runs: pip install 'envfleet[{extra}]' (from a clone: pip install -e "
+        f"'.[{extra}]'; the env-server image: EXTRA_PIP_PACKAGES=\"{packages}\" docker compose build env)"
+    )
 
 
 _PROCESS_LIMITS = "a pids limit (docker --pids-limit, ulimit -u) or memory may be too low"
@@ -644,7 +659,8 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             f"if that was starting a process: {_PROCESS_LIMITS}"
         )
     if isinstance(err, gym.error.Error):
-        return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}")
+        hint = _extra_hint(config.env, err)
+        return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}" + (f"; {hint}" if hint else ""))
     if isinstance(err, TypeError):
         return EnvBuildError(
             # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
