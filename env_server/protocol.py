@@ -239,7 +239,8 @@ _DISTRIBUTIONS = {"grpc": "grpcio", "google.protobuf": "protobuf"}
 @functools.cache
 def source_commit() -> str | None:
     """The git commit envfleet's source is at when it runs from a checkout, ``+dirty`` with changes to
-    tracked files not committed; None elsewhere (installed, an image) or when git cannot say. (The
+    tracked files not committed; installed from git (``pip install git+URL``), the commit pip recorded;
+    None elsewhere (installed from a folder or a wheel, an image) or when git cannot say. (The
     version alone is the same at every commit: a learner's config.json and a server's EnvSpec.versions
     say it as ``envfleet_commit``, so that servers of a half-upgraded fleet are told apart.)"""
     import os
@@ -248,7 +249,7 @@ def source_commit() -> str | None:
 
     root = Path(__file__).resolve().parent.parent
     if not (root / ".git").exists():
-        return None
+        return _installed_commit()
     git = ["git", "-C", str(root)]
     environ = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # (git status must not take the index's lock)
     try:
@@ -264,6 +265,24 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def _installed_commit() -> str | None:
+    """The commit an install from git was made of (PEP 610's direct_url.json, which pip writes), or None;
+    None too where this module is not that install's (a copy run with PYTHONPATH beside it)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+    from pathlib import Path
+
+    try:
+        installed = distribution("envfleet")
+        if Path(str(installed.locate_file("env_server/protocol.py"))).resolve() != Path(__file__).resolve():
+            return None
+        recorded = installed.read_text("direct_url.json")
+        commit = json.loads(recorded)["vcs_info"]["commit_id"] if recorded else None
+    except (PackageNotFoundError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return commit if isinstance(commit, str) and commit else None
 
 
 def runtime_versions(*modules: str) -> dict[str, str]:

@@ -291,6 +291,29 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
         ) in caplog.text
 
 
+def test_an_install_from_git_says_its_commit(tmp_path: Path) -> None:
+    """``pip install git+URL`` records the commit (PEP 610's direct_url.json); without a .git beside the package
+    it is the commit to say (was: none, as for an install from a folder, which records none)."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "env_server", site / "env_server")
+    info = site / "envfleet-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: envfleet\nVersion: 0.1.0\n")
+    commit = "c" * 40
+    (info / "direct_url.json").write_text(
+        f'{{"url": "https://example.org/envfleet.git", "vcs_info": {{"vcs": "git", "commit_id": "{commit}"}}}}'
+    )
+    said = "from env_server.protocol import runtime_versions; print(runtime_versions().get('envfleet_commit'))"
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = run([sys.executable, "-c", said], env={"PYTHONPATH": str(site)})
+    assert done.stdout.strip() == commit, done.stderr
+    (info / "direct_url.json").write_text('{"url": "file:///tmp/envfleet", "dir_info": {}}')  # (from a folder)
+    done = run([sys.executable, "-c", said], env={"PYTHONPATH": str(site)})
+    assert done.stdout.strip() == "None", done.stderr
+
+
 def test_servers_of_other_commits_in_one_fleet_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Run from a git checkout, a server says its commit (the version is the same at every commit): a
     half-upgraded fleet is told apart."""
