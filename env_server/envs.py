@@ -197,10 +197,15 @@ def _env_kwargs(config: ServerConfig) -> dict[str, Any]:
     """The kwargs each env is made with: ``--env-kwargs``, and for the 'atari' wrapper on an ALE env
     ``frameskip=1`` (AtariPreprocessing skips frames itself, so the ALE env must not: v5 envs skip 4 by
     default). EnvBuildError for a frameskip other than 1 given with it (the wrapper's own error
-    says to disable frame-skipping, not which option does)."""
+    says to disable frame-skipping, not which option does), and for RAM observations."""
     kwargs = dict(config.env_kwargs)
     if "atari" not in config.wrappers or not _is_ale(config.env):
         return kwargs
+    if kwargs.get("obs_type") == "ram":  # (the wrapper's own error comes at the first reset, from deep in it)
+        raise EnvBuildError(
+            '--env-kwargs obs_type="ram" conflicts with --wrappers atari, which reads the screen (leave atari '
+            "out of --wrappers for RAM observations)"
+        )
     frameskip = kwargs.setdefault("frameskip", 1)
     if frameskip != 1:
         raise EnvBuildError(
@@ -618,7 +623,7 @@ def _ale_hint(env: str) -> str | None:
     if ":" in env:
         return None
     _register_optional_envs()  # (what importing ale_py does anyway: registers its ids)
-    if not _is_ale(env):
+    if not _is_ale(env) or gym.registry.get(_gym_id(env)) is None:  # (not a misspelt name: ALE/Pongg-v5)
         return None
     version = env.rpartition("-")[2]
     return f"ALE's {version} ids are registered by ale_py: use --env ale_py:{env}"

@@ -12,7 +12,7 @@ import numbers
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -467,14 +467,16 @@ class Args:
 
     def server_wrappers(self) -> tuple[str, ...]:
         """The env-server wrappers the envs get (see :func:`wrapper_names`)."""
-        return wrapper_names(self.wrappers, self.env or "")
+        return wrapper_names(self.wrappers, self.env or "", self.env_kwargs)
 
 
-def wrapper_names(wrappers: str, env: str) -> tuple[str, ...]:
+def wrapper_names(wrappers: str, env: str, env_kwargs: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """``--wrappers`` as names: comma-separated; ``none`` (or nothing): none; ``auto``: atari for ALE ids
-    (``ALE/Pong-v5``, also as ``ale_py:ALE/Pong-v5``), else none."""
+    (``ALE/Pong-v5``, also as ``ale_py:ALE/Pong-v5``) but those made with ``obs_type="ram"`` (the wrapper
+    needs the screen), else none."""
     if wrappers.strip() == "auto":
-        return ("atari",) if is_atari(env) else ()
+        ram = (env_kwargs or {}).get("obs_type") == "ram"
+        return ("atari",) if is_atari(env) and not ram else ()
     if wrappers.strip() == "none":
         return ()
     return tuple(w.strip() for w in wrappers.split(",") if w.strip())

@@ -175,7 +175,7 @@ def evaluate(
     if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
         recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
     run_wrappers = recorded_wrappers or run_args.wrappers
-    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "")
+    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
     max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
     # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
     served_kwargs = served.get("env_kwargs") if on_servers else None

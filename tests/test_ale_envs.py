@@ -45,6 +45,14 @@ def test_a_frameskip_given_with_the_atari_wrapper_is_refused_before_anything_is_
     check_env(ServerConfig(env=env, env_kwargs={"frameskip": frameskip}))  # (no wrapper: ALE's own frame skip)
 
 
+def test_ram_observations_with_the_atari_wrapper_are_refused_before_anything_is_built() -> None:
+    """(Was: every env out of order at its first reset, "Expected a numpy array with two dimensions".)"""
+    config = ServerConfig(env="ALE/Pong-v5", wrappers=("atari",), env_kwargs={"obs_type": "ram"})
+    with pytest.raises(EnvBuildError, match=r'obs_type="ram" conflicts with --wrappers atari, which reads the screen'):
+        check_env(config)
+    check_env(ServerConfig(env="ALE/Pong-v5", env_kwargs={"obs_type": "ram"}))
+
+
 def run_server(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "env_server", *args, "--port", "0"], capture_output=True, text=True, timeout=60
@@ -62,6 +70,12 @@ def test_an_ale_id_only_ale_py_registers_says_how_to_name_it(env: str) -> None:
     ), result.stderr
     result = run_server("--env", "NoSuchGameNoFrameskip-v4")
     assert result.returncode == 2 and "ale_py" not in result.stderr, result.stderr
+    # A misspelt ALE/ name gets gymnasium's "Did you mean" alone (was also told to use ale_py:ALE/Pongg-v5).
+    result = run_server("--env", "ALE/Pongg-v5")
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        "env-server: error: cannot make env 'ALE/Pongg-v5': Environment `Pongg` doesn't exist in namespace ALE. "
+        "Did you mean: `Pong`?"
+    ), result.stderr
 
 
 def test_the_frameskip_conflict_is_the_server_s_one_line_error() -> None:

@@ -94,6 +94,16 @@ def test_wrapper_names_auto_none_and_listed(env: str, wrappers: str, expected: t
     assert wrapper_names(wrappers, env) == expected
 
 
+def test_auto_gives_atari_s_ram_observations_no_wrapper() -> None:
+    """(Was the atari wrapper, the Atari preset and the CNN: every env then failed at its first reset, "Expected
+    a numpy array with two dimensions", from deep in the wrapper.)"""
+    from learner.config import Args, wrapper_names
+
+    assert wrapper_names("auto", "ALE/Pong-v5", {"obs_type": "ram"}) == ()
+    assert wrapper_names("auto", "ALE/Pong-v5", {"obs_type": "grayscale"}) == ("atari",)
+    assert Args(env="ALE/Pong-v5", env_kwargs={"obs_type": "ram"}).server_wrappers() == ()
+
+
 def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
     import gymnasium as gym
     import numpy as np
