@@ -20,7 +20,7 @@ from learner import rundir
 from learner import video as video_
 from learner.checkpoint import UnreadableCheckpointError, find_checkpoint, load_checkpoint, load_nets
 from learner.client import RESET_TIMEOUT_HINT, TIMEOUT_HINT
-from learner.config import Args, check_served_env_here, wrapper_names, wrappers_option
+from learner.config import Args, check_served_env_here, is_atari, wrapper_names, wrappers_option
 from learner.device import pick_device, set_torch_threads
 from learner.envs import FleetSpec, env_server_of, open_fleet
 from learner.errors import (
@@ -49,6 +49,20 @@ __all__ = ["check_seed", "evaluate"]
 log = logging.getLogger(__name__)
 
 
+LONG_EPISODE = 10_000
+"""Steps of an episode, in envs without a time limit, after which eval warns that it may never end."""
+
+
+def _no_time_limit(envs: Any, env: str, servers: str | None) -> str | None:
+    """Where ``envs`` have no time limit (not ALE games, which end at ALE's own frame cap), the way to give
+    them one, for the warning of an episode that goes on and on (a deterministic policy stepping into a wall
+    of CliffWalking forever); None where they have one."""
+    limit = getattr(envs, "time_limit", None) or getattr(getattr(envs, "spec", None), "max_episode_steps", None)
+    if limit or is_atari(env):
+        return None
+    return "start the servers with --max-episode-steps N" if servers else "give --max-episode-steps N"
+
+
 def evaluate(
     checkpoint: str | Path,
     episodes: int = 10,
@@ -75,6 +89,7 @@ def evaluate(
     wrappers: str | None = None,
     progress: bool | None = None,
     env: str | None = None,
+    max_episode_steps: int | None = None,
 ) -> dict[str, Any]:
     """Mean and std return of ``episodes`` episodes of the policy in ``checkpoint`` (a file, a run dir or
     its ``checkpoints`` folder: the latest ``step-*.pt``).
@@ -92,6 +107,10 @@ def evaluate(
     the envs in advance, as SB3's ``evaluate_policy`` does, so short episodes are not over-counted.
     ``transport`` is the local server's (``unix`` or ``tcp``); ``step_socket``, ``auth_token``, ``tls``,
     ``tls_server_name``, ``tls_client_cert``, ``tls_client_key``, ``timeout``, ``connect_timeout`` and ``keepalive_timeout`` are RemoteVectorEnv's.
+
+    ``max_episode_steps``: the time limit of the envs made here (not the ``servers``', which have their
+    own; None: the run's). Where the envs have none (CliffWalking, an env of your own), a warning says
+    so first: the deterministic policy may never end an episode, and the episodes would then never end.
 
     ``env``: the run's env, named again to build it here where it imports a module (``module:Name``)
     and the run trained on running servers, which named it: see
@@ -176,7 +195,10 @@ def evaluate(
         recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
     run_wrappers = recorded_wrappers or run_args.wrappers
     server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
-    max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
+    if max_episode_steps is not None and max_episode_steps < 1:
+        raise ValueError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
+    if max_episode_steps is None or servers is not None:
+        max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
     # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
     served_kwargs = served.get("env_kwargs") if on_servers else None
     run_kwargs = served_kwargs if on_servers else dict(run_args.env_kwargs)  # (None: the run does not say)
@@ -216,6 +238,7 @@ def evaluate(
                 _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
                 _warn_other_task(served, envs, servers)
             obs_space, action_space = envs.single_observation_space, envs.single_action_space
+            no_limit = _no_time_limit(envs, run_args.env or "", servers)
             if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
                 trained_on = f" ({run_args.env})" if run_args.env else ""
                 env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
@@ -325,6 +348,14 @@ def evaluate(
                                 with np.errstate(over="ignore"):  # (an overflowed return is raised below)
                                     ep_return += np.where(valid, rewards, 0.0)
                                 ep_length += valid
+                                if no_limit and ep_length.max() == LONG_EPISODE:  # (said once an episode)
+                                    log.warning(
+                                        "env %d's episode has gone on for %d steps, and these envs have no time "
+                                        "limit: the policy may never end it (%s)",
+                                        int(ep_length.argmax()),
+                                        LONG_EPISODE,
+                                        no_limit,
+                                    )
                                 ended = terms | truncs
                                 done = ended & valid
                                 for i in np.flatnonzero(done):

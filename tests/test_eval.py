@@ -644,6 +644,29 @@ def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
     assert texts() == ("InvertedPendulum-v5", ["ip1", "solved (InvertedPendulum-v5): mean return >= 950"])
 
 
+@pytest.mark.slow
+def test_an_episode_that_goes_on_without_a_time_limit_is_warned_of_and_a_limit_may_be_given(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Was: eval of CliffWalking, whose deterministic policy walks into a wall for ever, waited in silence;
+    and a time limit could not be given.) ClockEnv, a class, has no registered time limit."""
+    run = tmp_path / "clock"
+    _train(run, "--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 40}', "--backend", "gym", "--num-envs", "2")
+    monkeypatch.setattr("learner.evaluate.LONG_EPISODE", 30)
+    with caplog.at_level(logging.WARNING, logger="learner.evaluate"):
+        result = evaluate(run, episodes=2, num_envs=2, backend="gym", progress=False)
+    assert result["length_mean"] == 40
+    said = [r.getMessage() for r in caplog.records if "no time limit" in r.getMessage()]
+    assert said == [
+        "env 0's episode has gone on for 30 steps, and these envs have no time limit: the policy may never end it "
+        "(give --max-episode-steps N)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="learner.evaluate"):
+        result = evaluate(run, episodes=2, num_envs=2, backend="gym", progress=False, max_episode_steps=20)
+    assert result["length_mean"] == 20 and "no time limit" not in caplog.text
+
+
 def test_eval_on_servers_warns_of_another_time_limit_or_none() -> None:
     for run_limit, limit, warned in ((100, 100, False), (100, 500, True), (100, None, True), (None, 100, True)):
         served: dict[str, Any] = {"env_kwargs": {}, "max_episode_steps": run_limit}
