@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -219,10 +220,11 @@ def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gy
     raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
     if not (is_atari(env_id) and "atari" not in wrappers and raw):
         return ""
+    ratio = math.prod(space.shape) / (4 * 84 * 84)  # (the bytes of a raw frame against a stack's)
     return (
         f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
         "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "
-        "the atari preset is tuned for and which are about 1/3.6 of the bytes; serve them with the atari wrapper "
+        f"the atari preset is tuned for (a raw frame is {ratio:.2g}x the bytes of a stack); serve them with the atari wrapper "
         "(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)"
     )
 

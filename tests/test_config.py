@@ -116,7 +116,9 @@ def test_an_atari_game_without_the_atari_wrapper_is_warned_of() -> None:
     assert warning.startswith("ALE/Pong-v5 without the env server's atari wrapper: its envs serve raw frames")
     assert warning.endswith("(env-server --wrappers atari; learner train's own servers: --wrappers auto or atari)")
     assert raw_atari_frames("ale_py:ALE/Pong-v5", ["clip-action"], raw)
-    assert raw_atari_frames("ALE/Pong-v5", [], gym.spaces.Box(0, 255, (210, 160), np.uint8))  # (obs_type grayscale)
+    assert "(a raw frame is 3.6x the bytes of a stack)" in warning
+    grayscale = raw_atari_frames("ALE/Pong-v5", [], gym.spaces.Box(0, 255, (210, 160), np.uint8))  # (obs_type)
+    assert "(a raw frame is 1.2x the bytes of a stack)" in grayscale  # (was "about 1/3.6 of the bytes" for any)
     assert not raw_atari_frames("ALE/Pong-v5", ["atari"], stacked)
     assert not raw_atari_frames("CarRacing-v3", [], gym.spaces.Box(0, 255, (96, 96, 3), np.uint8))
     assert not raw_atari_frames("ALE/Pong-v5", [], gym.spaces.Box(0, 255, (128,), np.uint8))  # (RAM)
