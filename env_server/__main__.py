@@ -549,15 +549,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         status = run(config, on_ready)
-    except EnvBuildError as err:
-        print(f"env-server: error: {err}", file=sys.stderr)
-        return START_FAILED_STATUS
-    except OSError as err:
-        print(f"env-server: error: {err}", file=sys.stderr)
+    except (EnvBuildError, OSError) as err:
+        _fatal(err, log_format)
         return START_FAILED_STATUS
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def _fatal(err: BaseException, log_format: str) -> None:
+    """Say why the server could not start: ``env-server: error: ...``, as argparse says a bad option's (and
+    learners that start servers look for), or under ``--log-format json`` a JSON record (level ERROR, logger
+    env_server), which a log collector reading the server's stderr can parse, as it does the server's other lines."""
+    if log_format == "json":
+        logging.getLogger("env_server").error("%s", err)
+    else:
+        print(f"env-server: error: {err}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,21 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+import time
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["ENV_ERROR_KEY", "RESERVED_INFO_KEYS", "IsolateErrors", "ReservedInfoKeyError", "placeholder_observation"]
+__all__ = [
+    "ENV_ERROR_KEY",
+    "RESERVED_INFO_KEYS",
+    "IsolateErrors",
+    "ReservedInfoKeyError",
+    "placeholder_observation",
+    "tell_positions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +79,12 @@ _CAUGHT_UNDER_CTRL_C = (Exception, SystemExit)
 
 # Longest error text sent to the learner (an exception's message may be huge).
 _MAX_MESSAGE = 500
-# Tracebacks logged per env before its errors are only counted (an env may fail on every step).
-_LOGGED_TRACEBACKS = 3
+# Env errors logged one by one (with their tracebacks) per process, the envs of a server together, before
+# the rest are only counted: an env may fail at every step, and 3 per env made a server of 4 such envs
+# write ~100 lines in under a second. (Per process: under --vectorization async, each worker's, of its one env.)
+_LOGGED_ERRORS = 3
+# Then at most one line per this many seconds sums up the errors left out since.
+_SUMMARY_EVERY_S = 60.0
 
 
 def placeholder_observation(space: gym.Space[Any]) -> Any:
@@ -96,6 +109,50 @@ def placeholder_observation(space: gym.Space[Any]) -> Any:
     # (Text, Sequence, Graph, ...: no wire format carries them, but a local vector env may hold
     # them) a sample from a copy, so the env's own space keeps its random stream.
     return copy.deepcopy(space).sample()
+
+
+class _ErrorLog:
+    """How this process logs its envs' errors: the first :data:`_LOGGED_ERRORS` one by one, then at most one
+    line per :data:`_SUMMARY_EVERY_S` counting those left out since (on the next error after that: errors that
+    stop coming are not summed up, and their learner has been told of each one anyway)."""
+
+    def __init__(self) -> None:
+        self.errors = 0
+        """Env errors so far, in this process."""
+        self._logged = 0
+        self._left_out = 0
+        self._last_line = -math.inf  # (time.monotonic() of the last line about an env error)
+
+    def one_by_one(self, env: str, message: str, *, new: bool = True) -> bool:
+        """Count env ``env``'s error (its record ``message``; ``env`` as :meth:`IsolateErrors.name` says it);
+        whether the caller is to log it, with its traceback: one of the first that are ``new`` (not an env out
+        of order whose reset raised again). Else it is left out, and summed up once a line is due."""
+        self.errors += 1
+        now = time.monotonic()
+        if new and self._logged < _LOGGED_ERRORS:
+            self._logged += 1
+            self._last_line = now
+            return True
+        self._left_out += 1
+        if self._last_line == -math.inf:
+            self._last_line = now  # (none logged one by one yet: the interval starts now)
+        if now - self._last_line >= _SUMMARY_EVERY_S:
+            log.warning(
+                "%d env errors in the last %.0f s not logged one by one (only the first %d are, with their "
+                "tracebacks; %d in all so far); the last: %s: %s",
+                self._left_out,
+                now - self._last_line,
+                _LOGGED_ERRORS,
+                self.errors,
+                env,
+                message,
+            )
+            self._left_out, self._last_line = 0, now
+        return False
+
+
+# (one per process: the envs of a server, or of a learner's in-process vector env, step one at a time)
+_error_log = _ErrorLog()
 
 
 class ReservedInfoKeyError(ValueError):
@@ -202,6 +259,11 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     aborts), raised, not the env's error (a server, whose signals raise none, takes it for the env's).
     """
 
+    envfleet_position: tuple[int, int] | None = None
+    """``(i, K)``: this env is env i of the K of the vector env that holds it, as its log lines name it ("env 2
+    of 4 raised in step"); None ("an env") until :func:`tell_positions` tells it. (A name no env of a user's is
+    likely to have: gymnasium sets it on the outermost wrapper down that has it.)"""
+
     def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool, ctrl_c: bool = False) -> None:
         super().__init__(env)
         self._repeat_on_reset = repeat_on_reset
@@ -217,6 +279,13 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         self._broken: str | None = None
         self.errors = 0
         """Exceptions caught so far (step and reset)."""
+
+    def name(self) -> str:
+        """This env as log lines name it: "env 2 of 4", or "an env" while its position is unknown."""
+        if self.envfleet_position is None:
+            return "an env"
+        index, count = self.envfleet_position
+        return f"env {index} of {count}"
 
     @property
     def last_observation(self) -> tuple[Any, str]:
@@ -237,13 +306,13 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         except self._caught as err:
             self.errors += 1
             message = _describe("reset", err)
-            if self._broken is None and self.errors <= _LOGGED_TRACEBACKS:
-                log.warning("an env raised in reset; it is out of order until a reset works", exc_info=True)
+            if _error_log.one_by_one(self.name(), message, new=self._broken is None):
+                log.warning("%s raised in reset; it is out of order until a reset works", self.name(), exc_info=True)
             self._broken = message
             self._pending = None
             return self._placeholder(), {ENV_ERROR_KEY: message}
         if self._broken is not None:
-            log.info("an env that was out of order reset fine again")
+            log.info("%s reset fine again; it was out of order", self.name())
             self._broken = None
         self._last_obs, self._last_from = obs, "reset"
         if self._pending is not None and self._repeat_on_reset:
@@ -267,16 +336,27 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         except self._caught as err:
             self.errors += 1
             message = _describe("step", err)
-            if self.errors <= _LOGGED_TRACEBACKS:
+            if _error_log.one_by_one(self.name(), message):
                 if isinstance(err, _UnstorableStep):
                     log.warning(
-                        "an env's step returned what cannot be stored: %s; its episode ends and it is reset", err
+                        "%s's step returned what cannot be stored: %s; its episode ends and it is reset",
+                        self.name(),
+                        err,
                     )
                 else:
-                    log.warning("an env raised in step; its episode ends and it is reset", exc_info=True)
-            elif self.errors % 100 == 0:
-                log.warning("an env raised in step again (%d errors so far): %s", self.errors, message)
+                    log.warning("%s raised in step; its episode ends and it is reset", self.name(), exc_info=True)
             self._pending = message
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         self._last_obs, self._last_from = obs, "step"
         return obs, reward, terminated, truncated, info
+
+
+def tell_positions(vector_env: gym.vector.VectorEnv) -> None:
+    """Tell each env of ``vector_env``, a gymnasium SyncVectorEnv or AsyncVectorEnv (wrapped or not) whose envs
+    are wrapped in IsolateErrors, its place in it (:attr:`IsolateErrors.envfleet_position`), for its log lines;
+    nothing for another kind (a vector entry point's own: no IsolateErrors). Told once its envs are built, as
+    gymnasium builds them from factories that take no index (under async vectorization, in worker processes:
+    a message to each)."""
+    base = vector_env.unwrapped
+    if isinstance(base, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
+        base.set_attr("envfleet_position", [(i, base.num_envs) for i in range(base.num_envs)])

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -32,6 +33,7 @@ from env_server.codec import UnsupportedSpaceError
 from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import CallLimitInterceptor, RequestGuardInterceptor, TokenAuthInterceptor
+from env_server.isolation import IsolateErrors, tell_positions
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     DOUBLE_TAP_S,
@@ -694,6 +696,7 @@ async def _serve(
                 return HARD_EXIT_STATUS
             if metrics is not None:
                 metrics.env_build_seconds.set(time.perf_counter() - started)
+        _tell_positions(env)
         try:
             service.attach(env)
         except UnsupportedSpaceError as err:
@@ -1099,7 +1102,8 @@ async def _serve_step_socket(config: ServerConfig, service: EnvService) -> StepS
     service.step_socket = path
     log.debug("step socket on %s", path)
     if config.spin_wait_ms > 0:
-        log.info(
+        # (debug: learners that start local servers pass it to each, and it changes nothing an operator sees)
+        log.debug(
             "step socket: waiting for a learner's next step awake, up to %g ms after each answer", config.spin_wait_ms
         )
     return step_server
@@ -1114,6 +1118,16 @@ START_FAILED_STATUS = 2
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
 _WATCH_S = 0.25
+SLOW_CALL_S = 10.0
+"""An env call that has run this long (and :data:`_SLOW_CALL_FACTOR` times its kind's usual time) is warned of,
+once, saying where it is stuck: learner train's default ``--timeout``, past which such a learner has given up on
+the call (DEADLINE_EXCEEDED) and takes the server for lost, while the server, without ``--hang-timeout``, said
+nothing of it."""
+# Nor before this many times as long as its kind's calls take lately: an env whose every step takes 12 s (its
+# learner given a longer --timeout) is not warned of at each step.
+_SLOW_CALL_FACTOR = 10.0
+# The innermost frames of a stuck env call's stack that the watchdog's lines show.
+_STUCK_FRAMES = 4
 
 
 class _Watchdog(threading.Thread):
@@ -1217,6 +1231,7 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
+        warned = 0.0  # (the call_started of the env call last warned of as slow: one warning per call)
         while not self.finished.wait(_WATCH_S):
             now = time.monotonic()
             if parent and not self.parent_gone and os.getppid() != parent:
@@ -1234,12 +1249,16 @@ class _Watchdog(threading.Thread):
                     HUNG_EXIT_STATUS,
                     "the envs' %s has run for %.1f s, longer than --hang-timeout %g s: exiting (status %d) so that "
                     "whatever runs this server can start it again (a hung env call can be neither stopped nor "
-                    "waited out)",
+                    "waited out)%s",
                     service.call_kind,
                     now - started,
                     hang_s,
                     HUNG_EXIT_STATUS,
+                    self._stuck(service),
                 )
+            if started and started != warned and service is not None and now - started > _slow_after(service):
+                warned = started
+                self._warn_slow(service, started, now)
             # A shutdown asked for ends within the grace period and the exit margin, however late its
             # teardown began (a loop held up until then); one not asked for (a failed start), within
             # the exit margin of its teardown's start.
@@ -1259,13 +1278,42 @@ class _Watchdog(threading.Thread):
                 self.exit_now(
                     HARD_EXIT_STATUS,
                     "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "
-                    "waiting for it (status %d)",
+                    "waiting for it (status %d)%s",
                     now - self.stop_asked_at,
                     f"an env call ({service.call_kind}, running for {now - started:.1f} s)"
                     if service is not None and started
                     else "an env call or the envs' build",
                     HARD_EXIT_STATUS,
+                    self._stuck(service) if service is not None and started else "",
                 )
+
+    def _warn_slow(self, service: EnvService, started: float, now: float) -> None:
+        """Warn that the env call that began at ``started`` has run for long (see SLOW_CALL_S), saying where it
+        is stuck; the service logs its end (see EnvService.slow_call)."""
+        service.slow_call = started
+        hang_s = self.config.hang_timeout_s
+        log.warning(
+            "the envs' %s has run for %.1f s and not returned%s; meanwhile the envs serve no other call (a learner "
+            "gives up on a call after its --timeout: learner train's default is 10 s) and %s",
+            service.call_kind,
+            now - started,
+            self._stuck(service),
+            f"--hang-timeout {hang_s:g} s exits the server at {hang_s:g} s"
+            if hang_s
+            else "the server waits for it (with --hang-timeout S, it would exit after S s, for whatever runs it "
+            "to start it again)",
+        )
+
+    def _stuck(self, service: EnvService) -> str:
+        """Where the service's env call is stuck, for the end of a log line ("; it is stuck in env 1 of 2, at
+        ..."): "" where its thread runs no Python code any more."""
+        where = _stuck_at(service.call_thread)
+        if not where:
+            return ""
+        if self.config.vectorization == "async":
+            # (the thread waits for the worker processes, where the envs run)
+            return f"; the envs run in worker processes (--vectorization async), which the server waits for {where}"
+        return f"; it is stuck {where}"
 
     def _exit_held_up(self, status: int) -> None:
         """Exit with ``status``, serve()'s: its teardown is over, and something else holds the process's
@@ -1284,6 +1332,60 @@ class _Watchdog(threading.Thread):
             own_files=self.own_files,
             level=logging.WARNING if status == 0 else logging.ERROR,
         )
+
+
+def _slow_after(service: EnvService) -> float:
+    """How long the service's env call may run before the watchdog warns of it (see SLOW_CALL_S)."""
+    return max(SLOW_CALL_S, _SLOW_CALL_FACTOR * service.usual_seconds(service.call_kind))
+
+
+def _stuck_at(thread_id: int) -> str:
+    """Where thread ``thread_id`` is, an env call's: "in env 1 of 2, at FILE:LINE in FUNC (SOURCE), from FILE:LINE
+    in FUNC, ..." (its innermost frames, the first with its source line; the env named where the stack passes an
+    IsolateErrors that knows its place); "" where that thread runs no Python code any more."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return ""
+    frames = traceback.extract_stack(frame, limit=_STUCK_FRAMES)[::-1]  # (innermost first)
+    places = [f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames]
+    if frames and frames[0].line:
+        places[0] += f" ({frames[0].line})"
+    env = _isolated_env(frame)
+    return f"{f'in {env}, ' if env else ''}at {', from '.join(places)}"
+
+
+# The code of the IsolateErrors methods that call an env (an env call's stack passes one: it names the env).
+_ENV_CALLS = (IsolateErrors.step.__code__, IsolateErrors.reset.__code__)
+
+
+def _isolated_env(frame: Any) -> str:
+    """The env ("env 1 of 2") whose IsolateErrors called what ``frame`` (or a frame it was called from) runs; ""
+    where none did or its place is unknown (async vectorization: the envs are in other processes)."""
+    while frame is not None:
+        if frame.f_code in _ENV_CALLS:
+            env = frame.f_locals.get("self")  # (read once per slow call, from another thread: it only reads)
+            if isinstance(env, IsolateErrors) and env.envfleet_position is not None:
+                return env.name()
+            return ""
+        frame = frame.f_back
+    return ""
+
+
+def _short_path(filename: str) -> str:
+    """``filename`` from the sys.path folder it is in (gymnasium/core.py, not /usr/lib/.../site-packages/
+    gymnasium/core.py): as its module is named, short enough for a log line."""
+    folders = [os.path.join(os.path.abspath(folder), "") for folder in sys.path]  # ("": the working directory)
+    within = [folder for folder in folders if filename.startswith(folder)]
+    return filename[len(max(within, key=len)) :] if within else filename
+
+
+def _tell_positions(env: gym.vector.VectorEnv) -> None:
+    """Tell the envs their places in ``env`` (see env_server.isolation.tell_positions), for their log lines; a
+    failure to is only logged (the envs still serve, named "an env" in their lines)."""
+    try:
+        tell_positions(env)
+    except Exception as err:  # (an async worker that ended: the first call says so, as the server's error)
+        log.debug("could not tell the envs their places: %s: %s", type(err).__name__, err)
 
 
 def _detach_from_terminal() -> None:

@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -206,10 +207,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._env_seconds: dict[str, float] = {}
         # Info values no wire form carries, sent as their repr (warned once per info key).
         self._unsendable_infos = UnsendableInfos()
-        # The env call under way (step, reset) and when it started (time.monotonic(); 0: none), for the
-        # server's watchdog thread (--hang-timeout).
+        # The env call under way (step, reset), when it started (time.monotonic(); 0: none) and the thread it
+        # runs on (threading.get_ident(): the loop's or the env thread), for the server's watchdog thread
+        # (its warning of a slow call says where it is stuck; --hang-timeout).
         self.call_kind = ""
         self.call_started = 0.0
+        self.call_thread = 0
+        self.slow_call = 0.0
+        """The ``call_started`` of the call the watchdog warned of as slow: its end is logged too."""
         # StepStream calls waiting for their next request (not stepping): ended at once on shutdown.
         self._idle_streams: set[asyncio.Task[Any]] = set()
         # How long a shutdown leaves an idle step stream open for a request already on its way.
@@ -969,7 +974,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # assertion would blame the env, and cost the session a full reset)
             self._check_ended()
         start = time.perf_counter()
-        self.call_kind, self.call_started = kind, time.monotonic()
+        begun = time.monotonic()
+        self.call_kind, self.call_started, self.call_thread = kind, begun, threading.get_ident()
         try:
             result = fn(*args, **kwargs)
         except (Exception, SystemExit, KeyboardInterrupt) as err:
@@ -999,9 +1005,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
         finally:
             self.call_started = 0.0
             elapsed = time.perf_counter() - start
+            if self.slow_call == begun:
+                log.info("the envs' %s returned after %.1f s", kind, elapsed)
             before = self._env_seconds.get(kind)
             self._env_seconds[kind] = elapsed if before is None else before + _EWMA_WEIGHT * (elapsed - before)
         return result, elapsed
+
+    def usual_seconds(self, kind: str) -> float:
+        """How long ``kind`` calls (step, reset) have taken lately (a moving average); 0 before the first."""
+        return self._env_seconds.get(kind, 0.0)
 
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the thread that runs slow env calls (building the envs, say)."""

@@ -4,6 +4,7 @@ is imported, logging, and the form of argument errors."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ __all__ = [
     "LOG_FORMATS",
     "JsonLogFormatter",
     "ShortErrorParser",
+    "TextLogFormatter",
     "configure_logging",
     "prefer_fast_grpc_core",
     "quiet_grpc_core",
@@ -87,16 +89,30 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class TextLogFormatter(logging.Formatter):
+    """A line of text per record: time, level, logger, message (``2026-12-06 02:52:01,250+0900 INFO
+    env_server.server: serving ...``), then any traceback. The time is local, as logging's, with its UTC offset,
+    so that the lines of a learner and a server in other time zones (a container's UTC, a host's) line up."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # (whole seconds, as logging's own time: a timestamp rounded up would be a second ahead of its msecs)
+        local = datetime.datetime.fromtimestamp(int(record.created), datetime.UTC).astimezone()
+        return f"{local:%Y-%m-%d %H:%M:%S},{int(record.msecs):03d}{local:%z}"
+
+
 def configure_logging(level: str, log_format: str = "text") -> None:
-    """Log at ``level`` (debug, info, ...) to stderr, one line per record: text naming the logger, or
-    (``log_format="json"``) a JSON object (:class:`JsonLogFormatter`)."""
+    """Log at ``level`` (debug, info, ...) to stderr, one line per record: text naming the logger
+    (:class:`TextLogFormatter`), or (``log_format="json"``) a JSON object (:class:`JsonLogFormatter`)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonLogFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextLogFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler])
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
