@@ -257,7 +257,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingInterrupted as stopped:  # the first Ctrl-C (SIGTERM, SIGHUP): stopped at a step, files written
         summary = stopped.summary  # (said as a finished run's, with how to resume it; exit 130)
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
-        print(f"learner train: {aborted_line(run_dir_known)}", file=sys.stderr)
+        _say_end(args, aborted_line(run_dir_known))
         return 130
     except EnvFleetError as err:  # (the servers given up on, an env that keeps raising, ...: said by main)
         # (before the session started, --resume DIR alone would not take this command's options: no hint)
@@ -339,7 +339,7 @@ def _connection(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
     from env_server.protocol import check_token
 
     try:
-        check_addresses(args.servers)
+        check_addresses(args.servers, "ADDRESSES" if getattr(args, "addresses", None) is not None else "--servers")
         check_tls(
             args.servers,
             args.tls,
@@ -1258,18 +1258,43 @@ def _add_log_options(parser: argparse.ArgumentParser, *, level: str, log_format:
         parser.add_argument(flag, default=default, type=str.lower, choices=choices, metavar=metavar, help=help_text)
 
 
+class _Version(argparse.Action):
+    """--version: ``learner (envfleet) 0.1.0 (commit 863ce9c5ab12)``, the commit where it is known (a git
+    checkout's, ``+dirty`` with changes not committed; an install from git's), as config.json's
+    ``envfleet_commit`` says it: the version alone is the same at every commit. Built when asked for, not
+    with the parser (finding the commit runs git)."""
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str = argparse.SUPPRESS,
+        help: str = "show program's version number and exit",  # (argparse's own)
+    ) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from env_server.protocol import source_commit
+
+        commit = source_commit()
+        if commit is not None:  # (12 hex digits, as git's short form in a large repository, and +dirty)
+            sha, plus, dirty = commit.partition("+")
+            commit = sha[:12] + plus + dirty
+        print(f"learner (envfleet) {package_version()}" + (f" (commit {commit})" if commit else ""))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     _add_log_options(parser, level="warning", log_format="text")
-    parser.add_argument("--version", action="version", version=f"%(prog)s (envfleet) {package_version()}")
+    parser.add_argument("--version", action=_Version)
     # --log-level and --log-format also after the command (learner train --log-level info), where they
     # override one before.
     common = _Parser(add_help=False)
     _add_log_options(common, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS)
-    common.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
+    common.add_argument("--version", action=_Version)
     with_bar = _Parser(add_help=False)  # (the same, for the commands with --progress)
     _add_log_options(with_bar, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS, bar=True)
-    with_bar.add_argument("--version", action="version", version=f"learner (envfleet) {package_version()}")
+    with_bar.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -1749,9 +1774,8 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     except _USER_ERRORS as err:
         # (train's, eval's and servers' advice names their options, not the library's arguments: _option_terms)
         reword: Callable[[str], str] = getattr(args, "in_option_terms", str)
-        print(f"learner {args.command}: error: {reword(str(err))}{_way_out(err)}", file=sys.stderr)
-        for note in getattr(err, "__notes__", ()):  # e.g. the other servers' errors of the same step
-            print(f"  {reword(note)}", file=sys.stderr)
+        notes = [f"\n  {reword(note)}" for note in getattr(err, "__notes__", ())]  # e.g. the other servers' errors
+        _say_end(args, f"error: {reword(str(err))}{_way_out(err)}{''.join(notes)}")
         return 1
     except OSError as err:
         # (out of file descriptors wherever it struck, an import's file included: said as such, not a traceback)
@@ -1760,18 +1784,18 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
         message = f"{fds} ({err})"
         if args.command == "eval" and args.json and not getattr(args, "json_printed", False):
             _print_json(args, {"error": message, "exit_status": 1})  # (one object however it ends)
-        print(f"learner {args.command}: error: {message}", file=sys.stderr)
+        _say_end(args, f"error: {message}")
         return 1
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]
         if missing == "wandb":  # (learner train --track, or a resumed run that was tracked)
-            print(
-                f"learner {args.command}: error: --track needs wandb, which is not installed here: pip install "
+            _say_end(
+                args,
+                "error: --track needs wandb, which is not installed here: pip install "
                 "'envfleet[track]' (from a clone: pip install -e '.[track]'; the learner image: build it with the "
                 "extra, ENVFLEET_LEARNER_EXTRAS=track docker compose build learner), or train without --track (a "
                 "resumed run that was tracked: --no-track)"
                 + ("; $ENVFLEET_TRACK turns it on here" if getattr(args, "tracked_by_variable", False) else ""),
-                file=sys.stderr,
             )
             return 1
         if missing not in _LEARNER_EXTRA:
@@ -1782,14 +1806,29 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
                 "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "
                 f"--index-url https://download.pytorch.org/whl/cpu), then {how}"
             )
-        print(f"learner {args.command}: error: needs {missing}, which is not installed here: {how}", file=sys.stderr)
+        _say_end(args, f"error: needs {missing}, which is not installed here: {how}")
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         if args.command == "eval" and args.json and not getattr(args, "json_printed", False):
             # (eval --json prints one object however it ends: aborted too, before it had a result to print)
             _print_json(args, {"error": "aborted", "exit_status": 130})
-        print(f"learner {args.command}: aborted", file=sys.stderr)
+        _say_end(args, "aborted")
         return 130
+
+
+def _say_end(args: argparse.Namespace, text: str) -> None:
+    """Say why the command ends, on stderr: ``learner COMMAND: TEXT`` (``error: ...``, ``aborted...``), or
+    under ``--log-format json`` one record (logger learner.cli; ERROR, or WARNING for an abort) whose message
+    is TEXT without its ``error: ``, as env-server says its own: the line a log collector most needs (why
+    the process exited) is then one it parses, with a time and a level, as the command's other lines.
+    (Usage errors, exit status 2, stay argparse's two lines, said before logging is set up.)"""
+    if getattr(args, "log_format", "text") != "json":
+        print(f"learner {args.command}: {text}", file=sys.stderr)
+        return
+    error = text.startswith("error: ")
+    logging.getLogger("learner.cli").log(
+        logging.ERROR if error else logging.WARNING, "%s", text.removeprefix("error: ")
+    )
 
 
 def _warn_of_unread_variables() -> None:

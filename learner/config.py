@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import gymnasium as gym
 
 from env_server.protocol import KEEPALIVE_TIMEOUT
+from learner.discovery import AddressError, check_written
 from learner.local import DEFAULT_TRANSPORT
 
 __all__ = [
@@ -500,10 +501,18 @@ def check_wrappers(wrappers: str) -> None:
         raise ValueError(f"--{err}") from None  # ("wrappers: expected names among ...")
 
 
-def check_addresses(servers: str | None) -> None:
-    """ValueError naming --servers where it is given but names no address (a blank, commas only)."""
-    if servers is not None and not servers.strip(" ,"):
-        raise ValueError(f"--servers: expected addresses such as host:port,host:port, got {servers!r}")
+def check_addresses(servers: str | None, flag: str = "--servers") -> None:
+    """ValueError naming ``flag`` where it is given but names no address (a blank, commas only), or one
+    written wrong (``localhost:notaport``: :func:`learner.discovery.check_written`, which looks nothing up),
+    so that a command refuses it as a usage error (exit status 2) before anything starts."""
+    if servers is None:
+        return
+    if not servers.strip(" ,"):
+        raise ValueError(f"{flag}: expected addresses such as host:port,host:port, got {servers!r}")
+    try:
+        check_written(servers)
+    except AddressError as err:
+        raise ValueError(f"{flag}: {err}") from None
 
 
 NO_TLS: dict[str, Any] = {

@@ -91,6 +91,13 @@ class FleetConnection:
             held: Sequence[EnvClient] = (),
         ) -> set[EnvClient]: ...
 
+    @property
+    def served_envs(self) -> dict[str, str]:
+        """The env each server serves (its ``--env``), by address, in env order: servers whose envs fit one
+        another's spaces make one fleet (:func:`~learner.specs.incompatible`), whatever env each names, so
+        this may hold several (each warned of as it connects), where ``env_id`` is the first server's."""
+        return {c.address: c.spec.env_id for c in self._clients if c.spec is not None}
+
     async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
         # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
         # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after

@@ -43,6 +43,7 @@ __all__ = [
     "AddressError",
     "NotReadyYet",
     "Resolver",
+    "check_written",
     "expand_addresses",
     "expand_named",
     "diagnose",
@@ -129,6 +130,16 @@ def note_not_used(logger: logging.Logger, address: str, what: str, waiting: Sequ
 def split_addresses(text: str) -> list[str]:
     """``"a:1,b:2"`` -> ``["a:1", "b:2"]`` (commas or whitespace)."""
     return [part for part in text.replace(",", " ").split() if part]
+
+
+def check_written(addresses: str | Sequence[str]) -> None:
+    """AddressError for the first of ``addresses`` that is written wrong (a port that is no number, an unknown
+    scheme, brackets that do not pair, ...), looking nothing up: no name resolved, no file read, no resolver
+    (compose:, swarm:) asked. So that a command says it at once, as a usage error of the option that gave
+    it, not as an error once it has started; what a ``file:`` address's file lists is checked as it is read."""
+    for address in split_addresses(addresses) if isinstance(addresses, str) else list(addresses):
+        if not (isinstance(address, str) and address.strip().startswith("file:")):
+            _expand_one(address, resolve=False)
 
 
 def expand_addresses(addresses: str | Sequence[str]) -> list[str]:
@@ -610,18 +621,23 @@ def _not_a_socket(path: str) -> str | None:
     return f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'a file'}, not a socket"
 
 
-def _expand_one(address: str) -> list[str]:
+def _expand_one(address: str, *, resolve: bool = True) -> list[str]:
+    """The servers ``address`` names; with ``resolve`` False, ``[address]`` once it is found written right
+    (a ``dns:`` name not looked up, a resolver not asked: see :func:`check_written`)."""
     if not isinstance(address, str) or not address.strip():
         raise AddressError(f"addresses: expected host:port, unix:PATH or dns:///name:port, got {address!r}")
     address = address.strip()
     if address.startswith("dns:"):
+        if not resolve:
+            _dns_target(address)  # validates
+            return [address]
         return resolve_dns(address)
     if address.startswith("unix:"):
         _check_unix(address)
         return [address]
     scheme, sep, rest = address.partition(":")
     if sep and scheme in _RESOLVERS:
-        return _RESOLVERS[scheme](rest)
+        return _RESOLVERS[scheme](rest) if resolve else [address]
     # http://host:port, gRPC's other schemes (ipv4:, ipv6:, vsock:, unix-abstract:), one misspelt (Unix:,
     # tcp:): said so, not as a host with a ':' in it or a port that is not a number. (A host named like
     # a scheme, tcp:5000, is a host:port still.)

@@ -220,7 +220,7 @@ def raw_atari_frames(env_id: str, wrappers: Sequence[str], observation_space: gy
     raw = isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
     if not (is_atari(env_id) and "atari" not in wrappers and raw):
         return ""
-    ratio = math.prod(space.shape) / (4 * 84 * 84)  # (the bytes of a raw frame against a stack's)
+    ratio = math.prod(space.shape or ()) / (4 * 84 * 84)  # (the bytes of a raw frame against a stack's)
     return (
         f"{env_id} without the env server's atari wrapper: its envs serve raw frames, {space}, not the "
         "4x84x84 frame stacks of the standard preprocessing (grayscale, frame skip 4, 4 frames stacked), which "

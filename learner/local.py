@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
+from env_server.tuning import JsonLogFormatter
 from learner.discovery import unix_path
 from learner.errors import FDS_PER_SERVER, ServerStartError, out_of_fds
 
@@ -51,6 +52,8 @@ __all__ = [
     "python_m",
     "pid_alive",
     "raise_fd_limit",
+    "server_label",
+    "server_logger_name",
     "socket_folder",
     "socket_folder_gone",
     "usable_cpus",
@@ -135,7 +138,8 @@ class LocalServers:
     are killed within a second; the others get up to 10 s to finish and close their envs.
 
     A server that dies (killed, out of memory, crashed) is started again on the same address after a
-    short wait, logged as a warning with its exit code and last output, so that a fault-tolerant
+    short wait, logged as a warning with its exit code and, where they may explain its death (a warning,
+    an error, a traceback, what is no log record), its last lines, so that a fault-tolerant
     ``RemoteVectorEnv`` gets its envs back; after ``restarts`` restarts within a minute it is left
     down (logged as an error).
 
@@ -154,10 +158,16 @@ class LocalServers:
             built: raise it for envs that take long to build; ``learner train`` waits its
             ``--connect-timeout``, 60 s at least).
         log_level: the servers' log level (debug, info, warning or error); their log lines are
-            forwarded to this process's logging. None: the level this process logs them at (the
-            effective level of the ``env_server[i]`` loggers: the root logger's, which the ``learner``
-            commands' ``--log-level`` sets), so ``learner train --log-level info`` shows their
-            session lines.
+            forwarded to this process's logging (:func:`server_logger_name`). None: the level this
+            process logs them at (the effective level of the ``env_server[local-i]`` loggers: the root
+            logger's, which the ``learner`` commands' ``--log-level`` sets), so ``learner train
+            --log-level info`` shows their session lines.
+        log_format: the servers' ``--log-format`` (text or json). None: json where this process
+            writes their forwarded lines as JSON (``learner --log-format json``), else text. Their JSON
+            records are logged here as they were written, under their own logger's name with the
+            server's label (``env_server.isolation[local-0]``), their traceback as the record's
+            (``exc_text``); their text lines as ``env_server[local-0]`` lines. ``server_args`` may
+            give another.
         auth_token: make the servers require this token (passed in their environment, not on
             their command line, where other users of the machine could read it).
         spin_wait_ms: the servers' ``--spin-wait-ms`` (how long a server looks for the learner's
@@ -185,6 +195,7 @@ class LocalServers:
         transport: str = DEFAULT_TRANSPORT,
         startup_timeout: float = STARTUP_TIMEOUT_S,
         log_level: str | None = None,
+        log_format: str | None = None,
         auth_token: str | None = None,
         spin_wait_ms: float | None = None,
         restarts: int = 5,
@@ -198,6 +209,8 @@ class LocalServers:
             raise ValueError(f"envs_per_server: expected >= 1, got {envs_per_server}")
         if transport not in ("tcp", "unix"):
             raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
+        if log_format not in (None, "text", "json"):
+            raise ValueError(f"log_format: expected 'text' or 'json', got {log_format!r}")
         if isinstance(restarts, bool) or not (isinstance(restarts, int) and restarts >= 0):
             raise ValueError(f"restarts: expected an int >= 0, got {restarts!r}")
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
@@ -222,6 +235,8 @@ class LocalServers:
             str(os.getpid()),
             "--log-level",
             log_level or _forwarded_level(),
+            "--log-format",
+            log_format or _forwarded_format(),
         ]
         if env_kwargs:
             base += ["--env-kwargs", json.dumps(env_kwargs)]
@@ -264,7 +279,7 @@ class LocalServers:
             num_servers,
             envs_per_server,
             env,
-            ", ".join(self.addresses),
+            ", ".join(f"{server_label(i)} on {address}" for i, address in enumerate(self.addresses)),
         )
 
     def _wait_ready(self, timeout: float) -> list[str]:
@@ -282,7 +297,8 @@ class LocalServers:
                 if remaining <= 0:
                     late = [i for i, a in enumerate(addresses) if a is None]
                     raise ServerStartError(
-                        f"env server(s) {late} for {self.env!r} did not start listening within {timeout:g} s (envs "
+                        f"env server{'s' if len(late) > 1 else ''} {', '.join(map(server_label, late))} for "
+                        f"{self.env!r} did not start listening within {timeout:g} s (envs "
                         f"that take long to build: raise startup_timeout; learner train and eval: --connect-timeout); last "
                         f"output: {self._tail(late[0])}"
                     )
@@ -296,7 +312,9 @@ class LocalServers:
                     if b"\n" in buffers[i]:
                         line = buffers[i].split(b"\n", 1)[0].decode(errors="replace").strip()
                         if not line.startswith("listening on "):
-                            raise ServerStartError(f"env server {i} printed {line!r} instead of 'listening on ADDRESS'")
+                            raise ServerStartError(
+                                f"env server {server_label(i)} printed {line!r} instead of 'listening on ADDRESS'"
+                            )
                         addresses[i] = line[len("listening on ") :]
                         self._children.listening[i] = True
                         sel.unregister(key.fileobj)
@@ -307,8 +325,8 @@ class LocalServers:
                         self._children.readers[i].join(timeout=2.0)
                         tail = self._tail(i)
                         raise ServerStartError(
-                            f"env server {i} for {self.env!r} {_exit_status(proc.returncode)} before listening: {tail}"
-                            + (_SILENT_HINT if tail == _NOTHING else "")
+                            f"env server {server_label(i)} for {self.env!r} {_exit_status(proc.returncode)} before "
+                            f"listening: {tail}" + (_SILENT_HINT if tail == _NOTHING else "")
                         )
         finally:
             sel.close()
@@ -527,7 +545,7 @@ class _Children:
         self.environ = environ
         self.cmds: list[list[str]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.tails: list[collections.deque[str]] = []
+        self.tails: list[collections.deque[_Line]] = []
         self.readers: list[threading.Thread] = []
         # Whether each server (its latest start) has said it listens: one that has not is still building
         # its envs, with nothing to drain, and is not waited for when it is stopped.
@@ -552,7 +570,7 @@ class _Children:
                 # servers in order, instead of killing them under a checkpoint being written.
                 start_new_session=True,
             )
-            tail: collections.deque[str] = collections.deque(maxlen=20)
+            tail: collections.deque[_Line] = collections.deque(maxlen=20)
             reader = threading.Thread(
                 target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
             )
@@ -570,22 +588,32 @@ class _Children:
             reader.start()
             return proc
 
-    def tail(self, index: int) -> str:
-        """Server ``index``'s last output: its own error line if it printed one, else its last lines."""
+    def tail(self, index: int, *, explaining: bool = False) -> str:
+        """Server ``index``'s last output: its own error line if it printed one, else its last lines.
+        ``explaining``: for a server that died, "" where none of those lines may explain it (no warning or
+        error, no traceback, nothing but log records: a SIGKILL's server says "claimed by ..." last, which
+        would only lengthen the line that says it died)."""
         lines = list(self.tails[index])
-        said = [line for line in lines if line.startswith("env-server: error:")]
+        said = [text for _, text in lines if text.startswith("env-server: error:")]
         if said:  # its own one-line reason, not the noise that may follow it
             return said[-1]
-        return " | ".join(lines[-3:]) if lines else _NOTHING
+        last = lines[-3:]
+        if explaining and not any(level >= logging.WARNING for level, _ in last):
+            return ""
+        return " | ".join(text for _, text in last) if last else _NOTHING
 
 
+# A server's output line as its tail keeps it: the level it was forwarded at (a traceback's lines and what
+# is no log record, an env's print or a C library's abort message, at WARNING at least; the server's own
+# error line, forwarded at DEBUG as the error raised quotes it, at ERROR) and its text.
+_Line = tuple[int, str]
 _NOTHING = "(nothing)"
 # What shows more of a server that died without a word (os.abort() in an env's constructor, a crash in
 # C code): Python's fault handler prints each thread's stack at a fatal signal, and the servers log
 # "building N x ENV" at info.
 _SILENT_HINT = (
     " (to see more: PYTHONFAULTHANDLER=1 in this process's environment, which the servers inherit, has a "
-    "server that crashes print where, logged here as env_server[N] lines; log level info, learner "
+    "server that crashes print where, logged here as env_server[local-N] lines; log level info, learner "
     "--log-level info or LocalServers(log_level='info'), shows how far it got)"
 )
 
@@ -617,8 +645,8 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                     else:
                         restart_at[i] = now + min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
                     log.error(
-                        "env server %d (%s): cannot start it again: %s%s",
-                        i,
+                        "env server %s (%s): cannot start it again: %s%s",
+                        server_label(i),
                         address,
                         err,
                         "; leaving it down" if i in left_down else "",
@@ -634,7 +662,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 if line == f"listening on {address}":
                     del starting[i]
                     children.listening[i] = True
-                    log.info("env server %d is back on %s (started again)", i, address)
+                    log.info("env server %s is back on %s (started again)", server_label(i), address)
                     continue
                 if line is None and proc.poll() is None and now < deadline:
                     starting[i] = (deadline, output)
@@ -658,32 +686,34 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
             # Down (or a restart failed): start it again after a wait, unless it died too often.
             children.readers[i].join(timeout=0.5)  # (its last lines)
             _forget_old(started[i], now)
+            told = children.tail(i, explaining=True)
+            last_output = f"; its last output: {told}" if told else ""
             if len(started[i]) >= restarts:
                 left_down.add(i)
                 log.error(
-                    "env server %d (%s) %s; it was started again %d times within %g s: leaving it down "
-                    "(its envs stay unavailable); its last output: %s",
-                    i,
+                    "env server %s (%s) %s; it was started again %d times within %g s: leaving it down "
+                    "(its envs stay unavailable)%s",
+                    server_label(i),
                     address,
                     died,
                     len(started[i]),
                     RESTART_WINDOW_S,
-                    children.tail(i),
+                    last_output,
                 )
                 continue
             wait = min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
             restart_at[i] = now + wait
             log.warning(
-                "env server %d (%s) %s; starting it again on the same address in %g s (restart %d of at most %d "
-                "within %g s); its last output: %s",
-                i,
+                "env server %s (%s) %s; starting it again on the same address in %g s (restart %d of at most %d "
+                "within %g s)%s",
+                server_label(i),
                 address,
                 died,
                 wait,
                 len(started[i]) + 1,
                 restarts,
                 RESTART_WINDOW_S,
-                children.tail(i),
+                last_output,
             )
 
 
@@ -796,14 +826,40 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def server_label(index: int) -> str:
+    """How the learner names the ``index``-th server it started: ``local-0``, as its metrics do (the
+    ``replica`` label, metrics.jsonl's ``replicas/local-0/...``: learner.fleetwatch), its log lines and
+    those forwarded from it; its address is new each session, its place is not."""
+    return f"local-{index}"
+
+
+def server_logger_name(index: int) -> str:
+    """The logger the ``index``-th local server's output is forwarded to (``env_server[local-0]``): its text
+    lines are logged there, its JSON records through it (so its level and filters apply) under their own
+    logger's name with the server's label (``env_server.service[local-0]``)."""
+    return f"env_server[{server_label(index)}]"
+
+
 def _forwarded_level() -> str:
     """The env-server ``--log-level`` that makes local servers log what this process would show of
-    their forwarded lines (the effective level of the ``env_server[i]`` loggers)."""
-    level = logging.getLogger("env_server[0]").getEffectiveLevel()
+    their forwarded lines (the effective level of the ``env_server[local-i]`` loggers)."""
+    level = logging.getLogger(server_logger_name(0)).getEffectiveLevel()
     for at_most, name in ((logging.DEBUG, "debug"), (logging.INFO, "info"), (logging.WARNING, "warning")):
         if level <= at_most:
             return name
     return "error"
+
+
+def _forwarded_format() -> str:
+    """The env-server ``--log-format`` for local servers: json where a handler that writes their forwarded
+    lines formats JSON (``learner --log-format json``: a log collector then parses theirs, tracebacks in
+    one record, as the learner's own), else text."""
+    logger: logging.Logger | None = logging.getLogger(server_logger_name(0))
+    while logger is not None:
+        if any(isinstance(handler.formatter, JsonLogFormatter) for handler in logger.handlers):
+            return "json"
+        logger = logger.parent if logger.propagate else None
+    return "text"
 
 
 # Lines envs print when they are built (ale-py's, once per server): not warnings.
@@ -813,17 +869,21 @@ _BANNERS = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
 _NOISE = ("WARNING: compiler attribute 'settotalmass' is deprecated",)
 
 
-def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[str]) -> None:
+def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[_Line]) -> None:
     """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
     assert proc.stderr is not None
-    server_log = logging.getLogger(f"env_server[{index}]")
+    server_log = logging.getLogger(server_logger_name(index))
     level, traceback = logging.WARNING, False  # (the server's last log line's level; a traceback since)
     with proc.stderr:  # closed at its end (the server's exit)
         for raw in proc.stderr:
             line = raw.decode(errors="replace").rstrip()
             if not line:
                 continue
-            tail.append(line)
+            entry = _json_record(line)
+            if entry is not None:  # (env-server --log-format json)
+                _forward_record(server_log, server_label(index), entry, tail)
+                level, traceback = logging.WARNING, False
+                continue
             # Server lines look like "<date> <time> LEVEL logger: message": logged as "logger: message"
             # at that level (this process's log lines have a time of their own).
             header = _SERVER_LINE.match(line)
@@ -836,18 +896,59 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
                 # line, whatever comes is taken as its part. Anything else an env prints: WARNING.
                 traceback = traceback or line.startswith("Traceback (most recent call last):")
                 shown, message = max(level, logging.WARNING) if traceback else logging.WARNING, line
+            kept = shown
             if line.startswith("env-server: error:"):
                 shown = logging.DEBUG  # a bad configuration: the error raised for the server quotes this line
+                kept = logging.ERROR
             elif line.startswith(_BANNERS):
-                shown = logging.INFO  # an env's own greeting on being built, not a problem
+                shown = kept = logging.INFO  # an env's own greeting on being built, not a problem
             elif line.startswith(_NOISE):
-                shown = logging.DEBUG
+                shown = kept = logging.DEBUG
+            tail.append((kept, line))
             server_log.log(shown, "%s", message)
 
 
-# A server's log line (env_server.tuning's format): date, time, level, then "logger: message".
+def _json_record(line: str) -> dict[str, Any] | None:
+    """The log record a server wrote as a JSON line (env-server --log-format json: level, logger, message,
+    and where it had them exception and stack); None for any other line (an env's print, a crash)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    if not (isinstance(entry, dict) and isinstance(entry.get("message"), str) and entry.get("level") in _LOG_LEVELS):
+        return None
+    return entry
+
+
+def _forward_record(
+    server_log: logging.Logger, label: str, entry: dict[str, Any], tail: collections.deque[_Line]
+) -> None:
+    """Log a server's JSON record through ``server_log`` as the server logged it: its level, its logger's name
+    with the server's ``label`` (``env_server.isolation[local-0]``), its message, and its traceback as the
+    record's ``exc_text`` (not lines of its own); kept in ``tail`` as its text line would be."""
+    level = _LOG_LEVELS[entry["level"]]
+    name, message = str(entry.get("logger") or "env_server"), entry["message"]
+    exception = entry.get("exception") if isinstance(entry.get("exception"), str) else None
+    stack = entry.get("stack") if isinstance(entry.get("stack"), str) else None
+    # env-server's own error (logger env_server; in text, the line "env-server: error: ..."): as that line
+    said = name == "env_server" and level >= logging.ERROR
+    text = f"env-server: error: {message}" if said else f"{entry.get('time', '')} {entry['level']} {name}: {message}"
+    tail.append((level, text))
+    tail.extend((max(level, logging.WARNING), line) for line in (exception or "").splitlines() if line)
+    shown = logging.DEBUG if said else level
+    if not server_log.isEnabledFor(shown):
+        return
+    record = server_log.makeRecord(f"{name}[{label}]", shown, "(env server)", 0, message, (), None, sinfo=stack)
+    record.exc_text = exception
+    server_log.handle(record)
+
+
+# A server's log line (env_server.tuning's format): date, time (with its UTC offset, or without, as servers
+# before it wrote it), level, then "logger: message".
 _SERVER_LINE = re.compile(
-    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<message>.*)"
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}(?:[+-]\d{4})? (?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<message>.*)"
 )
 
 

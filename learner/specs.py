@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -16,7 +17,7 @@ from gymnasium.envs.registration import EnvSpec
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 
-__all__ = ["FLEET_FIELDS", "gym_env_spec", "incompatible", "served_kwargs", "warn_if_other_env"]
+__all__ = ["FLEET_FIELDS", "gym_env_spec", "incompatible", "other_env_servers", "served_kwargs", "warn_if_other_env"]
 
 # (the fleet's own lines, as connecting and membership log them: one logger for a fleet's servers)
 log = logging.getLogger("learner.remote")
@@ -202,3 +203,26 @@ def warn_if_other_env(want: pb.EnvSpec, got: pb.EnvSpec, address: str, whose: st
             "it did before" if whose == "its old" else whose.removesuffix("'s"),
             "; ".join(other),
         )
+
+
+def other_env_servers(env: str, served: Mapping[str, str]) -> str:
+    """The servers of ``served`` (address -> the env it serves, in fleet order) that serve another env than
+    ``env``, in words for an error: "the servers at A, B serve X" (several other envs: each with its
+    servers, "; "-separated), then, where the rest serve ``env``, "(a mixed fleet: the server at C serves
+    ENV)"; "" where every server serves ``env``. A fleet's servers need only fit one another's spaces
+    (:func:`incompatible`), so an error that named the first server's env as the fleet's was false for the
+    others (``--env`` of the second server's env: "expected the env the servers at A,B serve, X")."""
+    by_env: dict[str, list[str]] = {}
+    for address, env_id in served.items():
+        by_env.setdefault(env_id, []).append(address)
+    said = "; ".join(_serve(addresses, env_id) for env_id, addresses in by_env.items() if env_id != env)
+    if said and env in by_env:
+        said += f" (a mixed fleet: {_serve(by_env[env], env)})"
+    return said
+
+
+def _serve(addresses: list[str], env_id: str) -> str:
+    """ "the server at A serves X", "the servers at A, B serve X"."""
+    if len(addresses) == 1:
+        return f"the server at {addresses[0]} serves {env_id}"
+    return f"the servers at {', '.join(addresses)} serve {env_id}"

@@ -289,3 +289,23 @@ def test_local_tcp_servers_on_a_host_without_ipv4_loopback_say_what_to_do() -> N
         pytest.skip(f"cannot make a network namespace here: {result.stderr.strip()}")
     assert "local TCP servers listen on 127.0.0.1, which this host lacks" in result.stdout, result
     assert "use --transport unix" in result.stdout and "--host" not in result.stdout, result
+
+
+def test_an_address_written_wrong_is_a_usage_error_and_none_is_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """learner train (eval, servers) --servers localhost:notaport was said once the command had started,
+    exit status 1, no option named: refused with the options (config.check_addresses: a usage error, exit
+    status 2), without a look-up (no name resolved, no file read, no Docker engine asked)."""
+    from learner import discovery
+    from learner.config import check_addresses
+
+    with pytest.raises(ValueError, match=r"^--servers: server address 'localhost:notaport': port 'notaport' is not"):
+        check_addresses("localhost:notaport")
+    with pytest.raises(ValueError, match=r"^ADDRESSES: server address 'dns:///x:y': port 'y' is not a number$"):
+        check_addresses("a:1 dns:///x:y", "ADDRESSES")
+
+    def looked_up(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"looked up: {args}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", looked_up)
+    monkeypatch.setitem(discovery._RESOLVERS, "compose", looked_up)
+    check_addresses("dns:///nosuch.invalid:50051,compose:env,file:/nonexistent/list,unix:/tmp/x.sock,[::1]:5")

@@ -468,6 +468,9 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
         (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
         (["--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
+        # (was exit status 1, once started: "error: server address ...", no option named)
+        (["--servers", "localhost:notaport"], "--servers: server address 'localhost:notaport': port 'notaport' is not"),
+        (["--servers", "a:1,http://b:2"], "--servers: server address 'http://b:2': unknown scheme 'http'"),
         pytest.param(
             ["--resume", "/nonexistent/run"],
             "--resume: expected a run dir holding config.json",
@@ -902,11 +905,43 @@ def test_a_run_stopped_says_from_what_is_on_disk_whether_and_where_it_resumes(tm
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["train", "--version"], ["eval", "--version"]])
-def test_version(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 0
-    assert capsys.readouterr().out.startswith("learner (envfleet) ")
+def test_version(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The version and, where known, the commit (the version is the same at every commit), as config.json's
+    envfleet_commit says it, shortened; git is run for --version only, not to build the parser."""
+    from env_server import protocol
+
+    def no_git() -> str:
+        raise AssertionError("source_commit() called without --version")
+
+    monkeypatch.setattr(protocol, "source_commit", no_git)
+    build_parser().parse_args(["plot", "r"])
+    for commit, said in (("863ce9c5ab12" + "0" * 28 + "+dirty", " (commit 863ce9c5ab12+dirty)"), (None, "")):
+        monkeypatch.setattr(protocol, "source_commit", lambda commit=commit: commit)
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+        assert re.fullmatch(
+            rf"learner \(envfleet\) \d\S*( \(not installed\))?{re.escape(said)}\n", capsys.readouterr().out
+        )
+
+
+def test_the_error_a_command_ends_with_is_a_json_record_under_log_format_json(tmp_path: Path) -> None:
+    """Was the plain line "learner plot: error: ..." among the JSON records, the one that says why the
+    process exited without a time or a level, which a log collector cannot parse."""
+    missing = tmp_path / "none"
+    command = [sys.executable, "-m", "learner", "--log-format", "json", "plot", str(missing)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    [record] = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert (record["level"], record["logger"], record["message"]) == (
+        "ERROR",
+        "learner.cli",
+        f"{missing}: no such run dir",
+    )
+    proc = subprocess.run(
+        [*command[:3], *command[5:]], capture_output=True, text=True, timeout=120
+    )  # (text: as it was)
+    assert (proc.returncode, proc.stderr) == (1, f"learner plot: error: {missing}: no such run dir\n")
 
 
 @pytest.mark.parametrize(
@@ -922,6 +957,9 @@ def test_version(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         (["eval", "r", "--auth-token", ""], "--auth-token: expected a non-empty token, got an empty one"),
         (["eval", "r", "--servers", "a:1", "--tls-server-name", "x"], "--tls-server-name: applies to TLS connections"),
         (["servers", "--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
+        (["eval", "r", "--servers", "a:x"], "--servers: server address 'a:x': port 'x' is not a number"),
+        (["servers", "a:1,b:x"], "ADDRESSES: server address 'b:x': port 'x' is not a number"),
+        (["servers", "--servers", "[::1:5"], "--servers: server address '[::1:5': unbalanced brackets"),
         (
             ["servers"],
             "expected the servers' addresses, as ADDRESSES or --servers ADDRESSES (one of the two), got neither",

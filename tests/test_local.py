@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from env_server.tuning import JsonLogFormatter
 from learner import (
     AuthenticationError,
     LocalServers,
@@ -30,7 +32,7 @@ from learner import (
     local_servers,
 )
 from learner.config import Args
-from learner.local import DEFAULT_TRANSPORT, _forward_stderr
+from learner.local import DEFAULT_TRANSPORT, _Children, _forward_stderr, _forwarded_format
 from tests.conftest import needs_proc
 
 
@@ -320,10 +322,12 @@ def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_nois
         "A.L.E: Arcade Learning Environment (version 0.12.1+8a8fafb)",
         "Traceback (most recent call last):",
         "RuntimeError: an uncaught one",
+        "2026-12-01 12:00:03,000+0900 WARNING env_server.service: a line with its UTC offset",
+        "2026-12-01 03:00:03,000-0130 INFO env_server.service: another",
     ]
     code = "import sys\nfor line in sys.argv[1:]: print(line, file=sys.stderr)"
     proc = subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
-    with caplog.at_level(logging.DEBUG, logger="env_server[0]"):
+    with caplog.at_level(logging.DEBUG, logger="env_server[local-0]"):
         _forward_stderr(proc, 0, collections.deque(maxlen=10))
     proc.wait(timeout=30)
     # A server's own lines without their time (this process's lines have one); a traceback, chained ones
@@ -345,7 +349,110 @@ def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_nois
         ("INFO", lines[14]),
         ("WARNING", lines[15]),
         ("WARNING", lines[16]),
+        ("WARNING", "env_server.service: a line with its UTC offset"),
+        ("INFO", "env_server.service: another"),
     ]
+    assert {r.name for r in caplog.records} == {"env_server[local-0]"}  # (as metrics name the server: local-0)
+
+
+def _printing(*lines: str) -> subprocess.Popen[bytes]:
+    """A process that writes ``lines`` to its stderr, as a server would."""
+    code = "import sys\nfor line in sys.argv[1:]: print(line, file=sys.stderr)"
+    return subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
+
+
+def test_a_servers_json_records_are_logged_as_it_logged_them(caplog: pytest.LogCaptureFixture) -> None:
+    """env-server --log-format json (the learner logs JSON: see below): each record under its own logger's
+    name with the server's label, at its level, its traceback the record's (was: a record per line, all
+    WARNING records of env_server[0], the logger's name in the message); what is no record (an env's print,
+    a crash) as from a text server."""
+    traceback = 'Traceback (most recent call last):\n  File "env.py", line 1, in step\nRuntimeError: blew up'
+    records = [
+        {"level": "WARNING", "logger": "env_server.isolation", "message": "env 0 raised", "exception": traceback},
+        {"level": "INFO", "logger": "env_server.service", "message": "claimed by 'x' (100% sure)"},
+        {"level": "ERROR", "logger": "env_server", "message": "cannot bind"},
+    ]
+    stamped = [{"time": "2026-12-01T03:00:00.000Z", **record} for record in records]
+    proc = _printing(*map(json.dumps, stamped), "an env's print", '{"not": "a record"}')
+    tail: collections.deque[tuple[int, str]] = collections.deque(maxlen=20)
+    with caplog.at_level(logging.DEBUG, logger="env_server[local-1]"):
+        _forward_stderr(proc, 1, tail)
+    proc.wait(timeout=30)
+    assert [(r.name, r.levelname, r.getMessage(), r.exc_text) for r in caplog.records] == [
+        ("env_server.isolation[local-1]", "WARNING", "env 0 raised", traceback),
+        ("env_server.service[local-1]", "INFO", "claimed by 'x' (100% sure)", None),
+        ("env_server[local-1]", "DEBUG", "cannot bind", None),  # (env-server's own error: the error raised quotes it)
+        ("env_server[local-1]", "WARNING", "an env's print", None),
+        ("env_server[local-1]", "WARNING", '{"not": "a record"}', None),
+    ]
+    # A text formatter writes the traceback after the line, as the server's own would.
+    text = logging.Formatter("%(name)s: %(message)s").format(caplog.records[0])
+    assert text == f"env_server.isolation[local-1]: env 0 raised\n{traceback}"
+    children = _Children("x", None)
+    children.tails.append(tail)
+    assert children.tail(0) == "env-server: error: cannot bind"  # (as a text server's error line)
+
+
+def test_the_servers_log_json_where_this_process_logs_their_lines_as_json(caplog: pytest.LogCaptureFixture) -> None:
+    """learner --log-format json: the local servers log JSON too, and their records come as they logged them."""
+    assert _forwarded_format() == "text"
+    json_handler = logging.NullHandler()
+    json_handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger()
+    root.addHandler(json_handler)
+    try:
+        assert _forwarded_format() == "json"
+        with (
+            caplog.at_level(logging.INFO),
+            LocalServers("CartPole-v1", 1, 1) as servers,
+            RemoteVectorEnv(servers.addresses) as envs,
+        ):
+            cmd = servers._children.cmds[0]
+            assert cmd[cmd.index("--log-format") + 1] == "json"
+            envs.reset(seed=0)
+            deadline = time.monotonic() + 30
+            while not any(
+                r.name == "env_server.service[local-0]" and r.getMessage().startswith("claimed by")
+                for r in caplog.records
+            ):
+                assert time.monotonic() < deadline, [(r.name, r.getMessage()) for r in caplog.records]
+                time.sleep(0.05)
+    finally:
+        root.removeHandler(json_handler)
+    with pytest.raises(ValueError, match="log_format: expected 'text' or 'json', got 'xml'"):
+        LocalServers("CartPole-v1", 1, 1, log_format="xml")
+
+
+def test_a_dead_servers_last_output_is_said_only_where_it_may_explain_its_death() -> None:
+    """The restart warning quoted a SIGKILLed server's last three lines, routine INFO ones ("claimed by
+    ..."), ~700 characters a line: only a warning or error, a traceback, or what is no log record (a C
+    library's abort message) may explain a death. (Its error line, and all else, as before for the errors
+    of a server that did not start.)"""
+
+    def tails(*lines: str) -> tuple[str, str]:
+        proc = _printing(*lines)
+        tail: collections.deque[tuple[int, str]] = collections.deque(maxlen=20)
+        _forward_stderr(proc, 0, tail)
+        proc.wait(timeout=30)
+        children = _Children("x", None)
+        children.tails.append(tail)
+        return children.tail(0, explaining=True), children.tail(0)
+
+    info = [f"2026-12-01 03:00:0{i},000+0000 INFO env_server.service: claimed by 'vm:{i}'" for i in range(4)]
+    assert tails(*info) == ("", " | ".join(info[-3:]))
+    assert tails() == ("", "(nothing)")
+    assert tails(info[0], "A.L.E: Arcade Learning Environment (version 0.12.1)")[0] == ""  # (an env's banner)
+    for cause in (
+        "2026-12-01 03:00:05,000+0000 ERROR env_server.server: the envs' step has run for 10.0 s: exiting",
+        "Fatal Python error: Aborted",  # (no log record)
+        json.dumps({"time": "2026-12-01T03:00:05.000Z", "level": "WARNING", "logger": "env_server", "message": "x"}),
+    ):
+        shown = tails(info[0], cause, info[1])[0]
+        assert shown.startswith(info[0]) and shown.endswith(info[1]) and len(shown.split(" | ")) == 3, shown
+    shown = tails(info[0], "Traceback (most recent call last):", '  File "env.py", line 1', "ValueError: bad")[0]
+    assert shown.endswith("ValueError: bad"), shown
+    quiet = json.dumps({"time": "2026-12-01T03:00:05.000Z", "level": "INFO", "logger": "env_server", "message": "x"})
+    assert tails(quiet) == ("", "2026-12-01T03:00:05.000Z INFO env_server: x")
 
 
 def test_servers_log_at_the_level_this_process_shows_their_lines_at(caplog: pytest.LogCaptureFixture) -> None:
@@ -361,7 +468,7 @@ def test_servers_log_at_the_level_this_process_shows_their_lines_at(caplog: pyte
             envs.reset(seed=0)
             assert level_of(servers) == "info"
             deadline = time.monotonic() + 10
-            while not any("claimed by" in r.getMessage() for r in caplog.records if r.name == "env_server[0]"):
+            while not any("claimed by" in r.getMessage() for r in caplog.records if r.name == "env_server[local-0]"):
                 assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
                 time.sleep(0.05)
         with LocalServers("CartPole-v1", 1, 1, log_level="error", restarts=0) as servers:
@@ -428,9 +535,11 @@ def test_a_server_that_dies_is_started_again_on_its_address_and_its_envs_rejoin(
         assert servers.pids[1] != pids[1] and alive(servers.pids[1])
         assert envs.fault_stats().reconnects == 1
         [warning] = [r for r in caplog.records if r.name == "learner.local" and r.levelno == logging.WARNING]
-        assert f"env server 1 ({addresses[1]}) was killed by SIGKILL; starting it again on the same address" in (
+        assert f"env server local-1 ({addresses[1]}) was killed by SIGKILL; starting it again on the same address" in (
             warning.getMessage()
         )
+        # Nothing it wrote explains a SIGKILL: no "its last output: (nothing)", nor routine lines.
+        assert warning.getMessage().endswith("(restart 1 of at most 5 within 60 s)"), warning.getMessage()
         new_pids = servers.pids
     wait_gone(new_pids, within=5)
 
@@ -599,8 +708,8 @@ def test_a_server_killed_by_a_signal_before_listening_says_by_which(monkeypatch:
         LocalServers("tests.envs:AbortingEnv", 1, 1, log_level="warning")
     message = str(info.value)
     assert message.startswith(
-        "env server 0 for 'tests.envs:AbortingEnv' was killed by SIGABRT before listening: (nothing) (to see more: "
-        "PYTHONFAULTHANDLER=1 in this process's environment"
+        "env server local-0 for 'tests.envs:AbortingEnv' was killed by SIGABRT before listening: (nothing) (to see "
+        "more: PYTHONFAULTHANDLER=1 in this process's environment"
     ), message
     # What the hint says shows more does.
     monkeypatch.setenv("PYTHONFAULTHANDLER", "1")

@@ -35,6 +35,12 @@ def test_a_record_is_one_json_line_with_its_time_level_logger_message_and_traceb
     assert entry["exception"].startswith("Traceback") and "ValueError: bad\nvalue" in entry["exception"]
     with pytest.raises(ValueError, match="log_format: expected one of text, json, got 'xml'"):
         configure_logging("info", "xml")
+    # A traceback that came as text (a local server's, which the learner logs as the server logged it).
+    forwarded = logging.getLogger("env_server.isolation[local-0]").makeRecord(
+        "env_server.isolation[local-0]", logging.WARNING, __file__, 1, "env 0 raised", (), None
+    )
+    forwarded.exc_text = "Traceback (most recent call last):\nRuntimeError: blew up"
+    assert json.loads(JsonLogFormatter().format(forwarded))["exception"] == forwarded.exc_text
 
 
 def test_env_server_logs_json_lines_when_asked(spawn_server: SpawnServer) -> None:

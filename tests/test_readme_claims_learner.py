@@ -131,14 +131,14 @@ def test_learner_train_starts_a_dying_local_server_again_5_times_a_minute_then_l
     text = log.read_text()
     assert proc.returncode == CTRL_C_EXIT, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
-    server_0 = r"env server 0 \(\S+\) .*"
+    server_0 = r"env server local-0 \(\S+\) .*"  # (as metrics name it)
     restarts = re.findall(
         server_0 + r"starting it again on the same address in \S+ s \(restart (\d) of at most (\d)", text
     )
     assert restarts == [(str(k), "5") for k in range(1, 6)], text[-4000:]
     left_down = re.findall(server_0 + "it was started again 5 times within 60 s: leaving it down", text)
     assert len(left_down) == 1, text[-4000:]
-    assert "env server 1 " not in text, "the other server never died"
+    assert "env server local-1 " not in text, "the other server never died"
     summary = rundir.read_json(run_dir / rundir.SUMMARY)
     # Each of its 6 lives was seen by the learner (it died stepping): 6 failures, 5 of them restarts.
     assert (summary["failures"], summary["server_restarts"]) == (6, 5), summary

@@ -31,6 +31,7 @@ from learner.benchmarks.ppo import PPO_LAYOUTS, remove_orphaned_workdirs
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
 from learner.interrupts import interrupt
+from learner.local import server_logger_name
 
 __all__ = ["SUITES", "BenchConfig", "check", "others_running", "run_bench"]
 
@@ -260,7 +261,7 @@ class _Once(logging.Filter):
 
 
 # learner.local forwards server i's stderr to this logger (at most 4 servers per bench layout).
-_SERVER_LOGGERS = [logging.getLogger(f"env_server[{i}]") for i in range(8)]
+_SERVER_LOGGERS = [logging.getLogger(server_logger_name(i)) for i in range(8)]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
