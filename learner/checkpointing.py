@@ -26,6 +26,12 @@ from learner.stats import format_return, mean_of
 
 __all__ = ["Checkpointer", "stopped_in_update"]
 
+BEST_LOG_S = 60.0
+"""How often, at most, a new best.pt is said at INFO (the first at once; the others at DEBUG, and the next
+INFO line counts them). Early in a run nearly every update beats the last best: one line each was two
+thirds of a 20k-step run's INFO log, in which the checkpoints and the fleet's changes were what to read.
+Not DEBUG alone: a long run's INFO log says, now and then, where its best policy so far is, and how good."""
+
 _SOLVED = ("solved_at_step", "solved_at_seconds", "solved_threshold")
 """The counters of a solve, which a run stopped after one in the rollout it drops keeps."""
 _SOLVE_COUNTERS = (*_SOLVED, "best_return", "best_step")
@@ -87,6 +93,8 @@ class Checkpointer:
         self.saved_update, self.saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
         self.last_update: dict[str, Any] = {}  # as of the last update's end (set once the envs are reset)
         self.updating = False  # the nets are being updated: a checkpoint now would mix two updates
+        self.best_said_at: float | None = None  # (when a new best.pt was last said at INFO: see BEST_LOG_S)
+        self.bests_unsaid = 0  # (new bests since, said at DEBUG)
 
     def rollout_state(self) -> dict[str, Any]:
         """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
@@ -146,10 +154,28 @@ class Checkpointer:
                     state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
                     with writing(self.run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT, torch_save=True):
                         path = save_best_checkpoint(self.run_dir, self.payload(state))
-                    self.log.info(
-                        "best so far (mean return %s at step %d): %s", format_return(mean), counters.best_step, path
-                    )
+                    self._say_best(mean, counters.best_step, path)
         state["counters"].update(best_return=counters.best_return, best_step=counters.best_step)
+
+    def _say_best(self, mean: float, step: int, path: Path) -> None:
+        """Say that best.pt now holds the nets of ``step``, of mean return ``mean``: at INFO at most once per
+        :data:`BEST_LOG_S` (with the new bests since), else at DEBUG."""
+        now = time.monotonic()
+        if self.best_said_at is not None and now - self.best_said_at < BEST_LOG_S:
+            self.bests_unsaid += 1
+            self.log.debug("best so far (mean return %s at step %d): %s", format_return(mean), step, path)
+            return
+        since = self.bests_unsaid
+        self.best_said_at, self.bests_unsaid = now, 0
+        self.log.info(
+            "best so far (mean return %s at step %d%s): %s",
+            format_return(mean),
+            step,
+            f"; {since} other new best{'s' if since > 1 else ''} since the last such line, one a minute at most"
+            if since
+            else "",
+            path,
+        )
 
     def finished(self, state: dict[str, Any]) -> None:
         """The update just recorded is done, with ``state`` (``rollout_state()``'s) as of its rollout's

@@ -45,6 +45,7 @@ import numpy as np
 from env_server.envs import ObservationLayoutError
 from env_server.rpc import env_pb2 as pb
 from learner.client import EnvClient
+from learner.discovery import probe_until
 from learner.errors import (
     AuthenticationError,
     EnvCrashedError,
@@ -307,6 +308,7 @@ async def reconnect(
     backoff: tuple[float, float],
     on_ready: Callable[[], None],
     hold_off: float = 0.0,
+    diagnose: Callable[[str, float], str | None] | None = None,
 ) -> None:
     """Open a new session on ``replica``'s server and reset its envs, retrying with backoff until it works.
 
@@ -317,7 +319,16 @@ async def reconnect(
     server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
     once, so without that wait it would fail, come back and fail again as fast as steps go. While the
     attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S` (INFO for a server that
-    left saying it was shutting down, else WARNING), with the last attempt's error.
+    left saying it was shutting down, else WARNING), with the last attempt's error. An attempt that got
+    no connection says why, where ``diagnose(address, timeout)`` can tell (RemoteVectorEnv's: "connection
+    refused", "no socket file ..."): a server killed refuses at once, and "no connection within 10 s" alone
+    read as a server that hangs, or a network that drops packets.
+
+    Its return is INFO: the loss was a WARNING, and the envs merely start new episodes, as they would after
+    any reset. A WARNING where another process answers (its server id changed), unless it left saying it
+    was shutting down (a restart or an update, planned): the one lost crashed, was killed or was replaced,
+    which the operator of the server should know of, and whatever its envs kept from one episode to the
+    next started over with it. A flapping server's return is DEBUG (the lines about its losses tell it).
     """
     client = replica.client
     delay = backoff[0]
@@ -362,6 +373,8 @@ async def reconnect(
             # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
             no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
             text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
+            if no_connection and diagnose is not None:
+                text = await _no_connection(client.address, connect_timeout, diagnose)
             # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
             # now serves no envfleet, UNIMPLEMENTED) are warned of once, not at every attempt.
             warn = (isinstance(err, _Incompatible | AuthenticationError) or unserved(err)) and text != said
@@ -410,17 +423,39 @@ async def reconnect(
         warn_if_other_env(replica.spec, spec, client.address, "its old")
         replica.spec = spec
         replica.back_at, replica.answered = time.monotonic(), 0
-        # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S)
-        say = log.debug if replica.relapses else log.info if replica.planned else log.warning
+        # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S; why the
+        # others are INFO, or WARNING for another process: see the docstring)
+        say = log.debug if replica.relapses else log.info if replica.planned or same_process else log.warning
         say(
             "env server %s is back after %.1f s (%s); its %s with new episodes",
             client.address,
             time.monotonic() - replica.down_since,
-            "same process" if same_process else f"restarted: server id {spec.server_id[:8]}",
+            "same process"
+            if same_process
+            else f"restarted: server id {spec.server_id[:8]}, a new process, its envs made anew",
             "env rejoins" if spec.num_envs == 1 else f"{spec.num_envs} envs rejoin",
         )
         on_ready()
         return
+
+
+async def _no_connection(address: str, waited: float, diagnose: Callable[[str, float], str | None]) -> str:
+    """A reconnect's error where the channel to ``address`` was not ready within ``waited`` seconds, with why, as
+    ``diagnose`` tells it ("no connection: connection refused (tried for 10 s)"; through the connect path's
+    :func:`~learner.discovery.probe_until`: a thread of its own, :data:`_PROBE_S` at most)."""
+    cause = await probe_until(address, time.monotonic() + _PROBE_S, diagnose)
+    if cause is None:  # (it cannot tell)
+        return f"no connection within {waited:g} s"
+    if not cause:  # (a plain connection opens, and TLS is not the trouble)
+        return (
+            f"no connection within {waited:g} s: something accepts connections there, but does not answer (a server "
+            "stopped or hung?)"
+        )
+    return f"no connection: {cause} (tried for {waited:g} s)"
+
+
+_PROBE_S = 2.0
+"""The longest :func:`_no_connection` looks (a plain connect of 1 s at most, a peek at what answers)."""
 
 
 class _Incompatible(Exception):

@@ -23,8 +23,8 @@ FAULT_COUNTS = ("failures", "shutdowns", "reconnects", "server_restarts", "serve
 """The fleet's fault counters (fields of ``FaultStats`` and of ``Counters``) that each metrics row gives for
 its update (``faults/<name>``) and summary.json totals over the whole run. The other fields of
 ``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``,
-``servers_not_joined``: now) or are counted by ``train`` from the steps' infos (``env_steps_lost``, for
-in-process envs too)."""
+``servers_not_joined``: now) or are counted by ``train`` from the steps' infos and the rollouts no update
+learned from (``env_steps_lost``, for in-process envs too)."""
 
 
 SLOW_RATIO = 3.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from copy import deepcopy
@@ -14,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, iterate
 
+from learner import faults
 from learner.batching import slice_batch
 from learner.client import EnvClient
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
@@ -60,6 +62,10 @@ class FleetOutages:
     # it left, or its loss (see _note_leaving). give_up_after counts from it too. (A class default,
     # set on the instance by refresh(); 0.0: none has left, or none left while up.)
     _left_up_at: float = 0.0
+    # When the latest outage of the whole fleet began, as give_up_after counts it, once it was said
+    # (_say_all_down); and when that was. (Class defaults too: none said yet.)
+    _all_down_said_for: float = -1.0
+    _all_down_said_at: float = -math.inf
 
     if TYPE_CHECKING:
 
@@ -75,6 +81,8 @@ class FleetOutages:
         def _share_cpus(self) -> None: ...
 
         def _raise_first(self, errors: Sequence[BaseException]) -> None: ...
+
+        def _diagnose(self, address: str, timeout: float) -> str | None: ...
 
     def _lose_all(
         self, lost: Sequence[tuple[int, BaseException]], *, truncate: bool | Mapping[int, np.ndarray]
@@ -177,6 +185,7 @@ class FleetOutages:
         else:
             log.warning("env server %s lost (%s); %s", client.address, err, envs)
         self._start_reconnect(replica, hold_off)
+        self._say_all_down()
         return None
 
     def _retry_broken(self, servers: Sequence[int]) -> None:
@@ -215,6 +224,7 @@ class FleetOutages:
                 backoff=self.backoff,
                 on_ready=on_ready,
                 hold_off=hold_off,
+                diagnose=self._diagnose,
             )
         )
 
@@ -255,15 +265,47 @@ class FleetOutages:
         """
         if any(r.state is not ReplicaState.DOWN for r in self._replicas):
             return
-        # (and from when a server that left the fleet was last up: every server has been down only since then)
-        since = max(self._left_up_at, *(r.failing_since or r.down_since for r in self._replicas))
-        if time.monotonic() - since > self.give_up_after:
+        if time.monotonic() - self._all_down_since() > self.give_up_after:
             raise ServerUnavailableError(
                 f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
                 f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
                 f"--give-up-after`); last error: {self._replicas[-1].last_error}",
                 address=self._clients[0].address,
             )
+        self._say_all_down()
+
+    def _all_down_since(self) -> float:
+        """Every server down: since when none has answered a step, as give_up_after counts it (see
+        :meth:`_check_anything_left`)."""
+        # (and from when a server that left the fleet was last up: every server has been down only since then)
+        return max(self._left_up_at, *(r.failing_since or r.down_since for r in self._replicas))
+
+    def _say_all_down(self) -> None:
+        """Every server down (none back, READY): warn once per such outage that the fleet waits, and for how
+        long at most. Each server's loss was said, and each says now and then that it is still down, but
+        not that nothing steps any more, nor that give_up_after then ends the run: a run stopped by it
+        said so only in its error. An outage is known by when give_up_after counts it from (a flapping
+        server's first loss since it last answered a step: :meth:`_all_down_since`), and a new one is said
+        at most once per :data:`~learner.faults.STILL_DOWN_LOG_S` (a server lost again at each return,
+        after a step or two, would make one line each time). Its end is the first server's return, which
+        that server's reconnect says (:func:`~learner.faults.reconnect`)."""
+        if not self._replicas or any(r.state is not ReplicaState.DOWN for r in self._replicas):
+            return
+        since, now = self._all_down_since(), time.monotonic()
+        if since == self._all_down_said_for:
+            return
+        self._all_down_said_for = since
+        if now - self._all_down_said_at < faults.STILL_DOWN_LOG_S:
+            log.debug("every env server is down again (%s)", ", ".join(self.addresses))
+            return
+        self._all_down_said_at = now
+        log.warning(
+            "every env server is down (%s): stepping waits for one to come back; unless one answers steps again, "
+            "the fleet gives up in %.0f s (give_up_after %g s; `learner train --give-up-after`)",
+            ", ".join(self.addresses),
+            max(0.0, since + self.give_up_after - now),
+            self.give_up_after,
+        )
 
     def _note_leaving(self, leaving: Iterable[Replica]) -> None:
         """Servers that leave the fleet (refresh()): the give_up_after clock of those that stay must not

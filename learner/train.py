@@ -107,6 +107,7 @@ from learner.resume import (
 )
 from learner.rundir import cannot_write, writing
 from learner.served import given_kwargs_differ, other_task
+from learner.specs import other_env_servers
 from learner.stats import mean_of
 from learner.update import Rollout, UpdateResult, make_batch, ppo_update
 
@@ -233,9 +234,10 @@ ENV_ERROR_LOG_S = 60.0
 """How often, at most, learner train logs an env's error (the first at once; the count in between)."""
 
 
-def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any]) -> None:
+def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any], where: str = "") -> None:
     """Log that env ``env`` raised in its step (its server isolated the error: its episode was cut), the
-    first at once, then at most every :data:`ENV_ERROR_LOG_S` (``said``: when last, and the count then)."""
+    first at once, then at most every :data:`ENV_ERROR_LOG_S` (``said``: when last, and the count then);
+    ``where``: its server and its index there (:func:`_env_on_server`), which that server's log knows it by."""
     now = time.monotonic()
     if said[1] and now - said[0] < ENV_ERROR_LOG_S:
         return
@@ -247,14 +249,64 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any])
         else ("raised (its episode was cut short, and the env reset)")
     )
     log.warning(
-        "env %d %s: %s (%d env error%s in this run so far; one such line a minute at most)",
+        "env %d%s %s: %s (%d env error%s in this run so far; one such line a minute at most)",
         env,
+        where,
         what,
         text if len(text) <= 300 else text[:300] + "...",
         total,
         "" if total == 1 else "s",
     )
     said[0], said[1] = now, total
+
+
+def _env_on_server(envs: Any, env: int) -> str:
+    """Where env ``env`` (counted over the fleet) runs, for a log line: " (env server ADDRESS, its env 1)",
+    as its server counts its own envs; "" for in-process envs (no server). (The fleet as of now, the step's:
+    it changes only between rollouts.)"""
+    slices, addresses = getattr(envs, "env_slices", None), getattr(envs, "addresses", None)
+    if slices is None or addresses is None:
+        return ""
+    for address, envs_of in zip(addresses, slices, strict=False):
+        if envs_of.start <= env < envs_of.stop:
+            return f" (env server {address}, its env {env - envs_of.start})"
+    return ""
+
+
+DROPPED_LOG_S = 60.0
+"""How often, at most, learner train logs a rollout dropped because an env raised (--no-fault-tolerant): the
+first at once, then one line with the count since. Its server stays, so an env that raises every few
+hundred steps drops a rollout in every few, each a warning (and a line on stdout: see :func:`train`'s
+``on_fleet_change``), though three in a row only stop the run."""
+
+
+def _say_dropped(said: list[Any], dropped: int, in_a_row: int, err: RemoteEnvError) -> bool:
+    """Log that the rollout under way is dropped for ``err``, the session's ``dropped``-th and the ``in_a_row``-th
+    in a row (--no-fault-tolerant: a step failed). Where an env raised, the first at once, then at most every
+    :data:`DROPPED_LOG_S` (``said``: when last, and the count then); but each one of a row of them, which
+    :data:`LOST_ROLLOUTS` in a row end, and a server lost (it leaves the fleet, which is rare, and it goes
+    with the fleet's line about it). Whether it was said (else at DEBUG)."""
+    now = time.monotonic()
+    crashed = isinstance(err, EnvCrashedError)
+    if crashed and in_a_row == 1 and said[1] and now - said[0] < DROPPED_LOG_S:
+        log.debug("dropping this rollout, every env starts over: %s", err)
+        return False
+    since = dropped - said[1]
+    count = f"{dropped} rollout{'s' if dropped > 1 else ''} dropped so far"
+    if in_a_row > 1:
+        count = f"{in_a_row} in a row ({LOST_ROLLOUTS} in a row stop the run), {count}"
+    if since != dropped:
+        count += f" ({since} since the last such line{'; one a minute at most' if crashed else ''})"
+    elif crashed:
+        count += " (one such line a minute at most)"
+    # (summary.json, metrics.jsonl and the closing faults line count them there: in env steps, not rollouts)
+    count += f", {'their' if dropped > 1 else 'its'} env steps counted in env_steps_lost"
+    if crashed:
+        log.warning("dropping this rollout, every env starts over: %s; %s", err, count)
+    else:
+        log.warning("dropping this rollout, going on without env server %s: %s; %s", err.address, err, count)
+    said[0], said[1] = now, dropped
+    return True
 
 
 def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -604,7 +656,10 @@ def train(
     for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
     ``metrics_url`` (where the metrics are served: the CLI prints them).
     ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
-    the rollout that steps the changed fleet.
+    the rollout that steps the changed fleet; a change of none but every env starting over (after a rollout
+    dropped because an env raised, --no-fault-tolerant) only where the warning about that rollout was logged:
+    once a minute at most, unless rollouts are dropped in a row (an env that raises every few hundred steps
+    would make one every few rollouts).
     ``on_update`` is called after each update (its checkpoint written, if one was due), on the calling
     thread, with a copy of the row metrics.jsonl got (``global_step``, ``episodic_return_mean``, the
     losses, ...): for a sweep's pruning. What it returns is ignored. To end the run there, set ``stop``
@@ -692,15 +747,18 @@ def train(
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
-            if args.resume and args.env is not None and args.env != env_id:
+            # (each server named with the env it serves: a fleet's servers need only fit one another's spaces)
+            served_envs = getattr(envs, "served_envs", None) or {args.servers: env_id}
+            other = other_env_servers(args.env, served_envs) if args.env is not None else ""
+            if args.resume and other:
                 raise ValueError(
-                    f"--servers: the run in {args.resume} trained on {args.env}, but the servers at {args.servers} "
-                    f"serve {env_id}; resume it on servers of {args.env}"
+                    f"--servers: the run in {args.resume} trained on {args.env}, but {other}; resume it on servers "
+                    f"of {args.env}"
                 )
-            if args.env is not None and args.env != env_id:
+            if other:
                 raise ValueError(
-                    f"--env: expected the env the servers at {args.servers} serve, {env_id}, got {args.env} "
-                    "(leave --env out to train on whatever they serve)"
+                    f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they "
+                    "serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
@@ -995,6 +1053,9 @@ def train(
         refresh = getattr(envs, "refresh", None)
         lost: RemoteEnvError | None = None  # the server that failed during the last rollout
         lost_rollouts = 0
+        dropped = 0  # rollouts dropped for a failed step (--no-fault-tolerant), this session
+        drops_said = [0.0, 0]  # (when a dropped rollout was last logged, and the count then)
+        drop_unsaid = False  # the last rollout was dropped without a line (see _say_dropped)
         episodes_cut = steps_lost = env_errors = 0  # since the last update (a dropped rollout's counts on)
         errors_said = [0.0, 0]  # (when an env's error was last logged, and the run's env errors then)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
@@ -1046,7 +1107,7 @@ def train(
                 if refresh is not None:
                     drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
                     change = refresh(drop=drop)
-                    lost = None
+                    lost, unsaid, drop_unsaid = None, drop_unsaid, False
                     # config.json keeps what every server that served the run said it runs: those that
                     # joined, and those that came back as a new process (an upgrade rolled out).
                     versions = {**config["server_versions"], **getattr(envs, "server_versions", {})}
@@ -1055,7 +1116,8 @@ def train(
                         with writing(run_dir / rundir.CONFIG):
                             rundir.write_json(run_dir / rundir.CONFIG, config)
                     if change is not None:
-                        if on_fleet_change is not None:
+                        # (every env starting over, and nothing else, goes with its dropped rollout's line)
+                        if on_fleet_change is not None and not (unsaid and not change.added and not change.removed):
                             on_fleet_change(change)
                         # Envs that stayed go on with their episodes; new ones (or all, after a failed
                         # step) start from the observations of their reset.
@@ -1100,6 +1162,7 @@ def train(
 
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
+                rollout_from, lost_before_rollout = counters.global_step, steps_lost
                 fleet_down = False
                 lost_before = watch.servers_lost()
                 watch.start_rollout()  # (the servers' statistics are the rollout's: not the update's before it)
@@ -1152,10 +1215,10 @@ def train(
                             or misfit_reported(err)
                         ):
                             raise
+                        dropped += 1
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
-                            log.warning("dropping this rollout, every env starts over: %s", err)
-                        else:
-                            log.warning("dropping this rollout, going on without env server %s: %s", err.address, err)
+                            env_errors += 1  # (its env's step, as a fault-tolerant run counts one)
+                        drop_unsaid = not _say_dropped(drops_said, dropped, lost_rollouts, err)
                         lost = err
                         break
                     counters.global_step += num_envs
@@ -1182,7 +1245,9 @@ def train(
                                 text = str(infos["env_error"][i]).removeprefix("out of order since ")
                                 empty_errors[text] = empty_errors.get(text, 0) + 1
                             if len(raised):
-                                _say_env_error(errors_said, counters.env_errors + env_errors, int(raised[0]), infos)
+                                first = int(raised[0])
+                                total = counters.env_errors + env_errors
+                                _say_env_error(errors_said, total, first, infos, _env_on_server(envs, first))
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
                             # one): look the servers up again now, not after the rest of the rollout, so
@@ -1280,16 +1345,23 @@ def train(
                     empty_rollouts += 1
                     if empty_rollouts >= EMPTY_ROLLOUTS:
                         raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors, args.backend == "gym"))
-                    log.warning(
-                        "%s: nothing to learn from (the run stops after %d such rollouts in a row)",
-                        empty,
-                        EMPTY_ROLLOUTS,
+                    # (every server down, the fleet's warning says how long it waits for one: --give-up-after
+                    # ends the run, not this count, unless servers come back and are lost again each time)
+                    stops = (
+                        f"should the servers come back and be lost again before a transition, {EMPTY_ROLLOUTS} such "
+                        "rollouts in a row stop the run"
+                        if fleet_down
+                        else f"the run stops after {EMPTY_ROLLOUTS} such rollouts in a row"
                     )
+                    log.warning("%s: nothing to learn from (%s)", empty, stops)
                 elif valid_any:
                     empty_rollouts = 0
                     empty_errors.clear()
                 if lost is not None or fleet_down or empty:
-                    continue  # (a partial rollout, or one without a transition, is not learned from)
+                    # A partial rollout, or one without a transition, is not learned from: every env step of it
+                    # is lost (in global_step, in no batch), its unavailable envs' counted already.
+                    steps_lost = lost_before_rollout + counters.global_step - rollout_from
+                    continue
                 learned = learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------

@@ -240,7 +240,7 @@ def test_resume_on_servers_of_another_env_names_both(
     assert main(["train", "--resume", str(run), *argv]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert (
-        f"--servers: the run in {run} trained on tests.envs:ClockEnv, but the servers at {addresses[0]} serve "
+        f"--servers: the run in {run} trained on tests.envs:ClockEnv, but the server at {addresses[0]} serves "
         "CartPole-v1; resume it on servers of tests.envs:ClockEnv"
     ) in err, err
 

@@ -143,7 +143,7 @@ def test_same_step_autoreset_servers_train_with_every_step_a_transition(
     # An --env the servers do not serve is refused, not silently replaced by theirs.
     wrong = Args(env="CartPole-v1", servers=",".join(addresses), run_dir=str(tmp_path / "wrong"), **QUIET)
     with pytest.raises(
-        ValueError, match=r"--env: expected the env the servers at .* serve, tests.envs:ClockEnv, got CartPole-v1"
+        ValueError, match=r"--env: expected servers of CartPole-v1, but the server at .* serves tests.envs:ClockEnv"
     ):
         train(wrong)
     # Servers without autoreset: refused, with the way out.
