@@ -25,8 +25,14 @@ from env_server.config import (
     parse_int,
     parse_on_off,
 )
-from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, package_version
-from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from env_server.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION
+from env_server.tuning import (
+    LOG_FORMATS,
+    ShortErrorParser,
+    VersionAction,
+    configure_logging,
+    prefer_fast_grpc_core,
+)
 from env_server.variables import unread_variables
 
 __all__ = ["LOG_LEVELS", "main", "parse_args", "server_variables"]
@@ -184,11 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--version",
-        action="version",
-        version=f"%(prog)s (envfleet) {package_version()}, protocol envfleet.v1 version {PROTOCOL_VERSION}",
-    )
+    p.add_argument("--version", action=VersionAction, suffix=f", protocol envfleet.v1 version {PROTOCOL_VERSION}")
     e = _env_default
     p.add_argument(
         "--env",

@@ -10,8 +10,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import MutableMapping
-from typing import NoReturn
+from collections.abc import MutableMapping, Sequence
+from typing import Any, NoReturn
 
 __all__ = [
     "FAST_GRPC_EXPERIMENTS",
@@ -19,6 +19,7 @@ __all__ = [
     "JsonLogFormatter",
     "ShortErrorParser",
     "TextLogFormatter",
+    "VersionAction",
     "configure_logging",
     "prefer_fast_grpc_core",
     "quiet_grpc_core",
@@ -118,6 +119,37 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
+
+
+class VersionAction(argparse.Action):
+    """--version: ``learner (envfleet) 0.1.0 (commit 863ce9c5ab12)`` (the parser's prog), the commit where it is
+    known (a git checkout's, ``+dirty`` with changes not committed; an install from git's), as config.json's
+    and EnvSpec.versions' ``envfleet_commit`` say it: the version alone is the same at every commit; then
+    ``suffix`` (env-server's protocol). Built when asked for, not with the parser (finding the commit runs git)."""
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str = argparse.SUPPRESS,
+        help: str = "show program's version number and exit",  # (argparse's own)
+        suffix: str = "",
+    ) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+        self.suffix = suffix
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from env_server.protocol import package_version, source_commit
+
+        commit = source_commit()
+        if commit is not None:  # (12 hex digits, as git's short form in a large repository, and +dirty)
+            sha, plus, dirty = commit.partition("+")
+            commit = sha[:12] + plus + dirty
+        said = f" (commit {commit})" if commit else ""
+        # (on stdout, as argparse's own version action writes it)
+        parser._print_message(
+            f"{parser.prog.split()[0]} (envfleet) {package_version()}{said}{self.suffix}\n", sys.stdout
+        )
+        parser.exit()
 
 
 class ShortErrorParser(argparse.ArgumentParser):

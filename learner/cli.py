@@ -33,8 +33,14 @@ from typing import IO, Any, Literal, NoReturn
 # works only before grpc is imported. Commands import what they need when they run.
 from env_server.config import parse_on_off
 from env_server.envs import EnvBuildError
-from env_server.protocol import KEEPALIVE_TIMEOUT, package_version
-from env_server.tuning import LOG_FORMATS, ShortErrorParser, configure_logging, prefer_fast_grpc_core
+from env_server.protocol import KEEPALIVE_TIMEOUT
+from env_server.tuning import (
+    LOG_FORMATS,
+    ShortErrorParser,
+    VersionAction,
+    configure_logging,
+    prefer_fast_grpc_core,
+)
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers, is_atari
@@ -1258,43 +1264,18 @@ def _add_log_options(parser: argparse.ArgumentParser, *, level: str, log_format:
         parser.add_argument(flag, default=default, type=str.lower, choices=choices, metavar=metavar, help=help_text)
 
 
-class _Version(argparse.Action):
-    """--version: ``learner (envfleet) 0.1.0 (commit 863ce9c5ab12)``, the commit where it is known (a git
-    checkout's, ``+dirty`` with changes not committed; an install from git's), as config.json's
-    ``envfleet_commit`` says it: the version alone is the same at every commit. Built when asked for, not
-    with the parser (finding the commit runs git)."""
-
-    def __init__(
-        self,
-        option_strings: Sequence[str],
-        dest: str = argparse.SUPPRESS,
-        help: str = "show program's version number and exit",  # (argparse's own)
-    ) -> None:
-        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
-        from env_server.protocol import source_commit
-
-        commit = source_commit()
-        if commit is not None:  # (12 hex digits, as git's short form in a large repository, and +dirty)
-            sha, plus, dirty = commit.partition("+")
-            commit = sha[:12] + plus + dirty
-        print(f"learner (envfleet) {package_version()}" + (f" (commit {commit})" if commit else ""))
-        parser.exit()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="learner", description="envfleet's learner: drive a fleet of env servers.")
     _add_log_options(parser, level="warning", log_format="text")
-    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--version", action=VersionAction)
     # --log-level and --log-format also after the command (learner train --log-level info), where they
     # override one before.
     common = _Parser(add_help=False)
     _add_log_options(common, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS)
-    common.add_argument("--version", action=_Version)
+    common.add_argument("--version", action=VersionAction)
     with_bar = _Parser(add_help=False)  # (the same, for the commands with --progress)
     _add_log_options(with_bar, level=argparse.SUPPRESS, log_format=argparse.SUPPRESS, bar=True)
-    with_bar.add_argument("--version", action=_Version)
+    with_bar.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(

@@ -60,7 +60,8 @@ ROW_GAUGES: dict[str, str] = {
 ``updates``), set at each update; a key a row lacks (no fleet: no ``faults/``) leaves its gauge as it was."""
 
 ROW_COUNTERS: dict[str, str] = {
-    "env_steps_lost": "Env steps that were no transition: their env was unavailable (server lost, env raised)",
+    "env_steps_lost": "Env steps not learned from because of a fault: their env was unavailable (server lost, env "
+    "raised), or their rollout was dropped (a failed step without fault tolerance, every server lost)",
     "env_errors": "Env steps whose env raised (reported by its server; of env_steps_lost)",
     "episodes_cut": "Episodes that ended because their env became unavailable (not counted in the returns)",
 }

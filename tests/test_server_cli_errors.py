@@ -22,7 +22,7 @@ import pytest
 
 from env_server.config import ServerConfig
 from env_server.envs import WRAPPERS, EnvBuildError
-from env_server.protocol import STEP_SOCKET_SUFFIX, bind_hint
+from env_server.protocol import PROTOCOL_VERSION, STEP_SOCKET_SUFFIX, bind_hint, source_commit
 from learner import RemoteVectorEnv
 from tests.conftest import SpawnServer, StartServers, needs_proc, started_logs
 from tests.envs import DictEnv
@@ -229,6 +229,10 @@ def test_step_socket_flags(
 def test_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "env_server", "--version"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.startswith("env-server (envfleet) "), proc
+    # The commit where it is known (the version is the same at every commit), then the protocol.
+    commit = source_commit()
+    said = f" (commit {commit[:12]}{commit[40:]})" if commit else ""
+    assert proc.stdout.endswith(f"{said}, protocol envfleet.v1 version {PROTOCOL_VERSION}\n"), proc.stdout
     # Not installed (as in the images, which run the source with pyproject.toml beside it): the
     # version in pyproject.toml, said to be so; it read "(not installed)" alone.
     import importlib.metadata
