@@ -824,7 +824,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.parser.error("--no-step-socket: says how to reach env servers, so it cannot go with --backend gym")
     if args.video_fps is not None and args.video is None:
         args.parser.error("--video-fps: sets the speed of the GIF that --video PATH.gif writes; give --video too")
-    for flag, value in (("--env-kwargs", args.env_kwargs), ("--wrappers", args.wrappers)):
+    for flag, value in (
+        ("--env-kwargs", args.env_kwargs),
+        ("--wrappers", args.wrappers),
+        ("--max-episode-steps", args.max_episode_steps),
+    ):
         if value is not None and args.servers is not None and args.video is None:
             args.parser.error(
                 f"{flag}: configures the envs eval makes (a local server, --backend gym, --video's env); with "
@@ -872,6 +876,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 wrappers=args.wrappers,
                 progress=args.progress,
                 env=args.env,
+                max_episode_steps=args.max_episode_steps,
             )
     except _USER_ERRORS as err:
         # The episodes that ended before the error, reported as a result, marked partial (then main says
@@ -1411,6 +1416,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="comma-separated env-server wrappers for the envs made here, instead of the run's; auto: 'atari' for "
         "ALE ids, none otherwise; none: none",
+    )
+    evaluate.add_argument(
+        "--max-episode-steps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="a time limit for the envs made here, instead of the run's: for envs without one (CliffWalking, "
+        "your own), whose episodes the deterministic policy may never end (an episode that goes on for 10,000 "
+        "steps is warned of)",
     )
     evaluate.add_argument(
         "--backend",

@@ -197,6 +197,7 @@ def evaluate(
     server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
     if max_episode_steps is not None and max_episode_steps < 1:
         raise ValueError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
+    given_limit = max_episode_steps  # (for the envs made here: --video's too where the episodes run on servers)
     if max_episode_steps is None or servers is not None:
         max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
     # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
@@ -312,7 +313,7 @@ def evaluate(
                         envs_per_server=1,
                         env_kwargs={**kwargs, "render_mode": "rgb_array"},
                         wrappers=server_wrappers,
-                        max_episode_steps=max_episode_steps,
+                        max_episode_steps=given_limit or max_episode_steps,
                     )
                     spaces = (state["observation_space"], state["action_space"])
                     torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)

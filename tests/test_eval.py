@@ -342,7 +342,7 @@ def test_eval_video_env_gets_the_given_env_kwargs(
 def test_eval_with_running_servers_refuses_env_options_they_decide(
     server_run: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    for flag, value in (("--env-kwargs", '{"length": 5}'), ("--wrappers", "atari")):
+    for flag, value in (("--env-kwargs", '{"length": 5}'), ("--wrappers", "atari"), ("--max-episode-steps", "9")):
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", str(server_run), "--servers", "127.0.0.1:1", flag, value])
         assert exit_info.value.code == 2
@@ -646,7 +646,10 @@ def test_plot_of_runs_of_different_envs_says_whose_solved_line_is_whose(
 
 @pytest.mark.slow
 def test_an_episode_that_goes_on_without_a_time_limit_is_warned_of_and_a_limit_may_be_given(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """(Was: eval of CliffWalking, whose deterministic policy walks into a wall for ever, waited in silence;
     and a time limit could not be given.) ClockEnv, a class, has no registered time limit."""
@@ -665,6 +668,10 @@ def test_an_episode_that_goes_on_without_a_time_limit_is_warned_of_and_a_limit_m
     with caplog.at_level(logging.WARNING, logger="learner.evaluate"):
         result = evaluate(run, episodes=2, num_envs=2, backend="gym", progress=False, max_episode_steps=20)
     assert result["length_mean"] == 20 and "no time limit" not in caplog.text
+    limited = _eval(
+        capsys, str(run), "--episodes", "2", "--num-envs", "2", "--backend", "gym", "--max-episode-steps", "25"
+    )
+    assert limited["length_mean"] == 25
 
 
 def test_eval_on_servers_warns_of_another_time_limit_or_none() -> None:
