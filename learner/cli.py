@@ -1761,6 +1761,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     if then_exit:  # (the command's process only, not main()'s caller: about 5 file descriptors per env server,
         # which a soft limit of 256 or 1024 runs out of long before the hard limit does)
         raise_fd_limit()
+        _find_modules_here()
     _warn_of_unread_variables()
     try:
         # (SIGTERM, SIGHUP: as Ctrl-C, where train or eval do not take them)
@@ -1824,6 +1825,19 @@ def _say_end(args: argparse.Namespace, text: str) -> None:
     logging.getLogger("learner.cli").log(
         logging.ERROR if error else logging.WARNING, "%s", text.removeprefix("error: ")
     )
+
+
+def _find_modules_here() -> None:
+    """The working directory on sys.path, last (behind the installed packages: a clone's files shadow
+    none), where the command's script left it out: ``--env mymodule:MyEnv`` is then found for the envs
+    made in this process (``--backend gym``, eval's ``--video``) as the servers it starts find it
+    (env-server adds it) and as ``python -m learner`` has it."""
+    try:
+        here = os.getcwd()
+    except OSError:  # (a working directory removed since)
+        return
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
 
 
 def _warn_of_unread_variables() -> None:

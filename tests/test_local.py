@@ -236,6 +236,19 @@ def test_the_env_server_command_finds_modules_in_the_working_directory(tmp_path:
             proc.kill()
 
 
+@pytest.mark.needs_torch
+@pytest.mark.slow
+def test_the_learner_command_finds_modules_in_the_working_directory_for_its_own_envs(tmp_path: Path) -> None:
+    """As its servers do (was: "cannot import module 'myenvs'" for --backend gym, eval's --video: the command's
+    own folder is the venv's bin)."""
+    (tmp_path / "myenvs.py").write_text(MY_ENVS)
+    command = Path(sys.executable).with_name("learner")
+    argv = ["train", "--env", "myenvs:Env", "--backend", "gym", "--num-envs", "2", "--num-steps", "8"]
+    argv += ["--total-timesteps", "16", "--run-dir", "run", "--no-progress", "--no-plot", "--no-tensorboard"]
+    proc = subprocess.run([str(command), *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_a_socket_folder_of_another_name_not_there_yet_is_waited_for(tmp_path: Path) -> None:
     """A unix: address in a folder that is not a LocalServers' may be one a service manager makes as its
     server starts: the connect waits for it (connect_timeout), as for any server not up yet."""
