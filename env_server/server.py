@@ -1291,13 +1291,16 @@ class _Watchdog(threading.Thread):
         """Warn that the env call that began at ``started`` has run for long (see SLOW_CALL_S), saying where it
         is stuck; the service logs its end (see EnvService.slow_call)."""
         service.slow_call = started
+        kind, stuck = service.call_kind, self._stuck(service)
+        if service.call_started != started:  # (it returned meanwhile: its end line, if any, says how long it took)
+            return
         hang_s = self.config.hang_timeout_s
         log.warning(
             "the envs' %s has run for %.1f s and not returned%s; meanwhile the envs serve no other call (a learner "
             "gives up on a call after its --timeout: learner train's default is 10 s) and %s",
-            service.call_kind,
+            kind,
             now - started,
-            self._stuck(service),
+            stuck,
             f"--hang-timeout {hang_s:g} s exits the server at {hang_s:g} s"
             if hang_s
             else "the server waits for it (with --hang-timeout S, it would exit after S s, for whatever runs it "
@@ -1306,8 +1309,13 @@ class _Watchdog(threading.Thread):
 
     def _stuck(self, service: EnvService) -> str:
         """Where the service's env call is stuck, for the end of a log line ("; it is stuck in env 1 of 2, at
-        ..."): "" where its thread runs no Python code any more."""
-        where = _stuck_at(service.call_thread)
+        ..."): "" where its thread runs no Python code any more, or where it cannot be told (the watchdog's
+        own work must go on: it exits a hung server)."""
+        try:
+            where = _stuck_at(service.call_thread)
+        except Exception:  # (another thread's frames, read as they change; a working directory removed, ...)
+            log.debug("cannot tell where the env call is stuck", exc_info=True)
+            return ""
         if not where:
             return ""
         if self.config.vectorization == "async":

@@ -1814,17 +1814,15 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
 
 def _say_end(args: argparse.Namespace, text: str) -> None:
     """Say why the command ends, on stderr: ``learner COMMAND: TEXT`` (``error: ...``, ``aborted...``), or
-    under ``--log-format json`` one record (logger learner.cli; ERROR, or WARNING for an abort) whose message
-    is TEXT without its ``error: ``, as env-server says its own: the line a log collector most needs (why
-    the process exited) is then one it parses, with a time and a level, as the command's other lines.
-    (Usage errors, exit status 2, stay argparse's two lines, said before logging is set up.)"""
+    under ``--log-format json`` one record (logger learner.cli, level ERROR, an abort's too: shown whatever
+    --log-level) whose message is TEXT without its ``error: ``, as env-server says its own: the line a log
+    collector most needs (why the process exited) is then one it parses, with a time and a level, as the
+    command's other lines. (Usage errors, exit status 2, stay argparse's two lines, said before logging is set
+    up.)"""
     if getattr(args, "log_format", "text") != "json":
         print(f"learner {args.command}: {text}", file=sys.stderr)
         return
-    error = text.startswith("error: ")
-    logging.getLogger("learner.cli").log(
-        logging.ERROR if error else logging.WARNING, "%s", text.removeprefix("error: ")
-    )
+    logging.getLogger("learner.cli").error("%s", text.removeprefix("error: "))
 
 
 def _find_modules_here() -> None:

@@ -194,7 +194,6 @@ def evaluate(
     if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
         recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
     run_wrappers = recorded_wrappers or run_args.wrappers
-    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
     if max_episode_steps is not None and max_episode_steps < 1:
         raise ValueError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
     given_limit = max_episode_steps  # (for the envs made here: --video's too where the episodes run on servers)
@@ -205,6 +204,8 @@ def evaluate(
     run_kwargs = served_kwargs if on_servers else dict(run_args.env_kwargs)  # (None: the run does not say)
     if served_kwargs is not None and env_kwargs is None:
         kwargs = dict(served_kwargs)
+    # (auto's choice by the kwargs the envs are made with: RAM observations get no atari wrapper)
+    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
     # A run trained on running servers that did not say: their env kwargs are unknown (before, their wrappers too).
     unrecorded = on_servers and served_kwargs is None and (servers is None or video_path is not None)
     if unrecorded and env_kwargs is None:

@@ -373,7 +373,8 @@ async def reconnect(
             # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
             no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
             text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
-            if no_connection and diagnose is not None:
+            due = time.monotonic() - said_down_at >= STILL_DOWN_LOG_S  # (the still-down line below)
+            if no_connection and diagnose is not None and due:  # (probed for that line only: not each attempt)
                 text = await _no_connection(client.address, connect_timeout, diagnose)
             # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
             # now serves no envfleet, UNIMPLEMENTED) are warned of once, not at every attempt.

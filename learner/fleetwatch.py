@@ -13,6 +13,7 @@ import numpy as np
 
 from learner import rundir
 from learner.device import machine_busy
+from learner.local import server_label
 from learner.stats import ReplicaStats, StepTimer
 
 __all__ = ["FAULT_COUNTS", "SLOW_UPDATES", "FleetWatch", "ReplicaTotals", "SlowReplicas"]
@@ -161,7 +162,7 @@ class FleetWatch:
             if local:
                 # Servers the learner started: their addresses are new each session (a temporary
                 # folder's socket, a free port), their places are not (a restart keeps its address).
-                self._labels = {r.address: f"local-{i}" for i, r in enumerate(first)}
+                self._labels = {r.address: server_label(i) for i, r in enumerate(first)}  # (as their logs say)
             self._kept = _counted(first)
         # (What connecting and the first reset counted goes with the first rollout's, as totals() counts it.)
         self._before = dict.fromkeys(FAULT_COUNTS, 0)

@@ -507,8 +507,9 @@ def python_m(module: str) -> list[str]:
     """The command that runs ``module`` (``python -m module``) with the envfleet this process runs: with
     ``-P`` (the working directory not first on sys.path, where ``-m`` puts it), so that in a clone the child
     runs the installed envfleet as this process does, not the clone's files; without it where this process
-    runs the working directory's own (a checkout's source, not installed). (env-server adds the working
-    directory to sys.path after its own imports, for ``--env mymodule:MyEnv``.)"""
+    runs the working directory's own (a checkout's source, not installed). (env-server puts the working
+    directory back on sys.path itself, for ``--env mymodule:MyEnv``: its own package is imported by then,
+    and its modules come from there.)"""
     import env_server
 
     try:
@@ -881,7 +882,11 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
                 continue
             entry = _json_record(line)
             if entry is not None:  # (env-server --log-format json)
-                _forward_record(server_log, server_label(index), entry, tail)
+                try:
+                    _forward_record(server_log, server_label(index), entry, tail)
+                except Exception:  # (a record that cannot be remade: said as the line it is; reading goes on, or
+                    # the server would block once its stderr's pipe is full)
+                    server_log.warning("%s", line)
                 level, traceback = logging.WARNING, False
                 continue
             # Server lines look like "<date> <time> LEVEL logger: message": logged as "logger: message"
@@ -917,7 +922,9 @@ def _json_record(line: str) -> dict[str, Any] | None:
         entry = json.loads(line)
     except ValueError:
         return None
-    if not (isinstance(entry, dict) and isinstance(entry.get("message"), str) and entry.get("level") in _LOG_LEVELS):
+    if not (isinstance(entry, dict) and isinstance(entry.get("message"), str)):
+        return None
+    if not (isinstance(entry.get("level"), str) and entry["level"] in _LOG_LEVELS):  # (a list: unhashable)
         return None
     return entry
 

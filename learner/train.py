@@ -747,9 +747,10 @@ def train(
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
-            # (each server named with the env it serves: a fleet's servers need only fit one another's spaces)
+            # The fleet's env is its first server's (a fleet's servers need only fit one another's spaces: others
+            # are warned of as they connect); an error names each server with the env it serves.
             served_envs = getattr(envs, "served_envs", None) or {args.servers: env_id}
-            other = other_env_servers(args.env, served_envs) if args.env is not None else ""
+            other = other_env_servers(args.env, served_envs) if args.env is not None and args.env != env_id else ""
             if args.resume and other:
                 raise ValueError(
                     f"--servers: the run in {args.resume} trained on {args.env}, but {other}; resume it on servers "
@@ -1217,7 +1218,10 @@ def train(
                             raise
                         dropped += 1
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
-                            env_errors += 1  # (its env's step, as a fault-tolerant run counts one)
+                            # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
+                            # run counts them, and lost with the rollout's; the raise an env error, of those)
+                            counters.global_step += num_envs
+                            env_errors += 1
                         drop_unsaid = not _say_dropped(drops_said, dropped, lost_rollouts, err)
                         lost = err
                         break

@@ -386,7 +386,8 @@ def test_a_servers_json_records_are_logged_as_it_logged_them(caplog: pytest.LogC
         {"level": "ERROR", "logger": "env_server", "message": "cannot bind"},
     ]
     stamped = [{"time": "2026-12-01T03:00:00.000Z", **record} for record in records]
-    proc = _printing(*map(json.dumps, stamped), "an env's print", '{"not": "a record"}')
+    odd = '{"level": ["INFO"], "message": "an env printing JSON"}'  # (was: the reader thread died, unhashable)
+    proc = _printing(*map(json.dumps, stamped), "an env's print", '{"not": "a record"}', odd)
     tail: collections.deque[tuple[int, str]] = collections.deque(maxlen=20)
     with caplog.at_level(logging.DEBUG, logger="env_server[local-1]"):
         _forward_stderr(proc, 1, tail)
@@ -397,6 +398,7 @@ def test_a_servers_json_records_are_logged_as_it_logged_them(caplog: pytest.LogC
         ("env_server[local-1]", "DEBUG", "cannot bind", None),  # (env-server's own error: the error raised quotes it)
         ("env_server[local-1]", "WARNING", "an env's print", None),
         ("env_server[local-1]", "WARNING", '{"not": "a record"}', None),
+        ("env_server[local-1]", "WARNING", odd, None),
     ]
     # A text formatter writes the traceback after the line, as the server's own would.
     text = logging.Formatter("%(name)s: %(message)s").format(caplog.records[0])

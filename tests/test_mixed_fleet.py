@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
+
 from learner import RemoteVectorEnv
 from learner.specs import other_env_servers
 from tests.conftest import StartServers
@@ -28,3 +33,24 @@ def test_only_the_servers_of_another_env_are_named_and_a_mixed_fleet_is_said(sta
     assert other_env_servers("X", {"a:1": "Y", "b:2": "Y", "c:3": "X"}) == (
         "the servers at a:1, b:2 serve Y (a mixed fleet: the server at c:3 serves X)"
     )
+
+
+@pytest.mark.needs_torch
+@pytest.mark.slow
+def test_a_mixed_fleet_trains_as_its_first_server_s_env_and_resumes_so(
+    start_servers: StartServers, tmp_path: Path
+) -> None:
+    """Its env is the first server's, as config.json records it: --env of that env trains (the others warned
+    of), and so does --resume on the same servers (the review found a draft that refused it); --env of
+    another server's env is refused naming which serves what."""
+    from learner.train import Args, resume_args, train
+
+    [v0] = start_servers("CartPole-v0")
+    [v1] = start_servers("CartPole-v1")
+    servers = f"{v0},{v1}"
+    quiet = {"progress": False, "tensorboard": False, "plot": False, "num_steps": 8}
+    run = tmp_path / "run"
+    train(Args(env="CartPole-v0", servers=servers, total_timesteps=16, run_dir=str(run), **quiet))  # type: ignore[arg-type]
+    train(resume_args(str(run), total_timesteps=32))
+    with pytest.raises(ValueError, match=re.escape(f"--env: expected servers of CartPole-v1, but the server at {v0}")):
+        train(Args(env="CartPole-v1", servers=servers, total_timesteps=16, run_dir=str(tmp_path / "b"), **quiet))  # type: ignore[arg-type]
