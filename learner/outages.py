@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, iterate
 
-from learner import faults
+from learner import faults, pauses
 from learner.batching import slice_batch
 from learner.client import EnvClient
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
@@ -183,7 +183,18 @@ class FleetOutages:
                 "env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs
             )
         else:
-            log.warning("env server %s lost (%s); %s", client.address, err, envs)
+            paused = pauses.own_pause()
+            log.warning(
+                "env server %s lost (%s); %s%s",
+                client.address,
+                err,
+                envs,
+                f"; this learner itself did not run for {paused:.0f} s just before (stopped, suspended, or starved of "
+                "CPU), which the server may have taken for a lost connection, or this learner for a lost server: "
+                "it may be fine"
+                if paused
+                else "",
+            )
         self._start_reconnect(replica, hold_off)
         self._say_all_down()
         return None

@@ -26,7 +26,7 @@ from env_server import codec
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
-from learner import faults
+from learner import faults, pauses
 from learner.batching import (
     InfoPart,
     as_arrays,
@@ -348,6 +348,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._away: dict[str, _Away] = {}
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
+        if self.fault_tolerant:  # (a server's loss right after this process was paused says so: see _mark_lost)
+            pauses.start()
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
         deadline = time.monotonic() + self.connect_timeout
         named = expand_named(addresses, self.connect_timeout)

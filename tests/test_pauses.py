@@ -1,0 +1,65 @@
+"""A learner that was itself stopped for a while (SIGSTOP, a suspended laptop or VM): a server lost just after
+is said to be maybe fine (was: "env server X lost" alone, sending the operator to a healthy server)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from learner import RemoteVectorEnv, pauses
+from tests.conftest import SpawnServer
+
+
+@pytest.mark.slow
+def test_a_pause_of_this_process_is_noticed() -> None:
+    """SIGSTOP and SIGCONT of a process that watches (the pause threshold lowered to 1 s)."""
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from learner import pauses
+        pauses.PAUSE_S = 1.0
+        pauses.start()
+        print(pauses.own_pause(), flush=True)
+        sys.stdin.readline()  # (stopped and continued meanwhile)
+        time.sleep(2 * pauses.TICK_S)
+        print(pauses.own_pause(), flush=True)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == "None"
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # (the pause itself: what is measured)
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        paused = float(proc.stdout.readline())
+    assert 2.0 <= paused <= 60.0, paused
+
+
+def test_a_server_lost_right_after_a_pause_of_this_learner_is_said_to_be_maybe_fine(
+    spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = spawn_server("CartPole-v1", 2)
+    with RemoteVectorEnv([server.address], fault_tolerant=True, timeout=10.0) as envs:
+        envs.reset(seed=0)
+        monkeypatch.setattr(pauses, "_last_pause", (25.0, pauses._now()))  # (as the watching thread records one)
+        server.kill()
+        with caplog.at_level(logging.WARNING, logger="learner.remote"):
+            envs.step(np.zeros(2, dtype=np.int64))
+    (lost,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"env server {server.address} lost")]
+    assert lost.endswith(
+        "; this learner itself did not run for 25 s just before (stopped, suspended, or starved of CPU), which the "
+        "server may have taken for a lost connection, or this learner for a lost server: it may be fine"
+    ), lost
+    monkeypatch.setattr(pauses, "_last_pause", (25.0, pauses._now() - pauses.RECENT_S - 1))  # (long ago: no word)
+    assert pauses.own_pause() is None
