@@ -245,15 +245,22 @@ def _hang_timeout(spec: FleetSpec) -> float:
     return max(HANG_TIMEOUT_S, 2 * max(spec.timeout, spec.reset_timeout or 0.0))
 
 
-def env_server_of(envs: Any, env: int) -> str:
-    """What names where env ``env`` (counted over the fleet) runs, as the start of an error's message: "env
-    server ADDRESS: " on a fleet of env servers (``envs.addresses`` and ``envs.env_slices``: RemoteVectorEnv's,
-    as of now: the fleet may have changed since the run began), "" for in-process envs."""
+def server_of(envs: Any, env: int) -> tuple[str, int] | None:
+    """The env server env ``env`` (counted over the fleet) runs on and its index there, as that server counts
+    its envs (``envs.addresses`` and ``envs.env_slices``: RemoteVectorEnv's, as of now: the fleet may have
+    changed since the run began); None for in-process envs."""
     slices = getattr(envs, "env_slices", None)
     addresses = getattr(envs, "addresses", None)
     if slices is None or addresses is None:
-        return ""
+        return None
     for address, envs_of in zip(addresses, slices, strict=False):
         if envs_of.start <= env < envs_of.stop:
-            return f"env server {address}: "
-    return ""
+            return address, env - envs_of.start
+    return None
+
+
+def env_server_of(envs: Any, env: int) -> str:
+    """What names where env ``env`` runs (:func:`server_of`), as the start of an error's message: "env server
+    ADDRESS: " on a fleet of env servers, "" for in-process envs."""
+    where = server_of(envs, env)
+    return f"env server {where[0]}: " if where is not None else ""

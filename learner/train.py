@@ -54,7 +54,7 @@ from learner.checkpointing import Checkpointer
 from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import Args, PPOConfig, default_run_dir, resolve_ppo
 from learner.device import device_hint, machine_busy, pick_device, set_torch_threads
-from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold
+from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold, server_of
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
@@ -264,13 +264,8 @@ def _env_on_server(envs: Any, env: int) -> str:
     """Where env ``env`` (counted over the fleet) runs, for a log line: " (env server ADDRESS, its env 1)",
     as its server counts its own envs; "" for in-process envs (no server). (The fleet as of now, the step's:
     it changes only between rollouts.)"""
-    slices, addresses = getattr(envs, "env_slices", None), getattr(envs, "addresses", None)
-    if slices is None or addresses is None:
-        return ""
-    for address, envs_of in zip(addresses, slices, strict=False):
-        if envs_of.start <= env < envs_of.stop:
-            return f" (env server {address}, its env {env - envs_of.start})"
-    return ""
+    where = server_of(envs, env)
+    return f" (env server {where[0]}, its env {where[1]})" if where is not None else ""
 
 
 DROPPED_LOG_S = 60.0
