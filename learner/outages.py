@@ -189,9 +189,8 @@ class FleetOutages:
                 client.address,
                 err,
                 envs,
-                f"; this learner itself did not run for {paused:.0f} s just before (stopped, suspended, or starved of "
-                "CPU), which the server may have taken for a lost connection, or this learner for a lost server: "
-                "it may be fine"
+                f"; this learner itself was held up for {paused:.0f} s just before (stopped, suspended, starved of "
+                "CPU, or a long call holding the interpreter): the loss may be its own, and the server fine"
                 if paused
                 else "",
             )

@@ -348,8 +348,6 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._away: dict[str, _Away] = {}
 
         warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
-        if self.fault_tolerant:  # (a server's loss right after this process was paused says so: see _mark_lost)
-            pauses.start()
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
         deadline = time.monotonic() + self.connect_timeout
         named = expand_named(addresses, self.connect_timeout)
@@ -419,6 +417,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._retired = _Retired()  # counts of servers that left the fleet (refresh)
         self._share_cpus()
         _LIVE.add(self)
+        # (a server's loss right after this process was held up says so: see _mark_lost; until close)
+        self._watching_pauses = self.fault_tolerant
+        if self._watching_pauses:
+            pauses.start()
         log.info(
             "connected to %d env server(s), %d envs of %s%s: %s",
             len(self._clients),
@@ -1882,6 +1884,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     def close_extras(self, **kwargs: Any) -> None:
         """Release every server's envs for the next learner and close the connections."""
+        if getattr(self, "_watching_pauses", False):
+            self._watching_pauses = False
+            pauses.stop()
         self._close_clients()
 
     def _close_clients(self) -> None:

@@ -1198,6 +1198,10 @@ def train(
                         # raised. Drop this rollout and go on with the servers left (every env starting
                         # over), unless that keeps happening.
                         lost_rollouts += 1
+                        if isinstance(err, EnvCrashedError):
+                            # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
+                            # run counts them, and lost with the rollout's however it ends)
+                            counters.global_step += num_envs
                         if stop_request.requested:  # (Ctrl-C during a step that then failed: stopped there)
                             log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
                             lost = err
@@ -1213,10 +1217,7 @@ def train(
                             raise
                         dropped += 1
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
-                            # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
-                            # run counts them, and lost with the rollout's; the raise an env error, of those)
-                            counters.global_step += num_envs
-                            env_errors += 1
+                            env_errors += 1  # (of the env steps lost: the raise's step is among them)
                         drop_unsaid = not _say_dropped(drops_said, dropped, lost_rollouts, err)
                         lost = err
                         break

@@ -22,7 +22,7 @@ def test_a_pause_of_this_process_is_noticed() -> None:
     """SIGSTOP and SIGCONT of a process that watches (the pause threshold lowered to 1 s)."""
     code = textwrap.dedent(
         """
-        import sys, time
+        import sys, threading, time
         from learner import pauses
         pauses.PAUSE_S = 1.0
         pauses.start()
@@ -30,6 +30,11 @@ def test_a_pause_of_this_process_is_noticed() -> None:
         sys.stdin.readline()  # (stopped and continued meanwhile)
         time.sleep(2 * pauses.TICK_S)
         print(pauses.own_pause(), flush=True)
+        pauses.stop()  # (the last user gone, the thread ends: a fork later copies no thread of ours)
+        deadline = time.monotonic() + 30
+        while threading.active_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(threading.active_count(), flush=True)
         """
     )
     with subprocess.Popen(
@@ -43,7 +48,22 @@ def test_a_pause_of_this_process_is_noticed() -> None:
         proc.stdin.write("\n")
         proc.stdin.flush()
         paused = float(proc.stdout.readline())
+        threads = int(proc.stdout.readline())
     assert 2.0 <= paused <= 60.0, paused
+    assert threads == 1
+
+
+def test_a_pause_going_on_as_a_loss_is_said_counts_before_the_watcher_has_woken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a SIGCONT the thread that meets the loss may run before the watcher: the pause is then the
+    watcher's lateness now."""
+    monkeypatch.setattr(pauses, "_watcher", object())  # (as while a fleet is open)
+    monkeypatch.setattr(pauses, "_last_tick", pauses._now() - 20.0)
+    paused = pauses.own_pause()
+    assert paused is not None and paused >= 19.0
+    monkeypatch.setattr(pauses, "_last_tick", pauses._now())
+    assert pauses.own_pause() is None
 
 
 def test_a_server_lost_right_after_a_pause_of_this_learner_is_said_to_be_maybe_fine(
@@ -58,8 +78,8 @@ def test_a_server_lost_right_after_a_pause_of_this_learner_is_said_to_be_maybe_f
             envs.step(np.zeros(2, dtype=np.int64))
     (lost,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"env server {server.address} lost")]
     assert lost.endswith(
-        "; this learner itself did not run for 25 s just before (stopped, suspended, or starved of CPU), which the "
-        "server may have taken for a lost connection, or this learner for a lost server: it may be fine"
+        "; this learner itself was held up for 25 s just before (stopped, suspended, starved of CPU, or a long call "
+        "holding the interpreter): the loss may be its own, and the server fine"
     ), lost
     monkeypatch.setattr(pauses, "_last_pause", (25.0, pauses._now() - pauses.RECENT_S - 1))  # (long ago: no word)
     assert pauses.own_pause() is None
