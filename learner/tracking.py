@@ -22,6 +22,12 @@ except ModuleNotFoundError as err:  # (learner.cli names the extra that brings i
     raise ModuleNotFoundError(
         "--track needs wandb, which is not installed here: pip install 'envfleet[track]'", name="wandb"
     ) from err
+if getattr(wandb, "__file__", None) is None:  # (a folder ./wandb, as CleanRL's runs leave, imported as a namespace)
+    raise ModuleNotFoundError(
+        f"--track needs wandb, which is not installed here (what imports as wandb is the folder "
+        f"{next(iter(getattr(wandb, '__path__', [])), '?')}): pip install 'envfleet[track]'",
+        name="wandb",
+    )
 
 from learner import rundir
 from learner.config import Args

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -323,6 +324,23 @@ def test_track_without_wandb_names_the_extra_to_install_before_any_env_starts(
     monkeypatch.setenv("ENVFLEET_TRACK", "on")  # (what turned it on is said)
     assert main(["train", "--env", "CartPole-v1", "--run-dir", str(run_dir)]) == 1
     assert "--no-track); $ENVFLEET_TRACK turns it on here" in capsys.readouterr().err
+
+
+def test_track_where_wandb_is_only_a_folder_in_the_working_directory_names_the_extra_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder ./wandb (CleanRL's runs leave one) imports as a namespace package where wandb is not installed
+    (the learner command has the working directory on sys.path): was an AttributeError later."""
+    namespace = types.ModuleType("wandb")  # (as a namespace package: no __file__)
+    namespace.__path__ = [str(tmp_path / "wandb")]
+    monkeypatch.setitem(sys.modules, "wandb", namespace)
+    monkeypatch.delitem(sys.modules, "learner.tracking", raising=False)
+    monkeypatch.setattr("learner.train.open_fleet", lambda spec: pytest.fail("envs started"))
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env", "CartPole-v1", "--track", "--run-dir", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "learner train: error: --track needs wandb, which is not installed here" in err, err
+    assert "Traceback" not in err and not run_dir.exists()
     monkeypatch.setenv("ENVFLEET_TRACK", "off")  # (--track did: the variable is not named)
     assert main(["train", "--env", "CartPole-v1", "--track", "--run-dir", str(run_dir)]) == 1
     assert "ENVFLEET_TRACK" not in capsys.readouterr().err
