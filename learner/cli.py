@@ -44,7 +44,15 @@ from env_server.tuning import (
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
 from learner.config import PRESETS, Args, check_addresses, check_device, check_tls, check_wrappers, is_atari
-from learner.errors import EnvFleetError, OptionError, RunCompleteError, TrainingInterrupted, os_reason, out_of_fds
+from learner.errors import (
+    EnvFleetError,
+    OptionError,
+    RunCompleteError,
+    TrainingInterrupted,
+    install_hint,
+    os_reason,
+    out_of_fds,
+)
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
 from learner.local import DEFAULT_TRANSPORT, raise_fd_limit
@@ -1796,13 +1804,7 @@ def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
             return 1
         if missing not in _LEARNER_EXTRA:
             raise
-        how = "pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
-        if missing == "torch":  # before the extra, or pip pulls the multi-GB CUDA build on a CPU-only machine
-            how = (
-                "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "
-                f"--index-url https://download.pytorch.org/whl/cpu), then {how}"
-            )
-        _say_end(args, f"error: needs {missing}, which is not installed here: {how}")
+        _say_end(args, f"error: needs {missing}, which is not installed here: {install_hint(missing)}")
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (the first stops training at the next step)
         if args.command == "eval" and args.json and not getattr(args, "json_printed", False):

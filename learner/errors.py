@@ -38,6 +38,7 @@ __all__ = [
     "TrainingInterrupted",
     "UnusableEnvOutputError",
     "UpdateDivergedError",
+    "install_hint",
     "os_reason",
     "out_of_fds",
 ]
@@ -240,3 +241,16 @@ class UpdateDivergedError(EnvFleetError, FloatingPointError):
     """PPO's update made the gradient NaN or infinite (a loss overflowed: returns too large for float32,
     say), which would leave the nets NaN: the run stops, no checkpoint of that update written. The
     message says in which epoch and minibatch, with their losses."""
+
+
+def install_hint(missing: str) -> str:
+    """How to install ``missing``, a package of the learner extra (envfleet[learner]) that an import did
+    not find: torch first, and on a CPU-only machine its small CPU build (a plain ``pip install torch``
+    there pulls the multi-GB CUDA build)."""
+    how = "pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
+    if missing != "torch":
+        return how
+    return (
+        "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "
+        f"--index-url https://download.pytorch.org/whl/cpu), then {how}"
+    )

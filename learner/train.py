@@ -38,7 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
+
+try:
+    import torch
+except ModuleNotFoundError as _err:  # (`from learner.train import train` in a script: say how to install it)
+    from learner.errors import install_hint
+
+    raise ModuleNotFoundError(
+        f"learner.train needs torch, which is not installed here: {install_hint('torch')}", name="torch"
+    ) from _err
 from torch import Tensor, optim
 
 from learner import rundir
@@ -258,6 +266,26 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any],
         "" if total == 1 else "s",
     )
     said[0], said[1] = now, total
+
+
+RAW_INTEGERS_WARN_AT = 100
+"""Integer vector observations ranging past this go raw into the MLP only with a warning (ALE's RAM: 0-255)."""
+
+
+def _raw_integer_observations(space: gym.Space[Any], image: bool, norm_obs: bool) -> str:
+    """A warning where the MLP gets integer observations as they are, with values as large as ALE's RAM
+    bytes (0-255: obs_type="ram"), which slow or stall learning where they are not scaled; "" otherwise
+    (floats, small integer ranges such as a grid's cells, --norm-obs, images for the Nature CNN)."""
+    if image or norm_obs or not isinstance(space, gym.spaces.Box) or not np.issubdtype(space.dtype, np.integer):
+        return ""
+    largest = int(max(np.max(np.abs(space.low.astype(np.int64))), np.max(np.abs(space.high.astype(np.int64)))))
+    if largest < RAW_INTEGERS_WARN_AT:
+        return ""
+    return (
+        f"observations are {space.dtype} values of up to {largest} ({space}), which the MLP gets as they are: "
+        "inputs that large slow or stall learning; --norm-obs scales them (a running mean and std, kept in the "
+        "checkpoints), or scale them in a wrapper on the env servers"
+    )
 
 
 def _env_on_server(envs: Any, env: int) -> str:
@@ -752,9 +780,16 @@ def train(
                     f"of {args.env}"
                 )
             if other:
+                first = next((a for a, e in served_envs.items() if e == args.env), None)
                 raise ValueError(
                     f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they "
                     "serve)"
+                    + (
+                        f" (a mixed fleet's env is its first server's, and its time limit and kwargs too: list one "
+                        f"of {args.env} first, {first} say, as the run did)"
+                        if first is not None
+                        else ""
+                    )
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
@@ -851,6 +886,9 @@ def train(
         clipped = clip_leaves_out_zero(hp, action_space)
         if clipped:
             log.warning("%s", clipped)
+        raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
+        if raw_integers:
+            log.warning("%s", raw_integers)
         if args.hang_timeout is not None and args.backend == "gym":
             log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
 

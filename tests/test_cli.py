@@ -700,6 +700,17 @@ def test_a_command_that_needs_torch_says_how_to_install_it(tmp_path: Path) -> No
         ]
 
 
+def test_training_from_python_without_torch_says_how_to_install_it() -> None:
+    code = "import sys; sys.modules['torch'] = None; from learner.train import train"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        "ModuleNotFoundError: learner.train needs torch, which is not installed here: pip install torch (on a "
+        "CPU-only machine, the small CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
+        "then pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
+    )
+
+
 def _train_until_its_first_update(argv: list[str], run: Path) -> subprocess.Popen[str]:
     """``learner train ARGV --run-dir RUN`` in a subprocess, returned once it has made its first update."""
     proc = subprocess.Popen(

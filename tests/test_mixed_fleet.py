@@ -42,7 +42,8 @@ def test_a_mixed_fleet_trains_as_its_first_server_s_env_and_resumes_so(
 ) -> None:
     """Its env is the first server's, as config.json records it: --env of that env trains (the others warned
     of), and so does --resume on the same servers (the review found a draft that refused it); --env of
-    another server's env is refused naming which serves what."""
+    another server's env is refused naming which serves what, and a --resume on them listed in another order
+    says that the order is what differs."""
     from learner.train import Args, resume_args, train
 
     [v0] = start_servers("CartPole-v0")
@@ -52,5 +53,7 @@ def test_a_mixed_fleet_trains_as_its_first_server_s_env_and_resumes_so(
     run = tmp_path / "run"
     train(Args(env="CartPole-v0", servers=servers, total_timesteps=16, run_dir=str(run), **quiet))  # type: ignore[arg-type]
     train(resume_args(str(run), total_timesteps=32))
+    with pytest.raises(ValueError, match=re.escape(f"list one of CartPole-v0 first, {v0} say, as the run did)")):
+        train(resume_args(str(run), total_timesteps=48, servers=f"{v1},{v0}"))  # (the order alone differs)
     with pytest.raises(ValueError, match=re.escape(f"--env: expected servers of CartPole-v1, but the server at {v0}")):
         train(Args(env="CartPole-v1", servers=servers, total_timesteps=16, run_dir=str(tmp_path / "b"), **quiet))  # type: ignore[arg-type]

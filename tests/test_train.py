@@ -940,6 +940,19 @@ def test_norm_obs_where_it_does_not_apply_is_said_to_be_ignored(
     assert "--norm-obs: applies to vector (Box) observations, not Discrete(16) ones; ignored" in caplog.text
 
 
+def test_ram_bytes_going_raw_into_the_mlp_are_warned_of_until_norm_obs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("ale_py")
+    args = Args(env="ALE/Pong-v5", env_kwargs={"obs_type": "ram"}, backend="gym", num_envs=1, num_steps=4, **QUIET)
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        train(dataclasses.replace(args, total_timesteps=4, run_dir=str(tmp_path / "raw")))
+        assert "observations are uint8 values of up to 255 (Box(0, 255, (128,), uint8)), which the MLP" in caplog.text
+        caplog.clear()
+        train(dataclasses.replace(args, total_timesteps=4, norm_obs=True, run_dir=str(tmp_path / "scaled")))
+    assert "which the MLP gets as they are" not in caplog.text
+
+
 # -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
 
 
