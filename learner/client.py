@@ -52,6 +52,7 @@ from learner.errors import (
     SessionError,
     out_of_fds,
 )
+from learner.local import label_of
 
 __all__ = [
     "KEEPALIVE_TIMEOUT",
@@ -415,14 +416,14 @@ def status_error(
                 return request_too_large(address, method, int(size), int(limit), read=True)
             if direction == "Sent" and side == "CLIENT":
                 return InvalidRequestError(
-                    f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over "
+                    f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over "
                     f"this client's limit of {limit} bytes on messages; nothing was sent",
                     address=address,
                     code=code,
                 )
             # "SERVER: Sent" or "CLIENT: Received": the answer (an oversized answer is no busy server)
             return InvalidResponseError(
-                f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: its answer is {size} bytes, over the "
+                f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: its answer is {size} bytes, over the "
                 f"limit of {limit} bytes on messages; serve fewer envs per server (env-server --num-envs) or "
                 "smaller observations",
                 address=address,
@@ -430,7 +431,7 @@ def status_error(
             )
         if details == CALL_LIMIT_DETAILS:
             return ServerFullError(
-                f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the server is serving as many calls as "
+                f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: the server is serving as many calls as "
                 f"it takes at once (env-server --max-concurrent-rpcs, {DEFAULT_MAX_CONCURRENT_RPCS} by default; a "
                 "learner holds 2-3), so some other client holds them: many learners or probes at one server, or a "
                 "flood; its log says when it refuses calls. Try again once they end, or raise the limit where the "
@@ -492,7 +493,7 @@ def status_error(
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         hint = hint or (RESET_TIMEOUT_HINT if method == "Reset" else TIMEOUT_HINT)
         details = f"no answer within the {timeout:g} s deadline ({details}: {_NO_ANSWER}); {hint}"
-    prefix = f"env server {address}: {method}"
+    prefix = f"env server {label_of(address)}: {method}"
     if env_index is not None:
         prefix += f" (env {env_index} of the fleet)"
     name = code.name if code is not None else "error"
@@ -507,7 +508,7 @@ def request_too_large(address: str, method: str, size: int, limit: int, *, read:
     else:  # (64 MiB: older servers' fixed limit, and the most the option allows)
         hint = "no env server reads more: send less per request"
     return InvalidRequestError(
-        f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "
+        f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "
         f"server's limit of {limit} bytes on requests; {'the server read none of it' if read else 'nothing was sent'} "
         f"({hint})",
         address=address,
@@ -518,7 +519,7 @@ def request_too_large(address: str, method: str, size: int, limit: int, *, read:
 def timeout_error(*, address: str, method: str, timeout: float, hint: str = TIMEOUT_HINT) -> RemoteTimeoutError:
     """The error for a message on a stream that got no answer within ``timeout`` seconds."""
     return RemoteTimeoutError(
-        f"env server {address}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
+        f"env server {label_of(address)}: {method} failed [DEADLINE_EXCEEDED]: no answer within the {timeout:g} s "
         f"deadline ({_NO_ANSWER}); {hint}",
         address=address,
         code=grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -666,7 +667,7 @@ class EnvClient:
             raise self._error(err, "Handshake", timeout, hint) from None
         if not response.session_id:
             raise InvalidResponseError(
-                f"env server {self.address}: Handshake's answer has an empty session_id; expected the id of the "
+                f"env server {label_of(self.address)}: Handshake's answer has an empty session_id; expected the id of the "
                 "session it opened, which every later call carries: the server does not follow envfleet.v1",
                 address=self.address,
             )
@@ -675,7 +676,7 @@ class EnvClient:
             log.warning(
                 "env server %s answers no server_id (its spec's is empty): a restart of it cannot be told from "
                 "the same process, so after a lost connection the learner takes it for the same one",
-                self.address,
+                label_of(self.address),
             )
         return response
 
@@ -746,7 +747,7 @@ class EnvClient:
             "env server %s: its Hold stream %s: without Hold, the server keeps this learner's claim only while "
             "calls come within its claim timeout (HandshakeResponse.claim_timeout_s: %s); a longer pause between "
             "calls may lose the session, and the next call then says so. The session is kept meanwhile",
-            self.address,
+            label_of(self.address),
             did,
             claim,
         )
@@ -771,7 +772,7 @@ class EnvClient:
             "not the server's: calls to %s seem to reach more than one env server (a proxy or load balancer that "
             "spreads one address over several). A session lives on one server: give each server its own address, "
             "or use a dns:/// name that resolves to every server's",
-            self.address,
+            label_of(self.address),
             self.address,
         )
 
@@ -791,7 +792,7 @@ class EnvClient:
         _warning_once(_PROXY_END_WARNED, self.address)(
             "env server %s: its Hold stream, which keeps this learner's session, ended %.0f s after it opened: %s. "
             "The session is over (the server freed its envs), and the next call says so%s",
-            self.address,
+            label_of(self.address),
             time.monotonic() - self._session_since,
             proxy_text(status),
             keep_open,
@@ -805,7 +806,7 @@ class EnvClient:
         if offered != self._step_socket_here:
             log.debug(
                 "env server %s names its step socket %s; stepping on %s, beside the Unix socket it was reached at",
-                self.address,
+                label_of(self.address),
                 offered,
                 self._step_socket_here,
             )
@@ -827,13 +828,13 @@ class EnvClient:
             log.info(
                 "env server %s does not check tokens (started without --auth-token), so the token sent to it adds "
                 "nothing; it admits only clients with a certificate its client CA signed (env-server --tls-client-ca)",
-                self.address,
+                label_of(self.address),
             )
             return
         log.warning(
             "env server %s does not check tokens (started without --auth-token): the token sent to it protects "
             "nothing, and anyone who can reach it may use it",
-            self.address,
+            label_of(self.address),
         )
 
     def check_request_size(self, size: int, method: str) -> None:
@@ -1018,7 +1019,7 @@ class EnvClient:
         over gRPC for the rest of the session (a new session tries the step socket again)."""
         log.warning(
             "env server %s: its step socket %s refused the connection (%s); stepping over gRPC",
-            self.address,
+            label_of(self.address),
             self.step_socket,
             server_text(reason),
         )
@@ -1039,7 +1040,7 @@ class EnvClient:
         _warning_once(_STEP_SOCKET_WARNED, self.address)(
             "env server %s: its step socket %s %s; stepping over gRPC, without the step socket's fast path "
             "(a step's round trip takes ~4x as long: quick envs step about half as fast)",
-            self.address,
+            label_of(self.address),
             self.step_socket,
             why,
         )
@@ -1111,7 +1112,7 @@ class EnvClient:
         try:
             await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            log.debug("release of an old session on %s failed: %s", self.address, _said(err))
+            log.debug("release of an old session on %s failed: %s", label_of(self.address), _said(err))
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -1135,7 +1136,7 @@ class EnvClient:
                     pb.ReleaseRequest(session_id=self.session_id), timeout=timeout, metadata=self.metadata
                 )
             except grpc.RpcError as err:
-                log.debug("release of %s failed: %s", self.address, _said(err))
+                log.debug("release of %s failed: %s", label_of(self.address), _said(err))
             else:
                 await self._read_hold_end(_PROBE_S)
             self.session_id = ""
@@ -1430,7 +1431,7 @@ class SocketStep:
     def _broken(self, err: OSError | None, reason: str = "it closed the connection") -> ServerUnavailableError:
         address = self._client.address
         return ServerUnavailableError(
-            f"env server {address}: Step failed [UNAVAILABLE]: the step socket broke ({err or reason})",
+            f"env server {label_of(address)}: Step failed [UNAVAILABLE]: the step socket broke ({err or reason})",
             address=address,
             code=grpc.StatusCode.UNAVAILABLE,
         )

@@ -21,7 +21,7 @@ from learner.errors import (
     ServerUnavailableError,
     SpecMismatchError,
 )
-from learner.local import socket_folder_gone
+from learner.local import label_of, socket_folder_gone
 from learner.loop import gather
 from learner.membership import _Away
 from learner.specs import incompatible, warn_if_other_env
@@ -108,7 +108,9 @@ class FleetConnection:
         ]
         if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
             address, why = gone[0]
-            raise ServerUnavailableError(f"env server {address}: nothing can answer there: {why}", address=address)
+            raise ServerUnavailableError(
+                f"env server {label_of(address)}: nothing can answer there: {why}", address=address
+            )
         clients: list[EnvClient] = []
         # Fault-tolerant: the servers the start goes on without (address, why), said in one warning at the
         # end, with the count the fleet starts with (those that did not connect, and those refused after).
@@ -136,8 +138,8 @@ class FleetConnection:
                         "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
                         "s" if len(waiting) > 1 else "",
                         # (a name said with its dns: address has a comma in it: then "; " between them)
-                        ("; " if any(self._named(a) != a for a in waiting) else ", ").join(map(self._named, waiting)),
-                        f" ({probed}: {cause})" if cause else "",
+                        ("; " if any("," in self._named(a) for a in waiting) else ", ").join(map(self._named, waiting)),
+                        f" ({label_of(probed)}: {cause})" if cause else "",
                         self.connect_timeout,
                     )
                 _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
@@ -233,7 +235,8 @@ class FleetConnection:
                 await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
                 if building:
                     reasons = {
-                        c.address: str(err).removeprefix(f"env server {c.address}: ") for c, err in building.items()
+                        c.address: str(err).removeprefix(f"env server {label_of(c.address)}: ")
+                        for c, err in building.items()
                     }
                     for client, err in building.items():
                         # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
@@ -327,11 +330,11 @@ class FleetConnection:
         for client in self._clients[1:]:
             spec = client.spec
             assert spec is not None
-            problem = incompatible(first.spec, spec, whose=f"env server {first.address}'s")
+            problem = incompatible(first.spec, spec, whose=f"env server {label_of(first.address)}'s")
             if problem:
                 self._close_clients()
                 raise SpecMismatchError(
-                    f"env server {client.address} has {problem}; one RemoteVectorEnv needs servers whose envs "
+                    f"env server {label_of(client.address)} has {problem}; one RemoteVectorEnv needs servers whose envs "
                     "have the same spaces and autoreset mode"
                 )
-            warn_if_other_env(first.spec, spec, client.address, f"env server {first.address}'s")
+            warn_if_other_env(first.spec, spec, label_of(client.address), f"env server {label_of(first.address)}'s")

@@ -53,6 +53,7 @@ from learner.errors import (
     InvalidResponseError,
     RemoteEnvError,
 )
+from learner.local import label_of
 from learner.specs import incompatible, warn_if_other_env
 
 __all__ = [
@@ -366,7 +367,9 @@ async def reconnect(
                 # (the env's, not the server's: tried again, it returns the same; a step's misfit stops a run at
                 # once, and so does this one, at the next step that would take the server back)
                 assert isinstance(err, RemoteEnvError)
-                log.debug("reconnect to %s, attempt %d: %s; raised by the next step", client.address, attempt, err)
+                log.debug(
+                    "reconnect to %s, attempt %d: %s; raised by the next step", label_of(client.address), attempt, err
+                )
                 replica.broken, replica.misfit = True, err
                 on_ready()  # (a step waiting for a server to come back goes on, and raises it)
                 return
@@ -384,7 +387,7 @@ async def reconnect(
             log.log(
                 logging.WARNING if warn else logging.DEBUG,
                 "reconnect to %s, attempt %d: %s",
-                client.address,
+                label_of(client.address),
                 attempt,
                 text,
             )
@@ -397,7 +400,7 @@ async def reconnect(
                     logging.INFO if replica.planned else logging.WARNING,
                     "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
                     "line; one at most every %g s), the last: %s; its %s unavailable, and it is tried again",
-                    client.address,
+                    label_of(client.address),
                     now - replica.down_since,
                     attempt,
                     "" if attempt == 1 else "s",
@@ -421,7 +424,7 @@ async def reconnect(
         # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
         # library versions, a restart from another checkout say, rejoined without a word; once it is back,
         # not at each attempt that failed after its spec was read)
-        warn_if_other_env(replica.spec, spec, client.address, "its old")
+        warn_if_other_env(replica.spec, spec, label_of(client.address), "its old")
         replica.spec = spec
         replica.back_at, replica.answered = time.monotonic(), 0
         # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S; why the
@@ -429,7 +432,7 @@ async def reconnect(
         say = log.debug if replica.relapses else log.info if replica.planned or same_process else log.warning
         say(
             "env server %s is back after %.1f s (%s); its %s with new episodes",
-            client.address,
+            label_of(client.address),
             time.monotonic() - replica.down_since,
             "same process"
             if same_process

@@ -46,6 +46,7 @@ __all__ = [
     "STARTUP_TIMEOUT_S",
     "LocalServers",
     "cgroup_cpu_quota",
+    "label_of",
     "local_servers",
     "orphaned_dirs",
     "out_of_fds",
@@ -142,6 +143,10 @@ class LocalServers:
     an error, a traceback, what is no log record), its last lines, so that a fault-tolerant
     ``RemoteVectorEnv`` gets its envs back; after ``restarts`` restarts within a minute it is left
     down (logged as an error).
+
+    While they run, this process's lines and errors about them (a ``RemoteVectorEnv``'s: lost, back, slow
+    to answer) name them ``local-0``, ``local-1``, ... (:func:`label_of`), as their forwarded lines do, not
+    by their addresses, which are new each time.
 
     Linux and macOS only: on Windows, ServerStartError saying what to do instead.
 
@@ -274,6 +279,7 @@ class LocalServers:
             watcher = threading.Thread(target=_reap, args=(self._children,), daemon=True, name="env-server-reaper")
         self._children.watcher = watcher
         watcher.start()
+        _name_servers(self._children, self.addresses)
         log.info(
             "started %d local env servers (%d x %s each): %s",
             num_servers,
@@ -770,6 +776,7 @@ def _stop_all(children: _Children, socket_dir: str | None, lock: int | None = No
             if proc.stdout is not None:  # (its "listening on" line was read long ago; stderr's reader closes that)
                 proc.stdout.close()
     finally:  # (a second Ctrl-C while they stop too: the servers notice their parent's end)
+        _unname_servers(children)
         if socket_dir is not None:
             for name in os.listdir(socket_dir) if os.path.isdir(socket_dir) else ():
                 with suppress(OSError):
@@ -832,6 +839,41 @@ def server_label(index: int) -> str:
     ``replica`` label, metrics.jsonl's ``replicas/local-0/...``: learner.fleetwatch), its log lines and
     those forwarded from it; its address is new each session, its place is not."""
     return f"local-{index}"
+
+
+# The servers of the LocalServers running in this process, by address: their label (server_label) and
+# whose they are (_Children), from their start until close(); see label_of.
+_LABELS: dict[str, tuple[str, _Children]] = {}
+
+
+def label_of(address: str) -> str:
+    """How the learner's log lines and errors name the env server at ``address``: ``local-0`` for the first
+    server of a :class:`LocalServers` running in this process (until its close(): as that server's forwarded
+    lines, metrics and Prometheus labels name it, by :func:`server_label`; its address, a temporary folder's
+    socket or a free port, is new each session and tells nothing), else ``address`` itself (servers
+    started elsewhere: ``learner train --servers``). Where several LocalServers run at once, each has a
+    ``local-0``: then with its address, ``local-0 (unix:/tmp/envfleet-.../server-0.sock)``."""
+    entry = _LABELS.get(address)
+    if entry is None:
+        return address
+    label, owner = entry
+    if any(other == label and by is not owner for other, by in list(_LABELS.values())):
+        return f"{label} ({address})"
+    return label
+
+
+def _name_servers(children: _Children, addresses: Sequence[str]) -> None:
+    """Have :func:`label_of` name ``children``'s servers, at ``addresses``, by their labels (a restart keeps
+    its address, and so its name)."""
+    for i, address in enumerate(addresses):
+        _LABELS[address] = (server_label(i), children)
+
+
+def _unname_servers(children: _Children) -> None:
+    """Stop naming ``children``'s servers (they stopped: their addresses, a port say, may go to another
+    server)."""
+    for address in [a for a, (_, owner) in list(_LABELS.items()) if owner is children]:
+        _LABELS.pop(address, None)
 
 
 def server_logger_name(index: int) -> str:

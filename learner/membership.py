@@ -19,6 +19,7 @@ from learner.discovery import AddressError, expand_named
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerBusyError, ServerUnavailableError
 from learner.faults import Replica, ReplicaState
 from learner.fleet import FleetChange
+from learner.local import label_of
 from learner.loop import LoopRunner, gather
 from learner.specs import incompatible, warn_if_other_env
 from learner.stats import StepTimer
@@ -112,10 +113,11 @@ class FleetMembership:
 
     def _named(self, address: str) -> str:
         """``address`` as messages name it: with the ``dns:`` address it was found by, where it was (the one
-        typed: "[::1]:50051, an address of dns:///localhost:50051")."""
+        typed: "[::1]:50051, an address of dns:///localhost:50051"); a server this process started by its
+        label (``local-0``: :func:`~learner.local.label_of`)."""
         name = self._dns_names.get(address)
         if not name:
-            return address
+            return label_of(address)
         return f"{address}, an address of dns:///{host_port(name, address.rpartition(':')[2])}"
 
     def _one_family_hint(self, address: str) -> str:
@@ -258,8 +260,8 @@ class FleetMembership:
         if not stay and not joined:
             self._let_go(failed, replicas)
             raise ServerUnavailableError(
-                f"refresh: no env server left: {', '.join(c.address for c in leave)} left, and none of "
-                f"{', '.join(resolved) or 'no address'} ({self._address_spec}) joined",
+                f"refresh: no env server left: {', '.join(label_of(c.address) for c in leave)} left, and none of "
+                f"{', '.join(map(label_of, resolved)) or 'no address'} ({self._address_spec}) joined",
                 address=leave[0].address,  # every server left: the fleet is never empty
             )
         self._let_go(failed, replicas)
@@ -328,7 +330,7 @@ class FleetMembership:
                     response = unreadable
             if isinstance(response, BaseException):
                 if id(client) in replicas:
-                    log.warning("refresh: env server %s leaves the fleet: %s", client.address, response)
+                    log.warning("refresh: env server %s leaves the fleet: %s", label_of(client.address), response)
                 else:
                     self._not_joined(client.address, response, f"its reset failed: {response}")
                 failed.append(client)
@@ -344,7 +346,7 @@ class FleetMembership:
             if id(client) in replicas:
                 log.warning(
                     "refresh: env server %s leaves the fleet: its infos do not fit the fleet's batch (%s)",
-                    client.address,
+                    label_of(client.address),
                     err,
                 )
             else:
@@ -364,11 +366,11 @@ class FleetMembership:
         :meth:`_join`), and each kind of failure is warned of once per server (the others at DEBUG)."""
         away = self._away.setdefault(address, _Away())
         away.warned.add(_OTHER_ENV)  # (_admit warned of that, if so, as it took its handshake)
-        news = away.refuse(err, problem.replace(f"env server {address}: ", "", 1), call="Reset")
+        news = away.refuse(err, problem.replace(f"env server {label_of(address)}: ", "", 1), call="Reset")
         log.log(
             logging.WARNING if news else logging.DEBUG,
             "refresh: env server %s does not join: %s (tried again in %g s)",
-            address,
+            label_of(address),
             away.last,
             away.delay,
         )
@@ -379,7 +381,7 @@ class FleetMembership:
         if was is not None and was.missing_since is not None:
             log.info(
                 "env server %s joined, %.0f s after the start went on without it",
-                address,
+                label_of(address),
                 time.monotonic() - was.missing_since,
             )
 
@@ -483,7 +485,7 @@ class FleetMembership:
                 await client.close()
                 continue
             problem = (
-                str(response).removeprefix(f"env server {client.address}: ")
+                str(response).removeprefix(f"env server {label_of(client.address)}: ")
                 if isinstance(response, BaseException)
                 else self._misfit(response.spec, client.address)
             )
@@ -495,7 +497,7 @@ class FleetMembership:
                 log.log(
                     logging.WARNING if news else logging.DEBUG,
                     "refresh: env server %s does not join: %s (tried again in %g s)",
-                    client.address,
+                    label_of(client.address),
                     problem,
                     away.delay,
                 )
@@ -506,7 +508,7 @@ class FleetMembership:
             assert not isinstance(response, BaseException)  # (a failed handshake is a problem)
             was = self._away.get(client.address)
             if was is None or _OTHER_ENV not in was.warned:  # (once per server while it is away)
-                warn_if_other_env(self._spec, response.spec, client.address, "the fleet's")
+                warn_if_other_env(self._spec, response.spec, label_of(client.address), "the fleet's")
             client.start_session(response)
             # (still away until its reset in refresh() works too: see _joined and _not_joined)
             joined.append(client)
@@ -523,7 +525,7 @@ class FleetMembership:
                 log.warning(
                     "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
                     "when it answers",
-                    address,
+                    label_of(address),
                     now - away.missing_since,
                     f" (last tried {now - away.tried_at:.0f} s ago: {away.last})" if away.tried_at else "",
                 )

@@ -20,6 +20,7 @@ from learner.batching import slice_batch
 from learner.client import EnvClient
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
 from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect, unserved
+from learner.local import label_of
 from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
 from learner.stats import StepTimer
@@ -134,7 +135,7 @@ class FleetOutages:
         """:meth:`_lose`'s work, but for a broken server the error to raise, returned (None otherwise)."""
         replica, client = self._replicas[server], self._clients[server]
         if replica.state is ReplicaState.DOWN:  # (lost already: counted, and reconnecting)
-            log.debug("env server %s, down already: %s", client.address, err)
+            log.debug("env server %s, down already: %s", label_of(client.address), err)
             return None
         broken = replica.broken_by(err)
         now = time.monotonic()
@@ -163,7 +164,7 @@ class FleetOutages:
                 log.warning(
                     "env server %s lost again soon after coming back, %d time%s in a row (%d since the last such line; "
                     "one at most every %g s): %s; it is taken back after %.1f s, longer each time (up to %g s); %s",
-                    client.address,
+                    label_of(client.address),
                     replica.relapses,
                     "" if replica.relapses == 1 else "s",
                     replica.relapses_unlogged,
@@ -175,18 +176,22 @@ class FleetOutages:
                 )
                 replica.relapses_logged_at, replica.relapses_unlogged = now, 0
             else:
-                log.debug("env server %s lost again (%s); taken back after %.1f s", client.address, err, hold_off)
+                log.debug(
+                    "env server %s lost again (%s); taken back after %.1f s", label_of(client.address), err, hold_off
+                )
         elif planned:
             # A WARNING all the same: planned by whoever stopped it, not by this run, which goes on with
             # fewer envs until it is back (the final faults line counts it too, but only at the end).
             log.warning(
-                "env server %s shut down (it said so: a scale-down or a restart, say); %s", client.address, envs
+                "env server %s shut down (it said so: a scale-down or a restart, say); %s",
+                label_of(client.address),
+                envs,
             )
         else:
             paused = pauses.own_pause()
             log.warning(
                 "env server %s lost (%s); %s%s",
-                client.address,
+                label_of(client.address),
                 err,
                 envs,
                 f"; this learner itself was held up for {paused:.0f} s just before (stopped, suspended, starved of "
@@ -208,7 +213,10 @@ class FleetOutages:
                 replica.broken, replica.misfit = False, None
                 # (give_up_after counts from now: a server mended while the fleet waited is taken back)
                 replica.down_since = replica.failing_since = time.monotonic()
-                log.info("env server %s, found broken, is tried again (a reset): reconnecting", replica.client.address)
+                log.info(
+                    "env server %s, found broken, is tried again (a reset): reconnecting",
+                    label_of(replica.client.address),
+                )
                 self._start_reconnect(replica, 0.0)
 
     def _start_reconnect(self, replica: Replica, hold_off: float) -> None:
@@ -277,7 +285,7 @@ class FleetOutages:
             return
         if time.monotonic() - self._all_down_since() > self.give_up_after:
             raise ServerUnavailableError(
-                f"no env server left: {', '.join(self.addresses)} all unavailable (down, or failing each step since "
+                f"no env server left: {', '.join(map(label_of, self.addresses))} all unavailable (down, or failing each step since "
                 f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
                 f"--give-up-after`); last error: {self._replicas[-1].last_error}",
                 address=self._clients[0].address,
@@ -306,13 +314,13 @@ class FleetOutages:
             return
         self._all_down_said_for = since
         if now - self._all_down_said_at < faults.STILL_DOWN_LOG_S:
-            log.debug("every env server is down again (%s)", ", ".join(self.addresses))
+            log.debug("every env server is down again (%s)", ", ".join(map(label_of, self.addresses)))
             return
         self._all_down_said_at = now
         log.warning(
             "every env server is down (%s): stepping waits for one to come back; unless one answers steps again, "
             "the fleet gives up in %.0f s (give_up_after %g s; `learner train --give-up-after`)",
-            ", ".join(self.addresses),
+            ", ".join(map(label_of, self.addresses)),
             max(0.0, since + self.give_up_after - now),
             self.give_up_after,
         )

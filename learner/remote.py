@@ -63,7 +63,7 @@ from learner.errors import (
 )
 from learner.faults import Replica, ReplicaState, is_outage, misfit_reported
 from learner.fleet import FleetChange
-from learner.local import socket_folder_gone, usable_cpus
+from learner.local import label_of, socket_folder_gone, usable_cpus
 from learner.loop import LoopRunner, gather
 from learner.membership import FleetMembership, _Away, _Retired
 from learner.outages import FleetOutages, in_server_order
@@ -376,7 +376,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             self._close_clients()
             address = self._clients[0].address
             raise InvalidResponseError(
-                f"env server {address}: Handshake: its spec could not be read ({type(err).__name__}: {err})",
+                f"env server {label_of(address)}: Handshake: its spec could not be read ({type(err).__name__}: {err})",
                 address=address,
             ) from err
         self.num_envs = sum(c.num_envs for c in self._clients)
@@ -427,7 +427,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             self.num_envs,
             server_text(first.env_id),
             " (fault-tolerant)" if self.fault_tolerant else "",
-            ", ".join(self.addresses),
+            ", ".join(map(label_of, self.addresses)),
         )
 
     def _share_cpus(self) -> None:
@@ -762,7 +762,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             return bool(sub.all())
         last = client.env_offset + client.num_envs - 1
         raise SessionError(
-            f"{method}: env server {client.address}'s session ended (it restarted or the connection dropped), "
+            f"{method}: env server {label_of(client.address)}'s session ended (it restarted or the connection dropped), "
             f"so its envs {client.env_offset}-{last} all start over with a new one: take them all in "
             "options['reset_mask'], or call reset() without a mask; nothing was reset",
             address=client.address,
@@ -777,13 +777,13 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         gone = socket_folder_gone(client.address)
         if gone is not None:  # (no server can come there: no use waiting for one)
             raise ServerUnavailableError(
-                f"env server {client.address}: its session ended, and {gone}", address=client.address
+                f"env server {label_of(client.address)}: its session ended, and {gone}", address=client.address
             )
         try:
             await asyncio.wait_for(client.wait_ready(), self.connect_timeout)
         except TimeoutError:
             raise ServerUnavailableError(
-                f"env server {client.address}: its session ended and it did not answer within "
+                f"env server {label_of(client.address)}: its session ended and it did not answer within "
                 f"{self.connect_timeout:g} s (`connect_timeout`); is it running?",
                 address=client.address,
             ) from None
@@ -793,9 +793,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         problem = incompatible(old, spec, same_size=True)
         if problem:
             raise SpecMismatchError(
-                f"env server {client.address}: it came back with {problem}; refresh() takes the fleet as it is now"
+                f"env server {label_of(client.address)}: it came back with {problem}; refresh() takes the fleet as it is now"
             )
-        warn_if_other_env(old, spec, client.address, "its old")
+        warn_if_other_env(old, spec, label_of(client.address), "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
             await client.release_session(client.session_id, self.timeout)
         # The old session is dropped only once a new one is had: a failed handshake (another learner
@@ -804,7 +804,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         client.abandon()
         client.start_session(response)
         restarted = "restarted" if spec.server_id != old.server_id else "same process"
-        log.info("env server %s: its session had ended (%s); a new one for this reset", client.address, restarted)
+        log.info(
+            "env server %s: its session had ended (%s); a new one for this reset", label_of(client.address), restarted
+        )
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None] | None:
         if seed is None:
@@ -1168,7 +1170,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         log.warning(
             "env server %s took %.1f s to answer a step, %.1f s of it outside its envs (usually %s); the fleet "
             "waited %.1f s for it (a stalled link, a paused or overloaded server, or a busy learner host)%s",
-            timer.address,
+            label_of(timer.address),
             took,
             outside,
             f"{usual * 1000:.3g} ms" if usual < 1 else f"{usual:.3g} s",
@@ -1297,7 +1299,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             if i not in failed and i in out.obs and (relapses := self._replicas[i].note_answer()):
                 log.info(
                     "env server %s is steady again: %d steps answered since it came back, after %d losses in a row",
-                    self._clients[i].address,
+                    label_of(self._clients[i].address),
                     self._replicas[i].answered,
                     relapses,
                 )
@@ -1527,13 +1529,13 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     def _unreadable(client: EnvClient, method: str, err: Exception) -> InvalidResponseError:
         if isinstance(err, _OutOfStep):  # (read well, but not the answer to the request sent)
             out_of_step = InvalidResponseError(
-                f"env server {client.address}: {method}: its answer is not to the request sent ({err})",
+                f"env server {label_of(client.address)}: {method}: its answer is not to the request sent ({err})",
                 address=client.address,
             )
             out_of_step.out_of_step = True
             return out_of_step
         return InvalidResponseError(
-            f"env server {client.address}: {method}: its answer could not be read ({type(err).__name__}: {err}); "
+            f"env server {label_of(client.address)}: {method}: its answer could not be read ({type(err).__name__}: {err}); "
             "is it a server of another envfleet version?",
             address=client.address,
         )
@@ -1562,7 +1564,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 (
                     self._clients.index(client),
                     InvalidResponseError(
-                        f"env server {client.address}: {method}: its infos do not fit the fleet's batch ({err})",
+                        f"env server {label_of(client.address)}: {method}: its infos do not fit the fleet's batch ({err})",
                         address=client.address,
                     ),
                 )
@@ -1612,7 +1614,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             client = self._client_of(index)
             crashed.append(
                 EnvCrashedError(
-                    f"env server {client.address}: env {index} raised in {infos['env_error'][j]} (the server reset "
+                    f"env server {label_of(client.address)}: env {index} raised in {infos['env_error'][j]} (the server reset "
                     f"it; {FAULT_TOLERANT_HINT})",
                     address=client.address,
                     code=grpc.StatusCode.INTERNAL,
@@ -1634,7 +1636,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             index = base + err.env_index
             client = self._client_of(index)
             message = str(err).replace(
-                f"env {err.env_index}:", f"env {index} of the fleet (on env server {client.address}):", 1
+                f"env {err.env_index}:", f"env {index} of the fleet (on env server {label_of(client.address)}):", 1
             )
             raise InvalidRequestError(
                 message, address=client.address, code=grpc.StatusCode.INVALID_ARGUMENT, env_index=index
@@ -1802,9 +1804,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         log.info(
             "fleet changed: %d server(s) joined (%s), %d left (%s); %d envs, was %d",
             len(joined),
-            ", ".join(c.address for c in joined) or "-",
+            ", ".join(label_of(c.address) for c in joined) or "-",
             len(leave),
-            ", ".join(c.address for c in leave) or "-",
+            ", ".join(label_of(c.address) for c in leave) or "-",
             self.num_envs,
             previous_num_envs,
         )

@@ -290,10 +290,13 @@ def _raw_integer_observations(space: gym.Space[Any], image: bool, norm_obs: bool
 
 def _env_on_server(envs: Any, env: int) -> str:
     """Where env ``env`` (counted over the fleet) runs, for a log line: " (env server ADDRESS, its env 1)",
-    as its server counts its own envs; "" for in-process envs (no server). (The fleet as of now, the step's:
-    it changes only between rollouts.)"""
+    as its server counts its own envs, a server the learner started by its label (" (env server local-0, its
+    env 1)"); "" for in-process envs (no server). (The fleet as of now, the step's: it changes only between
+    rollouts.)"""
+    from learner.local import label_of  # (here, not with the imports at the top)
+
     where = server_of(envs, env)
-    return f" (env server {where[0]}, its env {where[1]})" if where is not None else ""
+    return f" (env server {label_of(where[0])}, its env {where[1]})" if where is not None else ""
 
 
 DROPPED_LOG_S = 60.0
@@ -309,6 +312,8 @@ def _say_dropped(said: list[Any], dropped: int, in_a_row: int, err: RemoteEnvErr
     :data:`DROPPED_LOG_S` (``said``: when last, and the count then); but each one of a row of them, which
     :data:`LOST_ROLLOUTS` in a row end, and a server lost (it leaves the fleet, which is rare, and it goes
     with the fleet's line about it). Whether it was said (else at DEBUG)."""
+    from learner.local import label_of  # (here, not with the imports at the top)
+
     now = time.monotonic()
     crashed = isinstance(err, EnvCrashedError)
     if crashed and in_a_row == 1 and said[1] and now - said[0] < DROPPED_LOG_S:
@@ -327,7 +332,7 @@ def _say_dropped(said: list[Any], dropped: int, in_a_row: int, err: RemoteEnvErr
     if crashed:
         log.warning("dropping this rollout, every env starts over: %s; %s", err, count)
     else:
-        log.warning("dropping this rollout, going on without env server %s: %s; %s", err.address, err, count)
+        log.warning("dropping this rollout, going on without env server %s: %s; %s", label_of(err.address), err, count)
     said[0], said[1] = now, dropped
     return True
 
@@ -775,21 +780,21 @@ def train(
             served_envs = getattr(envs, "served_envs", None) or {args.servers: env_id}
             other = other_env_servers(args.env, served_envs) if args.env is not None and args.env != env_id else ""
             if args.resume and other:
+                first = next((a for a, e in served_envs.items() if e == args.env), None)
                 raise ValueError(
                     f"--servers: the run in {args.resume} trained on {args.env}, but {other}; resume it on servers "
                     f"of {args.env}"
-                )
-            if other:
-                first = next((a for a, e in served_envs.items() if e == args.env), None)
-                raise ValueError(
-                    f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they "
-                    "serve)"
                     + (
                         f" (a mixed fleet's env is its first server's, and its time limit and kwargs too: list one "
                         f"of {args.env} first, {first} say, as the run did)"
                         if first is not None
                         else ""
                     )
+                )
+            if other:
+                raise ValueError(
+                    f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they "
+                    "serve)"
                 )
             args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
@@ -881,14 +886,14 @@ def train(
         if args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
             what = "image" if image else str(obs_space)
             log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
+        raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
+        if raw_integers:
+            log.warning("%s", raw_integers)
         if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
             log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
         clipped = clip_leaves_out_zero(hp, action_space)
         if clipped:
             log.warning("%s", clipped)
-        raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
-        if raw_integers:
-            log.warning("%s", raw_integers)
         if args.hang_timeout is not None and args.backend == "gym":
             log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 import time
@@ -29,6 +30,7 @@ from learner import (
     ServerUnavailableError,
     SessionError,
 )
+from learner.local import label_of
 from tests.conftest import SpawnServer
 from tests.envs import ClockEnv
 
@@ -187,10 +189,11 @@ def test_every_servers_error_reaches_the_caller_the_first_raised_the_others_as_i
     addresses = start_servers("tests.envs:FaultyEnv", num_servers=2, envs_per_server=1, env_kwargs=kwargs)
     with RemoteVectorEnv(addresses) as envs:
         envs.reset(seed=0)
-        with pytest.raises(EnvCrashedError, match=f"env server {addresses[0]}: Step failed") as info:
+        first, second = map(label_of, addresses)  # (local-0 and local-1, with their addresses beside another's)
+        with pytest.raises(EnvCrashedError, match=f"env server {re.escape(first)}: Step failed") as info:
             envs.step(np.zeros(2, dtype=np.int64))
         assert len(info.value.__notes__) == 1
-        assert info.value.__notes__[0].startswith(f"also: env server {addresses[1]}: Step failed [INTERNAL]: ")
+        assert info.value.__notes__[0].startswith(f"also: env server {second}: Step failed [INTERNAL]: ")
 
 
 def test_a_reset_that_outlives_its_session_is_no_reset_for_the_next_session(start_servers: Any, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ no address, that ended a fault-tolerant run)."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from env_server.rpc import env_pb2 as pb
 from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError, remote
 from learner.errors import RemoteTimeoutError
 from learner.faults import Replica, is_outage
+from learner.local import label_of
 from tests.conftest import SpawnServer, StartServers
 
 K = 2  # envs per server
@@ -86,7 +88,7 @@ def test_an_answer_that_cannot_be_decoded_names_the_server(
         obs, _ = envs.reset(seed=0)
         corrupt["token"] = obs[K, 0]
         with pytest.raises(
-            InvalidResponseError, match=rf"^env server {addresses[1]}: Step: its answer could not"
+            InvalidResponseError, match=rf"^env server {re.escape(label_of(addresses[1]))}: Step: its answer could not"
         ) as info:
             envs.step(np.arange(2 * K))
         assert isinstance(info.value, RemoteEnvError) and info.value.address == addresses[1]
@@ -171,7 +173,10 @@ def test_an_answer_with_flags_for_another_number_of_envs_names_the_flag(
         for name in ("truncations", "rewards"):
             envs.reset(seed=0)
             wrong["name"] = name
-            message = rf"^env server {address}: Step: its answer could not be read.*{name}: expected shape \({K},\)"
+            message = (
+                rf"^env server {re.escape(label_of(address))}: Step: its answer could not be read.*{name}: expected "
+                rf"shape \({K},\)"
+            )
             with pytest.raises(InvalidResponseError, match=message):
                 envs.step(np.zeros(K, dtype=np.int64))
             wrong["name"] = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from learner import (
     RemoteVectorEnv,
     SpecMismatchError,
 )
+from learner.local import label_of
 from learner.specs import incompatible
 from tests.conftest import SpawnServer, StartServers
 
@@ -161,8 +163,9 @@ def test_servers_whose_env_kwargs_differ_with_their_spaces_are_told_the_kwargs_m
     (boxed,) = start_servers("tests.envs:ClockEnv", env_kwargs={"action": "box"})
     with pytest.raises(SpecMismatchError) as refused:
         RemoteVectorEnv([plain, boxed])
-    assert f'(its envs are made with env kwargs {{"action": "box"}}, env server {plain}\'s with {{}}: ' in str(
-        refused.value
+    assert (
+        f'(its envs are made with env kwargs {{"action": "box"}}, env server {label_of(plain)}\'s with {{}}: '
+        in str(refused.value)
     )
 
 
@@ -172,7 +175,8 @@ def test_servers_of_other_spaces_are_refused_naming_both(start_servers: StartSer
     with pytest.raises(
         SpecMismatchError,
         match=(
-            rf"^env server {acrobot} has another observation_space than env server {cartpole}'s: "
+            rf"^env server {re.escape(label_of(acrobot))} has another observation_space than env server "
+            rf"{re.escape(label_of(cartpole))}'s: "
             r"Box\(.*\(6,\), float32\) \(Acrobot-v1\), not Box\(.*\(4,\), float32\) \(CartPole-v1\); "
             "one RemoteVectorEnv needs servers whose envs have the same spaces and autoreset mode$"
         ),

@@ -21,6 +21,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import InvalidRequestError, InvalidResponseError, RemoteVectorEnv, ServerBusyError
 from learner.client import EnvClient, SocketStep, request_too_large, status_error
+from learner.local import label_of
 from tests.conftest import SpawnServer, StartServers
 from tests.measure_request_memory import worst_step
 
@@ -29,8 +30,8 @@ RAISE_IT = "(the server's env-server --max-request-bytes, or ENVFLEET_MAX_REQUES
 
 
 def _refused_unsent(method: str, address: str, size: int, limit: int = LIMIT) -> str:
-    return (
-        f"env server {address}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "
+    return (  # (the server at ``address`` as the learner names it: local-0 for one LocalServers started)
+        f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "
         f"server's limit of {limit} bytes on requests; nothing was sent {RAISE_IT}"
     )
 

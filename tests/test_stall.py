@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from learner import faults
-from learner.local import LocalServers
+from learner.local import LocalServers, label_of
 from learner.remote import RemoteVectorEnv
 
 ACTIONS = np.zeros(4, dtype=np.int64)
@@ -76,7 +76,10 @@ def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_
         counted = {r.address: r.stalls for r in envs.replica_stats()}
     assert counted == {servers.addresses[0]: 0, paused_address: 3}, counted  # (every one, warned of or not)
     first, third = _stalls(caplog)
-    took = rf"env server {re.escape(paused_address)} took 1\.\d s to answer a step, 1\.\d s of it outside its envs "
+    took = (  # (local-1, as the learner names a server of a LocalServers it runs)
+        rf"env server {re.escape(label_of(paused_address))} took 1\.\d s to answer a step, 1\.\d s of it outside "
+        r"its envs "
+    )
     assert re.match(took + r"\(usually [\d.]+ ms\); the fleet waited 1\.\d s for it \(a stalled link, ", first), first
     assert first.endswith("(a stalled link, a paused or overloaded server, or a busy learner host)"), first
     assert re.match(took, third) and re.search(r"; 1 more such step in the last \d+ s$", third), third
@@ -180,12 +183,13 @@ def test_a_tcp_server_that_stalls_beside_a_step_socket_server_is_the_one_named_a
         envs.step(ACTIONS)  # (answered by both)
         timer.join()
         stats = {r.address: r for r in envs.replica_stats()}
+        named = label_of(tcp.addresses[0])  # (as the learner's lines name it while it runs)
     healthy, paused = unix.addresses[0], tcp.addresses[0]
     assert stats[paused].latency_max_ms > 2000, stats[paused]
     assert stats[healthy].latency_max_ms < 1000, stats[healthy]  # (a few ms, unless the machine is loaded)
     assert {address: s.stalls for address, s in stats.items()} == {healthy: 0, paused: 1}
     (said,) = _stalls(caplog)
-    assert re.match(rf"env server {re.escape(paused)} took \d+\.\d s to answer a step", said), said
+    assert re.match(rf"env server {re.escape(named)} took \d+\.\d s to answer a step", said), said
 
 
 @pytest.mark.slow
@@ -214,6 +218,7 @@ def test_a_stall_in_a_step_in_which_another_server_failed_at_once_is_named(
         timer.join()
         assert infos["env_unavailable"].tolist() == [True, True, False, False]  # (the killed server lost)
         counted = {r.address: r.stalls for r in envs.replica_stats()}
+        named = label_of(tcp.addresses[0])  # (as the learner's lines name it while it runs)
     assert counted == {killed.addresses[0]: 0, tcp.addresses[0]: 1}, counted
     (said,) = _stalls(caplog)
-    assert re.match(rf"env server {re.escape(tcp.addresses[0])} took \d+\.\d s to answer a step", said), said
+    assert re.match(rf"env server {re.escape(named)} took \d+\.\d s to answer a step", said), said

@@ -38,6 +38,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.step_socket import MAX_CONNECTIONS, StepSocketServer, _Connection, file_identity, remove_own_file
 from learner import LocalServers, RemoteVectorEnv
 from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError, SessionError
+from learner.local import label_of
 from tests.compare import assert_same
 
 
@@ -858,7 +859,8 @@ def test_a_step_socket_that_refuses_the_connection_means_grpc_and_a_log_line(
         assert (full.connections, full.frames, full.sent_after) == (1, 1 if when == "first step" else 0, 0)
         lines = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
         assert len(lines) == 1, lines
-        assert address in lines[0] and "connections are open already" in lines[0] and "over gRPC" in lines[0]
+        assert lines[0].startswith(f"env server {label_of(address)}: its step socket {path} refused"), lines[0]
+        assert "connections are open already" in lines[0] and "over gRPC" in lines[0]
 
 
 def _stepped_on_the_socket(address: str, caplog: pytest.LogCaptureFixture) -> str:

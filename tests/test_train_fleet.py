@@ -183,8 +183,8 @@ def test_without_fault_tolerance_an_env_that_raises_costs_its_rollout_and_every_
         **QUIET,
     )
     summary = train(args)
-    assert (
-        f"dropping this rollout, every env starts over: env server {address}: env 0 raised in step: ValueError: "
+    assert (  # (a server this process started: named as its forwarded lines are, env_server[local-0])
+        "dropping this rollout, every env starts over: env server local-0: env 0 raised in step: ValueError: "
         "step 20 failed on purpose (env 0)"
     ) in caplog.text
     rows = rundir.read_jsonl(tmp_path / "run" / rundir.METRICS)

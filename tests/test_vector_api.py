@@ -22,7 +22,7 @@ import learner
 from env_server.protocol import source_commit
 from learner import RemoteVectorEnv
 from learner.errors import InvalidArgumentError, RemoteTimeoutError, ServerBusyError, ServerStartError
-from learner.local import LocalServers
+from learner.local import LocalServers, label_of
 from tests.conftest import StartServers
 
 
@@ -287,7 +287,8 @@ def test_servers_say_what_they_run_and_a_server_of_another_gymnasium_is_warned_o
             assert versions[address]["gymnasium"] == "1.0.0" and "mujoco" in versions[address]
             assert {"envfleet", "python", "numpy"} <= set(versions[address])
         assert (
-            f"env server {address} runs other versions than env server {ours} (gymnasium 1.0.0, not {gym.__version__})"
+            f"env server {address} runs other versions than env server {label_of(ours)} (gymnasium 1.0.0, not "
+            f"{gym.__version__})"
         ) in caplog.text
 
 
@@ -325,7 +326,8 @@ def test_servers_of_other_commits_in_one_fleet_are_warned_of(tmp_path: Path, cap
         assert versions[ours].get("envfleet_commit") == commit and versions[address]["envfleet_commit"] == "f" * 40
         if commit is not None:  # (run from a checkout, as here and in CI; installed, no commit is said)
             assert (
-                f"env server {address} runs other versions than env server {ours} (envfleet_commit {'f' * 40}, not "
+                f"env server {address} runs other versions than env server {label_of(ours)} (envfleet_commit "
+                f"{'f' * 40}, not "
                 f"{commit})"
             ) in caplog.text
 
