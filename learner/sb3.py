@@ -28,6 +28,7 @@ except ImportError as err:  # (an optional dependency: say which extra brings it
 from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.errors import EnvFleetError, InvalidArgumentError, ServerUnavailableError, SpecMismatchError
+from learner.local import label_of
 from learner.remote import RemoteVectorEnv
 
 __all__ = ["RemoteVecEnv"]
@@ -376,7 +377,7 @@ class RemoteVecEnv(VecEnv):
                 listed = ", ".join(w.__name__ for w in known) or "none"
                 raise AttributeError(
                     f"RemoteVecEnv.env_is_wrapped({wrapper_class.__name__}): env {i}'s wrappers are out of reach "
-                    f"(it runs on env server {self.remote._client_of(i).address}), and its spec tells only of some "
+                    f"(it runs on env server {label_of(self.remote._client_of(i).address)}), and its spec tells only of some "
                     f"({listed}): whether the operator's env is wrapped in {wrapper_class.__name__} is not known "
                     f"here. Have the env say what you need in its infos, or ask the servers' operator"
                 )

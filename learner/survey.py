@@ -18,6 +18,7 @@ from env_server.protocol import bearer_metadata
 from learner.client import EnvClient, channel_credentials, server_text
 from learner.discovery import diagnose, expand_named
 from learner.errors import RemoteEnvError
+from learner.local import label_of
 from learner.loop import LoopRunner, gather
 
 __all__ = ["ServerInfo", "describe", "survey"]
@@ -120,7 +121,9 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
     except RemoteEnvError as err:
         starting = err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in err.details
         info.error = (
-            "starting (building its envs)" if starting else str(err).removeprefix(f"env server {client.address}: ")
+            "starting (building its envs)"
+            if starting
+            else str(err).removeprefix(f"env server {label_of(client.address)}: ")
         )
         return info
     spec = response.spec
