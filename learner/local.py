@@ -47,6 +47,7 @@ __all__ = [
     "LocalServers",
     "cgroup_cpu_quota",
     "label_of",
+    "left_down",
     "local_servers",
     "orphaned_dirs",
     "out_of_fds",
@@ -561,6 +562,8 @@ class _Children:
         # Held to start a server, and by close() to stop starting them: none starts after close().
         self.lock = threading.Lock()
         self.closing = threading.Event()
+        # Servers the supervisor left down (they died too often), by address: how the last one ended.
+        self.left_down: dict[str, str] = {}
 
     def spawn(self, index: int) -> subprocess.Popen[bytes] | None:
         """Start server ``index`` (again); None once closing."""
@@ -697,6 +700,10 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
             last_output = f"; its last output: {told}" if told else ""
             if len(started[i]) >= restarts:
                 left_down.add(i)
+                children.left_down[address] = (
+                    f"{died}, and was left down after {len(started[i])} restart{'s' if len(started[i]) != 1 else ''} "
+                    f"within {RESTART_WINDOW_S:g} s"
+                )
                 log.error(
                     "env server %s (%s) %s; it was started again %d times within %g s: leaving it down "
                     "(its envs stay unavailable)%s",
@@ -860,6 +867,15 @@ def label_of(address: str) -> str:
     if any(other == label and by is not owner for other, by in list(_LABELS.values())):
         return f"{label} ({address})"
     return label
+
+
+def left_down(address: str) -> str | None:
+    """Why the env server at ``address`` stays down, where it is one of a running LocalServers' that its
+    supervisor left down (it died too often: "was killed by SIGSEGV, and was left down after 5 restarts
+    within 60 s"); None otherwise. For an error that ends a run: the fleet's own last error is what the
+    learner saw of it (a broken connection), not why."""
+    entry = _LABELS.get(address)
+    return entry[1].left_down.get(address) if entry is not None else None
 
 
 def _name_servers(children: _Children, addresses: Sequence[str]) -> None:

@@ -20,7 +20,7 @@ from learner.batching import slice_batch
 from learner.client import EnvClient
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
 from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect, unserved
-from learner.local import label_of
+from learner.local import label_of, left_down
 from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
 from learner.stats import StepTimer
@@ -287,7 +287,7 @@ class FleetOutages:
             raise ServerUnavailableError(
                 f"no env server left: {', '.join(map(label_of, self.addresses))} all unavailable (down, or failing each step since "
                 f"they came back) for more than {self.give_up_after:g} s (give_up_after; `learner train "
-                f"--give-up-after`); last error: {self._replicas[-1].last_error}",
+                f"--give-up-after`); last error: {self._replicas[-1].last_error}{_left_down(self.addresses)}",
                 address=self._clients[0].address,
             )
         self._say_all_down()
@@ -427,3 +427,10 @@ def _broken(client: EnvClient, err: BaseException, replica: Replica) -> RemoteEn
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout)
+
+
+def _left_down(addresses: Sequence[str]) -> str:
+    """Why the servers of ``addresses`` that learner.local left down stay down, for the error that ends the run
+    ("; local-0 was killed by SIGSEGV, and was left down after 5 restarts within 60 s"); "" where none was."""
+    said = [f"; {label_of(a)} {why}" for a in addresses if (why := left_down(a)) is not None]
+    return "".join(said)

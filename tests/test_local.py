@@ -32,7 +32,8 @@ from learner import (
     local_servers,
 )
 from learner.config import Args
-from learner.local import DEFAULT_TRANSPORT, _Children, _forward_stderr, _forwarded_format
+from learner.local import DEFAULT_TRANSPORT, _Children, _forward_stderr, _forwarded_format, left_down
+from learner.outages import _left_down
 from tests.conftest import needs_proc
 
 
@@ -576,6 +577,12 @@ def test_a_server_that_keeps_dying_is_left_down_after_its_restarts(caplog: pytes
         os.kill(pid, signal.SIGKILL)  # the third death within a minute: left down
         time.sleep(2.5)  # (longer than the next restart's wait would be)
         assert servers.pids[0] == pid and not alive(pid)
+        # (the error that ends a run on them says why, not only the learner's last error: a broken connection)
+        said = left_down(servers.addresses[0])  # ("... by SIGKILL before listening" where it was still starting)
+        assert said is not None and said.startswith("was killed by SIGKILL"), said
+        assert said.endswith(", and was left down after 2 restarts within 60 s"), said
+        assert _left_down(servers.addresses) == f"; local-0 {said}"
+    assert left_down(servers.addresses[0]) is None  # (closed)
     assert "it was started again 2 times within 60 s: leaving it down" in caplog.text
     assert caplog.text.count("starting it again on the same address") == 2
 
