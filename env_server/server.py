@@ -696,7 +696,8 @@ async def _serve(
                 return HARD_EXIT_STATUS
             if metrics is not None:
                 metrics.env_build_seconds.set(time.perf_counter() - started)
-        _tell_positions(env)
+        # (on the env thread, as every call on the envs: see EnvThread)
+        service.call_in_env_thread(_tell_positions, env)
         try:
             service.attach(env)
         except UnsupportedSpaceError as err:
@@ -753,7 +754,6 @@ async def _serve(
         # under it (a simulator closed mid-step may crash, or hang): waited for as long as the exit
         # margin leaves (less a look of the watchdog's, so that this says why, not the watchdog).
         busy = env is not None and not await service.idle(watchdog.exit_deadline() - _WATCH_S - time.monotonic())
-        service.close()
         if metrics is not None:
             metrics.close()
         closed = True
@@ -764,8 +764,8 @@ async def _serve(
             )
         elif env is not None:
             try:
-                env.close()
-            except Exception:  # (the env's own close: the rest of the teardown still runs)
+                service.call_in_env_thread(env.close)  # (on the env thread, as every call on the envs)
+            except BaseException:  # (the env's own close, raised on its thread: the rest of the teardown still runs)
                 log.exception("the envs' close raised")
                 closed = False
             # Closed, the envs are let go of now, not at the interpreter's shutdown (the watchdog
@@ -774,6 +774,7 @@ async def _serve(
             service.detach()
             env = None
             gc.collect()
+        service.close()
         if config.unix_socket:
             remove_own_file(config.unix_socket, made_socket)
         if orphaned and watchdog.exits_process:

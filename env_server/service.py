@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
 import math
+import queue
 import re
 import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -96,10 +97,11 @@ class Session:
         return f"{who} (session {self.id[:8]}{since})"
 
 
-# Env calls expected to take less than this run on the event loop itself; slower ones on the env
-# thread. The thread hop costs ~50-100 us (a third of a whole CartPole round trip), while a call
-# that runs on the loop delays health checks and refusals by its duration: 10 ms is harmless there,
-# and the hop is then at most 1%.
+# Env calls expected to take less than this are handed to the env thread with the event loop waiting
+# for them (EnvThread.call: ~20-40 us here); slower ones are awaited, the loop free meanwhile (the hop
+# through the loop costs ~50-100 us, a third of a whole CartPole round trip), while a call the loop
+# waits for delays health checks and refusals by its duration: 10 ms is harmless there, and the hop
+# is then at most 1%. Every env call runs on the env thread either way (see EnvThread).
 INLINE_LIMIT_S = 0.010
 # Longest a shutdown keeps an idle step stream open (see StepStream), within the grace period.
 _DRAIN_LINGER_S = 1.0
@@ -161,6 +163,155 @@ def _rpc(
     return wrapper
 
 
+class _Call:
+    """A call :meth:`EnvThread.call` hands over: its outcome, and a lock released once it is in."""
+
+    __slots__ = ("args", "done", "error", "fn", "kwargs", "result")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def __call__(self) -> None:
+        try:
+            self.result = self.fn(*self.args, **self.kwargs)
+        except BaseException as err:  # (raised on in the caller's thread)
+            self.error = err
+        finally:
+            self.done.release()
+
+
+class _Job:
+    """A call :meth:`EnvThread.submit` queued, and the future of its outcome."""
+
+    __slots__ = ("args", "fn", "future", "kwargs")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        future: concurrent.futures.Future[Any],
+    ) -> None:
+        self.fn, self.args, self.kwargs, self.future = fn, args, kwargs, future
+
+    def __call__(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except BaseException as err:
+            self.future.set_exception(err)
+            del err  # (no cycle through its traceback)
+        else:
+            self.future.set_result(result)
+
+
+class EnvThread(concurrent.futures.Executor):
+    """The one thread that runs every call on the envs: building them, reset, step, telling them their
+    places, closing them. Envs may hold state bound to the thread that made it (an EGL context
+    current on it, a sqlite3 connection, an event loop of their own for ``asyncio.run``), as
+    gymnasium's vector envs, which call their envs from one thread, let them.
+
+    Two ways in, to the same thread, one call at a time: :meth:`call` hands a call over and blocks
+    the calling thread (the event loop: a quick call, ~20-40 us more than running it there) until it
+    returns; :meth:`submit` (an executor's, for ``loop.run_in_executor``) queues it, and its future
+    says when it is done. Whatever the call raises (any BaseException: an env's own
+    ``asyncio.CancelledError`` too) is raised (set) as its outcome. The thread starts at the first call
+    (after async vectorization's fork). As a ThreadPoolExecutor's, it is no daemon thread (nor are the
+    threads an env starts on it), and the interpreter's exit ends it once its call is done."""
+
+    def __init__(self, name: str = "env") -> None:
+        self._name = name
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._shut_down = False
+        self.ident = 0
+        """The thread's ``threading.get_ident()`` once it has started (0 before)."""
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on the env thread, waited for here; what it raises is raised here."""
+        if threading.get_ident() == self.ident:  # (from the env thread itself: a call would wait for itself)
+            return fn(*args, **kwargs)
+        task = _Call(fn, args, kwargs)
+        self._put(task)
+        try:
+            task.done.acquire()
+        except BaseException:
+            # (a signal handler's exception, raised in this thread while it waited: the call goes on, and
+            # no other may start on the envs before it ends)
+            _acquire_uninterrupted(task.done)
+            raise
+        error, task.error = task.error, None  # (no cycle through its traceback)
+        if error is not None:
+            raise error
+        return task.result
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Job(fn, args, kwargs, future))
+        return future
+
+    def _put(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            if self._shut_down:
+                raise RuntimeError("the env thread has been shut down: no more env calls")
+            if self._thread is None:
+                thread = threading.Thread(target=self._work, name=self._name, daemon=False)
+                thread.start()
+                self._thread = thread
+                self.ident = thread.ident or 0
+                # (as concurrent.futures does for its threads: run before the interpreter waits for them)
+                register = getattr(threading, "_register_atexit", None)
+                if register is not None:
+                    with contextlib.suppress(RuntimeError):  # (the interpreter is already on its way out)
+                        register(functools.partial(self.shutdown, wait=False))
+            self._tasks.put(task)
+
+    def _work(self) -> None:
+        tasks = self._tasks
+        while True:
+            task = tasks.get()
+            if task is None:
+                return
+            task()
+            del task
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more calls; the thread ends once the calls queued before are done (with ``cancel_futures``:
+        those not yet begun are cancelled), waited for if ``wait``."""
+        with self._lock:
+            if not self._shut_down:
+                self._shut_down = True
+                if cancel_futures:
+                    kept = []  # (calls waited for: not cancellable, they run first)
+                    with contextlib.suppress(queue.Empty):
+                        while True:
+                            task = self._tasks.get_nowait()
+                            if isinstance(task, _Job):
+                                task.future.cancel()
+                            elif task is not None:
+                                kept.append(task)
+                    for task in kept:
+                        self._tasks.put(task)
+                self._tasks.put(None)
+            thread = self._thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+def _acquire_uninterrupted(lock: threading.Lock) -> None:
+    """Take ``lock``, whatever exceptions signal handlers raise meanwhile."""
+    while True:
+        with contextlib.suppress(BaseException):
+            lock.acquire()
+            return
+
+
 class EnvService(pb_grpc.EnvServiceServicer):
     """Serves one vector env to one learner at a time.
 
@@ -197,18 +348,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Called with a session's id and why it ended, on the loop, whenever a session ends (released,
         its Hold stream gone, timed out, the server shutting down): the step socket closes that
         session's connections, which would otherwise stay open for as long as their process lives."""
-        # Env calls run one at a time (the lock), either on the event loop itself, while they are
-        # quick, or on one dedicated thread, so that slow envs leave the loop free to answer health
-        # checks, refusals and releases (see INLINE_LIMIT_S).
+        # Env calls run one at a time (the lock), all of them on one thread, the env thread (envs may
+        # hold state bound to a thread: see EnvThread); while they are quick, the loop waits for each,
+        # else it awaits it, free to answer health checks, refusals and releases (see INLINE_LIMIT_S).
         self._env_lock = asyncio.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+        self._env_thread = EnvThread("env")
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
         self._env_seconds: dict[str, float] = {}
         # Info values no wire form carries, sent as their repr (warned once per info key).
         self._unsendable_infos = UnsendableInfos()
         # The env call under way (step, reset), when it started (time.monotonic(); 0: none) and the thread it
-        # runs on (threading.get_ident(): the loop's or the env thread), for the server's watchdog thread
+        # runs on (threading.get_ident(): the env thread's), for the server's watchdog thread
         # (its warning of a slow call says where it is stuck; --hang-timeout).
         self.call_kind = ""
         self.call_started = 0.0
@@ -698,7 +849,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._metrics is not None:
             self._metrics.observe_reset(time.perf_counter() - start)
         if _deadline_passed(context) or context.cancelled():
-            # A reset run on the loop (quick ones are: not cancellable) past its caller's deadline: the
+            # A reset the loop waited for (quick ones: not cancellable) past its caller's deadline: the
             # answer goes nowhere, as a cancelled one's on the env thread (see _run_env).
             self._answer_lost(request.session_id, "Reset")
         return response
@@ -707,7 +858,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     async def Step(self, request: pb.StepRequest, context: grpc.aio.ServicerContext) -> pb.StepResponse:
         response = await self.step(request)
         if _deadline_passed(context) or context.cancelled():
-            # A step run on the loop (quick ones are: not cancellable) past its caller's deadline: the
+            # A step the loop waited for (quick ones: not cancellable) past its caller's deadline: the
             # answer goes nowhere, as a cancelled one's on the env thread (see _run_env).
             self._answer_lost(request.session_id)
         return response
@@ -776,12 +927,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
 
     def step_now(self, request: pb.StepRequest) -> pb.StepResponse | None:
         """:meth:`step` without waiting, when it needs no wait: the envs are free and their steps
-        quick enough to run on the loop (see INLINE_LIMIT_S); None otherwise (await :meth:`step`)."""
+        quick enough for the loop to wait for (see INLINE_LIMIT_S); None otherwise (await :meth:`step`)."""
         if self._env_lock.locked() or not self._quick("step"):
             return None
         start = time.perf_counter()
         session, actions = self._step_actions(request)
-        result, env_seconds = self._call_env(session, "step", self.env.step, actions)
+        result, env_seconds = self._env_thread.call(self._call_env, session, "step", self.env.step, actions)
         return self._step_response(session, result, env_seconds, start, request.step_id)
 
     def _step_actions(self, request: pb.StepRequest) -> tuple[Session, Any]:
@@ -903,11 +1054,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
         session.calls += 1
         try:
             async with self._env_lock:
-                if self._quick(kind):
-                    return self._call_env(session, kind, fn, *args, **kwargs)
+                if self._quick(kind):  # (the loop waits for it: no round trip through the loop)
+                    return self._env_thread.call(self._call_env, session, kind, fn, *args, **kwargs)
                 loop = asyncio.get_running_loop()
                 call = functools.partial(self._call_env, session, kind, fn, *args, **kwargs)
-                future = loop.run_in_executor(self._executor, call)
+                future = loop.run_in_executor(self._env_thread, call)
                 try:
                     return await asyncio.shield(future)
                 except asyncio.CancelledError:
@@ -944,14 +1095,14 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._reset_why = why or _RESET_FIRST
 
     def _quick(self, kind: str) -> bool:
-        """Whether ``kind`` calls (step, reset) have been quick enough to run on the loop; not before the first."""
+        """Whether ``kind`` calls (step, reset) have been quick enough for the loop to wait for; not before the first."""
         return self._env_seconds.get(kind, math.inf) < INLINE_LIMIT_S
 
     def _call_env(
         self, session: Session, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> tuple[Any, float]:
         """``fn(*args, **kwargs)``, a ``kind`` call of ``session``, here and now (the caller holds the
-        envs), timed; see :meth:`_run_env`.
+        envs; on the env thread), timed; see :meth:`_run_env`.
 
         What the call was checked for before it waited for the envs is checked again: a call waits
         behind others (a slow step, say), which may have changed what it may do."""
@@ -978,8 +1129,10 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.call_kind, self.call_started, self.call_thread = kind, begun, threading.get_ident()
         try:
             result = fn(*args, **kwargs)
-        except (Exception, SystemExit, KeyboardInterrupt) as err:
-            # The env's state is unknown after it raised: the learner must reset before stepping (told
+        except BaseException as err:
+            # Whatever the env raised, on the env thread (where no cancellation of the caller's own
+            # arrives: an asyncio.CancelledError, a GeneratorExit or a BaseException of the env's is
+            # the env's error, as an Exception is). The env's state is unknown after it raised: the learner must reset before stepping (told
             # why: it did reset, maybe, before this call). Not a session that ended meanwhile: its
             # successor's Handshake asked for a reset anyway, and must not hear of this call.
             if self._claim is session:
@@ -1016,8 +1169,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return self._env_seconds.get(kind, 0.0)
 
     async def run_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the thread that runs slow env calls (building the envs, say)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+        """``fn(*args)`` on the env thread, which runs every env call (building the envs, closing them)."""
+        return await asyncio.get_running_loop().run_in_executor(self._env_thread, functools.partial(fn, *args))
+
+    def call_in_env_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the env thread, waited for (the loop with it: no env call may run meanwhile)."""
+        return self._env_thread.call(fn, *args)
 
     async def idle(self, timeout: float) -> bool:
         """Whether the envs are free within ``timeout`` seconds (at once, if ``timeout`` <= 0): no env call
@@ -1030,7 +1187,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return False
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._env_thread.shutdown(wait=False, cancel_futures=True)
 
     def detach(self) -> None:
         """Let go of the vector env (the server calls it once the envs are closed): whatever still

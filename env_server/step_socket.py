@@ -2,8 +2,9 @@
 
 Same messages, checks and errors as StepStream, framed as the proto's header describes, without
 HTTP/2: a gRPC message in Python costs several thread switches on each side, a frame here none. A
-quick step (see ``service.INLINE_LIMIT_S``) runs inside ``data_received``, the answer written before
-the callback returns; a slow one runs as a task, like any env call of the service.
+quick step (see ``service.INLINE_LIMIT_S``) is done inside ``data_received`` (on the env thread, the
+callback waiting for it), the answer written before the callback returns; a slow one runs as a task,
+like any env call of the service.
 
 With ``spin_wait_s`` (``env-server --spin-wait-ms``), a connection whose learner has been sending its
 next step soon after each answer looks for that step awake for up to ``spin_wait_s`` after answering
