@@ -8,6 +8,7 @@ import functools
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import signal
@@ -42,6 +43,8 @@ __all__ = [
     "max_episode_steps",
     "widened_dtype",
 ]
+
+log = logging.getLogger(__name__)
 
 # "package.module:Name" (dotted identifiers on both sides). A gymnasium id may also contain a colon
 # ("module:Env-v0" imports module, then makes Env-v0), but its part after the colon is not an
@@ -289,6 +292,11 @@ def _expected_shape(obs: Any, space: gym.Space[Any], where: str) -> str | None:
     """:func:`layout_mismatch`'s text for an array of another shape than ``space``'s."""
     shape = np.shape(obs)
     if shape != space.shape:
+        if obs is None or isinstance(obs, str | bytes | Mapping) or np.asarray(obs).dtype == object:
+            # (no array at all: None, a dict, a str; "shape ()" would name none of it)
+            received = _received(obs, space, where)
+            if received is not None:
+                return received
         return f"{where} has shape {shape}, expected {space.shape} (observation_space {space})"
     return None
 
@@ -667,10 +675,16 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
         hint = _extra_hint(config.env, err)
         return EnvBuildError(f"cannot make env {config.env!r}: {_one_line(err)}" + (f"; {hint}" if hint else ""))
     if isinstance(err, TypeError):
+        text = _one_line(err).split(" was raised from the environment creator")[0]
+        # (a constructor's "__init__() missing 1 required positional argument: 'size'")
+        missing = re.search(r"missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", text)
+        if missing is not None:
+            names = re.findall(r"'([^']+)'", missing.group(1))
+            example = json.dumps({name: "..." for name in names}).replace('"..."', "...")
+            text += f"; pass constructor arguments with --env-kwargs '{example}'"
         return EnvBuildError(
             # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
-            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: "
-            + _one_line(err).split(" was raised from the environment creator")[0]
+            f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {text}"
         )
     text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
     return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else ""))
@@ -811,6 +825,84 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             popen = getattr(process, "_popen", None)  # (multiprocessing's own; its exit calls it directly)
             if popen is not None and hasattr(popen, "kill"):
                 popen.terminate = popen.kill
+        self.parent_pipes = [_TrackedPipe(pipe) for pipe in self.parent_pipes]  # type: ignore[misc]
+
+    # gymnasium's calls, recovered from where they raise (see _recover).
+    def reset_async(self, *args: Any, **kwargs: Any) -> None:
+        with self._recovering():
+            super().reset_async(*args, **kwargs)
+
+    def reset_wait(self, *args: Any, **kwargs: Any) -> Any:
+        with self._recovering():
+            return super().reset_wait(*args, **kwargs)
+
+    def step_async(self, actions: Any) -> None:
+        with self._recovering():
+            super().step_async(actions)
+
+    def step_wait(self, *args: Any, **kwargs: Any) -> Any:
+        with self._recovering():
+            return super().step_wait(*args, **kwargs)
+
+    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
+        with self._recovering():
+            super().call_async(name, *args, **kwargs)
+
+    def call_wait(self, *args: Any, **kwargs: Any) -> Any:
+        with self._recovering():
+            return super().call_wait(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _recovering(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            if not self.closed:
+                self._recover()
+            raise
+
+    def _recover(self) -> None:
+        """After a call raised (gymnasium's ``*_wait`` left ``_state`` WAITING_*, so that every later call raised
+        AlreadyPendingCallError, and maybe replies unread in workers' pipes, which the next call would have taken
+        for its own): each reply still due is read and dropped (a worker that failed is shut down, as gymnasium
+        does), a worker that is gone (its pipe closed: killed, exited) has its pipe set to None, as gymnasium's own
+        for a worker it shut down (which the server takes for its workers having ended: it cannot run on), and
+        the state is back to DEFAULT, so the next call (a reset) runs. Raises nothing: it runs on another error's
+        way out."""
+        try:
+            for index, pipe in enumerate(self.parent_pipes):
+                if not isinstance(pipe, _TrackedPipe):
+                    continue
+                if pipe.due and not pipe.broken and not pipe.closed:
+                    self._drop_reply(index, pipe)
+                if pipe.broken or pipe.closed or not self.processes[index].is_alive():
+                    log.error("async vectorization: the worker of env %d ended (its pipe closed)", index)
+                    with contextlib.suppress(Exception):
+                        pipe.close()
+                    self.parent_pipes[index] = None  # type: ignore[call-overload]
+            self._state = async_vector_env.AsyncState.DEFAULT
+        except Exception:
+            log.exception("async vectorization: could not recover the workers after an error")
+
+    def _drop_reply(self, index: int, pipe: _TrackedPipe) -> None:
+        """Read worker ``index``'s reply still due (it comes once its env is done), dropping it; a failure's report
+        (its error, on the error queue) is taken off the queue too, and logged; the worker then ends."""
+        process = self.processes[index]
+        try:
+            while not pipe.poll(1.0):
+                if not process.is_alive():
+                    pipe.broken = True
+                    return
+            _, success = pipe.recv()
+        except (EOFError, OSError):
+            return  # (broken: see _TrackedPipe.recv)
+        if not success:
+            with contextlib.suppress(Exception):
+                _, _, error, trace = self.error_queue.get(timeout=5.0)
+                log.error("async vectorization: the worker of env %d failed: %s\n%s", index, error, trace)
+            pipe.broken = True
+            with contextlib.suppress(Exception):
+                process.join(timeout=5.0)
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         try:
@@ -830,6 +922,37 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
         for process in started:
             with contextlib.suppress(Exception):
                 process.join(timeout=5.0)
+
+
+class _TrackedPipe:
+    """A parent's end of a worker's pipe that knows whether a reply is due (a command was sent, its reply not yet
+    read) and whether it broke (the worker's end closed): what :meth:`WideInfoAsyncVectorEnv._recover` needs.
+    Else the pipe it holds, as gymnasium uses it."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+        self.due = False
+        self.broken = False
+
+    def send(self, obj: Any) -> None:
+        try:
+            self._pipe.send(obj)
+        except OSError:  # (BrokenPipeError: the worker is gone)
+            self.broken = True
+            raise
+        self.due = True
+
+    def recv(self) -> Any:
+        try:
+            reply = self._pipe.recv()
+        except (EOFError, OSError):  # (the worker's end closed: it is gone)
+            self.broken = True
+            raise
+        self.due = False
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 def _started(process: Any) -> bool:
@@ -952,6 +1075,7 @@ def build_vector_env(
             # own message, not inside a subprocess of AsyncVectorEnv.
             with first_building() if first_building is not None else contextlib.nullcontext():
                 first = factory()
+            _check_spaces(first, config.env)
             # Each env isolated, so that one env's exception costs its own episode only (see
             # env_server.isolation); under async vectorization the wrapper lives in the worker.
             same_step = mode is gym.vector.AutoresetMode.SAME_STEP
@@ -994,6 +1118,24 @@ def build_vector_env(
     if config.step_delay_ms > 0:
         vec = StepDelay(vec, config.step_delay_ms / 1000.0)
     return vec
+
+
+def _check_spaces(env: gym.Env[Any, Any], name: str) -> None:
+    """EnvBuildError (``env`` closed) where ``env`` (one env as built) has no observation_space or action_space
+    that is a gymnasium Space: gymnasium's own error ("The space provided to batch_space is not a gymnasium Space
+    instance") names neither the space nor the env."""
+    for which in ("observation_space", "action_space"):
+        try:
+            space = getattr(env, which)
+        except AttributeError:
+            space = None
+        if not isinstance(space, gym.spaces.Space):
+            with contextlib.suppress(Exception):
+                env.close()
+            what = "is None" if space is None else f"is a {type(space).__name__}"
+            raise EnvBuildError(
+                f"cannot make env {name!r}: its {which} {what}: expected a gymnasium.spaces.Space set in __init__"
+            )
 
 
 def max_episode_steps(vec: gym.vector.VectorEnv, config: ServerConfig) -> int:

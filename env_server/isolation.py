@@ -71,11 +71,15 @@ out (``{}``), and :class:`IsolateErrors` turns options holding this key into Non
 no options means (``ResetRequest.options``: unset for None). Not a string: no options that came over
 the wire can hold it (their keys are strings), and it survives pickling to an async worker."""
 
-# What an env's code may raise that must not end the server: every Exception, and the two
-# BaseExceptions an env might raise by mistake (the server handles its own signals without them).
-_CAUGHT = (Exception, SystemExit, KeyboardInterrupt)
-# In a process where a KeyboardInterrupt is a Ctrl-C (a learner's in-process envs), it is not the env's.
-_CAUGHT_UNDER_CTRL_C = (Exception, SystemExit)
+# What an env's code may raise that must not end the server: anything, BaseExceptions too (SystemExit,
+# KeyboardInterrupt, asyncio.CancelledError, GeneratorExit, an env's own subclass of BaseException): the server
+# handles its own signals without them, and none of them is the server's own while an env's code runs (escaped,
+# one would fail the whole batch, or end an async worker without a word). In a process where a
+# KeyboardInterrupt is a Ctrl-C (a learner's in-process envs, ``ctrl_c``), that one is not the env's: raised on.
+_CAUGHT = BaseException
+# BaseExceptions whose record names them as they are ("step: SystemExit: 3"); others' say what they are
+# ("step: CancelledError (a BaseException the env raised)").
+_NAMED_AS_THEY_ARE = (Exception, SystemExit, KeyboardInterrupt)
 
 # Longest error text sent to the learner (an exception's message may be huge).
 _MAX_MESSAGE = 500
@@ -177,8 +181,83 @@ _REAL_SCALARS = (float, int, np.floating, np.integer, np.bool_)
 
 
 class _UnstorableStep(TypeError):
-    """What an env's step returned that a vector env cannot store (see :func:`_check_reward`): a TypeError, named
-    so in the env's error record; logged without a traceback (it would show this module's check, not the env)."""
+    """What an env's step or reset returned that a vector env cannot store or take apart (see :func:`_check_reward`,
+    :func:`_unpacked_step`): a TypeError, named so in the env's error record; logged without a traceback (it would
+    show this module's check, not the env)."""
+
+
+class SpaceChangedError(ValueError):
+    """The env's observation_space (or action_space) is no longer the one it had when it was built: the vector env
+    stacks (and the learner sized its networks for) the one it had then."""
+
+
+# Errors of what the env returned (not raised): their records and log lines say "returned".
+_RETURNED = (_UnstorableStep, ReservedInfoKeyError, SpaceChangedError)
+
+_OLD_GYM_HINT = (
+    "this looks like the old gym API (wrap the env with shimmy's GymV21CompatibilityV0, "
+    "gymnasium.make('GymV21Environment-v0', env=...) with pip install 'shimmy[gym-v21]', or update it)"
+)
+
+
+def _what(value: Any) -> str:
+    """``value`` as the start of "returned ...": "None", "an ndarray of shape (2,)", "a list of length 3", "a float"."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, np.ndarray):
+        return f"an ndarray of shape {value.shape}"
+    if isinstance(value, tuple | list):
+        return f"{article} {name} of length {len(value)}"
+    return f"{article} {name}"
+
+
+def _kind(value: Any) -> str:
+    """ "None", or "of type list": what came, in a few words."""
+    return "None" if value is None else f"of type {type(value).__name__}"
+
+
+def _unpacked_reset(result: Any) -> tuple[Any, Any]:
+    """``(obs, info)`` of what an env's reset returned; _UnstorableStep where it is no such pair: an old gym env's
+    observation alone (whose unpacking took an observation of shape (2,) for obs and info silently), or an info
+    that is no dict (which fails the whole batch in the vector env)."""
+    if not (type(result) is tuple and len(result) == 2) and not (
+        isinstance(result, list) and len(result) == 2 and isinstance(result[1], dict)
+    ):
+        raise _UnstorableStep(
+            f"reset() returned {_what(result)}, not a tuple (obs, info): gymnasium's Env API (0.26+) has reset return "
+            f"(obs, info); {_OLD_GYM_HINT}"
+        )
+    obs, info = result
+    if not isinstance(info, dict):
+        raise _UnstorableStep(f"reset() returned info {_kind(info)}: expected a dict (gymnasium's (obs, info))")
+    return obs, info
+
+
+def _unpacked_step(result: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``(obs, reward, terminated, truncated, info)`` of what an env's step returned; _UnstorableStep where it is
+    no such 5-tuple (an old gym env's 4 values, say) or its info is no dict."""
+    if not isinstance(result, tuple | list):
+        raise _UnstorableStep(
+            f"step() returned {_what(result)}: expected a tuple of 5 (obs, reward, terminated, truncated, info)"
+        )
+    if len(result) == 4:
+        raise _UnstorableStep(
+            "step() returned 4 values (obs, reward, done, info: the old gym API): expected 5 (obs, reward, "
+            f"terminated, truncated, info); {_OLD_GYM_HINT}"
+        )
+    if len(result) != 5:
+        raise _UnstorableStep(
+            f"step() returned {len(result)} values: expected 5 (obs, reward, terminated, truncated, info)"
+        )
+    info = result[4]
+    if not isinstance(info, dict):
+        raise _UnstorableStep(
+            f"step() returned info {_kind(info)}: expected a dict (gymnasium's (obs, reward, "
+            "terminated, truncated, info))"
+        )
+    return result[0], result[1], result[2], result[3], info
 
 
 def _shown(value: Any) -> str:
@@ -245,6 +324,8 @@ def _check_flag(name: str, flag: Any) -> None:
 def _describe(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
     kind = "TypeError" if isinstance(err, _UnstorableStep) else type(err).__name__
+    if not isinstance(err, _NAMED_AS_THEY_ARE):  # (asyncio.CancelledError, GeneratorExit, an env's own)
+        kind += " (a BaseException the env raised)"
     message = f"{where}: {kind}: {text}" if text else f"{where}: {kind}"
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
 
@@ -267,7 +348,12 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     def __init__(self, env: gym.Env[Any, Any], *, repeat_on_reset: bool, ctrl_c: bool = False) -> None:
         super().__init__(env)
         self._repeat_on_reset = repeat_on_reset
-        self._caught = _CAUGHT_UNDER_CTRL_C if ctrl_c else _CAUGHT
+        self._ctrl_c = ctrl_c
+        # The spaces as built: what the vector env stacks (and the learner was told). An env that sets its own
+        # anew later (in reset, say) is that env's error, named, not numpy's "Output array is the wrong shape";
+        # this wrapper's stay the built ones (its placeholders, and the checks above it, use them).
+        self._built_spaces = (env.observation_space, env.action_space)
+        self.observation_space, self.action_space = self._built_spaces
         self._last_obs: Any = None
         # The call that returned _last_obs ("reset" or "step"; "" before any): with it, an observation
         # the vector env then fails to stack is named with the call that made it (env_server.envs).
@@ -297,17 +383,41 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
     def _placeholder(self) -> Any:
         return self._last_obs if self._last_obs is not None else placeholder_observation(self.observation_space)
 
+    def _check_spaces(self) -> None:
+        """SpaceChangedError where the env's observation_space or action_space is not the one it was built with
+        (an identity check per call, as most envs keep theirs; an equal new one is fine)."""
+        for which, built in zip(("observation_space", "action_space"), self._built_spaces, strict=True):
+            now = getattr(self.env, which)
+            if now is not built and now != built:
+                who = "the env" if self.envfleet_position is None else f"env {self.envfleet_position[0]}"
+                raise SpaceChangedError(
+                    f"{who}'s {which} changed after it was built ({built} -> {now}); spaces must be set in "
+                    "__init__ and stay fixed"
+                )
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if options is not None and NO_OPTIONS_KEY in options:
             options = None  # (a reset_mask reset that came with no options: see NO_OPTIONS_KEY)
         try:
-            obs, info = self.env.reset(seed=seed, options=options)
+            obs, info = _unpacked_reset(self.env.reset(seed=seed, options=options))
             _check_info(info)
-        except self._caught as err:
+            self._check_spaces()
+        except _CAUGHT as err:
+            if self._ctrl_c and isinstance(err, KeyboardInterrupt):
+                raise
             self.errors += 1
             message = _describe("reset", err)
             if _error_log.one_by_one(self.name(), message, new=self._broken is None):
-                log.warning("%s raised in reset; it is out of order until a reset works", self.name(), exc_info=True)
+                if isinstance(err, _RETURNED):
+                    log.warning(
+                        "%s's reset returned what cannot be used: %s; it is out of order until a reset works",
+                        self.name(),
+                        err,
+                    )
+                else:
+                    log.warning(
+                        "%s raised in reset; it is out of order until a reset works", self.name(), exc_info=True
+                    )
             self._broken = message
             self._pending = None
             return self._placeholder(), {ENV_ERROR_KEY: message}
@@ -326,18 +436,21 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             self._pending = message
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         try:
-            obs, reward, terminated, truncated, info = self.env.step(action)
+            obs, reward, terminated, truncated, info = _unpacked_step(self.env.step(action))
             # (in here, so that what a vector env cannot store costs this env's episode only, named)
             _check_reward(reward)
             _check_flag("terminated", terminated)
             _check_flag("truncated", truncated)
             if info:
                 _check_info(info)
-        except self._caught as err:
+            self._check_spaces()
+        except _CAUGHT as err:
+            if self._ctrl_c and isinstance(err, KeyboardInterrupt):
+                raise
             self.errors += 1
             message = _describe("step", err)
             if _error_log.one_by_one(self.name(), message):
-                if isinstance(err, _UnstorableStep):
+                if isinstance(err, _RETURNED):
                     log.warning(
                         "%s's step returned what cannot be stored: %s; its episode ends and it is reset",
                         self.name(),
@@ -349,6 +462,21 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         self._last_obs, self._last_from = obs, "step"
         return obs, reward, terminated, truncated, info
+
+
+def error_phrase(record: str) -> str:
+    """What an env did, for a learner's message "env 3 <phrase>", of its error record ``record`` (``info["env_error"]``,
+    ``"<where>: <Type>: <message>"``): "raised in step: ValueError: boom", but "returned in step what cannot be used:
+    TypeError: step() returned reward None: ..." where the env returned something unusable (it raised nothing), and
+    "is out of order since reset: ..." for an env whose reset failed."""
+    if record.startswith("out of order since "):
+        return f"is {record}"
+    where, _, rest = record.partition(": ")
+    kind, _, text = rest.partition(": ")
+    returned = kind in (ReservedInfoKeyError.__name__, SpaceChangedError.__name__) or (
+        kind == "TypeError" and text.startswith(f"{where}() returned")
+    )
+    return f"returned in {where} what cannot be used: {rest}" if returned else f"raised in {record}"
 
 
 def tell_positions(vector_env: gym.vector.VectorEnv) -> None:

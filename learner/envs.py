@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import numpy as np
 
 from env_server.config import ServerConfig
 from env_server.envs import build_vector_env, env_kwargs_json, max_episode_steps
+from env_server.isolation import tell_positions
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner.config import DEFAULT_ENV, Args, is_atari
 from learner.discovery import expand_when_ready, split_addresses
@@ -134,7 +136,8 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
             )
             # (a second Ctrl-C in an env's step aborts; an error names an env "in-process env 2", no server's)
             envs = build_vector_env(config, ctrl_c=True, in_process=True)
-            stack.callback(envs.close)
+            tell_positions(envs)  # (their errors name them: "env 2's observation_space changed", as a server's do)
+            stack.push(functools.partial(_close_in_process, envs))
             # What the envs are made with, as a server says of its own (EnvSpec): for config.json.
             made_with = env_kwargs_json(config)
             envs.env_kwargs = json.loads(made_with) if made_with else {}  # type: ignore[attr-defined]
@@ -201,6 +204,23 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
         )
         stack.callback(remote.close)
         yield remote
+
+
+def _close_in_process(envs: gym.vector.VectorEnv, exc_type: type[BaseException] | None, *_: Any) -> bool:
+    """Close in-process envs as the block that used them ends (ExitStack.push): an env whose close() raises costs
+    a warning, not a finished run (its checkpoints and summary written) turned into a traceback and exit status 1,
+    nor the error the block ended with."""
+    try:
+        envs.close()
+    except Exception as err:
+        text = " ".join(str(err).split())
+        log.warning(
+            "the env's close() raised %s%s%s",
+            type(err).__name__,
+            f": {text}" if text else "",
+            "; the run is complete" if exc_type is None else "",
+        )
+    return False
 
 
 def reward_threshold(env: str) -> float | None:

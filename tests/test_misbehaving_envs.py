@@ -1,0 +1,330 @@
+"""Env classes that break gymnasium's Env API (tests/misbehaving_envs.py) get an error naming what the env did, as
+that env's error where the server can go on, and the server survives: a BaseException of the env's, an info that
+is no dict, the old gym API's reset and step, an observation_space changed after the build; async vectorization
+recovers from an error in gymnasium's own code, and says it cannot go on when a worker is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from env_server import ServerConfig, build_vector_env
+from env_server.envs import EnvBuildError, ObservationLayoutError
+from env_server.health import check
+from env_server.isolation import ENV_ERROR_KEY, tell_positions
+from learner import EnvCrashedError, RemoteVectorEnv
+from tests.conftest import SpawnServer
+
+pytestmark = pytest.mark.timeout(120)  # (a wedged async vector env waits for good)
+
+M = "tests.misbehaving_envs"
+VECTORIZATIONS = pytest.mark.parametrize("vectorization", ["sync", "async"])
+
+
+@contextlib.contextmanager
+def vector_env(env: str, num_envs: int = 2, vectorization: str = "sync", **kwargs: Any) -> Iterator[Any]:
+    config = ServerConfig(env=f"{M}:{env}", num_envs=num_envs, env_kwargs=kwargs, vectorization=vectorization)
+    envs = build_vector_env(config)
+    tell_positions(envs)
+    try:
+        yield envs
+    finally:
+        # (async: without waiting for a reply still due, which a wedged vector env waited for on a pipe read already)
+        envs.close(terminate=vectorization == "async")
+
+
+def step(envs: Any) -> tuple[Any, ...]:
+    return envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+
+
+def errors(infos: dict[str, Any]) -> list[str | None]:
+    mask = infos.get("_" + ENV_ERROR_KEY)
+    if mask is None:
+        return [None] * len(next(iter(infos.values()), [None, None]))
+    return [str(infos[ENV_ERROR_KEY][i]) if mask[i] else None for i in range(len(mask))]
+
+
+# ---- 1. a BaseException of the env's is that env's error -------------------------------------------------------
+
+
+@VECTORIZATIONS
+@pytest.mark.parametrize(
+    ("what", "kind"),
+    [
+        ("cancelled", "CancelledError"),
+        ("generator_exit", "GeneratorExit"),
+        ("own", "MyBaseError"),
+    ],
+)
+def test_a_base_exception_in_step_is_that_envs_error(what: str, kind: str, vectorization: str) -> None:
+    """It escaped the isolation: the whole batch failed (sync), or the async worker died without a word."""
+    with vector_env("StepRaisesBase", vectorization=vectorization, what=what) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        _, rewards, _, truncations, infos = step(envs)
+        assert all(
+            e is not None and e.startswith(f"step: {kind} (a BaseException the env raised)") for e in errors(infos)
+        )
+        assert truncations.all() and not rewards.any()
+        envs.reset(seed=0)  # (and the envs go on)
+        step(envs)
+
+
+def test_a_base_exception_in_reset_leaves_the_env_out_of_order() -> None:
+    with vector_env("ResetRaisesBase") as envs:
+        _, infos = envs.reset(seed=0)
+        assert errors(infos) == ["reset: CancelledError (a BaseException the env raised)"] * 2
+        assert str(errors(step(envs)[4])[0]).startswith("out of order since reset: CancelledError")
+
+
+# ---- 2. an info that is no dict ------------------------------------------------------------------------------------
+
+STEP_INFO = (
+    r"step: TypeError: step\(\) returned info of type {0}: expected a dict \(gymnasium's \(obs, reward, terminated, "
+    r"truncated, info\)\)"
+)
+
+
+@VECTORIZATIONS
+@pytest.mark.parametrize("info", ["list", "str"])
+def test_a_step_info_that_is_no_dict_is_that_envs_error(info: str, vectorization: str) -> None:
+    """Not "AttributeError: 'list' object has no attribute 'items'" failing the whole batch."""
+    with vector_env("StepInfoNotDict", vectorization=vectorization, info=info) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        found = errors(step(envs)[4])
+        assert all(e is not None and re.fullmatch(STEP_INFO.format(info), e) for e in found), found
+        step(envs)
+
+
+def test_a_reset_info_that_is_no_dict_is_that_envs_error() -> None:
+    with vector_env("ResetInfoNotDict") as envs:
+        _, infos = envs.reset(seed=0)
+        expected = "reset: TypeError: reset() returned info of type list: expected a dict (gymnasium's (obs, info))"
+        assert errors(infos) == [expected] * 2
+
+
+def test_a_server_reports_an_info_that_is_no_dict_as_that_envs_error(spawn_server: SpawnServer) -> None:
+    """The whole batch failed: learner train reconnected as for an outage, then stopped with "every env's server
+    was unavailable"."""
+    server = spawn_server(f"{M}:StepInfoNotDict", 2)
+    with RemoteVectorEnv([server.address], fault_tolerant=True) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        found = errors(step(envs)[4])
+        assert all(e is not None and re.fullmatch(STEP_INFO.format("list"), e) for e in found), found
+        assert envs.fault_stats().failures == 0
+        step(envs)
+    assert check(server.address) == "SERVING"
+    assert "step returned what cannot be stored: step() returned info of type list" in server.logs()
+
+
+def test_the_gym_backend_reports_an_info_that_is_no_dict_as_that_envs_error() -> None:
+    """It crashed with a raw traceback from _widen_infos."""
+    from learner.envs import FleetSpec, open_fleet
+
+    spec = FleetSpec(env=f"{M}:StepInfoNotDict", backend="gym", num_servers=1, envs_per_server=2)
+    with open_fleet(spec) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        assert all(e is not None and re.fullmatch(STEP_INFO.format("list"), e) for e in errors(step(envs)[4]))
+
+
+# ---- 3. async vectorization after an error ------------------------------------------------------------------------
+
+
+def test_async_vectorization_recovers_from_an_error_in_gymnasiums_step_wait() -> None:
+    """Env 1's info value is a str where env 0's was an int: gymnasium's step_wait fails storing it, with env 2's
+    reply unread and its state left WAITING_STEP: every later reset was AlreadyPendingCallError."""
+    with vector_env("InfoTypesDiffer", num_envs=3, vectorization="async") as envs:
+        envs.reset(seed=0)
+        with pytest.raises(ValueError):
+            step(envs)
+        obs, infos = envs.reset(seed=2)  # (seeds 2, 3, 4: ints first again, then a str)
+        assert obs.shape == (3, 2) and ENV_ERROR_KEY not in infos
+        with pytest.raises(ValueError):
+            step(envs)
+        envs.reset(seed=0)
+
+
+def test_an_async_server_serves_on_after_an_error_in_gymnasiums_step_wait(spawn_server: SpawnServer) -> None:
+    server = spawn_server(f"{M}:InfoTypesDiffer", 3, "--vectorization", "async")
+    with RemoteVectorEnv([server.address], fault_tolerant=False) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(EnvCrashedError, match="ValueError"):
+            step(envs)
+        envs.reset(seed=0)  # (was: AlreadyPendingCallError, for good)
+    assert check(server.address) == "SERVING"
+
+
+@pytest.mark.slow
+def test_an_async_server_whose_worker_died_says_it_cannot_go_on(spawn_server: SpawnServer) -> None:
+    """A worker gone without a word (os._exit, a segfault, the OOM killer): the server answered every later reset
+    AlreadyPendingCallError and stayed up, saying nothing, so that no supervisor restarted it."""
+    server = spawn_server(f"{M}:StepExits", 2, "--vectorization", "async")
+    with RemoteVectorEnv([server.address], fault_tolerant=False) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        with pytest.raises(EnvCrashedError, match="EOFError"):
+            step(envs)
+        with pytest.raises(EnvCrashedError, match=r"worker processes ended .*restart it") as raised:
+            envs.reset(seed=0)
+        assert "AlreadyPendingCallError" not in str(raised.value)
+    assert check(server.address) == "NOT_SERVING"
+
+
+# ---- 4. the old gym API ------------------------------------------------------------------------------------------
+
+OLD_HINT = "this looks like the old gym API (wrap the env with shimmy's GymV21CompatibilityV0"
+
+
+@VECTORIZATIONS
+def test_an_old_gym_reset_is_named_not_unpacked(vectorization: str) -> None:
+    """An observation of shape (2,) was unpacked into obs=obs[0], info=obs[1], and the error blamed a shape ()
+    observation."""
+    with vector_env("OldGymReset", vectorization=vectorization) as envs:
+        _, infos = envs.reset(seed=0)
+        for found in errors(infos):
+            assert found is not None and found.startswith(
+                "reset: TypeError: reset() returned an ndarray of shape (2,), not a tuple (obs, info): gymnasium's "
+                "Env API (0.26+) has reset return (obs, info); " + OLD_HINT
+            ), found
+
+
+@VECTORIZATIONS
+def test_an_old_gym_step_is_named(vectorization: str) -> None:
+    """Was: "not enough values to unpack (expected 5, got 4)"."""
+    with vector_env("OldGymStep", vectorization=vectorization) as envs:
+        envs.reset(seed=0)
+        for found in errors(step(envs)[4]):
+            assert found is not None and found.startswith(
+                "step: TypeError: step() returned 4 values (obs, reward, done, info: the old gym API): expected 5 "
+                "(obs, reward, terminated, truncated, info); " + OLD_HINT
+            ), found
+
+
+# ---- 5. "returned", not "raised" --------------------------------------------------------------------------------
+
+
+def test_error_phrase_says_returned_for_what_the_env_returned() -> None:
+    from env_server.isolation import error_phrase
+
+    assert error_phrase("step: ValueError: boom") == "raised in step: ValueError: boom"
+    assert error_phrase("step: TypeError: step() returned reward None: expected a number (a float)") == (
+        "returned in step what cannot be used: TypeError: step() returned reward None: expected a number (a float)"
+    )
+    assert error_phrase("reset: ReservedInfoKeyError: x").startswith("returned in reset what cannot be used")
+    assert error_phrase("out of order since reset: ValueError: x") == "is out of order since reset: ValueError: x"
+
+
+def test_the_servers_log_says_returned_for_what_the_env_returned(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from env_server import isolation
+
+    monkeypatch.setattr(isolation, "_error_log", isolation._ErrorLog())  # (this process's first errors: logged)
+    with caplog.at_level(logging.WARNING), vector_env("OldGymReset") as envs:
+        envs.reset(seed=0)
+    assert "reset returned what cannot be used: reset() returned an ndarray" in caplog.text
+    assert "raised in reset" not in caplog.text
+
+
+# ---- 6. the first observation's check names what came -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "named"), [("ObsNone", "None, not an observation"), ("ObsDict", "dtype dict")])
+def test_the_first_observations_check_names_what_came(env: str, named: str) -> None:
+    """Was "observation has shape (), expected (2,)" for both."""
+    with vector_env(env) as envs, pytest.raises(ObservationLayoutError, match=re.escape(named)):
+        envs.reset(seed=0)
+
+
+# ---- 7. an observation_space changed after the build -------------------------------------------------------------
+
+CHANGED = (
+    "reset: SpaceChangedError: env {0}'s observation_space changed after it was built (Box(-1.0, 1.0, (2,), float32) "
+    "-> Box(-1.0, 1.0, (3,), float32)); spaces must be set in __init__ and stay fixed"
+)
+
+
+@VECTORIZATIONS
+def test_an_observation_space_changed_after_the_build_is_that_envs_error(vectorization: str) -> None:
+    """Was numpy's "Output array is the wrong shape" (sync) or "could not broadcast input array" (async)."""
+    with vector_env("SpaceChanges", vectorization=vectorization) as envs:
+        obs, infos = envs.reset(seed=0)
+        assert errors(infos) == [CHANGED.format(0), CHANGED.format(1)]
+        assert obs.shape == (2, 2)
+        step(envs)
+
+
+def test_a_server_reports_an_observation_space_changed_as_that_envs_error(spawn_server: SpawnServer) -> None:
+    """Was retried as an outage until --give-up-after (a minute)."""
+    server = spawn_server(f"{M}:SpaceChanges", 1)
+    with RemoteVectorEnv([server.address], fault_tolerant=True) as envs:
+        _, infos = envs.reset(seed=0)
+        assert errors(infos) == [CHANGED.format(0)]
+        assert envs.fault_stats().failures == 0
+    assert check(server.address) == "SERVING"
+
+
+def test_the_gym_backend_reports_an_observation_space_changed_as_that_envs_error() -> None:
+    from learner.envs import FleetSpec, open_fleet
+
+    spec = FleetSpec(env=f"{M}:SpaceChanges", backend="gym", num_servers=1, envs_per_server=1)
+    with open_fleet(spec) as envs:
+        assert errors(envs.reset(seed=0)[1]) == [CHANGED.format(0)]
+
+
+# ---- 8. a close() that raises in --backend gym -------------------------------------------------------------------
+
+
+def test_the_gym_backend_warns_of_a_close_that_raises(caplog: pytest.LogCaptureFixture) -> None:
+    """A finished run (checkpoints, summary.json) became a traceback and exit status 1."""
+    from learner.envs import FleetSpec, open_fleet
+
+    spec = FleetSpec(env=f"{M}:CloseRaises", backend="gym", num_servers=1, envs_per_server=1)
+    with open_fleet(spec) as envs:
+        envs.reset(seed=0)
+    assert "the env's close() raised RuntimeError: close failed; the run is complete" in caplog.text
+
+
+# ---- 9. a segfault leaves the Python stack in the server's log ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_segfaulting_env_leaves_its_stack_in_the_servers_log(spawn_server: SpawnServer) -> None:
+    server = spawn_server(f"{M}:StepSegfaults", 1)
+    with RemoteVectorEnv([server.address], fault_tolerant=False) as envs:
+        envs.reset(seed=0)
+        step(envs)
+        with contextlib.suppress(Exception):
+            step(envs)
+    assert server.proc is not None
+    server.proc.wait(timeout=60)
+    logs = server.logs()
+    assert "Fatal Python error: Segmentation fault" in logs and "misbehaving_envs.py" in logs, logs[-2000:]
+
+
+# ---- 10. start-up messages ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "which"), [("NoneSpace", "observation_space"), ("NoneActionSpace", "action_space")])
+def test_a_space_that_is_none_is_named(env: str, which: str) -> None:
+    """Was "cannot make env ... with kwargs {}: The space provided to batch_space is not a gymnasium Space
+    instance": blaming the kwargs, naming no space."""
+    expected = f"cannot make env '{M}:{env}': its {which} is None: expected a gymnasium.spaces.Space set in __init__"
+    with pytest.raises(EnvBuildError, match=f"^{re.escape(expected)}$"):
+        build_vector_env(ServerConfig(env=f"{M}:{env}", num_envs=1))
+
+
+def test_a_missing_constructor_argument_says_how_to_pass_it() -> None:
+    with pytest.raises(
+        EnvBuildError, match=re.escape("""; pass constructor arguments with --env-kwargs '{"size": ...}'""")
+    ):
+        build_vector_env(ServerConfig(env=f"{M}:NeedsArgs", num_envs=1))
