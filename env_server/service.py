@@ -1132,16 +1132,20 @@ class EnvService(pb_grpc.EnvServiceServicer):
         except BaseException as err:
             # Whatever the env raised, on the env thread (where no cancellation of the caller's own
             # arrives: an asyncio.CancelledError, a GeneratorExit or a BaseException of the env's is
-            # the env's error, as an Exception is). The env's state is unknown after it raised: the learner must reset before stepping (told
-            # why: it did reset, maybe, before this call). Not a session that ended meanwhile: its
-            # successor's Handshake asked for a reset anyway, and must not hear of this call.
+            # the env's error, as an Exception is). The env's state is unknown after it raised: the
+            # learner must reset before stepping (told why: it did reset, maybe, before this call). Not a
+            # session that ended meanwhile: its successor's Handshake asked for a reset anyway, and must
+            # not hear of this call.
             if self._claim is session:
                 self._require_reset(
                     f"the env raised in the last {kind} ({type(err).__name__}), so the envs' state is unknown: "
                     "reset them first (a full reset); nothing was stepped"
                 )
-            what = f"the env raised in {kind}: {type(err).__name__}: {err}"
-            # (an observation that does not fit the space names its env: the status does too)
+            # (an observation that does not fit the space names its env: the status does too; the env
+            # returned it, raising nothing; learner.faults.misfit_reported looks for ": ObservationLayoutError: ")
+            misfit = isinstance(err, ObservationLayoutError)
+            did = f"returned in {kind} what does not fit" if misfit else f"raised in {kind}"
+            what = f"the env {did}: {type(err).__name__}: {err}"
             env_index = err.env_index if isinstance(err, ObservationLayoutError) else None
             if _workers_ended(self.env):
                 # (gymnasium's AsyncVectorEnv shuts a worker down when an exception escapes its env;
@@ -1153,7 +1157,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 raise ServiceError(
                     grpc.StatusCode.INTERNAL, f"{what}; its worker processes ended: restart the server", env_index
                 ) from err
-            log.warning("env %s raised %s: %s", kind, type(err).__name__, err)
+            log.warning(
+                "env %s %s: %s: %s", kind, "returned what does not fit" if misfit else "raised", type(err).__name__, err
+            )
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again", env_index) from err
         finally:
             self.call_started = 0.0

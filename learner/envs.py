@@ -20,7 +20,7 @@ from env_server.isolation import tell_positions
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner.config import DEFAULT_ENV, Args, is_atari
 from learner.discovery import expand_when_ready, split_addresses
-from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, LocalServers
+from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, STARTUP_TIMEOUT_S, LocalServers, label_of
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, RemoteVectorEnv
 
 __all__ = ["FleetSpec", "env_server_of", "fleet_spec", "open_fleet", "raw_atari_frames", "reward_threshold"]
@@ -281,6 +281,7 @@ def server_of(envs: Any, env: int) -> tuple[str, int] | None:
 
 def env_server_of(envs: Any, env: int) -> str:
     """What names where env ``env`` runs (:func:`server_of`), as the start of an error's message: "env server
-    ADDRESS: " on a fleet of env servers, "" for in-process envs."""
+    ADDRESS: " on a fleet of env servers (a server this process started: "env server local-0: "), "" for
+    in-process envs."""
     where = server_of(envs, env)
-    return f"env server {where[0]}: " if where is not None else ""
+    return f"env server {label_of(where[0])}: " if where is not None else ""

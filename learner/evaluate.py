@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from env_server.isolation import error_phrase
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from learner import rundir
 from learner import video as video_
@@ -532,7 +533,7 @@ def _raise_env_errors(infos: dict[str, Any], fleet: FleetSpec) -> None:
         return
     index = int(np.flatnonzero(errors)[0])
     raise EnvFleetError(
-        f"envs: env {index} ({fleet.describe()}) raised in {infos['env_error'][index]}; eval stops at an env's "
+        f"envs: env {index} ({fleet.describe()}) {error_phrase(str(infos['env_error'][index]))}; eval stops at an env's "
         "error, as an episode cut short is no sample of the policy's return"
     )
 

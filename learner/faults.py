@@ -468,6 +468,6 @@ class _Incompatible(Exception):
 
 def misfit_reported(err: BaseException) -> bool:
     """Whether ``err`` is a server's report that an env returned an observation that does not fit the observation
-    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env raised in step:
-    ObservationLayoutError: the server's env 2: ...")."""
+    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env returned in step what
+    does not fit: ObservationLayoutError: the server's env 2: ...")."""
     return isinstance(err, EnvCrashedError) and f": {ObservationLayoutError.__name__}: " in err.details

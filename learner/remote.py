@@ -23,6 +23,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from env_server import codec
+from env_server.isolation import error_phrase
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
@@ -1612,10 +1613,17 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         for j in np.flatnonzero(errors):
             index = base + int(j)
             client = self._client_of(index)
+            record = str(infos["env_error"][j])
+            after = (
+                "its reset failed, so it is out of order: its server tries its reset again at each step, each an "
+                "error of this env"
+                if record.startswith(("reset:", "out of order"))
+                else "the server reset it"
+            )
             crashed.append(
                 EnvCrashedError(
-                    f"env server {label_of(client.address)}: env {index} raised in {infos['env_error'][j]} (the server reset "
-                    f"it; {FAULT_TOLERANT_HINT})",
+                    f"env server {label_of(client.address)}: env {index} {error_phrase(record)} ({after}; "
+                    f"{FAULT_TOLERANT_HINT})",
                     address=client.address,
                     code=grpc.StatusCode.INTERNAL,
                     env_index=index,

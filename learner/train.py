@@ -49,6 +49,7 @@ except ModuleNotFoundError as _err:  # (`from learner.train import train` in a s
     ) from _err
 from torch import Tensor, optim
 
+from env_server.isolation import error_phrase
 from learner import rundir
 from learner.checkpoint import (
     capture_rng,
@@ -252,9 +253,11 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any],
     text = str(infos["env_error"][env])
     # (an env whose reset raised is out of order: its server tries a reset at each step, each an env error)
     what = (
-        "is out of order (its reset raised; tried again at each step)"
+        "is out of order (its reset failed; tried again at each step)"
         if text.startswith("out of order")
-        else ("raised (its episode was cut short, and the env reset)")
+        else "returned what cannot be used (its episode was cut short, and the env reset)"
+        if error_phrase(text).startswith("returned")
+        else "raised (its episode was cut short, and the env reset)"
     )
     log.warning(
         "env %d%s %s: %s (%d env error%s in this run so far; one such line a minute at most)",

@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from env_server.envs import EnvBuildError
+from env_server.isolation import error_phrase
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import os_reason
 from learner.rundir import atomic_write
@@ -186,7 +187,7 @@ def _raise_env_error(infos: dict[str, Any], env: str) -> None:
     errors = infos.get("_env_error")
     if errors is not None and np.any(errors):
         raise ValueError(
-            f"video: {env} raised in {infos['env_error'][0]} (in this process); no video written, as its episode "
+            f"video: {env} {error_phrase(str(infos['env_error'][0]))} (in this process); no video written, as its episode "
             "was cut short by the error"
         )
 

@@ -182,7 +182,10 @@ def test_an_info_with_a_reserved_key_is_an_error_of_that_env_named_so(start_serv
 def test_a_reset_info_with_a_reserved_key_is_an_error_of_that_env(start_servers: Any) -> None:
     kwargs = json.dumps({"key": "env_error", "on_reset": True, "at": 1000})
     addresses = start_servers("tests.envs:ReservedKeyEnv", envs_per_server=2, server_args=["--env-kwargs", kwargs])
-    with RemoteVectorEnv(addresses) as envs, pytest.raises(EnvCrashedError, match="raised in reset: ReservedInfoKey"):
+    with (
+        RemoteVectorEnv(addresses) as envs,
+        pytest.raises(EnvCrashedError, match="env 0 returned in reset what cannot be used: ReservedInfoKeyError: "),
+    ):
         envs.reset(seed=0)
 
 

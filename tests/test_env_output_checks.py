@@ -319,7 +319,8 @@ def test_a_fault_tolerant_fleet_raises_an_observation_that_does_not_fit_at_once(
     kwargs = {"obs": "float", "discrete": True, "at": 0 if method == "reset" else 2}
     server = spawn_server(ENV, 3, "--env-kwargs", json.dumps(kwargs))
     named = (
-        rf"\[INTERNAL\]: the env raised in {method}: ObservationLayoutError: the server's env 1: its {method} returned"
+        rf"\[INTERNAL\]: the env returned in {method} what does not fit: ObservationLayoutError: the server's env 1: "
+        rf"its {method} returned"
     )
     with RemoteVectorEnv([server.address], fault_tolerant=True, give_up_after=30) as envs:
         start = time.monotonic()

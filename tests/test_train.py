@@ -976,7 +976,7 @@ def test_a_run_whose_every_env_fails_stops_with_an_error_naming_the_envs_errors(
         train(args)
     message = str(stopped.value)
     said = [r.getMessage() for r in caplog.records if r.name == "learner.train" and "out of order" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("env 0 is out of order (its reset raised; tried again at each step)")
+    assert len(said) == 1 and said[0].startswith("env 0 is out of order (its reset failed; tried again at each step)")
     assert message.startswith(
         "no env gave a transition in 3 rollouts in a row: nothing to learn from, the run stops; the envs reported: "
         "reset: RuntimeError: reset failed on purpose (env "
@@ -1064,6 +1064,18 @@ def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_co
     assert rows[0]["transitions_per_s"] < rows[0]["sps_update"]  # (the lost step was no transition)
     said = [r.getMessage() for r in caplog.records if "raised (its episode was cut short" in r.getMessage()]
     assert len(said) == 1 and "step 4 failed on purpose" in said[0] and "(1 env error in this run so far" in said[0]
+
+
+def test_an_env_error_of_what_the_env_returned_says_returned(caplog: pytest.LogCaptureFixture) -> None:
+    from learner.train import _say_env_error
+
+    record = "step: TypeError: step() returned reward None: expected a real number"
+    with caplog.at_level(logging.WARNING, logger="learner.train"):
+        _say_env_error([0.0, 0], 1, 2, {"env_error": ["", "", record]})
+    assert caplog.records[0].getMessage() == (
+        f"env 2 returned what cannot be used (its episode was cut short, and the env reset): {record} (1 env error "
+        "in this run so far; one such line a minute at most)"
+    )
 
 
 def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
