@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -529,7 +530,8 @@ def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
 def main(argv: Sequence[str] | None = None) -> int:
     # A fatal signal in an env's native code (a segfault in a simulator's bindings) leaves the Python stack of
     # each thread on stderr, the server's log (async workers, forked, inherit it), not a bare exit status.
-    faulthandler.enable()
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # (a stderr with no file descriptor: a notebook's)
+        faulthandler.enable()
     # Before anything imports grpc (the parser does not).
     prefer_fast_grpc_core()
     # As under `python -m env_server`: modules in the working directory can be entry points

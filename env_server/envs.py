@@ -12,9 +12,11 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -655,6 +657,22 @@ def _extra_hint(env: str, err: BaseException) -> str | None:
 _PROCESS_LIMITS = "a pids limit (docker --pids-limit, ulimit -u) or memory may be too low"
 
 
+def _calling_the_env(err: BaseException) -> bool:
+    """Whether ``err`` (a TypeError, or gymnasium's copy of one) was raised by the call that makes the env itself,
+    as Python binds its arguments (the innermost frame the caller's: gymnasium's, or this package's), not by a
+    call inside the env's constructor (the innermost frame the constructor's own)."""
+    original = err.__cause__ or err.__context__ or err if "was raised from the environment creator" in str(err) else err
+    tb = original.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    where = Path(tb.tb_frame.f_code.co_filename).resolve()
+    return any(
+        where.is_relative_to(Path(str(module.__file__)).resolve().parent) for module in (gym, sys.modules[__name__])
+    )
+
+
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
     """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
     # (fork's EAGAIN where a pids limit is reached, ENOMEM where memory is)
@@ -678,7 +696,7 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
         text = _one_line(err).split(" was raised from the environment creator")[0]
         # (a constructor's "__init__() missing 1 required positional argument: 'size'")
         missing = re.search(r"missing \d+ required (?:positional|keyword-only) arguments?: (.+)$", text)
-        if missing is not None:
+        if missing is not None and _calling_the_env(err):
             names = re.findall(r"'([^']+)'", missing.group(1))
             example = json.dumps({name: "..." for name in names}).replace('"..."', "...")
             text += f"; pass constructor arguments with --env-kwargs '{example}'"
@@ -1110,7 +1128,7 @@ def build_vector_env(
                 vec.in_process = in_process
     except EnvBuildError:
         raise
-    except (Exception, SystemExit, KeyboardInterrupt) as err:  # anything gymnasium or an env's constructor raises
+    except BaseException as err:  # anything gymnasium or an env's constructor raises (CancelledError too)
         if ctrl_c and isinstance(err, KeyboardInterrupt):  # (a Ctrl-C in a learner's process: not the env's)
             raise
         # (a SystemExit or KeyboardInterrupt too: raised on, it would skip the server's teardown)

@@ -40,6 +40,7 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -222,7 +223,7 @@ def _unpacked_reset(result: Any) -> tuple[Any, Any]:
     """``(obs, info)`` of what an env's reset returned; _UnstorableStep where it is no such pair: an old gym env's
     observation alone (whose unpacking took an observation of shape (2,) for obs and info silently), or an info
     that is no dict (which fails the whole batch in the vector env)."""
-    if not (type(result) is tuple and len(result) == 2) and not (
+    if not (isinstance(result, tuple) and len(result) == 2) and not (
         isinstance(result, list) and len(result) == 2 and isinstance(result[1], dict)
     ):
         raise _UnstorableStep(
@@ -230,9 +231,17 @@ def _unpacked_reset(result: Any) -> tuple[Any, Any]:
             f"(obs, info); {_OLD_GYM_HINT}"
         )
     obs, info = result
-    if not isinstance(info, dict):
-        raise _UnstorableStep(f"reset() returned info {_kind(info)}: expected a dict (gymnasium's (obs, info))")
-    return obs, info
+    return obs, _as_info(info, "reset() returned info {}: expected a dict (gymnasium's (obs, info))")
+
+
+def _as_info(info: Any, message: str) -> dict[str, Any]:
+    """``info`` as a dict (a Mapping copied into one, as gymnasium's vector envs take it); _UnstorableStep with
+    ``message``, formatted with what came, where it is none."""
+    if isinstance(info, dict):
+        return info
+    if isinstance(info, Mapping):
+        return dict(info)
+    raise _UnstorableStep(message.format(_kind(info)))
 
 
 def _unpacked_step(result: Any) -> tuple[Any, Any, Any, Any, Any]:
@@ -251,12 +260,9 @@ def _unpacked_step(result: Any) -> tuple[Any, Any, Any, Any, Any]:
         raise _UnstorableStep(
             f"step() returned {len(result)} values: expected 5 (obs, reward, terminated, truncated, info)"
         )
-    info = result[4]
-    if not isinstance(info, dict):
-        raise _UnstorableStep(
-            f"step() returned info {_kind(info)}: expected a dict (gymnasium's (obs, reward, "
-            "terminated, truncated, info))"
-        )
+    info = _as_info(
+        result[4], "step() returned info {}: expected a dict (gymnasium's (obs, reward, terminated, truncated, info))"
+    )
     return result[0], result[1], result[2], result[3], info
 
 
@@ -385,7 +391,9 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
 
     def _check_spaces(self) -> None:
         """SpaceChangedError where the env's observation_space or action_space is not the one it was built with
-        (an identity check per call, as most envs keep theirs; an equal new one is fine)."""
+        (an equal new one is fine). At each reset, where envs set theirs anew (some, equal ones, every time), not
+        at each step: a space that is a property building a new one costs its env that much per call (~1 ms for
+        a Box of frames), and an observation of another shape in a step is named as such anyway."""
         for which, built in zip(("observation_space", "action_space"), self._built_spaces, strict=True):
             now = getattr(self.env, which)
             if now is not built and now != built:
@@ -443,7 +451,6 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             _check_flag("truncated", truncated)
             if info:
                 _check_info(info)
-            self._check_spaces()
         except _CAUGHT as err:
             if self._ctrl_c and isinstance(err, KeyboardInterrupt):
                 raise

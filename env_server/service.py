@@ -166,12 +166,13 @@ def _rpc(
 class _Call:
     """A call :meth:`EnvThread.call` hands over: its outcome, and a lock released once it is in."""
 
-    __slots__ = ("args", "done", "error", "fn", "kwargs", "result")
+    __slots__ = ("args", "done", "error", "finished", "fn", "kwargs", "result")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.done = threading.Lock()
         self.done.acquire()
+        self.finished = False  # (set before done is released: see _wait_finished)
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -181,6 +182,7 @@ class _Call:
         except BaseException as err:  # (raised on in the caller's thread)
             self.error = err
         finally:
+            self.finished = True
             self.done.release()
 
 
@@ -244,7 +246,7 @@ class EnvThread(concurrent.futures.Executor):
         except BaseException:
             # (a signal handler's exception, raised in this thread while it waited: the call goes on, and
             # no other may start on the envs before it ends)
-            _acquire_uninterrupted(task.done)
+            _wait_finished(task)
             raise
         error, task.error = task.error, None  # (no cycle through its traceback)
         if error is not None:
@@ -304,12 +306,12 @@ class EnvThread(concurrent.futures.Executor):
             thread.join()
 
 
-def _acquire_uninterrupted(lock: threading.Lock) -> None:
-    """Take ``lock``, whatever exceptions signal handlers raise meanwhile."""
-    while True:
+def _wait_finished(task: _Call) -> None:
+    """Wait for ``task`` to be done, whatever exceptions signal handlers raise meanwhile (one raised just after
+    its lock was taken leaves the lock held by this thread: its flag, not the lock, says it is done)."""
+    while not task.finished:
         with contextlib.suppress(BaseException):
-            lock.acquire()
-            return
+            task.done.acquire(timeout=0.05)
 
 
 class EnvService(pb_grpc.EnvServiceServicer):

@@ -42,6 +42,8 @@ import numpy as np
 try:
     import torch
 except ModuleNotFoundError as _err:  # (`from learner.train import train` in a script: say how to install it)
+    if _err.name != "torch":  # (a broken install: a module torch needs is missing, named as it is)
+        raise
     from learner.errors import install_hint
 
     raise ModuleNotFoundError(

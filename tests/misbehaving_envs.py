@@ -148,6 +148,24 @@ class NeedsArgs(Base):
         super().__init__()
 
 
+def _helper(a: int, b: int) -> int:
+    return a + b
+
+
+class HelperMissesAnArgument(Base):
+    """Its constructor's own call misses an argument: no constructor argument of the env's is missing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _helper(1)  # type: ignore[call-arg]
+
+
+class BuildCancelled(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        raise asyncio.CancelledError()
+
+
 class CloseRaises(Base):
     def close(self) -> None:
         raise RuntimeError("close failed")

@@ -711,6 +711,15 @@ def test_training_from_python_without_torch_says_how_to_install_it() -> None:
     )
 
 
+def test_a_broken_torch_install_is_not_said_to_be_missing(tmp_path: Path) -> None:
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("import a_module_torch_needs_xyz\n")
+    environ = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    code = "from learner.train import train"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ)
+    assert proc.stderr.splitlines()[-1] == "ModuleNotFoundError: No module named 'a_module_torch_needs_xyz'"
+
+
 def _train_until_its_first_update(argv: list[str], run: Path) -> subprocess.Popen[str]:
     """``learner train ARGV --run-dir RUN`` in a subprocess, returned once it has made its first update."""
     proc = subprocess.Popen(

@@ -128,3 +128,30 @@ def test_a_base_exception_the_envs_raise_is_their_error_and_the_server_serves_on
         assert obs.tolist() == [[0.0], [0.0]]
         if raise_at > 1:
             assert envs.step(np.zeros(2, dtype=np.int64))[0].tolist() == [[1.0], [1.0]]
+
+
+_SIGNAL_AFTER_THE_CALL = """
+import faulthandler, signal
+from env_server.service import EnvThread
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+thread = EnvThread("env")
+
+def env_call():
+    signal.raise_signal(signal.SIGINT)  # (its handler runs in the main thread, once the call is done)
+    return "done"
+
+faulthandler.dump_traceback_later(60, exit=True)
+try:
+    thread.call(env_call)
+except KeyboardInterrupt:
+    print("interrupted, not stuck")
+thread.shutdown()
+"""
+
+
+def test_a_signal_handler_raising_as_a_call_returns_does_not_leave_the_loop_waiting_for_good() -> None:
+    """A handler's exception raised just after the call's lock was taken: the wait for the call's end took the
+    lock again, held by itself (the review's repro: the event loop's thread blocked for good)."""
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_THE_CALL], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "interrupted, not stuck", proc.stderr

@@ -8,16 +8,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from env_server import ServerConfig, build_vector_env
 from env_server.envs import EnvBuildError, ObservationLayoutError
 from env_server.health import check
-from env_server.isolation import ENV_ERROR_KEY, tell_positions
+from env_server.isolation import ENV_ERROR_KEY, IsolateErrors, tell_positions
 from learner import EnvCrashedError, RemoteVectorEnv
 from tests.conftest import SpawnServer
 
@@ -328,3 +330,34 @@ def test_a_missing_constructor_argument_says_how_to_pass_it() -> None:
         EnvBuildError, match=re.escape("""; pass constructor arguments with --env-kwargs '{"size": ...}'""")
     ):
         build_vector_env(ServerConfig(env=f"{M}:NeedsArgs", num_envs=1))
+    with pytest.raises(EnvBuildError, match=r"_helper\(\) missing 1 required positional argument: 'b'$"):
+        build_vector_env(ServerConfig(env=f"{M}:HelperMissesAnArgument", num_envs=1))  # (no hint: not the env's own)
+
+
+def test_a_constructor_raising_a_base_exception_cannot_make_the_env() -> None:
+    with pytest.raises(EnvBuildError, match=r"^cannot make env .*CancelledError"):
+        build_vector_env(ServerConfig(env=f"{M}:BuildCancelled", num_envs=1))
+
+
+class _Reset(NamedTuple):
+    obs: Any
+    info: Any
+
+
+class _NamedTupleAndMappingInfo(gym.Env[Any, Any]):
+    """Within gymnasium's API, though no plain tuple and dict: a namedtuple from reset, a read-only mapping as info."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return _Reset(np.zeros(2, np.float32), types.MappingProxyType({"a": 1}))
+
+    def step(self, action: Any) -> Any:
+        return np.zeros(2, np.float32), 1.0, False, False, types.MappingProxyType({"a": 2})
+
+
+def test_a_named_tuple_and_a_mapping_info_are_taken() -> None:
+    env = IsolateErrors(_NamedTupleAndMappingInfo(), repeat_on_reset=False)
+    assert env.reset(seed=0)[1] == {"a": 1}
+    assert env.step(0)[4] == {"a": 2}
