@@ -130,6 +130,8 @@ def _json_object(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise argparse.ArgumentTypeError(f"not valid JSON ({err.msg} at column {err.colno}): {text!r}") from None
+    except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
+        raise argparse.ArgumentTypeError(f"a JSON object Python cannot read: {err}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")
     return value

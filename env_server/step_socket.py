@@ -217,8 +217,9 @@ class StepSocketServer:
 
     def drain(self) -> None:
         """Shutdown starts: no new connections (as gRPC takes none: a server started at the path meanwhile
-        finds the socket stale, and replaces it, see start); idle connections are told so and closed; busy
-        ones after their step."""
+        finds the socket stale, and replaces it, see start; on Python 3.13+ asyncio removes the socket's file
+        here, its ``cleanup_socket``, checking it is still this server's); idle connections are told so and
+        closed; busy ones after their step."""
         if self._server is not None:
             self._server.close()  # (stops listening; the connections stay)
         for connection in list(self.connections):

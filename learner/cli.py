@@ -92,6 +92,15 @@ _PRINTED, _PRINTED_WITH_BAR = (
 _LEARNER_EXTRA = ("torch", "tensorboard", "tqdm", "matplotlib")
 
 
+def _threads() -> int:
+    """The threads of this process: the OS's count where it says (gRPC's C-core threads and torch's, which
+    Python's threading does not know of, would be copied by a fork too), else Python's."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def _measure(envs: gym.vector.VectorEnv, steps: int, seed: int) -> tuple[float, int]:
     """Env-steps per second of random actions, and how many episodes ended."""
     import numpy as np
@@ -156,7 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # `if __name__ == "__main__":`). Its envs are built as the servers build theirs (ids or entry points,
     # the same --env-kwargs).
     one_env = functools.partial(make_env, config)
-    context = None if threading.active_count() == 1 else "forkserver"
+    context = None if _threads() == 1 else "forkserver"
     reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
     try:
         ref_sps, _ = _measure(reference, args.steps, args.seed)
@@ -708,6 +717,8 @@ def _json_object(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({err.msg})") from None
+    except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
+        raise argparse.ArgumentTypeError(f"expected a JSON object Python can read, got one it cannot: {err}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}: {text!r}")
     return value

@@ -465,6 +465,7 @@ def test_plot_overlays_runs_into_one_png(trained_run: Path, tmp_path: Path, caps
         (["--seed", str(2**32)], "--seed: expected an integer from 0 to 2**32 - 1 (4294967295), got 4294967296"),
         (["--device", "tpu"], "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--env-kwargs", "[1]"], "expected a JSON object, got list"),
+        (["--env-kwargs", '{"a": ' + "1" * 5000 + "}"], "expected a JSON object Python can read, got one it cannot"),
         (["--servers", "a:1", "--backend", "gym"], "cannot go with --backend gym"),
         (["--servers", "a:1", "--num-envs", "4"], "--num-envs: configures the env servers this command starts"),
         (["--servers", ""], "--servers: expected addresses such as host:port,host:port, got ''"),
@@ -709,6 +710,18 @@ def test_training_from_python_without_torch_says_how_to_install_it() -> None:
         "CPU-only machine, the small CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
         "then pip install 'envfleet[learner]' (from a clone: pip install -e '.[learner]')"
     )
+
+
+@pytest.mark.needs_torch
+def test_the_demo_counts_threads_python_does_not_know_of_before_it_forks() -> None:
+    """torch's (OpenMP) and gRPC's C-core threads: a demo run after them forked a multi-threaded process
+    (Python 3.12+ warns of its deadlocks): its forkserver is for any thread, not Python's alone."""
+    code = (
+        "import threading, torch; torch.set_num_threads(2); torch.ones(300, 300) @ torch.ones(300, 300); "
+        "from learner.cli import _threads; print(_threads() > threading.active_count())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "True", proc.stderr
 
 
 def test_a_broken_torch_install_is_not_said_to_be_missing(tmp_path: Path) -> None:

@@ -38,6 +38,10 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
             "wrapper 'clip-action': expected Box actions, got Discrete(2)",
         ),
         (["--env", "CartPole-v1", "--env-kwargs", "{not json"], "--env-kwargs: not valid JSON"),
+        (  # (json raises a plain ValueError there: argparse said "invalid _json_object value")
+            ["--env", "CartPole-v1", "--env-kwargs", '{"a": ' + "1" * 5000 + "}"],
+            "--env-kwargs: a JSON object Python cannot read: Exceeds the limit (4300 digits)",
+        ),
         (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
         (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),
         (["--env", "CartPole-v1", "--num-envs", "0"], "--num-envs: expected a positive integer"),
