@@ -618,9 +618,9 @@ class _Children:
 # error line, forwarded at DEBUG as the error raised quotes it, at ERROR) and its text.
 _Line = tuple[int, str]
 _NOTHING = "(nothing)"
-# What shows more of a server that died without a word (os.abort() in an env's constructor, a crash in
-# C code): Python's fault handler prints each thread's stack at a fatal signal, and the servers log
-# "building N x ENV" at info.
+# What shows more of a server that died without a word (env-server enables Python's fault handler, which
+# prints each thread's stack at a fatal signal, as it starts: a crash before that, in an import say), and the
+# servers log "building N x ENV" at info.
 _SILENT_HINT = (
     " (to see more: PYTHONFAULTHANDLER=1 in this process's environment, which the servers inherit, has a "
     "server that crashes print where, logged here as env_server[local-N] lines; log level info, learner "

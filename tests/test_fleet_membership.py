@@ -110,7 +110,7 @@ def test_an_env_whose_reset_raises_as_its_server_joins_is_flagged_as_at_the_star
             _, _, _, _, infos = envs.step(np.zeros(4, dtype=np.int64))
             assert infos["_env_unavailable"].tolist() == [False, False, True, False]
         else:  # (the change is handed over; the env's first step raises, as any env error does)
-            with pytest.raises(EnvCrashedError, match=r"env 2 raised in out of order since reset"):
+            with pytest.raises(EnvCrashedError, match=r"env 2 is out of order since reset"):
                 envs.step(np.zeros(4, dtype=np.int64))
 
 
