@@ -333,7 +333,18 @@ def _describe(where: str, err: BaseException) -> str:
     if not isinstance(err, _NAMED_AS_THEY_ARE):  # (asyncio.CancelledError, GeneratorExit, an env's own)
         kind += " (a BaseException the env raised)"
     message = f"{where}: {kind}: {text}" if text else f"{where}: {kind}"
+    if any(sign in text for sign in _THREAD_BOUND):
+        message += f" ({_ONE_THREAD_HINT})"
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
+
+
+# What envs bound to their thread fail with where the server runs their quick calls on its event loop, and
+# what to do (env_server.service.one_thread).
+_THREAD_BOUND = ("cannot be called from a running event loop", "SQLite objects created in a thread")
+_ONE_THREAD_HINT = (
+    "an env that needs every call from one thread: set metadata['envfleet_one_thread'] = True in its class, "
+    "and the server makes them all from its env thread"
+)
 
 
 class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):

@@ -1132,8 +1132,8 @@ _STUCK_FRAMES = 4
 
 
 class _Watchdog(threading.Thread):
-    """What must happen even while an env call holds the event loop up (the loop waits for a quick env's
-    steps on the env thread, see env_server.service.INLINE_LIMIT_S, and one of them may hang): noticing that the
+    """What must happen even while an env call holds the event loop up (a quick env's steps run on the loop,
+    or with it waiting for the env thread, see env_server.service.INLINE_LIMIT_S, and one of them may hang): noticing that the
     parent process is gone; exiting when a shutdown asked for (SIGTERM, SIGINT, SIGHUP, the parent gone) has
     not begun its teardown within the grace period and ``exit_margin_s``, or the teardown has not ended
     within ``exit_margin_s`` (an env call on the env thread or the envs' close still running: that thread

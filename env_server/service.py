@@ -97,11 +97,11 @@ class Session:
         return f"{who} (session {self.id[:8]}{since})"
 
 
-# Env calls expected to take less than this are handed to the env thread with the event loop waiting
-# for them (EnvThread.call: ~20-40 us here); slower ones are awaited, the loop free meanwhile (the hop
-# through the loop costs ~50-100 us, a third of a whole CartPole round trip), while a call the loop
-# waits for delays health checks and refusals by its duration: 10 ms is harmless there, and the hop
-# is then at most 1%. Every env call runs on the env thread either way (see EnvThread).
+# Env calls expected to take less than this run with the event loop waiting for them: on the loop itself,
+# or handed to the env thread for envs bound to one thread (EnvThread.call, ~20-40 us more; see
+# one_thread); slower ones are awaited on the env thread, the loop free meanwhile (the hop through the loop
+# costs ~50-100 us, a third of a whole CartPole round trip), while a call the loop waits for delays health
+# checks and refusals by its duration: 10 ms is harmless there, and the hop is then at most 1%.
 INLINE_LIMIT_S = 0.010
 # Longest a shutdown keeps an idle step stream open (see StepStream), within the grace period.
 _DRAIN_LINGER_S = 1.0
@@ -314,6 +314,21 @@ def _wait_finished(task: _Call) -> None:
             task.done.acquire(timeout=0.05)
 
 
+ONE_THREAD_KEY = "envfleet_one_thread"
+"""An env's ``metadata`` key: True has the server make every call on its envs from one thread (see
+:func:`one_thread`)."""
+
+
+def one_thread(env: gym.vector.VectorEnv) -> bool:
+    """Whether every call on ``env``'s envs must come from one thread, the env thread: envs that render (a
+    ``render_mode``: an OpenGL context, EGL's or OSMesa's, is current on the thread that made it; MuJoCo's
+    frames under MUJOCO_GL=egl were all zeros once steps ran elsewhere), or that say so in their metadata
+    (:data:`ONE_THREAD_KEY`: an sqlite3 connection, an ``asyncio.run`` in step). Other envs' quick calls run on
+    the event loop itself, as gymnasium's vector envs call theirs from whatever thread steps them."""
+    metadata = getattr(env, "metadata", None) or {}
+    return getattr(env, "render_mode", None) is not None or bool(metadata.get(ONE_THREAD_KEY))
+
+
 class EnvService(pb_grpc.EnvServiceServicer):
     """Serves one vector env to one learner at a time.
 
@@ -350,14 +365,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Called with a session's id and why it ended, on the loop, whenever a session ends (released,
         its Hold stream gone, timed out, the server shutting down): the step socket closes that
         session's connections, which would otherwise stay open for as long as their process lives."""
-        # Env calls run one at a time (the lock), all of them on one thread, the env thread (envs may
-        # hold state bound to a thread: see EnvThread); while they are quick, the loop waits for each,
-        # else it awaits it, free to answer health checks, refusals and releases (see INLINE_LIMIT_S).
+        # Env calls run one at a time (the lock): while they are quick, on the loop (or, for envs bound to
+        # one thread, on the env thread with the loop waiting: see one_thread), else on the env thread,
+        # awaited, the loop free to answer health checks, refusals and releases (see INLINE_LIMIT_S).
         self._env_lock = asyncio.Lock()
         self._env_thread = EnvThread("env")
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
         self._env_seconds: dict[str, float] = {}
+        self._one_thread = True  # (as of attach: see one_thread)
         # Info values no wire form carries, sent as their repr (warned once per info key).
         self._unsendable_infos = UnsendableInfos()
         # The env call under way (step, reset), when it started (time.monotonic(); 0: none) and the thread it
@@ -386,6 +402,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._act_space = env.single_action_space
         # (what the observations of an answer take at most: see _check_answer_bytes)
         self._observation_bytes = space_bytes(self._obs_space) * self._num_envs
+        self._one_thread = one_thread(env)
         self.spec = self._make_spec()
 
     @property
@@ -934,8 +951,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return None
         start = time.perf_counter()
         session, actions = self._step_actions(request)
-        result, env_seconds = self._env_thread.call(self._call_env, session, "step", self.env.step, actions)
+        result, env_seconds = self._quick_call(session, "step", self.env.step, actions)
         return self._step_response(session, result, env_seconds, start, request.step_id)
+
+    def _quick_call(
+        self, session: Session, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[Any, float]:
+        """A quick env call, the loop waiting for it: on the env thread for envs bound to one thread (see
+        :func:`one_thread`), else on the loop itself (a thread hand-over each way cost 2x4 CartPole ~30 % of its
+        steps/s on 2 cores)."""
+        if self._one_thread:
+            return self._env_thread.call(self._call_env, session, kind, fn, *args, **kwargs)
+        return self._call_env(session, kind, fn, *args, **kwargs)
 
     def _step_actions(self, request: pb.StepRequest) -> tuple[Session, Any]:
         """The request's session and its actions, checked; ServiceError for a request that cannot step."""
@@ -1057,7 +1084,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         try:
             async with self._env_lock:
                 if self._quick(kind):  # (the loop waits for it: no round trip through the loop)
-                    return self._env_thread.call(self._call_env, session, kind, fn, *args, **kwargs)
+                    return self._quick_call(session, kind, fn, *args, **kwargs)
                 loop = asyncio.get_running_loop()
                 call = functools.partial(self._call_env, session, kind, fn, *args, **kwargs)
                 future = loop.run_in_executor(self._env_thread, call)

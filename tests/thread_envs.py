@@ -1,6 +1,6 @@
 """Envs for tests/test_env_thread.py: envs whose state is bound to the thread that made it, which the
-server must call from one thread (its env thread), as gymnasium's vector envs do; and a vector env whose
-step raises a BaseException that is no Exception."""
+server must call from one thread (its env thread) where they say so (metadata["envfleet_one_thread"]) or
+render; and a vector env whose step raises a BaseException that is no Exception."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class ThreadRecorder(gym.Env[np.ndarray, np.int64]):
     observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, slow_from: int = 0, slow_to: int = 0, slow_s: float = 0.02) -> None:
+    def __init__(self, slow_from: int = 0, slow_to: int = 0, slow_s: float = 0.02, one_thread: bool = True) -> None:
+        self.metadata = {**self.metadata, "envfleet_one_thread": one_thread}
         self.made_on = threading.get_ident()
         self.slow_from, self.slow_to, self.slow_s = slow_from, slow_to, slow_s
         self.steps = 0
@@ -57,7 +58,8 @@ class SqliteEnv(gym.Env[np.ndarray, np.int64]):
     observation_space = gym.spaces.Box(0.0, 1e6, (1,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self) -> None:
+    def __init__(self, one_thread: bool = True) -> None:
+        self.metadata = {**self.metadata, "envfleet_one_thread": one_thread}
         self.db: sqlite3.Connection | None = None
 
     def reset(
@@ -89,6 +91,7 @@ class AsyncClientEnv(gym.Env[np.ndarray, np.int64]):
     action_space = gym.spaces.Discrete(2)
 
     def __init__(self) -> None:
+        self.metadata = {**self.metadata, "envfleet_one_thread": True}
         self.steps = 0
 
     def reset(
