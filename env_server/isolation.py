@@ -482,6 +482,15 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         return obs, reward, terminated, truncated, info
 
 
+def env_returned(record: str) -> bool:
+    """Whether the error record ``record`` (``"<where>: <Type>: <message>"``) is of something the env returned
+    (one of :data:`_RETURNED`, an _UnstorableStep recorded as the TypeError it is), not of an exception it raised."""
+    where, _, rest = record.partition(": ")
+    kind, _, text = rest.partition(": ")
+    named = {error.__name__ for error in _RETURNED if error is not _UnstorableStep}
+    return kind in named or (kind == "TypeError" and text.startswith(f"{where}() returned"))
+
+
 def error_phrase(record: str) -> str:
     """What an env did, for a learner's message "env 3 <phrase>", of its error record ``record`` (``info["env_error"]``,
     ``"<where>: <Type>: <message>"``): "raised in step: ValueError: boom", but "returned in step what cannot be used:
@@ -490,11 +499,7 @@ def error_phrase(record: str) -> str:
     if record.startswith("out of order since "):
         return f"is {record}"
     where, _, rest = record.partition(": ")
-    kind, _, text = rest.partition(": ")
-    returned = kind in (ReservedInfoKeyError.__name__, SpaceChangedError.__name__) or (
-        kind == "TypeError" and text.startswith(f"{where}() returned")
-    )
-    return f"returned in {where} what cannot be used: {rest}" if returned else f"raised in {record}"
+    return f"returned in {where} what cannot be used: {rest}" if env_returned(record) else f"raised in {record}"
 
 
 def tell_positions(vector_env: gym.vector.VectorEnv) -> None:

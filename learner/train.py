@@ -51,7 +51,7 @@ except ModuleNotFoundError as _err:  # (`from learner.train import train` in a s
     ) from _err
 from torch import Tensor, optim
 
-from env_server.isolation import error_phrase
+from env_server.isolation import env_returned
 from learner import rundir
 from learner.checkpoint import (
     capture_rng,
@@ -258,7 +258,7 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any],
         "is out of order (its reset failed; tried again at each step)"
         if text.startswith("out of order")
         else "returned what cannot be used (its episode was cut short, and the env reset)"
-        if error_phrase(text).startswith("returned")
+        if env_returned(text)
         else "raised (its episode was cut short, and the env reset)"
     )
     log.warning(
