@@ -341,8 +341,11 @@ def _describe(where: str, err: BaseException) -> str:
 # What envs bound to their thread fail with where the server runs their quick calls on its event loop, and
 # what to do (env_server.service.one_thread).
 _THREAD_BOUND = ("cannot be called from a running event loop", "SQLite objects created in a thread")
+ONE_THREAD_KEY = "envfleet_one_thread"
+"""An env's ``metadata`` key: True has the server make every call on its envs from one thread (see
+env_server.service.one_thread)."""
 _ONE_THREAD_HINT = (
-    "an env that needs every call from one thread: set metadata['envfleet_one_thread'] = True in its class, "
+    f"an env that needs every call from one thread: set metadata[{ONE_THREAD_KEY!r}] = True in its class, "
     "and the server makes them all from its env thread"
 )
 

@@ -25,7 +25,7 @@ from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, refuse
-from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY
+from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     AUTH_METADATA_KEY,
@@ -312,11 +312,6 @@ def _wait_finished(task: _Call) -> None:
     while not task.finished:
         with contextlib.suppress(BaseException):
             task.done.acquire(timeout=0.05)
-
-
-ONE_THREAD_KEY = "envfleet_one_thread"
-"""An env's ``metadata`` key: True has the server make every call on its envs from one thread (see
-:func:`one_thread`)."""
 
 
 def one_thread(env: gym.vector.VectorEnv) -> bool:
