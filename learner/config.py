@@ -717,7 +717,9 @@ _COMMON: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # RL Baselines3 Zoo's tuned PPO for CartPole-v1 (hyperparams/ppo.yml: 8 envs, n_steps 32,
     # batch 256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip range lin_0.001 / lin_0.2,
-    # ent_coef 0, SB3's defaults otherwise: no value clipping).
+    # ent_coef 0, SB3's defaults otherwise: no value clipping). The value loss is CleanRL's 0.5 * MSE * vf_coef,
+    # half SB3's MSE * vf_coef at the same vf_coef 0.5: actor and critic are separate nets under Adam, so
+    # only the shared gradient-norm clip sees the difference.
     "classic": {
         **_COMMON,
         "total_timesteps": 100_000,
@@ -736,7 +738,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "clip_reward": False,
     },
     # CleanRL's ppo_continuous_action.py (its 2048-step batch spread over 8 envs), with its
-    # NormalizeObservation and NormalizeReward wrappers done on the learner's side.
+    # NormalizeObservation and NormalizeReward wrappers done on the learner's side (one set of statistics for
+    # all envs; the reward scaler's return starts again at each episode's end: see RewardScaler).
     "mujoco": {
         **_COMMON,
         "total_timesteps": 1_000_000,

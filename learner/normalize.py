@@ -53,7 +53,11 @@ class RunningMeanStd:
 
 
 class RewardScaler:
-    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward).
+    """Divides rewards by the running std of each env's discounted return, which starts again at 0 after every
+    episode's end, terminated or truncated: SB3's VecNormalize rule. gymnasium's per-env NormalizeReward (which
+    CleanRL's ppo_continuous_action.py wraps each env in) carries the return over a truncation and drops it at a
+    termination before adding that step's reward: its scale differs by ~2 % on episodes that terminate and by up
+    to ~2x on envs that only truncate (Pendulum, HalfCheetah), where its return runs on across episodes.
 
     Engstrom et al., 2020, "Implementation Matters in Deep RL": reward scaling, not reward
     normalisation (the mean is not subtracted).
