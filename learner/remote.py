@@ -10,7 +10,7 @@ import math
 import os
 import select
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -584,6 +584,25 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._assert_idle("reset")
         return self._reset(seed, {**(options or {}), "reset_mask": mask}, unset_if_empty=True)
 
+    def _reset_mask(self, options: Mapping[str, Any] | None) -> np.ndarray | None:
+        """``options["reset_mask"]``, checked as gymnasium's vector envs check it (a numpy array: a list is refused,
+        as there, before anything is reset), or None."""
+        mask = options.get("reset_mask") if options is not None else None
+        if mask is None:
+            return None
+        if not isinstance(mask, np.ndarray):
+            raise InvalidArgumentError(
+                f"options['reset_mask']: expected a numpy bool array of shape ({self.num_envs},), got "
+                f"{type(mask).__name__} {mask!r}"[:300]
+            )
+        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
+            raise InvalidArgumentError(
+                f"options['reset_mask']: expected a bool array of shape ({self.num_envs},), got {mask.dtype} {mask.shape}"
+            )
+        if not mask.any():
+            raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
+        return mask
+
     def _needs_full_reset(self) -> bool:
         """Whether a reset of some envs alone (``reset_mask``) would not make the fleet steppable: before
         the first reset, after a failed step or reset (the envs that answered moved on unseen, and a
@@ -609,7 +628,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._seeds(seed)
         if options is not None and not isinstance(options, Mapping):
             raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
-        self._pending_reset = (seed, options)
+        self._reset_mask(options)
+        self._pending_reset = (seed, dict(options) if options is not None else None)
+        _pop_mask(options)
         self._state = AsyncState.WAITING_RESET
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
@@ -638,16 +659,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         if options is not None and not isinstance(options, Mapping):
             raise InvalidArgumentError(f"options: expected a dict (or None), got {type(options).__name__} {options!r}")
         given = options is not None
-        options = dict(options) if options is not None else {}
-        mask = options.pop("reset_mask", None)
-        if mask is not None:
-            mask = np.asarray(mask)
-            if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-                raise InvalidArgumentError(
-                    f"options['reset_mask']: expected a bool array of shape ({self.num_envs},), got {mask.dtype} {mask.shape}"
-                )
-            if not mask.any():
-                raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
+        mask = self._reset_mask(options)
+        caller, options = options, dict(options) if options is not None else {}
+        options.pop("reset_mask", None)
         try:
             # (options={} reaches the envs as {}, as on a local vector env: an env may read options.get(...));
             # so does {"reset_mask": mask}, whose mask gymnasium's vector envs pop, on servers reset whole too
@@ -656,6 +670,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             encoded_options = codec.encode_value(options, pb.Value(), "options") if send else None
         except codec.CodecError as err:  # (it names the option: "options['x']: ...")
             raise InvalidArgumentError(str(err)) from err
+        _pop_mask(caller)
         full = mask is None or bool(np.all(mask))
         self._forget_truncations(mask)
         if not self.fault_tolerant:
@@ -1956,6 +1971,14 @@ async def _until_written(clients: list[EnvClient], timeout: float) -> None:
 
 class _OutOfStep(ValueError):
     """A step's answer to another request than the one sent (its step_id)."""
+
+
+def _pop_mask(options: Mapping[str, Any] | None) -> None:
+    """Take ``reset_mask`` out of the caller's options once a reset took them, as gymnasium's vector envs do: a
+    vector wrapper's reset (RecordEpisodeStatistics') reads the options after the env's, and sees what it would see
+    on them."""
+    if isinstance(options, MutableMapping):
+        options.pop("reset_mask", None)
 
 
 @functools.cache

@@ -115,12 +115,54 @@ def test_close_all_lets_go_of_an_env_a_kept_traceback_holds(start_servers: Start
     assert kept.__traceback__ is not None
 
 
-def test_reset_leaves_the_callers_options_alone(cartpole: RemoteVectorEnv) -> None:
-    # (gymnasium's Sync/AsyncVectorEnv pop reset_mask out of the caller's dict)
+def test_reset_takes_the_mask_out_of_the_callers_options_as_gymnasium_does(cartpole: RemoteVectorEnv) -> None:
+    """gymnasium's Sync/AsyncVectorEnv pop reset_mask out of the caller's dict, and vector wrappers read the options
+    after the env's reset: RecordEpisodeStatistics saw the mask only on the remote env (other statistics, and
+    its in-place write zeroed the ``_episode`` array of infos the user already held). A mask refused is kept,
+    nothing reset: a list is no mask (as there), which the wrapper took for one after the envs were reset."""
     cartpole.reset(seed=0)
-    options = {"reset_mask": np.array([True, False])}
+    options = {"reset_mask": np.array([True, False]), "x": 1}
     cartpole.reset(options=options)
-    assert list(options) == ["reset_mask"]
+    assert options == {"x": 1}
+    cartpole.reset_async(options=(options := {"reset_mask": np.array([False, True])}))
+    assert options == {}
+    cartpole.reset_wait()
+    for mask in ([True, False], np.array([1, 0])):
+        options = {"reset_mask": mask}
+        with pytest.raises(InvalidArgumentError, match=r"options\['reset_mask'\]: expected a (numpy )?bool array"):
+            cartpole.reset(options=options)
+        assert options == {"reset_mask": mask}
+        with pytest.raises(InvalidArgumentError, match=r"options\['reset_mask'\]"):
+            cartpole.reset_async(options=options)
+        assert options == {"reset_mask": mask}
+
+
+def test_episode_statistics_over_partial_resets_are_those_of_a_sync_vector_env(start_servers: StartServers) -> None:
+    addresses = start_servers("CartPole-v1", 2, 2, server_args=["--autoreset-mode", "Disabled"])
+    envs: dict[str, gym.vector.VectorEnv] = {
+        "sync": gym.vector.SyncVectorEnv(
+            [lambda: gym.make("CartPole-v1")] * 4, autoreset_mode=gym.vector.AutoresetMode.DISABLED
+        ),
+        "remote": RemoteVectorEnv(addresses),
+    }
+    seen: dict[str, list[tuple[int, list[int], list[int]]]] = {}
+    for name, env in envs.items():
+        wrapped = gym.wrappers.vector.RecordEpisodeStatistics(env)
+        wrapped.reset(seed=0)
+        rng = np.random.default_rng(3)
+        seen[name] = []
+        held = []
+        for t in range(150):
+            _, _, terminated, truncated, infos = wrapped.step(rng.integers(0, 2, 4))
+            done = terminated | truncated
+            if done.any():
+                ended = infos["_episode"]
+                held.append((ended, ended.copy()))
+                seen[name].append((t, np.flatnonzero(ended).tolist(), infos["episode"]["l"][ended].tolist()))
+                wrapped.reset(options={"reset_mask": done})
+        assert all(np.array_equal(kept, copied) for kept, copied in held), f"{name}: infos held were changed"
+        wrapped.close()
+    assert len(seen["sync"]) > 3 and seen["remote"] == seen["sync"]
 
 
 def test_a_server_of_an_env_it_cannot_carry_fails_to_start_in_one_line() -> None:
