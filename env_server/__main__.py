@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import json
 import logging
 import math
 import os
@@ -24,6 +23,7 @@ from env_server.config import (
     MIN_MAX_REQUEST_BYTES,
     VECTORIZATIONS,
     ServerConfig,
+    json_object_option,
     parse_int,
     parse_on_off,
 )
@@ -125,18 +125,6 @@ def _parse_variables(parser: argparse.ArgumentParser) -> None:
         action.default = _BadVariable(action.default, f"{variable} (for {action.option_strings[0]}): {why}")
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({err.msg} at column {err.colno}): {text!r}") from None
-    except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
-        raise argparse.ArgumentTypeError(f"a JSON object Python cannot read: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")
-    return value
-
-
 def _integer_in(least: int, most: float, expected: str) -> Callable[[str], int]:
     """An argparse type: an integer in [least, most] (as :func:`env_server.config.parse_int` reads it:
     ``1e3`` too, as the learner's options take it), refused as not ``expected``."""
@@ -229,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--env-kwargs",
-        type=_json_object,
+        type=json_object_option,
         default=e("env_kwargs", "{}"),
         metavar="JSON",
         help="keyword arguments for the env's constructor, as a JSON object",

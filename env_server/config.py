@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import numbers
 from collections.abc import Sequence
@@ -78,6 +80,30 @@ def parse_on_off(text: str) -> bool:
         return _ON_OFF[text.strip().lower()]
     except KeyError:
         raise ValueError(f"expected on or off (or true/false, 1/0, yes/no), got {text!r}") from None
+
+
+def json_object_option(text: str) -> dict[str, Any]:
+    """``text`` as a JSON object (a dict): the argparse type of --env-kwargs (env-server's, and the learner's
+    commands'), and of ENVFLEET_ENV_KWARGS. argparse.ArgumentTypeError otherwise, which argparse shows as
+    it is: argparse's own words for a ValueError or a RecursionError would be "invalid json_object_option
+    value" or a traceback."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object, got {text!r}: not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
+    except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
+        raise argparse.ArgumentTypeError(f"expected a JSON object Python can read, got one it cannot: {err}") from None
+    except RecursionError as err:  # ([[[[... some thousands deep)
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object, got JSON nested too deeply to read ({err})"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object like '{{\"key\": 1}}', got {type(value).__name__}: {text!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)

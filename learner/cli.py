@@ -31,7 +31,7 @@ from typing import IO, Any, Literal, NoReturn
 
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
-from env_server.config import parse_on_off
+from env_server.config import json_object_option, parse_on_off
 from env_server.envs import EnvBuildError
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from env_server.tuning import (
@@ -712,18 +712,6 @@ _png_path = _file_name(".png", "a PNG", "returns.png")
 _sizes = int_list("integers", "64,64")
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({err.msg})") from None
-    except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
-        raise argparse.ArgumentTypeError(f"expected a JSON object Python can read, got one it cannot: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}: {text!r}")
-    return value
-
-
 CONNECTION_OPTIONS = "connections and faults"
 """The title of learner train's options on reaching servers (token, TLS, timeouts) and riding out their faults."""
 
@@ -766,7 +754,7 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
         elif typing.get_origin(kind) is tuple:
             options["type"], options["metavar"] = _sizes, "N,N"
         elif typing.get_origin(kind) is dict:
-            options["type"], options["metavar"] = _json_object, "JSON"
+            options["type"], options["metavar"] = json_object_option, "JSON"
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: no command-line form for {hint}")
         group.add_argument(f"--{f.name.replace('_', '-')}", **options)
@@ -1314,7 +1302,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--env-kwargs",
-        type=_json_object,
+        type=json_object_option,
         default={},
         metavar="JSON",
         help="keyword arguments for the env's constructor, as a JSON object",
@@ -1421,7 +1409,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--env-kwargs",
-        type=_json_object,
+        type=json_object_option,
         default=None,
         metavar="JSON",
         help="keyword arguments for the constructor of the envs made here (the local server's, --backend gym's, "

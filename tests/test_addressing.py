@@ -13,10 +13,9 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -30,6 +29,7 @@ from learner.errors import OptionError, ServerUnavailableError
 from learner.live_metrics import serve_metrics
 from learner.survey import survey
 from tests.conftest import StartServers
+from tests.servers import ServerSubprocess
 
 
 def _bindable(host: str) -> bool:
@@ -52,35 +52,14 @@ def _listening(host: str) -> socket.socket:
     return sock
 
 
-class _Server:
-    """An ``env-server`` of CartPole-v1 on ``--host HOST --port 0``, with its log."""
+class _Server(ServerSubprocess):
+    """An ``env-server`` of CartPole-v1 on ``--host HOST --port 0``, ready once made, its log in a temporary file."""
 
     def __init__(self, host: str, *args: str) -> None:
-        self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--host", host, "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
+        super().__init__(
+            [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--host", host, "--port", "0", *args]
         )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            self.stop()
-            raise RuntimeError(f"env-server did not start: {line!r} {self.logs()[-2000:]}")
-        self.address = line.removeprefix("listening on ")
-        self.port = int(self.address.rpartition(":")[2])
-
-    def logs(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.port = int(self.ready().rpartition(":")[2])
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +70,6 @@ def ipv6_server() -> Iterator[_Server]:
     server = _Server("::1")
     yield server
     server.stop()
-    server.log.close()
 
 
 # -- the server's bind check ------------------------------------------------------------------------
@@ -181,15 +159,14 @@ def test_metrics_on_the_wildcard_answer_on_both_families() -> None:
     """--host 0.0.0.0 (the image's): gRPC took IPv6 too, the metrics port IPv4 alone."""
     server = _Server("0.0.0.0", "--metrics-port", "0")
     try:
-        match = re.search(r"Prometheus metrics on http://\S+:(\d+)/metrics", server.logs())
-        assert match is not None, server.logs()
+        match = re.search(r"Prometheus metrics on http://\S+:(\d+)/metrics", server.text())
+        assert match is not None, server.text()
         for host in ("127.0.0.1", "[::1]"):
             with urllib.request.urlopen(f"http://{host}:{match[1]}/metrics", timeout=10) as answer:
                 assert answer.status == 200
-        assert "IPv4 and IPv6 alike" in server.logs()
+        assert "IPv4 and IPv6 alike" in server.text()
     finally:
         server.stop()
-        server.log.close()
 
 
 @needs_ipv6_loopback
@@ -229,7 +206,7 @@ def test_an_ipv6_peer_is_logged_as_written(ipv6_server: _Server) -> None:
         envs.reset(seed=0)
         [info] = survey(ipv6_server.address, timeout=5)
         assert "ipv6:[::1]:" in info.claimed_by and "%5B" not in info.claimed_by, info.claimed_by
-    assert "%5B" not in ipv6_server.logs()
+    assert "%5B" not in ipv6_server.text()
 
 
 def _resolving_to_both(monkeypatch: pytest.MonkeyPatch, name: str) -> None:

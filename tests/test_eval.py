@@ -351,7 +351,9 @@ def test_eval_with_running_servers_refuses_env_options_they_decide(
         assert "with --servers the running servers decide" in err
     with pytest.raises(SystemExit):
         main(["eval", str(server_run), "--env-kwargs", "[1]"])
-    assert "argument --env-kwargs: expected a JSON object, got list: '[1]'" in capsys.readouterr().err
+    assert (
+        "argument --env-kwargs: expected a JSON object like '{\"key\": 1}', got list: '[1]'" in capsys.readouterr().err
+    )
     # On running servers, their own options: no warning about the run's.
     caplog.set_level(logging.WARNING, logger="learner.evaluate")
     addresses = start_servers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5})

@@ -37,10 +37,18 @@ def run_server(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
             ["--env", "CartPole-v1", "--wrappers", "clip-action"],
             "wrapper 'clip-action': expected Box actions, got Discrete(2)",
         ),
-        (["--env", "CartPole-v1", "--env-kwargs", "{not json"], "--env-kwargs: not valid JSON"),
+        (
+            ["--env", "CartPole-v1", "--env-kwargs", "{not json"],
+            "--env-kwargs: expected a JSON object, got '{not json': not valid JSON (Expecting property name enclosed "
+            "in double quotes at column 2)",
+        ),
         (  # (json raises a plain ValueError there: argparse said "invalid _json_object value")
             ["--env", "CartPole-v1", "--env-kwargs", '{"a": ' + "1" * 5000 + "}"],
-            "--env-kwargs: a JSON object Python cannot read: Exceeds the limit (4300 digits)",
+            "--env-kwargs: expected a JSON object Python can read, got one it cannot: Exceeds the limit (4300 digits)",
+        ),
+        (  # (a RecursionError: it was a traceback)
+            ["--env", "CartPole-v1", "--env-kwargs", "[" * 100_000],
+            "--env-kwargs: expected a JSON object, got JSON nested too deeply to read (maximum recursion depth",
         ),
         (["--env", "no_such_module:Env"], "cannot import module 'no_such_module'"),
         (["--env", "CartPole-v1", "--wrappers", "nope"], "unknown wrapper 'nope'"),

@@ -117,7 +117,7 @@ def test_grpc_s_own_log_line_stays_where_it_is_the_only_cause() -> None:
         (
             "ENVFLEET_ENV_KWARGS",
             "[1]",
-            "ENVFLEET_ENV_KWARGS (for --env-kwargs): expected a JSON object like '{\"key\": 1}', got '[1]'",
+            "ENVFLEET_ENV_KWARGS (for --env-kwargs): expected a JSON object like '{\"key\": 1}', got list: '[1]'",
         ),
         ("ENVFLEET_GRACE", "-1", "ENVFLEET_GRACE (for --grace): expected a finite number >= 0, got '-1'"),
         (

@@ -34,6 +34,7 @@ from env_server.server import HARD_EXIT_STATUS, HUNG_EXIT_STATUS, START_FAILED_S
 from env_server.step_socket import StepSocketServer, file_identity
 from learner import RemoteVectorEnv
 from tests.conftest import needs_proc
+from tests.servers import ServerSubprocess
 from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S, env_server_argv
 from tests.test_server_watchdog import _hang_a_step_on_the_loop
 
@@ -50,40 +51,15 @@ def folder() -> Iterator[Path]:
         yield Path(path)
 
 
-class _Server:
-    """An env-server subprocess (logging at info to a file) a test controls; killed at the end of the test."""
+class _Server(ServerSubprocess):
+    """An env-server subprocess (logging at info to ``folder``/``name``.log) a test controls; killed at the end
+    of the test."""
 
     def __init__(
         self, folder: Path, *args: str, name: str = "server", exit_margin_s: float | None = None, **popen: Any
     ) -> None:
-        self.log = folder / f"{name}.log"
         argv = [*env_server_argv(*args, exit_margin_s=exit_margin_s), "--log-level", "info"]
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, **popen)
-
-    def ready(self) -> str:
-        """The address of its ready line (the server must print it)."""
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        assert line.startswith("listening on "), (line, self.text())
-        return line.removeprefix("listening on ")
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait(self, within: float = 60) -> int:
-        """Its exit status, once it has exited (it must within ``within`` seconds)."""
-        try:
-            return self.proc.wait(timeout=within)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"env-server still running {within:g} s later: {self.text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__(argv, folder / f"{name}.log", **popen)
 
 
 @pytest.fixture

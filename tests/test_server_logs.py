@@ -28,6 +28,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import HUNG_EXIT_STATUS, SLOW_CALL_S, START_FAILED_STATUS, _slow_after
 from env_server.tuning import TextLogFormatter
+from tests.servers import ServerSubprocess
 
 # A user's envs, in a module of their own (as `env-server --env userenvs:SlowStep` serves them).
 USER_ENVS = '''
@@ -92,9 +93,10 @@ def folder() -> Iterator[Path]:
         yield Path(path)
 
 
-class _Server:
-    """An env-server subprocess serving ``userenvs`` from ``folder`` on a free loopback port, its log in a file;
-    ``patches``: module constants set before its main() runs; ``environ``: added to its environment."""
+class _Server(ServerSubprocess):
+    """An env-server subprocess serving ``userenvs`` from ``folder`` on a free loopback port, its log in
+    ``folder``/server.log, ready once made; ``patches``: module constants set before its main() runs;
+    ``environ``: added to its environment."""
 
     def __init__(
         self,
@@ -103,36 +105,11 @@ class _Server:
         patches: dict[str, float] | None = None,
         environ: dict[str, str] | None = None,
     ) -> None:
-        self.log = folder / "server.log"
         pythonpath = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": pythonpath, **(environ or {})}
         argv = [sys.executable, "-c", _PATCHED_MAIN, json.dumps(patches or {}), "--host", "127.0.0.1", "--port", "0"]
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen([*argv, *args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            self.stop()
-            pytest.fail(f"env-server did not start: {line!r} {self.text()[-3000:]}")
-        self.address = line.removeprefix("listening on ")
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for(self, fragment: str, within: float = 30) -> str:
-        """The log, once it holds ``fragment`` (it must within ``within`` seconds)."""
-        deadline = time.monotonic() + within
-        while fragment not in (text := self.text()):
-            assert time.monotonic() < deadline, f"{fragment!r} not logged within {within:g} s: {text[-3000:]}"
-            time.sleep(0.05)
-        return text
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__([*argv, *args], folder / "server.log", env=env)
+        self.ready()
 
 
 class _Learner:
