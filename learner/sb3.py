@@ -167,7 +167,7 @@ class RemoteVecEnv(VecEnv):
             raise held[0]
         if missing:
             raise ServerUnavailableError(
-                f"RemoteVecEnv: env server{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not answer "
+                f"RemoteVecEnv: env server{'s' if len(missing) > 1 else ''} {', '.join(map(label_of, missing))} did not answer "
                 "within connect_timeout, and SB3's vec env keeps the number of envs it starts with (nothing calls "
                 "refresh(), which would take them in later): start them first, or raise connect_timeout",
                 address=missing[0],
@@ -176,7 +176,7 @@ class RemoteVecEnv(VecEnv):
             servers = _unmasked(remote)
             if servers:
                 raise SpecMismatchError(
-                    f"RemoteVecEnv: env server{'s' if len(servers) > 1 else ''} {', '.join(servers)} step their envs "
+                    f"RemoteVecEnv: env server{'s' if len(servers) > 1 else ''} {', '.join(map(label_of, servers))} step their envs "
                     f"with --vectorization vector_entry_point under --autoreset-mode "
                     f"{remote.metadata['autoreset_mode'].value}: SB3 needs an ended env reset in its step, which "
                     "takes a reset of those envs alone (reset_mask), and an env's own vectorized implementation "

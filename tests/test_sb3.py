@@ -195,8 +195,12 @@ def test_configurations_it_cannot_serve_are_refused(start_servers: StartServers)
     # An env's own vectorized implementation may ignore reset_mask (gymnasium's CartPole one resets
     # all its envs): under next-step autoreset the adapter needs it, so such servers are refused...
     vectorized = start_servers("CartPole-v1", 1, K, server_args=["--vectorization", "vector_entry_point"])
-    with pytest.raises(SpecMismatchError, match=r"vector_entry_point.*--autoreset-mode SameStep"):
-        RemoteVecEnv(vectorized)
+    with pytest.raises(
+        SpecMismatchError,
+        match=r"env server local-0 (\(unix:\S+\) )?step their envs with --vectorization "
+        r"vector_entry_point.*--autoreset-mode SameStep",
+    ):
+        RemoteVecEnv(vectorized)  # (named as this process's local servers are named everywhere)
     # ... and the fleet it made to find out was closed: the server takes another learner at once.
     with RemoteVectorEnv(vectorized + addresses[:1], connect_timeout=5.0) as remote:
         assert remote.vectorizations == ["vector_entry_point", "sync"]  # (what the refusal was judged by)
