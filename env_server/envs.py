@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, SupportsFloat
 
@@ -821,6 +822,11 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     first_spec: EnvSpec | None = None
     """The spec of an env made as the workers' are, in the server's process (see build_vector_env)."""
 
+    recover_timeout_s: float = 30.0
+    """How long a recovery (see :meth:`_recover`) waits, all told, for the replies still due after an error: a worker
+    whose env's call has not returned by then (it hangs without dying, or takes that long) is killed, and its pipe
+    taken for broken, as a worker that died (the server cannot go on: it says so, and is restarted)."""
+
     # The workers ignore SIGTERM (see _leave_the_servers_signals), which is how gymnasium's close(terminate=True)
     # and its close's timeout (Process.terminate), and multiprocessing's exit (Process._popen.terminate,
     # then a join without a timeout: a process that leaves a worker running would never exit) end a
@@ -870,6 +876,10 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
         with self._recovering():
             return super().call_wait(*args, **kwargs)
 
+    def set_attr(self, name: str, values: Any) -> None:  # (sends to the workers and waits, as call does)
+        with self._recovering():
+            super().set_attr(name, values)
+
     @contextlib.contextmanager
     def _recovering(self) -> Iterator[None]:
         try:
@@ -885,42 +895,88 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
         for its own): each reply still due is read and dropped (a worker that failed is shut down, as gymnasium
         does), a worker that is gone (its pipe closed: killed, exited) has its pipe set to None, as gymnasium's own
         for a worker it shut down (which the server takes for its workers having ended: it cannot run on), and
-        the state is back to DEFAULT, so the next call (a reset) runs. Raises nothing: it runs on another error's
-        way out."""
+        the state is back to DEFAULT, so the next call (a reset) runs. The replies due are waited for
+        :attr:`recover_timeout_s` at most, all together; a worker still busy then is killed. The workers' reports of
+        their failures are taken off the error queue and logged, each naming its env (the server's env index, as
+        its envs' log lines and the learner's messages of this server's envs name them), so that none is left there
+        for gymnasium to take for a later failure's. Raises nothing: it runs on another error's way out."""
+        deadline = time.monotonic() + self.recover_timeout_s
+        failed: set[int] = set()
         try:
             for index, pipe in enumerate(self.parent_pipes):
                 if not isinstance(pipe, _TrackedPipe):
                     continue
+                killed = False
                 if pipe.due and not pipe.broken and not pipe.closed:
-                    self._drop_reply(index, pipe)
+                    killed = self._drop_reply(index, pipe, deadline)
+                if pipe.failed:  # (its reply said its worker failed: gymnasium's worker then ends)
+                    failed.add(index)
+                    pipe.broken = True
+                    with contextlib.suppress(Exception):
+                        self.processes[index].join(timeout=5.0)
                 if pipe.broken or pipe.closed or not self.processes[index].is_alive():
-                    log.error("async vectorization: the worker of env %d ended (its pipe closed)", index)
+                    if not killed:
+                        log.error("async vectorization: the worker of env %d ended (its pipe closed)", index)
                     with contextlib.suppress(Exception):
                         pipe.close()
                     self.parent_pipes[index] = None  # type: ignore[call-overload]
+            self._log_failures(failed)
             self._state = async_vector_env.AsyncState.DEFAULT
         except Exception:
             log.exception("async vectorization: could not recover the workers after an error")
 
-    def _drop_reply(self, index: int, pipe: _TrackedPipe) -> None:
-        """Read worker ``index``'s reply still due (it comes once its env is done), dropping it; a failure's report
-        (its error, on the error queue) is taken off the queue too, and logged; the worker then ends."""
+    def _drop_reply(self, index: int, pipe: _TrackedPipe, deadline: float) -> bool:
+        """Read worker ``index``'s reply still due (it comes once its env is done), dropping it (a failure's marks the
+        pipe: :attr:`_TrackedPipe.failed`). A worker with no reply by ``deadline`` (``time.monotonic()``) is killed and
+        its pipe taken for broken: whether it was (logged, saying why)."""
         process = self.processes[index]
         try:
-            while not pipe.poll(1.0):
+            while not pipe.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
                 if not process.is_alive():
                     pipe.broken = True
-                    return
-            _, success = pipe.recv()
+                    return False
+                if time.monotonic() >= deadline:
+                    log.error(
+                        "async vectorization: the worker of env %d had not answered %g s after an error (its env's "
+                        "call still runs: it hangs, or takes longer than a recovery waits); killed it",
+                        index,
+                        self.recover_timeout_s,
+                    )
+                    pipe.broken = True
+                    with contextlib.suppress(Exception):
+                        process.kill()
+                        process.join(timeout=5.0)
+                    return True
+            pipe.recv()
         except (EOFError, OSError):
-            return  # (broken: see _TrackedPipe.recv)
-        if not success:
-            with contextlib.suppress(Exception):
-                _, _, error, trace = self.error_queue.get(timeout=5.0)
-                log.error("async vectorization: the worker of env %d failed: %s\n%s", index, error, trace)
-            pipe.broken = True
-            with contextlib.suppress(Exception):
-                process.join(timeout=5.0)
+            pass  # (broken: see _TrackedPipe.recv)
+        return False
+
+    def _log_failures(self, failed: set[int]) -> None:
+        """Take the workers' reports of their failures (``(index, type, error, traceback)``) off the error queue, and
+        log each naming the env its own index says: the queue holds them in the order the workers failed, which
+        need not be the order of their pipes, and may hold the report of a worker whose failed reply gymnasium read
+        before the error. The reports of the envs ``failed`` (whose pipes said so) are waited for, 5 s at most (a
+        worker puts its report on the queue before it replies, but the queue's thread may send it after); then
+        those already there."""
+        owed = set(failed)
+        wait_until = time.monotonic() + 5.0
+        while True:
+            try:
+                if owed:
+                    item = self.error_queue.get(timeout=max(0.0, wait_until - time.monotonic()))
+                else:
+                    item = self.error_queue.get_nowait()
+            except Exception:  # (queue.Empty: none (more) came)
+                if owed:
+                    log.error(
+                        "async vectorization: the worker of env %s failed, and sent no report of it",
+                        ", ".join(map(str, sorted(owed))),
+                    )
+                return
+            index, _, error, trace = item
+            owed.discard(index)
+            log.error("async vectorization: the worker of env %d failed: %s\n%s", index, error, trace)
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         try:
@@ -951,14 +1007,20 @@ class _TrackedPipe:
         self._pipe = pipe
         self.due = False
         self.broken = False
+        self.failed = False
+        """The last reply read said the worker failed (``(None, False)``): gymnasium's worker ends then."""
 
     def send(self, obj: Any) -> None:
+        # As Connection.send, pickling first: what cannot be pickled is sent not at all, and no reply is due. Due
+        # before it is sent: an exception raised as the send returns (a signal handler's: a Ctrl-C) leaves the reply
+        # due that the worker sends all the same.
+        data = ForkingPickler.dumps(obj)
+        self.due = True
         try:
-            self._pipe.send(obj)
+            self._pipe.send_bytes(data)
         except OSError:  # (BrokenPipeError: the worker is gone)
             self.broken = True
             raise
-        self.due = True
 
     def recv(self) -> Any:
         try:
@@ -967,6 +1029,8 @@ class _TrackedPipe:
             self.broken = True
             raise
         self.due = False
+        if isinstance(reply, tuple) and len(reply) == 2 and reply[1] is False:
+            self.failed = True
         return reply
 
     def __getattr__(self, name: str) -> Any:

@@ -37,9 +37,12 @@ first observation. ``RemoteVectorEnv`` reports such envs in ``infos["env_unavail
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 import time
+import traceback
+import warnings
 from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
@@ -195,10 +198,74 @@ class SpaceChangedError(ValueError):
 # Errors of what the env returned (not raised): their records and log lines say "returned".
 _RETURNED = (_UnstorableStep, ReservedInfoKeyError, SpaceChangedError)
 
-_OLD_GYM_HINT = (
-    "this looks like the old gym API (wrap the env with shimmy's GymV21CompatibilityV0, "
-    "gymnasium.make('GymV21Environment-v0', env=...) with pip install 'shimmy[gym-v21]', or update it)"
+
+_OLD_GYM_FIX = (
+    "wrap the env with shimmy's GymV21CompatibilityV0, gymnasium.make('GymV21Environment-v0', env=...) with "
+    "pip install 'shimmy[gym-v21]', or update it"
 )
+_OLD_GYM_HINT = f"this looks like the old gym API ({_OLD_GYM_FIX})"
+
+
+class _ResetSignatureError(TypeError):
+    """The env's reset cannot be called as gymnasium calls it, ``reset(seed=..., options=...)``: Python's own
+    "reset() got an unexpected keyword argument 'seed'" named (see :func:`_reset_signature_error`). A TypeError, named
+    so in the env's error record; logged without a traceback (it would show the call, not the env)."""
+
+
+_GYMNASIUM_RESET = ("seed", "options")
+"""The keyword arguments gymnasium's reset takes, and its vector envs and wrappers pass every time."""
+
+
+def _lacking_keywords(reset: Any) -> list[str]:
+    """Which of :data:`_GYMNASIUM_RESET` ``reset`` (a bound method) cannot take as keywords; none where its signature
+    cannot be read (a builtin's, say)."""
+    try:
+        parameters = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return []
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return [name for name in _GYMNASIUM_RESET if name not in named]
+
+
+def _reset_misfit(env: gym.Env[Any, Any]) -> tuple[str, Any, list[str]] | None:
+    """The outermost of ``env`` and the envs it wraps whose reset cannot take gymnasium's keywords, as ``(the name of
+    its class, its reset's code, the keywords it lacks)``; None where every reset takes them."""
+    layer: Any = env
+    while layer is not None:
+        reset = getattr(type(layer), "reset", None)
+        if callable(reset):
+            lacking = _lacking_keywords(layer.reset)
+            if lacking:
+                # (a decorated reset's own code, not its decorator's)
+                code = getattr(inspect.unwrap(reset), "__code__", None)
+                return type(layer).__qualname__, code, lacking
+        layer = layer.env if isinstance(layer, gym.Wrapper) else None
+    return None
+
+
+def _reset_signature_error(err: BaseException, misfit: tuple[str, Any, list[str]] | None) -> BaseException:
+    """``err``, raised by resetting an env whose reset ``misfit`` (see :func:`_reset_misfit`) cannot take gymnasium's
+    keywords, as the _ResetSignatureError saying so where it is Python's own error of that call's binding (a TypeError
+    raised before that reset's code ran: it is no frame of ``err``'s traceback); else ``err`` as it is."""
+    # ("got an unexpected keyword argument 'seed'"; for a positional-only seed, "got some positional-only arguments
+    # passed as keyword arguments: 'seed'")
+    if misfit is None or type(err) is not TypeError or "keyword argument" not in str(err):
+        return err
+    name, code, lacking = misfit
+    if code is not None and any(frame.f_code is code for frame, _ in traceback.walk_tb(err.__traceback__)):
+        return err  # (that reset ran: the TypeError is its own, raised inside it)
+    words = " and ".join(repr(word) for word in lacking)
+    message = (
+        f"{name}.reset() does not take the keyword argument{'s' if len(lacking) > 1 else ''} {words}: gymnasium calls "
+        "reset(seed=..., options=...), its signature is reset(self, *, seed=None, options=None)"
+    )
+    if "seed" in lacking:  # (gym's reset before 0.22, which took no seed: the old API)
+        message += f"; {_OLD_GYM_HINT}"
+    named = _ResetSignatureError(message)
+    named.__cause__ = err
+    return named
 
 
 def _what(value: Any) -> str:
@@ -219,10 +286,11 @@ def _kind(value: Any) -> str:
     return "None" if value is None else f"of type {type(value).__name__}"
 
 
-def _unpacked_reset(result: Any) -> tuple[Any, Any]:
+def _unpacked_reset(result: Any, space: gym.Space[Any]) -> tuple[Any, Any]:
     """``(obs, info)`` of what an env's reset returned; _UnstorableStep where it is no such pair: an old gym env's
     observation alone (whose unpacking took an observation of shape (2,) for obs and info silently), or an info
-    that is no dict (which fails the whole batch in the vector env)."""
+    that is no dict (which fails the whole batch in the vector env). ``space``: the env's observation space, where
+    a pair whose info is no dict may be an old gym env's observation alone (of a Tuple of two spaces, say)."""
     if not (isinstance(result, tuple) and len(result) == 2) and not (
         isinstance(result, list) and len(result) == 2 and isinstance(result[1], dict)
     ):
@@ -231,7 +299,25 @@ def _unpacked_reset(result: Any) -> tuple[Any, Any]:
             f"(obs, info); {_OLD_GYM_HINT}"
         )
     obs, info = result
+    if not isinstance(info, Mapping) and _may_be_observation(result, space):
+        raise _UnstorableStep(
+            f"reset() returned info {_kind(info)}: expected a dict (gymnasium's (obs, info)); if the env uses the "
+            f"old gym API (its reset returning the observation alone, here {_shown(result)}), {_OLD_GYM_FIX}"
+        )
     return obs, _as_info(info, "reset() returned info {}: expected a dict (gymnasium's (obs, info))")
+
+
+def _may_be_observation(result: Any, space: gym.Space[Any]) -> bool:
+    """Whether ``result``, a pair reset returned, may be an observation of ``space`` alone: ``space`` is a Tuple of
+    two spaces, or holds ``result`` (a Box of shape (2,) a tuple of 2 numbers, say)."""
+    if isinstance(space, gym.spaces.Tuple) and len(space.spaces) == 2:
+        return True
+    try:
+        with warnings.catch_warnings():  # (a Box's "Casting input x to numpy array")
+            warnings.simplefilter("ignore")
+            return bool(space.contains(result))
+    except Exception:  # (a space that cannot even look at it: no observation of it)
+        return False
 
 
 def _as_info(info: Any, message: str) -> dict[str, Any]:
@@ -329,7 +415,7 @@ def _check_flag(name: str, flag: Any) -> None:
 
 def _describe(where: str, err: BaseException) -> str:
     text = " ".join(str(err).split())
-    kind = "TypeError" if isinstance(err, _UnstorableStep) else type(err).__name__
+    kind = "TypeError" if isinstance(err, _UnstorableStep | _ResetSignatureError) else type(err).__name__
     if not isinstance(err, _NAMED_AS_THEY_ARE):  # (asyncio.CancelledError, GeneratorExit, an env's own)
         kind += " (a BaseException the env raised)"
     message = f"{where}: {kind}: {text}" if text else f"{where}: {kind}"
@@ -385,6 +471,10 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         self._broken: str | None = None
         self.errors = 0
         """Exceptions caught so far (step and reset)."""
+        # The env's reset that cannot take gymnasium's keywords (see _reset_misfit), looked for once: at the first
+        # TypeError of a reset.
+        self._reset_misfit: tuple[str, Any, list[str]] | None = None
+        self._looked_for_misfit = False
 
     def name(self) -> str:
         """This env as log lines name it: "env 2 of 4", or "an env" while its position is unknown."""
@@ -421,25 +511,13 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
         if options is not None and NO_OPTIONS_KEY in options:
             options = None  # (a reset_mask reset that came with no options: see NO_OPTIONS_KEY)
         try:
-            obs, info = _unpacked_reset(self.env.reset(seed=seed, options=options))
+            obs, info = _unpacked_reset(self.env.reset(seed=seed, options=options), self._built_spaces[0])
             _check_info(info)
             self._check_spaces()
         except _CAUGHT as err:
-            if self._ctrl_c and isinstance(err, KeyboardInterrupt):
-                raise
-            self.errors += 1
-            message = _describe("reset", err)
-            if _error_log.one_by_one(self.name(), message, new=self._broken is None):
-                if isinstance(err, _RETURNED):
-                    log.warning(
-                        "%s's reset returned what cannot be used: %s; it is out of order until a reset works",
-                        self.name(),
-                        err,
-                    )
-                else:
-                    log.warning(
-                        "%s raised in reset; it is out of order until a reset works", self.name(), exc_info=True
-                    )
+            if isinstance(err, TypeError) and not self._looked_for_misfit:
+                self._reset_misfit, self._looked_for_misfit = _reset_misfit(self.env), True
+            message = self._caught("reset", _reset_signature_error(err, self._reset_misfit))
             self._broken = message
             self._pending = None
             return self._placeholder(), {ENV_ERROR_KEY: message}
@@ -451,6 +529,25 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             info = {**info, ENV_ERROR_KEY: self._pending}
         self._pending = None
         return obs, info
+
+    def _caught(self, where: str, err: BaseException) -> str:
+        """The error record of ``err``, caught in the env's ``where`` ("reset" or "step"), counted and logged (see
+        _ErrorLog); raised on where it is a Ctrl-C (``ctrl_c``)."""
+        if self._ctrl_c and isinstance(err, KeyboardInterrupt):
+            raise err
+        self.errors += 1
+        message = _describe(where, err)
+        # (a reset's error again, of an env out of order, is no new one)
+        if _error_log.one_by_one(self.name(), message, new=where != "reset" or self._broken is None):
+            then = "it is out of order until a reset works" if where == "reset" else "its episode ends and it is reset"
+            if isinstance(err, _RETURNED):
+                unusable = "used" if where == "reset" else "stored"
+                log.warning("%s's %s returned what cannot be %s: %s; %s", self.name(), where, unusable, err, then)
+            elif isinstance(err, _ResetSignatureError):
+                log.warning("%s's %s cannot be called: %s; %s", self.name(), where, err, then)
+            else:
+                log.warning("%s raised in %s; %s", self.name(), where, then, exc_info=err)
+        return message
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._broken is not None:
@@ -466,19 +563,7 @@ class IsolateErrors(gym.Wrapper[Any, Any, Any, Any]):
             if info:
                 _check_info(info)
         except _CAUGHT as err:
-            if self._ctrl_c and isinstance(err, KeyboardInterrupt):
-                raise
-            self.errors += 1
-            message = _describe("step", err)
-            if _error_log.one_by_one(self.name(), message):
-                if isinstance(err, _RETURNED):
-                    log.warning(
-                        "%s's step returned what cannot be stored: %s; its episode ends and it is reset",
-                        self.name(),
-                        err,
-                    )
-                else:
-                    log.warning("%s raised in step; its episode ends and it is reset", self.name(), exc_info=True)
+            message = self._caught("step", err)
             self._pending = message
             return self._placeholder(), 0.0, False, True, {ENV_ERROR_KEY: message}
         self._last_obs, self._last_from = obs, "step"

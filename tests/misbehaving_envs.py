@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -180,3 +184,99 @@ class StepSegfaults(Base):
 
             ctypes.string_at(0)
         return super().step(action)
+
+
+class OldGymPairReset(Base):
+    """The old gym API's reset, of an observation that is a pair: (1, 2) of Tuple((Discrete(3), Discrete(4))) looked
+    like (obs, info) with an info of type int."""
+
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(4)))  # type: ignore[assignment]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self.t = 0
+        return (1, 2)
+
+    def step(self, action: Any) -> Any:
+        self.t += 1
+        return (1, 2), 1.0, self.t >= 5, False, {}
+
+
+class ResetTakesNoKeywords(Base):
+    """An old gym env's reset: no seed, no options (Python's own "reset() got an unexpected keyword argument 'seed'")."""
+
+    def reset(self) -> Any:  # type: ignore[override]
+        self.t = 0
+        return self.obs()
+
+
+class ResetTakesNoOptions(Base):
+    def reset(self, seed: int | None = None) -> Any:  # type: ignore[override]
+        return super().reset(seed=seed)
+
+
+class ExitsOrHangs(Base):
+    """At step 2, env 0 (reset with an even seed) ends its process, env 1 (odd) hangs: its step never returns."""
+
+    def step(self, action: Any) -> Any:
+        if self.t >= 1:
+            if (self.seed or 0) % 2 == 0:
+                os._exit(7)
+            threading.Event().wait()
+        return super().step(action)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie, or reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+class FailInTurn(Base):
+    """At step 2 (async vectorization, 3 envs reset with seeds 0, 1, 2): env 0's process ends, so that the server's
+    read of its reply fails first, and envs 2 then 1 return an observation that does not fit (their workers fail):
+    env 1 only once env 2's worker has ended (its failure's report on the error queue first), by the pid env 2 wrote
+    to ``path`` when it was reset."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = Path(path)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        if seed == 2:
+            self.path.write_text(str(os.getpid()))
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> Any:
+        if self.t >= 1:
+            if self.seed == 0:
+                os._exit(7)
+            if self.seed == 1:
+                deadline = time.monotonic() + 60.0
+                while not _gone(int(self.path.read_text())) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            self.t += 1
+            return np.zeros(3, np.float32), 1.0, False, False, {}
+        return super().step(action)
+
+
+class HoldsSetAttr(Base):
+    """Its attribute ``hold``, set to ``(pid, path)``, waits (60 s at most) for a file at ``path``, having sent process
+    ``pid`` SIGUSR1 first (a pid of 0: none); set to None, nothing."""
+
+    @property
+    def hold(self) -> Any:
+        return None
+
+    @hold.setter
+    def hold(self, value: Any) -> None:
+        if value is None:
+            return
+        pid, path = value
+        if pid:
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 60.0
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -6,10 +6,15 @@ recovers from an error in gymnasium's own code, and says it cannot go on when a 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import os
 import re
+import signal
+import threading
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -32,6 +37,10 @@ VECTORIZATIONS = pytest.mark.parametrize("vectorization", ["sync", "async"])
 @contextlib.contextmanager
 def vector_env(env: str, num_envs: int = 2, vectorization: str = "sync", **kwargs: Any) -> Iterator[Any]:
     config = ServerConfig(env=f"{M}:{env}", num_envs=num_envs, env_kwargs=kwargs, vectorization=vectorization)
+    if vectorization == "async":
+        # (garbage left by earlier tests, gRPC's objects of a RemoteVectorEnv among it, collected in a forked
+        # worker instead, crashed it now and then: a segfault, or a hang, in the worker's first garbage collection)
+        gc.collect()
     envs = build_vector_env(config)
     tell_positions(envs)
     try:
@@ -181,6 +190,87 @@ def test_an_async_server_whose_worker_died_says_it_cannot_go_on(spawn_server: Sp
     assert check(server.address) == "NOT_SERVING"
 
 
+def test_a_recovery_kills_a_worker_whose_env_does_not_answer_in_time(caplog: pytest.LogCaptureFixture) -> None:
+    """Env 0's worker dies in a step, env 1's hangs: the recovery waited for env 1's reply for ever (the server's
+    step with it), polling a worker that was alive."""
+    with caplog.at_level(logging.ERROR), vector_env("ExitsOrHangs", vectorization="async") as envs:
+        base = envs.unwrapped
+        base.recover_timeout_s = 0.5
+        envs.reset(seed=0)
+        step(envs)
+        raised: list[BaseException] = []
+
+        def stepping() -> None:
+            try:
+                step(envs)
+            except BaseException as err:
+                raised.append(err)
+
+        thread = threading.Thread(target=stepping, daemon=True)
+        thread.start()
+        thread.join(timeout=60.0)
+        if thread.is_alive():
+            for process in base.processes:  # (so that the step, and the close, end)
+                process.kill()
+            thread.join(timeout=30.0)
+            pytest.fail("the recovery still waited for the hung worker after 60 s")
+        assert [type(err) for err in raised] == [EOFError]
+        assert base.parent_pipes == [None, None] and not base.processes[1].is_alive()
+    assert "the worker of env 1 had not answered 0.5 s after an error" in caplog.text
+    assert "killed it" in caplog.text
+
+
+def test_a_recovery_logs_each_workers_failure_with_its_own_env(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """Envs 2 then 1 fail while the server reads env 0's reply (its worker gone): the recovery took the error queue's
+    first report (env 2's) for env 1's, logging "the worker of env 1 failed: the server's env 2: ..."."""
+    with (
+        caplog.at_level(logging.ERROR, logger="env_server.envs"),
+        vector_env("FailInTurn", num_envs=3, vectorization="async", path=str(tmp_path / "pid")) as envs,
+    ):
+        envs.reset(seed=0)
+        step(envs)
+        with pytest.raises(EOFError):
+            step(envs)
+    failed = {
+        int(match[1]): match[2]
+        for record in caplog.records
+        if (match := re.match(r"async vectorization: the worker of env (\d+) failed: (.*)", record.getMessage()))
+    }
+    assert sorted(failed) == [1, 2], caplog.text
+    for index, error in failed.items():
+        assert error.startswith(f"the server's env {index}: its step returned"), (index, error)
+
+
+class _Interrupted(Exception):
+    """What the test's SIGUSR1 handler raises."""
+
+
+def test_an_error_in_set_attr_leaves_no_reply_for_the_next_call(tmp_path: Path) -> None:
+    """set_attr interrupted while the workers set their attribute: the replies still due were taken by the next
+    reset for its own (and it failed: "'NoneType' object is not iterable")."""
+    released = tmp_path / "released"
+
+    def interrupt(signum: int, frame: Any) -> None:
+        released.touch()  # (the workers go on: their replies come)
+        raise _Interrupted
+
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with vector_env("HoldsSetAttr", vectorization="async") as envs:
+            envs.reset(seed=0)
+            with pytest.raises(_Interrupted):
+                # (env 0's worker holds until then, so the interrupt comes while set_attr waits for its reply; env 1's,
+                # the last sent, sends the signal)
+                envs.unwrapped.set_attr("hold", [(0, str(released)), (os.getpid(), str(released))])
+            obs, infos = envs.reset(seed=0)
+            assert obs.shape == (2, 2) and ENV_ERROR_KEY not in infos
+            step(envs)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 # ---- 4. the old gym API ------------------------------------------------------------------------------------------
 
 OLD_HINT = "this looks like the old gym API (wrap the env with shimmy's GymV21CompatibilityV0"
@@ -209,6 +299,74 @@ def test_an_old_gym_step_is_named(vectorization: str) -> None:
                 "step: TypeError: step() returned 4 values (obs, reward, done, info: the old gym API): expected 5 "
                 "(obs, reward, terminated, truncated, info); " + OLD_HINT
             ), found
+
+
+OLD_FIX = "wrap the env with shimmy's GymV21CompatibilityV0, gymnasium.make('GymV21Environment-v0', env=...)"
+
+
+@VECTORIZATIONS
+def test_an_old_gym_reset_of_a_pair_says_its_info_is_no_dict_and_how_to_wrap_the_env(vectorization: str) -> None:
+    """An observation (1, 2) of Tuple((Discrete(3), Discrete(4))), alone, was "info of type int", without the old API."""
+    with vector_env("OldGymPairReset", vectorization=vectorization) as envs:
+        _, infos = envs.reset(seed=0)
+        for found in errors(infos):
+            assert found is not None and found.startswith(
+                "reset: TypeError: reset() returned info of type int: expected a dict (gymnasium's (obs, info)); if "
+                "the env uses the old gym API (its reset returning the observation alone, here (1, 2) of type tuple), "
+                + OLD_FIX
+            ), found
+
+
+def test_a_reset_that_takes_no_seed_or_options_is_named_with_gymnasiums_signature(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was Python's own "ResetTakesNoKeywords.reset() got an unexpected keyword argument 'seed'"."""
+    from env_server import isolation
+
+    monkeypatch.setattr(isolation, "_error_log", isolation._ErrorLog())  # (this process's first errors: logged)
+    signature = "gymnasium calls reset(seed=..., options=...), its signature is reset(self, *, seed=None, options=None)"
+    with caplog.at_level(logging.WARNING), vector_env("ResetTakesNoKeywords") as envs:
+        _, infos = envs.reset(seed=0)
+        expected = (
+            "reset: TypeError: ResetTakesNoKeywords.reset() does not take the keyword arguments 'seed' and 'options': "
+            f"{signature}; {OLD_HINT}"
+        )
+        assert all(found is not None and found.startswith(expected) for found in errors(infos)), errors(infos)
+    assert "reset cannot be called: ResetTakesNoKeywords.reset() does not take" in caplog.text
+    assert "Traceback" not in caplog.text
+    with vector_env("ResetTakesNoOptions") as envs:
+        _, infos = envs.reset(seed=0)
+        expected = (
+            f"reset: TypeError: ResetTakesNoOptions.reset() does not take the keyword argument 'options': {signature}"
+        )
+        assert errors(infos) == [expected] * 2
+
+
+class _CallsResetBare(gym.Wrapper[Any, Any, Any, Any]):
+    """A wrapper that calls its env's reset with no arguments (its env's reset then runs)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.env.reset(), {}
+
+
+class _ResetRaisesATypeError(gym.Env[Any, Any]):
+    """A reset without gymnasium's keywords, whose own code raises a TypeError about a keyword argument."""
+
+    observation_space = gym.spaces.Discrete(3)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self) -> Any:  # type: ignore[override]
+        return sorted([1], reversed=True)  # type: ignore[call-overload]
+
+
+def test_a_type_error_raised_inside_a_reset_without_gymnasiums_keywords_is_its_own() -> None:
+    """Only Python's error binding the call is named as the signature's: a TypeError the reset's code raised is itself."""
+    env = IsolateErrors(_CallsResetBare(_ResetRaisesATypeError()), repeat_on_reset=False)
+    found = env.reset(seed=0)[1][ENV_ERROR_KEY]
+    assert re.fullmatch(r"reset: TypeError: [^:]*\breversed\b[^:]*", found), found  # (Python's words for sort())
+    # (called with gymnasium's keywords, the same reset is named)
+    named = IsolateErrors(_ResetRaisesATypeError(), repeat_on_reset=False).reset(seed=0)[1][ENV_ERROR_KEY]
+    assert named.startswith("reset: TypeError: _ResetRaisesATypeError.reset() does not take the keyword"), named
 
 
 # ---- 5. "returned", not "raised" --------------------------------------------------------------------------------
