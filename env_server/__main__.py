@@ -282,6 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
         "whose connection closes ends at once (default: %(default)s)",
     )
     p.add_argument(
+        "--fresh-envs",
+        action=argparse.BooleanOptionalAction,
+        default=e("fresh_envs", False),
+        help="when a new learner claims envs that another learner's session ran, close them and build them "
+        "again before answering its Handshake, so that it starts as the first one did: what the envs and "
+        "their wrappers keep (NormalizeObservation's statistics, say) does not carry over from one learner "
+        "to the next; a rebuild that fails fails that Handshake, and the next one tries again (default: "
+        "off: the envs go on, reset, with their state; ENVFLEET_FRESH_ENVS: on or off)",
+    )
+    p.add_argument(
         "--grace",
         type=_non_negative_float,
         default=e("grace", "5"),
@@ -457,6 +467,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
             step_delay_ms=args.step_delay_ms,
             spin_wait_ms=args.spin_wait_ms,
             claim_timeout_s=args.claim_timeout,
+            fresh_envs=args.fresh_envs,
             grace_s=args.grace,
             hang_timeout_s=args.hang_timeout,
             max_request_bytes=args.max_request_bytes,

@@ -142,6 +142,10 @@ class ServerConfig:
     the CPU) for up to this long, while its steps have been coming that soon; 0: sleep at once."""
     claim_timeout_s: float = 30.0
     """A session with no open Hold stream and no calls for this long ends by itself."""
+    fresh_envs: bool = False
+    """Close the envs and build them again when a new learner's session claims envs that ran in another's
+    (at its Handshake), so that it starts from envs as fresh as the first session's: wrappers' state
+    (NormalizeObservation's statistics, ...) and the envs' own do not carry over. Off: they go on."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest request read, over gRPC and on the step socket: a larger one is refused before it is
     parsed (responses may take up to ``MAX_MESSAGE_BYTES``); told to learners in the Handshake."""
@@ -189,7 +193,7 @@ class ServerConfig:
             raise ValueError(f"env: expected a gymnasium id or a package.module:Name entry point, got {self.env!r}")
         _check_integer("num_envs", self.num_envs, 1)
         _check_port("port", self.port)
-        for name in ("step_socket", "http2_bdp_probe"):
+        for name in ("step_socket", "http2_bdp_probe", "fresh_envs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         if self.metrics_port is not None:

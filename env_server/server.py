@@ -704,6 +704,8 @@ async def _serve(
             raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
         assert service.spec is not None  # (attach made it)
         _check_answer_size(config, env.single_observation_space, service.spec)
+        if config.fresh_envs:  # (a new learner's Handshake builds them anew: see EnvService._fresh_envs)
+            service.build_envs = functools.partial(_build_anew, config)
         if stop.is_set():  # stopped while building: it never served, nor said it would
             log.info("stopped while building its envs")
         else:
@@ -754,6 +756,9 @@ async def _serve(
         # under it (a simulator closed mid-step may crash, or hang): waited for as long as the exit
         # margin leaves (less a look of the watchdog's, so that this says why, not the watchdog).
         busy = env is not None and not await service.idle(watchdog.exit_deadline() - _WATCH_S - time.monotonic())
+        if not busy and service.spec is not None:
+            # (the envs served last: --fresh-envs builds them anew; none where that failed, the old ones closed)
+            env = service.served_env
         if metrics is not None:
             metrics.close()
         closed = True
@@ -1386,6 +1391,13 @@ def _short_path(filename: str) -> str:
     folders = [os.path.join(os.path.abspath(folder), "") for folder in sys.path]  # ("": the working directory)
     within = [folder for folder in folders if filename.startswith(folder)]
     return filename[len(max(within, key=len)) :] if within else filename
+
+
+def _build_anew(config: ServerConfig) -> gym.vector.VectorEnv:
+    """The envs built anew for a new session (``--fresh-envs``), on the env thread, as at start."""
+    env = build_vector_env(config, copy=False)
+    _tell_positions(env)
+    return env
 
 
 def _tell_positions(env: gym.vector.VectorEnv) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from env_server import codec
 from env_server.config import ServerConfig
-from env_server.envs import ObservationLayoutError, env_kwargs_json, max_episode_steps
+from env_server.envs import EnvBuildError, ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, refuse
 from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY
 from env_server.metrics import ServerMetrics
@@ -113,6 +113,10 @@ ANSWER_HEADROOM = 1024 * 1024
 # What a step is told when the envs need a full reset first (unless it is told why: see _step_unseen).
 _RESET_FIRST = "Step called before Reset: reset the envs first"
 
+
+# How a learner's last session ended where its learner, claiming the envs again, rejoins (see
+# EnvService._fresh_envs): its connection dropped, or it fell silent (metrics kinds).
+_LOST_SESSION = ("hold_ended", "claim_timeout")
 
 _GAVE_UP = "caller gave up on it (its deadline passed, or it was cancelled) before its answer came"
 
@@ -388,6 +392,19 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.spec: pb.EnvSpec | None = None
         self._observation_bytes = 0
         self.steps = 0
+        self.build_envs: Callable[[], gym.vector.VectorEnv] | None = None
+        """Builds the envs anew, as the server built them at start (run on the env thread): with
+        ``--fresh-envs``, the server sets it, and a new learner's Handshake rebuilds them (see _fresh_envs)."""
+        # Whether the envs have run a call (reset, step) since they were built: a new session's are then not
+        # fresh. The last session's learner (its client name) and how its session ended (its metrics kind):
+        # the same learner claiming them again after losing its session is no new learner (see _fresh_envs).
+        self._envs_ran = False
+        self._last_session: tuple[str, str] = ("", "")
+        # Who the envs are being built anew for, while they are (a Handshake's learner); "" otherwise.
+        self._rebuilding = ""
+        # Why the envs' last rebuild failed ("" if it did not): they were closed, none serve until one succeeds.
+        self._rebuild_failed = ""
+        self._said_envs_go_on = False  # (without --fresh-envs: said once that a new session's envs go on)
 
     def attach(self, env: gym.vector.VectorEnv) -> None:
         """Serve ``env`` from now on (once; the server calls it when the envs are built)."""
@@ -407,14 +424,24 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if self._env is None:
             if self.draining:
                 raise shutting_down()
+            if self._rebuild_failed:
+                raise ServiceError(grpc.StatusCode.UNAVAILABLE, self._rebuild_failed)
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, "the server is starting: its envs are being built; try again shortly"
             )
         return self._env
 
     def _check_ready(self) -> None:
-        """UNAVAILABLE while the envs are being built."""
-        self.env  # noqa: B018 (the property raises)
+        """UNAVAILABLE while the envs are being built at start (not after a rebuild that failed: the server
+        serves its spec, and a Handshake builds them again; see _fresh_envs)."""
+        if not self._rebuild_failed:
+            self.env  # noqa: B018 (the property raises)
+
+    @property
+    def served_env(self) -> gym.vector.VectorEnv | None:
+        """The vector env served now: the one attached last (``--fresh-envs`` builds them anew), None where
+        its rebuild failed (the envs were closed) or the service was detached."""
+        return self._env
 
     def _make_spec(self) -> pb.EnvSpec:
         env = self.env
@@ -544,6 +571,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # (the client's name too: over a Unix socket every peer is "unix:", the same for all learners on the host)
             who = f"{session.client_name!r} from {session.peer}" if session.client_name else session.peer
             log.log(level, "session %s of %s ended: %s", session.id[:8], who, reason)
+            self._last_session = (session.client_name, kind)
             if self.on_session_end is not None:
                 self.on_session_end(session.id, reason)
         session.end_reason = reason
@@ -613,19 +641,30 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 + (" (a call of its is under way: silence counts from its end)" if owner.calls else "")
                 + self._unused_note(owner, now),
             )
+        if self._rebuilding:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"this server's envs are being built anew (--fresh-envs) for {self._rebuilding}, whose Handshake "
+                "claims them next; try again shortly",
+            )
         if _deadline_passed(context):
             # (its answer could not be sent: a claim now would lock out the client's retries until it timed out)
             raise ServiceError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "the call's deadline passed before the server could answer it; nothing was claimed",
             )
-        session = Session(
-            id=secrets.token_hex(16),
-            peer=peer_text(context.peer()),
-            client_name=request.client_name[:200],
-            created=now,
-            last_seen=now,
-        )
+        session_id, client_name, peer = secrets.token_hex(16), request.client_name[:200], peer_text(context.peer())
+        if await self._fresh_envs(session_id, client_name, peer):
+            if self.draining:
+                raise shutting_down()
+            now = time.monotonic()
+            if _deadline_passed(context):
+                raise ServiceError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "the call's deadline passed while the server built its envs anew for it (--fresh-envs); nothing "
+                    "was claimed: the next Handshake finds them fresh",
+                )
+        session = Session(id=session_id, peer=peer, client_name=client_name, created=now, last_seen=now)
         self._claim = session
         self._require_reset()
         if self._metrics is not None:
@@ -645,6 +684,116 @@ class EnvService(pb_grpc.EnvServiceServicer):
         )
         session.answer_bytes = response.ByteSize()
         return response
+
+    async def _fresh_envs(self, session_id: str, client_name: str, peer: str) -> bool:
+        """Before a Handshake claims the envs for session ``session_id`` (of ``client_name`` at ``peer``):
+        with ``--fresh-envs``, build them anew where they ran in an earlier session, so that this one starts
+        from envs as fresh as the first session's (what the envs and their wrappers keep: NormalizeObservation's
+        statistics, say); without, say once that they go on. Whether they were built anew.
+
+        Not for envs that no call has run since they were built, nor for the same learner (its client name)
+        claiming them again after losing its session (its Hold stream ended, or it timed out: a learner that
+        rejoins after a network cut goes on with its envs' state). The old envs are closed, then the new ones
+        built as at start, on the env thread, the envs' lock held (no env call meanwhile; other Handshakes are
+        told to try again shortly). A rebuild that fails leaves no envs (the old ones closed, nothing of the
+        new ones kept) and raises INTERNAL naming its error; the server serves on, and the next Handshake
+        builds them again."""
+        if self._env is not None:
+            if not self._envs_ran:
+                return False
+            last_name, last_end = self._last_session
+            if client_name and client_name == last_name and last_end in _LOST_SESSION:
+                if self._config.fresh_envs:
+                    log.info(
+                        "fresh envs: not rebuilt for session %s: its learner %r claims them again after losing its "
+                        "last session (%s)",
+                        session_id[:8],
+                        client_name,
+                        last_end,
+                    )
+                return False
+            if not self._config.fresh_envs or self.build_envs is None:
+                if not self._said_envs_go_on:
+                    self._said_envs_go_on = True
+                    log.info(
+                        "session %s: the envs go on from the last session, their wrappers' state included "
+                        "(--fresh-envs rebuilds them for each new learner)",
+                        session_id[:8],
+                    )
+                return False
+        if self.build_envs is None:  # (no rebuild: a service the server did not set up for one)
+            return False
+        who = f"session {session_id[:8]} (" + (f"{client_name!r} from {peer})" if client_name else f"from {peer})")
+        self._rebuilding = who
+        started = time.perf_counter()
+        try:
+            async with self._env_lock:  # (an env call of an earlier session may still run: waited for)
+                old, old_spec = self._env, self.spec
+                future = asyncio.get_running_loop().run_in_executor(self._env_thread, self._build_anew, old)
+                cancelled = False  # (the Handshake was cancelled meanwhile: the build goes on, and is kept)
+                while not future.done():
+                    try:
+                        await asyncio.shield(future)
+                    except asyncio.CancelledError:
+                        cancelled = True
+                    except BaseException:  # (its outcome, read below)
+                        pass
+                error = future.exception()
+                new = None
+                if error is None:
+                    try:
+                        new = future.result()
+                        self.attach(new)
+                        if old_spec is not None and not _same_envs(self.spec, old_spec):
+                            raise ValueError(
+                                "the envs built anew differ from those the server started with (their spaces, "
+                                "number, time limit or metadata), which learners already hold: the env's factory "
+                                "must build the same envs every time"
+                            )
+                    except Exception as err:
+                        error = err
+                if error is None:
+                    self._envs_ran, self._rebuild_failed = False, ""
+                else:
+                    self._env = None  # (the old envs were closed; new ones that cannot serve are closed below)
+                    if old_spec is not None:
+                        self.spec = old_spec
+                    what = str(error) if isinstance(error, EnvBuildError) else f"{type(error).__name__}: {error}"
+                    self._rebuild_failed = (
+                        f"the server could not build its envs anew for a new session (--fresh-envs): {what}; it "
+                        "serves on, with no envs until a Handshake builds them: try again"
+                    )
+                    if new is not None:
+                        with contextlib.suppress(Exception):
+                            await self.run_in_env_thread(new.close)
+        finally:
+            self._rebuilding = ""
+        elapsed = time.perf_counter() - started
+        if error is not None:
+            log.error("fresh envs for %s: rebuild failed after %.2f s: %s", who, elapsed, self._rebuild_failed)
+            if cancelled:
+                raise asyncio.CancelledError
+            raise ServiceError(grpc.StatusCode.INTERNAL, self._rebuild_failed)
+        if self._metrics is not None:
+            self._metrics.env_build_seconds.set(elapsed)
+        log.info("fresh envs for %s: rebuilt in %.2f s", who, elapsed)
+        if cancelled:
+            raise asyncio.CancelledError
+        return True
+
+    def _build_anew(self, old: gym.vector.VectorEnv | None) -> gym.vector.VectorEnv:
+        """Close ``old`` (the envs served, if any) and build the envs anew, on the env thread (see _fresh_envs)."""
+        if old is not None:
+            try:
+                old.close()
+            except Exception as err:  # (the env's own close: its envs are let go of all the same)
+                log.warning(
+                    "fresh envs: the old envs' close raised (%s: %s); building anew all the same",
+                    type(err).__name__,
+                    err,
+                )
+        assert self.build_envs is not None
+        return self.build_envs()
 
     async def answer_handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> None:
         """Handshake as the server serves it (see AnswerHandshakes): the answer written here, one
@@ -1151,6 +1300,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         start = time.perf_counter()
         begun = time.monotonic()
         self.call_kind, self.call_started, self.call_thread = kind, begun, threading.get_ident()
+        self._envs_ran = True  # (not fresh any more: see _fresh_envs)
         try:
             result = fn(*args, **kwargs)
         except BaseException as err:
@@ -1282,6 +1432,19 @@ def _workers_ended(env: gym.vector.VectorEnv) -> bool:
     """Whether ``env`` is an AsyncVectorEnv with a worker gymnasium has shut down (after its error)."""
     pipes = getattr(env.unwrapped, "parent_pipes", None)
     return isinstance(env.unwrapped, gym.vector.AsyncVectorEnv) and pipes is not None and any(p is None for p in pipes)
+
+
+def _same_envs(spec: pb.EnvSpec | None, other: pb.EnvSpec) -> bool:
+    """Whether ``spec`` describes the envs ``other`` does, the versions it names aside (a simulator an env
+    imports at its first reset is named by a spec made after it)."""
+    if spec is None:
+        return False
+    mine, theirs = pb.EnvSpec(), pb.EnvSpec()
+    mine.CopyFrom(spec)
+    theirs.CopyFrom(other)
+    mine.ClearField("versions")
+    theirs.ClearField("versions")
+    return mine == theirs
 
 
 def _carries_token(context: grpc.aio.ServicerContext) -> bool:

@@ -1,0 +1,183 @@
+"""env-server --fresh-envs: a new learner's session starts from envs built anew, as the server's first
+session did (what the envs' wrappers keep, NormalizeObservation's statistics, does not carry over);
+without it the envs go on from one session to the next, and the server says so once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from env_server.__main__ import build_parser, parse_args
+from env_server.config import ServerConfig
+from env_server.rpc import env_pb2 as pb
+from env_server.rpc import env_pb2_grpc as pb_grpc
+from learner import RemoteVectorEnv
+from tests.conftest import ServerProcess, SpawnServer
+from tests.fresh_envs import CLOSED, WAITING, make_normalized
+
+FACTORY = "tests.fresh_envs:make_normalized"
+REBUILT = "rebuilt in"
+GO_ON = "the envs go on from the last session"
+
+
+def _session(address: str, steps: int = 30) -> np.ndarray:
+    """One learner's session (a RemoteVectorEnv, closed at the end): its first reset's observations."""
+    with RemoteVectorEnv([address]) as envs:
+        obs, _ = envs.reset(seed=0)
+        envs.action_space.seed(0)
+        for _ in range(steps):
+            envs.step(envs.action_space.sample())
+    return np.asarray(obs)
+
+
+def _fresh_sync(num_envs: int) -> np.ndarray:
+    """What a fresh local SyncVectorEnv of the same factory answers to its first reset(seed=0)."""
+    envs = gym.vector.SyncVectorEnv([make_normalized for _ in range(num_envs)])
+    try:
+        obs, _ = envs.reset(seed=0)
+        return np.asarray(obs)
+    finally:
+        envs.close()
+
+
+def test_the_flag_and_its_variable_set_fresh_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = " ".join(build_parser().format_help().split())
+    assert "--fresh-envs, --no-fresh-envs" in text and "ENVFLEET_FRESH_ENVS: on or off" in text
+    assert "build them again before answering its Handshake" in text
+    monkeypatch.delenv("ENVFLEET_FRESH_ENVS", raising=False)
+    assert parse_args(["--env", "CartPole-v1"])[0].fresh_envs is False
+    assert parse_args(["--env", "CartPole-v1", "--fresh-envs"])[0].fresh_envs is True
+    monkeypatch.setenv("ENVFLEET_FRESH_ENVS", "on")
+    assert parse_args(["--env", "CartPole-v1"])[0].fresh_envs is True
+    assert parse_args(["--env", "CartPole-v1", "--no-fresh-envs"])[0].fresh_envs is False
+    with pytest.raises(ValueError, match="fresh_envs: expected True or False, got 1"):
+        ServerConfig(env="CartPole-v1", fresh_envs=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("vectorization", ["sync", pytest.param("async", marks=pytest.mark.slow)])
+def test_each_new_learner_starts_from_envs_as_fresh_as_the_first(spawn_server: SpawnServer, vectorization: str) -> None:
+    server = spawn_server(FACTORY, 2, "--fresh-envs", "--vectorization", vectorization)
+    first = _session(server.address)
+    np.testing.assert_array_equal(first, _fresh_sync(2))  # (as a fresh SyncVectorEnv of the factory starts)
+    for _ in range(2):  # (a re-run notebook cell, an eval after training: the same process, a new session)
+        np.testing.assert_array_equal(_session(server.address), first)
+    logs = server.logs()
+    assert logs.count(REBUILT) == 2 and "fresh envs for session " in logs, logs
+    assert GO_ON not in logs
+    # The envs built last are the ones the server closes as it stops (async: their workers too).
+    assert server.kill(signal.SIGTERM) == 0
+    logs = server.logs()
+    assert "stopped after" in logs and "raised" not in logs
+    if vectorization == "sync":  # (2 envs per build, each closed: 2 by each rebuild, 2 as the server stops)
+        assert logs.partition("stopped after")[0].count(CLOSED) == 6, logs
+
+
+def test_without_the_flag_the_envs_go_on_and_the_server_says_so_once(spawn_server: SpawnServer) -> None:
+    server = spawn_server(FACTORY, 2)
+    first = _session(server.address)
+    second = _session(server.address)
+    assert not np.array_equal(first, second)  # (the wrappers' statistics went on from the first session)
+    _session(server.address)
+    logs = server.logs()
+    assert logs.count(GO_ON) == 1 and "(--fresh-envs rebuilds them for each new learner)" in logs, logs
+    assert REBUILT not in logs
+
+
+@pytest.mark.parametrize(
+    ("kwarg", "error"),
+    [
+        ("fail_file", "cannot make env 'tests.fresh_envs:make_normalized': RuntimeError: simulator unavailable"),
+        ("other_file", "ValueError: the envs built anew differ from those the server started with"),
+    ],
+    ids=["build-raises", "other-spaces"],
+)
+def test_a_rebuild_that_fails_fails_the_handshake_and_the_next_one_builds_again(
+    spawn_server: SpawnServer, tmp_path: Path, kwarg: str, error: str
+) -> None:
+    broken = tmp_path / "broken"
+    server = spawn_server(FACTORY, 2, "--fresh-envs", "--env-kwargs", f'{{"{kwarg}": "{broken}"}}')
+    first = _session(server.address)
+    broken.touch()  # (the simulator cannot start now; or the factory makes another env)
+    with pytest.raises(Exception, match=r"Handshake failed \[INTERNAL\]") as info:
+        _session(server.address)
+    message = str(info.value)
+    assert "could not build its envs anew for a new session (--fresh-envs)" in message
+    assert error in message and "try again" in message
+    assert server.proc is not None and server.proc.poll() is None  # (it serves on)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        assert stub.GetSpec(pb.GetSpecRequest(), timeout=30).spec.num_envs == 2
+        with pytest.raises(grpc.RpcError) as again:  # (each Handshake tries the build again)
+            stub.Handshake(pb.HandshakeRequest(client_name="other"), timeout=30)
+        assert again.value.code() == grpc.StatusCode.INTERNAL and error in str(again.value.details())
+    broken.unlink()
+    np.testing.assert_array_equal(_session(server.address), first)  # (built, fresh)
+    logs = server.logs()
+    assert logs.count("rebuild failed after") == 2 and logs.count(REBUILT) == 1, logs
+    assert server.kill(signal.SIGTERM) == 0
+
+
+def _wait_unclaimed(stub: pb_grpc.EnvServiceStub) -> None:
+    """Until the server's claim has ended (its learner's Hold stream gone: at once; else its claim timeout)."""
+    deadline = time.monotonic() + 90
+    while stub.GetSpec(pb.GetSpecRequest(), timeout=30).claimed_by:
+        assert time.monotonic() < deadline, "the claim did not end"
+        time.sleep(0.05)
+
+
+def _lose_session(stub: pb_grpc.EnvServiceStub, client_name: str) -> None:
+    """A session of ``client_name`` that runs the envs (a reset), then is lost (its Hold stream ends, no Release)."""
+    session = stub.Handshake(pb.HandshakeRequest(client_name=client_name), timeout=60).session_id
+    hold = stub.Hold(pb.HoldRequest(session_id=session))
+    stub.Reset(pb.ResetRequest(session_id=session), timeout=30)
+    hold.cancel()
+    _wait_unclaimed(stub)
+
+
+def test_the_same_learner_rejoining_after_losing_its_session_keeps_its_envs(spawn_server: SpawnServer) -> None:
+    server: ServerProcess = spawn_server(FACTORY, 1, "--fresh-envs")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        _lose_session(stub, "learner-A")
+        _lose_session(stub, "learner-A")  # (a learner rejoining after a network cut: its envs go on)
+        assert "not rebuilt for session" in server.logs() and REBUILT not in server.logs()
+        _lose_session(stub, "learner-B")  # (another learner: fresh envs)
+    logs = server.logs()
+    assert logs.count(REBUILT) == 1 and logs.count("not rebuilt for session") == 1, logs
+
+
+def test_other_handshakes_are_told_to_try_again_while_the_envs_are_built_anew(
+    spawn_server: SpawnServer, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    server = spawn_server(FACTORY, 2, "--fresh-envs", "--env-kwargs", f'{{"gate_file": "{gate}"}}')
+    first = _session(server.address)
+    gate.touch()  # (the next build waits until the test lets it go on)
+    results: list[np.ndarray] = []
+    learner = threading.Thread(target=lambda: results.append(_session(server.address)))
+    learner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while WAITING not in server.logs():
+            assert time.monotonic() < deadline and learner.is_alive(), server.logs()
+            time.sleep(0.02)
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.EnvServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Handshake(pb.HandshakeRequest(client_name="learner-B"), timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "envs are being built anew (--fresh-envs) for session " in str(info.value.details())
+            assert stub.GetSpec(pb.GetSpecRequest(), timeout=30).spec.num_envs == 2  # (answered meanwhile)
+    finally:
+        gate.unlink()
+        learner.join(timeout=60)
+    assert len(results) == 1, server.logs()
+    np.testing.assert_array_equal(results[0], first)
+    assert server.logs().count(REBUILT) == 1
