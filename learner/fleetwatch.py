@@ -84,7 +84,8 @@ def _busy_here() -> str:
 
 def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool, str] | None:
     """(whether ``replica`` is slow against the median of the others, in words its figures that say so
-    or, if not slow, its env step's); None when there is nothing to compare. (Against the others, not
+    or, if not slow, its env step's); None when there is nothing to compare (no figure of its, or none of
+    the others' above 0: env times their servers did not measure). (Against the others, not
     the whole fleet's median: with two replicas the fleet's median is their mean, which neither reaches
     3 times.)"""
     said: tuple[bool, str] | None = None
@@ -95,7 +96,9 @@ def _slowness(replica: ReplicaStats, replicas: list[ReplicaStats]) -> tuple[bool
         if not (replica.steps and math.isfinite(value) and others):
             continue
         median = float(np.median(others))
-        ratio = value / median if median > 0 else math.inf
+        if not median > 0:
+            continue  # (the others report none: 0 from servers that do not measure their env time)
+        ratio = value / median
         text = f"{what} {value:.2f} ms, {ratio:.1f}x the other servers' median ({median:.2f} ms)"
         if ratio >= SLOW_RATIO and value - median >= SLOW_MIN_MS:
             return True, text

@@ -268,7 +268,16 @@ class FleetMembership:
         if not leave and not joined and self._stale is None:  # (only servers that failed to join: no change)
             return None
         self._note_leaving(replicas[id(c)] for c in leave)
-        return self._relayout(stay, joined, leave, resets, replicas)
+        timers = self._timers
+        change = self._relayout(stay, joined, leave, resets, replicas)
+        # The window of a server that left ends now (its rates are of its time in the fleet); one back in
+        # this window with the same envs takes its timer back, and it runs again.
+        for timer in timers:
+            if not any(timer is t for t in self._timers):
+                timer.stop()
+        for timer in self._timers:
+            timer.start()
+        return change
 
     def _look_up(self) -> tuple[list[str], bool]:
         """The servers the addresses name now (refresh's first step), and True; on a failed look-up,

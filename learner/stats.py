@@ -9,12 +9,16 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["ReplicaStats", "StepTimer", "format_return", "format_returns", "mean_of", "spread_of"]
+__all__ = ["RING", "ReplicaStats", "StepTimer", "format_return", "format_returns", "mean_of", "spread_of"]
 
 
 @dataclass(frozen=True)
 class ReplicaStats:
-    """One env server's steps since the last reset of its statistics.
+    """One env server's steps since the last reset of its statistics (its window: for a server that left the
+    fleet in it, until it left; for one that joined in it, since it joined).
+
+    The percentiles (``*_p50_ms``, ``*_p99_ms``) are of the window's last :data:`RING` steps (all of them in a
+    window of fewer); the counts, rates, ``env_busy`` and ``latency_max_ms`` are of the whole window.
 
     A replica whose latency or env time stands out from the others is slow or overloaded, and the
     whole fleet waits for it on every synchronous step (load imbalance): ``env_busy`` near 1 for one
@@ -33,7 +37,8 @@ class ReplicaStats:
     env_busy: float
     """The fraction of the window's wall time the server's envs spent stepping (the sum of the env
     step times it reported, over the time elapsed): near 1, the replica is what the fleet waits for;
-    low, it waits for the others (or for the learner)."""
+    low, it waits for the others (or for the learner). NaN where the server reported no env time
+    (``env_seconds`` 0: a server that does not measure it) for the window's steps; 0 with no steps."""
     latency_p50_ms: float
     """Median round trip seen by the learner: from sending the actions until the answer arrived, as
     far as the learner can tell. It reads answers whenever it calls into the fleet (``step``,
@@ -42,10 +47,11 @@ class ReplicaStats:
     latency_p99_ms: float
     """99th percentile of the round trip."""
     latency_max_ms: float
-    """The slowest round trip of the window: one slow step among a rollout's hundreds, which the p99
-    does not show."""
+    """The slowest round trip of the window (all its steps, however many): one slow step among a rollout's
+    hundreds, which the p99 does not show."""
     env_p50_ms: float
-    """Median time the server's envs took to step (reported by the server in each answer)."""
+    """Median time the server's envs took to step (reported by the server in each answer; steps it reported
+    none for, ``env_seconds`` 0, are left out: NaN if it reported none)."""
     env_p99_ms: float
     """99th percentile of the envs' step time."""
     available: bool = True
@@ -73,15 +79,20 @@ class ReplicaStats:
 
 _NOT_NUMBERS = ("address", "server_id")
 
+RING = 4096
+"""The steps a :class:`StepTimer` keeps (the last ones) for its percentiles."""
+
 
 class StepTimer:
-    """Round-trip and env times of one replica's recent steps (a ring of the last ``window``), and
-    the total env time of the window (for ``env_busy``)."""
+    """Round-trip and env times of one replica's recent steps (a ring of the last ``window``, for the
+    percentiles), and the total env time and slowest round trip of the window (``env_busy``,
+    ``latency_max_ms``). An env time of 0 is one the server did not measure (the proto's ``env_seconds``):
+    kept as NaN, left out of the env figures."""
 
     COUNTS = ("failures", "shutdowns", "reconnects", "stalls")
     """What the window counts of the server beside its steps (each an attribute, and ReplicaStats')."""
 
-    def __init__(self, address: str, num_envs: int, window: int = 4096) -> None:
+    def __init__(self, address: str, num_envs: int, window: int = RING) -> None:
         self.address = address
         self.num_envs = num_envs
         self._latency = np.zeros(window)
@@ -89,7 +100,10 @@ class StepTimer:
         self._recorded = 0  # steps recorded in all (reset() keeps the ring: see outside_envs)
         self._count = 0  # of them, since the start of the window
         self._env_total = 0.0
-        self._since = time.perf_counter()
+        self._env_measured = 0  # (steps of the window with an env time)
+        self._latency_max = math.nan  # (of the window's steps, all of them: the ring keeps the last only)
+        self._elapsed = 0.0  # (the window's time before the last stop())
+        self._since: float | None = time.perf_counter()  # (None: stopped)
         self.failures = 0
         self.shutdowns = 0
         self.reconnects = 0
@@ -109,7 +123,7 @@ class StepTimer:
         if not self._recorded:
             return 0.0
         i = (self._recorded - 1) % len(self._latency)
-        return float(self._latency[i] - self._env[i])
+        return float(self._latency[i] - np.nan_to_num(self._env[i]))
 
     def usual_outside_envs(self, at_least: int) -> float | None:
         """The median part of a round trip that the envs did not take, over the recent steps before the
@@ -119,16 +133,21 @@ class StepTimer:
         earlier = np.arange(max(0, self._recorded - size), self._recorded - 1) % size
         if len(earlier) < at_least:
             return None
-        return float(np.median(self._latency[earlier] - self._env[earlier]))
+        return float(np.median(self._latency[earlier] - np.nan_to_num(self._env[earlier])))
 
     def record(self, latency_s: float, env_s: float) -> None:
-        """One step: its round trip (sent to arrived) and the time the server's envs took, in seconds."""
+        """One step: its round trip (sent to arrived) and the time the server's envs took, in seconds (0: not
+        measured)."""
         i = self._recorded % len(self._latency)
         self._latency[i] = latency_s
-        self._env[i] = env_s
+        self._env[i] = env_s if env_s > 0 else math.nan
         self._recorded += 1
         self._count += 1
-        self._env_total += env_s
+        if env_s > 0:
+            self._env_total += env_s
+            self._env_measured += 1
+        if not latency_s <= self._latency_max:  # (NaN: the window's first)
+            self._latency_max = latency_s
 
     def count_loss(self, *, planned: bool) -> None:
         """Count a loss of the server in the window: a shutdown if it said it was shutting down
@@ -144,34 +163,52 @@ class StepTimer:
         for name in self.COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    def stop(self) -> None:
+        """Stop the window's clock (its server left the fleet): its rates are of the time until now."""
+        if self._since is not None:
+            self._elapsed += time.perf_counter() - self._since
+            self._since = None
+
+    def start(self) -> None:
+        """Run the window's clock again after :meth:`stop` (its server is back in the fleet); else nothing."""
+        if self._since is None:
+            self._since = time.perf_counter()
+
     def reset(self) -> None:
         """Start a new window of :meth:`stats` (the ring's steps stay, for :meth:`usual_outside_envs`)."""
         self._count = 0
         self._env_total = 0.0
-        self._since = time.perf_counter()
+        self._env_measured = 0
+        self._latency_max = math.nan
+        self._elapsed = 0.0
+        if self._since is not None:
+            self._since = time.perf_counter()
         for name in self.COUNTS:
             setattr(self, name, 0)
 
     def stats(self, available: bool = True, server_id: str = "") -> ReplicaStats:
         size = len(self._latency)
         n = min(self._count, size)
-        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        running = time.perf_counter() - self._since if self._since is not None else 0.0
+        elapsed = max(self._elapsed + running, 1e-9)
+        lat = np.full(2, math.nan)
+        env = np.full(2, math.nan)
         if n:
-            window = np.arange(self._recorded - n, self._recorded) % size  # (the window's steps)
-            lat = np.percentile(self._latency[window], [50, 99, 100]) * 1000.0
-            env = np.percentile(self._env[window], [50, 99]) * 1000.0
-        else:
-            lat = np.full(3, float("nan"))
-            env = np.full(2, float("nan"))
+            window = np.arange(self._recorded - n, self._recorded) % size  # (the window's last steps)
+            lat = np.percentile(self._latency[window], [50, 99]) * 1000.0
+            measured = self._env[window][np.isfinite(self._env[window])]
+            if len(measured):
+                env = np.percentile(measured, [50, 99]) * 1000.0
+        busy = self._env_total / elapsed if self._env_measured or not self._count else math.nan
         return ReplicaStats(
             address=self.address,
             num_envs=self.num_envs,
             steps=self._count,
             env_steps_per_s=self._count * self.num_envs / elapsed,
-            env_busy=self._env_total / elapsed,
+            env_busy=busy,
             latency_p50_ms=float(lat[0]),
             latency_p99_ms=float(lat[1]),
-            latency_max_ms=float(lat[2]),
+            latency_max_ms=float(self._latency_max) * 1000.0,
             env_p50_ms=float(env[0]),
             env_p99_ms=float(env[1]),
             available=available,

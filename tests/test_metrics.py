@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from env_server.metrics import ServerMetrics
+from env_server.metrics import LATENCY_BUCKETS, ServerMetrics
 from env_server.protocol import package_version
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -182,7 +183,7 @@ def test_the_endpoint_has_process_metrics_zeroed_error_series_and_no_created_ser
     # Latency buckets from 10 us to past the learner's default 10 s timeout, for steps and resets.
     for histogram in ("envfleet_step_latency_seconds", "envfleet_reset_latency_seconds"):
         bounds = sorted(float(key.split("[le=")[1][:-1]) for key in before if key.startswith(f"{histogram}_bucket"))
-        assert bounds[:2] == [1e-05, 2e-05] and bounds[-3:] == [30.0, 60.0, float("inf")], (histogram, bounds)
+        assert bounds[:2] == [1e-05, 1.5e-05] and bounds[-3:] == [30.0, 60.0, float("inf")], (histogram, bounds)
 
 
 def test_a_unix_socket_server_names_its_transport_in_its_info(spawn_server: SpawnServer) -> None:
@@ -204,3 +205,31 @@ def test_the_created_series_stay_on_in_other_registries() -> None:
     Counter("other_requests", "A counter of another registry of the process", registry=other).inc()
     names = {s.name for m in other.collect() for s in m.samples}
     assert "other_requests_created" in names, names
+
+
+def _histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile() of cumulative ``buckets`` (upper bound, count), +Inf last."""
+    rank = q * buckets[-1][1]
+    below, lower = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            return lower if math.isinf(upper) else lower + (upper - lower) * (rank - below) / (count - below)
+        below, lower = count, upper
+    raise AssertionError(buckets)
+
+
+def test_a_step_of_a_fixed_time_has_a_median_near_it() -> None:
+    """A step of a fixed D ms (--step-delay-ms, a robot's rate) takes a little more, just above a bucket's
+    edge: histogram_quantile(0.5) puts it halfway up the bucket, within a third of the time in buckets
+    1-1.5-2-3-5-7 apart (was 1-2-5: 3.5 ms for 2.1 ms, 15 ms for 10.4 ms), from 10 us to 10 s."""
+    assert len(LATENCY_BUCKETS) < 40 and (LATENCY_BUCKETS[0], LATENCY_BUCKETS[-1]) == (1e-05, 60.0)
+    assert list(LATENCY_BUCKETS) == sorted(set(LATENCY_BUCKETS))
+    for seconds in [0.0021, 0.0104, *np.geomspace(1.0001e-05, 9.99, 100)]:
+        metrics = ServerMetrics(env_id="CartPole-v1", num_envs=1, vectorization="sync")
+        for _ in range(10):
+            metrics.observe_step(float(seconds), float(seconds), 1)
+        samples = [s for m in metrics.registry.collect() for s in m.samples]
+        for name in ("envfleet_step_latency_seconds", "envfleet_env_step_latency_seconds"):
+            buckets = [(float(s.labels["le"]), s.value) for s in samples if s.name == f"{name}_bucket"]
+            median = _histogram_quantile(0.5, buckets)
+            assert 0.75 <= median / seconds <= 1.35, (name, seconds, median)

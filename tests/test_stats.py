@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from learner import RemoteVectorEnv, ServerUnavailableError
 from learner import stats as stats_module
-from learner.stats import StepTimer
+from learner.stats import ReplicaStats, StepTimer
 from tests.conftest import ServerProcess, SpawnServer, StartServers
 
 
@@ -157,3 +158,95 @@ def test_a_server_that_left_and_came_back_within_a_window_is_given_once(spawn_se
         envs.step(np.zeros(4, dtype=np.int64))
         windows = envs.replica_stats()
         assert [(w.address, w.available, w.failures) for w in windows] == [(a.address, True, 0), (b.address, True, 1)]
+
+
+def test_the_slowest_round_trip_is_the_windows_however_many_steps_it_has() -> None:
+    """A pause early in a window longer than the ring (RING steps) is still its latency_max_ms; the
+    percentiles are of the last RING steps (was: the max too, 5.5 ms for a 300 ms pause)."""
+    timer = StepTimer("10.0.0.1:50051", num_envs=4)
+    for _ in range(100):
+        timer.record(latency_s=0.002, env_s=0.001)
+    timer.record(latency_s=0.3, env_s=0.001)  # (a paused server)
+    for _ in range(stats_module.RING + 1000):
+        timer.record(latency_s=0.002, env_s=0.001)
+    stats = timer.stats()
+    assert stats.steps == stats_module.RING + 1101
+    assert stats.latency_max_ms == pytest.approx(300.0) and stats.latency_p99_ms == pytest.approx(2.0)
+    timer.reset()
+    assert math.isnan(timer.stats().latency_max_ms)
+    timer.record(latency_s=0.004, env_s=0.001)
+    assert timer.stats().latency_max_ms == pytest.approx(4.0)  # (the new window's, not the pause)
+
+
+def test_env_time_a_server_does_not_measure_is_not_taken_for_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """env_seconds 0 is "not measured" (the proto): NaN env figures, not 0 ms and env_busy 0."""
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    foreign = StepTimer("10.0.0.1:50051", num_envs=4)
+    for _ in range(10):
+        foreign.record(latency_s=0.030, env_s=0.0)
+    clock.now += 0.5
+    stats = foreign.stats()
+    assert math.isnan(stats.env_p50_ms) and math.isnan(stats.env_p99_ms) and math.isnan(stats.env_busy)
+    assert stats.latency_p50_ms == pytest.approx(30.0) and stats.env_steps_per_s == pytest.approx(80.0)
+    # The whole round trip is outside the envs, as far as the learner can tell (stalls).
+    assert foreign.last_outside_envs() == pytest.approx(0.030)
+    assert foreign.usual_outside_envs(at_least=5) == pytest.approx(0.030)
+    # A window with some steps measured: the env figures are theirs.
+    foreign.reset()
+    for _ in range(3):
+        foreign.record(latency_s=0.012, env_s=0.010)
+    foreign.record(latency_s=0.012, env_s=0.0)
+    clock.now += 1.0
+    stats = foreign.stats()
+    assert stats.env_p50_ms == pytest.approx(10.0) and stats.env_p99_ms == pytest.approx(10.0)
+    assert stats.env_busy == pytest.approx(0.03)
+
+
+@pytest.mark.slow
+def test_a_server_that_left_has_the_rates_of_its_time_in_the_fleet(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    """Its window ends as it leaves (refresh()): its env-steps/s and env_busy are not diluted by the time the
+    fleet went on without it (was: 206 env-steps/s for 286 in the fleet); back with the same envs, its
+    window goes on from the time it joins again."""
+    a = spawn_server("CartPole-v1", 2)
+    b = spawn_server("CartPole-v1", 2)
+    listed = tmp_path / "fleet.txt"
+    listed.write_text(f"{a.address}\n{b.address}\n")
+
+    def elapsed(window: ReplicaStats) -> float:  # (the window's time, from its rate)
+        return window.steps * window.num_envs / window.env_steps_per_s
+
+    with RemoteVectorEnv(f"file:{listed}") as envs:
+        envs.reset(seed=0)
+        started = time.perf_counter()
+        envs.replica_stats(reset=True)
+        for _ in range(5):
+            envs.step(np.zeros(4, dtype=np.int64))
+        listed.write_text(f"{a.address}\n")
+        assert envs.refresh() is not None
+        left = time.perf_counter()
+        in_fleet = left - started  # (b's window, at most)
+        while time.perf_counter() - left < max(0.5, 2 * in_fleet):  # (the fleet goes on without b)
+            envs.step(np.zeros(2, dtype=np.int64))
+        gone = next(w for w in envs.replica_stats() if w.address == b.address)
+        assert not gone.available and gone.steps == 5
+        assert elapsed(gone) <= in_fleet * (1 + 1e-6), (elapsed(gone), in_fleet)
+
+        listed.write_text(f"{a.address}\n{b.address}\n")
+        asked = time.perf_counter()
+        change = envs.refresh(wait=30)
+        assert change is not None and change.added == (b.address,)
+        back = time.perf_counter()
+        while time.perf_counter() - back < max(0.5, 2 * in_fleet):
+            envs.step(np.zeros(4, dtype=np.int64))
+        stepped = time.perf_counter()
+        windows = envs.replica_stats()
+        read = time.perf_counter()
+        [again] = [w for w in windows if w.address == b.address]
+        assert again.available and again.steps > 5
+        # Its time before it left, and since it joined again: not the time it was away.
+        assert stepped - back <= elapsed(again) <= (in_fleet + read - asked) * (1 + 1e-6), (
+            elapsed(again),
+            in_fleet,
+            stepped - back,
+        )

@@ -19,7 +19,7 @@ from learner.cli import main, slowest_line
 from learner.faults import FaultStats
 from learner.fleetwatch import FAULT_COUNTS, SLOW_UPDATES, FleetWatch, ReplicaTotals, SlowReplicas
 from learner.resume import Counters
-from learner.stats import ReplicaStats
+from learner.stats import ReplicaStats, StepTimer
 from tests.conftest import SpawnServer, StartServers
 
 
@@ -66,6 +66,27 @@ def test_a_slow_round_trip_counts_too_but_not_microseconds_or_what_was_not_measu
         assert quiet.check([window("a:1", 0.01, 0.02), window("b:1", 0.05, 0.06)]) == []
         assert quiet.check([window("a:1", 1.0), window("b:1", math.nan, math.nan, steps=0)]) == []
         assert quiet.check([window("a:1", 1.0)]) == []
+
+
+def test_a_server_is_not_slow_against_env_times_the_others_did_not_measure() -> None:
+    """Servers that do not measure their envs' time send 0 (the proto): a healthy server of a mixed fleet is
+    not "slow: its envs' median step 5.00 ms, infx the other servers' median (0.00 ms)"; round trips compare."""
+    slow = SlowReplicas()
+    for _ in range(SLOW_UPDATES + 1):
+        said = slow.check([window("ours:1", 5.0, 6.0), window("foreign:1", 0.0, 6.5), window("old:1", 0.0, 5.5)])
+        assert said == [], said
+    # From the timers: NaN for what was not measured, and the foreign server's long round trip is what tells.
+    foreign, ours = StepTimer("foreign:1", 4), StepTimer("ours:1", 4)
+    for _ in range(128):
+        foreign.record(0.030, 0.0)
+        ours.record(0.006, 0.005)
+    slow = SlowReplicas()
+    for _ in range(SLOW_UPDATES):
+        said = slow.check([foreign.stats(), ours.stats()])
+    assert [m.split(", for ")[0] for _, m in said] == [
+        "env server foreign:1 is slow: its median round trip 30.00 ms, 5.0x the other servers' median (6.00 ms)"
+    ]
+    assert not any("inf" in m for _, m in said)
 
 
 @pytest.mark.parametrize(("load", "busy"), [(0.0, False), (10_000.0, True)])
