@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import gc
 import importlib
 import importlib.util
 import json
@@ -13,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -827,6 +829,10 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     whose env's call has not returned by then (it hangs without dying, or takes that long) is killed, and its pipe
     taken for broken, as a worker that died (the server cannot go on: it says so, and is restarted)."""
 
+    close_failed_start_s: float = 30.0
+    """How long a start that failed (an env's constructor raised in its worker, say) waits, all told, for the other
+    workers to close their envs (see :meth:`_close_workers`) before it kills those still running."""
+
     # The workers ignore SIGTERM (see _leave_the_servers_signals), which is how gymnasium's close(terminate=True)
     # and its close's timeout (Process.terminate), and multiprocessing's exit (Process._popen.terminate,
     # then a join without a timeout: a process that leaves a worker running would never exit) end a
@@ -835,8 +841,11 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
     # exit up waiting to join it.
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
-            super().__init__(*args, **kwargs)
+            with _garbage_frozen():  # (the workers fork in there: see _garbage_frozen)
+                super().__init__(*args, **kwargs)
         except BaseException as err:  # (an env's constructor raised in its worker, say: the others still run)
+            if isinstance(err, Exception):  # (not on a Ctrl-C's way out: killed at once)
+                self._close_workers()
             self._kill_workers()
             processes = getattr(self, "processes", [])
             if processes and not _started(processes[-1]) and isinstance(err, OSError):
@@ -985,6 +994,31 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             self._kill_workers()
             raise
 
+    def _close_workers(self) -> None:
+        """After the start failed: ask the workers still running to close their envs (those made already, or
+        being made: a worker closes its env once made), as gymnasium's close does, and wait for them to end,
+        :attr:`close_failed_start_s` at most, all together (those still running then are killed, by
+        :meth:`_kill_workers`: said here). A worker's error closing its env is its traceback on stderr.
+        Raises nothing: it runs on another error's way out."""
+        deadline = time.monotonic() + self.close_failed_start_s
+        asked: list[tuple[int, Any]] = []
+        pipes, processes = getattr(self, "parent_pipes", ()), getattr(self, "processes", ())
+        for index, (pipe, process) in enumerate(zip(pipes, processes, strict=False)):  # (gymnasium appends both)
+            with contextlib.suppress(Exception):  # (a worker gone, its pipe closed: nothing to ask)
+                if _started(process) and process.is_alive():
+                    pipe.send(("close", None))
+                    asked.append((index, process))
+        for index, process in asked:
+            with contextlib.suppress(Exception):
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    log.error(
+                        "async vectorization: the worker of env %d had not closed its env %g s after the build of "
+                        "the envs failed; killed it",
+                        index,
+                        self.close_failed_start_s,
+                    )
+
     def _kill_workers(self) -> None:
         """Kill the workers that were started (a failed start leaves the later ones unstarted, which
         cannot be joined) and join them. Raises nothing: it runs on another error's way out."""
@@ -996,6 +1030,35 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
         for process in started:
             with contextlib.suppress(Exception):
                 process.join(timeout=5.0)
+
+
+# (see _garbage_frozen: how many vector envs are starting their workers now, in this process's threads)
+_freezes = 0
+_freezes_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _garbage_frozen() -> Iterator[None]:
+    """A context in which processes forked (async vectorization's workers) never collect the garbage this process
+    holds: it is collected here first, and what is left (live objects, and garbage that another thread makes
+    meanwhile) moved out of the collector's reach (``gc.freeze()``, as CPython's docs advise before a fork), for
+    the block; the workers keep it so, this process gets it back after (``gc.unfreeze()``, once every such block
+    of its threads has ended). A worker that collected garbage of this process's gRPC objects (a RemoteVectorEnv's
+    channels, a server's: a notebook that used a RemoteVectorEnv, then built an in-process async fleet; a server's
+    --fresh-envs rebuild, forked while gRPC runs) ran their finalizers in the fork, where gRPC's threads are not:
+    it hung, spinning, or crashed, in its first garbage collection."""
+    global _freezes
+    gc.collect()
+    with _freezes_lock:
+        gc.freeze()
+        _freezes += 1
+    try:
+        yield
+    finally:
+        with _freezes_lock:
+            _freezes -= 1
+            if _freezes == 0:
+                gc.unfreeze()
 
 
 class _TrackedPipe:
@@ -1182,13 +1245,22 @@ def build_vector_env(
                     vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
                 vec.first_spec = first_spec
             else:
+                made: list[gym.Env[Any, Any]] = []  # (as SyncVectorEnv makes them: closed if the build fails)
                 fns: list[Callable[[], gym.Env[Any, Any]]] = [
-                    lambda: _guarded(
-                        first, config.env, 0, repeat_on_reset=same_step, ctrl_c=ctrl_c, in_process=in_process
+                    _kept(
+                        lambda: _guarded(
+                            first, config.env, 0, repeat_on_reset=same_step, ctrl_c=ctrl_c, in_process=in_process
+                        ),
+                        made,
                     )
                 ]
-                fns += isolated[1:]
-                vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+                fns += [_kept(make, made) for make in isolated[1:]]
+                try:
+                    vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+                except BaseException:
+                    # (env 0 holds ``first``: closed with it, or alone where it was not made yet)
+                    _close_built(made or [first], config.env)
+                    raise
                 vec.in_process = in_process
     except EnvBuildError:
         raise
@@ -1200,6 +1272,34 @@ def build_vector_env(
     if config.step_delay_ms > 0:
         vec = StepDelay(vec, config.step_delay_ms / 1000.0)
     return vec
+
+
+def _kept(factory: Callable[[], gym.Env[Any, Any]], made: list[gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
+    """``factory``, each env it makes appended to ``made``."""
+
+    def make_kept() -> gym.Env[Any, Any]:
+        env = factory()
+        made.append(env)
+        return env
+
+    return make_kept
+
+
+def _close_built(envs: Sequence[gym.Env[Any, Any]], name: str) -> None:
+    """Close ``envs``, those a build that failed had made (a simulator's window, process or GPU context each, which a
+    server that serves on after a failed rebuild, --fresh-envs, would keep until garbage collection): an error of a
+    close is logged, not raised over the build's own error."""
+    for index, env in enumerate(envs):
+        try:
+            env.close()
+        except Exception as err:
+            log.warning(
+                "env %d of %r, made before the build of the envs failed, could not be closed: %s: %s",
+                index,
+                name,
+                type(err).__name__,
+                _one_line(err),
+            )
 
 
 def _check_spaces(env: gym.Env[Any, Any], name: str) -> None:

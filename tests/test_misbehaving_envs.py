@@ -6,7 +6,6 @@ recovers from an error in gymnasium's own code, and says it cannot go on when a 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import re
@@ -37,10 +36,6 @@ VECTORIZATIONS = pytest.mark.parametrize("vectorization", ["sync", "async"])
 @contextlib.contextmanager
 def vector_env(env: str, num_envs: int = 2, vectorization: str = "sync", **kwargs: Any) -> Iterator[Any]:
     config = ServerConfig(env=f"{M}:{env}", num_envs=num_envs, env_kwargs=kwargs, vectorization=vectorization)
-    if vectorization == "async":
-        # (garbage left by earlier tests, gRPC's objects of a RemoteVectorEnv among it, collected in a forked
-        # worker instead, crashed it now and then: a segfault, or a hang, in the worker's first garbage collection)
-        gc.collect()
     envs = build_vector_env(config)
     tell_positions(envs)
     try:

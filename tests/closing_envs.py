@@ -1,0 +1,58 @@
+"""An env that records its build and its close in a file, the Nth of them failing to build (tests/test_build_cleanup.py):
+each a line, ``made N``, ``failed N`` or ``closed N``, N counting the builds of all processes (async workers' too)."""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+def _builds(file: Any) -> int:
+    """The builds ``file`` (the record, locked) holds so far."""
+    file.seek(0)
+    return sum(1 for line in file.read().splitlines() if not line.startswith("closed "))
+
+
+class Recorded(gym.Env[Any, Any]):
+    """Build number ``fail_at`` raises; a close raises where ``close_fails`` (after it is recorded)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, record: str, fail_at: int, close_fails: bool = False) -> None:
+        self.record = Path(record)
+        self.close_fails = close_fails
+        with self.record.open("a+") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            number = _builds(file) + 1
+            file.write(f"{'failed' if number == fail_at else 'made'} {number}\n")
+        if number == fail_at:
+            raise RuntimeError(f"build {number} fails")
+        self.number = number
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: Any) -> Any:
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def close(self) -> None:
+        with self.record.open("a") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            file.write(f"closed {self.number}\n")
+        if self.close_fails:
+            raise OSError(f"env {self.number} cannot close")
+
+
+def records(path: Path) -> dict[str, list[int]]:
+    """What ``path`` recorded: the numbers of the envs made, failed and closed (closed: one per close)."""
+    found: dict[str, list[int]] = {"made": [], "failed": [], "closed": []}
+    for line in path.read_text().splitlines():
+        what, number = line.split()
+        found[what].append(int(number))
+    return found
