@@ -254,6 +254,8 @@ def _reset_signature_error(err: BaseException, misfit: tuple[str, Any, list[str]
     if misfit is None or type(err) is not TypeError or "keyword argument" not in str(err):
         return err
     name, code, lacking = misfit
+    if not any(repr(word) in str(err) for word in lacking):  # (another keyword's error: an outer wrapper's, say)
+        return err
     if code is not None and any(frame.f_code is code for frame, _ in traceback.walk_tb(err.__traceback__)):
         return err  # (that reset ran: the TypeError is its own, raised inside it)
     words = " and ".join(repr(word) for word in lacking)

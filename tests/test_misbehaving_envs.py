@@ -364,6 +364,19 @@ def test_a_type_error_raised_inside_a_reset_without_gymnasiums_keywords_is_its_o
     assert named.startswith("reset: TypeError: _ResetRaisesATypeError.reset() does not take the keyword"), named
 
 
+class _PassesAKeywordItsEnvLacks(gym.Wrapper[Any, Any, Any, Any]):
+    """A wrapper whose reset passes its env a keyword that is none of gymnasium's (a bug of the wrapper's)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.env.reset(level=3)  # type: ignore[call-arg]
+
+
+def test_another_keywords_error_is_not_pinned_on_a_reset_lacking_gymnasiums() -> None:
+    """The deeper reset lacks seed and options, but the TypeError is of the wrapper's own keyword, 'level'."""
+    found = IsolateErrors(_PassesAKeywordItsEnvLacks(_ResetRaisesATypeError()), repeat_on_reset=False).reset(seed=0)
+    assert re.fullmatch(r"reset: TypeError: .*unexpected keyword argument 'level'", found[1][ENV_ERROR_KEY]), found
+
+
 # ---- 5. "returned", not "raised" --------------------------------------------------------------------------------
 
 
