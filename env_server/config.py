@@ -82,6 +82,15 @@ def parse_on_off(text: str) -> bool:
         raise ValueError(f"expected on or off (or true/false, 1/0, yes/no), got {text!r}") from None
 
 
+def _clipped(text: str, most: int = 200) -> str:
+    """``repr(text)``, its middle left out where it is longer than ``most`` characters (a file's worth of JSON
+    pasted into an option: the error shows its start and end)."""
+    if len(text) <= most:
+        return repr(text)
+    half = most // 2
+    return f"{text[:half]!r} ... {text[-half:]!r} ({len(text):,} characters)"
+
+
 def json_object_option(text: str) -> dict[str, Any]:
     """``text`` as a JSON object (a dict): the argparse type of --env-kwargs (env-server's, and the learner's
     commands'), and of ENVFLEET_ENV_KWARGS. argparse.ArgumentTypeError otherwise, which argparse shows as
@@ -91,7 +100,7 @@ def json_object_option(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise argparse.ArgumentTypeError(
-            f"expected a JSON object, got {text!r}: not valid JSON ({err.msg} at column {err.colno})"
+            f"expected a JSON object, got {_clipped(text)}: not valid JSON ({err.msg} at column {err.colno})"
         ) from None
     except ValueError as err:  # (an integer of over 4,300 digits: Python's limit on converting one)
         raise argparse.ArgumentTypeError(f"expected a JSON object Python can read, got one it cannot: {err}") from None
@@ -101,7 +110,7 @@ def json_object_option(text: str) -> dict[str, Any]:
         ) from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(
-            f"expected a JSON object like '{{\"key\": 1}}', got {type(value).__name__}: {text!r}"
+            f"expected a JSON object like '{{\"key\": 1}}', got {type(value).__name__}: {_clipped(text)}"
         )
     return value
 

@@ -3,6 +3,7 @@ was expected and what came (the CLI checks its flags first, with messages naming
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,13 @@ def test_every_wrapper_is_named_in_env_server_help_and_in_the_readme() -> None:
     for name in WRAPPER_NAMES:
         assert f"'{name}'" in (wrappers.help or ""), f"env-server --help says nothing of {name}"
         assert f"`{name}`" in readme, f"README.md says nothing of --wrappers {name}"
+
+
+def test_a_long_json_option_is_shown_clipped_in_its_error() -> None:
+    """A file's worth of JSON pasted into --env-kwargs: the error shows its start, end and length, not all of it."""
+    from env_server.config import json_object_option
+
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        json_object_option("[" + "1," * 5000 + "1]")
+    message = str(info.value)
+    assert len(message) < 400 and message.endswith("(10,003 characters)"), message
