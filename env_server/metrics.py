@@ -221,6 +221,14 @@ class ServerMetrics:
             "Seconds the server took to build its envs (0 until they are built)",
             registry=r,
         )
+        self.env_rebuilds = Counter(
+            "envfleet_env_rebuilds",
+            "Builds of the envs anew for a new learner (env-server --fresh-envs), by outcome: ok, failed",
+            labelnames=("outcome",),
+            registry=r,
+        )
+        for outcome in ("ok", "failed"):  # (at 0 from the start, as the error series)
+            self.env_rebuilds.labels(outcome)
         self.num_envs = Gauge("envfleet_num_envs", "Envs this server hosts (K)", registry=r)
         self.num_envs.set(num_envs)
         self._server_info = Info("envfleet_server", "What this server hosts and how it is reached", registry=r)

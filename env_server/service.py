@@ -114,10 +114,6 @@ ANSWER_HEADROOM = 1024 * 1024
 _RESET_FIRST = "Step called before Reset: reset the envs first"
 
 
-# How a learner's last session ended where its learner, claiming the envs again, rejoins (see
-# EnvService._fresh_envs): its connection dropped, or it fell silent (metrics kinds).
-_LOST_SESSION = ("hold_ended", "claim_timeout")
-
 _GAVE_UP = "caller gave up on it (its deadline passed, or it was cancelled) before its answer came"
 
 
@@ -396,8 +392,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """Builds the envs anew, as the server built them at start (run on the env thread): with
         ``--fresh-envs``, the server sets it, and a new learner's Handshake rebuilds them (see _fresh_envs)."""
         # Whether the envs have run a call (reset, step) since they were built: a new session's are then not
-        # fresh. The last session's learner (its client name) and how its session ended (its metrics kind):
-        # the same learner claiming them again after losing its session is no new learner (see _fresh_envs).
+        # fresh. The last session that held them (its id) and how it ended (its metrics kind): a Handshake
+        # that says it rejoins that session is its learner's, which keeps its envs (see _fresh_envs).
         self._envs_ran = False
         self._last_session: tuple[str, str] = ("", "")
         # Who the envs are being built anew for, while they are (a Handshake's learner); "" otherwise.
@@ -571,7 +567,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # (the client's name too: over a Unix socket every peer is "unix:", the same for all learners on the host)
             who = f"{session.client_name!r} from {session.peer}" if session.client_name else session.peer
             log.log(level, "session %s of %s ended: %s", session.id[:8], who, reason)
-            self._last_session = (session.client_name, kind)
+            if kind != "unanswered":  # (no client knew that session: none can rejoin it, see _fresh_envs)
+                self._last_session = (session.id, kind)
             if self.on_session_end is not None:
                 self.on_session_end(session.id, reason)
         session.end_reason = reason
@@ -616,7 +613,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._check_ready()
         now = time.monotonic()
         claim = self._live_claim(now)
-        return pb.GetSpecResponse(spec=self.spec, claimed_by=claim.describe(now) if claim is not None else "")
+        return pb.GetSpecResponse(
+            spec=self.spec,
+            claimed_by=claim.describe(now) if claim is not None else "",
+            # (`learner servers` shows it, where it would otherwise call the server free)
+            note=f"no envs: {self._rebuild_failed}" if self._rebuild_failed else "",
+        )
 
     @_rpc
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
@@ -654,7 +656,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 "the call's deadline passed before the server could answer it; nothing was claimed",
             )
         session_id, client_name, peer = secrets.token_hex(16), request.client_name[:200], peer_text(context.peer())
-        if await self._fresh_envs(session_id, client_name, peer):
+        if await self._fresh_envs(session_id, client_name, peer, request.rejoins_session_id):
             if self.draining:
                 raise shutting_down()
             now = time.monotonic()
@@ -685,30 +687,34 @@ class EnvService(pb_grpc.EnvServiceServicer):
         session.answer_bytes = response.ByteSize()
         return response
 
-    async def _fresh_envs(self, session_id: str, client_name: str, peer: str) -> bool:
-        """Before a Handshake claims the envs for session ``session_id`` (of ``client_name`` at ``peer``):
+    async def _fresh_envs(self, session_id: str, client_name: str, peer: str, rejoins: str = "") -> bool:
+        """Before a Handshake claims the envs for session ``session_id`` (of ``client_name`` at ``peer``, which
+        says it ``rejoins`` a session of its learner's, or ""):
         with ``--fresh-envs``, build them anew where they ran in an earlier session, so that this one starts
         from envs as fresh as the first session's (what the envs and their wrappers keep: NormalizeObservation's
         statistics, say); without, say once that they go on. Whether they were built anew.
 
-        Not for envs that no call has run since they were built, nor for the same learner (its client name)
-        claiming them again after losing its session (its Hold stream ended, or it timed out: a learner that
-        rejoins after a network cut goes on with its envs' state). The old envs are closed, then the new ones
+        Not for envs that no call has run since they were built, nor for a learner that rejoins the last
+        session that held them (HandshakeRequest.rejoins_session_id: its reconnect after a network cut or a
+        hang, however that session ended, released by the reconnect itself included, goes on with its envs'
+        state), nor for envs whose async workers ended (every env call says to restart the server). A learner's
+        name says nothing of that (a notebook's new RemoteVectorEnv, in the same process as the one it
+        replaces, is a new learner). The old envs are closed, then the new ones
         built as at start, on the env thread, the envs' lock held (no env call meanwhile; other Handshakes are
         told to try again shortly). A rebuild that fails leaves no envs (the old ones closed, nothing of the
         new ones kept) and raises INTERNAL naming its error; the server serves on, and the next Handshake
         builds them again."""
         if self._env is not None:
-            if not self._envs_ran:
+            if not self._envs_ran or self._dead is not None:
                 return False
-            last_name, last_end = self._last_session
-            if client_name and client_name == last_name and last_end in _LOST_SESSION:
+            last_id, last_end = self._last_session
+            if rejoins and last_id and _same_id(last_id, rejoins):
                 if self._config.fresh_envs:
                     log.info(
-                        "fresh envs: not rebuilt for session %s: its learner %r claims them again after losing its "
-                        "last session (%s)",
+                        "fresh envs: not rebuilt for session %s: its learner rejoins its last session %s (ended: %s), "
+                        "whose envs' state goes on",
                         session_id[:8],
-                        client_name,
+                        last_id[:8],
                         last_end,
                     )
                 return False
@@ -754,6 +760,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
                         error = err
                 if error is None:
                     self._envs_ran, self._rebuild_failed = False, ""
+                    if self._metrics is not None and not self.draining:
+                        self._metrics.ready.set(1)
                 else:
                     self._env = None  # (the old envs were closed; new ones that cannot serve are closed below)
                     if old_spec is not None:
@@ -763,12 +771,18 @@ class EnvService(pb_grpc.EnvServiceServicer):
                         f"the server could not build its envs anew for a new session (--fresh-envs): {what}; it "
                         "serves on, with no envs until a Handshake builds them: try again"
                     )
+                    # No envs serve (envfleet_ready 0; `learner servers` says why, see GetSpec), but health
+                    # stays SERVING: a readiness probe would otherwise keep away the Handshake that builds them.
+                    if self._metrics is not None:
+                        self._metrics.ready.set(0)
                     if new is not None:
                         with contextlib.suppress(Exception):
                             await self.run_in_env_thread(new.close)
         finally:
             self._rebuilding = ""
         elapsed = time.perf_counter() - started
+        if self._metrics is not None:
+            self._metrics.env_rebuilds.labels("ok" if error is None else "failed").inc()
         if error is not None:
             log.error("fresh envs for %s: rebuild failed after %.2f s: %s", who, elapsed, self._rebuild_failed)
             if cancelled:
@@ -782,18 +796,27 @@ class EnvService(pb_grpc.EnvServiceServicer):
         return True
 
     def _build_anew(self, old: gym.vector.VectorEnv | None) -> gym.vector.VectorEnv:
-        """Close ``old`` (the envs served, if any) and build the envs anew, on the env thread (see _fresh_envs)."""
-        if old is not None:
-            try:
-                old.close()
-            except Exception as err:  # (the env's own close: its envs are let go of all the same)
-                log.warning(
-                    "fresh envs: the old envs' close raised (%s: %s); building anew all the same",
-                    type(err).__name__,
-                    err,
-                )
-        assert self.build_envs is not None
-        return self.build_envs()
+        """Close ``old`` (the envs served, if any) and build the envs anew, on the env thread (see _fresh_envs):
+        an env call as the watchdog sees it (its slow-call warning, --hang-timeout, the shutdown's message)."""
+        begun = time.monotonic()
+        start = time.perf_counter()
+        self.call_kind, self.call_started, self.call_thread = "rebuild", begun, threading.get_ident()
+        try:
+            if old is not None:
+                try:
+                    old.close()
+                except Exception as err:  # (the env's own close: its envs are let go of all the same)
+                    log.warning(
+                        "fresh envs: the old envs' close raised (%s: %s); building anew all the same",
+                        type(err).__name__,
+                        err,
+                    )
+            assert self.build_envs is not None
+            return self.build_envs()
+        finally:
+            self.call_started = 0.0
+            if self.slow_call == begun:
+                log.info("the envs' rebuild returned after %.1f s", time.perf_counter() - start)
 
     async def answer_handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> None:
         """Handshake as the server serves it (see AnswerHandshakes): the answer written here, one
@@ -815,7 +838,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             return
         session = self._claim
         if session is not None and session.id != response.session_id:
-            session = None  # (another ran meanwhile: Handshake awaits nothing today, but it might)
+            session = None  # (another's: none can claim between Handshake's claim, after its awaits, and here)
         if session is not None:
             session.answering = True
         try:

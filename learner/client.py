@@ -571,6 +571,11 @@ class EnvClient:
             self.channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         self.session_id = ""
+        self.rejoins_session_id = ""
+        """The session of this client's that its next Handshake says it continues (HandshakeRequest's
+        rejoins_session_id: the server keeps the envs' state, --fresh-envs no rebuild): set by the reconnect
+        paths (learner.faults.reconnect, RemoteVectorEnv's) to the session it held on that server process,
+        "" for a new learner; cleared once a session starts."""
         self.spec: pb.EnvSpec | None = None
         self.claim_timeout_s = 0.0  # (the session's, as its Handshake said; 0: not said)
         self._hold: Any = None
@@ -659,7 +664,9 @@ class EnvClient:
         """The server's answer to a Handshake; InvalidResponseError for one without a session_id (no
         call could name the session: a new Handshake would get the same). ``timeout``: its deadline (None:
         the client's); ``hint``: what an error for a deadline that passed advises (see translate_error)."""
-        request = pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, client_name=self.client_name)
+        request = pb.HandshakeRequest(
+            protocol_version=PROTOCOL_VERSION, client_name=self.client_name, rejoins_session_id=self.rejoins_session_id
+        )
         timeout = self.timeout if timeout is None else timeout
         try:
             response = await self.stub.Handshake(request, timeout=timeout, metadata=self.metadata)
@@ -683,7 +690,7 @@ class EnvClient:
     def start_session(self, response: pb.HandshakeResponse) -> None:
         """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim). On
         the client's event loop: a task of it watches the Hold stream (:meth:`_watch_hold`)."""
-        self.session_id = response.session_id
+        self.session_id, self.rejoins_session_id = response.session_id, ""
         self.spec = response.spec
         self.claim_timeout_s = response.claim_timeout_s
         self.step_socket = self._adopt_step_socket(response.step_socket)

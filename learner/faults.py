@@ -354,6 +354,8 @@ async def reconnect(
             if same_process:
                 for session_id in replica.sessions[-2:]:
                     await client.release_session(session_id, timeout)
+            # (the session it continues, released just now or lost: a --fresh-envs server keeps its envs' state)
+            client.rejoins_session_id = replica.sessions[-1] if same_process and replica.sessions else ""
             response = await client.handshake()
             client.start_session(response)
             replica.sessions = [*replica.sessions[-1:], response.session_id]

@@ -814,6 +814,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         warn_if_other_env(old, spec, label_of(client.address), "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim
             await client.release_session(client.session_id, self.timeout)
+        # (the session it continues, released just now or lost: a --fresh-envs server keeps its envs' state)
+        client.rejoins_session_id = client.session_id if spec.server_id == old.server_id else ""
         # The old session is dropped only once a new one is had: a failed handshake (another learner
         # took the server, it is building or draining) leaves it ended, for the next reset to try again.
         response = await self._handshake(client, time.monotonic() + self.connect_timeout)

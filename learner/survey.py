@@ -47,6 +47,8 @@ class ServerInfo:
     versions: dict[str, str] = field(default_factory=dict)
     claimed_by: str = ""
     """Who holds its envs now ("" when no learner does)."""
+    note: str = ""
+    """What else the server says of its state (GetSpecResponse.note): its envs' last rebuild failed, and why."""
     round_trip_ms: float = 0.0
     """Median GetSpec round trip, ms."""
     server_id: str = ""
@@ -135,7 +137,7 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
     info.autoreset_mode = mode.value if mode is not None else f"unreadable (mode {spec.autoreset_mode})"
     info.max_episode_steps, info.versions = spec.max_episode_steps, dict(sorted(spec.versions.items()))
     info.env_kwargs = spec.env_kwargs if spec.HasField("env_kwargs") else None
-    info.claimed_by = response.claimed_by
+    info.claimed_by, info.note = response.claimed_by, response.note
     info.round_trip_ms = round(statistics.median(times) * 1000, 3)
     return info
 
@@ -168,10 +170,12 @@ def describe(servers: list[ServerInfo]) -> str:
             lines.append("    runs " + server_text(runs))
         if s.claimed_by:
             lines.append(f"    claimed by {server_text(s.claimed_by)}")
-        else:  # (servers older than EnvSpec.versions do not say who holds them either)
+        elif not s.note:  # (servers older than EnvSpec.versions do not say who holds them either)
             lines.append(
                 "    free (no learner holds it)" if s.versions else "    holder unknown (a server too old to say)"
             )
+        if s.note:  # (a server with no envs after a failed rebuild is not free to use: it says why)
+            lines.append(f"    {server_text(s.note)}")
     # Each server once: one listed under two names (127.0.0.1:P and localhost:P, unix:/x.sock and
     # unix:///x.sock) says the same server_id at both (one too old to say one: each address its own).
     answering: list[ServerInfo] = []

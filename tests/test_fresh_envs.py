@@ -4,27 +4,39 @@ without it the envs go on from one session to the next, and the server says so o
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
 import signal
+import socket
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from env_server.__main__ import build_parser, parse_args
 from env_server.config import ServerConfig
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.server import HUNG_EXIT_STATUS
 from learner import RemoteVectorEnv
+from learner.client import EnvClient
+from learner.faults import Replica, reconnect
+from learner.survey import describe, survey
 from tests.conftest import ServerProcess, SpawnServer
 from tests.fresh_envs import CLOSED, WAITING, make_normalized
 
 FACTORY = "tests.fresh_envs:make_normalized"
 REBUILT = "rebuilt in"
 GO_ON = "the envs go on from the last session"
+NOT_REBUILT = "not rebuilt for session"
 
 
 def _session(address: str, steps: int = 30) -> np.ndarray:
@@ -102,7 +114,9 @@ def test_a_rebuild_that_fails_fails_the_handshake_and_the_next_one_builds_again(
     spawn_server: SpawnServer, tmp_path: Path, kwarg: str, error: str
 ) -> None:
     broken = tmp_path / "broken"
-    server = spawn_server(FACTORY, 2, "--fresh-envs", "--env-kwargs", f'{{"{kwarg}": "{broken}"}}')
+    server = spawn_server(
+        FACTORY, 2, "--fresh-envs", "--env-kwargs", f'{{"{kwarg}": "{broken}"}}', "--metrics-port", "0"
+    )
     first = _session(server.address)
     broken.touch()  # (the simulator cannot start now; or the factory makes another env)
     with pytest.raises(Exception, match=r"Handshake failed \[INTERNAL\]") as info:
@@ -117,11 +131,39 @@ def test_a_rebuild_that_fails_fails_the_handshake_and_the_next_one_builds_again(
         with pytest.raises(grpc.RpcError) as again:  # (each Handshake tries the build again)
             stub.Handshake(pb.HandshakeRequest(client_name="other"), timeout=30)
         assert again.value.code() == grpc.StatusCode.INTERNAL and error in str(again.value.details())
+        # No envs serve: not ready, and the survey says why, not "free"; health stays SERVING (the
+        # Handshake that builds them again must reach it).
+        note = stub.GetSpec(pb.GetSpecRequest(), timeout=30).note
+        assert note.startswith("no envs: the server could not build its envs anew") and error in note, note
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    text = describe(survey(server.address, timeout=30))
+    assert "free (no learner holds it)" not in text and "    no envs: the server could not build" in text, text
+    samples = _scrape(server.logs())
+    assert samples["envfleet_ready"] == 0, samples
+    assert samples["envfleet_env_rebuilds_total{outcome=failed}"] == 2, samples
     broken.unlink()
     np.testing.assert_array_equal(_session(server.address), first)  # (built, fresh)
     logs = server.logs()
     assert logs.count("rebuild failed after") == 2 and logs.count(REBUILT) == 1, logs
+    samples = _scrape(logs)
+    assert samples["envfleet_ready"] == 1 and samples["envfleet_env_rebuilds_total{outcome=ok}"] == 1, samples
+    assert "free (no learner holds it)" in describe(survey(server.address, timeout=30))
     assert server.kill(signal.SIGTERM) == 0
+
+
+def _scrape(logs: str) -> dict[str, float]:
+    """The server's metrics now (its log says where), by name and labels ("name{label=value}")."""
+    match = re.search(r"Prometheus metrics on (http://\S+/metrics)", logs)
+    assert match is not None, logs
+    with urllib.request.urlopen(match.group(1), timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return samples
 
 
 def _wait_unclaimed(stub: pb_grpc.EnvServiceStub) -> None:
@@ -132,25 +174,91 @@ def _wait_unclaimed(stub: pb_grpc.EnvServiceStub) -> None:
         time.sleep(0.05)
 
 
-def _lose_session(stub: pb_grpc.EnvServiceStub, client_name: str) -> None:
-    """A session of ``client_name`` that runs the envs (a reset), then is lost (its Hold stream ends, no Release)."""
-    session = stub.Handshake(pb.HandshakeRequest(client_name=client_name), timeout=60).session_id
+def _lose_session(stub: pb_grpc.EnvServiceStub, client_name: str, rejoins: str = "") -> str:
+    """A session of ``client_name`` (that says it ``rejoins`` that session) that runs the envs (a reset), then is
+    lost (its Hold stream ends, no Release): its id."""
+    request = pb.HandshakeRequest(client_name=client_name, rejoins_session_id=rejoins)
+    session: str = stub.Handshake(request, timeout=60).session_id
     hold = stub.Hold(pb.HoldRequest(session_id=session))
     stub.Reset(pb.ResetRequest(session_id=session), timeout=30)
     hold.cancel()
     _wait_unclaimed(stub)
+    return session
 
 
-def test_the_same_learner_rejoining_after_losing_its_session_keeps_its_envs(spawn_server: SpawnServer) -> None:
+def test_a_learner_rejoining_its_last_session_keeps_its_envs(spawn_server: SpawnServer) -> None:
     server: ServerProcess = spawn_server(FACTORY, 1, "--fresh-envs")
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.EnvServiceStub(channel)
-        _lose_session(stub, "learner-A")
-        _lose_session(stub, "learner-A")  # (a learner rejoining after a network cut: its envs go on)
-        assert "not rebuilt for session" in server.logs() and REBUILT not in server.logs()
-        _lose_session(stub, "learner-B")  # (another learner: fresh envs)
+        first = _lose_session(stub, "learner-A")
+        second = _lose_session(stub, "learner-A", rejoins=first)  # (a learner back after a network cut)
+        assert NOT_REBUILT in server.logs() and REBUILT not in server.logs()
+        assert f"rejoins its last session {first[:8]} (ended: hold_ended)" in server.logs()
+        _lose_session(stub, "learner-A")  # (its name alone says nothing: a new learner of the same process)
+        assert server.logs().count(REBUILT) == 1
+        _lose_session(stub, "learner-A", rejoins=second)  # (not the last session: others ran the envs since)
     logs = server.logs()
-    assert logs.count(REBUILT) == 1 and logs.count("not rebuilt for session") == 1, logs
+    assert logs.count(REBUILT) == 2 and logs.count(NOT_REBUILT) == 1, logs
+
+
+def test_a_reconnect_that_releases_its_old_session_keeps_the_envs(spawn_server: SpawnServer) -> None:
+    """learner.faults.reconnect on the same server process releases the session it lost (after a network cut the
+    server may still hold it: here its Hold stream is open on another connection), then claims the envs again:
+    they go on, NormalizeObservation's statistics included, though that session ended "released"."""
+    server = spawn_server(FACTORY, 1, "--fresh-envs")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        lost = stub.Handshake(pb.HandshakeRequest(client_name="learner-A"), timeout=60)
+        hold = stub.Hold(pb.HoldRequest(session_id=lost.session_id))
+        stub.Reset(pb.ResetRequest(session_id=lost.session_id), timeout=30)
+
+        async def rejoin() -> None:
+            client = EnvClient(server.address, timeout=30, client_name="learner-A")
+            replica = Replica(client=client, spec=lost.spec, sessions=[lost.session_id])
+            try:
+                await reconnect(replica, timeout=30, connect_timeout=60, backoff=(0.05, 1.0), on_ready=lambda: None)
+                assert client.session_id and client.session_id != lost.session_id
+                await client.release()
+            finally:
+                await client.close()
+
+        asyncio.run(rejoin())
+        hold.cancel()
+    logs = server.logs()
+    assert f"rejoins its last session {lost.session_id[:8]} (ended: released)" in logs, logs
+    assert REBUILT not in logs
+
+
+def test_a_new_remote_vector_env_of_the_same_process_gets_fresh_envs(spawn_server: SpawnServer) -> None:
+    """A notebook's new RemoteVectorEnv (the same default client name, host:pid) after the one before it was lost
+    unclosed (its Hold stream ended) is a new learner: its envs are built anew."""
+    server = spawn_server(FACTORY, 1, "--fresh-envs")
+    with grpc.insecure_channel(server.address) as channel:
+        _lose_session(pb_grpc.EnvServiceStub(channel), f"{socket.gethostname()}:{os.getpid()}")
+    np.testing.assert_array_equal(_session(server.address), _fresh_sync(1))
+    logs = server.logs()
+    assert logs.count(REBUILT) == 1 and NOT_REBUILT not in logs, logs
+
+
+@pytest.mark.slow
+def test_hang_timeout_exits_a_server_whose_rebuild_hangs(spawn_server: SpawnServer, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    server = spawn_server(
+        FACTORY, 1, "--fresh-envs", "--hang-timeout", "2", "--env-kwargs", f'{{"gate_file": "{gate}"}}'
+    )
+    _session(server.address)
+    gate.touch()  # (the rebuild hangs: its build waits at the gate for good)
+    try:
+        with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError):
+            pb_grpc.EnvServiceStub(channel).Handshake(pb.HandshakeRequest(client_name="learner-B"), timeout=90)
+        assert server.proc is not None
+        assert server.proc.wait(timeout=60) == HUNG_EXIT_STATUS, server.logs()
+    finally:
+        gate.unlink()
+    logs = server.logs()
+    assert WAITING in logs and "the envs' rebuild has run for" in logs and "longer than --hang-timeout 2 s" in logs, (
+        logs
+    )
 
 
 def test_other_handshakes_are_told_to_try_again_while_the_envs_are_built_anew(

@@ -234,20 +234,24 @@ class GetSpecRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetSpecResponse(_message.Message):
-    __slots__ = ("spec", "claimed_by")
+    __slots__ = ("spec", "claimed_by", "note")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     spec: EnvSpec
     claimed_by: str
-    def __init__(self, spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claimed_by: _Optional[str] = ...) -> None: ...
+    note: str
+    def __init__(self, spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claimed_by: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("protocol_version", "client_name")
+    __slots__ = ("protocol_version", "client_name", "rejoins_session_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    REJOINS_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     client_name: str
-    def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ...) -> None: ...
+    rejoins_session_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ..., rejoins_session_id: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("session_id", "spec", "claim_timeout_s", "step_socket", "max_request_bytes", "checks_token", "client_certificates_required")
