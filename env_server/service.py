@@ -736,14 +736,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             async with self._env_lock:  # (an env call of an earlier session may still run: waited for)
                 old, old_spec = self._env, self.spec
                 future = asyncio.get_running_loop().run_in_executor(self._env_thread, self._build_anew, old)
-                cancelled = False  # (the Handshake was cancelled meanwhile: the build goes on, and is kept)
-                while not future.done():
-                    try:
-                        await asyncio.shield(future)
-                    except asyncio.CancelledError:
-                        cancelled = True
-                    except BaseException:  # (its outcome, read below)
-                        pass
+                # (the Handshake cancelled meanwhile: the build goes on, and is kept)
+                cancelled = await _wait_uncancellable(future)
                 error = future.exception()
                 new = None
                 if error is None:
@@ -798,9 +792,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
     def _build_anew(self, old: gym.vector.VectorEnv | None) -> gym.vector.VectorEnv:
         """Close ``old`` (the envs served, if any) and build the envs anew, on the env thread (see _fresh_envs):
         an env call as the watchdog sees it (its slow-call warning, --hang-timeout, the shutdown's message)."""
-        begun = time.monotonic()
-        start = time.perf_counter()
-        self.call_kind, self.call_started, self.call_thread = "rebuild", begun, threading.get_ident()
+        begun, start = self._call_begins("rebuild")
         try:
             if old is not None:
                 try:
@@ -814,9 +806,24 @@ class EnvService(pb_grpc.EnvServiceServicer):
             assert self.build_envs is not None
             return self.build_envs()
         finally:
-            self.call_started = 0.0
-            if self.slow_call == begun:
-                log.info("the envs' rebuild returned after %.1f s", time.perf_counter() - start)
+            self._call_ends("rebuild", begun, start)
+
+    def _call_begins(self, kind: str) -> tuple[float, float]:
+        """An env call of ``kind`` (step, reset, rebuild) begins in this thread, for the server's watchdog (its
+        warning of a slow call, --hang-timeout, the shutdown's message): when, as ``(time.monotonic(),
+        time.perf_counter())``, for :meth:`_call_ends`. (Two calls, not a context manager: on every step.)"""
+        begun = time.monotonic()
+        self.call_kind, self.call_started, self.call_thread = kind, begun, threading.get_ident()
+        return begun, time.perf_counter()
+
+    def _call_ends(self, kind: str, begun: float, start: float) -> float:
+        """The env call :meth:`_call_begins` said began has ended: its seconds (said in the log where the watchdog
+        had warned of it)."""
+        self.call_started = 0.0
+        elapsed = time.perf_counter() - start
+        if self.slow_call == begun:
+            log.info("the envs' %s returned after %.1f s", kind, elapsed)
+        return elapsed
 
     async def answer_handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> None:
         """Handshake as the server serves it (see AnswerHandshakes): the answer written here, one
@@ -1320,9 +1327,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             # (autoreset Disabled: behind a step of the same session that ended an env; gymnasium's
             # assertion would blame the env, and cost the session a full reset)
             self._check_ended()
-        start = time.perf_counter()
-        begun = time.monotonic()
-        self.call_kind, self.call_started, self.call_thread = kind, begun, threading.get_ident()
+        begun, start = self._call_begins(kind)
         self._envs_ran = True  # (not fresh any more: see _fresh_envs)
         try:
             result = fn(*args, **kwargs)
@@ -1359,10 +1364,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             )
             raise ServiceError(grpc.StatusCode.INTERNAL, f"{what}; reset before stepping again", env_index) from err
         finally:
-            self.call_started = 0.0
-            elapsed = time.perf_counter() - start
-            if self.slow_call == begun:
-                log.info("the envs' %s returned after %.1f s", kind, elapsed)
+            elapsed = self._call_ends(kind, begun, start)
             before = self._env_seconds.get(kind)
             self._env_seconds[kind] = elapsed if before is None else before + _EWMA_WEIGHT * (elapsed - before)
         return result, elapsed
@@ -1512,11 +1514,18 @@ def shutting_down() -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN_MESSAGE)
 
 
-async def _wait_uncancellable(future: asyncio.Future[Any]) -> None:
-    """Wait until ``future`` is done, whatever cancellations arrive meanwhile."""
+async def _wait_uncancellable(future: asyncio.Future[Any]) -> bool:
+    """Wait until ``future`` is done, whatever cancellations arrive meanwhile (its outcome, an error too, is the
+    caller's to read); whether one did."""
+    cancelled = False
     while not future.done():
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        try:
             await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+        except BaseException:  # (the future's own outcome)
+            pass
+    return cancelled
 
 
 def _encode_reset(obs: Any, infos: dict[str, Any], unsendable: codec.Unsendable) -> pb.ResetResponse:

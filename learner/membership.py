@@ -272,8 +272,9 @@ class FleetMembership:
         change = self._relayout(stay, joined, leave, resets, replicas)
         # The window of a server that left ends now (its rates are of its time in the fleet); one back in
         # this window with the same envs takes its timer back, and it runs again.
+        kept = {id(timer) for timer in self._timers}
         for timer in timers:
-            if not any(timer is t for t in self._timers):
+            if id(timer) not in kept:
                 timer.stop()
         for timer in self._timers:
             timer.start()
