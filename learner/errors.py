@@ -92,6 +92,11 @@ class InvalidArgumentError(EnvFleetError, ValueError):
     :class:`InvalidRequestError` instead: it names the env and its server."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type or dtype (also a TypeError, where gymnasium raises one: a
+    ``reset_mask`` that is a list, or not bool)."""
+
+
 class OptionError(EnvFleetError, ValueError):
     """A command-line option's value that a command can only find wrong once it runs (against a resumed
     run's checkpoint, or what the servers serve): the command says so as a usage error, exit status 2, as

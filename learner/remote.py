@@ -56,6 +56,7 @@ from learner.discovery import expand_named, pin_addresses, warn_duplicates
 from learner.errors import (
     EnvCrashedError,
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     InvalidRequestError,
     InvalidResponseError,
     ServerUnavailableError,
@@ -590,14 +591,13 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         mask = options.get("reset_mask") if options is not None else None
         if mask is None:
             return None
-        if not isinstance(mask, np.ndarray):
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:  # (TypeErrors there, as here)
+            got = f"{mask.dtype} array" if isinstance(mask, np.ndarray) else type(mask).__name__
+            expected = f"options['reset_mask']: expected a numpy bool array of shape ({self.num_envs},)"
+            raise InvalidArgumentTypeError(f"{expected}, got {got} {mask!r}"[:300])
+        if mask.shape != (self.num_envs,):
             raise InvalidArgumentError(
-                f"options['reset_mask']: expected a numpy bool array of shape ({self.num_envs},), got "
-                f"{type(mask).__name__} {mask!r}"[:300]
-            )
-        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-            raise InvalidArgumentError(
-                f"options['reset_mask']: expected a bool array of shape ({self.num_envs},), got {mask.dtype} {mask.shape}"
+                f"options['reset_mask']: expected a bool array of shape ({self.num_envs},), got shape {mask.shape}"
             )
         if not mask.any():
             raise InvalidArgumentError("options['reset_mask']: expected at least one True value, got none")
