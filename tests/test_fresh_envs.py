@@ -201,6 +201,29 @@ def test_a_learner_rejoining_its_last_session_keeps_its_envs(spawn_server: Spawn
     assert logs.count(REBUILT) == 2 and logs.count(NOT_REBUILT) == 1, logs
 
 
+def test_a_rejoin_whose_handshake_answer_was_lost_can_rejoin_again(spawn_server: SpawnServer) -> None:
+    """A rejoining learner's Handshake whose answer does not reach it (here: over its receive limit) ends that
+    session "unanswered": no client knew it, so the session the learner's retry names is still the last one, and
+    its envs go on."""
+    server = spawn_server(FACTORY, 1, "--fresh-envs")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        lost = _lose_session(stub, "learner-A")
+        with grpc.insecure_channel(server.address, options=[("grpc.max_receive_message_length", 16)]) as small:
+            with pytest.raises(grpc.RpcError) as info:
+                request = pb.HandshakeRequest(client_name="learner-A", rejoins_session_id=lost)
+                pb_grpc.EnvServiceStub(small).Handshake(request, timeout=60)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        deadline = time.monotonic() + 90
+        while "did not reach the client" not in server.logs():
+            assert time.monotonic() < deadline, server.logs()
+            time.sleep(0.05)
+        _wait_unclaimed(stub)
+        _lose_session(stub, "learner-A", rejoins=lost)
+    logs = server.logs()
+    assert logs.count(f"rejoins its last session {lost[:8]}") == 2 and REBUILT not in logs, logs
+
+
 def test_a_reconnect_that_releases_its_old_session_keeps_the_envs(spawn_server: SpawnServer) -> None:
     """learner.faults.reconnect on the same server process releases the session it lost (after a network cut the
     server may still hold it: here its Hold stream is open on another connection), then claims the envs again:
