@@ -5,6 +5,7 @@ without it the envs go on from one session to the next, and the server says so o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import HUNG_EXIT_STATUS
 from learner import RemoteVectorEnv
 from learner.client import EnvClient
+from learner.errors import EnvCrashedError
 from learner.faults import Replica, reconnect
 from learner.survey import describe, survey
 from tests.conftest import ServerProcess, SpawnServer
@@ -261,6 +263,23 @@ def test_a_new_remote_vector_env_of_the_same_process_gets_fresh_envs(spawn_serve
     np.testing.assert_array_equal(_session(server.address), _fresh_sync(1))
     logs = server.logs()
     assert logs.count(REBUILT) == 1 and NOT_REBUILT not in logs, logs
+
+
+def test_a_server_whose_async_workers_ended_builds_nothing_anew(spawn_server: SpawnServer) -> None:
+    """Its envs are gone for good (health NOT_SERVING: restart it): a new learner is told so, not handed envs
+    built anew behind a health status that says the server cannot serve."""
+    server = spawn_server("tests.misbehaving_envs:StepExits", 2, "--vectorization", "async", "--fresh-envs")
+    with RemoteVectorEnv([server.address], fault_tolerant=False) as envs:
+        envs.reset(seed=0)
+        for _ in range(2):
+            with contextlib.suppress(EnvCrashedError):
+                envs.step(np.zeros(2, dtype=np.int64))
+    with (
+        RemoteVectorEnv([server.address], fault_tolerant=False) as envs,
+        pytest.raises(EnvCrashedError, match=r"worker processes ended .*restart it"),
+    ):
+        envs.reset(seed=0)
+    assert REBUILT not in server.logs(), server.logs()
 
 
 @pytest.mark.slow
