@@ -37,7 +37,6 @@ import functools
 import hmac
 import inspect
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,6 +51,7 @@ from env_server.protocol import (
     check_token,
     peer_text,
 )
+from env_server.ratelimit import LogBudget
 
 __all__ = [
     "HEALTH_CHECK_LIMIT_S",
@@ -140,7 +140,7 @@ class RefusalLog:
     def __init__(self, every_s: float = _LOG_EVERY_S, what: str = "refused calls") -> None:
         self._every_s = every_s
         self._what = what
-        self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (last line, left out since)
+        self._kinds: dict[tuple[str, str], LogBudget] = {}
         self.refused = 0
         """Refused calls (events) so far, of every kind."""
 
@@ -148,13 +148,11 @@ class RefusalLog:
         """Count a refused call; the suffix for its log line (how many refused calls so far, and of
         its kind left out since its kind's last line), or None when no line is due."""
         self.refused += 1
-        now = time.monotonic()
         kind = (method, code.name)  # (a bounded set: the server's methods and the codes it sends)
-        last, left_out = self._kinds.get(kind, (-math.inf, 0))
-        if now - last < self._every_s:
-            self._kinds[kind] = (last, left_out + 1)
+        # (this module's clock, which a test sets)
+        left_out = self._kinds.setdefault(kind, LogBudget(self._every_s)).due(time.monotonic())
+        if left_out is None:
             return None
-        self._kinds[kind] = (now, 0)
         since = f", {left_out} more like it not logged since the last such line" if left_out else ""
         return f"({self.refused} {self._what} so far{since})"
 

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from env_server.ratelimit import LogBudget
 from learner import rundir
 from learner.checkpoint import capture_rng, save_best_checkpoint, save_checkpoint
 from learner.config import Args, PPOConfig
@@ -93,8 +94,7 @@ class Checkpointer:
         self.saved_update, self.saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
         self.last_update: dict[str, Any] = {}  # as of the last update's end (set once the envs are reset)
         self.updating = False  # the nets are being updated: a checkpoint now would mix two updates
-        self.best_said_at: float | None = None  # (when a new best.pt was last said at INFO: see BEST_LOG_S)
-        self.bests_unsaid = 0  # (new bests since, said at DEBUG)
+        self.best_said = LogBudget(BEST_LOG_S)  # (a new best.pt said at INFO; those left out, at DEBUG)
 
     def rollout_state(self) -> dict[str, Any]:
         """What collecting a rollout changes in the learner, as of now: the counters (recent episodes
@@ -160,13 +160,10 @@ class Checkpointer:
     def _say_best(self, mean: float, step: int, path: Path) -> None:
         """Say that best.pt now holds the nets of ``step``, of mean return ``mean``: at INFO at most once per
         :data:`BEST_LOG_S` (with the new bests since), else at DEBUG."""
-        now = time.monotonic()
-        if self.best_said_at is not None and now - self.best_said_at < BEST_LOG_S:
-            self.bests_unsaid += 1
+        since = self.best_said.due()
+        if since is None:
             self.log.debug("best so far (mean return %s at step %d): %s", format_return(mean), step, path)
             return
-        since = self.bests_unsaid
-        self.best_said_at, self.bests_unsaid = now, 0
         self.log.info(
             "best so far (mean return %s at step %d%s): %s",
             format_return(mean),

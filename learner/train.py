@@ -52,6 +52,7 @@ except ModuleNotFoundError as _err:  # (`from learner.train import train` in a s
 from torch import Tensor, optim
 
 from env_server.isolation import env_returned
+from env_server.ratelimit import LogBudget
 from learner import rundir
 from learner.checkpoint import (
     capture_rng,
@@ -245,12 +246,11 @@ ENV_ERROR_LOG_S = 60.0
 """How often, at most, learner train logs an env's error (the first at once; the count in between)."""
 
 
-def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any], where: str = "") -> None:
+def _say_env_error(said: LogBudget, total: int, env: int, infos: dict[str, Any], where: str = "") -> None:
     """Log that env ``env`` raised in its step (its server isolated the error: its episode was cut), the
-    first at once, then at most every :data:`ENV_ERROR_LOG_S` (``said``: when last, and the count then);
-    ``where``: its server and its index there (:func:`_env_on_server`), which that server's log knows it by."""
-    now = time.monotonic()
-    if said[1] and now - said[0] < ENV_ERROR_LOG_S:
+    first at once, then at most every :data:`ENV_ERROR_LOG_S` (``said``'s interval); ``where``: its server and
+    its index there (:func:`_env_on_server`), which that server's log knows it by."""
+    if said.due() is None:
         return
     text = str(infos["env_error"][env])
     # (an env whose reset raised is out of order: its server tries a reset at each step, each an env error)
@@ -270,7 +270,6 @@ def _say_env_error(said: list[Any], total: int, env: int, infos: dict[str, Any],
         total,
         "" if total == 1 else "s",
     )
-    said[0], said[1] = now, total
 
 
 RAW_INTEGERS_WARN_AT = 100
@@ -1101,7 +1100,7 @@ def train(
         drops_said = [0.0, 0]  # (when a dropped rollout was last logged, and the count then)
         drop_unsaid = False  # the last rollout was dropped without a line (see _say_dropped)
         episodes_cut = steps_lost = env_errors = 0  # since the last update (a dropped rollout's counts on)
-        errors_said = [0.0, 0]  # (when an env's error was last logged, and the run's env errors then)
+        errors_said = LogBudget(ENV_ERROR_LOG_S)  # (an env's error logged a minute at most)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
         learned = False  # whether any rollout of this session did
         empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps

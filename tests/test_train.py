@@ -1067,11 +1067,12 @@ def test_an_env_that_raises_on_an_episodes_first_step_cuts_it_and_each_update_co
 
 
 def test_an_env_error_of_what_the_env_returned_says_returned(caplog: pytest.LogCaptureFixture) -> None:
+    from env_server.ratelimit import LogBudget
     from learner.train import _say_env_error
 
     record = "step: TypeError: step() returned reward None: expected a real number"
     with caplog.at_level(logging.WARNING, logger="learner.train"):
-        _say_env_error([0.0, 0], 1, 2, {"env_error": ["", "", record]})
+        _say_env_error(LogBudget(60), 1, 2, {"env_error": ["", "", record]})
     assert caplog.records[0].getMessage() == (
         f"env 2 returned what cannot be used (its episode was cut short, and the env reset): {record} (1 env error "
         "in this run so far; one such line a minute at most)"
