@@ -62,8 +62,9 @@ def quiet_grpc_core(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 # Libraries whose DEBUG lines drown envfleet's own at --log-level debug (grpc's "Loaded running
-# loop" once per call, asyncio's selector choice): they log from INFO up.
-_CHATTY_AT_DEBUG = ("grpc._cython.cygrpc", "asyncio")
+# loop" once per call, asyncio's selector choice, matplotlib's ~200 font-matching lines for each plot written,
+# Pillow's PNG chunks): they log from INFO up.
+_CHATTY_AT_DEBUG = ("grpc._cython.cygrpc", "asyncio", "matplotlib", "PIL")
 
 
 LOG_FORMATS = ("text", "json")

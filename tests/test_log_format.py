@@ -43,6 +43,17 @@ def test_a_record_is_one_json_line_with_its_time_level_logger_message_and_traceb
     assert json.loads(JsonLogFormatter().format(forwarded))["exception"] == forwarded.exc_text
 
 
+def test_debug_lines_are_envfleets_not_plotting_libraries() -> None:
+    """learner train --log-level debug printed ~220 of matplotlib's font-matching lines for the plot at its end."""
+    code = (
+        "import logging; from env_server.tuning import configure_logging; configure_logging('debug'); "
+        "print([logging.getLogger(n).isEnabledFor(logging.DEBUG) for n in "
+        "('learner.train', 'env_server.server', 'matplotlib.font_manager', 'PIL.PngImagePlugin', 'asyncio')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[True, True, False, False, False]"
+
+
 def test_env_server_logs_json_lines_when_asked(spawn_server: SpawnServer) -> None:
     server = spawn_server("CartPole-v1", 2, "--log-format", "json")
     lines = [line for line in server.logs().splitlines() if line.strip()]
