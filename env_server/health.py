@@ -26,26 +26,34 @@ import argparse
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-__all__ = ["check", "default_address", "default_client_cert", "default_tls", "main", "tls_hint"]
+__all__ = ["check", "default_address", "default_addresses", "default_client_cert", "default_tls", "main", "tls_hint"]
 
-# A server listening on every interface is asked on loopback. (Not "[::]": the server refuses a --host in
-# brackets, so the probe takes none either.)
-_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+# A server listening on every interface is asked on loopback: gRPC listens on both families for 0.0.0.0
+# and ::, so both loopbacks, one after the other (a host or container may lack either: no IPv4 loopback,
+# IPv6 disabled). (Not "[::]": the server refuses a --host in brackets, so the probe takes none either.)
+_LOOPBACKS = {"": ("127.0.0.1", "::1"), "0.0.0.0": ("127.0.0.1", "::1"), "::": ("::1", "127.0.0.1")}
 
 
 def default_address(environ: Mapping[str, str] = os.environ) -> str:
-    """Where the server started with the same ``ENVFLEET_*`` variables listens, as seen from its host."""
+    """Where the server started with the same ``ENVFLEET_*`` variables listens, as seen from its host
+    (the first of :func:`default_addresses`)."""
+    return default_addresses(environ)[0]
+
+
+def default_addresses(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The addresses the probe tries, in order, for the server started with the same ``ENVFLEET_*``
+    variables: one, or for a server on every interface (0.0.0.0, ::) both loopbacks, its own family's first."""
     if environ.get("ENVFLEET_UNIX_SOCKET"):
-        return f"unix:{environ['ENVFLEET_UNIX_SOCKET']}"
+        return [f"unix:{environ['ENVFLEET_UNIX_SOCKET']}"]
     host = environ.get("ENVFLEET_HOST", "127.0.0.1")
-    host = _LOOPBACK.get(host, host)
     port = environ.get("ENVFLEET_PORT", "50051")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in _LOOPBACKS.get(host, (host,))]
 
 
 def default_tls(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
@@ -229,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "variables say TLS)",
     )
     args = parser.parse_args(argv)
-    address = args.address or default_address()
+    # (for a server on every interface, both loopbacks: the second tried only if the first cannot be reached)
+    addresses = [args.address] if args.address else default_addresses()
+    address = addresses[0]
     # (said as the probe's other failures are, exit status 1: Docker reserves 2, argparse's)
     if (args.tls_client_cert is None) != (args.tls_client_key is None):
         print(
@@ -244,37 +254,53 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    try:
-        status = check(
-            address,
-            args.service,
-            args.timeout,
-            args.tls_ca,
-            args.tls_server_name,
-            args.tls_client_cert,
-            args.tls_client_key,
-        )
-    except OSError as err:
-        files = {
-            args.tls_client_key: "--tls-client-key",
-            args.tls_client_cert: "--tls-client-cert",
-            args.tls_ca: "--tls-ca",
-        }
-        option = files.get(err.filename, "--tls-ca")
-        print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
-        return 1
-    except grpc.RpcError as err:
-        if err.code() is grpc.StatusCode.NOT_FOUND:
-            print(f"{address}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)
-        else:
-            client_ca = bool(os.environ.get("ENVFLEET_TLS_CLIENT_CA"))
-            hint = tls_hint(
-                str(err.details()), address, args.tls_ca, args.tls_server_name, args.tls_client_cert, client_ca
+    deadline = time.monotonic() + args.timeout
+    failures: list[tuple[str, grpc.RpcError]] = []
+    for tried in addresses:
+        # The certificate is checked for the first address's host whichever loopback answers (as documented:
+        # 127.0.0.1 for 0.0.0.0, ::1 for ::), unless ENVFLEET_TLS_SERVER_NAME names another.
+        name = args.tls_server_name or (_host(address) if tried != address else None)
+        try:
+            status = check(
+                tried,
+                args.service,
+                max(deadline - time.monotonic(), 0.001),
+                args.tls_ca,
+                name,
+                args.tls_client_cert,
+                args.tls_client_key,
             )
-            print(f"{address}: unhealthy: {err.code().name}: {err.details()}{hint}", file=sys.stderr)
-        return 1
-    print(f"{address}: {status}")
-    return 0 if status == "SERVING" else 1
+        except OSError as err:
+            files = {
+                args.tls_client_key: "--tls-client-key",
+                args.tls_client_cert: "--tls-client-cert",
+                args.tls_ca: "--tls-ca",
+            }
+            option = files.get(err.filename, "--tls-ca")
+            print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
+            return 1
+        except grpc.RpcError as err:
+            if err.code() is grpc.StatusCode.NOT_FOUND:
+                print(f"{tried}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)
+                return 1
+            failures.append((tried, err))
+            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                break  # (an answer, a timeout, ...: the server is there; the other loopback would not say more)
+        else:
+            print(f"{tried}: {status}")
+            return 0 if status == "SERVING" else 1
+    client_ca = bool(os.environ.get("ENVFLEET_TLS_CLIENT_CA"))
+    for tried, failure in failures:
+        details = _unquoted(str(failure.details()))
+        hint = tls_hint(details, address, args.tls_ca, args.tls_server_name, args.tls_client_cert, client_ca)
+        print(f"{tried}: unhealthy: {failure.code().name}: {details}{hint}", file=sys.stderr)
+    return 1
+
+
+def _unquoted(details: str) -> str:
+    """gRPC's error text with IPv6 addresses as written (``ipv6:[::1]:50051``), not percent-encoded
+    (``ipv6:%5B::1%5D:50051``), as the server's logs show peers (``env_server.protocol.peer_text``)."""
+    return details.replace("%5B", "[").replace("%5D", "]")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import sys
@@ -278,6 +279,10 @@ class ServerMetrics:
         self._httpd = serve_registry(self.registry, host, port)
         return int(self._httpd.server_port)
 
+    def http_host(self) -> str:
+        """The address ``/metrics`` is served on (of those its host resolves to, the one bound)."""
+        return str(self._httpd.server_address[0]) if self._httpd is not None else ""
+
     def close(self) -> None:
         if self._httpd is not None:
             self._httpd.shutdown()
@@ -313,16 +318,84 @@ def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
     closed after :data:`HTTP_TIMEOUT_S` without progress, and at most :data:`MAX_HTTP_CONNECTIONS`
     are served at once. Returns the server (``server_port``; ``shutdown()`` then ``server_close()``
     to stop); OSError (socket.gaierror for a host that does not resolve) if it cannot listen."""
+    tried: list[tuple[Any, OSError]] = []
+    for family, sockaddr in metrics_addresses(host, port):
+        # Each address ``host`` resolves to, in the system's order, until one binds (localhost: 127.0.0.1
+        # where there is no ::1, or ::1 where /etc/hosts lists 127.0.0.1 first and there is no IPv4 loopback).
+
+        class Server(_MetricsServer):
+            address_family = family
+
+        try:
+            httpd = Server(sockaddr, _MetricsHandler)  # (IPv6's whole 4-tuple: a link-local address's scope id)
+        except OSError as err:
+            tried.append((sockaddr, err))
+            continue
+        httpd.set_app(make_wsgi_app(registry))
+        threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+        return httpd
+    raise none_bound(tried, port)
+
+
+def metrics_addresses(host: str, port: int) -> list[tuple[socket.AddressFamily, Any]]:
+    """(family, socket address) of each address the metrics endpoint may listen on for ``host``, in the
+    order :func:`serve_registry` tries them: those ``host`` resolves to, in the system's order, and for
+    localhost then both loopbacks, as gRPC listens on both whatever the system's look-up says (/etc/hosts
+    may list 127.0.0.1 alone, on a machine that has ::1 alone). socket.gaierror where ``host`` does not resolve."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, sockaddr = infos[0]  # (the first address, as prometheus_client's server takes)
+    if host.lower() == "localhost":
+        infos += [
+            (socket.AF_INET6, socket.SOCK_STREAM, 0, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 0, "", ("127.0.0.1", port)),
+        ]
+    addresses: list[tuple[socket.AddressFamily, Any]] = []
+    for family, _, _, _, sockaddr in infos:
+        if (family, sockaddr) not in addresses:
+            addresses.append((family, sockaddr))
+    return addresses
 
-    class Server(_MetricsServer):
-        address_family = family
 
-    httpd = Server((str(sockaddr[0]), port), _MetricsHandler)
-    httpd.set_app(make_wsgi_app(registry))
-    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
-    return httpd
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why the metrics endpoint cannot listen on ``host:port`` now, as :func:`serve_registry` binds (the
+    first of ``host``'s addresses that binds); None if it can. socket.gaierror where ``host`` does not
+    resolve. Only a check: the bind decides in the end."""
+    tried: list[tuple[Any, OSError]] = []
+    for family, sockaddr in metrics_addresses(host, port):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as http.server binds)
+                _both_families(sock, family, sockaddr)
+                sock.bind(sockaddr)
+        except OSError as err:
+            tried.append((sockaddr, err))
+        else:
+            return None
+    return none_bound(tried, port)
+
+
+def none_bound(tried: list[tuple[Any, OSError]], port: int) -> OSError:
+    """The error of a host none of whose addresses bound (``tried``: each address and its error): the
+    error itself for one address; for more, one naming each (its errno: a taken port's, where one is)."""
+    if len(tried) == 1:
+        return tried[0][1]
+    if not tried:
+        return OSError(errno.EADDRNOTAVAIL, "the host resolves to no address")
+    where = [f"[{a[0]}]:{port}" if ":" in a[0] else f"{a[0]}:{port}" for a, _ in tried]
+    reasons = {err.strerror or str(err) for _, err in tried}
+    if len(reasons) == 1:
+        text = f"{reasons.pop()} at each of its addresses ({', '.join(where)})"
+    else:
+        text = "; ".join(f"{err.strerror or err} at {w}" for w, (_, err) in zip(where, tried, strict=True))
+    taken = [err for _, err in tried if err.errno == errno.EADDRINUSE]
+    return OSError((taken or [tried[0][1]])[0].errno, text)
+
+
+def _both_families(sock: socket.socket, family: int, sockaddr: Any) -> None:
+    """An IPv6 wildcard takes IPv4 too, as gRPC's does, even where ``net.ipv6.bindv6only`` makes IPv6
+    sockets IPv6-only by default (where the platform has the option)."""
+    if family == socket.AF_INET6 and sockaddr[0] == "::" and hasattr(socket, "IPV6_V6ONLY"):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
 
 
 class _MetricsHandler(WSGIRequestHandler):
@@ -362,6 +435,10 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
     past them, a new connection takes the place of the oldest whose request has not all come."""
 
     daemon_threads = True
+
+    def server_bind(self) -> None:
+        _both_families(self.socket, self.address_family, self.server_address)
+        super().server_bind()
 
     def server_activate(self) -> None:
         super().server_activate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import ipaddress
@@ -149,10 +150,13 @@ def host_problem(host: str, *, host_option: str = "--host", port_option: str = "
 
 
 def dual_stack() -> bool:
-    """Whether this machine has IPv6, and a socket bound to ``::`` takes IPv4 connections too (Linux's
-    default; not where ``net.ipv6.bindv6only`` is set)."""
+    """Whether this machine has IPv6, and a socket bound to ``::`` takes IPv4 connections too, asked to
+    (``IPV6_V6ONLY`` off, as gRPC and the metrics endpoint ask: where ``net.ipv6.bindv6only`` is set too;
+    not where the platform refuses, OpenBSD's)."""
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(("::", 0))
             return sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
     except (OSError, AttributeError):  # (no IPv6; AttributeError: a Python built without it)

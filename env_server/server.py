@@ -35,6 +35,7 @@ from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import CallLimitInterceptor, RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.isolation import IsolateErrors, tell_positions
 from env_server.metrics import ServerMetrics
+from env_server.metrics import bind_error as metrics_bind_error
 from env_server.protocol import (
     DOUBLE_TAP_S,
     MAX_MESSAGE_BYTES,
@@ -220,33 +221,58 @@ def _check_bindable(config: ServerConfig) -> None:
             raise _cannot_listen(config, problem)
     if config.metrics_port is None:
         return
-    host = _metrics_host(config)
     if not config.unix_socket and config.metrics_port == config.port != 0:
         raise OSError(
             f"--metrics-port {config.metrics_port}: expected a port other than --port's (gRPC listens there), "
             "got the same; pick another, or 0 for a free one"
         )
-    problem = _bind_error_at(host, config.metrics_port, all_addresses=False)
-    if problem is not None:
-        raise _cannot_serve_metrics(config, problem)
+    hosts = _metrics_hosts(config)
+    for i, host in enumerate(hosts):
+        try:
+            problem = metrics_bind_error(host, config.metrics_port)
+        except socket.gaierror as err:
+            raise OSError(host_problem(host) or f"--host {host!r}: cannot resolve it: {err.strerror}") from err
+        if problem is None:
+            return
+        if i + 1 < len(hosts) and problem.errno in _NO_SUCH_ADDRESS:
+            continue  # (no IPv4 loopback: the next, ::1)
+        raise _cannot_serve_metrics(config, host, problem)
 
 
-def _metrics_host(config: ServerConfig) -> str:
-    """The address the metrics endpoint listens on: ``--host``'s, as gRPC listens there (see
-    :func:`~env_server.protocol.http_host`: ``::`` for 0.0.0.0, the image's, where that takes IPv4 too),
-    127.0.0.1 for a Unix-socket server. On ``--host localhost`` gRPC takes both loopbacks, the endpoint
-    one (the first the system gives), named in its log line."""
-    if config.unix_socket:
-        return "127.0.0.1"
-    if config.host.lower() == "localhost":
-        with contextlib.suppress(OSError):  # (a localhost that does not resolve: said as the bind fails)
-            return str(socket.getaddrinfo(config.host, None, type=socket.SOCK_STREAM)[0][4][0])
-    return http_host(config.host)
+# A bind's errors that say this machine lacks the address (no IPv4 loopback, IPv6 disabled), not that it is taken.
+_NO_SUCH_ADDRESS = (errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAFNOSUPPORT)
 
 
-def _cannot_serve_metrics(config: ServerConfig, err: OSError) -> OSError:
-    where = host_port(_metrics_host(config), config.metrics_port)
-    hint = bind_hint(config.host, err.errno, port_option="--metrics-port")
+def _metrics_hosts(config: ServerConfig) -> list[str]:
+    """The hosts the metrics endpoint may listen on, tried in order until one binds: ``--host``'s, as gRPC
+    listens there (see :func:`~env_server.protocol.http_host`: ``::`` for 0.0.0.0, the image's, where that
+    takes IPv4 too; a name, each of its addresses in turn: see :func:`~env_server.metrics.serve_registry`).
+    A Unix-socket server's: ``--host``'s where one other than the default (127.0.0.1) is given, else
+    127.0.0.1, or ::1 where this machine has no IPv4 loopback."""
+    if config.unix_socket and config.host == "127.0.0.1":
+        return ["127.0.0.1", "::1"]
+    return [http_host(config.host)]
+
+
+def _metrics_shown(config: ServerConfig, bound: str) -> str:
+    """The host the metrics' log line names: the address the user gave (0.0.0.0, not the :: it is served
+    on), else the address bound: which of a name's (localhost's), or of a Unix-socket server's loopbacks."""
+    return bound if config.unix_socket or not _is_address(config.host) else config.host
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _cannot_serve_metrics(config: ServerConfig, host: str, err: OSError) -> OSError:
+    """``err``, binding the metrics endpoint on ``host`` (the address that failed), with what to do."""
+    shown = config.host if http_host(config.host) == host else host  # (0.0.0.0 as given, not ::)
+    where = host_port(shown, config.metrics_port)
+    hint = bind_hint(shown, err.errno, port_option="--metrics-port")
     return OSError(f"cannot serve metrics on {where}: {err.strerror or err} ({hint})")
 
 
@@ -254,13 +280,12 @@ def _bind_error(config: ServerConfig) -> OSError | None:
     """Why binding the TCP address of ``config`` fails now, as gRPC binds it; None if it binds.
 
     Port 0 is tried too: it tells an address this machine does not have (EADDRNOTAVAIL)."""
-    return _bind_error_at(config.host, config.port, all_addresses=True)
+    return _bind_error_at(config.host, config.port)
 
 
-def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | None:
-    """Why binding ``host:port`` fails now; None if it binds. ``all_addresses``: as gRPC binds (every
-    address it listens on for ``host``: see :func:`_grpc_addresses`), else as prometheus_client's HTTP
-    server does (the first address ``host`` resolves to).
+def _bind_error_at(host: str, port: int) -> OSError | None:
+    """Why binding ``host:port`` fails now, as gRPC binds (every address it listens on for ``host``: see
+    :func:`_grpc_addresses`); None if it binds.
 
     gRPC listens if any of its addresses binds: on ``--host localhost`` with [::1]:PORT taken by another
     server it would listen on 127.0.0.1 alone, and the address it printed, localhost:PORT, would reach
@@ -268,10 +293,7 @@ def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | No
     error names it); one this machine lacks (no IPv6, no IPv4 loopback) is done without, as gRPC does,
     while another binds."""
     try:
-        if all_addresses:
-            infos = _grpc_addresses(host, port)
-        else:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[:1]
+        infos = _grpc_addresses(host, port)
     except socket.gaierror as err:
         problem = host_problem(host)
         raise OSError(problem or f"--host {host!r}: cannot resolve it: {err.strerror}") from err
@@ -281,7 +303,7 @@ def _bind_error_at(host: str, port: int, *, all_addresses: bool) -> OSError | No
         try:
             with socket.socket(family, kind, proto) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds (and http.server)
-                if family == socket.AF_INET6 and all_addresses and sockaddr[0] == "::":
+                if family == socket.AF_INET6 and sockaddr[0] == "::":
                     # (gRPC's [::] takes IPv4 too; 0.0.0.0 is checked on its own, so that the error names it)
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(sockaddr)
@@ -989,15 +1011,20 @@ def _check_spec_size(config: ServerConfig, spec: pb.EnvSpec) -> None:
 
 
 def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
-    """Serve ``/metrics`` on ``--metrics-port`` (at ``--host``, 127.0.0.1 for a Unix-socket server: see
-    :func:`_metrics_host`) and log where; OSError saying why it cannot."""
+    """Serve ``/metrics`` on ``--metrics-port`` (at ``--host``, 127.0.0.1 or ::1 for a Unix-socket server:
+    see :func:`_metrics_hosts`) and log where; OSError saying why it cannot."""
     assert config.metrics_port is not None
-    host = _metrics_host(config)
-    try:
-        port = metrics.serve_http(host, config.metrics_port)
-    except OSError as err:
-        raise _cannot_serve_metrics(config, err) from err
-    log.info("Prometheus metrics on http://%s/metrics", host_port(host, port))
+    hosts = _metrics_hosts(config)
+    for i, host in enumerate(hosts):
+        try:
+            port = metrics.serve_http(host, config.metrics_port)
+        except OSError as err:
+            if i + 1 < len(hosts) and err.errno in _NO_SUCH_ADDRESS:
+                continue
+            raise _cannot_serve_metrics(config, host, err) from err
+        shown = _metrics_shown(config, metrics.http_host())
+        log.info("Prometheus metrics on http://%s/metrics", host_port(shown, port))
+        return
 
 
 def _transport(config: ServerConfig, step_server: StepSocketServer | None) -> str:

@@ -122,7 +122,7 @@ def choose_host_port(replica: Replica, container_port: int | None, engine_host: 
             host, rank = host_ip, (1, host_ip)
         candidates.append((rank, host, binding["HostPort"]))
     if not candidates:
-        on = ", ".join(f"{b.get('HostIp', '')}:{b['HostPort']}" for b in bindings)
+        on = ", ".join(host_port(b.get("HostIp", ""), b["HostPort"]) for b in bindings)
         raise AddressError(
             f"compose replica {replica.name}: its port {key} is published on the Docker host's loopback only ({on}), "
             f"which cannot be reached from here: the Docker engine (DOCKER_HOST) is on {engine_host}. Publish it on "

@@ -689,7 +689,7 @@ def _split_host_port(target: str, address: str | None = None) -> tuple[str, int]
         if "[" in host or "]" in host or "]" in port_text:
             raise AddressError(f"server address {address!r}: unbalanced brackets; write IPv6 addresses as [::1]:PORT")
     if not sep or not host:
-        example = "dns:///name:50051" if dns else "127.0.0.1:50051"
+        example = "dns:///name:50051" if dns else f"[{host}]:50051" if target.startswith("[") else "127.0.0.1:50051"
         raise AddressError(
             f"server address {address!r}: expected host:port (e.g. {example})"
             + ("" if dns else ", unix:PATH or dns:///name:port")

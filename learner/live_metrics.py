@@ -326,7 +326,7 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
     naming --metrics-port (or --metrics-host) where it cannot be."""
     metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
     try:
-        metrics.serve_http(http_host(host), port)  # (0.0.0.0: "::" where that takes IPv4 too, as gRPC's)
+        served = metrics.serve_http(http_host(host), port)  # (0.0.0.0: "::" where that takes IPv4 too, as gRPC's)
     except socket.gaierror as err:
         problem = host_problem(host, host_option="--metrics-host", port_option="--metrics-port")
         raise OptionError(problem or f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
@@ -334,5 +334,6 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
         where = host_port(host, port)
         hint = bind_hint(host, err.errno, host_option="--metrics-host", port_option="--metrics-port")
         raise OptionError(f"cannot serve metrics on {where}: {os_reason(err)} ({hint})") from err
+    metrics.url = f"http://{host_port(host, served)}/metrics"  # (the host as given: 0.0.0.0, not the :: served on)
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics

@@ -22,7 +22,7 @@ import pytest
 from env_server.config import ServerConfig
 from env_server.health import default_address
 from env_server.protocol import bind_hint, dual_stack, host_problem, http_host, peer_text
-from env_server.server import _check_bindable, _is_loopback, _metrics_host
+from env_server.server import _check_bindable, _is_loopback, _metrics_hosts
 from learner import RemoteVectorEnv
 from learner.discovery import probe
 from learner.errors import OptionError, ServerUnavailableError
@@ -149,8 +149,8 @@ def test_a_host_without_ipv4_loopback_is_pointed_to_ipv6s() -> None:
 @pytest.mark.skipif(not dual_stack(), reason="needs IPv6 sockets that take IPv4 too (Linux's default)")
 def test_metrics_on_the_wildcard_follow_grpc_onto_ipv6() -> None:
     config = ServerConfig(env="CartPole-v1", host="0.0.0.0", port=0, metrics_port=0)
-    assert _metrics_host(config) == "::" and http_host("0.0.0.0") == "::" and http_host("::1") == "::1"
-    assert _metrics_host(ServerConfig(env="CartPole-v1", host="10.0.0.1", port=0, metrics_port=0)) == "10.0.0.1"
+    assert _metrics_hosts(config) == ["::"] and http_host("0.0.0.0") == "::" and http_host("::1") == "::1"
+    assert _metrics_hosts(ServerConfig(env="CartPole-v1", host="10.0.0.1", port=0, metrics_port=0)) == ["10.0.0.1"]
 
 
 @needs_ipv6_loopback
@@ -161,6 +161,7 @@ def test_metrics_on_the_wildcard_answer_on_both_families() -> None:
     try:
         match = re.search(r"Prometheus metrics on http://\S+:(\d+)/metrics", server.text())
         assert match is not None, server.text()
+        assert match[0].startswith("Prometheus metrics on http://0.0.0.0:"), match[0]  # (as given: not [::])
         for host in ("127.0.0.1", "[::1]"):
             with urllib.request.urlopen(f"http://{host}:{match[1]}/metrics", timeout=10) as answer:
                 assert answer.status == 200

@@ -238,6 +238,7 @@ def test_a_remote_engine_s_loopback_only_port_is_refused_saying_how_to_publish_i
             in message
         )
         assert f"cannot be reached from here: the Docker engine (DOCKER_HOST) is on {REMOTE}" in message
+        assert ("loopback only ([::1]:7006)" if ":" in host_ip else "loopback only (127.0.0.1:7006)") in message
         assert "ENVFLEET_BIND=0.0.0.0" in message and "run the learner on the Docker host" in message
 
 
