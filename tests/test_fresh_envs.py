@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from env_server.__main__ import build_parser, parse_args
 from env_server.config import ServerConfig
+from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import HUNG_EXIT_STATUS
@@ -203,15 +204,17 @@ def test_a_learner_rejoining_its_last_session_keeps_its_envs(spawn_server: Spawn
     assert logs.count(REBUILT) == 2 and logs.count(NOT_REBUILT) == 1, logs
 
 
+@pytest.mark.slow
 def test_a_rejoin_whose_handshake_answer_was_lost_can_rejoin_again(spawn_server: SpawnServer) -> None:
-    """A rejoining learner's Handshake whose answer does not reach it (here: over its receive limit) ends that
-    session "unanswered": no client knew it, so the session the learner's retry names is still the last one, and
-    its envs go on."""
-    server = spawn_server(FACTORY, 1, "--fresh-envs")
-    with grpc.insecure_channel(server.address) as channel:
+    """A rejoining learner's Handshake whose answer does not reach it (here: 32 MB, over its 4 MiB receive limit, so
+    that the server is still sending it when the client gives up) ends that session "unanswered": no client knew
+    it, so the session the learner's retry names is still the last one, and its envs go on."""
+    server = spawn_server("tests.envs:WideActionEnv", 1, "--fresh-envs", "--env-kwargs", '{"width": 2000000}')
+    large = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    with grpc.insecure_channel(server.address, options=large) as channel:
         stub = pb_grpc.EnvServiceStub(channel)
         lost = _lose_session(stub, "learner-A")
-        with grpc.insecure_channel(server.address, options=[("grpc.max_receive_message_length", 16)]) as small:
+        with grpc.insecure_channel(server.address) as small:
             with pytest.raises(grpc.RpcError) as info:
                 request = pb.HandshakeRequest(client_name="learner-A", rejoins_session_id=lost)
                 pb_grpc.EnvServiceStub(small).Handshake(request, timeout=60)
