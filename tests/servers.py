@@ -4,6 +4,7 @@ that builds its command line)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import tempfile
 import time
@@ -12,6 +13,19 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+
+def bindable(host: str) -> bool:
+    """Whether this machine has ``host`` (an IP address) to listen on."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+needs_ipv6_loopback = pytest.mark.skipif(not bindable("::1"), reason="needs IPv6's loopback, ::1, which is not here")
 
 
 class ServerSubprocess:

@@ -29,19 +29,7 @@ from learner.errors import OptionError, ServerUnavailableError
 from learner.live_metrics import serve_metrics
 from learner.survey import survey
 from tests.conftest import StartServers
-from tests.servers import ServerSubprocess
-
-
-def _bindable(host: str) -> bool:
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.bind((host, 0))
-    except OSError:
-        return False
-    return True
-
-
-needs_ipv6_loopback = pytest.mark.skipif(not _bindable("::1"), reason="needs IPv6's loopback, ::1, which is not here")
+from tests.servers import ServerSubprocess, bindable, needs_ipv6_loopback
 
 
 def _listening(host: str) -> socket.socket:
@@ -65,7 +53,7 @@ class _Server(ServerSubprocess):
 @pytest.fixture(scope="module")
 def ipv6_server() -> Iterator[_Server]:
     """One env server on ``::1`` alone, for the module's tests."""
-    if not _bindable("::1"):
+    if not bindable("::1"):
         pytest.skip("needs IPv6's loopback, ::1, which is not here")
     server = _Server("::1")
     yield server

@@ -29,27 +29,17 @@ from learner.discovery import AddressError, expand_addresses
 from learner.live_metrics import serve_metrics
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer
-from tests.servers import ServerSubprocess
+from tests.servers import ServerSubprocess, bindable, needs_ipv6_loopback
 
 HEALTH_FILE = Path(env_server.health.__file__)
 
 
-def _bindable(host: str) -> bool:
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.bind((host, 0))
-    except OSError:
-        return False
-    return True
-
-
 # Two addresses of the documentation's ranges this machine lacks (EADDRNOTAVAIL to bind; a test machine
 # may have one of them, as one here had 192.0.2.2).
-ABSENT = [a for a in ("192.0.2.201", "198.51.100.201", "203.0.113.201", "192.0.2.202") if not _bindable(a)][:2]
+ABSENT = [a for a in ("192.0.2.201", "198.51.100.201", "203.0.113.201", "192.0.2.202") if not bindable(a)][:2]
 needs_absent = pytest.mark.skipif(len(ABSENT) < 2, reason="this machine has the addresses meant to be absent")
 
 
-needs_ipv6_loopback = pytest.mark.skipif(not _bindable("::1"), reason="needs IPv6's loopback, ::1, which is not here")
 needs_namespaces = pytest.mark.skipif(
     sys.platform != "linux" or os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None,
     reason="needs Linux, root, unshare and ip (a network namespace of its own)",
