@@ -531,8 +531,13 @@ def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
 def main(argv: Sequence[str] | None = None) -> int:
     # A fatal signal in an env's native code (a segfault in a simulator's bindings) leaves the Python stack of
     # each thread on stderr, the server's log (async workers, forked, inherit it), not a bare exit status.
+    # No C stack (Python 3.14 prints one after the Python frames by default): its addresses would be the last
+    # lines, all a learner's LocalServers quotes of a server that died (learner.local's tail).
     with contextlib.suppress(ValueError, OSError, AttributeError):  # (a stderr with no file descriptor: a notebook's)
-        faulthandler.enable()
+        if sys.version_info >= (3, 14):
+            faulthandler.enable(c_stack=False)
+        else:
+            faulthandler.enable()
     # Before anything imports grpc (the parser does not).
     prefer_fast_grpc_core()
     # As under `python -m env_server`: modules in the working directory can be entry points

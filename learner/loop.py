@@ -227,7 +227,12 @@ class LoopRunner:
         if reading:
             self.run(_reading(_wait_or_cancel(tasks, timeout), reading))
             return
-        if self._thread is not None:
+        # On the background loop, or where this thread runs a loop of its own (see _run_until_complete): the
+        # wait as a coroutine on this runner's loop. asyncio.gather made here would bind to the thread's running
+        # loop (Python 3.14 takes that one over the tasks'), and refuse this loop's tasks.
+        # (A re-entrant call, from this loop's own callbacks, goes on below: the loop refuses it, as before.)
+        running = asyncio._get_running_loop()
+        if self._thread is not None or (running is not None and running is not self.loop):
             self.run(_wait_or_cancel(tasks, timeout))
             return
         # The lightest way to wait in the caller's thread (no extra task; measured ~100 us per step

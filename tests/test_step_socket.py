@@ -168,6 +168,7 @@ def test_every_step_path_returns_the_requests_step_id(session: Session) -> None:
 
 def test_frame_stacks_of_several_reads_arrive_whole(start_servers: Any) -> None:
     # 3 x 4x84x84 uint8 Pong frame stacks: ~85 KB per answer, more than one read of the socket.
+    pytest.importorskip("ale_py")
     (address,) = start_servers(
         "ALE/Pong-v5", num_servers=1, envs_per_server=3, transport="unix", server_args=["--wrappers", "atari"]
     )
