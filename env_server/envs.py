@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -47,6 +48,7 @@ __all__ = [
     "make_env",
     "max_episode_steps",
     "widened_dtype",
+    "worker_context",
 ]
 
 log = logging.getLogger(__name__)
@@ -530,6 +532,18 @@ def _isolated(
     return make_isolated
 
 
+def worker_context() -> str | None:
+    """The multiprocessing start method for async vectorization's workers (gymnasium's AsyncVectorEnv's
+    ``context``): ``"fork"`` on Linux, where it was Python's default before 3.14 (3.14's is ``"forkserver"``),
+    and what the server is built around: a worker inherits what the server's process set up before it (the ids
+    that importing ale_py registers, an entry point's module, the logging that --log-format and --log-level
+    configured) and the signal handling it then gives up (see :func:`_leave_the_servers_signals`), and a
+    forkserver would start multiprocessing's resource tracker in the server's process group, which a SIGHUP
+    (its terminal closed) ends with a traceback. Elsewhere None: the platform's default (macOS: spawn, as fork
+    is unsafe there)."""
+    return "fork" if sys.platform.startswith("linux") else None
+
+
 def _in_worker(factory: Callable[[], gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
     """``factory`` for an async-vectorization worker: the worker first gives up the signal handling it
     inherits from the server (see :func:`_leave_the_servers_signals`). Not in this process, where
@@ -844,6 +858,8 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             with _garbage_frozen():  # (the workers fork in there: see _garbage_frozen)
                 super().__init__(*args, **kwargs)
         except BaseException as err:  # (an env's constructor raised in its worker, say: the others still run)
+            started = all(_started(process) for process in getattr(self, "processes", ()))
+            told = self._constructor_error() if isinstance(err, (EOFError, OSError)) and started else None
             if isinstance(err, Exception):  # (not on a Ctrl-C's way out: killed at once)
                 self._close_workers()
             self._kill_workers()
@@ -852,6 +868,8 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
                 # (gymnasium starts each worker as it appends it: the last one's start raised, fork's
                 # EAGAIN under a pids limit, say)
                 raise WorkerStartError(len(processes), len(getattr(self, "env_fns", ())), err) from err
+            if told is not None:
+                raise told from err
             raise
         for process in self.processes:
             process.terminate = process.kill  # type: ignore[method-assign]
@@ -859,6 +877,16 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             if popen is not None and hasattr(popen, "kill"):
                 popen.terminate = popen.kill
         self.parent_pipes = [_TrackedPipe(pipe) for pipe in self.parent_pipes]  # type: ignore[misc]
+
+    def _constructor_error(self) -> Exception | None:
+        """The error an env's constructor raised in its worker, which the worker put on the error queue before it
+        ended (see :func:`_naming_worker`), where the start failed as the worker's pipe closed (an EOFError or
+        ConnectionResetError, which says nothing of why); None where there is none (a worker killed)."""
+        try:
+            _, _, error, _ = self.error_queue.get(timeout=1.0)  # (put before the pipe closed: there at once)
+        except Exception:  # (queue.Empty; no queue yet)
+            return None
+        return error if isinstance(error, Exception) else None
 
     # gymnasium's calls, recovered from where they raise (see _recover).
     def reset_async(self, *args: Any, **kwargs: Any) -> None:
@@ -1144,7 +1172,11 @@ def _naming_worker(
     made: list[gym.Env[Any, Any]] = []
 
     def make() -> gym.Env[Any, Any]:
-        env = env_fn()
+        try:
+            env = env_fn()
+        except Exception as err:  # (the server would see only the pipe close: see WideInfoAsyncVectorEnv)
+            _report(error_queue, index, err)
+            raise  # (its traceback on stderr, as gymnasium's worker leaves it)
         made.append(env)
         return env
 
@@ -1159,6 +1191,17 @@ def _naming_worker(
         if not made:
             raise
         return
+
+
+def _report(queue: Any, index: int, err: Exception) -> None:
+    """Put ``err`` (raised as worker ``index`` made its env) on the error queue, as gymnasium's worker reports an
+    env's error: one that does not pickle as its text."""
+    with contextlib.suppress(Exception):
+        try:
+            ForkingPickler.dumps(err)
+        except Exception:
+            err = RuntimeError(f"{type(err).__name__}: {_one_line(err)}")
+        queue.put((index, type(err), err, traceback.format_exc()))
 
 
 class _NamingErrors:
@@ -1242,7 +1285,9 @@ def build_vector_env(
                 workers = [_in_worker(_checked_for_writing(make, i, in_process)) for i, make in enumerate(isolated)]
                 worker = functools.partial(_naming_worker, in_process=in_process) if _ASYNC_WORKER is not None else None
                 with workers_starting() if workers_starting is not None else contextlib.nullcontext():
-                    vec = WideInfoAsyncVectorEnv(workers, autoreset_mode=mode, copy=copy, worker=worker)
+                    vec = WideInfoAsyncVectorEnv(
+                        workers, autoreset_mode=mode, copy=copy, worker=worker, context=worker_context()
+                    )
                 vec.first_spec = first_spec
             else:
                 made: list[gym.Env[Any, Any]] = []  # (as SyncVectorEnv makes them: closed if the build fails)

@@ -138,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     from env_server.config import ServerConfig
-    from env_server.envs import make_env
+    from env_server.envs import make_env, worker_context
     from learner.benchmarks.report import load_warning
     from learner.local import LocalServers
     from learner.remote import RemoteVectorEnv
@@ -158,14 +158,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         f"envfleet demo: {args.env}, {args.num_servers} local servers x {args.envs_per_server} envs, {args.steps} steps"
     )
-    # gymnasium's AsyncVectorEnv, forked (before this process opens gRPC channels) unless threads run here
-    # (gRPC's, tqdm's: learner.cli.main called from a script or a notebook that used them), which a fork
-    # must not copy (Python 3.12+ warns of the deadlocks that risks): then a forkserver starts them (which
-    # runs the calling script again, as multiprocessing's spawn does, unless its code is under
-    # `if __name__ == "__main__":`). Its envs are built as the servers build theirs (ids or entry points,
-    # the same --env-kwargs).
+    # gymnasium's AsyncVectorEnv, its workers forked on Linux (before this process opens gRPC channels; fork
+    # named: since Python 3.14 multiprocessing's default there is forkserver; elsewhere the platform's default,
+    # spawn on macOS) unless threads run here (gRPC's, tqdm's: learner.cli.main called from a script or a
+    # notebook that used them), which a fork must not copy (Python 3.12+ warns of the deadlocks that risks):
+    # then a forkserver starts them (which runs the calling script again, as multiprocessing's spawn does,
+    # unless its code is under `if __name__ == "__main__":`). Its envs are built as the servers build theirs
+    # (ids or entry points, the same --env-kwargs).
     one_env = functools.partial(make_env, config)
-    context = None if _threads() == 1 else "forkserver"
+    context = worker_context() if _threads() == 1 else "forkserver"
     reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
     try:
         ref_sps, _ = _measure(reference, args.steps, args.seed)
