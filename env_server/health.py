@@ -284,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{tried}: unhealthy: the server knows no service {args.service!r}", file=sys.stderr)
                 return 1
             failures.append((tried, err))
-            if err.code() is not grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
-                break  # (an answer, a timeout, ...: the server is there; the other loopback would not say more)
+            if not _no_connection(err) or time.monotonic() >= deadline:
+                break  # (an answer, a TLS handshake, a timeout: the server is there; the other loopback says no more)
         else:
             print(f"{tried}: {status}")
             return 0 if status == "SERVING" else 1
@@ -295,6 +295,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = tls_hint(details, address, args.tls_ca, args.tls_server_name, args.tls_client_cert, client_ca)
         print(f"{tried}: unhealthy: {failure.code().name}: {details}{hint}", file=sys.stderr)
     return 1
+
+
+# What gRPC says of a connection that could not be made (nothing listens, no such loopback here), after which
+# the other loopback is tried: not of one made whose TLS handshake failed (tried again, the same failure).
+_NO_CONNECTION = ("Failed to connect to remote host", "connect failed", "Network is unreachable", "not supported")
+
+
+def _no_connection(err: grpc.RpcError) -> bool:
+    details = str(err.details())
+    return err.code() is grpc.StatusCode.UNAVAILABLE and any(words in details for words in _NO_CONNECTION)
 
 
 def _unquoted(details: str) -> str:

@@ -330,11 +330,18 @@ def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
             httpd = Server(sockaddr, _MetricsHandler)  # (IPv6's whole 4-tuple: a link-local address's scope id)
         except OSError as err:
             tried.append((sockaddr, err))
-            continue
+            if err.errno in NO_SUCH_ADDRESS:
+                continue
+            break  # (a port taken: not served on another of the host's addresses, which others would not reach)
         httpd.set_app(make_wsgi_app(registry))
         threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
         return httpd
     raise none_bound(tried, port)
+
+
+NO_SUCH_ADDRESS = (errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAFNOSUPPORT)
+"""A bind's errors that say this machine lacks the address (no IPv4 loopback, IPv6 disabled), not that the port
+is taken: after them the next address is tried."""
 
 
 def metrics_addresses(host: str, port: int) -> list[tuple[socket.AddressFamily, Any]]:
@@ -368,6 +375,8 @@ def bind_error(host: str, port: int) -> OSError | None:
                 sock.bind(sockaddr)
         except OSError as err:
             tried.append((sockaddr, err))
+            if err.errno not in NO_SUCH_ADDRESS:
+                break  # (as serve_registry: a port taken is the error)
         else:
             return None
     return none_bound(tried, port)

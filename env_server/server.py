@@ -34,7 +34,7 @@ from env_server.config import DEFAULT_MAX_REQUEST_BYTES, ServerConfig
 from env_server.envs import EnvBuildError, build_vector_env, check_env
 from env_server.interceptors import CallLimitInterceptor, RequestGuardInterceptor, TokenAuthInterceptor
 from env_server.isolation import IsolateErrors, tell_positions
-from env_server.metrics import ServerMetrics
+from env_server.metrics import NO_SUCH_ADDRESS, ServerMetrics
 from env_server.metrics import bind_error as metrics_bind_error
 from env_server.protocol import (
     DOUBLE_TAP_S,
@@ -234,22 +234,18 @@ def _check_bindable(config: ServerConfig) -> None:
             raise OSError(host_problem(host) or f"--host {host!r}: cannot resolve it: {err.strerror}") from err
         if problem is None:
             return
-        if i + 1 < len(hosts) and problem.errno in _NO_SUCH_ADDRESS:
+        if i + 1 < len(hosts) and problem.errno in NO_SUCH_ADDRESS:
             continue  # (no IPv4 loopback: the next, ::1)
         raise _cannot_serve_metrics(config, host, problem)
-
-
-# A bind's errors that say this machine lacks the address (no IPv4 loopback, IPv6 disabled), not that it is taken.
-_NO_SUCH_ADDRESS = (errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAFNOSUPPORT)
 
 
 def _metrics_hosts(config: ServerConfig) -> list[str]:
     """The hosts the metrics endpoint may listen on, tried in order until one binds: ``--host``'s, as gRPC
     listens there (see :func:`~env_server.protocol.http_host`: ``::`` for 0.0.0.0, the image's, where that
     takes IPv4 too; a name, each of its addresses in turn: see :func:`~env_server.metrics.serve_registry`).
-    A Unix-socket server's: ``--host``'s where one other than the default (127.0.0.1) is given, else
-    127.0.0.1, or ::1 where this machine has no IPv4 loopback."""
-    if config.unix_socket and config.host == "127.0.0.1":
+    A Unix-socket server's (whatever ``--host``, which serves nothing else then): 127.0.0.1, or ::1 where this
+    machine has no IPv4 loopback."""
+    if config.unix_socket:
         return ["127.0.0.1", "::1"]
     return [http_host(config.host)]
 
@@ -1019,7 +1015,7 @@ def _serve_metrics(metrics: ServerMetrics, config: ServerConfig) -> None:
         try:
             port = metrics.serve_http(host, config.metrics_port)
         except OSError as err:
-            if i + 1 < len(hosts) and err.errno in _NO_SUCH_ADDRESS:
+            if i + 1 < len(hosts) and err.errno in NO_SUCH_ADDRESS:
                 continue
             raise _cannot_serve_metrics(config, host, err) from err
         shown = _metrics_shown(config, metrics.http_host())

@@ -21,6 +21,7 @@ __all__ = [
     "FDS_PER_SERVER",
     "EnvFleetError",
     "InvalidArgumentError",
+    "InvalidArgumentTypeError",
     "InvalidRequestError",
     "InvalidResponseError",
     "OptionError",
