@@ -305,12 +305,13 @@ class LearnerMetrics:
         self._steps.advance(global_step)
         self._solved.set(int(solved))
 
-    def serve_http(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port."""
+    def serve_http(self, host: str, port: int, *, shown: str | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port. ``url``
+        names ``shown`` (the host as the user gave it: 0.0.0.0, not the :: served on), else ``host``."""
         httpd = serve_registry(self.registry, host, port)  # (idle connections closed, at most a few at once)
         self._httpd = httpd
         port = int(httpd.server_port)
-        self.url = f"http://{host_port(host, port)}/metrics"
+        self.url = f"http://{host_port(shown or host, port)}/metrics"
         return port
 
     def close(self) -> None:
@@ -326,7 +327,8 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
     naming --metrics-port (or --metrics-host) where it cannot be."""
     metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
     try:
-        served = metrics.serve_http(http_host(host), port)  # (0.0.0.0: "::" where that takes IPv4 too, as gRPC's)
+        # (0.0.0.0: served on "::" where that takes IPv4 too, as gRPC's)
+        metrics.serve_http(http_host(host), port, shown=host)
     except socket.gaierror as err:
         problem = host_problem(host, host_option="--metrics-host", port_option="--metrics-port")
         raise OptionError(problem or f"--metrics-host {host!r}: cannot resolve it: {err.strerror}") from err
@@ -334,6 +336,5 @@ def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") 
         where = host_port(host, port)
         hint = bind_hint(host, err.errno, host_option="--metrics-host", port_option="--metrics-port")
         raise OptionError(f"cannot serve metrics on {where}: {os_reason(err)} ({hint})") from err
-    metrics.url = f"http://{host_port(host, served)}/metrics"  # (the host as given: 0.0.0.0, not the :: served on)
     log.info("Prometheus metrics on %s", metrics.url)
     return metrics
