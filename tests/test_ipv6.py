@@ -114,12 +114,11 @@ def test_the_probe_of_a_wildcard_server_asks_the_other_loopback_when_the_first_f
     assert result.stdout.strip() == f"127.0.0.1:{port}: SERVING"
 
 
-@needs_ipv6_loopback
-@pytest.mark.slow
-def test_the_probe_checks_the_documented_name_whichever_loopback_answers(tmp_path: Path) -> None:
-    """A certificate for 127.0.0.1 (what the probe checks for ENVFLEET_HOST=0.0.0.0) still does when ::1 answers."""
-    certs = make_server_certs(tmp_path, names=("127.0.0.1",))
-    server = _Server("::1", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+def _probe_tls_server(tmp_path: Path, listen_on: str, cert_name: str) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """The probe (ENVFLEET_HOST=0.0.0.0, TLS) of a server on ``listen_on`` whose certificate names ``cert_name``:
+    the server's port, and the probe's result."""
+    certs = make_server_certs(tmp_path, names=(cert_name,))
+    server = _Server(listen_on, "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
     try:
         environ = {
             **os.environ,
@@ -128,32 +127,27 @@ def test_the_probe_checks_the_documented_name_whichever_loopback_answers(tmp_pat
             "ENVFLEET_TLS_CERT": str(certs.cert),
             "ENVFLEET_TLS_CA": str(certs.ca),
         }
-        result = probe(env=environ)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"[::1]:{server.port}: SERVING"
+        return server.port, probe(env=environ)
     finally:
         server.stop()
+
+
+@needs_ipv6_loopback
+@pytest.mark.slow
+def test_the_probe_checks_the_documented_name_whichever_loopback_answers(tmp_path: Path) -> None:
+    """A certificate for 127.0.0.1 (what the probe checks for ENVFLEET_HOST=0.0.0.0) still does when ::1 answers."""
+    port, result = _probe_tls_server(tmp_path, "::1", "127.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"[::1]:{port}: SERVING"
 
 
 @pytest.mark.slow
 def test_a_tls_failure_on_the_first_loopback_is_the_probes_answer(tmp_path: Path) -> None:
     """The server was reached: its certificate lacks the name checked. The other loopback was asked too, and its
     "Connection refused" was the last line of the probe's output, under the one that says what to set."""
-    certs = make_server_certs(tmp_path, names=("env",))
-    server = _Server("127.0.0.1", "--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
-    try:
-        environ = {
-            **os.environ,
-            "ENVFLEET_HOST": "0.0.0.0",
-            "ENVFLEET_PORT": str(server.port),
-            "ENVFLEET_TLS_CERT": str(certs.cert),
-            "ENVFLEET_TLS_CA": str(certs.ca),
-        }
-        result = probe(env=environ)
-    finally:
-        server.stop()
+    port, result = _probe_tls_server(tmp_path, "127.0.0.1", "env")
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"127.0.0.1:{server.port}: unhealthy")
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"127.0.0.1:{port}: unhealthy")
     assert "ENVFLEET_TLS_SERVER_NAME" in lines[0], lines
 
 
