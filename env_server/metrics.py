@@ -27,7 +27,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 
 from env_server.interceptors import RefusalLog
-from env_server.protocol import package_version
+from env_server.protocol import host_port, package_version
 
 __all__ = [
     "ERROR_CODES",
@@ -389,7 +389,7 @@ def none_bound(tried: list[tuple[Any, OSError]], port: int) -> OSError:
         return tried[0][1]
     if not tried:
         return OSError(errno.EADDRNOTAVAIL, "the host resolves to no address")
-    where = [f"[{a[0]}]:{port}" if ":" in a[0] else f"{a[0]}:{port}" for a, _ in tried]
+    where = [host_port(str(address[0]), port) for address, _ in tried]
     reasons = {err.strerror or str(err) for _, err in tried}
     if len(reasons) == 1:
         text = f"{reasons.pop()} at each of its addresses ({', '.join(where)})"

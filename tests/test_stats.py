@@ -17,9 +17,15 @@ from learner.stats import ReplicaStats, StepTimer
 from tests.conftest import ServerProcess, SpawnServer, StartServers
 
 
-def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """learner.stats' clock (time.perf_counter), which a test moves on by hand (``clock.now += ...``)."""
+    fake = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=lambda: fake.now))
+    return fake
+
+
+def test_env_busy_is_the_share_of_wall_time_the_envs_stepped(clock: SimpleNamespace) -> None:
     timer = StepTimer("10.0.0.1:50051", num_envs=4)
     for _ in range(10):
         timer.record(latency_s=0.012, env_s=0.010)
@@ -178,10 +184,8 @@ def test_the_slowest_round_trip_is_the_windows_however_many_steps_it_has() -> No
     assert timer.stats().latency_max_ms == pytest.approx(4.0)  # (the new window's, not the pause)
 
 
-def test_env_time_a_server_does_not_measure_is_not_taken_for_0(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_time_a_server_does_not_measure_is_not_taken_for_0(clock: SimpleNamespace) -> None:
     """env_seconds 0 is "not measured" (the proto): NaN env figures, not 0 ms and env_busy 0."""
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
     foreign = StepTimer("10.0.0.1:50051", num_envs=4)
     for _ in range(10):
         foreign.record(latency_s=0.030, env_s=0.0)
