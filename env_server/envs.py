@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from queue import Empty
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -700,6 +701,8 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
         if err.errno in short:
             text += f": each env is a process; {_PROCESS_LIMITS} (or use fewer --num-envs, or --vectorization sync)"
         return EnvBuildError(f"cannot make env {config.env!r}: {text}")
+    if isinstance(err, WorkerEndedError):
+        return EnvBuildError(f"cannot make env {config.env!r}: {err} (os._exit, or a crash in native code)")
     if isinstance(err, OSError) and err.errno in short:  # (the env's constructor starting a process of its own, say)
         text = " ".join(str(err).split()) or type(err).__name__
         return EnvBuildError(
@@ -880,13 +883,28 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
 
     def _constructor_error(self) -> Exception | None:
         """The error an env's constructor raised in its worker, which the worker put on the error queue before it
-        ended (see :func:`_naming_worker`), where the start failed as the worker's pipe closed (an EOFError or
-        ConnectionResetError, which says nothing of why); None where there is none (a worker killed)."""
-        try:
-            _, _, error, _ = self.error_queue.get(timeout=1.0)  # (put before the pipe closed: there at once)
-        except Exception:  # (queue.Empty; no queue yet)
+        ended (see :func:`_naming_worker`), where the start failed as the worker's pipe closed (an EOFError,
+        BrokenPipeError or ConnectionResetError, which say nothing of why); a WorkerEndedError where a worker
+        ended without one (os._exit, a crash in native code: a SIGSEGV); None where neither shows within 1 s."""
+        processes = getattr(self, "processes", [])
+        if not processes:  # (no workers, nor their queue, yet)
             return None
-        return error if isinstance(error, Exception) else None
+        deadline = time.monotonic() + 1.0
+        while True:
+            # (a worker's error is flushed to the queue before the worker ends: one that had ended before the get
+            # has its error there, so an empty queue then means it had none)
+            ended = [(index, process.exitcode) for index, process in enumerate(processes, 1)]
+            try:
+                _, _, error, _ = self.error_queue.get(timeout=0.05)
+            except Empty:
+                if any(code is not None for _, code in ended) or time.monotonic() >= deadline:
+                    break
+                continue
+            return error if isinstance(error, Exception) else None
+        index, code = next(
+            ((index, process.exitcode) for index, process in enumerate(processes, 1) if process.exitcode), (0, None)
+        )
+        return WorkerEndedError(index, len(processes), code) if code is not None else None
 
     # gymnasium's calls, recovered from where they raise (see _recover).
     def reset_async(self, *args: Any, **kwargs: Any) -> None:
@@ -1144,6 +1162,25 @@ class WorkerStartError(OSError):
         self.index = index  # (1-based)
         self.count = count
         self.error = err
+
+
+class WorkerEndedError(Exception):
+    """A worker process of async vectorization ended as it made its env, without an error to report (os._exit, a
+    crash in native code)."""
+
+    def __init__(self, index: int, count: int, exitcode: int) -> None:
+        how = f"killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exit code {exitcode}"
+        super().__init__(f"worker process {index} of {count} ended ({how}) as it made its env, with no error to report")
+        self.index = index  # (1-based)
+        self.count = count
+        self.exitcode = exitcode
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 # gymnasium's worker of AsyncVectorEnv, which _naming_worker extends: a private function (were it renamed

@@ -667,6 +667,21 @@ class AbortingEnv(ClockEnv):
         os.abort()
 
 
+class EndsInWorkerEnv(ClockEnv):
+    """A ClockEnv whose constructor, in an async vectorization worker (not in the server's process), ends the worker
+    without an error to report: ``os._exit(code)``, or the signal ``signal_number`` where one is given (a crash in
+    native code)."""
+
+    def __init__(self, code: int = 3, signal_number: int = 0) -> None:
+        import multiprocessing  # (here: the rest of this module has no use for it)
+
+        if multiprocessing.parent_process() is not None:
+            if signal_number:
+                os.kill(os.getpid(), signal_number)
+            os._exit(code)
+        super().__init__()
+
+
 class SimulatorBuildEnv(ClockEnv):
     """A ClockEnv whose constructor starts a process of its own (a simulator, whose command line holds
     ``marker``, sleeping ``sim_s`` seconds), then takes ``build_s`` seconds (the simulator loading)."""

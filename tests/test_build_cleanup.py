@@ -6,6 +6,7 @@ logged, and the build's own error raised."""
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,13 @@ def test_an_async_build_whose_worker_fails_closes_the_other_workers_envs(tmp_pat
     found = records(record)
     assert found["made"] == [1, 2, 3, 4] and found["failed"] == [5]
     assert sorted(found["closed"]) == [1, 2, 3, 4]  # (3 and 4 in their workers, before they ended)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "how"), [({"code": 3}, "exit code 3"), ({"signal_number": signal.SIGKILL}, "killed by SIGKILL")]
+)
+def test_an_async_worker_that_ends_with_no_error_to_report_is_named(kwargs: dict[str, int], how: str) -> None:
+    """Its pipe's BrokenPipeError or EOFError, which the start raises, says nothing of why."""
+    config = ServerConfig(env="tests.envs:EndsInWorkerEnv", num_envs=2, env_kwargs=kwargs, vectorization="async")
+    with pytest.raises(EnvBuildError, match=rf"worker process [12] of 2 ended \({how}\) as it made its env"):
+        build_vector_env(config)
