@@ -8,6 +8,7 @@ import functools
 import gc
 import importlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -1122,8 +1123,13 @@ class _TrackedPipe:
     def send(self, obj: Any) -> None:
         # As Connection.send, pickling first: what cannot be pickled is sent not at all, and no reply is due. Due
         # before it is sent: an exception raised as the send returns (a signal handler's: a Ctrl-C) leaves the reply
-        # due that the worker sends all the same.
-        data = ForkingPickler.dumps(obj)
+        # due that the worker sends all the same. Pickled to bytes, not to ForkingPickler.dumps' view of its BytesIO:
+        # a send that raises leaves that view in its traceback's frames, and where the error is then kept in a
+        # reference cycle (re-raised from a variable, as EnvThread.call does), collecting it printed "Exception
+        # ignored in: <_io.BytesIO ...> BufferError" (Python 3.13.0), or crashed the server (3.12.1: CPython's gh-111049).
+        buffer = io.BytesIO()
+        ForkingPickler(buffer).dump(obj)
+        data = buffer.getvalue()  # (the BytesIO's own bytes: no copy)
         self.due = True
         try:
             self._pipe.send_bytes(data)

@@ -6,10 +6,13 @@ recovers from an error in gymnasium's own code, and says it cannot go on when a 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
+import multiprocessing
 import os
 import re
 import signal
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -21,7 +24,7 @@ import numpy as np
 import pytest
 
 from env_server import ServerConfig, build_vector_env
-from env_server.envs import EnvBuildError, ObservationLayoutError
+from env_server.envs import EnvBuildError, ObservationLayoutError, _TrackedPipe
 from env_server.health import check
 from env_server.isolation import ENV_ERROR_KEY, IsolateErrors, tell_positions
 from learner import EnvCrashedError, RemoteVectorEnv
@@ -183,6 +186,45 @@ def test_an_async_server_whose_worker_died_says_it_cannot_go_on(spawn_server: Sp
             envs.reset(seed=0)
         assert "AlreadyPendingCallError" not in str(raised.value)
     assert check(server.address) == "NOT_SERVING"
+
+
+class _RecordingPipe:
+    """A pipe's end that records the type of what it is given to send."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+        self.sent: list[type] = []
+
+    def send_bytes(self, data: Any) -> None:
+        self.sent.append(type(data))
+        self.pipe.send_bytes(data)
+
+
+def test_a_send_to_a_worker_gone_leaves_the_garbage_collector_no_view_of_a_bytesio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A send that raises keeps what it sent in its traceback's frames; there, in a reference cycle (EnvThread.call
+    re-raises the error from a variable), a view of ForkingPickler.dumps' BytesIO made the garbage collector print
+    "Exception ignored ... BufferError" (Python 3.13), or crash the server closing its envs after a worker had died
+    (3.12.1: CPython's gh-111049). Bytes are sent, which Python 3.11 did not need, so they are checked too."""
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    ours, theirs = multiprocessing.Pipe()
+    theirs.close()  # (the worker gone)
+    recording = _RecordingPipe(ours)
+
+    def send_keeping_the_error() -> None:
+        try:
+            _TrackedPipe(recording).send(("step", np.zeros(4)))
+        except OSError as err:
+            error = err
+        raise error  # (a cycle: the error's traceback holds this frame, which holds the error)
+
+    with pytest.raises(BrokenPipeError):
+        send_keeping_the_error()
+    gc.collect()
+    assert recording.sent == [bytes] and unraisable == []
+    ours.close()
 
 
 def test_a_recovery_kills_a_worker_whose_env_does_not_answer_in_time(caplog: pytest.LogCaptureFixture) -> None:
