@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -546,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     config, (log_level, log_format) = parse_args(argv)
     configure_logging(log_level, log_format)
+    # gymnasium's AsyncVectorEnv says a worker's error as warnings (raw lines, in red, past --log-format json) before
+    # it raises it, which the server logs itself.
+    warnings.filterwarnings("ignore", r"(\x1b\[\d+m)?ERROR: ", UserWarning, r"gymnasium\.vector\.async_vector_env")
     # (a warning, not an error: the same environment often carries the variables of other envfleet commands)
     for warning in unread_variables(os.environ, server_variables()):
         log.warning("%s", warning)

@@ -8,6 +8,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import MutableMapping, Sequence
@@ -71,10 +72,14 @@ LOG_FORMATS = ("text", "json")
 """What ``--log-format`` takes: a line of text per record, or a JSON object per line."""
 
 
+# A terminal's colour codes (gymnasium's warnings come in red and yellow).
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per record, on one line, for log collectors (Loki, Elasticsearch, Cloud Logging):
-    ``time`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger``, ``message`` (arguments merged in),
-    and, where the record has them, ``exception`` (the formatted traceback) and ``stack``."""
+    ``time`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger``, ``message`` (arguments merged in, terminal
+    colour codes taken out), and, where the record has them, ``exception`` (the formatted traceback) and ``stack``."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -82,7 +87,7 @@ class JsonLogFormatter(logging.Formatter):
             "time": f"{stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _COLOUR.sub("", record.getMessage()),
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -109,7 +114,8 @@ class TextLogFormatter(logging.Formatter):
 
 def configure_logging(level: str, log_format: str = "text") -> None:
     """Log at ``level`` (debug, info, ...) to stderr, one line per record: text naming the logger
-    (:class:`TextLogFormatter`), or (``log_format="json"``) a JSON object (:class:`JsonLogFormatter`)."""
+    (:class:`TextLogFormatter`), or (``log_format="json"``) a JSON object (:class:`JsonLogFormatter`), warnings
+    (gymnasium's, an env's) then logged too, as records of the logger ``py.warnings``, not printed as they are."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
@@ -118,6 +124,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     else:
         handler.setFormatter(TextLogFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    logging.captureWarnings(log_format == "json")
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
 

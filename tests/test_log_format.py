@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from env_server.tuning import JsonLogFormatter, configure_logging
+from learner import EnvCrashedError, RemoteVectorEnv
 from learner.cli import build_parser
 from tests.conftest import SpawnServer
 
@@ -63,6 +65,32 @@ def test_env_server_logs_json_lines_when_asked(spawn_server: SpawnServer) -> Non
     server.stop()
     variable = spawn_server("CartPole-v1", 1, environ={"ENVFLEET_LOG_FORMAT": "json"})
     assert variable.logs().lstrip().startswith("{")
+
+
+def _all_json(text: str) -> list[dict[str, str]]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert all(line.startswith("{") for line in lines), text
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_warnings_are_json_records_and_an_async_workers_error_is_said_once(spawn_server: SpawnServer) -> None:
+    """Warnings (gymnasium's, in colour) were printed as they are, and an async worker's error as gymnasium's
+    three warnings per worker (raw lines, in red) beside the server's own record of it."""
+    old = spawn_server("CartPole-v0", 1, "--log-format", "json")  # (gymnasium warns that v0 is out of date)
+    warned = [r for r in _all_json(old.logs()) if r["logger"] == "py.warnings"]
+    assert warned and "out of date" in warned[0]["message"] and "\x1b" not in warned[0]["message"], warned
+    kwargs = json.dumps({"wrong_shape_in": "step", "fault_env": -1})
+    server = spawn_server(
+        "tests.envs:FaultyEnv", 2, "--env-kwargs", kwargs, "--vectorization", "async", "--log-format", "json"
+    )
+    with RemoteVectorEnv([server.address], fault_tolerant=False) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(EnvCrashedError, match="ObservationLayoutError"):
+            envs.step(np.zeros(2, dtype=np.int64))
+    records = _all_json(server.logs())
+    assert [r["level"] for r in records if "ObservationLayoutError" in r["message"]] == ["ERROR"], records
+    assert not [r for r in records if r["logger"] == "py.warnings"], records
 
 
 @pytest.mark.slow
