@@ -214,9 +214,11 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((AUTH_METADATA_KEY, f"Bearer {check_token(token)}"),)
 
 
+@functools.cache
 def package_version() -> str:
     """envfleet's installed version (for --version and the metrics' info), else the version in the
-    pyproject.toml beside the package (a checkout's source run without installing it, PYTHONPATH=...)."""
+    pyproject.toml beside the package (a checkout's source run without installing it, PYTHONPATH=...). Found once
+    (importlib.metadata reads every installed distribution's: ~60 ms)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

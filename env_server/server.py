@@ -47,6 +47,7 @@ from env_server.protocol import (
     host_port,
     host_problem,
     http_host,
+    runtime_versions,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -623,6 +624,10 @@ async def _serve(
         log.warning("--spin-wait-ms applies to the step socket only (--unix-socket, step socket on): ignored")
     # A port in use (gRPC's or the metrics') next, before the envs are built: a build may take minutes.
     _check_bindable(config)
+    # envfleet's version and commit, which the spec and the metrics say (importlib.metadata and git: ~0.1 s, up to
+    # 10 s where git hangs), found once, now that the loop serves nothing yet: not as the envs are attached, when
+    # the loop answers health checks and learners (the first time and after each --fresh-envs rebuild).
+    runtime_versions()
     env = None
     step_server: StepSocketServer | None = None
     build_s = 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import env_server.health
@@ -38,6 +40,31 @@ def test_serving_server_is_healthy_for_the_server_and_the_env_service(start_serv
     result = probe("--address", address)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{address}: SERVING"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (HEALTH_FILE.parent.parent / ".git").exists() or shutil.which("git") is None, reason="needs a git checkout"
+)
+def test_a_slow_git_finding_the_commit_does_not_hold_health_checks_up(tmp_path: Path) -> None:
+    """The commit (git, for the spec's versions) was found on the event loop as the envs were attached, after the
+    server listened: a slow git left health checks unanswered meanwhile. It is found before the server listens."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "git").write_text(f'#!/bin/sh\nsleep 4\nexec {shutil.which("git")} "$@"\n')
+    (fake / "git").chmod(0o755)
+    environ = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    argv = [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--num-envs", "1", "--port", "0"]
+    with subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stderr is not None
+            building = proc.stderr.readline()  # ("building 1 x CartPole-v1 (...), listening on port N")
+            assert "listening on port" in building, building
+            address = f"127.0.0.1:{building.split()[-1]}"
+            # (the envs are built in ms, then attached: within check's 3 s, where git's two calls take 8 s)
+            assert check(address) in ("SERVING", "NOT_SERVING")
+        finally:
+            proc.kill()
 
 
 def test_probe_reads_the_port_from_the_servers_environment_variables(start_servers: StartServers) -> None:

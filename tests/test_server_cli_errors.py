@@ -245,13 +245,13 @@ def test_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
-    assert package_version() == f"{pyproject['project']['version']} (not installed)"
+    assert package_version.__wrapped__() == f"{pyproject['project']['version']} (not installed)"  # (not its cache)
     # ... but not another project's (the package copied beside its pyproject.toml)
     project = tmp_path / "other"
     (project / "env_server").mkdir(parents=True)
     (project / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "9.9"\n')
     monkeypatch.setattr("env_server.protocol.__file__", str(project / "env_server" / "protocol.py"))
-    assert package_version() == "(not installed)"
+    assert package_version.__wrapped__() == "(not installed)"
 
 
 def test_a_unix_socket_another_server_listens_on_is_refused_and_a_stale_one_replaced(
