@@ -31,6 +31,11 @@ COMMITTED_JSON = COMMITTED / "bench.json"
 @pytest.mark.needs_torch
 def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     out = tmp_path / "bench"
+    # A MuJoCo that raises AttributeError as it is imported (without its GL libraries: MUJOCO_GL=osmesa and no
+    # OSMesa), which the forkserver's preload died of: every baseline failed with EOFError, CartPole's too.
+    (tmp_path / "broken" / "mujoco").mkdir(parents=True)
+    (tmp_path / "broken" / "mujoco" / "__init__.py").write_text("raise AttributeError('no GL')\n")
+    path = os.pathsep.join(p for p in (str(tmp_path / "broken"), os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
         [
             sys.executable,
@@ -63,6 +68,7 @@ def test_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"wrote {out / 'bench.json'}" in result.stdout

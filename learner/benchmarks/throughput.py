@@ -36,9 +36,7 @@ _PRELOAD = [
     "gymnasium",
     "learner.benchmarks.envs",
     "gymnasium.vector.async_vector_env",
-    "stable_baselines3.common.vec_env.subproc_vec_env",
-    "ale_py",
-    "mujoco",
+    "learner.benchmarks.preload",  # (SB3, ale-py, MuJoCo: see there)
 ]
 
 
