@@ -28,6 +28,21 @@ settings.register_profile("dev", database=None)
 settings.register_profile("ci", database=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+
+def _undo_ignored_stop_signals() -> None:
+    """A suite started with SIGHUP or SIGINT ignored (``nohup make test &``, a CI runner that ignores
+    them, a non-interactive shell's background job) would hand that on to every process the tests start,
+    and the tests that send those signals would see them ignored (as the product rightly does under
+    nohup): ignored ones are put back to Python's defaults here, in each pytest process (xdist's workers
+    too); a handler of another kind is left alone."""
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_undo_ignored_stop_signals()
+
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
 
@@ -105,7 +120,7 @@ class ServerProcess:
         env = {**os.environ, **self.environ} if self.environ else None
         # The server's log lines, in a file: a pipe nobody reads could fill up and block the server.
         if self.proc is not None:
-            self.log.close()
+            self._close_files()  # (the last process's: a restart's new process has its own)
         self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "env_server", *self.argv, "--host", "127.0.0.1", "--port", port],
@@ -119,6 +134,7 @@ class ServerProcess:
         if not line.startswith("listening on "):
             self.proc.kill()
             self.proc.wait(timeout=30)
+            self.proc.stdout.close()  # (its log stays open for logs(), until stop())
             raise RuntimeError(f"env-server did not start: {line!r} {self.logs()[-2000:]}")
         self.address = line.removeprefix("listening on ")
         return time.monotonic()
@@ -134,13 +150,23 @@ class ServerProcess:
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=30)
 
+    def _close_files(self) -> None:
+        """Close what this object holds of its (latest) process: its pipes and its log file."""
+        assert self.proc is not None
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.log.close()
+
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
-            self.log.close()
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        finally:
+            self._close_files()
 
 
 SpawnServer = Callable[..., ServerProcess]
@@ -170,8 +196,9 @@ def spawn_server() -> Iterator[SpawnServer]:
         return server
 
     yield spawn
-    for server in started:
-        server.stop()
+    with contextlib.ExitStack() as stack:  # (each stopped, its files closed, should another's stop fail)
+        for server in started:
+            stack.callback(server.stop)
 
 
 def not_found_at_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:

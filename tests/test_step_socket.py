@@ -80,7 +80,11 @@ class Session:
 
     def __init__(self, address: str, num_envs: int = 3, *, hold: bool = True) -> None:
         self.address = address
+        self.socks: list[socket.socket] = []  # (those connect() opened: closed in close())
+        self.hold: grpc.Future | None = None
+        self.closed = False
         self.channel = grpc.insecure_channel(address)
+        _SESSIONS.append(self)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         handshake = self.stub.Handshake(pb.HandshakeRequest(client_name="test"), timeout=10)
         self.id = handshake.session_id
@@ -92,6 +96,7 @@ class Session:
 
     def connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socks.append(sock)
         sock.settimeout(10)
         sock.connect(self.step_socket)
         return sock
@@ -103,9 +108,25 @@ class Session:
         return pb.StepResponse.FromString(payload)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for sock in self.socks:
+            sock.close()
         if self.hold is not None:
             self.hold.cancel()
         self.channel.close()
+
+
+_SESSIONS: list[Session] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sessions() -> Iterator[None]:
+    """Every Session a test made is closed after it, passed or failed, with the sockets it opened."""
+    yield
+    while _SESSIONS:
+        _SESSIONS.pop().close()
 
 
 @pytest.fixture
@@ -716,6 +737,7 @@ def unix_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     yield proc, f"unix:{path}"
     proc.kill()
     proc.wait(timeout=10)
+    proc.stdout.close()
 
 
 def test_a_killed_server_is_a_lost_server_and_a_fault_tolerant_fleet_steps_on(
