@@ -547,9 +547,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     config, (log_level, log_format) = parse_args(argv)
     configure_logging(log_level, log_format)
-    # gymnasium's AsyncVectorEnv says a worker's error as warnings (raw lines, in red, past --log-format json) before
-    # it raises it, which the server logs itself.
-    warnings.filterwarnings("ignore", r"(\x1b\[\d+m)?ERROR: ", UserWarning, r"gymnasium\.vector\.async_vector_env")
+    # gymnasium's AsyncVectorEnv says a worker's error as three warnings (in red) before it raises it, which the
+    # server logs itself: the first and last say nothing more (the middle one, the worker's traceback, is kept).
+    warnings.filterwarnings(
+        "ignore",
+        r"(\x1b\[[0-9;]*m)?ERROR: (Received the following error from Worker|Raising the last exception back)",
+        UserWarning,
+        r"gymnasium\.vector\.async_vector_env",
+    )
     # (a warning, not an error: the same environment often carries the variables of other envfleet commands)
     for warning in unread_variables(os.environ, server_variables()):
         log.warning("%s", warning)

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import re
 import signal
 import sys
@@ -703,7 +704,7 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             text += f": each env is a process; {_PROCESS_LIMITS} (or use fewer --num-envs, or --vectorization sync)"
         return EnvBuildError(f"cannot make env {config.env!r}: {text}")
     if isinstance(err, WorkerEndedError):
-        return EnvBuildError(f"cannot make env {config.env!r}: {err} (os._exit, or a crash in native code)")
+        return EnvBuildError(f"cannot make env {config.env!r}: {err}")
     if isinstance(err, OSError) and err.errno in short:  # (the env's constructor starting a process of its own, say)
         text = " ".join(str(err).split()) or type(err).__name__
         return EnvBuildError(
@@ -901,10 +902,11 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
                 if any(code is not None for _, code in ended) or time.monotonic() >= deadline:
                     break
                 continue
+            except Exception as err:  # (one that does not unpickle, put there by another worker than _report)
+                return RuntimeError(f"a worker's error could not be read: {type(err).__name__}: {_one_line(err)}")
             return error if isinstance(error, Exception) else None
-        index, code = next(
-            ((index, process.exitcode) for index, process in enumerate(processes, 1) if process.exitcode), (0, None)
-        )
+        # (of those that had ended before the queue was found empty: a later one's error may be on its way)
+        index, code = next(((index, code) for index, code in ended if code is not None), (0, None))
         return WorkerEndedError(index, len(processes), code) if code is not None else None
 
     # gymnasium's calls, recovered from where they raise (see _recover).
@@ -1172,10 +1174,15 @@ class WorkerStartError(OSError):
 
 class WorkerEndedError(Exception):
     """A worker process of async vectorization ended as it made its env, without an error to report (os._exit, a
-    crash in native code)."""
+    crash in native code, the OOM killer)."""
 
     def __init__(self, index: int, count: int, exitcode: int) -> None:
-        how = f"killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exit code {exitcode}"
+        if exitcode >= 0:
+            how = f"exit code {exitcode}: os._exit or sys.exit in the env's constructor, say"
+        elif -exitcode == signal.SIGKILL:
+            how = "killed by SIGKILL: by the kernel's OOM killer, out of memory, say"
+        else:
+            how = f"killed by {_signal_name(-exitcode)}: a crash in native code, say"
         super().__init__(f"worker process {index} of {count} ended ({how}) as it made its env, with no error to report")
         self.index = index  # (1-based)
         self.count = count
@@ -1238,10 +1245,11 @@ def _naming_worker(
 
 def _report(queue: Any, index: int, err: Exception) -> None:
     """Put ``err`` (raised as worker ``index`` made its env) on the error queue, as gymnasium's worker reports an
-    env's error: one that does not pickle as its text."""
+    env's error: one that does not pickle, or not back (an exception whose ``__init__`` takes other arguments than
+    its ``args``), as its text."""
     with contextlib.suppress(Exception):
         try:
-            ForkingPickler.dumps(err)
+            pickle.loads(ForkingPickler.dumps(err))
         except Exception:
             err = RuntimeError(f"{type(err).__name__}: {_one_line(err)}")
         queue.put((index, type(err), err, traceback.format_exc()))

@@ -124,7 +124,8 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     else:
         handler.setFormatter(TextLogFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler])
-    logging.captureWarnings(log_format == "json")
+    if log_format == "json":
+        logging.captureWarnings(True)
     for name in _CHATTY_AT_DEBUG:
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLogger().level))
 

@@ -667,15 +667,24 @@ class AbortingEnv(ClockEnv):
         os.abort()
 
 
+class _TwoArgumentError(Exception):
+    """An error that pickles but does not unpickle: its ``__init__`` takes other arguments than its ``args``."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
 class EndsInWorkerEnv(ClockEnv):
     """A ClockEnv whose constructor, in an async vectorization worker (not in the server's process), ends the worker
     without an error to report: ``os._exit(code)``, or the signal ``signal_number`` where one is given (a crash in
-    native code)."""
+    native code); or (``unreadable``) raises an error that does not unpickle."""
 
-    def __init__(self, code: int = 3, signal_number: int = 0) -> None:
+    def __init__(self, code: int = 3, signal_number: int = 0, unreadable: bool = False) -> None:
         import multiprocessing  # (here: the rest of this module has no use for it)
 
         if multiprocessing.parent_process() is not None:
+            if unreadable:
+                raise _TwoArgumentError("simulator", "licence not found")
             if signal_number:
                 os.kill(os.getpid(), signal_number)
             os._exit(code)

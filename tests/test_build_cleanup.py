@@ -64,5 +64,16 @@ def test_an_async_build_whose_worker_fails_closes_the_other_workers_envs(tmp_pat
 def test_an_async_worker_that_ends_with_no_error_to_report_is_named(kwargs: dict[str, int], how: str) -> None:
     """Its pipe's BrokenPipeError or EOFError, which the start raises, says nothing of why."""
     config = ServerConfig(env="tests.envs:EndsInWorkerEnv", num_envs=2, env_kwargs=kwargs, vectorization="async")
-    with pytest.raises(EnvBuildError, match=rf"worker process [12] of 2 ended \({how}\) as it made its env"):
+    with pytest.raises(EnvBuildError, match=rf"worker process [12] of 2 ended \({how}: .+\) as it made its env"):
+        build_vector_env(config)
+
+
+def test_an_async_workers_error_that_does_not_unpickle_is_said_as_its_text() -> None:
+    """It pickled, so it was put on the queue as it was; reading it back raised a TypeError of its __init__, which
+    escaped the failed start's clean-up and was said as the constructor's own error ("missing 1 required
+    positional argument")."""
+    config = ServerConfig(
+        env="tests.envs:EndsInWorkerEnv", num_envs=2, env_kwargs={"unreadable": True}, vectorization="async"
+    )
+    with pytest.raises(EnvBuildError, match="_TwoArgumentError: simulator: licence not found"):
         build_vector_env(config)

@@ -55,11 +55,13 @@ def test_a_slow_git_finding_the_commit_does_not_hold_health_checks_up(tmp_path: 
     (fake / "git").chmod(0o755)
     environ = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
     argv = [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--num-envs", "1", "--port", "0"]
+    argv += ["--log-format", "text"]
     with subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stderr is not None
-            building = proc.stderr.readline()  # ("building 1 x CartPole-v1 (...), listening on port N")
-            assert "listening on port" in building, building
+            # ("building 1 x CartPole-v1 (...), listening on port N", after any warning)
+            building = next((line for line in proc.stderr if "listening on port" in line), "")
+            assert building, "the server ended before it listened"
             address = f"127.0.0.1:{building.split()[-1]}"
             # (the envs are built in ms, then attached: within check's 3 s, where git's two calls take 8 s)
             assert check(address) in ("SERVING", "NOT_SERVING")
