@@ -8,9 +8,9 @@ import logging
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import grpc
@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Seconds. A CartPole batch takes ~50 us to step and ~150 us to serve (10 us: the step socket's
 # overhead alone); an Atari batch milliseconds; a robot or a remote simulator up to seconds; past
@@ -318,24 +320,34 @@ def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
     closed after :data:`HTTP_TIMEOUT_S` without progress, and at most :data:`MAX_HTTP_CONNECTIONS`
     are served at once. Returns the server (``server_port``; ``shutdown()`` then ``server_close()``
     to stop); OSError (socket.gaierror for a host that does not resolve) if it cannot listen."""
-    tried: list[tuple[Any, OSError]] = []
-    for family, sockaddr in metrics_addresses(host, port):
-        # Each address ``host`` resolves to, in the system's order, until one binds (localhost: 127.0.0.1
-        # where there is no ::1, or ::1 where /etc/hosts lists 127.0.0.1 first and there is no IPv4 loopback).
 
+    def listen(family: socket.AddressFamily, sockaddr: Any) -> _MetricsServer:
         class Server(_MetricsServer):
             address_family = family
 
+        return Server(sockaddr, _MetricsHandler)  # (IPv6's whole 4-tuple: a link-local address's scope id)
+
+    httpd = _bind_first(host, port, listen)
+    httpd.set_app(make_wsgi_app(registry))
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    return httpd
+
+
+def _bind_first(host: str, port: int, bind: Callable[[socket.AddressFamily, Any], T]) -> T:
+    """``bind(family, socket address)`` for each address ``host`` resolves to (see :func:`metrics_addresses`)
+    until one binds: its result (localhost: 127.0.0.1 where there is no ::1, or ::1 where /etc/hosts lists
+    127.0.0.1 first and there is no IPv4 loopback). The next is tried only after an error that says this machine
+    lacks the address (NO_SUCH_ADDRESS): a port taken is the error, not served on another of the host's
+    addresses, which others would not reach. OSError naming the addresses tried (see :func:`none_bound`);
+    socket.gaierror where ``host`` does not resolve."""
+    tried: list[tuple[Any, OSError]] = []
+    for family, sockaddr in metrics_addresses(host, port):
         try:
-            httpd = Server(sockaddr, _MetricsHandler)  # (IPv6's whole 4-tuple: a link-local address's scope id)
+            return bind(family, sockaddr)
         except OSError as err:
             tried.append((sockaddr, err))
-            if err.errno in NO_SUCH_ADDRESS:
-                continue
-            break  # (a port taken: not served on another of the host's addresses, which others would not reach)
-        httpd.set_app(make_wsgi_app(registry))
-        threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
-        return httpd
+            if err.errno not in NO_SUCH_ADDRESS:
+                break
     raise none_bound(tried, port)
 
 
@@ -366,20 +378,20 @@ def bind_error(host: str, port: int) -> OSError | None:
     """Why the metrics endpoint cannot listen on ``host:port`` now, as :func:`serve_registry` binds (the
     first of ``host``'s addresses that binds); None if it can. socket.gaierror where ``host`` does not
     resolve. Only a check: the bind decides in the end."""
-    tried: list[tuple[Any, OSError]] = []
-    for family, sockaddr in metrics_addresses(host, port):
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as http.server binds)
-                _both_families(sock, family, sockaddr)
-                sock.bind(sockaddr)
-        except OSError as err:
-            tried.append((sockaddr, err))
-            if err.errno not in NO_SUCH_ADDRESS:
-                break  # (as serve_registry: a port taken is the error)
-        else:
-            return None
-    return none_bound(tried, port)
+
+    def check(family: socket.AddressFamily, sockaddr: Any) -> None:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as http.server binds)
+            _both_families(sock, family, sockaddr)
+            sock.bind(sockaddr)
+
+    try:
+        _bind_first(host, port, check)
+    except socket.gaierror:
+        raise
+    except OSError as err:
+        return err
+    return None
 
 
 def none_bound(tried: list[tuple[Any, OSError]], port: int) -> OSError:
