@@ -107,6 +107,12 @@ INLINE_LIMIT_S = 0.010
 _DRAIN_LINGER_S = 1.0
 # Weight of the newest call in the moving average of env call durations.
 _EWMA_WEIGHT = 0.2
+# An env call at least this slow keeps its kind's calls off the loop for the next _REMEMBER_S, whatever
+# the moving average says (which forgets a 3-s step within ~19 quick ones): an env slow now and then (a
+# level loaded at each episode's start, a periodic save) holds the loop up at its first slow call only,
+# not at each. Ten times INLINE_LIMIT_S: a loaded machine's hiccups stay under it.
+_REMEMBERED_CALL_S = 0.1
+_REMEMBER_S = 60.0
 # What an answer (Step's, Reset's) holds besides its observations' data (framing, rewards, flags, infos):
 # kept free by the server's check at start (server._check_answer_size), which the observations alone pass.
 ANSWER_HEADROOM = 1024 * 1024
@@ -368,6 +374,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # Moving average of each env call's duration (step, reset, ...), unknown until the first:
         # so a first call runs on the env thread (a robot's slow first step does not hold the loop up).
         self._env_seconds: dict[str, float] = {}
+        # When each kind's last call of _REMEMBERED_CALL_S or more ended (time.monotonic()).
+        self._slow_at: dict[str, float] = {}
         self._one_thread = True  # (as of attach: see one_thread)
         # Info values no wire form carries, sent as their repr (warned once per info key).
         self._unsendable_infos = UnsendableInfos()
@@ -1298,8 +1306,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._reset_why = why or _RESET_FIRST
 
     def _quick(self, kind: str) -> bool:
-        """Whether ``kind`` calls (step, reset) have been quick enough for the loop to wait for; not before the first."""
-        return self._env_seconds.get(kind, math.inf) < INLINE_LIMIT_S
+        """Whether ``kind`` calls (step, reset) have been quick enough for the loop to wait for: on average, and
+        none slow for a while (see _REMEMBERED_CALL_S); not before the first."""
+        if self._env_seconds.get(kind, math.inf) >= INLINE_LIMIT_S:
+            return False
+        slow_at = self._slow_at.get(kind)
+        return slow_at is None or time.monotonic() - slow_at > _REMEMBER_S
 
     def _call_env(
         self, session: Session, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
@@ -1367,6 +1379,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             elapsed = self._call_ends(kind, begun, start)
             before = self._env_seconds.get(kind)
             self._env_seconds[kind] = elapsed if before is None else before + _EWMA_WEIGHT * (elapsed - before)
+            if elapsed >= _REMEMBERED_CALL_S:
+                self._slow_at[kind] = time.monotonic()
         return result, elapsed
 
     def usual_seconds(self, kind: str) -> float:

@@ -178,3 +178,20 @@ def test_envs_not_bound_to_a_thread_step_quickly_on_the_loop_and_bound_ones_are_
         with pytest.raises(EnvCrashedError, match=r"set metadata\['envfleet_one_thread'\] = True in its class"):
             for _ in range(10):
                 envs.step(np.zeros(1, dtype=np.int64))
+
+
+def test_quick_steps_stay_off_the_loop_for_a_while_after_a_slow_one(start_servers: StartServers) -> None:
+    """An env slow now and then (a level loaded at each episode's start) holds the loop up at its first slow step
+    only: the steps after it run on the env thread, the loop free, though the moving average of a step's time
+    is back under INLINE_LIMIT_S ~5 steps after a 0.15-s one."""
+    (address,) = start_servers(
+        "tests.thread_envs:ThreadRecorder",
+        num_servers=1,
+        envs_per_server=1,
+        env_kwargs={"one_thread": False, "slow_from": 11, "slow_to": 11, "slow_s": 0.15},
+    )
+    with RemoteVectorEnv(address, timeout=60) as envs:
+        made_on = int(envs.reset(seed=0)[1]["made_on"][0])
+        on = [int(envs.step(np.zeros(1, dtype=np.int64))[4]["on"][0]) for _ in range(40)]
+    assert on[9] != made_on, "quick steps before the slow one ran on the env thread"
+    assert on[11:] == [made_on] * 29, [step for step, thread in enumerate(on, 1) if thread != made_on]
