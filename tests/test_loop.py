@@ -169,6 +169,15 @@ def test_an_interrupted_call_is_cancelled_and_its_cleanup_run_before_the_interru
 
 
 @pytest.fixture
+def runner() -> Iterator[LoopRunner]:
+    """A LoopRunner of a loop of its own, closed after the test (a thread's shared loop is never closed: see
+    LoopRunner)."""
+    loop = asyncio.new_event_loop()
+    yield LoopRunner(loop)
+    loop.close()
+
+
+@pytest.fixture
 def ctrl_c() -> Iterator[Callable[[float], threading.Timer]]:
     """``ctrl_c(after)``: a Ctrl-C (SIGINT, raising KeyboardInterrupt) to the main thread ``after`` seconds
     from now (a timer: join it); the default handler meanwhile, as at a terminal or in a notebook."""
@@ -299,7 +308,7 @@ def test_a_stop_signal_whose_handler_runs_inside_a_grpc_callback_interrupts_and_
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
 
 
-def test_an_interrupt_left_for_one_thread_s_loop_is_not_raised_in_another_s() -> None:
+def test_an_interrupt_left_for_one_thread_s_loop_is_not_raised_in_another_s(runner: LoopRunner) -> None:
     """A signal's interrupt left for the main thread's loop (its handler ran while that loop ran) is
     raised there, not by a call another thread makes on its own loop meanwhile (the flag was one for
     all: a worker took the KeyboardInterrupt, and the main thread ran on)."""
@@ -319,7 +328,6 @@ def test_an_interrupt_left_for_one_thread_s_loop_is_not_raised_in_another_s() ->
         thread.join()  # (the loop blocked meanwhile, as by synchronous code)
         await asyncio.sleep(5)  # (the interrupt comes first)
 
-    runner = LoopRunner(asyncio.new_event_loop())
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         runner.run(main())
@@ -373,7 +381,7 @@ async def _a_later_call() -> str:
     return "done"
 
 
-def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call() -> None:
+def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call(runner: LoopRunner) -> None:
     """A KeyboardInterrupt raised in the turn of the loop in which the call's future ended (its callback
     that stops the loop scheduled, not yet run): the next call (the fleet's close) stopped at its first
     turn, "Event loop stopped before Future completed", its task cancelled, and its servers were left
@@ -382,13 +390,12 @@ def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call(
     async def ends_with_an_interrupt_queued() -> None:
         asyncio.get_running_loop().call_soon(_ctrl_c)  # (before the future's own callbacks)
 
-    runner = LoopRunner(asyncio.new_event_loop())
     with pytest.raises(KeyboardInterrupt):
         runner.run(ends_with_an_interrupt_queued())
     assert runner.run(_a_later_call()) == "done"
 
 
-def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call() -> None:
+def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call(runner: LoopRunner) -> None:
     """A Ctrl-C handled in the loop's last turn of a call that failed (a step whose servers the same
     Ctrl-C ended): the call raised its error, and the interrupt was left for whatever call came next."""
 
@@ -396,16 +403,14 @@ def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call() -> None
         asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the handler, in the last turn)
         raise ConnectionError("the server went away")
 
-    runner = LoopRunner(asyncio.new_event_loop())
     with pytest.raises(KeyboardInterrupt):
         runner.run(fails_as_the_interrupt_is_asked())
     assert runner.run(_a_later_call()) == "done"
 
 
-def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_running_it() -> None:
+def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_running_it(runner: LoopRunner) -> None:
     """A close run on the main thread's loop by another thread (a finalizer, say) leaves the main
     thread's interrupt to the main thread's next call."""
-    runner = LoopRunner(asyncio.new_event_loop())
     worker_raised: list[bool] = []
 
     def worker() -> None:
@@ -427,7 +432,9 @@ def test_an_interrupt_left_for_the_main_thread_s_loop_is_not_raised_by_a_worker_
         learner.interrupts._interrupt_pending_on = None
 
 
-def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for_the_next_call() -> None:
+def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for_the_next_call(
+    runner: LoopRunner,
+) -> None:
     """A second Ctrl-C in the last turn of the cleanup that the first one's cancel runs: the first's
     KeyboardInterrupt stands for both; the second was left pending and cut the next call (the fleet's
     close) short at its first turn."""
@@ -439,7 +446,6 @@ def test_a_second_interrupt_during_an_interrupted_call_s_cleanup_is_not_left_for
             asyncio.get_running_loop().call_soon(learner.interrupts.interrupt)  # (the second Ctrl-C's handler)
             raise
 
-    runner = LoopRunner(asyncio.new_event_loop())
     runner.loop.call_later(0.05, _ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         runner.run(cleaned_up_when_cancelled())
