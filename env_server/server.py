@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import errno
 import functools
@@ -1152,6 +1153,10 @@ START_FAILED_STATUS = 2
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
 _WATCH_S = 0.25
+# A watchdog's wake-up this much later than it asked for is the whole process held up (SIGSTOP, `docker pause`,
+# a VM paused or migrated, a debugger, a host that gave it no CPU), not its env call: that time does not count
+# as the call's (--hang-timeout, the slow-call warning).
+_HELD_UP_S = 1.0
 SLOW_CALL_S = 10.0
 """An env call that has run this long (and :data:`_SLOW_CALL_FACTOR` times its kind's usual time) is warned of,
 once, saying where it is stuck: learner train's default ``--timeout``, past which such a learner has given up on
@@ -1207,6 +1212,8 @@ class _Watchdog(threading.Thread):
         self.exit_status: int | None = None
         """What serve() returned (or the exit status its exception makes); None while it runs."""
         self._begun = False
+        self._held_up: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
+        """When (time.monotonic(): from, to) this process was held up lately (see _HELD_UP_S)."""
 
     def begin(self) -> None:
         """Start the thread, unless it has been started already (here, or by a signal handler that ran
@@ -1266,8 +1273,17 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
         warned = 0.0  # (the call_started of the env call last warned of as slow: one warning per call)
+        last = time.monotonic()
         while not self.finished.wait(_WATCH_S):
             now = time.monotonic()
+            if now - last - _WATCH_S >= _HELD_UP_S:
+                self._held_up.append((last + _WATCH_S, now))
+                log.info(
+                    "this server was held up for %.1f s (SIGSTOP, docker pause, a paused VM, a debugger, or no CPU "
+                    "for it): not counted as an env call's time",
+                    now - last - _WATCH_S,
+                )
+            last = now
             if parent and not self.parent_gone and os.getppid() != parent:
                 self.parent_gone = True
                 if not self.stop_asked_at:
@@ -1277,7 +1293,8 @@ class _Watchdog(threading.Thread):
                 self.request_stop()
             service = self.service
             started = service.call_started if service is not None else 0.0
-            if hang_s and started and now - started > hang_s:
+            ran = self._ran(started, now) if started else 0.0
+            if hang_s and started and ran > hang_s:
                 assert service is not None
                 self.exit_now(
                     HUNG_EXIT_STATUS,
@@ -1285,14 +1302,14 @@ class _Watchdog(threading.Thread):
                     "whatever runs this server can start it again (a hung env call can be neither stopped nor "
                     "waited out)%s",
                     service.call_kind,
-                    now - started,
+                    ran,
                     hang_s,
                     HUNG_EXIT_STATUS,
                     self._stuck(service),
                 )
-            if started and started != warned and service is not None and now - started > _slow_after(service):
+            if started and started != warned and service is not None and ran > _slow_after(service):
                 warned = started
-                self._warn_slow(service, started, now)
+                self._warn_slow(service, started, ran)
             # A shutdown asked for ends within the grace period and the exit margin, however late its
             # teardown began (a loop held up until then); one not asked for (a failed start), within
             # the exit margin of its teardown's start.
@@ -1314,16 +1331,21 @@ class _Watchdog(threading.Thread):
                     "asked to shut down %.0f s ago, and %s still holds the server up: exiting without "
                     "waiting for it (status %d)%s",
                     now - self.stop_asked_at,
-                    f"an env call ({service.call_kind}, running for {now - started:.1f} s)"
+                    f"an env call ({service.call_kind}, running for {ran:.1f} s)"
                     if service is not None and started
                     else "an env call or the envs' build",
                     HARD_EXIT_STATUS,
                     self._stuck(service) if service is not None and started else "",
                 )
 
-    def _warn_slow(self, service: EnvService, started: float, now: float) -> None:
-        """Warn that the env call that began at ``started`` has run for long (see SLOW_CALL_S), saying where it
-        is stuck; the service logs its end (see EnvService.slow_call)."""
+    def _ran(self, started: float, now: float) -> float:
+        """How long the env call that began at ``started`` has run by ``now``, less the times this process was
+        held up meanwhile."""
+        return now - started - sum(max(0.0, to - max(since, started)) for since, to in self._held_up)
+
+    def _warn_slow(self, service: EnvService, started: float, ran: float) -> None:
+        """Warn that the env call that began at ``started`` has run for long (``ran`` s: see SLOW_CALL_S), saying
+        where it is stuck; the service logs its end (see EnvService.slow_call)."""
         service.slow_call = started
         kind, stuck = service.call_kind, self._stuck(service)
         if service.call_started != started:  # (it returned meanwhile: its end line, if any, says how long it took)
@@ -1333,7 +1355,7 @@ class _Watchdog(threading.Thread):
             "the envs' %s has run for %.1f s and not returned%s; meanwhile the envs serve no other call (a learner "
             "gives up on a call after its --timeout: learner train's default is 10 s) and %s",
             kind,
-            now - started,
+            ran,
             stuck,
             f"--hang-timeout {hang_s:g} s exits the server at {hang_s:g} s"
             if hang_s

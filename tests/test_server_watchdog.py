@@ -6,6 +6,7 @@ too large to send and an env whose close raises."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,40 @@ def test_a_server_whose_env_step_hangs_past_the_hang_timeout_exits_saying_so(tmp
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         channel.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_server_held_up_longer_than_its_hang_timeout_does_not_take_its_env_step_for_hung(tmp_path: Path) -> None:
+    """SIGSTOP (as `docker pause`, a paused VM, a debugger) for 3 s during a step, with --hang-timeout 2: the
+    time the whole process was held up is not the env's; the server logs it and serves on (it exited, status
+    3, as hung)."""
+    gate = tmp_path / "gate"
+    kwargs = json.dumps({"gate": str(gate), "at": 3})
+    proc, address, log = _server(tmp_path, "--env", "tests.envs:GateEnv", "--env-kwargs", kwargs, "--hang-timeout", "2")
+    channel, call = _hang_a_step_on_the_loop(address)  # (its third step waits at the gate)
+    try:
+        deadline = time.monotonic() + 30
+        while not gate.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while "this server was held up for" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.01)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)  # (four turns of the watchdog)
+        gate.unlink()
+        call.result(timeout=30)
+        assert proc.poll() is None and "--hang-timeout" not in log.read_text(), log.read_text()
+    finally:
+        channel.close()
+        proc.send_signal(signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
