@@ -56,6 +56,15 @@ def default_addresses(environ: Mapping[str, str] = os.environ) -> list[str]:
     return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in _LOOPBACKS.get(host, (host,))]
 
 
+# (env_server.protocol's: this file runs by path, importing nothing of env_server; see the module's docstring)
+_URI_ESCAPES = str.maketrans({"%": "%25", "#": "%23", "?": "%3F"})
+
+
+def _grpc_target(address: str) -> str:
+    """``address`` as gRPC is given it (env_server.protocol.grpc_target's)."""
+    return address.translate(_URI_ESCAPES) if address.startswith("unix:") else address
+
+
 def default_tls(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
     """(CA file, server name) for probing the server started with the same ``ENVFLEET_*`` variables."""
     if not environ.get("ENVFLEET_TLS_CERT"):
@@ -94,7 +103,7 @@ def check(
         OSError: a file cannot be read.
     """
     if tls_ca is None:
-        channel = grpc.insecure_channel(address)
+        channel = grpc.insecure_channel(_grpc_target(address))
     else:
         with open(tls_ca, "rb") as f:
             roots = f.read()
@@ -107,7 +116,7 @@ def check(
         credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
         name = tls_server_name or ("localhost" if address.startswith("unix:") else None)
         options = [("grpc.ssl_target_name_override", name)] if name else []
-        channel = grpc.secure_channel(address, credentials, options=options)
+        channel = grpc.secure_channel(_grpc_target(address), credentials, options=options)
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

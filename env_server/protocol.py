@@ -34,6 +34,7 @@ __all__ = [
     "check_key_pair",
     "check_token",
     "dual_stack",
+    "grpc_target",
     "host_port",
     "host_problem",
     "http_host",
@@ -104,6 +105,18 @@ NOT_OWNED = "does not own this server"
 
 # Metadata key of the shared token, sent as "Bearer <token>" (gRPC metadata keys are lower case).
 AUTH_METADATA_KEY = "authorization"
+
+
+# What gRPC reads in a unix: target as a URI's (a percent escape, a query, a fragment), escaped so that the path
+# names the file as written: gRPC bound "unix:/tmp/q%41.sock" as /tmp/qA.sock (another server's socket, say).
+_URI_ESCAPES = str.maketrans({"%": "%25", "#": "%23", "?": "%3F"})
+
+
+def grpc_target(address: str) -> str:
+    """``address`` as gRPC is given it, to listen or connect: a ``unix:PATH``'s path escaped where gRPC would
+    read it as a URI's (``%``, ``#``, ``?``); other addresses as they are. (A comma gRPC splits a unix: target
+    at, escaped or not: such paths are refused where they are given.)"""
+    return address.translate(_URI_ESCAPES) if address.startswith("unix:") else address
 
 
 def host_port(host: str, port: int | str | None) -> str:

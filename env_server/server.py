@@ -45,6 +45,7 @@ from env_server.protocol import (
     STEP_SOCKET_SUFFIX,
     bind_hint,
     check_key_pair,
+    grpc_target,
     host_port,
     host_problem,
     http_host,
@@ -412,8 +413,8 @@ def _add_port(server: grpc.aio.Server, config: ServerConfig, credentials: grpc.S
     with _StderrHeld() as held:
         try:
             if credentials is None:
-                return server.add_insecure_port(address)
-            return server.add_secure_port(address, credentials)
+                return server.add_insecure_port(grpc_target(address))
+            return server.add_secure_port(grpc_target(address), credentials)
         except RuntimeError as err:
             problem = None if config.unix_socket else _bind_error(config)
             if problem is not None:
@@ -427,6 +428,11 @@ def _check_socket_path(path: str) -> None:
     """A Unix socket can be made at ``path`` (gRPC replaces a stale socket there, nothing else)."""
     if not hasattr(socket, "AF_UNIX"):  # (Windows' Python: the probe below and the step socket need them)
         raise OSError(f"--unix-socket {path}: this platform has no Unix sockets; listen on TCP (--host, --port)")
+    if "," in path:
+        raise OSError(
+            f"--unix-socket {path}: a comma in the path, where gRPC clients split a unix: address (a list of "
+            "addresses), so no learner could connect; pick a path without one"
+        )
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

@@ -34,6 +34,7 @@ from env_server.protocol import (
     SHUTDOWN_REASON,
     STEP_SOCKET_SUFFIX,
     check_key_pair,
+    grpc_target,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -566,9 +567,9 @@ class EnvClient:
             # (servers reached by IP, or through a compose/Kubernetes name the certificate lacks).
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if credentials is None:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
+            self.channel = grpc.aio.insecure_channel(grpc_target(address), options=options)
         else:
-            self.channel = grpc.aio.secure_channel(address, credentials, options=options)
+            self.channel = grpc.aio.secure_channel(grpc_target(address), credentials, options=options)
         self.stub = pb_grpc.EnvServiceStub(self.channel)
         self.session_id = ""
         self.rejoins_session_id = ""

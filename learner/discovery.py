@@ -577,6 +577,11 @@ def _check_unix(address: str) -> None:
         raise AddressError(
             f"server address {address!r}: unix://PATH needs an absolute path (unix:///abs/path, or unix:relative/path)"
         )
+    if "," in path:
+        raise AddressError(
+            f"server address {address!r}: a comma in a Unix socket's path, where gRPC splits a unix: address (a "
+            "list of addresses), so it cannot connect there; serve on a path without one"
+        )
 
 
 def _connect(address: str, timeout: float) -> tuple[socket.socket, str] | None:

@@ -366,15 +366,19 @@ _SHORT_TEMP_DIR = "/tmp"
 def _make_socket_dir(num_servers: int) -> tuple[str, int | None]:
     """A new folder for the servers' sockets: ``envfleet-<pid>-*`` in the temp folder, or in /tmp when
     the temp folder's path ($TMPDIR) leaves the longest socket path (the last server's step socket)
-    over what Unix sockets allow; orphans of killed learners in that folder are removed first. With
+    over what Unix sockets allow, or has a comma (where gRPC splits a unix: address); orphans of killed
+    learners in that folder are removed first. With
     the descriptor of its lock file, locked (flock) for as long as it is held open (None on Windows)."""
     longest = f"envfleet-{os.getpid()}-xxxxxxxx/server-{num_servers - 1}.sock.steps"
     root = tempfile.gettempdir()
-    if len(os.fsencode(os.path.join(root, longest))) > MAX_UNIX_PATH and os.path.isdir(_SHORT_TEMP_DIR):
+    too_long = len(os.fsencode(os.path.join(root, longest))) > MAX_UNIX_PATH
+    if (too_long or "," in root) and os.path.isdir(_SHORT_TEMP_DIR):
         log.info(
-            "the temp folder %s is too long a path for Unix sockets (%d bytes at most): the servers' sockets go in %s",
+            "the temp folder %s %s: the servers' sockets go in %s",
             root,
-            MAX_UNIX_PATH,
+            f"is too long a path for Unix sockets ({MAX_UNIX_PATH} bytes at most)"
+            if too_long
+            else "has a comma, where gRPC splits a unix: address",
             _SHORT_TEMP_DIR,
         )
         root = _SHORT_TEMP_DIR

@@ -228,6 +228,7 @@ def test_a_servers_other_name_is_used_once_the_first_is_out_of_the_fleet(start_s
         ("unix://u.sock", "unix://PATH needs an absolute path (unix:///abs/path, or unix:relative/path)"),
         ("unix:", "no socket path; expected unix:PATH"),
         ("unix://", "no socket path; expected unix:PATH"),
+        ("unix:/tmp/a,b.sock", "a comma in a Unix socket's path, where gRPC splits a unix: address"),
         # (int() took these; gRPC does not)
         ("127.0.0.1:3_5659", "port '3_5659' is not a number"),
         ("127.0.0.1: 123", "port ' 123' is not a number"),

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from env_server import health
 from env_server.tuning import JsonLogFormatter
 from learner import (
     AuthenticationError,
@@ -34,7 +35,7 @@ from learner import (
 from learner.config import Args
 from learner.local import DEFAULT_TRANSPORT, _Children, _forward_stderr, _forwarded_format, left_down
 from learner.outages import _left_down
-from tests.conftest import needs_proc
+from tests.conftest import SpawnServer, needs_proc
 
 
 def alive(pid: int) -> bool:
@@ -85,6 +86,41 @@ def test_a_temp_folder_too_long_a_path_for_unix_sockets_has_the_sockets_made_in_
         assert all(client.step_socket for client in envs._clients)
     assert f"the temp folder {long_dir} is too long a path for Unix sockets" in caplog.text
     assert not any(Path(a.removeprefix("unix:")).parent.exists() for a in addresses)  # (removed at close)
+
+
+def test_a_temp_folder_with_a_comma_has_the_sockets_made_in_tmp(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gRPC splits a unix: address at commas: learners waited for servers listening there, then said they used
+    TLS, say."""
+    folder = tempfile.mkdtemp(prefix="t,", dir="/tmp")  # (short: tmp_path is too long a path already)
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    caplog.set_level(logging.INFO, logger="learner.local")
+    try:
+        with local_servers("CartPole-v1", 1, 1) as addresses, RemoteVectorEnv(addresses, connect_timeout=30) as envs:
+            assert addresses[0].startswith(f"unix:/tmp/envfleet-{os.getpid()}-"), addresses
+            envs.reset(seed=0)
+    finally:
+        shutil.rmtree(folder)
+    assert f"the temp folder {folder} has a comma, where gRPC splits a unix: address" in caplog.text
+
+
+def test_a_socket_path_with_what_grpc_reads_in_a_uri_names_the_file_it_says(
+    tmp_path: Path, spawn_server: SpawnServer
+) -> None:
+    """gRPC reads a unix: address as a URI: a server told --unix-socket .../q%41.sock listened on .../qA.sock
+    (another server's socket there taken over, its learners stepping the wrong envs), and "#", "?" cut the path."""
+    plain = spawn_server("CartPole-v1", 1, "--unix-socket", str(tmp_path / "qA.sock"))
+    odd_path = tmp_path / "q%41 #b?c.sock"
+    odd = spawn_server("Acrobot-v1", 1, "--unix-socket", str(odd_path))
+    assert odd.address == f"unix:{odd_path}" and odd_path.is_socket()
+    assert health.check(odd.address, timeout=30) == "SERVING"  # (the container's probe)
+    for address, env_id in ((plain.address, "CartPole-v1"), (odd.address, "Acrobot-v1")):
+        with RemoteVectorEnv([address], connect_timeout=30) as envs:  # (a string is split at whitespace)
+            spec = envs._clients[0].spec
+            assert spec is not None and spec.env_id == env_id
+            envs.reset(seed=0)
+            envs.step(envs.action_space.sample())
 
 
 def test_an_env_used_after_its_local_servers_stopped_says_so_at_once() -> None:

@@ -115,6 +115,11 @@ def test_a_unix_socket_path_that_cannot_be_one_is_one_line_that_says_why(tmp_pat
         (tmp_path / "file", "exists and is a regular file, not a socket; remove it or pick another path"),
         (tmp_path, "exists and is a folder, not a socket; remove it or pick another path"),
         (tmp_path / "no" / "env.sock", f"no folder {tmp_path / 'no'} to make it in"),
+        (
+            tmp_path / "a,b.sock",
+            "a comma in the path, where gRPC clients split a unix: address (a list of addresses), so no learner "
+            "could connect; pick a path without one",
+        ),
     ]:
         result = run_server("--env", "CartPole-v1", "--unix-socket", str(path))
         lines = result.stderr.strip().splitlines()
