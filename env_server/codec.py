@@ -339,13 +339,17 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendab
             # The width the receiver's array will have: that of the longest string (at least 1).
             width = 1 if obj.size * 4 > budget.strings else max(1, int(np.char.str_len(obj).max(initial=0)))
             budget.take_string_bytes(obj.size, width, where, "; it cannot be sent")
+            try:
+                out.strings.values.extend(str(s) for s in obj.flat)
+            except UnicodeEncodeError as err:
+                _cannot_send(obj, out, where, _not_unicode(err), budget, unsendable)
+                return out
             out.strings.shape[:] = obj.shape
-            out.strings.values.extend(str(s) for s in obj.flat)
         else:
             _encode_array(obj, out, out.tensor, where, budget, unsendable)
     elif isinstance(obj, np.generic):
         if isinstance(obj, np.str_):
-            out.text = str(obj)
+            _encode_text(str(obj), out, where, budget, unsendable)
         else:
             _encode_array(obj, out, out.scalar, where, budget, unsendable)
     elif obj is None:
@@ -360,14 +364,17 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendab
     elif isinstance(obj, float):
         out.float64 = obj
     elif isinstance(obj, str):
-        out.text = obj
+        _encode_text(obj, out, where, budget, unsendable)
     elif isinstance(obj, bytes):
         out.raw = obj
     elif isinstance(obj, Mapping):
         # (every key checked before any item is encoded or charged: unsendable's value replaces it whole)
-        bad = next((key for key in obj if not isinstance(key, str)), _ALL_STR)
+        bad = next((key for key in obj if not isinstance(key, str) or not _unicode(key)), _ALL_STR)
         if bad is not _ALL_STR:
-            reason = f"dict key {bad!r} is a {type(bad).__name__}; only str keys can be sent"
+            if isinstance(bad, str):
+                reason = f"dict key {bad!r} is not valid Unicode (a lone surrogate); it cannot be sent"
+            else:
+                reason = f"dict key {bad!r} is a {type(bad).__name__}; only str keys can be sent"
             _cannot_send(obj, out, where, reason, budget, unsendable)
             return out
         budget.take_nodes(len(obj), "a dict", where)
@@ -395,6 +402,31 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendab
 
 
 _ALL_STR = object()  # (no dict key that is not a str)
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` can be sent (protobuf's strings are UTF-8: no lone surrogates, which a str decoded
+    with errors="surrogateescape" holds: a file name or an environment variable of bytes that are not UTF-8)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_unicode(err: UnicodeEncodeError) -> str:
+    """Why a str cannot be sent, from the error its encoding raised."""
+    return f"a str that is not valid Unicode ({err.object[err.start : err.end]!r} at {err.start}: a lone surrogate)"
+
+
+def _encode_text(text: str, out: pb.Value, where: str, budget: _Budget, unsendable: Unsendable | None) -> None:
+    """``text`` into ``out``, or what ``unsendable`` gives where it cannot be sent."""
+    try:
+        out.text = text
+    except UnicodeEncodeError as err:
+        _cannot_send(text, out, where, _not_unicode(err), budget, unsendable)
 
 
 def _encode_array(

@@ -416,7 +416,8 @@ def _check_flag(name: str, flag: Any) -> None:
 
 
 def _describe(where: str, err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    # (a lone surrogate, which no wire form carries, backslash-escaped: the text is sent as info["env_error"])
+    text = " ".join(str(err).encode("utf-8", "backslashreplace").decode("utf-8").split())
     kind = "TypeError" if isinstance(err, _UnstorableStep | _ResetSignatureError) else type(err).__name__
     if not isinstance(err, _NAMED_AS_THEY_ARE):  # (asyncio.CancelledError, GeneratorExit, an env's own)
         kind += " (a BaseException the env raised)"

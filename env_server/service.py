@@ -496,6 +496,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         else:  # never let an exception reach a client as UNKNOWN
             log.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
+        # (an env's error may hold a lone surrogate, which gRPC's status and the step socket's frame cannot carry)
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         line = None  # (INTERNAL: logged as it happened)
         if code is not grpc.StatusCode.INTERNAL:
             caller = self._describe_caller(peer, session_id, client_name)
@@ -1599,8 +1601,9 @@ class UnsendableInfos:
         per_env = _INDEX.search(where) is not None
         path = _INDEX.sub("", where.removeprefix("infos"))
         what = f"a {type(value).__module__}.{type(value).__qualname__}"
-        if isinstance(value, dict) and not per_env and len({str(k) for k in value}) == len(value):
-            sent: Any = {k if isinstance(k, str) else str(k): v for k, v in value.items()}
+        keys = [_key_text(k) for k in value] if isinstance(value, dict) and not per_env else []
+        if isinstance(value, dict) and not per_env and len(set(keys)) == len(value):
+            sent: Any = dict(zip(keys, value.values(), strict=True))
             done = "sent with its keys as str"
         elif isinstance(value, np.ndarray) and not per_env:
             sent = np.array([_repr(item) for item in value.flat], dtype=str).reshape(value.shape)
@@ -1622,6 +1625,12 @@ class UnsendableInfos:
                 where,
             )
         return sent
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as a str that can be sent: ``str(key)``, a lone surrogate in it backslash-escaped."""
+    text = key if isinstance(key, str) else str(key)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _repr(value: Any) -> str:

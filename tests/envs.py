@@ -545,6 +545,24 @@ class UnsendableInfoEnv(_CountEnv):
         }
 
 
+class NotUnicodeEnv(_CountEnv):
+    """Strings no wire form carries (a lone surrogate: text decoded with errors="surrogateescape", such as a file
+    name of bytes that are not UTF-8) in its step infos (a value, a key, a str array), and in the error its step
+    ``raise_at`` raises."""
+
+    def __init__(self, raise_at: int = 3) -> None:
+        super().__init__()
+        self.raise_at = raise_at
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        if self._t + 1 == self.raise_at:
+            raise RuntimeError("cannot open caf\udce9.map")
+        return super().step(action)
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        return {"s": "caf\udce9", "k\udce9": 1.0, "u": np.array(["x\udce9"]), "ok": "café"}
+
+
 class ReservedKeyEnv(_CountEnv):
     """From step ``at`` on (counted over the env's life), its step info has the key ``key``, one that
     envfleet reserves; its reset info has it too with ``on_reset``."""

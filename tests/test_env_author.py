@@ -149,6 +149,27 @@ def test_unsendable_infos_are_warned_of_once_per_key_and_the_unary_step_sends_th
     assert "info key 'ok'" not in logs
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_strings_that_are_not_unicode_come_escaped_in_infos_and_errors(start_servers: Any, transport: str) -> None:
+    """A lone surrogate (a file name of bytes that are not UTF-8, decoded as Python does) in an info failed the
+    whole reset or step (UnicodeEncodeError, retried for a minute by learner train), and in an env's error
+    replaced it with "StepStream failed: UnicodeEncodeError"."""
+    addresses = start_servers("tests.envs:NotUnicodeEnv", envs_per_server=2, transport=transport)
+    zeros = np.zeros(2, dtype=np.int64)
+    with RemoteVectorEnv(addresses) as envs:
+        envs.reset(seed=0)
+        for _ in range(2):
+            *_, infos = envs.step(zeros)
+            assert infos["s"].tolist() == [repr("caf\udce9")] * 2
+            assert infos["k\\udce9"].tolist() == [1.0, 1.0] and infos["ok"].tolist() == ["café"] * 2
+            assert infos["u"].shape == (2, 1) and all("'x\\udce9'" in item for item in infos["u"].flat), infos["u"]
+        with pytest.raises(EnvCrashedError) as err:
+            envs.step(zeros)
+    assert "raised in step: RuntimeError: cannot open caf\\udce9.map" in str(err.value), str(err.value)
+    with pytest.raises(codec.CodecError, match=r"^value: a str that is not valid Unicode \('\\udce9' at 3"):
+        codec.encode_value("caf\udce9", pb.Value())
+
+
 # ---------------------------------------------------------------------------------------------
 # Reserved info keys
 
