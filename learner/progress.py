@@ -354,7 +354,8 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
     Its time left is at the rate since it started (tqdm's ``smoothing=0``: the ``initial`` count not
     counted), as the progress lines' is at the session's SPS: tqdm's default, a moving average of the
     rates between redraws, swung from 114 h to 736 h within minutes of a noisy run. It is redrawn at most
-    every tqdm mininterval (0.1 s; TQDM_MININTERVAL sets another)."""
+    every tqdm mininterval (0.1 s; TQDM_MININTERVAL sets another). Its times are the monotonic clock's: the
+    wall clock set back or ahead mid-run changes neither them nor its redraws."""
     if not show:
         yield None
         return
@@ -370,6 +371,12 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
         miniters=1,  # (redrawn by time alone: unsmoothed, tqdm's own grows to the most steps between redraws)
         bar_format=f"{{l_bar}}{{bar}}| {{n_fmt}}/{{total_fmt}} {unit}s [{{elapsed}}<{{remaining}}{{postfix}}]",
     )
+    # tqdm keeps time by the wall clock (its _time: time.time), which jumps: set back a day mid-run, the bar
+    # was not redrawn again (the time since its last redraw was negative) and ended at -23:59:50; set 3 days
+    # ahead, it showed 72 h of a 14-s run. The monotonic clock from its start on. (tqdm's monitor thread,
+    # which compares its wall clock with last_print_t, acts on bars of miniters > 1 only.)
+    bar._time = time.monotonic
+    bar.start_t = bar.last_print_t = bar._time()
     try:
         with logging_above_bar():
             yield bar

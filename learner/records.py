@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -106,6 +107,51 @@ class EventsWriter:
         events = self._writer._get_file_writer().event_writer
         self.path = Path(getattr(events, "_file_name", self.path))
         self._failed = False
+        try:
+            self._sort_last(events)
+        except BaseException:
+            self.close()
+            raise
+
+    def _sort_last(self, events: Any) -> None:
+        """Rename the new event file, if need be, so that its name sorts after the run dir's other event
+        files': TensorBoard reads a run's files in name order, and a resumed run's purge of the events after
+        its checkpoint (``purge_step``) applies to those read before it. The name's timestamp is the wall
+        clock's, which may have been set back since an earlier session (or be behind that of the machine it
+        ran on): its file, sorted first, was read first, and TensorBoard's data server then showed the run
+        up to the killed session's last step only, the resumed part missing; EventAccumulator, the series
+        out of order with the killed session's tail left in. The new name is tensorboard's own with the
+        timestamp 1 past the latest (``events.out.tfevents.<time>.<host>.<pid>.<n>``)."""
+        path = self.path
+        others = [p.name for p in path.parent.glob("events.out.tfevents.*") if p.name != path.name]
+        if not others or path.name > max(others):
+            return
+        ours = _EVENTS_NAME.fullmatch(path.name)
+        stamps = [int(m.group(1)) for m in map(_EVENTS_NAME.fullmatch, [*others, path.name]) if m is not None]
+        if ours is None:  # (a naming of another tensorboard version: left as it is)
+            log.warning("TensorBoard: %s sorts before %s, read after it", path.name, max(others))
+            return
+        renamed = path.with_name(f"events.out.tfevents.{max(stamps) + 1:010d}{ours.group(2)}")
+        # tensorboard's GFile opens the file by its name at each write (TensorFlow's keeps it open): none is
+        # pending once flushed (its thread writes what this one queues), and the rest go to the new name.
+        try:
+            self._writer.flush()
+            path.rename(renamed)
+        except OSError as err:  # (a file system that refuses, Windows' with the file open: read out of order)
+            log.warning("TensorBoard: could not rename %s, which sorts before %s: %s", path.name, max(others), err)
+            return
+        gfile: Any = getattr(events, "_general_file_writer", None)
+        if isinstance(getattr(gfile, "filename", None), bytes):
+            gfile.filename = bytes(renamed)
+        events._file_name = str(renamed)
+        self.path = renamed
+        log.info(
+            "TensorBoard: event file named %s, not %s: TensorBoard reads a run's event files in name order, and "
+            "that name, from the wall clock, sorted before %s (the clock is behind that file's time, or in its second)",
+            renamed.name,
+            path.name,
+            max(others),
+        )
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         try:
@@ -130,6 +176,10 @@ class EventsWriter:
                 log.error("%s", rundir.cannot_write(self.path, err))
         finally:
             self._hook.close()
+
+
+_EVENTS_NAME = re.compile(r"events\.out\.tfevents\.(\d+)(\..*)")
+"""An event file's name as tensorboard makes it: its timestamp (the wall clock's, in seconds), then the rest."""
 
 
 class _QuietEventsThread:
