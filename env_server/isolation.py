@@ -54,6 +54,7 @@ __all__ = [
     "RESERVED_INFO_KEYS",
     "IsolateErrors",
     "ReservedInfoKeyError",
+    "escape_surrogates",
     "placeholder_observation",
     "tell_positions",
 ]
@@ -415,9 +416,14 @@ def _check_flag(name: str, flag: Any) -> None:
     raise _UnstorableStep(f"step() returned {name} {_shown(flag)}: expected a bool")
 
 
+def escape_surrogates(text: str) -> str:
+    """``text`` with its lone surrogates backslash-escaped (``'caf\\udce9'``), which no wire form carries (protobuf's
+    strings are UTF-8): Python decodes bytes that are not UTF-8 so (a file name's, an environment variable's)."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(where: str, err: BaseException) -> str:
-    # (a lone surrogate, which no wire form carries, backslash-escaped: the text is sent as info["env_error"])
-    text = " ".join(str(err).encode("utf-8", "backslashreplace").decode("utf-8").split())
+    text = " ".join(escape_surrogates(str(err)).split())  # (sent as info["env_error"])
     kind = "TypeError" if isinstance(err, _UnstorableStep | _ResetSignatureError) else type(err).__name__
     if not isinstance(err, _NAMED_AS_THEY_ARE):  # (asyncio.CancelledError, GeneratorExit, an env's own)
         kind += " (a BaseException the env raised)"

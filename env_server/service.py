@@ -25,7 +25,7 @@ from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import EnvBuildError, ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, refuse
-from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY
+from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY, escape_surrogates
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     AUTH_METADATA_KEY,
@@ -497,7 +497,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             log.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{method} failed: {type(err).__name__}: {err}"
         # (an env's error may hold a lone surrogate, which gRPC's status and the step socket's frame cannot carry)
-        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        message = escape_surrogates(message)
         line = None  # (INTERNAL: logged as it happened)
         if code is not grpc.StatusCode.INTERNAL:
             caller = self._describe_caller(peer, session_id, client_name)
@@ -1629,8 +1629,7 @@ class UnsendableInfos:
 
 def _key_text(key: Any) -> str:
     """A dict key as a str that can be sent: ``str(key)``, a lone surrogate in it backslash-escaped."""
-    text = key if isinstance(key, str) else str(key)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escape_surrogates(key if isinstance(key, str) else str(key))
 
 
 def _repr(value: Any) -> str:

@@ -23,7 +23,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from env_server import codec
-from env_server.isolation import error_phrase
+from env_server.isolation import error_phrase, escape_surrogates
 from env_server.protocol import bearer_metadata
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
@@ -311,7 +311,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self.fault_tolerant = _flag("fault_tolerant", fault_tolerant)
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self.give_up_after = _seconds("give_up_after", give_up_after)
-        self._client_name = client_name
+        self._client_name = escape_surrogates(client_name) if isinstance(client_name, str) else client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
         self._credentials, self._tls_roots = channel_credentials(tls, tls_client_cert, tls_client_key)
         # (checked above: both or neither) The client certificate, for the TLS probe's handshake.

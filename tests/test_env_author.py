@@ -156,7 +156,7 @@ def test_strings_that_are_not_unicode_come_escaped_in_infos_and_errors(start_ser
     replaced it with "StepStream failed: UnicodeEncodeError"."""
     addresses = start_servers("tests.envs:NotUnicodeEnv", envs_per_server=2, transport=transport)
     zeros = np.zeros(2, dtype=np.int64)
-    with RemoteVectorEnv(addresses) as envs:
+    with RemoteVectorEnv(addresses, client_name="caf\udce9") as envs:  # (its Handshake raised UnicodeEncodeError)
         envs.reset(seed=0)
         for _ in range(2):
             *_, infos = envs.step(zeros)
