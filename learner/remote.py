@@ -1185,14 +1185,19 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             return
         self._stalls[timer.address] = (now, 0)
         took = timer.last_latency()
+        paused = pauses.own_pause()  # (a fault-tolerant fleet's: see learner.pauses)
         log.warning(
             "env server %s took %.1f s to answer a step, %.1f s of it outside its envs (usually %s); the fleet "
-            "waited %.1f s for it (a stalled link, a paused or overloaded server, or a busy learner host)%s",
+            "waited %.1f s for it (%s)%s",
             label_of(timer.address),
             took,
             outside,
             f"{usual * 1000:.3g} ms" if usual < 1 else f"{usual:.3g} s",
             min(waited, took),
+            f"this learner itself was held up for {paused:.0f} s meanwhile (stopped, suspended, starved of CPU, or "
+            "a long call holding the interpreter): the wait may be its own, and the server fine"
+            if paused
+            else "a stalled link, a paused or overloaded server, or a busy learner host",
             f"; {since} more such step{'s' if since > 1 else ''} in the last {now - said:.0f} s" if since else "",
         )
 

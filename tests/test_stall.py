@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from learner import faults
+from learner import faults, pauses
 from learner.local import LocalServers, label_of
 from learner.remote import RemoteVectorEnv
 
@@ -83,6 +83,28 @@ def test_a_server_paused_mid_run_is_named_once_per_period_with_the_count_of_its_
     assert re.match(took + r"\(usually [\d.]+ ms\); the fleet waited 1\.\d s for it \(a stalled link, ", first), first
     assert first.endswith("(a stalled link, a paused or overloaded server, or a busy learner host)"), first
     assert re.match(took, third) and re.search(r"; 1 more such step in the last \d+ s$", third), third
+
+
+@pytest.mark.slow
+def test_a_stall_while_the_learner_itself_was_held_up_says_so(
+    servers: LocalServers, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A learner stopped for 15 s (SIGSTOP) blamed its server's link first; only a later line said that the
+    learner itself had been held up."""
+    monkeypatch.setattr(faults, "STALL", (0.5, 10.0, 3.0))
+    monkeypatch.setattr(pauses, "own_pause", lambda: 6.0)  # (as the pause watcher finds after a 6-s stop)
+    with RemoteVectorEnv(servers.addresses) as envs, caplog.at_level(logging.WARNING):
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(ACTIONS)
+        timer = _paused(servers.pids[1], 1.0)
+        envs.step(ACTIONS)
+        timer.join()
+    (stall,) = _stalls(caplog)
+    assert stall.endswith(
+        "(this learner itself was held up for 6 s meanwhile (stopped, suspended, starved of CPU, or a long call "
+        "holding the interpreter): the wait may be its own, and the server fine)"
+    ), stall
 
 
 @pytest.mark.slow
