@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import io
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from env_server.tuning import (
 )
 from env_server.variables import unread_variables
 
-__all__ = ["LOG_LEVELS", "main", "parse_args", "server_variables"]
+__all__ = ["LOG_LEVELS", "main", "parse_args", "server_variables", "usable_stdio"]
 
 log = logging.getLogger("env_server.__main__")  # (its name under `python -m env_server` too)
 
@@ -529,11 +530,43 @@ def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
         parser.error(str(err))
 
 
+def usable_stdio() -> None:
+    """Make stdout and stderr fit for a command's writes, as its entry point's first step (env-server's,
+    learner's): whatever they say then reaches its reader or nothing, and never ends the command.
+
+    Closed when the command started (``>&-``, ``2>&-``; a service manager's), a stream is None in Python,
+    where every print, flush or ``isatty()`` raises: it becomes os.devnull (opened once, for both), and so
+    does its file descriptor (which the next file opened would otherwise take, and anything written to 1
+    or 2, a server's "listening on" line, a child's output, would go into). A text stream's encoding that
+    cannot say every character (``PYTHONIOENCODING=ascii``, an ASCII locale) writes those it cannot as
+    escapes (``\\xe9``), as Python's stderr does, not a UnicodeEncodeError where a path or env name has them."""
+    devnull: io.TextIOWrapper | None = None
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:
+            if devnull is None:
+                devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's, to its end)
+            try:
+                os.fstat(fd)
+            except OSError:  # (closed: devnull's from now on, for this process and the children it starts)
+                if devnull.fileno() == fd:  # (opened on it: the lowest free descriptor)
+                    os.set_inheritable(fd, True)
+                else:
+                    os.dup2(devnull.fileno(), fd)
+            setattr(sys, name, devnull)
+            if getattr(sys, f"__{name}__") is None:
+                setattr(sys, f"__{name}__", devnull)
+        elif isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):  # (closed already, or detached: left as it is)
+                stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # A fatal signal in an env's native code (a segfault in a simulator's bindings) leaves the Python stack of
     # each thread on stderr, the server's log (async workers, forked, inherit it), not a bare exit status.
     # No C stack (Python 3.14 prints one after the Python frames by default): its addresses would be the last
     # lines, all a learner's LocalServers quotes of a server that died (learner.local's tail).
+    usable_stdio()
     with contextlib.suppress(ValueError, OSError, AttributeError):  # (a stderr with no file descriptor: a notebook's)
         if sys.version_info >= (3, 14):
             faulthandler.enable(c_stack=False)
@@ -543,8 +576,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefer_fast_grpc_core()
     # As under `python -m env_server`: modules in the working directory can be entry points
     # (--env mymodule:MyEnv) for the env-server command too.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    with contextlib.suppress(OSError):  # (a working directory removed since: nothing there to find)
+        if (here := os.getcwd()) not in sys.path and "" not in sys.path:
+            sys.path.insert(0, here)
     config, (log_level, log_format) = parse_args(argv)
     configure_logging(log_level, log_format)
     # gymnasium's AsyncVectorEnv says a worker's error as three warnings (in red) before it raises it, which the

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 
 # "package.module:Name" (dotted identifiers on both sides). A gymnasium id may also contain a colon
 # ("module:Env-v0" imports module, then makes Env-v0), but its part after the colon is not an
-# identifier (it has a "-v<N>" version), which tells the two apart.
-_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# identifier (it has a "-v<N>" version), which tells the two apart. Python's identifiers, not ASCII's
+# alone: each side starts with a letter (of any script: "ünï:Ënv", "mymod:日本Env") or "_".
+_ENTRY_POINT = re.compile(r"^([^\W\d])[\w.]*:([^\W\d])[\w.]*$")
 
 
 class EnvBuildError(Exception):
@@ -68,7 +69,9 @@ class EnvBuildError(Exception):
 
 def is_entry_point(env: str) -> bool:
     """Whether ``env`` names a Python callable (``package.module:ClassOrFactory``), not a gymnasium id."""
-    return bool(_ENTRY_POINT.match(env))
+    match = _ENTRY_POINT.match(env)
+    # (\w takes characters no identifier starts with, as "²": each side's first as str.isidentifier says)
+    return match is not None and all(first.isidentifier() for first in match.groups())
 
 
 def _atari(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:

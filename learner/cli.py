@@ -61,6 +61,7 @@ from learner.rundir import (
     BEST_CHECKPOINT,
     CHECKPOINTS,
     CONFIG,
+    check_name_lengths,
     checkpoint_path,
     list_checkpoints,
     make_new_dir,
@@ -693,7 +694,7 @@ def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(
                 f"writes {what}; expected a file name ending in {suffix} (e.g. {example}), got {text!r}"
             )
-        return text
+        return _named_path(text)
 
     return parse
 
@@ -701,6 +702,17 @@ def _file_name(suffix: str, what: str, example: str) -> Callable[[str], str]:
 def _path(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return _named_path(text)
+
+
+def _named_path(text: str) -> str:
+    """A type: a path whose names the file system can hold (none over 255 bytes, say), refused otherwise as
+    ``PATH: File name too long (...)`` (every path option's type, or its check's: not a traceback at the first
+    ``exists()``)."""
+    try:
+        check_name_lengths(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text}: {err}") from None
     return text
 
 
@@ -751,6 +763,8 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
             options["choices"] = list(typing.get_args(kind))
         elif kind in (int, float, str):
             options["type"] = {int: integer, float: real, str: str}[kind]  # (integers also as 1e6)
+            if f.name in _PATH_FIELDS:  # (its empty string is Args' to refuse, as from Python)
+                options["type"] = _named_path
             options["metavar"] = f.metadata.get("metavar", {int: "N", float: "X", str: "TEXT"}[kind])
         elif typing.get_origin(kind) is tuple:
             options["type"], options["metavar"] = _sizes, "N,N"
@@ -768,6 +782,10 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
                 default=argparse.SUPPRESS,
                 help=f"no --{f.name.replace('_', '-')}: {f.metadata['negatable']} (undoes a resumed run's)",
             )
+
+
+_PATH_FIELDS = frozenset({"run_dir", "resume"})
+"""The fields of Args that are paths (--run-dir, --resume): their options' type is :func:`_named_path`."""
 
 
 def _is_optional(hint: Any) -> bool:
@@ -1538,7 +1556,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="PNG of return against steps and wall time, runs overlaid",
         description="Plot the recent mean return of one or more runs against env steps and wall time.",
     )
-    plot.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run dirs (with metrics.jsonl)")
+    plot.add_argument("runs", nargs="+", type=_named_path, metavar="RUN_DIR", help="run dirs (with metrics.jsonl)")
     plot.add_argument(
         "-o",
         "--output",
@@ -1569,7 +1587,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument(
-        "--out", default=None, metavar="DIR", help="output dir (default: runs/bench-<time>, a new folder)"
+        "--out",
+        type=_named_path,
+        default=None,
+        metavar="DIR",
+        help="output dir (default: runs/bench-<time>, a new folder)",
     )
     bench.add_argument(
         "--suites",
@@ -1872,6 +1894,9 @@ def run() -> NoReturn:
 
     A closed stdout (``learner servers | head -1``) ends it with status 1 and no traceback, as Python's
     docs advise (``head`` has what it wanted)."""
+    from env_server.__main__ import usable_stdio  # (no grpc)
+
+    usable_stdio()  # (a closed stdout or stderr: os.devnull; an encoding short of a path's letters: escapes)
     try:
         status = _command(None, then_exit=True)
         sys.stdout.flush()  # (here, where a closed pipe can be told: at the exit it prints "Exception ignored")

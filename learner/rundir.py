@@ -47,6 +47,7 @@ __all__ = [
     "atomic_write",
     "cannot_write",
     "check_holds_a_run",
+    "check_name_lengths",
     "check_starts_over",
     "checkpoint_path",
     "checkpoint_step",
@@ -79,6 +80,37 @@ WANDB_RUN = "wandb-run.json"
 goes on in."""
 CHECKPOINTS = "checkpoints"
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
+
+
+NAME_MAX = 255
+"""The bytes a name in a path can have (a file or folder's: Linux's, macOS's), where the file system
+does not say its own (``pathconf``)."""
+
+
+def check_name_lengths(path: str | os.PathLike[str]) -> None:
+    """Refuse ``path`` (ValueError: ``File name too long (...)``) where a name in it is longer than its
+    file system takes (255 bytes, mostly; that of the deepest folder of it that exists), or the OS says
+    the whole is too long (ENAMETOOLONG), so that a command says so of the option that gave it rather than
+    fail later at the first ``exists()`` with a traceback. (A name in a folder not made yet is held to the
+    limit of the folder it would be made in.)"""
+    limit, folder = NAME_MAX, Path(path).anchor or "."
+    for name in Path(path).parts[1 if Path(path).anchor else 0 :]:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # (gone, not a folder; no pathconf)
+            limit = os.pathconf(folder, "PC_NAME_MAX") if os.path.isdir(folder) else limit
+        if (size := len(os.fsencode(name))) > limit:
+            raise ValueError(f"{_too_long()} (a name in the path is {size} bytes, over {limit})")
+        folder = os.path.join(folder, name)
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise ValueError(f"{_too_long()} (the path is {len(os.fsencode(os.fspath(path))):,} bytes)") from None
+    except ValueError:  # (an embedded NUL: the caller's to refuse, as open() would)
+        pass
+
+
+def _too_long() -> str:
+    return os.strerror(errno.ENAMETOOLONG)  # ("File name too long")
 
 
 def make_new_dir(path: Path) -> Path:

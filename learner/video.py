@@ -21,7 +21,7 @@ from env_server.envs import EnvBuildError
 from env_server.isolation import error_phrase
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import os_reason
-from learner.rundir import atomic_write
+from learner.rundir import atomic_write, check_name_lengths
 from learner.stats import format_return
 
 __all__ = ["MAX_FPS", "MAX_STEPS", "MIN_FPS", "check_fps", "check_path", "gif_timing", "record_episode", "write_gif"]
@@ -50,6 +50,10 @@ def check_path(video: str | Path) -> Path:
     path = Path(video)
     if not path.name.lower().endswith(".gif") or path.name.lower() == ".gif" or str(video).endswith(("/", os.sep)):
         raise ValueError(f"video: writes an animated GIF; expected a file name ending in .gif, got {str(video)!r}")
+    try:
+        check_name_lengths(path)
+    except ValueError as err:
+        raise ValueError(f"video: cannot write {str(path)!r}: {err}") from None
     if path.is_dir():
         raise ValueError(f"video: {str(path)!r} is a folder; expected a file name ending in .gif")
     existing = path.parent
