@@ -542,9 +542,10 @@ def _server_environ(auth_token: str | None) -> dict[str, str]:
     if auth_token:
         environ["ENVFLEET_AUTH_TOKEN"] = auth_token
     script = sys.argv[0] if sys.argv else ""
-    folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
-    if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():
-        environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, environ.get("PYTHONPATH", "")) if p)
+    with suppress(OSError):  # (a working directory removed since: no folder of the script's to tell)
+        folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
+        if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():
+            environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, environ.get("PYTHONPATH", "")) if p)
     return environ
 
 

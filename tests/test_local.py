@@ -33,7 +33,14 @@ from learner import (
     local_servers,
 )
 from learner.config import Args
-from learner.local import DEFAULT_TRANSPORT, _Children, _forward_stderr, _forwarded_format, left_down
+from learner.local import (
+    DEFAULT_TRANSPORT,
+    _Children,
+    _forward_stderr,
+    _forwarded_format,
+    _server_environ,
+    left_down,
+)
 from learner.outages import _left_down
 from tests.conftest import SpawnServer, needs_proc
 
@@ -121,6 +128,21 @@ def test_a_socket_path_with_what_grpc_reads_in_a_uri_names_the_file_it_says(
             assert spec is not None and spec.env_id == env_id
             envs.reset(seed=0)
             envs.step(envs.action_space.sample())
+
+
+def test_a_script_in_a_removed_working_directory_starts_its_local_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python train.py`, its folder removed since: the servers' environment raised FileNotFoundError (the
+    script's folder from os.path.abspath), so no server could be started, nor started again."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+    gone.rmdir()
+    environ = _server_environ(None)
+    assert environ.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
 
 
 def test_an_env_used_after_its_local_servers_stopped_says_so_at_once() -> None:
