@@ -49,12 +49,13 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from env_server.protocol import escape_surrogates
+
 __all__ = [
     "ENV_ERROR_KEY",
     "RESERVED_INFO_KEYS",
     "IsolateErrors",
     "ReservedInfoKeyError",
-    "escape_surrogates",
     "placeholder_observation",
     "tell_positions",
 ]
@@ -414,12 +415,6 @@ def _check_flag(name: str, flag: Any) -> None:
     if isinstance(flag, np.bool_) or (isinstance(flag, int | np.integer) and flag in (0, 1)):
         return
     raise _UnstorableStep(f"step() returned {name} {_shown(flag)}: expected a bool")
-
-
-def escape_surrogates(text: str) -> str:
-    """``text`` with its lone surrogates backslash-escaped (``'caf\\udce9'``), which no wire form carries (protobuf's
-    strings are UTF-8): Python decodes bytes that are not UTF-8 so (a file name's, an environment variable's)."""
-    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe(where: str, err: BaseException) -> str:

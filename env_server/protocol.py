@@ -34,6 +34,7 @@ __all__ = [
     "check_key_pair",
     "check_token",
     "dual_stack",
+    "escape_surrogates",
     "grpc_target",
     "host_port",
     "host_problem",
@@ -110,6 +111,12 @@ AUTH_METADATA_KEY = "authorization"
 # What gRPC reads in a unix: target as a URI's (a percent escape, a query, a fragment), escaped so that the path
 # names the file as written: gRPC bound "unix:/tmp/q%41.sock" as /tmp/qA.sock (another server's socket, say).
 _URI_ESCAPES = str.maketrans({"%": "%25", "#": "%23", "?": "%3F"})
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with its lone surrogates backslash-escaped (``'caf\\udce9'``), which no wire form carries (protobuf's
+    strings are UTF-8): Python decodes bytes that are not UTF-8 so (a file name's, an environment variable's)."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def grpc_target(address: str) -> str:

@@ -25,7 +25,7 @@ from env_server import codec
 from env_server.config import ServerConfig
 from env_server.envs import EnvBuildError, ObservationLayoutError, env_kwargs_json, max_episode_steps
 from env_server.interceptors import MalformedRequest, RefusalLog, refuse
-from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY, escape_surrogates
+from env_server.isolation import ENV_ERROR_KEY, NO_OPTIONS_KEY, ONE_THREAD_KEY
 from env_server.metrics import ServerMetrics
 from env_server.protocol import (
     AUTH_METADATA_KEY,
@@ -38,6 +38,7 @@ from env_server.protocol import (
     SERVICE_NAME,
     SHUTDOWN_REASON,
     SHUTTING_DOWN_MESSAGE,
+    escape_surrogates,
     peer_text,
     runtime_versions,
 )

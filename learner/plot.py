@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from env_server.protocol import escape_surrogates
 from learner import rundir
 from learner.config import Args
 from learner.errors import os_reason
@@ -572,14 +573,19 @@ def plot_runs(
     columns = (1 if max(map(len, labels), default=0) > 70 else min(2, len(labels))) or 1
     # (a label longer than the figure is wide, as a group's of many differences between runs of different
     # envs, is wrapped: unwrapped, it ran off both sides, and the entries of the others with it)
-    labels = [textwrap.fill(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False) for label in labels]
+    # (a lone surrogate, as in a run dir's name of bytes that are not UTF-8, escaped: matplotlib's text raised
+    # TypeError on it)
+    labels = [
+        textwrap.fill(escape_surrogates(label), LABEL_WIDTH, break_long_words=False, break_on_hyphens=False)
+        for label in labels
+    ]
     legend_rows = -(-len(labels) // columns) if columns > 1 else sum(label.count("\n") + 1 for label in labels)
     height = 4.2 + 0.18 * legend_rows
     fig.set_size_inches(11, height)
     legend_height = (0.1 + 0.17 * legend_rows) / height
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     default_title = ("runs of different envs: " if mixed else "") + ", ".join(sorted(envs))
-    fig.suptitle(title or default_title or "returns")
+    fig.suptitle(escape_surrogates(title or default_title or "returns"))
     fig.tight_layout(rect=(0, legend_height, 1, 1))
     output = Path(output)
     if not output.suffix:  # (as matplotlib does for a name without one, and so the path returned is the file's)

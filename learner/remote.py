@@ -23,8 +23,8 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space
 
 from env_server import codec
-from env_server.isolation import error_phrase, escape_surrogates
-from env_server.protocol import bearer_metadata
+from env_server.isolation import error_phrase
+from env_server.protocol import bearer_metadata, escape_surrogates
 from env_server.rpc import env_pb2 as pb
 from env_server.validation import InvalidActionError, check_actions
 from learner import faults, pauses

@@ -3,6 +3,7 @@ say what a point is."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -491,3 +492,16 @@ def test_a_loop_of_links_among_the_run_dirs_is_no_run_dir_not_a_traceback(
     status = main(["plot", "real", "loop1", "-o", "p.png"])
     err = capsys.readouterr().err
     assert status == 1 and "loop1: no such run dir" in err and "Traceback" not in err, err
+
+
+def test_a_run_dir_named_in_bytes_that_are_not_utf8_is_plotted_its_name_escaped(
+    tmp_path: Path, figures: list[Any]
+) -> None:
+    """A folder named b"caf\\xe9" (Latin-1), as Python names it ('caf\\udce9'): matplotlib's text raised TypeError on
+    its label (learner train's plot at the end, after the summary, and learner plot); --title likewise."""
+    run = _run(tmp_path / os.fsdecode(b"caf\xe9"), 3)
+    plot_runs([run], tmp_path / "out.png", title=os.fsdecode(b"r\xe9sum\xe9"))
+    (figure,) = figures
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[0] == "caf\\udce9", labels
+    assert figure._suptitle.get_text() == "r\\udce9sum\\udce9" and (tmp_path / "out.png").stat().st_size > 0
