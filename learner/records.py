@@ -16,7 +16,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from env_server.protocol import escape_surrogates
 from learner import rundir
+from learner.errors import RunDirWriteError
 from learner.fleetwatch import ReplicaTotals
 from learner.progress import bar_postfix, progress_line, to_devnull, widget_total
 from learner.resume import Counters
@@ -101,6 +103,13 @@ class EventsWriter:
         try:
             with rundir.writing(self.path):
                 self._writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        except UnicodeEncodeError as err:  # (tensorboard's file system encodes the path as UTF-8)
+            self._hook.close()
+            raise RunDirWriteError(
+                f"cannot write {escape_surrogates(str(self.path))}: TensorBoard takes only paths that are valid "
+                "UTF-8, and the run dir's is not (a name of bytes in another encoding); pass --no-tensorboard, or "
+                "give a --run-dir of UTF-8"
+            ) from err
         except BaseException:
             self._hook.close()
             raise

@@ -306,3 +306,27 @@ def test_env_server_serves_a_non_ascii_entry_point(tmp_path: Path, env: str) -> 
     )
     with _serving(_server("--env", env), cwd=tmp_path) as said:  # (the module found in the working directory)
         assert f"serving 1 x {env}" in said
+
+
+@pytest.mark.slow
+@pytest.mark.needs_torch
+def test_a_run_dir_named_in_bytes_that_are_not_utf8_trains_with_tensorboard_off_and_says_so_with_it_on(
+    tmp_path: Path,
+) -> None:
+    """A --run-dir named b"caf\\xe9" (Latin-1), as Python names it ('caf\\udce9'): TensorBoard's UTF-8 encoding of
+    it ended the run with "error: 'utf-8' codec can't encode character", naming neither the option nor a way
+    out; with --no-tensorboard, the plot at the end raised matplotlib's TypeError on the legend."""
+    run = tmp_path / os.fsdecode(b"caf\xe9")
+    with_tensorboard = [arg for arg in CLOCK if arg != "--no-tensorboard"]
+    failed = subprocess.run(
+        _learner("train", *with_tensorboard, *TINY, "--run-dir", str(run)), capture_output=True, text=True, cwd=ROOT
+    )
+    error = failed.stderr.strip().splitlines()[-1]
+    assert failed.returncode == 1 and "caf\\udce9" in error, failed.stderr
+    assert "pass --no-tensorboard, or give a --run-dir of UTF-8" in error, error
+    plotted = [arg for arg in TINY if arg != "--no-plot"]
+    run = tmp_path / os.fsdecode(b"r\xe9")
+    trained = subprocess.run(
+        _learner("train", *CLOCK, *plotted, "--run-dir", str(run)), capture_output=True, text=True, cwd=ROOT
+    )
+    assert trained.returncode == 0 and (run / rundir.PLOT).is_file(), trained.stderr
