@@ -22,6 +22,11 @@ from hypothesis import settings
 from learner import LocalServers
 from learner.discovery import register_resolver
 
+ROOT = Path(__file__).resolve().parent.parent
+
+# Hypothesis keeps a cache of its own in the working directory (.hypothesis/, whatever the database), read
+# from this variable when it first writes there: not in the checkout.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gettempdir(), "envfleet-hypothesis"))
 # Property tests: no example database (it was written into the checkout), and under CI the same
 # examples every run, so a red CI is about the change under test, not a newly drawn example.
 settings.register_profile("dev", database=None)
@@ -42,6 +47,26 @@ def _undo_ignored_stop_signals() -> None:
 
 
 _undo_ignored_stop_signals()
+
+# The env servers and scripts the tests start import the tests' envs (--env tests.envs:ClockEnv) whatever the
+# working directory the suite runs from (`cd tests && pytest test_local.py`): the checkout is on their
+# PYTHONPATH. And a shell's ENVFLEET_* variables (a token, TLS files, a W&B setting: see learner.local) are
+# for its own servers and runs, not the ones the tests start.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+for _name in [name for name in os.environ if name.startswith("ENVFLEET_")]:
+    del os.environ[_name]
+
+
+@pytest.fixture(autouse=True)
+def _environ_as_it_was() -> Iterator[None]:
+    """Each test leaves os.environ as it found it: a command run in-process sets variables for the process
+    (learner eval --video: MUJOCO_GL, SDL_VIDEODRIVER), which every later test's servers would inherit."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
 
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")

@@ -189,8 +189,8 @@ def test_context_manager_stops_every_server() -> None:
 
 def _is_server(pid: int, addresses: list[str]) -> bool:
     try:
-        with open(f"/proc/{pid}/cmdline") as f:
-            cmd = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")  # (another process's may hold bytes that are not UTF-8)
     except OSError:
         return False
     return "env_server" in cmd and any(a.removeprefix("unix:") in cmd for a in addresses)

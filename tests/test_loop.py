@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 
 import learner.interrupts
@@ -168,6 +169,15 @@ def test_an_interrupted_call_is_cancelled_and_its_cleanup_run_before_the_interru
     runner.run(asyncio.sleep(0))  # (the loop is free for the next call)
 
 
+def _serving(address: str) -> bool:
+    """Whether the server at ``address`` says it serves; False while it does not answer yet (a loaded machine's
+    server may not be listening until seconds after it was started)."""
+    try:
+        return check(address) == "SERVING"
+    except grpc.RpcError:
+        return False
+
+
 @pytest.fixture
 def runner() -> Iterator[LoopRunner]:
     """A LoopRunner of a loop of its own, closed after the test (a thread's shared loop is never closed: see
@@ -230,7 +240,7 @@ def test_ctrl_c_while_connecting_leaves_the_server_free(
                 loop.close()
         else:
             connect()
-        while check(address) != "SERVING":  # (asked apart from the loop: what it had pending stays so)
+        while not _serving(address):  # (asked apart from the loop: what it had pending stays so)
             time.sleep(0.1)
         # The thread's loop runs (what it had pending, too: a handshake retried within 1 s).
         LoopRunner.for_this_thread().run(asyncio.sleep(1.5))

@@ -58,7 +58,7 @@ def _hang_timeouts() -> list[str]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            argv = cmdline.read_bytes().decode().split("\0")
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")  # (another's may not be UTF-8)
         except OSError:
             continue
         ours = "--parent-pid" in argv and argv[argv.index("--parent-pid") + 1] == str(os.getpid())
