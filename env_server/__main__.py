@@ -544,11 +544,14 @@ def usable_stdio() -> None:
     for name, fd in (("stdout", 1), ("stderr", 2)):
         stream = getattr(sys, name)
         if stream is None:
-            if devnull is None:
-                devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's, to its end)
             try:
                 os.fstat(fd)
-            except OSError:  # (closed: devnull's from now on, for this process and the children it starts)
+                closed = False
+            except OSError:
+                closed = True
+            if devnull is None:
+                devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115  (the process's, to its end)
+            if closed:  # (devnull's from now on, for this process and the children it starts: inheritable)
                 if devnull.fileno() == fd:  # (opened on it: the lowest free descriptor)
                     os.set_inheritable(fd, True)
                 else:

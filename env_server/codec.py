@@ -342,6 +342,7 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendab
             try:
                 out.strings.values.extend(str(s) for s in obj.flat)
             except UnicodeEncodeError as err:
+                budget.strings += obj.size * width * 4  # (what was charged for it: what goes instead is charged)
                 _cannot_send(obj, out, where, _not_unicode(err), budget, unsendable)
                 return out
             out.strings.shape[:] = obj.shape

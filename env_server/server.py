@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import contextlib
 import errno
 import functools
@@ -1159,10 +1158,13 @@ START_FAILED_STATUS = 2
 HUNG_EXIT_STATUS = 3
 # How often the watchdog looks.
 _WATCH_S = 0.25
-# A watchdog's wake-up this much later than it asked for is the whole process held up (SIGSTOP, `docker pause`,
-# a VM paused or migrated, a debugger, a host that gave it no CPU), not its env call: that time does not count
-# as the call's (--hang-timeout, the slow-call warning).
+# A watchdog's wake-up this much later than it asked for, the process having used little CPU meanwhile (under
+# _HELD_UP_CPU of the time), is the whole process held up (SIGSTOP, `docker pause`, a VM paused or migrated, a
+# debugger, a host that gave it no CPU), not its env call: that time does not count as the call's
+# (--hang-timeout, the slow-call warning). (An env's native code that holds the GIL delays the watchdog too,
+# but uses the CPU meanwhile: its time counts.)
 _HELD_UP_S = 1.0
+_HELD_UP_CPU = 0.25
 SLOW_CALL_S = 10.0
 """An env call that has run this long (and :data:`_SLOW_CALL_FACTOR` times its kind's usual time) is warned of,
 once, saying where it is stuck: learner train's default ``--timeout``, past which such a learner has given up on
@@ -1218,8 +1220,9 @@ class _Watchdog(threading.Thread):
         self.exit_status: int | None = None
         """What serve() returned (or the exit status its exception makes); None while it runs."""
         self._begun = False
-        self._held_up: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
-        """When (time.monotonic(): from, to) this process was held up lately (see _HELD_UP_S)."""
+        self._held_up: list[tuple[float, float]] = []
+        """When (time.monotonic(): from, to) this process was held up (see _HELD_UP_S) during the env call under
+        way (none kept while no call runs)."""
 
     def begin(self) -> None:
         """Start the thread, unless it has been started already (here, or by a signal handler that ran
@@ -1279,17 +1282,17 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         parent, hang_s = self.config.parent_pid, self.config.hang_timeout_s
         warned = 0.0  # (the call_started of the env call last warned of as slow: one warning per call)
-        last = time.monotonic()
+        last, last_cpu = time.monotonic(), time.process_time()
         while not self.finished.wait(_WATCH_S):
             now = time.monotonic()
-            if now - last - _WATCH_S >= _HELD_UP_S:
+            overslept = now - last - _WATCH_S
+            if overslept >= _HELD_UP_S and time.process_time() - last_cpu < _HELD_UP_CPU * overslept:
                 self._held_up.append((last + _WATCH_S, now))
                 log.info(
                     "this server was held up for %.1f s (SIGSTOP, docker pause, a paused VM, a debugger, or no CPU "
                     "for it): not counted as an env call's time",
-                    now - last - _WATCH_S,
+                    overslept,
                 )
-            last = now
             if parent and not self.parent_gone and os.getppid() != parent:
                 self.parent_gone = True
                 if not self.stop_asked_at:
@@ -1299,6 +1302,7 @@ class _Watchdog(threading.Thread):
                 self.request_stop()
             service = self.service
             started = service.call_started if service is not None else 0.0
+            self._held_up = [held for held in self._held_up if started and held[1] > started]  # (this call's)
             ran = self._ran(started, now) if started else 0.0
             if hang_s and started and ran > hang_s:
                 assert service is not None
@@ -1343,6 +1347,8 @@ class _Watchdog(threading.Thread):
                     HARD_EXIT_STATUS,
                     self._stuck(service) if service is not None and started else "",
                 )
+            # (from here: the time this turn took, a warning's frames or a log line, is no hold-up)
+            last, last_cpu = time.monotonic(), time.process_time()
 
     def _ran(self, started: float, now: float) -> float:
         """How long the env call that began at ``started`` has run by ``now``, less the times this process was

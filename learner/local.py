@@ -542,9 +542,15 @@ def _server_environ(auth_token: str | None) -> dict[str, str]:
     if auth_token:
         environ["ENVFLEET_AUTH_TOKEN"] = auth_token
     script = sys.argv[0] if sys.argv else ""
-    with suppress(OSError):  # (a working directory removed since: no folder of the script's to tell)
-        folder = os.path.dirname(os.path.abspath(script)) if script.endswith(".py") else ""
-        if folder and sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == folder and folder != os.getcwd():
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # (a working directory removed since: only an absolute path's folder can be told)
+        cwd = None
+    first = sys.path[0] if sys.path else ""
+    told = cwd is not None or (os.path.isabs(script) and os.path.isabs(first))  # (abspath needs no cwd then)
+    if told and script.endswith(".py") and first:
+        folder = os.path.dirname(os.path.abspath(script))
+        if os.path.abspath(first) == folder and folder != cwd:
             environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, environ.get("PYTHONPATH", "")) if p)
     return environ
 

@@ -69,13 +69,13 @@ def stop() -> None:
             _watcher = None
 
 
-def own_pause() -> float | None:
-    """How long this process was held up, where that ended within :data:`RECENT_S` or is going on as this
-    is asked (the watcher has not had its turn since: woken with the caller, after the same pause); None
-    otherwise, and while nothing watches."""
+def own_pause(within: float | None = None) -> float | None:
+    """How long this process was held up, where that ended within :data:`RECENT_S` (``within``: within that
+    many seconds, as during a call that took them) or is going on as this is asked (the watcher has not had
+    its turn since: woken with the caller, after the same pause); None otherwise, and while nothing watches."""
     now = _now()
     length, ended = _last_pause
-    if now - ended <= RECENT_S:
+    if now - ended <= (RECENT_S if within is None else within + TICK_S):  # (the watcher's turn comes after it)
         return length
     late = now - _last_tick - TICK_S
     return late if _watcher is not None and late >= PAUSE_S else None

@@ -1185,7 +1185,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             return
         self._stalls[timer.address] = (now, 0)
         took = timer.last_latency()
-        paused = pauses.own_pause()  # (a fault-tolerant fleet's: see learner.pauses)
+        paused = pauses.own_pause(within=took)  # (during this step; a fault-tolerant fleet's: see learner.pauses)
         log.warning(
             "env server %s took %.1f s to answer a step, %.1f s of it outside its envs (usually %s); the fleet "
             "waited %.1f s for it (%s)%s",

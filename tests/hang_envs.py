@@ -35,13 +35,33 @@ class HangLater(gym.Env[np.ndarray, np.int64]):
         if self.steps == self.hang_at and not (self.once is not None and os.path.exists(self.once)):
             if self.once is not None:
                 open(self.once, "w").close()
-            while True:
-                time.sleep(0.05)
+            self.hang()
         return np.zeros(1, np.float32), 1.0, False, False, {}
+
+    def hang(self) -> None:
+        while True:
+            time.sleep(0.05)
 
     def close(self) -> None:
         if self.raise_in_close:
             raise RuntimeError("the simulator's connection could not be closed")
+
+
+class HangHoldingTheGil(HangLater):
+    """A HangLater whose hang is native code that holds the GIL for ``stretch_s`` at a time (sum over a range,
+    sized at the start of the hang), letting other threads run between stretches only: the watchdog wakes late
+    at each, the process busy meanwhile."""
+
+    def __init__(self, hang_at: int = 3, stretch_s: float = 2.0) -> None:
+        super().__init__(hang_at)
+        self.stretch_s = stretch_s
+
+    def hang(self) -> None:
+        begun = time.perf_counter()
+        sum(range(2_000_000))
+        size = int(2_000_000 * self.stretch_s / max(time.perf_counter() - begun, 1e-6))
+        while True:
+            sum(range(size))
 
 
 class HugeObservations(gym.Env[np.ndarray, np.int64]):

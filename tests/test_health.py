@@ -193,3 +193,12 @@ def test_watch_says_serving_then_not_serving_at_shutdown_and_ends(spawn_server: 
                 assert stream.code() == grpc.StatusCode.OK
     assert elapsed < 10, f"stopped after {elapsed:.1f} s (--grace 20): the Watch streams held it up"
     assert "Traceback" not in server.logs() and "__aiter__" not in server.logs(), server.logs()
+
+
+def test_the_probe_escapes_a_unix_path_for_grpc_as_the_server_does() -> None:
+    """The probe runs by path, importing nothing of env_server: its escape is a copy of the server's."""
+    from env_server import health
+    from env_server.protocol import grpc_target
+
+    for address in ("unix:/tmp/q%41 #b?c.sock", "unix:///tmp/a%b.sock", "127.0.0.1:50051", "dns:///env:50051"):
+        assert health._grpc_target(address) == grpc_target(address), address

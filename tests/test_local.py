@@ -143,6 +143,10 @@ def test_a_script_in_a_removed_working_directory_starts_its_local_servers(
     gone.rmdir()
     environ = _server_environ(None)
     assert environ.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+    scripts = tmp_path / "scripts"  # (python /abs/scripts/train.py: its folder is known all the same)
+    monkeypatch.setattr(sys, "argv", [str(scripts / "train.py")])
+    monkeypatch.setattr(sys, "path", [str(scripts), *sys.path[1:]])
+    assert _server_environ(None)["PYTHONPATH"].split(os.pathsep)[0] == str(scripts)
 
 
 def test_an_env_used_after_its_local_servers_stopped_says_so_at_once() -> None:

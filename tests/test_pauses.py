@@ -66,6 +66,15 @@ def test_a_pause_going_on_as_a_loss_is_said_counts_before_the_watcher_has_woken(
     assert pauses.own_pause() is None
 
 
+def test_a_pause_asked_of_within_a_call_s_time_is_one_that_ended_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step stall is this learner's own only where its pause ended during the step: one 30 s before is no
+    cause of it (it was said to be, for a minute after any pause)."""
+    monkeypatch.setattr(pauses, "_last_pause", (6.0, pauses._now() - 30.0))
+    assert pauses.own_pause() == 6.0 and pauses.own_pause(within=2.0) is None
+    monkeypatch.setattr(pauses, "_last_pause", (6.0, pauses._now() - 1.0))
+    assert pauses.own_pause(within=2.0) == 6.0
+
+
 def test_a_server_lost_right_after_a_pause_of_this_learner_is_said_to_be_maybe_fine(
     spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,11 +92,11 @@ def test_a_stall_while_the_learner_itself_was_held_up_says_so(
     """A learner stopped for 15 s (SIGSTOP) blamed its server's link first; only a later line said that the
     learner itself had been held up."""
     monkeypatch.setattr(faults, "STALL", (0.5, 10.0, 3.0))
-    monkeypatch.setattr(pauses, "own_pause", lambda: 6.0)  # (as the pause watcher finds after a 6-s stop)
     with RemoteVectorEnv(servers.addresses) as envs, caplog.at_level(logging.WARNING):
         envs.reset(seed=0)
         for _ in range(30):
             envs.step(ACTIONS)
+        monkeypatch.setattr(pauses, "_last_pause", (6.0, pauses._now()))  # (as the watcher leaves a 6-s stop)
         timer = _paused(servers.pids[1], 1.0)
         envs.step(ACTIONS)
         timer.join()

@@ -330,3 +330,17 @@ def test_a_run_dir_named_in_bytes_that_are_not_utf8_trains_with_tensorboard_off_
         _learner("train", *CLOCK, *plotted, "--run-dir", str(run)), capture_output=True, text=True, cwd=ROOT
     )
     assert trained.returncode == 0 and (run / rundir.PLOT).is_file(), trained.stderr
+
+
+def test_a_closed_stdout_is_devnull_for_the_children_a_command_starts_too() -> None:
+    """An env's simulator binary, started by the server: its fd 1 was left closed (devnull, made on the closed
+    descriptor, was not inheritable), so its first open() took it, and its writes there failed."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from env_server.__main__ import usable_stdio\n"
+        "usable_stdio()\n"
+        "child = subprocess.run(['bash', '-c', 'echo hi'], stderr=subprocess.PIPE, text=True)\n"
+        "print(os.get_inheritable(1), child.returncode, repr(child.stderr), file=sys.stderr)\n"
+    )
+    done = _closed(1, sys.executable, "-c", script)
+    assert done.returncode == 0 and done.stderr.strip().splitlines()[-1] == "True 0 ''", done.stderr

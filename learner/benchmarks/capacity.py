@@ -102,6 +102,7 @@ def measure_message_sizes() -> list[dict[str, Any]]:
     import grpc
 
     from env_server import codec
+    from env_server.protocol import grpc_target
     from env_server.rpc import env_pb2 as pb
     from env_server.rpc import env_pb2_grpc as pb_grpc
     from learner.local import LocalServers
@@ -115,7 +116,7 @@ def measure_message_sizes() -> list[dict[str, Any]]:
         with (
             LocalServers(env, 1, num_envs, server_args=server_args) as servers,
             grpc.insecure_channel(
-                servers.addresses[0], options=[("grpc.max_receive_message_length", 64 * 2**20)]
+                grpc_target(servers.addresses[0]), options=[("grpc.max_receive_message_length", 64 * 2**20)]
             ) as channel,
         ):
             stub = pb_grpc.EnvServiceStub(channel)

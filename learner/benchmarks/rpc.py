@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from env_server import codec
+from env_server.protocol import grpc_target
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 
@@ -83,7 +84,7 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
         for transport in transports:
             raw = LocalServers("CartPole-v1", 1, 1, transport=transport)
             opened.append(raw)
-            channel = grpc.insecure_channel(raw.addresses[0])
+            channel = grpc.insecure_channel(grpc_target(raw.addresses[0]))
             opened.append(channel)
             stub = pb_grpc.EnvServiceStub(channel)
             session = stub.Handshake(pb.HandshakeRequest(client_name="learner bench rpc"), timeout=10).session_id
