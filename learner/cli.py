@@ -681,6 +681,7 @@ def _video_fps(text: str) -> float:
 def _gif_path(text: str) -> str:
     from learner.video import check_path
 
+    text = os.path.expanduser(text)  # (see _named_path)
     _checked(check_path, "video")(text)
     return text
 
@@ -708,7 +709,9 @@ def _path(text: str) -> str:
 def _named_path(text: str) -> str:
     """A type: a path whose names the file system can hold (none over 255 bytes, say), refused otherwise as
     ``PATH: File name too long (...)`` (every path option's type, or its check's: not a traceback at the first
-    ``exists()``)."""
+    ``exists()``). A leading ``~`` is the home folder, as the shell makes it where it can: ``--run-dir=~/runs/a``
+    (no shell expands a ``~`` after ``=``) made a folder named ``~`` in the working directory."""
+    text = os.path.expanduser(text)
     try:
         check_name_lengths(text)
     except ValueError as err:

@@ -17,7 +17,7 @@ import pytest
 
 from env_server.envs import is_entry_point
 from learner import rundir
-from learner.cli import main
+from learner.cli import build_parser, main
 from learner.video import check_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,3 +344,14 @@ def test_a_closed_stdout_is_devnull_for_the_children_a_command_starts_too() -> N
     )
     done = _closed(1, sys.executable, "-c", script)
     assert done.returncode == 0 and done.stderr.strip().splitlines()[-1] == "True 0 ''", done.stderr
+
+
+def test_a_path_option_s_leading_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shell expands a ~ after "=": --run-dir=~/runs/a made a folder named "~" in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    parser = build_parser()
+    assert parser.parse_args(["train", "--run-dir=~/runs/a"]).run_dir == str(tmp_path / "runs" / "a")
+    assert parser.parse_args(["train", "--resume=~/runs/a"]).resume == str(tmp_path / "runs" / "a")
+    plotted = parser.parse_args(["plot", "~/runs/a", "--output=~/plot.png"])
+    assert plotted.runs == [str(tmp_path / "runs" / "a")] and plotted.output == str(tmp_path / "plot.png")
+    assert parser.parse_args(["eval", "~/runs/a", "--video=~/v.gif"]).video == str(tmp_path / "v.gif")
