@@ -276,7 +276,7 @@ class _Budget:
 
     def take_string_bytes(self, count: int, width: int, where: Where, suffix: str = "") -> None:
         """Charge a string array of ``count`` strings of up to ``width`` characters."""
-        need = count * width * 4
+        need = _string_bytes(count, width)
         if need > self.strings:
             limit = MAX_STRING_ARRAY_BYTES
             at_most = (
@@ -290,6 +290,16 @@ class _Budget:
                 f"string as wide as the longest, 4 bytes a character); {at_most}{suffix}"
             )
         self.strings -= need
+
+    def give_back_string_bytes(self, count: int, width: int) -> None:
+        """Undo :meth:`take_string_bytes`'s charge of the same array (one that goes as something else)."""
+        self.strings += _string_bytes(count, width)
+
+
+def _string_bytes(count: int, width: int) -> int:
+    """What a string array of ``count`` strings of up to ``width`` characters takes decoded (numpy's 4 bytes a
+    character, every string as wide as the longest)."""
+    return count * width * 4
 
 
 Unsendable = Callable[[Any, str, str], Any]
@@ -342,7 +352,7 @@ def _encode_value(obj: Any, out: pb.Value, where: str, budget: _Budget, unsendab
             try:
                 out.strings.values.extend(str(s) for s in obj.flat)
             except UnicodeEncodeError as err:
-                budget.strings += obj.size * width * 4  # (what was charged for it: what goes instead is charged)
+                budget.give_back_string_bytes(obj.size, width)  # (what goes instead is charged)
                 _cannot_send(obj, out, where, _not_unicode(err), budget, unsendable)
                 return out
             out.strings.shape[:] = obj.shape
