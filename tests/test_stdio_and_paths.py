@@ -119,14 +119,14 @@ def _serving(
     command: Sequence[str], *, fd: int | None = None, cwd: Path = ROOT, environ: dict[str, str] | None = None
 ) -> Iterator[str]:
     """Start env-server (``command``), wait until it serves (its log's "serving" line, or with stderr closed
-    its "listening on" line), give what it said, then stop it. The tests' env_server, wherever it runs."""
-    path = os.environ.get("PYTHONPATH")
+    its "listening on" line), give what it said, then stop it. The tests' env_server, wherever it runs (the
+    checkout is on every test's PYTHONPATH: see conftest)."""
     proc = subprocess.Popen(
         list(command),
         stdout=subprocess.PIPE if fd == 2 else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL if fd == 2 else subprocess.PIPE,
         cwd=cwd,
-        env={**os.environ, **(environ or {}), "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")},
+        env={**os.environ, **(environ or {})},
     )
     try:
         pipe = proc.stdout if fd == 2 else proc.stderr
