@@ -177,6 +177,12 @@ _claim_timeout = _number_in(math.inf, "a finite number of seconds > 0", above_ze
 _spin_wait_ms = _number_in(MAX_SPIN_WAIT_MS, f"milliseconds in [0, {MAX_SPIN_WAIT_MS:g}]")
 
 
+def _path(text: str) -> str:
+    """A type: a path, a leading ``~`` the home folder (as learner's path options take it): no shell expands a
+    ``~`` after ``=`` (``--unix-socket=~/envs/a.sock``) or in a variable's value read here."""
+    return os.path.expanduser(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ShortErrorParser(
         prog="env-server",
@@ -207,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unix-socket",
         default=e("unix_socket", None),
+        type=_path,
         metavar="PATH",
         help="listen on a Unix domain socket instead of TCP",
     )
@@ -379,21 +386,24 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument(
         "--auth-token-file",
         default=e("auth_token_file", None),
+        type=_path,
         metavar="PATH",
         help="read the token from this file (e.g. a mounted secret; surrounding whitespace is ignored)",
     )
     security.add_argument(
         "--tls-cert",
         default=e("tls_cert", None),
+        type=_path,
         metavar="PATH",
         help="serve TLS with this certificate chain (PEM); learners verify it with the CA that signed it",
     )
     security.add_argument(
-        "--tls-key", default=e("tls_key", None), metavar="PATH", help="private key of --tls-cert (PEM)"
+        "--tls-key", default=e("tls_key", None), type=_path, metavar="PATH", help="private key of --tls-cert (PEM)"
     )
     security.add_argument(
         "--tls-client-ca",
         default=e("tls_client_ca", None),
+        type=_path,
         metavar="PATH",
         help="with --tls-cert: require every caller to present a client certificate signed by the CA(s) in "
         "this PEM file (mutual TLS; learners: --tls-client-cert/--tls-client-key); a caller without one, or "

@@ -219,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tls-ca",
         default=ca,
+        type=os.path.expanduser,  # (no shell expands a ~ after '=')
         metavar="PATH",
         help="ask over TLS, verifying the server with these CA certificates (default: from ENVFLEET_TLS_CA or "
         "ENVFLEET_TLS_CERT when the server's variables say TLS; else plaintext)",
@@ -234,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tls-client-cert",
         default=cert,
+        type=os.path.expanduser,  # (no shell expands a ~ after '=')
         metavar="PATH",
         help="with TLS: present this client certificate (PEM), for a server started with --tls-client-ca "
         "(default: ENVFLEET_TLS_CLIENT_CERT when the server's variables say TLS)",
@@ -241,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tls-client-key",
         default=key,
+        type=os.path.expanduser,  # (no shell expands a ~ after '=')
         metavar="PATH",
         help="the private key (PEM) of --tls-client-cert (default: ENVFLEET_TLS_CLIENT_KEY when the server's "
         "variables say TLS)",

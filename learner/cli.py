@@ -787,8 +787,8 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, groups: d
             )
 
 
-_PATH_FIELDS = frozenset({"run_dir", "resume"})
-"""The fields of Args that are paths (--run-dir, --resume): their options' type is :func:`_named_path`."""
+_PATH_FIELDS = frozenset({"run_dir", "resume", "tls_ca", "tls_client_cert", "tls_client_key"})
+"""The fields of Args that are paths (--run-dir, --resume, --tls-ca, ...): their options' type is :func:`_named_path`."""
 
 
 def _is_optional(hint: Any) -> bool:
@@ -1248,6 +1248,7 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     parser.add_argument(
         "--auth-token-file",
         default=None,
+        type=_named_path,
         metavar="PATH",
         help="... or the file holding it (default: $ENVFLEET_AUTH_TOKEN_FILE)",
     )
@@ -1260,6 +1261,7 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     parser.add_argument(
         "--tls-ca",
         default=None,
+        type=_named_path,
         metavar="PATH",
         help=f"connect with TLS, verifying with this CA file ({ca_default}: $ENVFLEET_TLS_CA)",
     )
@@ -1273,6 +1275,7 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     parser.add_argument(
         "--tls-client-cert",
         default=None,
+        type=_named_path,
         metavar="PATH",
         help="with TLS: present this client certificate (PEM) to servers that require one (env-server "
         "--tls-client-ca); give --tls-client-key too (default with TLS, when neither is given: "
@@ -1281,6 +1284,7 @@ def _add_connection_options(parser: argparse.ArgumentParser, ca_default: str) ->
     parser.add_argument(
         "--tls-client-key",
         default=None,
+        type=_named_path,
         metavar="PATH",
         help="the private key (PEM) of --tls-client-cert (default: $ENVFLEET_TLS_CLIENT_KEY, as the certificate)",
     )
@@ -1377,6 +1381,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_file = connections.add_argument(
         "--auth-token-file",
         default=None,
+        type=_named_path,
         metavar="PATH",
         help="read --auth-token from this file, as env-server does (e.g. a mounted secret; surrounding whitespace "
         "is ignored, an empty file refused); not with --auth-token (default: $ENVFLEET_AUTH_TOKEN_FILE)",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from env_server.__main__ import build_parser as server_parser
 from env_server.envs import is_entry_point
 from learner import rundir
 from learner.cli import build_parser, main
@@ -355,3 +356,21 @@ def test_a_path_option_s_leading_tilde_is_the_home_folder(tmp_path: Path, monkey
     plotted = parser.parse_args(["plot", "~/runs/a", "--output=~/plot.png"])
     assert plotted.runs == [str(tmp_path / "runs" / "a")] and plotted.output == str(tmp_path / "plot.png")
     assert parser.parse_args(["eval", "~/runs/a", "--video=~/v.gif"]).video == str(tmp_path / "v.gif")
+    files = ["--tls-ca=~/ca.pem", "--tls-client-cert=~/c.pem", "--tls-client-key=~/k.pem", "--auth-token-file=~/t"]
+    for command in ("train", "servers"):
+        given = parser.parse_args([command, *files])
+        assert (given.tls_ca, given.tls_client_cert, given.tls_client_key, given.auth_token_file) == tuple(
+            str(tmp_path / name) for name in ("ca.pem", "c.pem", "k.pem", "t")
+        ), command
+
+
+def test_env_server_s_path_options_take_a_leading_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the learner's: --unix-socket=~/a.sock listened on ./~/a.sock (or found no folder ~ to make it in)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("ENVFLEET_TLS_CLIENT_CA", "~/ca.pem")  # (a variable's value too)
+    given = server_parser().parse_args(
+        ["--unix-socket=~/a.sock", "--tls-cert=~/c.pem", "--tls-key=~/k.pem", "--auth-token-file=~/t"]
+    )
+    assert (given.unix_socket, given.tls_cert, given.tls_key, given.tls_client_ca, given.auth_token_file) == tuple(
+        str(tmp_path / name) for name in ("a.sock", "c.pem", "k.pem", "ca.pem", "t")
+    )
