@@ -35,11 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _python(script: str, *, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` in a new interpreter (the checkout importable); its result, stdout and stderr as text."""
+    """Run ``script`` in a new interpreter (the checkout importable: see conftest); its result, stdout and stderr
+    as text."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=timeout,

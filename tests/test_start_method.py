@@ -16,8 +16,6 @@ import pytest
 
 from env_server import envs
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # A server (env_server's CLI, as `python -m env_server` runs it) in a process whose multiprocessing default is
 # forkserver (3.14's on Linux), serving an id registered in this process only (as the server registers ale_py's),
 # whose env logs from its constructor in the workers.
@@ -71,7 +69,7 @@ def test_a_server_whose_multiprocessing_default_is_forkserver_forks_its_async_wo
     (tmp_path / "logs_in_workers.py").write_text(textwrap.dedent(ENV))
     argv = [sys.executable, "-c", SERVER, "--env", "RegisteredHere-v0", "--num-envs", "2"]
     argv += ["--vectorization", "async", "--log-format", "json", "--port", "0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}  # (conftest's)
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -8,7 +8,6 @@ import importlib.util
 import io
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -301,10 +300,7 @@ def test_a_run_whose_stdout_reader_exits_goes_on_to_its_end(tmp_path: Path) -> N
         f"'gym', '--num-envs', '1', '--num-steps', '8', '--total-timesteps', '400', '--no-plot', '--run-dir', "
         f"{str(run)!r}]; learner.cli.run()"
     )
-    environ = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    with subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ
-    ) as p:
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
         assert p.stdout is not None and p.stderr is not None
         assert p.stdout.readline().startswith(b"learner train: PPO")
         deadline = time.monotonic() + 60
