@@ -141,6 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from env_server.config import ServerConfig
     from env_server.envs import make_env, worker_context
     from learner.benchmarks.report import load_warning
+    from learner.interrupts import interrupts_held, start_forkserver_deaf_to_ctrl_c
     from learner.local import LocalServers
     from learner.remote import RemoteVectorEnv
 
@@ -168,13 +169,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # (ids or entry points, the same --env-kwargs).
     one_env = functools.partial(make_env, config)
     context = worker_context() if _threads() == 1 else "forkserver"
-    reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
+    if context == "forkserver":  # (numpy's OpenBLAS threads are enough: on most machines)
+        start_forkserver_deaf_to_ctrl_c()
+    reference = None
     try:
+        # (whole: a Ctrl-C as its workers start, which are deaf to it, left those not started yet to start
+        # after this process had gone, each printing a traceback: "SemLock._rebuild ... FileNotFoundError")
+        with interrupts_held():
+            reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
         ref_sps, _ = _measure(reference, args.steps, args.seed)
     except BaseException:
-        with warnings.catch_warnings():  # ("Calling `close` while waiting for a pending call to `step`")
-            warnings.simplefilter("ignore")
-            reference.close(terminate=True)  # (a Ctrl-C: mid-step, not waited for)
+        if reference is not None:
+            with warnings.catch_warnings():  # ("Calling `close` while waiting for a pending call to `step`")
+                warnings.simplefilter("ignore")
+                reference.close(terminate=True)  # (a Ctrl-C: mid-step, not waited for)
         raise
     reference.close()
     with LocalServers(

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["interrupt", "interrupts_held", "raise_pending_interrupt", "take_ctrl_c"]
+__all__ = ["interrupt", "interrupts_held", "raise_pending_interrupt", "start_forkserver_deaf_to_ctrl_c", "take_ctrl_c"]
 
 # LoopRunner's loops, each added as its runner is made (a signal's interrupt waits for their next
 # callback: see interrupt), and the one a signal handler left a KeyboardInterrupt for, not raised yet
@@ -103,3 +103,30 @@ def take_ctrl_c() -> None:
     KeyboardInterrupt where the code is, as before Python 3.11, instead of cancelling its main task.)"""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_on_signal)
+
+
+def start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start multiprocessing's forkserver (if it is not running) deaf to Ctrl-C, as the processes it starts then
+    are, and return once it has imported its preload (call before the first subprocess starts through it). A
+    terminal's Ctrl-C reaches every process of the command: the forkserver printed a KeyboardInterrupt traceback
+    while it imported its preload, and so did each subprocess while it unpickled its target (an import: numpy's
+    said ``PyCapsule_Import could not import module "datetime"``), before that target could ignore it. The
+    command stops them itself, as it closes what started them.
+
+    Ignored, not blocked, as it is started (the few ms of a fork and exec: a Ctrl-C just then is lost): a blocked
+    mask does not reach the forkserver (it had none), an ignored signal stays ignored through an exec. Elsewhere
+    than in the main thread it is started as it would be (no signal handling there)."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    # Once it has imported its preload: a vector env stopped while its workers wait for that (a Ctrl-C as the
+    # first one starts) would leave them to start later, without what they need, each saying so in a traceback.
+    ready = multiprocessing.get_context("forkserver").Process(target=int, daemon=True)
+    ready.start()
+    ready.join()

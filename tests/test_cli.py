@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -762,7 +765,6 @@ def test_ctrl_c_stops_a_shell_loop_of_runs_not_only_the_run_it_came_in(tmp_path:
     shell = subprocess.Popen(
         ["bash", "-c", loop],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},  # (tests.envs)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -1034,19 +1036,42 @@ def test_demo_names_an_env_it_cannot_build_in_one_line(
     assert "envfleet demo:" not in capsys.readouterr().out  # (said before any banner or server)
 
 
+@contextlib.contextmanager
+def _sending_sigint_again(pgid: int, every_s: float) -> Iterator[None]:
+    """A block during which SIGINT goes to process group ``pgid`` again every ``every_s`` s."""
+    done = threading.Event()
+
+    def send() -> None:
+        while not done.wait(every_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGINT)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sender.join()
+
+
 @pytest.mark.slow
-def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback() -> None:
+@pytest.mark.parametrize("after_s", [0.0, 1.0], ids=["starting", "stepping"])
+def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback(after_s: float) -> None:
     """A terminal's Ctrl-C reaches the whole process group: the AsyncVectorEnv's workers, forked with the
-    learner's handlers, each printed a KeyboardInterrupt traceback (and a BrokenPipeError)."""
+    learner's handlers, each printed a KeyboardInterrupt traceback (and a BrokenPipeError); started by a
+    forkserver (numpy's threads are enough for one), they and it printed one as they imported what they run."""
     command = [sys.executable, "-m", "learner", "demo", "--steps", "1000000"]
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     ) as demo:
         assert demo.stdout is not None
         assert demo.stdout.readline().startswith("envfleet demo: ")
-        time.sleep(1.0)  # (its workers stepping)
+        time.sleep(after_s)  # (its workers starting, or stepping)
         os.killpg(demo.pid, signal.SIGINT)
-        rest = demo.stdout.read()
+        # (one in the few ms its forkserver starts is lost, by design (see start_forkserver_deaf_to_ctrl_c)
+        with _sending_sigint_again(demo.pid, every_s=10.0):
+            rest = demo.stdout.read()
         assert demo.wait(timeout=60) == CTRL_C_EXIT, rest
     assert rest.strip() == "learner demo: aborted", rest
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
-import multiprocessing.forkserver
-import signal
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +17,7 @@ import numpy as np
 
 from env_server.config import ServerConfig
 from learner.benchmarks.envs import env_fns
+from learner.interrupts import start_forkserver_deaf_to_ctrl_c
 
 if TYPE_CHECKING:
     from learner.remote import RemoteVectorEnv
@@ -42,25 +40,10 @@ _PRELOAD = [
 
 def prepare_subprocesses() -> None:
     """Make subprocess vector envs start through a forkserver (call before the first one starts), and
-    start it, with Ctrl-C ignored (inherited: the forkserver, and so the vector envs' workers it starts).
-    The bench stops them when it stops (their vector envs' close): a terminal's Ctrl-C, which reaches
-    every process of the bench, printed a KeyboardInterrupt traceback from the forkserver while it
-    imported its preload (torch, through SB3's: seconds) and from workers as they started. Returns
-    once it is ready."""
+    start it, deaf to Ctrl-C (its preload: torch, through SB3's, takes seconds); the bench stops them when it
+    stops (their vector envs' close). Returns once it is ready."""
     multiprocessing.set_forkserver_preload(_PRELOAD)
-    if threading.current_thread() is not threading.main_thread():
-        return  # (started when the first one starts)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    # Once it has imported its preload: a vector env stopped while its workers wait for that (a Ctrl-C
-    # as the first one starts) would leave them to start later, without what they need, each saying so
-    # in a traceback.
-    ready = multiprocessing.get_context("forkserver").Process(target=int, daemon=True)
-    ready.start()
-    ready.join()
+    start_forkserver_deaf_to_ctrl_c()
 
 
 @dataclass(frozen=True)
