@@ -187,9 +187,16 @@ def replica_addresses(replicas: Iterable[Replica], target: str, engine_host: str
 
 
 def _replica_labels(service: str) -> list[str]:
-    """The label filter of the service's replicas: not `docker compose run`'s one-off containers of it,
-    which publish no port (the network's DNS leaves them out of the service's name too)."""
-    return [f"{SERVICE_LABEL}={service}", f"{ONEOFF_LABEL}=False"]
+    """The label filter of the service's containers: replicas, and `docker compose run`'s one-off containers,
+    which :func:`_is_one_off` leaves out (as a filter on the label's "False" would not: podman-compose sets
+    none, so its replicas were not found)."""
+    return [f"{SERVICE_LABEL}={service}"]
+
+
+def _is_one_off(record: Mapping[str, Any]) -> bool:
+    """Whether a container list record is a one-off container (`docker compose run`), which publishes no port
+    (the network's DNS leaves them out of the service's name too): no replica."""
+    return (record.get("Labels") or {}).get(ONEOFF_LABEL) == "True"
 
 
 def resolve_compose(target: str) -> list[str]:
@@ -205,26 +212,21 @@ def resolve_compose(target: str) -> list[str]:
             engine_host(client, f"compose:{target}"),
         ),
     )
+    containers = [c for c in containers if not _is_one_off(c)]
     if not containers:  # a service (or project) of that name has no container at all: say what there is
         others = ask_engine(
             f"compose:{target}",
             "list containers",
             lambda client: client.api.containers(all=True, filters={"label": [PROJECT_LABEL]}),
         )
-        labels_of = [c.get("Labels") or {} for c in others]
+        labels_of = [(c.get("Labels") or {}, _is_one_off(c)) for c in others]
         services = sorted(
-            {
-                f"{lb.get(PROJECT_LABEL, '')}/{lb.get(SERVICE_LABEL, '')}"
-                for lb in labels_of
-                if lb.get(ONEOFF_LABEL) != "True"
-            }
+            {f"{lb.get(PROJECT_LABEL, '')}/{lb.get(SERVICE_LABEL, '')}" for lb, one_off in labels_of if not one_off}
         )
         one_offs = [
             lb
-            for lb in labels_of
-            if lb.get(ONEOFF_LABEL) == "True"
-            and lb.get(SERVICE_LABEL) == service
-            and project in (None, lb.get(PROJECT_LABEL))
+            for lb, one_off in labels_of
+            if one_off and lb.get(SERVICE_LABEL) == service and project in (None, lb.get(PROJECT_LABEL))
         ]
         where = f" in project {project!r}" if project else ""
         one_off = " (only `docker compose run` containers of it, which are no replicas)" if one_offs else ""
@@ -275,7 +277,7 @@ def pin_compose(target: str) -> str:
         )
     except AddressError:
         return target
-    projects = {(c.get("Labels") or {}).get(PROJECT_LABEL) for c in containers}
+    projects = {(c.get("Labels") or {}).get(PROJECT_LABEL) for c in containers if not _is_one_off(c)}
     if len(projects) != 1 or None in projects:
         return target
     return f"{projects.pop()}/{service}" + (f":{port}" if port is not None else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -388,3 +389,42 @@ def test_a_service_with_only_one_off_containers_is_said_to_have_no_replica(monke
         info.value
     )
     assert str(info.value).endswith("(project/service): p/web")
+
+
+def _filtering_engine(containers: Sequence[Mapping[str, Any]]) -> SimpleNamespace:
+    """A ``docker.DockerClient`` stand-in whose container list applies the label filters as an engine does
+    (``key=value``: the label has that value; ``key``: it has the label), and ``status``."""
+
+    def listed(all: bool = False, filters: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
+        def kept(record: Mapping[str, Any]) -> bool:
+            labels = record.get("Labels") or {}
+            for wanted in (filters or {}).get("label", []):
+                key, _, value = wanted.partition("=")
+                if key not in labels or ("=" in wanted and labels[key] != value):
+                    return False
+            return (filters or {}).get("status") in (None, record.get("State"))
+
+        return [record for record in containers if kept(record)]
+
+    return SimpleNamespace(api=SimpleNamespace(base_url="http+docker://localhost", containers=listed))
+
+
+def test_replicas_podman_compose_started_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """podman-compose sets no com.docker.compose.oneoff label: a filter on its "False" found none of its replicas
+    ("no container of a compose service 'env'; compose services with containers here: envfleet/env")."""
+    from learner import compose
+    from learner.compose import ONEOFF_LABEL, PROJECT_LABEL, SERVICE_LABEL, pin_compose, resolve_compose
+
+    def record(number: int, **labels: str) -> dict[str, Any]:
+        return {
+            "Names": [f"/envfleet_env_{number}"],
+            "State": "running",
+            "Status": "Up 1 minute (healthy)",
+            "Labels": {PROJECT_LABEL: "envfleet", SERVICE_LABEL: "env", **labels},
+            "Ports": [{"IP": "127.0.0.1", "PrivatePort": 50051, "PublicPort": 32000 + number, "Type": "tcp"}],
+        }
+
+    engine = _filtering_engine([record(1), record(2), record(3, **{ONEOFF_LABEL: "True"})])
+    monkeypatch.setattr(compose, "ask_engine", lambda address, what, query: query(engine))
+    assert resolve_compose("env") == ["127.0.0.1:32001", "127.0.0.1:32002"]  # (not the one-off container)
+    assert pin_compose("env") == "envfleet/env"
