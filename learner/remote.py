@@ -95,6 +95,10 @@ _RESEND_MIN_S = 0.05
 # while the learner waits, and an answer on time is no timeout. A hung server is reported that late.
 _LAST_LOOK_S = 0.25
 
+ANSWERED_HERE = ("render_mode", "observation_space", "action_space", "metadata", "spec")
+"""The envs' attributes that RemoteVectorEnv's get_attr (and the SB3 adapter's) answers from what this process knows;
+no other name is read (see _NOT_BY_NAME)."""
+
 _NOT_BY_NAME = (
     "RemoteVectorEnv has no {what}: it would let a request name methods and attributes for a server "
     "to run, and a server runs only what its operator chose; ask for an env (or wrapper) that returns "
@@ -1900,10 +1904,28 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         return (None,) * self.num_envs
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``call("render")`` is :meth:`render`'s Nones, as gymnasium's vector envs answer it for envs without a
+        render mode (skrl's trainers call it every step); ``AttributeError`` for any other call."""
+        if name == "render" and not args and not kwargs:
+            return (None,) * self.num_envs  # (render()'s)
         raise AttributeError(_NOT_BY_NAME.format(what=f"call({name!r})"))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
-        raise AttributeError(_NOT_BY_NAME.format(what=f"get_attr({name!r})"))
+        """Each env's ``name``, one of those this process knows (:data:`ANSWERED_HERE`): ``render_mode``
+        (None: frames do not cross the wire), ``observation_space`` and ``action_space`` (the single env's),
+        ``metadata`` (the envs', without the vector env's ``autoreset_mode``), ``spec``; ``AttributeError`` for
+        any other name."""
+        if name not in ANSWERED_HERE:
+            answered = f" (answered here: {', '.join(ANSWERED_HERE)})"
+            raise AttributeError(_NOT_BY_NAME.format(what=f"get_attr({name!r})") + answered)
+        value = {
+            "render_mode": None,
+            "observation_space": self.single_observation_space,
+            "action_space": self.single_action_space,
+            "metadata": {k: v for k, v in self.metadata.items() if k != "autoreset_mode"},
+            "spec": self.spec,
+        }[name]
+        return tuple(deepcopy(value) for _ in range(self.num_envs))
 
     def set_attr(self, name: str, values: Any) -> None:
         raise AttributeError(_NOT_BY_NAME.format(what=f"set_attr({name!r}, ...)"))

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import operator
 from collections.abc import Mapping, Sequence
-from copy import deepcopy
 from typing import Any, cast
 
 import gymnasium as gym
@@ -29,14 +28,13 @@ from env_server import codec
 from env_server.rpc import env_pb2 as pb
 from learner.errors import EnvFleetError, InvalidArgumentError, ServerUnavailableError, SpecMismatchError
 from learner.local import label_of
-from learner.remote import RemoteVectorEnv
+from learner.remote import ANSWERED_HERE, RemoteVectorEnv
 
 __all__ = ["RemoteVecEnv"]
 
 log = logging.getLogger(__name__)
 
 # What get_attr answers here, without asking a server (the rest is refused, see _BY_NAME).
-_LOCAL_ATTRS = ("render_mode", "observation_space", "action_space", "metadata", "spec")
 
 # Top-level infos keys of RemoteVectorEnv's own (fault-tolerant: envs whose step was no transition;
 # an env's exception, isolated by its server): under same-step autoreset, where an ended env's
@@ -314,22 +312,11 @@ class RemoteVecEnv(VecEnv):
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """What can be answered here (``render_mode``, the single env's spaces, ``metadata``, ``spec``),
         one per env; ``AttributeError`` for anything else (a server reads nothing by name)."""
-        if attr_name not in _LOCAL_ATTRS:
-            answered = f"Answered here: {', '.join(_LOCAL_ATTRS)}. {_READ_INSTEAD}"
+        if attr_name not in ANSWERED_HERE:
+            answered = f"Answered here: {', '.join(ANSWERED_HERE)}. {_READ_INSTEAD}"
             raise AttributeError(_BY_NAME.format(call=f"get_attr({attr_name!r})", instead=answered))
-        envs = self._checked(indices, "get_attr")
-        value: Any
-        if attr_name == "render_mode":
-            value = None  # (frames do not cross the wire: the served envs render nothing here)
-        elif attr_name == "observation_space":
-            value = self.remote.single_observation_space
-        elif attr_name == "action_space":
-            value = self.remote.single_action_space
-        elif attr_name == "metadata":
-            value = {k: v for k, v in self.remote.metadata.items() if k != "autoreset_mode"}
-        else:
-            value = self.remote.spec
-        return [deepcopy(value) for _ in envs]
+        values = self.remote.get_attr(attr_name)
+        return [values[i] for i in self._checked(indices, "get_attr")]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         """Refused (``AttributeError``): a server sets nothing by name; reset options change an env's parameters."""

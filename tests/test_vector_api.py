@@ -75,8 +75,28 @@ def test_render_gives_one_none_per_env_as_gymnasium_without_a_render_mode(cartpo
     local.close()
 
 
+@pytest.mark.filterwarnings("ignore:.*calling render method without specifying any render mode")
+def test_what_is_known_here_is_answered_by_name_as_gymnasium_answers_it(cartpole: RemoteVectorEnv) -> None:
+    """skrl renders through call("render") every step (its trainers' default), which raised AttributeError; and
+    get_attr answers what the SB3 adapter's does: render_mode, the single spaces, the envs' metadata, spec."""
+    local = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    local.reset(seed=0)
+    assert cartpole.call("render") == local.call("render") == (None, None)
+    for name in ("render_mode", "observation_space", "action_space"):
+        assert cartpole.get_attr(name) == local.get_attr(name), name
+    assert [(s.id, s.max_episode_steps) for s in cartpole.get_attr("spec")] == [("CartPole-v1", 500)] * 2
+    ours, theirs = cartpole.get_attr("metadata"), local.get_attr("metadata")
+    assert [m["render_fps"] for m in ours] == [m["render_fps"] for m in theirs] and "autoreset_mode" not in ours[0]
+    assert ours[0] is not ours[1]  # (each env's own, as there)
+    local.close()
+
+
 def test_methods_by_name_and_copies_are_refused_with_the_reason(cartpole: RemoteVectorEnv) -> None:
-    for refused in (lambda: cartpole.call("render"), lambda: cartpole.get_attr("gravity")):
+    for refused in (
+        lambda: cartpole.call("reset"),
+        lambda: cartpole.call("render", 1),
+        lambda: cartpole.get_attr("gravity"),
+    ):
         with pytest.raises(AttributeError, match="a server runs only what its operator chose"):
             refused()
     with pytest.raises(AttributeError, match=r"RemoteVectorEnv has no set_attr\('gravity', \.\.\.\)"):
