@@ -34,8 +34,6 @@ __all__ = ["RemoteVecEnv"]
 
 log = logging.getLogger(__name__)
 
-# What get_attr answers here, without asking a server (the rest is refused, see _BY_NAME).
-
 # Top-level infos keys of RemoteVectorEnv's own (fault-tolerant: envs whose step was no transition;
 # an env's exception, isolated by its server): under same-step autoreset, where an ended env's
 # top-level infos are its new episode's reset info, they go with the step's info too; env_unavailable
