@@ -50,7 +50,7 @@ def default_addresses(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The addresses the probe tries, in order, for the server started with the same ``ENVFLEET_*``
     variables: one, or for a server on every interface (0.0.0.0, ::) both loopbacks, its own family's first."""
     if environ.get("ENVFLEET_UNIX_SOCKET"):
-        return [f"unix:{environ['ENVFLEET_UNIX_SOCKET']}"]
+        return [f"unix:{os.path.expanduser(environ['ENVFLEET_UNIX_SOCKET'])}"]  # (a ~ as env-server takes it)
     host = environ.get("ENVFLEET_HOST", "127.0.0.1")
     port = environ.get("ENVFLEET_PORT", "50051")
     return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in _LOOPBACKS.get(host, (host,))]

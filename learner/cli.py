@@ -173,9 +173,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         start_forkserver_deaf_to_ctrl_c()
     reference = None
     try:
-        # (whole: a Ctrl-C as its workers start, which are deaf to it, left those not started yet to start
-        # after this process had gone, each printing a traceback: "SemLock._rebuild ... FileNotFoundError")
-        with interrupts_held():
+        # (whole, unless Ctrl-C comes twice: one as its workers started, deaf to it, left those still starting to
+        # start after this process had gone, each printing a traceback, "SemLock._rebuild ... FileNotFoundError")
+        with interrupts_held(breakable=True):
             reference = gym.vector.AsyncVectorEnv([one_env] * total, context=context, worker=_quiet_async_worker)
         ref_sps, _ = _measure(reference, args.steps, args.seed)
     except BaseException:
@@ -345,7 +345,7 @@ def _auth_token(token_file: str | None, token: str | None) -> str | None:
         return None
     where = "--auth-token-file"
     if token_file is None and os.environ.get("ENVFLEET_AUTH_TOKEN_FILE"):
-        token_file, where = os.environ["ENVFLEET_AUTH_TOKEN_FILE"], "$ENVFLEET_AUTH_TOKEN_FILE"
+        token_file, where = os.path.expanduser(os.environ["ENVFLEET_AUTH_TOKEN_FILE"]), "$ENVFLEET_AUTH_TOKEN_FILE"
         if os.environ.get("ENVFLEET_AUTH_TOKEN"):
             raise ValueError(
                 "$ENVFLEET_AUTH_TOKEN and $ENVFLEET_AUTH_TOKEN_FILE: both are set; set one of them, not both "
@@ -430,7 +430,7 @@ def _tls_variables(
     if servers is None:
         return tls_ca, tls_server_name
     if tls_ca is None and os.environ.get("ENVFLEET_TLS_CA"):
-        tls_ca = os.environ["ENVFLEET_TLS_CA"]
+        tls_ca = os.path.expanduser(os.environ["ENVFLEET_TLS_CA"])  # (a ~ as env-server and its probe take it)
         _readable(
             tls_ca,
             "$ENVFLEET_TLS_CA",
@@ -456,7 +456,7 @@ def _client_cert_variables(
     names: tuple[str, str] = flags
     hint = ""
     if cert is None and key is None and servers is not None and tls:
-        cert, key = (os.environ.get(v) or None for v in _CLIENT_CERT_VARIABLES)
+        cert, key = (os.path.expanduser(os.environ.get(v) or "") or None for v in _CLIENT_CERT_VARIABLES)
         if (cert is None) != (key is None):
             set_one = _CLIENT_CERT_VARIABLES[0 if cert is not None else 1]
             raise ValueError(

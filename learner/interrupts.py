@@ -22,6 +22,7 @@ _interrupt_pending_on: asyncio.AbstractEventLoop | None = None
 # (interrupts_held's: whether a block holds interrupts now, and whether one came meanwhile)
 _held = 0  # (how many blocks deep)
 _held_interrupt = False
+_breakable = False  # (whether the innermost block lets a second interrupt through)
 
 
 def interrupt() -> None:
@@ -38,9 +39,10 @@ def interrupt() -> None:
     ``asyncio.run``, a notebook's kernel) is not waited for: the code that runs in it may not return to
     it for long, a step of RemoteVectorEnv's included."""
     global _interrupt_pending_on, _held_interrupt
-    if _held:
+    if _held and not (_breakable and _held_interrupt):
         _held_interrupt = True  # (raised as the block ends: interrupts_held)
         return
+    _held_interrupt = False  # (a breakable block's second: raised now, not again as the block ends)
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # (no loop runs here: the usual case, between steps)
@@ -52,25 +54,29 @@ def interrupt() -> None:
 
 
 @contextlib.contextmanager
-def interrupts_held(*, drop: bool = False) -> Iterator[None]:
+def interrupts_held(*, drop: bool = False, breakable: bool = False) -> Iterator[None]:
     """A block of the main thread that a signal's interrupt (:func:`interrupt`: the command's Ctrl-C,
     SIGTERM, SIGHUP) does not break: one that comes meanwhile is raised as it ends, or with ``drop``
     not at all (it came too late to stop anything: what the block did is the command's last word). For
     what must be done whole or not at all, and be known which (eval --json's object written, and noted
-    so: see learner.cli). A KeyboardInterrupt raised before the block begins, or as it ends, is outside
-    it; one raised otherwise (Python's own handler, left in place) is not held. Blocks nest: the
-    outermost one's end raises (or drops) what came during any of them."""
-    global _held, _held_interrupt
+    so: see learner.cli). ``breakable``: a second interrupt (a Ctrl-C again, not a double tap) is raised
+    at once, for a block that may take long (it starts processes that build envs, which can hang). A
+    KeyboardInterrupt raised before the block begins, or as it ends, is outside it; one raised otherwise
+    (Python's own handler, left in place) is not held. Blocks nest: the outermost one's end raises (or
+    drops) what came during any of them."""
+    global _held, _held_interrupt, _breakable
     if threading.current_thread() is not threading.main_thread():  # (signals interrupt the main thread only)
         yield
         return
     if not _held:
         _held_interrupt = False  # (one left by an earlier block, raised otherwise as it ended)
     _held += 1
+    outer_breakable, _breakable = _breakable, breakable
     try:
         yield
     finally:
         _held -= 1
+        _breakable = outer_breakable
         if not _held and _held_interrupt:
             _held_interrupt = False
             if not drop:
@@ -114,8 +120,9 @@ def start_forkserver_deaf_to_ctrl_c() -> None:
     command stops them itself, as it closes what started them.
 
     Ignored, not blocked, as it is started (the few ms of a fork and exec: a Ctrl-C just then is lost): a blocked
-    mask does not reach the forkserver (it had none), an ignored signal stays ignored through an exec. Elsewhere
-    than in the main thread it is started as it would be (no signal handling there)."""
+    SIGINT does not stay blocked (starting multiprocessing's resource tracker, first, unblocks it in this thread),
+    an ignored one stays ignored through an exec. Elsewhere than in the main thread it is started as it would be (no signal
+    handling there)."""
     import multiprocessing
     import multiprocessing.forkserver
 

@@ -1916,8 +1916,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         ``metadata`` (the envs', without the vector env's ``autoreset_mode``), ``spec``; ``AttributeError`` for
         any other name."""
         if name not in ANSWERED_HERE:
-            answered = f" (answered here: {', '.join(ANSWERED_HERE)})"
-            raise AttributeError(_NOT_BY_NAME.format(what=f"get_attr({name!r})") + answered)
+            what = f"get_attr({name!r}) (get_attr answers {', '.join(ANSWERED_HERE)})"
+            raise AttributeError(_NOT_BY_NAME.format(what=what))
         value = {
             "render_mode": None,
             "observation_space": self.single_observation_space,

@@ -267,9 +267,23 @@ def test_resolving_through_a_remote_engine_reaches_the_replicas_at_its_host(monk
         assert compose.resolve_compose("env") == [expected]
 
 
-def _engine(base_url: str, *, containers: Sequence[Mapping[str, object]] = ()) -> SimpleNamespace:
-    """What the resolvers use of a ``docker.DockerClient``: its low-level client's base URL and container list."""
-    return SimpleNamespace(api=SimpleNamespace(base_url=base_url, containers=lambda **filters: list(containers)))
+def _engine(base_url: str, *, containers: Sequence[Mapping[str, Any]] = ()) -> SimpleNamespace:
+    """What the resolvers use of a ``docker.DockerClient``: its low-level client's base URL and container list,
+    which applies the label filters as an engine does (``key=value``: the label has that value; ``key``: it has
+    the label), and ``status``."""
+
+    def listed(all: bool = False, filters: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
+        def kept(record: Mapping[str, Any]) -> bool:
+            labels = record.get("Labels") or {}
+            for wanted in (filters or {}).get("label", []):
+                key, _, value = wanted.partition("=")
+                if key not in labels or ("=" in wanted and labels[key] != value):
+                    return False
+            return (filters or {}).get("status") in (None, record.get("State"))
+
+        return [record for record in containers if kept(record)]
+
+    return SimpleNamespace(api=SimpleNamespace(base_url=base_url, containers=listed))
 
 
 @pytest.mark.parametrize(
@@ -391,24 +405,6 @@ def test_a_service_with_only_one_off_containers_is_said_to_have_no_replica(monke
     assert str(info.value).endswith("(project/service): p/web")
 
 
-def _filtering_engine(containers: Sequence[Mapping[str, Any]]) -> SimpleNamespace:
-    """A ``docker.DockerClient`` stand-in whose container list applies the label filters as an engine does
-    (``key=value``: the label has that value; ``key``: it has the label), and ``status``."""
-
-    def listed(all: bool = False, filters: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
-        def kept(record: Mapping[str, Any]) -> bool:
-            labels = record.get("Labels") or {}
-            for wanted in (filters or {}).get("label", []):
-                key, _, value = wanted.partition("=")
-                if key not in labels or ("=" in wanted and labels[key] != value):
-                    return False
-            return (filters or {}).get("status") in (None, record.get("State"))
-
-        return [record for record in containers if kept(record)]
-
-    return SimpleNamespace(api=SimpleNamespace(base_url="http+docker://localhost", containers=listed))
-
-
 def test_replicas_podman_compose_started_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
     """podman-compose sets no com.docker.compose.oneoff label: a filter on its "False" found none of its replicas
     ("no container of a compose service 'env'; compose services with containers here: envfleet/env")."""
@@ -424,7 +420,7 @@ def test_replicas_podman_compose_started_are_found(monkeypatch: pytest.MonkeyPat
             "Ports": [{"IP": "127.0.0.1", "PrivatePort": 50051, "PublicPort": 32000 + number, "Type": "tcp"}],
         }
 
-    engine = _filtering_engine([record(1), record(2), record(3, **{ONEOFF_LABEL: "True"})])
+    engine = _engine("http+docker://localhost", containers=[record(1), record(2), record(3, **{ONEOFF_LABEL: "True"})])
     monkeypatch.setattr(compose, "ask_engine", lambda address, what, query: query(engine))
     assert resolve_compose("env") == ["127.0.0.1:32001", "127.0.0.1:32002"]  # (not the one-off container)
     assert pin_compose("env") == "envfleet/env"

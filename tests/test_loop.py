@@ -478,3 +478,22 @@ def test_interrupts_held_in_nested_blocks_are_raised_once_as_the_outermost_ends(
         interrupt()
     with interrupts_held():  # (nothing left over from the dropped one)
         pass
+
+
+def test_a_breakable_block_raises_a_second_interrupt_at_once() -> None:
+    """learner demo's AsyncVectorEnv is built whole (see cmd_demo), but an env that takes long to build, or
+    hangs, must not keep a second Ctrl-C waiting; an unbreakable block inside it holds both."""
+    from learner.interrupts import interrupt, interrupts_held
+
+    with interrupts_held(breakable=True):
+        interrupt()  # (held)
+        with pytest.raises(KeyboardInterrupt):  # (raised here, at once)
+            interrupt()
+    # (and not again as the block ended)
+    with pytest.raises(KeyboardInterrupt), interrupts_held(breakable=True):
+        with interrupts_held():
+            interrupt()
+            interrupt()  # (held too)
+        pytest.fail("not raised as the outermost block ended")
+    with interrupts_held():  # (nothing left over)
+        pass

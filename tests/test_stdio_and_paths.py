@@ -374,3 +374,19 @@ def test_env_server_s_path_options_take_a_leading_tilde(tmp_path: Path, monkeypa
     assert (given.unix_socket, given.tls_cert, given.tls_key, given.tls_client_ca, given.auth_token_file) == tuple(
         str(tmp_path / name) for name in ("a.sock", "c.pem", "k.pem", "ca.pem", "t")
     )
+
+
+def test_path_variables_take_a_leading_tilde_as_the_options_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """env-server reads ENVFLEET_UNIX_SOCKET=~/a.sock as its option's type does; its health probe looked for
+    ./~/a.sock, and the learner read its own ENVFLEET_* files (the CA, the token) without the ~ expanded."""
+    from env_server.health import default_addresses
+    from learner import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_addresses({"ENVFLEET_UNIX_SOCKET": "~/a.sock"}) == [f"unix:{tmp_path / 'a.sock'}"]
+    (tmp_path / "ca.pem").write_text("a CA")
+    monkeypatch.setenv("ENVFLEET_TLS_CA", "~/ca.pem")
+    assert cli._tls_variables("127.0.0.1:1", False, None, None)[0] == str(tmp_path / "ca.pem")
+    (tmp_path / "token").write_text("secret\n")
+    monkeypatch.setenv("ENVFLEET_AUTH_TOKEN_FILE", "~/token")
+    assert cli._auth_token(None, None) == "secret"
