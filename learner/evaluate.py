@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from learner.ppo import (
     raise_unusable,
     raise_unusable_rewards,
 )
-from learner.progress import StopRequest, in_notebook, progress_bar
+from learner.progress import StopRequest, bar_by_default, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.served import given_kwargs_differ, other_task
 from learner.stats import format_returns, mean_of, spread_of
@@ -300,7 +299,7 @@ def evaluate(
             returns: list[float] = []
             lengths: list[int] = []
             autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-            show = progress if progress is not None else sys.stderr.isatty() or in_notebook()
+            show = progress if progress is not None else bar_by_default()
             then = "the episodes finished so far are reported"
             if video_path is not None:
                 then = "the video as far as it got and the episodes finished so far are reported"

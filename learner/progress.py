@@ -12,6 +12,7 @@ import stat
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "ending_as_interrupt",
     "quiet_exit",
     "stopping_with_parent",
+    "bar_by_default",
     "bar_postfix",
     "close_bar",
     "in_notebook",
@@ -284,7 +286,41 @@ def logging_above_bar() -> Iterator[None]:
     """While the block runs (a progress bar is up), the root logger's console handlers (a
     ``StreamHandler`` on stderr or stdout, as ``configure_logging`` makes: text or JSON) and
     ``logging.lastResort`` (no logging configured) write through ``tqdm.write``; restored after.
-    Handlers of files and of log collectors are left as they are."""
+    Handlers of files and of log collectors are left as they are. So do Python's warnings where they are
+    printed as Python prints them (text logs; not captured as records, as JSON logs have them): an in-process
+    env's (--backend gym) continued the bar's line and left its frame on the screen."""
+    shown = warnings.showwarning
+    printed = getattr(shown, "__module__", None) in ("warnings", "_py_warnings")  # (Python's own)
+
+    def above_bar(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        from tqdm import tqdm
+
+        if file is not None and file is not sys.stderr:
+            shown(message, category, filename, lineno, file, line)
+            return
+        with contextlib.suppress(OSError):  # (as Python's: a warning that cannot be written is lost)
+            tqdm.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), file=sys.stderr)
+
+    if printed:
+        warnings.showwarning = above_bar
+    try:
+        with _handlers_above_bar():
+            yield
+    finally:
+        if warnings.showwarning is above_bar:
+            warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def _handlers_above_bar() -> Iterator[None]:
+    """logging_above_bar's for the logging handlers."""
     root = logging.getLogger()
     last_resort = logging.lastResort
     console = (sys.stderr, sys.stdout)
@@ -306,6 +342,20 @@ def logging_above_bar() -> Iterator[None]:
         # end in either order, and the second saw the first's stand-in as the last resort.
         if ours is not None and logging.lastResort is ours:
             logging.lastResort = last_resort
+
+
+def bar_by_default() -> bool:
+    """Whether a command shows a progress bar where it is not told (--progress, --no-progress): on stderr a
+    terminal of a known size, or in a notebook. A terminal whose size was never set (0 rows: ``script -c``,
+    ``ssh -tt`` or ``docker exec -t`` run from a script) showed nothing at all, as tqdm draws no bar there and
+    training then wrote no progress lines either, until its summary: it gets the lines."""
+    if not sys.stderr.isatty():
+        return in_notebook()
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):  # (no size to be had: tqdm's defaults)
+        return True
+    return size.lines > 0 and size.columns > 0
 
 
 def in_notebook() -> bool:
@@ -347,8 +397,8 @@ def widget_total(bar: Any) -> None:
 @contextlib.contextmanager
 def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step", scale: bool = True) -> Iterator[Any]:
     """A tqdm bar on stderr counting ``unit``s up to ``total`` (``scale``: as 12.3k), or None when not
-    ``show`` (callers pass ``sys.stderr.isatty()`` unless told, so that logs and pipes stay free of it;
-    train also ``in_notebook()``). In a notebook with ipywidgets, tqdm's widget instead.
+    ``show`` (callers pass :func:`bar_by_default` unless told, so that logs and pipes stay free of it). In a
+    notebook with ipywidgets, tqdm's widget instead.
     While it is up, log records are written above it (see logging_above_bar), not into its line.
 
     Its time left is at the rate since it started (tqdm's ``smoothing=0``: the ``initial`` count not

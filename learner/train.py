@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import random
-import sys
 import threading
 import time
 from collections import deque
@@ -94,7 +93,7 @@ from learner.ppo import (
     raise_unusable,
     raise_unusable_rewards,
 )
-from learner.progress import StopRequest, close_bar, in_notebook, progress_bar
+from learner.progress import StopRequest, bar_by_default, close_bar, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
     EventsWriter,
@@ -1000,7 +999,7 @@ def train(
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).
         stack.callback(_close_quietly, metrics_file)
-        show_progress = args.progress if args.progress is not None else sys.stderr.isatty() or in_notebook()
+        show_progress = args.progress if args.progress is not None else bar_by_default()
         bar = stack.enter_context(progress_bar(show_progress, hp.total_timesteps, counters.global_step))
         # No terminal (a container's or a job's log, a pipe): a line now and then says how the run goes.
         progress_lines = args.progress is None and bar is None

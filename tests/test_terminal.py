@@ -25,7 +25,15 @@ pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]
 from env_server.tuning import JsonLogFormatter
 from learner.cli import build_parser, finished_line, main, slowest_line
 from learner.config import Args
-from learner.progress import _tqdm_class, close_bar, in_notebook, progress_bar, progress_line
+from learner.progress import (
+    _tqdm_class,
+    bar_by_default,
+    close_bar,
+    in_notebook,
+    logging_above_bar,
+    progress_bar,
+    progress_line,
+)
 from learner.stats import format_return
 from learner.train import train
 
@@ -363,3 +371,37 @@ def test_in_a_notebook_training_shows_its_bar_unless_told_not_to(
     train(Args(**CLOCK_BOX, total_timesteps=32, progress=False, run_dir=str(tmp_path / "none")))
     out, err = capsys.readouterr()
     assert "steps" not in err and not [line for line in out.splitlines() if line.startswith("step ")], (out, err)
+
+
+def test_a_terminal_of_no_size_gets_progress_lines_not_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tty whose size was never set (0 rows: `script -c`, `ssh -tt` or `docker exec -t` from a script): tqdm
+    draws no bar on it, and training showed nothing at all until its summary."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    with open(follower, "w") as terminal, open(leader, "rb"):
+        monkeypatch.setattr(sys, "stderr", terminal)
+        for rows, columns, bar in [(0, 0, False), (0, 80, False), (24, 0, False), (24, 80, True)]:
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+            assert os.get_terminal_size(follower) == (columns, rows)
+            assert bar_by_default() is bar, (rows, columns)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not bar_by_default()  # (no terminal)
+
+
+def test_a_warning_printed_while_a_bar_is_up_is_written_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With text logs a warning is printed as Python prints it: an in-process env's (--backend gym) continued the
+    bar's line, and left the bar's frame on the screen."""
+    written: list[str] = []
+    monkeypatch.setattr(tqdm, "write", lambda text, file=None, **kwargs: written.append(text))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        python_s = warnings.showwarning
+        with logging_above_bar():
+            warnings.warn_explicit("something odd", UserWarning, "env.py", 17)
+        assert warnings.showwarning is python_s  # (put back)
+    assert written == ["env.py:17: UserWarning: something odd"]
