@@ -143,8 +143,8 @@ async def _ask(client: EnvClient, timeout: float, diagnose: Callable[[str, float
 
 
 def _space(space: Any, what: str) -> str:
-    try:
-        return str(codec.decode_space(space, what))
+    try:  # (on one line: numpy breaks a Box's bounds of differing values over lines, flush left)
+        return " ".join(str(codec.decode_space(space, what)).split())
     except Exception as err:  # (a server of another version: say so, and show the rest)
         return f"unreadable ({type(err).__name__}: {err})"
 
@@ -188,7 +188,8 @@ def describe(servers: list[ServerInfo]) -> str:
     total = f"{count} server{'s' if count != 1 else ''}" + (
         f" ({len(servers)} addresses)" if count < len(servers) else ""
     )
-    summary = f"{total}, {len(answering)} answering, {sum(s.num_envs for s in answering)} envs"
+    envs = sum(s.num_envs for s in answering)
+    summary = f"{total}, {len(answering)} answering, {envs} env{'s' if envs != 1 else ''}"
     if len({(s.observation_space, s.action_space, s.autoreset_mode) for s in answering}) > 1:
         summary += "; their spaces or autoreset modes differ: they cannot step as one fleet"
     elif len({s.env_id for s in answering}) > 1:

@@ -36,7 +36,25 @@ def test_learner_servers_shows_the_kwargs_a_servers_envs_are_made_with(
 ) -> None:
     [a] = start_servers("CartPole-v1", 1, 1, transport="tcp", env_kwargs={"sutton_barto_reward": True})
     assert main(["servers", "--servers", a]) == 0
-    assert '500-step limit, env kwargs {"sutton_barto_reward": true})' in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert '500-step limit, env kwargs {"sutton_barto_reward": true})' in text
+    assert text.rstrip().endswith("1 server, 1 answering, 1 env")  # (not "1 envs")
+
+
+def test_a_box_of_differing_bounds_is_shown_on_one_line() -> None:
+    """numpy broke the bounds over lines, flush left, which read as the next entries of the server's block."""
+    import gymnasium as gym
+    import numpy as np
+
+    from env_server import codec
+    from env_server.rpc import env_pb2 as pb
+    from learner.survey import _space
+
+    wire = pb.Space()
+    bounds = np.arange(1, 21, dtype=np.float32) * 1.5
+    codec.encode_space(gym.spaces.Box(-bounds, bounds, dtype=np.float32), wire, "observation_space")
+    shown = _space(wire, "observation_space")
+    assert "\n" not in shown and shown.startswith("Box([ -1.5 -3. -4.5") and shown.endswith("(20,), float32)")
 
 
 @pytest.mark.slow
