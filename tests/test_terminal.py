@@ -363,7 +363,7 @@ def test_in_a_notebook_training_shows_its_bar_unless_told_not_to(
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*IProgress")  # (tqdm's "IProgress not found" would fail it)
-        assert _tqdm_class() is tqdm
+        assert issubclass(_tqdm_class(), tqdm) and _tqdm_class().__module__ == "learner.progress"  # (text)
         train(Args(**CLOCK_BOX, total_timesteps=32, progress=None, run_dir=str(tmp_path / "bar")))
     out, err = capsys.readouterr()
     assert re.match(r"100%\|.*\| 32\.0/32\.0 steps ", screen_lines(err)[-2]), err
@@ -405,3 +405,26 @@ def test_a_warning_printed_while_a_bar_is_up_is_written_above_it(monkeypatch: py
             warnings.warn_explicit("something odd", UserWarning, "env.py", 17)
         assert warnings.showwarning is python_s  # (put back)
     assert written == ["env.py:17: UserWarning: something odd"]
+
+
+@pytest.mark.parametrize(("columns", "shown"), [(60, " 17% 10.2k/60.0k steps, SPS 2,180, return 187.9"), (100, None)])
+def test_a_narrow_terminal_s_bar_shows_its_figures_whole(columns: int, shown: str | None) -> None:
+    """Below 80 columns tqdm shrank the bar to one character, then cut the line: at 60 the return read "return 1"
+    for 187.9. There the count and figures alone; wider, the whole bar."""
+    screen = io.StringIO()
+    with contextlib.closing(
+        _tqdm_class()(
+            total=60000,
+            unit="step",
+            unit_scale=True,
+            ncols=columns,
+            file=screen,
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]",
+        )
+    ) as bar:
+        bar.update(10240)
+        bar.set_postfix_str("SPS 2,180, return 187.9")
+        line = str(bar)
+    assert (
+        line == shown if shown else re.fullmatch(r" 17%\|[#0-9]+ +\| 10\.2k/60\.0k steps \[.*, return 187\.9\]", line)
+    ), line
