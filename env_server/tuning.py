@@ -15,6 +15,7 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any, NoReturn
 
 __all__ = [
+    "COLOUR",
     "FAST_GRPC_EXPERIMENTS",
     "LOG_FORMATS",
     "JsonLogFormatter",
@@ -73,7 +74,7 @@ LOG_FORMATS = ("text", "json")
 
 
 # A terminal's colour codes (gymnasium's warnings come in red and yellow).
-_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -87,7 +88,7 @@ class JsonLogFormatter(logging.Formatter):
             "time": f"{stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": _COLOUR.sub("", record.getMessage()),
+            "message": COLOUR.sub("", record.getMessage()),
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

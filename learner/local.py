@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
-from env_server.tuning import JsonLogFormatter
+from env_server.tuning import COLOUR, JsonLogFormatter
 from learner.discovery import unix_path
 from learner.errors import FDS_PER_SERVER, ServerStartError, out_of_fds
 
@@ -946,7 +946,7 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
     level, traceback = logging.WARNING, False  # (the server's last log line's level; a traceback since)
     with proc.stderr:  # closed at its end (the server's exit)
         for raw in proc.stderr:
-            line = raw.decode(errors="replace").rstrip()
+            line = _visible(raw.decode(errors="replace").rstrip())
             if not line:
                 continue
             entry = _json_record(line)
@@ -980,6 +980,16 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
                 shown = kept = logging.DEBUG
             tail.append((kept, line))
             server_log.log(shown, "%s", message)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _visible(line: str) -> str:
+    """A server's output line without its colour codes (gymnasium's warnings are yellow; an env's own), and its
+    other control characters escaped (``\\x1b``): in text logs the colour spilled into the next records of a file
+    or a pager, and an env's escape sequence (clear the screen, move the cursor) acted on the user's terminal."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found[0]):02x}", COLOUR.sub("", line))
 
 
 def _json_record(line: str) -> dict[str, Any] | None:

@@ -437,6 +437,23 @@ def _printing(*lines: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, *lines], stderr=subprocess.PIPE)
 
 
+def test_a_servers_colour_codes_are_dropped_and_its_other_control_characters_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gymnasium's yellow warnings, forwarded as they came, spilled their colour into the next records of a log
+    file or a pager; an env's escape sequences (clearing the screen) acted on the user's terminal."""
+    proc = _printing(
+        "2026-12-01 03:00:00,000 WARNING py.warnings: \x1b[33mWARN: odd\x1b[0m", "\x1b[2Jcleared\r\x07\tkept tab"
+    )
+    with caplog.at_level(logging.DEBUG, logger="env_server[local-0]"):
+        _forward_stderr(proc, 0, collections.deque(maxlen=10))
+    proc.wait(timeout=30)
+    assert [r.getMessage() for r in caplog.records] == [
+        "py.warnings: WARN: odd",
+        "\\x1b[2Jcleared\\x0d\\x07\tkept tab",
+    ]
+
+
 def test_a_servers_json_records_are_logged_as_it_logged_them(caplog: pytest.LogCaptureFixture) -> None:
     """env-server --log-format json (the learner logs JSON: see below): each record under its own logger's
     name with the server's label, at its level, its traceback the record's (was: a record per line, all
