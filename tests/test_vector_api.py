@@ -229,6 +229,7 @@ def test_a_server_of_a_space_gymnasium_takes_but_the_wire_cannot_carry_fails_to_
     assert "Traceback" not in message, message
 
 
+@pytest.mark.filterwarnings("ignore:.*precision lowered by casting:UserWarning")  # (gymnasium's own wrappers')
 def test_gymnasiums_vector_wrappers_give_what_they_give_on_a_sync_vector_env(start_servers: StartServers) -> None:
     def stack(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
         envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
