@@ -946,11 +946,13 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
     level, traceback = logging.WARNING, False  # (the server's last log line's level; a traceback since)
     with proc.stderr:  # closed at its end (the server's exit)
         for raw in proc.stderr:
-            line = _visible(raw.decode(errors="replace").rstrip())
+            line = raw.decode(errors="replace").rstrip()
+            entry = _json_record(line)
+            line = _visible(line)
             if not line:
                 continue
-            entry = _json_record(line)
             if entry is not None:  # (env-server --log-format json)
+                entry = {key: _visible(value) if isinstance(value, str) else value for key, value in entry.items()}
                 try:
                     _forward_record(server_log, server_label(index), entry, tail)
                 except Exception:  # (a record that cannot be remade: said as the line it is; reading goes on, or
@@ -982,14 +984,17 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
             server_log.log(shown, "%s", message)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # (C0 but tab and newline, DEL, C1)
 
 
-def _visible(line: str) -> str:
-    """A server's output line without its colour codes (gymnasium's warnings are yellow; an env's own), and its
-    other control characters escaped (``\\x1b``): in text logs the colour spilled into the next records of a file
-    or a pager, and an env's escape sequence (clear the screen, move the cursor) acted on the user's terminal."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found[0]):02x}", COLOUR.sub("", line))
+def _visible(text: str) -> str:
+    """A server's output line (or a JSON record's text) without its colour codes (gymnasium's warnings are yellow;
+    an env's own) and its other control characters escaped (``\\x1b``): in text logs the colour spilled into the
+    next records of a file or a pager, and an env's escape sequence (clear the screen, move the cursor) acted on the
+    user's terminal. Of a line redrawn with carriage returns (an env's own progress bar), what a terminal shows:
+    its last part."""
+    shown = "\n".join(line.rsplit("\r", 1)[-1] for line in COLOUR.sub("", text).rstrip().split("\n"))
+    return _CONTROL.sub(lambda found: f"\\x{ord(found[0]):02x}", shown)
 
 
 def _json_record(line: str) -> dict[str, Any] | None:

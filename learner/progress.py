@@ -290,33 +290,49 @@ def logging_above_bar() -> Iterator[None]:
     Handlers of files and of log collectors are left as they are. So do Python's warnings where they are
     printed as Python prints them (text logs; not captured as records, as JSON logs have them): an in-process
     env's (--backend gym) continued the bar's line and left its frame on the screen."""
-    shown = warnings.showwarning
-    printed = getattr(shown, "__module__", None) in ("warnings", "_py_warnings")  # (Python's own)
-
-    def above_bar(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: Any = None,
-        line: str | None = None,
-    ) -> None:
-        from tqdm import tqdm
-
-        if file is not None and file is not sys.stderr:
-            shown(message, category, filename, lineno, file, line)
-            return
-        with contextlib.suppress(OSError):  # (as Python's: a warning that cannot be written is lost)
-            tqdm.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), file=sys.stderr)
-
-    if printed:
-        warnings.showwarning = above_bar
+    global _bars_up, _python_s_showwarning
+    with _bars_lock:  # (from the first bar up to the last one's end: two may be up at once, ending in any order)
+        if not _bars_up and _is_python_s(warnings.showwarning):
+            _python_s_showwarning, warnings.showwarning = warnings.showwarning, _warning_above_bar
+        _bars_up += 1
     try:
         with _handlers_above_bar():
             yield
     finally:
-        if warnings.showwarning is above_bar:
-            warnings.showwarning = shown
+        with _bars_lock:
+            _bars_up -= 1
+            if not _bars_up and warnings.showwarning is _warning_above_bar:
+                warnings.showwarning = _python_s_showwarning
+
+
+_bars_lock = threading.Lock()
+_bars_up = 0  # (logging_above_bar's blocks under way)
+_python_s_showwarning: Any = warnings.showwarning
+
+
+def _is_python_s(function: Any) -> bool:
+    """Whether ``function`` is the warnings module's own (not a replacement: logging.captureWarnings's, a test's)."""
+    return getattr(function, "__module__", None) in ("warnings", "_py_warnings")
+
+
+def _warning_above_bar(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """warnings.showwarning while a bar is up: a warning for stderr written above the bar. Any other (for a file of
+    its own; while warnings are recorded, by catch_warnings(record=True) or pytest) as Python would show it."""
+    from tqdm import tqdm
+
+    recording = not _is_python_s(getattr(warnings, "_showwarnmsg_impl", _python_s_showwarning))
+    if recording or (file is not None and file is not sys.stderr):
+        _python_s_showwarning(message, category, filename, lineno, file, line)
+    elif sys.stderr is not None:  # (none: Python's drops it too)
+        with contextlib.suppress(OSError):  # (as Python's: a warning that cannot be written is lost)
+            tqdm.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -443,14 +443,19 @@ def test_a_servers_colour_codes_are_dropped_and_its_other_control_characters_esc
     """gymnasium's yellow warnings, forwarded as they came, spilled their colour into the next records of a log
     file or a pager; an env's escape sequences (clearing the screen) acted on the user's terminal."""
     proc = _printing(
-        "2026-12-01 03:00:00,000 WARNING py.warnings: \x1b[33mWARN: odd\x1b[0m", "\x1b[2Jcleared\r\x07\tkept tab"
+        "2026-12-01 03:00:00,000 WARNING py.warnings: \x1b[33mWARN: odd\x1b[0m",
+        "\x1b[2Jcleared \x9b2J\x07\tkept tab",
+        " 10%|#  |\r100%|###|",  # (an env's own bar: what a terminal shows of it)
+        json.dumps({"level": "INFO", "logger": "env_server.x", "message": "del \x7f and \x1b[2J"}, ensure_ascii=False),
     )
     with caplog.at_level(logging.DEBUG, logger="env_server[local-0]"):
         _forward_stderr(proc, 0, collections.deque(maxlen=10))
     proc.wait(timeout=30)
     assert [r.getMessage() for r in caplog.records] == [
         "py.warnings: WARN: odd",
-        "\\x1b[2Jcleared\\x0d\\x07\tkept tab",
+        "\\x1b[2Jcleared \\x9b2J\\x07\tkept tab",
+        "100%|###|",
+        "del \\x7f and \\x1b[2J",  # (a JSON record's: escaped after it is read, not lost as a line)
     ]
 
 

@@ -8,9 +8,11 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import types
 import warnings
@@ -30,7 +32,6 @@ from learner.progress import (
     bar_by_default,
     close_bar,
     in_notebook,
-    logging_above_bar,
     progress_bar,
     progress_line,
 )
@@ -393,18 +394,38 @@ def test_a_terminal_of_no_size_gets_progress_lines_not_a_bar(monkeypatch: pytest
     assert not bar_by_default()  # (no terminal)
 
 
-def test_a_warning_printed_while_a_bar_is_up_is_written_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_warning_printed_while_a_bar_is_up_is_written_above_it() -> None:
     """With text logs a warning is printed as Python prints it: an in-process env's (--backend gym) continued the
-    bar's line, and left the bar's frame on the screen."""
-    written: list[str] = []
-    monkeypatch.setattr(tqdm, "write", lambda text, file=None, **kwargs: written.append(text))
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
+    bar's line, and left the bar's frame on the screen. One recorded (catch_warnings(record=True), pytest.warns) is
+    recorded still; two bars up at once, ending in either order, keep it above until the last one ends. (In a
+    process of its own: pytest records every test's warnings.)"""
+    script = textwrap.dedent(
+        """
+        import warnings
+        import tqdm
+        from learner.progress import logging_above_bar
+
+        written = []
+        tqdm.tqdm.write = staticmethod(lambda text, file=None, **kwargs: written.append(text))
         python_s = warnings.showwarning
-        with logging_above_bar():
-            warnings.warn_explicit("something odd", UserWarning, "env.py", 17)
-        assert warnings.showwarning is python_s  # (put back)
-    assert written == ["env.py:17: UserWarning: something odd"]
+        warnings.simplefilter("always")
+        first, second = logging_above_bar(), logging_above_bar()
+        first.__enter__()
+        warnings.warn_explicit("one", UserWarning, "env.py", 1)
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.warn_explicit("recorded", UserWarning, "env.py", 2)
+        second.__enter__()
+        first.__exit__(None, None, None)
+        warnings.warn_explicit("two", UserWarning, "env.py", 3)  # (the second bar is still up)
+        second.__exit__(None, None, None)
+        print(written, [str(w.message) for w in recorded], warnings.showwarning is python_s)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == ("['env.py:1: UserWarning: one', 'env.py:3: UserWarning: two'] ['recorded'] True"), (
+        done.stderr
+    )
+    assert "UserWarning" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(("columns", "shown"), [(60, " 17% 10.2k/60.0k steps, SPS 2,180, return 187.9"), (100, None)])
@@ -428,3 +449,23 @@ def test_a_narrow_terminal_s_bar_shows_its_figures_whole(columns: int, shown: st
     assert (
         line == shown if shown else re.fullmatch(r" 17%\|[#0-9]+ +\| 10\.2k/60\.0k steps \[.*, return 187\.9\]", line)
     ), line
+
+
+def test_training_on_a_terminal_of_no_size_prints_progress_lines(tmp_path: Path) -> None:
+    """learner train on a 0-row tty (as `script -c` makes one): the progress lines a log gets (was: nothing until
+    its summary, the bar being drawn nowhere)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    command = [sys.executable, "-m", "learner", "train", "--backend", "gym", "--env", "CartPole-v1", "--num-envs"]
+    command += ["2", "--num-steps", "8", "--total-timesteps", "64", "--no-plot", "--run-dir", str(tmp_path / "run")]
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert done.returncode == 0 and re.search(r"^step 16/64 \(25%\)", done.stdout, re.MULTILINE), done.stdout
