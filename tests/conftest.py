@@ -110,6 +110,11 @@ on_cuda = pytest.mark.skipif(not HAS_TORCH or not _cuda(), reason="needs a CUDA 
 # Python does with a KeyboardInterrupt nothing caught: a shell's loop over runs then stops too.
 CTRL_C_EXIT = -signal.SIGINT
 
+# learner train's options for a tiny, quiet run of ClockEnv (no bar, no TensorBoard), and for one on 2
+# in-process envs, 8 steps a rollout (an update every 16 env steps): what the CLI's tests train with.
+CLOCK_ARGS = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
+IN_PROCESS_ARGS = ["--backend", "gym", "--num-envs", "2", "--num-steps", "8"]
+
 StartServers = Callable[..., list[str]]
 Serve = Callable[..., tuple[subprocess.Popen[str], str]]
 

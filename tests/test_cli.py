@@ -24,9 +24,9 @@ from learner.cli import aborted_line, build_parser, interrupted_line, main
 from learner.progress import DOUBLE_TAP_S, ending_as_interrupt
 from learner.stats import format_return
 from tests.certs import make_server_certs
-from tests.conftest import CTRL_C_EXIT, SpawnServer, StartServers, not_found_at_once
+from tests.conftest import CLOCK_ARGS, CTRL_C_EXIT, IN_PROCESS_ARGS, SpawnServer, StartServers, not_found_at_once
 
-CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
+CLOCK = CLOCK_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +40,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             *CLOCK,
             "--device",  # (its tests read a CPU run's config: torch's threads; auto picks CUDA on a GPU host)
             "cpu",
-            "--backend",
-            "gym",
-            "--num-envs",
-            "2",
-            "--num-steps",
-            "8",
+            *IN_PROCESS_ARGS,
             "--total-timesteps",
             "32",
             "--run-dir",
@@ -153,7 +148,7 @@ def test_resuming_a_solved_run_needs_a_higher_stop_at_return(
 
     # ClockEnv's returns are >= 0, so --stop-at-return 0 is reached once 20 episodes have ended (at step 78, mid-rollout).
     run = tmp_path / "solved"
-    argv = [*CLOCK, "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "160"]
+    argv = [*CLOCK, *IN_PROCESS_ARGS, "--total-timesteps", "160"]
     assert main(["train", *argv, "--stop-at-return", "0", "--no-plot", "--run-dir", str(run)]) == 0
     summary = rundir.read_json(run / rundir.SUMMARY)
     assert summary["stop_reason"] == "stop_at_return" and summary["solved_at_step"] == summary["total_steps"] == 78

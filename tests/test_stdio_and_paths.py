@@ -20,22 +20,11 @@ from env_server.envs import is_entry_point
 from learner import rundir
 from learner.cli import build_parser, main
 from learner.video import check_path
+from tests.conftest import CLOCK_ARGS, IN_PROCESS_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
-CLOCK = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3}', "--no-progress", "--no-tensorboard"]
-TINY = [
-    "--device",
-    "cpu",
-    "--backend",
-    "gym",
-    "--num-envs",
-    "2",
-    "--num-steps",
-    "8",
-    "--total-timesteps",
-    "32",
-    "--no-plot",
-]
+CLOCK = CLOCK_ARGS
+TINY = ["--device", "cpu", *IN_PROCESS_ARGS, "--total-timesteps", "32", "--no-plot"]
 LONG_NAME = "m" * 256
 TOO_LONG = "File name too long (a name in the path is 256 bytes, over 255)"
 DEADLINE_S = 120.0

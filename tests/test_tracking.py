@@ -27,24 +27,11 @@ from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import TrainingInterrupted
 from learner.train import train
+from tests.conftest import CLOCK_ARGS, IN_PROCESS_ARGS
 from tests.test_train import CtrlCAt
 
 # In-process envs: a run of 32 steps takes about a second, W&B's start and finish about as long.
-CLOCK = [
-    "--env",
-    "tests.envs:ClockEnv",
-    "--env-kwargs",
-    '{"length": 3}',
-    "--backend",
-    "gym",
-    "--num-envs",
-    "2",
-    "--num-steps",
-    "8",
-    "--no-progress",
-    "--no-tensorboard",
-    "--no-plot",
-]
+CLOCK = [*CLOCK_ARGS, *IN_PROCESS_ARGS, "--no-plot"]
 
 
 @pytest.fixture
