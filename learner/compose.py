@@ -19,7 +19,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from env_server.protocol import host_port
@@ -234,7 +234,34 @@ def resolve_compose(target: str) -> list[str]:
             f"address 'compose:{target}': no container of a compose service {service!r}{where}{one_off}; compose "
             f"services with containers here (project/service): {', '.join(services) or 'none'}"
         )
-    return replica_addresses([replica_from_record(c) for c in containers], target, host)
+    replicas = [replica_from_record(c) for c in containers]
+    if any(r.status == "running" and r.health is None for r in replicas):
+        replicas = _with_filtered_health(target, labels, replicas)
+    return replica_addresses(replicas, target, host)
+
+
+def _with_filtered_health(target: str, labels: list[str], replicas: list[Replica]) -> list[Replica]:
+    """The replicas, with the health of those running with none in their status text found by the engine's
+    ``health`` filter: Podman's container list says "Up 5 seconds" where Docker's says "Up 5 seconds (healthy)",
+    so every replica counted as ready there. (One more call when none is starting or unhealthy, Docker's
+    replicas without a health check included; two when some are.)"""
+
+    def names(health: list[str]) -> set[str]:
+        records = ask_engine(
+            f"compose:{target}",
+            "list containers",
+            lambda client: client.api.containers(all=True, filters={"label": labels, "health": health}),
+        )
+        return {replica_from_record(record).name for record in records}
+
+    not_ready = names(["starting", "unhealthy"])
+    unhealthy = names(["unhealthy"]) if not_ready else set()
+    return [
+        replace(r, health="unhealthy" if r.name in unhealthy else "starting")
+        if r.status == "running" and r.health is None and r.name in not_ready
+        else r
+        for r in replicas
+    ]
 
 
 def replica_from_record(record: Mapping[str, Any]) -> Replica:

@@ -267,14 +267,63 @@ def test_resolving_through_a_remote_engine_reaches_the_replicas_at_its_host(monk
         assert compose.resolve_compose("env") == [expected]
 
 
-def _engine(base_url: str, *, containers: Sequence[Mapping[str, Any]] = ()) -> SimpleNamespace:
+def test_podman_s_replicas_count_once_its_health_filter_says_healthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Podman's container list says "Up 5 seconds", no health: the engine's health filter tells a replica still
+    starting or failing its check from a healthy one (each counted as ready before); Docker's records, which
+    say it, cost no second call."""
+    from learner import compose
+
+    def podman_s(number: int, status: str = "Up 5 seconds") -> dict[str, Any]:
+        return {
+            "Names": [f"envfleet_env_{number}"],
+            "State": "running",
+            "Status": status,
+            "Labels": {"com.docker.compose.project": "envfleet", "com.docker.compose.service": "env"}
+            | {"com.docker.compose.container-number": str(number)},
+            "Ports": [{"IP": "0.0.0.0", "PrivatePort": 50051, "PublicPort": 32760 + number, "Type": "tcp"}],
+        }
+
+    calls: list[str] = []
+
+    def ask(address: str, what: str, query: Any, engine: SimpleNamespace) -> Any:
+        calls.append(what)
+        return query(engine)
+
+    def resolve(records: list[dict[str, Any]], health: dict[str, str]) -> list[str]:
+        engine = _engine("http+docker://localhost", containers=records, health=health)
+        calls.clear()
+        monkeypatch.setattr(compose, "ask_engine", lambda address, what, query: ask(address, what, query, engine))
+        return compose.resolve_compose("env")
+
+    health = {"envfleet_env_1": "healthy", "envfleet_env_2": "starting", "envfleet_env_3": "unhealthy"}
+    assert resolve([podman_s(1), podman_s(2), podman_s(3)], health) == ["127.0.0.1:32761"]
+    assert len(calls) == 3  # the list, then not ready (starting or unhealthy), then unhealthy
+    with pytest.raises(AddressError, match=r"not ready: envfleet_env_2 \(starting\), envfleet_env_3 \(unhealthy\)"):
+        resolve([podman_s(2), podman_s(3)], health)
+    with pytest.raises(NotReadyYet, match="envfleet_env_2 \\(starting\\)"):  # (waited for)
+        resolve([podman_s(2)], health)
+    # All healthy (or no health check): one call more; Docker's status text: none.
+    assert resolve([podman_s(1), podman_s(4)], health) == ["127.0.0.1:32761", "127.0.0.1:32764"]
+    assert len(calls) == 2
+    assert resolve([podman_s(1, "Up 5 seconds (healthy)")], {}) == ["127.0.0.1:32761"]
+    assert len(calls) == 1
+
+
+def _engine(
+    base_url: str, *, containers: Sequence[Mapping[str, Any]] = (), health: Mapping[str, str] | None = None
+) -> SimpleNamespace:
     """What the resolvers use of a ``docker.DockerClient``: its low-level client's base URL and container list,
     which applies the label filters as an engine does (``key=value``: the label has that value; ``key``: it has
-    the label), and ``status``."""
+    the label), ``status``, and ``health`` (a container's: ``health`` by name, as Podman's list does not say it,
+    else what its status text says)."""
 
     def listed(all: bool = False, filters: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
         def kept(record: Mapping[str, Any]) -> bool:
             labels = record.get("Labels") or {}
+            name = replica_from_record(record).name
+            its_health = (health or {}).get(name) or replica_from_record(record).health or "none"
+            if its_health not in (filters or {}).get("health", [its_health]):
+                return False
             for wanted in (filters or {}).get("label", []):
                 key, _, value = wanted.partition("=")
                 if key not in labels or ("=" in wanted and labels[key] != value):
