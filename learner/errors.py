@@ -4,6 +4,7 @@ words for an OSError in a message (:func:`os_reason`)."""
 from __future__ import annotations
 
 import errno
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,15 @@ class RemoteEnvError(EnvFleetError):
         self.code = code
         self.env_index = env_index
         self.details = details
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (and copied) with its keyword arguments: pickle remakes an exception from its args alone,
+        # which lack ``address``, so a process pool's worker that raised one broke the pool (BrokenProcessPool;
+        # multiprocessing.Pool's result thread died and get() hung).
+        remake = functools.partial(
+            type(self), address=self.address, code=self.code, env_index=self.env_index, details=self.details
+        )
+        return remake, self.args, self.__dict__
 
 
 class ServerUnavailableError(RemoteEnvError, ConnectionError):

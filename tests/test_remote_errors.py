@@ -20,6 +20,7 @@ from learner import (
     EnvFleetError,
     InvalidArgumentError,
     RemoteVectorEnv,
+    ServerUnavailableError,
     SpecMismatchError,
 )
 from learner.local import label_of
@@ -33,6 +34,57 @@ def test_no_address_is_an_envfleet_error() -> None:
     with pytest.raises(AddressError, match="addresses: expected at least one server address") as info:
         RemoteVectorEnv([])
     assert isinstance(info.value, EnvFleetError) and isinstance(info.value, ValueError)
+
+
+def _errors() -> list[BaseException]:
+    """One of each error class envfleet raises to its users, with every attribute set."""
+    import grpc
+
+    from learner import discovery, errors, remote, train
+
+    made: list[BaseException] = []
+    for module in (errors, discovery, remote, train):
+        for cls in vars(module).values():
+            if not (isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == module.__name__):
+                continue
+            if issubclass(cls, errors.RemoteEnvError):
+                made.append(cls("it failed", address="a:1", code=grpc.StatusCode.INTERNAL, env_index=3, details="d"))
+            elif cls is errors.TrainingInterrupted:
+                made.append(cls({"total_steps": 5}, "runs/x"))
+            else:
+                made.append(cls("it failed"))
+    return made
+
+
+def test_every_error_of_learner_errors_is_imported_from_learner() -> None:
+    import learner
+    from learner import errors
+
+    for err in _errors():
+        if type(err).__module__ == errors.__name__:
+            assert getattr(learner, type(err).__name__) is type(err) and type(err).__name__ in learner.__all__
+
+
+def _connect_nowhere() -> None:
+    RemoteVectorEnv([NOWHERE], connect_timeout=1)
+
+
+def test_errors_pickle_and_copy_with_their_attributes() -> None:
+    """So that a process pool's worker hands them back: pickle remade a RemoteEnvError from its message
+    alone, without its keyword-only address (BrokenProcessPool; multiprocessing.Pool's get() hung)."""
+    import copy
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    made = _errors()
+    assert len(made) > 20
+    for err in made:
+        for again in (pickle.loads(pickle.dumps(err)), copy.copy(err), copy.deepcopy(err)):
+            assert type(again) is type(err) and str(again) == str(err) and vars(again) == vars(err)
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool, pytest.raises(ServerUnavailableError) as info:
+        pool.submit(_connect_nowhere).result(timeout=60)
+    assert info.value.address == NOWHERE and "nothing answered within 1 s" in str(info.value)
 
 
 @pytest.mark.parametrize(
