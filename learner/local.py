@@ -27,7 +27,8 @@ from typing import Any, Literal
 from env_server.protocol import MAX_UNIX_PATH
 from env_server.tuning import COLOUR, JsonLogFormatter
 from learner.discovery import unix_path
-from learner.errors import FDS_PER_SERVER, ServerStartError, out_of_fds
+from learner.errors import FDS_PER_SERVER, InvalidArgumentError, InvalidArgumentTypeError, ServerStartError, out_of_fds
+from learner.validate import count, is_finite, seconds
 
 try:  # (not on Windows, where LocalServers do not run)
     import fcntl
@@ -109,6 +110,44 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 _STOP_WAIT_S = 10.0
 _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
+
+
+def _check_arguments(given: dict[str, Any]) -> None:
+    """InvalidArgumentError (a ValueError; InvalidArgumentTypeError, also a TypeError, for a type) naming the
+    first of LocalServers' arguments that is wrong, what it expects and what came, before any server starts."""
+    if not (isinstance(given["env"], str) and given["env"]):
+        raise InvalidArgumentTypeError(f"env: expected a gymnasium id or 'module:Factory', got {given['env']!r}")
+    count("num_servers", given["num_servers"])
+    count("envs_per_server", given["envs_per_server"])
+    count("restarts", given["restarts"], 0)
+    seconds("startup_timeout", given["startup_timeout"])
+    seconds("hang_timeout", given["hang_timeout"], zero=True)
+    if given["spin_wait_ms"] is not None and not (is_finite(given["spin_wait_ms"]) and given["spin_wait_ms"] >= 0):
+        raise InvalidArgumentError(f"spin_wait_ms: expected finite milliseconds >= 0, got {given['spin_wait_ms']!r}")
+    for name, choices in [
+        ("transport", ("tcp", "unix")),
+        ("log_level", (None, "debug", "info", "warning", "error")),
+        ("log_format", (None, "text", "json")),
+    ]:
+        if given[name] not in choices:
+            named = " or ".join(repr(choice) for choice in choices if choice is not None)
+            raise InvalidArgumentError(
+                f"{name}: expected {named}{' (or None)' * (None in choices)}, got {given[name]!r}"
+            )
+    server_args = given["server_args"]
+    if isinstance(server_args, str):
+        raise InvalidArgumentTypeError(
+            f"server_args: expected a list of env-server arguments, got the string {server_args!r} (split it: "
+            "shlex.split(...))"
+        )
+    if not all(isinstance(arg, str) for arg in server_args):
+        raise InvalidArgumentTypeError(f"server_args: expected a list of strings, got {server_args!r}")
+    if not isinstance(given["env_kwargs"], dict | None):
+        raise InvalidArgumentTypeError(f"env_kwargs: expected a dict or None, got {given['env_kwargs']!r}")
+    if not isinstance(given["auth_token"], str | None):
+        raise InvalidArgumentTypeError(
+            f"auth_token: expected a string or None, got {type(given['auth_token']).__name__}"
+        )
 
 
 def _check_ipv4_loopback() -> None:
@@ -209,16 +248,7 @@ class LocalServers:
     ) -> None:
         if _ON_WINDOWS:
             raise ServerStartError(_NO_LOCAL_SERVERS)
-        if num_servers < 1:
-            raise ValueError(f"num_servers: expected >= 1, got {num_servers}")
-        if envs_per_server < 1:
-            raise ValueError(f"envs_per_server: expected >= 1, got {envs_per_server}")
-        if transport not in ("tcp", "unix"):
-            raise ValueError(f"transport: expected 'tcp' or 'unix', got {transport!r}")
-        if log_format not in (None, "text", "json"):
-            raise ValueError(f"log_format: expected 'text' or 'json', got {log_format!r}")
-        if isinstance(restarts, bool) or not (isinstance(restarts, int) and restarts >= 0):
-            raise ValueError(f"restarts: expected an int >= 0, got {restarts!r}")
+        _check_arguments(locals())
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
         self.env = env

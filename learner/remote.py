@@ -71,6 +71,8 @@ from learner.membership import FleetMembership, _Away, _Retired
 from learner.outages import FleetOutages, in_server_order
 from learner.specs import gym_env_spec, incompatible, served_kwargs, warn_if_other_env
 from learner.stats import ReplicaStats, StepTimer
+from learner.validate import addresses as _addresses
+from learner.validate import count as _count
 from learner.validate import flag as _flag
 from learner.validate import is_finite as _is_finite
 from learner.validate import seconds as _seconds
@@ -296,12 +298,12 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         spin_wait: float = 0.001,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
+        addresses = _addresses(addresses)
         self.timeout = _seconds("timeout", timeout)
         self.keepalive_timeout = _seconds("keepalive_timeout", keepalive_timeout)
         self.reset_timeout = self.timeout if reset_timeout is None else _seconds("reset_timeout", reset_timeout)
         self.connect_timeout = _seconds("connect_timeout", connect_timeout)
-        if isinstance(num_groups, bool) or not (isinstance(num_groups, int) and num_groups >= 1):
-            raise InvalidArgumentError(f"num_groups: expected an int >= 1, got {num_groups!r}")
+        num_groups = _count("num_groups", num_groups)
         if not (
             isinstance(backoff, Sequence)
             and len(backoff) == 2

@@ -11,9 +11,39 @@ from typing import Any
 
 import numpy as np
 
-from learner.errors import InvalidArgumentError
+from learner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-__all__ = ["flag", "is_finite", "seconds"]
+__all__ = ["addresses", "count", "flag", "is_finite", "seconds"]
+
+
+def addresses(value: Any) -> str | list[str]:
+    """RemoteVectorEnv's ``addresses``: one comma-separated string, or a list of strings (any iterable of them
+    in order: a generator is read once, here); refused otherwise, saying what to pass (a set has no order: the
+    envs' would change from run to run)."""
+    if isinstance(value, str):
+        return value
+    wanted = "addresses: expected a list of server addresses or one comma-separated string ('host:port,unix:/path')"
+    if isinstance(value, set | frozenset | dict):
+        raise InvalidArgumentTypeError(f"{wanted}, got a {type(value).__name__}, whose order (the envs') is arbitrary")
+    try:
+        listed = list(value)
+    except TypeError:
+        listed = None
+    if listed is not None and all(isinstance(address, str) for address in listed):
+        return listed
+    hint = ""
+    if hasattr(value, "addresses"):
+        hint = f" (a {type(value).__name__}: pass its .addresses)"
+    elif hasattr(value, "__enter__"):
+        hint = " (a context manager: pass what it gives, `with local_servers(...) as addresses:`)"
+    raise InvalidArgumentTypeError(f"{wanted}, got {value!r}"[:300] + hint)
+
+
+def count(name: str, value: Any, minimum: int = 1) -> int:
+    """``value``, an int (or numpy's) >= ``minimum``, refused otherwise (a bool too), naming the argument ``name``."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidArgumentError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def flag(name: str, value: Any) -> bool:

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -519,8 +520,37 @@ def test_the_servers_log_json_where_this_process_logs_their_lines_as_json(caplog
                 time.sleep(0.05)
     finally:
         root.removeHandler(json_handler)
-    with pytest.raises(ValueError, match="log_format: expected 'text' or 'json', got 'xml'"):
+    with pytest.raises(ValueError, match=r"log_format: expected 'text' or 'json' \(or None\), got 'xml'"):
         LocalServers("CartPole-v1", 1, 1, log_format="xml")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"num_servers": 0}, r"^num_servers: expected an int >= 1, got 0$"),
+        ({"num_servers": "2"}, r"^num_servers: expected an int >= 1, got '2'$"),
+        ({"envs_per_server": 1.5}, r"^envs_per_server: expected an int >= 1, got 1.5$"),
+        ({"restarts": -1}, r"^restarts: expected an int >= 0, got -1$"),
+        ({"transport": "TCP"}, r"^transport: expected 'tcp' or 'unix', got 'TCP'$"),
+        ({"log_level": "loud"}, r"^log_level: expected 'debug' or 'info' or 'warning' or 'error' \(or None\), got"),
+        ({"startup_timeout": -1}, r"^startup_timeout: expected finite seconds > 0, got -1$"),
+        ({"hang_timeout": "5"}, r"^hang_timeout: expected finite seconds >= 0, got '5'$"),
+        ({"spin_wait_ms": math.nan}, r"^spin_wait_ms: expected finite milliseconds >= 0, got nan$"),
+        # (a string is a sequence of strings: it was split into characters, "unrecognized arguments: - - a u t o")
+        ({"server_args": "--autoreset-mode SameStep"}, r"got the string '--autoreset-mode SameStep' \(split it"),
+        ({"env": None}, r"^env: expected a gymnasium id or 'module:Factory', got None$"),
+        ({"env_kwargs": [1]}, r"^env_kwargs: expected a dict or None, got \[1\]$"),
+        ({"auth_token": 123}, r"^auth_token: expected a string or None, got int$"),  # (its value not shown)
+    ],
+)
+def test_bad_arguments_are_refused_naming_them_before_any_server_starts(given: dict[str, Any], message: str) -> None:
+    """As RemoteVectorEnv's: an InvalidArgumentError, which `except EnvFleetError` catches (a plain ValueError,
+    or Python's own TypeError, before)."""
+    from learner import EnvFleetError
+
+    with pytest.raises(EnvFleetError, match=message) as info:
+        LocalServers(**({"env": "CartPole-v1", "num_servers": 1, "envs_per_server": 1} | given))  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
 
 
 def test_a_dead_servers_last_output_is_said_only_where_it_may_explain_its_death() -> None:

@@ -113,6 +113,30 @@ def test_options_in_seconds_must_be_finite_numbers(kwargs: dict[str, Any], messa
     assert isinstance(info.value, ValueError)
 
 
+def test_addresses_of_any_iterable_are_taken_in_order_and_others_refused_saying_what_to_pass() -> None:
+    """A generator was used up by the duplicates check (then "expected at most one group per server (0 server)");
+    a set's order, the envs', changed from run to run; an int, bytes or LocalServers object failed in Python."""
+    from types import SimpleNamespace
+
+    from learner import InvalidArgumentTypeError, local_servers
+
+    with pytest.raises(ServerUnavailableError, match=f"env server {NOWHERE}: nothing answered"):
+        RemoteVectorEnv((a for a in [NOWHERE]), connect_timeout=0.5)  # type: ignore[arg-type]
+    wanted = "addresses: expected a list of server addresses or one comma-separated string"
+    for given, says in [
+        ({NOWHERE}, "got a set, whose order (the envs') is arbitrary"),
+        (50051, "got 50051"),
+        (None, "got None"),
+        (b"localhost:1", "got b'localhost:1'"),
+        ([NOWHERE, 1], f"got ['{NOWHERE}', 1]"),
+        (SimpleNamespace(addresses=[NOWHERE]), "(a SimpleNamespace: pass its .addresses)"),
+        (local_servers("CartPole-v1", 1, 1), "(a context manager: pass what it gives, `with local_servers(...) as"),
+    ]:
+        with pytest.raises(InvalidArgumentTypeError) as info:
+            RemoteVectorEnv(given, connect_timeout=0.5)  # type: ignore[arg-type]
+        assert str(info.value).startswith(wanted) and says in str(info.value)
+
+
 def test_reset_options_that_cannot_be_sent_are_the_callers_error(start_servers: StartServers) -> None:
     (address,) = start_servers("CartPole-v1", envs_per_server=2)
     with RemoteVectorEnv([address]) as envs:
