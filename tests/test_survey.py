@@ -71,3 +71,54 @@ def test_learner_servers_says_which_do_not_answer_and_exits_1(
         "3 servers (4 addresses), 2 answering, 2 envs; their spaces or autoreset modes differ: they cannot step as one "
         "fleet; some are one server listed under two names"
     )
+
+
+def test_servers_are_diagnosed_all_at_once_and_timed_one_at_a_time(
+    start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Diagnoses ran on asyncio's executor (a few threads, each held up to 1 s by an address that does not
+    answer: 64 such took 23 s of a 5-s survey); 64 servers' round trips timed at once measured the survey's
+    own loop (78 ms where each took 1.6 ms). Each diagnosis has a thread now, and one server is timed at a time."""
+    import asyncio
+    import threading
+    import time
+
+    from learner import survey as surveying
+    from learner.client import EnvClient
+
+    diagnosing, most_diagnosing, lock = [0], [0], threading.Lock()
+    real_diagnose = surveying.diagnose
+
+    def slow_diagnose(address: str, timeout: float, **kwargs: object) -> str | None:
+        with lock:
+            diagnosing[0] += 1
+            most_diagnosing[0] = max(most_diagnosing[0], diagnosing[0])
+        time.sleep(0.5)
+        with lock:
+            diagnosing[0] -= 1
+        return real_diagnose(address, timeout, **kwargs)  # type: ignore[arg-type]
+
+    calls: dict[int, int] = {}
+    timed, most_timed = [0], [0]
+    real_get_spec = EnvClient.get_spec_response
+
+    async def counted_get_spec(self: EnvClient) -> object:
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        if calls[id(self)] == 1:  # (each server's first: not timed)
+            return await real_get_spec(self)
+        timed[0] += 1
+        most_timed[0] = max(most_timed[0], timed[0])
+        await asyncio.sleep(0.002)  # (where another server's timed call would come in)
+        try:
+            return await real_get_spec(self)
+        finally:
+            timed[0] -= 1
+
+    monkeypatch.setattr(surveying, "diagnose", slow_diagnose)
+    monkeypatch.setattr(EnvClient, "get_spec_response", counted_get_spec)
+    servers = start_servers("CartPole-v1", 3, 1, transport="tcp")
+    nowhere = [f"127.0.0.1:{port}" for port in range(1, 11)]  # (nothing listens: said at once)
+    infos = surveying.survey(",".join(servers + nowhere), timeout=5)
+    assert most_diagnosing[0] == 13  # (asyncio's executor: min(32, CPUs + 4) at once)
+    assert [i.error for i in infos[:3]] == [""] * 3 and all("connection refused" in i.error for i in infos[3:])
+    assert most_timed[0] == 1 and sum(calls.values()) == 3 * (1 + surveying.ROUND_TRIPS)
