@@ -612,7 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.dup2(2, 1)
 
     def on_ready(address: str) -> None:
-        os.write(ready_fd, f"listening on {address}\n".encode())
+        try:
+            os.write(ready_fd, f"listening on {address}\n".encode())
+        except OSError as err:  # (a full disk, a reader that left: the server serves all the same)
+            log.warning(
+                "could not write 'listening on %s' to stdout (%s); serving all the same", address, err.strerror or err
+            )
 
     from env_server.envs import EnvBuildError
     from env_server.server import START_FAILED_STATUS, run

@@ -6,11 +6,13 @@ loads with ``weights_only=True``: loading one never runs code from the file.
 
 from __future__ import annotations
 
+import io
 import logging
 import random
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -87,7 +89,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, Any], keep: int = 3) -> Path:
     """Write ``payload`` as the run's checkpoint at ``global_step`` (atomically); keep the latest ``keep``."""
     path = checkpoint_path(run_dir, global_step)
-    atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
+    atomic_write(path, _saved(payload), run_dir=Path(run_dir))
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
@@ -96,8 +98,21 @@ def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, An
 def save_best_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` as the run's best checkpoint, ``checkpoints/best.pt`` (atomically, replacing it)."""
     path = Path(run_dir) / CHECKPOINTS / BEST_CHECKPOINT
-    atomic_write(path, lambda f: torch.save({"format": FORMAT, **payload}, f))
+    atomic_write(path, _saved(payload), run_dir=Path(run_dir))
     return path
+
+
+def _saved(payload: dict[str, Any]) -> Callable[[IO[bytes]], None]:
+    """What writes ``payload`` as a checkpoint file: torch.save'd in memory, then written whole, so that a full
+    disk is said as the OSError it is (torch's zip writer, writing the file itself, raised "[enforce fail at
+    inline_container.cc:672] . unexpected pos 91904 vs 91796")."""
+
+    def write(f: IO[bytes]) -> None:
+        saved = io.BytesIO()
+        torch.save({"format": FORMAT, **payload}, saved)
+        f.write(saved.getbuffer())
+
+    return write
 
 
 def find_checkpoint(path: str | Path, *, checkpoints_folder: bool = False) -> Path:

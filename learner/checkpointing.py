@@ -227,7 +227,7 @@ class Checkpointer:
             # Stopped mid-rollout (Ctrl-C, an error) or mid-update: the run is what it was at its last
             # update, for the checkpoint and the summary alike (none is written when that one is on
             # disk already, or when the nets are half-way through the next update).
-            if updating:
+            if updating and self.run_dir.is_dir():  # (one deleted mid-run: the error says so, no resuming)
                 self.log.warning("%s", stopped_in_update(self.saved_step))
             # Solved in the partial rollout (as the log said): the summary and the checkpoint keep the solve,
             # as a run stopped at its --stop-at-return does.

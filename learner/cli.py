@@ -1099,6 +1099,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     print()
     print(markdown_tables(results))
+    if results["meta"].get("unwritten"):  # (a full disk: the tables above are what was measured)
+        print("\n".join(f"learner bench: error: {why}" for why in results["meta"]["unwritten"]), file=sys.stderr)
+        return 1
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
     if results["meta"].get("interrupted"):
         print("learner bench: interrupted; those hold the measurements that finished", file=sys.stderr)

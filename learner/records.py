@@ -359,6 +359,7 @@ class Recorder:
         self.last_record = (until, steps)
         row = metrics_row(counters.update, timing, result, rollout_info)
         with writing(self.run_dir / rundir.METRICS):
+            rundir.still_there(self.run_dir, self.metrics_file)
             rundir.append_jsonl(self.metrics_file, row)
         self.last_row = row
         if self.writer is not None:

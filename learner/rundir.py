@@ -52,6 +52,7 @@ __all__ = [
     "checkpoint_path",
     "checkpoint_step",
     "drop_rows_after",
+    "gone",
     "is_run_config",
     "jsonable",
     "list_checkpoints",
@@ -64,6 +65,7 @@ __all__ = [
     "set_aside",
     "set_aside_abandoned",
     "set_aside_unreadable",
+    "still_there",
     "write_json",
     "write_text",
     "writing",
@@ -127,14 +129,19 @@ def make_new_dir(path: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *, run_dir: Path | None = None) -> None:
     """Call ``write`` on a temporary file beside ``path``, then move it onto ``path`` in one step.
 
     The data is flushed to disk (fsync) before the move, so that after a crash ``path`` holds the
     old version or the new one in full. A process killed mid-write leaves a temporary file
-    (``.<name>.*.tmp``) behind; :func:`remove_stale_temp_files` clears them.
+    (``.<name>.*.tmp``) behind; :func:`remove_stale_temp_files` clears them. The folders up to
+    ``path`` are made, but for ``run_dir``, a run's (FileNotFoundError where it is gone, see
+    :func:`gone`): a run dir deleted or moved mid-run was made anew, holding a checkpoint and
+    summary.json without the config.json and metrics.jsonl that would make it a run.
     """
     path = Path(path)
+    if run_dir is not None and not run_dir.is_dir():
+        raise gone(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _new_temp_file(path)
     try:
@@ -182,22 +189,39 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write`)."""
+def write_text(path: str | Path, text: str, *, run_dir: Path | None = None) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_write`, as its ``run_dir``)."""
 
     def write(f: IO[bytes]) -> None:
         f.write(text.encode())
 
-    atomic_write(path, write)
+    atomic_write(path, write, run_dir=run_dir)
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
+def write_json(path: str | Path, obj: Any, *, run_dir: Path | None = None) -> None:
+    write_text(path, json.dumps(jsonable(obj), indent=2) + "\n", run_dir=run_dir)
 
 
 def read_json(path: str | Path) -> Any:
     with open(path) as f:
         return json.load(f)
+
+
+def gone(run_dir: Path) -> FileNotFoundError:
+    """The error of a write in ``run_dir``, which is not there any more."""
+    return FileNotFoundError(errno.ENOENT, f"the run dir {run_dir} is gone (deleted or moved while the run ran)")
+
+
+def still_there(run_dir: Path, metrics: IO[str]) -> None:
+    """FileNotFoundError (:func:`gone`) unless ``run_dir``'s metrics.jsonl is the file ``metrics`` (open for
+    appending) still: rows written to a file deleted, or moved with its run dir, were lost without a word."""
+    held = os.fstat(metrics.fileno())
+    try:
+        there = os.stat(run_dir / METRICS)
+    except FileNotFoundError:
+        raise gone(run_dir) from None
+    if (there.st_dev, there.st_ino) != (held.st_dev, held.st_ino):
+        raise gone(run_dir)
 
 
 def append_jsonl(f: IO[str], obj: dict[str, Any]) -> None:
@@ -323,6 +347,8 @@ def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
         return RunDirWriteError(f"cannot write {path}: {fds}")
     lines = str(err).strip().splitlines()
     reason = err.strerror if isinstance(err, OSError) and err.strerror else lines[0] if lines else type(err).__name__
+    if isinstance(err, FileNotFoundError) and not path.parent.exists() and "is gone" not in reason:
+        reason = f"{path.parent} is gone (deleted or moved while the run ran)"  # (a TensorBoard file's, say)
     try:
         room = f"; {shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free there"
     except OSError:
@@ -408,8 +434,10 @@ def lock(run_dir: str | Path) -> Iterator[None]:
         try:
             f.seek(0)
             f.truncate()
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
             f.flush()
+            # (unbuffered: a row left in the file's buffer by a full disk failed again as the file closed, a
+            # traceback in place of this one line)
+            os.write(f.fileno(), f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
         except OSError as err:
             raise _cannot_write_there(run_dir, err) from None
         try:

@@ -1524,15 +1524,18 @@ def train(
                 close_bar(bar, summary, stop_reason, since=(session_start, session_start_step))
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
                 live.run_ended(global_step=counters.global_step, solved=counters.solved_at_step is not None)
+            # (a run dir deleted or moved mid-run: the error on its way says so, and nothing is written)
+            here = run_dir.is_dir() or not propagating
             try:
-                rundir.write_json(run_dir / rundir.SUMMARY, summary)
+                if here:
+                    rundir.write_json(run_dir / rundir.SUMMARY, summary, run_dir=run_dir)
             except OSError as err:
                 if not propagating:
                     raise cannot_write(run_dir / rundir.SUMMARY, err) from err
                 log.error("%s", cannot_write(run_dir / rundir.SUMMARY, err))  # (the error that stopped it follows)
             if tracker is not None:  # (put into the W&B run's summary as it finishes)
                 tracker.summary = summary
-            if counters.update > 0:
+            if counters.update > 0 and here:
                 plotted.append(run_dir)
             if update_error is not None and not propagating:
                 raise update_error

@@ -1018,3 +1018,27 @@ def test_a_killed_bench_leaves_no_run_going_and_the_next_one_removes_its_folder(
     assert (workdir / "remote_2x2_unix-1" / "summary.json").is_file()  # (stopped as SIGTERM stops it)
     remove_orphaned_workdirs(str(tmp))  # (as the next bench does first)
     assert not workdir.exists()
+
+
+def test_a_bench_whose_results_cannot_be_written_measures_on_prints_its_tables_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A disk full under --out ended the bench with a traceback at its first save, its measurements lost."""
+    import errno
+
+    import learner.benchmarks.run
+    from learner.cli import main
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(learner.benchmarks.run.rundir, "write_json", full)
+    monkeypatch.setattr(learner.benchmarks.run.report, "write_report", full)
+    out = tmp_path / "bench"
+    assert main(["bench", "--suites", "rpc", "--rounds", "2", "--seconds", "0.02", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "| us |" in captured.out and "wrote " not in captured.out
+    said = f"cannot write {out / 'bench.json'}: No space left on device"
+    assert captured.out.count(f"{said}; ") == 1 and "measuring on (the tables are printed at the end)" in captured.out
+    assert captured.err.startswith(f"learner bench: error: {said}")
+    assert f"learner bench: error: cannot write the report in {out}: No space left on device" in captured.err

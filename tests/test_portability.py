@@ -482,3 +482,25 @@ def test_every_test_module_collects_without_torch(tmp_path: Path) -> None:
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
     assert "hidden by the test" not in collected.stdout + collected.stderr  # (no module failed for want of torch)
     assert "tests/test_codec.py::" in collected.stdout and "tests/test_train.py::" not in collected.stdout
+
+
+def test_a_run_dir_on_a_full_disk_is_refused_in_one_line_naming_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's line left in the lock file's buffer by a full disk failed again as the file closed: an
+    OSError traceback in place of the one line; the line is written unbuffered now, and a normal run's reads
+    as before."""
+    from learner import rundir
+
+    with rundir.lock(tmp_path):
+        assert (tmp_path / rundir.LOCK).read_text() == f"pid {os.getpid()} on {socket.gethostname()}\n"
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with (
+        pytest.raises(ValueError, match=r"^run dir .*: cannot write there \(No space left on device\)$"),
+        rundir.lock(tmp_path),
+    ):
+        pass

@@ -411,3 +411,24 @@ def test_the_flatten_wrapper_refuses_a_space_it_cannot_flatten_to_a_box() -> Non
         EnvBuildError, match=r"^wrapper 'flatten': expected an observation space that flattens to a Box"
     ):
         WRAPPERS["flatten"](SequenceEnv())
+
+
+def test_a_server_whose_stdout_cannot_be_written_serves_all_the_same(tmp_path: Path) -> None:
+    """Its "listening on" line to a full disk (or to a reader that left) ended the server at start with
+    "env-server: error: [Errno 28] No space left on device" (naming no stdout); a learner saw nothing listen."""
+    sock = tmp_path / "s.sock"
+    argv = [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--unix-socket", str(sock)]
+    with open("/dev/full", "w") as full, open(tmp_path / "err.txt", "w+") as err:
+        proc = subprocess.Popen(argv, stdout=full, stderr=err, text=True)
+        try:
+            with RemoteVectorEnv([f"unix:{sock}"], connect_timeout=60) as envs:
+                envs.reset(seed=0)
+            assert proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        err.seek(0)
+        said = err.read()
+    assert (
+        f"could not write 'listening on unix:{sock}' to stdout (No space left on device); serving all the same" in said
+    )

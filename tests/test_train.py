@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,7 +27,7 @@ from learner.checkpoint import load_checkpoint
 from learner.config import Args
 from learner.device import device_hint, pick_device
 from learner.envs import FleetSpec, open_fleet
-from learner.errors import TrainingInterrupted
+from learner.errors import RunDirWriteError, TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
@@ -1111,6 +1112,79 @@ def test_a_full_disk_stops_the_run_with_one_line_naming_the_file(
     assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"].startswith("error: RunDirWriteError")
 
 
+def test_a_checkpoint_on_a_full_disk_fails_as_the_os_says_not_as_torch_s_zip_writer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save writing the file itself turned the short write into "[enforce fail at inline_container.cc:672]
+    . unexpected pos 91904 vs 91796", which the run's last line showed as the reason."""
+    import errno
+    import io
+
+    from learner.checkpoint import save_checkpoint
+
+    class NearlyFull(io.RawIOBase):
+        """A file on a disk with 20,000 bytes free, as the kernel writes it: a write that does not fit writes what
+        does (a short write, which torch took for its own error), the next fails with ENOSPC."""
+
+        def __init__(self, fd: int) -> None:
+            self.fd, self.room = fd, 20_000
+
+        def writable(self) -> bool:
+            return True
+
+        def fileno(self) -> int:
+            return self.fd
+
+        def write(self, data: Any) -> int:
+            if not self.room:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written = os.write(self.fd, bytes(data)[: self.room])
+            self.room -= written
+            return written
+
+        def close(self) -> None:
+            if not self.closed:
+                os.close(self.fd)
+            super().close()
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: io.BufferedWriter(NearlyFull(fd)))
+    with pytest.raises(OSError) as info:
+        save_checkpoint(tmp_path, 8, {"nets": torch.zeros(100_000)})
+    assert info.value.errno == errno.ENOSPC
+    with (
+        pytest.raises(RunDirWriteError, match=r"checkpoints/step-0000000008\.pt: No space left on device; "),
+        rundir.writing(rundir.checkpoint_path(tmp_path, 8), torch_save=True),
+    ):
+        save_checkpoint(tmp_path, 8, {"nets": torch.zeros(100_000)})
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+@pytest.mark.parametrize("tensorboard", [False, True])
+def test_a_run_dir_deleted_or_moved_mid_run_stops_it_and_is_not_made_anew(
+    how: str, tensorboard: bool, tmp_path: Path
+) -> None:
+    """Rows went to the deleted (or moved) metrics.jsonl without a word, and the run dir was made anew with a
+    checkpoint and summary.json alone (no config.json, no metrics: no run to resume or plot); without
+    TensorBoard the run even ended as finished, exit 0."""
+    run = tmp_path / "r"
+    updates = []
+
+    def take_it_away(row: dict[str, Any]) -> None:
+        updates.append(row)
+        if len(updates) == 2:
+            shutil.rmtree(run) if how == "deleted" else run.rename(tmp_path / "elsewhere")
+
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=64, checkpoint_seconds=0.0)
+    args = dataclasses.replace(args, run_dir=str(run), tensorboard=tensorboard, plot=True)
+    with pytest.raises(
+        RunDirWriteError,
+        match=f"^cannot write {re.escape(str(run))}/.*: .* is gone \\(deleted or moved while the run ran\\)$",
+    ):
+        train(args, on_update=take_it_away)
+    assert not run.exists() and len(updates) == 2
+    assert (how == "moved") == (tmp_path / "elsewhere" / rundir.CONFIG).exists()
+
+
 def test_a_new_seed_on_resume_is_said_to_change_only_the_envs_reset_seeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1270,6 +1344,7 @@ def test_a_full_disk_under_metrics_jsonl_stops_the_run_with_one_line(
         return builtins.open("/dev/full" if str(path).endswith(rundir.METRICS) else path, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "open", full_metrics, raising=False)
+    monkeypatch.setattr(rundir, "still_there", lambda run_dir, metrics: None)  # (its metrics.jsonl is /dev/full)
     run = tmp_path / "r"
     argv = ["train", "--env", "tests.envs:ClockEnv", "--backend", "gym", "--num-envs", "1", "--num-steps", "4"]
     argv += ["--total-timesteps", "16", "--run-dir", str(run), "--no-progress", "--no-plot", "--no-tensorboard"]

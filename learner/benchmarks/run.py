@@ -30,6 +30,7 @@ from learner.benchmarks import report
 from learner.benchmarks.ppo import PPO_LAYOUTS, remove_orphaned_workdirs
 from learner.benchmarks.suites import LATENCY_DELAY_MS, LATENCY_SIZES, latency_workload, throughput_workloads
 from learner.benchmarks.throughput import Workload, measure_workload, prepare_subprocesses
+from learner.errors import RunDirWriteError, os_reason
 from learner.interrupts import interrupt
 from learner.local import server_logger_name
 
@@ -318,9 +319,19 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     if warning:  # (said again, with the end's load, above the tables)
         progress(warning)
 
+    unwritten: list[str] = []  # (why the last save failed: a full disk; measuring goes on, the tables are printed)
+
     def save() -> None:
         results["targets"] = report.evaluate_targets(results)
-        rundir.write_json(config.out / "bench.json", results)  # (atomic: a kill mid-write keeps the last)
+        try:
+            with rundir.writing(config.out / "bench.json"):
+                rundir.write_json(config.out / "bench.json", results)  # (atomic: a kill mid-write keeps the last)
+        except RunDirWriteError as err:
+            if not unwritten:
+                progress(f"{err}: measuring on (the tables are printed at the end)")
+            unwritten[:] = [str(err)]
+        else:
+            unwritten.clear()
 
     results["meta"]["others_running_end"] = None
     try:
@@ -333,7 +344,11 @@ def _run(config: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]
     results["meta"]["load_average_end"] = list(os.getloadavg())  # (the bench's own work included: kept, not judged)
     results["meta"]["wall_seconds"] = round(time.perf_counter() - started, 1)
     save()
-    report.write_report(results, config.out)
+    try:
+        report.write_report(results, config.out)
+    except OSError as err:
+        unwritten.append(f"cannot write the report in {config.out}: {os_reason(err)}")
+    results["meta"]["unwritten"] = unwritten  # (not in bench.json: the command says it, and exits 1)
     return results
 
 
