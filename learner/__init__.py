@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from learner.discovery import AddressError, expand_addresses
     from learner.errors import (
         AuthenticationError,
+        ConcurrentUseError,
         EnvCrashedError,
         EnvFleetError,
         InvalidArgumentError,
@@ -61,6 +62,7 @@ _EXPORTS = {
     "AddressError": "learner.discovery",
     "expand_addresses": "learner.discovery",
     "AuthenticationError": "learner.errors",
+    "ConcurrentUseError": "learner.errors",
     "EnvCrashedError": "learner.errors",
     "EnvFleetError": "learner.errors",
     "InvalidArgumentError": "learner.errors",
@@ -94,6 +96,7 @@ _EXPORTS = {
 __all__ = [
     "AddressError",
     "AuthenticationError",
+    "ConcurrentUseError",
     "EnvCrashedError",
     "EnvFleetError",
     "InvalidArgumentError",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # only for annotations: importing this module must not import
 
 __all__ = [
     "AuthenticationError",
+    "ConcurrentUseError",
     "EnvCrashedError",
     "FDS_PER_SERVER",
     "EnvFleetError",
@@ -149,6 +150,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class ServerStartError(EnvFleetError):
     """A local env server could not be started (its own message is included)."""
+
+
+class ConcurrentUseError(EnvFleetError, RuntimeError):
+    """A call of a RemoteVectorEnv while another thread is in one of its calls: one env is used from one thread
+    at a time (its steps' bookkeeping is one step's); refused before anything is sent, the other call goes on."""
 
 
 class SpecMismatchError(EnvFleetError):

@@ -23,6 +23,7 @@ from learner.local import label_of
 from learner.loop import LoopRunner, gather
 from learner.specs import incompatible, warn_if_other_env
 from learner.stats import StepTimer
+from learner.validate import one_thread
 from learner.validate import seconds as _seconds
 
 __all__ = ["FleetMembership"]
@@ -194,6 +195,7 @@ class FleetMembership:
 
     # -- servers joining and leaving ----------------------------------------------------------------
 
+    @one_thread
     def refresh(self, *, drop: Iterable[str] = (), wait: float = 1.0) -> FleetChange | None:
         """Look the servers up again: connect to servers that appeared, let go of those that left.
 

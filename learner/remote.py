@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from copy import deepcopy
@@ -75,6 +76,7 @@ from learner.validate import addresses as _addresses
 from learner.validate import count as _count
 from learner.validate import flag as _flag
 from learner.validate import is_finite as _is_finite
+from learner.validate import one_thread as _one_thread
 from learner.validate import seconds as _seconds
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "FAULT_TOLERANT_HINT", "RemoteVectorEnv", "ResetNeededError", "close_all"]
@@ -298,6 +300,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         spin_wait: float = 0.001,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
+        self._caller_lock, self._caller, self._caller_call = threading.Lock(), None, ""  # (see _one_thread)
         addresses = _addresses(addresses)
         self.timeout = _seconds("timeout", timeout)
         self.keepalive_timeout = _seconds("keepalive_timeout", keepalive_timeout)
@@ -562,6 +565,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     # -- the VectorEnv API --------------------------------------------------------------------------
 
+    @_one_thread
     def reset(
         self,
         *,
@@ -581,6 +585,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._assert_idle("reset")
         return self._reset(seed, options)
 
+    @_one_thread
     def _reset_unset_options(
         self, mask: np.ndarray, *, seed: Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -618,6 +623,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             return True
         return not self.fault_tolerant and any(c.session_ended for c in self._clients)
 
+    @_one_thread
     def reset_async(
         self,
         *,
@@ -639,6 +645,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         _pop_mask(options)
         self._state = AsyncState.WAITING_RESET
 
+    @_one_thread
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """Reset as :meth:`reset_async` asked: what :meth:`reset` returns. ``timeout``: each server's
         reset has this many seconds (None: ``reset_timeout``), as ``AsyncVectorEnv.reset_wait``'s."""
@@ -855,6 +862,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 raise InvalidArgumentError(f"seed[{i}]: expected None or an int in [0, 2**64), got {s!r}")
         return [None if s is None else int(s) for s in seeds]
 
+    @_one_thread
     def step(self, actions: Any) -> StepResult:
         """Step every env with its action and wait for all the servers' results."""
         self._assert_idle("step")
@@ -865,6 +873,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._start(servers, actions, 0)
         return self._finish(servers)
 
+    @_one_thread
     def step_async(self, actions: Any) -> None:
         """Send each server its envs' actions, without waiting for the results."""
         self._assert_idle("step_async")
@@ -875,6 +884,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._state = AsyncState.WAITING_STEP
         self._spin_if_needed()
 
+    @_one_thread
     def step_wait(self, timeout: float | None = None) -> StepResult:
         """Wait for every server's step results and join them into one batch.
 
@@ -900,6 +910,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
     # -- pipelining -------------------------------------------------------------------------------
 
+    @_one_thread
     def step_groups(self, act: Callable[[slice], Any]) -> StepResult:
         """One step of every env, computed and sent group by group; returns what :meth:`step` returns.
 
@@ -933,6 +944,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             raise
         return self._finish(range(len(self._clients)))
 
+    @_one_thread
     def send(self, actions: Any, group: int) -> None:
         """Send group ``group``'s envs their actions (a batch over ``group_slices[group]``) and return at once.
 
@@ -960,6 +972,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._sent_at[group] = time.monotonic()
         self._spin_if_needed()
 
+    @_one_thread
     def recv(self, group: int | None = None) -> tuple[int, Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for a group's step results: ``(group, observations, rewards, terminations, truncations, infos)``.
 

@@ -1,19 +1,55 @@
-"""Checks of RemoteVectorEnv's arguments, shared by learner/remote.py and its mixins (learner/membership.py).
+"""Checks of RemoteVectorEnv's arguments (and of its callers: :func:`one_thread`), shared by learner/remote.py and
+its mixins (learner/membership.py).
 
 Here, not in learner/remote.py, so that the mixins, which learner/remote.py imports, import them at the top.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from learner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from learner.errors import ConcurrentUseError, InvalidArgumentError, InvalidArgumentTypeError
 
-__all__ = ["addresses", "count", "flag", "is_finite", "seconds"]
+__all__ = ["addresses", "count", "flag", "is_finite", "one_thread", "seconds"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """``method`` of a RemoteVectorEnv, refused (:class:`ConcurrentUseError`) while another thread is in one of
+    its calls: two threads stepping one env failed as the server's fault ("its answer is not to the request
+    sent", "the connection broke"), and could leave one blocked. Calls within a call (``step_groups``' act)
+    are the same thread's. The env's ``_caller_lock`` guards ``_caller``, the thread in a call."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        me = threading.get_ident()
+        with self._caller_lock:
+            caller = self._caller
+            if caller is None:
+                self._caller, self._caller_call = me, name
+            elif caller != me:
+                raise ConcurrentUseError(
+                    f"{name}: another thread is in this RemoteVectorEnv's {self._caller_call}; use one env from one "
+                    "thread at a time (or one env each)"
+                )
+        if caller is not None:  # (a call within its own)
+            return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._caller = None
+
+    return guarded
 
 
 def addresses(value: Any) -> str | list[str]:

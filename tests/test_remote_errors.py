@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,29 @@ def test_what_differs_in_spaces_that_print_the_same_is_named_at_any_depth() -> N
     assert "the same as gymnasium prints them" not in incompatible(  # (only where the texts are the same)
         _spec("A-v0", gym.spaces.Discrete(3)), _spec("A-v0", gym.spaces.Discrete(4))
     )
+
+
+def test_a_call_while_another_thread_is_in_one_is_refused_and_the_other_goes_on(start_servers: StartServers) -> None:
+    """Two threads stepping one env failed as the server's fault ("its answer is not to the request sent", "the
+    connection broke") and could leave one blocked; now the second is refused, naming what the first is in."""
+    import threading
+
+    from learner import ConcurrentUseError
+
+    [address] = start_servers("CartPole-v1", 1, 2, server_args=["--step-delay-ms", "1000"])
+    with RemoteVectorEnv([address]) as envs:
+        envs.reset(seed=0)
+        stepped: list[Any] = []
+        first = threading.Thread(target=lambda: stepped.append(envs.step(np.zeros(2, dtype=np.int64))))
+        first.start()
+        deadline = time.monotonic() + 30
+        while envs._caller is None:  # (the first thread in its step)
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with pytest.raises(ConcurrentUseError, match=r"^reset: another thread is in this RemoteVectorEnv's step; "):
+            envs.reset()
+        with pytest.raises(ConcurrentUseError, match=r"^step_async: another thread is in this RemoteVectorEnv's step"):
+            envs.step_async(np.zeros(2, dtype=np.int64))
+        first.join(30)
+        assert len(stepped) == 1 and stepped[0][0].shape == (2, 4)
+        envs.step(np.zeros(2, dtype=np.int64))  # (and from this thread, once the other's call is done)
