@@ -36,6 +36,7 @@ from env_server.tuning import (
     VersionAction,
     configure_logging,
     prefer_fast_grpc_core,
+    raise_fd_limit,
 )
 from env_server.variables import unread_variables
 
@@ -594,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.path.insert(0, here)
     config, (log_level, log_format) = parse_args(argv)
     configure_logging(log_level, log_format)
+    raise_fd_limit()  # (--vectorization async: about 3 a worker; a soft limit of 1024 stopped at ~330 envs)
     # gymnasium's AsyncVectorEnv says a worker's error as three warnings (in red) before it raises it, which the
     # server logs itself: the first and last say nothing more (the middle one, the worker's traceback, is kept).
     warnings.filterwarnings(

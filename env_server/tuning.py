@@ -1,5 +1,5 @@
 """What envfleet's entry points (env-server, learner) share: gRPC core settings applied before gRPC
-is imported, logging, and the form of argument errors."""
+is imported, logging, the form of argument errors, and the limit on open files."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ import time
 from collections.abc import MutableMapping, Sequence
 from typing import Any, NoReturn
 
+try:  # (imported here, not where used: out of file descriptors, an import fails too)
+    import resource
+except ImportError:  # pragma: no cover (Windows)
+    resource = None  # type: ignore[assignment]
+
 __all__ = [
     "COLOUR",
     "FAST_GRPC_EXPERIMENTS",
@@ -25,6 +30,7 @@ __all__ = [
     "configure_logging",
     "prefer_fast_grpc_core",
     "quiet_grpc_core",
+    "raise_fd_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -171,3 +177,25 @@ class ShortErrorParser(argparse.ArgumentParser):
         if "\n" in usage:
             usage = f"usage: {self.prog} [options]; see {self.prog} --help"
         self.exit(2, f"{usage}\n{self.prog}: error: {message}\n")
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit on open files (``ulimit -n``) to its hard limit, where it is lower,
+    as many tools do: a learner holds about 5 per env server (``learner.errors.FDS_PER_SERVER``), an env
+    server about 3 per worker of ``--vectorization async``, and a shell's soft limit can be as low as 256
+    (macOS) or 1024 (async's 330 envs); the env servers a learner starts inherit it. Said at DEBUG; never an
+    error (the limit stays as it was)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
+        return
+    # (macOS refuses an unlimited soft limit where its hard one is so: OPEN_MAX, 10240, there, as Go's runtime)
+    target = 10240 if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as err:
+        log.debug("cannot raise the limit on open files (ulimit -n) from %d to %d: %s", soft, target, err)
+    else:
+        log.debug("raised the limit on open files (ulimit -n) from %d to %d", soft, target)

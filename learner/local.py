@@ -25,18 +25,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from env_server.protocol import MAX_UNIX_PATH
-from env_server.tuning import COLOUR, JsonLogFormatter
+from env_server.tuning import COLOUR, JsonLogFormatter, raise_fd_limit
 from learner.discovery import unix_path
 from learner.errors import FDS_PER_SERVER, InvalidArgumentError, InvalidArgumentTypeError, ServerStartError, out_of_fds
 from learner.validate import count, is_finite, seconds
 
 try:  # (not on Windows, where LocalServers do not run)
     import fcntl
+    import resource
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
-try:  # (imported here, not where used: out of file descriptors, an import fails too)
-    import resource
-except ImportError:  # pragma: no cover (Windows)
     resource = None  # type: ignore[assignment]
 
 __all__ = [
@@ -150,6 +148,24 @@ def _check_arguments(given: dict[str, Any]) -> None:
         )
 
 
+def _check_fd_room(num_servers: int) -> None:
+    """ServerStartError where this process's limit on open files (``ulimit -n``) leaves no room for the
+    :data:`FDS_PER_SERVER` it holds per server: found after every server had started, the run died writing its
+    files (16 s for 24 servers under a limit of 100, 44 s for 64 under 256), one warning per server before."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        open_now = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+    except (AttributeError, OSError, ValueError):
+        return
+    need = open_now + num_servers * FDS_PER_SERVER + 16  # (and a few for the run's files)
+    if soft != resource.RLIM_INFINITY and need > soft:
+        raise ServerStartError(
+            f"{num_servers} local env servers need about {need} open files in this process (about "
+            f"{FDS_PER_SERVER} each, and {open_now} open already), over its limit of {soft} (ulimit -n): raise the "
+            "limit or start fewer servers (more envs each: envs_per_server, --envs-per-server)"
+        )
+
+
 def _check_ipv4_loopback() -> None:
     """Refuse local TCP servers on a machine without 127.0.0.1, where they listen (a container or network
     namespace with IPv6's loopback only): said for the learner, not as each server's own error, which
@@ -249,6 +265,7 @@ class LocalServers:
         if _ON_WINDOWS:
             raise ServerStartError(_NO_LOCAL_SERVERS)
         _check_arguments(locals())
+        _check_fd_room(num_servers)
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
         self.env = env
@@ -1178,27 +1195,6 @@ def _cfs_quota(folder: str) -> float | None:
 
 def _cpus(quota: int, period: int) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
-
-
-def raise_fd_limit() -> None:
-    """Raise this process's soft limit on open files (``ulimit -n``) to its hard limit, where it is lower,
-    as many tools do: a learner holds about :data:`FDS_PER_SERVER` per env server, and a shell's soft
-    limit can be as low as 256 (macOS) or 1024; the env servers it starts inherit it. Said at DEBUG; never
-    an error (the limit stays as it was)."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (AttributeError, OSError, ValueError):  # (Windows has no resource module)
-        return
-    # (macOS refuses an unlimited soft limit where its hard one is so: OPEN_MAX, 10240, there, as Go's runtime)
-    target = 10240 if hard == resource.RLIM_INFINITY else hard
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (OSError, ValueError) as err:
-        log.debug("cannot raise the limit on open files (ulimit -n) from %d to %d: %s", soft, target, err)
-    else:
-        log.debug("raised the limit on open files (ulimit -n) from %d to %d", soft, target)
 
 
 def socket_folder(address: str) -> str | None:

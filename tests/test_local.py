@@ -994,3 +994,25 @@ def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: 
     root = _tree(tmp_path, files)
     assert cgroup_cpu_quota(root) is None
     assert usable_cpus(root) == _affinity()
+
+
+def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any_starts() -> None:
+    """Found after every server had started, the run died writing its files (16 s for 24 servers under
+    `ulimit -n 100`), after one warning per server that its step socket could not be used."""
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from learner import LocalServers, ServerStartError\n"
+        "try:\n"
+        "    LocalServers('CartPole-v1', 24, 1)\n"
+        "except ServerStartError as err:\n"
+        "    print(err)\n"
+    )
+    said = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0 and not said.stderr, said
+    assert re.fullmatch(
+        r"24 local env servers need about \d+ open files in this process \(about 5 each, and \d+ open already\), "
+        r"over its limit of 100 \(ulimit -n\): raise the limit or start fewer servers \(more envs each: "
+        r"envs_per_server, --envs-per-server\)\n",
+        said.stdout,
+    ), said.stdout

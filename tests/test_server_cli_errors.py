@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -432,3 +433,28 @@ def test_a_server_whose_stdout_cannot_be_written_serves_all_the_same(tmp_path: P
     assert (
         f"could not write 'listening on unix:{sock}' to stdout (No space left on device); serving all the same" in said
     )
+
+
+@needs_proc
+def test_the_server_raises_its_soft_limit_on_open_files_to_the_hard_one(tmp_path: Path) -> None:
+    """As the learner does: --vectorization async holds about 3 a worker, and under a soft limit of 1024 a
+    server stopped at ~330 envs ("cannot start worker process 17 of 40" under 64), the hard limit far higher."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 64:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    sock = tmp_path / "s.sock"
+    server = (
+        f"exec {shlex.quote(sys.executable)} -m env_server --env CartPole-v1 --unix-socket {shlex.quote(str(sock))}"
+    )
+    argv = ["sh", "-c", f"ulimit -Sn 64 && {server}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("listening on")
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        [line] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        assert int(line.split()[3]) > 64, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
