@@ -1016,3 +1016,27 @@ def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any
         r"envs_per_server, --envs-per-server\)\n",
         said.stdout,
     ), said.stdout
+
+
+def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_they_are_killed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each server's stop costs ~0.25 s of CPU: 64 on 2 CPUs took 8 s, and every run's end said it as a wait
+    ("stopping 64 env servers: waiting up to 9 s more ... then killing them"); beyond ~80 the fixed 10-s
+    deadline would kill servers closing normally. The waits scale with the servers per CPU (past 4 each)."""
+    from learner import local
+
+    monkeypatch.setattr(local, "usable_cpus", lambda root="/": 1)
+    slow_to_stop = ["sh", "-c", 'trap "sleep 1.5; exit 0" TERM; while :; do sleep 0.05; done']
+
+    def stop(count: int) -> list[int | None]:
+        procs = [subprocess.Popen(slow_to_stop) for _ in range(count)]
+        time.sleep(0.5)  # (their traps set)
+        local._stop_all_procs(procs)
+        return [proc.returncode for proc in procs]
+
+    with caplog.at_level(logging.WARNING, logger="learner.local"):
+        assert stop(16) == [0] * 16  # (4 per CPU at most: waits x4, nothing said in 1.5 s)
+        assert not caplog.records
+        assert stop(2) == [0] * 2
+    assert [r.getMessage()[:46] for r in caplog.records] == ["stopping 2 env servers: waiting up to 9 s more"]
