@@ -22,12 +22,14 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: setup train demo test quick lint fmt
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and f"make setup: envfleet needs Python 3.11 or newer; $(PYTHON) is {sys.version.split()[0]} (give another: make setup PYTHON=python3.11)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	# (compat: the clone on sys.path by a .pth file, which type checkers and IDEs follow; setuptools' default
+	# editable install is an import hook they do not, so mypy and pyright found no learner in user code)
+	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -305,3 +305,25 @@ def test_runs_in_threads_of_one_process_are_warned_of_and_a_stop_set_already_too
     assert any(m.startswith("1 other train() run in this process: runs in threads of one process share") for m in said)
     assert any(m.startswith("stop was set before train() began: the run stops at its first step") for m in said)
     assert second["total_steps"] == 0 and not rundir.list_checkpoints(tmp_path / "b")  # (no update: none)
+
+
+def test_an_editable_install_puts_the_checkout_where_type_checkers_see_it() -> None:
+    """setuptools' default editable install is an import hook, which mypy and pyright do not follow: user code
+    saw no `learner` (or `Any`). `make setup` installs it in compat mode, a .pth file naming the checkout."""
+    import importlib.metadata
+    import json
+    import site
+
+    from tests.conftest import ROOT
+
+    # (the installed one: the checkout's own envfleet.egg-info comes first on sys.path)
+    installed = list(importlib.metadata.distributions(name="envfleet", path=site.getsitepackages()))
+    if not installed:
+        pytest.skip("envfleet is not installed here")
+    dist = installed[0]
+    if not json.loads(dist.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable"):
+        pytest.skip("envfleet is not installed editable here")
+    files = [str(f) for f in dist.files or []]
+    assert not [f for f in files if f.endswith("_finder.py")], f"an import hook: not `make setup`'s install ({files})"
+    [pth] = [f for f in dist.files or [] if str(f).endswith(".pth")]
+    assert Path(str(pth.locate())).read_text().split() == [str(ROOT)]
