@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import inspect
 import itertools
 import json
 import logging
@@ -19,10 +20,10 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from env_server.protocol import MAX_UNIX_PATH
 from env_server.tuning import COLOUR, JsonLogFormatter, raise_fd_limit
@@ -66,6 +67,9 @@ __all__ = [
 DEFAULT_TRANSPORT: Literal["tcp", "unix"] = "unix" if os.name == "posix" and hasattr(socket, "AF_UNIX") else "tcp"
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Local servers are watched through their stdout pipes (selectors, os.set_blocking: Unix only), and
 # notice their parent's death by its pid changing (env-server --parent-pid: Windows never changes it), so
@@ -1094,19 +1098,28 @@ _SERVER_LINE = re.compile(
 )
 
 
+def _taking_the_arguments_of(cls: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """A function that passes its arguments on to ``cls``, typed and shown (``help()``, ``inspect.signature``)
+    with ``cls``'s parameters: as ``**kwargs: Any``, type checkers took a misspelt option and help() hid them."""
+
+    def taking(function: Callable[..., R]) -> Callable[P, R]:
+        function.__signature__ = inspect.signature(cls)  # type: ignore[attr-defined]
+        return function
+
+    return taking
+
+
+@_taking_the_arguments_of(LocalServers)
 @contextmanager
-def local_servers(
-    env: str,
-    num_servers: int = 2,
-    envs_per_server: int = 4,
-    **kwargs: Any,
-) -> Iterator[list[str]]:
-    """Start local env servers for the duration of a ``with`` block; yields their addresses.
+def local_servers(*args: Any, **kwargs: Any) -> Iterator[list[str]]:
+    """Start local env servers for the duration of a ``with`` block; yields their addresses. Its arguments are
+    :class:`LocalServers`'.
 
     >>> with local_servers("CartPole-v1", 2, 4) as addresses:  # doctest: +SKIP
     ...     envs = RemoteVectorEnv(addresses)
+    ...     envs.reset(seed=0)
     """
-    servers = LocalServers(env, num_servers, envs_per_server, **kwargs)
+    servers = LocalServers(*args, **kwargs)
     try:
         yield servers.addresses
     finally:

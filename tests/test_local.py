@@ -1040,3 +1040,17 @@ def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_t
         assert not caplog.records
         assert stop(2) == [0] * 2
     assert [r.getMessage()[:46] for r in caplog.records] == ["stopping 2 env servers: waiting up to 9 s more"]
+
+
+def test_local_servers_shows_and_types_the_arguments_of_local_servers() -> None:
+    """As ``**kwargs: Any`` it hid LocalServers' options from help() and let type checkers take a misspelt one
+    (``env_kwarg={...}``)."""
+    import inspect
+    import typing
+
+    from learner import local_servers
+
+    assert inspect.signature(local_servers) == inspect.signature(LocalServers)
+    assert "env_kwargs" in inspect.signature(local_servers).parameters
+    if typing.TYPE_CHECKING:  # (what mypy checks: a misspelt option is an error)
+        local_servers("CartPole-v1", env_kwarg={})  # type: ignore[call-arg]
