@@ -131,7 +131,15 @@ __all__ = [
 ]
 
 
+if TYPE_CHECKING:
+    __version__: str  # envfleet's version (found on first use: ~60 ms)
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from env_server.protocol import package_version
+
+        return package_version()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'learner' has no attribute {name!r}")

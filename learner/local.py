@@ -412,6 +412,14 @@ class LocalServers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        if not self._finalizer.alive:
+            return f"<LocalServers {self.env!r}: closed>"
+        where = ", ".join(self.addresses[:2]) + (
+            f", ... ({len(self.addresses)} servers)" if len(self.addresses) > 2 else ""
+        )
+        return f"<LocalServers {self.env!r}: {where}>"
+
 
 # Where sockets go when the temp folder's path is too long for them (HPC scratch folders can be).
 _SHORT_TEMP_DIR = "/tmp"

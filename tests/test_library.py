@@ -327,3 +327,14 @@ def test_an_editable_install_puts_the_checkout_where_type_checkers_see_it() -> N
     assert not [f for f in files if f.endswith("_finder.py")], f"an import hook: not `make setup`'s install ({files})"
     [pth] = [f for f in dist.files or [] if str(f).endswith(".pth")]
     assert Path(str(pth.locate())).read_text().split() == [str(ROOT)]
+
+
+def test_both_packages_say_their_version() -> None:
+    import importlib.metadata
+
+    import env_server
+    import learner
+
+    assert learner.__version__ == env_server.__version__ == importlib.metadata.version("envfleet")
+    with pytest.raises(AttributeError, match="module 'env_server' has no attribute 'nope'"):
+        env_server.nope  # type: ignore[attr-defined]  # noqa: B018

@@ -1054,3 +1054,14 @@ def test_local_servers_shows_and_types_the_arguments_of_local_servers() -> None:
     assert "env_kwargs" in inspect.signature(local_servers).parameters
     if typing.TYPE_CHECKING:  # (what mypy checks: a misspelt option is an error)
         local_servers("CartPole-v1", env_kwarg={})  # type: ignore[call-arg]
+
+
+def test_local_servers_say_what_they_are_and_whether_closed() -> None:
+    """Their repr was object's (``<learner.local.LocalServers object at 0x...>``)."""
+    servers = LocalServers("CartPole-v1", 3, 1)
+    try:
+        a, b, _ = servers.addresses
+        assert repr(servers) == f"<LocalServers 'CartPole-v1': {a}, {b}, ... (3 servers)>"
+    finally:
+        servers.close()
+    assert repr(servers) == "<LocalServers 'CartPole-v1': closed>"
