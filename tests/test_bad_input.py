@@ -432,3 +432,46 @@ def test_a_step_socket_refusal_names_the_connected_process(spawn_server: SpawnSe
     assert len(lines) == 1 and lines[0].startswith(
         f"refused StepStream from pid {os.getpid()} on the step socket [FAILED_PRECONDITION]: "
     ), lines
+
+
+def test_of_several_envs_with_bad_actions_the_first_is_named() -> None:
+    """A batch with bad actions for envs 1 and 3 names env 1, the first (not the last)."""
+    with pytest.raises(InvalidActionError, match=r"^actions: env 1: action 5 is outside") as info:
+        check_actions(gym.spaces.Discrete(2), np.array([0, 5, 1, 7]), 4)
+    assert info.value.env_index == 1
+
+
+@pytest.mark.parametrize(
+    ("space", "inside", "outside"),
+    [
+        (gym.spaces.Discrete(3, start=-1), [-1, 1], [-2, 2]),
+        (gym.spaces.MultiDiscrete([3], start=[5]), [[5], [7]], [[4], [8]]),
+    ],
+    ids=["Discrete", "MultiDiscrete"],
+)
+def test_integer_actions_are_bounded_from_the_spaces_start(
+    space: gym.Space[Any], inside: list[Any], outside: list[Any]
+) -> None:
+    """An integer space with a start takes start ... start + n - 1: a MultiDiscrete's upper bound taken
+    as nvec - 1 refused every action of MultiDiscrete([3], start=[5])."""
+    assert check_actions(space, np.array(inside), len(inside)).tolist() == inside
+    for bad in outside:
+        with pytest.raises(InvalidActionError, match="is outside the action space"):
+            check_actions(space, np.array([bad]), 1)
+
+
+def test_a_dict_action_with_a_key_its_space_lacks_is_refused() -> None:
+    """A Dict action must have the space's keys exactly: one more is refused, not dropped."""
+    space = gym.spaces.Dict({"a": gym.spaces.Discrete(2)})
+    with pytest.raises(InvalidActionError, match=r"expected keys \['a'\], got"):
+        check_actions(space, {"a": np.array([0]), "b": np.array([0])}, 1)
+
+
+def test_a_seed_of_none_among_a_resets_seeds_leaves_that_env_unseeded(start_servers: Any) -> None:
+    """``reset(seed=[None, 1])`` leaves env 0 unseeded, as gymnasium's vector envs do: the server took the
+    None for 0, and env 0 started where a seed of 0 puts it."""
+    with RemoteVectorEnv(start_servers("CartPole-v1", envs_per_server=2)) as envs:
+        seeded, _ = envs.reset(seed=[0, 1])
+        unseeded, _ = envs.reset(seed=[None, 1])
+        assert not np.array_equal(unseeded[0], seeded[0])
+        np.testing.assert_array_equal(unseeded[1], seeded[1])

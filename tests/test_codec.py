@@ -371,3 +371,43 @@ def test_encode_refuses_exactly_what_decode_would(value: Any) -> None:
             assert str(err) == str(refused.value) + ("; it cannot be sent" if "string array" in str(err) else "")
         else:
             assert_same(codec.decode_value(pb.Value.FromString(sent.SerializeToString()), "infos"), value)
+
+
+def test_a_map_with_a_key_twice_is_refused() -> None:
+    """A map (a dict on the wire) that holds a key twice is refused: decoded, the second value silently
+    replaced the first."""
+    value = pb.Value()
+    value.map.SetInParent()
+    for key in ("a", "a"):
+        value.map.keys.append(key)
+        value.map.values.add().int64 = 1
+    with pytest.raises(codec.CodecError, match=r"^options: map has duplicate keys"):
+        codec.decode_value(value, "options")
+
+
+def test_a_scalar_with_a_shape_is_refused() -> None:
+    """A scalar sent as a tensor of shape [2] is refused, not decoded as an array where a number was meant."""
+    scalar = pb.Value()
+    codec.encode_tensor(np.zeros(2, np.float32), scalar.scalar)
+    with pytest.raises(codec.CodecError, match=r"^infos\['x'\]: a scalar must have an empty shape, got \[2\]"):
+        codec.decode_value(pb.Value(map=pb.ValueMap(keys=["x"], values=[scalar])), "infos")
+
+
+def test_a_tensor_with_more_data_than_its_shape_takes_is_refused() -> None:
+    """The data must be exactly as long as the shape and dtype say: bytes left over are refused as too few
+    are, not ignored."""
+    tensor = pb.Tensor(dtype=pb.DTYPE_INT64, shape=[2], data=b"\0" * 17)
+    with pytest.raises(codec.CodecError, match=r"^actions\.data: shape \[2\] of int64 needs 16 bytes, got 17"):
+        codec.decode_tensor(tensor, "actions")
+
+
+def test_object_and_string_arrays_of_two_dimensions_keep_their_shape() -> None:
+    """Object and string arrays come back in their shape, not flattened, with every string uncut
+    (the empty one included)."""
+    objects = np.empty((2, 2), dtype=object)
+    objects[:] = [[1, "a"], [None, 2.5]]
+    back = roundtrip(objects)
+    assert back.shape == (2, 2) and back.tolist() == objects.tolist()
+    strings = np.array([["ab", "cde"], ["", "f"]])
+    back = roundtrip({"s": strings})["s"]
+    assert back.shape == (2, 2) and back.tolist() == strings.tolist()

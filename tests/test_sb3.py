@@ -393,3 +393,25 @@ def test_ppo_trains_on_a_fleet_and_evaluate_policy_runs_on_one(start_servers: St
             assert mean > 50, f"mean evaluation return {mean} +- {std} after {model.num_timesteps} steps"
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_sb3
+def test_an_episode_that_terminates_on_its_time_limits_step_is_no_time_limit_truncation(
+    start_servers: StartServers,
+) -> None:
+    """SB3's TimeLimit.truncated is True only for an episode cut by its time limit: one that terminates on
+    the limit's last step is a termination (with it True, SB3 bootstrapped a value past the end)."""
+    from learner.sb3 import RemoteVecEnv
+
+    addresses = start_servers(
+        "tests.envs:ClockEnv",
+        envs_per_server=K,
+        env_kwargs={"length": 3, "end": "terminate"},
+        server_args=["--max-episode-steps", "3"],
+    )
+    with RemoteVecEnv(addresses) as vec_env:
+        vec_env.reset()
+        for _ in range(3):
+            _, _, dones, infos = vec_env.step(np.zeros(K, dtype=np.int64))
+        assert dones.all()
+        assert [info["TimeLimit.truncated"] for info in infos] == [False] * K
