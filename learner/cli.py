@@ -1027,7 +1027,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
             args.parser.error(f"-o/--output: {output} is a directory; expected a file name ending in .png")
         if existing != output and not existing.is_dir():
             args.parser.error(f"-o/--output: cannot write {output}: {existing} is a file, not a directory")
-    path = plot_runs(args.runs, output, title=args.title, groups=config_groups(args.runs) if args.by_config else None)
+    groups = config_groups(args.runs) if args.by_config else None
+    try:
+        path = plot_runs(args.runs, output, title=args.title, groups=groups, output_name=args.output and "-o/--output")
+    except ValueError as err:
+        if args.output is not None or not str(err).startswith("cannot write the plot"):
+            raise
+        raise ValueError(f"{err}; give -o/--output a path where it can be") from None
     print(f"plot: {path}")
     return 0
 

@@ -418,7 +418,7 @@ def plot_runs(
     title: str | None = None,
     groups: Sequence[str] | None = None,
     *,
-    output_name: str = "-o/--output",
+    output_name: str | None = "-o/--output",
 ) -> Path:
     """Write a PNG of the recent mean return of each run in ``runs`` against steps and seconds.
 
@@ -438,7 +438,8 @@ def plot_runs(
     no update's (no JSON, bytes that are no UTF-8) are left out, saying how many. A run of more than
     :data:`MAX_POINTS` updates is drawn from that many of its points, each stretch's lowest and highest
     (read as they come: a long run's metrics are never all in memory). The file is written
-    atomically; ValueError, naming ``output_name`` (the option that gave ``output``), where it cannot be.
+    atomically; ValueError, naming ``output_name`` (the option that gave ``output``; None: no option did), where
+    it cannot be.
     Returns the path written (with ``.png`` added to a name without a suffix).
     """
     firsts = _first_of_each(runs)
@@ -594,6 +595,8 @@ def plot_runs(
         # Atomically: a full disk or a killed process leaves the previous plot, never a 0-byte or half PNG.
         rundir.atomic_write(output, lambda f: fig.savefig(f, format=output.suffix[1:].lower(), dpi=100))
     except OSError as err:
+        if output_name is None:  # (learner plot without -o, or train's own plot: no option to name)
+            raise ValueError(f"cannot write the plot {output} ({os_reason(err)})") from None
         raise ValueError(
             f"{output_name}: expected a path where the plot can be written, got {output} ({os_reason(err)})"
         ) from None

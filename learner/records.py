@@ -463,6 +463,6 @@ def _plot(run_dir: Path) -> None:
     from learner.plot import plot_runs
 
     try:
-        plot_runs([run_dir], run_dir / rundir.PLOT, output_name=f"the run's {rundir.PLOT}")
+        plot_runs([run_dir], run_dir / rundir.PLOT, output_name=None)
     except (OSError, ValueError) as err:  # no episode ended yet, a full disk, a run dir gone or moved
         log.warning("no plot written: %s", err)

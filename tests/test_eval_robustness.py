@@ -394,7 +394,8 @@ def test_plot_leaves_out_a_folder_without_metrics_while_another_run_plots(
     out = tmp_path / "plot.png"
     assert main(["plot", str(a), str(b), str(z), "-o", str(out)]) == 0
     assert out.is_file()
-    assert [r.getMessage() for r in caplog.records] == [
+    # (learner.plot's: main() notes GRPC_EXPERIMENTS where an earlier test in this process imported grpc)
+    assert [r.getMessage() for r in caplog.records if r.name == "learner.plot"] == [
         f"{z}: expected a run dir with metrics.jsonl, found none; left out of the plot"
     ]
     # Nothing else to plot: an error naming each, and no file.
@@ -440,4 +441,14 @@ def test_plot_that_fails_mid_write_leaves_the_previous_png(
         capsys.readouterr().err
     )
     assert out.read_bytes() == before
+    # Without -o (beside the run): no option to blame, the way out said.
+    assert main(["plot", str(run)]) == 1
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith(
+            f"learner plot: error: cannot write the plot {run / 'returns.png'} (No space left on device); give "
+            "-o/--output a path where it can be"
+        )
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "plot.png"]  # (no temporary file left)
