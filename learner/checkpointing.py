@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import gymnasium as gym
 import torch
@@ -37,6 +39,15 @@ _SOLVED = ("solved_at_step", "solved_at_seconds", "solved_threshold")
 """The counters of a solve, which a run stopped after one in the rollout it drops keeps."""
 _SOLVE_COUNTERS = (*_SOLVED, "best_return", "best_step")
 """What a checkpoint taken at the last update carries over from a run solved after it."""
+
+
+def _sync(metrics: IO[str]) -> None:
+    """``metrics``' rows to disk (fsync); a file system that cannot (EINVAL) keeps them as it does."""
+    try:
+        os.fsync(metrics.fileno())
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
 
 
 def stopped_in_update(saved_step: int | None) -> str:
@@ -82,13 +93,14 @@ class Checkpointer:
         resumed: bool,
         write: Callable[..., Path] = save_checkpoint,
         logger: logging.Logger,
+        metrics: IO[str] | None = None,
     ) -> None:
         self.run_dir, self.args, self.hp = run_dir, args, hp
         self.obs_space, self.action_space, self.served = obs_space, action_space, served
         self.agent, self.optimizer, self.counters = agent, optimizer, counters
         self.recent_returns, self.recent_lengths = recent_returns, recent_lengths
         self.obs_rms, self.reward_scaler, self.update_rng = obs_rms, reward_scaler, update_rng
-        self.write, self.log = write, logger
+        self.write, self.log, self.metrics = write, logger, metrics
         self.saved_step = counters.global_step if resumed else None  # of the last checkpoint written
         self.saved_counters: dict[str, Any] | None = None  # (its counters; this session's checkpoints only)
         self.saved_update, self.saved_at = counters.update, time.monotonic()  # (a resumed run's: its checkpoint's)
@@ -131,6 +143,9 @@ class Checkpointer:
         """A checkpoint of the nets and the optimizer with ``state`` (``rollout_state()``'s, from the same
         update's end or later; --overlap-update: from the end of the rollout the update learned from)."""
         step = int(state["counters"]["global_step"])
+        if self.metrics is not None:  # (its rows to disk first: after a power cut, none the checkpoint counts is lost)
+            with writing(self.run_dir / rundir.METRICS):
+                _sync(self.metrics)
         with writing(rundir.checkpoint_path(self.run_dir, step), torch_save=True):
             path = self.write(self.run_dir, step, self.payload(state), keep=self.args.keep_checkpoints)
         self.saved_step, self.saved_update, self.saved_at = step, int(state["counters"]["update"]), time.monotonic()

@@ -1060,6 +1060,7 @@ def train(
             resumed=checkpoint is not None,
             write=save_checkpoint,  # (this module's: a test fills the disk through it)
             logger=log,
+            metrics=metrics_file,
         )
 
         # ---- start the envs -------------------------------------------------------------------------------

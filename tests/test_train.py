@@ -32,7 +32,7 @@ from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
 from learner.train import NothingToLearnError, train
-from tests.conftest import StartServers, on_cuda
+from tests.conftest import StartServers, needs_proc, on_cuda
 
 QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 
@@ -1593,3 +1593,23 @@ def test_tensorboard_gets_a_fault_tag_from_its_first_fault_on() -> None:
         {"global_step": 24},
     ]
     assert fault_tags_started(rows) == {"faults/env_errors"}
+
+
+@needs_proc
+def test_the_metrics_rows_are_on_disk_before_each_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints were fsynced and metrics.jsonl not: after a power cut, a resumed run could lack the rows of
+    updates its checkpoint counts, a gap nothing said."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def noting(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noting)
+    run = tmp_path / "r"
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=32, checkpoint_seconds=0.0)
+    train(dataclasses.replace(args, run_dir=str(run)))
+    checkpoints = [i for i, path in enumerate(synced) if "/checkpoints/.step-" in path]
+    assert checkpoints and all(synced[i - 1] == str(run / rundir.METRICS) for i in checkpoints), synced
