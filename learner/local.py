@@ -340,7 +340,9 @@ class LocalServers:
             num_servers,
             envs_per_server,
             env,
-            ", ".join(f"{server_label(i)} on {address}" for i, address in enumerate(self.addresses)),
+            f"{server_label(0)} to {server_label(num_servers - 1)} in {self._socket_dir} (server-N.sock)"
+            if self._socket_dir and num_servers > 2  # (64 paths were a line of 4,000 characters)
+            else ", ".join(f"{server_label(i)} on {address}" for i, address in enumerate(self.addresses)),
         )
 
     def _wait_ready(self, timeout: float) -> list[str]:
@@ -358,7 +360,7 @@ class LocalServers:
                 if remaining <= 0:
                     late = [i for i, a in enumerate(addresses) if a is None]
                     raise ServerStartError(
-                        f"env server{'s' if len(late) > 1 else ''} {', '.join(map(server_label, late))} for "
+                        f"env server{'s' if len(late) > 1 else ''} {_labels(late)} for "
                         f"{self.env!r} did not start listening within {timeout:g} s (envs "
                         f"that take long to build: raise startup_timeout; learner train and eval: --connect-timeout); last "
                         f"output: {self._tail(late[0])}"
@@ -913,6 +915,20 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     with suppress(ProcessLookupError):
         proc.kill()
     proc.wait()
+
+
+def _labels(indices: Sequence[int]) -> str:
+    """The labels of the servers ``indices`` (ascending), runs of three or more as ``local-0 to local-31``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(
+        f"{server_label(run[0])} to {server_label(run[-1])}" if len(run) > 2 else ", ".join(map(server_label, run))
+        for run in runs
+    )
 
 
 def server_label(index: int) -> str:

@@ -1056,12 +1056,22 @@ def test_local_servers_shows_and_types_the_arguments_of_local_servers() -> None:
         local_servers("CartPole-v1", env_kwarg={})  # type: ignore[call-arg]
 
 
-def test_local_servers_say_what_they_are_and_whether_closed() -> None:
-    """Their repr was object's (``<learner.local.LocalServers object at 0x...>``)."""
-    servers = LocalServers("CartPole-v1", 3, 1)
+def test_local_servers_say_what_they_are_and_whether_closed(caplog: pytest.LogCaptureFixture) -> None:
+    """Their repr was object's (``<learner.local.LocalServers object at 0x...>``); their start's line named each
+    socket's path (64 servers: 4,000 characters), its folder once now."""
+    from learner.local import _labels
+
+    with caplog.at_level(logging.INFO, logger="learner.local"):
+        servers = LocalServers("CartPole-v1", 3, 1)
     try:
         a, b, _ = servers.addresses
         assert repr(servers) == f"<LocalServers 'CartPole-v1': {a}, {b}, ... (3 servers)>"
+        folder = os.path.dirname(a.removeprefix("unix:"))
+        assert (
+            f"started 3 local env servers (1 x CartPole-v1 each): local-0 to local-2 in {folder} (server-N.sock)"
+            in [r.getMessage() for r in caplog.records]
+        )
     finally:
         servers.close()
     assert repr(servers) == "<LocalServers 'CartPole-v1': closed>"
+    assert _labels([0, 1, 2, 3, 5, 7, 8]) == "local-0 to local-3, local-5, local-7, local-8"
