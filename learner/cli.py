@@ -1107,7 +1107,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(markdown_tables(results))
     if results["meta"].get("unwritten"):  # (a full disk: the tables above are what was measured)
         print("\n".join(f"learner bench: error: {why}" for why in results["meta"]["unwritten"]), file=sys.stderr)
-        return 1
+        return 130 if results["meta"].get("interrupted") else 1
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
     if results["meta"].get("interrupted"):
         print("learner bench: interrupted; those hold the measurements that finished", file=sys.stderr)

@@ -110,16 +110,18 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 # killed; one that has not said it listens yet (building its envs: nothing to drain) _UNREADY_GRACE_S. A
 # wait past _SAY_WAIT_S is said (the learner would otherwise seem to hang after a Ctrl-C). Both for up to
 # _SERVERS_PER_CPU servers on each CPU: more take longer, each stop costing ~0.25 s of CPU (64 servers on 2
-# CPUs took 8 s, each run's end said as a wait, and beyond ~80 the deadline killed servers closing normally).
+# CPUs took 8 s, each run's end said as a wait, and beyond ~80 the deadline killed servers closing normally),
+# so both grow with them, to 5 s and 30 s at most.
 _STOP_WAIT_S = 10.0
 _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
 _SERVERS_PER_CPU = 4
 
 
-def _check_arguments(given: dict[str, Any]) -> None:
+def _check_arguments(given: dict[str, Any]) -> list[str]:
     """InvalidArgumentError (a ValueError; InvalidArgumentTypeError, also a TypeError, for a type) naming the
-    first of LocalServers' arguments that is wrong, what it expects and what came, before any server starts."""
+    first of LocalServers' arguments that is wrong, what it expects and what came, before any server starts;
+    returns ``server_args`` as a list."""
     if not (isinstance(given["env"], str) and given["env"]):
         raise InvalidArgumentTypeError(f"env: expected a gymnasium id or 'module:Factory', got {given['env']!r}")
     count("num_servers", given["num_servers"])
@@ -131,11 +133,11 @@ def _check_arguments(given: dict[str, Any]) -> None:
         raise InvalidArgumentError(f"spin_wait_ms: expected finite milliseconds >= 0, got {given['spin_wait_ms']!r}")
     for name, choices in [
         ("transport", ("tcp", "unix")),
-        ("log_level", (None, "debug", "info", "warning", "error")),
+        ("log_level", (None, "debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR")),
         ("log_format", (None, "text", "json")),
     ]:
         if given[name] not in choices:
-            named = " or ".join(repr(choice) for choice in choices if choice is not None)
+            named = " or ".join(repr(choice) for choice in choices if choice is not None and not choice.isupper())
             raise InvalidArgumentError(
                 f"{name}: expected {named}{' (or None)' * (None in choices)}, got {given[name]!r}"
             )
@@ -145,7 +147,11 @@ def _check_arguments(given: dict[str, Any]) -> None:
             f"server_args: expected a list of env-server arguments, got the string {server_args!r} (split it: "
             "shlex.split(...))"
         )
-    if not all(isinstance(arg, str) for arg in server_args):
+    try:
+        listed = list(server_args)  # (a generator: read once, here)
+    except TypeError:
+        listed = None
+    if listed is None or not all(isinstance(arg, str) for arg in listed):
         raise InvalidArgumentTypeError(f"server_args: expected a list of strings, got {server_args!r}")
     if not isinstance(given["env_kwargs"], dict | None):
         raise InvalidArgumentTypeError(f"env_kwargs: expected a dict or None, got {given['env_kwargs']!r}")
@@ -153,6 +159,7 @@ def _check_arguments(given: dict[str, Any]) -> None:
         raise InvalidArgumentTypeError(
             f"auth_token: expected a string or None, got {type(given['auth_token']).__name__}"
         )
+    return listed
 
 
 def _check_fd_room(num_servers: int) -> None:
@@ -165,6 +172,9 @@ def _check_fd_room(num_servers: int) -> None:
     except (AttributeError, OSError, ValueError):
         return
     need = open_now + num_servers * FDS_PER_SERVER + 16  # (and a few for the run's files)
+    if soft != resource.RLIM_INFINITY and need > soft:
+        raise_fd_limit()  # (up to the hard limit, as the learner command does: called from Python, it had not)
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft != resource.RLIM_INFINITY and need > soft:
         raise ServerStartError(
             f"{num_servers} local env servers need about {need} open files in this process (about "
@@ -271,7 +281,7 @@ class LocalServers:
     ) -> None:
         if _ON_WINDOWS:
             raise ServerStartError(_NO_LOCAL_SERVERS)
-        _check_arguments(locals())
+        server_args = _check_arguments(locals())
         _check_fd_room(num_servers)
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
@@ -415,6 +425,8 @@ class LocalServers:
         self.close()
 
     def __repr__(self) -> str:
+        if not hasattr(self, "_finalizer"):  # (its arguments refused: in a traceback's locals)
+            return f"<LocalServers {getattr(self, 'env', '?')!r}: not started>"
         if not self._finalizer.alive:
             return f"<LocalServers {self.env!r}: closed>"
         where = ", ".join(self.addresses[:2]) + (
@@ -881,8 +893,10 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
                 proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
     crowd = max(1.0, len(procs) / (_SERVERS_PER_CPU * usable_cpus()))
+    # (capped: a Ctrl-C said within 5 s, a hung server killed within 30)
+    say_at, kill_at = start + min(_SAY_WAIT_S * crowd, 5.0), start + min(_STOP_WAIT_S * crowd, 30.0)
     for proc, listens in zip(procs, ready, strict=True):
-        _wait_or_kill(proc, start + (_SAY_WAIT_S * crowd if listens else _UNREADY_GRACE_S), kill=not listens)
+        _wait_or_kill(proc, say_at if listens else start + _UNREADY_GRACE_S, kill=not listens)
     running = [proc for proc in procs if proc.poll() is None]
     if running:
         log.warning(
@@ -890,11 +904,11 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
             "(then killing %s)",
             len(running),
             "s" if len(running) > 1 else "",
-            start + _STOP_WAIT_S * crowd - time.monotonic(),
+            kill_at - time.monotonic(),
             *(("them", "their", "their", "them") if len(running) > 1 else ("it", "its", "its", "it")),
         )
         for proc in running:
-            _wait_or_kill(proc, start + _STOP_WAIT_S * crowd, kill=True)
+            _wait_or_kill(proc, kill_at, kill=True)
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], deadline: float, *, kill: bool) -> None:
@@ -1124,10 +1138,12 @@ _SERVER_LINE = re.compile(
 
 def _taking_the_arguments_of(cls: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
     """A function that passes its arguments on to ``cls``, typed and shown (``help()``, ``inspect.signature``)
-    with ``cls``'s parameters: as ``**kwargs: Any``, type checkers took a misspelt option and help() hid them."""
+    with ``cls``'s parameters and its own return annotation: as ``**kwargs: Any``, type checkers took a misspelt
+    option and help() hid them."""
 
     def taking(function: Callable[..., R]) -> Callable[P, R]:
-        function.__signature__ = inspect.signature(cls)  # type: ignore[attr-defined]
+        returns = inspect.signature(function).return_annotation
+        function.__signature__ = inspect.signature(cls).replace(return_annotation=returns)  # type: ignore[attr-defined]
         return function
 
     return taking

@@ -24,6 +24,7 @@ from learner.loop import LoopRunner, gather
 __all__ = ["ServerInfo", "describe", "survey"]
 
 ROUND_TRIPS = 5
+TIMED_AT_ONCE = 4  # servers whose round trips are timed at once (see _ask)
 """GetSpec calls timed per server (the median is its round trip)."""
 
 
@@ -95,7 +96,7 @@ def survey(
     async def ask_all() -> list[ServerInfo]:
         return list(await gather(*(ask(a, n) for a, n in named.items())))
 
-    timing = asyncio.Lock()  # (made here: a lock is bound to the loop it is first used on)
+    timing = asyncio.Semaphore(TIMED_AT_ONCE)  # (made here: it is bound to the loop it is first used on)
 
     # (on this thread's LoopRunner, as a fleet's calls: a Ctrl-C then never lands inside one of gRPC's
     # callbacks, which would swallow it and leave its call's task waiting for ever; and from a notebook,
@@ -104,16 +105,18 @@ def survey(
 
 
 async def _ask(
-    client: EnvClient, timeout: float, diagnose: Callable[[str, float], str | None], timing: asyncio.Lock
+    client: EnvClient, timeout: float, diagnose: Callable[[str, float], str | None], timing: asyncio.Semaphore
 ) -> ServerInfo:
-    """What the server at ``client`` says of itself, its round trip timed while ``timing`` is held: one server's
-    at a time, as 64 servers' timed at once measured this process's loop juggling their calls (78 ms where each
-    took 1.6 ms)."""
+    """What the server at ``client`` says of itself, its round trip timed while ``timing`` is held: a few
+    servers' at a time (:data:`TIMED_AT_ONCE`), as 64 servers' timed at once measured this process's loop
+    juggling their calls (78 ms where each took 1.6 ms), and one at a time made a survey of distant servers
+    last servers x 5 round trips."""
     info = ServerInfo(client.address)
     # A connection refused (or no socket file, a TLS mismatch, an HTTP port, ...) is said at once; something
     # that listens and may be a gRPC server gets the timeout. (On a thread of its own: asyncio's executor has
     # a few threads, each held up to 1 s by an address that does not answer, so 64 such took 23 s, not 5.)
-    why = await probe_until(client.address, time.monotonic() + min(timeout, 1.0), diagnose)
+    # (waited for past its own 1 s: a connection that times out takes that long, its TLS probe as long again)
+    why = await probe_until(client.address, time.monotonic() + 2 * min(timeout, 1.0) + 0.5, diagnose)
     if why:
         info.error = why
         return info

@@ -954,7 +954,7 @@ def train(
             "earlier_sessions": earlier_sessions(run_dir) if checkpoint is not None else [],
         }
         with writing(run_dir / rundir.CONFIG):
-            rundir.write_json(run_dir / rundir.CONFIG, config)
+            rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
         not_joined = getattr(envs, "servers_not_joined", [])
         log.info(
             "PPO (%s preset, %s) on %s, %d envs%s, device %s, run dir %s",
@@ -1157,7 +1157,7 @@ def train(
                     if versions != config["server_versions"]:
                         config["server_versions"] = versions
                         with writing(run_dir / rundir.CONFIG):
-                            rundir.write_json(run_dir / rundir.CONFIG, config)
+                            rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
                     if change is not None:
                         # (every env starting over, and nothing else, goes with its dropped rollout's line)
                         if on_fleet_change is not None and not (unsaid and not change.added and not change.removed):

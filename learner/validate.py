@@ -32,22 +32,21 @@ def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate
 
     @functools.wraps(method)
     def guarded(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        me = threading.get_ident()
-        with self._caller_lock:
-            caller = self._caller
-            if caller is None:
-                self._caller, self._caller_call = me, name
-            elif caller != me:
-                raise ConcurrentUseError(
-                    f"{name}: another thread is in this RemoteVectorEnv's {self._caller_call}; use one env from one "
-                    "thread at a time (or one env each)"
-                )
-        if caller is not None:  # (a call within its own)
-            return method(self, *args, **kwargs)
+        me, caller = threading.get_ident(), None
         try:
+            with self._caller_lock:
+                caller = self._caller
+                if caller is None:
+                    self._caller, self._caller_call = me, name
+                elif caller != me:
+                    raise ConcurrentUseError(
+                        f"{name}: another thread is in this RemoteVectorEnv's {self._caller_call}; use one env from "
+                        "one thread at a time (or one env each)"
+                    )
             return method(self, *args, **kwargs)
         finally:
-            self._caller = None
+            if caller is None and self._caller == me:  # (its own claim: not a call within its own, nor refused)
+                self._caller = None
 
     return guarded
 

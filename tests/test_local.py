@@ -541,6 +541,7 @@ def test_the_servers_log_json_where_this_process_logs_their_lines_as_json(caplog
         ({"env": None}, r"^env: expected a gymnasium id or 'module:Factory', got None$"),
         ({"env_kwargs": [1]}, r"^env_kwargs: expected a dict or None, got \[1\]$"),
         ({"auth_token": 123}, r"^auth_token: expected a string or None, got int$"),  # (its value not shown)
+        ({"server_args": None}, r"^server_args: expected a list of strings, got None$"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them_before_any_server_starts(given: dict[str, Any], message: str) -> None:
@@ -999,9 +1000,11 @@ def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: 
 def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any_starts() -> None:
     """Found after every server had started, the run died writing its files (16 s for 24 servers under
     `ulimit -n 100`), after one warning per server that its step socket could not be used."""
+    import resource
+
     script = (
         "import resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))\n"  # (the hard limit too: a soft one is raised)
         "from learner import LocalServers, ServerStartError\n"
         "try:\n"
         "    LocalServers('CartPole-v1', 24, 1)\n"
@@ -1016,6 +1019,18 @@ def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any
         r"envs_per_server, --envs-per-server\)\n",
         said.stdout,
     ), said.stdout
+    # A soft limit short of them with a hard one that is not: raised (from Python, as the learner command does).
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from learner import LocalServers\n"
+        "with LocalServers('CartPole-v1', 3, 1):\n"
+        "    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 30)\n"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard > 100:
+        started = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0 and started.stdout == "True\n", started
 
 
 def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_they_are_killed(
@@ -1027,11 +1042,13 @@ def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_t
     from learner import local
 
     monkeypatch.setattr(local, "usable_cpus", lambda root="/": 1)
-    slow_to_stop = ["sh", "-c", 'trap "sleep 1.5; exit 0" TERM; while :; do sleep 0.05; done']
+    slow_to_stop = ["sh", "-c", 'trap "sleep 1.5; exit 0" TERM; echo ready; while :; do sleep 0.05; done']
 
     def stop(count: int) -> list[int | None]:
-        procs = [subprocess.Popen(slow_to_stop) for _ in range(count)]
-        time.sleep(0.5)  # (their traps set)
+        procs = [subprocess.Popen(slow_to_stop, stdout=subprocess.PIPE) for _ in range(count)]
+        for proc in procs:  # (their traps set)
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+            proc.stdout.close()
         local._stop_all_procs(procs)
         return [proc.returncode for proc in procs]
 
@@ -1050,10 +1067,18 @@ def test_local_servers_shows_and_types_the_arguments_of_local_servers() -> None:
 
     from learner import local_servers
 
-    assert inspect.signature(local_servers) == inspect.signature(LocalServers)
-    assert "env_kwargs" in inspect.signature(local_servers).parameters
+    assert inspect.signature(local_servers).parameters == inspect.signature(LocalServers).parameters
+    assert inspect.signature(local_servers).return_annotation == "Iterator[list[str]]"  # (not LocalServers' None)
     if typing.TYPE_CHECKING:  # (what mypy checks: a misspelt option is an error)
         local_servers("CartPole-v1", env_kwarg={})  # type: ignore[call-arg]
+
+
+def test_a_log_level_in_capitals_and_server_args_from_a_generator_are_taken() -> None:
+    """As env-server's --log-level takes INFO; a generator of server_args was read up by the check, the servers
+    started without them."""
+    args = (a for a in ["--max-episode-steps", "7"])
+    with LocalServers("CartPole-v1", 1, 1, log_level="INFO", server_args=args) as s:  # type: ignore[arg-type]
+        assert s._children.cmds[0][-2:] == ["--max-episode-steps", "7"]
 
 
 def test_local_servers_say_what_they_are_and_whether_closed(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 
 import pytest
 
@@ -78,7 +80,7 @@ def test_servers_are_diagnosed_all_at_once_and_timed_one_at_a_time(
 ) -> None:
     """Diagnoses ran on asyncio's executor (a few threads, each held up to 1 s by an address that does not
     answer: 64 such took 23 s of a 5-s survey); 64 servers' round trips timed at once measured the survey's
-    own loop (78 ms where each took 1.6 ms). Each diagnosis has a thread now, and one server is timed at a time."""
+    own loop (78 ms where each took 1.6 ms). Each diagnosis has a thread now, and a few servers are timed at once."""
     import asyncio
     import threading
     import time
@@ -116,9 +118,34 @@ def test_servers_are_diagnosed_all_at_once_and_timed_one_at_a_time(
 
     monkeypatch.setattr(surveying, "diagnose", slow_diagnose)
     monkeypatch.setattr(EnvClient, "get_spec_response", counted_get_spec)
-    servers = start_servers("CartPole-v1", 3, 1, transport="tcp")
+    servers = start_servers("CartPole-v1", 6, 1, transport="tcp")
     nowhere = [f"127.0.0.1:{port}" for port in range(1, 11)]  # (nothing listens: said at once)
     infos = surveying.survey(",".join(servers + nowhere), timeout=5)
-    assert most_diagnosing[0] == 13  # (asyncio's executor: min(32, CPUs + 4) at once)
-    assert [i.error for i in infos[:3]] == [""] * 3 and all("connection refused" in i.error for i in infos[3:])
-    assert most_timed[0] == 1 and sum(calls.values()) == 3 * (1 + surveying.ROUND_TRIPS)
+    assert most_diagnosing[0] == 16  # (asyncio's executor: min(32, CPUs + 4) at once)
+    assert [i.error for i in infos[:6]] == [""] * 6 and all("connection refused" in i.error for i in infos[6:])
+    assert most_timed[0] <= surveying.TIMED_AT_ONCE and sum(calls.values()) == 6 * (1 + surveying.ROUND_TRIPS)
+
+
+def test_an_address_whose_connections_get_no_answer_is_said_so_at_once() -> None:
+    """Its diagnosis takes its whole second (a connect that times out): given no more than that to tell, it was
+    lost, and the survey waited the whole timeout to say "nothing answered within 5 s"."""
+    import socket
+
+    from learner.survey import survey
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued = [socket.socket() for _ in range(4)]  # (its backlog full: the next connection's SYN is dropped)
+        try:
+            for waiting in queued:
+                waiting.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    waiting.connect(("127.0.0.1", port))
+            time.sleep(0.3)
+            [info] = survey(f"127.0.0.1:{port}", timeout=5)
+        finally:
+            for waiting in queued:
+                waiting.close()
+    assert info.error == "a plain connect gets no answer within 1 s", info.error
