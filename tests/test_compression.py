@@ -325,8 +325,8 @@ def test_the_option_and_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _refusal(*args: str, environ: dict[str, str] | None = None) -> str:
-    """The last line of what env-server, started with ``args``, says as it refuses to start (status 2)."""
-    started = time.monotonic()
+    """The last line of what env-server, started with ``args``, says as it refuses to start (status 2, nothing on
+    stdout: it never listened). (No timing: a bound of 15 s failed on a loaded machine, 17 s.)"""
     result = subprocess.run(
         [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *args],
         capture_output=True,
@@ -335,7 +335,6 @@ def _refusal(*args: str, environ: dict[str, str] | None = None) -> str:
         env={**os.environ, **(environ or {})},
     )
     assert result.returncode == 2 and result.stdout == "", result
-    assert time.monotonic() - started < 15
     return result.stderr.strip().splitlines()[-1]
 
 
