@@ -111,7 +111,7 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 # wait past _SAY_WAIT_S is said (the learner would otherwise seem to hang after a Ctrl-C). Both for up to
 # _SERVERS_PER_CPU servers on each CPU: more take longer, each stop costing ~0.25 s of CPU (64 servers on 2
 # CPUs took 8 s, each run's end said as a wait, and beyond ~80 the deadline killed servers closing normally),
-# so both grow with them, to 5 s and 30 s at most.
+# so both grow with them (the deadline to 60 s at most).
 _STOP_WAIT_S = 10.0
 _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
@@ -133,11 +133,11 @@ def _check_arguments(given: dict[str, Any]) -> list[str]:
         raise InvalidArgumentError(f"spin_wait_ms: expected finite milliseconds >= 0, got {given['spin_wait_ms']!r}")
     for name, choices in [
         ("transport", ("tcp", "unix")),
-        ("log_level", (None, "debug", "info", "warning", "error", "DEBUG", "INFO", "WARNING", "ERROR")),
+        ("log_level", (None, "debug", "info", "warning", "error")),
         ("log_format", (None, "text", "json")),
     ]:
-        if given[name] not in choices:
-            named = " or ".join(repr(choice) for choice in choices if choice is not None and not choice.isupper())
+        if _lower(given[name]) not in choices:  # (in any case, as env-server's options)
+            named = " or ".join(repr(choice) for choice in choices if choice is not None)
             raise InvalidArgumentError(
                 f"{name}: expected {named}{' (or None)' * (None in choices)}, got {given[name]!r}"
             )
@@ -160,6 +160,11 @@ def _check_arguments(given: dict[str, Any]) -> list[str]:
             f"auth_token: expected a string or None, got {type(given['auth_token']).__name__}"
         )
     return listed
+
+
+def _lower(value: Any) -> Any:
+    """``value`` in lower case where it is a string (an option's choice, as env-server takes them)."""
+    return value.lower() if isinstance(value, str) else value
 
 
 def _check_fd_room(num_servers: int) -> None:
@@ -281,7 +286,9 @@ class LocalServers:
     ) -> None:
         if _ON_WINDOWS:
             raise ServerStartError(_NO_LOCAL_SERVERS)
+        self.env = env  # (first: the repr of one whose arguments are refused names it)
         server_args = _check_arguments(locals())
+        log_level, log_format, transport = _lower(log_level), _lower(log_format), _lower(transport)
         _check_fd_room(num_servers)
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
@@ -893,8 +900,8 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
                 proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
     crowd = max(1.0, len(procs) / (_SERVERS_PER_CPU * usable_cpus()))
-    # (capped: a Ctrl-C said within 5 s, a hung server killed within 30)
-    say_at, kill_at = start + min(_SAY_WAIT_S * crowd, 5.0), start + min(_STOP_WAIT_S * crowd, 30.0)
+    # (a hung server killed within a minute however many stop)
+    say_at, kill_at = start + _SAY_WAIT_S * crowd, start + min(_STOP_WAIT_S * crowd, 60.0)
     for proc, listens in zip(procs, ready, strict=True):
         _wait_or_kill(proc, say_at if listens else start + _UNREADY_GRACE_S, kill=not listens)
     running = [proc for proc in procs if proc.poll() is None]

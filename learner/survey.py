@@ -24,8 +24,9 @@ from learner.loop import LoopRunner, gather
 __all__ = ["ServerInfo", "describe", "survey"]
 
 ROUND_TRIPS = 5
-TIMED_AT_ONCE = 4  # servers whose round trips are timed at once (see _ask)
 """GetSpec calls timed per server (the median is its round trip)."""
+TIMED_AT_ONCE = 4
+"""Servers whose round trips are timed at once (see _ask)."""
 
 
 @dataclass
@@ -116,7 +117,8 @@ async def _ask(
     # that listens and may be a gRPC server gets the timeout. (On a thread of its own: asyncio's executor has
     # a few threads, each held up to 1 s by an address that does not answer, so 64 such took 23 s, not 5.)
     # (waited for past its own 1 s: a connection that times out takes that long, its TLS probe as long again)
-    why = await probe_until(client.address, time.monotonic() + 2 * min(timeout, 1.0) + 0.5, diagnose)
+    within = min(timeout, 1.0)
+    why = await probe_until(client.address, time.monotonic() + 2 * within + 0.5, lambda a, _: diagnose(a, within))
     if why:
         info.error = why
         return info

@@ -21,6 +21,7 @@ __all__ = ["addresses", "count", "flag", "is_finite", "one_thread", "seconds"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+_UNREAD: Any = object()  # (one_thread: the caller not read yet, so no claim of this call's to release)
 
 
 def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
@@ -32,7 +33,7 @@ def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate
 
     @functools.wraps(method)
     def guarded(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
-        me, caller = threading.get_ident(), None
+        me, caller = threading.get_ident(), _UNREAD
         try:
             with self._caller_lock:
                 caller = self._caller
@@ -45,7 +46,7 @@ def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate
                     )
             return method(self, *args, **kwargs)
         finally:
-            if caller is None and self._caller == me:  # (its own claim: not a call within its own, nor refused)
+            if caller is None and self._caller == me:  # (its own claim: not a call within its own, refused, or unread)
                 self._caller = None
 
     return guarded

@@ -531,7 +531,7 @@ def test_the_servers_log_json_where_this_process_logs_their_lines_as_json(caplog
         ({"num_servers": "2"}, r"^num_servers: expected an int >= 1, got '2'$"),
         ({"envs_per_server": 1.5}, r"^envs_per_server: expected an int >= 1, got 1.5$"),
         ({"restarts": -1}, r"^restarts: expected an int >= 0, got -1$"),
-        ({"transport": "TCP"}, r"^transport: expected 'tcp' or 'unix', got 'TCP'$"),
+        ({"transport": "udp"}, r"^transport: expected 'tcp' or 'unix', got 'udp'$"),
         ({"log_level": "loud"}, r"^log_level: expected 'debug' or 'info' or 'warning' or 'error' \(or None\), got"),
         ({"startup_timeout": -1}, r"^startup_timeout: expected finite seconds > 0, got -1$"),
         ({"hang_timeout": "5"}, r"^hang_timeout: expected finite seconds >= 0, got '5'$"),
@@ -1077,7 +1077,7 @@ def test_a_log_level_in_capitals_and_server_args_from_a_generator_are_taken() ->
     """As env-server's --log-level takes INFO; a generator of server_args was read up by the check, the servers
     started without them."""
     args = (a for a in ["--max-episode-steps", "7"])
-    with LocalServers("CartPole-v1", 1, 1, log_level="INFO", server_args=args) as s:  # type: ignore[arg-type]
+    with LocalServers("CartPole-v1", 1, 1, log_level="Info", log_format="JSON", server_args=args) as s:  # type: ignore[arg-type]
         assert s._children.cmds[0][-2:] == ["--max-episode-steps", "7"]
 
 

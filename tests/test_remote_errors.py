@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -367,3 +368,51 @@ def test_a_call_while_another_thread_is_in_one_is_refused_and_the_other_goes_on(
         first.join(30)
         assert len(stepped) == 1 and stepped[0][0].shape == (2, 4)
         envs.step(np.zeros(2, dtype=np.int64))  # (and from this thread, once the other's call is done)
+
+
+def test_the_one_thread_claim_is_the_outer_call_s_until_it_ends_whatever_interrupts_a_call_within() -> None:
+    """A Ctrl-C landing in a call within a call (step_groups' act calling send), as that call waited for the
+    claim's lock, released the outer call's claim: its clean-up then ran unclaimed, open to another thread."""
+    from learner.validate import one_thread
+
+    class Interrupting:
+        """The claim's lock, whose next acquire is interrupted when ``interrupt`` is set."""
+
+        def __init__(self) -> None:
+            self.lock, self.interrupt = threading.Lock(), False
+
+        def __enter__(self) -> None:
+            if self.interrupt:
+                self.interrupt = False
+                raise KeyboardInterrupt
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    class Env:
+        def __init__(self) -> None:
+            self._caller_lock, self._caller, self._caller_call = Interrupting(), None, ""
+            self.claimed_in_clean_up: list[bool] = []
+
+        @one_thread
+        def step_groups(self, act: Any) -> None:
+            try:
+                act()
+            except BaseException:
+                self.claimed_in_clean_up.append(self._caller == threading.get_ident())
+                raise
+
+        @one_thread
+        def send(self) -> None:
+            pass
+
+    env = Env()
+
+    def act() -> None:
+        env._caller_lock.interrupt = True
+        env.send()
+
+    with pytest.raises(KeyboardInterrupt):
+        env.step_groups(act)
+    assert env.claimed_in_clean_up == [True] and env._caller is None
