@@ -168,9 +168,10 @@ def _lower(value: Any) -> Any:
 
 
 def _check_fd_room(num_servers: int) -> None:
-    """ServerStartError where this process's limit on open files (``ulimit -n``) leaves no room for the
-    :data:`FDS_PER_SERVER` it holds per server: found after every server had started, the run died writing its
-    files (16 s for 24 servers under a limit of 100, 44 s for 64 under 256), one warning per server before."""
+    """ServerStartError where this process's limit on open files (``ulimit -n``), raised to the hard limit where
+    it is short, leaves no room for the :data:`FDS_PER_SERVER` it holds per server: found after every server had
+    started, the run died writing its files (16 s for 24 servers under a limit of 100, 44 s for 64 under 256),
+    one warning per server before."""
     try:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         open_now = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
@@ -292,7 +293,6 @@ class LocalServers:
         _check_fd_room(num_servers)
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
-        self.env = env
         self.addresses: list[str] = []
         self._children = _Children(env, _server_environ(auth_token))
         self._procs = self._children.procs

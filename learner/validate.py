@@ -55,12 +55,14 @@ def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate
 def addresses(value: Any) -> str | list[str]:
     """RemoteVectorEnv's ``addresses``: one comma-separated string, or a list of strings (any iterable of them
     in order: a generator is read once, here); refused otherwise, saying what to pass (a set has no order: the
-    envs' would change from run to run)."""
+    envs' would change from run to run; a dict's keys are no list of addresses)."""
     if isinstance(value, str):
         return value
     wanted = "addresses: expected a list of server addresses or one comma-separated string ('host:port,unix:/path')"
-    if isinstance(value, set | frozenset | dict):
+    if isinstance(value, set | frozenset):
         raise InvalidArgumentTypeError(f"{wanted}, got a {type(value).__name__}, whose order (the envs') is arbitrary")
+    if isinstance(value, dict):  # (its keys would be taken for the addresses)
+        raise InvalidArgumentTypeError(f"{wanted}, got a dict")
     try:
         listed = list(value)
     except TypeError:
