@@ -1018,7 +1018,7 @@ def _write_whole(stream: IO[str], text: str) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from learner.plot import config_groups, plot_runs
+    from learner.plot import PlotWriteError, config_groups, plot_runs
 
     output = Path(args.output or (Path(args.runs[0]) / "returns.png" if len(args.runs) == 1 else "returns.png"))
     if args.output is not None:  # (a run dir that is not one is plot_runs' to name)
@@ -1030,8 +1030,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     groups = config_groups(args.runs) if args.by_config else None
     try:
         path = plot_runs(args.runs, output, title=args.title, groups=groups, output_name=args.output and "-o/--output")
-    except ValueError as err:
-        if args.output is not None or not str(err).startswith("cannot write the plot"):
+    except PlotWriteError as err:
+        if args.output is not None:  # (its message names -o/--output already)
             raise
         raise ValueError(f"{err}; give -o/--output a path where it can be") from None
     print(f"plot: {path}")
@@ -1105,11 +1105,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     print()
     print(markdown_tables(results))
+    interrupted = bool(results["meta"].get("interrupted"))
     if results["meta"].get("unwritten"):  # (a full disk: the tables above are what was measured)
         print("\n".join(f"learner bench: error: {why}" for why in results["meta"]["unwritten"]), file=sys.stderr)
-        return 130 if results["meta"].get("interrupted") else 1
+        if interrupted:
+            print("learner bench: interrupted; the tables above hold the measurements that finished", file=sys.stderr)
+        return 130 if interrupted else 1
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
-    if results["meta"].get("interrupted"):
+    if interrupted:
         print("learner bench: interrupted; those hold the measurements that finished", file=sys.stderr)
         return 130
     return 0

@@ -252,7 +252,7 @@ def _with_filtered_health(target: str, labels: list[str], replicas: list[Replica
             "list containers",
             lambda client: client.api.containers(all=True, filters={"label": labels, "health": health}),
         )
-        return {replica_from_record(record).name for record in records}
+        return {_record_name(record) for record in records}
 
     not_ready = names(["starting", "unhealthy"])
     unhealthy = names(["unhealthy"]) if not_ready else set()
@@ -262,6 +262,12 @@ def _with_filtered_health(target: str, labels: list[str], replicas: list[Replica
         else r
         for r in replicas
     ]
+
+
+def _record_name(record: Mapping[str, Any]) -> str:
+    """A container's name, as a record of Docker's container list gives it (its short id where it has none)."""
+    names = record.get("Names") or [record.get("Id", "?")[:12]]
+    return str(names[0]).lstrip("/")
 
 
 def replica_from_record(record: Mapping[str, Any]) -> Replica:
@@ -275,9 +281,8 @@ def replica_from_record(record: Mapping[str, Any]) -> Replica:
             ports[key] = [*(bindings or []), {"HostIp": port.get("IP", ""), "HostPort": str(port["PublicPort"])}]
     status = str(record.get("Status", ""))  # "Up 12 seconds (healthy)", "Up 2 seconds (health: starting)", ...
     health = next((h for h, text in _HEALTH_TEXT.items() if text in status), None)
-    names = record.get("Names") or [record.get("Id", "?")[:12]]
     return Replica(
-        name=str(names[0]).lstrip("/"),
+        name=_record_name(record),
         project=labels.get(PROJECT_LABEL, ""),
         number=int(labels.get(NUMBER_LABEL, "0")),
         status=str(record.get("State", "")),

@@ -17,9 +17,13 @@ from learner import rundir
 from learner.config import Args
 from learner.errors import os_reason
 
-__all__ = ["config_groups", "plot_runs"]
+__all__ = ["PlotWriteError", "config_groups", "plot_runs"]
 
 log = logging.getLogger(__name__)
+
+
+class PlotWriteError(ValueError):
+    """The plot's file could not be written (a full disk, a folder that cannot be written): where and why."""
 
 
 _Point = tuple[Any, Any, Any]
@@ -596,8 +600,8 @@ def plot_runs(
         rundir.atomic_write(output, lambda f: fig.savefig(f, format=output.suffix[1:].lower(), dpi=100))
     except OSError as err:
         if output_name is None:  # (learner plot without -o, or train's own plot: no option to name)
-            raise ValueError(f"cannot write the plot {output} ({os_reason(err)})") from None
-        raise ValueError(
+            raise PlotWriteError(f"cannot write the plot {output} ({os_reason(err)})") from None
+        raise PlotWriteError(
             f"{output_name}: expected a path where the plot can be written, got {output} ({os_reason(err)})"
         ) from None
     return output

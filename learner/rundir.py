@@ -42,6 +42,7 @@ __all__ = [
     "METRICS",
     "PLOT",
     "SUMMARY",
+    "RunDirGone",
     "WANDB_RUN",
     "append_jsonl",
     "atomic_write",
@@ -207,9 +208,13 @@ def read_json(path: str | Path) -> Any:
         return json.load(f)
 
 
-def gone(run_dir: Path) -> FileNotFoundError:
+class RunDirGone(FileNotFoundError):
+    """A write in a run dir that is not there any more (deleted or moved while the run ran)."""
+
+
+def gone(run_dir: Path) -> RunDirGone:
     """The error of a write in ``run_dir``, which is not there any more."""
-    return FileNotFoundError(errno.ENOENT, f"the run dir {run_dir} is gone (deleted or moved while the run ran)")
+    return RunDirGone(errno.ENOENT, f"the run dir {run_dir} is gone (deleted or moved while the run ran)")
 
 
 def still_there(run_dir: Path, metrics: IO[str]) -> None:
@@ -347,7 +352,7 @@ def cannot_write(path: Path, err: BaseException) -> RunDirWriteError:
         return RunDirWriteError(f"cannot write {path}: {fds}")
     lines = str(err).strip().splitlines()
     reason = err.strerror if isinstance(err, OSError) and err.strerror else lines[0] if lines else type(err).__name__
-    if isinstance(err, FileNotFoundError) and not path.parent.exists() and "is gone" not in reason:
+    if isinstance(err, FileNotFoundError) and not isinstance(err, RunDirGone) and not path.parent.exists():
         reason = f"{path.parent} is gone (deleted or moved while the run ran)"  # (a TensorBoard file's, say)
     try:
         room = f"; {shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free there"

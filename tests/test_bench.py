@@ -1042,3 +1042,32 @@ def test_a_bench_whose_results_cannot_be_written_measures_on_prints_its_tables_a
     assert captured.out.count(f"{said}; ") == 1 and "measuring on (the tables are printed at the end)" in captured.out
     assert captured.err.startswith(f"learner bench: error: {said}")
     assert f"learner bench: error: cannot write the report in {out}: No space left on device" in captured.err
+
+
+def test_a_bench_interrupted_whose_results_cannot_be_written_says_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Interrupted with nothing written, it exited 130 saying only why the files were not written."""
+    import errno
+
+    import learner.benchmarks.run
+    from learner.cli import main
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    measure = learner.benchmarks.run.run_bench
+
+    def stopped(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        results = measure(*args, **kwargs)
+        results["meta"]["interrupted"] = True  # (as a Ctrl-C during the last measurement leaves them)
+        return results
+
+    monkeypatch.setattr(learner.benchmarks.run.rundir, "write_json", full)
+    monkeypatch.setattr(learner.benchmarks.run.report, "write_report", full)
+    monkeypatch.setattr(learner.benchmarks.run, "run_bench", stopped)
+    out = tmp_path / "bench"
+    assert main(["bench", "--suites", "rpc", "--rounds", "2", "--seconds", "0.02", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"learner bench: error: cannot write the report in {out}: No space left on device" in err
+    assert err.rstrip().endswith("learner bench: interrupted; the tables above hold the measurements that finished")
