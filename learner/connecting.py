@@ -335,6 +335,7 @@ class FleetConnection:
                 self._close_clients()
                 raise SpecMismatchError(
                     f"env server {label_of(client.address)} has {problem}; one RemoteVectorEnv needs servers whose envs "
-                    "have the same spaces and autoreset mode"
+                    "have the same spaces and autoreset mode",
+                    address=client.address,
                 )
             warn_if_other_env(first.spec, spec, label_of(client.address), f"env server {label_of(first.address)}'s")

@@ -158,7 +158,19 @@ class ConcurrentUseError(EnvFleetError, RuntimeError):
 
 
 class SpecMismatchError(EnvFleetError):
-    """Servers given to one RemoteVectorEnv host envs with different spaces or autoreset modes."""
+    """Servers given to one RemoteVectorEnv host envs with different spaces or autoreset modes.
+
+    Attributes:
+        address: the server whose envs do not fit the fleet's, as given (the first, where several do not);
+            None where no one server is to blame.
+    """
+
+    def __init__(self, message: str, *, address: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled and copied with its address, as RemoteEnvError is)
+        return functools.partial(type(self), address=self.address), self.args, self.__dict__
 
 
 class RemoteEnvError(EnvFleetError):

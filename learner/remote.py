@@ -822,7 +822,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         problem = incompatible(old, spec, same_size=True)
         if problem:
             raise SpecMismatchError(
-                f"env server {label_of(client.address)}: it came back with {problem}; refresh() takes the fleet as it is now"
+                f"env server {label_of(client.address)}: it came back with {problem}; refresh() takes the fleet as it is now",
+                address=client.address,
             )
         warn_if_other_env(old, spec, label_of(client.address), "its old")
         if spec.server_id == old.server_id:  # the same process (a dropped connection): free the old claim

@@ -177,7 +177,8 @@ class RemoteVecEnv(VecEnv):
                     f"{remote.metadata['autoreset_mode'].value}: SB3 needs an ended env reset in its step, which "
                     "takes a reset of those envs alone (reset_mask), and an env's own vectorized implementation "
                     "may reset all of its envs instead; serve them with --autoreset-mode SameStep (if the "
-                    "implementation has it) or --vectorization sync"
+                    "implementation has it) or --vectorization sync",
+                    address=servers[0],
                 )
 
     # -- SB3's VecEnv API ---------------------------------------------------------------------------

@@ -242,8 +242,11 @@ def test_without_fault_tolerance_a_full_reset_takes_a_restarted_server_back(spaw
         port = b.address.rpartition(":")[2]
         b.argv = ["--env", "CartPole-v1", "--num-envs", str(K + 1)]
         b.start(port)
-        with pytest.raises(SpecMismatchError, match=r"came back with another num_envs .*refresh\(\) takes the fleet"):
+        with pytest.raises(
+            SpecMismatchError, match=r"came back with another num_envs .*refresh\(\) takes the fleet"
+        ) as refused:
             envs.reset(seed=0)
+        assert refused.value.address == b.address
         assert envs.refresh() is not None and envs.num_envs == 2 * K + 1
         envs.reset(seed=0)
     local.close()

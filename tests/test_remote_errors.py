@@ -53,6 +53,8 @@ def _errors() -> list[BaseException]:
                 made.append(cls("it failed", address="a:1", code=grpc.StatusCode.INTERNAL, env_index=3, details="d"))
             elif cls is errors.TrainingInterrupted:
                 made.append(cls({"total_steps": 5}, "runs/x"))
+            elif cls is errors.SpecMismatchError:
+                made.append(cls("it failed", address="a:1"))
             else:
                 made.append(cls("it failed"))
     return made
@@ -241,6 +243,7 @@ def test_servers_whose_env_kwargs_differ_with_their_spaces_are_told_the_kwargs_m
     (boxed,) = start_servers("tests.envs:ClockEnv", env_kwargs={"action": "box"})
     with pytest.raises(SpecMismatchError) as refused:
         RemoteVectorEnv([plain, boxed])
+    assert refused.value.address == boxed  # (the server that does not fit, for code that acts on it)
     assert (
         f'(its envs are made with env kwargs {{"action": "box"}}, env server {label_of(plain)}\'s with {{}}: '
         in str(refused.value)

@@ -199,8 +199,9 @@ def test_configurations_it_cannot_serve_are_refused(start_servers: StartServers)
         SpecMismatchError,
         match=r"env server local-0 (\(unix:\S+\) )?step their envs with --vectorization "
         r"vector_entry_point.*--autoreset-mode SameStep",
-    ):
+    ) as refused:
         RemoteVecEnv(vectorized)  # (named as this process's local servers are named everywhere)
+    assert refused.value.address == vectorized[0]
     # ... and the fleet it made to find out was closed: the server takes another learner at once.
     with RemoteVectorEnv(vectorized + addresses[:1], connect_timeout=5.0) as remote:
         assert remote.vectorizations == ["vector_entry_point", "sync"]  # (what the refusal was judged by)
