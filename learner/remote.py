@@ -1896,10 +1896,12 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
 
         ``reset=True`` starts a new window after reading (e.g. once per training iteration). Servers
         that left the fleet (refresh()) in the window, with steps or losses in it, come last, unavailable,
-        until then.
+        until then. Once the env is closed, its last window's stats stay readable, every server unavailable.
         """
         stats = [
-            timer.stats(available=replica.state is ReplicaState.UP, server_id=replica.spec.server_id)
+            timer.stats(
+                available=replica.state is ReplicaState.UP and not self.closed, server_id=replica.spec.server_id
+            )
             for timer, replica in zip(self._timers, self._replicas, strict=True)
         ]
         departed = (timer.stats(available=False, server_id=server_id) for timer, server_id in self._departed.values())

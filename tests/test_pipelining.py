@@ -154,6 +154,10 @@ def test_replica_stats(start_servers: Any) -> None:
             assert metrics["replicas/0/steps"] == 20.0 and "replicas/0/address" not in metrics
         after = envs.replica_stats()
         assert all(s.steps == 0 and math.isnan(s.latency_p50_ms) for s in after)
+        assert all(s.available for s in after)
+        envs.step(np.zeros(6, dtype=np.int64))
+    closed = envs.replica_stats()  # (the last window's, readable once closed: no server is available then)
+    assert [s.steps for s in closed] == [1, 1] and not any(s.available for s in closed)
 
 
 def test_works_from_inside_a_running_event_loop(start_servers: Any) -> None:
