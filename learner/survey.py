@@ -165,11 +165,14 @@ def _space(space: Any, what: str) -> str:
 
 
 def describe(servers: list[ServerInfo]) -> str:
-    """The survey as text: a block per server, then a line on the whole."""
+    """The survey as text: a block per server, then a line on the whole. A server's spaces and versions are
+    said once for servers listed one after another that share them (64 servers printed 128 lines the same)."""
     lines = []
+    above: list[str] = []  # (the spaces and versions of the server listed above)
     for s in servers:
         if s.error:
             lines.append(f"{s.address}  not answering: {s.error}")
+            above = []
             continue
         # (texts the server sent, shown through server_text: claimed_by is even another client's name)
         limit = f", {s.max_episode_steps}-step limit" if s.max_episode_steps else ""
@@ -179,10 +182,12 @@ def describe(servers: list[ServerInfo]) -> str:
             f"{s.address}  {server_text(s.env_id)} x{s.num_envs} ({server_text(s.vectorization)}, "
             f"{s.autoreset_mode} autoreset{limit}{wrappers})  round trip {s.round_trip_ms:.2f} ms"
         )
-        lines.append(f"    observation {s.observation_space}; action {s.action_space}")
+        details = [f"    observation {s.observation_space}; action {s.action_space}"]
         if s.versions:
             runs = ", ".join(f"{name} {version}" for name, version in s.versions.items())
-            lines.append("    runs " + server_text(runs))
+            details.append("    runs " + server_text(runs))
+        lines += ["    same spaces and versions as above"] if details == above else details
+        above = details
         if s.claimed_by:
             lines.append(f"    claimed by {server_text(s.claimed_by)}")
         elif not s.note:  # (servers older than EnvSpec.versions do not say who holds them either)

@@ -25,6 +25,8 @@ def test_learner_servers_shows_each_server_and_who_holds_it_without_claiming_it(
     assert f"{a}  CartPole-v1 x3 (sync, NextStep autoreset, 500-step limit)  round trip" in text
     assert "    claimed by 'trainer-1' from ipv4:127.0.0.1:" in text and "    free (no learner holds it)" in text
     assert "action Discrete(2)" in text and "runs envfleet " in text
+    # (b's spaces and versions are a's: said once, as for 64 servers, where they were 128 lines the same)
+    assert text.count("runs envfleet ") == 1 and text.count("\n    same spaces and versions as above\n") == 1
     assert text.rstrip().endswith("2 servers, 2 answering, 6 envs")
     assert main(["servers", f"{a},{b}", "--json"]) == 0  # (ADDRESSES, as --servers ADDRESSES)
     rows = json.loads(capsys.readouterr().out)
