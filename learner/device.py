@@ -7,9 +7,9 @@ import os
 import torch
 
 from learner.config import check_device
-from learner.local import usable_cpus
+from learner.local import _own_cgroups, _up_to, usable_cpus
 
-__all__ = ["device_hint", "machine_busy", "pick_device", "set_torch_threads"]
+__all__ = ["available_memory", "device_hint", "machine_busy", "pick_device", "set_torch_threads"]
 
 
 def pick_device(spec: str) -> torch.device:
@@ -65,3 +65,39 @@ def machine_busy() -> str:
     except (AttributeError, OSError):  # (Windows has none)
         return ""
     return f"1-minute load average {load:.1f} on {cpus} CPUs" if load >= cpus else ""
+
+
+def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] | None:
+    """Bytes more tensors on ``device`` can take, and where that is said: CUDA's free memory there; on the CPU,
+    /proc/meminfo's MemAvailable, or what this process's cgroup (v2) leaves if less (``memory.max`` less what its
+    processes hold that cannot be reclaimed, memory.stat's ``anon`` and ``shmem``: not its page cache; of its cgroup
+    and its parents': a container's ``--memory``). None where none can be read. ``root``: where those files are
+    looked for, the file system's root but in tests."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0]), str(device)
+        except (RuntimeError, AssertionError):
+            return None
+    if device.type != "cpu":
+        return None
+    found: list[tuple[int, str]] = []
+    try:
+        with open(os.path.join(root, "proc", "meminfo")) as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        found.append((kb * 1024, "this machine"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    v2, _ = _own_cgroups(os.path.join(root, "proc", "self", "cgroup"))
+    for folder in _up_to(os.path.join(root, "sys", "fs", "cgroup"), v2):
+        try:
+            with open(os.path.join(folder, "memory.max")) as f:
+                limit = f.read().strip()
+            if limit == "max":
+                continue
+            with open(os.path.join(folder, "memory.stat")) as f:
+                stat = dict(line.split(maxsplit=1) for line in f if line.strip())
+            held = int(stat.get("anon", 0)) + int(stat.get("shmem", 0))
+            found.append((max(0, int(limit) - held), "this process's cgroup (its memory limit)"))
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None

@@ -64,12 +64,13 @@ from learner.checkpoint import (
 from learner.checkpointing import Checkpointer
 from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import Args, PPOConfig, default_run_dir, resolve_ppo
-from learner.device import device_hint, machine_busy, pick_device, set_torch_threads
+from learner.device import available_memory, device_hint, machine_busy, pick_device, set_torch_threads
 from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold, server_of
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
     InvalidResponseError,
+    OptionError,
     RemoteEnvError,
     RemoteTimeoutError,
     ServerUnavailableError,
@@ -384,6 +385,45 @@ def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
             hp.num_steps,
             max(1, batch_size // 2),
         )
+
+
+def _obs_storage(obs_space: gym.Space[Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype a rollout stores an observation in: images as the bytes they are."""
+    if is_image_space(obs_space):
+        dtype = torch.uint8
+    else:
+        dtype = torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32
+    return tuple(obs_space.shape or ()), dtype
+
+
+ROLLOUT_BYTES_PER_STEP = 64
+"""A rollout's bytes per env step besides its observation, generously: action, log-prob, value, reward, flags,
+advantage and return, and the update's copies of them."""
+
+
+def _check_rollout_memory(hp: PPOConfig, num_envs: int, obs_space: gym.Space[Any], device: torch.device) -> None:
+    """Refuse a rollout whose storage and update cannot fit where they go (found before the run dir is made: at
+    the allocation a CPU that overcommits has the kernel kill the learner later, without a word). Counted: the
+    rollout's observations, the update's copy of them, a minibatch's taken from it and made float32 for the nets (not
+    the nets' activations: at least that much is needed)."""
+    shape, dtype = _obs_storage(obs_space)
+    steps = hp.num_steps * num_envs
+    size = math.prod(shape)
+    minibatch = steps // hp.num_minibatches * size * (dtype.itemsize + 4)
+    need = 2 * steps * size * dtype.itemsize + minibatch + steps * ROLLOUT_BYTES_PER_STEP
+    available = available_memory(device)
+    if available is None or need <= available[0]:
+        return
+    free, where = available
+
+    def amount(size: int) -> str:
+        return f"{size / 1e9:,.2f} GB" if size >= 1e9 else f"{size / 1e6:,.1f} MB"
+
+    raise OptionError(
+        f"--num-steps {hp.num_steps} x {num_envs} envs: a rollout of {tuple(shape)} {str(dtype).removeprefix('torch.')} "
+        f"observations and its update need at least {amount(need)} on {device}, and {where} has {amount(free)} available: "
+        "lower --num-steps or the number of envs (or free memory)"
+    )
 
 
 def _check_fresh(run_dir: Path) -> None:
@@ -816,6 +856,7 @@ def train(
         hp = resolve_ppo(args, envs.single_observation_space, envs.single_action_space)
         _check_squash(hp, envs, wrappers)
         ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
+        _check_rollout_memory(hp, envs.num_envs, envs.single_observation_space, device)
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
             raise ValueError(
@@ -921,10 +962,7 @@ def train(
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         threshold = resumed_threshold(counters, threshold)
 
-        obs_shape = tuple(obs_space.shape or ())
-        obs_dtype = (
-            torch.uint8 if image else (torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32)
-        )
+        obs_shape, obs_dtype = _obs_storage(obs_space)
         recorded_args = args.to_json()
         if checkpoint is not None and not args.track and (run_dir / rundir.WANDB_RUN).is_file():
             # A tracked run resumed with --no-track: not tracked this time, and recorded as tracked, so

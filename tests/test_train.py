@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
@@ -24,10 +25,10 @@ import torch
 
 from learner import rundir
 from learner.checkpoint import load_checkpoint
-from learner.config import Args
+from learner.config import Args, resolve_ppo
 from learner.device import device_hint, pick_device
 from learner.envs import FleetSpec, open_fleet
-from learner.errors import RunDirWriteError, TrainingInterrupted
+from learner.errors import OptionError, RunDirWriteError, TrainingInterrupted
 from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
@@ -924,6 +925,62 @@ def test_squashing_unbounded_actions_is_refused_naming_the_option_before_the_run
     with pytest.raises(ValueError, match=r"^--action-bounds squash: maps actions onto their bounds, but these envs'"):
         train(dataclasses.replace(args, run_dir=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_rollout_that_cannot_fit_in_memory_is_refused_before_the_run_dir_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused at the start, not killed by the kernel once the storage is touched (or failing at its allocation
+    with torch's "DefaultCPUAllocator: can't allocate memory"): 1024 Atari envs x 128 steps need over 12 GB."""
+    from learner import train as train_module
+
+    said: list[int] = []
+
+    def little(device: torch.device) -> tuple[int, str]:
+        said.append(0)
+        return 100, "this machine"
+
+    monkeypatch.setattr(train_module, "available_memory", little)
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=16, run_dir=str(tmp_path / "run"))
+    with pytest.raises(
+        OptionError,
+        match=r"^--num-steps 16 x 2 envs: a rollout of \(2,\) float32 observations and its update need at least 0\.0 MB on "
+        r"cpu, and this machine has 0\.0 MB available: lower --num-steps or the number of envs \(or free memory\)$",
+    ):
+        train(args)
+    assert said and not (tmp_path / "run").exists()
+    # What it counts: the rollout's observations, the update's copy of them, a minibatch of them as float32.
+    space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    hp = dataclasses.replace(resolve_ppo(args, space, gym.spaces.Discrete(6)), num_steps=128, num_minibatches=4)
+    monkeypatch.setattr(train_module, "available_memory", lambda device: (12_000_000_000, "this machine"))
+    with pytest.raises(OptionError, match=r"need at least 12\.03 GB on cpu, and this machine has 12\.00 GB available"):
+        train_module._check_rollout_memory(hp, 1024, space, torch.device("cpu"))
+    monkeypatch.setattr(train_module, "available_memory", lambda device: (12_100_000_000, "this machine"))
+    train_module._check_rollout_memory(hp, 1024, space, torch.device("cpu"))  # (fits)
+    monkeypatch.setattr(train_module, "available_memory", lambda device: None)  # (unknown: not refused)
+    train_module._check_rollout_memory(hp, 1 << 20, space, torch.device("cpu"))
+
+
+def test_available_memory_is_the_machines_or_its_cgroups_if_less(tmp_path: Path) -> None:
+    from learner.device import available_memory
+
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n")
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/box/job\n")
+    cpu = torch.device("cpu")
+    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine")
+    job = tmp_path / "sys" / "fs" / "cgroup" / "box" / "job"
+    job.mkdir(parents=True)
+    (job / "memory.max").write_text("max\n")
+    (job.parent / "memory.max").write_text("4000000000\n")  # (a parent's limit holds too)
+    # Its page cache (file) can be reclaimed: not counted as held.
+    (job.parent / "memory.stat").write_text("anon 1000000000\nfile 2500000000\nshmem 500000000\n")
+    assert available_memory(cpu, str(tmp_path)) == (2_500_000_000, "this process's cgroup (its memory limit)")
+    (job.parent / "memory.max").write_text("max\n")
+    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine")
+    (tmp_path / "proc" / "meminfo").unlink()
+    assert available_memory(cpu, str(tmp_path)) is None
+    assert available_memory(torch.device("meta"), str(tmp_path)) is None
 
 
 def test_actions_no_policy_takes_are_refused_before_the_run_dir_is_made(tmp_path: Path) -> None:
