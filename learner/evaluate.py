@@ -33,6 +33,7 @@ from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import RunningMeanStd
 from learner.ppo import (
     Agent,
+    in_bounds,
     is_image_space,
     observations_usable,
     raise_overflowed_return,
@@ -283,10 +284,7 @@ def evaluate(
                 if obs_rms is not None:
                     x = obs_rms.normalize(x)
                 with torch.no_grad():
-                    actions = agent.act(x, deterministic=deterministic).cpu().numpy()
-                if isinstance(action_space, gym.spaces.Box):
-                    actions = np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
-                return actions
+                    return in_bounds(agent.act(x, deterministic=deterministic).cpu().numpy(), action_space)
 
             recorded = None
             n = envs.num_envs

@@ -499,7 +499,7 @@ class FleetMembership:
             problem = (
                 str(response).removeprefix(f"env server {label_of(client.address)}: ")
                 if isinstance(response, BaseException)
-                else self._misfit(response.spec, client.address)
+                else self._misfit(response.spec)
             )
             if problem:
                 away = self._away.setdefault(client.address, _Away())
@@ -543,7 +543,7 @@ class FleetMembership:
                 )
                 away.said_at = now
 
-    def _misfit(self, spec: pb.EnvSpec, address: str) -> str:
+    def _misfit(self, spec: pb.EnvSpec) -> str:
         """Why a server with ``spec`` cannot join the fleet ("" if it can)."""
         problem = incompatible(self._spec, spec)
         return f"it has {problem}" if problem else ""

@@ -26,6 +26,7 @@ __all__ = [
     "gae_advantages",
     "check_observation_space",
     "image_layout",
+    "in_bounds",
     "is_image_space",
     "layer_init",
     "normalize_advantages",
@@ -36,6 +37,14 @@ __all__ = [
 ]
 
 ActionBounds = Literal["clip", "squash"]
+
+
+def in_bounds(actions: np.ndarray, action_space: gym.Space[Any]) -> np.ndarray:
+    """The policy's actions as the envs take them: Box actions in the space's dtype and within its bounds (float32
+    rounding in tanh or a clamp must never step outside the bounds the servers check); others as they are."""
+    if isinstance(action_space, gym.spaces.Box):
+        return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
+    return actions
 
 
 def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0) -> Any:

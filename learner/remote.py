@@ -1248,8 +1248,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             else:
                 try:
                     self._take(i, task.result(), base, out)
-                except Exception as unreadable:  # (InvalidResponseError) reported once every answer is in
-                    failed[i] = unreadable
+                except InvalidResponseError as unreadable:  # reported once every answer is in
+                    failed[i] = unreadable  # (a fault of the learner's own, not the server's, is raised as it is)
 
         if tasks:
             # Each step's deadline counts from its send (see _start); steps sent at different times

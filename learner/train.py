@@ -62,7 +62,6 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.checkpointing import Checkpointer
-from learner.checkpointing import stopped_in_update as stopped_in_update  # (tests import it from here)
 from learner.config import Args, PPOConfig, default_run_dir, resolve_ppo
 from learner.device import available_memory, device_hint, machine_busy, pick_device, set_torch_threads
 from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold, server_of
@@ -83,11 +82,13 @@ from learner.faults import misfit_reported
 from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch
 from learner.live_metrics import LearnerMetrics, serve_metrics
+from learner.local import label_of
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     ActionHead,
     Agent,
     check_observation_space,
+    in_bounds,
     is_image_space,
     observations_usable,
     raise_overflowed_return,
@@ -297,8 +298,6 @@ def _env_on_server(envs: Any, env: int) -> str:
     as its server counts its own envs, a server the learner started by its label (" (env server local-0, its
     env 1)"); "" for in-process envs (no server). (The fleet as of now, the step's: it changes only between
     rollouts.)"""
-    from learner.local import label_of  # (here, not with the imports at the top)
-
     where = server_of(envs, env)
     return f" (env server {label_of(where[0])}, its env {where[1]})" if where is not None else ""
 
@@ -316,8 +315,6 @@ def _say_dropped(said: list[Any], dropped: int, in_a_row: int, err: RemoteEnvErr
     :data:`DROPPED_LOG_S` (``said``: when last, and the count then); but each one of a row of them, which
     :data:`LOST_ROLLOUTS` in a row end, and a server lost (it leaves the fleet, which is rare, and it goes
     with the fleet's line about it). Whether it was said (else at DEBUG)."""
-    from learner.local import label_of  # (here, not with the imports at the top)
-
     now = time.monotonic()
     crashed = isinstance(err, EnvCrashedError)
     if crashed and in_a_row == 1 and said[1] and now - said[0] < DROPPED_LOG_S:
@@ -620,12 +617,7 @@ class Acting:
         )
 
     def env_actions(self, raw: Tensor) -> Any:
-        action_space = self.action_space
-        actions = self.agent.head.to_env(raw).cpu().numpy()
-        if isinstance(action_space, gym.spaces.Box):
-            # float32 rounding in tanh/clamp must never step outside the bounds the server checks.
-            return np.clip(actions.astype(action_space.dtype), action_space.low, action_space.high)
-        return actions
+        return in_bounds(self.agent.head.to_env(raw).cpu().numpy(), self.action_space)
 
     def act(
         self,

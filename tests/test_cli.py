@@ -894,7 +894,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_a_summary(
 @pytest.mark.needs_torch
 def test_a_run_stopped_in_an_update_says_whether_and_where_it_resumes() -> None:
     # Two Ctrl-Cs land in an update only by chance: the wording is checked on its own, as the run words it.
-    from learner.train import stopped_in_update
+    from learner.checkpointing import stopped_in_update
 
     assert stopped_in_update(None) == (
         "stopped during an update: no checkpoint written, and none was before (see --checkpoint-every): "
