@@ -54,6 +54,7 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.service import ANSWER_HEADROOM, AnswerHandshakes, EnvService, space_bytes
 from env_server.step_socket import FileIdentity, StepSocketServer, check_stale, file_identity, remove_own_file
+from env_server.tuning import detach_from_terminal
 
 __all__ = ["MAX_STREAMS_PER_CONNECTION", "HealthService", "run", "serve", "server_credentials", "server_options"]
 
@@ -1238,12 +1239,12 @@ class _Watchdog(threading.Thread):
         # commonly do; the calls in flight are abandoned (their learners see the connection drop). A
         # second SIGTERM changes nothing: the drain has its deadline (the grace period, then the
         # watchdog's exit).
-        # SIGHUP is taken as SIGTERM is (its terminal closed, say: see _detach_from_terminal).
+        # SIGHUP is taken as SIGTERM is (its terminal closed, say: see detach_from_terminal).
         first = self.signal_at
         if first and signum == signal.SIGINT and time.monotonic() - first >= DOUBLE_TAP_S:
             self.exit_now(1, "second Ctrl-C: exiting now, without waiting for the calls in flight")
         if signum == getattr(signal, "SIGHUP", None):
-            _detach_from_terminal()
+            detach_from_terminal()  # (its log lines from here on, the drain's, go nowhere)
         if self.stop_asked_at:
             log.info("%s: already shutting down", signal.Signals(signum).name)
         self.signal_at = self.signal_at or time.monotonic()
@@ -1469,22 +1470,6 @@ def _tell_positions(env: gym.vector.VectorEnv) -> None:
         tell_positions(env)
     except Exception as err:  # (an async worker that ended: the first call says so, as the server's error)
         log.debug("could not tell the envs their places: %s: %s", type(err).__name__, err)
-
-
-def _detach_from_terminal() -> None:
-    """SIGHUP: the server's terminal may be gone, and writing to it fails (EIO; a failed last flush of
-    stderr would make the exit status 120): its log lines from here on (those of the drain) go nowhere
-    where stdout or stderr is a terminal (a character device: a closed one is no tty to isatty)."""
-    with contextlib.suppress(OSError):
-        fds = [fd for fd in (1, 2) if stat.S_ISCHR(os.fstat(fd).st_mode)]
-        if not fds:
-            return
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            for fd in fds:
-                os.dup2(devnull, fd)
-        finally:
-            os.close(devnull)
 
 
 def _exit_now(

@@ -4,11 +4,13 @@ is imported, logging, the form of argument errors, and the limit on open files."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import MutableMapping, Sequence
@@ -28,9 +30,11 @@ __all__ = [
     "TextLogFormatter",
     "VersionAction",
     "configure_logging",
+    "detach_from_terminal",
     "prefer_fast_grpc_core",
     "quiet_grpc_core",
     "raise_fd_limit",
+    "to_devnull",
 ]
 
 log = logging.getLogger(__name__)
@@ -199,3 +203,24 @@ def raise_fd_limit() -> None:
         log.debug("cannot raise the limit on open files (ulimit -n) from %d to %d: %s", soft, target, err)
     else:
         log.debug("raised the limit on open files (ulimit -n) from %d to %d", soft, target)
+
+
+def to_devnull(*fds: int) -> None:
+    """Point the descriptors ``fds`` at /dev/null: what is written there from now on goes nowhere, not
+    into an error (a closed terminal's EIO, a closed pipe's EPIPE, again at the interpreter's last flush)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def detach_from_terminal() -> None:
+    """SIGHUP: the terminal may be gone, and writing to it fails (EIO; a failed last flush of stderr makes the
+    exit status 120): stdout and stderr, where they are a terminal (a character device: a closed terminal is
+    no longer a tty to isatty), are /dev/null from now on."""
+    with contextlib.suppress(OSError):
+        fds = [fd for fd in (1, 2) if stat.S_ISCHR(os.fstat(fd).st_mode)]
+        if fds:
+            to_devnull(*fds)

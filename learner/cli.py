@@ -40,6 +40,7 @@ from env_server.tuning import (
     VersionAction,
     configure_logging,
     prefer_fast_grpc_core,
+    to_devnull,
 )
 from learner.argtypes import int_list, integer, number, positive_int, positive_seconds, real
 from learner.benchmarks.ppo import PPO_LAYOUTS  # (standard library only: no grpc)
@@ -56,7 +57,7 @@ from learner.errors import (
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
 from learner.local import DEFAULT_TRANSPORT, raise_fd_limit
-from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent, to_devnull
+from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import (
     BEST_CHECKPOINT,
     CHECKPOINTS,

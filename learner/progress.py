@@ -9,7 +9,6 @@ import importlib.util
 import logging
 import os
 import signal
-import stat
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from env_server.protocol import DOUBLE_TAP_S
+from env_server.tuning import detach_from_terminal
 from learner.interrupts import interrupt
 from learner.stats import format_return
 
@@ -57,25 +57,6 @@ def _taken_over(sig: int) -> bool:
     return handler is not None and (sig == signal.SIGINT or handler is not signal.SIG_IGN)
 
 
-def _detach_from_terminal() -> None:
-    """SIGHUP: the terminal is gone, and writing to it fails (EIO). What is left to say (the summary, the
-    resume hint) goes nowhere, not into a traceback: stdout and stderr, where they are a terminal (a
-    character device: a closed terminal is no longer a tty to isatty), are /dev/null from now on."""
-    with contextlib.suppress(OSError):
-        to_devnull(*(fd for fd in (1, 2) if stat.S_ISCHR(os.fstat(fd).st_mode)))
-
-
-def to_devnull(*fds: int) -> None:
-    """Point the descriptors ``fds`` at /dev/null: what is written there from now on goes nowhere, not
-    into an error (a closed terminal's EIO, a closed pipe's EPIPE, again at the interpreter's last flush)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in fds:
-            os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
 def _aborts(signum: int, stop_at: float) -> bool:
     """Whether a signal after the one that asked for a stop at ``stop_at`` aborts: a Ctrl-C, unless a
     double tap of the first (:data:`DOUBLE_TAP_S`); a second SIGTERM or SIGHUP never does."""
@@ -85,7 +66,7 @@ def _aborts(signum: int, stop_at: float) -> bool:
 def _note_stop(signum: int) -> None:
     global _stop_at, _stop_signal
     if signum == getattr(signal, "SIGHUP", None):
-        _detach_from_terminal()
+        detach_from_terminal()  # (what is left to say, the summary and resume hint, goes nowhere, not a traceback)
     if _stop_at is None:
         _stop_at, _stop_signal = time.monotonic(), signum
 

@@ -17,10 +17,11 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from env_server.protocol import escape_surrogates
+from env_server.tuning import to_devnull
 from learner import rundir
 from learner.errors import RunDirWriteError
 from learner.fleetwatch import ReplicaTotals
-from learner.progress import bar_postfix, progress_line, to_devnull, widget_total
+from learner.progress import bar_postfix, progress_line, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
 from learner.stats import mean_of
