@@ -1,4 +1,5 @@
-"""The server's interceptors: the shared-token check (UNAUTHENTICATED), and INVALID_ARGUMENT for bytes that are no message.
+"""The server's interceptors: the limit on calls at once (RESOURCE_EXHAUSTED), the shared-token check
+(UNAUTHENTICATED), and INVALID_ARGUMENT for bytes that are no message.
 
 TokenAuthInterceptor. Clients send ``authorization: Bearer <token>`` metadata with every call (``RemoteVectorEnv(...,
 auth_token=...)``). The comparison takes the same time whatever the token given (``hmac.compare_digest``),

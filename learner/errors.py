@@ -75,7 +75,9 @@ def os_reason(err: OSError) -> str:
 
 
 class EnvFleetError(Exception):
-    """Base class of every error envfleet raises.
+    """Base class of envfleet's own errors: of servers, sessions, runs and envs' output. Refused arguments are
+    ValueErrors: InvalidArgumentError and OptionError (EnvFleetErrors too), plain ones from ``Args``' checks; a
+    checkpoint that cannot be read is a ``learner.checkpoint.UnreadableCheckpointError`` (a ValueError).
 
     Attributes:
         partial_result: on an error that stopped :func:`learner.evaluate.evaluate` from its first reset
