@@ -99,6 +99,10 @@ class FleetConnection:
         return {c.address: c.spec.env_id for c in self._clients if c.spec is not None}
 
     async def _connect(self, endpoints: list[str], deadline: float) -> list[EnvClient]:
+        """Connect to ``endpoints`` within ``deadline`` and start a session on each; the clients in the fleet's
+        order. Fault-tolerant, the start goes on without servers that do not answer or are not free yet (they
+        join later); an error otherwise, naming the first server and, where found, why. On any error, every
+        connect still waiting is cancelled and every client closed."""
         # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
         # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after
         # connect_timeout. (A folder of another name may yet be made, by a service manager say: waited for.)
@@ -130,8 +134,6 @@ class FleetConnection:
                 waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
                 probed, cause = waiting[0], await probe_until(waiting[0], deadline, self._diagnose)
                 if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
-                    for task in late:
-                        task.cancel()
                     raise ServerUnavailableError(f"env server {self._named(probed)}: {cause}", address=probed)
                 if self.connect_timeout > _PATIENCE_S:
                     log.warning(
@@ -150,8 +152,6 @@ class FleetConnection:
                 causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in unready))
                 for client, why in zip(unready, causes, strict=True):
                     if no_wait_mends(why):
-                        for task in late:
-                            task.cancel()
                         raise ServerUnavailableError(
                             f"env server {self._named(client.address)}: {why}", address=client.address
                         )
@@ -168,9 +168,7 @@ class FleetConnection:
                 ]
                 clients = [c for c in clients if c not in unready]
                 late = set()
-            if late:
-                for task in late:
-                    task.cancel()
+            if late:  # (the connects still waiting are cancelled on the way out, as on any error)
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
                 cause = cause if client.address == probed else None
                 hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
