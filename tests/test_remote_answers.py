@@ -115,6 +115,24 @@ def test_an_answer_that_cannot_be_decoded_names_the_server(
         assert envs.fault_stats().failures == 1 and envs.fault_stats().reconnects == 1
 
 
+def test_a_fault_of_the_learners_own_while_taking_an_answer_in_is_no_servers(
+    start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an answer that cannot be read costs its server: an error of the learner's own code as it takes a
+    readable answer in is raised as it is, fault-tolerant too (no server counted lost, no bug hidden)."""
+    addresses = start_servers("CartPole-v1", 2, K)
+
+    def broken(*args: Any) -> None:
+        raise ZeroDivisionError("a bug of the learner's (a test's)")
+
+    with RemoteVectorEnv(addresses, fault_tolerant=True, **FAST) as envs:
+        envs.reset(seed=0)
+        monkeypatch.setattr(envs._timers[1], "record", broken)
+        with pytest.raises(ZeroDivisionError, match="a bug of the learner's"):
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert envs.fault_stats().failures == 0
+
+
 def test_a_server_down_already_is_not_lost_again_for_its_placeholder_infos(
     start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
