@@ -696,6 +696,16 @@ def _calling_the_env(err: BaseException) -> bool:
     )
 
 
+def _raised_by_the_env(err: BaseException) -> bool:
+    """Whether an error of making the envs came from the env's own code (its constructor, or what it calls): what
+    its traceback shows the env's author, where the one-line error leaves out where. Not gymnasium's errors (an
+    id it does not know, a missing dependency: their lines say all), arguments refused as the env is called, a
+    worker process that could not start, nor a Ctrl-C or exit."""
+    if isinstance(err, gym.error.Error | WorkerStartError | WorkerEndedError) or not isinstance(err, Exception):
+        return False
+    return not (isinstance(err, TypeError) and _calling_the_env(err))
+
+
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
     """The one-line EnvBuildError for an exception that making ``config.env`` raised."""
     # (fork's EAGAIN where a pids limit is reached, ENOMEM where memory is)
@@ -1366,6 +1376,8 @@ def build_vector_env(
     except BaseException as err:  # anything gymnasium or an env's constructor raises (CancelledError too)
         if ctrl_c and isinstance(err, KeyboardInterrupt):  # (a Ctrl-C in a learner's process: not the env's)
             raise
+        if _raised_by_the_env(err):  # (its traceback, to the line of the env's code that raised, as a step's has)
+            log.error("making env %r raised:", config.env, exc_info=err)
         # (a SystemExit or KeyboardInterrupt too: raised on, it would skip the server's teardown)
         raise _build_error(config, err) from err
     if config.step_delay_ms > 0:

@@ -73,6 +73,39 @@ def test_a_bad_env_is_reported_before_a_port_in_use(busy_port: int, env: str, ex
     assert not any("already in use" in line for line in lines), lines
 
 
+BROKEN_ENV = """
+import gymnasium as gym
+
+
+def helper(goal):
+    raise ValueError(f"goal {goal} is too far: at most 5")
+
+
+class Broken(gym.Env):
+    observation_space = action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, goal=10):
+        helper(goal)
+"""
+
+
+def test_an_env_whose_constructor_raises_shows_its_traceback_before_the_error_line(tmp_path: Path) -> None:
+    """The env's author saw one line, not where in their code it raised (a step's error shows its traceback)."""
+    (tmp_path / "brokenenvs.py").write_text(BROKEN_ENV)
+    environ = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    result = run_server("--env", "brokenenvs:Broken", "--port", "0", environ=environ)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and result.stdout == ""
+    assert (
+        lines[-1] == "env-server: error: cannot make env 'brokenenvs:Broken': ValueError: goal 10 is too far: at most 5"
+    )
+    assert "ERROR env_server.envs: making env 'brokenenvs:Broken' raised:" in result.stderr
+    at = f'  File "{tmp_path / "brokenenvs.py"}", line 6, in helper'
+    assert lines[-4:-2] == [at, '    raise ValueError(f"goal {goal} is too far: at most 5")'], lines
+    # gymnasium's own refusals say all in their line: no traceback
+    assert "Traceback" not in run_server("--env", "CartPol-v1", "--port", "0").stderr
+
+
 def test_a_bad_env_is_reported_before_a_host_this_machine_lacks() -> None:
     result = run_server("--env", "CartPol-v1", "--host", "192.0.2.1", "--port", "0")  # TEST-NET-1
     assert result.returncode == 2 and "Did you mean: `CartPole`?" in result.stderr.strip().splitlines()[-1]
