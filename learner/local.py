@@ -353,8 +353,9 @@ class LocalServers:
         watcher.start()
         _name_servers(self._children, self.addresses)
         log.info(
-            "started %d local env servers (%d x %s each): %s",
+            "started %d local env server%s (%d x %s each): %s",
             num_servers,
+            "" if num_servers == 1 else "s",
             envs_per_server,
             env,
             f"{server_label(0)} to {server_label(num_servers - 1)} in {self._socket_dir} (server-N.sock)"

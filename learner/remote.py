@@ -1987,7 +1987,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     def __repr__(self) -> str:
         spec = getattr(self, "spec", None)
         env = f"{spec.id}, " if spec is not None else ""
-        return f"RemoteVectorEnv({env}{self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')})"
+        closed = ", closed" if getattr(self, "closed", False) else ""
+        return f"RemoteVectorEnv({env}{self.addresses!r}, num_envs={getattr(self, 'num_envs', '?')}{closed})"
 
 
 class _StepBatch:

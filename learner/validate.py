@@ -33,6 +33,8 @@ def one_thread(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate
 
     @functools.wraps(method)
     def guarded(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        # (left out of tracebacks by IPython and pytest: an error of the call is not about threads)
+        __tracebackhide__ = True
         me, caller = threading.get_ident(), _UNREAD
         try:
             with self._caller_lock:

@@ -1091,6 +1091,9 @@ def test_local_servers_say_what_they_are_and_whether_closed(caplog: pytest.LogCa
     try:
         a, b, _ = servers.addresses
         assert repr(servers) == f"<LocalServers 'CartPole-v1': {a}, {b}, ... (3 servers)>"
+        with RemoteVectorEnv([a]) as envs:  # (and a RemoteVectorEnv's: closed too)
+            assert repr(envs) == f"RemoteVectorEnv(CartPole-v1, [{a!r}], num_envs=1)"
+        assert repr(envs) == f"RemoteVectorEnv(CartPole-v1, [{a!r}], num_envs=1, closed)"
         folder = os.path.dirname(a.removeprefix("unix:"))
         assert (
             f"started 3 local env servers (1 x CartPole-v1 each): local-0 to local-2 in {folder} (server-N.sock)"
