@@ -903,20 +903,26 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
     crowd = max(1.0, len(procs) / (_SERVERS_PER_CPU * usable_cpus()))
     # (a hung server killed within a minute however many stop)
     say_at, kill_at = start + _SAY_WAIT_S * crowd, start + min(_STOP_WAIT_S * crowd, 60.0)
-    for proc, listens in zip(procs, ready, strict=True):
-        _wait_or_kill(proc, say_at if listens else start + _UNREADY_GRACE_S, kill=not listens)
-    running = [proc for proc in procs if proc.poll() is None]
-    if running:
-        log.warning(
-            "stopping %d env server%s: waiting up to %.0f s more for %s to finish %s calls and close %s envs "
-            "(then killing %s)",
-            len(running),
-            "s" if len(running) > 1 else "",
-            kill_at - time.monotonic(),
-            *(("them", "their", "their", "them") if len(running) > 1 else ("it", "its", "its", "it")),
-        )
-        for proc in running:
-            _wait_or_kill(proc, kill_at, kill=True)
+    try:
+        for proc, listens in zip(procs, ready, strict=True):
+            _wait_or_kill(proc, say_at if listens else start + _UNREADY_GRACE_S, kill=not listens)
+        running = [proc for proc in procs if proc.poll() is None]
+        if running:
+            log.warning(
+                "stopping %d env server%s: waiting up to %.0f s more for %s to finish %s calls and close %s envs "
+                "(then killing %s)",
+                len(running),
+                "s" if len(running) > 1 else "",
+                kill_at - time.monotonic(),
+                *(("them", "their", "their", "them") if len(running) > 1 else ("it", "its", "its", "it")),
+            )
+            for proc in running:
+                _wait_or_kill(proc, kill_at, kill=True)
+    except KeyboardInterrupt:  # (asked not to wait: killed now, not left running once close() is over)
+        for proc in procs:
+            if proc.poll() is None:
+                _kill(proc)
+        raise
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], deadline: float, *, kill: bool) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -1057,6 +1058,28 @@ def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_t
         assert not caplog.records
         assert stop(2) == [0] * 2
     assert [r.getMessage()[:46] for r in caplog.records] == ["stopping 2 env servers: waiting up to 9 s more"]
+
+
+def test_a_ctrl_c_during_the_stops_wait_kills_the_servers_left(caplog: pytest.LogCaptureFixture) -> None:
+    """close() interrupted while it waited for servers mid-step left them running (~15 s here) once it had
+    returned, closed: asked not to wait, it kills them."""
+    import _thread
+
+    from learner import local
+
+    deaf = ["sh", "-c", 'trap "" TERM; echo ready; while :; do sleep 0.05; done']  # (a server stuck in a step)
+    procs = [subprocess.Popen(deaf, stdout=subprocess.PIPE, start_new_session=True) for _ in range(2)]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.stdout.close()
+    timer = threading.Timer(local._SAY_WAIT_S + 1.0, _thread.interrupt_main)  # (a Ctrl-C, once the wait is said)
+    timer.start()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="learner.local"), pytest.raises(KeyboardInterrupt):
+        local._stop_all_procs(procs)
+    timer.join()
+    assert "stopping 2 env servers: waiting up to" in caplog.text
+    assert [proc.returncode for proc in procs] == [-signal.SIGKILL] * 2 and time.monotonic() - started < 10
 
 
 def test_local_servers_shows_and_types_the_arguments_of_local_servers() -> None:
