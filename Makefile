@@ -27,9 +27,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	# (compat: the clone on sys.path by a .pth file, which type checkers and IDEs follow; setuptools' default
-	# editable install is an import hook they do not, so mypy and pyright found no learner in user code)
-	$(PY) -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
+	# (the clone on sys.path by a .pth file, which type checkers and IDEs follow: pyproject.toml's package-dir)
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -309,7 +309,8 @@ def test_runs_in_threads_of_one_process_are_warned_of_and_a_stop_set_already_too
 
 def test_an_editable_install_puts_the_checkout_where_type_checkers_see_it() -> None:
     """setuptools' default editable install is an import hook, which mypy and pyright do not follow: user code
-    saw no `learner` (or `Any`). `make setup` installs it in compat mode, a .pth file naming the checkout."""
+    saw no `learner` (or `Any`). pyproject.toml's package-dir makes it a .pth file naming the checkout, with no
+    option (setuptools' compat mode, which it deprecates, did that before)."""
     import importlib.metadata
     import json
     import site
