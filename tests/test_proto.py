@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,20 @@ def test_what_a_newer_peer_may_send_is_refused_as_possibly_newer() -> None:
     with pytest.raises(codec.CodecError, match=rf"^autoreset_mode: unknown autoreset mode 4 \(a mode {newer}\)"):
         codec.decode_autoreset_mode(4)  # type: ignore[arg-type]
     assert codec.decode_autoreset_mode(pb.AUTORESET_MODE_SAME_STEP).value == "SameStep"
+
+
+def test_the_stubs_are_made_by_the_pinned_generator_and_the_grpcio_floor_takes_them() -> None:
+    """A grpcio-tools other than the pinned one called the committed stubs stale, and its stubs, made as asked,
+    needed a grpcio newer than the floor pyproject declares (GRPC_GENERATED_VERSION: a newer one refuses older)."""
+    generate = _generator()
+    pinned = generate.pinned_generator()
+    made_by = re.search(r"GRPC_GENERATED_VERSION = '([^']+)'", (ROOT / "env_server/rpc/env_pb2_grpc.py").read_text())
+    floor = re.search(r'"grpcio>=([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert made_by is not None and floor is not None and made_by.group(1) == pinned == floor.group(1)
+    generate.check_generator(pinned, pinned)
+    with pytest.raises(
+        SystemExit,
+        match=rf"^generate: grpcio-tools 9\.9\.9 is installed, but the stubs are made by the "
+        rf"pinned {re.escape(pinned)} \(pyproject.toml's dev extra\): pip install grpcio-tools==",
+    ):
+        generate.check_generator("9.9.9", pinned)
