@@ -109,13 +109,13 @@ _WATCH_S = 0.2  # how often the supervisor looks at the servers
 # Stopping: a server that listens gets SIGTERM and _STOP_WAIT_S to drain and close its envs before it is
 # killed; one that has not said it listens yet (building its envs: nothing to drain) _UNREADY_GRACE_S. A
 # wait past _SAY_WAIT_S is said (the learner would otherwise seem to hang after a Ctrl-C). Both for up to
-# _SERVERS_PER_CPU servers on each CPU: more take longer, each stop costing ~0.25 s of CPU (64 servers on 2
+# SERVERS_PER_CPU servers on each CPU: more take longer, each stop costing ~0.25 s of CPU (64 servers on 2
 # CPUs took 8 s, each run's end said as a wait, and beyond ~80 the deadline killed servers closing normally),
 # so both grow with them (the deadline to 60 s at most).
 _STOP_WAIT_S = 10.0
 _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
-_SERVERS_PER_CPU = 4
+SERVERS_PER_CPU = 4
 
 
 def _check_arguments(given: dict[str, Any]) -> list[str]:
@@ -900,7 +900,7 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
             with suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
-    crowd = max(1.0, len(procs) / (_SERVERS_PER_CPU * usable_cpus()))
+    crowd = max(1.0, len(procs) / (SERVERS_PER_CPU * usable_cpus()))
     # (a hung server killed within a minute however many stop)
     say_at, kill_at = start + _SAY_WAIT_S * crowd, start + min(_STOP_WAIT_S * crowd, 60.0)
     try:

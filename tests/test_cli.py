@@ -58,6 +58,26 @@ def test_train_writes_its_run_dir_and_plot(trained_run: Path, capsys: pytest.Cap
 
 
 @pytest.mark.needs_torch
+def test_more_local_servers_than_cpus_are_said_to_take_a_while_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """64 servers on 2 CPUs took ~30 s to start with nothing said (~0.6 s of CPU each)."""
+    from learner import cli
+
+    argv = ["train", *CLOCK, "--num-steps", "8", "--total-timesteps", "16", "--no-plot"]
+    monkeypatch.setattr(cli, "usable_cpus", lambda root="/": 1)
+    monkeypatch.setattr(cli, "SERVERS_PER_CPU", 1)  # (4: more than 4 servers on each CPU are said)
+    assert main([*argv, "--run-dir", str(tmp_path / "two")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert (
+        first
+        == "learner train: starting 2 local env servers (4 x tests.envs:ClockEnv each) on 1 CPU: they take a while"
+    )
+    assert main([*argv, "--num-servers", "1", "--run-dir", str(tmp_path / "one")]) == 0  # (1 on 1 CPU: not said)
+    assert "starting" not in capsys.readouterr().out
+
+
+@pytest.mark.needs_torch
 def test_resume_continues_a_run_with_more_steps(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
