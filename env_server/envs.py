@@ -16,6 +16,7 @@ import pickle
 import re
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -696,14 +697,23 @@ def _calling_the_env(err: BaseException) -> bool:
     )
 
 
-def _raised_by_the_env(err: BaseException) -> bool:
-    """Whether an error of making the envs came from the env's own code (its constructor, or what it calls): what
-    its traceback shows the env's author, where the one-line error leaves out where. Not gymnasium's errors (an
-    id it does not know, a missing dependency: their lines say all), arguments refused as the env is called, a
-    worker process that could not start, nor a Ctrl-C or exit."""
-    if isinstance(err, gym.error.Error | WorkerStartError | WorkerEndedError) or not isinstance(err, Exception):
-        return False
-    return not (isinstance(err, TypeError) and _calling_the_env(err))
+def _where_raised(err: BaseException) -> str:
+    """`` (at FILE:LINE in NAME)``: where in the env's code making it raised ``err``, the innermost frame of its
+    traceback outside env_server, gymnasium and Python's own library (the env's line that raised, or that called
+    what did); "" where there is none. One line, not a traceback: many local servers fail alike at once."""
+    if "was raised from the environment creator" in str(err):  # (gymnasium's copy of a TypeError: the original's)
+        err = err.__cause__ or err.__context__ or err
+    theirs = [Path(str(module.__file__)).resolve().parent for module in (gym, sys.modules[__name__])]
+    theirs += [Path(sysconfig.get_paths()[name]).resolve() for name in ("stdlib", "platstdlib")]
+    where, tb = "", err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not code.co_filename.startswith("<") and not any(
+            Path(code.co_filename).resolve().is_relative_to(folder) for folder in theirs
+        ):
+            where = f" (at {code.co_filename}:{tb.tb_lineno} in {code.co_name})"
+        tb = tb.tb_next
+    return where
 
 
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
@@ -735,12 +745,16 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             names = re.findall(r"'([^']+)'", missing.group(1))
             example = json.dumps({name: "..." for name in names}).replace('"..."', "...")
             text += f"; pass constructor arguments with --env-kwargs '{example}'"
+        else:
+            text += _where_raised(err)
         return EnvBuildError(
             # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
             f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {text}"
         )
     text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
-    return EnvBuildError(f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else ""))
+    return EnvBuildError(
+        f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else "") + _where_raised(err)
+    )
 
 
 def _widen_infos(vector_infos: dict[str, Any], env_info: dict[str, Any]) -> None:
@@ -1376,8 +1390,6 @@ def build_vector_env(
     except BaseException as err:  # anything gymnasium or an env's constructor raises (CancelledError too)
         if ctrl_c and isinstance(err, KeyboardInterrupt):  # (a Ctrl-C in a learner's process: not the env's)
             raise
-        if _raised_by_the_env(err):  # (its traceback, to the line of the env's code that raised, as a step's has)
-            log.error("making env %r raised:", config.env, exc_info=err)
         # (a SystemExit or KeyboardInterrupt too: raised on, it would skip the server's teardown)
         raise _build_error(config, err) from err
     if config.step_delay_ms > 0:

@@ -69,13 +69,15 @@ def machine_busy() -> str:
 
 def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] | None:
     """Bytes more tensors on ``device`` can take, and where that is said: CUDA's free memory there; on the CPU,
-    /proc/meminfo's MemAvailable, or what this process's cgroup (v2) leaves if less (``memory.max`` less what its
+    /proc/meminfo's MemAvailable and SwapFree (a run that swaps is slow, not killed), or what this process's
+    cgroup (v2) leaves if less (``memory.max`` less what its
     processes hold that cannot be reclaimed, memory.stat's ``anon`` and ``shmem``: not its page cache; of its cgroup
     and its parents': a container's ``--memory``). None where none can be read. ``root``: where those files are
     looked for, the file system's root but in tests."""
-    if device.type == "cuda":
+    if device.type == "cuda":  # (with what torch's allocator holds but no tensor uses: an earlier run's, reused)
         try:
-            return int(torch.cuda.mem_get_info(device)[0]), str(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(torch.cuda.mem_get_info(device)[0] + cached), str(device)
         except (RuntimeError, AssertionError):
             return None
     if device.type != "cpu":
@@ -83,9 +85,13 @@ def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] |
     found: list[tuple[int, str]] = []
     try:
         with open(os.path.join(root, "proc", "meminfo")) as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-        found.append((kb * 1024, "this machine"))
-    except (OSError, ValueError, IndexError, StopIteration):
+            kb = {
+                line.split(":")[0]: int(line.split()[1])
+                for line in f
+                if line.startswith(("MemAvailable:", "SwapFree:"))
+            }
+        found.append(((kb["MemAvailable"] + kb.get("SwapFree", 0)) * 1024, "this machine (with its free swap)"))
+    except (OSError, ValueError, IndexError, KeyError):
         pass
     v2, _ = _own_cgroups(os.path.join(root, "proc", "self", "cgroup"))
     for folder in _up_to(os.path.join(root, "sys", "fs", "cgroup"), v2):

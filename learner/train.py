@@ -393,6 +393,8 @@ def _obs_storage(obs_space: gym.Space[Any]) -> tuple[tuple[int, ...], torch.dtyp
     return tuple(obs_space.shape or ()), dtype
 
 
+_UNITS = ((1e9, 2, "GB"), (1e6, 1, "MB"), (1e3, 1, "kB"))
+
 ROLLOUT_BYTES_PER_STEP = 64
 """A rollout's bytes per env step besides its observation, generously: action, log-prob, value, reward, flags,
 advantage and return, and the update's copies of them."""
@@ -414,10 +416,17 @@ def _check_rollout_memory(hp: PPOConfig, num_envs: int, obs_space: gym.Space[Any
     free, where = available
 
     def amount(size: int) -> str:
-        return f"{size / 1e9:,.2f} GB" if size >= 1e9 else f"{size / 1e6:,.1f} MB"
+        return next(
+            f"{size / scale:,.{places}f} {unit}" for scale, places, unit in _UNITS if size >= scale or unit == "kB"
+        )
 
+    what = (
+        f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
+        if shape
+        else f"scalar {str(dtype).removeprefix('torch.')}"
+    )
     raise OptionError(
-        f"--num-steps {hp.num_steps} x {num_envs} envs: a rollout of {tuple(shape)} {str(dtype).removeprefix('torch.')} "
+        f"--num-steps {hp.num_steps} x {num_envs} envs: a rollout of {what} "
         f"observations and its update need at least {amount(need)} on {device}, and {where} has {amount(free)} available: "
         "lower --num-steps or the number of envs (or free memory)"
     )

@@ -944,8 +944,8 @@ def test_a_rollout_that_cannot_fit_in_memory_is_refused_before_the_run_dir_is_ma
     args = Args(**clock(3), backend="gym", num_envs=2, num_steps=16, run_dir=str(tmp_path / "run"))
     with pytest.raises(
         OptionError,
-        match=r"^--num-steps 16 x 2 envs: a rollout of \(2,\) float32 observations and its update need at least 0\.0 MB on "
-        r"cpu, and this machine has 0\.0 MB available: lower --num-steps or the number of envs \(or free memory\)$",
+        match=r"^--num-steps 16 x 2 envs: a rollout of \(2,\) float32 observations and its update need at least 3\.1 kB on "
+        r"cpu, and this machine has 0\.1 kB available: lower --num-steps or the number of envs \(or free memory\)$",
     ):
         train(args)
     assert said and not (tmp_path / "run").exists()
@@ -965,10 +965,12 @@ def test_available_memory_is_the_machines_or_its_cgroups_if_less(tmp_path: Path)
     from learner.device import available_memory
 
     (tmp_path / "proc" / "self").mkdir(parents=True)
-    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 16000000 kB\nMemAvailable: 8000000 kB\n")
+    (tmp_path / "proc" / "meminfo").write_text(
+        "MemTotal: 16000000 kB\nMemAvailable: 7000000 kB\nSwapFree: 1000000 kB\n"
+    )
     (tmp_path / "proc" / "self" / "cgroup").write_text("0::/box/job\n")
     cpu = torch.device("cpu")
-    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine")
+    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine (with its free swap)")
     job = tmp_path / "sys" / "fs" / "cgroup" / "box" / "job"
     job.mkdir(parents=True)
     (job / "memory.max").write_text("max\n")
@@ -977,7 +979,7 @@ def test_available_memory_is_the_machines_or_its_cgroups_if_less(tmp_path: Path)
     (job.parent / "memory.stat").write_text("anon 1000000000\nfile 2500000000\nshmem 500000000\n")
     assert available_memory(cpu, str(tmp_path)) == (2_500_000_000, "this process's cgroup (its memory limit)")
     (job.parent / "memory.max").write_text("max\n")
-    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine")
+    assert available_memory(cpu, str(tmp_path)) == (8_192_000_000, "this machine (with its free swap)")
     (tmp_path / "proc" / "meminfo").unlink()
     assert available_memory(cpu, str(tmp_path)) is None
     assert available_memory(torch.device("meta"), str(tmp_path)) is None
