@@ -335,6 +335,38 @@ def test_an_editable_install_puts_the_checkout_where_type_checkers_see_it() -> N
     assert checkout == str(ROOT)
 
 
+def test_pyproject_makes_an_editable_install_a_pth_file_naming_the_checkout(tmp_path: Path) -> None:
+    """pyproject.toml's package-dir: with no option, setuptools' editable install was an import hook (a
+    ``_finder.py`` module), which type checkers do not follow; the compat mode that made it a .pth is deprecated."""
+    import shutil
+    import zipfile
+
+    from tests.conftest import ROOT
+
+    checkout = tmp_path / "checkout"  # (a copy: building writes envfleet.egg-info where it builds)
+    checkout.mkdir()
+    for name in ("pyproject.toml", "LICENSE", "README.md", "MANIFEST.in"):
+        shutil.copy(ROOT / name, checkout / name)
+    for package in ("env_server", "learner"):
+        shutil.copytree(ROOT / package, checkout / package, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta; print(build_meta.build_editable({str(tmp_path)!r}))",
+        ],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / built.stdout.strip().splitlines()[-1]) as wheel:
+        names = wheel.namelist()
+        [pth] = [n for n in names if n.endswith(".pth")]
+        assert wheel.read(pth).decode().strip() == str(checkout) and not [n for n in names if n.endswith("_finder.py")]
+
+
 def test_both_packages_say_their_version() -> None:
     import importlib.metadata
 

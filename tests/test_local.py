@@ -1075,9 +1075,15 @@ def test_a_ctrl_c_during_the_stops_wait_kills_the_servers_left(caplog: pytest.Lo
     timer = threading.Timer(local._SAY_WAIT_S + 1.0, _thread.interrupt_main)  # (a Ctrl-C, once the wait is said)
     timer.start()
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="learner.local"), pytest.raises(KeyboardInterrupt):
-        local._stop_all_procs(procs)
-    timer.join()
+    try:
+        with caplog.at_level(logging.WARNING, logger="learner.local"), pytest.raises(KeyboardInterrupt):
+            local._stop_all_procs(procs)
+    finally:
+        timer.join()
+        for proc in procs:  # (they ignore SIGTERM: left, they would run on)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert "stopping 2 env servers: waiting up to" in caplog.text
     assert [proc.returncode for proc in procs] == [-signal.SIGKILL] * 2 and time.monotonic() - started < 10
 
