@@ -167,8 +167,8 @@ class SpecMismatchError(EnvFleetError):
             None where no one server is to blame.
     """
 
-    def __init__(self, message: str, *, address: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, *args: object, address: str | None = None) -> None:
+        super().__init__(*args)
         self.address = address
 
     def __reduce__(self) -> tuple[Any, ...]:  # (pickled and copied with its address, as RemoteEnvError is)

@@ -41,7 +41,9 @@ def pinned_generator(pyproject: Path = ROOT / "pyproject.toml") -> str | None:
     import tomllib
 
     extras = tomllib.loads(pyproject.read_text()).get("project", {}).get("optional-dependencies", {})
-    pins = [r.split("==", 1)[1].strip() for r in extras.get("dev", []) if re.match(r"grpcio-tools\s*==", r)]
+    pins = [
+        r.split(";", 1)[0].split("==", 1)[1].strip() for r in extras.get("dev", []) if re.match(r"grpcio-tools\s*==", r)
+    ]
     return pins[0] if pins else None
 
 
