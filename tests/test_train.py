@@ -1470,13 +1470,21 @@ def test_a_run_resumed_from_an_older_checkpoint_file_sets_the_newer_ones_aside(
     args = Args(**{**_resumable(), "total_timesteps": 64, "keep_checkpoints": 3}, checkpoint_every=1, run_dir=str(run))
     train(args)
     assert [rundir.checkpoint_step(p) for p in rundir.list_checkpoints(run)] == [32, 48, 64]
+    # A best.pt of a step after the one resumed from is the abandoned run's too (its nets, and its bar).
+    best = run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+    state = load_checkpoint(rundir.list_checkpoints(run)[-1])  # (as a run writes it at a new best of step 64)
+    state["counters"]["best_step"], state["counters"]["best_return"] = 64, 1e9
+    torch.save(state, best)
     older = rundir.list_checkpoints(run)[0]
-    train(dataclasses.replace(args, run_dir=None, resume=str(older), total_timesteps=48))
+    resumed = train(dataclasses.replace(args, run_dir=None, resume=str(older), total_timesteps=48))
     assert f"resume: {older} is of step 32, before the latest checkpoints in {run}" in caplog.text, caplog.text
     assert (
-        "the newer ones (step-0000000048.pt, step-0000000064.pt, of the run it abandons) are set aside as "
-        "step-0000000048.pt.abandoned, step-0000000064.pt.abandoned, their metrics.jsonl rows past step 32 dropped"
+        "the newer ones (step-0000000048.pt, step-0000000064.pt, best.pt, of the run it abandons) are set aside as "
+        "step-0000000048.pt.abandoned, step-0000000064.pt.abandoned, best.pt.abandoned, their metrics.jsonl rows past "
+        "step 32 dropped"
     ) in caplog.text
+    assert resumed["best_return"] != 1e9 and (resumed["best_step"] or 0) <= 48  # (the resumed run's own, if any)
+    assert not best.exists() or load_checkpoint(best)["counters"]["best_step"] <= 48
     # (not the abandoned run's step 64, which pruning would keep and a --resume would go on from)
     assert [rundir.checkpoint_step(p) for p in rundir.list_checkpoints(run)] == [32, 48]
     assert (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned").is_file()
