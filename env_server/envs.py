@@ -752,8 +752,9 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {text}"
         )
     text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
+    where = "" if isinstance(err, KeyboardInterrupt) else _where_raised(err)  # (a Ctrl-C's line is no error's)
     return EnvBuildError(
-        f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else "") + _where_raised(err)
+        f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else "") + where
     )
 
 

@@ -538,7 +538,10 @@ def test_a_missing_constructor_argument_says_how_to_pass_it() -> None:
         EnvBuildError, match=re.escape("""; pass constructor arguments with --env-kwargs '{"size": ...}'""")
     ):
         build_vector_env(ServerConfig(env=f"{M}:NeedsArgs", num_envs=1))
-    with pytest.raises(EnvBuildError, match=r"_helper\(\) missing 1 required positional argument: 'b'$"):
+    with pytest.raises(
+        EnvBuildError,
+        match=r"_helper\(\) missing 1 required positional argument: 'b' \(at .*misbehaving_envs\.py:\d+ in __init__\)$",
+    ):
         build_vector_env(ServerConfig(env=f"{M}:HelperMissesAnArgument", num_envs=1))  # (no hint: not the env's own)
 
 
