@@ -218,6 +218,17 @@ def _track_variable() -> bool | None:
         raise ValueError(f"$ENVFLEET_TRACK: {err}") from None
 
 
+def _check_device(args: argparse.Namespace, spec: str) -> None:
+    """--device as a usage error (exit 2) where it names a device this host lacks (cuda with no GPU): found by
+    train and eval once they run, it was an error of the run's (exit 1), as no other bad option is."""
+    from learner.device import pick_device
+
+    try:
+        pick_device(spec)
+    except ValueError as err:
+        args.parser.error(str(err))
+
+
 def _say_a_slow_start(config: Args) -> None:
     """Say that the local servers about to start are many for the CPUs, so take a while (64 servers on 2 CPUs: ~30 s
     with nothing said, each server's start ~0.6 s of CPU); nothing for SERVERS_PER_CPU or fewer on each."""
@@ -269,6 +280,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from learner.stats import format_return
     from learner.train import train
 
+    _check_device(args, config.device)
     run_dir_known = config.run_dir or config.resume  # (for a second Ctrl-C; else once the run dir is made)
 
     session_started = False  # (its envs up and config.json written: a resume goes on with this session's options)
@@ -899,6 +911,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         headless_rendering()  # (process-wide, so here: before any env is made, as MuJoCo reads it on import)
     from learner.evaluate import check_seed, evaluate
+
+    _check_device(args, args.device)
 
     num_envs = 4 if args.num_envs is None else args.num_envs
     try:  # (the envs made here: env i gets seed + i, a 64-bit seed; --servers' number is known once connected)

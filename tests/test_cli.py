@@ -78,6 +78,26 @@ def test_more_local_servers_than_cpus_are_said_to_take_a_while_to_start(
 
 
 @pytest.mark.needs_torch
+def test_a_device_this_host_lacks_is_a_usage_error(
+    trained_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found once train or eval ran, it was an error of the run's (exit 1, no usage line), as no other bad option."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (
+        ["train", *CLOCK, *IN_PROCESS_ARGS, "--device", "cuda"],
+        ["eval", str(trained_run), "--device", "cuda"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert f"learner {argv[0]}: error: --device: cuda was asked for, but torch sees no CUDA device" in (
+            capsys.readouterr().err
+        )
+
+
+@pytest.mark.needs_torch
 def test_resume_continues_a_run_with_more_steps(
     trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
