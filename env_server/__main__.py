@@ -437,6 +437,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
     parser = build_parser()
     _parse_variables(parser)
     args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
     for action in parser._actions:
         # argparse checks the choices of values on the command line, not of defaults: those come
         # from ENVFLEET_* variables here.
@@ -452,11 +453,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ServerConfig, tuple[s
         parser.error("--env is required (or set ENVFLEET_ENV)")
     if not args.unix_socket and not args.host.strip():  # (shown with repr: an empty value is invisible)
         parser.error(
-            f"--host {args.host!r}: expected a host name or address (0.0.0.0 for all interfaces), got "
-            + ("an empty one" if not args.host else "only whitespace")
+            f"{_said_by(given, '--host', 'host')} {args.host!r}: expected a host name or address (0.0.0.0 for all "
+            "interfaces), got " + ("an empty one" if not args.host else "only whitespace")
         )
     wrappers = tuple(w.strip() for w in args.wrappers.split(",") if w.strip())  # (ServerConfig checks them)
-    token = _auth_token(parser, args)
+    token = _auth_token(parser, args, given)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key: give both (the certificate and its private key) or neither")
     if args.tls_client_ca and not args.tls_cert:
@@ -513,21 +514,34 @@ def _in_flag_terms(parser: argparse.ArgumentParser, message: str) -> str:
     return f"{flags[dest]} (or {_variable(dest)}): {rest}"
 
 
-def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The token from --auth-token or --auth-token-file (not both), checked; None when neither is set."""
+def _said_by(given: Sequence[str], flag: str, dest: str) -> str:
+    """How an error names the option ``flag`` (whose dest is ``dest``): as the flag where the command line gave it,
+    else as its variable where that is set (a compose file's ``ENVFLEET_HOST=``: no flag was given)."""
+    if not any(a == flag or a.startswith(f"{flag}=") for a in given) and _variable(dest) in os.environ:
+        return _variable(dest)
+    return flag
+
+
+def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace, given: Sequence[str]) -> str | None:
+    """The token from --auth-token or --auth-token-file (not both), checked; None when neither is set. ``given``:
+    the command line, for naming each as the user set it (flag or variable)."""
     from env_server.protocol import check_token
 
+    token_by, file_by = (
+        _said_by(given, "--auth-token", "auth_token"),
+        _said_by(given, "--auth-token-file", "auth_token_file"),
+    )
     if args.auth_token and args.auth_token_file:
-        parser.error("--auth-token and --auth-token-file: give one of them, not both")
+        parser.error(f"{token_by} and {file_by}: give one of them, not both")
     if args.auth_token_file:
         try:
             with open(args.auth_token_file) as f:
                 token = f.read().strip()
         except OSError as err:
-            parser.error(f"--auth-token-file {args.auth_token_file}: cannot read it: {err.strerror}")
-        where = f"--auth-token-file {args.auth_token_file}"
+            parser.error(f"{file_by} {args.auth_token_file}: cannot read it: {err.strerror}")
+        where = f"{file_by} {args.auth_token_file}"
     elif args.auth_token:
-        token, where = args.auth_token, "--auth-token"
+        token, where = args.auth_token, token_by
     elif args.auth_token == "":  # set, but to nothing: `--auth-token "$TOKEN"` with TOKEN unset, say
         parser.error(
             "--auth-token (or ENVFLEET_AUTH_TOKEN): the token is empty; give one, or leave both out "

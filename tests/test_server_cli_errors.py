@@ -107,6 +107,32 @@ def test_an_env_whose_constructor_raises_says_where_in_the_envs_code(tmp_path: P
     assert run_server("--env", "CartPol-v1", "--port", "0").stderr.strip().endswith("Did you mean: `CartPole`?")
 
 
+def test_a_bad_value_from_a_variable_is_named_as_that_variable(tmp_path: Path) -> None:
+    """A compose file or Swarm sets only variables: the errors named flags nobody gave."""
+    (tmp_path / "token").write_text("abcdefgh\n")
+    cases = [
+        ({"ENVFLEET_HOST": ""}, [], "ENVFLEET_HOST '': expected a host name or address"),
+        ({}, ["--host", ""], "--host '': expected a host name or address"),
+        ({"ENVFLEET_AUTH_TOKEN_FILE": "/nope"}, [], "ENVFLEET_AUTH_TOKEN_FILE /nope: cannot read it: No such file"),
+        (
+            {"ENVFLEET_AUTH_TOKEN": "abcdefgh", "ENVFLEET_AUTH_TOKEN_FILE": str(tmp_path / "token")},
+            [],
+            "ENVFLEET_AUTH_TOKEN and ENVFLEET_AUTH_TOKEN_FILE: give one of them, not both",
+        ),
+        (
+            {"ENVFLEET_AUTH_TOKEN": "abcdefgh"},
+            ["--auth-token-file", str(tmp_path / "token")],
+            "ENVFLEET_AUTH_TOKEN and --auth-token-file: give one of them, not both",
+        ),
+        ({"ENVFLEET_AUTH_TOKEN": "a b"}, [], "ENVFLEET_AUTH_TOKEN: expected printable ASCII without spaces"),
+    ]
+    for environ, args, said in cases:
+        result = run_server("--env", "CartPole-v1", "--port", "0", *args, environ=environ)
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
+            f"env-server: error: {said}"
+        )
+
+
 def test_a_bad_env_is_reported_before_a_host_this_machine_lacks() -> None:
     result = run_server("--env", "CartPol-v1", "--host", "192.0.2.1", "--port", "0")  # TEST-NET-1
     assert result.returncode == 2 and "Did you mean: `CartPole`?" in result.stderr.strip().splitlines()[-1]
