@@ -195,6 +195,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _said_by(given: Sequence[str], flag: str, variable: str) -> str:
+    """How a message names the option ``flag``: as the flag where the command line gave it, else as the variable
+    its value came from, where that is set."""
+    if not any(a == flag or a.startswith(f"{flag}=") for a in given) and os.environ.get(variable):
+        return f"{flag} (from {variable})"
+    return flag
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m env_server.health",
@@ -266,6 +274,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    given = list(sys.argv[1:] if argv is None else argv)
+    ca_variable = "ENVFLEET_TLS_CA" if os.environ.get("ENVFLEET_TLS_CA") else "ENVFLEET_TLS_CERT"
+    files = {  # (each named as the user set it: a container's probe gets them from the server's variables)
+        args.tls_client_key: _said_by(given, "--tls-client-key", "ENVFLEET_TLS_CLIENT_KEY"),
+        args.tls_client_cert: _said_by(given, "--tls-client-cert", "ENVFLEET_TLS_CLIENT_CERT"),
+        args.tls_ca: _said_by(given, "--tls-ca", ca_variable),
+    }
+    for path, option in files.items():
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                pem = b"-----BEGIN " in f.read()
+        except OSError as err:
+            print(f"{address}: unhealthy: cannot read {option} {path}: {err.strerror}", file=sys.stderr)
+            return 1
+        if not pem:  # (else gRPC's C core logged "Could not load any root certificate" and the handshake failed)
+            print(
+                f"{address}: unhealthy: {option} {path}: expected a PEM file (-----BEGIN ...), got none",
+                file=sys.stderr,
+            )
+            return 1
     deadline = time.monotonic() + args.timeout
     failures: list[tuple[str, grpc.RpcError]] = []
     for tried in addresses:
@@ -282,12 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.tls_client_cert,
                 args.tls_client_key,
             )
-        except OSError as err:
-            files = {
-                args.tls_client_key: "--tls-client-key",
-                args.tls_client_cert: "--tls-client-cert",
-                args.tls_ca: "--tls-ca",
-            }
+        except OSError as err:  # (gone since it was read above)
             option = files.get(err.filename, "--tls-ca")
             print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
             return 1

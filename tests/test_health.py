@@ -88,6 +88,23 @@ def test_unknown_service_and_nothing_listening_are_unhealthy(start_servers: Star
     assert "127.0.0.1:1: unhealthy: UNAVAILABLE" in result.stderr
 
 
+def test_tls_files_that_cannot_be_used_are_named_as_given_in_one_line(tmp_path: Path) -> None:
+    """A CA path from the server's variables was named as --tls-ca, which nobody gave; a file that is no PEM got
+    gRPC's C core's log lines and a failed handshake."""
+    (tmp_path / "plain.txt").write_text("not a certificate\n")
+    environ = {**os.environ, "ENVFLEET_TLS_CERT": "/nope.crt"}
+    cases = [
+        ([], environ, "cannot read --tls-ca (from ENVFLEET_TLS_CERT) /nope.crt: No such file or directory"),
+        (["--tls-ca", "/nope.crt"], None, "cannot read --tls-ca /nope.crt: No such file or directory"),
+        (["--tls-ca", str(tmp_path / "plain.txt")], None, f"--tls-ca {tmp_path / 'plain.txt'}: expected a PEM file"),
+    ]
+    for args, env, said in cases:
+        result = probe("--address", "127.0.0.1:1", *args, env=env)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"127.0.0.1:1: unhealthy: {said}"), result.stderr
+
+
 def test_probe_does_not_import_numpy_or_gymnasium() -> None:
     """Run by path it stays cheap: every replica runs it every few seconds."""
     code = (
