@@ -1071,3 +1071,29 @@ def test_a_bench_interrupted_whose_results_cannot_be_written_says_both(
     err = capsys.readouterr().err
     assert f"learner bench: error: cannot write the report in {out}: No space left on device" in err
     assert err.rstrip().endswith("learner bench: interrupted; the tables above hold the measurements that finished")
+
+
+@pytest.mark.parametrize("script", ["capacity", "soak", "gpu_check", "cartpole_solve"])
+def test_the_maintainers_benchmark_scripts_import_and_say_their_options(script: str) -> None:
+    """Scripts the suite never runs (their measurements take minutes to hours, or a GPU): their imports and
+    options are checked at least."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", f"learner.benchmarks.{script}", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: "), result.stderr[-2000:]
+
+
+def test_a_bench_whose_default_out_cannot_be_made_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from learner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file where the runs folder goes\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--suites", "rpc", "--rounds", "2", "--seconds", "0.02"])
+    assert exit_info.value.code == 2
+    assert "learner bench: error: --out: cannot make runs/bench-" in capsys.readouterr().err
