@@ -197,7 +197,8 @@ def _positive_seconds(text: str) -> float:
 
 def _said_by(given: Sequence[str], flag: str, variable: str) -> str:
     """How a message names the option ``flag``: as the flag where the command line gave it, else as the variable
-    its value came from, where that is set."""
+    its value came from, where that is set. (env_server.__main__ has its like: this file imports nothing of
+    env_server, see the module's docstring.)"""
     if not any(a == flag or a.startswith(f"{flag}=") for a in given) and os.environ.get(variable):
         return f"{flag} (from {variable})"
     return flag
