@@ -481,12 +481,14 @@ def set_aside_newer(run_dir: Path, checkpoint_file: Path, checkpoint: dict[str, 
     a warning naming them (else pruning deletes the resumed run's checkpoints before them, their step
     numbers being higher, and a later --resume of the run dir goes on from them, not from this run).
     Their metrics rows go as a killed run's do (:func:`restore` drops the rows past the checkpoint); so does a
-    best.pt of a step after it (its nets are of the abandoned run: else the resumed run kept its bar and said
-    it as its best, and learner eval of best.pt evaluated them). Called with the run dir held."""
+    best.pt of a step after it, where there are such checkpoints (its nets are of the abandoned run: else the
+    resumed run kept its bar and said it as its best, and learner eval of best.pt evaluated them; a run resumed
+    from its latest checkpoint keeps a newer best.pt, written before it was killed). Called with the run dir held."""
     step = int(checkpoint["counters"]["global_step"])
     newer = [p for p in rundir.list_checkpoints(run_dir) if (rundir.checkpoint_step(p) or 0) > step]
     best = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-    if best.is_file():
+    # (only where a timeline is abandoned: a run killed after a best.pt newer than its last checkpoint keeps it)
+    if newer and best.is_file():
         try:
             best_step = load_checkpoint(best)["counters"].get("best_step")
         except UnreadableCheckpointError:  # (restore sets it aside as such)

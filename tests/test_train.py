@@ -1501,6 +1501,23 @@ def test_a_run_resumed_from_an_older_checkpoint_file_sets_the_newer_ones_aside(
     assert (run / rundir.CHECKPOINTS / "step-0000000064.pt.abandoned-2").is_file()
 
 
+def test_a_run_resumed_from_its_latest_checkpoint_keeps_a_newer_best_pt(tmp_path: Path) -> None:
+    """A run killed after a new best.pt, before its next checkpoint: best.pt is of its own timeline, kept (and its
+    bar), whether the run dir or its latest checkpoint file is given."""
+    run = tmp_path / "r"
+    args = Args(**{**_resumable(), "total_timesteps": 32}, checkpoint_every=1, run_dir=str(run))
+    train(args)
+    best = run / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
+    state = load_checkpoint(rundir.list_checkpoints(run)[-1])
+    state["counters"]["best_step"], state["counters"]["best_return"] = 40, 1e9  # (written at step 40, then killed)
+    torch.save(state, best)
+    for total in (48, 64):  # (the run dir; then its latest checkpoint file, step 48's)
+        resume = run if total == 48 else rundir.list_checkpoints(run)[-1]
+        summary = train(resume_args(resume, total_timesteps=total))
+        assert best.is_file() and not list(best.parent.glob("*.abandoned"))
+        assert (summary["best_return"], summary["best_step"]) == (1e9, 40)
+
+
 def test_a_damaged_best_pt_is_set_aside_on_resume_and_the_checkpoint_s_bar_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
