@@ -517,9 +517,16 @@ def _in_flag_terms(parser: argparse.ArgumentParser, message: str) -> str:
 def _said_by(given: Sequence[str], flag: str, dest: str) -> str:
     """How an error names the option ``flag`` (whose dest is ``dest``): as the flag where the command line gave it,
     else as its variable where that is set (a compose file's ``ENVFLEET_HOST=``: no flag was given)."""
-    if not any(a == flag or a.startswith(f"{flag}=") for a in given) and _variable(dest) in os.environ:
+    if not any(_names(a, flag) for a in given) and _variable(dest) in os.environ:
         return _variable(dest)
     return flag
+
+
+def _names(arg: str, flag: str) -> bool:
+    """Whether the command-line word ``arg`` gives ``flag``: as it is, with ``=VALUE``, or abbreviated (``--ho``
+    for ``--host``, which argparse takes)."""
+    name = arg.partition("=")[0]
+    return name.startswith("--") and len(name) > 2 and flag.startswith(name)
 
 
 def _auth_token(parser: argparse.ArgumentParser, args: argparse.Namespace, given: Sequence[str]) -> str | None:

@@ -16,7 +16,6 @@ import pickle
 import re
 import signal
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -697,23 +696,40 @@ def _calling_the_env(err: BaseException) -> bool:
     )
 
 
-def _where_raised(err: BaseException) -> str:
-    """`` (at FILE:LINE in NAME)``: where in the env's code making it raised ``err``, the innermost frame of its
-    traceback outside env_server, gymnasium and Python's own library (the env's line that raised, or that called
-    what did); "" where there is none. One line, not a traceback: many local servers fail alike at once."""
+def _where_raised(err: BaseException, env: str) -> str:
+    """`` (at FILE:LINE in NAME)``: where in the env's code making env ``env`` raised ``err``: the innermost frame of
+    its traceback in the env's own package (its entry point's), else the innermost outside gymnasium, envfleet and
+    the standard library (by module name: wherever the env and its libraries are installed); "" where there is
+    none. One line, not a traceback: many local servers fail alike at once."""
     if "was raised from the environment creator" in str(err):  # (gymnasium's copy of a TypeError: the original's)
         err = err.__cause__ or err.__context__ or err
-    theirs = [Path(str(module.__file__)).resolve().parent for module in (gym, sys.modules[__name__])]
-    theirs += [Path(sysconfig.get_paths()[name]).resolve() for name in ("stdlib", "platstdlib")]
-    where, tb = "", err.__traceback__
+    own = _entry_package(env)
+    ours = {"gymnasium", __name__.partition(".")[0], *sys.stdlib_module_names}
+    own_frame = other_frame = ""
+    tb = err.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if not code.co_filename.startswith("<") and not any(
-            Path(code.co_filename).resolve().is_relative_to(folder) for folder in theirs
-        ):
-            where = f" (at {code.co_filename}:{tb.tb_lineno} in {code.co_name})"
+        code, package = tb.tb_frame.f_code, str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
+        where = f" (at {code.co_filename}:{tb.tb_lineno} in {code.co_name})"
+        if package == own:
+            own_frame = where
+        elif package not in ours and not code.co_filename.startswith("<"):
+            other_frame = where
         tb = tb.tb_next
-    return where
+    return own_frame or other_frame
+
+
+def _entry_package(env: str) -> str | None:
+    """The top-level package of ``env``'s code: its entry point's (``module:Class``, or the one a gymnasium id is
+    registered with); None where it cannot be told."""
+    entry: Any = env
+    if ":" not in env:
+        try:
+            entry = gym.spec(env).entry_point
+        except Exception:  # (an id gymnasium does not know: no frame of it to find)
+            return None
+    if callable(entry):
+        entry = getattr(entry, "__module__", None) or ""
+    return str(entry).partition(":")[0].partition(".")[0] or None
 
 
 def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
@@ -746,13 +762,15 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             example = json.dumps({name: "..." for name in names}).replace('"..."', "...")
             text += f"; pass constructor arguments with --env-kwargs '{example}'"
         else:
-            text += _where_raised(err)
+            text += _where_raised(err, config.env)
         return EnvBuildError(
             # (gymnasium appends "was raised from the environment creator for <id> with kwargs (...)")
             f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {text}"
         )
     text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
-    where = "" if isinstance(err, KeyboardInterrupt) else _where_raised(err)  # (a Ctrl-C's line is no error's)
+    where = (
+        "" if isinstance(err, KeyboardInterrupt) else _where_raised(err, config.env)
+    )  # (a Ctrl-C's line is no error's)
     return EnvBuildError(
         f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else "") + where
     )

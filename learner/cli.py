@@ -237,9 +237,10 @@ def _say_a_slow_start(config: Args) -> None:
     count, per = config.local_layout()
     cpus = usable_cpus()
     if count > SERVERS_PER_CPU * cpus:
-        print(
+        print(  # (stderr, a note as logs are: stdout's first line stays the run's, which `| head -1` reads)
             f"learner train: starting {count} local env servers ({per} x {config.env} each) on {cpus} "
             f"CPU{'s' if cpus != 1 else ''}: they take a while",
+            file=sys.stderr,
             flush=True,
         )
 

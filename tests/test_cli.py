@@ -68,13 +68,14 @@ def test_more_local_servers_than_cpus_are_said_to_take_a_while_to_start(
     monkeypatch.setattr(cli, "usable_cpus", lambda root="/": 1)
     monkeypatch.setattr(cli, "SERVERS_PER_CPU", 1)  # (4: more than 4 servers on each CPU are said)
     assert main([*argv, "--run-dir", str(tmp_path / "two")]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    said = capsys.readouterr()
+    assert said.out.startswith("learner train: PPO")  # (stdout's first line stays the run's, for `| head -1`)
     assert (
-        first
+        said.err.splitlines()[0]
         == "learner train: starting 2 local env servers (4 x tests.envs:ClockEnv each) on 1 CPU: they take a while"
     )
     assert main([*argv, "--num-servers", "1", "--run-dir", str(tmp_path / "one")]) == 0  # (1 on 1 CPU: not said)
-    assert "starting" not in capsys.readouterr().out
+    assert "starting" not in capsys.readouterr().err
 
 
 @pytest.mark.needs_torch

@@ -87,6 +87,13 @@ class Broken(gym.Env):
 
     def __init__(self, goal=10):
         helper(goal)
+
+
+class Singular(Broken):
+    def __init__(self):
+        import numpy as np
+
+        np.linalg.inv(np.zeros((2, 2)))  # (numpy raises: its frames are no env's)
 """
 
 
@@ -105,6 +112,10 @@ def test_an_env_whose_constructor_raises_says_where_in_the_envs_code(tmp_path: P
     result = run_server("--env", "brokenenvs:Broken", "--env-kwargs", '{"goal": "x"}', "--port", "0", environ=environ)
     assert result.stderr.strip().endswith(f"(at {tmp_path / 'brokenenvs.py'}:6 in helper)")
     assert run_server("--env", "CartPol-v1", "--port", "0").stderr.strip().endswith("Did you mean: `CartPole`?")
+    result = run_server("--env", "brokenenvs:Singular", "--port", "0", environ=environ)
+    assert result.stderr.strip().endswith(
+        f"LinAlgError: Singular matrix (at {tmp_path / 'brokenenvs.py'}:21 in __init__)"
+    ), result.stderr
 
 
 def test_a_bad_value_from_a_variable_is_named_as_that_variable(tmp_path: Path) -> None:
@@ -113,6 +124,7 @@ def test_a_bad_value_from_a_variable_is_named_as_that_variable(tmp_path: Path) -
     cases = [
         ({"ENVFLEET_HOST": ""}, [], "ENVFLEET_HOST '': expected a host name or address"),
         ({}, ["--host", ""], "--host '': expected a host name or address"),
+        ({"ENVFLEET_HOST": "x"}, ["--ho", ""], "--host '': expected a host name or address"),  # (abbreviated)
         ({"ENVFLEET_AUTH_TOKEN_FILE": "/nope"}, [], "ENVFLEET_AUTH_TOKEN_FILE /nope: cannot read it: No such file"),
         (
             {"ENVFLEET_AUTH_TOKEN": "abcdefgh", "ENVFLEET_AUTH_TOKEN_FILE": str(tmp_path / "token")},
