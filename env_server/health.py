@@ -199,12 +199,16 @@ def _said_by(given: Sequence[str], flag: str, variable: str) -> str:
     """How a message names the option ``flag``: as the flag where the command line gave it, else as the variable
     its value came from, where that is set. (env_server.__main__ has its like: this file imports nothing of
     env_server, see the module's docstring.)"""
-    # (given as it is, with =VALUE, or abbreviated as argparse takes it: --tls-c for --tls-ca)
-    if not any(len(n := a.partition("=")[0]) > 2 and n.startswith("--") and flag.startswith(n) for a in given) and (
-        os.environ.get(variable)
-    ):
+    if not any(_names(a, flag) for a in given) and os.environ.get(variable):
         return f"{flag} (from {variable})"
     return flag
+
+
+def _names(arg: str, flag: str) -> bool:
+    """Whether the command-line word ``arg`` gives ``flag``: as it is, with ``=VALUE``, or abbreviated as argparse
+    takes it (``--tls-ca`` as ``--tls-ca=PATH`` or ``--tls-ca``'s unambiguous prefix)."""
+    name = arg.partition("=")[0]
+    return name.startswith("--") and len(name) > 2 and flag.startswith(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
