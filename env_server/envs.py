@@ -768,9 +768,8 @@ def _build_error(config: ServerConfig, err: BaseException) -> EnvBuildError:
             f"cannot make env {config.env!r} with kwargs {config.env_kwargs}: {text}"
         )
     text = " ".join(str(err).split())  # (none: a bare KeyboardInterrupt, say)
-    where = (
-        "" if isinstance(err, KeyboardInterrupt) else _where_raised(err, config.env)
-    )  # (a Ctrl-C's line is no error's)
+    # (a Ctrl-C's line is no error's)
+    where = "" if isinstance(err, KeyboardInterrupt) else _where_raised(err, config.env)
     return EnvBuildError(
         f"cannot make env {config.env!r}: {type(err).__name__}" + (f": {text}" if text else "") + where
     )

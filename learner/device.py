@@ -68,12 +68,12 @@ def machine_busy() -> str:
 
 
 def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] | None:
-    """Bytes more tensors on ``device`` can take, and where that is said: CUDA's free memory there; on the CPU,
-    /proc/meminfo's MemAvailable and SwapFree (a run that swaps is slow, not killed), or what this process's
-    cgroup (v2) leaves if less (``memory.max`` less what its
-    processes hold that cannot be reclaimed, memory.stat's ``anon`` and ``shmem``: not its page cache; of its cgroup
-    and its parents': a container's ``--memory``). None where none can be read. ``root``: where those files are
-    looked for, the file system's root but in tests."""
+    """Bytes more tensors on ``device`` can take, and where that is said: on CUDA, its free memory and what torch's
+    allocator holds unused; on the CPU, /proc/meminfo's MemAvailable and SwapFree (a run that swaps is slow, not
+    killed), or what this process's cgroup (v2) leaves if less (``memory.max`` less what its processes hold that
+    cannot be reclaimed, memory.stat's ``anon`` and ``shmem``: not its page cache; of its cgroup and its parents':
+    a container's ``--memory``). None where none can be read. ``root``: where those files are looked for, the
+    file system's root but in tests."""
     if device.type == "cuda":  # (with what torch's allocator holds but no tensor uses: an earlier run's, reused)
         try:
             cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -403,7 +403,7 @@ advantage and return, and the update's copies of them."""
 def _check_rollout_memory(hp: PPOConfig, num_envs: int, obs_space: gym.Space[Any], device: torch.device) -> None:
     """Refuse a rollout whose storage and update cannot fit where they go (found before the run dir is made: at
     the allocation a CPU that overcommits has the kernel kill the learner later, without a word). Counted: the
-    rollout's observations, the update's copy of them, a minibatch's taken from it and made float32 for the nets (not
+    rollout's observations, the update's copy of them, a minibatch taken from it and made float32 for the nets (not
     the nets' activations: at least that much is needed)."""
     shape, dtype = _obs_storage(obs_space)
     steps = hp.num_steps * num_envs
@@ -420,11 +420,8 @@ def _check_rollout_memory(hp: PPOConfig, num_envs: int, obs_space: gym.Space[Any
             f"{size / scale:,.{places}f} {unit}" for scale, places, unit in _UNITS if size >= scale or unit == "kB"
         )
 
-    what = (
-        f"{tuple(shape)} {str(dtype).removeprefix('torch.')}"
-        if shape
-        else f"scalar {str(dtype).removeprefix('torch.')}"
-    )
+    name = str(dtype).removeprefix("torch.")
+    what = f"{tuple(shape)} {name}" if shape else f"scalar {name}"
     raise OptionError(
         f"--num-steps {hp.num_steps} x {num_envs} envs: a rollout of {what} "
         f"observations and its update need at least {amount(need)} on {device}, and {where} has {amount(free)} available: "
