@@ -1248,8 +1248,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             else:
                 try:
                     self._take(i, task.result(), base, out)
-                except InvalidResponseError as unreadable:  # reported once every answer is in
-                    failed[i] = unreadable  # (a fault of the learner's own, not the server's, is raised as it is)
+                # (an InvalidResponseError, or a fault of the learner's own, raised as it is, not as an outage:
+                # reported once every answer is in, so that none is left to reach a later step)
+                except Exception as unreadable:
+                    failed[i] = unreadable
 
         if tasks:
             # Each step's deadline counts from its send (see _start); steps sent at different times

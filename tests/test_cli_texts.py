@@ -90,7 +90,8 @@ def test_an_empty_host_is_refused_from_its_variable_too(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ENVFLEET_HOST", "")
-    assert "--host '': expected a host name or address" in error_of(parse_args, ["--env", "CartPole-v1"], capsys)
+    said = error_of(parse_args, ["--env", "CartPole-v1"], capsys)
+    assert "ENVFLEET_HOST '': expected a host name or address" in said  # (named as set: no --host was given)
     # (a server on a Unix socket does not listen on --host)
     assert parse_args(["--env", "CartPole-v1", "--unix-socket", "/tmp/x.sock"])[0].host == ""
 
