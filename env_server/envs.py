@@ -680,12 +680,19 @@ def _extra_hint(env: str, err: BaseException) -> str | None:
 _PROCESS_LIMITS = "a pids limit (docker --pids-limit, ulimit -u) or memory may be too low"
 
 
+def _original(err: BaseException) -> BaseException:
+    """``err``, or the TypeError it is gymnasium's copy of ("... was raised from the environment creator for <id>
+    with kwargs (...)"): the one whose traceback goes into the env's code."""
+    if "was raised from the environment creator" in str(err):
+        return err.__cause__ or err.__context__ or err
+    return err
+
+
 def _calling_the_env(err: BaseException) -> bool:
     """Whether ``err`` (a TypeError, or gymnasium's copy of one) was raised by the call that makes the env itself,
     as Python binds its arguments (the innermost frame the caller's: gymnasium's, or this package's), not by a
     call inside the env's constructor (the innermost frame the constructor's own)."""
-    original = err.__cause__ or err.__context__ or err if "was raised from the environment creator" in str(err) else err
-    tb = original.__traceback__
+    tb = _original(err).__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
@@ -701,12 +708,10 @@ def _where_raised(err: BaseException, env: str) -> str:
     its traceback in the env's own package (its entry point's), else the innermost outside gymnasium, envfleet and
     the standard library (by module name: wherever the env and its libraries are installed); "" where there is
     none. One line, not a traceback: many local servers fail alike at once."""
-    if "was raised from the environment creator" in str(err):  # (gymnasium's copy of a TypeError: the original's)
-        err = err.__cause__ or err.__context__ or err
     own = _entry_package(env)
     ours = {"gymnasium", __name__.partition(".")[0], *sys.stdlib_module_names}
     own_frame = other_frame = ""
-    tb = err.__traceback__
+    tb = _original(err).__traceback__
     while tb is not None:
         code, package = tb.tb_frame.f_code, str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
         where = f" (at {code.co_filename}:{tb.tb_lineno} in {code.co_name})"

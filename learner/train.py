@@ -400,12 +400,14 @@ ROLLOUT_BYTES_PER_STEP = 64
 advantage and return, and the update's copies of them."""
 
 
-def _check_rollout_memory(hp: PPOConfig, num_envs: int, obs_space: gym.Space[Any], device: torch.device) -> None:
+def _check_rollout_memory(
+    hp: PPOConfig, num_envs: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> None:
     """Refuse a rollout whose storage and update cannot fit where they go (found before the run dir is made: at
     the allocation a CPU that overcommits has the kernel kill the learner later, without a word). Counted: the
     rollout's observations, the update's copy of them, a minibatch taken from it and made float32 for the nets (not
-    the nets' activations: at least that much is needed)."""
-    shape, dtype = _obs_storage(obs_space)
+    the nets' activations: at least that much is needed). ``shape``, ``dtype``: an observation's in the rollout
+    (:func:`_obs_storage`)."""
     steps = hp.num_steps * num_envs
     size = math.prod(shape)
     minibatch = steps // hp.num_minibatches * size * (dtype.itemsize + 4)
@@ -854,7 +856,8 @@ def train(
         hp = resolve_ppo(args, envs.single_observation_space, envs.single_action_space)
         _check_squash(hp, envs, wrappers)
         ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
-        _check_rollout_memory(hp, envs.num_envs, envs.single_observation_space, device)
+        obs_shape, obs_dtype = _obs_storage(envs.single_observation_space)
+        _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device)
         autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
             raise ValueError(
@@ -960,7 +963,6 @@ def train(
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         threshold = resumed_threshold(counters, threshold)
 
-        obs_shape, obs_dtype = _obs_storage(obs_space)
         recorded_args = args.to_json()
         if checkpoint is not None and not args.track and (run_dir / rundir.WANDB_RUN).is_file():
             # A tracked run resumed with --no-track: not tracked this time, and recorded as tracked, so

@@ -952,13 +952,15 @@ def test_a_rollout_that_cannot_fit_in_memory_is_refused_before_the_run_dir_is_ma
     # What it counts: the rollout's observations, the update's copy of them, a minibatch of them as float32.
     space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     hp = dataclasses.replace(resolve_ppo(args, space, gym.spaces.Discrete(6)), num_steps=128, num_minibatches=4)
+    stored = train_module._obs_storage(space)
+    assert stored == ((4, 84, 84), torch.uint8)  # (images as the bytes they are)
     monkeypatch.setattr(train_module, "available_memory", lambda device: (12_000_000_000, "this machine"))
     with pytest.raises(OptionError, match=r"need at least 12\.03 GB on cpu, and this machine has 12\.00 GB available"):
-        train_module._check_rollout_memory(hp, 1024, space, torch.device("cpu"))
+        train_module._check_rollout_memory(hp, 1024, *stored, torch.device("cpu"))
     monkeypatch.setattr(train_module, "available_memory", lambda device: (12_100_000_000, "this machine"))
-    train_module._check_rollout_memory(hp, 1024, space, torch.device("cpu"))  # (fits)
+    train_module._check_rollout_memory(hp, 1024, *stored, torch.device("cpu"))  # (fits)
     monkeypatch.setattr(train_module, "available_memory", lambda device: None)  # (unknown: not refused)
-    train_module._check_rollout_memory(hp, 1 << 20, space, torch.device("cpu"))
+    train_module._check_rollout_memory(hp, 1 << 20, *stored, torch.device("cpu"))
 
 
 def test_available_memory_is_the_machines_or_its_cgroups_if_less(tmp_path: Path) -> None:
