@@ -71,6 +71,18 @@ def _environ_as_it_was() -> Iterator[None]:
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
 
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent process (from /proc; None once it has gone). Tests that find processes by their
+    command line check it: a process that forks (a server starting its env's simulator, or git) has a
+    child holding the same command line until that child's exec."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 # torch (and so SB3) is the learner's extra: an env-server-only install has neither. A test that
 # trains, or imports what needs torch, is marked needs_torch (or needs_sb3), and skipped there; a
 # module that imports it at module level starts with pytest.importorskip("torch").

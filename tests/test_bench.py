@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from learner.benchmarks.report import PAIRED_NOTE, TARGETS, evaluate_targets, markdown_tables, plot_results
-from tests.conftest import CTRL_C_EXIT
+from tests.conftest import CTRL_C_EXIT, parent_of
 
 # The reference run the README shows, and the bench.md and bench.png written from it.
 COMMITTED = Path(__file__).parents[1] / "learner" / "benchmarks" / "results"
@@ -953,7 +953,8 @@ def _children_of(pid: int) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--parent-pid" in argv and argv[argv.index(b"--parent-pid") + 1 :][:1] == [str(pid).encode()]:
+        ours = b"--parent-pid" in argv and argv[argv.index(b"--parent-pid") + 1 :][:1] == [str(pid).encode()]
+        if ours and parent_of(int(entry.name)) == pid:
             found.append(int(entry.name))
     return found
 

@@ -44,7 +44,7 @@ from learner.local import (
     left_down,
 )
 from learner.outages import _left_down
-from tests.conftest import SpawnServer, needs_proc
+from tests.conftest import SpawnServer, needs_proc, parent_of
 
 
 def alive(pid: int) -> bool:
@@ -188,18 +188,19 @@ def test_context_manager_stops_every_server() -> None:
         assert all(a.startswith("unix:") for a in addresses)
         with RemoteVectorEnv(addresses) as envs:
             envs.reset(seed=0)
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), addresses)]
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), addresses, os.getpid())]
         assert len(pids) == 2
     wait_gone(pids, within=5)
 
 
-def _is_server(pid: int, addresses: list[str]) -> bool:
+def _is_server(pid: int, addresses: list[str], parent: int) -> bool:
+    """Whether ``pid`` is an env server ``parent`` started, listening at one of ``addresses``."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().decode(errors="replace")  # (another process's may hold bytes that are not UTF-8)
     except OSError:
         return False
-    return "env_server" in cmd and any(a.removeprefix("unix:") in cmd for a in addresses)
+    return parent_of(pid) == parent and "env_server" in cmd and any(a.removeprefix("unix:") in cmd for a in addresses)
 
 
 def test_close_stops_every_server() -> None:
@@ -798,7 +799,9 @@ def test_servers_of_a_learner_killed_while_they_build_their_envs_exit_at_once(tm
                     assert time.monotonic() < deadline and learner.poll() is None, "the servers did not listen"
                     time.sleep(0.1)
                 folder = str(sockets[0].parent)
-                pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), [folder])]
+                pids = [
+                    int(p) for p in os.listdir("/proc") if p.isdigit() and _is_server(int(p), [folder], learner.pid)
+                ]
                 assert len(pids) == 2, pids
                 while len(simulators := _with_marker(marker)) < 2:
                     assert time.monotonic() < deadline, "the envs did not start their simulators"

@@ -26,7 +26,7 @@ from learner import RemoteVectorEnv
 from learner.config import Args
 from learner.envs import FleetSpec, fleet_spec, open_fleet
 from learner.local import LocalServers
-from tests.conftest import needs_proc
+from tests.conftest import needs_proc, parent_of
 from tests.test_readme_claims_server import SHORT_EXIT_MARGIN_S
 from tests.test_readme_claims_server import _server as serve_logged
 
@@ -62,7 +62,7 @@ def _hang_timeouts() -> list[str]:
         except OSError:
             continue
         ours = "--parent-pid" in argv and argv[argv.index("--parent-pid") + 1] == str(os.getpid())
-        if "env_server" in argv and ours:
+        if "env_server" in argv and ours and parent_of(int(cmdline.parent.name)) == os.getpid():
             found.append(argv[argv.index("--hang-timeout") + 1] if "--hang-timeout" in argv else "none")
     return found
 
