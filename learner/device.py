@@ -6,8 +6,9 @@ import os
 
 import torch
 
+from learner.cgroups import cgroup_memory_left
 from learner.config import check_device
-from learner.local import _own_cgroups, _up_to, usable_cpus
+from learner.local import usable_cpus
 
 __all__ = ["available_memory", "device_hint", "machine_busy", "pick_device", "set_torch_threads"]
 
@@ -70,9 +71,8 @@ def machine_busy() -> str:
 def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] | None:
     """Bytes more tensors on ``device`` can take, and where that is said: on CUDA, its free memory and what torch's
     allocator holds unused; on the CPU, /proc/meminfo's MemAvailable and SwapFree (a run that swaps is slow, not
-    killed), or what this process's cgroup (v2) leaves if less (``memory.max`` less what its processes hold that
-    cannot be reclaimed, memory.stat's ``anon`` and ``shmem``: not its page cache; of its cgroup and its parents':
-    a container's ``--memory``). None where none can be read. ``root``: where those files are looked for, the
+    killed), or what this process's cgroups leave if less (:func:`~learner.cgroups.cgroup_memory_left`: a
+    container's ``--memory``). None where none can be read. ``root``: where those files are looked for, the
     file system's root but in tests."""
     if device.type == "cuda":  # (with what torch's allocator holds but no tensor uses: an earlier run's, reused)
         try:
@@ -93,17 +93,6 @@ def available_memory(device: torch.device, root: str = "/") -> tuple[int, str] |
         found.append(((kb["MemAvailable"] + kb.get("SwapFree", 0)) * 1024, "this machine (with its free swap)"))
     except (OSError, ValueError, IndexError, KeyError):
         pass
-    v2, _ = _own_cgroups(os.path.join(root, "proc", "self", "cgroup"))
-    for folder in _up_to(os.path.join(root, "sys", "fs", "cgroup"), v2):
-        try:
-            with open(os.path.join(folder, "memory.max")) as f:
-                limit = f.read().strip()
-            if limit == "max":
-                continue
-            with open(os.path.join(folder, "memory.stat")) as f:
-                stat = dict(line.split(maxsplit=1) for line in f if line.strip())
-            held = int(stat.get("anon", 0)) + int(stat.get("shmem", 0))
-            found.append((max(0, int(limit) - held), "this process's cgroup (its memory limit)"))
-        except (OSError, ValueError):
-            continue
+    if (left := cgroup_memory_left(root)) is not None:
+        found.append((left, "this process's cgroup (its memory limit)"))
     return min(found) if found else None

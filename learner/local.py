@@ -27,6 +27,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from env_server.protocol import MAX_UNIX_PATH
 from env_server.tuning import COLOUR, JsonLogFormatter, raise_fd_limit
+from learner.cgroups import cgroup_cpu_quota
 from learner.discovery import unix_path
 from learner.errors import FDS_PER_SERVER, InvalidArgumentError, InvalidArgumentTypeError, ServerStartError, out_of_fds
 from learner.validate import count, is_finite, seconds
@@ -1192,80 +1193,6 @@ def usable_cpus(root: str = "/") -> int:
     if quota is not None:
         cpus = min(cpus, max(1, math.ceil(quota)))
     return cpus
-
-
-def cgroup_cpu_quota(root: str = "/") -> float | None:
-    """The CPU time this process's cgroups allow it, in CPUs (0.5: half a CPU's time; ``docker run --cpus``
-    sets it), the smallest of the quotas of its cgroup and of their parents; None where none is set or
-    none can be read. cgroup v2: ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD": none) of the cgroup that
-    /proc/self/cgroup's ``0::/PATH`` line names and its parents, up to the mount's root (a container's
-    own cgroup, where it has a cgroup namespace: its PATH is then "/"); cgroup v1 likewise, its
-    ``cpu.cfs_quota_us`` (-1: none) over ``cpu.cfs_period_us``, where the cpu controller is mounted
-    (``cpu`` or ``cpu,cpuacct``). ``root``: where those files are looked for, the file system's root but
-    in tests."""
-    mounts = os.path.join(root, "sys", "fs", "cgroup")
-    v2_path, v1_path = _own_cgroups(os.path.join(root, "proc", "self", "cgroup"))
-    quotas = [_cpu_max(folder) for folder in _up_to(mounts, v2_path)]
-    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
-        quotas += [_cfs_quota(folder) for folder in _up_to(os.path.join(mounts, mount), v1_path)]
-    found = [q for q in quotas if q is not None]
-    return min(found) if found else None
-
-
-def _own_cgroups(path: str) -> tuple[str, str]:
-    """This process's cgroup v2 and cgroup v1 cpu controller's paths (/proc/self/cgroup: "0::/PATH", and
-    "ID:cpu,cpuacct:/PATH"); "/" for one not there, or outside the cgroup namespace's root ("/.."), whose
-    folders are not in the mount."""
-    v2 = v1 = "/"
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return v2, v1
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, cgroup = rest.partition(":")
-        if not cgroup.startswith("/") or ".." in cgroup.split("/"):
-            continue
-        if hierarchy == "0" and not controllers:
-            v2 = cgroup
-        elif "cpu" in controllers.split(","):
-            v1 = cgroup
-    return v2, v1
-
-
-def _up_to(mount: str, cgroup: str) -> list[str]:
-    """The folders of ``cgroup`` and of its parents, under the mount ``mount`` (its root last)."""
-    parts = [p for p in cgroup.split("/") if p]
-    return [os.path.join(mount, *parts[:n]) for n in range(len(parts), -1, -1)]
-
-
-def _cpu_max(folder: str) -> float | None:
-    """cgroup v2: the quota of ``folder``'s cpu.max in CPUs; None for none ("max") or no such file."""
-    try:
-        with open(os.path.join(folder, "cpu.max")) as f:
-            quota, _, period = f.read().strip().partition(" ")
-        return None if quota == "max" else _cpus(int(quota), int(period or 100_000))
-    except (OSError, ValueError):
-        return None
-
-
-def _cfs_quota(folder: str) -> float | None:
-    """cgroup v1: ``folder``'s cpu.cfs_quota_us over its cpu.cfs_period_us, in CPUs; None for none (-1)
-    or no such file."""
-    try:
-        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
-            quota = int(f.read())
-        if quota < 0:
-            return None
-        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
-            return _cpus(quota, int(f.read()))
-    except (OSError, ValueError):
-        return None
-
-
-def _cpus(quota: int, period: int) -> float | None:
-    return quota / period if quota > 0 and period > 0 else None
 
 
 def socket_folder(address: str) -> str | None:

@@ -987,6 +987,33 @@ def test_available_memory_is_the_machines_or_its_cgroups_if_less(tmp_path: Path)
     assert available_memory(torch.device("meta"), str(tmp_path)) is None
 
 
+@pytest.mark.parametrize("namespaced", [False, True])
+def test_available_memory_reads_a_cgroup_v1_memory_limit(tmp_path: Path, namespaced: bool) -> None:
+    """``docker run --memory 4g`` on a cgroup v1 host (this project's CI machines are): memory.limit_in_bytes less
+    what its processes hold, counted over its children (was: only cgroup v2's memory.max was read). In a container
+    without a cgroup namespace, the host's tree; with one, its own cgroup is the mount's root."""
+    from learner.cgroups import cgroup_memory_left
+    from learner.device import available_memory
+
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "meminfo").write_text("MemAvailable: 7000000 kB\nSwapFree: 0 kB\n")
+    (tmp_path / "proc" / "self" / "cgroup").write_text("5:memory:/docker/0123abcd\n4:cpu,cpuacct:/docker/0123abcd\n")
+    memory = tmp_path / "sys" / "fs" / "cgroup" / "memory"
+    box = memory if namespaced else memory / "docker" / "0123abcd"
+    box.mkdir(parents=True)
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # (the host's: none)
+    (memory / "memory.stat").write_text("total_rss 9000000000\n")
+    (box / "memory.limit_in_bytes").write_text("4000000000\n")
+    # rss and shmem are the cgroup's own, total_*: with its children's; cache can be reclaimed.
+    (box / "memory.stat").write_text("cache 2000000000\nrss 1\nshmem 2\ntotal_rss 1000000000\ntotal_shmem 500000000\n")
+    cpu = torch.device("cpu")
+    assert cgroup_memory_left(str(tmp_path)) == 2_500_000_000
+    assert available_memory(cpu, str(tmp_path)) == (2_500_000_000, "this process's cgroup (its memory limit)")
+    (box / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_memory_left(str(tmp_path)) is None
+    assert available_memory(cpu, str(tmp_path)) == (7_168_000_000, "this machine (with its free swap)")
+
+
 def test_actions_no_policy_takes_are_refused_before_the_run_dir_is_made(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^action_space: expected Discrete, MultiDiscrete, MultiBinary or a 1-d"):
         train(Args(**clock(3, action="tuple"), backend="gym", run_dir=str(tmp_path / "run")))
