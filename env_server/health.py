@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import ssl
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -211,6 +212,32 @@ def _names(arg: str, flag: str) -> bool:
     return name.startswith("--") and len(name) > 2 and flag.startswith(name)
 
 
+def _unreadable_tls(
+    ca: tuple[str | None, str], cert: tuple[str | None, str], key: tuple[str | None, str]
+) -> str | None:
+    """What OpenSSL cannot read of the probe's TLS files (each a path and the option that named it), and why; None
+    where it reads them all. (env_server.protocol has the learner's and server's checks: not imported here.)"""
+
+    def no_passphrase() -> bytes:  # (a key with one: refused, rather than OpenSSL asking at the terminal)
+        return b""
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca[0] is not None:
+        try:
+            context.load_verify_locations(ca[0])
+        except (ssl.SSLError, ValueError) as err:
+            return f"{ca[1]} {ca[0]}: expected PEM CA certificate(s), got ones OpenSSL cannot read ({err})"
+    if cert[0] is not None and key[0] is not None:
+        try:
+            context.load_cert_chain(cert[0], key[0], password=no_passphrase)
+        except (ssl.SSLError, ValueError) as err:
+            return (
+                f"{cert[1]} {cert[0]} and {key[1]} {key[0]}: expected a client certificate and its private key "
+                f"(without a passphrase), got ones OpenSSL cannot read as such ({err})"
+            )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m env_server.health",
@@ -284,12 +311,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     given = list(sys.argv[1:] if argv is None else argv)
     ca_variable = "ENVFLEET_TLS_CA" if os.environ.get("ENVFLEET_TLS_CA") else "ENVFLEET_TLS_CERT"
-    files = {  # (each named as the user set it: a container's probe gets them from the server's variables)
-        args.tls_client_key: _said_by(given, "--tls-client-key", "ENVFLEET_TLS_CLIENT_KEY"),
-        args.tls_client_cert: _said_by(given, "--tls-client-cert", "ENVFLEET_TLS_CLIENT_CERT"),
-        args.tls_ca: _said_by(given, "--tls-ca", ca_variable),
-    }
-    for path, option in files.items():
+    # Each named as the user set it (a container's probe gets them from the server's variables), and read as
+    # OpenSSL will: else gRPC's C core logged "Could not load any root certificate" and every handshake failed.
+    said_ca = (args.tls_ca, _said_by(given, "--tls-ca", ca_variable))
+    said_cert = (args.tls_client_cert, _said_by(given, "--tls-client-cert", "ENVFLEET_TLS_CLIENT_CERT"))
+    said_key = (args.tls_client_key, _said_by(given, "--tls-client-key", "ENVFLEET_TLS_CLIENT_KEY"))
+    for path, option in (said_ca, said_cert, said_key):
         if path is None:
             continue
         try:
@@ -298,12 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as err:
             print(f"{address}: unhealthy: cannot read {option} {path}: {err.strerror}", file=sys.stderr)
             return 1
-        if not pem:  # (else gRPC's C core logged "Could not load any root certificate" and the handshake failed)
+        if not pem:
             print(
                 f"{address}: unhealthy: {option} {path}: expected a PEM file (-----BEGIN ...), got none",
                 file=sys.stderr,
             )
             return 1
+    if (why := _unreadable_tls(said_ca, said_cert, said_key)) is not None:
+        print(f"{address}: unhealthy: {why}", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + args.timeout
     failures: list[tuple[str, grpc.RpcError]] = []
     for tried in addresses:
@@ -321,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.tls_client_key,
             )
         except OSError as err:  # (gone since it was read above)
-            option = files.get(err.filename, "--tls-ca")
+            option = next((said for path, said in (said_ca, said_cert, said_key) if path == err.filename), "--tls-ca")
             print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
             return 1
         except grpc.RpcError as err:

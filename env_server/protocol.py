@@ -42,6 +42,7 @@ __all__ = [
     "package_version",
     "peer_text",
     "runtime_versions",
+    "unreadable_ca",
 ]
 
 # Version of the protocol (the proto package is envfleet.v<PROTOCOL_VERSION>).
@@ -227,6 +228,17 @@ def check_key_pair(cert: str, key: str, cert_name: str, key_name: str) -> None:
         else:
             reason = str(err)
         raise ValueError(f"{cert_name} {cert} and {key_name} {key}: {reason}") from None
+
+
+def unreadable_ca(data: bytes) -> str | None:
+    """Why OpenSSL cannot read ``data`` (a PEM file's bytes) as CA certificate(s), in its words; None where it
+    can. Said at once, rather than as gRPC's C core logging "Could not load any root certificate" and every
+    connection failing as if no server answered."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError) as err:
+        return str(err)
+    return None
 
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:

@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import ssl
 import stat
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from env_server.protocol import (
     host_problem,
     http_host,
     runtime_versions,
+    unreadable_ca,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -487,10 +487,8 @@ def _read_client_ca(path: str) -> bytes:
     if b"-----BEGIN CERTIFICATE-----" not in data:
         got = "a private key" if b"PRIVATE KEY-----" in data else "no certificate"
         raise OSError(f"--tls-client-ca {path}: {expected} (-----BEGIN CERTIFICATE-----), got {got}")
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=data.decode("ascii", "replace"))
-    except (ssl.SSLError, ValueError) as err:
-        raise OSError(f"--tls-client-ca {path}: {expected}, got one OpenSSL cannot read ({err})") from None
+    if (why := unreadable_ca(data)) is not None:
+        raise OSError(f"--tls-client-ca {path}: {expected}, got one OpenSSL cannot read ({why})")
     return data
 
 

@@ -455,8 +455,11 @@ def _tls_variables(
     variables env-server's health probe reads) where None: for --servers only (local servers this
     command starts speak plaintext), the name only with TLS. A CA file the variable names that cannot
     be read here (a container's path, exported for compose) is named as the variable's."""
+    from learner.client import ca_roots
+
     if tls_ca is not None:
         _readable(tls_ca, "--tls-ca")
+        ca_roots(tls_ca, "--tls-ca")  # (InvalidArgumentError, a ValueError: said as a usage error)
     if servers is None:
         return tls_ca, tls_server_name
     if tls_ca is None and os.environ.get("ENVFLEET_TLS_CA"):
@@ -466,6 +469,7 @@ def _tls_variables(
             "$ENVFLEET_TLS_CA",
             "; it gives --tls-ca for --servers: set it to the CA file on this machine, unset it, or give --tls-ca",
         )
+        ca_roots(tls_ca, "$ENVFLEET_TLS_CA")
     if tls_server_name is None and (tls or tls_ca) and os.environ.get("ENVFLEET_TLS_SERVER_NAME"):
         tls_server_name = os.environ["ENVFLEET_TLS_SERVER_NAME"]
     return tls_ca, tls_server_name

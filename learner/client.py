@@ -35,6 +35,7 @@ from env_server.protocol import (
     STEP_SOCKET_SUFFIX,
     check_key_pair,
     grpc_target,
+    unreadable_ca,
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
@@ -1489,17 +1490,29 @@ def channel_credentials(
         identity = client_identity(client_cert, client_key)
     if tls is True:
         return grpc.ssl_channel_credentials(**identity), None
-    path = os.fspath(tls)
+    roots = ca_roots(tls)
+    return grpc.ssl_channel_credentials(root_certificates=roots, **identity), roots
+
+
+def ca_roots(path: str | os.PathLike[str], name: str = "tls") -> bytes:
+    """The CA certificate(s) in the PEM file ``path``, as gRPC takes them; InvalidArgumentError naming ``name`` (the
+    argument or option that gave it) where it cannot be read or OpenSSL cannot read certificates in it (else
+    gRPC's C core logged "Could not load any root certificate" and no server seemed to answer)."""
+    path = os.fspath(path)
     try:
         with open(path, "rb") as f:
             roots = f.read()
     except OSError as err:
-        raise InvalidArgumentError(f"tls: cannot read the CA certificate file {path!r}: {err.strerror}") from err
+        raise InvalidArgumentError(f"{name}: cannot read the CA certificate file {path!r}: {err.strerror}") from err
     if b"-----BEGIN CERTIFICATE-----" not in roots:
         raise InvalidArgumentError(
-            f"tls: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
+            f"{name}: expected PEM CA certificate(s) in {path!r} (-----BEGIN CERTIFICATE-----), got something else"
         )
-    return grpc.ssl_channel_credentials(root_certificates=roots, **identity), roots
+    if (why := unreadable_ca(roots)) is not None:
+        raise InvalidArgumentError(
+            f"{name}: expected PEM CA certificate(s) in {path!r}, got ones OpenSSL cannot read ({why})"
+        )
+    return roots
 
 
 def client_identity(

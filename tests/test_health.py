@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import env_server.health
 from env_server.health import check, default_address, tls_hint
 from env_server.server import HealthService
-from tests.certs import make_server_certs
+from tests.certs import make_client_certs, make_server_certs
 from tests.conftest import SpawnServer, StartServers
 
 HEALTH_FILE = Path(env_server.health.__file__)
@@ -100,6 +100,38 @@ def test_tls_files_that_cannot_be_used_are_named_as_given_in_one_line(tmp_path: 
     ]
     for args, env, said in cases:
         result = probe("--address", "127.0.0.1:1", *args, env=env)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"127.0.0.1:1: unhealthy: {said}"), result.stderr
+
+
+def test_tls_files_openssl_cannot_read_are_said_in_one_line(tmp_path: Path) -> None:
+    """A CA file with a PEM header but broken contents got gRPC's C core's four log lines and a failed handshake
+    ("Could not load any root certificate"), as did a client certificate with another's key, or one of the two
+    files given as both; one file given for two options was named as the last of them."""
+    server = make_server_certs(tmp_path / "server")
+    client = make_client_certs(tmp_path / "client", others=("other",))
+    broken = tmp_path / "broken.crt"
+    broken.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    ca = ["--tls-ca", str(server.ca)]
+    cases = [
+        (["--tls-ca", str(broken)], f"--tls-ca {broken}: expected PEM CA certificate(s), got ones OpenSSL cannot read"),
+        (
+            [*ca, "--tls-client-cert", str(client.cert), "--tls-client-key", str(tmp_path / "client" / "other.key")],
+            f"--tls-client-cert {client.cert} and --tls-client-key {tmp_path / 'client' / 'other.key'}: expected a "
+            "client certificate and its private key",
+        ),
+        (
+            [*ca, "--tls-client-cert", str(client.cert), "--tls-client-key", str(client.cert)],
+            f"--tls-client-cert {client.cert} and --tls-client-key {client.cert}: expected",
+        ),
+        (
+            ["--tls-ca", str(broken), "--tls-client-cert", str(broken), "--tls-client-key", str(client.key)],
+            f"--tls-ca {broken}: expected PEM CA certificate(s)",
+        ),
+    ]
+    for args, said in cases:
+        result = probe("--address", "127.0.0.1:1", "--timeout", "2", *args)
         lines = result.stderr.splitlines()
         assert result.returncode == 1 and len(lines) == 1, result.stderr
         assert lines[0].startswith(f"127.0.0.1:1: unhealthy: {said}"), result.stderr

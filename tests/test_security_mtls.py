@@ -383,7 +383,10 @@ def test_remote_vector_env_checks_the_client_certificate_before_connecting(
     certs: ServerFiles, client: ClientFiles, stranger: ClientFiles, tmp_path: Path
 ) -> None:
     address = ["127.0.0.1:1"]
+    broken = tmp_path / "broken.crt"  # (a PEM header, contents OpenSSL cannot read: was gRPC's C core's log lines)
+    broken.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
     for options, message in (
+        ({"tls": broken}, f"tls: expected PEM CA certificate(s) in {str(broken)!r}, got ones OpenSSL cannot read"),
         ({"tls_client_cert": client.cert}, "tls_client_cert and tls_client_key: give both (the client certificate and "
          "its private key) or neither, got tls_client_cert alone"),
         ({"tls_client_key": client.key}, "got tls_client_key alone"),
