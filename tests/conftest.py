@@ -12,8 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO, Any
 
 import pytest
@@ -70,6 +71,14 @@ def _environ_as_it_was() -> Iterator[None]:
 
 # For tests that read /proc (Linux's; macOS and the BSDs have none): skipped where there is none.
 needs_proc = pytest.mark.skipif(not Path("/proc/self").exists(), reason="reads /proc, which this system has not")
+
+
+# train()'s keyword arguments for a test's run: no progress bar, plot or TensorBoard files (read-only: shared).
+QUIET: Mapping[str, Any] = MappingProxyType({"progress": False, "plot": False, "tensorboard": False})
+# The same for `learner train` on the command line.
+QUIET_FLAGS = ("--no-progress", "--no-tensorboard", "--no-plot")
+# RemoteVectorEnv's keyword arguments for tests of faults: a short call timeout and back-off (read-only: shared).
+FAST: Mapping[str, Any] = MappingProxyType({"timeout": 2.0, "backoff": (0.05, 0.5)})
 
 
 def parent_of(pid: int) -> int | None:

@@ -23,8 +23,8 @@ from learner.errors import RunCompleteError
 from learner.ppo import Agent
 from learner.resume import RECENT, Counters, from_other_versions
 from learner.train import train
+from tests.conftest import QUIET
 
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
 

@@ -26,9 +26,9 @@ from learner.evaluate import evaluate
 from learner.remote import FAULT_TOLERANT_HINT
 from learner.survey import survey
 from tests.certs import make_server_certs
+from tests.conftest import QUIET_FLAGS as QUIET
 from tests.conftest import SpawnServer, StartServers, slow_to_build_server
 
-QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 # An env server of one env that takes 3 s to reset from its first reset on: past a 1 s deadline.
 SLOW_RESET = {"slow_from": 1, "sleep_s": 3.0}
 # A backquoted argument name, as the library's hints write them.

@@ -351,7 +351,7 @@ def test_learner_train_stops_at_once_on_an_observation_that_does_not_fit(
     with --no-fault-tolerant it dropped two rollouts first, each ending in the same error."""
     from learner.config import Args
     from learner.train import train
-    from tests.test_train import QUIET
+    from tests.conftest import QUIET
 
     args = Args(
         env=ENV,

@@ -31,10 +31,10 @@ from learner.cli import main
 from learner.config import PRESETS, Args
 from learner.evaluate import _warn_other_task, evaluate
 from learner.ppo import Agent
+from tests.conftest import QUIET_FLAGS as QUIET
 from tests.conftest import StartServers
 from tests.envs import ClockEnv
 
-QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 # The env of the runs on running servers, named again to make it here (learner.config.check_served_env_here).
 CLOCK = ["--env", "tests.envs:ClockEnv"]
 

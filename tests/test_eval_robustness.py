@@ -24,9 +24,8 @@ from learner.cli import main
 from learner.errors import RemoteTimeoutError
 from learner.evaluate import evaluate
 from learner.stats import format_return
+from tests.conftest import QUIET_FLAGS as QUIET
 from tests.conftest import ServerProcess, SpawnServer, StartServers
-
-QUIET = ["--no-progress", "--no-tensorboard", "--no-plot"]
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,10 @@ from learner import (
     faults,
 )
 from learner.client import translate_error
-from tests.conftest import ServerProcess, SpawnServer, slow_to_build_server
+from tests.conftest import FAST, ServerProcess, SpawnServer, slow_to_build_server
 from tests.faulty_server import Faults, FaultyServer
 
 K = 2  # envs per server
-FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 ENDLESS = ("--env-kwargs", '{"length": 100000}')  # (IndexEnv episodes that outlast a test)

@@ -18,9 +18,7 @@ from learner import EnvCrashedError, RemoteVectorEnv, ServerUnavailableError
 from learner.config import Args
 from learner.discovery import register_resolver
 from learner.train import train
-from tests.conftest import SpawnServer, fleet
-
-FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
+from tests.conftest import FAST, SpawnServer, fleet
 
 
 @pytest.mark.slow

@@ -28,8 +28,7 @@ from learner.resume import like_args, resume_args
 from learner.stats import ReplicaStats
 from learner.train import train
 from learner.update import UpdateResult
-
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+from tests.conftest import QUIET
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

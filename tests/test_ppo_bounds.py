@@ -18,9 +18,7 @@ from learner.config import Args, resolve_ppo
 from learner.errors import UnusableEnvOutputError
 from learner.normalize import RunningMeanStd
 from learner.train import Acting, clip_leaves_out_zero, train
-from tests.conftest import on_cuda
-
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+from tests.conftest import QUIET, on_cuda
 
 
 class BoundedBandit(gym.Env[np.ndarray, np.ndarray]):

@@ -24,10 +24,7 @@ import numpy as np
 import pytest
 
 from learner import RemoteVectorEnv, ServerUnavailableError, rundir
-from tests.conftest import CTRL_C_EXIT, SpawnServer
-
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
-
+from tests.conftest import CTRL_C_EXIT, QUIET, SpawnServer
 
 # -- keepalive -------------------------------------------------------------------------------------------------
 

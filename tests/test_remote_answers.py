@@ -19,10 +19,9 @@ from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, Sessi
 from learner.errors import RemoteTimeoutError
 from learner.faults import Replica, is_outage
 from learner.local import label_of
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import FAST, SpawnServer, StartServers
 
 K = 2  # envs per server
-FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 def _unavailable(infos: dict[str, Any], n: int) -> list[bool]:

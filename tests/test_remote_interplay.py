@@ -18,10 +18,9 @@ import pytest
 
 from learner import RemoteTimeoutError, RemoteVectorEnv, ServerUnavailableError
 from learner.faults import ReplicaState
-from tests.conftest import SpawnServer, StartServers, fleet
+from tests.conftest import FAST, SpawnServer, StartServers, fleet
 
 K = 2  # envs per server
-FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 ENDLESS = ("--env-kwargs", '{"length": 100000}')  # IndexEnv episodes that outlast a test
 
 

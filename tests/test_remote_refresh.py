@@ -12,10 +12,9 @@ import pytest
 
 from learner import RemoteVectorEnv
 from learner.faults import ReplicaState
-from tests.conftest import SpawnServer
+from tests.conftest import FAST, SpawnServer
 
 K = 2  # envs per server
-FAST: dict[str, Any] = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 
 def _go_stale(envs: RemoteVectorEnv) -> None:

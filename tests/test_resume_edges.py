@@ -21,9 +21,8 @@ from learner.config import Args
 from learner.local import DEFAULT_TRANSPORT
 from learner.resume import like_args, resume_args
 from learner.train import train
-from tests.conftest import StartServers
+from tests.conftest import QUIET, StartServers
 
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
 STEPS = 32 * 2  # (2 envs x 32 steps an update)
 
 

@@ -17,8 +17,7 @@ from learner import rundir
 from learner.config import Args
 from learner.train import train
 from learner.update import Batch, Rollout
-
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
+from tests.conftest import QUIET
 
 # MountainCar cut to 3 steps, in this process: every episode returns exactly -3 (-1 a step, the goal out of
 # reach). With next-step autoreset and one env, episode k ends at env step 4k - 1: the 20th at step 79.

@@ -21,7 +21,7 @@ import pytest
 
 from learner import InvalidArgumentError, RemoteVectorEnv, ServerUnavailableError, SpecMismatchError
 from tests.compare import assert_same
-from tests.conftest import HAS_SB3, SpawnServer, StartServers
+from tests.conftest import FAST, HAS_SB3, SpawnServer, StartServers
 from tests.envs import DictEnv
 
 needs_sb3 = pytest.mark.skipif(
@@ -30,7 +30,6 @@ needs_sb3 = pytest.mark.skipif(
 )
 
 K = 2  # envs per server where the layout does not matter
-FAST = {"timeout": 2.0, "backoff": (0.05, 0.5)}
 
 # Served env -> (env-server options, the same env made here for DummyVecEnv, actions for n envs at step t).
 # DictEnv's nested Dict observations are not for SB3 (it takes flat Dicts only): flattened on both

@@ -33,10 +33,7 @@ from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
 from learner.train import NothingToLearnError, train
-from tests.conftest import StartServers, needs_proc, on_cuda
-
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False}
-
+from tests.conftest import QUIET, StartServers, needs_proc, on_cuda
 
 CLOCK_ENV = "tests.envs:ClockEnv"
 

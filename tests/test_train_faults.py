@@ -189,7 +189,7 @@ def test_a_run_that_reaches_its_budget_without_an_update_is_an_error(spawn_serve
     that did what it was asked, nor a policy to evaluate: NothingToLearnError, not a finished run."""
     from learner.config import Args
     from learner.train import NothingToLearnError, train
-    from tests.test_train import QUIET
+    from tests.conftest import QUIET
 
     server = spawn_server("CartPole-v1", 2)
     args = Args(

@@ -20,6 +20,7 @@ from learner.cli import main
 from learner.config import Args
 from learner.discovery import register_resolver
 from learner.train import NothingToLearnError, train
+from tests.conftest import QUIET as QUIET_RUN
 from tests.conftest import Serve, StartServers
 
 # testfleet-train:N -> SCHEDULES[N](k) for the k-th look-up (1: when the envs are opened; k >= 2: before
@@ -43,7 +44,7 @@ def scheduled(name: str, schedule: object) -> str:
     return f"testfleet-train:{name}"
 
 
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False, "checkpoint_every": 0}
+QUIET: dict[str, Any] = {**QUIET_RUN, "checkpoint_every": 0}
 
 
 def test_num_envs_and_the_batch_follow_servers_that_join_and_leave(serve: Serve, tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ from learner import RemoteVectorEnv, ServerUnavailableError, faults, rundir
 from learner.config import Args
 from learner.fleet import FleetChange
 from learner.train import train
+from tests.conftest import QUIET as QUIET_RUN
 from tests.conftest import SpawnServer, StartServers
 
-QUIET: dict[str, Any] = {"progress": False, "plot": False, "tensorboard": False, "checkpoint_every": 0}
+QUIET: dict[str, Any] = {**QUIET_RUN, "checkpoint_every": 0}
 K = 2  # envs per server
 
 

@@ -33,10 +33,11 @@ from env_server.rpc import env_pb2 as pb
 from env_server.service import EnvService
 from learner import InvalidResponseError, RemoteEnvError, RemoteVectorEnv, SessionError, rundir
 from learner.faults import Replica, reconnect
+from tests.conftest import FAST as FAST_CALLS
 from tests.conftest import SpawnServer
 
 K = 2  # envs per server
-FAST: dict[str, Any] = {"timeout": 5.0, "backoff": (0.05, 0.5)}
+FAST: dict[str, Any] = {**FAST_CALLS, "timeout": 5.0}
 SHORT_STEPS = "SHORT_STEPS"
 
 SHORT_RESETS = "SHORT_RESETS"
