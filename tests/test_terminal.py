@@ -236,6 +236,16 @@ def test_identical_servers_of_unequal_round_trips_are_not_called_slow() -> None:
         assert slowest_line({"replicas": without_env_times}) == ""
 
 
+def test_many_identical_servers_round_trips_falling_in_the_order_of_the_sends_name_none() -> None:
+    """256 local servers on 2 cores, as measured: the learner sends to local-0 first, so its round trip counts the
+    sends to the 255 others (67.9 ms, falling to 15.3 ms for the last; median 42.6 ms), their envs stepping
+    alike. local-0 was named the slowest from about 190 servers up; one far server among them still is."""
+    gradient = {f"local-{i}": {"latency_p50_ms": 67.9 - 0.206 * i, "env_p50_ms": 0.12} for i in range(256)}
+    assert slowest_line({"replicas": gradient}) == ""
+    far = {**gradient, "far:1": {"latency_p50_ms": 150.0, "env_p50_ms": 0.12}}
+    assert slowest_line({"replicas": far}).startswith("slowest env server: far:1 (median round trip 150.00 ms")
+
+
 def test_a_server_whose_envs_are_slow_or_whose_round_trip_stands_far_out_is_named() -> None:
     delayed = {  # (--step-delay-ms 2 on local-1)
         "local-0": {"latency_p50_ms": 0.9, "env_p50_ms": 0.05},
