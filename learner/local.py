@@ -893,7 +893,8 @@ def _stop_all(children: _Children, socket_dir: str | None, lock: int | None = No
 def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bool] | None = None) -> None:
     """Stop ``procs`` and wait for them: SIGTERM, then SIGKILL (see _kill) after _STOP_WAIT_S, or
     after _UNREADY_GRACE_S for those ``listening`` says have not said they listen (all do when None);
-    a wait past _SAY_WAIT_S is logged."""
+    a wait past _SAY_WAIT_S is logged, and the stop of more than SERVERS_PER_CPU on each CPU at once (both
+    times scale with them: 256 servers on 2 CPUs stopped in ~18 s, the progress bar at 100 % meanwhile)."""
     procs = list(procs)
     ready = list(listening) if listening is not None else [True] * len(procs)
     for proc in procs:
@@ -901,7 +902,15 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
             with suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
-    crowd = max(1.0, len(procs) / (SERVERS_PER_CPU * usable_cpus()))
+    cpus = usable_cpus()
+    crowd = max(1.0, len(procs) / (SERVERS_PER_CPU * cpus))
+    if crowd > 1 and (stopping := sum(proc.poll() is None for proc in procs)):
+        log.warning(
+            "stopping %d env servers on %d CPU%s: they take a while (Ctrl-C kills them at once)",
+            stopping,
+            cpus,
+            "s" if cpus != 1 else "",
+        )
     # (a hung server killed within a minute however many stop)
     say_at, kill_at = start + _SAY_WAIT_S * crowd, start + min(_STOP_WAIT_S * crowd, 60.0)
     try:
