@@ -29,7 +29,14 @@ from env_server.protocol import MAX_UNIX_PATH
 from env_server.tuning import COLOUR, JsonLogFormatter, raise_fd_limit
 from learner.cgroups import cgroup_cpu_quota
 from learner.discovery import unix_path
-from learner.errors import FDS_PER_SERVER, InvalidArgumentError, InvalidArgumentTypeError, ServerStartError, out_of_fds
+from learner.errors import (
+    FDS_PER_SERVER,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ServerStartError,
+    os_reason,
+    out_of_fds,
+)
 from learner.validate import count, is_finite, seconds
 
 try:  # (not on Windows, where LocalServers do not run)
@@ -332,7 +339,13 @@ class LocalServers:
                     else ["--host", "127.0.0.1", "--port", "0"]
                 )
                 self._children.cmds.append([*base, *where, *server_args])
-                self._children.spawn(i)
+                try:
+                    self._children.spawn(i)
+                except OSError as err:  # (was a traceback: an interpreter it may not run, no processes left)
+                    raise ServerStartError(
+                        f"env server {server_label(i)} for {env!r}: cannot start its process ({base[0]}): "
+                        f"{os_reason(err)}" + (_NO_PROCESS_HINT if err.errno in (errno.EAGAIN, errno.ENOMEM) else "")
+                    ) from err
             self.addresses = self._wait_ready(startup_timeout)
         except BaseException:
             self.close()
@@ -717,6 +730,10 @@ _NOTHING = "(nothing)"
 # What shows more of a server that died without a word (env-server enables Python's fault handler, which
 # prints each thread's stack at a fatal signal, as it starts: a crash before that, in an import say), and the
 # servers log "building N x ENV" at info.
+_NO_PROCESS_HINT = (
+    "; the limit on processes (ulimit -u, docker --pids-limit) or memory may be too low: start fewer servers "
+    "(more envs each: envs_per_server, --envs-per-server)"
+)
 _SILENT_HINT = (
     " (to see more: PYTHONFAULTHANDLER=1 in this process's environment, which the servers inherit, has a "
     "server that crashes print where, logged here as env_server[local-N] lines; log level info, learner "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -999,6 +1000,37 @@ def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: 
     root = _tree(tmp_path, files)
     assert cgroup_cpu_quota(root) is None
     assert usable_cpus(root) == _affinity()
+
+
+def test_a_server_process_that_cannot_be_started_is_a_server_start_error_naming_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interpreter the user may not run, or no process left to fork (ulimit -u): was a raw traceback from
+    subprocess; the servers started before it are stopped."""
+    from learner import local
+
+    popen, failure = subprocess.Popen, [OSError()]
+    started: list[subprocess.Popen[bytes]] = []
+
+    def fails_second(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        if started:
+            raise failure[0]
+        started.append(popen(cmd, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(local.subprocess, "Popen", fails_second)
+    for failure[0], said in (
+        (PermissionError(errno.EACCES, "Permission denied"), r"Permission denied$"),
+        (BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), r"unavailable; the limit on processes"),
+    ):
+        started.clear()
+        with pytest.raises(ServerStartError, match=r"^env server local-1 for 'CartPole-v1': cannot start its process"):
+            try:
+                LocalServers("CartPole-v1", 2, 1)
+            except ServerStartError as err:
+                assert re.search(said, str(err)), err
+                raise
+        wait_gone([p.pid for p in started], within=5)
 
 
 def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any_starts() -> None:
