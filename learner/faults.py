@@ -63,6 +63,7 @@ __all__ = [
     "SETTLE_STEPS",
     "STALL",
     "STALL_BASELINE",
+    "STILL_DOWN_LOG_MAX_S",
     "STILL_DOWN_LOG_S",
     "UNREADABLE_IN_A_ROW",
     "FaultStats",
@@ -87,7 +88,10 @@ RELAPSE_LOG_S = 10.0
 STILL_DOWN_LOG_S = 20.0
 """A server that stays down is said to be so at most once per this many seconds while its reconnect
 retries (the attempts that failed, the last one's error): its loss is one line, and its return another,
-and a user watching the run needs to see in between that it is still being tried, and why it fails."""
+and a user watching the run needs to see in between that it is still being tried, and why it fails.
+The longer it stays down, the rarer: at most once per a third of its time down, if that is longer
+(up to STILL_DOWN_LOG_MAX_S): 64 servers left down printed 64 lines every 20 s, ~11,500 an hour."""
+STILL_DOWN_LOG_MAX_S = 600.0
 
 JOIN_BACKOFF = (1.0, 15.0)
 """A server out of the fleet whose handshake failed (claimed by another learner, of another env, a token
@@ -301,6 +305,13 @@ class Replica:
         return min(backoff[0] * 2 ** min(self.relapses - 1, 32), backoff[1])
 
 
+def _still_down_gap(replica: Replica, now: float | None = None) -> float:
+    """How long after a line saying that ``replica`` is still down the next may come: STILL_DOWN_LOG_S, or a
+    third of its time down where longer, up to STILL_DOWN_LOG_MAX_S."""
+    down = (time.monotonic() if now is None else now) - replica.down_since
+    return max(STILL_DOWN_LOG_S, min(down / 3, STILL_DOWN_LOG_MAX_S))
+
+
 async def reconnect(
     replica: Replica,
     *,
@@ -319,8 +330,8 @@ async def reconnect(
     then Handshake, Hold and Reset. ``on_ready()`` is called once the server is READY. A flapping
     server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
     once, so without that wait it would fail, come back and fail again as fast as steps go. While the
-    attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S` (INFO for a server that
-    left saying it was shutting down, else WARNING), with the last attempt's error. An attempt that got
+    attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S`, rarer as it stays down (INFO
+    for a server that left saying it was shutting down, else WARNING), with the last attempt's error. An attempt that got
     no connection says why, where ``diagnose(address, timeout)`` can tell (RemoteVectorEnv's: "connection
     refused", "no socket file ..."): a server killed refuses at once, and "no connection within 10 s" alone
     read as a server that hangs, or a network that drops packets.
@@ -378,7 +389,7 @@ async def reconnect(
             # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
             no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
             text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
-            due = time.monotonic() - said_down_at >= STILL_DOWN_LOG_S  # (the still-down line below)
+            due = time.monotonic() - said_down_at >= _still_down_gap(replica)  # (the still-down line below)
             if no_connection and diagnose is not None and due:  # (probed for that line only: not each attempt)
                 text = await _no_connection(client.address, connect_timeout, diagnose)
             # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
@@ -397,17 +408,18 @@ async def reconnect(
             now = time.monotonic()
             if warn:  # (a line that says why it is still down)
                 said_down_at, failed_unsaid = now, 0
-            elif now - said_down_at >= STILL_DOWN_LOG_S:
+            elif now - said_down_at >= _still_down_gap(replica, now):
                 log.log(
                     logging.INFO if replica.planned else logging.WARNING,
                     "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
-                    "line; one at most every %g s), the last: %s; its %s unavailable, and it is tried again",
+                    "line; the next such line in %.0f s at the soonest), the last: %s; its %s unavailable, and it "
+                    "is tried again",
                     label_of(client.address),
                     now - replica.down_since,
                     attempt,
                     "" if attempt == 1 else "s",
                     failed_unsaid,
-                    STILL_DOWN_LOG_S,
+                    _still_down_gap(replica, now),
                     text,
                     "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
                 )

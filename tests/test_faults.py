@@ -1044,6 +1044,15 @@ def test_a_fleet_of_servers_that_fail_every_step_gives_up_after_give_up_after(sp
         assert time.monotonic() - start < 12.0  # (gives up, not the 15 s loop; loose: a loaded machine is slow)
 
 
+def test_the_lines_saying_a_server_is_still_down_come_further_apart_as_it_stays_down() -> None:
+    """64 servers left down printed 64 lines every 20 s, ~11,500 an hour: after a minute down, the gap is a third
+    of the time down, up to 10 minutes (about 15 lines an hour for each)."""
+    replica = faults.Replica(client=None, spec=pb.EnvSpec())  # type: ignore[arg-type]  # (its times only)
+    replica.down_since = 1000.0
+    gaps = [faults._still_down_gap(replica, 1000.0 + down) for down in (0, 30, 60, 90, 300, 1800, 3600, 86400)]
+    assert gaps == [20.0, 20.0, 20.0, 30.0, 100.0, 600.0, 600.0, 600.0]
+
+
 @pytest.mark.slow
 def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last_error(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
@@ -1080,7 +1089,7 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
     for record in still:
         text = record.getMessage()
         assert re.search(r" \d+ reconnect attempts? failed \(", text), text
-        assert "since the last such line; one at most every 1 s)" in text
+        assert re.search(r"since the last such line; the next such line in 1 s at the soonest\), the last", text)
         assert "the last: env server" in text and "failed [DEADLINE_EXCEEDED]" in text, text
         # (the last attempt's deadline: its Reset's, or its GetSpec's while the server's loop is held up by
         # a reset it took for a quick one)
