@@ -124,6 +124,7 @@ _STOP_WAIT_S = 10.0
 _UNREADY_GRACE_S = 0.5
 _SAY_WAIT_S = 1.0
 SERVERS_PER_CPU = 4
+_SAY_STARTING_S = 10.0  # (how often the start of many servers says how far it got)
 
 
 def _check_arguments(given: dict[str, Any]) -> list[str]:
@@ -378,7 +379,12 @@ class LocalServers:
         )
 
     def _wait_ready(self, timeout: float) -> list[str]:
-        deadline = time.monotonic() + timeout
+        """The servers' addresses, once each said it listens (ServerStartError where one does not within
+        ``timeout``); how many do is said every _SAY_STARTING_S while they are more than SERVERS_PER_CPU on
+        each CPU (320 servers on 2 CPUs took 108 s to start, nothing said meanwhile)."""
+        start = time.monotonic()
+        deadline = start + timeout
+        say_at = start + _SAY_STARTING_S if len(self._procs) > SERVERS_PER_CPU * usable_cpus() else math.inf
         addresses: list[str | None] = [None] * len(self._procs)
         buffers = [b""] * len(self._procs)
         sel = selectors.DefaultSelector()
@@ -388,6 +394,15 @@ class LocalServers:
             sel.register(proc.stdout, selectors.EVENT_READ, i)
         try:
             while any(a is None for a in addresses):
+                if time.monotonic() >= say_at:
+                    listening = sum(a is not None for a in addresses)
+                    log.warning(
+                        "%d of %d local env servers listening after %.0f s",
+                        listening,
+                        len(addresses),
+                        time.monotonic() - start,
+                    )
+                    say_at += _SAY_STARTING_S
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     late = [i for i, a in enumerate(addresses) if a is None]

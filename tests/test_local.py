@@ -1098,6 +1098,25 @@ def test_many_servers_stopping_on_few_cpus_get_longer_before_a_wait_is_said_or_t
     assert [r.getMessage()[:46] for r in caplog.records] == ["stopping 2 env servers: waiting up to 9 s more"]
 
 
+def test_the_start_of_many_servers_on_few_cpus_says_how_far_it_got(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """320 servers on 2 CPUs took 108 s to start, nothing said after the note that they take a while: how many
+    listen is said every 10 s (here 0.5 s) while they are more than 4 on each CPU; none for fewer."""
+    from learner import local
+
+    monkeypatch.setattr(local, "_SAY_STARTING_S", 0.5)
+    slow = {"build_s": 2.0}
+    with caplog.at_level(logging.WARNING, logger="learner.local"):
+        LocalServers("tests.envs:SlowToBuildEnv", 2, 1, env_kwargs=slow).close()
+        assert not [r for r in caplog.records if "listening after" in r.getMessage()]
+        monkeypatch.setattr(local, "usable_cpus", lambda root="/": 1)
+        monkeypatch.setattr(local, "SERVERS_PER_CPU", 1)
+        LocalServers("tests.envs:SlowToBuildEnv", 2, 1, env_kwargs=slow).close()
+    said = [r.getMessage() for r in caplog.records if "listening after" in r.getMessage()]
+    assert said and re.fullmatch(r"0 of 2 local env servers listening after \d s", said[0]), said
+
+
 def test_a_ctrl_c_during_the_stops_wait_kills_the_servers_left(caplog: pytest.LogCaptureFixture) -> None:
     """close() interrupted while it waited for servers mid-step left them running (~15 s here) once it had
     returned, closed: asked not to wait, it kills them."""
