@@ -398,15 +398,17 @@ def diagnose(
     """Why ``address`` does not answer: :func:`probe`'s reason; where something listens, a TLS reason
     (starting "TLS: ") if there is one (``tls``: the client speaks TLS, trusting ``roots``, the system's
     when None, checking ``server_name`` and presenting ``client_cert``), else ""; None when it cannot tell."""
+    # A TLS port may answer a plain opening in HTTP/1 (an nginx TLS proxy's does: "The plain HTTP request was
+    # sent to HTTPS port"): where a TLS handshake completes, the port speaks TLS, whatever its plain answer.
     cause = probe(address, timeout=timeout, peek=not tls)
-    if cause:
+    if cause and (tls or cause not in _PROTOCOLS.values() or not speaks_tls(address, timeout)):
         return cause
     if tls:
-        # The TLS handshake first: a TLS port may answer a plain opening in HTTP/1 (an nginx TLS proxy's
-        # does); where no TLS comes up, what the port's plain answer says it is, if it says.
         reason = tls_probe(address, roots, server_name, timeout, client_cert)
-        return (probe(address, timeout=timeout) or reason) if reason else ""
-    if speaks_tls(address, timeout):
+        if not reason or speaks_tls(address, timeout):  # (its certificate, or its name, is then the cause)
+            return reason
+        return probe(address, timeout=timeout) or reason  # (no TLS there: what its plain answer says it is)
+    if cause or speaks_tls(address, timeout):
         return f"{TLS_CAUSE}the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
     return ""
 

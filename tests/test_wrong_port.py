@@ -176,8 +176,17 @@ def test_a_tls_port_that_answers_plain_grpc_in_http1_is_not_called_an_http1_port
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\nServer: nginx\r\n\r\n")
 
     with _serving(tls_or_http1) as address:
-        assert probe(address) == HTTP_PORT  # (a plain client is told what answers it)
+        assert probe(address) == HTTP_PORT  # (what the plain opening got)
         assert diagnose(address, 1.0, tls=True, roots=certs.ca.read_bytes()) == ""  # (TLS is fine: not the cause)
+        # TLS mistakes there were all called "an HTTP/1 port" (the plain answer won): no CA, another CA, another
+        # name, as they are said without the proxy.
+        assert diagnose(address, 1.0, tls=False) == (
+            "TLS: the server speaks TLS, this client does not: pass its CA (tls=..., learner train --tls-ca)"
+        )
+        other_ca = make_server_certs(tmp_path / "other").ca.read_bytes()
+        for roots, name in ((other_ca, None), (certs.ca.read_bytes(), "other.test")):
+            said = diagnose(address, 1.0, tls=True, roots=roots, server_name=name)
+            assert said is not None and said.startswith("TLS: ") and "HTTP/1" not in said, said
     # Ports without TLS are still named for what they are under TLS (the diff's review).
     assert diagnose(metrics_and_grpc[0], 1.0, tls=True) == HTTP_PORT
     assert diagnose(ssh_like, 1.0, tls=True) == SSH_PORT
