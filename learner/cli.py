@@ -361,7 +361,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plotted:
         print(f"plot: {run_dir / 'returns.png'}")
     if summary["stop_reason"] in ("total_timesteps", "stop_at_return"):
-        print(finished_line(run_dir, plot=not plotted and recent is not None, servers=config.servers))
+        plot = not plotted and recent is not None
+        print(finished_line(run_dir, plot, servers=config.servers, tls=tls_options(config)))
     return 130 if summary["stop_reason"] == "interrupted" else 0
 
 
@@ -624,14 +625,32 @@ def slowest_line(summary: dict[str, Any]) -> str:
     )
 
 
-def finished_line(run_dir: Path, plot: bool, servers: str | None = None) -> str:
+def finished_line(run_dir: Path, plot: bool, servers: str | None = None, tls: Sequence[str] = ()) -> str:
     """What a finished run suggests doing next: evaluate its policy (on the running env servers it
     trained on, ``servers``: the envs it stepped, with the kwargs and wrappers it did not record, and
-    the only way for an env made outside Python), and (``plot``: it wrote no plot of its own, though
-    episodes ended) plot its returns."""
+    the only way for an env made outside Python; reached with the TLS options ``tls``, see
+    :func:`tls_options`), and (``plot``: it wrote no plot of its own, though episodes ended) plot its returns."""
     where = shlex.quote(str(run_dir))
-    line = f"evaluate its policy with: learner eval {where}" + (f" --servers {shlex.quote(servers)}" if servers else "")
+    line = f"evaluate its policy with: learner eval {where}"
+    if servers:
+        line += " " + shlex.join(["--servers", servers, *tls])
     return line + (f"; plot its returns with: learner plot {where}" if plot else "")
+
+
+def tls_options(config: Args) -> list[str]:
+    """The TLS options the run ``config`` reached its servers with, as a command that reaches them again takes
+    them (`learner eval` does not take them from the run: without them it would call a TLS proxy's port, say,
+    "an HTTP/1 port"). Paths and a name only: a token is the user's to pass again."""
+    flags = ["--tls"] if config.tls and config.tls_ca is None else []
+    for flag, value in (
+        ("--tls-ca", config.tls_ca),
+        ("--tls-server-name", config.tls_server_name),
+        ("--tls-client-cert", config.tls_client_cert),
+        ("--tls-client-key", config.tls_client_key),
+    ):
+        if value is not None:
+            flags += [flag, value]
+    return flags
 
 
 def _resume_command(run_dir: str | Path) -> str:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from env_server.tuning import JsonLogFormatter
-from learner.cli import build_parser, finished_line, main, slowest_line
+from learner.cli import build_parser, finished_line, main, slowest_line, tls_options
 from learner.config import Args
 from learner.progress import (
     _tqdm_class,
@@ -272,6 +272,13 @@ def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp
     assert finished_line(run, plot=False, servers="a:1,dns:///env:50051") == (
         f"evaluate its policy with: learner eval '{run}' --servers a:1,dns:///env:50051"
     )
+    # With the TLS options it reached them with (eval takes none from the run): paths, no token.
+    config = Args(servers="proxy:443", tls_ca="/etc/ca dir/ca.pem", tls_server_name="env.test", auth_token="secret")
+    assert finished_line(run, plot=False, servers=config.servers, tls=tls_options(config)) == (
+        f"evaluate its policy with: learner eval '{run}' --servers proxy:443 --tls-ca '/etc/ca dir/ca.pem' "
+        "--tls-server-name env.test"
+    )
+    assert tls_options(Args(servers="a:1", tls=True)) == ["--tls"] and tls_options(Args(servers="a:1")) == []
 
 
 def test_learner_train_ends_with_the_next_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
