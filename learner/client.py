@@ -235,7 +235,11 @@ def proxy_text(status: int) -> str:
     """What an HTTP ``status`` from a proxy between the learner and an env server means."""
     said = f"an HTTP proxy between the learner and the env server answered HTTP {status}"
     if status in (502, 503):
-        return f"{said}: nothing behind it answers (the env server is down or not started, or the proxy's upstream is not it)"
+        return (
+            f"{said}: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
+            "not it, or the proxy speaks HTTP/1 to it: nginx needs grpc_pass, not proxy_pass; haproxy, proto h2 on "
+            "the server line)"
+        )
     if status == 504:
         return f"{said}: it gave up waiting on the env server (its timeout on a call's answer: {PROXY_SETTINGS})"
     return f"{said}, not the env server ({PROXY_SETTINGS})"
@@ -482,7 +486,9 @@ def status_error(
     elif "RST_STREAM" in raw and not env_raised:  # (no envfleet server resets one)
         details += (
             "; where an HTTP proxy stands between the learner and the server, it may have reset it: StepStream's "
-            f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS})"
+            f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS}); or the "
+            "server ended the stream with an error the proxy did not pass on (haproxy 2.6 does so, haproxy#1219): "
+            "`learner servers ADDRESS`, or the server's log, tells"
         )
     if code == grpc.StatusCode.UNAVAILABLE and _TOO_MANY_PINGS.search(raw):  # (gRPC's own, after a GOAWAY)
         details += (

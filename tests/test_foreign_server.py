@@ -360,7 +360,8 @@ def test_a_hold_stream_a_proxy_ended_is_said_to_be_the_proxys_doing(caplog: pyte
             "Received http2 header with status: 502",
             "Received http2 header with status: 502: an HTTP proxy between the learner and the env server answered "
             "HTTP 502: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
-            "not it)",
+            "not it, or the proxy speaks HTTP/1 to it: nginx needs grpc_pass, not proxy_pass; haproxy, proto h2 on "
+            "the server line)",
         ),
         (
             grpc.StatusCode.INTERNAL,
