@@ -54,6 +54,9 @@ class ServerInfo:
     round_trip_ms: float = 0.0
     """Median GetSpec round trip, ms."""
     server_id: str = ""
+    servers_reached: int = 1
+    """How many servers (by server id) its address's calls reached: more than one behind a proxy that spreads
+    calls over several, which a learner cannot use (its session is one server's); then ``error`` says so."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,11 +133,13 @@ async def _ask(
     times = []
     try:
         response = await client.get_spec_response()
+        reached = {response.spec.server_id}
         async with timing:
             for _ in range(ROUND_TRIPS):
                 start = time.perf_counter()
                 response = await client.get_spec_response()
                 times.append(time.perf_counter() - start)
+                reached.add(response.spec.server_id)
     except RemoteEnvError as err:
         starting = err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in err.details
         info.error = (
@@ -154,6 +159,14 @@ async def _ask(
     info.env_kwargs = spec.env_kwargs if spec.HasField("env_kwargs") else None
     info.claimed_by, info.note = response.claimed_by, response.note
     info.round_trip_ms = round(statistics.median(times) * 1000, 3)
+    if len(reached - {""}) > 1:  # (servers too old to say an id say "")
+        info.servers_reached = len(reached - {""})
+        info.error = (
+            f"its calls reached {info.servers_reached} different env servers (server ids "
+            f"{', '.join(server_text(i) for i in sorted(reached - {''}))}): a proxy or load balancer spreading calls "
+            "over them? A learner's session is one server's: give each server its own address (or balance "
+            "connections, not calls)"
+        )
     return info
 
 
@@ -171,7 +184,7 @@ def describe(servers: list[ServerInfo]) -> str:
     above: list[str] = []  # (the spaces and versions of the server listed above)
     for s in servers:
         if s.error:
-            lines.append(f"{s.address}  not answering: {s.error}")
+            lines.append(f"{s.address}  {'not usable' if s.servers_reached > 1 else 'not answering'}: {s.error}")
             above = []
             continue
         # (texts the server sent, shown through server_text: claimed_by is even another client's name)
