@@ -320,6 +320,16 @@ def _core_internal(err: grpc.RpcError) -> bool:
     )
 
 
+def _cut_short(err: grpc.RpcError) -> bool:
+    """Whether ``err`` is gRPC's UNKNOWN for a response that ended without its status (no trailers): an HTTP proxy
+    whose connection to the server broke (nginx, when the server behind it was killed), not the server's word."""
+    return (
+        isinstance(err, grpc.aio.AioRpcError)
+        and err.code() == grpc.StatusCode.UNKNOWN
+        and "END_STREAM flag received" in (err.details() or "")
+    )
+
+
 _PROBE_S = 0.5
 """How long :meth:`EnvClient._refusal_of_new_streams` waits for a new stream's refusal,
 :meth:`_Statuses.before_write` for the status of a stream a write found ended, and
@@ -717,7 +727,7 @@ class EnvClient:
         The session is over when the stream says so, as the proto has it: a HoldEvent (its reason kept
         for :meth:`ended_by_shutdown`), or FAILED_PRECONDITION (the session is not live); or when it
         lost its connection or the server is going (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, gRPC's
-        own INTERNAL). Any other end comes from a server that does not hold sessions this way: gRPC's
+        own INTERNAL, an answer cut short: :func:`_cut_short`). Any other end comes from a server that does not hold sessions this way: gRPC's
         UNIMPLEMENTED (it has no Hold), OK without a HoldEvent, another error. Its Handshake has just
         granted the session, so the session is kept (taking it for over would make a new one at every
         reset, and refuse partial resets), with a warning, once per server; a call the server then
@@ -730,7 +740,7 @@ class EnvClient:
             return  # (cancelled here: the session was let go of, or abandoned)
         except grpc.aio.AioRpcError as err:
             code, details = err.code(), err.details() or ""
-            if code in _HOLD_ENDS_SESSION or _core_internal(err):
+            if code in _HOLD_ENDS_SESSION or _core_internal(err) or _cut_short(err):
                 if hold is self._hold:
                     self._hold_ended = True
                     self._note_proxy_end(details)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -379,6 +380,40 @@ def test_a_proxys_status_says_what_it_means(code: grpc.StatusCode, details: str,
     connection."""
     text = str(learner.client.status_error(code, details, address="proxy:443", method="Step", from_server=False))
     assert text.startswith(f"env server proxy:443: Step failed [{code.name}]: {said}"), text
+
+
+def test_a_hold_stream_cut_short_by_a_proxy_ends_the_session_unwarned(caplog: pytest.LogCaptureFixture) -> None:
+    """nginx in front of a server that was killed ends the Hold stream's answer without its status: gRPC's UNKNOWN
+    "Stream removed (Data frame with END_STREAM flag received)". It was warned of as a server that does not hold
+    sessions ("The session is kept meanwhile"), the server dead; an UNKNOWN of other words still is."""
+
+    class Hold:
+        def __init__(self, details: str) -> None:
+            self.details = details
+
+        async def read(self) -> object:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(), self.details)
+
+        def cancel(self) -> bool:
+            return False
+
+    async def hold_ended(address: str, details: str) -> bool:
+        client = learner.client.EnvClient(address, timeout=5)
+        try:
+            client._hold = hold = Hold(details)
+            await client._watch_hold(hold)
+            return client._hold_ended
+        finally:
+            await client.close()
+
+    for details, ends in (
+        ("Stream removed (Data frame with END_STREAM flag received)", True),
+        ("Exception iterating responses: boom", False),
+    ):
+        with caplog.at_level(logging.WARNING, logger="learner.client"):
+            caplog.clear()
+            assert asyncio.run(hold_ended(f"proxy-{ends}:443", details)) is ends
+        assert bool(caplog.records) is not ends, caplog.text
 
 
 def test_an_address_whose_calls_reach_several_servers_is_said_to(
