@@ -158,6 +158,32 @@ class NothingToLearnError(EnvFleetError):
     are in the message)."""
 
 
+def _on_served_env(args: Args, envs: Any, env_id: str) -> Args:
+    """``args`` for a run on running servers (--servers), whose env ``env_id`` is what they serve: ValueError
+    where --env names another (for a resumed run, the env it trained on), else ``args`` naming ``env_id``."""
+    # The fleet's env is its first server's (a fleet's servers need only fit one another's spaces: others
+    # are warned of as they connect); an error names each server with the env it serves.
+    served_envs = getattr(envs, "served_envs", None) or {args.servers: env_id}
+    other = other_env_servers(args.env, served_envs) if args.env is not None and args.env != env_id else ""
+    if args.resume and other:
+        first = next((a for a, e in served_envs.items() if e == args.env), None)
+        raise ValueError(
+            f"--servers: the run in {args.resume} trained on {args.env}, but {other}; resume it on servers "
+            f"of {args.env}"
+            + (
+                f" (a mixed fleet's env is its first server's, and its time limit and kwargs too: list one "
+                f"of {args.env} first, {first} say, as the run did)"
+                if first is not None
+                else ""
+            )
+        )
+    if other:
+        raise ValueError(
+            f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they serve)"
+        )
+    return dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
+
+
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
     """ValueError naming --action-bounds where it squashes actions without finite bounds to squash into
     (before the run dir is made: a refused run leaves none)."""
@@ -818,28 +844,7 @@ def train(
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
-            # The fleet's env is its first server's (a fleet's servers need only fit one another's spaces: others
-            # are warned of as they connect); an error names each server with the env it serves.
-            served_envs = getattr(envs, "served_envs", None) or {args.servers: env_id}
-            other = other_env_servers(args.env, served_envs) if args.env is not None and args.env != env_id else ""
-            if args.resume and other:
-                first = next((a for a, e in served_envs.items() if e == args.env), None)
-                raise ValueError(
-                    f"--servers: the run in {args.resume} trained on {args.env}, but {other}; resume it on servers "
-                    f"of {args.env}"
-                    + (
-                        f" (a mixed fleet's env is its first server's, and its time limit and kwargs too: list one "
-                        f"of {args.env} first, {first} say, as the run did)"
-                        if first is not None
-                        else ""
-                    )
-                )
-            if other:
-                raise ValueError(
-                    f"--env: expected servers of {args.env}, but {other} (leave --env out to train on whatever they "
-                    "serve)"
-                )
-            args = dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
+            args = _on_served_env(args, envs, env_id)
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
         # What the envs are beyond their id (recorded: eval makes the same ones for a run on --servers).
         wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
