@@ -64,7 +64,7 @@ from learner.checkpoint import (
 from learner.checkpointing import Checkpointer
 from learner.config import Args, PPOConfig, default_run_dir, resolve_ppo
 from learner.device import available_memory, device_hint, machine_busy, pick_device, set_torch_threads
-from learner.envs import env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold, server_of
+from learner.envs import FleetSpec, env_server_of, fleet_spec, open_fleet, raw_atari_frames, reward_threshold, server_of
 from learner.errors import (
     EnvCrashedError,
     EnvFleetError,
@@ -238,6 +238,32 @@ def _resumed_kwargs_hint(args: Args, checkpoint: dict[str, Any]) -> str:
         run_kwargs = (checkpoint.get("served") or {}).get("env_kwargs")
     differ = given_kwargs_differ(dict(args.env_kwargs), run_kwargs, leave_out_to="resume it with the run's")
     return f" (these envs were {differ})" if differ else ""
+
+
+def _check_resumed_envs(args: Args, checkpoint: dict[str, Any], envs: Any, fleet: FleetSpec) -> None:
+    """ValueError where the envs of a resumed run (``fleet``'s ``envs``) have other spaces than its nets were
+    trained on (``checkpoint``'s); a warning where running servers make another task of the same spaces."""
+    for what, space in (("observation", envs.single_observation_space), ("action", envs.single_action_space)):
+        if str(space) != checkpoint[f"{what}_space"]:
+            raise ValueError(
+                f"--resume: the run in {args.resume} trained its nets on {what}s {checkpoint[f'{what}_space']}, "
+                f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
+                f"and env kwargs{_resumed_kwargs_hint(args, checkpoint)}"
+            )
+    if args.servers is not None:
+        # Running servers make their envs as they were started: the same id and spaces may be another
+        # task (time limit, env kwargs, wrappers), which the nets then go on learning. Warned of, as
+        # learner eval does, not refused: a run may be moved to a variant of its task on purpose.
+        differ = other_task(checkpoint.get("served") or {}, envs)
+        if differ:
+            log.warning(
+                "--servers: the servers at %s make their envs otherwise than the envs the run in %s trained "
+                "on: %s; the resumed run goes on learning that task, not the run's (resume on servers started "
+                "as the run's to keep to its task; the checkpoints record the task it trains on from here)",
+                args.servers,
+                args.resume,
+                "; ".join(differ),
+            )
 
 
 def _returned_when(step: int, reset: bool = False) -> str:
@@ -894,27 +920,7 @@ def train(
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if checkpoint is not None:
-            for what, space in (("observation", obs_space), ("action", action_space)):
-                if str(space) != checkpoint[f"{what}_space"]:
-                    raise ValueError(
-                        f"--resume: the run in {args.resume} trained its nets on {what}s {checkpoint[f'{what}_space']}, "
-                        f"but these envs ({fleet.describe()}) have {space}; resume it on the same env, wrappers "
-                        f"and env kwargs{_resumed_kwargs_hint(args, checkpoint)}"
-                    )
-            if args.servers is not None:
-                # Running servers make their envs as they were started: the same id and spaces may be another
-                # task (time limit, env kwargs, wrappers), which the nets then go on learning. Warned of, as
-                # learner eval does, not refused: a run may be moved to a variant of its task on purpose.
-                differ = other_task(checkpoint.get("served") or {}, envs)
-                if differ:
-                    log.warning(
-                        "--servers: the servers at %s make their envs otherwise than the envs the run in %s trained "
-                        "on: %s; the resumed run goes on learning that task, not the run's (resume on servers started "
-                        "as the run's to keep to its task; the checkpoints record the task it trains on from here)",
-                        args.servers,
-                        args.resume,
-                        "; ".join(differ),
-                    )
+            _check_resumed_envs(args, checkpoint, envs, fleet)
         _check_minibatches(hp, envs.num_envs)
         image = is_image_space(obs_space)
         # (restored at the end: the caller's process, a notebook's kernel, keeps its own setting)
