@@ -711,6 +711,22 @@ class Acting:
         return actions
 
 
+def _update_generator(
+    seed: int, device: torch.device, checkpoint: dict[str, Any] | None, global_step: int
+) -> torch.Generator:
+    """--overlap-update: the generator the updates shuffle with, seeded with ``seed``, or as ``checkpoint`` (the
+    run resumed, at ``global_step``) saved it."""
+    update_rng = torch.Generator(device=device)
+    update_rng.manual_seed(seed)
+    saved_rng = None if checkpoint is None else checkpoint.get("update_rng")
+    if saved_rng is not None and saved_rng.numel() == update_rng.get_state().numel():
+        update_rng.set_state(saved_rng)
+    elif saved_rng is not None:  # (a CPU generator's state is 5056 bytes, a CUDA one's 16: not the same kind)
+        log.info("--overlap-update: the run was saved on another kind of device: its update's shuffling starts anew")
+        update_rng.manual_seed(seed + global_step)
+    return update_rng
+
+
 def _finish_update(
     pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
     recorder: Recorder,
@@ -1067,16 +1083,7 @@ def train(
             update_thread = stack.enter_context(
                 concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
             )
-            update_rng = torch.Generator(device=device)
-            update_rng.manual_seed(args.seed)
-            saved_rng = None if checkpoint is None else checkpoint.get("update_rng")
-            if saved_rng is not None and saved_rng.numel() == update_rng.get_state().numel():
-                update_rng.set_state(saved_rng)
-            elif saved_rng is not None:  # (a CPU generator's state is 5056 bytes, a CUDA one's 16: not the same kind)
-                log.info(
-                    "--overlap-update: the run was saved on another kind of device: its update's shuffling starts anew"
-                )
-                update_rng.manual_seed(args.seed + counters.global_step)
+            update_rng = _update_generator(args.seed, device, checkpoint, counters.global_step)
             actor = copy.deepcopy(agent)
             actor.requires_grad_(False)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
