@@ -280,6 +280,30 @@ def _stepping(envs: Any) -> tuple[Any, bool]:
     return step_groups, step_groups is None and hasattr(envs, "step_async") and hasattr(envs, "step_wait")
 
 
+def _step_envs(
+    envs: Any,
+    stepping: tuple[Any, bool],
+    acting: Acting,
+    next_obs: Tensor,
+    rollout: Rollout,
+    step: int,
+    *,
+    raw_obs: np.ndarray,
+    num_envs: int,
+) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """One step of every env of ``envs``, on the actions ``acting`` takes on ``next_obs`` (stored in ``rollout``
+    at ``step``; ``raw_obs``: the ``num_envs`` envs' observations as they gave them), as :func:`_stepping` says
+    (``stepping``): what ``envs.step`` returns."""
+    step_groups, overlap = stepping
+    if step_groups is not None:
+        # Each group of servers steps while the policy runs on the next group's envs.
+        return step_groups(functools.partial(acting.act, next_obs, rollout, step, raw_obs=raw_obs, num_envs=num_envs))
+    if overlap:
+        acting.act(next_obs, rollout, step, slice(None), send=envs.step_async, raw_obs=raw_obs, num_envs=num_envs)
+        return envs.step_wait()
+    return envs.step(acting.act(next_obs, rollout, step, slice(None), raw_obs=raw_obs, num_envs=num_envs))
+
+
 def _asked_stop(stop: StopRequest) -> str:
     """summary.json's ``stop_reason`` for a run that ``stop`` stopped: "interrupted" by a signal (Ctrl-C,
     SIGTERM, SIGHUP), "stopped" by the caller's event."""
@@ -1132,8 +1156,7 @@ def train(
         next_obs = acting.prepare_obs(
             obs_np, update_stats=checkpoint is None, stale=lost_np, returned_at=counters.global_step, reset=True
         )
-        step_groups, overlap = _stepping(envs)
-        background: Any = envs  # (typed for step_async and step_wait, which overlap checked)
+        stepping = _stepping(envs)
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
         watch = FleetWatch(
             envs, carried={key: getattr(counters, key) for key in FAULT_COUNTS}, local=args.servers is None
@@ -1240,7 +1263,7 @@ def train(
                             reward_scaler.follow(change)
                         # (the groups follow the servers: one per server at most, so a fleet that started
                         # without some of them pipelines once they join)
-                        step_groups, overlap = _stepping(envs)
+                        stepping = _stepping(envs)
                 # Storage follows the fleet's size, which may change between rollouts.
                 if rollout is None or rollout.num_envs != envs.num_envs:
                     num_envs = envs.num_envs
@@ -1268,28 +1291,9 @@ def train(
                 for step in range(hp.num_steps):
                     rollout.obs[step] = next_obs
                     try:
-                        if step_groups is not None:
-                            # Each group of servers steps while the policy runs on the next group's envs.
-                            obs_np, reward_np, term_np, trunc_np, infos = step_groups(
-                                functools.partial(
-                                    acting.act, next_obs, rollout, step, raw_obs=raw_obs, num_envs=num_envs
-                                )
-                            )
-                        elif overlap:
-                            acting.act(
-                                next_obs,
-                                rollout,
-                                step,
-                                slice(None),
-                                send=background.step_async,
-                                raw_obs=raw_obs,
-                                num_envs=num_envs,
-                            )
-                            obs_np, reward_np, term_np, trunc_np, infos = background.step_wait()
-                        else:
-                            obs_np, reward_np, term_np, trunc_np, infos = envs.step(
-                                acting.act(next_obs, rollout, step, slice(None), raw_obs=raw_obs, num_envs=num_envs)
-                            )
+                        obs_np, reward_np, term_np, trunc_np, infos = _step_envs(
+                            envs, stepping, acting, next_obs, rollout, step, raw_obs=raw_obs, num_envs=num_envs
+                        )
                     except (
                         ServerUnavailableError,
                         SessionError,
