@@ -735,6 +735,105 @@ class Acting:
         return actions
 
 
+@dataclasses.dataclass
+class _Episodes:
+    """The envs' episodes as the loop follows them: the return and length of each env's episode under way, and
+    those that end: the run's count of them, the window of the last :data:`~learner.resume.RECENT` returns and
+    lengths (shared with the checkpoints and the metrics), and the step at which the window's mean first reaches
+    ``threshold`` (``counters.solved_at_step``). An episode cut short by a failure counts in none of them."""
+
+    counters: Counters
+    recorder: Recorder
+    recent_returns: deque[float]
+    recent_lengths: deque[int]
+    threshold: float | None
+    start_time: float
+    """time.perf_counter() at the start of the run (its earlier sessions' seconds included): solved_at_seconds'."""
+    server_of: Callable[[int], str]
+    in_process: bool
+    """The envs run here (--backend gym), not on env servers: for an error's words."""
+    live: np.ndarray
+    """Per env, whether an episode is under way (a reset gave its first observation, and it has not ended): one
+    its env loses, even on its first step, is cut short. (An env out of order, whose resets raise, has none under
+    way, so its failed steps cut nothing.)"""
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    def follow(self, change: FleetChange, out_of_order: np.ndarray) -> int:
+        """Follow the fleet's ``change`` (``out_of_order``: its new envs whose reset raised, with no episode under
+        way); the number of episodes it cut short."""
+        # Episodes under way in envs that did not stay (their server left, or every env started over after a
+        # failed step) were cut short, as a lost server's are.
+        stayed = np.zeros(change.previous_num_envs, dtype=np.bool_)
+        stayed[change.previous_index[change.previous_index >= 0]] = True
+        cut = int((self.live & ~stayed).sum())
+        self.returns = carry_over(self.returns, change, 0.0)
+        self.lengths = carry_over(self.lengths, change, 0)
+        self.live = carry_over(self.live, change, True) & ~out_of_order
+        return cut
+
+    def step(self, done: np.ndarray, lost: np.ndarray, next_step_autoreset: bool) -> int:
+        """Follow a step in which the episodes of envs ``done`` ended and envs ``lost`` gave no transition; the
+        number of episodes cut short (under way in a lost env), whose return and length start over."""
+        cut = lost & self.live
+        # (under next-step autoreset an episode that ended has none under way until its reset;
+        # under same-step autoreset, one that ended and was not lost has the next under way)
+        self.live = ~lost & (~done if next_step_autoreset else True)
+        if not lost.any():
+            return 0
+        self.returns[lost], self.lengths[lost] = 0.0, 0
+        return int(cut.sum())
+
+    def add(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> bool:
+        """Add a step's ``rewards`` (the envs' own, before any clipping or scaling) to the ``valid`` envs' episodes,
+        and count those that ended (``done``); whether one of them solved the run (see :meth:`_solved`)."""
+        with np.errstate(over="ignore"):  # (a return beyond float64: named just below, not warned of)
+            self.returns += np.where(valid, rewards, 0.0)
+        self.lengths += valid
+        solved = False
+        for i in np.flatnonzero(done & valid):
+            self._ended(int(i))
+            solved = self._solved() or solved
+        return solved
+
+    def _ended(self, env: int) -> None:
+        """Count env ``env``'s episode, which ended at this step, and start its next."""
+        counters = self.counters
+        raise_overflowed_return(
+            self.returns,
+            env,
+            self.server_of,
+            when=f" at the run's env step {counters.global_step:,}",
+            in_process=self.in_process,
+        )
+        self.recent_returns.append(float(self.returns[env]))
+        self.recent_lengths.append(int(self.lengths[env]))
+        counters.episodes += 1
+        self.recorder.episode(counters.global_step, self.returns[env], self.lengths[env])
+        self.returns[env], self.lengths[env] = 0.0, 0
+
+    def _solved(self) -> bool:
+        """Whether the mean of the last :data:`~learner.resume.RECENT` returns reached ``threshold`` just now, for
+        the first time in the run: ``counters.solved_at_step`` and the rest set, and said."""
+        counters, threshold = self.counters, self.threshold
+        if (
+            threshold is not None
+            and counters.solved_at_step is None
+            and len(self.recent_returns) == RECENT
+            # (a mean that is no number, of returns of a run of before they were looked at, is none to judge)
+            and math.isfinite(recent_mean := mean_of(self.recent_returns))
+            and recent_mean >= threshold
+        ):
+            counters.solved_at_step = counters.global_step
+            counters.solved_at_seconds = time.perf_counter() - self.start_time
+            counters.solved_threshold = threshold
+            log.info(
+                "solved at step %d: mean return of the last %d episodes >= %g", counters.global_step, RECENT, threshold
+            )
+            return True
+        return False
+
+
 def _update_generator(
     seed: int, device: torch.device, checkpoint: dict[str, Any] | None, global_step: int
 ) -> torch.Generator:
@@ -1162,12 +1261,6 @@ def train(
             envs, carried={key: getattr(counters, key) for key in FAULT_COUNTS}, local=args.servers is None
         )
         next_valid = ~lost_np
-        # An episode is under way (a reset gave its first observation, and it has not ended): one its
-        # env loses, even on its first step, is cut short. (An env out of order, whose resets raise, has
-        # none under way, so its failed steps cut nothing.)
-        ep_live = ~lost_np
-        ep_return = np.zeros(num_envs, dtype=np.float64)
-        ep_length = np.zeros(num_envs, dtype=np.int64)
         rollout: Rollout | None = None
         stop_reason: str | None = None
         # Env servers that join or leave (docker compose up --scale, a replica that stops) are
@@ -1200,6 +1293,19 @@ def train(
             start_time=start_time,
             session_start=session_start,
             session_start_step=session_start_step,
+        )
+        episodes = _Episodes(
+            counters=counters,
+            recorder=recorder,
+            recent_returns=recent_returns,
+            recent_lengths=recent_lengths,
+            threshold=threshold,
+            start_time=start_time,
+            server_of=acting.server_of,
+            in_process=args.backend == "gym",
+            live=~lost_np,
+            returns=np.zeros(num_envs, dtype=np.float64),
+            lengths=np.zeros(num_envs, dtype=np.int64),
         )
 
         try:
@@ -1250,15 +1356,8 @@ def train(
                         # (an env whose reset raised, out of order, starts with no transition nor episode
                         # under way, as at the first reset)
                         out_of_order = unavailable_envs(change.infos, change.num_envs)
-                        # Episodes under way in envs that did not stay (their server left, or every env
-                        # started over after a failed step) were cut short, as a lost server's are.
-                        stayed = np.zeros(change.previous_num_envs, dtype=np.bool_)
-                        stayed[change.previous_index[change.previous_index >= 0]] = True
-                        episodes_cut += int((ep_live & ~stayed).sum())
+                        episodes_cut += episodes.follow(change, out_of_order)
                         next_valid = carry_over(next_valid, change, True) & ~out_of_order
-                        ep_return = carry_over(ep_return, change, 0.0)
-                        ep_length = carry_over(ep_length, change, 0)
-                        ep_live = carry_over(ep_live, change, True) & ~out_of_order
                         if reward_scaler is not None:
                             reward_scaler.follow(change)
                         # (the groups follow the servers: one per server at most, so a fleet that started
@@ -1337,14 +1436,9 @@ def train(
                     valid = next_valid & ~lost_np
                     rollout.valid[step] = valid
                     steps_lost += int(lost_np.sum())
-                    cut_np = lost_np & ep_live
-                    # (under next-step autoreset an episode that ended has none under way until its reset;
-                    # under same-step autoreset, one that ended and was not lost has the next under way)
-                    ep_live = ~lost_np & (~done_np if next_step_autoreset else True)
+                    # Episodes cut short by a failure do not count as episodes in the returns.
+                    episodes_cut += episodes.step(done_np, lost_np, next_step_autoreset)
                     if lost_np.any():
-                        # Episodes cut short by a failure do not count as episodes in the returns.
-                        episodes_cut += int(cut_np.sum())
-                        ep_return[lost_np], ep_length[lost_np] = 0.0, 0
                         if "_env_error" in infos:  # (for the error of a run that has nothing to learn from)
                             raised = np.flatnonzero(infos["_env_error"])
                             env_errors += len(raised)
@@ -1374,42 +1468,8 @@ def train(
                         float32="" if hp.clip_reward or hp.norm_reward else "--clip-reward or --norm-reward",
                     )
                     # Episode statistics, from the envs' own rewards (before any clipping or scaling).
-                    with np.errstate(over="ignore"):  # (a return beyond float64: named just below, not warned of)
-                        ep_return += np.where(valid, reward_np, 0.0)
-                    ep_length += valid
-                    for i in np.flatnonzero(done_np & valid):
-                        raise_overflowed_return(
-                            ep_return,
-                            int(i),
-                            acting.server_of,
-                            when=f" at the run's env step {counters.global_step:,}",
-                            in_process=args.backend == "gym",
-                        )
-                        recent_returns.append(float(ep_return[i]))
-                        recent_lengths.append(int(ep_length[i]))
-                        counters.episodes += 1
-                        recorder.episode(counters.global_step, ep_return[i], ep_length[i])
-                        ep_return[i], ep_length[i] = 0.0, 0
-                        if (
-                            threshold is not None
-                            and counters.solved_at_step is None
-                            and len(recent_returns) == RECENT
-                            # (a mean that is no number, of returns of a run of before they were looked at,
-                            # is none to judge)
-                            and math.isfinite(recent_mean := mean_of(recent_returns))
-                            and recent_mean >= threshold
-                        ):
-                            counters.solved_at_step = counters.global_step
-                            counters.solved_at_seconds = time.perf_counter() - start_time
-                            counters.solved_threshold = threshold
-                            log.info(
-                                "solved at step %d: mean return of the last %d episodes >= %g",
-                                counters.global_step,
-                                RECENT,
-                                threshold,
-                            )
-                            if args.stop_at_return is not None:
-                                stop_reason = "stop_at_return"
+                    if episodes.add(reward_np, valid, done_np) and args.stop_at_return is not None:
+                        stop_reason = "stop_at_return"
 
                     rollout.rewards[step] = reward_np
                     rollout.terminations[step] = term_np
