@@ -734,6 +734,17 @@ class Acting:
         storage.values[step, envs_slice] = value
         return actions
 
+    def value_final(self, storage: Rollout, step: int, truncated: np.ndarray, infos: dict[str, Any]) -> None:
+        """Under same-step autoreset, the values of the last observations of the episodes truncated at ``step``
+        (``truncated``: per env), stored in the rollout's ``final_values``, which bootstrap them."""
+        # The step's observations already hold the next episodes' first ones; the truncated episodes' last
+        # ones are in infos["final_obs"].
+        idx = np.flatnonzero(truncated)
+        final = np.stack([infos["final_obs"][i] for i in idx])
+        with torch.no_grad(), self.acting_on(final, idx.tolist(), check_first=True):
+            final_obs = self.prepare_obs(final, update_stats=False)
+            storage.final_values[step, idx] = self.actor.get_value(final_obs)
+
 
 @dataclasses.dataclass
 class _Episodes:
@@ -1479,13 +1490,7 @@ def train(
                         obs_np, update_stats=True, stale=lost_np, returned_at=counters.global_step
                     )
                     if not next_step_autoreset and (trunc_np & valid).any():
-                        # Same-step autoreset: obs_np already holds the next episode's first
-                        # observation; the truncated episode's last one is in infos["final_obs"].
-                        idx = np.flatnonzero(trunc_np & valid)
-                        final = np.stack([infos["final_obs"][i] for i in idx])
-                        with torch.no_grad(), acting.acting_on(final, idx.tolist(), check_first=True):
-                            final_obs = acting.prepare_obs(final, update_stats=False)
-                            rollout.final_values[step, idx] = actor.get_value(final_obs)
+                        acting.value_final(rollout, step, trunc_np & valid, infos)
                     # Under next-step autoreset, an env whose episode just ended is reset by its next step.
                     next_valid = ~done_np if next_step_autoreset else np.ones(num_envs, dtype=bool)
 
