@@ -349,6 +349,22 @@ def _say_env_error(said: LogBudget, total: int, env: int, infos: dict[str, Any],
     )
 
 
+def _count_env_errors(infos: dict[str, Any], envs: Any, errors: dict[str, int], said: LogBudget, before: int) -> int:
+    """How many of ``envs`` raised in the step that gave ``infos`` (``infos["env_error"]``); their errors counted
+    in ``errors`` (text -> env steps: for the error of a run that has nothing to learn from), the first logged
+    (:func:`_say_env_error`, with ``before``, the run's env errors before this step)."""
+    if "_env_error" not in infos:
+        return 0
+    raised = np.flatnonzero(infos["_env_error"])
+    for i in raised:
+        text = str(infos["env_error"][i]).removeprefix("out of order since ")
+        errors[text] = errors.get(text, 0) + 1
+    if len(raised):
+        first = int(raised[0])
+        _say_env_error(said, before + len(raised), first, infos, _env_on_server(envs, first))
+    return len(raised)
+
+
 RAW_INTEGERS_WARN_AT = 100
 """Integer vector observations ranging past this go raw into the MLP only with a warning (ALE's RAM: 0-255)."""
 
@@ -1450,16 +1466,9 @@ def train(
                     # Episodes cut short by a failure do not count as episodes in the returns.
                     episodes_cut += episodes.step(done_np, lost_np, next_step_autoreset)
                     if lost_np.any():
-                        if "_env_error" in infos:  # (for the error of a run that has nothing to learn from)
-                            raised = np.flatnonzero(infos["_env_error"])
-                            env_errors += len(raised)
-                            for i in raised:
-                                text = str(infos["env_error"][i]).removeprefix("out of order since ")
-                                empty_errors[text] = empty_errors.get(text, 0) + 1
-                            if len(raised):
-                                first = int(raised[0])
-                                total = counters.env_errors + env_errors
-                                _say_env_error(errors_said, total, first, infos, _env_on_server(envs, first))
+                        env_errors += _count_env_errors(
+                            infos, envs, empty_errors, errors_said, counters.env_errors + env_errors
+                        )
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
                             # one): look the servers up again now, not after the rest of the rollout, so
