@@ -459,6 +459,40 @@ def nothing_to_learn(rollouts: int, errors: dict[str, int], in_process: bool = F
     return f"no env gave a transition in {where}: nothing to learn from, the run stops; {cause}"
 
 
+def _warn_of_settings(
+    args: Args, hp: PPOConfig, device: torch.device, obs_space: gym.Space[Any], action_space: gym.Space[Any]
+) -> None:
+    """Warn of settings that slow the run or that these spaces make useless (ignored options among them), once
+    torch's threads are set."""
+    image = is_image_space(obs_space)
+    busy = machine_busy() if image and device.type == "cpu" and not args.torch_threads else ""
+    if busy:
+        log.warning(
+            "this machine is busy (%s) and the CNN's updates take torch's %d threads: runs side by side "
+            "(seeds, a sweep) go faster with --torch-threads 1 each (3 Pong runs on 2 cores: 2.1-2.4x)",
+            busy,
+            torch.get_num_threads(),
+        )
+    hint = device_hint(args.device, device, image)
+    if hint:
+        log.warning(hint)
+    if args.hidden_sizes is not None and image:
+        log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
+    if args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
+        what = "image" if image else str(obs_space)
+        log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
+    raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
+    if raw_integers:
+        log.warning("%s", raw_integers)
+    if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
+        log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
+    clipped = clip_leaves_out_zero(hp, action_space)
+    if clipped:
+        log.warning("%s", clipped)
+    if args.hang_timeout is not None and args.backend == "gym":
+        log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
+
+
 def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
     """Warn of minibatches of one transition: advantage normalisation makes a lone advantage 0, so the
     policy would learn nothing (the update takes at most one minibatch per transition)."""
@@ -1092,32 +1126,7 @@ def train(
         # (restored at the end: the caller's process, a notebook's kernel, keeps its own setting)
         stack.callback(torch.set_num_threads, torch.get_num_threads())
         set_torch_threads(device, image, args.torch_threads)
-        busy = machine_busy() if image and device.type == "cpu" and not args.torch_threads else ""
-        if busy:
-            log.warning(
-                "this machine is busy (%s) and the CNN's updates take torch's %d threads: runs side by side "
-                "(seeds, a sweep) go faster with --torch-threads 1 each (3 Pong runs on 2 cores: 2.1-2.4x)",
-                busy,
-                torch.get_num_threads(),
-            )
-        hint = device_hint(args.device, device, image)
-        if hint:
-            log.warning(hint)
-        if args.hidden_sizes is not None and image:
-            log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
-        if args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
-            what = "image" if image else str(obs_space)
-            log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
-        raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
-        if raw_integers:
-            log.warning("%s", raw_integers)
-        if args.action_bounds is not None and not isinstance(action_space, gym.spaces.Box):
-            log.warning("--action-bounds: applies to Box actions, not %s; ignored", action_space)
-        clipped = clip_leaves_out_zero(hp, action_space)
-        if clipped:
-            log.warning("%s", clipped)
-        if args.hang_timeout is not None and args.backend == "gym":
-            log.warning("--hang-timeout: applies to env servers this command starts, not in-process envs; ignored")
+        _warn_of_settings(args, hp, device, obs_space, action_space)
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         # eps 1e-5, not torch's 1e-8: PPO's baselines (Huang et al., 2022, detail 3). fused: one kernel for every
