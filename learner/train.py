@@ -557,6 +557,42 @@ def _check_rollout_memory(
     )
 
 
+def _checkpoint_to_resume(args: Args) -> tuple[Args, Path | None, dict[str, Any] | None, list[tuple[Path, str]]]:
+    """What --resume resumes: ``args`` as the run goes on with them (a run dir without a checkpoint started over
+    in it; a checkpoint file's run going on in its run dir), the checkpoint's file and what it holds (None for a
+    run that is not resumed), and the newer checkpoints torch cannot read, with why."""
+    if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
+        # Stopped before its first checkpoint (killed in its first update, a full disk): nothing to go on
+        # from, so it starts over with the options it was started with, where it was. (Not a run that had
+        # checkpoints, deleted or lost since: refused, its files as they are.)
+        rundir.check_starts_over(Path(args.resume), "--resume")
+        log.warning(
+            "--resume %s: no checkpoint there (the run stopped before its first one): starting it over, with the "
+            "options in its %s",
+            args.resume,
+            rundir.CONFIG,
+        )
+        args = dataclasses.replace(args, resume=None, run_dir=args.resume)
+    checkpoint_file: Path | None = None
+    checkpoint: dict[str, Any] | None = None
+    unreadable: list[tuple[Path, str]] = []  # newer checkpoints torch cannot read (a damaged disk or copy)
+    # The run's paths are absolute from here on: a chdir while it trains (a notebook's %cd, with train() in
+    # a thread) would put the later files of a relative run dir in another folder.
+    if args.resume and Path(args.resume).is_dir():
+        checkpoint_file, checkpoint, unreadable = load_latest_readable(Path(args.resume).absolute())
+    elif args.resume:
+        checkpoint_file = find_checkpoint(Path(args.resume).absolute())
+        checkpoint = load_checkpoint(checkpoint_file, resuming=True)
+        if args.run_dir is None:  # (a checkpoint file: its run goes on in the run dir it is in)
+            if checkpoint_file.parent.name != rundir.CHECKPOINTS:
+                raise ValueError(
+                    f"resume: {args.resume} is a checkpoint outside a run dir's {rundir.CHECKPOINTS}/ folder; give "
+                    "run_dir, the run dir the resumed run goes on in"
+                )
+            args = dataclasses.replace(args, run_dir=str(checkpoint_file.parent.parent))
+    return args, checkpoint_file, checkpoint, unreadable
+
+
 def _check_fresh(run_dir: Path) -> None:
     """A run dir a new run can be written to (not made yet: a run that fails to start leaves none), or
     one whose run stopped before its first checkpoint (set aside: see :func:`rundir.set_aside`)."""
@@ -1000,35 +1036,7 @@ def train(
     device = pick_device(args.device)
     if device.type == "cuda":  # (summary.json's cuda_max_memory_mb: this run's, not the process's earlier ones')
         torch.cuda.reset_peak_memory_stats(device)
-    if args.resume and Path(args.resume).is_dir() and not rundir.list_checkpoints(args.resume):
-        # Stopped before its first checkpoint (killed in its first update, a full disk): nothing to go on
-        # from, so it starts over with the options it was started with, where it was. (Not a run that had
-        # checkpoints, deleted or lost since: refused, its files as they are.)
-        rundir.check_starts_over(Path(args.resume), "--resume")
-        log.warning(
-            "--resume %s: no checkpoint there (the run stopped before its first one): starting it over, with the "
-            "options in its %s",
-            args.resume,
-            rundir.CONFIG,
-        )
-        args = dataclasses.replace(args, resume=None, run_dir=args.resume)
-    checkpoint_file: Path | None = None
-    checkpoint: dict[str, Any] | None = None
-    unreadable: list[tuple[Path, str]] = []  # newer checkpoints torch cannot read (a damaged disk or copy)
-    # The run's paths are absolute from here on: a chdir while it trains (a notebook's %cd, with train() in
-    # a thread) would put the later files of a relative run dir in another folder.
-    if args.resume and Path(args.resume).is_dir():
-        checkpoint_file, checkpoint, unreadable = load_latest_readable(Path(args.resume).absolute())
-    elif args.resume:
-        checkpoint_file = find_checkpoint(Path(args.resume).absolute())
-        checkpoint = load_checkpoint(checkpoint_file, resuming=True)
-        if args.run_dir is None:  # (a checkpoint file: its run goes on in the run dir it is in)
-            if checkpoint_file.parent.name != rundir.CHECKPOINTS:
-                raise ValueError(
-                    f"resume: {args.resume} is a checkpoint outside a run dir's {rundir.CHECKPOINTS}/ folder; give "
-                    "run_dir, the run dir the resumed run goes on in"
-                )
-            args = dataclasses.replace(args, run_dir=str(checkpoint_file.parent.parent))
+    args, checkpoint_file, checkpoint, unreadable = _checkpoint_to_resume(args)
     given = args.run_dir or args.resume
     given_dir = str(Path(given).absolute()) if given else None
     if given_dir and checkpoint is None:
