@@ -609,6 +609,37 @@ def _check_fresh(run_dir: Path) -> None:
     rundir.check_starts_over(run_dir, "--run-dir")  # (a run whose step checkpoints went: not set aside either)
 
 
+def _make_run_dir(
+    stack: contextlib.ExitStack[Any], given_dir: str | None, env_id: str, *, fresh: bool, locked: bool
+) -> Path:
+    """The run dir, made (``given_dir``, or a new one named after ``env_id``) and locked on ``stack`` unless it
+    was (``locked``); for a ``fresh`` run (not resumed) in ``given_dir``, checked to hold no run, the files of
+    one stopped before its first checkpoint set aside."""
+    run_dir = Path(given_dir or default_run_dir(env_id)).absolute()
+    if fresh and given_dir:
+        _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
+    try:
+        if given_dir:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        else:  # runs started in the same second (seeds in parallel) each get their own
+            run_dir = rundir.make_new_dir(run_dir)
+    except OSError as err:
+        raise ValueError(f"--run-dir: cannot make {run_dir}: {os_reason(err)}") from None
+    if not locked:
+        stack.enter_context(rundir.lock(run_dir))
+    if fresh and given_dir:
+        _check_fresh(run_dir)  # (held now: no other learner writes it from here on)
+        aside = rundir.set_aside(run_dir)
+        if aside is not None:
+            log.warning(
+                "--run-dir %s held a run that stopped before its first checkpoint: its files are moved to %s, "
+                "and this run starts over",
+                run_dir,
+                aside,
+            )
+    return run_dir
+
+
 def _close_quietly(f: Any) -> None:
     with contextlib.suppress(OSError):
         f.close()
@@ -1103,28 +1134,7 @@ def train(
                 f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
                 "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
             )
-        run_dir = Path(given_dir or default_run_dir(env_id)).absolute()
-        if checkpoint is None and given_dir:
-            _check_fresh(run_dir)  # (again: another run may have taken it while the servers started)
-        try:
-            if given_dir:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            else:  # runs started in the same second (seeds in parallel) each get their own
-                run_dir = rundir.make_new_dir(run_dir)
-        except OSError as err:
-            raise ValueError(f"--run-dir: cannot make {run_dir}: {os_reason(err)}") from None
-        if not locked:
-            stack.enter_context(rundir.lock(run_dir))
-        if checkpoint is None and given_dir:
-            _check_fresh(run_dir)  # (held now: no other learner writes it from here on)
-            aside = rundir.set_aside(run_dir)
-            if aside is not None:
-                log.warning(
-                    "--run-dir %s held a run that stopped before its first checkpoint: its files are moved to %s, "
-                    "and this run starts over",
-                    run_dir,
-                    aside,
-                )
+        run_dir = _make_run_dir(stack, given_dir, env_id, fresh=checkpoint is None, locked=locked)
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if checkpoint is not None:
