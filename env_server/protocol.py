@@ -235,8 +235,9 @@ def unreadable_ca(data: bytes) -> str | None:
     can. Said at once, rather than as gRPC's C core logging "Could not load any root certificate" and every
     connection failing as if no server answered."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "replace"))
-    except (ssl.SSLError, ValueError) as err:
+        # (as text: bytes would be read as DER; a bundle's comments may hold other than ASCII, as the system's do)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=data.decode("ascii", "ignore"))
+    except (ssl.SSLError, ValueError, TypeError) as err:
         return str(err)
     return None
 

@@ -4,6 +4,7 @@ present them (tls_client_cert/tls_client_key, --tls-client-cert/--tls-client-key
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.server import server_credentials
 from learner import InvalidArgumentError, RemoteVectorEnv, ServerUnavailableError, rundir
 from learner.cli import main
+from learner.client import ca_roots
 from learner.config import Args
 from learner.discovery import CLIENT_CERT_REFUSED, CLIENT_CERT_REQUIRED, TLS_CAUSE
 from tests.certs import ClientFiles, ServerFiles, make_client_certs, make_server_certs
@@ -363,6 +365,11 @@ def test_the_servers_option_needs_tls_and_a_readable_ca(
     )
     with pytest.raises(OSError, match=re.escape(f"--tls-client-ca {broken}: {expected}, got one OpenSSL cannot read")):
         server_credentials(config)
+    # A bundle whose comments are not ASCII (as the system's are: "# Issuer: ... Főtanúsítvány") is read as
+    # OpenSSL reads it (was a TypeError's traceback).
+    commented = tmp_path / "commented.crt"
+    commented.write_bytes("# Issuer: CN=Főtanúsítvány\n".encode() + client.ca.read_bytes())
+    server_credentials(dataclasses.replace(config, tls_client_ca=str(commented)))
     # As the command says it: before anything listens, exit status 2.
     result = subprocess.run(
         [sys.executable, "-m", "env_server", "--env", "CartPole-v1", "--port", "0", *tls, "--tls-client-ca", str(text)],
@@ -385,6 +392,9 @@ def test_remote_vector_env_checks_the_client_certificate_before_connecting(
     address = ["127.0.0.1:1"]
     broken = tmp_path / "broken.crt"  # (a PEM header, contents OpenSSL cannot read: was gRPC's C core's log lines)
     broken.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    commented = tmp_path / "commented.crt"  # (comments not ASCII, as a system bundle's: read, not a TypeError)
+    commented.write_bytes("# Issuer: CN=Főtanúsítvány\n".encode() + certs.ca.read_bytes())
+    assert ca_roots(commented) == commented.read_bytes()
     for options, message in (
         ({"tls": broken}, f"tls: expected PEM CA certificate(s) in {str(broken)!r}, got ones OpenSSL cannot read"),
         ({"tls_client_cert": client.cert}, "tls_client_cert and tls_client_key: give both (the client certificate and "
