@@ -158,7 +158,7 @@ class NothingToLearnError(EnvFleetError):
     are in the message)."""
 
 
-def _on_served_env(args: Args, envs: Any, env_id: str) -> Args:
+def _args_for_served_env(args: Args, envs: Any, env_id: str) -> Args:
     """``args`` for a run on running servers (--servers), whose env ``env_id`` is what they serve: ValueError
     where --env names another (for a resumed run, the env it trained on), else ``args`` naming ``env_id``."""
     # The fleet's env is its first server's (a fleet's servers need only fit one another's spaces: others
@@ -863,7 +863,7 @@ class Acting:
             storage.final_values[step, idx] = self.actor.get_value(final_obs)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Episodes:
     """The envs' episodes as the loop follows them: the return and length of each env's episode under way, and
     those that end: the run's count of them, the window of the last :data:`~learner.resume.RECENT` returns and
@@ -1109,7 +1109,7 @@ def train(
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
-            args = _on_served_env(args, envs, env_id)
+            args = _args_for_served_env(args, envs, env_id)
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
         # What the envs are beyond their id (recorded: eval makes the same ones for a run on --servers).
         wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
