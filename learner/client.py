@@ -727,8 +727,8 @@ class EnvClient:
         The session is over when the stream says so, as the proto has it: a HoldEvent (its reason kept
         for :meth:`ended_by_shutdown`), or FAILED_PRECONDITION (the session is not live); or when it
         lost its connection or the server is going (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, gRPC's
-        own INTERNAL, an answer cut short: :func:`_cut_short`). Any other end comes from a server that does not hold sessions this way: gRPC's
-        UNIMPLEMENTED (it has no Hold), OK without a HoldEvent, another error. Its Handshake has just
+        own INTERNAL, an answer cut short: :func:`_cut_short`). Any other end comes from a server that
+        does not hold sessions this way: gRPC's UNIMPLEMENTED (it has no Hold), OK without a HoldEvent, another error. Its Handshake has just
         granted the session, so the session is kept (taking it for over would make a new one at every
         reset, and refuse partial resets), with a warning, once per server; a call the server then
         answers that the session does not own it ends the session (``_disowned``)."""

@@ -90,7 +90,8 @@ STILL_DOWN_LOG_S = 20.0
 retries (the attempts that failed, the last one's error): its loss is one line, and its return another,
 and a user watching the run needs to see in between that it is still being tried, and why it fails.
 The longer it stays down, the rarer: at most once per a third of its time down, if that is longer
-(up to STILL_DOWN_LOG_MAX_S): 64 servers left down printed 64 lines every 20 s, ~11,500 an hour."""
+(up to STILL_DOWN_LOG_MAX_S), so each gap half the time down before it: 64 servers left down printed 64
+lines every 20 s, ~11,500 an hour."""
 STILL_DOWN_LOG_MAX_S = 600.0
 
 JOIN_BACKOFF = (1.0, 15.0)
@@ -330,9 +331,9 @@ async def reconnect(
     then Handshake, Hold and Reset. ``on_ready()`` is called once the server is READY. A flapping
     server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
     once, so without that wait it would fail, come back and fail again as fast as steps go. While the
-    attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S`, rarer as it stays down (INFO
-    for a server that left saying it was shutting down, else WARNING), with the last attempt's error. An attempt that got
-    no connection says why, where ``diagnose(address, timeout)`` can tell (RemoteVectorEnv's: "connection
+    attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S`, rarer as it stays down
+    (INFO for a server that left saying it was shutting down, else WARNING), with the last attempt's
+    error. An attempt that got no connection says why, where ``diagnose(address, timeout)`` can tell (RemoteVectorEnv's: "connection
     refused", "no socket file ..."): a server killed refuses at once, and "no connection within 10 s" alone
     read as a server that hangs, or a network that drops packets.
 
@@ -419,7 +420,8 @@ async def reconnect(
                     attempt,
                     "" if attempt == 1 else "s",
                     failed_unsaid,
-                    _still_down_gap(replica, now),
+                    # (the next comes once the time since this one is a third of the time down then: in half of it now)
+                    max(STILL_DOWN_LOG_S, min((now - replica.down_since) / 2, STILL_DOWN_LOG_MAX_S)),
                     text,
                     "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
                 )

@@ -53,7 +53,6 @@ __all__ = [
     "SPIN_WAIT_MS",
     "STARTUP_TIMEOUT_S",
     "LocalServers",
-    "cgroup_cpu_quota",
     "label_of",
     "left_down",
     "local_servers",
@@ -342,10 +341,9 @@ class LocalServers:
                 self._children.cmds.append([*base, *where, *server_args])
                 try:
                     self._children.spawn(i)
-                except OSError as err:  # (was a traceback: an interpreter it may not run, no processes left)
+                except (OSError, RuntimeError) as err:  # (was a traceback: a program it may not run, no process left)
                     raise ServerStartError(
-                        f"env server {server_label(i)} for {env!r}: cannot start its process ({base[0]}): "
-                        f"{os_reason(err)}" + (_NO_PROCESS_HINT if err.errno in (errno.EAGAIN, errno.ENOMEM) else "")
+                        f"env server {server_label(i)} for {env!r}: cannot start it ({base[0]}): {_start_failure(err)}"
                     ) from err
             self.addresses = self._wait_ready(startup_timeout)
         except BaseException:
@@ -742,9 +740,19 @@ class _Children:
 # error line, forwarded at DEBUG as the error raised quotes it, at ERROR) and its text.
 _Line = tuple[int, str]
 _NOTHING = "(nothing)"
+
+
 # What shows more of a server that died without a word (env-server enables Python's fault handler, which
 # prints each thread's stack at a fatal signal, as it starts: a crash before that, in an import say), and the
 # servers log "building N x ENV" at info.
+def _start_failure(err: OSError | RuntimeError) -> str:
+    """Why a server's process (or the thread that reads its output: RuntimeError "can't start new thread") could not
+    be started, with the limits to look at where none was left."""
+    if isinstance(err, OSError):
+        return os_reason(err) + (_NO_PROCESS_HINT if err.errno in (errno.EAGAIN, errno.ENOMEM) else "")
+    return f"{err}{_NO_PROCESS_HINT}"
+
+
 _NO_PROCESS_HINT = (
     "; the limit on processes (ulimit -u, docker --pids-limit) or memory may be too low: start fewer servers "
     "(more envs each: envs_per_server, --envs-per-server)"
@@ -775,7 +783,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 try:
                     if children.spawn(i) is None:
                         return
-                except OSError as err:  # (out of processes or memory, say: counts as a failed restart)
+                except (OSError, RuntimeError) as err:  # (out of processes or memory: counts as a failed restart)
                     _forget_old(started[i], now)
                     started[i].append(now)
                     if len(started[i]) >= restarts:
@@ -786,7 +794,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                         "env server %s (%s): cannot start it again: %s%s",
                         server_label(i),
                         address,
-                        err,
+                        _start_failure(err),
                         "; leaving it down" if i in left_down else "",
                     )
                     continue

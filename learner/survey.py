@@ -223,6 +223,8 @@ def describe(servers: list[ServerInfo]) -> str:
     )
     envs = sum(s.num_envs for s in answering)
     summary = f"{total}, {len(answering)} answering, {envs} env{'s' if envs != 1 else ''}"
+    if unusable := sum(1 for s in servers if s.servers_reached > 1):  # (they answer, but no learner can use them)
+        summary += f", {unusable} address{'es' if unusable > 1 else ''} not usable"
     if len({(s.observation_space, s.action_space, s.autoreset_mode) for s in answering}) > 1:
         summary += "; their spaces or autoreset modes differ: they cannot step as one fleet"
     elif len({s.env_id for s in answering}) > 1:

@@ -940,7 +940,8 @@ def _affinity() -> int:
 def test_usable_cpus_reads_a_cgroup_v1_quota(tmp_path: Path, mount: str) -> None:
     """``docker run --cpus 0.5`` on a cgroup v1 host: cfs_quota_us 50000 over cfs_period_us 100000 (was
     ignored: only cgroup v2's cpu.max was read, and usable_cpus() said the host's CPUs)."""
-    from learner.local import cgroup_cpu_quota, usable_cpus
+    from learner.cgroups import cgroup_cpu_quota
+    from learner.local import usable_cpus
 
     files = {
         f"sys/fs/cgroup/{mount}/cpu.cfs_quota_us": "50000\n",
@@ -952,7 +953,8 @@ def test_usable_cpus_reads_a_cgroup_v1_quota(tmp_path: Path, mount: str) -> None
 
 
 def test_usable_cpus_reads_cgroup_v2_s_cpu_max_at_the_mount_s_root(tmp_path: Path) -> None:
-    from learner.local import cgroup_cpu_quota, usable_cpus
+    from learner.cgroups import cgroup_cpu_quota
+    from learner.local import usable_cpus
 
     root = _tree(tmp_path, {"sys/fs/cgroup/cpu.max": "150000 100000\n", "proc/self/cgroup": "0::/\n"})
     assert cgroup_cpu_quota(root) == 1.5
@@ -962,7 +964,8 @@ def test_usable_cpus_reads_cgroup_v2_s_cpu_max_at_the_mount_s_root(tmp_path: Pat
 def test_usable_cpus_takes_the_smallest_quota_of_a_nested_cgroup_v2_and_its_parents(tmp_path: Path) -> None:
     """cgroup v2 without a cgroup namespace: /sys/fs/cgroup is the host's tree; the process's cgroup is
     the one /proc/self/cgroup names, and a parent's quota bounds it too."""
-    from learner.local import cgroup_cpu_quota, usable_cpus
+    from learner.cgroups import cgroup_cpu_quota
+    from learner.local import usable_cpus
 
     scope = "sys/fs/cgroup/system.slice/docker-0123.scope"
     files = {
@@ -995,7 +998,8 @@ def test_usable_cpus_takes_the_smallest_quota_of_a_nested_cgroup_v2_and_its_pare
     ids=["no-cgroups", "v2-max", "v1-minus-one", "v1-no-proc", "v2-nested-max"],
 )
 def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: dict[str, str]) -> None:
-    from learner.local import cgroup_cpu_quota, usable_cpus
+    from learner.cgroups import cgroup_cpu_quota
+    from learner.local import usable_cpus
 
     root = _tree(tmp_path, files)
     assert cgroup_cpu_quota(root) is None
@@ -1009,7 +1013,7 @@ def test_a_server_process_that_cannot_be_started_is_a_server_start_error_naming_
     subprocess; the servers started before it are stopped."""
     from learner import local
 
-    popen, failure = subprocess.Popen, [OSError()]
+    popen, failure = subprocess.Popen, list[OSError | RuntimeError]([OSError()])
     started: list[subprocess.Popen[bytes]] = []
 
     def fails_second(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
@@ -1022,9 +1026,10 @@ def test_a_server_process_that_cannot_be_started_is_a_server_start_error_naming_
     for failure[0], said in (
         (PermissionError(errno.EACCES, "Permission denied"), r"Permission denied$"),
         (BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), r"unavailable; the limit on processes"),
+        (RuntimeError("can't start new thread"), r"\): can't start new thread; the limit on processes"),
     ):
         started.clear()
-        with pytest.raises(ServerStartError, match=r"^env server local-1 for 'CartPole-v1': cannot start its process"):
+        with pytest.raises(ServerStartError, match=r"^env server local-1 for 'CartPole-v1': cannot start it \("):
             try:
                 LocalServers("CartPole-v1", 2, 1)
             except ServerStartError as err:

@@ -198,4 +198,4 @@ def test_an_address_whose_calls_reach_several_servers_is_not_usable(
         text
     )
     assert "give each server its own address (or balance connections, not calls)" in text
-    assert text.rstrip().splitlines()[-1] == "1 server, 0 answering, 0 envs", text
+    assert text.rstrip().splitlines()[-1] == "1 server, 0 answering, 0 envs, 1 address not usable", text

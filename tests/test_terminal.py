@@ -279,6 +279,8 @@ def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp
         "--tls-server-name env.test"
     )
     assert tls_options(Args(servers="a:1", tls=True)) == ["--tls"] and tls_options(Args(servers="a:1")) == []
+    mutual = Args(servers="a:1", tls=True, tls_ca="ca.pem", tls_client_cert="me.crt", tls_client_key="me.key")
+    assert tls_options(mutual) == ["--tls-ca", "ca.pem", "--tls-client-cert", "me.crt", "--tls-client-key", "me.key"]
 
 
 def test_learner_train_ends_with_the_next_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
