@@ -20,6 +20,7 @@ from env_server.envs import is_entry_point
 from learner import rundir
 from learner.cli import build_parser, main
 from learner.video import check_path
+from tests.certs import make_server_certs
 from tests.conftest import CLOCK_ARGS, IN_PROCESS_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,7 +374,7 @@ def test_path_variables_take_a_leading_tilde_as_the_options_do(tmp_path: Path, m
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_addresses({"ENVFLEET_UNIX_SOCKET": "~/a.sock"}) == [f"unix:{tmp_path / 'a.sock'}"]
-    (tmp_path / "ca.pem").write_text("a CA")
+    make_server_certs(tmp_path / "certs").ca.rename(tmp_path / "ca.pem")  # (a CA that can be read as one)
     monkeypatch.setenv("ENVFLEET_TLS_CA", "~/ca.pem")
     assert cli._tls_variables("127.0.0.1:1", False, None, None)[0] == str(tmp_path / "ca.pem")
     (tmp_path / "token").write_text("secret\n")
