@@ -728,10 +728,11 @@ class EnvClient:
         for :meth:`ended_by_shutdown`), or FAILED_PRECONDITION (the session is not live); or when it
         lost its connection or the server is going (UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED, gRPC's
         own INTERNAL, an answer cut short: :func:`_cut_short`). Any other end comes from a server that
-        does not hold sessions this way: gRPC's UNIMPLEMENTED (it has no Hold), OK without a HoldEvent, another error. Its Handshake has just
-        granted the session, so the session is kept (taking it for over would make a new one at every
-        reset, and refuse partial resets), with a warning, once per server; a call the server then
-        answers that the session does not own it ends the session (``_disowned``)."""
+        does not hold sessions this way: gRPC's UNIMPLEMENTED (it has no Hold), OK without a HoldEvent,
+        another error. Its Handshake has just granted the session, so the session is kept (taking it for
+        over would make a new one at every reset, and refuse partial resets), with a warning, once per
+        server; a call the server then answers that the session does not own it ends the session
+        (``_disowned``)."""
         # (the Hold's request went out in this turn of the loop: its call's task, made first, ran just before)
         sent = time.monotonic()
         try:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -90,8 +91,8 @@ STILL_DOWN_LOG_S = 20.0
 retries (the attempts that failed, the last one's error): its loss is one line, and its return another,
 and a user watching the run needs to see in between that it is still being tried, and why it fails.
 The longer it stays down, the rarer: at most once per a third of its time down, if that is longer
-(up to STILL_DOWN_LOG_MAX_S), so each gap half the time down before it: 64 servers left down printed 64
-lines every 20 s, ~11,500 an hour."""
+(up to STILL_DOWN_LOG_MAX_S), so that between the floor and the cap each gap is half the time down before
+it: 64 servers left down printed 64 lines every 20 s, ~11,500 an hour."""
 STILL_DOWN_LOG_MAX_S = 600.0
 
 JOIN_BACKOFF = (1.0, 15.0)
@@ -313,6 +314,13 @@ def _still_down_gap(replica: Replica, now: float | None = None) -> float:
     return max(STILL_DOWN_LOG_S, min(down / 3, STILL_DOWN_LOG_MAX_S))
 
 
+def _next_still_down_in(replica: Replica, now: float) -> int:
+    """In how many seconds (rounded up) the next line saying that ``replica`` is still down may come, one having
+    come at ``now``: once the time since it is :func:`_still_down_gap` of the time down then, which between
+    the floor and the cap is half the time down now (x >= (down + x) / 3)."""
+    return math.ceil(max(STILL_DOWN_LOG_S, min((now - replica.down_since) / 2, STILL_DOWN_LOG_MAX_S)))
+
+
 async def reconnect(
     replica: Replica,
     *,
@@ -333,9 +341,9 @@ async def reconnect(
     once, so without that wait it would fail, come back and fail again as fast as steps go. While the
     attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S`, rarer as it stays down
     (INFO for a server that left saying it was shutting down, else WARNING), with the last attempt's
-    error. An attempt that got no connection says why, where ``diagnose(address, timeout)`` can tell (RemoteVectorEnv's: "connection
-    refused", "no socket file ..."): a server killed refuses at once, and "no connection within 10 s" alone
-    read as a server that hangs, or a network that drops packets.
+    error. An attempt that got no connection says why, where ``diagnose(address, timeout)`` can tell
+    (RemoteVectorEnv's: "connection refused", "no socket file ..."): a server killed refuses at once, and
+    "no connection within 10 s" alone read as a server that hangs, or a network that drops packets.
 
     Its return is INFO: the loss was a WARNING, and the envs merely start new episodes, as they would after
     any reset. A WARNING where another process answers (its server id changed), unless it left saying it
@@ -413,15 +421,14 @@ async def reconnect(
                 log.log(
                     logging.INFO if replica.planned else logging.WARNING,
                     "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
-                    "line; the next such line in %.0f s at the soonest), the last: %s; its %s unavailable, and it "
+                    "line; the next such line in %d s at the soonest), the last: %s; its %s unavailable, and it "
                     "is tried again",
                     label_of(client.address),
                     now - replica.down_since,
                     attempt,
                     "" if attempt == 1 else "s",
                     failed_unsaid,
-                    # (the next comes once the time since this one is a third of the time down then: in half of it now)
-                    max(STILL_DOWN_LOG_S, min((now - replica.down_since) / 2, STILL_DOWN_LOG_MAX_S)),
+                    _next_still_down_in(replica, now),
                     text,
                     "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
                 )

@@ -706,6 +706,14 @@ class _Children:
             reader = threading.Thread(
                 target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
             )
+            try:
+                reader.start()
+            except RuntimeError:  # (no thread left: the process is not left running, unread and untracked)
+                _kill(proc)
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                raise
             if index < len(self.procs):
                 old = self.procs[index]
                 if old.stdout is not None:
@@ -717,7 +725,6 @@ class _Children:
                 self.tails.append(tail)
                 self.readers.append(reader)
                 self.listening.append(False)
-            reader.start()
             return proc
 
     def tail(self, index: int, *, explaining: bool = False) -> str:
@@ -742,21 +749,22 @@ _Line = tuple[int, str]
 _NOTHING = "(nothing)"
 
 
-# What shows more of a server that died without a word (env-server enables Python's fault handler, which
-# prints each thread's stack at a fatal signal, as it starts: a crash before that, in an import say), and the
-# servers log "building N x ENV" at info.
 def _start_failure(err: OSError | RuntimeError) -> str:
     """Why a server's process (or the thread that reads its output: RuntimeError "can't start new thread") could not
     be started, with the limits to look at where none was left."""
     if isinstance(err, OSError):
-        return os_reason(err) + (_NO_PROCESS_HINT if err.errno in (errno.EAGAIN, errno.ENOMEM) else "")
-    return f"{err}{_NO_PROCESS_HINT}"
+        short = err.errno in (errno.EAGAIN, errno.ENOMEM)
+        return os_reason(err) + (_NO_PROCESS_HINT if short else "")
+    return str(err) + (_NO_PROCESS_HINT if "can't start new thread" in str(err) else "")
 
 
 _NO_PROCESS_HINT = (
     "; the limit on processes (ulimit -u, docker --pids-limit) or memory may be too low: start fewer servers "
     "(more envs each: envs_per_server, --envs-per-server)"
 )
+# What shows more of a server that died without a word (env-server enables Python's fault handler, which
+# prints each thread's stack at a fatal signal, as it starts: a crash before that, in an import say), and the
+# servers log "building N x ENV" at info.
 _SILENT_HINT = (
     " (to see more: PYTHONFAULTHANDLER=1 in this process's environment, which the servers inherit, has a "
     "server that crashes print where, logged here as env_server[local-N] lines; log level info, learner "
@@ -788,6 +796,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                     started[i].append(now)
                     if len(started[i]) >= restarts:
                         left_down.add(i)
+                        children.left_down[address] = f"could not be started again: {_start_failure(err)}"
                     else:
                         restart_at[i] = now + min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
                     log.error(

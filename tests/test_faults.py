@@ -1051,6 +1051,11 @@ def test_the_lines_saying_a_server_is_still_down_come_further_apart_as_it_stays_
     replica.down_since = 1000.0
     gaps = [faults._still_down_gap(replica, 1000.0 + down) for down in (0, 30, 60, 90, 300, 1800, 3600, 86400)]
     assert gaps == [20.0, 20.0, 20.0, 30.0, 100.0, 600.0, 600.0, 600.0]
+    # Each line says when the next may come: the first moment the gap is reached (was the gap at its own time).
+    for down in (0, 30, 45, 63, 90, 300, 1199, 1200, 1800, 86400):
+        said = faults._next_still_down_in(replica, 1000.0 + down)
+        assert faults._still_down_gap(replica, 1000.0 + down + said) <= said
+        assert faults._still_down_gap(replica, 1000.0 + down + said - 1) > said - 1, (down, said)
 
 
 @pytest.mark.slow

@@ -1009,24 +1009,32 @@ def test_usable_cpus_without_a_cpu_quota_is_the_affinity(tmp_path: Path, files: 
 def test_a_server_process_that_cannot_be_started_is_a_server_start_error_naming_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An interpreter the user may not run, or no process left to fork (ulimit -u): was a raw traceback from
-    subprocess; the servers started before it are stopped."""
+    """An interpreter the user may not run, or no process left to fork (ulimit -u), or no thread left to read
+    its output (the process started): was a raw traceback; the servers started before it are stopped, and one
+    whose reader could not start is not left running."""
     from learner import local
 
-    popen, failure = subprocess.Popen, list[OSError | RuntimeError]([OSError()])
+    popen, failure = subprocess.Popen, list[OSError | RuntimeError | None]([None])
     started: list[subprocess.Popen[bytes]] = []
 
     def fails_second(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        if started:
+        if started and failure[0] is not None:
             raise failure[0]
         started.append(popen(cmd, **kwargs))
         return started[-1]
 
+    class NoThreadForTheSecond(threading.Thread):
+        def start(self) -> None:
+            if self.name == "env-server-1-stderr" and failure[0] is None:
+                raise RuntimeError("can't start new thread")
+            super().start()
+
     monkeypatch.setattr(local.subprocess, "Popen", fails_second)
+    monkeypatch.setattr(local.threading, "Thread", NoThreadForTheSecond)
     for failure[0], said in (
         (PermissionError(errno.EACCES, "Permission denied"), r"Permission denied$"),
         (BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable"), r"unavailable; the limit on processes"),
-        (RuntimeError("can't start new thread"), r"\): can't start new thread; the limit on processes"),
+        (None, r"\): can't start new thread; the limit on processes"),
     ):
         started.clear()
         with pytest.raises(ServerStartError, match=r"^env server local-1 for 'CartPole-v1': cannot start it \("):
@@ -1036,6 +1044,40 @@ def test_a_server_process_that_cannot_be_started_is_a_server_start_error_naming_
                 assert re.search(said, str(err)), err
                 raise
         wait_gone([p.pid for p in started], within=5)
+
+
+def test_a_restart_whose_reader_cannot_start_leaves_no_server_running_untracked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server started again whose output's reader thread could not start was left running, out of the list
+    (the next try replaced it there), unread, and no Ctrl-C reached it; left down, why is on record."""
+    from learner import local
+
+    popen = subprocess.Popen
+    restarted: list[subprocess.Popen[bytes]] = []
+
+    def recorded(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        restarted.append(popen(cmd, **kwargs))
+        return restarted[-1]
+
+    class NoThread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    with (
+        caplog.at_level(logging.ERROR, logger="learner.local"),
+        LocalServers("CartPole-v1", 1, 1, restarts=1) as servers,
+    ):
+        monkeypatch.setattr(local.subprocess, "Popen", recorded)
+        monkeypatch.setattr(local.threading, "Thread", NoThread)
+        os.kill(servers.pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not restarted or "cannot start it again" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.1)
+        wait_gone([p.pid for p in restarted], within=5)
+        assert "cannot start it again: can't start new thread; the limit on processes" in caplog.text
+        monkeypatch.undo()
 
 
 def test_servers_that_the_limit_on_open_files_cannot_hold_are_refused_before_any_starts() -> None:
