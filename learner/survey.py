@@ -159,11 +159,12 @@ async def _ask(
     info.env_kwargs = spec.env_kwargs if spec.HasField("env_kwargs") else None
     info.claimed_by, info.note = response.claimed_by, response.note
     info.round_trip_ms = round(statistics.median(times) * 1000, 3)
-    if len(reached - {""}) > 1:  # (servers too old to say an id say "")
-        info.servers_reached = len(reached - {""})
+    ids = sorted(reached - {""})  # (servers too old to say an id say "")
+    if len(ids) > 1:
+        info.servers_reached = len(ids)
         info.error = (
-            f"its calls reached {info.servers_reached} different env servers (server ids "
-            f"{', '.join(server_text(i) for i in sorted(reached - {''}))}): a proxy or load balancer spreading calls "
+            f"its calls reached {len(ids)} different env servers (server ids "
+            f"{', '.join(server_text(i) for i in ids)}): a proxy or load balancer spreading calls "
             "over them? A learner's session is one server's: give each server its own address (or balance "
             "connections, not calls)"
         )

@@ -460,11 +460,15 @@ def nothing_to_learn(rollouts: int, errors: dict[str, int], in_process: bool = F
 
 
 def _warn_of_settings(
-    args: Args, hp: PPOConfig, device: torch.device, obs_space: gym.Space[Any], action_space: gym.Space[Any]
+    args: Args,
+    hp: PPOConfig,
+    device: torch.device,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
+    image: bool,
 ) -> None:
     """Warn of settings that slow the run or that these spaces make useless (ignored options among them), once
-    torch's threads are set."""
-    image = is_image_space(obs_space)
+    torch's threads are set (``image``: the observations are images, the CNN's)."""
     busy = machine_busy() if image and device.type == "cpu" and not args.torch_threads else ""
     if busy:
         log.warning(
@@ -1144,7 +1148,7 @@ def train(
         # (restored at the end: the caller's process, a notebook's kernel, keeps its own setting)
         stack.callback(torch.set_num_threads, torch.get_num_threads())
         set_torch_threads(device, image, args.torch_threads)
-        _warn_of_settings(args, hp, device, obs_space, action_space)
+        _warn_of_settings(args, hp, device, obs_space, action_space, image)
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         # eps 1e-5, not torch's 1e-8: PPO's baselines (Huang et al., 2022, detail 3). fused: one kernel for every
