@@ -16,7 +16,16 @@ from learner.device import machine_busy
 from learner.local import server_label
 from learner.stats import ReplicaStats, StepTimer
 
-__all__ = ["FAULT_COUNTS", "SLOW_UPDATES", "FleetWatch", "ReplicaTotals", "SlowReplicas"]
+__all__ = [
+    "FAULT_COUNTS",
+    "REPLICA_METRICS_ALL",
+    "SLOW_UPDATES",
+    "FleetWatch",
+    "ReplicaTotals",
+    "SlowReplicas",
+    "fleet_figures",
+    "written_row",
+]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +35,13 @@ its update (``faults/<name>``) and summary.json totals over the whole run. The o
 ``FaultStats`` are not counts of the fleet's events (``servers_down``, ``envs_unavailable``,
 ``servers_not_joined``: now) or are counted by ``train`` from the steps' infos and the rollouts no update
 learned from (``env_steps_lost``, for in-process envs too)."""
+
+
+REPLICA_METRICS_ALL = 16
+"""With ``--replica-metrics auto``, a session that starts with at most this many env servers writes each
+one's figures (``replicas/<key>/<field>``) to metrics.jsonl and TensorBoard every update; one with more
+writes the fleet's (``fleet/<field>``, as every run does) and only the servers of note (see
+:meth:`FleetWatch.rollout_metrics`): at 256 servers, every server's made 162 KB rows and 3,584 tags."""
 
 
 SLOW_RATIO = 3.0
@@ -73,6 +89,10 @@ class SlowReplicas:
                     )
                 )
         return said
+
+    def warned(self, name: str) -> bool:
+        """Whether the replica ``name`` was warned of as slow and has not recovered since."""
+        return name in self._warned
 
 
 def _busy_here() -> str:
@@ -155,7 +175,7 @@ class FleetWatch:
     """A fleet's fault counters and per-replica statistics, rollout by rollout (``envs`` without them,
     in-process envs, give none)."""
 
-    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False) -> None:
+    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False, replica_metrics: str = "auto") -> None:
         self._fault_stats = getattr(envs, "fault_stats", None)
         self._replica_stats = getattr(envs, "replica_stats", None)
         self._labels: dict[str, str] = {}
@@ -167,6 +187,17 @@ class FleetWatch:
                 # folder's socket, a free port), their places are not (a restart keeps its address).
                 self._labels = {r.address: server_label(i) for i, r in enumerate(first)}  # (as their logs say)
             self._kept = _counted(first)
+        self.every_replica = replica_metrics == "all" or (
+            replica_metrics == "auto" and (self._replica_stats is None or len(first) <= REPLICA_METRICS_ALL)
+        )
+        """Whether the rows give every server's figures (--replica-metrics), or only those of note."""
+        if replica_metrics == "auto" and not self.every_replica:
+            log.info(
+                "%d env servers: metrics.jsonl and TensorBoard give the fleet's figures (fleet/...) every update, "
+                "and a server's own (replicas/<server>/...) in the updates it was lost, back, stalled or slow in "
+                "(--replica-metrics all: every server's, every update)",
+                len(first),
+            )
         # (What connecting and the first reset counted goes with the first rollout's, as totals() counts it.)
         self._before = dict.fromkeys(FAULT_COUNTS, 0)
         self.carried = carried
@@ -176,6 +207,10 @@ class FleetWatch:
         self.server_ids: dict[str, str] = {}
         """Each replica's (:meth:`label`) server process id as of the last rollout ("" where unknown)."""
         self._slow = SlowReplicas()
+        self.of_note: frozenset[str] = frozenset()
+        """The servers (:meth:`label`) of the last :meth:`rollout_metrics`' windows that were down, counted a
+        loss, a return or a stall, or are slow (warned of): those whose figures the run's files give when
+        not :attr:`every_replica`."""
 
     def start_rollout(self) -> None:
         """Start every server's window here, at a rollout's start, so that :meth:`rollout_metrics` gives
@@ -189,7 +224,9 @@ class FleetWatch:
         """Since the last call: servers lost and back (``faults/<count>``, and ``faults/servers_down`` now),
         and per env server (``replicas/<address>/<field>``) the step latency p50/p99 as the learner saw it,
         the envs' own step time and env-steps/s over the rollout (since :meth:`start_rollout`; since the
-        last call without it) with its counts since the last call; warns of a replica that stays slow."""
+        last call without it) with its counts since the last call, and the fleet's (:func:`fleet_figures`);
+        warns of a replica that stays slow. Every server's figures, for --metrics-port; :attr:`of_note`
+        says which of them the run's files give, unless :attr:`every_replica`."""
         metrics: dict[str, float] = {}
         if self._fault_stats is not None:
             now = self._fault_stats()
@@ -208,6 +245,15 @@ class FleetWatch:
             self.replicas.setdefault(name, ReplicaTotals()).add(window)
         for level, message in self._slow.check(windows, self.label):
             log.log(level, "%s", message)
+        if self._replica_stats is not None:
+            metrics.update(fleet_figures(windows))
+        self.of_note = frozenset(
+            self.label(w.address)
+            for w in windows
+            if not w.available
+            or any(getattr(w, k) for k in StepTimer.COUNTS)
+            or self._slow.warned(self.label(w.address))
+        )
         return metrics
 
     def label(self, address: str) -> str:
@@ -226,6 +272,54 @@ class FleetWatch:
         """Servers lost so far (failed or shut down), counting each time one was; 0 for envs without them."""
         totals = self.totals() or {}
         return totals.get("failures", 0) + totals.get("shutdowns", 0)
+
+
+def fleet_figures(windows: list[ReplicaStats]) -> dict[str, float]:
+    """The fleet's figures over the servers' ``windows`` (``fleet/<field>``, for metrics.jsonl): the servers
+    up; the median and the largest of the servers' medians (round trip, envs' step time, share of the
+    time their envs were busy); the largest of their p99s and their slowest round trip; their stalls.
+    NaN where no server had steps (or measured its envs' time)."""
+    stepped = [w for w in windows if w.steps]
+
+    def figures(key: str) -> list[float]:
+        return [v for w in stepped if math.isfinite(v := float(getattr(w, key)))]
+
+    def median(key: str) -> float:
+        values = figures(key)
+        return float(np.median(values)) if values else math.nan
+
+    def largest(key: str) -> float:
+        return max(figures(key), default=math.nan)
+
+    return {
+        "fleet/servers": float(sum(w.available for w in windows)),
+        "fleet/latency_p50_ms_median": median("latency_p50_ms"),
+        "fleet/latency_p50_ms_max": largest("latency_p50_ms"),
+        "fleet/latency_p99_ms_max": largest("latency_p99_ms"),
+        "fleet/latency_max_ms": largest("latency_max_ms"),
+        "fleet/env_p50_ms_median": median("env_p50_ms"),
+        "fleet/env_p50_ms_max": largest("env_p50_ms"),
+        "fleet/env_p99_ms_max": largest("env_p99_ms"),
+        "fleet/env_busy_median": median("env_busy"),
+        "fleet/env_busy_max": largest("env_busy"),
+        "fleet/stalls": float(sum(w.stalls for w in windows)),
+    }
+
+
+def written_row(row: dict[str, Any], replicas: frozenset[str] | None) -> dict[str, Any]:
+    """An update's metrics ``row`` as the run's files give it: with only the ``replicas`` named of its
+    per-server figures (``replicas/<name>/<field>``); None: all of them."""
+    if replicas is None:
+        return row
+    return {k: v for k, v in row.items() if not k.startswith(_REPLICAS) or _replica_of(k) in replicas}
+
+
+_REPLICAS = "replicas/"
+
+
+def _replica_of(key: str) -> str:
+    """The replica a ``replicas/<name>/<field>`` key is of (names may hold "/": unix:/tmp/...)."""
+    return key.removeprefix(_REPLICAS).rpartition("/")[0]
 
 
 # What a window that start_rollout() ends passes on to the rollout's: its counts, and its steps (those of a

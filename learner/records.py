@@ -20,7 +20,7 @@ from env_server.protocol import escape_surrogates
 from env_server.tuning import to_devnull
 from learner import rundir
 from learner.errors import RunDirWriteError
-from learner.fleetwatch import ReplicaTotals
+from learner.fleetwatch import ReplicaTotals, written_row
 from learner.progress import bar_postfix, progress_line, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
@@ -238,8 +238,8 @@ def fault_tags_started(rows: Iterable[dict[str, Any]]) -> set[str]:
 
 def tagged_values(row: dict[str, Any]) -> dict[str, float]:
     """An update's row by TensorBoard tag: CleanRL's tags for what CleanRL logs, perf/, faults/ (every
-    count, zeros included) and replicas/ (without the NaNs of figures a server had none of) for the rest.
-    --track logs them to W&B by the same names."""
+    count, zeros included), fleet/ and replicas/ (without the NaNs of figures no server, or that server, had)
+    for the rest. --track logs them to W&B by the same names."""
     values = {
         "charts/learning_rate": row["learning_rate"],
         "charts/clip_coef": row["clip_coef"],
@@ -252,7 +252,9 @@ def tagged_values(row: dict[str, Any]) -> dict[str, float]:
     for key in _PERF_TAGS:
         values[f"perf/{key}"] = row[key]
     values.update(_fault_values(row))
-    values.update((key, value) for key, value in row.items() if key.startswith("replicas/") and not math.isnan(value))
+    values.update(
+        (key, value) for key, value in row.items() if key.startswith(("fleet/", "replicas/")) and not math.isnan(value)
+    )
     return values
 
 
@@ -358,7 +360,9 @@ class Recorder:
             "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
         }
         self.last_record = (until, steps)
-        row = metrics_row(counters.update, timing, result, rollout_info)
+        full = metrics_row(counters.update, timing, result, rollout_info)
+        # (--metrics-port has every server's figures, as labels; the files those --replica-metrics says)
+        row = written_row(full, rollout_info.get("replicas_written"))
         with writing(self.run_dir / rundir.METRICS):
             rundir.still_there(self.run_dir, self.metrics_file)
             rundir.append_jsonl(self.metrics_file, row)
@@ -369,7 +373,7 @@ class Recorder:
             self.tracker.update(row)
         if live is not None:
             live.observe_update(
-                row, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
+                full, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
             )
         if bar is not None:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it

@@ -1316,7 +1316,10 @@ def train(
         stepping = _stepping(envs)
         # The fleet counts its faults since it was made; a resumed run's totals add the checkpoint's.
         watch = FleetWatch(
-            envs, carried={key: getattr(counters, key) for key in FAULT_COUNTS}, local=args.servers is None
+            envs,
+            carried={key: getattr(counters, key) for key in FAULT_COUNTS},
+            local=args.servers is None,
+            replica_metrics=args.replica_metrics,
         )
         next_valid = ~lost_np
         rollout: Rollout | None = None
@@ -1599,6 +1602,7 @@ def train(
                     "fleet": watch.rollout_metrics(),
                     # (this rollout's: with --overlap-update it is recorded once the next has begun)
                     "server_ids": dict(watch.server_ids),
+                    "replicas_written": None if watch.every_replica else watch.of_note,
                 }
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)

@@ -17,7 +17,16 @@ pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]
 from learner import RemoteVectorEnv, ServerUnavailableError, rundir
 from learner.cli import main, slowest_line
 from learner.faults import FaultStats
-from learner.fleetwatch import FAULT_COUNTS, SLOW_UPDATES, FleetWatch, ReplicaTotals, SlowReplicas
+from learner.fleetwatch import (
+    FAULT_COUNTS,
+    REPLICA_METRICS_ALL,
+    SLOW_UPDATES,
+    FleetWatch,
+    ReplicaTotals,
+    SlowReplicas,
+    fleet_figures,
+    written_row,
+)
 from learner.resume import Counters
 from learner.stats import ReplicaStats, StepTimer
 from tests.conftest import SpawnServer, StartServers
@@ -279,3 +288,92 @@ def test_what_the_first_reset_counted_is_in_the_first_rollout_s_row(spawn_server
         metrics = watch.rollout_metrics()
     assert (metrics["faults/failures"], metrics[f"replicas/{b.address}/failures"]) == (1, 1)
     assert watch.totals()["failures"] == 1 == watch.replicas[b.address].as_dict()["failures"]  # type: ignore[index]
+
+
+def test_the_fleets_figures_are_the_medians_and_the_largest_of_its_servers() -> None:
+    windows = [
+        window("a:1", 1.0, 2.0, env_busy=0.2),
+        window("b:1", 3.0, 5.0, env_busy=0.6, stalls=1),
+        window("c:1", math.nan, 4.0, env_busy=math.nan),  # (a server that does not measure its envs' time)
+        window("d:1", 9.0, 9.0, steps=0, available=False),  # (left before the rollout: no steps, not counted)
+    ]
+    figures = fleet_figures(windows)
+    assert figures == {
+        "fleet/servers": 3.0,
+        "fleet/latency_p50_ms_median": 4.0,
+        "fleet/latency_p50_ms_max": 5.0,
+        "fleet/latency_p99_ms_max": 5.0,
+        "fleet/latency_max_ms": 5.0,
+        "fleet/env_p50_ms_median": 2.0,
+        "fleet/env_p50_ms_max": 3.0,
+        "fleet/env_p99_ms_max": 3.0,
+        "fleet/env_busy_median": 0.4,
+        "fleet/env_busy_max": 0.6,
+        "fleet/stalls": 1.0,
+    }
+    nothing = fleet_figures([window("a:1", 1.0, steps=0)])
+    assert nothing["fleet/servers"] == 1 and math.isnan(nothing["fleet/latency_p50_ms_median"])
+
+
+class _Fleet:
+    """Envs whose servers' windows are given: ``windows`` for the next replica_stats()."""
+
+    def __init__(self, windows: list[ReplicaStats]) -> None:
+        self.windows = windows
+
+    def replica_stats(self, reset: bool = False) -> list[ReplicaStats]:
+        return self.windows
+
+
+def test_past_16_servers_the_rows_give_each_servers_figures_only_where_it_is_of_note(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--replica-metrics auto: a fleet of 17 servers writes the fleet's figures and those of the servers lost,
+    back, stalled or slow in the update, not 17 x 14 (at 256 servers: 162 KB rows, 3,584 TensorBoard tags)."""
+    fast = [window(f"s{i}:1", 1.0) for i in range(REPLICA_METRICS_ALL)]
+    fleet = _Fleet([*fast, window("slow:1", 9.0)])
+    carried = dict.fromkeys(FAULT_COUNTS, 0)
+    assert FleetWatch(_Fleet(fast), carried).every_replica
+    assert FleetWatch(fleet, carried, replica_metrics="all").every_replica
+    assert not FleetWatch(_Fleet(fast[:2]), carried, replica_metrics="summary").every_replica
+    with caplog.at_level(logging.INFO, logger="learner.fleetwatch"):
+        watch = FleetWatch(fleet, carried)
+    assert not watch.every_replica
+    assert caplog.messages == [
+        "17 env servers: metrics.jsonl and TensorBoard give the fleet's figures (fleet/...) every update, and a "
+        "server's own (replicas/<server>/...) in the updates it was lost, back, stalled or slow in "
+        "(--replica-metrics all: every server's, every update)"
+    ]
+    noted = []
+    for update in range(SLOW_UPDATES + 1):
+        fleet.windows = [*fast, window("slow:1", 9.0)]
+        if update == 0:
+            fleet.windows[3] = window("s3:1", 1.0, failures=1, available=False)
+            fleet.windows[5] = window("s5:1", 1.0, stalls=2)
+        metrics = watch.rollout_metrics()
+        assert sum(k.startswith("replicas/") for k in metrics) == 17 * 14  # (every server's, for --metrics-port)
+        noted.append(watch.of_note)
+    # Lost and stalled in the first update; slow once warned of (3 updates in a row), and while it stays so.
+    assert noted == [{"s3:1", "s5:1"}, set(), {"slow:1"}, {"slow:1"}]
+    row = {"update": 1, **metrics}
+    written = written_row(row, watch.of_note)
+    assert {k.rpartition("/")[0] for k in written if k.startswith("replicas/")} == {"replicas/slow:1"}
+    assert written["fleet/env_p50_ms_max"] == 9.0 and written["update"] == 1
+    assert written_row(row, None) is row
+
+
+def test_replica_metrics_summary_in_a_training_run(tmp_path: Path, start_servers: StartServers) -> None:
+    """--replica-metrics summary: metrics.jsonl's rows have the fleet's figures and no server's (none of
+    the two was lost, stalled or slow), TensorBoard the same; config.json records the choice."""
+    servers = start_servers("CartPole-v1", 2, 2)
+    run = tmp_path / "run"
+    argv = ["train", "--servers", ",".join(servers), "--num-steps", "8", "--total-timesteps", str(8 * 4 * 2)]
+    assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-plot", "--replica-metrics", "summary"]) == 0
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert len(rows) == 2
+    for row in rows:
+        assert not [k for k in row if k.startswith("replicas/")], row
+        assert row["fleet/servers"] == 2 and row["fleet/latency_p50_ms_median"] > 0
+    assert rundir.read_json(run / rundir.CONFIG)["args"]["replica_metrics"] == "summary"
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    assert set(summary["replicas"]) == set(servers)  # (the session's figures per server: as ever)
