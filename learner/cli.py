@@ -56,7 +56,7 @@ from learner.errors import (
 )
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
-from learner.local import DEFAULT_TRANSPORT, SERVERS_PER_CPU, raise_fd_limit, usable_cpus
+from learner.local import DEFAULT_TRANSPORT, crowding, raise_fd_limit
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import (
     BEST_CHECKPOINT,
@@ -235,8 +235,8 @@ def _say_a_slow_start(config: Args) -> None:
     if config.servers is not None or config.backend != "remote":
         return
     count, per = config.local_layout()
-    cpus = usable_cpus()
-    if count > SERVERS_PER_CPU * cpus:
+    crowd, cpus = crowding(count)
+    if crowd > 1:
         print(  # (stderr, a note as logs are: stdout's first line stays the run's, which `| head -1` reads)
             f"learner train: starting {count} local env servers ({per} x {config.env} each) on {cpus} "
             f"CPU{'s' if cpus != 1 else ''}: they take a while",

@@ -66,6 +66,7 @@ __all__ = [
     "socket_folder",
     "socket_folder_gone",
     "usable_cpus",
+    "crowding",
 ]
 
 # How local servers are reached, by the learner's commands and by LocalServers alike: Unix sockets
@@ -382,7 +383,7 @@ class LocalServers:
         each CPU (320 servers on 2 CPUs took 108 s to start, nothing said meanwhile)."""
         start = time.monotonic()
         deadline = start + timeout
-        say_at = start + _SAY_STARTING_S if len(self._procs) > SERVERS_PER_CPU * usable_cpus() else math.inf
+        say_at = start + _SAY_STARTING_S if crowding(len(self._procs))[0] > 1 else math.inf
         addresses: list[str | None] = [None] * len(self._procs)
         buffers = [b""] * len(self._procs)
         sel = selectors.DefaultSelector()
@@ -951,8 +952,8 @@ def _stop_all_procs(procs: list[subprocess.Popen[bytes]], listening: Sequence[bo
             with suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
     start = time.monotonic()
-    cpus = usable_cpus()
-    crowd = max(1.0, len(procs) / (SERVERS_PER_CPU * cpus))
+    crowd, cpus = crowding(len(procs))
+    crowd = max(1.0, crowd)
     if crowd > 1 and (stopping := sum(proc.poll() is None for proc in procs)):
         log.warning(
             "stopping %d env servers on %d CPU%s: they take a while (Ctrl-C kills them at once)",
@@ -1237,6 +1238,14 @@ def local_servers(*args: Any, **kwargs: Any) -> Iterator[list[str]]:
         yield servers.addresses
     finally:
         servers.close()
+
+
+def crowding(count: int) -> tuple[float, int]:
+    """How crowded ``count`` local servers are on the CPUs this process may use (:func:`usable_cpus`, given
+    too): their count over SERVERS_PER_CPU on each. Above 1, they take a while to start and to stop, and
+    are said to."""
+    cpus = usable_cpus()
+    return count / (SERVERS_PER_CPU * cpus), cpus
 
 
 def usable_cpus(root: str = "/") -> int:

@@ -62,11 +62,11 @@ def test_more_local_servers_than_cpus_are_said_to_take_a_while_to_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """64 servers on 2 CPUs took ~30 s to start with nothing said (~0.6 s of CPU each)."""
-    from learner import cli
+    from learner import local
 
     argv = ["train", *CLOCK, "--num-steps", "8", "--total-timesteps", "16", "--no-plot"]
-    monkeypatch.setattr(cli, "usable_cpus", lambda root="/": 1)
-    monkeypatch.setattr(cli, "SERVERS_PER_CPU", 1)  # (4: more than 4 servers on each CPU are said)
+    monkeypatch.setattr(local, "usable_cpus", lambda root="/": 1)
+    monkeypatch.setattr(local, "SERVERS_PER_CPU", 1)  # (4: more than 4 servers on each CPU are said)
     assert main([*argv, "--run-dir", str(tmp_path / "two")]) == 0
     said = capsys.readouterr()
     assert said.out.startswith("learner train: PPO")  # (stdout's first line stays the run's, for `| head -1`)
