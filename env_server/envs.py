@@ -190,6 +190,43 @@ def _load_entry_point(spec: str) -> Callable[..., Any]:
     return obj
 
 
+# MuJoCo's warnings that the user can do nothing about, logged at DEBUG: recent MuJoCo (4.0, say) on gymnasium's
+# own half_cheetah.xml, which sets settotalmass (HalfCheetah-v5), once per env built.
+_MUJOCO_NOISE = ("compiler attribute 'settotalmass' is deprecated",)
+_mujoco_said: set[str] = set()
+
+
+def quiet_env_libraries(env: str) -> None:
+    """Where ``env`` (a gymnasium id, or a module:Class imported by now) uses MuJoCo: this process's MuJoCo
+    warnings logged, each once, not printed to stdout and appended to MUJOCO_LOG.TXT in the working
+    directory as MuJoCo's own handler does (``learner train --env HalfCheetah-v5`` left one in the user's
+    folder, written by its servers, for a deprecation in gymnasium's model file). Where ale-py is imported:
+    its warnings and errors only, not its banner (printed by every process that builds an Atari env:
+    ``learner eval --video``, ``--backend gym``)."""
+    ale = sys.modules.get("ale_py")
+    if ale is not None:
+        with contextlib.suppress(AttributeError):  # (ale-py before 0.9)
+            ale.ALEInterface.setLoggerMode(ale.LoggerMode.Warning)
+    if "mujoco" not in sys.modules and not is_entry_point(env):
+        try:  # (as gymnasium.make will: MuJoCo is imported by the env's module)
+            entry = gym.spec(env).entry_point
+            if isinstance(entry, str) and "mujoco" in entry:
+                importlib.import_module(entry.partition(":")[0])
+        except Exception:  # (an id gymnasium.make will say is unknown, a module it cannot import: said there)
+            return
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is not None and getattr(mujoco, "get_mju_user_warning", lambda: None)() is not _mujoco_warning:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def _mujoco_warning(message: str) -> None:
+    text = " ".join(message.split())
+    if text not in _mujoco_said:
+        _mujoco_said.add(text)
+        noise = any(known in text for known in _MUJOCO_NOISE)
+        log.log(logging.DEBUG if noise else logging.WARNING, "MuJoCo: %s", text)
+
+
 def _gym_id(env: str) -> str:
     """A gymnasium id without its ``module:`` prefix (``ale_py:ALE/Pong-v5``: ``ALE/Pong-v5``)."""
     return env.rpartition(":")[2]
@@ -266,6 +303,7 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
             return gym.make(config.env, **kwargs)
 
     def make_wrapped() -> gym.Env[Any, Any]:
+        quiet_env_libraries(config.env)  # (here: in the process that builds it, an async worker's too)
         env = make_one()
         for wrap in wrappers:
             env = wrap(env)

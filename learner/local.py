@@ -1099,10 +1099,13 @@ def _forwarded_format() -> str:
     return "text"
 
 
-# Lines envs print when they are built (ale-py's, once per server): not warnings.
+# Lines envs print when they are built (ale-py's, once per server, where the server does not turn it off as
+# env_server.envs.quiet_env_libraries does: an env class that imports ale-py as it is built): not warnings.
 _BANNERS = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
 # Known third-party noise, once per env built, that the user can do nothing about: debug lines.
-# Recent MuJoCo (4.0, say) on gymnasium's own half_cheetah.xml, which sets settotalmass (HalfCheetah).
+# Recent MuJoCo (4.0, say) on gymnasium's own half_cheetah.xml, which sets settotalmass (HalfCheetah): where
+# the server has MuJoCo log it (env_server.envs.quiet_env_libraries), it is at debug there; an env class that
+# imports MuJoCo only as it is built still has it printed.
 _NOISE = ("WARNING: compiler attribute 'settotalmass' is deprecated",)
 
 

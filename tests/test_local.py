@@ -378,6 +378,32 @@ def test_a_socket_folder_whose_pid_is_gone_but_whose_server_listens_is_left_alon
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_mujoco_s_warnings_are_logged_not_printed_or_written_to_the_working_directory_nor_ale_s_banner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """MuJoCo's own handler printed its warning for gymnasium's half_cheetah.xml (settotalmass, deprecated)
+    and appended it to MUJOCO_LOG.TXT in the working directory: `learner train --env HalfCheetah-v5` left
+    one in the user's folder, from its servers. Servers and in-process envs log it at debug now, once. ale-py's
+    banner is not printed either (`learner eval --video` on Pong printed it among its lines)."""
+    pytest.importorskip("mujoco", reason="serves HalfCheetah-v5: needs MuJoCo (pip install 'envfleet[mujoco]')")
+    from env_server.config import ServerConfig
+    from env_server.envs import make_env
+
+    monkeypatch.chdir(tmp_path)
+    with LocalServers("HalfCheetah-v5", 1, 2, transport="unix"):
+        pass
+    with caplog.at_level(logging.DEBUG, logger="env_server.envs"):
+        for _ in range(2):  # (in this process: --backend gym, the bench's baselines)
+            make_env(ServerConfig(env="HalfCheetah-v5")).close()
+    assert os.listdir(tmp_path) == []
+    assert "settotalmass" not in capfd.readouterr().out
+    pytest.importorskip("ale_py", reason="needs ale-py (pip install 'envfleet[atari]')")
+    make_env(ServerConfig(env="ALE/Pong-v5")).close()
+    assert "A.L.E: Arcade Learning Environment" not in capfd.readouterr().err  # (ale-py's banner: printed before)
+    said = [r for r in caplog.records if "settotalmass" in r.getMessage()]
+    assert all(r.levelno == logging.DEBUG and r.getMessage().startswith("MuJoCo: compiler attribute") for r in said)
+
+
 def test_server_stderr_is_logged_at_its_level_env_banners_at_info_and_known_noise_at_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
