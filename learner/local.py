@@ -171,6 +171,50 @@ def _check_arguments(given: dict[str, Any]) -> list[str]:
     return listed
 
 
+THREADS_PER_SERVER = 8
+"""Threads an env server holds at least (an idle one of CartPole on 4 envs: 11, gRPC's, its step socket's, its
+envs'): counted low, so that no start that fits is refused."""
+
+
+def _check_task_room(num_servers: int) -> None:
+    """ServerStartError where the user's limit on processes (``ulimit -u``, RLIMIT_NPROC: threads count, of
+    every process of the user's) leaves no room for the servers' threads (:data:`THREADS_PER_SERVER` each):
+    servers that could not start a thread crashed or were said to have stopped, dozens of core dumps among
+    them. Not checked for root (the limit does not hold it) or without /proc to count the user's threads."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    except (AttributeError, OSError, ValueError):
+        return
+    if soft == resource.RLIM_INFINITY or os.geteuid() == 0 or (running := _user_threads()) is None:
+        return
+    need = running + num_servers * THREADS_PER_SERVER
+    if need > soft:
+        raise ServerStartError(
+            f"{num_servers} local env servers need at least {num_servers * THREADS_PER_SERVER} threads (about "
+            f"{THREADS_PER_SERVER} each), and this user runs {running} already, over its limit of {soft} processes "
+            "and threads (ulimit -u): raise the limit or start fewer servers (more envs each: envs_per_server, "
+            "--envs-per-server)"
+        )
+
+
+def _user_threads() -> int | None:
+    """The threads of every process of this process's real user (what RLIMIT_NPROC counts); None without /proc."""
+    uid, count = os.getuid(), 0
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # (a process that ended meanwhile, or hidden)
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            count += int(fields.get("Threads", "1"))
+    return count
+
+
 def _lower(value: Any) -> Any:
     """``value`` in lower case where it is a string (an option's choice, as env-server takes them)."""
     return value.lower() if isinstance(value, str) else value
@@ -300,6 +344,7 @@ class LocalServers:
         server_args = _check_arguments(locals())
         log_level, log_format, transport = _lower(log_level), _lower(log_format), _lower(transport)
         _check_fd_room(num_servers)
+        _check_task_room(num_servers)
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
         self.addresses: list[str] = []

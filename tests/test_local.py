@@ -378,6 +378,32 @@ def test_a_socket_folder_whose_pid_is_gone_but_whose_server_listens_is_left_alon
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_a_limit_on_the_user_s_processes_too_low_for_the_servers_threads_is_said_before_any_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a low ``ulimit -u`` (a user's processes and threads), servers that could not start a thread
+    crashed: dozens of core dumps, one server said to have been killed by SIGSEGV. Root is not held by it."""
+    import resource
+
+    from learner import local
+
+    running = local._user_threads()
+    assert running is not None and running > 0
+    limits = {resource.RLIMIT_NPROC: (running + 1000, resource.RLIM_INFINITY)}  # (room for others' to come)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which, (resource.RLIM_INFINITY,) * 2))
+    local._check_task_room(40)  # (as root: the limit does not hold)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    local._check_task_room(10)  # (fits)
+    with pytest.raises(ServerStartError) as err:
+        LocalServers("CartPole-v1", 200, 1)
+    assert re.fullmatch(
+        r"200 local env servers need at least 1600 threads \(about 8 each\), and this user runs \d+ already, over "
+        r"its limit of \d+ processes and threads \(ulimit -u\): raise the limit or start fewer servers \(more envs "
+        r"each: envs_per_server, --envs-per-server\)",
+        str(err.value),
+    ), err.value
+
+
 def test_mujoco_s_warnings_are_logged_not_printed_or_written_to_the_working_directory_nor_ale_s_banner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
