@@ -1869,6 +1869,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
+    try:
+        return _run_command(argv, then_exit=then_exit)
+    finally:
+        _linger()
+
+
+def _linger() -> None:
+    """Once the command has said all it had to: wait for the metrics endpoints that --metrics-linger serves on
+    after their run's end (a Ctrl-C ends the wait)."""
+    if "learner.live_metrics" not in sys.modules:  # (no endpoint served: not imported for nothing)
+        return
+    from learner.live_metrics import lingering, wait_for_lingering
+
+    for url, left in lingering():
+        print(
+            f"learner: serving the run's last metrics on {url} for {left:.0f} s more (--metrics-linger; Ctrl-C "
+            "stops it now)",
+            file=sys.stderr,
+            flush=True,
+        )
+    wait_for_lingering()
+
+
+def _run_command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
     prefer_fast_grpc_core()  # first: before anything imports grpc
     try:
         args, unknown = build_parser().parse_known_args(argv)

@@ -56,7 +56,12 @@ DEFAULT_WANDB_PROJECT = "envfleet"
 """The W&B project ``learner train --track`` logs to unless --wandb-project-name (or $WANDB_PROJECT) says
 otherwise (CleanRL's is "cleanRL")."""
 
-SESSION_OPTIONS: dict[str, Any] = {"progress": None, "metrics_port": None, "metrics_host": METRICS_HOST}
+SESSION_OPTIONS: dict[str, Any] = {
+    "progress": None,
+    "metrics_port": None,
+    "metrics_host": METRICS_HOST,
+    "metrics_linger": 0.0,
+}
 """Options (and their unset values) of one session of a run, not of the run: a run resumed or repeated
 (--resume, --like) takes this session's, not those its config.json recorded."""
 
@@ -239,6 +244,10 @@ class Args:
     metrics_host: str = field(default=METRICS_HOST, metadata={"metavar": "HOST"})
     """interface --metrics-port listens on, as env-server's --host; 0.0.0.0 for all (in a container, for
     Prometheus to scrape it)"""
+    metrics_linger: float = field(default=0.0, metadata={"metavar": "S"})
+    """go on serving --metrics-port for this many seconds after the run's end (not after a Ctrl-C; a Ctrl-C
+    ends the wait), for Prometheus to scrape its last values (the steps, solved, the end's time and reason:
+    the endpoint closes ~2 s after the last update otherwise); 0: close at once"""
 
     # -- tracking (Weights & Biases) ------------------------------------------------------------------------
     track: bool = False
@@ -334,6 +343,7 @@ class Args:
             "checkpoint_seconds",
             "torch_threads",
             "seed",
+            "metrics_linger",
         ]
         for name in [*non_negative, "target_kl", "ent_coef", "vf_coef"]:
             value = getattr(self, name)
@@ -376,6 +386,11 @@ class Args:
         for name in ("wandb_project_name", "wandb_entity"):
             if getattr(self, name) == "":
                 raise ValueError(f"--{_flag(name)}: expected a name, got an empty string")
+        if self.metrics_port is None and self.metrics_linger:
+            raise ValueError(
+                f"--metrics-linger: keeps --metrics-port serving after the run; give --metrics-port too, got "
+                f"--metrics-linger {self.metrics_linger:g} alone"
+            )
         if self.metrics_port is None and self.metrics_host != METRICS_HOST:
             raise ValueError(
                 f"--metrics-host: sets where --metrics-port serves the metrics; give --metrics-port too (0 for a "

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +31,9 @@ __all__ = [
     "ROW_COUNTERS",
     "ROW_GAUGES",
     "LearnerMetrics",
+    "lingering",
     "serve_metrics",
+    "wait_for_lingering",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,7 +95,7 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
     "latency_max_ms": (
         "latency_max_seconds",
         1e-3,
-        "The env server's slowest round trip in the last rollout",
+        "The env server's slowest round trip in the rollouts of the last minute (a stall shows for a minute)",
     ),
     "env_p50_ms": (
         "env_step_p50_seconds",
@@ -127,6 +131,11 @@ REPLICA_COUNTERS: dict[str, str] = {
 """Per-replica counts of a row (this update's) as counters ``envfleet_learner_replica_<key>_total{replica=...}``."""
 
 _REPLICAS = "replicas/"
+
+SLOWEST_WINDOW_S = 60.0
+"""``envfleet_learner_replica_latency_max_seconds`` is the slowest round trip of the rollouts of this many
+seconds (the other per-replica gauges are of the last rollout): a rollout takes ~0.1 s on CartPole, a scrape
+comes every 15-60 s, so a stall in one rollout was overwritten long before any scrape saw it."""
 
 
 def _metric_name(key: str) -> str:
@@ -208,15 +217,25 @@ class LearnerMetrics:
             for key, (name, scale, text) in REPLICA_GAUGES.items()
         }
         self._replicas: set[str] = set()
+        self._slowest: dict[str, deque[tuple[float, float]]] = {}  # (replica: its rollouts' (time, slowest round trip))
         self._total_timesteps = Gauge(
             PREFIX + "total_timesteps", "Env steps the run trains for (--total-timesteps; NaN until known)", registry=r
         )
         self._total_timesteps.set(math.nan)
         self._solved = Gauge(
             PREFIX + "solved",
-            "1 once the run is solved (mean return of the last 20 episodes >= its bar), else 0",
+            "1 once the run is solved (mean return of the last 20 episodes >= its bar), else 0 (NaN until known)",
             registry=r,
         )
+        self._solved.set(math.nan)  # (a resumed run that was solved: not a 0 while it starts)
+        self._ended = Gauge(
+            PREFIX + "run_ended_timestamp_seconds",
+            "Unix time the run ended, by its reason: total_timesteps, stop_at_return, interrupted or error "
+            "(with --metrics-linger, served for that long after)",
+            labelnames=("reason",),
+            registry=r,
+        )
+        self._ended_by: str | None = None
         self._last_update = Gauge(
             PREFIX + "last_update_timestamp_seconds",
             "Unix time of the last PPO update (until the first: when the learner started)",
@@ -225,6 +244,7 @@ class LearnerMetrics:
         self._last_update.set(time.time())
         self.set_run(env_id=env_id, run_dir=run_dir)
         self._httpd: Any = None
+        self._stopping = threading.Lock()  # (close()'s timer and a Ctrl-C's wait_for_lingering may both stop it)
         self.url: str | None = None
         """``http://HOST:PORT/metrics`` once served (:meth:`serve_http`)."""
 
@@ -277,6 +297,8 @@ class LearnerMetrics:
             replica, _, field = key.removeprefix(_REPLICAS).rpartition("/")  # (addresses hold "/": unix:/tmp/...)
             if field in self._replica_gauges:
                 gauge, scale = self._replica_gauges[field]
+                if field == "latency_max_ms":
+                    value = self._slowest_lately(replica, _number(value))
                 gauge.labels(replica).set(_number(value) * scale)
                 replicas.add(replica)
             elif field in self._replica_counters:
@@ -287,6 +309,7 @@ class LearnerMetrics:
                 gauge.remove(replica)
             for counter in self._replica_counters.values():
                 counter.remove(replica)
+            self._slowest.pop(replica, None)
         self._replicas = replicas
         ids = {replica: (server_ids or {}).get(replica, "") for replica in replicas}
         for replica, server_id in self._replica_ids.items():
@@ -298,12 +321,27 @@ class LearnerMetrics:
         self._solved.set(int(solved))
         self._last_update.set(time.time())
 
-    def run_ended(self, *, global_step: int, solved: bool) -> None:
+    def _slowest_lately(self, replica: str, slowest: float) -> float:
+        """The slowest round trip of ``replica`` over the rollouts of the last :data:`SLOWEST_WINDOW_S`, this
+        one's ``slowest`` (NaN: no steps) included."""
+        now = time.monotonic()
+        kept = self._slowest.setdefault(replica, deque())
+        if not math.isnan(slowest):
+            kept.append((now, slowest))
+        while kept and kept[0][0] < now - SLOWEST_WINDOW_S:
+            kept.popleft()
+        return max((value for _, value in kept), default=math.nan)
+
+    def run_ended(self, *, global_step: int, solved: bool, stop_reason: str | None = None) -> None:
         """The run's end: its steps since the last update's row (a last rollout that no update learned
-        from) and whether it is solved, for the scrapes before the endpoint closes."""
+        from), whether it is solved, and why it ended (summary.json's ``stop_reason``: an error's is said
+        as ``error``), for the scrapes before the endpoint closes (:meth:`close`)."""
         self._gauges["global_step"].set(global_step)
         self._steps.advance(global_step)
         self._solved.set(int(solved))
+        reason = "error" if (stop_reason or "error").startswith("error") else stop_reason
+        self._ended_by = reason
+        self._ended.labels(reason).set(time.time())
 
     def serve_http(self, host: str, port: int, *, shown: str | None = None) -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; returns the port. ``url``
@@ -314,12 +352,52 @@ class LearnerMetrics:
         self.url = f"http://{host_port(shown or host, port)}/metrics"
         return port
 
-    def close(self) -> None:
-        """Stop serving (the listening socket closes)."""
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
+    def close(self, linger: float = 0.0) -> None:
+        """Stop serving (the listening socket closes): now, or ``linger`` seconds from now where the run ended
+        other than by a Ctrl-C (:meth:`run_ended`), its last values served meanwhile (a scrape every 15 s
+        or more rarely saw them otherwise: the endpoint closed ~2 s after the last update). The command
+        waits for that (:func:`wait_for_lingering`); a Python program ends it by ending."""
+        if self._httpd is None:
+            return
+        if linger > 0 and self._ended_by not in (None, "interrupted"):
+            timer = threading.Timer(linger, self._stop)
+            timer.daemon = True  # (it does not keep a Python program alive: the command waits for it)
+            _lingering.append((timer, self, time.monotonic() + linger))
+            timer.start()
+            return
+        self._stop()
+
+    def _stop(self) -> None:
+        with self._stopping:
+            if self._httpd is not None:
+                self._httpd.shutdown()
+                self._httpd.server_close()
+                self._httpd = None
+
+
+_lingering: list[tuple[threading.Timer, LearnerMetrics, float]] = []
+"""Endpoints served on after their run's end (:meth:`LearnerMetrics.close`): their timers, and when they close."""
+
+
+def lingering() -> list[tuple[str, float]]:
+    """The endpoints still served after their run's end: their URL and the seconds until they close."""
+    now = time.monotonic()
+    return [(metrics.url or "", max(0.0, until - now)) for timer, metrics, until in _lingering if timer.is_alive()]
+
+
+def wait_for_lingering() -> None:
+    """Wait until every endpoint served on after its run's end (``close(linger)``) has closed; a Ctrl-C
+    closes them at once."""
+    try:
+        while _lingering:
+            while _lingering[0][0].is_alive():
+                _lingering[0][0].join(0.25)  # (in steps: a Ctrl-C raises between them, wherever it was sent from)
+            _lingering.pop(0)
+    except KeyboardInterrupt:
+        for timer, metrics, _ in _lingering:
+            timer.cancel()
+            metrics._stop()
+        _lingering.clear()
 
 
 def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") -> LearnerMetrics:

@@ -1099,7 +1099,7 @@ def train(
         live: LearnerMetrics | None = None  # --metrics-port: served from here (the env servers' start included)
         if args.metrics_port is not None:
             live = serve_metrics(args.metrics_host, args.metrics_port, env_id=args.env or "", run_dir=given_dir or "")
-            stack.callback(live.close)  # (entered first: closed last, once the run is over)
+            stack.callback(live.close, args.metrics_linger)  # (entered first: closed last, once the run is over)
         locked = False
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
             stack.enter_context(rundir.lock(given_dir))
@@ -1693,7 +1693,11 @@ def train(
             if bar is not None:
                 close_bar(bar, summary, stop_reason, since=(session_start, session_start_step))
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
-                live.run_ended(global_step=counters.global_step, solved=counters.solved_at_step is not None)
+                live.run_ended(
+                    global_step=counters.global_step,
+                    solved=counters.solved_at_step is not None,
+                    stop_reason=stop_reason,
+                )
             # (a run dir deleted or moved mid-run: the error on its way says so, and nothing is written)
             here = run_dir.is_dir() or not propagating
             try:

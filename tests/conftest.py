@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -95,6 +96,19 @@ def parent_of(pid: int) -> int | None:
 # torch (and so SB3) is the learner's extra: an env-server-only install has neither. A test that
 # trains, or imports what needs torch, is marked needs_torch (or needs_sb3), and skipped there; a
 # module that imports it at module level starts with pytest.importorskip("torch").
+
+
+def promtool_check(registry: Any) -> None:
+    """Prometheus' linter (``promtool check metrics``: naming, units, _total suffixes, help texts) on what
+    ``registry`` exposes: nothing to fix. Skipped where promtool is not installed (Debian: apt install
+    prometheus)."""
+    from prometheus_client import generate_latest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("needs promtool (Prometheus' linter; Debian: apt install prometheus)")
+    linted = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
+    assert linted.returncode == 0, (linted.stdout.decode(), linted.stderr.decode())
 
 
 def _installed(name: str) -> bool:

@@ -404,7 +404,7 @@ def test_the_metrics_overlays_ports_annotations_and_policies_agree(
     assert annotated_metrics_port(objects, "Job/learner") == port
     for argv in learner_commands(learner, fake_python, tmp_path):
         args = learner_parser().parse_args(argv[2:])  # (after -m learner)
-        assert (args.metrics_port, args.metrics_host) == (port, "0.0.0.0"), argv
+        assert (args.metrics_port, args.metrics_host, args.metrics_linger) == (port, "0.0.0.0", 60), argv
     admits_prometheus_only(objects, "NetworkPolicy/learner-metrics-from-prometheus", "Job/learner", port)
 
 
@@ -415,7 +415,8 @@ def test_the_metrics_overlays_learner_script_is_the_bases_plus_the_options(fake_
     port = named_port(learner, "metrics")
     base = learner_commands(container(render_base(), "Job/learner"), fake_python, tmp_path / "base")
     ours = learner_commands(learner, fake_python, tmp_path / "metrics")
-    assert [[*argv, "--metrics-port", str(port), "--metrics-host", "0.0.0.0"] for argv in base] == ours
+    options = ["--metrics-port", str(port), "--metrics-host", "0.0.0.0", "--metrics-linger", "60"]
+    assert [[*argv, *options] for argv in base] == ours
 
 
 @pytest.mark.parametrize("overlay", ["k8s/overlays/pong", "k8s/overlays/tls", MTLS])

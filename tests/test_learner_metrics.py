@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import dataclasses
 import math
+import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +31,7 @@ from learner.resume import like_args, resume_args
 from learner.stats import ReplicaStats
 from learner.train import train
 from learner.update import UpdateResult
-from tests.conftest import QUIET
+from tests.conftest import QUIET, promtool_check
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -56,7 +59,8 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def replica_window(address: str, **fields: Any) -> ReplicaStats:
     values: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ReplicaStats)}
     values.update(address=address, num_envs=2, steps=8, available=True, env_busy=0.5)
-    values.update(latency_p50_ms=2.0, latency_p99_ms=5.0, latency_max_ms=9.0, env_p50_ms=0.5, env_p99_ms=1.5, **fields)
+    values.update(latency_p50_ms=2.0, latency_p99_ms=5.0, latency_max_ms=9.0, env_p50_ms=0.5, env_p99_ms=1.5)
+    values.update(fields)
     return ReplicaStats(**values)
 
 
@@ -171,18 +175,101 @@ def test_the_collector_exports_each_update_row_and_drops_replicas_that_left() ->
     # Every family of ours says what it is; no _created series (as env-server's).
     ours = [name for name in helps if name.startswith("envfleet_learner_")]
     assert len(ours) == (
-        1 + len(ROW_GAUGES) + 3 + len(FAULT_COUNTERS) + 3 + len(REPLICA_COUNTERS) + 1 + len(REPLICA_GAUGES) + 3
+        1 + len(ROW_GAUGES) + 3 + len(FAULT_COUNTERS) + 3 + len(REPLICA_COUNTERS) + 1 + len(REPLICA_GAUGES) + 4
     )
     assert all(helps[name] for name in ours)
     assert not [name for name, _ in samples if name.endswith("_created")]
     assert set(FAULT_COUNTERS) == set(FAULT_COUNTS)
     # The run's end: a last rollout no update learned from still counts its steps, and a solve in it.
     metrics.observe_update(row(6, 15, []), solved=False)
-    metrics.run_ended(global_step=6 * 64 + 32, solved=True)
+    assert not [name for name, _ in samples if name == "envfleet_learner_run_ended_timestamp_seconds"]
+    metrics.run_ended(global_step=6 * 64 + 32, solved=True, stop_reason="error: RemoteEnvError: lost")
     samples, _ = parse(generate_latest(metrics.registry).decode())
     assert value(samples, "envfleet_learner_global_step") == 6 * 64 + 32
     assert value(samples, "envfleet_learner_env_steps_total") == 6 * 64 + 32 - 192
     assert value(samples, "envfleet_learner_solved") == 1
+    ended = value(samples, "envfleet_learner_run_ended_timestamp_seconds", reason="error")
+    assert ended == pytest.approx(time.time(), abs=60)
+
+
+def test_promtool_finds_nothing_to_fix_in_the_learner_s_metrics() -> None:
+    """Prometheus' own linter, where it is installed: the learner's series after an update and the run's end."""
+    metrics = LearnerMetrics(env_id="CartPole-v1", run_dir="runs/r")
+    metrics.observe_update(row(1, 3, [replica_window("local-0", stalls=1)]), solved=False, server_ids={"local-0": "a"})
+    metrics.run_ended(global_step=64, solved=True, stop_reason="total_timesteps")
+    promtool_check(metrics.registry)
+
+
+def test_a_resumed_run_is_not_said_unsolved_while_it_starts() -> None:
+    """envfleet_learner_solved read 0 while a resumed run that was solved started (NaN until known, as the
+    other gauges)."""
+    samples, _ = parse(generate_latest(LearnerMetrics().registry).decode())
+    assert math.isnan(value(samples, "envfleet_learner_solved"))
+
+
+def test_a_stall_shows_in_the_slowest_round_trip_for_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 s stall in one rollout of ~0.1 s was overwritten by the next rollout's, so no scrape (every 15-60 s)
+    saw it: the slowest round trip is the last minute's rollouts'."""
+    import learner.live_metrics
+
+    now = [1000.0]
+    monkeypatch.setattr(learner.live_metrics.time, "monotonic", lambda: now[0])
+    metrics = LearnerMetrics()
+
+    def slowest_after(update: int, latency_max_ms: float) -> float:
+        metrics.observe_update(row(update, 1, [replica_window("a:1", latency_max_ms=latency_max_ms)]), solved=False)
+        samples, _ = parse(generate_latest(metrics.registry).decode())
+        return value(samples, "envfleet_learner_replica_latency_max_seconds", replica="a:1")
+
+    assert slowest_after(1, 3000.0) == pytest.approx(3.0)
+    now[0] += 30
+    assert slowest_after(2, 9.0) == pytest.approx(3.0)
+    now[0] += 31
+    assert slowest_after(3, 9.0) == pytest.approx(0.009)  # (the stall's rollout is over a minute old)
+    assert slowest_after(4, math.nan) == pytest.approx(0.009)  # (a rollout without steps: the minute's)
+
+
+def test_metrics_linger_serves_the_run_s_last_values_after_its_end_but_not_after_a_ctrl_c(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The endpoint closed ~2 s after the last update: a scrape every 15 s rarely saw how a run ended."""
+    from learner.live_metrics import lingering, wait_for_lingering
+
+    metrics = LearnerMetrics()
+    metrics.serve_http("127.0.0.1", 0)
+    assert metrics.url is not None
+    metrics.run_ended(global_step=64, solved=True, stop_reason="total_timesteps")
+    metrics.close(linger=30)
+    assert [url for url, _ in lingering()] == [metrics.url]
+    samples, _ = scrape(metrics.url)  # (served on after close)
+    assert value(samples, "envfleet_learner_run_ended_timestamp_seconds", reason="total_timesteps") > 0
+    threading.Timer(0.5, _thread.interrupt_main).start()  # (a Ctrl-C during the wait: it closes at once)
+    waited = time.monotonic()
+    wait_for_lingering()
+    assert time.monotonic() - waited < 10 and lingering() == []
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(metrics.url, timeout=5)
+    interrupted = LearnerMetrics()
+    interrupted.serve_http("127.0.0.1", 0)
+    interrupted.run_ended(global_step=64, solved=False, stop_reason="interrupted")
+    interrupted.close(linger=30)  # (a Ctrl-C: closed at once)
+    assert lingering() == []
+    with pytest.raises(ValueError, match=r"^--metrics-linger: keeps --metrics-port serving after the run; give"):
+        Args(metrics_linger=5)
+    # The command says it serves on, after all else, and waits (here 1 s).
+    run_dir = tmp_path / "run"
+    argv = ["train", "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"]
+    argv += ["--metrics-port", "0", "--metrics-linger", "1", "--run-dir", str(run_dir), "--no-progress", "--no-plot"]
+    started = time.monotonic()
+    assert main(argv) == 0
+    assert time.monotonic() - started >= 1
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        r"learner: serving the run's last metrics on http://127\.0\.0\.1:\d+/metrics for 1 s more "
+        r"\(--metrics-linger; Ctrl-C stops it now\)",
+        err[-1],
+    ), err
+    assert lingering() == [] and resume_args(run_dir, total_timesteps=32).metrics_linger == 0
 
 
 def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_it_ends(

@@ -22,7 +22,7 @@ from env_server.protocol import package_version
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from learner import AuthenticationError, InvalidRequestError, RemoteVectorEnv
-from tests.conftest import SpawnServer
+from tests.conftest import SpawnServer, promtool_check
 
 
 @pytest.fixture
@@ -233,3 +233,17 @@ def test_a_step_of_a_fixed_time_has_a_median_near_it() -> None:
             buckets = [(float(s.labels["le"]), s.value) for s in samples if s.name == f"{name}_bucket"]
             median = _histogram_quantile(0.5, buckets)
             assert 0.75 <= median / seconds <= 1.35, (name, seconds, median)
+
+
+def test_promtool_finds_nothing_to_fix_in_the_server_s_metrics() -> None:
+    """Prometheus' own linter (naming, units, _total suffixes, help texts), where it is installed: the server's
+    series after steps, a reset, errors and a session."""
+    server = ServerMetrics(env_id="CartPole-v1", num_envs=2, vectorization="sync", needs_token=True)
+    server.set_transport("unix+step-socket")
+    server.set_server_id("0123456789abcdef")
+    server.observe_step(0.001, 0.0005, 2)
+    server.observe_reset(0.002)
+    server.count_error("Step", "INVALID_ARGUMENT")
+    server.session_started()
+    server.session_ended("released")
+    promtool_check(server.registry)
