@@ -299,6 +299,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"resuming from {info['resumed_from']} ({info['resumed_step']:,} steps)", flush=True)
         if "metrics_url" in info:
             print(f"Prometheus metrics: {info['metrics_url']}", flush=True)
+        from learner.fleetwatch import every_replica, replica_metrics_note  # (imported by train by now)
+
+        if not every_replica(info["args"]["replica_metrics"], servers := len(envs["addresses"])):
+            print(replica_metrics_note(servers), flush=True)
 
     def fleet_changed(change: FleetChange) -> None:
         from tqdm import tqdm

@@ -19,6 +19,8 @@ from learner.stats import ReplicaStats, StepTimer
 __all__ = [
     "FAULT_COUNTS",
     "REPLICA_METRICS_ALL",
+    "every_replica",
+    "replica_metrics_note",
     "SLOW_UPDATES",
     "FleetWatch",
     "ReplicaTotals",
@@ -175,7 +177,7 @@ class FleetWatch:
     """A fleet's fault counters and per-replica statistics, rollout by rollout (``envs`` without them,
     in-process envs, give none)."""
 
-    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False, replica_metrics: str = "auto") -> None:
+    def __init__(self, envs: Any, carried: dict[str, int], local: bool = False, every_replica: bool = True) -> None:
         self._fault_stats = getattr(envs, "fault_stats", None)
         self._replica_stats = getattr(envs, "replica_stats", None)
         self._labels: dict[str, str] = {}
@@ -187,17 +189,8 @@ class FleetWatch:
                 # folder's socket, a free port), their places are not (a restart keeps its address).
                 self._labels = {r.address: server_label(i) for i, r in enumerate(first)}  # (as their logs say)
             self._kept = _counted(first)
-        self.every_replica = replica_metrics == "all" or (
-            replica_metrics == "auto" and (self._replica_stats is None or len(first) <= REPLICA_METRICS_ALL)
-        )
-        """Whether the rows give every server's figures (--replica-metrics), or only those of note."""
-        if replica_metrics == "auto" and not self.every_replica:
-            log.info(
-                "%d env servers: metrics.jsonl and TensorBoard give the fleet's figures (fleet/...) every update, "
-                "and a server's own (replicas/<server>/...) in the updates it was lost, back, stalled or slow in "
-                "(--replica-metrics all: every server's, every update)",
-                len(first),
-            )
+        self.every_replica = every_replica
+        """Whether the rows give every server's figures (:func:`every_replica`), or only those of note."""
         # (What connecting and the first reset counted goes with the first rollout's, as totals() counts it.)
         self._before = dict.fromkeys(FAULT_COUNTS, 0)
         self.carried = carried
@@ -272,6 +265,21 @@ class FleetWatch:
         """Servers lost so far (failed or shut down), counting each time one was; 0 for envs without them."""
         totals = self.totals() or {}
         return totals.get("failures", 0) + totals.get("shutdowns", 0)
+
+
+def every_replica(replica_metrics: str, servers: int) -> bool:
+    """Whether a session that starts with ``servers`` env servers writes every one's figures to its rows
+    (--replica-metrics ``all``, or ``auto`` and at most :data:`REPLICA_METRICS_ALL`), or those of note only."""
+    return replica_metrics == "all" or (replica_metrics == "auto" and servers <= REPLICA_METRICS_ALL)
+
+
+def replica_metrics_note(servers: int) -> str:
+    """What a session of ``servers`` env servers whose rows give only the servers of note says of it."""
+    return (
+        f"metrics.jsonl and TensorBoard: the fleet's figures (fleet/...) every update, and each of the {servers} "
+        "servers' own (replicas/<server>/...) in the updates it was down, lost, back, stalled or slow in "
+        "(--replica-metrics all: every server's, every update)"
+    )
 
 
 def fleet_figures(windows: list[ReplicaStats]) -> dict[str, float]:

@@ -80,7 +80,7 @@ from learner.errors import (
 )
 from learner.faults import misfit_reported
 from learner.fleet import FleetChange, carry_over
-from learner.fleetwatch import FAULT_COUNTS, FleetWatch
+from learner.fleetwatch import FAULT_COUNTS, FleetWatch, every_replica, replica_metrics_note
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.local import label_of
 from learner.normalize import RewardScaler, RunningMeanStd
@@ -1202,6 +1202,9 @@ def train(
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
         not_joined = getattr(envs, "servers_not_joined", [])
+        servers = len(config["envs"]["addresses"])
+        if not (every := every_replica(args.replica_metrics, servers)):
+            log.info("%s", replica_metrics_note(servers))
         log.info(
             "PPO (%s preset, %s) on %s, %d envs%s, device %s, run dir %s",
             hp.preset,
@@ -1319,7 +1322,7 @@ def train(
             envs,
             carried={key: getattr(counters, key) for key in FAULT_COUNTS},
             local=args.servers is None,
-            replica_metrics=args.replica_metrics,
+            every_replica=every,
         )
         next_valid = ~lost_np
         rollout: Rollout | None = None

@@ -24,6 +24,7 @@ from learner.fleetwatch import (
     FleetWatch,
     ReplicaTotals,
     SlowReplicas,
+    every_replica,
     fleet_figures,
     written_row,
 )
@@ -325,25 +326,14 @@ class _Fleet:
         return self.windows
 
 
-def test_past_16_servers_the_rows_give_each_servers_figures_only_where_it_is_of_note(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_past_16_servers_the_rows_give_each_servers_figures_only_where_it_is_of_note() -> None:
     """--replica-metrics auto: a fleet of 17 servers writes the fleet's figures and those of the servers lost,
     back, stalled or slow in the update, not 17 x 14 (at 256 servers: 162 KB rows, 3,584 TensorBoard tags)."""
     fast = [window(f"s{i}:1", 1.0) for i in range(REPLICA_METRICS_ALL)]
     fleet = _Fleet([*fast, window("slow:1", 9.0)])
-    carried = dict.fromkeys(FAULT_COUNTS, 0)
-    assert FleetWatch(_Fleet(fast), carried).every_replica
-    assert FleetWatch(fleet, carried, replica_metrics="all").every_replica
-    assert not FleetWatch(_Fleet(fast[:2]), carried, replica_metrics="summary").every_replica
-    with caplog.at_level(logging.INFO, logger="learner.fleetwatch"):
-        watch = FleetWatch(fleet, carried)
-    assert not watch.every_replica
-    assert caplog.messages == [
-        "17 env servers: metrics.jsonl and TensorBoard give the fleet's figures (fleet/...) every update, and a "
-        "server's own (replicas/<server>/...) in the updates it was lost, back, stalled or slow in "
-        "(--replica-metrics all: every server's, every update)"
-    ]
+    assert every_replica("auto", REPLICA_METRICS_ALL) and every_replica("all", 256)
+    assert not every_replica("auto", 17) and not every_replica("summary", 2)
+    watch = FleetWatch(fleet, dict.fromkeys(FAULT_COUNTS, 0), every_replica=False)
     noted = []
     for update in range(SLOW_UPDATES + 1):
         fleet.windows = [*fast, window("slow:1", 9.0)]
@@ -362,13 +352,21 @@ def test_past_16_servers_the_rows_give_each_servers_figures_only_where_it_is_of_
     assert written_row(row, None) is row
 
 
-def test_replica_metrics_summary_in_a_training_run(tmp_path: Path, start_servers: StartServers) -> None:
+def test_replica_metrics_summary_in_a_training_run(
+    tmp_path: Path, start_servers: StartServers, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--replica-metrics summary: metrics.jsonl's rows have the fleet's figures and no server's (none of
-    the two was lost, stalled or slow), TensorBoard the same; config.json records the choice."""
+    the two was lost, stalled or slow), TensorBoard the same; config.json records the choice; the command
+    says so as it starts."""
     servers = start_servers("CartPole-v1", 2, 2)
     run = tmp_path / "run"
     argv = ["train", "--servers", ",".join(servers), "--num-steps", "8", "--total-timesteps", str(8 * 4 * 2)]
     assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-plot", "--replica-metrics", "summary"]) == 0
+    assert (
+        "\nmetrics.jsonl and TensorBoard: the fleet's figures (fleet/...) every update, and each of the 2 servers' own "
+        "(replicas/<server>/...) in the updates it was down, lost, back, stalled or slow in (--replica-metrics all: "
+        "every server's, every update)\n"
+    ) in capsys.readouterr().out
     rows = rundir.read_jsonl(run / rundir.METRICS)
     assert len(rows) == 2
     for row in rows:
