@@ -144,47 +144,13 @@ def evaluate(
     :class:`~learner.errors.EnvFleetError`): they are a sample all the same, and ``learner eval``
     reports them. A passed deadline's error says to raise ``timeout``, the resets' deadline too.
     """
-    if episodes < 1:
-        raise ValueError(f"episodes: expected >= 1, got {episodes}")
-    if num_envs < 1:
-        raise ValueError(f"num_envs: expected >= 1, got {num_envs}")
-    if backend not in ("remote", "gym"):
-        raise ValueError(f"backend: expected 'remote' or 'gym', got {backend!r}")
-    if servers is not None and backend == "gym":
-        raise ValueError(
-            f"servers: evaluates on running env servers ({servers}), so it cannot go with backend='gym' (envs made "
-            "in this process); leave one of the two out"
-        )
-    check_seed(seed, None if servers is not None else min(num_envs, episodes))
+    _check_arguments(episodes, num_envs, backend, servers, seed)
     video_path = None if video is None else video_.check_path(video)  # (a bad path fails before any episode)
     video_.check_fps(video_fps)
     torch_device = pick_device(device)  # before loading anything: a bad --device fails at once
-    path = find_checkpoint(checkpoint, checkpoints_folder=True)
-    try:
-        state = load_checkpoint(path)
-    except UnreadableCheckpointError as err:
-        if path != Path(checkpoint):  # (the latest of a run dir, chosen here: name the one before)
-            run = path.resolve().parent.parent  # (resolved: "." inside checkpoints/ has no name of its own)
-            step = rundir.checkpoint_step(path)
-            older = [
-                p for p in rundir.list_checkpoints(run) if step is not None and (rundir.checkpoint_step(p) or 0) < step
-            ]
-            if older:
-                raise UnreadableCheckpointError(
-                    f"{err}; the run's checkpoint before it is {older[-1]}: evaluate that one by its path (learner "
-                    "train --resume sets the damaged one aside and goes on from the one before)"
-                ) from None
-        raise
+    path, state = _load_state(checkpoint)
     run_args = Args.from_json(state["args"], check=False)  # (as recorded: an older version's checks may differ)
-    if run_args.env is None and servers is None:  # train records the env it trained on
-        raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
-    if run_args.env is None and video_path is not None:
-        raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
-    if env is not None and run_args.env is not None and env != run_args.env:
-        raise ValueError(f"env: expected the env the run in {path} trained on, {run_args.env}, got {env}")
-    if servers is None or video_path is not None:
-        what = "eval" if servers is None else "--video"
-        check_served_env_here(run_args.env, run_args.servers, env, what, "--env")
+    _check_run(run_args, path, servers, env, video=video_path is not None)
     ppo = state["ppo"]
     kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
     # What the run's envs were beyond their id, as their servers said (checkpoints since config.json's
@@ -425,6 +391,58 @@ def check_seed(seed: int, num_envs: int | None) -> None:
             f"seed: expected an integer from 0 to 2**64 - {count} ({2**64 - count}: env i gets seed + i, a 64-bit "
             f"seed), got {seed!r}"
         )
+
+
+def _check_arguments(episodes: int, num_envs: int, backend: str, servers: str | None, seed: int) -> None:
+    """ValueError naming the first of :func:`evaluate`'s arguments that it cannot take, before anything is loaded."""
+    if episodes < 1:
+        raise ValueError(f"episodes: expected >= 1, got {episodes}")
+    if num_envs < 1:
+        raise ValueError(f"num_envs: expected >= 1, got {num_envs}")
+    if backend not in ("remote", "gym"):
+        raise ValueError(f"backend: expected 'remote' or 'gym', got {backend!r}")
+    if servers is not None and backend == "gym":
+        raise ValueError(
+            f"servers: evaluates on running env servers ({servers}), so it cannot go with backend='gym' (envs made "
+            "in this process); leave one of the two out"
+        )
+    check_seed(seed, None if servers is not None else min(num_envs, episodes))
+
+
+def _load_state(checkpoint: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint file ``checkpoint`` names (see :func:`~learner.checkpoint.find_checkpoint`) and its
+    contents. Where the latest of a run dir, chosen here, cannot be read, its error names the run's
+    checkpoint before it."""
+    path = find_checkpoint(checkpoint, checkpoints_folder=True)
+    try:
+        return path, load_checkpoint(path)
+    except UnreadableCheckpointError as err:
+        if path != Path(checkpoint):  # (the latest of a run dir, chosen here: name the one before)
+            run = path.resolve().parent.parent  # (resolved: "." inside checkpoints/ has no name of its own)
+            step = rundir.checkpoint_step(path)
+            older = [
+                p for p in rundir.list_checkpoints(run) if step is not None and (rundir.checkpoint_step(p) or 0) < step
+            ]
+            if older:
+                raise UnreadableCheckpointError(
+                    f"{err}; the run's checkpoint before it is {older[-1]}: evaluate that one by its path (learner "
+                    "train --resume sets the damaged one aside and goes on from the one before)"
+                ) from None
+        raise
+
+
+def _check_run(run_args: Args, path: Path, servers: str | None, env: str | None, *, video: bool) -> None:
+    """ValueError where the run in ``path`` (its ``run_args``) cannot be evaluated as asked: its env cannot
+    be made here (for the episodes, without ``servers``; for the ``video``), or ``env`` names another."""
+    if run_args.env is None and servers is None:  # train records the env it trained on
+        raise ValueError(f"checkpoint: {path} does not name the env it was trained on; pass --servers")
+    if run_args.env is None and video:
+        raise ValueError(f"video: {path} does not name the env it was trained on, so it cannot be made here to render")
+    if env is not None and run_args.env is not None and env != run_args.env:
+        raise ValueError(f"env: expected the env the run in {path} trained on, {run_args.env}, got {env}")
+    if servers is None or video:
+        what = "eval" if servers is None else "--video"
+        check_served_env_here(run_args.env, run_args.servers, env, what, "--env")
 
 
 def _result(
