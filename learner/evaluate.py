@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,42 +153,24 @@ def evaluate(
     run_args = Args.from_json(state["args"], check=False)  # (as recorded: an older version's checks may differ)
     _check_run(run_args, path, servers, env, video=video_path is not None)
     ppo = state["ppo"]
-    kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
-    # What the run's envs were beyond their id, as their servers said (checkpoints since config.json's
-    # envs.wrappers): a run trained on running servers has their wrappers and time limit nowhere else.
-    served = state.get("served") or {}
-    on_servers = run_args.servers is not None
-    recorded_wrappers = wrappers_option(served["wrappers"]) if "wrappers" in served else None
-    if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
-        recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
-    run_wrappers = recorded_wrappers or run_args.wrappers
-    if max_episode_steps is not None and max_episode_steps < 1:
-        raise ValueError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
-    given_limit = max_episode_steps  # (for the envs made here: --video's too where the episodes run on servers)
-    if max_episode_steps is None or servers is not None:
-        max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
-    # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
-    served_kwargs = served.get("env_kwargs") if on_servers else None
-    run_kwargs = served_kwargs if on_servers else dict(run_args.env_kwargs)  # (None: the run does not say)
-    if served_kwargs is not None and env_kwargs is None:
-        kwargs = dict(served_kwargs)
-    # (auto's choice by the kwargs the envs are made with: RAM observations get no atari wrapper)
-    server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
-    # A run trained on running servers that did not say: their env kwargs are unknown (before, their wrappers too).
-    unrecorded = on_servers and served_kwargs is None and (servers is None or video_path is not None)
-    if unrecorded and env_kwargs is None:
-        _warn_unknown_env_kwargs(
-            run_args, kwargs, video_only=servers is not None, limit_known="max_episode_steps" in served
-        )
+    made = _EnvsMadeHere.of(
+        run_args,
+        state,
+        servers=servers,
+        env_kwargs=env_kwargs,
+        wrappers=wrappers,
+        max_episode_steps=max_episode_steps,
+        video=video_path is not None,
+    )
     fleet = FleetSpec(
         env=run_args.env or "",  # (unused with --servers: the servers serve their env)
         servers=servers,
         backend="gym" if backend == "gym" else "remote",
         num_servers=1,
         envs_per_server=min(num_envs, episodes),
-        env_kwargs=kwargs,
-        wrappers=server_wrappers,
-        max_episode_steps=max_episode_steps,  # (the time limit of the run's envs)
+        env_kwargs=made.kwargs,
+        wrappers=made.wrappers,
+        max_episode_steps=made.max_episode_steps,  # (the time limit of the run's envs)
         transport="unix" if transport == "unix" else "tcp",
         step_socket=step_socket,
         auth_token=auth_token,
@@ -205,7 +188,7 @@ def evaluate(
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
             if servers is not None:
                 _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
-                _warn_other_task(served, envs, servers)
+                _warn_other_task(made.served, envs, servers)
             obs_space, action_space = envs.single_observation_space, envs.single_action_space
             no_limit = _no_time_limit(envs, run_args.env or "", servers)
             if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
@@ -218,12 +201,15 @@ def evaluate(
                     + (
                         _atari_hint(state["observation_space"], obs_space, servers is not None)
                         or (
-                            _wrappers_hint(run_args.servers, server_wrappers)
-                            if unrecorded and servers is None and wrappers is None and "wrappers" not in served
+                            _wrappers_hint(run_args.servers, made.wrappers)
+                            if made.unrecorded
+                            and servers is None
+                            and wrappers is None
+                            and "wrappers" not in made.served
                             else ""
                         )
                     )
-                    + (_env_kwargs_hint(env_kwargs, run_kwargs) if servers is None else "")
+                    + (_env_kwargs_hint(env_kwargs, made.run_kwargs) if servers is None else "")
                 )
             agent = Agent(
                 obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
@@ -276,9 +262,9 @@ def evaluate(
                         backend="gym",
                         num_servers=1,
                         envs_per_server=1,
-                        env_kwargs={**kwargs, "render_mode": "rgb_array"},
-                        wrappers=server_wrappers,
-                        max_episode_steps=given_limit or max_episode_steps,
+                        env_kwargs={**made.kwargs, "render_mode": "rgb_array"},
+                        wrappers=made.wrappers,
+                        max_episode_steps=made.video_limit,
                     )
                     spaces = (state["observation_space"], state["action_space"])
                     torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)
@@ -290,7 +276,7 @@ def evaluate(
                         video_fps,
                         spaces,
                         stop=lambda: stop.requested,
-                        hint=_env_kwargs_hint(env_kwargs, run_kwargs),
+                        hint=_env_kwargs_hint(env_kwargs, made.run_kwargs),
                     )
                 # (--stochastic: the episodes sample alike with or without a video, whatever drew before)
                 torch.manual_seed(seed)
@@ -443,6 +429,79 @@ def _check_run(run_args: Args, path: Path, servers: str | None, env: str | None,
     if servers is None or video:
         what = "eval" if servers is None else "--video"
         check_served_env_here(run_args.env, run_args.servers, env, what, "--env")
+
+
+@dataclass(frozen=True)
+class _EnvsMadeHere:
+    """How :func:`evaluate` makes the run's envs here (on a local server, in process, and for the video):
+    as the run's, as far as it recorded them, but for what the caller gave instead."""
+
+    kwargs: dict[str, Any]
+    """The env kwargs they get."""
+    wrappers: tuple[str, ...]
+    """The env-server wrappers they get."""
+    max_episode_steps: int | None
+    """Their time limit: the one given where the episodes' envs are made here, else the run's."""
+    video_limit: int | None
+    """The video's env's time limit: the one given (also where the episodes run on servers), else the run's."""
+    served: dict[str, Any]
+    """What the run's envs were beyond their id, as their servers said (the checkpoint's ``served``)."""
+    run_kwargs: dict[str, Any] | None
+    """The run's env kwargs (None: a run trained on running servers that did not say)."""
+    unrecorded: bool
+    """Whether the run trained on running servers that did not say their env kwargs, and envs are made here."""
+
+    @classmethod
+    def of(
+        cls,
+        run_args: Args,
+        state: dict[str, Any],
+        *,
+        servers: str | None,
+        env_kwargs: dict[str, Any] | None,
+        wrappers: str | None,
+        max_episode_steps: int | None,
+        video: bool,
+    ) -> _EnvsMadeHere:
+        """The envs made here for the run of ``run_args`` and checkpoint ``state``, with :func:`evaluate`'s
+        arguments of those names; ValueError for a ``max_episode_steps`` under 1. Warns where the run does
+        not record the kwargs of the servers it trained on, and none were given."""
+        kwargs = dict(run_args.env_kwargs) if env_kwargs is None else dict(env_kwargs)
+        # What the run's envs were beyond their id, as their servers said (checkpoints since config.json's
+        # envs.wrappers): a run trained on running servers has their wrappers and time limit nowhere else.
+        served = state.get("served") or {}
+        on_servers = run_args.servers is not None
+        recorded_wrappers = wrappers_option(served["wrappers"]) if "wrappers" in served else None
+        if recorded_wrappers is None and run_args.wrappers.strip() == "auto" and ":" in (run_args.env or ""):
+            recorded_wrappers = "none"  # (older versions' auto gave ALE/ ids only the atari wrapper, not ale_py:ALE/)
+        run_wrappers = recorded_wrappers or run_args.wrappers
+        if max_episode_steps is not None and max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
+        given_limit = max_episode_steps  # (for the envs made here: --video's too where the episodes run on servers)
+        if max_episode_steps is None or servers is not None:
+            max_episode_steps = served.get("max_episode_steps") if on_servers else run_args.max_episode_steps
+        # The kwargs the servers' envs were made with, as they said (checkpoints since EnvSpec.env_kwargs).
+        served_kwargs = served.get("env_kwargs") if on_servers else None
+        run_kwargs = served_kwargs if on_servers else dict(run_args.env_kwargs)  # (None: the run does not say)
+        if served_kwargs is not None and env_kwargs is None:
+            kwargs = dict(served_kwargs)
+        # (auto's choice by the kwargs the envs are made with: RAM observations get no atari wrapper)
+        server_wrappers = wrapper_names(run_wrappers if wrappers is None else wrappers, run_args.env or "", kwargs)
+        # A run trained on running servers that did not say: their env kwargs are unknown (before, their wrappers too).
+        unrecorded = on_servers and served_kwargs is None and (servers is None or video)
+        if unrecorded and env_kwargs is None:
+            _warn_unknown_env_kwargs(
+                run_args, kwargs, video_only=servers is not None, limit_known="max_episode_steps" in served
+            )
+        return cls(
+            kwargs=kwargs,
+            wrappers=server_wrappers,
+            max_episode_steps=max_episode_steps,
+            video_limit=given_limit or max_episode_steps,
+            served=served,
+            run_kwargs=run_kwargs,
+            unrecorded=unrecorded,
+        )
 
 
 def _result(
