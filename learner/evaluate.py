@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,6 @@ def evaluate(
     path, state = _load_state(checkpoint)
     run_args = Args.from_json(state["args"], check=False)  # (as recorded: an older version's checks may differ)
     _check_run(run_args, path, servers, env, video=video_path is not None)
-    ppo = state["ppo"]
     made = _EnvsMadeHere.of(
         run_args,
         state,
@@ -186,58 +186,9 @@ def evaluate(
     )
     try:
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
-            if servers is not None:
-                _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
-                _warn_other_task(made.served, envs, servers)
-            obs_space, action_space = envs.single_observation_space, envs.single_action_space
+            _check_envs(envs, state, run_args, made, servers=servers, wrappers=wrappers, env_kwargs=env_kwargs)
             no_limit = _no_time_limit(envs, run_args.env or "", servers)
-            if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
-                trained_on = f" ({run_args.env})" if run_args.env else ""
-                env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
-                these = f"these envs ({env_id})" if env_id else "these envs"
-                raise ValueError(
-                    f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
-                    f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
-                    + (
-                        _atari_hint(state["observation_space"], obs_space, servers is not None)
-                        or (
-                            _wrappers_hint(run_args.servers, made.wrappers)
-                            if made.unrecorded
-                            and servers is None
-                            and wrappers is None
-                            and "wrappers" not in made.served
-                            else ""
-                        )
-                    )
-                    + (_env_kwargs_hint(env_kwargs, made.run_kwargs) if servers is None else "")
-                )
-            agent = Agent(
-                obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
-            ).to(torch_device)
-            load_nets(agent, state["model"], f"checkpoint {path}")
-            agent.eval()
-            threads = torch.get_num_threads()  # (restored below: the caller's process keeps its setting)
-            set_torch_threads(torch_device, is_image_space(obs_space))
-            stack.callback(torch.set_num_threads, threads)
-            obs_rms = None
-            if state.get("obs_rms") is not None:
-                obs_rms = RunningMeanStd(obs_space.shape or (), torch_device)
-                obs_rms.load_state_dict(state["obs_rms"])
-
-            def policy(obs: Any, video: bool = False) -> Any:
-                # (looked at first, on every device: the deterministic policy acts on NaN without an error,
-                # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
-                raw = np.asarray(obs)
-                as_float32 = obs_rms is None  # (--norm-obs's float64 statistics scale them first)
-                if not observations_usable(raw, obs_space, as_float32=as_float32):
-                    where = (lambda env: "video: ") if video else functools.partial(env_server_of, envs)
-                    raise_unusable(raw, obs_space, range(len(raw)), where, as_float32=as_float32)
-                x = torch.as_tensor(raw).to(torch_device, copy=True)
-                if obs_rms is not None:
-                    x = obs_rms.normalize(x)
-                with torch.no_grad():
-                    return in_bounds(agent.act(x, deterministic=deterministic).cpu().numpy(), action_space)
-
+            policy = _policy(state, envs, torch_device, deterministic, path, stack)
             recorded = None
             n = envs.num_envs
             described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
@@ -429,6 +380,85 @@ def _check_run(run_args: Args, path: Path, servers: str | None, env: str | None,
     if servers is None or video:
         what = "eval" if servers is None else "--video"
         check_served_env_here(run_args.env, run_args.servers, env, what, "--env")
+
+
+def _check_envs(
+    envs: gym.vector.VectorEnv,
+    state: dict[str, Any],
+    run_args: Args,
+    made: _EnvsMadeHere,
+    *,
+    servers: str | None,
+    wrappers: str | None,
+    env_kwargs: dict[str, Any] | None,
+) -> None:
+    """Refuse ``envs`` where the checkpoint's policy (``state``) cannot act on them: running ``servers`` of
+    another env than the run's (and a warning where they make it otherwise), or other spaces than the
+    policy's (ValueError, with a hint at the likely cause). The other arguments are :func:`evaluate`'s."""
+    if servers is not None:
+        _check_servers_env(run_args.env, str(getattr(envs, "env_id", "")), servers)
+        _warn_other_task(made.served, envs, servers)
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    if str(obs_space) != state["observation_space"] or str(action_space) != state["action_space"]:
+        trained_on = f" ({run_args.env})" if run_args.env else ""
+        env_id = getattr(envs, "env_id", None) or (None if servers else run_args.env)
+        these = f"these envs ({env_id})" if env_id else "these envs"
+        raise ValueError(
+            f"envs: the checkpoint's policy was trained{trained_on} on observations {state['observation_space']} "
+            f"and actions {state['action_space']}, but {these} have {obs_space} and {action_space}"
+            + (
+                _atari_hint(state["observation_space"], obs_space, servers is not None)
+                or (
+                    _wrappers_hint(run_args.servers, made.wrappers)
+                    if made.unrecorded and servers is None and wrappers is None and "wrappers" not in made.served
+                    else ""
+                )
+            )
+            + (_env_kwargs_hint(env_kwargs, made.run_kwargs) if servers is None else "")
+        )
+
+
+def _policy(
+    state: dict[str, Any],
+    envs: gym.vector.VectorEnv,
+    device: torch.device,
+    deterministic: bool,
+    path: Path,
+    stack: contextlib.ExitStack,
+) -> Callable[..., Any]:
+    """The checkpoint's (``state``, from ``path``) policy on ``device``: the actions it takes on
+    observations of ``envs`` (with ``video``: of the video's env, as its errors say). Torch's thread count
+    is set for it, and restored when ``stack`` closes."""
+    ppo = state["ppo"]
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    agent = Agent(
+        obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
+    ).to(device)
+    load_nets(agent, state["model"], f"checkpoint {path}")
+    agent.eval()
+    threads = torch.get_num_threads()  # (restored when stack closes: the caller's process keeps its setting)
+    set_torch_threads(device, is_image_space(obs_space))
+    stack.callback(torch.set_num_threads, threads)
+    obs_rms = None
+    if state.get("obs_rms") is not None:
+        obs_rms = RunningMeanStd(obs_space.shape or (), device)
+        obs_rms.load_state_dict(state["obs_rms"])
+
+    def policy(obs: Any, video: bool = False) -> Any:
+        # (looked at first, on every device: the deterministic policy acts on NaN without an error,
+        # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
+        raw = np.asarray(obs)
+        as_float32 = obs_rms is None  # (--norm-obs's float64 statistics scale them first)
+        if not observations_usable(raw, obs_space, as_float32=as_float32):
+            where = (lambda env: "video: ") if video else functools.partial(env_server_of, envs)
+            raise_unusable(raw, obs_space, range(len(raw)), where, as_float32=as_float32)
+        x = torch.as_tensor(raw).to(device, copy=True)
+        if obs_rms is not None:
+            x = obs_rms.normalize(x)
+        with torch.no_grad():
+            return in_bounds(agent.act(x, deterministic=deterministic).cpu().numpy(), action_space)
+
+    return policy
 
 
 @dataclass(frozen=True)
