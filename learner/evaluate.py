@@ -8,7 +8,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +192,7 @@ def evaluate(
             recorded = None
             n = envs.num_envs
             described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
-            targets = np.array([(episodes + i) // n for i in range(n)])
-            counts = np.zeros(n, dtype=np.int64)
-            ep_return = np.zeros(n)
-            ep_length = np.zeros(n, dtype=np.int64)
-            valid = np.ones(n, dtype=bool)
-            returns: list[float] = []
-            lengths: list[int] = []
-            autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+            tally = _Tally.shared_out(episodes, n)
             show = progress if progress is not None else bar_by_default()
             then = "the episodes finished so far are reported"
             if video_path is not None:
@@ -207,88 +200,32 @@ def evaluate(
             # (entered before the video: a first Ctrl-C during it cuts it short there, and no episode is played)
             with StopRequest(then, log) as stop:
                 if video_path is not None:  # first: a video that cannot be made fails before the episodes run
-                    assert run_args.env is not None
-                    render = FleetSpec(
-                        env=run_args.env,
-                        backend="gym",
-                        num_servers=1,
-                        envs_per_server=1,
-                        env_kwargs={**made.kwargs, "render_mode": "rgb_array"},
-                        wrappers=made.wrappers,
-                        max_episode_steps=made.video_limit,
-                    )
-                    spaces = (state["observation_space"], state["action_space"])
-                    torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)
-                    recorded = video_.record_episode(
-                        render,
-                        functools.partial(policy, video=True),
-                        seed,
-                        video_path,
-                        video_fps,
-                        spaces,
-                        stop=lambda: stop.requested,
-                        hint=_env_kwargs_hint(env_kwargs, made.run_kwargs),
+                    recorded = _record_video(
+                        run_args, made, state, policy, seed, video_path, video_fps, stop, env_kwargs=env_kwargs
                     )
                 # (--stochastic: the episodes sample alike with or without a video, whatever drew before)
                 torch.manual_seed(seed)
                 try:
                     if not stop.requested:
-                        with progress_bar(show, episodes, unit="episode", scale=False) as bar:
-                            server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
-                            obs, infos = envs.reset(seed=seed)
-                            _raise_env_errors(infos, fleet)
-                            while (counts < targets).any() and not stop.requested:
-                                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
-                                _raise_env_errors(infos, fleet)
-                                # (the episode's return would be no number to report, nor JSON's)
-                                raise_unusable_rewards(
-                                    np.asarray(rewards),
-                                    valid,
-                                    server_of,
-                                    "a NaN or infinite reward makes no return to report",
-                                    named=named,
-                                )
-                                with np.errstate(over="ignore"):  # (an overflowed return is raised below)
-                                    ep_return += np.where(valid, rewards, 0.0)
-                                ep_length += valid
-                                if no_limit and ep_length.max() == LONG_EPISODE:  # (said once an episode)
-                                    log.warning(
-                                        "env %d's episode has gone on for %d steps, and these envs have no time "
-                                        "limit: the policy may never end it (%s)",
-                                        int(ep_length.argmax()),
-                                        LONG_EPISODE,
-                                        no_limit,
-                                    )
-                                ended = terms | truncs
-                                done = ended & valid
-                                for i in np.flatnonzero(done):
-                                    if counts[i] < targets[i]:
-                                        # (rewards finite each whose sum overflowed: no return to report)
-                                        raise_overflowed_return(
-                                            ep_return, int(i), server_of, named=named, in_process=backend == "gym"
-                                        )
-                                        returns.append(float(ep_return[i]))
-                                        lengths.append(int(ep_length[i]))
-                                        counts[i] += 1
-                                        if bar is not None:
-                                            bar.update(1)
-                                            texts = format_returns(mean_of(returns), spread_of(returns))
-                                            bar.set_postfix_str(f"return {' +- '.join(texts)}")
-                                    ep_return[i], ep_length[i] = 0.0, 0
-                                if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
-                                    valid = ~ended  # (an ended env's next step is its reset: no step of an episode)
-                                more = bool((counts < targets).any()) and not stop.requested
-                                if autoreset is gym.vector.AutoresetMode.DISABLED and ended.any() and more:
-                                    # No env resets itself (env-server --autoreset-mode Disabled): the ended
-                                    # ones are reset here, alone (unseeded, as an autoreset is), for the next step.
-                                    obs, infos = envs.reset(options={"reset_mask": ended.copy()})
-                                    _raise_env_errors(infos, fleet)
+                        _play(
+                            envs,
+                            fleet,
+                            policy,
+                            tally,
+                            seed,
+                            stop,
+                            show=show,
+                            no_limit=no_limit,
+                            in_process=backend == "gym",
+                        )
                 except EnvFleetError as err:
                     if not stop.requested:
                         # The episodes that ended before it are a sample of the return all the same (an
                         # episode cut short by the error is not one, and is not among them): kept, as
                         # Ctrl-C keeps them.
-                        partial = _result(path, run_args.env, described, deterministic, list(returns), list(lengths))
+                        partial = _result(
+                            path, run_args.env, described, deterministic, list(tally.returns), list(tally.lengths)
+                        )
                         partial["episodes_asked"] = episodes
                         if recorded is not None:
                             partial["video"] = recorded
@@ -297,21 +234,21 @@ def evaluate(
                     # The step the stop waited for failed (stuck in its env until its deadline passed, say):
                     # the stop asked for stands, and the result is that of the episodes finished before it.
                     _warn_failed_at_stop(err)
-            interrupted = bool((counts < targets).any())
+            interrupted = tally.left
     except (EnvCrashedError, RemoteTimeoutError) as err:
         raise _in_own_terms(err) from err
-    result = _result(path, run_args.env, described, deterministic, returns, lengths)
+    result = _result(path, run_args.env, described, deterministic, tally.returns, tally.lengths)
     if interrupted:
         result["interrupted"] = True
         result["episodes_asked"] = episodes
     if recorded is not None:
         result["video"] = recorded
-    if returns:
-        spread = [] if len(returns) == 1 else [result["return_std"]]
+    if tally.returns:
+        spread = [] if len(tally.returns) == 1 else [result["return_std"]]
         log.info(
             "evaluated %s over %s%s: %s",
             path,
-            "1 episode" if len(returns) == 1 else f"{len(returns)} episodes",
+            "1 episode" if len(tally.returns) == 1 else f"{len(tally.returns)} episodes",
             f" (interrupted; {episodes} asked)" if interrupted else "",
             " +- ".join(format_returns(result["return_mean"], *spread)),
         )
@@ -532,6 +469,143 @@ class _EnvsMadeHere:
             run_kwargs=run_kwargs,
             unrecorded=unrecorded,
         )
+
+
+@dataclass
+class _Tally:
+    """The episodes :func:`evaluate` plays, shared out over the envs in advance (as SB3's ``evaluate_policy``
+    does, so that short episodes are not over-counted), and those that ended so far."""
+
+    targets: np.ndarray
+    """How many episodes each env is to play."""
+    counts: np.ndarray
+    """How many each has played."""
+    returns: list[float] = field(default_factory=list)
+    """The return of each episode that ended, in the order they ended."""
+    lengths: list[int] = field(default_factory=list)
+    """Its length in steps."""
+
+    @classmethod
+    def shared_out(cls, episodes: int, num_envs: int) -> _Tally:
+        """``episodes`` shared out over ``num_envs`` envs, none played yet."""
+        return cls(np.array([(episodes + i) // num_envs for i in range(num_envs)]), np.zeros(num_envs, dtype=np.int64))
+
+    @property
+    def left(self) -> bool:
+        """Whether an env has episodes left to play."""
+        return bool((self.counts < self.targets).any())
+
+
+def _record_video(
+    run_args: Args,
+    made: _EnvsMadeHere,
+    state: dict[str, Any],
+    policy: Callable[..., Any],
+    seed: int,
+    path: Path,
+    fps: float | None,
+    stop: StopRequest,
+    *,
+    env_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """:func:`evaluate`'s video, what :func:`learner.video.record_episode` says of it: one episode (seed ``seed``,
+    torch's generator seeded too) of ``policy`` on an in-process env of the run made as ``made`` says, with
+    ``render_mode="rgb_array"``, written to ``path``; cut short where ``stop`` is requested."""
+    assert run_args.env is not None
+    render = FleetSpec(
+        env=run_args.env,
+        backend="gym",
+        num_servers=1,
+        envs_per_server=1,
+        env_kwargs={**made.kwargs, "render_mode": "rgb_array"},
+        wrappers=made.wrappers,
+        max_episode_steps=made.video_limit,
+    )
+    spaces = (state["observation_space"], state["action_space"])
+    torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)
+    return video_.record_episode(
+        render,
+        functools.partial(policy, video=True),
+        seed,
+        path,
+        fps,
+        spaces,
+        stop=lambda: stop.requested,
+        hint=_env_kwargs_hint(env_kwargs, made.run_kwargs),
+    )
+
+
+def _play(
+    envs: gym.vector.VectorEnv,
+    fleet: FleetSpec,
+    policy: Callable[..., Any],
+    tally: _Tally,
+    seed: int,
+    stop: StopRequest,
+    *,
+    show: bool,
+    no_limit: str | None,
+    in_process: bool,
+) -> None:
+    """Play the episodes ``tally`` has left with ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``), and
+    count those that end in it; until ``stop`` is requested. ``show``: a progress bar; ``no_limit``: how to give
+    envs without a time limit one (:func:`_no_time_limit`), said when an episode goes on and on; ``in_process``:
+    the envs are (``backend="gym"``). EnvFleetError where an env or server fails, or where an episode has no
+    return to report."""
+    n = envs.num_envs
+    ep_return = np.zeros(n)
+    ep_length = np.zeros(n, dtype=np.int64)
+    valid = np.ones(n, dtype=bool)
+    autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+    # (the bar's total: the episodes asked, which the envs' shares add up to)
+    with progress_bar(show, int(tally.targets.sum()), unit="episode", scale=False) as bar:
+        server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
+        obs, infos = envs.reset(seed=seed)
+        _raise_env_errors(infos, fleet)
+        while tally.left and not stop.requested:
+            obs, rewards, terms, truncs, infos = envs.step(policy(obs))
+            _raise_env_errors(infos, fleet)
+            # (the episode's return would be no number to report, nor JSON's)
+            raise_unusable_rewards(
+                np.asarray(rewards),
+                valid,
+                server_of,
+                "a NaN or infinite reward makes no return to report",
+                named=named,
+            )
+            with np.errstate(over="ignore"):  # (an overflowed return is raised below)
+                ep_return += np.where(valid, rewards, 0.0)
+            ep_length += valid
+            if no_limit and ep_length.max() == LONG_EPISODE:  # (said once an episode)
+                log.warning(
+                    "env %d's episode has gone on for %d steps, and these envs have no time "
+                    "limit: the policy may never end it (%s)",
+                    int(ep_length.argmax()),
+                    LONG_EPISODE,
+                    no_limit,
+                )
+            ended = terms | truncs
+            done = ended & valid
+            for i in np.flatnonzero(done):
+                if tally.counts[i] < tally.targets[i]:
+                    # (rewards finite each whose sum overflowed: no return to report)
+                    raise_overflowed_return(ep_return, int(i), server_of, named=named, in_process=in_process)
+                    tally.returns.append(float(ep_return[i]))
+                    tally.lengths.append(int(ep_length[i]))
+                    tally.counts[i] += 1
+                    if bar is not None:
+                        bar.update(1)
+                        texts = format_returns(mean_of(tally.returns), spread_of(tally.returns))
+                        bar.set_postfix_str(f"return {' +- '.join(texts)}")
+                ep_return[i], ep_length[i] = 0.0, 0
+            if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
+                valid = ~ended  # (an ended env's next step is its reset: no step of an episode)
+            more = tally.left and not stop.requested
+            if autoreset is gym.vector.AutoresetMode.DISABLED and ended.any() and more:
+                # No env resets itself (env-server --autoreset-mode Disabled): the ended
+                # ones are reset here, alone (unseeded, as an autoreset is), for the next step.
+                obs, infos = envs.reset(options={"reset_mask": ended.copy()})
+                _raise_env_errors(infos, fleet)
 
 
 def _result(
