@@ -193,6 +193,7 @@ def evaluate(
             n = envs.num_envs
             described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
             tally = _Tally.shared_out(episodes, n)
+            result_of = functools.partial(_result, path, run_args.env, described, deterministic)
             show = progress if progress is not None else bar_by_default()
             then = "the episodes finished so far are reported"
             if video_path is not None:
@@ -223,13 +224,9 @@ def evaluate(
                         # The episodes that ended before it are a sample of the return all the same (an
                         # episode cut short by the error is not one, and is not among them): kept, as
                         # Ctrl-C keeps them.
-                        partial = _result(
-                            path, run_args.env, described, deterministic, list(tally.returns), list(tally.lengths)
+                        err.partial_result = result_of(
+                            list(tally.returns), list(tally.lengths), asked=episodes, video=recorded
                         )
-                        partial["episodes_asked"] = episodes
-                        if recorded is not None:
-                            partial["video"] = recorded
-                        err.partial_result = partial
                         raise
                     # The step the stop waited for failed (stuck in its env until its deadline passed, say):
                     # the stop asked for stands, and the result is that of the episodes finished before it.
@@ -237,21 +234,9 @@ def evaluate(
             interrupted = tally.left
     except (EnvCrashedError, RemoteTimeoutError) as err:
         raise _in_own_terms(err) from err
-    result = _result(path, run_args.env, described, deterministic, tally.returns, tally.lengths)
-    if interrupted:
-        result["interrupted"] = True
-        result["episodes_asked"] = episodes
-    if recorded is not None:
-        result["video"] = recorded
-    if tally.returns:
-        spread = [] if len(tally.returns) == 1 else [result["return_std"]]
-        log.info(
-            "evaluated %s over %s%s: %s",
-            path,
-            "1 episode" if len(tally.returns) == 1 else f"{len(tally.returns)} episodes",
-            f" (interrupted; {episodes} asked)" if interrupted else "",
-            " +- ".join(format_returns(result["return_mean"], *spread)),
-        )
+    asked = episodes if interrupted else None
+    result = result_of(tally.returns, tally.lengths, interrupted=interrupted, asked=asked, video=recorded)
+    _log_result(result, episodes)
     return result
 
 
@@ -609,10 +594,20 @@ def _play(
 
 
 def _result(
-    path: Path, env: str | None, envs: str, deterministic: bool, returns: list[float], lengths: list[int]
+    path: Path,
+    env: str | None,
+    envs: str,
+    deterministic: bool,
+    returns: list[float],
+    lengths: list[int],
+    *,
+    interrupted: bool = False,
+    asked: int | None = None,
+    video: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What :func:`evaluate` returns of the episodes that ended (``returns``, ``lengths``), on ``envs`` (described)."""
-    return {
+    """What :func:`evaluate` returns of the episodes that ended (``returns``, ``lengths``), on ``envs`` (described);
+    ``interrupted``, the episodes ``asked`` and the ``video`` where there are."""
+    result: dict[str, Any] = {
         "checkpoint": str(path),
         "env": env,
         "envs": envs,
@@ -621,6 +616,27 @@ def _result(
         **_statistics(returns, lengths),
         "returns": returns,
     }
+    if interrupted:
+        result["interrupted"] = True
+    if asked is not None:
+        result["episodes_asked"] = asked
+    if video is not None:
+        result["video"] = video
+    return result
+
+
+def _log_result(result: dict[str, Any], asked: int) -> None:
+    """Log what :func:`evaluate` found (``result``, of ``asked`` episodes): nothing where no episode ended."""
+    returns = result["returns"]
+    if returns:
+        spread = [] if len(returns) == 1 else [result["return_std"]]
+        log.info(
+            "evaluated %s over %s%s: %s",
+            result["checkpoint"],
+            "1 episode" if len(returns) == 1 else f"{len(returns)} episodes",
+            f" (interrupted; {asked} asked)" if result.get("interrupted") else "",
+            " +- ".join(format_returns(result["return_mean"], *spread)),
+        )
 
 
 def _statistics(returns: list[float], lengths: list[int]) -> dict[str, float | None]:
