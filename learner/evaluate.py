@@ -187,14 +187,12 @@ def evaluate(
     try:
         with contextlib.ExitStack() as stack, open_fleet(fleet) as envs:
             _check_envs(envs, state, run_args, made, servers=servers, wrappers=wrappers, env_kwargs=env_kwargs)
-            no_limit = _no_time_limit(envs, run_args.env or "", servers)
             policy = _policy(state, envs, torch_device, deterministic, path, stack)
             recorded = None
             n = envs.num_envs
             described = f"{fleet.describe()}, {n} envs" if servers is not None else fleet.describe()
             tally = _Tally.shared_out(episodes, n)
             result_of = functools.partial(_result, path, run_args.env, described, deterministic)
-            show = progress if progress is not None else bar_by_default()
             then = "the episodes finished so far are reported"
             if video_path is not None:
                 then = "the video as far as it got and the episodes finished so far are reported"
@@ -208,17 +206,7 @@ def evaluate(
                 torch.manual_seed(seed)
                 try:
                     if not stop.requested:
-                        _play(
-                            envs,
-                            fleet,
-                            policy,
-                            tally,
-                            seed,
-                            stop,
-                            show=show,
-                            no_limit=no_limit,
-                            in_process=backend == "gym",
-                        )
+                        _play(envs, fleet, policy, tally, seed, stop, progress=progress)
                 except EnvFleetError as err:
                     if not stop.requested:
                         # The episodes that ended before it are a sample of the return all the same (an
@@ -528,15 +516,14 @@ def _play(
     seed: int,
     stop: StopRequest,
     *,
-    show: bool,
-    no_limit: str | None,
-    in_process: bool,
+    progress: bool | None,
 ) -> None:
     """Play the episodes ``tally`` has left with ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``), and
-    count those that end in it; until ``stop`` is requested. ``show``: a progress bar; ``no_limit``: how to give
-    envs without a time limit one (:func:`_no_time_limit`), said when an episode goes on and on; ``in_process``:
-    the envs are (``backend="gym"``). EnvFleetError where an env or server fails, or where an episode has no
-    return to report."""
+    count those that end in it; until ``stop`` is requested. ``progress``: :func:`evaluate`'s. A warning says
+    when an episode goes on and on in envs without a time limit. EnvFleetError where an env or server fails,
+    or where an episode has no return to report."""
+    show = progress if progress is not None else bar_by_default()
+    no_limit = _no_time_limit(envs, fleet.env, fleet.servers)
     n = envs.num_envs
     ep_return = np.zeros(n)
     ep_length = np.zeros(n, dtype=np.int64)
@@ -574,7 +561,9 @@ def _play(
             for i in np.flatnonzero(done):
                 if tally.counts[i] < tally.targets[i]:
                     # (rewards finite each whose sum overflowed: no return to report)
-                    raise_overflowed_return(ep_return, int(i), server_of, named=named, in_process=in_process)
+                    raise_overflowed_return(
+                        ep_return, int(i), server_of, named=named, in_process=fleet.backend == "gym"
+                    )
                     tally.returns.append(float(ep_return[i]))
                     tally.lengths.append(int(ep_length[i]))
                     tally.counts[i] += 1
