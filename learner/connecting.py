@@ -103,18 +103,7 @@ class FleetConnection:
         order. Fault-tolerant, the start goes on without servers that do not answer or are not free yet (they
         join later); an error otherwise, naming the first server and, where found, why. On any error, every
         connect still waiting is cancelled and every client closed."""
-        # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
-        # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after
-        # connect_timeout. (A folder of another name may yet be made, by a service manager say: waited for.)
-        # Fault-tolerant, while another server may answer, it is missing as any is.
-        gone = [
-            (address, why) for address in endpoints if (why := socket_folder_gone(address, local_only=True)) is not None
-        ]
-        if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
-            address, why = gone[0]
-            raise ServerUnavailableError(
-                f"env server {label_of(address)}: nothing can answer there: {why}", address=address
-            )
+        self._refuse_gone(endpoints)
         clients: list[EnvClient] = []
         # Fault-tolerant: the servers the start goes on without (address, why), said in one warning at the
         # end, with the count the fleet starts with (those that did not connect, and those refused after).
@@ -125,77 +114,12 @@ class FleetConnection:
                 clients.append(self._client(address))
             # Connect to all servers at once, within one shared deadline.
             readies = [asyncio.ensure_future(c.wait_ready()) for c in clients]
-            patience = min(max(0.0, deadline - time.monotonic()) / 2, _PATIENCE_S)
-            _, late = await asyncio.wait(readies, timeout=patience)
-            probed, cause = "", None
-            if late:
-                # Why does the first of them not answer? Said now when the wait is long (servers may
-                # still be starting; a typo waits as long), and in the error if it runs out.
-                waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
-                probed, cause = waiting[0], await probe_until(waiting[0], deadline, self._diagnose)
-                if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
-                    raise ServerUnavailableError(f"env server {self._named(probed)}: {cause}", address=probed)
-                if self.connect_timeout > _PATIENCE_S:
-                    log.warning(
-                        "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
-                        "s" if len(waiting) > 1 else "",
-                        # (a name said with its dns: address has a comma in it: then "; " between them)
-                        ("; " if any("," in self._named(a) for a in waiting) else ", ").join(map(self._named, waiting)),
-                        f" ({label_of(probed)}: {cause})" if cause else "",
-                        self.connect_timeout,
-                    )
-                _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
+            late, probed, cause = await self._wait_connected(clients, readies, deadline)
             if late and self.fault_tolerant and len(late) < len(clients):
-                unready = [c for c, r in zip(clients, readies, strict=True) if r in late]
-                # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
-                until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
-                causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in unready))
-                for client, why in zip(unready, causes, strict=True):
-                    if no_wait_mends(why):
-                        raise ServerUnavailableError(
-                            f"env server {self._named(client.address)}: {why}", address=client.address
-                        )
-                for client, ready in zip(clients, readies, strict=True):
-                    if ready in late:
-                        self._joining[client.address] = (client, ready)  # (its connection attempts go on)
-                nothing = f"nothing answered within {self.connect_timeout:g} s"
-                missing += [
-                    (
-                        c.address,
-                        nothing + "".join(f" ({text})" for text in (why, self._one_family_hint(c.address)) if text),
-                    )
-                    for c, why in zip(unready, causes, strict=True)
-                ]
-                clients = [c for c in clients if c not in unready]
-                late = set()
-            if late:  # (the connects still waiting are cancelled on the way out, as on any error)
+                clients = await self._go_on_without(clients, readies, late, missing)
+            elif late:  # (the connects still waiting are cancelled on the way out, as on any error)
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
-                cause = cause if client.address == probed else None
-                hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
-                if self._one_family_hint(client.address):
-                    hint += f" {self._one_family_hint(client.address)}"
-                if cause == "" and self._credentials is None:  # something listens, and says nothing gRPC can read
-                    hint = (
-                        "something accepts connections there but does not answer as an env server; "
-                        "if it uses TLS, pass its CA (tls=..., learner train --tls-ca)"
-                    )
-                if self._credentials is not None:
-                    hint += (
-                        " With TLS, the server must speak TLS with a certificate signed by the CA given and "
-                        "made for the address's host (the name of a dns: address, localhost for a unix: one; or "
-                        "tls_server_name)"
-                        + (
-                            ", and take the client certificate given (one its --tls-client-ca signed)"
-                            if self._client_cert is not None
-                            else "; a server that requires client certificates needs one (tls_client_cert, "
-                            "tls_client_key)"
-                        )
-                    )
-                raise ServerUnavailableError(
-                    f"env server {self._named(client.address)}: nothing answered within {self.connect_timeout:g} s "
-                    f"({hint})",
-                    address=client.address,
-                )
+                raise self._no_answer_error(client, cause if client.address == probed else None)
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
             aliases = await self._find_aliases(clients, responses)
             # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
@@ -249,17 +173,125 @@ class FleetConnection:
                 missing.sort(key=lambda m: order[m[0]])  # (as listed)
                 self._note_missing(missing, listed=len(endpoints) - len(aliases))
         except BaseException:
-            joining, self._joining = self._joining, {}
-            for _, pending in joining.values():
-                pending.cancel()
-            # (the connects still waiting too, before their channels close under them: interrupted, a Ctrl-C's
-            # cancel, they logged "Task exception was never retrieved ... Channel is closed")
-            for ready in readies:
-                ready.cancel()
-            await gather(*readies, return_exceptions=True)
-            await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
+            await self._give_up_connecting(clients, readies)
             raise
         return clients
+
+    def _refuse_gone(self, endpoints: list[str]) -> None:
+        """ServerUnavailableError where a LocalServers' ``unix:`` address among ``endpoints`` has its folder
+        gone (fault-tolerant, only where all have)."""
+        # A LocalServers' unix: address whose folder is gone has no server to wait for (they stopped, or
+        # were garbage-collected at once: RemoteVectorEnv(LocalServers(...).addresses)): said now, not after
+        # connect_timeout. (A folder of another name may yet be made, by a service manager say: waited for.)
+        # Fault-tolerant, while another server may answer, it is missing as any is.
+        gone = [
+            (address, why) for address in endpoints if (why := socket_folder_gone(address, local_only=True)) is not None
+        ]
+        if gone and (not self.fault_tolerant or len(gone) == len(endpoints)):
+            address, why = gone[0]
+            raise ServerUnavailableError(
+                f"env server {label_of(address)}: nothing can answer there: {why}", address=address
+            )
+
+    async def _wait_connected(
+        self, clients: list[EnvClient], readies: list[asyncio.Future[None]], deadline: float
+    ) -> tuple[set[asyncio.Future[None]], str, str | None]:
+        """Wait for the connections of ``clients`` (``readies``, in their order) until ``deadline``; the
+        connects still waiting then, the address of the first one probed when some were late (""
+        where none were), and why that one did not answer (None where not found). Said in a warning while
+        the wait goes on; ServerUnavailableError where no wait will mend why (a TLS failure, another
+        protocol)."""
+        patience = min(max(0.0, deadline - time.monotonic()) / 2, _PATIENCE_S)
+        _, late = await asyncio.wait(readies, timeout=patience)
+        probed, cause = "", None
+        if late:
+            # Why does the first of them not answer? Said now when the wait is long (servers may
+            # still be starting; a typo waits as long), and in the error if it runs out.
+            waiting = [c.address for c, r in zip(clients, readies, strict=True) if r in late]
+            probed, cause = waiting[0], await probe_until(waiting[0], deadline, self._diagnose)
+            if no_wait_mends(cause):  # (a TLS failure, another protocol: no wait will mend that)
+                raise ServerUnavailableError(f"env server {self._named(probed)}: {cause}", address=probed)
+            if self.connect_timeout > _PATIENCE_S:
+                log.warning(
+                    "env server%s %s not answering yet%s; waiting up to %g s in all (`connect_timeout`)",
+                    "s" if len(waiting) > 1 else "",
+                    # (a name said with its dns: address has a comma in it: then "; " between them)
+                    ("; " if any("," in self._named(a) for a in waiting) else ", ").join(map(self._named, waiting)),
+                    f" ({label_of(probed)}: {cause})" if cause else "",
+                    self.connect_timeout,
+                )
+            _, late = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
+        return late, probed, cause
+
+    async def _go_on_without(
+        self,
+        clients: list[EnvClient],
+        readies: list[asyncio.Future[None]],
+        late: set[asyncio.Future[None]],
+        missing: list[tuple[str, str]],
+    ) -> list[EnvClient]:
+        """Fault-tolerant, ``clients`` less those whose connects (``readies``, in their order) are ``late``: they
+        join later (their connection attempts go on), each added to ``missing`` with why. ServerUnavailableError
+        where one of them has a problem no wait will mend (a wrong port, a TLS mismatch)."""
+        unready = [c for c, r in zip(clients, readies, strict=True) if r in late]
+        # (each probed: a wrong port, a TLS mismatch is an error whatever the others do)
+        until = time.monotonic() + 2.0  # (a name lookup that hangs holds up nothing)
+        causes = await gather(*(probe_until(c.address, until, self._diagnose) for c in unready))
+        for client, why in zip(unready, causes, strict=True):
+            if no_wait_mends(why):
+                raise ServerUnavailableError(f"env server {self._named(client.address)}: {why}", address=client.address)
+        for client, ready in zip(clients, readies, strict=True):
+            if ready in late:
+                self._joining[client.address] = (client, ready)  # (its connection attempts go on)
+        nothing = f"nothing answered within {self.connect_timeout:g} s"
+        missing.extend(
+            (
+                c.address,
+                nothing + "".join(f" ({text})" for text in (why, self._one_family_hint(c.address)) if text),
+            )
+            for c, why in zip(unready, causes, strict=True)
+        )
+        return [c for c in clients if c not in unready]
+
+    def _no_answer_error(self, client: EnvClient, cause: str | None) -> ServerUnavailableError:
+        """The error for ``client``'s server that did not answer within ``connect_timeout``, with ``cause``
+        (what probing it found, where it was) and a hint at what to check."""
+        hint = (f"{cause}: " if cause else "") + "is the server running, and is the address right?"
+        if self._one_family_hint(client.address):
+            hint += f" {self._one_family_hint(client.address)}"
+        if cause == "" and self._credentials is None:  # something listens, and says nothing gRPC can read
+            hint = (
+                "something accepts connections there but does not answer as an env server; "
+                "if it uses TLS, pass its CA (tls=..., learner train --tls-ca)"
+            )
+        if self._credentials is not None:
+            hint += (
+                " With TLS, the server must speak TLS with a certificate signed by the CA given and "
+                "made for the address's host (the name of a dns: address, localhost for a unix: one; or "
+                "tls_server_name)"
+                + (
+                    ", and take the client certificate given (one its --tls-client-ca signed)"
+                    if self._client_cert is not None
+                    else "; a server that requires client certificates needs one (tls_client_cert, tls_client_key)"
+                )
+            )
+        return ServerUnavailableError(
+            f"env server {self._named(client.address)}: nothing answered within {self.connect_timeout:g} s ({hint})",
+            address=client.address,
+        )
+
+    async def _give_up_connecting(self, clients: list[EnvClient], readies: list[asyncio.Future[None]]) -> None:
+        """On an error in :meth:`_connect`: cancel every connect still waiting (``readies``, and the servers
+        to join later) and close every client (``clients``, theirs too)."""
+        joining, self._joining = self._joining, {}
+        for _, pending in joining.values():
+            pending.cancel()
+        # (the connects still waiting too, before their channels close under them: interrupted, a Ctrl-C's
+        # cancel, they logged "Task exception was never retrieved ... Channel is closed")
+        for ready in readies:
+            ready.cancel()
+        await gather(*readies, return_exceptions=True)
+        await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
 
     def _diagnose(self, address: str, timeout: float) -> str | None:
         """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""
