@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -49,6 +49,30 @@ _LIVE: weakref.WeakSet[RemoteVectorEnv] = weakref.WeakSet()
 def _held_here(address: str) -> bool:
     """Whether a RemoteVectorEnv of this process, open, holds the server at ``address``."""
     return any(address in env.addresses for env in _LIVE if not env.closed)
+
+
+def _start_sessions(
+    clients: list[EnvClient],
+    responses: list[pb.HandshakeResponse | BaseException],
+    *,
+    left_out: Collection[EnvClient],
+) -> None:
+    """Start a session on each of ``clients`` but those ``left_out`` with its handshake's response (of
+    ``responses``, in their order), giving each its first env's index in the fleet; the first failed
+    handshake's error instead where there is one."""
+    errors: list[BaseException] = []
+    offset = 0
+    for client, response in zip(clients, responses, strict=True):
+        if client in left_out:
+            continue
+        if isinstance(response, BaseException):
+            errors.append(response)
+            continue
+        client.start_session(response)
+        client.env_offset = offset
+        offset += response.spec.num_envs
+    if errors:
+        raise errors[0]
 
 
 class FleetConnection:
@@ -122,51 +146,10 @@ class FleetConnection:
                 raise self._no_answer_error(client, cause if client.address == probed else None)
             responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
             aliases = await self._find_aliases(clients, responses)
-            # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
-            # as those that did not answer at all do; so do those claimed by another learner (one cut off
-            # by a partition, or killed on a host that vanished, holds its claim until the server notices),
-            # and those that connected but did not answer the handshake in time (a server whose event loop
-            # hangs: an env's step that never returns).
-            building: dict[EnvClient, BaseException] = {}
-            if self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses):
-                building = {
-                    c: r
-                    for c, r in zip(clients, responses, strict=True)
-                    if c not in aliases
-                    and isinstance(r, ServerUnavailableError | ServerBusyError | RemoteTimeoutError)
-                    # (held by another RemoteVectorEnv of this process: an error, as before; only closing it helps)
-                    and not (isinstance(r, ServerBusyError) and _held_here(c.address))
-                }
-            errors: list[BaseException] = []
-            offset = 0
-            for client, response in zip(clients, responses, strict=True):
-                if client in aliases or client in building:
-                    continue
-                if isinstance(response, BaseException):
-                    errors.append(response)
-                    continue
-                client.start_session(response)
-                client.env_offset = offset
-                offset += response.spec.num_envs
-            if errors:
-                raise errors[0]
+            building = self._building(clients, responses, aliases)
+            _start_sessions(clients, responses, left_out={*aliases, *building})
             if aliases or building:
-                for client in building:
-                    later = self._client(client.address)
-                    self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
-                await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
-                if building:
-                    reasons = {
-                        c.address: str(err).removeprefix(f"env server {label_of(c.address)}: ")
-                        for c, err in building.items()
-                    }
-                    for client, err in building.items():
-                        # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
-                        # says at DEBUG that it was refused alike (the warning below names the problem).
-                        away = self._away.setdefault(client.address, _Away())
-                        away.refuse(err, reasons[client.address])
-                        away.held = err if isinstance(err, ServerBusyError) else None
-                    missing += reasons.items()
+                await self._set_aside(aliases, building, missing)
                 clients = [c for c in clients if c not in aliases and c not in building]
             if missing:
                 order = {address: i for i, address in enumerate(endpoints)}
@@ -279,6 +262,52 @@ class FleetConnection:
             f"env server {self._named(client.address)}: nothing answered within {self.connect_timeout:g} s ({hint})",
             address=client.address,
         )
+
+    def _building(
+        self,
+        clients: list[EnvClient],
+        responses: list[pb.HandshakeResponse | BaseException],
+        aliases: set[EnvClient],
+    ) -> dict[EnvClient, BaseException]:
+        """The ``clients`` (but ``aliases``) whose handshakes (``responses``, in their order) failed in a way
+        that lets them join later, with each one's error; none unless fault-tolerant with some servers in."""
+        # Fault-tolerant, some servers in: those still building their envs at the deadline join later,
+        # as those that did not answer at all do; so do those claimed by another learner (one cut off
+        # by a partition, or killed on a host that vanished, holds its claim until the server notices),
+        # and those that connected but did not answer the handshake in time (a server whose event loop
+        # hangs: an env's step that never returns).
+        if not (self.fault_tolerant and any(not isinstance(r, BaseException) for r in responses)):
+            return {}
+        return {
+            c: r
+            for c, r in zip(clients, responses, strict=True)
+            if c not in aliases
+            and isinstance(r, ServerUnavailableError | ServerBusyError | RemoteTimeoutError)
+            # (held by another RemoteVectorEnv of this process: an error, as before; only closing it helps)
+            and not (isinstance(r, ServerBusyError) and _held_here(c.address))
+        }
+
+    async def _set_aside(
+        self, aliases: set[EnvClient], building: dict[EnvClient, BaseException], missing: list[tuple[str, str]]
+    ) -> None:
+        """Close the clients of ``aliases`` and ``building`` (see :meth:`_building`); the servers of
+        ``building`` join later (a new client each, connecting meanwhile), refused here once (for the refresh
+        that tries them again), and are added to ``missing`` with why."""
+        for client in building:
+            later = self._client(client.address)
+            self._joining[client.address] = (later, asyncio.ensure_future(later.wait_ready()))
+        await gather(*(c.close() for c in [*aliases, *building]), return_exceptions=True)
+        if building:
+            reasons = {
+                c.address: str(err).removeprefix(f"env server {label_of(c.address)}: ") for c, err in building.items()
+            }
+            for client, err in building.items():
+                # Tried here already: a refresh tries it again once JOIN_BACKOFF's first wait is over, and
+                # says at DEBUG that it was refused alike (the warning _connect ends with names the problem).
+                away = self._away.setdefault(client.address, _Away())
+                away.refuse(err, reasons[client.address])
+                away.held = err if isinstance(err, ServerBusyError) else None
+            missing.extend(reasons.items())
 
     async def _give_up_connecting(self, clients: list[EnvClient], readies: list[asyncio.Future[None]]) -> None:
         """On an error in :meth:`_connect`: cancel every connect still waiting (``readies``, and the servers
