@@ -20,6 +20,7 @@ from learner.errors import (
     ServerFullError,
     ServerUnavailableError,
     SpecMismatchError,
+    raise_first,
 )
 from learner.local import label_of, socket_folder_gone
 from learner.loop import gather
@@ -59,7 +60,7 @@ def _start_sessions(
 ) -> None:
     """Start a session on each of ``clients`` but those ``left_out`` with its handshake's response (of
     ``responses``, in their order), giving each its first env's index in the fleet; the first failed
-    handshake's error instead where there is one."""
+    handshake's error instead where there is one, the others' as its notes."""
     errors: list[BaseException] = []
     offset = 0
     for client, response in zip(clients, responses, strict=True):
@@ -71,8 +72,7 @@ def _start_sessions(
         client.start_session(response)
         client.env_offset = offset
         offset += response.spec.num_envs
-    if errors:
-        raise errors[0]
+    raise_first(errors)
 
 
 class FleetConnection:

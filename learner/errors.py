@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,8 @@ except ImportError:  # pragma: no cover (Windows)
 
 if TYPE_CHECKING:  # only for annotations: importing this module must not import grpc (see learner.cli)
     import grpc
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AuthenticationError",
@@ -44,6 +48,7 @@ __all__ = [
     "install_hint",
     "os_reason",
     "out_of_fds",
+    "raise_first",
 ]
 
 # The file descriptors a learner holds per env server it steps (measured with ulimit -n: about 5 per
@@ -290,3 +295,15 @@ def install_hint(missing: str) -> str:
         "pip install torch (on a CPU-only machine, the small CPU build: pip install torch "
         f"--index-url https://download.pytorch.org/whl/cpu), then {how}"
     )
+
+
+def raise_first(errors: Sequence[BaseException]) -> None:
+    """Raise the first of ``errors`` (in server order), with the others as its notes; nothing if none."""
+    if not errors:
+        return
+    first = errors[0]
+    for err in errors[1:]:
+        # On the exception (shown with its traceback), not on stderr through logging's last resort.
+        first.add_note(f"also: {err}")
+        log.debug("%s", err)
+    raise first

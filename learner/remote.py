@@ -63,6 +63,7 @@ from learner.errors import (
     ServerUnavailableError,
     SessionError,
     SpecMismatchError,
+    raise_first,
 )
 from learner.faults import Replica, ReplicaState, is_outage, misfit_reported
 from learner.fleet import FleetChange
@@ -692,7 +693,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 # (all settled before the first error is raised: none left half done on the loop)
                 renewed = self._runner.run(gather(*(self._renew_session(c) for c in ended), return_exceptions=True))
                 self._share_cpus()
-                _raise_first([r for r in renewed if isinstance(r, BaseException)])
+                raise_first([r for r in renewed if isinstance(r, BaseException)])
 
         if self.fault_tolerant:  # (servers found broken since the last reset, if it takes any of their envs)
             self._retry_broken([i for i, sl in enumerate(self.env_slices) if mask is None or mask[sl].any()])
@@ -1736,7 +1737,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             # The servers that answered moved on; the caller saw none of it.
             first = errors[0]
             self._went_stale(getattr(first, "address", ""), str(first))
-        _raise_first([self._session_hint(err) for err in errors])
+        raise_first([self._session_hint(err) for err in errors])
 
     def _session_hint(self, err: BaseException) -> BaseException:
         """A server's "this session does not own me" (it restarted, or the connection dropped) says to
@@ -2072,15 +2073,3 @@ def _is_outage(err: BaseException) -> bool:
     fleet would retry the server for ``give_up_after`` seconds (a minute, by default) before it stopped with the
     same error. Raised at once instead, as a NaN observation stops a run."""
     return is_outage(err) and not misfit_reported(err)
-
-
-def _raise_first(errors: Sequence[BaseException]) -> None:
-    """Raise the first error (in server order), with the others as its notes."""
-    if not errors:
-        return
-    first = errors[0]
-    for err in errors[1:]:
-        # On the exception (shown with its traceback), not on stderr through logging's last resort.
-        first.add_note(f"also: {err}")
-        log.debug("%s", err)
-    raise first

@@ -77,6 +77,17 @@ def test_the_right_token_is_accepted_a_wrong_or_missing_one_refused(spawn_server
     assert "refused /envfleet.v1.EnvService/" in server.logs() and TOKEN not in server.logs()
 
 
+def test_every_server_that_refuses_the_handshake_is_named(spawn_server: SpawnServer) -> None:
+    """The first refusal is the error, the others its notes (they were dropped: the user mended one server's
+    token and found the next one's at the next try)."""
+    a, b = (spawn_server("CartPole-v1", 1, environ={"ENVFLEET_AUTH_TOKEN": TOKEN}) for _ in range(2))
+    with pytest.raises(AuthenticationError) as info:
+        RemoteVectorEnv([a.address, b.address], auth_token="wrong-token")
+    assert info.value.address == a.address
+    [note] = info.value.__notes__
+    assert note.startswith(f"also: env server {b.address}: ") and "the token is wrong" in note, note
+
+
 def test_token_from_a_file_and_bad_tokens_are_refused_at_start(spawn_server: SpawnServer, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
