@@ -25,7 +25,7 @@ import time
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal, NoReturn
 
@@ -366,7 +366,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"plot: {run_dir / 'returns.png'}")
     if summary["stop_reason"] in ("total_timesteps", "stop_at_return"):
         plot = not plotted and recent is not None
-        print(finished_line(run_dir, plot, servers=config.servers, tls=tls_options(config)))
+        down = {key for key, replica in summary.get("replicas", {}).items() if replica.get("available") is False}
+        print(finished_line(run_dir, plot, servers=config.servers, tls=tls_options(config), down=down))
     return 130 if summary["stop_reason"] == "interrupted" else 0
 
 
@@ -629,15 +630,23 @@ def slowest_line(summary: dict[str, Any]) -> str:
     )
 
 
-def finished_line(run_dir: Path, plot: bool, servers: str | None = None, tls: Sequence[str] = ()) -> str:
+def finished_line(
+    run_dir: Path, plot: bool, servers: str | None = None, tls: Sequence[str] = (), down: Collection[str] = ()
+) -> str:
     """What a finished run suggests doing next: evaluate its policy (on the running env servers it
     trained on, ``servers``: the envs it stepped, with the kwargs and wrappers it did not record, and
     the only way for an env made outside Python; reached with the TLS options ``tls``, see
-    :func:`tls_options`), and (``plot``: it wrote no plot of its own, though episodes ended) plot its returns."""
+    :func:`tls_options`; without those listed that were ``down`` at its end, which eval would fail on),
+    and (``plot``: it wrote no plot of its own, though episodes ended) plot its returns."""
     where = shlex.quote(str(run_dir))
     line = f"evaluate its policy with: learner eval {where}"
+    left_out = ""
     if servers:
-        line += " " + shlex.join(["--servers", servers, *tls])
+        listed = servers.split(",")
+        up = [address for address in listed if address not in down] or listed
+        if len(up) < len(listed):
+            left_out = f" (without {', '.join(a for a in listed if a not in up)}: down at the run's end)"
+        line += " " + shlex.join(["--servers", ",".join(up), *tls]) + left_out
     return line + (f"; plot its returns with: learner plot {where}" if plot else "")
 
 

@@ -139,6 +139,8 @@ class ReplicaTotals:
     shutdowns: int = 0
     reconnects: int = 0
     stalls: int = 0
+    available: bool = True
+    """Whether it was up as of the last window (its server's, at the last update)."""
     _weighted: dict[str, float] = field(default_factory=dict)
     _weights: dict[str, int] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)  # (the MEANS the fleet gave, if only NaN: no steps)
@@ -149,6 +151,7 @@ class ReplicaTotals:
 
     def add(self, window: ReplicaStats) -> None:
         self.num_envs = window.num_envs
+        self.available = window.available
         self.steps += window.steps
         for key in self.COUNTS:
             setattr(self, key, getattr(self, key) + getattr(window, key))
@@ -170,7 +173,7 @@ class ReplicaTotals:
             del means["env_busy"]
         counts = {k: getattr(self, k) for k in ("num_envs", "steps", *self.COUNTS)}
         slowest = None if self.latency_max_ms is None else round(self.latency_max_ms, 4)
-        return {**counts, **means, "latency_max_ms": slowest}
+        return {**counts, **means, "latency_max_ms": slowest, "available": self.available}
 
 
 class FleetWatch:

@@ -272,6 +272,11 @@ def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp
     assert finished_line(run, plot=False, servers="a:1,dns:///env:50051") == (
         f"evaluate its policy with: learner eval '{run}' --servers a:1,dns:///env:50051"
     )
+    # Not on those down at its end (eval would fail on them); on all if all were.
+    assert finished_line(run, plot=False, servers="a:1,b:1,c:1", down={"b:1", "c:1"}) == (
+        f"evaluate its policy with: learner eval '{run}' --servers a:1 (without b:1, c:1: down at the run's end)"
+    )
+    assert finished_line(run, plot=False, servers="a:1", down={"a:1"}).endswith("--servers a:1")
     # With the TLS options it reached them with (eval takes none from the run): paths, no token.
     config = Args(servers="proxy:443", tls_ca="/etc/ca dir/ca.pem", tls_server_name="env.test", auth_token="secret")
     assert finished_line(run, plot=False, servers=config.servers, tls=tls_options(config)) == (

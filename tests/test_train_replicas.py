@@ -136,6 +136,9 @@ def test_replica_totals_sum_counts_and_weigh_medians_by_steps() -> None:
     }
     assert (got["env_p50_ms"], got["latency_p50_ms"]) == (3.25, 4.25)
     assert got["latency_max_ms"] == 5.0  # (the slowest round trip of any window)
+    assert got["available"] is True
+    totals.add(window("a:1", math.nan, math.nan, steps=0, available=False))
+    assert totals.as_dict()["available"] is False  # (down as of the last window: the run's end)
 
 
 def test_a_replica_that_never_stepped_has_null_means_env_busy_included() -> None:
