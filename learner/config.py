@@ -229,9 +229,9 @@ class Args:
     tensorboard: bool = True
     """write TensorBoard event files (CleanRL's tag names)"""
     replica_metrics: Literal["auto", "all", "summary"] = "auto"
-    """each env server's figures (replicas/<server>/...: round trips, envs' step time, losses, stalls) in
-    metrics.jsonl and TensorBoard: all (every update), summary (only in the updates the server was lost,
-    back, stalled or slow in; the fleet's figures, fleet/..., are in every row either way), auto: all for a
+    """each env server's figures (replicas/<server>/...: round trips, envs' step time, times lost, stalls) in
+    metrics.jsonl and TensorBoard: all (every update), summary (only in the updates the server was down,
+    lost, back, stalled or slow in; the fleet's figures, fleet/..., are in every row either way), auto: all for a
     session that starts with up to 16 servers, summary for more. --metrics-port gives every server's"""
     plot: bool = True
     """write returns.png (return against steps and wall time) into the run dir at the end"""

@@ -19,13 +19,13 @@ from learner.stats import ReplicaStats, StepTimer
 __all__ = [
     "FAULT_COUNTS",
     "REPLICA_METRICS_ALL",
-    "every_replica",
-    "replica_metrics_note",
     "SLOW_UPDATES",
     "FleetWatch",
     "ReplicaTotals",
     "SlowReplicas",
+    "every_replica",
     "fleet_figures",
+    "replica_metrics_note",
     "written_row",
 ]
 
