@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -217,6 +217,7 @@ class LearnerMetrics:
             for key, (name, scale, text) in REPLICA_GAUGES.items()
         }
         self._replicas: set[str] = set()
+        self._waiting: set[str] = set()  # (servers listed at the start that have not joined: available 0 only)
         self._slowest: dict[str, deque[tuple[float, float]]] = {}  # (replica: its rollouts' (time, slowest round trip))
         self._total_timesteps = Gauge(
             PREFIX + "total_timesteps", "Env steps the run trains for (--total-timesteps; NaN until known)", registry=r
@@ -275,10 +276,17 @@ class LearnerMetrics:
         self._episodes.total, self._steps.total, self._updates.total = episodes, global_step, updates
 
     def observe_update(
-        self, row: Mapping[str, Any], *, solved: bool, server_ids: Mapping[str, str] | None = None
+        self,
+        row: Mapping[str, Any],
+        *,
+        solved: bool,
+        server_ids: Mapping[str, str] | None = None,
+        not_joined: Iterable[str] = (),
     ) -> None:
-        """An update's metrics.jsonl ``row`` (``learner.records.metrics_row``'s), whether the run is solved, and
-        each replica's server process id (by its label in the row; missing or "": unknown)."""
+        """An update's metrics.jsonl ``row`` (``learner.records.metrics_row``'s), whether the run is solved,
+        each replica's server process id (by its label in the row; missing or "": unknown), and the servers
+        listed at the start that have not joined yet (``available`` 0 for each, until it joins: an alert on
+        it sees them)."""
         for key, gauge in self._gauges.items():
             if key in row:
                 gauge.set(_number(row[key]))
@@ -303,6 +311,13 @@ class LearnerMetrics:
                 replicas.add(replica)
             elif field in self._replica_counters:
                 self._replica_counters[field].labels(replica).inc(max(value or 0, 0))
+        available, _ = self._replica_gauges["available"]
+        waiting = set(not_joined) - replicas
+        for replica in self._waiting - waiting - replicas:  # (no longer listed: it never joined)
+            available.remove(replica)
+        for replica in waiting:
+            available.labels(replica).set(0)
+        self._waiting = waiting
         # Each row names every replica of the fleet: one missing has left it (back, it is named again).
         for replica in self._replicas - replicas:
             for gauge, _ in self._replica_gauges.values():

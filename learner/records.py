@@ -373,7 +373,10 @@ class Recorder:
             self.tracker.update(row)
         if live is not None:
             live.observe_update(
-                full, solved=counters.solved_at_step is not None, server_ids=rollout_info.get("server_ids")
+                full,
+                solved=counters.solved_at_step is not None,
+                server_ids=rollout_info.get("server_ids"),
+                not_joined=rollout_info.get("not_joined", ()),
             )
         if bar is not None:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it

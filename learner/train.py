@@ -1606,6 +1606,7 @@ def train(
                     # (this rollout's: with --overlap-update it is recorded once the next has begun)
                     "server_ids": dict(watch.server_ids),
                     "replicas_written": None if watch.every_replica else watch.of_note,
+                    "not_joined": list(getattr(envs, "servers_not_joined", [])),
                 }
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)

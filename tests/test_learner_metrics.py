@@ -200,6 +200,25 @@ def test_promtool_finds_nothing_to_fix_in_the_learner_s_metrics() -> None:
     promtool_check(metrics.registry)
 
 
+def test_a_listed_server_that_has_not_joined_is_available_0_until_it_does() -> None:
+    """It had no series at all: an alert on envfleet_learner_replica_available == 0 missed it."""
+    metrics = LearnerMetrics()
+
+    def after(update: int, replicas: list[ReplicaStats], not_joined: list[str]) -> dict[str, float]:
+        metrics.observe_update(row(update, 1, replicas), solved=False, not_joined=not_joined)
+        samples, _ = parse(generate_latest(metrics.registry).decode())
+        return {dict(labels)["replica"]: v for (name, labels), v in samples.items() if name.endswith("_available")}
+
+    assert after(1, [replica_window("a:1")], ["b:1"]) == {"a:1": 1, "b:1": 0}
+    samples, _ = parse(generate_latest(metrics.registry).decode())
+    assert [dict(labels) for name, labels in samples if name == "envfleet_learner_replica_info"] == [
+        {"replica": "a:1", "server_id": ""}  # (not of the fleet yet)
+    ]
+    assert after(2, [replica_window("a:1"), replica_window("b:1")], []) == {"a:1": 1, "b:1": 1}  # (joined)
+    assert after(3, [replica_window("a:1")], ["c:1"]) == {"a:1": 1, "c:1": 0}
+    assert after(4, [replica_window("a:1")], []) == {"a:1": 1}  # (no longer listed)
+
+
 def test_a_resumed_run_is_not_said_unsolved_while_it_starts() -> None:
     """envfleet_learner_solved read 0 while a resumed run that was solved started (NaN until known, as the
     other gauges)."""
@@ -291,8 +310,8 @@ def test_a_training_run_serves_its_metrics_from_before_its_servers_start_until_i
         scraped["start"], _ = scrape(served[0].url)
         return open_fleet(*args, **kwargs)
 
-    def observing(self: LearnerMetrics, row: dict[str, Any], *, solved: bool, server_ids: dict[str, str]) -> None:
-        observe_update(self, row, solved=solved, server_ids=server_ids)
+    def observing(self: LearnerMetrics, row: dict[str, Any], **kwargs: Any) -> None:
+        observe_update(self, row, **kwargs)
         if row["update"] == 2:
             assert self.url is not None
             scraped["update 2"], _ = scrape(self.url)
