@@ -115,7 +115,8 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
     "available": (
         "available",
         1.0,
-        "1 while the env server is up, 0 while it is down (as of the end of the last rollout)",
+        "1 while the env server is up, 0 while it is down or, listed at the start, not joined yet (as of the end of "
+        "the last rollout)",
     ),
     "num_envs": ("envs", 1.0, "Envs the env server hosts"),
 }
