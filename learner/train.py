@@ -966,6 +966,39 @@ class _Episodes:
         return False
 
 
+@dataclasses.dataclass(eq=False)
+class _SinceUpdate:
+    """What the loop lost since the last update, which the next update's metrics row reports: env steps that gave
+    no transition (an unavailable env's, every one of a rollout no update learns from), episodes cut short and
+    env errors. A dropped rollout's counts carry on into the next update's; the run's counters get them at each
+    update (see :meth:`add_to`)."""
+
+    env_steps_lost: int = 0
+    episodes_cut: int = 0
+    env_errors: int = 0
+    rollout_from: tuple[int, int] = (0, 0)
+    """The run's env step and ``env_steps_lost`` as the rollout under way began (see :meth:`drop_rollout`)."""
+
+    def start_rollout(self, global_step: int) -> None:
+        """A rollout begins, at the run's env step ``global_step``."""
+        self.rollout_from = (global_step, self.env_steps_lost)
+
+    def drop_rollout(self, global_step: int) -> None:
+        """The rollout under way, at ``global_step`` now, is not learned from: every env step of it is lost (in
+        global_step, in no batch), its unavailable envs' counted already."""
+        rollout_from, lost_before = self.rollout_from
+        self.env_steps_lost = lost_before + global_step - rollout_from
+
+    def add_to(self, counters: Counters) -> _SinceUpdate:
+        """Add these counts to the run's ``counters``, and start again from none; those added."""
+        added = dataclasses.replace(self)
+        counters.env_steps_lost += self.env_steps_lost
+        counters.episodes_cut += self.episodes_cut
+        counters.env_errors += self.env_errors
+        self.env_steps_lost = self.episodes_cut = self.env_errors = 0
+        return added
+
+
 def _update_generator(
     seed: int, device: torch.device, checkpoint: dict[str, Any] | None, global_step: int
 ) -> torch.Generator:
@@ -1335,7 +1368,7 @@ def train(
         dropped = 0  # rollouts dropped for a failed step (--no-fault-tolerant), this session
         drops_said = [0.0, 0]  # (when a dropped rollout was last logged, and the count then)
         drop_unsaid = False  # the last rollout was dropped without a line (see _say_dropped)
-        episodes_cut = steps_lost = env_errors = 0  # since the last update (a dropped rollout's counts on)
+        since = _SinceUpdate()  # since the last update (a dropped rollout's counts on)
         errors_said = LogBudget(ENV_ERROR_LOG_S)  # (an env's error logged a minute at most)
         empty_rollouts = 0  # rollouts in a row in which no env gave a transition
         learned = False  # whether any rollout of this session did
@@ -1386,10 +1419,7 @@ def train(
                             "above); nothing was learned"
                         )
                     # The steps of rollouts dropped since the last update are the run's too.
-                    counters.env_steps_lost += steps_lost
-                    counters.episodes_cut += episodes_cut
-                    counters.env_errors += env_errors
-                    steps_lost = episodes_cut = env_errors = 0
+                    since.add_to(counters)
                     stop_reason = "total_timesteps"
                     break
                 if stop_request.requested:  # Ctrl-C during the update: stop before the next rollout
@@ -1420,7 +1450,7 @@ def train(
                         # (an env whose reset raised, out of order, starts with no transition nor episode
                         # under way, as at the first reset)
                         out_of_order = unavailable_envs(change.infos, change.num_envs)
-                        episodes_cut += episodes.follow(change, out_of_order)
+                        since.episodes_cut += episodes.follow(change, out_of_order)
                         next_valid = carry_over(next_valid, change, True) & ~out_of_order
                         if reward_scaler is not None:
                             reward_scaler.follow(change)
@@ -1447,7 +1477,7 @@ def train(
 
                 # ---- collect a rollout ---------------------------------------------------------------------
                 rollout_start = time.perf_counter()
-                rollout_from, lost_before_rollout = counters.global_step, steps_lost
+                since.start_rollout(counters.global_step)
                 fleet_down = False
                 lost_before = watch.servers_lost()
                 watch.start_rollout()  # (the servers' statistics are the rollout's: not the update's before it)
@@ -1487,7 +1517,7 @@ def train(
                             raise
                         dropped += 1
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
-                            env_errors += 1  # (of the env steps lost: the raise's step is among them)
+                            since.env_errors += 1  # (of the env steps lost: the raise's step is among them)
                         drop_unsaid = not _say_dropped(drops_said, dropped, lost_rollouts, err)
                         lost = err
                         break
@@ -1499,12 +1529,12 @@ def train(
                     lost_np = unavailable_envs(infos, num_envs)
                     valid = next_valid & ~lost_np
                     rollout.valid[step] = valid
-                    steps_lost += int(lost_np.sum())
+                    since.env_steps_lost += int(lost_np.sum())
                     # Episodes cut short by a failure do not count as episodes in the returns.
-                    episodes_cut += episodes.step(done_np, lost_np, next_step_autoreset)
+                    since.episodes_cut += episodes.step(done_np, lost_np, next_step_autoreset)
                     if lost_np.any():
-                        env_errors += _count_env_errors(
-                            infos, envs, empty_errors, errors_said, counters.env_errors + env_errors
+                        since.env_errors += _count_env_errors(
+                            infos, envs, empty_errors, errors_said, counters.env_errors + since.env_errors
                         )
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
@@ -1576,16 +1606,13 @@ def train(
                     empty_rollouts = 0
                     empty_errors.clear()
                 if lost is not None or fleet_down or empty:
-                    # A partial rollout, or one without a transition, is not learned from: every env step of it
-                    # is lost (in global_step, in no batch), its unavailable envs' counted already.
-                    steps_lost = lost_before_rollout + counters.global_step - rollout_from
+                    # A partial rollout, or one without a transition, is not learned from.
+                    since.drop_rollout(counters.global_step)
                     continue
                 learned = learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
-                counters.env_steps_lost += steps_lost
-                counters.episodes_cut += episodes_cut
-                counters.env_errors += env_errors
+                added = since.add_to(counters)
                 # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
                 rollout_end = time.perf_counter()
                 rollout_info = {
@@ -1593,14 +1620,14 @@ def train(
                     "episodic_return_mean": mean_or_none(list(recent_returns)),
                     "episodic_length_mean": mean_or_none(list(recent_lengths)),
                     "episodes": counters.episodes,
-                    "episodes_cut": episodes_cut,
+                    "episodes_cut": added.episodes_cut,
                     "num_envs": num_envs,
                     "learning_rate": lr,
                     "clip_coef": clip_coef,
                     "rollout_seconds": round(rollout_end - rollout_start, 5),
                     "ended_at": rollout_end,  # (--overlap-update: the end of the update's period; not in the row)
-                    "env_steps_lost": steps_lost,
-                    "env_errors": env_errors,
+                    "env_steps_lost": added.env_steps_lost,
+                    "env_errors": added.env_errors,
                     "envs_unavailable": int(lost_np.sum()),
                     "fleet": watch.rollout_metrics(),
                     # (this rollout's: with --overlap-update it is recorded once the next has begun)
@@ -1610,7 +1637,6 @@ def train(
                 }
                 for key, total in (watch.totals() or {}).items():
                     setattr(counters, key, total)
-                episodes_cut = steps_lost = env_errors = 0
                 with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs), check_first=True):
                     next_value = actor.get_value(next_obs)
                 acting.check_taken(rollout.obs, counters.global_step)
