@@ -999,6 +999,43 @@ class _SinceUpdate:
         return added
 
 
+def _note_server_versions(config: dict[str, Any], envs: Any, run_dir: Path) -> None:
+    """Add to ``config`` (config.json, written again where it changes) what ``envs``' servers say they run."""
+    # config.json keeps what every server that served the run said it runs: those that
+    # joined, and those that came back as a new process (an upgrade rolled out).
+    versions = {**config["server_versions"], **getattr(envs, "server_versions", {})}
+    if versions != config["server_versions"]:
+        config["server_versions"] = versions
+        with writing(run_dir / rundir.CONFIG):
+            rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
+
+
+def _follow_change(
+    change: FleetChange,
+    *,
+    acting: Acting,
+    episodes: _Episodes,
+    since: _SinceUpdate,
+    next_valid: np.ndarray,
+    reward_scaler: RewardScaler | None,
+    global_step: int,
+) -> tuple[Tensor, np.ndarray]:
+    """Follow the fleet's ``change`` (at the run's env step ``global_step``) in the episodes, the reward scaler
+    and ``since``'s episodes cut; the next step's observations (prepared by ``acting``) and, per env, whether
+    it is a transition (``next_valid`` as the fleet changed)."""
+    # Envs that stayed go on with their episodes; new ones (or all, after a failed
+    # step) start from the observations of their reset.
+    next_obs = acting.prepare_obs(change.observations, update_stats=False, returned_at=global_step, reset=True)
+    # (an env whose reset raised, out of order, starts with no transition nor episode
+    # under way, as at the first reset)
+    out_of_order = unavailable_envs(change.infos, change.num_envs)
+    since.episodes_cut += episodes.follow(change, out_of_order)
+    next_valid = carry_over(next_valid, change, True) & ~out_of_order
+    if reward_scaler is not None:
+        reward_scaler.follow(change)
+    return next_obs, next_valid
+
+
 def _update_generator(
     seed: int, device: torch.device, checkpoint: dict[str, Any] | None, global_step: int
 ) -> torch.Generator:
@@ -1430,30 +1467,21 @@ def train(
                     drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
                     change = refresh(drop=drop)
                     lost, unsaid, drop_unsaid = None, drop_unsaid, False
-                    # config.json keeps what every server that served the run said it runs: those that
-                    # joined, and those that came back as a new process (an upgrade rolled out).
-                    versions = {**config["server_versions"], **getattr(envs, "server_versions", {})}
-                    if versions != config["server_versions"]:
-                        config["server_versions"] = versions
-                        with writing(run_dir / rundir.CONFIG):
-                            rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
+                    _note_server_versions(config, envs, run_dir)
                     if change is not None:
                         # (every env starting over, and nothing else, goes with its dropped rollout's line)
                         if on_fleet_change is not None and not (unsaid and not change.added and not change.removed):
                             on_fleet_change(change)
-                        # Envs that stayed go on with their episodes; new ones (or all, after a failed
-                        # step) start from the observations of their reset.
                         raw_obs = change.observations
-                        next_obs = acting.prepare_obs(
-                            change.observations, update_stats=False, returned_at=counters.global_step, reset=True
+                        next_obs, next_valid = _follow_change(
+                            change,
+                            acting=acting,
+                            episodes=episodes,
+                            since=since,
+                            next_valid=next_valid,
+                            reward_scaler=reward_scaler,
+                            global_step=counters.global_step,
                         )
-                        # (an env whose reset raised, out of order, starts with no transition nor episode
-                        # under way, as at the first reset)
-                        out_of_order = unavailable_envs(change.infos, change.num_envs)
-                        since.episodes_cut += episodes.follow(change, out_of_order)
-                        next_valid = carry_over(next_valid, change, True) & ~out_of_order
-                        if reward_scaler is not None:
-                            reward_scaler.follow(change)
                         # (the groups follow the servers: one per server at most, so a fleet that started
                         # without some of them pipelines once they join)
                         stepping = _stepping(envs)
