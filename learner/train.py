@@ -999,6 +999,67 @@ class _SinceUpdate:
         return added
 
 
+@dataclasses.dataclass(eq=False)
+class _EmptyRollouts:
+    """The rollouts in a row in which no env gave a transition (every env raised, or was unavailable), what the
+    envs reported in them, and whether any rollout of this session gave one: the run stops with
+    NothingToLearnError at :data:`EMPTY_ROLLOUTS` in a row, or at --total-timesteps having learned nothing."""
+
+    in_process: bool
+    """The envs run here (--backend gym), not on env servers: for the error's words."""
+    in_a_row: int = 0
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    """What the envs reported in them: text -> env steps."""
+    learned: bool = False
+    """Whether any rollout of this session gave a transition."""
+
+    def judge(self, valid_any: bool, *, fleet_down: bool, server_lost: bool, step_failed: bool) -> str:
+        """Count the rollout just collected (``valid_any``: whether any env gave a transition in it; ``fleet_down``:
+        it stopped with every server down, ``server_lost``: one was lost in it; ``step_failed``: a failed step cut
+        it short); why it has nothing to learn from, warned of, or "" where it has (or was cut short)."""
+        empty = ""  # why this rollout has nothing to learn from, if it has not
+        if fleet_down:
+            # Every server down with no transition in this rollout: empty, as below, if a server
+            # was lost in it (one that answers gRPC but fails every step is "back" at once and
+            # lost again, without end); not while the fleet only stays down (an outage, which
+            # --give-up-after bounds).
+            if not valid_any and server_lost:
+                empty = "no env gave a transition in this rollout before every server was lost"
+        elif not step_failed and not valid_any:
+            empty = "no env gave a transition in this rollout (update skipped)"
+        if empty:
+            self.in_a_row += 1
+            if self.in_a_row >= EMPTY_ROLLOUTS:
+                raise NothingToLearnError(nothing_to_learn(self.in_a_row, self.errors, self.in_process))
+            # (every server down, the fleet's warning says how long it waits for one: --give-up-after
+            # ends the run, not this count, unless servers come back and are lost again each time)
+            stops = (
+                f"should the servers come back and be lost again before a transition, {EMPTY_ROLLOUTS} such "
+                "rollouts in a row stop the run"
+                if fleet_down
+                else f"the run stops after {EMPTY_ROLLOUTS} such rollouts in a row"
+            )
+            log.warning("%s: nothing to learn from (%s)", empty, stops)
+        elif valid_any:
+            self.in_a_row = 0
+            self.errors.clear()
+        return empty
+
+    def check_learned(self, updates: int, total_timesteps: int) -> None:
+        """NothingToLearnError where the run, at --total-timesteps (``total_timesteps``) after ``updates`` updates
+        in all its sessions, learned nothing."""
+        if self.in_a_row and not self.learned:  # (a budget of fewer than 3 rollouts, all empty)
+            raise NothingToLearnError(nothing_to_learn(self.in_a_row, self.errors, self.in_process))
+        if not self.learned and updates == 0:
+            # Every rollout cut short by a lost server (or the fleet down): no update in the
+            # whole run, which is no policy to evaluate, nor a run that did what it was asked.
+            raise NothingToLearnError(
+                f"the run reached --total-timesteps ({total_timesteps:,}) without an update: every "
+                "rollout was cut short by a lost server, or the fleet was down (see the warnings "
+                "above); nothing was learned"
+            )
+
+
 def _note_server_versions(config: dict[str, Any], envs: Any, run_dir: Path) -> None:
     """Add to ``config`` (config.json, written again where it changes) what ``envs``' servers say they run."""
     # config.json keeps what every server that served the run said it runs: those that
@@ -1407,9 +1468,7 @@ def train(
         drop_unsaid = False  # the last rollout was dropped without a line (see _say_dropped)
         since = _SinceUpdate()  # since the last update (a dropped rollout's counts on)
         errors_said = LogBudget(ENV_ERROR_LOG_S)  # (an env's error logged a minute at most)
-        empty_rollouts = 0  # rollouts in a row in which no env gave a transition
-        learned = False  # whether any rollout of this session did
-        empty_errors: dict[str, int] = {}  # what the envs reported in them: text -> env steps
+        empties = _EmptyRollouts(in_process=args.backend == "gym")
         checkpointer.last_update = checkpointer.rollout_state()  # as of the last update's end (here: the start)
         propagating = False  # an exception is on its way out of the loop
         recorder = Recorder(
@@ -1445,16 +1504,7 @@ def train(
         try:
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
-                    if empty_rollouts and not learned:  # (a budget of fewer than 3 rollouts, all empty)
-                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors, args.backend == "gym"))
-                    if not learned and counters.update == 0:
-                        # Every rollout cut short by a lost server (or the fleet down): no update in the
-                        # whole run, which is no policy to evaluate, nor a run that did what it was asked.
-                        raise NothingToLearnError(
-                            f"the run reached --total-timesteps ({hp.total_timesteps:,}) without an update: every "
-                            "rollout was cut short by a lost server, or the fleet was down (see the warnings "
-                            "above); nothing was learned"
-                        )
+                    empties.check_learned(counters.update, hp.total_timesteps)
                     # The steps of rollouts dropped since the last update are the run's too.
                     since.add_to(counters)
                     stop_reason = "total_timesteps"
@@ -1562,7 +1612,7 @@ def train(
                     since.episodes_cut += episodes.step(done_np, lost_np, next_step_autoreset)
                     if lost_np.any():
                         since.env_errors += _count_env_errors(
-                            infos, envs, empty_errors, errors_said, counters.env_errors + since.env_errors
+                            infos, envs, empties.errors, errors_said, counters.env_errors + since.env_errors
                         )
                         if lost_np.all() and refresh is not None and not np.any(getattr(envs, "available", True)):
                             # Fault-tolerant, every server is down (each step now waits up to a second for
@@ -1605,39 +1655,19 @@ def train(
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
                 valid_any = bool(rollout.valid[: step + 1].any())
-                empty = ""  # why this rollout has nothing to learn from, if it has not
-                if fleet_down:
-                    # Every server down with no transition in this rollout: empty, as below, if a server
-                    # was lost in it (one that answers gRPC but fails every step is "back" at once and
-                    # lost again, without end); not while the fleet only stays down (an outage, which
-                    # --give-up-after bounds).
-                    if not valid_any and watch.servers_lost() > lost_before:
-                        empty = "no env gave a transition in this rollout before every server was lost"
-                elif lost is None:
+                if not fleet_down and lost is None:  # (a rollout no failure cut short ends a row of dropped ones)
                     lost_rollouts = 0
-                    if not valid_any:
-                        empty = "no env gave a transition in this rollout (update skipped)"
-                if empty:
-                    empty_rollouts += 1
-                    if empty_rollouts >= EMPTY_ROLLOUTS:
-                        raise NothingToLearnError(nothing_to_learn(empty_rollouts, empty_errors, args.backend == "gym"))
-                    # (every server down, the fleet's warning says how long it waits for one: --give-up-after
-                    # ends the run, not this count, unless servers come back and are lost again each time)
-                    stops = (
-                        f"should the servers come back and be lost again before a transition, {EMPTY_ROLLOUTS} such "
-                        "rollouts in a row stop the run"
-                        if fleet_down
-                        else f"the run stops after {EMPTY_ROLLOUTS} such rollouts in a row"
-                    )
-                    log.warning("%s: nothing to learn from (%s)", empty, stops)
-                elif valid_any:
-                    empty_rollouts = 0
-                    empty_errors.clear()
+                empty = empties.judge(
+                    valid_any,
+                    fleet_down=fleet_down,
+                    server_lost=fleet_down and not valid_any and watch.servers_lost() > lost_before,
+                    step_failed=lost is not None,
+                )
                 if lost is not None or fleet_down or empty:
                     # A partial rollout, or one without a transition, is not learned from.
                     since.drop_rollout(counters.global_step)
                     continue
-                learned = learned or valid_any
+                empties.learned = empties.learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
                 added = since.add_to(counters)
