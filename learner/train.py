@@ -1060,6 +1060,51 @@ class _EmptyRollouts:
             )
 
 
+def _end_rollout(
+    counters: Counters,
+    since: _SinceUpdate,
+    episodes: _Episodes,
+    watch: FleetWatch,
+    *,
+    rollout_start: float,
+    num_envs: int,
+    unavailable: np.ndarray,
+    learning_rate: float,
+    clip_coef: float,
+    not_joined: list[str],
+) -> dict[str, Any]:
+    """End a rollout that an update learns from (begun at ``rollout_start``, time.perf_counter(), of ``num_envs``
+    envs; ``unavailable``: per env, whether its last step gave no transition): the run's ``counters`` take
+    ``since``'s counts and ``watch``'s fault totals; what the update's metrics row reports of the run (its
+    rollout_info)."""
+    added = since.add_to(counters)
+    # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
+    rollout_end = time.perf_counter()
+    rollout_info = {
+        "global_step": counters.global_step,
+        "episodic_return_mean": mean_or_none(list(episodes.recent_returns)),
+        "episodic_length_mean": mean_or_none(list(episodes.recent_lengths)),
+        "episodes": counters.episodes,
+        "episodes_cut": added.episodes_cut,
+        "num_envs": num_envs,
+        "learning_rate": learning_rate,
+        "clip_coef": clip_coef,
+        "rollout_seconds": round(rollout_end - rollout_start, 5),
+        "ended_at": rollout_end,  # (--overlap-update: the end of the update's period; not in the row)
+        "env_steps_lost": added.env_steps_lost,
+        "env_errors": added.env_errors,
+        "envs_unavailable": int(unavailable.sum()),
+        "fleet": watch.rollout_metrics(),
+        # (this rollout's: with --overlap-update it is recorded once the next has begun)
+        "server_ids": dict(watch.server_ids),
+        "replicas_written": None if watch.every_replica else watch.of_note,
+        "not_joined": not_joined,
+    }
+    for key, total in (watch.totals() or {}).items():
+        setattr(counters, key, total)
+    return rollout_info
+
+
 def _note_server_versions(config: dict[str, Any], envs: Any, run_dir: Path) -> None:
     """Add to ``config`` (config.json, written again where it changes) what ``envs``' servers say they run."""
     # config.json keeps what every server that served the run said it runs: those that
@@ -1670,31 +1715,18 @@ def train(
                 empties.learned = empties.learned or valid_any
 
                 # ---- the batch: GAE over valid transitions, truncations bootstrapped, flattened --------------
-                added = since.add_to(counters)
-                # What the update's metrics row reports of the run: as of the end of the rollout it learns from.
-                rollout_end = time.perf_counter()
-                rollout_info = {
-                    "global_step": counters.global_step,
-                    "episodic_return_mean": mean_or_none(list(recent_returns)),
-                    "episodic_length_mean": mean_or_none(list(recent_lengths)),
-                    "episodes": counters.episodes,
-                    "episodes_cut": added.episodes_cut,
-                    "num_envs": num_envs,
-                    "learning_rate": lr,
-                    "clip_coef": clip_coef,
-                    "rollout_seconds": round(rollout_end - rollout_start, 5),
-                    "ended_at": rollout_end,  # (--overlap-update: the end of the update's period; not in the row)
-                    "env_steps_lost": added.env_steps_lost,
-                    "env_errors": added.env_errors,
-                    "envs_unavailable": int(lost_np.sum()),
-                    "fleet": watch.rollout_metrics(),
-                    # (this rollout's: with --overlap-update it is recorded once the next has begun)
-                    "server_ids": dict(watch.server_ids),
-                    "replicas_written": None if watch.every_replica else watch.of_note,
-                    "not_joined": list(getattr(envs, "servers_not_joined", [])),
-                }
-                for key, total in (watch.totals() or {}).items():
-                    setattr(counters, key, total)
+                rollout_info = _end_rollout(
+                    counters,
+                    since,
+                    episodes,
+                    watch,
+                    rollout_start=rollout_start,
+                    num_envs=num_envs,
+                    unavailable=lost_np,
+                    learning_rate=lr,
+                    clip_coef=clip_coef,
+                    not_joined=list(getattr(envs, "servers_not_joined", [])),
+                )
                 with torch.no_grad(), acting.acting_on(raw_obs, range(num_envs), check_first=True):
                     next_value = actor.get_value(next_obs)
                 acting.check_taken(rollout.obs, counters.global_step)
