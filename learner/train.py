@@ -644,6 +644,56 @@ def _make_run_dir(
     return run_dir
 
 
+def _run_config(
+    args: Args,
+    hp: PPOConfig,
+    envs: Any,
+    *,
+    env_id: str,
+    fleet: FleetSpec,
+    served: dict[str, Any],
+    autoreset: gym.vector.AutoresetMode,
+    device: torch.device,
+    image: bool,
+    threshold: float | None,
+    run_dir: Path,
+    resumed_at_step: int | None,
+) -> dict[str, Any]:
+    """What config.json holds of a run in ``run_dir`` of ``args`` (its PPO settings ``hp``) on ``envs`` (``env_id``,
+    as ``fleet`` describes them, ``served``: what they are beyond their id), on ``device``; ``resumed_at_step``:
+    for a resumed run, the step its checkpoint was saved at (else None)."""
+    resumed = resumed_at_step is not None
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    recorded_args = args.to_json()
+    if resumed and not args.track and (run_dir / rundir.WANDB_RUN).is_file():
+        # A tracked run resumed with --no-track: not tracked this time, and recorded as tracked, so
+        # that its later sessions go on in its W&B run as a plain --resume does.
+        recorded_args["track"] = True
+    return {
+        "args": recorded_args,
+        "ppo": dataclasses.asdict(hp),
+        "envs": {
+            "env_id": env_id,
+            "description": fleet.describe(),
+            "num_envs": envs.num_envs,
+            "addresses": list(getattr(envs, "addresses", [])),
+            "observation_space": str(obs_space),
+            "action_space": str(action_space),
+            "autoreset_mode": str(autoreset.value),
+            **served,
+        },
+        "device": str(device),
+        "machine": machine_info(device),
+        "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
+        "solved_threshold": threshold,
+        "versions": run_versions(),
+        "server_versions": getattr(envs, "server_versions", {}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "resumed_at_step": resumed_at_step,
+        "earlier_sessions": earlier_sessions(run_dir) if resumed else [],
+    }
+
+
 def _close_quietly(f: Any) -> None:
     with contextlib.suppress(OSError):
         f.close()
@@ -1347,34 +1397,20 @@ def train(
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         threshold = resumed_threshold(counters, threshold)
 
-        recorded_args = args.to_json()
-        if checkpoint is not None and not args.track and (run_dir / rundir.WANDB_RUN).is_file():
-            # A tracked run resumed with --no-track: not tracked this time, and recorded as tracked, so
-            # that its later sessions go on in its W&B run as a plain --resume does.
-            recorded_args["track"] = True
-        config: dict[str, Any] = {
-            "args": recorded_args,
-            "ppo": dataclasses.asdict(hp),
-            "envs": {
-                "env_id": env_id,
-                "description": fleet.describe(),
-                "num_envs": envs.num_envs,
-                "addresses": list(getattr(envs, "addresses", [])),
-                "observation_space": str(obs_space),
-                "action_space": str(action_space),
-                "autoreset_mode": str(autoreset.value),
-                **served,
-            },
-            "device": str(device),
-            "machine": machine_info(device),
-            "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
-            "solved_threshold": threshold,
-            "versions": run_versions(),
-            "server_versions": getattr(envs, "server_versions", {}),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "resumed_at_step": counters.global_step if checkpoint is not None else None,
-            "earlier_sessions": earlier_sessions(run_dir) if checkpoint is not None else [],
-        }
+        config = _run_config(
+            args,
+            hp,
+            envs,
+            env_id=env_id,
+            fleet=fleet,
+            served=served,
+            autoreset=autoreset,
+            device=device,
+            image=image,
+            threshold=threshold,
+            run_dir=run_dir,
+            resumed_at_step=counters.global_step if checkpoint is not None else None,
+        )
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
         not_joined = getattr(envs, "servers_not_joined", [])
