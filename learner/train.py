@@ -1222,6 +1222,44 @@ def _finish_update(
     checkpointer.finished(state)
 
 
+def _finish_last_update(
+    pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
+    recorder: Recorder,
+    checkpointer: Checkpointer,
+    on_update: Callable[[dict[str, Any]], object] | None,
+) -> BaseException | None:
+    """--overlap-update, at the run's end: wait for the update still running (``pending``, as for
+    :func:`_finish_update`), record it and tell ``on_update``; what it raised (the update failed, logged; a
+    second Ctrl-C came while waiting for it), or ``on_update`` did, else None."""
+    try:
+        _finish_update(pending, recorder, checkpointer)
+    except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
+        if not isinstance(err, KeyboardInterrupt):
+            log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
+        return err
+    try:
+        _tell(on_update, recorder)
+    except BaseException as err:  # the caller's: the run ends with it, its files written
+        return err
+    return None
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any], propagating: bool) -> bool:
+    """Write ``summary`` to ``run_dir``'s summary.json, unless an error on its way out of the run (``propagating``)
+    finds the run dir gone; whether it was there. An OSError writing it raises, as the error of a run that
+    ends well; where another error ends the run, it is logged (that error follows)."""
+    # (a run dir deleted or moved mid-run: the error on its way says so, and nothing is written)
+    here = run_dir.is_dir() or not propagating
+    try:
+        if here:
+            rundir.write_json(run_dir / rundir.SUMMARY, summary, run_dir=run_dir)
+    except OSError as err:
+        if not propagating:
+            raise cannot_write(run_dir / rundir.SUMMARY, err) from err
+        log.error("%s", cannot_write(run_dir / rundir.SUMMARY, err))  # (the error that stopped it follows)
+    return here
+
+
 _runs_in_process = 0
 _runs_lock = threading.Lock()
 
@@ -1817,22 +1855,13 @@ def train(
             update_error: BaseException | None = None
             if pending is not None:
                 # --overlap-update: the update of the last whole rollout runs on; it counts once done.
-                try:
-                    in_flight, pending = pending, None
-                    _finish_update(in_flight, recorder, checkpointer)
-                except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
-                    update_error = err
-                    if not propagating:
-                        stop_reason = _stop_reason(err)
-                    if not isinstance(err, KeyboardInterrupt):
-                        log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
-                else:
-                    try:  # (not while an error is on its way out: the run is over)
-                        if not propagating:
-                            _tell(on_update, recorder)
-                    except BaseException as err:  # the caller's: the run ends with it, its files written
-                        update_error = err
-                        stop_reason = _stop_reason(err)
+                in_flight, pending = pending, None
+                # (on_update not while an error is on its way out: the run is over)
+                update_error = _finish_last_update(
+                    in_flight, recorder, checkpointer, None if propagating else on_update
+                )
+                if update_error is not None and not propagating:
+                    stop_reason = _stop_reason(update_error)
             counters.seconds = time.perf_counter() - start_time
             counters = checkpointer.end(stop_reason)  # (the last checkpoint written, if one is due)
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
@@ -1854,15 +1883,7 @@ def train(
                     solved=counters.solved_at_step is not None,
                     stop_reason=stop_reason,
                 )
-            # (a run dir deleted or moved mid-run: the error on its way says so, and nothing is written)
-            here = run_dir.is_dir() or not propagating
-            try:
-                if here:
-                    rundir.write_json(run_dir / rundir.SUMMARY, summary, run_dir=run_dir)
-            except OSError as err:
-                if not propagating:
-                    raise cannot_write(run_dir / rundir.SUMMARY, err) from err
-                log.error("%s", cannot_write(run_dir / rundir.SUMMARY, err))  # (the error that stopped it follows)
+            here = _write_summary(run_dir, summary, propagating)
             if tracker is not None:  # (put into the W&B run's summary as it finishes)
                 tracker.summary = summary
             if counters.update > 0 and here:
