@@ -430,6 +430,40 @@ def _say_dropped(said: list[Any], dropped: int, in_a_row: int, err: RemoteEnvErr
     return True
 
 
+@dataclasses.dataclass(eq=False)
+class _Drops:
+    """Rollouts a failed step cut short (without --fault-tolerant: a server stopped or vanished, or an env raised):
+    dropped, and the run goes on with the servers left (every env starting over), unless :data:`LOST_ROLLOUTS`
+    come in a row."""
+
+    lost: RemoteEnvError | None = None
+    """The server that failed during the last rollout (its failure; None: none did)."""
+    in_a_row: int = 0
+    """Rollouts in a row that a failed step cut short."""
+    dropped: int = 0
+    """Rollouts dropped for a failed step (--no-fault-tolerant), this session."""
+    said: list[Any] = dataclasses.field(default_factory=lambda: [0.0, 0])
+    """(when a dropped rollout was last logged, and the count then)"""
+    unsaid: bool = False
+    """The last rollout was dropped without a line (see :func:`_say_dropped`)."""
+
+    def to_follow(self) -> tuple[list[str], bool]:
+        """Before the fleet is followed: the addresses of the servers it goes on without (the server lost in the
+        last rollout; none where an env raised: its server stays), and whether that rollout was dropped without a
+        line; neither is kept."""
+        lost = self.lost
+        drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
+        unsaid = self.unsaid
+        self.lost, self.unsaid = None, False
+        return drop, unsaid
+
+    def drop(self, err: RemoteEnvError) -> None:
+        """Drop the rollout under way, which ``err`` cut short: counted, and said (see :func:`_say_dropped`)."""
+        self.dropped += 1
+        self.unsaid = not _say_dropped(self.said, self.dropped, self.in_a_row, err)
+        self.lost = err
+
+
 def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
     """Bool per env: its step gave no transition (``env_unavailable`` from a fault-tolerant fleet, or an
     ``env_error`` an env server isolated, which in-process envs built by env_server report too)."""
@@ -1580,11 +1614,7 @@ def train(
         # Env servers that join or leave (docker compose up --scale, a replica that stops) are
         # followed between rollouts: RemoteVectorEnv.refresh looks --servers up again.
         refresh = getattr(envs, "refresh", None)
-        lost: RemoteEnvError | None = None  # the server that failed during the last rollout
-        lost_rollouts = 0
-        dropped = 0  # rollouts dropped for a failed step (--no-fault-tolerant), this session
-        drops_said = [0.0, 0]  # (when a dropped rollout was last logged, and the count then)
-        drop_unsaid = False  # the last rollout was dropped without a line (see _say_dropped)
+        drops = _Drops()
         since = _SinceUpdate()  # since the last update (a dropped rollout's counts on)
         errors_said = LogBudget(ENV_ERROR_LOG_S)  # (an env's error logged a minute at most)
         empties = _EmptyRollouts(in_process=args.backend == "gym")
@@ -1633,9 +1663,8 @@ def train(
                     break
                 # ---- follow the fleet: servers that joined or left since the last rollout ------------------
                 if refresh is not None:
-                    drop = [lost.address] if lost is not None and not isinstance(lost, EnvCrashedError) else []
+                    drop, unsaid = drops.to_follow()
                     change = refresh(drop=drop)
-                    lost, unsaid, drop_unsaid = None, drop_unsaid, False
                     _note_server_versions(config, envs, run_dir)
                     if change is not None:
                         # (every env starting over, and nothing else, goes with its dropped rollout's line)
@@ -1694,29 +1723,27 @@ def train(
                         # Without --fault-tolerant: a server stopped (scaled down) or vanished, or an env
                         # raised. Drop this rollout and go on with the servers left (every env starting
                         # over), unless that keeps happening.
-                        lost_rollouts += 1
+                        drops.in_a_row += 1
                         if isinstance(err, EnvCrashedError):
                             # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
                             # run counts them, and lost with the rollout's however it ends)
                             counters.global_step += num_envs
                         if stop_request.requested:  # (Ctrl-C during a step that then failed: stopped there)
                             log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
-                            lost = err
+                            drops.lost = err
                             break
                         # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
                         # (an env's observation that does not fit the space: the same after every reset)
                         if (
                             refresh is None
                             or args.fault_tolerant
-                            or lost_rollouts >= LOST_ROLLOUTS
+                            or drops.in_a_row >= LOST_ROLLOUTS
                             or misfit_reported(err)
                         ):
                             raise
-                        dropped += 1
                         if isinstance(err, EnvCrashedError):  # the server is fine: it stays
                             since.env_errors += 1  # (of the env steps lost: the raise's step is among them)
-                        drop_unsaid = not _say_dropped(drops_said, dropped, lost_rollouts, err)
-                        lost = err
+                        drops.drop(err)
                         break
                     counters.global_step += num_envs
                     done_np = np.logical_or(term_np, trunc_np)
@@ -1774,15 +1801,15 @@ def train(
                 if stop_reason is not None:
                     break  # a partial rollout is not learned from
                 valid_any = bool(rollout.valid[: step + 1].any())
-                if not fleet_down and lost is None:  # (a rollout no failure cut short ends a row of dropped ones)
-                    lost_rollouts = 0
+                if not fleet_down and drops.lost is None:  # (a rollout no failure cut short ends a row of them)
+                    drops.in_a_row = 0
                 empty = empties.judge(
                     valid_any,
                     fleet_down=fleet_down,
                     server_lost=fleet_down and not valid_any and watch.servers_lost() > lost_before,
-                    step_failed=lost is not None,
+                    step_failed=drops.lost is not None,
                 )
-                if lost is not None or fleet_down or empty:
+                if drops.lost is not None or fleet_down or empty:
                     # A partial rollout, or one without a transition, is not learned from.
                     since.drop_rollout(counters.global_step)
                     continue
