@@ -728,6 +728,52 @@ def _run_config(
     }
 
 
+def _say_started(
+    config: dict[str, Any],
+    hp: PPOConfig,
+    fleet: FleetSpec,
+    envs: Any,
+    *,
+    env_id: str,
+    device: torch.device,
+    run_dir: Path,
+    counters: Counters,
+    live: LearnerMetrics | None,
+    on_start: Callable[[dict[str, Any]], None] | None,
+    resumed_from: str | None,
+) -> None:
+    """Say that the run of ``env_id`` in ``run_dir`` (config.json's ``config``) starts, at ``counters``: in the log,
+    to the served metrics (``live``: --metrics-port) and to train()'s ``on_start``; ``resumed_from``: a resumed
+    run's checkpoint (else None)."""
+    not_joined = getattr(envs, "servers_not_joined", [])
+    log.info(
+        "PPO (%s preset, %s) on %s, %d envs%s, device %s, run dir %s",
+        hp.preset,
+        config["policy"],
+        fleet.describe(),
+        envs.num_envs,
+        f" (without {', '.join(not_joined)}: not joined yet)" if not_joined else "",
+        device,
+        run_dir,
+    )
+    if live is not None:
+        live.run_started(
+            env_id=env_id,
+            run_dir=str(run_dir),
+            total_timesteps=hp.total_timesteps,
+            global_step=counters.global_step,
+            updates=counters.update,
+            episodes=counters.episodes,
+            solved=counters.solved_at_step is not None,
+        )
+    if on_start is not None:
+        resumed = (
+            {"resumed_from": resumed_from, "resumed_step": counters.global_step} if resumed_from is not None else {}
+        )
+        served_at = {"metrics_url": live.url} if live is not None else {}
+        on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
+
+
 def _close_quietly(f: Any) -> None:
     with contextlib.suppress(OSError):
         f.close()
@@ -1485,34 +1531,22 @@ def train(
         )
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
-        not_joined = getattr(envs, "servers_not_joined", [])
         servers = len(config["envs"]["addresses"])
         if not (every := every_replica(args.replica_metrics, servers)):
             log.info("%s", replica_metrics_note(servers))
-        log.info(
-            "PPO (%s preset, %s) on %s, %d envs%s, device %s, run dir %s",
-            hp.preset,
-            config["policy"],
-            fleet.describe(),
-            envs.num_envs,
-            f" (without {', '.join(not_joined)}: not joined yet)" if not_joined else "",
-            device,
-            run_dir,
+        _say_started(
+            config,
+            hp,
+            fleet,
+            envs,
+            env_id=env_id,
+            device=device,
+            run_dir=run_dir,
+            counters=counters,
+            live=live,
+            on_start=on_start,
+            resumed_from=str(checkpoint_file) if checkpoint else None,
         )
-        if live is not None:
-            live.run_started(
-                env_id=env_id,
-                run_dir=str(run_dir),
-                total_timesteps=hp.total_timesteps,
-                global_step=counters.global_step,
-                updates=counters.update,
-                episodes=counters.episodes,
-                solved=counters.solved_at_step is not None,
-            )
-        if on_start is not None:
-            resumed = {"resumed_from": str(checkpoint_file), "resumed_step": counters.global_step} if checkpoint else {}
-            served_at = {"metrics_url": live.url} if live is not None else {}
-            on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
         tracker: WandbRun | None = None  # --track: the W&B run (finished once the loop is over)
         if args.track:
             tracker = stack.enter_context(tracked(run_dir, config, args))
