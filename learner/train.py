@@ -774,6 +774,22 @@ def _say_started(
         on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
 
 
+def _events_writer(
+    stack: contextlib.ExitStack, run_dir: Path, config: dict[str, Any], *, resumed_at_step: int | None
+) -> tuple[EventsWriter, set[str]]:
+    """--tensorboard: the writer of ``run_dir``'s events (closed by ``stack``), and the faults/ tags its rows
+    started so far (see write_tensorboard); ``resumed_at_step``: for a resumed run, its checkpoint's step."""
+    faults_seen: set[str] = set()
+    if resumed_at_step is not None and (run_dir / rundir.METRICS).is_file():  # (the rows restore kept)
+        faults_seen = fault_tags_started(rundir.iter_jsonl(run_dir / rundir.METRICS))  # (row by row: a long run's)
+    # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
+    purge_step = resumed_at_step + 1 if resumed_at_step is not None else None  # (its own update's kept)
+    writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))
+    if resumed_at_step is None:  # (CleanRL's table of the run's settings: once, at its start)
+        writer.add_text("hyperparameters", hyperparameters_text(config), 0)
+    return writer, faults_seen
+
+
 def _close_quietly(f: Any) -> None:
     with contextlib.suppress(OSError):
         f.close()
@@ -1272,6 +1288,25 @@ def _follow_change(
     return next_obs, next_valid
 
 
+def _overlapping(
+    stack: contextlib.ExitStack,
+    agent: Agent,
+    seed: int,
+    device: torch.device,
+    checkpoint: dict[str, Any] | None,
+    global_step: int,
+) -> tuple[concurrent.futures.ThreadPoolExecutor, torch.Generator, Agent]:
+    """--overlap-update: the thread the updates run on (shut down by ``stack``), the generator they shuffle with
+    (see :func:`_update_generator`) and the actor, a copy of ``agent``'s nets that collects the rollouts."""
+    update_thread = stack.enter_context(
+        concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
+    )
+    update_rng = _update_generator(seed, device, checkpoint, global_step)
+    actor = copy.deepcopy(agent)
+    actor.requires_grad_(False)
+    return update_thread, update_rng, actor
+
+
 def _update_generator(
     seed: int, device: torch.device, checkpoint: dict[str, Any] | None, global_step: int
 ) -> torch.Generator:
@@ -1553,15 +1588,9 @@ def train(
         writer = None
         faults_seen: set[str] = set()  # (TensorBoard's faults/ tags so far: see write_tensorboard)
         if args.tensorboard:
-            if checkpoint is not None and (run_dir / rundir.METRICS).is_file():  # (the rows restore kept)
-                faults_seen = fault_tags_started(
-                    rundir.iter_jsonl(run_dir / rundir.METRICS)
-                )  # (row by row: a long run's)
-            # A resumed run hides the events the killed run wrote after its checkpoint (they are redone).
-            purge_step = counters.global_step + 1 if checkpoint is not None else None  # (its own update's kept)
-            writer = stack.enter_context(contextlib.closing(EventsWriter(run_dir, purge_step)))
-            if checkpoint is None:  # (CleanRL's table of the run's settings: once, at its start)
-                writer.add_text("hyperparameters", hyperparameters_text(config), 0)
+            writer, faults_seen = _events_writer(
+                stack, run_dir, config, resumed_at_step=counters.global_step if checkpoint is not None else None
+            )
         with writing(run_dir / rundir.METRICS):
             metrics_file = open(run_dir / rundir.METRICS, "a")  # noqa: SIM115 (closed by the stack)
         # Each row is flushed as written: a close can only fail on a row whose write failed (and said so).
@@ -1582,12 +1611,9 @@ def train(
         update_rng: torch.Generator | None = None
         actor = agent
         if args.overlap_update:
-            update_thread = stack.enter_context(
-                concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfleet-update")
+            update_thread, update_rng, actor = _overlapping(
+                stack, agent, args.seed, device, checkpoint, counters.global_step
             )
-            update_rng = _update_generator(args.seed, device, checkpoint, counters.global_step)
-            actor = copy.deepcopy(agent)
-            actor.requires_grad_(False)
         pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         acting = Acting(
