@@ -631,6 +631,23 @@ def _checkpoint_to_resume(args: Args) -> tuple[Args, Path | None, dict[str, Any]
     return args, checkpoint_file, checkpoint, unreadable
 
 
+def _lock_given_dir(
+    stack: contextlib.ExitStack,
+    given_dir: str,
+    unreadable: list[tuple[Path, str]],
+    checkpoint_file: Path | None,
+    checkpoint: dict[str, Any] | None,
+) -> None:
+    """Lock the run dir the command named (``given_dir``, which is there) for the run (unlocked by ``stack``), and
+    set aside what resuming it does not use: the ``unreadable`` checkpoints and those newer than the one it
+    resumes from (``checkpoint``, read from ``checkpoint_file``)."""
+    stack.enter_context(rundir.lock(given_dir))
+    for moved in rundir.set_aside_unreadable(path for path, _ in unreadable):
+        log.warning("%s set aside as %s", moved.with_suffix(""), moved.name)
+    if checkpoint is not None and checkpoint_file is not None:
+        set_aside_newer(Path(given_dir), checkpoint_file, checkpoint)
+
+
 def _check_fresh(run_dir: Path) -> None:
     """A run dir a new run can be written to (not made yet: a run that fails to start leaves none), or
     one whose run stopped before its first checkpoint (set aside: see :func:`rundir.set_aside`)."""
@@ -1481,12 +1498,8 @@ def train(
             stack.callback(live.close, args.metrics_linger)  # (entered first: closed last, once the run is over)
         locked = False
         if given_dir and Path(given_dir).is_dir():  # (before any server starts; a new one once it is made)
-            stack.enter_context(rundir.lock(given_dir))
+            _lock_given_dir(stack, given_dir, unreadable, checkpoint_file, checkpoint)
             locked = True
-            for moved in rundir.set_aside_unreadable(path for path, _ in unreadable):
-                log.warning("%s set aside as %s", moved.with_suffix(""), moved.name)
-            if checkpoint is not None and checkpoint_file is not None:
-                set_aside_newer(Path(given_dir), checkpoint_file, checkpoint)
         plotted = stack.enter_context(plot_at_exit(args.plot))  # entered first: plots after the envs close
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
