@@ -184,6 +184,30 @@ def _args_for_served_env(args: Args, envs: Any, env_id: str) -> Args:
     return dataclasses.replace(args, env=env_id)  # config.json and checkpoints name the env trained on
 
 
+def _served(args: Args, envs: Any) -> dict[str, Any]:
+    """What ``envs`` are beyond their id (recorded: eval makes the same ones for a run on --servers): their
+    wrappers, max_episode_steps and env kwargs."""
+    return {
+        "wrappers": list(getattr(envs, "wrappers", args.server_wrappers())),
+        # (as the servers said, None from servers too old to say; in-process envs: as open_fleet made them)
+        "max_episode_steps": getattr(envs, "time_limit", None)
+        or getattr(getattr(envs, "spec", None), "max_episode_steps", None),
+        "env_kwargs": getattr(envs, "env_kwargs", None),
+    }
+
+
+def _autoreset_mode(envs: Any) -> gym.vector.AutoresetMode:
+    """``envs``' autoreset mode (NextStep where they do not say); ValueError where it is neither NextStep nor
+    SameStep."""
+    autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+    if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
+        raise ValueError(
+            f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
+            "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
+        )
+    return autoreset
+
+
 def _check_squash(hp: PPOConfig, envs: Any, wrappers: Sequence[str]) -> None:
     """ValueError naming --action-bounds where it squashes actions without finite bounds to squash into
     (before the run dir is made: a refused run leaves none)."""
@@ -1507,15 +1531,8 @@ def train(
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
-        # What the envs are beyond their id (recorded: eval makes the same ones for a run on --servers).
-        wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
-        served = {
-            "wrappers": wrappers,
-            # (as the servers said, None from servers too old to say; in-process envs: as open_fleet made them)
-            "max_episode_steps": getattr(envs, "time_limit", None)
-            or getattr(getattr(envs, "spec", None), "max_episode_steps", None),
-            "env_kwargs": getattr(envs, "env_kwargs", None),
-        }
+        served = _served(args, envs)
+        wrappers = served["wrappers"]
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
         if raw:
             log.warning("%s", raw)
@@ -1524,12 +1541,7 @@ def train(
         ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
         obs_shape, obs_dtype = _obs_storage(envs.single_observation_space)
         _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device)
-        autoreset = envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
-        if autoreset not in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
-            raise ValueError(
-                f"envs: expected autoreset mode NextStep or SameStep, got {getattr(autoreset, 'value', autoreset)} "
-                "(PPO's rollouts reset ended envs as they step: start the servers with --autoreset-mode NextStep)"
-            )
+        autoreset = _autoreset_mode(envs)
         run_dir = _make_run_dir(stack, given_dir, env_id, fresh=checkpoint is None, locked=locked)
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
