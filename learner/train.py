@@ -122,7 +122,7 @@ from learner.rundir import cannot_write, writing
 from learner.served import given_kwargs_differ, other_task
 from learner.specs import other_env_servers
 from learner.stats import mean_of
-from learner.update import Rollout, UpdateResult, make_batch, ppo_update
+from learner.update import Batch, Rollout, UpdateResult, make_batch, ppo_update
 
 if TYPE_CHECKING:
     from learner.tracking import WandbRun
@@ -1416,6 +1416,74 @@ def _write_summary(run_dir: Path, summary: dict[str, Any], propagating: bool) ->
     return here
 
 
+@dataclasses.dataclass(eq=False)
+class _Updater:
+    """The updates of ``agent``'s nets, each on a rollout's batch, recorded (``recorder``), checkpointed when due
+    (``checkpointer``) and told to train()'s ``on_update``: at once, or (--overlap-update) on ``thread``, shuffling
+    with ``rng``, while ``actor``, a copy of the nets, collects the next rollout."""
+
+    agent: Agent
+    actor: Agent
+    optimizer: optim.Optimizer
+    hp: PPOConfig
+    counters: Counters
+    start_time: float
+    """time.perf_counter() at the start of the run (its earlier sessions' seconds included)."""
+    recorder: Recorder
+    checkpointer: Checkpointer
+    on_update: Callable[[dict[str, Any]], object] | None
+    thread: concurrent.futures.ThreadPoolExecutor | None
+    rng: torch.Generator | None
+    pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
+    """--overlap-update: the update running in the background (see :func:`_finish_update`)."""
+
+    def update(self, batch: Batch, rollout_info: dict[str, Any], *, learning_rate: float, clip_coef: float) -> None:
+        """Update the nets on ``batch``, of the rollout ``rollout_info`` describes; with --overlap-update, once the
+        update on the previous rollout is done (recorded, told), in the background."""
+        agent, checkpointer, recorder = self.agent, self.checkpointer, self.recorder
+        if self.thread is None:
+            # From here on, a checkpoint of this run would mix two updates (not before: an error
+            # found while the batch is made leaves the nets as of the last update, checkpointed).
+            checkpointer.updating = True
+            result = ppo_update(agent, self.optimizer, batch, self.hp, learning_rate=learning_rate, clip_coef=clip_coef)
+            recorder.record(result, rollout_info)
+            checkpointer.finished(checkpointer.rollout_state())
+            _tell(self.on_update, recorder)
+            return
+        # --overlap-update: wait for the update on the previous rollout, then the acting copy
+        # takes its nets and collects the next rollout while this one's update runs.
+        if self.pending is not None:
+            in_flight, self.pending = self.pending, None
+            _finish_update(in_flight, recorder, checkpointer)
+            _tell(self.on_update, recorder)
+        self.actor.load_state_dict(agent.state_dict())
+        checkpointer.updating = True
+        self.counters.seconds = time.perf_counter() - self.start_time  # (as of this rollout's end)
+        self.pending = (
+            self.thread.submit(
+                ppo_update,
+                agent,
+                self.optimizer,
+                batch,
+                self.hp,
+                learning_rate=learning_rate,
+                clip_coef=clip_coef,
+                generator=self.rng,
+            ),
+            rollout_info,
+            checkpointer.rollout_state(),
+        )
+
+    def finish(self, propagating: bool) -> BaseException | None:
+        """At the run's end (``propagating``: an error on its way out of it): --overlap-update's update of the last
+        whole rollout, which runs on, counted once done (see :func:`_finish_last_update`); what raised, else None."""
+        if self.pending is None:
+            return None
+        in_flight, self.pending = self.pending, None
+        # (on_update not while an error is on its way out: the run is over)
+        return _finish_last_update(in_flight, self.recorder, self.checkpointer, None if propagating else self.on_update)
+
+
 _runs_in_process = 0
 _runs_lock = threading.Lock()
 
@@ -1639,7 +1707,6 @@ def train(
             update_thread, update_rng, actor = _overlapping(
                 stack, agent, args.seed, device, checkpoint, counters.global_step
             )
-        pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
 
         acting = Acting(
             agent=agent,
@@ -1733,6 +1800,19 @@ def train(
             live=~lost_np,
             returns=np.zeros(num_envs, dtype=np.float64),
             lengths=np.zeros(num_envs, dtype=np.int64),
+        )
+        updater = _Updater(
+            agent=agent,
+            actor=actor,
+            optimizer=optimizer,
+            hp=hp,
+            counters=counters,
+            start_time=start_time,
+            recorder=recorder,
+            checkpointer=checkpointer,
+            on_update=on_update,
+            thread=update_thread,
+            rng=update_rng,
         )
 
         try:
@@ -1927,53 +2007,15 @@ def train(
                     check_reward_scaler(reward_scaler, rollout, acting.server_of, counters.global_step)
 
                 # ---- optimise the policy and value network ---------------------------------------------------
-                if update_thread is None:
-                    # From here on, a checkpoint of this run would mix two updates (not before: an error
-                    # found while the batch is made leaves the nets as of the last update, checkpointed).
-                    checkpointer.updating = True
-                    result = ppo_update(agent, optimizer, batch, hp, learning_rate=lr, clip_coef=clip_coef)
-                    recorder.record(result, rollout_info)
-                    checkpointer.finished(checkpointer.rollout_state())
-                    _tell(on_update, recorder)
-                else:
-                    # --overlap-update: wait for the update on the previous rollout, then the acting copy
-                    # takes its nets and collects the next rollout while this one's update runs.
-                    if pending is not None:
-                        in_flight, pending = pending, None
-                        _finish_update(in_flight, recorder, checkpointer)
-                        _tell(on_update, recorder)
-                    actor.load_state_dict(agent.state_dict())
-                    checkpointer.updating = True
-                    counters.seconds = time.perf_counter() - start_time  # (as of this rollout's end)
-                    pending = (
-                        update_thread.submit(
-                            ppo_update,
-                            agent,
-                            optimizer,
-                            batch,
-                            hp,
-                            learning_rate=lr,
-                            clip_coef=clip_coef,
-                            generator=update_rng,
-                        ),
-                        rollout_info,
-                        checkpointer.rollout_state(),
-                    )
+                updater.update(batch, rollout_info, learning_rate=lr, clip_coef=clip_coef)
         except BaseException as err:
             stop_reason = _stop_reason(err)
             propagating = True
             raise
         finally:
-            update_error: BaseException | None = None
-            if pending is not None:
-                # --overlap-update: the update of the last whole rollout runs on; it counts once done.
-                in_flight, pending = pending, None
-                # (on_update not while an error is on its way out: the run is over)
-                update_error = _finish_last_update(
-                    in_flight, recorder, checkpointer, None if propagating else on_update
-                )
-                if update_error is not None and not propagating:
-                    stop_reason = _stop_reason(update_error)
+            update_error = updater.finish(propagating)
+            if update_error is not None and not propagating:
+                stop_reason = _stop_reason(update_error)
             counters.seconds = time.perf_counter() - start_time
             counters = checkpointer.end(stop_reason)  # (the last checkpoint written, if one is due)
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
