@@ -481,11 +481,38 @@ class _Drops:
         self.lost, self.unsaid = None, False
         return drop, unsaid
 
-    def drop(self, err: RemoteEnvError) -> None:
-        """Drop the rollout under way, which ``err`` cut short: counted, and said (see :func:`_say_dropped`)."""
+    def failed(
+        self,
+        err: RemoteEnvError,
+        counters: Counters,
+        since: _SinceUpdate,
+        *,
+        num_envs: int,
+        stop: StopRequest,
+        can_drop: bool,
+    ) -> bool:
+        """A step of the ``num_envs`` envs failed with ``err``: whether the rollout under way ends there (dropped,
+        counted in ``since`` and said; or the run was asked to stop: ``stop``), else the run ends with ``err``
+        (the caller raises it): where the rollout cannot be dropped (``can_drop``: the fleet is followed, not
+        fault-tolerant), :data:`LOST_ROLLOUTS` come in a row, or an env's observation does not fit the space."""
+        self.in_a_row += 1
+        if isinstance(err, EnvCrashedError):
+            # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
+            # run counts them, and lost with the rollout's however it ends)
+            counters.global_step += num_envs
+        if stop.requested:  # (Ctrl-C during a step that then failed: stopped there)
+            log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
+            self.lost = err
+            return True
+        # (an env's observation that does not fit the space: the same after every reset)
+        if not can_drop or self.in_a_row >= LOST_ROLLOUTS or misfit_reported(err):
+            return False
+        if isinstance(err, EnvCrashedError):  # the server is fine: it stays
+            since.env_errors += 1  # (of the env steps lost: the raise's step is among them)
         self.dropped += 1
         self.unsaid = not _say_dropped(self.said, self.dropped, self.in_a_row, err)
         self.lost = err
+        return True
 
 
 def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -1888,27 +1915,16 @@ def train(
                         # Without --fault-tolerant: a server stopped (scaled down) or vanished, or an env
                         # raised. Drop this rollout and go on with the servers left (every env starting
                         # over), unless that keeps happening.
-                        drops.in_a_row += 1
-                        if isinstance(err, EnvCrashedError):
-                            # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
-                            # run counts them, and lost with the rollout's however it ends)
-                            counters.global_step += num_envs
-                        if stop_request.requested:  # (Ctrl-C during a step that then failed: stopped there)
-                            log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
-                            drops.lost = err
-                            break
-                        # Fault-tolerant, a step raises only once every server is gone: nothing to wait for.
-                        # (an env's observation that does not fit the space: the same after every reset)
-                        if (
-                            refresh is None
-                            or args.fault_tolerant
-                            or drops.in_a_row >= LOST_ROLLOUTS
-                            or misfit_reported(err)
+                        # (fault-tolerant, a step raises only once every server is gone: nothing to wait for)
+                        if not drops.failed(
+                            err,
+                            counters,
+                            since,
+                            num_envs=num_envs,
+                            stop=stop_request,
+                            can_drop=refresh is not None and not args.fault_tolerant,
                         ):
                             raise
-                        if isinstance(err, EnvCrashedError):  # the server is fine: it stays
-                            since.env_errors += 1  # (of the env steps lost: the raise's step is among them)
-                        drops.drop(err)
                         break
                     counters.global_step += num_envs
                     done_np = np.logical_or(term_np, trunc_np)
