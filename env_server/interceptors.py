@@ -443,7 +443,8 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         message = (
             f"{method}: this server requires an auth token and {reason}; send the server's token as metadata "
             f"'{AUTH_METADATA_KEY}: {_BEARER.decode()}<token>' with every call (envfleet's Python learner: "
-            "RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in its environment)"
+            "RemoteVectorEnv(auth_token=...); learner train --auth-token-file or --auth-token, or "
+            "ENVFLEET_AUTH_TOKEN_FILE or ENVFLEET_AUTH_TOKEN in its environment)"
         )
 
         async def refuse_unauthenticated(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:

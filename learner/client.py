@@ -238,7 +238,7 @@ def proxy_text(status: int) -> str:
         return (
             f"{said}: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
             "not it, or the proxy speaks HTTP/1 to it: nginx needs grpc_pass, not proxy_pass; haproxy, proto h2 on "
-            "the server line)"
+            "the server line; Caddy, reverse_proxy h2c://HOST:PORT)"
         )
     if status == 504:
         return f"{said}: it gave up waiting on the env server (its timeout on a call's answer: {PROXY_SETTINGS})"
@@ -495,9 +495,10 @@ def status_error(
         details += f": {proxy_text(status)}"
     elif "RST_STREAM" in raw and not env_raised:  # (no envfleet server resets one)
         details += (
-            "; where an HTTP proxy stands between the learner and the server, it may have reset it: StepStream's "
-            f"requests count as one long request body, and Hold's answer never ends ({PROXY_SETTINGS}); or the "
-            "server ended the stream with an error the proxy did not pass on (haproxy 2.6 does so, haproxy#1219): "
+            "; where an HTTP proxy stands between the learner and the server, the server behind it may have gone "
+            "(Caddy ends the stream so when its server dies), or the proxy reset it: StepStream's requests count as "
+            f"one long request body, and Hold's answer never ends ({PROXY_SETTINGS}); or the server ended the "
+            "stream with an error the proxy did not pass on (haproxy 2.6 does so, haproxy#1219): "
             "`learner servers ADDRESS`, or the server's log, tells"
         )
     if code == grpc.StatusCode.UNAVAILABLE and _TOO_MANY_PINGS.search(raw):  # (gRPC's own, after a GOAWAY)

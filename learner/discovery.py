@@ -298,8 +298,9 @@ def probe(address: str, timeout: float = 1.0, *, peek: bool = True) -> str | Non
 # preface, "PRI * HTTP/2.0" as an HTTP/1 request line) with an HTTP/1 error, Python's http.server
 # (and so prometheus_client's, env-server --metrics-port) with a bare HTML page; SSH servers speak first.
 _PROTOCOLS = {
-    (b"http/", b"<!doctype html", b"<html"): "it is an HTTP/1 port (an env server's --metrics-port?), not an env "
-    "server's gRPC port",
+    (b"http/", b"<!doctype html", b"<html"): "it is an HTTP/1 port (an env server's --metrics-port? or an HTTP "
+    "proxy whose listener takes no HTTP/2 without TLS, h2c, as gRPC speaks it: Caddy needs protocols h1 h2 h2c in "
+    "its servers options), not an env server's gRPC port",
     (b"ssh-",): "it is an SSH server's port, not an env server's gRPC port",
 }
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -521,10 +522,20 @@ def _handshake_failure(
                 return None
             if err.reason in _CLIENT_CERT_ALERTS:  # (TLS 1.2, or a server that says why)
                 return TLS_CAUSE + _client_cert_reason(client_cert, err.reason)
+            if err.reason in _NO_CERTIFICATE_FOR_NAME:
+                return (
+                    f"{TLS_CAUSE}the handshake failed: {err.reason} (the server, or a TLS proxy in front of it such as "
+                    "Caddy, may have no certificate for the name asked, and an IP address asks none: connect by a "
+                    "name its certificate holds, or give one: tls_server_name=NAME, learner train --tls-server-name)"
+                )
             return f"{TLS_CAUSE}the handshake failed: {err.reason or err}"
         except OSError:
             return None
 
+
+# OpenSSL's names of the alerts a server sends when it has no certificate for the name the client asked (its
+# SNI), or was asked none (an IP address): Caddy's internal_error.
+_NO_CERTIFICATE_FOR_NAME = ("TLSV1_ALERT_INTERNAL_ERROR", "TLSV1_UNRECOGNIZED_NAME")
 
 # OpenSSL's names of the alerts a server sends about the client's certificate (none, or one it refuses).
 _CLIENT_CERT_ALERTS = (

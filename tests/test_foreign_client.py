@@ -316,8 +316,8 @@ def test_a_refused_token_says_whether_its_form_or_the_token_is_wrong(
     assert reason in details, details
     assert details.endswith(
         "; send the server's token as metadata 'authorization: Bearer <token>' with every call (envfleet's "
-        "Python learner: RemoteVectorEnv(auth_token=...); learner train --auth-token, or ENVFLEET_AUTH_TOKEN in "
-        "its environment)"
+        "Python learner: RemoteVectorEnv(auth_token=...); learner train --auth-token-file or --auth-token, or "
+        "ENVFLEET_AUTH_TOKEN_FILE or ENVFLEET_AUTH_TOKEN in its environment)"
     ), details
     assert TOKEN not in details and TOKEN[:6] not in details
 

@@ -362,14 +362,15 @@ def test_a_hold_stream_a_proxy_ended_is_said_to_be_the_proxys_doing(caplog: pyte
             "Received http2 header with status: 502: an HTTP proxy between the learner and the env server answered "
             "HTTP 502: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
             "not it, or the proxy speaks HTTP/1 to it: nginx needs grpc_pass, not proxy_pass; haproxy, proto h2 on "
-            "the server line)",
+            "the server line; Caddy, reverse_proxy h2c://HOST:PORT)",
         ),
         (
             grpc.StatusCode.INTERNAL,
             "Stream removed (RST_STREAM (Received RST_STREAM with error code 2))",
             "the connection broke (Stream removed (RST_STREAM (Received RST_STREAM with error code 2))); where an HTTP "
-            "proxy stands between the learner and the server, it may have reset it: StepStream's requests count as one "
-            "long request body, and Hold's answer never ends (nginx: client_max_body_size 0",
+            "proxy stands between the learner and the server, the server behind it may have gone (Caddy ends the "
+            "stream so when its server dies), or the proxy reset it: StepStream's requests count as one long request "
+            "body, and Hold's answer never ends (nginx: client_max_body_size 0",
         ),
     ],
 )

@@ -180,13 +180,19 @@ def test_a_listener_that_closes_at_once_is_not_taken_for_a_tls_failure(certs: Se
 
 
 @contextlib.contextmanager
-def ends_after_handshake(certs: ServerFiles, client_ca: Path | None = None) -> Iterator[str]:
+def ends_after_handshake(
+    certs: ServerFiles, client_ca: Path | None = None, *, names_only: bool = False
+) -> Iterator[str]:
     """The address of a TLS listener on loopback that completes each handshake and then closes the
     connection, as a TLS proxy whose backend is down does; with ``client_ca``, one that requires a client
-    certificate that CA signed and says so by an alert (as gRPC's servers do not)."""
+    certificate that CA signed and says so by an alert (as gRPC's servers do not); ``names_only``, one that
+    refuses a handshake that asks no name with an internal_error alert (as Caddy does: its certificates are
+    by name)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certs.cert, certs.key)
     context.set_alpn_protocols(["h2"])
+    if names_only:
+        context.sni_callback = lambda sock, name, ctx: ssl.ALERT_DESCRIPTION_INTERNAL_ERROR if name is None else None
     if client_ca is not None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(client_ca)
@@ -238,6 +244,18 @@ def test_a_close_right_after_the_handshake_is_not_called_a_client_certificate_re
         "none (alert: TLSV13_ALERT_CERTIFICATE_REQUIRED): pass a client certificate its CA signed and its key"
     ), reason
     assert "proxy" not in reason
+
+
+def test_a_tls_proxy_without_a_certificate_for_an_ip_address_is_said_so(certs: ServerFiles) -> None:
+    """Caddy has certificates by name: called at its IP address (no name asked), it sends internal_error,
+    which was said as such, nothing more ("TLS: the handshake failed: TLSV1_ALERT_INTERNAL_ERROR")."""
+    with ends_after_handshake(certs, names_only=True) as address:
+        reason = tls_probe(address, certs.ca.read_bytes(), timeout=5)
+    assert reason == (
+        f"{TLS_CAUSE}the handshake failed: TLSV1_ALERT_INTERNAL_ERROR (the server, or a TLS proxy in front of it such "
+        "as Caddy, may have no certificate for the name asked, and an IP address asks none: connect by a name its "
+        "certificate holds, or give one: tls_server_name=NAME, learner train --tls-server-name)"
+    ), reason
 
 
 def test_the_tls_probe_verifies_as_grpc_does_whatever_pythons_default_context_adds(

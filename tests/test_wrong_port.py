@@ -26,7 +26,11 @@ from learner.errors import RemoteEnvError, ServerUnavailableError
 from tests.certs import make_server_certs
 from tests.conftest import SpawnServer
 
-HTTP_PORT = "it is an HTTP/1 port (an env server's --metrics-port?), not an env server's gRPC port"
+HTTP_PORT = (
+    "it is an HTTP/1 port (an env server's --metrics-port? or an HTTP proxy whose listener takes no HTTP/2 without "
+    "TLS, h2c, as gRPC speaks it: Caddy needs protocols h1 h2 h2c in its servers options), not an env server's "
+    "gRPC port"
+)
 SSH_PORT = "it is an SSH server's port, not an env server's gRPC port"
 
 
