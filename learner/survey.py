@@ -57,6 +57,8 @@ class ServerInfo:
     servers_reached: int = 1
     """How many servers (by server id) its address's calls reached: more than one behind a proxy that spreads
     calls over several, which a learner cannot use (its session is one server's); then ``error`` says so."""
+    reached_ids: tuple[str, ...] = ()
+    """Their server ids, where more than one."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +163,7 @@ async def _ask(
     info.round_trip_ms = round(statistics.median(times) * 1000, 3)
     ids = sorted(reached - {""})  # (servers too old to say an id say "")
     if len(ids) > 1:
-        info.servers_reached = len(ids)
+        info.servers_reached, info.reached_ids = len(ids), tuple(ids)
         info.error = (
             f"its calls reached {len(ids)} different env servers (server ids "
             f"{', '.join(server_text(i) for i in ids)}): a proxy or load balancer spreading calls "
@@ -218,7 +220,8 @@ def describe(servers: list[ServerInfo]) -> str:
         if not s.error and (not s.server_id or s.server_id not in ids):
             answering.append(s)
             ids.add(s.server_id)
-    count = len(answering) + sum(1 for s in servers if s.error)  # (one that does not answer: counted per address)
+    # (one that does not answer: counted per address; one that spreads calls over servers listed too: not again)
+    count = len(answering) + sum(1 for s in servers if s.error and not (s.reached_ids and set(s.reached_ids) <= ids))
     total = f"{count} server{'s' if count != 1 else ''}" + (
         f" ({len(servers)} addresses)" if count < len(servers) else ""
     )
@@ -235,7 +238,9 @@ def describe(servers: list[ServerInfo]) -> str:
     differ = sorted(n for n in versions if len({s.versions[n] for s in answering if n in s.versions}) > 1)
     if differ:
         summary += f"; versions differ: {', '.join(differ)}"
-    if count < len(servers):
+    if len(answering) < sum(1 for s in servers if not s.error):
         summary += "; some are one server listed under two names"
+    if any(s.reached_ids and set(s.reached_ids) <= ids for s in servers):
+        summary += "; an address not usable reaches servers listed by their own"
     lines.append(summary)
     return "\n".join(lines)

@@ -189,13 +189,21 @@ def test_an_address_whose_calls_reach_several_servers_is_not_usable(
     proxy.start()
     try:
         assert main(["servers", "--servers", f"127.0.0.1:{port}"]) == 1
+        alone = capsys.readouterr().out
+        # Listed with the servers it reaches: they are counted once (was "3 servers, 2 answering").
+        assert main(["servers", "--servers", ",".join([*backends, f"127.0.0.1:{port}"])]) == 1
+        together = capsys.readouterr().out
     finally:
         proxy.stop(None)
         for channel in balancer.channels:
             channel.close()
-    text = capsys.readouterr().out
+    text = alone
     assert text.startswith(f"127.0.0.1:{port}  not usable: its calls reached 2 different env servers (server ids "), (
         text
     )
     assert "give each server its own address (or balance connections, not calls)" in text
     assert text.rstrip().splitlines()[-1] == "1 server, 0 answering, 0 envs, 1 address not usable", text
+    assert together.rstrip().splitlines()[-1] == (
+        "2 servers (3 addresses), 2 answering, 4 envs, 1 address not usable; an address not usable reaches servers "
+        "listed by their own"
+    ), together
