@@ -67,6 +67,9 @@ class FleetOutages:
     # (_say_all_down); and when that was. (Class defaults too: none said yet.)
     _all_down_said_for: float = -1.0
     _all_down_said_at: float = -math.inf
+    # Whether that outage's warning was the last word on it: the first server back ends it, said at WARNING
+    # too (its own "is back" line is INFO where the server is the same process or left as planned).
+    _all_down_open: bool = False
 
     if TYPE_CHECKING:
 
@@ -229,6 +232,13 @@ class FleetOutages:
                 if index is not None:
                     self._timers[index].reconnects += 1
                     self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
+                if self._all_down_open and not replica.broken:
+                    self._all_down_open = False
+                    log.warning(
+                        "env server %s is back: the fleet steps again (every server was down for %.1f s)",
+                        label_of(replica.client.address),
+                        time.monotonic() - self._all_down_said_for,
+                    )
             finally:
                 self._rejoined.set()  # (a step waiting for a server to come back must hear of it whatever happened)
 
@@ -316,7 +326,7 @@ class FleetOutages:
         if now - self._all_down_said_at < faults.STILL_DOWN_LOG_S:
             log.debug("every env server is down again (%s)", ", ".join(map(label_of, self.addresses)))
             return
-        self._all_down_said_at = now
+        self._all_down_said_at, self._all_down_open = now, True
         log.warning(
             "every env server is down (%s): stepping waits for one to come back; unless one answers steps again, "
             "the fleet gives up in %.0f s (give_up_after %g s; `learner train --give-up-after`)",

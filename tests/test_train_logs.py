@@ -4,6 +4,7 @@ while, with a count), naming the server, at a level that fits, and the cost coun
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,31 @@ def test_a_server_back_as_the_same_process_is_info_and_one_restarted_a_warning(
         (logging.WARNING, False),
     ], [r.getMessage() for r in back]
     assert "(restarted: server id " in back[1].getMessage() and "a new process" in back[1].getMessage()
+
+
+@pytest.mark.slow
+def test_the_fleet_stepping_again_after_every_server_was_down_is_a_warning(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lone server hung past the step deadline and back as the same process: "every env server is down" was
+    a WARNING, its return INFO ("same process"), so at the default log level the alarm had no end."""
+    server = spawn_server("tests.envs:FaultyEnv", K, "--env-kwargs", '{"hang_at": 3, "hang_s": 3, "length": 1000}')
+    zeros = np.zeros(K, dtype=np.int64)
+    caplog.set_level(logging.INFO, logger="learner")
+    with RemoteVectorEnv([server.address], fault_tolerant=True, timeout=1.0, backoff=(0.05, 0.5)) as envs:
+        envs.reset(seed=0)
+        deadline = time.monotonic() + 30.0
+        while envs.fault_stats().reconnects < 1 or not envs.available.all():
+            assert time.monotonic() < deadline, "the server did not come back within 30 s"
+            envs.step(zeros)
+    assert said(caplog, "every env server is down", logging.WARNING)
+    [back] = said(caplog, "the fleet steps again", logging.WARNING)
+    assert re.fullmatch(
+        rf"env server {re.escape(server.address)} is back: the fleet steps again \(every server was down for "
+        r"\d+\.\d s\)",
+        back,
+    ), back
+    assert said(caplog, " is back after ", logging.INFO)  # (its own line: the same process)
 
 
 @pytest.mark.slow
