@@ -194,6 +194,7 @@ def _load_entry_point(spec: str) -> Callable[..., Any]:
 # own half_cheetah.xml, which sets settotalmass (HalfCheetah-v5), once per env built.
 _MUJOCO_NOISE = ("compiler attribute 'settotalmass' is deprecated",)
 _mujoco_said: set[str] = set()
+_MUJOCO_SAID_MAX = 256
 
 
 def quiet_env_libraries(env: str) -> None:
@@ -215,15 +216,19 @@ def quiet_env_libraries(env: str) -> None:
         except Exception:  # (an id gymnasium.make will say is unknown, a module it cannot import: said there)
             return
     mujoco = sys.modules.get("mujoco")
-    if mujoco is not None and getattr(mujoco, "get_mju_user_warning", lambda: None)() is not _mujoco_warning:
+    # (only over MuJoCo's own handler: not one the env's author set, one that raises on an unstable simulation say)
+    if mujoco is not None and getattr(mujoco, "get_mju_user_warning", lambda: _mujoco_warning)() is None:
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 def _mujoco_warning(message: str) -> None:
     text = " ".join(message.split())
     if text not in _mujoco_said:
-        _mujoco_said.add(text)
-        noise = any(known in text for known in _MUJOCO_NOISE)
+        # (warnings that name a time or a step differ each time: past so many, the rest at debug)
+        many = len(_mujoco_said) >= _MUJOCO_SAID_MAX
+        if not many:
+            _mujoco_said.add(text)
+        noise = many or any(known in text for known in _MUJOCO_NOISE)
         log.log(logging.DEBUG if noise else logging.WARNING, "MuJoCo: %s", text)
 
 
@@ -305,6 +310,7 @@ def _env_factory(config: ServerConfig) -> Callable[[], gym.Env[Any, Any]]:
     def make_wrapped() -> gym.Env[Any, Any]:
         quiet_env_libraries(config.env)  # (here: in the process that builds it, an async worker's too)
         env = make_one()
+        quiet_env_libraries(config.env)  # (again: an env class that imports MuJoCo as it is built)
         for wrap in wrappers:
             env = wrap(env)
         return env

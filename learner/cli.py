@@ -642,7 +642,9 @@ def finished_line(
     line = f"evaluate its policy with: learner eval {where}"
     left_out = ""
     if servers:
-        listed = servers.split(",")
+        from learner.discovery import split_addresses  # (grpc-free: the command's start imports no more)
+
+        listed = split_addresses(servers)
         up = [address for address in listed if address not in down] or listed
         if len(up) < len(listed):
             left_out = f" (without {', '.join(a for a in listed if a not in up)}: down at the run's end)"
@@ -1882,27 +1884,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(argv: Sequence[str] | None, *, then_exit: bool) -> int:
+    started = time.monotonic()
     try:
         return _run_command(argv, then_exit=then_exit)
     finally:
-        _linger()
+        _linger(started)
 
 
-def _linger() -> None:
+def _linger(since: float) -> None:
     """Once the command has said all it had to: wait for the metrics endpoints that --metrics-linger serves on
-    after their run's end (a Ctrl-C ends the wait)."""
+    after the end of its run (one that ended after ``since``, time.monotonic(); a Ctrl-C ends the wait)."""
     if "learner.live_metrics" not in sys.modules:  # (no endpoint served: not imported for nothing)
         return
     from learner.live_metrics import lingering, wait_for_lingering
 
-    for url, left in lingering():
+    for url, left in lingering(since):
         print(
             f"learner: serving the run's last metrics on {url} for {left:.0f} s more (--metrics-linger; Ctrl-C "
             "stops it now)",
             file=sys.stderr,
             flush=True,
         )
-    wait_for_lingering()
+    wait_for_lingering(since)
 
 
 def _run_command(argv: Sequence[str] | None, *, then_exit: bool) -> int:

@@ -247,7 +247,9 @@ class Args:
     metrics_linger: float = field(default=0.0, metadata={"metavar": "S"})
     """go on serving --metrics-port for this many seconds after the run's end (not after a Ctrl-C; a Ctrl-C
     ends the wait), for Prometheus to scrape its last values (the steps, solved, the end's time and reason:
-    the endpoint closes ~2 s after the last update otherwise); 0: close at once"""
+    the endpoint closes ~2 s after the last update otherwise); 0: close at once. The learner command waits for
+    it; a Python program that calls train() serves it while it lives (learner.live_metrics.wait_for_lingering()
+    waits)"""
 
     # -- tracking (Weights & Biases) ------------------------------------------------------------------------
     track: bool = False

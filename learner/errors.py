@@ -303,7 +303,10 @@ def raise_first(errors: Sequence[BaseException]) -> None:
         return
     first = errors[0]
     for err in errors[1:]:
-        # On the exception (shown with its traceback), not on stderr through logging's last resort.
-        first.add_note(f"also: {err}")
+        # On the exception (shown with its traceback), not on stderr through logging's last resort. The same
+        # error of another server (a wrong token at each, with its long hint): named, not repeated.
+        here, there = getattr(err, "address", ""), getattr(first, "address", "")
+        same = here and there and str(err).replace(here, there, 1) == str(first)
+        first.add_note(f"also: env server {here}: the same" if same else f"also: {err}")
         log.debug("%s", err)
     raise first

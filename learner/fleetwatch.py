@@ -92,9 +92,10 @@ class SlowReplicas:
                 )
         return said
 
-    def warned(self, name: str) -> bool:
-        """Whether the replica ``name`` was warned of as slow and has not recovered since."""
-        return name in self._warned
+    def noted(self, name: str) -> bool:
+        """Whether the replica ``name`` was slow in the last check (to be warned of, if it stays so), or was
+        warned of as slow and has not recovered since."""
+        return self._streaks.get(name, 0) > 0 or name in self._warned
 
 
 def _busy_here() -> str:
@@ -205,8 +206,8 @@ class FleetWatch:
         self._slow = SlowReplicas()
         self.of_note: frozenset[str] = frozenset()
         """The servers (:meth:`label`) of the last :meth:`rollout_metrics`' windows that were down, counted a
-        loss, a return or a stall, or are slow (warned of): those whose figures the run's files give when
-        not :attr:`every_replica`."""
+        loss, a return or a stall, or are slow (from their first slow update: the warning after a few points
+        to them): those whose figures the run's files give when not :attr:`every_replica`."""
 
     def start_rollout(self) -> None:
         """Start every server's window here, at a rollout's start, so that :meth:`rollout_metrics` gives
@@ -248,7 +249,7 @@ class FleetWatch:
             for w in windows
             if not w.available
             or any(getattr(w, k) for k in StepTimer.COUNTS)
-            or self._slow.warned(self.label(w.address))
+            or self._slow.noted(self.label(w.address))
         )
         return metrics
 

@@ -378,7 +378,8 @@ class LearnerMetrics:
         if linger > 0 and self._ended_by not in (None, "interrupted"):
             timer = threading.Timer(linger, self._stop)
             timer.daemon = True  # (it does not keep a Python program alive: the command waits for it)
-            _lingering.append((timer, self, time.monotonic() + linger))
+            now = time.monotonic()
+            _lingering.append((timer, self, now + linger, now))
             timer.start()
             return
         self._stop()
@@ -391,35 +392,51 @@ class LearnerMetrics:
                 self._httpd = None
 
 
-_lingering: list[tuple[threading.Timer, LearnerMetrics, float]] = []
-"""Endpoints served on after their run's end (:meth:`LearnerMetrics.close`): their timers, and when they close."""
+_lingering: list[tuple[threading.Timer, LearnerMetrics, float, float]] = []
+"""Endpoints served on after their run's end (:meth:`LearnerMetrics.close`): their timers, when they close, and
+when they began to linger (time.monotonic())."""
 
 
-def lingering() -> list[tuple[str, float]]:
-    """The endpoints still served after their run's end: their URL and the seconds until they close."""
+def lingering(since: float = -math.inf) -> list[tuple[str, float]]:
+    """The endpoints still served after their run's end (those whose run ended after ``since``, on
+    time.monotonic()'s clock): their URL and the seconds until they close."""
     now = time.monotonic()
-    return [(metrics.url or "", max(0.0, until - now)) for timer, metrics, until in _lingering if timer.is_alive()]
+    return [
+        (metrics.url or "", max(0.0, until - now))
+        for timer, metrics, until, ended in _lingering
+        if timer.is_alive() and ended >= since
+    ]
 
 
-def wait_for_lingering() -> None:
-    """Wait until every endpoint served on after its run's end (``close(linger)``) has closed; a Ctrl-C
-    closes them at once."""
+def wait_for_lingering(since: float = -math.inf) -> None:
+    """Wait until every endpoint served on after its run's end (``close(linger)``; those whose run ended
+    after ``since``) has closed; a Ctrl-C closes them at once. (A Python program that trains with
+    ``metrics_linger`` calls it before it ends: the endpoint's thread does not keep it alive.)"""
+    waited = [entry for entry in _lingering if entry[3] >= since]
     try:
-        while _lingering:
-            while _lingering[0][0].is_alive():
-                _lingering[0][0].join(0.25)  # (in steps: a Ctrl-C raises between them, wherever it was sent from)
-            _lingering.pop(0)
+        for timer, _, _, _ in waited:
+            while timer.is_alive():
+                timer.join(0.25)  # (in steps: a Ctrl-C raises between them, wherever it was sent from)
     except KeyboardInterrupt:
-        for timer, metrics, _ in _lingering:
+        for timer, metrics, _, _ in waited:
             timer.cancel()
             metrics._stop()
-        _lingering.clear()
+    _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry not in waited]
+
+
+def _stop_lingering() -> None:
+    """End the linger of every endpoint of this process (a new run serves its own metrics)."""
+    for timer, metrics, _, _ in _lingering:
+        timer.cancel()
+        metrics._stop()
+    _lingering.clear()
 
 
 def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") -> LearnerMetrics:
     """A run's :class:`LearnerMetrics`, served on ``host:port`` (0: a free port) and logged; OptionError
     naming --metrics-port (or --metrics-host) where it cannot be."""
     metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
+    _stop_lingering()  # (an earlier run of this process, served on after its end: its port may be this one)
     try:
         # (0.0.0.0: served on "::" where that takes IPv4 too, as gRPC's)
         metrics.serve_http(http_host(host), port, shown=host)

@@ -180,15 +180,22 @@ def _check_task_room(num_servers: int) -> None:
     """ServerStartError where the user's limit on processes (``ulimit -u``, RLIMIT_NPROC: threads count, of
     every process of the user's) leaves no room for the servers' threads (:data:`THREADS_PER_SERVER` each):
     servers that could not start a thread crashed or were said to have stopped, dozens of core dumps among
-    them. Not checked for root (the limit does not hold it) or without /proc to count the user's threads."""
+    them. The soft limit is raised to the hard one first where that makes room. Not checked for root (the
+    limit does not hold it; root in a user namespace, a rootless container's, is taken for root too) or
+    without /proc to count the user's threads; an async server's worker processes are not counted."""
     try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
     except (AttributeError, OSError, ValueError):
         return
     if soft == resource.RLIM_INFINITY or os.geteuid() == 0 or (running := _user_threads()) is None:
         return
     need = running + num_servers * THREADS_PER_SERVER
-    if need > soft:
+    if need > soft and (hard == resource.RLIM_INFINITY or hard > soft):
+        with suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NPROC, (hard, hard))
+            soft = hard
+            log.debug("raised the limit on processes (ulimit -u) to %s for %d local env servers", hard, num_servers)
+    if soft != resource.RLIM_INFINITY and need > soft:
         raise ServerStartError(
             f"{num_servers} local env servers need at least {num_servers * THREADS_PER_SERVER} threads (about "
             f"{THREADS_PER_SERVER} each), and this user runs {running} already, over its limit of {soft} processes "

@@ -234,11 +234,13 @@ class FleetOutages:
                     self._share_cpus()  # a new session: the server may now offer a step socket, or no longer
                 if self._all_down_open and not replica.broken:
                     self._all_down_open = False
-                    log.warning(
-                        "env server %s is back: the fleet steps again (every server was down for %.1f s)",
-                        label_of(replica.client.address),
-                        time.monotonic() - self._all_down_said_for,
-                    )
+                    # (not where servers that joined since, by refresh(), ended the outage: said as they joined)
+                    if all(r.state is ReplicaState.DOWN for r in self._replicas if r is not replica):
+                        log.warning(
+                            "env server %s is back: the fleet steps again (every server was down for %.1f s)",
+                            label_of(replica.client.address),
+                            time.monotonic() - self._all_down_said_for,
+                        )
             finally:
                 self._rejoined.set()  # (a step waiting for a server to come back must hear of it whatever happened)
 

@@ -1687,8 +1687,8 @@ def train(
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
         servers = len(config["envs"]["addresses"])
-        if not (every := every_replica(args.replica_metrics, servers)):
-            log.info("%s", replica_metrics_note(servers))
+        if not (every := every_replica(args.replica_metrics, servers)) and on_start is None:
+            log.info("%s", replica_metrics_note(servers))  # (the command prints it with the run's first lines)
         _say_started(
             config,
             hp,
@@ -2051,7 +2051,9 @@ def train(
                 live.run_ended(
                     global_step=counters.global_step,
                     solved=counters.solved_at_step is not None,
-                    stop_reason=stop_reason,
+                    # (a Ctrl-C during the last update: the run ended as finished, and the command stops as
+                    # interrupted, serving on no longer)
+                    stop_reason="interrupted" if stop_request.signalled else stop_reason,
                 )
             here = _write_summary(run_dir, summary, propagating)
             if tracker is not None:  # (put into the W&B run's summary as it finishes)

@@ -720,3 +720,11 @@ class SimulatorBuildEnv(ClockEnv):
         self.simulator = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({sim_s}); {marker!r}"])
         time.sleep(build_s)
         super().__init__()
+
+
+def lazy_half_cheetah(**kwargs: Any) -> gym.Env[Any, Any]:
+    """HalfCheetah-v5 made by a factory that imports MuJoCo only as it builds the env (a user's env class
+    may): its model's deprecation warning comes before any handler could be set from the module."""
+    from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
+
+    return HalfCheetahEnv(**kwargs)

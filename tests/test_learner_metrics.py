@@ -268,6 +268,17 @@ def test_metrics_linger_serves_the_run_s_last_values_after_its_end_but_not_after
     assert time.monotonic() - waited < 10 and lingering() == []
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(metrics.url, timeout=5)
+    # A run of the same process, on the same port, while an earlier one lingers: that one's linger ends.
+    from learner.live_metrics import serve_metrics
+
+    first = serve_metrics("127.0.0.1", 0)
+    assert first.url is not None
+    port = int(first.url.rsplit(":", 1)[1].split("/")[0])
+    first.run_ended(global_step=64, solved=False, stop_reason="total_timesteps")
+    first.close(linger=30)
+    second = serve_metrics("127.0.0.1", port)  # (was: "Address already in use (another process has it ...)")
+    assert lingering() == [] and second.url == first.url
+    second.close()
     interrupted = LearnerMetrics()
     interrupted.serve_http("127.0.0.1", 0)
     interrupted.run_ended(global_step=64, solved=False, stop_reason="interrupted")

@@ -389,8 +389,9 @@ def test_a_limit_on_the_user_s_processes_too_low_for_the_servers_threads_is_said
 
     running = local._user_threads()
     assert running is not None and running > 0
-    limits = {resource.RLIMIT_NPROC: (running + 1000, resource.RLIM_INFINITY)}  # (room for others' to come)
+    limits = {resource.RLIMIT_NPROC: (running + 1000, running + 1000)}  # (room for others' to come)
     monkeypatch.setattr(resource, "getrlimit", lambda which: limits.get(which, (resource.RLIM_INFINITY,) * 2))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, values: limits.__setitem__(which, values))
     local._check_task_room(40)  # (as root: the limit does not hold)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     local._check_task_room(10)  # (fits)
@@ -402,6 +403,10 @@ def test_a_limit_on_the_user_s_processes_too_low_for_the_servers_threads_is_said
         r"each: envs_per_server, --envs-per-server\)",
         str(err.value),
     ), err.value
+    # A soft limit under the hard one is raised to it first (as the one on open files): no error where that fits.
+    limits[resource.RLIMIT_NPROC] = (running + 100, running + 5000)
+    local._check_task_room(200)
+    assert limits[resource.RLIMIT_NPROC] == (running + 5000, running + 5000)
 
 
 def test_mujoco_s_warnings_are_logged_not_printed_or_written_to_the_working_directory_nor_ale_s_banner(
@@ -423,6 +428,16 @@ def test_mujoco_s_warnings_are_logged_not_printed_or_written_to_the_working_dire
             make_env(ServerConfig(env="HalfCheetah-v5")).close()
     assert os.listdir(tmp_path) == []
     assert "settotalmass" not in capfd.readouterr().out
+    # An env class that imports MuJoCo as it is built: its first env's warning goes by MuJoCo's own handler
+    # (no other is set before it is imported); its later envs', logged. (A fresh process: this one has MuJoCo.)
+    lazy = (
+        "from env_server.config import ServerConfig\nfrom env_server.envs import make_env\n"
+        "for _ in range(2): make_env(ServerConfig(env='tests.envs:lazy_half_cheetah')).close()\n"
+        "import mujoco, env_server.envs as e\nassert mujoco.get_mju_user_warning() is e._mujoco_warning"
+    )
+    environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    lazily = subprocess.run([sys.executable, "-c", lazy], cwd=tmp_path, env=environ, capture_output=True, timeout=120)
+    assert lazily.returncode == 0, lazily.stderr.decode()
     pytest.importorskip("ale_py", reason="needs ale-py (pip install 'envfleet[atari]')")
     make_env(ServerConfig(env="ALE/Pong-v5")).close()
     assert "A.L.E: Arcade Learning Environment" not in capfd.readouterr().err  # (ale-py's banner: printed before)

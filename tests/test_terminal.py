@@ -277,6 +277,9 @@ def test_a_finished_run_suggests_evaluating_it_and_plotting_it_unless_it_did(tmp
         f"evaluate its policy with: learner eval '{run}' --servers a:1 (without b:1, c:1: down at the run's end)"
     )
     assert finished_line(run, plot=False, servers="a:1", down={"a:1"}).endswith("--servers a:1")
+    assert finished_line(run, plot=False, servers="a:1, b:1 c:1", down={"b:1"}).endswith(  # (as --servers takes)
+        "--servers a:1,c:1 (without b:1: down at the run's end)"
+    )
     # With the TLS options it reached them with (eval takes none from the run): paths, no token.
     config = Args(servers="proxy:443", tls_ca="/etc/ca dir/ca.pem", tls_server_name="env.test", auth_token="secret")
     assert finished_line(run, plot=False, servers=config.servers, tls=tls_options(config)) == (

@@ -18,7 +18,7 @@ from learner.config import Args
 from learner.fleet import FleetChange
 from learner.train import train
 from tests.conftest import QUIET as QUIET_RUN
-from tests.conftest import SpawnServer, StartServers
+from tests.conftest import SpawnServer, StartServers, fleet
 
 QUIET: dict[str, Any] = {**QUIET_RUN, "checkpoint_every": 0}
 K = 2  # envs per server
@@ -202,6 +202,35 @@ def test_the_fleet_stepping_again_after_every_server_was_down_is_a_warning(
         back,
     ), back
     assert said(caplog, " is back after ", logging.INFO)  # (its own line: the same process)
+
+
+@pytest.mark.slow
+def test_an_outage_that_servers_joining_ended_is_not_said_to_end_at_a_later_return(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every server down, then others joining by refresh() (compose down and up, new addresses): the outage
+    is over. A later loss and return of one server while another steps said "the fleet steps again (every
+    server was down for 24.1 s)"."""
+    a, b, c = (spawn_server("CartPole-v1", K) for _ in range(3))
+    name, listed = fleet(a.address)
+    caplog.set_level(logging.INFO, logger="learner")
+    with RemoteVectorEnv(name, fault_tolerant=True, timeout=1.0, backoff=(0.05, 0.5)) as envs:
+        envs.reset(seed=0)
+        a.kill()
+        deadline = time.monotonic() + 30.0
+        while not said(caplog, "every env server is down", logging.WARNING):
+            assert time.monotonic() < deadline, "every server down was not said within 30 s"
+            envs.step(np.zeros(K, dtype=np.int64))
+        listed[:] = [b.address, c.address]
+        envs.refresh(wait=30)
+        assert envs.addresses == [b.address, c.address]
+        c.kill()
+        c.start()
+        deadline = time.monotonic() + 30.0
+        while envs.fault_stats().reconnects < 1 or not envs.available.all():
+            assert time.monotonic() < deadline, "the server did not come back within 30 s"
+            envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+    assert not said(caplog, "the fleet steps again"), said(caplog, "the fleet steps again")
 
 
 @pytest.mark.slow
