@@ -231,9 +231,12 @@ def proxy_status(details: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def proxy_text(status: int) -> str:
-    """What an HTTP ``status`` from a proxy between the learner and an env server means."""
+def proxy_text(status: int, reached: bool = False) -> str:
+    """What an HTTP ``status`` from a proxy between the learner and an env server means; ``reached``: the
+    proxy had reached the server before (a session's Handshake went through it), so it is set up right."""
     said = f"an HTTP proxy between the learner and the env server answered HTTP {status}"
+    if status in (502, 503) and reached:
+        return f"{said}: nothing behind it answers any more (the env server behind it stopped, restarted or moved)"
     if status in (502, 503):
         return (
             f"{said}: nothing behind it answers (the env server is down or not started, or the proxy's upstream is "
@@ -821,7 +824,7 @@ class EnvClient:
             "The session is over (the server freed its envs), and the next call says so%s",
             label_of(self.address),
             time.monotonic() - self._session_since,
-            proxy_text(status),
+            proxy_text(status, reached=True),  # (the session's Handshake went through it)
             keep_open,
         )
 

@@ -353,6 +353,25 @@ def test_a_hold_stream_a_proxy_ended_is_said_to_be_the_proxys_doing(caplog: pyte
     ), said[0]
 
 
+def test_a_hold_stream_ended_by_a_502_names_the_server_gone_not_the_proxy_s_settings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A session's Handshake went through the proxy, so a 502 on its Hold is the server behind it gone: the
+    proxy's setup hints (grpc_pass, proto h2) were given all the same (Caddy, a server killed mid-run)."""
+    faults = Faults(hold="error", hold_status=(grpc.StatusCode.UNAVAILABLE, "Received http2 header with status: 502"))
+    server = FaultyServer(faults)
+    with caplog.at_level(logging.INFO), server, RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        time.sleep(0.1)
+        envs.reset(seed=1)
+    [said] = warnings(caplog)
+    assert said.endswith(
+        "s after it opened: an HTTP proxy between the learner and the env server answered HTTP 502: nothing behind "
+        "it answers any more (the env server behind it stopped, restarted or moved). The session is over (the "
+        "server freed its envs), and the next call says so"
+    ), said
+
+
 @pytest.mark.parametrize(
     ("code", "details", "said"),
     [
