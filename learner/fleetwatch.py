@@ -14,7 +14,7 @@ import numpy as np
 from learner import rundir
 from learner.device import machine_busy
 from learner.local import server_label
-from learner.stats import ReplicaStats, StepTimer
+from learner.stats import REPLICAS, ReplicaStats, StepTimer, replica_key
 
 __all__ = [
     "FAULT_COUNTS",
@@ -238,7 +238,7 @@ class FleetWatch:
         for window in windows:
             # By address, not position: a fleet's positions shift as servers leave and join.
             name = self.label(window.address)
-            metrics.update(window.metrics(f"replicas/{name}/"))
+            metrics.update(window.metrics(f"{REPLICAS}{name}/"))
             self.replicas.setdefault(name, ReplicaTotals()).add(window)
         for level, message in self._slow.check(windows, self.label):
             log.log(level, "%s", message)
@@ -323,15 +323,7 @@ def written_row(row: dict[str, Any], replicas: frozenset[str] | None) -> dict[st
     per-server figures (``replicas/<name>/<field>``); None: all of them."""
     if replicas is None:
         return row
-    return {k: v for k, v in row.items() if not k.startswith(_REPLICAS) or _replica_of(k) in replicas}
-
-
-_REPLICAS = "replicas/"
-
-
-def _replica_of(key: str) -> str:
-    """The replica a ``replicas/<name>/<field>`` key is of (names may hold "/": unix:/tmp/...)."""
-    return key.removeprefix(_REPLICAS).rpartition("/")[0]
+    return {k: v for k, v in row.items() if not k.startswith(REPLICAS) or replica_key(k)[0] in replicas}
 
 
 # What a window that start_rollout() ends passes on to the rollout's: its counts, and its steps (those of a

@@ -22,6 +22,7 @@ from prometheus_client import (
 from env_server.metrics import NoCreatedRegistry, serve_registry
 from env_server.protocol import bind_hint, host_port, host_problem, http_host, package_version
 from learner.errors import OptionError, os_reason
+from learner.stats import REPLICAS, replica_key
 
 __all__ = [
     "FAULT_COUNTERS",
@@ -131,7 +132,6 @@ REPLICA_COUNTERS: dict[str, str] = {
 }
 """Per-replica counts of a row (this update's) as counters ``envfleet_learner_replica_<key>_total{replica=...}``."""
 
-_REPLICAS = "replicas/"
 
 SLOWEST_WINDOW_S = 60.0
 """``envfleet_learner_replica_latency_max_seconds`` is the slowest round trip of the rollouts of this many
@@ -301,9 +301,9 @@ class LearnerMetrics:
         self._updates.advance(int(row["update"]))
         replicas: set[str] = set()
         for key, value in row.items():
-            if not key.startswith(_REPLICAS):
+            if not key.startswith(REPLICAS):
                 continue
-            replica, _, field = key.removeprefix(_REPLICAS).rpartition("/")  # (addresses hold "/": unix:/tmp/...)
+            replica, field = replica_key(key)
             if field in self._replica_gauges:
                 gauge, scale = self._replica_gauges[field]
                 if field == "latency_max_ms":
@@ -418,25 +418,23 @@ def wait_for_lingering(since: float = -math.inf) -> None:
             while timer.is_alive():
                 timer.join(0.25)  # (in steps: a Ctrl-C raises between them, wherever it was sent from)
     except KeyboardInterrupt:
-        for timer, metrics, _, _ in waited:
-            timer.cancel()
-            metrics._stop()
+        _end_lingering(waited)
     _lingering[:] = [entry for entry in _lingering if entry[0].is_alive() and entry not in waited]
 
 
-def _stop_lingering() -> None:
-    """End the linger of every endpoint of this process (a new run serves its own metrics)."""
-    for timer, metrics, _, _ in _lingering:
+def _end_lingering(entries: list[tuple[threading.Timer, LearnerMetrics, float, float]]) -> None:
+    """End the linger of the endpoints ``entries`` (of :data:`_lingering`) now."""
+    for timer, metrics, _, _ in entries:
         timer.cancel()
         metrics._stop()
-    _lingering.clear()
 
 
 def serve_metrics(host: str, port: int, *, env_id: str = "", run_dir: str = "") -> LearnerMetrics:
     """A run's :class:`LearnerMetrics`, served on ``host:port`` (0: a free port) and logged; OptionError
     naming --metrics-port (or --metrics-host) where it cannot be."""
     metrics = LearnerMetrics(env_id=env_id, run_dir=run_dir)
-    _stop_lingering()  # (an earlier run of this process, served on after its end: its port may be this one)
+    _end_lingering(_lingering)  # (an earlier run of this process, served on after its end: its port may be this one)
+    _lingering.clear()
     try:
         # (0.0.0.0: served on "::" where that takes IPv4 too, as gRPC's)
         metrics.serve_http(http_host(host), port, shown=host)

@@ -24,7 +24,7 @@ from learner.fleetwatch import ReplicaTotals, written_row
 from learner.progress import bar_postfix, progress_line, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
-from learner.stats import mean_of
+from learner.stats import REPLICAS, mean_of
 from learner.update import UpdateResult
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def tagged_values(row: dict[str, Any]) -> dict[str, float]:
         values[f"perf/{key}"] = row[key]
     values.update(_fault_values(row))
     values.update(
-        (key, value) for key, value in row.items() if key.startswith(("fleet/", "replicas/")) and not math.isnan(value)
+        (key, value) for key, value in row.items() if key.startswith(("fleet/", REPLICAS)) and not math.isnan(value)
     )
     return values
 

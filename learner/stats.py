@@ -9,7 +9,26 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["RING", "ReplicaStats", "StepTimer", "format_return", "format_returns", "mean_of", "spread_of"]
+__all__ = [
+    "REPLICAS",
+    "RING",
+    "ReplicaStats",
+    "StepTimer",
+    "format_return",
+    "format_returns",
+    "mean_of",
+    "replica_key",
+    "spread_of",
+]
+
+REPLICAS = "replicas/"
+"""The prefix of a metrics row's per-server keys, ``replicas/<replica>/<field>`` (:meth:`ReplicaStats.metrics`)."""
+
+
+def replica_key(key: str) -> tuple[str, str]:
+    """The replica and the field a ``replicas/<replica>/<field>`` key names (replicas may hold "/": unix:/tmp/...)."""
+    replica, _, field = key.removeprefix(REPLICAS).rpartition("/")
+    return replica, field
 
 
 @dataclass(frozen=True)
