@@ -265,6 +265,21 @@ OTHER_SERVER_S = 2.0
 address reaches several servers (see ``EnvClient._note_other_server``); sent later, the session may have
 ended first. Also how long after the Hold a Release must go out for the refusal not to be the Release's."""
 
+SPREAD_PROBES = 8
+"""GetSpec calls a Handshake's session is checked with, at once, for an address whose calls reach several servers
+(see ``EnvClient._refuse_spread_calls``): one that spreads calls over two servers at random reaches only the
+Handshake's with all of them once in 256 sessions, or only the other's."""
+
+
+def spread_calls_text(server_ids: Sequence[str]) -> str:
+    """What an address whose calls reached the servers ``server_ids`` (more than one) is told: a learner's
+    session lives on one server."""
+    return (
+        f"its calls reached {len(server_ids)} different env servers (server ids "
+        f"{', '.join(server_text(i) for i in server_ids)}): a proxy or load balancer spreading calls over them? A "
+        "learner's session is one server's: give each server its own address (or balance connections, not calls)"
+    )
+
 
 def _warning_once(warned: set[str], address: str) -> Callable[..., None]:
     """The log call for a condition of server ``address`` that can come again (each session): WARNING
@@ -707,7 +722,36 @@ class EnvClient:
                 "the same process, so after a lost connection the learner takes it for the same one",
                 label_of(self.address),
             )
+        else:
+            await self._refuse_spread_calls(response, timeout)
         return response
+
+    async def _refuse_spread_calls(self, response: pb.HandshakeResponse, timeout: float) -> None:
+        """RemoteEnvError if calls to this address reach other servers than the one whose Handshake granted
+        ``response``'s session (a proxy or load balancer spreading calls over several: every later call of the
+        session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs at once tell: their
+        servers' ids. The session is let go of (Releases at once too, of which the server holding it may get
+        one; else it ends after its claim timeout). One round trip at the start of each session."""
+        own = response.spec.server_id
+        probes = await asyncio.gather(
+            *(
+                self.stub.GetSpec(pb.GetSpecRequest(), timeout=timeout, metadata=self.metadata)
+                for _ in range(SPREAD_PROBES)
+            ),
+            return_exceptions=True,
+        )
+        reached = {p.spec.server_id for p in probes if isinstance(p, pb.GetSpecResponse) and p.spec.server_id}
+        # (all its own; or all one other: the server restarted right after the Handshake, as a reconnect finds out)
+        if not reached - {own} or (own not in reached and len(reached) == 1):
+            return
+        await asyncio.gather(
+            *(self.release_session(response.session_id, min(timeout, RELEASE_TIMEOUT)) for _ in range(SPREAD_PROBES)),
+            return_exceptions=True,
+        )
+        raise RemoteEnvError(
+            f"env server {label_of(self.address)}: {spread_calls_text(sorted(reached | {own}))}",
+            address=self.address,
+        )
 
     def start_session(self, response: pb.HandshakeResponse) -> None:
         """Adopt the session a Handshake returned and open its Hold stream (which keeps the claim). On

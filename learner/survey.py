@@ -15,7 +15,7 @@ import grpc
 
 from env_server import codec
 from env_server.protocol import bearer_metadata
-from learner.client import EnvClient, channel_credentials, server_text
+from learner.client import EnvClient, channel_credentials, server_text, spread_calls_text
 from learner.discovery import diagnose, expand_named, probe_until
 from learner.errors import RemoteEnvError
 from learner.local import label_of
@@ -164,12 +164,7 @@ async def _ask(
     ids = sorted(reached - {""})  # (servers too old to say an id say "")
     if len(ids) > 1:
         info.servers_reached, info.reached_ids = len(ids), tuple(ids)
-        info.error = (
-            f"its calls reached {len(ids)} different env servers (server ids "
-            f"{', '.join(server_text(i) for i in ids)}): a proxy or load balancer spreading calls "
-            "over them? A learner's session is one server's: give each server its own address (or balance "
-            "connections, not calls)"
-        )
+        info.error = spread_calls_text(ids)
     return info
 
 

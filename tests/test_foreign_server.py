@@ -8,6 +8,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +21,9 @@ from learner import RemoteVectorEnv, faults
 from learner.cli import main
 from learner.client import SERVER_TEXT_LIMIT, server_text
 from learner.errors import EnvCrashedError, InvalidResponseError, RemoteEnvError, ServerUnavailableError
+from learner.survey import survey
+from tests.balancer import CallBalancer
+from tests.conftest import StartServers
 from tests.faulty_server import Faults, FaultyServer
 
 ACTIONS = np.zeros(2, dtype=np.int64)
@@ -522,3 +526,41 @@ def test_a_broken_server_mended_after_give_up_after_is_taken_back_by_a_reset() -
                 break
             time.sleep(0.01)
         assert "env_unavailable" not in infos and envs.fault_stats().servers_down == 0
+
+
+def test_a_learner_refuses_an_address_whose_calls_reach_several_servers(
+    start_servers: StartServers, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Behind Caddy (reverse_proxy to two servers) one address spreads calls over both: `learner train` trained on,
+    each call to either server, with false "restarted" lines, and left a claim on one until its claim timeout.
+    Refused at the start, with the servers' ids, and neither server left claimed: each is usable at once."""
+    backends = start_servers("CartPole-v1", 2, 2, transport="tcp")
+    with CallBalancer(backends) as balancer:
+        with pytest.raises(RemoteEnvError) as caught:
+            RemoteVectorEnv([balancer.address], connect_timeout=5)
+        run = tmp_path / "run"
+        argv = ["train", "--servers", balancer.address, "--total-timesteps", "64", "--run-dir", str(run)]
+        assert main(argv) == 1
+        err = " ".join(capsys.readouterr().err.split())
+    said = (
+        f"env server {balancer.address}: its calls reached 2 different env servers (server ids {{}}): a proxy or load "
+        "balancer spreading calls over them? A learner's session is one server's: give each server its own address "
+        "(or balance connections, not calls)"
+    )
+    assert re.fullmatch(re.escape(said).replace(r"\{\}", "[0-9a-f]+, [0-9a-f]+"), str(caught.value)), caught.value
+    assert str(caught.value) in err, err
+    for address in backends:
+        [info] = survey(address, timeout=5)
+        assert info.claimed_by == "", (address, info.claimed_by)
+    with RemoteVectorEnv(backends, connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+
+
+def test_a_proxy_in_front_of_one_server_is_no_spread_address(start_servers: StartServers) -> None:
+    """The check for an address spreading calls lets a proxy of one server be: its calls reach one server."""
+    [backend] = start_servers("CartPole-v1", 1, 2, transport="tcp")
+    with CallBalancer([backend]) as balancer, RemoteVectorEnv([balancer.address], connect_timeout=5) as envs:
+        envs.reset(seed=0)
+        for _ in range(5):
+            envs.step(np.zeros(envs.num_envs, dtype=np.int64))

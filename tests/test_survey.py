@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import itertools
 import json
 import time
 
-import grpc
 import pytest
 
 from learner import RemoteVectorEnv
 from learner.cli import main
+from tests.balancer import CallBalancer
 from tests.conftest import StartServers
 
 
@@ -158,45 +156,19 @@ def test_an_address_whose_connections_get_no_answer_is_said_so_at_once() -> None
     assert short.error == "a plain connect gets no answer within 0.2 s", short.error
 
 
-class _CallBalancer(grpc.GenericRpcHandler):
-    """A gRPC proxy that spreads unary calls over ``targets`` in turn, as an nginx upstream of several servers
-    does: bytes in, bytes out, each call to the next target."""
-
-    def __init__(self, targets: list[str]) -> None:
-        self.channels = [grpc.insecure_channel(target) for target in targets]
-        self.turn = itertools.count()
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method
-
-        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
-            channel = self.channels[next(self.turn) % len(self.channels)]
-            answer: bytes = channel.unary_unary(method)(request, timeout=10)
-            return answer
-
-        return grpc.unary_unary_rpc_method_handler(forward)
-
-
 def test_an_address_whose_calls_reach_several_servers_is_not_usable(
     start_servers: StartServers, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Behind a proxy spreading calls over two servers, `learner servers` said "1 server, 1 answering, 4 envs" (the
     last answer's id kept), though a learner's session there fails at its first step."""
     backends = start_servers("CartPole-v1", 2, 2, transport="tcp")
-    balancer = _CallBalancer(backends)
-    proxy = grpc.server(concurrent.futures.ThreadPoolExecutor(4), handlers=[balancer])
-    port = proxy.add_insecure_port("127.0.0.1:0")
-    proxy.start()
-    try:
+    with CallBalancer(backends) as balancer:
+        port = int(balancer.address.rpartition(":")[2])
         assert main(["servers", "--servers", f"127.0.0.1:{port}"]) == 1
         alone = capsys.readouterr().out
         # Listed with the servers it reaches: they are counted once (was "3 servers, 2 answering").
         assert main(["servers", "--servers", ",".join([*backends, f"127.0.0.1:{port}"])]) == 1
         together = capsys.readouterr().out
-    finally:
-        proxy.stop(None)
-        for channel in balancer.channels:
-            channel.close()
     text = alone
     assert text.startswith(f"127.0.0.1:{port}  not usable: its calls reached 2 different env servers (server ids "), (
         text

@@ -1,0 +1,72 @@
+"""A gRPC proxy that spreads calls over several env servers, as an nginx upstream of several servers or Caddy's
+reverse_proxy to several does: each call to the next server in turn, bytes in, bytes out."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+from collections.abc import Iterator
+from types import TracebackType
+
+import grpc
+
+_SERVICE = "/envfleet.v1.EnvService/"
+_STREAMS_ANSWERED = {_SERVICE + "Hold"}  # (unary request, streamed answers)
+_STREAMS_BOTH_WAYS = {_SERVICE + "StepStream"}
+
+
+class CallBalancer(grpc.GenericRpcHandler):
+    """Listens on ``address`` (127.0.0.1, a port of its own) once entered; every call goes to the next of
+    ``targets`` (a stream whole to one)."""
+
+    def __init__(self, targets: list[str]) -> None:
+        self.channels = [grpc.insecure_channel(target) for target in targets]
+        self.turn = itertools.count()
+        self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), handlers=[self])
+        self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+
+    def __enter__(self) -> CallBalancer:
+        self._server.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._server.stop(None)
+        for channel in self.channels:
+            channel.close()
+
+    def _next(self) -> grpc.Channel:
+        return self.channels[next(self.turn) % len(self.channels)]
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+
+        def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                answer: bytes = self._next().unary_unary(method)(request, timeout=10)
+            except grpc.RpcError as err:  # (the server's status passed on, as a proxy does)
+                context.abort(err.code(), err.details())
+            return answer
+
+        def forward_answers(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+            call = self._next().unary_stream(method)(request)
+            context.add_callback(call.cancel)
+            try:
+                yield from call
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+
+        def forward_both(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            call = self._next().stream_stream(method)(requests)
+            context.add_callback(call.cancel)
+            try:
+                yield from call
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+
+        if method in _STREAMS_ANSWERED:
+            return grpc.unary_stream_rpc_method_handler(forward_answers)
+        if method in _STREAMS_BOTH_WAYS:
+            return grpc.stream_stream_rpc_method_handler(forward_both)
+        return grpc.unary_unary_rpc_method_handler(forward)
