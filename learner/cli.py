@@ -221,12 +221,15 @@ def _track_variable() -> bool | None:
 def _check_device(args: argparse.Namespace, spec: str) -> None:
     """--device as a usage error (exit 2) where it names a device this host lacks (cuda with no GPU): found by
     train and eval once they run, it was an error of the run's (exit 1), as no other bad option is."""
+    import torch
+
     from learner.device import pick_device
 
     try:
         pick_device(spec)
     except ValueError as err:
-        args.parser.error(str(err))
+        # (what to do, where the host has no GPU at all: a cuda:N beyond its GPUs is told which there are)
+        args.parser.error(f"{err}: give --device cpu, or auto" if not torch.cuda.is_available() else str(err))
 
 
 def _say_a_slow_start(config: Args) -> None:

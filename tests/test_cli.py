@@ -93,9 +93,9 @@ def test_a_device_this_host_lacks_is_a_usage_error(
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
-        assert f"learner {argv[0]}: error: --device: cuda was asked for, but torch sees no CUDA device" in (
-            capsys.readouterr().err
-        )
+        err = capsys.readouterr().err
+        assert f"learner {argv[0]}: error: --device: cuda was asked for, but torch sees no CUDA device" in err
+        assert err.rstrip().endswith("): give --device cpu, or auto"), err  # (what to do: not only what is wrong)
 
 
 @pytest.mark.needs_torch
