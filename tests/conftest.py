@@ -127,10 +127,16 @@ NEEDS = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    cuda: bool | None = None  # (asked of torch once, at the first test that runs on_cuda)
     for item in items:
         for marker, (installed, reason) in NEEDS.items():
             if not installed and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
+        if item.get_closest_marker("needs_cuda") is not None:
+            if cuda is None:
+                cuda = HAS_TORCH and _cuda()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
 def _cuda() -> bool:
@@ -139,7 +145,10 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-on_cuda = pytest.mark.skipif(not HAS_TORCH or not _cuda(), reason="needs a CUDA GPU")
+# For tests that need a CUDA GPU: skipped where there is none. Asked at collection, of the tests marked so only,
+# not here: importing torch takes ~5 s, which every pytest process would pay at its start (xdist's controller,
+# which runs no test, and a run of files that need no torch included).
+on_cuda = pytest.mark.needs_cuda
 
 # A learner command stopped by Ctrl-C ends by the SIGINT once its files are written (learner.cli.run), as
 # Python does with a KeyboardInterrupt nothing caught: a shell's loop over runs then stops too.
