@@ -26,9 +26,18 @@ from learner.local import LocalServers, label_of
 from tests.conftest import StartServers
 
 
+@pytest.fixture(scope="module")
+def cartpole_server() -> Iterator[list[str]]:
+    """One server of 2 CartPole envs for the module's ``cartpole`` tests: each takes it over in a session of
+    its own (a new RemoteVectorEnv, closed after: its Release answered) and changes nothing a session outlives
+    (a server per test cost ~1-2 s apiece on the 2-core machine)."""
+    with LocalServers("CartPole-v1", 1, 2) as servers:
+        yield servers.addresses
+
+
 @pytest.fixture
-def cartpole(start_servers: StartServers) -> Iterator[RemoteVectorEnv]:
-    with RemoteVectorEnv(start_servers("CartPole-v1", num_servers=1, envs_per_server=2)) as envs:
+def cartpole(cartpole_server: list[str]) -> Iterator[RemoteVectorEnv]:
+    with RemoteVectorEnv(cartpole_server) as envs:
         yield envs
 
 
