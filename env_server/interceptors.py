@@ -302,6 +302,14 @@ class CallLimitInterceptor(grpc.aio.ServerInterceptor):
                     self._refuse_late(context)
                 return None
             request = read.result()
+            if request is grpc.aio.EOF and not context.peer():
+                # The call has ended (its peer is gone from it): gRPC refused its request before this read
+                # (over --max-request-bytes, or compressed data that does not decompress within it) and
+                # sent its own status (RESOURCE_EXHAUSTED, INTERNAL), or the caller went away. Nothing to
+                # answer: a status set now would not be sent (gRPC logs a traceback), and "it sent no
+                # request" would be wrong (was: logged, without a peer, when the server was busy).
+                log.debug("%s: its call ended before its request could be read (refused by gRPC)", HEALTH_CHECK)
+                raise asyncio.CancelledError
             if request is grpc.aio.EOF:
                 refuse(
                     context,

@@ -327,3 +327,29 @@ def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> N
     while not condition():
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_check_whose_request_grpc_refused_is_not_logged_as_one_that_sent_none(spawn_server: SpawnServer) -> None:
+    """A Check whose request is over --max-request-bytes (or compressed, and inflates past it) is refused by gRPC
+    (RESOURCE_EXHAUSTED). Where gRPC did so before the Check's handler read it (a busy server: 2 of 80 calls sent
+    8 at a time, unloaded), the handler read the end of the requests and logged "refused ... from : it sent no
+    request" (no peer: the call was over), and set a status gRPC could not send (its traceback logged at times).
+    A Check that does end its requests without one is still refused so."""
+    server = spawn_server("CartPole-v1", 1, "--auth-token", TOKEN, "--max-request-bytes", "4096")
+    too_large = health_pb2.HealthCheckRequest(service="a" * 8192).SerializeToString()
+    with grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        check = channel.unary_unary(CHECK, request_serializer=bytes, response_deserializer=bytes)
+        for _ in range(30):  # (calls together, on one connection: some reach the handler after gRPC refused them)
+            for call in [check.future(too_large, timeout=30) for _ in range(8)]:
+                with pytest.raises(grpc.RpcError) as info:
+                    call.result()
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+        none_sent = channel.stream_unary(CHECK, request_serializer=bytes, response_deserializer=bytes)
+        with pytest.raises(grpc.RpcError) as info:
+            none_sent(iter(()), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    logs = server.logs()
+    assert "Traceback" not in logs and "ExecuteBatchError" not in logs, logs
+    refusals = [line for line in logs.splitlines() if "it sent no request" in line]
+    assert len(refusals) == 1 and re.search(r"from (ipv4|ipv6|unix):\S+: it sent no request", refusals[0]), refusals
