@@ -456,6 +456,9 @@ class _MetricsServer(ThreadingMixIn, WSGIServer):
     past them, a new connection takes the place of the oldest whose request has not all come."""
 
     daemon_threads = True
+    # (the listen backlog: socketserver's 5 dropped the 7th connect of a burst until its SYN was sent again, 1 s
+    # later, or 3 s: a scrape coming in a flood of connections waited that long, where the accept loop keeps up)
+    request_queue_size = 128
 
     def server_bind(self) -> None:
         _both_families(self.socket, self.address_family, self.server_address)
