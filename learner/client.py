@@ -266,7 +266,7 @@ address reaches several servers (see ``EnvClient._note_other_server``); sent lat
 ended first. Also how long after the Hold a Release must go out for the refusal not to be the Release's."""
 
 SPREAD_PROBES = 8
-"""GetSpec calls a Handshake's session is checked with, at once, for an address whose calls reach several servers
+"""GetSpec calls a Handshake's session is checked with, one after another, for an address whose calls reach several servers
 (see ``EnvClient._refuse_spread_calls``): one that spreads calls over two servers at random reaches only the
 Handshake's with all of them once in 256 sessions, or only the other's."""
 
@@ -729,18 +729,22 @@ class EnvClient:
     async def _refuse_spread_calls(self, response: pb.HandshakeResponse, timeout: float) -> None:
         """RemoteEnvError if calls to this address reach other servers than the one whose Handshake granted
         ``response``'s session (a proxy or load balancer spreading calls over several: every later call of the
-        session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs at once tell: their
-        servers' ids. The session is let go of (Releases at once too, of which the server holding it may get
-        one; else it ends after its claim timeout). One round trip at the start of each session."""
+        session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs tell: their servers' ids.
+        One after another: at once, some were refused by a server of a small --max-concurrent-rpcs (counted in
+        its envfleet_errors_total at every session). The session is let go of (Releases at once, of which the
+        server holding it may get one; else it ends after its claim timeout). Round trips at the start of each
+        session (~0.3 ms each on one host); none more after one that fails (the session's own calls will tell)."""
         own = response.spec.server_id
-        probes = await asyncio.gather(
-            *(
-                self.stub.GetSpec(pb.GetSpecRequest(), timeout=timeout, metadata=self.metadata)
-                for _ in range(SPREAD_PROBES)
-            ),
-            return_exceptions=True,
-        )
-        reached = {p.spec.server_id for p in probes if isinstance(p, pb.GetSpecResponse) and p.spec.server_id}
+        reached: set[str] = set()
+        for _ in range(SPREAD_PROBES):
+            try:
+                probe = await self.stub.GetSpec(pb.GetSpecRequest(), timeout=timeout, metadata=self.metadata)
+            except grpc.RpcError:
+                break  # (not waited for again: a server too busy for it, or one that hangs)
+            if probe.spec.server_id:
+                reached.add(probe.spec.server_id)
+            if len(reached) > 1:
+                break  # (two others, or its own and another: spread)
         # (all its own; or all one other: the server restarted right after the Handshake, as a reconnect finds out)
         if not reached - {own} or (own not in reached and len(reached) == 1):
             return

@@ -3,8 +3,10 @@ reverse_proxy to several does: each call to the next server in turn, bytes in, b
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
+import threading
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -22,6 +24,10 @@ class CallBalancer(grpc.GenericRpcHandler):
     def __init__(self, targets: list[str]) -> None:
         self.channels = [grpc.insecure_channel(target) for target in targets]
         self.turn = itertools.count()
+        # Unary calls in flight, by method (the name's last part), and the most there were at once.
+        self.in_flight: collections.Counter[str] = collections.Counter()
+        self.most_at_once: collections.Counter[str] = collections.Counter()
+        self._counting = threading.Lock()
         self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), handlers=[self])
         self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
 
@@ -42,11 +48,19 @@ class CallBalancer(grpc.GenericRpcHandler):
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
 
+        name = method.rpartition("/")[2]
+
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            with self._counting:
+                self.in_flight[name] += 1
+                self.most_at_once[name] = max(self.most_at_once[name], self.in_flight[name])
             try:
                 answer: bytes = self._next().unary_unary(method)(request, timeout=10)
             except grpc.RpcError as err:  # (the server's status passed on, as a proxy does)
                 context.abort(err.code(), err.details())
+            finally:
+                with self._counting:
+                    self.in_flight[name] -= 1
             return answer
 
         def forward_answers(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
