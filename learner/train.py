@@ -1513,14 +1513,23 @@ class _Updater:
 
 _runs_in_process = 0
 _runs_lock = threading.Lock()
+# What the caller had before the first of the runs under way began (see _counted_run): None while none is.
+_callers_settings: tuple[dict[str, Any], bool] | None = None
 
 
 @contextlib.contextmanager
 def _counted_run() -> Iterator[None]:
     """train() under way; a warning where another already is in this process (threads of one process
-    share the global generators the runs draw from, so neither draws what its seed alone would give)."""
-    global _runs_in_process
+    share the global generators the runs draw from, so neither draws what its seed alone would give).
+
+    The process-wide settings a run changes (the global generators, cudnn's ``deterministic``) are the
+    caller's again once the last run under way ends: each run putting back what it found, two runs in
+    threads that overlap (A starts, B starts, A ends, B ends: two seeds in a notebook's thread pool) left
+    the process with what A had set (its seeded generators, its --torch-deterministic)."""
+    global _runs_in_process, _callers_settings
     with _runs_lock:
+        if _runs_in_process == 0:
+            _callers_settings = (capture_rng(), torch.backends.cudnn.deterministic)
         _runs_in_process += 1
         others = _runs_in_process - 1
     try:
@@ -1536,6 +1545,11 @@ def _counted_run() -> Iterator[None]:
     finally:
         with _runs_lock:
             _runs_in_process -= 1
+            if _runs_in_process == 0 and _callers_settings is not None:
+                rng, deterministic = _callers_settings
+                _callers_settings = None
+                restore_rng(rng)
+                torch.backends.cudnn.deterministic = deterministic
 
 
 def _tell(on_update: Callable[[dict[str, Any]], object] | None, recorder: Recorder) -> None:
@@ -1602,14 +1616,12 @@ def train(
     with contextlib.ExitStack() as stack:
         # Seeding (CleanRL): every RNG the learner draws from; env i gets seed + i at reset. The global
         # ones are the caller's again at the end (a random search drawing its next trial's settings from
-        # them drew the same ones after each run).
-        stack.callback(restore_rng, capture_rng())
+        # them drew the same ones after each run): _counted_run puts them back, with the settings below.
         stack.enter_context(_counted_run())
         random.seed(args.seed)
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)
-        # (put back at the end, as torch's thread count is: the caller's process keeps its own setting)
-        stack.callback(setattr, torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
+        # (put back at the end, by _counted_run: the caller's process keeps its own setting)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         live: LearnerMetrics | None = None  # --metrics-port: served from here (the env servers' start included)
         if args.metrics_port is not None:

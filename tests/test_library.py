@@ -307,6 +307,43 @@ def test_runs_in_threads_of_one_process_are_warned_of_and_a_stop_set_already_too
     assert second["total_steps"] == 0 and not rundir.list_checkpoints(tmp_path / "b")  # (no update: none)
 
 
+def test_runs_in_threads_that_overlap_leave_the_callers_settings_as_they_were(tmp_path: Path) -> None:
+    """Two runs in threads, the first to start the first to end (two seeds in a notebook's pool): the
+    process's global generators and cudnn's flag are the caller's again after both, not what the first
+    run had set (each put back what it found)."""
+    args = Args(**clock(3), backend="gym", num_envs=2, num_steps=8, total_timesteps=10**9)
+    deterministic = torch.backends.cudnn.deterministic
+
+    def draws() -> tuple[float, float, float]:
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    def run(name: str, started: threading.Event, stop: threading.Event) -> dict[str, object]:
+        return train(
+            dataclasses.replace(args, run_dir=str(tmp_path / name), torch_deterministic=not deterministic),
+            on_start=lambda _: started.set(),
+            stop=stop,
+        )
+
+    try:
+        random.seed(7), np.random.seed(7), torch.manual_seed(7)
+        expected = draws()
+        random.seed(7), np.random.seed(7), torch.manual_seed(7)
+        a_started, a_stop, b_started, b_stop = (threading.Event() for _ in range(4))
+        with ThreadPoolExecutor(2) as pool:
+            a = pool.submit(run, "a", a_started, a_stop)
+            assert a_started.wait(60)
+            b = pool.submit(run, "b", b_started, b_stop)
+            assert b_started.wait(60)
+            a_stop.set()
+            assert a.result()["stop_reason"] == "stopped"
+            b_stop.set()
+            assert b.result()["stop_reason"] == "stopped"
+        assert torch.backends.cudnn.deterministic == deterministic
+        assert draws() == expected
+    finally:
+        torch.backends.cudnn.deterministic = deterministic
+
+
 def test_an_editable_install_puts_the_checkout_where_type_checkers_see_it() -> None:
     """setuptools' default editable install is an import hook, which mypy and pyright do not follow: user code
     saw no `learner` (or `Any`). pyproject.toml's package-dir makes it a .pth file naming the checkout, with no
