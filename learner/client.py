@@ -715,13 +715,15 @@ class EnvClient:
                 "session it opened, which every later call carries: the server does not follow envfleet.v1",
                 address=self.address,
             )
-        if not response.spec.server_id and self.address not in _NO_SERVER_ID_WARNED:
-            _NO_SERVER_ID_WARNED.add(self.address)
-            log.warning(
-                "env server %s answers no server_id (its spec's is empty): a restart of it cannot be told from "
-                "the same process, so after a lost connection the learner takes it for the same one",
-                label_of(self.address),
-            )
+        if not response.spec.server_id:
+            # (nor can its calls be told to reach other servers: no probes, at any of its sessions)
+            if self.address not in _NO_SERVER_ID_WARNED:
+                _NO_SERVER_ID_WARNED.add(self.address)
+                log.warning(
+                    "env server %s answers no server_id (its spec's is empty): a restart of it cannot be told "
+                    "from the same process, so after a lost connection the learner takes it for the same one",
+                    label_of(self.address),
+                )
         else:
             await self._refuse_spread_calls(response, timeout)
         return response

@@ -88,6 +88,7 @@ class _Service(pb_grpc.EnvServiceServicer):
         codec.encode_space(self.env.single_observation_space, self.spec.observation_space, "observation_space")
         codec.encode_space(self.env.single_action_space, self.spec.action_space, "action_space")
         self.handshakes = 0
+        self.spec_calls = 0  # (GetSpec calls answered)
         self.holds = 0
         self._live: set[str] = set()  # (sessions, as a server without Hold keeps them: until dropped)
         self._released: dict[str, asyncio.Event] = {}
@@ -112,6 +113,7 @@ class _Service(pb_grpc.EnvServiceServicer):
         await context.abort(code, details, tuple(trailers))
 
     async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
+        self.spec_calls += 1
         return pb.GetSpecResponse(spec=self.spec, claimed_by=self.faults.claimed_by)
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:

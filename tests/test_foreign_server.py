@@ -147,6 +147,18 @@ def test_a_server_without_a_server_id_is_warned_of_once(caplog: pytest.LogCaptur
     ]
 
 
+def test_a_server_without_a_server_id_is_not_probed_for_calls_reaching_other_servers() -> None:
+    """The probes after a Handshake (are the address's calls spread over several servers?) compare server ids: a
+    server that sends none is not probed, at its first session or a later one (the warning said once only). The
+    probes went out at every session after the first: 8 GetSpecs whose answers could tell nothing."""
+    with FaultyServer(Faults(server_id="")) as server:
+        for _ in range(3):
+            with RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+                envs.reset(seed=0)
+                envs.step(ACTIONS)
+        assert (server.service.handshakes, server.service.spec_calls) == (3, 0)
+
+
 def test_servers_without_a_server_id_are_not_taken_for_one_another(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
