@@ -266,9 +266,10 @@ address reaches several servers (see ``EnvClient._note_other_server``); sent lat
 ended first. Also how long after the Hold a Release must go out for the refusal not to be the Release's."""
 
 SPREAD_PROBES = 8
-"""GetSpec calls a Handshake's session is checked with, one after another, for an address whose calls reach several servers
-(see ``EnvClient._refuse_spread_calls``): one that spreads calls over two servers at random reaches only the
-Handshake's with all of them once in 256 sessions, or only the other's."""
+"""GetSpec calls a Handshake's session is checked with, one after another, for an address whose calls reach
+several servers (see ``EnvClient._refuse_spread_calls``): an address that spreads calls over two servers at
+random goes unnoticed where all of them reach one server, twice in 256 sessions (the other server: taken for
+a restart); one that takes turns, never."""
 
 
 def spread_calls_text(server_ids: Sequence[str]) -> str:
@@ -732,8 +733,8 @@ class EnvClient:
         """RemoteEnvError if calls to this address reach other servers than the one whose Handshake granted
         ``response``'s session (a proxy or load balancer spreading calls over several: every later call of the
         session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs tell: their servers' ids.
-        One after another: at once, some were refused by a server of a small --max-concurrent-rpcs (counted in
-        its envfleet_errors_total at every session). The session is let go of (Releases at once, of which the
+        One after another: sent at once, some were refused by a server of a small --max-concurrent-rpcs (counted
+        in its envfleet_errors_total at most sessions). The session is let go of (Releases at once, of which the
         server holding it may get one; else it ends after its claim timeout). Round trips at the start of each
         session (~0.3 ms each on one host); none more after one that fails (the session's own calls will tell)."""
         own = response.spec.server_id
