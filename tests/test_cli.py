@@ -1075,7 +1075,11 @@ def _descendants(pid: int) -> list[int]:
     found: list[int] = []
     todo = [pid]
     while todo:
-        for listed in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+        try:  # (one that ended meanwhile: the glob itself raised ProcessLookupError, ESRCH, failing the test)
+            listings = list(Path(f"/proc/{todo.pop()}/task").glob("*/children"))
+        except OSError:
+            continue
+        for listed in listings:
             with contextlib.suppress(OSError, ValueError):
                 children = [int(child) for child in listed.read_text().split()]
                 found += children
@@ -1093,18 +1097,22 @@ def test_a_ctrl_c_while_the_demo_steps_asyncvectorenv_prints_no_worker_traceback
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     ) as demo:
-        assert demo.stdout is not None
-        assert demo.stdout.readline().startswith("envfleet demo: ")
-        if when == "starting":  # (once its forkserver starts workers: its resource tracker, it and 2 of them)
-            deadline = time.monotonic() + 60
-            while len(_descendants(demo.pid)) < 4:
-                assert time.monotonic() < deadline and demo.poll() is None, "no workers started"
-                time.sleep(0.001)
-        else:
-            time.sleep(1.0)  # (its workers stepping)
-        os.killpg(demo.pid, signal.SIGINT)
-        rest = demo.stdout.read()
-        assert demo.wait(timeout=60) == CTRL_C_EXIT, rest
+        try:
+            assert demo.stdout is not None
+            assert demo.stdout.readline().startswith("envfleet demo: ")
+            if when == "starting":  # (once its forkserver starts workers: its resource tracker, it and 2 of them)
+                deadline = time.monotonic() + 60
+                while len(_descendants(demo.pid)) < 4:
+                    assert time.monotonic() < deadline and demo.poll() is None, "no workers started"
+                    time.sleep(0.001)
+            else:
+                time.sleep(1.0)  # (its workers stepping)
+            os.killpg(demo.pid, signal.SIGINT)
+            rest = demo.stdout.read()
+            assert demo.wait(timeout=60) == CTRL_C_EXIT, rest
+        finally:  # (a failure before the Ctrl-C: the demo of a million steps is not waited for, by Popen's exit)
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
     assert rest.strip() == "learner demo: aborted", rest
 
 
