@@ -9,6 +9,7 @@ import itertools
 import threading
 from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -47,7 +48,6 @@ class CallBalancer(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
-
         name = method.rpartition("/")[2]
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -64,23 +64,23 @@ class CallBalancer(grpc.GenericRpcHandler):
             return answer
 
         def forward_answers(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-            call = self._next().unary_stream(method)(request)
-            context.add_callback(call.cancel)
-            try:
-                yield from call
-            except grpc.RpcError as err:
-                context.abort(err.code(), err.details())
+            return _relay(self._next().unary_stream(method)(request), context)
 
         def forward_both(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            call = self._next().stream_stream(method)(requests)
-            context.add_callback(call.cancel)
-            try:
-                yield from call
-            except grpc.RpcError as err:
-                context.abort(err.code(), err.details())
+            return _relay(self._next().stream_stream(method)(requests), context)
 
         if method in _STREAMS_ANSWERED:
             return grpc.unary_stream_rpc_method_handler(forward_answers)
         if method in _STREAMS_BOTH_WAYS:
             return grpc.stream_stream_rpc_method_handler(forward_both)
         return grpc.unary_unary_rpc_method_handler(forward)
+
+
+def _relay(call: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+    """The server's answers on a stream ``call``, then its status, as a proxy passes them on; cancelled with
+    the caller's call."""
+    context.add_callback(call.cancel)
+    try:
+        yield from call
+    except grpc.RpcError as err:
+        context.abort(err.code(), err.details())
