@@ -81,15 +81,13 @@ def _best_ratio(
     return best, ratios[best], ratios
 
 
-def _remote_names(workload: dict[str, Any] | None, layout: str | None = None, same_env_code: bool = True) -> list[str]:
+def _remote_names(workload: dict[str, Any] | None, layout: str | None = None) -> list[str]:
     if workload is None:
         return []
     return [
         r["name"]
         for r in workload["results"]
-        if r["kind"] == "remote"
-        and (layout is None or r["layout"] == layout)
-        and (not same_env_code or r["vectorization"] == "sync")
+        if r["kind"] == "remote" and (layout is None or r["layout"] == layout) and r["vectorization"] == "sync"
     ]
 
 
