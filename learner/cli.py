@@ -1,4 +1,4 @@
-"""The ``learner`` command (also ``python -m learner``): train, eval, plot, bench and demo.
+"""The ``learner`` command (also ``python -m learner``): train, eval, servers, plot, bench and demo.
 
 Only this module reads the command line. torch loads only for the commands that need it (train, eval).
 """

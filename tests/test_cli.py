@@ -1,4 +1,4 @@
-"""The ``learner`` command: train, eval and plot from the command line, and its errors."""
+"""The ``learner`` command: train, eval, plot, servers, bench and demo from the command line, and its errors."""
 
 from __future__ import annotations
 
