@@ -24,7 +24,10 @@ __all__ = [
     "clipped_policy_loss",
     "explained_variance",
     "gae_advantages",
+    "MAX_CNN_PARAMETERS",
+    "check_cnn_size",
     "check_observation_space",
+    "cnn_parameters",
     "image_layout",
     "in_bounds",
     "is_image_space",
@@ -113,6 +116,52 @@ def check_observation_space(space: gym.Space[Any]) -> None:
                 else ""
             )
         )
+
+
+MAX_CNN_PARAMETERS = 2**28
+"""The most parameters a Nature CNN is built with for training (268 million: 1 GiB of float32 weights, 4 GiB
+with their gradients and Adam's two moments). Its dense layer takes every output of the last convolution, so
+its size grows with the frame's area: 4x84x84 frames give 1.7 million parameters, (480, 640, 3) 140 million
+(32 s and 2 GB to build on a 2-core machine), (720, 1280, 3) 440 million, a (1080, 1920, 3) camera's 1.0
+billion (16 GB with Adam's moments; minutes of orthogonal initialisation before the first step)."""
+
+
+def cnn_parameters(space: gym.Space[Any]) -> int:
+    """How many parameters the Nature CNN has for images of ``space`` (see :func:`image_layout`; 0 for
+    others), worked out from the convolutions' arithmetic rather than by building it."""
+    layout = image_layout(space)
+    if layout is None:
+        return 0
+    shape = space.shape
+    assert shape is not None  # (a Box: image_layout says so)
+    if layout == "HWC":
+        channels, height, width = shape[2], shape[0], shape[1]
+    elif layout == "HW":
+        channels, height, width = 1, shape[0], shape[1]
+    else:
+        channels, height, width = shape
+    params = 0
+    for in_channels, out_channels, kernel, stride in ((channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)):
+        params += in_channels * out_channels * kernel * kernel + out_channels
+        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+    return params + 64 * height * width * 512 + 512
+
+
+def check_cnn_size(space: gym.Space[Any]) -> None:
+    """ValueError for images whose Nature CNN would have more than :data:`MAX_CNN_PARAMETERS` parameters
+    (large camera frames): building it would take minutes and gigabytes, without a word, before the first
+    step, and its updates could not keep up."""
+    params = cnn_parameters(space)
+    if params <= MAX_CNN_PARAMETERS:
+        return
+    weights = 4 * params
+    raise ValueError(
+        f"observation_space: uint8 images of shape {space.shape} would give the Nature CNN {params:,} parameters "
+        f"({weights / 1e9:,.1f} GB of float32 weights, {4 * weights / 1e9:,.1f} GB with their gradients and Adam's "
+        f"moments), over the {MAX_CNN_PARAMETERS:,} it is built with (4x84x84 frames give it 1.7 million): its dense "
+        "layer takes every pixel the convolutions leave. Make the frames smaller in the env, e.g. serve a factory "
+        "returning gymnasium.wrappers.ResizeObservation(env, (84, 84))"
+    )
 
 
 def _flattens_to_box(space: gym.Space[Any]) -> bool:

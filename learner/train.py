@@ -87,6 +87,7 @@ from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
     ActionHead,
     Agent,
+    check_cnn_size,
     check_observation_space,
     in_bounds,
     is_image_space,
@@ -1638,6 +1639,7 @@ def train(
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
+        check_cnn_size(envs.single_observation_space)
         served = _served(args, envs)
         wrappers = served["wrappers"]
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)

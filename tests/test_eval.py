@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -554,6 +555,27 @@ def test_train_refuses_images_too_small_for_the_cnn_rather_than_an_mlp_on_raw_pi
         "the env server (for ALE ids: --wrappers atari, 4x84x84)"
     ), err
     assert "Traceback" not in err
+
+
+def test_train_refuses_images_whose_cnn_would_be_huge_before_building_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A camera's frames, 1080x1920, gave the Nature CNN a billion parameters: minutes of silence building it
+    (and 16 GB with Adam's moments) before the first step. Frames of 800x800 (302 million) are refused at once,
+    before the run dir, saying how to make them smaller."""
+    capsys.readouterr()
+    env = ["--env", "tests.test_eval:ChannelLastEnv", "--env-kwargs", '{"size": 800}', "--backend", "gym"]
+    start = time.monotonic()
+    assert main(["train", *env, "--num-envs", "1", "--run-dir", str(tmp_path / "r"), *QUIET]) == 1
+    assert time.monotonic() - start < 20  # (building that CNN takes a minute on a 2-core machine)
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "learner train: error: observation_space: uint8 images of shape (800, 800, 3) would give the Nature CNN "
+        "302,066,336 parameters (1.2 GB of float32 weights, 4.8 GB with their gradients and Adam's moments), over "
+        "the 268,435,456 it is built with"
+    ), err
+    assert "ResizeObservation" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
 
 
 def _checkpoint(run: Path, args: Args, obs_space: gym.Space[Any], action_space: gym.Space[Any]) -> Path:

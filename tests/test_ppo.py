@@ -14,10 +14,14 @@ import torch
 from learner.fleet import FleetChange
 from learner.normalize import RewardScaler, RunningMeanStd
 from learner.ppo import (
+    MAX_CNN_PARAMETERS,
     ActionHead,
     Agent,
+    NatureCNN,
+    check_cnn_size,
     check_observation_space,
     clipped_policy_loss,
+    cnn_parameters,
     explained_variance,
     gae_advantages,
     image_layout,
@@ -349,3 +353,21 @@ def test_reward_scaler_keeps_the_returns_of_episodes_that_go_on_when_the_fleet_c
     assert scaler.returns.dtype == torch.float64
     scaled = scaler(torch.tensor([1.0] * 4), torch.tensor([False] * 4), torch.tensor([True] * 4))
     assert scaled.shape == (4,) and scaler.returns.tolist() == [1.5, 2.5, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("shape", [(84, 84, 3), (4, 84, 84), (40, 50), (210, 160, 3), (37, 41, 2)])
+def test_cnn_parameters_counts_those_of_the_nature_cnn_built(shape: tuple[int, ...]) -> None:
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    layout = image_layout(space)
+    assert layout is not None
+    assert cnn_parameters(space) == sum(p.numel() for p in NatureCNN(shape, layout).parameters())
+    check_cnn_size(space)
+
+
+def test_check_cnn_size_refuses_a_cameras_frames() -> None:
+    """(1080, 1920, 3): a billion parameters, counted without building them."""
+    space = gym.spaces.Box(0, 255, (1080, 1920, 3), np.uint8)
+    assert cnn_parameters(space) == 1_013_131_936 > MAX_CNN_PARAMETERS
+    with pytest.raises(ValueError, match=r"images of shape \(1080, 1920, 3\) would give the Nature CNN 1,013,131,936"):
+        check_cnn_size(space)
+    assert cnn_parameters(gym.spaces.Box(-1.0, 1.0, (1080, 1920, 3))) == 0  # (float32: no CNN)
