@@ -1229,10 +1229,15 @@ class EnvService(pb_grpc.EnvServiceServicer):
         if size <= MAX_MESSAGE_BYTES:
             return
         # (the envs stepped, or reset, and their client will not see it: the caller asks for a reset, see _unsent)
+        # (after a Step, a reset lets the session go on; after a Reset, another gives the same infos again)
+        advice = (
+            "reset before stepping again, and have the env put less in its infos"
+            if method == "Step"
+            else "have the env put less in the infos its reset returns (resetting again gives them again)"
+        )
         message = (
             f"the {method} answer would take {size:,} bytes, over the {MAX_MESSAGE_BYTES:,} bytes (64 MiB) a message may "
-            f"take: its infos take {info_bytes:,}; reset before stepping again, and have the env put less in its "
-            "infos (a large array: send it in parts, or on request)"
+            f"take: its infos take {info_bytes:,}; {advice} (a large array: send it in parts, or on request)"
         )
         log.warning("%s", message)
         raise _AnswerTooLarge(grpc.StatusCode.INTERNAL, message)

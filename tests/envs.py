@@ -418,11 +418,19 @@ class _CountEnv(gym.Env[np.ndarray, np.int64]):
 
 class BigInfoEnv(_CountEnv):
     """From its step number ``after`` + 1 on, a step info ``"big"`` of ``mb`` MB (float64 ones: a
-    rendered frame, say), which takes an answer past the largest message (64 MiB) at 70."""
+    rendered frame, say), which takes an answer past the largest message (64 MiB) at 70; ``reset_mb``:
+    a reset info ``"big"`` of that many MB too."""
 
-    def __init__(self, mb: float = 70.0, after: int = 1) -> None:
+    def __init__(self, mb: float = 70.0, after: int = 1, reset_mb: float = 0.0) -> None:
         super().__init__()
         self.size, self.after = int(mb * 1e6 / 8), after
+        self.reset_size = int(reset_mb * 1e6 / 8)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, ({"big": np.ones(self.reset_size)} if self.reset_size else info)
 
     def info(self, action: np.int64) -> dict[str, Any]:
         return {"big": np.ones(self.size)} if self._t > self.after else {}

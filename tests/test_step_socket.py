@@ -37,7 +37,13 @@ from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
 from env_server.step_socket import MAX_CONNECTIONS, StepSocketServer, _Connection, file_identity, remove_own_file
 from learner import LocalServers, RemoteVectorEnv
-from learner.errors import InvalidRequestError, RemoteTimeoutError, ServerUnavailableError, SessionError
+from learner.errors import (
+    EnvCrashedError,
+    InvalidRequestError,
+    RemoteTimeoutError,
+    ServerUnavailableError,
+    SessionError,
+)
 from learner.local import label_of
 from tests.compare import assert_same
 
@@ -1056,6 +1062,29 @@ def test_an_answer_larger_than_a_message_fails_the_step_internal_naming_its_size
             session.stub.Step(request, timeout=60)
     finally:
         session.close()
+
+
+def test_a_reset_answer_larger_than_a_message_fails_the_reset_naming_its_size_and_the_server_serves_on(
+    start_servers: Any,
+) -> None:
+    """An env whose reset info takes 70 MB: the reset fails saying so, with advice for a Reset (was: "reset
+    before stepping again", which gives the same infos again), and the server serves on."""
+    (address,) = start_servers(
+        "tests.envs:BigInfoEnv", num_servers=1, envs_per_server=1, transport="unix", env_kwargs={"reset_mb": 70.0}
+    )
+    with RemoteVectorEnv(address) as envs:
+        for _ in range(2):
+            with pytest.raises(EnvCrashedError) as info:
+                envs.reset(seed=0)
+            assert re.fullmatch(
+                r"env server local-0: Reset failed \[INTERNAL\]: the Reset answer would take 70,000,\d{3} bytes, over "
+                r"the 67,108,864 bytes \(64 MiB\) a message may take: its infos take 70,000,\d{3}; have the env put "
+                r"less in the infos its reset returns \(resetting again gives them again\) \(a large array: send it "
+                r"in parts, or on request\)",
+                str(info.value),
+            ), str(info.value)
+    with RemoteVectorEnv(address) as envs:  # (the server took the next session)
+        assert envs.num_envs == 1
 
 
 def _wmem_max() -> int:
