@@ -543,7 +543,14 @@ def request_too_large(address: str, method: str, size: int, limit: int, *, read:
     the server unread (``read``), or by the client before sending (the code the server would send)."""
     if limit < MAX_MESSAGE_BYTES:
         hint = "the server's env-server --max-request-bytes, or ENVFLEET_MAX_REQUEST_BYTES, raises the limit"
-    else:  # (64 MiB: older servers' fixed limit, and the most the option allows)
+    elif method == "Step":  # (64 MiB: older servers' fixed limit, and the most the option allows)
+        hint = (
+            "no env server reads more: a Step carries the actions of every env of the server; serve fewer envs per "
+            "server (env-server --num-envs), on more servers"
+        )
+    elif method == "Reset":
+        hint = "no env server reads more: pass smaller reset options (every server is sent them whole)"
+    else:
         hint = "no env server reads more: send less per request"
     return InvalidRequestError(
         f"env server {label_of(address)}: {method} failed [RESOURCE_EXHAUSTED]: the request is {size} bytes, over the "

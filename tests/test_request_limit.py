@@ -286,8 +286,15 @@ def test_grpcs_own_refusals_of_a_large_request_are_invalid_requests(details: str
     assert str(err) == expected
     # Over 64 MiB (a server that does not say its limit: an older one), no option helps.
     assert str(request_too_large("a:1", "Reset", 70_000_000, MAX_MESSAGE_BYTES)).endswith(
-        "over the server's limit of 67108864 bytes on requests; nothing was sent (no env server reads more: send "
-        "less per request)"
+        "over the server's limit of 67108864 bytes on requests; nothing was sent (no env server reads more: pass "
+        "smaller reset options (every server is sent them whole))"
+    )
+    # A step's request grows with the server's envs (9 envs of Box(2_000_000) float32 actions: 72 MB): fewer
+    # per server is what helps (was: "send less per request", for a step whose actions are as the env has them).
+    assert str(request_too_large("a:1", "Step", 72_000_059, MAX_MESSAGE_BYTES)).endswith(
+        "over the server's limit of 67108864 bytes on requests; nothing was sent (no env server reads more: a Step "
+        "carries the actions of every env of the server; serve fewer envs per server (env-server --num-envs), on "
+        "more servers)"
     )
     # An answer over the limit on messages: no busy server either, and no option of the server's helps.
     for side in ("SERVER: Sent", "CLIENT: Received"):
