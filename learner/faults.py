@@ -36,6 +36,7 @@ import enum
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -489,8 +490,17 @@ class _Incompatible(Exception):
     """The server at the address now hosts envs that do not fit the fleet."""
 
 
+# env_server.service's error for an answer its envs' infos make larger than a message may be (64 MiB).
+_ANSWER_TOO_LARGE = re.compile(r"the (Step|Reset) answer would take [\d,]+ bytes, over the [\d,]+ bytes")
+
+
 def misfit_reported(err: BaseException) -> bool:
-    """Whether ``err`` is a server's report that an env returned an observation that does not fit the observation
-    space (``env_server.envs.ObservationLayoutError``, in the status's text: "the env returned in step what
-    does not fit: ObservationLayoutError: the server's env 2: ...")."""
-    return isinstance(err, EnvCrashedError) and f": {ObservationLayoutError.__name__}: " in err.details
+    """Whether ``err`` is a server's report that an env returned what no reconnect mends (the env returns it
+    again): an observation that does not fit the observation space (``env_server.envs.ObservationLayoutError``,
+    in the status's text: "the env returned in step what does not fit: ObservationLayoutError: the server's env
+    2: ..."), or infos that make the answer larger than a message may be ("the Step answer would take 70,000,121
+    bytes, over the 67,108,864 bytes (64 MiB) ...": taken for an outage, a fault-tolerant fleet lost the server
+    and took it back at every other step, and `learner train` went on without learning)."""
+    return isinstance(err, EnvCrashedError) and (
+        f": {ObservationLayoutError.__name__}: " in err.details or _ANSWER_TOO_LARGE.match(err.details) is not None
+    )

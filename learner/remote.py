@@ -204,7 +204,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     fix. So does an observation an env returned that does not fit the observation space (its shape, or a
     dtype gymnasium will not cast: the server's ObservationLayoutError, an
     :class:`~learner.errors.EnvCrashedError` naming the env): the env's to fix, which no reconnect mends
-    (the env returns it again), as a NaN observation is. Envs not reset yet (their server down when the
+    (the env returns it again), as a NaN observation is; and so do infos that make an answer larger than a
+    message may be (64 MiB), an EnvCrashedError naming the answer's size. Envs not reset yet (their server down when the
     fleet was reset) have placeholder observations, members of the space (zeros where the space holds
     them, else its lowest values).
     Counters: :meth:`fault_stats` (cumulative) and :meth:`replica_stats` (per window). All servers

@@ -505,7 +505,7 @@ class _Drops:
             log.warning("the step under way when the stop was asked failed: %s; stopping there", err)
             self.lost = err
             return True
-        # (an env's observation that does not fit the space: the same after every reset)
+        # (an env's observation that does not fit the space, or infos too large to send: the same after every reset)
         if not can_drop or self.in_a_row >= LOST_ROLLOUTS or misfit_reported(err):
             return False
         if isinstance(err, EnvCrashedError):  # the server is fine: it stays

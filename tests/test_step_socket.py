@@ -1087,6 +1087,24 @@ def test_a_reset_answer_larger_than_a_message_fails_the_reset_naming_its_size_an
         assert envs.num_envs == 1
 
 
+@pytest.mark.parametrize("method", ["step", "reset"])
+def test_a_fault_tolerant_fleet_raises_an_answer_too_large_at_once(start_servers: Any, method: str) -> None:
+    """The env's infos, which every reconnect's reset or step gives again: raised as the env's error, as an
+    observation that does not fit is (was: the server taken for lost, then back, then lost again at every
+    other step, its envs' steps cut; `learner train` went on for its whole --total-timesteps, learning nothing)."""
+    kwargs = {"after": 1} if method == "step" else {"reset_mb": 70.0}
+    (address,) = start_servers("tests.envs:BigInfoEnv", 1, 1, transport="unix", env_kwargs=kwargs)
+    with RemoteVectorEnv(address, fault_tolerant=True) as envs:
+        with pytest.raises(
+            EnvCrashedError,
+            match=f"{method.capitalize()} failed \\[INTERNAL\\]: the {method.capitalize()} answer would take 70,000,",
+        ):
+            envs.reset(seed=0)
+            envs.step(np.zeros(1, dtype=np.int64))  # (its first step's infos are small)
+            envs.step(np.zeros(1, dtype=np.int64))
+        assert envs.fault_stats().failures == envs.fault_stats().reconnects == 0
+
+
 def _wmem_max() -> int:
     """The largest send buffer a socket may ask for on this host (net.core.wmem_max), or 0 if unknown."""
     try:
