@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -565,9 +564,7 @@ def test_train_refuses_images_whose_cnn_would_be_huge_before_building_it(
     before the run dir, saying how to make them smaller."""
     capsys.readouterr()
     env = ["--env", "tests.test_eval:ChannelLastEnv", "--env-kwargs", '{"size": 800}', "--backend", "gym"]
-    start = time.monotonic()
     assert main(["train", *env, "--num-envs", "1", "--run-dir", str(tmp_path / "r"), *QUIET]) == 1
-    assert time.monotonic() - start < 20  # (building that CNN takes a minute on a 2-core machine)
     err = capsys.readouterr().err
     assert err.startswith(
         "learner train: error: observation_space: uint8 images of shape (800, 800, 3) would give the Nature CNN "
