@@ -625,7 +625,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         now = time.monotonic()
         claim = self._live_claim(now)
         return pb.GetSpecResponse(
-            spec=self.spec,
+            # (server_id_only: a learner telling servers apart, without a camera's bounds at every probe)
+            spec=pb.EnvSpec(server_id=self.server_id) if request.server_id_only else self.spec,
             claimed_by=claim.describe(now) if claim is not None else "",
             # (`learner servers` shows it, where it would otherwise call the server free)
             note=f"no envs: {self._rebuild_failed}" if self._rebuild_failed else "",

@@ -28,6 +28,7 @@ class CallBalancer(grpc.GenericRpcHandler):
         # Unary calls in flight, by method (the name's last part), and the most there were at once.
         self.in_flight: collections.Counter[str] = collections.Counter()
         self.most_at_once: collections.Counter[str] = collections.Counter()
+        self.answers: collections.defaultdict[str, list[bytes]] = collections.defaultdict(list)  # (unary, by method)
         self._counting = threading.Lock()
         self._server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), handlers=[self])
         self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
@@ -61,6 +62,7 @@ class CallBalancer(grpc.GenericRpcHandler):
             finally:
                 with self._counting:
                     self.in_flight[name] -= 1
+            self.answers[name].append(answer)
             return answer
 
         def forward_answers(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:

@@ -17,6 +17,7 @@ import pytest
 
 import learner.client
 from env_server.protocol import NOT_OWNED
+from env_server.rpc import env_pb2 as pb
 from learner import RemoteVectorEnv, faults
 from learner.cli import main
 from learner.client import SERVER_TEXT_LIMIT, server_text
@@ -572,7 +573,9 @@ def test_a_learner_refuses_an_address_whose_calls_reach_several_servers(
 def test_a_proxy_in_front_of_one_server_is_no_spread_address(start_servers: StartServers) -> None:
     """The check for an address spreading calls lets a proxy of one server be: its calls reach one server. Its
     GetSpecs go one after another: sent at once, a server of --max-concurrent-rpcs 4 refused some on a loaded
-    machine (RESOURCE_EXHAUSTED in its envfleet_errors_total, 2 in 3 sessions: an alert's false alarm)."""
+    machine (RESOURCE_EXHAUSTED in its envfleet_errors_total, 2 in 3 sessions: an alert's false alarm). Each asks
+    for the server's id alone: a full spec carries the Box bounds, twice an observation (8 of a 1080x1920
+    camera's took ~0.25 s a server on one host, at every session's start)."""
     [backend] = start_servers("CartPole-v1", 1, 2, transport="tcp")
     with CallBalancer([backend]) as balancer:
         with RemoteVectorEnv([balancer.address], connect_timeout=5) as envs:
@@ -580,3 +583,8 @@ def test_a_proxy_in_front_of_one_server_is_no_spread_address(start_servers: Star
             for _ in range(5):
                 envs.step(np.zeros(envs.num_envs, dtype=np.int64))
         assert balancer.most_at_once["GetSpec"] == 1, balancer.most_at_once
+    probes = [pb.GetSpecResponse.FromString(answer).spec for answer in balancer.answers["GetSpec"]]
+    assert len(probes) == learner.client.SPREAD_PROBES
+    (handshake,) = (pb.HandshakeResponse.FromString(answer).spec for answer in balancer.answers["Handshake"])
+    assert handshake.HasField("observation_space") and handshake.server_id
+    assert all(probe == pb.EnvSpec(server_id=handshake.server_id) for probe in probes), probes

@@ -107,15 +107,16 @@ def test_servers_are_diagnosed_all_at_once_and_timed_a_few_at_a_time(
     timed, most_timed = [0], [0]
     real_get_spec = EnvClient.get_spec_response
 
-    async def counted_get_spec(self: EnvClient) -> object:
+    async def counted_get_spec(self: EnvClient, *, server_id_only: bool = False) -> object:
         calls[id(self)] = calls.get(id(self), 0) + 1
+        assert server_id_only == (calls[id(self)] > 1)  # (the spec once; the timed round trips ask for the id alone)
         if calls[id(self)] == 1:  # (each server's first: not timed)
             return await real_get_spec(self)
         timed[0] += 1
         most_timed[0] = max(most_timed[0], timed[0])
         await asyncio.sleep(0.002)  # (where another server's timed call would come in)
         try:
-            return await real_get_spec(self)
+            return await real_get_spec(self, server_id_only=True)
         finally:
             timed[0] -= 1
 

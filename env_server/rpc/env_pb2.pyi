@@ -230,8 +230,10 @@ class EnvSpec(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., autoreset_mode: _Optional[_Union[AutoresetMode, str]] = ..., render_modes: _Optional[_Iterable[str]] = ..., render_fps: _Optional[float] = ..., server_id: _Optional[str] = ..., vectorization: _Optional[str] = ..., wrappers: _Optional[_Iterable[str]] = ..., max_episode_steps: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ..., env_kwargs: _Optional[str] = ...) -> None: ...
 
 class GetSpecRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("server_id_only",)
+    SERVER_ID_ONLY_FIELD_NUMBER: _ClassVar[int]
+    server_id_only: bool
+    def __init__(self, server_id_only: _Optional[bool] = ...) -> None: ...
 
 class GetSpecResponse(_message.Message):
     __slots__ = ("spec", "claimed_by", "note")
