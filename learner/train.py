@@ -839,8 +839,7 @@ def _say_started(
         resumed = (
             {"resumed_from": resumed_from, "resumed_step": counters.global_step} if resumed_from is not None else {}
         )
-        served_at = {"metrics_url": live.url} if live is not None else {}
-        on_start({**config, "run_dir": str(run_dir), **resumed, **served_at})
+        on_start({**config, "run_dir": str(run_dir), **resumed})  # (config's metrics_url included)
 
 
 def _events_writer(
@@ -1577,8 +1576,8 @@ def train(
     backend are as they were once it returns or raises.
 
     ``on_start`` is called once the envs are up, with what ``config.json`` holds plus ``run_dir``,
-    for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step``, and with --metrics-port
-    ``metrics_url`` (where the metrics are served: the CLI prints them).
+    for a resumed run ``resumed_from`` (the checkpoint) and ``resumed_step`` (with --metrics-port, config.json's
+    ``metrics_url``: where the metrics are served, which the CLI prints).
     ``on_fleet_change`` is called with each change of the fleet (servers that joined or left), before
     the rollout that steps the changed fleet; a change of none but every env starting over (after a rollout
     dropped because an env raised, --no-fault-tolerant) only where the warning about that rollout was logged:
@@ -1698,6 +1697,8 @@ def train(
             run_dir=run_dir,
             resumed_at_step=counters.global_step if checkpoint is not None else None,
         )
+        if live is not None:  # (where this session serves its metrics: --metrics-port 0's port, for a script)
+            config["metrics_url"] = live.url
         with writing(run_dir / rundir.CONFIG):
             rundir.write_json(run_dir / rundir.CONFIG, config, run_dir=run_dir)
         servers = len(config["envs"]["addresses"])

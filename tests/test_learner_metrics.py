@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import argparse
 import dataclasses
+import json
 import math
 import re
 import socket
@@ -423,7 +424,8 @@ def test_the_cli_prints_where_it_serves_and_resume_and_like_serve_only_when_told
     argv = ["train", "--backend", "gym", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "16"]
     argv += ["--metrics-port", "0", "--run-dir", str(run_dir), "--no-progress", "--no-plot", "--no-tensorboard"]
     assert main(argv) == 0
-    assert "Prometheus metrics: http://127.0.0.1:" in capsys.readouterr().out
+    (url,) = re.findall(r"Prometheus metrics: (http://127\.0\.0\.1:\d+/metrics)", capsys.readouterr().out)
+    assert json.loads((run_dir / "config.json").read_text())["metrics_url"] == url  # (for a script to find)
     # The port is this session's, as the progress display is: not taken from config.json.
     assert resume_args(run_dir, total_timesteps=32).metrics_port is None
     assert like_args(run_dir).metrics_port is None
