@@ -1638,7 +1638,8 @@ def train(
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
         check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
-        check_cnn_size(envs.single_observation_space)
+        if checkpoint is None:  # (a resumed run has its network, however large: eval builds it too)
+            check_cnn_size(envs.single_observation_space)
         served = _served(args, envs)
         wrappers = served["wrappers"]
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)

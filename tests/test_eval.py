@@ -575,6 +575,29 @@ def test_train_refuses_images_whose_cnn_would_be_huge_before_building_it(
     assert not (tmp_path / "r").exists()
 
 
+def test_train_resumes_a_run_whose_cnn_is_over_the_limit_and_refuses_one_like_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose Nature CNN is over the limit (trained before it, as an 800x800 camera's on a GPU could be)
+    already has the network: --resume continues it, as eval evaluates it (was: refused, 'Make the frames
+    smaller', which its checkpoint's envs cannot be). --like starts a new network: refused, no run dir made.
+    (The limit lowered below the 109,216 parameters of (40, 40, 3) frames stands for such a run.)"""
+    run = tmp_path / "camera"
+    env = ["--env", "tests.test_eval:ChannelLastEnv", "--backend", "gym", "--num-envs", "2"]
+    _train(run, *env)
+    monkeypatch.setattr("learner.ppo.MAX_CNN_PARAMETERS", 100_000)
+    capsys.readouterr()
+    like = tmp_path / "like"
+    assert main(["train", "--like", str(run), "--run-dir", str(like), *QUIET]) == 1
+    err = capsys.readouterr().err
+    assert "would give the Nature CNN 109,216 parameters" in err and "Traceback" not in err, err
+    assert not like.exists()
+    assert main(["train", "--resume", str(run), "--num-steps", "8", "--total-timesteps", "64", *QUIET]) == 0, (
+        capsys.readouterr().err
+    )
+    assert rundir.read_json(run / "summary.json")["total_steps"] == 64
+
+
 def _checkpoint(run: Path, args: Args, obs_space: gym.Space[Any], action_space: gym.Space[Any]) -> Path:
     """A checkpoint of an untrained policy, as train writes one (what eval reads of it)."""
     hp = PRESETS["atari"]
