@@ -241,8 +241,8 @@ class Replica:
     """DOWN, not reconnected: found broken (:meth:`broken_by`) since the fleet was last reset, which tries
     it again."""
     misfit: RemoteEnvError | None = None
-    """Broken by its reconnect's reset, which returned an observation that does not fit the observation space
-    (see :func:`misfit_reported`): the env's error, which every reconnect would return again; raised by the
+    """Broken by its reconnect's reset, which returned an observation that does not fit the observation space,
+    or infos too large to send (see :func:`misfit_reported`): the env's error, which every reconnect would return again; raised by the
     fleet's next step of this server (then None)."""
 
     def settled(self, now: float) -> bool:

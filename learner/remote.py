@@ -2070,7 +2070,8 @@ async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]])
 def _is_outage(err: BaseException) -> bool:
     """Whether a fault-tolerant fleet takes ``err`` for its server's outage (:func:`learner.faults.is_outage`):
     not for an env's observation that does not fit the observation space (the server's ObservationLayoutError,
-    an EnvCrashedError), which is the env's: it returns it again after the reconnect's reset (or in it), so the
+    an EnvCrashedError), nor for infos that make its answer too large to send (an EnvCrashedError naming the
+    answer's size), which are the env's: it returns it again after the reconnect's reset (or in it), so the
     fleet would retry the server for ``give_up_after`` seconds (a minute, by default) before it stopped with the
     same error. Raised at once instead, as a NaN observation stops a run."""
     return is_outage(err) and not misfit_reported(err)

@@ -495,7 +495,8 @@ class _Drops:
         """A step of the ``num_envs`` envs failed with ``err``: whether the rollout under way ends there (dropped,
         counted in ``since`` and said; or the run was asked to stop: ``stop``), else the run ends with ``err``
         (the caller raises it): where the rollout cannot be dropped (``can_drop``: the fleet is followed, not
-        fault-tolerant), :data:`LOST_ROLLOUTS` come in a row, or an env's observation does not fit the space."""
+        fault-tolerant), :data:`LOST_ROLLOUTS` come in a row, or an env's observation does not fit the space (or its
+        infos make an answer too large to send: see :func:`~learner.faults.misfit_reported`)."""
         self.in_a_row += 1
         if isinstance(err, EnvCrashedError):
             # (the step was taken, an env raising in it: its env steps counted as a fault-tolerant
