@@ -44,6 +44,7 @@ __all__ = [
     "WideInfoAsyncVectorEnv",
     "WideInfoSyncVectorEnv",
     "WRAPPERS",
+    "build_one_env",
     "build_vector_env",
     "check_env",
     "env_kwargs_json",
@@ -650,6 +651,20 @@ def make_env(config: ServerConfig) -> gym.Env[Any, Any]:
     if _gym_id(config.env).startswith("ALE/"):
         _register_optional_envs()
     return _env_factory(config)()
+
+
+def build_one_env(config: ServerConfig) -> gym.Env[Any, Any]:
+    """One env as :func:`make_env` makes it, refused as :func:`build_vector_env` refuses it: EnvBuildError
+    with the server's one-line reason (for ``learner check``, which must fail as the server would)."""
+    check_env(config)
+    try:
+        env = make_env(config)
+    except EnvBuildError:
+        raise
+    except Exception as err:
+        raise _build_error(config, err) from err
+    _check_spaces(env, config.env)
+    return env
 
 
 def check_env(config: ServerConfig) -> None:

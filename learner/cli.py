@@ -1,4 +1,4 @@
-"""The ``learner`` command (also ``python -m learner``): train, eval, servers, plot, bench and demo.
+"""The ``learner`` command (also ``python -m learner``): train, eval, servers, plot, bench, demo and check.
 
 Only this module reads the command line. torch loads only for the commands that need it (train, eval).
 """
@@ -201,6 +201,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if warning:
         print(f"{warning} Run it again on an idle machine to compare them.")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check an env through one local env server against gymnasium's own vector env (learner.check)."""
+    from learner.check import CheckOptions, run_check
+    from learner.config import wrapper_names
+
+    try:
+        check_wrappers(args.wrappers)
+        options = CheckOptions(
+            env=args.env,
+            env_kwargs=args.env_kwargs,
+            num_envs=args.num_envs,
+            steps=args.steps,
+            seed=args.seed,
+            max_episode_steps=args.max_episode_steps,
+            wrappers=wrapper_names(args.wrappers, args.env, args.env_kwargs),
+            transport=args.transport,
+            step_socket=args.step_socket,
+        )
+        result = run_check(options)
+    except ValueError as err:
+        args.parser.error(str(err))
+    for line in result.lines:
+        print(f"{line.status:<8} {line.check + ':':<17} {line.message}", flush=True)
+    verdict = "FAILED" if result.failed else "passed"
+    print(f"{args.env}: {verdict} ({result.warnings} warning{'s' if result.warnings != 1 else ''})")
+    return 1 if result.failed else 0
 
 
 # -- train ---------------------------------------------------------------------------------------------------
@@ -1452,6 +1480,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=_seed, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
     )
     demo.set_defaults(func=cmd_demo, parser=demo)
+
+    check = sub.add_parser(
+        "check",
+        parents=[common],
+        help="check your env through a local env server against gymnasium's own vector env",
+        description="Build the env as env-server does, run gymnasium's env checker on it, then step it through one "
+        "local env server and in-process (gymnasium's SyncVectorEnv) with the same seed and random actions, and "
+        "compare what both give; also whether a seeded reset repeats, the step times, and the server's log "
+        "warnings. Exit status 0 when no check failed (warnings: what survives the wire changed, see the "
+        "README's 'Your own env'), 1 when one did.",
+    )
+    check.add_argument("--env", required=True, metavar="ID", help="gymnasium id or entry point (module:Class)")
+    check.add_argument(
+        "--env-kwargs",
+        type=json_object_option,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for the env's constructor, as a JSON object",
+    )
+    check.add_argument(
+        "--num-envs", type=positive_int, default=2, metavar="N", help="envs on the server (default: %(default)s)"
+    )
+    check.add_argument(
+        "--steps", type=positive_int, default=1000, metavar="N", help="vector steps to compare (default: %(default)s)"
+    )
+    check.add_argument(
+        "--seed", type=_seed, default=0, metavar="N", help="seed of the envs and actions (default: %(default)s)"
+    )
+    docs = _field_docs(Args)
+    check.add_argument(
+        "--max-episode-steps", type=positive_int, default=None, metavar="N", help=docs["max_episode_steps"]
+    )
+    check.add_argument("--wrappers", default="auto", metavar="NAMES", help=docs["wrappers"] + " (default: auto)")
+    _add_local_server_options(check, "server", "its step socket")
+    check.set_defaults(func=cmd_check, parser=check)
 
     train = sub.add_parser(
         "train",

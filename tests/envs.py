@@ -330,6 +330,21 @@ class FaultyEnv(gym.Env[np.ndarray, np.int64]):
         return self._obs("step"), 1.0, False, self._t >= self.length, {}
 
 
+class UnseededEnv(ClockEnv):
+    """A ClockEnv whose episodes start at a time drawn from numpy's global generator, which ``reset(seed=...)``
+    does not seed (not ``self.np_random``): a seeded reset does not repeat."""
+
+    def __init__(self) -> None:
+        super().__init__(length=1_000_000)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = int(np.random.randint(self.length))  # (unseeded on purpose)
+        return self._obs(), {}
+
+
 class SlowToBuildEnv(ClockEnv):
     """A ClockEnv whose constructor takes ``build_s`` seconds (a big simulator loading its assets)."""
 

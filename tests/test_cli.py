@@ -718,7 +718,7 @@ def test_log_level_goes_before_or_after_the_command_and_every_option_says_what_i
     assert parser.parse_args(["--log-level", "debug", "plot", "r"]).log_level == "debug"
     assert parser.parse_args(["--log-level", "debug", "train", "--log-level", "info"]).log_level == "info"
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert sorted(commands) == ["bench", "demo", "eval", "plot", "servers", "train"]
+    assert sorted(commands) == ["bench", "check", "demo", "eval", "plot", "servers", "train"]
     for name, command in [("learner", parser), *commands.items()]:
         for action in command._actions:
             assert action.help or action.dest == "command", (

@@ -1,0 +1,393 @@
+"""``learner check``: what an env gives through an env server, against gymnasium's own vector env of it.
+
+An env author's compliance check (as dm_env_rpc's compliance suite is): the env built as a server builds it,
+gymnasium's env checker on one copy, then one local server and an in-process ``SyncVectorEnv`` stepped with
+the same seeds and random actions, their outputs compared exactly. :func:`run_check` returns the findings;
+the ``learner`` command prints them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from env_server.config import ServerConfig
+from env_server.envs import EnvBuildError, build_one_env
+from learner.errors import EnvFleetError
+
+__all__ = ["CheckLine", "CheckOptions", "CheckResult", "run_check"]
+
+Status = Literal["ok", "warning", "failed", "info"]
+
+# (README "Your own env": a value with no wire form comes as its repr, cut to this many characters)
+_REPR_CHARS = 10_000
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """What to check: the env as ``env-server`` options name it, and how long to step it."""
+
+    env: str
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    num_envs: int = 2
+    steps: int = 1000
+    seed: int = 0
+    max_episode_steps: int | None = None
+    wrappers: tuple[str, ...] = ()
+    transport: str | None = None  # (None: LocalServers' default)
+    step_socket: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckLine:
+    """One finding: which check, ok / warning / failed / info, and what it found (one line)."""
+
+    check: str
+    status: Status
+    message: str
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """The findings, in the order found; failed when one is, whatever the warnings."""
+
+    lines: list[CheckLine] = dataclasses.field(default_factory=list)
+
+    def add(self, check: str, status: Status, message: str) -> None:
+        self.lines.append(CheckLine(check, status, message))
+
+    @property
+    def failed(self) -> bool:
+        return any(line.status == "failed" for line in self.lines)
+
+    @property
+    def warnings(self) -> int:
+        return sum(line.status == "warning" for line in self.lines)
+
+
+class _EnvRaised(Exception):
+    """Env ``index`` of the in-process vector env raised ``error`` in ``method``."""
+
+    def __init__(self, index: int, method: str, error: BaseException) -> None:
+        super().__init__(f"env {index}'s {method} raised {type(error).__name__}: {_one_line(error)}")
+        self.index = index
+
+
+class _Timed(gym.Wrapper[Any, Any, Any, Any]):
+    """Times the env's own steps, and names the env (its index) in what its reset or step raises."""
+
+    def __init__(self, env: gym.Env[Any, Any], index: int) -> None:
+        super().__init__(env)
+        self.index = index
+        self.step_s = 0.0
+        self.steps = 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        try:
+            return self.env.reset(**kwargs)
+        except Exception as err:
+            raise _EnvRaised(self.index, "reset", err) from err
+
+    def step(self, action: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            result = self.env.step(action)
+        except Exception as err:
+            raise _EnvRaised(self.index, "step", err) from err
+        self.step_s += time.perf_counter() - start
+        self.steps += 1
+        return result
+
+
+class _Collected(logging.Filter):
+    """Takes the warnings (and worse) of the local server's forwarded log lines out of the log, kept for the check's
+    own lines (shown once); its other lines go on as they would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        self.lines.append(f"{record.levelname} {record.name}: {_one_line(record.getMessage())}")
+        return False
+
+
+def run_check(options: CheckOptions) -> CheckResult:
+    """Check the env ``options`` names; raises ValueError (naming the option) for options the server refuses."""
+    try:
+        config = ServerConfig(
+            env=options.env,
+            env_kwargs=options.env_kwargs,
+            num_envs=options.num_envs,
+            max_episode_steps=options.max_episode_steps,
+            wrappers=options.wrappers,
+            vectorization="sync",
+        )
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None  # ("env: expected a gymnasium id ...")
+    result = CheckResult()
+
+    # 1. built as the server builds it, and gymnasium's env checker on that copy
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env = build_one_env(config)
+            try:
+                from gymnasium.utils.env_checker import check_env
+
+                check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
+                stopped = None
+            except Exception as err:  # (an AssertionError of the checker's, or the env's own error)
+                stopped = f"stopped: {type(err).__name__}: {_one_line(err)}"
+            finally:
+                env.close()
+    except EnvBuildError as err:
+        result.add("build", "failed", str(err))
+        return result
+    spaces = f"{_space(env.observation_space)} observations, {_space(env.action_space)} actions"
+    result.add("build", "ok", f"{options.env} as the server builds it: {spaces}")
+    found = list(dict.fromkeys(_warning_text(w.message) for w in caught)) + ([stopped] if stopped else [])
+    for text in found:
+        result.add("env checker", "warning", text)
+    if not found:
+        result.add("env checker", "ok", "gymnasium's env checker found nothing")
+
+    # 2-6. one local server (the server's log lines kept) against an in-process SyncVectorEnv
+    from learner.local import DEFAULT_TRANSPORT, LocalServers, server_logger_name
+    from learner.remote import RemoteVectorEnv
+
+    server_args = [f"--max-episode-steps={options.max_episode_steps}"] if options.max_episode_steps else []
+    server_args += [f"--wrappers={','.join(options.wrappers)}"] if options.wrappers else []
+    collected = _Collected()
+    server_log = logging.getLogger(server_logger_name(0))
+    server_log.addFilter(collected)
+    try:
+        with (
+            LocalServers(
+                options.env,
+                1,
+                options.num_envs,
+                env_kwargs=options.env_kwargs,
+                server_args=server_args,
+                log_level="warning",
+                log_format="json",  # (a record a line: a traceback in it, left out here)
+                restarts=0,
+                transport=options.transport or DEFAULT_TRANSPORT,
+            ) as servers,
+            RemoteVectorEnv(servers.addresses, step_socket=options.step_socket) as remote,
+        ):
+            result.add("server", "ok", f"{options.num_envs} envs on {servers.addresses[0]}")
+            _compare(options, config, remote, result)
+    except EnvFleetError as err:  # (the server's start, or a remote call: it names the server and the env)
+        result.add("server", "failed", _one_line(err))
+    finally:
+        server_log.removeFilter(collected)
+    for line in collected.lines:
+        result.add("server log", "warning", line)
+    if not collected.lines:
+        result.add("server log", "ok", "no warnings")
+    return result
+
+
+def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.VectorEnv, result: CheckResult) -> None:
+    """Checks 3-5: reproducibility, equivalence and timing of ``remote`` against ``config``'s envs in-process."""
+    n = options.num_envs
+    wrapped: list[_Timed] = []
+
+    def maker(index: int) -> Callable[[], gym.Env[Any, Any]]:
+        def make() -> gym.Env[Any, Any]:
+            env = _Timed(build_one_env(config), index)
+            wrapped.append(env)
+            return env
+
+        return make
+
+    mode = remote.metadata["autoreset_mode"]
+    with warnings.catch_warnings():  # (the env checker's said them once; gym.make's checker would again)
+        warnings.simplefilter("ignore")
+        local = gym.vector.SyncVectorEnv([maker(i) for i in range(n)], autoreset_mode=mode)
+    try:
+        # 4. reproducibility, first: an env that is not reproducible cannot be compared value for value
+        try:
+            first = local.reset(seed=options.seed)
+            again = local.reset(seed=options.seed)
+        except _EnvRaised as err:
+            result.add("equivalence", "failed", f"in-process {err}")
+            return
+        exact = _difference(first[0], again[0], "observation", exact=True, notes={}) is None
+        if exact:
+            result.add("reproducibility", "ok", f"reset(seed={options.seed}) twice gives the same observations")
+        else:
+            result.add(
+                "reproducibility",
+                "warning",
+                f"reset(seed={options.seed}) twice gives other observations: seeded runs won't repeat (draw from "
+                "self.np_random, seeded by super().reset(seed=seed)); compared below: types, dtypes and shapes only",
+            )
+
+        # 3. equivalence: the same seed and random actions through both
+        remote.action_space.seed(options.seed)
+        notes: dict[str, str] = {}
+        remote_s, step = 0.0, 0
+        try:
+            local_out: tuple[Any, ...] = local.reset(seed=options.seed)
+            remote_out: tuple[Any, ...] = remote.reset(seed=options.seed)
+            found = _first_difference(("observation", "info"), local_out, remote_out, exact, notes)
+            while found is None and step < options.steps:
+                step += 1
+                actions = remote.action_space.sample()
+                local_out = local.step(copy.deepcopy(actions))
+                start = time.perf_counter()
+                remote_out = remote.step(copy.deepcopy(actions))
+                remote_s += time.perf_counter() - start
+                fields = ("observation", "reward", "terminated", "truncated", "info")
+                found = _first_difference(fields, local_out, remote_out, exact, notes)
+        except _EnvRaised as err:
+            result.add("equivalence", "failed", f"in-process {err} (at step {step} after reset(seed={options.seed}))")
+            return
+        except EnvFleetError as err:  # (it names the server and the env)
+            result.add("equivalence", "failed", f"served: {_one_line(err)} (at step {step})")
+            return
+        except Exception as err:  # (gymnasium's vector env refusing what the envs gave: a ragged observation)
+            result.add(
+                "equivalence",
+                "failed",
+                f"in-process SyncVectorEnv at step {step}: {type(err).__name__}: {_one_line(err)}",
+            )
+            return
+        for key, what in notes.items():
+            result.add("equivalence", "warning", f"info key {key!r}: {what} (README: Your own env)")
+        if found is not None:
+            where = "the reset" if step == 0 else f"step {step}"
+            result.add(
+                "equivalence",
+                "failed",
+                f"{where}: {found} (in-process vs served; an env that draws from a generator reset(seed=...) does not "
+                "seed, not self.np_random, differs so too)",
+            )
+            return
+        how = "the same" if exact else "of the same types, dtypes and shapes"
+        how += " (but for the warnings above)" if notes else ""
+        result.add("equivalence", "ok", f"{step} steps x {n} envs: observations, rewards, flags and infos {how}")
+
+        # 5. timing
+        env_steps = sum(env.steps for env in wrapped) or 1
+        own_us = 1e6 * sum(env.step_s for env in wrapped) / env_steps
+        remote_us = 1e6 * remote_s / (max(step, 1) * n)
+        if own_us < remote_us / 2:
+            advice = "a fast env, the round trip is most of it: more envs per server (--num-envs)"
+        else:
+            advice = "a slow env, its own step is most of it: more servers (or --vectorization async)"
+        result.add(
+            "timing",
+            "info",
+            f"the env's step {own_us:,.1f} us in-process; served: {remote_us:,.1f} us per env-step "
+            f"({n} envs on 1 server): {advice}",
+        )
+    finally:
+        local.close()
+
+
+def _first_difference(
+    fields: tuple[str, ...], local: tuple[Any, ...], remote: tuple[Any, ...], exact: bool, notes: dict[str, str]
+) -> str | None:
+    for field, a, b in zip(fields, local, remote, strict=True):
+        found = _difference(a, b, field, exact, notes)
+        if found is not None:
+            return found
+    return None
+
+
+def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) -> str | None:
+    """Where ``b`` (served) first differs from ``a`` (in-process), with both values; None where it does not. A
+    value that came as its repr string (README's first difference) is no difference: noted in ``notes`` by its info
+    key, as the server logs it."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = {str(key): key for key in a}
+        if set(keys) != set(b) or len(keys) != len(a):
+            return f"{where}: keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
+        if any(not isinstance(key, str) for key in a):
+            notes.setdefault(_info_key(where), "a dict with keys that are not str comes with str(key) keys")
+        for text, key in keys.items():
+            found = _difference(a[key], b[text], f"{where}[{text!r}]", exact, notes)
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, tuple | list) and type(a) is type(b) and len(a) == len(b):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _difference(x, y, f"{where}[{index}]", exact, notes)
+            if found is not None:
+                return found
+        return None
+    arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+    if arrays and (object in (a.dtype, b.dtype) or (b.dtype.kind == "U" and a.dtype.kind not in "US")):
+        for index, (x, y) in enumerate(zip(a.flat, b.flat, strict=True)):  # (item by item)
+            found = _difference(x, y, f"{where}[{index}]", exact, notes)
+            if found is not None:
+                return found
+        return None
+    as_repr = isinstance(b, str | np.str_) and not isinstance(a, str) and a is not None
+    if as_repr and (not exact or str(b) == repr(a)[:_REPR_CHARS]):
+        kind = f"{type(a).__module__}.{type(a).__qualname__}"
+        notes.setdefault(_info_key(where), f"a {kind} comes as its repr string")
+        return None
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{where}: {a.dtype} {a.shape} vs {b.dtype} {b.shape}"
+        if not exact:
+            return None
+        same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind in "fc" else np.equal(a, b)
+        if np.all(same):
+            return None
+        index = np.argwhere(~np.asarray(same))[0]
+        env = f", env {index[0]}" if a.ndim else ""
+        return f"{where}{env}: {_short(a[tuple(index[:1])])} vs {_short(b[tuple(index[:1])])}"
+    if type(a) is not type(b):
+        return f"{where}: {type(a).__name__} {_short(a)} vs {type(b).__name__} {_short(b)}"
+    if exact and not (a == b or (a != a and b != b)):
+        return f"{where}: {_short(a)} vs {_short(b)}"
+    return None
+
+
+def _info_key(where: str) -> str:
+    """The top-level info key of a place (``info['s'][0]``: ``s``)."""
+    match = re.match(r"info\[('[^']*'|\"[^\"]*\")\]", where)
+    return match.group(1)[1:-1] if match else where
+
+
+def _space(space: gym.Space[Any]) -> str:
+    """A space in a few words: its kind, shape and dtype (``Box((4,), float32)``)."""
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.Box):
+        return (
+            f"{type(space).__name__}({space.n})"
+            if isinstance(space, gym.spaces.Discrete)
+            else (f"Box({space.shape}, {space.dtype})")
+        )
+    return _short(space)
+
+
+def _short(value: Any) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _warning_text(message: Warning | str) -> str:
+    text = _ANSI.sub("", str(message)).strip()
+    return _one_line(text.removeprefix("WARN: "))
+
+
+def _one_line(value: object) -> str:
+    text = " ".join(str(value).split())
+    return text if text else type(value).__name__

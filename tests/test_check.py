@@ -1,0 +1,92 @@
+"""``learner check``: an env checked through one real local env server against gymnasium's SyncVectorEnv of it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learner.check import _difference
+from learner.cli import main
+from tests.test_readme_snippets import snippet
+
+
+def _children() -> set[str]:
+    """This process's child processes (the local servers while they run)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return {pid for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+
+
+def _check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    before = _children()
+    status = main(["check", *argv, "--steps", "30"])
+    assert _children() <= before  # (the server gone, however the check ended)
+    return status, capsys.readouterr().out
+
+
+def test_cartpole_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "CartPole-v1")
+    assert status == 0, out
+    assert "ok       equivalence:      30 steps x 2 envs: observations, rewards, flags and infos the same" in out
+    assert "reset(seed=0) twice gives the same observations" in out and "us per env-step" in out
+    assert out.splitlines()[-1].startswith("CartPole-v1: passed")
+
+
+def test_an_info_value_sent_as_its_repr_is_a_warning_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "tests.envs:UnsendableInfoEnv")
+    assert status == 0, out
+    assert "warning  equivalence:      info key 's': a builtins.set comes as its repr string" in out, out
+    assert "info key 'd': a dict with keys that are not str comes with str(key) keys" in out
+    # (the server's own warning, as an operator would see it)
+    assert "server log:       WARNING env_server.service[local-0]: info key 's': a builtins.set cannot cross" in out
+
+
+def test_an_env_not_reproducible_under_its_seed_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "tests.envs:UnseededEnv")
+    assert status == 0, out
+    assert "warning  reproducibility:  reset(seed=0) twice gives other observations: seeded runs won't repeat" in out
+    assert "observations, rewards, flags and infos of the same types, dtypes and shapes" in out
+
+
+def test_an_env_that_raises_in_step_fails_the_check_naming_the_env(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "tests.envs:FaultyEnv", "--env-kwargs", '{"raise_at": 5, "fault_env": -1}')
+    assert status == 1, out
+    assert "failed   equivalence:      in-process env 0's step raised ValueError: step 5 failed on purpose" in out, out
+    assert "Traceback" not in out and out.splitlines()[-1].startswith("tests.envs:FaultyEnv: FAILED")
+
+
+def test_an_env_that_cannot_be_built_fails_as_the_server_would(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "tests.misbehaving_envs:NeedsArgs")
+    assert status == 1
+    assert "failed   build:            cannot make env 'tests.misbehaving_envs:NeedsArgs' with kwargs {}" in out, out
+
+
+def test_a_difference_names_the_field_the_env_and_both_values() -> None:
+    found = _difference(np.array([[0.5], [1.0]]), np.array([[0.5], [2.0]]), "observation", True, {})
+    assert found == "observation, env 1: array([1.]) vs array([2.])"
+    assert _difference({"k": np.array([1, 2])}, {"k": np.array([1.0, 2.0])}, "info", True, {}) == (
+        "info['k']: int64 (2,) vs float64 (2,)"
+    )
+
+
+def test_help_says_what_it_checks() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "learner", "check", "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    flat = " ".join(out.split())
+    assert "--env ID" in flat and "gymnasium's env checker" in flat and "Exit status 0 when no check failed" in flat
+
+
+def test_the_readmes_env_passes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README "Your own env": ``learner check --env myenvs:GoRight --max-episode-steps 200`` passes."""
+    (tmp_path / "myenvs.py").write_text(snippet("myenvs.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    status, out = _check(capsys, "--env", "myenvs:GoRight", "--max-episode-steps", "200")
+    assert status == 0 and "gymnasium's env checker found nothing" in out and "passed (0 warnings)" in out, out
