@@ -1274,6 +1274,17 @@ examples:
 # -- the parser ---------------------------------------------------------------------------------------------
 
 
+def _add_env_kwargs(parser: argparse.ArgumentParser) -> None:
+    """``--env-kwargs`` of the commands that make their env from ``--env`` alone (demo, check)."""
+    parser.add_argument(
+        "--env-kwargs",
+        type=json_object_option,
+        default={},
+        metavar="JSON",
+        help="keyword arguments for the env's constructor, as a JSON object",
+    )
+
+
 def _add_local_server_options(parser: argparse.ArgumentParser, servers: str, sockets: str) -> None:
     """--transport and --step-socket, for commands that start local servers (``train`` has them from Args)."""
     parser.add_argument(
@@ -1455,13 +1466,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--env", default="CartPole-v1", metavar="ID", help="gymnasium id or entry point (default: %(default)s)"
     )
-    demo.add_argument(
-        "--env-kwargs",
-        type=json_object_option,
-        default={},
-        metavar="JSON",
-        help="keyword arguments for the env's constructor, as a JSON object",
-    )
+    _add_env_kwargs(demo)
     demo.add_argument(
         "--num-servers",
         type=positive_int,
@@ -1492,13 +1497,7 @@ def build_parser() -> argparse.ArgumentParser:
         "README's 'Your own env'), 1 when one did.",
     )
     check.add_argument("--env", required=True, metavar="ID", help="gymnasium id or entry point (module:Class)")
-    check.add_argument(
-        "--env-kwargs",
-        type=json_object_option,
-        default={},
-        metavar="JSON",
-        help="keyword arguments for the env's constructor, as a JSON object",
-    )
+    _add_env_kwargs(check)
     check.add_argument(
         "--num-envs", type=positive_int, default=2, metavar="N", help="envs on the server (default: %(default)s)"
     )
