@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from env_server.config import ServerConfig
-from env_server.envs import EnvBuildError, build_one_env
+from env_server.envs import EnvBuildError, WideInfoSyncVectorEnv, build_one_env
 from learner.errors import EnvFleetError
 
 __all__ = ["CheckLine", "CheckOptions", "CheckResult", "run_check"]
@@ -217,7 +217,9 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
     mode = remote.metadata["autoreset_mode"]
     with warnings.catch_warnings():  # (the env checker's said them once; gym.make's checker would again)
         warnings.simplefilter("ignore")
-        local = gym.vector.SyncVectorEnv([maker(i) for i in range(n)], autoreset_mode=mode)
+        # (infos widened as the server widens them, and the learner's --backend gym: gymnasium's own SyncVectorEnv
+        # casts an info key's values to its first env's type, FrozenLake's prob 0.333 to 0 after an int 1)
+        local = WideInfoSyncVectorEnv([maker(i) for i in range(n)], autoreset_mode=mode)
     try:
         # 4. reproducibility, first: an env that is not reproducible cannot be compared value for value
         try:

@@ -90,3 +90,12 @@ def test_the_readmes_env_passes(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     status, out = _check(capsys, "--env", "myenvs:GoRight", "--max-episode-steps", "200")
     assert status == 0 and "gymnasium's env checker found nothing" in out and "passed (0 warnings)" in out, out
+
+
+def test_an_info_key_of_ints_then_floats_is_no_difference(capsys: pytest.CaptureFixture[str]) -> None:
+    """FrozenLake's ``prob`` (an int 1 after a reset, 0.333 after a step): the server widens it to float64, as the
+    learner's --backend gym does; gymnasium's own SyncVectorEnv cut it to the first env's int64 (a false failure)."""
+    status, out = _check(capsys, "--env", "FrozenLake-v1")
+    assert status == 0 and "30 steps x 2 envs: observations, rewards, flags and infos the same" in out, out
+    status, out = _check(capsys, "--env", "tests.envs:MixedInfoEnv")
+    assert status == 0, out
