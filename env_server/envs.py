@@ -661,7 +661,9 @@ def build_one_env(config: ServerConfig) -> gym.Env[Any, Any]:
         env = make_env(config)
     except EnvBuildError:
         raise
-    except Exception as err:
+    except BaseException as err:  # (an env's own asyncio.CancelledError too, as build_vector_env takes it)
+        if isinstance(err, KeyboardInterrupt):  # (the caller's Ctrl-C: build_one_env runs in a learner's process)
+            raise
         raise _build_error(config, err) from err
     _check_spaces(env, config.env)
     return env

@@ -21,10 +21,10 @@ import gymnasium as gym
 import numpy as np
 
 from env_server.config import ServerConfig
-from env_server.envs import EnvBuildError, WideInfoSyncVectorEnv, build_one_env
+from env_server.envs import EnvBuildError, WideInfoSyncVectorEnv, build_one_env, misfit_message
 from learner.errors import EnvFleetError
 
-__all__ = ["CheckLine", "CheckOptions", "CheckResult", "run_check"]
+__all__ = ["CheckLine", "CheckOptions", "CheckResult", "run_check", "server_config"]
 
 Status = Literal["ok", "warning", "failed", "info"]
 
@@ -75,6 +75,18 @@ class CheckResult:
         return sum(line.status == "warning" for line in self.lines)
 
 
+# What an env's own code may raise, BaseExceptions too (asyncio.CancelledError, GeneratorExit, SystemExit, an env's
+# own subclass): the env's error, as the server takes it (env_server.isolation), not a traceback of the check's;
+# but for a KeyboardInterrupt, which in this process is the user's Ctrl-C (see _ctrl_c).
+_ENV_RAISED = BaseException
+
+
+def _ctrl_c(err: BaseException) -> None:
+    """Raise ``err`` on where it is a KeyboardInterrupt: the user's Ctrl-C, not the env's error."""
+    if isinstance(err, KeyboardInterrupt):
+        raise err
+
+
 class _EnvRaised(Exception):
     """Env ``index`` of the in-process vector env raised ``error`` in ``method``."""
 
@@ -91,21 +103,27 @@ class _Timed(gym.Wrapper[Any, Any, Any, Any]):
         self.index = index
         self.step_s = 0.0
         self.steps = 0
+        self.last: tuple[Any, str] = (None, "")  # (the last observation, and the method that returned it)
 
     def reset(self, **kwargs: Any) -> Any:
         try:
-            return self.env.reset(**kwargs)
-        except Exception as err:
+            obs, info = self.env.reset(**kwargs)
+        except _ENV_RAISED as err:
+            _ctrl_c(err)
             raise _EnvRaised(self.index, "reset", err) from err
+        self.last = (obs, "reset")
+        return obs, info
 
     def step(self, action: Any) -> Any:
         start = time.perf_counter()
         try:
             result = self.env.step(action)
-        except Exception as err:
+        except _ENV_RAISED as err:
+            _ctrl_c(err)
             raise _EnvRaised(self.index, "step", err) from err
         self.step_s += time.perf_counter() - start
         self.steps += 1
+        self.last = (result[0], "step")
         return result
 
 
@@ -124,10 +142,11 @@ class _Collected(logging.Filter):
         return False
 
 
-def run_check(options: CheckOptions) -> CheckResult:
-    """Check the env ``options`` names; raises ValueError (naming the option) for options the server refuses."""
+def server_config(options: CheckOptions) -> ServerConfig:
+    """The config of the server ``options`` describe; raises ValueError (naming the option) for options the server
+    refuses."""
     try:
-        config = ServerConfig(
+        return ServerConfig(
             env=options.env,
             env_kwargs=options.env_kwargs,
             num_envs=options.num_envs,
@@ -137,6 +156,12 @@ def run_check(options: CheckOptions) -> CheckResult:
         )
     except ValueError as err:
         raise ValueError(f"--{err}") from None  # ("env: expected a gymnasium id ...")
+
+
+def run_check(options: CheckOptions) -> CheckResult:
+    """Check the env ``options`` names; raises ValueError (naming the option) for options the server refuses (see
+    :func:`server_config`), and nothing for what the env does: that is a failed check."""
+    config = server_config(options)
     result = CheckResult()
 
     # 1. built as the server builds it, and gymnasium's env checker on that copy
@@ -149,10 +174,10 @@ def run_check(options: CheckOptions) -> CheckResult:
 
                 check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
                 stopped = None
-            except Exception as err:  # (an AssertionError of the checker's, or the env's own error)
+            except _ENV_RAISED as err:  # (an AssertionError of the checker's, or the env's own error)
+                _ctrl_c(err)
                 stopped = f"stopped: {type(err).__name__}: {_one_line(err)}"
-            finally:
-                env.close()
+            closing = _closed(env)
     except EnvBuildError as err:
         result.add("build", "failed", str(err))
         return result
@@ -163,6 +188,8 @@ def run_check(options: CheckOptions) -> CheckResult:
         result.add("env checker", "warning", text)
     if not found:
         result.add("env checker", "ok", "gymnasium's env checker found nothing")
+    if closing is not None:
+        result.add("close", "warning", f"the env's {closing}")
 
     # 2-6. one local server (the server's log lines kept) against an in-process SyncVectorEnv
     from learner.local import DEFAULT_TRANSPORT, LocalServers, server_logger_name
@@ -228,6 +255,9 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
         except _EnvRaised as err:
             result.add("equivalence", "failed", f"in-process {err}")
             return
+        except Exception as err:  # (gymnasium's vector env refusing what the envs gave: an info that is no dict)
+            result.add("equivalence", "failed", _misfit(wrapped, "in-process SyncVectorEnv's reset", "", err))
+            return
         exact = _difference(first[0], again[0], "observation", exact=True, notes={}) is None
         if exact:
             result.add("reproducibility", "ok", f"reset(seed={options.seed}) twice gives the same observations")
@@ -263,11 +293,7 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             result.add("equivalence", "failed", f"served: {_one_line(err)} (at step {step})")
             return
         except Exception as err:  # (gymnasium's vector env refusing what the envs gave: a ragged observation)
-            result.add(
-                "equivalence",
-                "failed",
-                f"in-process SyncVectorEnv at step {step}: {type(err).__name__}: {_one_line(err)}",
-            )
+            result.add("equivalence", "failed", _misfit(wrapped, f"in-process SyncVectorEnv at step {step}", step, err))
             return
         for key, what in notes.items():
             result.add("equivalence", "warning", f"info key {key!r}: {what} (README: Your own env)")
@@ -299,7 +325,30 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             f"({n} envs on 1 server): {advice}",
         )
     finally:
-        local.close()
+        closing = _closed(local)
+        if closing is not None:
+            result.add("close", "warning", f"the in-process envs' {closing}")
+
+
+def _misfit(envs: list[_Timed], where: str, step: int | str, err: Exception) -> str:
+    """What failed the in-process vector env (``where``: its reset, or ``step``) with ``err``: the first env whose
+    last observation does not fit its space, named as ``--backend gym`` names it, else ``err`` itself."""
+    for env in envs:
+        obs, method = env.last
+        message = misfit_message(obs, env.observation_space, env.index, method, in_process=True) if method else None
+        if message is not None:
+            return message + (f" (at step {step})" if step else "")
+    return f"{where}: {type(err).__name__}: {_one_line(err)}"
+
+
+def _closed(env: gym.Env[Any, Any] | gym.vector.VectorEnv) -> str | None:
+    """Close ``env``; what its close raised, in a line (None where it raised nothing)."""
+    try:
+        env.close()
+    except _ENV_RAISED as err:
+        _ctrl_c(err)
+        return f"close raised {type(err).__name__}: {_one_line(err)}"
+    return None
 
 
 def _first_difference(

@@ -205,7 +205,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Check an env through one local env server against gymnasium's own vector env (learner.check)."""
-    from learner.check import CheckOptions, run_check
+    from learner.check import CheckOptions, run_check, server_config
     from learner.config import wrapper_names
 
     try:
@@ -221,9 +221,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             transport=args.transport,
             step_socket=args.step_socket,
         )
-        result = run_check(options)
-    except ValueError as err:
+        server_config(options)
+    except ValueError as err:  # (the options only: a ValueError the env raised is a failed check, no usage error)
         args.parser.error(str(err))
+    result = run_check(options)
     for line in result.lines:
         print(f"{line.status:<8} {line.check + ':':<17} {line.message}", flush=True)
     verdict = "FAILED" if result.failed else "passed"

@@ -99,3 +99,34 @@ def test_an_info_key_of_ints_then_floats_is_no_difference(capsys: pytest.Capture
     assert status == 0 and "30 steps x 2 envs: observations, rewards, flags and infos the same" in out, out
     status, out = _check(capsys, "--env", "tests.envs:MixedInfoEnv")
     assert status == 0, out
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # (a BaseException of the env's: was a traceback, in the build and in gymnasium's env checker)
+        (
+            "BuildCancelled",
+            "failed   build:            cannot make env 'tests.misbehaving_envs:BuildCancelled': Cancel",
+        ),
+        ("StepRaisesBase", "failed   equivalence:      in-process env 0's step raised MyBaseError: custom (at step 2"),
+        ("ResetRaisesBase", "failed   equivalence:      in-process env 0's reset raised CancelledError"),
+        # (what gymnasium's vector env refuses in the first reset: was a traceback, or numpy's ValueError taken for a
+        # usage error, exit status 2)
+        ("ResetInfoNotDict", "failed   equivalence:      in-process SyncVectorEnv's reset: AttributeError: 'list'"),
+        ("ObsNone", "failed   equivalence:      in-process env 0: its reset returned None, not an observation"),
+    ],
+)
+def test_what_an_env_raises_or_returns_wrong_is_a_failed_check_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], env: str, expected: str
+) -> None:
+    status, out = _check(capsys, "--env", f"tests.misbehaving_envs:{env}")
+    assert status == 1 and expected in out and out.splitlines()[-1].endswith(")"), out
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_env_whose_close_raises_is_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _check(capsys, "--env", "tests.misbehaving_envs:CloseRaises")
+    assert status == 0, out
+    assert "warning  close:            the env's close raised RuntimeError: close failed" in out
+    assert "warning  close:            the in-process envs' close raised RuntimeError: close failed" in out
