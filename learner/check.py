@@ -59,12 +59,17 @@ class CheckLine:
 
 @dataclasses.dataclass
 class CheckResult:
-    """The findings, in the order found; failed when one is, whatever the warnings."""
+    """The findings, in the order found; failed when one is, whatever the warnings. ``on_line``: called with each
+    line as it is found (the command prints it then: an env that hangs is seen hanging after the lines before)."""
 
     lines: list[CheckLine] = dataclasses.field(default_factory=list)
+    on_line: Callable[[CheckLine], None] | None = None
 
     def add(self, check: str, status: Status, message: str) -> None:
-        self.lines.append(CheckLine(check, status, message))
+        line = CheckLine(check, status, message)
+        self.lines.append(line)
+        if self.on_line is not None:
+            self.on_line(line)
 
     @property
     def failed(self) -> bool:
@@ -158,11 +163,12 @@ def server_config(options: CheckOptions) -> ServerConfig:
         raise ValueError(f"--{err}") from None  # ("env: expected a gymnasium id ...")
 
 
-def run_check(options: CheckOptions) -> CheckResult:
-    """Check the env ``options`` names; raises ValueError (naming the option) for options the server refuses (see
-    :func:`server_config`), and nothing for what the env does: that is a failed check."""
+def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None = None) -> CheckResult:
+    """Check the env ``options`` names (``on_line``: see CheckResult); raises ValueError (naming the option) for
+    options the server refuses (see :func:`server_config`), and nothing for what the env does: that is a failed
+    check."""
     config = server_config(options)
-    result = CheckResult()
+    result = CheckResult(on_line=on_line)
 
     # 1. built as the server builds it, and gymnasium's env checker on that copy
     try:

@@ -205,7 +205,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Check an env through one local env server against gymnasium's own vector env (learner.check)."""
-    from learner.check import CheckOptions, run_check, server_config
+    from learner.check import CheckLine, CheckOptions, run_check, server_config
     from learner.config import wrapper_names
 
     try:
@@ -224,9 +224,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         server_config(options)
     except ValueError as err:  # (the options only: a ValueError the env raised is a failed check, no usage error)
         args.parser.error(str(err))
-    result = run_check(options)
-    for line in result.lines:
+
+    def say(line: CheckLine) -> None:  # (as found: a check that hangs, or is stopped by Ctrl-C, shows how far it got)
         print(f"{line.status:<8} {line.check + ':':<17} {line.message}", flush=True)
+
+    result = run_check(options, on_line=say)
     verdict = "FAILED" if result.failed else "passed"
     print(f"{args.env}: {verdict} ({result.warnings} warning{'s' if result.warnings != 1 else ''})")
     return 1 if result.failed else 0

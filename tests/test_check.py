@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import selectors
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +133,36 @@ def test_an_env_whose_close_raises_is_a_warning(capsys: pytest.CaptureFixture[st
     assert status == 0, out
     assert "warning  close:            the env's close raised RuntimeError: close failed" in out
     assert "warning  close:            the in-process envs' close raised RuntimeError: close failed" in out
+
+
+def test_ctrl_c_in_an_env_that_hangs_shows_the_lines_found_and_leaves_no_server() -> None:
+    """The lines are printed as found: an env whose step hangs (in-process, where no --hang-timeout reaches) shows
+    how far the check got; they were all printed at the end, so a Ctrl-C then left nothing on the screen."""
+    check = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "learner", "check", "--env", "tests.envs:FaultyEnv", "--steps", "50"),
+            *("--env-kwargs", '{"hang_at": 10, "fault_env": -1}'),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert check.stdout is not None and check.stderr is not None
+    seen, servers = "", set()
+    with selectors.DefaultSelector() as sel:
+        sel.register(check.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 60.0
+        while (
+            "reproducibility:" not in seen and time.monotonic() < deadline and sel.select(deadline - time.monotonic())
+        ):
+            seen += os.read(check.stdout.fileno(), 65536).decode()  # (no readline: its buffer would hide lines)
+            tasks = Path(f"/proc/{check.pid}/task")
+            servers |= {pid for task in tasks.iterdir() for pid in (task / "children").read_text().split()}
+    try:
+        assert "ok       server:" in seen and "reproducibility:" in seen, seen
+        check.send_signal(signal.SIGINT)
+        _, err = check.communicate(timeout=30)
+    finally:
+        check.kill()
+    assert check.returncode in (-signal.SIGINT, 130) and "Traceback" not in err and "aborted" in err, err
+    assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)
