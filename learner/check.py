@@ -278,11 +278,13 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
         # 3. equivalence: the same seed and random actions through both
         remote.action_space.seed(options.seed)
         notes: dict[str, str] = {}
+        unusable: dict[str, str] = {}
         remote_s, step = 0.0, 0
         try:
             local_out: tuple[Any, ...] = local.reset(seed=options.seed)
             remote_out: tuple[Any, ...] = remote.reset(seed=options.seed)
             found = _first_difference(("observation", "info"), local_out, remote_out, exact, notes)
+            _unusable(local_out[0], None, "the reset", unusable)
             while found is None and step < options.steps:
                 step += 1
                 actions = remote.action_space.sample()
@@ -292,6 +294,7 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
                 remote_s += time.perf_counter() - start
                 fields = ("observation", "reward", "terminated", "truncated", "info")
                 found = _first_difference(fields, local_out, remote_out, exact, notes)
+                _unusable(local_out[0], local_out[1], f"step {step}", unusable)
         except _EnvRaised as err:
             result.add("equivalence", "failed", f"in-process {err} (at step {step} after reset(seed={options.seed}))")
             return
@@ -303,6 +306,8 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             return
         for key, what in notes.items():
             result.add("equivalence", "warning", f"info key {key!r}: {what} (README: Your own env)")
+        for what in unusable.values():
+            result.add("usable", "warning", what)
         if found is not None:
             where = "the reset" if step == 0 else f"step {step}"
             result.add(
@@ -334,6 +339,40 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
         closing = _closed(local)
         if closing is not None:
             result.add("close", "warning", f"the in-process envs' {closing}")
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _unusable(obs: Any, rewards: np.ndarray | None, when: str, found: dict[str, str]) -> None:
+    """Note in ``found`` (once each) the first NaN or infinite observation or reward of ``when``, and the first
+    float64 observation beyond float32's range: the same through a server, so no difference, but learner train and
+    eval stop on them (README: Your own env)."""
+    leaves = list(obs.values()) if isinstance(obs, dict) else list(obs) if isinstance(obs, tuple) else [obs]
+    for leaf in leaves:
+        if isinstance(leaf, dict | tuple):
+            _unusable(leaf, None, when, found)
+            continue
+        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind != "f" or leaf.size == 0:
+            continue
+        rows = leaf.reshape(len(leaf), -1) if leaf.ndim else leaf.reshape(1, 1)
+        bad = ~np.isfinite(rows).all(axis=1)
+        if "nan" not in found and bad.any():
+            env = int(np.flatnonzero(bad)[0])
+            found["nan"] = (
+                f"observation of env {env} at {when} has NaN or infinite values ({_short(rows[env])}): learner "
+                "train and eval stop on it"
+            )
+        big = ~bad & (np.abs(rows) > _FLOAT32_MAX).any(axis=1)
+        if "big" not in found and big.any():
+            env = int(np.flatnonzero(big)[0])
+            found["big"] = (
+                f"observation of env {env} at {when} has values beyond float32's range ({_short(rows[env])}): learner "
+                "train stops on it unless --norm-obs scales it"
+            )
+    if rewards is not None and "reward" not in found and not np.isfinite(rewards).all():
+        env = int(np.flatnonzero(~np.isfinite(rewards))[0])
+        found["reward"] = f"reward of env {env} at {when} is {rewards[env]}: learner train and eval stop on it"
 
 
 def _misfit(envs: list[_Timed], where: str, step: int | str, err: Exception) -> str:

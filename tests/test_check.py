@@ -166,3 +166,15 @@ def test_ctrl_c_in_an_env_that_hangs_shows_the_lines_found_and_leaves_no_server(
         check.kill()
     assert check.returncode in (-signal.SIGINT, 130) and "Traceback" not in err and "aborted" in err, err
     assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)
+
+
+def test_nan_observations_and_rewards_pass_with_a_warning_that_training_stops_on_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same through a server (no difference), but learner train and eval stop on them: a plain pass was a false
+    pass (README: Your own env)."""
+    status, out = _check(capsys, "--env", "tests.numeric_envs:ExtremeEnv", "--env-kwargs", '{"obs": NaN}')
+    assert status == 0, out
+    assert "warning  usable:           observation of env 1 at step 1 has NaN or infinite values (array([nan" in out
+    status, out = _check(capsys, "--env", "tests.output_envs:OutputEnv", "--env-kwargs", '{"reward": "nan"}')
+    assert status == 0 and "reward of env 1 at step 2 is nan: learner train and eval stop on it" in out, out
