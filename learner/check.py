@@ -22,7 +22,7 @@ import numpy as np
 
 from env_server.config import ServerConfig
 from env_server.envs import EnvBuildError, WideInfoSyncVectorEnv, build_one_env, misfit_message
-from learner.errors import EnvFleetError
+from learner.errors import EnvCrashedError, EnvFleetError
 
 __all__ = ["CheckLine", "CheckOptions", "CheckResult", "run_check", "server_config"]
 
@@ -46,6 +46,7 @@ class CheckOptions:
     wrappers: tuple[str, ...] = ()
     transport: str | None = None  # (None: LocalServers' default)
     step_socket: bool = True
+    hang_timeout: float | None = None  # (the server's --hang-timeout; None: LocalServers' default, 60 s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +199,7 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
         result.add("close", "warning", f"the env's {closing}")
 
     # 2-6. one local server (the server's log lines kept) against an in-process SyncVectorEnv
-    from learner.local import DEFAULT_TRANSPORT, LocalServers, server_logger_name
+    from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers, server_logger_name
     from learner.remote import RemoteVectorEnv
 
     server_args = [f"--max-episode-steps={options.max_episode_steps}"] if options.max_episode_steps else []
@@ -218,6 +219,7 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
                 log_format="json",  # (a record a line: a traceback in it, left out here)
                 restarts=0,
                 transport=options.transport or DEFAULT_TRANSPORT,
+                hang_timeout=HANG_TIMEOUT_S if options.hang_timeout is None else options.hang_timeout,
             ) as servers,
             RemoteVectorEnv(servers.addresses, step_socket=options.step_socket) as remote,
         ):
@@ -288,10 +290,16 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             while found is None and step < options.steps:
                 step += 1
                 actions = remote.action_space.sample()
-                local_out = local.step(copy.deepcopy(actions))
+                # (served first: an env whose step hangs is ended by the server's --hang-timeout, a failed check;
+                # in-process first, it hung the check for ever)
                 start = time.perf_counter()
-                remote_out = remote.step(copy.deepcopy(actions))
+                try:
+                    remote_out = remote.step(copy.deepcopy(actions))
+                except EnvCrashedError:  # (the env raised there: in-process, its error names its own exception)
+                    local.step(copy.deepcopy(actions))
+                    raise
                 remote_s += time.perf_counter() - start
+                local_out = local.step(copy.deepcopy(actions))
                 fields = ("observation", "reward", "terminated", "truncated", "info")
                 found = _first_difference(fields, local_out, remote_out, exact, notes)
                 _unusable(local_out[0], local_out[1], f"step {step}", unusable)

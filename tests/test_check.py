@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from learner.check import _difference
+from learner.check import CheckOptions, _difference, run_check
 from learner.cli import main
 from tests.test_readme_snippets import snippet
 
@@ -136,8 +136,8 @@ def test_an_env_whose_close_raises_is_a_warning(capsys: pytest.CaptureFixture[st
 
 
 def test_ctrl_c_in_an_env_that_hangs_shows_the_lines_found_and_leaves_no_server() -> None:
-    """The lines are printed as found: an env whose step hangs (in-process, where no --hang-timeout reaches) shows
-    how far the check got; they were all printed at the end, so a Ctrl-C then left nothing on the screen."""
+    """The lines are printed as found: an env whose step hangs shows how far the check got (for the server's
+    --hang-timeout, 60 s); they were all printed at the end, so a Ctrl-C then left nothing on the screen."""
     check = subprocess.Popen(
         [
             *(sys.executable, "-m", "learner", "check", "--env", "tests.envs:FaultyEnv", "--steps", "50"),
@@ -178,3 +178,14 @@ def test_nan_observations_and_rewards_pass_with_a_warning_that_training_stops_on
     assert "warning  usable:           observation of env 1 at step 1 has NaN or infinite values (array([nan" in out
     status, out = _check(capsys, "--env", "tests.output_envs:OutputEnv", "--env-kwargs", '{"reward": "nan"}')
     assert status == 0 and "reward of env 1 at step 2 is nan: learner train and eval stop on it" in out, out
+
+
+def test_an_env_whose_step_hangs_fails_by_the_servers_hang_timeout() -> None:
+    """The served step goes first, where --hang-timeout ends a hung env call; the in-process one hung for ever."""
+    result = run_check(
+        CheckOptions("tests.envs:FaultyEnv", env_kwargs={"hang_at": 10, "fault_env": -1}, steps=30, hang_timeout=2.0)
+    )
+    failed = [line.message for line in result.lines if line.status == "failed"]
+    assert result.failed and failed[0].startswith("served: env server local-0: ") and "(at step 10)" in failed[0]
+    logged = [line.message for line in result.lines if line.check == "server log"]
+    assert any("longer than --hang-timeout 2 s" in text and "tests/envs.py" in text for text in logged), logged
