@@ -419,11 +419,14 @@ def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) 
     value that came as its repr string (README's first difference) is no difference: noted in ``notes`` by its info
     key, as the server logs it."""
     if isinstance(a, dict) and isinstance(b, dict):
-        keys = {str(key): key for key in a}
+        keys = {_wire_key(key): key for key in a}
         if set(keys) != set(b) or len(keys) != len(a):
             return f"{where}: keys {sorted(map(repr, a))} vs {sorted(map(repr, b))}"
         if any(not isinstance(key, str) for key in a):
             notes.setdefault(_info_key(where), "a dict with keys that are not str comes with str(key) keys")
+        for text, key in keys.items():
+            if text != key and isinstance(key, str):
+                notes.setdefault(text if where == "info" else _info_key(where), "a key not valid Unicode comes escaped")
         for text, key in keys.items():
             found = _difference(a[key], b[text], f"{where}[{text!r}]", exact, notes)
             if found is not None:
@@ -436,13 +439,14 @@ def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) 
                 return found
         return None
     arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
-    if arrays and (object in (a.dtype, b.dtype) or (b.dtype.kind == "U" and a.dtype.kind not in "US")):
+    reprs = b.dtype.kind == "U" and (a.dtype.kind not in "US" or not all(map(_unicode, a.flat))) if arrays else False
+    if arrays and (object in (a.dtype, b.dtype) or reprs):
         for index, (x, y) in enumerate(zip(a.flat, b.flat, strict=True)):  # (item by item)
             found = _difference(x, y, f"{where}[{index}]", exact, notes)
             if found is not None:
                 return found
         return None
-    as_repr = isinstance(b, str | np.str_) and not isinstance(a, str) and a is not None
+    as_repr = isinstance(b, str | np.str_) and not (isinstance(a, str) and _unicode(a)) and a is not None
     if as_repr and (not exact or str(b) == repr(a)[:_REPR_CHARS]):
         kind = f"{type(a).__module__}.{type(a).__qualname__}"
         notes.setdefault(_info_key(where), f"a {kind} comes as its repr string")
@@ -463,6 +467,22 @@ def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) 
     if exact and not (a == b or (a != a and b != b)):
         return f"{where}: {_short(a)} vs {_short(b)}"
     return None
+
+
+def _unicode(value: object) -> bool:
+    """Whether ``value`` (a str) is valid Unicode: no lone surrogate, which the wire cannot carry."""
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _wire_key(key: object) -> str:
+    """The key as it comes over the wire (README "Your own env"): ``str(key)``, a lone surrogate in it
+    backslash-escaped (``'caf\\udce9'``)."""
+    text = str(key)
+    return text if _unicode(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _info_key(where: str) -> str:

@@ -189,3 +189,13 @@ def test_an_env_whose_step_hangs_fails_by_the_servers_hang_timeout() -> None:
     assert result.failed and failed[0].startswith("served: env server local-0: ") and "(at step 10)" in failed[0]
     logged = [line.message for line in result.lines if line.check == "server log"]
     assert any("longer than --hang-timeout 2 s" in text and "tests/envs.py" in text for text in logged), logged
+
+
+def test_strings_not_valid_unicode_are_warnings_as_the_readme_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """README "Your own env": a str with a lone surrogate comes as its repr, a key with one backslash-escaped; the
+    check failed them as differences ("info: keys [...'k\\udce9'...] vs [...'k\\\\udce9'...]")."""
+    status, out = _check(capsys, "--env", "tests.envs:NotUnicodeEnv", "--env-kwargs", '{"raise_at": 1000}')
+    assert status == 0, out
+    assert "info key 'k\\\\udce9': a key not valid Unicode comes escaped (README: Your own env)" in out, out
+    assert "info key 's': a builtins.str comes as its repr string" in out
+    assert "info key 'u': a numpy.str_ comes as its repr string" in out
