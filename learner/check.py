@@ -31,6 +31,8 @@ Status = Literal["ok", "warning", "failed", "info"]
 # (README "Your own env": a value with no wire form comes as its repr, cut to this many characters)
 _REPR_CHARS = 10_000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# (env_server.server's line when an env call outlasts --hang-timeout, the server then exiting)
+_HUNG = re.compile(r"the envs' \w+ has run for [\d.]+ s, longer than --hang-timeout [\d.]+ s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +231,9 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
         result.add("server", "failed", _one_line(err))
     finally:
         server_log.removeFilter(collected)
+    hung = next((match for line in collected.lines if (match := _HUNG.search(line))), None)
+    if hung is not None:  # (what failed above said the server went: say why, before its log line)
+        result.add("hang", "failed", f"the env hung: {hung.group(0)} (where: the server log below)")
     for line in collected.lines:
         result.add("server log", "warning", line)
     if not collected.lines:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -187,6 +188,12 @@ def test_an_env_whose_step_hangs_fails_by_the_servers_hang_timeout() -> None:
     )
     failed = [line.message for line in result.lines if line.status == "failed"]
     assert result.failed and failed[0].startswith("served: env server local-0: ") and "(at step 10)" in failed[0]
+    # (that failure says the server went; a line says why, the hang, not the step socket broken)
+    assert re.fullmatch(
+        r"the env hung: the envs' step has run for [\d.]+ s, longer than --hang-timeout 2 s \(where: the server log "
+        r"below\)",
+        failed[1],
+    ), failed
     logged = [line.message for line in result.lines if line.check == "server log"]
     assert any("longer than --hang-timeout 2 s" in text and "tests/envs.py" in text for text in logged), logged
 
