@@ -574,7 +574,8 @@ def test_no_command_names_the_commands(argv: list[str], capsys: pytest.CaptureFi
         main(argv)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "learner: error: expected a command, one of: demo, train, eval, servers, plot, bench (learner COMMAND --help says more)"
+        "learner: error: expected a command, one of: demo, check, train, eval, servers, plot, bench (learner COMMAND --help "
+        "says more)"
     )
 
 
