@@ -63,6 +63,9 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: fl
     return layer
 
 
+NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+"""The Nature CNN's convolutions: (output channels, kernel size, stride) each, a ReLU after each
+(:class:`NatureCNN` builds them, :func:`cnn_parameters` counts them)."""
 MIN_IMAGE_SIZE = 36
 """The smallest height and width the Nature CNN takes (its three convolutions need 36 pixels)."""
 
@@ -126,23 +129,27 @@ its size grows with the frame's area: 4x84x84 frames give 1.7 million parameters
 billion (16 GB with Adam's moments; minutes of orthogonal initialisation before the first step)."""
 
 
+def _chw(shape: Sequence[int], layout: ImageLayout) -> tuple[int, int, int]:
+    """Frames of ``shape`` in ``layout`` as the Nature CNN's convolutions take them: (C, H, W)."""
+    if layout == "HWC":
+        return int(shape[2]), int(shape[0]), int(shape[1])
+    if layout == "HW":
+        return 1, int(shape[0]), int(shape[1])
+    return int(shape[0]), int(shape[1]), int(shape[2])
+
+
 def cnn_parameters(space: gym.Space[Any]) -> int:
     """How many parameters the Nature CNN has for images of ``space`` (see :func:`image_layout`; 0 for
     others), worked out from the convolutions' arithmetic rather than by building it."""
     layout = image_layout(space)
     if layout is None:
         return 0
-    shape = space.shape
-    assert shape is not None  # (a Box: image_layout says so)
-    if layout == "HWC":
-        channels, height, width = shape[2], shape[0], shape[1]
-    elif layout == "HW":
-        channels, height, width = 1, shape[0], shape[1]
-    else:
-        channels, height, width = shape
+    assert space.shape is not None  # (a Box: image_layout says so)
+    channels, height, width = _chw(space.shape, layout)
     params = 0
-    for in_channels, out_channels, kernel, stride in ((channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)):
-        params += in_channels * out_channels * kernel * kernel + out_channels
+    for out_channels, kernel, stride in NATURE_CONVS:
+        params += channels * out_channels * kernel * kernel + out_channels
+        channels = out_channels
         height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
     return params + 64 * height * width * 512 + 512
 
@@ -355,19 +362,13 @@ class NatureCNN(nn.Module):
     def __init__(self, shape: Sequence[int], layout: ImageLayout = "CHW") -> None:
         super().__init__()
         self.layout = layout
-        if layout == "HWC":
-            chw = (int(shape[2]), int(shape[0]), int(shape[1]))
-        else:
-            chw = (1, int(shape[0]), int(shape[1])) if layout == "HW" else (int(shape[0]), int(shape[1]), int(shape[2]))
-        self.convs = nn.Sequential(
-            layer_init(nn.Conv2d(chw[0], 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        chw = _chw(shape, layout)
+        layers: list[nn.Module] = []
+        channels = chw[0]
+        for out_channels, kernel, stride in NATURE_CONVS:
+            layers += [layer_init(nn.Conv2d(channels, out_channels, kernel, stride=stride)), nn.ReLU()]
+            channels = out_channels
+        self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             flat = int(self.convs(torch.zeros(1, *chw)).shape[1])
         self.fc = nn.Sequential(layer_init(nn.Linear(flat, 512)), nn.ReLU())
