@@ -657,14 +657,8 @@ def build_one_env(config: ServerConfig) -> gym.Env[Any, Any]:
     """One env as :func:`make_env` makes it, refused as :func:`build_vector_env` refuses it: EnvBuildError
     with the server's one-line reason (for ``learner check``, which must fail as the server would)."""
     check_env(config)
-    try:
+    with _as_build_error(config, ctrl_c=True):  # (the caller's Ctrl-C: build_one_env runs in a learner's process)
         env = make_env(config)
-    except EnvBuildError:
-        raise
-    except BaseException as err:  # (an env's own asyncio.CancelledError too, as build_vector_env takes it)
-        if isinstance(err, KeyboardInterrupt):  # (the caller's Ctrl-C: build_one_env runs in a learner's process)
-            raise
-        raise _build_error(config, err) from err
     _check_spaces(env, config.env)
     return env
 
@@ -1413,7 +1407,7 @@ def build_vector_env(
     """
     check_env(config)
     mode = gym.vector.AutoresetMode(config.autoreset_mode)
-    try:
+    with _as_build_error(config, ctrl_c=ctrl_c):
         if config.vectorization == "vector_entry_point":
             kwargs = dict(config.env_kwargs)
             if mode is not gym.vector.AutoresetMode.NEXT_STEP:
@@ -1469,16 +1463,25 @@ def build_vector_env(
                     _close_built(made or [first], config.env)
                     raise
                 vec.in_process = in_process
+    if config.step_delay_ms > 0:
+        vec = StepDelay(vec, config.step_delay_ms / 1000.0)
+    return vec
+
+
+@contextlib.contextmanager
+def _as_build_error(config: ServerConfig, *, ctrl_c: bool) -> Iterator[None]:
+    """What the block raises, as the EnvBuildError of ``config``'s env (:func:`_build_error`): anything gymnasium
+    or an env's constructor raises (CancelledError too); with ``ctrl_c`` (a learner's process) a KeyboardInterrupt
+    is raised on, not the env's."""
+    try:
+        yield
     except EnvBuildError:
         raise
-    except BaseException as err:  # anything gymnasium or an env's constructor raises (CancelledError too)
+    except BaseException as err:
         if ctrl_c and isinstance(err, KeyboardInterrupt):  # (a Ctrl-C in a learner's process: not the env's)
             raise
         # (a SystemExit or KeyboardInterrupt too: raised on, it would skip the server's teardown)
         raise _build_error(config, err) from err
-    if config.step_delay_ms > 0:
-        vec = StepDelay(vec, config.step_delay_ms / 1000.0)
-    return vec
 
 
 def _kept(factory: Callable[[], gym.Env[Any, Any]], made: list[gym.Env[Any, Any]]) -> Callable[[], gym.Env[Any, Any]]:
