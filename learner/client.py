@@ -742,9 +742,10 @@ class EnvClient:
         session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs tell: their servers' ids.
         One after another: sent at once, some were refused by a server of a small --max-concurrent-rpcs (counted
         in its envfleet_errors_total at most sessions). Each asks for the server's id alone (a full spec carries
-        the Box bounds: 8 of a 1080x1920 camera's took ~0.25 s a server on one host). The session is let go of (Releases at once, of which the
-        server holding it may get one; else it ends after its claim timeout). Round trips at the start of each
-        session (~0.3 ms each on one host); none more after one that fails (the session's own calls will tell)."""
+        the Box bounds: 8 of a 1080x1920 camera's took ~0.25 s a server on one host). The session is let go of
+        (Releases at once, of which the server holding it may get one; else it ends after its claim timeout).
+        Round trips at the start of each session (~0.3 ms each on one host); none more after one that fails
+        (the session's own calls will tell)."""
         own = response.spec.server_id
         reached: set[str] = set()
         for _ in range(SPREAD_PROBES):
