@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -96,6 +97,25 @@ class Stack:
             lambda: docker("service", "ps", "--no-trunc", self.service(service), check=False),
         )
         return self.running(service)
+
+    def describe(self, service: str) -> str:
+        """What a failing test should show of the service: its tasks as Swarm has them, the addresses the
+        learner's ``swarm:`` resolver gives now, and whether each takes a TCP connection."""
+        from learner import expand_addresses
+
+        lines = [docker("service", "ps", "--no-trunc", self.service(service), check=False)]
+        try:
+            addresses = expand_addresses(f"swarm:{self.service(service)}")
+        except Exception as err:  # (a look-up that fails is what to show)
+            return "\n".join([*lines, f"swarm: look-up failed: {err!r}"])
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    lines.append(f"{address}: takes connections")
+            except OSError as err:
+                lines.append(f"{address}: {err!r}")
+        return "\n".join(lines)
 
     def remove(self) -> None:
         """``docker stack rm``, wait until its containers and network are gone, then remove its volumes

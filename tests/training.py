@@ -38,11 +38,24 @@ class BackgroundTraining:
         """``num_envs`` of each update so far."""
         return [int(row["num_envs"]) for row in self.rows()]
 
-    def wait(self, condition: Callable[[list[int]], bool], what: str, timeout: float = 180) -> None:
-        """Wait until ``condition(sizes)`` holds; fail, with the run's output, if it exits or time runs out."""
-        self.wait_rows(lambda rows: condition([int(row["num_envs"]) for row in rows]), what, timeout)
+    def wait(
+        self,
+        condition: Callable[[list[int]], bool],
+        what: str,
+        timeout: float = 180,
+        why: Callable[[], str] | None = None,
+    ) -> None:
+        """Wait until ``condition(sizes)`` holds; fail, with the run's output, if it exits or time runs out
+        (with what ``why`` tells of the world around it then: the fleet's own state, say)."""
+        self.wait_rows(lambda rows: condition([int(row["num_envs"]) for row in rows]), what, timeout, why)
 
-    def wait_rows(self, condition: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 180) -> None:
+    def wait_rows(
+        self,
+        condition: Callable[[list[dict[str, Any]]], bool],
+        what: str,
+        timeout: float = 180,
+        why: Callable[[], str] | None = None,
+    ) -> None:
         """Wait until ``condition(rows)`` holds (the metrics rows so far); fail as :meth:`wait` does."""
         deadline = time.monotonic() + timeout
         while not condition(self.rows()):
@@ -52,10 +65,12 @@ class BackgroundTraining:
                     f"training exited ({self.proc.returncode}) before {what}:\n{out[-3000:]}\n{err[-3000:]}"
                 )
             if time.monotonic() > deadline:
+                around = why() if why else ""  # (before the kill: the learner's connections still open)
                 self.proc.kill()
                 out, err = self.proc.communicate()
                 raise AssertionError(
                     f"no {what} within {timeout:g} s; num_envs so far: {self.sizes()}\n{out[-3000:]}\n{err[-3000:]}"
+                    + (f"\n{around}" if around else "")
                 )
             time.sleep(0.3)
 
