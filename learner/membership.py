@@ -61,6 +61,7 @@ class FleetMembership:
     _address_spec: str | Sequence[str]
     _dns_names: dict[str, str | None]
     _joining: dict[str, tuple[EnvClient, asyncio.Future[None]]]
+    _connecting: dict[str, tuple[float, float]]
     _away: dict[str, _Away]
     _aliases: set[str]
     _noted: set[str]
@@ -431,6 +432,7 @@ class FleetMembership:
         if listed:
             for address in [a for a in self._joining if a not in addresses]:  # no longer listed
                 client, ready = self._joining.pop(address)
+                self._connecting.pop(address, None)
                 ready.cancel()
                 await client.close()
             # (listed again: tried at once. Not the other names of servers in the fleet, which refresh() does
@@ -449,6 +451,7 @@ class FleetMembership:
             if address not in self._joining and due(address):
                 client = self._client(address)
                 self._joining[address] = (client, asyncio.ensure_future(client.wait_ready()))
+                self._connecting.setdefault(address, (now, 0.0))
                 fresh.append(self._joining[address][1])
         # Only servers seen for the first time are waited for: one that stays listed without answering
         # must not hold up every rollout.
@@ -467,6 +470,7 @@ class FleetMembership:
             answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
             for client in answered:
                 del self._joining[client.address]
+                self._connecting.pop(client.address, None)
             if everyone:  # (retried while the server answers UNAVAILABLE, up to the deadline)
                 handshakes = [self._handshake(c, deadline) for c in answered]
             else:
@@ -528,8 +532,24 @@ class FleetMembership:
 
     def _remind_missing(self, joining: set[str]) -> None:
         """Say (once per STILL_DOWN_LOG_S) which of the servers the start went on without have not joined yet,
-        and why (the last refusal, if one answered); not those ``joining`` now (their handshakes went well)."""
+        and why (the last refusal, if one answered); not those ``joining`` now (their handshakes went well).
+        Likewise of servers listed since that have not taken a connection: else a server that a look-up lists
+        but that cannot be reached (a port not published, a firewall) would stay out of the fleet unsaid."""
         now = time.monotonic()
+        for address, (since, said_at) in self._connecting.items():
+            away = self._away.get(address)
+            if (away is not None and away.missing_since is not None) or address not in self._joining:
+                continue  # (the start's missing servers: said below; one answered: its refusal was warned of)
+            if now - since >= faults.STILL_DOWN_LOG_S and now - said_at >= faults.STILL_DOWN_LOG_S:
+                client, _ = self._joining[address]
+                log.warning(
+                    "env server %s, listed %.0f s ago, has not taken a connection yet (gRPC channel %s); its envs "
+                    "join when it answers",
+                    self._named(address),
+                    now - since,
+                    client.channel.get_state(try_to_connect=False).name,
+                )
+                self._connecting[address] = (since, now)
         for address, away in self._away.items():
             if address in joining:
                 continue

@@ -349,6 +349,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._address_spec = addresses
         self._num_groups_asked = num_groups
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
+        # Servers a refresh found listed and is connecting to: since when, and when a line last said so (0: never).
+        self._connecting: dict[str, tuple[float, float]] = {}
         self._noted: set[str] = set()
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
         self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -298,3 +299,42 @@ def test_a_listed_server_that_does_not_answer_its_handshake_holds_a_refresh_up_f
         assert 0.9 < took < 3.0, took
         assert f"refresh: env server {hung.address} does not join: Handshake failed [DEADLINE_EXCEEDED]" in caplog.text
         assert "no answer within the 1 s deadline" in caplog.text
+
+
+def test_a_listed_server_that_takes_no_connection_is_said_to_once_in_a_while(
+    spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server a look-up lists that takes no connection (nothing listens at its port: a port not published, a
+    firewall) stayed out of the fleet with no line saying so (a Swarm test once waited 180 s for a fifth task
+    that never joined, unsaid). Now a warning names it and its channel's state, once per STILL_DOWN_LOG_S,
+    until it is listed no more."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)
+    a = spawn_server("CartPole-v1", K)
+    address, servers = fleet(a.address)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "has not taken a connection" in r.getMessage()]
+
+    with socket.socket() as unreachable, RemoteVectorEnv(address) as envs:
+        unreachable.bind(("127.0.0.1", 0))  # (bound, never listening: connections to it are refused)
+        dead = f"127.0.0.1:{unreachable.getsockname()[1]}"
+        envs.reset(seed=0)
+        servers.append(dead)
+        assert envs.refresh(wait=0.1) is None and said() == []  # (listed a moment ago: not yet)
+        time.sleep(0.6)
+        assert envs.refresh(wait=0.1) is None and envs.refresh(wait=0.1) is None
+        assert len(said()) == 1, said()
+        assert re.fullmatch(
+            rf"env server {re.escape(dead)}, listed \d+ s ago, has not taken a connection yet \(gRPC channel "
+            r"(TRANSIENT_FAILURE|CONNECTING|IDLE)\); its envs join when it answers",
+            said()[0],
+        ), said()
+        time.sleep(0.6)
+        assert envs.refresh(wait=0.1) is None
+        assert len(said()) == 2, said()
+        servers.remove(dead)
+        assert envs.refresh(wait=0.1) is None
+        time.sleep(0.6)
+        assert envs.refresh(wait=0.1) is None
+        assert len(said()) == 2, said()
+        assert envs.num_envs == K
