@@ -23,6 +23,7 @@ import concurrent.futures
 import errno
 import ipaddress
 import logging
+import math
 import os
 import re
 import socket
@@ -84,6 +85,15 @@ _RESOLVERS: dict[str, Resolver] = {}
 _READY_POLL_S = 0.5  # (expand_when_ready's look-ups)
 _PINNERS: dict[str, Callable[[str], str]] = {}
 _NOT_USED: dict[str, str] = {}  # (note_not_used: what was said last, per address)
+# (note_not_used: per address, since when each server not used was so, by name; and when a warning last said so)
+_NOT_USED_SINCE: dict[str, dict[str, float]] = {}
+_NOT_USED_WARNED: dict[str, float] = {}
+NOT_USED_WARN_S = 60.0
+"""A server a look-up finds but does not use yet (a replica or task still starting, or unhealthy) is warned of
+once it has been so this long, then at most once per this long: the INFO lines that name it are not shown at
+learner train's default log level, and a replica whose health check never passes stayed out of the fleet unsaid."""
+_GONE_STATES = ("exited", "dead", "paused", "removing", "shutdown", "complete", "failed", "rejected", "orphaned")
+"""States of servers that are not coming (stopped on purpose, or given up on): not warned of."""
 
 
 def register_resolver(scheme: str, resolver: Resolver, pin: Callable[[str], str] | None = None) -> None:
@@ -125,6 +135,43 @@ def note_not_used(logger: logging.Logger, address: str, what: str, waiting: Sequ
     elif said:
         logger.debug("%s: every %s is used now", address, what)
         del _NOT_USED[address]
+    _warn_long_unused(logger, address, what, waiting)
+
+
+def _warn_long_unused(logger: logging.Logger, address: str, what: str, waiting: Sequence[str]) -> None:
+    """A warning (see :data:`NOT_USED_WARN_S`) naming the servers of ``waiting`` ("env.3 (starting)") that have
+    not been used for that long, by name whatever their state did meanwhile (starting, pending, starting)."""
+    now = time.monotonic()
+    states = dict(_name_and_state(item) for item in waiting)
+    coming = {name for name, state in states.items() if state not in _GONE_STATES}
+    since = {name: t for name, t in _NOT_USED_SINCE.get(address, {}).items() if name in coming}
+    since.update({name: now for name in coming if name not in since})
+    _NOT_USED_SINCE[address] = since
+    long = sorted((name for name, t in since.items() if now - t >= NOT_USED_WARN_S), key=lambda n: since[n])
+    if not long or now - _NOT_USED_WARNED.get(address, -math.inf) < NOT_USED_WARN_S:
+        return
+    logger.warning(
+        "%s: %d %s(s) not used for %.0f s: %s; their envs join once they are ready (%s)",
+        address,
+        len(long),
+        what,
+        now - since[long[0]],
+        ", ".join(f"{name} ({states[name]})" for name in long),
+        _WHY_NOT_READY.get(what, "their logs say why not"),
+    )
+    _NOT_USED_WARNED[address] = now
+
+
+_WHY_NOT_READY = {
+    "replica": "`docker compose ps` and the replica's logs say why not",
+    "task": "`docker service ps --no-trunc SERVICE` says why not",
+}
+
+
+def _name_and_state(item: str) -> tuple[str, str]:
+    """``"env.3 (starting)"`` -> ``("env.3", "starting")``."""
+    name, sep, state = item.rpartition(" (")
+    return (name, state.removesuffix(")")) if sep else (item, "")
 
 
 def split_addresses(text: str) -> list[str]:

@@ -137,6 +137,35 @@ def test_tasks_not_used_yet_are_said_once_per_set(caplog: pytest.LogCaptureFixtu
     ]
 
 
+def test_a_task_not_used_for_a_minute_is_warned_of_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The INFO lines above are not shown at learner train's default log level: a task whose health check never
+    passed stayed out of the fleet unsaid. Now a warning names it once it has not been used for NOT_USED_WARN_S
+    (60 s; a clock of the test's here), by name whatever its state did meanwhile, then at most once per that long."""
+    from learner import discovery
+
+    clock = [1000.0]
+    monkeypatch.setattr(discovery.time, "monotonic", lambda: clock[0])
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    for state, at in [("starting", 0), ("pending", 20), ("starting", 65), ("starting", 100), ("starting", 130)]:
+        clock[0] = 1000.0 + at
+        addresses([task(1), task(2, state=state), task(3, state="shutdown")], "warned_env")
+    why = "their envs join once they are ready (`docker service ps --no-trunc SERVICE` says why not)"
+    assert warnings() == [
+        f"swarm:warned_env: 1 task(s) not used for 65 s: warned_env.2 (starting); {why}",
+        f"swarm:warned_env: 1 task(s) not used for 130 s: warned_env.2 (starting); {why}",  # (not at 100 s)
+    ]
+    clock[0] += 100
+    addresses([task(1), task(2)], "warned_env")  # (in use: its wait ends)
+    clock[0] += 100
+    addresses([task(1), task(2, state="starting")], "warned_env")  # (a new wait: not warned at once)
+    assert len(warnings()) == 2
+
+
 def test_a_remote_engine_s_tasks_on_its_own_node_are_reached_at_its_host() -> None:
     """With DOCKER_HOST naming another host's manager, a task on that node is at that host, not on our loopback."""
     tasks = [task(1), task(2, node=THERE)]
