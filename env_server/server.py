@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import errno
 import functools
 import gc
@@ -511,7 +512,7 @@ async def serve(
     built before anything listens, metrics included: their worker processes are forked first).
     Both ports are checked before anything is built.
     Returns the exit status: 0, or HARD_EXIT_STATUS if the envs' close raised, or if an env call still
-    ran on the env thread when the exit margin was up (the envs then left unclosed: see _serve).
+    ran on the env thread when the exit margin was up (the envs then left unclosed: see _teardown).
 
     ``stop``: an event of the running loop that, once set, shuts the server down as SIGTERM does (from
     another thread: ``loop.call_soon_threadsafe(stop.set)``). Run in the main thread, the server takes
@@ -549,7 +550,7 @@ async def serve(
             signal.signal(sig, watchdog.on_signal)  # (the C-level handler still writes the loop's wakeup fd)
     if watch_exit and in_main_thread:
         atexit.register(_deaf_at_exit, signals, watchdog.on_signal)
-    if config.vectorization != "async":  # (under async vectorization, once its workers exist: see _serve)
+    if config.vectorization != "async":  # (async vectorization: once its workers exist, see _build_before_listening)
         watchdog.begin()
     try:
         status = await _serve(config, on_ready, stop, watchdog)
@@ -616,6 +617,22 @@ def _stopping_signals() -> list[signal.Signals]:
     return signals
 
 
+@dataclasses.dataclass
+class _Serving:
+    """What one :func:`_serve` set up, and so what its one teardown undoes whichever way it ends."""
+
+    config: ServerConfig
+    watchdog: _Watchdog
+    service: EnvService
+    metrics: ServerMetrics | None
+    server: grpc.aio.Server
+    health: HealthService
+    env: Any = None
+    step_server: StepSocketServer | None = None
+    made_socket: FileIdentity | None = None  # (the Unix socket gRPC made: the teardown removes that one alone)
+    orphaned: bool = False  # (the parent died while the envs were built: their build not waited for)
+
+
 async def _serve(
     config: ServerConfig,
     on_ready: Callable[[str], None],
@@ -623,6 +640,45 @@ async def _serve(
     watchdog: _Watchdog,
 ) -> int:
     """:func:`serve`, its signal handlers and watchdog set up."""
+    _check_before_building(config)
+    env, build_s = _build_before_listening(config, watchdog)
+    metrics = _server_metrics(config, build_s)
+    service = watchdog.service = EnvService(config, metrics=metrics)
+    server = _grpc_server(config, service, metrics)
+    health_service = HealthService()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
+    serving = _Serving(config, watchdog, service, metrics, server, health_service, env)
+    del env  # (held by ``serving`` alone, which the teardown lets go of before its gc.collect)
+    address = _listen_address(config)
+    try:
+        credentials = server_credentials(config)
+        port = await _listen(serving, credentials)
+        if serving.env is None:
+            serving.env = await _build_while_listening(serving, stop, address, port)
+            if serving.env is None:  # (the parent is gone: nobody to serve them to; the teardown exits)
+                serving.orphaned = True
+                return HARD_EXIT_STATUS
+        _attach_envs(serving)
+        if stop.is_set():  # stopped while building: it never served, nor said it would
+            log.info("stopped while building its envs")
+        else:
+            await _serve_until_stopped(serving, on_ready, stop, address, port, credentials)
+    finally:
+        # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
+        running, closed = await _teardown(serving)
+    if running is not None:
+        log.error(
+            "stopped after %d steps; %s still runs on the env thread: the envs were not closed", service.steps, running
+        )
+        return HARD_EXIT_STATUS
+    log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
+    return 0 if closed else HARD_EXIT_STATUS
+
+
+def _check_before_building(config: ServerConfig) -> None:
+    """Say what is wrong with the env or the ports before anything is built: a build may take minutes."""
     # A bad env id or wrapper is the first thing to say, before a port in use (cheap: nothing is built).
     check_env(config)
     if config.spin_wait_ms > 0 and not (config.unix_socket and config.step_socket):
@@ -633,37 +689,49 @@ async def _serve(
     # 10 s where git hangs), found once, now that the loop serves nothing yet: not as the envs are attached, when
     # the loop answers health checks and learners (the first time and after each --fresh-envs rebuild).
     runtime_versions()
-    env = None
-    step_server: StepSocketServer | None = None
-    build_s = 0.0
-    if config.vectorization == "async":
-        # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
-        # forked child must not inherit (the metrics endpoint's too: its thread and listening socket).
-        # Until then nothing listens (connections are refused). Before the watchdog's thread too (a
-        # child may inherit a lock another thread held, for good; Python 3.12 warns of a fork from a
-        # process of several threads): it starts once they exist, or at a SIGTERM/SIGINT meanwhile (see
-        # _Watchdog.request_stop), which a build that hangs then cannot hold up past the grace period.
-        # (the parent process, --parent-pid, is looked for meanwhile all the same: see _parent_watched)
-        started = time.perf_counter()
-        # (each result is encoded before the next call)
-        env = build_vector_env(
-            config,
-            copy=False,
-            workers_starting=functools.partial(_parent_watched, config),
-            first_building=functools.partial(_parent_watched_by_thread, config),
-        )
-        build_s = time.perf_counter() - started
-        watchdog.begin()
-    metrics = None
-    if config.metrics_port is not None:
-        metrics = ServerMetrics(
-            env_id=config.env,
-            num_envs=config.num_envs,
-            vectorization=config.vectorization,
-            needs_token=config.auth_token is not None,
-        )
-        metrics.env_build_seconds.set(build_s)
-    service = watchdog.service = EnvService(config, metrics=metrics)
+
+
+def _build_before_listening(config: ServerConfig, watchdog: _Watchdog) -> tuple[Any, float]:
+    """Under async vectorization, the envs and their build's seconds, built before anything else starts (their
+    workers are forked); otherwise (None, 0.0): they are built once the server listens."""
+    if config.vectorization != "async":
+        return None, 0.0
+    # AsyncVectorEnv forks its workers: do it before gRPC starts its threads and sockets, which a
+    # forked child must not inherit (the metrics endpoint's too: its thread and listening socket).
+    # Until then nothing listens (connections are refused). Before the watchdog's thread too (a
+    # child may inherit a lock another thread held, for good; Python 3.12 warns of a fork from a
+    # process of several threads): it starts once they exist, or at a SIGTERM/SIGINT meanwhile (see
+    # _Watchdog.request_stop), which a build that hangs then cannot hold up past the grace period.
+    # (the parent process, --parent-pid, is looked for meanwhile all the same: see _parent_watched)
+    started = time.perf_counter()
+    # (each result is encoded before the next call)
+    env = build_vector_env(
+        config,
+        copy=False,
+        workers_starting=functools.partial(_parent_watched, config),
+        first_building=functools.partial(_parent_watched_by_thread, config),
+    )
+    build_s = time.perf_counter() - started
+    watchdog.begin()
+    return env, build_s
+
+
+def _server_metrics(config: ServerConfig, build_s: float) -> ServerMetrics | None:
+    """The server's Prometheus metrics with ``--metrics-port``, else None."""
+    if config.metrics_port is None:
+        return None
+    metrics = ServerMetrics(
+        env_id=config.env,
+        num_envs=config.num_envs,
+        vectorization=config.vectorization,
+        needs_token=config.auth_token is not None,
+    )
+    metrics.env_build_seconds.set(build_s)
+    return metrics
+
+
+def _grpc_server(config: ServerConfig, service: EnvService, metrics: ServerMetrics | None) -> grpc.aio.Server:
+    """The gRPC server of ``service``, not yet listening, behind the interceptors that bound and guard its calls."""
     # The count of calls in progress first (it sees every call); then the token check: a caller
     # without it learns nothing, not even whether its bytes parse.
     on_full = None if metrics is None else functools.partial(metrics.count_error, code="RESOURCE_EXHAUSTED")
@@ -682,154 +750,181 @@ async def _serve(
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     pb_grpc.add_EnvServiceServicer_to_server(service, server)
-    health_service = HealthService()
-    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    await _set_health(health_service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    service.on_dead = functools.partial(_report_dead, asyncio.get_running_loop(), health_service, metrics)
-    address = _listen_address(config)
-    made_socket: FileIdentity | None = None  # (the Unix socket gRPC made: the teardown removes that one alone)
-    orphaned = False  # (the parent died while the envs were built: their build not waited for)
+    return server
+
+
+async def _listen(serving: _Serving, credentials: grpc.ServerCredentials | None) -> int:
+    """Start listening (gRPC, the step socket, the metrics endpoint), the files made recorded for the teardown;
+    the port gRPC listens on."""
+    config, watchdog = serving.config, serving.watchdog
+    if serving.env is not None:
+        # Checked again, the envs built (under async vectorization, before anything listens: that may
+        # take minutes): another server may have started at the Unix socket's path meanwhile, whose
+        # socket gRPC would replace, taking its learners over (and the same goes for the ports).
+        _check_bindable(config)
+    port = _add_port(serving.server, config, credentials)
+    await serving.server.start()
+    if config.unix_socket:
+        serving.made_socket = file_identity(config.unix_socket)
+        watchdog.own_files = ((config.unix_socket, serving.made_socket),)
+    serving.step_server = step_server = await _serve_step_socket(config, serving.service)
+    if step_server is not None:
+        watchdog.own_files += ((step_server.path, step_server.made),)
+    if serving.metrics is not None:
+        # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
+        # not a scrape target that is down.
+        serving.metrics.set_transport(_transport(config, step_server))
+        _serve_metrics(serving.metrics, config)
+    return port
+
+
+async def _build_while_listening(serving: _Serving, stop: asyncio.Event, address: str, port: int) -> Any:
+    """The envs, built while the server listens and says NOT_SERVING; None if the parent process died first."""
+    config, metrics = serving.config, serving.metrics
+    log.info(
+        "building %d x %s (health: NOT_SERVING until done), listening on %s",
+        config.num_envs,
+        config.env,
+        address if config.unix_socket else f"port {port}",
+    )
+    # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
+    started = time.perf_counter()
+    env = await _build_unless_orphaned(serving.service, config, serving.watchdog, stop)
+    if env is not None and metrics is not None:
+        metrics.env_build_seconds.set(time.perf_counter() - started)
+    return env
+
+
+def _attach_envs(serving: _Serving) -> None:
+    """Hand the built envs to the service, checked to be servable within the answer size."""
+    config, service, env = serving.config, serving.service, serving.env
+    # (on the env thread, as every call on the envs: see EnvThread)
+    service.call_in_env_thread(_tell_positions, env)
     try:
-        credentials = server_credentials(config)
-        if env is not None:
-            # Checked again, the envs built (under async vectorization, before anything listens: that may
-            # take minutes): another server may have started at the Unix socket's path meanwhile, whose
-            # socket gRPC would replace, taking its learners over (and the same goes for the ports).
-            _check_bindable(config)
-        port = _add_port(server, config, credentials)
-        await server.start()
-        if config.unix_socket:
-            made_socket = file_identity(config.unix_socket)
-            watchdog.own_files = ((config.unix_socket, made_socket),)
-        step_server = await _serve_step_socket(config, service)
-        if step_server is not None:
-            watchdog.own_files += ((step_server.path, step_server.made),)
-        if metrics is not None:
-            # Served from here on, the build included (envfleet_ready 0 meanwhile): a long build is
-            # not a scrape target that is down.
-            metrics.set_transport(_transport(config, step_server))
-            _serve_metrics(metrics, config)
-        if env is None:
-            log.info(
-                "building %d x %s (health: NOT_SERVING until done), listening on %s",
-                config.num_envs,
-                config.env,
-                address if config.unix_socket else f"port {port}",
-            )
-            # Built on the env thread, so the loop answers health checks (NOT_SERVING) meanwhile.
-            started = time.perf_counter()
-            env = await _build_unless_orphaned(service, config, watchdog, stop)
-            if env is None:  # (the parent is gone: nobody to serve them to; the teardown exits)
-                orphaned = True
-                return HARD_EXIT_STATUS
-            if metrics is not None:
-                metrics.env_build_seconds.set(time.perf_counter() - started)
-        # (on the env thread, as every call on the envs: see EnvThread)
-        service.call_in_env_thread(_tell_positions, env)
-        try:
-            service.attach(env)
-        except UnsupportedSpaceError as err:
-            raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
-        assert service.spec is not None  # (attach made it)
-        _check_answer_size(config, env.single_observation_space, service.spec)
-        if config.fresh_envs:  # (a new learner's Handshake builds them anew: see EnvService._fresh_envs)
-            service.build_envs = functools.partial(_build_anew, config)
-        if stop.is_set():  # stopped while building: it never served, nor said it would
-            log.info("stopped while building its envs")
-        else:
-            # The envs exist: report healthy.
-            await _set_health(health_service, health_pb2.HealthCheckResponse.SERVING)
-            if metrics is not None:
-                metrics.ready.set(1)
-            ready = address if config.unix_socket else host_port(config.host, port)
-            security = ", ".join(part for part in (_tls_mode(config, credentials), _token_mode(config)) if part)
-            log.info(
-                "serving %d x %s (%s) on %s%s%s",
-                config.num_envs,
-                config.env,
-                _describe_envs(config),
-                ready,
-                f" ({security})" if security else " (plaintext, no auth token)",
-                _compression_note(config, step_server),
-            )
-            _warn_if_open(config, tls=credentials is not None)
-            on_ready(ready)
+        service.attach(env)
+    except UnsupportedSpaceError as err:
+        raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
+    assert service.spec is not None  # (attach made it)
+    _check_answer_size(config, env.single_observation_space, service.spec)
+    if config.fresh_envs:  # (a new learner's Handshake builds them anew: see EnvService._fresh_envs)
+        service.build_envs = functools.partial(_build_anew, config)
 
-            expiry = asyncio.create_task(service.expire_claims())
-            await stop.wait()
-            expiry.cancel()
-            watchdog.stop_asked_at = watchdog.stop_asked_at or time.monotonic()  # (a caller's ``stop``)
 
-            # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
-            # session and idle step streams end at once; steps in flight finish within the grace period.
-            log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
-            if metrics is not None:
-                metrics.ready.set(0)
-            await health_service.enter_graceful_shutdown()
-            service.drain()
-            if step_server is not None:
-                step_server.drain()
-                await asyncio.gather(server.stop(config.grace_s), step_server.finish(config.grace_s))
-            else:
-                await server.stop(config.grace_s)
-    finally:
-        # (one teardown for every way out: a failed start, a stop while building, a served shutdown)
-        watchdog.teardown_at = time.monotonic()
-        await server.stop(None)
-        await _let_calls_end()
-        if step_server is not None:
-            step_server.close()
-        # An env call may still run on the env thread (a step past the grace period: gRPC has ended its
-        # call, the env goes on, see EnvService._run_env). The envs are closed once it is done, never
-        # under it (a simulator closed mid-step may crash, or hang): waited for as long as the exit
-        # margin leaves (less a look of the watchdog's, so that this says why, not the watchdog).
-        busy = env is not None and not await service.idle(watchdog.exit_deadline() - _WATCH_S - time.monotonic())
-        if not busy and service.spec is not None:
-            # (the envs served last: --fresh-envs builds them anew; none where that failed, the old ones closed)
-            env = service.served_env
-        if metrics is not None:
-            metrics.close()
-        closed = True
-        if busy:
-            started = service.call_started
-            running = f"the envs' {service.call_kind or 'call'}" + (
-                f" (running for {time.monotonic() - started:.1f} s)" if started else ""
-            )
-        elif env is not None:
-            try:
-                service.call_in_env_thread(env.close)  # (on the env thread, as every call on the envs)
-            except BaseException:  # (the env's own close, raised on its thread: the rest of the teardown still runs)
-                log.exception("the envs' close raised")
-                closed = False
-            # Closed, the envs are let go of now, not at the interpreter's shutdown (the watchdog
-            # thread, which holds the service, runs until then): a simulator whose bindings are still
-            # alive then reports them as leaked, ale-py's nanobind in ~20 lines on stderr.
-            service.detach()
-            env = None
-            gc.collect()
-        service.close()
-        if config.unix_socket:
-            remove_own_file(config.unix_socket, made_socket)
-        if orphaned and watchdog.exits_process:
-            # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
-            _exit_orphaned(config)
-        if busy and watchdog.exits_process:
-            # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
-            _exit_now(
-                config,
-                HARD_EXIT_STATUS,
-                "%s still runs on the env thread: the envs were not closed (closed under it, an env may crash "
-                "or hang); exiting without waiting for it (status %d)",
-                running,
-                HARD_EXIT_STATUS,
-            )
+async def _serve_until_stopped(
+    serving: _Serving,
+    on_ready: Callable[[str], None],
+    stop: asyncio.Event,
+    address: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None,
+) -> None:
+    """Say SERVING and serve the envs until ``stop`` is set, then drain the calls in flight."""
+    config, service, metrics, step_server = serving.config, serving.service, serving.metrics, serving.step_server
+    # The envs exist: report healthy.
+    await _set_health(serving.health, health_pb2.HealthCheckResponse.SERVING)
+    if metrics is not None:
+        metrics.ready.set(1)
+    ready = address if config.unix_socket else host_port(config.host, port)
+    security = ", ".join(part for part in (_tls_mode(config, credentials), _token_mode(config)) if part)
+    log.info(
+        "serving %d x %s (%s) on %s%s%s",
+        config.num_envs,
+        config.env,
+        _describe_envs(config),
+        ready,
+        f" ({security})" if security else " (plaintext, no auth token)",
+        _compression_note(config, step_server),
+    )
+    _warn_if_open(config, tls=credentials is not None)
+    on_ready(ready)
+
+    expiry = asyncio.create_task(service.expire_claims())
+    await stop.wait()
+    expiry.cancel()
+    serving.watchdog.stop_asked_at = serving.watchdog.stop_asked_at or time.monotonic()  # (a caller's ``stop``)
+
+    # Drain: NOT_SERVING (load balancers and probes stop sending), no new sessions or steps, the
+    # session and idle step streams end at once; steps in flight finish within the grace period.
+    log.info("shutting down: finishing calls in flight (up to %.1f s)", config.grace_s)
+    if metrics is not None:
+        metrics.ready.set(0)
+    await serving.health.enter_graceful_shutdown()
+    service.drain()
+    if step_server is not None:
+        step_server.drain()
+        await asyncio.gather(serving.server.stop(config.grace_s), step_server.finish(config.grace_s))
+    else:
+        await serving.server.stop(config.grace_s)
+
+
+async def _teardown(serving: _Serving) -> tuple[str | None, bool]:
+    """Stop serving and close the envs unless a call still runs on them: what still runs (None if nothing), and
+    whether the envs' close went well. Where the process exits next and cannot wait, it exits here."""
+    config, watchdog, service = serving.config, serving.watchdog, serving.service
+    watchdog.teardown_at = time.monotonic()
+    await serving.server.stop(None)
+    await _let_calls_end()
+    if serving.step_server is not None:
+        serving.step_server.close()
+    # An env call may still run on the env thread (a step past the grace period: gRPC has ended its
+    # call, the env goes on, see EnvService._run_env). The envs are closed once it is done, never
+    # under it (a simulator closed mid-step may crash, or hang): waited for as long as the exit
+    # margin leaves (less a look of the watchdog's, so that this says why, not the watchdog).
+    busy = serving.env is not None and not await service.idle(watchdog.exit_deadline() - _WATCH_S - time.monotonic())
+    if not busy and service.spec is not None:
+        # (the envs served last: --fresh-envs builds them anew; none where that failed, the old ones closed)
+        serving.env = service.served_env
+    if serving.metrics is not None:
+        serving.metrics.close()
+    closed = True
+    running = None
     if busy:
-        log.error(
-            "stopped after %d steps; %s still runs on the env thread: the envs were not closed", service.steps, running
+        running = _running_call(service)
+    elif serving.env is not None:
+        closed = _close_envs(service, serving.env)
+        # Closed, the envs are let go of now, not at the interpreter's shutdown (the watchdog
+        # thread, which holds the service, runs until then): a simulator whose bindings are still
+        # alive then reports them as leaked, ale-py's nanobind in ~20 lines on stderr.
+        serving.env = None
+        gc.collect()
+    service.close()
+    if config.unix_socket:
+        remove_own_file(config.unix_socket, serving.made_socket)
+    if serving.orphaned and watchdog.exits_process:
+        # (the env thread, building, cannot be stopped, and the interpreter's exit would wait for it)
+        _exit_orphaned(config)
+    if running is not None and watchdog.exits_process:
+        # (the env thread cannot be stopped, and the interpreter's exit would wait for it)
+        _exit_now(
+            config,
+            HARD_EXIT_STATUS,
+            "%s still runs on the env thread: the envs were not closed (closed under it, an env may crash "
+            "or hang); exiting without waiting for it (status %d)",
+            running,
+            HARD_EXIT_STATUS,
         )
-        return HARD_EXIT_STATUS
-    log.info("stopped after %d steps%s", service.steps, "" if closed else " (the envs' close raised: see above)")
-    return 0 if closed else HARD_EXIT_STATUS
+    return running, closed
+
+
+def _running_call(service: EnvService) -> str:
+    """The env call that still runs on the env thread, as the logs name it."""
+    started = service.call_started
+    return f"the envs' {service.call_kind or 'call'}" + (
+        f" (running for {time.monotonic() - started:.1f} s)" if started else ""
+    )
+
+
+def _close_envs(service: EnvService, env: Any) -> bool:
+    """Close ``env`` on the env thread and detach it from ``service``: whether its close went well (a raise is
+    logged, so that the rest of the teardown still runs)."""
+    closed = True
+    try:
+        service.call_in_env_thread(env.close)  # (on the env thread, as every call on the envs)
+    except BaseException:  # (the env's own close, raised on its thread: the rest of the teardown still runs)
+        log.exception("the envs' close raised")
+        closed = False
+    service.detach()
+    return closed
 
 
 async def _build_unless_orphaned(
@@ -863,7 +958,7 @@ async def _build_unless_orphaned(
 @contextlib.contextmanager
 def _parent_watched(config: ServerConfig) -> Iterator[None]:
     """While async vectorization's workers start and build their envs (this thread waiting on their pipes),
-    before the watchdog's thread may start (see _serve), look for the parent process (``--parent-pid``)
+    before the watchdog's thread may start (see _build_before_listening), look for the parent process (``--parent-pid``)
     every _WATCH_S all the same, with a timer's SIGALRM (no thread): once it is gone, exit (status 1), as
     a server whose parent dies during a sync build does, killing the workers forked so far and the rest of
     the process group, rather than build on for nobody (for good, where a worker's build hangs). The
@@ -1207,7 +1302,7 @@ class _Watchdog(threading.Thread):
         self.teardown_at = 0.0
         self.exits_process = False
         """Whether the process exits once serve() returns (run()'s): the teardown then exits it at once
-        when an env call still runs (see _serve), rather than leave it to wait for the env thread."""
+        when an env call still runs (see _teardown), rather than leave it to wait for the env thread."""
         self.finished = threading.Event()
         """Set when there is nothing more to watch (serve() returned in a process that goes on)."""
         self.parent_gone = False
@@ -1263,7 +1358,7 @@ class _Watchdog(threading.Thread):
 
     def request_stop(self) -> None:
         """Shut down: the loop drains as soon as it can; if it cannot in time, :meth:`run` exits (started
-        now if it was not yet: asked while async vectorization's workers are made, see _serve)."""
+        now if it was not yet: asked while async vectorization's workers are made, see _build_before_listening)."""
         if not self.stop_asked_at:
             self.stop_asked_at = time.monotonic()
         with contextlib.suppress(RuntimeError):  # (the loop is closed: the server is on its way out)
