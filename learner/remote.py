@@ -131,6 +131,33 @@ class ResetNeededError(SessionError, ResetNeeded):
     gymnasium's ``ResetNeeded`` (what its vector envs raise then), so either ``except`` catches it."""
 
 
+def _backoff(backoff: tuple[float, float]) -> tuple[float, float]:
+    """``backoff`` (RemoteVectorEnv's), checked: the first and longest wait between reconnect attempts."""
+    if not (
+        isinstance(backoff, Sequence)
+        and len(backoff) == 2
+        and all(_is_finite(b) for b in backoff)
+        and 0 < backoff[0] <= backoff[1]
+    ):
+        raise InvalidArgumentError(
+            f"backoff: expected (first, longest) finite seconds with 0 < first <= longest, got {backoff!r}"
+        )
+    return (float(backoff[0]), float(backoff[1]))
+
+
+def _spin_wait(spin_wait: float) -> float:
+    """``spin_wait`` (RemoteVectorEnv's), checked: seconds to look for a step-socket answer awake."""
+    if not (_is_finite(spin_wait) and 0 <= spin_wait <= 1):
+        raise InvalidArgumentError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
+    return float(spin_wait)
+
+
+def _client_cert(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None) -> tuple[str, str] | None:
+    """The client certificate and key's paths, for the TLS probe's handshake (channel_credentials checked that
+    both or neither are given)."""
+    return None if cert is None or key is None else (os.fspath(cert), os.fspath(key))
+
+
 class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector.VectorEnv):
     """Env servers reached over gRPC, as one ``gymnasium.vector.VectorEnv``.
 
@@ -309,33 +336,44 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self.reset_timeout = self.timeout if reset_timeout is None else _seconds("reset_timeout", reset_timeout)
         self.connect_timeout = _seconds("connect_timeout", connect_timeout)
         num_groups = _count("num_groups", num_groups)
-        if not (
-            isinstance(backoff, Sequence)
-            and len(backoff) == 2
-            and all(_is_finite(b) for b in backoff)
-            and 0 < backoff[0] <= backoff[1]
-        ):
-            raise InvalidArgumentError(
-                f"backoff: expected (first, longest) finite seconds with 0 < first <= longest, got {backoff!r}"
-            )
+        self.backoff = _backoff(backoff)
         self.copy = _flag("copy", copy)
         self.fault_tolerant = _flag("fault_tolerant", fault_tolerant)
-        self.backoff = (float(backoff[0]), float(backoff[1]))
         self.give_up_after = _seconds("give_up_after", give_up_after)
         self._client_name = escape_surrogates(client_name) if isinstance(client_name, str) else client_name
         self._metadata = bearer_metadata(auth_token) if auth_token else ()
         self._credentials, self._tls_roots = channel_credentials(tls, tls_client_cert, tls_client_key)
-        # (checked above: both or neither) The client certificate, for the TLS probe's handshake.
-        self._client_cert = (
-            None
-            if tls_client_cert is None or tls_client_key is None
-            else (os.fspath(tls_client_cert), os.fspath(tls_client_key))
-        )
+        self._client_cert = _client_cert(tls_client_cert, tls_client_key)
         self._tls_server_name = tls_server_name
         self._step_socket = _flag("step_socket", step_socket)
-        if not (_is_finite(spin_wait) and 0 <= spin_wait <= 1):
-            raise InvalidArgumentError(f"spin_wait: expected seconds in [0, 1], got {spin_wait!r}")
-        self._spin_wait = float(spin_wait)
+        self._spin_wait = _spin_wait(spin_wait)
+        self._init_bookkeeping(addresses, num_groups)
+
+        warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
+        # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
+        deadline = time.monotonic() + self.connect_timeout
+        endpoints = self._first_endpoints(addresses, num_groups)
+        self._clients = self._runner.run(self._connect(endpoints, deadline))
+        self._check_specs()
+        self._read_spec()
+        self._lay_out(num_groups)
+        self._share_cpus()
+        _LIVE.add(self)
+        # (a server's loss right after this process was held up says so: see _mark_lost; until close)
+        self._watching_pauses = self.fault_tolerant
+        if self._watching_pauses:
+            pauses.start()
+        log.info(
+            "connected to %d env server(s), %d envs of %s%s: %s",
+            len(self._clients),
+            self.num_envs,
+            server_text(self._spec.env_id),
+            " (fault-tolerant)" if self.fault_tolerant else "",
+            ", ".join(map(label_of, self.addresses)),
+        )
+
+    def _init_bookkeeping(self, addresses: str | list[str], num_groups: int) -> None:
+        """The state of a fleet not yet connected: no servers, nothing in flight, nothing noted yet."""
         self._state = AsyncState.DEFAULT
         self.closed = False
         self._clients: list[EnvClient] = []
@@ -362,9 +400,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         # the fault-tolerant start went on without, and those whose handshake failed or that did not fit (_Away).
         self._away: dict[str, _Away] = {}
 
-        warn_duplicates(addresses)  # here only: refresh() expands the same addresses between rollouts
-        # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
-        deadline = time.monotonic() + self.connect_timeout
+    def _first_endpoints(self, addresses: str | list[str], num_groups: int) -> list[str]:
+        """The servers' endpoints that ``addresses`` name now (``compose:`` and ``dns:///`` names looked up),
+        each a group at the most; the names pinned for refresh."""
         named = expand_named(addresses, self.connect_timeout)
         endpoints = list(named)
         # Servers found by a dns: name: under TLS their certificates are checked against that name.
@@ -378,8 +416,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             raise InvalidArgumentError(
                 f"num_groups: expected at most one group per server ({servers}), got {num_groups}"
             )
-        self._clients = self._runner.run(self._connect(endpoints, deadline))
-        self._check_specs()
+        return endpoints
+
+    def _read_spec(self) -> None:
+        """The spaces, metadata and gymnasium spec of the envs, from the first server's spec (checked alike)."""
         first = self._clients[0].spec
         assert first is not None
         self._spec = first
@@ -405,6 +445,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             fps = first.render_fps  # (a float on the wire; gymnasium's envs mostly give an int)
             self.metadata["render_fps"] = int(fps) if fps.is_integer() else fps
         self.spec = gym_env_spec(first)
+
+    def _lay_out(self, num_groups: int) -> None:
+        """Everything sized by the servers or their envs: buffers, steps in flight, groups, timers, replicas."""
         # Until a server's envs are reset, their observations are placeholders (in the space).
         self._obs_buffer = placeholder_batch(self.single_observation_space, self.num_envs)
         self._ended = self._no_ended_envs()
@@ -430,20 +473,6 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._env_steps_lost = 0
         self._env_error_steps = 0
         self._retired = _Retired()  # counts of servers that left the fleet (refresh)
-        self._share_cpus()
-        _LIVE.add(self)
-        # (a server's loss right after this process was held up says so: see _mark_lost; until close)
-        self._watching_pauses = self.fault_tolerant
-        if self._watching_pauses:
-            pauses.start()
-        log.info(
-            "connected to %d env server(s), %d envs of %s%s: %s",
-            len(self._clients),
-            self.num_envs,
-            server_text(first.env_id),
-            " (fault-tolerant)" if self.fault_tolerant else "",
-            ", ".join(map(label_of, self.addresses)),
-        )
 
     def _share_cpus(self) -> None:
         """Wait for step-socket answers awake (``spin_wait``) only while the learner and every
