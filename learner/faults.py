@@ -353,34 +353,13 @@ async def reconnect(
     next started over with it. A flapping server's return is DEBUG (the lines about its losses tell it).
     """
     client = replica.client
-    delay = backoff[0]
-    attempt = 0
-    said = ""  # the last cause warned of: said once, then at DEBUG while it stays the same
-    said_down_at, failed_unsaid = time.monotonic(), 0  # (its loss was just logged: see STILL_DOWN_LOG_S)
+    attempts = _Attempts(backoff)
     if hold_off > 0:
         await asyncio.sleep(hold_off * random.uniform(0.8, 1.2))
     while True:
-        attempt += 1
+        attempts.count += 1
         try:
-            await asyncio.wait_for(client.wait_ready(), connect_timeout)
-            spec = await client.get_spec()
-            problem = incompatible(replica.spec, spec, same_size=True)
-            replica.changed = problem
-            if problem:
-                raise _Incompatible(
-                    f"the server came back with {problem}; its envs stay unavailable until the fleet is looked "
-                    "up again (refresh(), which learner train calls between rollouts, takes it in with its new envs)"
-                )
-            same_process = spec.server_id == replica.spec.server_id
-            if same_process:
-                for session_id in replica.sessions[-2:]:
-                    await client.release_session(session_id, timeout)
-            # (the session it continues, released just now or lost: a --fresh-envs server keeps its envs' state)
-            client.rejoins_session_id = replica.sessions[-1] if same_process and replica.sessions else ""
-            response = await client.handshake()
-            client.start_session(response)
-            replica.sessions = [*replica.sessions[-1:], response.session_id]
-            fresh = await client.reset(None, None, None)
+            spec, same_process, fresh = await _attempt(replica, timeout, connect_timeout)
         except asyncio.CancelledError:
             client.abandon()
             raise
@@ -391,80 +370,148 @@ async def reconnect(
                 # once, and so does this one, at the next step that would take the server back)
                 assert isinstance(err, RemoteEnvError)
                 log.debug(
-                    "reconnect to %s, attempt %d: %s; raised by the next step", label_of(client.address), attempt, err
+                    "reconnect to %s, attempt %d: %s; raised by the next step",
+                    label_of(client.address),
+                    attempts.count,
+                    err,
                 )
                 replica.broken, replica.misfit = True, err
                 on_ready()  # (a step waiting for a server to come back goes on, and raises it)
                 return
-            # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
-            no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
-            text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
-            due = time.monotonic() - said_down_at >= _still_down_gap(replica)  # (the still-down line below)
-            if no_connection and diagnose is not None and due:  # (probed for that line only: not each attempt)
-                text = await _no_connection(client.address, connect_timeout, diagnose)
-            # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
-            # now serves no envfleet, UNIMPLEMENTED) are warned of once, not at every attempt.
-            warn = (isinstance(err, _Incompatible | AuthenticationError) or unserved(err)) and text != said
-            if warn:
-                said = text
-            log.log(
-                logging.WARNING if warn else logging.DEBUG,
-                "reconnect to %s, attempt %d: %s",
-                label_of(client.address),
-                attempt,
-                text,
-            )
-            failed_unsaid += 1
-            now = time.monotonic()
-            if warn:  # (a line that says why it is still down)
-                said_down_at, failed_unsaid = now, 0
-            elif now - said_down_at >= _still_down_gap(replica, now):
-                log.log(
-                    logging.INFO if replica.planned else logging.WARNING,
-                    "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
-                    "line; the next such line in %d s at the soonest), the last: %s; its %s unavailable, and it "
-                    "is tried again",
-                    label_of(client.address),
-                    now - replica.down_since,
-                    attempt,
-                    "" if attempt == 1 else "s",
-                    failed_unsaid,
-                    _next_still_down_in(replica, now),
-                    text,
-                    "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
-                )
-                said_down_at, failed_unsaid = now, 0
-            if not no_connection:  # (a wait for the connection took its time already; a missed deadline backs off too)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, backoff[1])
+            await attempts.failed(replica, err, connect_timeout, diagnose)
             continue
-        replica.fresh = fresh
-        replica.changed = ""
-        replica.state = ReplicaState.READY
-        replica.reconnects += 1
-        if not same_process:
-            replica.server_restarts += 1
-            replica.out_of_step = 0  # (another process: what the last one answered out of step is not its doing)
-        # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
-        # library versions, a restart from another checkout say, rejoined without a word; once it is back,
-        # not at each attempt that failed after its spec was read)
-        warn_if_other_env(replica.spec, spec, label_of(client.address), "its old")
-        replica.spec = spec
-        replica.back_at, replica.answered = time.monotonic(), 0
-        # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S; why the
-        # others are INFO, or WARNING for another process: see the docstring)
-        say = log.debug if replica.relapses else log.info if replica.planned or same_process else log.warning
-        say(
-            "env server %s is back after %.1f s (%s); its %s with new episodes",
-            label_of(client.address),
-            time.monotonic() - replica.down_since,
-            "same process"
-            if same_process
-            else f"restarted: server id {spec.server_id[:8]}, a new process, its envs made anew",
-            "env rejoins" if spec.num_envs == 1 else f"{spec.num_envs} envs rejoin",
-        )
+        _take_back(replica, spec, same_process, fresh)
         on_ready()
         return
+
+
+@dataclass
+class _Attempts:
+    """:func:`reconnect`'s attempts on one server so far: what the lines about them said when, and the backoff."""
+
+    backoff: tuple[float, float]
+    delay: float = field(init=False)
+    count: int = 0
+    said: str = ""  # the last cause warned of: said once, then at DEBUG while it stays the same
+    said_down_at: float = field(default_factory=time.monotonic)  # (its loss was just logged: see STILL_DOWN_LOG_S)
+    failed_unsaid: int = 0
+
+    def __post_init__(self) -> None:
+        self.delay = self.backoff[0]
+
+    async def failed(
+        self,
+        replica: Replica,
+        err: Exception,
+        connect_timeout: float,
+        diagnose: Callable[[str, float], str | None] | None,
+    ) -> None:
+        """Say that an attempt failed (warned of once where no retry mends it, at most so often that it is still
+        down), then wait before the next one."""
+        client = replica.client
+        # (a RemoteTimeoutError, a call's deadline, is a TimeoutError too: it says which call, and why)
+        no_connection = isinstance(err, TimeoutError) and not isinstance(err, RemoteEnvError)
+        text = f"no connection within {connect_timeout:g} s" if no_connection else str(err)
+        due = time.monotonic() - self.said_down_at >= _still_down_gap(replica)  # (the still-down line below)
+        if no_connection and diagnose is not None and due:  # (probed for that line only: not each attempt)
+            text = await _no_connection(client.address, connect_timeout, diagnose)
+        # Causes no retry mends (the operator's to fix: another spec, a refused token, an address that
+        # now serves no envfleet, UNIMPLEMENTED) are warned of once, not at every attempt.
+        warn = (isinstance(err, _Incompatible | AuthenticationError) or unserved(err)) and text != self.said
+        if warn:
+            self.said = text
+        log.log(
+            logging.WARNING if warn else logging.DEBUG,
+            "reconnect to %s, attempt %d: %s",
+            label_of(client.address),
+            self.count,
+            text,
+        )
+        self.failed_unsaid += 1
+        now = time.monotonic()
+        if warn:  # (a line that says why it is still down)
+            self.said_down_at, self.failed_unsaid = now, 0
+        elif now - self.said_down_at >= _still_down_gap(replica, now):
+            self._say_still_down(replica, now, text)
+            self.said_down_at, self.failed_unsaid = now, 0
+        if not no_connection:  # (a wait for the connection took its time already; a missed deadline backs off too)
+            await asyncio.sleep(self.delay * random.uniform(0.8, 1.2))
+            self.delay = min(self.delay * 2, self.backoff[1])
+
+    def _say_still_down(self, replica: Replica, now: float, text: str) -> None:
+        """Say that ``replica`` is still down and why (``text``, the last attempt's error), rarer as it stays down."""
+        log.log(
+            logging.INFO if replica.planned else logging.WARNING,
+            "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
+            "line; the next such line in %d s at the soonest), the last: %s; its %s unavailable, and it "
+            "is tried again",
+            label_of(replica.client.address),
+            now - replica.down_since,
+            self.count,
+            "" if self.count == 1 else "s",
+            self.failed_unsaid,
+            _next_still_down_in(replica, now),
+            text,
+            "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
+        )
+
+
+async def _attempt(
+    replica: Replica, timeout: float, connect_timeout: float
+) -> tuple[pb.EnvSpec, bool, pb.ResetResponse]:
+    """One reconnect attempt: a session anew on ``replica``'s server, its envs reset. The server's spec, whether
+    it is the same process as before, and the reset's answer; raises what the attempt met."""
+    client = replica.client
+    await asyncio.wait_for(client.wait_ready(), connect_timeout)
+    spec = await client.get_spec()
+    problem = incompatible(replica.spec, spec, same_size=True)
+    replica.changed = problem
+    if problem:
+        raise _Incompatible(
+            f"the server came back with {problem}; its envs stay unavailable until the fleet is looked "
+            "up again (refresh(), which learner train calls between rollouts, takes it in with its new envs)"
+        )
+    same_process = spec.server_id == replica.spec.server_id
+    if same_process:
+        for session_id in replica.sessions[-2:]:
+            await client.release_session(session_id, timeout)
+    # (the session it continues, released just now or lost: a --fresh-envs server keeps its envs' state)
+    client.rejoins_session_id = replica.sessions[-1] if same_process and replica.sessions else ""
+    response = await client.handshake()
+    client.start_session(response)
+    replica.sessions = [*replica.sessions[-1:], response.session_id]
+    fresh = await client.reset(None, None, None)
+    return spec, same_process, fresh
+
+
+def _take_back(replica: Replica, spec: pb.EnvSpec, same_process: bool, fresh: pb.ResetResponse) -> None:
+    """Mark ``replica`` READY again with its new session's spec and first observations, and say it is back."""
+    client = replica.client
+    replica.fresh = fresh
+    replica.changed = ""
+    replica.state = ReplicaState.READY
+    replica.reconnects += 1
+    if not same_process:
+        replica.server_restarts += 1
+        replica.out_of_step = 0  # (another process: what the last one answered out of step is not its doing)
+    # (as a server back in a reset, or one joining, is: another env id, time limit, env kwargs or
+    # library versions, a restart from another checkout say, rejoined without a word; once it is back,
+    # not at each attempt that failed after its spec was read)
+    warn_if_other_env(replica.spec, spec, label_of(client.address), "its old")
+    replica.spec = spec
+    replica.back_at, replica.answered = time.monotonic(), 0
+    # (a flapping server's returns are told by the lines about its losses: see RELAPSE_LOG_S; why the
+    # others are INFO, or WARNING for another process: see reconnect's docstring)
+    say = log.debug if replica.relapses else log.info if replica.planned or same_process else log.warning
+    say(
+        "env server %s is back after %.1f s (%s); its %s with new episodes",
+        label_of(client.address),
+        time.monotonic() - replica.down_since,
+        "same process"
+        if same_process
+        else f"restarted: server id {spec.server_id[:8]}, a new process, its envs made anew",
+        "env rejoins" if spec.num_envs == 1 else f"{spec.num_envs} envs rejoin",
+    )
 
 
 async def _no_connection(address: str, waited: float, diagnose: Callable[[str, float], str | None]) -> str:
