@@ -239,6 +239,21 @@ def _unreadable_tls(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The probe's command: the server's health printed, exit status 0 where it is SERVING, else 1."""
+    args = _parser().parse_args(argv)
+    # (for a server on every interface, both loopbacks: the second tried only if the first cannot be reached)
+    addresses = [args.address] if args.address else default_addresses()
+    address = addresses[0]
+    said = _said_tls_files(args, argv)
+    # (said as the probe's other failures are, exit status 1: Docker reserves 2, argparse's)
+    if (why := _tls_problem(args, said)) is not None:
+        print(f"{address}: unhealthy: {why}", file=sys.stderr)
+        return 1
+    return _probe(args, addresses, said)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The probe's options, their defaults from the server's variables (a container's probe has those)."""
     parser = argparse.ArgumentParser(
         prog="python -m env_server.health",
         description="Exit 0 if the env server's gRPC health service says SERVING, 1 otherwise.",
@@ -291,24 +306,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the private key (PEM) of --tls-client-cert (default: ENVFLEET_TLS_CLIENT_KEY when the server's "
         "variables say TLS)",
     )
-    args = parser.parse_args(argv)
-    # (for a server on every interface, both loopbacks: the second tried only if the first cannot be reached)
-    addresses = [args.address] if args.address else default_addresses()
-    address = addresses[0]
-    # (said as the probe's other failures are, exit status 1: Docker reserves 2, argparse's)
-    if (args.tls_client_cert is None) != (args.tls_client_key is None):
-        print(
-            f"{address}: unhealthy: --tls-client-cert and --tls-client-key (or ENVFLEET_TLS_CLIENT_CERT and "
-            "ENVFLEET_TLS_CLIENT_KEY): give both (the client certificate and its private key) or neither",
-            file=sys.stderr,
-        )
-        return 1
-    if args.tls_client_cert is not None and args.tls_ca is None:
-        print(
-            f"{address}: unhealthy: --tls-client-cert: presents a client certificate over TLS; give --tls-ca too",
-            file=sys.stderr,
-        )
-        return 1
+    return parser
+
+
+_Said = tuple[str | None, str]
+"""A TLS file of the probe's: its path (None: not given), and the option or variable that named it."""
+
+
+def _said_tls_files(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[_Said, _Said, _Said]:
+    """The probe's CA, client certificate and key, each with the option or variable that named it, as errors say."""
     given = list(sys.argv[1:] if argv is None else argv)
     ca_variable = "ENVFLEET_TLS_CA" if os.environ.get("ENVFLEET_TLS_CA") else "ENVFLEET_TLS_CERT"
     # Each named as the user set it (a container's probe gets them from the server's variables), and read as
@@ -316,24 +322,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     said_ca = (args.tls_ca, _said_by(given, "--tls-ca", ca_variable))
     said_cert = (args.tls_client_cert, _said_by(given, "--tls-client-cert", "ENVFLEET_TLS_CLIENT_CERT"))
     said_key = (args.tls_client_key, _said_by(given, "--tls-client-key", "ENVFLEET_TLS_CLIENT_KEY"))
-    for path, option in (said_ca, said_cert, said_key):
+    return said_ca, said_cert, said_key
+
+
+def _tls_problem(args: argparse.Namespace, said: tuple[_Said, _Said, _Said]) -> str | None:
+    """What is wrong with the probe's TLS options or files, said before any connection; None where nothing is."""
+    if (args.tls_client_cert is None) != (args.tls_client_key is None):
+        return (
+            "--tls-client-cert and --tls-client-key (or ENVFLEET_TLS_CLIENT_CERT and "
+            "ENVFLEET_TLS_CLIENT_KEY): give both (the client certificate and its private key) or neither"
+        )
+    if args.tls_client_cert is not None and args.tls_ca is None:
+        return "--tls-client-cert: presents a client certificate over TLS; give --tls-ca too"
+    for path, option in said:
         if path is None:
             continue
         try:
             with open(path, "rb") as f:
                 pem = b"-----BEGIN " in f.read()
         except OSError as err:
-            print(f"{address}: unhealthy: cannot read {option} {path}: {err.strerror}", file=sys.stderr)
-            return 1
+            return f"cannot read {option} {path}: {err.strerror}"
         if not pem:
-            print(
-                f"{address}: unhealthy: {option} {path}: expected a PEM file (-----BEGIN ...), got none",
-                file=sys.stderr,
-            )
-            return 1
-    if (why := _unreadable_tls(said_ca, said_cert, said_key)) is not None:
-        print(f"{address}: unhealthy: {why}", file=sys.stderr)
-        return 1
+            return f"{option} {path}: expected a PEM file (-----BEGIN ...), got none"
+    return _unreadable_tls(*said)
+
+
+def _probe(args: argparse.Namespace, addresses: list[str], said: tuple[_Said, _Said, _Said]) -> int:
+    """Ask the server's health at the first of ``addresses`` that can be reached and print it: the exit status."""
+    address = addresses[0]
     deadline = time.monotonic() + args.timeout
     failures: list[tuple[str, grpc.RpcError]] = []
     for tried in addresses:
@@ -351,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.tls_client_key,
             )
         except OSError as err:  # (gone since it was read above)
-            option = next((said for path, said in (said_ca, said_cert, said_key) if path == err.filename), "--tls-ca")
+            option = next((named for path, named in said if path == err.filename), "--tls-ca")
             print(f"{address}: unhealthy: cannot read {option} {err.filename}: {err.strerror}", file=sys.stderr)
             return 1
         except grpc.RpcError as err:
