@@ -446,15 +446,60 @@ def plot_runs(
     it cannot be.
     Returns the path written (with ``.png`` added to a name without a suffix).
     """
+    runs, groups = _drawn_once(runs, groups)
+    loaded = [_load(Path(run)) for run in runs]
+    empty = _left_out(loaded)
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    # A Figure of its own, not pyplot's: pyplot would need a backend that draws off screen (Agg), and
+    # switching to it for the whole process would stop a notebook's inline figures from showing after
+    # train() (which plots) or plot_runs. savefig draws it with Agg all the same.
+    fig = Figure(figsize=(11, 4.2))
+    by_steps, by_time = fig.subplots(1, 2, sharey=True)
+    plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
+    lines = len({groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty}) if groups else len(plotted)
+    if lines > len(matplotlib.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: tab20's then)
+        _use_tab20(by_steps, by_time)
+    envs = {env for _, config in plotted if (env := _env(config)) is not None}
+    mixed = len(envs) > 1  # runs of different envs: each says its own
+    thresholds = _thresholds(plotted)
+    series = {run: _series(rows, summary) for run, rows, summary, _ in loaded if run not in empty and rows is not None}
+    panels = _Panels(by_steps, by_time, _members(loaded, groups, series))
+    names = _names([run for run, *_ in loaded])
+    for i, (run, _, summary, config) in enumerate(loaded):
+        group = groups[i] if groups is not None else None
+        if run not in series:
+            continue
+        panels.draw_run(series[run], names[run], summary, _env(config) if mixed else None, group)
+    panels.draw_bands()
+    panels.draw_thresholds(thresholds)
+    legend_height = _labels_and_legend(fig, by_steps, by_time, solved_any=panels.solved_any, one_run=len(plotted) == 1)
+    default_title = ("runs of different envs: " if mixed else "") + ", ".join(sorted(envs))
+    fig.suptitle(escape_surrogates(title or default_title or "returns"))
+    fig.tight_layout(rect=(0, legend_height, 1, 1))
+    return _save(fig, output, output_name)
+
+
+_Series = tuple[list[Any], list[Any], list[Any]]
+"""A run's steps, seconds and mean returns, as :func:`_series` gives them."""
+
+
+def _drawn_once(runs: Sequence[str | Path], groups: Sequence[str] | None) -> tuple[list[str | Path], list[str] | None]:
+    """``runs`` (and their ``groups``) with each run dir once, however spelt: the repeats are warned of."""
     firsts = _first_of_each(runs)
     distinct = [i for i, first in enumerate(firsts) if first == i]
     for i, (run, j) in enumerate(zip(runs, firsts, strict=True)):  # (the repeats, each named with its first)
         if j != i:
             first = runs[j]
             log.warning("%s: given twice%s; drawn once", first, "" if str(run) == str(first) else f" (also as {run})")
-    runs = [runs[i] for i in distinct]
-    groups = None if groups is None else [groups[i] for i in distinct]
-    loaded = [_load(Path(run)) for run in runs]
+    return [runs[i] for i in distinct], None if groups is None else [groups[i] for i in distinct]
+
+
+def _left_out(loaded: list[tuple[Path, list[_Point] | None, dict[str, Any] | None, dict[str, Any]]]) -> set[Path]:
+    """The runs that cannot be drawn (no metrics file, no mean return yet), each warned of; raises where no run
+    can be drawn."""
     # Left out, with a warning, while another run can be plotted (`learner plot runs/*` may take in a
     # folder that is no run, or a run killed before its first update): no metrics file, or no mean return.
     missing = [run for run, rows, *_ in loaded if rows is None]
@@ -478,53 +523,80 @@ def plot_runs(
     for run in (run for run, *_ in loaded if run in empty):
         log.warning("%s: no mean return yet, left out of the plot", run)
     empty.update(missing)
+    return empty
 
+
+def _use_tab20(*axes: Any) -> None:
+    """Colour the lines of ``axes`` from tab20, for more lines than matplotlib's 10 default colours."""
     import matplotlib
     from cycler import cycler  # (matplotlib's own dependency)
-    from matplotlib.figure import Figure
 
-    # A Figure of its own, not pyplot's: pyplot would need a backend that draws off screen (Agg), and
-    # switching to it for the whole process would stop a notebook's inline figures from showing after
-    # train() (which plots) or plot_runs. savefig draws it with Agg all the same.
-    fig = Figure(figsize=(11, 4.2))
-    by_steps, by_time = fig.subplots(1, 2, sharey=True)
-    plotted = [(run, config) for run, _, _, config in loaded if run not in empty]
-    lines = len({groups[i] for i, (run, *_) in enumerate(loaded) if run not in empty}) if groups else len(plotted)
-    if lines > len(matplotlib.rcParams["axes.prop_cycle"]):  # (its 10 colours would repeat: tab20's then)
-        # (tab20's dark shades first, then its light ones: neighbours in it are one hue, dark and light)
-        colour_cycle = cycler(color=[matplotlib.colormaps["tab20"](k) for k in (*range(0, 20, 2), *range(1, 20, 2))])
-        by_steps.set_prop_cycle(colour_cycle)
-        by_time.set_prop_cycle(colour_cycle)
-    envs = {env for _, config in plotted if (env := _env(config)) is not None}
-    mixed = len(envs) > 1  # runs of different envs: each says its own
-    # Each solved bar, with the envs whose runs it is for (runs of one env may differ: --stop-at-return).
+    # (tab20's dark shades first, then its light ones: neighbours in it are one hue, dark and light)
+    colour_cycle = cycler(color=[matplotlib.colormaps["tab20"](k) for k in (*range(0, 20, 2), *range(1, 20, 2))])
+    for ax in axes:
+        ax.set_prop_cycle(colour_cycle)
+
+
+def _thresholds(plotted: list[tuple[Path, dict[str, Any]]]) -> dict[float, set[str]]:
+    """Each solved bar of the runs plotted, with the envs whose runs it is for (runs of one env may differ:
+    --stop-at-return)."""
     thresholds: dict[float, set[str]] = {}
     for _, config in plotted:
         if config.get("solved_threshold") is not None:
             env = _env(config)
             thresholds.setdefault(float(config["solved_threshold"]), set()).update([env] if env else [])
-    colours: dict[str, Any] = {}
-    series = {run: _series(rows, summary) for run, rows, summary, _ in loaded if run not in empty and rows is not None}
-    members: dict[str, list[tuple[list[Any], list[Any], list[Any]]]] = {}  # group -> its runs' series
+    return thresholds
+
+
+def _members(
+    loaded: list[tuple[Path, list[_Point] | None, dict[str, Any] | None, dict[str, Any]]],
+    groups: list[str] | None,
+    series: dict[Path, _Series],
+) -> dict[str, list[_Series]]:
+    """Each group's runs' series, in the order the runs were given (none without ``groups``)."""
+    members: dict[str, list[_Series]] = {}  # group -> its runs' series
     for i, (run, *_) in enumerate(loaded):
         if groups is not None and run in series:
             members.setdefault(groups[i], []).append(series[run])
-    # Groups drawn as a mean and a band: of several runs that overlap (in steps) over 2 points or more.
-    banded = {
-        g for g, curves in members.items() if len(curves) > 1 and _common_grid([(c[0], c[2]) for c in curves]).size > 1
-    }
-    solved_any = False
-    names = _names([run for run, *_ in loaded])
-    for i, (run, _, summary, config) in enumerate(loaded):
-        group = groups[i] if groups is not None else None
-        if run not in series:
-            continue
-        env = _env(config) if mixed else None
-        steps, seconds, returns = series[run]
+    return members
+
+
+@dataclasses.dataclass
+class _Panels:
+    """The plot's two panels (returns by steps, by time) as the runs are drawn on them: each group's colour,
+    and whether a run's solved step has been marked."""
+
+    by_steps: Any
+    by_time: Any
+    members: dict[str, list[_Series]]
+    banded: set[str] = dataclasses.field(init=False)
+    colours: dict[str, Any] = dataclasses.field(default_factory=dict)
+    solved_any: bool = False
+
+    def __post_init__(self) -> None:
+        # Groups drawn as a mean and a band: of several runs that overlap (in steps) over 2 points or more.
+        self.banded = {
+            g
+            for g, curves in self.members.items()
+            if len(curves) > 1 and _common_grid([(c[0], c[2]) for c in curves]).size > 1
+        }
+
+    def draw_run(
+        self, series: _Series, name: str, summary: dict[str, Any] | None, env: str | None, group: str | None
+    ) -> None:
+        """Draw one run's returns on both panels (faint in a banded group), its solved step marked."""
+        by_steps, by_time, colours, banded, members = (
+            self.by_steps,
+            self.by_time,
+            self.colours,
+            self.banded,
+            self.members,
+        )
+        steps, seconds, returns = series
         # A line needs two points: a run with one (its first update, or a summary alone) gets a dot.
         marker = "o" if len(steps) == 1 else None
         if group is None:
-            (line,) = by_steps.plot(steps, returns, label=_label(names[run], summary, env), marker=marker)
+            (line,) = by_steps.plot(steps, returns, label=_label(name, summary, env), marker=marker)
         else:
             if group in colours:
                 (line,) = by_steps.plot(steps, returns, color=colours[group], linewidth=1, marker=marker)
@@ -549,19 +621,30 @@ def plot_runs(
             alpha=line.get_alpha(),
         )
         if summary and summary.get("solved_at_step") is not None:
-            solved_any = True
+            self.solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
-    for group in banded:
-        for ax, x in ((by_steps, 0), (by_time, 1)):
-            _draw_band(ax, [(curve[x], curve[2]) for curve in members[group]], colours[group])
-    # One grey shade per bar (up to 4), so that bars of different envs tell apart.
-    shades = ["grey", "black", "silver", "dimgrey"]
-    for k, threshold in enumerate(sorted(thresholds)):
-        whose = f" ({', '.join(sorted(thresholds[threshold]))})" if thresholds[threshold] else ""
-        style = {"color": shades[k % len(shades)], "linestyle": "--", "linewidth": 1}
-        by_steps.axhline(threshold, label=f"solved{whose}: mean return >= {threshold:g}", **style)
-        by_time.axhline(threshold, **style)
+
+    def draw_bands(self) -> None:
+        """Draw each banded group's mean and range on both panels."""
+        for group in self.banded:
+            for ax, x in ((self.by_steps, 0), (self.by_time, 1)):
+                _draw_band(ax, [(curve[x], curve[2]) for curve in self.members[group]], self.colours[group])
+
+    def draw_thresholds(self, thresholds: dict[float, set[str]]) -> None:
+        """Draw each solved bar (a dashed line) on both panels, labelled with the envs it is for."""
+        # One grey shade per bar (up to 4), so that bars of different envs tell apart.
+        shades = ["grey", "black", "silver", "dimgrey"]
+        for k, threshold in enumerate(sorted(thresholds)):
+            whose = f" ({', '.join(sorted(thresholds[threshold]))})" if thresholds[threshold] else ""
+            style = {"color": shades[k % len(shades)], "linestyle": "--", "linewidth": 1}
+            self.by_steps.axhline(threshold, label=f"solved{whose}: mean return >= {threshold:g}", **style)
+            self.by_time.axhline(threshold, **style)
+
+
+def _labels_and_legend(fig: Any, by_steps: Any, by_time: Any, *, solved_any: bool, one_run: bool) -> float:
+    """Label the axes and put the legend below them, the figure made taller for it: the legend's share of its
+    height."""
     by_steps.set_xlabel("env steps")
     by_time.set_xlabel("wall time (s)")
     by_steps.set_ylabel("mean return, last 20 episodes\n(all of them until 20 have ended)")
@@ -572,7 +655,7 @@ def plot_runs(
     if solved_any:
         (marker,) = by_steps.plot([], [], color="grey", linestyle=":", linewidth=1)
         handles.append(marker)
-        labels.append("where the run solved it" if len(plotted) == 1 else "where each run solved it")
+        labels.append("where the run solved it" if one_run else "where each run solved it")
     # Below the axes, where it hides no line.
     # (one column where a label is long, as a group's of many differences: two would run off the figure)
     columns = (1 if max(map(len, labels), default=0) > 70 else min(2, len(labels))) or 1
@@ -589,9 +672,11 @@ def plot_runs(
     fig.set_size_inches(11, height)
     legend_height = (0.1 + 0.17 * legend_rows) / height
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    default_title = ("runs of different envs: " if mixed else "") + ", ".join(sorted(envs))
-    fig.suptitle(escape_surrogates(title or default_title or "returns"))
-    fig.tight_layout(rect=(0, legend_height, 1, 1))
+    return legend_height
+
+
+def _save(fig: Any, output: str | Path, output_name: str | None) -> Path:
+    """Write ``fig`` to ``output`` (``.png`` added to a name without a suffix), atomically: the path written."""
     output = Path(output)
     if not output.suffix:  # (as matplotlib does for a name without one, and so the path returned is the file's)
         output = output.with_name(f"{output.name}.png")
