@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from env_server.config import (
-    AUTORESET_MODES,
     COMPRESSIONS,
     DEFAULT_MAX_CONCURRENT_RPCS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -23,8 +22,9 @@ from env_server.config import (
     MAX_SPIN_WAIT_MS,
     MIN_MAX_CONCURRENT_RPCS,
     MIN_MAX_REQUEST_BYTES,
-    VECTORIZATIONS,
+    VECTORIZATION_NOTES,
     ServerConfig,
+    add_stepping_option,
     json_object_option,
     parse_int,
     parse_on_off,
@@ -47,7 +47,8 @@ log = logging.getLogger("env_server.__main__")  # (its name under `python -m env
 LOG_LEVELS = ("debug", "info", "warning", "error")
 """The levels ``--log-level`` takes (in any case: ``INFO`` too)."""
 
-EPILOG = """\
+EPILOG = (
+    """\
 examples:
   env-server --env CartPole-v1 --num-envs 4 --port 50051
   env-server --env ALE/Pong-v5 --num-envs 8 --wrappers atari --port 0
@@ -59,15 +60,9 @@ ENVFLEET_HOST, ENVFLEET_PORT, ENVFLEET_ENV_KWARGS, ENVFLEET_WRAPPERS, ENVFLEET_V
 envfleet command reads (a typo?) is warned of at start. When ready the server prints one line,
 "listening on HOST:PORT", to stdout; logs go to stderr.
 
-vectorization (default sync): the server is already its own process, and a fleet gets its
-parallelism from many servers, so stepping a server's envs one after another in-process costs
-nothing extra per step, gives results identical to gymnasium's SyncVectorEnv/AsyncVectorEnv for the
-same seeds (but for infos whose types differ between envs: widened, not cut; see the README), and
-works for every env and wrapper. Use async for envs whose step takes milliseconds of CPU (one
-subprocess per env uses more cores), and vector_entry_point for envs with their own batched
-implementation (much faster for CartPole, but its random streams differ from gymnasium's per-env
-seeding).
 """
+    + VECTORIZATION_NOTES
+)
 
 
 def _env_default(name: str, default: Any) -> Any:
@@ -232,12 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="keyword arguments for the env's constructor, as a JSON object",
     )
-    p.add_argument(
-        "--vectorization",
-        choices=VECTORIZATIONS,
-        default=e("vectorization", "sync"),
-        help="how the server steps its envs (default: %(default)s; see below)",
-    )
+    add_stepping_option(p, "vectorization", e("vectorization", "sync"))
     wrappers = e("wrappers", "")
     p.add_argument(
         "--wrappers",
@@ -249,12 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one-hot: gymnasium's FlattenObservation; for learners that take Box observations only, as "
         f"learner train does) (default: {wrappers.replace('%', '%%') or 'none'})",
     )
-    p.add_argument(
-        "--autoreset-mode",
-        choices=AUTORESET_MODES,
-        default=e("autoreset_mode", "NextStep"),
-        help="gymnasium autoreset mode (default: %(default)s)",
-    )
+    add_stepping_option(p, "autoreset_mode", e("autoreset_mode", "NextStep"))
     p.add_argument(
         "--max-episode-steps",
         type=_positive_int,

@@ -22,7 +22,9 @@ __all__ = [
     "MIN_MAX_CONCURRENT_RPCS",
     "MIN_MAX_REQUEST_BYTES",
     "VECTORIZATIONS",
+    "VECTORIZATION_NOTES",
     "WRAPPER_NAMES",
+    "add_stepping_option",
     "parse_int",
     "parse_on_off",
     "ServerConfig",
@@ -30,6 +32,17 @@ __all__ = [
 
 VECTORIZATIONS = ("sync", "async", "vector_entry_point")
 AUTORESET_MODES = ("NextStep", "SameStep", "Disabled")
+VECTORIZATION_NOTES = """\
+vectorization (default sync): the server is already its own process, and a fleet gets its
+parallelism from many servers, so stepping a server's envs one after another in-process costs
+nothing extra per step, gives results identical to gymnasium's SyncVectorEnv/AsyncVectorEnv for the
+same seeds (but for infos whose types differ between envs: widened, not cut; see the README), and
+works for every env and wrapper. Use async for envs whose step takes milliseconds of CPU (one
+subprocess per env uses more cores), and vector_entry_point for envs with their own batched
+implementation (much faster for CartPole, but its random streams differ from gymnasium's per-env
+seeding).
+"""
+"""What ``--vectorization``'s help points to ("see below"): the epilog of env-server and of ``learner check``."""
 COMPRESSIONS = ("none", "gzip", "deflate")
 """How a server may compress its gRPC answers (``env-server --compression``): gRPC's message compressions."""
 WRAPPER_NAMES = ("atari", "clip-action", "flatten")
@@ -55,6 +68,25 @@ times over. Each call in progress holds its request (up to ``max_request_bytes``
 4 MB while it is read), and the health service's calls need no token: 64 connections x 8 Health
 Check calls of 4 MB at once took a server's peak RSS to 1.2-1.3 GB without a limit, ~0.45 GB with
 32 (~0.23 GB with 8, ~0.66 GB with 64)."""
+
+
+_STEPPING_OPTIONS = {
+    "vectorization": (VECTORIZATIONS, "how the server steps its envs (default: %(default)s; see below)"),
+    "autoreset_mode": (AUTORESET_MODES, "gymnasium autoreset mode (default: %(default)s)"),
+}
+
+
+def add_stepping_option(parser: argparse.ArgumentParser, dest: str, default: str | None = None) -> None:
+    """``--vectorization`` or ``--autoreset-mode`` (``dest``) as env-server takes it, one definition for the commands
+    that start a server to step as an operator's would (``learner check``): its choices, help, and ServerConfig's
+    default unless ``default`` (env-server's, from its ENVFLEET_* variable)."""
+    choices, help_text = _STEPPING_OPTIONS[dest]
+    parser.add_argument(
+        f"--{dest.replace('_', '-')}",
+        choices=choices,
+        default=ServerConfig.__dataclass_fields__[dest].default if default is None else default,
+        help=help_text,
+    )
 
 
 def parse_int(text: str) -> int:

@@ -49,6 +49,8 @@ class CheckOptions:
     transport: str | None = None  # (None: LocalServers' default)
     step_socket: bool = True
     hang_timeout: float | None = None  # (the server's --hang-timeout; None: LocalServers' default, 60 s)
+    vectorization: str = "sync"  # (the server's --vectorization and --autoreset-mode: as the operator serves it)
+    autoreset_mode: str = "NextStep"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +162,8 @@ def server_config(options: CheckOptions) -> ServerConfig:
             num_envs=options.num_envs,
             max_episode_steps=options.max_episode_steps,
             wrappers=options.wrappers,
-            vectorization="sync",
+            vectorization=options.vectorization,
+            autoreset_mode=options.autoreset_mode,
         )
     except ValueError as err:
         raise ValueError(f"--{err}") from None  # ("env: expected a gymnasium id ...")
@@ -206,6 +209,7 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
 
     server_args = [f"--max-episode-steps={options.max_episode_steps}"] if options.max_episode_steps else []
     server_args += [f"--wrappers={','.join(options.wrappers)}"] if options.wrappers else []
+    server_args += [f"--vectorization={config.vectorization}", f"--autoreset-mode={config.autoreset_mode}"]
     collected = _Collected()
     server_log = logging.getLogger(server_logger_name(0))
     server_log.addFilter(collected)
@@ -254,7 +258,7 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
 
         return make
 
-    mode = remote.metadata["autoreset_mode"]
+    mode = gym.vector.AutoresetMode(config.autoreset_mode)  # (the server's: compared step for step)
     with warnings.catch_warnings():  # (the env checker's said them once; gym.make's checker would again)
         warnings.simplefilter("ignore")
         # (infos widened as the server widens them, and the learner's --backend gym: gymnasium's own SyncVectorEnv
@@ -280,6 +284,15 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
                 "warning",
                 f"reset(seed={options.seed}) twice gives other observations: seeded runs won't repeat (draw from "
                 "self.np_random, seeded by super().reset(seed=seed)); compared below: types, dtypes and shapes only",
+            )
+        if exact and config.vectorization == "vector_entry_point":  # (env-server --help: "vectorization")
+            exact = False
+            result.add(
+                "equivalence",
+                "warning",
+                "--vectorization vector_entry_point: the env's own batched implementation draws from other random "
+                "streams than gymnasium's per-env seeding, compared against here; compared below: types, dtypes and "
+                "shapes only",
             )
 
         # 3. equivalence: the same seed and random actions through both
@@ -308,6 +321,8 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
                 fields = ("observation", "reward", "terminated", "truncated", "info")
                 found = _first_difference(fields, local_out, remote_out, exact, notes)
                 _unusable(local_out[0], local_out[1], f"step {step}", unusable)
+                if found is None and mode is gym.vector.AutoresetMode.DISABLED:
+                    found = _reset_ended(local, local_out, remote, remote_out, exact, notes)
         except _EnvRaised as err:
             result.add("equivalence", "failed", f"in-process {err} (at step {step} after reset(seed={options.seed}))")
             return
@@ -352,6 +367,26 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
         closing = _closed(local)
         if closing is not None:
             result.add("close", "warning", f"the in-process envs' {closing}")
+
+
+def _reset_ended(
+    local: gym.vector.VectorEnv,
+    local_out: tuple[Any, ...],
+    remote: gym.vector.VectorEnv,
+    remote_out: tuple[Any, ...],
+    exact: bool,
+    notes: dict[str, str],
+) -> str | None:
+    """Under autoreset mode Disabled, nothing resets an env that ended: each side's ended envs are reset as a
+    learner of such a server resets them (``reset(options={"reset_mask": ...})``), their observations and infos
+    compared; where they first differ, else None. (Each side its own: compared by types only, they end apart.)"""
+    local_ended, remote_ended = (np.logical_or(out[2], out[3]) for out in (local_out, remote_out))
+    if not (local_ended.any() or remote_ended.any()):
+        return None
+    local_reset = local.reset(options={"reset_mask": local_ended}) if local_ended.any() else local_out[::4]
+    remote_reset = remote.reset(options={"reset_mask": remote_ended}) if remote_ended.any() else remote_out[::4]
+    found = _first_difference(("observation", "info"), local_reset, remote_reset, exact, notes)
+    return None if found is None else f"the reset of the envs that ended then: {found}"
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -31,7 +31,7 @@ from typing import IO, Any, Literal, NoReturn
 
 # Nothing imported here may import grpc: main() tunes gRPC's core first (env_server.tuning), which
 # works only before grpc is imported. Commands import what they need when they run.
-from env_server.config import json_object_option, parse_on_off
+from env_server.config import VECTORIZATION_NOTES, add_stepping_option, json_object_option, parse_on_off
 from env_server.envs import EnvBuildError
 from env_server.protocol import KEEPALIVE_TIMEOUT
 from env_server.tuning import (
@@ -220,6 +220,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             wrappers=wrapper_names(args.wrappers, args.env, args.env_kwargs),
             transport=args.transport,
             step_socket=args.step_socket,
+            vectorization=args.vectorization,
+            autoreset_mode=args.autoreset_mode,
         )
         server_config(options)
     except ValueError as err:  # (the options only: a ValueError the env raised is a failed check, no usage error)
@@ -1498,6 +1500,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare what both give; also whether a seeded reset repeats, the step times, and the server's log "
         "warnings. Exit status 0 when no check failed (warnings: what survives the wire changed, see the "
         "README's 'Your own env'), 1 when one did.",
+        epilog=VECTORIZATION_NOTES,  # (env-server's: what "see below" of --vectorization's help points to)
     )
     check.add_argument("--env", required=True, metavar="ID", help="gymnasium id or entry point (module:Class)")
     _add_env_kwargs(check)
@@ -1515,6 +1518,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-episode-steps", type=positive_int, default=None, metavar="N", help=docs["max_episode_steps"]
     )
     check.add_argument("--wrappers", default="auto", metavar="NAMES", help=docs["wrappers"] + " (default: auto)")
+    add_stepping_option(check, "vectorization")  # (as env-server takes them: the modes an operator serves)
+    add_stepping_option(check, "autoreset_mode")
     _add_local_server_options(check, "server", "its step socket")
     check.set_defaults(func=cmd_check, parser=check)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, ClassVar
 
@@ -342,6 +343,20 @@ class UnseededEnv(ClockEnv):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self._t = int(np.random.randint(self.length))  # (unseeded on purpose)
+        return self._obs(), {}
+
+
+class ServedDiffersEnv(ClockEnv):
+    """A ClockEnv whose episodes after the first start one step in when served (a server's process: its argv has
+    --parent-pid, as the learner starts it; an async worker forked from it too), at the start in-process: a
+    difference that only an autoreset (or a reset of the envs that ended) shows."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is None and "--parent-pid" in sys.argv:
+            self._t = 1
         return self._obs(), {}
 
 

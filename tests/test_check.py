@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import selectors
@@ -206,3 +207,54 @@ def test_strings_not_valid_unicode_are_warnings_as_the_readme_says(capsys: pytes
     assert "info key 'k\\\\udce9': a key not valid Unicode comes escaped (README: Your own env)" in out, out
     assert "info key 's': a builtins.str comes as its repr string" in out
     assert "info key 'u': a numpy.str_ comes as its repr string" in out
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize(("env", "steps"), [("CartPole-v1", "100"), ("tests.envs:DictEnv", "30")])
+def test_the_mode_the_operator_serves_is_the_one_compared(
+    capsys: pytest.CaptureFixture[str], env: str, steps: str, mode: str, vectorization: str
+) -> None:
+    """``--vectorization`` and ``--autoreset-mode`` as env-server takes them: the server steps so, and the in-process
+    reference resets as it does (DictEnv's episodes end within 25 steps; CartPole's random ones within ~20), Disabled's
+    ended envs reset by both sides."""
+    before = _children()
+    status = main(["check", "--env", env, "--steps", steps, "--vectorization", vectorization, "--autoreset-mode", mode])
+    out = capsys.readouterr().out
+    assert _children() <= before and status == 0, out
+    assert f"{steps} steps x 2 envs: observations, rewards, flags and infos the same" in out, out
+
+
+@pytest.mark.parametrize(
+    "modes", [["--autoreset-mode", "SameStep"], ["--autoreset-mode", "Disabled", "--vectorization", "async"]]
+)
+def test_a_difference_after_an_autoreset_is_caught_in_a_mode_not_the_default(
+    capsys: pytest.CaptureFixture[str], modes: list[str]
+) -> None:
+    """ServedDiffersEnv's second episode starts elsewhere when served: SameStep shows it in the step that ended the
+    first (its observation is the reset's), Disabled in the reset of the envs that ended."""
+    status, out = _check(capsys, "--env", "tests.envs:ServedDiffersEnv", *modes)
+    assert status == 1, out
+    where = "step 3: " if "SameStep" in modes else "step 3: the reset of the envs that ended then: "
+    assert f"failed   equivalence:      {where}observation, env 0: array([0., 1.], dtype=float32) vs array([0.33" in out
+
+
+def test_vector_entry_point_is_compared_by_types_with_a_warning_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
+    """CartPole's own batched env draws from other random streams than gymnasium's per-env seeding (env-server
+    --help): not comparable value for value, which is no failure."""
+    status, out = _check(capsys, "--env", "CartPole-v1", "--vectorization", "vector_entry_point")
+    assert status == 0, out
+    assert "warning  equivalence:      --vectorization vector_entry_point: the env's own batched implementation" in out
+    assert "30 steps x 2 envs: observations, rewards, flags and infos of the same types, dtypes and shapes" in out
+
+
+def test_check_takes_the_servers_stepping_options_as_env_server_does() -> None:
+    """One definition (env_server.config.add_stepping_option): the same choices, defaults and help texts."""
+    from env_server.__main__ import build_parser as server_parser
+    from learner.cli import build_parser
+
+    check = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["check"]
+    for flag in ("--vectorization", "--autoreset-mode"):
+        ours = next(a for a in check._actions if flag in a.option_strings)
+        theirs = next(a for a in server_parser()._actions if flag in a.option_strings)
+        assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help), flag
