@@ -2,20 +2,31 @@
 
 An env author's compliance check (as dm_env_rpc's compliance suite is): the env built as a server builds it,
 gymnasium's env checker on one copy, then one local server and an in-process ``SyncVectorEnv`` stepped with
-the same seeds and random actions, their outputs compared exactly. :func:`run_check` returns the findings;
-the ``learner`` command prints them.
+the same seeds and random actions (the server's vectorization and autoreset mode), their outputs compared
+exactly. The env's own code on the check's side (the env checker's copy, the in-process vector env) runs in a
+worker process (:class:`_Worker`): an env that ends or hangs it fails the check, which still gives its verdict.
+:func:`run_check` returns the findings; the ``learner`` command prints them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
+import os
+import pickle
 import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from multiprocessing.connection import Connection
+from typing import Any, Literal, NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -48,7 +59,9 @@ class CheckOptions:
     wrappers: tuple[str, ...] = ()
     transport: str | None = None  # (None: LocalServers' default)
     step_socket: bool = True
-    hang_timeout: float | None = None  # (the server's --hang-timeout; None: LocalServers' default, 60 s)
+    # (the server's --hang-timeout, and the longest call of the check's worker process; None: LocalServers' default,
+    # 60 s; 0: never)
+    hang_timeout: float | None = None
     vectorization: str = "sync"  # (the server's --vectorization and --autoreset-mode: as the operator serves it)
     autoreset_mode: str = "NextStep"
 
@@ -92,9 +105,13 @@ _ENV_RAISED = BaseException
 
 
 def _ctrl_c(err: BaseException) -> None:
-    """Raise ``err`` on where it is a KeyboardInterrupt: the user's Ctrl-C, not the env's error."""
-    if isinstance(err, KeyboardInterrupt):
+    """Raise ``err`` on where it is a KeyboardInterrupt: the user's Ctrl-C, not the env's error (but in the check's
+    worker process, which no Ctrl-C reaches: there it is the env's own)."""
+    if isinstance(err, KeyboardInterrupt) and not _in_worker:
         raise err
+
+
+_in_worker = False  # (set in the check's worker process, see _serve)
 
 
 class _EnvRaised(Exception):
@@ -152,6 +169,291 @@ class _Collected(logging.Filter):
         return False
 
 
+# -- the check's worker process: where the env's own code runs on the check's side -----------------------------
+
+
+class _InProcessError(Exception):
+    """What the in-process side answered instead of a result: the env raised (``text``: "env 0's step raised
+    ..."), gymnasium's vector env refused what the envs gave (``misfit``: the env whose observation does not fit,
+    else None, and ``text``: the error), or the worker's process was lost (``lost``: killed by the env, or hung)."""
+
+    def __init__(self, kind: Literal["raised", "misfit", "lost"], text: str, misfit: str | None = None) -> None:
+        super().__init__(text)
+        self.kind, self.text, self.misfit = kind, text, misfit
+
+    def line(self, where: str, step: int | str, after: str = "") -> str:
+        """The failed line: ``where`` the vector env refused (its reset, its step ``step``), ``after`` an env's
+        error."""
+        if self.kind == "raised":
+            return f"in-process {self.text}{after}"
+        if self.kind == "misfit" and self.misfit is not None:
+            return self.misfit + (f" (at step {step})" if step else "")
+        return self.text if self.kind == "lost" else f"{where}: {self.text}"
+
+
+class _Worker:
+    """The check's worker process, where the env's own code runs on the check's side (the env checker's copy, the
+    in-process vector env), so that an env that ends its process (os._exit, a segfault) or hangs fails the check
+    with a line naming it, instead of ending the check or blocking it with no verdict. A fresh interpreter, as
+    multiprocessing's spawn starts one (but without the resource tracker that spawn starts too, a process of the
+    check's that would outlive the check), never a fork of this process, which holds gRPC channels. In a process group of its own: a terminal's
+    Ctrl-C is the check's, which kills the worker as it ends. Answers come back pickled (arrays, plain Python).
+
+    ``hang_timeout``: seconds a call may run (0: for ever), then the worker is killed, and the call fails."""
+
+    def __init__(self, hang_timeout: float) -> None:
+        self.hang_timeout = hang_timeout
+        self.lost: str | None = None  # (why the worker is gone)
+        self._doing: str | None = None  # (the call sent, not answered yet)
+        self._sent = 0.0
+        ours, theirs = socket.socketpair()
+        with theirs:
+            code = (
+                f"import sys; sys.path[:] = {sys.path!r}; from learner.check import _serve; _serve({theirs.fileno()})"
+            )
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, process_group=0
+            )
+        self._conn = Connection(ours.detach())
+
+    def __enter__(self) -> _Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._conn.close()  # (an idle worker ends on that)
+        if self._process.poll() is None and self._doing is None and self.lost is None and exc_info[0] is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(5.0)
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+
+    def ask(self, doing: str, command: str, *args: Any) -> Any:
+        """Run ``command`` in the worker (``doing``: what it does, in words) and return its answer; raises
+        _InProcessError."""
+        self.send(doing, command, *args)
+        return self.answer()
+
+    def send(self, doing: str, command: str, *args: Any) -> None:
+        if self.lost is not None:
+            raise _InProcessError("lost", self.lost)
+        try:
+            self._conn.send_bytes(pickle.dumps((command, args)))
+        except OSError:
+            self._doing = doing
+            self._gone()
+        self._doing, self._sent = doing, time.monotonic()
+
+    def answer(self) -> Any:
+        """The answer to the call sent (the worker killed, and _InProcessError raised, once it has run for longer
+        than ``hang_timeout``)."""
+        left = max(0.0, self._sent + self.hang_timeout - time.monotonic()) if self.hang_timeout else None
+        if not self._conn.poll(left):
+            self._process.kill()
+            self._process.wait()
+            self.lost = (
+                f"the env hung in the check's worker process: {self._doing} ran for longer than --hang-timeout "
+                f"{self.hang_timeout:g} s (the process killed)"
+            )
+            raise _InProcessError("lost", self.lost)
+        try:
+            kind, *answer = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            self._gone()
+        self._doing = None
+        if kind == "ok":
+            return answer[0]
+        raise _InProcessError(kind, *answer)
+
+    @property
+    def idle(self) -> bool:
+        """Whether the worker is there, and not running a call."""
+        return self.lost is None and self._doing is None
+
+    def _gone(self) -> NoReturn:
+        """The worker's process has ended (its end of the socket closed): why, as a failed line says it."""
+        try:
+            code = self._process.wait(5.0)
+        except subprocess.TimeoutExpired:  # (it closed the socket, but lives: ended by force)
+            self._process.kill()
+            code = self._process.wait()
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        if code < 0 and -code in signal.valid_signals():
+            how += f" ({signal.Signals(-code).name})"
+        self.lost = f"the env killed the check's worker process: {how} during {self._doing}"
+        raise _InProcessError("lost", self.lost)
+
+
+class _Reference:
+    """The in-process vector env in the worker, as the comparison calls it (answers: see _Here)."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+
+    def make(self, config: ServerConfig) -> None:
+        self.worker.ask("the build of the in-process vector env", "make", config)
+
+    def reset(self, **kwargs: Any) -> tuple[Any, ...]:
+        what = f"seed={kwargs['seed']!r}" if "seed" in kwargs else "options={'reset_mask': ...}"
+        return tuple(self.worker.ask(f"the in-process reset({what})", "reset", kwargs))
+
+    def step_async(self, actions: Any, which: str) -> None:
+        self.worker.send(f"the in-process {which}", "step", actions)
+
+    def step_wait(self) -> tuple[Any, ...]:
+        return tuple(self.worker.answer())
+
+    def timing(self) -> tuple[float, int]:
+        """The env's own steps: seconds in all, and how many."""
+        return tuple(self.worker.ask("the timing", "timing"))
+
+    def close(self) -> str | None:
+        """Close the in-process envs; what their close raised, in a line (None where it raised nothing, or where
+        the worker is gone or still busy: it is killed)."""
+        if not self.worker.idle:
+            return None
+        try:
+            return self.worker.ask("the in-process close", "close")
+        except _InProcessError:
+            return None
+
+
+class _Here:
+    """The worker's side: what each call does (answers ``("ok", value)``, else ``("raised", text)`` or
+    ``("misfit", text, misfit)``: see _InProcessError)."""
+
+    def __init__(self) -> None:
+        self.wrapped: list[_Timed] = []
+        self.local: gym.vector.VectorEnv | None = None
+
+    def build(self, config: ServerConfig) -> tuple[str, Any]:
+        """Check 1: the env built as the server builds it, and gymnasium's env checker on that copy: the server's
+        reason where the build fails, else the spaces, what the checker found, and what close raised."""
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                env = build_one_env(config)
+                try:
+                    from gymnasium.utils.env_checker import check_env
+
+                    check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
+                    stopped = None
+                except _ENV_RAISED as err:  # (an AssertionError of the checker's, or the env's own error)
+                    _ctrl_c(err)
+                    stopped = f"stopped: {type(err).__name__}: {_one_line(err)}"
+                closing = _closed(env)
+        except EnvBuildError as err:
+            return ("ok", str(err))
+        spaces = f"{_space(env.observation_space)} observations, {_space(env.action_space)} actions"
+        found = list(dict.fromkeys(_warning_text(w.message) for w in caught)) + ([stopped] if stopped else [])
+        return ("ok", (spaces, found, closing))
+
+    def make(self, config: ServerConfig) -> tuple[str, Any]:
+        def maker(index: int) -> Callable[[], gym.Env[Any, Any]]:
+            def make() -> gym.Env[Any, Any]:
+                env = _Timed(build_one_env(config), index)
+                self.wrapped.append(env)
+                return env
+
+            return make
+
+        with warnings.catch_warnings():  # (the env checker's said them once; gym.make's checker would again)
+            warnings.simplefilter("ignore")
+            # (infos widened as the server widens them, and the learner's --backend gym: gymnasium's own
+            # SyncVectorEnv casts an info key's values to its first env's type, FrozenLake's prob 0.333 to 0 after
+            # an int 1)
+            mode = gym.vector.AutoresetMode(config.autoreset_mode)
+            self.local = WideInfoSyncVectorEnv([maker(i) for i in range(config.num_envs)], autoreset_mode=mode)
+        return ("ok", None)
+
+    def reset(self, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        return self._call(lambda local: local.reset(**kwargs))
+
+    def step(self, actions: Any) -> tuple[Any, ...]:
+        return self._call(lambda local: local.step(actions))
+
+    def timing(self) -> tuple[str, Any]:
+        return ("ok", (sum(env.step_s for env in self.wrapped), sum(env.steps for env in self.wrapped)))
+
+    def close(self) -> tuple[str, Any]:
+        return ("ok", None if self.local is None else _closed(self.local))
+
+    def _call(self, call: Callable[[gym.vector.VectorEnv], Any]) -> tuple[Any, ...]:
+        assert self.local is not None  # (made first)
+        try:
+            return ("ok", call(self.local))
+        except _EnvRaised as err:
+            return ("raised", str(err))
+        except Exception as err:  # (gymnasium's vector env refusing what the envs gave: a ragged observation)
+            return ("misfit", f"{type(err).__name__}: {_one_line(err)}", _misfit(self.wrapped))
+
+
+def _serve(fd: int) -> None:
+    """The check's worker process (see _Worker): answers the calls that come on the socket ``fd`` until it closes
+    (or a close call), and ends where the check's process has gone without closing it (a hung env, say)."""
+    global _in_worker
+    _in_worker = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a Ctrl-C sent to its process group is the check's)
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
+    here, conn = _Here(), Connection(fd)
+    while True:
+        try:
+            command, args = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        try:
+            answer = getattr(here, command)(*args)
+        except BaseException as err:  # (nothing of the env's ends the worker but its process's own end)
+            answer = ("misfit", f"{type(err).__name__}: {_one_line(err)}", None)
+        conn.send_bytes(_pickled(answer))
+        if command == "close":
+            return
+
+
+def _end_with(parent: int) -> None:
+    """In the worker: end it once its parent (the check) has gone, whatever the env is doing."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _pickled(answer: tuple[Any, ...]) -> bytes:
+    """``answer`` pickled; a value that pickle cannot carry (an info's lock, say) as an _Unpicklable of its repr."""
+    try:
+        return pickle.dumps(answer)
+    except Exception:
+        return pickle.dumps(_picklable(answer))
+
+
+def _picklable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _picklable(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_picklable(item) for item in value)
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        out = np.empty(value.shape, dtype=object)
+        for index, item in np.ndenumerate(value):
+            out[index] = _picklable(item)
+        return out
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return _Unpicklable(repr(value)[:_REPR_CHARS], f"{type(value).__module__}.{type(value).__qualname__}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unpicklable:
+    """An in-process value that pickle cannot carry back from the worker: its repr, and its type's name (what the
+    comparison needs of it: the server sends such a value as its repr)."""
+
+    text: str
+    kind: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def server_config(options: CheckOptions) -> ServerConfig:
     """The config of the server ``options`` describe; raises ValueError (naming the option) for options the server
     refuses."""
@@ -176,35 +478,40 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
     config = server_config(options)
     result = CheckResult(on_line=on_line)
 
-    # 1. built as the server builds it, and gymnasium's env checker on that copy
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            env = build_one_env(config)
-            try:
-                from gymnasium.utils.env_checker import check_env
+    from learner.local import HANG_TIMEOUT_S
 
-                check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
-                stopped = None
-            except _ENV_RAISED as err:  # (an AssertionError of the checker's, or the env's own error)
-                _ctrl_c(err)
-                stopped = f"stopped: {type(err).__name__}: {_one_line(err)}"
-            closing = _closed(env)
-    except EnvBuildError as err:
-        result.add("build", "failed", str(err))
-        return result
-    spaces = f"{_space(env.observation_space)} observations, {_space(env.action_space)} actions"
-    result.add("build", "ok", f"{options.env} as the server builds it: {spaces}")
-    found = list(dict.fromkeys(_warning_text(w.message) for w in caught)) + ([stopped] if stopped else [])
-    for text in found:
-        result.add("env checker", "warning", text)
-    if not found:
-        result.add("env checker", "ok", "gymnasium's env checker found nothing")
-    if closing is not None:
-        result.add("close", "warning", f"the env's {closing}")
+    hang_timeout = HANG_TIMEOUT_S if options.hang_timeout is None else options.hang_timeout
+    with _Worker(hang_timeout) as worker:
+        # 1. built as the server builds it, and gymnasium's env checker on that copy (in the worker)
+        try:
+            built = worker.ask("the build and gymnasium's env checker", "build", config)
+        except _InProcessError as err:  # (the worker's process killed, or hung)
+            result.add("build", "failed", err.line("the build and gymnasium's env checker", ""))
+            return result
+        if isinstance(built, str):
+            result.add("build", "failed", built)
+            return result
+        spaces, found, closing = built
+        result.add("build", "ok", f"{options.env} as the server builds it: {spaces}")
+        for text in found:
+            result.add("env checker", "warning", text)
+        if not found:
+            result.add("env checker", "ok", "gymnasium's env checker found nothing")
+        if closing is not None:
+            result.add("close", "warning", f"the env's {closing}")
+        _serve_and_compare(options, config, worker, result, hang_timeout)
+    return result
 
-    # 2-6. one local server (the server's log lines kept) against an in-process SyncVectorEnv
-    from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, LocalServers, server_logger_name
+
+def _serve_and_compare(
+    options: CheckOptions,
+    config: ServerConfig,
+    worker: _Worker,
+    result: CheckResult,
+    hang_timeout: float,
+) -> None:
+    """Checks 2-6: one local server (its log lines kept) against the in-process vector env in ``worker``."""
+    from learner.local import DEFAULT_TRANSPORT, LocalServers, server_logger_name
     from learner.remote import RemoteVectorEnv
 
     server_args = [f"--max-episode-steps={options.max_episode_steps}"] if options.max_episode_steps else []
@@ -225,12 +532,12 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
                 log_format="json",  # (a record a line: a traceback in it, left out here)
                 restarts=0,
                 transport=options.transport or DEFAULT_TRANSPORT,
-                hang_timeout=HANG_TIMEOUT_S if options.hang_timeout is None else options.hang_timeout,
+                hang_timeout=hang_timeout,
             ) as servers,
             RemoteVectorEnv(servers.addresses, step_socket=options.step_socket) as remote,
         ):
             result.add("server", "ok", f"{options.num_envs} envs on {servers.addresses[0]}")
-            _compare(options, config, remote, result)
+            _compare(options, config, remote, _Reference(worker), result)
     except EnvFleetError as err:  # (the server's start, or a remote call: it names the server and the env)
         result.add("server", "failed", _one_line(err))
     finally:
@@ -242,38 +549,27 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
         result.add("server log", "warning", line)
     if not collected.lines:
         result.add("server log", "ok", "no warnings")
-    return result
 
 
-def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.VectorEnv, result: CheckResult) -> None:
-    """Checks 3-5: reproducibility, equivalence and timing of ``remote`` against ``config``'s envs in-process."""
+def _compare(
+    options: CheckOptions, config: ServerConfig, remote: gym.vector.VectorEnv, local: _Reference, result: CheckResult
+) -> None:
+    """Checks 3-5: reproducibility, equivalence and timing of ``remote`` against ``config``'s envs in-process (in
+    the check's worker process: ``local``)."""
     n = options.num_envs
-    wrapped: list[_Timed] = []
-
-    def maker(index: int) -> Callable[[], gym.Env[Any, Any]]:
-        def make() -> gym.Env[Any, Any]:
-            env = _Timed(build_one_env(config), index)
-            wrapped.append(env)
-            return env
-
-        return make
-
     mode = gym.vector.AutoresetMode(config.autoreset_mode)  # (the server's: compared step for step)
-    with warnings.catch_warnings():  # (the env checker's said them once; gym.make's checker would again)
-        warnings.simplefilter("ignore")
-        # (infos widened as the server widens them, and the learner's --backend gym: gymnasium's own SyncVectorEnv
-        # casts an info key's values to its first env's type, FrozenLake's prob 0.333 to 0 after an int 1)
-        local = WideInfoSyncVectorEnv([maker(i) for i in range(n)], autoreset_mode=mode)
     try:
         # 4. reproducibility, first: an env that is not reproducible cannot be compared value for value
         try:
+            local.make(config)
+        except _InProcessError as err:
+            result.add("equivalence", "failed", err.line("in-process SyncVectorEnv's build", ""))
+            return
+        try:
             first = local.reset(seed=options.seed)
             again = local.reset(seed=options.seed)
-        except _EnvRaised as err:
-            result.add("equivalence", "failed", f"in-process {err}")
-            return
-        except Exception as err:  # (gymnasium's vector env refusing what the envs gave: an info that is no dict)
-            result.add("equivalence", "failed", _misfit(wrapped, "in-process SyncVectorEnv's reset", "", err))
+        except _InProcessError as err:  # (gymnasium's vector env refusing what the envs gave: an info that is no dict)
+            result.add("equivalence", "failed", err.line("in-process SyncVectorEnv's reset", ""))
             return
         exact = _difference(first[0], again[0], "observation", exact=True, notes={}) is None
         if exact:
@@ -308,29 +604,31 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             while found is None and step < options.steps:
                 step += 1
                 actions = remote.action_space.sample()
-                # (served first: an env whose step hangs is ended by the server's --hang-timeout, a failed check;
-                # in-process first, it hung the check for ever)
+                # (both at once, the worker's step sent first (the actions pickled: a copy), the served one waited
+                # for first: an env whose step hangs is ended by the server's --hang-timeout, a failed check naming
+                # the server's log; the worker's by the same timeout, where it hangs in-process only)
+                local.step_async(actions, f"step {step}")
                 start = time.perf_counter()
                 try:
                     remote_out = remote.step(copy.deepcopy(actions))
                 except EnvCrashedError:  # (the env raised there: in-process, its error names its own exception)
-                    local.step(copy.deepcopy(actions))
+                    local.step_wait()
                     raise
                 remote_s += time.perf_counter() - start
-                local_out = local.step(copy.deepcopy(actions))
+                local_out = local.step_wait()
                 fields = ("observation", "reward", "terminated", "truncated", "info")
                 found = _first_difference(fields, local_out, remote_out, exact, notes)
                 _unusable(local_out[0], local_out[1], f"step {step}", unusable)
                 if found is None and mode is gym.vector.AutoresetMode.DISABLED:
                     found = _reset_ended(local, local_out, remote, remote_out, exact, notes)
-        except _EnvRaised as err:
-            result.add("equivalence", "failed", f"in-process {err} (at step {step} after reset(seed={options.seed}))")
+        except _InProcessError as err:  # (the env raised, or gymnasium's vector env refused what the envs gave)
+            where = f"in-process SyncVectorEnv at step {step}"
+            result.add(
+                "equivalence", "failed", err.line(where, step, f" (at step {step} after reset(seed={options.seed}))")
+            )
             return
         except EnvFleetError as err:  # (it names the server and the env)
             result.add("equivalence", "failed", f"served: {_one_line(err)} (at step {step})")
-            return
-        except Exception as err:  # (gymnasium's vector env refusing what the envs gave: a ragged observation)
-            result.add("equivalence", "failed", _misfit(wrapped, f"in-process SyncVectorEnv at step {step}", step, err))
             return
         for key, what in notes.items():
             result.add("equivalence", "warning", f"info key {key!r}: {what} (README: Your own env)")
@@ -350,8 +648,12 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
         result.add("equivalence", "ok", f"{step} steps x {n} envs: observations, rewards, flags and infos {how}")
 
         # 5. timing
-        env_steps = sum(env.steps for env in wrapped) or 1
-        own_us = 1e6 * sum(env.step_s for env in wrapped) / env_steps
+        try:
+            own_s, env_steps = local.timing()
+        except _InProcessError as err:
+            result.add("timing", "failed", err.line("in-process SyncVectorEnv's timing", ""))
+            return
+        own_us = 1e6 * own_s / (env_steps or 1)
         remote_us = 1e6 * remote_s / (max(step, 1) * n)
         if own_us < remote_us / 2:
             advice = "a fast env, the round trip is most of it: more envs per server (--num-envs)"
@@ -364,13 +666,13 @@ def _compare(options: CheckOptions, config: ServerConfig, remote: gym.vector.Vec
             f"({n} envs on 1 server): {advice}",
         )
     finally:
-        closing = _closed(local)
+        closing = local.close()
         if closing is not None:
             result.add("close", "warning", f"the in-process envs' {closing}")
 
 
 def _reset_ended(
-    local: gym.vector.VectorEnv,
+    local: _Reference,
     local_out: tuple[Any, ...],
     remote: gym.vector.VectorEnv,
     remote_out: tuple[Any, ...],
@@ -423,15 +725,15 @@ def _unusable(obs: Any, rewards: np.ndarray | None, when: str, found: dict[str, 
         found["reward"] = f"reward of env {env} at {when} is {rewards[env]}: learner train and eval stop on it"
 
 
-def _misfit(envs: list[_Timed], where: str, step: int | str, err: Exception) -> str:
-    """What failed the in-process vector env (``where``: its reset, or ``step``) with ``err``: the first env whose
-    last observation does not fit its space, named as ``--backend gym`` names it, else ``err`` itself."""
+def _misfit(envs: list[_Timed]) -> str | None:
+    """What failed the in-process vector env where it refused what the envs gave: the first env whose last
+    observation does not fit its space, named as ``--backend gym`` names it; None where none is found."""
     for env in envs:
         obs, method = env.last
         message = misfit_message(obs, env.observation_space, env.index, method, in_process=True) if method else None
         if message is not None:
-            return message + (f" (at step {step})" if step else "")
-    return f"{where}: {type(err).__name__}: {_one_line(err)}"
+            return message
+    return None
 
 
 def _closed(env: gym.Env[Any, Any] | gym.vector.VectorEnv) -> str | None:
@@ -488,7 +790,7 @@ def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) 
         return None
     as_repr = isinstance(b, str | np.str_) and not (isinstance(a, str) and _unicode(a)) and a is not None
     if as_repr and (not exact or str(b) == repr(a)[:_REPR_CHARS]):
-        kind = f"{type(a).__module__}.{type(a).__qualname__}"
+        kind = a.kind if isinstance(a, _Unpicklable) else f"{type(a).__module__}.{type(a).__qualname__}"
         notes.setdefault(_info_key(where), f"a {kind} comes as its repr string")
         return None
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):

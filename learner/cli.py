@@ -56,7 +56,7 @@ from learner.errors import (
 )
 from learner.fleet import FleetChange, describe_change
 from learner.interrupts import interrupts_held
-from learner.local import DEFAULT_TRANSPORT, crowding, raise_fd_limit
+from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, crowding, raise_fd_limit
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import (
     BEST_CHECKPOINT,
@@ -222,6 +222,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             step_socket=args.step_socket,
             vectorization=args.vectorization,
             autoreset_mode=args.autoreset_mode,
+            hang_timeout=args.hang_timeout,
         )
         server_config(options)
     except ValueError as err:  # (the options only: a ValueError the env raised is a failed check, no usage error)
@@ -1520,6 +1521,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--wrappers", default="auto", metavar="NAMES", help=docs["wrappers"] + " (default: auto)")
     add_stepping_option(check, "vectorization")  # (as env-server takes them: the modes an operator serves)
     add_stepping_option(check, "autoreset_mode")
+    check.add_argument(
+        "--hang-timeout",
+        type=number(0, unit="seconds"),
+        default=HANG_TIMEOUT_S,
+        metavar="S",
+        help="an env call that runs this many seconds fails the check: on the server (env-server --hang-timeout: a "
+        "step or a reset), and in-process (the build and gymnasium's env checker, a reset or a step: their process "
+        "is killed); 0: never (default: %(default)g)",
+    )
     _add_local_server_options(check, "server", "its step socket")
     check.set_defaults(func=cmd_check, parser=check)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -212,6 +213,39 @@ class ResetTakesNoKeywords(Base):
 class ResetTakesNoOptions(Base):
     def reset(self, seed: int | None = None) -> Any:  # type: ignore[override]
         return super().reset(seed=seed)
+
+
+class FailsInProcess(Base):
+    """Served (a server's process: its argv has --parent-pid), a Base; elsewhere (a learner's, or learner check's
+    worker) ``how`` at step ``at`` of its life, or in every reset with ``at`` 0: "segfault" (reads address 0),
+    "exit" (os._exit(7)) or "hang" (never returns)."""
+
+    def __init__(self, how: str = "segfault", at: int = 10) -> None:
+        super().__init__()
+        self.how, self.at, self.steps = how, at, 0
+        self.served = "--parent-pid" in sys.argv
+
+    def _fail(self) -> None:
+        if self.served:
+            return
+        if self.how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        if self.how == "exit":
+            os._exit(7)
+        threading.Event().wait()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        if self.at == 0:
+            self._fail()
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == self.at:
+            self._fail()
+        return super().step(action)
 
 
 class ExitsOrHangs(Base):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import selectors
@@ -167,7 +168,8 @@ def test_ctrl_c_in_an_env_that_hangs_shows_the_lines_found_and_leaves_no_server(
     finally:
         check.kill()
     assert check.returncode in (-signal.SIGINT, 130) and "Traceback" not in err and "aborted" in err, err
-    assert servers and not any(Path(f"/proc/{pid}").exists() for pid in servers)
+    assert len(servers) >= 2, servers  # (the server, and the check's worker process: its env hangs there too)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in servers)
 
 
 def test_nan_observations_and_rewards_pass_with_a_warning_that_training_stops_on_them(
@@ -258,3 +260,45 @@ def test_check_takes_the_servers_stepping_options_as_env_server_does() -> None:
         ours = next(a for a in check._actions if flag in a.option_strings)
         theirs = next(a for a in server_parser()._actions if flag in a.option_strings)
         assert (ours.choices, ours.default, ours.help) == (theirs.choices, theirs.default, theirs.help), flag
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"how": "segfault"},
+            "failed   equivalence:      the env killed the check's worker process: signal 11 (SIGSEGV) during the "
+            "in-process step 11",
+        ),
+        (
+            {"how": "exit"},
+            "failed   equivalence:      the env killed the check's worker process: exit code 7 during the in-process "
+            "step 11",
+        ),
+        (
+            {"how": "hang"},
+            "failed   equivalence:      the env hung in the check's worker process: the in-process step 11 ran for "
+            "longer than --hang-timeout 2 s (the process killed)",
+        ),
+        (
+            {"how": "hang", "at": 0},  # (in every reset: gymnasium's env checker's first)
+            "failed   build:            the env hung in the check's worker process: the build and gymnasium's env "
+            "checker ran for longer than --hang-timeout 2 s (the process killed)",
+        ),
+        (
+            {"how": "segfault", "at": 0},
+            "failed   build:            the env killed the check's worker process: signal 11 (SIGSEGV) during the "
+            "build and gymnasium's env checker",
+        ),
+    ],
+)
+def test_an_env_that_kills_or_hangs_the_checks_own_side_fails_the_check_with_its_verdict(
+    capsys: pytest.CaptureFixture[str], kwargs: dict[str, object], expected: str
+) -> None:
+    """The env checker and the in-process vector env run in a worker process: an env that ends its process (a
+    segfault, os._exit) or hangs there ended the check with no verdict, or blocked it. (FailsInProcess does so
+    in-process only: served, it steps on, so the worker's line is the one that fails.)"""
+    env = "tests.misbehaving_envs:FailsInProcess"
+    status, out = _check(capsys, "--env", env, "--env-kwargs", json.dumps(kwargs), "--hang-timeout", "2")
+    assert status == 1 and expected in out, out
+    assert out.splitlines()[-1] == f"{env}: FAILED (0 warnings)"
