@@ -237,12 +237,9 @@ class _Worker:
     def send(self, doing: str, command: str, *args: Any) -> None:
         if self.lost is not None:
             raise _InProcessError("lost", self.lost)
-        try:
-            self._conn.send_bytes(pickle.dumps((command, args)))
-        except OSError:
-            self._doing = doing
-            self._gone()
         self._doing, self._sent = doing, time.monotonic()
+        with contextlib.suppress(OSError):  # (the worker gone: answer() says why)
+            self._conn.send_bytes(pickle.dumps((command, args)))
 
     def answer(self) -> Any:
         """The answer to the call sent (the worker killed, and _InProcessError raised, once it has run for longer
@@ -482,25 +479,32 @@ def run_check(options: CheckOptions, on_line: Callable[[CheckLine], None] | None
 
     hang_timeout = HANG_TIMEOUT_S if options.hang_timeout is None else options.hang_timeout
     with _Worker(hang_timeout) as worker:
-        # 1. built as the server builds it, and gymnasium's env checker on that copy (in the worker)
-        try:
-            built = worker.ask("the build and gymnasium's env checker", "build", config)
-        except _InProcessError as err:  # (the worker's process killed, or hung)
-            result.add("build", "failed", err.line("the build and gymnasium's env checker", ""))
-            return result
-        if isinstance(built, str):
-            result.add("build", "failed", built)
-            return result
-        spaces, found, closing = built
-        result.add("build", "ok", f"{options.env} as the server builds it: {spaces}")
-        for text in found:
-            result.add("env checker", "warning", text)
-        if not found:
-            result.add("env checker", "ok", "gymnasium's env checker found nothing")
-        if closing is not None:
-            result.add("close", "warning", f"the env's {closing}")
+        # 1. built as the server builds it, and gymnasium's env checker on that copy (in the worker, while the server
+        # starts: its lines come first all the same)
+        worker.send("the build and gymnasium's env checker", "build", config)
         _serve_and_compare(options, config, worker, result, hang_timeout)
     return result
+
+
+def _built(options: CheckOptions, worker: _Worker, result: CheckResult) -> bool:
+    """Check 1's lines, from the worker's answer to its build call; whether the env was built."""
+    try:
+        built = worker.answer()
+    except _InProcessError as err:  # (the worker's process killed, or hung)
+        result.add("build", "failed", err.line("the build and gymnasium's env checker", ""))
+        return False
+    if isinstance(built, str):
+        result.add("build", "failed", built)
+        return False
+    spaces, found, closing = built
+    result.add("build", "ok", f"{options.env} as the server builds it: {spaces}")
+    for text in found:
+        result.add("env checker", "warning", text)
+    if not found:
+        result.add("env checker", "ok", "gymnasium's env checker found nothing")
+    if closing is not None:
+        result.add("close", "warning", f"the env's {closing}")
+    return True
 
 
 def _serve_and_compare(
@@ -510,7 +514,8 @@ def _serve_and_compare(
     result: CheckResult,
     hang_timeout: float,
 ) -> None:
-    """Checks 2-6: one local server (its log lines kept) against the in-process vector env in ``worker``."""
+    """Checks 2-6: one local server (its log lines kept) against the in-process vector env in ``worker``, whose
+    build call (check 1) is answered once the server has started."""
     from learner.local import DEFAULT_TRANSPORT, LocalServers, server_logger_name
     from learner.remote import RemoteVectorEnv
 
@@ -520,6 +525,7 @@ def _serve_and_compare(
     collected = _Collected()
     server_log = logging.getLogger(server_logger_name(0))
     server_log.addFilter(collected)
+    building = True  # (the worker's build call not answered yet)
     try:
         with (
             LocalServers(
@@ -536,9 +542,14 @@ def _serve_and_compare(
             ) as servers,
             RemoteVectorEnv(servers.addresses, step_socket=options.step_socket) as remote,
         ):
+            if not _built(options, worker, result):  # (the server's lines, of an env that cannot be built: none)
+                return
+            building = False
             result.add("server", "ok", f"{options.num_envs} envs on {servers.addresses[0]}")
             _compare(options, config, remote, _Reference(worker), result)
     except EnvFleetError as err:  # (the server's start, or a remote call: it names the server and the env)
+        if building and not _built(options, worker, result):
+            return
         result.add("server", "failed", _one_line(err))
     finally:
         server_log.removeFilter(collected)
