@@ -302,3 +302,20 @@ def test_an_env_that_kills_or_hangs_the_checks_own_side_fails_the_check_with_its
     status, out = _check(capsys, "--env", env, "--env-kwargs", json.dumps(kwargs), "--hang-timeout", "2")
     assert status == 1 and expected in out, out
     assert out.splitlines()[-1] == f"{env}: FAILED (0 warnings)"
+
+
+def test_a_value_pickle_cannot_carry_back_from_the_worker_comes_as_its_repr() -> None:
+    """The worker's answers are pickled: a value that cannot be (a lock in an info) comes as its repr and type, as the
+    server sends it, so the comparison says what it says of it in-process (README: Your own env)."""
+    import pickle
+    import threading
+
+    from learner.check import _pickled
+
+    lock = threading.Lock()
+    answer = pickle.loads(_pickled(("ok", ({"lock": lock, "n": np.arange(2)}, {}))))
+    assert repr(answer[1][0]["lock"]) == repr(lock) and answer[1][0]["lock"].kind == "_thread.lock"
+    assert (answer[1][0]["n"] == np.arange(2)).all()
+    notes: dict[str, str] = {}
+    assert _difference(answer[1][0]["lock"], repr(lock), "info['lock']", True, notes) is None
+    assert notes == {"lock": "a _thread.lock comes as its repr string"}
