@@ -15,8 +15,10 @@ __all__ = [
     "CodecError",
     "UnsupportedSpaceError",
     "Unsendable",
+    "MAX_COMPACT_BOX_BYTES",
     "AUTORESET_TO_PROTO",
     "AUTORESET_FROM_PROTO",
+    "compact_bounds",
     "MAX_STRING_ARRAY_BYTES",
     "MAX_VALUE_NODES",
     "Path",
@@ -590,8 +592,14 @@ def _checked_shape(shape: Any, count: int, where: Where) -> tuple[int, ...]:
 _INT64 = np.iinfo(np.int64)  # (DiscreteSpace's n and start)
 
 
-def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str = "space") -> pb.Space:
-    """The message describing ``space`` in full; UnsupportedSpaceError for spaces we do not carry."""
+def encode_space(
+    space: gym.Space[Any], out: pb.Space | None = None, where: str = "space", *, compact: bool = False
+) -> pb.Space:
+    """The message describing ``space`` in full; UnsupportedSpaceError for spaces we do not carry.
+
+    ``compact``: a Box's bounds (and unbounded masks) that hold one value in every element go as that
+    value with the Box's shape (BoxSpace.shape), for a peer that said it reads them so
+    (GetSpecRequest.accepts_compact_bounds): a camera's bounds take bytes, not twice a frame's."""
     out = pb.Space() if out is None else out
     if isinstance(space, gym.spaces.Discrete | gym.spaces.Box | gym.spaces.MultiDiscrete):
         # (a dtype the wire has no code for, float128 say: the space cannot be carried, as a Text space cannot)
@@ -609,12 +617,17 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
         out.discrete.n, out.discrete.start = n, start
         out.discrete.dtype = _dtype_code(space.dtype, where)
     elif isinstance(space, gym.spaces.Box):
-        encode_tensor(space.low, out.box.low, f"{where}.low")
-        encode_tensor(space.high, out.box.high, f"{where}.high")
+        fields = [("low", space.low), ("high", space.high)]
         if space.dtype.kind != "f":  # (an integer Box made with infinite bounds: its bounds cannot say so)
             for name, bounded in (("unbounded_below", space.bounded_below), ("unbounded_above", space.bounded_above)):
                 if not bounded.all():
-                    encode_tensor(~bounded, getattr(out.box, name), f"{where}.{name}")
+                    fields.append((name, ~bounded))
+        for name, array in fields:
+            # (a Box of one element or none is sent as it is: nothing to save, and no shape to send)
+            one = _one_value(array) if compact and array.size > 1 else None
+            encode_tensor(array if one is None else one, getattr(out.box, name), f"{where}.{name}")
+            if one is not None:
+                out.box.shape[:] = space.shape
     elif isinstance(space, gym.spaces.MultiDiscrete):
         encode_tensor(space.nvec, out.multi_discrete.nvec, f"{where}.nvec")
         encode_tensor(space.start, out.multi_discrete.start, f"{where}.start")
@@ -624,7 +637,7 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
     elif isinstance(space, gym.spaces.Tuple):
         out.tuple.SetInParent()
         for i, sub in enumerate(space.spaces):
-            encode_space(sub, out.tuple.spaces.add(), f"{where}[{i}]")
+            encode_space(sub, out.tuple.spaces.add(), f"{where}[{i}]", compact=compact)
     elif isinstance(space, gym.spaces.Dict):
         out.dict.SetInParent()
         for key, sub in space.spaces.items():
@@ -634,7 +647,7 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
                     "spaces whose keys are str"
                 )
             out.dict.keys.append(key)
-            encode_space(sub, out.dict.spaces.add(), f"{where}[{key!r}]")
+            encode_space(sub, out.dict.spaces.add(), f"{where}[{key!r}]", compact=compact)
     else:
         raise UnsupportedSpaceError(
             f"{where}: {space} ({type(space).__name__}) is not supported; envfleet carries Discrete, Box, "
@@ -643,8 +656,72 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None, where: str 
     return out
 
 
+def _one_value(array: np.ndarray) -> np.ndarray | None:
+    """``array``'s one value, as an array of shape (), where every element has the same bits (so -0.0 and 0.0
+    differ, and a NaN is the same as the same NaN only: the value sent is each element's, bit for bit); None
+    otherwise, or for an empty array."""
+    flat = array.reshape(-1)
+    if not flat.size:
+        return None
+    bits = flat.view(f"u{flat.dtype.itemsize}")  # (bool, ints, floats: 1, 2, 4 or 8 bytes an element)
+    if not (bits == bits[0]).all():
+        return None
+    return flat[:1].reshape(())
+
+
+_BOX_FIELDS = ("low", "high", "unbounded_below", "unbounded_above")
+
+
+def compact_bounds(msg: pb.Space) -> pb.Space:
+    """A copy of ``msg`` whose Boxes send compact what :func:`encode_space` with ``compact`` would (bounds and
+    masks of one value in every element, as that value, with the Box's shape): the same message whichever form
+    the server sent, so that the spaces of two servers (one older than compact bounds, one not) compare as
+    their spaces do. A Box this side cannot read, or whose fields disagree, stays as it came."""
+    out = pb.Space()
+    out.CopyFrom(msg)
+    _compact_in_place(out)
+    return out
+
+
+def _compact_in_place(msg: pb.Space) -> None:
+    kind = msg.WhichOneof("kind")
+    if kind == "tuple":
+        for sub in msg.tuple.spaces:
+            _compact_in_place(sub)
+    elif kind == "dict":
+        for sub in msg.dict.spaces:
+            _compact_in_place(sub)
+    elif kind == "box" and not msg.box.shape:
+        box = msg.box
+        try:
+            arrays = {name: decode_tensor(getattr(box, name)) for name in _BOX_FIELDS if box.HasField(name)}
+        except CodecError:
+            return
+        shapes = {array.shape for array in arrays.values()}
+        if len(shapes) != 1 or "low" not in arrays or arrays["low"].size <= 1:
+            return
+        for name, array in arrays.items():
+            one = _one_value(array)
+            if one is not None:
+                encode_tensor(one, getattr(box, name))
+                box.shape[:] = array.shape
+
+
+# Compact Boxes of one space may take at most this many bytes, a bound's worth, once made full (what the
+# learner's gymnasium Box holds, twice): a few bytes on the wire could otherwise ask for 2**31 float64s (16
+# GB) a bound. More than this is more than any message carries of the space's samples (an observation,
+# an action), so no env that could be served is refused.
+MAX_COMPACT_BOX_BYTES = MAX_MESSAGE_BYTES
+
+
 def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
-    """The gymnasium space a ``Space`` message describes."""
+    """The gymnasium space a ``Space`` message describes, its Boxes' bounds at full shape or compact
+    (see :func:`encode_space`); CodecError naming the field for one that does not describe a space."""
+    return _decode_space(msg, where, [MAX_COMPACT_BOX_BYTES])
+
+
+def _decode_space(msg: pb.Space, where: str, room: list[int]) -> gym.Space[Any]:
+    """:func:`decode_space`; ``room``: the bytes that compact Boxes of the space may still take made full."""
     kind = msg.WhichOneof("kind")
     try:
         if kind == "discrete":
@@ -657,22 +734,7 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
                 )
             return gym.spaces.Discrete(d.n, start=d.start, dtype=dtype)
         if kind == "box":
-            low = decode_tensor(msg.box.low, f"{where}.low", expected="the Box's lower bounds, of its shape and dtype")
-            high = decode_tensor(msg.box.high, f"{where}.high", expected="the Box's upper bounds, as low")
-            box = gym.spaces.Box(low=low, high=high, dtype=low.dtype)
-            for name in ("unbounded_below", "unbounded_above"):
-                if msg.box.HasField(name):  # (an integer Box made with infinite bounds)
-                    mask = decode_tensor(
-                        getattr(msg.box, name), f"{where}.{name}", expected=f"a bool array of shape {list(low.shape)}"
-                    )
-                    if mask.dtype != np.bool_ or mask.shape != low.shape:
-                        raise CodecError(
-                            f"{where}.{name}: expected a bool array of shape {list(low.shape)}, got "
-                            f"{mask.dtype} of shape {list(mask.shape)}"
-                        )
-                    bounded = "bounded_below" if name == "unbounded_below" else "bounded_above"
-                    setattr(box, bounded, getattr(box, bounded) & ~mask)
-            return box
+            return _decode_box(msg.box, where, room)
         if kind == "multi_discrete":
             nvec = decode_tensor(
                 msg.multi_discrete.nvec,
@@ -688,10 +750,11 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
             flat = msg.multi_binary.flat and len(shape) == 1
             return gym.spaces.MultiBinary(shape[0] if flat else shape)
         if kind == "tuple":
-            return gym.spaces.Tuple([decode_space(s, f"{where}[{i}]") for i, s in enumerate(msg.tuple.spaces)])
+            return gym.spaces.Tuple([_decode_space(s, f"{where}[{i}]", room) for i, s in enumerate(msg.tuple.spaces)])
         if kind == "dict":
             pairs = [
-                (k, decode_space(s, f"{where}[{k!r}]")) for k, s in zip(msg.dict.keys, msg.dict.spaces, strict=False)
+                (k, _decode_space(s, f"{where}[{k!r}]", room))
+                for k, s in zip(msg.dict.keys, msg.dict.spaces, strict=False)
             ]
             return gym.spaces.Dict(dict(pairs), sort_keys=False)
     except CodecError:
@@ -699,6 +762,59 @@ def decode_space(msg: pb.Space, where: str = "space") -> gym.Space[Any]:
     except (ValueError, TypeError, AssertionError) as err:
         raise CodecError(f"{where}: invalid {kind} space: {err}") from err
     raise CodecError(_empty_oneof(msg, where, "space"))
+
+
+def _decode_box(box: pb.BoxSpace, where: str, room: list[int]) -> gym.spaces.Box:
+    """The Box a ``BoxSpace`` describes, each field at full shape or compact (shape [], with ``box.shape``)."""
+    low = decode_tensor(box.low, f"{where}.low", expected="the Box's lower bounds, of its shape and dtype")
+    high = decode_tensor(box.high, f"{where}.high", expected="the Box's upper bounds, as low")
+    masks = {
+        name: decode_tensor(getattr(box, name), f"{where}.{name}", expected="a bool array of the Box's shape")
+        for name in ("unbounded_below", "unbounded_above")
+        if box.HasField(name)  # (an integer Box made with infinite bounds)
+    }
+    fields = {"low": low, "high": high, **masks}
+    if box.shape:
+        shape = tuple(box.shape)
+        count = _element_count(shape, where)  # (its errors name f"{where}.shape")
+        need = count * low.dtype.itemsize
+        if need > room[0]:
+            left = "" if room[0] == MAX_COMPACT_BOX_BYTES else f" (only {room[0]:,} are left of them)"
+            raise CodecError(
+                f"{where}.shape: {list(shape)} of {low.dtype.newbyteorder('=')} would take {need:,} bytes a bound; "
+                f"expected compact Boxes of at most {MAX_COMPACT_BOX_BYTES:,} bytes in one space{left}, more "
+                "than a message can carry of its samples"
+            )
+        room[0] -= need
+        for name, array in fields.items():
+            if array.ndim == 0:  # (compact: one value for every element)
+                fields[name] = np.full(shape, array, dtype=array.dtype)
+            elif array.shape != shape:
+                raise CodecError(
+                    f"{where}.{name}: expected shape {list(shape)} (the Box's, BoxSpace.shape) or [] (one value for "
+                    f"every element), got {list(array.shape)}"
+                )
+    else:
+        compact = [name for name, array in fields.items() if array.ndim == 0]
+        full = [name for name, array in fields.items() if array.ndim != 0]
+        if compact and full:
+            raise CodecError(
+                f"{where}.shape: not set, but {compact[0]} is one value (shape [], compact) and {full[0]} has shape "
+                f"{list(fields[full[0]].shape)}; expected the Box's shape beside a compact bound"
+            )
+    shape = fields["low"].shape
+    for name in masks:
+        mask = fields[name]
+        if mask.dtype != np.bool_ or mask.shape != shape:
+            raise CodecError(
+                f"{where}.{name}: expected a bool array of shape {list(shape)}, got {mask.dtype} of shape "
+                f"{list(mask.shape)}"
+            )
+    space = gym.spaces.Box(low=fields["low"], high=fields["high"], dtype=low.dtype)
+    for name in masks:
+        bounded = "bounded_below" if name == "unbounded_below" else "bounded_above"
+        setattr(space, bounded, getattr(space, bounded) & ~fields[name])
+    return space
 
 
 # (the proto's "(gymnasium's default is int64)" read as optional to one server's author: it is not)

@@ -97,6 +97,11 @@ def test_space_and_samples_round_trip(space: gym.Space[Any], seed: int) -> None:
     assert decoded == space
     assert type(decoded) is type(space)
     assert repr(_boundedness(decoded)) == repr(_boundedness(space))  # (which sample() draws from)
+    # Compact bounds (uniform ones as one value): the same space, and the message a full one compacts to.
+    compact = codec.encode_space(space, compact=True)
+    assert codec.compact_bounds(msg) == compact
+    from_compact = codec.decode_space(pb.Space.FromString(compact.SerializeToString()))
+    assert from_compact == space and repr(_boundedness(from_compact)) == repr(_boundedness(space))
     space.seed(seed)
     sample = space.sample()
     assert_same(roundtrip(sample), sample)
@@ -411,3 +416,151 @@ def test_object_and_string_arrays_of_two_dimensions_keep_their_shape() -> None:
     strings = np.array([["ab", "cde"], ["", "f"]])
     back = roundtrip({"s": strings})["s"]
     assert back.shape == (2, 2) and back.tolist() == strings.tolist()
+
+
+# Boxes of every kind of bounds: (space, which of low/high/unbounded_below/unbounded_above go compact)
+_BOUNDS: list[tuple[str, gym.spaces.Box, set[str]]] = [
+    ("uint8 image", gym.spaces.Box(0, 255, (48, 64, 3), np.uint8), {"low", "high"}),
+    ("float infinities", gym.spaces.Box(-np.inf, np.inf, (5,), np.float32), {"low", "high"}),
+    ("float per element", gym.spaces.Box(np.array([-1.0, -2.0]), np.array([1.0, np.inf]), dtype=np.float64), set()),
+    ("float high only", gym.spaces.Box(np.array([-1.0, -2.0], np.float16), 3.0, (2,), np.float16), {"high"}),
+    ("float -0.0 and 0.0", gym.spaces.Box(np.array([0.0, -0.0], np.float32), 1.0, (2,), np.float32), {"high"}),
+    (
+        "int unbounded everywhere",
+        gym.spaces.Box(-np.inf, np.inf, (2, 3), np.int32),
+        {"low", "high", "unbounded_below", "unbounded_above"},
+    ),
+    (
+        "int unbounded in one element",
+        gym.spaces.Box(np.array([-np.inf, 0, 0]), np.inf, (3,), np.int64),
+        {"high", "unbounded_above"},
+    ),
+    ("int per element", gym.spaces.Box(np.array([0, 1]), np.array([5, 5]), dtype=np.int16), {"high"}),
+    ("bool", gym.spaces.Box(0, 1, (2, 2), cast(Any, np.bool_)), {"low", "high"}),
+    ("uint64", gym.spaces.Box(0, 2**64 - 1, (3,), np.uint64), {"low", "high"}),
+    ("one element", gym.spaces.Box(0, 255, (1, 1), np.uint8), set()),
+    ("shape ()", gym.spaces.Box(-1.0, 1.0, (), np.float32), set()),
+    ("no element", gym.spaces.Box(0.0, 1.0, (0, 3), np.float32), set()),
+]
+
+
+def _assert_same_box(got: gym.spaces.Box, want: gym.spaces.Box) -> None:
+    """gymnasium's == compares bounds with allclose, and not bounded_below/above: every part, exactly."""
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    for name in ("low", "high", "bounded_below", "bounded_above"):
+        mine, theirs = getattr(got, name), getattr(want, name)
+        assert mine.dtype == theirs.dtype and mine.tobytes() == theirs.tobytes(), name
+
+
+@pytest.mark.parametrize(("space", "compact"), [b[1:] for b in _BOUNDS], ids=[b[0] for b in _BOUNDS])
+def test_a_box_decodes_the_same_from_full_and_compact_bounds(space: gym.spaces.Box, compact: set[str]) -> None:
+    full = codec.encode_space(space)
+    assert not full.box.shape and full == codec.encode_space(space, compact=False)
+    sent = codec.encode_space(space, compact=True)
+    sent_compact = {name for name in codec._BOX_FIELDS if sent.box.HasField(name) and not getattr(sent.box, name).shape}
+    assert (sent_compact if sent.box.shape else set()) == compact
+    assert list(sent.box.shape) == (list(space.shape) if compact else [])
+    assert sent == full if not compact else sent.ByteSize() < full.ByteSize()
+    for msg in (full, sent):
+        decoded = codec.decode_space(pb.Space.FromString(msg.SerializeToString()))
+        assert isinstance(decoded, gym.spaces.Box)
+        _assert_same_box(decoded, space)
+    assert codec.compact_bounds(full) == sent
+
+
+def test_dict_and_tuple_spaces_send_their_boxes_compact_and_decode_the_same() -> None:
+    space = gym.spaces.Dict(
+        {
+            "camera": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+            "nested": gym.spaces.Tuple(
+                (
+                    gym.spaces.Box(np.array([0.0, 1.0], np.float32), 2.0, (2,)),
+                    gym.spaces.Discrete(3),
+                    gym.spaces.MultiBinary(2),
+                )
+            ),
+        }
+    )
+    sent = codec.encode_space(space, compact=True)
+    camera, nested = sent.dict.spaces
+    assert list(camera.box.shape) == [8, 8, 3] and not camera.box.low.shape and not camera.box.high.shape
+    assert list(nested.tuple.spaces[0].box.shape) == [2] and list(nested.tuple.spaces[0].box.low.shape) == [2]
+    decoded = codec.decode_space(sent)
+    assert decoded == space
+    assert isinstance(decoded, gym.spaces.Dict)
+    _assert_same_box(decoded["camera"], space["camera"])  # type: ignore[arg-type]
+    assert codec.compact_bounds(codec.encode_space(space)) == sent
+
+
+def _compact_box() -> pb.Space:
+    return codec.encode_space(gym.spaces.Box(-np.inf, np.inf, (2, 3), np.int32), compact=True)
+
+
+def _set_shape(dims: list[int]) -> Any:
+    def change(msg: pb.Space) -> None:
+        msg.box.shape[:] = dims
+
+    return change
+
+
+def _full_high(msg: pb.Space) -> None:
+    codec.encode_tensor(np.full((2, 3), 7, np.int32), msg.box.high)
+
+
+def _no_shape_full_high(msg: pb.Space) -> None:
+    _full_high(msg)
+    msg.box.ClearField("shape")
+
+
+def _other_full_high(msg: pb.Space) -> None:
+    codec.encode_tensor(np.full((3, 2), 7, np.int32), msg.box.high)
+
+
+def _mask_of_ints(msg: pb.Space) -> None:
+    codec.encode_tensor(np.array(1, np.int8), msg.box.unbounded_below)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (_set_shape([2, -3]), r"space\.shape: dimensions must be >= 0, got \[2, -3\]"),
+        (_set_shape([1] * 33), r"space\.shape: expected at most 32 dimensions, got 33"),
+        (_set_shape([2**20, 2**20]), r"space\.shape: \[1048576, 1048576\] is too large \(its nonzero dimensions"),
+        (
+            _set_shape([2**14, 2**14]),
+            r"space\.shape: \[16384, 16384\] of int32 would take 1,073,741,824 bytes a bound; expected compact Boxes "
+            r"of at most 67,108,864 bytes in one space, more than a message can carry of its samples",
+        ),
+        (
+            _other_full_high,
+            r"space\.high: expected shape \[2, 3\] \(the Box's, BoxSpace\.shape\) or \[\] \(one value for every "
+            r"element\), got \[3, 2\]",
+        ),
+        (
+            _no_shape_full_high,
+            r"space\.shape: not set, but low is one value \(shape \[\], compact\) and high has shape \[2, 3\]; "
+            r"expected the Box's shape beside a compact bound",
+        ),
+        (_mask_of_ints, r"space\.unbounded_below: expected a bool array of shape \[2, 3\], got int8 of shape \[2, 3\]"),
+    ],
+    ids=["negative", "too many dims", "element overflow", "over 64 MiB", "disagreeing", "shape missing", "mask dtype"],
+)
+def test_a_malformed_compact_box_is_refused_naming_the_field(change: Any, error: str) -> None:
+    msg = _compact_box()
+    assert codec.decode_space(msg) == gym.spaces.Box(-np.inf, np.inf, (2, 3), np.int32)
+    change(msg)
+    with pytest.raises(codec.CodecError, match=error):
+        codec.decode_space(msg)
+
+
+def test_compact_boxes_of_one_space_share_the_64_mib_they_may_take() -> None:
+    """Each under 64 MiB, together over it: a few bytes on the wire cannot ask for GBs of bounds."""
+    half = gym.spaces.Box(0, 255, (40 * 1024 * 1024,), np.uint8)  # (40 MiB each, sent as 2 values)
+    msg = codec.encode_space(gym.spaces.Tuple((half, half)), compact=True)
+    assert msg.ByteSize() < 100
+    with pytest.raises(
+        codec.CodecError,
+        match=r"space\[1\]\.shape: \[41943040\] of uint8 would take 41,943,040 bytes a bound; expected compact "
+        r"Boxes of at most 67,108,864 bytes in one space \(only 25,165,824 are left of them\)",
+    ):
+        codec.decode_space(msg)

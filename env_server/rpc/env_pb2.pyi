@@ -133,16 +133,18 @@ class DiscreteSpace(_message.Message):
     def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class BoxSpace(_message.Message):
-    __slots__ = ("low", "high", "unbounded_below", "unbounded_above")
+    __slots__ = ("low", "high", "unbounded_below", "unbounded_above", "shape")
     LOW_FIELD_NUMBER: _ClassVar[int]
     HIGH_FIELD_NUMBER: _ClassVar[int]
     UNBOUNDED_BELOW_FIELD_NUMBER: _ClassVar[int]
     UNBOUNDED_ABOVE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
     low: Tensor
     high: Tensor
     unbounded_below: Tensor
     unbounded_above: Tensor
-    def __init__(self, low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_below: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_above: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_below: _Optional[_Union[Tensor, _Mapping]] = ..., unbounded_above: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MultiDiscreteSpace(_message.Message):
     __slots__ = ("nvec", "start")
@@ -230,10 +232,12 @@ class EnvSpec(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., env_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., autoreset_mode: _Optional[_Union[AutoresetMode, str]] = ..., render_modes: _Optional[_Iterable[str]] = ..., render_fps: _Optional[float] = ..., server_id: _Optional[str] = ..., vectorization: _Optional[str] = ..., wrappers: _Optional[_Iterable[str]] = ..., max_episode_steps: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ..., env_kwargs: _Optional[str] = ...) -> None: ...
 
 class GetSpecRequest(_message.Message):
-    __slots__ = ("server_id_only",)
+    __slots__ = ("server_id_only", "accepts_compact_bounds")
     SERVER_ID_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_COMPACT_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     server_id_only: bool
-    def __init__(self, server_id_only: _Optional[bool] = ...) -> None: ...
+    accepts_compact_bounds: bool
+    def __init__(self, server_id_only: _Optional[bool] = ..., accepts_compact_bounds: _Optional[bool] = ...) -> None: ...
 
 class GetSpecResponse(_message.Message):
     __slots__ = ("spec", "claimed_by", "note")
@@ -246,14 +250,16 @@ class GetSpecResponse(_message.Message):
     def __init__(self, spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., claimed_by: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("protocol_version", "client_name", "rejoins_session_id")
+    __slots__ = ("protocol_version", "client_name", "rejoins_session_id", "accepts_compact_bounds")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     REJOINS_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_COMPACT_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     client_name: str
     rejoins_session_id: str
-    def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ..., rejoins_session_id: _Optional[str] = ...) -> None: ...
+    accepts_compact_bounds: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., client_name: _Optional[str] = ..., rejoins_session_id: _Optional[str] = ..., accepts_compact_bounds: _Optional[bool] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("session_id", "spec", "claim_timeout_s", "step_socket", "max_request_bytes", "checks_token", "client_certificates_required")
