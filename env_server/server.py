@@ -53,7 +53,7 @@ from env_server.protocol import (
 )
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.service import ANSWER_HEADROOM, AnswerHandshakes, EnvService, space_bytes
+from env_server.service import ANSWER_HEADROOM, SPEC_ROOM, AnswerHandshakes, EnvService, space_bytes
 from env_server.step_socket import FileIdentity, StepSocketServer, check_stale, file_identity, remove_own_file
 from env_server.tuning import detach_from_terminal
 
@@ -806,6 +806,13 @@ def _attach_envs(serving: _Serving) -> None:
         raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
     assert service.spec is not None  # (attach made it)
     _check_answer_size(config, env.single_observation_space, service.spec)
+    if service.full_spec_bytes > SPEC_ROOM:
+        log.warning(
+            "its spec takes %s bytes with its Box bounds at full shape, over what an answer leaves it: learners "
+            "older than compact bounds (before 2026-12-07) are refused, saying so; newer ones get it in %s bytes",
+            f"{service.full_spec_bytes:,}",
+            f"{service.spec.ByteSize():,}",
+        )
     if config.fresh_envs:  # (a new learner's Handshake builds them anew: see EnvService._fresh_envs)
         service.build_envs = functools.partial(_build_anew, config)
 
@@ -1069,11 +1076,6 @@ async def _let_calls_end() -> None:
         await asyncio.wait(left, timeout=_CALLS_END_S)
 
 
-# What the answers to GetSpec and Handshake hold besides the spec (a session id, who holds the
-# server, the step socket's path, framing): a few hundred bytes, kept free.
-_SPEC_HEADROOM = 4 * 1024
-
-
 def _check_answer_size(config: ServerConfig, space: gym.Space[Any], spec: pb.EnvSpec) -> None:
     """Refuse at start envs whose answers would not fit in the largest message (every call would
     fail, with gRPC's own error): the spec, in every GetSpec's and Handshake's answer; the
@@ -1095,19 +1097,20 @@ def _check_answer_size(config: ServerConfig, space: gym.Space[Any], spec: pb.Env
 
 
 def _check_spec_size(config: ServerConfig, spec: pb.EnvSpec) -> None:
-    """Refuse a spec too large for the answers that carry it (GetSpec's, Handshake's): a Box space
-    sends its low and high bounds at full shape, in its dtype, so its spec takes twice the bytes of
-    one observation (a MultiDiscrete space's nvec and start alike)."""
+    """Refuse a spec too large for the answers that carry it (GetSpec's, Handshake's), as learners that read
+    compact bounds get it (``spec``): a Box space whose low or high bounds differ between elements sends them
+    at full shape, in its dtype (a MultiDiscrete space's nvec and start alike), bounds of one value as that
+    value. (A spec that fits so but not with full-shape bounds, as older learners get it, is served: those
+    are refused, see EnvService._spec_for.)"""
     size = spec.ByteSize()
-    room = MAX_MESSAGE_BYTES - _SPEC_HEADROOM
-    if size <= room:
+    if size <= SPEC_ROOM:
         return
     raise EnvBuildError(
         f"cannot serve {config.env!r}: its spec (the answer to GetSpec and Handshake) takes {size:,} bytes, over "
-        f"the {room:,} bytes a message leaves it (64 MiB less 4 KiB for the rest of the answer): a Box space "
-        "sends its low and high bounds at full shape; the observation space's take "
-        f"{spec.observation_space.ByteSize():,} bytes, the action space's {spec.action_space.ByteSize():,}; "
-        "it cannot be sent: serve an env with smaller spaces"
+        f"the {SPEC_ROOM:,} bytes a message leaves it (64 MiB less 4 KiB for the rest of the answer): a Box space "
+        "whose low or high bounds differ between elements sends them at full shape (bounds of one value go as "
+        f"that value); the observation space's take {spec.observation_space.ByteSize():,} bytes, the action "
+        f"space's {spec.action_space.ByteSize():,}; it cannot be sent: serve an env with smaller spaces"
     )
 
 

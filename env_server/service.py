@@ -49,6 +49,7 @@ from env_server.validation import InvalidActionError, check_actions
 __all__ = [
     "ANSWER_HEADROOM",
     "HANDSHAKE_METHOD",
+    "SPEC_ROOM",
     "AnswerHandshakes",
     "EnvService",
     "ServiceError",
@@ -117,6 +118,10 @@ _REMEMBER_S = 60.0
 # What an answer (Step's, Reset's) holds besides its observations' data (framing, rewards, flags, infos):
 # kept free by the server's check at start (server._check_answer_size), which the observations alone pass.
 ANSWER_HEADROOM = 1024 * 1024
+# What the answers to GetSpec and Handshake hold besides the spec (a session id, who holds the server, the
+# step socket's path, framing): a few hundred bytes, kept free. The spec may take the rest.
+_SPEC_HEADROOM = 4 * 1024
+SPEC_ROOM = MAX_MESSAGE_BYTES - _SPEC_HEADROOM
 # What a step is told when the envs need a full reset first (unless it is told why: see _step_unseen).
 _RESET_FIRST = "Step called before Reset: reset the envs first"
 
@@ -395,6 +400,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self.step_socket = ""  # the step socket's path, once the server listens on one
         self.draining = False
         self.spec: pb.EnvSpec | None = None
+        """The spec as a client that reads compact Box bounds gets it (accepts_compact_bounds)."""
+        # The spec with every Box bound at full shape, for clients that do not (learners older than compact
+        # bounds): ``spec`` itself where no bound is compact; None where it would not fit an answer, whose
+        # size (or the least it would take) ``full_spec_bytes`` says.
+        self._full_spec: pb.EnvSpec | None = None
+        self.full_spec_bytes = 0
         self._observation_bytes = 0
         self.steps = 0
         self.build_envs: Callable[[], gym.vector.VectorEnv] | None = None
@@ -420,7 +431,39 @@ class EnvService(pb_grpc.EnvServiceServicer):
         # (what the observations of an answer take at most: see _check_answer_bytes)
         self._observation_bytes = space_bytes(self._obs_space) * self._num_envs
         self._one_thread = one_thread(env)
-        self.spec = self._make_spec()
+        self.spec = self._make_spec(compact=True)
+        self._full_spec = self._make_full_spec()
+
+    def _make_full_spec(self) -> pb.EnvSpec | None:
+        """The spec with full-shape bounds (see ``_full_spec``), not built where its bounds alone would not fit
+        (a 50 MB camera's: 100 MB for nothing)."""
+        assert self.spec is not None
+        size = _full_bounds_bytes(self._obs_space) + _full_bounds_bytes(self._act_space)
+        if size <= SPEC_ROOM:
+            full = self._make_spec()
+            size = full.ByteSize()
+            if size <= SPEC_ROOM:
+                self.full_spec_bytes = size
+                return self.spec if full == self.spec else full  # (one copy where nothing is compact)
+        self.full_spec_bytes = size
+        return None
+
+    def _spec_for(self, compact: bool, request: str) -> pb.EnvSpec:
+        """The spec to answer a ``request`` (its name) with, which ``compact`` says accepts_compact_bounds set
+        or not; FAILED_PRECONDITION where that is the full-shape one and it does not fit an answer."""
+        assert self.spec is not None  # (the envs are attached: callers checked)
+        if compact:
+            return self.spec
+        if self._full_spec is None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this server's spec takes {self.full_spec_bytes:,} bytes with its Box bounds at full shape, over "
+                f"the {SPEC_ROOM:,} an answer leaves it (64 MiB less 4 KiB), and the {request} did not set "
+                f"accepts_compact_bounds, which gets it in {self.spec.ByteSize():,} bytes (a bound that is the same "
+                "in every element sent as one value): upgrade the learner (envfleet learners set it since "
+                "2026-12-07), or have the client read compact bounds (see BoxSpace.shape in env.proto)",
+            )
+        return self._full_spec
 
     @property
     def env(self) -> gym.vector.VectorEnv:
@@ -448,7 +491,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
         its rebuild failed (the envs were closed) or the service was detached."""
         return self._env
 
-    def _make_spec(self) -> pb.EnvSpec:
+    def _make_spec(self, *, compact: bool = False) -> pb.EnvSpec:
+        """The spec of the envs attached; ``compact``: Box bounds of one value as that value (codec.encode_space)."""
         env = self.env
         spec = pb.EnvSpec(
             protocol_version=PROTOCOL_VERSION,
@@ -465,8 +509,8 @@ class EnvService(pb_grpc.EnvServiceServicer):
             versions=_versions(),
             env_kwargs=env_kwargs_json(self._config),
         )
-        codec.encode_space(self._obs_space, spec.observation_space, "observation_space")
-        codec.encode_space(self._act_space, spec.action_space, "action_space")
+        codec.encode_space(self._obs_space, spec.observation_space, "observation_space", compact=compact)
+        codec.encode_space(self._act_space, spec.action_space, "action_space", compact=compact)
         fps = env.metadata.get("render_fps")
         if fps is not None:
             spec.render_fps = float(fps)
@@ -626,7 +670,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
         claim = self._live_claim(now)
         return pb.GetSpecResponse(
             # (server_id_only: a learner telling servers apart, without a camera's bounds at every probe)
-            spec=pb.EnvSpec(server_id=self.server_id) if request.server_id_only else self.spec,
+            spec=(
+                pb.EnvSpec(server_id=self.server_id)
+                if request.server_id_only
+                else self._spec_for(request.accepts_compact_bounds, "GetSpecRequest")
+            ),
             claimed_by=claim.describe(now) if claim is not None else "",
             # (`learner servers` shows it, where it would otherwise call the server free)
             note=f"no envs: {self._rebuild_failed}" if self._rebuild_failed else "",
@@ -644,6 +692,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 f"protocol_version: this server speaks envfleet.v{PROTOCOL_VERSION}, the client asked for "
                 f"{request.protocol_version}; upgrade the older side",
             )
+        self._spec_for(request.accepts_compact_bounds, "HandshakeRequest")  # (refused before anything is claimed)
         now = time.monotonic()
         owner = self._live_claim(now)
         if owner is not None:
@@ -689,7 +738,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
             self._note_unchecked_token(session)
         response = pb.HandshakeResponse(
             session_id=session.id,
-            spec=self.spec,
+            spec=self._spec_for(request.accepts_compact_bounds, "HandshakeRequest"),
             claim_timeout_s=self._config.claim_timeout_s,
             step_socket=self.step_socket,
             max_request_bytes=self._config.max_request_bytes,
@@ -746,7 +795,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
         started = time.perf_counter()
         try:
             async with self._env_lock:  # (an env call of an earlier session may still run: waited for)
-                old, old_spec = self._env, self.spec
+                old, old_spec, old_full = self._env, self.spec, (self._full_spec, self.full_spec_bytes)
                 future = asyncio.get_running_loop().run_in_executor(self._env_thread, self._build_anew, old)
                 # (the Handshake cancelled meanwhile: the build goes on, and is kept)
                 cancelled = await _wait_uncancellable(future)
@@ -771,7 +820,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 else:
                     self._env = None  # (the old envs were closed; new ones that cannot serve are closed below)
                     if old_spec is not None:
-                        self.spec = old_spec
+                        self.spec, (self._full_spec, self.full_spec_bytes) = old_spec, old_full
                     what = str(error) if isinstance(error, EnvBuildError) else f"{type(error).__name__}: {error}"
                     self._rebuild_failed = (
                         f"the server could not build its envs anew for a new session (--fresh-envs): {what}; it "
@@ -1474,6 +1523,16 @@ def space_bytes(space: gym.Space[Any]) -> int:
         return sum(space_bytes(s) for s in space.spaces)
     shape, dtype = space.shape or (), space.dtype
     return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
+
+
+def _full_bounds_bytes(space: gym.Space[Any]) -> int:
+    """Bytes the Box bounds of ``space`` take at full shape (low and high; Dict and Tuple: their parts'): the
+    least its spec takes with them so."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_full_bounds_bytes(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_full_bounds_bytes(s) for s in space.spaces)
+    return 2 * space_bytes(space) if isinstance(space, gym.spaces.Box) else 0
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -495,6 +495,43 @@ class WideActionEnv(ClockEnv):
     def __init__(self, width: int = 64) -> None:
         super().__init__(action="box")
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(width,), dtype=np.float64)
+
+
+class BoundsEnv(gym.Env[dict[str, Any], np.ndarray]):
+    """Box spaces of every kind of bounds: of one value (sent as that value to learners that read compact
+    bounds: a camera's 0 and 255, a vector's infinities, an integer Box with no upper bound at all) and not
+    (per-element bounds, an integer Box unbounded below in one element only), bool, in a Dict and a Tuple.
+    Observations and actions all zeros (within every bound)."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {
+                "camera": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+                "vector": gym.spaces.Box(
+                    np.array([-1.0, -2.0, -3.0], np.float32), np.array([1.0, 2.0, np.inf], np.float32), dtype=np.float32
+                ),
+                "free": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                "counts": gym.spaces.Box(np.array([-np.inf, 0.0, 0.0]), np.inf, (3,), np.int64),
+                "switches": gym.spaces.Box(0, 1, (2, 2), cast(Any, np.bool_)),
+                "pair": gym.spaces.Tuple((gym.spaces.Box(-1.0, 1.0, (2,), np.float64), gym.spaces.Discrete(3))),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def _obs(self) -> dict[str, Any]:
+        spaces = cast(gym.spaces.Dict, self.observation_space).spaces
+        obs: dict[str, Any] = {k: np.zeros(s.shape, s.dtype) for k, s in spaces.items() if k != "pair"}
+        obs["pair"] = (np.zeros(2), np.int64(0))
+        return obs
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        return self._obs(), 0.0, False, False, {}
 
 
 class SlowResetEnv(ClockEnv):

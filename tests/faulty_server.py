@@ -89,6 +89,9 @@ class _Service(pb_grpc.EnvServiceServicer):
         codec.encode_space(self.env.single_action_space, self.spec.action_space, "action_space")
         self.handshakes = 0
         self.spec_calls = 0  # (GetSpec calls answered)
+        # (each GetSpec's and Handshake's method and accepts_compact_bounds: the spec is sent at full shape, as
+        # a server older than the field sends it, whatever the request says)
+        self.compact_asked: list[tuple[str, bool]] = []
         self.holds = 0
         self._live: set[str] = set()  # (sessions, as a server without Hold keeps them: until dropped)
         self._released: dict[str, asyncio.Event] = {}
@@ -114,10 +117,12 @@ class _Service(pb_grpc.EnvServiceServicer):
 
     async def GetSpec(self, request: pb.GetSpecRequest, context: grpc.aio.ServicerContext) -> pb.GetSpecResponse:
         self.spec_calls += 1
+        self.compact_asked.append(("GetSpec", request.accepts_compact_bounds))
         return pb.GetSpecResponse(spec=self.spec, claimed_by=self.faults.claimed_by)
 
     async def Handshake(self, request: pb.HandshakeRequest, context: grpc.aio.ServicerContext) -> pb.HandshakeResponse:
         self.handshakes += 1
+        self.compact_asked.append(("Handshake", request.accepts_compact_bounds))
         if self.faults.claimed:
             await self._fail(context, (grpc.StatusCode.RESOURCE_EXHAUSTED, "this server's envs are claimed by 'other'"))
         session_id = uuid.uuid4().hex if self.faults.session_id is None else self.faults.session_id

@@ -66,19 +66,25 @@ class HangHoldingTheGil(HangLater):
 
 class HugeObservations(gym.Env[np.ndarray, np.int64]):
     """Observations of ``mib`` MiB each (16: 4 of them leave an answer no room under the largest
-    message; 33: one fits, but not the spec, whose Box bounds take twice that)."""
+    message; 33: one fits, and its spec too, its bounds 0 and 255 sent as one value each to learners that
+    read compact bounds, not at full shape as to older ones, twice that); ``uniform`` False: a low bound of 1
+    in one element and a high bound of 254 in another (33 MiB: one observation fits, not the spec, whose bounds
+    go at full shape); observations within the bounds."""
 
     action_space = gym.spaces.Discrete(2)
     observation_space: gym.spaces.Box
 
-    def __init__(self, mib: int = 16) -> None:
-        self.observation_space = gym.spaces.Box(0, 255, (mib, 1024, 1024), np.uint8)
+    def __init__(self, mib: int = 16, uniform: bool = True) -> None:
+        low, high = np.zeros((mib, 1024, 1024), np.uint8), np.full((mib, 1024, 1024), 255, np.uint8)
+        if not uniform:
+            low[0, 0, 0], high[-1, -1, -1] = 1, 254
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.uint8)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        return np.zeros(self.observation_space.shape, np.uint8), {}
+        return self.observation_space.low.copy(), {}
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        return np.zeros(self.observation_space.shape, np.uint8), 0.0, False, False, {}
+        return self.observation_space.low.copy(), 0.0, False, False, {}

@@ -333,8 +333,10 @@ def tokened() -> Iterator[ServerProcess]:
 
 @pytest.mark.slow
 def test_a_spec_too_large_for_its_answers_is_refused_at_start() -> None:
-    # A 33 MiB observation fits an answer (64 MiB less 1 MiB); its spec, whose Box bounds take twice that, does not.
-    argv = ["--env", "tests.hang_envs:HugeObservations", "--env-kwargs", '{"mib": 33}', "--port", "0"]
+    # A 33 MiB observation fits an answer (64 MiB less 1 MiB); its spec, whose Box bounds take twice that, does not
+    # where one of them is not the same in every element (sent at full shape even to learners that read compact
+    # bounds; uniform ones are served: tests/test_compact_bounds.py).
+    argv = ["--env", "tests.hang_envs:HugeObservations", "--env-kwargs", '{"mib": 33, "uniform": false}', "--port", "0"]
     done = subprocess.run(
         [sys.executable, "-m", "env_server", *argv],
         capture_output=True,
@@ -345,7 +347,8 @@ def test_a_spec_too_large_for_its_answers_is_refused_at_start() -> None:
     assert re.search(
         r"cannot serve 'tests.hang_envs:HugeObservations': its spec \(the answer to GetSpec and Handshake\) takes "
         r"69,206,\d{3} bytes, over the 67,104,768 bytes a message leaves it \(64 MiB less 4 KiB for the rest of the "
-        r"answer\): a Box space sends its low and high bounds at full shape; the observation space's take "
-        r"69,206,\d{3} bytes, the action space's \d+; it cannot be sent: serve an env with smaller spaces",
+        r"answer\): a Box space whose low or high bounds differ between elements sends them at full shape \(bounds "
+        r"of one value go as that value\); the observation space's take 69,206,\d{3} bytes, the action space's \d+; it "
+        r"cannot be sent: serve an env with smaller spaces",
         done.stderr,
     ), done.stderr
