@@ -710,7 +710,10 @@ class EnvClient:
         call could name the session: a new Handshake would get the same). ``timeout``: its deadline (None:
         the client's); ``hint``: what an error for a deadline that passed advises (see translate_error)."""
         request = pb.HandshakeRequest(
-            protocol_version=PROTOCOL_VERSION, client_name=self.client_name, rejoins_session_id=self.rejoins_session_id
+            protocol_version=PROTOCOL_VERSION,
+            client_name=self.client_name,
+            rejoins_session_id=self.rejoins_session_id,
+            accepts_compact_bounds=True,  # (codec.decode_space reads both forms: older servers send full ones)
         )
         timeout = self.timeout if timeout is None else timeout
         try:
@@ -741,17 +744,20 @@ class EnvClient:
         ``response``'s session (a proxy or load balancer spreading calls over several: every later call of the
         session may reach one that does not hold it). :data:`SPREAD_PROBES` GetSpecs tell: their servers' ids.
         One after another: sent at once, some were refused by a server of a small --max-concurrent-rpcs (counted
-        in its envfleet_errors_total at most sessions). Each asks for the server's id alone (a full spec carries
-        the Box bounds: 8 of a 1080x1920 camera's took ~0.25 s a server on one host). The session is let go of
-        (Releases at once, of which the server holding it may get one; else it ends after its claim timeout).
-        Round trips at the start of each session (~0.3 ms each on one host); none more after one that fails
-        (the session's own calls will tell)."""
+        in its envfleet_errors_total at most sessions). Each asks for the server's id alone (a full spec from a
+        server older than compact bounds carries the Box bounds at full shape: 8 of a 1080x1920 camera's took
+        ~0.25 s a server on one host), and for compact bounds too, as every spec request of the learner. The
+        session is let go of (Releases at once, of which the server holding it may get one; else it ends after
+        its claim timeout). Round trips at the start of each session (~0.3 ms each on one host); none more after
+        one that fails (the session's own calls will tell)."""
         own = response.spec.server_id
         reached: set[str] = set()
         for _ in range(SPREAD_PROBES):
             try:
                 probe = await self.stub.GetSpec(
-                    pb.GetSpecRequest(server_id_only=True), timeout=timeout, metadata=self.metadata
+                    pb.GetSpecRequest(server_id_only=True, accepts_compact_bounds=True),
+                    timeout=timeout,
+                    metadata=self.metadata,
                 )
             except grpc.RpcError:
                 break  # (not waited for again: a server too busy for it, or one that hangs)
@@ -965,8 +971,9 @@ class EnvClient:
 
     async def get_spec_response(self, *, server_id_only: bool = False) -> pb.GetSpecResponse:
         """The server's spec and who holds its envs (GetSpec: no claim needed, none made); ``server_id_only``:
-        a spec of its server_id alone (from servers that know the request's field; older ones send all)."""
-        request = pb.GetSpecRequest(server_id_only=server_id_only)
+        a spec of its server_id alone (from servers that know the request's field; older ones send all). Its Box
+        bounds may be compact (accepts_compact_bounds): codec.decode_space reads them, as it reads full ones."""
+        request = pb.GetSpecRequest(server_id_only=server_id_only, accepts_compact_bounds=True)
         try:
             return await self.stub.GetSpec(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:

@@ -38,7 +38,16 @@ def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's
     (a typo in one, a variant meant for another fleet) looked like servers of another env.
     """
     for name in ("num_envs", *FLEET_FIELDS) if same_size else FLEET_FIELDS:
-        if getattr(want, name) != getattr(got, name):
+        wanted, given = getattr(want, name), getattr(got, name)
+        if wanted != given and name.endswith("_space"):
+            # (a server older than compact bounds sends full-shape ones where a newer one sends one value: compared,
+            # and their differences said, in the compact form, where one server sent it and the other did not)
+            compact = codec.compact_bounds(wanted), codec.compact_bounds(given)
+            if compact[0] == compact[1]:
+                continue
+            if _sent_compact(wanted) != _sent_compact(given):
+                wanted, given = compact
+        if wanted != given:
             kwargs = served_kwargs(got), served_kwargs(want)
             hint = ""
             if name.endswith("_space") and None not in kwargs and kwargs[0] != kwargs[1]:
@@ -49,9 +58,19 @@ def incompatible(want: pb.EnvSpec, got: pb.EnvSpec, *, whose: str = "the fleet's
                 )
             got_text, want_text = _field_text(got, name), _field_text(want, name)
             if got_text == want_text:  # (gymnasium's text leaves out what differs: say what does)
-                hint = f"{_wire_difference(getattr(got, name), getattr(want, name), name, whose)}{hint}"
+                hint = f"{_wire_difference(given, wanted, name, whose)}{hint}"
             return f"another {name} than {whose}: {got_text} ({got.env_id}), not {want_text} ({want.env_id}){hint}"
     return ""
+
+
+def _sent_compact(space: pb.Space) -> bool:
+    """Whether ``space`` has a Box sent with compact bounds (its BoxSpace.shape set), in a Dict or Tuple too."""
+    kind = space.WhichOneof("kind")
+    if kind == "box":
+        return bool(space.box.shape)
+    if kind in ("tuple", "dict"):
+        return any(_sent_compact(sub) for sub in getattr(space, kind).spaces)
+    return False
 
 
 def _wire_difference(got: Message, want: Message, name: str, whose: str) -> str:

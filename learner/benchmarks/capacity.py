@@ -120,7 +120,9 @@ def measure_message_sizes() -> list[dict[str, Any]]:
             ) as channel,
         ):
             stub = pb_grpc.EnvServiceStub(channel)
-            handshake = stub.Handshake(pb.HandshakeRequest(client_name="capacity"), timeout=30)
+            handshake = stub.Handshake(
+                pb.HandshakeRequest(client_name="capacity", accepts_compact_bounds=True), timeout=30
+            )
             space = codec.decode_space(handshake.spec.action_space, "action_space")
             stub.Reset(pb.ResetRequest(session_id=handshake.session_id), timeout=30)
             request = pb.StepRequest(session_id=handshake.session_id)

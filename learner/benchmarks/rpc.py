@@ -87,7 +87,9 @@ def measure_rpc(*, rounds: int, seconds: float, transports: tuple[str, ...] = ("
             channel = grpc.insecure_channel(grpc_target(raw.addresses[0]))
             opened.append(channel)
             stub = pb_grpc.EnvServiceStub(channel)
-            session = stub.Handshake(pb.HandshakeRequest(client_name="learner bench rpc"), timeout=10).session_id
+            session = stub.Handshake(
+                pb.HandshakeRequest(client_name="learner bench rpc", accepts_compact_bounds=True), timeout=10
+            ).session_id
             stub.Reset(pb.ResetRequest(session_id=session), timeout=10)
             request = pb.StepRequest(session_id=session)
             codec.encode_value(action, request.actions, "actions")
