@@ -67,6 +67,7 @@ __all__ = [
     "STALL_BASELINE",
     "STILL_DOWN_LOG_MAX_S",
     "STILL_DOWN_LOG_S",
+    "SHUT_DOWN_WARN_S",
     "UNREADABLE_IN_A_ROW",
     "FaultStats",
     "Replica",
@@ -95,6 +96,14 @@ The longer it stays down, the rarer: at most once per a third of its time down, 
 (up to STILL_DOWN_LOG_MAX_S), so that between the floor and the cap each gap is half the time down before
 it: 64 servers left down printed 64 lines every 20 s, ~11,500 an hour."""
 STILL_DOWN_LOG_MAX_S = 600.0
+
+SHUT_DOWN_WARN_S = 60.0
+"""A server that left saying it was shutting down (a restart or an update, planned) is said to be still down at
+INFO for this long, then at WARNING: a restart takes seconds, and one not back in a minute was stopped for good or
+cannot start again, while the fleet goes on without its envs (a listed address is tried until the run ends; a
+compose: or swarm: look-up drops a replica scaled down). Its loss was the one WARNING: a server stopped by hand
+and never started again cost half a two-server fleet's envs for the rest of the run with nothing more said at
+learner train's default log level."""
 
 JOIN_BACKOFF = (1.0, 15.0)
 """A server out of the fleet whose handshake failed (claimed by another learner, of another env, a token
@@ -341,8 +350,8 @@ async def reconnect(
     server is first left alone for ``hold_off`` seconds (:meth:`Replica.hold_off`): it answers at
     once, so without that wait it would fail, come back and fail again as fast as steps go. While the
     attempts fail, a line says so at most once per :data:`STILL_DOWN_LOG_S`, rarer as it stays down
-    (INFO for a server that left saying it was shutting down, else WARNING), with the last attempt's
-    error. An attempt that got no connection says why, where ``diagnose(address, timeout)`` can tell
+    (INFO for a server that left saying it was shutting down, for :data:`SHUT_DOWN_WARN_S`; else WARNING), with
+    the last attempt's error. An attempt that got no connection says why, where ``diagnose(address, timeout)`` can tell
     (RemoteVectorEnv's: "connection refused", "no socket file ..."): a server killed refuses at once, and
     "no connection within 10 s" alone read as a server that hangs, or a network that drops packets.
 
@@ -440,11 +449,12 @@ class _Attempts:
 
     def _say_still_down(self, replica: Replica, now: float, text: str) -> None:
         """Say that ``replica`` is still down and why (``text``, the last attempt's error), rarer as it stays down."""
+        long_shut = replica.planned and now - replica.down_since >= SHUT_DOWN_WARN_S
         log.log(
-            logging.INFO if replica.planned else logging.WARNING,
+            logging.INFO if replica.planned and not long_shut else logging.WARNING,
             "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "
             "line; the next such line in %d s at the soonest), the last: %s; its %s unavailable, and it "
-            "is tried again",
+            "is tried again%s",
             label_of(replica.client.address),
             now - replica.down_since,
             self.count,
@@ -453,6 +463,11 @@ class _Attempts:
             _next_still_down_in(replica, now),
             text,
             "env stays" if replica.spec.num_envs == 1 else f"{replica.spec.num_envs} envs stay",
+            " (it said it was shutting down as it left, and a restart takes seconds: stopped for good, or "
+            "failing to start again? Its logs say; start it at its address again, or stop this run and resume "
+            "it without it: learner train --resume RUN_DIR --servers ...)"
+            if long_shut
+            else "",
         )
 
 

@@ -1110,6 +1110,48 @@ def test_a_server_that_stays_down_is_said_to_be_so_once_in_a_while_with_its_last
 
 
 @pytest.mark.slow
+def test_a_server_that_shut_down_and_stays_down_turns_into_a_warning_after_a_while(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server stopped with SIGTERM says it is shutting down: its loss is one WARNING, and the lines saying it
+    is still down are INFO, a restart being a matter of seconds. One still down after SHUT_DOWN_WARN_S was
+    stopped for good (or cannot start): those lines turn WARNING, saying so (was: INFO for the rest of the run,
+    which learner train's default log level hides, while the fleet went on without its envs)."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)  # (20 s and a minute: too long to wait for here)
+    monkeypatch.setattr(faults, "SHUT_DOWN_WARN_S", 2.5)
+    caplog.set_level(logging.INFO, logger="learner")
+    stopped = spawn_server("tests.envs:ClockEnv", K)
+    healthy = spawn_server("tests.envs:ClockEnv", K)
+    with RemoteVectorEnv(
+        [stopped.address, healthy.address], fault_tolerant=True, connect_timeout=0.5, backoff=(0.05, 0.2)
+    ) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert stopped.kill(signal.SIGTERM) == 0
+        start = time.monotonic()
+        while time.monotonic() - start < 6.0:
+            _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+            time.sleep(0.01)
+        assert unavailable(infos, 2 * K).tolist() == [True] * K + [False] * K
+        assert envs.fault_stats().shutdowns == 1
+    said = [r for r in caplog.records if r.getMessage().startswith(f"env server {stopped.address}")]
+    assert said[0].getMessage().startswith(f"env server {stopped.address} shut down (it said so")
+    assert said[0].levelno == logging.WARNING
+    still = [r for r in said if " still down after " in r.getMessage()]
+    levels = [r.levelno for r in still]
+    assert logging.INFO in levels and logging.WARNING in levels, [r.getMessage() for r in still]
+    first_warning = levels.index(logging.WARNING)
+    assert set(levels[first_warning:]) == {logging.WARNING}, "INFO while it may be restarting, WARNING after"
+    for record in still:
+        told = "it said it was shutting down as it left, and a restart takes seconds: stopped for good, or" in (
+            record.getMessage()
+        )
+        assert told == (record.levelno == logging.WARNING), record.getMessage()
+        down = float(re.search(r" still down after (\d+) s", record.getMessage()).group(1))  # type: ignore[union-attr]
+        assert (down >= 2) if told else (down <= 3), record.getMessage()
+
+
+@pytest.mark.slow
 @pytest.mark.needs_sb3
 def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
