@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,13 @@ log = logging.getLogger("learner.remote")
 # hangs) holds up a refresh that tries it that long, not for the whole of the fleet's `timeout`.
 JOIN_ANSWER_S = 1.0
 
+LOOKUP_FAILED_LOG_S = 60.0
+"""refresh(): a look-up of the addresses that fails (a file: address's file gone, a compose: or swarm: engine that
+does not answer) is warned of at once, then, while look-ups keep failing, at most once per this many seconds,
+with how long they have failed: meanwhile the fleet keeps the servers it has, and servers added, or replicas
+moved to another port, are not found. (Was: once per distinct error for the whole run, then DEBUG: a file
+removed or an engine gone for an hour said so once.)"""
+
 # _Away.warned's mark of a server warned of as serving another env than the fleet's (as it took its
 # handshake): not said again at each try while its reset fails.
 _OTHER_ENV = "another env"
@@ -65,6 +73,7 @@ class FleetMembership:
     _away: dict[str, _Away]
     _aliases: set[str]
     _noted: set[str]
+    _lookup_failed: tuple[float, float] | None
     _timers: list[StepTimer]
     _stale: tuple[str, str] | None
 
@@ -289,12 +298,30 @@ class FleetMembership:
         try:
             named = expand_named(self._address_spec)
         except AddressError as err:
-            # Once per distinct failure (refresh runs between rollouts, maybe several times a second).
-            (log.warning if str(err) not in self._noted else log.debug)(
-                "refresh: %s; keeping the %d server(s) connected now", err, len(self._clients)
-            )
+            # Once per distinct failure, and once per LOOKUP_FAILED_LOG_S while they go on (refresh runs between
+            # rollouts, maybe several times a second).
+            now = time.monotonic()
+            since, said_at = self._lookup_failed or (now, -math.inf)
+            due = str(err) not in self._noted or now - said_at >= LOOKUP_FAILED_LOG_S
+            self._lookup_failed = (since, now if due else said_at)
             self._noted.add(str(err))
+            (log.warning if due else log.debug)(
+                "refresh: %s; keeping the %d server(s) connected now%s",
+                err,
+                len(self._clients),
+                f" (look-ups failing for {now - since:.0f} s: servers added or moved since are not found; one such "
+                f"line every {LOOKUP_FAILED_LOG_S:g} s while they fail)"
+                if now - since >= 1
+                else "",
+            )
             return self.addresses, False
+        if self._lookup_failed is not None:
+            log.info(
+                "refresh: %s looked up again, after %.0f s of failed look-ups",
+                self._address_spec if isinstance(self._address_spec, str) else ",".join(self._address_spec),
+                time.monotonic() - self._lookup_failed[0],
+            )
+            self._lookup_failed = None
         self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)
         return list(named), True
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from learner import AddressError, RemoteVectorEnv, faults
+from learner import AddressError, RemoteVectorEnv, faults, membership
 from learner.discovery import register_resolver
 from learner.fleet import FleetChange
 from tests.conftest import ServerProcess, SpawnServer, fleet, slow_to_build_server
@@ -234,6 +234,41 @@ def test_a_failed_look_up_forgets_no_server_out_of_the_fleet(
         assert "refresh: flaky:two: the look-up failed; keeping the 1 server(s) connected now" in caplog.text
         assert not [r for r in caplog.records if r.getMessage().startswith(refused)], caplog.text
         assert envs.servers_not_joined == [b.address]
+
+
+@pytest.mark.slow
+def test_look_ups_that_keep_failing_are_warned_of_once_in_a_while_and_their_end_is_said(
+    spawn_server: SpawnServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look-up that fails between rollouts keeps the fleet as it is, and so does every one after it while
+    the cause lasts (a file: address's file gone, a compose engine that does not answer): servers added or
+    moved meanwhile are not found. Said at once, then once per LOOKUP_FAILED_LOG_S with how long (was: once for
+    the whole run, then DEBUG at every refresh), not at each refresh; the first look-up that works again says
+    so (INFO)."""
+    monkeypatch.setattr(membership, "LOOKUP_FAILED_LOG_S", 1.0)  # (60 s: too long to wait for here)
+    a = spawn_server("CartPole-v1", K)
+    _FLAKY["three"] = [a.address]
+    failed = "refresh: flaky:three: the look-up failed; keeping the 1 server(s) connected now"
+    with RemoteVectorEnv("flaky:three", fault_tolerant=True) as envs, caplog.at_level(logging.INFO, "learner"):
+        envs.reset(seed=0)
+        LOOK_UP_FAILS.append(True)
+        try:
+            refreshes, _, _ = rollouts(envs, 2.7)
+        finally:
+            LOOK_UP_FAILS.clear()
+        rollouts(envs, 0.3)
+    said = [r for r in caplog.records if r.getMessage().startswith(failed)]
+    assert refreshes > len(said) and 2 <= len(said) <= 4, [r.getMessage() for r in said]
+    assert all(r.levelno == logging.WARNING for r in said)
+    assert said[0].getMessage() == failed
+    for record in said[1:]:
+        assert re.fullmatch(
+            re.escape(failed) + r" \(look-ups failing for \d+ s: servers added or moved since are not found; one "
+            r"such line every 1 s while they fail\)",
+            record.getMessage(),
+        ), record.getMessage()
+    back = [r for r in caplog.records if r.getMessage().startswith("refresh: flaky:three looked up again, after ")]
+    assert len(back) == 1 and back[0].levelno == logging.INFO, caplog.text
 
 
 def test_a_server_listed_again_is_tried_at_once(
