@@ -63,17 +63,18 @@ __all__ = [
     "RELAPSE_LOG_S",
     "SETTLE_S",
     "SETTLE_STEPS",
+    "SHUT_DOWN_WARN_S",
     "STALL",
     "STALL_BASELINE",
     "STILL_DOWN_LOG_MAX_S",
     "STILL_DOWN_LOG_S",
-    "SHUT_DOWN_WARN_S",
     "UNREADABLE_IN_A_ROW",
     "FaultStats",
     "Replica",
     "ReplicaState",
     "is_outage",
     "reconnect",
+    "still_down_gap",
     "unserved",
 ]
 
@@ -317,11 +318,16 @@ class Replica:
         return min(backoff[0] * 2 ** min(self.relapses - 1, 32), backoff[1])
 
 
-def _still_down_gap(replica: Replica, now: float | None = None) -> float:
-    """How long after a line saying that ``replica`` is still down the next may come: STILL_DOWN_LOG_S, or a
-    third of its time down where longer, up to STILL_DOWN_LOG_MAX_S."""
-    down = (time.monotonic() if now is None else now) - replica.down_since
+def still_down_gap(down: float) -> float:
+    """How long after a line saying that a server is still down, or has not joined yet (learner.membership's
+    reminders), the next may come, it having been so for ``down`` seconds: STILL_DOWN_LOG_S, or a third of
+    that where longer, up to STILL_DOWN_LOG_MAX_S."""
     return max(STILL_DOWN_LOG_S, min(down / 3, STILL_DOWN_LOG_MAX_S))
+
+
+def _still_down_gap(replica: Replica, now: float | None = None) -> float:
+    """:func:`still_down_gap` of ``replica``, down since its ``down_since``."""
+    return still_down_gap((time.monotonic() if now is None else now) - replica.down_since)
 
 
 def _next_still_down_in(replica: Replica, now: float) -> int:

@@ -558,8 +558,10 @@ class FleetMembership:
         return joined
 
     def _remind_missing(self, joining: set[str]) -> None:
-        """Say (once per STILL_DOWN_LOG_S) which of the servers the start went on without have not joined yet,
-        and why (the last refusal, if one answered); not those ``joining`` now (their handshakes went well).
+        """Say (once per STILL_DOWN_LOG_S, rarer as they stay away: see faults.still_down_gap; 64 servers away,
+        said every 20 s, made ~11,500 lines an hour) which of the servers the start went on without have not
+        joined yet, and why (the last refusal, if one answered); not those ``joining`` now (their handshakes
+        went well).
         Likewise of servers listed since that have not taken a connection: else a server that a look-up lists
         but that cannot be reached (a port not published, a firewall) would stay out of the fleet unsaid."""
         now = time.monotonic()
@@ -567,7 +569,7 @@ class FleetMembership:
             away = self._away.get(address)
             if (away is not None and away.missing_since is not None) or address not in self._joining:
                 continue  # (the start's missing servers: said below; one answered: its refusal was warned of)
-            if now - since >= faults.STILL_DOWN_LOG_S and now - said_at >= faults.STILL_DOWN_LOG_S:
+            if now - since >= faults.STILL_DOWN_LOG_S and now - said_at >= faults.still_down_gap(now - since):
                 client, _ = self._joining[address]
                 log.warning(
                     "env server %s, listed %.0f s ago, has not taken a connection yet (gRPC channel %s); its envs "
@@ -580,7 +582,7 @@ class FleetMembership:
         for address, away in self._away.items():
             if address in joining:
                 continue
-            if away.missing_since is not None and now - away.said_at >= faults.STILL_DOWN_LOG_S:
+            if away.missing_since is not None and now - away.said_at >= faults.still_down_gap(now - away.missing_since):
                 log.warning(
                     "env server %s has not joined since the start went on without it %.0f s ago%s; its envs join "
                     "when it answers",

@@ -9,6 +9,7 @@ backoff is shortened here (faults.JOIN_BACKOFF).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -269,6 +271,33 @@ def test_look_ups_that_keep_failing_are_warned_of_once_in_a_while_and_their_end_
         ), record.getMessage()
     back = [r for r in caplog.records if r.getMessage().startswith("refresh: flaky:three looked up again, after ")]
     assert len(back) == 1 and back[0].levelno == logging.INFO, caplog.text
+
+
+def test_reminders_of_servers_away_grow_rarer_as_they_stay_away(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server the start went on without, and still away an hour later, was said to be so every 20 s: 180
+    lines an hour each (64 replicas away, ~11,500). Now as a server lost in the run is said to be still down:
+    every STILL_DOWN_LOG_S at first, then once per a third of its time away, up to STILL_DOWN_LOG_MAX_S."""
+    clock = [1000.0]
+    monkeypatch.setattr(membership, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    fleet_ = membership.FleetMembership.__new__(membership.FleetMembership)  # (its reminders alone)
+    away = membership._Away()
+    away.missing_since = away.said_at = clock[0]
+    fleet_._away, fleet_._connecting, fleet_._joining = {"127.0.0.1:1": away}, {}, {}
+    said_at = []
+    with caplog.at_level(logging.WARNING, "learner"):
+        for _ in range(3600):
+            clock[0] += 1.0
+            before = len(caplog.records)
+            fleet_._remind_missing(set())
+            if len(caplog.records) > before:
+                said_at.append(clock[0] - 1000.0)
+    assert said_at[:3] == [20.0, 40.0, 60.0], said_at  # (as before, in its first minute)
+    gaps = [b - a for a, b in itertools.pairwise(said_at)]
+    assert all(gap >= faults.STILL_DOWN_LOG_S for gap in gaps) and max(gaps) <= faults.STILL_DOWN_LOG_MAX_S
+    assert 10 <= len(said_at) <= 20, said_at  # (was 180)
+    assert all("has not joined since the start went on without it" in r.getMessage() for r in caplog.records)
 
 
 def test_a_server_listed_again_is_tried_at_once(
