@@ -562,8 +562,9 @@ class FleetMembership:
         said every 20 s, made ~11,500 lines an hour) which of the servers the start went on without have not
         joined yet, and why (the last refusal, if one answered); not those ``joining`` now (their handshakes
         went well).
-        Likewise of servers listed since that have not taken a connection: else a server that a look-up lists
-        but that cannot be reached (a port not published, a firewall) would stay out of the fleet unsaid."""
+        Likewise of servers listed since that have not taken a connection, or whose handshakes (or resets) keep
+        failing: else a server that a look-up lists but that cannot be reached (a port not published, a
+        firewall), or that another learner holds, would stay out of the fleet unsaid."""
         now = time.monotonic()
         for address, (since, said_at) in self._connecting.items():
             away = self._away.get(address)
@@ -591,6 +592,24 @@ class FleetMembership:
                     f" (last tried {now - away.tried_at:.0f} s ago: {away.last})" if away.tried_at else "",
                 )
                 away.said_at = now
+            elif (
+                away.missing_since is None
+                and away.refused_since is not None
+                and away.alias_of is None
+                and address not in self._aliases
+                and address not in self._joining  # (being connected to: the reminder above says so)
+                and now - away.said_at >= faults.still_down_gap(now - away.refused_since)
+            ):
+                # (one listed after the start, refused since: its first refusal was warned of, the next at DEBUG)
+                log.warning(
+                    "env server %s, listed %.0f s ago, has not joined (last tried %.0f s ago: %s); it is tried again "
+                    "until it joins or is listed no more",
+                    label_of(address),
+                    now - away.refused_since,
+                    now - away.tried_at,
+                    away.last,
+                )
+                away.said_at = now
 
     def _misfit(self, spec: pb.EnvSpec) -> str:
         """Why a server with ``spec`` cannot join the fleet ("" if it can)."""
@@ -608,6 +627,7 @@ class _Away:
         self.said_at = 0.0  # when a line last said it had not joined
         self.held: ServerBusyError | None = None  # the start's refusal, as another learner held it
         self.tried_at = 0.0  # (0: not tried since it is away, as one that never answered)
+        self.refused_since: float | None = None  # its first refusal since it is away (time.monotonic())
         self.retry_at = 0.0
         self.delay = 0.0  # the wait before retry_at
         self.last = ""  # why the last try failed, as said
@@ -627,6 +647,8 @@ class _Away:
             self.delay = min(self.delay * 2, longest)
         self.tried_at = time.monotonic()
         self.retry_at, self.last = self.tried_at + self.delay, problem
+        if self.refused_since is None:
+            self.refused_since = self.said_at = self.tried_at  # (its warning, or the start's, said it just now)
         # (an error by its type and status code, its text changing from try to try: "claimed 0.7 s ago")
         code = getattr(err, "code", None)
         kind = problem if err is None else f"{call} {type(err).__name__} {getattr(code, 'name', '')}"

@@ -300,6 +300,45 @@ def test_reminders_of_servers_away_grow_rarer_as_they_stay_away(
     assert all("has not joined since the start went on without it" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
+def test_a_server_listed_later_that_keeps_refusing_to_join_is_said_to_once_in_a_while(
+    spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server listed after the start (a replica scaled up, a host added to a file: address) whose handshake
+    keeps failing (claimed by another learner, serving another env, refusing the token, hung) was warned of at
+    its first refusal, then at DEBUG at each try for as long as it stayed out: the reminder was the start's
+    missing servers' alone. Now it is reminded of as they are (STILL_DOWN_LOG_S, rarer as it stays away), with
+    the last refusal, until it joins or is listed no more; then the fleet grows without a word more."""
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (0.2, 0.4))
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)
+    a = spawn_server("CartPole-v1", K)
+    b = spawn_server("CartPole-v1", K)
+    holder = hold(b.address)
+    address, servers = fleet(a.address)
+    reminder = rf"env server {re.escape(b.address)}, listed \d+ s ago, has not joined \(last tried \d+ s ago: "
+
+    def reminders() -> list[str]:
+        return [r.getMessage() for r in caplog.records if re.match(reminder, r.getMessage())]
+
+    with RemoteVectorEnv(address, fault_tolerant=True) as envs, caplog.at_level(logging.WARNING, "learner"):
+        envs.reset(seed=0)
+        servers.append(b.address)
+        _, change, _ = rollouts(envs, 2.5)
+        assert change is None
+        refused = [r for r in caplog.records if r.getMessage().startswith(f"refresh: env server {b.address} does")]
+        assert len(refused) == 1, [r.getMessage() for r in refused]  # (its first refusal; the rest at DEBUG)
+        said = reminders()
+        assert 2 <= len(said) <= 5, said
+        assert all("Handshake failed [RESOURCE_EXHAUSTED]: this server's envs are claimed by" in m for m in said)
+        assert said[0].endswith("; it is tried again until it joins or is listed no more"), said[0]
+        holder.release()
+        _, change, _ = rollouts(envs, 3.0)
+        assert change is not None and change.added == (b.address,)
+        count = len(reminders())
+        rollouts(envs, 1.0)
+        assert len(reminders()) == count  # (joined: no more)
+
+
 def test_a_server_listed_again_is_tried_at_once(
     spawn_server: SpawnServer, hold: Hold, monkeypatch: pytest.MonkeyPatch
 ) -> None:
