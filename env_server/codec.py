@@ -777,11 +777,14 @@ def _decode_box(box: pb.BoxSpace, where: str, room: list[int]) -> gym.spaces.Box
     if box.shape:
         shape = tuple(box.shape)
         count = _element_count(shape, where)  # (its errors name f"{where}.shape")
-        need = count * low.dtype.itemsize
+        # (in the widest field's dtype, which np.full below makes: a float64 high beside a uint8 low takes 8 times
+        # low's bytes)
+        dtype = max((array.dtype for array in fields.values()), key=lambda d: d.itemsize)
+        need = count * dtype.itemsize
         if need > room[0]:
             left = "" if room[0] == MAX_COMPACT_BOX_BYTES else f" (only {room[0]:,} are left of them)"
             raise CodecError(
-                f"{where}.shape: {list(shape)} of {low.dtype.newbyteorder('=')} would take {need:,} bytes a bound; "
+                f"{where}.shape: {list(shape)} of {dtype.newbyteorder('=')} would take {need:,} bytes a bound; "
                 f"expected compact Boxes of at most {MAX_COMPACT_BOX_BYTES:,} bytes in one space{left}, more "
                 "than a message can carry of its samples"
             )

@@ -564,3 +564,21 @@ def test_compact_boxes_of_one_space_share_the_64_mib_they_may_take() -> None:
         r"Boxes of at most 67,108,864 bytes in one space \(only 25,165,824 are left of them\)",
     ):
         codec.decode_space(msg)
+
+
+def test_a_compact_bound_wider_than_low_counts_its_own_bytes() -> None:
+    """The 64 MiB are counted in the widest field's dtype, the one np.full makes: a uint8 low with a float64 high,
+    both compact, of 2**26 elements would otherwise pass as 64 MiB and make a 512 MiB high (~1 GB at the peak)."""
+    msg = pb.Space()
+    codec.encode_tensor(np.array(0, np.uint8), msg.box.low)
+    codec.encode_tensor(np.array(1.0, np.float64), msg.box.high)
+    msg.box.shape[:] = [8192, 8192]
+    with pytest.raises(
+        codec.CodecError,
+        match=r"space\.shape: \[8192, 8192\] of float64 would take 536,870,912 bytes a bound; expected compact "
+        r"Boxes of at most 67,108,864 bytes in one space",
+    ):
+        codec.decode_space(msg)
+    msg.box.shape[:] = [4, 4]  # (a small one of mixed dtypes decodes as before: gymnasium casts high to low's dtype)
+    space = codec.decode_space(msg)
+    assert isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and space.high.tolist() == [[1] * 4] * 4
