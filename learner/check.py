@@ -254,10 +254,15 @@ class _Worker:
             )
             raise _InProcessError("lost", self.lost)
         try:
-            kind, *answer = pickle.loads(self._conn.recv_bytes())
+            data = self._conn.recv_bytes()
         except (EOFError, OSError):
             self._gone()
         self._doing = None
+        try:
+            kind, *answer = pickle.loads(data)
+        except Exception as err:  # (read back in the worker: a class only its process has, a module it made)
+            text = f"the worker's answer cannot be read in the check's process: {type(err).__name__}: {_one_line(err)}"
+            raise _InProcessError("misfit", text) from None
         if kind == "ok":
             return answer[0]
         raise _InProcessError(kind, *answer)
@@ -415,9 +420,13 @@ def _end_with(parent: int) -> None:
 
 
 def _pickled(answer: tuple[Any, ...]) -> bytes:
-    """``answer`` pickled; a value that pickle cannot carry (an info's lock, say) as an _Unpicklable of its repr."""
+    """``answer`` pickled; a value that pickle cannot carry (an info's lock, say) as an _Unpicklable of its repr.
+    Read back here first: some values pickle but do not unpickle (an exception whose ``__init__`` takes other
+    arguments than its args raises TypeError), which the check's side would meet instead of the answer."""
     try:
-        return pickle.dumps(answer)
+        data = pickle.dumps(answer)
+        pickle.loads(data)
+        return data
     except Exception:
         return pickle.dumps(_picklable(answer))
 
@@ -433,7 +442,7 @@ def _picklable(value: Any) -> Any:
             out[index] = _picklable(item)
         return out
     try:
-        pickle.dumps(value)
+        pickle.loads(pickle.dumps(value))
     except Exception:
         return _Unpicklable(repr(value)[:_REPR_CHARS], f"{type(value).__module__}.{type(value).__qualname__}")
     return value

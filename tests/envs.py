@@ -620,6 +620,36 @@ class UnsendableInfoEnv(_CountEnv):
         }
 
 
+class _CodedError(Exception):
+    """An exception whose ``__init__`` takes other arguments than its ``args``: it pickles, but unpickles as a
+    TypeError (pickle calls ``_CodedError(*args)``, one argument short)."""
+
+    def __init__(self, code: int, where: str) -> None:
+        super().__init__(f"{code} at {where}")
+        self.code, self.where = code, where
+
+
+class UnpicklableInfoEnv(_CountEnv):
+    """Step infos that pickle but cannot be unpickled: ``kind`` "exception", an exception of ``_CodedError``'s
+    kind (a step's last error, say); "runtime_module", an object of a class in a module made at run time (in
+    sys.modules of the process that stepped the env, none of any other's); and ``"ok"``, one that can."""
+
+    def __init__(self, kind: str = "exception") -> None:
+        super().__init__()
+        self.kind = kind
+
+    def info(self, action: np.int64) -> dict[str, Any]:
+        if self.kind == "exception":
+            return {"err": _CodedError(self._t, "step"), "ok": self._t}
+        module = sys.modules.get("made_at_run_time")
+        if module is None:
+            import types
+
+            module = sys.modules["made_at_run_time"] = types.ModuleType("made_at_run_time")
+            exec("class Thing:\n    def __repr__(self):\n        return 'Thing()'", module.__dict__)
+        return {"thing": module.Thing(), "ok": self._t}
+
+
 class NotUnicodeEnv(_CountEnv):
     """Strings no wire form carries (a lone surrogate: text decoded with errors="surrogateescape", such as a file
     name of bytes that are not UTF-8) in its step infos (a value, a key, a str array), and in the error its step

@@ -319,3 +319,26 @@ def test_a_value_pickle_cannot_carry_back_from_the_worker_comes_as_its_repr() ->
     notes: dict[str, str] = {}
     assert _difference(answer[1][0]["lock"], repr(lock), "info['lock']", True, notes) is None
     assert notes == {"lock": "a _thread.lock comes as its repr string"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("exception", "warning  equivalence:      info key 'err': a tests.envs._CodedError comes as its repr string"),
+        (
+            "runtime_module",
+            "failed   equivalence:      in-process SyncVectorEnv at step 1: the worker's answer cannot be read in the "
+            "check's process: ModuleNotFoundError: No module named 'made_at_run_time'",
+        ),
+    ],
+)
+def test_an_info_that_pickles_but_cannot_be_unpickled_is_a_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], kind: str, expected: str
+) -> None:
+    """The worker's answers are pickled: a value that pickles but unpickles with an error (an exception whose __init__
+    takes other arguments than its args: TypeError) raised out of the check with a traceback. The worker reads its
+    answer back first: such a value comes as its repr, as the server sends it. One that only the worker's process
+    can read (a class of a module it made at run time) is a failed line."""
+    status, out = _check(capsys, "--env", "tests.envs:UnpicklableInfoEnv", "--env-kwargs", json.dumps({"kind": kind}))
+    assert expected in out, out
+    assert status == (0 if kind == "exception" else 1), out
