@@ -797,15 +797,17 @@ async def _build_while_listening(serving: _Serving, stop: asyncio.Event, address
 
 def _attach_envs(serving: _Serving) -> None:
     """Hand the built envs to the service, checked to be servable within the answer size."""
-    config, service, env = serving.config, serving.service, serving.env
+    # (``serving.env`` is read where it is used, never held here: an error raised here keeps this frame in its
+    # traceback, past the teardown's gc.collect, which must find the envs let go of, see _serve)
+    config, service = serving.config, serving.service
     # (on the env thread, as every call on the envs: see EnvThread)
-    service.call_in_env_thread(_tell_positions, env)
+    service.call_in_env_thread(_tell_positions, serving.env)
     try:
-        service.attach(env)
+        service.attach(serving.env)
     except UnsupportedSpaceError as err:
         raise EnvBuildError(f"cannot serve env {config.env!r}: {err}") from err
     assert service.spec is not None  # (attach made it)
-    _check_answer_size(config, env.single_observation_space, service.spec)
+    _check_answer_size(config, serving.env.single_observation_space, service.spec)
     if service.full_spec_bytes > SPEC_ROOM:
         log.warning(
             "its spec takes %s bytes with its Box bounds at full shape, over what an answer leaves it: learners "

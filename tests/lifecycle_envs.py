@@ -10,6 +10,7 @@ import os
 import subprocess
 import threading
 import time
+import weakref
 from typing import Any
 
 import gymnasium as gym
@@ -72,3 +73,28 @@ class Lifecycle(gym.Env[np.ndarray, np.int64]):
 
     def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+LIVE: weakref.WeakSet[gym.Env[Any, Any]] = weakref.WeakSet()
+"""The TooLargeToSend envs of this process not garbage yet."""
+
+
+class TooLargeToSend(gym.Env[np.ndarray, np.int64]):
+    """Observations of 40 MiB: an answer of two (a server of 2 envs) is over the largest message, so the server
+    refuses them at its start, once they are built (server._check_answer_size). Each is in :data:`LIVE` while it
+    lives."""
+
+    observation_space = gym.spaces.Box(0, 255, (40 * 1024 * 1024,), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        LIVE.add(self)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.uint8), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.zeros(self.observation_space.shape, np.uint8), 0.0, False, False, {}

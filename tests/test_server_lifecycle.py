@@ -501,3 +501,17 @@ def test_sigterm_while_the_envs_are_built_says_the_server_waits_for_the_build(
     assert proc.wait() == 0, proc.text()
     assert "stopped while building its envs" in proc.text()
     assert proc.proc.stdout is not None and proc.proc.stdout.read() == ""
+
+
+def test_envs_refused_at_the_start_are_let_go_of_before_serve_raises() -> None:
+    """The teardown lets go of the envs before its gc.collect, however the start ended (a simulator whose bindings
+    are still alive at the interpreter's exit reports them as leaked: ale-py's nanobind, ~20 lines on stderr). Envs
+    whose answers would not fit were held by a frame of the start's steps in the error's traceback, past the
+    teardown, until the process exited."""
+    from env_server.server import serve
+    from tests import lifecycle_envs
+
+    config = ServerConfig(env="tests.lifecycle_envs:TooLargeToSend", num_envs=2, host="127.0.0.1", port=0)
+    with pytest.raises(EnvBuildError, match=r"each env's observation takes 41,943,040 bytes"):
+        asyncio.run(serve(config, print))
+    assert not list(lifecycle_envs.LIVE)  # (no gc.collect here: the teardown's own let them go)
