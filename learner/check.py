@@ -407,7 +407,12 @@ def _serve(fd: int) -> None:
             answer = getattr(here, command)(*args)
         except BaseException as err:  # (nothing of the env's ends the worker but its process's own end)
             answer = ("misfit", f"{type(err).__name__}: {_one_line(err)}", None)
-        conn.send_bytes(_pickled(answer))
+        try:
+            data = _pickled(answer)
+        except Exception as err:  # (a value whose repr raises, say: said, not an end of the worker's)
+            text = f"the worker's answer cannot be pickled: {type(err).__name__}: {_one_line(err)}"
+            data = pickle.dumps(("misfit", text, None))
+        conn.send_bytes(data)
         if command == "close":
             return
 
@@ -435,7 +440,13 @@ def _picklable(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _picklable(item) for key, item in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_picklable(item) for item in value)
+        items = [_picklable(item) for item in value]
+        if type(value) in (tuple, list):
+            return type(value)(items)
+        with contextlib.suppress(
+            Exception
+        ):  # (a subclass: a namedtuple takes its items one an argument; else its repr)
+            value = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, np.ndarray) and value.dtype == object:
         out = np.empty(value.shape, dtype=object)
         for index, item in np.ndenumerate(value):
@@ -825,7 +836,8 @@ def _difference(a: Any, b: Any, where: str, exact: bool, notes: dict[str, str]) 
         env = f", env {index[0]}" if a.ndim else ""
         return f"{where}{env}: {_short(a[tuple(index[:1])])} vs {_short(b[tuple(index[:1])])}"
     if type(a) is not type(b):
-        return f"{where}: {type(a).__name__} {_short(a)} vs {type(b).__name__} {_short(b)}"
+        kind = a.kind.rpartition(".")[2] if isinstance(a, _Unpicklable) else type(a).__name__  # (the env's type)
+        return f"{where}: {kind} {_short(a)} vs {type(b).__name__} {_short(b)}"
     if exact and not (a == b or (a != a and b != b)):
         return f"{where}: {_short(a)} vs {_short(b)}"
     return None

@@ -342,3 +342,21 @@ def test_an_info_that_pickles_but_cannot_be_unpickled_is_a_line_not_a_traceback(
     status, out = _check(capsys, "--env", "tests.envs:UnpicklableInfoEnv", "--env-kwargs", json.dumps({"kind": kind}))
     assert expected in out, out
     assert status == (0 if kind == "exception" else 1), out
+
+
+def test_a_tuple_subclass_pickle_cannot_carry_back_comes_as_its_repr() -> None:
+    """A namedtuple whose class pickle cannot find (made in a function) was rebuilt from one argument, its items'
+    iterable: a TypeError that ended the worker, and the check said the env had killed it ("exit code 1")."""
+    import collections
+    import pickle
+    import threading
+
+    from learner.check import _pickled, _Unpicklable
+
+    pair = collections.namedtuple("pair", "a b")  # (as an env's info might hold one)
+    lock = threading.Lock()
+    answer = pickle.loads(_pickled(("ok", {"pair": pair(1, lock), "list": [1, lock]})))
+    assert isinstance(answer[1]["pair"], _Unpicklable) and repr(answer[1]["pair"]) == f"pair(a=1, b={lock!r})"
+    assert answer[1]["list"][0] == 1 and repr(answer[1]["list"][1]) == repr(lock)
+    found = _difference(answer[1]["pair"], (1, 2), "info['pair']", True, {})
+    assert found is not None and found.startswith("info['pair']: pair pair(a=1, b=<unlocked _thread.lock"), found
