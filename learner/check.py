@@ -211,9 +211,13 @@ class _Worker:
             code = (
                 f"import sys; sys.path[:] = {sys.path!r}; from learner.check import _serve; _serve({theirs.fileno()})"
             )
-            self._process = subprocess.Popen(
-                [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, process_group=0
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, process_group=0
+                )
+            except BaseException:  # (no worker: its end of the pair closed too, not left to the GC)
+                ours.close()
+                raise
         self._conn = Connection(ours.detach())
 
     def __enter__(self) -> _Worker:

@@ -92,7 +92,10 @@ NOT_USED_WARN_S = 60.0
 """A server a look-up finds but does not use yet (a replica or task still starting, or unhealthy) is warned of
 once it has been so this long, then at most once per this long: the INFO lines that name it are not shown at
 learner train's default log level, and a replica whose health check never passes stayed out of the fleet unsaid."""
-_GONE_STATES = ("exited", "dead", "paused", "removing", "shutdown", "complete", "failed", "rejected", "orphaned")
+_GONE_STATES = (
+    *("exited", "dead", "paused", "removing"),  # (compose: a container's)
+    *("shutdown", "complete", "failed", "rejected", "orphaned", "remove"),  # (Swarm: a task's)
+)
 """States of servers that are not coming (stopped on purpose, or given up on): not warned of."""
 
 
