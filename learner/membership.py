@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,8 +39,8 @@ JOIN_ANSWER_S = 1.0
 
 LOOKUP_FAILED_LOG_S = 60.0
 """refresh(): a look-up of the addresses that fails (a file: address's file gone, a compose: or swarm: engine that
-does not answer) is warned of at once, then, while look-ups keep failing, at most once per this many seconds,
-with how long they have failed: meanwhile the fleet keeps the servers it has, and servers added, or replicas
+does not answer) is warned of at once, then, while look-ups keep failing or fail again, at most once per this many
+seconds, with how long they have failed: meanwhile the fleet keeps the servers it has, and servers added, or replicas
 moved to another port, are not found. (Was: once per distinct error for the whole run, then DEBUG: a file
 removed or an engine gone for an hour said so once.)"""
 
@@ -72,8 +71,8 @@ class FleetMembership:
     _connecting: dict[str, tuple[float, float]]
     _away: dict[str, _Away]
     _aliases: set[str]
-    _noted: set[str]
-    _lookup_failed: tuple[float, float] | None
+    _lookup_failed: tuple[float, bool] | None
+    _lookup_warned_at: float
     _timers: list[StepTimer]
     _stale: tuple[str, str] | None
 
@@ -298,13 +297,16 @@ class FleetMembership:
         try:
             named = expand_named(self._address_spec)
         except AddressError as err:
-            # Once per distinct failure, and once per LOOKUP_FAILED_LOG_S while they go on (refresh runs between
-            # rollouts, maybe several times a second).
+            # At once, then once per LOOKUP_FAILED_LOG_S while they go on (refresh runs between rollouts, maybe
+            # several times a second), whatever the text: the Docker SDK's errors name a connection object by its
+            # memory address, new at each try, and a look-up that fails now and then (an engine that times out)
+            # would be warned of, and its end said, at each failure. Not by text, then: a set of them grew as long.
             now = time.monotonic()
-            since, said_at = self._lookup_failed or (now, -math.inf)
-            due = str(err) not in self._noted or now - said_at >= LOOKUP_FAILED_LOG_S
-            self._lookup_failed = (since, now if due else said_at)
-            self._noted.add(str(err))
+            since, warned = self._lookup_failed or (now, False)
+            due = now - self._lookup_warned_at >= LOOKUP_FAILED_LOG_S
+            if due:
+                self._lookup_warned_at = now
+            self._lookup_failed = (since, warned or due)
             (log.warning if due else log.debug)(
                 "refresh: %s; keeping the %d server(s) connected now%s",
                 err,
@@ -316,10 +318,12 @@ class FleetMembership:
             )
             return self.addresses, False
         if self._lookup_failed is not None:
-            log.info(
+            since, warned = self._lookup_failed
+            # (INFO where a warning named these failures; else, as they were, DEBUG)
+            (log.info if warned else log.debug)(
                 "refresh: %s looked up again, after %.0f s of failed look-ups",
                 self._address_spec if isinstance(self._address_spec, str) else ",".join(self._address_spec),
-                time.monotonic() - self._lookup_failed[0],
+                time.monotonic() - since,
             )
             self._lookup_failed = None
         self._dns_names.update((endpoint, name) for endpoint, name in named.items() if name)

@@ -389,8 +389,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._joining: dict[str, tuple[EnvClient, asyncio.Future[None]]] = {}
         # Servers a refresh found listed and is connecting to: since when, and when a line last said so (0: never).
         self._connecting: dict[str, tuple[float, float]] = {}
-        self._noted: set[str] = set()
-        self._lookup_failed: tuple[float, float] | None = None  # (refresh: failing look-ups since when; said when)
+        # (refresh: failing look-ups since when, and whether a warning named them; when a warning last said so)
+        self._lookup_failed: tuple[float, bool] | None = None
+        self._lookup_warned_at = -math.inf
         self._stale: tuple[str, str] | None = None  # (address, what failed) while stale
         self._reset_once = False  # (a step before the first reset is refused: ResetNeededError)
         self._pending_reset: tuple[Any, dict[str, Any] | None] = (None, None)  # (reset_async's seed and options)

@@ -273,6 +273,53 @@ def test_look_ups_that_keep_failing_are_warned_of_once_in_a_while_and_their_end_
     assert len(back) == 1 and back[0].levelno == logging.INFO, caplog.text
 
 
+# A fleet whose look-ups fail with a text of their own each time (the Docker SDK's errors name a connection
+# object: "<urllib3.connection.HTTPConnection object at 0x7f...>"), or every other time (an engine that times out
+# now and then), while _ODD_FAILS is set.
+_ODD: dict[str, list[str]] = {}
+_ODD_FAILS: list[str] = []  # ("each": every look-up fails, its text new; "every other": one in two fails)
+_odd_calls = itertools.count()
+
+
+def _odd(name: str) -> list[str]:
+    call = next(_odd_calls)
+    if "each" in _ODD_FAILS:
+        raise AddressError(f"odd:{name}: the engine did not answer (<connection object at {hex(id(object()) + call)}>)")
+    if "every other" in _ODD_FAILS and call % 2:
+        raise AddressError(f"odd:{name}: the engine did not answer (read timed out)")
+    return list(_ODD[name])
+
+
+register_resolver("odd", _odd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["each", "every other"])
+def test_look_ups_failing_with_new_texts_or_now_and_then_are_warned_of_once_a_minute_at_most(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A look-up's error whose text changes from try to try (the Docker SDK's name a connection object at its
+    memory address) was news at every refresh: a WARNING each, several a second, and each text kept for the
+    whole run. A look-up that fails every other time (an engine that times out now and then) was warned of at
+    each failure, and its end said at each success, for the whole run. Now: once per LOOKUP_FAILED_LOG_S (60 s:
+    once in this test) whatever the text, and the end of failures that were not warned of at DEBUG."""
+    a = spawn_server("CartPole-v1", K)
+    _ODD["one"] = [a.address]
+    with RemoteVectorEnv("odd:one", fault_tolerant=True) as envs, caplog.at_level(logging.INFO, "learner"):
+        envs.reset(seed=0)
+        _ODD_FAILS.append(how)
+        try:
+            refreshes, _, _ = rollouts(envs, 2.0)
+        finally:
+            _ODD_FAILS.clear()
+        rollouts(envs, 0.3)
+    said = [r for r in caplog.records if r.getMessage().startswith("refresh: odd:one: the engine did not answer")]
+    assert refreshes >= 4, refreshes
+    assert [r.levelno for r in said] == [logging.WARNING], [r.getMessage() for r in said]
+    back = [r for r in caplog.records if r.getMessage().startswith("refresh: odd:one looked up again, after ")]
+    assert len(back) <= 1, [r.getMessage() for r in back]
+
+
 def test_reminders_of_servers_away_grow_rarer_as_they_stay_away(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
