@@ -104,7 +104,10 @@ INFO for this long, then at WARNING: a restart takes seconds, and one not back i
 cannot start again, while the fleet goes on without its envs (a listed address is tried until the run ends; a
 compose: or swarm: look-up drops a replica scaled down). Its loss was the one WARNING: a server stopped by hand
 and never started again cost half a two-server fleet's envs for the rest of the run with nothing more said at
-learner train's default log level."""
+learner train's default log level. In a fleet that is looked up again (``refresh``, between rollouts), only once
+a look-up this long after it left still lists it (:attr:`Replica.looked_up_at`): a replica scaled down is
+dropped by the next look-up, which a rollout longer than this (a slow env, a slow link) held off, and it was
+warned of as stopped for good."""
 
 JOIN_BACKOFF = (1.0, 15.0)
 """A server out of the fleet whose handshake failed (claimed by another learner, of another env, a token
@@ -216,6 +219,10 @@ class Replica:
     last_error: str = ""
     planned: bool = False
     """DOWN: it went down saying it was shutting down (a scale-down, a restart), not by failing."""
+    looked_up_at: float | None = None
+    """When a look-up of the fleet's addresses (``RemoteVectorEnv.refresh``, between rollouts) last listed it
+    (``time.monotonic()``); None where none has since it joined: a fleet not looked up again. A server that left
+    saying it was shutting down and is no longer listed was scaled down: see :data:`SHUT_DOWN_WARN_S`."""
     changed: str = ""
     """DOWN: why the server, back, cannot take its old place (another num_envs, other spaces); "" if not
     known to be so. ``RemoteVectorEnv.refresh`` lets it go and takes it in as a new server."""
@@ -455,7 +462,12 @@ class _Attempts:
 
     def _say_still_down(self, replica: Replica, now: float, text: str) -> None:
         """Say that ``replica`` is still down and why (``text``, the last attempt's error), rarer as it stays down."""
-        long_shut = replica.planned and now - replica.down_since >= SHUT_DOWN_WARN_S
+        listed = replica.looked_up_at  # (listed still, this long after it left: not a replica scaled down)
+        long_shut = (
+            replica.planned
+            and now - replica.down_since >= SHUT_DOWN_WARN_S
+            and (listed is None or listed - replica.down_since >= SHUT_DOWN_WARN_S)
+        )
         log.log(
             logging.INFO if replica.planned and not long_shut else logging.WARNING,
             "env server %s still down after %.0f s: %d reconnect attempt%s failed (%d since the last such "

@@ -237,8 +237,12 @@ class FleetMembership:
         wait = _seconds("wait", wait, zero=True)
         dropped = set(drop)
         resolved, listed = self._look_up()
+        looked_up_at = time.monotonic()
         replicas = {id(r.client): r for r in self._replicas}
         stay, leave = self._partition(resolved, dropped, replicas)
+        if listed:  # (listed still: a server that left saying it was shutting down was not scaled down)
+            for client in stay:
+                replicas[id(client)].looked_up_at = looked_up_at
         # Lost between steps (or, not fault-tolerant, in the rollout dropped): failures, unless they said
         # they were shutting down (scaled down, say) as they ended the session.
         gone = [

@@ -40,7 +40,7 @@ from learner import (
     faults,
 )
 from learner.client import translate_error
-from tests.conftest import FAST, ServerProcess, SpawnServer, slow_to_build_server
+from tests.conftest import FAST, ServerProcess, SpawnServer, fleet, slow_to_build_server
 from tests.faulty_server import Faults, FaultyServer
 
 K = 2  # envs per server
@@ -1149,6 +1149,58 @@ def test_a_server_that_shut_down_and_stays_down_turns_into_a_warning_after_a_whi
         assert told == (record.levelno == logging.WARNING), record.getMessage()
         down = float(re.search(r" still down after (\d+) s", record.getMessage()).group(1))  # type: ignore[union-attr]
         assert (down >= 2) if told else (down <= 3), record.getMessage()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scaled_down", [True, False])
+def test_a_server_shut_down_in_a_long_rollout_is_warned_of_only_once_a_look_up_still_lists_it(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, scaled_down: bool
+) -> None:
+    """A replica scaled down (docker compose up --scale, docker service scale) says it is shutting down; the
+    look-up between rollouts drops it. A rollout longer than SHUT_DOWN_WARN_S (a minute: 2048 steps of a slow
+    env, or over a slow link) kept it in the fleet that long, and the lines saying it was still down turned
+    WARNING, "stopped for good, or failing to start again? ... start it at its address again", in a healthy
+    scale-down. Now they turn WARNING once a look-up SHUT_DOWN_WARN_S after it left still lists it (a fleet
+    that is never looked up again, as before: after SHUT_DOWN_WARN_S)."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)  # (20 s and a minute: too long to wait for here)
+    monkeypatch.setattr(faults, "SHUT_DOWN_WARN_S", 1.5)
+    caplog.set_level(logging.INFO, logger="learner")
+    stopped = spawn_server("tests.envs:ClockEnv", K)
+    healthy = spawn_server("tests.envs:ClockEnv", K)
+    address, servers = fleet(stopped.address, healthy.address)
+    told = "it said it was shutting down as it left, and a restart takes seconds: stopped for good, or"
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and told in r.getMessage() and stopped.address in r.getMessage()
+        ]
+
+    with RemoteVectorEnv(address, fault_tolerant=True, connect_timeout=0.5, backoff=(0.05, 0.2)) as envs:
+        envs.reset(seed=0)
+        assert envs.refresh(wait=0.2) is None  # (learner train's, before its first rollout)
+        envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert stopped.kill(signal.SIGTERM) == 0
+        start = time.monotonic()
+        while time.monotonic() - start < 4.0:  # (one long rollout: no refresh)
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+            time.sleep(0.01)
+        if scaled_down:
+            servers.remove(stopped.address)
+        change = envs.refresh(wait=0.2)
+        assert (change is not None and change.removed == (stopped.address,)) if scaled_down else change is None
+        start = time.monotonic()
+        while not scaled_down and time.monotonic() - start < 2.0:  # (the next rollout)
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+            time.sleep(0.01)
+    still = [r for r in caplog.records if r.getMessage().startswith(f"env server {stopped.address} still down after ")]
+    assert still, caplog.text
+    if scaled_down:
+        assert not warned(), warned()
+        assert {r.levelno for r in still} == {logging.INFO}, [r.getMessage() for r in still]
+    else:
+        assert warned(), [r.getMessage() for r in still]
 
 
 @pytest.mark.slow
