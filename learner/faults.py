@@ -102,7 +102,8 @@ SHUT_DOWN_WARN_S = 60.0
 """A server that left saying it was shutting down (a restart or an update, planned) is said to be still down at
 INFO for this long, then at WARNING: a restart takes seconds, and one not back in a minute was stopped for good or
 cannot start again, while the fleet goes on without its envs (a listed address is tried until the run ends; a
-compose: or swarm: look-up drops a replica scaled down). Its loss was the one WARNING: a server stopped by hand
+compose: or swarm: look-up drops a replica scaled down); not while its last answer says it is starting (up again,
+building its envs, which may take longer: still INFO, with that answer). Its loss was the one WARNING: a server stopped by hand
 and never started again cost half a two-server fleet's envs for the rest of the run with nothing more said at
 learner train's default log level. In a fleet that is looked up again (``refresh``, between rollouts), only once
 a look-up this long after it left still lists it (:attr:`Replica.looked_up_at`): a replica scaled down is
@@ -454,17 +455,19 @@ class _Attempts:
         if warn:  # (a line that says why it is still down)
             self.said_down_at, self.failed_unsaid = now, 0
         elif now - self.said_down_at >= _still_down_gap(replica, now):
-            self._say_still_down(replica, now, text)
+            self._say_still_down(replica, now, text, starting=_starting(err))
             self.said_down_at, self.failed_unsaid = now, 0
         if not no_connection:  # (a wait for the connection took its time already; a missed deadline backs off too)
             await asyncio.sleep(self.delay * random.uniform(0.8, 1.2))
             self.delay = min(self.delay * 2, self.backoff[1])
 
-    def _say_still_down(self, replica: Replica, now: float, text: str) -> None:
-        """Say that ``replica`` is still down and why (``text``, the last attempt's error), rarer as it stays down."""
+    def _say_still_down(self, replica: Replica, now: float, text: str, *, starting: bool = False) -> None:
+        """Say that ``replica`` is still down and why (``text``, the last attempt's error), rarer as it stays down.
+        ``starting``: the last attempt was answered that the server is starting (building its envs)."""
         listed = replica.looked_up_at  # (listed still, this long after it left: not a replica scaled down)
         long_shut = (
             replica.planned
+            and not starting  # (restarted, and building its envs: coming, however long they take to build)
             and now - replica.down_since >= SHUT_DOWN_WARN_S
             and (listed is None or listed - replica.down_since >= SHUT_DOWN_WARN_S)
         )
@@ -487,6 +490,11 @@ class _Attempts:
             if long_shut
             else "",
         )
+
+
+def _starting(err: BaseException) -> bool:
+    """Whether ``err`` is a server's answer that it is starting: it listens, and builds its envs (UNAVAILABLE)."""
+    return isinstance(err, RemoteEnvError) and err.code == grpc.StatusCode.UNAVAILABLE and "is starting" in err.details
 
 
 async def _attempt(

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -1149,6 +1150,44 @@ def test_a_server_that_shut_down_and_stays_down_turns_into_a_warning_after_a_whi
         assert told == (record.levelno == logging.WARNING), record.getMessage()
         down = float(re.search(r" still down after (\d+) s", record.getMessage()).group(1))  # type: ignore[union-attr]
         assert (down >= 2) if told else (down <= 3), record.getMessage()
+
+
+@pytest.mark.slow
+def test_a_server_restarting_that_takes_long_to_build_its_envs_is_not_warned_of_as_stopped_for_good(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server restarted (SIGTERM, started again at its address: an update) whose envs take longer than
+    SHUT_DOWN_WARN_S to build answers UNAVAILABLE "the server is starting" meanwhile: it is up, and coming.
+    The lines saying it is still down turned WARNING all the same, "stopped for good, or failing to start
+    again?": now INFO while its last answer says it is starting."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)  # (20 s and a minute: too long to wait for here)
+    monkeypatch.setattr(faults, "SHUT_DOWN_WARN_S", 2.0)
+    caplog.set_level(logging.INFO, logger="learner")
+    slow = spawn_server("tests.envs:SlowToBuildEnv", K, "--env-kwargs", '{"build_s": 2.0}')
+    healthy = spawn_server("tests.envs:ClockEnv", K)
+    with RemoteVectorEnv(
+        [slow.address, healthy.address], fault_tolerant=True, connect_timeout=10.0, backoff=(0.05, 0.2)
+    ) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert slow.kill(signal.SIGTERM) == 0
+        # (its start returns once it is ready: its envs, ~4 s to build, while it listens already)
+        restart = threading.Thread(target=slow.start)
+        restart.start()
+        try:
+            start = time.monotonic()
+            back = False
+            while time.monotonic() - start < 15.0 and not back:
+                _, _, _, _, infos = envs.step(np.zeros(2 * K, dtype=np.int64))
+                back = not unavailable(infos, 2 * K)[:K].any()
+                time.sleep(0.01)
+        finally:
+            restart.join()
+        assert back, caplog.text
+    still = [r for r in caplog.records if r.getMessage().startswith(f"env server {slow.address} still down after ")]
+    starting = [r for r in still if "the server is starting" in r.getMessage()]
+    assert starting, [r.getMessage() for r in still]
+    assert {r.levelno for r in starting} == {logging.INFO}, [r.getMessage() for r in starting]
 
 
 @pytest.mark.slow
