@@ -74,6 +74,8 @@ __all__ = [
     "ReplicaState",
     "is_outage",
     "reconnect",
+    "next_reminder_in",
+    "reminder_gap",
     "still_down_gap",
     "unserved",
 ]
@@ -87,7 +89,9 @@ SETTLE_S = 10.0
 env fails 3 steps in milliseconds, a slow one may take 10 s over one step)."""
 
 RELAPSE_LOG_S = 10.0
-"""A flapping server's losses are logged at most once per this many seconds (with their count)."""
+"""A flapping server's losses are logged at most once per this many seconds (with their count), or per a third of
+the time it has been flapping, once that is longer, up to STILL_DOWN_LOG_MAX_S (see :func:`reminder_gap`): a
+server whose every return fails at once (a broken env, a full disk) printed 360 such lines an hour, ~16 now."""
 
 STILL_DOWN_LOG_S = 20.0
 """A server that stays down is said to be so at most once per this many seconds while its reconnect
@@ -245,6 +249,8 @@ class Replica:
     ``RemoteVectorEnv._check_anything_left``)."""
     relapses_logged_at: float = 0.0
     """When a line last said it was lost again (see :data:`RELAPSE_LOG_S`)."""
+    flapping_since: float = 0.0
+    """When its relapses in a row began (the first of them); 0 while it has none."""
     relapses_unlogged: int = 0
     """Relapses since that line."""
     unreadable: int = 0
@@ -273,6 +279,8 @@ class Replica:
         leaves the count as it was (a server flapping before goes on waiting as long)."""
         if not planned:
             self.relapses = 0 if self.settled(now) else self.relapses + 1
+            if self.relapses <= 1:
+                self.flapping_since = now if self.relapses else 0.0
         if not self.failing_since:
             self.failing_since = now
 
@@ -292,7 +300,7 @@ class Replica:
         self.unreadable = self.unimplemented = 0
         if not self.relapses or not self.settled(time.monotonic()):
             return 0
-        relapses, self.relapses = self.relapses, 0
+        relapses, self.relapses, self.flapping_since = self.relapses, 0, 0.0
         self.relapses_logged_at, self.relapses_unlogged = 0.0, 0
         return relapses
 
@@ -326,11 +334,24 @@ class Replica:
         return min(backoff[0] * 2 ** min(self.relapses - 1, 32), backoff[1])
 
 
+def reminder_gap(lasted: float, floor: float) -> float:
+    """How long after a line that reminds of a state that has lasted ``lasted`` seconds (a server down, not
+    joined, flapping) the next such line may come: ``floor``, or a third of ``lasted`` where longer, up to
+    STILL_DOWN_LOG_MAX_S: between the floor and the cap each gap is half the time before it."""
+    return max(floor, min(lasted / 3, STILL_DOWN_LOG_MAX_S))
+
+
+def next_reminder_in(lasted: float, floor: float) -> int:
+    """In how many seconds (rounded up) the next reminder may come (see :func:`reminder_gap`), one having come
+    as the state had lasted ``lasted`` seconds: once the time since it is the gap of the time lasted then, which
+    between the floor and the cap is half the time lasted now (x >= (lasted + x) / 3)."""
+    return math.ceil(max(floor, min(lasted / 2, STILL_DOWN_LOG_MAX_S)))
+
+
 def still_down_gap(down: float) -> float:
     """How long after a line saying that a server is still down, or has not joined yet (learner.membership's
-    reminders), the next may come, it having been so for ``down`` seconds: STILL_DOWN_LOG_S, or a third of
-    that where longer, up to STILL_DOWN_LOG_MAX_S."""
-    return max(STILL_DOWN_LOG_S, min(down / 3, STILL_DOWN_LOG_MAX_S))
+    reminders), the next may come, it having been so for ``down`` seconds (see :func:`reminder_gap`)."""
+    return reminder_gap(down, STILL_DOWN_LOG_S)
 
 
 def _still_down_gap(replica: Replica, now: float | None = None) -> float:
@@ -340,9 +361,8 @@ def _still_down_gap(replica: Replica, now: float | None = None) -> float:
 
 def _next_still_down_in(replica: Replica, now: float) -> int:
     """In how many seconds (rounded up) the next line saying that ``replica`` is still down may come, one having
-    come at ``now``: once the time since it is :func:`_still_down_gap` of the time down then, which between
-    the floor and the cap is half the time down now (x >= (down + x) / 3)."""
-    return math.ceil(max(STILL_DOWN_LOG_S, min((now - replica.down_since) / 2, STILL_DOWN_LOG_MAX_S)))
+    come at ``now`` (see :func:`next_reminder_in`)."""
+    return next_reminder_in(now - replica.down_since, STILL_DOWN_LOG_S)
 
 
 async def reconnect(

@@ -19,7 +19,7 @@ from learner import faults, pauses
 from learner.batching import slice_batch
 from learner.client import EnvClient
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerUnavailableError
-from learner.faults import RELAPSE_LOG_S, FaultStats, Replica, ReplicaState, reconnect, unserved
+from learner.faults import FaultStats, Replica, ReplicaState, reconnect, unserved
 from learner.local import label_of, left_down
 from learner.loop import LoopRunner, gather
 from learner.membership import _Retired, _shutting_down
@@ -163,15 +163,17 @@ class FleetOutages:
         hold_off = replica.hold_off(self.backoff)
         if replica.relapses:
             replica.relapses_unlogged += 1
-            if now - replica.relapses_logged_at >= RELAPSE_LOG_S:
+            flapping = now - replica.flapping_since
+            if now - replica.relapses_logged_at >= faults.reminder_gap(flapping, faults.RELAPSE_LOG_S):
                 log.warning(
                     "env server %s lost again soon after coming back, %d time%s in a row (%d since the last such line; "
-                    "one at most every %g s): %s; it is taken back after %.1f s, longer each time (up to %g s); %s",
+                    "the next such line in %d s at the soonest): %s; it is taken back after %.1f s, longer each time "
+                    "(up to %g s); %s",
                     label_of(client.address),
                     replica.relapses,
                     "" if replica.relapses == 1 else "s",
                     replica.relapses_unlogged,
-                    RELAPSE_LOG_S,
+                    faults.next_reminder_in(flapping, faults.RELAPSE_LOG_S),
                     err,
                     hold_off,
                     self.backoff[1],

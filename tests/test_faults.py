@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import signal
 import socket
@@ -972,6 +973,32 @@ def test_a_server_back_serving_another_time_limit_is_warned_of_as_it_rejoins(
     assert len(warned) == 1 and "max_episode_steps 77, not its old" in warned[0], warned
 
 
+def test_the_lines_saying_a_server_flaps_come_further_apart_as_it_goes_on_flapping() -> None:
+    """A server whose every return fails at once (a broken env) was said to be lost again every 10 s for as long
+    as it flapped, 360 lines an hour: the gap is now a third of the time it has flapped, once longer, up to 10
+    minutes (as for a server that stays down). Its relapses in a row start the count; settling ends it."""
+    replica = faults.Replica(client=None, spec=pb.EnvSpec())  # type: ignore[arg-type]  # (its times only)
+    replica.note_loss(100.0)  # (a first loss: not flapping)
+    assert replica.relapses == 0 and replica.flapping_since == 0.0
+    replica.back_at = 101.0
+    for at in (102.0, 103.0, 110.0):  # (lost again each time before it settled)
+        replica.note_loss(at)
+        replica.back_at = at + 0.5
+    assert replica.relapses == 3 and replica.flapping_since == 102.0
+    replica.note_loss(103.0, planned=True)  # (a shutdown between: the count goes on)
+    assert replica.flapping_since == 102.0
+    gaps = [faults.reminder_gap(flapping, faults.RELAPSE_LOG_S) for flapping in (0, 30, 60, 300, 1800, 86400)]
+    assert gaps == [10.0, 10.0, 20.0, 100.0, 600.0, 600.0]
+    lines, said_at = 0, -math.inf
+    for now in range(3600):  # (a relapse every second for an hour: the lines the rule lets through)
+        if now - said_at >= faults.reminder_gap(now, faults.RELAPSE_LOG_S):
+            lines, said_at = lines + 1, now
+    assert lines <= 20, lines
+    # (settled, back long enough and at its SETTLE_STEPS-th answer: the relapses end)
+    replica.back_at, replica.answered = time.monotonic() - faults.SETTLE_S - 1, faults.SETTLE_STEPS - 1
+    assert replica.note_answer() == 3 and replica.flapping_since == 0.0
+
+
 @pytest.mark.slow
 def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged_once_in_a_while(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
@@ -999,6 +1026,7 @@ def test_a_server_that_fails_every_step_is_taken_back_later_each_time_and_logged
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         losses = [m for m in said if m.startswith(f"env server {broken.address} lost")]
         assert len(losses) == 2 and "lost again soon after coming back" in losses[1], losses  # (then one per 10 s)
+        assert "(1 since the last such line; the next such line in 10 s at the soonest)" in losses[1], losses
         # (back as the same process: INFO, no warning)
         back = [
             r.getMessage() for r in caplog.records if r.getMessage().startswith(f"env server {broken.address} is back")
