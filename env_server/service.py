@@ -403,8 +403,12 @@ class EnvService(pb_grpc.EnvServiceServicer):
         """The spec as a client that reads compact Box bounds gets it (accepts_compact_bounds)."""
         # The spec with every Box bound at full shape, for clients that do not (learners older than compact
         # bounds): ``spec`` itself where no bound is compact; None where it would not fit an answer, whose
-        # size (or the least it would take) ``full_spec_bytes`` says.
+        # size (or the least it would take) ``full_spec_bytes`` says, or where it is not built yet: where it
+        # surely fits, it is built at the first request for it (``_full_spec_later``: the spaces it describes),
+        # not at start (twice an observation for learners that may never come; ``full_spec_bytes`` is then the
+        # least it takes, under the room, until built).
         self._full_spec: pb.EnvSpec | None = None
+        self._full_spec_later: tuple[gym.Space[Any], gym.Space[Any]] | None = None
         self.full_spec_bytes = 0
         self._observation_bytes = 0
         self.steps = 0
@@ -432,21 +436,33 @@ class EnvService(pb_grpc.EnvServiceServicer):
         self._observation_bytes = space_bytes(self._obs_space) * self._num_envs
         self._one_thread = one_thread(env)
         self.spec = self._make_spec(compact=True)
-        self._full_spec = self._make_full_spec()
+        self._full_spec, self._full_spec_later = None, None
+        least = _full_bounds_bytes(self._obs_space) + _full_bounds_bytes(self._act_space)
+        self.full_spec_bytes = least
+        # Built now only where it may not fit (its size then known exactly from the start, for the server's
+        # warning and the refusals): not where its bounds alone would not (a 50 MB camera's: 100 MB for nothing),
+        # nor where it surely fits (built at the first request for it: see _spec_for).
+        if least <= SPEC_ROOM:
+            if _full_spec_most(self._obs_space, self._act_space, self.spec) <= SPEC_ROOM:
+                self._full_spec_later = (self._obs_space, self._act_space)
+            else:
+                self._full_spec = self._make_full_spec(self._obs_space, self._act_space)
 
-    def _make_full_spec(self) -> pb.EnvSpec | None:
-        """The spec with full-shape bounds (see ``_full_spec``), not built where its bounds alone would not fit
-        (a 50 MB camera's: 100 MB for nothing)."""
+    def _make_full_spec(self, obs_space: gym.Space[Any], act_space: gym.Space[Any]) -> pb.EnvSpec | None:
+        """The spec with full-shape bounds (see ``_full_spec``) of ``obs_space`` and ``act_space`` (those of the
+        envs ``spec`` describes), the rest as in ``spec`` (its versions included); None where it does not fit an
+        answer (``full_spec_bytes`` says its size in both cases)."""
         assert self.spec is not None
-        size = _full_bounds_bytes(self._obs_space) + _full_bounds_bytes(self._act_space)
-        if size <= SPEC_ROOM:
-            full = self._make_spec()
-            size = full.ByteSize()
-            if size <= SPEC_ROOM:
-                self.full_spec_bytes = size
-                return self.spec if full == self.spec else full  # (one copy where nothing is compact)
-        self.full_spec_bytes = size
-        return None
+        full = pb.EnvSpec()
+        full.CopyFrom(self.spec)
+        full.ClearField("observation_space")
+        full.ClearField("action_space")
+        codec.encode_space(obs_space, full.observation_space, "observation_space")
+        codec.encode_space(act_space, full.action_space, "action_space")
+        self.full_spec_bytes = full.ByteSize()
+        if self.full_spec_bytes > SPEC_ROOM:
+            return None
+        return self.spec if full == self.spec else full  # (one copy where nothing is compact)
 
     def _spec_for(self, compact: bool, request: str) -> pb.EnvSpec:
         """The spec to answer a ``request`` (its name) with, which ``compact`` says accepts_compact_bounds set
@@ -454,6 +470,9 @@ class EnvService(pb_grpc.EnvServiceServicer):
         assert self.spec is not None  # (the envs are attached: callers checked)
         if compact:
             return self.spec
+        if self._full_spec_later is not None:  # (the first request for it: see _full_spec)
+            self._full_spec = self._make_full_spec(*self._full_spec_later)
+            self._full_spec_later = None
         if self._full_spec is None:
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -795,7 +814,11 @@ class EnvService(pb_grpc.EnvServiceServicer):
         started = time.perf_counter()
         try:
             async with self._env_lock:  # (an env call of an earlier session may still run: waited for)
-                old, old_spec, old_full = self._env, self.spec, (self._full_spec, self.full_spec_bytes)
+                old, old_spec, old_full = (
+                    self._env,
+                    self.spec,
+                    (self._full_spec, self._full_spec_later, self.full_spec_bytes),
+                )
                 future = asyncio.get_running_loop().run_in_executor(self._env_thread, self._build_anew, old)
                 # (the Handshake cancelled meanwhile: the build goes on, and is kept)
                 cancelled = await _wait_uncancellable(future)
@@ -820,7 +843,7 @@ class EnvService(pb_grpc.EnvServiceServicer):
                 else:
                     self._env = None  # (the old envs were closed; new ones that cannot serve are closed below)
                     if old_spec is not None:
-                        self.spec, (self._full_spec, self.full_spec_bytes) = old_spec, old_full
+                        self.spec, (self._full_spec, self._full_spec_later, self.full_spec_bytes) = old_spec, old_full
                     what = str(error) if isinstance(error, EnvBuildError) else f"{type(error).__name__}: {error}"
                     self._rebuild_failed = (
                         f"the server could not build its envs anew for a new session (--fresh-envs): {what}; it "
@@ -1533,6 +1556,31 @@ def _full_bounds_bytes(space: gym.Space[Any]) -> int:
     if isinstance(space, gym.spaces.Tuple):
         return sum(_full_bounds_bytes(s) for s in space.spaces)
     return 2 * space_bytes(space) if isinstance(space, gym.spaces.Box) else 0
+
+
+def _full_spec_most(obs_space: gym.Space[Any], act_space: gym.Space[Any], spec: pb.EnvSpec) -> int:
+    """The most the spec ``spec`` (compact) describes takes with its Box bounds at full shape, from the spaces'
+    sizes, without encoding them: every Box field at full shape (low and high in the Box's dtype; an integer Box's
+    unbounded masks, one byte an element, where sent), plus the compact spec, plus 9 bytes for each message's
+    length prefix grown as its content grows (a varint takes 10 bytes at most; a spec holds fewer messages than
+    half its bytes, each a tag and a length at least)."""
+    return _full_fields_bytes(obs_space) + _full_fields_bytes(act_space) + spec.ByteSize() + 9 * (spec.ByteSize() // 2)
+
+
+def _full_fields_bytes(space: gym.Space[Any]) -> int:
+    """Bytes the Box fields of ``space`` take at full shape (see _full_spec_most; Dict and Tuple: their parts')."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_full_fields_bytes(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_full_fields_bytes(s) for s in space.spaces)
+    if not isinstance(space, gym.spaces.Box):
+        return 0
+    masks = 0
+    if space.dtype.kind != "f":  # (as codec.encode_space sends them)
+        masks = sum(
+            math.prod(space.shape) for bounded in (space.bounded_below, space.bounded_above) if not bounded.all()
+        )
+    return 2 * space_bytes(space) + masks
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 from env_server import codec
+from env_server.config import ServerConfig
+from env_server.envs import build_vector_env
 from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
+from env_server.service import SPEC_ROOM, EnvService
 from learner import RemoteVectorEnv
 from learner.cli import main
 from learner.specs import incompatible
@@ -80,6 +83,31 @@ def test_an_old_learner_gets_full_bounds_and_a_new_one_compact_ones_where_unifor
     assert list(counts.low.shape) == list(counts.unbounded_below.shape) == [3]
     assert not counts.high.shape and not counts.unbounded_above.shape and list(counts.shape) == [3]
     assert boxes["camera"].ByteSize() < 40 < full[0].dict.spaces[0].ByteSize()
+
+
+@pytest.mark.parametrize("env_id", ["tests.envs:BoundsEnv", "CartPole-v1"])
+def test_the_full_bounds_spec_is_built_at_the_first_old_request_as_it_was_at_start(env_id: str) -> None:
+    """Where it surely fits an answer, the spec with full-shape bounds (twice a camera frame) is built at the first
+    request without accepts_compact_bounds, not at start: the same bytes a spec made at start has (every field,
+    the versions included), kept for the next requests; one copy where no bound is compact (CartPole's)."""
+    service = EnvService(ServerConfig(env=env_id, num_envs=2))
+    envs = build_vector_env(service._config)
+    try:
+        service.attach(envs)
+        assert service._full_spec is None and service._full_spec_later is not None
+        assert 0 < service.full_spec_bytes <= SPEC_ROOM  # (the least it takes, until built)
+        made_at_start = service._make_spec()  # (how attach made it before)
+        full = service._spec_for(False, "GetSpecRequest")
+        assert full.SerializeToString(deterministic=True) == made_at_start.SerializeToString(deterministic=True)
+        assert service.full_spec_bytes == full.ByteSize() and service._full_spec_later is None
+        assert service._spec_for(False, "HandshakeRequest") is full
+        assert service._spec_for(True, "GetSpecRequest") is service.spec
+        assert (full is service.spec) == (env_id == "CartPole-v1")
+        # (built at once, as before, where it may not fit: the same spec)
+        assert service._make_full_spec(envs.single_observation_space, envs.single_action_space) == full
+    finally:
+        service.close()
+        envs.close()
 
 
 def test_a_new_learner_reads_an_old_servers_full_bounds_and_a_fleet_mixing_both(
