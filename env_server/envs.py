@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -1457,7 +1458,14 @@ def build_vector_env(
                 ]
                 fns += [_kept(make, made) for make in isolated[1:]]
                 try:
-                    vec = WideInfoSyncVectorEnv(fns, autoreset_mode=mode, copy=copy)
+                    # Built and their spaces checked here, not by SyncVectorEnv: see _observation_mode.
+                    built = [make() for make in fns]
+                    vec = WideInfoSyncVectorEnv(
+                        [functools.partial(_given, env) for env in built],
+                        autoreset_mode=mode,
+                        copy=copy,
+                        observation_mode=_observation_mode(built),
+                    )
                 except BaseException:
                     # (env 0 holds ``first``: closed with it, or alone where it was not made yet)
                     _close_built(made or [first], config.env)
@@ -1493,6 +1501,87 @@ def _kept(factory: Callable[[], gym.Env[Any, Any]], made: list[gym.Env[Any, Any]
         return env
 
     return make_kept
+
+
+def _given(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    """``env``, built already (an env function of SyncVectorEnv's)."""
+    return env
+
+
+# Elements of Box bounds compared at a time (see _same_space): numpy's allclose makes float64 arrays of its
+# operands (a few at once), 2 MiB each so.
+_COMPARED_AT_ONCE = 1 << 18
+
+
+def _observation_mode(envs: Sequence[gym.Env[Any, Any]]) -> Any:
+    """SyncVectorEnv's ``observation_mode`` for ``envs``, their spaces checked as its default mode ("same") checks
+    them, with its errors (RuntimeError), in its order: each env's observation space equal to env 0's, then its
+    action space; the spaces (the batched one first, as SyncVectorEnv makes it, and env 0's) where every env's
+    observation space has env 0's type, shape and dtype too (what SyncVectorEnv then checks instead), so that it
+    does not compare them again; "same" otherwise (as before).
+
+    SyncVectorEnv compares them with their ``==``, whose np.allclose of a Box's bounds makes float64 arrays of
+    them: ~25 times a uint8 observation for a moment, for each env, the first's with itself included (a 16 MiB
+    observation: 633 MiB of peak at the start for 1 env); here they are compared a part at a time
+    (:func:`_same_space`, which says what their ``==`` says)."""
+    single, single_action = envs[0].observation_space, envs[0].action_space
+    batched = gym.vector.utils.batch_space(single, len(envs))
+    alike = True
+    for env in envs:
+        if not _same_space(env.observation_space, single):
+            raise RuntimeError(  # (SyncVectorEnv's words)
+                f"SyncVectorEnv(..., observation_mode='same') however the sub-environments observation spaces are "
+                f"not equivalent. single_observation_space={single}, sub-environment observation_space="
+                f"{env.observation_space}. If this is intentional, use `observation_mode='different'` instead."
+            )
+        if env.action_space != single_action:
+            raise RuntimeError(
+                f"Sub-environment action space doesn't make the `single_action_space`, action_space="
+                f"{env.action_space}, single_action_space={single_action}"
+            )
+        alike = alike and gym.spaces.utils.is_space_dtype_shape_equiv(env.observation_space, single)
+    return (batched, single) if alike else "same"
+
+
+def _same_space(space: gym.Space[Any], other: gym.Space[Any]) -> bool:
+    """``space == other``, as gymnasium's Box, Dict and Tuple say it (``other`` in ``space``'s Dict or Tuple:
+    Python's ``is`` first, as a dict's and a tuple's ``==`` do), a Box's bounds compared a part at a time; other
+    spaces, and subclasses with their own ``==``, by their ``==``."""
+    kind = type(space).__eq__
+    if kind is gym.spaces.Box.__eq__:
+        assert isinstance(space, gym.spaces.Box)
+        return (
+            isinstance(other, gym.spaces.Box)
+            and space.shape == other.shape
+            and space.dtype == other.dtype
+            and _allclose(space.low, other.low)
+            and _allclose(space.high, other.high)
+        )
+    if kind is gym.spaces.Dict.__eq__:
+        assert isinstance(space, gym.spaces.Dict)
+        if not isinstance(other, gym.spaces.Dict) or space.spaces.keys() != other.spaces.keys():
+            return False
+        ordered = isinstance(space.spaces, OrderedDict) and isinstance(other.spaces, OrderedDict)
+        if ordered and list(space.spaces) != list(other.spaces):
+            return False  # (two OrderedDicts' == minds their order)
+        return all(s is other.spaces[k] or _same_space(s, other.spaces[k]) for k, s in space.spaces.items())
+    if kind is gym.spaces.Tuple.__eq__:
+        assert isinstance(space, gym.spaces.Tuple)
+        return (
+            isinstance(other, gym.spaces.Tuple)
+            and len(space.spaces) == len(other.spaces)
+            and all(s is o or _same_space(s, o) for s, o in zip(space.spaces, other.spaces, strict=True))
+        )
+    return bool(space == other)
+
+
+def _allclose(a: np.ndarray, b: np.ndarray) -> bool:
+    """np.allclose of two arrays of one shape, a part at a time (see _COMPARED_AT_ONCE)."""
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    return all(
+        np.allclose(flat_a[i : i + _COMPARED_AT_ONCE], flat_b[i : i + _COMPARED_AT_ONCE])
+        for i in range(0, flat_a.size, _COMPARED_AT_ONCE)
+    )
 
 
 def _close_built(envs: Sequence[gym.Env[Any, Any]], name: str) -> None:

@@ -18,12 +18,15 @@ def _builds(file: Any) -> int:
 
 
 class Recorded(gym.Env[Any, Any]):
-    """Build number ``fail_at`` raises; a close raises where ``close_fails`` (after it is recorded)."""
+    """Build number ``fail_at`` raises; a close raises where ``close_fails`` (after it is recorded); build number
+    ``obs_differs_at`` has a high bound of 2 (not 1), number ``action_differs_at`` 3 actions (not 2)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, record: str, fail_at: int, close_fails: bool = False) -> None:
+    def __init__(
+        self, record: str, fail_at: int, close_fails: bool = False, obs_differs_at: int = 0, action_differs_at: int = 0
+    ) -> None:
         self.record = Path(record)
         self.close_fails = close_fails
         with self.record.open("a+") as file:
@@ -33,6 +36,10 @@ class Recorded(gym.Env[Any, Any]):
         if number == fail_at:
             raise RuntimeError(f"build {number} fails")
         self.number = number
+        if number == obs_differs_at:
+            self.observation_space = gym.spaces.Box(-1.0, 2.0, shape=(2,), dtype=np.float32)
+        if number == action_differs_at:
+            self.action_space = gym.spaces.Discrete(3)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)

@@ -5,15 +5,20 @@ logged, and the build's own error raised."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
-from env_server import ServerConfig, build_vector_env
+from env_server import ServerConfig, build_vector_env, envs
 from env_server.envs import EnvBuildError
-from tests.closing_envs import records
+from tests.closing_envs import Recorded, records
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,6 +33,84 @@ def test_a_sync_build_that_fails_closes_the_envs_it_made(tmp_path: Path) -> None
     found = records(record)
     assert found["made"] == [1, 2] and found["failed"] == [3]
     assert sorted(found["closed"]) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("obs_differs_at", "action_differs_at", "words"),
+    [(2, 0, "observation spaces are not equivalent"), (3, 2, "action space doesn't make the `single_action_space`")],
+)
+def test_a_sync_build_whose_envs_spaces_differ_is_refused_in_gymnasiums_words_and_closes_them(
+    tmp_path: Path, obs_differs_at: int, action_differs_at: int, words: str
+) -> None:
+    """The envs' spaces are checked by the server (see envs._observation_mode), not by SyncVectorEnv: the same
+    error as SyncVectorEnv's, the first env that differs (its observation space, then its action space) named."""
+    kwargs: dict[str, Any] = {"fail_at": 0, "obs_differs_at": obs_differs_at, "action_differs_at": action_differs_at}
+    theirs = [functools.partial(Recorded, str(tmp_path / "theirs"), **kwargs) for _ in range(3)]
+    with pytest.raises(RuntimeError) as gymnasiums:
+        gym.vector.SyncVectorEnv(theirs)
+    assert words in str(gymnasiums.value)
+    record = tmp_path / "record"
+    config = ServerConfig(env=ENV, num_envs=3, env_kwargs={"record": str(record), **kwargs})
+    with pytest.raises(EnvBuildError) as ours:
+        build_vector_env(config)
+    assert str(gymnasiums.value) in str(ours.value), (ours.value, gymnasiums.value)
+    found = records(record)
+    assert found["made"] == [1, 2, 3] and sorted(found["closed"]) == [1, 2, 3]
+
+
+def test_a_sync_builds_spaces_are_those_sync_vector_env_makes(tmp_path: Path) -> None:
+    record = str(tmp_path / "record")
+    config = ServerConfig(env=ENV, num_envs=3, env_kwargs={"record": record, "fail_at": 0})
+    vec = build_vector_env(config)
+    theirs = gym.vector.SyncVectorEnv([functools.partial(Recorded, record, 0) for _ in range(3)])
+    try:
+        assert vec.single_observation_space is vec.unwrapped.envs[0].observation_space  # type: ignore[attr-defined]
+        assert vec.observation_space == theirs.observation_space
+        assert vec.observation_space.low.shape == (3, 2)  # type: ignore[attr-defined]
+        assert vec.action_space == theirs.action_space
+    finally:
+        vec.close()
+        theirs.close()
+
+
+def _spaces() -> list[gym.Space[Any]]:
+    """Spaces some pairs of which gymnasium's == says are equal, others not (tolerance, dtype, shape, keys...)."""
+    big = np.zeros(envs._COMPARED_AT_ONCE * 2 + 5, np.float32)
+    big_late = big.copy()
+    big_late[-1] = 1.0
+    return [
+        gym.spaces.Box(0, 255, (4, 3), np.uint8),
+        gym.spaces.Box(0, 255, (4, 3), np.uint8),
+        gym.spaces.Box(0, 254, (4, 3), np.uint8),
+        gym.spaces.Box(0, 255, (3, 4), np.uint8),
+        gym.spaces.Box(0, 255, (4, 3), np.int16),
+        gym.spaces.Box(-1.0, 1.0, (3,), np.float64),
+        gym.spaces.Box(-1.0, 1.0 + 1e-9, (3,), np.float64),  # (within allclose's tolerance: equal)
+        gym.spaces.Box(-1.0, 1.001, (3,), np.float64),
+        gym.spaces.Box(-np.inf, np.inf, (3,), np.float64),
+        gym.spaces.Box(big, big + 1),
+        gym.spaces.Box(big_late, big + 1),
+        gym.spaces.Box(np.zeros(0, np.float32), np.zeros(0, np.float32)),
+        gym.spaces.Discrete(3),
+        gym.spaces.Discrete(3, start=1),
+        gym.spaces.Discrete(3, dtype=np.int32),
+        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,)), "b": gym.spaces.Discrete(2)}),
+        gym.spaces.Dict({"b": gym.spaces.Discrete(2), "a": gym.spaces.Box(0, 1, (2,))}),
+        gym.spaces.Dict({"a": gym.spaces.Box(0, 2, (2,)), "b": gym.spaces.Discrete(2)}),
+        gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),
+        gym.spaces.Dict(OrderedDict([("b", gym.spaces.Discrete(2)), ("a", gym.spaces.Box(0, 1, (2,)))])),
+        gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(2))),
+        gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(3))),
+        gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)),)),
+    ]
+
+
+def test_the_build_compares_spaces_as_gymnasiums_eq_does() -> None:
+    spaces, again = _spaces(), _spaces()
+    for space in spaces:
+        for other in spaces + again:
+            assert envs._same_space(space, other) == (space == other), (space, other)
 
 
 def test_a_close_that_raises_is_logged_and_the_build_error_raised(
