@@ -1515,10 +1515,12 @@ _COMPARED_AT_ONCE = 1 << 18
 
 def _observation_mode(envs: Sequence[gym.Env[Any, Any]]) -> Any:
     """SyncVectorEnv's ``observation_mode`` for ``envs``, their spaces checked as its default mode ("same") checks
-    them, with its errors (RuntimeError), in its order: each env's observation space equal to env 0's, then its
-    action space; the spaces (the batched one first, as SyncVectorEnv makes it, and env 0's) where every env's
-    observation space has env 0's type, shape and dtype too (what SyncVectorEnv then checks instead), so that it
-    does not compare them again; "same" otherwise (as before).
+    them, with its errors (RuntimeError), in its order: each env's observation space equal to env 0's (its ``!=``,
+    :func:`_space_differs`), then its action space; the spaces (the batched one first, as SyncVectorEnv makes it,
+    and env 0's) where every env's observation space has env 0's type, shape and dtype too (what SyncVectorEnv then
+    checks instead), so that it does not compare them again; "same" otherwise (as before), and where gymnasium
+    cannot tell their type, shape and dtype (is_space_dtype_shape_equiv raises NotImplementedError for a space of
+    its generic kind, a Space subclass of an env's own, which "same" batches and compares with its ``==``).
 
     SyncVectorEnv compares them with their ``==``, whose np.allclose of a Box's bounds makes float64 arrays of
     them: ~25 times a uint8 observation for a moment, for each env, the first's with itself included (a 16 MiB
@@ -1526,9 +1528,8 @@ def _observation_mode(envs: Sequence[gym.Env[Any, Any]]) -> Any:
     (:func:`_same_space`, which says what their ``==`` says)."""
     single, single_action = envs[0].observation_space, envs[0].action_space
     batched = gym.vector.utils.batch_space(single, len(envs))
-    alike = True
     for env in envs:
-        if not _same_space(env.observation_space, single):
+        if _space_differs(env.observation_space, single):
             raise RuntimeError(  # (SyncVectorEnv's words)
                 f"SyncVectorEnv(..., observation_mode='same') however the sub-environments observation spaces are "
                 f"not equivalent. single_observation_space={single}, sub-environment observation_space="
@@ -1539,16 +1540,50 @@ def _observation_mode(envs: Sequence[gym.Env[Any, Any]]) -> Any:
                 f"Sub-environment action space doesn't make the `single_action_space`, action_space="
                 f"{env.action_space}, single_action_space={single_action}"
             )
-        alike = alike and gym.spaces.utils.is_space_dtype_shape_equiv(env.observation_space, single)
+    alike = all(_dtype_shape_alike(env.observation_space, single) for env in envs)
     return (batched, single) if alike else "same"
 
 
+def _dtype_shape_alike(space: gym.Space[Any], single: gym.Space[Any]) -> bool:
+    """gymnasium's ``is_space_dtype_shape_equiv(space, single)``, what SyncVectorEnv checks of each env's
+    observation space where it is given the spaces; False where it raises (NotImplementedError for a space of
+    gymnasium's generic kind, anything a function registered for a space of an env's own may raise): such envs
+    are built in the "same" mode, as before, which never asks it."""
+    try:
+        return bool(gym.spaces.utils.is_space_dtype_shape_equiv(space, single))
+    except Exception:
+        return False
+
+
+def _space_differs(space: gym.Space[Any], single: gym.Space[Any]) -> bool:
+    """``space != single``, SyncVectorEnv's test of each env's observation space (``single``: env 0's), as
+    :func:`_same_space` says it where it can (``!=`` being ``not ==`` there), by ``!=`` itself otherwise."""
+    same = _compared_in_parts(space, single)
+    return bool(space != single) if same is None else not same
+
+
 def _same_space(space: gym.Space[Any], other: gym.Space[Any]) -> bool:
-    """``space == other``, as gymnasium's Box, Dict and Tuple say it (``other`` in ``space``'s Dict or Tuple:
-    Python's ``is`` first, as a dict's and a tuple's ``==`` do), a Box's bounds compared a part at a time; other
-    spaces, and subclasses with their own ``==``, by their ``==``."""
-    kind = type(space).__eq__
-    if kind is gym.spaces.Box.__eq__:
+    """``space == other``, as gymnasium's Box, Dict and Tuple say it, a Box's bounds compared a part at a time
+    (:func:`_compared_in_parts`); other spaces, and subclasses with their own ``==`` or ``!=``, by ``==``."""
+    same = _compared_in_parts(space, other)
+    return bool(space == other) if same is None else same
+
+
+def _compared_in_parts(space: gym.Space[Any], other: gym.Space[Any]) -> bool | None:
+    """What ``space == other`` says where gymnasium's Box, Dict or Tuple ``__eq__`` says it (and ``!=`` is its
+    negation: no ``__ne__`` of a subclass's own), a Box's bounds compared a part at a time; None where another
+    ``==`` would answer (then asked by the callers: a Discrete's, a subclass's own).
+
+    As Python's ``==`` and ``!=`` do: where ``other``'s class is a strict subclass of ``space``'s, ``other``
+    answers (a Box subclass's own ``==`` on env 0's space, say, or Box's with the operands swapped: np.allclose
+    is not symmetric, its tolerance relative to its second operand); a Dict's and a Tuple's parts are compared
+    as a dict's and a tuple's ``==`` compare them (the same object equal at once, then their ``==``)."""
+    if type(other) is not type(space) and type(space) in type(other).__mro__:
+        space, other = other, space
+    kind = type(space)
+    if kind.__ne__ is not object.__ne__:
+        return None
+    if kind.__eq__ is gym.spaces.Box.__eq__:
         assert isinstance(space, gym.spaces.Box)
         return (
             isinstance(other, gym.spaces.Box)
@@ -1557,7 +1592,7 @@ def _same_space(space: gym.Space[Any], other: gym.Space[Any]) -> bool:
             and _allclose(space.low, other.low)
             and _allclose(space.high, other.high)
         )
-    if kind is gym.spaces.Dict.__eq__:
+    if kind.__eq__ is gym.spaces.Dict.__eq__:
         assert isinstance(space, gym.spaces.Dict)
         if not isinstance(other, gym.spaces.Dict) or space.spaces.keys() != other.spaces.keys():
             return False
@@ -1565,14 +1600,14 @@ def _same_space(space: gym.Space[Any], other: gym.Space[Any]) -> bool:
         if ordered and list(space.spaces) != list(other.spaces):
             return False  # (two OrderedDicts' == minds their order)
         return all(s is other.spaces[k] or _same_space(s, other.spaces[k]) for k, s in space.spaces.items())
-    if kind is gym.spaces.Tuple.__eq__:
+    if kind.__eq__ is gym.spaces.Tuple.__eq__:
         assert isinstance(space, gym.spaces.Tuple)
         return (
             isinstance(other, gym.spaces.Tuple)
             and len(space.spaces) == len(other.spaces)
             and all(s is o or _same_space(s, o) for s, o in zip(space.spaces, other.spaces, strict=True))
         )
-    return bool(space == other)
+    return None
 
 
 def _allclose(a: np.ndarray, b: np.ndarray) -> bool:

@@ -17,15 +17,44 @@ def _builds(file: Any) -> int:
     return sum(1 for line in file.read().splitlines() if not line.startswith("closed "))
 
 
+class LooseBox(gym.spaces.Box):
+    """A Box whose ``==`` minds its shape and dtype only, not its bounds."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, gym.spaces.Box) and self.shape == other.shape and self.dtype == other.dtype
+
+
+class OwnSpace(gym.Space[Any]):
+    """A space of an env's own (gymnasium batches it as its generic kind, a Tuple of copies, and cannot tell its
+    shape and dtype: is_space_dtype_shape_equiv raises NotImplementedError), equal to any other of its class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def contains(self, x: Any) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OwnSpace)
+
+
 class Recorded(gym.Env[Any, Any]):
     """Build number ``fail_at`` raises; a close raises where ``close_fails`` (after it is recorded); build number
-    ``obs_differs_at`` has a high bound of 2 (not 1), number ``action_differs_at`` 3 actions (not 2)."""
+    ``obs_differs_at`` has a high bound of 2 (not 1), number ``action_differs_at`` 3 actions (not 2). ``spaces``
+    "own": each env's observation space an OwnSpace; "loose": build number 1's a LooseBox (high 1), the others' a
+    Box with a high bound of 2, which the LooseBox's ``==`` says are equal to it."""
 
-    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+    observation_space: gym.Space[Any] = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
 
     def __init__(
-        self, record: str, fail_at: int, close_fails: bool = False, obs_differs_at: int = 0, action_differs_at: int = 0
+        self,
+        record: str,
+        fail_at: int,
+        close_fails: bool = False,
+        obs_differs_at: int = 0,
+        action_differs_at: int = 0,
+        spaces: str = "",
     ) -> None:
         self.record = Path(record)
         self.close_fails = close_fails
@@ -40,6 +69,11 @@ class Recorded(gym.Env[Any, Any]):
             self.observation_space = gym.spaces.Box(-1.0, 2.0, shape=(2,), dtype=np.float32)
         if number == action_differs_at:
             self.action_space = gym.spaces.Discrete(3)
+        if spaces == "own":
+            self.observation_space = OwnSpace()
+        elif spaces == "loose":
+            high = 1.0 if number == 1 else 2.0
+            self.observation_space = (LooseBox if number == 1 else gym.spaces.Box)(-1.0, high, (2,), np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)

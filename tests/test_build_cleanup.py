@@ -18,7 +18,7 @@ import pytest
 
 from env_server import ServerConfig, build_vector_env, envs
 from env_server.envs import EnvBuildError
-from tests.closing_envs import Recorded, records
+from tests.closing_envs import LooseBox, OwnSpace, Recorded, records
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,6 +73,33 @@ def test_a_sync_builds_spaces_are_those_sync_vector_env_makes(tmp_path: Path) ->
         theirs.close()
 
 
+@pytest.mark.parametrize("spaces", ["own", "loose"])
+def test_a_sync_build_takes_the_envs_sync_vector_env_takes(tmp_path: Path, spaces: str) -> None:
+    """Envs that gymnasium's SyncVectorEnv takes are taken, their spaces its: a space of the env's own (whose shape
+    and dtype gymnasium cannot tell: built in the "same" mode, as before), and env 0's Box of a subclass whose own
+    ``==`` says the other envs' (other bounds) equal to it (Python asks it first, the subclass's, for ``!=`` too)."""
+    kwargs: dict[str, Any] = {"fail_at": 0, "spaces": spaces}
+    theirs = gym.vector.SyncVectorEnv(
+        [functools.partial(Recorded, str(tmp_path / "theirs"), **kwargs) for _ in range(3)]
+    )
+    vec = build_vector_env(ServerConfig(env=ENV, num_envs=3, env_kwargs={"record": str(tmp_path / "record"), **kwargs}))
+    try:
+        assert vec.single_observation_space is vec.unwrapped.envs[0].observation_space  # type: ignore[attr-defined]
+        assert type(vec.observation_space) is type(theirs.observation_space)
+        assert vec.observation_space == theirs.observation_space
+        # (their types differ, or gymnasium cannot tell them: SyncVectorEnv compares the spaces itself, as before)
+        assert vec.unwrapped.observation_mode == "same"  # type: ignore[attr-defined]
+    finally:
+        vec.close()
+        theirs.close()
+
+
+class _WideBox(gym.spaces.Box):
+    """A Box subclass with Box's own ``==``: Python asks it first where it is the right operand, and np.allclose's
+    tolerance is relative to its second operand (1000 and 1000.01000005: close one way, not the other; ``==``
+    says not equal, either way round, the _WideBox's bounds compared with the Box's)."""
+
+
 def _spaces() -> list[gym.Space[Any]]:
     """Spaces some pairs of which gymnasium's == says are equal, others not (tolerance, dtype, shape, keys...)."""
     big = np.zeros(envs._COMPARED_AT_ONCE * 2 + 5, np.float32)
@@ -103,14 +130,28 @@ def _spaces() -> list[gym.Space[Any]]:
         gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(2))),
         gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(3))),
         gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)),)),
+        gym.spaces.Box(0.0, 1000.0, (2,), np.float64),
+        _WideBox(0.0, 1000.01000005, (2,), np.float64),
+        _WideBox(0.0, 1000.0, (2,), np.float64),
+        LooseBox(0, 255, (4, 3), np.uint8),
+        LooseBox(-1.0, 1.0, (3,), np.float64),
+        gym.spaces.Dict({"a": LooseBox(0, 7, (2,)), "b": gym.spaces.Discrete(2)}),
+        gym.spaces.Tuple((LooseBox(0, 7, (2,)), gym.spaces.Discrete(2))),
+        OwnSpace(),
     ]
 
 
 def test_the_build_compares_spaces_as_gymnasiums_eq_does() -> None:
+    """_same_space says what ``==`` says, _space_differs what ``!=`` says (SyncVectorEnv's test), of every pair,
+    either way round: Box subclasses too, with Box's ``==`` or their own."""
     spaces, again = _spaces(), _spaces()
+    box, wide = spaces[-8], spaces[-7]  # (see _WideBox)
+    assert isinstance(box, gym.spaces.Box) and isinstance(wide, _WideBox)
+    assert np.allclose(box.high, wide.high) and not np.allclose(wide.high, box.high) and box != wide != box
     for space in spaces:
         for other in spaces + again:
             assert envs._same_space(space, other) == (space == other), (space, other)
+            assert envs._space_differs(space, other) == (space != other), (space, other)
 
 
 def test_a_close_that_raises_is_logged_and_the_build_error_raised(
