@@ -20,7 +20,7 @@ from env_server.envs import build_vector_env
 from env_server.protocol import MAX_MESSAGE_BYTES
 from env_server.rpc import env_pb2 as pb
 from env_server.rpc import env_pb2_grpc as pb_grpc
-from env_server.service import SPEC_ROOM, EnvService
+from env_server.service import SPEC_ROOM, EnvService, _full_spec_most
 from learner import RemoteVectorEnv
 from learner.cli import main
 from learner.specs import incompatible
@@ -108,6 +108,65 @@ def test_the_full_bounds_spec_is_built_at_the_first_old_request_as_it_was_at_sta
     finally:
         service.close()
         envs.close()
+
+
+def _most_cases() -> list[tuple[gym.Space[Any], gym.Space[Any]]]:
+    """Observation and action spaces whose spec grows most with its bounds at full shape, for its size compact:
+    many small Boxes (each bound's tensor gets a shape and a data length), many dimensions, integer Boxes
+    unbounded everywhere (their masks at full shape too), nested Dicts and Tuples."""
+    env = BoundsEnv()
+    small = gym.spaces.Dict({f"k{i}": gym.spaces.Box(-1.0, 1.0, (2,), np.float64) for i in range(200)})
+    dims = gym.spaces.Box(0, 255, (2, 1, 3, 1, 2, 1, 1, 2), np.uint8)
+    wide_dims = gym.spaces.Box(-1.0, 1.0, (70000, 3), np.float32)
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (5, 7), np.int64)
+    nested = gym.spaces.Tuple(
+        (gym.spaces.Dict({"a": gym.spaces.Tuple((unbounded, gym.spaces.Box(0, 1, (3,), np.int8)))}), dims)
+    )
+    discrete = gym.spaces.Discrete(3)
+    return [
+        (env.observation_space, env.action_space),
+        (small, small),
+        (dims, discrete),
+        (wide_dims, unbounded),
+        (nested, nested),
+        (gym.spaces.Box(0.0, 1.0, (1,)), gym.spaces.Box(0.0, 1.0, (0, 4))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_most_cases())))
+def test_the_full_bounds_spec_takes_no_more_than_the_most_attach_reckons(case: int) -> None:
+    """attach builds the full-shape spec at the first old request only where service._full_spec_most says it
+    fits; what it reckons is never less than the spec then takes."""
+    obs_space, act_space = _most_cases()[case]
+    compact = pb.EnvSpec(env_id="tests.envs:BoundsEnv", num_envs=2)
+    codec.encode_space(obs_space, compact.observation_space, compact=True)
+    codec.encode_space(act_space, compact.action_space, compact=True)
+    full = pb.EnvSpec(env_id="tests.envs:BoundsEnv", num_envs=2)
+    codec.encode_space(obs_space, full.observation_space)
+    codec.encode_space(act_space, full.action_space)
+    assert full.ByteSize() <= _full_spec_most(obs_space, act_space, compact), (full.ByteSize(), compact.ByteSize())
+
+
+def test_an_old_learner_gets_the_same_full_bounds_spec_before_and_after_a_fresh_envs_rebuild(
+    spawn_server: SpawnServer,
+) -> None:
+    """--fresh-envs: a new learner's Handshake builds the envs anew and attaches them again, which leaves the
+    full-shape spec to be made again at the first old request after it: the same spec as before the rebuild
+    (the old Handshake's own refusal check made it of the old envs first, then of the new)."""
+    server = spawn_server("tests.envs:BoundsEnv", 2, "--fresh-envs")
+    with grpc.insecure_channel(server.address, options=OPTIONS) as channel:
+        stub = pb_grpc.EnvServiceStub(channel)
+        before = stub.GetSpec(pb.GetSpecRequest(), timeout=30).spec
+        compact = stub.GetSpec(pb.GetSpecRequest(accepts_compact_bounds=True), timeout=30).spec
+        assert before != compact and before.ByteSize() > compact.ByteSize()
+        with RemoteVectorEnv([server.address]) as envs:  # (a session whose envs run: the next one's are rebuilt)
+            envs.reset(seed=0)
+        hello = stub.Handshake(pb.HandshakeRequest(client_name="old"), timeout=60)
+        assert "rebuilt in" in server.logs(), server.logs()
+        assert hello.spec.SerializeToString(deterministic=True) == before.SerializeToString(deterministic=True)
+        stub.Release(pb.ReleaseRequest(session_id=hello.session_id), timeout=30)
+        assert stub.GetSpec(pb.GetSpecRequest(), timeout=30).spec == before
+        assert stub.GetSpec(pb.GetSpecRequest(accepts_compact_bounds=True), timeout=30).spec == compact
 
 
 def test_a_new_learner_reads_an_old_servers_full_bounds_and_a_fleet_mixing_both(
