@@ -10,7 +10,7 @@ import logging
 import signal
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -98,6 +98,53 @@ class _WideBox(gym.spaces.Box):
     """A Box subclass with Box's own ``==``: Python asks it first where it is the right operand, and np.allclose's
     tolerance is relative to its second operand (1000 and 1000.01000005: close one way, not the other; ``==``
     says not equal, either way round, the _WideBox's bounds compared with the Box's)."""
+
+
+def _batch_cases() -> list[gym.Space[Any]]:
+    """Spaces to batch: Boxes of one low and one high value (which envs._batched makes from those values), and
+    others (which it leaves to batch_space): per-element bounds, in their last element past the first part
+    compared, bool, a Box subclass, a Dict."""
+    big = np.zeros(envs._COMPARED_AT_ONCE + 5, np.float32)
+    big_late = big.copy()
+    big_late[-1] = -1.0
+    return [
+        gym.spaces.Box(0, 255, (4, 3, 2), np.uint8),
+        gym.spaces.Box(-np.inf, np.inf, (5,), np.float32),
+        gym.spaces.Box(-0.0, 0.0, (2,), np.float64),
+        gym.spaces.Box(-np.inf, 7, (2, 2), np.int64),  # (an integer Box unbounded below: batched, it is bounded)
+        gym.spaces.Box(-128, 127, (3,), np.int8),
+        gym.spaces.Box(-1.5, 2.5, (2, 3), np.float16),
+        gym.spaces.Box(0.0, 1.0, (), np.float64),
+        gym.spaces.Box(big, big + 1),  # (one value, over more than one part)
+        gym.spaces.Box(0.0, 1.0, (0, 3), np.float32),  # (batch_space's: no value)
+        gym.spaces.Box(big_late, big + 1),  # (batch_space's)
+        gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 1.0], np.float32)),  # (batch_space's)
+        gym.spaces.Box(0, 1, (3,), cast(Any, np.bool_)),  # (batch_space's)
+        _WideBox(0.0, 1.0, (2,)),  # (batch_space's: a subclass)
+        gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),  # (batch_space's)
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_batch_cases())))
+def test_the_batched_space_is_gymnasiums(case: int) -> None:
+    """envs._batched makes a Box of one low and one high value from those values: the same Box as gymnasium's
+    batch_space makes, its arrays alike (values, dtype, layout), its other attributes equal, seeded alike."""
+    space = _batch_cases()[case]
+    space.seed(7)
+    ours, theirs = envs._batched(space, 3), gym.vector.utils.batch_space(space, 3)
+    assert type(ours) is type(theirs) and ours == theirs and str(ours) == str(theirs)
+    assert vars(ours).keys() == vars(theirs).keys()
+    assert ours.np_random.bit_generator.state == theirs.np_random.bit_generator.state
+    if isinstance(ours, gym.spaces.Box) and isinstance(theirs, gym.spaces.Box):
+        for name, mine in vars(ours).items():
+            gyms = vars(theirs)[name]
+            if not isinstance(mine, np.ndarray):
+                assert name == "_np_random" or mine == gyms, name
+                continue
+            assert mine.dtype == gyms.dtype and mine.shape == gyms.shape, name
+            assert mine.tobytes() == gyms.tobytes() and mine.strides == gyms.strides, name
+            assert mine.flags.writeable == gyms.flags.writeable and mine.flags.owndata == gyms.flags.owndata, name
+        assert np.array_equal(ours.sample(), theirs.sample())
 
 
 def _spaces() -> list[gym.Space[Any]]:
