@@ -1525,7 +1525,7 @@ def _observation_mode(envs: Sequence[gym.Env[Any, Any]]) -> Any:
 
     SyncVectorEnv compares them with their ``==``, whose np.allclose of a Box's bounds makes float64 arrays of
     them: ~25 times a uint8 observation for a moment, for each env, the first's with itself included (a 16 MiB
-    observation: 633 MiB of peak at the start for 1 env); here they are compared a part at a time
+    observation: 628 MiB of peak at the start for 1 env); here they are compared a part at a time
     (:func:`_same_space`, which says what their ``==`` says)."""
     single, single_action = envs[0].observation_space, envs[0].action_space
     batched = _batched(single, len(envs))

@@ -228,7 +228,7 @@ def test_an_observation_over_32_mib_is_served_to_new_learners_and_old_ones_are_t
 ) -> None:
     """33 MiB (34.6 MB) observations: one fits a step's answer; with full-shape bounds (69 MB) its spec would not,
     so the server used to refuse to start. New learners connect, reset and step; old ones are refused, saying so.
-    (33 MiB, not more: the server peaks at ~0.5 GB as it starts, the learner at ~0.5 GB, most of it gymnasium's
+    (33 MiB, not more: the server peaks at ~0.4 GB as it starts, the learner at ~0.5 GB, most of it gymnasium's
     Box arrays, four of the observation's size a Box, twice: the env's and the batch's.)"""
     server = spawn_server("tests.hang_envs:HugeObservations", 1, "--env-kwargs", '{"mib": 33}')
     assert "learners older than compact bounds (before 2026-12-07) are refused" in server.logs(), server.logs()
