@@ -31,6 +31,7 @@ __all__ = [
     "bar_by_default",
     "bar_postfix",
     "close_bar",
+    "fleet_note",
     "in_notebook",
     "logging_above_bar",
     "progress_bar",
@@ -214,7 +215,8 @@ def quiet_exit() -> None:
 
 def progress_line(row: dict[str, Any], total: int) -> str:
     """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed
-    and, until ``total``, the time left at this session's SPS."""
+    and, until ``total``, the time left at this session's SPS; then, while the fleet is degraded, what it
+    is missing (:func:`fleet_note`)."""
     step, recent = row["global_step"], row["episodic_return_mean"]
     line = (
         f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {row['sps']:,.0f} SPS, "
@@ -222,7 +224,30 @@ def progress_line(row: dict[str, Any], total: int) -> str:
     )
     if step < total and row["sps"] > 0:
         line += f", ~{_duration((total - step) / row['sps'])} left"
+    if note := fleet_note(row):
+        line += f", {note}"
     return line
+
+
+def fleet_note(row: dict[str, Any]) -> str:
+    """What the progress bar and lines add after their figures while the fleet of env servers is degraded, from an
+    update's metrics row (as of the end of the rollout it learned from): the servers down of those in the fleet
+    (``faults/servers_down``: lost and being reconnected, found broken, or back but not stepping yet; of those and
+    the ones up, ``fleet/servers``), then the servers listed at the start that it went on without and that have not
+    joined since (``faults/servers_not_joined``): ``1 of 3 servers down``, ``1 of 3 servers down, 1 not joined``,
+    ``2 servers not joined``. "" while every server is up, and for envs without servers (--backend gym: a row
+    without those keys), so that the usual bar and lines stay as they were. Else a fleet going on without some of
+    its envs showed nothing but a lower SPS there: the warnings that say so at the time grow rarer as it stays so.
+    (Servers listed at a later look-up that do not join are no part of the fleet yet: their warnings say so.)"""
+    down, not_joined = int(row.get("faults/servers_down", 0)), int(row.get("faults/servers_not_joined", 0))
+    said = []
+    if down:
+        up = row.get("fleet/servers")  # (absent: envs that count their servers down but not those up)
+        counted = down if up is None else down + int(up)
+        said.append(f"{down}{'' if up is None else f' of {counted}'} server{'s' if counted > 1 else ''} down")
+    if not_joined:
+        said.append(f"{not_joined} {'' if said else 'server ' if not_joined == 1 else 'servers '}not joined")
+    return ", ".join(said)
 
 
 def _duration(seconds: float) -> str:
@@ -235,9 +260,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def bar_postfix(sps: float | None, recent: float | None) -> str:
-    """What the training progress bar shows after its count: SPS and the recent mean return."""
-    return f"SPS {'-' if sps is None else f'{sps:,.0f}'}, return {'-' if recent is None else format_return(recent)}"
+def bar_postfix(sps: float | None, recent: float | None, fleet: str = "") -> str:
+    """What the training progress bar shows after its count: SPS and the recent mean return; then ``fleet``, what
+    a degraded fleet is missing (:func:`fleet_note`), where there is something to say."""
+    shown = f"SPS {'-' if sps is None else f'{sps:,.0f}'}, return {'-' if recent is None else format_return(recent)}"
+    return f"{shown}, {fleet}" if fleet else shown
 
 
 class _TqdmHandler(logging.Handler):
@@ -453,12 +480,16 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
         bar.close()
 
 
-def close_bar(bar: Any, summary: dict[str, Any], stop_reason: str | None, since: tuple[float, int]) -> None:
+def close_bar(
+    bar: Any, summary: dict[str, Any], stop_reason: str | None, since: tuple[float, int], fleet: str = ""
+) -> None:
     """The training bar's last state, before it closes: the run's final figures (summary.json's), not
     those of its last update. A run stopped by --stop-at-return ends at 100% of the steps it took (the
     bar's total was --total-timesteps, whose remaining time it would show); one stopped by Ctrl-C
     keeps its total (it is to be resumed). ``since``: (time.perf_counter(), step) of the session's start:
-    the SPS of a run stopped mid-rollout counts the steps after its last update too."""
+    the SPS of a run stopped mid-rollout counts the steps after its last update too. ``fleet``: the last
+    update's :func:`fleet_note`, which the bar went on showing (the SPS of a run that ended with servers down
+    is that of a smaller fleet)."""
     step, sps = summary["total_steps"], summary["sps"]
     if stop_reason == "stop_at_return":
         bar.total = step
@@ -466,4 +497,4 @@ def close_bar(bar: Any, summary: dict[str, Any], stop_reason: str | None, since:
         sps = (step - since[1]) / max(time.perf_counter() - since[0], 1e-9)
     if stop_reason in ("stop_at_return", "total_timesteps") and step >= bar.n:
         bar.update(step - bar.n)
-    bar.set_postfix_str(bar_postfix(sps, summary["final_return_mean"]))
+    bar.set_postfix_str(bar_postfix(sps, summary["final_return_mean"], fleet))

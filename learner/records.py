@@ -21,7 +21,7 @@ from env_server.tuning import to_devnull
 from learner import rundir
 from learner.errors import RunDirWriteError
 from learner.fleetwatch import ReplicaTotals, written_row
-from learner.progress import bar_postfix, progress_line, widget_total
+from learner.progress import bar_postfix, fleet_note, progress_line, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
 from learner.stats import REPLICAS, mean_of
@@ -382,8 +382,10 @@ class Recorder:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
             widget_total(bar)
             # (not redrawn here: the update below redraws it, with its new figures, as often as tqdm's
-            # mininterval lets it, which a redraw at every update, thousands in a log, bypassed)
-            bar.set_postfix_str(bar_postfix(timing["sps"], row["episodic_return_mean"]), refresh=False)
+            # mininterval lets it, which a redraw at every update, thousands in a log, bypassed). While servers
+            # are down or have not joined, it says which share of the fleet is missing, as the progress lines do.
+            postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row))
+            bar.set_postfix_str(postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now

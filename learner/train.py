@@ -96,7 +96,7 @@ from learner.ppo import (
     raise_unusable,
     raise_unusable_rewards,
 )
-from learner.progress import StopRequest, bar_by_default, close_bar, progress_bar
+from learner.progress import StopRequest, bar_by_default, close_bar, fleet_note, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
     EventsWriter,
@@ -2063,7 +2063,13 @@ def train(
                 replicas=watch.replicas,
             )
             if bar is not None:
-                close_bar(bar, summary, stop_reason, since=(session_start, session_start_step))
+                close_bar(
+                    bar,
+                    summary,
+                    stop_reason,
+                    since=(session_start, session_start_step),
+                    fleet=fleet_note(recorder.last_row),
+                )
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
                 live.run_ended(
                     global_step=counters.global_step,

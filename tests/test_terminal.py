@@ -30,7 +30,9 @@ from learner.config import Args
 from learner.progress import (
     _tqdm_class,
     bar_by_default,
+    bar_postfix,
     close_bar,
+    fleet_note,
     in_notebook,
     progress_bar,
     progress_line,
@@ -143,6 +145,15 @@ def test_an_interrupted_run_keeps_its_bars_total_with_the_final_figures() -> Non
     summary = {"total_steps": 30_000, "sps": 1_701.0, "final_return_mean": 475.0}
     close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0))
     assert (bar.n, bar.total, bar.postfix) == (30_000, 100_000, "SPS 1,701, return 475.0")
+    bar.close()
+
+
+def test_the_bar_s_last_state_keeps_what_the_fleet_was_missing_at_the_last_update() -> None:
+    """The final SPS of a run that ended with a server down is that of a smaller fleet, as the bar said."""
+    bar = _bar(100_000, 30_000)
+    summary = {"total_steps": 30_000, "sps": 1_701.0, "final_return_mean": 475.0}
+    close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0), fleet="1 of 3 servers down")
+    assert bar.postfix == "SPS 1,701, return 475.0, 1 of 3 servers down"
     bar.close()
 
 
@@ -312,6 +323,28 @@ def test_progress_lines_say_the_time_left_until_the_end() -> None:
     from learner.progress import _duration
 
     assert [_duration(s) for s in (119.4, 119.6, 7_169.0, 7_171.0)] == ["119 s", "2 min", "119 min", "2.0 h"]
+
+
+def test_the_bar_and_the_progress_lines_end_in_what_a_degraded_fleet_is_missing() -> None:
+    """Servers down (lost and being reconnected, or back but not stepping yet) of those in the fleet, and servers
+    the start went on without: a glance at the bar or at a log's lines showed a lower SPS and nothing of why.
+    Nothing while every server is up, nor for in-process envs (--backend gym: no such keys in their rows)."""
+    row = {"global_step": 99_072, "episodic_return_mean": 500.0, "sps": 1_648.0, "seconds": 60.2}
+    whole = {**row, "faults/servers_down": 0, "faults/servers_not_joined": 0, "fleet/servers": 3.0}
+    assert fleet_note(row) == fleet_note(whole) == ""
+    line = "step 99,072/120,000 (83%), 1,648 SPS, mean return 500.0, 60 s, ~13 s left"
+    assert progress_line(row, 120_000) == progress_line(whole, 120_000) == line
+    assert bar_postfix(1_648.0, 500.0, fleet_note(whole)) == "SPS 1,648, return 500.0"
+    down = {**whole, "faults/servers_down": 1, "fleet/servers": 2.0}  # (down, and up: the fleet's 3)
+    assert progress_line(down, 120_000) == f"{line}, 1 of 3 servers down"
+    assert progress_line({**down, "global_step": 120_000}, 120_000).endswith(", 60 s, 1 of 3 servers down")
+    assert bar_postfix(1_648.0, 500.0, fleet_note(down)) == "SPS 1,648, return 500.0, 1 of 3 servers down"
+    assert fleet_note({**down, "faults/servers_not_joined": 1}) == "1 of 3 servers down, 1 not joined"
+    assert fleet_note({**whole, "faults/servers_not_joined": 1}) == "1 server not joined"
+    assert fleet_note({**whole, "faults/servers_not_joined": 2}) == "2 servers not joined"
+    assert fleet_note({**whole, "faults/servers_down": 2, "fleet/servers": 254.0}) == "2 of 256 servers down"
+    assert fleet_note({**whole, "faults/servers_down": 1, "fleet/servers": 0.0}) == "1 of 1 server down"
+    assert fleet_note({"faults/servers_down": 2}) == "2 servers down"  # (envs that do not count those up)
 
 
 def test_without_a_terminal_the_first_update_is_reported_at_once(

@@ -3,6 +3,7 @@ killed with SIGKILL and resumed."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -232,3 +233,89 @@ def test_a_ctrl_c_during_a_step_that_then_fails_stops_the_run_there(
     assert "the step under way when the stop was asked failed: env server " in said, said
     assert "dropping this rollout" not in said, said
     assert json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())["stop_reason"] == "interrupted"
+
+
+@pytest.mark.parametrize("shown", ["lines", "bar"])
+def test_the_progress_lines_and_bar_say_while_servers_are_down_or_have_not_joined(
+    shown: str,
+    spawn_server: SpawnServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Server c is down as the run starts (the start goes on without it), then started, and joins; then b is
+    SIGKILLed and started again. Each update's progress line (without a terminal), or the bar drawn at each
+    update, ends in what the fleet is missing as of that update, and in nothing once it is whole again: a
+    glance at the bar or at a CI log's lines showed nothing of it but a lower SPS (the warnings said so at
+    the time, then less and less often)."""
+    import threading
+
+    from tqdm import tqdm
+
+    from learner import train as train_module
+    from learner.config import Args
+    from learner.progress import fleet_note
+    from learner.train import train
+
+    a, b, c = (spawn_server("CartPole-v1", K) for _ in range(3))
+    c.kill()  # (listed, not answering: the start goes on without it)
+    if shown == "lines":
+        monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (a line at every update; 60 s in use)
+    else:  # (drawn at every update, not at tqdm's mininterval)
+        monkeypatch.setattr("learner.progress._tqdm_class", lambda: lambda **kwargs: tqdm(**kwargs, mininterval=0.0))
+    stop = threading.Event()
+    phases: list[int] = []  # (the update at which each step below was taken)
+    deadline = time.monotonic() + 120
+
+    def on_update(row: dict[str, Any]) -> None:
+        down, missing = row.get("faults/servers_down", 0), row.get("faults/servers_not_joined", 0)
+        if time.monotonic() > deadline:
+            stop.set()  # (the assertions below say which step was not reached)
+        elif not phases and missing:
+            c.start()  # (joins at a look-up between rollouts once it answers)
+            phases.append(row["update"])
+        elif len(phases) == 1 and not missing and not down:
+            b.kill()
+            phases.append(row["update"])
+        elif len(phases) == 2 and down:
+            b.start()  # (reconnected)
+            phases.append(row["update"])
+        elif len(phases) == 3 and not down:
+            phases.append(row["update"])
+        elif len(phases) == 4 and row["update"] >= phases[3] + 2:
+            stop.set()
+
+    args = Args(
+        servers=f"{a.address},{b.address},{c.address}",
+        num_steps=NUM_STEPS,
+        total_timesteps=100_000_000,
+        timeout=2.0,
+        connect_timeout=2.0,
+        give_up_after=600,
+        seed=3,
+        progress=None if shown == "lines" else True,
+        plot=False,
+        tensorboard=False,
+        run_dir=str(tmp_path / "run"),
+    )
+    summary = train(args, on_update=on_update, stop=stop)
+    assert summary["stop_reason"] == "stopped" and len(phases) == 4, phases
+    rows = rundir.read_jsonl(tmp_path / "run" / rundir.METRICS)
+    notes = [fleet_note(row) for row in rows]
+    assert notes[0] == "1 server not joined", rows[0]  # (a and b in the fleet, c not)
+    assert "1 of 3 servers down" in notes[phases[1] : phases[2]], notes  # (b killed: a and c up)
+    assert notes[phases[3] - 1 :] == [""] * (len(rows) - phases[3] + 1), notes  # (whole again: nothing said)
+    assert set(notes) == {"1 server not joined", "", "1 of 3 servers down"}, notes
+    out, err = capsys.readouterr()
+    if shown == "lines":
+        lines = [line for line in out.splitlines() if line.startswith("step ")]
+        assert len(lines) == len(rows), lines
+        for line, note in zip(lines, notes, strict=True):
+            # (nothing after the time left while the fleet is whole: --total-timesteps is far off)
+            assert line.endswith(f" left, {note}" if note else " left"), (line, note)
+    else:
+        drawn = [frame.rstrip() for frame in re.split(r"[\r\n]", err) if "steps [" in frame]
+        assert any(frame.endswith(", 1 server not joined]") for frame in drawn), drawn
+        assert any(frame.endswith(", 1 of 3 servers down]") for frame in drawn), drawn
+        # (its last state, the run's final figures: the fleet whole at its last update)
+        assert re.search(r", return [^,]+]$", drawn[-1]), drawn[-1]
