@@ -1569,8 +1569,10 @@ def _batched(space: gym.Space[Any], n: int) -> gym.Space[Any]:
     values, as a Box made with them makes its arrays (np.full): the same Box, without batch_space's np.tile of the
     bounds and the arrays the Box makes of them before copying them (~3 x K observations for a moment, over the 4
     of each env's Box and the 4 x K the batch's Box keeps: a server's start peak at 8 envs of 1080x1920x3 uint8
-    frames 644 -> 501 MiB). Other spaces (per-element bounds, bool, subclasses, Dict, ...): batch_space's."""
-    if type(space) is gym.spaces.Box and space.dtype.kind in "iuf":
+    frames 644 -> 501 MiB). Other spaces (per-element bounds, bool, subclasses, Dict, ...): batch_space's, and a
+    Box of elements of another size than 1, 2, 4 or 8 bytes (np.longdouble: 16 on x86-64 Linux, which no unsigned
+    integer views bit for bit, see :func:`_one_value`; the wire cannot carry it, and the server says so)."""
+    if type(space) is gym.spaces.Box and space.dtype.kind in "iuf" and space.dtype.itemsize in (1, 2, 4, 8):
         low, high = _one_value(space.low), _one_value(space.high)
         if low is not None and high is not None:
             return gym.spaces.Box(low, high, (n, *space.shape), space.dtype, seed=deepcopy(space.np_random))

@@ -103,7 +103,7 @@ class _WideBox(gym.spaces.Box):
 def _batch_cases() -> list[gym.Space[Any]]:
     """Spaces to batch: Boxes of one low and one high value (which envs._batched makes from those values), and
     others (which it leaves to batch_space): per-element bounds, in their last element past the first part
-    compared, bool, a Box subclass, a Dict."""
+    compared, bool, np.longdouble, a Box subclass, a Dict."""
     big = np.zeros(envs._COMPARED_AT_ONCE + 5, np.float32)
     big_late = big.copy()
     big_late[-1] = -1.0
@@ -120,6 +120,10 @@ def _batch_cases() -> list[gym.Space[Any]]:
         gym.spaces.Box(big_late, big + 1),  # (batch_space's)
         gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 1.0], np.float32)),  # (batch_space's)
         gym.spaces.Box(0, 1, (3,), cast(Any, np.bool_)),  # (batch_space's)
+        # (batch_space's: float128 on x86-64 Linux, 16 bytes an element, which no unsigned integer views bit for bit;
+        # the wire cannot carry it, and the server says so, where it failed to build with "data type 'u16' not
+        # understood")
+        gym.spaces.Box(0.0, 1.0, (2,), np.longdouble),
         _WideBox(0.0, 1.0, (2,)),  # (batch_space's: a subclass)
         gym.spaces.Dict({"a": gym.spaces.Box(0, 1, (2,))}),  # (batch_space's)
     ]
@@ -144,7 +148,8 @@ def test_the_batched_space_is_gymnasiums(case: int) -> None:
             assert mine.dtype == gyms.dtype and mine.shape == gyms.shape, name
             assert mine.tobytes() == gyms.tobytes() and mine.strides == gyms.strides, name
             assert mine.flags.writeable == gyms.flags.writeable and mine.flags.owndata == gyms.flags.owndata, name
-        assert np.array_equal(ours.sample(), theirs.sample())
+        if ours.dtype != np.longdouble:  # (which gymnasium's Box cannot sample: numpy draws no float128)
+            assert np.array_equal(ours.sample(), theirs.sample())
 
 
 def _spaces() -> list[gym.Space[Any]]:
