@@ -226,7 +226,8 @@ class Replica:
     """DOWN: it went down saying it was shutting down (a scale-down, a restart), not by failing."""
     looked_up_at: float | None = None
     """When a look-up of the fleet's addresses (``RemoteVectorEnv.refresh``, between rollouts) last listed it
-    (``time.monotonic()``); None where none has since it joined: a fleet not looked up again. A server that left
+    (``time.monotonic()``; the one it joined at, for a server that joined at a refresh); None where none has: a
+    fleet not looked up again (the servers it started with, until its first refresh). A server that left
     saying it was shutting down and is no longer listed was scaled down: see :data:`SHUT_DOWN_WARN_S`."""
     changed: str = ""
     """DOWN: why the server, back, cannot take its old place (another num_envs, other spaces); "" if not

@@ -285,6 +285,11 @@ class FleetMembership:
         self._note_leaving(replicas[id(c)] for c in leave)
         timers = self._timers
         change = self._relayout(stay, joined, leave, resets, replicas)
+        if listed:  # (those that joined were listed by this look-up too: see the servers that stay's, above)
+            new = {id(client) for client in joined}
+            for replica in self._replicas:
+                if id(replica.client) in new:
+                    replica.looked_up_at = looked_up_at
         # The window of a server that left ends now (its rates are of its time in the fleet); one back in
         # this window with the same envs takes its timer back, and it runs again.
         kept = {id(timer) for timer in self._timers}

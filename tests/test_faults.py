@@ -1271,6 +1271,44 @@ def test_a_server_shut_down_in_a_long_rollout_is_warned_of_only_once_a_look_up_s
 
 
 @pytest.mark.slow
+def test_a_server_that_joined_at_a_look_up_and_shut_down_in_the_next_long_rollout_is_not_warned_of(
+    spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica scaled up, then down (an autoscaler's swing; docker compose up --scale env=3, then 2): it joins
+    at a look-up, which listed it, then leaves saying it is shutting down in the next rollout, longer than
+    SHUT_DOWN_WARN_S, and the next look-up drops it. Was: the look-up that found it did not count as one that
+    listed it (Replica.looked_up_at was set for the servers that stayed only), so its lines turned WARNING,
+    "stopped for good, or failing to start again? ... start it at its address again", as those of a server of a
+    fleet never looked up again."""
+    monkeypatch.setattr(faults, "STILL_DOWN_LOG_S", 0.5)  # (20 s and a minute: too long to wait for here)
+    monkeypatch.setattr(faults, "SHUT_DOWN_WARN_S", 1.5)
+    caplog.set_level(logging.INFO, logger="learner")
+    healthy = spawn_server("tests.envs:ClockEnv", K)
+    joiner = spawn_server("tests.envs:ClockEnv", K)
+    address, servers = fleet(healthy.address)
+    told = "it said it was shutting down as it left, and a restart takes seconds: stopped for good, or"
+    with RemoteVectorEnv(address, fault_tolerant=True, connect_timeout=0.5, backoff=(0.05, 0.2)) as envs:
+        envs.reset(seed=0)
+        assert envs.refresh(wait=0.2) is None
+        servers.append(joiner.address)
+        change = envs.refresh(wait=5.0)  # (learner train's, before the rollout: the new replica joins)
+        assert change is not None and change.added == (joiner.address,), change
+        envs.step(np.zeros(2 * K, dtype=np.int64))
+        assert joiner.kill(signal.SIGTERM) == 0
+        start = time.monotonic()
+        while time.monotonic() - start < 4.0:  # (one long rollout: no refresh)
+            envs.step(np.zeros(2 * K, dtype=np.int64))
+            time.sleep(0.01)
+        servers.remove(joiner.address)
+        change = envs.refresh(wait=0.2)
+        assert change is not None and change.removed == (joiner.address,), change
+    still = [r for r in caplog.records if r.getMessage().startswith(f"env server {joiner.address} still down after ")]
+    assert still, caplog.text
+    assert {r.levelno for r in still} == {logging.INFO}, [r.getMessage() for r in still]
+    assert not [r for r in caplog.records if told in r.getMessage()], caplog.text
+
+
+@pytest.mark.slow
 @pytest.mark.needs_sb3
 def test_a_fault_tolerant_start_goes_on_without_a_server_that_does_not_answer_and_it_joins_later(
     spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
