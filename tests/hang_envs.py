@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -69,13 +70,15 @@ class HugeObservations(gym.Env[np.ndarray, np.int64]):
     message; 33: one fits, and its spec too, its bounds 0 and 255 sent as one value each to learners that
     read compact bounds, not at full shape as to older ones, twice that); ``uniform`` False: a low bound of 1
     in one element and a high bound of 254 in another (33 MiB: one observation fits, not the spec, whose bounds
-    go at full shape); observations within the bounds."""
+    go at full shape); ``shape``, where given, instead of ``mib``'s (a camera's [1080, 1920, 3]: the README's figures
+    of a server's memory); observations within the bounds."""
 
     action_space = gym.spaces.Discrete(2)
     observation_space: gym.spaces.Box
 
-    def __init__(self, mib: int = 16, uniform: bool = True) -> None:
-        low, high = np.zeros((mib, 1024, 1024), np.uint8), np.full((mib, 1024, 1024), 255, np.uint8)
+    def __init__(self, mib: int = 16, uniform: bool = True, shape: Sequence[int] | None = None) -> None:
+        shape = (mib, 1024, 1024) if shape is None else tuple(shape)
+        low, high = np.zeros(shape, np.uint8), np.full(shape, 255, np.uint8)
         if not uniform:
             low[0, 0, 0], high[-1, -1, -1] = 1, 254
         self.observation_space = gym.spaces.Box(low, high, dtype=np.uint8)
