@@ -21,7 +21,7 @@ from learner import rundir
 from learner.checkpoint import capture_rng, save_best_checkpoint, save_checkpoint
 from learner.config import Args, PPOConfig
 from learner.errors import RunDirWriteError
-from learner.normalize import RewardScaler, RunningMeanStd
+from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd
 from learner.ppo import Agent
 from learner.resume import RECENT, Counters
 from learner.rundir import writing
@@ -87,7 +87,7 @@ class Checkpointer:
         counters: Counters,
         recent_returns: deque[float],
         recent_lengths: deque[int],
-        obs_rms: RunningMeanStd | None,
+        obs_rms: RunningMeanStd | DictRunningMeanStd | None,
         reward_scaler: RewardScaler | None,
         update_rng: torch.Generator | None,
         resumed: bool,

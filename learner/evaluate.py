@@ -32,15 +32,19 @@ from learner.errors import (
     RemoteTimeoutError,
 )
 from learner.local import DEFAULT_TRANSPORT
-from learner.normalize import RunningMeanStd
+from learner.normalize import DictRunningMeanStd, RunningMeanStd, obs_normalizer
 from learner.ppo import (
     Agent,
+    RawObs,
+    image_keys,
     in_bounds,
     is_image_space,
+    obs_map,
     observations_usable,
     raise_overflowed_return,
     raise_unusable,
     raise_unusable_rewards,
+    vector_keys,
 )
 from learner.progress import StopRequest, bar_by_default, progress_bar
 from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
@@ -347,28 +351,45 @@ def _policy(
     load_nets(agent, state["model"], f"checkpoint {path}")
     agent.eval()
     threads = torch.get_num_threads()  # (restored when stack closes: the caller's process keeps its setting)
-    set_torch_threads(device, is_image_space(obs_space))
+    set_torch_threads(device, is_image_space(obs_space) or bool(image_keys(obs_space)))
     stack.callback(torch.set_num_threads, threads)
-    obs_rms = None
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None = None
     if state.get("obs_rms") is not None:
-        obs_rms = RunningMeanStd(obs_space.shape or (), device)
+        obs_rms = obs_normalizer(obs_space, vector_keys(obs_space), device)
         obs_rms.load_state_dict(state["obs_rms"])
 
     def policy(obs: Any, video: bool = False) -> Any:
         # (looked at first, on every device: the deterministic policy acts on NaN without an error,
         # and on CUDA a forward's error is a device-side assert naming nothing; eval is no hot path)
-        raw = np.asarray(obs)
+        raw: RawObs
+        if isinstance(obs, dict):  # (a Dict observation space's: a batch per key)
+            raw = {key: np.asarray(value) for key, value in obs.items()}
+            rows = len(next(iter(raw.values())))
+        else:
+            raw = np.asarray(obs)
+            rows = len(raw)
         as_float32 = obs_rms is None  # (--norm-obs's float64 statistics scale them first)
         if not observations_usable(raw, obs_space, as_float32=as_float32):
             where = (lambda env: "video: ") if video else functools.partial(env_server_of, envs)
-            raise_unusable(raw, obs_space, range(len(raw)), where, as_float32=as_float32)
-        x = torch.as_tensor(raw).to(device, copy=True)
-        if obs_rms is not None:
+            raise_unusable(raw, obs_space, range(rows), where, as_float32=as_float32)
+        x = obs_map(lambda part: part.to(device, copy=True), _tensors(raw))
+        if isinstance(obs_rms, DictRunningMeanStd):  # (its vector keys; the others as they are)
+            assert isinstance(x, dict)
+            x = {key: obs_rms.stats[key].normalize(part) if key in obs_rms.stats else part for key, part in x.items()}
+        elif obs_rms is not None:
+            assert not isinstance(x, dict)
             x = obs_rms.normalize(x)
         with torch.no_grad():
             return in_bounds(agent.act(x, deterministic=deterministic).cpu().numpy(), action_space)
 
     return policy
+
+
+def _tensors(raw: RawObs) -> Any:
+    """The observations ``raw`` as CPU tensors (sharing their memory): one, or a Dict's one per key."""
+    if isinstance(raw, dict):
+        return {key: torch.as_tensor(value) for key, value in raw.items()}
+    return torch.as_tensor(raw)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from learner.fleet import FleetChange, carry_over
 
-__all__ = ["RewardScaler", "RunningMeanStd"]
+__all__ = ["DictRunningMeanStd", "RewardScaler", "RunningMeanStd", "obs_normalizer"]
 
 
 class RunningMeanStd:
@@ -50,6 +50,34 @@ class RunningMeanStd:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         device = self.mean.device
         self.mean, self.var, self.count = (state[k].to(device) for k in ("mean", "var", "count"))
+
+
+class DictRunningMeanStd:
+    """--norm-obs for Dict observations: a :class:`RunningMeanStd` per vector key (``shapes``: each key's
+    observation shape), the others (images, which the Nature CNN scales to [0, 1] itself, and Discrete values,
+    one-hot) left as they are, as SB3's VecNormalize is told with ``norm_obs_keys``. Its state dict is flat
+    (``"<key>/mean"`` and so on), a tensor a value, as :class:`RunningMeanStd`'s is."""
+
+    NAMES = ("mean", "var", "count")
+
+    def __init__(self, shapes: dict[str, Sequence[int]], device: torch.device | str = "cpu") -> None:
+        self.stats = {key: RunningMeanStd(shape, device) for key, shape in shapes.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"{key}/{name}": value for key, rms in self.stats.items() for name, value in rms.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, rms in self.stats.items():
+            rms.load_state_dict({name: state[f"{key}/{name}"] for name in self.NAMES})
+
+
+def obs_normalizer(
+    space: Any, vector_keys: Sequence[str], device: torch.device | str = "cpu"
+) -> RunningMeanStd | DictRunningMeanStd:
+    """--norm-obs's statistics for observations of ``space``: a Box's, or a Dict's per key of ``vector_keys``."""
+    if vector_keys:
+        return DictRunningMeanStd({key: space[key].shape for key in vector_keys}, device)
+    return RunningMeanStd(space.shape or (), device)
 
 
 class RewardScaler:

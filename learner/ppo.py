@@ -17,6 +17,9 @@ from learner.errors import UnusableEnvOutputError
 __all__ = [
     "ActionHead",
     "Agent",
+    "CombinedExtractor",
+    "Obs",
+    "RawObs",
     "CategoricalHead",
     "GaussianHead",
     "MultiCategoricalHead",
@@ -32,11 +35,15 @@ __all__ = [
     "in_bounds",
     "is_image_space",
     "layer_init",
+    "image_keys",
     "normalize_advantages",
+    "obs_map",
+    "obs_put",
     "observations_usable",
     "raise_unusable",
     "unusable_observation",
     "value_loss",
+    "vector_keys",
 ]
 
 ActionBounds = Literal["clip", "squash"]
@@ -95,10 +102,37 @@ def is_image_space(space: gym.Space[Any]) -> bool:
 
 
 def check_observation_space(space: gym.Space[Any]) -> None:
-    """ValueError for observations the agent cannot take well: anything but a Box or Discrete, and a
-    3-d uint8 Box (pixels, as far as one can tell) too small for the Nature CNN, which an MLP would
-    get as raw 0-255 values. (2-d uint8 too small for it go to the MLP: a board or a grid as often as
-    pixels.)"""
+    """ValueError for observations the agent cannot take well: anything but a Box, a Discrete or a Dict of them,
+    and a 3-d uint8 Box (pixels, as far as one can tell) too small for the Nature CNN, which an MLP would get as
+    raw 0-255 values. (2-d uint8 too small for it go to the MLP: a board or a grid as often as pixels.) A Dict's
+    values are checked as such, each error naming its key; a Dict in a Dict, a Tuple or any other value is
+    refused (with the advice to flatten the whole space on the servers where gymnasium can)."""
+    if isinstance(space, gym.spaces.Dict):
+        if not space.spaces:
+            raise ValueError("observation_space: an empty Dict holds nothing for the policy to act on")
+        for key, value in space.spaces.items():
+            if not isinstance(value, gym.spaces.Box | gym.spaces.Discrete):
+                raise ValueError(
+                    f"observation_space: the Dict's key {key!r} holds {value}; the policy takes a Dict whose values "
+                    "are each a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)) or a Discrete (nested "
+                    "Dicts and Tuples, MultiDiscrete, MultiBinary and others are not taken)"
+                    + (
+                        "; serve the observations flattened into one Box (Discrete parts one-hot) with "
+                        "`env-server --wrappers flatten` (`learner train --wrappers flatten` for the envs it starts)"
+                        if _flattens_to_box(space)
+                        else ""
+                    )
+                )
+            try:
+                _check_single_space(value)
+            except ValueError as err:
+                raise ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1)) from None
+        return
+    _check_single_space(space)
+
+
+def _check_single_space(space: gym.Space[Any]) -> None:
+    """:func:`check_observation_space` for a space that is not a Dict (or one of a Dict's values)."""
     if isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3:
         if image_layout(space) is None:
             raise ValueError(
@@ -110,8 +144,8 @@ def check_observation_space(space: gym.Space[Any]) -> None:
         return
     if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete):
         raise ValueError(
-            "observation_space: expected a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)) or Discrete, "
-            f"got {space}"
+            "observation_space: expected a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)), a Discrete, "
+            f"or a Dict of them, got {space}"
             + (
                 "; serve them flattened into one Box (Discrete parts one-hot) with `env-server --wrappers flatten` "
                 "(`learner train --wrappers flatten` for the envs it starts)"
@@ -119,6 +153,24 @@ def check_observation_space(space: gym.Space[Any]) -> None:
                 else ""
             )
         )
+
+
+def image_keys(space: gym.Space[Any]) -> list[str]:
+    """The keys of a Dict ``space`` whose values are images for the Nature CNN (see :func:`image_layout`);
+    [] for other spaces."""
+    if not isinstance(space, gym.spaces.Dict):
+        return []
+    return [key for key, value in space.spaces.items() if image_layout(value) is not None]
+
+
+def vector_keys(space: gym.Space[Any]) -> list[str]:
+    """The keys of a Dict ``space`` whose values are vectors for an MLP (Boxes that are not images), what
+    --norm-obs normalises; [] for other spaces."""
+    if not isinstance(space, gym.spaces.Dict):
+        return []
+    return [
+        key for key, value in space.spaces.items() if isinstance(value, gym.spaces.Box) and image_layout(value) is None
+    ]
 
 
 MAX_CNN_PARAMETERS = 2**28
@@ -140,7 +192,10 @@ def _chw(shape: Sequence[int], layout: ImageLayout) -> tuple[int, int, int]:
 
 def cnn_parameters(space: gym.Space[Any]) -> int:
     """How many parameters the Nature CNN has for images of ``space`` (see :func:`image_layout`; 0 for
-    others), worked out from the convolutions' arithmetic rather than by building it."""
+    others; a Dict's: the sum of its images' CNNs), worked out from the convolutions' arithmetic rather than by
+    building it."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(cnn_parameters(value) for value in space.spaces.values())
     layout = image_layout(space)
     if layout is None:
         return 0
@@ -157,7 +212,14 @@ def cnn_parameters(space: gym.Space[Any]) -> int:
 def check_cnn_size(space: gym.Space[Any]) -> None:
     """ValueError for images whose Nature CNN would have more than :data:`MAX_CNN_PARAMETERS` parameters
     (large camera frames): building it would take minutes and gigabytes, without a word, before the first
-    step, and its updates could not keep up."""
+    step, and its updates could not keep up. A Dict's images are checked each, the error naming the key."""
+    if isinstance(space, gym.spaces.Dict):
+        for key, value in space.spaces.items():
+            try:
+                check_cnn_size(value)
+            except ValueError as err:
+                raise ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1)) from None
+        return
     params = cnn_parameters(space)
     if params <= MAX_CNN_PARAMETERS:
         return
@@ -390,6 +452,69 @@ def _mlp(sizes: Sequence[int], out_std: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class CombinedExtractor(nn.Module):
+    """The features of Dict observations, as stable-baselines3's CombinedExtractor (MultiInputPolicy's) makes them:
+    a Nature CNN per image key (see :func:`image_layout`; its 512 features, where SB3's gives 256), each other
+    Box key flattened as float32, each Discrete key one-hot, all concatenated in the Dict's key order (gymnasium
+    sorts a Dict's keys unless told otherwise; the order is the space's, which a checkpoint records).
+    ``num_features``: the concatenation's width."""
+
+    def __init__(self, space: gym.spaces.Dict) -> None:
+        super().__init__()
+        self.keys = list(space.spaces)
+        self.cnns = nn.ModuleDict()
+        self.one_hot: dict[str, tuple[int, int]] = {}  # key -> (n, start) of a Discrete
+        self.num_features = 0
+        for key, value in space.spaces.items():
+            layout = image_layout(value)
+            if layout is not None:
+                cnn = NatureCNN(value.shape, layout)  # type: ignore[arg-type]
+                self.cnns[key] = cnn
+                self.num_features += cnn.num_features
+            elif isinstance(value, gym.spaces.Discrete):
+                self.one_hot[key] = (int(value.n), int(value.start))
+                self.num_features += int(value.n)
+            else:
+                assert isinstance(value, gym.spaces.Box)  # (check_observation_space refuses the rest)
+                self.num_features += math.prod(value.shape)
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        parts = []
+        for key in self.keys:
+            x = obs[key]
+            if key in self.cnns:
+                parts.append(self.cnns[key](x))
+            elif key in self.one_hot:
+                n, start = self.one_hot[key]
+                parts.append(nn.functional.one_hot(x.long() - start, n).float())
+            else:
+                parts.append(x.reshape(x.shape[0], -1).float())
+        return torch.cat(parts, dim=1)
+
+
+Obs = Tensor | dict[str, Tensor]
+"""A batch of observations as the nets take them: one tensor (leading dimension: the batch), or one per key of a
+Dict observation space (each with that leading dimension)."""
+
+
+def obs_map(fn: Callable[[Tensor], Tensor], obs: Obs) -> Obs:
+    """``fn`` applied to the tensor of ``obs``, or to each of a Dict observation's tensors."""
+    if isinstance(obs, dict):
+        return {key: fn(value) for key, value in obs.items()}
+    return fn(obs)
+
+
+def obs_put(storage: Obs, index: Any, obs: Obs) -> None:
+    """``storage[index] = obs``, for one tensor or a Dict observation's per key."""
+    if isinstance(storage, dict):
+        assert isinstance(obs, dict)
+        for key, value in storage.items():
+            value[index] = obs[key]
+    else:
+        assert not isinstance(obs, dict)
+        storage[index] = obs
+
+
 class Agent(nn.Module):
     """Actor and critic for one observation space and one action space.
 
@@ -397,6 +522,9 @@ class Agent(nn.Module):
     and critic MLPs with tanh (CleanRL's ``ppo.py``); image observations (see :func:`image_layout`)
     get one Nature CNN shared by linear actor and critic heads (CleanRL's ``ppo_atari.py``). uint8
     images too small for the CNN are refused (see :func:`check_observation_space`), not fed raw to an MLP.
+    Dict observations (camera and state, a goal env's vectors) get a :class:`CombinedExtractor` shared by
+    actor and critic, each an MLP of ``hidden_sizes`` with tanh on its features (SB3's MultiInputPolicy: its
+    default net_arch is 64, 64 for each).
     """
 
     def __init__(
@@ -414,10 +542,17 @@ class Agent(nn.Module):
         self.image = layout is not None
         self.one_hot: int | None = None
         self.cnn: NatureCNN | None = None
+        self.combined: CombinedExtractor | None = None
+        if isinstance(observation_space, gym.spaces.Dict):
+            self.combined = CombinedExtractor(observation_space)
+            in_dim = self.combined.num_features
+            self.actor: nn.Module = _mlp([in_dim, *hidden_sizes, self.head.num_outputs], out_std=0.01)
+            self.critic: nn.Module = _mlp([in_dim, *hidden_sizes, 1], out_std=1.0)
+            return
         if layout is not None:
             self.cnn = NatureCNN(observation_space.shape, layout)  # type: ignore[arg-type]
-            self.actor: nn.Module = layer_init(nn.Linear(self.cnn.num_features, self.head.num_outputs), std=0.01)
-            self.critic: nn.Module = layer_init(nn.Linear(self.cnn.num_features, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(self.cnn.num_features, self.head.num_outputs), std=0.01)
+            self.critic = layer_init(nn.Linear(self.cnn.num_features, 1), std=1.0)
             return
         if isinstance(observation_space, gym.spaces.Discrete):
             self.one_hot = int(observation_space.n)
@@ -429,18 +564,22 @@ class Agent(nn.Module):
         self.actor = _mlp([in_dim, *hidden_sizes, self.head.num_outputs], out_std=0.01)
         self.critic = _mlp([in_dim, *hidden_sizes, 1], out_std=1.0)
 
-    def features(self, obs: Tensor) -> Tensor:
+    def features(self, obs: Obs) -> Tensor:
+        if self.combined is not None:
+            assert isinstance(obs, dict)
+            return self.combined(obs)
+        assert not isinstance(obs, dict)
         if self.cnn is not None:
             return self.cnn(obs)
         if self.one_hot is not None:
             return nn.functional.one_hot(obs.long() - self.obs_start, self.one_hot).float()
         return obs.reshape(obs.shape[0], -1).float()
 
-    def get_value(self, obs: Tensor) -> Tensor:
+    def get_value(self, obs: Obs) -> Tensor:
         """V(obs), shape (batch,)."""
         return self.critic(self.features(obs)).squeeze(-1)
 
-    def get_action_and_value(self, obs: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def get_action_and_value(self, obs: Obs, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A sampled raw action (or the given one), its log-prob, the entropy, and V(obs)."""
         x = self.features(obs)
         dist = self.head.distribution(self.actor(x))
@@ -448,7 +587,7 @@ class Agent(nn.Module):
             action = dist.sample()
         return action, dist.log_prob(action), dist.entropy(), self.critic(x).squeeze(-1)
 
-    def sample(self, obs: Tensor) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
+    def sample(self, obs: Obs) -> tuple[Tensor, Callable[[], tuple[Tensor, Tensor]]]:
         """For collecting rollouts: a sampled raw action now, and a function that gives its log-prob
         and V(obs) (no entropy), so that the action can go to the envs before the rest is computed."""
         x = self.features(obs)
@@ -456,7 +595,7 @@ class Agent(nn.Module):
         action = dist.sample()
         return action, lambda: (dist.log_prob(action), self.critic(x).squeeze(-1))
 
-    def act(self, obs: Tensor, *, deterministic: bool = True) -> Tensor:
+    def act(self, obs: Obs, *, deterministic: bool = True) -> Tensor:
         """Env actions for ``obs``: the distribution's mode (deterministic) or a sample."""
         dist = self.head.distribution(self.actor(self.features(obs)))
         raw = dist.mode if deterministic else dist.sample()
@@ -471,8 +610,13 @@ def _beyond_float32(obs: np.ndarray) -> bool:
     return obs.dtype.kind == "f" and obs.dtype.itemsize > 4 and obs.size > 0 and float(np.abs(obs).max()) > _FLOAT32_MAX
 
 
+RawObs = np.ndarray | dict[str, np.ndarray]
+"""A batch of observations as the envs give them: one array (leading dimension: the envs), or one per key of a
+Dict observation space."""
+
+
 def unusable_observation(
-    obs: np.ndarray, space: gym.Space[Any], envs: Sequence[int], *, as_float32: bool = True, when: str = ""
+    obs: RawObs, space: gym.Space[Any], envs: Sequence[int], *, as_float32: bool = True, when: str = ""
 ) -> tuple[int, str] | None:
     """The first env whose observation the policy cannot act on, and why, in ``obs`` (a batch, row i the
     observation of env ``envs[i]``, as the envs gave it): NaN or infinite values, values beyond float32's
@@ -486,7 +630,17 @@ def unusable_observation(
     anything; elsewhere (CUDA, the bootstrap values, learner eval, and as the observations come for Box
     actions, whose Gaussian samples NaN without an error, or with --norm-obs, whose statistics one NaN
     would spoil) where :func:`observations_usable` found a problem before the forward.
+
+    For a Dict space, ``obs`` holds a batch per key (as a vector env gives them), each looked at with its key's
+    space; the message names the key (``observation['state'] of env 2 ...``).
     """
+    if isinstance(obs, dict):
+        assert isinstance(space, gym.spaces.Dict)
+        for key, value in space.spaces.items():
+            found = unusable_observation(obs[key], value, envs, as_float32=as_float32, when=when)
+            if found is not None:
+                return found[0], found[1].replace("observation of env", f"observation[{key!r}] of env", 1)
+        return None
     for i, env in enumerate(envs):
         value = obs[i]
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
@@ -511,7 +665,7 @@ def unusable_observation(
 
 
 def raise_unusable(
-    obs: np.ndarray,
+    obs: RawObs,
     space: gym.Space[Any],
     envs: Sequence[int],
     where: Callable[[int], str],
@@ -594,7 +748,7 @@ def raise_overflowed_return(
     )
 
 
-def observations_usable(obs: np.ndarray, space: gym.Space[Any], *, as_float32: bool = True) -> bool:
+def observations_usable(obs: RawObs, space: gym.Space[Any], *, as_float32: bool = True) -> bool:
     """Whether the policy can act on every row of the batch ``obs``: what :func:`unusable_observation`
     looks for (``as_float32`` as there), over the whole batch at once (finite values, float64 ones within
     float32's range; within a Discrete space).
@@ -604,7 +758,10 @@ def observations_usable(obs: np.ndarray, space: gym.Space[Any], *, as_float32: b
     nothing to say which env, and it leaves the process unable to use the device (not even to save a
     checkpoint). One pass over the observations on the host per step: microseconds for vector
     observations (float64 ones two); integer ones (uint8 frames) cost only a Discrete space's min and max, or
-    nothing."""
+    nothing. (A Dict space's: every key's batch in ``obs``.)"""
+    if isinstance(obs, dict):
+        assert isinstance(space, gym.spaces.Dict)
+        return all(observations_usable(obs[key], value, as_float32=as_float32) for key, value in space.spaces.items())
     if obs.dtype.kind in "fc" and not np.isfinite(obs).all():
         return False
     if as_float32 and _beyond_float32(obs):

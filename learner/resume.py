@@ -29,7 +29,7 @@ from learner.device import pick_device
 from learner.envs import reward_threshold
 from learner.errors import RunCompleteError, os_reason
 from learner.local import DEFAULT_TRANSPORT
-from learner.normalize import RewardScaler, RunningMeanStd
+from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd
 from learner.ppo import Agent
 
 __all__ = [
@@ -185,13 +185,14 @@ def _as_applied(values: dict[str, Any]) -> dict[str, Any]:
 
 def _idle_options(recorded: dict[str, Any]) -> set[str]:
     """The options that did not apply to a run's envs (``recorded``: its config.json), which it ignored with a
-    warning: a CNN's hidden sizes (and --norm-obs for images), non-Box actions' bounds, non-Box observations'
-    --norm-obs."""
+    warning: a CNN's hidden sizes (and --norm-obs for images), non-Box actions' bounds, --norm-obs of observations
+    neither a Box nor a Dict (a Dict's vector keys take it; one of images alone warned of as ignoring it, the
+    checkpoint then without statistics, as the resumed run)."""
     envs = recorded.get("envs") or {}
     idle = {"hidden_sizes", "norm_obs"} if recorded.get("policy") == "Nature CNN" else set()
     if not str(envs.get("action_space", "Box")).startswith("Box"):
         idle.add("action_bounds")
-    if not str(envs.get("observation_space", "Box")).startswith("Box"):
+    if not str(envs.get("observation_space", "Box")).startswith(("Box", "Dict(")):
         idle.add("norm_obs")
     return idle
 
@@ -413,7 +414,7 @@ def restore(
     *,
     agent: Agent,
     optimizer: optim.Optimizer,
-    obs_rms: RunningMeanStd | None,
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None,
     reward_scaler: RewardScaler | None,
     save_best: bool,
 ) -> Counters:

@@ -83,18 +83,24 @@ from learner.fleet import FleetChange, carry_over
 from learner.fleetwatch import FAULT_COUNTS, FleetWatch, every_replica, replica_metrics_note
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.local import label_of
-from learner.normalize import RewardScaler, RunningMeanStd
+from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd, obs_normalizer
 from learner.ppo import (
     ActionHead,
     Agent,
+    Obs,
+    RawObs,
     check_cnn_size,
     check_observation_space,
+    image_keys,
     in_bounds,
     is_image_space,
+    obs_map,
+    obs_put,
     observations_usable,
     raise_overflowed_return,
     raise_unusable,
     raise_unusable_rewards,
+    vector_keys,
 )
 from learner.progress import StopRequest, bar_by_default, close_bar, fleet_note, progress_bar
 from learner.provenance import machine_info, run_versions
@@ -309,7 +315,7 @@ def _step_envs(
     envs: Any,
     stepping: tuple[Any, bool],
     acting: Acting,
-    next_obs: Tensor,
+    next_obs: Obs,
     rollout: Rollout,
     step: int,
     *,
@@ -569,7 +575,10 @@ def _warn_of_settings(
         log.warning(hint)
     if args.hidden_sizes is not None and image:
         log.warning("--hidden-sizes: image observations get the Nature CNN, not an MLP; ignored")
-    if args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
+    if args.norm_obs and isinstance(obs_space, gym.spaces.Dict):
+        if not vector_keys(obs_space):
+            log.warning("--norm-obs: applies to a Dict's vector (Box) keys, and %s has none; ignored", obs_space)
+    elif args.norm_obs and not (isinstance(obs_space, gym.spaces.Box) and not image):
         what = "image" if image else str(obs_space)
         log.warning("--norm-obs: applies to vector (Box) observations, not %s ones; ignored", what)
     raw_integers = _raw_integer_observations(obs_space, image, hp.norm_obs)
@@ -601,8 +610,27 @@ def _check_minibatches(hp: PPOConfig, num_envs: int) -> None:
         )
 
 
-def _obs_storage(obs_space: gym.Space[Any]) -> tuple[tuple[int, ...], torch.dtype]:
-    """The shape and dtype a rollout stores an observation in: images as the bytes they are."""
+def _policy_name(obs_space: gym.Space[Any], image: bool, hp: PPOConfig) -> str:
+    """What config.json says the policy is: "Nature CNN", "MLP 64,64", or for Dict observations "Dict: Nature CNN
+    per image key, MLP 64,64" (images' CNNs and the other keys' features concatenated under the MLPs)."""
+    mlp = f"MLP {','.join(map(str, hp.hidden_sizes))}"
+    if isinstance(obs_space, gym.spaces.Dict):
+        return f"Dict: Nature CNN per image key, {mlp}" if image_keys(obs_space) else f"Dict: {mlp}"
+    return "Nature CNN" if image else mlp
+
+
+ObsStorage = tuple[tuple[int, ...] | dict[str, tuple[int, ...]], torch.dtype | dict[str, torch.dtype]]
+
+
+def _obs_storage(obs_space: gym.Space[Any]) -> ObsStorage:
+    """The shape and dtype a rollout stores an observation in: images as the bytes they are. For a Dict, a shape
+    and a dtype per key (its images uint8, its Discrete values int64, its other Boxes float32)."""
+    if isinstance(obs_space, gym.spaces.Dict):
+        stored = {key: _obs_storage(value) for key, value in obs_space.spaces.items()}
+        return (
+            {key: shape for key, (shape, _) in stored.items()},  # type: ignore[misc]
+            {key: dtype for key, (_, dtype) in stored.items()},  # type: ignore[misc]
+        )
     if is_image_space(obs_space):
         dtype = torch.uint8
     else:
@@ -618,17 +646,27 @@ advantage and return, and the update's copies of them."""
 
 
 def _check_rollout_memory(
-    hp: PPOConfig, num_envs: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    hp: PPOConfig,
+    num_envs: int,
+    shape: tuple[int, ...] | dict[str, tuple[int, ...]],
+    dtype: torch.dtype | dict[str, torch.dtype],
+    device: torch.device,
 ) -> None:
     """Refuse a rollout whose storage and update cannot fit where they go (found before the run dir is made: at
     the allocation a CPU that overcommits has the kernel kill the learner later, without a word). Counted: the
     rollout's observations, the update's copy of them, a minibatch taken from it and made float32 for the nets (not
     the nets' activations: at least that much is needed). ``shape``, ``dtype``: an observation's in the rollout
-    (:func:`_obs_storage`)."""
+    (:func:`_obs_storage`; a Dict's: per key, their bytes summed)."""
     steps = hp.num_steps * num_envs
-    size = math.prod(shape)
-    minibatch = steps // hp.num_minibatches * size * (dtype.itemsize + 4)
-    need = 2 * steps * size * dtype.itemsize + minibatch + steps * ROLLOUT_BYTES_PER_STEP
+    if isinstance(shape, dict):
+        assert isinstance(dtype, dict)
+        parts = [(math.prod(part), dtype[key].itemsize) for key, part in shape.items()]
+    else:
+        assert not isinstance(dtype, dict)
+        parts = [(math.prod(shape), dtype.itemsize)]
+    obs_bytes = sum(size * itemsize for size, itemsize in parts)
+    minibatch = steps // hp.num_minibatches * sum(size * (itemsize + 4) for size, itemsize in parts)
+    need = 2 * steps * obs_bytes + minibatch + steps * ROLLOUT_BYTES_PER_STEP
     available = available_memory(device)
     if available is None or need <= available[0]:
         return
@@ -639,8 +677,16 @@ def _check_rollout_memory(
             f"{size / scale:,.{places}f} {unit}" for scale, places, unit in _UNITS if size >= scale or unit == "kB"
         )
 
-    name = str(dtype).removeprefix("torch.")
-    what = f"{tuple(shape)} {name}" if shape else f"scalar {name}"
+    def described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+        name = str(dtype).removeprefix("torch.")
+        return f"{tuple(shape)} {name}" if shape else f"scalar {name}"
+
+    if isinstance(shape, dict):
+        assert isinstance(dtype, dict)
+        what = "Dict (" + ", ".join(f"{key!r}: {described(part, dtype[key])}" for key, part in shape.items()) + ")"
+    else:
+        assert not isinstance(dtype, dict)
+        what = described(shape, dtype)
     raise OptionError(
         f"--num-steps {hp.num_steps} x {num_envs} envs: a rollout of {what} "
         f"observations and its update need at least {amount(need)} on {device}, and {where} has {amount(free)} available: "
@@ -788,7 +834,7 @@ def _run_config(
         },
         "device": str(device),
         "machine": machine_info(device),
-        "policy": "Nature CNN" if image else f"MLP {','.join(map(str, hp.hidden_sizes))}",
+        "policy": _policy_name(obs_space, image, hp),
         "solved_threshold": threshold,
         "versions": run_versions(),
         "server_versions": getattr(envs, "server_versions", {}),
@@ -895,8 +941,8 @@ class Acting:
         actor: Agent,
         obs_space: gym.Space[Any],
         action_space: gym.Space[Any],
-        obs_rms: RunningMeanStd | None,
-        obs_dtype: torch.dtype,
+        obs_rms: RunningMeanStd | DictRunningMeanStd | None,
+        obs_dtype: torch.dtype | dict[str, torch.dtype],
         device: torch.device,
         server_of: Callable[[int], str] = lambda env: "",
     ) -> None:
@@ -921,30 +967,59 @@ class Acting:
         *,
         returned_at: int | None = None,
         reset: bool = False,
-    ) -> Tensor:
+    ) -> Obs:
         """One batch of observations onto the device (one copy), normalised when asked; ``stale``
         envs (unavailable: placeholders or old observations) do not update the statistics.
 
         ``returned_at``, for observations as the envs returned them (by a step, or a reset with ``reset``):
         the run's env steps then. With :attr:`looks_first`, an observation the policy cannot act on is then
         an UnusableEnvOutputError naming its env, its server and that step (one pass over the batch on the
-        host: 2-5 microseconds a step for vector observations, 13 for 64 envs' 376 float64 values)."""
+        host: 2-5 microseconds a step for vector observations, 13 for 64 envs' 376 float64 values).
+
+        Dict observations come as a batch per key and go to the device so (a copy per key), each in its rollout
+        dtype; with --norm-obs only their vector keys are normalised (:class:`DictRunningMeanStd`)."""
         obs_rms, device = self.obs_rms, self.device
-        obs = np.asarray(obs)
+        obs = _as_arrays(obs)
         if returned_at is not None and self.looks_first:
             as_float32 = obs_rms is None  # (--norm-obs scales float64 observations before the nets see them)
             if not observations_usable(obs, self.obs_space, as_float32=as_float32):
                 raise_unusable(
                     obs,
                     self.obs_space,
-                    range(len(obs)),
+                    range(_num_rows(obs)),
                     self.server_of,
                     as_float32=as_float32,
                     when=_returned_when(returned_at, reset),
                 )
-        x = torch.as_tensor(obs).to(device, copy=True)
+        if isinstance(obs, dict):
+            assert isinstance(self.obs_dtype, dict)
+            x = {key: torch.as_tensor(value).to(device, copy=True) for key, value in obs.items()}
+            out = {key: value.to(self.obs_dtype[key]) for key, value in x.items()}
+            if isinstance(obs_rms, DictRunningMeanStd):
+                for key, rms in obs_rms.stats.items():
+                    out[key] = self._normalized(rms, x[key], obs[key], update_stats, stale, returned_at, reset, key)
+            return out
+        whole = torch.as_tensor(obs).to(device, copy=True)
         if obs_rms is None:
-            return x.to(self.obs_dtype)
+            assert not isinstance(self.obs_dtype, dict)
+            return whole.to(self.obs_dtype)
+        assert isinstance(obs_rms, RunningMeanStd)
+        return self._normalized(obs_rms, whole, obs, update_stats, stale, returned_at, reset)
+
+    def _normalized(
+        self,
+        obs_rms: RunningMeanStd,
+        x: Tensor,
+        obs: np.ndarray,
+        update_stats: bool,
+        stale: np.ndarray | None,
+        returned_at: int | None,
+        reset: bool,
+        key: str | None = None,
+    ) -> Tensor:
+        """``x`` (``obs`` on the device; a Dict's ``key``) normalised by ``obs_rms``, which takes it first with
+        ``update_stats`` (all but the ``stale`` envs'; see :meth:`prepare_obs`)."""
+        device = self.device
         if update_stats:
             kept = obs_rms.mean, obs_rms.var, obs_rms.count  # (update() makes new tensors: these stay as they are)
             if stale is not None and stale.any():
@@ -959,15 +1034,22 @@ class Acting:
             if not math.isfinite(obs_rms.var.max().item()):
                 overflowed = ~torch.isfinite(obs_rms.var).reshape(-1).cpu().numpy()
                 obs_rms.mean, obs_rms.var, obs_rms.count = kept  # (the statistics as they were, not spoiled)
-                self._raise_overflowed(obs, overflowed, stale, returned_at, reset)
+                self._raise_overflowed(obs, overflowed, stale, returned_at, reset, key)
         return obs_rms.normalize(x)
 
     def _raise_overflowed(
-        self, obs: np.ndarray, overflowed: np.ndarray, stale: np.ndarray | None, returned_at: int | None, reset: bool
+        self,
+        obs: np.ndarray,
+        overflowed: np.ndarray,
+        stale: np.ndarray | None,
+        returned_at: int | None,
+        reset: bool,
+        key: str | None = None,
     ) -> None:
         """Raise UnusableEnvOutputError naming the env whose observation in ``obs`` (the batch the --norm-obs
-        statistics took, but the ``stale`` envs') has the largest magnitude in the features whose running
-        variance overflowed float64 (``overflowed``, a mask over the flattened features), and that value."""
+        statistics took, but the ``stale`` envs'; a Dict's ``key``'s) has the largest magnitude in the features
+        whose running variance overflowed float64 (``overflowed``, a mask over the flattened features), and that
+        value."""
         rows = np.abs(np.asarray(obs, dtype=np.float64).reshape(len(obs), -1))[:, overflowed]
         if stale is not None:
             rows[stale] = -1.0  # (not taken by the statistics)
@@ -975,15 +1057,19 @@ class Acting:
         index = int(np.flatnonzero(overflowed)[feature])
         value = np.asarray(obs[env], dtype=np.float64).reshape(-1)[index]
         when = "" if returned_at is None else _returned_when(returned_at, reset)
+        named, space = "observation", self.obs_space
+        if key is not None:
+            assert isinstance(self.obs_space, gym.spaces.Dict)
+            named, space = f"observation[{key!r}]", self.obs_space[key]
         raise UnusableEnvOutputError(
-            f"{self.server_of(int(env))}observation of env {env} has a value too large for --norm-obs ({value:.6g} at "
-            f"index {index} of the flattened observation; observation space {self.obs_space}){when}: the running "
+            f"{self.server_of(int(env))}{named} of env {env} has a value too large for --norm-obs ({value:.6g} at "
+            f"index {index} of the flattened observation; observation space {space}){when}: the running "
             "variance of that feature overflowed float64 (magnitudes beyond about 1e154 cannot be normalised); scale "
             "them on the env servers (a wrapper); the policy cannot act on it"
         )
 
     @contextlib.contextmanager
-    def acting_on(self, raw: np.ndarray, envs_of: Sequence[int], check_first: bool = False) -> Iterator[None]:
+    def acting_on(self, raw: RawObs, envs_of: Sequence[int], check_first: bool = False) -> Iterator[None]:
         """Turn an error of the policy's forward on the observations ``raw`` (as the envs gave them,
         of envs ``envs_of``) that one of them explains (NaN, or outside its Discrete space: torch's
         own errors say neither which env nor what came) into an UnusableEnvOutputError naming the env,
@@ -992,7 +1078,7 @@ class Acting:
         caught and explained) and with ``check_first`` (the value's forward, which raises on no NaN:
         the bootstrap values', else the NaN would reach the update). (The envs' own values: --norm-obs
         statistics updated with a NaN make every env's normalised observation NaN.)"""
-        raw = np.asarray(raw)
+        raw = _as_arrays(raw)
         as_float32 = self.obs_rms is None  # (--norm-obs scales float64 observations before the nets see them)
         if (check_first or self.device.type != "cpu") and not observations_usable(
             raw, self.obs_space, as_float32=as_float32
@@ -1004,7 +1090,7 @@ class Acting:
             raise_unusable(raw, self.obs_space, envs_of, self.server_of, err, as_float32=as_float32)
             raise
 
-    def check_taken(self, obs: Tensor, global_step: int) -> None:
+    def check_taken(self, obs: Obs, global_step: int) -> None:
         """Raise UnusableEnvOutputError naming the env where an observation the policy took over a rollout
         (``obs``: its storage, (steps, envs, ...), as the nets got them; ``global_step``: the env steps as of
         its end) was not finite. On the CPU, where observations are looked at only once the forward fails
@@ -1012,7 +1098,16 @@ class Acting:
         or a float64 value beyond float32's range) passes the tanh layers without an error and turns the
         update's gradient NaN, which would be reported as a diverged update. One pass per rollout (float
         observations only). The storage holds the envs' own observations but with --norm-obs, whose
-        observations were looked at as they came: there a non-finite one is the normalisation's."""
+        observations were looked at as they came: there a non-finite one is the normalisation's. (A Dict's: each
+        float key's, the first found named.)"""
+        if isinstance(obs, dict):
+            for key, value in obs.items():
+                self._check_taken(value, global_step, f"[{key!r}]")
+            return
+        self._check_taken(obs, global_step)
+
+    def _check_taken(self, obs: Tensor, global_step: int, key: str = "") -> None:
+        """:meth:`check_taken` for one tensor of the rollout's observations (``key``: a Dict's, as "['state']")."""
         if not obs.is_floating_point():
             return
         finite = torch.isfinite(obs.reshape(*obs.shape[:2], -1)).all(dim=2)  # (steps, envs)
@@ -1023,14 +1118,14 @@ class Acting:
             # (the envs' own observations were looked at as they came, before the statistics took them:
             # finite, so the normalisation made this one what it is, not the env)
             raise UnusableEnvOutputError(
-                f"{self.server_of(env)}observation of env {env} that the policy took at step {step + 1} of the "
+                f"{self.server_of(env)}observation{key} of env {env} that the policy took at step {step + 1} of the "
                 f"rollout ending at env step {global_step:,} was infinite or NaN once normalised (--norm-obs), "
                 "though the env gave a finite one: the running mean or variance of the observations overflowed "
                 f"float64 (observation space {self.obs_space}; scale such values on the env servers); the policy "
                 "cannot act on it"
             )
         raise UnusableEnvOutputError(
-            f"{self.server_of(env)}observation of env {env} that the policy took at step {step + 1} of the rollout "
+            f"{self.server_of(env)}observation{key} of env {env} that the policy took at step {step + 1} of the rollout "
             f"ending at env step {global_step:,} was infinite or NaN as float32: the env gave inf or NaN, or a "
             f"float64 value beyond float32's range (observation space {self.obs_space}; scale such values on the env "
             "servers, or pass --norm-obs); the policy cannot act on it"
@@ -1041,13 +1136,13 @@ class Acting:
 
     def act(
         self,
-        obs: Tensor,
+        obs: Obs,
         storage: Rollout,
         step: int,
         envs_slice: slice,
         send: Callable[[Any], None] | None = None,
         *,
-        raw_obs: np.ndarray,
+        raw_obs: RawObs,
         num_envs: int,
     ) -> Any:
         """The policy's actions for the envs in ``envs_slice``, stored in the rollout at ``step``.
@@ -1060,7 +1155,7 @@ class Acting:
         with torch.no_grad():
             # (every env's observations: with --norm-obs, one env's NaN makes every env's NaN)
             with self.acting_on(raw_obs, range(num_envs)):
-                action, rest = self.actor.sample(obs[envs_slice])
+                action, rest = self.actor.sample(obs_map(lambda part: part[envs_slice], obs))
             actions = self.env_actions(action)
             if send is not None:
                 send(actions)
@@ -1076,10 +1171,28 @@ class Acting:
         # The step's observations already hold the next episodes' first ones; the truncated episodes' last
         # ones are in infos["final_obs"].
         idx = np.flatnonzero(truncated)
-        final = np.stack([infos["final_obs"][i] for i in idx])
+        final: RawObs
+        if isinstance(self.obs_space, gym.spaces.Dict):  # (each a dict of the key's observation)
+            final = {key: np.stack([infos["final_obs"][i][key] for i in idx]) for key in self.obs_space.spaces}
+        else:
+            final = np.stack([infos["final_obs"][i] for i in idx])
         with torch.no_grad(), self.acting_on(final, idx.tolist(), check_first=True):
             final_obs = self.prepare_obs(final, update_stats=False)
             storage.final_values[step, idx] = self.actor.get_value(final_obs)
+
+
+def _as_arrays(obs: Any) -> RawObs:
+    """A batch of observations as arrays: one, or a Dict observation's one per key."""
+    if isinstance(obs, dict):
+        return {key: np.asarray(value) for key, value in obs.items()}
+    return np.asarray(obs)
+
+
+def _num_rows(obs: RawObs) -> int:
+    """How many observations the batch ``obs`` holds (a Dict's: each key's batch holds that many)."""
+    if isinstance(obs, dict):
+        return len(next(iter(obs.values())))
+    return len(obs)
 
 
 @dataclasses.dataclass(eq=False)
@@ -1340,7 +1453,7 @@ def _follow_change(
     next_valid: np.ndarray,
     reward_scaler: RewardScaler | None,
     global_step: int,
-) -> tuple[Tensor, np.ndarray]:
+) -> tuple[Obs, np.ndarray]:
     """Follow the fleet's ``change`` (at the run's env step ``global_step``) in the episodes, the reward scaler
     and ``since``'s episodes cut; the next step's observations (prepared by ``acting``) and, per env, whether
     it is a transition (``next_valid`` as the fleet changed)."""
@@ -1661,15 +1774,15 @@ def train(
         image = is_image_space(obs_space)
         # (restored at the end: the caller's process, a notebook's kernel, keeps its own setting)
         stack.callback(torch.set_num_threads, torch.get_num_threads())
-        set_torch_threads(device, image, args.torch_threads)
+        set_torch_threads(device, image or bool(image_keys(obs_space)), args.torch_threads)
         _warn_of_settings(args, hp, device, obs_space, action_space, image)
 
         agent = Agent(obs_space, action_space, hidden_sizes=hp.hidden_sizes, action_bounds=hp.action_bounds).to(device)
         # eps 1e-5, not torch's 1e-8: PPO's baselines (Huang et al., 2022, detail 3). fused: one kernel for every
         # parameter's update (on CPU since torch 2.4, pyproject's floor).
         optimizer = optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5, fused=True)
-        vector_obs = isinstance(obs_space, gym.spaces.Box) and not image
-        obs_rms = RunningMeanStd(obs_space.shape or (), device) if hp.norm_obs and vector_obs else None
+        vector_obs = (isinstance(obs_space, gym.spaces.Box) and not image) or bool(vector_keys(obs_space))
+        obs_rms = obs_normalizer(obs_space, vector_keys(obs_space), device) if hp.norm_obs and vector_obs else None
         reward_scaler = RewardScaler(hp.gamma, device) if hp.norm_reward else None
         counters = Counters()
         if checkpoint is not None:
@@ -1917,7 +2030,7 @@ def train(
                 lost_before = watch.servers_lost()
                 watch.start_rollout()  # (the servers' statistics are the rollout's: not the update's before it)
                 for step in range(hp.num_steps):
-                    rollout.obs[step] = next_obs
+                    obs_put(rollout.obs, step, next_obs)
                     try:
                         obs_np, reward_np, term_np, trunc_np, infos = _step_envs(
                             envs, stepping, acting, next_obs, rollout, step, raw_obs=raw_obs, num_envs=num_envs

@@ -24,10 +24,12 @@ from learner.errors import UpdateDivergedError
 from learner.normalize import RewardScaler
 from learner.ppo import (
     Agent,
+    Obs,
     clipped_policy_loss,
     explained_variance,
     gae_advantages,
     normalize_advantages,
+    obs_map,
     value_loss,
 )
 
@@ -42,10 +44,11 @@ class Rollout:
     ``valid[t, n]`` says step t of env n was a transition to learn from: False for the reset step
     that follows an episode's end under next-step autoreset, and for steps in which the fleet
     reported env n unavailable. ``final_values`` holds V(final observation) for episodes truncated under same-step
-    autoreset, where the final observation only comes in ``infos``.
+    autoreset, where the final observation only comes in ``infos``. ``obs``: one tensor, or for a Dict observation
+    space one per key, each in its own dtype (uint8 camera frames stay bytes on the device).
     """
 
-    obs: Tensor
+    obs: Obs
     actions: Tensor
     logprobs: Tensor
     values: Tensor
@@ -60,8 +63,8 @@ class Rollout:
         cls,
         num_steps: int,
         num_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: torch.dtype,
+        obs_shape: tuple[int, ...] | dict[str, tuple[int, ...]],
+        obs_dtype: torch.dtype | dict[str, torch.dtype],
         action_shape: tuple[int, ...],
         action_dtype: torch.dtype,
         device: torch.device,
@@ -69,8 +72,15 @@ class Rollout:
         def zeros(shape: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> Tensor:
             return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
 
+        obs: Obs
+        if isinstance(obs_shape, dict):
+            assert isinstance(obs_dtype, dict)
+            obs = {key: zeros(shape, obs_dtype[key]) for key, shape in obs_shape.items()}
+        else:
+            assert not isinstance(obs_dtype, dict)
+            obs = zeros(obs_shape, obs_dtype)
         return cls(
-            obs=zeros(obs_shape, obs_dtype),
+            obs=obs,
             actions=zeros(action_shape, action_dtype),
             logprobs=zeros(),
             values=zeros(),
@@ -84,14 +94,14 @@ class Rollout:
 
     @property
     def num_envs(self) -> int:
-        return int(self.obs.shape[1])
+        return int(self.values.shape[1])
 
 
 @dataclass
 class Batch:
     """One rollout's real transitions, flattened (copies: the rollout's storage may be refilled at once)."""
 
-    obs: Tensor
+    obs: Obs
     actions: Tensor
     logprobs: Tensor
     advantages: Tensor
@@ -100,7 +110,7 @@ class Batch:
 
     @property
     def size(self) -> int:
-        return int(self.obs.shape[0])
+        return int(self.returns.shape[0])
 
 
 def make_batch(
@@ -115,7 +125,7 @@ def make_batch(
 
     ``next_value`` is V(the observations after the rollout's last step), from the nets that acted.
     """
-    device = rollout.obs.device
+    device = rollout.values.device
     exact, terminations, truncations, valid = (
         torch.from_numpy(a).to(device)
         for a in (rollout.rewards, rollout.terminations, rollout.truncations, rollout.valid)
@@ -142,7 +152,7 @@ def make_batch(
         returns = advantages + rollout.values
     mask = valid.reshape(-1)
     return Batch(
-        obs=rollout.obs.flatten(0, 1)[mask],
+        obs=obs_map(lambda obs: obs.flatten(0, 1)[mask], rollout.obs),
         actions=rollout.actions.flatten(0, 1)[mask],
         logprobs=rollout.logprobs.reshape(-1)[mask],
         advantages=advantages.reshape(-1)[mask],
@@ -221,7 +231,7 @@ def ppo_update(
     start = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    device = batch.obs.device
+    device = batch.returns.device
     batch_size = batch.size
     num_minibatches = min(hp.num_minibatches, batch_size)
     clipfracs: list[Tensor] = []
@@ -236,7 +246,8 @@ def ppo_update(
             else torch.tensor_split(torch.randperm(batch_size, device=device, generator=generator), num_minibatches)
         )
         for mb_inds in minibatches:
-            _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch.obs[mb_inds], batch.actions[mb_inds])
+            mb_obs = obs_map(lambda obs: obs[mb_inds], batch.obs)  # noqa: B023 (used at once, in this iteration)
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, batch.actions[mb_inds])
             mb_advantages = batch.advantages[mb_inds]
             if hp.norm_adv:
                 mb_advantages = normalize_advantages(mb_advantages)

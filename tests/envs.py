@@ -12,7 +12,17 @@ import numpy as np
 
 from learner.benchmarks.envs import IndexEnv
 
-__all__ = ["ClockEnv", "DictEnv", "FaultyEnv", "FuzzEnv", "GateEnv", "IndexEnv", "ResetGateEnv", "SlowToBuildEnv"]
+__all__ = [
+    "CameraClockEnv",
+    "ClockEnv",
+    "DictEnv",
+    "FaultyEnv",
+    "FuzzEnv",
+    "GateEnv",
+    "IndexEnv",
+    "ResetGateEnv",
+    "SlowToBuildEnv",
+]
 
 
 class DictEnv(gym.Env[dict[str, Any], np.ndarray]):
@@ -147,6 +157,31 @@ class ClockEnv(gym.Env[np.ndarray, Any]):
         self._t += 1
         over = self._t >= self.length
         return self._obs(), reward, over and self.end == "terminate", over and self.end == "truncate", {}
+
+
+class CameraClockEnv(ClockEnv):
+    """ClockEnv (as deterministic, its episodes as long, truncated or terminated, its actions and rewards) seen as a
+    robot's Dict observation: ``image``, a uint8 camera frame (36, 36, 1), channel-last, as bright as the time is
+    late (50 t); ``state``, ClockEnv's float32 vector; ``phase``, the time's parity as a Discrete(2, start=1).
+    ``nan_at``: from that step of each episode on, ``state`` holds a NaN (an observation no policy can act on)."""
+
+    def __init__(self, length: int = 3, action: str = "discrete", end: str = "truncate", nan_at: int = -1) -> None:
+        super().__init__(length=length, action=action, end=end)
+        self.nan_at = nan_at
+        self.observation_space = gym.spaces.Dict(  # type: ignore[assignment]
+            {
+                "image": gym.spaces.Box(0, 255, (36, 36, 1), np.uint8),
+                "state": gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32),
+                "phase": gym.spaces.Discrete(2, start=1),
+            }
+        )
+
+    def _obs(self) -> Any:
+        state = super()._obs()
+        if 0 <= self.nan_at <= self._t:
+            state[0] = np.nan
+        image = np.full((36, 36, 1), min(50 * self._t, 255), dtype=np.uint8)
+        return {"image": image, "state": state, "phase": np.int64(1 + self._t % 2)}
 
 
 def _wait_at_gate(gate: str, hold_s: float) -> None:

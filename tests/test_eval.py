@@ -541,6 +541,29 @@ def test_channel_last_and_grayscale_images_train_with_the_nature_cnn_and_evaluat
     assert result["episodes"] == 2 and result["length_mean"] == 4.0
 
 
+def test_dict_observations_train_through_local_servers_with_a_cnn_per_image_key_and_evaluate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A robot's camera frame (uint8, channel-last), state vector and a Discrete phase, served as a Dict: no
+    # --wrappers flatten, the frames stay bytes on the wire and in the rollout.
+    run = tmp_path / "dict"
+    capsys.readouterr()
+    kwargs = ["--env-kwargs", json.dumps({"length": 4})]
+    _train(run, "--env", "tests.envs:CameraClockEnv", *kwargs, "--num-servers", "2", "--envs-per-server", "1")
+    said = capsys.readouterr().out
+    assert "PPO (classic preset, Dict: Nature CNN per image key, MLP 64,64) on tests.envs:CameraClockEnv" in said
+    config = rundir.read_json(run / rundir.CONFIG)
+    assert config["envs"]["observation_space"].startswith("Dict('image': Box(0, 255, (36, 36, 1), uint8)")
+    # Evaluated on env servers (the run's) and in process alike.
+    for backend in (["--backend", "gym"], []):
+        result = _eval(capsys, str(run), "--episodes", "2", *backend)
+        assert result["episodes"] == 2 and result["length_mean"] == 4.0
+    # With --norm-obs the checkpoint holds the state vector's statistics, which eval normalises it with.
+    normed = tmp_path / "normed"
+    _train(normed, "--env", "tests.envs:CameraClockEnv", *kwargs, "--backend", "gym", "--num-envs", "2", "--norm-obs")
+    assert _eval(capsys, str(normed), "--episodes", "2", "--backend", "gym")["length_mean"] == 4.0
+
+
 def test_train_refuses_images_too_small_for_the_cnn_rather_than_an_mlp_on_raw_pixels(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
+from learner.config import PRESETS, PPOConfig
 from learner.fleet import FleetChange
-from learner.normalize import RewardScaler, RunningMeanStd
+from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd, obs_normalizer
 from learner.ppo import (
     MAX_CNN_PARAMETERS,
     ActionHead,
@@ -27,8 +28,12 @@ from learner.ppo import (
     image_layout,
     is_image_space,
     normalize_advantages,
+    observations_usable,
+    unusable_observation,
     value_loss,
+    vector_keys,
 )
+from learner.update import Rollout, make_batch, ppo_update
 
 
 def t(rows: list[list[float]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -297,19 +302,28 @@ def test_agent_mlp_for_vector_and_discrete_observations() -> None:
     one_hot = Agent(gym.spaces.Discrete(4, start=1), gym.spaces.Discrete(2))
     assert one_hot.get_value(torch.tensor([1, 4])).shape == (2,)
     with pytest.raises(ValueError, match="observation_space: expected a Box"):
-        Agent(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2))
+        Agent(gym.spaces.Tuple((gym.spaces.Discrete(2),)), gym.spaces.Discrete(2))
 
 
 @pytest.mark.parametrize(
-    "space",
+    ("space", "said"),
     [
-        gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,)), "mode": gym.spaces.Discrete(3)}),
-        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(3))),
+        (
+            gym.spaces.Dict(
+                {"pos": gym.spaces.Box(-1, 1, (2,)), "nested": gym.spaces.Dict({"a": gym.spaces.Discrete(3)})}
+            ),
+            r"the Dict's key 'nested' holds Dict\('a': Discrete\(3\)\); the policy takes a Dict whose values are each a Box",
+        ),
+        (
+            gym.spaces.Dict({"flags": gym.spaces.MultiBinary(3), "pos": gym.spaces.Box(-1, 1, (2,))}),
+            r"the Dict's key 'flags' holds MultiBinary\(3\)",
+        ),
+        (gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(3))), "expected a Box"),
     ],
-    ids=["Dict", "Tuple"],
+    ids=["nested Dict", "MultiBinary in a Dict", "Tuple"],
 )
-def test_refused_dict_and_tuple_observations_point_at_the_flatten_wrapper(space: gym.Space[Any]) -> None:
-    with pytest.raises(ValueError, match="expected a Box") as info:
+def test_refused_dict_and_tuple_observations_point_at_the_flatten_wrapper(space: gym.Space[Any], said: str) -> None:
+    with pytest.raises(ValueError, match=said) as info:
         check_observation_space(space)
     assert "env-server --wrappers flatten" in str(info.value)
     assert "learner train --wrappers flatten" in str(info.value)
@@ -371,3 +385,114 @@ def test_check_cnn_size_refuses_a_cameras_frames() -> None:
     with pytest.raises(ValueError, match=r"images of shape \(1080, 1920, 3\) would give the Nature CNN 1,013,131,936"):
         check_cnn_size(space)
     assert cnn_parameters(gym.spaces.Box(-1.0, 1.0, (1080, 1920, 3))) == 0  # (float32: no CNN)
+
+
+CAMERA_AND_STATE = gym.spaces.Dict(
+    {
+        "camera": gym.spaces.Box(0, 255, (40, 40, 3), np.uint8),
+        "goal": gym.spaces.Box(-1, 1, (2, 2), np.float32),
+        "mode": gym.spaces.Discrete(3, start=-1),
+    }
+)
+
+
+def _camera_batch(n: int) -> dict[str, torch.Tensor]:
+    return {
+        "camera": torch.randint(0, 256, (n, 40, 40, 3), dtype=torch.uint8),
+        "goal": torch.rand(n, 2, 2),
+        "mode": torch.tensor([-1, 0, 1, -1, 0][:n]),
+    }
+
+
+def test_dict_observations_get_a_cnn_per_image_key_the_rest_flattened_or_one_hot_as_sb3s_combined_extractor() -> None:
+    torch.manual_seed(0)
+    agent = Agent(CAMERA_AND_STATE, gym.spaces.Box(-1, 1, (2,)), hidden_sizes=(16,))
+    assert agent.combined is not None and agent.cnn is None
+    assert list(agent.combined.cnns) == ["camera"]
+    assert agent.combined.num_features == 512 + 4 + 3  # (the CNN's, the flattened goal's, the one-hot mode's)
+    # Actor and critic each an MLP of the hidden sizes on the shared features.
+    assert [m.out_features for m in agent.actor.modules() if isinstance(m, torch.nn.Linear)] == [16, 2]
+    assert [m.out_features for m in agent.critic.modules() if isinstance(m, torch.nn.Linear)] == [16, 1]
+    obs = _camera_batch(5)
+    action, logprob, _, value = agent.get_action_and_value(obs)
+    assert action.shape == (5, 2) and logprob.shape == value.shape == (5,)
+    # The CNN is the one a Box of those frames gets (channel-last permuted): the same features.
+    single = Agent(CAMERA_AND_STATE["camera"], gym.spaces.Discrete(2))
+    assert single.cnn is not None
+    single.cnn.load_state_dict(agent.combined.cnns["camera"].state_dict())
+    torch.testing.assert_close(single.cnn(obs["camera"]), agent.combined(obs)[:, :512])
+    # The one-hot takes the Discrete's start into account: -1 is the first class.
+    assert agent.combined(obs)[0, 512 + 4 :].tolist() == [1.0, 0.0, 0.0]
+    assert agent.act(obs).shape == (5, 2)
+
+
+def test_dict_values_the_policy_cannot_take_are_refused_naming_their_key() -> None:
+    small = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (3, 8, 8), np.uint8), "v": gym.spaces.Box(0, 1, (2,))})
+    with pytest.raises(
+        ValueError, match=r"^observation_space\['camera'\]: uint8 images of shape \(3, 8, 8\) do not fit"
+    ):
+        check_observation_space(small)
+    huge = gym.spaces.Dict({"wrist": gym.spaces.Box(0, 255, (720, 1280, 3), np.uint8)})
+    with pytest.raises(ValueError, match=r"^observation_space\['wrist'\]: uint8 images of shape \(720, 1280, 3\)"):
+        check_cnn_size(huge)
+    assert cnn_parameters(CAMERA_AND_STATE) == cnn_parameters(CAMERA_AND_STATE["camera"])
+    with pytest.raises(ValueError, match="an empty Dict"):
+        check_observation_space(gym.spaces.Dict({}))
+    with pytest.raises(ValueError, match=r"the Dict's key 'pair' holds Tuple"):
+        Agent(
+            gym.spaces.Dict({"pair": gym.spaces.Tuple((gym.spaces.Discrete(2),)), "v": gym.spaces.Box(0, 1, (2,))}),
+            gym.spaces.Discrete(2),
+        )
+
+
+def test_unusable_dict_observations_are_found_per_key_and_named() -> None:
+    obs = {k: v.numpy() for k, v in _camera_batch(3).items()}
+    assert observations_usable(obs, CAMERA_AND_STATE)
+    obs["goal"][2, 1, 0] = np.nan
+    assert not observations_usable(obs, CAMERA_AND_STATE)
+    env, said = unusable_observation(obs, CAMERA_AND_STATE, [4, 5, 6]) or (None, "")
+    assert env == 6 and said.startswith("observation['goal'] of env 6 has NaN or infinite values")
+    obs["goal"][2, 1, 0] = 0.0
+    obs["mode"][1] = 2  # (outside Discrete(3, start=-1))
+    env, said = unusable_observation(obs, CAMERA_AND_STATE, [0, 1, 2]) or (None, "")
+    assert env == 1 and said.startswith("observation['mode'] of env 1 is 2, outside the observation space Discrete")
+
+
+def test_norm_obs_of_dict_observations_keeps_statistics_for_their_vector_keys_alone() -> None:
+    assert vector_keys(CAMERA_AND_STATE) == ["goal"]
+    rms = obs_normalizer(CAMERA_AND_STATE, vector_keys(CAMERA_AND_STATE))
+    assert isinstance(rms, DictRunningMeanStd) and list(rms.stats) == ["goal"]
+    rms.stats["goal"].update(torch.rand(7, 2, 2, dtype=torch.float64))
+    state = rms.state_dict()
+    assert sorted(state) == ["goal/count", "goal/mean", "goal/var"]
+    again = obs_normalizer(CAMERA_AND_STATE, ["goal"])
+    assert isinstance(again, DictRunningMeanStd)
+    again.load_state_dict(state)
+    assert torch.equal(again.stats["goal"].mean, rms.stats["goal"].mean)
+
+
+def test_a_rollout_of_dict_observations_stores_each_key_in_its_dtype_and_updates_on_minibatches_of_them() -> None:
+    torch.manual_seed(0)
+    agent = Agent(CAMERA_AND_STATE, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    shapes = {"camera": (40, 40, 3), "goal": (2, 2), "mode": ()}
+    dtypes = {"camera": torch.uint8, "goal": torch.float32, "mode": torch.int64}
+    rollout = Rollout.allocate(4, 2, shapes, dtypes, (), torch.int64, torch.device("cpu"))
+    assert isinstance(rollout.obs, dict) and rollout.obs["camera"].dtype == torch.uint8  # (bytes, not float32)
+    assert rollout.num_envs == 2
+    for step in range(4):
+        obs = _camera_batch(2)
+        for key, value in obs.items():
+            rollout.obs[key][step] = value
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(obs)
+        rollout.actions[step], rollout.logprobs[step], rollout.values[step] = action, logprob, value
+    rollout.rewards[:] = 1.0
+    rollout.valid[:] = True
+    rollout.valid[1, 0] = False  # (a reset step: left out of the batch)
+    hp = PPOConfig(**{**PRESETS["classic"], "preset": "classic", "num_minibatches": 2, "update_epochs": 2})
+    batch = make_batch(rollout, torch.zeros(2), hp, None, next_step_autoreset=True)
+    assert isinstance(batch.obs, dict) and batch.size == 7
+    assert batch.obs["camera"].shape == (7, 40, 40, 3) and batch.obs["camera"].dtype == torch.uint8
+    assert torch.equal(batch.obs["mode"][:2], rollout.obs["mode"][0])
+    result = ppo_update(agent, torch.optim.Adam(agent.parameters()), batch, hp, learning_rate=1e-3, clip_coef=0.2)
+    assert result.batch_size == 7 and np.isfinite(result.policy_loss)

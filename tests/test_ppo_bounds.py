@@ -184,7 +184,9 @@ def test_a_gaussian_policy_s_observations_are_looked_at_before_it_acts_and_a_cat
     discrete = _acting(None, gym.spaces.Discrete(2))
     assert not discrete.looks_first
     x = discrete.prepare_obs(np.array([[np.nan, 0.0]], np.float32), update_stats=True, returned_at=4)
-    assert bool(x.isnan().any())  # (left to the forward's error, explained by acting_on)
+    assert isinstance(x, torch.Tensor) and bool(
+        x.isnan().any()
+    )  # (left to the forward's error, explained by acting_on)
 
 
 def test_the_rollout_s_check_with_norm_obs_blames_the_normalisation_not_the_env() -> None:

@@ -65,6 +65,7 @@ def acted(num_steps: int = 8) -> tuple[Agent, Rollout]:
     torch.manual_seed(0)
     agent = Agent(OBS, ACTIONS, hidden_sizes=(4,))
     made = rollout(num_steps)
+    assert isinstance(made.obs, torch.Tensor)  # (a Box's: one tensor)
     made.obs[:] = torch.randn(num_steps, 1, 2)
     with torch.no_grad():
         actions, logprobs, _, values = agent.get_action_and_value(made.obs.flatten(0, 1))

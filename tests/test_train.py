@@ -28,7 +28,7 @@ from learner.checkpoint import load_checkpoint
 from learner.config import Args, resolve_ppo
 from learner.device import device_hint, pick_device
 from learner.envs import FleetSpec, open_fleet
-from learner.errors import OptionError, RunDirWriteError, TrainingInterrupted
+from learner.errors import OptionError, RunDirWriteError, TrainingInterrupted, UnusableEnvOutputError
 from learner.local import DEFAULT_TRANSPORT
 from learner.ppo import Agent
 from learner.resume import like_args, resume_args
@@ -36,6 +36,8 @@ from learner.train import NothingToLearnError, train
 from tests.conftest import QUIET, StartServers, needs_proc, on_cuda
 
 CLOCK_ENV = "tests.envs:ClockEnv"
+CAMERA_ENV = "tests.envs:CameraClockEnv"
+"""ClockEnv seen as a robot's Dict: a uint8 camera frame, a float32 state vector, a Discrete phase."""
 
 
 def clock(length: int = 3, **kwargs: Any) -> dict[str, Any]:
@@ -162,6 +164,77 @@ def test_box_actions_train_with_the_mujoco_preset(tmp_path: Path) -> None:
     assert summary["episodes"] == 8
 
 
+def test_dict_observations_train_on_same_step_autoreset_servers_bootstrapping_truncations_from_their_final_dicts(
+    tmp_path: Path, start_servers: StartServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under same-step autoreset a truncated episode's last observation (a Dict) comes only in infos["final_obs"],
+    # and V(it) bootstraps the truncation: Box actions (the mujoco preset) normalise the state vector alone.
+    from learner import train as train_module
+
+    finals: list[dict[str, Any]] = []
+    value_final = train_module.Acting.value_final
+
+    def watched(self: Any, storage: Any, step: int, truncated: np.ndarray, infos: dict[str, Any]) -> None:
+        value_final(self, storage, step, truncated, infos)
+        finals.append({"step": step, "values": storage.final_values[step].clone(), "truncated": truncated.copy()})
+
+    monkeypatch.setattr(train_module.Acting, "value_final", watched)
+    addresses = start_servers(
+        CAMERA_ENV, 1, 2, env_kwargs={"length": 3, "action": "box"}, server_args=["--autoreset-mode", "SameStep"]
+    )
+    summary = train(Args(servers=",".join(addresses), num_steps=6, total_timesteps=24, run_dir=str(tmp_path), **QUIET))
+    assert [r["batch_size"] for r in rundir.read_jsonl(tmp_path / rundir.METRICS)] == [12, 12]
+    assert summary["episodes"] == 8
+    # Every third step truncates both envs' episodes; their final values were computed from the final Dicts.
+    assert [f["step"] for f in finals] == [2, 5, 2, 5] and all(f["truncated"].all() for f in finals)
+    assert all(bool(f["values"].ne(0).all()) for f in finals)
+    config = rundir.read_json(tmp_path / rundir.CONFIG)
+    assert config["policy"] == "Dict: Nature CNN per image key, MLP 64,64" and config["ppo"]["norm_obs"]
+    checkpoint = load_checkpoint(rundir.list_checkpoints(tmp_path)[-1])
+    assert sorted(checkpoint["obs_rms"]) == ["state/count", "state/mean", "state/var"]
+    assert any(key.startswith("combined.cnns.image.") for key in checkpoint["model"])
+
+
+@pytest.mark.parametrize("action", ["box", "discrete"])
+def test_a_nan_in_a_dict_observation_stops_the_run_naming_the_key_and_env(tmp_path: Path, action: str) -> None:
+    # Box actions (and --norm-obs) look at the observations as they come; a categorical policy on the CPU
+    # explains its forward's error afterwards: either way the error names the Dict's key.
+    args = Args(
+        **{**clock(3, action=action, nan_at=2), "env": CAMERA_ENV},
+        backend="gym",
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=32,
+        run_dir=str(tmp_path / "run"),
+    )
+    with pytest.raises(UnusableEnvOutputError, match=r"observation\['state'\] of env 0 has NaN or infinite values"):
+        train(args)
+
+
+def test_a_rollout_of_dict_observations_counts_each_keys_bytes_against_the_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from learner import train as train_module
+
+    space = gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (7,), np.float32)}
+    )
+    stored = train_module._obs_storage(space)
+    assert stored == ({"image": (84, 84, 3), "state": (7,)}, {"image": torch.uint8, "state": torch.float32})
+    hp = dataclasses.replace(
+        resolve_ppo(Args(**clock(3)), space, gym.spaces.Discrete(2)), num_steps=128, num_minibatches=4
+    )
+    # 512 steps' bytes (21,168 + 28), twice (the rollout, the update's copy), a minibatch of 128 of them made float32
+    # besides, and 64 bytes a step of the rest: 35,292,160.
+    monkeypatch.setattr(train_module, "available_memory", lambda device: (1000, "this machine"))
+    with pytest.raises(
+        OptionError,
+        match=r"^--num-steps 128 x 4 envs: a rollout of Dict \('image': \(84, 84, 3\) uint8, 'state': \(7,\) float32\) "
+        r"observations and its update need at least 35\.3 MB on cpu",
+    ):
+        train_module._check_rollout_memory(hp, 4, *stored, torch.device("cpu"))
+
+
 @pytest.mark.parametrize("backend", ["remote", "gym"])
 def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(
     tmp_path: Path, backend: Literal["remote", "gym"]
@@ -186,10 +259,12 @@ def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(
         Args(servers="localhost:1", max_episode_steps=5)
 
 
-def _resumable() -> dict[str, Any]:
-    """Runs of 3 updates of 16 steps whose every update boundary finds the envs at their start."""
+def _resumable(env: str = CLOCK_ENV) -> dict[str, Any]:
+    """Runs of 3 updates of 16 steps whose every update boundary finds the envs at their start (``env``: ClockEnv
+    or its Dict observations' CameraClockEnv)."""
     return {
         **clock(3, action="box"),
+        "env": env,
         "backend": "gym",
         "num_envs": 2,
         "num_steps": 8,
@@ -214,12 +289,16 @@ def test_checkpoints_are_checkpoint_seconds_apart_besides_the_last(
     assert [p.name for p in rundir.list_checkpoints(run)] == [f"step-{step:010d}.pt" for step in written]
 
 
-def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("env", "rms_mean"), [(CLOCK_ENV, "mean"), (CAMERA_ENV, "state/mean")], ids=["Box", "Dict"])
+def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupted_run(
+    tmp_path: Path, env: str, rms_mean: str
+) -> None:
     # ClockEnv's episodes (3 steps + 1 reset step) divide the rollout (8 steps), so at every update
     # boundary each env is back at its start, as after a fresh reset: what the learner's checkpoint
     # holds (nets, optimizer, normalisers, counters, RNG states) alone decides what comes next.
-    # Box actions and the mujoco preset put every piece of learner state to work.
-    common = {**_resumable(), "checkpoint_every": 1}
+    # Box actions and the mujoco preset put every piece of learner state to work (for Dict observations,
+    # --norm-obs's statistics of the state vector, a CNN for the camera frames).
+    common = {**_resumable(env), "checkpoint_every": 1}
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
 
@@ -245,7 +324,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
         for name, tensor in state.items():
             assert torch.equal(tensor, b["optimizer"]["state"][key][name]), (key, name)
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-    assert torch.equal(a["obs_rms"]["mean"], b["obs_rms"]["mean"])
+    assert torch.equal(a["obs_rms"][rms_mean], b["obs_rms"][rms_mean])
 
 
 class CtrlCAt(gym.vector.VectorWrapper):
