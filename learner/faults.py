@@ -135,8 +135,9 @@ is an outage (a one-off is no broken server); a broken one costs a single reconn
 STALL = (1.0, 10.0, 60.0)
 """A step the fleet waited at least ``least`` seconds for, one of whose answers spent that long outside
 its server's envs and ``factor`` times its median time outside them (over :data:`STALL_BASELINE` steps
-at least), is a stall, warned of at most once per ``every`` seconds per server (with the count since):
-(least, factor, every). A link that stalls for a few seconds, a server paused or swapping, holds up every env
+at least), is a stall, warned of at most once per ``every`` seconds per server (with the count since), rarer as
+its stalls go on (see :func:`reminder_gap`: a server stalling every few seconds for an hour said so 60 times, 12
+now): (least, factor, every). A link that stalls for a few seconds, a server paused or swapping, holds up every env
 of the fleet for as long while staying within the step deadline (10 s in ``learner train``): without
 this, only the latency p99 in the metrics shows it. The envs' own time (each answer says how long its
 envs took) is left out: an env slow to reset, or whose steps are slow, is no stall."""

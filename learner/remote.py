@@ -397,7 +397,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._pending_reset: tuple[Any, dict[str, Any] | None] = (None, None)  # (reset_async's seed and options)
         self._aliases: set[str] = set()  # addresses of a server listed under another name too (used once)
         # Stalls warned of (see faults.STALL), by server: when last said, and how many since.
-        self._stalls: dict[str, tuple[float, int]] = {}
+        # (_note_stall: per server, when a line last said a stall, the stalls since, when its stalls began, the last)
+        self._stalls: dict[str, tuple[float, int, float, float]] = {}
         # Listed servers out of the fleet that the fleet knows of, until they join or are listed no more: those
         # the fault-tolerant start went on without, and those whose handshake failed or that did not fit (_Away).
         self._away: dict[str, _Away] = {}
@@ -1226,7 +1227,8 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         ``timer``'s server's spent the longest outside its envs. Warn if that was a stall: at least as
         long as the wait that counts, and far longer than usual (an env slow to reset, or whose steps
         are slow, is none: its envs' own time, which each answer reports, is left out); at most once per
-        faults.STALL's period per server, with the count of those since."""
+        faults.STALL's period per server, or per a third of the time it has stalled (stalls less than a period
+        apart) once that is longer, up to 10 minutes (faults.reminder_gap), with the count of those since."""
         least, factor, every = faults.STALL
         outside = timer.last_outside_envs()
         usual = timer.usual_outside_envs(at_least=faults.STALL_BASELINE)
@@ -1234,11 +1236,13 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             return
         timer.stalls += 1
         now = time.monotonic()
-        said, since = self._stalls.get(timer.address, (-math.inf, 0))
-        if now - said < every:
-            self._stalls[timer.address] = (said, since + 1)
+        said, since, began, last = self._stalls.get(timer.address, (-math.inf, 0, now, now))
+        if now - last >= every:  # (its stalls before were over: these begin now)
+            began = now
+        if now - said < faults.reminder_gap(now - began, every):
+            self._stalls[timer.address] = (said, since + 1, began, now)
             return
-        self._stalls[timer.address] = (now, 0)
+        self._stalls[timer.address] = (now, 0, began, now)
         took = timer.last_latency()
         paused = pauses.own_pause(within=took)  # (during this step; a fault-tolerant fleet's: see learner.pauses)
         log.warning(

@@ -6,19 +6,23 @@ a link that stalls does)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 import signal
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
 
-from learner import faults, pauses
+from learner import faults, pauses, remote
 from learner.local import LocalServers, label_of
 from learner.remote import RemoteVectorEnv
+from learner.stats import StepTimer
 
 ACTIONS = np.zeros(4, dtype=np.int64)
 
@@ -244,3 +248,30 @@ def test_a_stall_in_a_step_in_which_another_server_failed_at_once_is_named(
     assert counted == {killed.addresses[0]: 0, tcp.addresses[0]: 1}, counted
     (said,) = _stalls(caplog)
     assert re.match(rf"env server {re.escape(named)} took \d+\.\d s to answer a step", said), said
+
+
+def test_the_lines_about_a_server_that_keeps_stalling_come_further_apart() -> None:
+    """A server that stalls every few seconds for an hour (an overloaded host) was said to once a minute, 60 lines
+    an hour: once its stalls have gone on for longer than three periods, the gap is a third of that time, up to 10
+    minutes (faults.reminder_gap), 12 lines; stalls a period apart or more begin anew (a line at the next)."""
+    clock = [1000.0]
+    fleet = SimpleNamespace(_stalls={})
+    timer = StepTimer("127.0.0.1:1", 4)
+    for _ in range(faults.STALL_BASELINE):
+        timer.record(latency_s=0.001, env_s=0.0005)
+    timer.record(latency_s=2.0, env_s=0.0005)  # (a stall: every step below is judged with it)
+    lines: list[float] = []
+    with (
+        mock.patch.object(remote.time, "monotonic", lambda: clock[0]),
+        mock.patch.object(remote.log, "warning", lambda *args: lines.append(clock[0])),
+    ):
+        for _ in range(720):  # (a stall every 5 s for an hour)
+            RemoteVectorEnv._note_stall(fleet, timer, 2.0)  # type: ignore[arg-type]
+            clock[0] += 5.0
+        assert len(lines) == 12, [round(t - 1000) for t in lines]
+        assert [round(b - a) for a, b in itertools.pairwise(lines[:4])] == [60, 60, 60]
+        clock[0] += 120.0  # (two minutes without a stall: the next begins anew, said at once)
+        RemoteVectorEnv._note_stall(fleet, timer, 2.0)  # type: ignore[arg-type]
+        clock[0] += 5.0
+        RemoteVectorEnv._note_stall(fleet, timer, 2.0)  # type: ignore[arg-type]
+    assert len(lines) == 13
