@@ -457,19 +457,24 @@ class CombinedExtractor(nn.Module):
     a Nature CNN per image key (see :func:`image_layout`; its 512 features, where SB3's gives 256), each other
     Box key flattened as float32, each Discrete key one-hot, all concatenated in the Dict's key order (gymnasium
     sorts a Dict's keys unless told otherwise; the order is the space's, which a checkpoint records).
-    ``num_features``: the concatenation's width."""
+    ``num_features``: the concatenation's width. ``cnn_names``: the name of each image key's CNN in ``cnns`` (and
+    in the checkpoints' ``combined.cnns.<name>.`` weights): the key itself, or where torch cannot name a module
+    so (LeRobot's ``"observation.image"``: a dot; ``""``; ``"keys"``, a ModuleDict's attribute) its escaped form
+    (see :func:`_module_name`)."""
 
     def __init__(self, space: gym.spaces.Dict) -> None:
         super().__init__()
         self.keys = list(space.spaces)
         self.cnns = nn.ModuleDict()
+        self.cnn_names: dict[str, str] = {}
         self.one_hot: dict[str, tuple[int, int]] = {}  # key -> (n, start) of a Discrete
         self.num_features = 0
         for key, value in space.spaces.items():
             layout = image_layout(value)
             if layout is not None:
                 cnn = NatureCNN(value.shape, layout)  # type: ignore[arg-type]
-                self.cnns[key] = cnn
+                self.cnn_names[key] = _module_name(key)
+                self.cnns[self.cnn_names[key]] = cnn
                 self.num_features += cnn.num_features
             elif isinstance(value, gym.spaces.Discrete):
                 self.one_hot[key] = (int(value.n), int(value.start))
@@ -482,14 +487,25 @@ class CombinedExtractor(nn.Module):
         parts = []
         for key in self.keys:
             x = obs[key]
-            if key in self.cnns:
-                parts.append(self.cnns[key](x))
+            if key in self.cnn_names:
+                parts.append(self.cnns[self.cnn_names[key]](x))
             elif key in self.one_hot:
                 n, start = self.one_hot[key]
                 parts.append(nn.functional.one_hot(x.long() - start, n).float())
             else:
                 parts.append(x.reshape(x.shape[0], -1).float())
         return torch.cat(parts, dim=1)
+
+
+def _module_name(key: str) -> str:
+    """The name under which a Dict observation's ``key`` can name a module in an ``nn.ModuleDict``: the key itself
+    where torch takes it, else (a dot, as in LeRobot's ``"observation.image"``, which torch reads as a submodule's
+    path; the empty string; the name of one of the ModuleDict's own attributes, ``"keys"`` or ``"training"``; and
+    a key that begins with ``%``, so that no key is taken for another's escaped form) ``%`` followed by the key with
+    its ``%`` and ``.`` percent-encoded (``"%observation%2Eimage"``): one name per key, never two keys' the same."""
+    if key and "." not in key and not key.startswith("%") and not hasattr(nn.ModuleDict(), key):
+        return key
+    return "%" + key.replace("%", "%25").replace(".", "%2E")
 
 
 Obs = Tensor | dict[str, Tensor]

@@ -426,6 +426,39 @@ def test_dict_observations_get_a_cnn_per_image_key_the_rest_flattened_or_one_hot
     assert agent.act(obs).shape == (5, 2)
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "observation.images.top",  # (LeRobot's names: torch reads a dot in a module's name as a submodule's path)
+        "",  # (torch names no module so)
+        "keys",  # (a ModuleDict's own attribute)
+        "%observation%2Eimage",  # (what an escaped name looks like: escaped too, not taken for the first key's)
+    ],
+)
+def test_dict_image_keys_torch_cannot_name_a_module_by_get_their_cnn_under_an_escaped_name(key: str) -> None:
+    # A camera under any str key trains: its CNN is named in the ModuleDict (and the checkpoints) by an escaped form
+    # of the key, one per key, and a fresh Agent loads the weights back and acts the same.
+    frame = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    space = gym.spaces.Dict({key: frame, "observation.image": frame, "state": gym.spaces.Box(-1, 1, (2,))})
+    torch.manual_seed(0)
+    agent = Agent(space, gym.spaces.Discrete(3), hidden_sizes=(8,))
+    assert agent.combined is not None and agent.combined.num_features == 2 * 512 + 2
+    assert len(set(agent.combined.cnn_names.values())) == 2 == len(agent.combined.cnns)
+    assert all("." not in name and name for name in agent.combined.cnn_names.values())
+    obs = {
+        key: torch.randint(0, 256, (4, 36, 36, 3), dtype=torch.uint8),
+        "observation.image": torch.randint(0, 256, (4, 36, 36, 3), dtype=torch.uint8),
+        "state": torch.rand(4, 2),
+    }
+    again = Agent(space, gym.spaces.Discrete(3), hidden_sizes=(8,))
+    again.load_state_dict(agent.state_dict())
+    torch.testing.assert_close(again.get_value(obs), agent.get_value(obs))
+    # (each key's frames go to its own CNN: 512 features in the sorted keys' order, "state" the last key)
+    name, start = agent.combined.cnn_names[key], 512 * agent.combined.keys.index(key)
+    torch.testing.assert_close(agent.combined(obs)[:, start : start + 512], agent.combined.cnns[name](obs[key]))
+    assert agent.combined.cnn_names["observation.image"] != name
+
+
 def test_dict_values_the_policy_cannot_take_are_refused_naming_their_key() -> None:
     small = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (3, 8, 8), np.uint8), "v": gym.spaces.Box(0, 1, (2,))})
     with pytest.raises(
