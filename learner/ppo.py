@@ -212,13 +212,28 @@ def cnn_parameters(space: gym.Space[Any]) -> int:
 def check_cnn_size(space: gym.Space[Any]) -> None:
     """ValueError for images whose Nature CNN would have more than :data:`MAX_CNN_PARAMETERS` parameters
     (large camera frames): building it would take minutes and gigabytes, without a word, before the first
-    step, and its updates could not keep up. A Dict's images are checked each, the error naming the key."""
+    step, and its updates could not keep up. A Dict's images are checked each, the error naming the key, and
+    then together: the Agent builds a CNN per image key, and two cameras each under the limit (two 480x640 RGB
+    frames, 140 million parameters each) cost as much as one over it."""
     if isinstance(space, gym.spaces.Dict):
         for key, value in space.spaces.items():
             try:
                 check_cnn_size(value)
             except ValueError as err:
                 raise ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1)) from None
+        each = {key: cnn_parameters(value) for key, value in space.spaces.items() if image_layout(value) is not None}
+        params = sum(each.values())
+        if params > MAX_CNN_PARAMETERS:
+            weights = 4 * params
+            raise ValueError(
+                f"observation_space: the Dict's images would give its Nature CNNs {params:,} parameters together ("
+                + ", ".join(f"{key!r}: {count:,}" for key, count in each.items())
+                + f"; {weights / 1e9:,.1f} GB of float32 weights, {4 * weights / 1e9:,.1f} GB with their gradients "
+                f"and Adam's moments), over the {MAX_CNN_PARAMETERS:,} the policy is built with (4x84x84 frames give "
+                "a CNN 1.7 million): each CNN's dense layer takes every pixel the convolutions leave. Make the frames "
+                "smaller in the env (gymnasium's ResizeObservation takes a Box, not a Dict: render each camera "
+                "smaller, or resize its frames in the env's step)"
+            )
         return
     params = cnn_parameters(space)
     if params <= MAX_CNN_PARAMETERS:

@@ -478,6 +478,23 @@ def test_dict_values_the_policy_cannot_take_are_refused_naming_their_key() -> No
         )
 
 
+def test_a_dicts_cameras_are_held_to_the_cnn_size_limit_together_not_each_alone() -> None:
+    # Two 480x640 RGB cameras (a robot's front and wrist): each CNN has 139.5 million parameters, under the limit,
+    # but the Agent builds both, 279 million: as many as one camera over the limit would give, refused as such.
+    camera = gym.spaces.Box(0, 255, (480, 640, 3), np.uint8)
+    assert cnn_parameters(camera) == 139_537_056 <= MAX_CNN_PARAMETERS
+    check_cnn_size(gym.spaces.Dict({"front": camera, "state": gym.spaces.Box(-1, 1, (3,))}))
+    two = gym.spaces.Dict({"front": camera, "state": gym.spaces.Box(-1, 1, (3,)), "wrist": camera})
+    assert cnn_parameters(two) == 279_074_112 > MAX_CNN_PARAMETERS
+    with pytest.raises(
+        ValueError,
+        match=r"^observation_space: the Dict's images would give its Nature CNNs 279,074,112 parameters together "
+        r"\('front': 139,537,056, 'wrist': 139,537,056; 1\.1 GB of float32 weights, 4\.5 GB with their gradients "
+        r"and Adam's moments\), over the 268,435,456",
+    ):
+        check_cnn_size(two)
+
+
 def test_unusable_dict_observations_are_found_per_key_and_named() -> None:
     obs = {k: v.numpy() for k, v in _camera_batch(3).items()}
     assert observations_usable(obs, CAMERA_AND_STATE)
