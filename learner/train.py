@@ -403,7 +403,15 @@ RAW_INTEGERS_WARN_AT = 100
 def _raw_integer_observations(space: gym.Space[Any], image: bool, norm_obs: bool) -> str:
     """A warning where the MLP gets integer observations as they are, with values as large as ALE's RAM
     bytes (0-255: obs_type="ram"), which slow or stall learning where they are not scaled; "" otherwise
-    (floats, small integer ranges such as a grid's cells, --norm-obs, images for the Nature CNN)."""
+    (floats, small integer ranges such as a grid's cells, --norm-obs, images for the Nature CNN). A Dict's
+    vector keys are looked at each, the first such named ("observations['ram'] are uint8 values ..."): the MLP
+    gets them as it would a Box of them, and --norm-obs scales them alone."""
+    if isinstance(space, gym.spaces.Dict):
+        for key in vector_keys(space):
+            said = _raw_integer_observations(space[key], False, norm_obs)
+            if said:
+                return said.replace("observations are", f"observations[{key!r}] are", 1)
+        return ""
     if image or norm_obs or not isinstance(space, gym.spaces.Box) or not np.issubdtype(space.dtype, np.integer):
         return ""
     largest = int(max(np.max(np.abs(space.low.astype(np.int64))), np.max(np.abs(space.high.astype(np.int64)))))

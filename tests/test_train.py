@@ -1118,6 +1118,28 @@ def test_ram_bytes_going_raw_into_the_mlp_are_warned_of_until_norm_obs(
     assert "which the MLP gets as they are" not in caplog.text
 
 
+def test_a_dicts_integer_vector_keys_going_raw_into_the_mlp_are_warned_of_until_norm_obs() -> None:
+    # A goal env's Dict with a RAM-like key (uint8 bytes up to 255) beside a float vector and a camera: the MLP
+    # gets those bytes as they are, as it would a Box of them; --norm-obs scales the Dict's vector keys.
+    from learner.train import _raw_integer_observations
+
+    space = gym.spaces.Dict(
+        {
+            "camera": gym.spaces.Box(0, 255, (36, 36, 3), np.uint8),  # (the CNN's: scaled to [0, 1])
+            "grid": gym.spaces.Box(0, 3, (2, 2), np.int8),  # (small cells: no warning)
+            "ram": gym.spaces.Box(0, 255, (128,), np.uint8),
+            "state": gym.spaces.Box(-1, 1, (3,), np.float32),
+        }
+    )
+    said = _raw_integer_observations(space, False, norm_obs=False)
+    assert said.startswith("observations['ram'] are uint8 values of up to 255 (Box(0, 255, (128,), uint8)), which the")
+    assert _raw_integer_observations(space, False, norm_obs=True) == ""
+    assert (
+        _raw_integer_observations(gym.spaces.Dict({"camera": space["camera"], "grid": space["grid"]}), False, False)
+        == ""
+    )
+
+
 # -- envs that give nothing to learn from, episodes cut short ----------------------------------------------------
 
 
