@@ -105,17 +105,21 @@ def check_observation_space(space: gym.Space[Any]) -> None:
     """ValueError for observations the agent cannot take well: anything but a Box, a Discrete or a Dict of them,
     and a 3-d uint8 Box (pixels, as far as one can tell) too small for the Nature CNN, which an MLP would get as
     raw 0-255 values. (2-d uint8 too small for it go to the MLP: a board or a grid as often as pixels.) A Dict's
-    values are checked as such, each error naming its key; a Dict in a Dict, a Tuple or any other value is
-    refused (with the advice to flatten the whole space on the servers where gymnasium can)."""
+    values are checked as such, each error naming its key; a Dict's MultiDiscrete and MultiBinary values are taken
+    too (as SB3's CombinedExtractor takes them: one-hot per sub-space, 0/1 as they are); a Dict in a Dict, a Tuple
+    or any other value is refused (with the advice to flatten the whole space on the servers where gymnasium
+    can)."""
     if isinstance(space, gym.spaces.Dict):
         if not space.spaces:
             raise ValueError("observation_space: an empty Dict holds nothing for the policy to act on")
         for key, value in space.spaces.items():
+            if isinstance(value, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+                continue  # (one-hot per sub-space, or 0/1 values: see CombinedExtractor)
             if not isinstance(value, gym.spaces.Box | gym.spaces.Discrete):
                 raise ValueError(
                     f"observation_space: the Dict's key {key!r} holds {value}; the policy takes a Dict whose values "
-                    "are each a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)) or a Discrete (nested "
-                    "Dicts and Tuples, MultiDiscrete, MultiBinary and others are not taken)"
+                    "are each a Box (vector, or uint8 images (C, H, W), (H, W, C) or (H, W)), a Discrete, a "
+                    "MultiDiscrete or a MultiBinary (nested Dicts and Tuples and others are not taken)"
                     + (
                         "; serve the observations flattened into one Box (Discrete parts one-hot) with "
                         "`env-server --wrappers flatten` (`learner train --wrappers flatten` for the envs it starts)"
@@ -470,7 +474,9 @@ def _mlp(sizes: Sequence[int], out_std: float) -> nn.Sequential:
 class CombinedExtractor(nn.Module):
     """The features of Dict observations, as stable-baselines3's CombinedExtractor (MultiInputPolicy's) makes them:
     a Nature CNN per image key (see :func:`image_layout`; its 512 features, where SB3's gives 256), each other
-    Box key flattened as float32, each Discrete key one-hot, all concatenated in the Dict's key order (gymnasium
+    Box key flattened as float32, each Discrete key one-hot, each MultiDiscrete key one-hot per sub-space (their
+    one-hots side by side, as SB3's preprocess_obs makes them), each MultiBinary key's 0/1 values flattened as
+    float32, all concatenated in the Dict's key order (gymnasium
     sorts a Dict's keys unless told otherwise; the order is the space's, which a checkpoint records).
     ``num_features``: the concatenation's width. ``cnn_names``: the name of each image key's CNN in ``cnns`` (and
     in the checkpoints' ``combined.cnns.<name>.`` weights): the key itself, or where torch cannot name a module
@@ -483,6 +489,7 @@ class CombinedExtractor(nn.Module):
         self.cnns = nn.ModuleDict()
         self.cnn_names: dict[str, str] = {}
         self.one_hot: dict[str, tuple[int, int]] = {}  # key -> (n, start) of a Discrete
+        self.multi_one_hot: dict[str, tuple[list[int], list[int]]] = {}  # key -> (nvec, start) of a MultiDiscrete
         self.num_features = 0
         for key, value in space.spaces.items():
             layout = image_layout(value)
@@ -494,6 +501,12 @@ class CombinedExtractor(nn.Module):
             elif isinstance(value, gym.spaces.Discrete):
                 self.one_hot[key] = (int(value.n), int(value.start))
                 self.num_features += int(value.n)
+            elif isinstance(value, gym.spaces.MultiDiscrete):
+                nvec = [int(n) for n in value.nvec.reshape(-1)]
+                self.multi_one_hot[key] = (nvec, [int(start) for start in value.start.reshape(-1)])
+                self.num_features += sum(nvec)
+            elif isinstance(value, gym.spaces.MultiBinary):
+                self.num_features += math.prod(value.shape)
             else:
                 assert isinstance(value, gym.spaces.Box)  # (check_observation_space refuses the rest)
                 self.num_features += math.prod(value.shape)
@@ -507,6 +520,13 @@ class CombinedExtractor(nn.Module):
             elif key in self.one_hot:
                 n, start = self.one_hot[key]
                 parts.append(nn.functional.one_hot(x.long() - start, n).float())
+            elif key in self.multi_one_hot:
+                nvec, starts = self.multi_one_hot[key]
+                flat = x.reshape(x.shape[0], -1).long()
+                parts.extend(
+                    nn.functional.one_hot(flat[:, i] - start, n).float()
+                    for i, (n, start) in enumerate(zip(nvec, starts, strict=True))
+                )
             else:
                 parts.append(x.reshape(x.shape[0], -1).float())
         return torch.cat(parts, dim=1)
@@ -692,7 +712,20 @@ def unusable_observation(
                 f"observation of env {env} is {value.item()!r}, outside the observation space {space}{when}; "
                 "the policy cannot act on it"
             )
+        if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary) and not _in_multi(value, space):
+            return env, (
+                f"observation of env {env} is {value.tolist()!r}, outside the observation space {space}{when}; "
+                "the policy cannot act on it"
+            )
     return None
+
+
+def _in_multi(obs: np.ndarray, space: gym.spaces.MultiDiscrete | gym.spaces.MultiBinary) -> bool:
+    """Whether every value of ``obs`` (one observation, or a batch of them) is within the MultiDiscrete's
+    sub-spaces (from its start, nvec values) or 0 or 1 (a MultiBinary's)."""
+    if isinstance(space, gym.spaces.MultiBinary):
+        return bool(((obs == 0) | (obs == 1)).all())
+    return bool(((obs >= space.start) & (obs < space.start + space.nvec)).all())
 
 
 def raise_unusable(
@@ -799,6 +832,8 @@ def observations_usable(obs: RawObs, space: gym.Space[Any], *, as_float32: bool 
         return False
     if isinstance(space, gym.spaces.Discrete) and obs.size:
         return bool(space.start <= obs.min() and obs.max() < space.start + space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return _in_multi(obs, space)
     return True
 
 

@@ -632,15 +632,18 @@ ObsStorage = tuple[tuple[int, ...] | dict[str, tuple[int, ...]], torch.dtype | d
 
 def _obs_storage(obs_space: gym.Space[Any]) -> ObsStorage:
     """The shape and dtype a rollout stores an observation in: images as the bytes they are. For a Dict, a shape
-    and a dtype per key (its images uint8, its Discrete values int64, its other Boxes float32)."""
+    and a dtype per key (its images uint8, its Discrete and MultiDiscrete values int64, its MultiBinary values
+    uint8, its other Boxes float32)."""
     if isinstance(obs_space, gym.spaces.Dict):
         stored = {key: _obs_storage(value) for key, value in obs_space.spaces.items()}
         return (
             {key: shape for key, (shape, _) in stored.items()},  # type: ignore[misc]
             {key: dtype for key, (_, dtype) in stored.items()},  # type: ignore[misc]
         )
-    if is_image_space(obs_space):
+    if is_image_space(obs_space) or isinstance(obs_space, gym.spaces.MultiBinary):
         dtype = torch.uint8
+    elif isinstance(obs_space, gym.spaces.MultiDiscrete):
+        dtype = torch.int64
     else:
         dtype = torch.int64 if isinstance(obs_space, gym.spaces.Discrete) else torch.float32
     return tuple(obs_space.shape or ()), dtype

@@ -163,25 +163,36 @@ class CameraClockEnv(ClockEnv):
     """ClockEnv (as deterministic, its episodes as long, truncated or terminated, its actions and rewards) seen as a
     robot's Dict observation: ``image``, a uint8 camera frame (36, 36, 1), channel-last, as bright as the time is
     late (50 t); ``state``, ClockEnv's float32 vector; ``phase``, the time's parity as a Discrete(2, start=1).
-    ``nan_at``: from that step of each episode on, ``state`` holds a NaN (an observation no policy can act on)."""
+    ``nan_at``: from that step of each episode on, ``state`` holds a NaN (an observation no policy can act on).
+    ``multi``: two keys more, ``buttons``, a MultiBinary(2) (the time's parity and whether it is 0), and ``gear``,
+    a MultiDiscrete([3, 4], start=[1, 0]) (1 + t % 3, t % 4)."""
 
-    def __init__(self, length: int = 3, action: str = "discrete", end: str = "truncate", nan_at: int = -1) -> None:
+    def __init__(
+        self, length: int = 3, action: str = "discrete", end: str = "truncate", nan_at: int = -1, multi: bool = False
+    ) -> None:
         super().__init__(length=length, action=action, end=end)
         self.nan_at = nan_at
-        self.observation_space = gym.spaces.Dict(  # type: ignore[assignment]
-            {
-                "image": gym.spaces.Box(0, 255, (36, 36, 1), np.uint8),
-                "state": gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32),
-                "phase": gym.spaces.Discrete(2, start=1),
-            }
-        )
+        self.multi = multi
+        spaces: dict[str, gym.Space[Any]] = {
+            "image": gym.spaces.Box(0, 255, (36, 36, 1), np.uint8),
+            "state": gym.spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32),
+            "phase": gym.spaces.Discrete(2, start=1),
+        }
+        if multi:
+            spaces["buttons"] = gym.spaces.MultiBinary(2)
+            spaces["gear"] = gym.spaces.MultiDiscrete([3, 4], start=[1, 0])
+        self.observation_space = gym.spaces.Dict(spaces)  # type: ignore[assignment]
 
     def _obs(self) -> Any:
         state = super()._obs()
         if 0 <= self.nan_at <= self._t:
             state[0] = np.nan
         image = np.full((36, 36, 1), min(50 * self._t, 255), dtype=np.uint8)
-        return {"image": image, "state": state, "phase": np.int64(1 + self._t % 2)}
+        obs = {"image": image, "state": state, "phase": np.int64(1 + self._t % 2)}
+        if self.multi:
+            obs["buttons"] = np.array([self._t % 2, self._t == 0], dtype=np.int8)
+            obs["gear"] = np.array([1 + self._t % 3, self._t % 4], dtype=np.int64)
+        return obs
 
 
 def _wait_at_gate(gate: str, hold_s: float) -> None:

@@ -315,12 +315,12 @@ def test_agent_mlp_for_vector_and_discrete_observations() -> None:
             r"the Dict's key 'nested' holds Dict\('a': Discrete\(3\)\); the policy takes a Dict whose values are each a Box",
         ),
         (
-            gym.spaces.Dict({"flags": gym.spaces.MultiBinary(3), "pos": gym.spaces.Box(-1, 1, (2,))}),
-            r"the Dict's key 'flags' holds MultiBinary\(3\)",
+            gym.spaces.Dict({"pair": gym.spaces.Tuple((gym.spaces.Discrete(2),)), "pos": gym.spaces.Box(-1, 1, (2,))}),
+            r"the Dict's key 'pair' holds Tuple\(Discrete\(2\)\)",
         ),
         (gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.MultiBinary(3))), "expected a Box"),
     ],
-    ids=["nested Dict", "MultiBinary in a Dict", "Tuple"],
+    ids=["nested Dict", "Tuple in a Dict", "Tuple"],
 )
 def test_refused_dict_and_tuple_observations_point_at_the_flatten_wrapper(space: gym.Space[Any], said: str) -> None:
     with pytest.raises(ValueError, match=said) as info:
@@ -457,6 +457,43 @@ def test_dict_image_keys_torch_cannot_name_a_module_by_get_their_cnn_under_an_es
     name, start = agent.combined.cnn_names[key], 512 * agent.combined.keys.index(key)
     torch.testing.assert_close(agent.combined(obs)[:, start : start + 512], agent.combined.cnns[name](obs[key]))
     assert agent.combined.cnn_names["observation.image"] != name
+
+
+def test_a_dicts_multidiscrete_and_multibinary_values_go_one_hot_per_sub_space_and_as_0_1_as_sb3s_extractor() -> None:
+    # SB3's CombinedExtractor (preprocess_obs): a MultiDiscrete's sub-spaces one-hot each, side by side (their start
+    # honoured), a MultiBinary's values as floats; neither is a vector key for --norm-obs.
+    space = gym.spaces.Dict(
+        {
+            "buttons": gym.spaces.MultiBinary((2, 2)),
+            "gear": gym.spaces.MultiDiscrete([3, 2], start=[1, -1]),
+            "state": gym.spaces.Box(-1, 1, (2,)),
+        }
+    )
+    check_observation_space(space)
+    assert vector_keys(space) == ["state"]
+    agent = Agent(space, gym.spaces.Discrete(2), hidden_sizes=(8,))
+    assert agent.combined is not None and agent.combined.num_features == 4 + (3 + 2) + 2
+    obs = {
+        "buttons": torch.tensor([[[1, 0], [0, 1]], [[0, 0], [1, 1]]], dtype=torch.uint8),
+        "gear": torch.tensor([[1, 0], [3, -1]]),
+        "state": torch.tensor([[0.5, -0.5], [0.0, 1.0]]),
+    }
+    assert agent.combined(obs).tolist() == [
+        [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.5, -0.5],
+        [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0],
+    ]
+    assert agent.act(obs).shape == (2,)
+    # Values outside the sub-spaces (a torch error naming nothing, in the one-hot) are found and named first.
+    raw = {key: value.numpy().copy() for key, value in obs.items()}
+    assert observations_usable(raw, space)
+    raw["gear"][1, 0] = 4  # (the first sub-space holds 1 to 3)
+    assert not observations_usable(raw, space)
+    env, said = unusable_observation(raw, space, [0, 1]) or (None, "")
+    assert env == 1 and said.startswith("observation['gear'] of env 1 is [4, -1], outside the observation space")
+    raw["gear"][1, 0] = 3
+    raw["buttons"][0, 1, 1] = 2
+    env, said = unusable_observation(raw, space, [0, 1]) or (None, "")
+    assert env == 0 and said.startswith("observation['buttons'] of env 0 is [[1, 0], [0, 2]], outside")
 
 
 def test_dict_values_the_policy_cannot_take_are_refused_naming_their_key() -> None:

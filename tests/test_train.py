@@ -195,6 +195,43 @@ def test_dict_observations_train_on_same_step_autoreset_servers_bootstrapping_tr
     assert any(key.startswith("combined.cnns.image.") for key in checkpoint["model"])
 
 
+def test_a_dicts_multibinary_and_multidiscrete_keys_train_stored_as_integers_and_evaluate(
+    tmp_path: Path, start_servers: StartServers
+) -> None:
+    # SB3's CombinedExtractor takes them (one-hot per sub-space, 0/1 values): so does learner train, on servers
+    # and in process, the rollout keeping them as bytes and int64; --norm-obs (the mujoco preset's, Box actions)
+    # normalises the state vector alone; learner eval acts on them.
+    from learner import train as train_module
+    from learner.evaluate import evaluate
+    from tests.envs import CameraClockEnv
+
+    kwargs = {"length": 3, "action": "box", "multi": True}
+    addresses = start_servers(CAMERA_ENV, 1, 2, env_kwargs=kwargs)
+    run = tmp_path / "served"
+    served = Args(servers=",".join(addresses), num_steps=6, num_minibatches=2, total_timesteps=24, run_dir=str(run))
+    assert train(dataclasses.replace(served, **QUIET))["episodes"] == 6  # (next-step autoreset: 3 steps, a reset)
+    checkpoint = load_checkpoint(rundir.list_checkpoints(run)[-1])
+    assert "gear" in checkpoint["observation_space"] and sorted(checkpoint["obs_rms"]) == [
+        "state/count",
+        "state/mean",
+        "state/var",
+    ]
+    shapes, dtypes = train_module._obs_storage(CameraClockEnv(multi=True).observation_space)
+    assert isinstance(shapes, dict) and isinstance(dtypes, dict)
+    assert (shapes["buttons"], dtypes["buttons"], shapes["gear"], dtypes["gear"]) == (
+        (2,),
+        torch.uint8,
+        (2,),
+        torch.int64,
+    )
+    in_process = Args(
+        env=CAMERA_ENV, env_kwargs=kwargs, backend="gym", num_envs=2, num_steps=6, num_minibatches=2, total_timesteps=12
+    )
+    train(dataclasses.replace(in_process, run_dir=str(tmp_path / "gym"), **QUIET))
+    result = evaluate(str(run), episodes=2, servers=",".join(addresses), progress=False)
+    assert result["episodes"] == 2
+
+
 @pytest.mark.parametrize("action", ["box", "discrete"])
 def test_a_nan_in_a_dict_observation_stops_the_run_naming_the_key_and_env(tmp_path: Path, action: str) -> None:
     # Box actions (and --norm-obs) look at the observations as they come; a categorical policy on the CPU
