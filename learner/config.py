@@ -300,7 +300,7 @@ class Args:
     norm_adv: bool | None = None
     """normalise advantages per minibatch"""
     norm_obs: bool | None = None
-    """normalise vector observations by running mean and std (clipped to +-10)"""
+    """normalise vector observations (a Dict's vector keys alone) by running mean and std (clipped to +-10)"""
     norm_reward: bool | None = None
     """scale rewards by the running std of the discounted return (clipped to +-10)"""
     clip_reward: bool | None = None
