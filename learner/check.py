@@ -570,6 +570,7 @@ def _serve_and_compare(
                 return
             building = False
             result.add("server", "ok", f"{options.num_envs} envs on {servers.addresses[0]}")
+            _policy(remote.single_observation_space, remote.single_action_space, result)
             _compare(options, config, remote, _Reference(worker), result)
     except EnvFleetError as err:  # (the server's start, or a remote call: it names the server and the env)
         if building and not _built(options, worker, result):
@@ -584,6 +585,34 @@ def _serve_and_compare(
         result.add("server log", "warning", line)
     if not collected.lines:
         result.add("server log", "ok", "no warnings")
+
+
+def _policy(observation_space: gym.Space[Any], action_space: gym.Space[Any], result: CheckResult) -> None:
+    """Check 2b: whether ``learner train`` takes the spaces as a learner gets them from the server (its checks
+    before a run: the observations' kind, the Nature CNN's size, the action space), with the policy and the preset
+    it would train them with: a warning where it refuses them (the env serves, and RemoteVectorEnv steps it, but
+    PPO cannot train it as it is: flattened, say), or where torch, the learner's extra, is not installed."""
+    try:
+        from learner.config import pick_preset
+        from learner.ppo import ActionHead, check_cnn_size, check_observation_space, image_keys, is_image_space
+    except ImportError as err:
+        result.add("policy", "info", f"learner train's policy not checked: {err} (pip install 'envfleet[learner]')")
+        return
+    try:
+        check_observation_space(observation_space)
+        check_cnn_size(observation_space)
+        ActionHead.for_space(action_space)
+    except ValueError as err:
+        result.add("policy", "warning", f"learner train refuses it: {err}")
+        return
+    if isinstance(observation_space, gym.spaces.Dict):
+        cameras = image_keys(observation_space)
+        policy = f"a Nature CNN for {', '.join(map(repr, cameras))} and an MLP" if cameras else "an MLP"
+        policy += " on the Dict's keys"
+    else:
+        policy = "a Nature CNN" if is_image_space(observation_space) else "an MLP"
+    preset = pick_preset("auto", observation_space, action_space)
+    result.add("policy", "ok", f"learner train takes it: {policy}, the {preset} preset")
 
 
 def _compare(

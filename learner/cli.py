@@ -1498,8 +1498,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="check your env through a local env server against gymnasium's own vector env",
         description="Build the env as env-server does, run gymnasium's env checker on it, then step it through one "
         "local env server and in-process (gymnasium's SyncVectorEnv) with the same seed and random actions, and "
-        "compare what both give; also whether a seeded reset repeats, the step times, and the server's log "
-        "warnings. Exit status 0 when no check failed (warnings: what survives the wire changed, see the "
+        "compare what both give; also whether learner train takes its spaces (with which policy and preset), whether "
+        "a seeded reset repeats, the step times, and the server's log warnings. Exit status 0 when no check failed (warnings: what survives the wire changed, see the "
         "README's 'Your own env'), 1 when one did.",
         epilog=VECTORIZATION_NOTES,  # (env-server's: what "see below" of --vectorization's help points to)
     )

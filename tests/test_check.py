@@ -39,7 +39,32 @@ def test_cartpole_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0, out
     assert "ok       equivalence:      30 steps x 2 envs: observations, rewards, flags and infos the same" in out
     assert "reset(seed=0) twice gives the same observations" in out and "us per env-step" in out
+    assert "ok       policy:           learner train takes it: an MLP, the classic preset" in out, out
     assert out.splitlines()[-1].startswith("CartPole-v1: passed")
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            "tests.envs:CameraClockEnv",
+            "ok       policy:           learner train takes it: a Nature CNN for 'image' and an "
+            "MLP on the Dict's keys, the classic preset",
+        ),
+        (
+            "tests.envs:BoundsEnv",
+            "warning  policy:           learner train refuses it: observation_space['camera']: uint8 images of shape "
+            "(16, 16, 3) do not fit the Nature CNN",
+        ),
+    ],
+)
+def test_the_check_says_whether_learner_train_takes_the_spaces(
+    capsys: pytest.CaptureFixture[str], env: str, said: str
+) -> None:
+    """A space the server serves but PPO cannot train (a camera too small for the Nature CNN, in a Dict) is a
+    warning, not a failure; one it takes says with what."""
+    status, out = _check(capsys, "--env", env)
+    assert status == 0 and said in out, out
 
 
 def test_an_info_value_sent_as_its_repr_is_a_warning_naming_the_key(capsys: pytest.CaptureFixture[str]) -> None:
