@@ -1259,30 +1259,39 @@ def test_connect_timeout_is_how_long_train_waits_for_servers_to_come_up(
 def test_sigterm_while_train_starts_aborts_as_ctrl_c_does(signum: signal.Signals, tmp_path: Path) -> None:
     """Before training begins (here: waiting for a server that does not answer), SIGTERM or SIGHUP ends
     the command as Ctrl-C does, saying so, not silently by the signal's default."""
+    # The port stays bound (not listening) until the learner has ended: connections to it are refused, and no
+    # other process can listen there meanwhile. Closed at once, as it was, another process could take it in the
+    # seconds before the learner connected (an env server on port 0, of a test running beside this one): the
+    # learner then connected to that server and trained, never said it waits, and was never signalled.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
-    argv = ["--servers", address, "--connect-timeout", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"]
-    proc = subprocess.Popen(
-        [sys.executable, "-X", "faulthandler", "-m", "learner", "train", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "not answering yet" in line:
-                break
-        proc.send_signal(signum)
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (bound, not listening: nothing answers there)
+        argv = ["--servers", address, "--connect-timeout", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"]
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", "learner", "train", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        said: list[str] = []  # (its lines up to the signal: the failures' messages show them too)
         try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # (once, in CI, it ran on: where each thread was, for the report)
-            proc.send_signal(signal.SIGABRT)  # (-X faulthandler: the threads' tracebacks, on stderr)
-            pytest.fail(f"still running 30 s after the signal; it said: {proc.communicate(timeout=30)[1]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                said.append(line)
+                if "not answering yet" in line:
+                    break
+            else:
+                pytest.fail(f"it ended ({proc.wait()}) without saying it waits for the server: {''.join(said)}")
+            proc.send_signal(signum)
+            try:
+                err = "".join(said) + proc.communicate(timeout=30)[1]
+            except subprocess.TimeoutExpired:  # (once, in CI, it ran on: where each thread was, for the report)
+                proc.send_signal(signal.SIGABRT)  # (-X faulthandler: the threads' tracebacks, on stderr)
+                left = proc.communicate(timeout=30)[1]
+                pytest.fail(f"still running 30 s after the signal; it said: {''.join(said)}{left}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("learner train: aborted"), err
     assert "Traceback" not in err, err
