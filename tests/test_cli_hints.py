@@ -164,12 +164,14 @@ def test_train_says_connect_timeout_and_tls_keywords_as_its_options_while_a_serv
 ) -> None:
     """Nothing listens at the address: the start's warning that it waits names --connect-timeout; the
     error at its end, with TLS, what the server's certificate must hold, naming the TLS options."""
+    # (bound, not listening, until the command has ended: closed at once, another process's listener could take
+    # the port before the command tries it, an env server on port 0 of a test running beside this one)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (closed again: nothing listens there)
-    argv = ["train", "--servers", address, "--tls", "--connect-timeout", "3", "--run-dir", str(tmp_path / "run")]
-    with caplog.at_level("WARNING", logger="learner"):
-        assert main([*argv, *QUIET]) == 1
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # (nothing answers there)
+        argv = ["train", "--servers", address, "--tls", "--connect-timeout", "3", "--run-dir", str(tmp_path / "run")]
+        with caplog.at_level("WARNING", logger="learner"):
+            assert main([*argv, *QUIET]) == 1
     waiting = [r.getMessage() for r in caplog.records if "not answering yet" in r.getMessage()]
     assert waiting and waiting[0].endswith("waiting up to 3 s in all (--connect-timeout)"), waiting
     assert not any("connect_timeout" in r.getMessage() for r in caplog.records)
