@@ -662,12 +662,15 @@ def _check_rollout_memory(
     shape: tuple[int, ...] | dict[str, tuple[int, ...]],
     dtype: torch.dtype | dict[str, torch.dtype],
     device: torch.device,
+    *,
+    overlap: bool = False,
 ) -> None:
     """Refuse a rollout whose storage and update cannot fit where they go (found before the run dir is made: at
     the allocation a CPU that overcommits has the kernel kill the learner later, without a word). Counted: the
     rollout's observations, the update's copy of them, a minibatch taken from it and made float32 for the nets (not
-    the nets' activations: at least that much is needed). ``shape``, ``dtype``: an observation's in the rollout
-    (:func:`_obs_storage`; a Dict's: per key, their bytes summed)."""
+    the nets' activations: at least that much is needed); with ``overlap`` (--overlap-update) a second copy, the
+    batch of the update still running in the background as the next rollout's batch is made. ``shape``,
+    ``dtype``: an observation's in the rollout (:func:`_obs_storage`; a Dict's: per key, their bytes summed)."""
     steps = hp.num_steps * num_envs
     if isinstance(shape, dict):
         assert isinstance(dtype, dict)
@@ -677,7 +680,7 @@ def _check_rollout_memory(
         parts = [(math.prod(shape), dtype.itemsize)]
     obs_bytes = sum(size * itemsize for size, itemsize in parts)
     minibatch = steps // hp.num_minibatches * sum(size * (itemsize + 4) for size, itemsize in parts)
-    need = 2 * steps * obs_bytes + minibatch + steps * ROLLOUT_BYTES_PER_STEP
+    need = (3 if overlap else 2) * steps * obs_bytes + minibatch + steps * ROLLOUT_BYTES_PER_STEP
     available = available_memory(device)
     if available is None or need <= available[0]:
         return
@@ -1774,7 +1777,7 @@ def train(
         _check_squash(hp, envs, wrappers)
         ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
         obs_shape, obs_dtype = _obs_storage(envs.single_observation_space)
-        _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device)
+        _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device, overlap=args.overlap_update)
         autoreset = _autoreset_mode(envs)
         run_dir = _make_run_dir(stack, given_dir, env_id, fresh=checkpoint is None, locked=locked)
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
@@ -2165,6 +2168,10 @@ def train(
 
                 # ---- optimise the policy and value network ---------------------------------------------------
                 updater.update(batch, rollout_info, learning_rate=lr, clip_coef=clip_coef)
+                # Let go of it (with --overlap-update its update holds it while it runs): held through the next
+                # rollout it would be a third copy of the observations when the next batch is made, beside the
+                # rollout's and that batch's, which _check_rollout_memory counts.
+                del batch
         except BaseException as err:
             stop_reason = _stop_reason(err)
             propagating = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -270,6 +272,52 @@ def test_a_rollout_of_dict_observations_counts_each_keys_bytes_against_the_memor
         r"observations and its update need at least 35\.3 MB on cpu",
     ):
         train_module._check_rollout_memory(hp, 4, *stored, torch.device("cpu"))
+
+
+def test_an_updates_batch_is_let_go_before_the_next_rollout_and_overlap_update_counts_the_one_still_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The memory check counts two copies of the observations, the rollout's and the update's batch: the loop must
+    # not hold the last batch (made of the last rollout) through the next rollout, and into the next batch's
+    # making, a third copy (a camera's frames: tens of megabytes at the mujoco preset's 2048 steps). With
+    # --overlap-update the batch of the update still running is in use as the next is made: counted.
+    from learner import train as train_module
+
+    made: list[weakref.ref[Any]] = []
+    alive_when_made: list[list[bool]] = []
+    make_batch = train_module.make_batch
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        gc.collect()
+        alive_when_made.append([ref() is not None for ref in made])
+        batch = make_batch(*args, **kwargs)
+        assert isinstance(batch.obs, dict)
+        made.append(weakref.ref(batch.obs["image"]))
+        return batch
+
+    monkeypatch.setattr(train_module, "make_batch", watched)
+    args = Args(
+        **{**clock(3), "env": CAMERA_ENV},
+        backend="gym",
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=48,
+        run_dir=str(tmp_path),
+    )
+    train(args)
+    assert alive_when_made == [[], [False], [False, False]]
+
+    space = gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), "state": gym.spaces.Box(-1, 1, (7,), np.float32)}
+    )
+    stored = train_module._obs_storage(space)
+    hp = dataclasses.replace(
+        resolve_ppo(Args(**clock(3)), space, gym.spaces.Discrete(2)), num_steps=128, num_minibatches=4
+    )
+    monkeypatch.setattr(train_module, "available_memory", lambda device: (1000, "this machine"))
+    # 35,292,160 bytes as above, and 512 steps' 21,196 bytes once more: 46,144,512.
+    with pytest.raises(OptionError, match=r"observations and its update need at least 46\.1 MB on cpu"):
+        train_module._check_rollout_memory(hp, 4, *stored, torch.device("cpu"), overlap=True)
 
 
 @pytest.mark.parametrize("backend", ["remote", "gym"])
