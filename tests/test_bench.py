@@ -293,6 +293,8 @@ def test_the_gpu_check_plans_each_run_on_cuda_and_with_compare_cpu_on_the_cpu_to
         ("cartpole-64-envs", "cpu"),
     ]
     assert "300000" in paired[2][2]
+    (name, device, options, _), *_ = planned_runs(quick=True, atari=False, compare_cpu=False, dict_env=True)[2:]
+    assert (name, device) == ("dict-camera-16-envs", "cuda") and "tests.envs:CameraClockEnv" in options
     if not torch.cuda.is_available():
         assert main(["--quick", "--out", "unused"]) == 1  # says so, runs nothing
 

@@ -8,7 +8,10 @@ Runs, each as ``learner train --device cuda`` in its own process:
   1. CartPole-v1 to solved (mean of the last 20 episodes >= 475) on 2 local servers x 4 envs;
   2. CartPole-v1 throughput on 16 local servers x 4 envs (64 envs);
   3. ALE/Pong-v5 throughput on 16 local servers x 4 envs (84x84x4 frames, the Nature CNN), when
-     ale-py is installed, with and without ``--overlap-update``.
+     ale-py is installed, with and without ``--overlap-update``;
+  4. Dict observations (tests.envs:CameraClockEnv: a camera frame, a state vector, Discrete, MultiBinary and
+     MultiDiscrete keys) on 4 local servers x 4 envs with --norm-obs and --overlap-update, where run in a clone
+     of the repository (its tests package importable): each key's storage, normalisation and CNN on CUDA.
 With ``--compare-cpu`` each run is repeated with ``--device cpu`` (on the same host, for the ratio).
 It prints, and writes to ``--out``/gpu_check.json, each run's SPS, time (to solve), and the most GPU
 memory torch allocated (the JSON is written after each run). Exit status 1 when CUDA is missing or a run fails.
@@ -31,8 +34,11 @@ from learner.local import python_m
 __all__ = ["main", "planned_runs"]
 
 
-def planned_runs(quick: bool, atari: bool, compare_cpu: bool) -> list[tuple[str, str, list[str], float]]:
-    """(name, device, ``learner train`` options, timeout in seconds) of each run, in order."""
+def planned_runs(
+    quick: bool, atari: bool, compare_cpu: bool, dict_env: bool = False
+) -> list[tuple[str, str, list[str], float]]:
+    """(name, device, ``learner train`` options, timeout in seconds) of each run, in order (``dict_env``: with the
+    Dict-observation run, whose env is the repository's tests.envs:CameraClockEnv)."""
     fleet16 = ["--num-servers", "16", "--envs-per-server", "4"]
     runs = [
         ("cartpole-solve", ["--env", "CartPole-v1", "--stop-at-return", "475"], 600.0),
@@ -47,6 +53,12 @@ def planned_runs(quick: bool, atari: bool, compare_cpu: bool) -> list[tuple[str,
         runs.append(("pong-64-envs", pong, 900.0))
         # The CNN's update on the GPU while the servers step the next rollout (learner train --overlap-update).
         runs.append(("pong-64-overlap", [*pong, "--overlap-update"], 900.0))
+    if dict_env:
+        camera = ["--env", "tests.envs:CameraClockEnv", "--env-kwargs", '{"multi": true, "length": 20}']
+        fleet4 = ["--num-servers", "4", "--envs-per-server", "4", "--norm-obs", "--overlap-update"]
+        runs.append(
+            ("dict-camera-16-envs", [*camera, *fleet4, "--total-timesteps", "20000" if quick else "50000"], 600.0)
+        )
     devices = ["cuda", "cpu"] if compare_cpu else ["cuda"]
     return [(name, device, options, timeout) for name, options, timeout in runs for device in devices]
 
@@ -96,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; runs in {out}", flush=True)
-    runs = planned_runs(args.quick, importlib.util.find_spec("ale_py") is not None, args.compare_cpu)
+    in_a_clone = Path("tests/envs.py").is_file()  # (env-server imports --env modules from its working directory)
+    runs = planned_runs(args.quick, importlib.util.find_spec("ale_py") is not None, args.compare_cpu, in_a_clone)
     results: list[dict[str, Any]] = []
     for name, device, options, timeout in runs:
         results.append(_train(name, device, out, options, timeout))
