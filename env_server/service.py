@@ -1548,14 +1548,22 @@ def space_bytes(space: gym.Space[Any]) -> int:
     return math.prod(shape) * (dtype.itemsize if dtype is not None else 8)
 
 
-def _full_bounds_bytes(space: gym.Space[Any]) -> int:
+def _full_bounds_bytes(space: gym.Space[Any], *, masks: bool = False) -> int:
     """Bytes the Box bounds of ``space`` take at full shape (low and high; Dict and Tuple: their parts'): the
-    least its spec takes with them so."""
+    least its spec takes with them so; with ``masks``, every Box field at full shape, an integer Box's unbounded
+    masks too (one byte an element, where sent, as codec.encode_space sends them: see _full_spec_most)."""
     if isinstance(space, gym.spaces.Dict):
-        return sum(_full_bounds_bytes(s) for s in space.spaces.values())
+        return sum(_full_bounds_bytes(s, masks=masks) for s in space.spaces.values())
     if isinstance(space, gym.spaces.Tuple):
-        return sum(_full_bounds_bytes(s) for s in space.spaces)
-    return 2 * space_bytes(space) if isinstance(space, gym.spaces.Box) else 0
+        return sum(_full_bounds_bytes(s, masks=masks) for s in space.spaces)
+    if not isinstance(space, gym.spaces.Box):
+        return 0
+    sent = 0
+    if masks and space.dtype.kind != "f":
+        sent = sum(
+            math.prod(space.shape) for bounded in (space.bounded_below, space.bounded_above) if not bounded.all()
+        )
+    return 2 * space_bytes(space) + sent
 
 
 def _full_spec_most(obs_space: gym.Space[Any], act_space: gym.Space[Any], spec: pb.EnvSpec) -> int:
@@ -1564,23 +1572,8 @@ def _full_spec_most(obs_space: gym.Space[Any], act_space: gym.Space[Any], spec: 
     unbounded masks, one byte an element, where sent), plus the compact spec, plus 9 bytes for each message's
     length prefix grown as its content grows (a varint takes 10 bytes at most; a spec holds fewer messages than
     half its bytes, each a tag and a length at least)."""
-    return _full_fields_bytes(obs_space) + _full_fields_bytes(act_space) + spec.ByteSize() + 9 * (spec.ByteSize() // 2)
-
-
-def _full_fields_bytes(space: gym.Space[Any]) -> int:
-    """Bytes the Box fields of ``space`` take at full shape (see _full_spec_most; Dict and Tuple: their parts')."""
-    if isinstance(space, gym.spaces.Dict):
-        return sum(_full_fields_bytes(s) for s in space.spaces.values())
-    if isinstance(space, gym.spaces.Tuple):
-        return sum(_full_fields_bytes(s) for s in space.spaces)
-    if not isinstance(space, gym.spaces.Box):
-        return 0
-    masks = 0
-    if space.dtype.kind != "f":  # (as codec.encode_space sends them)
-        masks = sum(
-            math.prod(space.shape) for bounded in (space.bounded_below, space.bounded_above) if not bounded.all()
-        )
-    return 2 * space_bytes(space) + masks
+    fields = _full_bounds_bytes(obs_space, masks=True) + _full_bounds_bytes(act_space, masks=True)
+    return fields + spec.ByteSize() + 9 * (spec.ByteSize() // 2)
 
 
 def _workers_ended(env: gym.vector.VectorEnv) -> bool:
