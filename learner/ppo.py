@@ -488,8 +488,8 @@ class CombinedExtractor(nn.Module):
         self.keys = list(space.spaces)
         self.cnns = nn.ModuleDict()
         self.cnn_names: dict[str, str] = {}
-        self.one_hot: dict[str, tuple[int, int]] = {}  # key -> (n, start) of a Discrete
-        self.multi_one_hot: dict[str, tuple[list[int], list[int]]] = {}  # key -> (nvec, start) of a MultiDiscrete
+        # key -> (nvec, start) of a MultiDiscrete, or of a Discrete as one sub-space: one-hot each
+        self.one_hot: dict[str, tuple[list[int], list[int]]] = {}
         self.num_features = 0
         for key, value in space.spaces.items():
             layout = image_layout(value)
@@ -499,11 +499,11 @@ class CombinedExtractor(nn.Module):
                 self.cnns[self.cnn_names[key]] = cnn
                 self.num_features += cnn.num_features
             elif isinstance(value, gym.spaces.Discrete):
-                self.one_hot[key] = (int(value.n), int(value.start))
+                self.one_hot[key] = ([int(value.n)], [int(value.start)])
                 self.num_features += int(value.n)
             elif isinstance(value, gym.spaces.MultiDiscrete):
                 nvec = [int(n) for n in value.nvec.reshape(-1)]
-                self.multi_one_hot[key] = (nvec, [int(start) for start in value.start.reshape(-1)])
+                self.one_hot[key] = (nvec, [int(start) for start in value.start.reshape(-1)])
                 self.num_features += sum(nvec)
             elif isinstance(value, gym.spaces.MultiBinary):
                 self.num_features += math.prod(value.shape)
@@ -518,11 +518,8 @@ class CombinedExtractor(nn.Module):
             if key in self.cnn_names:
                 parts.append(self.cnns[self.cnn_names[key]](x))
             elif key in self.one_hot:
-                n, start = self.one_hot[key]
-                parts.append(nn.functional.one_hot(x.long() - start, n).float())
-            elif key in self.multi_one_hot:
-                nvec, starts = self.multi_one_hot[key]
-                flat = x.reshape(x.shape[0], -1).long()
+                nvec, starts = self.one_hot[key]
+                flat = x.reshape(x.shape[0], -1).long()  # (a Discrete's (batch,): one column)
                 parts.extend(
                     nn.functional.one_hot(flat[:, i] - start, n).float()
                     for i, (n, start) in enumerate(zip(nvec, starts, strict=True))
