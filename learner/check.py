@@ -594,23 +594,16 @@ def _policy(observation_space: gym.Space[Any], action_space: gym.Space[Any], res
     PPO cannot train it as it is: flattened, say), or where torch, the learner's extra, is not installed."""
     try:
         from learner.config import pick_preset
-        from learner.ppo import ActionHead, check_cnn_size, check_observation_space, image_keys, is_image_space
+        from learner.ppo import check_trainable, describe_policy
     except ImportError as err:
         result.add("policy", "info", f"learner train's policy not checked: {err} (pip install 'envfleet[learner]')")
         return
     try:
-        check_observation_space(observation_space)
-        check_cnn_size(observation_space)
-        ActionHead.for_space(action_space)
+        check_trainable(observation_space, action_space)
     except ValueError as err:
         result.add("policy", "warning", f"learner train refuses it: {err}")
         return
-    if isinstance(observation_space, gym.spaces.Dict):
-        cameras = image_keys(observation_space)
-        policy = f"a Nature CNN for {', '.join(map(repr, cameras))} and an MLP" if cameras else "an MLP"
-        policy += " on the Dict's keys"
-    else:
-        policy = "a Nature CNN" if is_image_space(observation_space) else "an MLP"
+    policy = describe_policy(observation_space)
     preset = pick_preset("auto", observation_space, action_space)
     result.add("policy", "ok", f"learner train takes it: {policy}, the {preset} preset")
 

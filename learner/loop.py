@@ -141,13 +141,18 @@ class LoopRunner:
             return self.loop.run_until_complete(awaitable)
         if running is None:
             with self._running:
-                task = asyncio.ensure_future(awaitable, loop=self.loop)
+                task: asyncio.Future[T] | None = None
                 try:
+                    task = asyncio.ensure_future(awaitable, loop=self.loop)
                     result = self.loop.run_until_complete(task)
                     # (an interrupt asked for as the call ended, its callback left for the loop's next run)
                     interrupts.raise_pending_interrupt(self.loop)
                     return result
                 except BaseException as err:
+                    if task is None:  # (a Ctrl-C as the call began: nothing was scheduled, nothing ran)
+                        if asyncio.iscoroutine(awaitable):
+                            awaitable.close()  # (else "coroutine ... was never awaited")
+                        raise
                     _drop_stale_stops(self.loop, task)
                     if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
                         task.cancel()

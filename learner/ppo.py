@@ -25,11 +25,13 @@ __all__ = [
     "MultiCategoricalHead",
     "NatureCNN",
     "clipped_policy_loss",
+    "describe_policy",
     "explained_variance",
     "gae_advantages",
     "MAX_CNN_PARAMETERS",
     "check_cnn_size",
     "check_observation_space",
+    "check_trainable",
     "cnn_parameters",
     "image_layout",
     "in_bounds",
@@ -130,7 +132,7 @@ def check_observation_space(space: gym.Space[Any]) -> None:
             try:
                 _check_single_space(value)
             except ValueError as err:
-                raise ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1)) from None
+                raise _keyed(err, key) from None
         return
     _check_single_space(space)
 
@@ -224,7 +226,7 @@ def check_cnn_size(space: gym.Space[Any]) -> None:
             try:
                 check_cnn_size(value)
             except ValueError as err:
-                raise ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1)) from None
+                raise _keyed(err, key) from None
         each = {key: cnn_parameters(value) for key, value in space.spaces.items() if image_layout(value) is not None}
         params = sum(each.values())
         if params > MAX_CNN_PARAMETERS:
@@ -250,6 +252,34 @@ def check_cnn_size(space: gym.Space[Any]) -> None:
         "layer takes every pixel the convolutions leave. Make the frames smaller in the env, e.g. serve a factory "
         "returning gymnasium.wrappers.ResizeObservation(env, (84, 84))"
     )
+
+
+def _keyed(err: ValueError, key: str) -> ValueError:
+    """``err``, a check's refusal of one of a Dict's values, naming that value's key: ``observation_space['image']:
+    ...``."""
+    return ValueError(str(err).replace("observation_space: ", f"observation_space[{key!r}]: ", 1))
+
+
+def check_trainable(observation_space: gym.Space[Any], action_space: gym.Space[Any], *, cnn_size: bool = True) -> None:
+    """ValueError, naming the space, where the :class:`Agent` cannot take an env's spaces: the observations' kind
+    (:func:`check_observation_space`), the Nature CNNs' size (:func:`check_cnn_size`; not with ``cnn_size=False``:
+    a resumed run has its network, however large, as eval builds it too) and the action space. ``learner train``
+    checks a fleet's spaces with it before it makes a run dir; ``learner check`` to say whether train takes
+    them."""
+    check_observation_space(observation_space)
+    if cnn_size:
+        check_cnn_size(observation_space)
+    ActionHead.for_space(action_space)
+
+
+def describe_policy(observation_space: gym.Space[Any]) -> str:
+    """What the :class:`Agent` builds on ``observation_space`` (one :func:`check_observation_space` takes), in
+    words: ``an MLP``, ``a Nature CNN``, or for a Dict ``a Nature CNN for 'image' and an MLP on the Dict's keys``."""
+    if isinstance(observation_space, gym.spaces.Dict):
+        cameras = image_keys(observation_space)
+        policy = f"a Nature CNN for {', '.join(map(repr, cameras))} and an MLP" if cameras else "an MLP"
+        return policy + " on the Dict's keys"
+    return "a Nature CNN" if is_image_space(observation_space) else "an MLP"
 
 
 def _flattens_to_box(space: gym.Space[Any]) -> bool:

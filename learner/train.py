@@ -85,12 +85,10 @@ from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.local import label_of
 from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd, obs_normalizer
 from learner.ppo import (
-    ActionHead,
     Agent,
     Obs,
     RawObs,
-    check_cnn_size,
-    check_observation_space,
+    check_trainable,
     image_keys,
     in_bounds,
     is_image_space,
@@ -1765,9 +1763,8 @@ def train(
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
-        check_observation_space(envs.single_observation_space)  # before the run dir: a refused env leaves none
-        if checkpoint is None:  # (a resumed run has its network, however large: eval builds it too)
-            check_cnn_size(envs.single_observation_space)
+        # Before the run dir: a refused env leaves none. (A resumed run has its network, however large.)
+        check_trainable(envs.single_observation_space, envs.single_action_space, cnn_size=checkpoint is None)
         served = _served(args, envs)
         wrappers = served["wrappers"]
         raw = raw_atari_frames(env_id, wrappers, envs.single_observation_space)
@@ -1775,7 +1772,6 @@ def train(
             log.warning("%s", raw)
         hp = resolve_ppo(args, envs.single_observation_space, envs.single_action_space)
         _check_squash(hp, envs, wrappers)
-        ActionHead.for_space(envs.single_action_space)  # (refused before the run dir is made, too)
         obs_shape, obs_dtype = _obs_storage(envs.single_observation_space)
         _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device, overlap=args.overlap_update)
         autoreset = _autoreset_mode(envs)
