@@ -751,30 +751,33 @@ def _reset_ended(
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _unusable(obs: Any, rewards: np.ndarray | None, when: str, found: dict[str, str]) -> None:
+def _unusable(
+    obs: Any, rewards: np.ndarray | None, when: str, found: dict[str, str], where: str = "observation"
+) -> None:
     """Note in ``found`` (once each) the first NaN or infinite observation or reward of ``when``, and the first
     float64 observation beyond float32's range: the same through a server, so no difference, but learner train and
-    eval stop on them (README: Your own env)."""
-    leaves = list(obs.values()) if isinstance(obs, dict) else list(obs) if isinstance(obs, tuple) else [obs]
-    for leaf in leaves:
-        if isinstance(leaf, dict | tuple):
-            _unusable(leaf, None, when, found)
-            continue
-        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind != "f" or leaf.size == 0:
-            continue
-        rows = leaf.reshape(len(leaf), -1) if leaf.ndim else leaf.reshape(1, 1)
+    eval stop on them (README: Your own env). ``where`` names the part of a Dict or Tuple observation the batch
+    ``obs`` is (``observation['state']``), as learner train's refusal names it."""
+    if isinstance(obs, dict):
+        for key, value in obs.items():
+            _unusable(value, None, when, found, f"{where}[{key!r}]")
+    elif isinstance(obs, tuple):
+        for i, value in enumerate(obs):
+            _unusable(value, None, when, found, f"{where}[{i}]")
+    elif isinstance(obs, np.ndarray) and obs.dtype.kind == "f" and obs.size:
+        rows = obs.reshape(len(obs), -1) if obs.ndim else obs.reshape(1, 1)
         bad = ~np.isfinite(rows).all(axis=1)
         if "nan" not in found and bad.any():
             env = int(np.flatnonzero(bad)[0])
             found["nan"] = (
-                f"observation of env {env} at {when} has NaN or infinite values ({_short(rows[env])}): learner "
+                f"{where} of env {env} at {when} has NaN or infinite values ({_short(rows[env])}): learner "
                 "train and eval stop on it"
             )
         big = ~bad & (np.abs(rows) > _FLOAT32_MAX).any(axis=1)
         if "big" not in found and big.any():
             env = int(np.flatnonzero(big)[0])
             found["big"] = (
-                f"observation of env {env} at {when} has values beyond float32's range ({_short(rows[env])}): learner "
+                f"{where} of env {env} at {when} has values beyond float32's range ({_short(rows[env])}): learner "
                 "train stops on it unless --norm-obs scales it"
             )
     if rewards is not None and "reward" not in found and not np.isfinite(rewards).all():

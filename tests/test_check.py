@@ -201,10 +201,14 @@ def test_nan_observations_and_rewards_pass_with_a_warning_that_training_stops_on
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The same through a server (no difference), but learner train and eval stop on them: a plain pass was a false
-    pass (README: Your own env)."""
+    pass (README: Your own env). A Dict observation's warning names its key, as learner train's refusal does."""
     status, out = _check(capsys, "--env", "tests.numeric_envs:ExtremeEnv", "--env-kwargs", '{"obs": NaN}')
     assert status == 0, out
     assert "warning  usable:           observation of env 1 at step 1 has NaN or infinite values (array([nan" in out
+    # A Dict observation's warning names the key (was: "observation of env 0", whichever key it was).
+    status, out = _check(capsys, "--env", "tests.envs:CameraClockEnv", "--env-kwargs", '{"nan_at": 1}')
+    assert status == 0, out
+    assert "warning  usable:           observation['state'] of env 0 at step 1 has NaN or infinite values" in out, out
     status, out = _check(capsys, "--env", "tests.output_envs:OutputEnv", "--env-kwargs", '{"reward": "nan"}')
     assert status == 0 and "reward of env 1 at step 2 is nan: learner train and eval stop on it" in out, out
 
