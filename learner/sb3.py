@@ -77,7 +77,10 @@ class RemoteVecEnv(VecEnv):
     of :meth:`seed` (env i gets ``seed + i``) and the options of :meth:`set_options` once. Info
     values come as Python scalars, arrays and dicts (they crossed the wire as arrays over envs).
     Rewards keep the servers' dtype (float64, as ``SubprocVecEnv`` gives for Python floats;
-    ``DummyVecEnv``'s are float32).
+    ``DummyVecEnv``'s are float32). Dict observations come as SB3's ``MultiInputPolicy``,
+    ``VecNormalize(norm_obs_keys=...)`` and ``VecFrameStack`` take them, each step's arrays its own; a
+    Discrete or MultiDiscrete part of a non-zero ``start``, which SB3's policies cannot one-hot, is warned
+    of by name when this is made.
 
     Autoreset. Servers under ``--autoreset-mode SameStep`` reset an ended env in the step itself,
     which is SB3's form. Under the servers' default, ``NextStep`` (and ``Disabled``), a step in which
@@ -144,6 +147,23 @@ class RemoteVecEnv(VecEnv):
         # rejoins, which ends that stretch as a truncation (terminal_observation: this one).
         self._held: dict[int, Any] = {}
         super().__init__(remote.num_envs, remote.single_observation_space, remote.single_action_space)
+        starts = [
+            *_nonzero_starts(remote.single_observation_space, "observation"),
+            *_nonzero_starts(remote.single_action_space, "action"),
+        ]
+        if starts:
+            # (SB3 neither refuses nor shifts them: PPO fails later in torch's one_hot, or the servers refuse
+            # its actions; DummyVecEnv and SubprocVecEnv fail the same way, so this warns and refuses nothing)
+            log.warning(
+                "RemoteVecEnv: %s start%s at a non-zero value, which SB3's policies do not take into account "
+                "(its env checker warns of it; DummyVecEnv's envs fail alike): they one-hot a Discrete or "
+                "MultiDiscrete observation from 0, so their highest values (start + n - 1) fail in torch's one_hot (\"Class "
+                'values must be smaller than num_classes"), and sample actions from 0, below start, which the '
+                "servers refuse. Serve the env with a wrapper that shifts them to start at 0 (learner train takes "
+                "such observations as they are)",
+                ", ".join(starts),
+                "s" if len(starts) == 1 else "",
+            )
         if not self._same_step:
             log.debug(
                 "RemoteVecEnv: the servers' autoreset mode is %s; envs that end are reset with a reset_mask "
@@ -498,6 +518,18 @@ def _keys_sorted(value: Any) -> Any:
     if type(value) in (list, tuple):
         return type(value)(_keys_sorted(item) for item in value)
     return value
+
+
+def _nonzero_starts(space: gym.Space[Any], where: str) -> list[str]:
+    """The Discrete and MultiDiscrete parts of ``space`` whose ``start`` is not 0, each said with where it is in the
+    space (``observation['phase']: Discrete(2, start=1)``)."""
+    if isinstance(space, gym.spaces.Dict):
+        return [found for key, sub in space.spaces.items() for found in _nonzero_starts(sub, f"{where}[{key!r}]")]
+    if isinstance(space, gym.spaces.Tuple):
+        return [found for i, sub in enumerate(space.spaces) for found in _nonzero_starts(sub, f"{where}[{i}]")]
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
+        return [f"{where}: {space}"]
+    return []
 
 
 def _has_multi_binary(space: gym.Space[Any]) -> bool:

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["DiscreteObsEnv", "Float64BoxEnv", "GatedGoalEnv", "GoalEnv", "MonitoredCartPole", "SwitchesEnv"]
+from tests.envs import CameraClockEnv, ClockEnv
+
+__all__ = [
+    "DiscreteObsEnv",
+    "Float64BoxEnv",
+    "GatedGoalEnv",
+    "GoalEnv",
+    "GoalVectorsEnv",
+    "MonitoredCartPole",
+    "SwitchesEnv",
+    "ZeroStartCameraEnv",
+]
 
 
 class GoalEnv(gym.Env[np.ndarray, np.int64]):
@@ -129,3 +140,48 @@ def MonitoredCartPole() -> gym.Env[Any, Any]:
     from stable_baselines3.common.monitor import Monitor
 
     return Monitor(gym.make("CartPole-v1"))
+
+
+class ZeroStartCameraEnv(CameraClockEnv):
+    """tests.envs:CameraClockEnv (``multi``: its MultiBinary and MultiDiscrete keys too) as SB3 takes it: its
+    Discrete and MultiDiscrete keys start at 0 (SB3's policies one-hot from 0: CameraClockEnv's start=1 fails
+    there, as under DummyVecEnv), ``phase`` returned as a Python int, as gymnasium's Discrete envs return theirs
+    (``terminal_observation`` then holds what DummyVecEnv's holds)."""
+
+    def __init__(self, length: int = 3, multi: bool = False) -> None:
+        super().__init__(length=length, multi=multi)
+        spaces = cast(gym.spaces.Dict, self.observation_space).spaces
+        spaces["phase"] = gym.spaces.Discrete(2)
+        if multi:
+            spaces["gear"] = gym.spaces.MultiDiscrete([3, 4])
+
+    def _obs(self) -> Any:
+        obs = super()._obs()
+        obs["phase"] = int(obs["phase"]) - 1
+        if self.multi:
+            obs["gear"] = obs["gear"] - np.array([1, 0])
+        return obs
+
+
+class GoalVectorsEnv(ClockEnv):
+    """A goal env's Dict of vectors only (SB3's VecFrameStack stacks Box keys alone): ``observation`` (float32, 3),
+    ``achieved_goal`` (float64, 2: a dtype the wire keeps) and ``desired_goal`` (float32, 2), from ClockEnv's time;
+    its episodes, actions and rewards are ClockEnv's (truncated after ``length`` steps)."""
+
+    def __init__(self, length: int = 4) -> None:
+        super().__init__(length=length)
+        self.observation_space = gym.spaces.Dict(  # type: ignore[assignment]
+            {
+                "observation": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
+                "achieved_goal": gym.spaces.Box(-1.0, 1.0, (2,), np.float64),
+                "desired_goal": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            }
+        )
+
+    def _obs(self) -> Any:
+        late, early = super()._obs()
+        return {
+            "observation": np.array([late, early, 0.5], dtype=np.float32),
+            "achieved_goal": np.array([late, -early / 3], dtype=np.float64),
+            "desired_goal": np.array([0.25, 0.5], dtype=np.float32),
+        }

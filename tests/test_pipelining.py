@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from typing import Any
 
@@ -252,3 +253,36 @@ def test_actions_that_cannot_be_sent_leave_nothing_in_flight(start_servers: Any)
         with pytest.raises(ValueError, match=r"actions: expected integers for Discrete\(2\), got dtype complex128"):
             envs.step(np.array([1, 1j]))
         envs.step(np.zeros(2, dtype=np.int64))
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_a_dict_observation_recv_returned_is_not_changed_by_later_ones(start_servers: Any, mode: str) -> None:
+    """With copy=True (the default) each key's array that recv returns is the group's own: the next recv of that
+    group or of the other (both written in one fleet-wide buffer per key before the copy) changes none, a final
+    observation under same-step autoreset included. A camera Dict: uint8 image, float32 state, Discrete,
+    MultiBinary and MultiDiscrete keys."""
+    addresses = start_servers(
+        "tests.envs:CameraClockEnv",
+        num_servers=2,
+        envs_per_server=2,
+        env_kwargs={"length": 2, "multi": True},
+        server_args=["--autoreset-mode", mode],
+    )
+    with RemoteVectorEnv(addresses, num_groups=2) as envs:
+        kept: list[tuple[Any, Any]] = []
+        obs, _ = envs.reset(seed=0)
+        kept.append((obs, {key: value.copy() for key, value in obs.items()}))
+        for g, sl in enumerate(envs.group_slices):
+            envs.send(np.ones(sl.stop - sl.start, dtype=np.int64), g)
+        for _ in range(8):
+            group, obs, _, _, _, infos = envs.recv()
+            kept.append((obs, {key: value.copy() for key, value in obs.items()}))
+            for final in infos.get("final_obs", []):
+                if final is not None:
+                    kept.append((final, copy.deepcopy(final)))
+            envs.send(np.ones(2, dtype=np.int64), group)
+        envs.recv()
+        envs.recv()
+        assert mode == "NextStep" or len(kept) > 9  # (final observations came, and were kept)
+        for i, (held, copied) in enumerate(kept):
+            assert_same(held, copied, f"observation {i} kept")

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -23,7 +23,9 @@ from env_server.protocol import source_commit
 from learner import RemoteVectorEnv
 from learner.errors import InvalidArgumentError, RemoteTimeoutError, ServerBusyError, ServerStartError
 from learner.local import LocalServers, label_of
+from tests.compare import assert_same
 from tests.conftest import StartServers
+from tests.envs import CameraClockEnv
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +265,62 @@ def test_gymnasiums_vector_wrappers_give_what_they_give_on_a_sync_vector_env(sta
                     np.testing.assert_array_equal(got[4]["episode"][key], want[4]["episode"][key])
                 np.testing.assert_array_equal(got[4]["_episode"], want[4]["_episode"])
         assert episodes  # Pendulum's 200-step episodes ended (twice) within the 450 steps
+    finally:
+        remote.close()
+        local.close()
+
+
+def _without_wall_time(infos: dict[str, object]) -> dict[str, object]:
+    """Vector infos less RecordEpisodeStatistics' episode["t"] (wall time, never the same twice)."""
+    out = dict(infos)
+    if isinstance(out.get("episode"), dict):
+        out["episode"] = {key: value for key, value in cast(dict[str, object], out["episode"]).items() if key != "t"}
+    return out
+
+
+@pytest.mark.parametrize(
+    "wrappers",
+    ["statistics+flatten+normalize", "dict-info-to-list", "transform+filter"],
+)
+def test_gymnasiums_vector_wrappers_over_dict_observations_give_what_they_give_on_a_sync_vector_env(
+    start_servers: StartServers, wrappers: str
+) -> None:
+    """A robot's Dict observation (tests.envs:CameraClockEnv: uint8 image, float32 state, Discrete, MultiBinary and
+    MultiDiscrete keys) through gymnasium's vector wrappers as a training loop of one's own stacks them: episode
+    statistics, FlattenObservation then NormalizeObservation (gymnasium's NormalizeObservation takes no Dict: on a
+    SyncVectorEnv it fails alike, so a Dict is flattened first), DictInfoToList, TransformObservation of one key,
+    FilterObservation. The same as on a SyncVectorEnv of the same envs and actions, episode ends included."""
+    vw = gym.wrappers.vector
+
+    def stack(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+        if wrappers == "statistics+flatten+normalize":
+            return vw.NormalizeObservation(vw.FlattenObservation(vw.RecordEpisodeStatistics(envs)))
+        if wrappers == "dict-info-to-list":
+            return vw.DictInfoToList(vw.RecordEpisodeStatistics(envs))
+        darker = vw.TransformObservation(envs, lambda obs: {**obs, "image": obs["image"] // 2})
+        return vw.FilterObservation(darker, ["image", "state", "gear"])
+
+    kwargs: dict[str, Any] = {"length": 4, "multi": True}
+    remote = stack(RemoteVectorEnv(start_servers("tests.envs:CameraClockEnv", 2, 2, env_kwargs=kwargs)))
+    local = stack(gym.vector.SyncVectorEnv([functools.partial(CameraClockEnv, **kwargs)] * 4))
+    try:
+        assert remote.observation_space == local.observation_space
+        for got, want in zip(remote.reset(seed=3), local.reset(seed=3), strict=True):
+            assert_same(got, want, "reset")
+        rng = np.random.default_rng(0)
+        ended = 0
+        for t in range(10):
+            actions = rng.integers(0, 2, size=4)
+            got, want = remote.step(actions), local.step(actions)
+            assert_same(got[:4], want[:4], f"step {t}")
+            if isinstance(want[4], list):
+                assert_same(
+                    [_without_wall_time(i) for i in got[4]], [_without_wall_time(i) for i in want[4]], f"step {t}"
+                )
+            else:
+                assert_same(_without_wall_time(got[4]), _without_wall_time(want[4]), f"step {t} infos")
+            ended += int(np.sum(want[2] | want[3]))
+        assert ended == 8  # (every env's episode ended twice)
     finally:
         remote.close()
         local.close()
