@@ -31,11 +31,13 @@ __all__ = [
     "bar_by_default",
     "bar_postfix",
     "close_bar",
+    "fleet_down_note",
     "fleet_note",
     "in_notebook",
     "logging_above_bar",
     "progress_bar",
     "progress_line",
+    "waiting_line",
     "widget_total",
 ]
 
@@ -248,6 +250,33 @@ def fleet_note(row: dict[str, Any]) -> str:
     if not_joined:
         said.append(f"{not_joined} {'' if said else 'server ' if not_joined == 1 else 'servers '}not joined")
     return ", ".join(said)
+
+
+def fleet_down_note(servers: int, seconds: float, not_joined: int = 0, *, waiting: bool = True) -> str:
+    """What the progress bar and lines say instead of :func:`fleet_note` while every server of the fleet is down
+    (``learner train`` waits for one to come back, up to --give-up-after): ``all 2 servers down for 35 s, waiting``,
+    ``the only server down for 3 min, waiting`` (``seconds``: since the loop found them all down; under a second,
+    ``all 2 servers down, waiting``), then the listed servers that have not joined, as fleet_note says them
+    (``all 2 servers down for 35 s, 1 not joined, waiting``). ``waiting``: False for the bar's last state, a run
+    stopped (Ctrl-C) or given up in the outage. Else no update came while it lasted, and the bar (and the lines)
+    went on showing the last update's figures, frozen, for minutes: a program that looked hung."""
+    who = "the only server" if servers == 1 else f"all {servers} servers" if servers else "every server"
+    said = f"{who} down" if seconds < 1 else f"{who} down for {_duration(seconds)}"
+    if not_joined:
+        said += f", {not_joined} not joined"
+    return f"{said}, waiting" if waiting else said
+
+
+def waiting_line(row: dict[str, Any], total: int, *, step: int, seconds: float, note: str) -> str:
+    """A progress line while every server is down (``note``: :func:`fleet_down_note`): the last update's
+    figures (``row``; ``{}`` before the first update: ``step``, the session's first, and no SPS nor return),
+    the run's ``seconds`` as of now, no time left (nothing steps), then ``note``: ``step 8,960/200,000 (4%),
+    1,041 SPS, mean return 151.9, 29 s, all 2 servers down for 20 s, waiting``."""
+    step, recent, sps = row.get("global_step", step), row.get("episodic_return_mean"), row.get("sps")
+    return (
+        f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {'-' if sps is None else f'{sps:,.0f}'} SPS, "
+        f"mean return {'-' if recent is None else format_return(recent)}, {seconds:.0f} s, {note}"
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -489,7 +518,8 @@ def close_bar(
     keeps its total (it is to be resumed). ``since``: (time.perf_counter(), step) of the session's start:
     the SPS of a run stopped mid-rollout counts the steps after its last update too. ``fleet``: the last
     update's :func:`fleet_note`, which the bar went on showing (the SPS of a run that ended with servers down
-    is that of a smaller fleet)."""
+    is that of a smaller fleet), or, for a run that ended while every server was down, that outage
+    (:func:`fleet_down_note`, no longer waiting)."""
     step, sps = summary["total_steps"], summary["sps"]
     if stop_reason == "stop_at_return":
         bar.total = step

@@ -21,7 +21,7 @@ from env_server.tuning import to_devnull
 from learner import rundir
 from learner.errors import RunDirWriteError
 from learner.fleetwatch import ReplicaTotals, written_row
-from learner.progress import bar_postfix, fleet_note, progress_line, widget_total
+from learner.progress import bar_postfix, fleet_down_note, fleet_note, progress_line, waiting_line, widget_total
 from learner.resume import Counters
 from learner.rundir import writing
 from learner.stats import REPLICAS, mean_of
@@ -286,6 +286,10 @@ def write_tensorboard(writer: EventsWriter, row: dict[str, Any], faults_seen: se
         writer.add_scalar(tag, value, step)
 
 
+OUTAGE_REDRAW_S = 1.0
+"""How often, at most, the training bar is redrawn while every server is down (see :meth:`Recorder.fleet_down`)."""
+
+
 class Recorder:
     """Where a training session reports its updates and episodes as they come: metrics.jsonl
     (``metrics_file``), TensorBoard (``writer``), W&B (``tracker``), --metrics-port (``live``), the
@@ -322,6 +326,11 @@ class Recorder:
         self.last_row: dict[str, Any] = {}
         self.last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
         self.last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
+        self.postfix = ""  # (the bar's figures after its count, as of the last update)
+        # While every server of the fleet is down (see fleet_down): since when (time.perf_counter()), the servers
+        # down and those not joined; and when the bar was last redrawn to say so. None: the fleet is not all down.
+        self.outage: tuple[float, int, int] | None = None
+        self.outage_drawn = -math.inf
 
     def episode(self, global_step: int, ep_return: Any, ep_length: Any) -> None:
         """An episode that ended at ``global_step``: TensorBoard's charts/episodic_*, W&B."""
@@ -342,6 +351,8 @@ class Recorder:
         are another rollout's, or none (the row's global_step and returns are as of its rollout's end)."""
         counters, bar, live = self.counters, self.bar, self.live
         counters.update += 1
+        # (an update learns from a rollout some server stepped in: the fleet is not all down)
+        self.outage, self.outage_drawn = None, -math.inf
         now = time.perf_counter()
         counters.seconds = now - self.start_time
         # sps: CleanRL's SPS, over this session; sps_update: over this update (since the last one's
@@ -384,8 +395,8 @@ class Recorder:
             # (not redrawn here: the update below redraws it, with its new figures, as often as tqdm's
             # mininterval lets it, which a redraw at every update, thousands in a log, bypassed). While servers
             # are down or have not joined, it says which share of the fleet is missing, as the progress lines do.
-            postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row))
-            bar.set_postfix_str(postfix, refresh=False)
+            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row))
+            bar.set_postfix_str(self.postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
@@ -393,6 +404,52 @@ class Recorder:
                 print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
             except BrokenPipeError:
                 self._stdout_gone()
+
+    def fleet_down(self, servers: int, not_joined: int) -> None:
+        """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined): the loop calls
+        this each time it finds so, once per step that waits for one to come back (at most a second: see
+        RemoteVectorEnv's "Every server down"), until a step finds one up (:meth:`fleet_up`). No step counts and no
+        update is recorded meanwhile, so the bar would stay frozen on the last update's figures: it says instead
+        how long the fleet has been down (:func:`~learner.progress.fleet_down_note`), redrawn at most every
+        :data:`OUTAGE_REDRAW_S` (or tqdm's mininterval, if longer), so that its elapsed time runs on; without a
+        bar, a line says it at the lines' own period (``line_every`` after the last one). The waiting step
+        itself redraws: no thread of its own."""
+        now = time.perf_counter()
+        if self.outage is None:
+            self.outage = (now, servers, not_joined)
+        else:
+            self.outage = (self.outage[0], servers, not_joined)
+        note = fleet_down_note(servers, now - self.outage[0], not_joined)
+        bar, row = self.bar, self.last_row
+        if bar is not None:
+            if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
+                self.outage_drawn = now
+                bar.set_postfix_str(bar_postfix(row.get("sps"), row.get("episodic_return_mean"), note))  # (redrawn)
+        elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
+            self.last_line = now
+            line = waiting_line(
+                row, self.total_timesteps, step=self.session_start_step, seconds=now - self.start_time, note=note
+            )
+            try:
+                print(line, flush=True)  # noqa: T201 (the bar's stand-in: stdout)
+            except BrokenPipeError:
+                self._stdout_gone()
+
+    def fleet_up(self) -> None:
+        """A step found a server up again after :meth:`fleet_down`: the bar shows the last update's figures
+        again at once (not "waiting" until the next update); the lines go on at their period."""
+        self.outage, self.outage_drawn = None, -math.inf
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.postfix)
+
+    def fleet_said(self) -> str:
+        """What the bar's last state (:func:`~learner.progress.close_bar`) says of the fleet: the last update's
+        :func:`~learner.progress.fleet_note`, or, for a run that ended while every server was down (stopped, or
+        given up: --give-up-after), that outage, no longer "waiting"."""
+        if self.outage is None:
+            return fleet_note(self.last_row)
+        since, servers, not_joined = self.outage
+        return fleet_down_note(servers, time.perf_counter() - since, not_joined, waiting=False)
 
     def _stdout_gone(self) -> None:
         """stdout's reader has exited (``learner train | head``, a ``tee`` killed): the run goes on, its

@@ -100,7 +100,7 @@ from learner.ppo import (
     raise_unusable_rewards,
     vector_keys,
 )
-from learner.progress import StopRequest, bar_by_default, close_bar, fleet_note, progress_bar
+from learner.progress import StopRequest, bar_by_default, close_bar, progress_bar
 from learner.provenance import machine_info, run_versions
 from learner.records import (
     EventsWriter,
@@ -2086,7 +2086,13 @@ def train(
                             # one): look the servers up again now, not after the rest of the rollout, so
                             # replicas that replaced them (compose down and up, say) join at once.
                             fleet_down = True
+                            # (no update comes while it lasts: the bar, or a line at their period, says so)
+                            recorder.fleet_down(
+                                len(getattr(envs, "addresses", ())), len(getattr(envs, "servers_not_joined", ()))
+                            )
                             break
+                    if recorder.outage is not None:  # (a server is up again: the bar shows its figures again)
+                        recorder.fleet_up()
 
                     # (one NaN spreads through the advantages into the nets, and the next step's sampling fails
                     # with torch's "probability tensor contains ... nan")
@@ -2195,7 +2201,7 @@ def train(
                     summary,
                     stop_reason,
                     since=(session_start, session_start_step),
-                    fleet=fleet_note(recorder.last_row),
+                    fleet=recorder.fleet_said(),
                 )
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
                 live.run_ended(

@@ -32,10 +32,12 @@ from learner.progress import (
     bar_by_default,
     bar_postfix,
     close_bar,
+    fleet_down_note,
     fleet_note,
     in_notebook,
     progress_bar,
     progress_line,
+    waiting_line,
 )
 from learner.stats import format_return
 from learner.train import train
@@ -345,6 +347,26 @@ def test_the_bar_and_the_progress_lines_end_in_what_a_degraded_fleet_is_missing(
     assert fleet_note({**whole, "faults/servers_down": 2, "fleet/servers": 254.0}) == "2 of 256 servers down"
     assert fleet_note({**whole, "faults/servers_down": 1, "fleet/servers": 0.0}) == "1 of 1 server down"
     assert fleet_note({"faults/servers_down": 2}) == "2 servers down"  # (envs that do not count those up)
+
+
+def test_while_every_server_is_down_the_bar_and_the_lines_say_how_long_the_fleet_has_waited() -> None:
+    """Every server down: no update comes, so the bar and the lines said nothing new (the last update's figures,
+    frozen) for as long as it lasted. What they say instead, and the line made of it (the last update's figures,
+    the run's time as of now, no time left, then the outage), before any update too."""
+    assert fleet_down_note(2, 0.4) == "all 2 servers down, waiting"
+    assert fleet_down_note(2, 35.2) == "all 2 servers down for 35 s, waiting"
+    assert fleet_down_note(1, 185.0) == "the only server down for 3 min, waiting"
+    assert fleet_down_note(3, 35.2, 1) == "all 3 servers down for 35 s, 1 not joined, waiting"
+    assert fleet_down_note(2, 60.0, waiting=False) == "all 2 servers down for 60 s"  # (the bar's last state)
+    row = {"global_step": 8_960, "episodic_return_mean": 151.9, "sps": 1_041.0, "seconds": 8.6}
+    note = fleet_down_note(2, 20.0)
+    assert waiting_line(row, 200_000, step=0, seconds=29.4, note=note) == (
+        "step 8,960/200,000 (4%), 1,041 SPS, mean return 151.9, 29 s, all 2 servers down for 20 s, waiting"
+    )
+    assert waiting_line({}, 200_000, step=128, seconds=5.0, note=note) == (
+        "step 128/200,000 (0%), - SPS, mean return -, 5 s, all 2 servers down for 20 s, waiting"
+    )
+    assert bar_postfix(1_041.0, 151.9, note) == "SPS 1,041, return 151.9, all 2 servers down for 20 s, waiting"
 
 
 def test_without_a_terminal_the_first_update_is_reported_at_once(

@@ -319,3 +319,100 @@ def test_the_progress_lines_and_bar_say_while_servers_are_down_or_have_not_joine
         assert any(frame.endswith(", 1 of 3 servers down]") for frame in drawn), drawn
         # (its last state, the run's final figures: the fleet whole at its last update)
         assert re.search(r", return [^,]+]$", drawn[-1]), drawn[-1]
+
+
+@pytest.mark.parametrize("shown", ["lines", "bar", "stopped"])
+def test_the_progress_lines_and_bar_say_while_every_server_is_down(
+    shown: str,
+    spawn_server: SpawnServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Both servers, started by hand (not restarted by the learner), are SIGKILLed after the second update and
+    started again on the same addresses 4 s later. Meanwhile no step counts and no update comes, and the bar
+    (and the lines) stayed frozen on the last update's figures, saying nothing of the outage, as long as it
+    lasted: a program that looked hung. They say that the fleet is down and for how long, refreshed while it
+    lasts, then the run goes on to its end, the bar showing its figures again. "stopped": the run is stopped
+    (train()'s stop event, as Ctrl-C stops it) during the outage instead: it ends at once, the bar's last state
+    saying the fleet was down, no longer waiting."""
+    import threading
+
+    from tqdm import tqdm
+
+    from learner import train as train_module
+    from learner.config import Args
+    from learner.train import train
+
+    servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
+    if shown == "lines":
+        monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (a line at every update, and at each wait)
+    else:  # (drawn at every update, not at tqdm's mininterval; during the outage, once a second still)
+        monkeypatch.setattr("learner.progress._tqdm_class", lambda: lambda **kwargs: tqdm(**kwargs, mininterval=0.0))
+    stop = threading.Event()
+    outage: list[float] = []  # (when the servers were killed, then when they were started again)
+
+    def back_later() -> None:
+        time.sleep(4.0)
+        if shown == "stopped":
+            stop.set()
+            return
+        outage.append(time.monotonic())
+        for server in servers:
+            server.start()
+
+    helper = threading.Thread(target=back_later)
+
+    def on_update(row: dict[str, Any]) -> None:
+        if row["update"] == 2:
+            for server in servers:
+                server.kill()
+            outage.append(time.monotonic())
+            helper.start()
+
+    total = 2 * K * NUM_STEPS * 12
+    args = Args(
+        servers=",".join(server.address for server in servers),
+        num_steps=NUM_STEPS,
+        total_timesteps=total,
+        timeout=2.0,
+        connect_timeout=2.0,
+        give_up_after=120,
+        seed=3,
+        progress=None if shown == "lines" else True,
+        plot=False,
+        tensorboard=False,
+        run_dir=str(tmp_path / "run"),
+    )
+    try:
+        summary = train(args, on_update=on_update, stop=stop)
+    finally:
+        if helper.ident is not None:
+            helper.join()
+    out, err = capsys.readouterr()
+    waiting = re.compile(r"all 2 servers down(?: for (\d+) s)?, waiting")
+    if shown == "lines":
+        lines = [line for line in out.splitlines() if line.startswith("step ")]
+        said = [line for line in lines if waiting.search(line)]
+        # (each wait for a server, at most a second, printed one: line_every is 0 here)
+        assert len(said) >= 2 and any(waiting.search(line)[1] for line in said), lines  # type: ignore[index]
+        first, last = lines.index(said[0]), lines.index(said[-1])
+        assert all(waiting.search(line) for line in lines[first : last + 1]), lines  # (one outage)
+        # (then the updates' lines again, as they were: "1 of 2 servers down" until the second server is back too)
+        assert lines[last + 1 :] and not any("waiting" in line for line in lines[last + 1 :]), lines[last:]
+        assert all(line.endswith(", waiting") and " left" not in line for line in said), said  # (no time left)
+    else:
+        drawn = [frame.rstrip() for frame in re.split(r"[\r\n]", err) if "steps [" in frame]
+        said = [frame for frame in drawn if waiting.search(frame)]
+        # (redrawn while it lasts, saying for how long: not the same frame, frozen)
+        seconds = {int(match[1]) for frame in said if (match := waiting.search(frame)) and match[1]}
+        assert len(seconds) >= 2, said
+    if shown == "stopped":
+        assert summary["stop_reason"] == "stopped", summary
+        assert re.search(r", all 2 servers down for \d+ s]$", drawn[-1]), drawn[-1]  # (over: no longer waiting)
+        return
+    assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] >= total, summary
+    assert len(outage) == 2, outage  # (the servers were started again)
+    if shown == "bar":
+        last = max(i for i, frame in enumerate(drawn) if waiting.search(frame))
+        assert drawn[last + 1 :] and not any("waiting" in frame for frame in drawn[last + 1 :]), drawn[last:]
