@@ -58,7 +58,8 @@ ROW_GAUGES: dict[str, str] = {
     "envs_unavailable": "Envs unavailable (their server down, or their env raising) at the end of the last rollout",
     "rollout_seconds": "Seconds the last update's rollout took to collect",
     "update_seconds": "Seconds the last update's optimisation took",
-    "faults/servers_down": "Env servers down at the end of the last rollout",
+    "faults/servers_down": "Env servers down at the end of the last rollout (while every server is down, no rollout "
+    "ends: all of them, until the next update)",
     "faults/servers_not_joined": "Env servers listed at the start that have not joined the fleet yet",
 }
 """metrics.jsonl row keys exported as gauges (``envfleet_learner_<key>``, ``/`` dropped; ``update`` as
@@ -117,7 +118,7 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
         "available",
         1.0,
         "1 while the env server is up, 0 while it is down or, listed at the start, not joined yet (as of the end of "
-        "the last rollout)",
+        "the last rollout; 0 for every server while all are down, until the next update)",
     ),
     "num_envs": ("envs", 1.0, "Envs the env server hosts"),
 }
@@ -336,6 +337,16 @@ class LearnerMetrics:
         self._replica_ids = ids
         self._solved.set(int(solved))
         self._last_update.set(time.time())
+
+    def observe_fleet_down(self, servers: int) -> None:
+        """Every server of the fleet is down (``servers`` of them; see ``Recorder.fleet_down``): no update comes
+        while it lasts, so the gauges an update sets would go on saying the fleet is up (``_servers_down`` 0,
+        each replica's ``_available`` 1) through an outage of any length, where an alert on them should fire.
+        They say it now; the next update sets them from its row again."""
+        self._gauges["faults/servers_down"].set(servers)
+        available, _ = self._replica_gauges["available"]
+        for replica in self._replicas:
+            available.labels(replica).set(0)
 
     def _slowest_lately(self, replica: str, slowest: float) -> float:
         """The slowest round trip of ``replica`` over the rollouts of the last :data:`SLOWEST_WINDOW_S`, this

@@ -417,6 +417,8 @@ class Recorder:
         now = time.perf_counter()
         if self.outage is None:
             self.outage = (now, servers, not_joined)
+            if self.live is not None:  # (--metrics-port: its gauges say it too, until the next update)
+                self.live.observe_fleet_down(servers)
         else:
             self.outage = (self.outage[0], servers, not_joined)
         note = fleet_down_note(servers, now - self.outage[0], not_joined)

@@ -220,6 +220,25 @@ def test_a_listed_server_that_has_not_joined_is_available_0_until_it_does() -> N
     assert after(4, [replica_window("a:1")], []) == {"a:1": 1}  # (no longer listed)
 
 
+def test_while_every_server_is_down_the_gauges_say_so_until_the_next_update() -> None:
+    """No update comes while the whole fleet is down, and the gauges an update sets said servers_down 0 and each
+    replica available 1 for as long as the outage lasted: an alert on them never fired."""
+    metrics = LearnerMetrics()
+
+    def gauges() -> tuple[float, dict[str, float]]:
+        samples, _ = parse(generate_latest(metrics.registry).decode())
+        available = {dict(labels)["replica"]: v for (name, labels), v in samples.items() if name.endswith("_available")}
+        return value(samples, "envfleet_learner_servers_down"), available
+
+    replicas = [replica_window("a:1"), replica_window("b:1")]
+    metrics.observe_update(row(1, 1, replicas), solved=False)
+    assert gauges() == (0, {"a:1": 1, "b:1": 1})
+    metrics.observe_fleet_down(2)
+    assert gauges() == (2, {"a:1": 0, "b:1": 0})
+    metrics.observe_update(row(2, 1, replicas), solved=False)  # (back: the next update's row says it again)
+    assert gauges() == (0, {"a:1": 1, "b:1": 1})
+
+
 def test_a_resumed_run_is_not_said_unsolved_while_it_starts() -> None:
     """envfleet_learner_solved read 0 while a resumed run that was solved started (NaN until known, as the
     other gauges)."""

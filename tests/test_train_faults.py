@@ -335,13 +335,16 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     lasted: a program that looked hung. They say that the fleet is down and for how long, refreshed while it
     lasts, then the run goes on to its end, the bar showing its figures again. "stopped": the run is stopped
     (train()'s stop event, as Ctrl-C stops it) during the outage instead: it ends at once, the bar's last state
-    saying the fleet was down, no longer waiting."""
+    saying the fleet was down, no longer waiting. "lines" also serves --metrics-port and scrapes it during the
+    outage: its gauges say every server down (they said the fleet was whole, the last update's)."""
     import threading
+    import urllib.request
 
     from tqdm import tqdm
 
     from learner import train as train_module
     from learner.config import Args
+    from learner.live_metrics import LearnerMetrics
     from learner.train import train
 
     servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
@@ -351,9 +354,22 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         monkeypatch.setattr("learner.progress._tqdm_class", lambda: lambda **kwargs: tqdm(**kwargs, mininterval=0.0))
     stop = threading.Event()
     outage: list[float] = []  # (when the servers were killed, then when they were started again)
+    served: list[LearnerMetrics] = []
+    scraped: list[str] = []
+    serve_metrics = train_module.serve_metrics
+
+    def serving(*args: Any, **kwargs: Any) -> LearnerMetrics:
+        served.append(serve_metrics(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(train_module, "serve_metrics", serving)
 
     def back_later() -> None:
-        time.sleep(4.0)
+        time.sleep(3.0)
+        if served and served[0].url is not None:
+            with urllib.request.urlopen(served[0].url, timeout=10) as response:
+                scraped.append(response.read().decode())
+        time.sleep(1.0)
         if shown == "stopped":
             stop.set()
             return
@@ -380,6 +396,7 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         give_up_after=120,
         seed=3,
         progress=None if shown == "lines" else True,
+        metrics_port=0 if shown == "lines" else None,
         plot=False,
         tensorboard=False,
         run_dir=str(tmp_path / "run"),
@@ -396,6 +413,10 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         said = [line for line in lines if waiting.search(line)]
         # (each wait for a server, at most a second, printed one: line_every is 0 here)
         assert len(said) >= 2 and any(waiting.search(line)[1] for line in said), lines  # type: ignore[index]
+        [text] = scraped
+        assert "\nenvfleet_learner_servers_down 2.0\n" in text, text
+        available = re.findall(r'^envfleet_learner_replica_available\{replica="[^"]+"\} (\S+)$', text, re.M)
+        assert available == ["0.0", "0.0"], text
         first, last = lines.index(said[0]), lines.index(said[-1])
         assert all(waiting.search(line) for line in lines[first : last + 1]), lines  # (one outage)
         # (then the updates' lines again, as they were: "1 of 2 servers down" until the second server is back too)
