@@ -18,7 +18,15 @@ import numpy as np
 import torch
 
 from learner.errors import os_reason
-from learner.rundir import BEST_CHECKPOINT, CHECKPOINTS, atomic_write, checkpoint_path, list_checkpoints
+from learner.rundir import (
+    BEST_CHECKPOINT,
+    CHECKPOINTS,
+    CONFIG,
+    atomic_write,
+    checkpoint_path,
+    list_checkpoints,
+    read_json,
+)
 
 __all__ = [
     "capture_rng",
@@ -27,9 +35,11 @@ __all__ = [
     "load_checkpoint",
     "load_latest_readable",
     "load_nets",
+    "nets_differ",
     "restore_rng",
     "save_best_checkpoint",
     "save_checkpoint",
+    "written_by",
 ]
 
 FORMAT = 1
@@ -42,19 +52,120 @@ RESUMED = ("counters", "optimizer", "rng")
 log = logging.getLogger(__name__)
 
 
-def load_nets(net: torch.nn.Module, state: dict[str, Any], what: str) -> None:
+def load_nets(
+    net: torch.nn.Module,
+    state: dict[str, Any],
+    what: str,
+    *,
+    checkpoint: dict[str, Any] | None = None,
+    file: str | Path | None = None,
+) -> None:
     """Load a checkpoint's ``state`` into ``net``, the policy this version builds for the checkpoint's
     spaces; ValueError (naming ``what``, the checkpoint) where they do not fit: nets of another layout
     (an older envfleet built an MLP for 2-d uint8 frames, which get the Nature CNN now), not torch's
-    bare RuntimeError."""
+    bare RuntimeError, whose first line ("Error(s) in loading state_dict for Agent:") says nothing of
+    what differs. The error says how they differ (:func:`nets_differ`), which envfleet wrote the
+    checkpoint as far as it can be told (``checkpoint``, its whole contents, and ``file``, where it was
+    read: :func:`written_by`), and what to do: that version evaluates or resumes it; this one can
+    train the run anew (``learner train --like RUN``, where the file is in a run dir)."""
     try:
         net.load_state_dict(state)
     except RuntimeError as err:
-        detail = str(err).splitlines()[0]
+        detail = nets_differ(net.state_dict(), state) or str(err).splitlines()[0]
         raise ValueError(
-            f"{what}: its nets do not fit the policy this envfleet builds for its spaces ({detail}); it was "
-            "probably written by an older version: evaluate or resume it with that version"
+            f"{what}: its nets do not fit the policy this envfleet builds for its spaces ({detail}); "
+            + _other_version_advice(checkpoint, file)
         ) from None
+
+
+def nets_differ(here: dict[str, Any], saved: dict[str, Any]) -> str | None:
+    """How the state dict ``saved`` (a checkpoint's nets) differs from ``here`` (the nets this version builds),
+    in a user's words: the layout of each where they differ (an MLP, the Nature CNN, a Dict observation's
+    extractor), else the parameters one of them lacks, else the first parameter of another shape; None where
+    they agree in keys and shapes (torch failed for another reason)."""
+    layouts = _layout(saved), _layout(here)
+    if layouts[0] != layouts[1]:
+        return f"it holds {layouts[0]} where this version builds {layouts[1]}"
+    missing = [key for key in here if key not in saved]
+    unexpected = [key for key in saved if key not in here]
+    if missing and unexpected:
+        return f"it has {_some(unexpected)} where this version's have {_some(missing)}"
+    if missing or unexpected:
+        return f"it has {_some(unexpected)} that this version's do not" if unexpected else f"it lacks {_some(missing)}"
+    for key, tensor in here.items():
+        theirs = saved[key]
+        if isinstance(theirs, torch.Tensor) and theirs.shape != tensor.shape:
+            return f"its {key} is {tuple(theirs.shape)}, this version's {tuple(tensor.shape)}"
+    return None
+
+
+def _layout(state: dict[str, Any]) -> str:
+    """The policy's layout that a state dict's keys say (:class:`learner.ppo.Agent`'s modules)."""
+    if any(key.startswith("combined.") for key in state):
+        return "a Dict observation's extractor (a CNN per camera beside the vector keys)"
+    if any(key.startswith("cnn.") for key in state):
+        return "the Nature CNN"
+    first = state.get("actor.0.weight")
+    return f"an MLP over {first.shape[1]} inputs" if isinstance(first, torch.Tensor) and first.dim() == 2 else "an MLP"
+
+
+def _some(keys: list[str], most: int = 3) -> str:
+    return ", ".join(keys[:most]) + (f" (+{len(keys) - most} more)" if len(keys) > most else "")
+
+
+def written_by(checkpoint: dict[str, Any] | None, file: str | Path | None) -> str | None:
+    """Which envfleet wrote a checkpoint (``checkpoint``, its contents, read from ``file``), as far as it can be
+    told: its own record (``versions``, which checkpoints hold since 2026-12-07), else its run's config.json
+    (``file`` in a run dir's checkpoints/ folder), which has said the envfleet version and commit of the run's
+    latest session since 2026-12-02; None where neither says (a checkpoint of an older version, or one
+    copied out of its run dir). E.g. ``envfleet 0.1.0, commit a1d43b5509fb (as its run's config.json says)``."""
+    found = _writer(checkpoint, file)
+    return None if found is None else found[0]
+
+
+def _writer(checkpoint: dict[str, Any] | None, file: str | Path | None) -> tuple[str, str | None] | None:
+    """:func:`written_by`'s words, and the commit they name (None where the versions recorded have none)."""
+    versions = (checkpoint or {}).get("versions")
+    source = "its own record"
+    if not isinstance(versions, dict) and file is not None and Path(file).parent.name == CHECKPOINTS:
+        try:
+            config = read_json(Path(file).parent.parent / CONFIG)
+        except (OSError, ValueError):
+            config = None
+        versions = config.get("versions") if isinstance(config, dict) else None
+        source = f"its run's {CONFIG}"
+    if not isinstance(versions, dict) or not isinstance(versions.get("envfleet"), str):
+        return None
+    commit = versions.get("envfleet_commit")
+    commit = commit.removesuffix("+dirty") if isinstance(commit, str) and commit else None
+    at = f", commit {commit[:12]}" if commit else ""
+    return f"envfleet {versions['envfleet']}{at} (as {source} says)", commit
+
+
+def _other_version_advice(checkpoint: dict[str, Any] | None, file: str | Path | None) -> str:
+    """The end of :func:`load_nets`'s error: which version wrote the checkpoint (:func:`written_by`), this
+    one's, and what to do."""
+    from env_server.protocol import package_version, source_commit  # (git runs: on this error's way alone)
+
+    writer = _writer(checkpoint, file)
+    commit = source_commit()
+    here = f"envfleet {package_version()}" + (f", commit {commit[:12]}" if commit else "")
+    if writer is None:
+        said = (
+            "it was written by an older version, one that recorded its version neither in its checkpoints nor in "
+            f"its run's {CONFIG} (before 2026-12-02)"
+        )
+        how = "evaluate or resume it with the version that wrote it"
+    else:
+        said, written_commit = f"it was written by {writer[0]}", writer[1]
+        how = "evaluate or resume it with that version" + (
+            f" (from a clone of envfleet: git worktree add ../envfleet-{written_commit[:7]} {written_commit[:12]})"
+            if written_commit
+            else ""
+        )
+    run = Path(file).parent.parent if file is not None and Path(file).parent.name == CHECKPOINTS else None
+    anew = f"learner train --like {run}" if run is not None else "learner train --like RUN_DIR, its run dir"
+    return f"{said} (this one is {here}): {how}, or train the run anew with this one ({anew})"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -237,6 +348,13 @@ def load_checkpoint(path: str | Path, *, resuming: bool = False) -> dict[str, An
         )
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        if isinstance(got, int) and not isinstance(got, bool) and got > FORMAT:  # (a newer version's)
+            writer = written_by(payload, file) if isinstance(payload, dict) else None
+            raise ValueError(
+                f"{file}: a checkpoint of format {got}, written by a newer envfleet"
+                + (f" ({writer})" if writer else "")
+                + f" than this one, which reads format {FORMAT}: upgrade envfleet to evaluate or resume it"
+            )
         raise ValueError(f"{file}: expected an envfleet checkpoint (format {FORMAT}), got format {got!r}")
     missing = [key for key in (*REQUIRED, *(RESUMED if resuming else ())) if key not in payload]
     if missing:  # (a torch file that only says it is one: eval and --resume read each of these)

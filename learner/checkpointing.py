@@ -94,8 +94,12 @@ class Checkpointer:
         write: Callable[..., Path] = save_checkpoint,
         logger: logging.Logger,
         metrics: IO[str] | None = None,
+        versions: dict[str, str] | None = None,
     ) -> None:
         self.run_dir, self.args, self.hp = run_dir, args, hp
+        # (config.json's: what wrote each checkpoint, for a later version's errors; plain strings, as weights_only
+        # loads them: torch's __version__ is a TorchVersion, a str subclass torch's safe unpickler refuses)
+        self.versions = None if versions is None else {str(k): str(v) for k, v in versions.items()}
         self.obs_space, self.action_space, self.served = obs_space, action_space, served
         self.agent, self.optimizer, self.counters = agent, optimizer, counters
         self.recent_returns, self.recent_lengths = recent_returns, recent_lengths
@@ -134,6 +138,10 @@ class Checkpointer:
             "observation_space": str(self.obs_space),
             "action_space": str(self.action_space),
             "served": self.served,
+            # What wrote it (envfleet's version and commit, Python's, torch's, ...): a later version that cannot
+            # load its nets names it (checkpoint.written_by; before 2026-12-07 only config.json said, the run's
+            # latest session's, and nothing said where a checkpoint was copied out of its run dir).
+            **({"versions": self.versions} if self.versions is not None else {}),
             "model": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             **state,

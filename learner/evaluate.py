@@ -348,7 +348,7 @@ def _policy(
     agent = Agent(
         obs_space, action_space, hidden_sizes=tuple(ppo["hidden_sizes"]), action_bounds=ppo["action_bounds"]
     ).to(device)
-    load_nets(agent, state["model"], f"checkpoint {path}")
+    load_nets(agent, state["model"], f"checkpoint {path}", checkpoint=state, file=path)
     agent.eval()
     threads = torch.get_num_threads()  # (restored when stack closes: the caller's process keeps its setting)
     set_torch_threads(device, is_image_space(obs_space) or bool(image_keys(obs_space)))

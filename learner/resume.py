@@ -417,9 +417,11 @@ def restore(
     obs_rms: RunningMeanStd | DictRunningMeanStd | None,
     reward_scaler: RewardScaler | None,
     save_best: bool,
+    file: Path | None = None,
 ) -> Counters:
-    """The run in ``run_dir`` as of ``checkpoint``: its nets, optimizer, normalisers and RNG states loaded,
-    its run dir cleared of what came after the checkpoint; returns its counters."""
+    """The run in ``run_dir`` as of ``checkpoint`` (read from ``file``, which its errors name the writer of:
+    :func:`~learner.checkpoint.written_by`): its nets, optimizer, normalisers and RNG states loaded, its run
+    dir cleared of what came after the checkpoint; returns its counters."""
     # The nets take normalised observations (the policy) and learned returns at the scaler's scale (the
     # value): a preset or option that turns either on or off would change what they see.
     for key, flag, now in (
@@ -433,7 +435,7 @@ def restore(
                 f"its nets, which learned with{'' if before else 'out'} it, so it cannot change (the options given, "
                 f"or their preset, turn it {'on' if now else 'off'}: give {flag if before else '--no-' + flag[2:]})"
             )
-    load_nets(agent, checkpoint["model"], f"--resume {run_dir}")
+    load_nets(agent, checkpoint["model"], f"--resume {run_dir}", checkpoint=checkpoint, file=file)
     optimizer.load_state_dict(checkpoint["optimizer"])
     if obs_rms is not None:
         obs_rms.load_state_dict(checkpoint["obs_rms"])

@@ -1804,6 +1804,7 @@ def train(
                 obs_rms=obs_rms,
                 reward_scaler=reward_scaler,
                 save_best=args.save_best,
+                file=checkpoint_file,
             )
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         threshold = resumed_threshold(counters, threshold)
@@ -1904,6 +1905,7 @@ def train(
             write=save_checkpoint,  # (this module's: a test fills the disk through it)
             logger=log,
             metrics=metrics_file,
+            versions=config["versions"],
         )
 
         # ---- start the envs -------------------------------------------------------------------------------
