@@ -6,11 +6,14 @@ import dataclasses
 import json
 import logging
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 from torch import optim
 
 from learner import rundir
@@ -30,7 +33,7 @@ from learner.envs import reward_threshold
 from learner.errors import RunCompleteError, os_reason
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd
-from learner.ppo import Agent
+from learner.ppo import Agent, is_image_space
 
 __all__ = [
     "RECENT",
@@ -189,12 +192,31 @@ def _idle_options(recorded: dict[str, Any]) -> set[str]:
     neither a Box nor a Dict (a Dict's vector keys take it; one of images alone warned of as ignoring it, the
     checkpoint then without statistics, as the resumed run)."""
     envs = recorded.get("envs") or {}
-    idle = {"hidden_sizes", "norm_obs"} if recorded.get("policy") == "Nature CNN" else set()
+    policy = recorded.get("policy")
+    if policy is None and _images_recorded(envs.get("observation_space")):
+        policy = "Nature CNN"  # (what this version builds for them; before 2026-12-02 config.json did not say)
+    idle = {"hidden_sizes", "norm_obs"} if policy == "Nature CNN" else set()
     if not str(envs.get("action_space", "Box")).startswith("Box"):
         idle.add("action_bounds")
     if not str(envs.get("observation_space", "Box")).startswith(("Box", "Dict(")):
         idle.add("norm_obs")
     return idle
+
+
+_UINT8_BOX = re.compile(r"Box\(0, 255, \((\d+(?:, \d+)*),?\), uint8\)")
+
+
+def _images_recorded(space: Any) -> bool:
+    """Whether the observation space a run's config.json records (``space``, gymnasium's str of it) is images
+    this version gives the Nature CNN: for runs of versions whose config.json did not say what their policy
+    was, whose --hidden-sizes (the preset's, pinned) would otherwise be warned of as ignored by --like and
+    --resume, though the user gave none. (Frames that version gave an MLP, 2-d before 8e003e0, are images all
+    the same here: --like trains them with the CNN, and --resume refuses their nets naming that version.)"""
+    match = _UINT8_BOX.fullmatch(space) if isinstance(space, str) else None
+    if match is None:
+        return False
+    shape = tuple(int(size) for size in match.group(1).split(", "))
+    return is_image_space(gym.spaces.Box(0, 255, shape, np.uint8))
 
 
 def _pin_resolved(values: dict[str, Any], recorded: dict[str, Any], overrides: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -172,3 +173,18 @@ def test_nets_differ_says_how_a_checkpoint_s_nets_differ_from_this_version_s() -
     )
     cnn = {"cnn.convs.0.weight": torch.zeros(32, 1, 8, 8), "actor.weight": torch.zeros(2, 512)}
     assert nets_differ(cnn, here) == "it holds an MLP over 4 inputs where this version builds the Nature CNN"
+
+
+@pytest.mark.parametrize("read", [like_args, resume_args])
+def test_an_old_run_on_frames_that_did_not_record_its_policy_gets_no_hidden_sizes(read: Any, tmp_path: Path) -> None:
+    """A run of frames by 250e8e2, whose config.json does not say its policy was the Nature CNN: --like and
+    --resume leave --hidden-sizes unset (its ppo's, the preset's, were pinned, and train warned that the user's
+    --hidden-sizes were ignored for images), and keep the other hyperparameters it resolved."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(OLD_RUNS / "250e8e2-frames-config.json", run / rundir.CONFIG)
+    args = read(run, **({"run_dir": str(tmp_path / "again")} if read is like_args else {}))
+    assert args.hidden_sizes is None
+    recorded = json.loads((run / rundir.CONFIG).read_text())
+    assert args.num_steps == recorded["ppo"]["num_steps"] == 16
+    assert args.learning_rate == recorded["ppo"]["learning_rate"]
