@@ -206,9 +206,10 @@ def save_checkpoint(run_dir: str | Path, global_step: int, payload: dict[str, An
     return path
 
 
-def save_best_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` as the run's best checkpoint, ``checkpoints/best.pt`` (atomically, replacing it)."""
-    path = Path(run_dir) / CHECKPOINTS / BEST_CHECKPOINT
+def save_best_checkpoint(run_dir: str | Path, payload: dict[str, Any], name: str = BEST_CHECKPOINT) -> Path:
+    """Write ``payload`` as the run's best checkpoint, ``checkpoints/best.pt`` (atomically, replacing it); ``name``:
+    another best's (``best-eval.pt``, the best evaluation's: --eval-every)."""
+    path = Path(run_dir) / CHECKPOINTS / name
     atomic_write(path, _saved(payload), run_dir=Path(run_dir))
     return path
 

@@ -60,6 +60,7 @@ from learner.local import DEFAULT_TRANSPORT, HANG_TIMEOUT_S, crowding, raise_fd_
 from learner.progress import ending_as_interrupt, note_ctrl_c, stopped_by_ctrl_c, stopping_with_parent
 from learner.rundir import (
     BEST_CHECKPOINT,
+    BEST_EVAL_CHECKPOINT,
     CHECKPOINTS,
     CONFIG,
     check_name_lengths,
@@ -390,6 +391,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     best = run_dir / CHECKPOINTS / BEST_CHECKPOINT
     if summary.get("best_return") is not None and config.save_best and best.exists():
         print(f"best: mean return {format_return(summary['best_return'])} at step {summary['best_step']:,} ({best})")
+    if summary.get("best_eval_return") is not None:  # (--eval-every)
+        best_eval = run_dir / CHECKPOINTS / BEST_EVAL_CHECKPOINT
+        kept = f" ({best_eval})" if config.save_best and best_eval.exists() else ""
+        print(
+            f"best evaluation: mean return {format_return(summary['best_eval_return'])} at step "
+            f"{summary['best_eval_step']:,}{kept}; the last: {format_return(summary['eval_return_mean'])}"
+        )
     if summary["stop_reason"] == "interrupted":
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]

@@ -251,6 +251,24 @@ class Args:
     it; a Python program that calls train() serves it while it lives (learner.live_metrics.wait_for_lingering()
     waits)"""
 
+    # -- evaluation while training (SB3's EvalCallback, RL Zoo's --eval-freq) ---------------------------------
+    eval_every: int = field(default=0, metadata={"metavar": "N"})
+    """evaluate the current policy every N env steps (at the first update at or past each multiple of N, and
+    once more at the run's last update if any ran): --eval-episodes episodes of its deterministic policy (the
+    mode, as learner eval), --norm-obs statistics applied but not updated, raw env returns (no --clip-reward
+    or --norm-reward), on envs of their own (an extra local env server; --backend gym: in process; --servers:
+    --eval-servers), seeded apart from training's; training goes on exactly as without it. metrics.jsonl's
+    eval/* columns, TensorBoard's eval/mean_reward, summary.json's best_eval_return and
+    checkpoints/best-eval.pt record them; 0: never"""
+    eval_episodes: int = field(default=10, metadata={"metavar": "N"})
+    """episodes per evaluation (--eval-every), shared out over the --eval-envs as learner eval does"""
+    eval_envs: int | None = field(default=None, metadata={"metavar": "N"})
+    """envs the evaluations step (default: 4, or --eval-episodes where fewer)"""
+    eval_servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
+    """running env servers, of the run's env, to evaluate on (--eval-every), as --servers names them: needed
+    by a run on --servers (a server serves one learner at a time, so the training fleet cannot lend its
+    envs); without --servers, instead of the extra local server"""
+
     # -- tracking (Weights & Biases) ------------------------------------------------------------------------
     track: bool = False
     """log the run to Weights & Biases (needs the extra: pip install 'envfleet[track]'): metrics.jsonl's
@@ -398,6 +416,7 @@ class Args:
                 f"--metrics-host: sets where --metrics-port serves the metrics; give --metrics-port too (0 for a "
                 f"free port), got --metrics-host {self.metrics_host} alone"
             )
+        self._check_eval()
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"--hidden-sizes: expected sizes >= 1 such as 64,64, got {self.hidden_sizes}")
         if self.servers is not None and self.backend == "gym":
@@ -441,6 +460,36 @@ class Args:
                         f"--{_flag(name)}: configures the env servers this command starts, but with --servers "
                         "the running servers decide (set it where they are started)"
                     )
+
+    def _check_eval(self) -> None:
+        """ValueError naming the --eval-* option that cannot be taken (see :meth:`__post_init__`)."""
+        if self.eval_every < 0:
+            raise ValueError(f"--eval-every: expected env steps >= 0 (0: no evaluation), got {self.eval_every}")
+        if self.eval_episodes < 1:
+            raise ValueError(f"--eval-episodes: expected an integer >= 1, got {self.eval_episodes}")
+        if self.eval_envs is not None and self.eval_envs < 1:
+            raise ValueError(f"--eval-envs: expected an integer >= 1, got {self.eval_envs}")
+        check_addresses(self.eval_servers, "--eval-servers")
+        if self.eval_servers is not None and self.backend == "gym":
+            raise ValueError(
+                "--eval-servers: evaluates on running env servers, so it cannot go with --backend gym (which "
+                "evaluates in process)"
+            )
+        if not self.eval_every:
+            return
+        if self.servers is not None and self.eval_servers is None:
+            # A server serves one learner at a time (its claim), so the training fleet cannot lend envs; nor are
+            # envs made here: the servers' env, kwargs and wrappers are theirs, and need not be installed here.
+            raise ValueError(
+                f"--eval-every: a run on --servers evaluates on env servers of its own: give --eval-servers "
+                f"ADDRESSES (running servers of the same env; the training servers serve this learner's rollouts "
+                f"alone), or leave --eval-every out (learner eval evaluates checkpoints afterwards), got "
+                f"--eval-every {self.eval_every} without --eval-servers"
+            )
+
+    def eval_num_envs(self) -> int:
+        """The envs an evaluation steps: --eval-envs, else 4, never more than --eval-episodes."""
+        return min(self.eval_envs or 4, self.eval_episodes)
 
     @classmethod
     def from_json(cls, values: dict[str, Any], *, check: bool = True) -> Args:

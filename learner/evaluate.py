@@ -51,7 +51,7 @@ from learner.remote import DEFAULT_CONNECT_TIMEOUT, FAULT_TOLERANT_HINT
 from learner.served import given_kwargs_differ, other_task
 from learner.stats import format_returns, mean_of, spread_of
 
-__all__ = ["check_seed", "evaluate"]
+__all__ = ["check_seed", "evaluate", "play_episodes", "policy_of"]
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +357,22 @@ def _policy(
     if state.get("obs_rms") is not None:
         obs_rms = obs_normalizer(obs_space, vector_keys(obs_space), device)
         obs_rms.load_state_dict(state["obs_rms"])
+    return policy_of(agent, obs_rms, envs, device, deterministic)
+
+
+def policy_of(
+    agent: Agent,
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None,
+    envs: gym.vector.VectorEnv,
+    device: torch.device,
+    deterministic: bool = True,
+) -> Callable[..., Any]:
+    """The actions ``agent``'s policy takes (its mode, with ``deterministic``) on observations of ``envs``, normalised
+    by ``obs_rms`` (--norm-obs's statistics, read and never updated; None: as they come), on ``device``: what
+    :func:`evaluate` plays a checkpoint's episodes with, and ``learner train --eval-every`` its current nets'.
+    An observation the policy cannot act on raises UnusableEnvOutputError naming its env (with ``video``: the
+    video's)."""
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
 
     def policy(obs: Any, video: bool = False) -> Any:
         # (looked at first, on every device: the deterministic policy acts on NaN without an error,
@@ -527,6 +543,25 @@ def _record_video(
         stop=lambda: stop.requested,
         hint=_env_kwargs_hint(env_kwargs, made.run_kwargs),
     )
+
+
+def play_episodes(
+    envs: gym.vector.VectorEnv,
+    fleet: FleetSpec,
+    policy: Callable[..., Any],
+    episodes: int,
+    seed: int,
+    stop: StopRequest,
+    *,
+    progress: bool | None = False,
+) -> tuple[list[float], list[int], bool]:
+    """``episodes`` episodes of ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``: env i gets ``seed + i``),
+    shared out over the envs in advance as :func:`evaluate` shares them (its very loop): the returns and lengths
+    of those that ended, and whether ``stop`` cut them short. EnvFleetError where an env or server fails (an
+    episode cut short is no sample of the return). ``learner train --eval-every`` plays its evaluations so."""
+    tally = _Tally.shared_out(episodes, envs.num_envs)
+    _play(envs, fleet, policy, tally, seed, stop, progress=progress)
+    return list(tally.returns), list(tally.lengths), tally.left
 
 
 def _play(

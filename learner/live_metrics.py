@@ -58,6 +58,8 @@ ROW_GAUGES: dict[str, str] = {
     "envs_unavailable": "Envs unavailable (their server down, or their env raising) at the end of the last rollout",
     "rollout_seconds": "Seconds the last update's rollout took to collect",
     "update_seconds": "Seconds the last update's optimisation took",
+    "eval/return_mean": "Mean return of the last evaluation (--eval-every: the deterministic policy over "
+    "--eval-episodes episodes); NaN until one ran",
     "faults/servers_down": "Env servers down at the end of the last rollout (while every server is down, no rollout "
     "ends: all of them, until the next update)",
     "faults/servers_not_joined": "Env servers listed at the start that have not joined the fleet yet",
@@ -141,7 +143,7 @@ comes every 15-60 s, so a stall in one rollout was overwritten long before any s
 
 
 def _metric_name(key: str) -> str:
-    return PREFIX + ("updates" if key == "update" else key.replace("faults/", ""))
+    return PREFIX + ("updates" if key == "update" else key.replace("faults/", "").replace("/", "_"))
 
 
 def _number(value: Any) -> float:

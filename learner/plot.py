@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import textwrap
@@ -402,6 +403,35 @@ def _draw_band(ax: Any, curves: Sequence[tuple[Sequence[float], Sequence[float]]
     ax.plot(grid, values.mean(axis=0), color=colour, linewidth=2)
 
 
+EVAL_KEY = "eval/return_mean"
+"""The metrics column of an evaluation's mean return (learner train --eval-every), marked on the steps panel."""
+
+
+def _eval_points(run: Path) -> tuple[list[float], list[float]]:
+    """The steps and mean returns of ``run``'s evaluations (--eval-every: the rows with :data:`EVAL_KEY`), read
+    from its metrics as they come (only the lines that name the key are parsed); none where it has none or its
+    metrics cannot be read (the returns' line is drawn without them)."""
+    steps: list[float] = []
+    returns: list[float] = []
+    marker = f'"{EVAL_KEY}"'
+    try:
+        with open(run / rundir.METRICS, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if marker not in line:
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                step, value = (row.get(key) if isinstance(row, dict) else None for key in ("global_step", EVAL_KEY))
+                if isinstance(step, int | float) and isinstance(value, int | float) and math.isfinite(value):
+                    steps.append(step)
+                    returns.append(value)
+    except OSError:
+        return [], []
+    return steps, returns
+
+
 def _series(points: list[_Point], summary: dict[str, Any] | None) -> tuple[list[Any], list[Any], list[Any]]:
     """A run's steps, seconds and mean returns, one per update as loaded (and its end, when it stopped
     mid-rollout)."""
@@ -473,6 +503,7 @@ def plot_runs(
         if run not in series:
             continue
         panels.draw_run(series[run], names[run], summary, _env(config) if mixed else None, group)
+        panels.draw_evals(_eval_points(run))
     panels.draw_bands()
     panels.draw_thresholds(thresholds)
     legend_height = _labels_and_legend(fig, by_steps, by_time, solved_any=panels.solved_any, one_run=len(plotted) == 1)
@@ -572,6 +603,7 @@ class _Panels:
     banded: set[str] = dataclasses.field(init=False)
     colours: dict[str, Any] = dataclasses.field(default_factory=dict)
     solved_any: bool = False
+    evals_marked: bool = False
 
     def __post_init__(self) -> None:
         # Groups drawn as a mean and a band: of several runs that overlap (in steps) over 2 points or more.
@@ -624,6 +656,18 @@ class _Panels:
             self.solved_any = True
             by_steps.axvline(summary["solved_at_step"], color=line.get_color(), linestyle=":", linewidth=1)
             by_time.axvline(summary["solved_at_seconds"], color=line.get_color(), linestyle=":", linewidth=1)
+
+    def draw_evals(self, evals: tuple[list[float], list[float]]) -> None:
+        """Mark the evaluations (--eval-every: their steps and mean returns) of the run drawn last on the steps
+        panel, in its colour; one legend entry says what the marks are."""
+        steps, returns = evals
+        if not steps:
+            return
+        colour = self.by_steps.get_lines()[-1].get_color()
+        self.by_steps.plot(steps, returns, linestyle="none", marker="x", markersize=5, color=colour)
+        if not self.evals_marked:
+            self.evals_marked = True
+            self.by_steps.plot([], [], linestyle="none", marker="x", color="0.3", label="evaluations (--eval-every)")
 
     def draw_bands(self) -> None:
         """Draw each banded group's mean and range on both panels."""

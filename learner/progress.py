@@ -26,6 +26,7 @@ __all__ = [
     "DOUBLE_TAP_S",
     "StopRequest",
     "ending_as_interrupt",
+    "eval_note",
     "quiet_exit",
     "stopping_with_parent",
     "bar_by_default",
@@ -228,7 +229,14 @@ def progress_line(row: dict[str, Any], total: int) -> str:
         line += f", ~{_duration((total - step) / row['sps'])} left"
     if note := fleet_note(row):
         line += f", {note}"
-    return line
+    return line + eval_note(row)
+
+
+def eval_note(row: dict[str, Any]) -> str:
+    """What the progress bar and lines add for an update that was evaluated (--eval-every): ", eval 500.0" (the
+    deterministic policy's mean return); "" for the others, so the bar shows it until the next update."""
+    value = row.get("eval/return_mean")
+    return "" if value is None else f", eval {format_return(value)}"
 
 
 def fleet_note(row: dict[str, Any]) -> str:

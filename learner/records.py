@@ -21,7 +21,15 @@ from env_server.tuning import to_devnull
 from learner import rundir
 from learner.errors import RunDirWriteError
 from learner.fleetwatch import ReplicaTotals, written_row
-from learner.progress import bar_postfix, fleet_down_note, fleet_note, progress_line, waiting_line, widget_total
+from learner.progress import (
+    bar_postfix,
+    eval_note,
+    fleet_down_note,
+    fleet_note,
+    progress_line,
+    waiting_line,
+    widget_total,
+)
 from learner.resume import Counters
 from learner.rundir import writing
 from learner.stats import REPLICAS, mean_of
@@ -252,6 +260,9 @@ def tagged_values(row: dict[str, Any]) -> dict[str, float]:
     for key in _PERF_TAGS:
         values[f"perf/{key}"] = row[key]
     values.update(_fault_values(row))
+    if "eval/return_mean" in row:  # (--eval-every, at the updates it ran at: SB3's EvalCallback's tags)
+        values["eval/mean_reward"] = row["eval/return_mean"]
+        values["eval/mean_ep_length"] = row["eval/length_mean"]
     values.update(
         (key, value) for key, value in row.items() if key.startswith(("fleet/", REPLICAS)) and not math.isnan(value)
     )
@@ -341,14 +352,19 @@ class Recorder:
             self.tracker.episode(global_step, float(ep_return), int(ep_length))
 
     def record(
-        self, result: UpdateResult, rollout_info: dict[str, Any], as_of: tuple[float, int] | None = None
+        self,
+        result: UpdateResult,
+        rollout_info: dict[str, Any],
+        as_of: tuple[float, int] | None = None,
+        evaluation: dict[str, Any] | None = None,
     ) -> None:
         """Count an update done and log it: metrics.jsonl, TensorBoard, W&B, --metrics-port, the progress bar.
 
         ``as_of`` (time, env steps): where this update's period ends, for the row's seconds, sps, sps_update
         and transitions_per_s; now by default. --overlap-update gives its rollout's end: the update is
         recorded during the next rollout, or after the last, when the time and steps since the last row
-        are another rollout's, or none (the row's global_step and returns are as of its rollout's end)."""
+        are another rollout's, or none (the row's global_step and returns are as of its rollout's end).
+        ``evaluation``: the eval/ columns of an evaluation run at this update (--eval-every), added to its row."""
         counters, bar, live = self.counters, self.bar, self.live
         counters.update += 1
         # (an update learns from a rollout some server stepped in: the fleet is not all down)
@@ -371,7 +387,7 @@ class Recorder:
             "other_seconds": max(0.0, since - rollout_info["rollout_seconds"] - result.seconds),
         }
         self.last_record = (until, steps)
-        full = metrics_row(counters.update, timing, result, rollout_info)
+        full = {**metrics_row(counters.update, timing, result, rollout_info), **(evaluation or {})}
         # (--metrics-port has every server's figures, as labels; the files those --replica-metrics says)
         row = written_row(full, rollout_info.get("replicas_written"))
         with writing(self.run_dir / rundir.METRICS):
@@ -395,7 +411,7 @@ class Recorder:
             # (not redrawn here: the update below redraws it, with its new figures, as often as tqdm's
             # mininterval lets it, which a redraw at every update, thousands in a log, bypassed). While servers
             # are down or have not joined, it says which share of the fleet is missing, as the progress lines do.
-            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row))
+            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(row)
             bar.set_postfix_str(self.postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
@@ -494,6 +510,10 @@ def build_summary(
         "episodes_cut": counters.episodes_cut,
         "best_return": counters.best_return,
         "best_step": counters.best_step,
+        # --eval-every: the last evaluation's mean return, and the best one's (None: none ran)
+        "eval_return_mean": counters.eval_return_mean,
+        "best_eval_return": counters.best_eval_return,
+        "best_eval_step": counters.best_eval_step,
     }
     if faults is not None:
         summary.update(faults)

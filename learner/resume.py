@@ -87,6 +87,13 @@ class Counters:
     run's end; with --save-best, best.pt's (a resumed run takes it from the file)."""
     best_step: int | None = None
     """The step of that update (its nets are checkpoints/best.pt, with --save-best), or of the run's end."""
+    eval_return_mean: float | None = None
+    """--eval-every: the mean return of the last evaluation (None: none yet)."""
+    best_eval_return: float | None = None
+    """--eval-every: the highest mean return of an evaluation so far (its nets are checkpoints/best-eval.pt, with
+    --save-best)."""
+    best_eval_step: int | None = None
+    """The step of the update that evaluation ran at (None: none ran yet)."""
 
 
 def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:

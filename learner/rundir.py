@@ -36,6 +36,7 @@ except ImportError:  # (every platform but Windows)
 
 __all__ = [
     "BEST_CHECKPOINT",
+    "BEST_EVAL_CHECKPOINT",
     "CHECKPOINTS",
     "CONFIG",
     "LOCK",
@@ -370,6 +371,8 @@ def _cannot_write_there(run_dir: str | Path, err: OSError) -> ValueError:
 
 
 BEST_CHECKPOINT = "best.pt"
+BEST_EVAL_CHECKPOINT = "best-eval.pt"
+"""The nets of the run's best evaluation (--eval-every; not with --no-save-best)."""
 
 
 def checkpoint_path(run_dir: str | Path, global_step: int) -> Path:

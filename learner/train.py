@@ -59,6 +59,7 @@ from learner.checkpoint import (
     load_checkpoint,
     load_latest_readable,
     restore_rng,
+    save_best_checkpoint,
     save_checkpoint,
 )
 from learner.checkpointing import Checkpointer
@@ -84,6 +85,7 @@ from learner.fleetwatch import FAULT_COUNTS, FleetWatch, every_replica, replica_
 from learner.live_metrics import LearnerMetrics, serve_metrics
 from learner.local import label_of
 from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd, obs_normalizer
+from learner.periodic_eval import PeriodicEval, eval_fleet, open_eval_envs
 from learner.ppo import (
     Agent,
     Obs,
@@ -1521,14 +1523,24 @@ def _finish_update(
     pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]],
     recorder: Recorder,
     checkpointer: Checkpointer,
+    evaluator: PeriodicEval | None = None,
 ) -> None:
     """--overlap-update: wait for the update running in the background (``pending``: it, the rollout_info
-    of the rollout it learns from, and the state as of that rollout's end), then record it."""
+    of the rollout it learns from, and the state as of that rollout's end), then record it (evaluated first
+    where ``evaluator`` says one is due: the nets are that update's until the acting copy takes them)."""
     future, rollout_info, state = pending
     result = future.result()  # re-raises what the update raised
     # (its period: to the end of its rollout, the steps since being the next rollout's)
-    recorder.record(result, rollout_info, as_of=(rollout_info["ended_at"], rollout_info["global_step"]))
+    as_of = (rollout_info["ended_at"], rollout_info["global_step"])
+    recorder.record(result, rollout_info, as_of=as_of, evaluation=_evaluation(evaluator, rollout_info))
     checkpointer.finished(state)
+
+
+def _evaluation(evaluator: PeriodicEval | None, rollout_info: dict[str, Any]) -> dict[str, Any] | None:
+    """--eval-every: the eval/ columns of the update that learned from the rollout ``rollout_info`` describes,
+    evaluated now where one is due there (the nets just updated); None where none is."""
+    step = int(rollout_info["global_step"])
+    return evaluator.run(step) if evaluator is not None and evaluator.due(step) else None
 
 
 def _finish_last_update(
@@ -1536,12 +1548,13 @@ def _finish_last_update(
     recorder: Recorder,
     checkpointer: Checkpointer,
     on_update: Callable[[dict[str, Any]], object] | None,
+    evaluator: PeriodicEval | None = None,
 ) -> BaseException | None:
     """--overlap-update, at the run's end: wait for the update still running (``pending``, as for
     :func:`_finish_update`), record it and tell ``on_update``; what it raised (the update failed, logged; a
     second Ctrl-C came while waiting for it), or ``on_update`` did, else None."""
     try:
-        _finish_update(pending, recorder, checkpointer)
+        _finish_update(pending, recorder, checkpointer, evaluator)
     except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
         if not isinstance(err, KeyboardInterrupt):
             log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
@@ -1551,6 +1564,16 @@ def _finish_last_update(
     except BaseException as err:  # the caller's: the run ends with it, its files written
         return err
     return None
+
+
+def _save_best_eval(checkpointer: Checkpointer) -> Path:
+    """--eval-every: checkpoints/best-eval.pt of the nets as they are now, those of the best evaluation so far
+    (--save-best), with the run's state as of now (a checkpoint as ``learner eval`` reads one)."""
+    path = checkpointer.run_dir / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT
+    with writing(path, torch_save=True):
+        return save_best_checkpoint(
+            checkpointer.run_dir, checkpointer.payload(checkpointer.rollout_state()), rundir.BEST_EVAL_CHECKPOINT
+        )
 
 
 def _write_summary(run_dir: Path, summary: dict[str, Any], propagating: bool) -> bool:
@@ -1589,6 +1612,8 @@ class _Updater:
     rng: torch.Generator | None
     pending: tuple[concurrent.futures.Future[UpdateResult], dict[str, Any], dict[str, Any]] | None = None
     """--overlap-update: the update running in the background (see :func:`_finish_update`)."""
+    evaluator: PeriodicEval | None = None
+    """--eval-every: evaluates the nets after the updates it is due at, for their rows."""
 
     def update(self, batch: Batch, rollout_info: dict[str, Any], *, learning_rate: float, clip_coef: float) -> None:
         """Update the nets on ``batch``, of the rollout ``rollout_info`` describes; with --overlap-update, once the
@@ -1599,7 +1624,7 @@ class _Updater:
             # found while the batch is made leaves the nets as of the last update, checkpointed).
             checkpointer.updating = True
             result = ppo_update(agent, self.optimizer, batch, self.hp, learning_rate=learning_rate, clip_coef=clip_coef)
-            recorder.record(result, rollout_info)
+            recorder.record(result, rollout_info, evaluation=_evaluation(self.evaluator, rollout_info))
             checkpointer.finished(checkpointer.rollout_state())
             _tell(self.on_update, recorder)
             return
@@ -1607,7 +1632,7 @@ class _Updater:
         # takes its nets and collects the next rollout while this one's update runs.
         if self.pending is not None:
             in_flight, self.pending = self.pending, None
-            _finish_update(in_flight, recorder, checkpointer)
+            _finish_update(in_flight, recorder, checkpointer, self.evaluator)
             _tell(self.on_update, recorder)
         self.actor.load_state_dict(agent.state_dict())
         checkpointer.updating = True
@@ -1634,7 +1659,13 @@ class _Updater:
             return None
         in_flight, self.pending = self.pending, None
         # (on_update not while an error is on its way out: the run is over)
-        return _finish_last_update(in_flight, self.recorder, self.checkpointer, None if propagating else self.on_update)
+        return _finish_last_update(
+            in_flight,
+            self.recorder,
+            self.checkpointer,
+            None if propagating else self.on_update,
+            None if propagating else self.evaluator,
+        )
 
 
 _runs_in_process = 0
@@ -1763,6 +1794,10 @@ def train(
         env_id = str(getattr(envs, "env_id", None) or args.env)
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
+        eval_envs, eval_spec = None, None
+        if args.eval_every:  # (before the run dir: eval envs of another env or other spaces are refused)
+            eval_spec = eval_fleet(args, fleet, env_id)
+            eval_envs = stack.enter_context(open_eval_envs(eval_spec, env_id, envs))
         # Before the run dir: a refused env leaves none. (A resumed run has its network, however large.)
         check_trainable(envs.single_observation_space, envs.single_action_space, cnn_size=checkpoint is None)
         served = _served(args, envs)
@@ -1983,6 +2018,20 @@ def train(
             thread=update_thread,
             rng=update_rng,
         )
+        if eval_envs is not None and eval_spec is not None:
+            updater.evaluator = PeriodicEval(
+                args=args,
+                envs=eval_envs,
+                fleet=eval_spec,
+                agent=agent,
+                obs_rms=obs_rms,
+                device=device,
+                stop=stop_request,
+                counters=counters,
+                total_timesteps=hp.total_timesteps,
+                last_step=counters.global_step,
+                save_best=functools.partial(_save_best_eval, checkpointer) if args.save_best else None,
+            )
 
         try:
             while stop_reason is None:

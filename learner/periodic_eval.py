@@ -1,0 +1,173 @@
+"""``learner train --eval-every N``: the current policy evaluated every N env steps, as SB3's ``EvalCallback``
+(RL Zoo's ``--eval-freq``) does, on envs of its own.
+
+Training's returns are those of the stochastic policy, over episodes played by nets a few updates old; an
+evaluation plays ``--eval-episodes`` episodes of the current nets' deterministic policy (the mode of their
+distribution, as ``learner eval``), with the --norm-obs statistics as they are (applied, never updated), and
+reports the envs' own returns (no --clip-reward, no --norm-reward). The episodes are :func:`learner.evaluate`'s
+loop (:func:`~learner.evaluate.play_episodes`), on an extra local env server (the training servers' env,
+kwargs, wrappers and time limit), in process (--backend gym), or on --eval-servers (a run on --servers: a
+server serves one learner at a time, so the training fleet has no envs to lend).
+
+It leaves training as it would be without it: its envs are not the training envs, its seeds are far from
+theirs, the policy's mode draws nothing, and the random generators (Python's, NumPy's, torch's) are put back
+as they were after each evaluation in case anything drew; so a run with ``--eval-every`` learns exactly what the
+same run without it learns, and a resumed run evaluates at the same steps with the same seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from learner.checkpoint import capture_rng, restore_rng
+from learner.config import Args
+from learner.envs import FleetSpec, open_fleet
+from learner.errors import EnvFleetError
+from learner.evaluate import play_episodes, policy_of
+from learner.normalize import DictRunningMeanStd, RunningMeanStd
+from learner.ppo import Agent
+from learner.progress import StopRequest
+from learner.resume import Counters
+from learner.stats import format_returns, mean_of, spread_of
+
+__all__ = ["EVAL_COLUMNS", "EVAL_SEED_BASE", "PeriodicEval", "eval_fleet", "open_eval_envs"]
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED_BASE = 2**48
+"""Evaluation envs are reset with ``EVAL_SEED_BASE + --seed + global_step`` (env i: plus i): training's env i
+gets ``--seed + i`` (a resumed run ``--seed + global_step + i``), at most about 2**33, so the two never meet;
+each evaluation's seeds are its own (its step differs), and the same in a run resumed or repeated."""
+
+EVAL_COLUMNS = ("eval/return_mean", "eval/return_std", "eval/length_mean", "eval/episodes", "eval/seconds")
+"""The columns an evaluation adds to the metrics.jsonl row of the update it ran at."""
+
+
+def eval_fleet(args: Args, fleet: FleetSpec, env_id: str) -> FleetSpec:
+    """Where ``args``' evaluations run (``fleet``: the training envs', ``env_id`` their env): on --eval-servers,
+    else as the training envs are made (one more local server of the same env, kwargs, wrappers and time limit;
+    in process for --backend gym), with --eval-envs envs. Not fault-tolerant: an episode cut short by a lost
+    server is no sample of the return (the evaluation is then skipped, with a warning)."""
+    n = args.eval_num_envs()
+    if args.eval_servers is not None:
+        return dataclasses.replace(
+            fleet,
+            env=env_id,
+            servers=args.eval_servers,
+            backend="remote",
+            num_servers=1,
+            envs_per_server=n,
+            pipeline_groups=1,
+            fault_tolerant=False,
+        )
+    return dataclasses.replace(
+        fleet, env=env_id, num_servers=1, envs_per_server=n, pipeline_groups=1, fault_tolerant=False
+    )
+
+
+@contextlib.contextmanager
+def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv) -> Any:
+    """The evaluation envs ``spec`` says (closed when the block ends), checked to be the training ``envs``' env
+    (``env_id``) with their spaces: ValueError naming --eval-servers (or the envs) otherwise."""
+    with open_fleet(spec) as made:
+        served = getattr(made, "env_id", None)
+        where = f"--eval-servers: the servers at {spec.servers}" if spec.servers is not None else "the eval envs"
+        if served and served != env_id:
+            raise ValueError(f"{where} serve {served}, but the run trains on {env_id}; give servers of {env_id}")
+        for what in ("observation", "action"):
+            mine, theirs = getattr(envs, f"single_{what}_space"), getattr(made, f"single_{what}_space")
+            if str(mine) != str(theirs):
+                raise ValueError(
+                    f"{where} have {what}s {theirs}, but the training envs have {mine}: start them as the training "
+                    "servers (the same wrappers and env kwargs)"
+                )
+        yield made
+
+
+@dataclasses.dataclass(eq=False)
+class PeriodicEval:
+    """The evaluations of a run (--eval-every): :meth:`due` at an update, :meth:`run` there."""
+
+    args: Args
+    envs: gym.vector.VectorEnv
+    fleet: FleetSpec
+    agent: Agent
+    """The nets trained (the updated ones, not --overlap-update's acting copy)."""
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None
+    device: torch.device
+    stop: StopRequest
+    counters: Counters
+    total_timesteps: int
+    last_step: int
+    """The env steps of the last update recorded (a resumed run's: its checkpoint's): an evaluation is due at
+    the first update past each multiple of --eval-every."""
+    save_best: Callable[[], Path] | None
+    """Writes checkpoints/best-eval.pt of the nets as they are (None: --no-save-best)."""
+
+    def due(self, step: int) -> bool:
+        """Whether the update whose rollout ended at env step ``step`` is evaluated: the first at or past a
+        multiple of --eval-every, or the run's last (--total-timesteps reached) where an evaluation ran before
+        (this session or an earlier one)."""
+        every, last = self.args.eval_every, self.last_step
+        self.last_step = step
+        if step // every > last // every:
+            return True
+        return step >= self.total_timesteps and self.counters.best_eval_step is not None
+
+    def run(self, step: int) -> dict[str, Any]:
+        """Evaluate the nets as they are now, for the row of the update at env step ``step``: its eval/ columns
+        (:data:`EVAL_COLUMNS`); none where it was stopped (Ctrl-C: the run stops next, as during a rollout) or
+        an env failed (a warning: training goes on without it)."""
+        started = time.perf_counter()
+        rng = capture_rng()  # (put back after: nothing here may change what training draws next)
+        seed = EVAL_SEED_BASE + self.args.seed + step
+        policy = policy_of(self.agent, self.obs_rms, self.envs, self.device, deterministic=True)
+        try:
+            returns, lengths, cut = play_episodes(
+                self.envs, self.fleet, policy, self.args.eval_episodes, seed, self.stop, progress=False
+            )
+        except EnvFleetError as err:
+            log.warning("the evaluation at step %s failed, and is left out (training goes on): %s", f"{step:,}", err)
+            return {}
+        finally:
+            restore_rng(rng)
+        seconds = time.perf_counter() - started
+        if cut or not returns:
+            log.info("the evaluation at step %s was stopped: left out", f"{step:,}")
+            return {}
+        mean, std = mean_of(returns), spread_of(returns)
+        columns = {
+            "eval/return_mean": mean,
+            "eval/return_std": std,
+            "eval/length_mean": float(np.mean(lengths)),
+            "eval/episodes": len(returns),
+            "eval/seconds": round(seconds, 4),
+        }
+        log.info(
+            "eval at step %s: %s over %d episode%s, %.1f s",
+            f"{step:,}",
+            " +- ".join(format_returns(mean, std)),
+            len(returns),
+            "" if len(returns) == 1 else "s",
+            seconds,
+        )
+        counters = self.counters
+        counters.eval_return_mean = mean
+        best = counters.best_eval_return
+        if math.isfinite(mean) and (best is None or mean > best):
+            counters.best_eval_return, counters.best_eval_step = mean, step
+            if self.save_best is not None:
+                path = self.save_best()
+                log.debug("best evaluation so far (%s at step %d): %s", format_returns(mean)[0], step, path)
+        return columns

@@ -1,0 +1,222 @@
+"""``learner train --eval-every``: periodic evaluations of the current policy on envs of their own (an extra
+local server, in process, or --eval-servers), recorded beside training's figures, and leaving training as it
+would be without them. Tiny budgets, real local servers."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
+import torch
+
+from learner import rundir
+from learner.checkpoint import load_checkpoint
+from learner.config import Args
+from learner.evaluate import evaluate
+from learner.live_metrics import _metric_name
+from learner.periodic_eval import EVAL_COLUMNS, EVAL_SEED_BASE
+from learner.plot import _eval_points, plot_runs
+from learner.resume import like_args, resume_args
+from learner.train import train
+from tests.conftest import QUIET, StartServers
+from tests.test_train import _resumable
+
+TIMING = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
+"""A row's wall-clock columns, which differ between runs of the same trajectory."""
+
+
+def _cartpole(run: Path, **options: Any) -> Args:
+    """A CartPole run of 5 updates of 32 steps (1 local server x 2 envs x 16 steps)."""
+    values: dict[str, Any] = {
+        "env": "CartPole-v1",
+        "num_servers": 1,
+        "envs_per_server": 2,
+        "num_steps": 16,
+        "total_timesteps": 160,
+        "checkpoint_seconds": 0.0,
+        "run_dir": str(run),
+        **QUIET,
+    }
+    return Args(**{**values, **options})
+
+
+def _training_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without their wall-clock, eval/ and servers' (latencies, busy shares) columns: the trajectory the
+    run learned."""
+    dropped = ("eval/", "replicas/", "fleet/")
+    return [{k: v for k, v in row.items() if k not in TIMING and not k.startswith(dropped)} for row in rows]
+
+
+def test_evaluations_are_recorded_and_leave_the_training_trajectory_as_it_is(tmp_path: Path) -> None:
+    evaluated, plain = tmp_path / "evaluated", tmp_path / "plain"
+    summary = train(_cartpole(evaluated, eval_every=64, eval_episodes=3, eval_envs=2, tensorboard=True, plot=True))
+    train(_cartpole(plain))
+
+    rows = rundir.read_jsonl(evaluated / rundir.METRICS)
+    assert [r["global_step"] for r in rows] == [32, 64, 96, 128, 160]
+    # At the first update at or past each multiple of 64, and at the run's last update (one ran before).
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [64, 128, 160]
+    for row in rows:
+        if "eval/return_mean" in row:
+            assert set(EVAL_COLUMNS) <= set(row)
+            assert row["eval/episodes"] == 3 and row["eval/seconds"] > 0
+            # CartPole: a reward of 1 a step, so the (raw) return is the length.
+            assert row["eval/return_mean"] == row["eval/length_mean"] >= 8
+        else:
+            assert not any(key.startswith("eval/") for key in row)
+    # The same trajectory as the run without evaluations: the same losses, returns and steps.
+    assert _training_columns(rows) == _training_columns(rundir.read_jsonl(plain / rundir.METRICS))
+    a, b = (torch.load(rundir.list_checkpoints(run)[-1], weights_only=True) for run in (evaluated, plain))
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+    evals = [r for r in rows if "eval/return_mean" in r]
+    best = max(evals, key=lambda r: r["eval/return_mean"])
+    on_disk = rundir.read_json(evaluated / rundir.SUMMARY)
+    for found in (summary, on_disk):
+        assert found["eval_return_mean"] == evals[-1]["eval/return_mean"]
+        assert (found["best_eval_return"], found["best_eval_step"]) == (best["eval/return_mean"], best["global_step"])
+    plain_summary = rundir.read_json(plain / rundir.SUMMARY)
+    assert plain_summary["best_eval_return"] is plain_summary["best_eval_step"] is None
+    assert plain_summary["eval_return_mean"] is None
+    assert not (plain / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT).exists()
+
+    # best-eval.pt: the nets of the best evaluation, which learner eval reads as any checkpoint.
+    best_file = evaluated / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT
+    saved = load_checkpoint(best_file)
+    assert saved["counters"]["best_eval_step"] == best["global_step"]
+    assert saved["counters"]["global_step"] == best["global_step"]
+    # (its episodes again, seeded as that evaluation's were: the same deterministic returns)
+    again = evaluate(best_file, 3, num_envs=2, seed=EVAL_SEED_BASE + 1 + best["global_step"], progress=False)
+    assert again["return_mean"] == best["eval/return_mean"]
+
+    # TensorBoard: SB3's EvalCallback tags, at the steps evaluated.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(evaluated)).Reload()
+    assert [e.step for e in events.Scalars("eval/mean_reward")] == [64, 128, 160]
+    assert [e.value for e in events.Scalars("eval/mean_ep_length")] == pytest.approx(
+        [r["eval/length_mean"] for r in evals]
+    )
+    # learner plot marks them on the returns-by-steps panel.
+    assert _eval_points(evaluated) == ([64, 128, 160], [r["eval/return_mean"] for r in evals])
+    assert _eval_points(plain) == ([], [])
+    assert plot_runs([evaluated, plain], tmp_path / "both.png").is_file()
+    # --resume and --like carry the options.
+    assert resume_args(evaluated).eval_every == 64 and like_args(evaluated).eval_episodes == 3
+
+
+def test_no_save_best_leaves_best_eval_pt_out(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(_cartpole(run, eval_every=96, eval_episodes=1, total_timesteps=96, save_best=False))
+    assert summary["best_eval_step"] == 96
+    assert not (run / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT).exists()
+
+
+@pytest.mark.parametrize("overlap_update", [False, True])
+def test_in_process_runs_evaluate_in_process(tmp_path: Path, overlap_update: bool) -> None:
+    options: dict[str, Any] = {
+        "backend": "gym",
+        "num_servers": 1,
+        "envs_per_server": None,
+        "num_envs": 2,
+        "total_timesteps": 96,
+        "overlap_update": overlap_update,
+    }
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    summary = train(_cartpole(run, **options, eval_every=32, eval_episodes=2))
+    train(_cartpole(plain, **options))
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["eval/episodes"] for r in rows] == [2, 2, 2]
+    assert summary["best_eval_step"] in (32, 64, 96)
+    # (--overlap-update: evaluated once the update in the background is done, the nets its)
+    assert _training_columns(rows) == _training_columns(rundir.read_jsonl(plain / rundir.METRICS))
+
+
+def test_a_run_on_servers_evaluates_on_eval_servers(tmp_path: Path, start_servers: StartServers) -> None:
+    training = start_servers("CartPole-v1", 1, 2)
+    evaluating = start_servers("CartPole-v1", 1, 2)
+    run = tmp_path / "run"
+    summary = train(
+        Args(
+            servers=",".join(training),
+            eval_servers=",".join(evaluating),
+            eval_every=32,
+            eval_episodes=2,
+            num_steps=16,
+            total_timesteps=64,
+            run_dir=str(run),
+            **QUIET,
+        )
+    )
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["eval/episodes"] for r in rows] == [2, 2]
+    assert summary["eval_return_mean"] == rows[-1]["eval/return_mean"]
+    # Servers of another env are refused, naming the option, before the run dir is made.
+    other = start_servers("Acrobot-v1", 1, 1)
+    with pytest.raises(ValueError, match=r"--eval-servers: the servers at .* serve Acrobot-v1, but the run trains"):
+        train(
+            Args(
+                servers=",".join(training),
+                eval_servers=",".join(other),
+                eval_every=32,
+                num_steps=16,
+                total_timesteps=32,
+                run_dir=str(tmp_path / "refused"),
+                **QUIET,
+            )
+        )
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"servers": "localhost:1", "eval_every": 1000}, r"--eval-every: a run on --servers .* give --eval-servers"),
+        ({"eval_every": -1}, r"--eval-every: expected env steps >= 0 \(0: no evaluation\), got -1"),
+        ({"eval_episodes": 0}, r"--eval-episodes: expected an integer >= 1, got 0"),
+        ({"eval_envs": 0}, r"--eval-envs: expected an integer >= 1, got 0"),
+        ({"eval_servers": " , "}, r"--eval-servers: expected addresses"),
+        ({"backend": "gym", "eval_servers": "localhost:1"}, r"--eval-servers: .* cannot go with --backend gym"),
+    ],
+)
+def test_eval_options_are_checked_naming_the_option(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Args(**options)
+
+
+def test_eval_options_defaults_and_the_served_gauge() -> None:
+    assert Args().eval_every == 0 and Args().eval_num_envs() == 4
+    assert Args(eval_episodes=2).eval_num_envs() == 2 and Args(eval_envs=8, eval_episodes=20).eval_num_envs() == 8
+    assert _metric_name("eval/return_mean") == "envfleet_learner_eval_return_mean"
+    assert _metric_name("faults/servers_down") == "envfleet_learner_servers_down"
+
+
+def test_resuming_a_run_with_evaluations_gives_the_same_next_update_and_evaluation(tmp_path: Path) -> None:
+    # As test_train's resume test: a run killed after its second update (checkpoint at step 32) and resumed
+    # learns and evaluates as the uninterrupted one did (ClockEnv, Box actions, --norm-obs in use).
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 2}
+    full = tmp_path / "full"
+    train(Args(**common, run_dir=str(full)))
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    for checkpoint in rundir.list_checkpoints(part):
+        if checkpoint.name > "step-0000000032.pt":
+            checkpoint.unlink()
+    train(resume_args(part))
+
+    full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
+    assert [r["global_step"] for r in part_rows if "eval/return_mean" in r] == [16, 32, 48]
+    timing = (*TIMING, "eval/seconds")
+    for a, b in zip(full_rows, part_rows, strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+    a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (full, part))
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+    assert a["counters"]["best_eval_step"] == b["counters"]["best_eval_step"] is not None
