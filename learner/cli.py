@@ -1557,6 +1557,7 @@ def build_parser() -> argparse.ArgumentParser:
             "auth_token": CONNECTION_OPTIONS,
             "pipeline_groups": "the envs",
             "seed": "the run",
+            "eval_every": "evaluation while training (SB3's EvalCallback, RL Zoo's --eval-freq)",
             "track": "tracking with Weights & Biases (CleanRL's --track)",
             "preset": "PPO hyperparameters (unset: the preset's value)",
         },
