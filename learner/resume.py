@@ -518,12 +518,15 @@ def set_aside_newer(run_dir: Path, checkpoint_file: Path, checkpoint: dict[str, 
     from its latest checkpoint keeps a newer best.pt, written before it was killed). Called with the run dir held."""
     step = int(checkpoint["counters"]["global_step"])
     newer = [p for p in rundir.list_checkpoints(run_dir) if (rundir.checkpoint_step(p) or 0) > step]
-    best = run_dir / rundir.CHECKPOINTS / rundir.BEST_CHECKPOINT
-    # (only where a timeline is abandoned: a run killed after a best.pt newer than its last checkpoint keeps it)
-    if newer and best.is_file():
+    # (only where a timeline is abandoned: a run killed after a best.pt newer than its last checkpoint keeps it;
+    # best-eval.pt, --eval-every's best evaluation, alike)
+    for name, key in ((rundir.BEST_CHECKPOINT, "best_step"), (rundir.BEST_EVAL_CHECKPOINT, "best_eval_step")):
+        best = run_dir / rundir.CHECKPOINTS / name
+        if not (newer and best.is_file()):
+            continue
         try:
-            best_step = load_checkpoint(best)["counters"].get("best_step")
-        except UnreadableCheckpointError:  # (restore sets it aside as such)
+            best_step = load_checkpoint(best)["counters"].get(key)
+        except UnreadableCheckpointError:  # (restore sets best.pt aside as such; learner eval names best-eval.pt's)
             best_step = None
         if best_step is not None and best_step > step:
             newer.append(best)

@@ -4,10 +4,14 @@ would be without them. Tiny budgets, real local servers."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
@@ -16,6 +20,8 @@ import torch
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
+from learner.envs import FleetSpec, open_fleet
+from learner.errors import TrainingInterrupted
 from learner.evaluate import evaluate
 from learner.live_metrics import _metric_name
 from learner.periodic_eval import EVAL_COLUMNS, EVAL_SEED_BASE
@@ -23,7 +29,7 @@ from learner.plot import _eval_points, plot_runs
 from learner.resume import like_args, resume_args
 from learner.train import train
 from tests.conftest import QUIET, StartServers
-from tests.test_train import _resumable
+from tests.test_train import CtrlCAt, _resumable
 
 TIMING = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
 """A row's wall-clock columns, which differ between runs of the same trajectory."""
@@ -220,3 +226,52 @@ def test_resuming_a_run_with_evaluations_gives_the_same_next_update_and_evaluati
         assert torch.equal(tensor, b["model"][key]), key
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     assert a["counters"]["best_eval_step"] == b["counters"]["best_eval_step"] is not None
+
+
+def test_ctrl_c_during_an_evaluation_stops_the_run_as_during_a_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Ctrl-C comes at the 2nd step of the first evaluation (after update 1, step 16): the evaluation is left
+    # out, and the run stops there with the checkpoint of update 1, as a Ctrl-C in the next rollout would.
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 4}
+    full = tmp_path / "full"
+    train(Args(**common, run_dir=str(full)))
+
+    @contextlib.contextmanager
+    def interrupted_eval_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=2)
+
+    part = tmp_path / "part"
+    with monkeypatch.context() as patch:
+        patch.setattr("learner.periodic_eval.open_fleet", interrupted_eval_fleet)
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(Args(**common, run_dir=str(part)))
+    summary = stopped.value.summary
+    assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
+    assert summary["best_eval_step"] is None
+    assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
+    (row,) = rundir.read_jsonl(part / rundir.METRICS)
+    assert not any(key.startswith("eval/") for key in row)
+    # Resumed, it learns what the uninterrupted run learned (the evaluation at step 16 is not played again).
+    train(resume_args(part))
+    part_rows = rundir.read_jsonl(part / rundir.METRICS)
+    assert _training_columns(part_rows) == _training_columns(rundir.read_jsonl(full / rundir.METRICS))
+    assert [r["global_step"] for r in part_rows if "eval/return_mean" in r] == [32, 48]
+
+
+def test_the_served_gauge_is_the_last_evaluation_s_mean_return() -> None:
+    from prometheus_client import generate_latest
+
+    from learner.live_metrics import LearnerMetrics
+    from tests.test_learner_metrics import parse, row, value
+
+    metrics = LearnerMetrics(env_id="CartPole-v1", run_dir="runs/r")
+    metrics.observe_update(row(1, 3, []), solved=False)
+    samples, helps = parse(generate_latest(metrics.registry).decode())
+    assert math.isnan(value(samples, "envfleet_learner_eval_return_mean"))  # (none ran yet)
+    assert "--eval-every" in helps["envfleet_learner_eval_return_mean"]
+    metrics.observe_update({**row(2, 3, []), "eval/return_mean": 500.0}, solved=False)
+    metrics.observe_update(row(3, 3, []), solved=False)  # (not evaluated: the gauge keeps the last one)
+    samples, _ = parse(generate_latest(metrics.registry).decode())
+    assert value(samples, "envfleet_learner_eval_return_mean") == 500.0
