@@ -263,7 +263,8 @@ class Args:
     eval_episodes: int = field(default=10, metadata={"metavar": "N"})
     """episodes per evaluation (--eval-every), shared out over the --eval-envs as learner eval does"""
     eval_envs: int | None = field(default=None, metadata={"metavar": "N"})
-    """envs the evaluations step (default: 4, or --eval-episodes where fewer)"""
+    """envs the evaluations step (default: 4, or --eval-episodes where fewer); on --eval-servers, the envs those
+    servers host"""
     eval_servers: str | None = field(default=None, metadata={"metavar": "ADDRESSES"})
     """running env servers, of the run's env, to evaluate on (--eval-every), as --servers names them: needed
     by a run on --servers (a server serves one learner at a time, so the training fleet cannot lend its
