@@ -143,7 +143,13 @@ class LoopRunner:
             with self._running:
                 task: asyncio.Future[T] | None = None
                 try:
-                    task = asyncio.ensure_future(awaitable, loop=self.loop)
+                    # Scheduled whole or not at all: a Ctrl-C inside ensure_future (Python's signal handlers run
+                    # at its calls) could come after the task was made, or scheduled, but before it was ``task``
+                    # here; then closed below, it ran at the loop's next run on a closed coroutine ("Task
+                    # exception was never retrieved", or "Task was destroyed but it is pending!", logged).
+                    # Held, the interrupt is raised as the block ends, the task known: cancelled below.
+                    with interrupts.interrupts_held():
+                        task = asyncio.ensure_future(awaitable, loop=self.loop)
                     result = self.loop.run_until_complete(task)
                     # (an interrupt asked for as the call ended, its callback left for the loop's next run)
                     interrupts.raise_pending_interrupt(self.loop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _weakrefset
 import asyncio
 import gc
 import os
@@ -10,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import grpc
 import pytest
@@ -403,6 +406,60 @@ def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call(
     with pytest.raises(KeyboardInterrupt):
         runner.run(ends_with_an_interrupt_queued())
     assert runner.run(_a_later_call()) == "done"
+
+
+def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(runner: LoopRunner) -> None:
+    """A Ctrl-C handled at each Python call in turn of one ``run`` (where CPython runs a signal's handler: here
+    :func:`learner.interrupts.interrupt`, as take_ctrl_c's handler does, raising it at once or leaving it for the
+    loop): whatever the point, the call is not left scheduled to run at the loop's next run, and the loop logs
+    nothing. Raised inside ensure_future, after the task was made or scheduled but before ``_run_until_complete``
+    knew it, the call's coroutine was closed and its task ran at the next call all the same, "Task exception was
+    never retrieved" (RuntimeError: cannot reuse already awaited coroutine), or was destroyed pending ("Task was
+    destroyed but it is pending!"). (A Ctrl-C as ``run`` itself is entered leaves a coroutine never awaited, as it
+    would any function's argument: nothing was scheduled.)"""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("interrupts are held in the main thread only")
+    ran: list[int] = []
+    logged: list[str] = []
+    runner.loop.set_exception_handler(lambda _, context: logged.append(str(context.get("message"))))
+
+    async def call(point: int) -> None:
+        ran.append(point)
+        await asyncio.sleep(0)
+
+    weakref_file = _weakrefset.__file__
+    point, interrupted = 0, True
+    while interrupted:  # (until a point past the run's last call: it ran whole)
+        point += 1
+        calls = 0
+
+        def tracer(frame: FrameType, event: str, arg: object, at: int = point) -> None:
+            nonlocal calls
+            # (not in a WeakSet's callbacks, run as objects die: an interrupt there is Python's "Exception ignored")
+            if event == "call" and frame.f_code.co_filename != weakref_file:
+                calls += 1
+                if calls == at:
+                    learner.interrupts.interrupt()
+            return None
+
+        before = sys.gettrace()
+        with warnings.catch_warnings():  # (interrupted as run is entered: "coroutine ... was never awaited")
+            warnings.simplefilter("ignore", RuntimeWarning)
+            sys.settrace(tracer)
+            try:
+                runner.run(call(point))
+                interrupted = False
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(before)
+            gc.collect()  # (a task made but never scheduled says so as it is collected)
+        assert not [t for t in asyncio.all_tasks(runner.loop) if not t.done()], point
+        ran_before = list(ran)
+        assert runner.run(_a_later_call()) == "done"
+        assert ran == ran_before, f"the call interrupted at call {point} ran later, unseen"
+        assert logged == [], f"interrupted at call {point}"
+    assert point > 10  # (the test reached inside ensure_future)
 
 
 def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call(runner: LoopRunner) -> None:
