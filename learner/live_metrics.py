@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -61,7 +61,7 @@ ROW_GAUGES: dict[str, str] = {
     "eval/return_mean": "Mean return of the last evaluation (--eval-every: the deterministic policy over "
     "--eval-episodes episodes); NaN until one ran",
     "faults/servers_down": "Env servers down at the end of the last rollout (while every server is down, no rollout "
-    "ends: all of them, until the next update)",
+    "ends: all of them, until one answers steps again)",
     "faults/servers_not_joined": "Env servers listed at the start that have not joined the fleet yet",
 }
 """metrics.jsonl row keys exported as gauges (``envfleet_learner_<key>``, ``/`` dropped; ``update`` as
@@ -120,7 +120,7 @@ REPLICA_GAUGES: dict[str, tuple[str, float, str]] = {
         "available",
         1.0,
         "1 while the env server is up, 0 while it is down or, listed at the start, not joined yet (as of the end of "
-        "the last rollout; 0 for every server while all are down, until the next update)",
+        "the last rollout; 0 for every server while all are down, until one answers steps again)",
     ),
     "num_envs": ("envs", 1.0, "Envs the env server hosts"),
 }
@@ -344,11 +344,22 @@ class LearnerMetrics:
         """Every server of the fleet is down (``servers`` of them; see ``Recorder.fleet_down``): no update comes
         while it lasts, so the gauges an update sets would go on saying the fleet is up (``_servers_down`` 0,
         each replica's ``_available`` 1) through an outage of any length, where an alert on them should fire.
-        They say it now; the next update sets them from its row again."""
+        They say it now; :meth:`observe_fleet_up` as the first server is back, and the next update from its row."""
         self._gauges["faults/servers_down"].set(servers)
         available, _ = self._replica_gauges["available"]
         for replica in self._replicas:
             available.labels(replica).set(0)
+
+    def observe_fleet_up(self, up: Collection[str], servers_down: int) -> None:
+        """A server answers steps again after :meth:`observe_fleet_down` (``up``: those up now, by their labels;
+        ``servers_down``: the fleet's others): the gauges say so now, not "every server down" until the next
+        update, minutes away where a rollout is long (Atari's). Each replica the last update named is
+        ``_available`` 1 if it is up, else 0 (one that has left since included, until the next update's row
+        drops it)."""
+        self._gauges["faults/servers_down"].set(servers_down)
+        available, _ = self._replica_gauges["available"]
+        for replica in self._replicas:
+            available.labels(replica).set(int(replica in up))
 
     def _slowest_lately(self, replica: str, slowest: float) -> float:
         """The slowest round trip of ``replica`` over the rollouts of the last :data:`SLOWEST_WINDOW_S`, this

@@ -10,7 +10,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -367,8 +367,9 @@ class Recorder:
         ``evaluation``: the eval/ columns of an evaluation run at this update (--eval-every), added to its row."""
         counters, bar, live = self.counters, self.bar, self.live
         counters.update += 1
-        # (an update learns from a rollout some server stepped in: the fleet is not all down)
-        self.outage, self.outage_drawn = None, -math.inf
+        # (An outage is not over here: fleet_up ends it, at the first step a server answers, before any update
+        # of a rollout after it. --overlap-update records the update of the last rollout before it as the run
+        # ends, stopped or given up in it: ending it here, the bar's last state said nothing of it.)
         now = time.perf_counter()
         counters.seconds = now - self.start_time
         # sps: CleanRL's SPS, over this session; sps_update: over this update (since the last one's
@@ -405,6 +406,8 @@ class Recorder:
                 server_ids=rollout_info.get("server_ids"),
                 not_joined=rollout_info.get("not_joined", ()),
             )
+            if self.outage is not None:  # (--overlap-update's last: its row is from before the outage)
+                live.observe_fleet_down(self.outage[1])
         if bar is not None:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
             widget_total(bar)
@@ -433,7 +436,7 @@ class Recorder:
         now = time.perf_counter()
         if self.outage is None:
             self.outage = (now, servers, not_joined)
-            if self.live is not None:  # (--metrics-port: its gauges say it too, until the next update)
+            if self.live is not None:  # (--metrics-port: its gauges say it too, until fleet_up)
                 self.live.observe_fleet_down(servers)
         else:
             self.outage = (self.outage[0], servers, not_joined)
@@ -453,10 +456,15 @@ class Recorder:
             except BrokenPipeError:
                 self._stdout_gone()
 
-    def fleet_up(self) -> None:
+    def fleet_up(self, up: Collection[str], down: int) -> None:
         """A step found a server up again after :meth:`fleet_down`: the bar shows the last update's figures
-        again at once (not "waiting" until the next update); the lines go on at their period."""
+        again at once (not "waiting" until the next update); the lines go on at their period. ``up``: the servers
+        up now, as metrics name them (:meth:`~learner.fleetwatch.FleetWatch.label`), and ``down`` how many of the
+        fleet's are not: --metrics-port's gauges say so at once, not "every server down" until the next update,
+        which a rollout of slow envs (Atari's, a simulator's) puts minutes away."""
         self.outage, self.outage_drawn = None, -math.inf
+        if self.live is not None:
+            self.live.observe_fleet_up(up, down)
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix)
 

@@ -531,6 +531,18 @@ class _Drops:
         return True
 
 
+def _servers_up(envs: Any, watch: FleetWatch) -> tuple[list[str], int]:
+    """The fleet's servers up now, as metrics name them (``watch.label``), and how many of its others are down
+    (``faults/servers_down`` as the next update's row will count them): where a step finds a server back after
+    every one was down (``Recorder.fleet_up``)."""
+    addresses, slices = list(getattr(envs, "addresses", ())), list(getattr(envs, "env_slices", ()))
+    available = np.asarray(getattr(envs, "available", True), dtype=bool)
+    if available.ndim == 0 or len(slices) != len(addresses):  # (envs that do not say: none is counted down)
+        return [watch.label(address) for address in addresses], 0
+    up = [watch.label(address) for address, sl in zip(addresses, slices, strict=True) if available[sl].all()]
+    return up, len(addresses) - len(up)
+
+
 def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
     """Bool per env: its step gave no transition (``env_unavailable`` from a fault-tolerant fleet, or an
     ``env_error`` an env server isolated, which in-process envs built by env_server report too)."""
@@ -2143,7 +2155,7 @@ def train(
                             )
                             break
                     if recorder.outage is not None:  # (a server is up again: the bar shows its figures again)
-                        recorder.fleet_up()
+                        recorder.fleet_up(*_servers_up(envs, watch))
 
                     # (one NaN spreads through the advantages into the nets, and the next step's sampling fails
                     # with torch's "probability tensor contains ... nan")

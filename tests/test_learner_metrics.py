@@ -220,9 +220,10 @@ def test_a_listed_server_that_has_not_joined_is_available_0_until_it_does() -> N
     assert after(4, [replica_window("a:1")], []) == {"a:1": 1}  # (no longer listed)
 
 
-def test_while_every_server_is_down_the_gauges_say_so_until_the_next_update() -> None:
+def test_while_every_server_is_down_the_gauges_say_so_until_one_is_back() -> None:
     """No update comes while the whole fleet is down, and the gauges an update sets said servers_down 0 and each
-    replica available 1 for as long as the outage lasted: an alert on them never fired."""
+    replica available 1 for as long as the outage lasted: an alert on them never fired. The first server back
+    says so at once, the others still down."""
     metrics = LearnerMetrics()
 
     def gauges() -> tuple[float, dict[str, float]]:
@@ -235,7 +236,10 @@ def test_while_every_server_is_down_the_gauges_say_so_until_the_next_update() ->
     assert gauges() == (0, {"a:1": 1, "b:1": 1})
     metrics.observe_fleet_down(2)
     assert gauges() == (2, {"a:1": 0, "b:1": 0})
-    metrics.observe_update(row(2, 1, replicas), solved=False)  # (back: the next update's row says it again)
+    # (one back: said at once, not "every server down" until the next update, minutes away in a long rollout)
+    metrics.observe_fleet_up(["a:1"], 1)
+    assert gauges() == (1, {"a:1": 1, "b:1": 0})
+    metrics.observe_update(row(2, 1, replicas), solved=False)  # (both back: the next update's row says it)
     assert gauges() == (0, {"a:1": 1, "b:1": 1})
 
 

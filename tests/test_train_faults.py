@@ -321,7 +321,7 @@ def test_the_progress_lines_and_bar_say_while_servers_are_down_or_have_not_joine
         assert re.search(r", return [^,]+]$", drawn[-1]), drawn[-1]
 
 
-@pytest.mark.parametrize("shown", ["lines", "bar", "stopped"])
+@pytest.mark.parametrize("shown", ["lines", "bar", "stopped", "stopped_overlap"])
 def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     shown: str,
     spawn_server: SpawnServer,
@@ -335,8 +335,11 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     lasted: a program that looked hung. They say that the fleet is down and for how long, refreshed while it
     lasts, then the run goes on to its end, the bar showing its figures again. "stopped": the run is stopped
     (train()'s stop event, as Ctrl-C stops it) during the outage instead: it ends at once, the bar's last state
-    saying the fleet was down, no longer waiting. "lines" also serves --metrics-port and scrapes it during the
-    outage: its gauges say every server down (they said the fleet was whole, the last update's)."""
+    saying the fleet was down, no longer waiting; "stopped_overlap" so with --overlap-update, whose update of the
+    last rollout before the outage, recorded as the run ended, made the bar's last state the fleet's before it.
+    "lines" also serves --metrics-port and scrapes it during the outage: its gauges say every server down (they
+    said the fleet was whole, the last update's); and again as the first server is back: they say so at once (they
+    said every server down until the next update, minutes away where rollouts are long)."""
     import threading
     import urllib.request
 
@@ -345,6 +348,7 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     from learner import train as train_module
     from learner.config import Args
     from learner.live_metrics import LearnerMetrics
+    from learner.records import Recorder
     from learner.train import train
 
     servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
@@ -363,6 +367,16 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         return served[-1]
 
     monkeypatch.setattr(train_module, "serve_metrics", serving)
+    fleet_up = Recorder.fleet_up
+    back: list[str] = []  # (/metrics as the first step after the outage found a server up)
+
+    def scraped_as_back(recorder: Recorder, *args: Any) -> None:
+        fleet_up(recorder, *args)
+        if not back and served and served[0].url is not None:
+            with urllib.request.urlopen(served[0].url, timeout=10) as response:
+                back.append(response.read().decode())
+
+    monkeypatch.setattr(Recorder, "fleet_up", scraped_as_back)
 
     def back_later() -> None:
         time.sleep(3.0)
@@ -370,7 +384,7 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
             with urllib.request.urlopen(served[0].url, timeout=10) as response:
                 scraped.append(response.read().decode())
         time.sleep(1.0)
-        if shown == "stopped":
+        if shown.startswith("stopped"):
             stop.set()
             return
         outage.append(time.monotonic())
@@ -397,6 +411,7 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         seed=3,
         progress=None if shown == "lines" else True,
         metrics_port=0 if shown == "lines" else None,
+        overlap_update=shown == "stopped_overlap",
         plot=False,
         tensorboard=False,
         run_dir=str(tmp_path / "run"),
@@ -417,6 +432,10 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         assert "\nenvfleet_learner_servers_down 2.0\n" in text, text
         available = re.findall(r'^envfleet_learner_replica_available\{replica="[^"]+"\} (\S+)$', text, re.M)
         assert available == ["0.0", "0.0"], text
+        [text] = back  # (one server back at least; the other may be still to answer)
+        available = re.findall(r'^envfleet_learner_replica_available\{replica="[^"]+"\} (\S+)$', text, re.M)
+        down = re.search(r"^envfleet_learner_servers_down (\S+)$", text, re.M)
+        assert "1.0" in available and down and float(down[1]) == available.count("0.0") < 2, text
         first, last = lines.index(said[0]), lines.index(said[-1])
         assert all(waiting.search(line) for line in lines[first : last + 1]), lines  # (one outage)
         # (then the updates' lines again, as they were: "1 of 2 servers down" until the second server is back too)
@@ -428,7 +447,7 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         # (redrawn while it lasts, saying for how long: not the same frame, frozen)
         seconds = {int(match[1]) for frame in said if (match := waiting.search(frame)) and match[1]}
         assert len(seconds) >= 2, said
-    if shown == "stopped":
+    if shown.startswith("stopped"):
         assert summary["stop_reason"] == "stopped", summary
         assert re.search(r", all 2 servers down for \d+ s]$", drawn[-1]), drawn[-1]  # (over: no longer waiting)
         return
