@@ -157,10 +157,11 @@ class RemoteVecEnv(VecEnv):
             log.warning(
                 "RemoteVecEnv: %s start%s at a non-zero value, which SB3's policies do not take into account "
                 "(its env checker warns of it; DummyVecEnv's envs fail alike): they one-hot a Discrete or "
-                "MultiDiscrete observation from 0, so their highest values (start + n - 1) fail in torch's one_hot (\"Class "
-                'values must be smaller than num_classes"), and sample actions from 0, below start, which the '
-                "servers refuse. Serve the env with a wrapper that shifts them to start at 0 (learner train takes "
-                "such observations as they are)",
+                "MultiDiscrete observation as if it started at 0, so its values beyond n - 1 (a start above 0) or "
+                'below 0 (a start below 0) fail in torch\'s one_hot ("Class values must be smaller than num_classes", '
+                '"Class values must be non-negative"), and sample actions from 0 to n - 1, not from start to '
+                "start + n - 1: those outside the space the servers refuse. Serve the env with a wrapper that shifts "
+                "them to start at 0 (learner train takes such spaces as they are)",
                 ", ".join(starts),
                 "s" if len(starts) == 1 else "",
             )

@@ -171,3 +171,27 @@ def test_discrete_keys_of_a_non_zero_start_are_warned_of_by_name(
         caplog.clear()
         RemoteVecEnv(start_servers("tests.sb3_envs:ZeroStartCameraEnv", 1, 1, env_kwargs={"multi": True})).close()
         assert not [r for r in caplog.records if r.name == "learner.sb3"]
+
+
+def test_a_negative_start_is_warned_of_as_what_fails_there(
+    start_servers: StartServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DictEnv's mode is a Discrete(5, start=-2): SB3 one-hots it as if it started at 0, and what fails is its
+    values below 0, in torch's one_hot ("Class values must be non-negative"), none above. The warning said only
+    that "their highest values (start + n - 1)" fail ("smaller than num_classes") and that actions are sampled
+    "from 0, below start": both wrong for a negative start (SB3's actions then run past the space's top)."""
+    import gymnasium as gym
+    import torch
+    from stable_baselines3.common.preprocessing import preprocess_obs
+
+    from learner.sb3 import RemoteVecEnv
+
+    space = gym.spaces.Discrete(5, start=-2)
+    with pytest.raises(RuntimeError) as failed:  # (what SB3 does with its lowest value)
+        preprocess_obs(torch.tensor([-2]), space)
+    with caplog.at_level(logging.WARNING, logger="learner.sb3"):
+        RemoteVecEnv(start_servers("tests.envs:DictEnv", 1, 1)).close()
+    [warned] = [r.getMessage() for r in caplog.records if r.name == "learner.sb3"]
+    assert "observation['mode']: Discrete(5, start=-2) starts at a non-zero value" in warned, warned
+    assert str(failed.value).rstrip(".") in warned, warned
+    assert "below start" not in warned, warned
