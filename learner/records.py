@@ -336,7 +336,10 @@ class Recorder:
         self.start_time, self.session_start, self.session_start_step = start_time, session_start, session_start_step
         self.last_row: dict[str, Any] = {}
         self.last_record = (session_start, session_start_step)  # (time, env steps) as of the last update recorded
-        self.last_line: float | None = None  # (when the last line was printed; None: none yet, so the first update's)
+        self.last_line: float | None = None  # (when the last line was printed; None: none yet)
+        # (whether an update's line was printed: the first update's is at once, even a period after fleet_down's
+        # waiting line, printed before any update: else a short run's log showed no update's figures at all)
+        self.update_said = False
         self.postfix = ""  # (the bar's figures after its count, as of the last update)
         # While every server of the fleet is down (see fleet_down): since when (time.perf_counter()), the servers
         # down and those not joined; and when the bar was last redrawn to say so. None: the fleet is not all down.
@@ -417,8 +420,10 @@ class Recorder:
             self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(row)
             bar.set_postfix_str(self.postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
-        elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
-            self.last_line = now
+        elif self.progress_lines and (
+            not self.update_said or self.last_line is None or now - self.last_line >= self.line_every
+        ):
+            self.last_line, self.update_said = now, True
             try:
                 print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
             except BrokenPipeError:

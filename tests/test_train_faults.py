@@ -456,3 +456,54 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     if shown == "bar":
         last = max(i for i, frame in enumerate(drawn) if waiting.search(frame))
         assert drawn[last + 1 :] and not any("waiting" in frame for frame in drawn[last + 1 :]), drawn[last:]
+
+
+def test_a_fleet_down_before_the_first_update_still_has_that_update_printed_at_once(
+    spawn_server: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a terminal the first update's line is printed at once, the next ones a period (here 30 s) after the
+    last (PROGRESS_LINE_S). Both servers are killed as the run starts and started again 2 s later: the lines say
+    the fleet is down, waiting; then the first update's line came only a period after that waiting line (the
+    waiting line counted as the first), past the end of a run this short: a log showed no update at all."""
+    import threading
+
+    from learner import train as train_module
+    from learner.config import Args
+    from learner.train import train
+
+    monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 30.0)
+    servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
+
+    def back_later() -> None:
+        time.sleep(2.0)
+        for server in servers:
+            server.start()
+
+    helper = threading.Thread(target=back_later)
+
+    def on_start(config: dict[str, Any]) -> None:
+        for server in servers:
+            server.kill()
+        helper.start()
+
+    args = Args(
+        servers=",".join(server.address for server in servers),
+        num_steps=NUM_STEPS,
+        total_timesteps=2 * K * NUM_STEPS * 3,
+        timeout=2.0,
+        connect_timeout=2.0,
+        give_up_after=60,
+        seed=3,
+        plot=False,
+        tensorboard=False,
+        run_dir=str(tmp_path / "run"),
+    )
+    try:
+        summary = train(args, on_start=on_start)
+    finally:
+        if helper.ident is not None:
+            helper.join()
+    assert summary["stop_reason"] == "total_timesteps", summary
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert lines and lines[0].endswith(", waiting"), lines  # (the outage, before any update)
+    assert any(not line.endswith(", waiting") for line in lines[1:]), lines  # (then the first update's, at once)
