@@ -265,10 +265,13 @@ def fleet_down_note(servers: int, seconds: float, not_joined: int = 0, *, waitin
     (``learner train`` waits for one to come back, up to --give-up-after): ``all 2 servers down for 35 s, waiting``,
     ``the only server down for 3 min, waiting`` (``seconds``: since the loop found them all down; under a second,
     ``all 2 servers down, waiting``), then the listed servers that have not joined, as fleet_note says them
-    (``all 2 servers down for 35 s, 1 not joined, waiting``). ``waiting``: False for the bar's last state, a run
+    (``all 2 servers down for 35 s, 1 not joined, waiting``; ``1 of 1 server down ..., 2 not joined``, not "the
+    only server", which read as a fleet of one). ``waiting``: False for the bar's last state, a run
     stopped (Ctrl-C) or given up in the outage. Else no update came while it lasted, and the bar (and the lines)
     went on showing the last update's figures, frozen, for minutes: a program that looked hung."""
-    who = "the only server" if servers == 1 else f"all {servers} servers" if servers else "every server"
+    # (one server joined of several listed: "1 of 1 server", as fleet_note says it, not "the only server")
+    only = "1 of 1 server" if not_joined else "the only server"
+    who = only if servers == 1 else f"all {servers} servers" if servers else "every server"
     said = f"{who} down" if seconds < 1 else f"{who} down for {_duration(seconds)}"
     if not_joined:
         said += f", {not_joined} not joined"

@@ -357,6 +357,11 @@ def test_while_every_server_is_down_the_bar_and_the_lines_say_how_long_the_fleet
     assert fleet_down_note(2, 35.2) == "all 2 servers down for 35 s, waiting"
     assert fleet_down_note(1, 185.0) == "the only server down for 3 min, waiting"
     assert fleet_down_note(3, 35.2, 1) == "all 3 servers down for 35 s, 1 not joined, waiting"
+    # (one joined of three listed: not "the only server", as if the fleet had one; as fleet_note says it)
+    assert fleet_down_note(1, 35.2, 2) == "1 of 1 server down for 35 s, 2 not joined, waiting"
+    assert fleet_note({"faults/servers_down": 1, "fleet/servers": 0, "faults/servers_not_joined": 2}) == (
+        "1 of 1 server down, 2 not joined"
+    )
     assert fleet_down_note(2, 60.0, waiting=False) == "all 2 servers down for 60 s"  # (the bar's last state)
     row = {"global_step": 8_960, "episodic_return_mean": 151.9, "sps": 1_041.0, "seconds": 8.6}
     note = fleet_down_note(2, 20.0)
