@@ -55,7 +55,8 @@ ROW_GAUGES: dict[str, str] = {
     "explained_variance": "Explained variance of the value function in the last update's batch",
     "learning_rate": "Learning rate of the last update",
     "num_envs": "Envs in the fleet during the last update's rollout",
-    "envs_unavailable": "Envs unavailable (their server down, or their env raising) at the end of the last rollout",
+    "envs_unavailable": "Envs unavailable (their server down, or their env raising) at the end of the last rollout "
+    "(while every server is down, no rollout ends: all of them, until one answers steps again)",
     "rollout_seconds": "Seconds the last update's rollout took to collect",
     "update_seconds": "Seconds the last update's optimisation took",
     "eval/return_mean": "Mean return of the last evaluation (--eval-every: the deterministic policy over "
@@ -340,23 +341,28 @@ class LearnerMetrics:
         self._solved.set(int(solved))
         self._last_update.set(time.time())
 
-    def observe_fleet_down(self, servers: int) -> None:
+    def observe_fleet_down(self, servers: int, envs: int | None = None) -> None:
         """Every server of the fleet is down (``servers`` of them; see ``Recorder.fleet_down``): no update comes
         while it lasts, so the gauges an update sets would go on saying the fleet is up (``_servers_down`` 0,
         each replica's ``_available`` 1) through an outage of any length, where an alert on them should fire.
-        They say it now; :meth:`observe_fleet_up` as the first server is back, and the next update from its row."""
+        They say it now (``_envs_unavailable``: ``envs``, every env of the fleet, where given);
+        :meth:`observe_fleet_up` as the first server is back, and the next update from its row."""
         self._gauges["faults/servers_down"].set(servers)
+        if envs is not None:
+            self._gauges["envs_unavailable"].set(envs)
         available, _ = self._replica_gauges["available"]
         for replica in self._replicas:
             available.labels(replica).set(0)
 
-    def observe_fleet_up(self, up: Collection[str], servers_down: int) -> None:
+    def observe_fleet_up(self, up: Collection[str], servers_down: int, envs_unavailable: int | None = None) -> None:
         """A server answers steps again after :meth:`observe_fleet_down` (``up``: those up now, by their labels;
         ``servers_down``: the fleet's others): the gauges say so now, not "every server down" until the next
         update, minutes away where a rollout is long (Atari's). Each replica the last update named is
         ``_available`` 1 if it is up, else 0 (one that has left since included, until the next update's row
-        drops it)."""
+        drops it); ``_envs_unavailable`` the envs of the servers still down, where given."""
         self._gauges["faults/servers_down"].set(servers_down)
+        if envs_unavailable is not None:
+            self._gauges["envs_unavailable"].set(envs_unavailable)
         available, _ = self._replica_gauges["available"]
         for replica in self._replicas:
             available.labels(replica).set(int(replica in up))

@@ -344,6 +344,7 @@ class Recorder:
         # While every server of the fleet is down (see fleet_down): since when (time.perf_counter()), the servers
         # down and those not joined; and when the bar was last redrawn to say so. None: the fleet is not all down.
         self.outage: tuple[float, int, int] | None = None
+        self.outage_envs: int | None = None  # (the fleet's envs, all unavailable during it; None: not known)
         self.outage_drawn = -math.inf
 
     def episode(self, global_step: int, ep_return: Any, ep_length: Any) -> None:
@@ -410,7 +411,7 @@ class Recorder:
                 not_joined=rollout_info.get("not_joined", ()),
             )
             if self.outage is not None:  # (--overlap-update's last: its row is from before the outage)
-                live.observe_fleet_down(self.outage[1])
+                live.observe_fleet_down(self.outage[1], self.outage_envs)
         if bar is not None:
             bar.total = max(bar.total, counters.global_step)  # the last rollout may run past it
             widget_total(bar)
@@ -429,8 +430,9 @@ class Recorder:
             except BrokenPipeError:
                 self._stdout_gone()
 
-    def fleet_down(self, servers: int, not_joined: int) -> None:
-        """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined): the loop calls
+    def fleet_down(self, servers: int, not_joined: int, envs: int | None = None) -> None:
+        """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined; ``envs``: the
+        fleet's envs, every one unavailable, for --metrics-port's gauges): the loop calls
         this each time it finds so, once per step that waits for one to come back (at most a second: see
         RemoteVectorEnv's "Every server down"), until a step finds one up (:meth:`fleet_up`). No step counts and no
         update is recorded meanwhile, so the bar would stay frozen on the last update's figures: it says instead
@@ -439,10 +441,11 @@ class Recorder:
         bar, a line says it at the lines' own period (``line_every`` after the last one). The waiting step
         itself redraws: no thread of its own."""
         now = time.perf_counter()
+        self.outage_envs = envs
         if self.outage is None:
             self.outage = (now, servers, not_joined)
             if self.live is not None:  # (--metrics-port: its gauges say it too, until fleet_up)
-                self.live.observe_fleet_down(servers)
+                self.live.observe_fleet_down(servers, envs)
         else:
             self.outage = (self.outage[0], servers, not_joined)
         note = fleet_down_note(servers, now - self.outage[0], not_joined)
@@ -461,15 +464,16 @@ class Recorder:
             except BrokenPipeError:
                 self._stdout_gone()
 
-    def fleet_up(self, up: Collection[str], down: int) -> None:
+    def fleet_up(self, up: Collection[str], down: int, envs_unavailable: int | None = None) -> None:
         """A step found a server up again after :meth:`fleet_down`: the bar shows the last update's figures
         again at once (not "waiting" until the next update); the lines go on at their period. ``up``: the servers
         up now, as metrics name them (:meth:`~learner.fleetwatch.FleetWatch.label`), and ``down`` how many of the
         fleet's are not: --metrics-port's gauges say so at once, not "every server down" until the next update,
-        which a rollout of slow envs (Atari's, a simulator's) puts minutes away."""
+        which a rollout of slow envs (Atari's, a simulator's) puts minutes away (``envs_unavailable``: those of
+        the servers still down)."""
         self.outage, self.outage_drawn = None, -math.inf
         if self.live is not None:
-            self.live.observe_fleet_up(up, down)
+            self.live.observe_fleet_up(up, down, envs_unavailable)
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix)
 

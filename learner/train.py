@@ -531,16 +531,16 @@ class _Drops:
         return True
 
 
-def _servers_up(envs: Any, watch: FleetWatch) -> tuple[list[str], int]:
-    """The fleet's servers up now, as metrics name them (``watch.label``), and how many of its others are down
-    (``faults/servers_down`` as the next update's row will count them): where a step finds a server back after
-    every one was down (``Recorder.fleet_up``)."""
+def _servers_up(envs: Any, watch: FleetWatch) -> tuple[list[str], int, int]:
+    """The fleet's servers up now, as metrics name them (``watch.label``), how many of its others are down
+    (``faults/servers_down`` as the next update's row will count them) and their envs: where a step finds a server
+    back after every one was down (``Recorder.fleet_up``)."""
     addresses, slices = list(getattr(envs, "addresses", ())), list(getattr(envs, "env_slices", ()))
     available = np.asarray(getattr(envs, "available", True), dtype=bool)
     if available.ndim == 0 or len(slices) != len(addresses):  # (envs that do not say: none is counted down)
-        return [watch.label(address) for address in addresses], 0
+        return [watch.label(address) for address in addresses], 0, 0
     up = [watch.label(address) for address, sl in zip(addresses, slices, strict=True) if available[sl].all()]
-    return up, len(addresses) - len(up)
+    return up, len(addresses) - len(up), int((~available).sum())
 
 
 def unavailable_envs(infos: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -2151,7 +2151,9 @@ def train(
                             fleet_down = True
                             # (no update comes while it lasts: the bar, or a line at their period, says so)
                             recorder.fleet_down(
-                                len(getattr(envs, "addresses", ())), len(getattr(envs, "servers_not_joined", ()))
+                                len(getattr(envs, "addresses", ())),
+                                len(getattr(envs, "servers_not_joined", ())),
+                                num_envs,
                             )
                             break
                     if recorder.outage is not None:  # (a server is up again: the bar shows its figures again)

@@ -226,21 +226,23 @@ def test_while_every_server_is_down_the_gauges_say_so_until_one_is_back() -> Non
     says so at once, the others still down."""
     metrics = LearnerMetrics()
 
-    def gauges() -> tuple[float, dict[str, float]]:
+    def gauges() -> tuple[float, dict[str, float], float]:
         samples, _ = parse(generate_latest(metrics.registry).decode())
         available = {dict(labels)["replica"]: v for (name, labels), v in samples.items() if name.endswith("_available")}
-        return value(samples, "envfleet_learner_servers_down"), available
+        envs = value(samples, "envfleet_learner_envs_unavailable")
+        return value(samples, "envfleet_learner_servers_down"), available, envs
 
     replicas = [replica_window("a:1"), replica_window("b:1")]
-    metrics.observe_update(row(1, 1, replicas), solved=False)
-    assert gauges() == (0, {"a:1": 1, "b:1": 1})
-    metrics.observe_fleet_down(2)
-    assert gauges() == (2, {"a:1": 0, "b:1": 0})
+    metrics.observe_update({**row(1, 1, replicas), "envs_unavailable": 0}, solved=False)
+    assert gauges() == (0, {"a:1": 1, "b:1": 1}, 0)
+    metrics.observe_fleet_down(2, 8)
+    assert gauges() == (2, {"a:1": 0, "b:1": 0}, 8)
     # (one back: said at once, not "every server down" until the next update, minutes away in a long rollout)
-    metrics.observe_fleet_up(["a:1"], 1)
-    assert gauges() == (1, {"a:1": 1, "b:1": 0})
-    metrics.observe_update(row(2, 1, replicas), solved=False)  # (both back: the next update's row says it)
-    assert gauges() == (0, {"a:1": 1, "b:1": 1})
+    metrics.observe_fleet_up(["a:1"], 1, 4)
+    assert gauges() == (1, {"a:1": 1, "b:1": 0}, 4)
+    # (both back: the next update's row says it)
+    metrics.observe_update({**row(2, 1, replicas), "envs_unavailable": 0}, solved=False)
+    assert gauges() == (0, {"a:1": 1, "b:1": 1}, 0)
 
 
 def test_a_resumed_run_is_not_said_unsolved_while_it_starts() -> None:

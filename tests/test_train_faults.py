@@ -432,10 +432,12 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         assert "\nenvfleet_learner_servers_down 2.0\n" in text, text
         available = re.findall(r'^envfleet_learner_replica_available\{replica="[^"]+"\} (\S+)$', text, re.M)
         assert available == ["0.0", "0.0"], text
+        assert f"\nenvfleet_learner_envs_unavailable {2 * K}.0\n" in text, text  # (every env, as every server)
         [text] = back  # (one server back at least; the other may be still to answer)
         available = re.findall(r'^envfleet_learner_replica_available\{replica="[^"]+"\} (\S+)$', text, re.M)
         down = re.search(r"^envfleet_learner_servers_down (\S+)$", text, re.M)
         assert "1.0" in available and down and float(down[1]) == available.count("0.0") < 2, text
+        assert f"\nenvfleet_learner_envs_unavailable {K * available.count('0.0')}.0\n" in text, text
         first, last = lines.index(said[0]), lines.index(said[-1])
         assert all(waiting.search(line) for line in lines[first : last + 1]), lines  # (one outage)
         # (then the updates' lines again, as they were: "1 of 2 servers down" until the second server is back too)
