@@ -71,6 +71,9 @@ class FleetSpec:
     """The client certificate (PEM file) for servers that require one (see RemoteVectorEnv)."""
     tls_client_key: str | None = None
     """Its private key (PEM file)."""
+    label_prefix: str = "local"
+    """How local servers are named (LocalServers(label_prefix=...)): ``local-0``, ... for training's, ``eval-0``
+    for ``learner train --eval-every``'s evaluation server (running beside them, told apart in log lines)."""
 
     def describe(self) -> str:
         extras = (f", wrappers {','.join(self.wrappers)}" if self.wrappers else "") + (
@@ -168,6 +171,7 @@ def open_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
                 # (envs that take long to build: --connect-timeout, "raise it where servers take a while
                 # to come up", covers the servers started here too)
                 startup_timeout=max(STARTUP_TIMEOUT_S, spec.connect_timeout),
+                label_prefix=spec.label_prefix,
             )
             stack.callback(servers.close)
             addresses = servers.addresses

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import inspect
 import itertools
 import json
@@ -164,12 +165,20 @@ def _check_arguments(given: dict[str, Any]) -> list[str]:
         raise InvalidArgumentTypeError(f"server_args: expected a list of strings, got {server_args!r}")
     if not isinstance(given["env_kwargs"], dict | None):
         raise InvalidArgumentTypeError(f"env_kwargs: expected a dict or None, got {given['env_kwargs']!r}")
+    if not (isinstance(given["label_prefix"], str) and _LABEL_PREFIX.fullmatch(given["label_prefix"])):
+        raise InvalidArgumentError(
+            f"label_prefix: expected letters, digits, '_' or '-' (such as 'local' or 'eval'), got "
+            f"{given['label_prefix']!r}"
+        )
     if not isinstance(given["auth_token"], str | None):
         raise InvalidArgumentTypeError(
             f"auth_token: expected a string or None, got {type(given['auth_token']).__name__}"
         )
     return listed
 
+
+# What a label prefix may be: a word (it names loggers, env_server[eval-0], where a dot would make a child of another).
+_LABEL_PREFIX = re.compile(r"[A-Za-z0-9_-]+")
 
 THREADS_PER_SERVER = 8
 """Threads an env server holds at least (an idle one of CartPole on 4 envs: 11, gRPC's, its step socket's, its
@@ -284,8 +293,8 @@ class LocalServers:
     down (logged as an error).
 
     While they run, this process's lines and errors about them (a ``RemoteVectorEnv``'s: lost, back, slow
-    to answer) name them ``local-0``, ``local-1``, ... (:func:`label_of`), as their forwarded lines do, not
-    by their addresses, which are new each time.
+    to answer) name them ``local-0``, ``local-1``, ... (:func:`label_of`; ``label_prefix`` says the word
+    before the number), as their forwarded lines do, not by their addresses, which are new each time.
 
     Linux and macOS only: on Windows, ServerStartError saying what to do instead.
 
@@ -326,6 +335,10 @@ class LocalServers:
         hang_timeout: the servers' ``--hang-timeout``: a server whose env call (step or reset) has run
             this many seconds exits, and is started again as one that died (a hung env call can be
             neither stopped nor waited out); 0: never. ``server_args`` may give another.
+        label_prefix: the word the servers' labels start with (:func:`server_label`): ``"local"`` names
+            them ``local-0``, ``local-1``, ...; a second LocalServers running beside another may be told
+            apart by its own (``learner train --eval-every``'s evaluation server is ``eval-0``: its log
+            lines, errors and forwarded ``env_server[eval-0]`` lines, where both would read ``local-0``).
     """
 
     def __init__(
@@ -344,6 +357,7 @@ class LocalServers:
         spin_wait_ms: float | None = None,
         restarts: int = 5,
         hang_timeout: float = HANG_TIMEOUT_S,
+        label_prefix: str = "local",
     ) -> None:
         if _ON_WINDOWS:
             raise ServerStartError(_NO_LOCAL_SERVERS)
@@ -355,7 +369,8 @@ class LocalServers:
         if transport == "tcp" and not any(a == "--host" or a.startswith("--host=") for a in server_args):
             _check_ipv4_loopback()
         self.addresses: list[str] = []
-        self._children = _Children(env, _server_environ(auth_token))
+        self._children = _Children(env, _server_environ(auth_token), label_prefix)
+        label = self._children.label
         self._procs = self._children.procs
         self._socket_dir = None
         lock = None
@@ -372,9 +387,9 @@ class LocalServers:
             "--parent-pid",
             str(os.getpid()),
             "--log-level",
-            log_level or _forwarded_level(),
+            log_level or _forwarded_level(label_prefix),
             "--log-format",
-            log_format or _forwarded_format(),
+            log_format or _forwarded_format(label_prefix),
         ]
         if env_kwargs:
             base += ["--env-kwargs", json.dumps(env_kwargs)]
@@ -396,7 +411,7 @@ class LocalServers:
                     self._children.spawn(i)
                 except (OSError, RuntimeError) as err:  # (was a traceback: a program it may not run, no process left)
                     raise ServerStartError(
-                        f"env server {server_label(i)} for {env!r}: cannot start it ({base[0]}): {_start_failure(err)}"
+                        f"env server {label(i)} for {env!r}: cannot start it ({base[0]}): {_start_failure(err)}"
                     ) from err
             self.addresses = self._wait_ready(startup_timeout)
         except BaseException:
@@ -424,9 +439,9 @@ class LocalServers:
             "" if num_servers == 1 else "s",
             envs_per_server,
             env,
-            f"{server_label(0)} to {server_label(num_servers - 1)} in {self._socket_dir} (server-N.sock)"
+            f"{label(0)} to {label(num_servers - 1)} in {self._socket_dir} (server-N.sock)"
             if self._socket_dir and num_servers > 2  # (64 paths were a line of 4,000 characters)
-            else ", ".join(f"{server_label(i)} on {address}" for i, address in enumerate(self.addresses)),
+            else ", ".join(f"{label(i)} on {address}" for i, address in enumerate(self.addresses)),
         )
 
     def _wait_ready(self, timeout: float) -> list[str]:
@@ -458,7 +473,7 @@ class LocalServers:
                 if remaining <= 0:
                     late = [i for i, a in enumerate(addresses) if a is None]
                     raise ServerStartError(
-                        f"env server{'s' if len(late) > 1 else ''} {_labels(late)} for "
+                        f"env server{'s' if len(late) > 1 else ''} {_labels(late, self._children.prefix)} for "
                         f"{self.env!r} did not start listening within {timeout:g} s (envs "
                         f"that take long to build: raise startup_timeout; learner train and eval: --connect-timeout); last "
                         f"output: {self._tail(late[0])}"
@@ -474,7 +489,8 @@ class LocalServers:
                         line = buffers[i].split(b"\n", 1)[0].decode(errors="replace").strip()
                         if not line.startswith("listening on "):
                             raise ServerStartError(
-                                f"env server {server_label(i)} printed {line!r} instead of 'listening on ADDRESS'"
+                                f"env server {self._children.label(i)} printed {line!r} instead of 'listening on "
+                                "ADDRESS'"
                             )
                         addresses[i] = line[len("listening on ") :]
                         self._children.listening[i] = True
@@ -486,7 +502,7 @@ class LocalServers:
                         self._children.readers[i].join(timeout=2.0)
                         tail = self._tail(i)
                         raise ServerStartError(
-                            f"env server {server_label(i)} for {self.env!r} {_exit_status(proc.returncode)} before "
+                            f"env server {self._children.label(i)} for {self.env!r} {_exit_status(proc.returncode)} before "
                             f"listening: {tail}" + (_SILENT_HINT if tail == _NOTHING else "")
                         )
         finally:
@@ -723,9 +739,11 @@ class _Children:
     """The server processes of a LocalServers, shared with its supervisor thread and its finalizer
     (neither may hold the LocalServers itself: it could then never be collected)."""
 
-    def __init__(self, env: str, environ: dict[str, str] | None) -> None:
+    def __init__(self, env: str, environ: dict[str, str] | None, prefix: str = "local") -> None:
         self.env = env
         self.environ = environ
+        self.prefix = prefix
+        """The word the servers' labels start with (LocalServers' ``label_prefix``)."""
         self.cmds: list[list[str]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tails: list[collections.deque[_Line]] = []
@@ -739,6 +757,10 @@ class _Children:
         self.closing = threading.Event()
         # Servers the supervisor left down (they died too often), by address: how the last one ended.
         self.left_down: dict[str, str] = {}
+
+    def label(self, index: int) -> str:
+        """Server ``index``'s label (:func:`server_label` with this supervisor's prefix): ``local-0``."""
+        return server_label(index, self.prefix)
 
     def spawn(self, index: int) -> subprocess.Popen[bytes] | None:
         """Start server ``index`` (again); None once closing."""
@@ -757,7 +779,10 @@ class _Children:
             )
             tail: collections.deque[_Line] = collections.deque(maxlen=20)
             reader = threading.Thread(
-                target=_forward_stderr, args=(proc, index, tail), daemon=True, name=f"env-server-{index}-stderr"
+                target=_forward_stderr,
+                args=(proc, index, tail, self.prefix),
+                daemon=True,
+                name=f"env-server-{index}-stderr",
             )
             try:
                 reader.start()
@@ -854,7 +879,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                         restart_at[i] = now + min(RESTART_BACKOFF_S * 2 ** len(started[i]), 8.0)
                     log.error(
                         "env server %s (%s): cannot start it again: %s%s",
-                        server_label(i),
+                        children.label(i),
                         address,
                         _start_failure(err),
                         "; leaving it down" if i in left_down else "",
@@ -870,7 +895,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 if line == f"listening on {address}":
                     del starting[i]
                     children.listening[i] = True
-                    log.info("env server %s is back on %s (started again)", server_label(i), address)
+                    log.info("env server %s is back on %s (started again)", children.label(i), address)
                     continue
                 if line is None and proc.poll() is None and now < deadline:
                     starting[i] = (deadline, output)
@@ -905,7 +930,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
                 log.error(
                     "env server %s (%s) %s; it was started again %d times within %g s: leaving it down "
                     "(its envs stay unavailable)%s",
-                    server_label(i),
+                    children.label(i),
                     address,
                     died,
                     len(started[i]),
@@ -918,7 +943,7 @@ def _supervise(children: _Children, addresses: list[str], restarts: int, startup
             log.warning(
                 "env server %s (%s) %s; starting it again on the same address in %g s (restart %d of at most %d "
                 "within %g s)%s",
-                server_label(i),
+                children.label(i),
                 address,
                 died,
                 wait,
@@ -1057,8 +1082,10 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _labels(indices: Sequence[int]) -> str:
-    """The labels of the servers ``indices`` (ascending), runs of three or more as ``local-0 to local-31``."""
+def _labels(indices: Sequence[int], prefix: str = "local") -> str:
+    """The labels of the servers ``indices`` (ascending; their labels' ``prefix``), runs of three or more as
+    ``local-0 to local-31``."""
+    label = functools.partial(server_label, prefix=prefix)
     runs: list[list[int]] = []
     for i in indices:
         if runs and i == runs[-1][-1] + 1:
@@ -1066,16 +1093,16 @@ def _labels(indices: Sequence[int]) -> str:
         else:
             runs.append([i])
     return ", ".join(
-        f"{server_label(run[0])} to {server_label(run[-1])}" if len(run) > 2 else ", ".join(map(server_label, run))
-        for run in runs
+        f"{label(run[0])} to {label(run[-1])}" if len(run) > 2 else ", ".join(map(label, run)) for run in runs
     )
 
 
-def server_label(index: int) -> str:
+def server_label(index: int, prefix: str = "local") -> str:
     """How the learner names the ``index``-th server it started: ``local-0``, as its metrics do (the
     ``replica`` label, metrics.jsonl's ``replicas/local-0/...``: learner.fleetwatch), its log lines and
-    those forwarded from it; its address is new each session, its place is not."""
-    return f"local-{index}"
+    those forwarded from it; its address is new each session, its place is not. ``prefix``: that of a
+    LocalServers started with another ``label_prefix`` (``eval-0``: learner train --eval-every's)."""
+    return f"{prefix}-{index}"
 
 
 # The servers of the LocalServers running in this process, by address: their label (server_label) and
@@ -1112,7 +1139,7 @@ def _name_servers(children: _Children, addresses: Sequence[str]) -> None:
     """Have :func:`label_of` name ``children``'s servers, at ``addresses``, by their labels (a restart keeps
     its address, and so its name)."""
     for i, address in enumerate(addresses):
-        _LABELS[address] = (server_label(i), children)
+        _LABELS[address] = (children.label(i), children)
 
 
 def _unname_servers(children: _Children) -> None:
@@ -1122,28 +1149,29 @@ def _unname_servers(children: _Children) -> None:
         _LABELS.pop(address, None)
 
 
-def server_logger_name(index: int) -> str:
-    """The logger the ``index``-th local server's output is forwarded to (``env_server[local-0]``): its text
-    lines are logged there, its JSON records through it (so its level and filters apply) under their own
-    logger's name with the server's label (``env_server.service[local-0]``)."""
-    return f"env_server[{server_label(index)}]"
+def server_logger_name(index: int, prefix: str = "local") -> str:
+    """The logger the ``index``-th local server's output is forwarded to (``env_server[local-0]``; of a
+    LocalServers with another ``label_prefix``, ``env_server[eval-0]``): its text lines are logged there, its
+    JSON records through it (so its level and filters apply) under their own logger's name with the server's
+    label (``env_server.service[local-0]``)."""
+    return f"env_server[{server_label(index, prefix)}]"
 
 
-def _forwarded_level() -> str:
-    """The env-server ``--log-level`` that makes local servers log what this process would show of
-    their forwarded lines (the effective level of the ``env_server[local-i]`` loggers)."""
-    level = logging.getLogger(server_logger_name(0)).getEffectiveLevel()
+def _forwarded_level(prefix: str = "local") -> str:
+    """The env-server ``--log-level`` that makes local servers (their labels' ``prefix``) log what this process
+    would show of their forwarded lines (the effective level of the ``env_server[local-i]`` loggers)."""
+    level = logging.getLogger(server_logger_name(0, prefix)).getEffectiveLevel()
     for at_most, name in ((logging.DEBUG, "debug"), (logging.INFO, "info"), (logging.WARNING, "warning")):
         if level <= at_most:
             return name
     return "error"
 
 
-def _forwarded_format() -> str:
+def _forwarded_format(prefix: str = "local") -> str:
     """The env-server ``--log-format`` for local servers: json where a handler that writes their forwarded
     lines formats JSON (``learner --log-format json``: a log collector then parses theirs, tracebacks in
     one record, as the learner's own), else text."""
-    logger: logging.Logger | None = logging.getLogger(server_logger_name(0))
+    logger: logging.Logger | None = logging.getLogger(server_logger_name(0, prefix))
     while logger is not None:
         if any(isinstance(handler.formatter, JsonLogFormatter) for handler in logger.handlers):
             return "json"
@@ -1161,10 +1189,14 @@ _BANNERS = ("A.L.E: Arcade Learning Environment", "[Powered by Stella]")
 _NOISE = ("WARNING: compiler attribute 'settotalmass' is deprecated",)
 
 
-def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections.deque[_Line]) -> None:
-    """Pass a server's log lines on to this process's logging, keeping the last few for errors."""
+def _forward_stderr(
+    proc: subprocess.Popen[bytes], index: int, tail: collections.deque[_Line], prefix: str = "local"
+) -> None:
+    """Pass the log lines of server ``index`` (its label's ``prefix``) on to this process's logging, keeping the
+    last few for errors."""
     assert proc.stderr is not None
-    server_log = logging.getLogger(server_logger_name(index))
+    label = server_label(index, prefix)
+    server_log = logging.getLogger(server_logger_name(index, prefix))
     level, traceback = logging.WARNING, False  # (the server's last log line's level; a traceback since)
     with proc.stderr:  # closed at its end (the server's exit)
         for raw in proc.stderr:
@@ -1176,7 +1208,7 @@ def _forward_stderr(proc: subprocess.Popen[bytes], index: int, tail: collections
             if entry is not None:  # (env-server --log-format json)
                 entry = {key: _visible(value) if isinstance(value, str) else value for key, value in entry.items()}
                 try:
-                    _forward_record(server_log, server_label(index), entry, tail)
+                    _forward_record(server_log, label, entry, tail)
                 except Exception:  # (a record that cannot be remade: said as the line it is; reading goes on, or
                     # the server would block once its stderr's pipe is full)
                     server_log.warning("%s", line)

@@ -41,7 +41,7 @@ from learner.progress import StopRequest
 from learner.resume import Counters
 from learner.stats import format_returns, mean_of, spread_of
 
-__all__ = ["EVAL_COLUMNS", "EVAL_SEED_BASE", "PeriodicEval", "eval_fleet", "open_eval_envs"]
+__all__ = ["EVAL_COLUMNS", "EVAL_LABEL_PREFIX", "EVAL_SEED_BASE", "PeriodicEval", "eval_fleet", "open_eval_envs"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ EVAL_SEED_BASE = 2**48
 """Evaluation envs are reset with ``EVAL_SEED_BASE + --seed + global_step`` (env i: plus i): training's env i
 gets ``--seed + i`` (a resumed run ``--seed + global_step + i``), at most about 2**33, so the two never meet;
 each evaluation's seeds are its own (its step differs), and the same in a run resumed or repeated."""
+
+EVAL_LABEL_PREFIX = "eval"
+"""The evaluation's local server is ``eval-0`` (learner.local.server_label): its log lines and errors, and its
+forwarded ``env_server[eval-0]`` lines, told apart from the training servers' ``local-N``."""
 
 EVAL_COLUMNS = ("eval/return_mean", "eval/return_std", "eval/length_mean", "eval/episodes", "eval/seconds")
 """The columns an evaluation adds to the metrics.jsonl row of the update it ran at."""
@@ -71,8 +75,15 @@ def eval_fleet(args: Args, fleet: FleetSpec, env_id: str) -> FleetSpec:
             pipeline_groups=1,
             fault_tolerant=False,
         )
+    # (its server is eval-0, not a second local-0 beside training's: their log lines and errors told apart)
     return dataclasses.replace(
-        fleet, env=env_id, num_servers=1, envs_per_server=n, pipeline_groups=1, fault_tolerant=False
+        fleet,
+        env=env_id,
+        num_servers=1,
+        envs_per_server=n,
+        pipeline_groups=1,
+        fault_tolerant=False,
+        label_prefix=EVAL_LABEL_PREFIX,
     )
 
 

@@ -612,6 +612,9 @@ def test_the_servers_log_json_where_this_process_logs_their_lines_as_json(caplog
         ({"env_kwargs": [1]}, r"^env_kwargs: expected a dict or None, got \[1\]$"),
         ({"auth_token": 123}, r"^auth_token: expected a string or None, got int$"),  # (its value not shown)
         ({"server_args": None}, r"^server_args: expected a list of strings, got None$"),
+        # (it names loggers, env_server[eval-0]: a dot would make one the child of another)
+        ({"label_prefix": "ev.al"}, r"^label_prefix: expected letters, digits, '_' or '-' .*, got 'ev.al'$"),
+        ({"label_prefix": ""}, r"^label_prefix: expected letters, digits, '_' or '-' .*, got ''$"),
     ],
 )
 def test_bad_arguments_are_refused_naming_them_before_any_server_starts(given: dict[str, Any], message: str) -> None:
@@ -1303,3 +1306,4 @@ def test_local_servers_say_what_they_are_and_whether_closed(caplog: pytest.LogCa
         servers.close()
     assert repr(servers) == "<LocalServers 'CartPole-v1': closed>"
     assert _labels([0, 1, 2, 3, 5, 7, 8]) == "local-0 to local-3, local-5, local-7, local-8"
+    assert _labels([0, 1, 2, 4], "eval") == "eval-0 to eval-2, eval-4"  # (LocalServers(label_prefix="eval"))

@@ -5,6 +5,7 @@ would be without them. Tiny budgets, real local servers."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import shutil
 from collections.abc import Iterator
@@ -20,11 +21,12 @@ import torch
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
-from learner.envs import FleetSpec, open_fleet
+from learner.envs import FleetSpec, fleet_spec, open_fleet
 from learner.errors import TrainingInterrupted
 from learner.evaluate import evaluate
 from learner.live_metrics import _metric_name
-from learner.periodic_eval import EVAL_COLUMNS, EVAL_SEED_BASE
+from learner.local import label_of
+from learner.periodic_eval import EVAL_COLUMNS, EVAL_SEED_BASE, eval_fleet
 from learner.plot import _eval_points, plot_runs
 from learner.resume import like_args, resume_args
 from learner.train import train
@@ -115,6 +117,34 @@ def test_evaluations_are_recorded_and_leave_the_training_trajectory_as_it_is(tmp
     assert plot_runs([evaluated, plain], tmp_path / "both.png").is_file()
     # --resume and --like carry the options.
     assert resume_args(evaluated).eval_every == 64 and like_args(evaluated).eval_episodes == 3
+
+
+def test_the_eval_server_is_eval_0_beside_the_training_servers_local_n(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The evaluation's server is a second LocalServers: it was labelled local-0 as well, so the training
+    # server's log lines and errors read "local-0 (unix:/tmp/...)" and both servers' forwarded lines
+    # "env_server[local-0]", indistinguishable. It is eval-0; training's names are as they were.
+    caplog.set_level(logging.INFO)  # (the servers log at the level their forwarded lines are shown at)
+    run = tmp_path / "run"
+    train(_cartpole(run, num_servers=2, envs_per_server=1, eval_every=64, eval_episodes=2, total_timesteps=64))
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "local-0 (" in m]
+    assert any(m.startswith("started 1 local env server (2 x CartPole-v1 each): eval-0 on ") for m in messages)
+    assert "connected to 1 env server(s), 2 envs of CartPole-v1: eval-0" in messages
+    stopped = sorted(r.name for r in caplog.records if r.getMessage().startswith("env_server.server: stopped after"))
+    assert stopped == ["env_server[eval-0]", "env_server[local-0]", "env_server[local-1]"]
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert {"replicas/local-0/steps", "replicas/local-1/steps"} <= set(rows[-1])
+    assert not any("eval-0" in key for row in rows for key in row)
+    # While both run, each name says which server it is (label_of: by address).
+    with contextlib.ExitStack() as stack:
+        training = stack.enter_context(open_fleet(FleetSpec("CartPole-v1", num_servers=1, envs_per_server=1)))
+        evaluating = stack.enter_context(
+            open_fleet(eval_fleet(_cartpole(tmp_path / "unused", eval_every=32), fleet_spec(Args()), "CartPole-v1"))
+        )
+        assert [label_of(address) for address in training.addresses] == ["local-0"]  # type: ignore[attr-defined]
+        assert [label_of(address) for address in evaluating.addresses] == ["eval-0"]  # type: ignore[attr-defined]
 
 
 def test_no_save_best_leaves_best_eval_pt_out(tmp_path: Path) -> None:
