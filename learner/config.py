@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import gymnasium as gym
 
 from env_server.protocol import KEEPALIVE_TIMEOUT
-from learner.discovery import AddressError, check_written
+from learner.discovery import AddressError, check_written, split_addresses
 from learner.local import DEFAULT_TRANSPORT
 
 __all__ = [
@@ -487,6 +487,16 @@ class Args:
                 f"alone), or leave --eval-every out (learner eval evaluates checkpoints afterwards), got "
                 f"--eval-every {self.eval_every} without --eval-servers"
             )
+        if self.servers is not None and self.eval_servers is not None:
+            # (as written: a name and its IP, or a compose: service, are told apart by the server's claim, whose
+            # error says to close a RemoteVectorEnv of this process, which a user of the command cannot do)
+            shared = set(split_addresses(self.servers)) & set(split_addresses(self.eval_servers))
+            if shared:
+                raise ValueError(
+                    f"--eval-servers: {', '.join(sorted(shared))} {'is one of' if len(shared) == 1 else 'are among'} "
+                    f"the training servers (--servers); a server serves one learner connection at a time, and the "
+                    f"training servers serve its rollouts: give --eval-servers other running servers of the same env"
+                )
 
     def eval_num_envs(self) -> int:
         """The envs an evaluation steps: --eval-envs, else 4, never more than --eval-episodes."""

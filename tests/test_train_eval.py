@@ -219,6 +219,12 @@ def test_a_run_on_servers_evaluates_on_eval_servers(tmp_path: Path, start_server
         ({"eval_envs": 0}, r"--eval-envs: expected an integer >= 1, got 0"),
         ({"eval_servers": " , "}, r"--eval-servers: expected addresses"),
         ({"backend": "gym", "eval_servers": "localhost:1"}, r"--eval-servers: .* cannot go with --backend gym"),
+        # (was the claim's error, once training had connected: "... that learner is this process: close the
+        # RemoteVectorEnv that holds the server (envs.close() ...)", which a user of the command cannot do)
+        (
+            {"servers": "localhost:1,localhost:2", "eval_servers": "localhost:2", "eval_every": 1000},
+            r"^--eval-servers: localhost:2 is one of the training servers \(--servers\); a server serves one ",
+        ),
     ],
 )
 def test_eval_options_are_checked_naming_the_option(options: dict[str, Any], message: str) -> None:
