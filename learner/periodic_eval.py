@@ -18,6 +18,7 @@ same run without it learns, and a resumed run evaluates at the same steps with t
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -123,8 +124,9 @@ class PeriodicEval:
     last_step: int
     """The env steps of the last update recorded (a resumed run's: its checkpoint's): an evaluation is due at
     the first update past each multiple of --eval-every."""
-    save_best: Callable[[], Path] | None
-    """Writes checkpoints/best-eval.pt of the nets as they are (None: --no-save-best)."""
+    save_best: Callable[[dict[str, Any] | None], Path] | None
+    """Writes checkpoints/best-eval.pt of the nets as they are, with the state :meth:`run` was given (None: the
+    run's as of now); None: --no-save-best."""
 
     def due(self, step: int) -> bool:
         """Whether the update whose rollout ended at env step ``step`` is evaluated: the first at or past a
@@ -136,14 +138,26 @@ class PeriodicEval:
             return True
         return step >= self.total_timesteps and self.counters.best_eval_step is not None
 
-    def run(self, step: int) -> dict[str, Any]:
+    def run(self, step: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate the nets as they are now, for the row of the update at env step ``step``: its eval/ columns
         (:data:`EVAL_COLUMNS`); none where it was stopped (Ctrl-C: the run stops next, as during a rollout) or
-        an env failed (a warning: training goes on without it)."""
+        an env failed (a warning: training goes on without it).
+
+        ``state``: the run's state as of the end of the rollout that update learned from
+        (Checkpointer.rollout_state()'s, which its checkpoint will hold), where the run has moved on since:
+        --overlap-update evaluates an update once it is done in the background, after the next rollout, whose
+        observations have updated the --norm-obs statistics. The evaluation normalises with the statistics
+        ``state`` holds (those the nets were trained with, and the step's checkpoint and best-eval.pt hold: learner
+        eval of either plays the same episodes), and counts itself in ``state``'s counters (as the step's
+        checkpoint of a run without --overlap-update counts it). None: the run's as they are now."""
         started = time.perf_counter()
         rng = capture_rng()  # (put back after: nothing here may change what training draws next)
         seed = EVAL_SEED_BASE + self.args.seed + step
-        policy = policy_of(self.agent, self.obs_rms, self.envs, self.device, deterministic=True)
+        obs_rms = self.obs_rms
+        if state is not None and obs_rms is not None and state.get("obs_rms") is not None:
+            obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
+            obs_rms.load_state_dict(state["obs_rms"])
+        policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
         try:
             returns, lengths, cut = play_episodes(
                 self.envs, self.fleet, policy, self.args.eval_episodes, seed, self.stop, progress=False
@@ -176,9 +190,16 @@ class PeriodicEval:
         counters = self.counters
         counters.eval_return_mean = mean
         best = counters.best_eval_return
-        if math.isfinite(mean) and (best is None or mean > best):
+        new_best = math.isfinite(mean) and (best is None or mean > best)
+        if new_best:
             counters.best_eval_return, counters.best_eval_step = mean, step
-            if self.save_best is not None:
-                path = self.save_best()
-                log.debug("best evaluation so far (%s at step %d): %s", format_returns(mean)[0], step, path)
+        if state is not None:
+            state["counters"].update(
+                eval_return_mean=mean,
+                best_eval_return=counters.best_eval_return,
+                best_eval_step=counters.best_eval_step,
+            )
+        if new_best and self.save_best is not None:
+            path = self.save_best(state)
+            log.debug("best evaluation so far (%s at step %d): %s", format_returns(mean)[0], step, path)
         return columns

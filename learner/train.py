@@ -1544,15 +1544,18 @@ def _finish_update(
     result = future.result()  # re-raises what the update raised
     # (its period: to the end of its rollout, the steps since being the next rollout's)
     as_of = (rollout_info["ended_at"], rollout_info["global_step"])
-    recorder.record(result, rollout_info, as_of=as_of, evaluation=_evaluation(evaluator, rollout_info))
+    recorder.record(result, rollout_info, as_of=as_of, evaluation=_evaluation(evaluator, rollout_info, state))
     checkpointer.finished(state)
 
 
-def _evaluation(evaluator: PeriodicEval | None, rollout_info: dict[str, Any]) -> dict[str, Any] | None:
+def _evaluation(
+    evaluator: PeriodicEval | None, rollout_info: dict[str, Any], state: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """--eval-every: the eval/ columns of the update that learned from the rollout ``rollout_info`` describes,
-    evaluated now where one is due there (the nets just updated); None where none is."""
+    evaluated now where one is due there (the nets just updated); None where none is. ``state``: --overlap-update's
+    state as of that rollout's end (the run has collected the next rollout since: see PeriodicEval.run)."""
     step = int(rollout_info["global_step"])
-    return evaluator.run(step) if evaluator is not None and evaluator.due(step) else None
+    return evaluator.run(step, state) if evaluator is not None and evaluator.due(step) else None
 
 
 def _finish_last_update(
@@ -1578,13 +1581,18 @@ def _finish_last_update(
     return None
 
 
-def _save_best_eval(checkpointer: Checkpointer) -> Path:
+def _save_best_eval(checkpointer: Checkpointer, state: dict[str, Any] | None) -> Path:
     """--eval-every: checkpoints/best-eval.pt of the nets as they are now, those of the best evaluation so far
-    (--save-best), with the run's state as of now (a checkpoint as ``learner eval`` reads one)."""
+    (--save-best), with ``state`` (--overlap-update's, as of the end of the rollout the evaluated update learned
+    from) or the run's state as of now (a checkpoint as ``learner eval`` reads one, as the step's own)."""
+    state = state if state is not None else checkpointer.rollout_state()
+    # (the evaluated update's count: it is evaluated before Recorder.record counts it; a copy, as the state
+    # goes on to the step's checkpoint, which Checkpointer.finished gives the count)
+    counters = {**state["counters"], "update": checkpointer.counters.update + 1}
     path = checkpointer.run_dir / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT
     with writing(path, torch_save=True):
         return save_best_checkpoint(
-            checkpointer.run_dir, checkpointer.payload(checkpointer.rollout_state()), rundir.BEST_EVAL_CHECKPOINT
+            checkpointer.run_dir, checkpointer.payload({**state, "counters": counters}), rundir.BEST_EVAL_CHECKPOINT
         )
 
 

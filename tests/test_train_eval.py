@@ -5,6 +5,7 @@ would be without them. Tiny budgets, real local servers."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import shutil
@@ -311,3 +312,34 @@ def test_the_served_gauge_is_the_last_evaluation_s_mean_return() -> None:
     metrics.observe_update(row(3, 3, []), solved=False)  # (not evaluated: the gauge keeps the last one)
     samples, _ = parse(generate_latest(metrics.registry).decode())
     assert value(samples, "envfleet_learner_eval_return_mean") == 500.0
+
+
+@pytest.mark.parametrize("overlap_update", [False, True])
+def test_an_evaluation_is_of_its_update_s_nets_and_statistics_as_its_step_s_checkpoint(
+    tmp_path: Path, overlap_update: bool
+) -> None:
+    # --overlap-update evaluates an update once it is done in the background, after the next rollout: with
+    # --norm-obs, that rollout's newer statistics normalised the evaluation's observations (not those the nets
+    # were trained with, nor those of the step's checkpoint), best-eval.pt held them with the next rollout's
+    # counters (global_step one rollout on), and the step's checkpoint did not count the evaluation.
+    # (Pendulum: Box actions, clipped to their bounds as learner eval clips them.)
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"env": "Pendulum-v1", "backend": "gym", "num_servers": 1, "envs_per_server": None}
+    args = _cartpole(run, **options, num_envs=2, total_timesteps=96, norm_obs=True, overlap_update=overlap_update)
+    train(dataclasses.replace(args, eval_every=32, eval_episodes=2, eval_envs=2, checkpoint_every=1))
+    evals = [r for r in rundir.read_jsonl(run / rundir.METRICS) if "eval/return_mean" in r]
+    assert [r["global_step"] for r in evals] == [32, 64, 96]
+    for row in evals:
+        step = row["global_step"]
+        checkpoint = rundir.checkpoint_path(run, step)
+        # learner eval of the step's checkpoint, seeded as the evaluation was: the same deterministic returns
+        again = evaluate(checkpoint, 2, num_envs=2, seed=EVAL_SEED_BASE + 1 + step, backend="gym", progress=False)
+        assert again["return_mean"] == row["eval/return_mean"], step
+        assert load_checkpoint(checkpoint)["counters"]["eval_return_mean"] == row["eval/return_mean"], step
+    best = max(evals, key=lambda r: r["eval/return_mean"])
+    saved = load_checkpoint(run / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT)
+    of_step = load_checkpoint(rundir.checkpoint_path(run, best["global_step"]))
+    assert saved["counters"]["global_step"] == saved["counters"]["best_eval_step"] == best["global_step"]
+    assert saved["counters"]["update"] == of_step["counters"]["update"]
+    for key, tensor in of_step["obs_rms"].items():
+        assert torch.equal(saved["obs_rms"][key], tensor), key
