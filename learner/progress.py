@@ -216,10 +216,10 @@ def quiet_exit() -> None:
                 signal.signal(sig, signal.SIG_IGN)
 
 
-def progress_line(row: dict[str, Any], total: int) -> str:
+def progress_line(row: dict[str, Any], total: int, evaluation: float | None = None) -> str:
     """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed
     and, until ``total``, the time left at this session's SPS; then, while the fleet is degraded, what it
-    is missing (:func:`fleet_note`)."""
+    is missing (:func:`fleet_note`); then the last evaluation's mean return, ``evaluation`` (:func:`eval_note`)."""
     step, recent = row["global_step"], row["episodic_return_mean"]
     line = (
         f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {row['sps']:,.0f} SPS, "
@@ -229,13 +229,14 @@ def progress_line(row: dict[str, Any], total: int) -> str:
         line += f", ~{_duration((total - step) / row['sps'])} left"
     if note := fleet_note(row):
         line += f", {note}"
-    return line + eval_note(row)
+    return line + eval_note(evaluation)
 
 
-def eval_note(row: dict[str, Any]) -> str:
-    """What the progress bar and lines add for an update that was evaluated (--eval-every): ", eval 500.0" (the
-    deterministic policy's mean return); "" for the others, so the bar shows it until the next update."""
-    value = row.get("eval/return_mean")
+def eval_note(value: float | None) -> str:
+    """What the progress bar and lines add once an evaluation ran (--eval-every): ", eval 500.0", the last one's
+    mean return (the deterministic policy's), at every update until the next evaluation's (it had been said at
+    the evaluated update only, gone from the bar a tenth of a second later, and from nearly every line); "" before
+    any ran (None)."""
     return "" if value is None else f", eval {format_return(value)}"
 
 
@@ -521,7 +522,12 @@ def progress_bar(show: bool, total: int, initial: int = 0, *, unit: str = "step"
 
 
 def close_bar(
-    bar: Any, summary: dict[str, Any], stop_reason: str | None, since: tuple[float, int], fleet: str = ""
+    bar: Any,
+    summary: dict[str, Any],
+    stop_reason: str | None,
+    since: tuple[float, int],
+    fleet: str = "",
+    evaluation: float | None = None,
 ) -> None:
     """The training bar's last state, before it closes: the run's final figures (summary.json's), not
     those of its last update. A run stopped by --stop-at-return ends at 100% of the steps it took (the
@@ -530,7 +536,8 @@ def close_bar(
     the SPS of a run stopped mid-rollout counts the steps after its last update too. ``fleet``: the last
     update's :func:`fleet_note`, which the bar went on showing (the SPS of a run that ended with servers down
     is that of a smaller fleet), or, for a run that ended while every server was down, that outage
-    (:func:`fleet_down_note`, no longer waiting)."""
+    (:func:`fleet_down_note`, no longer waiting). ``evaluation``: the last evaluation's mean return, which the bar
+    went on showing too (:func:`eval_note`; None: none ran)."""
     step, sps = summary["total_steps"], summary["sps"]
     if stop_reason == "stop_at_return":
         bar.total = step
@@ -538,4 +545,4 @@ def close_bar(
         sps = (step - since[1]) / max(time.perf_counter() - since[0], 1e-9)
     if stop_reason in ("stop_at_return", "total_timesteps") and step >= bar.n:
         bar.update(step - bar.n)
-    bar.set_postfix_str(bar_postfix(sps, summary["final_return_mean"], fleet))
+    bar.set_postfix_str(bar_postfix(sps, summary["final_return_mean"], fleet) + eval_note(evaluation))

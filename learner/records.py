@@ -418,7 +418,10 @@ class Recorder:
             # (not redrawn here: the update below redraws it, with its new figures, as often as tqdm's
             # mininterval lets it, which a redraw at every update, thousands in a log, bypassed). While servers
             # are down or have not joined, it says which share of the fleet is missing, as the progress lines do.
-            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(row)
+            # (the last evaluation's mean return, --eval-every, at every update from the first on)
+            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(
+                counters.eval_return_mean
+            )
             bar.set_postfix_str(self.postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
         elif self.progress_lines and (
@@ -426,7 +429,7 @@ class Recorder:
         ):
             self.last_line, self.update_said = now, True
             try:
-                print(progress_line(row, self.total_timesteps), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
+                print(progress_line(row, self.total_timesteps, counters.eval_return_mean), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
             except BrokenPipeError:
                 self._stdout_gone()
 
@@ -453,7 +456,8 @@ class Recorder:
         if bar is not None:
             if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
                 self.outage_drawn = now
-                bar.set_postfix_str(bar_postfix(row.get("sps"), row.get("episodic_return_mean"), note))  # (redrawn)
+                postfix = bar_postfix(row.get("sps"), row.get("episodic_return_mean"), note)
+                bar.set_postfix_str(postfix + eval_note(self.counters.eval_return_mean))  # (redrawn)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
             line = waiting_line(

@@ -2275,6 +2275,7 @@ def train(
                     stop_reason,
                     since=(session_start, session_start_step),
                     fleet=recorder.fleet_said(),
+                    evaluation=counters.eval_return_mean,
                 )
             if live is not None:  # (the steps of a last rollout no update recorded; a solve within it)
                 live.run_ended(
