@@ -254,12 +254,12 @@ class Args:
     # -- evaluation while training (SB3's EvalCallback, RL Zoo's --eval-freq) ---------------------------------
     eval_every: int = field(default=0, metadata={"metavar": "N"})
     """evaluate the current policy every N env steps (at the first update at or past each multiple of N, and
-    once more at the run's last update if any ran): --eval-episodes episodes of its deterministic policy (the
-    mode, as learner eval), --norm-obs statistics applied but not updated, raw env returns (no --clip-reward
-    or --norm-reward), on envs of their own (an extra local env server; --backend gym: in process; --servers:
-    --eval-servers), seeded apart from training's; training goes on exactly as without it. metrics.jsonl's
-    eval/* columns, TensorBoard's eval/mean_reward, summary.json's best_eval_return and
-    checkpoints/best-eval.pt record them; 0: never"""
+    once more at the run's last update, --total-timesteps reached, if any ran): --eval-episodes episodes of its
+    deterministic policy (the mode, as learner eval), --norm-obs statistics applied but not updated, raw env
+    returns (no --clip-reward or --norm-reward), on envs of their own (an extra local env server; --backend
+    gym: in process; --servers: --eval-servers), seeded apart from training's; training goes on exactly as
+    without it. metrics.jsonl's eval/* columns, TensorBoard's eval/mean_reward, summary.json's
+    best_eval_return and checkpoints/best-eval.pt record them; 0: never"""
     eval_episodes: int = field(default=10, metadata={"metavar": "N"})
     """episodes per evaluation (--eval-every), shared out over the --eval-envs as learner eval does"""
     eval_envs: int | None = field(default=None, metadata={"metavar": "N"})
