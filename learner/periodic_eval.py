@@ -36,6 +36,7 @@ from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvFleetError
 from learner.evaluate import play_episodes, policy_of
+from learner.local import label_of, left_down
 from learner.normalize import DictRunningMeanStd, RunningMeanStd
 from learner.ppo import Agent
 from learner.progress import StopRequest
@@ -127,6 +128,8 @@ class PeriodicEval:
     save_best: Callable[[dict[str, Any] | None], Path] | None
     """Writes checkpoints/best-eval.pt of the nets as they are, with the state :meth:`run` was given (None: the
     run's as of now); None: --no-save-best."""
+    server_gone: bool = dataclasses.field(default=False, init=False)
+    """Whether the evaluation's local server was found left down (see :meth:`run`)."""
 
     def due(self, step: int) -> bool:
         """Whether the update whose rollout ended at env step ``step`` is evaluated: the first at or past a
@@ -137,6 +140,26 @@ class PeriodicEval:
         if step // every > last // every:
             return True
         return step >= self.total_timesteps and self.counters.best_eval_step is not None
+
+    def _left_down(self, step: int) -> bool:
+        """Whether the evaluation's local server was left down (its supervisor started it again too often
+        within a minute: learner.local.left_down): the evaluation at ``step`` and every later one are left out at
+        once, said once. Each waited --connect-timeout for it (10 s by default) and failed, a warning each that
+        did not say why nor that it would go on so; training stalled that long at every evaluation."""
+        if self.server_gone:
+            return True
+        for address in getattr(self.envs, "addresses", None) or ():
+            why = left_down(address)
+            if why is not None:
+                self.server_gone = True
+                log.warning(
+                    "the eval server %s %s: the evaluations from step %s on are left out (training goes on)",
+                    label_of(address),
+                    why,
+                    f"{step:,}",
+                )
+                return True
+        return False
 
     def run(self, step: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
         """Evaluate the nets as they are now, for the row of the update at env step ``step``: its eval/ columns
@@ -150,6 +173,8 @@ class PeriodicEval:
         ``state`` holds (those the nets were trained with, and the step's checkpoint and best-eval.pt hold: learner
         eval of either plays the same episodes), and counts itself in ``state``'s counters (as the step's
         checkpoint of a run without --overlap-update counts it). None: the run's as they are now."""
+        if self._left_down(step):
+            return {}
         started = time.perf_counter()
         rng = capture_rng()  # (put back after: nothing here may change what training draws next)
         seed = EVAL_SEED_BASE + self.args.seed + step

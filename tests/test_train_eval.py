@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
+import learner.local
 from learner import rundir
 from learner.checkpoint import load_checkpoint
 from learner.config import Args
@@ -355,3 +356,29 @@ def test_the_bar_shows_the_last_evaluation_until_the_next(
     drawn = [line for line in capsys.readouterr().err.replace("\r", "\n").split("\n") if "SPS" in line]
     evaluated = [i for i, line in enumerate(drawn) if ", eval " in line]
     assert evaluated and evaluated == list(range(evaluated[0], len(drawn))), drawn
+
+
+def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An eval server that died too often is left down by its supervisor; every evaluation after that waited
+    # --connect-timeout (10 s by default) for it and failed, with a warning that did not say it would stay down
+    # (a CartPole run of 50,000 steps killed its eval server 6 times: 2 min 18 s instead of ~12 s, 12 warnings).
+    # It is marked left down here as its supervisor marks it (the restarts themselves take over 15 s).
+    def leave_down(row: dict[str, Any]) -> None:
+        if row["update"] == 1:
+            for address, (label, children) in list(learner.local._LABELS.items()):
+                if label == "eval-0":
+                    children.left_down[address] = "was killed by SIGKILL, and was left down after 5 restarts"
+
+    run = tmp_path / "run"
+    train(_cartpole(run, eval_every=32, eval_episodes=1, connect_timeout=30.0), on_update=leave_down)
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32]
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "learner.periodic_eval" and r.levelno >= logging.WARNING
+    ]
+    assert said == [
+        "the eval server eval-0 was killed by SIGKILL, and was left down after 5 restarts: the evaluations from "
+        "step 64 on are left out (training goes on)"
+    ]
