@@ -279,16 +279,20 @@ def fleet_down_note(servers: int, seconds: float, not_joined: int = 0, *, waitin
     return f"{said}, waiting" if waiting else said
 
 
-def waiting_line(row: dict[str, Any], total: int, *, step: int, seconds: float, note: str) -> str:
+def waiting_line(
+    row: dict[str, Any], total: int, *, step: int, seconds: float, note: str, evaluation: float | None = None
+) -> str:
     """A progress line while every server is down (``note``: :func:`fleet_down_note`): the last update's
     figures (``row``; ``{}`` before the first update: ``step``, the session's first, and no SPS nor return),
     the run's ``seconds`` as of now, no time left (nothing steps), then ``note``: ``step 8,960/200,000 (4%),
-    1,041 SPS, mean return 151.9, 29 s, all 2 servers down for 20 s, waiting``."""
+    1,041 SPS, mean return 151.9, 29 s, all 2 servers down for 20 s, waiting``; then, as :func:`progress_line`
+    and the bar during the outage, the last evaluation's mean return (``evaluation``, --eval-every:
+    :func:`eval_note`), which these lines alone dropped while the outage lasted."""
     step, recent, sps = row.get("global_step", step), row.get("episodic_return_mean"), row.get("sps")
     return (
         f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {'-' if sps is None else f'{sps:,.0f}'} SPS, "
         f"mean return {'-' if recent is None else format_return(recent)}, {seconds:.0f} s, {note}"
-    )
+    ) + eval_note(evaluation)
 
 
 def _duration(seconds: float) -> str:

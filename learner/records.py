@@ -461,7 +461,12 @@ class Recorder:
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
             line = waiting_line(
-                row, self.total_timesteps, step=self.session_start_step, seconds=now - self.start_time, note=note
+                row,
+                self.total_timesteps,
+                step=self.session_start_step,
+                seconds=now - self.start_time,
+                note=note,
+                evaluation=self.counters.eval_return_mean,
             )
             try:
                 print(line, flush=True)  # noqa: T201 (the bar's stand-in: stdout)

@@ -374,6 +374,50 @@ def test_while_every_server_is_down_the_bar_and_the_lines_say_how_long_the_fleet
     assert bar_postfix(1_041.0, 151.9, note) == "SPS 1,041, return 151.9, all 2 servers down for 20 s, waiting"
 
 
+def test_while_every_server_is_down_the_lines_say_the_last_evaluation_as_the_bar_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--eval-every and a total outage of the training fleet: the bar's outage state kept ", eval 500.0" (the last
+    evaluation's mean return, said at every update until the next), but the lines without a terminal dropped it
+    for as long as the outage lasted, and said it again at the first update after: a log read as if the
+    evaluations had stopped with the fleet."""
+    from learner.records import Recorder
+    from learner.resume import Counters
+
+    def recorder(bar: Any) -> Recorder:
+        counters = Counters(global_step=8_960, update=35, eval_return_mean=500.0, best_eval_return=500.0)
+        made = Recorder(
+            tmp_path,
+            counters=counters,
+            total_timesteps=200_000,
+            metrics_file=io.StringIO(),
+            writer=None,
+            faults_seen=set(),
+            tracker=None,
+            live=None,
+            bar=bar,
+            progress_lines=bar is None,
+            line_every=0.0,
+            start_time=time.perf_counter() - 29.4,
+            session_start=time.perf_counter() - 29.4,
+            session_start_step=0,
+        )
+        made.last_row = {"global_step": 8_960, "episodic_return_mean": 151.9, "sps": 1_041.0, "seconds": 8.6}
+        return made
+
+    recorder(None).fleet_down(2, 0)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"step 8,960/200,000 \(4%\), 1,041 SPS, mean return 151.9, 29 s, all 2 servers down, "
+        r"waiting, eval 500.0",
+        line,
+    ), line
+    bar = tqdm(total=200_000, file=io.StringIO())
+    recorder(bar).fleet_down(2, 0)
+    assert bar.postfix == "SPS 1,041, return 151.9, all 2 servers down, waiting, eval 500.0"  # (as the line)
+    bar.close()
+
+
 def test_without_a_terminal_the_first_update_is_reported_at_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
