@@ -560,7 +560,8 @@ def play_episodes(
     of those that ended, and whether ``stop`` cut them short. EnvFleetError where an env or server fails (an
     episode cut short is no sample of the return). ``learner train --eval-every`` plays its evaluations so."""
     tally = _Tally.shared_out(episodes, envs.num_envs)
-    _play(envs, fleet, policy, tally, seed, stop, progress=progress)
+    # (its warnings say "eval env 0", not "env 0": in learner train's log, training's env 0 is another)
+    _play(envs, fleet, policy, tally, seed, stop, progress=progress, what="eval env")
     return list(tally.returns), list(tally.lengths), tally.left
 
 
@@ -573,11 +574,13 @@ def _play(
     stop: StopRequest,
     *,
     progress: bool | None,
+    what: str = "env",
 ) -> None:
     """Play the episodes ``tally`` has left with ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``), and
     count those that end in it; until ``stop`` is requested. ``progress``: :func:`evaluate`'s. A warning says
-    when an episode goes on and on in envs without a time limit. EnvFleetError where an env or server fails,
-    or where an episode has no return to report."""
+    when an episode goes on and on in envs without a time limit (``what``: what it calls an env, "env 0";
+    :func:`play_episodes`' "eval env 0", in learner train's log beside training's envs). EnvFleetError where an
+    env or server fails, or where an episode has no return to report."""
     show = progress if progress is not None else bar_by_default()
     no_limit = _no_time_limit(envs, fleet.env, fleet.servers)
     n = envs.num_envs
@@ -606,8 +609,9 @@ def _play(
             ep_length += valid
             if no_limit and ep_length.max() == LONG_EPISODE:  # (said once an episode)
                 log.warning(
-                    "env %d's episode has gone on for %d steps, and these envs have no time "
+                    "%s %d's episode has gone on for %d steps, and these envs have no time "
                     "limit: the policy may never end it (%s)",
+                    what,
                     int(ep_length.argmax()),
                     LONG_EPISODE,
                     no_limit,

@@ -382,3 +382,21 @@ def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
         "the eval server eval-0 was killed by SIGKILL, and was left down after 5 restarts: the evaluations from "
         "step 64 on are left out (training goes on)"
     ]
+
+
+def test_an_evaluation_s_endless_episode_is_warned_of_as_an_eval_env_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Envs without a time limit: learner.evaluate's warning of an episode that goes on and on said "env 0's
+    # episode", in learner train's log, where env 0 is a training env; it was the evaluation's (ClockEnv, a class,
+    # has no registered time limit; its episodes of 40 steps, warned of past 30 here).
+    monkeypatch.setattr("learner.evaluate.LONG_EPISODE", 30)
+    options: dict[str, Any] = {"env": "tests.envs:ClockEnv", "env_kwargs": {"length": 40}, "backend": "gym"}
+    args = _cartpole(tmp_path / "run", **options, num_servers=1, envs_per_server=None, num_envs=2, total_timesteps=32)
+    with caplog.at_level(logging.WARNING, logger="learner.evaluate"):
+        train(dataclasses.replace(args, eval_every=32, eval_episodes=1))
+    said = [r.getMessage() for r in caplog.records if "no time limit" in r.getMessage()]
+    assert said == [
+        "eval env 0's episode has gone on for 30 steps, and these envs have no time limit: the policy may never end "
+        "it (give --max-episode-steps N)"
+    ]
