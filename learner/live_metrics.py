@@ -346,13 +346,9 @@ class LearnerMetrics:
         while it lasts, so the gauges an update sets would go on saying the fleet is up (``_servers_down`` 0,
         each replica's ``_available`` 1) through an outage of any length, where an alert on them should fire.
         They say it now (``_envs_unavailable``: ``envs``, every env of the fleet, where given);
-        :meth:`observe_fleet_up` as the first server is back, and the next update from its row."""
-        self._gauges["faults/servers_down"].set(servers)
-        if envs is not None:
-            self._gauges["envs_unavailable"].set(envs)
-        available, _ = self._replica_gauges["available"]
-        for replica in self._replicas:
-            available.labels(replica).set(0)
+        :meth:`observe_fleet_up` as the first server is back, and the next update from its row. (It is
+        :meth:`observe_fleet_up` with no server up.)"""
+        self.observe_fleet_up((), servers, envs)
 
     def observe_fleet_up(self, up: Collection[str], servers_down: int, envs_unavailable: int | None = None) -> None:
         """A server answers steps again after :meth:`observe_fleet_down` (``up``: those up now, by their labels;

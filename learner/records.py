@@ -428,10 +428,7 @@ class Recorder:
             not self.update_said or self.last_line is None or now - self.last_line >= self.line_every
         ):
             self.last_line, self.update_said = now, True
-            try:
-                print(progress_line(row, self.total_timesteps, counters.eval_return_mean), flush=True)  # noqa: T201 (the bar's stand-in: stdout)
-            except BrokenPipeError:
-                self._stdout_gone()
+            self._say(progress_line(row, self.total_timesteps, counters.eval_return_mean))
 
     def fleet_down(self, servers: int, not_joined: int, envs: int | None = None) -> None:
         """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined; ``envs``: the
@@ -468,10 +465,7 @@ class Recorder:
                 note=note,
                 evaluation=self.counters.eval_return_mean,
             )
-            try:
-                print(line, flush=True)  # noqa: T201 (the bar's stand-in: stdout)
-            except BrokenPipeError:
-                self._stdout_gone()
+            self._say(line)
 
     def fleet_up(self, up: Collection[str], down: int, envs_unavailable: int | None = None) -> None:
         """A step found a server up again after :meth:`fleet_down`: the bar shows the last update's figures
@@ -494,6 +488,13 @@ class Recorder:
             return fleet_note(self.last_row)
         since, servers, not_joined = self.outage
         return fleet_down_note(servers, time.perf_counter() - since, not_joined, waiting=False)
+
+    def _say(self, line: str) -> None:
+        """Print a progress line (the bar's stand-in: stdout), or, where stdout's reader has gone, stop printing."""
+        try:
+            print(line, flush=True)  # noqa: T201
+        except BrokenPipeError:
+            self._stdout_gone()
 
     def _stdout_gone(self) -> None:
         """stdout's reader has exited (``learner train | head``, a ``tee`` killed): the run goes on, its
