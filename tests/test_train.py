@@ -344,6 +344,16 @@ def test_max_episode_steps_is_the_time_limit_of_the_envs_this_command_starts(
         Args(servers="localhost:1", max_episode_steps=5)
 
 
+def resume_as_killed(full: Path, part: Path, last: str) -> None:
+    """Copy the finished run ``full`` to ``part`` as if it had been killed once checkpoint ``last`` was written (the
+    newer checkpoints gone, metrics.jsonl's later lines kept, as a kill leaves them), and resume it there."""
+    shutil.copytree(full, part)
+    for checkpoint in rundir.list_checkpoints(part):
+        if checkpoint.name > last:
+            checkpoint.unlink()
+    train(resume_args(part))
+
+
 def _resumable(env: str = CLOCK_ENV) -> dict[str, Any]:
     """Runs of 3 updates of 16 steps whose every update boundary finds the envs at their start (``env``: ClockEnv
     or its Dict observations' CameraClockEnv)."""
@@ -390,11 +400,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_as_an_uninterrupt
     # The same run, as if killed after its second update: its last checkpoint is step 32, and
     # metrics.jsonl already holds a line for an update the checkpoint does not have.
     part = tmp_path / "part"
-    shutil.copytree(full, part)
-    for checkpoint in rundir.list_checkpoints(part):
-        if checkpoint.name > "step-0000000032.pt":
-            checkpoint.unlink()
-    train(resume_args(part))
+    resume_as_killed(full, part, "step-0000000032.pt")
 
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
     assert [r["update"] for r in part_rows] == [1, 2, 3]

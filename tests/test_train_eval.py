@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from learner.plot import _eval_points, plot_runs
 from learner.resume import like_args, resume_args
 from learner.train import train
 from tests.conftest import QUIET, StartServers
-from tests.test_train import CtrlCAt, _resumable
+from tests.test_train import CtrlCAt, _resumable, resume_as_killed
 
 TIMING = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
 """A row's wall-clock columns, which differ between runs of the same trajectory."""
@@ -248,11 +247,7 @@ def test_resuming_a_run_with_evaluations_gives_the_same_next_update_and_evaluati
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
     part = tmp_path / "part"
-    shutil.copytree(full, part)
-    for checkpoint in rundir.list_checkpoints(part):
-        if checkpoint.name > "step-0000000032.pt":
-            checkpoint.unlink()
-    train(resume_args(part))
+    resume_as_killed(full, part, "step-0000000032.pt")
 
     full_rows, part_rows = rundir.read_jsonl(full / rundir.METRICS), rundir.read_jsonl(part / rundir.METRICS)
     assert [r["global_step"] for r in part_rows if "eval/return_mean" in r] == [16, 32, 48]
