@@ -554,14 +554,17 @@ def play_episodes(
     stop: StopRequest,
     *,
     progress: bool | None = False,
+    on_step: Callable[[int], object] | None = None,
 ) -> tuple[list[float], list[int], bool]:
     """``episodes`` episodes of ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``: env i gets ``seed + i``),
     shared out over the envs in advance as :func:`evaluate` shares them (its very loop): the returns and lengths
     of those that ended, and whether ``stop`` cut them short. EnvFleetError where an env or server fails (an
-    episode cut short is no sample of the return). ``learner train --eval-every`` plays its evaluations so."""
+    episode cut short is no sample of the return). ``learner train --eval-every`` plays its evaluations so.
+    ``on_step``: called with the episodes ended so far once the envs are reset and after each step (learner
+    train's bar or lines say so while the evaluation runs: Recorder.evaluating)."""
     tally = _Tally.shared_out(episodes, envs.num_envs)
     # (its warnings say "eval env 0", not "env 0": in learner train's log, training's env 0 is another)
-    _play(envs, fleet, policy, tally, seed, stop, progress=progress, what="eval env")
+    _play(envs, fleet, policy, tally, seed, stop, progress=progress, what="eval env", on_step=on_step)
     return list(tally.returns), list(tally.lengths), tally.left
 
 
@@ -575,12 +578,13 @@ def _play(
     *,
     progress: bool | None,
     what: str = "env",
+    on_step: Callable[[int], object] | None = None,
 ) -> None:
     """Play the episodes ``tally`` has left with ``policy`` on ``envs`` (of ``fleet``; reset with ``seed``), and
     count those that end in it; until ``stop`` is requested. ``progress``: :func:`evaluate`'s. A warning says
     when an episode goes on and on in envs without a time limit (``what``: what it calls an env, "env 0";
-    :func:`play_episodes`' "eval env 0", in learner train's log beside training's envs). EnvFleetError where an
-    env or server fails, or where an episode has no return to report."""
+    :func:`play_episodes`' "eval env 0", in learner train's log beside training's envs). ``on_step``: as
+    :func:`play_episodes`'. EnvFleetError where an env or server fails, or where an episode has no return to report."""
     show = progress if progress is not None else bar_by_default()
     no_limit = _no_time_limit(envs, fleet.env, fleet.servers)
     n = envs.num_envs
@@ -593,6 +597,8 @@ def _play(
         server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
         obs, infos = envs.reset(seed=seed)
         _raise_env_errors(infos, fleet)
+        if on_step is not None:
+            on_step(len(tally.returns))
         while tally.left and not stop.requested:
             obs, rewards, terms, truncs, infos = envs.step(policy(obs))
             _raise_env_errors(infos, fleet)
@@ -632,6 +638,8 @@ def _play(
                         texts = format_returns(mean_of(tally.returns), spread_of(tally.returns))
                         bar.set_postfix_str(f"return {' +- '.join(texts)}")
                 ep_return[i], ep_length[i] = 0.0, 0
+            if on_step is not None:
+                on_step(len(tally.returns))
             if autoreset is gym.vector.AutoresetMode.NEXT_STEP:
                 valid = ~ended  # (an ended env's next step is its reset: no step of an episode)
             more = tally.left and not stop.requested

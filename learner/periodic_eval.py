@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -42,6 +42,9 @@ from learner.ppo import Agent
 from learner.progress import StopRequest
 from learner.resume import Counters
 from learner.stats import format_returns, mean_of, spread_of
+
+if TYPE_CHECKING:
+    from learner.records import Recorder
 
 __all__ = ["EVAL_COLUMNS", "EVAL_LABEL_PREFIX", "EVAL_SEED_BASE", "PeriodicEval", "eval_fleet", "open_eval_envs"]
 
@@ -93,6 +96,8 @@ def eval_fleet(args: Args, fleet: FleetSpec, env_id: str) -> FleetSpec:
 def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv) -> Any:
     """The evaluation envs ``spec`` says (closed when the block ends), checked to be the training ``envs``' env
     (``env_id``) with their spaces: ValueError naming --eval-servers (or the envs) otherwise."""
+    if spec.servers is not None:
+        _check_not_training_servers(spec, envs)
     with open_fleet(spec) as made:
         served = getattr(made, "env_id", None)
         where = f"--eval-servers: the servers at {spec.servers}" if spec.servers is not None else "the eval envs"
@@ -106,6 +111,41 @@ def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv) -> 
                     "servers (the same wrappers and env kwargs)"
                 )
         yield made
+
+
+def _check_not_training_servers(spec: FleetSpec, envs: gym.vector.VectorEnv) -> None:
+    """ValueError naming --servers and --eval-servers where one of ``spec``'s servers (--eval-servers) is one of the
+    training ``envs``' under another name (``localhost:5000`` and ``127.0.0.1:5000``, a host name and its address, a
+    ``dns:`` or ``compose:`` name and an address behind it), as ``learner servers`` and the fleet tell them: by the
+    server id each reports (GetSpec, which claims nothing). Args compares the addresses as written; such a pair
+    passed, and the evaluation's handshake was then refused by the server's claim, with an error that says to close
+    a RemoteVectorEnv of this process, which a user of the command cannot do. Servers that do not answer, or too old
+    to report an id, are left to the connection's own errors."""
+    training = {s.server_id: s.address for s in getattr(envs, "replica_stats", list)() if s.server_id}
+    if not training:
+        return
+    from learner.survey import survey  # (here: a run without --eval-servers has no use for it)
+
+    answers = survey(
+        spec.servers or "",
+        timeout=min(spec.connect_timeout, 5.0),
+        auth_token=spec.auth_token,
+        tls=spec.tls,
+        tls_server_name=spec.tls_server_name,
+        tls_client_cert=spec.tls_client_cert,
+        tls_client_key=spec.tls_client_key,
+    )
+    shared = [(training[info.server_id], info) for info in answers if info.server_id in training]
+    if shared:
+        pairs = "; ".join(
+            f"--eval-servers {info.address} and --servers {address} are the same env server (server id "
+            f"{info.server_id[:8]}), written two ways"
+            for address, info in shared
+        )
+        raise ValueError(
+            f"{pairs}: a server serves one learner connection at a time, and the training servers serve its "
+            "rollouts: give --eval-servers other running servers of the same env"
+        )
 
 
 @dataclasses.dataclass(eq=False)
@@ -128,6 +168,9 @@ class PeriodicEval:
     save_best: Callable[[dict[str, Any] | None], Path] | None
     """Writes checkpoints/best-eval.pt of the nets as they are, with the state :meth:`run` was given (None: the
     run's as of now); None: --no-save-best."""
+    shown: Recorder | None = None
+    """Where the run is shown (its progress bar or lines): it says each evaluation while it runs
+    (:meth:`Recorder.evaluating <learner.records.Recorder.evaluating>`), then the last update's figures again."""
     server_gone: bool = dataclasses.field(default=False, init=False)
     """Whether the evaluation's local server was found left down (see :meth:`run`)."""
 
@@ -183,15 +226,26 @@ class PeriodicEval:
             obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
             obs_rms.load_state_dict(state["obs_rms"])
         policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
+        shown, episodes = self.shown, self.args.eval_episodes
         try:
             returns, lengths, cut = play_episodes(
-                self.envs, self.fleet, policy, self.args.eval_episodes, seed, self.stop, progress=False
+                self.envs,
+                self.fleet,
+                policy,
+                episodes,
+                seed,
+                self.stop,
+                progress=False,
+                # (the bar, or a line at the lines' period, says it while it runs: else it looked hung)
+                on_step=None if shown is None else lambda ended: shown.evaluating(step, ended, episodes),
             )
         except EnvFleetError as err:
             log.warning("the evaluation at step %s failed, and is left out (training goes on): %s", f"{step:,}", err)
             return {}
         finally:
             restore_rng(rng)
+            if shown is not None:
+                shown.evaluated()
         seconds = time.perf_counter() - started
         if cut or not returns:
             log.info("the evaluation at step %s was stopped: left out", f"{step:,}")

@@ -27,6 +27,7 @@ __all__ = [
     "StopRequest",
     "ending_as_interrupt",
     "eval_note",
+    "eval_running_note",
     "quiet_exit",
     "stopping_with_parent",
     "bar_by_default",
@@ -238,6 +239,14 @@ def eval_note(value: float | None) -> str:
     the evaluated update only, gone from the bar a tenth of a second later, and from nearly every line); "" before
     any ran (None)."""
     return "" if value is None else f", eval {format_return(value)}"
+
+
+def eval_running_note(step: int, ended: int, episodes: int) -> str:
+    """What the progress bar and lines say instead of :func:`fleet_note` while an evaluation (--eval-every) plays its
+    episodes: ``evaluating at step 16,384: 3 of 10 episodes`` (``step``: the update's it evaluates; ``ended`` of the
+    ``episodes`` asked). No update comes while it runs, and the bar (and the lines) went on showing the last
+    update's figures, frozen: with --eval-episodes 1000, minutes of a run that looked hung."""
+    return f"evaluating at step {step:,}: {ended:,} of {episodes:,} episode{'' if episodes == 1 else 's'}"
 
 
 def fleet_note(row: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from learner.fleetwatch import ReplicaTotals, written_row
 from learner.progress import (
     bar_postfix,
     eval_note,
+    eval_running_note,
     fleet_down_note,
     fleet_note,
     progress_line,
@@ -448,7 +449,12 @@ class Recorder:
                 self.live.observe_fleet_down(servers, envs)
         else:
             self.outage = (self.outage[0], servers, not_joined)
-        note = fleet_down_note(servers, now - self.outage[0], not_joined)
+        self._say_waiting(fleet_down_note(servers, now - self.outage[0], not_joined), now)
+
+    def _say_waiting(self, note: str, now: float) -> None:
+        """While no update comes (:meth:`fleet_down`, :meth:`evaluating`): the bar says ``note`` after the last
+        update's SPS and return, redrawn at most every :data:`OUTAGE_REDRAW_S` (or tqdm's mininterval, if longer);
+        without a bar, a line (:func:`~learner.progress.waiting_line`) says it at the lines' own period."""
         bar, row = self.bar, self.last_row
         if bar is not None:
             if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
@@ -466,6 +472,23 @@ class Recorder:
                 evaluation=self.counters.eval_return_mean,
             )
             self._say(line)
+
+    def evaluating(self, step: int, ended: int, episodes: int) -> None:
+        """An evaluation (--eval-every) of the update at env step ``step`` is under way, ``ended`` of its
+        ``episodes`` played: PeriodicEval.run calls this as it starts and after each of its steps, until
+        :meth:`evaluated`. No update comes while it runs, so the bar would stay frozen on the last update's
+        figures (with --eval-episodes 1000, for minutes): it says the evaluation instead
+        (:func:`~learner.progress.eval_running_note`), at once as it starts, then redrawn at most every
+        :data:`OUTAGE_REDRAW_S`, as :meth:`fleet_down` redraws it; without a bar, a line says it at the lines' own
+        period. The evaluation's step itself redraws: no thread of its own."""
+        self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter())
+
+    def evaluated(self) -> None:
+        """The evaluation :meth:`evaluating` said is over (ended, stopped or failed): the bar shows the last
+        update's figures again at once, until the next update's (the evaluated one's, recorded next)."""
+        self.outage_drawn = -math.inf
+        if self.bar is not None and self.outage is None:
+            self.bar.set_postfix_str(self.postfix)
 
     def fleet_up(self, up: Collection[str], down: int, envs_unavailable: int | None = None) -> None:
         """A step found a server up again after :meth:`fleet_down`: the bar shows the last update's figures

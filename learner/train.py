@@ -2051,6 +2051,7 @@ def train(
                 total_timesteps=hp.total_timesteps,
                 last_step=counters.global_step,
                 save_best=functools.partial(_save_best_eval, checkpointer) if args.save_best else None,
+                shown=recorder,
             )
 
         try:

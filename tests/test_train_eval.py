@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,36 @@ def test_a_run_on_servers_evaluates_on_eval_servers(tmp_path: Path, start_server
     assert not (tmp_path / "refused").exists()
 
 
+def test_a_training_server_written_another_way_in_eval_servers_is_refused_at_the_start(
+    tmp_path: Path, start_servers: StartServers
+) -> None:
+    # Args compares --servers and --eval-servers as written: 127.0.0.1:P and localhost:P passed, and the evaluation's
+    # handshake was refused by the server's claim once training had connected, with an error that said to close a
+    # RemoteVectorEnv of this process. The servers' ids tell them apart (as learner servers tells them), before the
+    # run dir is made.
+    training = start_servers("CartPole-v1", 2, 1, transport="tcp")
+    port = training[1].rsplit(":", 1)[1]
+    assert training[1] == f"127.0.0.1:{port}"
+    message = (
+        rf"^--eval-servers localhost:{port} and --servers 127\.0\.0\.1:{port} are the same env server \(server id "
+        r"[0-9a-f]{8}\), written two ways: a server serves one learner connection at a time, .* give --eval-servers "
+        r"other running servers of the same env$"
+    )
+    with pytest.raises(ValueError, match=message):
+        train(
+            Args(
+                servers=",".join(training),
+                eval_servers=f"localhost:{port}",
+                eval_every=32,
+                num_steps=16,
+                total_timesteps=32,
+                run_dir=str(tmp_path / "refused"),
+                **QUIET,
+            )
+        )
+    assert not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -351,6 +382,51 @@ def test_the_bar_shows_the_last_evaluation_until_the_next(
     drawn = [line for line in capsys.readouterr().err.replace("\r", "\n").split("\n") if "SPS" in line]
     evaluated = [i for i, line in enumerate(drawn) if ", eval " in line]
     assert evaluated and evaluated == list(range(evaluated[0], len(drawn))), drawn
+
+
+@pytest.mark.parametrize("shown", ["lines", "bar"])
+def test_an_evaluation_is_said_while_it_runs_then_the_figures_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, shown: str
+) -> None:
+    # While an evaluation ran (play_episodes without a bar of its own), the bar and the lines showed nothing new:
+    # with --eval-episodes 1000, minutes of a run that looked hung. They say it as it runs (here at every step:
+    # the bar once a second, the lines at their period, in use), then the updates' figures again.
+    from learner import train as train_module
+
+    if shown == "lines":
+        monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (a line at every update, and at each eval step)
+    else:
+        from tqdm import tqdm
+
+        # (redrawn at every update, not at tqdm's mininterval; and at every step of an evaluation, not once a second)
+        monkeypatch.setattr("learner.progress._tqdm_class", lambda: lambda **kwargs: tqdm(**kwargs, mininterval=0.0))
+        monkeypatch.setattr("learner.records.OUTAGE_REDRAW_S", 0.0)
+    args = _cartpole(tmp_path / "run", eval_every=64, eval_episodes=3, eval_envs=1, total_timesteps=96)
+    train(dataclasses.replace(args, progress=None if shown == "lines" else True))
+    out, err = capsys.readouterr()
+    if shown == "lines":
+        said = [line for line in out.splitlines() if line.startswith("step ")]
+    else:
+        said = [frame.rstrip() for frame in re.split(r"[\r\n]", err) if "steps [" in frame]
+    running = re.compile(r", evaluating at step (\d+): (\d) of 3 episodes")
+    # The evaluations at steps 64 and 96 (the run's last update), each said throughout, as its episodes end.
+    blocks: list[tuple[int, list[int], int]] = []  # (its step, its counts said, the index of the line after it)
+    for i, line in enumerate(said):
+        if match := running.search(line):
+            if not blocks or blocks[-1][2] != i or int(match[1]) != blocks[-1][0]:
+                blocks.append((int(match[1]), [], i))
+            blocks[-1][1].append(int(match[2]))
+            blocks[-1] = (blocks[-1][0], blocks[-1][1], i + 1)
+    assert [step for step, _, _ in blocks] == [64, 96], said
+    for _, counts, after in blocks:
+        assert counts[0] == 0 and counts[-1] == 3 and counts == sorted(counts), said
+        # Then the figures again: the evaluated update's (a bar redrawn first with the last update's), no word of it.
+        assert after < len(said) and "evaluating" not in said[after], said
+    if shown == "lines":  # (waiting_line's: the last update's figures, no time left, then what is under way)
+        first = said.index(next(line for line in said if running.search(line)))
+        assert said[first].startswith("step 32/96 (33%), ") and " left" not in said[first], said
+        assert said[blocks[0][2]].startswith("step 64/96 (67%), ") and ", eval " in said[blocks[0][2]], said
+    assert ", eval " in said[-1], said
 
 
 def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
