@@ -280,6 +280,14 @@ class LearnerMetrics:
         # (the run's totals before this session: its counters count from there)
         self._episodes.total, self._steps.total, self._updates.total = episodes, global_step, updates
 
+    def observe_evaluation(self, columns: Mapping[str, Any]) -> None:
+        """The eval/ ``columns`` of an evaluation added to the last update's row after it was observed (learner train
+        --eval-every, a run stopped by --stop-at-return: Recorder.add_evaluation): their gauges, and nothing counted
+        again."""
+        for key, gauge in self._gauges.items():
+            if key in columns:
+                gauge.set(_number(columns[key]))
+
     def observe_update(
         self,
         row: Mapping[str, Any],

@@ -165,12 +165,14 @@ class PeriodicEval:
     last_step: int
     """The env steps of the last update recorded (a resumed run's: its checkpoint's): an evaluation is due at
     the first update past each multiple of --eval-every."""
-    save_best: Callable[[dict[str, Any] | None], Path] | None
+    save_best: Callable[[dict[str, Any] | None, bool], Path] | None
     """Writes checkpoints/best-eval.pt of the nets as they are, with the state :meth:`run` was given (None: the
-    run's as of now); None: --no-save-best."""
+    run's as of now) and whether the update evaluated is counted in it already (:meth:`run`'s ``counted``);
+    None: --no-save-best."""
     shown: Recorder | None = None
-    """Where the run is shown (its progress bar or lines): it says each evaluation while it runs
-    (:meth:`Recorder.evaluating <learner.records.Recorder.evaluating>`), then the last update's figures again."""
+    """Where the run is shown and recorded: its progress bar or lines say each evaluation while it runs
+    (:meth:`Recorder.evaluating <learner.records.Recorder.evaluating>`), then the last update's figures again; a
+    solved run's :meth:`final` evaluation goes into its last update's row. None: neither (no final evaluation)."""
     server_gone: bool = dataclasses.field(default=False, init=False)
     """Whether the evaluation's local server was found left down (see :meth:`run`)."""
 
@@ -204,7 +206,7 @@ class PeriodicEval:
                 return True
         return False
 
-    def run(self, step: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    def run(self, step: int, state: dict[str, Any] | None = None, *, counted: bool = False) -> dict[str, Any]:
         """Evaluate the nets as they are now, for the row of the update at env step ``step``: its eval/ columns
         (:data:`EVAL_COLUMNS`); none where it was stopped (Ctrl-C: the run stops next, as during a rollout) or
         an env failed (a warning: training goes on without it).
@@ -215,7 +217,11 @@ class PeriodicEval:
         observations have updated the --norm-obs statistics. The evaluation normalises with the statistics
         ``state`` holds (those the nets were trained with, and the step's checkpoint and best-eval.pt hold: learner
         eval of either plays the same episodes), and counts itself in ``state``'s counters (as the step's
-        checkpoint of a run without --overlap-update counts it). None: the run's as they are now."""
+        checkpoint of a run without --overlap-update counts it). None: the run's as they are now.
+
+        ``counted``: the update evaluated is recorded already, and ``state`` is the state it ended with
+        (Checkpointer.last_update: a run solved in the rollout after it, evaluated as it stops); else the update is
+        recorded after its evaluation, with these columns."""
         if self._left_down(step):
             return {}
         started = time.perf_counter()
@@ -279,6 +285,21 @@ class PeriodicEval:
                 best_eval_step=counters.best_eval_step,
             )
         if new_best and self.save_best is not None:
-            path = self.save_best(state)
+            path = self.save_best(state, counted)
             log.debug("best evaluation so far (%s at step %d): %s", format_returns(mean)[0], step, path)
         return columns
+
+    def final(self, state: dict[str, Any]) -> None:
+        """A run stopped by --stop-at-return: the nets it ends with (its last update's: the rollout it was solved in
+        is not learned from), evaluated once, unless that update's were (an evaluation was due there), and recorded
+        as an evaluation at that update is (its row's eval/ columns, :meth:`Recorder.add_evaluation
+        <learner.records.Recorder.add_evaluation>`; summary.json; best-eval.pt where best), with ``state``, the one
+        that update ended with (Checkpointer.last_update, which the run's last checkpoint holds: it counts the
+        evaluation too). Else summary.json's eval_return_mean was an older policy's, or none. Nothing before any
+        update of this session (no row to add it to)."""
+        row = {} if self.shown is None else self.shown.last_row
+        if not row or "eval/return_mean" in row or self.shown is None:
+            return
+        evaluation = self.run(int(row["global_step"]), state, counted=True)
+        if evaluation:
+            self.shown.add_evaluation(evaluation)

@@ -431,6 +431,33 @@ class Recorder:
             self.last_line, self.update_said = now, True
             self._say(progress_line(row, self.total_timesteps, counters.eval_return_mean))
 
+    def add_evaluation(self, evaluation: dict[str, Any]) -> None:
+        """The eval/ columns (``evaluation``) of an evaluation of the last update's nets run once its row was
+        written: a run solved (--stop-at-return) in the rollout after it, which is not learned from, ends with those
+        nets, evaluated as it stops (see train's _evaluate_final). Added to that row as :meth:`record` would have
+        added them: metrics.jsonl's last row is written again with them (cut off, then appended: the file stays one
+        row an update), TensorBoard and W&B get them at its step, --metrics-port its gauge, and the bar its return."""
+        row = {**self.last_row, **evaluation}
+        path = self.run_dir / rundir.METRICS
+        with writing(path):
+            rundir.still_there(self.run_dir, self.metrics_file)
+            rundir.drop_rows_after(path, int(row["update"]) - 1)
+            rundir.append_jsonl(self.metrics_file, row)
+        self.last_row = row
+        if self.writer is not None:
+            for tag, value in tagged_values(row).items():
+                if tag.startswith("eval/"):
+                    self.writer.add_scalar(tag, value, row["global_step"])
+        if self.tracker is not None:  # (the row again at its step: W&B keeps a step's last values)
+            self.tracker.update(row)
+        if self.live is not None:
+            self.live.observe_evaluation(evaluation)
+        if self.bar is not None:
+            self.postfix = bar_postfix(row["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(
+                self.counters.eval_return_mean
+            )
+            self.bar.set_postfix_str(self.postfix)
+
     def fleet_down(self, servers: int, not_joined: int, envs: int | None = None) -> None:
         """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined; ``envs``: the
         fleet's envs, every one unavailable, for --metrics-port's gauges): the loop calls

@@ -1581,14 +1581,15 @@ def _finish_last_update(
     return None
 
 
-def _save_best_eval(checkpointer: Checkpointer, state: dict[str, Any] | None) -> Path:
+def _save_best_eval(checkpointer: Checkpointer, state: dict[str, Any] | None, counted: bool = False) -> Path:
     """--eval-every: checkpoints/best-eval.pt of the nets as they are now, those of the best evaluation so far
     (--save-best), with ``state`` (--overlap-update's, as of the end of the rollout the evaluated update learned
-    from) or the run's state as of now (a checkpoint as ``learner eval`` reads one, as the step's own)."""
+    from; a solved run's last update's, ``counted`` already: see PeriodicEval.final) or the run's state as of
+    now (a checkpoint as ``learner eval`` reads one, as the step's own)."""
     state = state if state is not None else checkpointer.rollout_state()
     # (the evaluated update's count: it is evaluated before Recorder.record counts it; a copy, as the state
     # goes on to the step's checkpoint, which Checkpointer.finished gives the count)
-    counters = {**state["counters"], "update": checkpointer.counters.update + 1}
+    counters = {**state["counters"], "update": checkpointer.counters.update + (0 if counted else 1)}
     path = checkpointer.run_dir / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT
     with writing(path, torch_save=True):
         return save_best_checkpoint(
@@ -1672,20 +1673,28 @@ class _Updater:
             checkpointer.rollout_state(),
         )
 
-    def finish(self, propagating: bool) -> BaseException | None:
+    def finish(self, propagating: bool, *, solved: bool = False) -> BaseException | None:
         """At the run's end (``propagating``: an error on its way out of it): --overlap-update's update of the last
-        whole rollout, which runs on, counted once done (see :func:`_finish_last_update`); what raised, else None."""
-        if self.pending is None:
-            return None
-        in_flight, self.pending = self.pending, None
-        # (on_update not while an error is on its way out: the run is over)
-        return _finish_last_update(
-            in_flight,
-            self.recorder,
-            self.checkpointer,
-            None if propagating else self.on_update,
-            None if propagating else self.evaluator,
-        )
+        whole rollout, which runs on, counted once done (see :func:`_finish_last_update`); then, for a run stopped
+        by --stop-at-return (``solved``), the nets it ends with evaluated (--eval-every: PeriodicEval.final); what
+        raised, else None."""
+        error = None
+        if self.pending is not None:
+            in_flight, self.pending = self.pending, None
+            # (on_update not while an error is on its way out: the run is over)
+            error = _finish_last_update(
+                in_flight,
+                self.recorder,
+                self.checkpointer,
+                None if propagating else self.on_update,
+                None if propagating else self.evaluator,
+            )
+        if error is None and solved and not propagating and self.evaluator is not None:
+            try:
+                self.evaluator.final(self.checkpointer.last_update)
+            except BaseException as err:  # (a second Ctrl-C, a write that failed: the run's files written all the same)
+                error = err
+        return error
 
 
 _runs_in_process = 0
@@ -2253,7 +2262,10 @@ def train(
             propagating = True
             raise
         finally:
-            update_error = updater.finish(propagating)
+            # (a solved run's last nets evaluated: not one stopped by Ctrl-C or SIGTERM, whose user wants out)
+            update_error = updater.finish(
+                propagating, solved=stop_reason == "stop_at_return" and not stop_request.requested
+            )
             if update_error is not None and not propagating:
                 stop_reason = _stop_reason(update_error)
             counters.seconds = time.perf_counter() - start_time

@@ -31,6 +31,7 @@ from learner.local import label_of
 from learner.periodic_eval import EVAL_COLUMNS, EVAL_SEED_BASE, eval_fleet
 from learner.plot import _eval_points, plot_runs
 from learner.resume import like_args, resume_args
+from learner.stats import format_return
 from learner.train import train
 from tests.conftest import QUIET, StartServers
 from tests.test_train import CtrlCAt, _resumable, resume_as_killed
@@ -147,6 +148,64 @@ def test_the_eval_server_is_eval_0_beside_the_training_servers_local_n(
         )
         assert [label_of(address) for address in training.addresses] == ["local-0"]  # type: ignore[attr-defined]
         assert [label_of(address) for address in evaluating.addresses] == ["eval-0"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("overlap_update", [False, True])
+def test_a_run_solved_evaluates_the_nets_it_ends_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overlap_update: bool
+) -> None:
+    # A run stopped by --stop-at-return (mid-rollout: that rollout is not learned from) ended with its last update's
+    # nets, which no evaluation had played where none was due there: summary.json's eval_return_mean was an older
+    # policy's (here: none at all, --eval-every being past the run). They are evaluated as it stops, and recorded as
+    # an evaluation at that update is: its row's eval/ columns, the summary, best-eval.pt, the last checkpoint's
+    # counters; learner eval of that checkpoint, seeded as the evaluation was, plays the same episodes.
+    # (--overlap-update: the update finished in the background as the run ends is the last one.)
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_servers": 1, "envs_per_server": None, "num_envs": 4}
+    args = _cartpole(run, **options, total_timesteps=4096, stop_at_return=1.0, overlap_update=overlap_update)
+    args = dataclasses.replace(args, eval_every=100_000, eval_episodes=2, eval_envs=2, checkpoint_every=1)
+    summary = train(dataclasses.replace(args, tensorboard=True, progress=True))
+    assert summary["stop_reason"] == "stop_at_return" and summary["total_steps"] < 4096, summary
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["update"] for r in rows] == list(range(1, summary["updates"] + 1))  # (one row an update, still)
+    *before, last = rows
+    assert not any(key.startswith("eval/") for row in before for key in row)
+    assert set(EVAL_COLUMNS) <= set(last) and last["eval/episodes"] == 2
+    assert last["global_step"] < summary["total_steps"]  # (the rollout solved in is not learned from)
+    assert summary["eval_return_mean"] == summary["best_eval_return"] == last["eval/return_mean"]
+    assert summary["best_eval_step"] == last["global_step"]
+    checkpoint = rundir.list_checkpoints(run)[-1]
+    saved = load_checkpoint(checkpoint)["counters"]
+    assert saved["global_step"] == last["global_step"] and saved["eval_return_mean"] == last["eval/return_mean"]
+    assert saved["best_eval_step"] == last["global_step"] and saved["solved_at_step"] is not None
+    best = load_checkpoint(run / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT)["counters"]
+    assert best["global_step"] == best["best_eval_step"] == last["global_step"] and best["update"] == last["update"]
+    seed = EVAL_SEED_BASE + args.seed + last["global_step"]
+    again = evaluate(checkpoint, 2, num_envs=2, seed=seed, backend="gym", progress=False)
+    assert again["return_mean"] == last["eval/return_mean"]
+    # TensorBoard has it at that step, learner plot marks it, and the bar's last state says it.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run)).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/mean_reward")] == [
+        (last["global_step"], pytest.approx(last["eval/return_mean"]))
+    ]
+    assert _eval_points(run) == ([last["global_step"]], [last["eval/return_mean"]])
+    drawn = [frame.rstrip() for frame in re.split(r"[\r\n]", capsys.readouterr().err) if "steps [" in frame]
+    assert drawn[-1].endswith(f", eval {format_return(last['eval/return_mean'])}]"), drawn[-1]
+
+
+def test_a_run_stopped_before_it_ends_has_its_last_nets_left_unevaluated(tmp_path: Path) -> None:
+    # (stopped as Ctrl-C or SIGTERM stops it: the user wants out, not an evaluation more)
+    import threading
+
+    stop = threading.Event()
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_servers": 1, "envs_per_server": None, "num_envs": 2}
+    args = _cartpole(run, **options, eval_every=100_000, eval_episodes=1)
+    summary = train(args, on_update=lambda row: stop.set() if row["update"] == 2 else None, stop=stop)
+    assert summary["stop_reason"] == "stopped" and summary["eval_return_mean"] is None
+    assert not any(key.startswith("eval/") for row in rundir.read_jsonl(run / rundir.METRICS) for key in row)
 
 
 def test_no_save_best_leaves_best_eval_pt_out(tmp_path: Path) -> None:
