@@ -434,7 +434,7 @@ class Recorder:
     def add_evaluation(self, evaluation: dict[str, Any]) -> None:
         """The eval/ columns (``evaluation``) of an evaluation of the last update's nets run once its row was
         written: a run solved (--stop-at-return) in the rollout after it, which is not learned from, ends with those
-        nets, evaluated as it stops (see train's _evaluate_final). Added to that row as :meth:`record` would have
+        nets, evaluated as it stops (PeriodicEval.final). Added to that row as :meth:`record` would have
         added them: metrics.jsonl's last row is written again with them (cut off, then appended: the file stays one
         row an update), TensorBoard and W&B get them at its step, --metrics-port its gauge, and the bar its return."""
         row = {**self.last_row, **evaluation}
