@@ -254,7 +254,8 @@ class Args:
     # -- evaluation while training (SB3's EvalCallback, RL Zoo's --eval-freq) ---------------------------------
     eval_every: int = field(default=0, metadata={"metavar": "N"})
     """evaluate the current policy every N env steps (at the first update at or past each multiple of N, and
-    once more at the run's last update, --total-timesteps reached, if any ran): --eval-episodes episodes of its
+    once more at the run's last update, --total-timesteps reached, if any ran, or --stop-at-return met, unless
+    that update was): --eval-episodes episodes of its
     deterministic policy (the mode, as learner eval), --norm-obs statistics applied but not updated, raw env
     returns (no --clip-reward or --norm-reward), on envs of their own (an extra local env server; --backend
     gym: in process; --servers: --eval-servers), seeded apart from training's; training goes on exactly as
