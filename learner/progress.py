@@ -221,11 +221,8 @@ def progress_line(row: dict[str, Any], total: int, evaluation: float | None = No
     """An update's metrics row as one line, for logs: steps, share done, SPS, recent return, elapsed
     and, until ``total``, the time left at this session's SPS; then, while the fleet is degraded, what it
     is missing (:func:`fleet_note`); then the last evaluation's mean return, ``evaluation`` (:func:`eval_note`)."""
-    step, recent = row["global_step"], row["episodic_return_mean"]
-    line = (
-        f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {row['sps']:,.0f} SPS, "
-        f"mean return {'-' if recent is None else format_return(recent)}, {row['seconds']:.0f} s"
-    )
+    step = row["global_step"]
+    line = _line_head(step, total, row["sps"], row["episodic_return_mean"], row["seconds"])
     if step < total and row["sps"] > 0:
         line += f", ~{_duration((total - step) / row['sps'])} left"
     if note := fleet_note(row):
@@ -297,11 +294,19 @@ def waiting_line(
     1,041 SPS, mean return 151.9, 29 s, all 2 servers down for 20 s, waiting``; then, as :func:`progress_line`
     and the bar during the outage, the last evaluation's mean return (``evaluation``, --eval-every:
     :func:`eval_note`), which these lines alone dropped while the outage lasted."""
-    step, recent, sps = row.get("global_step", step), row.get("episodic_return_mean"), row.get("sps")
+    head = _line_head(row.get("global_step", step), total, row.get("sps"), row.get("episodic_return_mean"), seconds)
+    return f"{head}, {note}{eval_note(evaluation)}"
+
+
+def _line_head(step: int, total: int, sps: float | None, recent: float | None, seconds: float) -> str:
+    """The figures every progress line starts with, :func:`progress_line`'s and :func:`waiting_line`'s alike:
+    ``step 8,960/200,000 (4%), 1,041 SPS, mean return 151.9, 29 s``; an SPS or a return not known yet (None: no
+    update yet, or no episode ended) reads ``-``. (Each line wrote it out again, the two copies kept in step by
+    hand.)"""
     return (
         f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f}%), {'-' if sps is None else f'{sps:,.0f}'} SPS, "
-        f"mean return {'-' if recent is None else format_return(recent)}, {seconds:.0f} s, {note}"
-    ) + eval_note(evaluation)
+        f"mean return {'-' if recent is None else format_return(recent)}, {seconds:.0f} s"
+    )
 
 
 def _duration(seconds: float) -> str:
