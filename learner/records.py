@@ -173,15 +173,21 @@ class EventsWriter:
         )
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        try:
+        with self._adding():
             self._writer.add_scalar(tag, value, step)
-        except OSError as err:
-            self._failed = True
-            raise rundir.cannot_write(self.path, err) from err
 
     def add_text(self, tag: str, text: str, step: int) -> None:
-        try:
+        with self._adding():
             self._writer.add_text(tag, text, step)
+
+    @contextlib.contextmanager
+    def _adding(self) -> Iterator[None]:
+        """A record added to the file (:meth:`add_scalar`, :meth:`add_text`): its OSError (the writer thread's,
+        kept for the next write, or the call's own) ends the run with :func:`rundir.cannot_write`'s one line, and
+        the writer is marked failed, so that :meth:`close` does not log that failure a second time. (Each adding
+        method caught it and marked the writer by itself.)"""
+        try:
+            yield
         except OSError as err:
             self._failed = True
             raise rundir.cannot_write(self.path, err) from err
