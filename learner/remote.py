@@ -902,9 +902,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     @_one_thread
     def step(self, actions: Any) -> StepResult:
         """Step every env with its action and wait for all the servers' results."""
-        self._assert_idle("step")
-        self._assert_in_step("step")
-        self._assert_none_ended("step", slice(0, self.num_envs))
+        self._assert_may_step_all("step")
         actions = self._as_batch(actions, self.num_envs, "actions")
         servers = range(len(self._clients))
         self._start(servers, actions, 0)
@@ -913,9 +911,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
     @_one_thread
     def step_async(self, actions: Any) -> None:
         """Send each server its envs' actions, without waiting for the results."""
-        self._assert_idle("step_async")
-        self._assert_in_step("step_async")
-        self._assert_none_ended("step_async", slice(0, self.num_envs))
+        self._assert_may_step_all("step_async")
         actions = self._as_batch(actions, self.num_envs, "actions")
         self._start(range(len(self._clients)), actions, 0)
         self._state = AsyncState.WAITING_STEP
@@ -956,9 +952,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         actions of the groups after it (a policy's forward pass, say). Then all results are joined, as
         one fleet-wide step. With one group this is ``step(act(slice(0, num_envs)))``.
         """
-        self._assert_idle("step_groups")
-        self._assert_in_step("step_groups")
-        self._assert_none_ended("step_groups", slice(0, self.num_envs))
+        self._assert_may_step_all("step_groups")
         started: list[int] = []
         try:
             for g, servers in enumerate(self._groups):
@@ -1178,6 +1172,16 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         Disabled; None under the other modes (which reset ended envs themselves)."""
         disabled = self.metadata["autoreset_mode"] is gym.vector.AutoresetMode.DISABLED
         return np.zeros(self.num_envs, dtype=np.bool_) if disabled else None
+
+    def _assert_may_step_all(self, method: str) -> None:
+        """What :meth:`step`, :meth:`step_async` and :meth:`step_groups` check before sending any env an action,
+        in this order: no call pending nor group in flight (``_assert_idle``), no stale observations from a step
+        that failed part way (:meth:`_assert_in_step`), and, under autoreset Disabled, no env that ended and was
+        not reset (:meth:`_assert_none_ended`, over all the envs). (Each of the three made the three calls
+        itself; :meth:`send`, for one group, checks its own way.)"""
+        self._assert_idle(method)
+        self._assert_in_step(method)
+        self._assert_none_ended(method, slice(0, self.num_envs))
 
     def _assert_none_ended(self, method: str, envs: slice) -> None:
         """Under autoreset Disabled, refuse to step envs that ended and were not reset since, before
