@@ -49,6 +49,7 @@ __all__ = [
     "atomic_write",
     "cannot_write",
     "check_holds_a_run",
+    "check_makeable",
     "check_name_lengths",
     "check_starts_over",
     "checkpoint_path",
@@ -89,6 +90,19 @@ _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
 NAME_MAX = 255
 """The bytes a name in a path can have (a file or folder's: Linux's, macOS's), where the file system
 does not say its own (``pathconf``)."""
+
+
+def check_makeable(folder: Path, option: str, *, not_a_folder: type[Exception] = ValueError) -> None:
+    """Refuse ``folder``, one a command is to make (``option`` gave it, and is named), where it cannot be made: the
+    deepest part of it that exists is a file (``not_a_folder``: ValueError unless told; learner train's --run-dir
+    raises FileExistsError, as for a run dir that holds a run), or a folder this user cannot write in (ValueError);
+    so that the command says so before anything starts, not at its first write, minutes in. (learner train's
+    --run-dir and learner bench's --out each looked for that part and wrote both refusals by themselves.)"""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise not_a_folder(f"{option}: cannot make {folder}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}: cannot make {folder}: {existing} is not writable")
 
 
 def check_name_lengths(path: str | os.PathLike[str]) -> None:

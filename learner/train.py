@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -776,11 +775,7 @@ def _lock_given_dir(
 def _check_fresh(run_dir: Path) -> None:
     """A run dir a new run can be written to (not made yet: a run that fails to start leaves none), or
     one whose run stopped before its first checkpoint (set aside: see :func:`rundir.set_aside`)."""
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
-    if not existing.is_dir():
-        raise FileExistsError(f"--run-dir: cannot make {run_dir}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--run-dir: cannot make {run_dir}: {existing} is not writable")
+    rundir.check_makeable(run_dir, "--run-dir", not_a_folder=FileExistsError)
     if rundir.list_checkpoints(run_dir):  # (one without: stopped before its first, it starts over)
         raise FileExistsError(
             f"--run-dir {run_dir} already holds a run; pass --resume {run_dir} to continue it, or another --run-dir"

@@ -235,12 +235,7 @@ def check(config: BenchConfig) -> None:
         _check_ppo_env(config.ppo_env)
     if "throughput" in config.suites:
         _check_workload_envs(config.workloads)
-    out = config.out
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"--out: cannot make {out}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out: cannot make {out}: {existing} is not writable")
+    rundir.check_makeable(config.out, "--out")
 
 
 class _Once(logging.Filter):
