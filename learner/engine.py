@@ -60,10 +60,7 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
                 try:
                     client = docker.from_env()
                 except docker.errors.DockerException as err:
-                    raise AddressError(
-                        f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this "
-                        "user use it?"
-                    ) from err
+                    raise _unreachable(address, err) from err
             try:
                 result = query(client)
             except AddressError:  # (the query's own: what the engine answered says the address is wrong)
@@ -81,10 +78,7 @@ def ask_engine(address: str, what: str, query: Callable[[Any], T]) -> T:
                         f"address {address!r}: the Docker engine failed to {what}: {explanation}"
                     ) from err
                 if isinstance(err, requests.exceptions.RequestException | OSError):
-                    raise AddressError(
-                        f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this "
-                        "user use it?"
-                    ) from err
+                    raise _unreachable(address, err) from err
                 raise
             _clients[key] = client
             return result
@@ -121,6 +115,15 @@ def url_host(url: str, address: str) -> str | None:
         return None if ipaddress.ip_address(host).is_loopback else host
     except ValueError:  # a name
         return host
+
+
+def _unreachable(address: str, err: BaseException) -> AddressError:
+    """What a look-up of ``address`` raises where the Docker engine cannot be reached, ``err`` saying why: no client
+    could be made (no engine at DOCKER_HOST, no permission on its socket), or a client's query lost its connection
+    (the engine stopped, or went). (Both places wrote the same words out.)"""
+    return AddressError(
+        f"address {address!r}: cannot reach the Docker engine ({err}); is it running, and may this user use it?"
+    )
 
 
 def engine_host(client: Any, address: str) -> str | None:
