@@ -320,6 +320,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from learner.train import train
 
     _check_device(args, config.device)
+    if config.capture_video:
+        from learner.video import headless_rendering
+
+        headless_rendering()  # (process-wide, so here: before any server starts, as MuJoCo reads it on import)
     run_dir_known = config.run_dir or config.resume  # (for a second Ctrl-C; else once the run dir is made)
 
     session_started = False  # (its envs up and config.json written: a resume goes on with this session's options)
@@ -401,6 +405,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary["stop_reason"] == "interrupted":
         print(interrupted_line(run_dir, summary["total_steps"]))
     written = ["metrics.jsonl", "TensorBoard events" if config.tensorboard else "", "checkpoints/", "summary.json"]
+    if summary.get("videos"):  # (--capture-video)
+        written.append(f"videos/ ({len(summary['videos'])} GIF{'' if len(summary['videos']) == 1 else 's'})")
     print(f"run dir: {run_dir}  ({', '.join(w for w in written if w)})")
     if "wandb_run" in summary:  # (--track)
         wandb_run = summary["wandb_run"]

@@ -270,6 +270,14 @@ class Args:
     """running env servers, of the run's env, to evaluate on (--eval-every), as --servers names them: needed
     by a run on --servers (a server serves one learner at a time, so the training fleet cannot lend its
     envs); without --servers, instead of the extra local server"""
+    capture_video: bool = False
+    """write RUN_DIR/videos/step-<global step>.gif (CleanRL's --capture-video): one episode of the deterministic
+    policy of the nets at each evaluation (--eval-every, seeded as it is) and of the nets the run ends with
+    (--total-timesteps reached or --stop-at-return met; not a Ctrl-C'd run), played on an env made in this
+    process with render_mode rgb_array and the training envs' kwargs, wrappers and time limit (frames never
+    cross the wire: the env and its renderer must be installed here, for classic control pip install
+    'envfleet[video]'; checked at the start). summary.json's videos lists them; --track logs each to W&B
+    (TensorBoard gets none: its add_video needs moviepy). Training goes on exactly as without it"""
 
     # -- tracking (Weights & Biases) ------------------------------------------------------------------------
     track: bool = False

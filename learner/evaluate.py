@@ -522,15 +522,7 @@ def _record_video(
     torch's generator seeded too) of ``policy`` on an in-process env of the run made as ``made`` says, with
     ``render_mode="rgb_array"``, written to ``path``; cut short where ``stop`` is requested."""
     assert run_args.env is not None
-    render = FleetSpec(
-        env=run_args.env,
-        backend="gym",
-        num_servers=1,
-        envs_per_server=1,
-        env_kwargs={**made.kwargs, "render_mode": "rgb_array"},
-        wrappers=made.wrappers,
-        max_episode_steps=made.video_limit,
-    )
+    render = video_.render_spec(run_args.env, made.kwargs, made.wrappers, made.video_limit)
     spaces = (state["observation_space"], state["action_space"])
     torch.manual_seed(seed)  # (--stochastic: the video's samples, whatever came before)
     return video_.record_episode(

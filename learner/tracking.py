@@ -86,6 +86,8 @@ class WandbRun:
         self._first_step = self._run.starting_step if saved.get("id") else 0
         self._skipped = 0
         self._episodes: dict[int, list[tuple[float, int]]] = {}  # global step -> (return, length) of those ended
+        self._videos: list[tuple[int, Path]] = []  # (--capture-video's held until the row of their update)
+        self._row_step = -1  # (the last update row's step logged)
         self.summary: dict[str, Any] | None = None
         self.record: dict[str, Any] | None = None  # (wandb-run.json's; None: W&B disabled, WANDB_MODE=disabled)
         if self._run.disabled:
@@ -120,6 +122,22 @@ class WandbRun:
         values: dict[str, Any] = {"global_step": step, **tagged_values(row)}
         values.update((name, row[key]) for key, name in UNTAGGED.items() if row.get(key) is not None)
         self._log(values, step)
+        self._row_step = step
+        held, self._videos = self._videos, []
+        for video_step, path in held:
+            self.video(video_step, path)
+
+    def video(self, global_step: int, path: Path) -> None:
+        """--capture-video's GIF of the nets at ``global_step`` (``videos/policy``, a wandb.Video of the file: no
+        moviepy needed for a GIF already written), logged at that step once the update's row is (before it, the
+        row's episodes before it would be at earlier steps, which W&B drops)."""
+        if global_step > self._row_step:
+            self._videos.append((global_step, path))
+            return
+        try:
+            self._log({"videos/policy": wandb.Video(str(path), format="gif")}, global_step)
+        except Exception as err:  # (W&B's: the GIF is in the run dir all the same)
+            log.warning("W&B run %s: could not log the video %s: %s: %s", self.id, path, type(err).__name__, err)
 
     def finish(self, exit_code: int) -> None:
         """Put :attr:`summary` (summary.json's) into the W&B run's summary and finish it with ``exit_code``

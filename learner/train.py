@@ -52,6 +52,7 @@ from torch import Tensor, optim
 from env_server.isolation import env_returned
 from env_server.ratelimit import LogBudget
 from learner import rundir
+from learner.capture import VideoCapture
 from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
@@ -1531,26 +1532,38 @@ def _finish_update(
     recorder: Recorder,
     checkpointer: Checkpointer,
     evaluator: PeriodicEval | None = None,
+    video: VideoCapture | None = None,
 ) -> None:
     """--overlap-update: wait for the update running in the background (``pending``: it, the rollout_info
     of the rollout it learns from, and the state as of that rollout's end), then record it (evaluated first
-    where ``evaluator`` says one is due: the nets are that update's until the acting copy takes them)."""
+    where ``evaluator`` says one is due, and its ``video`` recorded: the nets are that update's until the acting
+    copy takes them)."""
     future, rollout_info, state = pending
     result = future.result()  # re-raises what the update raised
     # (its period: to the end of its rollout, the steps since being the next rollout's)
     as_of = (rollout_info["ended_at"], rollout_info["global_step"])
-    recorder.record(result, rollout_info, as_of=as_of, evaluation=_evaluation(evaluator, rollout_info, state))
+    evaluation = _evaluation(evaluator, rollout_info, state, video)
+    recorder.record(result, rollout_info, as_of=as_of, evaluation=evaluation)
     checkpointer.finished(state)
 
 
 def _evaluation(
-    evaluator: PeriodicEval | None, rollout_info: dict[str, Any], state: dict[str, Any] | None = None
+    evaluator: PeriodicEval | None,
+    rollout_info: dict[str, Any],
+    state: dict[str, Any] | None = None,
+    video: VideoCapture | None = None,
 ) -> dict[str, Any] | None:
     """--eval-every: the eval/ columns of the update that learned from the rollout ``rollout_info`` describes,
     evaluated now where one is due there (the nets just updated); None where none is. ``state``: --overlap-update's
-    state as of that rollout's end (the run has collected the next rollout since: see PeriodicEval.run)."""
+    state as of that rollout's end (the run has collected the next rollout since: see PeriodicEval.run).
+    --capture-video (``video``): the video of the same nets (and --norm-obs statistics) after the evaluation."""
     step = int(rollout_info["global_step"])
-    return evaluator.run(step, state) if evaluator is not None and evaluator.due(step) else None
+    if evaluator is None or not evaluator.due(step):
+        return None
+    evaluation = evaluator.run(step, state)
+    if video is not None:  # (none where the evaluation was stopped by a Ctrl-C: VideoCapture.record sees it)
+        video.record(step, state)
+    return evaluation
 
 
 def _finish_last_update(
@@ -1559,12 +1572,13 @@ def _finish_last_update(
     checkpointer: Checkpointer,
     on_update: Callable[[dict[str, Any]], object] | None,
     evaluator: PeriodicEval | None = None,
+    video: VideoCapture | None = None,
 ) -> BaseException | None:
     """--overlap-update, at the run's end: wait for the update still running (``pending``, as for
     :func:`_finish_update`), record it and tell ``on_update``; what it raised (the update failed, logged; a
     second Ctrl-C came while waiting for it), or ``on_update`` did, else None."""
     try:
-        _finish_update(pending, recorder, checkpointer, evaluator)
+        _finish_update(pending, recorder, checkpointer, evaluator, video)
     except BaseException as err:  # it failed, or a second Ctrl-C came while waiting for it
         if not isinstance(err, KeyboardInterrupt):
             log.error("the update running in the background failed: %s: %s", type(err).__name__, err)
@@ -1630,6 +1644,8 @@ class _Updater:
     """--overlap-update: the update running in the background (see :func:`_finish_update`)."""
     evaluator: PeriodicEval | None = None
     """--eval-every: evaluates the nets after the updates it is due at, for their rows."""
+    video: VideoCapture | None = None
+    """--capture-video: a video of the nets at each evaluation, and of those the run ends with."""
 
     def update(self, batch: Batch, rollout_info: dict[str, Any], *, learning_rate: float, clip_coef: float) -> None:
         """Update the nets on ``batch``, of the rollout ``rollout_info`` describes; with --overlap-update, once the
@@ -1640,7 +1656,8 @@ class _Updater:
             # found while the batch is made leaves the nets as of the last update, checkpointed).
             checkpointer.updating = True
             result = ppo_update(agent, self.optimizer, batch, self.hp, learning_rate=learning_rate, clip_coef=clip_coef)
-            recorder.record(result, rollout_info, evaluation=_evaluation(self.evaluator, rollout_info))
+            evaluation = _evaluation(self.evaluator, rollout_info, video=self.video)
+            recorder.record(result, rollout_info, evaluation=evaluation)
             checkpointer.finished(checkpointer.rollout_state())
             _tell(self.on_update, recorder)
             return
@@ -1648,7 +1665,7 @@ class _Updater:
         # takes its nets and collects the next rollout while this one's update runs.
         if self.pending is not None:
             in_flight, self.pending = self.pending, None
-            _finish_update(in_flight, recorder, checkpointer, self.evaluator)
+            _finish_update(in_flight, recorder, checkpointer, self.evaluator, self.video)
             _tell(self.on_update, recorder)
         self.actor.load_state_dict(agent.state_dict())
         checkpointer.updating = True
@@ -1668,11 +1685,12 @@ class _Updater:
             checkpointer.rollout_state(),
         )
 
-    def finish(self, propagating: bool, *, solved: bool = False) -> BaseException | None:
+    def finish(self, propagating: bool, *, solved: bool = False, finished: bool = False) -> BaseException | None:
         """At the run's end (``propagating``: an error on its way out of it): --overlap-update's update of the last
         whole rollout, which runs on, counted once done (see :func:`_finish_last_update`); then, for a run stopped
-        by --stop-at-return (``solved``), the nets it ends with evaluated (--eval-every: PeriodicEval.final); what
-        raised, else None."""
+        by --stop-at-return (``solved``), the nets it ends with evaluated (--eval-every: PeriodicEval.final); for
+        one solved or ``finished`` (--total-timesteps reached), their video (--capture-video: at its last update's
+        step, unless its evaluation made one there); what raised, else None."""
         error = None
         if self.pending is not None:
             in_flight, self.pending = self.pending, None
@@ -1683,11 +1701,19 @@ class _Updater:
                 self.checkpointer,
                 None if propagating else self.on_update,
                 None if propagating else self.evaluator,
+                None if propagating else self.video,
             )
         if error is None and solved and not propagating and self.evaluator is not None:
             try:
                 self.evaluator.final(self.checkpointer.last_update)
             except BaseException as err:  # (a second Ctrl-C, a write that failed: the run's files written all the same)
+                error = err
+        last_row = self.recorder.last_row  # (this session's last update: none, no nets of its own to show)
+        if error is None and (solved or finished) and not propagating and self.video is not None and last_row:
+            try:
+                # (the nets and --norm-obs statistics of its last update, which its last checkpoint holds)
+                self.video.record(int(last_row["global_step"]), self.checkpointer.last_update)
+            except BaseException as err:  # (a second Ctrl-C: the run's files written all the same)
                 error = err
         return error
 
@@ -1816,12 +1842,15 @@ def train(
         envs = stack.enter_context(open_fleet(fleet))
         # Running servers say what they host; --env names what this command starts.
         env_id = str(getattr(envs, "env_id", None) or args.env)
+        given_env = args.env  # (the command line's, or a resumed run's: a --servers run's is theirs from here on)
         if args.servers is not None:
             args = _args_for_served_env(args, envs, env_id)
         eval_envs, eval_spec = None, None
         if args.eval_every:  # (before the run dir: eval envs of another env or other spaces are refused)
             eval_spec = eval_fleet(args, fleet, env_id)
             eval_envs = stack.enter_context(open_eval_envs(eval_spec, env_id, envs))
+        # (before the run dir too: an env or renderer missing here is refused, not found at the first video)
+        video_spec = VideoCapture.check(args, envs, env_id, given_env) if args.capture_video else None
         # Before the run dir: a refused env leaves none. (A resumed run has its network, however large.)
         check_trainable(envs.single_observation_space, envs.single_action_space, cnn_size=checkpoint is None)
         served = _served(args, envs)
@@ -2057,6 +2086,19 @@ def train(
                 save_best=functools.partial(_save_best_eval, checkpointer) if args.save_best else None,
                 shown=recorder,
             )
+        if video_spec is not None:
+            updater.video = VideoCapture(
+                run_dir=run_dir,
+                spec=video_spec,
+                spaces=(str(obs_space), str(action_space)),
+                agent=agent,
+                obs_rms=obs_rms,
+                envs=envs,
+                device=device,
+                stop=stop_request,
+                seed=args.seed,
+                tracker=tracker,
+            )
 
         try:
             while stop_reason is None:
@@ -2259,7 +2301,9 @@ def train(
         finally:
             # (a solved run's last nets evaluated: not one stopped by Ctrl-C or SIGTERM, whose user wants out)
             update_error = updater.finish(
-                propagating, solved=stop_reason == "stop_at_return" and not stop_request.requested
+                propagating,
+                solved=stop_reason == "stop_at_return" and not stop_request.requested,
+                finished=stop_reason == "total_timesteps" and not stop_request.requested,
             )
             if update_error is not None and not propagating:
                 stop_reason = _stop_reason(update_error)
@@ -2276,6 +2320,8 @@ def train(
                 faults=watch.totals(),
                 replicas=watch.replicas,
             )
+            if updater.video is not None:  # (--capture-video: the run's GIFs, its earlier sessions' too)
+                summary["videos"] = updater.video.listed()
             if bar is not None:
                 close_bar(
                     bar,

@@ -24,7 +24,18 @@ from learner.errors import os_reason
 from learner.rundir import atomic_write, check_name_lengths
 from learner.stats import format_return
 
-__all__ = ["MAX_FPS", "MAX_STEPS", "MIN_FPS", "check_fps", "check_path", "gif_timing", "record_episode", "write_gif"]
+__all__ = [
+    "MAX_FPS",
+    "MAX_STEPS",
+    "MIN_FPS",
+    "check_fps",
+    "check_path",
+    "check_rendering",
+    "gif_timing",
+    "record_episode",
+    "render_spec",
+    "write_gif",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +132,51 @@ def headless_rendering() -> None:
         os.environ.setdefault("MUJOCO_GL", "egl")
 
 
+def render_spec(
+    env: str, env_kwargs: dict[str, Any], wrappers: Sequence[str], max_episode_steps: int | None
+) -> FleetSpec:
+    """The env a video is played on: one of ``env``, in this process, made with ``env_kwargs`` and
+    ``render_mode="rgb_array"``, the env-server ``wrappers`` and the time limit ``max_episode_steps``
+    (those of the run's envs: ``learner eval --video``'s and ``learner train --capture-video``'s)."""
+    return FleetSpec(
+        env=env,
+        backend="gym",
+        num_servers=1,
+        envs_per_server=1,
+        env_kwargs={**env_kwargs, "render_mode": "rgb_array"},
+        wrappers=tuple(wrappers),
+        max_episode_steps=max_episode_steps,
+    )
+
+
+def check_rendering(spec: FleetSpec, seed: int, spaces: tuple[str, str] | None = None, hint: str = "") -> None:
+    """Make ``spec``'s env (a :func:`render_spec`), reset it with ``seed`` and render one frame, as
+    :func:`record_episode` does first: its ValueError (``video: ...``) where the env cannot be made here
+    (not installed), has other ``spaces`` than the policy's, or renders no RGB frame (no renderer: pygame,
+    MuJoCo's OpenGL). ``learner train --capture-video`` asks at its start, not at its first video."""
+    what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
+    try:
+        with open_fleet(spec) as envs:
+            _check_spaces(envs, spec, spaces, hint)
+            _, infos = envs.reset(seed=seed)
+            _raise_env_error(infos, spec.env)
+            _frame(envs.render(), spec.env)
+    except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
+        if isinstance(err, ValueError) and str(err).startswith("video: "):
+            raise
+        raise ValueError(f"video: {what} failed: {_reason(err)}") from err
+
+
+def _check_spaces(envs: gym.vector.VectorEnv, spec: FleetSpec, spaces: tuple[str, str] | None, hint: str) -> None:
+    """ValueError where ``envs`` (of ``spec``) have other (observation, action) ``spaces`` than the policy's."""
+    found = (str(envs.single_observation_space), str(envs.single_action_space))
+    if spaces is not None and found != spaces:
+        raise ValueError(
+            f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
+            f"policy was trained on {spaces[0]} and {spaces[1]}{hint}"
+        )
+
+
 def record_episode(
     spec: FleetSpec,
     policy: Callable[[Any], Any],
@@ -130,6 +186,8 @@ def record_episode(
     spaces: tuple[str, str] | None = None,
     stop: Callable[[], bool] | None = None,
     hint: str = "",
+    *,
+    write_cut: bool = True,
 ) -> dict[str, Any]:
     """Play one episode of ``policy`` on the one-env vector env ``spec`` (made with render_mode
     rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
@@ -138,7 +196,9 @@ def record_episode(
     each step (a Ctrl-C's :class:`~learner.progress.StopRequest`): true, the episode is cut there, and the
     frames so far are written (``episode_ended`` false). An env that raised (in-process envs isolate its
     exception: its episode ends, ``infos["env_error"]`` says why) is a ValueError naming its error, and
-    nothing is written: its episode was cut short by it."""
+    nothing is written: its episode was cut short by it. ``write_cut`` false: an episode cut by ``stop`` is
+    not written either (``learner train --capture-video``: a Ctrl-C leaves that video out, as it does that
+    evaluation), and the result's ``path`` is None."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
     gif = _GifFrames()
     total = 0.0
@@ -146,12 +206,7 @@ def record_episode(
     done = stopped = False
     try:
         with open_fleet(spec) as envs:
-            found = (str(envs.single_observation_space), str(envs.single_action_space))
-            if spaces is not None and found != spaces:
-                raise ValueError(
-                    f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
-                    f"policy was trained on {spaces[0]} and {spaces[1]}{hint}"
-                )
+            _check_spaces(envs, spec, spaces, hint)
             if fps is None:
                 fps = _real_time_fps(envs, spec)
             every, delay = gif_timing(fps)
@@ -172,6 +227,9 @@ def record_episode(
         if isinstance(err, ValueError) and str(err).startswith("video: "):
             raise
         raise ValueError(f"video: {what} failed: {_reason(err)}") from err
+    if stopped and not done and not write_cut:
+        log.info("video: %s left out: cut short at the stop asked for (%d steps)", path, steps)
+        return {"path": None, "steps": steps, "fps": fps, "keep_every": every, "return": total, "episode_ended": False}
     gif.write(path, delay)
     cut = "" if done else ", cut short at the stop asked for" if stopped else ", cut short"
     log.info("video: %s (%d steps, return %s%s)", path, steps, format_return(total), cut)

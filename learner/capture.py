@@ -1,0 +1,182 @@
+"""``learner train --capture-video`` (CleanRL's flag): GIFs of the policy as it learns.
+
+One episode of the deterministic policy (the mode, as ``learner eval --video`` plays it) of the nets at each
+evaluation (--eval-every: the nets and --norm-obs statistics it evaluated, reset with its seed) and of the nets the
+run ends with, written to ``RUN_DIR/videos/step-<global step, 10 digits>.gif``. The env is made in this process
+with ``render_mode="rgb_array"`` and the training envs' kwargs, wrappers and time limit (as the servers said
+them: frames never cross the wire), by :func:`learner.video.render_spec`, as ``learner eval --video`` makes its
+own; :meth:`VideoCapture.check` makes it once at the start, so that an env or renderer missing here fails
+before the run dir is made, not at the first video.
+
+Training goes on exactly as without it: the videos' env is none of training's, the policy's mode draws nothing,
+and the random generators (Python's, NumPy's, torch's) are put back as they were after each video. A video that
+fails mid-run (its env raised, a full disk) is said once, as a warning, and no more are recorded; training goes on.
+A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import torch
+
+from learner import rundir
+from learner.checkpoint import capture_rng, restore_rng
+from learner.config import Args, check_served_env_here
+from learner.envs import FleetSpec
+from learner.evaluate import policy_of
+from learner.normalize import DictRunningMeanStd, RunningMeanStd
+from learner.periodic_eval import EVAL_SEED_BASE
+from learner.ppo import Agent
+from learner.progress import StopRequest
+from learner.video import check_rendering, record_episode, render_spec
+
+if TYPE_CHECKING:
+    from learner.tracking import WandbRun
+
+__all__ = ["VIDEOS", "VideoCapture", "video_path"]
+
+log = logging.getLogger(__name__)
+
+VIDEOS = "videos"
+"""The run dir's folder of --capture-video's GIFs."""
+
+VIDEO_EXTRA = "pip install 'envfleet[video]'"
+"""What classic control's renderer (pygame) is installed with."""
+
+
+def video_path(run_dir: Path, step: int) -> Path:
+    """Where --capture-video writes the video of the nets at env step ``step``."""
+    return run_dir / VIDEOS / f"step-{step:010d}.gif"
+
+
+def video_seed(seed: int, step: int) -> int:
+    """The video's env's reset seed at ``step``: the evaluation's there (env 0's), ``EVAL_SEED_BASE + --seed +
+    step``; ``learner eval CHECKPOINT --video PATH.gif --seed`` that number plays the same episode."""
+    return EVAL_SEED_BASE + seed + step
+
+
+@dataclasses.dataclass(eq=False)
+class VideoCapture:
+    """The videos of a run (--capture-video): :meth:`record` of the nets as they are, at an evaluation or the end."""
+
+    run_dir: Path
+    spec: FleetSpec
+    """The env the videos are played on (:func:`learner.video.render_spec`)."""
+    spaces: tuple[str, str]
+    """The training envs' (observation, action) spaces, as text: the policy's."""
+    agent: Agent
+    """The nets trained (the updated ones, not --overlap-update's acting copy)."""
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None
+    envs: gym.vector.VectorEnv
+    """The training envs (the policy's spaces; nothing is stepped on them)."""
+    device: torch.device
+    stop: StopRequest
+    seed: int
+    """--seed."""
+    tracker: WandbRun | None = None
+    """--track: each video is logged to the W&B run too."""
+    failed: bool = dataclasses.field(default=False, init=False)
+    """Whether a video failed (said once): no more are recorded."""
+    recorded: list[Path] = dataclasses.field(default_factory=list, init=False)
+    """The videos this session wrote, in order."""
+    last_step: int | None = dataclasses.field(default=None, init=False)
+    """The step of the last video asked for (one per step: the end's where its last update's evaluation made one)."""
+
+    @classmethod
+    def check(cls, args: Args, envs: gym.vector.VectorEnv, env_id: str, given_env: str | None) -> FleetSpec:
+        """The env --capture-video's videos are played on, for ``args``' run on ``envs`` (their env ``env_id``; the
+        --env given on the command line, ``given_env``), made once here and a frame rendered: ValueError naming
+        --capture-video and what to install where it cannot be (the env or its renderer not installed here, no
+        display where MuJoCo needs one, other spaces than the training envs'), before the run dir is made. A run
+        on --servers makes the env the servers serve, with the kwargs, wrappers and time limit they said (an env
+        that imports a module must be named with --env, as learner eval --video asks)."""
+        try:
+            check_served_env_here(env_id, args.servers, given_env, "--capture-video", "--env")
+        except ValueError as err:
+            raise ValueError(f"{err}, or leave --capture-video out") from None
+        kwargs = getattr(envs, "env_kwargs", None)
+        if kwargs is None:
+            kwargs = dict(args.env_kwargs)
+            if args.servers is not None:
+                log.warning(
+                    "--capture-video: the servers did not say the env kwargs they make their envs with (too old to): "
+                    "the videos' env is made with none"
+                )
+        wrappers = list(getattr(envs, "wrappers", args.server_wrappers()))
+        limit = getattr(envs, "time_limit", None) or getattr(getattr(envs, "spec", None), "max_episode_steps", None)
+        spec = render_spec(env_id, kwargs, wrappers, limit)
+        spaces = (str(envs.single_observation_space), str(envs.single_action_space))
+        try:
+            check_rendering(spec, video_seed(args.seed, 0), spaces, hint=" (the training envs')")
+        except ValueError as err:
+            reason = str(err).removeprefix("video: ")
+            extra = "" if VIDEO_EXTRA in reason else f" (classic control renders with pygame: {VIDEO_EXTRA})"
+            raise ValueError(
+                f"--capture-video: {reason}; the videos are played on an env made in the learner's process, as frames "
+                f"never cross the wire: install the env and its renderer here{extra}, or leave --capture-video out"
+            ) from None
+        return spec
+
+    def record(self, step: int, state: dict[str, Any] | None = None) -> Path | None:
+        """The video of the nets as they are now, those of the update at env step ``step``, at
+        ``RUN_DIR/videos/step-<step>.gif``; where it was written, else None (one at that step already, a stop
+        asked for, a video failed before or now: said once, and no more are recorded).
+
+        ``state``: the run's state the nets go with (--overlap-update's as of the end of the rollout the update
+        learned from; a run's last update's): its --norm-obs statistics, as :meth:`PeriodicEval.run
+        <learner.periodic_eval.PeriodicEval.run>` takes them; None: the run's as they are now."""
+        if self.failed or self.stop.requested or step == self.last_step:
+            return None
+        self.last_step = step
+        obs_rms = self.obs_rms
+        if state is not None and obs_rms is not None and state.get("obs_rms") is not None:
+            obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
+            obs_rms.load_state_dict(state["obs_rms"])
+        policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
+        path = video_path(self.run_dir, step)
+        rng = capture_rng()  # (put back after: nothing here may change what training draws next)
+        try:
+            with rundir.writing(path):
+                result = record_episode(
+                    self.spec,
+                    functools.partial(policy, video=True),
+                    video_seed(self.seed, step),
+                    path,
+                    None,
+                    self.spaces,
+                    stop=lambda: self.stop.requested,
+                    write_cut=False,
+                )
+        except Exception as err:  # (its env raised, its renderer failed, the disk is full: training goes on)
+            self.failed = True
+            log.warning(
+                "--capture-video: the video at step %s failed, and no more are recorded (training goes on): %s",
+                f"{step:,}",
+                str(err).removeprefix("video: "),
+            )
+            return None
+        finally:
+            restore_rng(rng)
+        if result["path"] is None:  # (a Ctrl-C: the run stops next, as during an evaluation)
+            return None
+        self.recorded.append(path)
+        if self.tracker is not None:
+            self.tracker.video(step, path)
+        return path
+
+    def listed(self) -> list[str]:
+        """summary.json's ``videos``: the run's GIFs in RUN_DIR/videos (its earlier sessions' too), by step, as
+        paths relative to the run dir."""
+        folder = self.run_dir / VIDEOS
+        try:
+            found = sorted(p for p in folder.glob("step-*.gif") if p.is_file())
+        except OSError:
+            found = list(self.recorded)
+        return [str(p.relative_to(self.run_dir)) for p in found]

@@ -1,0 +1,31 @@
+"""Envs for ``learner train --capture-video``'s tests (tests/test_train_video.py): one whose renderer breaks after
+a number of frames (over the process's life), as a renderer that fails mid-run does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tests.envs import ClockEnv
+
+__all__ = ["RENDERED", "RendererBreaksEnv"]
+
+RENDERED = [0]
+"""The frames RendererBreaksEnv rendered in this process (set back to 0 by a test)."""
+
+
+class RendererBreaksEnv(ClockEnv):
+    """ClockEnv whose ``render`` raises RuntimeError once ``frames_ok`` frames have been rendered in this process
+    (all its instances together: the start's check renders one; each video renders one a step, and one more)."""
+
+    def __init__(self, frames_ok: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.frames_ok = frames_ok
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            RENDERED[0] += 1
+            if RENDERED[0] > self.frames_ok:
+                raise RuntimeError("the renderer's context was lost")
+        return super().render()

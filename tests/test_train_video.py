@@ -1,0 +1,293 @@
+"""``learner train --capture-video`` (CleanRL's flag): a GIF of the deterministic policy at each evaluation
+(--eval-every) and at the run's end, played on an env made in the learner's process, leaving training as it would
+be without it. Tiny budgets; real local servers or in-process envs (CartPole and Pendulum render with pygame,
+ClockEnv draws its own frames)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
+import torch
+
+from learner import rundir
+from learner.capture import VIDEOS, video_path
+from learner.cli import main
+from learner.config import Args
+from learner.envs import FleetSpec, open_fleet
+from learner.errors import TrainingInterrupted
+from learner.evaluate import evaluate
+from learner.local import LocalServers
+from learner.periodic_eval import EVAL_SEED_BASE
+from learner.resume import like_args, resume_args
+from learner.train import train
+from tests import capture_envs
+from tests.conftest import QUIET
+from tests.test_tracking import offline_runs, offline_wandb  # noqa: F401 (offline_wandb: a fixture, by its name)
+from tests.test_train import CtrlCAt, _resumable
+from tests.test_train_eval import TIMING, _cartpole
+
+RENDERS_WITH_PYGAME = pytest.mark.skipif(
+    importlib.util.find_spec("pygame") is None, reason="needs pygame (pip install 'envfleet[video]')"
+)
+
+
+def _frames(gif: Path) -> int:
+    """The frames of ``gif`` (a frame the same as the one before is one shown longer)."""
+    from PIL import Image
+
+    with Image.open(gif) as image:
+        return int(getattr(image, "n_frames", 1))
+
+
+def _videos(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / VIDEOS).glob("*"))
+
+
+def _no_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without their wall-clock and servers' (latencies, busy shares) columns: what the run learned and
+    its evaluations found."""
+    timing, servers = (*TIMING, "eval/seconds"), ("replicas/", "fleet/")
+    return [{k: v for k, v in row.items() if k not in timing and not k.startswith(servers)} for row in rows]
+
+
+@RENDERS_WITH_PYGAME
+def test_videos_at_each_evaluation_and_the_end_leave_the_run_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 5 updates of 32 steps on a local server, evaluated at 64, 128 and 160 (the last update: one ran before): a
+    # GIF of each, and the run learns and evaluates exactly what the same run without them does.
+    filmed, plain = tmp_path / "filmed", tmp_path / "plain"
+    options: dict[str, Any] = {"eval_every": 64, "eval_episodes": 2, "eval_envs": 2}
+    with caplog.at_level(logging.INFO, logger="learner.video"):
+        summary = train(_cartpole(filmed, **options, capture_video=True))
+    train(_cartpole(plain, **options))
+
+    steps = [64, 128, 160]
+    assert _videos(filmed) == [f"step-{step:010d}.gif" for step in steps]
+    for step in steps:
+        assert _frames(video_path(filmed, step)) >= 2, step  # (CartPole: reset, then a frame a step)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("video: ")]
+    assert [line.split(" (")[0] for line in said] == [f"video: {video_path(filmed, step)}" for step in steps]
+    expected = [f"videos/step-{step:010d}.gif" for step in steps]
+    assert summary["videos"] == expected and rundir.read_json(filmed / rundir.SUMMARY)["videos"] == expected
+    assert "videos" not in rundir.read_json(plain / rundir.SUMMARY)
+    # The same losses, returns and evaluations; the same random generators' states at the end.
+    rows = rundir.read_jsonl(filmed / rundir.METRICS)
+    assert _no_timing(rows) == _no_timing(rundir.read_jsonl(plain / rundir.METRICS))
+    a, b = (torch.load(rundir.list_checkpoints(d)[-1], weights_only=True) for d in (filmed, plain))
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"]) and a["rng"]["python"] == b["rng"]["python"]
+    assert torch.equal(a["rng"]["numpy"]["keys"], b["rng"]["numpy"]["keys"])
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    # Recorded, so --resume and --like keep it.
+    assert resume_args(filmed).capture_video and like_args(filmed).capture_video
+
+
+@RENDERS_WITH_PYGAME
+@pytest.mark.parametrize("overlap_update", [False, True])
+def test_a_video_is_the_episode_learner_eval_video_plays_of_its_step_s_checkpoint(
+    tmp_path: Path, overlap_update: bool
+) -> None:
+    # The nets and --norm-obs statistics the evaluation used (--overlap-update: those of the update evaluated, not
+    # the next rollout's statistics), reset with the evaluation's seed: learner eval --video of the step's
+    # checkpoint, seeded so, writes the very same GIF. (Pendulum: Box actions, an env kwarg, a time limit of 40.)
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"env": "Pendulum-v1", "backend": "gym", "num_servers": 1, "envs_per_server": None}
+    args = _cartpole(run, **options, num_envs=2, total_timesteps=96, norm_obs=True, overlap_update=overlap_update)
+    args = dataclasses.replace(args, env_kwargs={"g": 9.0}, max_episode_steps=40, checkpoint_every=1)
+    summary = train(dataclasses.replace(args, eval_every=48, eval_episodes=1, eval_envs=1, capture_video=True))
+    assert summary["videos"] == ["videos/step-0000000064.gif", "videos/step-0000000096.gif"]
+    for step in (64, 96):
+        again = tmp_path / f"again-{step}.gif"
+        result = evaluate(
+            rundir.checkpoint_path(run, step), 1, seed=EVAL_SEED_BASE + args.seed + step, backend="gym", video=again
+        )
+        assert result["video"]["steps"] == 40
+        assert video_path(run, step).read_bytes() == again.read_bytes(), step
+
+
+def test_without_eval_every_only_the_nets_the_run_ends_with_are_filmed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(Args(**{**_resumable(), "capture_video": True, "run_dir": str(run)}))
+    assert summary["videos"] == ["videos/step-0000000048.gif"]
+    assert _frames(video_path(run, 48)) == 4  # (ClockEnv: 3 steps, a frame each after the reset's)
+
+
+@pytest.mark.parametrize("eval_every", [0, 100_000])
+def test_a_solved_run_films_the_nets_it_ends_with_once(tmp_path: Path, eval_every: int) -> None:
+    # Solved mid-rollout (not learned from): the nets of its last update, at that update's step; with --eval-every,
+    # the final evaluation's step, and one video there, not two.
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_servers": 1, "envs_per_server": None, "num_envs": 4}
+    args = _cartpole(run, **options, total_timesteps=4096, stop_at_return=1.0, capture_video=True)
+    summary = train(dataclasses.replace(args, env="tests.envs:ClockEnv", eval_every=eval_every, eval_episodes=1))
+    assert summary["stop_reason"] == "stop_at_return" and summary["updates"] >= 1, summary
+    last = rundir.read_jsonl(run / rundir.METRICS)[-1]
+    assert last["global_step"] < summary["total_steps"]
+    assert summary["videos"] == [f"videos/step-{last['global_step']:010d}.gif"]
+    if eval_every:
+        assert summary["best_eval_step"] == last["global_step"]
+
+
+def test_a_run_stopped_before_its_end_is_not_filmed_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ctrl-C (or SIGTERM) is a user who wants out: no episode more, as no evaluation more.
+    @contextlib.contextmanager
+    def interrupted_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=8 + 3)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr("learner.train.open_fleet", interrupted_fleet)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(Args(**{**_resumable(), "capture_video": True, "run_dir": str(run)}))
+    assert stopped.value.summary["updates"] == 1 and stopped.value.summary["videos"] == []
+    assert not (run / VIDEOS).exists()
+
+
+def test_ctrl_c_during_a_video_stops_the_run_as_during_an_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Ctrl-C comes at the 2nd step of the first video (after update 1's evaluation, step 16): that video is left
+    # out (not written), and the run stops there with the checkpoint of update 1. Resumed, it films on from there.
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 2, "capture_video": True}
+    full = tmp_path / "full"
+    train(Args(**common, run_dir=str(full)))
+    assert _videos(full) == [f"step-{step:010d}.gif" for step in (16, 32, 48)]
+
+    @contextlib.contextmanager
+    def interrupted_video(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=2)
+
+    part = tmp_path / "part"
+    with monkeypatch.context() as patch:
+        patch.setattr("learner.video.open_fleet", interrupted_video)
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(Args(**common, run_dir=str(part)))
+    summary = stopped.value.summary
+    assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
+    assert summary["videos"] == [] and not list((part / VIDEOS).glob("*"))
+    assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
+    train(resume_args(part))
+    assert _videos(part) == [f"step-{step:010d}.gif" for step in (32, 48)]
+    assert _no_timing(rundir.read_jsonl(part / rundir.METRICS)) == _no_timing(rundir.read_jsonl(full / rundir.METRICS))
+    for step in (32, 48):
+        assert video_path(part, step).read_bytes() == video_path(full, step).read_bytes(), step
+
+
+def test_a_resumed_run_films_on_at_its_own_steps(tmp_path: Path) -> None:
+    # Named by global step, a resumed run's videos go on where the session before left off, and summary.json lists
+    # the run's (its earlier sessions' too).
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 1, "capture_video": True}
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(Args(**common, run_dir=str(full)))
+    first = train(Args(**{**common, "total_timesteps": 32}, run_dir=str(part)))
+    assert first["videos"] == ["videos/step-0000000016.gif", "videos/step-0000000032.gif"]
+    summary = train(resume_args(part, total_timesteps=48))
+    assert summary["videos"] == [f"videos/step-{step:010d}.gif" for step in (16, 32, 48)]
+    assert video_path(part, 48).read_bytes() == video_path(full, 48).read_bytes()
+
+
+def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start's check renders 1 frame, the video at step 16 4 (ClockEnv: 3 steps): the renderer breaks at the
+    # next frame, in the video at step 32. One warning; none at step 48 (not tried); the run ends as asked.
+    monkeypatch.setattr(capture_envs, "RENDERED", [0])
+    common = {**_resumable(), "eval_every": 16, "eval_episodes": 1, "capture_video": True}
+    common.update(env="tests.capture_envs:RendererBreaksEnv", env_kwargs={**common["env_kwargs"], "frames_ok": 5})
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    with caplog.at_level(logging.WARNING):
+        summary = train(Args(**common, run_dir=str(run)))
+    assert summary["stop_reason"] == "total_timesteps" and summary["total_steps"] == 48
+    assert summary["videos"] == ["videos/step-0000000016.gif"] and _videos(run) == ["step-0000000016.gif"]
+    warned = [r.getMessage() for r in caplog.records if "--capture-video" in r.getMessage()]
+    assert warned == [
+        "--capture-video: the video at step 32 failed, and no more are recorded (training goes on): rendering "
+        "tests.capture_envs:RendererBreaksEnv (render_mode='rgb_array') in this process failed: RuntimeError: the "
+        "renderer's context was lost"
+    ]
+    train(Args(**{**common, "capture_video": False}, run_dir=str(plain)))
+    assert _no_timing(rundir.read_jsonl(run / rundir.METRICS)) == _no_timing(rundir.read_jsonl(plain / rundir.METRICS))
+
+
+def test_an_env_that_cannot_render_here_is_refused_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No pygame in the learner's process (the local servers have theirs: they render nothing): refused before the
+    # run dir is made, naming the option and the extra to install.
+    run = tmp_path / "run"
+    monkeypatch.setitem(sys.modules, "pygame", None)  # (import pygame raises ImportError)
+    with pytest.raises(ValueError) as refused:
+        train(_cartpole(run, capture_video=True))
+    message = str(refused.value)
+    assert message.startswith("--capture-video: rendering CartPole-v1 (render_mode='rgb_array') in this process failed")
+    assert "pip install 'envfleet[video]'" in message, message
+    assert not run.exists()
+    # An env that renders no RGB frame: said as learner eval --video says it.
+    with pytest.raises(ValueError, match=r"^--capture-video: .* rendered a frame of float64 .* not an RGB frame"):
+        train(Args(**{**_resumable("tests.eval_envs:FramesEnv"), "capture_video": True, "run_dir": str(run)}))
+    assert not run.exists()
+
+
+def test_a_run_on_servers_films_the_env_they_serve_with_their_kwargs(tmp_path: Path) -> None:
+    # Servers of ClockEnv(length=5): the env imports a module, so it is made here only where --env names it too
+    # (as learner eval --video asks); then with the kwargs the servers said, not the command's (none).
+    run = tmp_path / "run"
+    steps: dict[str, Any] = {"num_steps": 8, "total_timesteps": 32, "run_dir": str(run), **QUIET}
+    with LocalServers("tests.envs:ClockEnv", 1, 2, env_kwargs={"length": 5}) as servers:
+        address = servers.addresses[0]
+        with pytest.raises(
+            ValueError, match=r"^--capture-video: makes the run's env here, tests\.envs:ClockEnv.*--env"
+        ):
+            train(Args(servers=address, capture_video=True, **steps))
+        assert not run.exists()
+        summary = train(Args(servers=address, env="tests.envs:ClockEnv", capture_video=True, **steps))
+    assert summary["videos"] == ["videos/step-0000000032.gif"]
+    assert _frames(video_path(run, 32)) == 6  # (length 5: the reset's frame and 5 steps')
+
+
+def test_the_command_sets_up_headless_rendering_and_says_where_the_videos_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"):
+        monkeypatch.delenv(name, raising=False)
+    run = tmp_path / "run"
+    argv = ["train", "--env", "tests.envs:ClockEnv", "--backend", "gym", "--num-envs", "2", "--num-steps", "8"]
+    argv += ["--total-timesteps", "32", "--eval-every", "16", "--eval-episodes", "1", "--capture-video"]
+    assert main([*argv, "--run-dir", str(run), "--no-progress", "--no-tensorboard", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "videos/ (2 GIFs)" in out, out
+    assert _videos(run) == ["step-0000000016.gif", "step-0000000032.gif"]
+    assert os.environ.get("SDL_VIDEODRIVER") == "dummy"  # (set before the envs were made)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--capture-video" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("offline_wandb")
+def test_track_logs_each_video_to_w_and_b_at_its_step(tmp_path: Path) -> None:
+    # (held until its update's row is logged: W&B drops points of steps before its last one)
+    run = tmp_path / "run"
+    common = {**_resumable(), "eval_every": 16, "eval_episodes": 1, "capture_video": True, "track": True}
+    summary = train(Args(**common, run_dir=str(run)))
+    assert len(summary["videos"]) == 3
+    (logged,) = offline_runs(tmp_path / "wandb-files")  # (offline_wandb's WANDB_DIR)
+    history = logged["history"]
+    videos = {step: row for step, row in history.items() if "videos/policy/_type" in row}
+    assert sorted(videos) == [16, 32, 48], history
+    for step, row in videos.items():  # (with the row of the update at that step: its figures and evaluation)
+        assert row["videos/policy/_type"] == "video-file" and row["videos/policy/path"].endswith(".gif"), row
+        assert row["charts/update"] == step // 16 and "eval/mean_reward" in row, row
