@@ -484,15 +484,17 @@ class Recorder:
             self.outage = (self.outage[0], servers, not_joined)
         self._say_waiting(fleet_down_note(servers, now - self.outage[0], not_joined), now)
 
-    def _say_waiting(self, note: str, now: float) -> None:
+    def _say_waiting(self, note: str, now: float, *, first: bool = False) -> None:
         """While no update comes (:meth:`fleet_down`, :meth:`evaluating`): the bar says ``note`` after the last
-        update's SPS and return, redrawn at most every :data:`OUTAGE_REDRAW_S` (or tqdm's mininterval, if longer);
-        without a bar, a line (:func:`~learner.progress.waiting_line`) says it at the lines' own period."""
+        update's SPS and return (``first``: before them), redrawn at most every :data:`OUTAGE_REDRAW_S` (or tqdm's
+        mininterval, if longer); without a bar, a line (:func:`~learner.progress.waiting_line`) says it at the
+        lines' own period."""
         bar, row = self.bar, self.last_row
         if bar is not None:
             if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
                 self.outage_drawn = now
-                postfix = bar_postfix(row.get("sps"), row.get("episodic_return_mean"), note)
+                sps, recent = row.get("sps"), row.get("episodic_return_mean")
+                postfix = f"{note}, {bar_postfix(sps, recent)}" if first else bar_postfix(sps, recent, note)
                 bar.set_postfix_str(postfix + eval_note(self.counters.eval_return_mean))  # (redrawn)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
@@ -513,8 +515,14 @@ class Recorder:
         figures (with --eval-episodes 1000, for minutes): it says the evaluation instead
         (:func:`~learner.progress.eval_running_note`), at once as it starts, then redrawn at most every
         :data:`OUTAGE_REDRAW_S`, as :meth:`fleet_down` redraws it; without a bar, a line says it at the lines' own
-        period. The evaluation's step itself redraws: no thread of its own."""
-        self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter())
+        period. The evaluation's step itself redraws: no thread of its own.
+
+        The bar says it first, before the last update's SPS and return (``3%| | 3.07k/100k steps [00:02<01:29,
+        evaluating at step 3,072: 28 of 60 episodes, SPS 4,768, return 35.25]``): after them, as the fleet's
+        outage is said, tqdm cut the line at the terminal's width, and on an 80-column terminal the bar read
+        ``evaluating at step 3,072: 28 of`` (at step 1,024,000 with SPS 12,345, ``evaluating at step 1,024,000:``,
+        the count itself cut off): frozen, as before, where its count was to show the evaluation going on."""
+        self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter(), first=True)
 
     def evaluated(self) -> None:
         """The evaluation :meth:`evaluating` said is over (ended, stopped or failed): the bar shows the last

@@ -488,6 +488,31 @@ def test_an_evaluation_is_said_while_it_runs_then_the_figures_again(
     assert ", eval " in said[-1], said
 
 
+def test_the_bar_says_an_evaluation_s_count_on_an_80_column_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bar said "evaluating at step X: k of N episodes" after the last update's SPS and return, and tqdm cuts its
+    # line at the terminal's width: on an 80-column one the count was cut off ("evaluating at step 64: 2 o"; at
+    # step 1,024,000, "evaluating at step 1,024,000:"), a bar frozen again while the evaluation ran. It comes first.
+    from tqdm import tqdm
+
+    from learner.progress import _narrow_as_well
+
+    text_bar = _narrow_as_well(tqdm)  # (the text bar learner train draws, on a terminal 80 columns wide)
+    monkeypatch.setattr(
+        "learner.progress._tqdm_class",
+        lambda: lambda **kwargs: text_bar(**{**kwargs, "dynamic_ncols": False}, ncols=80, mininterval=0.0),
+    )
+    monkeypatch.setattr("learner.records.OUTAGE_REDRAW_S", 0.0)  # (redrawn at every step of an evaluation)
+    args = _cartpole(tmp_path / "run", eval_every=64, eval_episodes=3, eval_envs=1, total_timesteps=96)
+    train(dataclasses.replace(args, progress=True))
+    frames = [frame.rstrip() for frame in re.split(r"[\r\n]", capsys.readouterr().err) if "evaluating" in frame]
+    assert frames and all(len(frame) <= 80 for frame in frames), frames
+    counts = [re.search(r", evaluating at step (64|96): ([0-3]) of 3 episodes", frame) for frame in frames]
+    assert all(counts), frames
+    assert {(match[1], match[2]) for match in counts if match} >= {("64", "0"), ("64", "3"), ("96", "0"), ("96", "3")}
+
+
 def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
