@@ -441,14 +441,16 @@ class Recorder:
         """The eval/ columns (``evaluation``) of an evaluation of the last update's nets run once its row was
         written: a run solved (--stop-at-return) in the rollout after it, which is not learned from, ends with those
         nets, evaluated as it stops (PeriodicEval.final). Added to that row as :meth:`record` would have
-        added them: metrics.jsonl's last row is written again with them (cut off, then appended: the file stays one
-        row an update), TensorBoard and W&B get them at its step, --metrics-port its gauge, and the bar its return."""
+        added them: metrics.jsonl's last row is written again with them (in place: the file stays one row an
+        update, whenever the learner is killed), TensorBoard and W&B get them at its step, --metrics-port its
+        gauge, and the bar its return."""
         row = {**self.last_row, **evaluation}
         path = self.run_dir / rundir.METRICS
         with writing(path):
             rundir.still_there(self.run_dir, self.metrics_file)
-            rundir.drop_rows_after(path, int(row["update"]) - 1)
-            rundir.append_jsonl(self.metrics_file, row)
+            # (in place, one write: cut off and appended again, a kill or a failed append between the two left
+            # the file without the row of an update the last checkpoint counts)
+            rundir.rewrite_last_row(path, row)
         self.last_row = row
         if self.writer is not None:
             for tag, value in tagged_values(row).items():

@@ -307,6 +307,50 @@ def drop_rows_after(path: str | Path, update: int, *, block: int = 1 << 16) -> i
     return dropped
 
 
+def rewrite_last_row(path: str | Path, row: dict[str, Any], *, block: int = 1 << 16) -> None:
+    """Write the metrics file's (``path``) last row, that of ``row``'s update, again as ``row`` (the same row with
+    columns added: learner train's evaluation of a solved run's last nets, Recorder.add_evaluation), in place:
+    the bytes from where the two first differ, in one write at that offset (the new row being the old one with
+    columns after its own, only its end); the file is cut after it where the new row is shorter. The file holds
+    the old row or the new one, whenever the learner is killed: cut off and appended again (drop_rows_after, then
+    append_jsonl), a kill between the two, or an append that failed (a full disk), left it without that update's
+    row, for good, while the run's last checkpoint counts it. A file whose last row is not of that update (none
+    is written yet) gets it appended. Not fsynced: as append_jsonl's rows, the next checkpoint's sync makes it
+    durable."""
+    line = (json.dumps(jsonable(row)) + "\n").encode("utf-8")
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        start, old = next(((at, text) for at, text in _lines_from_end(f, end, block) if text.strip()), (end, b""))
+        if not _is_row_of(old, row.get("update")):
+            start, old = end, b""
+            if end and not _ends_line(f, end):
+                line = b"\n" + line  # (after a last line cut short, on a line of its own: readers skip that one)
+        # (where they first differ: the old row's closing brace, for a row with columns added after its own)
+        same = next((i for i, (a, b) in enumerate(zip(old, line, strict=False)) if a != b), min(len(old), len(line)))
+        tail = memoryview(line)[same:]
+        at = start + same
+        while tail:
+            done = os.pwrite(f.fileno(), tail, at)
+            tail, at = tail[done:], at + done
+        if start + len(line) < end:
+            f.truncate(start + len(line))
+
+
+def _is_row_of(line: bytes, update: Any) -> bool:
+    """Whether a metrics line is the row of update ``update``."""
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and update is not None and row.get("update") == update
+
+
+def _ends_line(f: IO[bytes], end: int) -> bool:
+    """Whether the file ``f`` (``end`` bytes long, not empty) ends in a line's end."""
+    f.seek(end - 1)
+    return f.read(1) == b"\n"
+
+
 def _row_kept(line: bytes, update: int) -> bool:
     """Whether a metrics line is a row that :func:`drop_rows_after` keeps: a JSON object whose update, if it
     has one, is at most ``update``."""

@@ -198,6 +198,30 @@ def test_the_rows_past_an_update_are_cut_off_a_metrics_file_read_from_its_end(tm
         assert metrics.read_text() == left, (text, update)
 
 
+def test_a_metrics_file_s_last_row_is_written_again_in_place(tmp_path: Path) -> None:
+    """rundir.rewrite_last_row (learner train's final evaluation of a solved run, Recorder.add_evaluation): the last
+    row, of the row's update, written again with the columns added, read a few bytes at a time: the rows before it
+    byte for byte as they were, the file's inode the same; a file whose last row is another update's (or a last line
+    cut short) gets it appended, on a line of its own."""
+    metrics = tmp_path / rundir.METRICS
+    rows = [{"update": u, "x": "y" * u} for u in range(1, 4)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    new = {**rows[-1], "eval/return_mean": 9.5}
+    for before, row, after in (
+        (text, new, text.rsplit("{", 1)[0] + json.dumps(new) + "\n"),
+        (text + "\n", new, text.rsplit("{", 1)[0] + json.dumps(new) + "\n"),  # (a blank line after it goes)
+        (text, {"update": 3}, text.rsplit("{", 1)[0] + '{"update": 3}\n'),  # (a shorter row: the file cut after it)
+        (text[: text.rindex("{")], new, text.rsplit("{", 1)[0] + json.dumps(new) + "\n"),  # (not there: appended)
+        (text[:-4], new, text[:-4] + "\n" + json.dumps(new) + "\n"),  # (its line cut short: another row's after it)
+        ("", new, json.dumps(new) + "\n"),
+    ):
+        metrics.write_text(before)
+        inode = metrics.stat().st_ino
+        rundir.rewrite_last_row(metrics, row, block=7)
+        assert metrics.read_text() == after, before
+        assert metrics.stat().st_ino == inode
+
+
 # -- a damaged config.json ---------------------------------------------------------------------------------------
 
 

@@ -195,6 +195,34 @@ def test_a_run_solved_evaluates_the_nets_it_ends_with(
     assert drawn[-1].endswith(f", eval {format_return(last['eval/return_mean'])}]"), drawn[-1]
 
 
+def test_a_solved_run_s_last_row_is_never_left_out_of_metrics_jsonl_as_its_evaluation_is_added(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The final evaluation's columns went into the last update's row by cutting that row off metrics.jsonl
+    # (drop_rows_after, fsynced) and appending it again: a learner killed between the two (SIGKILL, the OOM
+    # killer; an fsync takes milliseconds on a real disk), or an append that failed (a full disk), left the file
+    # without that update's row, for good, while the run's last checkpoint counts it (a resumed run keeps the rows
+    # up to it: one missing). The row is now written again in place, in one write: the old row, or the new one.
+    # (Here the append that followed the cut fails, as on a full disk; the row is no longer cut nor appended.)
+    written = rundir.append_jsonl
+
+    def append_jsonl(f: Any, row: dict[str, Any]) -> None:
+        if "eval/return_mean" in row:  # (--eval-every past the run: the final evaluation's row alone has them)
+            raise OSError(28, "No space left on device")
+        written(f, row)
+
+    monkeypatch.setattr(rundir, "append_jsonl", append_jsonl)
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_servers": 1, "envs_per_server": None, "num_envs": 4}
+    args = _cartpole(run, **options, total_timesteps=4096, stop_at_return=1.0, checkpoint_every=1)
+    summary = train(dataclasses.replace(args, eval_every=100_000, eval_episodes=2, eval_envs=2))
+    assert summary["stop_reason"] == "stop_at_return", summary
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["update"] for r in rows] == list(range(1, summary["updates"] + 1))  # (one row an update, the last too)
+    assert rows[-1]["eval/return_mean"] == summary["eval_return_mean"] is not None
+    assert load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]["update"] == rows[-1]["update"]
+
+
 def test_a_run_stopped_before_it_ends_has_its_last_nets_left_unevaluated(tmp_path: Path) -> None:
     # (stopped as Ctrl-C or SIGTERM stops it: the user wants out, not an evaluation more)
     import threading
