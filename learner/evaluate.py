@@ -552,8 +552,9 @@ def play_episodes(
     shared out over the envs in advance as :func:`evaluate` shares them (its very loop): the returns and lengths
     of those that ended, and whether ``stop`` cut them short. EnvFleetError where an env or server fails (an
     episode cut short is no sample of the return). ``learner train --eval-every`` plays its evaluations so.
-    ``on_step``: called with the episodes ended so far once the envs are reset and after each step (learner
-    train's bar or lines say so while the evaluation runs: Recorder.evaluating)."""
+    ``on_step``: called with the episodes ended so far as it starts, before the envs' reset (which may wait, for
+    a server down up to --connect-timeout: said all the same), and after each step (learner train's bar or lines
+    say so while the evaluation runs: Recorder.evaluating)."""
     tally = _Tally.shared_out(episodes, envs.num_envs)
     # (its warnings say "eval env 0", not "env 0": in learner train's log, training's env 0 is another)
     _play(envs, fleet, policy, tally, seed, stop, progress=progress, what="eval env", on_step=on_step)
@@ -587,10 +588,11 @@ def _play(
     # (the bar's total: the episodes asked, which the envs' shares add up to)
     with progress_bar(show, int(tally.targets.sum()), unit="episode", scale=False) as bar:
         server_of, named = functools.partial(env_server_of, envs), f" ({fleet.describe()})"
-        obs, infos = envs.reset(seed=seed)
-        _raise_env_errors(infos, fleet)
+        # (said before the reset, which may wait: for a server down, up to --connect-timeout; for a slow env)
         if on_step is not None:
             on_step(len(tally.returns))
+        obs, infos = envs.reset(seed=seed)
+        _raise_env_errors(infos, fleet)
         while tally.left and not stop.requested:
             obs, rewards, terms, truncs, infos = envs.step(policy(obs))
             _raise_env_errors(infos, fleet)

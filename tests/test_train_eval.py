@@ -33,7 +33,7 @@ from learner.plot import _eval_points, plot_runs
 from learner.resume import like_args, resume_args
 from learner.stats import format_return
 from learner.train import train
-from tests.conftest import QUIET, StartServers
+from tests.conftest import QUIET, SpawnServer, StartServers
 from tests.test_train import CtrlCAt, _resumable, resume_as_killed
 
 TIMING = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
@@ -514,6 +514,38 @@ def test_an_evaluation_is_said_while_it_runs_then_the_figures_again(
         assert said[first].startswith("step 32/96 (33%), ") and " left" not in said[first], said
         assert said[blocks[0][2]].startswith("step 64/96 (67%), ") and ", eval " in said[blocks[0][2]], said
     assert ", eval " in said[-1], said
+
+
+def test_an_evaluation_is_said_as_it_starts_before_its_envs_reset(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    start_servers: StartServers,
+    spawn_server: SpawnServer,
+) -> None:
+    # The lines (and the bar) said an evaluation only once its envs were reset: a reset that waits (an --eval-servers
+    # server down: up to --connect-timeout, 10 s by default, at every evaluation; a slow env's reset) showed the last
+    # update's figures, frozen, and an evaluation that then failed was never said at all. It is said as it starts.
+    from learner import train as train_module
+
+    monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (a line at every update, and as an evaluation goes)
+    training = start_servers("CartPole-v1", 1, 2)
+    evaluating = spawn_server("CartPole-v1", 1)
+    args = Args(
+        servers=",".join(training),
+        eval_servers=evaluating.address,
+        eval_every=64,
+        eval_episodes=3,
+        num_steps=16,
+        total_timesteps=96,
+        connect_timeout=1.0,
+        run_dir=str(tmp_path / "run"),
+        **{**QUIET, "progress": None},
+    )
+    # (the eval server killed after the first update: the evaluation at step 64 waits for it, then fails)
+    train(args, on_update=lambda row: evaluating.kill() if row["update"] == 1 else None)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert any(line.endswith(", evaluating at step 64: 0 of 3 episodes") for line in said), said
 
 
 def test_the_bar_says_an_evaluation_s_count_on_an_80_column_terminal(
