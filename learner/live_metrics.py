@@ -382,13 +382,20 @@ class LearnerMetrics:
             kept.popleft()
         return max((value for _, value in kept), default=math.nan)
 
+    def observe_progress(self, *, global_step: int, solved: bool) -> None:
+        """The run's steps and whether it is solved as of now, between updates: a run solved by --stop-at-return
+        in a rollout no update learns from, before its last nets are evaluated (learner train --eval-every:
+        PeriodicEval.final, which takes as long as its episodes, minutes with --eval-episodes 1000), the solved
+        gauge said 0, and the steps those of the last update, throughout; then :meth:`run_ended`."""
+        self._gauges["global_step"].set(global_step)
+        self._steps.advance(global_step)
+        self._solved.set(int(solved))
+
     def run_ended(self, *, global_step: int, solved: bool, stop_reason: str | None = None) -> None:
         """The run's end: its steps since the last update's row (a last rollout that no update learned
         from), whether it is solved, and why it ended (summary.json's ``stop_reason``: an error's is said
         as ``error``), for the scrapes before the endpoint closes (:meth:`close`)."""
-        self._gauges["global_step"].set(global_step)
-        self._steps.advance(global_step)
-        self._solved.set(int(solved))
+        self.observe_progress(global_step=global_step, solved=solved)
         reason = "error" if (stop_reason or "error").startswith("error") else stop_reason
         self._ended_by = reason
         self._ended.labels(reason).set(time.time())

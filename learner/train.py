@@ -1704,6 +1704,9 @@ class _Updater:
                 None if propagating else self.video,
             )
         if error is None and solved and not propagating and self.evaluator is not None:
+            live, counters = self.recorder.live, self.checkpointer.counters
+            if live is not None:  # (solved, as the log said: the gauges say so during the evaluation too)
+                live.observe_progress(global_step=counters.global_step, solved=counters.solved_at_step is not None)
             try:
                 self.evaluator.final(self.checkpointer.last_update)
             except BaseException as err:  # (a second Ctrl-C, a write that failed: the run's files written all the same)

@@ -223,6 +223,36 @@ def test_a_solved_run_s_last_row_is_never_left_out_of_metrics_jsonl_as_its_evalu
     assert load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]["update"] == rows[-1]["update"]
 
 
+def test_a_solved_run_s_gauges_say_it_is_solved_while_its_last_nets_are_evaluated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Solved mid-rollout, a run's --metrics-port gauges said it only at its end (LearnerMetrics.run_ended): "solved"
+    # 0 and the last update's steps, a few ms before. The final evaluation now comes in between (minutes with
+    # --eval-episodes 1000 on a slow env): they say it is solved, at its steps, from the evaluation's start.
+    import urllib.request
+
+    from learner.records import Recorder
+    from tests.test_learner_metrics import parse, value
+
+    scraped: list[tuple[float, float]] = []
+    evaluating = Recorder.evaluating
+
+    def scraping(self: Recorder, step: int, ended: int, episodes: int) -> None:
+        if not scraped and self.live is not None and self.live.url:  # (its first word: a scrape as it starts)
+            with urllib.request.urlopen(self.live.url, timeout=10) as response:
+                samples, _ = parse(response.read().decode())
+            scraped.append((value(samples, "envfleet_learner_solved"), value(samples, "envfleet_learner_global_step")))
+        evaluating(self, step, ended, episodes)
+
+    monkeypatch.setattr(Recorder, "evaluating", scraping)
+    run = tmp_path / "run"
+    options: dict[str, Any] = {"backend": "gym", "num_servers": 1, "envs_per_server": None, "num_envs": 4}
+    args = _cartpole(run, **options, total_timesteps=4096, stop_at_return=1.0, metrics_port=0)
+    summary = train(dataclasses.replace(args, eval_every=100_000, eval_episodes=2, eval_envs=2))
+    assert summary["stop_reason"] == "stop_at_return" and summary["eval_return_mean"] is not None, summary
+    assert scraped == [(1.0, summary["total_steps"])]  # (--eval-every past the run: the final evaluation's alone)
+
+
 def test_a_run_stopped_before_it_ends_has_its_last_nets_left_unevaluated(tmp_path: Path) -> None:
     # (stopped as Ctrl-C or SIGTERM stops it: the user wants out, not an evaluation more)
     import threading
