@@ -478,9 +478,34 @@ NARROW_COLUMNS = 80
 def _narrow_as_well(tqdm: Any) -> Any:
     """tqdm's text bar, which on a terminal narrower than :data:`NARROW_COLUMNS` shows its count and figures
     alone (``17% 10.2k/60.0k steps, SPS 2,180, return 187.9``): tqdm shrinks the bar to one character, then cuts
-    the line at the width, and at 60 columns the return read ``return 1`` for 187.9 (at 40 neither figure came)."""
+    the line at the width, and at 60 columns the return read ``return 1`` for 187.9 (at 40 neither figure came).
+
+    On a terminal whose size was never set (0 rows and columns, or 0 rows alone: ``script -c`` run from a script,
+    some CI runners, ``docker run -t`` before a size is set) it draws the bar as where no size is to be had: tqdm
+    takes a size one less than the terminal's, -1 rows and -1 columns there, and draws nothing at -1 rows (its
+    ``display`` hides a bar at a position past the rows, as below a screen full of bars), and cuts the line's
+    last character off at -1 columns. ``learner train --progress`` on such a terminal showed nothing at all
+    until its summary, a silent run (without --progress, :func:`bar_by_default` gives it the progress lines).
+    Such a size is none: tqdm's defaults, 20 rows and a line not cut (its bar 10 characters wide)."""
 
     class Bar(tqdm):
+        # (tqdm sets them as it starts and, with dynamic_ncols, at each redraw, from the terminal's size less one)
+        @property
+        def nrows(self) -> int | None:
+            return self._sized_rows
+
+        @nrows.setter
+        def nrows(self, value: int | None) -> None:
+            self._sized_rows = value if value is None or value > 0 else None
+
+        @property
+        def ncols(self) -> int | None:
+            return self._sized_columns
+
+        @ncols.setter
+        def ncols(self, value: int | None) -> None:
+            self._sized_columns = value if value is None or value > 0 else None
+
         @property
         def format_dict(self) -> dict[str, Any]:
             shown: dict[str, Any] = super().format_dict

@@ -600,3 +600,52 @@ def test_training_on_a_terminal_of_no_size_prints_progress_lines(tmp_path: Path)
         os.close(follower)
         os.close(leader)
     assert done.returncode == 0 and re.search(r"^step 16/64 \(25%\)", done.stdout, re.MULTILINE), done.stdout
+
+
+@pytest.mark.parametrize(("rows", "columns"), [(0, 0), (0, 80), (24, 0)])
+def test_training_told_to_show_its_bar_on_a_terminal_of_no_size_shows_it(
+    tmp_path: Path, rows: int, columns: int
+) -> None:
+    """learner train --progress on a tty whose size was never set, or whose rows or columns alone were not (as
+    `script -c` run from a script makes one, some CI runners, `docker run -t` before a size is set): tqdm takes
+    the size less one, and at -1 rows drew no bar at all (nothing but the summary: a silent run), at -1 columns it
+    cut the line's last character off ("return 18.6" for 18.67). The bar, whole, as where no size is to be had."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    drawn = bytearray()
+
+    def read() -> None:  # (read as it is written: a full pty would hold the run up)
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # (EIO: every writer closed)
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    command = [sys.executable, "-m", "learner", "train", "--backend", "gym", "--env", "CartPole-v1", "--num-envs"]
+    command += ["2", "--num-steps", "8", "--total-timesteps", "64", "--no-plot", "--run-dir", str(tmp_path / "run")]
+    try:
+        try:
+            done = subprocess.run(
+                [*command, "--progress"], stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120
+            )
+        finally:
+            os.close(follower)
+        reader.join(timeout=30)
+    finally:
+        os.close(leader)
+    said = re.search(r"mean return of the last \d+ episodes: (\S+)$", done.stdout, re.MULTILINE)
+    assert done.returncode == 0 and said, done.stdout
+    frames = [frame.strip() for frame in re.split(r"[\r\n]", drawn.decode(errors="replace")) if " steps" in frame]
+    # (the last frame whole: its final return, as the summary says it, to its last digit)
+    assert frames and re.search(rf"64\.0/64\.0 steps.*, return {re.escape(said[1])}\]?$", frames[-1]), frames
