@@ -33,6 +33,7 @@ import torch
 
 from learner.checkpoint import capture_rng, restore_rng
 from learner.config import Args
+from learner.discovery import expand_addresses, split_addresses
 from learner.envs import FleetSpec, open_fleet
 from learner.errors import EnvFleetError
 from learner.evaluate import play_episodes, policy_of
@@ -93,11 +94,12 @@ def eval_fleet(args: Args, fleet: FleetSpec, env_id: str) -> FleetSpec:
 
 
 @contextlib.contextmanager
-def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv) -> Any:
+def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv, servers: str | None = None) -> Any:
     """The evaluation envs ``spec`` says (closed when the block ends), checked to be the training ``envs``' env
-    (``env_id``) with their spaces: ValueError naming --eval-servers (or the envs) otherwise."""
+    (``env_id``) with their spaces: ValueError naming --eval-servers (or the envs) otherwise. ``servers``: the
+    training envs' --servers as written (None: the run's own servers), for that error to name them so."""
     if spec.servers is not None:
-        _check_not_training_servers(spec, envs)
+        _check_not_training_servers(spec, envs, servers)
     with open_fleet(spec) as made:
         served = getattr(made, "env_id", None)
         where = f"--eval-servers: the servers at {spec.servers}" if spec.servers is not None else "the eval envs"
@@ -113,14 +115,19 @@ def open_eval_envs(spec: FleetSpec, env_id: str, envs: gym.vector.VectorEnv) -> 
         yield made
 
 
-def _check_not_training_servers(spec: FleetSpec, envs: gym.vector.VectorEnv) -> None:
+def _check_not_training_servers(spec: FleetSpec, envs: gym.vector.VectorEnv, servers: str | None = None) -> None:
     """ValueError naming --servers and --eval-servers where one of ``spec``'s servers (--eval-servers) is one of the
     training ``envs``' under another name (``localhost:5000`` and ``127.0.0.1:5000``, a host name and its address, a
     ``dns:`` or ``compose:`` name and an address behind it), as ``learner servers`` and the fleet tell them: by the
     server id each reports (GetSpec, which claims nothing). Args compares the addresses as written; such a pair
     passed, and the evaluation's handshake was then refused by the server's claim, with an error that says to close
     a RemoteVectorEnv of this process, which a user of the command cannot do. Servers that do not answer, or too old
-    to report an id, are left to the connection's own errors."""
+    to report an id, are left to the connection's own errors.
+
+    Each side is named as it was written (``servers``: --servers as given), with the address it led to where that
+    is another (:func:`_as_written`): the fleets report the addresses they reached, and ``--servers
+    dns:///localhost:5000`` with ``--eval-servers 127.0.0.1:5000`` was refused as "--eval-servers 127.0.0.1:5000
+    and --servers 127.0.0.1:5000 are the same env server ..., written two ways": the two ways, as said, one."""
     training = {s.server_id: s.address for s in getattr(envs, "replica_stats", list)() if s.server_id}
     if not training:
         return
@@ -138,14 +145,33 @@ def _check_not_training_servers(spec: FleetSpec, envs: gym.vector.VectorEnv) -> 
     shared = [(training[info.server_id], info) for info in answers if info.server_id in training]
     if shared:
         pairs = "; ".join(
-            f"--eval-servers {info.address} and --servers {address} are the same env server (server id "
-            f"{info.server_id[:8]}), written two ways"
+            f"--eval-servers {_as_written(spec.servers or '', info.address)} and "
+            f"{'the training server ' + address if servers is None else '--servers ' + _as_written(servers, address)}"
+            f" are the same env server (server id {info.server_id[:8]}), written two ways"
             for address, info in shared
         )
         raise ValueError(
             f"{pairs}: a server serves one learner connection at a time, and the training servers serve its "
             "rollouts: give --eval-servers other running servers of the same env"
         )
+
+
+def _as_written(servers: str, address: str) -> str:
+    """The entry of ``servers`` (an option's value as given: ``host:port,dns:///name:port,...``) that led to
+    ``address``, one of the servers it names: the entry itself where it is that address (``localhost:5000``),
+    else the entry and the address behind it (``dns:///localhost:5000 (at 127.0.0.1:5000)``; an entry looked up
+    again, as the fleet looked it up: for an error, once). One found by none of them now (a name that resolves
+    elsewhere since) is said as behind the whole of ``servers``."""
+    entries = split_addresses(servers)
+    if address in entries:
+        return address
+    for entry in entries:
+        try:
+            if address in expand_addresses(entry):
+                return f"{entry} (at {address})"
+        except (EnvFleetError, ValueError, OSError):  # (an entry that no longer resolves: not the one)
+            continue
+    return f"{servers.strip()} (at {address})"
 
 
 @dataclasses.dataclass(eq=False)

@@ -1851,7 +1851,7 @@ def train(
         eval_envs, eval_spec = None, None
         if args.eval_every:  # (before the run dir: eval envs of another env or other spaces are refused)
             eval_spec = eval_fleet(args, fleet, env_id)
-            eval_envs = stack.enter_context(open_eval_envs(eval_spec, env_id, envs))
+            eval_envs = stack.enter_context(open_eval_envs(eval_spec, env_id, envs, args.servers))
         # (before the run dir too: an env or renderer missing here is refused, not found at the first video)
         video_spec = VideoCapture.check(args, envs, env_id, given_env) if args.capture_video else None
         # Before the run dir: a refused env leaves none. (A resumed run has its network, however large.)

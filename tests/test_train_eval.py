@@ -359,6 +359,40 @@ def test_a_training_server_written_another_way_in_eval_servers_is_refused_at_the
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.parametrize("written", ["servers", "eval_servers"])
+def test_a_training_server_written_as_a_dns_name_is_named_as_written_when_refused(
+    tmp_path: Path, start_servers: StartServers, written: str
+) -> None:
+    # The refusal named both sides by the addresses the fleets reached: --servers dns:///127.0.0.1:P (resolved to
+    # 127.0.0.1:P) with --eval-servers 127.0.0.1:P read "--eval-servers 127.0.0.1:P and --servers 127.0.0.1:P are
+    # the same env server ..., written two ways", the two ways one. Each side as written, with the address behind.
+    training = start_servers("CartPole-v1", 2, 1, transport="tcp")
+    address = training[1]
+    assert address.startswith("127.0.0.1:")
+    named = f"dns:///{address}"
+    servers = ",".join([training[0], named] if written == "servers" else training)
+    eval_servers = named if written == "eval_servers" else address
+    said = re.escape(f"{named} (at {address})")
+    message = (
+        rf"^--eval-servers {said if written == 'eval_servers' else re.escape(address)} and --servers "
+        rf"{said if written == 'servers' else re.escape(address)} are the same env server \(server id [0-9a-f]{{8}}\), "
+        r"written two ways: a server serves one learner connection at a time"
+    )
+    with pytest.raises(ValueError, match=message):
+        train(
+            Args(
+                servers=servers,
+                eval_servers=eval_servers,
+                eval_every=32,
+                num_steps=16,
+                total_timesteps=32,
+                run_dir=str(tmp_path / "refused"),
+                **QUIET,
+            )
+        )
+    assert not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
