@@ -475,7 +475,15 @@ class Recorder:
         how long the fleet has been down (:func:`~learner.progress.fleet_down_note`), redrawn at most every
         :data:`OUTAGE_REDRAW_S` (or tqdm's mininterval, if longer), so that its elapsed time runs on; without a
         bar, a line says it at the lines' own period (``line_every`` after the last one). The waiting step
-        itself redraws: no thread of its own."""
+        itself redraws: no thread of its own.
+
+        The bar says it first, before the last update's (stale) SPS and return, as :meth:`evaluating` says an
+        evaluation (``0% 12.0k/100M steps, all 2 servers down for 20 s, waiting, SPS 2,302, return 180.8``):
+        after them, tqdm cut the line at the terminal's width, and on an 80-column terminal (the narrow bar:
+        :func:`~learner.progress._narrow_as_well`) the bar read ``0% 19.2k/100M steps, SPS 3,266, return 199.4,
+        all 2 servers down for 10 s, wa``, at 60 columns ``0% 15.9k/100M steps, SPS 2,712, return 140.0, all 2
+        serve`` for the whole of a 23-s outage: its time, the one part redrawn, cut off (with a longer step count,
+        SPS or return, on 80 columns too), a bar frozen where the note was to show the run waiting."""
         now = time.perf_counter()
         self.outage_envs = envs
         if self.outage is None:
@@ -486,18 +494,19 @@ class Recorder:
             self.outage = (self.outage[0], servers, not_joined)
         self._say_waiting(fleet_down_note(servers, now - self.outage[0], not_joined), now)
 
-    def _say_waiting(self, note: str, now: float, *, first: bool = False) -> None:
-        """While no update comes (:meth:`fleet_down`, :meth:`evaluating`): the bar says ``note`` after the last
-        update's SPS and return (``first``: before them), redrawn at most every :data:`OUTAGE_REDRAW_S` (or tqdm's
-        mininterval, if longer); without a bar, a line (:func:`~learner.progress.waiting_line`) says it at the
-        lines' own period."""
+    def _say_waiting(self, note: str, now: float) -> None:
+        """While no update comes (:meth:`fleet_down`, :meth:`evaluating`): the bar says ``note`` before the last
+        update's SPS and return (so that a narrow terminal, which cuts the line at its width, cuts those, not the
+        note), redrawn at most every :data:`OUTAGE_REDRAW_S` (or tqdm's mininterval, if longer); without a bar, a
+        line (:func:`~learner.progress.waiting_line`) says it at the lines' own period, after the figures (lines
+        are not cut)."""
         bar, row = self.bar, self.last_row
         if bar is not None:
             if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
                 self.outage_drawn = now
                 sps, recent = row.get("sps"), row.get("episodic_return_mean")
-                postfix = f"{note}, {bar_postfix(sps, recent)}" if first else bar_postfix(sps, recent, note)
-                bar.set_postfix_str(postfix + eval_note(self.counters.eval_return_mean))  # (redrawn)
+                postfix = f"{note}, {bar_postfix(sps, recent)}{eval_note(self.counters.eval_return_mean)}"
+                bar.set_postfix_str(postfix)  # (redrawn)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now
             line = waiting_line(
@@ -520,11 +529,11 @@ class Recorder:
         period. The evaluation's step itself redraws: no thread of its own.
 
         The bar says it first, before the last update's SPS and return (``3%| | 3.07k/100k steps [00:02<01:29,
-        evaluating at step 3,072: 28 of 60 episodes, SPS 4,768, return 35.25]``): after them, as the fleet's
-        outage is said, tqdm cut the line at the terminal's width, and on an 80-column terminal the bar read
+        evaluating at step 3,072: 28 of 60 episodes, SPS 4,768, return 35.25]``, as the fleet's outage is said):
+        after them, tqdm cut the line at the terminal's width, and on an 80-column terminal the bar read
         ``evaluating at step 3,072: 28 of`` (at step 1,024,000 with SPS 12,345, ``evaluating at step 1,024,000:``,
         the count itself cut off): frozen, as before, where its count was to show the evaluation going on."""
-        self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter(), first=True)
+        self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter())
 
     def evaluated(self) -> None:
         """The evaluation :meth:`evaluating` said is over (ended, stopped or failed): the bar shows the last

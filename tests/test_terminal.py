@@ -414,7 +414,8 @@ def test_while_every_server_is_down_the_lines_say_the_last_evaluation_as_the_bar
     ), line
     bar = tqdm(total=200_000, file=io.StringIO())
     recorder(bar).fleet_down(2, 0)
-    assert bar.postfix == "SPS 1,041, return 151.9, all 2 servers down, waiting, eval 500.0"  # (as the line)
+    # (the note first, then the last update's figures, as an evaluation's: a narrow terminal cuts the figures, not it)
+    assert bar.postfix == "all 2 servers down, waiting, SPS 1,041, return 151.9, eval 500.0"
     bar.close()
 
 

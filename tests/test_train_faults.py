@@ -460,6 +460,83 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
         assert drawn[last + 1 :] and not any("waiting" in frame for frame in drawn[last + 1 :]), drawn[last:]
 
 
+def test_the_bar_says_an_outage_whole_on_a_narrow_terminal(
+    spawn_server: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both servers, started by hand, are SIGKILLed after the second update and started again 4 s later, the bar
+    drawn as on a 60-column terminal (learner train's own text bar class). It said the outage after the last
+    update's SPS and return, and tqdm cuts its line at the width: under a real pty at 60 columns it read "0% 15.9k/
+    100M steps, SPS 2,712, return 140.0, all 2 serve" for the whole of a 23-s outage (at 80, "... all 2 servers
+    down for 10 s, wa"; with a longer step count or return, the time itself cut), a bar frozen. The note first."""
+    import threading
+
+    from tqdm import tqdm
+
+    from learner.config import Args
+    from learner.progress import _narrow_as_well
+    from learner.train import train
+
+    text_bar = _narrow_as_well(tqdm)  # (the text bar learner train draws, on a terminal 60 columns wide)
+    monkeypatch.setattr(
+        "learner.progress._tqdm_class",
+        lambda: lambda **kwargs: text_bar(**{**kwargs, "dynamic_ncols": False}, ncols=60, mininterval=0.0),
+    )
+    servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
+    killed: list[float] = []
+
+    def back_later() -> None:
+        time.sleep(4.0)
+        for server in servers:
+            server.start()
+
+    helper = threading.Thread(target=back_later)
+
+    def on_update(row: dict[str, Any]) -> None:
+        if row["update"] == 2:
+            for server in servers:
+                server.kill()
+            killed.append(time.monotonic())
+            helper.start()
+
+    # (a total that long, a bar's count as a real run's: "0% 128/10.0M steps")
+    args = Args(
+        servers=",".join(server.address for server in servers),
+        num_steps=NUM_STEPS,
+        total_timesteps=10_000_000,
+        timeout=2.0,
+        connect_timeout=2.0,
+        give_up_after=120,
+        seed=3,
+        progress=True,
+        plot=False,
+        tensorboard=False,
+        run_dir=str(tmp_path / "run"),
+    )
+    stop = threading.Event()
+
+    def stop_once_back(row: dict[str, Any]) -> None:
+        on_update(row)
+        if killed and row["update"] >= 4:  # (two updates after the outage: the run need not go on)
+            stop.set()
+
+    try:
+        summary = train(args, on_update=stop_once_back, stop=stop)
+    finally:
+        if helper.ident is not None:
+            helper.join()
+    assert summary["stop_reason"] == "stopped" and summary["total_steps"] > 2 * K * NUM_STEPS * 2, summary
+    frames = [frame.rstrip() for frame in re.split(r"[\r\n]", capsys.readouterr().err) if " steps" in frame]
+    said = [frame for frame in frames if "all 2 ser" in frame]  # (the outage's note, or what the width left of it)
+    assert said and all(len(frame) <= 60 for frame in frames), frames
+    # (each frame of the outage says it whole, its time redrawn: "0% 128/10.0M steps, all 2 servers down for 3 s,
+    # waiting, SPS ..."), the figures after it, cut as the width wants
+    notes = [
+        re.search(r"% [^ ]+ steps, (all 2 servers down(?: for (\d+) s)?, waiting)(?:,|$)", frame) for frame in said
+    ]
+    assert all(notes), said
+    assert len({match[2] for match in notes if match and match[2]}) >= 2, said
+
+
 def test_a_fleet_down_before_the_first_update_still_has_that_update_printed_at_once(
     spawn_server: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
