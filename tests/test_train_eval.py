@@ -663,6 +663,41 @@ def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
     ]
 
 
+def test_after_an_evaluation_failed_on_a_down_eval_server_the_next_ones_are_left_out_at_once_until_it_is_back(
+    tmp_path: Path, spawn_server: SpawnServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each evaluation on a down --eval-servers server waited the whole --connect-timeout (10 s by default) and failed,
+    # a warning each (a 40,000-step CartPole run whose eval server was SIGKILLed 6 s in: 18 of them, 3 min 33 s
+    # where the run takes ~15 s). After the first failure the next ones try a plain connection first, refused at
+    # once while the server is down: left out at once, an INFO line each; once it runs again, evaluated again.
+    evaluating = spawn_server("CartPole-v1", 1)
+    updates: list[int] = []
+
+    def kill_then_start(row: dict[str, Any]) -> None:
+        updates.append(row["update"])
+        if row["update"] == 1:  # (evaluated at 32: its server killed before the next, at 64)
+            evaluating.kill()
+        elif row["update"] == 5:  # (64, 96, 128 and 160 not evaluated: started again for 192)
+            evaluating.start()
+
+    run = tmp_path / "run"
+    args = _cartpole(run, eval_every=32, eval_episodes=1, eval_servers=evaluating.address, connect_timeout=2.0)
+    with caplog.at_level(logging.INFO, logger="learner.periodic_eval"):
+        train(dataclasses.replace(args, total_timesteps=224), on_update=kill_then_start)
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32, 192, 224], rows
+    said = [r for r in caplog.records if r.name == "learner.periodic_eval"]
+    failed = [r.getMessage() for r in said if r.levelno >= logging.WARNING]
+    assert len(failed) == 1 and failed[0].startswith("the evaluation at step 64 failed"), failed
+    assert failed[0].endswith("(the next evaluations try it for 1 s first, and are left out at once while it is down)")
+    left_out = [r.getMessage() for r in said if "still does not answer" in r.getMessage()]
+    assert [re.sub(r" \(.*\)$", "", m) for m in left_out] == [
+        f"the evaluation at step {step} is left out: the eval server {label_of(evaluating.address)} still does not "
+        "answer"
+        for step in (96, 128, 160)
+    ], left_out
+
+
 def test_an_evaluation_s_endless_episode_is_warned_of_as_an_eval_env_s(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
