@@ -44,7 +44,7 @@ __all__ = ["VIDEOS", "VideoCapture", "video_path"]
 
 log = logging.getLogger(__name__)
 
-VIDEOS = "videos"
+VIDEOS = rundir.VIDEOS
 """The run dir's folder of --capture-video's GIFs."""
 
 VIDEO_EXTRA = "pip install 'envfleet[video]'"
@@ -174,9 +174,8 @@ class VideoCapture:
     def listed(self) -> list[str]:
         """summary.json's ``videos``: the run's GIFs in RUN_DIR/videos (its earlier sessions' too), by step, as
         paths relative to the run dir."""
-        folder = self.run_dir / VIDEOS
         try:
-            found = sorted(p for p in folder.glob("step-*.gif") if p.is_file())
+            found = rundir.list_videos(self.run_dir)
         except OSError:
             found = list(self.recorded)
         return [str(p.relative_to(self.run_dir)) for p in found]

@@ -44,6 +44,7 @@ __all__ = [
     "restore",
     "resume_args",
     "set_aside_newer",
+    "set_aside_videos_after",
     "resumed_threshold",
 ]
 
@@ -504,7 +505,30 @@ def restore(
     if metrics_path.exists():
         with rundir.writing(metrics_path):
             rundir.drop_rows_after(metrics_path, counters.update)
+    set_aside_videos_after(run_dir, counters.global_step)
     return counters
+
+
+def set_aside_videos_after(run_dir: Path, step: int) -> list[Path]:
+    """--capture-video's GIFs in ``run_dir``'s videos/ of steps past ``step`` (the checkpoint's a run is resumed
+    from), renamed ``step-N.gif.abandoned`` as :func:`set_aside_newer` renames its newer checkpoints, with a
+    warning naming them; the new paths. They are of the updates whose metrics rows :func:`restore` drops: a timeline
+    the run abandons (resumed from an older checkpoint), or the updates a killed run made after its last checkpoint,
+    which the resumed run redoes (and films again). Left there, videos/ and summary.json's ``videos`` listed a
+    video of nets no checkpoint nor row of the run is of (a run resumed from step 32 of 48 listed step 48's GIF
+    until it got there again, if ever). Whatever the resumed session's options: an earlier one's videos."""
+    newer = [p for p in rundir.list_videos(run_dir) if (rundir.video_step(p) or 0) > step]
+    if not newer:
+        return []
+    moved = rundir.set_aside_abandoned(newer)
+    log.warning(
+        "resume: the run goes on from step %d: the videos of later steps in %s (%s) are set aside as %s",
+        step,
+        run_dir / rundir.VIDEOS,
+        ", ".join(p.name for p in newer),
+        ", ".join(p.name for p in moved),
+    )
+    return moved
 
 
 def set_aside_newer(run_dir: Path, checkpoint_file: Path, checkpoint: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "PLOT",
     "SUMMARY",
     "RunDirGone",
+    "VIDEOS",
     "WANDB_RUN",
     "append_jsonl",
     "atomic_write",
@@ -59,6 +60,7 @@ __all__ = [
     "is_run_config",
     "jsonable",
     "list_checkpoints",
+    "list_videos",
     "lock",
     "remove_stale_temp_files",
     "read_json",
@@ -69,6 +71,7 @@ __all__ = [
     "set_aside_abandoned",
     "set_aside_unreadable",
     "still_there",
+    "video_step",
     "write_json",
     "write_text",
     "writing",
@@ -85,6 +88,9 @@ WANDB_RUN = "wandb-run.json"
 goes on in."""
 CHECKPOINTS = "checkpoints"
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
+VIDEOS = "videos"
+"""``learner train --capture-video``: the run dir's folder of GIFs of the policy, ``step-<global step>.gif``."""
+_VIDEO = re.compile(r"^step-(\d+)\.gif$")
 
 
 NAME_MAX = 255
@@ -452,10 +458,26 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def video_step(path: Path) -> int | None:
+    """The step of a --capture-video GIF named as the run names them (``videos/step-<step>.gif``), else None."""
+    m = _VIDEO.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_videos(run_dir: str | Path) -> list[Path]:
+    """A run's --capture-video GIFs (``videos/step-<step>.gif``), oldest first (none set aside)."""
+    folder = Path(run_dir) / VIDEOS
+    if not folder.is_dir():
+        return []
+    found = [(step, p) for p in folder.iterdir() if (step := video_step(p)) is not None and p.is_file()]
+    return [p for _, p in sorted(found)]
+
+
 def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
-    """Delete the temporary files of writes that a killed learner never finished; returns them."""
+    """Delete the temporary files of writes that a killed learner never finished (a GIF's in videos/ too: a
+    learner killed while --capture-video wrote one); returns them."""
     removed = []
-    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
+    for folder in (Path(run_dir), Path(run_dir) / CHECKPOINTS, Path(run_dir) / VIDEOS):
         if not folder.is_dir():
             continue
         for path in folder.glob(".*.tmp"):

@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,6 +199,46 @@ def test_a_resumed_run_films_on_at_its_own_steps(tmp_path: Path) -> None:
     summary = train(resume_args(part, total_timesteps=48))
     assert summary["videos"] == [f"videos/step-{step:010d}.gif" for step in (16, 32, 48)]
     assert video_path(part, 48).read_bytes() == video_path(full, 48).read_bytes()
+
+
+def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Resumed from step 16's checkpoint of a run filmed at 16, 32 and 48, the run abandons what came after it: its
+    # videos of steps 32 and 48 were kept in videos/ and listed in summary.json, videos of nets no checkpoint nor
+    # metrics row of the run is of (step 48's, the resumed session stopping at 32, for good). They are set aside as
+    # the newer checkpoints are (*.abandoned), and the resumed session films step 32 again, as the run was.
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 1, "capture_video": True}
+    run, full, killed = tmp_path / "run", tmp_path / "full", tmp_path / "killed"
+    args = Args(**common, run_dir=str(run))
+    train(args)
+    shutil.copytree(run, full)
+    before = {step: video_path(run, step).read_bytes() for step in (16, 32, 48)}
+    older = rundir.checkpoint_path(run, 16)
+    with caplog.at_level(logging.WARNING):
+        summary = train(dataclasses.replace(args, run_dir=None, resume=str(older), total_timesteps=32))
+    assert summary["videos"] == ["videos/step-0000000016.gif", "videos/step-0000000032.gif"], summary["videos"]
+    assert rundir.read_json(run / rundir.SUMMARY)["videos"] == summary["videos"]
+    assert _videos(run) == [
+        "step-0000000016.gif",
+        "step-0000000032.gif",
+        "step-0000000032.gif.abandoned",
+        "step-0000000048.gif.abandoned",
+    ]
+    assert (
+        f"resume: the run goes on from step 16: the videos of later steps in {run / VIDEOS} (step-0000000032.gif, "
+        "step-0000000048.gif) are set aside as step-0000000032.gif.abandoned, step-0000000048.gif.abandoned"
+    ) in caplog.text
+    assert (run / VIDEOS / "step-0000000048.gif.abandoned").read_bytes() == before[48]
+    assert video_path(run, 32).read_bytes() == before[32]  # (the same nets, filmed again)
+
+    # A run killed after its video of step 48, before that update's checkpoint: resumed from step 32's (its latest),
+    # it redoes update 3, and its video of step 48 is set aside (this session without --capture-video: else kept,
+    # and listed by a later session's summary.json as the run's own, of nets it never made).
+    shutil.copytree(full, killed)
+    rundir.checkpoint_path(killed, 48).unlink()
+    train(dataclasses.replace(resume_args(killed), capture_video=False))
+    assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
 
 
 def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
