@@ -38,6 +38,7 @@ from learner.progress import StopRequest
 from learner.video import check_rendering, record_episode, render_spec
 
 if TYPE_CHECKING:
+    from learner.records import Recorder
     from learner.tracking import WandbRun
 
 __all__ = ["VIDEOS", "VideoCapture", "video_path"]
@@ -82,6 +83,10 @@ class VideoCapture:
     """--seed."""
     tracker: WandbRun | None = None
     """--track: each video is logged to the W&B run too."""
+    shown: Recorder | None = None
+    """Where the run is shown: its progress bar or lines say each video while it is recorded
+    (:meth:`Recorder.recording_video <learner.records.Recorder.recording_video>`), as an evaluation is said, then
+    the last update's figures again. None: not said."""
     failed: bool = dataclasses.field(default=False, init=False)
     """Whether a video failed (said once): no more are recorded."""
     recorded: list[Path] = dataclasses.field(default_factory=list, init=False)
@@ -142,6 +147,7 @@ class VideoCapture:
         policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
         path = video_path(self.run_dir, step)
         rng = capture_rng()  # (put back after: nothing here may change what training draws next)
+        shown = self.shown
         try:
             with rundir.writing(path):
                 result = record_episode(
@@ -153,6 +159,8 @@ class VideoCapture:
                     self.spaces,
                     stop=lambda: self.stop.requested,
                     write_cut=False,
+                    # (the bar, or a line at the lines' period, says it while it plays: else it looked hung)
+                    on_step=None if shown is None else lambda steps: shown.recording_video(step, steps),
                 )
         except Exception as err:  # (its env raised, its renderer failed, the disk is full: training goes on)
             self.failed = True
@@ -164,6 +172,8 @@ class VideoCapture:
             return None
         finally:
             restore_rng(rng)
+            if shown is not None:
+                shown.evaluated()
         if result["path"] is None:  # (a Ctrl-C: the run stops next, as during an evaluation)
             return None
         self.recorded.append(path)

@@ -28,6 +28,7 @@ __all__ = [
     "ending_as_interrupt",
     "eval_note",
     "eval_running_note",
+    "video_running_note",
     "quiet_exit",
     "stopping_with_parent",
     "bar_by_default",
@@ -244,6 +245,15 @@ def eval_running_note(step: int, ended: int, episodes: int) -> str:
     ``episodes`` asked). No update comes while it runs, and the bar (and the lines) went on showing the last
     update's figures, frozen: with --eval-episodes 1000, minutes of a run that looked hung."""
     return f"evaluating at step {step:,}: {ended:,} of {episodes:,} episode{'' if episodes == 1 else 's'}"
+
+
+def video_running_note(step: int, steps: int) -> str:
+    """What the progress bar and lines say, as :func:`eval_running_note` says an evaluation, while --capture-video
+    records its video of the nets of the update at env step ``step``, ``steps`` of its episode played:
+    ``recording a video at step 16,384: 312 steps``. No update comes while it plays (a MuJoCo episode of 1,000
+    rendered steps: seconds; a long one, minutes), and the bar (and the lines) showed the last update's figures, or
+    the evaluation's last count, frozen."""
+    return f"recording a video at step {step:,}: {steps:,} step{'' if steps == 1 else 's'}"
 
 
 def fleet_note(row: dict[str, Any]) -> str:

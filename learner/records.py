@@ -28,6 +28,7 @@ from learner.progress import (
     fleet_down_note,
     fleet_note,
     progress_line,
+    video_running_note,
     waiting_line,
     widget_total,
 )
@@ -535,9 +536,19 @@ class Recorder:
         the count itself cut off): frozen, as before, where its count was to show the evaluation going on."""
         self._say_waiting(eval_running_note(step, ended, episodes), time.perf_counter())
 
+    def recording_video(self, step: int, steps: int) -> None:
+        """--capture-video is recording its video of the nets of the update at env step ``step``, ``steps`` of its
+        episode played: VideoCapture.record calls this as it starts and after each step, until :meth:`evaluated`.
+        Said as :meth:`evaluating` says an evaluation (:func:`~learner.progress.video_running_note`, first, redrawn
+        at most every :data:`OUTAGE_REDRAW_S`; a line at the lines' period): no update comes while it plays, and
+        the bar showed the last update's figures (or the evaluation's last count), frozen, for seconds (a MuJoCo
+        episode) or minutes (a long one)."""
+        self._say_waiting(video_running_note(step, steps), time.perf_counter())
+
     def evaluated(self) -> None:
-        """The evaluation :meth:`evaluating` said is over (ended, stopped or failed): the bar shows the last
-        update's figures again at once, until the next update's (the evaluated one's, recorded next)."""
+        """The evaluation :meth:`evaluating` said (or the video :meth:`recording_video` said) is over (ended,
+        stopped or failed): the bar shows the last update's figures again at once, until the next update's (the
+        evaluated one's, recorded next)."""
         self.outage_drawn = -math.inf
         if self.bar is not None and self.outage is None:
             self.bar.set_postfix_str(self.postfix)

@@ -2101,6 +2101,7 @@ def train(
                 stop=stop_request,
                 seed=args.seed,
                 tracker=tracker,
+                shown=recorder,
             )
 
         try:

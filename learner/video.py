@@ -188,6 +188,7 @@ def record_episode(
     hint: str = "",
     *,
     write_cut: bool = True,
+    on_step: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
     """Play one episode of ``policy`` on the one-env vector env ``spec`` (made with render_mode
     rgb_array), write its frames to ``path`` as a GIF, and say what was written. ``spaces``: the
@@ -198,7 +199,8 @@ def record_episode(
     exception: its episode ends, ``infos["env_error"]`` says why) is a ValueError naming its error, and
     nothing is written: its episode was cut short by it. ``write_cut`` false: an episode cut by ``stop`` is
     not written either (``learner train --capture-video``: a Ctrl-C leaves that video out, as it does that
-    evaluation), and the result's ``path`` is None."""
+    evaluation), and the result's ``path`` is None. ``on_step``: told the steps played so far, once the env is
+    made (0) and after each step (``learner train --capture-video``'s progress bar says the video under way)."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
     gif = _GifFrames()
     total = 0.0
@@ -210,6 +212,8 @@ def record_episode(
             if fps is None:
                 fps = _real_time_fps(envs, spec)
             every, delay = gif_timing(fps)
+            if on_step is not None:
+                on_step(steps)
             obs, infos = envs.reset(seed=seed)
             _raise_env_error(infos, spec.env)
             gif.add(_frame(envs.render(), spec.env))
@@ -218,6 +222,8 @@ def record_episode(
                 obs, rewards, terms, truncs, infos = envs.step(policy(obs))
                 _raise_env_error(infos, spec.env)
                 steps += 1
+                if on_step is not None:
+                    on_step(steps)
                 total += float(rewards[0])
                 done = bool(terms[0] or truncs[0])
                 stopped = stop is not None and stop()

@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -239,6 +240,40 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
     rundir.checkpoint_path(killed, 48).unlink()
     train(dataclasses.replace(resume_args(killed), capture_video=False))
     assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
+
+
+@pytest.mark.parametrize("shown", ["lines", "bar"])
+def test_a_video_is_said_while_it_is_recorded_as_an_evaluation_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, shown: str
+) -> None:
+    # While a video was recorded the bar and the lines said nothing: the last update's figures (or the evaluation's
+    # last count), frozen, for the seconds a MuJoCo episode takes. They say it as an evaluation is said, step by
+    # step (here at every step: ClockEnv's 3), then the figures again; the video at the run's end too.
+    from learner import train as train_module
+
+    if shown == "lines":
+        monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 0.0)  # (a line at every update, and at each step)
+    else:
+        from tqdm import tqdm
+
+        monkeypatch.setattr("learner.progress._tqdm_class", lambda: lambda **kwargs: tqdm(**kwargs, mininterval=0.0))
+        monkeypatch.setattr("learner.records.OUTAGE_REDRAW_S", 0.0)
+    common = {**_resumable(), "eval_every": 32, "eval_episodes": 1, "capture_video": True}
+    train(Args(**{**common, "progress": None if shown == "lines" else True}, run_dir=str(tmp_path / "run")))
+    out, err = capsys.readouterr()
+    if shown == "lines":
+        said = [line for line in out.splitlines() if line.startswith("step ")]
+    else:
+        said = [frame.rstrip() for frame in re.split(r"[\r\n]", err) if "steps [" in frame]
+    counts = [
+        (int(m[1]), int(m[2]))
+        for line in said
+        if (m := re.search(r", recording a video at step (\d+): (\d) steps?", line))
+    ]
+    assert {(32, n) for n in range(4)} <= set(counts) and {(48, n) for n in range(4)} <= set(counts), said
+    # After the video of step 32, the next update's figures (step 48's), the video no more said.
+    after = max(i for i, line in enumerate(said) if "recording a video at step 32" in line) + 1
+    assert after < len(said) and "recording a video" not in said[after], said
 
 
 def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
