@@ -11,7 +11,9 @@ before the run dir is made, not at the first video.
 Training goes on exactly as without it: the videos' env is none of training's, the policy's mode draws nothing,
 and the random generators (Python's, NumPy's, torch's) are put back as they were after each video. A video that
 fails mid-run (its env raised, a full disk) is said once, as a warning, and no more are recorded; training goes on.
-A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written).
+A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written). An evaluation
+left out (its eval server left down, or failed) is filmed all the same, its warning saying so: the video's env is
+this process's, not the evaluation's, and the video is then the one look at the policy at that step.
 """
 
 from __future__ import annotations

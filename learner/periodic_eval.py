@@ -231,13 +231,25 @@ class PeriodicEval:
             if why is not None:
                 self.server_gone = True
                 log.warning(
-                    "the eval server %s %s: the evaluations from step %s on are left out (training goes on)",
+                    "the eval server %s %s: the evaluations from step %s on are left out (training goes on%s)",
                     label_of(address),
                     why,
                     f"{step:,}",
+                    self._videos_go_on("their videos are"),
                 )
                 return True
         return False
+
+    def _videos_go_on(self, which: str) -> str:
+        """What a warning of an evaluation left out adds with --capture-video: ``which`` (its video, or theirs)
+        recorded all the same. Its env is in the learner's process, not the evaluation's (an eval server left down,
+        or one that failed): the video is the look at the policy there that is left (and at the run's end, where it
+        is filmed without --eval-every too). "" without --capture-video."""
+        return (
+            f"; {which} recorded all the same, --capture-video playing in this process"
+            if self.args.capture_video
+            else ""
+        )
 
     def _still_down(self, step: int) -> bool:
         """Whether the eval server an evaluation failed for (:attr:`unanswered`: it did not answer within
@@ -312,7 +324,11 @@ class PeriodicEval:
                 else ""
             )
             log.warning(
-                "the evaluation at step %s failed, and is left out (training goes on): %s%s", f"{step:,}", err, later
+                "the evaluation at step %s failed, and is left out (training goes on%s): %s%s",
+                f"{step:,}",
+                self._videos_go_on("its video is"),
+                err,
+                later,
             )
             return {}
         finally:

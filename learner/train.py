@@ -1561,7 +1561,9 @@ def _evaluation(
     if evaluator is None or not evaluator.due(step):
         return None
     evaluation = evaluator.run(step, state)
-    if video is not None:  # (none where the evaluation was stopped by a Ctrl-C: VideoCapture.record sees it)
+    # (none where the evaluation was stopped by a Ctrl-C: VideoCapture.record sees it; one where it was left out, an
+    # eval server down or failed, whose warning says so: the video's env is in this process, the evaluation's not)
+    if video is not None:
         video.record(step, state)
     return evaluation
 

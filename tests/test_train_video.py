@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
+import learner.local
 from learner import rundir
 from learner.capture import VIDEOS, video_path
 from learner.cli import main
@@ -274,6 +275,36 @@ def test_a_video_is_said_while_it_is_recorded_as_an_evaluation_is(
     # After the video of step 32, the next update's figures (step 48's), the video no more said.
     after = max(i for i, line in enumerate(said) if "recording a video at step 32" in line) + 1
     assert after < len(said) and "recording a video" not in said[after], said
+
+
+@RENDERS_WITH_PYGAME
+def test_an_evaluation_left_out_is_filmed_all_the_same_and_its_warning_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The eval server left down after update 1 (as test_train_eval marks it): the evaluations from step 64 on are
+    # left out, but the videos' env is in the learner's process, not on that server: each evaluation's step is filmed
+    # all the same (the look at the policy there that is left), and the warning said nothing of them (it read as if
+    # they went too).
+    def leave_down(row: dict[str, Any]) -> None:
+        if row["update"] == 1:
+            for address, (label, children) in list(learner.local._LABELS.items()):
+                if label == "eval-0":
+                    children.left_down[address] = "was killed by SIGKILL, and was left down after 5 restarts"
+
+    run = tmp_path / "run"
+    args = _cartpole(run, eval_every=32, eval_episodes=1, connect_timeout=30.0, total_timesteps=96, capture_video=True)
+    summary = train(args, on_update=leave_down)
+    rows = rundir.read_jsonl(run / rundir.METRICS)
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32]
+    assert summary["videos"] == [f"videos/step-{step:010d}.gif" for step in (32, 64, 96)]
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "learner.periodic_eval" and r.levelno >= logging.WARNING
+    ]
+    assert said == [
+        "the eval server eval-0 was killed by SIGKILL, and was left down after 5 restarts: the evaluations from "
+        "step 64 on are left out (training goes on; their videos are recorded all the same, --capture-video playing "
+        "in this process)"
+    ]
 
 
 def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
