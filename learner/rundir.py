@@ -626,9 +626,12 @@ def set_aside(run_dir: str | Path) -> Path | None:
 
 
 def _run_files(run_dir: Path) -> list[Path]:
-    """The files in ``run_dir`` named as a run names its files."""
+    """The files in ``run_dir`` named as a run names its files, and those in its checkpoints/ and videos/ folders
+    (--capture-video's GIFs: a run killed after its first evaluation's video, before that update's checkpoint,
+    left one, which the run started over there listed as its own, of another run's nets, until it overwrote it)."""
     found = [p for p in run_dir.iterdir() if p.name in _RUN_FILES or p.name.startswith("events.out.tfevents")]
-    found += [p for p in (run_dir / CHECKPOINTS).glob("*") if p.is_file()] if (run_dir / CHECKPOINTS).is_dir() else []
+    for folder in (run_dir / CHECKPOINTS, run_dir / VIDEOS):
+        found += [p for p in folder.glob("*") if p.is_file()] if folder.is_dir() else []
     return found
 
 

@@ -243,6 +243,26 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
     assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
 
 
+def test_a_run_started_over_where_one_stopped_before_its_first_checkpoint_sets_its_videos_aside_too(
+    tmp_path: Path,
+) -> None:
+    # Killed after its first evaluation's video (recorded before that update's row and checkpoint): the run started
+    # over in its run dir set its config, metrics and checkpoints aside in previous/, but left videos/step-16.gif,
+    # which it then listed in its summary.json as its own (another run's nets), until it overwrote it, if ever.
+    run = tmp_path / "run"
+    common = {**_resumable(), "eval_every": 16, "eval_episodes": 1, "capture_video": True, "run_dir": str(run)}
+    train(Args(**common))
+    # As a kill right after the video at step 16 leaves it: no checkpoint, no summary, no row.
+    shutil.rmtree(run / rundir.CHECKPOINTS)
+    (run / rundir.SUMMARY).unlink()
+    rundir.rewrite_jsonl(run / rundir.METRICS, [])
+    for step in (32, 48):
+        video_path(run, step).unlink()
+    summary = train(Args(**{**common, "eval_every": 0}))
+    assert summary["videos"] == ["videos/step-0000000048.gif"], summary["videos"]
+    assert [p.name for p in (run / "previous" / VIDEOS).iterdir()] == ["step-0000000016.gif"]
+
+
 @pytest.mark.parametrize("shown", ["lines", "bar"])
 def test_a_video_is_said_while_it_is_recorded_as_an_evaluation_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, shown: str
