@@ -124,7 +124,9 @@ class VideoCapture:
             check_rendering(spec, video_seed(args.seed, 0), spaces, hint=" (the training envs')")
         except ValueError as err:
             reason = str(err).removeprefix("video: ")
-            extra = "" if VIDEO_EXTRA in reason else f" (classic control renders with pygame: {VIDEO_EXTRA})"
+            # (not where the reason is MuJoCo's OpenGL, which video._reason says how to mend: pygame is no part of it)
+            said = VIDEO_EXTRA in reason or "MUJOCO_GL=" in reason
+            extra = "" if said else f" (classic control renders with pygame: {VIDEO_EXTRA})"
             raise ValueError(
                 f"--capture-video: {reason}; the videos are played on an env made in the learner's process, as frames "
                 f"never cross the wire: install the env and its renderer here{extra}, or leave --capture-video out"

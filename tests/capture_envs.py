@@ -9,7 +9,7 @@ import numpy as np
 
 from tests.envs import ClockEnv
 
-__all__ = ["RENDERED", "RendererBreaksEnv"]
+__all__ = ["RENDERED", "NoOpenGLEnv", "RendererBreaksEnv"]
 
 RENDERED = [0]
 """The frames RendererBreaksEnv rendered in this process (set back to 0 by a test)."""
@@ -28,4 +28,14 @@ class RendererBreaksEnv(ClockEnv):
             RENDERED[0] += 1
             if RENDERED[0] > self.frames_ok:
                 raise RuntimeError("the renderer's context was lost")
+        return super().render()
+
+
+class NoOpenGLEnv(ClockEnv):
+    """ClockEnv whose ``render`` fails as MuJoCo's does where its OpenGL backend cannot make a context here (MUJOCO_GL
+    glfw without a display)."""
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode == "rgb_array":
+            raise RuntimeError("an OpenGL platform library has not been loaded into this process")
         return super().render()

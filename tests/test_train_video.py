@@ -369,6 +369,19 @@ def test_an_env_that_cannot_render_here_is_refused_at_the_start(
     assert not run.exists()
 
 
+def test_an_opengl_renderer_missing_here_is_refused_without_a_word_of_pygame(tmp_path: Path) -> None:
+    # MuJoCo's OpenGL backend failing here (MUJOCO_GL=glfw without a display): the refusal said how to mend it
+    # (MUJOCO_GL egl or osmesa), then "classic control renders with pygame: pip install 'envfleet[video]'", which
+    # pygame installed does not mend.
+    run = tmp_path / "run"
+    with pytest.raises(ValueError) as refused:
+        train(Args(**{**_resumable("tests.capture_envs:NoOpenGLEnv"), "capture_video": True, "run_dir": str(run)}))
+    message = str(refused.value)
+    assert "an OpenGL platform library has not been loaded" in message and "MUJOCO_GL=" in message, message
+    assert "pygame" not in message and "envfleet[video]" not in message, message
+    assert not run.exists()
+
+
 def test_a_run_on_servers_films_the_env_they_serve_with_their_kwargs(tmp_path: Path) -> None:
     # Servers of ClockEnv(length=5): the env imports a module, so it is made here only where --env names it too
     # (as learner eval --video asks); then with the kwargs the servers said, not the command's (none).
