@@ -30,7 +30,7 @@ from learner.config import (
 )
 from learner.device import pick_device
 from learner.envs import reward_threshold
-from learner.errors import RunCompleteError, os_reason
+from learner.errors import RunCompleteError, RunDirWriteError, os_reason
 from learner.local import DEFAULT_TRANSPORT
 from learner.normalize import DictRunningMeanStd, RewardScaler, RunningMeanStd
 from learner.ppo import Agent, is_image_space
@@ -516,11 +516,25 @@ def set_aside_videos_after(run_dir: Path, step: int) -> list[Path]:
     the run abandons (resumed from an older checkpoint), or the updates a killed run made after its last checkpoint,
     which the resumed run redoes (and films again). Left there, videos/ and summary.json's ``videos`` listed a
     video of nets no checkpoint nor row of the run is of (a run resumed from step 32 of 48 listed step 48's GIF
-    until it got there again, if ever). Whatever the resumed session's options: an earlier one's videos."""
+    until it got there again, if ever). Whatever the resumed session's options: an earlier one's videos.
+
+    A rename that fails (a read-only videos/ folder) is a warning, and the run goes on: GIFs are no part of what it
+    resumes from, and a failure here (after the newer checkpoints were set aside, the rows dropped) refused every
+    resume of the run, with --capture-video or without, until the folder was made writable."""
     newer = [p for p in rundir.list_videos(run_dir) if (rundir.video_step(p) or 0) > step]
     if not newer:
         return []
-    moved = rundir.set_aside_abandoned(newer)
+    try:
+        moved = rundir.set_aside_abandoned(newer)
+    except RunDirWriteError as err:
+        log.warning(
+            "resume: the run goes on from step %d, but the videos of later steps in %s could not be set aside (%s): "
+            "left as they are",
+            step,
+            run_dir / rundir.VIDEOS,
+            err,
+        )
+        return []
     log.warning(
         "resume: the run goes on from step %d: the videos of later steps in %s (%s) are set aside as %s",
         step,

@@ -243,6 +243,37 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
     assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
 
 
+def test_a_videos_folder_that_cannot_be_written_does_not_stop_a_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read-only videos/ (as a read-only bind mount makes it: run so for real, learner train --resume
+    # RUN/checkpoints/step-N.pt failed with "cannot write RUN/videos/step-....gif: Read-only file system", after the
+    # newer checkpoints were set aside, and every resume of the run failed so, with --capture-video or not). Its
+    # renames fail here as they do on such a folder; the run goes on from its checkpoint, the GIFs left as they are.
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 1, "capture_video": True}
+    run = tmp_path / "run"
+    args = Args(**common, run_dir=str(run))
+    train(args)
+    rename = Path.rename
+
+    def read_only_videos(self: Path, target: Any) -> Path:
+        if self.parent.name == VIDEOS:
+            raise OSError(30, "Read-only file system", str(self))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", read_only_videos)
+    with caplog.at_level(logging.WARNING):
+        summary = train(
+            dataclasses.replace(args, run_dir=None, resume=str(rundir.checkpoint_path(run, 16)), capture_video=False)
+        )
+    assert summary["total_steps"] == 48 and summary["stop_reason"] == "total_timesteps", summary
+    assert _videos(run) == [f"step-{step:010d}.gif" for step in (16, 32, 48)]
+    assert (
+        f"resume: the run goes on from step 16, but the videos of later steps in {run / VIDEOS} could not be set "
+        f"aside (cannot write {video_path(run, 32)}: Read-only file system"
+    ) in caplog.text, caplog.text
+
+
 def test_a_run_started_over_where_one_stopped_before_its_first_checkpoint_sets_its_videos_aside_too(
     tmp_path: Path,
 ) -> None:
