@@ -251,8 +251,8 @@ def video_running_note(step: int, steps: int) -> str:
     """What the progress bar and lines say, as :func:`eval_running_note` says an evaluation, while --capture-video
     records its video of the nets of the update at env step ``step``, ``steps`` of its episode played:
     ``recording a video at step 16,384: 312 steps``. No update comes while it plays (a MuJoCo episode of 1,000
-    rendered steps: seconds; a long one, minutes), and the bar (and the lines) showed the last update's figures, or
-    the evaluation's last count, frozen."""
+    rendered steps: seconds, a minute rendered in software), and the bar (and the lines) showed the last update's
+    figures, or the evaluation's last count, frozen."""
     return f"recording a video at step {step:,}: {steps:,} step{'' if steps == 1 else 's'}"
 
 

@@ -199,21 +199,22 @@ def record_episode(
     exception: its episode ends, ``infos["env_error"]`` says why) is a ValueError naming its error, and
     nothing is written: its episode was cut short by it. ``write_cut`` false: an episode cut by ``stop`` is
     not written either (``learner train --capture-video``: a Ctrl-C leaves that video out, as it does that
-    evaluation), and the result's ``path`` is None. ``on_step``: told the steps played so far, once the env is
-    made (0) and after each step (``learner train --capture-video``'s progress bar says the video under way)."""
+    evaluation), and the result's ``path`` is None. ``on_step``: told the steps played so far, as it starts,
+    before its env is made (0), and after each step (``learner train --capture-video``'s progress bar says
+    the video under way)."""
     what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
     gif = _GifFrames()
     total = 0.0
     steps = 0
     done = stopped = False
+    if on_step is not None:  # (as it starts: making the env, MuJoCo's GL context, may take a while)
+        on_step(steps)
     try:
         with open_fleet(spec) as envs:
             _check_spaces(envs, spec, spaces, hint)
             if fps is None:
                 fps = _real_time_fps(envs, spec)
             every, delay = gif_timing(fps)
-            if on_step is not None:
-                on_step(steps)
             obs, infos = envs.reset(seed=seed)
             _raise_env_error(infos, spec.env)
             gif.add(_frame(envs.render(), spec.env))
