@@ -443,6 +443,23 @@ def test_resuming_a_run_with_evaluations_gives_the_same_next_update_and_evaluati
     assert a["counters"]["best_eval_step"] == b["counters"]["best_eval_step"] is not None
 
 
+def ctrl_c_at_step_2(args: Args, module: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """train(``args``) with a Ctrl-C at the 2nd step of the envs ``module``'s open_fleet makes
+    (``learner.periodic_eval``: the evaluations'; ``learner.video``: --capture-video's): the summary of the run it
+    stopped, as its TrainingInterrupted carries it. (test_train_video stops a video so.)"""
+
+    @contextlib.contextmanager
+    def interrupted(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
+        with open_fleet(spec) as envs:
+            yield CtrlCAt(envs, at=2)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(f"{module}.open_fleet", interrupted)
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(args)
+    return stopped.value.summary
+
+
 def test_ctrl_c_during_an_evaluation_stops_the_run_as_during_a_rollout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -451,18 +468,8 @@ def test_ctrl_c_during_an_evaluation_stops_the_run_as_during_a_rollout(
     common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 4}
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
-
-    @contextlib.contextmanager
-    def interrupted_eval_fleet(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
-        with open_fleet(spec) as envs:
-            yield CtrlCAt(envs, at=2)
-
     part = tmp_path / "part"
-    with monkeypatch.context() as patch:
-        patch.setattr("learner.periodic_eval.open_fleet", interrupted_eval_fleet)
-        with pytest.raises(TrainingInterrupted) as stopped:
-            train(Args(**common, run_dir=str(part)))
-    summary = stopped.value.summary
+    summary = ctrl_c_at_step_2(Args(**common, run_dir=str(part)), "learner.periodic_eval", monkeypatch)
     assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
     assert summary["best_eval_step"] is None
     assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
@@ -637,6 +644,16 @@ def test_the_bar_says_an_evaluation_s_count_on_an_80_column_terminal(
     assert {(match[1], match[2]) for match in counts if match} >= {("64", "0"), ("64", "3"), ("96", "0"), ("96", "3")}
 
 
+def leave_eval_server_down(row: dict[str, Any]) -> None:
+    """train()'s ``on_update``: after update 1, the run's local eval server (``eval-0``) marked left down, as its
+    supervisor marks one that died too often (the restarts themselves take over 15 s): the evaluations from the
+    next one due on are left out (PeriodicEval._left_down). (test_train_video films such a run's evaluations.)"""
+    if row["update"] == 1:
+        for address, (label, children) in list(learner.local._LABELS.items()):
+            if label == "eval-0":
+                children.left_down[address] = "was killed by SIGKILL, and was left down after 5 restarts"
+
+
 def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -644,14 +661,8 @@ def test_evaluations_are_skipped_at_once_once_the_eval_server_is_left_down(
     # --connect-timeout (10 s by default) for it and failed, with a warning that did not say it would stay down
     # (a CartPole run of 50,000 steps killed its eval server 6 times: 2 min 18 s instead of ~12 s, 12 warnings).
     # It is marked left down here as its supervisor marks it (the restarts themselves take over 15 s).
-    def leave_down(row: dict[str, Any]) -> None:
-        if row["update"] == 1:
-            for address, (label, children) in list(learner.local._LABELS.items()):
-                if label == "eval-0":
-                    children.left_down[address] = "was killed by SIGKILL, and was left down after 5 restarts"
-
     run = tmp_path / "run"
-    train(_cartpole(run, eval_every=32, eval_episodes=1, connect_timeout=30.0), on_update=leave_down)
+    train(_cartpole(run, eval_every=32, eval_episodes=1, connect_timeout=30.0), on_update=leave_eval_server_down)
     rows = rundir.read_jsonl(run / rundir.METRICS)
     assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32]
     said = [

@@ -10,14 +10,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 from learner import rundir
 from learner.checkpoint import load_checkpoint
-from tests.conftest import CTRL_C_EXIT, SpawnServer
+from tests.conftest import CTRL_C_EXIT, ServerProcess, SpawnServer
+
+if TYPE_CHECKING:
+    import threading
+
+    from learner.config import Args
 
 pytestmark = pytest.mark.slow
 
@@ -321,6 +326,44 @@ def test_the_progress_lines_and_bar_say_while_servers_are_down_or_have_not_joine
         assert re.search(r", return [^,]+]$", drawn[-1]), drawn[-1]
 
 
+def _outage_args(servers: list[ServerProcess], run_dir: Path, **options: Any) -> Args:
+    """The Args of the outage tests' runs on ``servers`` (started by hand: the test kills them and starts them
+    again on the same addresses), written to ``run_dir``: their steps' and connections' waits 2 s, giving up
+    after 120 s of outage unless ``options`` say otherwise (with the run's total, its bar or lines)."""
+    from learner.config import Args
+
+    return Args(
+        **{
+            "servers": ",".join(server.address for server in servers),
+            "num_steps": NUM_STEPS,
+            "timeout": 2.0,
+            "connect_timeout": 2.0,
+            "give_up_after": 120,
+            "seed": 3,
+            "plot": False,
+            "tensorboard": False,
+            "run_dir": str(run_dir),
+            **options,
+        }
+    )
+
+
+def _all_killed_at_update_2(
+    servers: list[ServerProcess], killed: list[float], helper: threading.Thread
+) -> Callable[[dict[str, Any]], None]:
+    """train()'s ``on_update`` of the outage tests: after the second update every one of ``servers`` is SIGKILLed,
+    the time noted in ``killed``, and ``helper`` (the thread that starts them again later) started."""
+
+    def on_update(row: dict[str, Any]) -> None:
+        if row["update"] == 2:
+            for server in servers:
+                server.kill()
+            killed.append(time.monotonic())
+            helper.start()
+
+    return on_update
+
+
 @pytest.mark.parametrize("shown", ["lines", "bar", "stopped", "stopped_overlap"])
 def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     shown: str,
@@ -346,7 +389,6 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
     from tqdm import tqdm
 
     from learner import train as train_module
-    from learner.config import Args
     from learner.live_metrics import LearnerMetrics
     from learner.records import Recorder
     from learner.train import train
@@ -392,29 +434,15 @@ def test_the_progress_lines_and_bar_say_while_every_server_is_down(
             server.start()
 
     helper = threading.Thread(target=back_later)
-
-    def on_update(row: dict[str, Any]) -> None:
-        if row["update"] == 2:
-            for server in servers:
-                server.kill()
-            outage.append(time.monotonic())
-            helper.start()
-
+    on_update = _all_killed_at_update_2(servers, outage, helper)
     total = 2 * K * NUM_STEPS * 12
-    args = Args(
-        servers=",".join(server.address for server in servers),
-        num_steps=NUM_STEPS,
+    args = _outage_args(
+        servers,
+        tmp_path / "run",
         total_timesteps=total,
-        timeout=2.0,
-        connect_timeout=2.0,
-        give_up_after=120,
-        seed=3,
         progress=None if shown == "lines" else True,
         metrics_port=0 if shown == "lines" else None,
         overlap_update=shown == "stopped_overlap",
-        plot=False,
-        tensorboard=False,
-        run_dir=str(tmp_path / "run"),
     )
     try:
         summary = train(args, on_update=on_update, stop=stop)
@@ -472,7 +500,6 @@ def test_the_bar_says_an_outage_whole_on_a_narrow_terminal(
 
     from tqdm import tqdm
 
-    from learner.config import Args
     from learner.progress import _narrow_as_well
     from learner.train import train
 
@@ -490,28 +517,9 @@ def test_the_bar_says_an_outage_whole_on_a_narrow_terminal(
             server.start()
 
     helper = threading.Thread(target=back_later)
-
-    def on_update(row: dict[str, Any]) -> None:
-        if row["update"] == 2:
-            for server in servers:
-                server.kill()
-            killed.append(time.monotonic())
-            helper.start()
-
+    on_update = _all_killed_at_update_2(servers, killed, helper)
     # (a total that long, a bar's count as a real run's: "0% 128/10.0M steps")
-    args = Args(
-        servers=",".join(server.address for server in servers),
-        num_steps=NUM_STEPS,
-        total_timesteps=10_000_000,
-        timeout=2.0,
-        connect_timeout=2.0,
-        give_up_after=120,
-        seed=3,
-        progress=True,
-        plot=False,
-        tensorboard=False,
-        run_dir=str(tmp_path / "run"),
-    )
+    args = _outage_args(servers, tmp_path / "run", total_timesteps=10_000_000, progress=True)
     stop = threading.Event()
 
     def stop_once_back(row: dict[str, Any]) -> None:
@@ -547,7 +555,6 @@ def test_a_fleet_down_before_the_first_update_still_has_that_update_printed_at_o
     import threading
 
     from learner import train as train_module
-    from learner.config import Args
     from learner.train import train
 
     monkeypatch.setattr(train_module, "PROGRESS_LINE_S", 30.0)
@@ -565,18 +572,7 @@ def test_a_fleet_down_before_the_first_update_still_has_that_update_printed_at_o
             server.kill()
         helper.start()
 
-    args = Args(
-        servers=",".join(server.address for server in servers),
-        num_steps=NUM_STEPS,
-        total_timesteps=2 * K * NUM_STEPS * 3,
-        timeout=2.0,
-        connect_timeout=2.0,
-        give_up_after=60,
-        seed=3,
-        plot=False,
-        tensorboard=False,
-        run_dir=str(tmp_path / "run"),
-    )
+    args = _outage_args(servers, tmp_path / "run", total_timesteps=2 * K * NUM_STEPS * 3, give_up_after=60)
     try:
         summary = train(args, on_start=on_start)
     finally:

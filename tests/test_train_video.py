@@ -23,7 +23,6 @@ import pytest
 pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]')")
 import torch
 
-import learner.local
 from learner import rundir
 from learner.capture import VIDEOS, video_path
 from learner.cli import main
@@ -39,7 +38,7 @@ from tests import capture_envs
 from tests.conftest import QUIET
 from tests.test_tracking import offline_runs, offline_wandb  # noqa: F401 (offline_wandb: a fixture, by its name)
 from tests.test_train import CtrlCAt, _resumable
-from tests.test_train_eval import TIMING, _cartpole
+from tests.test_train_eval import TIMING, _cartpole, ctrl_c_at_step_2, leave_eval_server_down
 
 RENDERS_WITH_PYGAME = pytest.mark.skipif(
     importlib.util.find_spec("pygame") is None, reason="needs pygame (pip install 'envfleet[video]')"
@@ -168,18 +167,8 @@ def test_ctrl_c_during_a_video_stops_the_run_as_during_an_evaluation(
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
     assert _videos(full) == [f"step-{step:010d}.gif" for step in (16, 32, 48)]
-
-    @contextlib.contextmanager
-    def interrupted_video(spec: FleetSpec) -> Iterator[gym.vector.VectorEnv]:
-        with open_fleet(spec) as envs:
-            yield CtrlCAt(envs, at=2)
-
     part = tmp_path / "part"
-    with monkeypatch.context() as patch:
-        patch.setattr("learner.video.open_fleet", interrupted_video)
-        with pytest.raises(TrainingInterrupted) as stopped:
-            train(Args(**common, run_dir=str(part)))
-    summary = stopped.value.summary
+    summary = ctrl_c_at_step_2(Args(**common, run_dir=str(part)), "learner.video", monkeypatch)
     assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
     assert summary["videos"] == [] and not list((part / VIDEOS).glob("*"))
     assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
@@ -336,15 +325,9 @@ def test_an_evaluation_left_out_is_filmed_all_the_same_and_its_warning_says_so(
     # left out, but the videos' env is in the learner's process, not on that server: each evaluation's step is filmed
     # all the same (the look at the policy there that is left), and the warning said nothing of them (it read as if
     # they went too).
-    def leave_down(row: dict[str, Any]) -> None:
-        if row["update"] == 1:
-            for address, (label, children) in list(learner.local._LABELS.items()):
-                if label == "eval-0":
-                    children.left_down[address] = "was killed by SIGKILL, and was left down after 5 restarts"
-
     run = tmp_path / "run"
     args = _cartpole(run, eval_every=32, eval_episodes=1, connect_timeout=30.0, total_timesteps=96, capture_video=True)
-    summary = train(args, on_update=leave_down)
+    summary = train(args, on_update=leave_eval_server_down)
     rows = rundir.read_jsonl(run / rundir.METRICS)
     assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32]
     assert summary["videos"] == [f"videos/step-{step:010d}.gif" for step in (32, 64, 96)]
