@@ -9,8 +9,9 @@ own; :meth:`VideoCapture.check` makes it once at the start, so that an env or re
 before the run dir is made, not at the first video.
 
 Training goes on exactly as without it: the videos' env is none of training's, the policy's mode draws nothing,
-and the random generators (Python's, NumPy's, torch's) are put back as they were after each video. A video that
-fails mid-run (its env raised, a full disk) is said once, as a warning, and no more are recorded; training goes on.
+and the random generators (Python's, NumPy's, torch's) are put back as they were after each video (and after
+:meth:`VideoCapture.check`'s frame at the start, the run seeded already). A video that fails mid-run (its env raised, a
+full disk) is said once, as a warning, and no more are recorded; training goes on.
 A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written). An evaluation
 left out (its eval server left down, or failed) is filmed all the same, its warning saying so: the video's env is
 this process's, not the evaluation's, and the video is then the one look at the policy at that step.
@@ -120,6 +121,9 @@ class VideoCapture:
         limit = getattr(envs, "time_limit", None) or getattr(getattr(envs, "spec", None), "max_episode_steps", None)
         spec = render_spec(env_id, kwargs, wrappers, limit)
         spaces = (str(envs.single_observation_space), str(envs.single_action_space))
+        # (put back after, as each video's are: the run has seeded them already, and an env or renderer that draws
+        # from them here left the run's generators, and so its checkpoints, other than without --capture-video)
+        rng = capture_rng()
         try:
             check_rendering(spec, video_seed(args.seed, 0), spaces, hint=" (the training envs')")
         except ValueError as err:
@@ -131,6 +135,8 @@ class VideoCapture:
                 f"--capture-video: {reason}; the videos are played on an env made in the learner's process, as frames "
                 f"never cross the wire: install the env and its renderer here{extra}, or leave --capture-video out"
             ) from None
+        finally:
+            restore_rng(rng)
         return spec
 
     def record(self, step: int, state: dict[str, Any] | None = None) -> Path | None:

@@ -3,13 +3,14 @@ a number of frames (over the process's life), as a renderer that fails mid-run d
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
 
 from tests.envs import ClockEnv
 
-__all__ = ["RENDERED", "NoOpenGLEnv", "RendererBreaksEnv"]
+__all__ = ["RENDERED", "DitheringEnv", "NoOpenGLEnv", "RendererBreaksEnv"]
 
 RENDERED = [0]
 """The frames RendererBreaksEnv rendered in this process (set back to 0 by a test)."""
@@ -39,3 +40,15 @@ class NoOpenGLEnv(ClockEnv):
         if self.render_mode == "rgb_array":
             raise RuntimeError("an OpenGL platform library has not been loaded into this process")
         return super().render()
+
+
+class DitheringEnv(ClockEnv):
+    """ClockEnv whose ``render`` dithers its frame with the process's own random generators (Python's and NumPy's
+    global ones), as a renderer may: each frame it renders moves them on."""
+
+    def render(self) -> np.ndarray | None:
+        frame = super().render()
+        if frame is None:
+            return None
+        noise = np.random.randint(0, 2, size=frame.shape, dtype=np.uint8) * random.randint(0, 1)
+        return np.asarray(frame, dtype=np.uint8) ^ noise

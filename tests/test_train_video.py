@@ -364,6 +364,24 @@ def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
     assert _no_timing(rundir.read_jsonl(run / rundir.METRICS)) == _no_timing(rundir.read_jsonl(plain / rundir.METRICS))
 
 
+def test_the_start_s_check_leaves_the_random_generators_as_they_were(tmp_path: Path) -> None:
+    # The start's check (VideoCapture.check) makes the videos' env and renders a frame once the run has seeded the
+    # process's generators, and did not put them back as each video does: with an env whose renderer draws from them,
+    # the run's checkpoints held other generator states than the same run's without --capture-video (a run resumed
+    # from one drew otherwise). Now the same states, the same rows, the same nets.
+    common = {**_resumable("tests.capture_envs:DitheringEnv"), "eval_every": 16, "eval_episodes": 1}
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    train(Args(**common, capture_video=True, run_dir=str(run)))
+    train(Args(**common, run_dir=str(plain)))
+    assert _videos(run) == [f"step-{step:010d}.gif" for step in (16, 32, 48)]
+    assert _no_timing(rundir.read_jsonl(run / rundir.METRICS)) == _no_timing(rundir.read_jsonl(plain / rundir.METRICS))
+    for ours, theirs in zip(rundir.list_checkpoints(run), rundir.list_checkpoints(plain), strict=True):
+        a, b = (torch.load(path, weights_only=True) for path in (ours, theirs))
+        assert a["rng"]["python"] == b["rng"]["python"], ours.name
+        assert torch.equal(a["rng"]["numpy"]["keys"], b["rng"]["numpy"]["keys"]), ours.name
+        assert torch.equal(a["rng"]["torch"], b["rng"]["torch"]), ours.name
+
+
 def test_an_env_that_cannot_render_here_is_refused_at_the_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
