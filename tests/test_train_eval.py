@@ -55,6 +55,14 @@ def _cartpole(run: Path, **options: Any) -> Args:
     return Args(**{**values, **options})
 
 
+def _pendulum(run: Path, **options: Any) -> Args:
+    """A Pendulum run (Box actions, clipped to their bounds as learner eval clips them) of 3 updates of 32 steps on
+    in-process envs (2 x 16 steps), with --norm-obs: its evaluations' (and videos') observations normalised with the
+    statistics of the update they are of."""
+    local: dict[str, Any] = {"env": "Pendulum-v1", "backend": "gym", "num_servers": 1, "envs_per_server": None}
+    return _cartpole(run, **{**local, "num_envs": 2, "total_timesteps": 96, "norm_obs": True, **options})
+
+
 def _training_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows without their wall-clock, eval/ and servers' (latencies, busy shares) columns: the trajectory the
     run learned."""
@@ -509,8 +517,7 @@ def test_an_evaluation_is_of_its_update_s_nets_and_statistics_as_its_step_s_chec
     # counters (global_step one rollout on), and the step's checkpoint did not count the evaluation.
     # (Pendulum: Box actions, clipped to their bounds as learner eval clips them.)
     run = tmp_path / "run"
-    options: dict[str, Any] = {"env": "Pendulum-v1", "backend": "gym", "num_servers": 1, "envs_per_server": None}
-    args = _cartpole(run, **options, num_envs=2, total_timesteps=96, norm_obs=True, overlap_update=overlap_update)
+    args = _pendulum(run, overlap_update=overlap_update)
     train(dataclasses.replace(args, eval_every=32, eval_episodes=2, eval_envs=2, checkpoint_every=1))
     evals = [r for r in rundir.read_jsonl(run / rundir.METRICS) if "eval/return_mean" in r]
     assert [r["global_step"] for r in evals] == [32, 64, 96]

@@ -38,7 +38,7 @@ from tests import capture_envs
 from tests.conftest import QUIET
 from tests.test_tracking import offline_runs, offline_wandb  # noqa: F401 (offline_wandb: a fixture, by its name)
 from tests.test_train import CtrlCAt, _resumable
-from tests.test_train_eval import TIMING, _cartpole, ctrl_c_at_step_2, leave_eval_server_down
+from tests.test_train_eval import TIMING, _cartpole, _pendulum, ctrl_c_at_step_2, leave_eval_server_down
 
 RENDERS_WITH_PYGAME = pytest.mark.skipif(
     importlib.util.find_spec("pygame") is None, reason="needs pygame (pip install 'envfleet[video]')"
@@ -106,9 +106,8 @@ def test_a_video_is_the_episode_learner_eval_video_plays_of_its_step_s_checkpoin
     # the next rollout's statistics), reset with the evaluation's seed: learner eval --video of the step's
     # checkpoint, seeded so, writes the very same GIF. (Pendulum: Box actions, an env kwarg, a time limit of 40.)
     run = tmp_path / "run"
-    options: dict[str, Any] = {"env": "Pendulum-v1", "backend": "gym", "num_servers": 1, "envs_per_server": None}
-    args = _cartpole(run, **options, num_envs=2, total_timesteps=96, norm_obs=True, overlap_update=overlap_update)
-    args = dataclasses.replace(args, env_kwargs={"g": 9.0}, max_episode_steps=40, checkpoint_every=1)
+    args = _pendulum(run, overlap_update=overlap_update, env_kwargs={"g": 9.0}, max_episode_steps=40)
+    args = dataclasses.replace(args, checkpoint_every=1)
     summary = train(dataclasses.replace(args, eval_every=48, eval_episodes=1, eval_envs=1, capture_video=True))
     assert summary["videos"] == ["videos/step-0000000064.gif", "videos/step-0000000096.gif"]
     for step in (64, 96):
