@@ -203,6 +203,9 @@ class PeriodicEval:
     """Where the run is shown and recorded: its progress bar or lines say each evaluation while it runs
     (:meth:`Recorder.evaluating <learner.records.Recorder.evaluating>`), then the last update's figures again; a
     solved run's :meth:`final` evaluation goes into its last update's row. None: neither (no final evaluation)."""
+    filming: Callable[[], bool] | None = None
+    """--capture-video: whether its videos are still recorded (none after one failed), for the warnings of
+    evaluations left out (:meth:`_videos_go_on`); None: no --capture-video."""
     server_gone: bool = dataclasses.field(default=False, init=False)
     """Whether the evaluation's local server was found left down (see :meth:`run`)."""
     unanswered: str | None = dataclasses.field(default=None, init=False)
@@ -244,10 +247,11 @@ class PeriodicEval:
         """What a warning of an evaluation left out adds with --capture-video: ``which`` (its video, or theirs)
         recorded all the same. Its env is in the learner's process, not the evaluation's (an eval server left down,
         or one that failed): the video is the look at the policy there that is left (and at the run's end, where it
-        is filmed without --eval-every too). "" without --capture-video."""
+        is filmed without --eval-every too). "" without --capture-video, or once a video failed (no more are
+        recorded: the warning said they were)."""
         return (
             f"; {which} recorded all the same, --capture-video playing in this process"
-            if self.args.capture_video
+            if self.filming is not None and self.filming()
             else ""
         )
 

@@ -317,12 +317,13 @@ def rewrite_last_row(path: str | Path, row: dict[str, Any], *, block: int = 1 <<
     """Write the metrics file's (``path``) last row, that of ``row``'s update, again as ``row`` (the same row with
     columns added: learner train's evaluation of a solved run's last nets, Recorder.add_evaluation), in place:
     the bytes from where the two first differ, in one write at that offset (the new row being the old one with
-    columns after its own, only its end); the file is cut after it where the new row is shorter. The file holds
-    the old row or the new one, whenever the learner is killed: cut off and appended again (drop_rows_after, then
-    append_jsonl), a kill between the two, or an append that failed (a full disk), left it without that update's
-    row, for good, while the run's last checkpoint counts it. A file whose last row is not of that update (none
-    is written yet) gets it appended. Not fsynced: as append_jsonl's rows, the next checkpoint's sync makes it
-    durable."""
+    columns after its own, only its end); the file is cut after it where the new row is shorter (never so here; a
+    kill between that write and the cut would leave the old row's end after it). The file holds the old row or the
+    new one (the new one as long or longer), whenever the learner is killed: cut off and appended again
+    (drop_rows_after, then append_jsonl), a kill between the two, or an append that failed (a full disk), left it
+    without that update's row, for good, while the run's last checkpoint counts it. A file whose last row is not of
+    that update (none is written yet) gets it appended. Not fsynced: as append_jsonl's rows, the next checkpoint's
+    sync makes it durable."""
     line = (json.dumps(jsonable(row)) + "\n").encode("utf-8")
     with open(path, "r+b") as f:
         end = f.seek(0, os.SEEK_END)

@@ -1592,6 +1592,11 @@ def _finish_last_update(
     return None
 
 
+def _filming(video: VideoCapture) -> bool:
+    """--capture-video: whether ``video``'s videos are still recorded (none after one failed)."""
+    return not video.failed
+
+
 def _save_best_eval(checkpointer: Checkpointer, state: dict[str, Any] | None, counted: bool = False) -> Path:
     """--eval-every: checkpoints/best-eval.pt of the nets as they are now, those of the best evaluation so far
     (--save-best), with ``state`` (--overlap-update's, as of the end of the rollout the evaluated update learned
@@ -2105,6 +2110,8 @@ def train(
                 tracker=tracker,
                 shown=recorder,
             )
+            if updater.evaluator is not None:  # (its warnings of evaluations left out say the videos go on, or not)
+                updater.evaluator.filming = functools.partial(_filming, updater.video)
 
         try:
             while stop_reason is None:

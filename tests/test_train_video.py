@@ -340,6 +340,30 @@ def test_an_evaluation_left_out_is_filmed_all_the_same_and_its_warning_says_so(
     ]
 
 
+def test_an_evaluation_left_out_after_a_video_failed_does_not_say_its_video_is_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start's check renders the one frame the renderer gives: the video at step 16 fails (no more are recorded);
+    # the eval server is then left down, and the warning of the evaluations left out said their videos were recorded
+    # all the same.
+    monkeypatch.setattr(capture_envs, "RENDERED", [0])
+    common = {**_resumable(), "eval_every": 16, "eval_episodes": 1, "capture_video": True, "connect_timeout": 30.0}
+    common.update(
+        env="tests.capture_envs:RendererBreaksEnv",
+        env_kwargs={**common["env_kwargs"], "frames_ok": 1},
+        backend="remote",
+        num_servers=1,
+        envs_per_server=2,
+        num_envs=None,
+    )
+    summary = train(Args(**common, run_dir=str(tmp_path / "run")), on_update=leave_eval_server_down)
+    assert summary["videos"] == []
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "learner.periodic_eval" and r.levelno >= logging.WARNING
+    ]
+    assert len(said) == 1 and "the evaluations from step 32 on are left out (training goes on)" in said[0], said
+
+
 def test_a_video_that_fails_mid_run_is_said_once_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
