@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from learner.records import Recorder
     from learner.tracking import WandbRun
 
-__all__ = ["VIDEOS", "VideoCapture", "video_path"]
+__all__ = ["VIDEOS", "VideoCapture", "check_videos_folder", "listed_videos", "video_path"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,28 @@ VIDEO_EXTRA = "pip install 'envfleet[video]'"
 def video_path(run_dir: Path, step: int) -> Path:
     """Where --capture-video writes the video of the nets at env step ``step``."""
     return run_dir / VIDEOS / f"step-{step:010d}.gif"
+
+
+def check_videos_folder(run_dir: Path) -> None:
+    """--capture-video at the run's start: ValueError naming the option and the path where ``RUN_DIR/videos`` is
+    there but no folder (a file, put there by hand or by a copy gone wrong), which no video could be written in:
+    else each video failed with a bare "File exists", the run filmed nothing."""
+    folder = run_dir / VIDEOS
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"--capture-video: {folder} is a file, not a folder: the videos go in {folder}/; move that file away "
+            "(or rename it), or leave --capture-video out"
+        )
+
+
+def listed_videos(run_dir: Path) -> list[str]:
+    """summary.json's ``videos`` of a session without --capture-video: the GIFs the run's earlier sessions wrote
+    in RUN_DIR/videos, by step, relative to the run dir (none: none there, or the folder cannot be read)."""
+    try:
+        found = rundir.list_videos(run_dir)
+    except OSError:
+        return []
+    return [str(p.relative_to(run_dir)) for p in found]
 
 
 def video_seed(seed: int, step: int) -> int:

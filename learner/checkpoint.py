@@ -252,6 +252,8 @@ def find_checkpoint(path: str | Path, *, checkpoints_folder: bool = False) -> Pa
             hint = f"; {best} is there: pass that file to evaluate it" if best is not None else ""
         raise FileNotFoundError(f"{path}: expected {what}, found none{hint}")
     hint = ""
+    if path.name != BEST_CHECKPOINT and (missing := missing_checkpoint(path)):
+        raise FileNotFoundError(missing)
     if path.name == BEST_CHECKPOINT and path.parent.is_dir() and list_checkpoints(path.parent.parent):
         hint = (
             f" (a run writes {BEST_CHECKPOINT}, unless --no-save-best, at an update's end once 20 episodes have "
@@ -259,6 +261,35 @@ def find_checkpoint(path: str | Path, *, checkpoints_folder: bool = False) -> Pa
             "latest checkpoint)"
         )
     raise FileNotFoundError(f"{path}: expected a checkpoint file or a run dir, but nothing is there{hint}")
+
+
+SHOWN_CHECKPOINTS = 5
+"""How many of a run dir's checkpoints :func:`missing_checkpoint` names (its latest)."""
+
+
+def missing_checkpoint(path: Path, flag: str = "") -> str | None:
+    """What to say of ``path``, a checkpoint file that does not exist (``learner train --resume
+    RUN/checkpoints/step-N.pt`` with a step never checkpointed, or pruned by --keep-checkpoints since), else None
+    (``path`` is there, or names no checkpoint: neither a ``.pt`` file nor one in a ``checkpoints/`` folder): that it
+    does not exist, and the checkpoints its run dir has (the latest :data:`SHOWN_CHECKPOINTS`), or that the folder
+    is not there either; and that the run dir itself resumes from its latest. ``flag``: the option named first.
+    (--resume said "expected a run dir holding config.json, but RUN/checkpoints/step-N.pt/config.json does not
+    exist", as if the file were to be a run dir.)"""
+    if path.exists() or not (path.suffix == ".pt" or path.parent.name == CHECKPOINTS):
+        return None
+    said = f"{flag}: " if flag else ""
+    run_dir = path.parent.parent if path.parent.name == CHECKPOINTS else path.parent
+    found = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not found:
+        there = f"{run_dir} has no {CHECKPOINTS}/step-*.pt" if run_dir.is_dir() else f"{run_dir} does not exist either"
+        return f"{said}the checkpoint file {path} does not exist; {there}"
+    names = ", ".join(p.name for p in found[-SHOWN_CHECKPOINTS:])
+    older = len(found) - SHOWN_CHECKPOINTS
+    listed = f"{names} (and {older} older)" if older > 0 else names
+    return (
+        f"{said}the checkpoint file {path} does not exist; {run_dir / CHECKPOINTS} has {listed}: pass one of them, or "
+        f"the run dir {run_dir} for its latest"
+    )
 
 
 def _reason(err: BaseException) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 from torch import optim
 
 from learner import rundir
-from learner.checkpoint import UnreadableCheckpointError, load_checkpoint, load_nets, restore_rng
+from learner.checkpoint import UnreadableCheckpointError, load_checkpoint, load_nets, missing_checkpoint, restore_rng
 from learner.config import (
     DEFAULT_ENV,
     LOCAL_SERVER_OPTIONS,
@@ -105,6 +105,8 @@ def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
     if not str(run_dir):
         raise ValueError("--resume: expected a value, got an empty string")
     checkpoint_file: Path | None = None
+    if missing := missing_checkpoint(Path(run_dir), "--resume"):
+        raise FileNotFoundError(missing)
     if Path(run_dir).is_file():
         if Path(run_dir).parent.name != rundir.CHECKPOINTS:
             raise ValueError(

@@ -52,7 +52,7 @@ from torch import Tensor, optim
 from env_server.isolation import env_returned
 from env_server.ratelimit import LogBudget
 from learner import rundir
-from learner.capture import VideoCapture
+from learner.capture import VideoCapture, check_videos_folder, listed_videos
 from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
@@ -1692,12 +1692,20 @@ class _Updater:
             checkpointer.rollout_state(),
         )
 
-    def finish(self, propagating: bool, *, solved: bool = False, finished: bool = False) -> BaseException | None:
+    def finish(
+        self, propagating: bool, *, solved: bool = False, finished: bool = False, stop_reason: str | None = None
+    ) -> BaseException | None:
         """At the run's end (``propagating``: an error on its way out of it): --overlap-update's update of the last
         whole rollout, which runs on, counted once done (see :func:`_finish_last_update`); then, for a run stopped
         by --stop-at-return (``solved``), the nets it ends with evaluated (--eval-every: PeriodicEval.final); for
         one solved or ``finished`` (--total-timesteps reached), their video (--capture-video: at its last update's
-        step, unless its evaluation made one there); what raised, else None."""
+        step, unless its evaluation made one there); what raised, else None.
+
+        Before that evaluation or video, the run's last checkpoint is written (Checkpointer.end with
+        ``stop_reason``, summary.json's), the solve in it: they take seconds to minutes, and a learner killed
+        meanwhile (SIGKILL: the OOM killer, a pod killed without grace) left a checkpoint without the solve, which
+        --resume trained on from. train() calls Checkpointer.end again after, which writes it once more only where
+        the evaluation changed its counters (eval_return_mean, best_eval_*: the same step's file, replaced)."""
         error = None
         if self.pending is not None:
             in_flight, self.pending = self.pending, None
@@ -1710,7 +1718,16 @@ class _Updater:
                 None if propagating else self.evaluator,
                 None if propagating else self.video,
             )
-        if error is None and solved and not propagating and self.evaluator is not None:
+        last_row = self.recorder.last_row  # (this session's last update: none, no nets of its own to show)
+        evaluate = solved and not propagating and self.evaluator is not None
+        film = (solved or finished) and not propagating and self.video is not None and bool(last_row)
+        if error is None and (evaluate or film) and stop_reason is not None:
+            try:  # (the run's last checkpoint first, as train()'s Checkpointer.end would write it now)
+                self.counters.seconds = time.perf_counter() - self.start_time
+                self.checkpointer.end(stop_reason)
+            except BaseException as err:  # (a write that failed: train() tries it again, and raises its error)
+                error = err
+        if error is None and evaluate and self.evaluator is not None:
             live, counters = self.recorder.live, self.checkpointer.counters
             if live is not None:  # (solved, as the log said: the gauges say so during the evaluation too)
                 live.observe_progress(global_step=counters.global_step, solved=counters.solved_at_step is not None)
@@ -1718,8 +1735,7 @@ class _Updater:
                 self.evaluator.final(self.checkpointer.last_update)
             except BaseException as err:  # (a second Ctrl-C, a write that failed: the run's files written all the same)
                 error = err
-        last_row = self.recorder.last_row  # (this session's last update: none, no nets of its own to show)
-        if error is None and (solved or finished) and not propagating and self.video is not None and last_row:
+        if error is None and film and self.video is not None and last_row:
             try:
                 # (the nets and --norm-obs statistics of its last update, which its last checkpoint holds)
                 self.video.record(int(last_row["global_step"]), self.checkpointer.last_update)
@@ -1874,6 +1890,8 @@ def train(
         _check_rollout_memory(hp, envs.num_envs, obs_shape, obs_dtype, device, overlap=args.overlap_update)
         autoreset = _autoreset_mode(envs)
         run_dir = _make_run_dir(stack, given_dir, env_id, fresh=checkpoint is None, locked=locked)
+        if args.capture_video:  # (a videos/ that is a file: said now, not as each video's "File exists")
+            check_videos_folder(run_dir)
         next_step_autoreset = autoreset is gym.vector.AutoresetMode.NEXT_STEP
         obs_space, action_space = envs.single_observation_space, envs.single_action_space
         if checkpoint is not None:
@@ -2317,6 +2335,7 @@ def train(
                 propagating,
                 solved=stop_reason == "stop_at_return" and not stop_request.requested,
                 finished=stop_reason == "total_timesteps" and not stop_request.requested,
+                stop_reason=stop_reason,
             )
             if update_error is not None and not propagating:
                 stop_reason = _stop_reason(update_error)
@@ -2333,8 +2352,11 @@ def train(
                 faults=watch.totals(),
                 replicas=watch.replicas,
             )
-            if updater.video is not None:  # (--capture-video: the run's GIFs, its earlier sessions' too)
-                summary["videos"] = updater.video.listed()
+            # --capture-video: the run's GIFs, its earlier sessions' too; a session without it lists those the run
+            # has all the same (its record: they stay in videos/), as summary.json is replaced by each session's.
+            videos = updater.video.listed() if updater.video is not None else listed_videos(run_dir)
+            if videos or updater.video is not None:
+                summary["videos"] = videos
             if bar is not None:
                 close_bar(
                     bar,

@@ -1678,6 +1678,38 @@ def test_a_run_resumed_from_a_checkpoint_file_goes_on_in_its_run_dir(tmp_path: P
         train(dataclasses.replace(args, run_dir=None, resume=str(elsewhere)))
 
 
+def test_resuming_from_a_checkpoint_file_that_does_not_exist_says_so_and_what_is_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # learner train --resume RUN/checkpoints/step-N.pt, a step never checkpointed (or pruned by --keep-checkpoints):
+    # "--resume: expected a run dir holding config.json, but RUN/checkpoints/step-N.pt/config.json does not exist",
+    # as if the file were to be a run dir. It says the file does not exist, the run dir's checkpoints, and that the
+    # run dir itself goes on from its latest; the API's train(Args(resume=FILE)) says so too.
+    from learner.cli import main
+
+    run = tmp_path / "r"
+    args = Args(**{**_resumable(), "total_timesteps": 32}, checkpoint_every=1, run_dir=str(run))
+    train(args)
+    missing = run / rundir.CHECKPOINTS / "step-0000000999.pt"
+    said = (
+        f"the checkpoint file {missing} does not exist; {run / rundir.CHECKPOINTS} has step-0000000016.pt, "
+        f"step-0000000032.pt: pass one of them, or the run dir {run} for its latest"
+    )
+    with pytest.raises(FileNotFoundError) as refused:
+        resume_args(missing)
+    assert str(refused.value) == f"--resume: {said}"
+    with pytest.raises(FileNotFoundError) as refused:
+        train(dataclasses.replace(args, run_dir=None, resume=str(missing)))
+    assert str(refused.value) == said
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume", str(missing)])
+    assert exited.value.code == 2 and f"learner train: error: --resume: {said}" in capsys.readouterr().err
+    # No run dir there either: said so.
+    with pytest.raises(FileNotFoundError) as refused:
+        resume_args(tmp_path / "none" / rundir.CHECKPOINTS / "step-0000000016.pt")
+    assert str(refused.value).endswith(f"step-0000000016.pt does not exist; {tmp_path / 'none'} does not exist either")
+
+
 def test_a_run_resumed_from_an_older_checkpoint_file_sets_the_newer_ones_aside(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

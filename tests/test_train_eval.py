@@ -8,7 +8,12 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +206,47 @@ def test_a_run_solved_evaluates_the_nets_it_ends_with(
     assert _eval_points(run) == ([last["global_step"]], [last["eval/return_mean"]])
     drawn = [frame.rstrip() for frame in re.split(r"[\r\n]", capsys.readouterr().err) if "steps [" in frame]
     assert drawn[-1].endswith(f", eval {format_return(last['eval/return_mean'])}]"), drawn[-1]
+
+
+def _kill_during_its_final_evaluation(run: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``learner train`` of CartPole on in-process envs solved by --stop-at-return 1 after a few updates, its final
+    evaluation of 100,000 episodes (--eval-every past the run: the only one), SIGKILLed once its bar says that
+    evaluation is under way (``evaluating at step``); the killed process (``extra``: more options)."""
+    argv = ["--env", "CartPole-v1", "--backend", "gym", "--num-envs", "4", "--num-steps", "16"]
+    argv += ["--total-timesteps", "100000", "--stop-at-return", "1", "--checkpoint-every", "1"]
+    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "100000", "--eval-envs", "1"]
+    argv += ["--progress", "--no-tensorboard", "--no-plot", "--run-dir", str(run), *extra]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    said = b""
+    deadline = time.monotonic() + 120
+    try:
+        while b"evaluating at step" not in said:  # (the bar's frames: no newline between them)
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk or time.monotonic() > deadline:
+                pytest.fail(f"the final evaluation was never said: {said.decode(errors='replace')[-2000:]}")
+            said += chunk
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    return proc
+
+
+def test_a_solved_run_killed_during_its_final_evaluation_is_resumed_as_solved(tmp_path: Path) -> None:
+    # A run solved by --stop-at-return evaluated its last nets (PeriodicEval.final) before its last checkpoint was
+    # written (Checkpointer.end, after it): a learner SIGKILLed meanwhile (the OOM killer, a pod killed without
+    # grace), for the evaluation's length (minutes with --eval-episodes 1000), left the solve off the disk, and
+    # --resume trained on. The checkpoint is now written first (and again after, with the evaluation's counters).
+    run = tmp_path / "run"
+    _kill_during_its_final_evaluation(run)
+    saved = load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]
+    assert saved["solved_at_step"] is not None and saved["solved_threshold"] == 1.0, saved
+    assert saved["eval_return_mean"] is None  # (the evaluation was killed: none recorded)
+    with pytest.raises(ValueError, match=r"was solved at step .* leaves nothing to do"):
+        train(resume_args(run, progress=False))
 
 
 def test_a_solved_run_s_last_row_is_never_left_out_of_metrics_jsonl_as_its_evaluation_is_added(

@@ -231,6 +231,39 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
     assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
 
 
+def test_a_session_without_capture_video_lists_the_run_s_videos_all_the_same(tmp_path: Path) -> None:
+    # summary.json is replaced by each session's: a run filmed, resumed without --capture-video, had its summary
+    # without `videos`, though its GIFs stayed in videos/ (the run's record, which learner plot and a reader go by).
+    # Listed whenever the run dir has some; a run never filmed has no `videos` still.
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 1, "capture_video": True}
+    run = tmp_path / "run"
+    train(Args(**{**common, "total_timesteps": 32}, run_dir=str(run)))
+    summary = train(resume_args(run, total_timesteps=48, capture_video=False))
+    assert summary["total_steps"] == 48 and _videos(run) == ["step-0000000016.gif", "step-0000000032.gif"]
+    assert summary["videos"] == ["videos/step-0000000016.gif", "videos/step-0000000032.gif"], summary
+    assert rundir.read_json(run / rundir.SUMMARY)["videos"] == summary["videos"]
+    never = train(Args(**{**common, "capture_video": False}, run_dir=str(tmp_path / "never")))
+    assert "videos" not in never and "videos" not in rundir.read_json(tmp_path / "never" / rundir.SUMMARY)
+
+
+def test_a_videos_path_that_is_a_file_is_refused_at_the_start_naming_the_option(tmp_path: Path) -> None:
+    # RUN_DIR/videos a regular file (by hand, a copy gone wrong): each video failed with a bare "File exists" (said
+    # as a warning, the run then filmed nothing). Refused at the start now, naming --capture-video and the path,
+    # before any update; without --capture-video the file is no matter.
+    common = {**_resumable(), "checkpoint_every": 1}
+    run = tmp_path / "run"
+    train(Args(**{**common, "total_timesteps": 16}, run_dir=str(run)))
+    (run / VIDEOS).write_text("not a folder")
+    with pytest.raises(ValueError) as refused:
+        train(resume_args(run, total_timesteps=32, capture_video=True, eval_every=16, eval_episodes=1))
+    assert str(refused.value) == (
+        f"--capture-video: {run / VIDEOS} is a file, not a folder: the videos go in {run / VIDEOS}/; move that file "
+        "away (or rename it), or leave --capture-video out"
+    )
+    assert [r["update"] for r in rundir.read_jsonl(run / rundir.METRICS)] == [1]  # (no update made)
+    assert train(resume_args(run, total_timesteps=32))["total_steps"] == 32
+
+
 def test_a_videos_folder_that_cannot_be_written_does_not_stop_a_resume(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
