@@ -208,26 +208,23 @@ def test_a_run_solved_evaluates_the_nets_it_ends_with(
     assert drawn[-1].endswith(f", eval {format_return(last['eval/return_mean'])}]"), drawn[-1]
 
 
-def _kill_during_its_final_evaluation(run: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """``learner train`` of CartPole on in-process envs solved by --stop-at-return 1 after a few updates, its final
-    evaluation of 100,000 episodes (--eval-every past the run: the only one), SIGKILLed once its bar says that
-    evaluation is under way (``evaluating at step``); the killed process (``extra``: more options)."""
-    argv = ["--env", "CartPole-v1", "--backend", "gym", "--num-envs", "4", "--num-steps", "16"]
-    argv += ["--total-timesteps", "100000", "--stop-at-return", "1", "--checkpoint-every", "1"]
-    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "100000", "--eval-envs", "1"]
-    argv += ["--progress", "--no-tensorboard", "--no-plot", "--run-dir", str(run), *extra]
+def kill_when_said(argv: list[str], said: bytes) -> subprocess.Popen[bytes]:
+    """``learner train ARGV --progress`` in a subprocess, SIGKILLed (as the OOM killer, or a pod killed without
+    grace, kills it) once its bar has said ``said``; the killed process."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "learner", "train", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, "-m", "learner", "train", *argv, "--progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     assert proc.stderr is not None
-    said = b""
+    seen = b""
     deadline = time.monotonic() + 120
     try:
-        while b"evaluating at step" not in said:  # (the bar's frames: no newline between them)
+        while said not in seen:  # (the bar's frames: no newline between them)
             chunk = os.read(proc.stderr.fileno(), 65536)
             if not chunk or time.monotonic() > deadline:
-                pytest.fail(f"the final evaluation was never said: {said.decode(errors='replace')[-2000:]}")
-            said += chunk
+                pytest.fail(f"{said!r} was never said: {seen.decode(errors='replace')[-2000:]}")
+            seen += chunk
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -240,8 +237,13 @@ def test_a_solved_run_killed_during_its_final_evaluation_is_resumed_as_solved(tm
     # written (Checkpointer.end, after it): a learner SIGKILLed meanwhile (the OOM killer, a pod killed without
     # grace), for the evaluation's length (minutes with --eval-episodes 1000), left the solve off the disk, and
     # --resume trained on. The checkpoint is now written first (and again after, with the evaluation's counters).
+    # (CartPole on in-process envs, solved by --stop-at-return 1 after a few updates; its final evaluation, of
+    # 100,000 episodes, --eval-every being past the run, the only one)
     run = tmp_path / "run"
-    _kill_during_its_final_evaluation(run)
+    argv = ["--env", "CartPole-v1", "--backend", "gym", "--num-envs", "4", "--num-steps", "16"]
+    argv += ["--total-timesteps", "100000", "--stop-at-return", "1", "--checkpoint-every", "1"]
+    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "100000", "--eval-envs", "1"]
+    kill_when_said([*argv, "--no-tensorboard", "--no-plot", "--run-dir", str(run)], b"evaluating at step")
     saved = load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]
     assert saved["solved_at_step"] is not None and saved["solved_threshold"] == 1.0, saved
     assert saved["eval_return_mean"] is None  # (the evaluation was killed: none recorded)

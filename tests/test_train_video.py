@@ -38,7 +38,7 @@ from tests import capture_envs
 from tests.conftest import QUIET
 from tests.test_tracking import offline_runs, offline_wandb  # noqa: F401 (offline_wandb: a fixture, by its name)
 from tests.test_train import CtrlCAt, _resumable
-from tests.test_train_eval import TIMING, _cartpole, _pendulum, ctrl_c_at_step_2, leave_eval_server_down
+from tests.test_train_eval import TIMING, _cartpole, _pendulum, ctrl_c_at_step_2, kill_when_said, leave_eval_server_down
 
 RENDERS_WITH_PYGAME = pytest.mark.skipif(
     importlib.util.find_spec("pygame") is None, reason="needs pygame (pip install 'envfleet[video]')"
@@ -229,6 +229,22 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
     rundir.checkpoint_path(killed, 48).unlink()
     train(dataclasses.replace(resume_args(killed), capture_video=False))
     assert _videos(killed) == ["step-0000000016.gif", "step-0000000032.gif", "step-0000000048.gif.abandoned"]
+
+
+@RENDERS_WITH_PYGAME
+def test_a_run_killed_during_its_end_video_has_its_last_checkpoint_all_the_same(tmp_path: Path) -> None:
+    # A run at its --total-timesteps filmed its last nets before its last checkpoint was written: a learner SIGKILLed
+    # during that video (a Pendulum episode of 200 frames here; a MuJoCo one of 1,000 takes a minute) left the
+    # checkpoint of --checkpoint-every's last due update (here the first: every 1,000), and a resume redid the rest.
+    # The last checkpoint is written first now: the run is done.
+    run = tmp_path / "run"
+    argv = ["--env", "Pendulum-v1", "--backend", "gym", "--num-envs", "2", "--num-steps", "16"]
+    argv += ["--total-timesteps", "96", "--checkpoint-every", "1000", "--checkpoint-seconds", "0", "--capture-video"]
+    kill_when_said([*argv, "--no-tensorboard", "--no-plot", "--run-dir", str(run)], b"recording a video at step 96")
+    assert rundir.list_checkpoints(run)[-1] == rundir.checkpoint_path(run, 96)
+    assert not video_path(run, 96).exists()  # (killed while it played)
+    with pytest.raises(ValueError, match=r"already has 96 env steps, so 96 leaves nothing to do"):
+        train(resume_args(run, progress=False))
 
 
 def test_a_session_without_capture_video_lists_the_run_s_videos_all_the_same(tmp_path: Path) -> None:
