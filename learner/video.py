@@ -6,11 +6,12 @@ this process with ``render_mode="rgb_array"`` and the run's wrappers; the env mu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,27 +155,32 @@ def check_rendering(spec: FleetSpec, seed: int, spaces: tuple[str, str] | None =
     :func:`record_episode` does first: its ValueError (``video: ...``) where the env cannot be made here
     (not installed), has other ``spaces`` than the policy's, or renders no RGB frame (no renderer: pygame,
     MuJoCo's OpenGL). ``learner train --capture-video`` asks at its start, not at its first video."""
-    what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
+    with _rendering(spec, spaces, hint) as envs:
+        _, infos = envs.reset(seed=seed)
+        _raise_env_error(infos, spec.env)
+        _frame(envs.render(), spec.env)
+
+
+@contextlib.contextmanager
+def _rendering(spec: FleetSpec, spaces: tuple[str, str] | None, hint: str) -> Iterator[gym.vector.VectorEnv]:
+    """``spec``'s env, made in this process and checked to have the policy's ``spaces`` (``hint``: see
+    :func:`record_episode`), for :func:`check_rendering` and :func:`record_episode`: whatever making, stepping or
+    rendering it raises in the block (mujoco.FatalError, pygame's, ...) is a ValueError ``video: rendering ... in
+    this process failed: ...`` (one of this module's, ``video: ...``, as it is). (Each of the two wrote this out.)"""
     try:
         with open_fleet(spec) as envs:
-            _check_spaces(envs, spec, spaces, hint)
-            _, infos = envs.reset(seed=seed)
-            _raise_env_error(infos, spec.env)
-            _frame(envs.render(), spec.env)
-    except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
+            found = (str(envs.single_observation_space), str(envs.single_action_space))
+            if spaces is not None and found != spaces:
+                raise ValueError(
+                    f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
+                    f"policy was trained on {spaces[0]} and {spaces[1]}{hint}"
+                )
+            yield envs
+    except Exception as err:
         if isinstance(err, ValueError) and str(err).startswith("video: "):
             raise
+        what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
         raise ValueError(f"video: {what} failed: {_reason(err)}") from err
-
-
-def _check_spaces(envs: gym.vector.VectorEnv, spec: FleetSpec, spaces: tuple[str, str] | None, hint: str) -> None:
-    """ValueError where ``envs`` (of ``spec``) have other (observation, action) ``spaces`` than the policy's."""
-    found = (str(envs.single_observation_space), str(envs.single_action_space))
-    if spaces is not None and found != spaces:
-        raise ValueError(
-            f"video: {spec.env} made here has observations {found[0]} and actions {found[1]}, but the "
-            f"policy was trained on {spaces[0]} and {spaces[1]}{hint}"
-        )
 
 
 def record_episode(
@@ -202,38 +208,31 @@ def record_episode(
     evaluation), and the result's ``path`` is None. ``on_step``: told the steps played so far, as it starts,
     before its env is made (0), and after each step (``learner train --capture-video``'s progress bar says
     the video under way)."""
-    what = f"rendering {spec.env} (render_mode='rgb_array') in this process"
     gif = _GifFrames()
     total = 0.0
     steps = 0
     done = stopped = False
     if on_step is not None:  # (as it starts: making the env, MuJoCo's GL context, may take a while)
         on_step(steps)
-    try:
-        with open_fleet(spec) as envs:
-            _check_spaces(envs, spec, spaces, hint)
-            if fps is None:
-                fps = _real_time_fps(envs, spec)
-            every, delay = gif_timing(fps)
-            obs, infos = envs.reset(seed=seed)
+    with _rendering(spec, spaces, hint) as envs:
+        if fps is None:
+            fps = _real_time_fps(envs, spec)
+        every, delay = gif_timing(fps)
+        obs, infos = envs.reset(seed=seed)
+        _raise_env_error(infos, spec.env)
+        gif.add(_frame(envs.render(), spec.env))
+        stopped = stop is not None and stop()
+        while not done and not stopped and steps < MAX_STEPS:
+            obs, rewards, terms, truncs, infos = envs.step(policy(obs))
             _raise_env_error(infos, spec.env)
-            gif.add(_frame(envs.render(), spec.env))
+            steps += 1
+            if on_step is not None:
+                on_step(steps)
+            total += float(rewards[0])
+            done = bool(terms[0] or truncs[0])
             stopped = stop is not None and stop()
-            while not done and not stopped and steps < MAX_STEPS:
-                obs, rewards, terms, truncs, infos = envs.step(policy(obs))
-                _raise_env_error(infos, spec.env)
-                steps += 1
-                if on_step is not None:
-                    on_step(steps)
-                total += float(rewards[0])
-                done = bool(terms[0] or truncs[0])
-                stopped = stop is not None and stop()
-                if steps % every == 0 or done or stopped or steps == MAX_STEPS:  # (the last frame always)
-                    gif.add(_frame(envs.render(), spec.env))
-    except Exception as err:  # whatever the env's renderer raises (mujoco.FatalError, pygame's, ...)
-        if isinstance(err, ValueError) and str(err).startswith("video: "):
-            raise
-        raise ValueError(f"video: {what} failed: {_reason(err)}") from err
+            if steps % every == 0 or done or stopped or steps == MAX_STEPS:  # (the last frame always)
+                gif.add(_frame(envs.render(), spec.env))
     if stopped and not done and not write_cut:
         log.info("video: %s left out: cut short at the stop asked for (%d steps)", path, steps)
         return {"path": None, "steps": steps, "fps": fps, "keep_every": every, "return": total, "episode_ended": False}
