@@ -19,10 +19,10 @@ this process's, not the evaluation's, and the video is then the one look at the 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +33,8 @@ from learner import rundir
 from learner.checkpoint import capture_rng, restore_rng
 from learner.config import Args, check_served_env_here
 from learner.envs import FleetSpec
-from learner.evaluate import policy_of
 from learner.normalize import DictRunningMeanStd, RunningMeanStd
-from learner.periodic_eval import EVAL_SEED_BASE
+from learner.periodic_eval import EVAL_SEED_BASE, policy_as_of
 from learner.ppo import Agent
 from learner.progress import StopRequest
 from learner.video import check_rendering, record_episode, render_spec
@@ -44,12 +43,9 @@ if TYPE_CHECKING:
     from learner.records import Recorder
     from learner.tracking import WandbRun
 
-__all__ = ["VIDEOS", "VideoCapture", "check_videos_folder", "listed_videos", "video_path"]
+__all__ = ["VideoCapture", "check_videos_folder", "listed_videos", "video_path"]
 
 log = logging.getLogger(__name__)
-
-VIDEOS = rundir.VIDEOS
-"""The run dir's folder of --capture-video's GIFs."""
 
 VIDEO_EXTRA = "pip install 'envfleet[video]'"
 """What classic control's renderer (pygame) is installed with."""
@@ -57,14 +53,14 @@ VIDEO_EXTRA = "pip install 'envfleet[video]'"
 
 def video_path(run_dir: Path, step: int) -> Path:
     """Where --capture-video writes the video of the nets at env step ``step``."""
-    return run_dir / VIDEOS / f"step-{step:010d}.gif"
+    return run_dir / rundir.VIDEOS / f"step-{step:010d}.gif"
 
 
 def check_videos_folder(run_dir: Path) -> None:
     """--capture-video at the run's start: ValueError naming the option and the path where ``RUN_DIR/videos`` is
     there but no folder (a file, put there by hand or by a copy gone wrong), which no video could be written in:
     else each video failed with a bare "File exists", the run filmed nothing."""
-    folder = run_dir / VIDEOS
+    folder = run_dir / rundir.VIDEOS
     if folder.exists() and not folder.is_dir():
         raise ValueError(
             f"--capture-video: {folder} is a file, not a folder: the videos go in {folder}/; move that file away "
@@ -72,13 +68,14 @@ def check_videos_folder(run_dir: Path) -> None:
         )
 
 
-def listed_videos(run_dir: Path) -> list[str]:
-    """summary.json's ``videos`` of a session without --capture-video: the GIFs the run's earlier sessions wrote
-    in RUN_DIR/videos, by step, relative to the run dir (none: none there, or the folder cannot be read)."""
+def listed_videos(run_dir: Path, recorded: Sequence[Path] = ()) -> list[str]:
+    """summary.json's ``videos``: the run's GIFs in RUN_DIR/videos (its earlier sessions' too, with --capture-video
+    in this one or not), by step, relative to the run dir; where the folder cannot be read, ``recorded``, those this
+    session wrote (:attr:`VideoCapture.recorded`)."""
     try:
         found = rundir.list_videos(run_dir)
     except OSError:
-        return []
+        found = list(recorded)
     return [str(p.relative_to(run_dir)) for p in found]
 
 
@@ -172,11 +169,7 @@ class VideoCapture:
         if self.failed or self.stop.requested or step == self.last_step:
             return None
         self.last_step = step
-        obs_rms = self.obs_rms
-        if state is not None and obs_rms is not None and state.get("obs_rms") is not None:
-            obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
-            obs_rms.load_state_dict(state["obs_rms"])
-        policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
+        policy = policy_as_of(self.agent, self.obs_rms, state, self.envs, self.device)
         path = video_path(self.run_dir, step)
         rng = capture_rng()  # (put back after: nothing here may change what training draws next)
         shown = self.shown
@@ -212,12 +205,3 @@ class VideoCapture:
         if self.tracker is not None:
             self.tracker.video(step, path)
         return path
-
-    def listed(self) -> list[str]:
-        """summary.json's ``videos``: the run's GIFs in RUN_DIR/videos (its earlier sessions' too), by step, as
-        paths relative to the run dir."""
-        try:
-            found = rundir.list_videos(self.run_dir)
-        except OSError:
-            found = list(self.recorded)
-        return [str(p.relative_to(self.run_dir)) for p in found]

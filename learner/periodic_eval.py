@@ -47,7 +47,15 @@ from learner.stats import format_returns, mean_of, spread_of
 if TYPE_CHECKING:
     from learner.records import Recorder
 
-__all__ = ["EVAL_COLUMNS", "EVAL_LABEL_PREFIX", "EVAL_SEED_BASE", "PeriodicEval", "eval_fleet", "open_eval_envs"]
+__all__ = [
+    "EVAL_COLUMNS",
+    "EVAL_LABEL_PREFIX",
+    "EVAL_SEED_BASE",
+    "PeriodicEval",
+    "eval_fleet",
+    "open_eval_envs",
+    "policy_as_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +186,23 @@ def _as_written(servers: str, address: str) -> str:
     return f"{servers.strip()} (at {address})"
 
 
+def policy_as_of(
+    agent: Agent,
+    obs_rms: RunningMeanStd | DictRunningMeanStd | None,
+    state: dict[str, Any] | None,
+    envs: gym.vector.VectorEnv,
+    device: torch.device,
+) -> Callable[..., Any]:
+    """The deterministic policy (the mode, as learner eval plays it) of ``agent``'s nets as they are, on ``envs``'
+    spaces, normalising with the --norm-obs statistics ``state`` holds (the run's state the nets go with:
+    --overlap-update's as of the end of the rollout the update learned from, a run's last update's), else the live
+    ``obs_rms``: an evaluation's (:meth:`PeriodicEval.run`) and --capture-video's (VideoCapture.record), alike."""
+    if state is not None and obs_rms is not None and state.get("obs_rms") is not None:
+        obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
+        obs_rms.load_state_dict(state["obs_rms"])
+    return policy_of(agent, obs_rms, envs, device, deterministic=True)
+
+
 @dataclasses.dataclass(eq=False)
 class PeriodicEval:
     """The evaluations of a run (--eval-every): :meth:`due` at an update, :meth:`run` there."""
@@ -299,11 +324,7 @@ class PeriodicEval:
         started = time.perf_counter()
         rng = capture_rng()  # (put back after: nothing here may change what training draws next)
         seed = EVAL_SEED_BASE + self.args.seed + step
-        obs_rms = self.obs_rms
-        if state is not None and obs_rms is not None and state.get("obs_rms") is not None:
-            obs_rms = copy.deepcopy(obs_rms)  # (a copy: the live statistics go on as the rollouts make them)
-            obs_rms.load_state_dict(state["obs_rms"])
-        policy = policy_of(self.agent, obs_rms, self.envs, self.device, deterministic=True)
+        policy = policy_as_of(self.agent, self.obs_rms, state, self.envs, self.device)
         shown, episodes = self.shown, self.args.eval_episodes
         try:
             returns, lengths, cut = play_episodes(

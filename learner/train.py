@@ -2354,7 +2354,7 @@ def train(
             )
             # --capture-video: the run's GIFs, its earlier sessions' too; a session without it lists those the run
             # has all the same (its record: they stay in videos/), as summary.json is replaced by each session's.
-            videos = updater.video.listed() if updater.video is not None else listed_videos(run_dir)
+            videos = listed_videos(run_dir, updater.video.recorded if updater.video is not None else ())
             if videos or updater.video is not None:
                 summary["videos"] = videos
             if bar is not None:

@@ -24,7 +24,7 @@ pytest.importorskip("torch", reason="needs torch (pip install 'envfleet[learner]
 import torch
 
 from learner import rundir
-from learner.capture import VIDEOS, video_path
+from learner.capture import video_path
 from learner.cli import main
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
@@ -33,6 +33,7 @@ from learner.evaluate import evaluate
 from learner.local import LocalServers
 from learner.periodic_eval import EVAL_SEED_BASE
 from learner.resume import like_args, resume_args
+from learner.rundir import VIDEOS
 from learner.train import train
 from tests import capture_envs
 from tests.conftest import QUIET
