@@ -427,9 +427,7 @@ class Recorder:
             # mininterval lets it, which a redraw at every update, thousands in a log, bypassed). While servers
             # are down or have not joined, it says which share of the fleet is missing, as the progress lines do.
             # (the last evaluation's mean return, --eval-every, at every update from the first on)
-            self.postfix = bar_postfix(timing["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(
-                counters.eval_return_mean
-            )
+            self.postfix = self._bar_figures(timing["sps"], row)
             bar.set_postfix_str(self.postfix, refresh=False)
             bar.update(counters.global_step - bar.n)
         elif self.progress_lines and (
@@ -462,10 +460,16 @@ class Recorder:
         if self.live is not None:
             self.live.observe_evaluation(evaluation)
         if self.bar is not None:
-            self.postfix = bar_postfix(row["sps"], row["episodic_return_mean"], fleet_note(row)) + eval_note(
-                self.counters.eval_return_mean
-            )
+            self.postfix = self._bar_figures(row["sps"], row)
             self.bar.set_postfix_str(self.postfix)
+
+    def _bar_figures(self, sps: float, row: dict[str, Any]) -> str:
+        """The bar's figures after its count as of the update of ``row`` (:meth:`record`'s, and
+        :meth:`add_evaluation`'s once a solved run's last nets are evaluated): ``sps``, the recent return, what the
+        fleet misses (:func:`~learner.progress.fleet_note`), the last evaluation's mean return."""
+        return bar_postfix(sps, row["episodic_return_mean"], fleet_note(row)) + eval_note(
+            self.counters.eval_return_mean
+        )
 
     def fleet_down(self, servers: int, not_joined: int, envs: int | None = None) -> None:
         """Every server of the fleet is down (``servers``; ``not_joined``: listed ones not joined; ``envs``: the
