@@ -12,7 +12,8 @@ Training goes on exactly as without it: the videos' env is none of training's, t
 and the random generators (Python's, NumPy's, torch's) are put back as they were after each video (and after
 :meth:`VideoCapture.check`'s frame at the start, the run seeded already). A video that fails mid-run (its env raised, a
 full disk) is said once, as a warning, and no more are recorded; training goes on.
-A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written). An evaluation
+A Ctrl-C during one stops the run as during an evaluation: that video is left out (not written), and is due in the
+step's checkpoint (its counters' ``due``), which a --resume records first. An evaluation
 left out (its eval server left down, or failed) is filmed all the same, its warning saying so: the video's env is
 this process's, not the evaluation's, and the video is then the one look at the policy at that step.
 """
@@ -115,6 +116,10 @@ class VideoCapture:
     """The videos this session wrote, in order."""
     last_step: int | None = dataclasses.field(default=None, init=False)
     """The step of the last video asked for (one per step: the end's where its last update's evaluation made one)."""
+    stopped: bool = dataclasses.field(default=False, init=False)
+    """Whether the last video :meth:`record` was asked for was cut short (or not begun) by a stop (Ctrl-C, SIGTERM,
+    SIGHUP): still due at its step (:attr:`Counters.due <learner.resume.Counters.due>`, which a --resume does
+    first); not one that failed (no more are recorded) nor one made already."""
 
     @classmethod
     def check(cls, args: Args, envs: gym.vector.VectorEnv, env_id: str, given_env: str | None) -> FleetSpec:
@@ -166,7 +171,11 @@ class VideoCapture:
         ``state``: the run's state the nets go with (--overlap-update's as of the end of the rollout the update
         learned from; a run's last update's): its --norm-obs statistics, as :meth:`PeriodicEval.run
         <learner.periodic_eval.PeriodicEval.run>` takes them; None: the run's as they are now."""
-        if self.failed or self.stop.requested or step == self.last_step:
+        self.stopped = False
+        if self.failed or step == self.last_step:
+            return None
+        if self.stop.requested:
+            self.stopped = True
             return None
         self.last_step = step
         policy = policy_as_of(self.agent, self.obs_rms, state, self.envs, self.device)
@@ -199,7 +208,8 @@ class VideoCapture:
             restore_rng(rng)
             if shown is not None:
                 shown.evaluated()
-        if result["path"] is None:  # (a Ctrl-C: the run stops next, as during an evaluation)
+        if result["path"] is None:  # (a Ctrl-C: the run stops next, as during an evaluation; a --resume films it)
+            self.stopped = True
             return None
         self.recorded.append(path)
         if self.tracker is not None:

@@ -219,11 +219,19 @@ class Checkpointer:
     def _on_disk(self, state: dict[str, Any]) -> bool:
         """Whether the last checkpoint written holds ``state`` already: of its step, with the same counters (a
         solve or best return judged since would differ) but for the wall time, a few ms later at the run's end.
-        (Nothing else changes without a step: the nets, the optimizer, the RNG states and the statistics.)"""
+        (Nothing else changes without a step: the nets, the optimizer, the RNG states and the statistics.)
+
+        A video it says is due (``due``) that is done since (the run's end's, filmed after it was written) is no
+        difference: a --resume takes a video whose GIF is there as done (resume.owed_work), so a run filmed at its
+        end writes its last checkpoint once, as before the checkpoints said what is due. An evaluation done since
+        changes its counters (eval_return_mean, best_eval_*): that one is written again."""
         saved = self.saved_counters
         if saved is None or state["counters"]["global_step"] != self.saved_step:
             return False
-        return {**state["counters"], "seconds": None} == {**saved, "seconds": None}
+        now, before = state["counters"].get("due") or [], saved.get("due") or []
+        if set(now) <= set(before) and set(before) - set(now) <= {"video"}:
+            now = before  # (only its video done since: its GIF says so)
+        return {**state["counters"], "seconds": None, "due": now} == {**saved, "seconds": None, "due": before}
 
     def end(self, stop_reason: str | None) -> Counters:
         """The run's end (``stop_reason``: summary.json's, None while an error is on its way): its last

@@ -260,7 +260,8 @@ class Args:
     returns (no --clip-reward or --norm-reward), on envs of their own (an extra local env server; --backend
     gym: in process; --servers: --eval-servers), seeded apart from training's; training goes on exactly as
     without it. metrics.jsonl's eval/* columns, TensorBoard's eval/mean_reward, summary.json's
-    best_eval_return and checkpoints/best-eval.pt record them; 0: never"""
+    best_eval_return and checkpoints/best-eval.pt record them; one cut short by a Ctrl-C (or, at the run's end, a
+    kill) is played first by --resume; 0: never"""
     eval_episodes: int = field(default=10, metadata={"metavar": "N"})
     """episodes per evaluation (--eval-every), shared out over the --eval-envs as learner eval does"""
     eval_envs: int | None = field(default=None, metadata={"metavar": "N"})
@@ -273,7 +274,8 @@ class Args:
     capture_video: bool = False
     """write RUN_DIR/videos/step-<global step>.gif (CleanRL's --capture-video): one episode of the deterministic
     policy of the nets at each evaluation (--eval-every, seeded as it is) and of the nets the run ends with
-    (--total-timesteps reached or --stop-at-return met; not a Ctrl-C'd run), played on an env made in this
+    (--total-timesteps reached or --stop-at-return met; not a Ctrl-C'd run; one cut short by a Ctrl-C, or at
+    the end a kill, is filmed first by --resume), played on an env made in this
     process with render_mode rgb_array and the training envs' kwargs, wrappers and time limit (frames never
     cross the wire: the env and its renderer must be installed here, for classic control pip install
     'envfleet[video]'; checked at the start). summary.json's videos lists them; --track logs each to W&B

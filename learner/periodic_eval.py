@@ -12,7 +12,10 @@ server serves one learner at a time, so the training fleet has no envs to lend).
 It leaves training as it would be without it: its envs are not the training envs, its seeds are far from
 theirs, the policy's mode draws nothing, and the random generators (Python's, NumPy's, torch's) are put back
 as they were after each evaluation in case anything drew; so a run with ``--eval-every`` learns exactly what the
-same run without it learns, and a resumed run evaluates at the same steps with the same seeds.
+same run without it learns, and a resumed run evaluates at the same steps with the same seeds. An evaluation cut
+short by a stop (Ctrl-C, SIGTERM, SIGHUP), or a solved run's final one by a kill (its checkpoint is written before
+it), is due in the step's checkpoint (its counters' ``due``): a --resume plays it first (:meth:`PeriodicEval.redo`),
+as it would have been played; one killed mid-run is past the last checkpoint, and played when the run gets there.
 """
 
 from __future__ import annotations
@@ -233,6 +236,11 @@ class PeriodicEval:
     evaluations left out (:meth:`_videos_go_on`); None: no --capture-video."""
     server_gone: bool = dataclasses.field(default=False, init=False)
     """Whether the evaluation's local server was found left down (see :meth:`run`)."""
+    stopped: bool = dataclasses.field(default=False, init=False)
+    """Whether the last evaluation :meth:`run` was asked for was cut short (or not begun) by a stop (Ctrl-C,
+    SIGTERM, SIGHUP): it is still due at its step (:attr:`Counters.due <learner.resume.Counters.due>`, which the
+    step's checkpoint holds, and a --resume does first); one left out as its env failed or its server is down is
+    not."""
     unanswered: str | None = dataclasses.field(default=None, init=False)
     """The --eval-servers server an evaluation failed for, unavailable (it did not answer within --connect-timeout,
     or was lost), until an evaluation runs again (see :meth:`_still_down`)."""
@@ -319,6 +327,7 @@ class PeriodicEval:
         ``counted``: the update evaluated is recorded already, and ``state`` is the state it ended with
         (Checkpointer.last_update: a run solved in the rollout after it, evaluated as it stops); else the update is
         recorded after its evaluation, with these columns."""
+        self.stopped = False
         if self._left_down(step) or self._still_down(step):
             return {}
         started = time.perf_counter()
@@ -363,7 +372,8 @@ class PeriodicEval:
         self.unanswered = None  # (its server answered: the next evaluation waits for it as long as it needs)
         seconds = time.perf_counter() - started
         if cut or not returns:
-            log.info("the evaluation at step %s was stopped: left out", f"{step:,}")
+            self.stopped = True  # (still due: the step's checkpoint says so, and a --resume does it first)
+            log.info("the evaluation at step %s was stopped: left out (a --resume does it first)", f"{step:,}")
             return {}
         mean, std = mean_of(returns), spread_of(returns)
         columns = {
@@ -405,10 +415,31 @@ class PeriodicEval:
         <learner.records.Recorder.add_evaluation>`; summary.json; best-eval.pt where best), with ``state``, the one
         that update ended with (Checkpointer.last_update, which the run's last checkpoint holds: it counts the
         evaluation too). Else summary.json's eval_return_mean was an older policy's, or none. Nothing before any
-        update of this session (no row to add it to)."""
+        update of this session (no row to add it to), but for a resumed session that redid its checkpoint's
+        evaluation cut short (:meth:`redo`), whose row it is.
+
+        That checkpoint is written before it, with the evaluation (and the end's video) as due in its counters
+        (:attr:`Counters.due <learner.resume.Counters.due>`): a learner killed or stopped meanwhile is resumed as
+        solved, and the --resume does them (:meth:`redo`), then ends as this run would have."""
+        self.stopped = False
         row = {} if self.shown is None else self.shown.last_row
         if not row or "eval/return_mean" in row or self.shown is None:
             return
         evaluation = self.run(int(row["global_step"]), state, counted=True)
+        if evaluation:
+            self.shown.add_evaluation(evaluation)
+
+    def redo(self, state: dict[str, Any]) -> None:
+        """--resume of a checkpoint whose evaluation was due and not done (cut short by a stop, or a solved run's
+        final one by a kill: :attr:`Counters.due <learner.resume.Counters.due>`): that evaluation, of its nets and
+        --norm-obs statistics (the session's as restored, ``state``, Checkpointer.last_update), seeded as it
+        would have been, recorded where it would have been (the checkpoint's row, which the shown Recorder's
+        last_row is: its eval/ columns, TensorBoard, W&B, the gauge, the bar; summary.json and best-eval.pt where
+        best; ``state``'s counters, which the next checkpoint holds). :attr:`stopped` says whether a stop cut it
+        short again."""
+        self.stopped = False
+        if self.shown is None or not self.shown.last_row:
+            return
+        evaluation = self.run(int(self.shown.last_row["global_step"]), state, counted=True)
         if evaluation:
             self.shown.add_evaluation(evaluation)

@@ -439,7 +439,9 @@ class Recorder:
     def add_evaluation(self, evaluation: dict[str, Any]) -> None:
         """The eval/ columns (``evaluation``) of an evaluation of the last update's nets run once its row was
         written: a run solved (--stop-at-return) in the rollout after it, which is not learned from, ends with those
-        nets, evaluated as it stops (PeriodicEval.final). Added to that row as :meth:`record` would have
+        nets, evaluated as it stops (PeriodicEval.final); a resumed session's first, its checkpoint's evaluation
+        cut short by a stop or a kill (PeriodicEval.redo: the row is the checkpoint's update's, metrics.jsonl's last,
+        which train() makes this Recorder's ``last_row``). Added to that row as :meth:`record` would have
         added them: metrics.jsonl's last row is written again with them (in place: the file stays one row an
         update, whenever the learner is killed), TensorBoard and W&B get them at its step, --metrics-port its
         gauge, and the bar its return."""

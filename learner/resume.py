@@ -39,6 +39,7 @@ __all__ = [
     "RECENT",
     "Counters",
     "check_resume",
+    "owed_work",
     "earlier_sessions",
     "like_args",
     "restore",
@@ -95,6 +96,14 @@ class Counters:
     --save-best)."""
     best_eval_step: int | None = None
     """The step of the update that evaluation ran at (None: none ran yet)."""
+    due: list[str] = field(default_factory=list)
+    """What was due at ``global_step`` (the update the checkpoint is of) and is not done yet: ``"eval"``, its
+    --eval-every evaluation (or a solved run's final one), ``"video"``, its --capture-video video; cut short by a
+    stop (Ctrl-C, SIGTERM, SIGHUP) or, at a run's end, whose last checkpoint is written before them, by a kill.
+    A --resume does them first (:func:`owed_work`), with the checkpoint's nets, statistics and the seed they would
+    have had. A video is done once its GIF is there (written whole or not at all): a checkpoint that still says one
+    is due whose GIF is there (a run's end's, not written again for it alone) owes none. Checkpoints from before
+    2026-12-07 have none: nothing is due."""
 
 
 def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:
@@ -419,13 +428,48 @@ def from_other_versions(checkpoint: dict[str, Any], path: Path | str) -> None:
             del counters[key]
 
 
-def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
+OWED_WORK = {"eval": "--eval-every", "video": "--capture-video"}
+"""What a checkpoint's ``due`` may name, with the option that does it."""
+
+
+def owed_work(args: Args, counters: dict[str, Any], run_dir: Path) -> list[str]:
+    """What a checkpoint's ``counters`` (of the run in ``run_dir``) say is due at its step and not done
+    (:attr:`Counters.due`; a video whose GIF is there is done) that this session (``args``) does: an evaluation
+    with --eval-every, a video with --capture-video. What it leaves out (a session resumed without the option: the
+    user gets what they asked) is said in an INFO line, and is no more due."""
+    from learner.capture import video_path  # (here: learner.capture imports this module's Counters)
+
+    step = int(counters["global_step"])
+    due = [
+        what
+        for what in counters.get("due") or ()
+        if what in OWED_WORK and not (what == "video" and video_path(run_dir, step).is_file())
+    ]
+    doing = [what for what in due if (args.eval_every if what == "eval" else args.capture_video)]
+    skipped = [what for what in due if what not in doing]
+    if skipped:
+        log.info(
+            "resume: the %s of step %s, cut short in the last session, %s left out: this session runs without %s",
+            " and the ".join("evaluation" if what == "eval" else "video" for what in skipped),
+            f"{step:,}",
+            "are" if len(skipped) > 1 else "is",
+            " and ".join(OWED_WORK[what] for what in skipped),
+        )
+    return doing
+
+
+def check_resume(args: Args, checkpoint: dict[str, Any], owed: Collection[str] = ()) -> str | None:
     """RunCompleteError when resuming ``checkpoint`` (the run in ``args.resume``) with ``args`` leaves nothing to
-    do: its env steps are done, or it was solved under a bar no lower than --stop-at-return."""
+    do: its env steps are done, or it was solved under a bar no lower than --stop-at-return. Where it still
+    ``owed`` an evaluation or a video of its last step (:func:`owed_work`), cut short by a stop or a kill, the
+    session does them and ends there: then how the run ended (``"total_timesteps"``, ``"stop_at_return"``),
+    summary.json's ``stop_reason``; None for a run that goes on."""
     counters = checkpoint["counters"]
     done = int(counters["global_step"])
     total = args.total_timesteps or int(checkpoint["ppo"]["total_timesteps"])
     if done >= total:
+        if owed:
+            return "total_timesteps"
         raise RunCompleteError(
             f"--total-timesteps: the run in {args.resume} already has {done:,} env steps, so {total:,} leaves "
             f"nothing to do; pass more (e.g. --total-timesteps {done + total}) to continue it"
@@ -433,11 +477,14 @@ def check_resume(args: Args, checkpoint: dict[str, Any]) -> None:
     solved_at, solved_under = counters.get("solved_at_step"), counters.get("solved_threshold")
     stop_at = args.stop_at_return
     if solved_at is not None and solved_under is not None and stop_at is not None and stop_at <= solved_under:
+        if owed:
+            return "stop_at_return"
         raise RunCompleteError(
             f"--stop-at-return: the run in {args.resume} was solved at step {solved_at:,} (mean return of the "
             f"last {RECENT} episodes >= {solved_under:g}), so --stop-at-return {stop_at:g} leaves nothing to do; "
             "pass --no-stop-at-return to train it on to --total-timesteps, or a higher --stop-at-return"
         )
+    return None
 
 
 def restore(

@@ -59,6 +59,7 @@ __all__ = [
     "gone",
     "is_run_config",
     "jsonable",
+    "last_row",
     "list_checkpoints",
     "list_videos",
     "lock",
@@ -341,6 +342,22 @@ def rewrite_last_row(path: str | Path, row: dict[str, Any], *, block: int = 1 <<
             tail, at = tail[done:], at + done
         if start + len(line) < end:
             f.truncate(start + len(line))
+
+
+def last_row(path: str | Path, *, block: int = 1 << 16) -> dict[str, Any] | None:
+    """The last row of a run's metrics file (``path``), read from its end (a long run's file is not read whole);
+    None where there is none (no file, no row, a last line that is no JSON object: cut short by a crash)."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            line = next((text for _, text in _lines_from_end(f, end, block) if text.strip()), b"")
+    except FileNotFoundError:
+        return None
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def _is_row_of(line: bytes, update: Any) -> bool:

@@ -120,6 +120,7 @@ from learner.resume import (
     earlier_sessions,
     from_other_versions,
     like_args,
+    owed_work,
     restore,
     resume_args,
     resumed_threshold,
@@ -1556,15 +1557,29 @@ def _evaluation(
     """--eval-every: the eval/ columns of the update that learned from the rollout ``rollout_info`` describes,
     evaluated now where one is due there (the nets just updated); None where none is. ``state``: --overlap-update's
     state as of that rollout's end (the run has collected the next rollout since: see PeriodicEval.run).
-    --capture-video (``video``): the video of the same nets (and --norm-obs statistics) after the evaluation."""
+    --capture-video (``video``): the video of the same nets (and --norm-obs statistics) after the evaluation.
+
+    What a stop (Ctrl-C, SIGTERM, SIGHUP) cut short of them is due at that step (Counters.due: the run's counters,
+    and ``state``'s), which the step's checkpoint holds and a --resume does first; nothing is otherwise."""
     step = int(rollout_info["global_step"])
-    if evaluator is None or not evaluator.due(step):
+    if evaluator is None:
         return None
-    evaluation = evaluator.run(step, state)
-    # (none where the evaluation was stopped by a Ctrl-C: VideoCapture.record sees it; one where it was left out, an
-    # eval server down or failed, whose warning says so: the video's env is in this process, the evaluation's not)
-    if video is not None:
-        video.record(step, state)
+    due: list[str] = []
+    evaluation = None
+    if evaluator.due(step):
+        evaluation = evaluator.run(step, state)
+        if evaluator.stopped:
+            due.append("eval")
+        # (none where the evaluation was stopped by a Ctrl-C: VideoCapture.record sees it, and says it is due; one
+        # where it was left out, an eval server down or failed, whose warning says so: the video's env is in this
+        # process, the evaluation's not)
+        if video is not None:
+            video.record(step, state)
+            if video.stopped:
+                due.append("video")
+    evaluator.counters.due = due
+    if state is not None:
+        state["counters"]["due"] = list(due)
     return evaluation
 
 
@@ -1677,6 +1692,9 @@ class _Updater:
         self.actor.load_state_dict(agent.state_dict())
         checkpointer.updating = True
         self.counters.seconds = time.perf_counter() - self.start_time  # (as of this rollout's end)
+        state = checkpointer.rollout_state()
+        # (what is due at its step is its own, said once it is recorded: not the update's before, in the counters)
+        state["counters"]["due"] = []
         self.pending = (
             self.thread.submit(
                 ppo_update,
@@ -1689,7 +1707,7 @@ class _Updater:
                 generator=self.rng,
             ),
             rollout_info,
-            checkpointer.rollout_state(),
+            state,
         )
 
     def finish(
@@ -1702,10 +1720,14 @@ class _Updater:
         step, unless its evaluation made one there); what raised, else None.
 
         Before that evaluation or video, the run's last checkpoint is written (Checkpointer.end with
-        ``stop_reason``, summary.json's), the solve in it: they take seconds to minutes, and a learner killed
-        meanwhile (SIGKILL: the OOM killer, a pod killed without grace) left a checkpoint without the solve, which
-        --resume trained on from. train() calls Checkpointer.end again after, which writes it once more only where
-        the evaluation changed its counters (eval_return_mean, best_eval_*: the same step's file, replaced)."""
+        ``stop_reason``, summary.json's), the solve in it, and them as due (Counters.due): they take seconds to
+        minutes, and a learner killed meanwhile (SIGKILL: the OOM killer, a pod killed without grace) left a
+        checkpoint without the solve, which --resume trained on from; now --resume does what is due, then ends as
+        this run would have. train() calls Checkpointer.end again after, which writes it once more only where the
+        evaluation changed its counters (eval_return_mean, best_eval_*, and what is still due: the same step's
+        file, replaced). That second write stays: without it the checkpoint would not hold the evaluation's
+        figures, and would say it is due, for every --resume to play it again; without the first, a kill during
+        the evaluation loses the solve. (A video alone does not write it again: its GIF says it is done.)"""
         error = None
         if self.pending is not None:
             in_flight, self.pending = self.pending, None
@@ -1718,10 +1740,20 @@ class _Updater:
                 None if propagating else self.evaluator,
                 None if propagating else self.video,
             )
-        last_row = self.recorder.last_row  # (this session's last update: none, no nets of its own to show)
+        # (this session's last update: none, no nets of its own to show; a resumed session's that redid what its
+        # checkpoint said was due: the checkpoint's, see redo_due)
+        last_row = self.recorder.last_row
         evaluate = solved and not propagating and self.evaluator is not None
         film = (solved or finished) and not propagating and self.video is not None and bool(last_row)
         if error is None and (evaluate or film) and stop_reason is not None:
+            # (what is due at the last update's step, in the checkpoint: a learner killed during it is resumed so)
+            due = list(self.counters.due)  # (none: a stop cut nothing short, or the run would not be filmed)
+            if evaluate and last_row and "eval/return_mean" not in last_row and "eval" not in due:
+                due.append("eval")
+            video = self.video
+            if film and video is not None and not video.failed and video.last_step != int(last_row["global_step"]):
+                due += [] if "video" in due else ["video"]
+            self._due(due)
             try:  # (the run's last checkpoint first, as train()'s Checkpointer.end would write it now)
                 self.counters.seconds = time.perf_counter() - self.start_time
                 self.checkpointer.end(stop_reason)
@@ -1735,13 +1767,66 @@ class _Updater:
                 self.evaluator.final(self.checkpointer.last_update)
             except BaseException as err:  # (a second Ctrl-C, a write that failed: the run's files written all the same)
                 error = err
+            if error is None and not self.evaluator.stopped:
+                self._done("eval")
         if error is None and film and self.video is not None and last_row:
             try:
                 # (the nets and --norm-obs statistics of its last update, which its last checkpoint holds)
                 self.video.record(int(last_row["global_step"]), self.checkpointer.last_update)
             except BaseException as err:  # (a second Ctrl-C: the run's files written all the same)
                 error = err
+            if error is None and not self.video.stopped:
+                self._done("video")
         return error
+
+    def _due(self, due: list[str]) -> None:
+        """What is due at the last update's step and not done (Counters.due): in the run's counters and the state
+        it ended with (Checkpointer.last_update), for the checkpoint written next."""
+        self.counters.due = list(due)
+        if self.checkpointer.last_update:
+            self.checkpointer.last_update["counters"]["due"] = list(due)
+
+    def _done(self, what: str) -> None:
+        """``what`` (``"eval"``, ``"video"``), due at the last update's step, is done: no longer due."""
+        self._due([w for w in self.counters.due if w != what])
+
+    def redo_due(self, due: list[str], run_dir: Path) -> None:
+        """A resumed session, before its first rollout: what its checkpoint said was due at its step and not done
+        (``due``: Counters.due, those this session's options do, resume.owed_work), cut short by a stop or a kill:
+        the evaluation (PeriodicEval.redo) and then the video (VideoCapture.record), of the checkpoint's nets and
+        --norm-obs statistics (Checkpointer.last_update's, as restored), seeded as they would have been, recorded
+        where they would have been: the row of the checkpoint's update (metrics.jsonl's last: the Recorder's
+        last_row from here on), TensorBoard, W&B, the bar, summary.json, best-eval.pt, videos/. A stop (Ctrl-C)
+        during them leaves what it cut short due, as the checkpoint on disk says."""
+        state = self.checkpointer.last_update
+        step, update = int(state["counters"]["global_step"]), int(state["counters"]["update"])
+        row = rundir.last_row(run_dir / rundir.METRICS)
+        if row is None or row.get("update") != update or row.get("global_step") != step:
+            log.warning(
+                "resume: the %s of step %s, cut short in the last session, %s left out: %s has no row of that update",
+                " and the ".join("evaluation" if what == "eval" else "video" for what in due),
+                f"{step:,}",
+                "are" if len(due) > 1 else "is",
+                run_dir / rundir.METRICS,
+            )
+            self._due([])
+            return
+        self.recorder.last_row = row
+        log.info(
+            "resume: the %s of step %s, cut short in the last session, first",
+            " and the ".join("evaluation" if what == "eval" else "video" for what in due),
+            f"{step:,}",
+        )
+        self._due(due)
+        if "eval" in due and self.evaluator is not None:
+            self.evaluator.redo(state)
+            if self.evaluator.stopped:
+                return
+            self._done("eval")
+        if "video" in due and self.video is not None:
+            self.video.record(step, state)
+            if not self.video.stopped:
+                self._done("video")
 
 
 _runs_in_process = 0
@@ -1838,9 +1923,14 @@ def train(
     given_dir = str(Path(given).absolute()) if given else None
     if given_dir and checkpoint is None:
         _check_fresh(Path(given_dir))  # before starting any servers
+    # A resumed run's evaluation or video of its checkpoint's step cut short by a stop or a kill (Counters.due): those
+    # this session's options ask for are done first (see _Updater.redo_due); a run done otherwise ends after them.
+    owed: list[str] = []
+    ended_as: str | None = None
     if checkpoint is not None:
         from_other_versions(checkpoint, checkpoint_file or "")
-        check_resume(args, checkpoint)
+        owed = owed_work(args, checkpoint["counters"], Path(given_dir or "."))
+        ended_as = check_resume(args, checkpoint, owed)
 
     if args.track:  # (wandb, imported before any server starts: missing, the error names the extra to install)
         from learner.tracking import tracked
@@ -1922,6 +2012,7 @@ def train(
                 save_best=args.save_best,
                 file=checkpoint_file,
             )
+            counters.due = list(owed)  # (what it left out is no longer due: the session runs without its option)
         threshold = args.stop_at_return if args.stop_at_return is not None else reward_threshold(env_id)
         threshold = resumed_threshold(counters, threshold)
 
@@ -2132,6 +2223,12 @@ def train(
                 updater.evaluator.filming = functools.partial(_filming, updater.video)
 
         try:
+            if owed:  # (resumed: what its checkpoint's step was due and not done, first)
+                updater.redo_due(owed, run_dir)
+                if stop_request.requested:
+                    stop_reason = _asked_stop(stop_request)
+                elif ended_as == "stop_at_return":  # (solved before: it ends as it would have, its summary complete)
+                    stop_reason = ended_as
             while stop_reason is None:
                 if counters.global_step >= hp.total_timesteps:
                     empties.check_learned(counters.update, hp.total_timesteps)

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,9 @@ from learner.stats import format_return
 from learner.train import train
 from tests.conftest import QUIET, SpawnServer, StartServers
 from tests.test_train import CtrlCAt, _resumable, resume_as_killed
+
+QUIET_RUN: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 120}
+"""subprocess.run's arguments for a learner train run whose output is not looked at."""
 
 TIMING = ("seconds", "sps", "sps_update", "transitions_per_s", "rollout_seconds", "update_seconds", "other_seconds")
 """A row's wall-clock columns, which differ between runs of the same trajectory."""
@@ -232,23 +236,71 @@ def kill_when_said(argv: list[str], said: bytes) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_a_solved_run_killed_during_its_final_evaluation_is_resumed_as_solved(tmp_path: Path) -> None:
+def test_a_solved_run_killed_during_its_final_evaluation_is_resumed_as_solved_and_evaluated(tmp_path: Path) -> None:
     # A run solved by --stop-at-return evaluated its last nets (PeriodicEval.final) before its last checkpoint was
     # written (Checkpointer.end, after it): a learner SIGKILLed meanwhile (the OOM killer, a pod killed without
     # grace), for the evaluation's length (minutes with --eval-episodes 1000), left the solve off the disk, and
-    # --resume trained on. The checkpoint is now written first (and again after, with the evaluation's counters).
+    # --resume trained on. The checkpoint is now written first, saying the evaluation is due (its counters' due);
+    # --resume then said "nothing to do", and the evaluation's figures were never had. It now plays it, as the run
+    # would have (the same figures, row, summary, best-eval.pt), and ends there, solved.
     # (CartPole on in-process envs, solved by --stop-at-return 1 after a few updates; its final evaluation, of
-    # 100,000 episodes, --eval-every being past the run, the only one)
-    run = tmp_path / "run"
+    # 40 episodes on 1 env, --eval-every being past the run, the only one)
+    run, full = tmp_path / "run", tmp_path / "full"
     argv = ["--env", "CartPole-v1", "--backend", "gym", "--num-envs", "4", "--num-steps", "16"]
     argv += ["--total-timesteps", "100000", "--stop-at-return", "1", "--checkpoint-every", "1"]
-    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "100000", "--eval-envs", "1"]
-    kill_when_said([*argv, "--no-tensorboard", "--no-plot", "--run-dir", str(run)], b"evaluating at step")
+    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "40", "--eval-envs", "1"]
+    argv += ["--no-tensorboard", "--no-plot"]
+    kill_when_said([*argv, "--run-dir", str(run)], b"evaluating at step")
     saved = load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]
     assert saved["solved_at_step"] is not None and saved["solved_threshold"] == 1.0, saved
-    assert saved["eval_return_mean"] is None  # (the evaluation was killed: none recorded)
+    assert saved["eval_return_mean"] is None and saved["due"] == ["eval"]  # (killed: none recorded, but due)
+    subprocess.run([sys.executable, "-m", "learner", "train", *argv, "--run-dir", str(full)], check=True, **QUIET_RUN)
+
+    summary = train(resume_args(run, progress=False))
+    last, uninterrupted = rundir.read_jsonl(run / rundir.METRICS)[-1], rundir.read_jsonl(full / rundir.METRICS)[-1]
+    assert last["eval/episodes"] == 40 and last["global_step"] == saved["global_step"]
+    timing = (*TIMING, "eval/seconds")
+    assert {k: v for k, v in last.items() if k not in timing} == {
+        k: v for k, v in uninterrupted.items() if k not in timing
+    }
+    expected = rundir.read_json(full / rundir.SUMMARY)
+    assert summary["stop_reason"] == "stop_at_return" and summary["updates"] == expected["updates"]
+    for key in ("eval_return_mean", "best_eval_return", "best_eval_step", "solved_at_step", "solved"):
+        assert summary[key] == expected[key], key
+    on_disk = load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]
+    assert on_disk["eval_return_mean"] == last["eval/return_mean"] and on_disk["due"] == []
+    a, b = (load_checkpoint(d / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT) for d in (full, run))
+    assert a["counters"]["best_eval_step"] == b["counters"]["best_eval_step"] == last["global_step"]
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    # Done now: a --resume more has nothing left to do.
     with pytest.raises(ValueError, match=r"was solved at step .* leaves nothing to do"):
         train(resume_args(run, progress=False))
+
+
+def test_a_run_killed_during_an_evaluation_past_its_last_checkpoint_evaluates_there_again(tmp_path: Path) -> None:
+    # SIGKILLed during the evaluation at step 32, the run's last checkpoint is step 16's (--checkpoint-every 1000:
+    # the first update's alone), which owes nothing (its counters' due is empty): --resume trains from there and
+    # evaluates at step 32 when it gets there again, as the uninterrupted run did: the same rows and figures.
+    # (Real local servers; ClockEnv, whose episodes all end at the updates' ends, so that a resumed run's reset
+    # finds the envs where the uninterrupted run had them, as test_train's resume tests.)
+    run, full = tmp_path / "run", tmp_path / "full"
+    argv = ["--env", "tests.envs:ClockEnv", "--env-kwargs", '{"length": 3, "action": "box"}', "--num-servers", "1"]
+    argv += ["--envs-per-server", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "3"]
+    argv += ["--total-timesteps", "48", "--checkpoint-every", "1000", "--checkpoint-seconds", "0", "--norm-obs"]
+    argv += ["--eval-every", "32", "--eval-episodes", "150", "--eval-envs", "1", "--no-tensorboard", "--no-plot"]
+    kill_when_said([*argv, "--run-dir", str(run)], b"evaluating at step 32")
+    assert [p.name for p in rundir.list_checkpoints(run)] == ["step-0000000016.pt"]
+    assert load_checkpoint(rundir.checkpoint_path(run, 16))["counters"]["due"] == []
+    subprocess.run([sys.executable, "-m", "learner", "train", *argv, "--run-dir", str(full)], check=True, **QUIET_RUN)
+    summary = train(resume_args(run, progress=False))
+    rows, expected = rundir.read_jsonl(run / rundir.METRICS), rundir.read_jsonl(full / rundir.METRICS)
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [32, 48]
+    timing, servers = (*TIMING, "eval/seconds"), ("replicas/", "fleet/")
+    assert [{k: v for k, v in r.items() if k not in timing and not k.startswith(servers)} for r in rows] == [
+        {k: v for k, v in r.items() if k not in timing and not k.startswith(servers)} for r in expected
+    ]
+    assert summary["best_eval_return"] == rundir.read_json(full / rundir.SUMMARY)["best_eval_return"]
 
 
 def test_a_solved_run_s_last_row_is_never_left_out_of_metrics_jsonl_as_its_evaluation_is_added(
@@ -516,26 +568,59 @@ def ctrl_c_at_step_2(args: Args, module: str, monkeypatch: pytest.MonkeyPatch) -
     return stopped.value.summary
 
 
-def test_ctrl_c_during_an_evaluation_stops_the_run_as_during_a_rollout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_ctrl_c_during_an_evaluation_stops_the_run_and_resume_does_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The Ctrl-C comes at the 2nd step of the first evaluation (after update 1, step 16): the evaluation is left
-    # out, and the run stops there with the checkpoint of update 1, as a Ctrl-C in the next rollout would.
-    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 4}
+    # out, and the run stops there with the checkpoint of update 1, as a Ctrl-C in the next rollout would; that
+    # checkpoint says the evaluation is due (its counters' due). Resumed, the run played it no more: the row of step
+    # 16 never got its eval/ columns, best-eval.pt never had it in view. Now --resume plays it first, with the
+    # checkpoint's nets, --norm-obs statistics and seed: the run's rows, summary and best-eval.pt are the
+    # uninterrupted run's. (ClockEnv, Box actions, --norm-obs in use.)
+    common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 4, "norm_obs": True}
+    common["tensorboard"] = True
     full = tmp_path / "full"
-    train(Args(**common, run_dir=str(full)))
+    full_summary = train(Args(**common, run_dir=str(full)))
     part = tmp_path / "part"
     summary = ctrl_c_at_step_2(Args(**common, run_dir=str(part)), "learner.periodic_eval", monkeypatch)
     assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
     assert summary["best_eval_step"] is None
     assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
+    assert load_checkpoint(rundir.checkpoint_path(part, 16))["counters"]["due"] == ["eval"]
     (row,) = rundir.read_jsonl(part / rundir.METRICS)
     assert not any(key.startswith("eval/") for key in row)
-    # Resumed, it learns what the uninterrupted run learned (the evaluation at step 16 is not played again).
-    train(resume_args(part))
-    part_rows = rundir.read_jsonl(part / rundir.METRICS)
-    assert _training_columns(part_rows) == _training_columns(rundir.read_jsonl(full / rundir.METRICS))
-    assert [r["global_step"] for r in part_rows if "eval/return_mean" in r] == [32, 48]
+    without = tmp_path / "without"
+    shutil.copytree(part, without)
+
+    with caplog.at_level(logging.INFO):
+        summary = train(resume_args(part))
+    assert "resume: the evaluation of step 16, cut short in the last session, first" in caplog.text
+    part_rows, full_rows = rundir.read_jsonl(part / rundir.METRICS), rundir.read_jsonl(full / rundir.METRICS)
+    assert [r["global_step"] for r in part_rows if "eval/return_mean" in r] == [16, 32, 48]
+    timing = (*TIMING, "eval/seconds")
+    for a, b in zip(full_rows, part_rows, strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+    for key in ("eval_return_mean", "best_eval_return", "best_eval_step"):
+        assert summary[key] == full_summary[key], key
+    a, b = (load_checkpoint(d / rundir.CHECKPOINTS / rundir.BEST_EVAL_CHECKPOINT) for d in (full, part))
+    assert a["counters"]["best_eval_step"] == b["counters"]["best_eval_step"]
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+    assert all(not load_checkpoint(c)["counters"]["due"] for c in rundir.list_checkpoints(part)[1:])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(part)).Reload()
+    assert [e.step for e in events.Scalars("eval/mean_reward")] == [16, 32, 48]
+
+    # Resumed without --eval-every: none played (what the user asked), said in a line.
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        train(resume_args(without, eval_every=0))
+    assert (
+        "resume: the evaluation of step 16, cut short in the last session, is left out: this session runs without "
+        "--eval-every"
+    ) in caplog.text
+    assert not any(key.startswith("eval/") for r in rundir.read_jsonl(without / rundir.METRICS) for key in r)
 
 
 def test_the_served_gauge_is_the_last_evaluation_s_mean_return() -> None:

@@ -25,6 +25,7 @@ import torch
 
 from learner import rundir
 from learner.capture import video_path
+from learner.checkpoint import load_checkpoint
 from learner.cli import main
 from learner.config import Args
 from learner.envs import FleetSpec, open_fleet
@@ -158,11 +159,13 @@ def test_a_run_stopped_before_its_end_is_not_filmed_at_its_end(tmp_path: Path, m
     assert not (run / VIDEOS).exists()
 
 
-def test_ctrl_c_during_a_video_stops_the_run_as_during_an_evaluation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_ctrl_c_during_a_video_stops_the_run_and_resume_films_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The Ctrl-C comes at the 2nd step of the first video (after update 1's evaluation, step 16): that video is left
-    # out (not written), and the run stops there with the checkpoint of update 1. Resumed, it films on from there.
+    # out (not written), and the run stops there with the checkpoint of update 1, which says the video is due (its
+    # counters' due). Resumed, the run filmed on from step 32, and step 16 never got a video; it is filmed first now,
+    # the GIF the uninterrupted run wrote. A session without --capture-video films none, and says so.
     common = {**_resumable(), "checkpoint_every": 1, "eval_every": 16, "eval_episodes": 2, "capture_video": True}
     full = tmp_path / "full"
     train(Args(**common, run_dir=str(full)))
@@ -172,11 +175,25 @@ def test_ctrl_c_during_a_video_stops_the_run_as_during_an_evaluation(
     assert summary["stop_reason"] == "interrupted" and summary["total_steps"] == 16 and summary["updates"] == 1
     assert summary["videos"] == [] and not list((part / VIDEOS).glob("*"))
     assert [p.name for p in rundir.list_checkpoints(part)] == ["step-0000000016.pt"]
-    train(resume_args(part))
-    assert _videos(part) == [f"step-{step:010d}.gif" for step in (32, 48)]
+    assert load_checkpoint(rundir.checkpoint_path(part, 16))["counters"]["due"] == ["video"]
+    without = tmp_path / "without"
+    shutil.copytree(part, without)
+    with caplog.at_level(logging.INFO):
+        summary = train(resume_args(part))
+    assert "resume: the video of step 16, cut short in the last session, first" in caplog.text
+    assert summary["videos"] == [f"videos/step-{step:010d}.gif" for step in (16, 32, 48)]
     assert _no_timing(rundir.read_jsonl(part / rundir.METRICS)) == _no_timing(rundir.read_jsonl(full / rundir.METRICS))
-    for step in (32, 48):
+    for step in (16, 32, 48):
         assert video_path(part, step).read_bytes() == video_path(full, step).read_bytes(), step
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        train(resume_args(without, capture_video=False))
+    assert (
+        "resume: the video of step 16, cut short in the last session, is left out: this session runs without "
+        "--capture-video"
+    ) in caplog.text
+    assert not (without / VIDEOS).exists()
 
 
 def test_a_resumed_run_films_on_at_its_own_steps(tmp_path: Path) -> None:
@@ -233,17 +250,26 @@ def test_a_run_resumed_from_an_older_checkpoint_sets_its_later_videos_aside(
 
 
 @RENDERS_WITH_PYGAME
-def test_a_run_killed_during_its_end_video_has_its_last_checkpoint_all_the_same(tmp_path: Path) -> None:
+def test_a_run_killed_during_its_end_video_has_its_last_checkpoint_and_resume_films_it(tmp_path: Path) -> None:
     # A run at its --total-timesteps filmed its last nets before its last checkpoint was written: a learner SIGKILLed
     # during that video (a Pendulum episode of 200 frames here; a MuJoCo one of 1,000 takes a minute) left the
     # checkpoint of --checkpoint-every's last due update (here the first: every 1,000), and a resume redid the rest.
-    # The last checkpoint is written first now: the run is done.
-    run = tmp_path / "run"
-    argv = ["--env", "Pendulum-v1", "--backend", "gym", "--num-envs", "2", "--num-steps", "16"]
+    # The last checkpoint is written first now, saying the video is due; --resume then said "nothing to do", and
+    # the run had no video of its end. It films it now (the uninterrupted run's GIF), and ends, done.
+    run, full = tmp_path / "run", tmp_path / "full"
+    argv = ["--env", "Pendulum-v1", "--backend", "gym", "--num-envs", "2", "--num-steps", "16", "--norm-obs"]
     argv += ["--total-timesteps", "96", "--checkpoint-every", "1000", "--checkpoint-seconds", "0", "--capture-video"]
-    kill_when_said([*argv, "--no-tensorboard", "--no-plot", "--run-dir", str(run)], b"recording a video at step 96")
+    argv += ["--no-tensorboard", "--no-plot"]
+    kill_when_said([*argv, "--run-dir", str(run)], b"recording a video at step 96")
     assert rundir.list_checkpoints(run)[-1] == rundir.checkpoint_path(run, 96)
     assert not video_path(run, 96).exists()  # (killed while it played)
+    assert load_checkpoint(rundir.checkpoint_path(run, 96))["counters"]["due"] == ["video"]
+    summary = train(resume_args(run, progress=False))
+    assert summary["stop_reason"] == "total_timesteps" and summary["videos"] == ["videos/step-0000000096.gif"]
+    train(like_args(run, run_dir=str(full), progress=False))
+    assert video_path(run, 96).read_bytes() == video_path(full, 96).read_bytes()
+    # The end's video alone wrote the last checkpoint once: it still says the video is due, but its GIF is there.
+    assert load_checkpoint(rundir.checkpoint_path(full, 96))["counters"]["due"] == ["video"]
     with pytest.raises(ValueError, match=r"already has 96 env steps, so 96 leaves nothing to do"):
         train(resume_args(run, progress=False))
 
