@@ -110,6 +110,9 @@ class VideoCapture:
     """Where the run is shown: its progress bar or lines say each video while it is recorded
     (:meth:`Recorder.recording_video <learner.records.Recorder.recording_video>`), as an evaluation is said, then
     the last update's figures again. None: not said."""
+    total_timesteps: int | None = None
+    """--total-timesteps: the run's last update is at or past it, and its nets are filmed as the run ends
+    (:meth:`at_end`). None: not known."""
     failed: bool = dataclasses.field(default=False, init=False)
     """Whether a video failed (said once): no more are recorded."""
     recorded: list[Path] = dataclasses.field(default_factory=list, init=False)
@@ -162,6 +165,13 @@ class VideoCapture:
         finally:
             restore_rng(rng)
         return spec
+
+    def at_end(self, step: int) -> bool:
+        """Whether the update at env step ``step`` is the run's last (--total-timesteps reached), whose nets are
+        filmed as the run ends and not yet: its checkpoint says the video is due (Counters.due), so that a learner
+        killed while it plays films it on --resume."""
+        total = self.total_timesteps
+        return total is not None and step >= total and not self.failed and step != self.last_step
 
     def record(self, step: int, state: dict[str, Any] | None = None) -> Path | None:
         """The video of the nets as they are now, those of the update at env step ``step``, at

@@ -1543,7 +1543,7 @@ def _finish_update(
     result = future.result()  # re-raises what the update raised
     # (its period: to the end of its rollout, the steps since being the next rollout's)
     as_of = (rollout_info["ended_at"], rollout_info["global_step"])
-    evaluation = _evaluation(evaluator, rollout_info, state, video)
+    evaluation = _evaluation(evaluator, rollout_info, state, video, checkpointer.counters)
     recorder.record(result, rollout_info, as_of=as_of, evaluation=evaluation)
     checkpointer.finished(state)
 
@@ -1553,20 +1553,22 @@ def _evaluation(
     rollout_info: dict[str, Any],
     state: dict[str, Any] | None = None,
     video: VideoCapture | None = None,
+    counters: Counters | None = None,
 ) -> dict[str, Any] | None:
     """--eval-every: the eval/ columns of the update that learned from the rollout ``rollout_info`` describes,
     evaluated now where one is due there (the nets just updated); None where none is. ``state``: --overlap-update's
     state as of that rollout's end (the run has collected the next rollout since: see PeriodicEval.run).
     --capture-video (``video``): the video of the same nets (and --norm-obs statistics) after the evaluation.
 
-    What a stop (Ctrl-C, SIGTERM, SIGHUP) cut short of them is due at that step (Counters.due: the run's counters,
-    and ``state``'s), which the step's checkpoint holds and a --resume does first; nothing is otherwise."""
+    What a stop (Ctrl-C, SIGTERM, SIGHUP) cut short of them is due at that step (Counters.due: the run's
+    ``counters``, and ``state``'s), which the step's checkpoint holds and a --resume does first; so is the run's end
+    video, at its last update (--total-timesteps reached) where no evaluation filmed it: the step's checkpoint (the
+    run's last) says so as it is written, and the end's write is not one more for it (Checkpointer._on_disk). Nothing
+    is due otherwise."""
     step = int(rollout_info["global_step"])
-    if evaluator is None:
-        return None
     due: list[str] = []
     evaluation = None
-    if evaluator.due(step):
+    if evaluator is not None and evaluator.due(step):
         evaluation = evaluator.run(step, state)
         if evaluator.stopped:
             due.append("eval")
@@ -1577,7 +1579,10 @@ def _evaluation(
             video.record(step, state)
             if video.stopped:
                 due.append("video")
-    evaluator.counters.due = due
+    if video is not None and "video" not in due and video.at_end(step):
+        due.append("video")
+    if counters is not None:
+        counters.due = due
     if state is not None:
         state["counters"]["due"] = list(due)
     return evaluation
@@ -1678,7 +1683,7 @@ class _Updater:
             # found while the batch is made leaves the nets as of the last update, checkpointed).
             checkpointer.updating = True
             result = ppo_update(agent, self.optimizer, batch, self.hp, learning_rate=learning_rate, clip_coef=clip_coef)
-            evaluation = _evaluation(self.evaluator, rollout_info, video=self.video)
+            evaluation = _evaluation(self.evaluator, rollout_info, video=self.video, counters=self.counters)
             recorder.record(result, rollout_info, evaluation=evaluation)
             checkpointer.finished(checkpointer.rollout_state())
             _tell(self.on_update, recorder)
@@ -1689,6 +1694,12 @@ class _Updater:
             in_flight, self.pending = self.pending, None
             _finish_update(in_flight, recorder, checkpointer, self.evaluator, self.video)
             _tell(self.on_update, recorder)
+            if self.counters.due:
+                # A stop cut its evaluation or video short (due at its step): the run stops at that update, as
+                # without --overlap-update, the rollout just collected not learned from (as a Ctrl-C in a rollout
+                # leaves one), so that its checkpoint is that update's, which --resume evaluates first. (Learning
+                # from it too, the run's last checkpoint was of the next update, and that evaluation was lost.)
+                return
         self.actor.load_state_dict(agent.state_dict())
         checkpointer.updating = True
         self.counters.seconds = time.perf_counter() - self.start_time  # (as of this rollout's end)
@@ -2218,6 +2229,7 @@ def train(
                 seed=args.seed,
                 tracker=tracker,
                 shown=recorder,
+                total_timesteps=hp.total_timesteps,
             )
             if updater.evaluator is not None:  # (its warnings of evaluations left out say the videos go on, or not)
                 updater.evaluator.filming = functools.partial(_filming, updater.video)
