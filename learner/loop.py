@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import inspect
 import threading
 import weakref
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from types import FrameType
 from typing import Any, Protocol, TypeVar, cast
 
 import grpc.aio
@@ -17,6 +20,7 @@ from learner import interrupts
 __all__ = ["LoopRunner", "gather"]
 
 T = TypeVar("T")
+A = TypeVar("A", bound=Awaitable[Any])  # (a coroutine, a future, ...)
 
 _local = threading.local()
 _background: LoopRunner | None = None
@@ -45,8 +49,8 @@ class Readable(Protocol):
         """Whether all of it is in (or it failed): nothing more to read."""
 
 
-async def _create_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    return asyncio.get_running_loop().create_task(coro)
+async def _create_task(call: Coroutine[Any, Any, T] | Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task[T]:
+    return asyncio.get_running_loop().create_task(_made(call))
 
 
 class LoopRunner:
@@ -104,51 +108,79 @@ class LoopRunner:
             return runner
         return _background_runner()
 
-    def run(self, awaitable: Awaitable[T]) -> T:
-        """Run ``awaitable`` on the loop until it is done; return its result or raise its exception.
+    def run(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> T:
+        """Run ``call`` on the loop until it is done; return its result or raise its exception.
+
+        ``call``: best a function that makes the coroutine (``lambda: self._connect(...)``), called here, where an
+        interrupt cannot lose what it made. A coroutine made by the caller and handed over as it is was lost to a
+        Ctrl-C handled as this method was entered (CPython runs a signal's handler as a function starts, and at
+        the calls in it): never run, nor closed, it said "RuntimeWarning: coroutine ... was never awaited" on
+        stderr as it was collected. (Still taken, for the tests' and a notebook's one-off calls: closed if the
+        interrupt comes once inside, not if it comes as this method is entered.)
 
         Interrupted (Ctrl-C while it waits), the call is cancelled, and its cleanup run, before the
         interrupt goes on: left pending, it would resume at the loop's next run, unseen (a connect then
         claims a server for an env nobody holds)."""
-        if self._thread is None:
-            return self._run_until_complete(awaitable)
-        # On the background loop: the call's own task, whose end (its cleanup included) the caller waits
-        # for (run_coroutine_threadsafe's future, cancelled, is done at once, the task still running).
+        try:
+            if self._thread is None:
+                return self._run_until_complete(call)
+            return self._run_in_background(call)
+        except BaseException:
+            _close_unstarted(call)  # (a coroutine handed over, interrupted before it was made a task: see above)
+            raise
+
+    def _run_in_background(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> T:
+        """:meth:`run` on the background loop."""
+        # The call's own task, whose end (its cleanup included) the caller waits for (run_coroutine_threadsafe's
+        # future, cancelled, is done at once, the task still running).
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
         started: list[asyncio.Future[T]] = []
+        awaitable: Awaitable[T] | None = None
 
         def start() -> None:  # (on the loop's thread)
-            task = asyncio.ensure_future(awaitable, loop=self.loop)
+            task = asyncio.ensure_future(awaitable, loop=self.loop)  # type: ignore[arg-type]  # (made below)
             started.append(task)
             task.add_done_callback(lambda _: _settle(task, done))
 
-        self.loop.call_soon_threadsafe(start)
+        scheduled = False
         try:
+            with interrupts.interrupts_held():  # (made and handed to the loop whole: an interrupt raised after)
+                awaitable = _made(call)
+                self.loop.call_soon_threadsafe(start)
+                scheduled = True
             return done.result()
         except BaseException:
-            if not done.done():  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
-                self.loop.call_soon_threadsafe(lambda: started[0].cancel())
+            if not scheduled:  # (an interrupt not held: Python's own handler, a thread's; or _made's own error)
+                _close_unstarted(awaitable)
+            elif not done.done():  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
+                self.loop.call_soon_threadsafe(lambda: _cancel(started[0]))
                 concurrent.futures.wait([done])
             raise
 
-    def _run_until_complete(self, awaitable: Awaitable[T]) -> T:
-        """Run this thread's loop until ``awaitable`` is done: in this thread, or, where this thread now
-        runs an event loop of its own (an env made outside ``asyncio.run`` and used, or closed, inside
+    def _run_until_complete(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> T:
+        """Run this thread's loop until ``call`` (as :meth:`run` takes it) is done: in this thread, or, where this
+        thread now runs an event loop of its own (an env made outside ``asyncio.run`` and used, or closed, inside
         it), on a helper thread for the call: a thread cannot run two loops, and gRPC's channels stay
         bound to the loop they were made on."""
         running = asyncio._get_running_loop()
         if running is self.loop:  # a re-entrant call, which the loop refuses (scheduling nothing)
-            return self.loop.run_until_complete(awaitable)
+            refused = _made(call)
+            try:
+                return self.loop.run_until_complete(refused)
+            finally:
+                _close_unstarted(refused)
         if running is None:
             with self._running:
+                awaitable: Awaitable[T] | None = None
                 task: asyncio.Future[T] | None = None
                 try:
-                    # Scheduled whole or not at all: a Ctrl-C inside ensure_future (Python's signal handlers run
-                    # at its calls) could come after the task was made, or scheduled, but before it was ``task``
-                    # here; then closed below, it ran at the loop's next run on a closed coroutine ("Task
-                    # exception was never retrieved", or "Task was destroyed but it is pending!", logged).
+                    # Made and scheduled whole or not at all: a Ctrl-C inside ensure_future (Python's signal
+                    # handlers run at its calls) could come after the task was made, or scheduled, but before it
+                    # was ``task`` here; then closed below, it ran at the loop's next run on a closed coroutine
+                    # ("Task exception was never retrieved", or "Task was destroyed but it is pending!", logged).
                     # Held, the interrupt is raised as the block ends, the task known: cancelled below.
                     with interrupts.interrupts_held():
+                        awaitable = _made(call)
                         task = asyncio.ensure_future(awaitable, loop=self.loop)
                     result = self.loop.run_until_complete(task)
                     # (an interrupt asked for as the call ended, its callback left for the loop's next run)
@@ -156,12 +188,11 @@ class LoopRunner:
                     return result
                 except BaseException as err:
                     if task is None:  # (a Ctrl-C as the call began: nothing was scheduled, nothing ran)
-                        if asyncio.iscoroutine(awaitable):
-                            awaitable.close()  # (else "coroutine ... was never awaited")
+                        _close_unstarted(awaitable)  # (else "coroutine ... was never awaited")
                         raise
                     _drop_stale_stops(self.loop, task)
                     if not task.done():  # Ctrl-C (KeyboardInterrupt) while the loop ran: see run
-                        task.cancel()
+                        _cancel(task)
                         # (its own end, or a second Ctrl-C that stops a cleanup that hangs, is beside the point)
                         with contextlib.suppress(BaseException):
                             self.loop.run_until_complete(task)
@@ -176,11 +207,22 @@ class LoopRunner:
                             raise
                     raise
         outcome: list[Any] = []
-        task = asyncio.ensure_future(awaitable, loop=self.loop)
+        awaitable = task = None
+        try:
+            with interrupts.interrupts_held():  # (as above)
+                awaitable = _made(call)
+                task = asyncio.ensure_future(awaitable, loop=self.loop)
+        except BaseException:
+            if task is None:
+                _close_unstarted(awaitable)
+            else:  # (it runs, cancelled, on the loop's next run)
+                _cancel(task)
+            raise
+        scheduled = task
 
         def drive() -> None:
             try:
-                outcome.append((True, self.loop.run_until_complete(task)))
+                outcome.append((True, self.loop.run_until_complete(scheduled)))
             except BaseException as err:  # handed to the caller's thread
                 outcome.append((False, err))
 
@@ -189,7 +231,7 @@ class LoopRunner:
         try:
             helper.join()
         except BaseException:  # Ctrl-C in the caller's thread: end the call, so that the loop is free again
-            self.loop.call_soon_threadsafe(task.cancel)
+            self.loop.call_soon_threadsafe(_cancel, scheduled)
             helper.join()
             raise
         ok, value = outcome[0]
@@ -197,35 +239,46 @@ class LoopRunner:
             raise value
         return cast(T, value)
 
-    def run_or_schedule(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` to completion, or, where that would block the loop itself (a finalizer called
-        while the loop runs) or take it from the thread that runs it (a finalizer called by a garbage
-        collection on another thread), schedule it to finish on the loop's next run."""
+    def run_or_schedule(self, call: Coroutine[Any, Any, Any] | Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run ``call`` (as :meth:`run` takes it) to completion, or, where that would block the loop itself (a
+        finalizer called while the loop runs) or take it from the thread that runs it (a finalizer called by a
+        garbage collection on another thread), schedule it to finish on the loop's next run. (A function that
+        makes the coroutine is called only then: where the loop never runs again, the process ending, nothing
+        was made that says it was never awaited.)"""
         if self._thread is not None:
             if threading.current_thread() is self._thread:
-                self.loop.call_soon_threadsafe(self._keep, coro)
+                self.loop.call_soon_threadsafe(self._keep, call)
             else:
-                self.run(coro)
+                self.run(call)
             return
         if self.loop.is_running() or not self._running.acquire(blocking=False):
-            self.loop.call_soon_threadsafe(self._keep, coro)  # (another thread runs the loop: on its next run)
+            self.loop.call_soon_threadsafe(self._keep, call)  # (another thread runs the loop: on its next run)
             return
         try:
-            self.run(coro)
+            self.run(call)
         finally:
             self._running.release()
 
-    def _keep(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _keep(self, call: Coroutine[Any, Any, Any] | Callable[[], Coroutine[Any, Any, Any]]) -> None:
         # The loop holds tasks weakly: keep a reference until the task is done.
-        task = self.loop.create_task(coro)
+        task = self.loop.create_task(_made(call))
         self._scheduled.add(task)
         task.add_done_callback(self._scheduled.discard)
 
-    def create_task(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        """Schedule ``coro`` on the loop; it starts at the next :meth:`run` or :meth:`spin`."""
-        if self._thread is None:
-            return self.loop.create_task(coro)
-        return self.run(_create_task(coro))
+    def create_task(self, call: Coroutine[Any, Any, T] | Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task[T]:
+        """Schedule ``call`` (as :meth:`run` takes it) on the loop; it starts at the next :meth:`run` or
+        :meth:`spin`."""
+        if self._thread is not None:
+            return self.run(functools.partial(_create_task, call))
+        task: asyncio.Task[T] | None = None
+        try:
+            with interrupts.interrupts_held():  # (made and scheduled whole, and known here: see _run_until_complete)
+                task = self.loop.create_task(_made(call))
+        except BaseException:
+            if task is not None:  # (the interrupt, held, came as it was made: it never starts, not unseen)
+                _cancel(task)
+            raise
+        return task
 
     def wait(self, tasks: list[asyncio.Task[Any]], timeout: float, reading: Sequence[Readable] = ()) -> None:
         """Run the loop until every task is done, or ``timeout`` seconds passed: then cancel the rest.
@@ -236,7 +289,7 @@ class LoopRunner:
         if all(t.done() for t in tasks):
             return
         if reading:
-            self.run(_reading(_wait_or_cancel(tasks, timeout), reading))
+            self.run(lambda: _reading(_wait_or_cancel(tasks, timeout), reading))
             return
         # On the background loop, or where this thread runs a loop of its own (see _run_until_complete): the
         # wait as a coroutine on this runner's loop. asyncio.gather made here would bind to the thread's running
@@ -244,7 +297,7 @@ class LoopRunner:
         # (A re-entrant call, from this loop's own callbacks, goes on below: the loop refuses it, as before.)
         running = asyncio._get_running_loop()
         if self._thread is not None or (running is not None and running is not self.loop):
-            self.run(_wait_or_cancel(tasks, timeout))
+            self.run(lambda: _wait_or_cancel(tasks, timeout))
             return
         # The lightest way to wait in the caller's thread (no extra task; measured ~100 us per step
         # cheaper than asyncio.wait): one future for all, and a timer that cancels what is left.
@@ -268,8 +321,42 @@ class LoopRunner:
     def spin(self) -> None:
         """Let tasks that are ready run up to their next wait (e.g. hand a message to gRPC), then return."""
         if self._thread is None:
-            self._run_until_complete(asyncio.sleep(0))
+            self._run_until_complete(_a_turn)
         # A background loop runs by itself.
+
+
+def _made(call: A | Callable[[], A]) -> A:
+    """What ``call`` (see :meth:`LoopRunner.run`) stands for: the awaitable its function makes, made now; or itself."""
+    return call() if callable(call) else call
+
+
+def _a_turn() -> Awaitable[None]:
+    """One turn of the loop (:meth:`LoopRunner.spin`), made where :meth:`LoopRunner.run` makes its calls."""
+    return asyncio.sleep(0)
+
+
+def _close_unstarted(awaitable: object, *, itself: bool = True) -> None:
+    """Close ``awaitable`` where it is a coroutine that never started (nor will: the call it was made for was
+    interrupted before it ran), and first the coroutines it was given that never started either (:func:`gather`'s,
+    :func:`_create_task`'s, :func:`_reading`'s): a coroutine dropped unstarted, or closed so, drops its arguments,
+    and each one said "RuntimeWarning: coroutine ... was never awaited" on stderr as it was collected. ``itself``:
+    False for a task's coroutine, which the task's cancellation ends (see :func:`_cancel`)."""
+    if not inspect.iscoroutine(awaitable) or inspect.getcoroutinestate(awaitable) != inspect.CORO_CREATED:
+        return
+    for value in cast(FrameType, awaitable.cr_frame).f_locals.values():  # (its arguments, as it has not started)
+        for given in value if isinstance(value, tuple | list) else (value,):
+            _close_unstarted(given)
+    if itself:
+        awaitable.close()
+
+
+def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task``, an interrupted call's. Cancelled before its first step (the interrupt came as it was
+    scheduled, or before the loop ran it), its coroutine is ended where it begins, and what it was given never
+    runs: those coroutines are closed first (see :func:`_close_unstarted`)."""
+    if isinstance(task, asyncio.Task):
+        _close_unstarted(task.get_coro(), itself=False)
+    task.cancel()
 
 
 def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T]) -> None:
@@ -342,7 +429,7 @@ def _background_runner() -> LoopRunner:
             # while this loop (which runs on) may be handling its poller's socket: then the loop printed
             # "OSError: [Errno 9] Bad file descriptor" from PollerCompletionQueue._handle_events at a
             # script's exit, now and then. One more reference on it keeps it up for the process's life.
-            _background.run(_hold_grpc_aio())
+            _background.run(_hold_grpc_aio)
         return _background
 
 

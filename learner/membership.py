@@ -249,7 +249,11 @@ class FleetMembership:
             c for c in leave if replicas[id(c)].state is ReplicaState.UP and (c.address in dropped or c.session_ended)
         ]
         ask = [c for c in gone if c.session_ended]
-        said = self._runner.run(gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True)) if ask else []
+        said = (
+            self._runner.run(lambda: gather(*(c.ended_by_shutdown() for c in ask), return_exceptions=True))
+            if ask
+            else []
+        )
         told = {id(c) for c, answer in zip(ask, said, strict=True) if answer is True}
         for client in gone:
             self._count_gone(client, replicas[id(client)], planned=id(client) in told)
@@ -257,11 +261,11 @@ class FleetMembership:
         self._let_go(leave, replicas)
         self._forget_aliases(stay, resolved if listed else None)
         wanted = [a for a in resolved if a not in {c.address for c in stay} and a not in self._aliases]
-        joined = self._runner.run(self._join(wanted, wait, listed=listed))
+        joined = self._runner.run(lambda: self._join(wanted, wait, listed=listed))
         if not stay and not joined:
             # Every connection dropped at once (an overloaded host, a network blip): give the servers
             # connect_timeout to answer again before giving up.
-            joined = self._runner.run(self._join(wanted, self.connect_timeout, everyone=True, listed=listed))
+            joined = self._runner.run(lambda: self._join(wanted, self.connect_timeout, everyone=True, listed=listed))
         if not leave and not joined and self._stale is None:
             return None
         resets, failed = self._restart(stay, joined, replicas)
@@ -363,7 +367,7 @@ class FleetMembership:
             if replica is not None and replica.reconnect_task is not None:
                 replica.reconnect_task.cancel()  # (it would go on reconnecting a closed channel)
         if clients:
-            self._runner.run(gather(*(c.close() for c in clients), return_exceptions=True))
+            self._runner.run(lambda: gather(*(c.close() for c in clients), return_exceptions=True))
 
     def _restart(
         self, stay: list[EnvClient], joined: list[EnvClient], replicas: dict[int, Replica]
@@ -372,7 +376,9 @@ class FleetMembership:
         the last step or reset failed, every env. Returns each reset server's observations and infos
         (by address), and the servers whose reset failed (or could not be read)."""
         restart = [*stay, *joined] if self._stale is not None else joined
-        results = self._runner.run(gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True))
+        results = self._runner.run(
+            lambda: gather(*(c.reset(None, None, None) for c in restart), return_exceptions=True)
+        )
         resets: dict[str, tuple[Any, dict[str, Any]]] = {}
         failed: list[EnvClient] = []
         for client, response in zip(restart, results, strict=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -101,7 +102,7 @@ class FleetOutages:
         said = []
         if ask:
             said = self._runner.run(
-                gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
+                lambda: gather(*(self._clients[i].ended_by_shutdown() for i in ask), return_exceptions=True)
             )
         told = {i for i, answer in zip(ask, said, strict=True) if answer is True}
         # (raised once every server is marked: none left up with its step failed)
@@ -249,7 +250,8 @@ class FleetOutages:
         if replica.reconnect_task is not None and not replica.reconnect_task.done():
             self._runner.cancel([replica.reconnect_task])  # (one reconnect per server at a time)
         replica.reconnect_task = self._runner.create_task(
-            reconnect(
+            functools.partial(
+                reconnect,
                 replica,
                 timeout=self.timeout,
                 connect_timeout=self.connect_timeout,
@@ -284,7 +286,7 @@ class FleetOutages:
         if any(r.state is not ReplicaState.DOWN for r in self._replicas):
             return
         self._rejoined.clear()
-        self._runner.run(_wait_event(self._rejoined, min(self.timeout, 1.0)))
+        self._runner.run(lambda: _wait_event(self._rejoined, min(self.timeout, 1.0)))
 
     def _check_anything_left(self) -> None:
         """Fault-tolerant: raise once every server is down and has answered no step for ``give_up_after`` seconds.

@@ -353,7 +353,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         # One connect_timeout for all: replicas still starting (compose:), then connections and handshakes.
         deadline = time.monotonic() + self.connect_timeout
         endpoints = self._first_endpoints(addresses, num_groups)
-        self._clients = self._runner.run(self._connect(endpoints, deadline))
+        self._clients = self._runner.run(lambda: self._connect(endpoints, deadline))
         self._check_specs()
         self._read_spec()
         self._lay_out(num_groups)
@@ -726,7 +726,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             ended = [c for c in self._clients if c.session_ended and self._resets_all_of(c, mask, "reset")]
             if ended:
                 # (all settled before the first error is raised: none left half done on the loop)
-                renewed = self._runner.run(gather(*(self._renew_session(c) for c in ended), return_exceptions=True))
+                renewed = self._runner.run(
+                    lambda: gather(*(self._renew_session(c) for c in ended), return_exceptions=True)
+                )
                 self._share_cpus()
                 raise_first([r for r in renewed if isinstance(r, BaseException)])
 
@@ -753,7 +755,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         under_way = {i: envs for i, envs in rest.items() if self._replicas[i].state is ReplicaState.UP}
         hint = RESET_WAIT_TIMEOUT_HINT if timeout is not None else None  # (only reset_wait gives one)
         results = self._runner.run(
-            gather(
+            lambda: gather(
                 *(self._clients[i].send_reset(request, timeout, hint) for i, request in calls), return_exceptions=True
             )
         )
@@ -1069,7 +1071,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
                 # Steps over gRPC need the loop to run; beside step-socket steps, it runs a
                 # millisecond at a time between looks at the sockets.
                 wait = remaining if not sockets else min(remaining, 0.001)
-                self._runner.run(asyncio.wait(on_loop, timeout=wait, return_when=asyncio.FIRST_COMPLETED))
+                self._runner.run(
+                    functools.partial(asyncio.wait, on_loop, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                )
             if sockets:
                 poller = select.poll()  # (not select.select: it fails on file descriptors >= 1024)
                 by_fd = {step.fileno(): step for step in sockets}
@@ -1094,7 +1098,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         opening = [i for i in started if self._clients[i].writing]
         if not opening:
             return
-        self._runner.run(_until_written([self._clients[i] for i in opening], self.timeout))
+        self._runner.run(lambda: _until_written([self._clients[i] for i in opening], self.timeout))
         now = time.monotonic()
         for i in opening:
             self._due[i] = (now + self._due[i][1], self._due[i][1])
@@ -1154,7 +1158,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
             for i, request in zip(sending, requests, strict=True):
                 client = self._clients[i]
                 sent = client.send_on_socket(request) or self._runner.create_task(
-                    _exchange(client, request, time.perf_counter())
+                    functools.partial(_exchange, client, request, time.perf_counter())
                 )
                 if isinstance(sent, SocketStep):  # (for its timeout's message: longer where envs reset)
                     sent.timeout, sent.hint = timeout, self._step_hint(timeout)
@@ -1526,7 +1530,9 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         their clients step over gRPC from now on (see SocketStep). Once per session at most. Until the
         step's ``deadline`` (``time.monotonic()``; a moment at least): the step takes ``timeout`` in all."""
         resent = {
-            i: self._runner.create_task(_exchange(self._clients[i], step.request, time.perf_counter()))
+            i: self._runner.create_task(
+                functools.partial(_exchange, self._clients[i], step.request, time.perf_counter())
+            )
             for i, step in refused.items()
         }
         tasks.update(resent)  # (so that an interrupted wait cancels them: see _finish)
@@ -2016,7 +2022,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         self._in_flight = [False] * len(getattr(self, "_groups", ()))
         self._state = AsyncState.DEFAULT
         with contextlib.suppress(Exception):
-            self._runner.run_or_schedule(_close_all(self._clients + joining, tasks))
+            self._runner.run_or_schedule(functools.partial(_close_all, self._clients + joining, tasks))
 
     def __enter__(self) -> RemoteVectorEnv:
         return self

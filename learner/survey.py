@@ -107,7 +107,7 @@ def survey(
     # (on this thread's LoopRunner, as a fleet's calls: a Ctrl-C then never lands inside one of gRPC's
     # callbacks, which would swallow it and leave its call's task waiting for ever; and from a notebook,
     # whose own loop runs in this thread, it works, where asyncio.run refused)
-    return LoopRunner.for_this_thread().run(ask_all())
+    return LoopRunner.for_this_thread().run(ask_all)
 
 
 async def _ask(

@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
+from typing import Any
 
 import grpc
 import pytest
@@ -408,15 +409,108 @@ def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call(
     assert runner.run(_a_later_call()) == "done"
 
 
-def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(runner: LoopRunner) -> None:
-    """A Ctrl-C handled at each Python call in turn of one ``run`` (where CPython runs a signal's handler: here
-    :func:`learner.interrupts.interrupt`, as take_ctrl_c's handler does, raising it at once or leaving it for the
-    loop): whatever the point, the call is not left scheduled to run at the loop's next run, and the loop logs
-    nothing. Raised inside ensure_future, after the task was made or scheduled but before ``_run_until_complete``
-    knew it, the call's coroutine was closed and its task ran at the next call all the same, "Task exception was
-    never retrieved" (RuntimeError: cannot reuse already awaited coroutine), or was destroyed pending ("Task was
-    destroyed but it is pending!"). (A Ctrl-C as ``run`` itself is entered leaves a coroutine never awaited, as it
-    would any function's argument: nothing was scheduled.)"""
+def _interrupted_at_call(point: int, call: Callable[[], Any]) -> tuple[bool, Any]:
+    """``call()`` with a Ctrl-C handled as its ``point``-th Python call (counting the call of each function, where
+    CPython runs a signal's handler: at its start) begins: :func:`learner.interrupts.interrupt`, as take_ctrl_c's
+    handler does, raising it at once or leaving it for the loop (or for the end of an ``interrupts_held`` block).
+    Returns whether it was interrupted, and what it returned. RuntimeWarnings (Python's "coroutine ... was never
+    awaited", said as a coroutine never run is collected) are errors meanwhile; those raised as an object dies,
+    which Python cannot raise, fail the test here."""
+    unraisable: list[str] = []
+    weakref_file = _weakrefset.__file__
+    calls = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        # (not in a WeakSet's callbacks, run as objects die: an interrupt there is Python's "Exception ignored")
+        if event == "call" and frame.f_code.co_filename != weakref_file:
+            calls += 1
+            if calls == point:
+                learner.interrupts.interrupt()
+        return None
+
+    before, hook = sys.gettrace(), sys.unraisablehook
+    interrupted, returned = False, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        sys.unraisablehook = lambda raised: unraisable.append(f"{raised.exc_type.__name__}: {raised.exc_value}")
+        # (no garbage collection while it is traced: a finalizer it ran, a generator of pytest's closed, would be
+        # counted, and take the interrupt)
+        gc.collect()
+        gc.disable()
+        try:
+            sys.settrace(tracer)
+            try:
+                returned = call()
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(before)
+                gc.enable()
+            gc.collect()  # (a task made but never scheduled, a coroutine never run, says so as it is collected)
+        finally:
+            sys.unraisablehook = hook
+    assert unraisable == [], f"interrupted at call {point}"
+    return interrupted, returned
+
+
+@pytest.mark.parametrize("what", ["a coroutine", "a gather of coroutines", "a coroutine on the background loop"])
+def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(runner: LoopRunner, what: str) -> None:
+    """A Ctrl-C handled at each Python call in turn of one ``run`` (see _interrupted_at_call), from the one of ``run``
+    itself on: whatever the point, the call is not left scheduled to run at the loop's next run, the loop logs
+    nothing, and no coroutine is left never awaited. Raised inside ensure_future, after the task was made or
+    scheduled but before ``_run_until_complete`` knew it, the call's coroutine was closed and its task ran at the
+    next call all the same, "Task exception was never retrieved" (RuntimeError: cannot reuse already awaited
+    coroutine), or was destroyed pending ("Task was destroyed but it is pending!"). Raised as ``run`` was entered,
+    the coroutine its caller had made for it was never closed: "RuntimeWarning: coroutine ... was never awaited"
+    on stderr (learner train's Ctrl-C, now and then); ``run`` now makes it itself, from the function it is given.
+    A gather's coroutines were left so too where the gather was closed, or its task cancelled, before it began. On
+    the background loop (a thread that runs a loop of its own: a notebook's), a run interrupted once its call was
+    handed to the loop waits for its end, as one interrupted while it waited did."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("interrupts are held in the main thread only")
+    if what.endswith("on the background loop"):
+        runner = learner.loop._background_runner()  # (the process's: its handler put back below)
+    ran: list[int] = []
+    logged: list[str] = []
+    runner.loop.set_exception_handler(lambda _, context: logged.append(str(context.get("message"))))
+    try:
+        _interrupt_each_call_of_a_run(runner, what, ran, logged)
+    finally:
+        runner.loop.set_exception_handler(None)
+
+
+def _interrupt_each_call_of_a_run(runner: LoopRunner, what: str, ran: list[int], logged: list[str]) -> None:
+
+    async def call(point: int) -> None:
+        ran.append(point)
+        await asyncio.sleep(0)
+
+    point, interrupted = 0, True
+    while interrupted:  # (until a point past the run's last call: it ran whole)
+        point += 1
+
+        def attempt(at: int = point) -> None:
+            if what == "a gather of coroutines":
+                runner.run(lambda: learner.loop.gather(call(at), call(at)))
+            else:
+                runner.run(lambda: call(at))
+
+        interrupted, _ = _interrupted_at_call(point, attempt)
+        if runner._thread is None:  # (the background loop's own tasks, others' included, run on)
+            assert not [t for t in asyncio.all_tasks(runner.loop) if not t.done()], point
+        ran_before = list(ran)
+        assert runner.run(_a_later_call()) == "done"
+        assert ran == ran_before, f"the call interrupted at call {point} ran later, unseen"
+        assert logged == [], f"interrupted at call {point}"
+    assert point > 10  # (the test reached inside ensure_future)
+
+
+def test_a_ctrl_c_at_any_call_of_create_task_leaves_no_task_unseen_nor_coroutine_unawaited(runner: LoopRunner) -> None:
+    """LoopRunner.create_task (a step's exchange with its server, a reconnect) interrupted at each Python call in
+    turn: the task is either returned, or never runs (cancelled before its first step); no coroutine is left
+    never awaited (made by the caller, its coroutine was lost to a Ctrl-C as create_task was entered), nothing is
+    logged. Then a run of the loop (the fleet's close) runs what was returned."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("interrupts are held in the main thread only")
     ran: list[int] = []
@@ -425,41 +519,48 @@ def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(runne
 
     async def call(point: int) -> None:
         ran.append(point)
-        await asyncio.sleep(0)
 
-    weakref_file = _weakrefset.__file__
     point, interrupted = 0, True
-    while interrupted:  # (until a point past the run's last call: it ran whole)
+    while interrupted:
         point += 1
-        calls = 0
 
-        def tracer(frame: FrameType, event: str, arg: object, at: int = point) -> None:
-            nonlocal calls
-            # (not in a WeakSet's callbacks, run as objects die: an interrupt there is Python's "Exception ignored")
-            if event == "call" and frame.f_code.co_filename != weakref_file:
-                calls += 1
-                if calls == at:
-                    learner.interrupts.interrupt()
-            return None
+        def attempt(at: int = point) -> asyncio.Task[None]:
+            return runner.create_task(lambda: call(at))
 
-        before = sys.gettrace()
-        with warnings.catch_warnings():  # (interrupted as run is entered: "coroutine ... was never awaited")
-            warnings.simplefilter("ignore", RuntimeWarning)
-            sys.settrace(tracer)
-            try:
-                runner.run(call(point))
-                interrupted = False
-            except KeyboardInterrupt:
-                pass
-            finally:
-                sys.settrace(before)
-            gc.collect()  # (a task made but never scheduled says so as it is collected)
-        assert not [t for t in asyncio.all_tasks(runner.loop) if not t.done()], point
-        ran_before = list(ran)
+        interrupted, task = _interrupted_at_call(point, attempt)
         assert runner.run(_a_later_call()) == "done"
-        assert ran == ran_before, f"the call interrupted at call {point} ran later, unseen"
+        assert interrupted or task.done()
+        assert ran == ([] if interrupted else [point]), f"interrupted at call {point}"
+        assert not [t for t in asyncio.all_tasks(runner.loop) if not t.done()], point
         assert logged == [], f"interrupted at call {point}"
-    assert point > 10  # (the test reached inside ensure_future)
+        ran.clear()
+    assert point > 3  # (the test reached inside the loop's create_task)
+
+
+def test_a_close_scheduled_for_a_loop_that_never_runs_again_leaves_no_coroutine_never_awaited() -> None:
+    """run_or_schedule from another thread while the owner runs its loop (a fleet's finalizer run by a garbage
+    collection there) schedules the close for the loop's next run; where there is none (the process ends), the
+    close it was given, a coroutine, was collected never awaited. A function that makes it is called only then."""
+    loop = asyncio.new_event_loop()
+    runner = LoopRunner(loop)
+    made: list[str] = []
+
+    async def close() -> None:
+        made.append("ran")
+
+    def make() -> Coroutine[Any, Any, None]:
+        made.append("made")
+        return close()
+
+    with runner._running:  # (the owner's thread runs the loop: a call from another thread is scheduled)
+        worker = threading.Thread(target=runner.run_or_schedule, args=(make,))
+        worker.start()
+        worker.join()
+    assert made == []
+    loop.close()  # (never run again)
+    del runner, loop
+    gc.collect()
+    assert made == []
 
 
 def test_an_interrupt_asked_for_as_a_call_fails_is_raised_by_that_call(runner: LoopRunner) -> None:
