@@ -257,12 +257,12 @@ def video_running_note(step: int, steps: int) -> str:
 
 
 def fleet_note(row: dict[str, Any]) -> str:
-    """What the progress bar and lines add after their figures while the fleet of env servers is degraded, from an
-    update's metrics row (as of the end of the rollout it learned from): the servers down of those in the fleet
-    (``faults/servers_down``: lost and being reconnected, found broken, or back but not stepping yet; of those and
-    the ones up, ``fleet/servers``), then the servers listed at the start that it went on without and that have not
-    joined since (``faults/servers_not_joined``): ``1 of 3 servers down``, ``1 of 3 servers down, 1 not joined``,
-    ``2 servers not joined``. "" while every server is up, and for envs without servers (--backend gym: a row
+    """What the progress bar (before its figures: :func:`bar_postfix`) and lines (after theirs) add while the fleet
+    of env servers is degraded, from an update's metrics row (as of the end of the rollout it learned from): the
+    servers down of those in the fleet (``faults/servers_down``: lost and being reconnected, found broken, or back
+    but not stepping yet; of those and the ones up, ``fleet/servers``), then the servers listed at the start that
+    it went on without and that have not joined since (``faults/servers_not_joined``): ``1 of 3 servers down``,
+    ``1 of 3 servers down, 1 not joined``, ``2 servers not joined``. "" while every server is up, and for envs without servers (--backend gym: a row
     without those keys), so that the usual bar and lines stay as they were. Else a fleet going on without some of
     its envs showed nothing but a lower SPS there: the warnings that say so at the time grow rarer as it stays so.
     (Servers listed at a later look-up that do not join are no part of the fleet yet: their warnings say so.)"""
@@ -329,11 +329,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def bar_postfix(sps: float | None, recent: float | None, fleet: str = "") -> str:
-    """What the training progress bar shows after its count: SPS and the recent mean return; then ``fleet``, what
-    a degraded fleet is missing (:func:`fleet_note`), where there is something to say."""
+def bar_postfix(sps: float | None, recent: float | None, note: str = "") -> str:
+    """What the training progress bar shows after its count: ``note`` first, where there is something to say (what a
+    degraded fleet is missing, :func:`fleet_note`; every server down, :func:`fleet_down_note`; an evaluation or a
+    video under way, :func:`eval_running_note`, :func:`video_running_note`), then SPS and the recent mean return
+    (``1 of 3 servers down, SPS 1,648, return 500.0``). The note before the figures, for all of them alike: tqdm
+    cuts the bar at the terminal's width, and a note after them was what a narrow terminal cut (on 80 columns,
+    ``0% 19.2k/100M steps, SPS 3,266, return 199.4, all 2 servers down for 10 s, wa``), the figures, which stay
+    the last update's, being what it can spare. (A fleet's partial outage, and a stopped run's last frame, still
+    came after them once the other notes came first.)"""
     shown = f"SPS {'-' if sps is None else f'{sps:,.0f}'}, return {'-' if recent is None else format_return(recent)}"
-    return f"{shown}, {fleet}" if fleet else shown
+    return f"{note}, {shown}" if note else shown
 
 
 class _TqdmHandler(logging.Handler):
@@ -589,8 +595,9 @@ def close_bar(
     the SPS of a run stopped mid-rollout counts the steps after its last update too. ``fleet``: the last
     update's :func:`fleet_note`, which the bar went on showing (the SPS of a run that ended with servers down
     is that of a smaller fleet), or, for a run that ended while every server was down, that outage
-    (:func:`fleet_down_note`, no longer waiting). ``evaluation``: the last evaluation's mean return, which the bar
-    went on showing too (:func:`eval_note`; None: none ran)."""
+    (:func:`fleet_down_note`, no longer waiting): before the figures, as the bar said it (:func:`bar_postfix`).
+    ``evaluation``: the last evaluation's mean return, which the bar went on showing too (:func:`eval_note`; None:
+    none ran)."""
     step, sps = summary["total_steps"], summary["sps"]
     if stop_reason == "stop_at_return":
         bar.total = step

@@ -467,8 +467,9 @@ class Recorder:
 
     def _bar_figures(self, sps: float, row: dict[str, Any]) -> str:
         """The bar's figures after its count as of the update of ``row`` (:meth:`record`'s, and
-        :meth:`add_evaluation`'s once a solved run's last nets are evaluated): ``sps``, the recent return, what the
-        fleet misses (:func:`~learner.progress.fleet_note`), the last evaluation's mean return."""
+        :meth:`add_evaluation`'s once a solved run's last nets are evaluated): what the fleet misses
+        (:func:`~learner.progress.fleet_note`), first, as every note of the bar is (see
+        :func:`~learner.progress.bar_postfix`), then ``sps``, the recent return, the last evaluation's mean return."""
         return bar_postfix(sps, row["episodic_return_mean"], fleet_note(row)) + eval_note(
             self.counters.eval_return_mean
         )
@@ -512,7 +513,7 @@ class Recorder:
             if now - self.outage_drawn >= max(OUTAGE_REDRAW_S, getattr(bar, "mininterval", 0.0)):
                 self.outage_drawn = now
                 sps, recent = row.get("sps"), row.get("episodic_return_mean")
-                postfix = f"{note}, {bar_postfix(sps, recent)}{eval_note(self.counters.eval_return_mean)}"
+                postfix = bar_postfix(sps, recent, note) + eval_note(self.counters.eval_return_mean)
                 bar.set_postfix_str(postfix)  # (redrawn)
         elif self.progress_lines and (self.last_line is None or now - self.last_line >= self.line_every):
             self.last_line = now

@@ -151,11 +151,16 @@ def test_an_interrupted_run_keeps_its_bars_total_with_the_final_figures() -> Non
 
 
 def test_the_bar_s_last_state_keeps_what_the_fleet_was_missing_at_the_last_update() -> None:
-    """The final SPS of a run that ended with a server down is that of a smaller fleet, as the bar said."""
+    """The final SPS of a run that ended with a server down is that of a smaller fleet, as the bar said: said
+    first, as the bar said it (after the figures, a narrow terminal's last frame cut it off), and so is the outage
+    of a run stopped while every server was down."""
     bar = _bar(100_000, 30_000)
     summary = {"total_steps": 30_000, "sps": 1_701.0, "final_return_mean": 475.0}
     close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0), fleet="1 of 3 servers down")
-    assert bar.postfix == "SPS 1,701, return 475.0, 1 of 3 servers down"
+    assert bar.postfix == "1 of 3 servers down, SPS 1,701, return 475.0", bar.postfix
+    outage = fleet_down_note(2, 60.0, waiting=False)
+    close_bar(bar, summary, "interrupted", since=(time.perf_counter() - 10.0, 0), fleet=outage, evaluation=500.0)
+    assert bar.postfix == "all 2 servers down for 60 s, SPS 1,701, return 475.0, eval 500.0", bar.postfix
     bar.close()
 
 
@@ -327,10 +332,11 @@ def test_progress_lines_say_the_time_left_until_the_end() -> None:
     assert [_duration(s) for s in (119.4, 119.6, 7_169.0, 7_171.0)] == ["119 s", "2 min", "119 min", "2.0 h"]
 
 
-def test_the_bar_and_the_progress_lines_end_in_what_a_degraded_fleet_is_missing() -> None:
+def test_the_bar_and_the_progress_lines_say_what_a_degraded_fleet_is_missing() -> None:
     """Servers down (lost and being reconnected, or back but not stepping yet) of those in the fleet, and servers
     the start went on without: a glance at the bar or at a log's lines showed a lower SPS and nothing of why.
-    Nothing while every server is up, nor for in-process envs (--backend gym: no such keys in their rows)."""
+    Nothing while every server is up, nor for in-process envs (--backend gym: no such keys in their rows). The
+    lines end in it; the bar says it first, as it says every note (a narrow terminal cuts the figures, not it)."""
     row = {"global_step": 99_072, "episodic_return_mean": 500.0, "sps": 1_648.0, "seconds": 60.2}
     whole = {**row, "faults/servers_down": 0, "faults/servers_not_joined": 0, "fleet/servers": 3.0}
     assert fleet_note(row) == fleet_note(whole) == ""
@@ -340,7 +346,7 @@ def test_the_bar_and_the_progress_lines_end_in_what_a_degraded_fleet_is_missing(
     down = {**whole, "faults/servers_down": 1, "fleet/servers": 2.0}  # (down, and up: the fleet's 3)
     assert progress_line(down, 120_000) == f"{line}, 1 of 3 servers down"
     assert progress_line({**down, "global_step": 120_000}, 120_000).endswith(", 60 s, 1 of 3 servers down")
-    assert bar_postfix(1_648.0, 500.0, fleet_note(down)) == "SPS 1,648, return 500.0, 1 of 3 servers down"
+    assert bar_postfix(1_648.0, 500.0, fleet_note(down)) == "1 of 3 servers down, SPS 1,648, return 500.0"
     assert fleet_note({**down, "faults/servers_not_joined": 1}) == "1 of 3 servers down, 1 not joined"
     assert fleet_note({**whole, "faults/servers_not_joined": 1}) == "1 server not joined"
     assert fleet_note({**whole, "faults/servers_not_joined": 2}) == "2 servers not joined"
@@ -371,7 +377,7 @@ def test_while_every_server_is_down_the_bar_and_the_lines_say_how_long_the_fleet
     assert waiting_line({}, 200_000, step=128, seconds=5.0, note=note) == (
         "step 128/200,000 (0%), - SPS, mean return -, 5 s, all 2 servers down for 20 s, waiting"
     )
-    assert bar_postfix(1_041.0, 151.9, note) == "SPS 1,041, return 151.9, all 2 servers down for 20 s, waiting"
+    assert bar_postfix(1_041.0, 151.9, note) == "all 2 servers down for 20 s, waiting, SPS 1,041, return 151.9"
 
 
 def test_while_every_server_is_down_the_lines_say_the_last_evaluation_as_the_bar_does(
