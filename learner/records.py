@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -352,6 +352,7 @@ class Recorder:
         # While every server of the fleet is down (see fleet_down): since when (time.perf_counter()), the servers
         # down and those not joined; and when the bar was last redrawn to say so. None: the fleet is not all down.
         self.outage: tuple[float, int, int] | None = None
+        self.outage_step = 0  # (the env step at which it began: counters.global_step then)
         self.outage_envs: int | None = None  # (the fleet's envs, all unavailable during it; None: not known)
         self.outage_drawn = -math.inf
 
@@ -495,9 +496,10 @@ class Recorder:
         now = time.perf_counter()
         self.outage_envs = envs
         if self.outage is None:
-            self.outage = (now, servers, not_joined)
+            self.outage, self.outage_step = (now, servers, not_joined), self.counters.global_step
             if self.live is not None:  # (--metrics-port: its gauges say it too, until fleet_up)
                 self.live.observe_fleet_down(servers, envs)
+            self._tensorboard_fleet(0, servers)
         else:
             self.outage = (self.outage[0], servers, not_joined)
         self._say_waiting(fleet_down_note(servers, now - self.outage[0], not_joined), now)
@@ -567,11 +569,54 @@ class Recorder:
         fleet's are not: --metrics-port's gauges say so at once, not "every server down" until the next update,
         which a rollout of slow envs (Atari's, a simulator's) puts minutes away (``envs_unavailable``: those of
         the servers still down)."""
+        if self.outage is not None:
+            back = f"{len(up)} of {len(up) + down} back" if down else "all back"
+            self._tensorboard_fleet(len(up), down, said=f"{self._outage_said()}; then {back}")
         self.outage, self.outage_drawn = None, -math.inf
         if self.live is not None:
             self.live.observe_fleet_up(up, down, envs_unavailable)
         if self.bar is not None:
             self.bar.set_postfix_str(self.postfix)
+
+    def run_ended(self, stop_reason: str | None, *, propagating: bool) -> None:
+        """The run ends (``stop_reason``, summary.json's): where it ends while every server is down (stopped, or
+        given up: --give-up-after), TensorBoard's ``fleet`` text says that outage, as :meth:`fleet_up` says one that
+        ended (see :meth:`_tensorboard_fleet`). A failed write raises, as the error of a run that ends well; where
+        another error ends the run (``propagating``), it is logged (that error follows)."""
+        if self.outage is None or self.writer is None:
+            return
+        try:
+            self.writer.add_text(
+                "fleet", f"{self._outage_said()}; the run ended then ({stop_reason})", self.outage_step
+            )
+        except OSError as err:
+            if not propagating:
+                raise
+            log.error("%s", err)
+
+    def _outage_said(self) -> str:
+        """The outage under way, for TensorBoard's ``fleet`` text: ``all 2 servers down for 35 s at step 12,288``."""
+        since, servers, not_joined = cast(tuple[float, int, int], self.outage)
+        note = fleet_down_note(servers, time.perf_counter() - since, not_joined, waiting=False)
+        return f"{note} at step {self.outage_step:,}"
+
+    def _tensorboard_fleet(self, up: int, down: int, said: str | None = None) -> None:
+        """TensorBoard while every server is down: no update comes, so it got nothing, a run that just stopped in
+        its charts while the bar said ``all 2 servers down for 35 s, waiting`` (for as long as --give-up-after
+        lets it). As the fleet goes down (:meth:`fleet_down`) and as a server is back (:meth:`fleet_up`), an
+        update's ``fleet/servers`` (servers up: ``up``) and ``faults/servers_down`` (``down``), at the env step the
+        run is at (where episodes are written too), so that their charts fall to 0 and rise again where it
+        happened; as it ends, ``said``: a ``fleet`` text, at the step it began, saying how long it lasted (a step
+        axis shows little of that time: a step a second at most, each waiting for a server), as :meth:`run_ended`
+        does for a run that ended in it. (W&B and metrics.jsonl are left to the updates: one row an update.)"""
+        if self.writer is None:
+            return
+        step = self.counters.global_step
+        self.writer.add_scalar("fleet/servers", up, step)
+        self.writer.add_scalar("faults/servers_down", down, step)
+        self.faults_seen.add("faults/servers_down")  # (started: the updates go on writing it, zeros included)
+        if said is not None:
+            self.writer.add_text("fleet", said, self.outage_step)
 
     def fleet_said(self) -> str:
         """What the bar's last state (:func:`~learner.progress.close_bar`) says of the fleet: the last update's

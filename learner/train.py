@@ -2466,6 +2466,7 @@ def train(
             videos = listed_videos(run_dir, updater.video.recorded if updater.video is not None else ())
             if videos or updater.video is not None:
                 summary["videos"] = videos
+            recorder.run_ended(stop_reason, propagating=propagating)  # (TensorBoard: an outage it ended in)
             if bar is not None:
                 close_bar(
                     bar,

@@ -584,3 +584,71 @@ def test_a_fleet_down_before_the_first_update_still_has_that_update_printed_at_o
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert lines and lines[0].endswith(", waiting"), lines  # (the outage, before any update)
     assert any(not line.endswith(", waiting") for line in lines[1:]), lines  # (then the first update's, at once)
+
+
+@pytest.mark.parametrize("ending", ["back", "stopped"])
+def test_tensorboard_says_when_every_server_was_down_and_for_how_long(
+    ending: str, spawn_server: SpawnServer, tmp_path: Path
+) -> None:
+    """Both servers, started by hand, are SIGKILLed after the second update and started again 3 s later ("back"),
+    or the run is stopped 3 s into the outage (train()'s stop event, as Ctrl-C stops it). No update comes while
+    every server is down, and TensorBoard got nothing: its charts just stopped, while the bar said "all 2 servers
+    down for 3 s, waiting". Its event files now say it: fleet/servers (servers up) falls to 0 and
+    faults/servers_down rises to 2 at the env step the run was at, then (back) fleet/servers rises again at the
+    same step; a ``fleet`` text at that step says the outage and how long it lasted (a step axis shows none of
+    that time), and how it ended."""
+    import threading
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from learner.train import train
+
+    servers = [spawn_server("CartPole-v1", K) for _ in range(2)]
+    stop = threading.Event()
+    killed: list[float] = []
+
+    def later() -> None:
+        time.sleep(3.0)
+        if ending == "stopped":
+            stop.set()
+            return
+        for server in servers:
+            server.start()
+
+    helper = threading.Thread(target=later)
+    on_update = _all_killed_at_update_2(servers, killed, helper)
+    run = tmp_path / "run"
+    args = _outage_args(servers, run, total_timesteps=2 * K * NUM_STEPS * 5, tensorboard=True, progress=False)
+    try:
+        summary = train(args, on_update=on_update, stop=stop)
+    finally:
+        if helper.ident is not None:
+            helper.join()
+    assert summary["stop_reason"] == ("stopped" if ending == "stopped" else "total_timesteps"), summary
+    metrics = rows(run)
+    at = metrics[1]["global_step"]  # (the second update's: the servers were killed as it was recorded)
+    events = EventAccumulator(str(run)).Reload()
+    up = [(e.step, e.value) for e in events.Scalars("fleet/servers")]
+    down = [(e.step, e.value) for e in events.Scalars("faults/servers_down")]
+    # (the updates' values, 2 up; then the outage's at the step the run was at as it began, where faults/servers_down
+    # starts, as a faults/ tag starts at its first fault)
+    assert up[:2] == [(at - 2 * K * NUM_STEPS, 2.0), (at, 2.0)], up
+    [began] = [s for s, v in up if v == 0.0]
+    assert at <= began < at + 2 * K * NUM_STEPS and down[0] == (began, 2.0), (up, down)
+    (text,) = events.Tensors("fleet/text_summary")
+    said = text.tensor_proto.string_val[0].decode()
+    assert text.step == began, (text.step, began)
+    seconds = re.fullmatch(rf"all 2 servers down for (\d+) s at step {began:,}; (.*)", said)
+    assert seconds and 2 <= int(seconds[1]) <= 60, said
+    if ending == "stopped":
+        assert seconds[2] == "the run ended then (stopped)", said
+        assert up[-1] == (began, 0.0), up  # (no update after it)
+        return
+    assert seconds[2] in ("then 1 of 2 back", "then all back"), said
+    # (back: fleet/servers rises at once, as the first server is back, not at the next update; faults/servers_down
+    # falls with it. The steps taken meanwhile, each waiting for a server, count: no transition came of them.)
+    (back, first), after = up[up.index((began, 0.0)) + 1], up[up.index((began, 0.0)) + 2]
+    assert began <= back < after[0] and first >= 1.0 and (back, 2.0 - first) in down, (up, down)
+    # (then the updates' again, to the last, the second server back by then or not)
+    last = metrics[-1]["global_step"]
+    assert up[-1][0] == down[-1][0] == last and up[-1][1] + down[-1][1] == 2.0, (up, down)
