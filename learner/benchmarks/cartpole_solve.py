@@ -74,9 +74,26 @@ class Config:
 # "remote-8-overlap": remote-8-tuned's with learning rate 3e-3 and 10 epochs (19.4k steps on seeds
 # 1-3, but 23.2k on seeds 4-6, where remote-8-tuned needs 15.7k; cheaper updates also leave the
 # rollout more CPU). Decoupled PPO's objective and log-probs recomputed at the update's start, both
-# against the lag, did worse (2-4 of seeds 1-6 unsolved within 30k steps). The "remote-1x8-" ones
-# are the same settings on one server of 8 envs: one round trip per step instead of two, and one
-# server process fewer on the learner's cores (same trajectories without the overlap).
+# against the lag, did worse (2-4 of seeds 1-6 unsolved within 30k steps). A later search (--backend gym,
+# seeds 1-6, the best checked on 7-12) tried against the lag, in a throwaway patch: the actor taking the
+# updated nets mid-rollout at a fixed step, waiting there for the update (deterministic; step 8 of 16
+# halves the lag, step 0 gives exactly the run without the overlap), at step 4, 8 or 12 with learning rate
+# 2e-3 or 3e-3 and 10-20 epochs (medians 20.0k-25.8k steps on seeds 1-6, or unsolved; at step 8 with
+# remote-8-tuned's settings 19.5k over seeds 1-12, 3 unsolved); the rollout's values (GAE's baselines and
+# targets) recomputed at its end by the newer critic, with or without that swap (17.7k-26.8k); a
+# KL-targeted early stop at 0.01 or 0.02 (20.6k-28.8k); no clip annealing (18.9k, 24.3k); and a random
+# search of 20 settings of the swap (8-16 steps per env, swap at the middle or later, learning rate
+# 1.5e-3-4e-3, 10-20 epochs, lambda 0.85-0.95, gamma 0.98-0.99, clip range 0.2-0.3 annealed or not,
+# horizon 25k-40k, revalued or not; 17.1k-31.5k, 4 unsolved on half the seeds). Steps to solve swing by
+# +-5k between seeds and between settings a little apart (any change reroutes a run), so 3 seeds' medians
+# of 15.7k-16.7k were chance: on seeds 7-12 the same settings needed 21.6k-24.6k (a seed unsolved each).
+# The closest over seeds 1-12 (18.5k, 1 unsolved: 8 steps per env, swap at step 4, 20 epochs, learning
+# rate 1.5e-3, lambda 0.85, 25k horizon; 21.5k on 7-12) waits at its swap for an update (20-40 ms here)
+# longer than its 4 steps (~12 ms with 2 ms steps). Without any lag remote-8-tuned itself needs 17.9k over
+# seeds 1-12 (17.6k on 7-12), and remote-8-overlap 25.0k (3 of seeds 7-12 unsolved within 30k): <= 17k
+# with 8 envs asks for more than removing the lag. The "remote-1x8-" ones are the same settings on one
+# server of 8 envs: one round trip per step instead of two, and one server process fewer on the learner's
+# cores (same trajectories without the overlap).
 # 8 envs' best settings (above), whatever the layout: 2 servers x 4 envs or 1 x 8.
 TUNED_8: dict[str, Any] = {"num_steps": 16, "learning_rate": 2e-3, "total_timesteps": 30_000, "gae_lambda": 0.9}
 OVERLAP_8: dict[str, Any] = {**TUNED_8, "overlap_update": True, "learning_rate": 3e-3, "update_epochs": 10}
