@@ -207,18 +207,7 @@ class LoopRunner:
                             raise
                     raise
         outcome: list[Any] = []
-        awaitable = task = None
-        try:
-            with interrupts.interrupts_held():  # (as above)
-                awaitable = _made(call)
-                task = asyncio.ensure_future(awaitable, loop=self.loop)
-        except BaseException:
-            if task is None:
-                _close_unstarted(awaitable)
-            else:  # (it runs, cancelled, on the loop's next run)
-                _cancel(task)
-            raise
-        scheduled = task
+        scheduled = self._schedule(call)
 
         def drive() -> None:
             try:
@@ -270,12 +259,22 @@ class LoopRunner:
         :meth:`spin`."""
         if self._thread is not None:
             return self.run(functools.partial(_create_task, call))
-        task: asyncio.Task[T] | None = None
+        return self._schedule(call)  # type: ignore[return-value]  # (a coroutine's: a Task; no cast(), a call)
+
+    def _schedule(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        """``call`` (as :meth:`run` takes it) made and scheduled on the loop whole, for :meth:`create_task` and a
+        call from a thread that runs a loop of its own (see _run_until_complete): an interrupt meanwhile is held,
+        and raised once the task is known, which is then cancelled before it starts (it ends so at the loop's next
+        run: neither unseen nor "never awaited"); one not held (not the main thread's) closes what was made."""
+        awaitable = task = None
         try:
-            with interrupts.interrupts_held():  # (made and scheduled whole, and known here: see _run_until_complete)
-                task = self.loop.create_task(_made(call))
+            with interrupts.interrupts_held():
+                awaitable = _made(call)
+                task = asyncio.ensure_future(awaitable, loop=self.loop)
         except BaseException:
-            if task is not None:  # (the interrupt, held, came as it was made: it never starts, not unseen)
+            if task is None:
+                _close_unstarted(awaitable)
+            else:
                 _cancel(task)
             raise
         return task
@@ -321,18 +320,13 @@ class LoopRunner:
     def spin(self) -> None:
         """Let tasks that are ready run up to their next wait (e.g. hand a message to gRPC), then return."""
         if self._thread is None:
-            self._run_until_complete(_a_turn)
+            self._run_until_complete(functools.partial(asyncio.sleep, 0))  # (made inside, as run makes its calls)
         # A background loop runs by itself.
 
 
 def _made(call: A | Callable[[], A]) -> A:
     """What ``call`` (see :meth:`LoopRunner.run`) stands for: the awaitable its function makes, made now; or itself."""
     return call() if callable(call) else call
-
-
-def _a_turn() -> Awaitable[None]:
-    """One turn of the loop (:meth:`LoopRunner.spin`), made where :meth:`LoopRunner.run` makes its calls."""
-    return asyncio.sleep(0)
 
 
 def _close_unstarted(awaitable: object, *, itself: bool = True) -> None:
