@@ -145,6 +145,9 @@ class Checkpointer:
             "model": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             **state,
+            # (``due`` only where something is: an envfleet from before it, which leaves out the counters it does
+            # not know with a warning to upgrade, read every checkpoint of this one so, where none is lost)
+            "counters": {k: v for k, v in state["counters"].items() if k != "due" or v},
         }
 
     def save(self, reason: str, state: dict[str, Any]) -> Path:

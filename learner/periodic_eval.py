@@ -397,11 +397,12 @@ class PeriodicEval:
         new_best = math.isfinite(mean) and (best is None or mean > best)
         if new_best:
             counters.best_eval_return, counters.best_eval_step = mean, step
-        if state is not None:
+        if state is not None:  # (done: not due, as best-eval.pt, written from it next, says)
             state["counters"].update(
                 eval_return_mean=mean,
                 best_eval_return=counters.best_eval_return,
                 best_eval_step=counters.best_eval_step,
+                due=[what for what in state["counters"].get("due") or () if what != "eval"],
             )
         if new_best and self.save_best is not None:
             path = self.save_best(state, counted)

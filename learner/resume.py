@@ -102,8 +102,9 @@ class Counters:
     stop (Ctrl-C, SIGTERM, SIGHUP) or, at a run's end, whose last checkpoint is written before them, by a kill.
     A --resume does them first (:func:`owed_work`), with the checkpoint's nets, statistics and the seed they would
     have had. A video is done once its GIF is there (written whole or not at all): a checkpoint that still says one
-    is due whose GIF is there (a run's end's, not written again for it alone) owes none. Checkpoints from before
-    2026-12-07 have none: nothing is due."""
+    is due whose GIF is there (a run's end's, not written again for it alone) owes none. Written only where
+    something is due (an older envfleet reads the others without a word); checkpoints from before 2026-12-07 have
+    none: nothing is due."""
 
 
 def resume_args(run_dir: str | Path, /, **overrides: Any) -> Args:

@@ -1808,7 +1808,13 @@ class _Updater:
         --norm-obs statistics (Checkpointer.last_update's, as restored), seeded as they would have been, recorded
         where they would have been: the row of the checkpoint's update (metrics.jsonl's last: the Recorder's
         last_row from here on), TensorBoard, W&B, the bar, summary.json, best-eval.pt, videos/. A stop (Ctrl-C)
-        during them leaves what it cut short due, as the checkpoint on disk says."""
+        during them leaves what it cut short due, as the checkpoint on disk says.
+
+        The evaluation done, the checkpoint of its step is written again (the same file, replaced), with its figures
+        (eval_return_mean, best_eval_*) and no longer due: a stop before this session's first update writes none
+        (its step is on disk), and a kill none either, so that checkpoint said the evaluation was due still, and
+        each --resume played it again (TensorBoard holding its point once more each time), with best_eval_* older
+        than summary.json's. (A video alone writes none: its GIF says it is done.)"""
         state = self.checkpointer.last_update
         step, update = int(state["counters"]["global_step"]), int(state["counters"]["update"])
         row = rundir.last_row(run_dir / rundir.METRICS)
@@ -1834,6 +1840,7 @@ class _Updater:
             if self.evaluator.stopped:
                 return
             self._done("eval")
+            self.checkpointer.save(f"update {update}, its evaluation done", state)
         if "video" in due and self.video is not None:
             self.video.record(step, state)
             if not self.video.stopped:
