@@ -39,6 +39,7 @@ __all__ = [
     "RECENT",
     "Counters",
     "check_resume",
+    "owed_said",
     "owed_work",
     "earlier_sessions",
     "like_args",
@@ -433,6 +434,12 @@ OWED_WORK = {"eval": "--eval-every", "video": "--capture-video"}
 """What a checkpoint's ``due`` may name, with the option that does it."""
 
 
+def owed_said(due: Collection[str]) -> str:
+    """What ``due`` (Counters.due) names, as the log lines say it: "evaluation", "video", "evaluation and the
+    video"."""
+    return " and the ".join("evaluation" if what == "eval" else "video" for what in due)
+
+
 def owed_work(args: Args, counters: dict[str, Any], run_dir: Path) -> list[str]:
     """What a checkpoint's ``counters`` (of the run in ``run_dir``) say is due at its step and not done
     (:attr:`Counters.due`; a video whose GIF is there is done) that this session (``args``) does: an evaluation
@@ -451,7 +458,7 @@ def owed_work(args: Args, counters: dict[str, Any], run_dir: Path) -> list[str]:
     if skipped:
         log.info(
             "resume: the %s of step %s, cut short in the last session, %s left out: this session runs without %s",
-            " and the ".join("evaluation" if what == "eval" else "video" for what in skipped),
+            owed_said(skipped),
             f"{step:,}",
             "are" if len(skipped) > 1 else "is",
             " and ".join(OWED_WORK[what] for what in skipped),

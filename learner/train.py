@@ -120,6 +120,7 @@ from learner.resume import (
     earlier_sessions,
     from_other_versions,
     like_args,
+    owed_said,
     owed_work,
     restore,
     resume_args,
@@ -1762,8 +1763,14 @@ class _Updater:
             if evaluate and last_row and "eval/return_mean" not in last_row and "eval" not in due:
                 due.append("eval")
             video = self.video
-            if film and video is not None and not video.failed and video.last_step != int(last_row["global_step"]):
-                due += [] if "video" in due else ["video"]
+            if (
+                film
+                and video is not None
+                and not video.failed
+                and video.last_step != int(last_row["global_step"])
+                and "video" not in due
+            ):
+                due.append("video")
             self._due(due)
             try:  # (the run's last checkpoint first, as train()'s Checkpointer.end would write it now)
                 self.counters.seconds = time.perf_counter() - self.start_time
@@ -1821,7 +1828,7 @@ class _Updater:
         if row is None or row.get("update") != update or row.get("global_step") != step:
             log.warning(
                 "resume: the %s of step %s, cut short in the last session, %s left out: %s has no row of that update",
-                " and the ".join("evaluation" if what == "eval" else "video" for what in due),
+                owed_said(due),
                 f"{step:,}",
                 "are" if len(due) > 1 else "is",
                 run_dir / rundir.METRICS,
@@ -1831,7 +1838,7 @@ class _Updater:
         self.recorder.last_row = row
         log.info(
             "resume: the %s of step %s, cut short in the last session, first",
-            " and the ".join("evaluation" if what == "eval" else "video" for what in due),
+            owed_said(due),
             f"{step:,}",
         )
         self._due(due)
