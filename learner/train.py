@@ -52,7 +52,7 @@ from torch import Tensor, optim
 from env_server.isolation import env_returned
 from env_server.ratelimit import LogBudget
 from learner import rundir
-from learner.capture import VideoCapture, check_videos_folder, listed_videos
+from learner.capture import VideoCapture, check_videos_folder, listed_videos, video_path
 from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
@@ -1854,6 +1854,23 @@ class _Updater:
                 self._done("video")
 
 
+def _say_still_due(due: list[str], step: int, run_dir: Path) -> None:
+    """A run that ended done (--total-timesteps reached, --stop-at-return met) whose last update's (at env step
+    ``step``) evaluation or video a Ctrl-C (SIGTERM, SIGHUP) cut short (``due``: Counters.due; a video whose GIF is
+    there is done): said as a warning, with the command that does it. Its exit status is a finished run's, and its
+    lines looked done; only an INFO line said what was left out, which the bar does not show."""
+    due = [what for what in due if not (what == "video" and video_path(run_dir, step).is_file())]
+    if due:
+        log.warning(
+            "the %s of step %s, the run's last, %s cut short: learner train --resume %s does %s (and ends there)",
+            owed_said(due),
+            f"{step:,}",
+            "were" if len(due) > 1 else "was",
+            run_dir,
+            "them" if len(due) > 1 else "it",
+        )
+
+
 _runs_in_process = 0
 _runs_lock = threading.Lock()
 # What the caller had before the first of the runs under way began (see _counted_run): None while none is.
@@ -2464,6 +2481,8 @@ def train(
                 stop_reason = _stop_reason(update_error)
             counters.seconds = time.perf_counter() - start_time
             counters = checkpointer.end(stop_reason)  # (the last checkpoint written, if one is due)
+            if stop_reason in ("total_timesteps", "stop_at_return"):
+                _say_still_due(counters.due, int(checkpointer.last_update["counters"]["global_step"]), run_dir)
             # Fault counts: the whole run's, the checkpoint's and this session's to its very end (the
             # failure that stopped it included).
             summary = build_summary(

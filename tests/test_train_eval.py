@@ -278,6 +278,40 @@ def test_a_solved_run_killed_during_its_final_evaluation_is_resumed_as_solved_an
         train(resume_args(run, progress=False))
 
 
+def test_a_solved_run_ctrl_c_d_during_its_final_evaluation_says_that_resume_does_it(tmp_path: Path) -> None:
+    # A Ctrl-C during a solved run's final evaluation: the run ends solved (exit 0, its lines and summary as a done
+    # run's), the evaluation due in its last checkpoint. Only an INFO line, which the bar does not show, said it was
+    # left out: the run looked done, and its user had no cue to --resume it. A warning says so now, with the command.
+    # (The solved run of the test above; its final evaluation the only one, 40 episodes on 1 env.)
+    run = tmp_path / "run"
+    argv = ["--env", "CartPole-v1", "--backend", "gym", "--num-envs", "4", "--num-steps", "16"]
+    argv += ["--total-timesteps", "100000", "--stop-at-return", "1", "--checkpoint-every", "1"]
+    argv += ["--checkpoint-seconds", "0", "--eval-every", "100000", "--eval-episodes", "40", "--eval-envs", "1"]
+    argv += ["--no-tensorboard", "--no-plot", "--run-dir", str(run), "--progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "learner", "train", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"evaluating at step" not in seen:
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        assert chunk and time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    said = (seen + rest).decode(errors="replace")
+    assert proc.returncode == 0, said[-2000:]
+    saved = load_checkpoint(rundir.list_checkpoints(run)[-1])["counters"]
+    assert saved["solved_at_step"] is not None and saved["due"] == ["eval"]
+    step = f"{saved['global_step']:,}"
+    assert (
+        f"WARNING learner.train: the evaluation of step {step}, the run's last, was cut short: learner train --resume "
+        f"{run} does it (and ends there)"
+    ) in said
+    assert rundir.read_json(run / rundir.SUMMARY)["stop_reason"] == "stop_at_return"
+
+
 def test_a_run_killed_during_an_evaluation_past_its_last_checkpoint_evaluates_there_again(tmp_path: Path) -> None:
     # SIGKILLed during the evaluation at step 32, the run's last checkpoint is step 16's (--checkpoint-every 1000:
     # the first update's alone), which owes nothing (its counters hold no due): --resume trains from there and
