@@ -2268,6 +2268,9 @@ def train(
         try:
             if owed:  # (resumed: what its checkpoint's step was due and not done, first)
                 updater.redo_due(owed, run_dir)
+                # (the first update's period starts after it: its sps_update, other_seconds and transitions_per_s
+                # are its own, as an uninterrupted run's, not the redo's seconds too; sps stays the session's)
+                recorder.last_record = (time.perf_counter(), recorder.last_record[1])
                 if stop_request.requested:
                     stop_reason = _asked_stop(stop_request)
                 elif ended_as == "stop_at_return":  # (solved before: it ends as it would have, its summary complete)
