@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from env_server.rpc import env_pb2 as pb
-from learner.client import EnvClient, proxy_status
+from learner.client import RELEASE_TIMEOUT, EnvClient, proxy_status
 from learner.discovery import diagnose, no_wait_mends, probe_until
 from learner.errors import (
     RemoteTimeoutError,
@@ -35,6 +35,11 @@ __all__ = ["FleetConnection"]
 # RemoteVectorEnv's logger, not this module's: these lines are the env's (users and tests filter
 # "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
 log = logging.getLogger("learner.remote")
+
+# Connecting interrupted (a Ctrl-C) or failed while Handshakes were in flight: how long their answers are waited for,
+# at most, so that the sessions they grant are released at once (else each claim held its server for the server's
+# --claim-timeout, 30 s by default: a learner started again was refused meanwhile). A second Ctrl-C ends the wait.
+_HANDSHAKE_ANSWER_WAIT_S = 2.0
 
 # Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
 # (a plain connect: refused? no socket file?) and say which servers are waited for.
@@ -133,6 +138,9 @@ class FleetConnection:
         # end, with the count the fleet starts with (those that did not connect, and those refused after).
         missing: list[tuple[str, str]] = []
         readies: list[asyncio.Future[None]] = []
+        # Each Handshake call made, by client: its answer, should the connect be given up, is read then (see
+        # _give_up_connecting), not lost with it.
+        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] = []
         try:
             for address in endpoints:
                 clients.append(self._client(address))
@@ -144,7 +152,7 @@ class FleetConnection:
             elif late:  # (the connects still waiting are cancelled on the way out, as on any error)
                 client = next(c for c, r in zip(clients, readies, strict=True) if r in late)
                 raise self._no_answer_error(client, cause if client.address == probed else None)
-            responses = await gather(*(self._handshake(c, deadline) for c in clients), return_exceptions=True)
+            responses = await gather(*(self._handshake(c, deadline, calls) for c in clients), return_exceptions=True)
             aliases = await self._find_aliases(clients, responses)
             building = self._building(clients, responses, aliases)
             _start_sessions(clients, responses, left_out={*aliases, *building})
@@ -156,7 +164,7 @@ class FleetConnection:
                 missing.sort(key=lambda m: order[m[0]])  # (as listed)
                 self._note_missing(missing, listed=len(endpoints) - len(aliases))
         except BaseException:
-            await self._give_up_connecting(clients, readies)
+            await self._give_up_connecting(clients, readies, calls)
             raise
         return clients
 
@@ -309,9 +317,15 @@ class FleetConnection:
                 away.held = err if isinstance(err, ServerBusyError) else None
             missing.extend(reasons.items())
 
-    async def _give_up_connecting(self, clients: list[EnvClient], readies: list[asyncio.Future[None]]) -> None:
+    async def _give_up_connecting(
+        self,
+        clients: list[EnvClient],
+        readies: list[asyncio.Future[None]],
+        calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] = (),
+    ) -> None:
         """On an error in :meth:`_connect`: cancel every connect still waiting (``readies``, and the servers
-        to join later) and close every client (``clients``, theirs too)."""
+        to join later), release every session the Handshake ``calls`` granted that no client took up (see
+        :meth:`_release_unadopted`), and close every client (``clients``, theirs too)."""
         joining, self._joining = self._joining, {}
         for _, pending in joining.values():
             pending.cancel()
@@ -320,7 +334,37 @@ class FleetConnection:
         for ready in readies:
             ready.cancel()
         await gather(*readies, return_exceptions=True)
+        await self._release_unadopted(calls)
         await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
+
+    @staticmethod
+    async def _release_unadopted(calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]]) -> None:
+        """Release the session each of the Handshake ``calls`` (each with its client) granted, where its client did
+        not take it up (a session taken up, its client's close releases).
+
+        A connect given up while Handshakes were in flight (a Ctrl-C: the connect's task is cancelled) dropped
+        their answers: a server that had granted the claim, its answer on the way, then held it with nobody to
+        release it, no Hold stream, until its --claim-timeout (30 s by default: "ended: no Hold stream and no calls
+        for 30 s" in its log), refusing the learner started again meanwhile (ServerBusyError; 1-2 of 30 connects
+        interrupted in a fuzz). So the calls go on, shielded from the cancel (see :meth:`_handshake`), and are
+        waited for here, :data:`_HANDSHAKE_ANSWER_WAIT_S` at most (a second Ctrl-C ends the wait: LoopRunner.run);
+        then those still in flight are cancelled, and the sessions of the answers read are released. Answers
+        read before (the connect given up after its handshakes: during the alias check, say) are released
+        alike. Plain Releases, as every server takes (an old one too)."""
+        if not calls:
+            return
+        pending = [call for _, call in calls if not call.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=_HANDSHAKE_ANSWER_WAIT_S)
+            for call in late:
+                call.cancel()
+            await gather(*late, return_exceptions=True)
+        granted = [
+            (client, call.result())
+            for client, call in calls
+            if not call.cancelled() and call.exception() is None and call.result().session_id != client.session_id
+        ]
+        await gather(*(c.release_session(r.session_id, RELEASE_TIMEOUT) for c, r in granted), return_exceptions=True)
 
     def _diagnose(self, address: str, timeout: float) -> str | None:
         """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""
@@ -333,13 +377,25 @@ class FleetConnection:
             client_cert=self._client_cert,
         )
 
-    async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse:
-        """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs)."""
+    async def _handshake(
+        self,
+        client: EnvClient,
+        deadline: float,
+        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] | None = None,
+    ) -> pb.HandshakeResponse:
+        """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs).
+        ``calls``: where given (by :meth:`_connect`), each Handshake call is added to it, with ``client``, and
+        runs shielded: cancelled (a Ctrl-C), this ends at once, and the call goes on, for
+        :meth:`_release_unadopted` to release the session its answer may grant."""
         delay = 0.05
         first: ServerUnavailableError | None = None  # (the first failure the handshake was tried again after)
         while True:
             try:
-                return await client.handshake()
+                if calls is None:
+                    return await client.handshake()
+                call = asyncio.ensure_future(client.handshake())
+                calls.append((client, call))
+                return await asyncio.shield(call)
             except ServerBusyError as err:
                 if first is not None and f"claimed by {client.client_name!r}" in err.details:
                     # The server holds the session a failed attempt of this learner claimed (its answer

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,11 @@ class Faults:
     """Whether error statuses carry envfleet's origin mark (an envfleet server's do; a foreign one's may not)."""
     trailers: list[tuple[str, str]] = field(default_factory=list)
     """More trailing metadata for every error status."""
+    handshake_hook: Callable[[], None] | None = None
+    """Called (on the server's thread) by each Handshake once it has granted its session, before it answers:
+    a test's Ctrl-C to the learner, landing while the Handshake is in flight."""
+    handshake_delay_s: float = 0.0
+    """How long each Handshake waits, its session granted (and :attr:`handshake_hook` called), before it answers."""
 
 
 class _Service(pb_grpc.EnvServiceServicer):
@@ -94,6 +99,8 @@ class _Service(pb_grpc.EnvServiceServicer):
         self.compact_asked: list[tuple[str, bool]] = []
         self.holds = 0
         self._live: set[str] = set()  # (sessions, as a server without Hold keeps them: until dropped)
+        self.granted: list[str] = []  # (the session ids Handshakes granted, and those Releases named, in order)
+        self.released: list[str] = []
         self._released: dict[str, asyncio.Event] = {}
 
     def drop_sessions(self) -> None:
@@ -128,6 +135,11 @@ class _Service(pb_grpc.EnvServiceServicer):
         session_id = uuid.uuid4().hex if self.faults.session_id is None else self.faults.session_id
         self._released[session_id] = asyncio.Event()
         self._live.add(session_id)
+        self.granted.append(session_id)
+        if self.faults.handshake_hook is not None:
+            self.faults.handshake_hook()
+        if self.faults.handshake_delay_s:
+            await asyncio.sleep(self.faults.handshake_delay_s)
         return pb.HandshakeResponse(
             session_id=session_id, spec=self.spec, claim_timeout_s=self.faults.claim_timeout_s, checks_token=False
         )
@@ -189,6 +201,7 @@ class _Service(pb_grpc.EnvServiceServicer):
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         self._released.setdefault(request.session_id, asyncio.Event()).set()
         self._live.discard(request.session_id)
+        self.released.append(request.session_id)
         return pb.ReleaseResponse()
 
 

@@ -19,12 +19,14 @@ from typing import Any
 import grpc
 import pytest
 
+import learner.connecting
 import learner.interrupts
 import learner.loop
 from env_server.health import check
 from learner.loop import LoopRunner
 from learner.remote import RemoteVectorEnv
 from tests.conftest import StartServers, needs_proc, slow_to_build_server
+from tests.faulty_server import Faults, FaultyServer
 
 
 def test_a_close_from_another_thread_runs_at_once_when_the_loop_is_free() -> None:
@@ -250,6 +252,57 @@ def test_ctrl_c_while_connecting_leaves_the_server_free(
         LoopRunner.for_this_thread().run(asyncio.sleep(1.5))
         with RemoteVectorEnv(address, connect_timeout=10) as envs:
             assert envs.num_envs == 2
+
+
+def _ctrl_c_to_the_main_thread() -> None:
+    """A Ctrl-C (SIGINT) to the main thread, from any thread (a FaultyServer's Handshake: see Faults.handshake_hook)."""
+    main = threading.main_thread().ident
+    assert main is not None
+    signal.pthread_kill(main, signal.SIGINT)
+
+
+def test_ctrl_c_while_handshakes_are_in_flight_releases_every_session_they_granted(
+    ctrl_c: Callable[[float], threading.Timer],
+) -> None:
+    """Ctrl-C while RemoteVectorEnv(...)'s Handshakes are in flight, one server's answered, the other's granted
+    but not answered yet: the sessions of both are released before the KeyboardInterrupt goes on. Cancelled with
+    the connect, the second's answer was dropped, and its server held the claim, with nobody to release it and no
+    Hold stream, for its --claim-timeout (30 s: the learner started again was refused meanwhile; 1-2 of 30
+    connects interrupted in a fuzz); nor was the first's, read but not taken up yet, released."""
+    del ctrl_c  # (the default handler meanwhile: the Ctrl-C comes from the slow server's Handshake)
+    slow_faults = Faults(handshake_hook=_ctrl_c_to_the_main_thread, handshake_delay_s=0.3)
+    with FaultyServer() as fast, FaultyServer(slow_faults) as slow:
+        with pytest.raises(KeyboardInterrupt):
+            RemoteVectorEnv([fast.address, slow.address], connect_timeout=10)
+        # (released before the interrupt went on: nothing runs the loop meanwhile)
+        for server in (fast, slow):
+            assert len(server.service.granted) == 1
+            assert server.service.released == server.service.granted
+        slow.faults.handshake_hook = None  # (the learner started again: not interrupted)
+        with RemoteVectorEnv([fast.address, slow.address], connect_timeout=10) as envs:
+            assert envs.num_envs == 4
+
+
+def test_a_second_ctrl_c_ends_the_wait_for_handshake_answers_at_once(
+    ctrl_c: Callable[[float], threading.Timer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for the answers of Handshakes in flight at a Ctrl-C (to release their sessions) ends at a second
+    Ctrl-C, as any cleanup after an interrupt does: the server's session is left to its claim timeout then."""
+    monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
+    again: list[threading.Timer] = []
+
+    def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it)
+        _ctrl_c_to_the_main_thread()
+        again.append(ctrl_c(0.5))
+
+    with FaultyServer(Faults(handshake_hook=twice, handshake_delay_s=60.0)) as server:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            RemoteVectorEnv(server.address, connect_timeout=10)
+        assert time.monotonic() - started < 30  # (not the 60 s wait: a hang guard, not a timing)
+        assert again and server.service.released == []  # (the wait was given up before the answer came)
+        again[0].join()
+    LoopRunner.for_this_thread().run(asyncio.sleep(0.2))  # (what the loop had pending ends: the server is gone)
 
 
 # Run in a process of its own: without the fix the wait below never ends (the task's wakeup is lost).
