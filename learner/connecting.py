@@ -362,7 +362,10 @@ class FleetConnection:
         granted = [
             (client, call.result())
             for client, call in calls
-            if not call.cancelled() and call.exception() is None and call.result().session_id != client.session_id
+            if not call.cancelled()
+            and call.exception() is None
+            and call.result().session_id  # (an answer that granted none: nothing to release)
+            and call.result().session_id != client.session_id
         ]
         await gather(*(c.release_session(r.session_id, RELEASE_TIMEOUT) for c, r in granted), return_exceptions=True)
 
