@@ -348,26 +348,26 @@ class FleetConnection:
         for 30 s" in its log), refusing the learner started again meanwhile (ServerBusyError; 1-2 of 30 connects
         interrupted in a fuzz). So the calls go on, shielded from the cancel (see :meth:`_handshake`), and are
         waited for here, :data:`_HANDSHAKE_ANSWER_WAIT_S` at most (a second Ctrl-C ends the wait: LoopRunner.run);
-        then those still in flight are cancelled, and the sessions of the answers read are released. Answers
-        read before (the connect given up after its handshakes: during the alias check, say) are released
-        alike. Plain Releases, as every server takes (an old one too)."""
-        if not calls:
-            return
-        pending = [call for _, call in calls if not call.done()]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=_HANDSHAKE_ANSWER_WAIT_S)
-            for call in late:
-                call.cancel()
-            await gather(*late, return_exceptions=True)
-        granted = [
-            (client, call.result())
-            for client, call in calls
-            if not call.cancelled()
-            and call.exception() is None
-            and call.result().session_id  # (an answer that granted none: nothing to release)
-            and call.result().session_id != client.session_id
-        ]
-        await gather(*(c.release_session(r.session_id, RELEASE_TIMEOUT) for c, r in granted), return_exceptions=True)
+        then those still in flight are cancelled. Each session is released as its answer is read, not after the
+        wait for the slowest: a second Ctrl-C, which leaves this task where it is, left the sessions already granted
+        (a fast server's, one server hanging on its Handshake) held for the claim timeout too. Answers read before
+        (the connect given up after its handshakes: during the alias check, say) are released alike, at once.
+        Plain Releases, as every server takes (an old one too)."""
+
+        async def release(client: EnvClient, call: asyncio.Future[pb.HandshakeResponse]) -> None:
+            if not call.done():
+                _, late = await asyncio.wait([call], timeout=_HANDSHAKE_ANSWER_WAIT_S)
+                if late:
+                    call.cancel()
+                    await gather(call, return_exceptions=True)
+                    return
+            if call.cancelled() or call.exception() is not None:
+                return
+            session_id = call.result().session_id
+            if session_id and session_id != client.session_id:  # (none granted, or taken up: nothing to release)
+                await client.release_session(session_id, RELEASE_TIMEOUT)
+
+        await gather(*(release(client, call) for client, call in calls), return_exceptions=True)
 
     def _diagnose(self, address: str, timeout: float) -> str | None:
         """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""

@@ -305,6 +305,31 @@ def test_a_second_ctrl_c_ends_the_wait_for_handshake_answers_at_once(
     LoopRunner.for_this_thread().run(asyncio.sleep(0.2))  # (what the loop had pending ends: the server is gone)
 
 
+def test_a_second_ctrl_c_leaves_no_session_already_answered_held(
+    ctrl_c: Callable[[float], threading.Timer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers, one answers its Handshake, the other hangs on its own: a Ctrl-C, then a second one during the
+    wait for the hanging one's answer. The answered session is released at once, not after that wait: the second
+    Ctrl-C, leaving the cleanup where it is, left it held (for the server's claim timeout) with the other."""
+    monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
+    again: list[threading.Timer] = []
+
+    def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it)
+        _ctrl_c_to_the_main_thread()
+        again.append(ctrl_c(0.5))
+
+    with FaultyServer() as fast, FaultyServer(Faults(handshake_hook=twice, handshake_delay_s=60.0)) as slow:
+        with pytest.raises(KeyboardInterrupt):
+            RemoteVectorEnv([fast.address, slow.address], connect_timeout=10)
+        again[0].join()
+        end = time.monotonic() + 10  # (the Release went out before the second Ctrl-C; the server logs it on its thread)
+        while not fast.service.released and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(fast.service.granted) == 1 and fast.service.released == fast.service.granted
+        assert slow.service.released == []  # (the wait for it was given up)
+    LoopRunner.for_this_thread().run(asyncio.sleep(0.2))  # (what the loop had pending ends: the servers are gone)
+
+
 # Run in a process of its own: without the fix the wait below never ends (the task's wakeup is lost).
 _STOP_INSIDE_A_GRPC_CALLBACK = r"""
 import asyncio, signal, sys
