@@ -261,6 +261,22 @@ def _ctrl_c_to_the_main_thread() -> None:
     signal.pthread_kill(main, signal.SIGINT)
 
 
+def _ctrl_c_once(condition: Callable[[], bool], within: float = 10.0) -> threading.Thread:
+    """A second Ctrl-C to the main thread once ``condition()`` holds (or ``within`` seconds have passed: the old
+    code's case, which the test then fails on), from a thread started now: join it. Not after a fixed delay: on a
+    loaded machine the main thread may not have taken the first Ctrl-C by then, and two pending SIGINTs are one."""
+
+    def wait_then_press() -> None:
+        end = time.monotonic() + within
+        while not condition() and time.monotonic() < end:
+            time.sleep(0.01)
+        _ctrl_c_to_the_main_thread()
+
+    thread = threading.Thread(target=wait_then_press, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_ctrl_c_while_handshakes_are_in_flight_releases_every_session_they_granted(
     ctrl_c: Callable[[float], threading.Timer],
 ) -> None:
@@ -288,12 +304,21 @@ def test_a_second_ctrl_c_ends_the_wait_for_handshake_answers_at_once(
 ) -> None:
     """The wait for the answers of Handshakes in flight at a Ctrl-C (to release their sessions) ends at a second
     Ctrl-C, as any cleanup after an interrupt does: the server's session is left to its claim timeout then."""
+    del ctrl_c  # (the default handler meanwhile)
     monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
-    again: list[threading.Timer] = []
+    releasing = threading.Event()  # (the first Ctrl-C taken: the connect given up, its wait begun)
+    release_unadopted = learner.connecting.FleetConnection._release_unadopted
+
+    async def entered(*args: Any) -> None:
+        releasing.set()
+        await release_unadopted(*args)
+
+    monkeypatch.setattr(learner.connecting.FleetConnection, "_release_unadopted", staticmethod(entered))
+    again: list[threading.Thread] = []
 
     def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it)
+        again.append(_ctrl_c_once(releasing.is_set))  # (waiting from now: listed before the first can end the test)
         _ctrl_c_to_the_main_thread()
-        again.append(ctrl_c(0.5))
 
     with FaultyServer(Faults(handshake_hook=twice, handshake_delay_s=60.0)) as server:
         started = time.monotonic()
@@ -311,14 +336,17 @@ def test_a_second_ctrl_c_leaves_no_session_already_answered_held(
     """Two servers, one answers its Handshake, the other hangs on its own: a Ctrl-C, then a second one during the
     wait for the hanging one's answer. The answered session is released at once, not after that wait: the second
     Ctrl-C, leaving the cleanup where it is, left it held (for the server's claim timeout) with the other."""
+    del ctrl_c  # (the default handler meanwhile)
     monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
-    again: list[threading.Timer] = []
+    again: list[threading.Thread] = []
+    fast = FaultyServer()
 
-    def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it)
+    def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it, once
+        # the fast server has its Release, or 10 s on: the old code released it only after the wait)
+        again.append(_ctrl_c_once(lambda: bool(fast.service.released)))
         _ctrl_c_to_the_main_thread()
-        again.append(ctrl_c(0.5))
 
-    with FaultyServer() as fast, FaultyServer(Faults(handshake_hook=twice, handshake_delay_s=60.0)) as slow:
+    with fast, FaultyServer(Faults(handshake_hook=twice, handshake_delay_s=60.0)) as slow:
         with pytest.raises(KeyboardInterrupt):
             RemoteVectorEnv([fast.address, slow.address], connect_timeout=10)
         again[0].join()
