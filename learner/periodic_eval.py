@@ -423,12 +423,8 @@ class PeriodicEval:
         (:attr:`Counters.due <learner.resume.Counters.due>`): a learner killed or stopped meanwhile is resumed as
         solved, and the --resume does them (:meth:`redo`), then ends as this run would have."""
         self.stopped = False
-        row = {} if self.shown is None else self.shown.last_row
-        if not row or "eval/return_mean" in row or self.shown is None:
-            return
-        evaluation = self.run(int(row["global_step"]), state, counted=True)
-        if evaluation:
-            self.shown.add_evaluation(evaluation)
+        if self.shown is not None and "eval/return_mean" not in self.shown.last_row:  # (its own evaluation: none)
+            self.redo(state)
 
     def redo(self, state: dict[str, Any]) -> None:
         """--resume of a checkpoint whose evaluation was due and not done (cut short by a stop, or a solved run's
@@ -437,7 +433,7 @@ class PeriodicEval:
         would have been, recorded where it would have been (the checkpoint's row, which the shown Recorder's
         last_row is: its eval/ columns, TensorBoard, W&B, the gauge, the bar; summary.json and best-eval.pt where
         best; ``state``'s counters, which the next checkpoint holds). :attr:`stopped` says whether a stop cut it
-        short again."""
+        short again. (:meth:`final` too, for the nets a solved run ends with: the same evaluation of the last row's.)"""
         self.stopped = False
         if self.shown is None or not self.shown.last_row:
             return

@@ -41,6 +41,7 @@ __all__ = [
     "check_resume",
     "owed_said",
     "owed_work",
+    "still_due",
     "earlier_sessions",
     "like_args",
     "restore",
@@ -440,19 +441,21 @@ def owed_said(due: Collection[str]) -> str:
     return " and the ".join("evaluation" if what == "eval" else "video" for what in due)
 
 
+def still_due(due: Collection[str], run_dir: Path, step: int) -> list[str]:
+    """What ``due`` (Counters.due of the checkpoint at env step ``step``, of the run in ``run_dir``) names that is
+    still to do: a video whose GIF is there is done (written whole or not at all)."""
+    from learner.capture import video_path  # (here: learner.capture imports this module's Counters)
+
+    return [w for w in due if w in OWED_WORK and not (w == "video" and video_path(run_dir, step).is_file())]
+
+
 def owed_work(args: Args, counters: dict[str, Any], run_dir: Path) -> list[str]:
     """What a checkpoint's ``counters`` (of the run in ``run_dir``) say is due at its step and not done
     (:attr:`Counters.due`; a video whose GIF is there is done) that this session (``args``) does: an evaluation
     with --eval-every, a video with --capture-video. What it leaves out (a session resumed without the option: the
     user gets what they asked) is said in an INFO line, and is no more due."""
-    from learner.capture import video_path  # (here: learner.capture imports this module's Counters)
-
     step = int(counters["global_step"])
-    due = [
-        what
-        for what in counters.get("due") or ()
-        if what in OWED_WORK and not (what == "video" and video_path(run_dir, step).is_file())
-    ]
+    due = still_due(counters.get("due") or (), run_dir, step)
     doing = [what for what in due if (args.eval_every if what == "eval" else args.capture_video)]
     skipped = [what for what in due if what not in doing]
     if skipped:

@@ -52,7 +52,7 @@ from torch import Tensor, optim
 from env_server.isolation import env_returned
 from env_server.ratelimit import LogBudget
 from learner import rundir
-from learner.capture import VideoCapture, check_videos_folder, listed_videos, video_path
+from learner.capture import VideoCapture, check_videos_folder, listed_videos
 from learner.checkpoint import (
     capture_rng,
     find_checkpoint,
@@ -126,6 +126,7 @@ from learner.resume import (
     resume_args,
     resumed_threshold,
     set_aside_newer,
+    still_due,
 )
 from learner.rundir import cannot_write, writing
 from learner.served import given_kwargs_differ, other_task
@@ -1859,7 +1860,7 @@ def _say_still_due(due: list[str], step: int, run_dir: Path) -> None:
     ``step``) evaluation or video a Ctrl-C (SIGTERM, SIGHUP) cut short (``due``: Counters.due; a video whose GIF is
     there is done): said as a warning, with the command that does it. Its exit status is a finished run's, and its
     lines looked done; only an INFO line said what was left out, which the bar does not show."""
-    due = [what for what in due if not (what == "video" and video_path(run_dir, step).is_file())]
+    due = still_due(due, run_dir, step)
     if due:
         log.warning(
             "the %s of step %s, the run's last, %s cut short: learner train --resume %s does %s (and ends there)",
