@@ -170,7 +170,7 @@ class LoopRunner:
             finally:
                 _close_unstarted(refused)
         if running is None:
-            with self._running:
+            with self._running, interrupts.signals_wake(self.loop):
                 awaitable: Awaitable[T] | None = None
                 task: asyncio.Future[T] | None = None
                 try:
