@@ -36,8 +36,9 @@ __all__ = ["FleetConnection"]
 # "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
 log = logging.getLogger("learner.remote")
 
-# Connecting interrupted (a Ctrl-C) or failed while Handshakes were in flight: how long their answers are waited for,
-# at most, so that the sessions they grant are released at once (else each claim held its server for the server's
+# Connecting interrupted (a Ctrl-C) or failed while Handshakes were in flight (or a refresh's, of servers joining, or
+# a reset's, renewing a session that ended: see _release_unadopted): how long their answers are waited for, at most,
+# so that the sessions they grant are released at once (else each claim held its server for the server's
 # --claim-timeout, 30 s by default: a learner started again was refused meanwhile). A second Ctrl-C ends the wait.
 _HANDSHAKE_ANSWER_WAIT_S = 2.0
 
@@ -352,7 +353,12 @@ class FleetConnection:
         wait for the slowest: a second Ctrl-C, which leaves this task where it is, left the sessions already granted
         (a fast server's, one server hanging on its Handshake) held for the claim timeout too. Answers read before
         (the connect given up after its handshakes: during the alias check, say) are released alike, at once.
-        Plain Releases, as every server takes (an old one too)."""
+        Plain Releases, as every server takes (an old one too).
+
+        The Handshakes made after the start are made so too, and released so when given up: refresh()'s, of
+        servers joining the fleet (:meth:`~learner.membership.FleetMembership._join`), and a reset's, renewing a
+        session that ended (``RemoteVectorEnv._renew_session``). Else a Ctrl-C while one was in flight (or the
+        call cancelled otherwise) left its server claimed alike."""
 
         async def release(client: EnvClient, call: asyncio.Future[pb.HandshakeResponse]) -> None:
             if not call.done():
@@ -380,25 +386,35 @@ class FleetConnection:
             client_cert=self._client_cert,
         )
 
+    @staticmethod
+    async def _shielded_handshake(
+        client: EnvClient,
+        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
+        timeout: float | None = None,
+        hint: str | None = None,
+    ) -> pb.HandshakeResponse:
+        """``client``'s Handshake (``timeout``, ``hint``: see :meth:`~learner.client.EnvClient.handshake`), the call
+        added to ``calls``, with ``client``, and run shielded: cancelled (a Ctrl-C), this ends at once, and the call
+        goes on, for :meth:`_release_unadopted` to release the session its answer may grant."""
+        call = asyncio.ensure_future(client.handshake(timeout, hint))
+        calls.append((client, call))
+        return await asyncio.shield(call)
+
     async def _handshake(
         self,
         client: EnvClient,
         deadline: float,
-        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] | None = None,
+        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
     ) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs).
-        ``calls``: where given (by :meth:`_connect`), each Handshake call is added to it, with ``client``, and
-        runs shielded: cancelled (a Ctrl-C), this ends at once, and the call goes on, for
-        :meth:`_release_unadopted` to release the session its answer may grant."""
+        Each Handshake call is added to ``calls``, with ``client``, and runs shielded (see
+        :meth:`_shielded_handshake`), for the caller to release the session its answer may grant should it be
+        given up (:meth:`_release_unadopted`)."""
         delay = 0.05
         first: ServerUnavailableError | None = None  # (the first failure the handshake was tried again after)
         while True:
             try:
-                if calls is None:
-                    return await client.handshake()
-                call = asyncio.ensure_future(client.handshake())
-                calls.append((client, call))
-                return await asyncio.shield(call)
+                return await self._shielded_handshake(client, calls)
             except ServerBusyError as err:
                 if first is not None and f"claimed by {client.client_name!r}" in err.details:
                     # The server holds the session a failed attempt of this learner claimed (its answer

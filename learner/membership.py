@@ -85,7 +85,25 @@ class FleetMembership:
 
         def _client(self, address: str) -> EnvClient: ...
 
-        async def _handshake(self, client: EnvClient, deadline: float) -> pb.HandshakeResponse: ...
+        async def _handshake(
+            self,
+            client: EnvClient,
+            deadline: float,
+            calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
+        ) -> pb.HandshakeResponse: ...
+
+        @staticmethod
+        async def _shielded_handshake(
+            client: EnvClient,
+            calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
+            timeout: float | None = None,
+            hint: str | None = None,
+        ) -> pb.HandshakeResponse: ...
+
+        @staticmethod
+        async def _release_unadopted(
+            calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
+        ) -> None: ...
 
         def _read_reset(self, client: EnvClient, response: pb.ResetResponse) -> tuple[Any, dict[str, Any]]: ...
 
@@ -506,30 +524,48 @@ class FleetMembership:
         answer_s = max(wait, JOIN_ANSWER_S)
         hint = f"a joining server has refresh()'s `wait` to answer, at least {JOIN_ANSWER_S:g} s"
         joined: list[EnvClient] = []
-        while True:
-            if fresh and wait > 0:
-                await asyncio.wait(
-                    fresh,
-                    timeout=max(0.0, deadline - time.monotonic()),
-                    return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED,
-                )
-            answered = [client for address, (client, ready) in self._joining.items() if ready.done() and due(address)]
-            for client in answered:
-                del self._joining[client.address]
-                self._connecting.pop(client.address, None)
-            if everyone:  # (retried while the server answers UNAVAILABLE, up to the deadline)
-                handshakes = [self._handshake(c, deadline) for c in answered]
-            else:
-                handshakes = [
-                    c.handshake(timeout=answer_s, hint=hint) if answer_s < c.timeout else c.handshake()
-                    for c in answered
+        # The clients taken out of _joining to be tried, and each Handshake call made (shielded, as the start's):
+        # should the refresh be given up (a Ctrl-C cancels it) while Handshakes are in flight, their answers are
+        # read then and the sessions they granted released (see _release_unadopted), and those clients closed (a
+        # session taken up already: its close releases it). Cancelled with the refresh, an answer was dropped, and
+        # its server held the claim, with nobody to release it and no Hold stream, for its claim timeout, refusing
+        # the learner started again.
+        tried: list[EnvClient] = []
+        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] = []
+        try:
+            while True:
+                if fresh and wait > 0:
+                    await asyncio.wait(
+                        fresh,
+                        timeout=max(0.0, deadline - time.monotonic()),
+                        return_when=asyncio.FIRST_COMPLETED if everyone else asyncio.ALL_COMPLETED,
+                    )
+                answered = [
+                    client for address, (client, ready) in self._joining.items() if ready.done() and due(address)
                 ]
-            responses = await gather(*handshakes, return_exceptions=True)
-            joined += await self._admit(answered, responses)
-            # (everyone: those still connecting, while none joined and time is left)
-            fresh = [ready for _, ready in self._joining.values()]
-            if not everyone or joined or not fresh or time.monotonic() >= deadline:
-                break
+                for client in answered:
+                    del self._joining[client.address]
+                    self._connecting.pop(client.address, None)
+                tried += answered
+                if everyone:  # (retried while the server answers UNAVAILABLE, up to the deadline)
+                    handshakes = [self._handshake(c, deadline, calls) for c in answered]
+                else:
+                    handshakes = [
+                        self._shielded_handshake(c, calls, answer_s, hint)
+                        if answer_s < c.timeout
+                        else self._shielded_handshake(c, calls)
+                        for c in answered
+                    ]
+                responses = await gather(*handshakes, return_exceptions=True)
+                joined += await self._admit(answered, responses)
+                # (everyone: those still connecting, while none joined and time is left)
+                fresh = [ready for _, ready in self._joining.values()]
+                if not everyone or joined or not fresh or time.monotonic() >= deadline:
+                    break
+        except BaseException:
+            await self._release_unadopted(calls)
+            await gather(*(c.close() for c in tried), return_exceptions=True)
+            raise
         self._remind_missing(joining={c.address for c in joined})
         return joined
 

@@ -74,6 +74,9 @@ class Faults:
     a test's Ctrl-C to the learner, landing while the Handshake is in flight."""
     handshake_delay_s: float = 0.0
     """How long each Handshake waits, its session granted (and :attr:`handshake_hook` called), before it answers."""
+    exclusive: bool = False
+    """Refuse a Handshake while a session it granted is neither released nor dropped (RESOURCE_EXHAUSTED, as an
+    envfleet server that holds a claim does; no claim timeout here: a session left unreleased holds it for good)."""
 
 
 class _Service(pb_grpc.EnvServiceServicer):
@@ -132,6 +135,10 @@ class _Service(pb_grpc.EnvServiceServicer):
         self.compact_asked.append(("Handshake", request.accepts_compact_bounds))
         if self.faults.claimed:
             await self._fail(context, (grpc.StatusCode.RESOURCE_EXHAUSTED, "this server's envs are claimed by 'other'"))
+        if self.faults.exclusive and self._live:
+            await self._fail(
+                context, (grpc.StatusCode.RESOURCE_EXHAUSTED, "this server's envs are claimed by a session")
+            )
         session_id = uuid.uuid4().hex if self.faults.session_id is None else self.faults.session_id
         self._released[session_id] = asyncio.Event()
         self._live.add(session_id)

@@ -18,12 +18,15 @@ from types import FrameType
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 import learner.connecting
 import learner.interrupts
 import learner.loop
 from env_server.health import check
+from learner import faults
+from learner.errors import RemoteEnvError
 from learner.loop import LoopRunner
 from learner.remote import RemoteVectorEnv
 from tests.conftest import StartServers, needs_proc, slow_to_build_server
@@ -359,6 +362,71 @@ def test_a_second_ctrl_c_leaves_no_session_already_answered_held(
     LoopRunner.for_this_thread().run(asyncio.sleep(0.2))  # (what the loop had pending ends: the servers are gone)
 
 
+def _claims_at_once(*servers: FaultyServer) -> None:
+    """A learner started again claims ``servers`` at once: none holds a session left unreleased (the servers are
+    ``Faults.exclusive``: an envfleet server refuses the next learner until its claim timeout, 30 s by default)."""
+    for server in servers:
+        server.faults.handshake_hook = None  # (not interrupted, this time)
+        server.faults.handshake_delay_s = 0.0
+    with RemoteVectorEnv([s.address for s in servers], connect_timeout=5) as envs:
+        assert envs.num_envs == 2 * len(servers)
+
+
+@pytest.mark.parametrize("everyone", [False, True], ids=["joining", "no-server-left"])
+def test_ctrl_c_while_a_joining_server_s_handshake_is_in_flight_releases_the_session_it_granted(
+    ctrl_c: Callable[[float], threading.Timer], monkeypatch: pytest.MonkeyPatch, everyone: bool
+) -> None:
+    """Ctrl-C while refresh()'s Handshake to a server joining the fleet (one the fault-tolerant start went on
+    without: another learner held it) is in flight, its session granted but not answered yet: the session is
+    released before the interrupt goes on. Cancelled with the refresh, the answer was dropped (the client it was
+    for too), and the server held the claim, with nobody to release it and no Hold stream, for its claim timeout,
+    refusing the learner started again. ``everyone``: the fleet's own server dropped too, so that the refresh's
+    last try (every server listed, at once, until one joins) makes the Handshake."""
+    del ctrl_c  # (the default handler meanwhile: the Ctrl-C comes from the joining server's Handshake)
+    # (everyone: tried by the last try only, not by the refresh's first, while its backoff runs)
+    monkeypatch.setattr(faults, "JOIN_BACKOFF", (60.0, 60.0) if everyone else (0.05, 0.1))
+    with FaultyServer(Faults(exclusive=True)) as a, FaultyServer(Faults(exclusive=True, claimed=True)) as b:
+        with RemoteVectorEnv([a.address, b.address], fault_tolerant=True, connect_timeout=5) as envs:
+            assert envs.servers_not_joined == [b.address]
+            envs.reset(seed=0)
+            b.faults.claimed = False  # (the other learner let go)
+            b.faults.handshake_hook, b.faults.handshake_delay_s = _ctrl_c_to_the_main_thread, 0.3
+            if everyone:
+                a.faults.claimed = True  # (a, dropped, is refused as it joins again: no server left)
+            else:
+                time.sleep(0.1)  # (b's backoff over)
+            with pytest.raises(KeyboardInterrupt):
+                envs.refresh(drop=[a.address] if everyone else ())
+            # (released before the interrupt went on: nothing runs the loop meanwhile)
+            assert len(b.service.granted) == 1 and b.service.released == b.service.granted
+            a.faults.claimed = False
+        _claims_at_once(a, b)
+
+
+def test_ctrl_c_while_a_session_s_renewal_handshake_is_in_flight_releases_the_session_it_granted(
+    ctrl_c: Callable[[float], threading.Timer],
+) -> None:
+    """Ctrl-C while reset()'s Handshake renewing a session that ended (the server dropped it: here, its claim
+    timed out) is in flight, the new session granted but not answered yet: that session is released before the
+    interrupt goes on. Cancelled with the reset, the answer was dropped, and the server held the new claim, with
+    nobody to release it and no Hold stream, for its claim timeout, refusing the learner started again (the
+    client's close releases the old session only)."""
+    del ctrl_c  # (the default handler meanwhile: the Ctrl-C comes from the server's Handshake)
+    with FaultyServer(Faults(exclusive=True)) as server:
+        with RemoteVectorEnv([server.address], connect_timeout=5) as envs:
+            envs.reset(seed=0)
+            server.service.drop_sessions()
+            with pytest.raises(RemoteEnvError, match="does not own this server"):
+                envs.step(np.zeros(2, dtype=np.int64))
+            server.faults.handshake_hook, server.faults.handshake_delay_s = _ctrl_c_to_the_main_thread, 0.3
+            with pytest.raises(KeyboardInterrupt):
+                envs.reset(seed=0)
+            # (released before the interrupt went on: nothing runs the loop meanwhile)
+            renewal = server.service.granted[1]
+            assert len(server.service.granted) == 2 and renewal in server.service.released
+        _claims_at_once(server)
+
+
 # Run in a process of its own: without the fix the wait below never ends (the task's wakeup is lost).
 _STOP_INSIDE_A_GRPC_CALLBACK = r"""
 import asyncio, signal, sys
@@ -366,6 +434,8 @@ from concurrent import futures
 
 import grpc
 
+from learner import faults
+from learner.errors import RemoteEnvError
 from learner.loop import LoopRunner
 from learner.progress import ending_as_interrupt
 
