@@ -286,7 +286,14 @@ class FleetMembership:
             joined = self._runner.run(lambda: self._join(wanted, self.connect_timeout, everyone=True, listed=listed))
         if not leave and not joined and self._stale is None:
             return None
-        resets, failed = self._restart(stay, joined, replicas)
+        try:
+            resets, failed = self._restart(stay, joined, replicas)
+        except BaseException:
+            # Interrupted (a Ctrl-C while they reset): the servers joining are in none of the fleet's lists yet, so
+            # no close would release their sessions, taken up (their Hold streams kept the claims for as long as
+            # their connections lived: the process's life). Let go of them now; the fleet stays as it was.
+            self._let_go(joined, replicas)
+            raise
         # A server whose reset failed leaves as well (several replicas stopping at once fail one
         # after another); those that stayed until now may have a reconnect task to end first. One
         # that was joining does not join: it is tried again later, as after a failed handshake.

@@ -74,6 +74,11 @@ class Faults:
     a test's Ctrl-C to the learner, landing while the Handshake is in flight."""
     handshake_delay_s: float = 0.0
     """How long each Handshake waits, its session granted (and :attr:`handshake_hook` called), before it answers."""
+    reset_hook: Callable[[], None] | None = None
+    """Called (on the server's thread) by each Reset before it answers: a test's Ctrl-C to the learner, landing while
+    the Reset is in flight."""
+    reset_delay_s: float = 0.0
+    """How long each Reset waits (after :attr:`reset_hook`) before it answers."""
     exclusive: bool = False
     """Refuse a Handshake while a session it granted is neither released nor dropped (RESOURCE_EXHAUSTED, as an
     envfleet server that holds a claim does; no claim timeout here: a session left unreleased holds it for good)."""
@@ -164,6 +169,10 @@ class _Service(pb_grpc.EnvServiceServicer):
 
     async def Reset(self, request: pb.ResetRequest, context: grpc.aio.ServicerContext) -> pb.ResetResponse:
         await self._check_session(request.session_id, context)
+        if self.faults.reset_hook is not None:
+            self.faults.reset_hook()
+        if self.faults.reset_delay_s:
+            await asyncio.sleep(self.faults.reset_delay_s)
         seeds = [s.value if s.HasField("value") else None for s in request.seeds] or None
         options = {"reset_mask": np.array(request.reset_mask)} if request.reset_mask else None
         obs, _ = self.env.reset(seed=seeds, options=options)
