@@ -46,16 +46,20 @@ def interrupt() -> None:
     ever, whatever its deadline (a SIGTERM as a learner waited for its servers left it running; in a
     script stepping a fleet over TCP about one Ctrl-C in ten hung it). Another loop (a caller's own:
     ``asyncio.run``, a notebook's kernel) is not waited for: the code that runs in it may not return to
-    it for long, a step of RemoteVectorEnv's included."""
+    it for long, a step of RemoteVectorEnv's included. Inside :class:`signals_wake`'s block (the main thread
+    about to run its loop, or just done with it), the interrupt is that loop's, as while it runs."""
     global _interrupt_pending_on, _held_interrupt
     if _held and not (_breakable and _held_interrupt):
         _held_interrupt = True  # (raised as the block ends: interrupts_held)
         return
     _held_interrupt = False  # (a breakable block's second: raised now, not again as the block ends)
+    loop: asyncio.AbstractEventLoop | None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # (no loop runs here: the usual case, between steps)
-        loop = None
+        # (inside signals_wake's block, not running its loop just then: as it begins or ends its run, and at the
+        # block's very ends, where a KeyboardInterrupt raised would leave the wakeup fd swapped: the loop's too)
+        loop = _waking
     if loop is None or loop not in ours:
         raise KeyboardInterrupt
     _interrupt_pending_on = loop
@@ -103,27 +107,43 @@ def raise_pending_interrupt(loop: asyncio.AbstractEventLoop) -> None:
         raise KeyboardInterrupt
 
 
-# signals_wake's socket pair, made at its first use and kept for the process's life: its write end may stay the
-# wakeup fd (an interrupt that came between its setting and the block's start, or during the block's end, leaves it
-# there), and a number closed then taken by another file would get every signal's byte. The loops that watch its
-# read end (those that cannot: Windows' proactor loop, no add_reader), and the program's own wakeup fd it stands in
-# for while a block lasts (-1: none).
+# signals_wake's socket pair, made at its first use and kept for the process's life: its write end is the wakeup fd only
+# while a block lasts, but a fork child started meanwhile (by another thread) keeps it as its own, and a number closed
+# then taken by another file would get every signal's byte. The loops that watch its read end (those that cannot:
+# Windows' proactor loop, no add_reader), and the program's own wakeup fd it stands in for while a block lasts (-1:
+# none).
 _wakeup: tuple[socket.socket, socket.socket] | None = None
 _watching: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _deaf: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _forward = -1
+# The loop of the signals_wake block the main thread is in (None: none), whose interrupts it takes (see interrupt).
+_waking: asyncio.AbstractEventLoop | None = None
 
 
-def _drain() -> None:
-    """What came to the wakeup socket (the signals' numbers, a byte each): dropped, or handed to :data:`_forward`."""
+def _drain(*, dry: bool = False) -> None:
+    """What came to the wakeup socket (the signals' numbers, a byte each): dropped, or handed to :data:`_forward`.
+    ``dry``: all of it (as a block ends: what came after the loop's last look would wait for the next block).
+
+    Not on another thread's run: a loop the main thread once ran (the close of an env a worker made, run here by
+    run_or_schedule) watched the socket for good, and run later by its own thread it read the byte that was to
+    wake the main thread's loop, which then slept on (2 waits in 100 ran to their end so). That loop stops watching;
+    the main thread's next run of it watches again."""
     assert _wakeup is not None
-    try:
-        data = _wakeup[0].recv(4096)
-    except OSError:  # (BlockingIOError: another loop read it)
+    if not dry and threading.current_thread() is not threading.main_thread():
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(_wakeup[0].fileno())
+        _watching.discard(loop)
         return
-    if data and _forward != -1:
-        with contextlib.suppress(OSError):  # (its reader gone, or full: as a signal's own write would be)
-            os.write(_forward, data)
+    while True:
+        try:
+            data = _wakeup[0].recv(4096)
+        except OSError:  # (BlockingIOError: nothing more, or another loop read it)
+            return
+        if data and _forward != -1:
+            with contextlib.suppress(OSError):  # (its reader gone, or full: as a signal's own write would be)
+                os.write(_forward, data)
+        if not dry or len(data) < 4096:
+            return
 
 
 def _wakeup_fd(loop: asyncio.AbstractEventLoop) -> int:
@@ -164,24 +184,53 @@ class signals_wake:  # (lower case: a context manager used as a function is, ``w
     meanwhile. Elsewhere than in the main thread, nothing (signals are the main thread's). (A class, not a
     generator's context manager: entered at every step, it costs ~1 us, not ~3.)"""
 
-    __slots__ = ("_fd", "_previous")
+    __slots__ = ("_fd", "_loop", "_outer", "_previous")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._fd = _wakeup_fd(loop) if threading.current_thread() is threading.main_thread() else -1
+        self._loop = loop
+        self._outer: asyncio.AbstractEventLoop | None = None
         self._previous = -1
 
+    # An interrupt (a signal's handler, run where the main thread is: as a function begins, after each call from
+    # it) raised between the swap of the wakeup fd and what remembers it, or as __exit__ begins, left the loop's
+    # socket the wakeup fd for good, the program's lost: the next block took it for a block's inside another's
+    # and put nothing back, and the program's own loop never heard of its signals again. So from before the swap
+    # to the end of the one back, an interrupt is the loop's (see interrupt: :data:`_waking`), as inside the run,
+    # and raised by the run (LoopRunner._run_until_complete looks as the run ends, as it fails), or here, once
+    # the program's fd is back. (No exception raised here before that: then the with statement calls no __exit__.)
     def __enter__(self) -> None:
-        global _forward
-        if self._fd != -1:
+        global _forward, _waking
+        if self._fd == -1:
+            return
+        self._outer, _waking = _waking, self._loop
+        try:
             self._previous = previous = signal.set_wakeup_fd(self._fd, warn_on_full_buffer=False)
-            if previous != self._fd:  # (else a block inside one, whose end puts the program's back)
-                _forward = previous
+        except BaseException:  # (the swap refused: no block, no __exit__; an interrupt since is the loop's next)
+            _waking = self._outer
+            raise
+        if previous != self._fd:  # (else a block inside one, whose end puts the program's back)
+            _forward = previous
 
     def __exit__(self, *exc_info: object) -> None:
-        global _forward
-        if self._fd != -1 and self._previous != self._fd:
-            signal.set_wakeup_fd(self._previous)
+        global _forward, _waking
+        if self._fd == -1:
+            return
+        if self._previous != self._fd:
+            try:
+                signal.set_wakeup_fd(self._previous)
+            except (OSError, ValueError):  # (the program's closed meanwhile: none rather than a number reused)
+                signal.set_wakeup_fd(-1)
+            if _forward != -1:
+                _drain(dry=True)  # (signals that came since the loop last looked: the program's too)
             _forward = -1
+        _waking = self._outer
+        if _interrupt_pending_on is self._loop:  # (one that came as the block ended, left for the loop)
+            try:
+                raise_pending_interrupt(self._loop)
+            except KeyboardInterrupt:
+                if not isinstance(exc_info[1], KeyboardInterrupt):  # (else the one raised stands for it)
+                    raise
 
 
 def _interrupt_on_signal(signum: int, frame: FrameType | None) -> None:

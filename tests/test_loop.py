@@ -680,6 +680,121 @@ def test_the_wakeup_fd_is_the_loop_s_only_while_it_runs_and_the_program_s_own_ge
         their_end.close()
 
 
+def test_a_ctrl_c_at_any_point_of_the_wakeup_fd_s_swap_leaves_the_program_s_own_installed(runner: LoopRunner) -> None:
+    """A Ctrl-C handled at each bytecode in turn of signals_wake (its making, its start, its end: CPython runs a
+    signal's handler as a function begins and after each call from it, among them the swap's own) during one
+    ``run``, with the program's own wakeup fd installed: the run is interrupted, nothing is left pending for the
+    next call, and the program's fd is the wakeup fd again. Raised after the swap but before the block knew what it
+    replaced, or as the block's end began, the interrupt left the loop's socket the wakeup fd for good: the next
+    block took it for one inside another and put nothing back, and the program's own loop (asyncio's, with signal
+    handlers) never heard of its signals again."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    theirs, their_end = socket.socketpair()
+    their_end.setblocking(False)
+    outside = signal.set_wakeup_fd(their_end.fileno())
+    swap = {
+        learner.interrupts.signals_wake.__init__.__code__,
+        learner.interrupts.signals_wake.__enter__.__code__,
+        learner.interrupts.signals_wake.__exit__.__code__,
+    }
+    point, count = 0, 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if frame.f_code not in swap:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == point:
+                learner.interrupts.interrupt()  # (take_ctrl_c's handler, as it runs there)
+        return tracer
+
+    async def call() -> None:
+        await asyncio.sleep(0)
+
+    try:
+        interrupted = True
+        while interrupted:  # (until a point past the swap's last bytecode: it ran whole)
+            point, count, interrupted = point + 1, 0, False
+            sys.settrace(tracer)
+            try:
+                runner.run(call)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(None)
+            assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
+            assert learner.interrupts._interrupt_pending_on is None, f"left pending at bytecode {point}"
+            runner.run(call)  # (the next call is not interrupted)
+            installed = signal.set_wakeup_fd(their_end.fileno())
+            assert installed == their_end.fileno(), f"the wakeup fd after a Ctrl-C at bytecode {point}"
+            assert learner.interrupts._forward == -1, point
+        assert point > 20  # (the test reached the swap's inside)
+    finally:
+        signal.set_wakeup_fd(outside)
+        theirs.close()
+        their_end.close()
+
+
+def test_a_signal_that_comes_as_a_run_ends_reaches_the_program_s_own_loop_at_once() -> None:
+    """A program's own loop (asyncio's, its signal handlers added: they run only as the loop reads their bytes
+    from its wakeup fd) gets a signal that came as a run of ours ended, after our loop's last look at the wakeup
+    socket but before the program's fd was put back: it stayed in our socket until our next run (none: never)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    theirs = asyncio.new_event_loop()
+    got: list[str] = []
+    theirs.add_signal_handler(signal.SIGUSR1, lambda: got.append("usr1"))
+    ending = learner.interrupts.signals_wake.__exit__.__code__
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is ending:
+            sys.settrace(None)
+            os.kill(os.getpid(), signal.SIGUSR1)  # (its byte written before kill returns)
+        return None
+
+    async def call() -> None:
+        await asyncio.sleep(0)
+
+    try:
+        sys.settrace(tracer)
+        try:
+            LoopRunner.for_this_thread().run(call)
+        finally:
+            sys.settrace(None)
+        theirs.run_until_complete(asyncio.sleep(0.2))
+        assert got == ["usr1"]
+    finally:
+        theirs.remove_signal_handler(signal.SIGUSR1)
+        theirs.close()
+
+
+def test_a_worker_s_loop_the_main_thread_ran_once_leaves_the_wakeup_bytes_to_the_main_thread() -> None:
+    """A loop the main thread ran once (the close of an env a worker thread made, run here by run_or_schedule)
+    watched the wakeup socket for good: run later by its own thread, it read the byte a signal wrote there to wake
+    the main thread's loop, which then slept on to its wait's end (2 waits in 100 of a Ctrl-C whose C handler ran
+    in another thread, beside such a loop). It now leaves the bytes where they are, and stops watching."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    made: list[LoopRunner] = []
+    worker = threading.Thread(target=lambda: made.append(LoopRunner.for_this_thread()))
+    worker.start()
+    worker.join()
+    theirs = made[0]  # (held: its loop is not a spare one)
+    theirs.run_or_schedule(lambda: asyncio.sleep(0))  # (run here, in the main thread: its loop now watches)
+    assert theirs.loop in learner.interrupts._watching
+    wakeup = learner.interrupts._wakeup
+    assert wakeup is not None
+    wakeup[1].send(bytes([signal.SIGINT]))  # (as a signal's C handler writes it)
+    again = threading.Thread(target=lambda: theirs.run(lambda: asyncio.sleep(0.1)))
+    again.start()
+    again.join()
+    assert wakeup[0].recv(16) == bytes([signal.SIGINT])  # (left for the main thread's loop)
+    assert theirs.loop not in learner.interrupts._watching
+
+
 def _ctrl_c() -> None:
     """A Ctrl-C's KeyboardInterrupt, as a callback of the loop raises it."""
     raise KeyboardInterrupt
