@@ -12,6 +12,7 @@ import re
 import select
 import socket
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,8 +56,10 @@ from learner.errors import (
     out_of_fds,
 )
 from learner.local import label_of
+from learner.loop import gather
 
 __all__ = [
+    "HANDSHAKE_ANSWER_WAIT_S",
     "KEEPALIVE_TIMEOUT",
     "KEEPALIVE_TIMEOUT_HINT",
     "MAX_IDLE_PINGS",
@@ -71,8 +74,11 @@ __all__ = [
     "client_identity",
     "proxy_status",
     "proxy_text",
+    "release_unadopted",
+    "releasing_unadopted",
     "request_too_large",
     "server_text",
+    "shielded_handshake",
     "status_error",
     "timeout_error",
     "translate_error",
@@ -1311,6 +1317,82 @@ def _call_tasks(channel: grpc.aio.Channel) -> list[asyncio.Task[Any]]:
         if any(type(c).__name__ == "_AioCall" and getattr(c, "_channel", None) is core for c in calls):
             found.append(task)
     return found
+
+
+# Handshakes given up (a Ctrl-C, a close) while in flight: how long their answers are waited for, at most, so that
+# the sessions they grant are released at once (else each claim held its server for the server's --claim-timeout, 30 s
+# by default: a learner started again was refused meanwhile). A second Ctrl-C ends the wait (LoopRunner.run). Here,
+# beside EnvClient, for every Handshake of the fleet: the start's (learner.connecting), refresh()'s of servers joining
+# (learner.membership), a reset's renewing a session that ended (learner.remote), a reconnect's (learner.faults).
+HANDSHAKE_ANSWER_WAIT_S = 2.0
+
+# The tasks in release_unadopted now, waiting for the answers of Handshakes given up to release their sessions (see
+# releasing_unadopted: the fleet's close lets a reconnect it cancelled so finish before it closes the channels).
+_RELEASING: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+async def shielded_handshake(
+    client: EnvClient,
+    calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
+    timeout: float | None = None,
+    hint: str | None = None,
+) -> pb.HandshakeResponse:
+    """``client``'s Handshake (``timeout``, ``hint``: see :meth:`EnvClient.handshake`), the call added to
+    ``calls``, with ``client``, and run shielded: cancelled (a Ctrl-C), this ends at once, and the call goes on,
+    for :func:`release_unadopted` to release the session its answer may grant."""
+    call = asyncio.ensure_future(client.handshake(timeout, hint))
+    calls.append((client, call))
+    return await asyncio.shield(call)
+
+
+async def release_unadopted(calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]]) -> None:
+    """Release the session each of the Handshake ``calls`` (each with its client) granted, where its client did
+    not take it up (a session taken up, its client's close releases).
+
+    A connect given up while Handshakes were in flight (a Ctrl-C: the connect's task is cancelled) dropped
+    their answers: a server that had granted the claim, its answer on the way, then held it with nobody to
+    release it, no Hold stream, until its --claim-timeout (30 s by default: "ended: no Hold stream and no calls
+    for 30 s" in its log), refusing the learner started again meanwhile (ServerBusyError; 1-2 of 30 connects
+    interrupted in a fuzz). So the calls go on, shielded from the cancel (see :func:`shielded_handshake`), and are
+    waited for here, :data:`HANDSHAKE_ANSWER_WAIT_S` at most (a second Ctrl-C ends the wait: LoopRunner.run);
+    then those still in flight are cancelled. Each session is released as its answer is read, not after the
+    wait for the slowest: a second Ctrl-C, which leaves this task where it is, left the sessions already granted
+    (a fast server's, one server hanging on its Handshake) held for the claim timeout too. Answers read before
+    (the connect given up after its handshakes: during the alias check, say) are released alike, at once.
+    Plain Releases, as every server takes (an old one too).
+
+    The Handshakes made after the start are made so too, and released so when given up: refresh()'s, of
+    servers joining the fleet (:meth:`~learner.membership.FleetMembership._join`), a reset's, renewing a
+    session that ended (``RemoteVectorEnv._renew_session``), and a fault-tolerant reconnect's
+    (:func:`learner.faults.reconnect`: the fleet's close cancels it). Else a Ctrl-C while one was in flight (or
+    the call cancelled otherwise) left its server claimed alike."""
+
+    async def release(client: EnvClient, call: asyncio.Future[pb.HandshakeResponse]) -> None:
+        if not call.done():
+            _, late = await asyncio.wait([call], timeout=HANDSHAKE_ANSWER_WAIT_S)
+            if late:
+                call.cancel()
+                await gather(call, return_exceptions=True)
+                return
+        if call.cancelled() or call.exception() is not None:
+            return
+        session_id = call.result().session_id
+        if session_id and session_id != client.session_id:  # (none granted, or taken up: nothing to release)
+            await client.release_session(session_id, RELEASE_TIMEOUT)
+
+    task = asyncio.current_task()
+    assert task is not None  # (a coroutine of asyncio's: it runs in a task)
+    _RELEASING.add(task)
+    try:
+        await gather(*(release(client, call) for client, call in calls), return_exceptions=True)
+    finally:
+        _RELEASING.discard(task)
+
+
+def releasing_unadopted(tasks: Sequence[asyncio.Future[Any]]) -> list[asyncio.Future[Any]]:
+    """Those of ``tasks`` in :func:`release_unadopted` now (a reconnect cancelled while its Handshake was in
+    flight, say, waiting for its answer to release the session it granted)."""
+    return [task for task in tasks if task in _RELEASING]
 
 
 class SocketStep:

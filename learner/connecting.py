@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from env_server.rpc import env_pb2 as pb
-from learner.client import RELEASE_TIMEOUT, EnvClient, proxy_status
+from learner.client import EnvClient, proxy_status, release_unadopted, shielded_handshake
 from learner.discovery import diagnose, no_wait_mends, probe_until
 from learner.errors import (
     RemoteTimeoutError,
@@ -35,12 +35,6 @@ __all__ = ["FleetConnection"]
 # RemoteVectorEnv's logger, not this module's: these lines are the env's (users and tests filter
 # "learner.remote"), and they were logged there before this code moved out of learner/remote.py.
 log = logging.getLogger("learner.remote")
-
-# Connecting interrupted (a Ctrl-C) or failed while Handshakes were in flight (or a refresh's, of servers joining, or
-# a reset's, renewing a session that ended: see _release_unadopted): how long their answers are waited for, at most,
-# so that the sessions they grant are released at once (else each claim held its server for the server's
-# --claim-timeout, 30 s by default: a learner started again was refused meanwhile). A second Ctrl-C ends the wait.
-_HANDSHAKE_ANSWER_WAIT_S = 2.0
 
 # Connecting: after this long without an answer (or half of connect_timeout, if less), look at why
 # (a plain connect: refused? no socket file?) and say which servers are waited for.
@@ -326,7 +320,7 @@ class FleetConnection:
     ) -> None:
         """On an error in :meth:`_connect`: cancel every connect still waiting (``readies``, and the servers
         to join later), release every session the Handshake ``calls`` granted that no client took up (see
-        :meth:`_release_unadopted`), and close every client (``clients``, theirs too)."""
+        :func:`~learner.client.release_unadopted`), and close every client (``clients``, theirs too)."""
         joining, self._joining = self._joining, {}
         for _, pending in joining.values():
             pending.cancel()
@@ -335,45 +329,8 @@ class FleetConnection:
         for ready in readies:
             ready.cancel()
         await gather(*readies, return_exceptions=True)
-        await self._release_unadopted(calls)
+        await release_unadopted(calls)
         await gather(*(c.close() for c in clients + [c for c, _ in joining.values()]), return_exceptions=True)
-
-    @staticmethod
-    async def _release_unadopted(calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]]) -> None:
-        """Release the session each of the Handshake ``calls`` (each with its client) granted, where its client did
-        not take it up (a session taken up, its client's close releases).
-
-        A connect given up while Handshakes were in flight (a Ctrl-C: the connect's task is cancelled) dropped
-        their answers: a server that had granted the claim, its answer on the way, then held it with nobody to
-        release it, no Hold stream, until its --claim-timeout (30 s by default: "ended: no Hold stream and no calls
-        for 30 s" in its log), refusing the learner started again meanwhile (ServerBusyError; 1-2 of 30 connects
-        interrupted in a fuzz). So the calls go on, shielded from the cancel (see :meth:`_handshake`), and are
-        waited for here, :data:`_HANDSHAKE_ANSWER_WAIT_S` at most (a second Ctrl-C ends the wait: LoopRunner.run);
-        then those still in flight are cancelled. Each session is released as its answer is read, not after the
-        wait for the slowest: a second Ctrl-C, which leaves this task where it is, left the sessions already granted
-        (a fast server's, one server hanging on its Handshake) held for the claim timeout too. Answers read before
-        (the connect given up after its handshakes: during the alias check, say) are released alike, at once.
-        Plain Releases, as every server takes (an old one too).
-
-        The Handshakes made after the start are made so too, and released so when given up: refresh()'s, of
-        servers joining the fleet (:meth:`~learner.membership.FleetMembership._join`), and a reset's, renewing a
-        session that ended (``RemoteVectorEnv._renew_session``). Else a Ctrl-C while one was in flight (or the
-        call cancelled otherwise) left its server claimed alike."""
-
-        async def release(client: EnvClient, call: asyncio.Future[pb.HandshakeResponse]) -> None:
-            if not call.done():
-                _, late = await asyncio.wait([call], timeout=_HANDSHAKE_ANSWER_WAIT_S)
-                if late:
-                    call.cancel()
-                    await gather(call, return_exceptions=True)
-                    return
-            if call.cancelled() or call.exception() is not None:
-                return
-            session_id = call.result().session_id
-            if session_id and session_id != client.session_id:  # (none granted, or taken up: nothing to release)
-                await client.release_session(session_id, RELEASE_TIMEOUT)
-
-        await gather(*(release(client, call) for client, call in calls), return_exceptions=True)
 
     def _diagnose(self, address: str, timeout: float) -> str | None:
         """Why ``address`` does not answer (:func:`~learner.discovery.diagnose`)."""
@@ -386,20 +343,6 @@ class FleetConnection:
             client_cert=self._client_cert,
         )
 
-    @staticmethod
-    async def _shielded_handshake(
-        client: EnvClient,
-        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
-        timeout: float | None = None,
-        hint: str | None = None,
-    ) -> pb.HandshakeResponse:
-        """``client``'s Handshake (``timeout``, ``hint``: see :meth:`~learner.client.EnvClient.handshake`), the call
-        added to ``calls``, with ``client``, and run shielded: cancelled (a Ctrl-C), this ends at once, and the call
-        goes on, for :meth:`_release_unadopted` to release the session its answer may grant."""
-        call = asyncio.ensure_future(client.handshake(timeout, hint))
-        calls.append((client, call))
-        return await asyncio.shield(call)
-
     async def _handshake(
         self,
         client: EnvClient,
@@ -408,13 +351,13 @@ class FleetConnection:
     ) -> pb.HandshakeResponse:
         """Handshake, retried while the server answers UNAVAILABLE (it listens while it builds its envs).
         Each Handshake call is added to ``calls``, with ``client``, and runs shielded (see
-        :meth:`_shielded_handshake`), for the caller to release the session its answer may grant should it be
-        given up (:meth:`_release_unadopted`)."""
+        :func:`~learner.client.shielded_handshake`), for the caller to release the session its answer may grant
+        should it be given up (:func:`~learner.client.release_unadopted`)."""
         delay = 0.05
         first: ServerUnavailableError | None = None  # (the first failure the handshake was tried again after)
         while True:
             try:
-                return await self._shielded_handshake(client, calls)
+                return await shielded_handshake(client, calls)
             except ServerBusyError as err:
                 if first is not None and f"claimed by {client.client_name!r}" in err.details:
                     # The server holds the session a failed attempt of this learner claimed (its answer

@@ -14,7 +14,7 @@ from env_server.protocol import SHUTTING_DOWN_MESSAGE, host_port
 from env_server.rpc import env_pb2 as pb
 from learner import faults
 from learner.batching import merge_infos
-from learner.client import EnvClient
+from learner.client import EnvClient, release_unadopted, shielded_handshake
 from learner.discovery import AddressError, expand_named
 from learner.errors import InvalidResponseError, RemoteEnvError, ServerBusyError, ServerUnavailableError
 from learner.faults import Replica, ReplicaState
@@ -91,19 +91,6 @@ class FleetMembership:
             deadline: float,
             calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
         ) -> pb.HandshakeResponse: ...
-
-        @staticmethod
-        async def _shielded_handshake(
-            client: EnvClient,
-            calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
-            timeout: float | None = None,
-            hint: str | None = None,
-        ) -> pb.HandshakeResponse: ...
-
-        @staticmethod
-        async def _release_unadopted(
-            calls: Sequence[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]],
-        ) -> None: ...
 
         def _read_reset(self, client: EnvClient, response: pb.ResetResponse) -> tuple[Any, dict[str, Any]]: ...
 
@@ -533,7 +520,7 @@ class FleetMembership:
         joined: list[EnvClient] = []
         # The clients taken out of _joining to be tried, and each Handshake call made (shielded, as the start's):
         # should the refresh be given up (a Ctrl-C cancels it) while Handshakes are in flight, their answers are
-        # read then and the sessions they granted released (see _release_unadopted), and those clients closed (a
+        # read then and the sessions they granted released (see release_unadopted), and those clients closed (a
         # session taken up already: its close releases it). Cancelled with the refresh, an answer was dropped, and
         # its server held the claim, with nobody to release it and no Hold stream, for its claim timeout, refusing
         # the learner started again.
@@ -558,9 +545,9 @@ class FleetMembership:
                     handshakes = [self._handshake(c, deadline, calls) for c in answered]
                 else:
                     handshakes = [
-                        self._shielded_handshake(c, calls, answer_s, hint)
+                        shielded_handshake(c, calls, answer_s, hint)
                         if answer_s < c.timeout
-                        else self._shielded_handshake(c, calls)
+                        else shielded_handshake(c, calls)
                         for c in answered
                     ]
                 responses = await gather(*handshakes, return_exceptions=True)
@@ -570,7 +557,7 @@ class FleetMembership:
                 if not everyone or joined or not fresh or time.monotonic() >= deadline:
                     break
         except BaseException:
-            await self._release_unadopted(calls)
+            await release_unadopted(calls)
             await gather(*(c.close() for c in tried), return_exceptions=True)
             raise
         self._remind_missing(joining={c.address for c in joined})

@@ -41,6 +41,7 @@ from learner.batching import (
     write_batch,
 )
 from learner.client import (
+    HANDSHAKE_ANSWER_WAIT_S,
     KEEPALIVE_TIMEOUT,
     RESET_TIMEOUT_HINT,
     RESET_WAIT_TIMEOUT_HINT,
@@ -49,6 +50,8 @@ from learner.client import (
     EnvClient,
     SocketStep,
     channel_credentials,
+    release_unadopted,
+    releasing_unadopted,
     server_text,
     timeout_error,
 )
@@ -876,7 +879,7 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         except BaseException:
             # Given up (a Ctrl-C cancels the reset) while the Handshake was in flight: its answer is read, and the
             # session it granted released (the client's close releases the old one only), as the start's are.
-            await self._release_unadopted(calls)
+            await release_unadopted(calls)
             raise
         client.abandon()
         client.start_session(response)
@@ -2102,7 +2105,8 @@ async def _exchange(client: EnvClient, request: pb.StepRequest, sent: float) -> 
 
 
 CANCEL_WAIT_S = 0.5
-"""How long ``close()`` waits for its cancelled calls to end before it closes the connections under them."""
+"""How long ``close()`` waits for its cancelled calls to end before it closes the connections under them (a
+reconnect releasing the session its Handshake granted: up to HANDSHAKE_ANSWER_WAIT_S more, see :func:`_close_all`)."""
 
 
 async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]]) -> None:
@@ -2112,11 +2116,20 @@ async def _close_all(clients: list[EnvClient], tasks: list[asyncio.Future[Any]])
     GetSpec, say) stays "cancelling" until that call ends: grpc.aio's call does not end when cancelled,
     but when the server answers (measured: close() took as long as the server's hang, 14 s of 15).
     So the tasks get a moment; then the connections close, which ends such calls, and the tasks with them.
+
+    A fault-tolerant reconnect cancelled while its Handshake is in flight waits for the answer, to release the
+    session it granted (:func:`~learner.client.release_unadopted`): closed under it after that moment, it left the
+    session to the server's claim timeout (30 s by default), refusing the learner started again (learner train
+    closes the fleet after a Ctrl-C). Such a task gets up to HANDSHAKE_ANSWER_WAIT_S more (a close with a server
+    hanging on a reconnect's Handshake takes that much longer); the others none.
     """
     for task in tasks:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+        releasing = releasing_unadopted(tasks)
+        if releasing:
+            await asyncio.wait(releasing, timeout=HANDSHAKE_ANSWER_WAIT_S)
     await gather(*(c.close() for c in clients), return_exceptions=True)
     await gather(*tasks, return_exceptions=True)
 

@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import pytest
 
+import learner.client
 import learner.connecting
 import learner.interrupts
 import learner.loop
@@ -310,15 +311,15 @@ def test_a_second_ctrl_c_ends_the_wait_for_handshake_answers_at_once(
     """The wait for the answers of Handshakes in flight at a Ctrl-C (to release their sessions) ends at a second
     Ctrl-C, as any cleanup after an interrupt does: the server's session is left to its claim timeout then."""
     del ctrl_c  # (the default handler meanwhile)
-    monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
+    monkeypatch.setattr(learner.client, "HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
     releasing = threading.Event()  # (the first Ctrl-C taken: the connect given up, its wait begun)
-    release_unadopted = learner.connecting.FleetConnection._release_unadopted
+    release_unadopted = learner.connecting.release_unadopted
 
     async def entered(*args: Any) -> None:
         releasing.set()
         await release_unadopted(*args)
 
-    monkeypatch.setattr(learner.connecting.FleetConnection, "_release_unadopted", staticmethod(entered))
+    monkeypatch.setattr(learner.connecting, "release_unadopted", entered)  # (the connect's)
     again: list[threading.Thread] = []
 
     def twice() -> None:  # (the first Ctrl-C now, the Handshake in flight; the second during the wait after it)
@@ -342,7 +343,7 @@ def test_a_second_ctrl_c_leaves_no_session_already_answered_held(
     wait for the hanging one's answer. The answered session is released at once, not after that wait: the second
     Ctrl-C, leaving the cleanup where it is, left it held (for the server's claim timeout) with the other."""
     del ctrl_c  # (the default handler meanwhile)
-    monkeypatch.setattr(learner.connecting, "_HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
+    monkeypatch.setattr(learner.client, "HANDSHAKE_ANSWER_WAIT_S", 60.0)  # (far longer than the test waits)
     again: list[threading.Thread] = []
     fast = FaultyServer()
 
@@ -456,12 +457,6 @@ def test_ctrl_c_while_a_session_s_renewal_handshake_is_in_flight_releases_the_se
         _claims_at_once(server)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed yet: a fault-tolerant reconnect's Handshake (learner.faults._attempt) is not shielded, and the "
-    "fleet's close cancels the reconnect (_close_all gives cancelled tasks CANCEL_WAIT_S, 0.5 s, before it closes the "
-    "channels): the session that Handshake granted is left to the server's claim timeout",
-)
 def test_a_close_while_a_reconnect_s_handshake_is_in_flight_releases_the_session_it_granted() -> None:
     """A fault-tolerant fleet closed (learner train's, after a Ctrl-C) while a lost server's reconnect, in the
     background, waits for its Handshake's answer: the session it granted should be released, as the start's are,
