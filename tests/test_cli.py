@@ -1365,6 +1365,30 @@ def test_a_run_whose_envs_have_no_time_limit_and_ended_no_episode_says_what_to_g
     assert "no episode ended" in out and "time limit" not in out
 
 
+def test_a_ctrl_c_that_python_wraps_in_a_runtime_error_aborts_the_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C raised as a class is made (a dataclass field's ``__set_name__``, as ``learner train`` imports
+    learner.train a second in): Python 3.11 wraps it, ``RuntimeError: Error calling __set_name__ ...``, and the
+    command ended in that traceback, status 1. It ends as aborted, 130, as at any other point."""
+    import learner.cli
+
+    class Field:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt  # (the Ctrl-C's handler runs there, and raises it)
+
+    def importing(args: object) -> int:
+        class Made:  # (a class of a module the command imports)
+            field = Field()
+
+        return 0
+
+    monkeypatch.setattr(learner.cli, "cmd_plot", importing)
+    assert learner.cli.main(["plot", "somewhere"]) == 130
+    err = capsys.readouterr().err
+    assert "aborted" in err and "Traceback" not in err, err
+
+
 def test_a_ctrl_c_while_the_parser_is_built_ends_the_command_by_the_sigint_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """Its first second or so (the parser imports gymnasium): `learner: aborted`, then the process ends as
     one Ctrl-C killed (run() re-raises KeyboardInterrupt for Python to do so), as after a later Ctrl-C."""
