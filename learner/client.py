@@ -13,8 +13,8 @@ import select
 import socket
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -75,6 +75,7 @@ __all__ = [
     "proxy_status",
     "proxy_text",
     "release_unadopted",
+    "released_if_given_up",
     "releasing_unadopted",
     "request_too_large",
     "server_text",
@@ -1387,6 +1388,23 @@ async def release_unadopted(calls: Sequence[tuple[EnvClient, asyncio.Future[pb.H
         await gather(*(release(client, call) for client, call in calls), return_exceptions=True)
     finally:
         _RELEASING.discard(task)
+
+
+T = TypeVar("T")
+HandshakeCalls = list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]]
+
+
+async def released_if_given_up(handshakes: Callable[[HandshakeCalls], Awaitable[T]]) -> T:
+    """``await handshakes(calls)``, which adds each Handshake call it makes to ``calls`` (:func:`shielded_handshake`):
+    given up while one is in flight (a Ctrl-C, a close cancels it) or failed, the sessions they granted are
+    released (:func:`release_unadopted`) before it raises on. For a single client's Handshake made after the start
+    (a reset's renewal of an ended session, a reconnect's)."""
+    calls: HandshakeCalls = []
+    try:
+        return await handshakes(calls)
+    except BaseException:
+        await release_unadopted(calls)
+        raise
 
 
 def releasing_unadopted(tasks: Sequence[asyncio.Future[Any]]) -> list[asyncio.Future[Any]]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from env_server.envs import ObservationLayoutError
 from env_server.rpc import env_pb2 as pb
-from learner.client import EnvClient, release_unadopted, shielded_handshake
+from learner.client import EnvClient, released_if_given_up, shielded_handshake
 from learner.discovery import probe_until
 from learner.errors import (
     AuthenticationError,
@@ -540,17 +540,12 @@ async def _attempt(
             await client.release_session(session_id, timeout)
     # (the session it continues, released just now or lost: a --fresh-envs server keeps its envs' state)
     client.rejoins_session_id = replica.sessions[-1] if same_process and replica.sessions else ""
-    calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] = []
-    try:
-        response = await shielded_handshake(client, calls)
-    except BaseException:
-        # Given up while the Handshake was in flight (the fleet's close cancels the reconnect: learner train's,
-        # after a Ctrl-C): its answer is read, and the session it granted released, as the start's are. Cancelled
-        # with the reconnect, the answer was dropped, and the server held the claim, with nobody to release it and
-        # no Hold stream, for its claim timeout, refusing the learner started again. (The fleet's close waits for
-        # this: see learner.remote._close_all.)
-        await release_unadopted(calls)
-        raise
+    # Given up while the Handshake is in flight (the fleet's close cancels the reconnect: learner train's, after a
+    # Ctrl-C): its answer is read, and the session it granted released, as the start's are. Cancelled with the
+    # reconnect, the answer was dropped, and the server held the claim, with nobody to release it and no Hold
+    # stream, for its claim timeout, refusing the learner started again. (The fleet's close waits for this: see
+    # learner.remote._close_all.)
+    response = await released_if_given_up(lambda calls: shielded_handshake(client, calls))
     client.start_session(response)
     replica.sessions = [*replica.sessions[-1:], response.session_id]
     fresh = await client.reset(None, None, None)

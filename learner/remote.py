@@ -50,7 +50,7 @@ from learner.client import (
     EnvClient,
     SocketStep,
     channel_credentials,
-    release_unadopted,
+    released_if_given_up,
     releasing_unadopted,
     server_text,
     timeout_error,
@@ -873,14 +873,10 @@ class RemoteVectorEnv(FleetConnection, FleetMembership, FleetOutages, gym.vector
         client.rejoins_session_id = client.session_id if spec.server_id == old.server_id else ""
         # The old session is dropped only once a new one is had: a failed handshake (another learner
         # took the server, it is building or draining) leaves it ended, for the next reset to try again.
-        calls: list[tuple[EnvClient, asyncio.Future[pb.HandshakeResponse]]] = []
-        try:
-            response = await self._handshake(client, time.monotonic() + self.connect_timeout, calls)
-        except BaseException:
-            # Given up (a Ctrl-C cancels the reset) while the Handshake was in flight: its answer is read, and the
-            # session it granted released (the client's close releases the old one only), as the start's are.
-            await release_unadopted(calls)
-            raise
+        # Given up (a Ctrl-C cancels the reset) while the Handshake is in flight: its answer is read, and the
+        # session it granted released (the client's close releases the old one only), as the start's are.
+        deadline = time.monotonic() + self.connect_timeout
+        response = await released_if_given_up(lambda calls: self._handshake(client, deadline, calls))
         client.abandon()
         client.start_session(response)
         restarted = "restarted" if spec.server_id != old.server_id else "same process"
