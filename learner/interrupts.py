@@ -4,6 +4,7 @@ callbacks (see :func:`interrupt`). Apart from :mod:`learner.loop` so that the co
 
 from __future__ import annotations
 
+import _signal
 import asyncio
 import contextlib
 import os
@@ -187,7 +188,11 @@ class signals_wake:  # (lower case: a context manager used as a function is, ``w
     __slots__ = ("_fd", "_loop", "_outer", "_previous")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._fd = _wakeup_fd(loop) if threading.current_thread() is threading.main_thread() else -1
+        if threading.current_thread() is threading.main_thread():
+            take_ctrl_c()  # (again at each run: the program may have put Python's handler back since)
+            self._fd = _wakeup_fd(loop)
+        else:
+            self._fd = -1
         self._loop = loop
         self._outer: asyncio.AbstractEventLoop | None = None
         self._previous = -1
@@ -242,11 +247,20 @@ def _interrupt_on_signal(signum: int, frame: FrameType | None) -> None:
 def take_ctrl_c() -> None:
     """For the main thread's runner, made with its first fleet: where the program left Ctrl-C to Python
     (``signal.default_int_handler``, as a script does), a handler that raises KeyboardInterrupt as that
-    one does, but never in the middle of one of the loop's callbacks (:func:`interrupt`). Once, and for
-    the process's life; a handler of the program's own is left as it is. (``asyncio.run``, later in the
-    same program, then keeps this one rather than installing its own: a Ctrl-C there raises
-    KeyboardInterrupt where the code is, as before Python 3.11, instead of cancelling its main task.)"""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    one does, but never in the middle of one of the loop's callbacks (:func:`interrupt`), nor inside a
+    task. Kept, not put back after; a handler of the program's own is left as it is. (``asyncio.run``,
+    later in the same program, then keeps this one rather than installing its own: a Ctrl-C there raises
+    KeyboardInterrupt where the code is, as before Python 3.11, instead of cancelling its main task.)
+
+    Again as each run of the main thread's loop begins (:class:`signals_wake`, ~0.05 us): a program that put
+    Python's handler back after its first fleet was made (a library's signal handling that restores what it
+    found; one that did so for an ``asyncio.run`` of its own, as the README advises) had Ctrl-C raised
+    wherever the main thread was, in a task among others: in the Handshake of a connect, after its answer was
+    read, the task's outcome was the KeyboardInterrupt, and the session the server granted was never released
+    (held for the server's claim timeout); in one of gRPC's completion callbacks, it hung the step (see
+    :func:`interrupt`); and asyncio logged "Task exception was never retrieved"."""
+    # (_signal's getsignal, not signal's: that one's wrapper looks the handler up in an enum first, ~1.4 us a call)
+    if _signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt_on_signal)
 
 

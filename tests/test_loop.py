@@ -202,7 +202,8 @@ def runner() -> Iterator[LoopRunner]:
 @pytest.fixture
 def ctrl_c() -> Iterator[Callable[[float], threading.Timer]]:
     """``ctrl_c(after)``: a Ctrl-C (SIGINT, raising KeyboardInterrupt) to the main thread ``after`` seconds
-    from now (a timer: join it); the default handler meanwhile, as at a terminal or in a notebook."""
+    from now (a timer: join it); Python's handler put back meanwhile, as a program may (the runs of the main
+    thread's loop take it over again: see learner.interrupts.take_ctrl_c)."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -609,6 +610,32 @@ def test_the_main_thread_s_first_runner_takes_over_ctrl_c_only_where_python_has_
         assert signal.getsignal(signal.SIGINT) is learner.interrupts._interrupt_on_signal
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_ctrl_c_after_the_program_put_python_s_handler_back_is_not_raised_inside_a_task() -> None:
+    """A program that put Python's Ctrl-C handler back after its first fleet was made (a library's signal handling
+    restoring what it found): each run of the main thread's loop takes Ctrl-C over again. Python's raised the
+    KeyboardInterrupt wherever the main thread was, inside a task too: in a connect's Handshake, its answer read,
+    the task's outcome was the interrupt, and the session granted was never released (held for the server's claim
+    timeout). Now the task goes on to its next wait, and the run raises the KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    runner = LoopRunner.for_this_thread()  # (the first fleet's: it took Ctrl-C over, once)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back)
+    went_on: list[bool] = []
+
+    async def task() -> None:
+        signal.raise_signal(signal.SIGINT)  # (its handler runs here, as the call returns)
+        went_on.append(True)  # (the answer taken in, as a Handshake's task would)
+        await asyncio.sleep(5)
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(task)
+        assert went_on == [True]
+        assert signal.getsignal(signal.SIGINT) is learner.interrupts._interrupt_on_signal
     finally:
         signal.signal(signal.SIGINT, before)
 
