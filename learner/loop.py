@@ -30,6 +30,23 @@ _background_lock = threading.Lock()
 # No lock: a runner's finalizer may run in any thread at any allocation (a garbage collection), even
 # while that thread takes a loop from here or makes one; list.append and list.pop are atomic.
 _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
+# How long the main thread's wait for a call another thread runs lasts at most before Python looks for signals
+# (see _awake_until_done).
+SIGNAL_LOOK_S = 0.2
+
+
+def _awake_until_done(done: concurrent.futures.Future[Any] | threading.Thread) -> None:
+    """Wait until ``done`` (a future, or a thread) is, Python's signal handlers running meanwhile. A signal that
+    another thread took (macOS gives a process's signal to any of its threads; Linux when the main thread blocks
+    it) sets Python's flag but does not end the main thread's wait on a lock: a Ctrl-C then ran its handler only
+    once the call ended by itself, for a hanging server at its deadline (20 s of a 20 s call, in a test). So the
+    wait ends every :data:`SIGNAL_LOOK_S` seconds, for Python to run them (no cost to a call shorter than that)."""
+    if isinstance(done, threading.Thread):
+        while done.is_alive():
+            done.join(SIGNAL_LOOK_S)
+        return
+    while not done.done():
+        concurrent.futures.wait([done], timeout=SIGNAL_LOOK_S)
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -148,13 +165,14 @@ class LoopRunner:
                 awaitable = _made(call)
                 self.loop.call_soon_threadsafe(start)
                 scheduled = True
+            _awake_until_done(done)
             return done.result()
         except BaseException:
             if not scheduled:  # (an interrupt not held: Python's own handler, a thread's; or _made's own error)
                 _close_unstarted(awaitable)
             elif not done.done():  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
                 self.loop.call_soon_threadsafe(lambda: _cancel(started[0]))
-                concurrent.futures.wait([done])
+                _awake_until_done(done)
             raise
 
     def _run_until_complete(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> T:
@@ -218,10 +236,10 @@ class LoopRunner:
         helper = threading.Thread(target=drive, name="envfleet-loop-call")
         helper.start()
         try:
-            helper.join()
+            _awake_until_done(helper)
         except BaseException:  # Ctrl-C in the caller's thread: end the call, so that the loop is free again
             self.loop.call_soon_threadsafe(_cancel, scheduled)
-            helper.join()
+            _awake_until_done(helper)
             raise
         ok, value = outcome[0]
         if not ok:

@@ -670,6 +670,32 @@ def test_a_ctrl_c_whose_signal_does_not_end_the_main_thread_s_wait_interrupts_it
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.parametrize("where", ["background-loop", "helper-thread"])
+def test_a_ctrl_c_taken_by_another_thread_interrupts_a_call_run_off_the_main_thread_at_once(where: str) -> None:
+    """A Ctrl-C whose signal another thread took (macOS gives a process's signal to any thread) interrupts a call
+    the main thread waits for while another thread runs it: on the background loop (the main thread runs a loop of
+    its own, a notebook's kernel say), or on a helper thread (a fleet made outside ``asyncio.run``, used inside
+    it). That signal sets Python's flag but wakes no lock wait, and the handler ran only once the call ended by
+    itself (here a 20 s sleep; for a hanging server, the call's deadline)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside asyncio.run)
+
+    async def main() -> None:
+        runner = LoopRunner.for_this_thread() if where == "background-loop" else outside
+        assert (runner._thread is not None) == (where == "background-loop")
+        runner.run(lambda: asyncio.sleep(20))
+
+    # (the signal's C handler runs in the thread it is sent to: the timer's, not the main thread)
+    elsewhere = threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT))
+    elsewhere.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert time.monotonic() - started < 10  # (not the 20 s sleep: a hang guard, not a timing)
+    elsewhere.join()
+
+
 def test_the_wakeup_fd_is_the_loop_s_only_while_it_runs_and_the_program_s_own_gets_what_came_meanwhile() -> None:
     """The wakeup fd (see the test above) is the loop's only while the main thread runs it: the program's own (a
     loop of its own with signal handlers, asyncio's, say) is put back as the call ends, and gets the signals that
