@@ -35,18 +35,45 @@ _spare: list[tuple[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]]] = []
 SIGNAL_LOOK_S = 0.2
 
 
-def _awake_until_done(done: concurrent.futures.Future[Any] | threading.Thread) -> None:
-    """Wait until ``done`` (a future, or a thread) is, Python's signal handlers running meanwhile. A signal that
-    another thread took (macOS gives a process's signal to any of its threads; Linux when the main thread blocks
-    it) sets Python's flag but does not end the main thread's wait on a lock: a Ctrl-C then ran its handler only
-    once the call ended by itself, for a hanging server at its deadline (20 s of a 20 s call, in a test). So the
-    wait ends every :data:`SIGNAL_LOOK_S` seconds, for Python to run them (no cost to a call shorter than that)."""
-    if isinstance(done, threading.Thread):
-        while done.is_alive():
-            done.join(SIGNAL_LOOK_S)
-        return
-    while not done.done():
-        concurrent.futures.wait([done], timeout=SIGNAL_LOOK_S)
+class _Ended:
+    """Set once, on another thread (the background loop's, as a call's task ends; a helper's, as its run of the loop
+    ends); waited for by the caller's thread (:func:`_awake_until_done`), which a Ctrl-C may interrupt anywhere. A
+    plain lock that thread releases, not what Python offers: the wait of a Condition (a concurrent future's, an
+    Event's) holds its lock in Python code, ``with`` blocks whose ``__exit__`` is a Python function (a signal's
+    handler runs as a function begins), and a KeyboardInterrupt raised there left the lock taken by the main thread:
+    the loop's thread, settling the call's future, then waited for it for ever, and the caller for that (the
+    background loop's calls, each polled every 0.2 s with ``concurrent.futures.wait``: test_loop.py's Ctrl-C at each
+    call of a run hung so). Python 3.11's ``Thread.join``, interrupted, takes the thread for ended, its lock
+    released, though it still runs (bpo-45274's cleanup). A lock's own wait, interrupted, is simply not taken, and
+    one raised once it is taken leaves it taken: the flag, set before the lock is let go, says so to the next wait."""
+
+    __slots__ = ("_lock", "done")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.done = False
+
+    def set(self) -> None:
+        self.done = True
+        self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, waiting up to ``timeout`` seconds for it."""
+        if not self.done and self._lock.acquire(timeout=timeout):
+            self._lock.release()
+        return self.done
+
+
+def _awake_until_done(done: _Ended) -> None:
+    """Wait until ``done`` is set (a call another thread runs ended), Python's signal handlers running meanwhile. A
+    signal that another thread took (macOS gives a process's signal to any of its threads; Linux when the main
+    thread blocks it) sets Python's flag but does not end the main thread's wait on a lock: a Ctrl-C then ran its
+    handler only once the call ended by itself, for a hanging server at its deadline (20 s of a 20 s call, in a
+    test). So the wait ends every :data:`SIGNAL_LOOK_S` seconds, for Python to run them (no cost to a call shorter
+    than that)."""
+    while not done.wait(SIGNAL_LOOK_S):
+        pass
 
 
 async def gather(*awaitables: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
@@ -151,13 +178,14 @@ class LoopRunner:
         # The call's own task, whose end (its cleanup included) the caller waits for (run_coroutine_threadsafe's
         # future, cancelled, is done at once, the task still running).
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        ended = _Ended()  # (set once ``done`` is: what this thread waits on)
         started: list[asyncio.Future[T]] = []
         awaitable: Awaitable[T] | None = None
 
         def start() -> None:  # (on the loop's thread)
             task = asyncio.ensure_future(awaitable, loop=self.loop)  # type: ignore[arg-type]  # (made below)
             started.append(task)
-            task.add_done_callback(lambda _: _settle(task, done))
+            task.add_done_callback(lambda _: _settle(task, done, ended))
 
         scheduled = False
         try:
@@ -165,14 +193,14 @@ class LoopRunner:
                 awaitable = _made(call)
                 self.loop.call_soon_threadsafe(start)
                 scheduled = True
-            _awake_until_done(done)
+            _awake_until_done(ended)
             return done.result()
         except BaseException:
             if not scheduled:  # (an interrupt not held: Python's own handler, a thread's; or _made's own error)
                 _close_unstarted(awaitable)
-            elif not done.done():  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
+            elif not ended.done:  # Ctrl-C in the caller's thread: end the call (scheduled after start) first
                 self.loop.call_soon_threadsafe(lambda: _cancel(started[0]))
-                _awake_until_done(done)
+                _awake_until_done(ended)
             raise
 
     def _run_until_complete(self, call: Awaitable[T] | Callable[[], Awaitable[T]]) -> T:
@@ -224,22 +252,40 @@ class LoopRunner:
                         if not isinstance(err, KeyboardInterrupt):
                             raise
                     raise
+        if threading.current_thread() is threading.main_thread():
+            interrupts.take_ctrl_c()  # (as each run of the main thread's loop does: see below)
         outcome: list[Any] = []
-        scheduled = self._schedule(call)
+        ended = _Ended()  # (set once the helper's run of the loop is over)
+        scheduled: list[asyncio.Future[T]] = []
 
         def drive() -> None:
             try:
-                outcome.append((True, self.loop.run_until_complete(scheduled)))
+                outcome.append((True, self.loop.run_until_complete(scheduled[0])))
             except BaseException as err:  # handed to the caller's thread
                 outcome.append((False, err))
+            finally:
+                ended.set()
 
         helper = threading.Thread(target=drive, name="envfleet-loop-call")
-        helper.start()
+        started = False
         try:
-            _awake_until_done(helper)
+            # Scheduled and the helper started whole: Thread.start waits for the thread to begin, and a Ctrl-C raised
+            # there (about 1 in 3 of those that came as a fleet made outside asyncio.run stepped inside it) left the
+            # call to run on the helper unseen, not cancelled nor waited for: the loop still ran it as the program's
+            # next call came (the fleet's close), which failed "This event loop is already running", it and the next
+            # ones for seconds. Held (the handler is take_ctrl_c's: taken over above where the program put Python's
+            # back), the interrupt is raised once the helper is known started, and ends the call below.
+            with interrupts.interrupts_held():
+                scheduled.append(self._schedule(call))
+                helper.start()
+                started = True
+            _awake_until_done(ended)
         except BaseException:  # Ctrl-C in the caller's thread: end the call, so that the loop is free again
-            self.loop.call_soon_threadsafe(_cancel, scheduled)
-            _awake_until_done(helper)
+            if started or helper.is_alive():
+                self.loop.call_soon_threadsafe(_cancel, scheduled[0])
+                _awake_until_done(ended)
+            elif scheduled:  # (the helper never started: the call is cancelled before it starts, at the next run)
+                _cancel(scheduled[0])
             raise
         ok, value = outcome[0]
         if not ok:
@@ -371,15 +417,18 @@ def _cancel(task: asyncio.Future[Any]) -> None:
     task.cancel()
 
 
-def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T]) -> None:
-    """Give ``done`` (a caller's, in another thread) the outcome of ``task``, which ended."""
-    if task.cancelled():
-        done.cancel()
-        done.set_running_or_notify_cancel()  # (else concurrent.futures.wait takes it for pending still)
-    elif (err := task.exception()) is not None:
-        done.set_exception(err)
-    else:
-        done.set_result(task.result())
+def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T], ended: _Ended) -> None:
+    """Give ``done`` (a caller's, in another thread) the outcome of ``task``, which ended; then set ``ended``."""
+    try:
+        if task.cancelled():
+            done.cancel()
+            done.set_running_or_notify_cancel()  # (else concurrent.futures.wait takes it for pending still)
+        elif (err := task.exception()) is not None:
+            done.set_exception(err)
+        else:
+            done.set_result(task.result())
+    finally:
+        ended.set()
 
 
 def _drop_stale_stops(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:

@@ -696,6 +696,171 @@ def test_a_ctrl_c_taken_by_another_thread_interrupts_a_call_run_off_the_main_thr
     elsewhere.join()
 
 
+def test_a_ctrl_c_during_a_helper_thread_s_call_waits_for_its_cleanup_and_leaves_the_loop_free() -> None:
+    """A Ctrl-C while a helper thread runs the call (a fleet made outside ``asyncio.run``, used inside it): the call is
+    cancelled, and the interrupt raised once its cleanup (a connect's release of its claims, up to 2 s) is over, the
+    loop free for the program's next call (the fleet's close). Python 3.11's ``Thread.join``, interrupted, took the
+    helper for ended though it still ran the loop: the wait for the cleanup returned at once, and the next call
+    failed "This event loop is already running" (the fleet's close so, its servers left claimed)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside asyncio.run)
+    cleaned: list[bool] = []
+
+    async def call() -> None:
+        try:
+            await asyncio.sleep(20)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # (a cleanup that waits, as a release does for its answer)
+            cleaned.append(True)
+            raise
+
+    async def main() -> None:
+        outside.run(call)
+
+    # (the taken-over handler, as a script's: asyncio.run then keeps it rather than install its own)
+    previous = signal.signal(signal.SIGINT, learner.interrupts._interrupt_on_signal)
+    try:
+        timer = threading.Timer(0.2, _ctrl_c_to_the_main_thread)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(main())
+        timer.join()
+        assert cleaned == [True] and not outside.loop.is_running()
+        assert outside.run(_a_later_call) == "done"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["background-loop", "helper-thread"])
+def test_a_ctrl_c_at_each_bytecode_of_the_main_thread_s_wait_ends_the_call_whole(where: str) -> None:
+    """A Ctrl-C handled at any bytecode of the main thread's wait for a call another thread runs (the background
+    loop's, a helper thread's: _awake_until_done), the first wait's or the one for the cancelled call's end: the
+    interrupt is raised once the call's cleanup is over, and the next call runs."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside a loop of ours)
+    waiting = learner.loop._awake_until_done.__code__
+    point, count = 0, 0
+    cleaned: list[bool] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if frame.f_code is not waiting:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == point:
+                learner.interrupts.interrupt()  # (raised at once: the loop running in this thread is not ours)
+        return tracer
+
+    async def call() -> None:
+        try:
+            await asyncio.sleep(0.3)  # (the wait wakes once meanwhile: SIGNAL_LOOK_S)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            cleaned.append(True)
+            raise
+
+    async def main() -> None:
+        runner = LoopRunner.for_this_thread() if where == "background-loop" else outside
+        assert (runner._thread is not None) == (where == "background-loop")
+        nonlocal point, count
+        interrupted = True
+        while interrupted:  # (until a point past the waits' last bytecode: the call ran whole)
+            point, count, interrupted = point + 1, 0, False
+            cleaned.clear()
+            sys.settrace(tracer)
+            try:
+                runner.run(call)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(None)
+            assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
+            at_the_interrupt = list(cleaned)  # (the cleanup over already, or never begun: the call cancelled unstarted)
+            time.sleep(0.1)
+            assert cleaned == at_the_interrupt, f"the call still ran after the Ctrl-C at bytecode {point}"
+            assert runner.run(_a_later_call) == "done", point
+        assert point > 10  # (the test reached the wait's inside)
+
+    loop = asyncio.new_event_loop()  # (a loop of the caller's own, as a notebook's: asyncio.run's takes Ctrl-C)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_as_the_helper_thread_starts_ends_its_call_whole() -> None:
+    """A Ctrl-C handled at any bytecode of the helper thread's start (a fleet made outside ``asyncio.run``, used
+    inside it; Thread.start waits for the thread to begin): the call, scheduled already, is cancelled and its
+    cleanup run before the interrupt is raised, or it never runs, and the loop is free for the next call. Raised
+    there, the interrupt left the call to run on the helper unseen: the program's next call (the fleet's close)
+    failed "This event loop is already running". Python's handler put back meanwhile, as a program may."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside a loop of ours)
+    starting = {threading.Thread.start.__code__, threading.Event.wait.__code__}
+    point, count = 0, 0
+    ran: list[bool] = []
+    cleaned: list[bool] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        inside = frame
+        while inside is not None and inside.f_code is not threading.Thread.start.__code__:
+            inside = inside.f_back  # type: ignore[assignment]
+        if frame.f_code not in starting or inside is None:
+            return None  # (Event.wait only inside Thread.start: its wait for the thread to begin)
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == point:
+                learner.interrupts._interrupt_on_signal(signal.SIGINT, frame)  # (take_ctrl_c's, as it runs here)
+        return tracer
+
+    async def call() -> None:
+        ran.append(True)
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            cleaned.append(True)
+            raise
+
+    async def main() -> None:
+        nonlocal point, count
+        interrupted = True
+        while interrupted:  # (until a point past the start's last bytecode: the call ran whole)
+            point, count, interrupted = point + 1, 0, False
+            ran.clear()
+            cleaned.clear()
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back: the call takes Ctrl-C over)
+            sys.settrace(tracer)
+            try:
+                outside.run(call)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(None)
+            assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
+            time.sleep(0.05)  # (a call left running on the helper would have begun meanwhile)
+            assert not interrupted or cleaned == ran, f"the call ran unseen after the Ctrl-C at bytecode {point}"
+            assert outside.run(_a_later_call) == "done", point
+        assert point > 20  # (the test reached the start's inside)
+
+    previous = signal.getsignal(signal.SIGINT)
+    loop = asyncio.new_event_loop()  # (a loop of the caller's own, as a notebook's: asyncio.run's takes Ctrl-C)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_the_wakeup_fd_is_the_loop_s_only_while_it_runs_and_the_program_s_own_gets_what_came_meanwhile() -> None:
     """The wakeup fd (see the test above) is the loop's only while the main thread runs it: the program's own (a
     loop of its own with signal handlers, asyncio's, say) is put back as the call ends, and gets the signals that
