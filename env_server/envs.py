@@ -988,7 +988,19 @@ class WideInfoAsyncVectorEnv(_WideInfos, gym.vector.AsyncVectorEnv):
             popen = getattr(process, "_popen", None)  # (multiprocessing's own; its exit calls it directly)
             if popen is not None and hasattr(popen, "kill"):
                 popen.terminate = popen.kill
-        self.parent_pipes = [_TrackedPipe(pipe) for pipe in self.parent_pipes]  # type: ignore[misc]
+        self.parent_pipes = [_tracked(pipe) for pipe in self.parent_pipes]
+
+    def _check_spaces(self) -> None:
+        """gymnasium's, the last step of its ``__init__`` (each worker asked whether its env's spaces are the first
+        env's): the first commands sent to the workers, sent through :class:`_TrackedPipe` too, which pickles them to
+        bytes. Sent as gymnasium sends them (``Connection.send``: a view of ForkingPickler.dumps' BytesIO), one sent
+        to a worker that had ended already (its constructor exited, or was killed: the pipe's BrokenPipeError, as
+        the start fails) left that view in the traceback of the build's error, which a reference cycle keeps; the
+        next garbage collection crashed the process on Python 3.12.1 (SIGSEGV: CPython's gh-111049, a server whose
+        --fresh-envs rebuild failed so, a test process) and printed "Exception ignored ... BufferError" on 3.13.0
+        (3.11 collected it in silence)."""
+        self.parent_pipes = [_tracked(pipe) for pipe in self.parent_pipes]
+        super()._check_spaces()
 
     def _constructor_error(self) -> Exception | None:
         """The error an env's constructor raised in its worker, which the worker put on the error queue before it
@@ -1215,6 +1227,11 @@ def _garbage_frozen() -> Iterator[None]:
             _freezes -= 1
             if _freezes == 0:
                 gc.unfreeze()
+
+
+def _tracked(pipe: Any) -> Any:
+    """``pipe`` (a worker's, as gymnasium holds it) as a :class:`_TrackedPipe`, once."""
+    return pipe if isinstance(pipe, _TrackedPipe) else _TrackedPipe(pipe)
 
 
 class _TrackedPipe:

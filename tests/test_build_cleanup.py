@@ -6,8 +6,10 @@ logged, and the build's own error raised."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import signal
+import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, cast
@@ -242,6 +244,31 @@ def test_an_async_worker_that_ends_with_no_error_to_report_is_named(kwargs: dict
     config = ServerConfig(env="tests.envs:EndsInWorkerEnv", num_envs=2, env_kwargs=kwargs, vectorization="async")
     with pytest.raises(EnvBuildError, match=rf"worker process [12] of 2 ended \({how}: .+\) as it made its env"):
         build_vector_env(config)
+
+
+def test_a_start_whose_workers_ended_before_its_first_command_leaves_no_view_for_the_garbage_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start's first commands (gymnasium's check of the workers' spaces, the last step of its constructor) sent to
+    workers that had ended already: sent as gymnasium sends them, a view of a BytesIO, left in the traceback of the
+    build's error, was garbage in a reference cycle, whose collection crashed the process on Python 3.12.1 (SIGSEGV,
+    CPython's gh-111049: a test process of this suite, under load) and printed "Exception ignored ... BufferError" on
+    3.13.0. The workers are waited for here so that the sends meet closed pipes (under load they did by chance)."""
+    check = gym.vector.AsyncVectorEnv._check_spaces
+
+    def after_the_workers_ended(self: gym.vector.AsyncVectorEnv) -> None:
+        for process in self.processes:
+            process.join(timeout=60)
+        check(self)
+
+    monkeypatch.setattr(gym.vector.AsyncVectorEnv, "_check_spaces", after_the_workers_ended)
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda raised: unraisable.append(repr(raised.exc_value)))
+    config = ServerConfig(env="tests.envs:EndsInWorkerEnv", num_envs=2, env_kwargs={"code": 3}, vectorization="async")
+    with pytest.raises(EnvBuildError, match="ended"):
+        build_vector_env(config)
+    gc.collect()
+    assert unraisable == []
 
 
 def test_an_async_workers_error_that_does_not_unpickle_is_said_as_its_text() -> None:
