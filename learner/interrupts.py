@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _signal
 import asyncio
+import atexit
 import contextlib
 import os
 import signal
@@ -119,6 +120,20 @@ _deaf: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 _forward = -1
 # The loop of the signals_wake block the main thread is in (None: none), whose interrupts it takes (see interrupt).
 _waking: asyncio.AbstractEventLoop | None = None
+_exited = False  # (the interpreter ends: see _let_go_at_exit)
+
+
+def _let_go_at_exit() -> None:
+    """As the interpreter ends (atexit): the wakeup socket pair's objects let go of their file descriptors, left open
+    (the process's end closes them). Kept for the process's life, they were garbage once the interpreter cleared this
+    module, and said so (``ResourceWarning: unclosed <socket.socket ...>``, twice, under ``-X dev``); closed here
+    instead, their numbers could be taken by another file that a loop still watches. A loop run after this (a
+    finalizer's close) runs without them: no block swaps the wakeup fd then."""
+    global _exited
+    _exited = True
+    if _wakeup is not None:
+        for end in _wakeup:
+            end.detach()
 
 
 def _drain(*, dry: bool = False) -> None:
@@ -130,6 +145,8 @@ def _drain(*, dry: bool = False) -> None:
     wake the main thread's loop, which then slept on (2 waits in 100 ran to their end so). That loop stops watching;
     the main thread's next run of it watches again."""
     assert _wakeup is not None
+    if _exited:  # (let go of: nothing to read through them)
+        return
     if not dry and threading.current_thread() is not threading.main_thread():
         loop = asyncio.get_running_loop()
         loop.remove_reader(_wakeup[0].fileno())
@@ -151,6 +168,8 @@ def _wakeup_fd(loop: asyncio.AbstractEventLoop) -> int:
     """The wakeup socket's write end, the socket made and ``loop`` watching it (first) where they are not yet;
     -1 where ``loop`` cannot watch it."""
     global _wakeup
+    if _exited:
+        return -1
     if loop in _watching:
         assert _wakeup is not None
         return _wakeup[1].fileno()
@@ -161,6 +180,7 @@ def _wakeup_fd(loop: asyncio.AbstractEventLoop) -> int:
         read.setblocking(False)
         write.setblocking(False)  # (as set_wakeup_fd asks: a signal's handler never waits on it)
         _wakeup = read, write
+        atexit.register(_let_go_at_exit)
     try:
         loop.add_reader(_wakeup[0].fileno(), _drain)
     except NotImplementedError:

@@ -990,6 +990,15 @@ def test_a_signal_that_comes_as_a_run_ends_reaches_the_program_s_own_loop_at_onc
         theirs.close()
 
 
+def test_the_wakeup_socket_kept_for_the_process_s_life_is_not_reported_unclosed_as_it_ends() -> None:
+    """The wakeup fd's socket pair (made at the main thread's first run, kept for the process's life) is let go of as
+    the interpreter ends: under ``-X dev`` it was reported twice, "ResourceWarning: unclosed <socket.socket ...>", as
+    every script that used a fleet ended."""
+    script = "import asyncio; from learner.loop import LoopRunner; LoopRunner.for_this_thread().run(asyncio.sleep(0))"
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def test_a_worker_s_loop_the_main_thread_ran_once_leaves_the_wakeup_bytes_to_the_main_thread() -> None:
     """A loop the main thread ran once (the close of an env a worker thread made, run here by run_or_schedule)
     watched the wakeup socket for good: run later by its own thread, it read the byte a signal wrote there to wake
