@@ -732,6 +732,40 @@ def test_a_ctrl_c_during_a_helper_thread_s_call_waits_for_its_cleanup_and_leaves
         signal.signal(signal.SIGINT, previous)
 
 
+def _interrupted_at_bytecode(
+    point: int, traced: Callable[[FrameType], bool], interrupt: Callable[[FrameType], None], call: Callable[[], Any]
+) -> tuple[bool, int]:
+    """``call()`` with ``interrupt(frame)`` run at the ``point``-th bytecode (from 1) of the frames ``traced`` takes,
+    as a signal's handler runs there: whether the call raised KeyboardInterrupt, and how many such bytecodes ran.
+    (Python 3.12 emits opcode events only where a frame asked for them, f_trace_opcodes, before sys.settrace was
+    called, not where the tracer asks as a frame begins: CPython's gh-114480; 3.11 and 3.13 do. So the caller's
+    frame asks, and gets none itself: it has no trace function of its own.)"""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if not traced(frame):
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == point:
+                interrupt(frame)
+        return tracer
+
+    caller = sys._getframe(1)
+    caller.f_trace_opcodes = True
+    sys.settrace(tracer)
+    try:
+        call()
+    except KeyboardInterrupt:
+        return True, count
+    finally:
+        sys.settrace(None)
+        caller.f_trace_opcodes = False
+    return False, count
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["background-loop", "helper-thread"])
 def test_a_ctrl_c_at_each_bytecode_of_the_main_thread_s_wait_ends_the_call_whole(where: str) -> None:
@@ -742,19 +776,7 @@ def test_a_ctrl_c_at_each_bytecode_of_the_main_thread_s_wait_ends_the_call_whole
         pytest.skip("signals reach the main thread only")
     outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside a loop of ours)
     waiting = learner.loop._awake_until_done.__code__
-    point, count = 0, 0
     cleaned: list[bool] = []
-
-    def tracer(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if frame.f_code is not waiting:
-            return None
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            count += 1
-            if count == point:
-                learner.interrupts.interrupt()  # (raised at once: the loop running in this thread is not ours)
-        return tracer
 
     async def call() -> None:
         try:
@@ -767,18 +789,16 @@ def test_a_ctrl_c_at_each_bytecode_of_the_main_thread_s_wait_ends_the_call_whole
     async def main() -> None:
         runner = LoopRunner.for_this_thread() if where == "background-loop" else outside
         assert (runner._thread is not None) == (where == "background-loop")
-        nonlocal point, count
-        interrupted = True
+        point, interrupted = 0, True
         while interrupted:  # (until a point past the waits' last bytecode: the call ran whole)
-            point, count, interrupted = point + 1, 0, False
+            point += 1
             cleaned.clear()
-            sys.settrace(tracer)
-            try:
-                runner.run(call)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                sys.settrace(None)
+            interrupted, count = _interrupted_at_bytecode(
+                point,
+                lambda frame: frame.f_code is waiting,
+                lambda frame: learner.interrupts.interrupt(),  # (raised at once: the loop running here is not ours)
+                lambda: runner.run(call),
+            )
             assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
             at_the_interrupt = list(cleaned)  # (the cleanup over already, or never begun: the call cancelled unstarted)
             time.sleep(0.1)
@@ -804,23 +824,14 @@ def test_a_ctrl_c_as_the_helper_thread_starts_ends_its_call_whole() -> None:
         pytest.skip("signals reach the main thread only")
     outside = LoopRunner.for_this_thread()  # (the main thread's own: made outside, used inside a loop of ours)
     starting = {threading.Thread.start.__code__, threading.Event.wait.__code__}
-    point, count = 0, 0
     ran: list[bool] = []
     cleaned: list[bool] = []
 
-    def tracer(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        inside = frame
+    def in_start(frame: FrameType) -> bool:  # (Event.wait only inside Thread.start: its wait for the thread to begin)
+        inside: FrameType | None = frame
         while inside is not None and inside.f_code is not threading.Thread.start.__code__:
-            inside = inside.f_back  # type: ignore[assignment]
-        if frame.f_code not in starting or inside is None:
-            return None  # (Event.wait only inside Thread.start: its wait for the thread to begin)
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            count += 1
-            if count == point:
-                learner.interrupts._interrupt_on_signal(signal.SIGINT, frame)  # (take_ctrl_c's, as it runs here)
-        return tracer
+            inside = inside.f_back
+        return frame.f_code in starting and inside is not None
 
     async def call() -> None:
         ran.append(True)
@@ -832,20 +843,18 @@ def test_a_ctrl_c_as_the_helper_thread_starts_ends_its_call_whole() -> None:
             raise
 
     async def main() -> None:
-        nonlocal point, count
-        interrupted = True
+        point, interrupted = 0, True
         while interrupted:  # (until a point past the start's last bytecode: the call ran whole)
-            point, count, interrupted = point + 1, 0, False
+            point += 1
             ran.clear()
             cleaned.clear()
             signal.signal(signal.SIGINT, signal.default_int_handler)  # (put back: the call takes Ctrl-C over)
-            sys.settrace(tracer)
-            try:
-                outside.run(call)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                sys.settrace(None)
+            interrupted, count = _interrupted_at_bytecode(
+                point,
+                in_start,
+                lambda frame: learner.interrupts._interrupt_on_signal(signal.SIGINT, frame),  # (take_ctrl_c's)
+                lambda: outside.run(call),
+            )
             assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
             time.sleep(0.05)  # (a call left running on the helper would have begun meanwhile)
             assert not interrupted or cleaned == ran, f"the call ran unseen after the Ctrl-C at bytecode {point}"
@@ -911,39 +920,20 @@ def test_a_ctrl_c_at_any_point_of_the_wakeup_fd_s_swap_leaves_the_program_s_own_
         learner.interrupts.signals_wake.__enter__.__code__,
         learner.interrupts.signals_wake.__exit__.__code__,
     }
-    point, count = 0, 0
-
-    def tracer(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if frame.f_code not in swap:
-            return None
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            count += 1
-            if count == point:
-                learner.interrupts.interrupt()  # (take_ctrl_c's handler, as it runs there)
-        return tracer
 
     async def call() -> None:
         await asyncio.sleep(0)
 
-    # Python 3.12 emits opcode events only where a frame asked for them (f_trace_opcodes) before sys.settrace was
-    # called, not where the tracer asks as a frame begins (CPython's gh-114480; 3.11 and 3.13 do): this frame asks,
-    # and gets none itself (it has no trace function of its own).
-    here = sys._getframe()
     try:
-        interrupted = True
+        point, interrupted = 0, True
         while interrupted:  # (until a point past the swap's last bytecode: it ran whole)
-            point, count, interrupted = point + 1, 0, False
-            here.f_trace_opcodes = True
-            sys.settrace(tracer)
-            try:
-                runner.run(call)
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                sys.settrace(None)
-                here.f_trace_opcodes = False
+            point += 1
+            interrupted, count = _interrupted_at_bytecode(
+                point,
+                lambda frame: frame.f_code in swap,
+                lambda frame: learner.interrupts.interrupt(),  # (take_ctrl_c's handler, as it runs there)
+                lambda: runner.run(call),
+            )
             assert interrupted or count < point, f"the Ctrl-C at bytecode {point} was lost"
             assert learner.interrupts._interrupt_pending_on is None, f"left pending at bytecode {point}"
             runner.run(call)  # (the next call is not interrupted)
