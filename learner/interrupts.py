@@ -128,12 +128,14 @@ def _let_go_at_exit() -> None:
     (the process's end closes them). Kept for the process's life, they were garbage once the interpreter cleared this
     module, and said so (``ResourceWarning: unclosed <socket.socket ...>``, twice, under ``-X dev``); closed here
     instead, their numbers could be taken by another file that a loop still watches. A loop run after this (a
-    finalizer's close) runs without them: no block swaps the wakeup fd then."""
+    finalizer's close) runs without them: no block swaps the wakeup fd then (and what came before is read now: a
+    loop still watching the read end is not woken by it for ever)."""
     global _exited
-    _exited = True
     if _wakeup is not None:
+        _drain(dry=True)
         for end in _wakeup:
             end.detach()
+    _exited = True
 
 
 def _drain(*, dry: bool = False) -> None:

@@ -1038,6 +1038,21 @@ def test_a_call_interrupted_as_its_future_ends_leaves_no_stop_for_the_next_call(
     assert runner.run(_a_later_call()) == "done"
 
 
+@pytest.fixture
+def heap_frozen() -> Iterator[None]:
+    """The objects that exist as the test begins left out of garbage collections until it ends (``gc.freeze``): for
+    tests that collect at each of hundreds of points (_interrupted_at_call), whose full collections scanned the
+    worker's whole heap, which grows over a suite run (their four cases took 94 + 48 + 21 + 18 s in CI, up to 180 s in
+    a Python 3.13 suite run beside others, of a 300 s timeout; with a million objects loaded first, 57 s, 3.8 s
+    frozen). What each point makes is collected as before."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _interrupted_at_call(point: int, call: Callable[[], Any]) -> tuple[bool, Any]:
     """``call()`` with a Ctrl-C handled as its ``point``-th Python call (counting the call of each function, where
     CPython runs a signal's handler: at its start) begins: :func:`learner.interrupts.interrupt`, as take_ctrl_c's
@@ -1084,7 +1099,9 @@ def _interrupted_at_call(point: int, call: Callable[[], Any]) -> tuple[bool, Any
 
 
 @pytest.mark.parametrize("what", ["a coroutine", "a gather of coroutines", "a coroutine on the background loop"])
-def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(runner: LoopRunner, what: str) -> None:
+def test_a_ctrl_c_at_any_call_of_a_run_leaves_nothing_scheduled_nor_logged(
+    runner: LoopRunner, what: str, heap_frozen: None
+) -> None:
     """A Ctrl-C handled at each Python call in turn of one ``run`` (see _interrupted_at_call), from the one of ``run``
     itself on: whatever the point, the call is not left scheduled to run at the loop's next run, the loop logs
     nothing, and no coroutine is left never awaited. Raised inside ensure_future, after the task was made or
@@ -1135,7 +1152,9 @@ def _interrupt_each_call_of_a_run(runner: LoopRunner, what: str, ran: list[int],
     assert point > 10  # (the test reached inside ensure_future)
 
 
-def test_a_ctrl_c_at_any_call_of_create_task_leaves_no_task_unseen_nor_coroutine_unawaited(runner: LoopRunner) -> None:
+def test_a_ctrl_c_at_any_call_of_create_task_leaves_no_task_unseen_nor_coroutine_unawaited(
+    runner: LoopRunner, heap_frozen: None
+) -> None:
     """LoopRunner.create_task (a step's exchange with its server, a reconnect) interrupted at each Python call in
     turn: the task is either returned, or never runs (cancelled before its first step); no coroutine is left
     never awaited (made by the caller, its coroutine was lost to a Ctrl-C as create_task was entered), nothing is
