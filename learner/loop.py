@@ -422,7 +422,6 @@ def _settle(task: asyncio.Future[T], done: concurrent.futures.Future[T], ended: 
     try:
         if task.cancelled():
             done.cancel()
-            done.set_running_or_notify_cancel()  # (else concurrent.futures.wait takes it for pending still)
         elif (err := task.exception()) is not None:
             done.set_exception(err)
         else:
